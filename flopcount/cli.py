@@ -1,0 +1,108 @@
+"""The ``flopcount`` command: ``main(argv) -> int``. Errors become one line on stderr and an exit code."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from .conventions import CONVENTIONS
+from .errors import FlopcountError, UsageError
+from .render import FORMATS, render
+from .shapes import parse_dims
+
+EXIT_INTERNAL = 1
+
+
+class OutputError(FlopcountError):
+    """The report cannot be written to ``-o FILE``."""
+
+    exit_code = 8
+
+
+def _input_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    name, sep, dims = text.rpartition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=DIMS such as input=8x3x224x224, got {text!r}")
+    try:
+        return name, parse_dims(dims)
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _positive(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    p = argparse.ArgumentParser(
+        prog="flopcount",
+        description="Count the FLOPs of an ONNX model analytically, from its graph, without reading weights.",
+        epilog="Exit codes: 0 ok, 1 internal error, 2 usage, 3 unreadable model file, 4 invalid graph, "
+        "5 unresolved or invalid shapes, 6 unsupported operators with --strict, 7 opset too new, 8 cannot write output.",
+    )
+    p.add_argument("model", help="path of an .onnx model (external weight files are never read and may be absent)")
+    p.add_argument("--input-shape", metavar="NAME=DIMS", action="append", type=_input_shape, default=[],
+                   help="fix the dims of an input, e.g. input=8x3x224x224 (repeatable)")
+    p.add_argument("--batch", type=_positive, metavar="N",
+                   help="set dim 0 of every input not given by --input-shape; per-sample figures divide by it")
+    p.add_argument("--convention", choices=sorted(CONVENTIONS), default="default",
+                   help="counting convention: default (1 MAC = 2 FLOPs) or table3 (HPC AI500 V3.0 Table 3 literally)")
+    p.add_argument("--per-node", action="store_true", help="also list every node with its shapes and cost")
+    p.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
+    p.add_argument("--strict", action="store_true", help="fail (exit 6) when any operator has no formula")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more diagnostics on stderr (-vv: debug)")
+    p.add_argument("--version", action="version", version=f"flopcount {__version__}")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse has printed its message (or --help/--version)
+        return int(e.code or 0)
+    logging.basicConfig(
+        level=(logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)],
+        format="flopcount: %(levelname)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        from .counting import count
+
+        shapes = dict(args.input_shape)
+        report = count(args.model, input_shapes=shapes, batch=args.batch, convention=args.convention, strict=args.strict)
+        text = render(report, args.format, args.per_node)
+        if args.output:
+            try:
+                with open(args.output, "w", encoding="utf-8") as f:
+                    f.write(text)
+            except OSError as e:
+                raise OutputError(f"{args.output}: cannot write the report ({e.strerror})") from None
+        else:
+            sys.stdout.write(text)
+        return 0
+    except FlopcountError as e:
+        print(f"flopcount: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("flopcount: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a bug of ours: one line, not a traceback
+        if args.verbose >= 2:
+            raise
+        print(
+            f"flopcount: internal error: {type(e).__name__}: {e}. Please report it with the model "
+            "(rerun with -vv for the traceback).",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL

@@ -1,0 +1,136 @@
+"""What a formula sees of one node: its tensors' shapes and dtypes, its opset and the convention."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+from typing import Any, Callable, Mapping
+
+import numpy as np
+from onnx import TensorProto
+
+from .conventions import Convention
+from .errors import ShapeError
+
+Dim = int | str | None
+FLOAT_TYPES = frozenset(
+    {
+        TensorProto.FLOAT,
+        TensorProto.DOUBLE,
+        TensorProto.FLOAT16,
+        TensorProto.BFLOAT16,
+        *(
+            getattr(TensorProto, n)
+            for n in (
+                "FLOAT8E4M3FN",
+                "FLOAT8E4M3FNUZ",
+                "FLOAT8E5M2",
+                "FLOAT8E5M2FNUZ",
+                "FLOAT4E2M1",
+                "FLOAT8E8M0",
+                "COMPLEX64",
+                "COMPLEX128",
+            )
+            if hasattr(TensorProto, n)
+        ),
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    """A tensor's name, ONNX element type (0 when unknown) and shape (``None`` when the rank is unknown).
+
+    Dims are ints when resolved, else the symbolic name (str) or ``None``.
+    """
+
+    name: str
+    elem_type: int = 0
+    shape: tuple[Dim, ...] | None = None
+
+    @property
+    def is_static(self) -> bool:
+        return self.shape is not None and all(isinstance(d, int) for d in self.shape)
+
+    @property
+    def is_float(self) -> bool:
+        return self.elem_type in FLOAT_TYPES
+
+    def shape_text(self) -> str:
+        if self.shape is None:
+            return "?"
+        return "x".join("?" if d is None else str(d) for d in self.shape) if self.shape else "scalar"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeContext:
+    """One node as a formula sees it. Dimension names follow the docstrings' vocabulary
+    (``N, C_in, C_out, H_out, W_out, K, G``)."""
+
+    name: str
+    op_type: str
+    domain: str
+    opset: int
+    inputs: tuple[TensorInfo | None, ...]  # None where an optional input is omitted
+    outputs: tuple[TensorInfo | None, ...]
+    convention: Convention
+    _value: Callable[[str], np.ndarray | None]
+    _hint: str = ""
+
+    # --- presence -------------------------------------------------------------------------------
+    def has_input(self, i: int) -> bool:
+        return i < len(self.inputs) and self.inputs[i] is not None
+
+    @property
+    def n_inputs(self) -> int:
+        """Number of inputs actually given (omitted optional inputs not counted)."""
+        return sum(t is not None for t in self.inputs)
+
+    # --- shapes ---------------------------------------------------------------------------------
+    def _static(self, t: TensorInfo | None, what: str) -> tuple[int, ...]:
+        if t is None:
+            raise ShapeError(f"node {self.name!r} ({self.op_type}) has no {what}")
+        if not t.is_static:
+            raise ShapeError(
+                f"node {self.name!r} ({self.op_type}): shape of tensor {t.name!r} is {t.shape_text()}, "
+                f"not fully known, and its cost depends on it. {self._hint}".rstrip()
+            )
+        return t.shape  # type: ignore[return-value]
+
+    def shape(self, i: int) -> tuple[int, ...]:
+        """Static shape of input ``i``; raises :class:`ShapeError` naming the tensor when unknown."""
+        return self._static(self.inputs[i] if i < len(self.inputs) else None, f"input {i}")
+
+    def out_shape(self, i: int = 0) -> tuple[int, ...]:
+        return self._static(self.outputs[i] if i < len(self.outputs) else None, f"output {i}")
+
+    def numel(self, i: int) -> int:
+        return prod(self.shape(i))
+
+    def out_numel(self, i: int = 0) -> int:
+        return prod(self.out_shape(i))
+
+    def out_is_float(self, i: int = 0) -> bool:
+        t = self.outputs[i] if i < len(self.outputs) else None
+        return t is not None and t.is_float
+
+    def in_is_float(self, i: int) -> bool:
+        t = self.inputs[i] if i < len(self.inputs) else None
+        return t is not None and t.is_float
+
+    def value(self, i: int) -> np.ndarray | None:
+        """Constant value of input ``i`` when it is known without reading weights (small constants)."""
+        t = self.inputs[i] if i < len(self.inputs) else None
+        return None if t is None else self._value(t.name)
+
+
+def attribute_defaults(schema: Any) -> Mapping[str, Any]:
+    """Default attribute values of an ``onnx.defs.OpSchema`` as Python values."""
+    from onnx import helper
+
+    out = {}
+    for name, attr in schema.attributes.items():
+        dv = attr.default_value
+        if dv is not None and dv.name:
+            out[name] = helper.get_attribute_value(dv)
+    return out

@@ -1,0 +1,249 @@
+"""The traversal: load → DAG → shapes → one registered formula per node → :class:`Report`."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from functools import lru_cache
+from math import prod
+from types import MappingProxyType
+from typing import Any, Mapping, Sequence
+
+import onnx
+from onnx import ModelProto, helper
+
+from . import graph as graph_mod
+from .context import NodeContext, TensorInfo, attribute_defaults
+from .conventions import Convention, get_convention
+from .cost import ZERO, Cost
+from .errors import FlopcountError, InvalidGraphError, ShapeError, UnsupportedOperatorError
+from .loading import load
+from .registry import DEFAULT_DOMAIN, canonical_domain, lookup
+from .report import FORMULA, UNSUPPORTED, ZERO_COST, ModelInfo, NodeCount, OpTypeSummary, Report, op_key
+from .shapes import resolve
+
+log = logging.getLogger(__name__)
+
+# Initializer types that hold shapes and indices rather than weights.
+_NON_PARAM_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.BOOL, onnx.TensorProto.STRING})
+
+
+def count(
+    model: str | os.PathLike | ModelProto | bytes,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    batch: int | None = None,
+    convention: str | Convention = "default",
+    strict: bool = False,
+) -> Report:
+    """Count the FLOPs of an ONNX model without reading its weights.
+
+    Parameters
+    ----------
+    model : path, ``onnx.ModelProto`` or serialized bytes
+        The model. External data files are never opened and may be absent.
+    input_shapes : mapping of input name to dims, optional
+        Fixes dynamic (or overrides static) input dims, e.g. ``{"input": (8, 3, 224, 224)}``.
+    batch : int, optional
+        Sets dim 0 of every input not named in ``input_shapes``; also the divisor of ``per_sample``.
+        Without it, the batch is dim 0 of the first input.
+    convention : ``"default"`` or ``"table3"``
+        See :mod:`flopcount.conventions`.
+    strict : bool
+        Raise :class:`UnsupportedOperatorError` when any operator has no formula.
+
+    Returns
+    -------
+    Report
+
+    Examples
+    --------
+    >>> from onnx import helper, TensorProto
+    >>> g = helper.make_graph(
+    ...     [helper.make_node("MatMul", ["a", "b"], ["c"])], "g",
+    ...     [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 3]),
+    ...      helper.make_tensor_value_info("b", TensorProto.FLOAT, [3, 5])],
+    ...     [helper.make_tensor_value_info("c", TensorProto.FLOAT, None)])
+    >>> report = count(helper.make_model(g))
+    >>> report.total.flops, report.total.macs   # 2 * 2*3*5, 2*3*5
+    (60, 30)
+    """
+    import flopcount.operators  # noqa: F401  (fills the registry)
+
+    conv = get_convention(convention)
+    clock = [time.perf_counter()]
+    timings: dict[str, float] = {}
+
+    def lap(phase: str) -> None:
+        clock.append(time.perf_counter())
+        timings[phase] = clock[-1] - clock[-2]
+
+    loaded = load(model)
+    m, where = loaded.model, loaded.path or "<model>"
+    lap("load")
+    dag = graph_mod.build_graph(m.graph, where)
+    opsets = _opsets(m)
+    attributes = [_attributes(dag.nodes[i]["proto"], dag.nodes[i]["name"], opsets, where) for i in range(len(m.graph.node))]
+    lap("graph")
+    res = resolve(m, dag, input_shapes, batch, where)
+    lap("shapes")
+    hint = _fix_hint(res.inputs, res.inference_error)
+
+    nodes: list[NodeCount] = []
+    tensors, values = res.tensors, res.values
+    for idx in dag.graph["order"]:
+        proto = dag.nodes[idx]["proto"]
+        name = dag.nodes[idx]["name"]
+        domain = canonical_domain(proto.domain)
+        ins = tuple((tensors.get(n) or TensorInfo(n)) if n else None for n in proto.input)
+        outs = tuple((tensors.get(n) or TensorInfo(n)) if n else None for n in proto.output)
+        rule = lookup(domain, proto.op_type)
+        if rule is None:
+            status, family, cost = UNSUPPORTED, "", ZERO
+        elif rule.zero_cost:
+            status, family, cost = ZERO_COST, rule.family, ZERO
+        else:
+            status, family = FORMULA, rule.family
+            ctx = NodeContext(name, proto.op_type, domain, opsets.get(domain, 0), ins, outs, conv, values.get, hint)
+            cost = _apply(rule.fn, ctx, attributes[idx] or {}, where)
+        nodes.append(NodeCount(idx, name, proto.op_type, domain, family, status, ins, outs, cost))
+
+    report = _report(m, loaded.path, dag, res, nodes, conv, batch, strict, where)
+    lap("count")
+    return dataclasses.replace(report, timings=MappingProxyType(timings))
+
+
+def _apply(fn, ctx: NodeContext, attrs: Mapping[str, Any], where: str) -> Cost:
+    try:
+        return fn(ctx, **attrs)
+    except FlopcountError as e:
+        raise type(e)(f"{where}: {e}") from None
+    except (ValueError, IndexError, KeyError, TypeError, ZeroDivisionError) as e:
+        raise InvalidGraphError(
+            f"{where}: node {ctx.name!r} ({ctx.op_type}): its inputs or attributes do not fit the operator "
+            f"({type(e).__name__}: {e}); check the node against the ONNX spec"
+        ) from None
+
+
+def _opsets(m: ModelProto) -> dict[str, int]:
+    return {canonical_domain(i.domain): i.version for i in m.opset_import}
+
+
+@lru_cache(maxsize=None)
+def _schema(op_type: str, version: int, domain: str):
+    try:
+        return onnx.defs.get_schema(op_type, version, domain)
+    except onnx.defs.SchemaError:
+        return None
+
+
+@lru_cache(maxsize=None)
+def _defaults(op_type: str, version: int, domain: str) -> Mapping[str, Any]:
+    schema = _schema(op_type, version, domain)
+    return {} if schema is None else attribute_defaults(schema)
+
+
+def _attributes(node: onnx.NodeProto, name: str, opsets: Mapping[str, int], where: str) -> dict[str, Any] | None:
+    """The node's attributes as Python values, defaults filled from the schema and types checked.
+
+    Returns None for nodes without a formula (their attributes are not needed).
+    """
+    domain = canonical_domain(node.domain)
+    rule = lookup(domain, node.op_type)
+    version = opsets.get(domain)
+    if version is None and domain == DEFAULT_DOMAIN:
+        raise InvalidGraphError(f"{where}: node {name!r} ({node.op_type}) uses the default domain, which the model does not import")
+    schema = _schema(node.op_type, version, domain) if version else None
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.UNDEFINED:
+            raise InvalidGraphError(f"{where}: node {name!r} ({node.op_type}): attribute {a.name!r} has no type; re-export the model")
+        if schema is not None and a.name in schema.attributes:
+            expected = schema.attributes[a.name].type.value
+            if a.type != expected:
+                raise InvalidGraphError(
+                    f"{where}: node {name!r} ({node.op_type}): attribute {a.name!r} is "
+                    f"{onnx.AttributeProto.AttributeType.Name(a.type)}, but the spec wants "
+                    f"{onnx.AttributeProto.AttributeType.Name(expected)}; fix the exporter or the model"
+                )
+    if rule is None or rule.zero_cost:
+        return None
+    values = dict(_defaults(node.op_type, version, domain)) if version else {}
+    for a in node.attribute:
+        v = helper.get_attribute_value(a)
+        if isinstance(v, bytes):
+            v = v.decode()
+        elif isinstance(v, list) and v and isinstance(v[0], bytes):
+            v = [s.decode() for s in v]
+        values[a.name] = v
+    return values
+
+
+def _fix_hint(inputs: Sequence[TensorInfo], inference_error: str) -> str:
+    dynamic = [t for t in inputs if not t.is_static]
+    parts = []
+    if dynamic:
+        examples = " ".join(
+            f"--input-shape {t.name}=" + ("x".join(str(d) if isinstance(d, int) else "1" for d in t.shape) if t.shape is not None else "DIMS")
+            for t in dynamic
+        )
+        parts.append(
+            "Dynamic inputs: "
+            + ", ".join(f"{t.name!r} ({t.shape_text() if t.shape is not None else 'rank unknown'})" for t in dynamic)
+            + f". Fix them, e.g. {examples} (or --batch N for the first dim; in Python: input_shapes=..., batch=...)."
+        )
+    if inference_error:
+        parts.append(f"ONNX shape inference says: {inference_error}")
+    return " ".join(parts)
+
+
+def _report(m, path, dag, res, nodes, conv, batch, strict, where) -> Report:
+    by_type: dict[str, list] = {}
+    total = ZERO
+    for n in nodes:
+        total = total + n.cost
+        key = op_key(n.domain, n.op_type)
+        entry = by_type.get(key)
+        if entry is None:
+            by_type[key] = [n, 1, n.cost]
+        else:
+            entry[1] += 1
+            entry[2] = entry[2] + n.cost
+    summaries = sorted(
+        (OpTypeSummary(n.op_type, n.domain, n.family, n.status, k, c) for n, k, c in by_type.values()),
+        key=lambda s: (-s.cost.flops, -s.cost.int_ops, s.key),
+    )
+    unsupported = {s.key: s.nodes for s in summaries if s.status == UNSUPPORTED}
+    if unsupported:
+        log.info("%s: no formula for %s", where, ", ".join(f"{k} ({v})" for k, v in unsupported.items()))
+    if strict and unsupported:
+        raise UnsupportedOperatorError(
+            f"{where}: no formula for {len(unsupported)} operator type(s): "
+            + ", ".join(f"{k} ({v} node{'s' if v > 1 else ''})" for k, v in sorted(unsupported.items()))
+            + "; run without --strict to count the rest, or file an issue for them"
+        )
+
+    if batch is None:
+        batch = next((t.shape[0] for t in res.inputs if t.shape and isinstance(t.shape[0], int)), 1)
+    params = sum(prod(t.dims) for t in m.graph.initializer if t.data_type not in _NON_PARAM_TYPES)
+    params += sum(prod(sp.dims) for sp in m.graph.sparse_initializer)
+
+    info = ModelInfo(
+        path=path,
+        graph_name=m.graph.name,
+        ir_version=m.ir_version,
+        opsets=MappingProxyType(_opsets(m)),
+        producer=" ".join(x for x in (m.producer_name, m.producer_version) if x),
+        inputs=res.inputs,
+        outputs=tuple(res.tensors.get(o.name, TensorInfo(o.name)) for o in m.graph.output),
+    )
+    return Report(
+        model=info,
+        convention=conv,
+        batch=batch,
+        total=total,
+        params=params,
+        nodes=tuple(nodes),
+        by_op_type=MappingProxyType({s.key: s for s in summaries}),
+        unsupported=MappingProxyType(unsupported),
+    )

@@ -1,0 +1,54 @@
+"""One exception hierarchy; each class carries the CLI exit code it maps to.
+
+Every message names the file, node or tensor concerned and says what to do.
+"""
+
+from __future__ import annotations
+
+
+class FlopcountError(Exception):
+    """Base class of every error flopcount raises on purpose."""
+
+    exit_code = 1
+
+
+class UsageError(FlopcountError):
+    """A command-line value or API argument is malformed (``--input-shape x=8y3``)."""
+
+    exit_code = 2
+
+
+class ModelFileError(FlopcountError):
+    """The file cannot be read as an ONNX model (missing, a directory, empty, not protobuf, truncated)."""
+
+    exit_code = 3
+
+
+class InvalidGraphError(FlopcountError):
+    """The model parses but its graph is malformed (cycle, dangling input, duplicate output, bad attribute)."""
+
+    exit_code = 4
+
+
+class ShapeError(FlopcountError):
+    """A dimension a formula needs is still unknown or invalid after shape resolution."""
+
+    exit_code = 5
+
+
+class UnsupportedOperatorError(FlopcountError):
+    """``strict`` counting met operators that have no formula."""
+
+    exit_code = 6
+
+
+class OpsetError(FlopcountError):
+    """The model needs an opset newer than the installed ``onnx`` package knows."""
+
+    exit_code = 7
+
+
+class RegistryError(FlopcountError):
+    """A formula was registered twice, or registration is otherwise inconsistent (a programming error)."""
+
+    exit_code = 70

@@ -1,0 +1,246 @@
+"""Reading an ONNX model without its weights.
+
+External data is never opened: a model whose ``.weights``/``.data`` file is missing counts the
+same as one whose file is present. Inline weights are parsed (protobuf cannot skip them) and their
+bytes are dropped at once by :func:`strip_weight_data`, so nothing downstream ever holds or
+serialises them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import ModelProto, TensorProto
+
+from .errors import ModelFileError, OpsetError
+from .registry import DEFAULT_DOMAIN, canonical_domain
+
+# Tensors up to this many elements keep their data: they are shape vectors, axes, scales, and
+# other small constants that shape resolution may need. Larger ones are weights.
+SMALL_TENSOR_ELEMENTS = 1024
+
+_DATA_FIELDS = (
+    "raw_data",
+    "float_data",
+    "int32_data",
+    "string_data",
+    "int64_data",
+    "double_data",
+    "uint64_data",
+)
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model: ModelProto
+    path: str | None  # None when given as a ModelProto or bytes
+
+
+def load(source: str | os.PathLike | ModelProto | bytes) -> LoadedModel:
+    """Load ``source`` (a path, serialized bytes, or a ``ModelProto``) with weight data stripped.
+
+    A ``ModelProto`` passed in is never modified: its weightless copy is made field by field.
+    """
+    if isinstance(source, ModelProto):
+        model = weightless_copy(source)
+        path = None
+    elif isinstance(source, (bytes, bytearray)):
+        model = _parse(bytes(source), "<bytes>")
+        strip_weight_data(model)
+        path = None
+    else:
+        path = os.fspath(source)
+        model = _parse(_read(path), path)
+        strip_weight_data(model)
+    _check_is_model(model, path or "<model>")
+    check_opsets(model, path or "<model>")
+    if model.functions:
+        model = _inline_functions(model, path or "<model>")
+    return LoadedModel(model, path)
+
+
+def _read(path: str) -> bytes:
+    if not os.path.exists(path):
+        raise ModelFileError(f"{path}: no such file; give the path of an .onnx model")
+    if os.path.isdir(path):
+        raise ModelFileError(f"{path}: is a directory; give the path of an .onnx model file inside it")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise ModelFileError(f"{path}: cannot be read ({e.strerror}); check its permissions") from None
+    if not data:
+        raise ModelFileError(f"{path}: the file is empty; re-export the model")
+    return data
+
+
+def _parse(data: bytes, where: str) -> ModelProto:
+    model = ModelProto()
+    try:
+        model.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as e:
+        other = _other_onnx_message(data)
+        if other:
+            raise ModelFileError(
+                f"{where}: this is an ONNX {other}, not an ONNX model (ModelProto); "
+                "wrap it in a model (onnx.helper.make_model) or give the exported .onnx file"
+            ) from None
+        raise ModelFileError(
+            f"{where}: not a readable ONNX protobuf ({_first_line(e)}); the file is truncated, "
+            "corrupt or of another format: re-export or re-download it"
+        ) from None
+    if not model.HasField("graph"):
+        other = _other_onnx_message(data)
+        if other:
+            raise ModelFileError(
+                f"{where}: this is an ONNX {other}, not an ONNX model (ModelProto); "
+                "wrap it in a model (onnx.helper.make_model) or give the exported .onnx file"
+            )
+    return model
+
+
+def _other_onnx_message(data: bytes) -> str:
+    """Name of the ONNX message type ``data`` parses as completely, other than ModelProto ("" if none)."""
+    for cls, required in ((onnx.GraphProto, "node"), (onnx.TensorProto, "dims"), (onnx.NodeProto, "op_type")):
+        msg = cls()
+        try:
+            msg.ParseFromString(data)
+        except (DecodeError, RuntimeError, ValueError):
+            continue
+        if msg.ListFields() and getattr(msg, required) and msg.SerializeToString() == data:
+            return cls.__name__
+    return ""
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+def _check_is_model(model: ModelProto, where: str) -> None:
+    if not model.HasField("graph") or not model.opset_import:
+        what = "an empty model" if model.ByteSize() == 0 else "a protobuf message, not an ONNX model"
+        raise ModelFileError(
+            f"{where}: this is {what} (no graph or no opset_import); give an .onnx ModelProto file"
+        )
+
+
+@lru_cache(maxsize=None)
+def known_opset(domain: str) -> int:
+    """The newest opset of ``domain`` that the installed ``onnx`` package has schemas for (0: none)."""
+    if domain == DEFAULT_DOMAIN:
+        return onnx.defs.onnx_opset_version()
+    versions = [s.since_version for s in onnx.defs.get_all_schemas_with_history() if s.domain == domain]
+    return max(versions, default=0)
+
+
+def check_opsets(model: ModelProto, where: str) -> None:
+    for imp in model.opset_import:
+        domain = canonical_domain(imp.domain)
+        if domain not in (DEFAULT_DOMAIN, "ai.onnx.ml"):
+            continue  # custom domains: their ops are reported as unsupported, not an error
+        newest = known_opset(domain)
+        if imp.version > newest:
+            raise OpsetError(
+                f"{where}: the model imports opset {imp.version} of domain {imp.domain or 'ai.onnx'!r}, "
+                f"but the installed onnx {onnx.__version__} knows only up to {newest}; "
+                "upgrade it (pip install -U onnx) or export the model with an older opset"
+            )
+
+
+def _is_small(t: TensorProto) -> bool:
+    n = 1
+    for d in t.dims:
+        n *= d
+    return n <= SMALL_TENSOR_ELEMENTS and t.data_location != TensorProto.EXTERNAL
+
+
+def _strip_tensor(t: TensorProto) -> None:
+    """Drop a tensor's data, keeping name, dims and data type."""
+    for f in _DATA_FIELDS:
+        t.ClearField(f)
+    t.ClearField("external_data")
+    t.data_location = TensorProto.DEFAULT
+
+
+def _big_tensors(graph: onnx.GraphProto):
+    """Initializers and Constant-node tensors that are weights, in this graph and all subgraphs."""
+    for t in graph.initializer:
+        if not _is_small(t):
+            yield t
+    for sp in graph.sparse_initializer:
+        yield sp.values
+        yield sp.indices
+    for node in graph.node:
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.TENSOR and not _is_small(a.t):
+                yield a.t
+            elif a.type == onnx.AttributeProto.GRAPH:
+                yield from _big_tensors(a.g)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for g in a.graphs:
+                    yield from _big_tensors(g)
+
+
+def strip_weight_data(model: ModelProto) -> None:
+    """Drop, in place, the data of every weight-sized tensor (dims and dtypes stay)."""
+    for t in _big_tensors(model.graph):
+        _strip_tensor(t)
+    for f in model.functions:
+        for node in f.node:
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.TENSOR and not _is_small(a.t):
+                    _strip_tensor(a.t)
+
+
+def _is_repeated(field) -> bool:
+    # protobuf >= 6 has ``is_repeated``; older versions only ``label``
+    flag = getattr(field, "is_repeated", None)
+    return flag if flag is not None else field.label == field.LABEL_REPEATED
+
+
+def _copy_field(dst, field, value) -> None:
+    if _is_repeated(field):
+        getattr(dst, field.name).extend(value)
+    elif field.message_type is not None:
+        getattr(dst, field.name).CopyFrom(value)
+    else:
+        setattr(dst, field.name, value)
+
+
+def weightless_copy(model: ModelProto) -> ModelProto:
+    """A copy of ``model`` without weight data, made without copying the weight bytes."""
+    out = ModelProto()
+    for field, value in model.ListFields():
+        if field.name != "graph":
+            _copy_field(out, field, value)
+    for field, value in model.graph.ListFields():
+        if field.name != "initializer":
+            _copy_field(out.graph, field, value)
+            continue
+        for t in value:
+            if _is_small(t):
+                out.graph.initializer.add().CopyFrom(t)
+            else:
+                out.graph.initializer.add(name=t.name, dims=t.dims, data_type=t.data_type)
+    strip_weight_data(out)  # Constant nodes, sparse initializers, subgraphs
+    return out
+
+
+def _inline_functions(model: ModelProto, where: str) -> ModelProto:
+    """Expand model-local functions into the main graph (the model is weightless, so this is cheap)."""
+    import onnx.inliner
+
+    try:
+        return onnx.inliner.inline_local_functions(model)
+    except Exception as e:  # onnx raises plain exceptions from C++
+        from .errors import InvalidGraphError
+
+        raise InvalidGraphError(
+            f"{where}: its model-local functions cannot be expanded ({_first_line(e)}); "
+            "check the function definitions or re-export without functions"
+        ) from None

@@ -1,0 +1,83 @@
+"""The one registry of operator costs, keyed by ``(domain, op_type)``.
+
+Every operator is in exactly one of three groups:
+
+* a **formula**: a pure function ``rule(ctx, **attributes) -> Cost`` registered with
+  :func:`formula` right below its definition;
+* **zero-cost**: registered with :func:`zero_cost` and a reason (layout, indexing, metadata);
+* **unsupported**: anything not registered; reported in every output, fatal with ``strict``.
+
+Registering the same ``(domain, op_type)`` twice raises :class:`~flopcount.errors.RegistryError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Callable, Mapping
+
+from .cost import Cost
+from .errors import RegistryError
+
+DEFAULT_DOMAIN = ""
+
+
+def canonical_domain(domain: str) -> str:
+    """``"ai.onnx"`` and ``""`` name the same default domain."""
+    return DEFAULT_DOMAIN if domain in ("", "ai.onnx") else domain
+
+
+@dataclass(frozen=True)
+class Rule:
+    domain: str
+    op_type: str
+    family: str
+    fn: Callable[..., Cost] | None  # None: zero-cost
+    reason: str = ""  # why a zero-cost op is free
+
+    @property
+    def zero_cost(self) -> bool:
+        return self.fn is None
+
+    @property
+    def equation(self) -> str:
+        """First paragraph of the formula's docstring (the equation), or the zero-cost reason."""
+        if self.fn is None:
+            return f"0 ({self.reason})"
+        doc = (self.fn.__doc__ or "").strip()
+        return doc.split("\n\n", 1)[0].replace("\n", " ")
+
+
+_RULES: dict[tuple[str, str], Rule] = {}
+RULES: Mapping[tuple[str, str], Rule] = MappingProxyType(_RULES)
+
+
+def _add(rule: Rule) -> None:
+    key = (rule.domain, rule.op_type)
+    if key in _RULES:
+        raise RegistryError(
+            f"operator {rule.op_type!r} of domain {rule.domain or 'ai.onnx'!r} is registered twice "
+            f"(family {_RULES[key].family!r} and {rule.family!r})"
+        )
+    _RULES[key] = rule
+
+
+def formula(*op_types: str, family: str, domain: str = DEFAULT_DOMAIN):
+    """Register the decorated function as the cost formula of ``op_types``."""
+
+    def register(fn: Callable[..., Cost]) -> Callable[..., Cost]:
+        for op_type in op_types:
+            _add(Rule(canonical_domain(domain), op_type, family, fn))
+        return fn
+
+    return register
+
+
+def zero_cost(*op_types: str, family: str, reason: str, domain: str = DEFAULT_DOMAIN) -> None:
+    """Declare ``op_types`` deliberately free of arithmetic, with the reason."""
+    for op_type in op_types:
+        _add(Rule(canonical_domain(domain), op_type, family, None, reason))
+
+
+def lookup(domain: str, op_type: str) -> Rule | None:
+    return _RULES.get((canonical_domain(domain), op_type))

@@ -1,0 +1,180 @@
+"""Rendering a :class:`~flopcount.report.Report`: JSON (the stable schema), table, markdown, CSV.
+
+Rendering returns strings; only the CLI prints.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from typing import Any
+
+import onnx
+from tabulate import tabulate
+
+from .context import TensorInfo
+from .report import Report
+
+SCHEMA_VERSION = 1
+FORMATS = ("table", "json", "csv", "markdown")
+
+
+def _dtype(t: TensorInfo) -> str:
+    return onnx.TensorProto.DataType.Name(t.elem_type).lower() if t.elem_type else "unknown"
+
+
+def _tensor(t: TensorInfo | None) -> dict[str, Any] | None:
+    if t is None:
+        return None
+    return {"name": t.name, "dtype": _dtype(t), "shape": None if t.shape is None else list(t.shape)}
+
+
+def _share(part: int, whole: int) -> float:
+    return part / whole if whole else 0.0
+
+
+def to_dict(report: Report, per_node: bool = False) -> dict[str, Any]:
+    """The JSON document (schema version 1; see README.md)."""
+    from . import __version__
+
+    total = report.total.as_dict()
+    doc: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "tool": {"name": "flopcount", "version": __version__},
+        "model": {
+            "path": report.model.path,
+            "graph_name": report.model.graph_name,
+            "ir_version": report.model.ir_version,
+            "opsets": {(d or "ai.onnx"): v for d, v in report.model.opsets.items()},
+            "producer": report.model.producer,
+            "inputs": [_tensor(t) for t in report.model.inputs],
+            "outputs": [_tensor(t) for t in report.model.outputs],
+        },
+        "convention": {"name": report.convention.name, "summary": report.convention.summary},
+        "batch": report.batch,
+        "total": {"flops": total["flops"], "macs": total["macs"], "params": report.params,
+                  "transcendentals": total["transcendentals"], "int_ops": total["int_ops"]},
+        "per_sample": report.per_sample.as_dict(),
+        "by_op_type": {
+            key: {
+                "op_type": s.op_type,
+                "domain": s.domain or "ai.onnx",
+                "family": s.family,
+                "status": s.status,
+                "nodes": s.nodes,
+                **s.cost.as_dict(),
+                "share": _share(s.cost.flops, report.total.flops),
+            }
+            for key, s in report.by_op_type.items()
+        },
+        "unsupported": dict(report.unsupported),
+    }  # fmt: skip
+    if per_node:
+        doc["nodes"] = [
+            {
+                "index": n.index,
+                "name": n.name,
+                "op_type": n.op_type,
+                "domain": n.domain or "ai.onnx",
+                "family": n.family,
+                "status": n.status,
+                "inputs": [_tensor(t) for t in n.inputs],
+                "outputs": [_tensor(t) for t in n.outputs],
+                **n.cost.as_dict(),
+            }
+            for n in report.nodes
+        ]
+    return doc
+
+
+def si(value: float, unit: str = "") -> str:
+    """``8_211_910_656`` → ``'8.21 G'``."""
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.2f} {prefix}{unit}"
+    return f"{value:g} {unit}".rstrip()
+
+
+def _n(v: float) -> str:
+    return f"{v:,}" if isinstance(v, int) else f"{v:,.2f}"
+
+
+def _shapes(ts) -> str:
+    return ", ".join(t.shape_text() if t is not None else "-" for t in ts)
+
+
+def _op_rows(report: Report) -> list[list[Any]]:
+    return [
+        [key, s.nodes, _n(s.cost.flops), _n(s.cost.macs), f"{100 * _share(s.cost.flops, report.total.flops):.2f}%", s.status]
+        for key, s in report.by_op_type.items()
+    ]
+
+
+def _node_rows(report: Report) -> list[list[Any]]:
+    return [
+        [n.name, n.op_type, _shapes(n.inputs), _shapes(n.outputs), _n(n.cost.flops), _n(n.cost.macs)]
+        for n in report.nodes
+    ]
+
+
+def _summary_lines(report: Report) -> list[str]:
+    m = report.model
+    ps = report.per_sample
+    opset = m.opsets.get("", "?")
+    lines = [
+        f"Model: {m.path or '<in memory>'} (graph {m.graph_name!r}, opset {opset}"
+        + (f", producer {m.producer}" if m.producer else "")
+        + ")",
+        "Inputs: " + ("; ".join(f"{t.name} {_dtype(t)} {t.shape_text()}" for t in m.inputs) or "(none)"),
+        f"Convention: {report.convention.name} ({report.convention.summary})",
+        f"Batch: {report.batch}",
+        f"Total FLOPs: {_n(report.total.flops)} ({si(report.total.flops, 'FLOPs')})",
+        f"Total MACs: {_n(report.total.macs)} ({si(report.total.macs, 'MACs')})",
+        f"Per-sample FLOPs: {_n(ps.flops)} ({si(ps.flops, 'FLOPs')})",
+        f"Per-sample MACs: {_n(ps.macs)} ({si(ps.macs, 'MACs')})",
+        f"Transcendentals: {_n(report.total.transcendentals)}; integer ops (not FLOPs): {_n(report.total.int_ops)}",
+        f"Parameters: {_n(report.params)} ({si(report.params)})",
+    ]
+    if report.unsupported:
+        lines.append(
+            "Unsupported operators (no formula, NOT counted): "
+            + ", ".join(f"{k} ({v})" for k, v in report.unsupported.items())
+        )
+    else:
+        lines.append("Unsupported operators: none")
+    return lines
+
+
+def render(report: Report, fmt: str = "table", per_node: bool = False) -> str:
+    if fmt == "json":
+        return json.dumps(to_dict(report, per_node), indent=2) + "\n"
+    if fmt == "csv":
+        return _csv(report, per_node)
+    tablefmt = "github" if fmt == "markdown" else "simple"
+    parts = []
+    if per_node:
+        parts.append(tabulate(_node_rows(report), ["node", "op type", "inputs", "outputs", "FLOPs", "MACs"],
+                              tablefmt=tablefmt, disable_numparse=True))
+    parts.append(tabulate(_op_rows(report), ["op type", "nodes", "FLOPs", "MACs", "share", "status"],
+                          tablefmt=tablefmt, disable_numparse=True, colalign=("left", "right", "right", "right", "right", "left")))
+    summary = _summary_lines(report)
+    if fmt == "markdown":
+        summary = [f"- {line}" for line in summary]
+    return "\n\n".join(parts + ["\n".join(summary)]) + "\n"
+
+
+def _csv(report: Report, per_node: bool) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    if per_node:
+        w.writerow(["index", "name", "op_type", "domain", "status", "inputs", "outputs", "flops", "macs", "transcendentals", "int_ops"])
+        for n in report.nodes:
+            c = n.cost
+            w.writerow([n.index, n.name, n.op_type, n.domain, n.status, _shapes(n.inputs), _shapes(n.outputs), c.flops, c.macs, c.transcendentals, c.int_ops])
+    else:
+        w.writerow(["op_type", "domain", "family", "status", "nodes", "flops", "macs", "transcendentals", "int_ops", "share"])
+        for s in report.by_op_type.values():
+            c = s.cost
+            w.writerow([s.op_type, s.domain, s.family, s.status, s.nodes, c.flops, c.macs, c.transcendentals, c.int_ops, f"{_share(c.flops, report.total.flops):.6f}"])
+    return buf.getvalue()

@@ -1,0 +1,90 @@
+"""The immutable result of a count. Rendering lives in :mod:`flopcount.render`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from .context import TensorInfo
+from .conventions import Convention
+from .cost import Cost
+
+# Node status values
+FORMULA = "formula"
+ZERO_COST = "zero-cost"
+UNSUPPORTED = "unsupported"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCount:
+    index: int  # position in the graph's node list
+    name: str
+    op_type: str
+    domain: str
+    family: str  # operator family ("conv", "matmul", ...); "" when unsupported
+    status: str  # FORMULA, ZERO_COST or UNSUPPORTED
+    inputs: tuple[TensorInfo | None, ...]
+    outputs: tuple[TensorInfo | None, ...]
+    cost: Cost
+
+
+@dataclass(frozen=True, slots=True)
+class OpTypeSummary:
+    op_type: str
+    domain: str
+    family: str
+    status: str
+    nodes: int
+    cost: Cost
+
+    @property
+    def key(self) -> str:
+        return op_key(self.domain, self.op_type)
+
+
+def op_key(domain: str, op_type: str) -> str:
+    """``"Conv"`` for the default domain, ``"com.microsoft:Gelu"`` for others."""
+    return f"{domain}:{op_type}" if domain else op_type
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: str | None
+    graph_name: str
+    ir_version: int
+    opsets: Mapping[str, int]  # domain ("" = ai.onnx) → version
+    producer: str
+    inputs: tuple[TensorInfo, ...]  # real inputs, resolved shapes
+    outputs: tuple[TensorInfo, ...]
+
+
+@dataclass(frozen=True)
+class Report:
+    """FLOP count of one model.
+
+    ``total`` is for the whole batch; ``per_sample`` divides it by ``batch``. ``params`` counts
+    initializer elements (floating-point and low-bit weights; int64/int32 shape and index tensors
+    excluded), from their dims, without reading data.
+    """
+
+    model: ModelInfo
+    convention: Convention
+    batch: int
+    total: Cost
+    params: int
+    nodes: tuple[NodeCount, ...]
+    by_op_type: Mapping[str, OpTypeSummary]  # ordered by FLOPs, largest first
+    unsupported: Mapping[str, int]  # op key → node count
+    timings: Mapping[str, float] = field(default_factory=dict, compare=False)  # seconds per phase; not in JSON
+
+    @property
+    def per_sample(self) -> Cost:
+        return self.total.per(self.batch)
+
+    @property
+    def flops(self) -> int:
+        return self.total.flops
+
+    @property
+    def macs(self) -> int:
+        return self.total.macs

@@ -1,0 +1,441 @@
+"""Shape resolution: user overrides, ONNX shape inference with data propagation, and evaluation of
+the small integer subgraphs that compute shapes.
+
+ONNX's own inference resolves static graphs in one pass. Exported graphs often compute Reshape
+targets or ConstantOfShape sizes at run time (``Shape → Gather → Concat → Reshape``, ``Range``,
+``Where(Equal(...))``); when dims remain unknown, :func:`resolve` evaluates every node whose inputs
+are known small constants (shape vectors, never weights), turns the results into initializers of a
+scratch copy and infers again, until nothing new resolves.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from math import prod
+from typing import Callable, Mapping, Sequence
+
+import networkx as nx
+import numpy as np
+import onnx
+from onnx import ModelProto, TensorProto, helper, numpy_helper
+
+from .context import TensorInfo
+from .errors import ShapeError, UsageError
+from .loading import _copy_field, _first_line
+
+log = logging.getLogger(__name__)
+
+MAX_ROUNDS = 12
+FOLD_LIMIT = 4096  # largest tensor (elements) evaluated while folding shape subgraphs
+
+
+@dataclass(frozen=True)
+class Resolution:
+    tensors: Mapping[str, TensorInfo]
+    values: Mapping[str, np.ndarray]  # small constants known without weights
+    inputs: tuple[TensorInfo, ...]  # real graph inputs, after overrides
+    rounds: int  # inference passes run
+    inference_error: str  # what strict ONNX inference says about unresolved dims ("" if nothing)
+
+
+# --------------------------------------------------------------------------------------------
+# input overrides
+
+
+def parse_dims(text: str) -> tuple[int, ...]:
+    """``"8x3x224x224"`` (or ``8,3,224,224``) → ``(8, 3, 224, 224)``; ``""`` → ``()`` (a scalar)."""
+    text = text.strip()
+    if not text:
+        return ()
+    parts = re.split(r"[x,×*]", text)
+    try:
+        dims = tuple(int(p) for p in parts)
+    except ValueError:
+        raise UsageError(f"cannot read shape {text!r}: write dims as integers joined by 'x', e.g. 8x3x224x224") from None
+    if any(d <= 0 for d in dims):
+        raise UsageError(f"shape {text!r} has a zero or negative dim; every dim must be a positive integer")
+    return dims
+
+
+def _declared_shape(vi: onnx.ValueInfoProto) -> tuple | None:
+    t = vi.type.tensor_type
+    if not t.HasField("shape"):
+        return None
+    return tuple(_dim(d) for d in t.shape.dim)
+
+
+def _dim(d) -> int | str | None:
+    if d.HasField("dim_value"):
+        return d.dim_value
+    return d.dim_param or None
+
+
+def apply_overrides(
+    model: ModelProto,
+    real_inputs: Sequence[str],
+    input_shapes: Mapping[str, Sequence[int]],
+    batch: int | None,
+    where: str,
+) -> bool:
+    """Set input dims in place from ``input_shapes`` and ``batch``; True when anything changed."""
+    by_name = {vi.name: vi for vi in model.graph.input}
+    unknown = [n for n in input_shapes if n not in real_inputs]
+    if unknown:
+        raise UsageError(
+            f"{where}: --input-shape names {', '.join(map(repr, unknown))}, which is not an input of the "
+            f"model; its inputs are: {', '.join(map(repr, real_inputs)) or '(none)'}"
+        )
+    if batch is not None and batch <= 0:
+        raise UsageError(f"--batch must be a positive integer, not {batch}")
+    for name in real_inputs:
+        declared = _declared_shape(by_name[name])
+        for i, d in enumerate(declared or ()):
+            if isinstance(d, int) and d < 0:
+                raise ShapeError(
+                    f"{where}: graph input {name!r} declares dim {i} as {d}; dims cannot be negative: "
+                    f"fix the model or give --input-shape {name}=..."
+                )
+    changed = False
+    for name in real_inputs:
+        vi = by_name[name]
+        declared = _declared_shape(vi)
+        if name in input_shapes:
+            dims = tuple(input_shapes[name])
+            if declared is not None and len(declared) != len(dims):
+                raise UsageError(
+                    f"{where}: input {name!r} has rank {len(declared)} "
+                    f"({'x'.join(str(d) if d is not None else '?' for d in declared)}), "
+                    f"but --input-shape gives {len(dims)} dims"
+                )
+        elif batch is not None and declared:
+            dims = (batch, *declared[1:])
+        else:
+            continue
+        if dims != declared:
+            changed = True
+            shape = vi.type.tensor_type.shape
+            shape.ClearField("dim")
+            for d in dims:
+                if isinstance(d, int):
+                    shape.dim.add().dim_value = d
+                elif d:
+                    shape.dim.add().dim_param = d
+                else:
+                    shape.dim.add()
+    if changed:
+        # Annotations written for the old shapes would contradict the new ones.
+        model.graph.ClearField("value_info")
+        for o in model.graph.output:
+            if o.type.tensor_type.HasField("shape"):
+                o.type.tensor_type.ClearField("shape")
+    return changed
+
+
+# --------------------------------------------------------------------------------------------
+# inference
+
+
+def _infer(model: ModelProto, where: str, strict: bool = False) -> ModelProto:
+    try:
+        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=strict, data_prop=True)
+    except Exception as e:  # InferenceError, ValidationError, or RuntimeError from C++
+        if strict:
+            raise
+        raise ShapeError(
+            f"{where}: ONNX shape inference failed: {_first_line(e)}; check the input shapes "
+            "(--input-shape) against the model"
+        ) from None
+
+
+def _collect(model: ModelProto) -> dict[str, TensorInfo]:
+    g = model.graph
+    out: dict[str, TensorInfo] = {}
+    for t in g.initializer:
+        out[t.name] = TensorInfo(t.name, t.data_type, tuple(t.dims))
+    for vi in (*g.input, *g.value_info, *g.output):
+        if not vi.type.HasField("tensor_type"):
+            continue  # sequences, maps, optionals: no tensor shape
+        tt = vi.type.tensor_type
+        shape = tuple(_dim(d) for d in tt.shape.dim) if tt.HasField("shape") else None
+        prev = out.get(vi.name)
+        if prev is not None and prev.is_static:
+            continue
+        out[vi.name] = TensorInfo(vi.name, tt.elem_type, shape)
+    return out
+
+
+def _unresolved(dag: nx.DiGraph, tensors: Mapping[str, TensorInfo]) -> list[str]:
+    names = []
+    for idx in dag.graph["order"]:
+        for name in dag.nodes[idx]["proto"].output:
+            if name:
+                t = tensors.get(name)
+                if t is None or not t.is_static:
+                    names.append(name)
+    return names
+
+
+def resolve(
+    model: ModelProto,
+    dag: nx.DiGraph,
+    input_shapes: Mapping[str, Sequence[int]] | None,
+    batch: int | None,
+    where: str,
+) -> Resolution:
+    """Resolve every tensor's shape that can be resolved without weights (``model`` is weightless)."""
+    apply_overrides(model, dag.graph["inputs"], input_shapes or {}, batch, where)
+    tensors = _collect(_infer(model, where))
+    values: dict[str, np.ndarray] = {}
+    rounds = 1
+    pending = _unresolved(dag, tensors)
+    while pending and rounds < MAX_ROUNDS:
+        new = _fold(model, dag, tensors, values)
+        if not new:
+            break
+        scratch = _with_constants(model, dag, values)
+        rounds += 1
+        tensors = {**tensors, **{k: v for k, v in _collect(_infer(scratch, where)).items() if v.is_static or k not in tensors}}
+        pending = _unresolved(dag, tensors)
+    if not values:
+        values = _small_constants(model)
+    error = ""
+    if pending:
+        try:
+            _infer(_with_constants(model, dag, values), where, strict=True)
+        except Exception as e:
+            error = _first_line(e)
+        log.debug("%d tensors keep unknown dims after %d rounds: %s", len(pending), rounds, pending[:10])
+    inputs = tuple(tensors.get(n, TensorInfo(n)) for n in dag.graph["inputs"])
+    return Resolution(tensors, values, inputs, rounds, error)
+
+
+# --------------------------------------------------------------------------------------------
+# folding of small constant subgraphs
+
+
+def _small_constants(model: ModelProto) -> dict[str, np.ndarray]:
+    values = {}
+    for t in model.graph.initializer:
+        if _has_data(t) and prod(t.dims) <= FOLD_LIMIT:
+            values[t.name] = numpy_helper.to_array(t)
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.output) == 1:
+            v = _constant_value(node)
+            if v is not None and v.size <= FOLD_LIMIT:
+                values[node.output[0]] = v
+    return values
+
+
+def _has_data(t: TensorProto) -> bool:
+    if prod(t.dims) == 0:
+        return True
+    return t.data_location != TensorProto.EXTERNAL and any(
+        t.HasField(f) if f == "raw_data" else len(getattr(t, f)) > 0
+        for f in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data")
+    )
+
+
+def _constant_value(node: onnx.NodeProto) -> np.ndarray | None:
+    for a in node.attribute:
+        if a.name == "value":
+            return numpy_helper.to_array(a.t) if _has_data(a.t) else None
+        if a.name in ("value_int", "value_ints"):
+            return np.array(helper.get_attribute_value(a), dtype=np.int64)
+        if a.name in ("value_float", "value_floats"):
+            return np.array(helper.get_attribute_value(a), dtype=np.float32)
+    return None
+
+
+def _fold(model: ModelProto, dag: nx.DiGraph, tensors: Mapping[str, TensorInfo], values: dict) -> bool:
+    """Evaluate nodes whose inputs are known small constants; True when a new value was found."""
+    if not values:
+        values.update(_small_constants(model))
+    found = False
+    for idx in dag.graph["order"]:
+        node = dag.nodes[idx]["proto"]
+        if node.domain not in ("", "ai.onnx") or not node.output or node.output[0] in values:
+            continue
+        outs = _evaluate(node, tensors, values)
+        if outs is None:
+            continue
+        for name, v in zip(node.output, outs):
+            if name and v is not None and v.size <= FOLD_LIMIT:
+                values[name] = v
+                found = True
+    return found
+
+
+def _evaluate(node, tensors, values) -> list | None:
+    op = node.op_type
+    if op in ("Shape", "Size"):
+        t = tensors.get(node.input[0])
+        if t is None or not t.is_static:
+            return None
+        shape = np.array(t.shape, dtype=np.int64)
+        if op == "Size":
+            return [np.array(prod(t.shape), dtype=np.int64)]
+        attrs = {a.name: a.i for a in node.attribute}  # ONNX start/end clamp like Python slices
+        return [shape[attrs.get("start", 0) : attrs.get("end")]]
+    if op in _NONDETERMINISTIC or op == "Constant":
+        return None
+    args = []
+    for name in node.input:
+        if not name:
+            args.append(None)
+        elif name in values:
+            args.append(values[name])
+        else:
+            return None
+    if any(a is not None and a.size > FOLD_LIMIT for a in args):
+        return None
+    fn = _FOLDERS.get(op)
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    try:
+        if fn is not None:
+            out = fn(attrs, *args)
+            return list(out) if isinstance(out, tuple) else [out]
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+            return None
+        from onnx.reference import ReferenceEvaluator
+
+        feeds = {n: a for n, a in zip(node.input, args) if n}
+        return list(ReferenceEvaluator(node).run(None, feeds))
+    except Exception as e:  # a node that cannot be evaluated simply stays unfolded
+        log.debug("not folding %s %r: %s", op, node.name, e)
+        return None
+
+
+def _with_constants(model: ModelProto, dag: nx.DiGraph, values: Mapping[str, np.ndarray]) -> ModelProto:
+    """A scratch copy in which every folded tensor is an initializer and its producer is removed."""
+    scratch = ModelProto()
+    for field, value in model.ListFields():
+        if field.name != "graph":
+            _copy_field(scratch, field, value)
+    g = scratch.graph
+    g.name = model.graph.name
+    g.input.extend(model.graph.input)
+    g.output.extend(model.graph.output)
+    g.value_info.extend(model.graph.value_info)
+    have = {t.name for t in model.graph.initializer}
+    g.initializer.extend(model.graph.initializer)
+    for node in model.graph.node:
+        if node.output and all((not o) or o in values for o in node.output):
+            continue
+        g.node.append(node)
+    for name, v in values.items():
+        if name not in have:
+            g.initializer.append(numpy_helper.from_array(np.asarray(v), name))
+    return scratch
+
+
+def _i64(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.int64)
+
+
+def _slice(attrs, data, starts=None, ends=None, axes=None, steps=None):
+    starts = _i64(attrs["starts"] if starts is None and "starts" in attrs else starts)
+    ends = _i64(attrs["ends"] if ends is None and "ends" in attrs else ends)
+    if axes is None:
+        axes = attrs.get("axes", range(len(starts)))
+    axes = [int(a) % data.ndim for a in _i64(axes).reshape(-1)]
+    steps = _i64(np.ones(len(starts)) if steps is None else steps)
+    index = [slice(None)] * data.ndim
+    for a, s, e, st in zip(axes, starts, ends, steps):
+        index[a] = slice(int(s), int(e), int(st))
+    return data[tuple(index)]
+
+
+def _axes(attrs, axes):
+    if axes is None:
+        axes = attrs.get("axes")
+    return None if axes is None else [int(a) for a in np.asarray(axes).reshape(-1)]
+
+
+def _unsqueeze(attrs, data, axes=None):
+    axes = sorted(a % (data.ndim + len(_axes(attrs, axes))) for a in _axes(attrs, axes))
+    for a in axes:
+        data = np.expand_dims(data, a)
+    return data
+
+
+def _squeeze(attrs, data, axes=None):
+    axes = _axes(attrs, axes)
+    return np.squeeze(data) if axes is None else np.squeeze(data, axis=tuple(a % data.ndim for a in axes))
+
+
+def _reshape(attrs, data, shape):
+    shape = [int(s) for s in shape]
+    if not attrs.get("allowzero", 0):
+        shape = [data.shape[i] if s == 0 else s for i, s in enumerate(shape)]
+    return data.reshape(shape)
+
+
+def _div(attrs, a, b):
+    if np.issubdtype(np.result_type(a, b), np.integer):
+        return (np.trunc(a / b)).astype(np.result_type(a, b))  # ONNX integer Div truncates
+    return a / b
+
+
+def _cast(attrs, x):
+    return x.astype(helper.tensor_dtype_to_np_dtype(attrs["to"]))
+
+
+def _constant_of_shape(attrs, shape):
+    fill = numpy_helper.to_array(attrs["value"]) if "value" in attrs else np.zeros(1, np.float32)
+    dims = [int(d) for d in shape]
+    if prod(dims) > FOLD_LIMIT:
+        raise ValueError("too large to fold")
+    return np.full(dims, fill.reshape(-1)[0], dtype=fill.dtype)
+
+
+def _reduce(np_fn):
+    def fold(attrs, data, axes=None):
+        axes = _axes(attrs, axes)
+        keep = bool(attrs.get("keepdims", 1))
+        if axes is None or (len(axes) == 0 and not attrs.get("noop_with_empty_axes", 0)):
+            axes = list(range(data.ndim))
+        return np_fn(data, axis=tuple(a % data.ndim for a in axes), keepdims=keep)
+
+    return fold
+
+
+_FOLDERS: dict[str, Callable] = {
+    "Identity": lambda at, x: x,
+    "Cast": _cast,
+    "Gather": lambda at, d, i: np.take(d, i.astype(np.int64), axis=at.get("axis", 0)),
+    "Slice": _slice,
+    "Concat": lambda at, *xs: np.concatenate([x for x in xs if x is not None], axis=at["axis"]),
+    "Unsqueeze": _unsqueeze,
+    "Squeeze": _squeeze,
+    "Reshape": _reshape,
+    "Flatten": lambda at, x: x.reshape(prod(x.shape[: at.get("axis", 1)]), -1),
+    "ConstantOfShape": _constant_of_shape,
+    "Range": lambda at, s, l, d: np.arange(s, l, d, dtype=np.result_type(s, l, d)),
+    "Add": lambda at, a, b: a + b,
+    "Sub": lambda at, a, b: a - b,
+    "Mul": lambda at, a, b: a * b,
+    "Div": _div,
+    "Mod": lambda at, a, b: np.fmod(a, b) if at.get("fmod", 0) else np.mod(a, b),
+    "Neg": lambda at, x: -x,
+    "Abs": lambda at, x: np.abs(x),
+    "Max": lambda at, *xs: np.maximum.reduce(list(np.broadcast_arrays(*xs))),
+    "Min": lambda at, *xs: np.minimum.reduce(list(np.broadcast_arrays(*xs))),
+    "Equal": lambda at, a, b: np.equal(a, b),
+    "Less": lambda at, a, b: np.less(a, b),
+    "Greater": lambda at, a, b: np.greater(a, b),
+    "Not": lambda at, x: np.logical_not(x),
+    "Where": lambda at, c, a, b: np.where(c, a, b),
+    "Expand": lambda at, x, s: x * np.ones([int(d) for d in s], dtype=x.dtype),
+    "Tile": lambda at, x, r: np.tile(x, [int(v) for v in r]),
+    "Transpose": lambda at, x: np.transpose(x, at.get("perm")),
+    "ReduceProd": _reduce(np.prod),
+    "ReduceSum": _reduce(np.sum),
+    "ReduceMax": _reduce(np.max),
+    "ReduceMin": _reduce(np.min),
+}
+
+_NONDETERMINISTIC = frozenset(
+    {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli", "Dropout"}
+)

@@ -1,0 +1,1 @@
+"""Frontends that export framework models (PyTorch, TensorFlow-Keras) to ONNX for counting."""

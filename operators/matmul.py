@@ -1,0 +1,38 @@
+"""Matrix products: Gemm and MatMul (HPC AI500 V3.0 Table 3: fully-connected)."""
+
+from __future__ import annotations
+
+from flopcount.context import NodeContext
+from flopcount.cost import Cost
+from flopcount.registry import formula
+
+
+@formula("MatMul", family="matmul")
+def matmul(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = 2·|Y|·K, MACs = |Y|·K, with K the last dim of A.
+
+    numpy semantics: batch dims broadcast (|Y| includes them), a 1-D A is a row vector and a 1-D B
+    a column vector (their unit dim is dropped from Y, which leaves |Y|·K unchanged). For
+    Y[B, M, N] this is 2·B·M·K·N. ``table3``: FLin·FLout, one FLOP per MAC.
+    """
+    macs = ctx.out_numel() * ctx.shape(0)[-1]
+    return Cost(flops=ctx.convention.fc_flops_per_mac * macs, macs=macs)
+
+
+@formula("Gemm", family="matmul")
+def gemm(ctx: NodeContext, *, transA: int = 0, alpha: float = 1.0, beta: float = 1.0, **_) -> Cost:
+    """FLOPs = 2·M·K·N (+ M·N for the bias C, + |C| when beta ≠ 1, + M·N when alpha ≠ 1).
+
+    Y = alpha·A'·B' + beta·C with A' [M, K]; MACs = M·K·N. ``table3`` counts FLin·FLout = M·K·N
+    and no bias or scaling terms.
+    """
+    a = ctx.shape(0)
+    y = ctx.out_numel()
+    macs = y * (a[0] if transA else a[1])
+    flops = ctx.convention.fc_flops_per_mac * macs
+    if ctx.convention.count_bias:
+        if ctx.has_input(2):
+            flops += y + (ctx.numel(2) if beta != 1.0 else 0)
+        if alpha != 1.0:
+            flops += y
+    return Cost(flops=flops, macs=macs)

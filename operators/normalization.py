@@ -1,0 +1,53 @@
+"""Normalization (HPC AI500 V3.0 Table 3: normalization, Cin·H·W).
+
+Every normalization op costs one FLOP per element of its input X, as Table 3 counts it. Each
+also reports one transcendental (a reciprocal square root, or a power for LRN) per statistic it
+normalizes by, stated per op.
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+from flopcount.context import NodeContext
+from flopcount.cost import Cost
+from flopcount.registry import formula
+
+
+@formula("BatchNormalization", family="normalization")
+def batch_norm(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = |X| = N·C·H·W; transcendentals = C (one 1/sqrt(var + eps) per channel).
+
+    Training-mode statistics (mean and variance over the batch) are not part of this inference
+    count.
+    """
+    x = ctx.shape(0)
+    return Cost(flops=prod(x), transcendentals=x[1] if len(x) > 1 else 1)
+
+
+@formula("InstanceNormalization", family="normalization")
+def instance_norm(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = |X| = N·C·H·W; transcendentals = N·C (one 1/sqrt per instance and channel)."""
+    x = ctx.shape(0)
+    return Cost(flops=prod(x), transcendentals=prod(x[:2]))
+
+
+@formula("LayerNormalization", family="normalization")
+def layer_norm(ctx: NodeContext, *, axis: int = -1, **_) -> Cost:
+    """FLOPs = |X|; transcendentals = prod(X.shape[:axis]) (one 1/sqrt per normalized row)."""
+    x = ctx.shape(0)
+    return Cost(flops=prod(x), transcendentals=prod(x[: axis % len(x)]) if x else 1)
+
+
+@formula("GroupNormalization", family="normalization")
+def group_norm(ctx: NodeContext, *, num_groups: int, **_) -> Cost:
+    """FLOPs = |X| = N·C·H·W; transcendentals = N·num_groups (one 1/sqrt per group)."""
+    x = ctx.shape(0)
+    return Cost(flops=prod(x), transcendentals=x[0] * num_groups)
+
+
+@formula("LRN", family="normalization")
+def lrn(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = |X| = N·C·H·W; transcendentals = |X| (one power (bias + alpha/size·Σx²)^beta per element)."""
+    x = ctx.numel(0)
+    return Cost(flops=x, transcendentals=x)

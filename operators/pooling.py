@@ -1,0 +1,36 @@
+"""Pooling (HPC AI500 V3.0 Table 3: pooling, Cin·H·W)."""
+
+from __future__ import annotations
+
+from math import prod
+
+from flopcount.context import NodeContext
+from flopcount.cost import Cost
+from flopcount.registry import formula
+
+
+@formula("MaxPool", "AveragePool", "LpPool", family="pooling")
+def pool(ctx: NodeContext, *, kernel_shape, **_) -> Cost:
+    """FLOPs = K·|Y|: each output element reads a window of K = prod(kernel_shape) elements.
+
+    Padded positions inside a window are counted as read (the usual convention; an average pool
+    with ``count_include_pad=0`` reads slightly fewer at the borders). ``table3`` counts Cin·H·W of
+    the input instead: |X|. LpPool also counts K + 1 transcendentals (powers and the root) per output.
+    """
+    if ctx.convention.pooling == "input":
+        flops = ctx.numel(0)
+    else:
+        flops = prod(kernel_shape) * ctx.out_numel()
+    trans = (prod(kernel_shape) + 1) * ctx.out_numel() if ctx.op_type == "LpPool" else 0
+    return Cost(flops=flops, transcendentals=trans)
+
+
+@formula("GlobalMaxPool", "GlobalAveragePool", "GlobalLpPool", family="pooling")
+def global_pool(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = |X| = N·C·H·W: the window is the whole spatial extent (same under ``table3``).
+
+    GlobalLpPool also counts |X| + N·C transcendentals (powers and roots).
+    """
+    x = ctx.numel(0)
+    trans = x + ctx.out_numel() if ctx.op_type == "GlobalLpPool" else 0
+    return Cost(flops=x, transcendentals=trans)
