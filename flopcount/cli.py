@@ -30,6 +30,16 @@ def _input_shape(text: str) -> tuple[str, tuple[int, ...]]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _input_value(text: str) -> tuple[str, list[int]]:
+    name, sep, values = text.rpartition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=V1,V2,... such as axes=1,2, got {text!r}")
+    try:
+        return name, [int(v) for v in values.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"values must be integers joined by ',', got {values!r}") from None
+
+
 def _positive(text: str) -> int:
     try:
         v = int(text)
@@ -52,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="path of an .onnx model (external weight files are never read and may be absent)")
     p.add_argument("--input-shape", metavar="NAME=DIMS", action="append", type=_input_shape, default=[],
                    help="fix the dims of an input, e.g. input=8x3x224x224 (repeatable)")
+    p.add_argument("--input-value", metavar="NAME=V1,V2", action="append", type=_input_value, default=[],
+                   help="value of a small integer input that shapes depend on (axes, sizes), e.g. axes=1,2 (repeatable)")
     p.add_argument("--batch", type=_positive, metavar="N",
                    help="set dim 0 of every input not given by --input-shape; per-sample figures divide by it")
     p.add_argument("--convention", choices=sorted(CONVENTIONS), default="default",
@@ -80,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         from .counting import count
 
         shapes = dict(args.input_shape)
-        report = count(args.model, input_shapes=shapes, batch=args.batch, convention=args.convention, strict=args.strict)
+        report = count(args.model, input_shapes=shapes, batch=args.batch, convention=args.convention,
+                       strict=args.strict, input_values=dict(args.input_value))
         text = render(report, args.format, args.per_node)
         if args.output:
             try:

@@ -36,6 +36,7 @@ def count(
     batch: int | None = None,
     convention: str | Convention = "default",
     strict: bool = False,
+    input_values: Mapping[str, Any] | None = None,
 ) -> Report:
     """Count the FLOPs of an ONNX model without reading its weights.
 
@@ -52,6 +53,9 @@ def count(
         See :mod:`flopcount.conventions`.
     strict : bool
         Raise :class:`UnsupportedOperatorError` when any operator has no formula.
+    input_values : mapping of input name to array, optional
+        Values of small inputs that shapes depend on (reduction axes, Resize sizes), e.g.
+        ``{"axes": [1, 2]}``; such inputs are treated as constants.
 
     Returns
     -------
@@ -86,7 +90,7 @@ def count(
     opsets = _opsets(m)
     attributes = [_attributes(dag.nodes[i]["proto"], dag.nodes[i]["name"], opsets, where) for i in range(len(m.graph.node))]
     lap("graph")
-    res = resolve(m, dag, input_shapes, batch, where)
+    res = resolve(m, dag, input_shapes, batch, where, input_values)
     lap("shapes")
     hint = _fix_hint(res.inputs, res.inference_error)
 
@@ -109,7 +113,7 @@ def count(
             cost = _apply(rule.fn, ctx, attributes[idx] or {}, where)
         nodes.append(NodeCount(idx, name, proto.op_type, domain, family, status, ins, outs, cost))
 
-    report = _report(m, loaded.path, dag, res, nodes, conv, batch, strict, where)
+    report = _report(m, loaded.path, dag, res, nodes, conv, batch, strict, where, frozenset(input_values or ()))
     lap("count")
     return dataclasses.replace(report, timings=MappingProxyType(timings))
 
@@ -197,7 +201,7 @@ def _fix_hint(inputs: Sequence[TensorInfo], inference_error: str) -> str:
     return " ".join(parts)
 
 
-def _report(m, path, dag, res, nodes, conv, batch, strict, where) -> Report:
+def _report(m, path, dag, res, nodes, conv, batch, strict, where, given: frozenset) -> Report:
     by_type: dict[str, list] = {}
     total = ZERO
     for n in nodes:
@@ -225,7 +229,7 @@ def _report(m, path, dag, res, nodes, conv, batch, strict, where) -> Report:
 
     if batch is None:
         batch = next((t.shape[0] for t in res.inputs if t.shape and isinstance(t.shape[0], int)), 1)
-    params = sum(prod(t.dims) for t in m.graph.initializer if t.data_type not in _NON_PARAM_TYPES)
+    params = sum(prod(t.dims) for t in m.graph.initializer if t.data_type not in _NON_PARAM_TYPES and t.name not in given)
     params += sum(prod(sp.dims) for sp in m.graph.sparse_initializer)
 
     info = ModelInfo(

@@ -177,15 +177,47 @@ def _unresolved(dag: nx.DiGraph, tensors: Mapping[str, TensorInfo]) -> list[str]
     return names
 
 
+def apply_values(model: ModelProto, real_inputs: Sequence[str], input_values: Mapping[str, object], where: str) -> None:
+    """Turn inputs whose values are given (axes, sizes: small tensors that shapes depend on) into
+    initializers of ``model``, in place, so that inference and folding see them as constants."""
+    by_name = {vi.name: vi for vi in model.graph.input}
+    for name, value in input_values.items():
+        if name not in real_inputs:
+            raise UsageError(
+                f"{where}: --input-value names {name!r}, which is not an input of the model; its inputs are: "
+                f"{', '.join(map(repr, real_inputs)) or '(none)'}"
+            )
+        vi = by_name[name]
+        elem = vi.type.tensor_type.elem_type
+        declared = _declared_shape(vi)
+        array = np.asarray(value, dtype=helper.tensor_dtype_to_np_dtype(elem) if elem else None)
+        if declared is not None and len(declared) == 0 and array.size == 1:
+            array = array.reshape(())
+        if array.size > FOLD_LIMIT:
+            raise UsageError(f"{where}: --input-value {name!r} has {array.size} elements; give values only for small "
+                             f"shape-like inputs (at most {FOLD_LIMIT}), and shapes for the rest")
+        if declared is not None and (len(declared) != array.ndim or any(
+                isinstance(d, int) and d != a for d, a in zip(declared, array.shape))):
+            raise UsageError(f"{where}: the value given for input {name!r} has shape {list(array.shape)}, "
+                             f"but the model declares {['?' if d is None else d for d in declared]}")
+        model.graph.input.remove(vi)
+        model.graph.initializer.append(numpy_helper.from_array(array, name))
+
+
 def resolve(
     model: ModelProto,
     dag: nx.DiGraph,
     input_shapes: Mapping[str, Sequence[int]] | None,
     batch: int | None,
     where: str,
+    input_values: Mapping[str, object] | None = None,
 ) -> Resolution:
     """Resolve every tensor's shape that can be resolved without weights (``model`` is weightless)."""
-    apply_overrides(model, dag.graph["inputs"], input_shapes or {}, batch, where)
+    real_inputs = dag.graph["inputs"]
+    if input_values:
+        apply_values(model, real_inputs, input_values, where)
+        real_inputs = tuple(n for n in real_inputs if n not in input_values)
+    apply_overrides(model, real_inputs, input_shapes or {}, batch, where)
     tensors = _collect(_infer(model, where))
     values: dict[str, np.ndarray] = {}
     rounds = 1
@@ -261,7 +293,9 @@ def _fold(model: ModelProto, dag: nx.DiGraph, tensors: Mapping[str, TensorInfo],
         if outs is None:
             continue
         for name, v in zip(node.output, outs):
-            if name and v is not None and v.size <= FOLD_LIMIT:
+            if isinstance(v, np.generic):  # numpy arithmetic on 0-d arrays gives scalars
+                v = np.asarray(v)
+            if name and isinstance(v, np.ndarray) and v.size <= FOLD_LIMIT:  # not sequences
                 values[name] = v
                 found = True
     return found
@@ -278,6 +312,13 @@ def _evaluate(node, tensors, values) -> list | None:
             return [np.array(prod(t.shape), dtype=np.int64)]
         attrs = {a.name: a.i for a in node.attribute}  # ONNX start/end clamp like Python slices
         return [shape[attrs.get("start", 0) : attrs.get("end")]]
+    if op == "CastLike":  # needs only the target's dtype, which inference knows
+        target = tensors.get(node.input[1])
+        if node.input[0] not in values or target is None or not target.elem_type:
+            return None
+        return [values[node.input[0]].astype(helper.tensor_dtype_to_np_dtype(target.elem_type))]
+    if op == "If":
+        return _evaluate_if(node, tensors, values)
     if op in _NONDETERMINISTIC or op == "Constant":
         return None
     args = []
@@ -307,6 +348,40 @@ def _evaluate(node, tensors, values) -> list | None:
         return None
 
 
+def _taken_branch(node: onnx.NodeProto, values: Mapping[str, np.ndarray]) -> onnx.GraphProto | None:
+    """The subgraph an If node runs when its condition is a known constant, else None."""
+    if node.op_type != "If" or node.domain not in ("", "ai.onnx"):
+        return None
+    cond = values.get(node.input[0])
+    if cond is None or cond.size != 1:
+        return None
+    name = "then_branch" if bool(cond.reshape(-1)[0]) else "else_branch"
+    return next((a.g for a in node.attribute if a.name == name), None)
+
+
+def _evaluate_if(node, tensors, values) -> list | None:
+    """An If whose condition is a known constant: evaluate the branch it takes."""
+    branch = _taken_branch(node, values)
+    if branch is None:
+        return None
+    local = dict(values)
+    for t in branch.initializer:
+        if _has_data(t) and prod(t.dims) <= FOLD_LIMIT:
+            local[t.name] = numpy_helper.to_array(t)
+    for inner in branch.node:
+        if inner.op_type == "Constant":
+            v = _constant_value(inner)
+            outs = None if v is None else [v]
+        else:
+            outs = _evaluate(inner, tensors, local)
+        if outs is None:
+            return None
+        for name, v in zip(inner.output, outs):
+            if name and isinstance(v, (np.ndarray, np.generic)):
+                local[name] = np.asarray(v)
+    return [local.get(o.name) for o in branch.output]
+
+
 def _with_constants(model: ModelProto, dag: nx.DiGraph, values: Mapping[str, np.ndarray]) -> ModelProto:
     """A scratch copy in which every folded tensor is an initializer and its producer is removed."""
     scratch = ModelProto()
@@ -323,7 +398,16 @@ def _with_constants(model: ModelProto, dag: nx.DiGraph, values: Mapping[str, np.
     for node in model.graph.node:
         if node.output and all((not o) or o in values for o in node.output):
             continue
-        g.node.append(node)
+        branch = _taken_branch(node, values)
+        if branch is None:
+            g.node.append(node)
+            continue
+        # an If with a known condition: inline the branch it takes, so its output shapes are exact
+        g.initializer.extend(branch.initializer)
+        g.node.extend(branch.node)
+        for inner, outer in zip(branch.output, node.output):
+            if outer:
+                g.node.append(helper.make_node("Identity", [inner.name], [outer]))
     for name, v in values.items():
         if name not in have:
             g.initializer.append(numpy_helper.from_array(np.asarray(v), name))
@@ -412,7 +496,7 @@ _FOLDERS: dict[str, Callable] = {
     "Reshape": _reshape,
     "Flatten": lambda at, x: x.reshape(prod(x.shape[: at.get("axis", 1)]), -1),
     "ConstantOfShape": _constant_of_shape,
-    "Range": lambda at, s, l, d: np.arange(s, l, d, dtype=np.result_type(s, l, d)),
+    "Range": lambda at, s, l, d: np.arange(s.item(), l.item(), d.item(), dtype=np.result_type(s, l, d)),
     "Add": lambda at, a, b: a + b,
     "Sub": lambda at, a, b: a - b,
     "Mul": lambda at, a, b: a * b,

@@ -139,3 +139,21 @@ def test_static_input_overridden_by_batch():
     r = flopcount.count(m, batch=8)
     assert r.total.flops == 8 * 2 * 7 * 3
     assert r.per_sample.flops == flopcount.count(m).per_sample.flops
+
+
+def test_input_values_resolve_data_dependent_shapes(capsys, save):
+    # ReduceSum over axes given as a graph input: only its value fixes Y's shape
+    m = model([N("ReduceSum", ["x", "axes"], ["y"], keepdims=0), N("MatMul", ["y", "W"], ["z"])],
+              {"x": (4, 6, 5), "axes": (1,)}, ["z"], [weight("W", (6, 3))])
+    m.graph.input[1].type.tensor_type.elem_type = TensorProto.INT64
+    with pytest.raises(flopcount.ShapeError):
+        flopcount.count(m)
+    r = flopcount.count(m, input_values={"axes": [2]})
+    assert r.total.flops == (4 * 6 * 5 - 4 * 6) + 2 * 4 * 6 * 3
+    assert r.params == 6 * 3
+    from flopcount.cli import main
+
+    assert main([save(m), "--input-value", "axes=2", "--format", "json"]) == 0
+    assert '"flops": ' + str((4 * 6 * 5 - 4 * 6) + 2 * 4 * 6 * 3) in capsys.readouterr().out
+    with pytest.raises(flopcount.UsageError):
+        flopcount.count(m, input_values={"nope": [1]})
