@@ -40,6 +40,13 @@ def _input_value(text: str) -> tuple[str, list[int]]:
         raise argparse.ArgumentTypeError(f"values must be integers joined by ',', got {values!r}") from None
 
 
+def _loop_trips(text: str) -> tuple[str, int]:
+    name, sep, n = text.rpartition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NODE=N such as decoder_loop=32, got {text!r}")
+    return name, _positive(n)
+
+
 def _positive(text: str) -> int:
     try:
         v = int(text)
@@ -64,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fix the dims of an input, e.g. input=8x3x224x224 (repeatable)")
     p.add_argument("--input-value", metavar="NAME=V1,V2", action="append", type=_input_value, default=[],
                    help="value of a small integer input that shapes depend on (axes, sizes), e.g. axes=1,2 (repeatable)")
+    p.add_argument("--loop-trips", metavar="NODE=N", action="append", type=_loop_trips, default=[],
+                   help="trip count of a Loop (or sequence length of a SequenceMap) the graph does not fix (repeatable)")
     p.add_argument("--batch", type=_positive, metavar="N",
                    help="set dim 0 of every input not given by --input-shape; per-sample figures divide by it")
     p.add_argument("--convention", choices=sorted(CONVENTIONS), default="default",
@@ -93,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
 
         shapes = dict(args.input_shape)
         report = count(args.model, input_shapes=shapes, batch=args.batch, convention=args.convention,
-                       strict=args.strict, input_values=dict(args.input_value))
+                       strict=args.strict, input_values=dict(args.input_value),
+                       loop_trips=dict(args.loop_trips))
         text = render(report, args.format, args.per_node)
         if args.output:
             try:

@@ -76,6 +76,8 @@ class NodeContext:
     convention: Convention
     _value: Callable[[str], np.ndarray | None]
     _hint: str = ""
+    _subgraph: Callable[[Any], Any] | None = None
+    trips: int | None = None  # trip count given for this node (``--loop-trips``), if any
 
     # --- presence -------------------------------------------------------------------------------
     def has_input(self, i: int) -> bool:
@@ -118,6 +120,11 @@ class NodeContext:
         t = self.inputs[i] if i < len(self.inputs) else None
         return t is not None and t.is_float
 
+    def subgraph_cost(self, graph: Any) -> Any:
+        """Cost of one run of a subgraph attribute (an If branch, a Loop or Scan body), counted by the
+        same machinery, recursively."""
+        return self._subgraph(graph)
+
     def value(self, i: int) -> np.ndarray | None:
         """Constant value of input ``i`` when it is known without reading weights (small constants)."""
         t = self.inputs[i] if i < len(self.inputs) else None
@@ -132,5 +139,14 @@ def attribute_defaults(schema: Any) -> Mapping[str, Any]:
     for name, attr in schema.attributes.items():
         dv = attr.default_value
         if dv is not None and dv.name:
-            out[name] = helper.get_attribute_value(dv)
+            out[name] = python_value(helper.get_attribute_value(dv))
     return out
+
+
+def python_value(v: Any) -> Any:
+    """An attribute value with strings decoded (ONNX stores them as bytes)."""
+    if isinstance(v, bytes):
+        return v.decode()
+    if isinstance(v, list) and v and isinstance(v[0], bytes):
+        return [s.decode() for s in v]
+    return v

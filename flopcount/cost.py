@@ -63,3 +63,12 @@ class Cost:
 
 
 ZERO = Cost()
+
+
+@dataclass(frozen=True, slots=True)
+class Breakdown:
+    """What a formula returns when its node's cost has named parts worth reporting (If branches,
+    a Loop body per iteration): the node's ``total`` and the ``parts`` behind it."""
+
+    total: Cost
+    parts: tuple[tuple[str, Cost], ...]

@@ -15,9 +15,9 @@ import onnx
 from onnx import ModelProto, helper
 
 from . import graph as graph_mod
-from .context import NodeContext, TensorInfo, attribute_defaults
+from .context import NodeContext, TensorInfo, attribute_defaults, python_value
 from .conventions import Convention, get_convention
-from .cost import ZERO, Cost
+from .cost import ZERO, Breakdown, Cost
 from .errors import FlopcountError, InvalidGraphError, ShapeError, UnsupportedOperatorError
 from .loading import load
 from .registry import DEFAULT_DOMAIN, canonical_domain, lookup
@@ -37,6 +37,7 @@ def count(
     convention: str | Convention = "default",
     strict: bool = False,
     input_values: Mapping[str, Any] | None = None,
+    loop_trips: Mapping[str, int] | None = None,
 ) -> Report:
     """Count the FLOPs of an ONNX model without reading its weights.
 
@@ -56,6 +57,9 @@ def count(
     input_values : mapping of input name to array, optional
         Values of small inputs that shapes depend on (reduction axes, Resize sizes), e.g.
         ``{"axes": [1, 2]}``; such inputs are treated as constants.
+    loop_trips : mapping of node name to int, optional
+        Trip counts of ``Loop`` nodes whose count is not a constant (and sequence lengths of
+        ``SequenceMap`` nodes), e.g. ``{"generate_loop": 32}``.
 
     Returns
     -------
@@ -94,34 +98,66 @@ def count(
     lap("shapes")
     hint = _fix_hint(res.inputs, res.inference_error)
 
-    nodes: list[NodeCount] = []
-    tensors, values = res.tensors, res.values
-    for idx in dag.graph["order"]:
-        proto = dag.nodes[idx]["proto"]
-        name = dag.nodes[idx]["name"]
+    walk = _Traversal(res.tensors, res.values, conv, opsets, hint, where, loop_trips or {})
+    nodes = [
+        walk.node(dag.nodes[idx]["proto"], idx, dag.nodes[idx]["name"], attributes[idx]) for idx in dag.graph["order"]
+    ]
+
+    report = _report(m, loaded.path, dag, res, nodes, conv, batch, strict, where, frozenset(input_values or ()),
+                     walk.nested_unsupported)
+    lap("count")
+    return dataclasses.replace(report, timings=MappingProxyType(timings))
+
+
+class _Traversal:
+    """Applies the registry to nodes; bodies of If/Loop/Scan recurse through :meth:`graph`."""
+
+    def __init__(self, tensors, values, convention, opsets, hint, where, loop_trips):
+        self.tensors, self.values, self.convention = tensors, values, convention
+        self.opsets, self.hint, self.where, self.loop_trips = opsets, hint, where, loop_trips
+        self.nested_unsupported: dict[str, int] = {}
+
+    def node(self, proto: onnx.NodeProto, idx: int, name: str, attrs: Mapping[str, Any] | None) -> NodeCount:
+        tensors = self.tensors
         domain = canonical_domain(proto.domain)
         ins = tuple((tensors.get(n) or TensorInfo(n)) if n else None for n in proto.input)
         outs = tuple((tensors.get(n) or TensorInfo(n)) if n else None for n in proto.output)
         rule = lookup(domain, proto.op_type)
+        parts: tuple = ()
         if rule is None:
             status, family, cost = UNSUPPORTED, "", ZERO
         elif rule.zero_cost:
             status, family, cost = ZERO_COST, rule.family, ZERO
         else:
             status, family = FORMULA, rule.family
-            ctx = NodeContext(name, proto.op_type, domain, opsets.get(domain, 0), ins, outs, conv, values.get, hint)
-            cost = _apply(rule.fn, ctx, attributes[idx] or {}, where)
-        nodes.append(NodeCount(idx, name, proto.op_type, domain, family, status, ins, outs, cost))
+            ctx = NodeContext(
+                name, proto.op_type, domain, self.opsets.get(domain, 0), ins, outs, self.convention,
+                self.values.get, self.hint, self.graph, self.loop_trips.get(name),
+            )
+            cost = _apply(rule.fn, ctx, attrs or {}, self.where)
+            if isinstance(cost, Breakdown):
+                cost, parts = cost.total, cost.parts
+        return NodeCount(idx, name, proto.op_type, domain, family, status, ins, outs, cost, parts)
 
-    report = _report(m, loaded.path, dag, res, nodes, conv, batch, strict, where, frozenset(input_values or ()))
-    lap("count")
-    return dataclasses.replace(report, timings=MappingProxyType(timings))
+    def graph(self, g: onnx.GraphProto) -> Cost:
+        """Total cost of one run of a subgraph (its nodes are in topological order, as ONNX requires)."""
+        total = ZERO
+        for i, proto in enumerate(g.node):
+            name = graph_mod.node_label(proto, i)
+            n = self.node(proto, i, name, _attributes(proto, name, self.opsets, self.where))
+            if n.status == UNSUPPORTED:
+                key = op_key(n.domain, n.op_type)
+                self.nested_unsupported[key] = self.nested_unsupported.get(key, 0) + 1
+            total = total + n.cost
+        return total
 
 
 def _apply(fn, ctx: NodeContext, attrs: Mapping[str, Any], where: str) -> Cost:
     try:
         return fn(ctx, **attrs)
     except FlopcountError as e:
+        if str(e).startswith(f"{where}: "):  # raised inside a nested body, already located
+            raise
         raise type(e)(f"{where}: {e}") from None
     except (ValueError, IndexError, KeyError, TypeError, ZeroDivisionError) as e:
         raise InvalidGraphError(
@@ -174,12 +210,7 @@ def _attributes(node: onnx.NodeProto, name: str, opsets: Mapping[str, int], wher
         return None
     values = dict(_defaults(node.op_type, version, domain)) if version else {}
     for a in node.attribute:
-        v = helper.get_attribute_value(a)
-        if isinstance(v, bytes):
-            v = v.decode()
-        elif isinstance(v, list) and v and isinstance(v[0], bytes):
-            v = [s.decode() for s in v]
-        values[a.name] = v
+        values[a.name] = python_value(helper.get_attribute_value(a))
     return values
 
 
@@ -201,7 +232,7 @@ def _fix_hint(inputs: Sequence[TensorInfo], inference_error: str) -> str:
     return " ".join(parts)
 
 
-def _report(m, path, dag, res, nodes, conv, batch, strict, where, given: frozenset) -> Report:
+def _report(m, path, dag, res, nodes, conv, batch, strict, where, given: frozenset, nested: Mapping[str, int]) -> Report:
     by_type: dict[str, list] = {}
     total = ZERO
     for n in nodes:
@@ -218,6 +249,8 @@ def _report(m, path, dag, res, nodes, conv, batch, strict, where, given: frozens
         key=lambda s: (-s.cost.flops, -s.cost.int_ops, s.key),
     )
     unsupported = {s.key: s.nodes for s in summaries if s.status == UNSUPPORTED}
+    for key, n in nested.items():  # operators without a formula inside If/Loop/Scan bodies
+        unsupported[key] = unsupported.get(key, 0) + n
     if unsupported:
         log.info("%s: no formula for %s", where, ", ".join(f"{k} ({v})" for k, v in unsupported.items()))
     if strict and unsupported:

@@ -82,6 +82,7 @@ def to_dict(report: Report, per_node: bool = False) -> dict[str, Any]:
                 "inputs": [_tensor(t) for t in n.inputs],
                 "outputs": [_tensor(t) for t in n.outputs],
                 **n.cost.as_dict(),
+                **({"parts": {label: c.as_dict() for label, c in n.parts}} if n.parts else {}),
             }
             for n in report.nodes
         ]

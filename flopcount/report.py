@@ -26,6 +26,7 @@ class NodeCount:
     inputs: tuple[TensorInfo | None, ...]
     outputs: tuple[TensorInfo | None, ...]
     cost: Cost
+    parts: tuple[tuple[str, Cost], ...] = ()  # named parts of ``cost`` (If branches, Loop body per trip)
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,8 +59,15 @@ def parse_dims(text: str) -> tuple[int, ...]:
     return dims
 
 
+def _tensor_type(vi: onnx.ValueInfoProto):
+    """The tensor type of a tensor value, or of the elements of a sequence value."""
+    if vi.type.HasField("sequence_type"):
+        return vi.type.sequence_type.elem_type.tensor_type
+    return vi.type.tensor_type
+
+
 def _declared_shape(vi: onnx.ValueInfoProto) -> tuple | None:
-    t = vi.type.tensor_type
+    t = _tensor_type(vi)
     if not t.HasField("shape"):
         return None
     return tuple(_dim(d) for d in t.shape.dim)
@@ -115,7 +122,7 @@ def apply_overrides(
             continue
         if dims != declared:
             changed = True
-            shape = vi.type.tensor_type.shape
+            shape = _tensor_type(vi).shape
             shape.ClearField("dim")
             for d in dims:
                 if isinstance(d, int):
@@ -149,21 +156,36 @@ def _infer(model: ModelProto, where: str, strict: bool = False) -> ModelProto:
         ) from None
 
 
+_SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+
+
 def _collect(model: ModelProto) -> dict[str, TensorInfo]:
-    g = model.graph
     out: dict[str, TensorInfo] = {}
+    _collect_graph(model.graph, out)
+    return out
+
+
+def _collect_graph(g: onnx.GraphProto, out: dict[str, TensorInfo]) -> None:
+    """Tensor infos of ``g`` and, recursively, of its subgraphs (names are unique across scopes)."""
+    for node in g.node:
+        if node.op_type in _SUBGRAPH_OPS:
+            for a in node.attribute:
+                for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs):
+                    _collect_graph(sub, out)
     for t in g.initializer:
         out[t.name] = TensorInfo(t.name, t.data_type, tuple(t.dims))
     for vi in (*g.input, *g.value_info, *g.output):
-        if not vi.type.HasField("tensor_type"):
-            continue  # sequences, maps, optionals: no tensor shape
-        tt = vi.type.tensor_type
+        if vi.type.HasField("tensor_type"):
+            tt = vi.type.tensor_type
+        elif vi.type.HasField("sequence_type") and vi.type.sequence_type.elem_type.HasField("tensor_type"):
+            tt = vi.type.sequence_type.elem_type.tensor_type  # a sequence is recorded by its elements' type
+        else:
+            continue  # maps, optionals: no tensor shape
         shape = tuple(_dim(d) for d in tt.shape.dim) if tt.HasField("shape") else None
         prev = out.get(vi.name)
         if prev is not None and prev.is_static:
             continue
         out[vi.name] = TensorInfo(vi.name, tt.elem_type, shape)
-    return out
 
 
 def _unresolved(dag: nx.DiGraph, tensors: Mapping[str, TensorInfo]) -> list[str]:
@@ -232,6 +254,8 @@ def resolve(
         pending = _unresolved(dag, tensors)
     if not values:
         values = _small_constants(model)
+    tensors = dict(tensors)
+    _infer_bodies(model, model.graph, tensors, values, where)
     error = ""
     if pending:
         try:
@@ -241,6 +265,87 @@ def resolve(
         log.debug("%d tensors keep unknown dims after %d rounds: %s", len(pending), rounds, pending[:10])
     inputs = tuple(tensors.get(n, TensorInfo(n)) for n in dag.graph["inputs"])
     return Resolution(tensors, values, inputs, rounds, error)
+
+
+# --------------------------------------------------------------------------------------------
+# bodies of If / Loop / Scan
+
+
+def _value_info(name: str, t: TensorInfo | None) -> onnx.ValueInfoProto:
+    if t is None or not t.elem_type:
+        return helper.make_empty_tensor_value_info(name)
+    return helper.make_tensor_value_info(name, t.elem_type, None if t.shape is None else list(t.shape))
+
+
+def _body_inputs(node: onnx.NodeProto, body: onnx.GraphProto, tensors: Mapping[str, TensorInfo]) -> list:
+    """Types of a body's formal inputs, from the node's actual inputs."""
+    outer = [tensors.get(n) if n else None for n in node.input]
+    if node.op_type == "Loop":
+        return [TensorInfo("", TensorProto.INT64, ()), TensorInfo("", TensorProto.BOOL, ()), *outer[2:]]
+    if node.op_type == "Scan":
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        m = attrs.get("num_scan_inputs", 0)
+        n_states = len(node.input) - m
+        axes = attrs.get("scan_input_axes") or [0] * m
+        scans = []
+        for t, axis in zip(outer[n_states:], axes):
+            if t is None or t.shape is None:
+                scans.append(t)
+            else:
+                a = axis % len(t.shape)
+                scans.append(TensorInfo(t.name, t.elem_type, t.shape[:a] + t.shape[a + 1 :]))
+        return [*outer[:n_states], *scans]
+    if node.op_type == "SequenceMap":  # one element of each sequence (recorded by element type), tensors as they are
+        return outer
+    return [None] * len(body.input)
+
+
+def _infer_bodies(model: ModelProto, graph: onnx.GraphProto, tensors: dict, values: Mapping, where: str) -> None:
+    """Infer shapes inside subgraphs whose inputs ONNX left untyped, as standalone graphs whose
+    inputs carry the outer node's types; recurses into nested bodies."""
+    for node in graph.node:
+        if node.op_type not in _SUBGRAPH_OPS:
+            continue
+        for a in node.attribute:
+            for body in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
+                if all(tensors.get(o) is not None and tensors[o].is_static for n in body.node for o in n.output if o):
+                    continue
+                sub = ModelProto(ir_version=model.ir_version)
+                sub.opset_import.extend(model.opset_import)
+                g = sub.graph
+                g.name = body.name or "body"
+                g.node.extend(body.node)
+                g.initializer.extend(body.initializer)
+                g.output.extend(body.output)
+                formal = _body_inputs(node, body, tensors)
+                for vi, t in zip(body.input, formal):
+                    declared = vi.type.tensor_type
+                    if t is not None and (not declared.HasField("shape") or not declared.elem_type):
+                        g.input.append(_value_info(vi.name, t))
+                    else:
+                        g.input.append(vi)
+                defined = {i.name for i in body.input} | {t.name for t in body.initializer}
+                defined |= {o for n in body.node for o in n.output}
+                outer_refs = {x for n in body.node for x in n.input if x and x not in defined}
+                from .graph import subgraph_outer_names
+
+                for n in body.node:
+                    outer_refs |= {x for x in subgraph_outer_names(n) if x not in defined}
+                for name in sorted(outer_refs):
+                    if name in values:
+                        g.initializer.append(numpy_helper.from_array(np.asarray(values[name]), name))
+                    else:
+                        g.input.append(_value_info(name, tensors.get(name)))
+                try:
+                    inferred = onnx.shape_inference.infer_shapes(sub, strict_mode=False, data_prop=True)
+                except Exception as e:  # leave the body as it is; its formulas will name the tensor
+                    log.debug("%s: cannot infer the body of %s %r: %s", where, node.op_type, node.name, e)
+                    continue
+                for name, info in _collect(inferred).items():
+                    prev = tensors.get(name)
+                    if prev is None or (not prev.is_static and (info.is_static or prev.shape is None)):
+                        tensors[name] = info
+                _infer_bodies(model, body, tensors, values, where)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,524 @@
+"""Speed and memory of ``flopcount.count`` on large graphs, against a bare ``onnx.load`` in the same run.
+
+Run from the repository root::
+
+    python benchmarks/count_speed.py                 # 1k, 10k, 100k nodes + a ~550 MB VGG16 export
+    python benchmarks/count_speed.py --quick         # 1k, 10k nodes + a ~20 MB VGG-ish export
+    python benchmarks/count_speed.py --sizes 1000,30000 --repeat 5
+
+Models (written to a temporary directory that is removed at exit):
+
+* transformer-like graphs of about N nodes (stacked pre-norm blocks: LayerNormalization, Q/K/V
+  MatMul + bias Add, Reshape/Transpose head split, scores MatMul, Div, Sigmoid in place of Softmax,
+  context MatMul, output projection, residual Add, a Gelu MLP), static shapes, whose weights are
+  EXTERNAL initializers pointing at a file that is never written, so the .onnx files stay small;
+* one export with INLINE weights (torch.onnx.export of a VGG-like net when torch is importable, else
+  the same net built with onnx.helper and random numpy weights), so that ``onnx.load`` has real work.
+
+Every time is the median of ``--repeat`` runs after one warm-up; bare ``onnx.load`` (the baseline) and
+``flopcount.count`` run in alternation so that both see the same machine state. Peak memory is the peak RSS of a fresh
+subprocess that only runs the measured call; "net" subtracts the peak of a subprocess that only
+imports onnx and flopcount. This is a benchmark that prints figures, not a test: nothing asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import io
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+from tabulate import tabulate
+
+import flopcount
+
+PHASES = ("load", "graph", "shapes", "count")
+MB = 1024 * 1024
+
+# Targets to compare against (printed, never asserted).
+TARGET_10K_S = 0.3
+TARGET_100K_S = 3.0
+TARGET_INLINE_RATIO = 1.5  # flopcount total / bare onnx.load, inline-weight export
+TARGET_MEMORY_RATIO = 3.0  # peak memory / protobuf file size, inline-weight export
+
+# --------------------------------------------------------------------------------------------
+# transformer-like graphs with external (absent) weights
+
+OPSET = 20  # Gelu needs opset 20
+SEQ, HIDDEN, HEADS, FFN = 128, 256, 4, 1024
+NODES_PER_BLOCK = 29
+
+
+class _ExternalWeights:
+    """Initializers whose data lives at consecutive offsets of a file that is never written."""
+
+    def __init__(self, location: str) -> None:
+        self.location = location
+        self.offset = 0
+        self.tensors: list[TensorProto] = []
+
+    def add(self, name: str, dims: tuple[int, ...]) -> str:
+        t = TensorProto(name=name, dims=dims, data_type=TensorProto.FLOAT, data_location=TensorProto.EXTERNAL)
+        length = int(np.prod(dims)) * 4
+        for key, value in (("location", self.location), ("offset", str(self.offset)), ("length", str(length))):
+            entry = t.external_data.add()
+            entry.key, entry.value = key, value
+        self.offset += length
+        self.tensors.append(t)
+        return name
+
+
+def transformer_graph(target_nodes: int) -> onnx.ModelProto:
+    """About ``target_nodes`` nodes: ``NODES_PER_BLOCK`` per block plus one final LayerNormalization."""
+    blocks = max(1, round((target_nodes - 1) / NODES_PER_BLOCK))
+    dh = HIDDEN // HEADS
+    w = _ExternalWeights("weights.bin")  # never written
+    small = [
+        numpy_helper.from_array(np.array([1, SEQ, HEADS, dh], np.int64), "split_heads"),
+        numpy_helper.from_array(np.array([1, SEQ, HIDDEN], np.int64), "merge_heads"),
+        numpy_helper.from_array(np.array(np.sqrt(dh), np.float32), "score_scale"),
+    ]
+    nodes: list[onnx.NodeProto] = []
+
+    def node(op: str, inputs: list[str], out: str, **attrs) -> str:
+        nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
+        return out
+
+    def layer_norm(x: str, p: str) -> str:
+        return node("LayerNormalization", [x, w.add(f"{p}.g", (HIDDEN,)), w.add(f"{p}.b", (HIDDEN,))], p, axis=-1)
+
+    def linear(x: str, p: str, n_in: int, n_out: int) -> str:
+        y = node("MatMul", [x, w.add(f"{p}.w", (n_in, n_out))], f"{p}.mm")
+        return node("Add", [y, w.add(f"{p}.b", (n_out,))], f"{p}.out")
+
+    def heads(x: str, p: str, perm: list[int]) -> str:
+        return node("Transpose", [node("Reshape", [x, "split_heads"], f"{p}.split")], f"{p}.heads", perm=perm)
+
+    x = "input"
+    for b in range(blocks):
+        p = f"b{b}"
+        h = layer_norm(x, f"{p}.ln1")
+        q = heads(linear(h, f"{p}.q", HIDDEN, HIDDEN), f"{p}.q", [0, 2, 1, 3])  # [1, heads, S, dh]
+        k = heads(linear(h, f"{p}.k", HIDDEN, HIDDEN), f"{p}.k", [0, 2, 3, 1])  # [1, heads, dh, S]
+        v = heads(linear(h, f"{p}.v", HIDDEN, HIDDEN), f"{p}.v", [0, 2, 1, 3])
+        s = node("MatMul", [q, k], f"{p}.scores")
+        s = node("Div", [s, "score_scale"], f"{p}.scaled")
+        s = node("Sigmoid", [s], f"{p}.probs")  # stands in for Softmax
+        c = node("MatMul", [s, v], f"{p}.ctx")
+        c = node("Transpose", [c], f"{p}.ctx.t", perm=[0, 2, 1, 3])
+        c = node("Reshape", [c, "merge_heads"], f"{p}.ctx.merged")
+        x = node("Add", [x, linear(c, f"{p}.o", HIDDEN, HIDDEN)], f"{p}.res1")
+        h = layer_norm(x, f"{p}.ln2")
+        h = node("Gelu", [linear(h, f"{p}.fc1", HIDDEN, FFN)], f"{p}.gelu")
+        x = node("Add", [x, linear(h, f"{p}.fc2", FFN, HIDDEN)], f"{p}.res2")
+    out = layer_norm(x, "final_ln")
+
+    graph = helper.make_graph(
+        nodes,
+        f"transformer_{blocks}_blocks",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, SEQ, HIDDEN])],
+        [helper.make_tensor_value_info(out, TensorProto.FLOAT, [1, SEQ, HIDDEN])],
+        initializer=small + w.tensors,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="count_speed")
+
+
+# --------------------------------------------------------------------------------------------
+# VGG-like export with inline weights
+
+VGG16 = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")
+
+
+@dataclass(frozen=True)
+class VggSpec:
+    name: str
+    width_divisor: int  # conv channels = VGG16 channels / this
+    fc: int  # classifier width
+    image: int = 224
+    classes: int = 1000
+
+    @property
+    def channels(self) -> list:
+        return [c if c == "M" else c // self.width_divisor for c in VGG16]
+
+    @property
+    def flat(self) -> int:
+        last = [c for c in self.channels if c != "M"][-1]
+        return last * (self.image // 32) ** 2
+
+
+FULL_VGG = VggSpec("vgg16-inline", 1, 4096)  # 138M params, ~553 MB
+QUICK_VGG = VggSpec("vgg16/4-inline", 4, 512)  # ~4.9M params, ~20 MB
+
+
+def export_vgg(spec: VggSpec, path: str) -> str:
+    """Write ``spec`` with inline weights to ``path``; returns how it was built."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        onnx_vgg(spec, path)
+        return "onnx.helper + numpy weights (torch not importable)"
+    torch_vgg(spec, path)
+    return "torch.onnx.export"
+
+
+def torch_vgg(spec: VggSpec, path: str) -> None:
+    import torch
+    from torch import nn
+
+    layers: list[nn.Module] = []
+    c_in = 3
+    for c in spec.channels:
+        if c == "M":
+            layers.append(nn.MaxPool2d(2, 2))
+        else:
+            layers += [nn.Conv2d(c_in, c, 3, padding=1), nn.ReLU()]
+            c_in = c
+    net = nn.Sequential(
+        *layers,
+        nn.Flatten(),
+        nn.Linear(spec.flat, spec.fc),
+        nn.ReLU(),
+        nn.Linear(spec.fc, spec.fc),
+        nn.ReLU(),
+        nn.Linear(spec.fc, spec.classes),
+    ).eval()
+    x = torch.zeros(1, 3, spec.image, spec.image)
+    with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()), _quiet_warnings():
+        try:  # the TorchScript exporter writes inline weights below 2 GB and needs no onnxscript
+            torch.onnx.export(net, (x,), path, dynamo=False, opset_version=17, input_names=["input"], output_names=["logits"])
+        except TypeError:  # a torch without the ``dynamo`` argument
+            torch.onnx.export(net, (x,), path, opset_version=17, input_names=["input"], output_names=["logits"])
+
+
+@contextlib.contextmanager
+def _quiet_warnings():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def onnx_vgg(spec: VggSpec, path: str) -> None:
+    rng = np.random.default_rng(0)
+    inits, nodes = [], []
+    x, c_in = "input", 3
+
+    def weight(name: str, shape: tuple[int, ...]) -> str:
+        inits.append(numpy_helper.from_array(rng.standard_normal(shape, dtype=np.float32) * 0.01, name))
+        return name
+
+    for i, c in enumerate(spec.channels):
+        if c == "M":
+            nodes.append(helper.make_node("MaxPool", [x], [f"pool{i}"], kernel_shape=[2, 2], strides=[2, 2]))
+            x = f"pool{i}"
+            continue
+        ins = [x, weight(f"conv{i}.w", (c, c_in, 3, 3)), weight(f"conv{i}.b", (c,))]
+        nodes.append(helper.make_node("Conv", ins, [f"conv{i}"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]))
+        nodes.append(helper.make_node("Relu", [f"conv{i}"], [f"relu{i}"]))
+        x, c_in = f"relu{i}", c
+    nodes.append(helper.make_node("Flatten", [x], ["flat"]))
+    x = "flat"
+    for j, (n_in, n_out) in enumerate(((spec.flat, spec.fc), (spec.fc, spec.fc), (spec.fc, spec.classes))):
+        ins = [x, weight(f"fc{j}.w", (n_out, n_in)), weight(f"fc{j}.b", (n_out,))]
+        nodes.append(helper.make_node("Gemm", ins, [f"fc{j}"], transB=1))
+        x = f"fc{j}"
+        if j < 2:
+            nodes.append(helper.make_node("Relu", [x], [f"fc{j}.relu"]))
+            x = f"fc{j}.relu"
+    graph = helper.make_graph(
+        nodes,
+        spec.name,
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, spec.image, spec.image])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, spec.classes])],
+        initializer=inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="count_speed")
+    with open(path, "wb") as f:
+        f.write(model.SerializeToString())
+
+
+# --------------------------------------------------------------------------------------------
+# measurement
+
+
+@dataclass
+class Result:
+    name: str
+    path: str
+    nodes: int
+    file_mb: float
+    inline: bool
+    onnx_load_s: float = float("nan")
+    phases: dict[str, float] = field(default_factory=dict)  # median seconds per phase
+    total_s: float = float("nan")
+    onnx_load_range: tuple[float, float] = (float("nan"), float("nan"))
+    total_range: tuple[float, float] = (float("nan"), float("nan"))  # min, max of the flopcount totals
+    flops: int = 0
+    unsupported: dict = field(default_factory=dict)
+    peak_mb: float = float("nan")  # flopcount child, raw peak RSS
+    onnx_peak_mb: float = float("nan")  # bare onnx.load child, raw peak RSS
+    base_mb: float = float("nan")  # import-only child
+    tool_s: float | None = None  # onnx-tool total, None when not run
+    tool_note: str = ""
+
+
+def median_time(fn: Callable[[], object], repeat: int) -> float:
+    """Median wall time of ``fn`` over ``repeat`` runs after one warm-up (results are dropped at once)."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        gc.collect()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def time_against_baseline(path: str, repeat: int) -> tuple[float, dict[str, float], list[float], flopcount.Report]:
+    """Bare ``onnx.load`` and ``flopcount.count`` timed in alternation, so both see the same machine state.
+
+    Returns every onnx.load time, the median of each flopcount phase, every flopcount total, and the
+    last report.
+    """
+    onnx.load(path, load_external_data=False)  # warm-ups
+    flopcount.count(path)
+    loads, totals, report = [], [], None
+    phases: dict[str, list[float]] = {p: [] for p in PHASES}
+    for _ in range(repeat):
+        gc.collect()
+        t0 = time.perf_counter()
+        onnx.load(path, load_external_data=False)
+        loads.append(time.perf_counter() - t0)
+        report = None
+        gc.collect()
+        t0 = time.perf_counter()
+        report = flopcount.count(path)
+        totals.append(time.perf_counter() - t0)
+        for p in PHASES:
+            phases[p].append(report.timings.get(p, float("nan")))
+    return loads, {p: statistics.median(v) for p, v in phases.items()}, totals, report
+
+
+_CHILD = r"""
+import resource, sys
+mode, path = sys.argv[1], sys.argv[2]
+import onnx, flopcount, flopcount.operators
+if mode == "onnx":
+    onnx.load(path, load_external_data=False)
+elif mode == "flopcount":
+    flopcount.count(path)
+try:  # VmHWM starts afresh at exec; ru_maxrss may carry the parent's peak over from the fork
+    with open("/proc/self/status") as f:
+        kb = next(int(l.split()[1]) for l in f if l.startswith("VmHWM:"))
+except (OSError, StopIteration):
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // (1024 if sys.platform == "darwin" else 1)
+print(kb)
+"""
+
+
+def child_peak_mb(mode: str, path: str) -> float:
+    """Peak RSS (MB) of a fresh interpreter that imports onnx + flopcount and runs ``mode`` once."""
+    proc = subprocess.run([sys.executable, "-c", _CHILD, mode, path], capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(f"  ! {mode} child failed: {proc.stderr.strip().splitlines()[-1:]}")
+        return float("nan")
+    return int(proc.stdout.split()[-1]) / 1024
+
+
+def onnx_tool_runner() -> tuple[Callable[[str], object] | None, str]:
+    try:
+        import onnx_tool
+    except Exception:
+        return None, "onnx-tool: not installed"
+
+    def run(path: str) -> object:
+        with contextlib.redirect_stdout(io.StringIO()), _quiet_warnings():
+            if hasattr(onnx_tool, "Model"):
+                m = onnx_tool.Model(path)
+                m.graph.shape_infer()
+                m.graph.profile()
+                return m
+            return onnx_tool.model_profile(path, None, None)
+
+    return run, f"onnx-tool {getattr(onnx_tool, '__version__', '?')}"
+
+
+def measure(name: str, path: str, inline: bool, repeat: int, tool: Callable | None) -> Result:
+    proto = onnx.load(path, load_external_data=False)
+    r = Result(name, path, len(proto.graph.node), os.path.getsize(path) / MB, inline)
+    del proto
+    loads, r.phases, totals, report = time_against_baseline(path, repeat)
+    r.onnx_load_s, r.onnx_load_range = statistics.median(loads), (min(loads), max(loads))
+    r.total_s, r.total_range = statistics.median(totals), (min(totals), max(totals))
+    r.flops, r.unsupported = report.total.flops, dict(report.unsupported)
+    del report
+    gc.collect()
+    r.base_mb = child_peak_mb("import", path)
+    r.onnx_peak_mb = child_peak_mb("onnx", path)
+    r.peak_mb = child_peak_mb("flopcount", path)
+    if tool is not None:
+        try:
+            r.tool_s = median_time(lambda: tool(path), repeat)
+        except Exception as e:  # onnx-tool may not handle every op or opset
+            r.tool_note = f"failed: {type(e).__name__}: {str(e).strip().splitlines()[:1]}"
+    return r
+
+
+def describe(r: Result) -> None:
+    phase_text = "  ".join(f"{p} {r.phases[p] * 1e3:.1f}" for p in PHASES)
+    print(
+        f"  {r.nodes} nodes, {r.file_mb:.2f} MB; onnx.load {r.onnx_load_s * 1e3:.1f} ms [range {r.onnx_load_range[0] * 1e3:.0f}-{r.onnx_load_range[1] * 1e3:.0f}]; flopcount total "
+        f"{r.total_s * 1e3:.1f} ms [range {r.total_range[0] * 1e3:.0f}-{r.total_range[1] * 1e3:.0f}] ({phase_text} ms); {r.flops:,} FLOPs"
+    )
+    net = r.peak_mb - r.base_mb
+    line = f"  peak RSS: flopcount {r.peak_mb:.0f} MB (net {net:.0f}), onnx.load {r.onnx_peak_mb:.0f} MB (net {r.onnx_peak_mb - r.base_mb:.0f}), imports only {r.base_mb:.0f} MB"
+    if r.inline:
+        line += f"; flopcount/onnx.load time {r.total_s / r.onnx_load_s:.2f}x; peak/file {r.peak_mb / r.file_mb:.2f}x (net {net / r.file_mb:.2f}x)"
+    print(line)
+    if r.unsupported:
+        print(f"  ! unsupported ops: {r.unsupported}")
+    if r.tool_s is not None:
+        print(f"  onnx-tool total {r.tool_s * 1e3:.1f} ms ({r.tool_s / r.total_s:.2f}x flopcount)")
+    elif r.tool_note:
+        print(f"  onnx-tool {r.tool_note}")
+
+
+# --------------------------------------------------------------------------------------------
+# reporting
+
+
+def _fmt_s(s: float) -> str:
+    return f"{s:.3f}" if s >= 0.01 else f"{s:.4f}"
+
+
+def scaling_table(rows: list[Result]) -> str:
+    synthetic = [r for r in rows if not r.inline]
+    body = [
+        [r.nodes, *(f"{r.phases[p] / r.nodes * 1e6:.1f}" for p in PHASES), f"{r.total_s / r.nodes * 1e6:.1f}", f"{r.onnx_load_s / r.nodes * 1e6:.2f}"]
+        for r in synthetic
+    ]
+    if len(synthetic) >= 2:
+        a, b = synthetic[0], synthetic[-1]
+        growth = b.nodes / a.nodes
+        body.append(
+            [f"time x{growth:.0f} nodes →", *(f"x{b.phases[p] / a.phases[p]:.1f}" for p in PHASES), f"x{b.total_s / a.total_s:.1f}", f"x{b.onnx_load_s / a.onnx_load_s:.1f}"]
+        )
+    return tabulate(body, headers=["nodes", *(f"{p} µs/node" for p in PHASES), "total µs/node", "onnx.load µs/node"], disable_numparse=True)
+
+
+def final_table(rows: list[Result], tool_label: str) -> str:
+    headers = ["model", "nodes", "file MB", "onnx.load s", *(f"{p} s" for p in PHASES), "total s", "vs load", "GFLOPs", "peak MB", "net MB", "onnx-tool s"]
+    body = []
+    for r in rows:
+        body.append(
+            [
+                r.name,
+                r.nodes,
+                f"{r.file_mb:.1f}",
+                _fmt_s(r.onnx_load_s),
+                *(_fmt_s(r.phases[p]) for p in PHASES),
+                _fmt_s(r.total_s),
+                f"{r.total_s / r.onnx_load_s:.2f}x",
+                f"{r.flops / 1e9:.2f}",
+                f"{r.peak_mb:.0f}",
+                f"{r.peak_mb - r.base_mb:.0f}",
+                _fmt_s(r.tool_s) if r.tool_s is not None else ("n/a" if tool_label.endswith("not installed") else "failed"),
+            ]
+        )
+    return tabulate(body, headers=headers, disable_numparse=True)
+
+
+def targets_table(rows: list[Result]) -> str:
+    def verdict(ok: bool) -> str:
+        return "ok" if ok else "MISSED"
+
+    body = []
+    for r in rows:
+        if r.inline:
+            ratio = r.total_s / r.onnx_load_s
+            body.append([f"{r.name}: total / bare onnx.load", f"< {TARGET_INLINE_RATIO}x", f"{ratio:.2f}x", verdict(ratio < TARGET_INLINE_RATIO)])
+            raw, net = r.peak_mb / r.file_mb, (r.peak_mb - r.base_mb) / r.file_mb
+            body.append([f"{r.name}: peak RSS / file size (raw)", f"< {TARGET_MEMORY_RATIO}x", f"{raw:.2f}x", verdict(raw < TARGET_MEMORY_RATIO)])
+            body.append([f"{r.name}: peak RSS / file size (net of imports)", f"< {TARGET_MEMORY_RATIO}x", f"{net:.2f}x", verdict(net < TARGET_MEMORY_RATIO)])
+            body.append([f"{r.name}: (bare onnx.load net peak / file)", "", f"{(r.onnx_peak_mb - r.base_mb) / r.file_mb:.2f}x", ""])
+        else:
+            size = round(r.nodes, -3)
+            target = {10_000: TARGET_10K_S, 100_000: TARGET_100K_S}.get(size)
+            if target is not None:
+                body.append([f"{r.name}: total", f"< {target} s", f"{r.total_s:.3f} s", verdict(r.total_s < target)])
+    return tabulate(body, headers=["target", "want", "measured", ""], disable_numparse=True)
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(s.replace("_", "")) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--sizes wants integers joined by commas, e.g. 1000,10000, not {text!r}") from None
+    if not sizes or any(s < NODES_PER_BLOCK for s in sizes):
+        raise argparse.ArgumentTypeError(f"every size must be at least {NODES_PER_BLOCK} nodes")
+    return sizes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=_sizes, help="node counts of the synthetic graphs (default 1000,10000,100000; --quick: 1000,10000)")
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs per measurement, after one warm-up (default 3)")
+    parser.add_argument("--quick", action="store_true", help="1k and 10k graphs and a ~20 MB inline model only")
+    args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
+    sizes = args.sizes or ([1000, 10_000] if args.quick else [1000, 10_000, 100_000])
+    spec = QUICK_VGG if args.quick else FULL_VGG
+
+    tool, tool_label = onnx_tool_runner()
+    print(f"flopcount {flopcount.__version__}, onnx {onnx.__version__}, python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
+    print(f"medians of {args.repeat} runs after one warm-up; {tool_label}")
+
+    results: list[Result] = []
+    with tempfile.TemporaryDirectory(prefix="flopcount-bench-") as tmp:
+        for n in sizes:
+            t0 = time.perf_counter()
+            model = transformer_graph(n)
+            path = os.path.join(tmp, f"transformer_{n}.onnx")
+            with open(path, "wb") as f:  # no onnx.save: it would look for the external data
+                f.write(model.SerializeToString())
+            del model
+            print(f"\n[transformer ~{n} nodes] built in {time.perf_counter() - t0:.1f} s")
+            results.append(measure(f"transformer-{n // 1000}k" if n >= 1000 else f"transformer-{n}", path, False, args.repeat, tool))
+            describe(results[-1])
+
+        t0 = time.perf_counter()
+        path = os.path.join(tmp, "vgg-inline.onnx")
+        how = export_vgg(spec, path)
+        print(f"\n[{spec.name}] built with {how} in {time.perf_counter() - t0:.1f} s")
+        results.append(measure(spec.name, path, True, args.repeat, tool))
+        describe(results[-1])
+
+    print("\nScaling (synthetic transformer graphs): time per node")
+    print(scaling_table(results))
+    print(f"\nSummary (seconds, medians of {args.repeat}; peak = peak RSS of a fresh process, net = minus imports-only process)")
+    print(final_table(results, tool_label))
+    print("\nTargets")
+    print(targets_table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

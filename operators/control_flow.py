@@ -1,0 +1,86 @@
+"""Control flow: If, Loop, Scan and SequenceMap count their bodies with the same machinery,
+recursively; sequence containers are zero-cost."""
+
+from __future__ import annotations
+
+from flopcount.context import NodeContext
+from flopcount.cost import Breakdown, Cost
+from flopcount.errors import ShapeError
+from flopcount.registry import formula, zero_cost
+
+
+def _larger(a: Cost, b: Cost) -> Cost:
+    return a if (a.flops, a.int_ops) >= (b.flops, b.int_ops) else b
+
+
+@formula("If", family="control-flow")
+def if_(ctx: NodeContext, *, then_branch, else_branch, **_) -> Breakdown:
+    """FLOPs = cost of the branch taken when the condition is a known constant (the other branch
+    is not counted), else max(then_branch, else_branch), the larger by FLOPs: an upper bound, with
+    both branches reported.
+    """
+    cond = ctx.value(0)
+    if cond is not None and cond.size == 1:
+        label, branch = ("then_branch", then_branch) if bool(cond.reshape(-1)[0]) else ("else_branch", else_branch)
+        taken = ctx.subgraph_cost(branch)
+        return Breakdown(taken, ((label, taken),))
+    then_cost, else_cost = ctx.subgraph_cost(then_branch), ctx.subgraph_cost(else_branch)
+    return Breakdown(_larger(then_cost, else_cost), (("then_branch", then_cost), ("else_branch", else_cost)))
+
+
+def _trips(ctx: NodeContext, what: str, known: int | None) -> int:
+    if ctx.trips is not None:
+        return ctx.trips
+    if known is not None:
+        return known
+    raise ShapeError(
+        f"node {ctx.name!r} ({ctx.op_type}): {what} is not known from the graph; give it with "
+        f"--loop-trips {ctx.name}=N (in Python: loop_trips={{{ctx.name!r}: N}})"
+    )
+
+
+@formula("Loop", family="control-flow")
+def loop(ctx: NodeContext, *, body, **_) -> Breakdown:
+    """FLOPs = M · body, with M the trip-count input when it is a constant (or resolvable from
+    shapes), else the count given with ``--loop-trips NODE=N``.
+
+    A loop whose condition ends it before M iterations is counted as running M times (an upper
+    bound). A loop without M (a while loop) needs ``--loop-trips``.
+    """
+    m = ctx.value(0) if ctx.has_input(0) else None
+    trips = _trips(ctx, "its trip count", int(m.reshape(-1)[0]) if m is not None and m.size == 1 else None)
+    per_iteration = ctx.subgraph_cost(body)
+    return Breakdown(trips * per_iteration, (("body per iteration", per_iteration),))
+
+
+@formula("Scan", family="control-flow")
+def scan(ctx: NodeContext, *, body, num_scan_inputs: int, scan_input_axes=None, **_) -> Breakdown:
+    """FLOPs = L · body, with L the length of the scanned axis of the first scan input
+    (``scan_input_axes[0]``, default 0); Scan-8 runs its body once per batch element and step: B · L.
+    """
+    first = ctx.n_inputs - num_scan_inputs if ctx.opset >= 9 else len(ctx.inputs) - num_scan_inputs
+    x = ctx.shape(first)
+    if ctx.opset >= 9:
+        axis = (scan_input_axes or [0])[0]
+        runs = x[axis % len(x)]
+    else:
+        runs = x[0] * x[1]  # Scan-8: [batch, sequence, ...]
+    per_step = ctx.subgraph_cost(body)
+    return Breakdown(runs * per_step, (("body per iteration", per_step),))
+
+
+@formula("SequenceMap", family="control-flow")
+def sequence_map(ctx: NodeContext, *, body, **_) -> Breakdown:
+    """FLOPs = n · body for a sequence of n elements; n is given with ``--loop-trips NODE=n``
+    (sequence lengths are run-time values)."""
+    n = _trips(ctx, "the length of its input sequence", None)
+    per_element = ctx.subgraph_cost(body)
+    return Breakdown(n * per_element, (("body per element", per_element),))
+
+
+zero_cost(
+    "SequenceConstruct", "SequenceEmpty", "SequenceAt", "SequenceErase", "SequenceInsert", "SequenceLength",
+    "SplitToSequence", "ConcatFromSequence",
+    family="sequence",
+    reason="builds, splits or reads containers of tensors; no arithmetic",
+)  # fmt: skip

@@ -1,0 +1,103 @@
+"""If, Loop, Scan, SequenceMap: bodies counted recursively with the same formulas."""
+
+import json
+
+import pytest
+from conftest import const, model, weight
+from onnx import TensorProto, helper
+
+import flopcount
+
+N = helper.make_node
+F = TensorProto.FLOAT
+
+
+def body_graph(nodes, inputs, outputs, inits=()):
+    return helper.make_graph(
+        nodes, "body",
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in outputs],
+        list(inits),
+    )
+
+
+def if_model(cond_input: bool):
+    # then: MatMul x[3, 5] @ W[5, 7] → 2·3·5·7 = 210 FLOPs; else: Relu on x → 15 FLOPs
+    then_g = body_graph([N("MatMul", ["x", "W"], ["t"])], [], [("t", F, None)])
+    else_g = body_graph([N("Relu", ["x"], ["e"])], [], [("e", F, None)])
+    nodes = [N("If", ["cond"], ["y"], then_branch=then_g, else_branch=else_g, name="branch")]
+    inits = [weight("W", (5, 7))]
+    if cond_input:
+        m = model(nodes, {"x": (3, 5)}, ["y"], inits)
+        m.graph.input.append(helper.make_tensor_value_info("cond", TensorProto.BOOL, []))
+        return m
+    return model(nodes, {"x": (3, 5)}, ["y"], inits + [const("cond", False, dtype=bool)])
+
+
+def test_if_unknown_condition_takes_larger_branch_and_reports_both():
+    r = flopcount.count(if_model(cond_input=True))
+    assert r.total.flops == 2 * 3 * 5 * 7
+    node = r.nodes[0]
+    assert dict(node.parts)["then_branch"].flops == 210 and dict(node.parts)["else_branch"].flops == 15
+
+
+def test_if_constant_condition_counts_the_branch_taken():
+    assert flopcount.count(if_model(cond_input=False)).total.flops == 3 * 5
+
+
+def loop_model(trip_count):
+    # body: h = h @ W[4, 4] + per-iteration Add: 2·2·4·4 + 2·4 = 72 FLOPs per iteration
+    body = body_graph(
+        [N("MatMul", ["h_in", "W"], ["mm"]), N("Add", ["mm", "h_in"], ["h_out"]), N("Identity", ["c_in"], ["c_out"])],
+        [("i", TensorProto.INT64, []), ("c_in", TensorProto.BOOL, []), ("h_in", F, [2, 4])],
+        [("c_out", TensorProto.BOOL, []), ("h_out", F, [2, 4])],
+    )
+    inputs = ["M", "", "h0"] if trip_count is not None else ["", "cond", "h0"]
+    nodes = [N("Loop", inputs, ["h"], body=body, name="steps")]
+    inits = [weight("W", (4, 4))] + ([const("M", trip_count)] if trip_count is not None else [const("cond", True, dtype=bool)])
+    return model(nodes, {"h0": (2, 4)}, ["h"], inits)
+
+
+def test_loop_constant_trip_count():
+    r = flopcount.count(loop_model(9))
+    assert r.total.flops == 9 * (2 * 2 * 4 * 4 + 2 * 4)
+    assert dict(r.nodes[0].parts)["body per iteration"].flops == 2 * 2 * 4 * 4 + 2 * 4
+
+
+def test_loop_without_trip_count_asks_for_it(capsys, save):
+    with pytest.raises(flopcount.ShapeError, match=r"--loop-trips steps=N"):
+        flopcount.count(loop_model(None))
+    assert flopcount.count(loop_model(None), loop_trips={"steps": 5}).total.flops == 5 * 72
+    from flopcount.cli import main
+
+    path = save(loop_model(None))
+    assert main([path]) == 5
+    assert "--loop-trips steps=N" in capsys.readouterr().err
+    assert main([path, "--loop-trips", "steps=5", "--format", "json", "--per-node"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["total"]["flops"] == 5 * 72
+    assert doc["nodes"][0]["parts"]["body per iteration"]["flops"] == 72
+
+
+def test_scan_multiplies_body_by_scanned_length():
+    # running sum over 6 steps of x[6, 3]: body Add(state[3], x_t[3]) = 3 FLOPs per step
+    body = body_graph([N("Add", ["s_in", "x_t"], ["s_out"]), N("Identity", ["s_out"], ["y_t"])],
+                      [("s_in", F, [3]), ("x_t", F, [3])], [("s_out", F, [3]), ("y_t", F, [3])])
+    m = model([N("Scan", ["s0", "x"], ["s", "ys"], body=body, num_scan_inputs=1)], {"s0": (3,), "x": (6, 3)}, ["s", "ys"])
+    assert flopcount.count(m).total.flops == 6 * 3
+
+
+def test_unsupported_op_inside_a_body_is_reported():
+    then_g = body_graph([N("Frobnicate", ["x"], ["t"], domain="example.custom")], [], [("t", F, None)])
+    else_g = body_graph([N("Relu", ["x"], ["e"])], [], [("e", F, None)])
+    m = model([N("If", ["cond"], ["y"], then_branch=then_g, else_branch=else_g)], {"x": (3, 5)}, ["y"],
+              [const("cond", True, dtype=bool)], extra_opsets={"example.custom": 1})
+    r = flopcount.count(m)
+    assert r.unsupported == {"example.custom:Frobnicate": 1}
+    with pytest.raises(flopcount.UnsupportedOperatorError):
+        flopcount.count(m, strict=True)
+
+
+def test_if_constant_condition_reports_only_the_branch_taken():
+    node = flopcount.count(if_model(cond_input=False)).nodes[0]
+    assert [label for label, _ in node.parts] == ["else_branch"]
