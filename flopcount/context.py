@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import prod
 from typing import Any, Callable, Mapping
 
@@ -47,10 +47,11 @@ class TensorInfo:
     name: str
     elem_type: int = 0
     shape: tuple[Dim, ...] | None = None
+    is_static: bool = field(init=False, compare=False, repr=False)
 
-    @property
-    def is_static(self) -> bool:
-        return self.shape is not None and all(isinstance(d, int) for d in self.shape)
+    def __post_init__(self) -> None:
+        static = self.shape is not None and all(type(d) is int for d in self.shape)
+        object.__setattr__(self, "is_static", static)
 
     @property
     def is_float(self) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import os
 import time
@@ -79,6 +80,18 @@ def count(
     """
     import flopcount.operators  # noqa: F401  (fills the registry)
 
+    # Counting allocates many long-lived small objects; the cyclic collector would rescan them over
+    # and over (time growing faster than the graph). Nothing here creates reference cycles to free.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _count(model, input_shapes, batch, convention, strict, input_values, loop_trips)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _count(model, input_shapes, batch, convention, strict, input_values, loop_trips) -> Report:
     conv = get_convention(convention)
     clock = [time.perf_counter()]
     timings: dict[str, float] = {}
@@ -99,9 +112,11 @@ def count(
     hint = _fix_hint(res.inputs, res.inference_error)
 
     walk = _Traversal(res.tensors, res.values, conv, opsets, hint, where, loop_trips or {})
-    nodes = [
-        walk.node(dag.nodes[idx]["proto"], idx, dag.nodes[idx]["name"], attributes[idx]) for idx in dag.graph["order"]
-    ]
+    node_data = dag.nodes
+    nodes = []
+    for idx in dag.graph["order"]:
+        data = node_data[idx]
+        nodes.append(walk.node(data["proto"], idx, data["name"], attributes[idx]))
 
     report = _report(m, loaded.path, dag, res, nodes, conv, batch, strict, where, frozenset(input_values or ()),
                      walk.nested_unsupported)
@@ -118,10 +133,10 @@ class _Traversal:
         self.nested_unsupported: dict[str, int] = {}
 
     def node(self, proto: onnx.NodeProto, idx: int, name: str, attrs: Mapping[str, Any] | None) -> NodeCount:
-        tensors = self.tensors
+        get = self.tensors.get
         domain = canonical_domain(proto.domain)
-        ins = tuple((tensors.get(n) or TensorInfo(n)) if n else None for n in proto.input)
-        outs = tuple((tensors.get(n) or TensorInfo(n)) if n else None for n in proto.output)
+        ins = tuple([(get(n) or TensorInfo(n)) if n else None for n in proto.input])
+        outs = tuple([(get(n) or TensorInfo(n)) if n else None for n in proto.output])
         rule = lookup(domain, proto.op_type)
         parts: tuple = ()
         if rule is None:
@@ -137,6 +152,7 @@ class _Traversal:
             cost = _apply(rule.fn, ctx, attrs or {}, self.where)
             if isinstance(cost, Breakdown):
                 cost, parts = cost.total, cost.parts
+            cost = self.convention.apply(family, cost)
         return NodeCount(idx, name, proto.op_type, domain, family, status, ins, outs, cost, parts)
 
     def graph(self, g: onnx.GraphProto) -> Cost:
@@ -179,35 +195,41 @@ def _schema(op_type: str, version: int, domain: str):
 
 
 @lru_cache(maxsize=None)
+def _attribute_types(op_type: str, version: int, domain: str) -> Mapping[str, int]:
+    schema = _schema(op_type, version, domain)
+    return {} if schema is None else {name: a.type.value for name, a in schema.attributes.items()}
+
+
+@lru_cache(maxsize=None)
 def _defaults(op_type: str, version: int, domain: str) -> Mapping[str, Any]:
     schema = _schema(op_type, version, domain)
     return {} if schema is None else attribute_defaults(schema)
 
 
 def _attributes(node: onnx.NodeProto, name: str, opsets: Mapping[str, int], where: str) -> dict[str, Any] | None:
-    """The node's attributes as Python values, defaults filled from the schema and types checked.
-
-    Returns None for nodes without a formula (their attributes are not needed).
+    """The attributes of a node with a formula as Python values, defaults filled from the schema
+    and types checked against it; None for zero-cost and unsupported nodes, whose attributes no
+    formula reads.
     """
     domain = canonical_domain(node.domain)
     rule = lookup(domain, node.op_type)
     version = opsets.get(domain)
     if version is None and domain == DEFAULT_DOMAIN:
         raise InvalidGraphError(f"{where}: node {name!r} ({node.op_type}) uses the default domain, which the model does not import")
-    schema = _schema(node.op_type, version, domain) if version else None
+    if rule is None or rule.zero_cost:
+        return None  # no formula reads its attributes
+    types = _attribute_types(node.op_type, version, domain) if version else {}
     for a in node.attribute:
         if a.type == onnx.AttributeProto.UNDEFINED:
             raise InvalidGraphError(f"{where}: node {name!r} ({node.op_type}): attribute {a.name!r} has no type; re-export the model")
-        if schema is not None and a.name in schema.attributes:
-            expected = schema.attributes[a.name].type.value
+        expected = types.get(a.name)
+        if expected is not None:
             if a.type != expected:
                 raise InvalidGraphError(
                     f"{where}: node {name!r} ({node.op_type}): attribute {a.name!r} is "
                     f"{onnx.AttributeProto.AttributeType.Name(a.type)}, but the spec wants "
                     f"{onnx.AttributeProto.AttributeType.Name(expected)}; fix the exporter or the model"
                 )
-    if rule is None or rule.zero_cost:
-        return None
     values = dict(_defaults(node.op_type, version, domain)) if version else {}
     for a in node.attribute:
         values[a.name] = python_value(helper.get_attribute_value(a))
@@ -234,9 +256,12 @@ def _fix_hint(inputs: Sequence[TensorInfo], inference_error: str) -> str:
 
 def _report(m, path, dag, res, nodes, conv, batch, strict, where, given: frozenset, nested: Mapping[str, int]) -> Report:
     by_type: dict[str, list] = {}
-    total = ZERO
+    costs = [n.cost for n in nodes]
+    total = Cost(
+        sum(c.flops for c in costs), sum(c.macs for c in costs),
+        sum(c.transcendentals for c in costs), sum(c.int_ops for c in costs),
+    )
     for n in nodes:
-        total = total + n.cost
         key = op_key(n.domain, n.op_type)
         entry = by_type.get(key)
         if entry is None:

@@ -17,6 +17,10 @@ import onnx
 from .errors import InvalidGraphError
 
 
+# Standard operators with subgraph attributes; nodes of other domains are inspected too.
+SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+
+
 def node_label(proto: onnx.NodeProto, index: int) -> str:
     return proto.name or f"{proto.op_type}_{index}"
 
@@ -77,9 +81,11 @@ def build_graph(graph: onnx.GraphProto, where: str, outer: Iterable[str] = ()) -
     edges: dict[tuple[int, int], list[str]] = defaultdict(list)
     in_order = True
     for idx, node in enumerate(graph.node):
-        reads = list(node.input)
-        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
-            reads += sorted(subgraph_outer_names(node))
+        reads = node.input
+        if node.op_type in SUBGRAPH_OPS or node.domain not in ("", "ai.onnx"):
+            outer_reads = subgraph_outer_names(node)
+            if outer_reads:
+                reads = [*reads, *sorted(outer_reads)]
         for name in reads:
             if not name:
                 continue  # an omitted optional input

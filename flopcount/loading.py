@@ -153,10 +153,12 @@ def check_opsets(model: ModelProto, where: str) -> None:
 
 
 def _is_small(t: TensorProto) -> bool:
+    if t.data_location == TensorProto.EXTERNAL:
+        return False
     n = 1
     for d in t.dims:
         n *= d
-    return n <= SMALL_TENSOR_ELEMENTS and t.data_location != TensorProto.EXTERNAL
+    return n <= SMALL_TENSOR_ELEMENTS
 
 
 def _strip_tensor(t: TensorProto) -> None:
@@ -170,7 +172,10 @@ def _strip_tensor(t: TensorProto) -> None:
 def _big_tensors(graph: onnx.GraphProto):
     """Initializers and Constant-node tensors that are weights, in this graph and all subgraphs."""
     for t in graph.initializer:
-        if not _is_small(t):
+        if t.data_location == TensorProto.EXTERNAL:
+            t.ClearField("external_data")  # never followed; no bytes to drop
+            t.data_location = TensorProto.DEFAULT
+        elif not _is_small(t):
             yield t
     for sp in graph.sparse_initializer:
         yield sp.values

@@ -45,7 +45,7 @@ class Rule:
         if self.fn is None:
             return f"0 ({self.reason})"
         doc = (self.fn.__doc__ or "").strip()
-        return doc.split("\n\n", 1)[0].replace("\n", " ")
+        return " ".join(doc.split("\n\n", 1)[0].split())
 
 
 _RULES: dict[tuple[str, str], Rule] = {}
@@ -80,4 +80,4 @@ def zero_cost(*op_types: str, family: str, reason: str, domain: str = DEFAULT_DO
 
 
 def lookup(domain: str, op_type: str) -> Rule | None:
-    return _RULES.get((canonical_domain(domain), op_type))
+    return _RULES.get((DEFAULT_DOMAIN if domain in ("", "ai.onnx") else domain, op_type))

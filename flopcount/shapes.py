@@ -175,28 +175,27 @@ def _collect_graph(g: onnx.GraphProto, out: dict[str, TensorInfo]) -> None:
     for t in g.initializer:
         out[t.name] = TensorInfo(t.name, t.data_type, tuple(t.dims))
     for vi in (*g.input, *g.value_info, *g.output):
-        if vi.type.HasField("tensor_type"):
-            tt = vi.type.tensor_type
-        elif vi.type.HasField("sequence_type") and vi.type.sequence_type.elem_type.HasField("tensor_type"):
-            tt = vi.type.sequence_type.elem_type.tensor_type  # a sequence is recorded by its elements' type
-        else:
-            continue  # maps, optionals: no tensor shape
-        shape = tuple(_dim(d) for d in tt.shape.dim) if tt.HasField("shape") else None
         prev = out.get(vi.name)
         if prev is not None and prev.is_static:
             continue
+        ty = vi.type
+        if ty.HasField("tensor_type"):
+            tt = ty.tensor_type
+        elif ty.HasField("sequence_type") and ty.sequence_type.elem_type.HasField("tensor_type"):
+            tt = ty.sequence_type.elem_type.tensor_type  # a sequence is recorded by its elements' type
+        else:
+            continue  # maps, optionals: no tensor shape
+        if tt.HasField("shape"):
+            shape = tuple([d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim])
+        else:
+            shape = None
         out[vi.name] = TensorInfo(vi.name, tt.elem_type, shape)
 
 
 def _unresolved(dag: nx.DiGraph, tensors: Mapping[str, TensorInfo]) -> list[str]:
-    names = []
-    for idx in dag.graph["order"]:
-        for name in dag.nodes[idx]["proto"].output:
-            if name:
-                t = tensors.get(name)
-                if t is None or not t.is_static:
-                    names.append(name)
-    return names
+    """Node outputs whose shapes are not fully known."""
+    get = tensors.get
+    return [name for name in dag.graph["producer"] if (t := get(name)) is None or not t.is_static]
 
 
 def apply_values(model: ModelProto, real_inputs: Sequence[str], input_values: Mapping[str, object], where: str) -> None:
@@ -355,7 +354,7 @@ def _infer_bodies(model: ModelProto, graph: onnx.GraphProto, tensors: dict, valu
 def _small_constants(model: ModelProto) -> dict[str, np.ndarray]:
     values = {}
     for t in model.graph.initializer:
-        if _has_data(t) and prod(t.dims) <= FOLD_LIMIT:
+        if t.data_location != TensorProto.EXTERNAL and prod(t.dims) <= FOLD_LIMIT and _has_data(t):
             values[t.name] = numpy_helper.to_array(t)
     for node in model.graph.node:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.output) == 1:

@@ -51,3 +51,41 @@ def lrn(ctx: NodeContext, **_) -> Cost:
     """FLOPs = |X| = N·C·H·W; transcendentals = |X| (one power (bias + alpha/size·Σx²)^beta per element)."""
     x = ctx.numel(0)
     return Cost(flops=x, transcendentals=x)
+
+
+@formula("RMSNormalization", family="normalization")
+def rms_norm(ctx: NodeContext, *, axis: int = -1, **_) -> Cost:
+    """FLOPs = |X|; transcendentals = prod(X.shape[:axis]) (one 1/sqrt(mean(x²) + eps) per normalized row).
+
+    Same convention as LayerNormalization: one FLOP per element of X (HPC AI500 Table 3,
+    Cin·H·W), not the squares, sums and scale multiplies one by one.
+    """
+    x = ctx.shape(0)
+    return Cost(flops=prod(x), transcendentals=prod(x[: axis % len(x)]) if x else 1)
+
+
+@formula("MeanVarianceNormalization", family="normalization")
+def mean_variance_norm(ctx: NodeContext, *, axes: list[int] = (0, 2, 3), **_) -> Cost:
+    """FLOPs = |X|; transcendentals = |X| / prod(X.shape[a] for a in axes) (one sqrt of the variance
+    per statistic, i.e. per position of the dims not in ``axes``; C for the default axes [0, 2, 3]).
+
+    Same convention as the other normalization ops: one FLOP per element of X (HPC AI500 Table 3,
+    Cin·H·W), not the mean, variance, subtraction and division one by one.
+    """
+    x = ctx.shape(0)
+    reduced = {a % len(x) for a in axes} if x else set()
+    return Cost(flops=prod(x), transcendentals=prod(d for i, d in enumerate(x) if i not in reduced))
+
+
+@formula("LpNormalization", family="normalization")
+def lp_norm(ctx: NodeContext, *, axis: int = -1, p: int = 2, **_) -> Cost:
+    """FLOPs = |X|; transcendentals = |X| / X.shape[axis] for p = 2 (one sqrt per normalized vector),
+    0 for p = 1.
+
+    Same convention as the other normalization ops: one FLOP per element of X (HPC AI500 Table 3,
+    Cin·H·W), not the abs/square, sum and division one by one.
+    """
+    x = ctx.shape(0)
+    n = prod(x)
+    vectors = n // x[axis % len(x)] if x and x[axis % len(x)] else 0
+    return Cost(flops=n, transcendentals=vectors if p == 2 else 0)

@@ -6,7 +6,7 @@ from math import prod
 
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
-from flopcount.registry import formula
+from flopcount.registry import formula, zero_cost
 
 
 @formula("MaxPool", "AveragePool", "LpPool", family="pooling")
@@ -34,3 +34,31 @@ def global_pool(ctx: NodeContext, **_) -> Cost:
     x = ctx.numel(0)
     trans = x + ctx.out_numel() if ctx.op_type == "GlobalLpPool" else 0
     return Cost(flops=x, transcendentals=trans)
+
+
+@formula("MaxRoiPool", family="pooling")
+def max_roi_pool(ctx: NodeContext, *, pooled_shape, **_) -> Cost:
+    """FLOPs = R·C·h·w·⌈H/h⌉·⌈W/w⌉ ≈ R·C·H·W for R ROIs, pooled_shape (h, w) and X of spatial size
+    H × W: each of the |Y| = R·C·h·w outputs takes the max of its bin, counted as ⌈H/h⌉·⌈W/w⌉
+    reads (a ROI covering the whole feature map).
+
+    Data-dependent: a bin is 1/(h·w) of its ROI, and the ROIs are values. The count takes every
+    ROI as the whole feature map, the largest ROI that lies inside it, so it bounds ROIs inside the
+    map up to the rounding of bin edges (a bin may read one more row or column). The ROI coordinate
+    scaling (a few FLOPs per ROI) is not counted; the same under ``table3``.
+    """
+    x = ctx.shape(0)
+    h, w = pooled_shape
+    window = _ceil_div(x[2], h) * _ceil_div(x[3], w)
+    return Cost(flops=window * ctx.out_numel())
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+zero_cost(
+    "MaxUnpool",
+    family="pooling",
+    reason="scatters each input value to its recorded index in a zero-filled output; no arithmetic",
+)

@@ -32,10 +32,12 @@ def reduce(ctx: NodeContext, **_) -> Cost:
     """FLOPs = |X| − |Y| + a·|X| + b·|Y| with (a, b) per op: ReduceMean (0, 1) = |X|,
     ReduceSumSquare and ReduceL1 (1, 0), ReduceL2 (1, 1) plus |Y| square roots, ReduceLogSum (0, 1)
     plus |Y| logs, ReduceLogSumExp (1, 1) plus |X| exps and |Y| logs; Sum, Max, Min, Prod, ArgMax,
-    ArgMin (0, 0).
+    ArgMin (0, 0). An empty X costs nothing (Y is filled with the reduction's identity).
     """
     x, y = ctx.numel(0), ctx.out_numel()
     per_in, per_out, t_in, t_out = REDUCTIONS[ctx.op_type]
+    if x == 0:  # reducing an empty tensor only writes the identity (0, 1, ±inf) to Y
+        return Cost()
     ops = x - y + per_in * x + per_out * y
     if not ctx.in_is_float(0):
         return Cost(int_ops=ops)

@@ -113,3 +113,18 @@ def test_console_script_and_module(mlp_path):
 def test_version(capsys):
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.startswith("flopcount ")
+
+
+@pytest.mark.parametrize(
+    "convention, expected",
+    [
+        # products only: Gemm 2·4·10·20 and MatMul 2·4·20·3 at 2 per MAC; bias and Relu left out
+        pytest.param("dense", 2 * (4 * 10 * 20 + 4 * 20 * 3), id="dense"),
+        pytest.param("macs", 4 * 10 * 20 + 4 * 20 * 3, id="macs"),
+    ],
+)
+def test_product_only_conventions(capsys, mlp_path, convention, expected):
+    doc = json.loads(run(capsys, mlp_path, "--format", "json", "--convention", convention))
+    assert doc["total"]["flops"] == expected
+    assert doc["by_op_type"]["Relu"]["flops"] == 0
+    assert doc["total"]["macs"] == 4 * 10 * 20 + 4 * 20 * 3

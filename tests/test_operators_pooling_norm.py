@@ -97,3 +97,39 @@ def test_reductions(op, extra, trans, keepdims):
 def test_argmax():
     r = flopcount.count(single("ArgMax", {"x": (4, 9)}, axis=1))
     assert r.total.flops == 36 - 4
+
+
+# --- RMSNormalization, MeanVarianceNormalization, LpNormalization -------------------------------
+# Same convention as the other normalization ops: one FLOP per element of X (Table 3, Cin·H·W),
+# plus one transcendental (a square root) per statistic normalized by.
+
+MORE_NORM = [
+    # id: op, opset, X shape, initializer shapes, attrs, expected transcendentals (derived here)
+    pytest.param("RMSNormalization", 23, (3, 5, 7), [(7,)], {}, 3 * 5, id="rmsnorm-default-last-axis"),
+    pytest.param("RMSNormalization", 23, (3, 5, 7), [(5, 7)], {"axis": 1}, 3, id="rmsnorm-axis1"),
+    pytest.param("RMSNormalization", 23, (3, 5, 7), [(5, 7)], {"axis": -2}, 3, id="rmsnorm-axis-neg2"),
+    pytest.param("MeanVarianceNormalization", 13, (3, 5, 7, 9), [], {}, 5, id="mvn-default-axes-0-2-3"),
+    pytest.param("MeanVarianceNormalization", 13, (3, 5, 7, 9), [], {"axes": [2, 3]}, 3 * 5, id="mvn-axes-2-3"),
+    pytest.param("MeanVarianceNormalization", 13, (3, 5, 7), [], {"axes": [-1]}, 3 * 5, id="mvn-negative-axis"),
+    pytest.param("LpNormalization", 22, (3, 5, 7), [], {}, 3 * 5, id="lpnorm-p2-last-axis"),
+    pytest.param("LpNormalization", 22, (3, 5, 7), [], {"axis": 1}, 3 * 7, id="lpnorm-p2-axis1"),
+    pytest.param("LpNormalization", 22, (3, 5, 7), [], {"p": 1}, 0, id="lpnorm-p1-no-sqrt"),
+]
+
+
+@pytest.mark.parametrize("op, opset, x, params, attrs, trans", MORE_NORM)
+def test_more_normalization(op, opset, x, params, attrs, trans):
+    m = single(op, {"x": x}, [weight(f"w{i}", s) for i, s in enumerate(params)], opset=opset, **attrs)
+    elems = 1
+    for d in x:
+        elems *= d
+    r = flopcount.count(m).total
+    assert (r.flops, r.macs, r.transcendentals) == (elems, 0, trans)
+    assert flopcount.count(m, convention="table3").total.flops == elems
+
+
+def test_reduction_of_an_empty_tensor_costs_nothing():
+    from conftest import const
+
+    m = single("ReduceSum", {"x": (2, 0, 4)}, [const("axes", [1])], keepdims=1)
+    assert flopcount.count(m).total.flops == 0

@@ -130,3 +130,5 @@ def test_dense_flops_match_torch_flop_counter(report):
     # FlopCounterMode counts convolution and matrix products at 2 per MAC, without the bias add
     ours = report.by_op_type["Conv"].cost.flops + report.by_op_type["Gemm"].cost.flops - 1000
     assert ours == fc.get_total_flops()
+    # ... which is what the dense convention counts, over the whole model
+    assert flopcount.count(BUNDLED, convention="dense").total.flops == fc.get_total_flops()

@@ -1,0 +1,159 @@
+"""Attention and the fused transformer-block operators around it.
+
+Vocabulary: B batch, H_q query heads, H_kv key/value heads (H_kv divides H_q: GQA, MQA when
+H_kv = 1), S_q query length, S_kv key/value length of this call, P past (cached) length,
+T = P + S_kv the total key length, E the Q/K head size, E_v the V head size, R = B·H_q·S_q the
+number of score rows. K/V heads are shared by H_q / H_kv query heads but every product is per
+*query* head, so H_q appears in the product terms and H_kv only where K itself is touched.
+
+Dense counting: the formulas count the whole S_q × T score matrix, as ONNX defines the
+computation, also under causal, sliding-window or padding masks (a kernel that skips masked
+blocks does less). Softmax over a score row of T elements is the stable form of
+:func:`flopcount.operators.softmax.softmax_rows`: 5T − 2 FLOPs and T exponentials.
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+from flopcount.context import NodeContext
+from flopcount.cost import Cost
+from flopcount.operators.softmax import softmax_rows
+from flopcount.registry import formula
+
+
+def _attention_dims(ctx: NodeContext, q_num_heads: int | None, kv_num_heads: int | None):
+    """(B, H_q, H_kv, S_q, S_kv, E, E_v) from Q, K, V in the 3-D or the 4-D layout."""
+    q, k, v = ctx.shape(0), ctx.shape(1), ctx.shape(2)
+    if len(q) == 3:
+        if not q_num_heads or not kv_num_heads:
+            raise ValueError("3-D Q, K, V need the q_num_heads and kv_num_heads attributes")
+        b, s_q, hidden_q = q
+        return b, q_num_heads, kv_num_heads, s_q, k[1], hidden_q // q_num_heads, v[2] // kv_num_heads
+    b, h_q, s_q, e = q
+    return b, h_q, k[1], s_q, k[2], e, v[3]
+
+
+def _sdpa(b: int, h_q: int, h_kv: int, s_q: int, t: int, e: int, e_v: int, flops_per_mac: int) -> Cost:
+    """Q·Kᵀ and probs·V products, √scale applied to Q and to K, softmax of the R score rows (probs)."""
+    rows = b * h_q * s_q
+    macs = rows * t * (e + e_v)
+    scaling = rows * e + b * h_kv * t * e
+    return Cost(flops=flops_per_mac * macs + scaling, macs=macs) + softmax_rows(rows, t)
+
+
+@formula("Attention", family="attention")
+def attention(
+    ctx: NodeContext,
+    *,
+    q_num_heads: int | None = None,
+    kv_num_heads: int | None = None,
+    is_causal: int = 0,
+    softcap: float = 0.0,
+    left_window_size: int = -1,
+    right_window_size: int = -1,
+    **_,
+) -> Cost:
+    """FLOPs = 2·R·T·(E + E_v) [Q·Kᵀ and probs·V, R·T·(E + E_v) MACs] + B·H_q·S_q·E + B·H_kv·T·E [√scale
+    on Q and on K] + R·(5T − 2) [softmax] + R·T [bias add, when masked] + 3·R·T [softcap ≠ 0];
+    transcendentals = R·T exps (+ R·T tanh with softcap); R = B·H_q·S_q, T = P + S_kv.
+
+    3-D (B, S, heads·head_size) and 4-D (B, heads, S, head_size) layouts alike; the KV cache
+    (past_key/past_value) is concatenated at no cost and makes T = P + S_kv. "Masked" means any of
+    attn_mask (bool or float), is_causal, a sliding window or nonpad_kv_seqlen: the combined bias
+    is added once per score; building it (comparisons, selects, padding) is not counted. Causal
+    and windowed attention count the full dense S_q × T score matrix, as ONNX defines it. softcap
+    is softcap·tanh(s/softcap): a division, a tanh and a multiply per score. Not counted: the
+    scalar √scale, softmax_precision casts, the fully-masked-row guard, the qk_matmul_output copy.
+    ``table3``: one FLOP per MAC in the products.
+    """
+    b, h_q, h_kv, s_q, s_kv, e, e_v = _attention_dims(ctx, q_num_heads, kv_num_heads)
+    t = s_kv + (ctx.shape(4)[2] if ctx.has_input(4) else 0)
+    cost = _sdpa(b, h_q, h_kv, s_q, t, e, e_v, ctx.convention.fc_flops_per_mac)
+    scores = b * h_q * s_q * t
+    masked = ctx.has_input(3) or ctx.has_input(6) or is_causal or left_window_size >= 0 or right_window_size >= 0
+    if masked:
+        cost = cost + Cost(flops=scores)
+    if softcap:
+        cost = cost + Cost(flops=3 * scores, transcendentals=scores)
+    return cost
+
+
+@formula("FlexAttention", family="attention", domain="ai.onnx.preview")
+def flex_attention(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = 2·R·S·(E + E_v) [Q·Kᵀ and probs·V, R·S·(E + E_v) MACs] + |Q| + |K| [√scale on Q and K]
+    + R·(5S − 2) [softmax]; transcendentals = R·S; R = B·H_q·L rows of S = kv_seq_len scores.
+
+    Rank-4 Q (B, H_q, L, E), K (B, H_kv, S, E), V (B, H_kv, S, E_v); K/V heads shared under GQA.
+    The score_mod and prob_mod subgraph attributes are NOT counted (their cost is left out, so a
+    mask or bias expressed there adds nothing); nor are the softmax_precision casts.
+    ``table3``: one FLOP per MAC in the products.
+    """
+    b, h_q, h_kv, s_q, s_kv, e, e_v = _attention_dims(ctx, None, None)
+    return _sdpa(b, h_q, h_kv, s_q, s_kv, e, e_v, ctx.convention.fc_flops_per_mac)
+
+
+@formula("LinearAttention", family="attention")
+def linear_attention(
+    ctx: NodeContext, *, q_num_heads: int, kv_num_heads: int, update_rule: str = "gated_delta", **_
+) -> Cost:
+    """MACs = B·T·d_k·d_v·(H_kv·(1 + δ) + H_q); FLOPs = 2·MACs + B·T·H_q·d_v [scale] + γ·(|decay| +
+    B·T·H_kv·d_k·d_v) [exp(g), decay of the state] + δ·2·B·T·H_kv·d_v [v − Sᵀk, times β];
+    transcendentals = γ·|decay|; γ = 1 for gated rules, δ = 1 for delta rules.
+
+    The recurrence as the spec states it, token by token (T = sequence length, d_k = E/H_q,
+    d_v = E_v/H_kv): per KV head the state update S += k⊗v (d_k·d_v MACs), with δ the retrieval
+    Sᵀk (d_k·d_v MACs), with γ the decay exp(g)·S (d_k·d_v multiplies, one exp per element of
+    decay); per query head the read-out qᵀS (d_k·d_v MACs) and the scale (d_v multiplies). The
+    chunk-parallel algorithm an implementation may use instead is not modelled. ``table3``: one
+    FLOP per MAC.
+    """
+    gated = update_rule in ("gated", "gated_delta")
+    delta = update_rule in ("delta", "gated_delta")
+    if gated and not ctx.has_input(4):
+        raise ValueError(f"update_rule {update_rule!r} needs the decay input")
+    b, t, hidden_q = ctx.shape(0)
+    d_k = hidden_q // q_num_heads
+    d_v = ctx.shape(2)[2] // kv_num_heads
+    tokens = b * t
+    state = d_k * d_v
+    macs = tokens * state * (kv_num_heads * (1 + delta) + q_num_heads)
+    flops = ctx.convention.fc_flops_per_mac * macs + tokens * q_num_heads * d_v
+    exps = ctx.numel(4) if gated else 0
+    if gated:
+        flops += exps + tokens * kv_num_heads * state
+    if delta:
+        flops += 2 * tokens * kv_num_heads * d_v
+    return Cost(flops=flops, macs=macs, transcendentals=exps)
+
+
+@formula("RotaryEmbedding", family="elementwise")
+def rotary_embedding(ctx: NodeContext, *, num_heads: int = 0, rotary_embedding_dim: int = 0, **_) -> Cost:
+    """FLOPs = 3·|X|·D_rot/D_head: each rotated pair (x1, x2) costs 6 (x1·cos − x2·sin and
+    x1·sin + x2·cos), with D_rot = rotary_embedding_dim (D_head when 0) of each head's D_head.
+
+    D_head = X.shape[3] for 4-D X, X.shape[2]/num_heads for 3-D X. cos/sin come from the cache
+    inputs (no transcendentals); gathering them by position_ids and copying the unrotated tail
+    are free.
+    """
+    x = ctx.shape(0)
+    elems = prod(x)
+    if not rotary_embedding_dim:
+        return Cost(flops=3 * elems)
+    if len(x) == 4:
+        head = x[3]
+    elif num_heads:
+        head = x[2] // num_heads
+    else:
+        raise ValueError("3-D X with rotary_embedding_dim needs the num_heads attribute")
+    return Cost(flops=3 * (elems // head) * rotary_embedding_dim)
+
+
+@formula("SwiGLU", family="elementwise")
+def swiglu(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = 2·|Y| (Swish of the gate A, then the product with B); transcendentals = |Y|.
+
+    Swish costs one FLOP and one transcendental per element, as the Swish operator does.
+    """
+    y = ctx.numel(0)
+    return Cost(flops=2 * y, transcendentals=y)

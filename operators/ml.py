@@ -1,0 +1,304 @@
+"""Classical machine learning, domain ``ai.onnx.ml``.
+
+X is [N, F] (N samples of F features; a 1-D X is one sample). Models whose parameters are floats
+(linear models, SVMs, trees, Scaler, Normalizer) compute in floating point whatever the type of X,
+so they count FLOPs for every input type; element-wise Binarizer and Imputer follow their input
+type. Dot products are counted as MACs at the matrix-product rate (``fc_flops_per_mac``).
+Structure is read from the attributes (coefficient counts, tree shapes), never from weights.
+
+``post_transform`` on k scores per sample costs: NONE 0; LOGISTIC k FLOPs and k exps (as Sigmoid);
+SOFTMAX and SOFTMAX_ZERO 5k − 2 FLOPs (k − 1 max, k subtractions, k exps, k − 1 adds,
+k divisions) and k exps; PROBIT 4k FLOPs (2p − 1, erfinv, ×√2) and k transcendentals.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from math import prod
+
+from flopcount.context import NodeContext
+from flopcount.cost import Cost
+from flopcount.registry import formula, zero_cost
+
+DOMAIN = "ai.onnx.ml"
+
+# TreeEnsemble (opset 5 of ai.onnx.ml) numbers its enums
+POST_TRANSFORMS = ("NONE", "SOFTMAX", "LOGISTIC", "SOFTMAX_ZERO", "PROBIT")
+AGGREGATES = ("AVERAGE", "SUM", "MIN", "MAX")
+
+
+def _samples_features(ctx: NodeContext) -> tuple[int, int]:
+    x = ctx.shape(0)
+    f = x[-1] if x else 1
+    return (prod(x) // f if f else 0), f
+
+
+def post_transform_cost(transform: str | int, k: int) -> Cost:
+    """Cost of ``post_transform`` on k scores of one sample (see the module docstring)."""
+    if isinstance(transform, int):
+        transform = POST_TRANSFORMS[transform]
+    if transform == "LOGISTIC":
+        return Cost(flops=k, transcendentals=k)
+    if transform in ("SOFTMAX", "SOFTMAX_ZERO"):
+        return Cost(flops=5 * k - 2, transcendentals=k) if k else Cost()
+    if transform == "PROBIT":
+        return Cost(flops=4 * k, transcendentals=k)
+    return Cost()
+
+
+def _elementwise(ctx: NodeContext, per_element: int) -> Cost:
+    n = per_element * ctx.numel(0)
+    return Cost(flops=n) if ctx.in_is_float(0) else Cost(int_ops=n)
+
+
+# --- element-wise -------------------------------------------------------------------------------
+
+
+@formula("Binarizer", "Imputer", family="ml", domain=DOMAIN)
+def compare_elements(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = |X|: one comparison per element (Binarizer: x > threshold; Imputer: x equals the
+    replaced value, or is NaN); ``int_ops`` for integer X. Writing the replacement is free."""
+    return _elementwise(ctx, 1)
+
+
+@formula("Scaler", family="ml", domain=DOMAIN)
+def scaler(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = 2·|X|: (x − offset)·scale per element, for every input type."""
+    return Cost(flops=2 * ctx.numel(0))
+
+
+@formula("Normalizer", family="ml", domain=DOMAIN)
+def normalizer(ctx: NodeContext, *, norm: str = "MAX", **_) -> Cost:
+    """FLOPs = N·(2F − 1) (MAX: F − 1 maxes, F divisions), N·(3F − 1) (L1: F absolute values,
+    F − 1 adds, F divisions) or N·3F with N square roots (L2: F squares, F − 1 adds, one sqrt,
+    F divisions), per row of F features."""
+    n, f = _samples_features(ctx)
+    per_row = {"MAX": 2 * f - 1, "L1": 3 * f - 1, "L2": 3 * f}[norm]
+    return Cost(flops=n * per_row, transcendentals=n if norm == "L2" else 0)
+
+
+# --- linear models ------------------------------------------------------------------------------
+
+
+def _linear(ctx: NodeContext, outputs: int, intercepts, transform: str) -> Cost:
+    n, f = _samples_features(ctx)
+    macs = n * f * outputs
+    flops = ctx.convention.fc_flops_per_mac * macs
+    if intercepts and ctx.convention.count_bias:
+        flops += n * outputs
+    return Cost(flops=flops, macs=macs) + n * post_transform_cost(transform, outputs)
+
+
+@formula("LinearRegressor", family="ml", domain=DOMAIN)
+def linear_regressor(ctx: NodeContext, *, targets: int = 1, intercepts=None, post_transform: str = "NONE", **_) -> Cost:
+    """FLOPs = 2·N·F·T (+ N·T with intercepts) + post_transform on T scores per sample, for
+    T = ``targets``: MACs = N·F·T, the product X·coefficientsᵀ."""
+    return _linear(ctx, targets, intercepts, post_transform)
+
+
+@formula("LinearClassifier", family="ml", domain=DOMAIN)
+def linear_classifier(ctx: NodeContext, *, coefficients, intercepts=None, post_transform: str = "NONE", **_) -> Cost:
+    """FLOPs = 2·N·F·K (+ N·K with intercepts) + post_transform on K scores + N·max(K − 1, 1)
+    for K = |coefficients|/F weight vectors: MACs = N·F·K; then the label, an argmax over the K
+    scores (K − 1 comparisons) or, for one weight vector, a threshold comparison.
+
+    The second score column that a single-vector binary model reports (its complement) is not
+    counted.
+    """
+    n, f = _samples_features(ctx)
+    k = len(coefficients) // f
+    return _linear(ctx, k, intercepts, post_transform) + Cost(flops=n * max(k - 1, 1))
+
+
+# --- support vector machines --------------------------------------------------------------------
+
+# kernel → (extra FLOPs beyond the F MACs of its dot product or squared distance, transcendentals)
+KERNELS: dict[str, tuple[int, int]] = {
+    "LINEAR": (0, 0),  # x·s
+    "POLY": (3, 1),  # (γ·x·s + c0)^degree
+    "RBF": (2, 1),  # exp(−γ·Σ(x − s)²), plus F subtractions (added below)
+    "SIGMOID": (3, 1),  # tanh(γ·x·s + c0)
+}
+
+
+def _kernels(ctx: NodeContext, evaluations: int, f: int, kernel: str) -> Cost:
+    """``evaluations`` kernel evaluations on F features."""
+    extra, trans = KERNELS[kernel]
+    if kernel == "RBF":
+        extra += f
+    macs = evaluations * f
+    return Cost(
+        flops=ctx.convention.fc_flops_per_mac * macs + extra * evaluations,
+        macs=macs,
+        transcendentals=trans * evaluations,
+    )
+
+
+@formula("SVMClassifier", family="ml", domain=DOMAIN)
+def svm_classifier(ctx: NodeContext, *, kernel_type: str = "LINEAR", vectors_per_class=None, coefficients=None,
+                   **_) -> Cost:  # fmt: skip
+    """FLOPs = N·(S·k_F + 2·(K − 1)·S + K(K − 1)/2) with S = Σ vectors_per_class support vectors and
+    K = |vectors_per_class| classes (one-vs-one); without support vectors (linear mode) N·(V·k_F + V) for the
+    V = |coefficients|/F weight vectors. k_F is one kernel evaluation on F features: F MACs (2F FLOPs),
+    plus 3 for POLY and SIGMOID or F + 2 for RBF, with one pow, exp or tanh.
+
+    One-vs-one: every sample is compared by kernel with every support vector, then each of the
+    K(K − 1)/2 class pairs (i, j) sums its n_i + n_j coefficient·kernel products (MACs, (K − 1)·S in
+    all) and adds its rho. Voting is integer work, not counted; neither are probability estimates
+    (prob_a/prob_b: Platt scaling and pairwise coupling) nor post_transform.
+    """
+    n, f = _samples_features(ctx)
+    if vectors_per_class:
+        s = sum(vectors_per_class)
+        k = len(vectors_per_class)  # one entry per class
+        macs = n * (k - 1) * s
+        pairs = Cost(flops=ctx.convention.fc_flops_per_mac * macs + n * (k * (k - 1) // 2), macs=macs)
+        return _kernels(ctx, n * s, f, kernel_type) + pairs
+    v = len(coefficients or ()) // f
+    return _kernels(ctx, n * v, f, kernel_type) + Cost(flops=n * v)
+
+
+@formula("SVMRegressor", family="ml", domain=DOMAIN)
+def svm_regressor(ctx: NodeContext, *, kernel_type: str = "LINEAR", n_supports: int = 0, one_class: int = 0,
+                  **_) -> Cost:  # fmt: skip
+    """FLOPs = N·(S·k_F + 2S + 1 + o) for S = n_supports support vectors (k_F as in SVMClassifier:
+    S kernel evaluations, S coefficient MACs, one rho add; o = 1 threshold comparison when
+    ``one_class``); with S = 0 (linear mode) N·(k_F + 1 + o), one kernel with the coefficients.
+    post_transform is not counted."""
+    n, f = _samples_features(ctx)
+    tail = 1 + (1 if one_class else 0)
+    if n_supports:
+        macs = n * n_supports
+        return _kernels(ctx, n * n_supports, f, kernel_type) + Cost(
+            flops=ctx.convention.fc_flops_per_mac * macs + n * tail, macs=macs
+        )
+    return _kernels(ctx, n, f, kernel_type) + Cost(flops=n * tail)
+
+
+# --- tree ensembles -----------------------------------------------------------------------------
+
+
+def _depth(root, children, limit: int) -> int:
+    """Branch nodes on the longest path from ``root``; ``children(node)`` lists branch children.
+    A path longer than ``limit`` (the number of nodes) means a cycle: a malformed tree."""
+    best, stack = 0, [(root, 1)]
+    while stack:
+        node, d = stack.pop()
+        if d > limit:
+            raise ValueError("the tree attributes contain a cycle")
+        best = max(best, d)
+        stack.extend((child, d + 1) for child in children(node))
+    return best
+
+
+def _legacy_trees(nodes_treeids, nodes_nodeids, nodes_modes, nodes_truenodeids, nodes_falsenodeids) -> dict[int, int]:
+    """Depth (branch nodes on the longest root-to-leaf path) of each tree of the legacy encoding."""
+    branch: dict[tuple[int, int], tuple[int, int]] = {}
+    for t, i, mode, yes, no in zip(nodes_treeids, nodes_nodeids, nodes_modes, nodes_truenodeids, nodes_falsenodeids):
+        if mode != "LEAF":
+            branch[(t, i)] = (yes, no)
+    child_ids = {(t, c) for (t, _), pair in branch.items() for c in pair}
+    roots = {t: i for t, i in zip(nodes_treeids, nodes_nodeids) if (t, i) not in child_ids}
+
+    def children(key):
+        t = key[0]
+        return [(t, c) for c in branch.get(key, ()) if (t, c) in branch]
+
+    return {t: (_depth((t, r), children, len(branch)) if (t, r) in branch else 0) for t, r in roots.items()}
+
+
+def _tree_cost(n: int, depths: int, leaf_adds: int, outputs: int, average: bool, base: bool, transform) -> Cost:
+    per_sample = depths + leaf_adds + (outputs if average else 0) + (outputs if base else 0)
+    return Cost(flops=n * per_sample) + n * post_transform_cost(transform, outputs)
+
+
+def _leaf_weights(tree_ids, node_ids) -> int:
+    """Σ over trees of the most weights one leaf of the tree carries (one add each)."""
+    per_leaf = Counter(zip(tree_ids, node_ids))
+    most: dict[int, int] = defaultdict(int)
+    for (t, _), c in per_leaf.items():
+        most[t] = max(most[t], c)
+    return sum(most.values())
+
+
+@formula("TreeEnsembleRegressor", family="ml", domain=DOMAIN)
+def tree_ensemble_regressor(ctx: NodeContext, *, nodes_treeids, nodes_nodeids, nodes_modes, nodes_truenodeids,
+                            nodes_falsenodeids, target_treeids=(), target_nodeids=(), n_targets: int = 1,
+                            aggregate_function: str = "SUM", base_values=None, post_transform: str = "NONE",
+                            **_) -> Cost:  # fmt: skip
+    """FLOPs ≤ N·(Σ_t d_t + Σ_t w_t + a·T + b·T) + post_transform on T = n_targets scores: upper
+    bound: per sample one comparison per branch node on the deepest path of each tree t (depth
+    d_t, from the node attributes), one add (SUM; a comparison for MIN/MAX) per weight of the
+    heaviest leaf of t (w_t), a = 1 division per target for AVERAGE, b = 1 add per target with
+    ``base_values``.
+
+    A BRANCH_MEMBER-style or NaN-tracking node counts one comparison. Feature gathering is free.
+    """
+    trees = _legacy_trees(nodes_treeids, nodes_nodeids, nodes_modes, nodes_truenodeids, nodes_falsenodeids)
+    depths = sum(trees.values())
+    n, _ = _samples_features(ctx)
+    return _tree_cost(n, depths, _leaf_weights(target_treeids, target_nodeids), n_targets,
+                      aggregate_function == "AVERAGE", bool(base_values), post_transform)  # fmt: skip
+
+
+@formula("TreeEnsembleClassifier", family="ml", domain=DOMAIN)
+def tree_ensemble_classifier(ctx: NodeContext, *, nodes_treeids, nodes_nodeids, nodes_modes, nodes_truenodeids,
+                             nodes_falsenodeids, class_treeids=(), class_nodeids=(), classlabels_int64s=None,
+                             classlabels_strings=None, base_values=None, post_transform: str = "NONE",
+                             **_) -> Cost:  # fmt: skip
+    """FLOPs ≤ N·(Σ_t d_t + Σ_t w_t + b·K + max(K − 1, 1)) + post_transform on K class scores:
+    upper bound: as TreeEnsembleRegressor (deepest-path comparisons d_t, the heaviest leaf's w_t
+    adds, b = 1 add per class with ``base_values``) for K classes, plus the label: an argmax over
+    the K scores (K − 1 comparisons; 1 threshold comparison for K ≤ 2).
+
+    The binary case's second score column (its complement) is not counted.
+    """
+    trees = _legacy_trees(nodes_treeids, nodes_nodeids, nodes_modes, nodes_truenodeids, nodes_falsenodeids)
+    depths = sum(trees.values())
+    n, _ = _samples_features(ctx)
+    k = len(classlabels_int64s or classlabels_strings or ())
+    label = Cost(flops=n * max(k - 1, 1))
+    return _tree_cost(n, depths, _leaf_weights(class_treeids, class_nodeids), k, False, bool(base_values),
+                      post_transform) + label  # fmt: skip
+
+
+@formula("TreeEnsemble", family="ml", domain=DOMAIN)
+def tree_ensemble(ctx: NodeContext, *, tree_roots, nodes_truenodeids, nodes_trueleafs, nodes_falsenodeids,
+                  nodes_falseleafs, n_targets: int = 1, aggregate_function: int = 1, post_transform: int = 0,
+                  **_) -> Cost:  # fmt: skip
+    """FLOPs ≤ N·(Σ_t d_t + R + a·T) + post_transform on T = n_targets scores: upper bound: per
+    sample one comparison per node on the deepest path of each of the R trees (depth d_t, from
+    tree_roots and the node attributes), one add (SUM; comparison for MIN/MAX) for the one weight
+    of the leaf reached in each tree, a = 1 division per target for AVERAGE.
+
+    A BRANCH_MEMBER node counts one comparison (not one per set member). Feature gathering is free.
+    """
+
+    def children(i):
+        out = []
+        if not nodes_trueleafs[i]:
+            out.append(nodes_truenodeids[i])
+        if not nodes_falseleafs[i]:
+            out.append(nodes_falsenodeids[i])
+        return out
+
+    depths = sum(_depth(r, children, len(nodes_truenodeids)) for r in tree_roots)
+    n, _ = _samples_features(ctx)
+    average = AGGREGATES[aggregate_function] == "AVERAGE"
+    return _tree_cost(n, depths, len(tree_roots), n_targets, average, False, post_transform)
+
+
+# --- free ---------------------------------------------------------------------------------------
+
+zero_cost(
+    "ArrayFeatureExtractor", "FeatureVectorizer", "ZipMap", "CastMap", "DictVectorizer",
+    family="ml",
+    domain=DOMAIN,
+    reason="selects, concatenates or converts between tensors, maps and sequences; no arithmetic",
+)  # fmt: skip
+zero_cost(
+    "LabelEncoder", "CategoryMapper", "OneHotEncoder",
+    family="ml",
+    domain=DOMAIN,
+    reason="maps categories to labels, indices or one-hot rows by table lookup; no arithmetic",
+)  # fmt: skip

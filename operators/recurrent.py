@@ -1,0 +1,163 @@
+"""Recurrent layers: LSTM, GRU, RNN.
+
+Vocabulary: S = sequence length, B = batch, I = input size, H = hidden size, D = number of
+directions (2 when ``direction`` is "bidirectional", else 1), g = gates (LSTM 4, GRU 3, RNN 1).
+S and B come from X's shape (``layout`` 0: X[S, B, I]; ``layout`` 1: X[B, S, I]); H from the
+``hidden_size`` attribute or else from W[D, g·H, I].
+
+Per time step and direction the gate products X_t·Wᵀ and H_{t−1}·Rᵀ form one contraction over
+I + H for each of the g·H gate units (their sum is inside the MACs): MACs = D·S·B·g·H·(I + H),
+counted at ``fc_flops_per_mac`` FLOPs each (2; 1 under ``table3``). Everything else is per hidden
+unit and step, D·S·B·H times:
+
+* each activation evaluation costs 1 FLOP (transcendentals per evaluation: Sigmoid, Tanh,
+  ScaledTanh, Elu 1; Softplus 2; Relu, LeakyRelu, ThresholdedRelu, HardSigmoid, Affine,
+  Softsign 0), with the activations of the ``activations`` attribute or the ONNX defaults;
+* the biases Wb + Rb, when B is given: 2 adds per gate unit, 2·g (dropped by ``table3``);
+* ``clip``, when set: 1 FLOP per activation input;
+* the op's own element-wise work, stated per op below.
+
+The ``sequence_lens`` input is ignored: the full padded length S is counted for every sequence
+(an upper bound when sequences are shorter). Copying initial states and writing Y, Y_h, Y_c is
+free.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from flopcount.context import NodeContext
+from flopcount.cost import Cost
+from flopcount.registry import formula
+
+# activation → transcendental evaluations per element; every activation is 1 FLOP per element
+ACTIVATIONS: dict[str, int] = {
+    "Sigmoid": 1, "Tanh": 1, "ScaledTanh": 1, "Elu": 1, "Softplus": 2,
+    "Relu": 0, "LeakyRelu": 0, "ThresholdedRelu": 0, "HardSigmoid": 0, "Affine": 0, "Softsign": 0,
+}  # fmt: skip
+_BY_LOWER = {name.lower(): t for name, t in ACTIVATIONS.items()}  # names match case-insensitively, as in onnxruntime
+
+
+def _recurrent(
+    ctx: NodeContext,
+    *,
+    gates: int,
+    uses: Sequence[int],
+    defaults: Sequence[str],
+    elementwise: int,
+    hidden_size: int | None,
+    direction: str,
+    layout: int,
+    activations: Sequence[str] | None,
+    clip: float | None,
+) -> Cost:
+    """Cost of one recurrent layer.
+
+    ``uses[j]`` is how many gate units per hidden unit activation slot j is applied to (LSTM f to
+    i, f, o; g to c; h to C: (3, 1, 1)); ``elementwise`` the op's own FLOPs per hidden unit and step.
+    """
+    x = ctx.shape(0)
+    steps, batch = (x[1], x[0]) if layout == 1 else (x[0], x[1])
+    inp = x[2]
+    hidden = hidden_size if hidden_size is not None else ctx.shape(1)[1] // gates
+    dirs = 2 if direction == "bidirectional" else 1
+    units = steps * batch * hidden  # hidden units per direction over the sequence
+
+    n = len(uses)
+    # schema defaults (RNN's [b"Tanh", b"Tanh"]) arrive undecoded
+    acts = [a.decode() if isinstance(a, bytes) else a for a in (activations or defaults)]
+    trans = 0
+    for d in range(dirs):
+        # a bidirectional layer lists n activations per direction; one list of n serves both
+        names = acts[d * n : (d + 1) * n] if len(acts) >= (d + 1) * n else acts[:n]
+        for name, k in zip(names, uses):
+            if name.lower() not in _BY_LOWER:
+                raise ValueError(f"unknown activation {name!r}; ONNX allows {', '.join(ACTIVATIONS)}")
+            trans += k * _BY_LOWER[name.lower()] * units
+    evals = sum(uses)
+    per_unit = evals + elementwise
+    if ctx.has_input(3) and ctx.convention.count_bias:
+        per_unit += 2 * gates
+    if clip is not None:
+        per_unit += evals
+
+    macs = dirs * steps * batch * gates * hidden * (inp + hidden)
+    flops = ctx.convention.fc_flops_per_mac * macs + dirs * units * per_unit
+    return Cost(flops=flops, macs=macs, transcendentals=trans)
+
+
+@formula("LSTM", family="recurrent")
+def lstm(
+    ctx: NodeContext,
+    *,
+    hidden_size: int | None = None,
+    direction: str = "forward",
+    layout: int = 0,
+    activations: Sequence[str] | None = None,
+    clip: float | None = None,
+    **_,
+) -> Cost:
+    """FLOPs = 2·D·S·B·4H·(I + H) + D·S·B·H·(9 + 8 with B + 6 with P + 5 with clip); transcendentals =
+    5·D·S·B·H with the default activations (3 sigmoids, 2 tanh per hidden unit and step).
+
+    Per hidden unit and step: 5 activations (f on i, f, o; g on the cell candidate; h on C_t), the
+    cell update C_t = f⊙C_{t−1} + i⊙c (3 FLOPs) and H_t = o⊙h(C_t) (1 FLOP); the biases Wb + Rb
+    (8 adds) when B is given; the peepholes Pi⊙C_{t−1}, Pf⊙C_{t−1}, Po⊙C_t (3 multiplies, 3 adds)
+    when P is given; 5 clips when ``clip`` is set. ``input_forget`` changes nothing (W still holds
+    the forget gate's rows; 1 − i replaces its activation).
+    """
+    peephole = 6 if ctx.has_input(7) else 0
+    return _recurrent(
+        ctx, gates=4, uses=(3, 1, 1), defaults=("Sigmoid", "Tanh", "Tanh"), elementwise=4 + peephole,
+        hidden_size=hidden_size, direction=direction, layout=layout, activations=activations, clip=clip,
+    )
+
+
+@formula("GRU", family="recurrent")
+def gru(
+    ctx: NodeContext,
+    *,
+    hidden_size: int | None = None,
+    direction: str = "forward",
+    layout: int = 0,
+    activations: Sequence[str] | None = None,
+    clip: float | None = None,
+    linear_before_reset: int = 0,
+    **_,
+) -> Cost:
+    """FLOPs = 2·D·S·B·3H·(I + H) + D·S·B·H·(8 + 1 with linear_before_reset + 6 with B + 3 with clip);
+    transcendentals = 3·D·S·B·H with the default activations (2 sigmoids, 1 tanh).
+
+    Per hidden unit and step: 3 activations (f on z and r, g on h), the update
+    H_t = (1 − z)⊙h + z⊙H_{t−1} (4 FLOPs) and the reset multiply: r⊙H_{t−1} before the product with
+    Rh (1 FLOP) by default, or r⊙(H_{t−1}·Rhᵀ + Rbh) after it with ``linear_before_reset`` (1 FLOP,
+    plus 1 add of the now separate X_t·Whᵀ term); the biases Wb + Rb (6 adds) when B is given;
+    3 clips when ``clip`` is set.
+    """
+    return _recurrent(
+        ctx, gates=3, uses=(2, 1), defaults=("Sigmoid", "Tanh"), elementwise=5 + (1 if linear_before_reset else 0),
+        hidden_size=hidden_size, direction=direction, layout=layout, activations=activations, clip=clip,
+    )
+
+
+@formula("RNN", family="recurrent")
+def rnn(
+    ctx: NodeContext,
+    *,
+    hidden_size: int | None = None,
+    direction: str = "forward",
+    layout: int = 0,
+    activations: Sequence[str] | None = None,
+    clip: float | None = None,
+    **_,
+) -> Cost:
+    """FLOPs = 2·D·S·B·H·(I + H) + D·S·B·H·(1 + 2 with B + 1 with clip); transcendentals = D·S·B·H
+    with the default Tanh.
+
+    H_t = f(X_t·Wᵀ + H_{t−1}·Rᵀ + Wb + Rb): one activation per hidden unit and step, the two bias
+    adds when B is given, one clip when ``clip`` is set.
+    """
+    return _recurrent(
+        ctx, gates=1, uses=(1,), defaults=("Tanh",), elementwise=0,
+        hidden_size=hidden_size, direction=direction, layout=layout, activations=activations, clip=clip,
+    )

@@ -1,0 +1,101 @@
+"""Resampling: Resize, Upsample, GridSample, AffineGrid (and CenterCropPad, which only copies).
+
+Interpolation follows one convention, shared with DeformConv: an output element interpolated from
+P input points costs a weighted sum, P multiplies and P − 1 adds = 2P − 1 FLOPs. Over d
+interpolated axes P = 2^d for (multi)linear, 4^d for (multi)cubic and nearest needs no arithmetic
+on the data (it copies one element).
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+from flopcount.context import NodeContext
+from flopcount.cost import Cost
+from flopcount.registry import formula, zero_cost
+
+# interpolation mode → taps per interpolated axis (older opsets spell the modes differently)
+TAPS: dict[str, int] = {
+    "nearest": 1, "linear": 2, "bilinear": 2, "trilinear": 2, "cubic": 4, "bicubic": 4,
+}  # fmt: skip
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@formula("Resize", "Upsample", family="resize")
+def resize(ctx: NodeContext, *, mode: str = "nearest", antialias: int = 0, **_) -> Cost:
+    """FLOPs = (2P − 1)·|Y| with P = ∏ t_a over the resized axes a (those whose size changes):
+    t_a = 2 (linear) or 4 (cubic) per axis, so P = 2^d or 4^d for d resized axes; nearest: 0.
+
+    With ``antialias=1`` (linear, cubic) a downscaled axis (Y_a < X_a) reads the stretched filter
+    of the ONNX reference, t_a = 2·⌈X_a/Y_a⌉ (linear) or 2·⌈2·X_a/Y_a⌉ (cubic). Nearest copies
+    one element per output (0 FLOPs). The interpolation coordinates and per-axis weights depend
+    only on the output index along each axis and are not counted (O(Σ Y_a), precomputed); an axis
+    whose size does not change is taken as copied even when ``roi`` (tf_crop_and_resize) shifts
+    it. Integer X counts the same number as ``int_ops``.
+    """
+    x, y = ctx.shape(0), ctx.out_shape()
+    base = TAPS[mode]
+    if base == 1:
+        return Cost()
+    points = 1
+    for xa, ya in zip(x, y):
+        if xa == ya:
+            continue
+        if antialias and ya < xa:
+            points *= 2 * _ceil_div(xa * base, 2 * ya)
+        else:
+            points *= base
+    ops = (2 * points - 1) * prod(y) if points > 1 else 0
+    return Cost(flops=ops) if ctx.in_is_float(0) else Cost(int_ops=ops)
+
+
+@formula("GridSample", family="resize")
+def grid_sample(ctx: NodeContext, *, mode: str = "linear", align_corners: int = 0, **_) -> Cost:
+    """FLOPs = (2P − 1)·|Y| + (u·r + w)·N·S_out, with r spatial dims, S_out = ∏ D_out, P = 2^r
+    (linear) or 4^r (cubic) points per output element, u = 3 (align_corners=0) or 2 (align_corners=1)
+    FLOPs to unnormalize each grid coordinate, and per grid point weight work w = 2r + 2^r·(r − 1)
+    (linear), 25r + 4^r·(r − 1) (cubic), 0 (nearest).
+
+    Each of the N·C·S_out outputs is a weighted sum of P input points (nearest: a copy, 0 FLOPs).
+    Each of the N·S_out grid points, shared by the C channels, is unnormalized per coordinate,
+    ((g + 1)·size − 1)/2 or (g + 1)·(size − 1)/2 with the size factor precomputed; linear then
+    forms the fractional part and its complement per axis (2 FLOPs) and the 2^r corner weights
+    (r − 1 multiplies each); cubic evaluates 4 Keys coefficients per axis (the fractional part plus
+    4 cubics in Horner form, 1 + 4·6 FLOPs) and the 4^r products. Padding-mode clamps and
+    reflections and the rounding of nearest are not counted. Intermediate values are floating point
+    for every input type (as the spec says), so this is always FLOPs.
+    """
+    x, y = ctx.shape(0), ctx.out_shape()
+    r = len(x) - 2
+    base = TAPS[mode]
+    points = base**r
+    grid_points = y[0] * prod(y[2:])
+    unnormalize = (2 if align_corners else 3) * r
+    weights = {1: 0, 2: 2 * r + 2**r * (r - 1), 4: 25 * r + 4**r * (r - 1)}[base]
+    interp = (2 * points - 1) * prod(y) if base > 1 else 0
+    return Cost(flops=interp + (unnormalize + weights) * grid_points)
+
+
+@formula("AffineGrid", family="resize")
+def affine_grid(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = 2·N·S·d·(d + 1) with MACs = N·S·d·(d + 1) = |Y|·(d + 1): each of the N·S output
+    points (S = H·W, or D·H·W) is the homogeneous base coordinate (a (d + 1)-vector) times the
+    d × (d + 1) matrix theta, for d = 2 or 3.
+
+    The product uses the matrix-product rate (``fc_flops_per_mac``: 1 under ``table3``); the base
+    grid (a linspace per axis, O(H + W)) is not counted.
+    """
+    y = ctx.out_shape()
+    d = y[-1]
+    macs = prod(y) * (d + 1)
+    return Cost(flops=ctx.convention.fc_flops_per_mac * macs, macs=macs)
+
+
+zero_cost(
+    "CenterCropPad",
+    family="resize",
+    reason="crops or zero-pads each axis around its centre; copies elements, no arithmetic",
+)

@@ -1,0 +1,74 @@
+"""Softmax-like operators, counted per row: a row is the n elements one softmax normalizes.
+
+The numerically stable form is counted, as the ONNX reference computes it: for a row of n
+elements, the maximum (n − 1 comparisons), n subtractions of it, n exponentials, the sum
+(n − 1 additions) and n divisions, so Softmax is 5n − 2 FLOPs per row, n of them transcendental.
+:func:`softmax_rows` is shared with the attention formulas, which apply this same softmax to
+their score rows.
+
+Rows: from opset 13 on, the softmax runs along the single dimension ``axis`` (default −1), so
+n = X.shape[axis] and there are |X| / n rows. Before opset 13 (versions 1 and 11), the input is
+coerced to 2-D at ``axis`` (default 1): n = prod(X.shape[axis:]) and rows = prod(X.shape[:axis]).
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+from flopcount.context import NodeContext
+from flopcount.cost import Cost
+from flopcount.registry import formula
+
+
+def softmax_rows(rows: int, n: int) -> Cost:
+    """Cost of a numerically stable softmax over ``rows`` rows of ``n`` elements each:
+    (5n − 2) FLOPs and n exponentials per row (max, subtract, exp, sum, divide)."""
+    if rows == 0 or n == 0:
+        return Cost()
+    return Cost(flops=rows * (5 * n - 2), transcendentals=rows * n)
+
+
+def _rows(ctx: NodeContext, axis: int) -> tuple[int, int]:
+    """(rows, n): the number of rows the op normalizes and the elements in each."""
+    x = ctx.shape(0)
+    if not x:  # a scalar is one row of one element
+        return 1, 1
+    axis %= len(x)
+    if ctx.opset < 13:
+        return prod(x[:axis]), prod(x[axis:])
+    n = x[axis]
+    return (prod(x) // n if n else 0), n
+
+
+@formula("Softmax", family="softmax")
+def softmax(ctx: NodeContext, *, axis: int = -1, **_) -> Cost:
+    """FLOPs = R·(5n − 2), transcendentals = R·n, for R rows of n elements (R·n = |X|): per row
+    the max (n − 1 comparisons), n subtractions, n exps, the sum (n − 1 additions), n divisions.
+
+    n = X.shape[axis] from opset 13 on; before opset 13, X is coerced to 2-D at ``axis`` and
+    n = prod(X.shape[axis:]). Nothing else is counted.
+    """
+    return softmax_rows(*_rows(ctx, axis))
+
+
+@formula("LogSoftmax", family="softmax")
+def log_softmax(ctx: NodeContext, *, axis: int = -1, **_) -> Cost:
+    """FLOPs = R·(5n − 1), transcendentals = R·(n + 1), for R rows of n elements: per row the max
+    (n − 1), n subtractions, n exps, the sum (n − 1), one log of the sum and n subtractions of it.
+
+    Rows as for Softmax (single ``axis`` from opset 13 on, 2-D coercion before).
+    """
+    rows, n = _rows(ctx, axis)
+    if rows == 0 or n == 0:
+        return Cost()
+    return Cost(flops=rows * (5 * n - 1), transcendentals=rows * (n + 1))
+
+
+@formula("Hardmax", family="softmax")
+def hardmax(ctx: NodeContext, *, axis: int = -1, **_) -> Cost:
+    """FLOPs = R·(n − 1) = |X| − R comparisons: the arg-max of each of the R rows of n elements.
+
+    Writing the one-hot output is not arithmetic and is not counted. Rows as for Softmax.
+    """
+    rows, n = _rows(ctx, axis)
+    return Cost(flops=rows * (n - 1)) if n else Cost()
