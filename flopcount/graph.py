@@ -3,7 +3,8 @@
 Node attributes: ``proto`` (the NodeProto) and ``name`` (the node's name, or ``OpType_index``
 where the model leaves it empty). Edge attribute ``tensors``: the names flowing along the edge.
 Graph attributes: ``producer`` (tensor → node index), ``inputs`` (real graph inputs: declared
-inputs that are not initializers), ``initializers`` and ``outputs``.
+inputs that are not initializers), ``initializers``, ``outputs``, ``order`` (a topological order
+of the node indices) and ``bodies`` (indices of nodes with subgraphs: If, Loop, Scan ...).
 """
 
 from __future__ import annotations
@@ -80,9 +81,12 @@ def build_graph(graph: onnx.GraphProto, where: str, outer: Iterable[str] = ()) -
 
     edges: dict[tuple[int, int], list[str]] = defaultdict(list)
     in_order = True
+    bodies = []  # nodes with subgraph attributes
     for idx, node in enumerate(graph.node):
         reads = node.input
         if node.op_type in SUBGRAPH_OPS or node.domain not in ("", "ai.onnx"):
+            if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+                bodies.append(idx)
             outer_reads = subgraph_outer_names(node)
             if outer_reads:
                 reads = [*reads, *sorted(outer_reads)]
@@ -109,6 +113,7 @@ def build_graph(graph: onnx.GraphProto, where: str, outer: Iterable[str] = ()) -
                 "the graph is incomplete"
             )
 
+    dag.graph["bodies"] = bodies
     dag.graph["order"] = list(range(len(graph.node))) if in_order else _topological_order(dag, where)
     return dag
 

@@ -159,15 +159,16 @@ def _infer(model: ModelProto, where: str, strict: bool = False) -> ModelProto:
 _SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
 
-def _collect(model: ModelProto) -> dict[str, TensorInfo]:
+def _collect(model: ModelProto, bodies: bool = True) -> dict[str, TensorInfo]:
     out: dict[str, TensorInfo] = {}
-    _collect_graph(model.graph, out)
+    _collect_graph(model.graph, out, bodies)
     return out
 
 
-def _collect_graph(g: onnx.GraphProto, out: dict[str, TensorInfo]) -> None:
-    """Tensor infos of ``g`` and, recursively, of its subgraphs (names are unique across scopes)."""
-    for node in g.node:
+def _collect_graph(g: onnx.GraphProto, out: dict[str, TensorInfo], bodies: bool = True) -> None:
+    """Tensor infos of ``g`` and, recursively, of its subgraphs (names are unique across scopes);
+    ``bodies=False`` skips the scan for subgraphs (the graph has none)."""
+    for node in g.node if bodies else ():
         if node.op_type in _SUBGRAPH_OPS:
             for a in node.attribute:
                 for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs):
@@ -239,7 +240,8 @@ def resolve(
         apply_values(model, real_inputs, input_values, where)
         real_inputs = tuple(n for n in real_inputs if n not in input_values)
     apply_overrides(model, real_inputs, input_shapes or {}, batch, where)
-    tensors = _collect(_infer(model, where))
+    bodies = bool(dag.graph["bodies"])
+    tensors = _collect(_infer(model, where), bodies)
     values: dict[str, np.ndarray] = {}
     rounds = 1
     pending = _unresolved(dag, tensors)
@@ -249,12 +251,14 @@ def resolve(
             break
         scratch = _with_constants(model, dag, values)
         rounds += 1
-        tensors = {**tensors, **{k: v for k, v in _collect(_infer(scratch, where)).items() if v.is_static or k not in tensors}}
+        found = _collect(_infer(scratch, where), bodies)
+        tensors = {**tensors, **{k: v for k, v in found.items() if v.is_static or k not in tensors}}
         pending = _unresolved(dag, tensors)
     if not values:
         values = _small_constants(model)
-    tensors = dict(tensors)
-    _infer_bodies(model, model.graph, tensors, values, where)
+    if bodies:
+        tensors = dict(tensors)
+        _infer_bodies(model, model.graph, tensors, values, where)
     error = ""
     if pending:
         try:
