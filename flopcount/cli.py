@@ -77,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="set dim 0 of every input not given by --input-shape; per-sample figures divide by it")
     p.add_argument("--convention", choices=sorted(CONVENTIONS), default="default",
                    help="counting convention: default (1 MAC = 2 FLOPs) or table3 (HPC AI500 V3.0 Table 3 literally)")
+    p.add_argument("--mode", choices=("inference", "train"), default="inference",
+                   help="train: add the backward pass (gradients of inputs and trainable parameters)")
+    p.add_argument("--optimizer", choices=("sgd", "momentum", "adam"),
+                   help="with --mode train: also the optimizer step's FLOPs, reported apart")
     p.add_argument("--per-node", action="store_true", help="also list every node with its shapes and cost")
     p.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
     p.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
@@ -103,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         shapes = dict(args.input_shape)
         report = count(args.model, input_shapes=shapes, batch=args.batch, convention=args.convention,
                        strict=args.strict, input_values=dict(args.input_value),
-                       loop_trips=dict(args.loop_trips))
+                       loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer)
         text = render(report, args.format, args.per_node)
         if args.output:
             try:

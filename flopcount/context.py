@@ -91,6 +91,12 @@ class NodeContext:
     _hint: str = ""
     _subgraph: Callable[[Any], Any] | None = None
     trips: int | None = None  # trip count given for this node (``--loop-trips``), if any
+    grads: tuple[bool, ...] = ()  # training: which inputs need a gradient
+
+    def needs_grad(self, i: int) -> bool:
+        """Training: whether input ``i`` needs a gradient (it depends on a trainable parameter
+        through differentiable inputs, or is one)."""
+        return i < len(self.grads) and self.grads[i]
 
     # --- presence -------------------------------------------------------------------------------
     def has_input(self, i: int) -> bool:

@@ -16,12 +16,12 @@ import onnx
 from onnx import ModelProto, helper
 
 from . import graph as graph_mod
-from .context import NodeContext, TensorInfo, attribute_defaults, python_value
+from .context import FLOAT_TYPES, NodeContext, TensorInfo, attribute_defaults, python_value
 from .conventions import Convention, get_convention
 from .cost import ZERO, Breakdown, Cost
-from .errors import FlopcountError, InvalidGraphError, ShapeError, UnsupportedOperatorError
+from .errors import FlopcountError, InvalidGraphError, ShapeError, UnsupportedOperatorError, UsageError
 from .loading import load
-from .registry import DEFAULT_DOMAIN, canonical_domain, lookup
+from .registry import DEFAULT_DOMAIN, buffer_inputs, canonical_domain, lookup, lookup_backward
 from .report import FORMULA, UNSUPPORTED, ZERO_COST, ModelInfo, NodeCount, OpTypeSummary, Report, op_key
 from .shapes import resolve
 
@@ -39,6 +39,8 @@ def count(
     strict: bool = False,
     input_values: Mapping[str, Any] | None = None,
     loop_trips: Mapping[str, int] | None = None,
+    mode: str = "inference",
+    optimizer: str | None = None,
 ) -> Report:
     """Count the FLOPs of an ONNX model without reading its weights.
 
@@ -61,6 +63,13 @@ def count(
     loop_trips : mapping of node name to int, optional
         Trip counts of ``Loop`` nodes whose count is not a constant (and sequence lengths of
         ``SequenceMap`` nodes), e.g. ``{"generate_loop": 32}``.
+    mode : ``"inference"`` or ``"train"``
+        ``"train"`` adds the backward pass: per node, the gradients of the inputs that need one
+        (inputs that depend on a trainable parameter, and the parameters themselves). Trainable
+        parameters are floating-point initializers fed to differentiable inputs.
+    optimizer : ``"sgd"``, ``"momentum"`` or ``"adam"``, optional
+        With ``mode="train"``: also the optimizer update per step from the trainable parameter
+        count, reported apart from the forward and backward totals.
 
     Returns
     -------
@@ -85,14 +94,23 @@ def count(
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _count(model, input_shapes, batch, convention, strict, input_values, loop_trips)
+        return _count(model, input_shapes, batch, convention, strict, input_values, loop_trips, mode, optimizer)
     finally:
         if gc_was_enabled:
             gc.enable()
 
 
-def _count(model, input_shapes, batch, convention, strict, input_values, loop_trips) -> Report:
+MODES = ("inference", "train")
+
+
+def _count(model, input_shapes, batch, convention, strict, input_values, loop_trips, mode, optimizer) -> Report:
     conv = get_convention(convention)
+    if mode not in MODES:
+        raise UsageError(f"unknown mode {mode!r}; choose one of: {', '.join(MODES)}")
+    if optimizer is not None and (mode != "train" or optimizer not in OPTIMIZERS):
+        raise UsageError(
+            f"optimizer {optimizer!r}: give one of {', '.join(OPTIMIZERS)}, with mode='train' (--mode train)"
+        )
     clock = [time.perf_counter()]
     timings: dict[str, float] = {}
 
@@ -111,7 +129,8 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
     lap("shapes")
     hint = _fix_hint(res.inputs, res.inference_error)
 
-    walk = _Traversal(res.tensors, res.values, conv, opsets, hint, where, loop_trips or {})
+    training = _training_plan(m, dag, res.tensors, opsets) if mode == "train" else None
+    walk = _Traversal(res.tensors, res.values, conv, opsets, hint, where, loop_trips or {}, training)
     node_data = dag.nodes
     nodes = []
     for idx in dag.graph["order"]:
@@ -120,17 +139,106 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
 
     report = _report(m, loaded.path, dag, res, nodes, conv, batch, strict, where, frozenset(input_values or ()),
                      walk.nested_unsupported)
+    if training is not None:
+        trainable = sum(prod(res.tensors[n].shape) for n in training.trainable if res.tensors.get(n) is not None)
+        backward_unsupported = MappingProxyType(dict(sorted(walk.backward_unsupported.items())))
+        if strict and backward_unsupported:
+            raise UnsupportedOperatorError(
+                f"{where}: no backward formula for "
+                + ", ".join(f"{k} ({v})" for k, v in backward_unsupported.items())
+                + "; run without --strict to count the rest"
+            )
+        report = dataclasses.replace(
+            report,
+            mode="train",
+            backward=_sum(n.backward for n in nodes),
+            backward_unsupported=backward_unsupported,
+            trainable_params=trainable,
+            optimizer=(optimizer, optimizer_cost(optimizer, trainable)) if optimizer else None,
+        )
     lap("count")
     return dataclasses.replace(report, timings=MappingProxyType(timings))
+
+
+# FLOPs per trainable parameter of one update step; sqrt counted as one FLOP and one transcendental.
+OPTIMIZERS: Mapping[str, tuple[int, int, str]] = MappingProxyType({
+    "sgd": (2, 0, "w -= lr*g"),
+    "momentum": (4, 0, "v = mu*v + g; w -= lr*v"),
+    "adam": (14, 1, "m = b1*m + (1-b1)*g (3); v = b2*v + (1-b2)*g*g (4); bias corrections (2); "
+                    "w -= lr*m_hat/(sqrt(v_hat)+eps) (5, one sqrt)"),
+})  # fmt: skip
+
+
+def optimizer_cost(name: str, params: int) -> Cost:
+    flops, trans, _ = OPTIMIZERS[name]
+    return Cost(flops=flops * params, transcendentals=trans * params)
+
+
+def _sum(costs) -> Cost:
+    costs = list(costs)
+    return Cost(
+        sum(c.flops for c in costs), sum(c.macs for c in costs),
+        sum(c.transcendentals for c in costs), sum(c.int_ops for c in costs),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _TrainingPlan:
+    grads: Mapping[int, tuple[bool, ...]]  # node index → which inputs need a gradient
+    trainable: frozenset[str]  # initializers that are trained
+
+
+@lru_cache(maxsize=None)
+def _differentiable(op_type: str, version: int, domain: str, n_inputs: int) -> tuple[bool, ...]:
+    """Per input position: may a gradient flow through it (schema category not NonDifferentiable,
+    and not a buffer such as BatchNormalization's running statistics)?"""
+    schema = _schema(op_type, version, domain) if version else None
+    buffers = buffer_inputs(domain, op_type)
+    out = []
+    for i in range(n_inputs):
+        ok = True
+        if schema is not None and schema.inputs:
+            formal = schema.inputs[min(i, len(schema.inputs) - 1)]
+            ok = formal.differentiation_category != onnx.defs.OpSchema.DifferentiationCategory.NonDifferentiable
+        out.append(ok and i not in buffers)
+    return tuple(out)
+
+
+def _training_plan(m: ModelProto, dag, tensors, opsets) -> _TrainingPlan:
+    """Which tensors need gradients: trainable parameters (floating-point initializers fed to a
+    differentiable input) and everything computed from them through differentiable inputs."""
+    float_inits = {t.name for t in m.graph.initializer if t.data_type in FLOAT_TYPES}
+    need: set[str] = set()
+    trainable: set[str] = set()
+    grads: dict[int, tuple[bool, ...]] = {}
+    for idx in dag.graph["order"]:
+        proto = dag.nodes[idx]["proto"]
+        domain = canonical_domain(proto.domain)
+        diff = _differentiable(proto.op_type, opsets.get(domain, 0), domain, len(proto.input))
+        flags = []
+        for name, ok in zip(proto.input, diff):
+            if ok and name in float_inits:
+                trainable.add(name)
+                need.add(name)
+            flags.append(bool(name) and ok and name in need)
+        if any(flags):
+            grads[idx] = tuple(flags)
+            for out in proto.output:
+                t = tensors.get(out)
+                if out and (t is None or not t.elem_type or t.is_float):
+                    need.add(out)
+    return _TrainingPlan(grads, frozenset(trainable))
 
 
 class _Traversal:
     """Applies the registry to nodes; bodies of If/Loop/Scan recurse through :meth:`graph`."""
 
-    def __init__(self, tensors, values, convention, opsets, hint, where, loop_trips):
+    def __init__(self, tensors, values, convention, opsets, hint, where, loop_trips, training=None):
         self.tensors, self.values, self.convention = tensors, values, convention
         self.opsets, self.hint, self.where, self.loop_trips = opsets, hint, where, loop_trips
+        self.training: _TrainingPlan | None = training
         self.nested_unsupported: dict[str, int] = {}
+        self.backward_unsupported: dict[str, int] = {}
 
     def node(self, proto: onnx.NodeProto, idx: int, name: str, attrs: Mapping[str, Any] | None) -> NodeCount:
         get = self.tensors.get
@@ -139,21 +247,38 @@ class _Traversal:
         outs = tuple([(get(n) or TensorInfo(n)) if n else None for n in proto.output])
         rule = lookup(domain, proto.op_type)
         parts: tuple = ()
+        grads = self.training.grads.get(idx, ()) if self.training is not None else ()
+        ctx = None
         if rule is None:
             status, family, cost = UNSUPPORTED, "", ZERO
         elif rule.zero_cost:
             status, family, cost = ZERO_COST, rule.family, ZERO
         else:
             status, family = FORMULA, rule.family
-            ctx = NodeContext(
-                name, proto.op_type, domain, self.opsets.get(domain, 0), ins, outs, self.convention,
-                self.values.get, self.hint, self.graph, self.loop_trips.get(name),
-            )
+            ctx = self._context(proto, name, domain, ins, outs, grads)
             cost = _apply(rule.fn, ctx, attrs or {}, self.where)
             if isinstance(cost, Breakdown):
                 cost, parts = cost.total, cost.parts
             cost = self.convention.apply(family, cost)
-        return NodeCount(idx, name, proto.op_type, domain, family, status, ins, outs, cost, parts)
+        back = ZERO
+        if grads and rule is not None:
+            back_rule = lookup_backward(domain, proto.op_type)
+            if back_rule is not None:
+                if ctx is None:
+                    ctx = self._context(proto, name, domain, ins, outs, grads)
+                if attrs is None:
+                    attrs = _attributes(proto, name, self.opsets, self.where, force=True)
+                back = self.convention.apply(family, _apply(back_rule, ctx, attrs or {}, self.where))
+            elif status == FORMULA:
+                key = op_key(domain, proto.op_type)
+                self.backward_unsupported[key] = self.backward_unsupported.get(key, 0) + 1
+        return NodeCount(idx, name, proto.op_type, domain, family, status, ins, outs, cost, parts, back)
+
+    def _context(self, proto, name, domain, ins, outs, grads) -> NodeContext:
+        return NodeContext(
+            name, proto.op_type, domain, self.opsets.get(domain, 0), ins, outs, self.convention,
+            self.values.get, self.hint, self.graph, self.loop_trips.get(name), grads,
+        )
 
     def graph(self, g: onnx.GraphProto) -> Cost:
         """Total cost of one run of a subgraph (its nodes are in topological order, as ONNX requires)."""
@@ -206,7 +331,7 @@ def _defaults(op_type: str, version: int, domain: str) -> Mapping[str, Any]:
     return {} if schema is None else attribute_defaults(schema)
 
 
-def _attributes(node: onnx.NodeProto, name: str, opsets: Mapping[str, int], where: str) -> dict[str, Any] | None:
+def _attributes(node: onnx.NodeProto, name: str, opsets: Mapping[str, int], where: str, force: bool = False) -> dict[str, Any] | None:
     """The attributes of a node with a formula as Python values, defaults filled from the schema
     and types checked against it; None for zero-cost and unsupported nodes, whose attributes no
     formula reads.
@@ -216,7 +341,7 @@ def _attributes(node: onnx.NodeProto, name: str, opsets: Mapping[str, int], wher
     version = opsets.get(domain)
     if version is None and domain == DEFAULT_DOMAIN:
         raise InvalidGraphError(f"{where}: node {name!r} ({node.op_type}) uses the default domain, which the model does not import")
-    if rule is None or rule.zero_cost:
+    if (rule is None or rule.zero_cost) and not force:
         return None  # no formula reads its attributes
     types = _attribute_types(node.op_type, version, domain) if version else {}
     for a in node.attribute:
@@ -256,22 +381,19 @@ def _fix_hint(inputs: Sequence[TensorInfo], inference_error: str) -> str:
 
 def _report(m, path, dag, res, nodes, conv, batch, strict, where, given: frozenset, nested: Mapping[str, int]) -> Report:
     by_type: dict[str, list] = {}
-    costs = [n.cost for n in nodes]
-    total = Cost(
-        sum(c.flops for c in costs), sum(c.macs for c in costs),
-        sum(c.transcendentals for c in costs), sum(c.int_ops for c in costs),
-    )
+    forward = _sum(n.cost for n in nodes)
     for n in nodes:
         key = op_key(n.domain, n.op_type)
         entry = by_type.get(key)
         if entry is None:
-            by_type[key] = [n, 1, n.cost]
+            by_type[key] = [n, 1, n.cost, n.backward]
         else:
             entry[1] += 1
             entry[2] = entry[2] + n.cost
+            entry[3] = entry[3] + n.backward
     summaries = sorted(
-        (OpTypeSummary(n.op_type, n.domain, n.family, n.status, k, c) for n, k, c in by_type.values()),
-        key=lambda s: (-s.cost.flops, -s.cost.int_ops, s.key),
+        (OpTypeSummary(n.op_type, n.domain, n.family, n.status, k, c, b) for n, k, c, b in by_type.values()),
+        key=lambda s: (-(s.cost.flops + s.backward.flops), -s.cost.int_ops, s.key),
     )
     unsupported = {s.key: s.nodes for s in summaries if s.status == UNSUPPORTED}
     for key, n in nested.items():  # operators without a formula inside If/Loop/Scan bodies
@@ -303,7 +425,7 @@ def _report(m, path, dag, res, nodes, conv, batch, strict, where, given: frozens
         model=info,
         convention=conv,
         batch=batch,
-        total=total,
+        forward=forward,
         params=params,
         nodes=tuple(nodes),
         by_op_type=MappingProxyType({s.key: s for s in summaries}),

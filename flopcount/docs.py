@@ -13,7 +13,7 @@ import warnings
 
 from .conventions import CONVENTIONS
 from .onnx_cases import run_time_facts
-from .registry import RULES
+from .registry import BACKWARD, RULES
 
 
 def _instances() -> dict[tuple[str, str], object]:
@@ -50,8 +50,8 @@ def operators_markdown() -> str:
         "elements of X, Y the output; 1 MAC = 2 FLOPs. The example columns count the first of onnx's own",
         "single-node test cases for the operator under each convention.",
         "",
-        "| operator | family | group | cost | example | " + " | ".join(f"{n} FLOPs" for n in names) + " |",
-        "| --- | --- | --- | --- | --- | " + " | ".join("---:" for _ in names) + " |",
+        "| operator | family | group | cost | backward (training) | example | " + " | ".join(f"{n} FLOPs" for n in names) + " |",
+        "| --- | --- | --- | --- | --- | --- | " + " | ".join("---:" for _ in names) + " |",
     ]
     for (domain, op_type), rule in sorted(RULES.items(), key=lambda kv: (kv[0][0], kv[0][1].lower())):
         case = instances.get((domain, op_type))
@@ -68,7 +68,15 @@ def operators_markdown() -> str:
                 figures = ["" for _ in names]
         label = f"{domain}:{op_type}" if domain else op_type
         group = "zero-cost" if rule.zero_cost else "formula"
-        lines.append(f"| {label} | {rule.family} | {group} | {_cell(rule.equation)} | {example} | " + " | ".join(figures) + " |")
+        back = BACKWARD.get((domain, op_type))
+        if back is not None:
+            back_text = " ".join((back.__doc__ or "").strip().split("\n\n", 1)[0].split())
+        else:
+            back_text = "free (gradients are moved, not computed)" if rule.zero_cost else "none: reported as missing"
+        lines.append(
+            f"| {label} | {rule.family} | {group} | {_cell(rule.equation)} | {_cell(back_text)} | {example} | "
+            + " | ".join(figures) + " |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -81,3 +81,40 @@ def zero_cost(*op_types: str, family: str, reason: str, domain: str = DEFAULT_DO
 
 def lookup(domain: str, op_type: str) -> Rule | None:
     return _RULES.get((DEFAULT_DOMAIN if domain in ("", "ai.onnx") else domain, op_type))
+
+
+# --------------------------------------------------------------------------------------------
+# backward (training) formulas: a second table with the same keys
+
+_BACKWARD: dict[tuple[str, str], Callable[..., Cost]] = {}
+BACKWARD: Mapping[tuple[str, str], Callable[..., Cost]] = MappingProxyType(_BACKWARD)
+_BUFFERS: dict[tuple[str, str], frozenset[int]] = {}
+
+
+def backward(*op_types: str, domain: str = DEFAULT_DOMAIN, buffers: tuple[int, ...] = ()):
+    """Register the decorated function as the backward formula of ``op_types``: the cost of the
+    gradients of the inputs that need one (``ctx.needs_grad(i)``), given the output gradients.
+
+    ``buffers`` lists input positions that hold state updated in training but never trained
+    (BatchNormalization's running mean and variance), though the schema calls them differentiable.
+    """
+
+    def register(fn: Callable[..., Cost]) -> Callable[..., Cost]:
+        for op_type in op_types:
+            key = (canonical_domain(domain), op_type)
+            if key in _BACKWARD:
+                raise RegistryError(f"backward formula of {op_type!r} ({domain or 'ai.onnx'}) is registered twice")
+            _BACKWARD[key] = fn
+            if buffers:
+                _BUFFERS[key] = frozenset(buffers)
+        return fn
+
+    return register
+
+
+def buffer_inputs(domain: str, op_type: str) -> frozenset[int]:
+    return _BUFFERS.get((DEFAULT_DOMAIN if domain in ("", "ai.onnx") else domain, op_type), frozenset())
+
+
+def lookup_backward(domain: str, op_type: str) -> Callable[..., Cost] | None:
+    return _BACKWARD.get((DEFAULT_DOMAIN if domain in ("", "ai.onnx") else domain, op_type))

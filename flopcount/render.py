@@ -16,7 +16,7 @@ from tabulate import tabulate
 from .context import TensorInfo
 from .report import Report
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: mode, forward, backward, training; total = forward + backward
 FORMATS = ("table", "json", "csv", "markdown")
 
 
@@ -53,9 +53,12 @@ def to_dict(report: Report, per_node: bool = False) -> dict[str, Any]:
         },
         "convention": {"name": report.convention.name, "summary": report.convention.summary},
         "batch": report.batch,
+        "mode": report.mode,
         "total": {"flops": total["flops"], "macs": total["macs"], "params": report.params,
                   "transcendentals": total["transcendentals"], "int_ops": total["int_ops"]},
         "per_sample": report.per_sample.as_dict(),
+        "forward": report.forward.as_dict(),
+        "backward": report.backward.as_dict(),
         "by_op_type": {
             key: {
                 "op_type": s.op_type,
@@ -64,12 +67,23 @@ def to_dict(report: Report, per_node: bool = False) -> dict[str, Any]:
                 "status": s.status,
                 "nodes": s.nodes,
                 **s.cost.as_dict(),
-                "share": _share(s.cost.flops, report.total.flops),
+                "backward": s.backward.as_dict(),
+                "share": _share(s.cost.flops + s.backward.flops, report.total.flops),
             }
             for key, s in report.by_op_type.items()
         },
         "unsupported": dict(report.unsupported),
     }  # fmt: skip
+    if report.mode == "train":
+        doc["training"] = {
+            "per_sample_forward": report.forward.per(report.batch).as_dict(),
+            "per_sample_backward": report.backward.per(report.batch).as_dict(),
+            "three_times_forward_flops": 3 * report.forward.flops,
+            "trainable_params": report.trainable_params,
+            "backward_unsupported": dict(report.backward_unsupported),
+            "optimizer": None if report.optimizer is None else {
+                "name": report.optimizer[0], **report.optimizer[1].as_dict()},
+        }
     if per_node:
         doc["nodes"] = [
             {
@@ -82,6 +96,7 @@ def to_dict(report: Report, per_node: bool = False) -> dict[str, Any]:
                 "inputs": [_tensor(t) for t in n.inputs],
                 "outputs": [_tensor(t) for t in n.outputs],
                 **n.cost.as_dict(),
+                "backward": n.backward.as_dict(),
                 **({"parts": {label: c.as_dict() for label, c in n.parts}} if n.parts else {}),
             }
             for n in report.nodes
@@ -106,10 +121,18 @@ def _shapes(ts) -> str:
 
 
 def _op_rows(report: Report) -> list[list[Any]]:
+    train = report.mode == "train"
     return [
-        [key, s.nodes, _n(s.cost.flops), _n(s.cost.macs), f"{100 * _share(s.cost.flops, report.total.flops):.2f}%", s.status]
+        [key, s.nodes, _n(s.cost.flops), *([_n(s.backward.flops)] if train else []), _n(s.cost.macs),
+         f"{100 * _share(s.cost.flops + s.backward.flops, report.total.flops):.2f}%", s.status]
         for key, s in report.by_op_type.items()
     ]
+
+
+def _op_headers(report: Report) -> list[str]:
+    if report.mode == "train":
+        return ["op type", "nodes", "forward FLOPs", "backward FLOPs", "forward MACs", "share", "status"]
+    return ["op type", "nodes", "FLOPs", "MACs", "share", "status"]
 
 
 def _node_rows(report: Report) -> list[list[Any]]:
@@ -137,6 +160,25 @@ def _summary_lines(report: Report) -> list[str]:
         f"Transcendentals: {_n(report.total.transcendentals)}; integer ops (not FLOPs): {_n(report.total.int_ops)}",
         f"Parameters: {_n(report.params)} ({si(report.params)})",
     ]
+    if report.mode == "train":
+        fwd, bwd = report.forward.per(report.batch), report.backward.per(report.batch)
+        three = 3 * fwd.flops
+        lines[4:4] = [
+            "Mode: train (forward + backward)",
+            f"Per-sample forward FLOPs: {_n(fwd.flops)} ({si(fwd.flops, 'FLOPs')})",
+            f"Per-sample backward FLOPs: {_n(bwd.flops)} ({si(bwd.flops, 'FLOPs')})",
+            f"Per-sample training FLOPs: {_n(ps.flops)} ({si(ps.flops, 'FLOPs')}); "
+            f"the common 3x-forward approximation gives {_n(three)} ({100 * (three / ps.flops - 1) if ps.flops else 0:+.1f}%)",
+        ]
+        lines.append(f"Trainable parameters: {_n(report.trainable_params)}")
+        if report.optimizer is not None:
+            name, cost = report.optimizer
+            lines.append(f"Optimizer step ({name}), not in the totals: {_n(cost.flops)} FLOPs")
+        if report.backward_unsupported:
+            lines.append(
+                "Operators without a backward formula (backward NOT counted): "
+                + ", ".join(f"{k} ({v})" for k, v in report.backward_unsupported.items())
+            )
     if report.unsupported:
         lines.append(
             "Unsupported operators (no formula, NOT counted): "
@@ -157,8 +199,9 @@ def render(report: Report, fmt: str = "table", per_node: bool = False) -> str:
     if per_node:
         parts.append(tabulate(_node_rows(report), ["node", "op type", "inputs", "outputs", "FLOPs", "MACs"],
                               tablefmt=tablefmt, disable_numparse=True))
-    parts.append(tabulate(_op_rows(report), ["op type", "nodes", "FLOPs", "MACs", "share", "status"],
-                          tablefmt=tablefmt, disable_numparse=True, colalign=("left", "right", "right", "right", "right", "left")))
+    headers = _op_headers(report)
+    parts.append(tabulate(_op_rows(report), headers, tablefmt=tablefmt, disable_numparse=True,
+                          colalign=("left", *("right",) * (len(headers) - 2), "left")))
     summary = _summary_lines(report)
     if fmt == "markdown":
         summary = [f"- {line}" for line in summary]

@@ -25,8 +25,9 @@ class NodeCount:
     status: str  # FORMULA, ZERO_COST or UNSUPPORTED
     inputs: tuple[TensorInfo | None, ...]
     outputs: tuple[TensorInfo | None, ...]
-    cost: Cost
+    cost: Cost  # forward
     parts: tuple[tuple[str, Cost], ...] = ()  # named parts of ``cost`` (If branches, Loop body per trip)
+    backward: Cost = Cost()  # training: the gradients this node computes
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +37,8 @@ class OpTypeSummary:
     family: str
     status: str
     nodes: int
-    cost: Cost
+    cost: Cost  # forward
+    backward: Cost = Cost()
 
     @property
     def key(self) -> str:
@@ -63,20 +65,32 @@ class ModelInfo:
 class Report:
     """FLOP count of one model.
 
-    ``total`` is for the whole batch; ``per_sample`` divides it by ``batch``. ``params`` counts
+    ``forward`` is the inference pass over the whole batch; in training mode (``mode == "train"``)
+    ``backward`` holds the gradient computation and ``total`` is their sum (in inference mode
+    ``total`` is ``forward``). ``per_sample`` divides ``total`` by ``batch``. ``params`` counts
     initializer elements (floating-point and low-bit weights; int64/int32 shape and index tensors
-    excluded), from their dims, without reading data.
+    excluded), from their dims, without reading data; ``trainable_params`` those that are trained.
+    ``optimizer``, when asked for, is the update step's cost, kept apart from ``total``.
     """
 
     model: ModelInfo
     convention: Convention
     batch: int
-    total: Cost
+    forward: Cost
     params: int
     nodes: tuple[NodeCount, ...]
     by_op_type: Mapping[str, OpTypeSummary]  # ordered by FLOPs, largest first
     unsupported: Mapping[str, int]  # op key → node count
     timings: Mapping[str, float] = field(default_factory=dict, compare=False)  # seconds per phase; not in JSON
+    mode: str = "inference"
+    backward: Cost = Cost()
+    backward_unsupported: Mapping[str, int] = field(default_factory=dict)  # formula ops without a backward formula
+    trainable_params: int = 0
+    optimizer: tuple[str, Cost] | None = None
+
+    @property
+    def total(self) -> Cost:
+        return self.forward + self.backward
 
     @property
     def per_sample(self) -> Cost:

@@ -19,7 +19,7 @@ from math import prod
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
 from flopcount.operators.softmax import softmax_rows
-from flopcount.registry import formula
+from flopcount.registry import backward, formula
 
 
 def _attention_dims(ctx: NodeContext, q_num_heads: int | None, kv_num_heads: int | None):
@@ -77,6 +77,25 @@ def attention(
     if softcap:
         cost = cost + Cost(flops=3 * scores, transcendentals=scores)
     return cost
+
+
+@backward("Attention")
+def attention_backward(ctx: NodeContext, *, q_num_heads: int | None = None, kv_num_heads: int | None = None, **_) -> Cost:
+    """dP = dO·Vᵀ and dV = Pᵀ·dO: R·T·E_v MACs each; dS through the softmax: R·(4T − 1); dQ = dS·K
+    and dK = dSᵀ·Q: R·T·E MACs each; only for the inputs that need a gradient (dP and dS when Q or
+    K does). With all three: twice the forward products. The scaling is applied to dQ and dK
+    (R·E + B·H_kv·T·E). The forward's mask, softcap and cache need nothing more here.
+    """
+    b, h_q, h_kv, s_q, s_kv, e, e_v = _attention_dims(ctx, q_num_heads, kv_num_heads)
+    t = s_kv + (ctx.shape(4)[2] if ctx.has_input(4) else 0)
+    rows = b * h_q * s_q
+    q, k, v = ctx.needs_grad(0), ctx.needs_grad(1), ctx.needs_grad(2)
+    macs = rows * t * e_v * v
+    flops = 0
+    if q or k:
+        macs += rows * t * e_v + rows * t * e * (q + k)
+        flops += rows * (4 * t - 1) + rows * e * q + b * h_kv * t * e * k
+    return Cost(flops=ctx.convention.fc_flops_per_mac * macs + flops, macs=macs)
 
 
 @formula("FlexAttention", family="attention", domain="ai.onnx.preview")

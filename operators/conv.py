@@ -6,7 +6,7 @@ from math import prod
 
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
-from flopcount.registry import formula
+from flopcount.registry import backward, formula
 
 
 @formula("Conv", family="conv")
@@ -23,6 +23,22 @@ def conv(ctx: NodeContext, **_) -> Cost:
     macs = y * prod(ctx.shape(1)[1:])
     flops = ctx.convention.conv_flops_per_mac * macs
     if ctx.has_input(2) and ctx.convention.count_bias:
+        flops += y
+    return Cost(flops=flops, macs=macs)
+
+
+@backward("Conv")
+def conv_backward(ctx: NodeContext, **_) -> Cost:
+    """dX = ConvTranspose(dY, W): the forward MACs, when X needs a gradient (not for a first layer
+    fed by data); dW = dY ⋆ X: the forward MACs again; dB = Σ dY over N and space: |Y| additions.
+
+    So the backward of a layer inside the network is exactly twice its forward products, and of a
+    first layer once. Grouped and depth-wise convolutions follow from W's shape as in the forward.
+    """
+    y = ctx.out_numel()
+    macs = y * prod(ctx.shape(1)[1:]) * (ctx.needs_grad(0) + ctx.needs_grad(1))
+    flops = ctx.convention.conv_flops_per_mac * macs
+    if ctx.has_input(2) and ctx.needs_grad(2) and ctx.convention.count_bias:
         flops += y
     return Cost(flops=flops, macs=macs)
 

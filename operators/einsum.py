@@ -21,7 +21,7 @@ import numpy as np
 
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
-from flopcount.registry import formula
+from flopcount.registry import backward, formula
 
 
 def explicit(equation: str, shapes: list[tuple[int, ...]]) -> tuple[list[str], str, dict[str, int]]:
@@ -112,3 +112,13 @@ def einsum(ctx: NodeContext, *, equation: str, **_) -> Cost:
     if not ctx.in_is_float(0):
         return Cost(macs=total.macs, int_ops=total.flops)
     return total
+
+
+@backward("Einsum")
+def einsum_backward(ctx: NodeContext, *, equation: str, **_) -> Cost:
+    """The forward cost once per operand that needs a gradient: each operand's gradient is an einsum
+    of dY with the other operands over the same indices (exact for two operands; with more, each
+    gradient is counted as its own contraction, without sharing partial products)."""
+    fwd = einsum(ctx, equation=equation)
+    k = sum(ctx.needs_grad(i) for i in range(len(ctx.inputs)))
+    return k * fwd

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from flopcount.registry import zero_cost
+from flopcount.context import NodeContext
+from flopcount.cost import Cost
+from flopcount.registry import backward, zero_cost
 
 zero_cost(
     "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose", "DepthToSpace",
@@ -21,3 +23,20 @@ zero_cost(
     family="metadata",
     reason="describes, converts or creates tensors; no arithmetic",
 )  # fmt: skip
+
+
+# Backward passes of zero-cost ops are free (the gradient is reshaped, split, padded ...) except
+# where the forward replicated or gathered elements: then the gradient sums them back.
+
+
+@backward("Gather", "GatherElements", "GatherND")
+def gather_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = |Y| when the data needs a gradient: a scatter-add of dY into dX (an embedding
+    table's gradient, for instance)."""
+    return Cost(flops=ctx.out_numel()) if ctx.needs_grad(0) else Cost()
+
+
+@backward("Expand", "Tile")
+def replicate_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = |Y| − |X|: dY summed back over the replicated copies."""
+    return Cost(flops=ctx.out_numel() - ctx.numel(0)) if ctx.needs_grad(0) else Cost()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
-from flopcount.registry import formula
+from flopcount.registry import backward, formula
 
 
 @formula("MatMul", family="matmul")
@@ -34,5 +34,32 @@ def gemm(ctx: NodeContext, *, transA: int = 0, alpha: float = 1.0, beta: float =
         if ctx.has_input(2):
             flops += y + (ctx.numel(2) if beta != 1.0 else 0)
         if alpha != 1.0:
+            flops += y
+    return Cost(flops=flops, macs=macs)
+
+
+@backward("MatMul")
+def matmul_backward(ctx: NodeContext, **_) -> Cost:
+    """dA = dY·Bᵀ and dB = Aᵀ·dY: |Y|·K MACs each, for each operand that needs a gradient.
+
+    Summing dB over broadcast batch dims is part of those accumulations.
+    """
+    macs = ctx.out_numel() * ctx.shape(0)[-1] * (ctx.needs_grad(0) + ctx.needs_grad(1))
+    return Cost(flops=ctx.convention.fc_flops_per_mac * macs, macs=macs)
+
+
+@backward("Gemm")
+def gemm_backward(ctx: NodeContext, *, transA: int = 0, alpha: float = 1.0, beta: float = 1.0, **_) -> Cost:
+    """dA and dB: M·K·N MACs each, for each operand that needs a gradient; dC = Σ dY over the dims
+    C broadcasts on: |Y| additions (+ |C| when beta ≠ 1); + |Y| to scale dY when alpha ≠ 1.
+    """
+    a = ctx.shape(0)
+    y = ctx.out_numel()
+    macs = y * (a[0] if transA else a[1]) * (ctx.needs_grad(0) + ctx.needs_grad(1))
+    flops = ctx.convention.fc_flops_per_mac * macs
+    if ctx.convention.count_bias:
+        if ctx.has_input(2) and ctx.needs_grad(2):
+            flops += y + (ctx.numel(2) if beta != 1.0 else 0)
+        if alpha != 1.0 and (ctx.needs_grad(0) or ctx.needs_grad(1)):
             flops += y
     return Cost(flops=flops, macs=macs)

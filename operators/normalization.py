@@ -11,7 +11,7 @@ from math import prod
 
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
-from flopcount.registry import formula
+from flopcount.registry import backward, formula
 
 
 @formula("BatchNormalization", family="normalization")
@@ -89,3 +89,19 @@ def lp_norm(ctx: NodeContext, *, axis: int = -1, p: int = 2, **_) -> Cost:
     n = prod(x)
     vectors = n // x[axis % len(x)] if x and x[axis % len(x)] else 0
     return Cost(flops=n, transcendentals=vectors if p == 2 else 0)
+
+
+@backward("BatchNormalization", buffers=(3, 4))
+@backward("InstanceNormalization", "LayerNormalization", "GroupNormalization", "RMSNormalization")
+def normalization_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = 7·|X| when X needs a gradient: dβ = Σ dY (|X|), dγ = Σ dY·x̂ (2·|X|) and
+    dX = (γ/σ)·(dY − dβ/m − x̂·dγ/m) (4·|X|), the sums over each statistic's m elements; without
+    dX only the parameter gradients: 2·|X| for the scale and |X| for the bias.
+
+    BatchNormalization's running mean and variance (inputs 3 and 4) are buffers, never trained.
+    RMSNormalization, which has no mean, is counted the same way (an upper bound).
+    """
+    x = ctx.numel(0)
+    if ctx.needs_grad(0):
+        return Cost(flops=7 * x)
+    return Cost(flops=2 * x * ctx.needs_grad(1) + x * ctx.needs_grad(2))

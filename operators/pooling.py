@@ -6,7 +6,7 @@ from math import prod
 
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
-from flopcount.registry import formula, zero_cost
+from flopcount.registry import backward, formula, zero_cost
 
 
 @formula("MaxPool", "AveragePool", "LpPool", family="pooling")
@@ -62,3 +62,21 @@ zero_cost(
     family="pooling",
     reason="scatters each input value to its recorded index in a zero-filled output; no arithmetic",
 )
+
+
+@backward("MaxPool", "GlobalMaxPool")
+def max_pool_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = |Y|: each dY is added into the input position its window's maximum came from."""
+    return Cost(flops=ctx.out_numel()) if ctx.needs_grad(0) else Cost()
+
+
+@backward("AveragePool")
+def average_pool_backward(ctx: NodeContext, *, kernel_shape, **_) -> Cost:
+    """FLOPs = (K + 1)·|Y|: each dY is divided by K once and added to the K positions of its window."""
+    return Cost(flops=(prod(kernel_shape) + 1) * ctx.out_numel()) if ctx.needs_grad(0) else Cost()
+
+
+@backward("GlobalAveragePool")
+def global_average_pool_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = |Y| + |X|: dY divided by H·W, then written to every input position (one add each)."""
+    return Cost(flops=ctx.out_numel() + ctx.numel(0)) if ctx.needs_grad(0) else Cost()

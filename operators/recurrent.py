@@ -28,7 +28,7 @@ from typing import Sequence
 
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
-from flopcount.registry import formula
+from flopcount.registry import backward, formula
 
 # activation → transcendental evaluations per element; every activation is 1 FLOP per element
 ACTIVATIONS: dict[str, int] = {
@@ -161,3 +161,21 @@ def rnn(
         ctx, gates=1, uses=(1,), defaults=("Tanh",), elementwise=0,
         hidden_size=hidden_size, direction=direction, layout=layout, activations=activations, clip=clip,
     )
+
+
+_GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+_FORWARD = {"LSTM": lstm, "GRU": gru, "RNN": rnn}
+
+
+@backward("LSTM", "GRU", "RNN")
+def recurrent_backward(ctx: NodeContext, **attrs) -> Cost:
+    """Backpropagation through time: MACs = 2·(forward MACs), less the X_t·Wᵀ share once when X
+    needs no gradient (dX_t = dgates·W is then skipped); dH_{t−1} = dgates·R, dW = Σ dgatesᵀ·X_t,
+    dR = Σ dgatesᵀ·H_{t−1}. Element-wise gate derivatives: twice the forward element-wise FLOPs
+    (an estimate: each activation's derivative and the chain products)."""
+    fwd = _FORWARD[ctx.op_type](ctx, **attrs)
+    fpm = ctx.convention.fc_flops_per_mac
+    i = ctx.shape(0)[-1]
+    h = ctx.shape(1)[1] // _GATES[ctx.op_type]
+    macs = 2 * fwd.macs - (0 if ctx.needs_grad(0) else fwd.macs * i // (i + h))
+    return Cost(flops=fpm * macs + 2 * (fwd.flops - fpm * fwd.macs), macs=macs, transcendentals=fwd.transcendentals)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
-from flopcount.registry import formula
+from flopcount.registry import backward, formula
 
 # op → (FLOPs per input element, FLOPs per output element, transcendentals per input, per output)
 # on top of the |X| − |Y| combining operations
@@ -42,3 +42,28 @@ def reduce(ctx: NodeContext, **_) -> Cost:
     if not ctx.in_is_float(0):
         return Cost(int_ops=ops)
     return Cost(flops=ops, transcendentals=t_in * x + t_out * y)
+
+
+@backward("ReduceSum")
+def reduce_sum_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = 0: dX is dY broadcast back over the reduced axes."""
+    return Cost()
+
+
+@backward("ReduceMean")
+def reduce_mean_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = |Y|: dY divided by the number of reduced elements, then broadcast."""
+    return Cost(flops=ctx.out_numel()) if ctx.needs_grad(0) else Cost()
+
+
+@backward("ReduceMax", "ReduceMin")
+def reduce_extreme_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = |X|: a comparison per input element selects where dY goes."""
+    return Cost(flops=ctx.numel(0)) if ctx.needs_grad(0) else Cost()
+
+
+@backward("ReduceSumSquare", "ReduceL2")
+def reduce_square_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = 2·|X|: dX = 2·X·dY (ReduceL2: X·dY/Y, dY/Y once per output, |Y| more)."""
+    extra = ctx.out_numel() if ctx.op_type == "ReduceL2" else 0
+    return Cost(flops=2 * ctx.numel(0) + extra) if ctx.needs_grad(0) else Cost()

@@ -17,7 +17,7 @@ from math import prod
 
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
-from flopcount.registry import formula
+from flopcount.registry import backward, formula
 
 
 def softmax_rows(rows: int, n: int) -> Cost:
@@ -72,3 +72,19 @@ def hardmax(ctx: NodeContext, *, axis: int = -1, **_) -> Cost:
     """
     rows, n = _rows(ctx, axis)
     return Cost(flops=rows * (n - 1)) if n else Cost()
+
+
+@backward("Softmax")
+def softmax_backward(ctx: NodeContext, *, axis: int = -1, **_) -> Cost:
+    """FLOPs = R·(4n − 1): dX = Y·(dY − Σ dY·Y) per row: n products, n − 1 additions, n
+    subtractions, n products."""
+    rows, n = _rows(ctx, axis)
+    return Cost(flops=rows * (4 * n - 1)) if ctx.needs_grad(0) and n else Cost()
+
+
+@backward("LogSoftmax")
+def log_softmax_backward(ctx: NodeContext, *, axis: int = -1, **_) -> Cost:
+    """FLOPs = R·(4n − 1), transcendentals = R·n: dX = dY − exp(Y)·Σ dY per row: n exps, n − 1
+    additions, n products, n subtractions."""
+    rows, n = _rows(ctx, axis)
+    return Cost(flops=rows * (4 * n - 1), transcendentals=rows * n) if ctx.needs_grad(0) and n else Cost()

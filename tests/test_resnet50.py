@@ -132,3 +132,30 @@ def test_dense_flops_match_torch_flop_counter(report):
     assert ours == fc.get_total_flops()
     # ... which is what the dense convention counts, over the whole model
     assert flopcount.count(BUNDLED, convention="dense").total.flops == fc.get_total_flops()
+
+
+def test_training_flops_near_hpc_ai500_measurement():
+    # HPC AI500 V2.0 measured 23 GFLOPs per training image with NVProf; the issue asks for ±10%
+    r = flopcount.count(BUNDLED, mode="train")
+    assert abs(r.per_sample.flops / 23e9 - 1) < 0.10
+    a = architecture()
+    first = a["conv_macs"][0]
+    # every conv's backward is dX + dW (2x forward MACs) except the first, fed by data: dW only
+    assert r.by_op_type["Conv"].backward.macs == 2 * sum(a["conv_macs"]) - first
+    assert r.trainable_params == 25_557_032 - 0  # torch's parameter count; BN running stats are buffers
+
+
+def test_training_dense_flops_match_torch_flop_counter_forward_and_backward():
+    torch = pytest.importorskip("torch")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from flopcount.models.resnet import resnet50
+
+    model = resnet50().train()
+    x = torch.randn(1, 3, 224, 224)  # data: no gradient, so the first conv has no input gradient
+    with FlopCounterMode(display=False) as fc:
+        model(x).sum().backward()
+    ours = flopcount.count(BUNDLED, mode="train", convention="dense").total.flops
+    # products only on both sides (FlopCounterMode skips BN, ReLU, pooling and the bias gradients):
+    # the same convolution backward (dW everywhere, dX except the first layer) and FC backward
+    assert ours == fc.get_total_flops()

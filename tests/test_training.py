@@ -1,0 +1,108 @@
+"""Training FLOPs (mode="train"): per-op backward formulas over the static graph."""
+
+import json
+
+import pytest
+from conftest import model, single, weight
+from onnx import helper
+
+import flopcount
+
+N = helper.make_node
+
+
+def conv_stack():
+    # x[2, 3, 9, 9] → conv1 W1[8, 3, 3, 3] (first layer: data needs no gradient) → Relu
+    #               → conv2 W2[12, 4, 3, 3] group 2 (inner layer) ; valid padding
+    nodes = [N("Conv", ["x", "W1"], ["a"], name="conv1"), N("Relu", ["a"], ["r"], name="relu"),
+             N("Conv", ["r", "W2"], ["y"], group=2, name="conv2")]
+    return model(nodes, {"x": (2, 3, 9, 9)}, ["y"], [weight("W1", (8, 3, 3, 3)), weight("W2", (12, 4, 3, 3))])
+
+
+CONV1_MACS = 2 * 8 * 7 * 7 * 3 * 9  # N·C_out·H·W·C_in·K
+CONV2_MACS = 2 * 12 * 5 * 5 * 4 * 9  # grouped: C_in/G = 4, from W's shape
+RELU = 2 * 8 * 7 * 7
+
+
+def test_first_layer_has_no_input_gradient_inner_layer_has_both():
+    r = flopcount.count(conv_stack(), mode="train")
+    by = {n.name: n for n in r.nodes}
+    assert by["conv1"].backward.macs == CONV1_MACS  # dW only
+    assert by["conv2"].backward.macs == 2 * CONV2_MACS  # dX and dW, grouped conv not overcounted
+    assert by["relu"].backward.flops == RELU  # dY masked
+    assert r.forward.flops == 2 * CONV1_MACS + RELU + 2 * CONV2_MACS
+    assert r.backward.flops == 2 * CONV1_MACS + RELU + 4 * CONV2_MACS
+    assert r.total.flops == r.forward.flops + r.backward.flops
+    assert r.trainable_params == 8 * 3 * 9 + 12 * 4 * 9
+
+
+def test_inference_mode_has_no_backward():
+    r = flopcount.count(conv_stack())
+    assert r.mode == "inference" and r.backward.flops == 0 and r.total == r.forward
+
+
+def test_matmul_gradients_only_where_needed():
+    # y = x @ W: x is data (no gradient), W trainable: dW = xᵀ·dY only
+    r = flopcount.count(single("MatMul", {"x": (5, 7)}, [weight("W", (7, 11))]), mode="train")
+    assert r.backward.macs == 5 * 7 * 11
+    # h = x @ W1; y = h @ W2: the second product needs dh and dW2
+    m = model([N("MatMul", ["x", "W1"], ["h"]), N("MatMul", ["h", "W2"], ["y"])], {"x": (5, 7)}, ["y"],
+              [weight("W1", (7, 11)), weight("W2", (11, 3))])
+    r = flopcount.count(m, mode="train")
+    assert r.backward.macs == 5 * 7 * 11 + 2 * 5 * 11 * 3
+
+
+def test_batchnorm_running_statistics_are_not_trained():
+    m = single("BatchNormalization", {"x": (2, 5, 7, 7)}, [weight(p, (5,)) for p in ("scale", "B", "mean", "var")])
+    r = flopcount.count(m, mode="train")
+    assert r.trainable_params == 5 + 5  # scale and B; mean and var are buffers
+    # X is data: only dγ = Σ dY·x̂ (2 per element) and dβ = Σ dY (1 per element)
+    assert r.backward.flops == 3 * 2 * 5 * 7 * 7
+
+
+def test_broadcast_add_sums_gradient_back():
+    # y = x·W + b with b[11] broadcast over 5 rows: db = Σ dY over rows: 5·11 − 11 additions
+    m = model([N("MatMul", ["x", "W"], ["h"]), N("Add", ["h", "b"], ["y"])], {"x": (5, 7)}, ["y"],
+              [weight("W", (7, 11)), weight("b", (11,))])
+    r = flopcount.count(m, mode="train")
+    add = next(n for n in r.nodes if n.op_type == "Add")
+    assert add.backward.flops == (5 * 11 - 5 * 11) + (5 * 11 - 11)  # dh = dY (free), db reduces
+
+
+def test_operator_without_backward_formula_is_reported(save):
+    # TopK has a forward formula but no backward: listed, fatal with strict
+    from conftest import const
+
+    m = model([N("MatMul", ["x", "W"], ["h"]), N("TopK", ["h", "k"], ["v", "i"])], {"x": (3, 4)}, ["v"],
+              [weight("W", (4, 6)), const("k", [2])])
+    r = flopcount.count(m, mode="train")
+    assert r.backward_unsupported == {"TopK": 1}
+    with pytest.raises(flopcount.UnsupportedOperatorError):
+        flopcount.count(m, mode="train", strict=True)
+
+
+@pytest.mark.parametrize("optimizer, per_param", [("sgd", 2), ("momentum", 4), ("adam", 14)])
+def test_optimizer_step_reported_apart(optimizer, per_param):
+    r = flopcount.count(conv_stack(), mode="train", optimizer=optimizer)
+    name, cost = r.optimizer
+    assert name == optimizer and cost.flops == per_param * (8 * 3 * 9 + 12 * 4 * 9)
+    assert r.total.flops == 2 * CONV1_MACS + RELU + 2 * CONV2_MACS + 2 * CONV1_MACS + RELU + 4 * CONV2_MACS
+
+
+def test_cli_train_json(capsys, save):
+    from flopcount.cli import main
+
+    assert main([save(conv_stack()), "--mode", "train", "--optimizer", "sgd", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["mode"] == "train"
+    assert doc["forward"]["flops"] == 2 * CONV1_MACS + RELU + 2 * CONV2_MACS
+    assert doc["backward"]["flops"] == 2 * CONV1_MACS + RELU + 4 * CONV2_MACS
+    assert doc["training"]["trainable_params"] == 8 * 3 * 9 + 12 * 4 * 9
+    assert doc["training"]["three_times_forward_flops"] == 3 * doc["forward"]["flops"]
+    assert doc["training"]["optimizer"]["flops"] == 2 * doc["training"]["trainable_params"]
+    assert doc["per_sample"]["flops"] == (doc["forward"]["flops"] + doc["backward"]["flops"]) // 2
+
+
+def test_optimizer_needs_train_mode():
+    with pytest.raises(flopcount.UsageError):
+        flopcount.count(conv_stack(), optimizer="adam")
