@@ -19,7 +19,7 @@ from . import graph as graph_mod
 from .context import FLOAT_TYPES, NodeContext, TensorInfo, attribute_defaults, python_value
 from .conventions import Convention, get_convention
 from .cost import ZERO, Breakdown, Cost
-from .errors import FlopcountError, InvalidGraphError, ShapeError, UnsupportedOperatorError, UsageError
+from .errors import FlopcountError, InvalidGraphError, UnsupportedOperatorError, UsageError
 from .loading import load
 from .registry import DEFAULT_DOMAIN, buffer_inputs, canonical_domain, lookup, lookup_backward
 from .report import FORMULA, UNSUPPORTED, ZERO_COST, ModelInfo, NodeCount, OpTypeSummary, Report, op_key

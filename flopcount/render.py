@@ -105,7 +105,11 @@ def to_dict(report: Report, per_node: bool = False) -> dict[str, Any]:
 
 
 def si(value: float, unit: str = "") -> str:
-    """``8_211_910_656`` → ``'8.21 G'``."""
+    """A value with an SI prefix.
+
+    >>> si(8_211_910_656, "FLOPs"), si(999)
+    ('8.21 GFLOPs', '999')
+    """
     for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(value) >= factor:
             return f"{value / factor:.2f} {prefix}{unit}"
