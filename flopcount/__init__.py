@@ -12,6 +12,7 @@ from .cost import Cost
 from .counting import count
 from .errors import (
     FlopcountError,
+    FrontendError,
     InvalidGraphError,
     ModelFileError,
     OpsetError,
@@ -19,6 +20,7 @@ from .errors import (
     UnsupportedOperatorError,
     UsageError,
 )
+from .frontends.torch import from_torch
 from .report import ModelInfo, NodeCount, OpTypeSummary, Report
 
 try:
@@ -31,6 +33,7 @@ __all__ = [
     "Convention",
     "Cost",
     "FlopcountError",
+    "FrontendError",
     "InvalidGraphError",
     "ModelFileError",
     "ModelInfo",
@@ -42,4 +45,5 @@ __all__ = [
     "UnsupportedOperatorError",
     "UsageError",
     "count",
+    "from_torch",
 ]

@@ -64,9 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
         prog="flopcount",
         description="Count the FLOPs of an ONNX model analytically, from its graph, without reading weights.",
         epilog="Exit codes: 0 ok, 1 internal error, 2 usage, 3 unreadable model file, 4 invalid graph, "
-        "5 unresolved or invalid shapes, 6 unsupported operators with --strict, 7 opset too new, 8 cannot write output.",
+        "5 unresolved or invalid shapes, 6 unsupported operators with --strict, 7 opset too new, 8 cannot write output, "
+        "9 the --torch model cannot be exported.",
     )
-    p.add_argument("model", help="path of an .onnx model (external weight files are never read and may be absent)")
+    p.add_argument("model", nargs="?",
+                   help="path of an .onnx model (external weight files are never read and may be absent)")
+    p.add_argument("--torch", metavar="MODULE:FACTORY",
+                   help="instead of a model file, export the torch.nn.Module that FACTORY() returns (no weights "
+                   "loaded; exports are cached in $FLOPCOUNT_CACHE or ~/.cache/flopcount); --input-shape gives "
+                   "forward()'s inputs in order, e.g. --torch mypkg.nets:make_net --input-shape x=1x3x224x224")
     p.add_argument("--input-shape", metavar="NAME=DIMS", action="append", type=_input_shape, default=[],
                    help="fix the dims of an input, e.g. input=8x3x224x224 (repeatable)")
     p.add_argument("--input-value", metavar="NAME=V1,V2", action="append", type=_input_value, default=[],
@@ -90,10 +96,36 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check_model_source(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Exactly one of a model path and ``--torch``; ``--torch`` needs ``--input-shape``."""
+    if args.torch is not None and args.model is not None:
+        parser.error(f"give a model path or --torch, not both (got {args.model!r} and --torch {args.torch})")
+    if args.torch is None and args.model is None:
+        parser.error("give the path of an .onnx model, or --torch MODULE:FACTORY")
+    if args.torch is not None and not args.input_shape:
+        parser.error("--torch needs the shape of each forward() input, in order: --input-shape NAME=DIMS (repeatable)")
+    names = [name for name, _ in args.input_shape]
+    if args.torch is not None and len(set(names)) != len(names):
+        parser.error(f"--torch: each --input-shape names one forward() input, in order; got {', '.join(names)}")
+
+
+def _count_torch(args: argparse.Namespace):
+    """Export the module of ``--torch`` (in training mode with ``--mode train``) and count it."""
+    from .frontends.torch import from_torch, load_factory
+
+    module = load_factory(args.torch)
+    shapes = dict(args.input_shape)
+    return from_torch(module, tuple(shapes.values()), training=args.mode == "train", input_names=list(shapes),
+                      batch=args.batch, convention=args.convention, strict=args.strict,
+                      input_values=dict(args.input_value), loop_trips=dict(args.loop_trips),
+                      mode=args.mode, optimizer=args.optimizer)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        _check_model_source(parser, args)
     except SystemExit as e:  # argparse has printed its message (or --help/--version)
         return int(e.code or 0)
     logging.basicConfig(
@@ -105,9 +137,12 @@ def main(argv: list[str] | None = None) -> int:
         from .counting import count
 
         shapes = dict(args.input_shape)
-        report = count(args.model, input_shapes=shapes, batch=args.batch, convention=args.convention,
-                       strict=args.strict, input_values=dict(args.input_value),
-                       loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer)
+        if args.torch:
+            report = _count_torch(args)
+        else:
+            report = count(args.model, input_shapes=shapes, batch=args.batch, convention=args.convention,
+                           strict=args.strict, input_values=dict(args.input_value),
+                           loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer)
         text = render(report, args.format, args.per_node)
         if args.output:
             try:

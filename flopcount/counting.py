@@ -123,7 +123,8 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
     lap("load")
     dag = graph_mod.build_graph(m.graph, where)
     opsets = _opsets(m)
-    attributes = [_attributes(dag.nodes[i]["proto"], dag.nodes[i]["name"], opsets, where) for i in range(len(m.graph.node))]
+    protos, names = dag.graph["protos"], dag.graph["names"]
+    attributes = [_attributes(p, n, opsets, where) for p, n in zip(protos, names)]
     lap("graph")
     res = resolve(m, dag, input_shapes, batch, where, input_values)
     lap("shapes")
@@ -131,11 +132,7 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
 
     training = _training_plan(m, dag, res.tensors, opsets) if mode == "train" else None
     walk = _Traversal(res.tensors, res.values, conv, opsets, hint, where, loop_trips or {}, training)
-    node_data = dag.nodes
-    nodes = []
-    for idx in dag.graph["order"]:
-        data = node_data[idx]
-        nodes.append(walk.node(data["proto"], idx, data["name"], attributes[idx]))
+    nodes = [walk.node(protos[idx], idx, names[idx], attributes[idx]) for idx in dag.graph["order"]]
 
     report = _report(m, loaded.path, dag, res, nodes, conv, batch, strict, where, frozenset(input_values or ()),
                      walk.nested_unsupported)
@@ -212,7 +209,7 @@ def _training_plan(m: ModelProto, dag, tensors, opsets) -> _TrainingPlan:
     trainable: set[str] = set()
     grads: dict[int, tuple[bool, ...]] = {}
     for idx in dag.graph["order"]:
-        proto = dag.nodes[idx]["proto"]
+        proto = dag.graph["protos"][idx]
         domain = canonical_domain(proto.domain)
         diff = _differentiable(proto.op_type, opsets.get(domain, 0), domain, len(proto.input))
         flags = []

@@ -52,3 +52,9 @@ class RegistryError(FlopcountError):
     """A formula was registered twice, or registration is otherwise inconsistent (a programming error)."""
 
     exit_code = 70
+
+
+class FrontendError(FlopcountError):
+    """A framework model cannot be exported to ONNX (``--torch``): the framework is missing or its exporter failed."""
+
+    exit_code = 9

@@ -77,12 +77,15 @@ def build_graph(graph: onnx.GraphProto, where: str, outer: Iterable[str] = ()) -
         initializers=frozenset(initializers),
         outputs=tuple(o.name for o in graph.output),
     )
-    dag.add_nodes_from((i, {"proto": n, "name": node_label(n, i)}) for i, n in enumerate(graph.node))
+    protos = list(graph.node)  # one wrapper per node, reused by every later pass
+    names = [node_label(n, i) for i, n in enumerate(protos)]
+    dag.graph["protos"], dag.graph["names"] = protos, names
+    dag.add_nodes_from((i, {"proto": n, "name": names[i]}) for i, n in enumerate(protos))
 
     edges: dict[tuple[int, int], list[str]] = defaultdict(list)
     in_order = True
     bodies = []  # nodes with subgraph attributes
-    for idx, node in enumerate(graph.node):
+    for idx, node in enumerate(protos):
         reads = node.input
         if node.op_type in SUBGRAPH_OPS or node.domain not in ("", "ai.onnx"):
             if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):

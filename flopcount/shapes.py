@@ -14,7 +14,7 @@ import logging
 import re
 from dataclasses import dataclass
 from math import prod
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import networkx as nx
 import numpy as np
@@ -255,7 +255,7 @@ def resolve(
         tensors = {**tensors, **{k: v for k, v in found.items() if v.is_static or k not in tensors}}
         pending = _unresolved(dag, tensors)
     if not values:
-        values = _small_constants(model)
+        values = _LazyConstants(model)  # built on the first look-up: most counts never need one
     if bodies:
         tensors = dict(tensors)
         _infer_bodies(model, model.graph, tensors, values, where)
@@ -355,6 +355,27 @@ def _infer_bodies(model: ModelProto, graph: onnx.GraphProto, tensors: dict, valu
 # folding of small constant subgraphs
 
 
+class _LazyConstants(Mapping):
+    """The model's small constant values, read on first use."""
+
+    def __init__(self, model: ModelProto):
+        self._model, self._values = model, None
+
+    def _load(self) -> dict:
+        if self._values is None:
+            self._values = _small_constants(self._model)
+        return self._values
+
+    def __getitem__(self, name):
+        return self._load()[name]
+
+    def __iter__(self):
+        return iter(self._load())
+
+    def __len__(self):
+        return len(self._load())
+
+
 def _small_constants(model: ModelProto) -> dict[str, np.ndarray]:
     values = {}
     for t in model.graph.initializer:
@@ -394,7 +415,7 @@ def _fold(model: ModelProto, dag: nx.DiGraph, tensors: Mapping[str, TensorInfo],
         values.update(_small_constants(model))
     found = False
     for idx in dag.graph["order"]:
-        node = dag.nodes[idx]["proto"]
+        node = dag.graph["protos"][idx]
         if node.domain not in ("", "ai.onnx") or not node.output or node.output[0] in values:
             continue
         outs = _evaluate(node, tensors, values)
