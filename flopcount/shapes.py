@@ -186,10 +186,7 @@ def _collect_graph(g: onnx.GraphProto, out: dict[str, TensorInfo], bodies: bool 
             tt = ty.sequence_type.elem_type.tensor_type  # a sequence is recorded by its elements' type
         else:
             continue  # maps, optionals: no tensor shape
-        if tt.HasField("shape"):
-            shape = tuple([d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim])
-        else:
-            shape = None
+        shape = tuple([d.dim_value or _dim(d) for d in tt.shape.dim]) if tt.HasField("shape") else None
         out[vi.name] = TensorInfo(vi.name, tt.elem_type, shape)
 
 
