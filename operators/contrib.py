@@ -1,0 +1,548 @@
+"""Microsoft contrib operators (domain ``com.microsoft``) that ONNX Runtime's optimizers write into graphs.
+
+``onnxruntime.transformers.optimizer`` fuses BERT and GPT-2 graphs into Attention,
+SkipLayerNormalization, EmbedLayerNormalization, Gelu, BiasGelu, FastGelu ...; the session-level
+graph optimizer writes FusedConv, FusedGemm and FusedMatMul; the weight quantizer writes
+MatMulNBits. A fused operator costs the sum of its parts, each counted as the default-domain
+operator it replaces: products as MatMul and Conv (1 MAC = 2 FLOPs, ``table3``: 1), activations one
+FLOP per element (Gelu and its tanh approximation FastGelu alike, as ONNX Gelu), normalization one
+FLOP per normalized element plus one transcendental per statistic (as LayerNormalization and
+RMSNormalization), attention as the ONNX Attention (:mod:`flopcount.operators.attention`) and
+softmax as :func:`~flopcount.operators.softmax.softmax_rows`.
+
+Biases: the bias of a product fused into a product-family operator (FusedConv, FusedGemm,
+MatMulNBits, GemmFastGelu, the Q/K/V projection bias of Attention and MultiHeadAttention) is
+counted when ``ctx.convention.count_bias`` (dropped by ``table3``, as for Conv and Gemm). A bias
+added inside an element-wise or normalization fusion (BiasGelu, FastGelu, SkipLayerNormalization,
+BiasAdd, ...) is one element-wise addition, counted under every convention, as the separate Add it
+replaces would be.
+
+Shapes: ONNX shape inference does not know these operators. Formulas read input shapes wherever
+the operator allows, but the tensors downstream of a contrib node need shapes in the model's
+``value_info`` (the dynamo exporter writes them and the transformers optimizer keeps them; for other
+graphs run ``onnxruntime.tools.symbolic_shape_infer`` first).
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+from flopcount.context import NodeContext
+from flopcount.cost import Cost
+from flopcount.operators.attention import _sdpa
+from flopcount.operators.conv import conv
+from flopcount.operators.elementwise import ELEMENTWISE
+from flopcount.operators.matmul import gemm
+from flopcount.operators.softmax import softmax_rows
+from flopcount.registry import formula
+
+MS = "com.microsoft"
+
+
+def _activation(ctx: NodeContext, name: str, y: int) -> Cost:
+    """One FLOP per output element for a fused activation (with its transcendentals from the
+    element-wise table); nothing when ``name`` is empty."""
+    if not name:
+        return Cost()
+    if name not in ELEMENTWISE:
+        raise ValueError(f"unknown fused activation {name!r}; known: {', '.join(sorted(ELEMENTWISE))}")
+    return Cost(flops=y, transcendentals=ELEMENTWISE[name] * y)
+
+
+def _given(ctx: NodeContext, i: int) -> int:
+    return 1 if ctx.has_input(i) else 0
+
+
+# --------------------------------------------------------------------------------------------
+# convolution
+
+
+@formula("FusedConv", "NhwcFusedConv", family="conv", domain=MS)
+def fused_conv(ctx: NodeContext, *, activation: str = "", **_) -> Cost:
+    """FLOPs = 2·N·C_out·S_out·K·C_in/G [Conv] + |Y| [bias B] + |Y| [sum input Z] + |Y| [activation];
+    MACs = N·C_out·S_out·K·C_in/G.
+
+    The Conv formula (:func:`flopcount.operators.conv.conv`), then Z added element-wise and the
+    activation (Relu, LeakyRelu, Clip, HardSigmoid, Sigmoid, Tanh ...) one FLOP per output element,
+    with its transcendentals as the element-wise operator has them; each term only when its input or
+    attribute is given. The bias term follows ``count_bias`` (``table3`` drops it); Z and the
+    activation are element-wise work, always counted. NhwcFusedConv (channels-last X, Y, Z; the
+    weight keeps the [C_out, C_in/G, k...] layout) counts the same. Needs Y's shape.
+    """
+    y = ctx.out_numel()
+    return conv(ctx) + Cost(flops=_given(ctx, 3) * y) + _activation(ctx, activation, y)
+
+
+@formula("NhwcConv", family="conv", domain=MS)
+def nhwc_conv(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = 2·N·C_out·S_out·K·C_in/G (+ |Y| with a bias B); MACs = N·C_out·S_out·K·C_in/G.
+
+    Conv in the channels-last layout; the weight keeps the [C_out, C_in/G, k...] layout, so the
+    Conv formula applies unchanged. Needs Y's shape.
+    """
+    return conv(ctx)
+
+
+# --------------------------------------------------------------------------------------------
+# matrix products
+
+
+def _fused_matmul_macs(ctx: NodeContext, trans_a: int, trans_batch_a: int) -> int:
+    """|Y|·K for numpy-style A·B with A's last two dims transposed (transA) and/or its leading dim
+    moved behind the batch dims (transBatchA)."""
+    a = ctx.shape(0)
+    if trans_batch_a:
+        a = (*a[1:-1], a[0], a[-1])
+    return ctx.out_numel() * (a[-2] if trans_a and len(a) > 1 else a[-1])
+
+
+@formula("FusedMatMul", "TransposeMatMul", family="matmul", domain=MS)
+def fused_matmul(ctx: NodeContext, *, transA: int = 0, transBatchA: int = 0, alpha: float = 1.0, **_) -> Cost:
+    """FLOPs = 2·|Y|·K (+ |Y| when alpha ≠ 1); MACs = |Y|·K, K the contracted dim of A after its
+    transposes.
+
+    MatMul with transposes folded in: transA swaps A's last two dims (K = A.shape[-2]),
+    transBatchA moves A's first dim behind its batch dims (K then read there); transposes of B
+    change nothing counted. alpha is the fused scalar Mul, one multiply per output element (under
+    ``count_bias``, as Gemm counts alpha). Needs Y's shape. TransposeMatMul is the older name.
+    """
+    macs = _fused_matmul_macs(ctx, transA, transBatchA)
+    flops = ctx.convention.fc_flops_per_mac * macs
+    if alpha != 1.0 and ctx.convention.count_bias:
+        flops += ctx.out_numel()
+    return Cost(flops=flops, macs=macs)
+
+
+@formula("FusedMatMulActivation", family="matmul", domain=MS)
+def fused_matmul_activation(ctx: NodeContext, *, activation: str = "", **attrs) -> Cost:
+    """FLOPs = 2·|Y|·K (+ |Y| when alpha ≠ 1) + |Y| [activation]; MACs = |Y|·K.
+
+    FusedMatMul followed by its activation, one FLOP per output element (transcendentals as the
+    element-wise operator has them). Needs Y's shape.
+    """
+    return fused_matmul(ctx, **attrs) + _activation(ctx, activation, ctx.out_numel())
+
+
+@formula("FusedGemm", family="matmul", domain=MS)
+def fused_gemm(
+    ctx: NodeContext, *, activation: str = "", transA: int = 0, alpha: float = 1.0, beta: float = 1.0, **_
+) -> Cost:
+    """FLOPs = 2·M·K·N [Gemm] (+ M·N for C, + |C| when beta ≠ 1, + M·N when alpha ≠ 1) + M·N
+    [activation]; MACs = M·K·N.
+
+    The Gemm formula (:func:`flopcount.operators.matmul.gemm`, whose bias and scaling terms follow
+    ``count_bias``), then the activation, one FLOP per output element. Needs Y's shape.
+    """
+    return gemm(ctx, transA=transA, alpha=alpha, beta=beta) + _activation(ctx, activation, ctx.out_numel())
+
+
+@formula("GemmFastGelu", family="matmul", domain=MS)
+def gemm_fast_gelu(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = 2·|Y|·K [X·W] + |Y| [bias] + |Y| [FastGelu]; MACs = |Y|·K; transcendentals = |Y|.
+
+    X[..., K]·W[K, N], the bias (when given, under ``count_bias``), then the tanh approximation
+    of Gelu at one FLOP and one tanh per element, as FastGelu. |Y| = |X|/K·N from the inputs.
+    """
+    k, n = ctx.shape(1)
+    y = ctx.numel(0) // k * n
+    macs = y * k
+    flops = ctx.convention.fc_flops_per_mac * macs + y
+    if ctx.has_input(2) and ctx.convention.count_bias:
+        flops += y
+    return Cost(flops=flops, macs=macs, transcendentals=y)
+
+
+@formula("MatMulNBits", family="matmul", domain=MS)
+def matmul_nbits(ctx: NodeContext, *, K: int, N: int, **_) -> Cost:
+    """FLOPs = 2·M·K·N [A·W, in float] + N·K [× scale] (+ N·K when zero_points is float) + M·N
+    [bias]; int_ops = N·K [− zero point, integer]; MACs = M·K·N, M = |A|/K.
+
+    W[K, N] arrives as bits-wide integers in blocks of block_size along K, each block with a scale
+    (and a zero point, 2^(bits−1) when none is given). The count assumes the kernel dequantizes
+    every weight once per call, w = (q − zero_point)·scale, then runs the product in float: the
+    zero point subtraction is integer arithmetic (one int_op per weight; a float zero_points input,
+    same type as A, makes it a FLOP), the scale one FLOP per weight. accuracy_level (which may let a
+    kernel quantize A to int8 instead) is not modelled; unpacking bits is not counted. The bias
+    follows ``count_bias``.
+    """
+    m = ctx.numel(0) // K
+    macs = m * K * N
+    weights = N * K
+    float_zp = ctx.has_input(3) and ctx.in_is_float(3)
+    flops = ctx.convention.fc_flops_per_mac * macs + weights * (2 if float_zp else 1)
+    if ctx.has_input(5) and ctx.convention.count_bias:
+        flops += m * N
+    return Cost(flops=flops, macs=macs, int_ops=0 if float_zp else weights)
+
+
+# --------------------------------------------------------------------------------------------
+# attention
+
+
+def _rotary(elements: int, rotated: int, head: int) -> Cost:
+    """Rotary embedding on ``elements`` elements of which ``rotated`` of every ``head`` turn: 3 FLOPs
+    per rotated element (6 per pair), as the ONNX RotaryEmbedding is counted."""
+    return Cost(flops=3 * (elements // head) * rotated)
+
+
+def _total_length(ctx: NodeContext, past: int, new: int, past_length_input: int | None) -> int:
+    """T = P + S_kv; with a shared KV buffer (a past_sequence_length input), P is that input's value
+    when known, else the whole buffer counts as past (an upper bound)."""
+    if past_length_input is not None and ctx.has_input(past_length_input):
+        value = ctx.value(past_length_input)
+        if value is not None:
+            return int(value.reshape(-1)[0]) + new
+        return past
+    return past + new
+
+
+@formula("Attention", family="attention", domain=MS)
+def ms_attention(
+    ctx: NodeContext,
+    *,
+    num_heads: int,
+    qkv_hidden_sizes: list[int] | None = None,
+    unidirectional: int = 0,
+    do_rotary: int = 0,
+    rotary_embedding_dim: int = 0,
+    past_present_share_buffer: int = 0,
+    **_,
+) -> Cost:
+    """FLOPs = 2·B·S·D_in·(D_q + D_k + D_v) [QKV projection] + B·S·(D_q + D_k + D_v) [its bias]
+    + 2·R·T·(E + E_v) [Q·Kᵀ, probs·V] + R·E + B·H·T·E [√scale on Q and K] + R·(5T − 2) [softmax]
+    + R·T [mask, when masked] + R·T [attention_bias]; MACs = B·S·D_in·(D_q + D_k + D_v) + R·T·(E + E_v);
+    transcendentals = R·T; H = num_heads, E = D_q/H, E_v = D_v/H, R = B·H·S, T = P + S.
+
+    Self-attention with the Q, K, V projections merged into one weight [D_in, D_q + D_k + D_v]
+    (D_q = D_k = D_v = weight.shape[1]/3 unless qkv_hidden_sizes says otherwise), then the ONNX
+    Attention core (:mod:`flopcount.operators.attention`): dense S × T scores also when causal or
+    masked. "Masked": a mask_index input or unidirectional = 1 (one add of the combined mask per
+    score; building it is not counted). The cache ``past`` (2, B, H, P, E) is concatenated at no cost;
+    with past_present_share_buffer, P is the past_sequence_length value when known, else the buffer
+    length (an upper bound). do_rotary adds the rotary embedding of Q and K, 3 FLOPs per rotated
+    element. The projection bias follows ``count_bias``.
+    """
+    x, w = ctx.shape(0), ctx.shape(1)
+    d_q, d_k, d_v = qkv_hidden_sizes if qkv_hidden_sizes else (w[1] // 3,) * 3
+    b, s = x[0], x[1]
+    tokens = prod(x[:-1])
+    proj_macs = tokens * x[-1] * w[1]
+    cost = Cost(flops=ctx.convention.fc_flops_per_mac * proj_macs, macs=proj_macs)
+    if ctx.has_input(2) and ctx.convention.count_bias:
+        cost += Cost(flops=tokens * w[1])
+    e, e_v = d_q // num_heads, d_v // num_heads
+    past = ctx.shape(4)[3] if ctx.has_input(4) else 0
+    t = _total_length(ctx, past, s, 6 if past_present_share_buffer else None)
+    cost += _sdpa(b, num_heads, num_heads, s, t, e, e_v, ctx.convention.fc_flops_per_mac)
+    scores = b * num_heads * s * t
+    cost += Cost(flops=scores * ((ctx.has_input(3) or bool(unidirectional)) + _given(ctx, 5)))
+    if do_rotary:
+        cost += _rotary(tokens * (d_q + d_k), rotary_embedding_dim or e, e)
+    return cost
+
+
+@formula("MultiHeadAttention", family="attention", domain=MS)
+def multi_head_attention(ctx: NodeContext, *, num_heads: int, unidirectional: int = 0, **_) -> Cost:
+    """FLOPs = 2·R·T·(E + E_v) [Q·Kᵀ, probs·V] + R·E + B·H·T·E [√scale on Q and K] + R·(5T − 2)
+    [softmax] + B·S·H·E + B·L·H·(E + E_v) [projection bias] + R·T [key_padding_mask or
+    unidirectional] + R·T [attention_bias]; MACs = R·T·(E + E_v); transcendentals = R·T;
+    H = num_heads, R = B·H·S, T = P + L.
+
+    Q, K, V already projected: query (B, S, H·E) or packed QKV (B, S, H, 3, E); key/value
+    (B, L, H·E) and (B, L, H·E_v), packed KV (B, L, H, 2, E), or BNSH (B, H, L, E) as reused
+    cross-attention keys. The bias of the input projection (when given, under ``count_bias``) is
+    added to Q and to K and V when they are new (not BNSH). past_key/past_value (B, H, P, E) make
+    T = P + L; with a past_sequence_length input (shared buffer), P is its value when known, else the
+    buffer length (an upper bound). Then the ONNX Attention core, dense scores.
+    """
+    q = ctx.shape(0)
+    h = num_heads
+    projected_kv = True
+    if len(q) == 5:  # packed QKV
+        b, s, e = q[0], q[1], q[4]
+        l, e_v = s, e
+    else:
+        b, s, e = q[0], q[1], q[2] // h
+        k = ctx.shape(1)
+        if len(k) == 5:  # packed KV
+            l, e_v = k[1], k[4]
+        elif len(k) == 4:  # BNSH: reused keys and values
+            l, e_v, projected_kv = k[2], ctx.shape(2)[3], False
+        else:
+            l, e_v = k[1], ctx.shape(2)[2] // h
+    past = ctx.shape(6)[2] if ctx.has_input(6) else 0
+    t = _total_length(ctx, past, l, 8)
+    cost = _sdpa(b, h, h, s, t, e, e_v, ctx.convention.fc_flops_per_mac)
+    if ctx.has_input(3) and ctx.convention.count_bias:
+        cost += Cost(flops=b * s * h * e + (b * l * h * (e + e_v) if projected_kv else 0))
+    scores = b * h * s * t
+    return cost + Cost(flops=scores * ((ctx.has_input(4) or bool(unidirectional)) + _given(ctx, 5)))
+
+
+@formula("GroupQueryAttention", family="attention", domain=MS)
+def group_query_attention(
+    ctx: NodeContext,
+    *,
+    num_heads: int,
+    kv_num_heads: int,
+    causal: int = 1,
+    local_window_size: int = -1,
+    softcap: float = 0.0,
+    do_rotary: int = 0,
+    smooth_softmax: int = -1,
+    **_,
+) -> Cost:
+    """FLOPs = 2·R·T·2E [Q·Kᵀ, probs·V] + R·E + B·H_kv·T·E [√scale on Q and K] + R·(5T − 2) [softmax]
+    + R·T [causal or windowed] + R·T [attention_bias] + 3·R·T [softcap] + 3R [head sink]
+    + 3·B·S·(H_q + H_kv)·D_rot [rotary] + B·S·(H_q + H_kv)·E [Q/K RMS norm]
+    + B·H_kv·(T + S)·E per quantized cache; MACs = 2·R·T·E; transcendentals = R·T (+ R·T softcap,
+    + R head sink, + B·S·(H_q + H_kv) norm); R = B·H_q·S.
+
+    query (B, S, H_q·E) with key and value (B, S, H_kv·E), or packed QKV (B, S, (H_q + 2·H_kv)·E);
+    the cache past_key (B, H_kv, P, E). T is the total_sequence_length value when known, else P + S
+    (an upper bound when the cache is a shared max-length buffer); the dense S × T scores are
+    counted also under causal and sliding-window masks. Terms when enabled: the combined mask add
+    (causal = 1, the default, or local_window_size ≥ 0), attention_bias, softcap·tanh(s/softcap)
+    (3 FLOPs and a tanh per score), head_sink or smooth_softmax = 1 (a subtract, an exp and an add
+    per row), do_rotary on Q and the new K (D_rot = 2·cos_cache.shape[1], else E; 3 FLOPs per rotated
+    element), q_norm_weight/k_norm_weight (one FLOP per element and a 1/sqrt per head and token, as
+    RMSNormalization), k_scale/v_scale (a multiply dequantizing each of the T cached rows read and
+    a divide quantizing each of the S new rows; rounding not counted).
+    """
+    q = ctx.shape(0)
+    b, s = q[0], q[1]
+    h_q, h_kv = num_heads, kv_num_heads
+    e = q[2] // h_q if ctx.has_input(1) else q[2] // (h_q + 2 * h_kv)
+    total = ctx.value(6) if ctx.has_input(6) else None
+    if total is not None:
+        t = int(total.reshape(-1)[0])
+    else:
+        t = (ctx.shape(3)[2] if ctx.has_input(3) else 0) + s
+    cost = _sdpa(b, h_q, h_kv, s, t, e, e, ctx.convention.fc_flops_per_mac)
+    rows = b * h_q * s
+    scores = rows * t
+    masked = bool(causal) or local_window_size >= 0
+    cost += Cost(flops=scores * (masked + _given(ctx, 10)))
+    if softcap:
+        cost += Cost(flops=3 * scores, transcendentals=scores)
+    if ctx.has_input(11) or smooth_softmax == 1:
+        cost += Cost(flops=3 * rows, transcendentals=rows)
+    heads_tokens = b * s * (h_q + h_kv)
+    if do_rotary:
+        rot = 2 * ctx.shape(7)[1] if ctx.has_input(7) else e
+        cost += _rotary(heads_tokens * e, rot, e)
+    if ctx.has_input(14):
+        cost += Cost(flops=heads_tokens * e, transcendentals=heads_tokens)
+    cache = b * h_kv * (t + s) * e
+    cost += Cost(flops=cache * (_given(ctx, 12) + _given(ctx, 13)))
+    return cost
+
+
+@formula("RotaryEmbedding", family="elementwise", domain=MS)
+def ms_rotary_embedding(ctx: NodeContext, *, num_heads: int = 0, rotary_embedding_dim: int = 0, **_) -> Cost:
+    """FLOPs = 3·|X|·D_rot/D_head: each rotated pair (x1, x2) costs 6 (x1·cos − x2·sin and
+    x1·sin + x2·cos), D_rot = 2·cos_cache.shape[1] of each head's D_head.
+
+    X is (B, S, H·D_head), (B, H, S, D_head) or packed (tokens, H·D_head). D_head = X.shape[3] for
+    4-D X, else hidden/num_heads; without num_heads (3-D X) every element is rotated (D_rot =
+    D_head). cos/sin come from the caches (no transcendentals); gathering them by position_ids and
+    copying the unrotated tail are free. As the ONNX RotaryEmbedding.
+    """
+    x = ctx.shape(0)
+    rot = 2 * ctx.shape(2)[1] if not rotary_embedding_dim else rotary_embedding_dim
+    if len(x) == 4:
+        head = x[3]
+    elif num_heads:
+        head = x[-1] // num_heads
+    else:
+        head = rot
+    return _rotary(prod(x), rot, head)
+
+
+# --------------------------------------------------------------------------------------------
+# normalization
+
+
+def _rows(x: tuple[int, ...], axis: int = -1) -> int:
+    return prod(x[: axis % len(x)]) if x else 1
+
+
+@formula("SkipLayerNormalization", family="normalization", domain=MS)
+def skip_layer_norm(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = |X| [+ skip] (+ |X| [+ bias]) + |X| [LayerNormalization]; transcendentals = |X|/D
+    (one 1/sqrt per row of D = hidden_size).
+
+    input + skip (+ bias), then LayerNormalization over the last dim, counted as the default-domain
+    LayerNormalization: one FLOP per element. The optional input_skip_bias_sum output is that sum,
+    free. The skip may broadcast over the batch; the add still costs one FLOP per element of X.
+    """
+    x = ctx.shape(0)
+    n = prod(x)
+    return Cost(flops=n * (2 + _given(ctx, 4)), transcendentals=_rows(x))
+
+
+@formula("SkipSimplifiedLayerNormalization", family="normalization", domain=MS)
+def skip_simplified_layer_norm(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = |X| [+ skip] (+ |X| [+ bias]) + |X| [RMSNormalization]; transcendentals = |X|/D.
+
+    input + skip (+ bias), then the root-mean-square normalization over the last dim (no mean), as
+    the default-domain RMSNormalization: one FLOP per element and a 1/sqrt per row of D elements.
+    """
+    x = ctx.shape(0)
+    return Cost(flops=prod(x) * (2 + _given(ctx, 3)), transcendentals=_rows(x))
+
+
+@formula("SimplifiedLayerNormalization", family="normalization")
+def simplified_layer_norm(ctx: NodeContext, *, axis: int = -1, **_) -> Cost:
+    """FLOPs = |X|; transcendentals = prod(X.shape[:axis]) (one 1/sqrt(mean(x²) + eps) per row).
+
+    onnxruntime's RMS normalization, registered by onnxruntime in the default domain (LLaMA-style
+    graphs); counted as RMSNormalization.
+    """
+    x = ctx.shape(0)
+    return Cost(flops=prod(x), transcendentals=_rows(x, axis))
+
+
+@formula("EmbedLayerNormalization", family="normalization", domain=MS)
+def embed_layer_norm(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = B·S·D [word + position] (+ B·S·D [+ segment]) + B·S·D [LayerNormalization];
+    transcendentals = B·S; int_ops = B·S with a mask (the mask_index row sums).
+
+    input_ids (B, S) look up word, position and (optional) segment embeddings of width D (gathers
+    are free), the two or three are added, then LayerNormalization over D as the default-domain
+    one. With a mask input, mask_index counts each row's ones: one integer add per mask element.
+    """
+    b, s = ctx.shape(0)
+    d = ctx.shape(2)[1]
+    tokens = b * s
+    adds = 1 + (ctx.has_input(1) and ctx.has_input(4))
+    return Cost(flops=tokens * d * (adds + 1), transcendentals=tokens, int_ops=tokens * _given(ctx, 7))
+
+
+def _group_norm(ctx: NodeContext, groups: int, activation: int, adds: int) -> Cost:
+    """GroupNormalization of X with ``adds`` element-wise additions before it and SiLU after it
+    when ``activation``; N = X.shape[0] in either layout."""
+    x = ctx.shape(0)
+    n = prod(x)
+    silu = 1 if activation else 0
+    return Cost(flops=n * (1 + adds + silu), transcendentals=x[0] * groups + silu * n)
+
+
+@formula("GroupNorm", family="normalization", domain=MS)
+def ms_group_norm(ctx: NodeContext, *, groups: int, activation: int, **_) -> Cost:
+    """FLOPs = |X| [GroupNormalization] (+ |X| [SiLU]); transcendentals = N·groups (+ |X|).
+
+    As the default-domain GroupNormalization (one FLOP per element, a 1/sqrt per group and sample),
+    either layout; activation = 1 applies SiLU, one FLOP and one exp per element, as Swish.
+    """
+    return _group_norm(ctx, groups, activation, 0)
+
+
+@formula("SkipGroupNorm", family="normalization", domain=MS)
+def skip_group_norm(ctx: NodeContext, *, groups: int, activation: int, **_) -> Cost:
+    """FLOPs = |X| [+ skip] (+ |X| [+ bias]) + |X| [GroupNormalization] (+ |X| [SiLU]);
+    transcendentals = N·groups (+ |X| with SiLU).
+
+    x + skip (+ bias), then GroupNorm as above. The skip may broadcast ((N, 1, 1, C)); the add still
+    costs one FLOP per element of X.
+    """
+    return _group_norm(ctx, groups, activation, 1 + _given(ctx, 4))
+
+
+# --------------------------------------------------------------------------------------------
+# element-wise
+
+
+def _elementwise(ctx: NodeContext, per_element: int, transcendentals: int) -> Cost:
+    """``per_element`` FLOPs and ``transcendentals`` per element of input 0 (these ops keep its shape)."""
+    n = ctx.numel(0)
+    return Cost(flops=per_element * n, transcendentals=transcendentals * n)
+
+
+@formula("Gelu", family="elementwise", domain=MS)
+def ms_gelu(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = |X|; transcendentals = |X| (one erf per element), as the default-domain Gelu."""
+    return _elementwise(ctx, 1, 1)
+
+
+@formula("FastGelu", family="elementwise", domain=MS)
+def fast_gelu(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = |X| (+ |X| with a bias); transcendentals = |X| (one tanh per element).
+
+    The tanh approximation of Gelu counted as the default-domain Gelu (approximate="tanh"): one
+    FLOP per element; the optional bias is added first, one FLOP per element.
+    """
+    return _elementwise(ctx, 1 + _given(ctx, 1), 1)
+
+
+@formula("BiasGelu", family="elementwise", domain=MS)
+def bias_gelu(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = 2·|A| (the bias add, then Gelu); transcendentals = |A| (one erf per element)."""
+    return _elementwise(ctx, 2, 1)
+
+
+@formula("QuickGelu", family="elementwise", domain=MS)
+def quick_gelu(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = |X|; transcendentals = |X|: x·sigmoid(alpha·x) is Swish, one FLOP and one exp per element."""
+    return _elementwise(ctx, 1, 1)
+
+
+@formula("ScaledSiLU", family="elementwise", domain=MS)
+def scaled_silu(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = 2·|X| (the scale multiply, then SiLU); transcendentals = |X| (one exp per element)."""
+    return _elementwise(ctx, 2, 1)
+
+
+@formula("BiasSplitGelu", family="elementwise", domain=MS)
+def bias_split_gelu(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = |X| [+ bias] + |X|/2 [Gelu of the right half] + |X|/2 [left half × it] = 2·|X|;
+    transcendentals = |X|/2 (one erf per output element)."""
+    n = ctx.numel(0)
+    return Cost(flops=2 * n, transcendentals=n // 2)
+
+
+@formula("BiasAdd", family="elementwise", domain=MS)
+def bias_add(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = 2·|X| (X + bias + skip: two additions per element)."""
+    return _elementwise(ctx, 2, 0)
+
+
+def _training(ctx: NodeContext, i: int) -> bool:
+    mode = ctx.value(i) if ctx.has_input(i) else None
+    return mode is not None and bool(mode.reshape(-1)[0])
+
+
+@formula("BiasDropout", "BitmaskBiasDropout", family="elementwise", domain=MS)
+def bias_dropout(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = |X| [+ bias] (+ |X| [+ residual]) (+ |X| [dropout scale, training]).
+
+    Dropout(data + bias) + residual: the dropout multiply by mask/(1 − ratio) counts only when the
+    training_mode input is a constant true, as for Dropout; generating the mask is not counted.
+    """
+    return _elementwise(ctx, 1 + _given(ctx, 2) + _training(ctx, 4), 0)
+
+
+@formula("BitmaskDropout", family="elementwise", domain=MS)
+def bitmask_dropout(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = 0 at inference; |X| (one multiply by mask/(1 − ratio) per element) when the
+    training_mode input is a constant true, as for Dropout."""
+    return _elementwise(ctx, int(_training(ctx, 2)), 0)
+
+
+# --------------------------------------------------------------------------------------------
+# softmax
+
+
+@formula("BiasSoftmax", family="softmax", domain=MS)
+def bias_softmax(ctx: NodeContext, *, axis: int = 1, **_) -> Cost:
+    """FLOPs = |X| [+ bias] + R·(5n − 2) [softmax]; transcendentals = R·n; n = prod(X.shape[axis:]),
+    R = |X|/n rows.
+
+    softmax(data + bias) with the bias (an additive mask) broadcast: one add per element, then the
+    stable softmax of :func:`flopcount.operators.softmax.softmax_rows` over the dims from ``axis``
+    on (the contrib operator normalizes over all of them, as Softmax before opset 13).
+    """
+    x = ctx.shape(0)
+    a = axis % len(x)
+    n = prod(x[a:])
+    return Cost(flops=prod(x)) + softmax_rows(prod(x[:a]), n)
