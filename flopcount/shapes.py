@@ -251,6 +251,9 @@ def resolve(
         found = _collect(_infer(scratch, where), bodies)
         tensors = {**tensors, **{k: v for k, v in found.items() if v.is_static or k not in tensors}}
         pending = _unresolved(dag, tensors)
+    if pending and any(p.domain not in ("", "ai.onnx") for p in dag.graph["protos"]):
+        tensors = _contrib_shapes(model, dag, tensors, values, where)
+        pending = _unresolved(dag, tensors)
     if not values:
         values = _LazyConstants(model)  # built on the first look-up: most counts never need one
     if bodies:
@@ -265,6 +268,87 @@ def resolve(
         log.debug("%d tensors keep unknown dims after %d rounds: %s", len(pending), rounds, pending[:10])
     inputs = tuple(tensors.get(n, TensorInfo(n)) for n in dag.graph["inputs"])
     return Resolution(tensors, values, inputs, rounds, error)
+
+
+# --------------------------------------------------------------------------------------------
+# operators of other domains (ONNX Runtime's contrib ops), which ONNX's inference does not know
+
+# Fused ops whose output shapes are those of a standard op given the same leading inputs and the
+# standard op's attributes; attributes the standard op does not have are dropped. Only for
+# inference (counting still applies the fused op's own formula).
+SHAPE_TWINS: Mapping[tuple[str, str], tuple[str, int]] = {
+    ("com.microsoft", "FusedConv"): ("Conv", 3),
+    ("com.microsoft", "FusedGemm"): ("Gemm", 3),
+    ("com.microsoft", "FusedMatMul"): ("MatMul", 2),  # only without transposes (checked below)
+    ("com.microsoft", "TransposeMatMul"): ("MatMul", 2),
+    ("com.microsoft", "Gelu"): ("Relu", 1),
+    ("com.microsoft", "FastGelu"): ("Relu", 1),
+    ("com.microsoft", "QuickGelu"): ("Relu", 1),
+    ("com.microsoft", "BiasGelu"): ("Add", 2),
+    ("com.microsoft", "BiasAdd"): ("Add", 2),
+}
+
+
+def _twin(node: onnx.NodeProto, opset: int) -> onnx.NodeProto | None:
+    twin = SHAPE_TWINS.get((node.domain, node.op_type))
+    if twin is None:
+        return None
+    op, n_inputs = twin
+    attrs = {a.name: a for a in node.attribute}
+    if op == "MatMul" and any(helper.get_attribute_value(attrs[k]) for k in attrs if k.startswith("trans")):
+        return None
+    try:
+        schema = onnx.defs.get_schema(op, opset)
+    except onnx.defs.SchemaError:
+        return None
+    out = helper.make_node(op, list(node.input[:n_inputs]), list(node.output[:1]), name=node.name)
+    out.attribute.extend(a for name, a in attrs.items() if name in schema.attributes)
+    return out
+
+
+def _contrib_shapes(model: ModelProto, dag: nx.DiGraph, tensors: dict, values: Mapping, where: str) -> dict:
+    """Shapes around other-domain ops: standard twins for fused ops, then ONNX Runtime's symbolic
+    shape inference (when onnxruntime is installed), which knows Attention, SkipLayerNormalization,
+    EmbedLayerNormalization, GroupQueryAttention, MatMulNBits ... Partial results are kept."""
+    opset = next((imp.version for imp in model.opset_import if imp.domain in ("", "ai.onnx")), 0)
+    scratch = _with_constants(model, dag, values) if values else model
+    twinned = ModelProto()
+    twinned.CopyFrom(scratch)
+    changed = False
+    for i, node in enumerate(twinned.graph.node):
+        t = _twin(node, opset)
+        if t is not None:
+            twinned.graph.node[i].CopyFrom(t)
+            changed = True
+    found = _collect(_infer(twinned, where), False) if changed else {}
+    found.update((k, v) for k, v in _ort_symbolic(twinned if changed else scratch, where).items()
+                 if v.is_static or k not in found)
+    merged = dict(tensors)
+    for k, v in found.items():
+        prev = merged.get(k)
+        if prev is None or (not prev.is_static and (v.is_static or prev.shape is None)):
+            merged[k] = v
+    return merged
+
+
+def _ort_symbolic(model: ModelProto, where: str) -> dict[str, TensorInfo]:
+    """ONNX Runtime's symbolic shape inference, driven step by step so that what it resolves is
+    kept even when some node stops it (its ``infer_shapes`` would raise and write a file to the
+    working directory). Nothing when onnxruntime is absent or its internals differ."""
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    except ImportError:
+        return {}
+    try:
+        engine = SymbolicShapeInference(2**31 - 1, True, False, 0)
+        engine._preprocess(model)
+        while engine.run_:
+            engine._infer_impl()
+        engine._update_output_from_vi()
+        return _collect(engine.out_mp_, False)
+    except Exception as e:  # an internal API of onnxruntime: degrade quietly
+        log.debug("%s: onnxruntime symbolic shape inference gave up: %s", where, e)
+        return {}
 
 
 # --------------------------------------------------------------------------------------------

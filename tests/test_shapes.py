@@ -157,3 +157,27 @@ def test_input_values_resolve_data_dependent_shapes(capsys, save):
     assert '"flops": ' + str((4 * 6 * 5 - 4 * 6) + 2 * 4 * 6 * 3) in capsys.readouterr().out
     with pytest.raises(flopcount.UsageError):
         flopcount.count(m, input_values={"nope": [1]})
+
+
+def contrib_chain(op, attrs):
+    # x[4, 16] → com.microsoft op with W[16, 32] → Relu: the Relu's shapes depend on the contrib op's
+    nodes = [N(op, ["x", "W"], ["y"], domain="com.microsoft", **attrs), N("Relu", ["y"], ["z"])]
+    return model(nodes, {"x": (4, 16)}, ["z"], [weight("W", (16, 32))], extra_opsets={"com.microsoft": 1})
+
+
+def test_fused_contrib_op_shapes_through_its_standard_twin():
+    r = flopcount.count(contrib_chain("FusedMatMul", {"alpha": 1.0}))
+    assert r.total.flops == 2 * 4 * 16 * 32 + 4 * 32  # the product, then Relu on [4, 32]
+
+
+def test_contrib_op_shapes_from_onnxruntime_symbolic_inference(tmp_path, monkeypatch):
+    pytest.importorskip("onnxruntime")
+    monkeypatch.chdir(tmp_path)  # onnxruntime's own entry point would write a file here: ours must not
+    # SkipLayerNormalization(x, skip, gamma, beta) → Relu
+    nodes = [N("SkipLayerNormalization", ["x", "skip", "gamma", "beta"], ["y"], domain="com.microsoft"),
+             N("Relu", ["y"], ["z"])]
+    m = model(nodes, {"x": (2, 5, 8), "skip": (2, 5, 8)}, ["z"], [weight("gamma", (8,)), weight("beta", (8,))],
+              extra_opsets={"com.microsoft": 1})
+    r = flopcount.count(m)
+    assert next(n for n in r.nodes if n.op_type == "Relu").cost.flops == 2 * 5 * 8
+    assert list(tmp_path.iterdir()) == []
