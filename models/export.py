@@ -11,8 +11,8 @@ Command line (either form works; the second needs no installed package)::
     python -m flopcount.models.export resnet50 -o examples/resnet50-v1.5.onnx
     python models/export.py resnet50 -o examples/resnet50-v1.5.onnx
 
-This module imports nothing from flopcount's core, only onnx, torch (lazily, inside the functions that export) and
-its sibling :mod:`resnet`.
+This module imports nothing from flopcount's core, only onnx, torch (lazily, inside the functions that export) and,
+for the command line, its sibling :mod:`zoo`, whose table lists the models (``--help`` names them).
 """
 
 from __future__ import annotations
@@ -245,7 +245,8 @@ def _export_dynamo(
     )
 
     # Trace at batch _TRACE_BATCH with a symbolic batch dimension, so that no op specialises on the batch size.
-    traced = tuple(x.expand(_TRACE_BATCH, *x.shape[1:]).contiguous() for x in example_inputs)
+    # x[:1] first: expand() only grows a dimension of size 1, and the examples may have any batch size.
+    traced = tuple(x[:1].expand(_TRACE_BATCH, *x.shape[1:]).contiguous() for x in example_inputs)
     batch = torch.export.Dim(_BATCH_DIM)
     program = torch.onnx.export(
         module,
@@ -408,31 +409,33 @@ def export_weightless(
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _resnet_module() -> Any:
+def _zoo() -> Any:
     try:
-        from . import resnet
+        from . import zoo
     except ImportError:  # run as a script (python models/export.py): the sibling is on sys.path[0]
-        import resnet  # type: ignore[no-redef]
-    return resnet
-
-
-#: Models the command line can export: name -> factory(num_classes) -> torch.nn.Module.
-MODELS: dict[str, Callable[[int], Any]] = {
-    "resnet50": lambda num_classes: _resnet_module().resnet50(num_classes=num_classes),
-}
+        import zoo  # type: ignore[no-redef]
+    return zoo
 
 
 def _parser() -> argparse.ArgumentParser:
+    models = _zoo().MODELS
     parser = argparse.ArgumentParser(
         prog="python -m flopcount.models.export",
         description="Export a reference model to a weightless ONNX file (graph and shapes, no weights).",
+        epilog="models: " + "; ".join(f"{name}: {spec.summary}" for name, spec in models.items()),
     )
-    parser.add_argument("model", choices=sorted(MODELS), help="which model to export")
+    parser.add_argument("model", choices=list(models), help="which model to export")
     parser.add_argument("-o", "--output", required=True, type=Path, help="path of the .onnx file to write")
     parser.add_argument("--opset", type=int, default=DEFAULT_OPSET, help="ONNX opset (default %(default)s)")
-    parser.add_argument("--image-size", type=int, default=224, help="input height and width (default %(default)s)")
-    parser.add_argument("--batch-size", type=int, default=1, help="input batch size (default %(default)s)")
-    parser.add_argument("--num-classes", type=int, default=1000, help="classifier outputs (default %(default)s)")
+    parser.add_argument("--image-size", type=int, help="input height and width (image models; default 224)")
+    parser.add_argument("--batch-size", type=int, help="input batch size (default 1; lstm: 4)")
+    parser.add_argument("--num-classes", type=int, help="classifier outputs (image models; default 1000)")
+    parser.add_argument("--seq-len", type=int, help="sequence length (bert-base 128, gpt2-small 1024, lstm 35)")
+    parser.add_argument("--layers", type=int, help="number of layers (transformers 12, lstm 2)")
+    parser.add_argument(
+        "--attention", choices=["sdpa", "matmul"],
+        help="transformers: F.scaled_dot_product_attention (default) or explicit matmul + softmax",
+    )
     parser.add_argument(
         "--exporter", choices=["auto", *_EXPORTERS], default="auto", help="torch exporter (default %(default)s)"
     )
@@ -441,7 +444,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     try:
         import torch
@@ -449,11 +453,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.error("exporting needs torch: pip install 'flopcount[torch]'")
         return 2
 
+    zoo = _zoo()
+    options = zoo.Options(
+        batch_size=args.batch_size, image_size=args.image_size, num_classes=args.num_classes,
+        seq_len=args.seq_len, layers=args.layers, attention=args.attention,
+    )
     torch.manual_seed(0)  # weights are random; seeding keeps the small inline tensors, hence the file, stable
-    module = MODELS[args.model](args.num_classes)
-    example = torch.zeros(args.batch_size, 3, args.image_size, args.image_size)
     try:
-        model = export_weightless(module, example, args.output, opset=args.opset, exporter=args.exporter)
+        built = zoo.build(args.model, options)
+    except ValueError as error:
+        parser.error(str(error))
+    try:
+        model = export_weightless(
+            built.module, built.inputs, args.output, input_names=built.input_names,
+            output_names=built.output_names, opset=args.opset, exporter=args.exporter,
+        )
     except ExportError as error:
         logger.error("%s", error)
         return 1
