@@ -170,12 +170,18 @@ _FORWARD = {"LSTM": lstm, "GRU": gru, "RNN": rnn}
 @backward("LSTM", "GRU", "RNN")
 def recurrent_backward(ctx: NodeContext, **attrs) -> Cost:
     """Backpropagation through time: MACs = 2·(forward MACs), less the X_t·Wᵀ share once when X
-    needs no gradient (dX_t = dgates·W is then skipped); dH_{t−1} = dgates·R, dW = Σ dgatesᵀ·X_t,
-    dR = Σ dgatesᵀ·H_{t−1}. Element-wise gate derivatives: twice the forward element-wise FLOPs
-    (an estimate: each activation's derivative and the chain products)."""
+    needs no gradient (dX_t = dgates·W is then skipped), and less D·B·g·H·H for the gradient into
+    the initial hidden state, which is needed only when an ``initial_h`` that needs one is given;
+    dH_{t−1} = dgates·R, dW = Σ dgatesᵀ·X_t, dR = Σ dgatesᵀ·H_{t−1}. Element-wise gate
+    derivatives: twice the forward element-wise FLOPs (an estimate: each activation's derivative
+    and the chain products)."""
     fwd = _FORWARD[ctx.op_type](ctx, **attrs)
     fpm = ctx.convention.fc_flops_per_mac
     i = ctx.shape(0)[-1]
-    h = ctx.shape(1)[1] // _GATES[ctx.op_type]
+    directions, gh = ctx.shape(1)[0], ctx.shape(1)[1]
+    h = gh // _GATES[ctx.op_type]
+    batch = ctx.shape(0)[1 if attrs.get("layout", 0) == 0 else 0]
     macs = 2 * fwd.macs - (0 if ctx.needs_grad(0) else fwd.macs * i // (i + h))
+    if not ctx.needs_grad(5):  # no gradient into initial_h
+        macs -= directions * batch * gh * h
     return Cost(flops=fpm * macs + 2 * (fwd.flops - fpm * fwd.macs), macs=macs, transcendentals=fwd.transcendentals)
