@@ -10,6 +10,10 @@ Dense counting: the formulas count the whole S_q × T score matrix, as ONNX defi
 computation, also under causal, sliding-window or padding masks (a kernel that skips masked
 blocks does less). Softmax over a score row of T elements is the stable form of
 :func:`flopcount.operators.softmax.softmax_rows`: 5T − 2 FLOPs and T exponentials.
+
+Weighted conventions (``aiperf``): products at the convention's FLOPs per MAC (2), the scaling,
+mask and bias terms as the multiplies and additions they are (weight 1), the softmax at its
+primitives' weights (15T − 2 per row), softcap as a divide, a tanh and a multiply per score.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from __future__ import annotations
 from math import prod
 
 from flopcount.context import NodeContext
+from flopcount.conventions import Convention
 from flopcount.cost import Cost
+from flopcount.operators.elementwise import activation
 from flopcount.operators.softmax import softmax_rows
 from flopcount.registry import backward, formula
 
@@ -34,12 +40,18 @@ def _attention_dims(ctx: NodeContext, q_num_heads: int | None, kv_num_heads: int
     return b, h_q, k[1], s_q, k[2], e, v[3]
 
 
-def _sdpa(b: int, h_q: int, h_kv: int, s_q: int, t: int, e: int, e_v: int, flops_per_mac: int) -> Cost:
+def _sdpa(convention: Convention, b: int, h_q: int, h_kv: int, s_q: int, t: int, e: int, e_v: int) -> Cost:
     """Q·Kᵀ and probs·V products, √scale applied to Q and to K, softmax of the R score rows (probs)."""
     rows = b * h_q * s_q
     macs = rows * t * (e + e_v)
-    scaling = rows * e + b * h_kv * t * e
-    return Cost(flops=flops_per_mac * macs + scaling, macs=macs) + softmax_rows(rows, t)
+    scaling = convention.weighted(mul=rows * e + b * h_kv * t * e)
+    return Cost(flops=convention.fc_flops_per_mac * macs, macs=macs) + scaling + softmax_rows(convention, rows, t)
+
+
+def softcap_cost(convention: Convention, scores: int) -> Cost:
+    """softcap·tanh(s/softcap) on ``scores`` scores: a divide, a tanh and a multiply each (3 FLOPs and
+    a tanh flat)."""
+    return convention.weighted(div=scores, mul=scores) + activation(convention, "Tanh", scores)
 
 
 @formula("Attention", family="attention")
@@ -69,13 +81,13 @@ def attention(
     """
     b, h_q, h_kv, s_q, s_kv, e, e_v = _attention_dims(ctx, q_num_heads, kv_num_heads)
     t = s_kv + (ctx.shape(4)[2] if ctx.has_input(4) else 0)
-    cost = _sdpa(b, h_q, h_kv, s_q, t, e, e_v, ctx.convention.fc_flops_per_mac)
+    cost = _sdpa(ctx.convention, b, h_q, h_kv, s_q, t, e, e_v)
     scores = b * h_q * s_q * t
     masked = ctx.has_input(3) or ctx.has_input(6) or is_causal or left_window_size >= 0 or right_window_size >= 0
     if masked:
-        cost = cost + Cost(flops=scores)
+        cost = cost + ctx.convention.weighted(add=scores)
     if softcap:
-        cost = cost + Cost(flops=3 * scores, transcendentals=scores)
+        cost = cost + softcap_cost(ctx.convention, scores)
     return cost
 
 
@@ -109,7 +121,7 @@ def flex_attention(ctx: NodeContext, **_) -> Cost:
     ``table3``: one FLOP per MAC in the products.
     """
     b, h_q, h_kv, s_q, s_kv, e, e_v = _attention_dims(ctx, None, None)
-    return _sdpa(b, h_q, h_kv, s_q, s_kv, e, e_v, ctx.convention.fc_flops_per_mac)
+    return _sdpa(ctx.convention, b, h_q, h_kv, s_q, s_kv, e, e_v)
 
 
 @formula("LinearAttention", family="attention")
@@ -137,13 +149,15 @@ def linear_attention(
     tokens = b * t
     state = d_k * d_v
     macs = tokens * state * (kv_num_heads * (1 + delta) + q_num_heads)
-    flops = ctx.convention.fc_flops_per_mac * macs + tokens * q_num_heads * d_v
+    muls = tokens * q_num_heads * d_v  # the scale
     exps = ctx.numel(4) if gated else 0
     if gated:
-        flops += exps + tokens * kv_num_heads * state
+        muls += tokens * kv_num_heads * state  # the decay of S
+    adds = 0
     if delta:
-        flops += 2 * tokens * kv_num_heads * d_v
-    return Cost(flops=flops, macs=macs, transcendentals=exps)
+        adds, muls = tokens * kv_num_heads * d_v, muls + tokens * kv_num_heads * d_v  # v − Sᵀk, times β
+    products = Cost(flops=ctx.convention.fc_flops_per_mac * macs, macs=macs)
+    return products + ctx.convention.weighted(add=adds, mul=muls, exp=exps)
 
 
 @formula("RotaryEmbedding", family="elementwise")
@@ -158,21 +172,27 @@ def rotary_embedding(ctx: NodeContext, *, num_heads: int = 0, rotary_embedding_d
     x = ctx.shape(0)
     elems = prod(x)
     if not rotary_embedding_dim:
-        return Cost(flops=3 * elems)
+        return rotary(ctx.convention, elems)
     if len(x) == 4:
         head = x[3]
     elif num_heads:
         head = x[2] // num_heads
     else:
         raise ValueError("3-D X with rotary_embedding_dim needs the num_heads attribute")
-    return Cost(flops=3 * (elems // head) * rotary_embedding_dim)
+    return rotary(ctx.convention, (elems // head) * rotary_embedding_dim)
+
+
+def rotary(convention: Convention, rotated: int) -> Cost:
+    """Rotation of ``rotated`` elements: per pair 4 multiplies and 2 additions, 3 FLOPs per element."""
+    return convention.weighted(mul=2 * rotated, add=rotated)
 
 
 @formula("SwiGLU", family="elementwise")
 def swiglu(ctx: NodeContext, **_) -> Cost:
     """FLOPs = 2·|Y| (Swish of the gate A, then the product with B); transcendentals = |Y|.
 
-    Swish costs one FLOP and one transcendental per element, as the Swish operator does.
+    Swish costs one FLOP and one transcendental per element, as the Swish operator does (weighted
+    conventions: its decomposition, as the Swish operator's).
     """
     y = ctx.numel(0)
-    return Cost(flops=2 * y, transcendentals=y)
+    return activation(ctx.convention, "Swish", y) + ctx.convention.weighted(mul=y)

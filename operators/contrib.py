@@ -17,6 +17,14 @@ added inside an element-wise or normalization fusion (BiasGelu, FastGelu, SkipLa
 BiasAdd, ...) is one element-wise addition, counted under every convention, as the separate Add it
 replaces would be.
 
+Weighted conventions (``aiperf``): each part is priced as the default-domain operator it replaces
+is under that convention: activations by their primitive operations
+(:data:`~flopcount.operators.elementwise.DECOMPOSITION`; FastGelu and GemmFastGelu as the tanh
+approximation of Gelu), normalizations by their arithmetic
+(:func:`~flopcount.operators.normalization.standardize`, ``root_mean_square``), softmax and the
+attention core as in :mod:`flopcount.operators.attention`, bias and skip additions and scale
+multiplies at their weights.
+
 Shapes: ONNX shape inference does not know these operators. Formulas read input shapes wherever
 the operator allows, but the tensors downstream of a contrib node need shapes in the model's
 ``value_info`` (the dynamo exporter writes them and the transformers optimizer keeps them; for other
@@ -29,10 +37,12 @@ from math import prod
 
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
-from flopcount.operators.attention import _sdpa
+from flopcount.operators.attention import _sdpa, rotary, softcap_cost
 from flopcount.operators.conv import conv
 from flopcount.operators.elementwise import ELEMENTWISE
+from flopcount.operators.elementwise import activation as activation_cost
 from flopcount.operators.matmul import gemm
+from flopcount.operators.normalization import root_mean_square, standardize
 from flopcount.operators.softmax import softmax_rows
 from flopcount.registry import formula
 
@@ -41,12 +51,13 @@ MS = "com.microsoft"
 
 def _activation(ctx: NodeContext, name: str, y: int) -> Cost:
     """One FLOP per output element for a fused activation (with its transcendentals from the
-    element-wise table); nothing when ``name`` is empty."""
+    element-wise table; weighted conventions: its primitive operations); nothing when ``name`` is
+    empty."""
     if not name:
         return Cost()
     if name not in ELEMENTWISE:
         raise ValueError(f"unknown fused activation {name!r}; known: {', '.join(sorted(ELEMENTWISE))}")
-    return Cost(flops=y, transcendentals=ELEMENTWISE[name] * y)
+    return activation_cost(ctx.convention, name, y)
 
 
 def _given(ctx: NodeContext, i: int) -> int:
@@ -70,7 +81,7 @@ def fused_conv(ctx: NodeContext, *, activation: str = "", **_) -> Cost:
     weight keeps the [C_out, C_in/G, k...] layout) counts the same. Needs Y's shape.
     """
     y = ctx.out_numel()
-    return conv(ctx) + Cost(flops=_given(ctx, 3) * y) + _activation(ctx, activation, y)
+    return conv(ctx) + ctx.convention.weighted(add=_given(ctx, 3) * y) + _activation(ctx, activation, y)
 
 
 @formula("NhwcConv", family="conv", domain=MS)
@@ -146,10 +157,10 @@ def gemm_fast_gelu(ctx: NodeContext, **_) -> Cost:
     k, n = ctx.shape(1)
     y = ctx.numel(0) // k * n
     macs = y * k
-    flops = ctx.convention.fc_flops_per_mac * macs + y
+    flops = ctx.convention.fc_flops_per_mac * macs
     if ctx.has_input(2) and ctx.convention.count_bias:
         flops += y
-    return Cost(flops=flops, macs=macs, transcendentals=y)
+    return Cost(flops=flops, macs=macs) + activation_cost(ctx.convention, "Gelu", y, approximate="tanh")
 
 
 @formula("MatMulNBits", family="matmul", domain=MS)
@@ -179,10 +190,10 @@ def matmul_nbits(ctx: NodeContext, *, K: int, N: int, **_) -> Cost:
 # attention
 
 
-def _rotary(elements: int, rotated: int, head: int) -> Cost:
+def _rotary(ctx: NodeContext, elements: int, rotated: int, head: int) -> Cost:
     """Rotary embedding on ``elements`` elements of which ``rotated`` of every ``head`` turn: 3 FLOPs
     per rotated element (6 per pair), as the ONNX RotaryEmbedding is counted."""
-    return Cost(flops=3 * (elements // head) * rotated)
+    return rotary(ctx.convention, (elements // head) * rotated)
 
 
 def _total_length(ctx: NodeContext, past: int, new: int, past_length_input: int | None) -> int:
@@ -229,15 +240,15 @@ def ms_attention(
     proj_macs = tokens * x[-1] * w[1]
     cost = Cost(flops=ctx.convention.fc_flops_per_mac * proj_macs, macs=proj_macs)
     if ctx.has_input(2) and ctx.convention.count_bias:
-        cost += Cost(flops=tokens * w[1])
+        cost += ctx.convention.weighted(add=tokens * w[1])
     e, e_v = d_q // num_heads, d_v // num_heads
     past = ctx.shape(4)[3] if ctx.has_input(4) else 0
     t = _total_length(ctx, past, s, 6 if past_present_share_buffer else None)
-    cost += _sdpa(b, num_heads, num_heads, s, t, e, e_v, ctx.convention.fc_flops_per_mac)
+    cost += _sdpa(ctx.convention, b, num_heads, num_heads, s, t, e, e_v)
     scores = b * num_heads * s * t
-    cost += Cost(flops=scores * ((ctx.has_input(3) or bool(unidirectional)) + _given(ctx, 5)))
+    cost += ctx.convention.weighted(add=scores * ((ctx.has_input(3) or bool(unidirectional)) + _given(ctx, 5)))
     if do_rotary:
-        cost += _rotary(tokens * (d_q + d_k), rotary_embedding_dim or e, e)
+        cost += _rotary(ctx, tokens * (d_q + d_k), rotary_embedding_dim or e, e)
     return cost
 
 
@@ -272,11 +283,11 @@ def multi_head_attention(ctx: NodeContext, *, num_heads: int, unidirectional: in
             l, e_v = k[1], ctx.shape(2)[2] // h
     past = ctx.shape(6)[2] if ctx.has_input(6) else 0
     t = _total_length(ctx, past, l, 8)
-    cost = _sdpa(b, h, h, s, t, e, e_v, ctx.convention.fc_flops_per_mac)
+    cost = _sdpa(ctx.convention, b, h, h, s, t, e, e_v)
     if ctx.has_input(3) and ctx.convention.count_bias:
-        cost += Cost(flops=b * s * h * e + (b * l * h * (e + e_v) if projected_kv else 0))
+        cost += ctx.convention.weighted(add=b * s * h * e + (b * l * h * (e + e_v) if projected_kv else 0))
     scores = b * h * s * t
-    return cost + Cost(flops=scores * ((ctx.has_input(4) or bool(unidirectional)) + _given(ctx, 5)))
+    return cost + ctx.convention.weighted(add=scores * ((ctx.has_input(4) or bool(unidirectional)) + _given(ctx, 5)))
 
 
 @formula("GroupQueryAttention", family="attention", domain=MS)
@@ -318,23 +329,24 @@ def group_query_attention(
         t = int(total.reshape(-1)[0])
     else:
         t = (ctx.shape(3)[2] if ctx.has_input(3) else 0) + s
-    cost = _sdpa(b, h_q, h_kv, s, t, e, e, ctx.convention.fc_flops_per_mac)
+    conv = ctx.convention
+    cost = _sdpa(conv, b, h_q, h_kv, s, t, e, e)
     rows = b * h_q * s
     scores = rows * t
     masked = bool(causal) or local_window_size >= 0
-    cost += Cost(flops=scores * (masked + _given(ctx, 10)))
+    cost += conv.weighted(add=scores * (masked + _given(ctx, 10)))
     if softcap:
-        cost += Cost(flops=3 * scores, transcendentals=scores)
+        cost += softcap_cost(conv, scores)
     if ctx.has_input(11) or smooth_softmax == 1:
-        cost += Cost(flops=3 * rows, transcendentals=rows)
+        cost += conv.weighted(add=2 * rows, exp=rows)
     heads_tokens = b * s * (h_q + h_kv)
     if do_rotary:
         rot = 2 * ctx.shape(7)[1] if ctx.has_input(7) else e
-        cost += _rotary(heads_tokens * e, rot, e)
+        cost += _rotary(ctx, heads_tokens * e, rot, e)
     if ctx.has_input(14):
-        cost += Cost(flops=heads_tokens * e, transcendentals=heads_tokens)
-    cache = b * h_kv * (t + s) * e
-    cost += Cost(flops=cache * (_given(ctx, 12) + _given(ctx, 13)))
+        cost += root_mean_square(conv, heads_tokens * e, heads_tokens)
+    quantized = _given(ctx, 12) + _given(ctx, 13)
+    cost += conv.weighted(mul=quantized * b * h_kv * t * e, div=quantized * b * h_kv * s * e)
     return cost
 
 
@@ -356,7 +368,7 @@ def ms_rotary_embedding(ctx: NodeContext, *, num_heads: int = 0, rotary_embeddin
         head = x[-1] // num_heads
     else:
         head = rot
-    return _rotary(prod(x), rot, head)
+    return _rotary(ctx, prod(x), rot, head)
 
 
 # --------------------------------------------------------------------------------------------
@@ -378,7 +390,8 @@ def skip_layer_norm(ctx: NodeContext, **_) -> Cost:
     """
     x = ctx.shape(0)
     n = prod(x)
-    return Cost(flops=n * (2 + _given(ctx, 4)), transcendentals=_rows(x))
+    skip = ctx.convention.weighted(add=n * (1 + _given(ctx, 4)))
+    return skip + standardize(ctx.convention, n, _rows(x), bias=ctx.has_input(3))
 
 
 @formula("SkipSimplifiedLayerNormalization", family="normalization", domain=MS)
@@ -389,7 +402,8 @@ def skip_simplified_layer_norm(ctx: NodeContext, **_) -> Cost:
     the default-domain RMSNormalization: one FLOP per element and a 1/sqrt per row of D elements.
     """
     x = ctx.shape(0)
-    return Cost(flops=prod(x) * (2 + _given(ctx, 3)), transcendentals=_rows(x))
+    n = prod(x)
+    return ctx.convention.weighted(add=n * (1 + _given(ctx, 3))) + root_mean_square(ctx.convention, n, _rows(x))
 
 
 @formula("SimplifiedLayerNormalization", family="normalization")
@@ -400,7 +414,9 @@ def simplified_layer_norm(ctx: NodeContext, *, axis: int = -1, **_) -> Cost:
     graphs); counted as RMSNormalization.
     """
     x = ctx.shape(0)
-    return Cost(flops=prod(x), transcendentals=_rows(x, axis))
+    if ctx.convention.weights is None or not x:
+        return Cost(flops=prod(x), transcendentals=_rows(x, axis))
+    return root_mean_square(ctx.convention, prod(x), _rows(x, axis))
 
 
 @formula("EmbedLayerNormalization", family="normalization", domain=MS)
@@ -416,7 +432,8 @@ def embed_layer_norm(ctx: NodeContext, **_) -> Cost:
     d = ctx.shape(2)[1]
     tokens = b * s
     adds = 1 + (ctx.has_input(1) and ctx.has_input(4))
-    return Cost(flops=tokens * d * (adds + 1), transcendentals=tokens, int_ops=tokens * _given(ctx, 7))
+    embeddings = ctx.convention.weighted(add=tokens * d * adds)
+    return embeddings + standardize(ctx.convention, tokens * d, tokens) + Cost(int_ops=tokens * _given(ctx, 7))
 
 
 def _group_norm(ctx: NodeContext, groups: int, activation: int, adds: int) -> Cost:
@@ -424,8 +441,8 @@ def _group_norm(ctx: NodeContext, groups: int, activation: int, adds: int) -> Co
     when ``activation``; N = X.shape[0] in either layout."""
     x = ctx.shape(0)
     n = prod(x)
-    silu = 1 if activation else 0
-    return Cost(flops=n * (1 + adds + silu), transcendentals=x[0] * groups + silu * n)
+    cost = ctx.convention.weighted(add=adds * n) + standardize(ctx.convention, n, x[0] * groups)
+    return cost + (activation_cost(ctx.convention, "Swish", n) if activation else Cost())
 
 
 @formula("GroupNorm", family="normalization", domain=MS)
@@ -453,16 +470,10 @@ def skip_group_norm(ctx: NodeContext, *, groups: int, activation: int, **_) -> C
 # element-wise
 
 
-def _elementwise(ctx: NodeContext, per_element: int, transcendentals: int) -> Cost:
-    """``per_element`` FLOPs and ``transcendentals`` per element of input 0 (these ops keep its shape)."""
-    n = ctx.numel(0)
-    return Cost(flops=per_element * n, transcendentals=transcendentals * n)
-
-
 @formula("Gelu", family="elementwise", domain=MS)
 def ms_gelu(ctx: NodeContext, **_) -> Cost:
     """FLOPs = |X|; transcendentals = |X| (one erf per element), as the default-domain Gelu."""
-    return _elementwise(ctx, 1, 1)
+    return activation_cost(ctx.convention, "Gelu", ctx.numel(0))
 
 
 @formula("FastGelu", family="elementwise", domain=MS)
@@ -472,25 +483,28 @@ def fast_gelu(ctx: NodeContext, **_) -> Cost:
     The tanh approximation of Gelu counted as the default-domain Gelu (approximate="tanh"): one
     FLOP per element; the optional bias is added first, one FLOP per element.
     """
-    return _elementwise(ctx, 1 + _given(ctx, 1), 1)
+    n = ctx.numel(0)
+    return ctx.convention.weighted(add=_given(ctx, 1) * n) + activation_cost(ctx.convention, "Gelu", n, approximate="tanh")
 
 
 @formula("BiasGelu", family="elementwise", domain=MS)
 def bias_gelu(ctx: NodeContext, **_) -> Cost:
     """FLOPs = 2·|A| (the bias add, then Gelu); transcendentals = |A| (one erf per element)."""
-    return _elementwise(ctx, 2, 1)
+    n = ctx.numel(0)
+    return ctx.convention.weighted(add=n) + activation_cost(ctx.convention, "Gelu", n)
 
 
 @formula("QuickGelu", family="elementwise", domain=MS)
 def quick_gelu(ctx: NodeContext, **_) -> Cost:
     """FLOPs = |X|; transcendentals = |X|: x·sigmoid(alpha·x) is Swish, one FLOP and one exp per element."""
-    return _elementwise(ctx, 1, 1)
+    return activation_cost(ctx.convention, "Swish", ctx.numel(0))
 
 
 @formula("ScaledSiLU", family="elementwise", domain=MS)
 def scaled_silu(ctx: NodeContext, **_) -> Cost:
     """FLOPs = 2·|X| (the scale multiply, then SiLU); transcendentals = |X| (one exp per element)."""
-    return _elementwise(ctx, 2, 1)
+    n = ctx.numel(0)
+    return ctx.convention.weighted(mul=n) + activation_cost(ctx.convention, "Swish", n)
 
 
 @formula("BiasSplitGelu", family="elementwise", domain=MS)
@@ -498,13 +512,14 @@ def bias_split_gelu(ctx: NodeContext, **_) -> Cost:
     """FLOPs = |X| [+ bias] + |X|/2 [Gelu of the right half] + |X|/2 [left half × it] = 2·|X|;
     transcendentals = |X|/2 (one erf per output element)."""
     n = ctx.numel(0)
-    return Cost(flops=2 * n, transcendentals=n // 2)
+    half = n // 2
+    return ctx.convention.weighted(add=n, mul=n - half) + activation_cost(ctx.convention, "Gelu", half)
 
 
 @formula("BiasAdd", family="elementwise", domain=MS)
 def bias_add(ctx: NodeContext, **_) -> Cost:
     """FLOPs = 2·|X| (X + bias + skip: two additions per element)."""
-    return _elementwise(ctx, 2, 0)
+    return ctx.convention.weighted(add=2 * ctx.numel(0))
 
 
 def _training(ctx: NodeContext, i: int) -> bool:
@@ -519,14 +534,15 @@ def bias_dropout(ctx: NodeContext, **_) -> Cost:
     Dropout(data + bias) + residual: the dropout multiply by mask/(1 − ratio) counts only when the
     training_mode input is a constant true, as for Dropout; generating the mask is not counted.
     """
-    return _elementwise(ctx, 1 + _given(ctx, 2) + _training(ctx, 4), 0)
+    n = ctx.numel(0)
+    return ctx.convention.weighted(add=(1 + _given(ctx, 2)) * n, mul=_training(ctx, 4) * n)
 
 
 @formula("BitmaskDropout", family="elementwise", domain=MS)
 def bitmask_dropout(ctx: NodeContext, **_) -> Cost:
     """FLOPs = 0 at inference; |X| (one multiply by mask/(1 − ratio) per element) when the
     training_mode input is a constant true, as for Dropout."""
-    return _elementwise(ctx, int(_training(ctx, 2)), 0)
+    return ctx.convention.weighted(mul=_training(ctx, 2) * ctx.numel(0))
 
 
 # --------------------------------------------------------------------------------------------
@@ -545,4 +561,4 @@ def bias_softmax(ctx: NodeContext, *, axis: int = 1, **_) -> Cost:
     x = ctx.shape(0)
     a = axis % len(x)
     n = prod(x[a:])
-    return Cost(flops=prod(x)) + softmax_rows(prod(x[:a]), n)
+    return ctx.convention.weighted(add=prod(x)) + softmax_rows(ctx.convention, prod(x[:a]), n)

@@ -6,6 +6,7 @@ from math import prod
 
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
+from flopcount.operators.elementwise import activation as elementwise_activation
 from flopcount.registry import backward, formula
 
 
@@ -110,15 +111,15 @@ def causal_conv_with_state(ctx: NodeContext, *, activation: str = "none", **_) -
     (the carried past_state supplies the K − 1 leading positions, so every output is a full K-tap
     sum). The bias adds one FLOP per output element (dropped by ``table3``); the fused SiLU counts one
     FLOP and one transcendental (its sigmoid's exp) per output element, as the element-wise Swish
-    does. Concatenating past_state and slicing present_state are copies and cost nothing.
+    does (weighted conventions: its primitive operations, as Swish's). Concatenating past_state and
+    slicing present_state are copies and cost nothing.
     """
     y = ctx.out_numel()
     macs = y * ctx.shape(1)[-1]
     flops = ctx.convention.conv_flops_per_mac * macs
     if ctx.has_input(2) and ctx.convention.count_bias:
         flops += y
-    trans = 0
+    cost = Cost(flops=flops, macs=macs)
     if activation.lower() in ("silu", "swish"):
-        flops += y
-        trans = y
-    return Cost(flops=flops, macs=macs, transcendentals=trans)
+        cost += elementwise_activation(ctx.convention, "Swish", y)
+    return cost

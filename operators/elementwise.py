@@ -5,11 +5,21 @@ counted as FLOPs when the op computes on floating-point inputs and as ``int_ops`
 on integers or booleans (shape arithmetic, masks). The table also says how many transcendental
 evaluations (exp, log, tanh, erf, sqrt, pow, trigonometric) each output element needs; those are
 reported in their own column and are part of the one FLOP per element, not added to it.
+
+Weighted conventions (``aiperf``) count instead the primitive operations of each element, from
+the table ``DECOMPOSITION``, each at its weight (transcendentals are then the exp, log and sqrt
+evaluations of the decomposition). Rounding, abs, sign, max and min count as comparisons; sin,
+cos, tan, asin, acos, atan and erf as one exponential-class evaluation each; tanh(x) as
+(e^{2x} − 1)/(e^{2x} + 1): one multiply, one exp, two adds, one divide; pow(a, b) as
+exp(b·log a). Integer and boolean work stays ``int_ops``, one per element, under every convention.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from flopcount.context import NodeContext
+from flopcount.conventions import Convention
 from flopcount.cost import Cost
 from flopcount.registry import backward, formula
 
@@ -30,34 +40,101 @@ ELEMENTWISE: dict[str, int] = {
     "Gelu": 1, "Mish": 3, "Swish": 1,
 }  # fmt: skip
 
+_TANH = {"mul": 1, "exp": 1, "add": 2, "div": 1}  # (e^{2x} − 1)/(e^{2x} + 1)
+_SIGMOID = {"exp": 1, "add": 1, "div": 1}  # 1/(1 + e^{−x})
+_SOFTPLUS = {"exp": 1, "add": 1, "log": 1}  # log(1 + e^x)
+
+# op type → primitive operations per output element, for weighted conventions
+DECOMPOSITION: dict[str, Mapping[str, int]] = {
+    "Add": {"add": 1}, "Sub": {"add": 1}, "Mul": {"mul": 1}, "Div": {"div": 1},
+    "Mod": {"div": 1, "mul": 1, "add": 1},  # fmod: x − y·trunc(x/y)
+    "Neg": {"add": 1}, "Abs": {"cmp": 1}, "Reciprocal": {"div": 1},
+    "Floor": {"cmp": 1}, "Ceil": {"cmp": 1}, "Round": {"cmp": 1}, "Sign": {"cmp": 1},
+    "Pow": {"log": 1, "mul": 1, "exp": 1},  # exp(b·log a)
+    "Sqrt": {"sqrt": 1}, "Exp": {"exp": 1}, "Log": {"log": 1}, "Erf": {"exp": 1},
+    "Sin": {"exp": 1}, "Cos": {"exp": 1}, "Tan": {"exp": 1},
+    "Asin": {"exp": 1}, "Acos": {"exp": 1}, "Atan": {"exp": 1},
+    "Sinh": {"exp": 1, "div": 1, "add": 1, "mul": 1},  # (e^x − 1/e^x)·0.5
+    "Cosh": {"exp": 1, "div": 1, "add": 1, "mul": 1},  # (e^x + 1/e^x)·0.5
+    "Asinh": {"mul": 1, "add": 2, "sqrt": 1, "log": 1},  # log(x + sqrt(x² + 1))
+    "Acosh": {"mul": 1, "add": 2, "sqrt": 1, "log": 1},  # log(x + sqrt(x² − 1))
+    "Atanh": {"add": 2, "div": 1, "log": 1, "mul": 1},  # 0.5·log((1 + x)/(1 − x))
+    "PRelu": {"cmp": 1, "mul": 1}, "Clip": {"cmp": 2},
+    "Shrink": {"cmp": 2, "add": 1},  # x < −λ: x + bias; x > λ: x − bias
+    "Equal": {"cmp": 1}, "Less": {"cmp": 1}, "Greater": {"cmp": 1}, "LessOrEqual": {"cmp": 1},
+    "GreaterOrEqual": {"cmp": 1}, "IsNaN": {"cmp": 1}, "IsInf": {"cmp": 1},
+    "Not": {"cmp": 1}, "And": {"cmp": 1}, "Or": {"cmp": 1}, "Xor": {"cmp": 1}, "BitShift": {"cmp": 1},
+    "BitwiseAnd": {"cmp": 1}, "BitwiseOr": {"cmp": 1}, "BitwiseXor": {"cmp": 1}, "BitwiseNot": {"cmp": 1},
+    "Relu": {"cmp": 1}, "LeakyRelu": {"cmp": 1, "mul": 1}, "ThresholdedRelu": {"cmp": 1},
+    "HardSigmoid": {"mul": 1, "add": 1, "cmp": 2},  # max(0, min(1, alpha·x + beta))
+    "HardSwish": {"mul": 2, "add": 1, "cmp": 2},  # x·HardSigmoid(x)
+    "Softsign": {"cmp": 1, "add": 1, "div": 1},  # x/(1 + |x|)
+    "Sigmoid": _SIGMOID, "Tanh": _TANH,
+    "Elu": {"cmp": 1, "exp": 1, "add": 1, "mul": 1},  # x < 0: alpha·(e^x − 1)
+    "Selu": {"cmp": 1, "exp": 1, "add": 1, "mul": 2},  # gamma·(x < 0: alpha·(e^x − 1), else x)
+    "Celu": {"cmp": 1, "div": 1, "exp": 1, "add": 1, "mul": 1},  # x < 0: alpha·(e^{x/alpha} − 1)
+    "Softplus": _SOFTPLUS,
+    "Gelu": {"mul": 3, "add": 1, "exp": 1},  # 0.5·x·(1 + erf(x·(1/√2)))
+    "Mish": {"mul": 2, "exp": 2, "log": 1, "add": 3, "div": 1},  # x·tanh(softplus(x))
+    "Swish": {"mul": 2, "exp": 1, "add": 1, "div": 1},  # x·sigmoid(alpha·x)
+}  # fmt: skip
+# Gelu with approximate="tanh": 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))): 6 multiplies and 2 adds
+# around a tanh (1 multiply, 1 exp, 2 adds, 1 divide)
+GELU_TANH: Mapping[str, int] = {"mul": 7, "add": 4, "exp": 1, "div": 1}
+
 # Variadic ops: k inputs reduce to one output with k - 1 binary operations per element.
 VARIADIC: tuple[str, ...] = ("Sum", "Max", "Min")
 
 
-def _cost(ctx: NodeContext, per_element: int, transcendentals: int) -> Cost:
+def activation(convention: Convention, op_type: str, n: int, *, approximate: str = "none") -> Cost:
+    """Cost of ``n`` float evaluations of the element-wise op ``op_type``: n FLOPs (with the table's
+    transcendentals) under flat conventions; its ``DECOMPOSITION`` (``GELU_TANH`` for a tanh-approximated
+    Gelu) at the convention's weights under weighted ones. For fused activations and gates."""
+    if convention.weights is None:
+        return Cost(flops=n, transcendentals=ELEMENTWISE[op_type] * n)
+    per_element = GELU_TANH if op_type == "Gelu" and approximate == "tanh" else DECOMPOSITION[op_type]
+    return convention.primitives(per_element, n)
+
+
+def _cost(ctx: NodeContext, per_element: int, transcendentals: int, primitives: Mapping[str, int]) -> Cost:
+    """``per_element`` FLOPs (and ``transcendentals``) per output element, or under a weighted convention
+    the ``primitives`` per output element at their weights; integers: ``per_element`` int_ops."""
     y = ctx.out_numel()
-    if ctx.in_is_float(0):
+    if not ctx.in_is_float(0):
+        return Cost(int_ops=per_element * y)
+    if ctx.convention.weights is None:
         return Cost(flops=per_element * y, transcendentals=transcendentals * y)
-    return Cost(int_ops=per_element * y)
+    return ctx.convention.primitives(primitives, y)
 
 
 @formula(*ELEMENTWISE, family="elementwise")
-def elementwise(ctx: NodeContext, **_) -> Cost:
-    """FLOPs = |Y| (one per output element, after broadcasting); integer inputs: int_ops = |Y|."""
-    return _cost(ctx, 1, ELEMENTWISE[ctx.op_type])
+def elementwise(ctx: NodeContext, *, approximate: str = "none", **_) -> Cost:
+    """FLOPs = |Y| (one per output element, after broadcasting); integer inputs: int_ops = |Y|.
+
+    Weighted conventions: |Y| times the op's primitive operations at their weights (table
+    ``DECOMPOSITION``: Add, Sub 1 add; Mul 1 mul; Div, Reciprocal 1 div; Relu, comparisons 1 cmp;
+    Sqrt 1 sqrt; Exp 1 exp; Log 1 log; Sigmoid exp + add + div; Tanh mul + exp + 2 add + div; ...).
+    """
+    if ctx.op_type == "Gelu" and approximate == "tanh":
+        return _cost(ctx, 1, 1, GELU_TANH)
+    return _cost(ctx, 1, ELEMENTWISE[ctx.op_type], DECOMPOSITION[ctx.op_type])
 
 
 @formula(*VARIADIC, family="elementwise")
 def variadic(ctx: NodeContext, **_) -> Cost:
     """FLOPs = (k − 1)·|Y| for k inputs (k − 1 additions or comparisons per output element)."""
-    return _cost(ctx, ctx.n_inputs - 1, 0)
+    k = ctx.n_inputs - 1
+    return _cost(ctx, k, 0, {"add" if ctx.op_type == "Sum" else "cmp": k})
 
 
 @formula("Mean", family="elementwise")
 def mean(ctx: NodeContext, **_) -> Cost:
-    """FLOPs = k·|Y| for k ≥ 2 inputs (k − 1 additions and one division per element); 0 for k = 1."""
+    """FLOPs = k·|Y| for k ≥ 2 inputs (k − 1 additions and one division per element); 0 for k = 1.
+
+    Weighted conventions: k − 1 adds and one div per element at their weights.
+    """
     k = ctx.n_inputs
-    return _cost(ctx, k if k > 1 else 0, 0)
+    return _cost(ctx, k if k > 1 else 0, 0, {"add": k - 1, "div": 1} if k > 1 else {})
 
 
 @formula("Dropout", family="elementwise")
@@ -69,7 +146,7 @@ def dropout(ctx: NodeContext, **_) -> Cost:
     """
     mode = ctx.value(2) if ctx.has_input(2) else None
     if mode is not None and bool(mode.reshape(-1)[0]):
-        return _cost(ctx, 1, 0)
+        return _cost(ctx, 1, 0, {"mul": 1})
     return Cost()
 
 

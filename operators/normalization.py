@@ -3,6 +3,12 @@
 Every normalization op costs one FLOP per element of its input X, as Table 3 counts it. Each
 also reports one transcendental (a reciprocal square root, or a power for LRN) per statistic it
 normalizes by, stated per op.
+
+Weighted conventions (``aiperf``) count each op's arithmetic instead, as the ONNX function that
+defines it computes it, each primitive at its weight: :func:`standardize` for the
+mean-and-variance ops (LayerNormalization, InstanceNormalization, GroupNormalization),
+:func:`root_mean_square` for RMSNormalization, and stated per op for the others. Backward formulas
+stay flat under every convention.
 """
 
 from __future__ import annotations
@@ -10,8 +16,47 @@ from __future__ import annotations
 from math import prod
 
 from flopcount.context import NodeContext
+from flopcount.conventions import Convention
 from flopcount.cost import Cost
 from flopcount.registry import backward, formula
+
+
+def standardize(convention: Convention, n: int, stats: int, *, scale: bool = True, bias: bool = True) -> Cost:
+    """``n`` elements in ``stats`` groups (of m = n/stats each) normalized by their mean and variance,
+    as ONNX LayerNormalization's function does it. Flat: one FLOP per element, one transcendental
+    per group.
+
+    Weighted, per group: the mean (m − 1 adds, 1 div), x − mean (m adds), the variance (m squares,
+    m − 1 adds, 1 div), + ε (1 add), the sqrt, its reciprocal (1 div), × 1/σ (m muls); then per
+    element × γ (with ``scale``) and + β (with ``bias``). Adds 3n − stats (+ n), muls 2n (+ n),
+    divs 3·stats, sqrts stats.
+    """
+    if convention.weights is None:
+        return Cost(flops=n, transcendentals=stats)
+    if n == 0:
+        return Cost()
+    return convention.weighted(add=3 * n - stats + bias * n, mul=2 * n + scale * n, div=3 * stats, sqrt=stats)
+
+
+def root_mean_square(convention: Convention, n: int, stats: int, *, scale: bool = True) -> Cost:
+    """``n`` elements in ``stats`` groups (of m = n/stats each) divided by their root mean square, as
+    ONNX RMSNormalization's function does it. Flat: one FLOP per element, one transcendental per
+    group.
+
+    Weighted, per group: the squares (m muls), their mean (m − 1 adds, 1 div), + ε (1 add), the
+    sqrt, its reciprocal (1 div), × 1/rms (m muls); then × γ per element (with ``scale``). Adds n,
+    muls 2n (+ n), divs 2·stats, sqrts stats.
+    """
+    if convention.weights is None:
+        return Cost(flops=n, transcendentals=stats)
+    if n == 0:
+        return Cost()
+    return convention.weighted(add=n, mul=2 * n + scale * n, div=2 * stats, sqrt=stats)
+
+
+def _rows(x: tuple[int, ...], axis: int) -> int:
+    """Number of groups when X normalizes over its dims from ``axis`` on."""
+    return prod(x[: axis % len(x)])
 
 
 @formula("BatchNormalization", family="normalization")
@@ -19,38 +64,66 @@ def batch_norm(ctx: NodeContext, **_) -> Cost:
     """FLOPs = |X| = N·C·H·W; transcendentals = C (one 1/sqrt(var + eps) per channel).
 
     Training-mode statistics (mean and variance over the batch) are not part of this inference
-    count.
+    count. Weighted conventions: per element (x − mean)·(1/σ)·γ + β, 2 adds and 2 muls; per channel
+    var + ε, its sqrt and the reciprocal: 1 add, 1 sqrt, 1 div (``aiperf``: 4·|X| + 9·C).
     """
     x = ctx.shape(0)
-    return Cost(flops=prod(x), transcendentals=x[1] if len(x) > 1 else 1)
+    channels = x[1] if len(x) > 1 else 1
+    if ctx.convention.weights is None:
+        return Cost(flops=prod(x), transcendentals=channels)
+    n = prod(x)
+    return ctx.convention.weighted(add=2 * n + channels, mul=2 * n, sqrt=channels, div=channels)
 
 
 @formula("InstanceNormalization", family="normalization")
 def instance_norm(ctx: NodeContext, **_) -> Cost:
-    """FLOPs = |X| = N·C·H·W; transcendentals = N·C (one 1/sqrt per instance and channel)."""
+    """FLOPs = |X| = N·C·H·W; transcendentals = N·C (one 1/sqrt per instance and channel).
+
+    Weighted conventions: :func:`standardize` of the N·C groups of H·W elements, with scale and B.
+    """
     x = ctx.shape(0)
-    return Cost(flops=prod(x), transcendentals=prod(x[:2]))
+    if ctx.convention.weights is None:
+        return Cost(flops=prod(x), transcendentals=prod(x[:2]))
+    return standardize(ctx.convention, prod(x), prod(x[:2]))
 
 
 @formula("LayerNormalization", family="normalization")
 def layer_norm(ctx: NodeContext, *, axis: int = -1, **_) -> Cost:
-    """FLOPs = |X|; transcendentals = prod(X.shape[:axis]) (one 1/sqrt per normalized row)."""
+    """FLOPs = |X|; transcendentals = prod(X.shape[:axis]) (one 1/sqrt per normalized row).
+
+    Weighted conventions: :func:`standardize` of the prod(X.shape[:axis]) rows, with Scale, and
+    with B when given (``aiperf``: 7·|X| + 15·rows with B, 6·|X| + 15·rows without).
+    """
     x = ctx.shape(0)
-    return Cost(flops=prod(x), transcendentals=prod(x[: axis % len(x)]) if x else 1)
+    if ctx.convention.weights is None or not x:
+        return Cost(flops=prod(x), transcendentals=prod(x[: axis % len(x)]) if x else 1)
+    return standardize(ctx.convention, prod(x), _rows(x, axis), bias=ctx.has_input(2))
 
 
 @formula("GroupNormalization", family="normalization")
 def group_norm(ctx: NodeContext, *, num_groups: int, **_) -> Cost:
-    """FLOPs = |X| = N·C·H·W; transcendentals = N·num_groups (one 1/sqrt per group)."""
+    """FLOPs = |X| = N·C·H·W; transcendentals = N·num_groups (one 1/sqrt per group).
+
+    Weighted conventions: :func:`standardize` of the N·num_groups groups, with scale and bias.
+    """
     x = ctx.shape(0)
-    return Cost(flops=prod(x), transcendentals=x[0] * num_groups)
+    if ctx.convention.weights is None:
+        return Cost(flops=prod(x), transcendentals=x[0] * num_groups)
+    return standardize(ctx.convention, prod(x), x[0] * num_groups)
 
 
 @formula("LRN", family="normalization")
-def lrn(ctx: NodeContext, **_) -> Cost:
-    """FLOPs = |X| = N·C·H·W; transcendentals = |X| (one power (bias + alpha/size·Σx²)^beta per element)."""
+def lrn(ctx: NodeContext, *, size: int, **_) -> Cost:
+    """FLOPs = |X| = N·C·H·W; transcendentals = |X| (one power (bias + alpha/size·Σx²)^beta per element).
+
+    Weighted conventions, per element: its square (1 mul), the window sum over ``size`` channels
+    (size − 1 adds, the zero padding at the channel edges included), × alpha/size (1 mul), + bias
+    (1 add), the power as exp(beta·log s) (1 log, 1 mul, 1 exp) and x divided by it (1 div).
+    """
     x = ctx.numel(0)
-    return Cost(flops=x, transcendentals=x)
+    if ctx.convention.weights is None:
+        return Cost(flops=x, transcendentals=x)
+    return ctx.convention.weighted(add=size * x, mul=3 * x, log=x, exp=x, div=x)
 
 
 @formula("RMSNormalization", family="normalization")
@@ -58,10 +131,13 @@ def rms_norm(ctx: NodeContext, *, axis: int = -1, **_) -> Cost:
     """FLOPs = |X|; transcendentals = prod(X.shape[:axis]) (one 1/sqrt(mean(x²) + eps) per normalized row).
 
     Same convention as LayerNormalization: one FLOP per element of X (HPC AI500 Table 3,
-    Cin·H·W), not the squares, sums and scale multiplies one by one.
+    Cin·H·W), not the squares, sums and scale multiplies one by one. Weighted conventions count
+    them: :func:`root_mean_square` of the rows, with scale (``aiperf``: 4·|X| + 12·rows).
     """
     x = ctx.shape(0)
-    return Cost(flops=prod(x), transcendentals=prod(x[: axis % len(x)]) if x else 1)
+    if ctx.convention.weights is None or not x:
+        return Cost(flops=prod(x), transcendentals=prod(x[: axis % len(x)]) if x else 1)
+    return root_mean_square(ctx.convention, prod(x), _rows(x, axis))
 
 
 @formula("MeanVarianceNormalization", family="normalization")
@@ -70,11 +146,19 @@ def mean_variance_norm(ctx: NodeContext, *, axes: list[int] = (0, 2, 3), **_) ->
     per statistic, i.e. per position of the dims not in ``axes``; C for the default axes [0, 2, 3]).
 
     Same convention as the other normalization ops: one FLOP per element of X (HPC AI500 Table 3,
-    Cin·H·W), not the mean, variance, subtraction and division one by one.
+    Cin·H·W), not the mean, variance, subtraction and division one by one. Weighted conventions
+    count them as the ONNX function does, per statistic of m elements: E[x] and E[x²] (m squares,
+    2(m − 1) adds, 2 divs), E[x]² (1 mul), the variance (1 add), its sqrt, + ε (1 add), x − E[x]
+    (m adds) and the division (m divs): adds 3|X|, muls |X| + S, divs |X| + 2S, sqrts S for S
+    statistics.
     """
     x = ctx.shape(0)
     reduced = {a % len(x) for a in axes} if x else set()
-    return Cost(flops=prod(x), transcendentals=prod(d for i, d in enumerate(x) if i not in reduced))
+    stats = prod(d for i, d in enumerate(x) if i not in reduced)
+    if ctx.convention.weights is None:
+        return Cost(flops=prod(x), transcendentals=stats)
+    n = prod(x)
+    return ctx.convention.weighted(add=3 * n, mul=n + stats, div=n + 2 * stats, sqrt=stats) if n else Cost()
 
 
 @formula("LpNormalization", family="normalization")
@@ -83,12 +167,20 @@ def lp_norm(ctx: NodeContext, *, axis: int = -1, p: int = 2, **_) -> Cost:
     0 for p = 1.
 
     Same convention as the other normalization ops: one FLOP per element of X (HPC AI500 Table 3,
-    Cin·H·W), not the abs/square, sum and division one by one.
+    Cin·H·W), not the abs/square, sum and division one by one. Weighted conventions count them,
+    for V vectors: |X| squares (p = 2) or abs (p = 1, as comparisons), |X| − V adds, V sqrts
+    (p = 2) and |X| divisions.
     """
     x = ctx.shape(0)
     n = prod(x)
     vectors = n // x[axis % len(x)] if x and x[axis % len(x)] else 0
-    return Cost(flops=n, transcendentals=vectors if p == 2 else 0)
+    if ctx.convention.weights is None:
+        return Cost(flops=n, transcendentals=vectors if p == 2 else 0)
+    if n == 0:
+        return Cost()
+    if p == 2:
+        return ctx.convention.weighted(mul=n, add=n - vectors, sqrt=vectors, div=n)
+    return ctx.convention.weighted(cmp=n, add=n - vectors, div=n)
 
 
 @backward("BatchNormalization", buffers=(3, 4))

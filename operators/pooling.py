@@ -1,22 +1,55 @@
-"""Pooling (HPC AI500 V3.0 Table 3: pooling, Cin·H·W)."""
+"""Pooling (HPC AI500 V3.0 Table 3: pooling, Cin·H·W).
+
+Weighted conventions (``aiperf``) count each output's arithmetic over its window of K elements
+instead: a max pool K − 1 comparisons, an average pool K − 1 additions and one division, an Lp
+pool (p = 2) K squares, K − 1 additions and a square root (other p: per element an abs, a power
+exp(p·log|x|), then the 1/p power of the sum), each at its weight.
+"""
 
 from __future__ import annotations
 
 from math import prod
 
 from flopcount.context import NodeContext
+from flopcount.conventions import Convention
 from flopcount.cost import Cost
 from flopcount.registry import backward, formula, zero_cost
 
+# pooling op → what each window computes, for weighted conventions
+WINDOW_KIND = {
+    "MaxPool": "max", "GlobalMaxPool": "max", "MaxRoiPool": "max",
+    "AveragePool": "average", "GlobalAveragePool": "average", "LpPool": "lp", "GlobalLpPool": "lp",
+}  # fmt: skip
+
+
+def window_cost(convention: Convention, kind: str, k: int, outputs: int, p: int = 2) -> Cost:
+    """Primitive operations of ``outputs`` windows of ``k`` elements, at the convention's weights:
+    max K − 1 cmp; average K − 1 add + 1 div; Lp (p = 2) K mul + (K − 1) add + 1 sqrt, other p
+    K·(cmp + log + mul + exp) + (K − 1) add + (log + mul + exp)."""
+    if k == 0 or outputs == 0:
+        return Cost()
+    if kind == "max":
+        return convention.weighted(cmp=(k - 1) * outputs)
+    if kind == "average":
+        return convention.weighted(add=(k - 1) * outputs, div=outputs)
+    if p == 2:
+        return convention.weighted(mul=k * outputs, add=(k - 1) * outputs, sqrt=outputs)
+    powers = k * outputs + outputs  # |x|^p per element, s^(1/p) per output
+    return convention.weighted(cmp=k * outputs, add=(k - 1) * outputs, log=powers, mul=powers, exp=powers)
+
 
 @formula("MaxPool", "AveragePool", "LpPool", family="pooling")
-def pool(ctx: NodeContext, *, kernel_shape, **_) -> Cost:
+def pool(ctx: NodeContext, *, kernel_shape, p: int = 2, **_) -> Cost:
     """FLOPs = K·|Y|: each output element reads a window of K = prod(kernel_shape) elements.
 
     Padded positions inside a window are counted as read (the usual convention; an average pool
     with ``count_include_pad=0`` reads slightly fewer at the borders). ``table3`` counts Cin·H·W of
     the input instead: |X|. LpPool also counts K + 1 transcendentals (powers and the root) per output.
+    Weighted conventions: each output's window arithmetic (:func:`window_cost`; ``aiperf``: MaxPool
+    (K − 1)·|Y|, AveragePool (K + 3)·|Y|).
     """
+    if ctx.convention.weights is not None:
+        return window_cost(ctx.convention, WINDOW_KIND[ctx.op_type], prod(kernel_shape), ctx.out_numel(), p)
     if ctx.convention.pooling == "input":
         flops = ctx.numel(0)
     else:
@@ -26,11 +59,15 @@ def pool(ctx: NodeContext, *, kernel_shape, **_) -> Cost:
 
 
 @formula("GlobalMaxPool", "GlobalAveragePool", "GlobalLpPool", family="pooling")
-def global_pool(ctx: NodeContext, **_) -> Cost:
+def global_pool(ctx: NodeContext, *, p: int = 2, **_) -> Cost:
     """FLOPs = |X| = N·C·H·W: the window is the whole spatial extent (same under ``table3``).
 
-    GlobalLpPool also counts |X| + N·C transcendentals (powers and roots).
+    GlobalLpPool also counts |X| + N·C transcendentals (powers and roots). Weighted conventions: the
+    window arithmetic of each output over its H·W elements, as for the windowed pools.
     """
+    if ctx.convention.weights is not None:
+        y = ctx.out_numel()
+        return window_cost(ctx.convention, WINDOW_KIND[ctx.op_type], ctx.numel(0) // y if y else 0, y, p)
     x = ctx.numel(0)
     trans = x + ctx.out_numel() if ctx.op_type == "GlobalLpPool" else 0
     return Cost(flops=x, transcendentals=trans)
@@ -45,11 +82,14 @@ def max_roi_pool(ctx: NodeContext, *, pooled_shape, **_) -> Cost:
     Data-dependent: a bin is 1/(h·w) of its ROI, and the ROIs are values. The count takes every
     ROI as the whole feature map, the largest ROI that lies inside it, so it bounds ROIs inside the
     map up to the rounding of bin edges (a bin may read one more row or column). The ROI coordinate
-    scaling (a few FLOPs per ROI) is not counted; the same under ``table3``.
+    scaling (a few FLOPs per ROI) is not counted; the same under ``table3``. Weighted conventions:
+    ⌈H/h⌉·⌈W/w⌉ − 1 comparisons per output, at their weight.
     """
     x = ctx.shape(0)
     h, w = pooled_shape
     window = _ceil_div(x[2], h) * _ceil_div(x[3], w)
+    if ctx.convention.weights is not None:
+        return window_cost(ctx.convention, "max", window, ctx.out_numel())
     return Cost(flops=window * ctx.out_numel())
 
 

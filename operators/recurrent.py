@@ -20,14 +20,22 @@ unit and step, D·S·B·H times:
 The ``sequence_lens`` input is ignored: the full padded length S is counted for every sequence
 (an upper bound when sequences are shorter). Copying initial states and writing Y, Y_h, Y_c is
 free.
+
+Weighted conventions (``aiperf``): the gate products as above (2 per MAC); each activation
+evaluation by its primitive operations (the element-wise table
+:data:`flopcount.operators.elementwise.DECOMPOSITION`, plus Affine alpha·x + beta: 1 mul, 1 add;
+ScaledTanh alpha·tanh(beta·x): a tanh and 2 muls), a clip as 2 comparisons, the biases as
+additions and each op's own element-wise work as the multiplies and additions stated per op, each
+at its weight. The backward estimate doubles the forward element-wise work so priced.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
+from flopcount.operators.elementwise import DECOMPOSITION
 from flopcount.registry import backward, formula
 
 # activation → transcendental evaluations per element; every activation is 1 FLOP per element
@@ -36,6 +44,12 @@ ACTIVATIONS: dict[str, int] = {
     "Relu": 0, "LeakyRelu": 0, "ThresholdedRelu": 0, "HardSigmoid": 0, "Affine": 0, "Softsign": 0,
 }  # fmt: skip
 _BY_LOWER = {name.lower(): t for name, t in ACTIVATIONS.items()}  # names match case-insensitively, as in onnxruntime
+# activation → primitive operations per evaluation, for weighted conventions
+_PRIMITIVES = {
+    **{name.lower(): DECOMPOSITION[name] for name in ACTIVATIONS if name not in ("Affine", "ScaledTanh")},
+    "affine": {"mul": 1, "add": 1},  # alpha·x + beta
+    "scaledtanh": {"mul": 3, "exp": 1, "add": 2, "div": 1},  # alpha·tanh(beta·x), tanh as in DECOMPOSITION
+}
 
 
 def _recurrent(
@@ -44,7 +58,7 @@ def _recurrent(
     gates: int,
     uses: Sequence[int],
     defaults: Sequence[str],
-    elementwise: int,
+    elementwise: dict[str, int],
     hidden_size: int | None,
     direction: str,
     layout: int,
@@ -54,7 +68,8 @@ def _recurrent(
     """Cost of one recurrent layer.
 
     ``uses[j]`` is how many gate units per hidden unit activation slot j is applied to (LSTM f to
-    i, f, o; g to c; h to C: (3, 1, 1)); ``elementwise`` the op's own FLOPs per hidden unit and step.
+    i, f, o; g to c; h to C: (3, 1, 1)); ``elementwise`` the op's own primitive operations per
+    hidden unit and step (flat: their number).
     """
     x = ctx.shape(0)
     steps, batch = (x[1], x[0]) if layout == 1 else (x[0], x[1])
@@ -66,24 +81,29 @@ def _recurrent(
     n = len(uses)
     # schema defaults (RNN's [b"Tanh", b"Tanh"]) arrive undecoded
     acts = [a.decode() if isinstance(a, bytes) else a for a in (activations or defaults)]
-    trans = 0
+    evaluations: dict[str, int] = {}  # activation (lower case) → evaluations over all directions
     for d in range(dirs):
         # a bidirectional layer lists n activations per direction; one list of n serves both
         names = acts[d * n : (d + 1) * n] if len(acts) >= (d + 1) * n else acts[:n]
         for name, k in zip(names, uses):
             if name.lower() not in _BY_LOWER:
                 raise ValueError(f"unknown activation {name!r}; ONNX allows {', '.join(ACTIVATIONS)}")
-            trans += k * _BY_LOWER[name.lower()] * units
+            evaluations[name.lower()] = evaluations.get(name.lower(), 0) + k * units
     evals = sum(uses)
-    per_unit = evals + elementwise
-    if ctx.has_input(3) and ctx.convention.count_bias:
-        per_unit += 2 * gates
-    if clip is not None:
-        per_unit += evals
-
+    bias = 2 * gates if ctx.has_input(3) and ctx.convention.count_bias else 0
     macs = dirs * steps * batch * gates * hidden * (inp + hidden)
-    flops = ctx.convention.fc_flops_per_mac * macs + dirs * units * per_unit
-    return Cost(flops=flops, macs=macs, transcendentals=trans)
+    products = Cost(flops=ctx.convention.fc_flops_per_mac * macs, macs=macs)
+    conv = ctx.convention
+    if conv.weights is None:
+        per_unit = evals + sum(elementwise.values()) + bias + (evals if clip is not None else 0)
+        trans = sum(_BY_LOWER[name] * count for name, count in evaluations.items())
+        return products + Cost(flops=dirs * units * per_unit, transcendentals=trans)
+    cost = products + conv.primitives(elementwise, dirs * units) + conv.weighted(add=bias * dirs * units)
+    if clip is not None:
+        cost += conv.weighted(cmp=2 * evals * dirs * units)
+    for name, count in evaluations.items():
+        cost += conv.primitives(_PRIMITIVES[name], count)
+    return cost
 
 
 @formula("LSTM", family="recurrent")
@@ -107,8 +127,9 @@ def lstm(
     the forget gate's rows; 1 − i replaces its activation).
     """
     peephole = 6 if ctx.has_input(7) else 0
+    own = {"mul": 3 + peephole // 2, "add": 1 + peephole // 2}
     return _recurrent(
-        ctx, gates=4, uses=(3, 1, 1), defaults=("Sigmoid", "Tanh", "Tanh"), elementwise=4 + peephole,
+        ctx, gates=4, uses=(3, 1, 1), defaults=("Sigmoid", "Tanh", "Tanh"), elementwise=own,
         hidden_size=hidden_size, direction=direction, layout=layout, activations=activations, clip=clip,
     )
 
@@ -134,8 +155,9 @@ def gru(
     plus 1 add of the now separate X_t·Whᵀ term); the biases Wb + Rb (6 adds) when B is given;
     3 clips when ``clip`` is set.
     """
+    own = {"add": 2 + (1 if linear_before_reset else 0), "mul": 3}
     return _recurrent(
-        ctx, gates=3, uses=(2, 1), defaults=("Sigmoid", "Tanh"), elementwise=5 + (1 if linear_before_reset else 0),
+        ctx, gates=3, uses=(2, 1), defaults=("Sigmoid", "Tanh"), elementwise=own,
         hidden_size=hidden_size, direction=direction, layout=layout, activations=activations, clip=clip,
     )
 
@@ -158,7 +180,7 @@ def rnn(
     adds when B is given, one clip when ``clip`` is set.
     """
     return _recurrent(
-        ctx, gates=1, uses=(1,), defaults=("Tanh",), elementwise=0,
+        ctx, gates=1, uses=(1,), defaults=("Tanh",), elementwise={},
         hidden_size=hidden_size, direction=direction, layout=layout, activations=activations, clip=clip,
     )
 

@@ -1,6 +1,9 @@
 """Reductions. X reduces to Y; each output element combines |X|/|Y| inputs with |X|/|Y| − 1
 binary operations, so a plain reduction costs |X| − |Y|. Each op's extra per-element or
 per-output work is stated below; integer inputs count as ``int_ops``.
+
+The counts are primitive operations (additions, comparisons for max, min and abs, multiplications,
+a division, square root, exp or log), so a weighted convention prices each at its weight.
 """
 
 from __future__ import annotations
@@ -9,21 +12,20 @@ from flopcount.context import NodeContext
 from flopcount.cost import Cost
 from flopcount.registry import backward, formula
 
-# op → (FLOPs per input element, FLOPs per output element, transcendentals per input, per output)
-# on top of the |X| − |Y| combining operations
-REDUCTIONS: dict[str, tuple[int, int, int, int]] = {
-    "ReduceSum": (0, 0, 0, 0),
-    "ReduceMax": (0, 0, 0, 0),
-    "ReduceMin": (0, 0, 0, 0),
-    "ReduceProd": (0, 0, 0, 0),
-    "ReduceMean": (0, 1, 0, 0),  # one division per output
-    "ReduceSumSquare": (1, 0, 0, 0),  # one square per input
-    "ReduceL1": (1, 0, 0, 0),  # one absolute value per input
-    "ReduceL2": (1, 1, 0, 1),  # squares, then one square root per output
-    "ReduceLogSum": (0, 1, 0, 1),  # one log per output
-    "ReduceLogSumExp": (1, 1, 1, 1),  # one exp per input, one log per output
-    "ArgMax": (0, 0, 0, 0),
-    "ArgMin": (0, 0, 0, 0),
+# op → (the |X| − |Y| combining operation, primitive per input element, primitive per output element)
+REDUCTIONS: dict[str, tuple[str, str | None, str | None]] = {
+    "ReduceSum": ("add", None, None),
+    "ReduceMax": ("cmp", None, None),
+    "ReduceMin": ("cmp", None, None),
+    "ReduceProd": ("mul", None, None),
+    "ReduceMean": ("add", None, "div"),  # one division per output
+    "ReduceSumSquare": ("add", "mul", None),  # one square per input
+    "ReduceL1": ("add", "cmp", None),  # one absolute value per input
+    "ReduceL2": ("add", "mul", "sqrt"),  # squares, then one square root per output
+    "ReduceLogSum": ("add", None, "log"),  # one log per output
+    "ReduceLogSumExp": ("add", "exp", "log"),  # one exp per input, one log per output
+    "ArgMax": ("cmp", None, None),
+    "ArgMin": ("cmp", None, None),
 }
 
 
@@ -32,16 +34,21 @@ def reduce(ctx: NodeContext, **_) -> Cost:
     """FLOPs = |X| − |Y| + a·|X| + b·|Y| with (a, b) per op: ReduceMean (0, 1) = |X|,
     ReduceSumSquare and ReduceL1 (1, 0), ReduceL2 (1, 1) plus |Y| square roots, ReduceLogSum (0, 1)
     plus |Y| logs, ReduceLogSumExp (1, 1) plus |X| exps and |Y| logs; Sum, Max, Min, Prod, ArgMax,
-    ArgMin (0, 0). An empty X costs nothing (Y is filled with the reduction's identity).
+    ArgMin (0, 0). An empty X costs nothing (Y is filled with the reduction's identity). Weighted
+    conventions price each operation (``aiperf``: ReduceMean |X| + 3·|Y|, a division weighing 4).
     """
     x, y = ctx.numel(0), ctx.out_numel()
-    per_in, per_out, t_in, t_out = REDUCTIONS[ctx.op_type]
+    combine, per_in, per_out = REDUCTIONS[ctx.op_type]
     if x == 0:  # reducing an empty tensor only writes the identity (0, 1, ±inf) to Y
         return Cost()
-    ops = x - y + per_in * x + per_out * y
+    counts = {combine: x - y}
+    if per_in:
+        counts[per_in] = counts.get(per_in, 0) + x
+    if per_out:
+        counts[per_out] = counts.get(per_out, 0) + y
     if not ctx.in_is_float(0):
-        return Cost(int_ops=ops)
-    return Cost(flops=ops, transcendentals=t_in * x + t_out * y)
+        return Cost(int_ops=sum(counts.values()))
+    return ctx.convention.weighted(**counts)
 
 
 @backward("ReduceSum")

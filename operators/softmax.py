@@ -9,6 +9,9 @@ their score rows.
 Rows: from opset 13 on, the softmax runs along the single dimension ``axis`` (default −1), so
 n = X.shape[axis] and there are |X| / n rows. Before opset 13 (versions 1 and 11), the input is
 coerced to 2-D at ``axis`` (default 1): n = prod(X.shape[axis:]) and rows = prod(X.shape[:axis]).
+
+These counts are primitive operations (comparisons, additions, exponentials, divisions, a log), so
+a weighted convention prices each at its weight: ``aiperf`` makes Softmax 15n − 2 per row.
 """
 
 from __future__ import annotations
@@ -16,16 +19,18 @@ from __future__ import annotations
 from math import prod
 
 from flopcount.context import NodeContext
+from flopcount.conventions import Convention
 from flopcount.cost import Cost
 from flopcount.registry import backward, formula
 
 
-def softmax_rows(rows: int, n: int) -> Cost:
-    """Cost of a numerically stable softmax over ``rows`` rows of ``n`` elements each:
-    (5n − 2) FLOPs and n exponentials per row (max, subtract, exp, sum, divide)."""
+def softmax_rows(convention: Convention, rows: int, n: int) -> Cost:
+    """Cost of a numerically stable softmax over ``rows`` rows of ``n`` elements each: per row
+    n − 1 comparisons (max), 2n − 1 additions (n subtractions, the sum), n exps, n divisions:
+    5n − 2 FLOPs flat, 15n − 2 under ``aiperf``; n transcendentals."""
     if rows == 0 or n == 0:
         return Cost()
-    return Cost(flops=rows * (5 * n - 2), transcendentals=rows * n)
+    return convention.weighted(cmp=rows * (n - 1), add=rows * (2 * n - 1), exp=rows * n, div=rows * n)
 
 
 def _rows(ctx: NodeContext, axis: int) -> tuple[int, int]:
@@ -46,9 +51,10 @@ def softmax(ctx: NodeContext, *, axis: int = -1, **_) -> Cost:
     the max (n − 1 comparisons), n subtractions, n exps, the sum (n − 1 additions), n divisions.
 
     n = X.shape[axis] from opset 13 on; before opset 13, X is coerced to 2-D at ``axis`` and
-    n = prod(X.shape[axis:]). Nothing else is counted.
+    n = prod(X.shape[axis:]). Nothing else is counted. Weighted conventions price each operation
+    (``aiperf``: R·(15n − 2)).
     """
-    return softmax_rows(*_rows(ctx, axis))
+    return softmax_rows(ctx.convention, *_rows(ctx, axis))
 
 
 @formula("LogSoftmax", family="softmax")
@@ -56,12 +62,13 @@ def log_softmax(ctx: NodeContext, *, axis: int = -1, **_) -> Cost:
     """FLOPs = R·(5n − 1), transcendentals = R·(n + 1), for R rows of n elements: per row the max
     (n − 1), n subtractions, n exps, the sum (n − 1), one log of the sum and n subtractions of it.
 
-    Rows as for Softmax (single ``axis`` from opset 13 on, 2-D coercion before).
+    Rows as for Softmax (single ``axis`` from opset 13 on, 2-D coercion before). Weighted
+    conventions price each operation (``aiperf``: R·(12n − 1)).
     """
     rows, n = _rows(ctx, axis)
     if rows == 0 or n == 0:
         return Cost()
-    return Cost(flops=rows * (5 * n - 1), transcendentals=rows * (n + 1))
+    return ctx.convention.weighted(cmp=rows * (n - 1), add=rows * (3 * n - 1), exp=rows * n, log=rows)
 
 
 @formula("Hardmax", family="softmax")
@@ -71,7 +78,7 @@ def hardmax(ctx: NodeContext, *, axis: int = -1, **_) -> Cost:
     Writing the one-hot output is not arithmetic and is not counted. Rows as for Softmax.
     """
     rows, n = _rows(ctx, axis)
-    return Cost(flops=rows * (n - 1)) if n else Cost()
+    return ctx.convention.weighted(cmp=rows * (n - 1)) if n else Cost()
 
 
 @backward("Softmax")
