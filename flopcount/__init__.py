@@ -20,6 +20,7 @@ from .errors import (
     UnsupportedOperatorError,
     UsageError,
 )
+from .frontends.keras import from_keras
 from .frontends.torch import from_torch
 from .report import ModelInfo, NodeCount, OpTypeSummary, Report
 
@@ -45,5 +46,6 @@ __all__ = [
     "UnsupportedOperatorError",
     "UsageError",
     "count",
+    "from_keras",
     "from_torch",
 ]

@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Count the FLOPs of an ONNX model analytically, from its graph, without reading weights.",
         epilog="Exit codes: 0 ok, 1 internal error, 2 usage, 3 unreadable model file, 4 invalid graph, "
         "5 unresolved or invalid shapes, 6 unsupported operators with --strict, 7 opset too new, 8 cannot write output, "
-        "9 the --torch model cannot be exported.",
+        "9 the --torch or --keras model cannot be exported.",
     )
     p.add_argument("model", nargs="?",
                    help="path of an .onnx model (external weight files are never read and may be absent)")
@@ -73,6 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="instead of a model file, export the torch.nn.Module that FACTORY() returns (no weights "
                    "loaded; exports are cached in $FLOPCOUNT_CACHE or ~/.cache/flopcount); --input-shape gives "
                    "forward()'s inputs in order, e.g. --torch mypkg.nets:make_net --input-shape x=1x3x224x224")
+    p.add_argument("--keras", metavar="MODULE:FACTORY",
+                   help="instead of a model file, convert the keras.Model that FACTORY() returns with tf2onnx (build "
+                   "it with weights=None; conversions are cached like --torch exports); --input-shape fixes or "
+                   "overrides the model's input dims, NHWC for image models (default: its own shapes at batch 1), "
+                   "e.g. --keras mypkg.nets:make_net --input-shape image=8x224x224x3")
     p.add_argument("--input-shape", metavar="NAME=DIMS", action="append", type=_input_shape, default=[],
                    help="fix the dims of an input, e.g. input=8x3x224x224 (repeatable)")
     p.add_argument("--input-value", metavar="NAME=V1,V2", action="append", type=_input_value, default=[],
@@ -82,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=_positive, metavar="N",
                    help="set dim 0 of every input not given by --input-shape; per-sample figures divide by it")
     p.add_argument("--convention", choices=sorted(CONVENTIONS), default="default",
-                   help="counting convention: default (1 MAC = 2 FLOPs) or table3 (HPC AI500 V3.0 Table 3 literally)")
+                   help="counting convention: default (1 MAC = 2 FLOPs), table3 (HPC AI500 V3.0 Table 3 literally), "
+                        "aiperf (AIPerf's weighted costs), dense (products only, as torch.utils.flop_counter), macs (1 per MAC)")
     p.add_argument("--mode", choices=("inference", "train"), default="inference",
                    help="train: add the backward pass (gradients of inputs and trainable parameters)")
     p.add_argument("--optimizer", choices=("sgd", "momentum", "adam"),
@@ -97,11 +103,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check_model_source(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Exactly one of a model path and ``--torch``; ``--torch`` needs ``--input-shape``."""
-    if args.torch is not None and args.model is not None:
-        parser.error(f"give a model path or --torch, not both (got {args.model!r} and --torch {args.torch})")
-    if args.torch is None and args.model is None:
-        parser.error("give the path of an .onnx model, or --torch MODULE:FACTORY")
+    """Exactly one of a model path, ``--torch`` and ``--keras``; ``--torch`` needs ``--input-shape``."""
+    given = [text for text, value in ((repr(args.model), args.model), (f"--torch {args.torch}", args.torch),
+                                      (f"--keras {args.keras}", args.keras)) if value is not None]
+    if len(given) > 1:
+        parser.error(f"give a model path, --torch or --keras, not both (got {' and '.join(given)})")
+    if not given:
+        parser.error("give the path of an .onnx model, or --torch MODULE:FACTORY, or --keras MODULE:FACTORY")
+    names = [name for name, _ in args.input_shape]
+    if args.keras is not None and len(set(names)) != len(names):
+        parser.error(f"--keras: each --input-shape names one model input; got {', '.join(names)}")
     if args.torch is not None and not args.input_shape:
         parser.error("--torch needs the shape of each forward() input, in order: --input-shape NAME=DIMS (repeatable)")
     names = [name for name, _ in args.input_shape]
@@ -119,6 +130,16 @@ def _count_torch(args: argparse.Namespace):
                       batch=args.batch, convention=args.convention, strict=args.strict,
                       input_values=dict(args.input_value), loop_trips=dict(args.loop_trips),
                       mode=args.mode, optimizer=args.optimizer)
+
+
+def _count_keras(args: argparse.Namespace):
+    """Convert the model of ``--keras`` (in training mode with ``--mode train``) and count it."""
+    from .frontends.keras import from_keras, load_factory
+
+    model = load_factory(args.keras)
+    return from_keras(model, dict(args.input_shape) or None, training=args.mode == "train", batch=args.batch,
+                      convention=args.convention, strict=args.strict, input_values=dict(args.input_value),
+                      loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         shapes = dict(args.input_shape)
         if args.torch:
             report = _count_torch(args)
+        elif args.keras:
+            report = _count_keras(args)
         else:
             report = count(args.model, input_shapes=shapes, batch=args.batch, convention=args.convention,
                            strict=args.strict, input_values=dict(args.input_value),

@@ -43,29 +43,21 @@ torch is imported inside the functions that need it; importing this module needs
 from __future__ import annotations
 
 import contextlib
-import functools
-import hashlib
-import importlib
 import inspect
 import io
-import json
 import logging
 import os
 import re
-import sys
-import tempfile
-import threading
-import time
-import warnings
-from collections.abc import Callable, Iterator, Sequence
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as _dist_version
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import onnx
 
 from flopcount.errors import FrontendError, UsageError
+
+from . import common
+from .common import CACHE_ENV, default_cache_dir
 
 if TYPE_CHECKING:
     import torch
@@ -78,13 +70,9 @@ log = logging.getLogger(__name__)
 
 FRONTEND = "torch"
 INSTALL_HINT = "pip install 'flopcount[torch]'"
-#: Environment variable naming the export cache folder; ``0``, ``off``, ``false`` or ``no`` disable the cache.
-CACHE_ENV = "FLOPCOUNT_CACHE"
-_CACHE_OFF = frozenset({"0", "off", "false", "no", "none"})
 _CACHE_FORMAT = 1  # bump when the export pipeline changes what it writes
 #: Seconds an export runs before the progress indicator appears.
 _PROGRESS_DELAY_S = 1.0
-_SPINNER = "|/-\\"
 #: Loggers of the exporters, quieted while they run unless flopcount's own logging is at DEBUG.
 _EXPORTER_LOGGERS = (
     "torch.onnx", "torch.export", "torch._export", "torch._dynamo", "torch.fx", "onnxscript", "onnx_ir",
@@ -148,18 +136,8 @@ def from_torch(
     """
     from flopcount.counting import count
 
-    parameters = inspect.signature(count).parameters
-    try:
-        inspect.signature(count).bind(None, **count_kwargs)
-    except TypeError as e:
-        raise TypeError(f"from_torch: {e}; it passes these to flopcount.count: {', '.join(list(parameters)[1:])}") from None
-    if training is None:
-        training = count_kwargs.get("mode") == "train"
-    if training:
-        if "mode" in parameters:
-            count_kwargs.setdefault("mode", "train")
-        else:  # hook: a flopcount without training counts only the forward pass of the training graph
-            log.info("this flopcount counts no backward pass; counting the forward pass of the training graph")
+    common.check_count_kwargs("from_torch", count_kwargs)
+    training = common.training_flag(training, count_kwargs, log)
 
     torch = _import_torch()
     _check_module(torch, module)
@@ -195,18 +173,18 @@ def to_onnx(
     names = _input_names(module, inputs, input_names)
     opset = ex.DEFAULT_OPSET if opset is None else opset
 
-    folder = _cache_folder(cache_dir)
+    folder = common.cache_folder(cache_dir)
     cached = None
     if folder is not None:
         key = _fingerprint(torch, module, inputs, names, training, opset)
-        cached = folder / f"torch-{key[:40]}.onnx"
-    model = _read_cache(cached) if cached is not None else None
+        cached = folder / f"{FRONTEND}-{key[:40]}.onnx"
+    model = common.read_cache(cached, log) if cached is not None else None
     if model is None:
         what = f"{type(module).__name__}{' (training)' if training else ''}"
         with _progress(f"exporting {what} with torch"):
             model = _export(module, inputs, names, training, opset)
         if cached is not None:
-            _write_cache(cached, model)
+            common.write_cache(cached, model, log)
     if path is not None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         onnx.save_model(model, os.fspath(path))
@@ -219,56 +197,10 @@ def load_factory(spec: str) -> torch.nn.Module:
     The current directory is searched first (as ``python -m`` does). ``factory`` may be dotted
     (``models:Net.small``). Weights are never loaded by flopcount; whatever the factory does, it does.
     """
-    module_name, sep, attribute = spec.partition(":")
-    if not sep or not module_name or not attribute:
-        raise UsageError(f"--torch wants MODULE:FACTORY such as mypackage.models:make_net, got {spec!r}")
-    torch = _import_torch()
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
-    try:
-        namespace = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
-            raise UsageError(
-                f"--torch {spec}: cannot import module {module_name!r} ({e}); install its package, run flopcount "
-                "from the folder that holds it, or add that folder to PYTHONPATH"
-            ) from None
-        raise UsageError(f"--torch {spec}: importing {module_name!r} failed: {e}; install {e.name!r}") from None
-    except Exception as e:  # noqa: BLE001 - the user's module is broken: one line, not a traceback
-        raise UsageError(
-            f"--torch {spec}: importing {module_name!r} failed: {type(e).__name__}: {_first_text_line(e)}; fix the module"
-        ) from None
-    try:
-        factory = functools.reduce(getattr, attribute.split("."), namespace)
-    except AttributeError:
-        available = sorted(k for k, v in vars(namespace).items() if callable(v) and not k.startswith("_"))
-        raise UsageError(
-            f"--torch {spec}: module {module_name!r} has no attribute {attribute!r}; its callables: "
-            + (", ".join(available[:20]) or "none")
-        ) from None
-    if not callable(factory):
-        raise UsageError(f"--torch {spec}: {attribute!r} is a {type(factory).__name__}, not a callable factory")
-    try:
-        made = factory()
-    except Exception as e:  # noqa: BLE001 - the user's factory failed: one line, not a traceback
-        raise FrontendError(
-            f"{FRONTEND}: calling {spec}() failed: {type(e).__name__}: {_first_text_line(e)}; the factory must take "
-            "no arguments and return a torch.nn.Module"
-        ) from None
-    if not isinstance(made, torch.nn.Module):
-        raise UsageError(f"--torch {spec}: the factory returned a {type(made).__name__}, not a torch.nn.Module")
-    return made
-
-
-def default_cache_dir() -> Path | None:
-    """``$FLOPCOUNT_CACHE`` (None where it says ``0``/``off``), else ``$XDG_CACHE_HOME/flopcount``, else
-    ``~/.cache/flopcount``."""
-    env = os.environ.get(CACHE_ENV, "").strip()
-    if env:
-        return None if env.lower() in _CACHE_OFF else Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "flopcount"
+    return common.load_factory(
+        spec, option="--torch", frontend=FRONTEND, kind="a torch.nn.Module", import_framework=_import_torch,
+        accepts=lambda made: isinstance(made, _import_torch().nn.Module),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -410,7 +342,7 @@ def _export(module, inputs: tuple, names: list[str], training: bool, opset: int)
             onnx.checker.check_model(model)
     except onnx.checker.ValidationError as e:
         raise FrontendError(
-            f"{FRONTEND}: the exported graph of {type(module).__name__} does not check: {_first_text_line(e)}"
+            f"{FRONTEND}: the exported graph of {type(module).__name__} does not check: {common.first_text_line(e)}"
         ) from None
     model = ex.make_weightless(model, f"{type(module).__name__}.weights")
     ex.strip_metadata(model)
@@ -465,59 +397,16 @@ def _pin_batch(model: onnx.ModelProto, batch: int) -> None:
                 dim.dim_value = batch
 
 
-@contextlib.contextmanager
-def _quiet_exporters() -> Iterator[None]:
+def _quiet_exporters() -> contextlib.AbstractContextManager[None]:
     """Keep the exporters' warnings, log records and stdout prints (the TorchScript exporter prints its graph to
     stdout from C++ when it fails) out of the user's output; they go to flopcount's DEBUG log instead."""
-    debug = log.isEnabledFor(logging.DEBUG)
-    loggers = [logging.getLogger(name) for name in _EXPORTER_LOGGERS]
-    levels = [logger.level for logger in loggers]
-    captured: list[str] = []
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        if not debug:
-            for logger in loggers:
-                logger.setLevel(logging.ERROR)
-        try:
-            with _captured_stdout(captured):
-                yield
-        finally:
-            for logger, level in zip(loggers, levels):
-                logger.setLevel(level)
-    for w in caught:
-        log.debug("exporter warning: %s: %s", w.category.__name__, w.message)
-    if any(text.strip() for text in captured):
-        log.debug("exporter output:\n%s", "".join(captured).rstrip())
-
-
-@contextlib.contextmanager
-def _captured_stdout(sink: list[str]) -> Iterator[None]:
-    """Redirect file descriptor 1 to a temporary file (C++ code writes there directly) and append what it got."""
-    with contextlib.suppress(Exception):
-        sys.stdout.flush()
-    try:
-        saved = os.dup(1)
-    except OSError:  # no stdout at all
-        yield
-        return
-    with tempfile.TemporaryFile() as tmp:
-        os.dup2(tmp.fileno(), 1)
-        try:
-            yield
-        finally:
-            with contextlib.suppress(Exception):
-                sys.stdout.flush()
-            os.dup2(saved, 1)
-            os.close(saved)
-            tmp.seek(0)
-            sink.append(tmp.read().decode("utf-8", "replace"))
+    return common.quiet(_EXPORTER_LOGGERS, log, fds=(1,))
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Error messages
 # ---------------------------------------------------------------------------------------------------------------
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 #: Where the exporters name the operator they cannot convert (normalised to ``namespace::name``).
 _OP_PATTERNS = (
     re.compile(r"OpOverload\(op='(?P<op>[\w.]+)'"),  # torch.export path: No ONNX function found for <OpOverload(...)>
@@ -528,17 +417,9 @@ _OP_PATTERNS = (
 _SUMMARY_LINE = re.compile(r"^<class '(?:[\w.]*\.)?(?P<type>\w+)'>: (?P<message>.+)$", re.MULTILINE)
 
 
-def _chain(e: BaseException) -> Iterator[BaseException]:
-    seen = set()
-    while e is not None and id(e) not in seen and len(seen) < 8:
-        seen.add(id(e))
-        yield e
-        e = e.__cause__ or e.__context__
-
-
 def _failing_operator(e: BaseException) -> str | None:
-    for link in _chain(e):
-        text = _ANSI.sub("", str(link))
+    for link in common.chain(e):
+        text = common.strip_ansi(str(link))
         for pattern in _OP_PATTERNS:
             match = pattern.search(text)
             if match:
@@ -547,23 +428,13 @@ def _failing_operator(e: BaseException) -> str | None:
     return None
 
 
-def _first_text_line(e: BaseException) -> str:
-    lines = [line.strip() for line in _ANSI.sub("", str(e)).splitlines() if line.strip()]
-    return _shorten(lines[0] if lines else type(e).__name__)
-
-
 def _exporter_line(e: BaseException) -> str:
     """The exporter's own first line; for the torch.export path, the first line of its exception summary."""
-    text = _ANSI.sub("", str(e))
+    text = common.strip_ansi(str(e))
     match = _SUMMARY_LINE.search(text)
     if match:
-        return _shorten(f"{match['type']}: {match['message'].strip()}")
-    return _shorten(f"{type(e).__name__}: {_first_text_line(e)}")
-
-
-def _shorten(text: str, limit: int = 300) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+        return common.shorten(f"{match['type']}: {match['message'].strip()}")
+    return common.shorten(f"{type(e).__name__}: {common.first_text_line(e)}")
 
 
 def _failure_message(module_name: str, errors: Sequence[tuple[str, BaseException]]) -> str:
@@ -587,57 +458,22 @@ def _failure_message(module_name: str, errors: Sequence[tuple[str, BaseException
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _cache_folder(cache_dir: str | os.PathLike | bool | None) -> Path | None:
-    if cache_dir is False:
-        return None
-    if cache_dir is None or cache_dir is True:
-        return default_cache_dir()
-    return Path(cache_dir).expanduser()
-
-
-def _version(distribution: str) -> str:
-    try:
-        return _dist_version(distribution)
-    except PackageNotFoundError:
-        return ""
-
-
-@functools.cache
-def _class_digest(cls: type) -> str:
-    """Digest of the source of ``cls`` and its bases up to torch's own classes ("" where there is no source)."""
-    digest = hashlib.sha256()
-    for klass in cls.__mro__:
-        if klass.__module__.split(".")[0] in ("torch", "builtins"):
-            continue  # torch's classes are covered by the torch version
-        try:
-            digest.update(inspect.getsource(klass).encode())
-        except (OSError, TypeError):
-            digest.update(f"{klass.__module__}.{klass.__qualname__}".encode())
-    return digest.hexdigest()
-
-
-def _plain(value: Any) -> bool:
-    if isinstance(value, (bool, int, float, str, type(None))):
-        return True
-    return isinstance(value, (tuple, list)) and all(isinstance(v, (bool, int, float, str, type(None))) for v in value)
-
-
 def _fingerprint(torch, module, inputs: tuple, names: Sequence[str], training: bool, opset: int) -> str:
     """Hash of everything the exported graph depends on except weight values."""
     classes = {}
     attributes = []
     for name, sub in module.named_modules():
         cls = type(sub)
-        classes[f"{cls.__module__}.{cls.__qualname__}"] = _class_digest(cls)
-        plain = {k: v for k, v in vars(sub).items() if not k.startswith("_") and k != "training" and _plain(v)}
+        classes[f"{cls.__module__}.{cls.__qualname__}"] = common.class_digest(cls, ("torch",))
+        plain = {k: v for k, v in vars(sub).items() if not k.startswith("_") and k != "training" and common.plain(v)}
         attributes.append([name, plain])
     document = {
         "format": _CACHE_FORMAT,
         "versions": {
             "torch": torch.__version__,
             "onnx": onnx.__version__,
-            "onnxscript": _version("onnxscript"),
-            "flopcount": _version("flopcount"),
+            "onnxscript": common.dist_version("onnxscript"),
+            "flopcount": common.dist_version("flopcount"),
         },
         "module": repr(module),
         "classes": classes,
@@ -648,40 +484,7 @@ def _fingerprint(torch, module, inputs: tuple, names: Sequence[str], training: b
         "training": bool(training),
         "opset": opset,
     }
-    return hashlib.sha256(json.dumps(document, sort_keys=True, default=repr).encode()).hexdigest()
-
-
-def _read_cache(path: Path) -> onnx.ModelProto | None:
-    if not path.is_file():
-        log.debug("export cache miss: %s", path)
-        return None
-    try:
-        model = onnx.load_model(os.fspath(path), load_external_data=False)
-    except Exception as e:  # noqa: BLE001 - a damaged cache entry is re-exported
-        log.warning("ignoring the damaged export cache entry %s (%s)", path, _first_text_line(e))
-        return None
-    log.info("export cache hit: %s", path)
-    return model
-
-
-def _write_cache(path: Path, model: onnx.ModelProto) -> None:
-    partial = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.stem, suffix=".tmp", delete=False) as tmp:
-            partial = tmp.name
-            tmp.write(model.SerializeToString())
-        os.replace(partial, path)  # atomic: a concurrent reader sees the old entry or the whole new one
-    except OSError as e:
-        log.warning(
-            "cannot write the export cache %s (%s); set %s or cache_dir= to a writable folder, or disable it with "
-            "cache_dir=False", path.parent, e.strerror or e, CACHE_ENV,
-        )
-        if partial is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(partial)
-        return
-    log.debug("export cached: %s", path)
+    return common.cache_key(document)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -689,41 +492,6 @@ def _write_cache(path: Path, model: onnx.ModelProto) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _progress(label: str) -> Iterator[None]:
-    """While the body runs longer than :data:`_PROGRESS_DELAY_S`: a one-line spinner on stderr when it is a
-    terminal, else one INFO log record."""
-    stream = sys.stderr
-    done = threading.Event()
-    start = time.perf_counter()
-
-    def run() -> None:
-        if done.wait(_PROGRESS_DELAY_S):
-            return
-        try:
-            tty = stream.isatty()
-        except (AttributeError, ValueError):
-            tty = False
-        if not tty:
-            log.info("%s (running for over %g s)", label, _PROGRESS_DELAY_S)
-            return
-        width, frame = 0, 0
-        try:
-            while not done.is_set():
-                line = f"{_SPINNER[frame % len(_SPINNER)]} flopcount: {label} {time.perf_counter() - start:.0f} s"
-                stream.write("\r" + line)
-                stream.flush()
-                width, frame = max(width, len(line)), frame + 1
-                done.wait(0.1)
-            stream.write("\r" + " " * width + "\r")
-            stream.flush()
-        except (OSError, ValueError):  # stderr closed under us
-            pass
-
-    thread = threading.Thread(target=run, name="flopcount-progress", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join(timeout=1.0)
+def _progress(label: str) -> contextlib.AbstractContextManager[None]:
+    """The progress line (:func:`flopcount.frontends.common.progress`) after :data:`_PROGRESS_DELAY_S`."""
+    return common.progress(label, delay=_PROGRESS_DELAY_S, log=log)

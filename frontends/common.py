@@ -1,0 +1,392 @@
+"""What the framework frontends share: the export cache, the progress line, ``MODULE:FACTORY`` loading, keeping
+exporters quiet, and one-line error text.
+
+Nothing here knows a framework: :mod:`flopcount.frontends.torch` and :mod:`flopcount.frontends.keras` pass in what
+differs (their name, their logger, how to recognise their model class). Importing this module needs only onnx.
+
+**Cache.** Each frontend hashes everything its exported graph depends on except weight values into a key; the
+graph is stored as ``<frontend>-<key>.onnx`` in ``cache_dir=``, else ``$FLOPCOUNT_CACHE`` (``0``/``off`` disables
+it), else ``$XDG_CACHE_HOME/flopcount`` or ``~/.cache/flopcount``; ``cache_dir=False`` disables caching. Files are
+small (weightless graphs) and written atomically.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib
+import inspect
+import json
+import logging
+import os
+import re
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _dist_version
+from pathlib import Path
+from typing import Any, TextIO
+
+import onnx
+
+from flopcount.errors import FrontendError, UsageError
+
+__all__ = [
+    "CACHE_ENV",
+    "cache_folder",
+    "cache_key",
+    "captured_fd",
+    "check_count_kwargs",
+    "class_digest",
+    "default_cache_dir",
+    "dist_version",
+    "first_text_line",
+    "load_factory",
+    "plain",
+    "progress",
+    "quiet",
+    "read_cache",
+    "shorten",
+    "training_flag",
+    "write_cache",
+]
+
+#: Environment variable naming the export cache folder; ``0``, ``off``, ``false`` or ``no`` disable the cache.
+CACHE_ENV = "FLOPCOUNT_CACHE"
+_CACHE_OFF = frozenset({"0", "off", "false", "no", "none"})
+_SPINNER = "|/-\\"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Arguments
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def check_count_kwargs(caller: str, count_kwargs: Mapping[str, Any]) -> Mapping[str, inspect.Parameter]:
+    """Raise TypeError, before any export, when ``count_kwargs`` are not arguments of :func:`flopcount.count`;
+    return ``count``'s parameters."""
+    from flopcount.counting import count
+
+    signature = inspect.signature(count)
+    try:
+        signature.bind(None, **count_kwargs)
+    except TypeError as e:
+        names = ", ".join(list(signature.parameters)[1:])
+        raise TypeError(f"{caller}: {e}; it passes these to flopcount.count: {names}") from None
+    return signature.parameters
+
+
+def training_flag(training: bool | None, count_kwargs: dict[str, Any], log: logging.Logger) -> bool:
+    """Resolve ``training`` (None follows ``mode``); with a training graph, default ``mode`` to ``"train"`` in
+    ``count_kwargs`` (in place)."""
+    from flopcount.counting import count
+
+    if training is None:
+        training = count_kwargs.get("mode") == "train"
+    if training:
+        if "mode" in inspect.signature(count).parameters:
+            count_kwargs.setdefault("mode", "train")
+        else:  # a flopcount without training counts only the forward pass of the training graph
+            log.info("this flopcount counts no backward pass; counting the forward pass of the training graph")
+    return bool(training)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Factories (--torch / --keras MODULE:FACTORY)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def load_factory(
+    spec: str,
+    *,
+    option: str,
+    frontend: str,
+    kind: str,
+    accepts: Callable[[Any], bool],
+    import_framework: Callable[[], Any] = lambda: None,
+) -> Any:
+    """Import ``package.module:factory``, call the factory with no arguments and return what it makes.
+
+    The current directory is searched first (as ``python -m`` does); ``factory`` may be dotted
+    (``models:Net.small``). ``option`` (``"--torch"``) and ``kind`` (``"a torch.nn.Module"``) word the messages;
+    ``import_framework`` runs once the spec is well-formed (it raises FrontendError when the framework is missing);
+    ``accepts`` checks the result.
+    """
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise UsageError(f"{option} wants MODULE:FACTORY such as mypackage.models:make_net, got {spec!r}")
+    import_framework()
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        namespace = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
+            raise UsageError(
+                f"{option} {spec}: cannot import module {module_name!r} ({e}); install its package, run flopcount "
+                "from the folder that holds it, or add that folder to PYTHONPATH"
+            ) from None
+        raise UsageError(f"{option} {spec}: importing {module_name!r} failed: {e}; install {e.name!r}") from None
+    except Exception as e:  # noqa: BLE001 - the user's module is broken: one line, not a traceback
+        raise UsageError(
+            f"{option} {spec}: importing {module_name!r} failed: {type(e).__name__}: {first_text_line(e)}; "
+            "fix the module"
+        ) from None
+    try:
+        factory = functools.reduce(getattr, attribute.split("."), namespace)
+    except AttributeError:
+        available = sorted(k for k, v in vars(namespace).items() if callable(v) and not k.startswith("_"))
+        raise UsageError(
+            f"{option} {spec}: module {module_name!r} has no attribute {attribute!r}; its callables: "
+            + (", ".join(available[:20]) or "none")
+        ) from None
+    if not callable(factory):
+        raise UsageError(f"{option} {spec}: {attribute!r} is a {type(factory).__name__}, not a callable factory")
+    try:
+        made = factory()
+    except Exception as e:  # noqa: BLE001 - the user's factory failed: one line, not a traceback
+        raise FrontendError(
+            f"{frontend}: calling {spec}() failed: {type(e).__name__}: {first_text_line(e)}; the factory must take "
+            f"no arguments and return {kind}"
+        ) from None
+    if not accepts(made):
+        raise UsageError(f"{option} {spec}: the factory returned a {type(made).__name__}, not {kind}")
+    return made
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Cache
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def default_cache_dir() -> Path | None:
+    """``$FLOPCOUNT_CACHE`` (None where it says ``0``/``off``), else ``$XDG_CACHE_HOME/flopcount``, else
+    ``~/.cache/flopcount``."""
+    env = os.environ.get(CACHE_ENV, "").strip()
+    if env:
+        return None if env.lower() in _CACHE_OFF else Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "flopcount"
+
+
+def cache_folder(cache_dir: str | os.PathLike | bool | None) -> Path | None:
+    """The folder a ``cache_dir=`` argument names: None or True: :func:`default_cache_dir`; False: no cache."""
+    if cache_dir is False:
+        return None
+    if cache_dir is None or cache_dir is True:
+        return default_cache_dir()
+    return Path(cache_dir).expanduser()
+
+
+def cache_key(document: Any) -> str:
+    """SHA-256 of ``document`` as canonical JSON (``repr`` for what JSON cannot hold)."""
+    return hashlib.sha256(json.dumps(document, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+def dist_version(distribution: str) -> str:
+    """The installed version of ``distribution``, or "" where it is not installed."""
+    try:
+        return _dist_version(distribution)
+    except PackageNotFoundError:
+        return ""
+
+
+@functools.cache
+def class_digest(cls: type, framework: tuple[str, ...]) -> str:
+    """Digest of the source of ``cls`` and its bases, skipping classes of the top-level packages ``framework``
+    (covered by their version) and builtins; "" where there is no source."""
+    digest = hashlib.sha256()
+    for klass in cls.__mro__:
+        if klass.__module__.split(".")[0] in (*framework, "builtins"):
+            continue
+        try:
+            digest.update(inspect.getsource(klass).encode())
+        except (OSError, TypeError):
+            digest.update(f"{klass.__module__}.{klass.__qualname__}".encode())
+    return digest.hexdigest()
+
+
+def plain(value: Any) -> bool:
+    """A JSON-able scalar, or a tuple or list of them."""
+    if isinstance(value, (bool, int, float, str, type(None))):
+        return True
+    return isinstance(value, (tuple, list)) and all(isinstance(v, (bool, int, float, str, type(None))) for v in value)
+
+
+def read_cache(path: Path, log: logging.Logger) -> onnx.ModelProto | None:
+    """The cached model at ``path``; None (and a re-export) where it is missing or damaged."""
+    if not path.is_file():
+        log.debug("export cache miss: %s", path)
+        return None
+    try:
+        model = onnx.load_model(os.fspath(path), load_external_data=False)
+    except Exception as e:  # noqa: BLE001 - a damaged cache entry is re-exported
+        log.warning("ignoring the damaged export cache entry %s (%s)", path, first_text_line(e))
+        return None
+    log.info("export cache hit: %s", path)
+    return model
+
+
+def write_cache(path: Path, model: onnx.ModelProto, log: logging.Logger) -> None:
+    """Write ``model`` to ``path`` atomically; a folder that cannot be written is a warning, not an error."""
+    partial = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.stem, suffix=".tmp", delete=False) as tmp:
+            partial = tmp.name
+            tmp.write(model.SerializeToString())
+        os.replace(partial, path)  # atomic: a concurrent reader sees the old entry or the whole new one
+    except OSError as e:
+        log.warning(
+            "cannot write the export cache %s (%s); set %s or cache_dir= to a writable folder, or disable it with "
+            "cache_dir=False", path.parent, e.strerror or e, CACHE_ENV,
+        )
+        if partial is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(partial)
+        return
+    log.debug("export cached: %s", path)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Progress
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def progress(label: str, *, delay: float, log: logging.Logger, stream: TextIO | None = None) -> Iterator[None]:
+    """While the body runs longer than ``delay`` seconds: a one-line spinner on ``stream`` (default: stderr) when
+    it is a terminal, else one INFO record on ``log``."""
+    stream = sys.stderr if stream is None else stream
+    done = threading.Event()
+    start = time.perf_counter()
+
+    def run() -> None:
+        if done.wait(delay):
+            return
+        try:
+            tty = stream.isatty()
+        except (AttributeError, ValueError):
+            tty = False
+        if not tty:
+            log.info("%s (running for over %g s)", label, delay)
+            return
+        width, frame = 0, 0
+        try:
+            while not done.is_set():
+                line = f"{_SPINNER[frame % len(_SPINNER)]} flopcount: {label} {time.perf_counter() - start:.0f} s"
+                stream.write("\r" + line)
+                stream.flush()
+                width, frame = max(width, len(line)), frame + 1
+                done.wait(0.1)
+            stream.write("\r" + " " * width + "\r")
+            stream.flush()
+        except (OSError, ValueError):  # stderr closed under us
+            pass
+
+    thread = threading.Thread(target=run, name="flopcount-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(timeout=1.0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Quiet exporters
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def quiet(logger_names: Sequence[str], log: logging.Logger, fds: Sequence[int] = (1,),
+          level: int = logging.ERROR) -> Iterator[None]:
+    """Keep an exporter's warnings, log records below ``level`` and what it writes to the file descriptors
+    ``fds`` (C++ code writes there directly) out of the user's output; they go to ``log`` at DEBUG instead.
+    Unless ``log`` is at DEBUG, the loggers ``logger_names`` are set to ``level`` meanwhile."""
+    debug = log.isEnabledFor(logging.DEBUG)
+    loggers = [logging.getLogger(name) for name in logger_names]
+    levels = [logger.level for logger in loggers]
+    captured: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if not debug:
+            for logger in loggers:
+                logger.setLevel(level)
+        try:
+            with contextlib.ExitStack() as stack:
+                for fd in fds:
+                    stack.enter_context(captured_fd(fd, captured))
+                yield
+        finally:
+            for logger, saved in zip(loggers, levels):
+                logger.setLevel(saved)
+    for w in caught:
+        log.debug("exporter warning: %s: %s", w.category.__name__, w.message)
+    if any(text.strip() for text in captured):
+        log.debug("exporter output:\n%s", "".join(captured).rstrip())
+
+
+@contextlib.contextmanager
+def captured_fd(fd: int, sink: list[str]) -> Iterator[TextIO | None]:
+    """Redirect file descriptor ``fd`` (1 or 2) to a temporary file and append what it got to ``sink``.
+
+    Yields a text stream on the original descriptor (for a progress line meanwhile), or None where there is no
+    such descriptor.
+    """
+    stream = {1: sys.stdout, 2: sys.stderr}.get(fd)
+    with contextlib.suppress(Exception):
+        stream.flush()
+    try:
+        saved = os.dup(fd)
+    except OSError:  # no such descriptor at all
+        yield None
+        return
+    with tempfile.TemporaryFile() as tmp, os.fdopen(os.dup(saved), "w", errors="replace") as original:
+        os.dup2(tmp.fileno(), fd)
+        try:
+            yield original
+        finally:
+            with contextlib.suppress(Exception):
+                stream.flush()
+            os.dup2(saved, fd)
+            os.close(saved)
+            tmp.seek(0)
+            sink.append(tmp.read().decode("utf-8", "replace"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Error text
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def chain(e: BaseException | None) -> Iterator[BaseException]:
+    """``e`` and the exceptions it was raised from or during (at most 8)."""
+    seen = set()
+    while e is not None and id(e) not in seen and len(seen) < 8:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+def strip_ansi(text: str) -> str:
+    return _ANSI.sub("", text)
+
+
+def first_text_line(e: BaseException) -> str:
+    """The first non-blank line of the message of ``e`` (its type name when it has none), shortened."""
+    lines = [line.strip() for line in strip_ansi(str(e)).splitlines() if line.strip()]
+    return shorten(lines[0] if lines else type(e).__name__)
+
+
+def shorten(text: str, limit: int = 300) -> str:
+    """``text`` on one line, cut to ``limit`` characters."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,766 @@
+"""TensorFlow-Keras frontend: count a Keras 3 model by converting it with tf2onnx to a weightless ONNX graph.
+
+>>> import flopcount, keras  # doctest: +SKIP
+>>> model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10)])  # doctest: +SKIP
+>>> flopcount.from_keras(model).total.flops  # batch 1: 2*64*10 for the products + 10 for the bias  # doctest: +SKIP
+1290
+
+**Conversion.** The model is traced as a pure function of its inputs *and its variables*:
+``tf.function(lambda x, trainable, non_trainable: model.stateless_call(trainable, non_trainable, x))`` with an input
+signature holding every variable's shape and dtype, converted with ``tf2onnx.convert.from_function``; the variable
+inputs of the ONNX graph then become initializers, those of 1 KiB or more references to ``<model name>.weights``, a
+file that is never written (smaller ones keep their values). Weights are never read by the count, and the large
+ones are not even copied by the conversion. Facts about TensorFlow 2.21 / Keras 3.15 / tf2onnx 1.17 behind this choice:
+
+* ``tf2onnx.convert.from_keras`` *does* accept a Keras 3 model (a Functional ResNet50 converts), but it freezes the
+  variables into constants first, and TensorFlow's grappler, which tf2onnx runs on the frozen graph, then rewrites
+  the graph **by the weights' values**: a convolution bias or BatchNormalization shift that is all zeros (as in
+  any model built with ``weights=None``) is removed, and BatchNormalization's scale is folded into the convolution
+  kernel. The counted graph would depend on the weights (Keras ResNet50 lost its 53 bias adds and 53 batch norms).
+  It is also slow: 42 s for ResNet50 against 7 s here.
+* With the variables as function inputs nothing can be folded, so the graph is the computation Keras runs.
+  ``Conv2D``'s bias becomes the ONNX ``Conv`` bias input (or an ``Add`` of the same cost, as for ResNet50's
+  stem, whose ``ZeroPadding2D`` tf2onnx folds into the convolution). BatchNormalization is what Keras 3's TensorFlow backend
+  computes (``tf.nn.batch_normalization``): ``x·inv + (beta − mean·inv)``, a ``Mul`` and an ``Add`` on the
+  activations (2 FLOPs per element, where the ONNX ``BatchNormalization`` operator counts 1), plus
+  ``inv = gamma / sqrt(var + eps)`` and the shift computed from the variables (``Add``, ``Sqrt``, ``Reciprocal``,
+  ``Mul``, ``Mul``, ``Sub``: 6 FLOPs, one of them a square root, per channel), which a runtime folds once but
+  which this graph counts at every call (per-sample figures divide it by the batch too). Convolutions run in NCHW between ``Transpose`` nodes (zero cost).
+* ``training=True`` traces ``model.stateless_call(..., training=True)``: BatchNormalization on batch moments
+  (``ReduceMean``, ``Sub``, ``Mul``, ``ReduceMean``; the moving-average update is not part of the output and is
+  pruned) and Dropout active. Keras 3 draws Dropout's mask with ``StatelessRandomUniformV2`` (seeded through
+  ``StatelessRandomGetKeyCounter``), which tf2onnx 1.17 cannot convert; this frontend maps it to ONNX
+  ``RandomUniform`` (not counted, like every random generator) and drops the key/counter node. The keep/drop select
+  that follows is written by tf2onnx as ``GreaterOrEqual``, ``Not``, ``Cast``, ``Mul`` and ``Add``, and counted as
+  such.
+* The model must use the TensorFlow backend of Keras 3 (``KERAS_BACKEND=tensorflow``, the default); tf_keras
+  (Keras 2) models are not accepted.
+
+**Inputs.** ``input_shapes`` fixes the dims the model leaves open: a batch dim of ``None`` becomes ``batch`` (the
+``count`` argument) or :data:`DEFAULT_BATCH` = 1; any other open dim must be given. Shapes are in the model's own
+layout (channels last for Keras image models: ``(1, 224, 224, 3)``). Each shape is traced separately (the graph has
+static shapes).
+
+**Cache.** Conversions are cached as ``keras-<key>.onnx`` (see :mod:`flopcount.frontends.common` for the folder)
+by a hash of the model's configuration (``get_config()`` of the model and of every layer, the source digest of
+every class outside keras and tensorflow, variable paths, shapes and dtypes; never their values), the input
+names, shapes and dtypes, the training flag, the opset and the tensorflow, keras, tf2onnx, onnx and flopcount
+versions.
+
+**Logs.** ``TF_CPP_MIN_LOG_LEVEL`` is set to 2 (unless already set) before TensorFlow is imported, and stays set:
+TensorFlow reads it when it first logs, which may be after the import. What TensorFlow's C++ code still writes to
+stderr while it is imported or converts a model (absl's oneDNN notice, which ignores that variable; everything when
+TensorFlow was imported before flopcount set it), tf2onnx's log records and TensorFlow's Python warnings go to
+flopcount's DEBUG log; a progress line shows after a second (importing TensorFlow takes 3 to 8 s, converting
+ResNet50 about 7 s, counting it 0.1 s).
+
+tensorflow, keras and tf2onnx are imported inside the functions that need them; importing this module needs only
+onnx.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import inspect
+import logging
+import math
+import os
+import re
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import onnx
+
+from flopcount.errors import FrontendError, UsageError
+
+from . import common
+
+if TYPE_CHECKING:
+    import keras
+
+    from flopcount.report import Report
+
+__all__ = ["DEFAULT_BATCH", "from_keras", "import_frameworks", "load_factory", "to_onnx"]
+
+log = logging.getLogger(__name__)
+
+FRONTEND = "keras"
+INSTALL_HINT = 'pip install "flopcount[tf]"'
+#: Batch size given to a ``None`` batch dim when neither ``input_shapes`` nor ``batch`` sets it.
+DEFAULT_BATCH = 1
+_CACHE_FORMAT = 1  # bump when the conversion pipeline changes what it writes
+#: Seconds a conversion runs before the progress indicator appears.
+_PROGRESS_DELAY_S = 1.0
+#: Python loggers of TensorFlow, quieted while it imports and converts unless flopcount's logging is at DEBUG.
+_TF_LOGGERS = ("tensorflow", "absl", "h5py")
+_TF2ONNX_LOGGER = "tf2onnx"
+#: Top-level packages whose classes the cache key covers by version instead of by source.
+_FRAMEWORK_PACKAGES = ("keras", "tensorflow", "tf_keras")
+#: The lines of TensorFlow's C++ (absl) logging, written straight to stderr.
+_TF_NOISE = re.compile(r"WARNING: All log messages before absl::InitializeLog\(\)|[IWE]\d{4} [\d:. ]+\d+ \S+:\d+\] ")
+#: tf2onnx's line for an operator it cannot convert.
+_UNSUPPORTED_OP = re.compile(r"Tensorflow op \[(?P<node>[^\]:]+): (?P<op>\w+)\] is not supported")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Input:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def from_keras(
+    model: keras.Model,
+    input_shapes: Any = None,
+    training: bool | None = None,
+    *,
+    opset: int | None = None,
+    cache_dir: str | os.PathLike | bool | None = None,
+    **count_kwargs: Any,
+) -> Report:
+    """Convert a Keras 3 model to ONNX with tf2onnx (weightless) and count it with :func:`flopcount.count`.
+
+    Parameters
+    ----------
+    model : keras.Model
+        The model (Functional, Sequential or subclassed; TensorFlow backend). A subclassed model that has not been
+        built is built by a symbolic call on ``input_shapes`` (no computation, no data).
+    input_shapes : shape, sequence of shapes, or mapping of input name to shape, optional
+        The input shapes, in the model's layout (``(1, 224, 224, 3)``). ``None`` (the default) takes them from
+        ``model.inputs`` with a ``None`` batch dim set to ``batch`` or :data:`DEFAULT_BATCH` (1); a ``None`` in a
+        given shape's dim 0 is the batch too, and inputs a mapping does not name keep the model's shapes. Other
+        dims the model leaves open must be given. Needed for a model without ``inputs`` (subclassed), whose graph
+        inputs are then named after the mapping's keys or ``call``'s parameters.
+    training : bool, optional
+        Convert the graph as it runs in training (BatchNormalization on batch moments, Dropout active). ``None``
+        (the default) follows ``mode``: True when ``mode="train"``. With ``training=True`` the count gets
+        ``mode="train"`` (forward and backward) unless ``mode`` is given.
+    opset : int, optional
+        ONNX opset of the default domain (default: :data:`flopcount.models.export.DEFAULT_OPSET`, 18, the newest
+        tf2onnx 1.17 writes).
+    cache_dir : path, bool or None
+        Conversion cache folder; ``None`` or ``True``: ``$FLOPCOUNT_CACHE`` or ``~/.cache/flopcount``;
+        ``False``: no cache.
+    **count_kwargs
+        Passed to :func:`flopcount.count` (``convention``, ``strict``, ``batch``, ``mode``, ...). ``batch`` sets
+        dim 0 of every input before the conversion, so the graph is converted at that batch.
+
+    Returns
+    -------
+    Report
+        The same report :func:`flopcount.count` gives for the converted file.
+
+    Raises
+    ------
+    FrontendError
+        TensorFlow, Keras 3 or tf2onnx is missing, or the model cannot be traced or converted (the message names
+        the TensorFlow op tf2onnx cannot convert, when it reports one).
+    UsageError
+        ``model`` is not a Keras model, or ``input_shapes`` is malformed or leaves a dim open.
+    """
+    from flopcount.counting import count
+
+    common.check_count_kwargs("from_keras", count_kwargs)
+    training = common.training_flag(training, count_kwargs, log)
+    converted = to_onnx(model, input_shapes, training=training, batch=count_kwargs.get("batch"), opset=opset,
+                        cache_dir=cache_dir)
+    return count(converted, **count_kwargs)
+
+
+def to_onnx(
+    model: keras.Model,
+    input_shapes: Any = None,
+    *,
+    training: bool = False,
+    batch: int | None = None,
+    opset: int | None = None,
+    cache_dir: str | os.PathLike | bool | None = None,
+    path: str | os.PathLike | None = None,
+) -> onnx.ModelProto:
+    """Convert ``model`` to a weightless ONNX model (cached); optionally also write it to ``path``.
+
+    The arguments are those of :func:`from_keras`; ``batch`` sets dim 0 of every input. Graph inputs are named
+    after the model's inputs, outputs after its output layers (``output_<i>`` where it has none), initializers
+    after the variables' paths (``conv1_conv/kernel``).
+    """
+    from flopcount.models import export as ex
+
+    _, keras, _ = import_frameworks()
+    _check_model(keras, model)
+    if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch <= 0):
+        raise UsageError(f"{FRONTEND}: batch must be a positive int, got {batch!r}")
+    inputs = _inputs(model, input_shapes, batch)
+    if not model.built:
+        _build(keras, model, inputs)
+    opset = ex.DEFAULT_OPSET if opset is None else opset
+
+    folder = common.cache_folder(cache_dir)
+    cached = None
+    if folder is not None:
+        cached = folder / f"{FRONTEND}-{_fingerprint(model, inputs, training, opset)[:40]}.onnx"
+    converted = common.read_cache(cached, log) if cached is not None else None
+    if converted is None:
+        what = f"{model.name}{' (training)' if training else ''}"
+        with _tensorflow_running(f"converting {what} with tf2onnx"):
+            converted = _convert(model, inputs, training, opset)
+        if cached is not None:
+            common.write_cache(cached, converted, log)
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        onnx.save_model(converted, os.fspath(path))
+    return converted
+
+
+def load_factory(spec: str) -> keras.Model:
+    """Import ``package.module:factory``, call the factory with no arguments and return the Keras model it makes.
+
+    The current directory is searched first (as ``python -m`` does). ``factory`` may be dotted. Weights are never
+    loaded by flopcount; the factory should build the model with ``weights=None`` (keras.applications) so that
+    nothing is downloaded.
+    """
+    return common.load_factory(
+        spec, option="--keras", frontend=FRONTEND, kind="a keras.Model", import_framework=import_frameworks,
+        accepts=lambda made: isinstance(made, import_frameworks()[1].Model),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Frameworks
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def import_frameworks():
+    """``(tensorflow, keras, tf2onnx)``, imported quietly (see **Logs** above).
+
+    Raises FrontendError naming the ``tf`` extra when one is missing, and when Keras is not Keras 3 on its
+    TensorFlow backend.
+    """
+    modules = [sys.modules.get(name) for name in ("tensorflow", "keras", "tf2onnx")]
+    if any(module is None for module in modules):
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        with _tensorflow_running("importing TensorFlow"), common.quiet(_TF_LOGGERS, log, fds=()):
+            modules = [_import(name, label) for name, label in
+                       (("tensorflow", "TensorFlow"), ("keras", "Keras"), ("tf2onnx", "tf2onnx"))]
+    tf, keras, tf2onnx = modules
+    if int(str(getattr(keras, "__version__", "0")).split(".")[0] or 0) < 3:
+        raise FrontendError(
+            f"{FRONTEND}: Keras {keras.__version__} is installed and this frontend needs Keras 3 (TensorFlow 2.16 "
+            f"or newer); {INSTALL_HINT}"
+        )
+    backend = keras.backend.backend()
+    if backend != "tensorflow":
+        raise FrontendError(
+            f"{FRONTEND}: the Keras backend is {backend!r} and tf2onnx converts TensorFlow graphs; set "
+            "KERAS_BACKEND=tensorflow before Keras is imported"
+        )
+    return tf, keras, tf2onnx
+
+
+@contextlib.contextmanager
+def _tensorflow_running(label: str) -> Iterator[None]:
+    """While TensorFlow imports or converts: its C++ log lines, which it writes to stderr whatever
+    ``TF_CPP_MIN_LOG_LEVEL`` says when it was imported before that was set, go to the DEBUG log; anything else
+    written to stderr meanwhile (flopcount's own log records) is written there afterwards; the progress line
+    (after :data:`_PROGRESS_DELAY_S`) goes to the terminal."""
+    written: list[str] = []
+    try:
+        with common.captured_fd(2, written) as terminal, \
+                common.progress(label, delay=_PROGRESS_DELAY_S, log=log, stream=terminal):
+            yield
+    finally:
+        kept, noise = [], False
+        for line in "".join(written).splitlines(keepends=True):
+            # a log line of TensorFlow's, and the lines that continue it (up to one of flopcount's own)
+            noise = bool(_TF_NOISE.match(line)) or (noise and not line.startswith("flopcount"))
+            if noise:
+                log.debug("tensorflow: %s", line.rstrip())
+            else:
+                kept.append(line)
+        if kept:
+            sys.stderr.write("".join(kept))
+            sys.stderr.flush()
+
+
+def _import(name: str, label: str):
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise FrontendError(f"{FRONTEND}: {label} is not installed; {INSTALL_HINT}") from None
+
+
+def _check_model(keras, model: Any) -> None:
+    if not isinstance(model, keras.Model):
+        hint = " (a tf_keras / Keras 2 model: rebuild it with Keras 3)" if "tf_keras" in type(model).__module__ else ""
+        raise UsageError(f"{FRONTEND}: expected a keras.Model, got {type(model).__name__}{hint}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Inputs
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _is_shape(value: Any) -> bool:
+    return isinstance(value, (tuple, list)) and all(
+        d is None or (isinstance(d, int) and not isinstance(d, bool)) for d in value
+    )
+
+
+def _model_inputs(model) -> list[tuple[str, tuple, str]] | None:
+    """``(name, shape with None, dtype)`` of each of ``model.inputs``; None for a model without them."""
+    try:
+        tensors = list(model.inputs or ())
+    except (AttributeError, ValueError):
+        return None
+    if not tensors:
+        return None
+    found = []
+    for i, tensor in enumerate(tensors):
+        layer = getattr(getattr(tensor, "_keras_history", None), "operation", None)
+        name = getattr(layer, "name", None) or f"input_{i}"
+        found.append((name, tuple(tensor.shape), str(tensor.dtype)))
+    return found
+
+
+def _call_parameters(model) -> list[str]:
+    """Names of the positional parameters of ``model.call`` other than ``training`` and ``mask``."""
+    try:
+        parameters = inspect.signature(model.call).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in parameters if p.kind in kinds and p.name not in ("training", "mask")]
+
+
+def _inputs(model, input_shapes: Any, batch: int | None) -> list[_Input]:
+    """The input names, static shapes and dtypes the model is traced with."""
+    known = _model_inputs(model)
+    if input_shapes is None:
+        if known is None:
+            raise UsageError(
+                f"{FRONTEND}: {type(model).__name__} {model.name!r} has no inputs to read shapes from (a subclassed "
+                "model); give input_shapes, e.g. input_shapes=(1, 224, 224, 3), or --input-shape x=1x224x224x3"
+            )
+        given: list[tuple[str | None, tuple | None]] = [(None, None)] * len(known)
+    elif isinstance(input_shapes, Mapping):
+        given = [(name, shape) for name, shape in input_shapes.items()]
+    elif _is_shape(input_shapes) and len(input_shapes) > 0:
+        given = [(None, tuple(input_shapes))]
+    elif isinstance(input_shapes, (tuple, list)) and all(_is_shape(s) for s in input_shapes):
+        given = [(None, tuple(shape)) for shape in input_shapes]
+    else:
+        raise UsageError(
+            f"{FRONTEND}: input_shapes must be a shape such as (1, 224, 224, 3), a list of shapes or a mapping of "
+            f"input name to shape; got {input_shapes!r}"
+        )
+    for name, shape in given:
+        if shape is not None and not _is_shape(shape):
+            raise UsageError(f"{FRONTEND}: the shape of input {name!r} must be a tuple of ints, got {shape!r}")
+
+    if known is not None:
+        names = [name for name, _, _ in known]
+        if isinstance(input_shapes, Mapping):  # by name; the inputs it does not name keep the model's shapes
+            unknown = [name for name, _ in given if name not in names]
+            if unknown:
+                raise UsageError(
+                    f"{FRONTEND}: {model.name} has no input named {unknown[0]!r}; its inputs: {', '.join(names)}"
+                )
+            by_name = dict(given)
+            given = [(name, by_name.get(name)) for name in names]
+        elif len(given) != len(known):
+            raise UsageError(
+                f"{FRONTEND}: {model.name} has {len(known)} input(s) ({', '.join(names)}); input_shapes gives "
+                f"{len(given)}"
+            )
+        specs = [(name, model_shape if shape is None else shape, model_shape, dtype)
+                 for (name, model_shape, dtype), (_, shape) in zip(known, given)]
+    else:
+        parameters = _call_parameters(model)  # a mapping names the inputs; else call()'s parameters do
+        if len(parameters) < len(given):
+            parameters = [f"input_{i}" for i in range(len(given))]
+        names = [name if name is not None else parameters[i] for i, (name, _) in enumerate(given)]
+        specs = [(name, shape, None, "float32") for name, (_, shape) in zip(names, given)]
+
+    inputs = []
+    for name, shape, model_shape, dtype in specs:
+        shape = list(shape)
+        if not shape:
+            raise UsageError(f"{FRONTEND}: input {name!r} is a scalar; give it a batch dim")
+        if batch is not None or shape[0] is None:
+            shape[0] = DEFAULT_BATCH if batch is None else batch
+        if model_shape is not None and (len(model_shape) != len(shape) or any(
+            m is not None and m != d for i, (m, d) in enumerate(zip(model_shape, shape)) if i > 0 or batch is None
+        )):
+            raise UsageError(
+                f"{FRONTEND}: input {name!r} of {model.name} has shape {_dims(model_shape)}; got {_dims(shape)}"
+            )
+        open_dims = [i for i, d in enumerate(shape) if d is None]
+        if open_dims:
+            raise UsageError(
+                f"{FRONTEND}: input {name!r} has shape {_dims(shape)}: dim {open_dims[0]} is open; give it, e.g. "
+                f"input_shapes={{{name!r}: {tuple(d if d is not None else 7 for d in shape)}}} or --input-shape "
+                f"{name}={'x'.join(str(d if d is not None else 7) for d in shape)}"
+            )
+        if any(d <= 0 for d in shape):
+            raise UsageError(f"{FRONTEND}: input {name!r} has a zero or negative dim: {_dims(shape)}")
+        inputs.append(_Input(name, tuple(shape), dtype))
+    if len({i.name for i in inputs}) != len(inputs):
+        raise UsageError(f"{FRONTEND}: input names must be distinct, got {', '.join(i.name for i in inputs)}")
+    return inputs
+
+
+def _dims(shape: Sequence[int | None]) -> str:
+    return "(" + ", ".join("None" if d is None else str(d) for d in shape) + ")"
+
+
+def _call_args(model, tensors: Sequence[Any]) -> tuple:
+    """Positional arguments of ``model.call`` for the input tensors: one tensor, a list (Functional models, and
+    ``call(self, inputs)``), or one argument each."""
+    if len(tensors) == 1:
+        return (tensors[0],)
+    if _model_inputs(model) is None and len(_call_parameters(model)) >= len(tensors):
+        return tuple(tensors)
+    return (list(tensors),)
+
+
+def _accepts_training(model) -> bool:
+    try:
+        parameters = inspect.signature(model.call).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "training" or p.kind == inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+def _build(keras, model, inputs: Sequence[_Input]) -> None:
+    """Build a subclassed model by calling it on symbolic tensors (creates its variables; computes nothing)."""
+    symbolic = [keras.KerasTensor(i.shape, dtype=i.dtype) for i in inputs]
+    try:
+        with common.quiet(_TF_LOGGERS, log, fds=()):
+            model(*_call_args(model, symbolic))
+    except Exception as e:  # noqa: BLE001 - the user's model cannot be built: one line
+        raise FrontendError(
+            f"{FRONTEND}: cannot build {model.name} on inputs {', '.join(_dims(i.shape) for i in inputs)}: "
+            f"{type(e).__name__}: {_error_line(e)}; build it first (call it once, or model.build(...))"
+        ) from None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Conversion
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _convert(model, inputs: Sequence[_Input], training: bool, opset: int) -> onnx.ModelProto:
+    """Trace ``model.stateless_call`` with the variables as inputs, convert it with tf2onnx, and turn the variable
+    inputs into weightless initializers."""
+    from flopcount.models import export as ex
+
+    tf, keras, tf2onnx = import_frameworks()
+    trainable, non_trainable = list(model.trainable_variables), list(model.non_trainable_variables)
+    variables = trainable + non_trainable
+    # Internal names, unlike any tf2onnx writes; renamed after the conversion.
+    input_specs = [tf.TensorSpec(i.shape, i.dtype, name=f"fc_input_{k}") for k, i in enumerate(inputs)]
+    weight_specs = [tf.TensorSpec(tuple(v.shape), v.dtype, name=f"fc_weight_{k}") for k, v in enumerate(variables)]
+    signature = [input_specs, weight_specs[: len(trainable)], weight_specs[len(trainable):]]
+    kwargs = {"training": training} if _accepts_training(model) else {}
+    output_count: list[int] = []
+
+    def forward(xs, trainable_values, non_trainable_values):
+        outputs, _ = model.stateless_call(trainable_values, non_trainable_values, *_call_args(model, xs), **kwargs)
+        flat = keras.tree.flatten(outputs)
+        output_count.append(len(flat))
+        return {f"fc_output_{k}": y for k, y in enumerate(flat)}
+
+    function = tf.function(forward, input_signature=signature)
+    converter_records: list[logging.LogRecord] = []
+    with common.quiet(_TF_LOGGERS, log, fds=(1,)), _captured_records(_TF2ONNX_LOGGER, converter_records):
+        try:
+            function.get_concrete_function(*signature)
+        except Exception as e:  # noqa: BLE001 - tracing the user's model failed: one line
+            raise FrontendError(
+                f"{FRONTEND}: tracing {model.name} with tf.function failed: {type(e).__name__}: {_error_line(e)}; "
+                "make the model's call() traceable, or convert it yourself and count the .onnx file"
+            ) from None
+        try:
+            converted, _ = tf2onnx.convert.from_function(
+                function, input_signature=signature, opset=opset, custom_op_handlers=_random_handlers(),
+            )
+        except Exception as e:  # noqa: BLE001 - any converter failure becomes one line
+            raise FrontendError(_failure_message(model.name, converter_records, e)) from None
+    unconverted = sorted({node.op_type for graph in ex._graphs(converted.graph) for node in graph.node
+                          if node.domain in ("", "ai.onnx") and not onnx.defs.has(node.op_type)})
+    if unconverted:
+        raise FrontendError(_failure_message(model.name, converter_records, None, unconverted))
+    try:
+        onnx.checker.check_model(converted)
+    except onnx.checker.ValidationError as e:
+        raise FrontendError(
+            f"{FRONTEND}: the graph tf2onnx made of {model.name} does not check: {common.first_text_line(e)}"
+        ) from None
+
+    names = {spec.name: i.name for spec, i in zip(input_specs, inputs)}
+    names.update({f"fc_output_{k}": name for k, name in enumerate(_output_names(model, output_count[-1]))})
+    weight_names = _unique([v.path for v in variables], taken=set(names.values()))
+    names.update({spec.name: name for spec, name in zip(weight_specs, weight_names)})
+    _rename(converted, names)
+    converted.graph.name = model.name
+    _initializers_to_constants(converted)
+    location = f"{model.name}.weights"
+    converted = ex.make_weightless(converted, location)
+    _weights_to_initializers(converted, variables, weight_names, location)
+    ex.strip_metadata(converted)
+    return converted
+
+
+@contextlib.contextmanager
+def _captured_records(name: str, sink: list[logging.LogRecord]) -> Iterator[None]:
+    """Collect the WARNING and ERROR records of logger ``name`` (tf2onnx names the ops it cannot convert there)
+    and keep them from flopcount's output unless flopcount logs at DEBUG."""
+    logger = logging.getLogger(name)
+    debug = log.isEnabledFor(logging.DEBUG)
+
+    class Sink(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            sink.append(record)
+
+    handler = Sink(logging.WARNING)
+    saved = logger.level, logger.propagate
+    logger.addHandler(handler)
+    if not debug:
+        logger.setLevel(logging.WARNING)
+        logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
+        for record in sink:
+            log.debug("tf2onnx: %s", record.getMessage())
+
+
+def _random_handlers() -> dict[str, tuple]:
+    """tf2onnx handlers for the stateless random ops Keras 3 draws Dropout's (and GaussianNoise's) masks with."""
+    from tf2onnx import utils
+
+    def key_counter(ctx, node, name, args) -> None:
+        """StatelessRandomGetKeyCounter: its consumers drop it below; tf2onnx then deletes it as unused."""
+
+    def generator(onnx_op: str, attributes: dict[str, float]):
+        def handler(ctx, node, name, args) -> None:
+            shape = node.inputs[0]
+            utils.make_sure(shape.is_const(), "%s %s needs a constant shape", node.type, name)
+            dims = [int(d) for d in shape.get_tensor_value(as_list=True)]
+            dtype = ctx.get_dtype(node.output[0])
+            node.type = onnx_op
+            ctx.replace_inputs(node, [])
+            for key in list(node.attr):
+                del node.attr[key]
+            node.set_attr("shape", dims)
+            node.set_attr("dtype", dtype)
+            for key, value in attributes.items():
+                node.set_attr(key, value)
+
+        return handler
+
+    return {
+        "StatelessRandomGetKeyCounter": (key_counter, []),
+        "StatelessRandomUniformV2": (generator("RandomUniform", {"low": 0.0, "high": 1.0}), []),
+        "StatelessRandomNormalV2": (generator("RandomNormal", {"mean": 0.0, "scale": 1.0}), []),
+    }
+
+
+def _output_names(model, count: int) -> list[str]:
+    names = list(getattr(model, "output_names", None) or [])
+    if len(names) != count or len(set(names)) != count or not all(isinstance(n, str) and n for n in names):
+        names = [f"output_{k}" for k in range(count)]
+    return names
+
+
+def _unique(names: Sequence[str], taken: set[str]) -> list[str]:
+    seen = set(taken)
+    unique = []
+    for name in names:
+        candidate, n = name, 1
+        while candidate in seen:
+            candidate, n = f"{name}_{n}", n + 1
+        seen.add(candidate)
+        unique.append(candidate)
+    return unique
+
+
+def _rename(model: onnx.ModelProto, names: Mapping[str, str]) -> None:
+    """Rename, in place, the tensors ``names`` maps (graph inputs and outputs, node inputs and outputs, also in
+    subgraphs, which may read outer tensors)."""
+    from flopcount.models.export import _graphs
+
+    def rename(values) -> None:
+        for i, value in enumerate(values):
+            if value in names:
+                values[i] = names[value]
+
+    for graph in _graphs(model.graph):
+        for value in (*graph.input, *graph.output, *graph.value_info, *graph.initializer):
+            value.name = names.get(value.name, value.name)
+        for node in graph.node:
+            rename(node.input)
+            rename(node.output)
+
+
+def _initializers_to_constants(model: onnx.ModelProto) -> None:
+    """Turn, in place, the initializers tf2onnx wrote (the constants of the traced function: BatchNormalization's
+    epsilon, Dropout's rate, reshape targets) into ``Constant`` nodes, so that the initializers of the final graph
+    are the model's variables (and, from :func:`~flopcount.models.export.make_weightless`, constants of 1 KiB or
+    more): flopcount counts initializers as parameters."""
+    from flopcount.models.export import _graphs
+
+    for graph in _graphs(model.graph):
+        constants = [onnx.helper.make_node("Constant", [], [tensor.name], name=tensor.name, value=tensor)
+                     for tensor in graph.initializer]
+        if not constants:
+            continue
+        nodes = [*constants, *graph.node]
+        del graph.initializer[:]
+        del graph.node[:]
+        graph.node.extend(nodes)
+
+
+def _weights_to_initializers(model: onnx.ModelProto, variables: Sequence[Any], names: Sequence[str],
+                             location: str) -> None:
+    """Make the graph inputs of the variables initializers, in place: of :data:`~flopcount.models.export.
+    SIZE_THRESHOLD` bytes or more, references to ``location`` laid out after the tensors already there; smaller
+    ones with their values. Floating-point variables the graph does not read are kept (they are parameters: in a
+    training graph, BatchNormalization's moving statistics); other unread ones (random-generator states) dropped."""
+    from flopcount.models import export as ex
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    declared = {value.name: value for value in graph.input}
+    read = {name for g in ex._graphs(graph) for node in g.node for name in node.input}
+    offset = 0
+    for g in ex._graphs(graph):
+        for tensor in g.initializer:
+            if tensor.data_location == onnx.TensorProto.EXTERNAL:
+                entries = {entry.key: int(entry.value) for entry in tensor.external_data if entry.key != "location"}
+                offset = max(offset, entries.get("offset", 0) + entries.get("length", 0))
+    floats = {onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+    kept_inputs = [value for value in graph.input if value.name not in set(names)]
+    for variable, name in zip(variables, names):
+        value = declared.get(name)
+        if value is None:
+            continue
+        elem_type = value.type.tensor_type.elem_type
+        if name not in read and elem_type not in floats:
+            continue
+        dims = [int(d) for d in variable.shape]
+        np_dtype = helper.tensor_dtype_to_np_dtype(elem_type)
+        nbytes = math.prod(dims) * np_dtype.itemsize
+        if nbytes >= ex.SIZE_THRESHOLD:
+            tensor = onnx.TensorProto(name=name, data_type=elem_type, dims=dims)
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+            for key, entry_value in (("location", location), ("offset", offset), ("length", nbytes)):
+                entry = tensor.external_data.add()
+                entry.key, entry.value = key, str(entry_value)
+            offset += nbytes
+        else:
+            tensor = numpy_helper.from_array(variable.numpy().astype(np_dtype).reshape(dims), name)
+        graph.initializer.append(tensor)
+    del graph.input[:]
+    graph.input.extend(kept_inputs)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Error messages
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _error_line(e: BaseException) -> str:
+    """The line of a TensorFlow or Keras error that says what went wrong: the last line of TensorFlow's ``in user
+    code:`` tracebacks; the cause inside Keras's ``Exception encountered when calling ...`` wrapper."""
+    lines = [line.strip() for line in common.strip_ansi(str(e)).splitlines() if line.strip()]
+    if not lines:
+        return type(e).__name__
+    if lines[0].startswith("in user code"):
+        return common.shorten(lines[-1])
+    if lines[0].startswith("Exception encountered when calling") and len(lines) > 1:
+        body = [line for line in lines[1:] if not line.startswith("•")]
+        body = body[: next((i for i, line in enumerate(body) if line.startswith("Arguments received")), len(body))]
+        after = [i + 1 for i, line in enumerate(body) if line.endswith("Error encountered:") and i + 1 < len(body)]
+        if after or body:
+            return common.shorten(body[after[0]] if after else body[0])
+    return common.shorten(lines[0])
+
+
+def _failure_message(name: str, records: Sequence[logging.LogRecord], error: BaseException | None,
+                     unconverted: Sequence[str] = ()) -> str:
+    messages = [record.getMessage() for record in records if record.levelno >= logging.ERROR]
+    ops = list(unconverted)
+    for message in messages:
+        match = _UNSUPPORTED_OP.search(message)
+        if match and match["op"] not in ops:
+            ops.append(match["op"])
+    first = next((m for m in messages if _UNSUPPORTED_OP.search(m)), messages[0] if messages else None)
+    detail = common.shorten(first.splitlines()[0]) if first else None
+    if error is not None:
+        detail = f"{type(error).__name__}: {_error_line(error)}"
+    if ops:
+        return (
+            f"{FRONTEND}: cannot convert {name} to ONNX: TensorFlow op {', '.join(ops)} has no ONNX conversion in "
+            f"tf2onnx (tf2onnx: {detail}); replace that operation, or convert the model yourself and count the "
+            ".onnx file"
+        )
+    return (
+        f"{FRONTEND}: cannot convert {name} to ONNX with tf2onnx ({detail}); convert the model yourself and count "
+        "the .onnx file"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Cache
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _config(obj) -> Any:
+    try:
+        return obj.get_config()
+    except Exception:  # noqa: BLE001 - a layer without a serialisable config: covered by its class and variables
+        return None
+
+
+def _fingerprint(model, inputs: Sequence[_Input], training: bool, opset: int) -> str:
+    """Hash of everything the converted graph depends on except weight values."""
+    tf, keras, tf2onnx = import_frameworks()
+    try:
+        layers = list(model._flatten_layers(include_self=True, recursive=True))
+    except AttributeError:
+        layers = [model, *model.layers]
+    described = []
+    for layer in layers:
+        cls = type(layer)
+        described.append([layer.name, f"{cls.__module__}.{cls.__qualname__}",
+                          common.class_digest(cls, _FRAMEWORK_PACKAGES), _config(layer)])
+    document = {
+        "format": _CACHE_FORMAT,
+        "versions": {
+            "tensorflow": tf.__version__,
+            "keras": keras.__version__,
+            "tf2onnx": tf2onnx.__version__,
+            "onnx": onnx.__version__,
+            "flopcount": common.dist_version("flopcount"),
+        },
+        "model": _config(model),
+        "layers": described,
+        "trainable": [[v.path, list(v.shape), str(v.dtype)] for v in model.trainable_variables],
+        "non_trainable": [[v.path, list(v.shape), str(v.dtype)] for v in model.non_trainable_variables],
+        "inputs": [[i.name, list(i.shape), i.dtype] for i in inputs],
+        "training": bool(training),
+        "opset": opset,
+    }
+    return common.cache_key(document)
