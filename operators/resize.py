@@ -12,7 +12,7 @@ from math import prod
 
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
-from flopcount.registry import formula, zero_cost
+from flopcount.registry import backward, formula, zero_cost
 
 # interpolation mode → taps per interpolated axis (older opsets spell the modes differently)
 TAPS: dict[str, int] = {
@@ -72,11 +72,37 @@ def grid_sample(ctx: NodeContext, *, mode: str = "linear", align_corners: int = 
     r = len(x) - 2
     base = TAPS[mode]
     points = base**r
-    grid_points = y[0] * prod(y[2:])
+    interp = (2 * points - 1) * prod(y) if base > 1 else 0
+    return Cost(flops=interp + _grid_point_flops(r, base, align_corners) * y[0] * prod(y[2:]))
+
+
+def _grid_point_flops(r: int, base: int, align_corners: int) -> int:
+    """FLOPs per grid point, shared by the channels: u·r to unnormalize the r coordinates (u = 3, or 2 with
+    align_corners), plus the interpolation weights: 2r + 2^r·(r − 1) (linear), 25r + 4^r·(r − 1) (cubic),
+    0 (nearest)."""
     unnormalize = (2 if align_corners else 3) * r
     weights = {1: 0, 2: 2 * r + 2**r * (r - 1), 4: 25 * r + 4**r * (r - 1)}[base]
-    interp = (2 * points - 1) * prod(y) if base > 1 else 0
-    return Cost(flops=interp + (unnormalize + weights) * grid_points)
+    return unnormalize + weights
+
+
+@backward("GridSample")
+def grid_sample_backward(ctx: NodeContext, *, mode: str = "linear", align_corners: int = 0, **_) -> Cost:
+    """FLOPs = 2P·|Y| + (u·r + w)·N·S_out when X needs a gradient (nearest: |Y| + u·r·N·S_out), else 0; the
+    symbols are the forward's.
+
+    dX is the transpose of the forward's weighted sums: each of the |Y| output gradients is multiplied by the
+    weight of each of its P input points and added into dX there (P multiplies + P adds; nearest adds dY to the
+    one element it copied). The coordinates and weights of the N·S_out grid points are recomputed, as in the
+    forward (PyTorch's grid sampler backward recomputes them rather than storing them). The grid gets no gradient:
+    the ONNX schema marks it non-differentiable (an RoIAlign's detached boxes, for instance).
+    """
+    if not ctx.needs_grad(0):
+        return Cost()
+    x, y = ctx.shape(0), ctx.out_shape()
+    r = len(x) - 2
+    base = TAPS[mode]
+    scatter = 2 * base**r * prod(y) if base > 1 else prod(y)
+    return Cost(flops=scatter + _grid_point_flops(r, base, align_corners) * y[0] * prod(y[2:]))
 
 
 @formula("AffineGrid", family="resize")

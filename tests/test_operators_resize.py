@@ -6,7 +6,7 @@ P = 2^d (linear) or 4^d (cubic) over the d axes whose size changes; nearest copi
 
 import numpy as np
 import pytest
-from conftest import const, model, single
+from conftest import const, model, single, weight
 from onnx import TensorProto, helper
 
 import flopcount
@@ -83,6 +83,28 @@ def test_grid_sample(mode, align, x, g, points, u, w):
     grid_points = n * int(np.prod(g))
     interp = (2 * points - 1) * c * grid_points if points > 1 else 0
     assert flopcount.count(m).total.flops == interp + (u * r + w) * grid_points
+
+
+@pytest.mark.parametrize("mode, align, x, g, points, u, w", GRID)
+def test_grid_sample_backward(mode, align, x, g, points, u, w):
+    # X is a trainable initializer, so it needs a gradient; the grid (a graph input) is non-differentiable
+    n, c, r = x[0], x[1], len(x) - 2
+    m = model([helper.make_node("GridSample", ["x", "grid"], ["y"], mode=mode, align_corners=align)],
+              {"grid": (n, *g, r)}, ["y"], [weight("x", x)], opset=22)
+    grid_points = n * int(np.prod(g))
+    # dX: dY times each of the P weights, added into dX (2P per output; nearest: one add); the
+    # coordinates and weights of every grid point recomputed as in the forward
+    scatter = 2 * points * c * grid_points if points > 1 else c * grid_points
+    report = flopcount.count(m, mode="train")
+    assert report.backward.flops == scatter + (u * r + w) * grid_points
+    assert report.trainable_params == int(np.prod(x)) and not report.backward_unsupported
+
+
+def test_grid_sample_backward_needs_a_trainable_input():
+    # X is data: nothing needs a gradient, so the backward is empty and nothing is reported missing
+    m = single("GridSample", {"x": (3, 5, 7, 11), "grid": (3, 13, 9, 2)}, opset=22)
+    report = flopcount.count(m, mode="train")
+    assert report.backward.flops == 0 and not report.backward_unsupported
 
 
 def test_grid_sample_opset16_mode_names():
