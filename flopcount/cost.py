@@ -72,3 +72,13 @@ class Breakdown:
 
     total: Cost
     parts: tuple[tuple[str, Cost], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """What a formula returns when its count is an upper bound because the real work depends on
+    data (NonMaxSuppression, TopK, an If whose condition is computed at run time): the bounding
+    cost (a :class:`Cost` or :class:`Breakdown`) and why, which every report lists."""
+
+    total: "Cost | Breakdown"
+    why: str

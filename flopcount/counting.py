@@ -18,7 +18,7 @@ from onnx import ModelProto, helper
 from . import graph as graph_mod
 from .context import FLOAT_TYPES, NodeContext, TensorInfo, attribute_defaults, python_value
 from .conventions import Convention, get_convention
-from .cost import ZERO, Breakdown, Cost
+from .cost import ZERO, Bound, Breakdown, Cost
 from .errors import FlopcountError, InvalidGraphError, UnsupportedOperatorError, UsageError
 from .loading import load
 from .registry import DEFAULT_DOMAIN, buffer_inputs, canonical_domain, lookup, lookup_backward
@@ -244,6 +244,7 @@ class _Traversal:
         outs = tuple([(get(n) or TensorInfo(n)) if n else None for n in proto.output])
         rule = lookup(domain, proto.op_type)
         parts: tuple = ()
+        bound = ""
         grads = self.training.grads.get(idx, ()) if self.training is not None else ()
         ctx = None
         if rule is None:
@@ -254,6 +255,8 @@ class _Traversal:
             status, family = FORMULA, rule.family
             ctx = self._context(proto, name, domain, ins, outs, grads)
             cost = _apply(rule.fn, ctx, attrs or {}, self.where)
+            if isinstance(cost, Bound):
+                cost, bound = cost.total, cost.why
             if isinstance(cost, Breakdown):
                 cost, parts = cost.total, cost.parts
             cost = self.convention.apply(family, cost)
@@ -269,7 +272,7 @@ class _Traversal:
             elif status == FORMULA:
                 key = op_key(domain, proto.op_type)
                 self.backward_unsupported[key] = self.backward_unsupported.get(key, 0) + 1
-        return NodeCount(idx, name, proto.op_type, domain, family, status, ins, outs, cost, parts, back)
+        return NodeCount(idx, name, proto.op_type, domain, family, status, ins, outs, cost, parts, back, bound)
 
     def _context(self, proto, name, domain, ins, outs, grads) -> NodeContext:
         return NodeContext(

@@ -73,6 +73,7 @@ def to_dict(report: Report, per_node: bool = False) -> dict[str, Any]:
             for key, s in report.by_op_type.items()
         },
         "unsupported": dict(report.unsupported),
+        "upper_bounds": {key: {"nodes": k, "why": why} for key, (k, why) in report.upper_bounds.items()},
     }  # fmt: skip
     if report.mode == "train":
         doc["training"] = {
@@ -98,6 +99,7 @@ def to_dict(report: Report, per_node: bool = False) -> dict[str, Any]:
                 **n.cost.as_dict(),
                 "backward": n.backward.as_dict(),
                 **({"parts": {label: c.as_dict() for label, c in n.parts}} if n.parts else {}),
+                **({"upper_bound": n.bound} if n.bound else {}),
             }
             for n in report.nodes
         ]
@@ -183,6 +185,8 @@ def _summary_lines(report: Report) -> list[str]:
                 "Operators without a backward formula (backward NOT counted): "
                 + ", ".join(f"{k} ({v})" for k, v in report.backward_unsupported.items())
             )
+    for key, (k, why) in report.upper_bounds.items():
+        lines.append(f"Upper bound for {key} ({k} node{'s' if k > 1 else ''}): {why}")
     if report.unsupported:
         lines.append(
             "Unsupported operators (no formula, NOT counted): "

@@ -28,6 +28,7 @@ class NodeCount:
     cost: Cost  # forward
     parts: tuple[tuple[str, Cost], ...] = ()  # named parts of ``cost`` (If branches, Loop body per trip)
     backward: Cost = Cost()  # training: the gradients this node computes
+    bound: str = ""  # why ``cost`` is an upper bound (data-dependent work), "" when exact
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +92,17 @@ class Report:
     @property
     def total(self) -> Cost:
         return self.forward + self.backward
+
+    @property
+    def upper_bounds(self) -> Mapping[str, tuple[int, str]]:
+        """op key → (nodes, why) for the nodes whose count is an upper bound of data-dependent work."""
+        out: dict[str, tuple[int, str]] = {}
+        for n in self.nodes:
+            if n.bound:
+                key = op_key(n.domain, n.op_type)
+                k, why = out.get(key, (0, n.bound))
+                out[key] = (k + 1, why)
+        return out
 
     @property
     def per_sample(self) -> Cost:

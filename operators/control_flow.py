@@ -4,7 +4,7 @@ recursively; sequence containers are zero-cost."""
 from __future__ import annotations
 
 from flopcount.context import NodeContext
-from flopcount.cost import Breakdown, Cost
+from flopcount.cost import Bound, Breakdown, Cost
 from flopcount.errors import ShapeError
 from flopcount.registry import formula, zero_cost
 
@@ -25,7 +25,10 @@ def if_(ctx: NodeContext, *, then_branch, else_branch, **_) -> Breakdown:
         taken = ctx.subgraph_cost(branch)
         return Breakdown(taken, ((label, taken),))
     then_cost, else_cost = ctx.subgraph_cost(then_branch), ctx.subgraph_cost(else_branch)
-    return Breakdown(_larger(then_cost, else_cost), (("then_branch", then_cost), ("else_branch", else_cost)))
+    return Bound(
+        Breakdown(_larger(then_cost, else_cost), (("then_branch", then_cost), ("else_branch", else_cost))),
+        "the condition is computed at run time: the larger branch is counted",
+    )
 
 
 def _trips(ctx: NodeContext, what: str, known: int | None) -> int:
@@ -50,7 +53,10 @@ def loop(ctx: NodeContext, *, body, **_) -> Breakdown:
     m = ctx.value(0) if ctx.has_input(0) else None
     trips = _trips(ctx, "its trip count", int(m.reshape(-1)[0]) if m is not None and m.size == 1 else None)
     per_iteration = ctx.subgraph_cost(body)
-    return Breakdown(trips * per_iteration, (("body per iteration", per_iteration),))
+    counted = Breakdown(trips * per_iteration, (("body per iteration", per_iteration),))
+    if ctx.trips is None and ctx.has_input(1):  # a condition may end the loop before M iterations
+        return Bound(counted, f"{trips} iterations counted; the loop's condition may end it earlier")
+    return counted
 
 
 @formula("Scan", family="control-flow")

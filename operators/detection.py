@@ -6,7 +6,7 @@ Both depend on data (ROI extents, how many boxes survive); each formula states t
 from __future__ import annotations
 
 from flopcount.context import NodeContext
-from flopcount.cost import Cost
+from flopcount.cost import Bound, Cost
 from flopcount.registry import formula
 
 BILINEAR_SAMPLE = 7  # 4 multiplies + 3 adds (avg) or 3 maxes (max) per sample and channel
@@ -76,4 +76,8 @@ def non_max_suppression(ctx: NodeContext, *, center_point_box: int = 0, **_) -> 
         iou_tests = m * (m + 1) // 2 + (n - 1 - m) * m
     per_box = (6 if center_point_box else 4) + 3
     per_class = _sort_comparisons(n) + (n if ctx.has_input(4) else 0) + IOU * iou_tests
-    return Cost(flops=b * n * per_box + b * classes * per_class)
+    return Bound(
+        Cost(flops=b * n * per_box + b * classes * per_class),
+        "IoUs counted up to the declared max_output_boxes_per_class (all box pairs when it is not a constant); "
+        "the real number depends on the scores",
+    )

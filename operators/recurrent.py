@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from flopcount.context import NodeContext
-from flopcount.cost import Cost
+from flopcount.cost import Bound, Cost
 from flopcount.operators.elementwise import DECOMPOSITION
 from flopcount.registry import backward, formula
 
@@ -97,12 +97,15 @@ def _recurrent(
     if conv.weights is None:
         per_unit = evals + sum(elementwise.values()) + bias + (evals if clip is not None else 0)
         trans = sum(_BY_LOWER[name] * count for name, count in evaluations.items())
-        return products + Cost(flops=dirs * units * per_unit, transcendentals=trans)
-    cost = products + conv.primitives(elementwise, dirs * units) + conv.weighted(add=bias * dirs * units)
-    if clip is not None:
-        cost += conv.weighted(cmp=2 * evals * dirs * units)
-    for name, count in evaluations.items():
-        cost += conv.primitives(_PRIMITIVES[name], count)
+        cost = products + Cost(flops=dirs * units * per_unit, transcendentals=trans)
+    else:
+        cost = products + conv.primitives(elementwise, dirs * units) + conv.weighted(add=bias * dirs * units)
+        if clip is not None:
+            cost += conv.weighted(cmp=2 * evals * dirs * units)
+        for name, count in evaluations.items():
+            cost += conv.primitives(_PRIMITIVES[name], count)
+    if ctx.has_input(4):  # sequence_lens given: shorter sequences stop early
+        return Bound(cost, "every sequence counted at the full padded length; sequence_lens may end some earlier")
     return cost
 
 
@@ -198,6 +201,8 @@ def recurrent_backward(ctx: NodeContext, **attrs) -> Cost:
     derivatives: twice the forward element-wise FLOPs (an estimate: each activation's derivative
     and the chain products)."""
     fwd = _FORWARD[ctx.op_type](ctx, **attrs)
+    if isinstance(fwd, Bound):
+        fwd = fwd.total
     fpm = ctx.convention.fc_flops_per_mac
     i = ctx.shape(0)[-1]
     directions, gh = ctx.shape(1)[0], ctx.shape(1)[1]

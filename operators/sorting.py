@@ -6,7 +6,7 @@ from __future__ import annotations
 from math import prod
 
 from flopcount.context import NodeContext
-from flopcount.cost import Cost
+from flopcount.cost import Bound, Cost
 from flopcount.registry import formula
 
 
@@ -38,7 +38,8 @@ def top_k(ctx: NodeContext, *, axis: int = -1, k: int | None = None, **_) -> Cos
         k = int(value.reshape(-1)[0])
     elif k is None:
         k = y[a] if y is not None and isinstance(y[a], int) else x[a]
-    return _ops(ctx, prod(x) * _ceil_log2(min(k, x[a]) + 1))
+    return Bound(_ops(ctx, prod(x) * _ceil_log2(min(k, x[a]) + 1)),
+                 "selection comparisons bounded by |X|·⌈log2(k + 1)⌉; the real number depends on the data")
 
 
 @formula("Unique", family="sorting")
@@ -59,4 +60,4 @@ def unique(ctx: NodeContext, *, axis: int | None = None, **_) -> Cost:
         n = x[axis % len(x)]
         s = total // n if n else 0
     comparisons = s * (n * _ceil_log2(n) + n - 1) if n > 0 else 0
-    return _ops(ctx, comparisons)
+    return Bound(_ops(ctx, comparisons), "a full sort of every slice; the real work depends on the values")

@@ -101,3 +101,17 @@ def test_unsupported_op_inside_a_body_is_reported():
 def test_if_constant_condition_reports_only_the_branch_taken():
     node = flopcount.count(if_model(cond_input=False)).nodes[0]
     assert [label for label, _ in node.parts] == ["else_branch"]
+
+
+def test_upper_bounds_are_listed_in_the_report(capsys, save):
+    from flopcount.cli import main
+
+    r = flopcount.count(if_model(cond_input=True))
+    assert r.nodes[0].bound and list(r.upper_bounds) == ["If"]
+    assert flopcount.count(if_model(cond_input=False)).upper_bounds == {}  # the branch taken: exact
+    path = save(if_model(cond_input=True))
+    assert main([path, "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["upper_bounds"]["If"]["nodes"] == 1 and "larger branch" in doc["upper_bounds"]["If"]["why"]
+    assert main([path]) == 0
+    assert "Upper bound for If (1 node)" in capsys.readouterr().out

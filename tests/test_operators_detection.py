@@ -72,3 +72,15 @@ def test_nms_runtime_max_output_counts_all_pairs():
 
 def test_nms_without_max_output_selects_nothing():
     assert flopcount.count(nms(3, 11, 5)).total.flops == 0
+
+
+def test_non_max_suppression_is_reported_as_an_upper_bound():
+    from conftest import model
+    from onnx import helper
+
+    from conftest import const
+
+    m = model([helper.make_node("NonMaxSuppression", ["boxes", "scores", "m"], ["selected"])],
+              {"boxes": (1, 6, 4), "scores": (1, 2, 6)}, ["selected"], [const("m", [3])])
+    r = flopcount.count(m)
+    assert "NonMaxSuppression" in r.upper_bounds
