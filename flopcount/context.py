@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from operator import itemgetter
 from math import prod
-from typing import Any, Callable, Mapping
+from operator import itemgetter
+from typing import Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 from onnx import TensorProto
@@ -38,6 +37,9 @@ FLOAT_TYPES = frozenset(
 )
 
 
+_IS_INT = int.__instancecheck__  # dims are ints, str (symbolic) or None; never bool
+
+
 class TensorInfo(tuple):
     """A tensor's name, ONNX element type (0 when unknown) and shape (``None`` when the rank is unknown).
 
@@ -51,7 +53,7 @@ class TensorInfo(tuple):
     __slots__ = ()
 
     def __new__(cls, name: str, elem_type: int = 0, shape: tuple[Dim, ...] | None = None) -> "TensorInfo":
-        static = shape is not None and all(type(d) is int for d in shape)
+        static = shape is not None and all(map(_IS_INT, shape))
         return tuple.__new__(cls, (name, elem_type, shape, static))
 
     name = property(itemgetter(0))
@@ -75,9 +77,8 @@ class TensorInfo(tuple):
         return "x".join("?" if d is None else str(d) for d in self.shape) if self.shape else "scalar"
 
 
-@dataclass(frozen=True, slots=True)
-class NodeContext:
-    """One node as a formula sees it. Dimension names follow the docstrings' vocabulary
+class NodeContext(NamedTuple):
+    """One node as a formula sees it (immutable). Dimension names follow the docstrings' vocabulary
     (``N, C_in, C_out, H_out, W_out, K, G``)."""
 
     name: str
@@ -87,9 +88,9 @@ class NodeContext:
     inputs: tuple[TensorInfo | None, ...]  # None where an optional input is omitted
     outputs: tuple[TensorInfo | None, ...]
     convention: Convention
-    _value: Callable[[str], np.ndarray | None]
-    _hint: str = ""
-    _subgraph: Callable[[Any], Any] | None = None
+    lookup_value: Callable[[str], np.ndarray | None]  # small constants by tensor name (see value())
+    hint: str = ""  # how to fix unknown shapes, appended to ShapeError messages
+    count_subgraph: Callable[[Any], Any] | None = None  # see subgraph_cost()
     trips: int | None = None  # trip count given for this node (``--loop-trips``), if any
     grads: tuple[bool, ...] = ()  # training: which inputs need a gradient
 
@@ -114,7 +115,7 @@ class NodeContext:
         if not t.is_static:
             raise ShapeError(
                 f"node {self.name!r} ({self.op_type}): shape of tensor {t.name!r} is {t.shape_text()}, "
-                f"not fully known, and its cost depends on it. {self._hint}".rstrip()
+                f"not fully known, and its cost depends on it. {self.hint}".rstrip()
             )
         return t.shape  # type: ignore[return-value]
 
@@ -142,12 +143,12 @@ class NodeContext:
     def subgraph_cost(self, graph: Any) -> Any:
         """Cost of one run of a subgraph attribute (an If branch, a Loop or Scan body), counted by the
         same machinery, recursively."""
-        return self._subgraph(graph)
+        return self.count_subgraph(graph)
 
     def value(self, i: int) -> np.ndarray | None:
         """Constant value of input ``i`` when it is known without reading weights (small constants)."""
         t = self.inputs[i] if i < len(self.inputs) else None
-        return None if t is None else self._value(t.name)
+        return None if t is None else self.lookup_value(t.name)
 
 
 def attribute_defaults(schema: Any) -> Mapping[str, Any]:

@@ -10,11 +10,12 @@ never counted as FLOPs.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class Cost:
-    """Work of one node or of a sum of nodes.
+class Cost(NamedTuple):
+    """Work of one node or of a sum of nodes (immutable; a tuple, so that the hundreds of thousands
+    a large graph creates are cheap).
 
     >>> Cost(flops=4, macs=2) + Cost(flops=1)
     Cost(flops=5, macs=2, transcendentals=0, int_ops=0)
@@ -27,20 +28,20 @@ class Cost:
     transcendentals: int = 0
     int_ops: int = 0
 
-    def __add__(self, other: "Cost") -> "Cost":
+    def __add__(self, other: "Cost") -> "Cost":  # type: ignore[override]
         if not isinstance(other, Cost):
             return NotImplemented
         return Cost(
-            self.flops + other.flops,
-            self.macs + other.macs,
-            self.transcendentals + other.transcendentals,
-            self.int_ops + other.int_ops,
+            self[0] + other[0],
+            self[1] + other[1],
+            self[2] + other[2],
+            self[3] + other[3],
         )
 
-    def __mul__(self, k: int) -> "Cost":
+    def __mul__(self, k: int) -> "Cost":  # type: ignore[override]
         if not isinstance(k, int):
             return NotImplemented
-        return Cost(self.flops * k, self.macs * k, self.transcendentals * k, self.int_ops * k)
+        return Cost(self[0] * k, self[1] * k, self[2] * k, self[3] * k)
 
     __rmul__ = __mul__
 

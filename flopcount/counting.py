@@ -172,11 +172,9 @@ def optimizer_cost(name: str, params: int) -> Cost:
 
 
 def _sum(costs) -> Cost:
-    costs = list(costs)
-    return Cost(
-        sum(c.flops for c in costs), sum(c.macs for c in costs),
-        sum(c.transcendentals for c in costs), sum(c.int_ops for c in costs),
-    )
+    """Field-wise sum of many costs (faster than adding them one by one)."""
+    columns = tuple(zip(*costs))
+    return Cost(*map(sum, columns)) if columns else ZERO
 
 
 @dataclasses.dataclass(frozen=True)
@@ -380,19 +378,21 @@ def _fix_hint(inputs: Sequence[TensorInfo], inference_error: str) -> str:
 
 
 def _report(m, path, dag, res, nodes, conv, batch, strict, where, given: frozenset, nested: Mapping[str, int]) -> Report:
-    by_type: dict[str, list] = {}
-    forward = _sum(n.cost for n in nodes)
+    groups: dict[str, list[NodeCount]] = {}
     for n in nodes:
-        key = op_key(n.domain, n.op_type)
-        entry = by_type.get(key)
-        if entry is None:
-            by_type[key] = [n, 1, n.cost, n.backward]
+        key = op_key(n.domain, n.op_type) if n.domain else n.op_type
+        group = groups.get(key)
+        if group is None:
+            groups[key] = [n]
         else:
-            entry[1] += 1
-            entry[2] = entry[2] + n.cost
-            entry[3] = entry[3] + n.backward
+            group.append(n)
+    forward = _sum(n.cost for n in nodes)
     summaries = sorted(
-        (OpTypeSummary(n.op_type, n.domain, n.family, n.status, k, c, b) for n, k, c, b in by_type.values()),
+        (
+            OpTypeSummary(g[0].op_type, g[0].domain, g[0].family, g[0].status, len(g),
+                          _sum(n.cost for n in g), _sum(n.backward for n in g))
+            for g in groups.values()
+        ),
         key=lambda s: (-(s.cost.flops + s.backward.flops), -s.cost.int_ops, s.key),
     )
     unsupported = {s.key: s.nodes for s in summaries if s.status == UNSUPPORTED}

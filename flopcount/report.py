@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 from .context import TensorInfo
 from .conventions import Convention
@@ -15,8 +15,7 @@ ZERO_COST = "zero-cost"
 UNSUPPORTED = "unsupported"
 
 
-@dataclass(frozen=True, slots=True)
-class NodeCount:
+class NodeCount(NamedTuple):
     index: int  # position in the graph's node list
     name: str
     op_type: str
@@ -31,8 +30,7 @@ class NodeCount:
     bound: str = ""  # why ``cost`` is an upper bound (data-dependent work), "" when exact
 
 
-@dataclass(frozen=True, slots=True)
-class OpTypeSummary:
+class OpTypeSummary(NamedTuple):
     op_type: str
     domain: str
     family: str
