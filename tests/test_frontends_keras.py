@@ -434,3 +434,16 @@ def test_keras_resnet50_total_closed_form(resnet):
     assert not report.unsupported
     # parameters: the PyTorch model's (with BatchNorm's running statistics) plus a bias per conv output channel
     assert report.params == model.count_params() == count(BUNDLED).params + sum(a["channels"]) == 25_636_712
+
+
+def test_keras_resnet50_training_products_closed_form():
+    # Training graph of Keras ResNet50 (v1): every convolution and the Dense layer compute dX and dW (each
+    # equal to their forward MACs) except the first convolution, fed by the image, which computes dW only.
+    from flopcount.models.keras_models import resnet50_keras
+
+    report = from_keras(resnet50_keras(), mode="train", convention="dense", cache_dir=False)
+    v1 = resnet50("v1")["conv_macs"]
+    forward_macs = sum(v1) + 2048 * 1000
+    assert report.forward.flops == 2 * forward_macs
+    assert report.backward.flops == 2 * (2 * forward_macs - v1[0])  # v1[0] = 112·112·64·3·49, no dX
+    assert not report.backward_unsupported
