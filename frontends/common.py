@@ -220,6 +220,30 @@ def plain(value: Any) -> bool:
     return isinstance(value, (tuple, list)) and all(isinstance(v, (bool, int, float, str, type(None))) for v in value)
 
 
+def export_through_cache(
+    cache_dir: str | os.PathLike | bool | None,
+    frontend: str,
+    key: Callable[[], str],
+    produce: Callable[[], onnx.ModelProto],
+    path: str | os.PathLike | None,
+    log: logging.Logger,
+) -> onnx.ModelProto:
+    """The weightless model from the cache (``<frontend>-<key>.onnx`` in the cache folder), else from
+    ``produce()``, stored for next time; also written to ``path`` when one is given. ``key`` is
+    called only when a cache folder is in use."""
+    folder = cache_folder(cache_dir)
+    cached = folder / f"{frontend}-{key()[:40]}.onnx" if folder is not None else None
+    model = read_cache(cached, log) if cached is not None else None
+    if model is None:
+        model = produce()
+        if cached is not None:
+            write_cache(cached, model, log)
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        onnx.save_model(model, os.fspath(path))
+    return model
+
+
 def read_cache(path: Path, log: logging.Logger) -> onnx.ModelProto | None:
     """The cached model at ``path``; None (and a re-export) where it is missing or damaged."""
     if not path.is_file():

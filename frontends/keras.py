@@ -70,7 +70,6 @@ import os
 import re
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import onnx
@@ -203,21 +202,14 @@ def to_onnx(
         _build(keras, model, inputs)
     opset = ex.DEFAULT_OPSET if opset is None else opset
 
-    folder = common.cache_folder(cache_dir)
-    cached = None
-    if folder is not None:
-        cached = folder / f"{FRONTEND}-{_fingerprint(model, inputs, training, opset)[:40]}.onnx"
-    converted = common.read_cache(cached, log) if cached is not None else None
-    if converted is None:
+    def produce() -> onnx.ModelProto:
         what = f"{model.name}{' (training)' if training else ''}"
         with _tensorflow_running(f"converting {what} with tf2onnx"):
-            converted = _convert(model, inputs, training, opset)
-        if cached is not None:
-            common.write_cache(cached, converted, log)
-    if path is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        onnx.save_model(converted, os.fspath(path))
-    return converted
+            return _convert(model, inputs, training, opset)
+
+    return common.export_through_cache(
+        cache_dir, FRONTEND, lambda: _fingerprint(model, inputs, training, opset), produce, path, log
+    )
 
 
 def load_factory(spec: str) -> keras.Model:

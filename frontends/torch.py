@@ -49,7 +49,6 @@ import logging
 import os
 import re
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import onnx
@@ -173,22 +172,14 @@ def to_onnx(
     names = _input_names(module, inputs, input_names)
     opset = ex.DEFAULT_OPSET if opset is None else opset
 
-    folder = common.cache_folder(cache_dir)
-    cached = None
-    if folder is not None:
-        key = _fingerprint(torch, module, inputs, names, training, opset)
-        cached = folder / f"{FRONTEND}-{key[:40]}.onnx"
-    model = common.read_cache(cached, log) if cached is not None else None
-    if model is None:
+    def produce() -> onnx.ModelProto:
         what = f"{type(module).__name__}{' (training)' if training else ''}"
         with _progress(f"exporting {what} with torch"):
-            model = _export(module, inputs, names, training, opset)
-        if cached is not None:
-            common.write_cache(cached, model, log)
-    if path is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        onnx.save_model(model, os.fspath(path))
-    return model
+            return _export(module, inputs, names, training, opset)
+
+    return common.export_through_cache(
+        cache_dir, FRONTEND, lambda: _fingerprint(torch, module, inputs, names, training, opset), produce, path, log
+    )
 
 
 def load_factory(spec: str) -> torch.nn.Module:
