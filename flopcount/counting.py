@@ -124,14 +124,15 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
     dag = graph_mod.build_graph(m.graph, where)
     opsets = _opsets(m)
     protos, names = dag.graph["protos"], dag.graph["names"]
-    attributes = [_attributes(p, n, opsets, where) for p, n in zip(protos, names)]
+    attributes_of = _AttributeCache(opsets, where)
+    attributes = [attributes_of(p, n) for p, n in zip(protos, names)]
     lap("graph")
     res = resolve(m, dag, input_shapes, batch, where, input_values)
     lap("shapes")
     hint = _fix_hint(res.inputs, res.inference_error)
 
     training = _training_plan(m, dag, res.tensors, opsets) if mode == "train" else None
-    walk = _Traversal(res.tensors, res.values, conv, opsets, hint, where, loop_trips or {}, training)
+    walk = _Traversal(res.tensors, res.values, conv, opsets, hint, where, loop_trips or {}, training, attributes_of)
     nodes = [walk.node(protos[idx], idx, names[idx], attributes[idx]) for idx in dag.graph["order"]]
 
     report = _report(m, loaded.path, dag, res, nodes, conv, batch, strict, where, frozenset(input_values or ()),
@@ -228,8 +229,9 @@ def _training_plan(m: ModelProto, dag, tensors, opsets) -> _TrainingPlan:
 class _Traversal:
     """Applies the registry to nodes; bodies of If/Loop/Scan recurse through :meth:`graph`."""
 
-    def __init__(self, tensors, values, convention, opsets, hint, where, loop_trips, training=None):
+    def __init__(self, tensors, values, convention, opsets, hint, where, loop_trips, training, attributes_of):
         self.tensors, self.values, self.convention = tensors, values, convention
+        self.attributes_of: _AttributeCache = attributes_of
         self.opsets, self.hint, self.where, self.loop_trips = opsets, hint, where, loop_trips
         self.training: _TrainingPlan | None = training
         self.nested_unsupported: dict[str, int] = {}
@@ -265,7 +267,7 @@ class _Traversal:
                 if ctx is None:
                     ctx = self._context(proto, name, domain, ins, outs, grads)
                 if attrs is None:
-                    attrs = _attributes(proto, name, self.opsets, self.where, force=True)
+                    attrs = self.attributes_of(proto, name, force=True)
                 back = self.convention.apply(family, _apply(back_rule, ctx, attrs or {}, self.where))
             elif status == FORMULA:
                 key = op_key(domain, proto.op_type)
@@ -283,7 +285,7 @@ class _Traversal:
         total = ZERO
         for i, proto in enumerate(g.node):
             name = graph_mod.node_label(proto, i)
-            n = self.node(proto, i, name, _attributes(proto, name, self.opsets, self.where))
+            n = self.node(proto, i, name, self.attributes_of(proto, name))
             if n.status == UNSUPPORTED:
                 key = op_key(n.domain, n.op_type)
                 self.nested_unsupported[key] = self.nested_unsupported.get(key, 0) + 1
@@ -357,6 +359,33 @@ def _attributes(node: onnx.NodeProto, name: str, opsets: Mapping[str, int], wher
     for a in node.attribute:
         values[a.name] = python_value(helper.get_attribute_value(a))
     return values
+
+
+class _AttributeCache:
+    """:func:`_attributes` for many nodes: nodes of one op type with the same attributes (most of
+    a large graph) share one converted dict, which formulas only read."""
+
+    def __init__(self, opsets: Mapping[str, int], where: str) -> None:
+        self.opsets, self.where = opsets, where
+        self._wanted: dict[tuple[str, str], bool] = {}
+        self._converted: dict[tuple, dict[str, Any]] = {}
+
+    def __call__(self, node: onnx.NodeProto, name: str, force: bool = False) -> dict[str, Any] | None:
+        op = (node.domain, node.op_type)
+        wanted = self._wanted.get(op)
+        if wanted is None:
+            rule = lookup(canonical_domain(node.domain), node.op_type)
+            wanted = self._wanted[op] = rule is not None and not rule.zero_cost
+        if not (wanted or force):
+            if node.domain in ("", "ai.onnx") and DEFAULT_DOMAIN not in self.opsets:
+                _attributes(node, name, self.opsets, self.where)  # raises: the domain is not imported
+            return None
+        attrs = node.attribute
+        key = (op, *[a.SerializeToString() for a in attrs]) if attrs else op
+        values = self._converted.get(key)
+        if values is None:  # first of its kind: converted and checked against the schema
+            values = self._converted[key] = _attributes(node, name, self.opsets, self.where, force=True)
+        return values
 
 
 def _fix_hint(inputs: Sequence[TensorInfo], inference_error: str) -> str:

@@ -9,8 +9,7 @@ of the node indices) and ``bodies`` (indices of nodes with subgraphs: If, Loop, 
 
 from __future__ import annotations
 
-from collections import defaultdict
-from typing import Iterable
+from typing import Iterable, NoReturn
 
 import networkx as nx
 import onnx
@@ -47,29 +46,16 @@ def build_graph(graph: onnx.GraphProto, where: str, outer: Iterable[str] = ()) -
 
     ``outer`` names tensors visible from enclosing graphs (for subgraph bodies).
     """
+    protos = list(graph.node)  # one wrapper per node, reused by every later pass
     initializers = {t.name for t in graph.initializer} | {t.values.name for t in graph.sparse_initializer}
     declared_inputs = [i.name for i in graph.input]
     available = set(outer) | initializers | set(declared_inputs)
 
-    producer: dict[str, int] = {}
-    for idx, node in enumerate(graph.node):
-        for out in node.output:
-            if not out:
-                continue
-            if out in producer:
-                other = graph.node[producer[out]]
-                raise InvalidGraphError(
-                    f"{where}: tensor {out!r} is produced twice, by node {node_label(other, producer[out])!r} "
-                    f"({other.op_type}) and node {node_label(node, idx)!r} ({node.op_type}); output names "
-                    "must be unique: rename one and re-export"
-                )
-            if out in initializers or out in declared_inputs:
-                kind = "initializer" if out in initializers else "graph input"
-                raise InvalidGraphError(
-                    f"{where}: node {node_label(node, idx)!r} ({node.op_type}) writes tensor {out!r}, "
-                    f"which is already a {kind}; output names must be unique"
-                )
-            producer[out] = idx
+    # Checked in bulk; the node-by-node search for the culprit runs only when a check fails.
+    writes = [(out, idx) for idx, node in enumerate(protos) for out in node.output if out]
+    producer = dict(writes)
+    if len(producer) != len(writes) or not producer.keys().isdisjoint(initializers.union(declared_inputs)):
+        _explain_bad_write(protos, writes, initializers, set(declared_inputs), where)
 
     dag = nx.DiGraph(
         producer=producer,
@@ -77,37 +63,44 @@ def build_graph(graph: onnx.GraphProto, where: str, outer: Iterable[str] = ()) -
         initializers=frozenset(initializers),
         outputs=tuple(o.name for o in graph.output),
     )
-    protos = list(graph.node)  # one wrapper per node, reused by every later pass
     names = [node_label(n, i) for i, n in enumerate(protos)]
     dag.graph["protos"], dag.graph["names"] = protos, names
-    dag.add_nodes_from((i, {"proto": n, "name": names[i]}) for i, n in enumerate(protos))
 
-    edges: dict[tuple[int, int], list[str]] = defaultdict(list)
-    in_order = True
+    # The adjacency is built as plain dicts and handed to networkx in one step: adding 100k nodes
+    # and edges one by one through add_nodes_from/add_edges_from costs more than everything else here.
+    succ: dict[int, dict[int, dict]] = {i: {} for i in range(len(protos))}
+    pred: dict[int, dict[int, dict]] = {i: {} for i in range(len(protos))}
     bodies = []  # nodes with subgraph attributes
+    reads = [node.input for node in protos]
     for idx, node in enumerate(protos):
-        reads = node.input
         if node.op_type in SUBGRAPH_OPS or node.domain not in ("", "ai.onnx"):
             if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
                 bodies.append(idx)
             outer_reads = subgraph_outer_names(node)
             if outer_reads:
-                reads = [*reads, *sorted(outer_reads)]
-        for name in reads:
-            if not name:
-                continue  # an omitted optional input
-            src = producer.get(name)
+                reads[idx] = [*reads[idx], *sorted(outer_reads)]
+    get = producer.get
+    in_order = True
+    for idx, names_read in enumerate(reads):
+        incoming = pred[idx]
+        for name in names_read:
+            src = get(name)
             if src is None:
-                if name not in available:
+                if name and name not in available:  # "" is an omitted optional input
+                    node = protos[idx]
                     raise InvalidGraphError(
                         f"{where}: node {node_label(node, idx)!r} ({node.op_type}) reads tensor {name!r}, "
                         "which no node produces and which is neither a graph input nor an initializer; "
                         "the graph is incomplete: re-export it or add the missing input"
                     )
                 continue
-            edges[(src, idx)].append(name)
-            in_order = in_order and src < idx
-    dag.add_edges_from((u, v, {"tensors": t}) for (u, v), t in edges.items())
+            data = incoming.get(src)
+            if data is None:
+                incoming[src] = succ[src][idx] = {"tensors": [name]}
+                in_order = in_order and src < idx
+            else:
+                data["tensors"].append(name)
+    _fill(dag, ({"proto": p, "name": n} for p, n in zip(protos, names)), succ, pred)
 
     for name in dag.graph["outputs"]:
         if name not in producer and name not in available:
@@ -117,8 +110,39 @@ def build_graph(graph: onnx.GraphProto, where: str, outer: Iterable[str] = ()) -
             )
 
     dag.graph["bodies"] = bodies
-    dag.graph["order"] = list(range(len(graph.node))) if in_order else _topological_order(dag, where)
+    dag.graph["order"] = list(range(len(protos))) if in_order else _topological_order(dag, where)
     return dag
+
+
+def _explain_bad_write(protos, writes, initializers, declared_inputs, where) -> NoReturn:
+    """Raise the error for the first tensor written twice, or written over an initializer or input."""
+    first: dict[str, int] = {}
+    for out, idx in writes:
+        node = protos[idx]
+        if out in first:
+            other = protos[first[out]]
+            raise InvalidGraphError(
+                f"{where}: tensor {out!r} is produced twice, by node {node_label(other, first[out])!r} "
+                f"({other.op_type}) and node {node_label(node, idx)!r} ({node.op_type}); output names "
+                "must be unique: rename one and re-export"
+            )
+        if out in initializers or out in declared_inputs:
+            kind = "initializer" if out in initializers else "graph input"
+            raise InvalidGraphError(
+                f"{where}: node {node_label(node, idx)!r} ({node.op_type}) writes tensor {out!r}, "
+                f"which is already a {kind}; output names must be unique"
+            )
+        first[out] = idx
+    raise AssertionError("called without a bad write")
+
+
+def _fill(dag: nx.DiGraph, node_data: Iterable[dict], succ: dict, pred: dict) -> None:
+    """Give an empty DiGraph nodes ``0..n-1`` with ``node_data`` and the adjacency ``succ``/``pred``
+    (``succ[u][v] is pred[v][u]``, the edge's attribute dict), as networkx stores them itself."""
+    assert not dag._node, "only an empty graph can be filled"
+    dag._node.update(enumerate(node_data))
+    dag._succ.update(succ)
+    dag._pred.update(pred)
 
 
 def _topological_order(dag: nx.DiGraph, where: str) -> list[int]:

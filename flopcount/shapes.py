@@ -173,21 +173,38 @@ def _collect_graph(g: onnx.GraphProto, out: dict[str, TensorInfo], bodies: bool 
             for a in node.attribute:
                 for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs):
                     _collect_graph(sub, out)
+    # A large graph has a few distinct types (dtype and dims) for a great many tensors: each
+    # distinct one is decoded once, keyed by its serialized bytes.
+    make = tuple.__new__
+    decoded: dict[bytes, tuple | None] = {}
     for t in g.initializer:
-        out[t.name] = TensorInfo(t.name, t.data_type, tuple(t.dims))
+        dims = tuple(t.dims)
+        out[t.name] = make(TensorInfo, (t.name, t.data_type, dims, True))
     for vi in (*g.input, *g.value_info, *g.output):
-        prev = out.get(vi.name)
-        if prev is not None and prev.is_static:
+        name = vi.name
+        prev = out.get(name)
+        if prev is not None and prev[3]:  # static already (an initializer's declared input)
             continue
         ty = vi.type
-        if ty.HasField("tensor_type"):
-            tt = ty.tensor_type
-        elif ty.HasField("sequence_type") and ty.sequence_type.elem_type.HasField("tensor_type"):
-            tt = ty.sequence_type.elem_type.tensor_type  # a sequence is recorded by its elements' type
-        else:
-            continue  # maps, optionals: no tensor shape
-        shape = tuple([d.dim_value or _dim(d) for d in tt.shape.dim]) if tt.HasField("shape") else None
-        out[vi.name] = TensorInfo(vi.name, tt.elem_type, shape)
+        key = ty.SerializeToString()
+        info = decoded.get(key, False)
+        if info is False:
+            info = decoded[key] = _decode_type(ty)
+        if info is not None:
+            out[name] = make(TensorInfo, (name, *info))
+
+
+def _decode_type(ty: onnx.TypeProto) -> tuple | None:
+    """(elem_type, shape, static) of a tensor type, or of a sequence's elements; None for maps and
+    optionals, which have no tensor shape."""
+    if ty.HasField("tensor_type"):
+        tt = ty.tensor_type
+    elif ty.HasField("sequence_type") and ty.sequence_type.elem_type.HasField("tensor_type"):
+        tt = ty.sequence_type.elem_type.tensor_type  # a sequence is recorded by its elements' type
+    else:
+        return None
+    shape = tuple([d.dim_value or _dim(d) for d in tt.shape.dim]) if tt.HasField("shape") else None
+    return tt.elem_type, shape, shape is not None and all(type(d) is int for d in shape)
 
 
 def _unresolved(dag: nx.DiGraph, tensors: Mapping[str, TensorInfo]) -> list[str]:
