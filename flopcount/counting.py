@@ -10,7 +10,7 @@ import time
 from functools import lru_cache
 from math import prod
 from types import MappingProxyType
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import onnx
 from onnx import ModelProto, helper
@@ -23,7 +23,7 @@ from .errors import FlopcountError, InvalidGraphError, UnsupportedOperatorError,
 from .loading import load
 from .registry import DEFAULT_DOMAIN, buffer_inputs, canonical_domain, lookup, lookup_backward
 from .report import FORMULA, UNSUPPORTED, ZERO_COST, ModelInfo, NodeCount, OpTypeSummary, Report, op_key
-from .shapes import resolve
+from .shapes import Inference, prepare, resolve
 
 log = logging.getLogger(__name__)
 
@@ -121,13 +121,18 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
     loaded = load(model)
     m, where = loaded.model, loaded.path or "<model>"
     lap("load")
-    dag = graph_mod.build_graph(m.graph, where)
-    opsets = _opsets(m)
-    protos, names = dag.graph["protos"], dag.graph["names"]
-    attributes_of = _AttributeCache(opsets, where)
-    attributes = [attributes_of(p, n) for p, n in zip(protos, names)]
-    lap("graph")
-    res = resolve(m, dag, input_shapes, batch, where, input_values)
+    prepare(m, input_shapes, batch, where, input_values)
+    inference = Inference(m, where)  # may run beside the DAG construction: see Inference
+    try:
+        dag = graph_mod.build_graph(m.graph, where)
+        opsets = _opsets(m)
+        protos, names = dag.graph["protos"], dag.graph["names"]
+        attributes_of = _AttributeCache(opsets, where)
+        attributes = [attributes_of(p, n) for p, n in zip(protos, names)]
+        lap("graph")
+        res = resolve(m, dag, where, inference)
+    finally:
+        inference.close()
     lap("shapes")
     hint = _fix_hint(res.inputs, res.inference_error)
 
@@ -226,59 +231,113 @@ def _training_plan(m: ModelProto, dag, tensors, opsets) -> _TrainingPlan:
     return _TrainingPlan(grads, frozenset(trainable))
 
 
+class _TensorTable(dict):
+    """Tensor name → :class:`TensorInfo`; a name without an entry reads as an info without type or
+    shape, and the empty name of an omitted optional input as None. Lookups stay in C
+    (``map(table.__getitem__, names)``)."""
+
+    __slots__ = ()
+
+    def __missing__(self, name: str) -> TensorInfo | None:
+        return TensorInfo(name) if name else None
+
+
+class _Op(NamedTuple):
+    """What the traversal needs per (domain, op_type), looked up once per count."""
+
+    domain: str  # canonical
+    rule: Any  # registry Rule or None
+    status: str
+    family: str
+    backward: Any  # backward formula or None
+
+
 class _Traversal:
     """Applies the registry to nodes; bodies of If/Loop/Scan recurse through :meth:`graph`."""
 
     def __init__(self, tensors, values, convention, opsets, hint, where, loop_trips, training, attributes_of):
-        self.tensors, self.values, self.convention = tensors, values, convention
-        self.attributes_of: _AttributeCache = attributes_of
+        self.tensors = _TensorTable(tensors)
+        self.values, self.convention = values, convention
         self.opsets, self.hint, self.where, self.loop_trips = opsets, hint, where, loop_trips
         self.training: _TrainingPlan | None = training
+        self.attributes_of: _AttributeCache = attributes_of
         self.nested_unsupported: dict[str, int] = {}
         self.backward_unsupported: dict[str, int] = {}
+        self._ops: dict[tuple[str, str], _Op] = {}
+        self._memo: dict[tuple, tuple] = {}  # see node()
+        self._looked = False  # whether the running formula read a value or a subgraph
+
+    def _value(self, name: str):
+        self._looked = True
+        return self.values.get(name)
+
+    def _subgraph(self, g: onnx.GraphProto) -> Cost:
+        cost = self.graph(g)
+        self._looked = True  # after: the body's own nodes reset it
+        return cost
+
+    def _op(self, proto_domain: str, op_type: str) -> _Op:
+        domain = canonical_domain(proto_domain)
+        rule = lookup(domain, op_type)
+        if rule is None:
+            op = _Op(domain, None, UNSUPPORTED, "", None)
+        else:
+            op = _Op(domain, rule, ZERO_COST if rule.zero_cost else FORMULA, rule.family, lookup_backward(domain, op_type))
+        self._ops[(proto_domain, op_type)] = op
+        return op
 
     def node(self, proto: onnx.NodeProto, idx: int, name: str, attrs: Mapping[str, Any] | None) -> NodeCount:
-        get = self.tensors.get
-        domain = canonical_domain(proto.domain)
-        ins = tuple([(get(n) or TensorInfo(n)) if n else None for n in proto.input])
-        outs = tuple([(get(n) or TensorInfo(n)) if n else None for n in proto.output])
-        rule = lookup(domain, proto.op_type)
+        op_type = proto.op_type
+        op = self._ops.get((proto.domain, op_type)) or self._op(proto.domain, op_type)
+        table = self.tensors.__getitem__
+        ins = tuple(map(table, proto.input))
+        outs = tuple(map(table, proto.output))
+        status, family = op.status, op.family
         parts: tuple = ()
         bound = ""
         grads = self.training.grads.get(idx, ()) if self.training is not None else ()
         ctx = None
-        if rule is None:
-            status, family, cost = UNSUPPORTED, "", ZERO
-        elif rule.zero_cost:
-            status, family, cost = ZERO_COST, rule.family, ZERO
-        else:
-            status, family = FORMULA, rule.family
-            ctx = self._context(proto, name, domain, ins, outs, grads)
-            cost = _apply(rule.fn, ctx, attrs or {}, self.where)
-            if isinstance(cost, Bound):
-                cost, bound = cost.total, cost.why
-            if isinstance(cost, Breakdown):
-                cost, parts = cost.total, cost.parts
-            cost = self.convention.apply(family, cost)
+        cost = ZERO
+        if status == FORMULA:
+            trips = self.loop_trips.get(name)
+            # Nodes of one op with equal attributes, tensor types and shapes cost the same, unless
+            # the formula read a constant's value or a subgraph (or a trip count was given).
+            key = known = None
+            if trips is None and None not in ins and None not in outs:
+                key = (op_type, op.domain, id(attrs), grads, *[t[1:3] for t in ins], None, *[t[1:3] for t in outs])
+                known = self._memo.get(key)
+            if known is not None:
+                cost, bound, parts = known
+            else:
+                self._looked = False
+                ctx = NodeContext(
+                    name, op_type, op.domain, self.opsets.get(op.domain, 0), ins, outs, self.convention,
+                    self._value, self.hint, self._subgraph, trips, grads,
+                )
+                cost = _apply(op.rule.fn, ctx, attrs or {}, self.where)
+                if type(cost) is not Cost:
+                    if isinstance(cost, Bound):
+                        cost, bound = cost.total, cost.why
+                    if isinstance(cost, Breakdown):
+                        cost, parts = cost.total, cost.parts
+                cost = self.convention.apply(family, cost)
+                if key is not None and not self._looked:
+                    self._memo[key] = (cost, bound, parts)
         back = ZERO
-        if grads and rule is not None:
-            back_rule = lookup_backward(domain, proto.op_type)
-            if back_rule is not None:
+        if grads and op.rule is not None:
+            if op.backward is not None:
                 if ctx is None:
-                    ctx = self._context(proto, name, domain, ins, outs, grads)
+                    ctx = NodeContext(
+                        name, op_type, op.domain, self.opsets.get(op.domain, 0), ins, outs, self.convention,
+                        self._value, self.hint, self._subgraph, self.loop_trips.get(name), grads,
+                    )
                 if attrs is None:
                     attrs = self.attributes_of(proto, name, force=True)
-                back = self.convention.apply(family, _apply(back_rule, ctx, attrs or {}, self.where))
+                back = self.convention.apply(family, _apply(op.backward, ctx, attrs or {}, self.where))
             elif status == FORMULA:
-                key = op_key(domain, proto.op_type)
+                key = op_key(op.domain, op_type)
                 self.backward_unsupported[key] = self.backward_unsupported.get(key, 0) + 1
-        return NodeCount(idx, name, proto.op_type, domain, family, status, ins, outs, cost, parts, back, bound)
-
-    def _context(self, proto, name, domain, ins, outs, grads) -> NodeContext:
-        return NodeContext(
-            name, proto.op_type, domain, self.opsets.get(domain, 0), ins, outs, self.convention,
-            self.values.get, self.hint, self.graph, self.loop_trips.get(name), grads,
-        )
+        return NodeCount(idx, name, op_type, op.domain, family, status, ins, outs, cost, parts, back, bound)
 
     def graph(self, g: onnx.GraphProto) -> Cost:
         """Total cost of one run of a subgraph (its nodes are in topological order, as ONNX requires)."""

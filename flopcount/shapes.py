@@ -11,7 +11,12 @@ scratch copy and infers again, until nothing new resolves.
 from __future__ import annotations
 
 import logging
+import os
 import re
+import signal
+import sys
+import threading
+import warnings
 from dataclasses import dataclass
 from math import prod
 from collections.abc import Callable, Mapping, Sequence
@@ -150,10 +155,119 @@ def _infer(model: ModelProto, where: str, strict: bool = False) -> ModelProto:
     except Exception as e:  # InferenceError, ValidationError, or RuntimeError from C++
         if strict:
             raise
-        raise ShapeError(
-            f"{where}: ONNX shape inference failed: {_first_line(e)}; check the input shapes "
-            "(--input-shape) against the model"
-        ) from None
+        raise _inference_failed(where, _first_line(e)) from None
+
+
+def _inference_failed(where: str, message: str) -> ShapeError:
+    return ShapeError(
+        f"{where}: ONNX shape inference failed: {message}; check the input shapes "
+        "(--input-shape) against the model"
+    )
+
+
+# Smallest graph whose first inference runs in a child process (below it, the fork costs more
+# than it hides). FLOPCOUNT_PARALLEL=0 in the environment keeps every inference in-process.
+PARALLEL_MIN_NODES = 2000
+
+
+class Inference:
+    """The first ONNX shape inference of a model, started before the caller builds its DAG.
+
+    ONNX's inference is C++ that holds the GIL (about 1 s for 100k nodes), so a thread cannot
+    overlap it with Python work. On Linux, for a large graph, and only while this process runs a
+    single OS thread (a fork is then safe), it runs in a forked child that serializes the model,
+    infers and sends the inferred model back through a pipe; the caller builds its DAG meanwhile.
+    Otherwise, or if the child fails to report, :meth:`result` infers in-process: the answer is
+    the same either way.
+    """
+
+    def __init__(self, model: ModelProto, where: str) -> None:
+        self.model, self.where = model, where
+        self._pid: int | None = None
+        self._fd: int | None = None
+        if _may_fork(model):
+            self._start()
+
+    def _start(self) -> None:
+        try:
+            read, write = os.pipe()
+        except OSError:
+            return
+        try:
+            with warnings.catch_warnings():  # Python >= 3.12 warns of native threads: see _may_fork
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
+        except OSError:
+            os.close(read)
+            os.close(write)
+            return
+        if pid == 0:  # the child: infer, report, exit without running any of the parent's cleanup
+            try:
+                os.close(read)
+                try:
+                    from onnx.onnx_cpp2py_export import shape_inference as cpp
+
+                    data = b"K" + cpp.infer_shapes(self.model.SerializeToString(), False, False, True)
+                except Exception as e:  # InferenceError, ValidationError, or RuntimeError from C++
+                    data = b"E" + _first_line(e).encode("utf-8", "replace")
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(write, view):]
+            finally:
+                os._exit(0)
+        os.close(write)
+        self._pid, self._fd = pid, read
+
+    def result(self) -> ModelProto:
+        """The inferred model; raises :class:`ShapeError` when inference fails."""
+        data = self._receive()
+        if data[:1] == b"K":
+            return onnx.load_from_string(data[1:])
+        if data[:1] == b"E":
+            raise _inference_failed(self.where, data[1:].decode("utf-8", "replace"))
+        return _infer(self.model, self.where)  # no child, or it died without a word
+
+    def _receive(self) -> bytes:
+        if self._fd is None:
+            return b""
+        chunks = []
+        try:
+            while chunk := os.read(self._fd, 1 << 20):
+                chunks.append(chunk)
+        except OSError:
+            chunks = []
+        self.close()
+        return b"".join(chunks)
+
+    def close(self) -> None:
+        """Stop and reap the child, if any (idempotent)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._pid is not None:
+            pid, self._pid = self._pid, None
+            try:
+                if os.waitpid(pid, os.WNOHANG) == (0, 0):  # still at work: its answer is not wanted
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+            except (ChildProcessError, ProcessLookupError):
+                pass
+
+
+def _may_fork(model: ModelProto) -> bool:
+    """Whether :class:`Inference` may fork: Linux, a large graph, no other Python thread (one
+    could hold a lock the child would need), no CUDA context (a big address space to copy), and
+    FLOPCOUNT_PARALLEL not set to 0. Native helper threads, such as a BLAS pool that numpy starts
+    on import, do not matter: the child runs only ONNX's inference, writes to a pipe and exits."""
+    if os.environ.get("FLOPCOUNT_PARALLEL", "1") == "0" or not sys.platform.startswith("linux"):
+        return False
+    if not hasattr(os, "fork") or len(model.graph.node) < PARALLEL_MIN_NODES:
+        return False
+    if threading.active_count() != 1:
+        return False
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    return not (cuda is not None and getattr(cuda, "is_initialized", lambda: False)())
 
 
 _SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
@@ -240,22 +354,33 @@ def apply_values(model: ModelProto, real_inputs: Sequence[str], input_values: Ma
         model.graph.initializer.append(numpy_helper.from_array(array, name))
 
 
-def resolve(
+def real_inputs(graph: onnx.GraphProto) -> tuple[str, ...]:
+    """Declared graph inputs that are not initializers (older exports declare both)."""
+    initializers = {t.name for t in graph.initializer}
+    return tuple(i.name for i in graph.input if i.name not in initializers)
+
+
+def prepare(
     model: ModelProto,
-    dag: nx.DiGraph,
     input_shapes: Mapping[str, Sequence[int]] | None,
     batch: int | None,
     where: str,
     input_values: Mapping[str, object] | None = None,
-) -> Resolution:
-    """Resolve every tensor's shape that can be resolved without weights (``model`` is weightless)."""
-    real_inputs = dag.graph["inputs"]
+) -> None:
+    """Apply what the user fixes (``input_values``, then ``input_shapes`` and ``batch``) to
+    ``model`` in place, before any inference."""
+    inputs = real_inputs(model.graph)
     if input_values:
-        apply_values(model, real_inputs, input_values, where)
-        real_inputs = tuple(n for n in real_inputs if n not in input_values)
-    apply_overrides(model, real_inputs, input_shapes or {}, batch, where)
+        apply_values(model, inputs, input_values, where)
+        inputs = tuple(n for n in inputs if n not in input_values)
+    apply_overrides(model, inputs, input_shapes or {}, batch, where)
+
+
+def resolve(model: ModelProto, dag: nx.DiGraph, where: str, first: "Inference | None" = None) -> Resolution:
+    """Resolve every tensor's shape that can be resolved without weights (``model`` is weightless
+    and :func:`prepare`\ d). ``first``, when given, is the first inference, already started."""
     bodies = bool(dag.graph["bodies"])
-    tensors = _collect(_infer(model, where), bodies)
+    tensors = _collect(first.result() if first is not None else _infer(model, where), bodies)
     values: dict[str, np.ndarray] = {}
     rounds = 1
     pending = _unresolved(dag, tensors)
