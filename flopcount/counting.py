@@ -137,8 +137,9 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
     hint = _fix_hint(res.inputs, res.inference_error)
 
     training = _training_plan(m, dag, res.tensors, opsets) if mode == "train" else None
-    walk = _Traversal(res.tensors, res.values, conv, opsets, hint, where, loop_trips or {}, training, attributes_of)
-    nodes = [walk.node(protos[idx], idx, names[idx], attributes[idx]) for idx in dag.graph["order"]]
+    walk = _Traversal(res.tensors, res.values, conv, opsets, hint, where, loop_trips or {}, attributes_of)
+    grads = training.grads if training is not None else {}
+    nodes = [walk.node(protos[idx], idx, names[idx], attributes[idx], grads.get(idx, ())) for idx in dag.graph["order"]]
 
     report = _report(m, loaded.path, dag, res, nodes, conv, batch, strict, where, frozenset(input_values or ()),
                      walk.nested_unsupported)
@@ -255,11 +256,10 @@ class _Op(NamedTuple):
 class _Traversal:
     """Applies the registry to nodes; bodies of If/Loop/Scan recurse through :meth:`graph`."""
 
-    def __init__(self, tensors, values, convention, opsets, hint, where, loop_trips, training, attributes_of):
+    def __init__(self, tensors, values, convention, opsets, hint, where, loop_trips, attributes_of):
         self.tensors = _TensorTable(tensors)
         self.values, self.convention = values, convention
         self.opsets, self.hint, self.where, self.loop_trips = opsets, hint, where, loop_trips
-        self.training: _TrainingPlan | None = training
         self.attributes_of: _AttributeCache = attributes_of
         self.nested_unsupported: dict[str, int] = {}
         self.backward_unsupported: dict[str, int] = {}
@@ -286,7 +286,9 @@ class _Traversal:
         self._ops[(proto_domain, op_type)] = op
         return op
 
-    def node(self, proto: onnx.NodeProto, idx: int, name: str, attrs: Mapping[str, Any] | None) -> NodeCount:
+    def node(self, proto: onnx.NodeProto, idx: int, name: str, attrs: Mapping[str, Any] | None,
+             grads: tuple[bool, ...] = ()) -> NodeCount:
+        """The count of one node; ``grads``: in training, which inputs need a gradient."""
         op_type = proto.op_type
         op = self._ops.get((proto.domain, op_type)) or self._op(proto.domain, op_type)
         table = self.tensors.__getitem__
@@ -295,7 +297,6 @@ class _Traversal:
         status, family = op.status, op.family
         parts: tuple = ()
         bound = ""
-        grads = self.training.grads.get(idx, ()) if self.training is not None else ()
         ctx = None
         cost = ZERO
         if status == FORMULA:

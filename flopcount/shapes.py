@@ -378,7 +378,7 @@ def prepare(
 
 def resolve(model: ModelProto, dag: nx.DiGraph, where: str, first: "Inference | None" = None) -> Resolution:
     """Resolve every tensor's shape that can be resolved without weights (``model`` is weightless
-    and :func:`prepare`\ d). ``first``, when given, is the first inference, already started."""
+    and prepared by :func:`prepare`). ``first``, when given, is the first inference, already started."""
     bodies = bool(dag.graph["bodies"])
     tensors = _collect(first.result() if first is not None else _infer(model, where), bodies)
     values: dict[str, np.ndarray] = {}
