@@ -129,6 +129,7 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
         protos, names = dag.graph["protos"], dag.graph["names"]
         attributes_of = _AttributeCache(opsets, where)
         attributes = [attributes_of(p, n) for p, n in zip(protos, names)]
+        params = _params(m, frozenset(input_values or ()))
         lap("graph")
         res = resolve(m, dag, where, inference)
     finally:
@@ -141,7 +142,7 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
     grads = training.grads if training is not None else {}
     nodes = [walk.node(protos[idx], idx, names[idx], attributes[idx], grads.get(idx, ())) for idx in dag.graph["order"]]
 
-    report = _report(m, loaded.path, dag, res, nodes, conv, batch, strict, where, frozenset(input_values or ()),
+    report = _report(m, loaded.path, dag, res, nodes, conv, batch, strict, where, params,
                      walk.nested_unsupported)
     if training is not None:
         trainable = sum(prod(res.tensors[n].shape) for n in training.trainable if res.tensors.get(n) is not None)
@@ -466,7 +467,14 @@ def _fix_hint(inputs: Sequence[TensorInfo], inference_error: str) -> str:
     return " ".join(parts)
 
 
-def _report(m, path, dag, res, nodes, conv, batch, strict, where, given: frozenset, nested: Mapping[str, int]) -> Report:
+def _params(m: ModelProto, given: frozenset) -> int:
+    """Parameter count: elements of the initializers that are not shape-like (integers, bools,
+    strings) nor inputs whose values the user gave."""
+    params = sum(prod(t.dims) for t in m.graph.initializer if t.data_type not in _NON_PARAM_TYPES and t.name not in given)
+    return params + sum(prod(sp.dims) for sp in m.graph.sparse_initializer)
+
+
+def _report(m, path, dag, res, nodes, conv, batch, strict, where, params: int, nested: Mapping[str, int]) -> Report:
     groups: dict[str, list[NodeCount]] = {}
     for n in nodes:
         key = op_key(n.domain, n.op_type) if n.domain else n.op_type
@@ -498,8 +506,6 @@ def _report(m, path, dag, res, nodes, conv, batch, strict, where, given: frozens
 
     if batch is None:
         batch = next((t.shape[0] for t in res.inputs if t.shape and isinstance(t.shape[0], int)), 1)
-    params = sum(prod(t.dims) for t in m.graph.initializer if t.data_type not in _NON_PARAM_TYPES and t.name not in given)
-    params += sum(prod(sp.dims) for sp in m.graph.sparse_initializer)
 
     info = ModelInfo(
         path=path,

@@ -169,18 +169,26 @@ def _strip_tensor(t: TensorProto) -> None:
     t.data_location = TensorProto.DEFAULT
 
 
+# Standard operators whose attributes can hold tensors or subgraphs; nodes of other domains are
+# inspected too. Reading every attribute of every node would cost more than parsing the file.
+_TENSOR_ATTRIBUTE_OPS = frozenset({"Constant", "ConstantOfShape", "If", "Loop", "Scan", "SequenceMap"})
+
+
 def _big_tensors(graph: onnx.GraphProto):
-    """Initializers and Constant-node tensors that are weights, in this graph and all subgraphs."""
+    """Initializers and Constant-node tensors that are weights, in this graph and all subgraphs.
+
+    External initializers are left as they are: their data is a reference to a file that nothing
+    here ever opens, and ``data_location`` keeps saying so to every later reader.
+    """
     for t in graph.initializer:
-        if t.data_location == TensorProto.EXTERNAL:
-            t.ClearField("external_data")  # never followed; no bytes to drop
-            t.data_location = TensorProto.DEFAULT
-        elif not _is_small(t):
+        if t.data_location != TensorProto.EXTERNAL and not _is_small(t):
             yield t
     for sp in graph.sparse_initializer:
         yield sp.values
         yield sp.indices
     for node in graph.node:
+        if node.op_type not in _TENSOR_ATTRIBUTE_OPS and node.domain in ("", "ai.onnx"):
+            continue
         for a in node.attribute:
             if a.type == onnx.AttributeProto.TENSOR and not _is_small(a.t):
                 yield a.t

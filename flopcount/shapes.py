@@ -273,13 +273,22 @@ def _may_fork(model: ModelProto) -> bool:
 _SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
 
-def _collect(model: ModelProto, bodies: bool = True) -> dict[str, TensorInfo]:
+def _collect(model: ModelProto, bodies: bool = True, initializers: Mapping[str, TensorInfo] | None = None) -> dict[str, TensorInfo]:
+    """Tensor infos of an inferred model; ``initializers``, when given, are the top graph's
+    initializer infos (see :func:`initializer_infos`), already read."""
     out: dict[str, TensorInfo] = {}
-    _collect_graph(model.graph, out, bodies)
+    _collect_graph(model.graph, out, bodies, initializers)
     return out
 
 
-def _collect_graph(g: onnx.GraphProto, out: dict[str, TensorInfo], bodies: bool = True) -> None:
+def initializer_infos(g: onnx.GraphProto) -> dict[str, TensorInfo]:
+    """Infos of a graph's initializers (their dims and types are declared: no inference needed)."""
+    make = tuple.__new__
+    return {t.name: make(TensorInfo, (t.name, t.data_type, tuple(t.dims), True)) for t in g.initializer}
+
+
+def _collect_graph(g: onnx.GraphProto, out: dict[str, TensorInfo], bodies: bool = True,
+                   initializers: Mapping[str, TensorInfo] | None = None) -> None:
     """Tensor infos of ``g`` and, recursively, of its subgraphs (names are unique across scopes);
     ``bodies=False`` skips the scan for subgraphs (the graph has none)."""
     for node in g.node if bodies else ():
@@ -291,9 +300,7 @@ def _collect_graph(g: onnx.GraphProto, out: dict[str, TensorInfo], bodies: bool 
     # distinct one is decoded once, keyed by its serialized bytes.
     make = tuple.__new__
     decoded: dict[bytes, tuple | None] = {}
-    for t in g.initializer:
-        dims = tuple(t.dims)
-        out[t.name] = make(TensorInfo, (t.name, t.data_type, dims, True))
+    out.update(initializer_infos(g) if initializers is None else initializers)
     for vi in (*g.input, *g.value_info, *g.output):
         name = vi.name
         prev = out.get(name)
@@ -380,7 +387,8 @@ def resolve(model: ModelProto, dag: nx.DiGraph, where: str, first: "Inference | 
     """Resolve every tensor's shape that can be resolved without weights (``model`` is weightless
     and prepared by :func:`prepare`). ``first``, when given, is the first inference, already started."""
     bodies = bool(dag.graph["bodies"])
-    tensors = _collect(first.result() if first is not None else _infer(model, where), bodies)
+    declared = initializer_infos(model.graph)  # read while a child may still be inferring
+    tensors = _collect(first.result() if first is not None else _infer(model, where), bodies, declared)
     values: dict[str, np.ndarray] = {}
     rounds = 1
     pending = _unresolved(dag, tensors)
