@@ -9,6 +9,7 @@ import os
 import time
 from functools import lru_cache
 from math import prod
+from operator import itemgetter
 from types import MappingProxyType
 from typing import Any, Mapping, NamedTuple, Sequence
 
@@ -128,7 +129,7 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
         opsets = _opsets(m)
         protos, names = dag.graph["protos"], dag.graph["names"]
         attributes_of = _AttributeCache(opsets, where)
-        attributes = [attributes_of(p, n) for p, n in zip(protos, names)]
+        attributes = [attributes_of(p, n, op=o) for p, n, o in zip(protos, names, dag.graph["node_ops"])]
         params = _params(m, frozenset(input_values or ()))
         lap("graph")
         res = resolve(m, dag, where, inference)
@@ -140,7 +141,11 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
     training = _training_plan(m, dag, res.tensors, opsets) if mode == "train" else None
     walk = _Traversal(res.tensors, res.values, conv, opsets, hint, where, loop_trips or {}, attributes_of)
     grads = training.grads if training is not None else {}
-    nodes = [walk.node(protos[idx], idx, names[idx], attributes[idx], grads.get(idx, ())) for idx in dag.graph["order"]]
+    node_inputs, node_outputs, node_ops = dag.graph["node_inputs"], dag.graph["node_outputs"], dag.graph["node_ops"]
+    nodes = [
+        walk.node(protos[i], i, names[i], attributes[i], grads.get(i, ()), node_inputs[i], node_outputs[i], node_ops[i])
+        for i in dag.graph["order"]
+    ]
 
     report = _report(m, loaded.path, dag, res, nodes, conv, batch, strict, where, params,
                      walk.nested_unsupported)
@@ -233,6 +238,9 @@ def _training_plan(m: ModelProto, dag, tensors, opsets) -> _TrainingPlan:
     return _TrainingPlan(grads, frozenset(trainable))
 
 
+_TYPE = itemgetter(slice(1, 3))  # a TensorInfo's (elem_type, shape)
+
+
 class _TensorTable(dict):
     """Tensor name → :class:`TensorInfo`; a name without an entry reads as an info without type or
     shape, and the empty name of an omitted optional input as None. Lookups stay in C
@@ -288,13 +296,17 @@ class _Traversal:
         return op
 
     def node(self, proto: onnx.NodeProto, idx: int, name: str, attrs: Mapping[str, Any] | None,
-             grads: tuple[bool, ...] = ()) -> NodeCount:
-        """The count of one node; ``grads``: in training, which inputs need a gradient."""
-        op_type = proto.op_type
-        op = self._ops.get((proto.domain, op_type)) or self._op(proto.domain, op_type)
+             grads: tuple[bool, ...] = (), inputs: Sequence[str] | None = None,
+             outputs: Sequence[str] | None = None, kind: tuple[str, str] | None = None) -> NodeCount:
+        """The count of one node; ``grads``: in training, which inputs need a gradient; ``inputs``,
+        ``outputs`` and ``kind`` (domain, op_type): what was already read of ``proto``."""
+        if kind is None:
+            kind = (proto.domain, proto.op_type)
+        op_type = kind[1]
+        op = self._ops.get(kind) or self._op(*kind)
         table = self.tensors.__getitem__
-        ins = tuple(map(table, proto.input))
-        outs = tuple(map(table, proto.output))
+        ins = tuple(map(table, proto.input if inputs is None else inputs))
+        outs = tuple(map(table, proto.output if outputs is None else outputs))
         status, family = op.status, op.family
         parts: tuple = ()
         bound = ""
@@ -306,7 +318,7 @@ class _Traversal:
             # the formula read a constant's value or a subgraph (or a trip count was given).
             key = known = None
             if trips is None and None not in ins and None not in outs:
-                key = (op_type, op.domain, id(attrs), grads, *[t[1:3] for t in ins], None, *[t[1:3] for t in outs])
+                key = (op_type, op.domain, id(attrs), grads, *map(_TYPE, ins), None, *map(_TYPE, outs))
                 known = self._memo.get(key)
             if known is not None:
                 cost, bound, parts = known
@@ -431,8 +443,11 @@ class _AttributeCache:
         self._wanted: dict[tuple[str, str], bool] = {}
         self._converted: dict[tuple, dict[str, Any]] = {}
 
-    def __call__(self, node: onnx.NodeProto, name: str, force: bool = False) -> dict[str, Any] | None:
-        op = (node.domain, node.op_type)
+    def __call__(self, node: onnx.NodeProto, name: str, force: bool = False,
+                 op: tuple[str, str] | None = None) -> dict[str, Any] | None:
+        """``op``: the node's (domain, op_type), when already read."""
+        if op is None:
+            op = (node.domain, node.op_type)
         wanted = self._wanted.get(op)
         if wanted is None:
             rule = lookup(canonical_domain(node.domain), node.op_type)

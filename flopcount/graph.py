@@ -4,7 +4,9 @@ Node attributes: ``proto`` (the NodeProto) and ``name`` (the node's name, or ``O
 where the model leaves it empty). Edge attribute ``tensors``: the names flowing along the edge.
 Graph attributes: ``producer`` (tensor → node index), ``inputs`` (real graph inputs: declared
 inputs that are not initializers), ``initializers``, ``outputs``, ``order`` (a topological order
-of the node indices) and ``bodies`` (indices of nodes with subgraphs: If, Loop, Scan ...).
+of the node indices), ``bodies`` (indices of nodes with subgraphs: If, Loop, Scan ...), and per
+node index ``protos``, ``names``, ``node_ops`` ((domain, op_type) as written), ``node_inputs`` and
+``node_outputs`` (tuples of tensor names, "" for an omitted optional one).
 """
 
 from __future__ import annotations
@@ -51,10 +53,17 @@ def build_graph(graph: onnx.GraphProto, where: str, outer: Iterable[str] = ()) -
     declared_inputs = [i.name for i in graph.input]
     available = set(outer) | initializers | set(declared_inputs)
 
+    # Every node's input and output names, read from protobuf once; later passes use these tuples.
+    node_inputs = [tuple(n.input) for n in protos]
+    node_outputs = [tuple(n.output) for n in protos]
+    node_ops = [(n.domain, n.op_type) for n in protos]
+
     # Checked in bulk; the node-by-node search for the culprit runs only when a check fails.
-    writes = [(out, idx) for idx, node in enumerate(protos) for out in node.output if out]
-    producer = dict(writes)
-    if len(producer) != len(writes) or not producer.keys().isdisjoint(initializers.union(declared_inputs)):
+    producer = {out: idx for idx, outs in enumerate(node_outputs) for out in outs}
+    written = sum(map(len, node_outputs)) - sum(outs.count("") for outs in node_outputs)
+    producer.pop("", None)  # omitted optional outputs
+    if len(producer) != written or not producer.keys().isdisjoint(initializers.union(declared_inputs)):
+        writes = [(out, idx) for idx, outs in enumerate(node_outputs) for out in outs if out]
         _explain_bad_write(protos, writes, initializers, set(declared_inputs), where)
 
     dag = nx.DiGraph(
@@ -65,15 +74,18 @@ def build_graph(graph: onnx.GraphProto, where: str, outer: Iterable[str] = ()) -
     )
     names = [node_label(n, i) for i, n in enumerate(protos)]
     dag.graph["protos"], dag.graph["names"] = protos, names
+    dag.graph["node_inputs"], dag.graph["node_outputs"] = node_inputs, node_outputs
+    dag.graph["node_ops"] = node_ops
 
     # The adjacency is built as plain dicts and handed to networkx in one step: adding 100k nodes
     # and edges one by one through add_nodes_from/add_edges_from costs more than everything else here.
     succ: dict[int, dict[int, dict]] = {i: {} for i in range(len(protos))}
     pred: dict[int, dict[int, dict]] = {i: {} for i in range(len(protos))}
     bodies = []  # nodes with subgraph attributes
-    reads = [node.input for node in protos]
-    for idx, node in enumerate(protos):
-        if node.op_type in SUBGRAPH_OPS or node.domain not in ("", "ai.onnx"):
+    reads: list = node_inputs.copy()
+    for idx, (domain, op_type) in enumerate(node_ops):
+        if op_type in SUBGRAPH_OPS or domain not in ("", "ai.onnx"):
+            node = protos[idx]
             if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
                 bodies.append(idx)
             outer_reads = subgraph_outer_names(node)
