@@ -19,6 +19,11 @@ Every time is the median of ``--repeat`` runs after one warm-up; bare ``onnx.loa
 ``flopcount.count`` run in alternation so that both see the same machine state. Peak memory is the peak RSS of a fresh
 subprocess that only runs the measured call; "net" subtracts the peak of a subprocess that only
 imports onnx and flopcount. This is a benchmark that prints figures, not a test: nothing asserts.
+
+On Linux, graphs of at least ``flopcount.shapes.PARALLEL_MIN_NODES`` nodes run ONNX's shape inference in
+a forked child while the DAG is built (see ``flopcount.shapes.Inference``): the "graph" phase then
+overlaps the inference and "shapes" is what is left of it. ``--no-parallel`` (or FLOPCOUNT_PARALLEL=0)
+keeps everything in one process, for comparison.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tabulate import tabulate
 
 import flopcount
+import flopcount.shapes
 
 PHASES = ("load", "graph", "shapes", "count")
 MB = 1024 * 1024
@@ -271,6 +277,7 @@ class Result:
     peak_mb: float = float("nan")  # flopcount child, raw peak RSS
     onnx_peak_mb: float = float("nan")  # bare onnx.load child, raw peak RSS
     base_mb: float = float("nan")  # import-only child
+    inference_child_mb: float = 0.0  # flopcount's forked shape-inference process, raw peak RSS (0: none)
     tool_s: float | None = None  # onnx-tool total, None when not run
     tool_note: str = ""
 
@@ -325,17 +332,22 @@ try:  # VmHWM starts afresh at exec; ru_maxrss may carry the parent's peak over 
         kb = next(int(l.split()[1]) for l in f if l.startswith("VmHWM:"))
 except (OSError, StopIteration):
     kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // (1024 if sys.platform == "darwin" else 1)
-print(kb)
+# flopcount's shape-inference child, when it forked one (copy-on-write pages shared with the parent
+# count in both figures)
+children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // (1024 if sys.platform == "darwin" else 1)
+print(kb, children)
 """
 
 
-def child_peak_mb(mode: str, path: str) -> float:
-    """Peak RSS (MB) of a fresh interpreter that imports onnx + flopcount and runs ``mode`` once."""
+def child_peak_mb(mode: str, path: str) -> tuple[float, float]:
+    """Peak RSS (MB) of a fresh interpreter that imports onnx + flopcount and runs ``mode`` once,
+    and the peak of its own largest child process (0 when it started none)."""
     proc = subprocess.run([sys.executable, "-c", _CHILD, mode, path], capture_output=True, text=True)
     if proc.returncode != 0:
         print(f"  ! {mode} child failed: {proc.stderr.strip().splitlines()[-1:]}")
-        return float("nan")
-    return int(proc.stdout.split()[-1]) / 1024
+        return float("nan"), float("nan")
+    own, children = proc.stdout.split()[-2:]
+    return int(own) / 1024, int(children) / 1024
 
 
 def onnx_tool_runner() -> tuple[Callable[[str], object] | None, str]:
@@ -366,9 +378,9 @@ def measure(name: str, path: str, inline: bool, repeat: int, tool: Callable | No
     r.flops, r.unsupported = report.total.flops, dict(report.unsupported)
     del report
     gc.collect()
-    r.base_mb = child_peak_mb("import", path)
-    r.onnx_peak_mb = child_peak_mb("onnx", path)
-    r.peak_mb = child_peak_mb("flopcount", path)
+    r.base_mb = child_peak_mb("import", path)[0]
+    r.onnx_peak_mb = child_peak_mb("onnx", path)[0]
+    r.peak_mb, r.inference_child_mb = child_peak_mb("flopcount", path)
     if tool is not None:
         try:
             r.tool_s = median_time(lambda: tool(path), repeat)
@@ -385,6 +397,8 @@ def describe(r: Result) -> None:
     )
     net = r.peak_mb - r.base_mb
     line = f"  peak RSS: flopcount {r.peak_mb:.0f} MB (net {net:.0f}), onnx.load {r.onnx_peak_mb:.0f} MB (net {r.onnx_peak_mb - r.base_mb:.0f}), imports only {r.base_mb:.0f} MB"
+    if r.inference_child_mb:
+        line += f"; its shape-inference child {r.inference_child_mb:.0f} MB (pages shared with the parent count in both)"
     if r.inline:
         line += f"; flopcount/onnx.load time {r.total_s / r.onnx_load_s:.2f}x; peak/file {r.peak_mb / r.file_mb:.2f}x (net {net / r.file_mb:.2f}x)"
     print(line)
@@ -481,7 +495,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=_sizes, help="node counts of the synthetic graphs (default 1000,10000,100000; --quick: 1000,10000)")
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per measurement, after one warm-up (default 3)")
     parser.add_argument("--quick", action="store_true", help="1k and 10k graphs and a ~20 MB inline model only")
+    parser.add_argument("--no-parallel", action="store_true", help="no shape-inference child process (FLOPCOUNT_PARALLEL=0)")
     args = parser.parse_args(argv)
+    if args.no_parallel:
+        os.environ["FLOPCOUNT_PARALLEL"] = "0"  # read by every count, here and in the memory subprocesses
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
     sizes = args.sizes or ([1000, 10_000] if args.quick else [1000, 10_000, 100_000])
@@ -490,6 +507,8 @@ def main(argv: list[str] | None = None) -> int:
     tool, tool_label = onnx_tool_runner()
     print(f"flopcount {flopcount.__version__}, onnx {onnx.__version__}, python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
     print(f"medians of {args.repeat} runs after one warm-up; {tool_label}")
+    parallel = os.environ.get("FLOPCOUNT_PARALLEL", "1") != "0" and sys.platform.startswith("linux")
+    print(f"shape inference in a child process for graphs of {flopcount.shapes.PARALLEL_MIN_NODES}+ nodes: {'on' if parallel else 'off'}")
 
     results: list[Result] = []
     with tempfile.TemporaryDirectory(prefix="flopcount-bench-") as tmp:
