@@ -324,10 +324,7 @@ class _Traversal:
                 cost, bound, parts = known
             else:
                 self._looked = False
-                ctx = NodeContext(
-                    name, op_type, op.domain, self.opsets.get(op.domain, 0), ins, outs, self.convention,
-                    self._value, self.hint, self._subgraph, trips, grads,
-                )
+                ctx = self._context(name, op, op_type, ins, outs, trips, grads)
                 cost = _apply(op.rule.fn, ctx, attrs or {}, self.where)
                 if type(cost) is not Cost:
                     if isinstance(cost, Bound):
@@ -341,10 +338,7 @@ class _Traversal:
         if grads and op.rule is not None:
             if op.backward is not None:
                 if ctx is None:
-                    ctx = NodeContext(
-                        name, op_type, op.domain, self.opsets.get(op.domain, 0), ins, outs, self.convention,
-                        self._value, self.hint, self._subgraph, self.loop_trips.get(name), grads,
-                    )
+                    ctx = self._context(name, op, op_type, ins, outs, self.loop_trips.get(name), grads)
                 if attrs is None:
                     attrs = self.attributes_of(proto, name, force=True)
                 back = self.convention.apply(family, _apply(op.backward, ctx, attrs or {}, self.where))
@@ -352,6 +346,12 @@ class _Traversal:
                 key = op_key(op.domain, op_type)
                 self.backward_unsupported[key] = self.backward_unsupported.get(key, 0) + 1
         return NodeCount(idx, name, op_type, op.domain, family, status, ins, outs, cost, parts, back, bound)
+
+    def _context(self, name, op: _Op, op_type, ins, outs, trips, grads) -> NodeContext:
+        return NodeContext(
+            name, op_type, op.domain, self.opsets.get(op.domain, 0), ins, outs, self.convention,
+            self._value, self.hint, self._subgraph, trips, grads,
+        )
 
     def graph(self, g: onnx.GraphProto) -> Cost:
         """Total cost of one run of a subgraph (its nodes are in topological order, as ONNX requires)."""
