@@ -196,20 +196,47 @@ class _TrainingPlan:
     trainable: frozenset[str]  # initializers that are trained
 
 
+# Where a schema leaves an input's gradient category Unknown (older opsets, a few ops), the newest
+# schema of the op (or of its successor) is asked for the input of the same name; inputs listed here
+# hold coordinates or indices and are never trained, though no schema says so.
+_SUCCESSOR = {"Upsample": "Resize"}
+_COORDINATES: Mapping[str, frozenset[str]] = {
+    "RoiAlign": frozenset({"rois", "batch_indices"}),
+    "MaxRoiPool": frozenset({"rois"}),
+}
+
+
 @lru_cache(maxsize=None)
 def _differentiable(op_type: str, version: int, domain: str, n_inputs: int) -> tuple[bool, ...]:
     """Per input position: may a gradient flow through it (schema category not NonDifferentiable,
     and not a buffer such as BatchNormalization's running statistics)?"""
     schema = _schema(op_type, version, domain) if version else None
     buffers = buffer_inputs(domain, op_type)
+    unknown = onnx.defs.OpSchema.DifferentiationCategory.Unknown
     out = []
     for i in range(n_inputs):
         ok = True
         if schema is not None and schema.inputs:
             formal = schema.inputs[min(i, len(schema.inputs) - 1)]
-            ok = formal.differentiation_category != onnx.defs.OpSchema.DifferentiationCategory.NonDifferentiable
+            category = formal.differentiation_category
+            if category == unknown:
+                category = _newest_category(op_type, domain, formal.name)
+            ok = category != onnx.defs.OpSchema.DifferentiationCategory.NonDifferentiable
+            ok = ok and (domain != DEFAULT_DOMAIN or formal.name not in _COORDINATES.get(op_type, ()))
         out.append(ok and i not in buffers)
     return tuple(out)
+
+
+def _newest_category(op_type: str, domain: str, input_name: str):
+    """The gradient category the newest schema of ``op_type`` (or its successor) gives the input
+    named ``input_name``; Unknown when none says."""
+    unknown = onnx.defs.OpSchema.DifferentiationCategory.Unknown
+    for op in (op_type, _SUCCESSOR.get(op_type)) if domain == DEFAULT_DOMAIN else (op_type,):
+        newest = _schema(op, 10**6, domain) if op else None
+        for formal in newest.inputs if newest is not None else ():
+            if formal.name == input_name and formal.differentiation_category != unknown:
+                return formal.differentiation_category
+    return unknown
 
 
 def _training_plan(m: ModelProto, dag, tensors, opsets) -> _TrainingPlan:

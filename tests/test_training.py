@@ -106,3 +106,33 @@ def test_cli_train_json(capsys, save):
 def test_optimizer_needs_train_mode():
     with pytest.raises(flopcount.UsageError):
         flopcount.count(conv_stack(), optimizer="adam")
+
+
+@pytest.mark.parametrize("op, opset, extra", [
+    pytest.param("Upsample", 9, [], id="upsample-9"),
+    pytest.param("Resize", 10, [], id="resize-10"),
+    pytest.param("Resize", 11, ["roi"], id="resize-11"),
+])
+def test_resize_scales_are_not_trained_where_the_schema_leaves_them_unknown(op, opset, extra):
+    # conv W[5, 3, 1, 1] (15 trainable) → Resize by 2 with a float scales initializer: never a parameter
+    from conftest import const
+    import numpy as np
+
+    inits = [weight("W", (5, 3, 1, 1)), const("scales", [1, 1, 2, 2], dtype=np.float32)]
+    if extra:
+        inits.insert(1, const("roi", [], dtype=np.float32))
+    resize_inputs = ["c", *extra, "scales"]
+    nodes = [N("Conv", ["x", "W"], ["c"], name="conv"), N(op, resize_inputs, ["y"], name="resize")]
+    r = flopcount.count(model(nodes, {"x": (1, 3, 4, 4)}, ["y"], inits, opset=opset), mode="train")
+    assert r.trainable_params == 5 * 3
+
+
+def test_roi_coordinates_are_not_trained():
+    from conftest import const
+    import numpy as np
+
+    inits = [weight("W", (4, 3, 1, 1)), const("rois", [[0, 0, 3, 3]], dtype=np.float32), const("idx", [0])]
+    nodes = [N("Conv", ["x", "W"], ["c"], name="conv"),
+             N("RoiAlign", ["c", "rois", "idx"], ["y"], name="align", output_height=2, output_width=2)]
+    r = flopcount.count(model(nodes, {"x": (1, 3, 5, 5)}, ["y"], inits, opset=16), mode="train")
+    assert r.trainable_params == 4 * 3
