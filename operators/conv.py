@@ -6,7 +6,7 @@ from math import prod
 
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
-from flopcount.operators.elementwise import activation as elementwise_activation
+from flopcount.operators.elementwise import ELEMENTWISE_BACKWARD, activation as elementwise_activation
 from flopcount.registry import backward, formula
 
 
@@ -61,6 +61,24 @@ def conv_transpose(ctx: NodeContext, **_) -> Cost:
     return Cost(flops=flops, macs=macs)
 
 
+@backward("ConvTranspose")
+def conv_transpose_backward(ctx: NodeContext, **_) -> Cost:
+    """dX = Conv(dY, W): the forward MACs N·C_in·S_in·K·C_out/G, when X needs a gradient (not for a
+    first layer fed by data); dW = X ⋆ dY: the forward MACs again; dB = Σ dY over N and space: |Y|
+    additions.
+
+    Both products pair each input element with the K·C_out/G outputs it fed, so each costs exactly
+    the forward's MACs, for any strides, dilations, pads or output_padding (products the forward
+    cropped off are counted again, as in the forward). The bias term is dropped by ``table3``.
+    """
+    y = ctx.out_numel()
+    macs = ctx.numel(0) * prod(ctx.shape(1)[1:]) * (ctx.needs_grad(0) + ctx.needs_grad(1))
+    flops = ctx.convention.conv_flops_per_mac * macs
+    if ctx.has_input(2) and ctx.needs_grad(2) and ctx.convention.count_bias:
+        flops += y
+    return Cost(flops=flops, macs=macs)
+
+
 @formula("DeformConv", family="conv")
 def deform_conv(ctx: NodeContext, *, offset_group: int = 1, **_) -> Cost:
     """FLOPs = 2·N·C_out·S_out·K·C_in/G + (2^(d+1) − 1 + m)·N·C_in·K·S_out
@@ -90,6 +108,59 @@ def deform_conv(ctx: NodeContext, *, offset_group: int = 1, **_) -> Cost:
     return Cost(flops=flops, macs=macs)
 
 
+def _slope_flops(d: int) -> int:
+    """FLOPs of one axis' derivative of a d-linear interpolation, ∂v/∂q_a = Σ over the 2^(d−1) corner
+    pairs along a of (X_hi − X_lo)·(product of the other axes' weights): 2^(d−1) subtractions,
+    2^(d−1) multiplies (none in 1-D, where the product is 1) and 2^(d−1) − 1 additions."""
+    pairs = 2 ** (d - 1)
+    return pairs + (pairs if d > 1 else 0) + pairs - 1
+
+
+@backward("DeformConv")
+def deform_conv_backward(ctx: NodeContext, *, offset_group: int = 1, **_) -> Cost:
+    """FLOPs = 2·M·([W] + [X ∨ offset ∨ mask]) + samples·(m·[X ∨ offset] + 2^(d+1)·[X] + 2·[mask]
+    + d·(s_d + 2)·[offset]) + d·2^(d−1)·max(d − 2, 0)·points·[offset] (+ |Y| for dB), with
+    M = N·C_out·S_out·K·C_in/G the forward MACs, samples = N·C_in·K·S_out, points = N·og·K·S_out,
+    m = 1 with a mask, s_d = 3·2^(d−1) − 1 (1 in 1-D) and [·] = 1 when that input needs a gradient
+    (2-D: 1 + 8 for dX, 2 for the mask, 14 for the offsets per sample).
+
+    The forward is Y = W ⋆ col with col = m·v and v the d-linear sample of X at p + Δ (see the
+    forward formula). dW = dY·colᵀ and dcol = Wᵀ·dY (needed by X, offset and mask) are each the
+    forward's M MACs; g = m·dcol costs 1 multiply per sample with a mask. dX scatters g to the 2^d
+    corners through their weights (2^d multiplies + 2^d additions per sample); dmask = Σ dcol·v over
+    the C_in/og channels of an offset group (1 multiply + 1 addition per sample); each offset
+    coordinate a gets Σ g·∂v/∂q_a (∂v/∂q_a: s_d FLOPs, see :func:`_slope_flops`; then 1 multiply +
+    1 addition per sample), its per-point products of the other d − 1 axes' weights costing
+    2^(d−1)·(d − 2) multiplies per axis from 3-D on (none in 1-D and 2-D). dB = Σ dY: |Y| additions
+    (dropped by ``table3``). Accumulations count one addition per term, the first included. The
+    forward's columns, corner weights and fractional parts are taken as kept, not recomputed
+    (implementations that recompute them, as torchvision does, add the forward's sampling terms).
+    """
+    x, w = ctx.shape(0), ctx.shape(1)
+    d = len(x) - 2
+    k = prod(w[2:])
+    y = ctx.out_numel()
+    s_out = prod(ctx.out_shape()[2:])
+    samples = x[0] * x[1] * k * s_out
+    points = x[0] * offset_group * k * s_out
+    masked = ctx.has_input(4)
+    g_x, g_w, g_offset = ctx.needs_grad(0), ctx.needs_grad(1), ctx.needs_grad(2)
+    g_mask = masked and ctx.needs_grad(4)
+    macs = y * prod(w[1:]) * (g_w + (g_x or g_offset or g_mask))
+    flops = ctx.convention.conv_flops_per_mac * macs
+    if masked and (g_x or g_offset):
+        flops += samples
+    if g_x:
+        flops += 2 ** (d + 1) * samples
+    if g_mask:
+        flops += 2 * samples
+    if g_offset:
+        flops += d * (_slope_flops(d) + 2) * samples + d * 2 ** (d - 1) * max(d - 2, 0) * points
+    if ctx.has_input(3) and ctx.needs_grad(3) and ctx.convention.count_bias:
+        flops += y
+    return Cost(flops=flops, macs=macs)
+
+
 @formula("Col2Im", family="conv")
 def col2im(ctx: NodeContext, **_) -> Cost:
     """FLOPs = |X| = N·C·K·L: one addition per input element (every column entry is added into its
@@ -101,6 +172,18 @@ def col2im(ctx: NodeContext, **_) -> Cost:
     """
     x = ctx.numel(0)
     return Cost(flops=x) if ctx.in_is_float(0) else Cost(int_ops=x)
+
+
+@backward("Col2Im")
+def col2im_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = 0: dX = Im2Col(dY), a gather; each of the |X| = N·C·K·L column entries reads the
+    image gradient at the position it was added into (zero where it fell in the padding).
+
+    The adjoint of a scatter-add is a gather: the overlap additions belong to the forward, the
+    backward only moves |X| values (data movement, not counted). image_shape and block_shape are
+    shapes, not differentiable.
+    """
+    return Cost()
 
 
 @formula("CausalConvWithState", family="conv")
@@ -123,3 +206,30 @@ def causal_conv_with_state(ctx: NodeContext, *, activation: str = "none", **_) -
     if activation.lower() in ("silu", "swish"):
         cost += elementwise_activation(ctx.convention, "Swish", y)
     return cost
+
+
+@backward("CausalConvWithState")
+def causal_conv_with_state_backward(ctx: NodeContext, *, activation: str = "none", **_) -> Cost:
+    """FLOPs = 2·N·C·L·K·([X] + [W]) (+ N·C·L for dB, + 5·N·C·L with N·C·L transcendentals for the
+    SiLU), [·] = 1 when that input needs a gradient: dX = dZ ⋆ᵀ W and dW = dZ ⋆ X, the forward MACs
+    N·C·L·K each; dB = Σ dZ over N and L; dZ = dY·silu'(z) with activation silu/swish.
+
+    dX counts the forward's MACs also for the K(K − 1)/2 products per channel and sample that fall on
+    past_state (as Conv's dX counts those falling on padding); past_state and present_state are not
+    differentiable (schema), so they take and pass no gradient. The SiLU derivative
+    σ(z)·(1 + z·(1 − σ(z))) is counted as the element-wise Swish backward (5 FLOPs, one exp per
+    element), once whenever any input needs a gradient. The bias term is dropped by ``table3``.
+    """
+    y = ctx.out_numel()
+    g_x, g_w = ctx.needs_grad(0), ctx.needs_grad(1)
+    g_b = ctx.has_input(2) and ctx.needs_grad(2)
+    macs = y * ctx.shape(1)[-1] * (g_x + g_w)
+    flops = ctx.convention.conv_flops_per_mac * macs
+    transcendentals = 0
+    if activation.lower() in ("silu", "swish") and (g_x or g_w or g_b):
+        per, _, trans = ELEMENTWISE_BACKWARD["Swish"]
+        flops += per * y
+        transcendentals = trans * y
+    if g_b and ctx.convention.count_bias:
+        flops += y
+    return Cost(flops=flops, macs=macs, transcendentals=transcendentals)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from flopcount.context import NodeContext
 from flopcount.cost import Bound, Cost
-from flopcount.registry import formula
+from flopcount.registry import backward, formula
 
 BILINEAR_SAMPLE = 7  # 4 multiplies + 3 adds (avg) or 3 maxes (max) per sample and channel
 SAMPLE_POINT = 14  # per sample point, shared by the channels: 2·3 coordinates + 2 fractions, 2 complements, 4 weights
@@ -36,14 +36,38 @@ def roi_align(ctx: NodeContext, *, sampling_ratio: int = 0, mode: str = "avg", *
     (y0 + p·bin + (i + ½)·bin/s), 2 fractional parts, 2 complements and 4 corner weights. Per-ROI
     setup (scaling and bin sizes, about 12 FLOPs per ROI) and the bounds checks are not counted.
     """
-    x, y = ctx.shape(0), ctx.out_shape()
-    r, _, h, w = y
-    if sampling_ratio > 0:
-        s = sampling_ratio * sampling_ratio
-    else:
-        s = _ceil_div(x[2], h) * _ceil_div(x[3], w)
+    r, _, h, w = ctx.out_shape()
+    s = _samples_per_bin(ctx, sampling_ratio)
     per_output = BILINEAR_SAMPLE * s + (s if mode == "avg" else s - 1)
     return Cost(flops=per_output * ctx.out_numel() + SAMPLE_POINT * r * h * w * s)
+
+
+def _samples_per_bin(ctx: NodeContext, sampling_ratio: int) -> int:
+    """S: sampling_ratio², or for sampling_ratio = 0 the bound ⌈H/h⌉·⌈W/w⌉ (see :func:`roi_align`)."""
+    if sampling_ratio > 0:
+        return sampling_ratio * sampling_ratio
+    x, y = ctx.shape(0), ctx.out_shape()
+    return _ceil_div(x[2], y[2]) * _ceil_div(x[3], y[3])
+
+
+@backward("RoiAlign")
+def roi_align_backward(ctx: NodeContext, *, sampling_ratio: int = 0, mode: str = "avg", **_) -> Cost:
+    """FLOPs = (8S + 1)·|Y| (avg) or 2·|Y| (max) when X needs a gradient, with the forward's S sample
+    points per bin (the same bound when sampling_ratio = 0).
+
+    avg: each output gradient is divided by S once, then each of its S samples scatters it to the 4
+    corners through their bilinear weights (4 multiplies + 4 additions into dX, the first write
+    included, as for every scatter-add). max: the output took the largest weighted corner, so dY
+    times that corner's weight is added there (1 multiply + 1 addition; the argmax is kept from the
+    forward). The sample points' coordinates and weights (14 FLOPs per point, shared by the
+    channels) are taken as kept from the forward, not recomputed (kernels that recompute them add
+    14·R·h·w·S). The ROIs get no gradient (torchvision and Detectron treat the boxes as constants),
+    nor do the integer batch indices.
+    """
+    if not ctx.needs_grad(0):
+        return Cost()
+    per_output = 8 * _samples_per_bin(ctx, sampling_ratio) + 1 if mode == "avg" else 2
+    return Cost(flops=per_output * ctx.out_numel())
 
 
 @formula("NonMaxSuppression", family="detection")

@@ -73,6 +73,55 @@ def global_pool(ctx: NodeContext, *, p: int = 2, **_) -> Cost:
     return Cost(flops=x, transcendentals=trans)
 
 
+# LpPool backward per p: (FLOPs per window element, FLOPs per output, transcendentals per element,
+# transcendentals per output), accumulation into dX excluded (see lp_pool_backward).
+LP_BACKWARD: dict[int, tuple[int, int, int, int]] = {
+    1: (2, 0, 0, 0),  # sign(x)·dY: sign, multiply
+    2: (1, 1, 0, 0),  # x·t with t = dY/y once per output
+}
+# other p: abs, |x|^(p−2) (a power), ·x, ·t; per output y^(p−1) (a power) and t = dY/y^(p−1)
+LP_BACKWARD_POWER = (4, 2, 1, 1)
+
+
+def _lp_backward(ctx: NodeContext, p: int, k: int, accumulate: bool) -> Cost:
+    per_element, per_output, trans_element, trans_output = LP_BACKWARD.get(p, LP_BACKWARD_POWER)
+    terms, y = k * ctx.out_numel(), ctx.out_numel()
+    return Cost(
+        flops=(per_element + accumulate) * terms + per_output * y,
+        transcendentals=trans_element * terms + trans_output * y,
+    )
+
+
+@backward("LpPool")
+def lp_pool_backward(ctx: NodeContext, *, kernel_shape, p: int = 2, **_) -> Cost:
+    """FLOPs = (c_p + 1)·K·|Y| + e_p·|Y|: dX_i += dY·|x_i|^(p−1)·sign(x_i)/y^(p−1) over the K elements
+    of each window, with (c_p, e_p) = (2, 0) for p = 1, (1, 1) for p = 2 and (4, 2) otherwise, plus
+    (K + 1)·|Y| transcendentals for p ∉ {1, 2}.
+
+    Per output, t = dY/y^(p−1): nothing for p = 1 (t = dY), one division for p = 2, a power and a
+    division otherwise. Per window element, the factor |x|^(p−1)·sign(x) times t: p = 1 sign(x)·t (a
+    sign and a multiply), p = 2 x·t (one multiply), otherwise x·|x|^(p−2)·t (abs, a power, two
+    multiplies); then one addition into dX, as windows may overlap (the first write counted as an
+    addition, as in the other pooling backward formulas). Padded window positions are counted as in
+    the forward. Powers count one FLOP and one transcendental each.
+    """
+    return _lp_backward(ctx, p, prod(kernel_shape), accumulate=True) if ctx.needs_grad(0) else Cost()
+
+
+@backward("GlobalLpPool")
+def global_lp_pool_backward(ctx: NodeContext, *, p: int = 2, **_) -> Cost:
+    """FLOPs = c_p·|X| + e_p·|Y| with LpPool's (c_p, e_p) = (2, 0) for p = 1, (1, 1) for p = 2,
+    (4, 2) otherwise, plus |X| + |Y| transcendentals for p ∉ {1, 2}: dX = dY·|x|^(p−1)·sign(x)/y^(p−1).
+
+    As LpPool's backward with the window the whole spatial extent (K = H·W), except that every input
+    element belongs to exactly one window, so its gradient is written, not added.
+    """
+    if not ctx.needs_grad(0):
+        return Cost()
+    y = ctx.out_numel()
+    return _lp_backward(ctx, p, ctx.numel(0) // y if y else 0, accumulate=False)
+
+
 @formula("MaxRoiPool", family="pooling")
 def max_roi_pool(ctx: NodeContext, *, pooled_shape, **_) -> Cost:
     """FLOPs = R·C·h·w·⌈H/h⌉·⌈W/w⌉ ≈ R·C·H·W for R ROIs, pooled_shape (h, w) and X of spatial size
@@ -91,6 +140,15 @@ def max_roi_pool(ctx: NodeContext, *, pooled_shape, **_) -> Cost:
     if ctx.convention.weights is not None:
         return window_cost(ctx.convention, "max", window, ctx.out_numel())
     return Cost(flops=window * ctx.out_numel())
+
+
+@backward("MaxRoiPool")
+def max_roi_pool_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = |Y| = R·C·h·w: each dY is added into the input element its bin's maximum came from.
+
+    The argmax is kept from the forward; the ROIs are not differentiable (schema) and get no gradient.
+    """
+    return Cost(flops=ctx.out_numel()) if ctx.needs_grad(0) else Cost()
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -120,3 +178,4 @@ def average_pool_backward(ctx: NodeContext, *, kernel_shape, **_) -> Cost:
 def global_average_pool_backward(ctx: NodeContext, **_) -> Cost:
     """FLOPs = |Y| + |X|: dY divided by H·W, then written to every input position (one add each)."""
     return Cost(flops=ctx.out_numel() + ctx.numel(0)) if ctx.needs_grad(0) else Cost()
+

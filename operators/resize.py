@@ -36,10 +36,17 @@ def resize(ctx: NodeContext, *, mode: str = "nearest", antialias: int = 0, **_) 
     whose size does not change is taken as copied even when ``roi`` (tf_crop_and_resize) shifts
     it. Integer X counts the same number as ``int_ops``.
     """
-    x, y = ctx.shape(0), ctx.out_shape()
+    y = ctx.out_shape()
+    points = _resize_points(ctx.shape(0), y, mode, antialias)
+    ops = (2 * points - 1) * prod(y) if points > 1 else 0
+    return Cost(flops=ops) if ctx.in_is_float(0) else Cost(int_ops=ops)
+
+
+def _resize_points(x: tuple[int, ...], y: tuple[int, ...], mode: str, antialias: int) -> int:
+    """P = ∏ t_a, the input points each output element reads (1: a copy); see :func:`resize`."""
     base = TAPS[mode]
     if base == 1:
-        return Cost()
+        return 1
     points = 1
     for xa, ya in zip(x, y):
         if xa == ya:
@@ -48,8 +55,28 @@ def resize(ctx: NodeContext, *, mode: str = "nearest", antialias: int = 0, **_) 
             points *= 2 * _ceil_div(xa * base, 2 * ya)
         else:
             points *= base
-    ops = (2 * points - 1) * prod(y) if points > 1 else 0
-    return Cost(flops=ops) if ctx.in_is_float(0) else Cost(int_ops=ops)
+    return points
+
+
+@backward("Resize", "Upsample")
+def resize_backward(ctx: NodeContext, *, mode: str = "nearest", antialias: int = 0, **_) -> Cost:
+    """FLOPs = 2P·|Y| when X needs a gradient (nearest, or no axis resized: |Y|), with the forward's
+    P = ∏ t_a taps per output element (2^d linear, 4^d cubic over the d resized axes, the stretched
+    antialias filter when downscaling).
+
+    dX is the adjoint of the interpolation: each output gradient is multiplied by the weight of each
+    of the P input taps it read and added into dX there (P multiplies + P additions, the forward's
+    P multiply-adds once more); nearest adds each dY into the one element it copied (|Y| additions).
+    The first write into each dX element is counted as an addition, as for every scatter-add. Tap
+    positions and weights depend only on the output index along each axis (O(Σ Y_a)) and are not
+    counted. roi, scales and sizes get no gradient (Resize's schema marks them non-differentiable;
+    Upsample's ``scales`` is taken the same way).
+    """
+    if not ctx.needs_grad(0):
+        return Cost()
+    y = ctx.out_shape()
+    points = _resize_points(ctx.shape(0), y, mode, antialias)
+    return Cost(flops=(2 * points if points > 1 else 1) * prod(y))
 
 
 @formula("GridSample", family="resize")
@@ -117,6 +144,23 @@ def affine_grid(ctx: NodeContext, **_) -> Cost:
     y = ctx.out_shape()
     d = y[-1]
     macs = prod(y) * (d + 1)
+    return Cost(flops=ctx.convention.fc_flops_per_mac * macs, macs=macs)
+
+
+@backward("AffineGrid")
+def affine_grid_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = 2·N·S·d·(d + 1) with MACs = |Y|·(d + 1) when theta needs a gradient: dθ[n] =
+    Σ_s dY[n, s]·base[s]ᵀ, the d × (d + 1) outer products summed over the S grid points, the forward
+    product once more (MatMul's dB).
+
+    The matrix-product rate applies (``fc_flops_per_mac``). The ONNX schema marks theta (and size)
+    non-differentiable, so a training count built from the schema never asks for this gradient; the
+    formula states what it would cost where theta is learned (a spatial transformer).
+    """
+    if not ctx.needs_grad(0):
+        return Cost()
+    y = ctx.out_shape()
+    macs = prod(y) * (y[-1] + 1)
     return Cost(flops=ctx.convention.fc_flops_per_mac * macs, macs=macs)
 
 

@@ -15,7 +15,7 @@ from math import log2, prod
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
 from flopcount.errors import ShapeError
-from flopcount.registry import formula
+from flopcount.registry import backward, formula
 
 
 def fft_flops(n: int, real: bool) -> int:
@@ -70,6 +70,21 @@ def dft(ctx: NodeContext, *, inverse: int = 0, onesided: int = 0, axis: int = 1,
     return Cost(flops=flops)
 
 
+@backward("DFT")
+def dft_backward(ctx: NodeContext, *, inverse: int = 0, onesided: int = 0, axis: int = 1, **_) -> Cost:
+    """FLOPs = the forward's, T·5·N·log2(N) (halved with a real side) (+ |Y| for the inverse's 1/N),
+    when the input needs a gradient: the DFT is linear, and its adjoint is the transform of the
+    opposite direction over the same T transforms of length N, with the same real side.
+
+    The adjoint of a real-input transform is a real-output one (and of IRFFT, RFFT), so the halving
+    carries over; the inverse's 1/N scaling is applied once more (to dY). Re-weighting the bins of a
+    one-sided spectrum and zero-padding or truncating to dft_length (O(N)) are not counted. The ONNX
+    schema marks every DFT input non-differentiable, so a training count built from the schema never
+    asks for this gradient; the formula states what it would cost.
+    """
+    return dft(ctx, inverse=inverse, onesided=onesided, axis=axis) if ctx.needs_grad(0) else Cost()
+
+
 @formula("STFT", family="signal")
 def stft(ctx: NodeContext, *, onesided: int = 1, **_) -> Cost:
     """FLOPs = B·F·(5·N·log2(N) + c·N) for output [B, F, bins, 2], frame length N and c = X_last
@@ -82,18 +97,52 @@ def stft(ctx: NodeContext, *, onesided: int = 1, **_) -> Cost:
     """
     x = ctx.shape(0)
     b, frames = ctx.out_shape()[:2]
+    n = _frame_length(ctx, onesided)
+    window = n * x[-1] if ctx.has_input(2) else 0
+    return Cost(flops=b * frames * (fft_flops(n, real=x[-1] == 1) + window))
+
+
+def _frame_length(ctx: NodeContext, onesided: int) -> int:
+    """STFT's N: the window length, else the ``frame_length`` value, else the signal length."""
     if ctx.has_input(2):
-        n = ctx.shape(2)[0]
-    elif ctx.has_input(3):
+        return ctx.shape(2)[0]
+    if ctx.has_input(3):
         n = _scalar(ctx, 3)
         if n is None:
             if onesided:
                 raise _unknown(ctx, "frame_length", 3)
             n = ctx.out_shape()[2]
-    else:
-        n = x[1]
-    window = n * x[-1] if ctx.has_input(2) else 0
-    return Cost(flops=b * frames * (fft_flops(n, real=x[-1] == 1) + window))
+        return n
+    return ctx.shape(0)[1]
+
+
+@backward("STFT")
+def stft_backward(ctx: NodeContext, *, onesided: int = 1, **_) -> Cost:
+    """FLOPs = B·F·(5·N·log2(N) + (w + 1)·c·N·[signal] + 2·c·N·[window]) when the signal or the window
+    needs a gradient, with the forward's B, F, N and c = X_last, w = 1 with a window (else 0), the
+    FFT term halved for a real signal and [·] = 1 for an input that needs a gradient.
+
+    Each frame's spectrum gradient is transformed back by the adjoint FFT (the forward's transform
+    cost, once for both inputs); the signal's gradient multiplies it by the window (c·N per frame,
+    with a window) and overlap-adds the frames into dX (c·N additions per frame, the first write
+    included, as for every scatter-add); the window's gradient sums dframe·x over the B·F frames
+    (a multiply and an addition per real component). frame_step and frame_length are integers. The
+    ONNX schema marks every STFT input non-differentiable, so a training count built from the schema
+    never asks for these gradients; the formula states what they would cost.
+    """
+    g_signal, g_window = ctx.needs_grad(0), ctx.has_input(2) and ctx.needs_grad(2)
+    if not (g_signal or g_window):
+        return Cost()
+    x = ctx.shape(0)
+    b, frames = ctx.out_shape()[:2]
+    n = _frame_length(ctx, onesided)
+    samples = n * x[-1]
+    per_frame = fft_flops(n, real=x[-1] == 1)
+    if g_signal:
+        per_frame += (1 + ctx.has_input(2)) * samples
+    if g_window:
+        per_frame += 2 * samples
+    return Cost(flops=b * frames * per_frame)
 
 
 # window op → (FLOPs, transcendentals) per output element
