@@ -241,27 +241,34 @@ def _newest_category(op_type: str, domain: str, input_name: str):
 
 def _training_plan(m: ModelProto, dag, tensors, opsets) -> _TrainingPlan:
     """Which tensors need gradients: trainable parameters (floating-point initializers fed to a
-    differentiable input) and everything computed from them through differentiable inputs."""
+    differentiable input) and everything computed from them through differentiable inputs. A node
+    whose outputs are all integers or bools (ArgMax, NonMaxSuppression, comparisons) passes no
+    gradient back, so it needs no backward and trains nothing."""
     float_inits = {t.name for t in m.graph.initializer if t.data_type in FLOAT_TYPES}
     need: set[str] = set()
     trainable: set[str] = set()
     grads: dict[int, tuple[bool, ...]] = {}
     for idx in dag.graph["order"]:
-        proto = dag.graph["protos"][idx]
-        domain = canonical_domain(proto.domain)
-        diff = _differentiable(proto.op_type, opsets.get(domain, 0), domain, len(proto.input))
+        floats = []
+        for out in dag.graph["node_outputs"][idx]:
+            t = tensors.get(out)
+            if out and (t is None or not t.elem_type or t.is_float):
+                floats.append(out)
+        if not floats:
+            continue
+        inputs = dag.graph["node_inputs"][idx]
+        proto_domain, op_type = dag.graph["node_ops"][idx]
+        domain = canonical_domain(proto_domain)
+        diff = _differentiable(op_type, opsets.get(domain, 0), domain, len(inputs))
         flags = []
-        for name, ok in zip(proto.input, diff):
+        for name, ok in zip(inputs, diff):
             if ok and name in float_inits:
                 trainable.add(name)
                 need.add(name)
             flags.append(bool(name) and ok and name in need)
         if any(flags):
             grads[idx] = tuple(flags)
-            for out in proto.output:
-                t = tensors.get(out)
-                if out and (t is None or not t.elem_type or t.is_float):
-                    need.add(out)
+            need.update(floats)
     return _TrainingPlan(grads, frozenset(trainable))
 
 

@@ -160,6 +160,49 @@ def linear_attention(
     return products + ctx.convention.weighted(add=adds, mul=muls, exp=exps)
 
 
+@backward("LinearAttention")
+def linear_attention_backward(
+    ctx: NodeContext, *, q_num_heads: int, kv_num_heads: int, update_rule: str = "gated_delta", **_
+) -> Cost:
+    """MACs = B·T·d_k·d_v·(H_q·(q + c) + H_kv·(2δc + k·(1 + δ) + v·(1 − δ) + γ·g)) + δ·b·B·T·H_kv·d_v;
+    FLOPs = 2·MACs + B·T·H_q·d_v·[q or c] [scale] + B·T·H_kv·(γ·c·d_k·d_v + δ·c·d_v) + γ·g·|decay|;
+    q, k, v, g, b = 1 when query, key, value, decay, beta needs a gradient, c = 1 when any of k, v, g,
+    b does (the state gradient dS runs back through the tokens), γ, δ as in the forward.
+
+    Backpropagation through the recurrence token by token, in reverse, with a = scale·dO_t: dQ_t =
+    S_t·a per query head (d_k·d_v MACs), dS_t += q_t ⊗ a (d_k·d_v MACs per query head, GQA heads
+    accumulating into their KV head's dS). Per KV head, writing S' = exp(g_t)·S_{t−1} (S_{t−1} without
+    γ) and S_t = S' + k ⊗ w with w = v (linear rules) or w = β·u, u = v − S'ᵀk (delta rules): dK_t =
+    dS_t·w (d_k·d_v MACs); linear rules dV_t = dS_tᵀk (d_k·d_v MACs); delta rules dw = dS_tᵀk and
+    dS' = dS_t − k ⊗ β·dw (2·d_k·d_v MACs, d_v multiplies for β·dw), dV_t = β·dw (free), dK_t +=
+    −S'·β·dw (d_k·d_v MACs), dβ_t = uᵀdw (d_v MACs); gated rules dS_{t−1} = exp(g_t)·dS' (d_k·d_v
+    multiplies) and dg_t = exp(g_t)·Σ(dS'·S_{t−1}) (d_k·d_v MACs, |decay| multiplies). The forward's
+    states S_t, S', u and exp(g) are taken as kept (no transcendentals; recomputing the states would
+    add the forward's update once more). Terms are counted for every token, the carry of dS into the
+    first token's past_state too (it gets no gradient: NonDifferentiable), an over-count of one
+    token's carry. ``table3``: one FLOP per MAC.
+    """
+    gated = update_rule in ("gated", "gated_delta")
+    delta = update_rule in ("delta", "gated_delta")
+    b, t, hidden_q = ctx.shape(0)
+    d_k = hidden_q // q_num_heads
+    d_v = ctx.shape(2)[2] // kv_num_heads
+    tokens = b * t
+    state = d_k * d_v
+    q, k, v = ctx.needs_grad(0), ctx.needs_grad(1), ctx.needs_grad(2)
+    g = gated and ctx.needs_grad(4)
+    beta = delta and ctx.needs_grad(5)
+    chain = k or v or g or beta
+    per_kv = 2 * delta * chain + k * (1 + delta) + v * (1 - delta) + g
+    macs = tokens * state * (q_num_heads * (q + chain) + kv_num_heads * per_kv) + beta * tokens * kv_num_heads * d_v
+    flops = ctx.convention.fc_flops_per_mac * macs
+    flops += tokens * q_num_heads * d_v * (q or chain)
+    flops += tokens * kv_num_heads * (gated * chain * state + delta * chain * d_v)
+    if g:
+        flops += ctx.numel(4)  # × exp(g_t)
+    return Cost(flops=flops, macs=macs)
+
+
 @formula("RotaryEmbedding", family="elementwise")
 def rotary_embedding(ctx: NodeContext, *, num_heads: int = 0, rotary_embedding_dim: int = 0, **_) -> Cost:
     """FLOPs = 3·|X|·D_rot/D_head: each rotated pair (x1, x2) costs 6 (x1·cos − x2·sin and
@@ -169,22 +212,40 @@ def rotary_embedding(ctx: NodeContext, *, num_heads: int = 0, rotary_embedding_d
     inputs (no transcendentals); gathering them by position_ids and copying the unrotated tail
     are free.
     """
+    return rotary(ctx.convention, _rotated(ctx, num_heads, rotary_embedding_dim))
+
+
+def _rotated(ctx: NodeContext, num_heads: int, rotary_embedding_dim: int) -> int:
+    """Number of elements of X that RotaryEmbedding rotates: |X|·D_rot/D_head."""
     x = ctx.shape(0)
     elems = prod(x)
     if not rotary_embedding_dim:
-        return rotary(ctx.convention, elems)
+        return elems
     if len(x) == 4:
         head = x[3]
     elif num_heads:
         head = x[2] // num_heads
     else:
         raise ValueError("3-D X with rotary_embedding_dim needs the num_heads attribute")
-    return rotary(ctx.convention, (elems // head) * rotary_embedding_dim)
+    return (elems // head) * rotary_embedding_dim
 
 
 def rotary(convention: Convention, rotated: int) -> Cost:
     """Rotation of ``rotated`` elements: per pair 4 multiplies and 2 additions, 3 FLOPs per element."""
     return convention.weighted(mul=2 * rotated, add=rotated)
+
+
+@backward("RotaryEmbedding", buffers=(1, 2))
+def rotary_embedding_backward(ctx: NodeContext, *, num_heads: int = 0, rotary_embedding_dim: int = 0, **_) -> Cost:
+    """FLOPs = 3·|X|·D_rot/D_head when X needs a gradient: dx1 = dy1·cos + dy2·sin, dx2 = dy2·cos −
+    dy1·sin (the rotation's adjoint, the same multiply-adds as the forward).
+
+    Per rotated pair 4 multiplies and 2 additions; the unrotated tail passes dY through (free).
+    cos_cache and sin_cache are buffers: fixed frequency tables, never trained, though the opset-23
+    schema leaves their gradient categories unknown; position_ids are integers.
+    """
+    rotated = _rotated(ctx, num_heads, rotary_embedding_dim)
+    return Cost(flops=3 * rotated * ctx.needs_grad(0))
 
 
 @formula("SwiGLU", family="elementwise")
@@ -196,3 +257,19 @@ def swiglu(ctx: NodeContext, **_) -> Cost:
     """
     y = ctx.numel(0)
     return activation(ctx.convention, "Swish", y) + ctx.convention.weighted(mul=y)
+
+
+@backward("SwiGLU")
+def swiglu_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = 4·|Y| [σ(alpha·A) again, 1 transcendental] + 6·|Y| for dA + 2·|Y| for dB, each only when
+    its input needs a gradient: dA = dY·B·σ·(1 + alpha·A·(1 − σ)), dB = dY·A·σ, σ = sigmoid(alpha·A).
+
+    Per element, flat: σ recomputed (alpha·A, then 1/(1 + exp(−z)): a multiply, an exp, an addition and
+    a division), as a fused kernel keeps only A and B; dA: 1 − σ, times alpha·A, + 1, times σ (4), then
+    times dY and B (2); dB: A·σ, times dY (2). 12·|Y| with both gradients, |Y| transcendentals.
+    """
+    y = ctx.numel(0)
+    a, b = ctx.needs_grad(0), ctx.needs_grad(1)
+    if not (a or b):
+        return Cost()
+    return Cost(flops=y * (4 + 6 * a + 2 * b), transcendentals=y)

@@ -211,3 +211,31 @@ def dropout_backward(ctx: NodeContext, **_) -> Cost:
     """FLOPs = |Y| (dY times mask/(1 − ratio)) when ``training_mode`` is a constant true, else 0."""
     mode = ctx.value(2) if ctx.has_input(2) else None
     return Cost(flops=ctx.out_numel()) if mode is not None and bool(mode.reshape(-1)[0]) else Cost()
+
+
+@backward("Shrink")
+def shrink_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = |Y| when the input needs a gradient: dX = dY where |x| > lambd, else 0 (the bias shifts
+    the output, not its slope).
+
+    One masked selection of dY per element, as Relu's backward counts it, the mask from the forward's
+    comparisons.
+    """
+    return Cost(flops=ctx.out_numel()) if ctx.needs_grad(0) else Cost()
+
+
+@backward("Mod")
+def mod_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = |Y| − |A| for dA (when A needs a gradient) + 4·|Y| − |B| for dB (when B does): dA = dY;
+    dB = −dY·q with q = trunc(A/B) (fmod) or floor(A/B), computed as q = (A − Y)/B, so
+    dB = dY·(Y − A)/B; each summed back over the dims it was broadcast on.
+
+    dB per element: a subtraction, a division, a multiply (3), then the broadcast sum of both
+    gradients (|Y| − |X_i| additions). From opset 13 on the schema marks the divisor B NonDifferentiable
+    (only opset 10's unknown categories let it get a gradient); integer Mod never needs one.
+    """
+    y = ctx.out_numel()
+    flops = _broadcast_sum(ctx, 0, y) if ctx.needs_grad(0) else 0
+    if ctx.needs_grad(1):
+        flops += 3 * y + _broadcast_sum(ctx, 1, y)
+    return Cost(flops=flops)

@@ -8,7 +8,7 @@ from math import prod
 
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
-from flopcount.registry import formula, zero_cost
+from flopcount.registry import backward, formula, zero_cost
 
 
 def _ops(ctx: NodeContext, n: int, i: int = 0) -> Cost:
@@ -32,6 +32,25 @@ def det(ctx: NodeContext, **_) -> Cost:
     m = x[-1]
     per_matrix = m * (m - 1) // 2 + m * (m - 1) * (2 * m - 1) // 3 + max(m - 1, 0)
     return Cost(flops=prod(x[:-2]) * per_matrix)
+
+
+@backward("Det")
+def det_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = B·(2M³ − M² + 1) when X needs a gradient, for B = |X|/M² matrices of size M × M:
+    dA = dY·det(A)·A^{−T}, an inverse per matrix, obtained from the forward's LU factors.
+
+    Per matrix: c = dY·det(A) (1 multiply), then Aᵀ·Z = c·I solved through the kept LU factors (as
+    PyTorch's linalg_det backward does with lu_solve), counted like the forward's elimination: for each
+    of the M right-hand sides a unit-triangular solve (M(M − 1)/2 multiply-subtracts, M(M − 1) FLOPs)
+    and a triangular solve with the pivots (M(M − 1) FLOPs and M divisions): M·(2M² − M). The zeros of
+    the identity's columns are not exploited (the dense solve), the permutation is free, and the
+    factorization is not counted again. As in the forward, no MACs are reported.
+    """
+    if not ctx.needs_grad(0):
+        return Cost()
+    x = ctx.shape(0)
+    m = x[-1]
+    return Cost(flops=prod(x[:-2]) * (2 * m**3 - m**2 + 1)) if m else Cost()
 
 
 zero_cost(
@@ -58,6 +77,33 @@ def cumulative(ctx: NodeContext, *, exclusive: int = 0, **_) -> Cost:
     if length == 0:
         return Cost()
     return _ops(ctx, prod(x) // length * max(length - 1 - (1 if exclusive else 0), 0))
+
+
+@backward("CumSum")
+def cumsum_backward(ctx: NodeContext, *, exclusive: int = 0, **_) -> Cost:
+    """FLOPs = the forward's, (|X|/L)·(L − 1) ((|X|/L)·(L − 2) when ``exclusive``), when x needs a
+    gradient: dX = the cumulative sum of dY in the opposite direction (``reverse`` flipped, the same
+    ``exclusive``), the same additions.
+
+    An ``axis`` computed at run time takes the longest axis, as in the forward. The axis input never
+    gets a gradient.
+    """
+    return cumulative(ctx, exclusive=exclusive) if ctx.needs_grad(0) else Cost()
+
+
+@backward("CumProd")
+def cumprod_backward(ctx: NodeContext, *, exclusive: int = 0, **_) -> Cost:
+    """FLOPs = 2·|X| + (|X|/L)·(L − 1) ((|X|/L)·(L − 2) when ``exclusive``) when x needs a gradient:
+    the closed form dX = revcumsum(dY·Y)/X, the cumulative sum taken in the opposite direction.
+
+    Per element dY·Y (1 multiply) and the division by x (1); the opposite-direction cumulative sum
+    costs the forward's count of additions. Zeros in x are not special-cased (Y/x is then undefined;
+    an implementation such as PyTorch's cumprod_backward switches to products that skip the zero, which
+    depends on the values and is not counted). The axis input never gets a gradient.
+    """
+    if not ctx.needs_grad(0):
+        return Cost()
+    return Cost(flops=2 * ctx.numel(0)) + cumulative(ctx, exclusive=exclusive)
 
 
 # --- generation ---------------------------------------------------------------------------------

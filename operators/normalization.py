@@ -126,6 +126,20 @@ def lrn(ctx: NodeContext, *, size: int, **_) -> Cost:
     return ctx.convention.weighted(add=size * x, mul=3 * x, log=x, exp=x, div=x)
 
 
+@backward("LRN")
+def lrn_backward(ctx: NodeContext, *, size: int, **_) -> Cost:
+    """FLOPs = (size + 5)·|X| when X needs a gradient: dX = dY/s^β − (2·alpha·beta/size)·X·Σ_window(dY·Y/s),
+    s = bias + (alpha/size)·Σ_window x² the forward's scale.
+
+    Per element: dY·Y/s (1 multiply, 1 division), the window sum over ``size`` channels (size − 1
+    additions, the zero padding at the channel edges included, as in the forward), times the constant
+    2·alpha·beta/size and times X (2 multiplies), dY divided by s^β (1 division) and the subtraction
+    (1). s and s^β are the forward's intermediates, kept (as Caffe's and cuDNN's LRN keep the scale):
+    no power is evaluated again, so no transcendentals. X is the only input.
+    """
+    return Cost(flops=(size + 5) * ctx.numel(0)) if ctx.needs_grad(0) else Cost()
+
+
 @formula("RMSNormalization", family="normalization")
 def rms_norm(ctx: NodeContext, *, axis: int = -1, **_) -> Cost:
     """FLOPs = |X|; transcendentals = prod(X.shape[:axis]) (one 1/sqrt(mean(x²) + eps) per normalized row).
@@ -161,6 +175,20 @@ def mean_variance_norm(ctx: NodeContext, *, axes: list[int] = (0, 2, 3), **_) ->
     return ctx.convention.weighted(add=3 * n, mul=n + stats, div=n + 2 * stats, sqrt=stats) if n else Cost()
 
 
+@backward("MeanVarianceNormalization")
+def mean_variance_norm_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = 7·|X| when X needs a gradient: dX = (1/σ)·(dY − mean(dY) − Y·mean(dY·Y)), the means over
+    each statistic's m elements (the dims in ``axes``) and σ the forward's denominator.
+
+    Per statistic: Σ dY (m − 1 additions), Σ dY·Y (m multiplies, m − 1 additions) and the two
+    divisions by m; per element: Y·mean(dY·Y) (1), two subtractions and × 1/σ (1): 7·|X| in all for
+    S statistics (7|X| − 2S + 2S), the count of the other normalizations' dX. The per-statistic
+    correction for ε being added to σ rather than to the variance ((σ + ε)/σ, 2 operations per
+    statistic) is not counted. X is the only input.
+    """
+    return Cost(flops=7 * ctx.numel(0)) if ctx.needs_grad(0) else Cost()
+
+
 @formula("LpNormalization", family="normalization")
 def lp_norm(ctx: NodeContext, *, axis: int = -1, p: int = 2, **_) -> Cost:
     """FLOPs = |X|; transcendentals = |X| / X.shape[axis] for p = 2 (one sqrt per normalized vector),
@@ -181,6 +209,23 @@ def lp_norm(ctx: NodeContext, *, axis: int = -1, p: int = 2, **_) -> Cost:
     if p == 2:
         return ctx.convention.weighted(mul=n, add=n - vectors, sqrt=vectors, div=n)
     return ctx.convention.weighted(cmp=n, add=n - vectors, div=n)
+
+
+@backward("LpNormalization")
+def lp_norm_backward(ctx: NodeContext, *, axis: int = -1, p: int = 2, **_) -> Cost:
+    """FLOPs = 5·|X| − V for p = 2, 5·|X| for p = 1, when X needs a gradient; V = |X|/n vectors of
+    n = X.shape[axis] elements: dX = (dY − g·Σ dY·Y)/‖x‖_p per vector, g = Y (p = 2) or sign(X) (p = 1).
+
+    Per vector: Σ dY·Y (n multiplies, n − 1 additions), g·Σ (n multiplies; p = 1: a select of the sum or
+    its negation by the sign of x, n selects and 1 negation), n subtractions and n divisions by the
+    norm, which the forward computed. X is the only input.
+    """
+    if not ctx.needs_grad(0):
+        return Cost()
+    x = ctx.shape(0)
+    n = prod(x)
+    vectors = n // x[axis % len(x)] if x and x[axis % len(x)] else 0
+    return Cost(flops=5 * n - vectors if p == 2 else 5 * n) if vectors else Cost()
 
 
 @backward("BatchNormalization", buffers=(3, 4))

@@ -74,3 +74,50 @@ def reduce_square_backward(ctx: NodeContext, **_) -> Cost:
     """FLOPs = 2·|X|: dX = 2·X·dY (ReduceL2: X·dY/Y, dY/Y once per output, |Y| more)."""
     extra = ctx.out_numel() if ctx.op_type == "ReduceL2" else 0
     return Cost(flops=2 * ctx.numel(0) + extra) if ctx.needs_grad(0) else Cost()
+
+
+@backward("ReduceL1")
+def reduce_l1_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = |X| when X needs a gradient: dX = dY·sign(X), dY broadcast back over the reduced axes.
+
+    One sign-multiply per input element (a select of dY or −dY by the sign of x), as Abs's backward
+    counts it; the broadcast is free.
+    """
+    return Cost(flops=ctx.numel(0)) if ctx.needs_grad(0) else Cost()
+
+
+@backward("ReduceLogSum")
+def reduce_log_sum_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = |Y| when X needs a gradient (0 for an empty X): dX = dY/Σx, broadcast back over the
+    reduced axes.
+
+    One division per output element by the forward's sum before the log (kept, as autograd keeps the
+    Log's input), then the free broadcast; no transcendentals.
+    """
+    return Cost(flops=ctx.out_numel()) if ctx.needs_grad(0) and ctx.numel(0) else Cost()
+
+
+@backward("ReduceLogSumExp")
+def reduce_log_sum_exp_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = 3·|X|, transcendentals = |X|, when X needs a gradient: dX = dY·exp(X − Y), the softmax of
+    each reduced group times its dY.
+
+    Per input element: the subtraction of the broadcast Y, one exp and the multiply by the broadcast dY.
+    """
+    x = ctx.numel(0)
+    return Cost(flops=3 * x, transcendentals=x) if ctx.needs_grad(0) else Cost()
+
+
+@backward("ReduceProd")
+def reduce_prod_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = |X| + |Y| when X needs a gradient (0 for an empty X): dX = dY·Y/X, the product of the
+    other elements of each group times its dY.
+
+    dY·Y once per output element (|Y| multiplies), then one division by x per input element (|X|).
+    Zeros are not special-cased: the count is this closed form's. Where a group holds a zero, Y/x is
+    undefined and an implementation (PyTorch's prod_backward) computes the product of the other elements
+    instead, from exclusive prefix and suffix products (about 3 operations per element of such a group);
+    that depends on the values and is not counted.
+    """
+    x = ctx.numel(0)
+    return Cost(flops=x + ctx.out_numel()) if ctx.needs_grad(0) and x else Cost()

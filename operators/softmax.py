@@ -81,6 +81,17 @@ def hardmax(ctx: NodeContext, *, axis: int = -1, **_) -> Cost:
     return ctx.convention.weighted(cmp=rows * (n - 1)) if n else Cost()
 
 
+@backward("Hardmax")
+def hardmax_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = 0: dX = 0. The one-hot output is piecewise constant in the input (it changes only where
+    the arg-max switches, where it has no derivative), so no gradient passes to X.
+
+    An explicit zero, not a missing formula: nothing upstream of a Hardmax gets a gradient through it
+    (an implementation writes zeros, no arithmetic).
+    """
+    return Cost()
+
+
 @backward("Softmax")
 def softmax_backward(ctx: NodeContext, *, axis: int = -1, **_) -> Cost:
     """FLOPs = R·(4n − 1): dX = Y·(dY − Σ dY·Y) per row: n products, n − 1 additions, n

@@ -7,7 +7,7 @@ from math import prod
 
 from flopcount.context import NodeContext
 from flopcount.cost import Bound, Cost
-from flopcount.registry import formula
+from flopcount.registry import backward, formula
 
 
 def _ceil_log2(n: int) -> int:
@@ -40,6 +40,18 @@ def top_k(ctx: NodeContext, *, axis: int = -1, k: int | None = None, **_) -> Cos
         k = y[a] if y is not None and isinstance(y[a], int) else x[a]
     return Bound(_ops(ctx, prod(x) * _ceil_log2(min(k, x[a]) + 1)),
                  "selection comparisons bounded by |X|·⌈log2(k + 1)⌉; the real number depends on the data")
+
+
+@backward("TopK")
+def top_k_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = 0: dX = dY scattered into the k selected positions of each row, zero elsewhere: |Y|
+    moves, no additions.
+
+    The k indices of a row are distinct, so each dY element is written to its own position of a zeroed
+    dX (a scatter, not a scatter-add as for Gather's backward): no arithmetic. The Indices output and
+    the K input never carry gradients.
+    """
+    return Cost()
 
 
 @formula("Unique", family="sorting")

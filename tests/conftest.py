@@ -71,3 +71,22 @@ def save(tmp_path):
         return str(path)
 
     return _save
+
+
+def direct_backward(op_type: str, inputs, outputs, grads, opset: int, values=None, **attrs):
+    """Call the registered backward formula of ``op_type`` on a hand-built context, for gradients a
+    count never asks for (inputs the schema marks non-differentiable). ``inputs``: (name, shape) or
+    (name, shape, elem_type) per input, "" for an omitted one; ``outputs``: shapes; ``grads``: which
+    inputs need a gradient."""
+    from flopcount.context import NodeContext, TensorInfo
+    from flopcount.conventions import CONVENTIONS
+    from flopcount.registry import lookup_backward
+
+    values = values or {}
+    ins = tuple(
+        TensorInfo(spec[0], spec[2] if len(spec) > 2 else TensorProto.FLOAT, spec[1]) if spec[0] else None
+        for spec in inputs
+    )
+    outs = tuple(TensorInfo(f"y{i}", TensorProto.FLOAT, shape) for i, shape in enumerate(outputs))
+    ctx = NodeContext("op", op_type, "", opset, ins, outs, CONVENTIONS["default"], values.get, grads=tuple(grads))
+    return lookup_backward("", op_type)(ctx, **attrs)

@@ -70,15 +70,38 @@ def test_broadcast_add_sums_gradient_back():
 
 
 def test_operator_without_backward_formula_is_reported(save):
-    # TopK has a forward formula but no backward: listed, fatal with strict
+    # Loop has a forward formula but no backward (gradients through control flow): listed, fatal with strict
     from conftest import const
+    from onnx import TensorProto
 
-    m = model([N("MatMul", ["x", "W"], ["h"]), N("TopK", ["h", "k"], ["v", "i"])], {"x": (3, 4)}, ["v"],
-              [weight("W", (4, 6)), const("k", [2])])
+    body = helper.make_graph(
+        [N("Relu", ["h_in"], ["h_out"]), N("Identity", ["c_in"], ["c_out"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("c_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h_in", TensorProto.FLOAT, [3, 6])],
+        [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []), helper.make_tensor_value_info("h_out", TensorProto.FLOAT, [3, 6])],
+    )
+    m = model([N("MatMul", ["x", "W"], ["h"]), N("Loop", ["M", "", "h"], ["v"], body=body)], {"x": (3, 4)}, ["v"],
+              [weight("W", (4, 6)), const("M", 2)])
     r = flopcount.count(m, mode="train")
-    assert r.backward_unsupported == {"TopK": 1}
+    assert r.backward_unsupported == {"Loop": 1}
     with pytest.raises(flopcount.UnsupportedOperatorError):
         flopcount.count(m, mode="train", strict=True)
+
+
+def test_nodes_with_integer_outputs_pass_no_gradient():
+    # ArgMax and NonMaxSuppression read a tensor that needs a gradient, but their outputs are integers:
+    # no gradient flows back through them, so they need no backward formula
+    from conftest import const
+    import numpy as np
+
+    nodes = [N("MatMul", ["x", "W"], ["h"]), N("ArgMax", ["h"], ["a"], axis=1),
+             N("Reshape", ["h", "box_shape"], ["boxes"]), N("ReduceMax", ["boxes", "last"], ["s"], keepdims=0),
+             N("Reshape", ["s", "score_shape"], ["scores"]), N("NonMaxSuppression", ["boxes", "scores"], ["keep"])]
+    inits = [weight("W", (4, 8)), const("box_shape", [1, 6, 4]), const("last", [2]), const("score_shape", [1, 1, 6])]
+    r = flopcount.count(model(nodes, {"x": (3, 4)}, ["a", "keep"], inits), mode="train")
+    assert not r.backward_unsupported
+    assert all(n.backward == flopcount.Cost() for n in r.nodes if n.op_type in ("ArgMax", "NonMaxSuppression"))
 
 
 @pytest.mark.parametrize("optimizer, per_param", [("sgd", 2), ("momentum", 4), ("adam", 14)])
