@@ -95,8 +95,10 @@ def backward(*op_types: str, domain: str = DEFAULT_DOMAIN, buffers: tuple[int, .
     """Register the decorated function as the backward formula of ``op_types``: the cost of the
     gradients of the inputs that need one (``ctx.needs_grad(i)``), given the output gradients.
 
-    ``buffers`` lists input positions that hold state updated in training but never trained
-    (BatchNormalization's running mean and variance), though the schema calls them differentiable.
+    ``buffers`` lists input positions that are never trained though a schema calls them
+    differentiable, or (for operators without an ONNX schema) says nothing: state updated in
+    training (BatchNormalization's running mean and variance), fixed tables (rotary cos/sin caches)
+    and settings (a dropout ratio). A float initializer there is not a parameter and gets no gradient.
     """
 
     def register(fn: Callable[..., Cost]) -> Callable[..., Cost]:

@@ -29,22 +29,39 @@ Shapes: ONNX shape inference does not know these operators. Formulas read input 
 the operator allows, but the tensors downstream of a contrib node need shapes in the model's
 ``value_info`` (the dynamo exporter writes them and the transformers optimizer keeps them; for other
 graphs run ``onnxruntime.tools.symbolic_shape_infer`` first).
+
+Training (``mode="train"``): a fused operator's backward is the sum of the backward formulas of the
+default-domain operators it fuses (MatMul, Gemm, Conv, Add, Mul, the activations, Dropout, Gather,
+LayerNormalization, RMSNormalization, GroupNormalization, Softmax, Attention), each called on a
+node context of its own (:func:`_part`) that holds the part's shapes and which of its inputs need a
+gradient: for a fused input its own flag, for an intermediate tensor whether any input it is
+computed from needs one, as the training plan decides in the unfused graph. Biases follow the
+forward's rule (a product's bias under ``count_bias``, element-wise ones always). Gradients summed
+where a tensor fans out (a fused operator's extra outputs such as input_skip_bias_sum) are not
+counted, as they are not in the unfused graph. The rotary embedding (dX rotated back, 3 FLOPs per
+rotated element) and GroupQueryAttention's head sink are counted here. The weight-quantized MatMulNBits
+is not trained and has no backward formula: train mode lists it as unsupported. ONNX knows no
+schema of these operators, so every input is taken as differentiable except those declared
+``buffers`` (rotary cos/sin caches, dropout ratios, the quantized cache scales): never trained.
 """
 
 from __future__ import annotations
 
 from math import prod
 
-from flopcount.context import NodeContext
+from onnx import TensorProto
+
+from flopcount.context import NodeContext, TensorInfo
 from flopcount.cost import Cost
-from flopcount.operators.attention import _sdpa, rotary, softcap_cost
-from flopcount.operators.conv import conv
-from flopcount.operators.elementwise import ELEMENTWISE
+from flopcount.operators.attention import _sdpa, attention_backward, rotary, softcap_cost
+from flopcount.operators.conv import conv, conv_backward
+from flopcount.operators.elementwise import ELEMENTWISE, ELEMENTWISE_BACKWARD, dropout_backward, elementwise_backward
 from flopcount.operators.elementwise import activation as activation_cost
-from flopcount.operators.matmul import gemm
-from flopcount.operators.normalization import root_mean_square, standardize
-from flopcount.operators.softmax import softmax_rows
-from flopcount.registry import formula
+from flopcount.operators.layout import gather_backward
+from flopcount.operators.matmul import gemm, gemm_backward, matmul_backward
+from flopcount.operators.normalization import normalization_backward, root_mean_square, standardize
+from flopcount.operators.softmax import softmax_backward, softmax_rows
+from flopcount.registry import backward, formula
 
 MS = "com.microsoft"
 
@@ -562,3 +579,578 @@ def bias_softmax(ctx: NodeContext, *, axis: int = 1, **_) -> Cost:
     a = axis % len(x)
     n = prod(x[a:])
     return ctx.convention.weighted(add=prod(x)) + softmax_rows(ctx.convention, prod(x[:a]), n)
+
+
+# --------------------------------------------------------------------------------------------
+# backward (training): the sum of the backward formulas of the parts
+
+
+_Part = TensorInfo | tuple[int, ...] | None
+
+
+def _part(ctx: NodeContext, op_type: str, inputs: list[_Part], outputs: list[_Part], grads: list[bool],
+          **fields) -> NodeContext:
+    """The node context of ``op_type``, one default-domain operator inside the fused node: its input
+    and output tensors (a fused node's own TensorInfo, a shape for an intermediate tensor, None for
+    an omitted input) and which of its inputs need a gradient. ``fields`` replace more of the
+    context (``opset``)."""
+
+    def info(i: int, t: _Part, side: str) -> TensorInfo | None:
+        if t is None or isinstance(t, TensorInfo):
+            return t
+        return TensorInfo(f"{ctx.name}/{op_type}/{side}{i}", TensorProto.FLOAT, tuple(t))
+
+    return ctx._replace(
+        op_type=op_type,
+        domain="",
+        inputs=tuple(info(i, t, "in") for i, t in enumerate(inputs)),
+        outputs=tuple(info(i, t, "out") for i, t in enumerate(outputs)),
+        grads=tuple(bool(g) for g in grads),
+        **fields,
+    )
+
+
+def _needs(ctx: NodeContext, *inputs: int) -> bool:
+    """Whether a tensor computed from these inputs needs a gradient."""
+    return any(ctx.needs_grad(i) for i in inputs)
+
+
+def _input(ctx: NodeContext, i: int) -> TensorInfo | None:
+    return ctx.inputs[i] if ctx.has_input(i) else None
+
+
+def _add_backward(ctx: NodeContext, a: _Part, a_needs: bool, b: int | _Part, b_needs: bool | None = None) -> Cost:
+    """Backward of Add(a, b) with output a's shape: dA = dY and dB = dY, free, plus the sum of dY
+    over the dims b broadcasts on (|Y| − |b| additions) when b needs a gradient. ``b`` is a fused
+    input's position (nothing when omitted) or a part."""
+    if isinstance(b, int):
+        if not ctx.has_input(b):
+            return Cost()
+        b, b_needs = ctx.inputs[b], ctx.needs_grad(b)
+    if not (a_needs or b_needs):
+        return Cost()
+    return elementwise_backward(_part(ctx, "Add", [a, b], [a], [a_needs, b_needs]))
+
+
+def _activation_backward(ctx: NodeContext, name: str, y: _Part, needs: bool) -> Cost:
+    """Backward of the element-wise activation ``name`` over ``y``, as the default-domain operator's
+    (nothing when ``name`` is empty or its input needs no gradient)."""
+    if not name or not needs:
+        return Cost()
+    if name not in ELEMENTWISE_BACKWARD:
+        raise ValueError(
+            f"fused activation {name!r} has no backward formula; known: {', '.join(sorted(ELEMENTWISE_BACKWARD))}"
+        )
+    return elementwise_backward(_part(ctx, name, [y], [y], [True]))
+
+
+def _rotary_backward(rotated: int) -> Cost:
+    """dX = the rotation of dY by −θ: 3 FLOPs per rotated element, as the forward (flat, as every
+    backward formula)."""
+    return Cost(flops=3 * rotated)
+
+
+@backward("FusedConv", "NhwcFusedConv", domain=MS)
+def fused_conv_backward(ctx: NodeContext, *, activation: str = "", **_) -> Cost:
+    """dS = dY·act′(S) [the activation's backward, per element of Y, as the default-domain
+    operator's: Relu 1, Sigmoid and Tanh 3 ...] + dZ = dS [free] + Conv's backward of dS: dX and
+    dW the forward MACs each (N·C_out·S_out·K·C_in/G), dB = Σ dS (|Y| additions).
+
+    Y = act(Conv(X, W, B) + Z): the backward formulas of the activation, Add and Conv
+    (:func:`flopcount.operators.conv.conv_backward`), each input's gradient only when it needs one
+    (X fed by data: none); the bias term follows ``count_bias``. The NHWC layout changes nothing
+    counted. Needs Y's shape.
+    """
+    y = ctx.outputs[0] if ctx.outputs else None
+    conv_needs = _needs(ctx, 0, 1, 2)
+    cost = _activation_backward(ctx, activation, y, conv_needs or ctx.needs_grad(3))
+    cost += _add_backward(ctx, y, conv_needs, 3)
+    return cost + conv_backward(_part(ctx, "Conv", list(ctx.inputs[:3]), [y], [ctx.needs_grad(i) for i in range(3)]))
+
+
+@backward("NhwcConv", domain=MS)
+def nhwc_conv_backward(ctx: NodeContext, **_) -> Cost:
+    """dX and dW: the forward MACs (N·C_out·S_out·K·C_in/G) each, dB = Σ dY (|Y| additions), for the
+    inputs that need a gradient: Conv's backward in the channels-last layout. Needs Y's shape."""
+    return conv_backward(_part(ctx, "Conv", list(ctx.inputs[:3]), list(ctx.outputs[:1]), list(ctx.grads[:3])))
+
+
+def _operand(shape: tuple[int, ...], trans: int, trans_batch: int) -> tuple[int, ...]:
+    """A FusedMatMul operand after its transposes: transBatch moves the first dim behind the batch
+    dims, trans swaps the last two."""
+    if trans_batch and len(shape) > 2:
+        shape = (*shape[1:-1], shape[0], shape[-1])
+    if trans and len(shape) > 1:
+        shape = (*shape[:-2], shape[-1], shape[-2])
+    return shape
+
+
+def _fused_matmul_backward(ctx: NodeContext, transA: int, transB: int, transBatchA: int, transBatchB: int,
+                           alpha: float) -> Cost:
+    a, b = _operand(ctx.shape(0), transA, transBatchA), _operand(ctx.shape(1), transB, transBatchB)
+    y = ctx.outputs[0] if ctx.outputs else None
+    needs = _needs(ctx, 0, 1)
+    cost = matmul_backward(_part(ctx, "MatMul", [a, b], [y], [ctx.needs_grad(0), ctx.needs_grad(1)]))
+    if alpha != 1.0 and ctx.convention.count_bias and needs:
+        cost += elementwise_backward(_part(ctx, "Mul", [y, ()], [y], [True, False]))
+    return cost
+
+
+@backward("FusedMatMul", "TransposeMatMul", domain=MS)
+def fused_matmul_backward(ctx: NodeContext, *, transA: int = 0, transB: int = 0, transBatchA: int = 0,
+                          transBatchB: int = 0, alpha: float = 1.0, **_) -> Cost:
+    """dA′ = dP·B′ᵀ and dB′ = A′ᵀ·dP: |Y|·K MACs each, for each operand that needs a gradient
+    (K the contracted dim of A′, A′ and B′ the operands after their transposes); + |Y| [dP = alpha·dY]
+    when alpha ≠ 1.
+
+    MatMul's backward (:func:`flopcount.operators.matmul.matmul_backward`) of the transposed
+    operands (transposing the gradients back is free), then the fused scalar Mul's (one multiply
+    per element of Y, under ``count_bias``, as the forward and Gemm count alpha). Needs Y's shape.
+    """
+    return _fused_matmul_backward(ctx, transA, transB, transBatchA, transBatchB, alpha)
+
+
+@backward("FusedMatMulActivation", domain=MS)
+def fused_matmul_activation_backward(ctx: NodeContext, *, activation: str = "", transA: int = 0, transB: int = 0,
+                                     transBatchA: int = 0, transBatchB: int = 0, alpha: float = 1.0, **_) -> Cost:
+    """dP = dY·act′(P) [the activation's backward per element of Y] + FusedMatMul's backward:
+    |Y|·K MACs per operand that needs a gradient, + |Y| when alpha ≠ 1.
+
+    As FusedMatMul's backward after the activation's (as the default-domain operator's). Needs Y's
+    shape.
+    """
+    y = ctx.outputs[0] if ctx.outputs else None
+    cost = _activation_backward(ctx, activation, y, _needs(ctx, 0, 1))
+    return cost + _fused_matmul_backward(ctx, transA, transB, transBatchA, transBatchB, alpha)
+
+
+@backward("FusedGemm", domain=MS)
+def fused_gemm_backward(ctx: NodeContext, *, activation: str = "", transA: int = 0, alpha: float = 1.0,
+                        beta: float = 1.0, **_) -> Cost:
+    """dP = dY·act′(P) [the activation's backward per element of Y] + Gemm's backward: dA and dB
+    M·K·N MACs each, for each operand that needs a gradient; dC = Σ dP: M·N additions (+ |C| when
+    beta ≠ 1); + M·N when alpha ≠ 1.
+
+    Gemm's backward (:func:`flopcount.operators.matmul.gemm_backward`, whose bias and scaling terms
+    follow ``count_bias``) after the activation's. Needs Y's shape.
+    """
+    y = ctx.outputs[0] if ctx.outputs else None
+    cost = _activation_backward(ctx, activation, y, _needs(ctx, 0, 1, 2))
+    gemm_part = _part(ctx, "Gemm", list(ctx.inputs[:3]), [y], [ctx.needs_grad(i) for i in range(3)])
+    return cost + gemm_backward(gemm_part, transA=transA, alpha=alpha, beta=beta)
+
+
+@backward("GemmFastGelu", domain=MS)
+def gemm_fast_gelu_backward(ctx: NodeContext, **_) -> Cost:
+    """dS = dY·Gelu′(S) [7·|Y|, |Y| transcendentals, as Gelu's backward] + dbias = Σ dS (|Y| − N
+    additions) + dX = dS·Wᵀ and dW = Xᵀ·dS: |Y|·K MACs each, for each input that needs a gradient.
+
+    Y = FastGelu(X·W + bias), X[..., K], W[K, N], |Y| = |X|/K·N: the backward formulas of Gelu
+    (the tanh form counted as the erf form), Add and MatMul. The bias is the product's: its
+    gradient follows ``count_bias``, as the forward.
+    """
+    x = ctx.shape(0)
+    y = (*x[:-1], ctx.shape(1)[1])
+    needs = _needs(ctx, 0, 1, 2)
+    cost = _activation_backward(ctx, "Gelu", y, needs)
+    if ctx.convention.count_bias:
+        cost += _add_backward(ctx, y, _needs(ctx, 0, 1), 2)
+    return cost + matmul_backward(_part(ctx, "MatMul", [x, ctx.shape(1)], [y], [ctx.needs_grad(0), ctx.needs_grad(1)]))
+
+
+# --- attention ------------------------------------------------------------------------------
+
+
+def _past(b: int, heads: int, t: int, new: int, e: int) -> tuple[int, ...] | None:
+    """The past_key part of the ONNX Attention that makes its total length T (None when T = new)."""
+    return (b, heads, t - new, e) if t > new else None
+
+
+@backward("Attention", domain=MS)
+def ms_attention_backward(
+    ctx: NodeContext,
+    *,
+    num_heads: int,
+    qkv_hidden_sizes: list[int] | None = None,
+    do_rotary: int = 0,
+    rotary_embedding_dim: int = 0,
+    past_present_share_buffer: int = 0,
+    **_,
+) -> Cost:
+    """The ONNX Attention's backward with Q, K, V needing gradients (2·R·T·(E + E_v) MACs, R·(4T − 1)
+    through the softmax, R·E + B·H·T·E scaling) + 3·B·S·(D_q + D_k)·D_rot/E [rotary, with do_rotary]
+    + dbias = Σ over tokens (B·S·D − D additions, D = D_q + D_k + D_v) + dX = dQKV·Wᵀ and
+    dW = Xᵀ·dQKV: B·S·D_in·D MACs each, for each that needs a gradient; R = B·H·S, T = P + S.
+
+    The unfused graph: MatMul(input, weights), Add(bias), Split, the rotary embedding of Q and K,
+    then the ONNX Attention (:func:`flopcount.operators.attention.attention_backward`, which gives
+    the mask, attention_bias and past no gradient). Q, K and V need gradients when the input, the
+    weights or the bias does. The bias gradient follows ``count_bias``, as the forward; the rotary
+    backward rotates dQ and dK back, 3 FLOPs per rotated element.
+    """
+    x, w = ctx.shape(0), ctx.shape(1)
+    d_q, d_k, d_v = qkv_hidden_sizes if qkv_hidden_sizes else (w[1] // 3,) * 3
+    b, s = x[0], x[1]
+    tokens = prod(x[:-1])
+    qkv = (*x[:-1], w[1])
+    proj_needs = _needs(ctx, 0, 1)
+    cost = matmul_backward(_part(ctx, "MatMul", [x, w], [qkv], [ctx.needs_grad(0), ctx.needs_grad(1)]))
+    if ctx.convention.count_bias:
+        cost += _add_backward(ctx, qkv, proj_needs, 2)
+    needs = proj_needs or ctx.needs_grad(2)
+    if not needs:
+        return cost
+    e = d_q // num_heads
+    if do_rotary:
+        cost += _rotary_backward(tokens * (d_q + d_k) // e * (rotary_embedding_dim or e))
+    past = ctx.shape(4)[3] if ctx.has_input(4) else 0
+    t = _total_length(ctx, past, s, 6 if past_present_share_buffer else None)
+    core = _part(ctx, "Attention", [(b, s, d_q), (b, s, d_k), (b, s, d_v), None, _past(b, num_heads, t, s, e)],
+                 [(b, s, d_v)], [True, True, True])
+    return cost + attention_backward(core, q_num_heads=num_heads, kv_num_heads=num_heads)
+
+
+@backward("MultiHeadAttention", domain=MS)
+def multi_head_attention_backward(ctx: NodeContext, *, num_heads: int, **_) -> Cost:
+    """The ONNX Attention's backward for the Q, K, V that need gradients (R·T·E_v MACs for dV; when
+    dQ or dK, R·T·E_v MACs for dP, R·(4T − 1) through the softmax and R·T·E MACs and the scaling
+    per dQ and dK) + dbias = Σ over tokens of dQ, dK, dV (B·S·H·E − H·E + B·L·H·(E + E_v) − H·(E + E_v) additions,
+    the K and V terms only when they are projected here); R = B·H·S, T = P + L.
+
+    The unfused graph: Add(query, bias_q), Add(key, bias_k), Add(value, bias_v) (the bias is the
+    input projection's: its gradient follows ``count_bias``, as the forward), then the ONNX
+    Attention (:func:`flopcount.operators.attention.attention_backward`). Q needs a gradient when
+    the query or the bias does; K and V when their input (the packed query or key) or the bias
+    does, the bias not for BNSH (already projected) keys and values. Masks, attention_bias and the
+    past get no gradient, as in the ONNX Attention.
+    """
+    q = ctx.shape(0)
+    h = num_heads
+    projected_kv = True
+    bias = ctx.needs_grad(3)
+    if len(q) == 5:  # packed QKV: K and V come from the query
+        b, s, e = q[0], q[1], q[4]
+        l, e_v = s, e
+        q_in = k_in = v_in = ctx.needs_grad(0)
+    else:
+        b, s, e = q[0], q[1], q[2] // h
+        k = ctx.shape(1)
+        q_in = ctx.needs_grad(0)
+        if len(k) == 5:  # packed KV
+            l, e_v = k[1], k[4]
+            k_in = v_in = ctx.needs_grad(1)
+        elif len(k) == 4:  # BNSH: reused keys and values
+            l, e_v, projected_kv = k[2], ctx.shape(2)[3], False
+            k_in, v_in = ctx.needs_grad(1), ctx.needs_grad(2)
+        else:
+            l, e_v = k[1], ctx.shape(2)[2] // h
+            k_in, v_in = ctx.needs_grad(1), ctx.needs_grad(2)
+    q3, k3, v3 = (b, s, h * e), (b, l, h * e), (b, l, h * e_v)
+    cost = Cost()
+    if ctx.has_input(3) and ctx.convention.count_bias:
+        cost += _add_backward(ctx, q3, q_in, (h * e,), bias)
+        if projected_kv:
+            cost += _add_backward(ctx, k3, k_in, (h * e,), bias) + _add_backward(ctx, v3, v_in, (h * e_v,), bias)
+    q_in = q_in or bias  # the bias is added to Q, and to K and V when they are projected here
+    if projected_kv:
+        k_in, v_in = k_in or bias, v_in or bias
+    past = ctx.shape(6)[2] if ctx.has_input(6) else 0
+    t = _total_length(ctx, past, l, 8)
+    core = _part(ctx, "Attention", [q3, k3, v3, None, _past(b, h, t, l, e)], [(b, s, h * e_v)], [q_in, k_in, v_in])
+    return cost + attention_backward(core, q_num_heads=h, kv_num_heads=h)
+
+
+@backward("GroupQueryAttention", domain=MS, buffers=(7, 8, 12, 13))
+def group_query_attention_backward(ctx: NodeContext, *, num_heads: int, kv_num_heads: int, do_rotary: int = 0,
+                                   **_) -> Cost:
+    """The ONNX Attention's backward (GQA) for the Q, K, V that need gradients (R·T·E MACs for dV;
+    when dQ or dK, R·T·E MACs for dP, R·(4T − 1) through the softmax and R·T·E MACs and the scaling
+    per dQ and dK) + 3·B·S·(H_q·[dQ] + H_kv·[dK])·D_rot [rotary] + 7·|Q| and 7·|K| [Q/K RMS norm; 2·|Q| for the
+    norm weight alone] + 4R − H_q, R transcendentals [head_sink]; R = B·H_q·S.
+
+    The unfused graph: RMSNormalization of each Q and K head (q_norm_weight, k_norm_weight), the
+    rotary embedding of Q and the new K (the backward rotates dQ and dK back, 3 FLOPs per rotated
+    element), then the ONNX Attention (:func:`flopcount.operators.attention.attention_backward`,
+    which counts nothing for the mask, causal or windowed, softcap and cache). The head sink's
+    gradient, per score row: its probability exp(sink − L) from the row's log-sum-exp L (a
+    subtraction and an exp), times the row's Σ dP·P that the softmax backward already has (a
+    multiply), summed over each head's B·S rows (R − H_q additions); smooth_softmax alone has no
+    parameter. T as in the forward. cos_cache, sin_cache, k_scale and v_scale are never trained
+    (buffers); the quantized cache passes no gradient.
+    """
+    q = ctx.shape(0)
+    b, s = q[0], q[1]
+    h_q, h_kv = num_heads, kv_num_heads
+    packed = not ctx.has_input(1)
+    e = q[2] // (h_q + 2 * h_kv) if packed else q[2] // h_q
+    q_in = ctx.needs_grad(0)
+    k_in, v_in = (q_in, q_in) if packed else (ctx.needs_grad(1), ctx.needs_grad(2))
+    cost = Cost()
+    for heads, needs_in, norm in ((h_q, q_in, 14), (h_kv, k_in, 15)):
+        if ctx.has_input(norm):
+            part = _part(ctx, "RMSNormalization", [(b, s, heads, e), ctx.inputs[norm]], [(b, s, heads, e)],
+                         [needs_in, ctx.needs_grad(norm)])
+            cost += normalization_backward(part)
+    q_needs, k_needs = q_in or ctx.needs_grad(14), k_in or ctx.needs_grad(15)
+    if do_rotary:
+        rot = 2 * ctx.shape(7)[1] if ctx.has_input(7) else e
+        cost += _rotary_backward(b * s * rot * (h_q * q_needs + h_kv * k_needs))
+    total = ctx.value(6) if ctx.has_input(6) else None
+    t = int(total.reshape(-1)[0]) if total is not None else (ctx.shape(3)[2] if ctx.has_input(3) else 0) + s
+    core = _part(ctx, "Attention", [(b, s, h_q * e), (b, s, h_kv * e), (b, s, h_kv * e), None, _past(b, h_kv, t, s, e)],
+                 [(b, s, h_q * e)], [q_needs, k_needs, v_in])
+    cost += attention_backward(core, q_num_heads=h_q, kv_num_heads=h_kv)
+    if ctx.needs_grad(11):
+        rows = b * h_q * s
+        cost += Cost(flops=4 * rows - h_q, transcendentals=rows)
+    return cost
+
+
+@backward("RotaryEmbedding", domain=MS, buffers=(2, 3))
+def ms_rotary_embedding_backward(ctx: NodeContext, *, num_heads: int = 0, rotary_embedding_dim: int = 0,
+                                 **_) -> Cost:
+    """FLOPs = 3·|X|·D_rot/D_head when X needs a gradient: dX rotates dY back by −θ (per pair
+    dy1·cos + dy2·sin and −dy1·sin + dy2·cos, 6 FLOPs), the unrotated tail passes through.
+
+    D_rot and D_head as in the forward. cos_cache and sin_cache are never trained (buffers); the
+    position ids are integers.
+    """
+    if not ctx.needs_grad(0):
+        return Cost()
+    x = ctx.shape(0)
+    rot = 2 * ctx.shape(2)[1] if not rotary_embedding_dim else rotary_embedding_dim
+    head = x[3] if len(x) == 4 else (x[-1] // num_heads if num_heads else rot)
+    return _rotary_backward(prod(x) // head * rot)
+
+
+# --- normalization --------------------------------------------------------------------------
+
+
+@backward("SkipLayerNormalization", domain=MS)
+def skip_layer_norm_backward(ctx: NodeContext, **_) -> Cost:
+    """LayerNormalization's backward of S = input + skip (+ bias) [7·|X| when S needs a gradient;
+    else 2·|X| for gamma, + |X| for beta] + dskip = Σ dS over broadcast dims (|X| − |skip|) + dbias
+    = Σ dS over tokens (|X| − D), each when it needs a gradient; dinput = dS free.
+
+    The backward formulas of Add, Add and LayerNormalization
+    (:func:`flopcount.operators.normalization.normalization_backward`). S needs a gradient when
+    input, skip or bias does. A gradient reaching the input_skip_bias_sum output is added to dS at
+    the fan-out, not counted (as in the unfused graph).
+    """
+    x = ctx.inputs[0]
+    sum_needs = _needs(ctx, 0, 1)
+    s_needs = sum_needs or ctx.needs_grad(4)
+    cost = _add_backward(ctx, x, ctx.needs_grad(0), 1) + _add_backward(ctx, x, sum_needs, 4)
+    ln = _part(ctx, "LayerNormalization", [x, ctx.inputs[2], _input(ctx, 3)], [x],
+               [s_needs, ctx.needs_grad(2), ctx.needs_grad(3)])
+    return cost + normalization_backward(ln)
+
+
+@backward("SkipSimplifiedLayerNormalization", domain=MS)
+def skip_simplified_layer_norm_backward(ctx: NodeContext, **_) -> Cost:
+    """RMSNormalization's backward of S = input + skip (+ bias) [7·|X| when S needs a gradient, else
+    2·|X| for gamma] + dskip = Σ dS over broadcast dims (|X| − |skip|) + dbias = Σ dS over tokens
+    (|X| − D), each when it needs a gradient.
+
+    The backward formulas of Add, Add and RMSNormalization (counted as LayerNormalization's, an
+    upper bound). S needs a gradient when input, skip or bias does.
+    """
+    x = ctx.inputs[0]
+    sum_needs = _needs(ctx, 0, 1)
+    s_needs = sum_needs or ctx.needs_grad(3)
+    cost = _add_backward(ctx, x, ctx.needs_grad(0), 1) + _add_backward(ctx, x, sum_needs, 3)
+    rms = _part(ctx, "RMSNormalization", [x, ctx.inputs[2]], [x], [s_needs, ctx.needs_grad(2)])
+    return cost + normalization_backward(rms)
+
+
+@backward("SimplifiedLayerNormalization")
+def simplified_layer_norm_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = 7·|X| when X needs a gradient, else 2·|X| for the scale: RMSNormalization's backward.
+
+    onnxruntime's default-domain RMS normalization, counted as RMSNormalization
+    (:func:`flopcount.operators.normalization.normalization_backward`).
+    """
+    return normalization_backward(_part(ctx, "RMSNormalization", list(ctx.inputs[:2]), [ctx.inputs[0]],
+                                        [ctx.needs_grad(0), ctx.needs_grad(1)]))
+
+
+@backward("EmbedLayerNormalization", domain=MS)
+def embed_layer_norm_backward(ctx: NodeContext, **_) -> Cost:
+    """LayerNormalization's backward of the embedding sum S [7·B·S·D when an embedding table needs a
+    gradient; else 2·B·S·D for gamma, + B·S·D for beta] + B·S·D per embedding table (word, position,
+    segment) that needs a gradient [the scatter-add of dS into it, as Gather's backward].
+
+    The unfused graph: Gather of each table by its ids (the position table by position ids, the
+    positions 0 … S − 1 of every sequence when none are given), Add, Add (dS passes through, free),
+    LayerNormalization. The ids and the mask are integers: no gradient; the mask_index row sums are
+    not differentiated. A gradient reaching the embedding_sum output is not counted (fan-out).
+    """
+    b, s = ctx.shape(0)
+    y = (b, s, ctx.shape(2)[1])
+    tables = [2, 3] + ([4] if ctx.has_input(1) and ctx.has_input(4) else [])
+    cost = Cost()
+    for i in tables:
+        cost += gather_backward(_part(ctx, "Gather", [ctx.inputs[i], (b, s)], [y], [ctx.needs_grad(i), False]))
+    ln = _part(ctx, "LayerNormalization", [y, ctx.inputs[5], _input(ctx, 6)], [y],
+               [_needs(ctx, *tables), ctx.needs_grad(5), ctx.needs_grad(6)])
+    return cost + normalization_backward(ln)
+
+
+def _group_norm_backward(ctx: NodeContext, activation: int, skip: int | None, bias: int | None) -> Cost:
+    x = ctx.inputs[0]
+    skip_needs = skip is not None and _needs(ctx, 0, skip)
+    s_needs = ctx.needs_grad(0) or skip_needs or (bias is not None and ctx.needs_grad(bias))
+    cost = Cost()
+    if skip is not None:
+        cost += _add_backward(ctx, x, ctx.needs_grad(0), skip) + _add_backward(ctx, x, skip_needs, bias)
+    if activation:
+        cost += _activation_backward(ctx, "Swish", x, s_needs or _needs(ctx, 1, 2))
+    gn = _part(ctx, "GroupNormalization", [x, ctx.inputs[1], ctx.inputs[2]], [x],
+               [s_needs, ctx.needs_grad(1), ctx.needs_grad(2)])
+    return cost + normalization_backward(gn)
+
+
+@backward("GroupNorm", domain=MS)
+def ms_group_norm_backward(ctx: NodeContext, *, activation: int = 0, **_) -> Cost:
+    """dN = dY·SiLU′(N) [5·|X|, |X| transcendentals, with activation = 1] + GroupNormalization's
+    backward [7·|X| when X needs a gradient; else 2·|X| for gamma, + |X| for beta].
+
+    The backward formulas of Swish and GroupNormalization
+    (:func:`flopcount.operators.normalization.normalization_backward`), either layout.
+    """
+    return _group_norm_backward(ctx, activation, None, None)
+
+
+@backward("SkipGroupNorm", domain=MS)
+def skip_group_norm_backward(ctx: NodeContext, *, activation: int = 0, **_) -> Cost:
+    """dN = dY·SiLU′(N) [5·|X|, |X| transcendentals, with activation = 1] + GroupNormalization's
+    backward of S = X + skip (+ bias) [7·|X| when S needs a gradient; else 2·|X| for gamma, + |X|
+    for beta] + dskip = Σ dS over broadcast dims (|X| − |skip|) + dbias (|X| − C), each when it
+    needs a gradient.
+
+    The backward formulas of Add, Add, GroupNormalization and Swish. S needs a gradient when X, skip
+    or bias does. A gradient reaching the add_out output is not counted (fan-out).
+    """
+    return _group_norm_backward(ctx, activation, 3, 4)
+
+
+# --- element-wise ---------------------------------------------------------------------------
+
+
+def _bias_activation_backward(ctx: NodeContext, name: str, bias: int | None) -> Cost:
+    """Backward of act(X + bias): the activation's per element of X, then dbias = Σ over broadcast
+    dims."""
+    x = ctx.inputs[0]
+    cost = _activation_backward(ctx, name, x, _needs(ctx, 0, *(() if bias is None else (bias,))))
+    return cost + (_add_backward(ctx, x, ctx.needs_grad(0), bias) if bias is not None else Cost())
+
+
+@backward("Gelu", domain=MS)
+def ms_gelu_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = 7·|X|, transcendentals = |X| when X needs a gradient: dX = dY·(Φ(x) + x·φ(x)), as the
+    default-domain Gelu's backward."""
+    return _bias_activation_backward(ctx, "Gelu", None)
+
+
+@backward("FastGelu", domain=MS)
+def fast_gelu_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = 7·|X|, transcendentals = |X| [Gelu's backward] (+ |X| − |bias| to sum dbias over the
+    broadcast dims, when the bias needs a gradient).
+
+    The tanh approximation counted as Gelu's backward (the default-domain table does not tell the
+    two apart), after the optional bias Add's.
+    """
+    return _bias_activation_backward(ctx, "Gelu", 1)
+
+
+@backward("BiasGelu", domain=MS)
+def bias_gelu_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = 7·|A|, transcendentals = |A| [Gelu's backward] (+ |A| − |B| to sum dB over the
+    broadcast dims, when B needs a gradient): the backward formulas of Add and Gelu."""
+    return _bias_activation_backward(ctx, "Gelu", 1)
+
+
+@backward("QuickGelu", domain=MS)
+def quick_gelu_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = 5·|X|, transcendentals = |X| when X needs a gradient: x·sigmoid(alpha·x) is Swish,
+    counted as Swish's backward."""
+    return _bias_activation_backward(ctx, "Swish", None)
+
+
+@backward("ScaledSiLU", domain=MS)
+def scaled_silu_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = 5·|X| [SiLU's backward, as Swish's] + |X| [the scale: dY·alpha]; transcendentals =
+    |X|, when X needs a gradient: the backward formulas of Swish and Mul."""
+    if not ctx.needs_grad(0):
+        return Cost()
+    x = ctx.inputs[0]
+    scale = elementwise_backward(_part(ctx, "Mul", [x, ()], [x], [True, False]))
+    return _activation_backward(ctx, "Swish", x, True) + scale
+
+
+@backward("BiasSplitGelu", domain=MS)
+def bias_split_gelu_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = 2·|Y| [dL = dY·G, dG = dY·L] + 7·|Y|, |Y| transcendentals [Gelu's backward of the
+    right half R] (+ |X| − |bias| to sum dbias), |Y| = |X|/2.
+
+    S = X + bias split in halves L and R along the last dim, Y = L·Gelu(R): the backward formulas
+    of Mul, Gelu and Add (concatenating dL and dR is free). S needs a gradient when X or the bias
+    does.
+    """
+    x = ctx.shape(0)
+    y = (*x[:-1], x[-1] // 2)
+    if not _needs(ctx, 0, 1):
+        return Cost()
+    mul = elementwise_backward(_part(ctx, "Mul", [y, y], [y], [True, True]))
+    return mul + _activation_backward(ctx, "Gelu", y, True) + _add_backward(ctx, ctx.inputs[0], ctx.needs_grad(0), 1)
+
+
+@backward("BiasAdd", domain=MS)
+def bias_add_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = |X| − |bias| [Σ dY over tokens, when the bias needs a gradient] + |X| − |skip| [when
+    the skip broadcasts and needs one]: the backward formulas of two Adds; dX passes through."""
+    x = ctx.inputs[0]
+    return _add_backward(ctx, x, ctx.needs_grad(0), 1) + _add_backward(ctx, x, _needs(ctx, 0, 1), 2)
+
+
+def _bias_dropout_backward(ctx: NodeContext, data_inputs: tuple[int, ...], mode: int) -> Cost:
+    x = ctx.inputs[0]
+    needs = _needs(ctx, *data_inputs)
+    if not needs:
+        return Cost()
+    part = _part(ctx, "Dropout", [x, None, _input(ctx, mode)], [x], [True, False, False])
+    return dropout_backward(part)
+
+
+@backward("BiasDropout", "BitmaskBiasDropout", domain=MS, buffers=(3,))
+def bias_dropout_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = |X| [dY times mask/(1 − ratio), training_mode a constant true] + |X| − |bias| [dbias,
+    summed over tokens], when data or bias needs a gradient; dresidual = dY, free.
+
+    The backward formulas of Add, Dropout and Add. The ratio is never trained (a buffer).
+    """
+    x = ctx.inputs[0]
+    cost = _bias_dropout_backward(ctx, (0, 1), 4)
+    return cost + _add_backward(ctx, x, ctx.needs_grad(0), 1) + _add_backward(ctx, x, _needs(ctx, 0, 1), 2)
+
+
+@backward("BitmaskDropout", domain=MS, buffers=(1,))
+def bitmask_dropout_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = |X| (dY times mask/(1 − ratio)) when X needs a gradient and training_mode is a
+    constant true, else 0: Dropout's backward. The ratio is never trained (a buffer)."""
+    return _bias_dropout_backward(ctx, (0,), 2)
+
+
+@backward("BiasSoftmax", domain=MS)
+def bias_softmax_backward(ctx: NodeContext, *, axis: int = 1, **_) -> Cost:
+    """FLOPs = R·(4n − 1) [Softmax's backward: dS = Y·(dY − Σ dY·Y) per row] + |X| − |bias| [dbias
+    summed over the broadcast dims]; n = prod(X.shape[axis:]), R = |X|/n, each when it needs a
+    gradient.
+
+    The backward formulas of Add and Softmax over the dims from ``axis`` on (as Softmax before opset
+    13, which coerces X to 2-D). S = data + bias needs a gradient when either does.
+    """
+    x = ctx.inputs[0]
+    needs = _needs(ctx, 0, 1)
+    soft = _part(ctx, "Softmax", [x], [x], [needs], opset=11)
+    return softmax_backward(soft, axis=axis) + _add_backward(ctx, x, ctx.needs_grad(0), 1)
