@@ -239,25 +239,31 @@ def _newest_category(op_type: str, domain: str, input_name: str):
     return unknown
 
 
+# Operators whose integer output still carries a gradient: fake quantization in quantization-aware
+# training passes it straight through (see QuantizeLinear's backward formula).
+_STRAIGHT_THROUGH = frozenset({("", "QuantizeLinear"), ("ai.onnx", "QuantizeLinear")})
+
+
 def _training_plan(m: ModelProto, dag, tensors, opsets) -> _TrainingPlan:
     """Which tensors need gradients: trainable parameters (floating-point initializers fed to a
     differentiable input) and everything computed from them through differentiable inputs. A node
     whose outputs are all integers or bools (ArgMax, NonMaxSuppression, comparisons) passes no
-    gradient back, so it needs no backward and trains nothing."""
+    gradient back, so it needs no backward and trains nothing; QuantizeLinear is the exception
+    (``_STRAIGHT_THROUGH``)."""
     float_inits = {t.name for t in m.graph.initializer if t.data_type in FLOAT_TYPES}
     need: set[str] = set()
     trainable: set[str] = set()
     grads: dict[int, tuple[bool, ...]] = {}
     for idx in dag.graph["order"]:
+        proto_domain, op_type = dag.graph["node_ops"][idx]
         floats = []
         for out in dag.graph["node_outputs"][idx]:
             t = tensors.get(out)
-            if out and (t is None or not t.elem_type or t.is_float):
+            if out and (t is None or not t.elem_type or t.is_float or (proto_domain, op_type) in _STRAIGHT_THROUGH):
                 floats.append(out)
         if not floats:
             continue
         inputs = dag.graph["node_inputs"][idx]
-        proto_domain, op_type = dag.graph["node_ops"][idx]
         domain = canonical_domain(proto_domain)
         diff = _differentiable(op_type, opsets.get(domain, 0), domain, len(inputs))
         flags = []

@@ -14,7 +14,7 @@ from math import prod
 
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
-from flopcount.registry import formula
+from flopcount.registry import backward, formula
 
 INT_OPS_PER_MAC = 2
 REQUANTIZE_FLOPS = 2  # per output element: multiply by x_scale·w_scale/y_scale, add y_zero_point
@@ -102,6 +102,30 @@ def dequantize_linear(ctx: NodeContext, **_) -> Cost:
     if ctx.in_is_float(0):
         return Cost(flops=x + sub)
     return Cost(flops=x, int_ops=sub)
+
+
+@backward("QuantizeLinear", buffers=(1, 2))
+def quantize_linear_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = |X| when X needs a gradient: the straight-through estimator of quantization-aware
+    training, dX = dY where x/y_scale falls inside the quantized range, else 0 (one masked select
+    per element).
+
+    Rounding has no useful derivative, so training graphs with fake quantization (QuantizeLinear →
+    DequantizeLinear) pass the gradient straight through it; the integer output carries that
+    gradient to DequantizeLinear. y_scale and y_zero_point are taken as fixed (not learned, as in
+    LSQ): they get no gradient.
+    """
+    return Cost(flops=ctx.numel(0) if ctx.needs_grad(0) else 0)
+
+
+@backward("DequantizeLinear", buffers=(1, 2))
+def dequantize_linear_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = |X| when X needs a gradient: dX = dY·x_scale (one multiply per element), the
+    straight-through gradient of fake quantization flowing back to QuantizeLinear.
+
+    x_scale and x_zero_point are taken as fixed: they get no gradient.
+    """
+    return Cost(flops=ctx.numel(0) if ctx.needs_grad(0) else 0)
 
 
 @formula("DynamicQuantizeLinear", family="quantized")

@@ -159,3 +159,19 @@ def test_roi_coordinates_are_not_trained():
              N("RoiAlign", ["c", "rois", "idx"], ["y"], name="align", output_height=2, output_width=2)]
     r = flopcount.count(model(nodes, {"x": (1, 3, 5, 5)}, ["y"], inits, opset=16), mode="train")
     assert r.trainable_params == 4 * 3
+
+
+def test_fake_quantization_passes_the_gradient_straight_through():
+    # quantization-aware training: W[6, 3, 3, 3] → QuantizeLinear → DequantizeLinear → Conv on data x[2, 3, 7, 7]
+    from conftest import const
+    import numpy as np
+
+    inits = [weight("W", (6, 3, 3, 3)), const("s", 0.1, dtype=np.float32), const("z", 0, dtype=np.int8)]
+    nodes = [N("QuantizeLinear", ["W", "s", "z"], ["wq"], name="q"), N("DequantizeLinear", ["wq", "s", "z"], ["wd"], name="dq"),
+             N("Conv", ["x", "wd"], ["y"], name="conv")]
+    r = flopcount.count(model(nodes, {"x": (2, 3, 7, 7)}, ["y"], inits), mode="train")
+    by = {n.name: n for n in r.nodes}
+    w = 6 * 3 * 3 * 3
+    assert r.trainable_params == w and not r.backward_unsupported
+    assert by["conv"].backward.macs == 2 * 6 * 5 * 5 * 3 * 9  # dW only: x is data
+    assert (by["q"].backward.flops, by["dq"].backward.flops) == (w, w)  # masked select; × scale
