@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
-from flopcount.registry import formula, zero_cost
+from flopcount.registry import backward, formula, zero_cost
 
 
 @formula("Bernoulli", family="random")
@@ -17,6 +17,17 @@ def bernoulli(ctx: NodeContext, **_) -> Cost:
     Drawing u is not counted (random generation; see the module).
     """
     return Cost(flops=ctx.out_numel())
+
+
+@backward("Bernoulli")
+def bernoulli_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = 0: a draw is piecewise constant in the probability p, so dp = 0 (as torch's
+    bernoulli gives): no arithmetic, stated rather than left unsupported.
+
+    A trained p that should learn through the draw needs an estimator (straight-through,
+    REINFORCE) written into the graph itself; its own ops are counted there.
+    """
+    return Cost()
 
 
 @formula("Multinomial", family="random")

@@ -175,3 +175,11 @@ def test_fake_quantization_passes_the_gradient_straight_through():
     assert r.trainable_params == w and not r.backward_unsupported
     assert by["conv"].backward.macs == 2 * 6 * 5 * 5 * 3 * 9  # dW only: x is data
     assert (by["q"].backward.flops, by["dq"].backward.flops) == (w, w)  # masked select; × scale
+
+
+def test_bernoulli_draw_has_an_explicit_zero_gradient():
+    # probabilities p = Sigmoid(x @ W) drawn: the draw passes no gradient, and says so (not unsupported)
+    nodes = [N("MatMul", ["x", "W"], ["h"]), N("Sigmoid", ["h"], ["p"]), N("Bernoulli", ["p"], ["d"], name="draw")]
+    r = flopcount.count(model(nodes, {"x": (3, 4)}, ["d"], [weight("W", (4, 5))]), mode="train")
+    assert not r.backward_unsupported
+    assert next(n for n in r.nodes if n.name == "draw").backward == flopcount.Cost()
