@@ -254,6 +254,7 @@ def _training_plan(m: ModelProto, dag, tensors, opsets) -> _TrainingPlan:
     need: set[str] = set()
     trainable: set[str] = set()
     grads: dict[int, tuple[bool, ...]] = {}
+    captured = dag.graph["captured"]
     for idx in dag.graph["order"]:
         proto_domain, op_type = dag.graph["node_ops"][idx]
         floats = []
@@ -272,8 +273,12 @@ def _training_plan(m: ModelProto, dag, tensors, opsets) -> _TrainingPlan:
                 trainable.add(name)
                 need.add(name)
             flags.append(bool(name) and ok and name in need)
-        if any(flags):
-            grads[idx] = tuple(flags)
+        # weights an If/Loop/Scan body reads from outside (not node inputs) are trained through it
+        reached = [n for n in captured.get(idx, ()) if n in need or n in float_inits]
+        trainable.update(n for n in reached if n in float_inits)
+        need.update(reached)
+        if any(flags) or reached:
+            grads[idx] = tuple(flags) or (False,)  # non-empty: the node's backward is due
             need.update(floats)
     return _TrainingPlan(grads, frozenset(trainable))
 

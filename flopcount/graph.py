@@ -4,7 +4,8 @@ Node attributes: ``proto`` (the NodeProto) and ``name`` (the node's name, or ``O
 where the model leaves it empty). Edge attribute ``tensors``: the names flowing along the edge.
 Graph attributes: ``producer`` (tensor → node index), ``inputs`` (real graph inputs: declared
 inputs that are not initializers), ``initializers``, ``outputs``, ``order`` (a topological order
-of the node indices), ``bodies`` (indices of nodes with subgraphs: If, Loop, Scan ...), and per
+of the node indices), ``bodies`` (indices of nodes with subgraphs: If, Loop, Scan ...),
+``captured`` (node index → the outer tensors its subgraphs read, for nodes whose do), and per
 node index ``protos``, ``names``, ``node_ops`` ((domain, op_type) as written), ``node_inputs`` and
 ``node_outputs`` (tuples of tensor names, "" for an omitted optional one).
 """
@@ -82,6 +83,7 @@ def build_graph(graph: onnx.GraphProto, where: str, outer: Iterable[str] = ()) -
     succ: dict[int, dict[int, dict]] = {i: {} for i in range(len(protos))}
     pred: dict[int, dict[int, dict]] = {i: {} for i in range(len(protos))}
     bodies = []  # nodes with subgraph attributes
+    captured: dict[int, tuple[str, ...]] = {}  # node → outer tensors its subgraphs read
     reads: list = node_inputs.copy()
     for idx, (domain, op_type) in enumerate(node_ops):
         if op_type in SUBGRAPH_OPS or domain not in ("", "ai.onnx"):
@@ -90,7 +92,8 @@ def build_graph(graph: onnx.GraphProto, where: str, outer: Iterable[str] = ()) -
                 bodies.append(idx)
             outer_reads = subgraph_outer_names(node)
             if outer_reads:
-                reads[idx] = [*reads[idx], *sorted(outer_reads)]
+                captured[idx] = tuple(sorted(outer_reads))
+                reads[idx] = [*reads[idx], *captured[idx]]
     get = producer.get
     in_order = True
     for idx, names_read in enumerate(reads):
@@ -121,7 +124,7 @@ def build_graph(graph: onnx.GraphProto, where: str, outer: Iterable[str] = ()) -
                 "the graph is incomplete"
             )
 
-    dag.graph["bodies"] = bodies
+    dag.graph["bodies"], dag.graph["captured"] = bodies, captured
     dag.graph["order"] = list(range(len(protos))) if in_order else _topological_order(dag, where)
     return dag
 

@@ -183,3 +183,24 @@ def test_bernoulli_draw_has_an_explicit_zero_gradient():
     r = flopcount.count(model(nodes, {"x": (3, 4)}, ["d"], [weight("W", (4, 5))]), mode="train")
     assert not r.backward_unsupported
     assert next(n for n in r.nodes if n.name == "draw").backward == flopcount.Cost()
+
+
+def test_weights_read_inside_a_loop_body_are_trained_and_the_loop_listed():
+    # the body multiplies the carried state by W[6, 6], read from the outer scope (not a Loop input);
+    # the carried state starts from data. W is trained, and the Loop (no backward formula yet) is
+    # listed instead of silently costing nothing.
+    from conftest import const
+    from onnx import TensorProto
+
+    body = helper.make_graph(
+        [N("MatMul", ["h_in", "W"], ["h_out"]), N("Identity", ["c_in"], ["c_out"])],
+        "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("c_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h_in", TensorProto.FLOAT, [3, 6])],
+        [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []), helper.make_tensor_value_info("h_out", TensorProto.FLOAT, [3, 6])],
+    )
+    m = model([N("Loop", ["M", "", "x"], ["h"], body=body, name="loop")], {"x": (3, 6)}, ["h"],
+              [weight("W", (6, 6)), const("M", 4)])
+    r = flopcount.count(m, mode="train")
+    assert r.trainable_params == 6 * 6
+    assert r.backward_unsupported == {"Loop": 1}
