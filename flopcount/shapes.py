@@ -409,6 +409,16 @@ def resolve(model: ModelProto, dag: nx.DiGraph, where: str, first: "Inference | 
     if bodies:
         tensors = dict(tensors)
         _infer_bodies(model, model.graph, tensors, values, where)
+        while rounds < MAX_ROUNDS and (settled := _loop_outputs(model.graph, tensors, values)):
+            # ONNX leaves every Loop output shapeless; with them settled, infer what follows them
+            tensors.update(settled)
+            scratch = _with_constants(model, dag, values)
+            scratch.graph.value_info.extend(_value_info(name, t) for name, t in settled.items())
+            rounds += 1
+            found = _collect(_infer(scratch, where), bodies)
+            tensors.update((k, v) for k, v in found.items() if v.is_static and not _static(tensors.get(k)))
+            _infer_bodies(model, model.graph, tensors, values, where)
+        pending = _unresolved(dag, tensors)
     error = ""
     if pending:
         try:
@@ -418,6 +428,40 @@ def resolve(model: ModelProto, dag: nx.DiGraph, where: str, first: "Inference | 
         log.debug("%d tensors keep unknown dims after %d rounds: %s", len(pending), rounds, pending[:10])
     inputs = tuple(tensors.get(n, TensorInfo(n)) for n in dag.graph["inputs"])
     return Resolution(tensors, values, inputs, rounds, error)
+
+
+def _static(t: TensorInfo | None) -> bool:
+    return t is not None and t.is_static
+
+
+def _loop_outputs(graph: onnx.GraphProto, tensors: Mapping[str, TensorInfo], values: Mapping) -> dict[str, TensorInfo]:
+    """Shapes of Loop outputs that ONNX's inference leaves without one, where the body settles them:
+    a loop-carried value whose body output has the static shape of its initial value keeps that
+    shape; a scan output stacks the body's static output over the trip count, when the count is a
+    constant M and no condition can end the loop early."""
+    settled: dict[str, TensorInfo] = {}
+    for node in graph.node:
+        if node.op_type != "Loop" or node.domain not in ("", "ai.onnx"):
+            continue
+        body = next((a.g for a in node.attribute if a.name == "body"), None)
+        if body is None:
+            continue
+        n_carried = len(node.input) - 2
+        for k, out in enumerate(node.output):
+            if not out or _static(tensors.get(out)) or 1 + k >= len(body.output):
+                continue
+            inner = tensors.get(body.output[1 + k].name)
+            if not _static(inner):
+                continue
+            if k < n_carried:
+                initial = tensors.get(node.input[2 + k])
+                if _static(initial) and initial.shape == inner.shape:
+                    settled[out] = TensorInfo(out, inner.elem_type or initial.elem_type, inner.shape)
+            else:
+                trips = values.get(node.input[0]) if node.input[0] else None
+                if trips is not None and np.size(trips) == 1 and not (len(node.input) > 1 and node.input[1]):
+                    settled[out] = TensorInfo(out, inner.elem_type, (int(np.asarray(trips).reshape(())), *inner.shape))
+    return settled
 
 
 # --------------------------------------------------------------------------------------------

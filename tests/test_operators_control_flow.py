@@ -115,3 +115,48 @@ def test_upper_bounds_are_listed_in_the_report(capsys, save):
     assert doc["upper_bounds"]["If"]["nodes"] == 1 and "larger branch" in doc["upper_bounds"]["If"]["why"]
     assert main([path]) == 0
     assert "Upper bound for If (1 node)" in capsys.readouterr().out
+
+
+def loop_then(body_nodes, body_outputs, outputs, downstream, cond=False):
+    """Loop(M=4 or a run-time condition, h0 = x[3, 6]) with ``body_nodes`` over h_in (typed by the
+    Loop), followed by ``downstream`` nodes."""
+    body = body_graph(
+        [*body_nodes, N("Identity", ["c_in"], ["c_out"])],
+        [("i", TensorProto.INT64, []), ("c_in", TensorProto.BOOL, []), ("h_in", F, None)],
+        [("c_out", TensorProto.BOOL, []), *[(n, F, None) for n in body_outputs]],
+    )
+    inputs = ["", "cond", "x"] if cond else ["M", "", "x"]
+    nodes = [N("Loop", inputs, outputs, body=body, name="loop"), *downstream]
+    inits = [weight("W", (6, 6))] + ([] if cond else [const("M", 4)])
+    m = model(nodes, {"x": (3, 6)}, [n.output[0] for n in downstream], inits)
+    if cond:
+        m.graph.input.append(helper.make_tensor_value_info("cond", TensorProto.BOOL, []))
+    return m
+
+
+def test_loop_outputs_get_shapes_for_what_follows():
+    # carried h keeps x's [3, 6] (h @ W[6, 6]); the scan output stacks Relu(h) over M = 4 trips
+    m = loop_then([N("MatMul", ["h_in", "W"], ["h_out"]), N("Relu", ["h_out"], ["s"])], ["h_out", "s"], ["h", "scan"],
+                  [N("Relu", ["h"], ["y"], name="after_h"), N("Sigmoid", ["scan"], ["z"], name="after_scan")])
+    by = {n.name: n for n in flopcount.count(m).nodes}
+    assert by["loop"].cost.flops == 4 * (2 * 3 * 6 * 6 + 3 * 6)
+    assert by["after_h"].outputs[0].shape == (3, 6) and by["after_h"].cost.flops == 3 * 6
+    assert by["after_scan"].outputs[0].shape == (4, 3, 6) and by["after_scan"].cost.flops == 4 * 3 * 6
+
+
+def test_loop_value_that_grows_stays_unknown():
+    # h = Concat(h, h) doubles every iteration: no static shape, so what follows cannot be counted
+    m = loop_then([N("Concat", ["h_in", "h_in"], ["h_out"], axis=0)], ["h_out"], ["h"], [N("Relu", ["h"], ["y"], name="after")])
+    with pytest.raises(flopcount.ShapeError, match="'y'"):
+        flopcount.count(m)
+
+
+def test_loop_with_a_condition_has_scan_outputs_of_unknown_length():
+    m = loop_then([N("MatMul", ["h_in", "W"], ["h_out"]), N("Relu", ["h_out"], ["s"])], ["h_out", "s"], ["h", "scan"],
+                  [N("Relu", ["h"], ["y"], name="after_h"), N("Sigmoid", ["scan"], ["z"], name="after_scan")], cond=True)
+    with pytest.raises(flopcount.ShapeError, match="'z'"):
+        flopcount.count(m, loop_trips={"loop": 4})
+    m.graph.node.pop()  # without the scan consumer, the carried value is settled as before
+    m.graph.output.pop()
+    by = {n.name: n for n in flopcount.count(m, loop_trips={"loop": 4}).nodes}
+    assert by["after_h"].cost.flops == 3 * 6
