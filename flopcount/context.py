@@ -93,6 +93,7 @@ class NodeContext(NamedTuple):
     count_subgraph: Callable[[Any], Any] | None = None  # see subgraph_cost()
     trips: int | None = None  # trip count given for this node (``--loop-trips``), if any
     grads: tuple[bool, ...] = ()  # training: which inputs need a gradient
+    backward_subgraph: Callable[..., Any] | None = None  # see subgraph_backward()
 
     def needs_grad(self, i: int) -> bool:
         """Training: whether input ``i`` needs a gradient (it depends on a trainable parameter
@@ -144,6 +145,12 @@ class NodeContext(NamedTuple):
         """Cost of one run of a subgraph attribute (an If branch, a Loop or Scan body), counted by the
         same machinery, recursively."""
         return self.count_subgraph(graph)
+
+    def subgraph_backward(self, graph: Any, needs: Any = (), carried: Any = ()) -> Any:
+        """Training: the backward cost of one run of a subgraph attribute, given the names of its
+        formal inputs that need a gradient (``needs``) and, for loop-carried values, (body output,
+        body input) pairs; what the body reads from enclosing scopes is known already."""
+        return self.backward_subgraph(graph, needs, carried)
 
     def value(self, i: int) -> np.ndarray | None:
         """Constant value of input ``i`` when it is known without reading weights (small constants)."""

@@ -139,7 +139,7 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
     hint = _fix_hint(res.inputs, res.inference_error)
 
     training = _training_plan(m, dag, res.tensors, opsets) if mode == "train" else None
-    walk = _Traversal(res.tensors, res.values, conv, opsets, hint, where, loop_trips or {}, attributes_of)
+    walk = _Traversal(res.tensors, res.values, conv, opsets, hint, where, loop_trips or {}, attributes_of, training)
     grads = training.grads if training is not None else {}
     node_inputs, node_outputs, node_ops = dag.graph["node_inputs"], dag.graph["node_outputs"], dag.graph["node_ops"]
     nodes = [
@@ -194,6 +194,8 @@ def _sum(costs) -> Cost:
 class _TrainingPlan:
     grads: Mapping[int, tuple[bool, ...]]  # node index → which inputs need a gradient
     trainable: frozenset[str]  # initializers that are trained
+    need: frozenset[str] = frozenset()  # tensors that need a gradient (subgraph bodies read these)
+    float_inits: frozenset[str] = frozenset()  # floating-point initializers of the main graph
 
 
 # Where a schema leaves an input's gradient category Unknown (older opsets, a few ops), the newest
@@ -251,20 +253,28 @@ def _training_plan(m: ModelProto, dag, tensors, opsets) -> _TrainingPlan:
     gradient back, so it needs no backward and trains nothing; QuantizeLinear is the exception
     (``_STRAIGHT_THROUGH``)."""
     float_inits = {t.name for t in m.graph.initializer if t.data_type in FLOAT_TYPES}
+    g = dag.graph
+    nodes = ((i, g["node_inputs"][i], g["node_outputs"][i], g["node_ops"][i], g["captured"].get(i, ())) for i in g["order"])
     need: set[str] = set()
+    grads, trainable = _plan(nodes, float_inits, need, tensors, opsets)
+    return _TrainingPlan(grads, frozenset(trainable), frozenset(need), frozenset(float_inits))
+
+
+def _plan(nodes, float_inits, need: set[str], tensors, opsets) -> tuple[dict[int, tuple[bool, ...]], set[str]]:
+    """The gradient plan of ``nodes`` (index, input names, output names, (domain, op_type), names
+    read by its subgraphs from outside) in topological order: which inputs of each node need a
+    gradient, and the initializers trained. ``need`` (tensors needing a gradient) is seeded by the
+    caller and grows."""
     trainable: set[str] = set()
     grads: dict[int, tuple[bool, ...]] = {}
-    captured = dag.graph["captured"]
-    for idx in dag.graph["order"]:
-        proto_domain, op_type = dag.graph["node_ops"][idx]
+    for idx, inputs, outputs, (proto_domain, op_type), captured in nodes:
         floats = []
-        for out in dag.graph["node_outputs"][idx]:
+        for out in outputs:
             t = tensors.get(out)
             if out and (t is None or not t.elem_type or t.is_float or (proto_domain, op_type) in _STRAIGHT_THROUGH):
                 floats.append(out)
         if not floats:
             continue
-        inputs = dag.graph["node_inputs"][idx]
         domain = canonical_domain(proto_domain)
         diff = _differentiable(op_type, opsets.get(domain, 0), domain, len(inputs))
         flags = []
@@ -274,13 +284,13 @@ def _training_plan(m: ModelProto, dag, tensors, opsets) -> _TrainingPlan:
                 need.add(name)
             flags.append(bool(name) and ok and name in need)
         # weights an If/Loop/Scan body reads from outside (not node inputs) are trained through it
-        reached = [n for n in captured.get(idx, ()) if n in need or n in float_inits]
+        reached = [n for n in captured if n in need or n in float_inits]
         trainable.update(n for n in reached if n in float_inits)
         need.update(reached)
         if any(flags) or reached:
             grads[idx] = tuple(flags) or (False,)  # non-empty: the node's backward is due
             need.update(floats)
-    return _TrainingPlan(grads, frozenset(trainable))
+    return grads, trainable
 
 
 _TYPE = itemgetter(slice(1, 3))  # a TensorInfo's (elem_type, shape)
@@ -310,7 +320,7 @@ class _Op(NamedTuple):
 class _Traversal:
     """Applies the registry to nodes; bodies of If/Loop/Scan recurse through :meth:`graph`."""
 
-    def __init__(self, tensors, values, convention, opsets, hint, where, loop_trips, attributes_of):
+    def __init__(self, tensors, values, convention, opsets, hint, where, loop_trips, attributes_of, training=None):
         self.tensors = _TensorTable(tensors)
         self.values, self.convention = values, convention
         self.opsets, self.hint, self.where, self.loop_trips = opsets, hint, where, loop_trips
@@ -320,6 +330,10 @@ class _Traversal:
         self._ops: dict[tuple[str, str], _Op] = {}
         self._memo: dict[tuple, tuple] = {}  # see node()
         self._looked = False  # whether the running formula read a value or a subgraph
+        # training: what the scopes around the body being counted know (tensors needing a gradient,
+        # floating-point initializers); the main graph's first
+        self._scopes: list[tuple[frozenset[str], frozenset[str]]] = (
+            [(training.need, training.float_inits)] if training is not None else [])
 
     def _value(self, name: str):
         self._looked = True
@@ -395,8 +409,40 @@ class _Traversal:
     def _context(self, name, op: _Op, op_type, ins, outs, trips, grads) -> NodeContext:
         return NodeContext(
             name, op_type, op.domain, self.opsets.get(op.domain, 0), ins, outs, self.convention,
-            self._value, self.hint, self._subgraph, trips, grads,
+            self._value, self.hint, self._subgraph, trips, grads, self._subgraph_backward,
         )
+
+    def _subgraph_backward(self, g: onnx.GraphProto, seeds: Sequence[str], carried: Sequence[tuple[str, str]] = ()) -> Cost:
+        """Backward cost of one run of a subgraph whose formal inputs ``seeds`` need a gradient
+        (besides what it reads from enclosing scopes). ``carried`` pairs a body output with the
+        body input it becomes in the next iteration (Loop, Scan states): when the output needs a
+        gradient, so does the input."""
+        outer_need, outer_inits = self._scopes[-1] if self._scopes else (frozenset(), frozenset())
+        float_inits = set(outer_inits) | {t.name for t in g.initializer if t.data_type in FLOAT_TYPES}
+        nodes = []
+        for i, proto in enumerate(g.node):
+            captured = ()
+            if proto.op_type in graph_mod.SUBGRAPH_OPS or proto.domain not in ("", "ai.onnx"):
+                captured = tuple(sorted(graph_mod.subgraph_outer_names(proto)))
+            nodes.append((i, tuple(proto.input), tuple(proto.output), (proto.domain, proto.op_type), captured))
+        start = set(seeds)
+        for _ in range(len(carried) + 1):  # a carried gradient can reach one more input per pass
+            need = set(outer_need) | start
+            grads, _trainable = _plan(nodes, float_inits, need, self.tensors, self.opsets)
+            more = {into for out, into in carried if out in need and into not in start}
+            if not more:
+                break
+            start |= more
+        self._scopes.append((frozenset(need), frozenset(float_inits)))
+        try:
+            total = ZERO
+            for i, proto in enumerate(g.node):
+                if i in grads:
+                    name = graph_mod.node_label(proto, i)
+                    total = total + self.node(proto, i, name, self.attributes_of(proto, name), grads[i]).backward
+            return total
+        finally:
+            self._scopes.pop()
 
     def graph(self, g: onnx.GraphProto) -> Cost:
         """Total cost of one run of a subgraph (its nodes are in topological order, as ONNX requires)."""

@@ -1,12 +1,12 @@
 """Control flow: If, Loop, Scan and SequenceMap count their bodies with the same machinery,
-recursively; sequence containers are zero-cost."""
+recursively, forward and (If, Loop, Scan) backward; sequence containers are zero-cost."""
 
 from __future__ import annotations
 
 from flopcount.context import NodeContext
 from flopcount.cost import Bound, Breakdown, Cost
 from flopcount.errors import ShapeError
-from flopcount.registry import formula, zero_cost
+from flopcount.registry import backward, formula, zero_cost
 
 
 def _larger(a: Cost, b: Cost) -> Cost:
@@ -42,6 +42,25 @@ def _trips(ctx: NodeContext, what: str, known: int | None) -> int:
     )
 
 
+@backward("If")
+def if_backward(ctx: NodeContext, *, then_branch, else_branch, **_) -> Cost:
+    """Backward = the backward of the branch taken when the condition is a known constant, else the
+    larger of the two branches' backward (an upper bound, as the forward).
+
+    A branch has no inputs of its own: what needs a gradient inside it follows from the tensors it
+    reads from the enclosing graph (weights, activations that need one).
+    """
+    cond = ctx.value(0)
+    if cond is not None and cond.size == 1:
+        return ctx.subgraph_backward(then_branch if bool(cond.reshape(-1)[0]) else else_branch)
+    return _larger(ctx.subgraph_backward(then_branch), ctx.subgraph_backward(else_branch))
+
+
+def _loop_trips(ctx: NodeContext) -> int:
+    m = ctx.value(0) if ctx.has_input(0) else None
+    return _trips(ctx, "its trip count", int(m.reshape(-1)[0]) if m is not None and m.size == 1 else None)
+
+
 @formula("Loop", family="control-flow")
 def loop(ctx: NodeContext, *, body, **_) -> Breakdown:
     """FLOPs = M · body, with M the trip-count input when it is a constant (or resolvable from
@@ -50,13 +69,39 @@ def loop(ctx: NodeContext, *, body, **_) -> Breakdown:
     A loop whose condition ends it before M iterations is counted as running M times (an upper
     bound). A loop without M (a while loop) needs ``--loop-trips``.
     """
-    m = ctx.value(0) if ctx.has_input(0) else None
-    trips = _trips(ctx, "its trip count", int(m.reshape(-1)[0]) if m is not None and m.size == 1 else None)
+    trips = _loop_trips(ctx)
     per_iteration = ctx.subgraph_cost(body)
     counted = Breakdown(trips * per_iteration, (("body per iteration", per_iteration),))
     if ctx.trips is None and ctx.has_input(1):  # a condition may end the loop before M iterations
         return Bound(counted, f"{trips} iterations counted; the loop's condition may end it earlier")
     return counted
+
+
+@backward("Loop")
+def loop_backward(ctx: NodeContext, *, body, **_) -> Cost:
+    """Backward = M · (backward of one iteration), M as in the forward: backpropagation through the
+    iterations, each one's body backward given which loop-carried values need a gradient (those
+    whose initial value needs one, or whose body output comes to need one, as through the carry)
+    and what the body reads from the enclosing graph.
+
+    The first iteration computes input gradients only for the carried values whose initial value
+    needs one; later ones also for those the carry reaches. Intermediate values are taken as kept
+    from the forward (not recomputed); the iteration number and condition never get a gradient.
+    """
+    carried_inputs = body.input[2:]
+    needs = [vi.name for k, vi in enumerate(carried_inputs) if ctx.needs_grad(2 + k)]
+    pairs = [(out.name, vi.name) for out, vi in zip(body.output[1:], carried_inputs)]
+    return _through_time(ctx, body, _loop_trips(ctx), needs, pairs)
+
+
+def _through_time(ctx: NodeContext, body, steps: int, needs: list[str], pairs: list) -> Cost:
+    """``steps`` iterations of a body's backward: the first with the carried values that need a
+    gradient from the start, every later one with those the carry makes need one as well."""
+    if steps <= 0:
+        return Cost()
+    first = ctx.subgraph_backward(body, needs)
+    later = ctx.subgraph_backward(body, needs, pairs) if steps > 1 else Cost()
+    return first + (steps - 1) * later
 
 
 @formula("Scan", family="control-flow")
@@ -73,6 +118,23 @@ def scan(ctx: NodeContext, *, body, num_scan_inputs: int, scan_input_axes=None, 
         runs = x[0] * x[1]  # Scan-8: [batch, sequence, ...]
     per_step = ctx.subgraph_cost(body)
     return Breakdown(runs * per_step, (("body per iteration", per_step),))
+
+
+@backward("Scan")
+def scan_backward(ctx: NodeContext, *, body, num_scan_inputs: int, scan_input_axes=None, **_) -> Cost:
+    """Backward = L · (backward of one step), L as in the forward: per step, the body's backward
+    given which states (those whose initial value needs a gradient, or whose body output comes to
+    need one) and which scan inputs need a gradient, and what the body reads from outside.
+    """
+    n_states = len(ctx.inputs) - num_scan_inputs
+    first = ctx.n_inputs - num_scan_inputs if ctx.opset >= 9 else n_states
+    x = ctx.shape(first)
+    runs = x[(scan_input_axes or [0])[0] % len(x)] if ctx.opset >= 9 else x[0] * x[1]
+    offset = 0 if ctx.opset >= 9 else 1  # Scan-8's first input is sequence_lens
+    formal = body.input
+    needs = [formal[i - offset].name for i in range(offset, len(ctx.inputs)) if ctx.needs_grad(i) and i - offset < len(formal)]
+    pairs = [(out.name, vi.name) for out, vi in zip(body.output[: n_states - offset], formal[: n_states - offset])]
+    return _through_time(ctx, body, runs, needs, pairs)
 
 
 @formula("SequenceMap", family="control-flow")

@@ -160,3 +160,67 @@ def test_loop_with_a_condition_has_scan_outputs_of_unknown_length():
     m.graph.output.pop()
     by = {n.name: n for n in flopcount.count(m, loop_trips={"loop": 4}).nodes}
     assert by["after_h"].cost.flops == 3 * 6
+
+
+# --- backward (mode="train") -----------------------------------------------------------------------
+
+
+def captured_weight_loop(trips=4, carried_from_weight=False):
+    """Loop(M) over h (starting from data x[3, 6], or from x @ V[6, 6]) with body h @ W[6, 6] + Relu,
+    W read from the outer scope."""
+    body = body_graph(
+        [N("MatMul", ["h_in", "W"], ["mm"]), N("Relu", ["mm"], ["h_out"]), N("Identity", ["c_in"], ["c_out"])],
+        [("i", TensorProto.INT64, []), ("c_in", TensorProto.BOOL, []), ("h_in", F, [3, 6])],
+        [("c_out", TensorProto.BOOL, []), ("h_out", F, [3, 6])],
+    )
+    nodes = [N("Loop", ["M", "", "h0"], ["h"], body=body, name="loop")]
+    inits = [weight("W", (6, 6)), const("M", trips)]
+    if carried_from_weight:
+        nodes.insert(0, N("MatMul", ["x", "V"], ["h0"], name="first"))
+        inits.append(weight("V", (6, 6)))
+    else:
+        nodes.insert(0, N("Identity", ["x"], ["h0"], name="first"))
+    return model(nodes, {"x": (3, 6)}, ["h"], inits)
+
+
+MM = 3 * 6 * 6  # MACs of h @ W
+RELU = 3 * 6
+
+
+def test_loop_backward_through_time():
+    # first iteration: h_in is data, so dW (2·MM) and Relu's mask (RELU); later iterations also dh_in (2·MM)
+    r = flopcount.count(captured_weight_loop(), mode="train")
+    loop = next(n for n in r.nodes if n.name == "loop")
+    first, later = 2 * MM + RELU, 4 * MM + RELU
+    assert loop.backward.flops == first + 3 * later
+    assert not r.backward_unsupported and r.trainable_params == 36
+
+
+def test_loop_backward_when_the_initial_value_needs_a_gradient():
+    r = flopcount.count(captured_weight_loop(trips=5, carried_from_weight=True), mode="train")
+    loop = next(n for n in r.nodes if n.name == "loop")
+    assert loop.backward.flops == 5 * (4 * MM + RELU)
+    assert r.trainable_params == 2 * 36
+
+
+def test_if_backward_counts_the_larger_branch():
+    # then: x @ W (dW: 2·3·5·7), else: Relu(x) with x data (nothing needs a gradient)
+    m = if_model(cond_input=True)
+    r = flopcount.count(m, mode="train")
+    assert r.nodes[0].backward.flops == 2 * 3 * 5 * 7
+    assert not r.backward_unsupported
+
+
+def test_scan_backward_over_its_steps():
+    # state s[4] += x_t @ W[5, 4] over 7 steps of x[7, 5] (data); W captured: per step dW (2·5·4) + the Add's
+    # dB (free), and from step 2 on the state gradient flows through the Add (free) and nothing else
+    body = body_graph(
+        [N("MatMul", ["x_t", "W"], ["p"]), N("Add", ["s_in", "p"], ["s_out"]), N("Identity", ["s_out"], ["y_t"])],
+        [("s_in", F, [4]), ("x_t", F, [5])],
+        [("s_out", F, [4]), ("y_t", F, [4])],
+    )
+    nodes = [N("Scan", ["s0", "xs"], ["s", "ys"], body=body, num_scan_inputs=1, name="scan")]
+    m = model(nodes, {"s0": (4,), "xs": (7, 5)}, ["s", "ys"], [weight("W", (5, 4))])
+    r = flopcount.count(m, mode="train")
+    assert r.nodes[0].backward.flops == 7 * (2 * 5 * 4)
+    assert not r.backward_unsupported

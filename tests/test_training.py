@@ -70,21 +70,12 @@ def test_broadcast_add_sums_gradient_back():
 
 
 def test_operator_without_backward_formula_is_reported(save):
-    # Loop has a forward formula but no backward (gradients through control flow): listed, fatal with strict
-    from conftest import const
-    from onnx import TensorProto
-
-    body = helper.make_graph(
-        [N("Relu", ["h_in"], ["h_out"]), N("Identity", ["c_in"], ["c_out"])],
-        "body",
-        [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("c_in", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("h_in", TensorProto.FLOAT, [3, 6])],
-        [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []), helper.make_tensor_value_info("h_out", TensorProto.FLOAT, [3, 6])],
-    )
-    m = model([N("MatMul", ["x", "W"], ["h"]), N("Loop", ["M", "", "h"], ["v"], body=body)], {"x": (3, 4)}, ["v"],
-              [weight("W", (4, 6)), const("M", 2)])
+    # DynamicQuantizeLinear has a forward formula but no backward (its float output y_scale is
+    # computed from x that needs a gradient): listed, fatal with strict
+    m = model([N("MatMul", ["x", "W"], ["h"]), N("DynamicQuantizeLinear", ["h"], ["q", "scale", "zero"])],
+              {"x": (3, 4)}, ["q", "scale"], [weight("W", (4, 6))])
     r = flopcount.count(m, mode="train")
-    assert r.backward_unsupported == {"Loop": 1}
+    assert r.backward_unsupported == {"DynamicQuantizeLinear": 1}
     with pytest.raises(flopcount.UnsupportedOperatorError):
         flopcount.count(m, mode="train", strict=True)
 
@@ -185,10 +176,9 @@ def test_bernoulli_draw_has_an_explicit_zero_gradient():
     assert next(n for n in r.nodes if n.name == "draw").backward == flopcount.Cost()
 
 
-def test_weights_read_inside_a_loop_body_are_trained_and_the_loop_listed():
+def test_weights_read_inside_a_loop_body_are_trained():
     # the body multiplies the carried state by W[6, 6], read from the outer scope (not a Loop input);
-    # the carried state starts from data. W is trained, and the Loop (no backward formula yet) is
-    # listed instead of silently costing nothing.
+    # the carried state starts from data. W is trained through the Loop.
     from conftest import const
     from onnx import TensorProto
 
@@ -202,5 +192,7 @@ def test_weights_read_inside_a_loop_body_are_trained_and_the_loop_listed():
     m = model([N("Loop", ["M", "", "x"], ["h"], body=body, name="loop")], {"x": (3, 6)}, ["h"],
               [weight("W", (6, 6)), const("M", 4)])
     r = flopcount.count(m, mode="train")
-    assert r.trainable_params == 6 * 6
-    assert r.backward_unsupported == {"Loop": 1}
+    assert r.trainable_params == 6 * 6 and not r.backward_unsupported
+    mm = 3 * 6 * 6  # MACs of h @ W
+    # iteration 1: dW only (h starts from data); iterations 2-4: dh and dW
+    assert next(n for n in r.nodes if n.name == "loop").backward.flops == 2 * mm + 3 * 4 * mm
