@@ -18,7 +18,7 @@ from math import prod
 
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
-from flopcount.registry import formula, zero_cost
+from flopcount.registry import backward, formula, zero_cost
 
 DOMAIN = "ai.onnx.ml"
 
@@ -302,3 +302,15 @@ zero_cost(
     domain=DOMAIN,
     reason="maps categories to labels, indices or one-hot rows by table lookup; no arithmetic",
 )  # fmt: skip
+
+
+@backward("Binarizer", "TreeEnsemble", "TreeEnsembleClassifier", "TreeEnsembleRegressor", domain=DOMAIN)
+def piecewise_constant_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = 0: a threshold (Binarizer) or a tree's leaf value is piecewise constant in X, so dX = 0
+    wherever it exists; trees are not trained by gradients through the graph.
+
+    Stated rather than left unsupported. The other ai.onnx.ml models (linear, SVM, scaler,
+    normalizer, imputer) have no backward formula: a training count lists them.
+    """
+    return Cost()
+

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
-from flopcount.registry import formula, zero_cost
+from flopcount.registry import backward, formula, zero_cost
 
 DOMAIN = "ai.onnx.preview.training"
 
@@ -65,3 +65,12 @@ zero_cost(
     "xs/zs/y; that graph is not in the model, so its work (typically about twice the forward subgraph's) "
     "is not counted here",
 )
+
+
+@backward("Adagrad", "Momentum", "Adam", domain=DOMAIN)
+def optimizer_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = 0: an optimizer node is the update step itself, after the backward pass; nothing is
+    differentiated through it (its forward formula counts the update).
+    """
+    return Cost()
+
