@@ -124,6 +124,17 @@ def flex_attention(ctx: NodeContext, **_) -> Cost:
     return _sdpa(ctx.convention, b, h_q, h_kv, s_q, s_kv, e, e_v)
 
 
+@backward("FlexAttention", domain="ai.onnx.preview")
+def flex_attention_backward(ctx: NodeContext, **_) -> Cost:
+    """The backward of scaled dot-product attention, as Attention's: dP = dO·Vᵀ and dV = Pᵀ·dO
+    (R·S·E_v MACs each), dS through the softmax R·(4S − 1), dQ = dS·K and dK = dSᵀ·Q (R·S·E MACs
+    each), each only for the inputs that need a gradient, plus the scaling of dQ and dK.
+
+    As in the forward, the score_mod and prob_mod subgraphs are not counted.
+    """
+    return attention_backward(ctx)
+
+
 @formula("LinearAttention", family="attention")
 def linear_attention(
     ctx: NodeContext, *, q_num_heads: int, kv_num_heads: int, update_rule: str = "gated_delta", **_

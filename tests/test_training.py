@@ -196,3 +196,16 @@ def test_weights_read_inside_a_loop_body_are_trained():
     mm = 3 * 6 * 6  # MACs of h @ W
     # iteration 1: dW only (h starts from data); iterations 2-4: dh and dW
     assert next(n for n in r.nodes if n.name == "loop").backward.flops == 2 * mm + 3 * 4 * mm
+
+
+def test_flex_attention_backward_is_attentions():
+    # Q[2, 4, 3, 5], K[2, 2, 7, 5], V[2, 2, 7, 6] all trained (GQA: 4 query heads on 2 KV heads)
+    b, h_q, h_kv, l, s, e, e_v = 2, 4, 2, 3, 7, 5, 6
+    inits = [weight("Q", (b, h_q, l, e)), weight("K", (b, h_kv, s, e)), weight("V", (b, h_kv, s, e_v))]
+    nodes = [helper.make_node("FlexAttention", ["Q", "K", "V"], ["y"], domain="ai.onnx.preview", name="flex")]
+    m = model(nodes, {}, ["y"], inits, extra_opsets={"ai.onnx.preview": 1})
+    r = flopcount.count(m, mode="train")
+    rows = b * h_q * l
+    macs = rows * s * (2 * e_v + 2 * e)  # dV, dP, dQ, dK
+    assert r.nodes[0].backward.macs == macs
+    assert r.nodes[0].backward.flops == 2 * macs + rows * (4 * s - 1) + rows * e + b * h_kv * s * e
