@@ -138,7 +138,7 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
     lap("shapes")
     hint = _fix_hint(res.inputs, res.inference_error)
 
-    training = _training_plan(m, dag, res.tensors, opsets) if mode == "train" else None
+    training = _training_plan(m, dag, res.tensors, opsets, frozenset(input_values or ())) if mode == "train" else None
     walk = _Traversal(res.tensors, res.values, conv, opsets, hint, where, loop_trips or {}, attributes_of, training)
     grads = training.grads if training is not None else {}
     node_inputs, node_outputs, node_ops = dag.graph["node_inputs"], dag.graph["node_outputs"], dag.graph["node_ops"]
@@ -243,16 +243,18 @@ def _newest_category(op_type: str, domain: str, input_name: str):
 
 # Operators whose integer output still carries a gradient: fake quantization in quantization-aware
 # training passes it straight through (see QuantizeLinear's backward formula).
-_STRAIGHT_THROUGH = frozenset({("", "QuantizeLinear"), ("ai.onnx", "QuantizeLinear")})
+_STRAIGHT_THROUGH = frozenset(
+    (domain, op) for domain in ("", "ai.onnx") for op in ("QuantizeLinear", "DynamicQuantizeLinear")
+)
 
 
-def _training_plan(m: ModelProto, dag, tensors, opsets) -> _TrainingPlan:
+def _training_plan(m: ModelProto, dag, tensors, opsets, given: frozenset = frozenset()) -> _TrainingPlan:
     """Which tensors need gradients: trainable parameters (floating-point initializers fed to a
     differentiable input) and everything computed from them through differentiable inputs. A node
     whose outputs are all integers or bools (ArgMax, NonMaxSuppression, comparisons) passes no
     gradient back, so it needs no backward and trains nothing; QuantizeLinear is the exception
-    (``_STRAIGHT_THROUGH``)."""
-    float_inits = {t.name for t in m.graph.initializer if t.data_type in FLOAT_TYPES}
+    (``_STRAIGHT_THROUGH``). Inputs whose values the user gave (``given``) are not weights."""
+    float_inits = {t.name for t in m.graph.initializer if t.data_type in FLOAT_TYPES and t.name not in given}
     g = dag.graph
     nodes = ((i, g["node_inputs"][i], g["node_outputs"][i], g["node_ops"][i], g["captured"].get(i, ())) for i in g["order"])
     need: set[str] = set()

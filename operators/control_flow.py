@@ -146,6 +146,17 @@ def sequence_map(ctx: NodeContext, *, body, **_) -> Breakdown:
     return Breakdown(n * per_element, (("body per element", per_element),))
 
 
+@backward("SequenceMap")
+def sequence_map_backward(ctx: NodeContext, *, body, **_) -> Cost:
+    """Backward = n · (backward of the body for one element), n as in the forward: per element,
+    the body's backward given which of its inputs need a gradient (those whose sequence or tensor
+    does) and what it reads from outside.
+    """
+    n = _trips(ctx, "the length of its input sequence", None)
+    needs = [vi.name for i, vi in enumerate(body.input) if ctx.needs_grad(i)]
+    return n * ctx.subgraph_backward(body, needs)
+
+
 zero_cost(
     "SequenceConstruct", "SequenceEmpty", "SequenceAt", "SequenceErase", "SequenceInsert", "SequenceLength",
     "SplitToSequence", "ConcatFromSequence",

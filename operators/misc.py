@@ -116,6 +116,17 @@ def range_(ctx: NodeContext, **_) -> Cost:
     return _ops(ctx, ctx.out_numel())
 
 
+@backward("Range")
+def range_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = (|Y| − 1) for d start + (2|Y| − 1) for d delta, each when it needs a gradient:
+    y_i = start + i·delta, so d start = Σ dY and d delta = Σ i·dY; limit only sets the length.
+    """
+    y = ctx.out_numel()
+    if not ctx.out_is_float():
+        return Cost()
+    return Cost(flops=max(y - 1, 0) * ctx.needs_grad(0) + max(2 * y - 1, 0) * ctx.needs_grad(2))
+
+
 zero_cost(
     "OneHot",
     family="generation",

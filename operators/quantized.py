@@ -128,6 +128,15 @@ def dequantize_linear_backward(ctx: NodeContext, **_) -> Cost:
     return Cost(flops=ctx.numel(0) if ctx.needs_grad(0) else 0)
 
 
+@backward("DynamicQuantizeLinear")
+def dynamic_quantize_linear_backward(ctx: NodeContext, **_) -> Cost:
+    """FLOPs = |X| when X needs a gradient: the straight-through estimator, as QuantizeLinear's
+    (dX = dY masked to the quantized range). The scale's dependence on min and max of X is not
+    differentiated (as fake quantization is trained).
+    """
+    return Cost(flops=ctx.numel(0) if ctx.needs_grad(0) else 0)
+
+
 @formula("DynamicQuantizeLinear", family="quantized")
 def dynamic_quantize_linear(ctx: NodeContext, **_) -> Cost:
     """FLOPs = 2·(|X| − 1) + 6 + 2·|X|: min and max of X, the scale and zero point, then quantization.

@@ -2,6 +2,7 @@
 
 import json
 
+import onnx
 import pytest
 from conftest import model, single, weight
 from onnx import helper
@@ -70,12 +71,12 @@ def test_broadcast_add_sums_gradient_back():
 
 
 def test_operator_without_backward_formula_is_reported(save):
-    # DynamicQuantizeLinear has a forward formula but no backward (its float output y_scale is
-    # computed from x that needs a gradient): listed, fatal with strict
-    m = model([N("MatMul", ["x", "W"], ["h"]), N("DynamicQuantizeLinear", ["h"], ["q", "scale", "zero"])],
-              {"x": (3, 4)}, ["q", "scale"], [weight("W", (4, 6))])
+    # ai.onnx.ml's LinearRegressor has a forward formula but no backward: listed, fatal with strict
+    m = model([N("MatMul", ["x", "W"], ["h"]),
+               N("LinearRegressor", ["h"], ["y"], domain="ai.onnx.ml", coefficients=[0.5] * 6, targets=1)],
+              {"x": (3, 4)}, ["y"], [weight("W", (4, 6))], extra_opsets={"ai.onnx.ml": 3})
     r = flopcount.count(m, mode="train")
-    assert r.backward_unsupported == {"DynamicQuantizeLinear": 1}
+    assert r.backward_unsupported == {"ai.onnx.ml:LinearRegressor": 1}
     with pytest.raises(flopcount.UnsupportedOperatorError):
         flopcount.count(m, mode="train", strict=True)
 
@@ -209,3 +210,47 @@ def test_flex_attention_backward_is_attentions():
     macs = rows * s * (2 * e_v + 2 * e)  # dV, dP, dQ, dK
     assert r.nodes[0].backward.macs == macs
     assert r.nodes[0].backward.flops == 2 * macs + rows * (4 * s - 1) + rows * e + b * h_kv * s * e
+
+
+def test_range_backward():
+    # y_i = start + i·delta, 4 elements (1, 3, 5, 7): d start = Σ dY (3 adds), d delta = Σ i·dY (4 + 3)
+    from conftest import direct_backward
+
+    scalars = [("start", ()), ("limit", ()), ("delta", ())]
+    assert direct_backward("Range", scalars, [(4,)], (True, True, True), 11).flops == 3 + 7
+    assert direct_backward("Range", scalars, [(4,)], (False, True, False), 11).flops == 0
+
+
+def test_given_input_values_are_not_trained():
+    # Range's float start/limit/delta given with --input-value are constants, not weights
+    nodes = [N("Range", ["start", "limit", "delta"], ["r"]), N("Mul", ["r", "W"], ["y"])]
+    m = model(nodes, {"start": (), "limit": (), "delta": ()}, ["y"], [weight("W", (4,))])
+    r = flopcount.count(m, mode="train", input_values={"start": 1.0, "limit": 8.0, "delta": 2.0})
+    assert r.trainable_params == 4 and r.params == 4
+    assert next(n for n in r.nodes if n.op_type == "Range").backward == flopcount.Cost()
+
+
+def test_dynamic_quantization_passes_the_gradient_straight_through():
+    # x @ W[4, 6] → DynamicQuantizeLinear → DequantizeLinear → Relu: dX of the quantization is |X| (STE)
+    nodes = [N("MatMul", ["x", "W"], ["h"]), N("DynamicQuantizeLinear", ["h"], ["q", "scale", "zero"], name="dq8"),
+             N("DequantizeLinear", ["q", "scale", "zero"], ["d"], name="deq"), N("Relu", ["d"], ["y"])]
+    r = flopcount.count(model(nodes, {"x": (3, 4)}, ["y"], [weight("W", (4, 6))]), mode="train")
+    by = {n.name: n for n in r.nodes}
+    assert not r.backward_unsupported
+    assert by["dq8"].backward.flops == 3 * 6 and by["deq"].backward.flops == 3 * 6
+
+
+def test_sequence_map_backward_per_element():
+    # SequenceMap over a sequence of 5 elements x_i[3, 4] (data), body x_i @ W[4, 2] with W captured:
+    # per element dW = 2·3·4·2
+    body = helper.make_graph(
+        [N("MatMul", ["e", "W"], ["o"])], "body",
+        [helper.make_tensor_value_info("e", onnx.TensorProto.FLOAT, [3, 4])],
+        [helper.make_tensor_value_info("o", onnx.TensorProto.FLOAT, [3, 2])],
+    )
+    nodes = [N("SplitToSequence", ["x"], ["seq"], axis=0, keepdims=0),
+             N("SequenceMap", ["seq"], ["out"], body=body, name="map")]
+    m = model(nodes, {"x": (5, 3, 4)}, ["out"], [weight("W", (4, 2))])
+    r = flopcount.count(m, mode="train", loop_trips={"map": 5})
+    assert next(n for n in r.nodes if n.name == "map").backward.flops == 5 * 2 * 3 * 4 * 2
+    assert not r.backward_unsupported and r.trainable_params == 8
