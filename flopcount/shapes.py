@@ -174,11 +174,11 @@ class Inference:
     """The first ONNX shape inference of a model, started before the caller builds its DAG.
 
     ONNX's inference is C++ that holds the GIL (about 1 s for 100k nodes), so a thread cannot
-    overlap it with Python work. On Linux, for a large graph, and only while this process runs a
-    single OS thread (a fork is then safe), it runs in a forked child that serializes the model,
-    infers and sends the inferred model back through a pipe; the caller builds its DAG meanwhile.
-    Otherwise, or if the child fails to report, :meth:`result` infers in-process: the answer is
-    the same either way.
+    overlap it with Python work. On Linux, for a large graph, and when :func:`_may_fork` finds it
+    safe, it runs in a forked child that serializes the model, infers and sends the inferred model
+    back through a pipe; the caller builds its DAG meanwhile. Otherwise, or if the child does not
+    finish its report and exit cleanly, :meth:`result` infers in-process: the answer is the same
+    either way.
     """
 
     def __init__(self, model: ModelProto, where: str) -> None:
@@ -202,6 +202,7 @@ class Inference:
             os.close(write)
             return
         if pid == 0:  # the child: infer, report, exit without running any of the parent's cleanup
+            reported = False
             try:
                 os.close(read)
                 try:
@@ -213,8 +214,9 @@ class Inference:
                 view = memoryview(data)
                 while view:
                     view = view[os.write(write, view):]
+                reported = True
             finally:
-                os._exit(0)
+                os._exit(0 if reported else 1)  # the parent trusts the report only after a 0
         os.close(write)
         self._pid, self._fd = pid, read
 
@@ -222,12 +224,18 @@ class Inference:
         """The inferred model; raises :class:`ShapeError` when inference fails."""
         data = self._receive()
         if data[:1] == b"K":
-            return onnx.load_from_string(data[1:])
+            try:
+                return onnx.load_from_string(data[1:])
+            except Exception as e:  # DecodeError: a damaged report; infer here instead
+                log.debug("%s: the inference child's report does not parse (%s)", self.where, e)
+                return _infer(self.model, self.where)
         if data[:1] == b"E":
             raise _inference_failed(self.where, data[1:].decode("utf-8", "replace"))
         return _infer(self.model, self.where)  # no child, or it died without a word
 
     def _receive(self) -> bytes:
+        """The child's whole report, or b"" when there is none or it did not exit cleanly (a
+        report cut short could parse as a smaller model)."""
         if self._fd is None:
             return b""
         chunks = []
@@ -236,7 +244,16 @@ class Inference:
                 chunks.append(chunk)
         except OSError:
             chunks = []
-        self.close()
+        os.close(self._fd)
+        self._fd = None
+        if self._pid is not None:
+            pid, self._pid = self._pid, None
+            try:
+                _, status = os.waitpid(pid, 0)  # its end of the pipe is closed: it is exiting
+            except ChildProcessError:  # reaped by someone else (a SIGCHLD handler): no exit status
+                status = None
+            if status is not None and not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
+                return b""
         return b"".join(chunks)
 
     def close(self) -> None:

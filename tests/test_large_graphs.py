@@ -170,6 +170,30 @@ def test_child_that_dies_silently_falls_back():
     assert {vi.name for vi in inferred.graph.value_info} >= {"mm0", "add0", "relu0", "mm1"}
 
 
+@linux_only
+def test_child_that_exits_badly_is_not_trusted():
+    # a child that exited 1 after writing what parses as a model (one without the inferred types,
+    # as a report cut short at a field boundary would): its words are dropped, inference runs here
+    read, write = os.pipe()
+    uninferred = mlp_chain(2).SerializeToString()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        os.write(write, b"K" + uninferred)
+        os._exit(1)
+    os.close(write)
+    inference = shapes.Inference.__new__(shapes.Inference)
+    inference.model, inference.where, inference._pid, inference._fd = mlp_chain(2), "m.onnx", pid, read
+    inferred = inference.result()
+    assert {vi.name for vi in inferred.graph.value_info} >= {"mm0", "add0", "relu0", "mm1"}
+    assert _reaped(pid)
+
+
+def test_child_report_that_does_not_parse_falls_back():
+    inferred = _answered(b"K\xff\xff\xff").result()
+    assert {vi.name for vi in inferred.graph.value_info} >= {"mm0", "add0", "relu0", "mm1"}
+
+
 def test_child_that_reports_an_error_raises_it():
     with pytest.raises(ShapeError, match=r"^m\.onnx: ONNX shape inference failed: bad news; check the input shapes"):
         _answered(b"Ebad news").result()
