@@ -22,7 +22,7 @@ from .conventions import Convention, get_convention
 from .cost import ZERO, Bound, Breakdown, Cost
 from .errors import FlopcountError, InvalidGraphError, UnsupportedOperatorError, UsageError
 from .loading import load
-from .registry import DEFAULT_DOMAIN, buffer_inputs, canonical_domain, lookup, lookup_backward
+from .registry import DEFAULT_DOMAIN, buffer_inputs, canonical_domain, lookup, lookup_backward, straight_through
 from .report import FORMULA, UNSUPPORTED, ZERO_COST, ModelInfo, NodeCount, OpTypeSummary, Report, op_key
 from .shapes import Inference, prepare, resolve
 
@@ -112,6 +112,9 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
         raise UsageError(
             f"optimizer {optimizer!r}: give one of {', '.join(OPTIMIZERS)}, with mode='train' (--mode train)"
         )
+    bad_trips = {k: v for k, v in (loop_trips or {}).items() if isinstance(v, bool) or not isinstance(v, int) or v < 0}
+    if bad_trips:
+        raise UsageError(f"loop_trips must be non-negative integers; got {bad_trips}")
     clock = [time.perf_counter()]
     timings: dict[str, float] = {}
 
@@ -199,15 +202,8 @@ class _TrainingPlan:
 
 
 # Where a schema leaves an input's gradient category Unknown (older opsets, a few ops), the newest
-# schema of the op (or of its successor) is asked for the input of the same name; inputs listed here
-# hold coordinates or indices and are never trained, though no schema says so.
-_SUCCESSOR = {"Upsample": "Resize"}
-_COORDINATES: Mapping[str, frozenset[str]] = {
-    "RoiAlign": frozenset({"rois", "batch_indices"}),
-    "MaxRoiPool": frozenset({"rois"}),
-}
-
-
+# schema of the op is asked for the input of the same name; inputs never trained though no schema
+# says so are the ``buffers`` of their backward registration.
 @lru_cache(maxsize=None)
 def _differentiable(op_type: str, version: int, domain: str, n_inputs: int) -> tuple[bool, ...]:
     """Per input position: may a gradient flow through it (schema category not NonDifferentiable,
@@ -224,36 +220,27 @@ def _differentiable(op_type: str, version: int, domain: str, n_inputs: int) -> t
             if category == unknown:
                 category = _newest_category(op_type, domain, formal.name)
             ok = category != onnx.defs.OpSchema.DifferentiationCategory.NonDifferentiable
-            ok = ok and (domain != DEFAULT_DOMAIN or formal.name not in _COORDINATES.get(op_type, ()))
         out.append(ok and i not in buffers)
     return tuple(out)
 
 
 def _newest_category(op_type: str, domain: str, input_name: str):
-    """The gradient category the newest schema of ``op_type`` (or its successor) gives the input
-    named ``input_name``; Unknown when none says."""
+    """The gradient category the newest schema of ``op_type`` gives the input named
+    ``input_name``; Unknown when it says none."""
     unknown = onnx.defs.OpSchema.DifferentiationCategory.Unknown
-    for op in (op_type, _SUCCESSOR.get(op_type)) if domain == DEFAULT_DOMAIN else (op_type,):
-        newest = _schema(op, 10**6, domain) if op else None
-        for formal in newest.inputs if newest is not None else ():
-            if formal.name == input_name and formal.differentiation_category != unknown:
-                return formal.differentiation_category
+    newest = _schema(op_type, 10**6, domain)
+    for formal in newest.inputs if newest is not None else ():
+        if formal.name == input_name and formal.differentiation_category != unknown:
+            return formal.differentiation_category
     return unknown
-
-
-# Operators whose integer output still carries a gradient: fake quantization in quantization-aware
-# training passes it straight through (see QuantizeLinear's backward formula).
-_STRAIGHT_THROUGH = frozenset(
-    (domain, op) for domain in ("", "ai.onnx") for op in ("QuantizeLinear", "DynamicQuantizeLinear")
-)
 
 
 def _training_plan(m: ModelProto, dag, tensors, opsets, given: frozenset = frozenset()) -> _TrainingPlan:
     """Which tensors need gradients: trainable parameters (floating-point initializers fed to a
     differentiable input) and everything computed from them through differentiable inputs. A node
     whose outputs are all integers or bools (ArgMax, NonMaxSuppression, comparisons) passes no
-    gradient back, so it needs no backward and trains nothing; QuantizeLinear is the exception
-    (``_STRAIGHT_THROUGH``). Inputs whose values the user gave (``given``) are not weights."""
+    gradient back, so it needs no backward and trains nothing, unless its backward is registered
+    ``straight_through`` (fake quantization). Inputs whose values the user gave (``given``) are not weights."""
     float_inits = {t.name for t in m.graph.initializer if t.data_type in FLOAT_TYPES and t.name not in given}
     g = dag.graph
     nodes = ((i, g["node_inputs"][i], g["node_outputs"][i], g["node_ops"][i], g["captured"].get(i, ())) for i in g["order"])
@@ -273,7 +260,7 @@ def _plan(nodes, float_inits, need: set[str], tensors, opsets) -> tuple[dict[int
         floats = []
         for out in outputs:
             t = tensors.get(out)
-            if out and (t is None or not t.elem_type or t.is_float or (proto_domain, op_type) in _STRAIGHT_THROUGH):
+            if out and (t is None or not t.elem_type or t.is_float or straight_through(proto_domain, op_type)):
                 floats.append(out)
         if not floats:
             continue

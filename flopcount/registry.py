@@ -89,9 +89,11 @@ def lookup(domain: str, op_type: str) -> Rule | None:
 _BACKWARD: dict[tuple[str, str], Callable[..., Cost]] = {}
 BACKWARD: Mapping[tuple[str, str], Callable[..., Cost]] = MappingProxyType(_BACKWARD)
 _BUFFERS: dict[tuple[str, str], frozenset[int]] = {}
+_STRAIGHT_THROUGH: set[tuple[str, str]] = set()
 
 
-def backward(*op_types: str, domain: str = DEFAULT_DOMAIN, buffers: tuple[int, ...] = ()):
+def backward(*op_types: str, domain: str = DEFAULT_DOMAIN, buffers: tuple[int, ...] = (),
+             straight_through: bool = False):
     """Register the decorated function as the backward formula of ``op_types``: the cost of the
     gradients of the inputs that need one (``ctx.needs_grad(i)``), given the output gradients.
 
@@ -99,6 +101,9 @@ def backward(*op_types: str, domain: str = DEFAULT_DOMAIN, buffers: tuple[int, .
     differentiable, or (for operators without an ONNX schema) says nothing: state updated in
     training (BatchNormalization's running mean and variance), fixed tables (rotary cos/sin caches)
     and settings (a dropout ratio). A float initializer there is not a parameter and gets no gradient.
+
+    ``straight_through``: the op's integer outputs still carry a gradient (fake quantization in
+    quantization-aware training); other ops whose outputs are all integers pass none back.
     """
 
     def register(fn: Callable[..., Cost]) -> Callable[..., Cost]:
@@ -109,9 +114,16 @@ def backward(*op_types: str, domain: str = DEFAULT_DOMAIN, buffers: tuple[int, .
             _BACKWARD[key] = fn
             if buffers:
                 _BUFFERS[key] = frozenset(buffers)
+            if straight_through:
+                _STRAIGHT_THROUGH.add(key)
         return fn
 
     return register
+
+
+def straight_through(domain: str, op_type: str) -> bool:
+    """Whether the op's integer outputs carry a gradient (see :func:`backward`)."""
+    return (DEFAULT_DOMAIN if domain in ("", "ai.onnx") else domain, op_type) in _STRAIGHT_THROUGH
 
 
 def buffer_inputs(domain: str, op_type: str) -> frozenset[int]:

@@ -476,8 +476,9 @@ def _loop_outputs(graph: onnx.GraphProto, tensors: Mapping[str, TensorInfo], val
                     settled[out] = TensorInfo(out, inner.elem_type or initial.elem_type, inner.shape)
             else:
                 trips = values.get(node.input[0]) if node.input[0] else None
-                if trips is not None and np.size(trips) == 1 and not (len(node.input) > 1 and node.input[1]):
-                    settled[out] = TensorInfo(out, inner.elem_type, (int(np.asarray(trips).reshape(())), *inner.shape))
+                count = int(np.asarray(trips).reshape(())) if trips is not None and np.size(trips) == 1 else -1
+                if count >= 0 and not (len(node.input) > 1 and node.input[1]):
+                    settled[out] = TensorInfo(out, inner.elem_type, (count, *inner.shape))
     return settled
 
 

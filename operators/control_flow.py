@@ -35,6 +35,8 @@ def _trips(ctx: NodeContext, what: str, known: int | None) -> int:
     if ctx.trips is not None:
         return ctx.trips
     if known is not None:
+        if known < 0:
+            raise ShapeError(f"node {ctx.name!r} ({ctx.op_type}): {what} is {known}; it cannot be negative")
         return known
     raise ShapeError(
         f"node {ctx.name!r} ({ctx.op_type}): {what} is not known from the graph; give it with "

@@ -50,7 +50,7 @@ def _samples_per_bin(ctx: NodeContext, sampling_ratio: int) -> int:
     return _ceil_div(x[2], y[2]) * _ceil_div(x[3], y[3])
 
 
-@backward("RoiAlign")
+@backward("RoiAlign", buffers=(1, 2))  # the boxes and their batch indices: coordinates, never trained
 def roi_align_backward(ctx: NodeContext, *, sampling_ratio: int = 0, mode: str = "avg", **_) -> Cost:
     """FLOPs = (8S + 1)·|Y| (avg) or 2·|Y| (max) when X needs a gradient, with the forward's S sample
     points per bin (the same bound when sampling_ratio = 0).

@@ -142,7 +142,7 @@ def max_roi_pool(ctx: NodeContext, *, pooled_shape, **_) -> Cost:
     return Cost(flops=window * ctx.out_numel())
 
 
-@backward("MaxRoiPool")
+@backward("MaxRoiPool", buffers=(1,))  # the boxes: coordinates, never trained
 def max_roi_pool_backward(ctx: NodeContext, **_) -> Cost:
     """FLOPs = |Y| = R·C·h·w: each dY is added into the input element its bin's maximum came from.
 

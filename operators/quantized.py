@@ -104,7 +104,7 @@ def dequantize_linear(ctx: NodeContext, **_) -> Cost:
     return Cost(flops=x, int_ops=sub)
 
 
-@backward("QuantizeLinear", buffers=(1, 2))
+@backward("QuantizeLinear", buffers=(1, 2), straight_through=True)
 def quantize_linear_backward(ctx: NodeContext, **_) -> Cost:
     """FLOPs = |X| when X needs a gradient: the straight-through estimator of quantization-aware
     training, dX = dY where x/y_scale falls inside the quantized range, else 0 (one masked select
@@ -128,7 +128,7 @@ def dequantize_linear_backward(ctx: NodeContext, **_) -> Cost:
     return Cost(flops=ctx.numel(0) if ctx.needs_grad(0) else 0)
 
 
-@backward("DynamicQuantizeLinear")
+@backward("DynamicQuantizeLinear", straight_through=True)
 def dynamic_quantize_linear_backward(ctx: NodeContext, **_) -> Cost:
     """FLOPs = |X| when X needs a gradient: the straight-through estimator, as QuantizeLinear's
     (dX = dY masked to the quantized range). The scale's dependence on min and max of X is not

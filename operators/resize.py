@@ -58,7 +58,8 @@ def _resize_points(x: tuple[int, ...], y: tuple[int, ...], mode: str, antialias:
     return points
 
 
-@backward("Resize", "Upsample")
+@backward("Upsample", buffers=(1,))  # scales: its schema says nothing; never trained
+@backward("Resize")
 def resize_backward(ctx: NodeContext, *, mode: str = "nearest", antialias: int = 0, **_) -> Cost:
     """FLOPs = 2P·|Y| when X needs a gradient (nearest, or no axis resized: |Y|), with the forward's
     P = ∏ t_a taps per output element (2^d linear, 4^d cubic over the d resized axes, the stretched

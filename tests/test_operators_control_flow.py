@@ -224,3 +224,10 @@ def test_scan_backward_over_its_steps():
     r = flopcount.count(m, mode="train")
     assert r.nodes[0].backward.flops == 7 * (2 * 5 * 4)
     assert not r.backward_unsupported
+
+
+def test_negative_trip_counts_are_refused():
+    with pytest.raises(flopcount.ShapeError, match="cannot be negative"):
+        flopcount.count(loop_model(-3))
+    with pytest.raises(flopcount.UsageError, match="non-negative integers"):
+        flopcount.count(loop_model(None), loop_trips={"steps": -1})
