@@ -62,10 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(
         prog="flopcount",
-        description="Count the FLOPs of an ONNX model analytically, from its graph, without reading weights.",
+        description="Count the FLOPs of an ONNX model analytically, from its graph, without reading weights. "
+        "Measuring subcommands: flopcount bench|profile|ceilings|roofline|crosscheck --help.",
         epilog="Exit codes: 0 ok, 1 internal error, 2 usage, 3 unreadable model file, 4 invalid graph, "
         "5 unresolved or invalid shapes, 6 unsupported operators with --strict, 7 opset too new, 8 cannot write output, "
-        "9 the --torch or --keras model cannot be exported.",
+        "9 the --torch or --keras model cannot be exported, 10 a benchmark did not reach its target quality, "
+        "11 a device, runtime or tool is missing, 12 a measurement cannot be made or read.",
     )
     p.add_argument("model", nargs="?",
                    help="path of an .onnx model (external weight files are never read and may be absent)")
@@ -142,19 +144,87 @@ def _count_keras(args: argparse.Namespace):
                       loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer)
 
 
+#: Subcommands of the measuring half: name → module with ``build_parser() -> ArgumentParser`` and
+#: ``run(args) -> int``. A first argument equal to one of these names selects it (a model file of that name is
+#: given as ``./bench``); anything else is the counting command, exactly as before subcommands existed.
+SUBCOMMANDS = {
+    "bench": "flopcount.measure.bench_cli",
+    "profile": "flopcount.measure.profile_cli",
+    "ceilings": "flopcount.measure.ceilings_cli",
+    "roofline": "flopcount.measure.roofline_cli",
+    "crosscheck": "flopcount.measure.crosscheck_cli",
+}
+
+
+def _setup_logging(verbose: int) -> None:
+    logging.basicConfig(
+        level=(logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)],
+        format="flopcount: %(levelname)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def run_guarded(action, verbose: int) -> int:
+    """Run ``action() -> int`` turning flopcount's errors into one line on stderr and their exit codes, and any
+    other exception into one "internal error" line (the traceback with ``-vv``). Shared by every subcommand."""
+    try:
+        return action()
+    except FlopcountError as e:
+        print(f"flopcount: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("flopcount: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a bug of ours: one line, not a traceback
+        if verbose >= 2:
+            raise
+        print(
+            f"flopcount: internal error: {type(e).__name__}: {e}. Please report it with the model "
+            "(rerun with -vv for the traceback).",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL
+
+
+def write_output(text: str, path: str | None) -> None:
+    """Write ``text`` to ``path`` (stdout when None); an unwritable path is an :class:`OutputError`."""
+    if not path:
+        sys.stdout.write(text)
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise OutputError(f"{path}: cannot write the report ({e.strerror})") from None
+
+
+def _subcommand(name: str, argv: list[str]) -> int:
+    import importlib
+
+    module = importlib.import_module(SUBCOMMANDS[name])
+    parser = module.build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse has printed its message (or --help)
+        return int(e.code or 0)
+    verbose = getattr(args, "verbose", 0)
+    _setup_logging(verbose)
+    return run_guarded(lambda: module.run(args), verbose)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        return _subcommand(argv[0], argv[1:])
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
         _check_model_source(parser, args)
     except SystemExit as e:  # argparse has printed its message (or --help/--version)
         return int(e.code or 0)
-    logging.basicConfig(
-        level=(logging.WARNING, logging.INFO, logging.DEBUG)[min(args.verbose, 2)],
-        format="flopcount: %(levelname)s: %(message)s",
-        stream=sys.stderr,
-    )
-    try:
+    _setup_logging(args.verbose)
+
+    def count_and_render() -> int:
         from .counting import count
 
         shapes = dict(args.input_shape)
@@ -166,28 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             report = count(args.model, input_shapes=shapes, batch=args.batch, convention=args.convention,
                            strict=args.strict, input_values=dict(args.input_value),
                            loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer)
-        text = render(report, args.format, args.per_node)
-        if args.output:
-            try:
-                with open(args.output, "w", encoding="utf-8") as f:
-                    f.write(text)
-            except OSError as e:
-                raise OutputError(f"{args.output}: cannot write the report ({e.strerror})") from None
-        else:
-            sys.stdout.write(text)
+        write_output(render(report, args.format, args.per_node), args.output)
         return 0
-    except FlopcountError as e:
-        print(f"flopcount: error: {e}", file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:
-        print("flopcount: interrupted", file=sys.stderr)
-        return 130
-    except Exception as e:  # a bug of ours: one line, not a traceback
-        if args.verbose >= 2:
-            raise
-        print(
-            f"flopcount: internal error: {type(e).__name__}: {e}. Please report it with the model "
-            "(rerun with -vv for the traceback).",
-            file=sys.stderr,
-        )
-        return EXIT_INTERNAL
+
+    return run_guarded(count_and_render, args.verbose)

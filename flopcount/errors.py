@@ -58,3 +58,21 @@ class FrontendError(FlopcountError):
     """A framework model cannot be exported to ONNX (``--torch``): the framework is missing or its exporter failed."""
 
     exit_code = 9
+
+
+class DeviceError(FlopcountError):
+    """A device, runtime or measuring tool the command needs is absent or refused: CUDA, onnxruntime-gpu, ``ncu``,
+    GPU counter permission. The message says what is missing and how to get it."""
+
+    exit_code = 11
+
+
+class MeasurementError(FlopcountError):
+    """A measurement cannot be made or read: a run file or ncu export that does not parse, a run too short to
+    time, a training loop that diverged. The message names the file, run or figure."""
+
+    exit_code = 12
+
+
+#: Exit code of ``flopcount bench`` when every run completed but some run did not reach its target quality.
+EXIT_QUALITY_NOT_REACHED = 10
