@@ -1,0 +1,9 @@
+"""The measuring half of flopcount: analytic counts turned into measured performance of real runs.
+
+It reads the counting :class:`flopcount.Report` and never reaches into counting internals. Heavy libraries
+(torch, NVML, onnxruntime, matplotlib) are imported inside the functions that need them.
+
+* :mod:`.devices` which device runs the work and its dense peak per dtype (vendor table, or measured on a CPU)
+* :mod:`.ceilings` measured GEMM (and other) ceilings of this machine
+* :mod:`.system` the system under test, for reports
+"""
