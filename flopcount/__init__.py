@@ -22,6 +22,8 @@ from .errors import (
 )
 from .frontends.keras import from_keras
 from .frontends.torch import from_torch
+from .measure.meter import Meter
+from .measure.result import RunResult
 from .report import ModelInfo, NodeCount, OpTypeSummary, Report
 
 try:
@@ -36,12 +38,14 @@ __all__ = [
     "FlopcountError",
     "FrontendError",
     "InvalidGraphError",
+    "Meter",
     "ModelFileError",
     "ModelInfo",
     "NodeCount",
     "OpTypeSummary",
     "OpsetError",
     "Report",
+    "RunResult",
     "ShapeError",
     "UnsupportedOperatorError",
     "UsageError",

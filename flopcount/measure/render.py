@@ -1,0 +1,94 @@
+"""Text tables of runs and benchmark reports (the CLI prints them; the meter's ``summary()`` returns one)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from tabulate import tabulate
+
+from .result import RunResult
+
+
+def si(value: float | None, unit: str = "") -> str:
+    """``1.23 GFLOP/s``-style text; ``None`` is "n/a"."""
+    if value is None:
+        return "n/a"
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}".rstrip()
+
+
+def _num(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.4g}"
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.2%}"
+
+
+def run_rows(run: Mapping[str, Any]) -> list[tuple[str, str]]:
+    sps = run["samples_per_s"]
+    rows = [
+        ("samples (timed)", f"{run['samples']:,} ({run['timed_samples']:,} in {sps['windows']} windows)"),
+        ("ranks", str(run["ranks"])),
+        ("step time (median)", "n/a" if run["step_time_s"] is None else f"{run['step_time_s'] * 1e3:.3f} ms"),
+        ("samples/s per rank (median)", si(sps["per_rank"])),
+        ("samples/s total", si(sps["total"])),
+        ("window spread (min..max, std/mean)",
+         "n/a" if sps["min"] is None else f"{si(sps['min'])}..{si(sps['max'])}, "
+         + ("n/a" if sps["variation"] is None else f"{sps['variation']:.1%}")),
+        ("training FLOPs per sample (C)", si(run["flops_per_sample"], "FLOP")),
+        ("FLOPS = N x R x C", si(run["flops"], "FLOP/s")),
+        ("precision", str(run["precision"])),
+        ("peak (one device)", si(run["peak_flops"], "FLOP/s")),
+        ("MFU", _pct(run["mfu"])),
+        ("HFU", _pct(run["hfu"])),
+        ("quality / target", f"{_num(run['quality'])} / {_num(run['target_quality'])}"),
+        ("VFLOPS", si(run["vflops"], "FLOP/s")),
+        ("time to quality", "n/a" if run["time_to_quality_s"] is None else f"{run['time_to_quality_s']:.3f} s"),
+        ("wall time", "n/a" if run["wall_s"] is None else f"{run['wall_s']:.3f} s"),
+        ("FLOPS (HPC AI500 V3.0 epoch form)", si(run["flops_epoch_form"], "FLOP/s")),
+        ("energy", si(run["energy_j"], "J")),
+        ("average power", si(run["power_w"], "W")),
+        ("FLOPS per watt", si(run["flops_per_watt"], "FLOP/s/W")),
+        ("VFLOPS per watt", si(run["vflops_per_watt"], "FLOP/s/W")),
+    ]
+    return rows
+
+
+def run_table(run: RunResult | Mapping[str, Any]) -> str:
+    d = run.as_dict() if isinstance(run, RunResult) else run
+    text = tabulate(run_rows(d), tablefmt="simple", disable_numparse=True)
+    lines = [text, "", f"peak: {d['peak_source']}"]
+    for key, why in d["unavailable"].items():
+        lines.append(f"n/a {key}: {why}")
+    return "\n".join(lines) + "\n"
+
+
+def report_table(doc: Mapping[str, Any]) -> str:
+    """The runs of a benchmark report side by side, then the summary."""
+    runs = doc["runs"]
+    keys = ("samples_per_s", "flops", "mfu", "quality", "vflops", "time_to_quality_s", "wall_s", "energy_j")
+    rows = []
+    for i, r in enumerate(runs):
+        rows.append([i, si(r["samples_per_s"]["total"]), si(r["flops"], "FLOP/s"), _pct(r["mfu"]),
+                     "n/a" if r["quality"] is None else f"{r['quality']:.4f}", si(r["vflops"], "FLOP/s"),
+                     "n/a" if r["time_to_quality_s"] is None else f"{r['time_to_quality_s']:.2f} s",
+                     "n/a" if r["wall_s"] is None else f"{r['wall_s']:.2f} s", si(r["energy_j"], "J")])
+    s = doc["summary"]
+    headers = ["run", "samples/s", "FLOPS", "MFU", "quality", "VFLOPS", "time to quality", "wall", "energy"]
+    out = [tabulate(rows, headers=headers, disable_numparse=True), ""]
+    out.append(f"summary over {s['runs']} runs ({s['kept_runs']} kept; {s['rule']}):")
+    srows = []
+    for k in keys:
+        mean, var = s["mean"].get(k), s["variation"].get(k)
+        srows.append([k, "n/a" if mean is None else f"{mean:.6g}", "n/a" if var is None else f"{var:.2%}"])
+    out.append(tabulate(srows, headers=["score", "mean", "variation"], disable_numparse=True))
+    first = runs[0] if runs else None
+    if first is not None:
+        out.append("")
+        out.append(f"peak: {first['peak_source']}")
+        for key, why in first["unavailable"].items():
+            out.append(f"n/a {key}: {why}")
+    return "\n".join(out) + "\n"

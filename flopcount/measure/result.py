@@ -1,0 +1,182 @@
+"""The run record, the benchmark report that holds runs, and the repeat-run statistics.
+
+A run is an immutable :class:`RunResult`: every figure of the HPC AI500 metrics, ``None`` where it could not be
+measured, with the reason under ``unavailable`` and how each figure was obtained under ``how``. A benchmark report
+(``flopcount bench -o``, ``Meter.to_json``) is a JSON document of :data:`SCHEMA_VERSION` holding the system under
+test, the configuration, every run and the summary (HPC AI500 V2.0: drop the highest and the lowest run, then the
+mean and the variation std/mean of the rest).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping, Sequence
+
+from flopcount.errors import MeasurementError
+
+SCHEMA_VERSION = 1
+KIND = "flopcount.bench"
+
+#: The scores the summary aggregates over runs, each read from a run's dict by a path.
+SCORES = {
+    "samples_per_s": ("samples_per_s", "total"),
+    "flops": ("flops",),
+    "mfu": ("mfu",),
+    "vflops": ("vflops",),
+    "quality": ("quality",),
+    "time_to_quality_s": ("time_to_quality_s",),
+    "wall_s": ("wall_s",),
+    "step_time_s": ("step_time_s",),
+    "energy_j": ("energy_j",),
+    "flops_per_watt": ("flops_per_watt",),
+    "vflops_per_watt": ("vflops_per_watt",),
+}
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One measured run. Rates are per second; ``flops`` is the HPC AI500 "FLOPS" score, FLOP/s = N × R × C."""
+
+    samples: int  # every sample stepped, warm-up included
+    steps: int
+    timed_samples: int  # samples in timed (post-warm-up) windows
+    timed_steps: int
+    wall_s: float | None  # clock start (first batch read) to the end of training
+    step_time_s: float | None  # median over timed steps
+    samples_per_s: Mapping[str, Any]  # per_rank (median over windows), total, windows, min, max, variation
+    flops_per_sample: float | None  # C: training FLOPs per sample, forward + backward
+    flops: float | None  # FLOP/s of all ranks: Σ_r N_r × C (= N × R × C)
+    ranks: int
+    precision: str | None
+    peak_flops: float | None  # one device
+    peak_source: str | None
+    mfu: float | None
+    hfu: float | None
+    quality: float | None
+    target_quality: float | None
+    quality_exponent: float | None
+    vflops: float | None
+    time_to_quality_s: float | None
+    energy_j: float | None
+    power_w: float | None
+    flops_per_watt: float | None
+    vflops_per_watt: float | None
+    epochs: int
+    flops_epoch_form: float | None  # HPC AI500 V3.0: (iterations per epoch × APC) / T_epoch
+    optimizer_flops_per_step: float | None
+    per_rank: tuple[Mapping[str, Any], ...] = ()
+    communication: Mapping[str, Any] | None = None
+    qualities: tuple[Mapping[str, Any], ...] = ()  # every quality() call: {t_s, value, epoch, samples}
+    unavailable: Mapping[str, str] = field(default_factory=dict)
+    how: Mapping[str, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["samples_per_s"] = dict(self.samples_per_s)
+        out["per_rank"] = [dict(r) for r in self.per_rank]
+        out["qualities"] = [dict(q) for q in self.qualities]
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "RunResult":
+        d = dict(d)
+        d["per_rank"] = tuple(d.get("per_rank") or ())
+        d["qualities"] = tuple(d.get("qualities") or ())
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+def _score(run: Mapping[str, Any], path: Sequence[str]) -> float | None:
+    v: Any = run
+    for key in path:
+        if not isinstance(v, Mapping):
+            return None
+        v = v.get(key)
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def olympic(values: Sequence[float]) -> dict[str, Any]:
+    """HPC AI500 V2.0 repeat-run statistics: with three runs or more, drop the highest and the lowest; then the
+    mean and the variation (sample standard deviation / mean) of the rest.
+
+    >>> olympic([10.0, 1.0, 4.0, 6.0, 5.0])
+    {'kept': 3, 'dropped': [1.0, 10.0], 'mean': 5.0, 'variation': 0.2}
+    """
+    ordered = sorted(values)
+    kept = ordered[1:-1] if len(ordered) >= 3 else ordered
+    dropped = [ordered[0], ordered[-1]] if len(ordered) >= 3 else []
+    mean = statistics.fmean(kept)
+    variation = statistics.stdev(kept) / mean if len(kept) >= 2 and mean else None
+    return {"kept": len(kept), "dropped": dropped, "mean": mean, "variation": variation}
+
+
+def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The ``summary`` of a report: per score, the olympic mean and variation, or None with the reason."""
+    mean: dict[str, float | None] = {}
+    variation: dict[str, float | None] = {}
+    unavailable: dict[str, str] = {}
+    for name, path in SCORES.items():
+        values = [_score(r, path) for r in runs]
+        missing = [i for i, v in enumerate(values) if v is None]
+        if missing:
+            mean[name] = variation[name] = None
+            reasons = {r.get("unavailable", {}).get(path[0]) for r in runs if _score(r, path) is None}
+            reasons.discard(None)
+            unavailable[name] = (f"null in run(s) {', '.join(map(str, missing))}"
+                                 + (f": {'; '.join(sorted(reasons))}" if reasons else ""))
+            continue
+        stats = olympic(values)
+        mean[name] = stats["mean"]
+        variation[name] = stats["variation"]
+        if stats["variation"] is None:
+            unavailable[f"variation.{name}"] = "fewer than two runs kept"
+    kept = len(runs) - 2 if len(runs) >= 3 else len(runs)
+    return {"runs": len(runs), "kept_runs": kept,
+            "rule": "HPC AI500 V2.0: with 3 runs or more the highest and the lowest of each score are dropped; "
+                    "mean and variation (sample std / mean) of the rest",
+            "mean": mean, "variation": variation, "unavailable": unavailable}
+
+
+def bench_report(runs: Sequence[RunResult | Mapping[str, Any]], system: Mapping[str, Any],
+                 config: Mapping[str, Any]) -> dict[str, Any]:
+    """The report document: ``schema_version``, ``kind``, ``tool``, ``system``, ``config``, ``runs``, ``summary``."""
+    from flopcount import __version__
+
+    dicts = [r.as_dict() if isinstance(r, RunResult) else dict(r) for r in runs]
+    return {"schema_version": SCHEMA_VERSION, "kind": KIND, "tool": {"name": "flopcount", "version": __version__},
+            "system": dict(system), "config": dict(config), "runs": dicts, "summary": summarize(dicts)}
+
+
+def _finite(obj: Any) -> Any:
+    """JSON has no NaN or infinity: such a float becomes None (a figure that could not be formed)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, Mapping):
+        return {str(k): _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def dumps(report: Mapping[str, Any]) -> str:
+    return json.dumps(_finite(report), indent=2, default=str) + "\n"
+
+
+def load(path: str) -> dict[str, Any]:
+    """Read a benchmark report, checking its kind and schema version."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except OSError as e:
+        raise MeasurementError(f"{path}: cannot read the run report ({e.strerror})") from None
+    except ValueError as e:
+        raise MeasurementError(f"{path}: not a JSON run report ({e})") from None
+    if not isinstance(doc, dict) or doc.get("kind") != KIND:
+        raise MeasurementError(f"{path}: not a flopcount bench report (no \"kind\": \"{KIND}\"); write one with "
+                               "flopcount bench -o FILE or Meter.to_json(FILE)")
+    if doc.get("schema_version") != SCHEMA_VERSION:
+        raise MeasurementError(f"{path}: bench report schema version {doc.get('schema_version')!r}; this flopcount "
+                               f"reads version {SCHEMA_VERSION}")
+    return doc

@@ -1,0 +1,118 @@
+"""``flopcount bench digits``: the digits CNN (:mod:`flopcount.models.digits`) trained on scikit-learn's bundled
+handwritten digits to a target test accuracy.
+
+A real data set and a real quality, so VFLOPS and time-to-quality are real numbers on any machine, in seconds on a
+CPU. The 1,797 images (8×8, grey levels 0-16 scaled to [0, 1]) are split 80/20, stratified, with a fixed seed
+(1,437 training and 360 test images); each epoch visits the training set in a seeded random order; the test
+accuracy is evaluated after every epoch, and training stops at the first epoch whose accuracy reaches the target
+(time-to-quality) or after ``max_epochs``.
+
+The loss (cross-entropy) is not part of the counted graph, as in HPC AI500's per-image FLOPs: C is the model's
+forward and backward per sample; the optimizer's update is reported apart.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .common import (Config, autocast, counting_optimizer, make_meter, optimizer, progress, seed_everything,
+                     torch_device, torch_or_error)
+
+DEFAULTS = Config(workload="digits", data="sklearn.datasets.load_digits", batch_size=32, max_epochs=30,
+                  optimizer="adam", lr=3e-3, momentum=0.0, target_quality=0.95, quality_exponent=5,
+                  quality_metric="test accuracy (top-1)", warmup_steps=5, window_steps=20)
+TEST_FRACTION = 0.2
+SPLIT_SEED = 0
+
+
+def load_data(device=None):
+    """(x_train, y_train, x_test, y_test) tensors of the bundled digits, N×1×8×8 float32 in [0, 1]."""
+    torch = torch_or_error()
+    try:
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
+    except ImportError:
+        from flopcount.errors import DeviceError
+
+        raise DeviceError("flopcount bench digits needs scikit-learn for its bundled data set: "
+                          "pip install 'flopcount[measure]'") from None
+    import numpy as np
+
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype(np.float32).reshape(-1, 1, 8, 8)
+    xtr, xte, ytr, yte = train_test_split(x, y, test_size=TEST_FRACTION, random_state=SPLIT_SEED, stratify=y)
+    out = [torch.from_numpy(a) for a in (xtr, ytr, xte, yte)]
+    return [t.to(device) for t in out] if device is not None else out
+
+
+def build_model(cfg: Config):
+    from flopcount.models.digits import digits_cnn
+
+    torch = torch_or_error()
+    model = digits_cnn()
+    if cfg.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    return model
+
+
+def count(cfg: Config):
+    """The counting report of one training step at the configured batch size (forward + backward; the
+    optimizer's update apart)."""
+    from flopcount.frontends.torch import from_torch
+
+    return from_torch(build_model(cfg), (cfg.batch_size, 1, 8, 8), mode="train",
+                      optimizer=counting_optimizer(cfg))
+
+
+def accuracy(model, x, y, batch: int = 512) -> float:
+    torch = torch_or_error()
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, len(x), batch):
+            correct += (model(x[i:i + batch]).argmax(1) == y[i:i + batch]).sum().item()
+    model.train()
+    return correct / len(x)
+
+
+def train(cfg: Config, report, run: int = 0, listeners: list[Callable] | None = None, show_progress: bool = True,
+          device_description=None, data=None, sampler=None, meter_kw=None):
+    """Train once (seed ``cfg.seed + run``) under a meter; return the meter (its result is formed by the caller).
+
+    ``data`` replaces the bundled split (tests, ensembles), ``sampler(epoch) -> index tensor`` replaces the seeded
+    shuffle of the training set (bootstrap samples of an ensemble)."""
+    torch = torch_or_error()
+    device = torch_device(cfg)
+    seed_everything(cfg.seed + run)
+    xtr, ytr, xte, yte = data if data is not None else load_data(device)
+    model = build_model(cfg).to(device)
+    opt = optimizer(cfg, model.parameters())
+    loss_fn = torch.nn.CrossEntropyLoss()
+    meter = make_meter(cfg, report, listeners, **(meter_kw or {}))
+    gen = torch.Generator().manual_seed(cfg.seed + run)
+    steps_per_epoch = -(-len(xtr) // cfg.batch_size)
+    bar = progress(steps_per_epoch * cfg.max_epochs, f"digits run {run}", show_progress)
+    model.train()
+    for epoch in range(1, cfg.max_epochs + 1):
+        order = sampler(epoch) if sampler is not None else torch.randperm(len(xtr), generator=gen)
+        batches = ((xtr[idx], ytr[idx]) for idx in (order[i:i + cfg.batch_size].to(device)
+                                                    for i in range(0, len(order), cfg.batch_size)))
+        for x, y in meter.loader(batches):
+            if cfg.channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            with meter.step(samples=len(x)):
+                opt.zero_grad(set_to_none=True)
+                with autocast(cfg):
+                    loss = loss_fn(model(x), y)
+                loss.backward()
+                opt.step()
+            bar.update()
+        acc = accuracy(model, xte, yte)
+        meter.quality(acc, epoch=epoch)
+        bar.set_postfix_str(f"epoch {epoch} accuracy {acc:.4f}")
+        if meter.reached():
+            break
+    bar.close()
+    meter.stop()
+    meter.model = model
+    return meter
