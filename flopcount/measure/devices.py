@@ -60,7 +60,7 @@ GPUS: tuple[GpuEntry, ...] = (
              _dense(fp64=60, fp32=60, tf32=417.5, bf16=835.5, fp16=835.5, fp8=1670.5, int8=1670.5),
              "NVIDIA H200 NVL datasheet (tensor figures half of the with-sparsity ones)"),
     GpuEntry("H200 SXM", ("h200",), 132,
-             _dense(fp64=67, fp32=67, tf32=494.7, bf16=989.4, fp16=989.4, fp8=1978.9, int8=1978.9),
+             _dense(fp64=66.9, fp32=66.9, tf32=494.7, bf16=989.4, fp16=989.4, fp8=1978.9, int8=1978.9),
              "NVIDIA H200 datasheet, SXM (tensor figures half of the with-sparsity ones)", without=("nvl",)),
     GpuEntry("H100 NVL", ("h100", "nvl"), 132,
              _dense(fp64=60, fp32=60, tf32=417.5, bf16=835.5, fp16=835.5, fp8=1670.5, int8=1670.5),
@@ -69,7 +69,7 @@ GPUS: tuple[GpuEntry, ...] = (
              _dense(fp64=51, fp32=51, tf32=378, bf16=756, fp16=756, fp8=1513, int8=1513),
              "NVIDIA H100 datasheet, PCIe (tensor figures half of the with-sparsity ones)"),
     GpuEntry("H100 SXM", ("h100",), 132,
-             _dense(fp64=67, fp32=67, tf32=494.7, bf16=989.4, fp16=989.4, fp8=1978.9, int8=1978.9),
+             _dense(fp64=66.9, fp32=66.9, tf32=494.7, bf16=989.4, fp16=989.4, fp8=1978.9, int8=1978.9),
              "NVIDIA H100 datasheet, SXM5 (tensor figures half of the with-sparsity ones)", without=("nvl", "pcie")),
     GpuEntry("A100 SXM", ("a100", "sxm4"), 108, _dense(fp64=19.5, fp32=19.5, tf32=156, bf16=312, fp16=312, int8=624),
              "NVIDIA A100 datasheet (dense tensor figures)"),
@@ -185,17 +185,26 @@ def cuda_device(index: int | None = None) -> Device:
         "cuda_runtime": torch.version.cuda,
     }
     details.update(_nvml_details(index))
-    entry = gpu_entry(props.name)
+    return gpu_device(props.name, props.multi_processor_count, index, details)
+
+
+def gpu_device(name: str, sm_count: int | None, index: int | None = None,
+               details: Mapping[str, object] | None = None) -> Device:
+    """A GPU's :class:`Device` from its name and SM count: the table's peaks, scaled by ``sm_count / entry SMs``
+    when the device has fewer SMs than its entry (a MIG slice)."""
+    entry = gpu_entry(name)
+    if entry is not None and sm_count is not None and sm_count > entry.sms:
+        entry = None  # more SMs than the part the name matched: another part, whose peak the table does not know
     peaks: dict[str, Peak] = {}
     if entry is not None:
-        share = props.multi_processor_count / entry.sms
+        share = (sm_count or entry.sms) / entry.sms
         for dtype, value in entry.peaks.items():
             if abs(share - 1) < 1e-9:
                 peaks[dtype] = Peak(value, entry.source)
             else:
-                peaks[dtype] = Peak(value * share, f"{entry.source}, scaled by {props.multi_processor_count}/"
-                                    f"{entry.sms} SMs (a MIG slice or a cut-down part)")
-    return Device("cuda", props.name, index, peaks, details, entry.key if entry else None)
+                peaks[dtype] = Peak(value * share, f"{entry.source}, scaled by {sm_count}/{entry.sms} SMs "
+                                    "(a MIG slice or a cut-down part)")
+    return Device("cuda", name, index, peaks, dict(details or {}), entry.key if entry else None)
 
 
 def _nvml_details(index: int) -> dict[str, object]:
