@@ -488,6 +488,9 @@ class Meter:
             unavailable["flops_epoch_form"] = ("no whole epoch was timed (iterate with meter.loader() or call "
                                                "meter.epoch_end())" if not full else "no FLOPs per sample")
 
+        if self.communication is None:
+            unavailable["communication"] = ("one rank: nothing is communicated" if ranks == 1 else
+                                            "not measured: no communication hook was attached to this run's model")
         wall = (self._t_end - self._t0) if self._t0 is not None and self._t_end is not None else None
         if wall is None:
             unavailable["wall_s"] = "no step ran"
