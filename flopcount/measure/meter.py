@@ -208,11 +208,17 @@ class Meter:
     def loader(self, batches: Iterable) -> Iterator:
         """Iterate over one epoch of ``batches``: the first read starts the clock, and the end of the iterable is
         :meth:`epoch_end` (so whole epochs are timed for the HPC AI500 V3.0 form)."""
-        self.start()
-        self._epoch_start = (self._host(), self.steps, self.samples)
-        self._emit("epoch_start", {"epoch_num": len(self._epochs) + 1})
+        self.epoch_start()
         yield from batches
         self.epoch_end()
+
+    def epoch_start(self) -> None:
+        """Mark the start of an epoch, right before its first batch is read (:meth:`loader` calls it; it starts
+        the clock on the first epoch)."""
+        self.start()
+        self._flush()
+        self._epoch_start = (self._host(), self.steps + self._pending_steps, self.samples + self._pending_samples)
+        self._emit("epoch_start", {"epoch_num": len(self._epochs) + 1})
 
     def epoch_end(self) -> None:
         """Mark the end of an epoch (:meth:`loader` calls it)."""
@@ -345,6 +351,19 @@ class Meter:
             return _TORCH_DTYPES.get(str(next(self._model.parameters()).dtype))
         except (StopIteration, AttributeError):
             return None
+
+    def _flops_per_sample_known(self) -> bool:
+        return self._report is not None or self._flops_per_sample is not None
+
+    @property
+    def timed_epochs(self) -> tuple[tuple[int, int, float], ...]:
+        """(iterations, samples, seconds) of every epoch ended so far."""
+        return tuple(self._epochs)
+
+    def flops_per_sample(self) -> float | None:
+        """C, the training FLOPs per sample (counting the model now when it was given as ``model=``)."""
+        report = self.counted_report()
+        return report.per_sample.flops if report is not None else self._flops_per_sample
 
     def counted_report(self):
         """The counting report (counting the model now when it was given as ``model=``)."""
