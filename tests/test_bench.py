@@ -156,3 +156,22 @@ def test_cuda_events_time_steps_with_one_sync_per_window():
         timer.stop()
     stamps = timer.collect()
     assert len(stamps) == 3 and all(e > s for s, e in stamps)
+
+
+@pytest.mark.gpu
+def test_nvml_energy_and_a_metered_cuda_run():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from flopcount.measure import energy
+
+    src = energy.nvml(0)
+    if src.kind == "unavailable":
+        pytest.skip(src.reason)
+    meter = flopcount.Meter(flops_per_sample=2 * 4096**3, device="cuda", warmup_steps=2, window_steps=10)
+    a = torch.randn(4096, 4096, device="cuda")
+    for _ in range(52):
+        with meter.step(samples=1):
+            a @ a
+    r = meter.result()
+    assert r.samples_per_s["windows"] == 5 and r.peak_flops is not None or "unknown device" in r.unavailable["mfu"]
+    assert r.energy_j is None or r.energy_j > 0

@@ -241,3 +241,49 @@ def test_loading_a_bad_report(tmp_path, text, message):
     path.write_text(text)
     with pytest.raises(flopcount.errors.MeasurementError, match=message):
         result.load(str(path))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the CUDA event timer's bookkeeping, on fake events (the real ones need a GPU: see test_bench's gpu test)
+
+
+class FakeEvent:
+    """Stands for torch.cuda.Event: ``record`` stamps the fake device clock; ``synchronize`` is counted."""
+
+    clock = 0.0
+    syncs = 0
+    made = 0
+
+    def __init__(self, enable_timing=False):
+        assert enable_timing
+        FakeEvent.made += 1
+        self.t = None
+
+    def record(self):
+        self.t = FakeEvent.clock
+
+    def synchronize(self):
+        FakeEvent.syncs += 1
+
+    def elapsed_time(self, other):  # milliseconds, as CUDA events give them
+        return (other.t - self.t) * 1e3
+
+
+def test_cuda_event_timer_syncs_once_per_window_and_reuses_events(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from flopcount.measure.clocks import CudaEventTimer
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    FakeEvent.clock, FakeEvent.syncs, FakeEvent.made = 5.0, 0, 0
+    meter = flopcount.Meter(flops_per_sample=100, warmup_steps=0, window_steps=4, energy=False)
+    meter._timer = CudaEventTimer()  # the timer a CUDA device gets
+    for _ in range(12):
+        with meter.step(samples=2):
+            FakeEvent.clock += 0.5
+        FakeEvent.clock += 0.25
+    assert FakeEvent.syncs == 3  # three windows of four steps: one synchronisation each, none per step
+    assert FakeEvent.made <= 2 * 4 + 1  # events come back to the pool after each window
+    r = meter.result(device=CPU)
+    assert r.step_time_s == pytest.approx(0.5)
+    # a window: 4 steps of 0.5 s and 3 gaps of 0.25 s = 2.75 s for 8 samples
+    assert r.samples_per_s["per_rank"] == pytest.approx(8 / 2.75)
