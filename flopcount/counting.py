@@ -24,7 +24,7 @@ from .errors import FlopcountError, InvalidGraphError, UnsupportedOperatorError,
 from .loading import load
 from .registry import DEFAULT_DOMAIN, buffer_inputs, canonical_domain, lookup, lookup_backward, straight_through
 from .report import FORMULA, UNSUPPORTED, ZERO_COST, ModelInfo, NodeCount, OpTypeSummary, Report, op_key
-from .shapes import Inference, prepare, resolve
+from .shapes import MAX_ELEMENTS, Inference, prepare, resolve
 
 log = logging.getLogger(__name__)
 
@@ -112,9 +112,10 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
         raise UsageError(
             f"optimizer {optimizer!r}: give one of {', '.join(OPTIMIZERS)}, with mode='train' (--mode train)"
         )
-    bad_trips = {k: v for k, v in (loop_trips or {}).items() if isinstance(v, bool) or not isinstance(v, int) or v < 0}
+    bad_trips = {k: v for k, v in (loop_trips or {}).items()
+                 if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_ELEMENTS}
     if bad_trips:
-        raise UsageError(f"loop_trips must be non-negative integers; got {bad_trips}")
+        raise UsageError(f"loop_trips must be non-negative integers of at most 2**48; got {bad_trips}")
     clock = [time.perf_counter()]
     timings: dict[str, float] = {}
 
