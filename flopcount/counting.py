@@ -17,10 +17,11 @@ import onnx
 from onnx import ModelProto, helper
 
 from . import graph as graph_mod
+from . import validate
 from .context import FLOAT_TYPES, NodeContext, TensorInfo, attribute_defaults, python_value
 from .conventions import Convention, get_convention
 from .cost import ZERO, Bound, Breakdown, Cost
-from .errors import FlopcountError, InvalidGraphError, UnsupportedOperatorError, UsageError
+from .errors import FlopcountError, InvalidGraphError, ShapeError, UnsupportedOperatorError, UsageError
 from .loading import load
 from .registry import DEFAULT_DOMAIN, buffer_inputs, canonical_domain, lookup, lookup_backward, straight_through
 from .report import FORMULA, UNSUPPORTED, ZERO_COST, ModelInfo, NodeCount, OpTypeSummary, Report, op_key
@@ -131,6 +132,7 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
     try:
         dag = graph_mod.build_graph(m.graph, where)
         opsets = _opsets(m)
+        validate.check_graph(m, opsets, where)  # before any inference in this process
         protos, names = dag.graph["protos"], dag.graph["names"]
         attributes_of = _AttributeCache(opsets, where)
         attributes = [attributes_of(p, n, op=o) for p, n, o in zip(protos, names, dag.graph["node_ops"])]
@@ -139,6 +141,7 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
         res = resolve(m, dag, where, inference)
     finally:
         inference.close()
+    validate.check_resolved(dag, res.tensors, res.values, attributes, where)
     lap("shapes")
     hint = _fix_hint(res.inputs, res.inference_error)
 
@@ -394,6 +397,12 @@ class _Traversal:
             elif status == FORMULA:
                 key = op_key(op.domain, op_type)
                 self.backward_unsupported[key] = self.backward_unsupported.get(key, 0) + 1
+        if min(cost) < 0 or min(back) < 0:  # a formula term such as (n − 1) met an empty axis
+            raise ShapeError(
+                f"{self.where}: node {name!r} ({op_type}): its {'backward ' if min(cost) >= 0 else ''}formula gives a negative "
+                f"count for inputs {', '.join(t.shape_text() for t in ins if t is not None) or '(none)'} (an empty "
+                "tensor?); counts are never negative: please report it with the model"
+            )
         return NodeCount(idx, name, op_type, op.domain, family, status, ins, outs, cost, parts, back, bound)
 
     def _context(self, name, op: _Op, op_type, ins, outs, trips, grads) -> NodeContext:
@@ -601,7 +610,13 @@ def _report(m, path, dag, res, nodes, conv, batch, strict, where, params: int, n
         )
 
     if batch is None:
-        batch = next((t.shape[0] for t in res.inputs if t.shape and isinstance(t.shape[0], int)), 1)
+        first = next((t for t in res.inputs if t.shape and isinstance(t.shape[0], int)), None)
+        batch = 1 if first is None else first.shape[0]
+        if batch == 0:
+            raise ShapeError(
+                f"{where}: input {first.name!r} has shape {first.shape_text()}: its batch (dim 0) is 0, so there is no "
+                f"sample to count per; give a batch, e.g. --batch 1 or --input-shape {first.name}=1x..."
+            )
 
     info = ModelInfo(
         path=path,

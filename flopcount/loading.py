@@ -142,6 +142,13 @@ def known_opset(domain: str) -> int:
 
 def check_opsets(model: ModelProto, where: str) -> None:
     for imp in model.opset_import:
+        if imp.version < 1:
+            from .errors import InvalidGraphError
+
+            raise InvalidGraphError(
+                f"{where}: the model imports opset {imp.version} of domain {imp.domain or 'ai.onnx'!r}; "
+                "opset versions start at 1: fix opset_import or re-export the model"
+            )
         domain = canonical_domain(imp.domain)
         if domain not in (DEFAULT_DOMAIN, "ai.onnx.ml"):
             continue  # custom domains: their ops are reported as unsupported, not an error

@@ -1010,6 +1010,8 @@ def _evaluate(node, tensors, values) -> list | None:
         return None
     fn = _FOLDERS.get(op)
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if not _fits(node, args, tensors, fn is not None):
+        return None
     try:
         if fn is not None:
             out = fn(attrs, *args)
@@ -1023,6 +1025,38 @@ def _evaluate(node, tensors, values) -> list | None:
     except Exception as e:  # a node that cannot be evaluated simply stays unfolded
         log.debug("not folding %s %r: %s", op, node.name, e)
         return None
+
+
+def _fits(node: onnx.NodeProto, args: list, tensors: Mapping[str, TensorInfo], folder: bool) -> bool:
+    """Whether the outputs of ``node`` on ``args`` hold at most :data:`FOLD_LIMIT` elements, told
+    before anything is computed: a hostile constant (``Range(0, 2**40)``, ``Tile`` by 10**9) must
+    not make folding allocate. Operators that generate data from values (Range, Expand, Tile,
+    ConstantOfShape, windows, Pad, Resize ...) are folded only when their output size is known small;
+    the others (:data:`_DIM_SAFE_OPS`) give outputs no larger than the product of their inputs."""
+    try:
+        op = node.op_type
+        if op == "Range":
+            start, limit, delta = (float(np.asarray(a).reshape(-1)[0]) for a in args[:3])
+            return delta != 0 and max(np.ceil((limit - start) / delta), 0) <= FOLD_LIMIT
+        if op in ("Expand", "Tile"):
+            x, v = args[0], [int(d) for d in np.asarray(args[1]).reshape(-1)]
+            if any(d < 0 for d in v):
+                return False
+            if op == "Tile":
+                return prod(d * r for d, r in zip(x.shape, v)) <= FOLD_LIMIT
+            rank = max(x.ndim, len(v))
+            dims = [1] * (rank - x.ndim) + list(x.shape)
+            wanted = [1] * (rank - len(v)) + v
+            return prod(max(d, w) for d, w in zip(dims, wanted)) <= FOLD_LIMIT
+        if op == "ConstantOfShape":
+            v = [int(d) for d in np.asarray(args[0]).reshape(-1)]
+            return all(d >= 0 for d in v) and prod(v) <= FOLD_LIMIT
+    except (TypeError, ValueError, OverflowError, IndexError, AttributeError):
+        return False
+    outs = [tensors.get(o) for o in node.output if o]
+    if outs and all(t is not None and t.is_static for t in outs):
+        return all(0 <= prod(t.shape) <= FOLD_LIMIT for t in outs)
+    return folder or op in _DIM_SAFE_OPS
 
 
 def _taken_branch(node: onnx.NodeProto, values: Mapping[str, np.ndarray]) -> onnx.GraphProto | None:
