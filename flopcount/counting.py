@@ -132,10 +132,11 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
     try:
         dag = graph_mod.build_graph(m.graph, where)
         opsets = _opsets(m)
-        validate.check_graph(m, opsets, where)  # before any inference in this process
+        validate.check_graph(m, dag, opsets, where)  # before any inference in this process
         protos, names = dag.graph["protos"], dag.graph["names"]
-        attributes_of = _AttributeCache(opsets, where)
-        attributes = [attributes_of(p, n, op=o) for p, n, o in zip(protos, names, dag.graph["node_ops"])]
+        attributes_of = _AttributeCache(opsets, where, m.ir_version)
+        attributes = [attributes_of(p, n, op=o, arity=(len(i), len(out)), index=k) for k, (p, n, o, i, out) in
+                      enumerate(zip(protos, names, dag.graph["node_ops"], dag.graph["node_inputs"], dag.graph["node_outputs"]))]
         params = _params(m, frozenset(input_values or ()))
         lap("graph")
         res = resolve(m, dag, where, inference)
@@ -528,26 +529,36 @@ class _AttributeCache:
     """:func:`_attributes` for many nodes: nodes of one op type with the same attributes (most of
     a large graph) share one converted dict, which formulas only read."""
 
-    def __init__(self, opsets: Mapping[str, int], where: str) -> None:
-        self.opsets, self.where = opsets, where
+    def __init__(self, opsets: Mapping[str, int], where: str, ir_version: int = 0) -> None:
+        self.opsets, self.where, self.ir_version = opsets, where, ir_version
         self._wanted: dict[tuple[str, str], bool] = {}
         self._converted: dict[tuple, dict[str, Any]] = {}
+        self._checked: set[tuple] = set()
 
     def __call__(self, node: onnx.NodeProto, name: str, force: bool = False,
-                 op: tuple[str, str] | None = None) -> dict[str, Any] | None:
-        """``op``: the node's (domain, op_type), when already read."""
+                 op: tuple[str, str] | None = None, arity: tuple[int, int] | None = None,
+                 index: int = 0) -> dict[str, Any] | None:
+        """``op``: the node's (domain, op_type), when already read. ``arity`` (its numbers of inputs
+        and outputs) asks for the node to be checked against its operator schema first (once per
+        distinct node: :func:`validate.check_node`); ``index`` is its position, for messages."""
         if op is None:
             op = (node.domain, node.op_type)
         wanted = self._wanted.get(op)
         if wanted is None:
             rule = lookup(canonical_domain(node.domain), node.op_type)
             wanted = self._wanted[op] = rule is not None and not rule.zero_cost
+        attrs = node.attribute
+        blobs = [a.SerializeToString() for a in attrs] if attrs and (arity is not None or wanted or force) else ()
+        if arity is not None:
+            checked = (op, arity, *blobs)
+            if checked not in self._checked:
+                self._checked.add(checked)
+                validate.check_node(node, index, (), self.opsets, self.ir_version, self.where)
         if not (wanted or force):
             if node.domain in ("", "ai.onnx") and DEFAULT_DOMAIN not in self.opsets:
                 _attributes(node, name, self.opsets, self.where)  # raises: the domain is not imported
             return None
-        attrs = node.attribute
-        key = (op, *[a.SerializeToString() for a in attrs]) if attrs else op
+        key = (op, *blobs) if attrs else op
         values = self._converted.get(key)
         if values is None:  # first of its kind: converted and checked against the schema
             values = self._converted[key] = _attributes(node, name, self.opsets, self.where, force=True)
@@ -609,14 +620,8 @@ def _report(m, path, dag, res, nodes, conv, batch, strict, where, params: int, n
             + "; run without --strict to count the rest, or file an issue for them"
         )
 
-    if batch is None:
-        first = next((t for t in res.inputs if t.shape and isinstance(t.shape[0], int)), None)
-        batch = 1 if first is None else first.shape[0]
-        if batch == 0:
-            raise ShapeError(
-                f"{where}: input {first.name!r} has shape {first.shape_text()}: its batch (dim 0) is 0, so there is no "
-                f"sample to count per; give a batch, e.g. --batch 1 or --input-shape {first.name}=1x..."
-            )
+    if batch is None:  # 0 for an empty first input: per-sample figures are then None
+        batch = next((t.shape[0] for t in res.inputs if t.shape and isinstance(t.shape[0], int)), 1)
 
     info = ModelInfo(
         path=path,

@@ -159,11 +159,12 @@ def apply_overrides(
 # inference
 
 
-def _infer(model: ModelProto, where: str, strict: bool = False, hint: bool = True) -> ModelProto:
+def _infer(model: ModelProto, where: str, strict: bool = False, hint: bool = True, guard: bool = True) -> ModelProto:
     """ONNX's inference of ``model``, guarded (see :func:`_guard_depths`) so that no negative dim
     reaches the code in it that aborts the process; raises :class:`ShapeError` on a negative or
-    oversized dim, or when inference fails."""
-    depths = _guard_depths(model.graph)
+    oversized dim, or when inference fails. ``guard=False``: the caller knows that no Slice is at
+    risk (see :func:`_guard_needed`)."""
+    depths = _guard_depths(model.graph) if guard else None
     if depths is None:
         return _infer_plain(model, where, strict)
     for d in range(max(depths) + 1):
@@ -234,6 +235,16 @@ def _guard_depths(graph: onnx.GraphProto) -> list[int] | None:
     return depths if max(depths, default=0) > 0 else None
 
 
+def _guard_needed(dag: nx.DiGraph) -> bool:
+    """Whether the graph of ``dag`` may hold a Slice at risk (cheap: from the op types read once)."""
+    ops = set(dag.graph["node_ops"])
+    if dag.graph["bodies"]:
+        return True
+    if ("", "Slice") not in ops and ("ai.onnx", "Slice") not in ops:
+        return False
+    return any(d not in ("", "ai.onnx") or o not in _DIM_SAFE_OPS for d, o in ops)
+
+
 def _guard_kind(node: onnx.NodeProto) -> tuple[bool, bool]:
     """(dim-safe, Slice-like) of one node."""
     if node.domain not in ("", "ai.onnx"):
@@ -274,7 +285,8 @@ def check_dims(tensors: Mapping[str, TensorInfo], model: ModelProto, where: str,
     input would cure it, the smallest input that works. A convolution or pooling window that
     leaves no output position (a zero spatial dim from a non-empty input) is as wrong as a negative dim."""
     empty = False
-    for t in tensors.values():
+    odd = getattr(tensors, "odd", None)
+    for t in tensors.values() if odd is None else [tensors[n] for n in odd if n in tensors]:
         shape = t[2]
         if not shape:
             continue
@@ -527,12 +539,26 @@ def _may_fork(model: ModelProto) -> bool:
 _SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
 
+class _Collected(dict):
+    """Tensor name → :class:`TensorInfo`, as read from an inferred model; ``odd`` names the tensors
+    with a negative, zero or oversized dim (found once per distinct type, for :func:`check_dims`)."""
+
+    __slots__ = ("odd",)
+
+
 def _collect(model: ModelProto, bodies: bool = True, initializers: Mapping[str, TensorInfo] | None = None) -> dict[str, TensorInfo]:
     """Tensor infos of an inferred model; ``initializers``, when given, are the top graph's
     initializer infos (see :func:`initializer_infos`), already read."""
-    out: dict[str, TensorInfo] = {}
+    out = _Collected()
+    out.odd = []
     _collect_graph(model.graph, out, bodies, initializers)
     return out
+
+
+def _odd(shape) -> bool:
+    """Whether a shape has a negative or zero dim, or more than MAX_ELEMENTS elements."""
+    known = [d for d in shape or () if type(d) is int]
+    return bool(known) and (min(known) <= 0 or max(known) > MAX_ELEMENTS or prod(known) > MAX_ELEMENTS)
 
 
 def initializer_infos(g: onnx.GraphProto) -> dict[str, TensorInfo]:
@@ -542,14 +568,17 @@ def initializer_infos(g: onnx.GraphProto) -> dict[str, TensorInfo]:
 
 
 def _collect_graph(g: onnx.GraphProto, out: dict[str, TensorInfo], bodies: bool = True,
-                   initializers: Mapping[str, TensorInfo] | None = None) -> None:
+                   initializers: Mapping[str, TensorInfo] | None = None, top: bool = True) -> None:
     """Tensor infos of ``g`` and, recursively, of its subgraphs (names are unique across scopes);
-    ``bodies=False`` skips the scan for subgraphs (the graph has none)."""
+    ``bodies=False`` skips the scan for subgraphs (the graph has none). Odd dims are noted for the
+    top graph only: ONNX infers both branches of an If, and the one not taken may well have them
+    (a body that runs and has one gets a negative count, which the traversal refuses)."""
     for node in g.node if bodies else ():
         if node.op_type in _SUBGRAPH_OPS:
             for a in node.attribute:
                 for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs):
-                    _collect_graph(sub, out)
+                    _collect_graph(sub, out, top=False)
+    odd = getattr(out, "odd", None) if top else None
     # A large graph has a few distinct types (dtype and dims) for a great many tensors: each
     # distinct one is decoded once, keyed by its serialized bytes.
     make = tuple.__new__
@@ -565,7 +594,12 @@ def _collect_graph(g: onnx.GraphProto, out: dict[str, TensorInfo], bodies: bool 
         info = decoded.get(key, False)
         if info is False:
             info = decoded[key] = _decode_type(ty)
+            if info is not None and odd is not None and _odd(info[1]):
+                decoded[key] = info = (*info, True)  # marked: a fourth field
         if info is not None:
+            if len(info) == 4:
+                odd.append(name)
+                info = info[:3]
             out[name] = make(TensorInfo, (name, *info))
 
 
@@ -644,8 +678,9 @@ def resolve(model: ModelProto, dag: nx.DiGraph, where: str, first: "Inference | 
     """Resolve every tensor's shape that can be resolved without weights (``model`` is weightless
     and prepared by :func:`prepare`). ``first``, when given, is the first inference, already started."""
     bodies = bool(dag.graph["bodies"])
+    guard = _guard_needed(dag)
     declared = initializer_infos(model.graph)  # read while a child may still be inferring
-    tensors = _collect(first.result() if first is not None else _infer(model, where), bodies, declared)
+    tensors = _collect(first.result() if first is not None else _infer(model, where, guard=guard), bodies, declared)
     check_dims(tensors, model, where)
     values: dict[str, np.ndarray] = {}
     rounds = 1
@@ -656,7 +691,7 @@ def resolve(model: ModelProto, dag: nx.DiGraph, where: str, first: "Inference | 
             break
         scratch = _with_constants(model, dag, values)
         rounds += 1
-        found = _collect(_infer(scratch, where), bodies)
+        found = _collect(_infer(scratch, where, guard=guard), bodies)
         check_dims(found, model, where)
         tensors = {**tensors, **{k: v for k, v in found.items() if v.is_static or k not in tensors}}
         pending = _unresolved(dag, tensors)
@@ -674,7 +709,7 @@ def resolve(model: ModelProto, dag: nx.DiGraph, where: str, first: "Inference | 
             scratch = _with_constants(model, dag, values)
             scratch.graph.value_info.extend(_value_info(name, t) for name, t in settled.items())
             rounds += 1
-            found = _collect(_infer(scratch, where), bodies)
+            found = _collect(_infer(scratch, where, guard=guard), bodies)
             check_dims(found, model, where)
             tensors.update((k, v) for k, v in found.items() if v.is_static and not _static(tensors.get(k)))
             _infer_bodies(model, model.graph, tensors, values, where)
@@ -682,7 +717,7 @@ def resolve(model: ModelProto, dag: nx.DiGraph, where: str, first: "Inference | 
     error = ""
     if pending:
         try:
-            _infer(_with_constants(model, dag, values), where, strict=True)
+            _infer(_with_constants(model, dag, values), where, strict=True, guard=guard)
         except Exception as e:
             error = _first_line(e)
         log.debug("%d tensors keep unknown dims after %d rounds: %s", len(pending), rounds, pending[:10])

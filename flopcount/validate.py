@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
+from itertools import chain
 from functools import lru_cache
 
 import numpy as np
@@ -32,12 +33,29 @@ _AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 _POSITIVE_INTS = ("kernel_shape", "strides", "dilations")
 
 
-def check_graph(model: onnx.ModelProto, opsets: Mapping[str, int], where: str) -> None:
-    """Check every node (and body) of ``model`` before inference; see the module docstring."""
-    _check_declared(model.graph, where)
+def check_graph(model: onnx.ModelProto, dag, opsets: Mapping[str, int], where: str) -> None:
+    """Check ``model`` before inference, except the top graph's nodes against their schemas, which
+    :func:`check_node` does as the traversal reads their attributes (once per distinct node)."""
+    g = dag.graph
+    ops = set(g["node_ops"])
+    if bytes in {type(x) for op in ops for x in op} or bytes in set(map(type, g["names"])) or bytes in set(
+            map(type, chain.from_iterable(chain(g["node_inputs"], g["node_outputs"])))):
+        for i, node in enumerate(g["protos"]):
+            _check_strings(node, i, (), where)
+    _check_declared(model.graph, g["bodies"], where)
     seen: set = set()
-    for node, index, scope in _walk(model.graph, ()):
-        _check_node(node, index, scope, opsets, model.ir_version, where, seen)
+    protos = g["protos"]
+    for i in g["bodies"]:
+        node = protos[i]
+        _check_bodies(node, i, (), where)
+        for a in node.attribute:
+            if a.type in _GRAPH_TYPES:
+                for body in [a.g] if a.type == AttributeProto.GRAPH else a.graphs:
+                    for inner, j, scope in _walk(body, (node_label(node, i),)):
+                        _check_strings(inner, j, scope, where)
+                        check_node(inner, j, scope, opsets, model.ir_version, where, seen)
+                        if any(b.type in _GRAPH_TYPES for b in inner.attribute):
+                            _check_bodies(inner, j, scope, where)
 
 
 def _walk(g: onnx.GraphProto, scope: tuple[str, ...]) -> Iterator[tuple[onnx.NodeProto, int, tuple[str, ...]]]:
@@ -56,7 +74,7 @@ def _where_node(node: onnx.NodeProto, index: int, scope: tuple[str, ...], where:
     return f"{where}: node {node_label(node, index)!r} ({node.op_type}){inside}"
 
 
-def _check_node(node, index, scope, opsets, ir_version, where, seen) -> None:
+def _check_strings(node, index, scope, where) -> None:
     if isinstance(node.op_type, bytes) or isinstance(node.domain, bytes) or isinstance(node.name, bytes):
         raise InvalidGraphError(
             f"{where}: node {index}{' in a body' if scope else ''} has an op_type, domain or name that is not "
@@ -66,19 +84,24 @@ def _check_node(node, index, scope, opsets, ir_version, where, seen) -> None:
         raise InvalidGraphError(
             f"{_where_node(node, index, scope, where)}: a tensor name is not valid UTF-8; the file is corrupt: re-export it"
         )
+
+
+def check_node(node, index, scope, opsets, ir_version, where, seen=None, key=None) -> None:
+    """One node against its schema and the window rules; ``seen`` (a set) skips nodes already
+    checked, by ``key`` (computed here when not given)."""
     domain = canonical_domain(node.domain)
     version = opsets.get(domain)
     if version is None or domain not in (DEFAULT_DOMAIN, "ai.onnx.ml"):
         return  # other domains: their ops are unsupported or counted by their own formulas
-    attributes = tuple(node.attribute)
-    key = (domain, node.op_type, version, len(node.input), len(node.output),
-           tuple(a.SerializeToString() for a in attributes if a.type not in _GRAPH_TYPES))
-    if key not in seen:
+    if seen is not None:
+        if key is None:
+            key = (domain, node.op_type, len(node.input), len(node.output),
+                   *[a.SerializeToString() for a in node.attribute if a.type not in _GRAPH_TYPES])
+        if key in seen:
+            return
         seen.add(key)
-        _check_schema(node, domain, version, ir_version, index, scope, where)
-        _check_window(node, index, scope, where)
-    if any(a.type in _GRAPH_TYPES for a in attributes):
-        _check_bodies(node, index, scope, where)
+    _check_schema(node, domain, version, ir_version, index, scope, where)
+    _check_window(node, index, scope, where)
 
 
 @lru_cache(maxsize=None)
@@ -200,15 +223,17 @@ def _check_bodies(node, index, scope, where) -> None:
                         f"{carried} loop-carried value(s) and {n_out} node output(s) it needs {2 + carried} inputs "
                         f"and {1 + n_out} outputs (the condition first)"
                     )
-            if node.op_type == "Scan" and (len(body.input) != n_in or len(body.output) != n_out):
+            # (Scan-8 takes sequence_lens first, which its body does not see)
+            if node.op_type == "Scan" and (len(body.input) not in (n_in, n_in - 1) or len(body.output) != n_out):
                 raise InvalidGraphError(
                     f"{label}: its body has {len(body.input)} inputs and {len(body.output)} outputs, but the node "
                     f"has {n_in} inputs and {n_out} outputs; they must match"
                 )
 
 
-def _check_declared(g: onnx.GraphProto, where: str) -> None:
-    """No declared dim (graph inputs and outputs, value_info, initializers) is negative."""
+def _check_declared(g: onnx.GraphProto, bodies, where: str) -> None:
+    """No declared dim (graph inputs and outputs, value_info, initializers) is negative; ``bodies``:
+    indices of the nodes of ``g`` with subgraphs (None: look at every node)."""
     for t in g.initializer:
         if any(d < 0 for d in t.dims):
             raise InvalidGraphError(f"{where}: initializer {t.name!r} has dims {list(t.dims)}; dims cannot be negative")
@@ -221,11 +246,11 @@ def _check_declared(g: onnx.GraphProto, where: str) -> None:
                         f"{where}: {kind} {vi.name!r} declares dim {i} as {d.dim_value}; dims cannot be negative: "
                         "fix the model" + (" or give --input-shape" if kind == "graph input" else "")
                     )
-    for node in g.node:
+    for node in g.node if bodies is None else [g.node[i] for i in bodies]:
         for a in node.attribute:
             if a.type in _GRAPH_TYPES:
                 for body in [a.g] if a.type == AttributeProto.GRAPH else a.graphs:
-                    _check_declared(body, where)
+                    _check_declared(body, None, where)
 
 
 # --------------------------------------------------------------------------------------------

@@ -129,8 +129,6 @@ INVALID = [
     pytest.param(strided(16), ["--input-shape", "x=1x3x25x25"], 0, [], id="resnet-fixed-7x7-head-at-the-smallest-input"),
     pytest.param(reshape_to([2**62, 2**62], "ConstantOfShape"), [], 5, ["node 'fill' (ConstantOfShape)", "more than 2**48 elements"],
                  id="dims-2-to-the-62"),
-    pytest.param(single("Relu", {"x": (0, 3)}), [], 5, ["input 'x' has shape 0x3", "batch (dim 0) is 0", "--batch 1"],
-                 id="empty-first-batch"),
     pytest.param(with_value_info([2, -3]), [], 5, ["value_info of tensor 'r' declares dim 1 as -3"], id="declared-negative-dim"),
     # invalid attributes: exit 4 naming the node and the attribute
     pytest.param(single("AveragePool", {"x": (1, 1, 4, 4)}, kernel_shape=[-3, -3]), [], 4,
@@ -264,6 +262,17 @@ def test_empty_broadcast_operand_in_training_counts_zero(capsys, tmp_path):
     assert code == 0, err
     report = json.loads(out)
     assert report["total"]["flops"] == 0 and report["backward"]["flops"] == 0
+
+
+def test_empty_first_batch_has_no_per_sample_figures(capsys, tmp_path):
+    path = tmp_path / "m.onnx"
+    path.write_bytes(single("Relu", {"x": (0, 3)}).SerializeToString())
+    code, out, err = run(capsys, [path, "--format", "json"])
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["batch"] == 0 and report["per_sample"] is None and report["total"]["flops"] == 0  # |Y| = 0·3
+    code, out, err = run(capsys, [path])
+    assert code == 0 and "Per-sample FLOPs: none (the batch is 0: no sample to count per)" in out
 
 
 def test_range_of_2_to_the_40_is_counted_without_materialising_it(capsys, tmp_path):
