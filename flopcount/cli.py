@@ -9,7 +9,7 @@ import sys
 from .conventions import CONVENTIONS
 from .errors import FlopcountError, UsageError
 from .render import FORMATS, render
-from .shapes import parse_dims
+from .shapes import MAX_ELEMENTS, parse_dims
 
 EXIT_INTERNAL = 1
 
@@ -35,9 +35,12 @@ def _input_value(text: str) -> tuple[str, list[int]]:
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"expected NAME=V1,V2,... such as axes=1,2, got {text!r}")
     try:
-        return name, [int(v) for v in values.split(",") if v.strip()]
+        ints = [int(v) for v in values.split(",") if v.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"values must be integers joined by ',', got {values!r}") from None
+    if any(not -(2**63) <= v < 2**63 for v in ints):
+        raise argparse.ArgumentTypeError(f"values must fit in 64-bit integers, got {values!r}")
+    return name, ints
 
 
 def _loop_trips(text: str) -> tuple[str, int]:
@@ -54,6 +57,8 @@ def _positive(text: str) -> int:
         v = 0
     if v <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    if v > MAX_ELEMENTS:
+        raise argparse.ArgumentTypeError(f"must be at most 2**48 = {MAX_ELEMENTS}, got {text!r}")
     return v
 
 

@@ -17,14 +17,15 @@ import onnx
 from onnx import ModelProto, helper
 
 from . import graph as graph_mod
+from . import validate
 from .context import FLOAT_TYPES, NodeContext, TensorInfo, attribute_defaults, python_value
 from .conventions import Convention, get_convention
 from .cost import ZERO, Bound, Breakdown, Cost
-from .errors import FlopcountError, InvalidGraphError, UnsupportedOperatorError, UsageError
+from .errors import FlopcountError, InvalidGraphError, ShapeError, UnsupportedOperatorError, UsageError
 from .loading import load
 from .registry import DEFAULT_DOMAIN, buffer_inputs, canonical_domain, lookup, lookup_backward, straight_through
 from .report import FORMULA, UNSUPPORTED, ZERO_COST, ModelInfo, NodeCount, OpTypeSummary, Report, op_key
-from .shapes import Inference, prepare, resolve
+from .shapes import MAX_ELEMENTS, Inference, prepare, resolve
 
 log = logging.getLogger(__name__)
 
@@ -112,9 +113,10 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
         raise UsageError(
             f"optimizer {optimizer!r}: give one of {', '.join(OPTIMIZERS)}, with mode='train' (--mode train)"
         )
-    bad_trips = {k: v for k, v in (loop_trips or {}).items() if isinstance(v, bool) or not isinstance(v, int) or v < 0}
+    bad_trips = {k: v for k, v in (loop_trips or {}).items()
+                 if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_ELEMENTS}
     if bad_trips:
-        raise UsageError(f"loop_trips must be non-negative integers; got {bad_trips}")
+        raise UsageError(f"loop_trips must be non-negative integers of at most 2**48; got {bad_trips}")
     clock = [time.perf_counter()]
     timings: dict[str, float] = {}
 
@@ -130,14 +132,17 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
     try:
         dag = graph_mod.build_graph(m.graph, where)
         opsets = _opsets(m)
+        validate.check_graph(m, dag, opsets, where)  # before any inference in this process
         protos, names = dag.graph["protos"], dag.graph["names"]
-        attributes_of = _AttributeCache(opsets, where)
-        attributes = [attributes_of(p, n, op=o) for p, n, o in zip(protos, names, dag.graph["node_ops"])]
+        attributes_of = _AttributeCache(opsets, where, m.ir_version)
+        attributes = [attributes_of(p, n, op=o, arity=(len(i), len(out)), index=k) for k, (p, n, o, i, out) in
+                      enumerate(zip(protos, names, dag.graph["node_ops"], dag.graph["node_inputs"], dag.graph["node_outputs"]))]
         params = _params(m, frozenset(input_values or ()))
         lap("graph")
         res = resolve(m, dag, where, inference)
     finally:
         inference.close()
+    validate.check_resolved(dag, res.tensors, res.values, attributes, where)
     lap("shapes")
     hint = _fix_hint(res.inputs, res.inference_error)
 
@@ -393,6 +398,12 @@ class _Traversal:
             elif status == FORMULA:
                 key = op_key(op.domain, op_type)
                 self.backward_unsupported[key] = self.backward_unsupported.get(key, 0) + 1
+        if min(cost) < 0 or min(back) < 0:  # a formula term such as (n − 1) met an empty axis
+            raise ShapeError(
+                f"{self.where}: node {name!r} ({op_type}): its {'backward ' if min(cost) >= 0 else ''}formula gives a negative "
+                f"count for inputs {', '.join(t.shape_text() for t in ins if t is not None) or '(none)'} (an empty "
+                "tensor?); counts are never negative: please report it with the model"
+            )
         return NodeCount(idx, name, op_type, op.domain, family, status, ins, outs, cost, parts, back, bound)
 
     def _context(self, name, op: _Op, op_type, ins, outs, trips, grads) -> NodeContext:
@@ -518,26 +529,36 @@ class _AttributeCache:
     """:func:`_attributes` for many nodes: nodes of one op type with the same attributes (most of
     a large graph) share one converted dict, which formulas only read."""
 
-    def __init__(self, opsets: Mapping[str, int], where: str) -> None:
-        self.opsets, self.where = opsets, where
+    def __init__(self, opsets: Mapping[str, int], where: str, ir_version: int = 0) -> None:
+        self.opsets, self.where, self.ir_version = opsets, where, ir_version
         self._wanted: dict[tuple[str, str], bool] = {}
         self._converted: dict[tuple, dict[str, Any]] = {}
+        self._checked: set[tuple] = set()
 
     def __call__(self, node: onnx.NodeProto, name: str, force: bool = False,
-                 op: tuple[str, str] | None = None) -> dict[str, Any] | None:
-        """``op``: the node's (domain, op_type), when already read."""
+                 op: tuple[str, str] | None = None, arity: tuple[int, int] | None = None,
+                 index: int = 0) -> dict[str, Any] | None:
+        """``op``: the node's (domain, op_type), when already read. ``arity`` (its numbers of inputs
+        and outputs) asks for the node to be checked against its operator schema first (once per
+        distinct node: :func:`validate.check_node`); ``index`` is its position, for messages."""
         if op is None:
             op = (node.domain, node.op_type)
         wanted = self._wanted.get(op)
         if wanted is None:
             rule = lookup(canonical_domain(node.domain), node.op_type)
             wanted = self._wanted[op] = rule is not None and not rule.zero_cost
+        attrs = node.attribute
+        blobs = [a.SerializeToString() for a in attrs] if attrs and (arity is not None or wanted or force) else ()
+        if arity is not None:
+            checked = (op, arity, *blobs)
+            if checked not in self._checked:
+                self._checked.add(checked)
+                validate.check_node(node, index, (), self.opsets, self.ir_version, self.where)
         if not (wanted or force):
             if node.domain in ("", "ai.onnx") and DEFAULT_DOMAIN not in self.opsets:
                 _attributes(node, name, self.opsets, self.where)  # raises: the domain is not imported
             return None
-        attrs = node.attribute
-        key = (op, *[a.SerializeToString() for a in attrs]) if attrs else op
+        key = (op, *blobs) if attrs else op
         values = self._converted.get(key)
         if values is None:  # first of its kind: converted and checked against the schema
             values = self._converted[key] = _attributes(node, name, self.opsets, self.where, force=True)
@@ -599,7 +620,7 @@ def _report(m, path, dag, res, nodes, conv, batch, strict, where, params: int, n
             + "; run without --strict to count the rest, or file an issue for them"
         )
 
-    if batch is None:
+    if batch is None:  # 0 for an empty first input: per-sample figures are then None
         batch = next((t.shape[0] for t in res.inputs if t.shape and isinstance(t.shape[0], int)), 1)
 
     info = ModelInfo(

@@ -1,9 +1,11 @@
 """Reading an ONNX model without its weights.
 
-External data is never opened: a model whose ``.weights``/``.data`` file is missing counts the
-same as one whose file is present. Inline weights are parsed (protobuf cannot skip them) and their
-bytes are dropped at once by :func:`strip_weight_data`, so nothing downstream ever holds or
-serialises them.
+External data is never opened, by construction: :func:`strip_weight_data` removes every external-data
+reference (location, offset, length) from every tensor at load, so no later reader (``numpy_helper``,
+ONNX's inference, the reference evaluator) holds a path it could follow. A model whose
+``.weights``/``.data`` file is missing counts the same as one whose file is present. Inline weights
+are parsed (protobuf cannot skip them) and their bytes are dropped at once, so nothing downstream
+ever holds or serialises them.
 """
 
 from __future__ import annotations
@@ -140,6 +142,13 @@ def known_opset(domain: str) -> int:
 
 def check_opsets(model: ModelProto, where: str) -> None:
     for imp in model.opset_import:
+        if imp.version < 1:
+            from .errors import InvalidGraphError
+
+            raise InvalidGraphError(
+                f"{where}: the model imports opset {imp.version} of domain {imp.domain or 'ai.onnx'!r}; "
+                "opset versions start at 1: fix opset_import or re-export the model"
+            )
         domain = canonical_domain(imp.domain)
         if domain not in (DEFAULT_DOMAIN, "ai.onnx.ml"):
             continue  # custom domains: their ops are reported as unsupported, not an error
@@ -175,13 +184,11 @@ _TENSOR_ATTRIBUTE_OPS = frozenset({"Constant", "ConstantOfShape", "If", "Loop", 
 
 
 def _big_tensors(graph: onnx.GraphProto):
-    """Initializers and Constant-node tensors that are weights, in this graph and all subgraphs.
-
-    External initializers are left as they are: their data is a reference to a file that nothing
-    here ever opens, and ``data_location`` keeps saying so to every later reader.
-    """
+    """Initializers and Constant-node tensors that are weights or refer to external data, in this
+    graph and all subgraphs (an external tensor of any size, zero elements included, loses its
+    reference: a tensor without data is read as dims and type only)."""
     for t in graph.initializer:
-        if t.data_location != TensorProto.EXTERNAL and not _is_small(t):
+        if not _is_small(t):
             yield t
     for sp in graph.sparse_initializer:
         yield sp.values
@@ -189,14 +196,23 @@ def _big_tensors(graph: onnx.GraphProto):
     for node in graph.node:
         if node.op_type not in _TENSOR_ATTRIBUTE_OPS and node.domain in ("", "ai.onnx"):
             continue
-        for a in node.attribute:
-            if a.type == onnx.AttributeProto.TENSOR and not _is_small(a.t):
-                yield a.t
-            elif a.type == onnx.AttributeProto.GRAPH:
-                yield from _big_tensors(a.g)
-            elif a.type == onnx.AttributeProto.GRAPHS:
-                for g in a.graphs:
-                    yield from _big_tensors(g)
+        yield from _node_big_tensors(node)
+
+
+def _node_big_tensors(node: onnx.NodeProto):
+    """The weight-sized or external tensors in a node's attributes, subgraphs included."""
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.TENSOR and not _is_small(a.t):
+            yield a.t
+        elif a.type == onnx.AttributeProto.GRAPH:
+            yield from _big_tensors(a.g)
+        elif a.type == onnx.AttributeProto.TENSORS:
+            yield from (t for t in a.tensors if not _is_small(t))
+        elif a.type == onnx.AttributeProto.SPARSE_TENSOR:
+            yield from (a.sparse_tensor.values, a.sparse_tensor.indices)
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            for g in a.graphs:
+                yield from _big_tensors(g)
 
 
 def strip_weight_data(model: ModelProto) -> None:
@@ -205,9 +221,8 @@ def strip_weight_data(model: ModelProto) -> None:
         _strip_tensor(t)
     for f in model.functions:
         for node in f.node:
-            for a in node.attribute:
-                if a.type == onnx.AttributeProto.TENSOR and not _is_small(a.t):
-                    _strip_tensor(a.t)
+            for t in _node_big_tensors(node):
+                _strip_tensor(t)
 
 
 def _is_repeated(field) -> bool:

@@ -56,7 +56,7 @@ def to_dict(report: Report, per_node: bool = False) -> dict[str, Any]:
         "mode": report.mode,
         "total": {"flops": total["flops"], "macs": total["macs"], "params": report.params,
                   "transcendentals": total["transcendentals"], "int_ops": total["int_ops"]},
-        "per_sample": report.per_sample.as_dict(),
+        "per_sample": None if report.per_sample is None else report.per_sample.as_dict(),
         "forward": report.forward.as_dict(),
         "backward": report.backward.as_dict(),
         "by_op_type": {
@@ -77,8 +77,8 @@ def to_dict(report: Report, per_node: bool = False) -> dict[str, Any]:
     }  # fmt: skip
     if report.mode == "train":
         doc["training"] = {
-            "per_sample_forward": report.forward.per(report.batch).as_dict(),
-            "per_sample_backward": report.backward.per(report.batch).as_dict(),
+            "per_sample_forward": report.forward.per(report.batch).as_dict() if report.batch else None,
+            "per_sample_backward": report.backward.per(report.batch).as_dict() if report.batch else None,
             "three_times_forward_flops": 3 * report.forward.flops,
             "trainable_params": report.trainable_params,
             "backward_unsupported": dict(report.backward_unsupported),
@@ -151,6 +151,7 @@ def _node_rows(report: Report) -> list[list[Any]]:
 def _summary_lines(report: Report) -> list[str]:
     m = report.model
     ps = report.per_sample
+    none = "none (the batch is 0: no sample to count per)"
     opset = m.opsets.get("", "?")
     lines = [
         f"Model: {m.path or '<in memory>'} (graph {m.graph_name!r}, opset {opset}"
@@ -161,12 +162,14 @@ def _summary_lines(report: Report) -> list[str]:
         f"Batch: {report.batch}",
         f"Total FLOPs: {_n(report.total.flops)} ({si(report.total.flops, 'FLOPs')})",
         f"Total MACs: {_n(report.total.macs)} ({si(report.total.macs, 'MACs')})",
-        f"Per-sample FLOPs: {_n(ps.flops)} ({si(ps.flops, 'FLOPs')})",
-        f"Per-sample MACs: {_n(ps.macs)} ({si(ps.macs, 'MACs')})",
+        f"Per-sample FLOPs: {_n(ps.flops)} ({si(ps.flops, 'FLOPs')})" if ps else f"Per-sample FLOPs: {none}",
+        f"Per-sample MACs: {_n(ps.macs)} ({si(ps.macs, 'MACs')})" if ps else f"Per-sample MACs: {none}",
         f"Transcendentals: {_n(report.total.transcendentals)}; integer ops (not FLOPs): {_n(report.total.int_ops)}",
         f"Parameters: {_n(report.params)} ({si(report.params)})",
     ]
-    if report.mode == "train":
+    if report.mode == "train" and ps is None:
+        lines[4:4] = ["Mode: train (forward + backward)", f"Per-sample training FLOPs: {none}"]
+    elif report.mode == "train":
         fwd, bwd = report.forward.per(report.batch), report.backward.per(report.batch)
         three = 3 * fwd.flops
         lines[4:4] = [
@@ -176,6 +179,7 @@ def _summary_lines(report: Report) -> list[str]:
             f"Per-sample training FLOPs: {_n(ps.flops)} ({si(ps.flops, 'FLOPs')}); "
             f"the common 3x-forward approximation gives {_n(three)} ({100 * (three / ps.flops - 1) if ps.flops else 0:+.1f}%)",
         ]
+    if report.mode == "train":
         lines.append(f"Trainable parameters: {_n(report.trainable_params)}")
         if report.optimizer is not None:
             name, cost = report.optimizer

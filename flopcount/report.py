@@ -103,8 +103,10 @@ class Report:
         return out
 
     @property
-    def per_sample(self) -> Cost:
-        return self.total.per(self.batch)
+    def per_sample(self) -> Cost | None:
+        """``total`` divided by ``batch``; None when the batch is 0 (an empty first input: no sample
+        to count per)."""
+        return self.total.per(self.batch) if self.batch else None
 
     @property
     def flops(self) -> int:

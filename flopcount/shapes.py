@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 
 MAX_ROUNDS = 12
 FOLD_LIMIT = 4096  # largest tensor (elements) evaluated while folding shape subgraphs
+#: Largest dim, and largest element count of any tensor, that a model or an option may give
+#: (2**48 elements: 1 PiB of float32). Above it a shape is an error, never a count; it also keeps
+#: every product of dims far inside int64, where ONNX's inference does its arithmetic.
+MAX_ELEMENTS = 2**48
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,8 @@ def parse_dims(text: str) -> tuple[int, ...]:
         raise UsageError(f"cannot read shape {text!r}: write dims as integers joined by 'x', e.g. 8x3x224x224") from None
     if any(d <= 0 for d in dims):
         raise UsageError(f"shape {text!r} has a zero or negative dim; every dim must be a positive integer")
+    if any(d > MAX_ELEMENTS for d in dims) or prod(dims) > MAX_ELEMENTS:
+        raise UsageError(f"shape {text!r} is too large: a tensor may hold at most 2**48 elements; give real dims")
     return dims
 
 
@@ -99,8 +105,12 @@ def apply_overrides(
             f"{where}: --input-shape names {', '.join(map(repr, unknown))}, which is not an input of the "
             f"model; its inputs are: {', '.join(map(repr, real_inputs)) or '(none)'}"
         )
-    if batch is not None and batch <= 0:
-        raise UsageError(f"--batch must be a positive integer, not {batch}")
+    if batch is not None and not 0 < batch <= MAX_ELEMENTS:
+        raise UsageError(f"--batch must be a positive integer of at most 2**48, not {batch}")
+    for name, dims in input_shapes.items():
+        if any(not isinstance(d, int) or d <= 0 or d > MAX_ELEMENTS for d in dims) or prod(dims) > MAX_ELEMENTS:
+            raise UsageError(f"{where}: the shape given for input {name!r} ({list(dims)}) must be positive integers, "
+                             "with at most 2**48 elements in all")
     for name in real_inputs:
         declared = _declared_shape(by_name[name])
         for i, d in enumerate(declared or ()):
@@ -149,13 +159,228 @@ def apply_overrides(
 # inference
 
 
-def _infer(model: ModelProto, where: str, strict: bool = False) -> ModelProto:
+def _infer(model: ModelProto, where: str, strict: bool = False, hint: bool = True, guard: bool = True) -> ModelProto:
+    """ONNX's inference of ``model``, guarded (see :func:`_guard_depths`) so that no negative dim
+    reaches the code in it that aborts the process; raises :class:`ShapeError` on a negative or
+    oversized dim, or when inference fails. ``guard=False``: the caller knows that no Slice is at
+    risk (see :func:`_guard_needed`)."""
+    depths = _guard_depths(model.graph) if guard else None
+    if depths is None:
+        return _infer_plain(model, where, strict)
+    for d in range(max(depths) + 1):
+        part = model if d == max(depths) else _nodes_up_to(model, depths, d)
+        inferred = _infer_plain(part, where, strict)
+        check_dims(_collect(inferred), model, where, hint)
+    return inferred
+
+
+def _infer_plain(model: ModelProto, where: str, strict: bool = False) -> ModelProto:
     try:
         return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=strict, data_prop=True)
     except Exception as e:  # InferenceError, ValidationError, or RuntimeError from C++
         if strict:
             raise
         raise _inference_failed(where, _first_line(e)) from None
+
+
+# Standard operators whose inferred output dims are never negative when their input dims are not
+# (copies, sums, products or clamped slices of them). Any other operator (convolution and pooling
+# windows, Pad, Resize, Split with sizes, Tile, DFT, other domains ...) may turn a hostile attribute
+# or constant into a negative dim, and ONNX's Slice inference aborts the process on one (an
+# assertion in std::clamp). A Slice downstream of such an operator is inferred only once the dims
+# feeding it are checked: see _guard_depths.
+_DIM_SAFE_OPS = frozenset("""
+    Abs Acos Acosh Add And ArgMax ArgMin Asin Asinh Atan Atanh BatchNormalization BitShift BitwiseAnd
+    BitwiseNot BitwiseOr BitwiseXor Cast CastLike Ceil Celu Clip Concat Constant Cos Cosh CumSum
+    DequantizeLinear Div Dropout DynamicQuantizeLinear Elu Equal Erf Exp Flatten Floor Gather
+    GatherElements GatherND Gelu Gemm GlobalAveragePool GlobalLpPool GlobalMaxPool Greater GreaterOrEqual
+    GroupNormalization HardSigmoid HardSwish Hardmax Identity InstanceNormalization IsInf IsNaN
+    LayerNormalization LeakyRelu Less LessOrEqual Log LogSoftmax LpNormalization MatMul MatMulInteger Max
+    Mean MeanVarianceNormalization Min Mish Mod Mul Neg Not Or PRelu Pow QuantizeLinear Range Reciprocal
+    ReduceL1 ReduceL2 ReduceLogSum ReduceLogSumExp ReduceMax ReduceMean ReduceMin ReduceProd ReduceSum
+    ReduceSumSquare Relu Reshape RMSNormalization Round Selu Shape Shrink Sigmoid Sign Sin Sinh Size
+    Slice Softmax Softplus Softsign Sqrt Squeeze Sub Sum Swish Tan Tanh ThresholdedRelu Transpose Trilu
+    Unsqueeze Where Xor
+""".split())
+
+
+def _guard_depths(graph: onnx.GraphProto) -> list[int] | None:
+    """Per node of ``graph``: how many Slice nodes at risk lie on the longest path that ends at it
+    (itself included); None when no Slice is at risk. A Slice is at risk when an operator outside
+    :data:`_DIM_SAFE_OPS` precedes it; a node with subgraphs counts as unsafe, and as a Slice when
+    one of its bodies holds one. Paths follow ONNX's own order of inference (the order of the
+    nodes), so a read of a tensor produced further down does not count: ONNX does not see its shape
+    either. Inferring the nodes of depth <= d, for d = 0, 1, ..., checks every Slice's input dims
+    before a Slice sees them."""
+    nodes = graph.node
+    kinds = [_guard_kind(n) for n in nodes]
+    if not any(slice_like for _, slice_like in kinds) or all(safe for safe, _ in kinds):
+        return None
+    tainted: dict[str, bool] = {}
+    depth_of: dict[str, int] = {}
+    depths = []
+    for node, (safe, slice_like) in zip(nodes, kinds):
+        reads = list(node.input)
+        if not safe:
+            from .graph import subgraph_outer_names
+
+            reads += sorted(subgraph_outer_names(node))
+        taint = any(tainted.get(x, False) for x in reads)
+        depth = max((depth_of.get(x, 0) for x in reads), default=0) + (1 if slice_like and taint else 0)
+        depths.append(depth)
+        for o in node.output:
+            if o:
+                tainted[o] = taint or not safe
+                depth_of[o] = depth
+    return depths if max(depths, default=0) > 0 else None
+
+
+def _guard_needed(dag: nx.DiGraph) -> bool:
+    """Whether the graph of ``dag`` may hold a Slice at risk (cheap: from the op types read once)."""
+    ops = set(dag.graph["node_ops"])
+    if dag.graph["bodies"]:
+        return True
+    if ("", "Slice") not in ops and ("ai.onnx", "Slice") not in ops:
+        return False
+    return any(d not in ("", "ai.onnx") or o not in _DIM_SAFE_OPS for d, o in ops)
+
+
+def _guard_kind(node: onnx.NodeProto) -> tuple[bool, bool]:
+    """(dim-safe, Slice-like) of one node."""
+    if node.domain not in ("", "ai.onnx"):
+        return False, False
+    if node.op_type in _SUBGRAPH_OPS:
+        return False, any(_holds_slice(g) for a in node.attribute
+                          for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs))
+    if node.op_type == "Split":
+        return len(node.input) < 2 or not node.input[1], False  # without sizes, parts are even
+    return node.op_type in _DIM_SAFE_OPS, node.op_type == "Slice"
+
+
+def _holds_slice(g: onnx.GraphProto) -> bool:
+    return any(_guard_kind(n)[1] for n in g.node)
+
+
+def _nodes_up_to(model: ModelProto, depths: Sequence[int], d: int) -> ModelProto:
+    """A copy of ``model`` with only the nodes of guard depth <= ``d`` (and the outputs they keep)."""
+    part = ModelProto()
+    for field, value in model.ListFields():
+        if field.name != "graph":
+            _copy_field(part, field, value)
+    g = part.graph
+    for field, value in model.graph.ListFields():
+        if field.name not in ("node", "output", "value_info"):
+            _copy_field(g, field, value)
+    kept = [n for n, k in zip(model.graph.node, depths) if k <= d]
+    g.node.extend(kept)
+    made = {o for n in kept for o in n.output} | {i.name for i in model.graph.input}
+    g.output.extend(o for o in model.graph.output if o.name in made)
+    g.value_info.extend(v for v in model.graph.value_info if v.name in made)
+    return part
+
+
+def check_dims(tensors: Mapping[str, TensorInfo], model: ModelProto, where: str, hint: bool = True) -> None:
+    """Raise :class:`ShapeError` when an inferred dim is negative, or a tensor holds more than
+    :data:`MAX_ELEMENTS` elements, naming the node that makes it, its inputs and, where a larger
+    input would cure it, the smallest input that works. A convolution or pooling window that
+    leaves no output position (a zero spatial dim from a non-empty input) is as wrong as a negative dim."""
+    empty = False
+    odd = getattr(tensors, "odd", None)
+    for t in tensors.values() if odd is None else [tensors[n] for n in odd if n in tensors]:
+        shape = t[2]
+        if not shape:
+            continue
+        known = [d for d in shape if type(d) is int]
+        if known and (min(known) < 0 or max(known) > MAX_ELEMENTS or prod(known) > MAX_ELEMENTS):
+            raise _bad_dims_error(t, tensors, model, where, hint)
+        empty = empty or (known and min(known) == 0)
+    if empty:
+        for node in model.graph.node:
+            if node.op_type in _WINDOW_OPS and node.domain in ("", "ai.onnx") and node.output:
+                x, y = tensors.get(node.input[0]) if node.input else None, tensors.get(node.output[0])
+                if (x is not None and x.is_static and 0 not in x.shape and y is not None and y.is_static
+                        and 0 in y.shape[2:]):
+                    raise _bad_dims_error(y, tensors, model, where, hint)
+
+
+def _bad_dims_error(t: TensorInfo, tensors: Mapping[str, TensorInfo], model: ModelProto, where: str,
+                    hint: bool) -> ShapeError:
+    node = _producer(model.graph, t.name)
+    known = [d for d in t.shape if type(d) is int]
+    what = ("a negative dim" if min(known) < 0 else "an empty window output" if min(known) == 0
+            else "more than 2**48 elements")
+    if node is None:
+        return ShapeError(f"{where}: tensor {t.name!r} has shape {t.shape_text()}, {what}; fix the model")
+    label = node.name or node.op_type
+    ins = ", ".join(f"{x!r} {tensors[x].shape_text() if x in tensors else '?'}" for x in node.input if x)
+    text = (f"{where}: node {label!r} ({node.op_type}) makes tensor {t.name!r} of shape {t.shape_text()}, {what}, "
+            f"from its inputs {ins or '(none)'}")
+    if not what.startswith("more"):
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute if a.name in _WINDOW_ATTRIBUTES}
+        if attrs:
+            text += " and " + ", ".join(f"{k}={v}" for k, v in attrs.items())
+            text += ": its window is larger than its padded input"
+        smallest = _smallest_input(model, where) if hint else ""
+        if smallest:
+            text += f"; the smallest input that works is --input-shape {smallest}"
+        else:
+            text += "; check its attributes and the values feeding it"
+    else:
+        text += "; no real tensor is that large: check the model's constants and --input-shape"
+    return ShapeError(text)
+
+
+_WINDOW_ATTRIBUTES = ("kernel_shape", "strides", "dilations", "pads")
+_WINDOW_OPS = frozenset({"Conv", "ConvInteger", "QLinearConv", "MaxPool", "AveragePool", "LpPool", "DeformConv"})
+
+
+def _producer(g: onnx.GraphProto, name: str) -> onnx.NodeProto | None:
+    for node in g.node:
+        if name in node.output:
+            return node
+        for a in node.attribute:
+            for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs:
+                inner = _producer(sub, name)
+                if inner is not None:
+                    return inner
+    return None
+
+
+def _smallest_input(model: ModelProto, where: str, limit: int = 2**16) -> str:
+    """``NAME=DIMS`` of the smallest square input (every dim after N and C set to one size) for
+    which inference gives no negative dim, when the model has one static input of rank >= 3 and
+    such a size up to ``limit`` exists; else ""."""
+    inputs = real_inputs(model.graph)
+    if len(inputs) != 1:
+        return ""
+    vi = next(v for v in model.graph.input if v.name == inputs[0])
+    declared = _declared_shape(vi)
+    if not declared or len(declared) < 3 or not all(isinstance(d, int) and d > 0 for d in declared):
+        return ""
+
+    def works(size: int) -> bool:
+        dims = (*declared[:2], *(max(d, size) for d in declared[2:]))
+        trial = ModelProto()
+        trial.CopyFrom(model)
+        apply_overrides(trial, inputs, {inputs[0]: dims}, None, where)
+        try:
+            check_dims(_collect(_infer(trial, where, hint=False)), trial, where, hint=False)
+        except ShapeError:
+            return False
+        return True
+
+    low = max(declared[2:])
+    high = low * 2
+    while not works(high):
+        low, high = high, high * 2
+        if high > limit:
+            return ""
+    while high - low > 1:  # works(high), not works(low)
+        mid = (low + high) // 2
+        low, high = (low, mid) if works(mid) else (mid, high)
+    dims = (*declared[:2], *(max(d, high) for d in declared[2:]))
+    return f"{inputs[0]}=" + "x".join(map(str, dims))
+
 
 
 def _inference_failed(where: str, message: str) -> ShapeError:
@@ -180,6 +405,8 @@ class Inference:
     finish its report and exit cleanly, :meth:`result` infers in-process: the answer is the same
     either way.
     """
+
+    _signal: str | None = None  # the name of the signal that killed the child, if one did
 
     def __init__(self, model: ModelProto, where: str) -> None:
         self.model, self.where = model, where
@@ -206,9 +433,14 @@ class Inference:
             try:
                 os.close(read)
                 try:
-                    from onnx.onnx_cpp2py_export import shape_inference as cpp
+                    if _guard_depths(self.model.graph) is None:
+                        from onnx.onnx_cpp2py_export import shape_inference as cpp
 
-                    data = b"K" + cpp.infer_shapes(self.model.SerializeToString(), False, False, True)
+                        data = b"K" + cpp.infer_shapes(self.model.SerializeToString(), False, False, True)
+                    else:  # a Slice at risk of a negative dim: inferred step by step
+                        data = b"K" + _infer(self.model, self.where).SerializeToString()
+                except ShapeError as e:  # a negative dim found by the guard, or inference failed
+                    data = b"S" + str(e).encode("utf-8", "replace")
                 except Exception as e:  # InferenceError, ValidationError, or RuntimeError from C++
                     data = b"E" + _first_line(e).encode("utf-8", "replace")
                 view = memoryview(data)
@@ -221,7 +453,8 @@ class Inference:
         self._pid, self._fd = pid, read
 
     def result(self) -> ModelProto:
-        """The inferred model; raises :class:`ShapeError` when inference fails."""
+        """The inferred model; raises :class:`ShapeError` when inference fails, or when it crashed
+        the child (ONNX's C++ aborting on a malformed graph): that is never re-run in-process."""
         data = self._receive()
         if data[:1] == b"K":
             try:
@@ -231,11 +464,20 @@ class Inference:
                 return _infer(self.model, self.where)
         if data[:1] == b"E":
             raise _inference_failed(self.where, data[1:].decode("utf-8", "replace"))
+        if data[:1] == b"S":
+            raise ShapeError(data[1:].decode("utf-8", "replace"))
+        if self._signal is not None:
+            raise ShapeError(
+                f"{self.where}: ONNX shape inference crashed ({self._signal}) on this model, which is malformed: "
+                "a dim or attribute is out of range (a kernel larger than its input, a negative size); "
+                "check the model and --input-shape"
+            )
         return _infer(self.model, self.where)  # no child, or it died without a word
 
     def _receive(self) -> bytes:
         """The child's whole report, or b"" when there is none or it did not exit cleanly (a
-        report cut short could parse as a smaller model)."""
+        report cut short could parse as a smaller model); a child killed by a signal leaves its
+        name in ``_signal``."""
         if self._fd is None:
             return b""
         chunks = []
@@ -252,6 +494,13 @@ class Inference:
                 _, status = os.waitpid(pid, 0)  # its end of the pipe is closed: it is exiting
             except ChildProcessError:  # reaped by someone else (a SIGCHLD handler): no exit status
                 status = None
+            if status is not None and os.WIFSIGNALED(status):
+                number = os.WTERMSIG(status)
+                try:
+                    self._signal = signal.Signals(number).name
+                except ValueError:
+                    self._signal = f"signal {number}"
+                return b""
             if status is not None and not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
                 return b""
         return b"".join(chunks)
@@ -290,12 +539,26 @@ def _may_fork(model: ModelProto) -> bool:
 _SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
 
+class _Collected(dict):
+    """Tensor name → :class:`TensorInfo`, as read from an inferred model; ``odd`` names the tensors
+    with a negative, zero or oversized dim (found once per distinct type, for :func:`check_dims`)."""
+
+    __slots__ = ("odd",)
+
+
 def _collect(model: ModelProto, bodies: bool = True, initializers: Mapping[str, TensorInfo] | None = None) -> dict[str, TensorInfo]:
     """Tensor infos of an inferred model; ``initializers``, when given, are the top graph's
     initializer infos (see :func:`initializer_infos`), already read."""
-    out: dict[str, TensorInfo] = {}
+    out = _Collected()
+    out.odd = []
     _collect_graph(model.graph, out, bodies, initializers)
     return out
+
+
+def _odd(shape) -> bool:
+    """Whether a shape has a negative or zero dim, or more than MAX_ELEMENTS elements."""
+    known = [d for d in shape or () if type(d) is int]
+    return bool(known) and (min(known) <= 0 or max(known) > MAX_ELEMENTS or prod(known) > MAX_ELEMENTS)
 
 
 def initializer_infos(g: onnx.GraphProto) -> dict[str, TensorInfo]:
@@ -305,14 +568,17 @@ def initializer_infos(g: onnx.GraphProto) -> dict[str, TensorInfo]:
 
 
 def _collect_graph(g: onnx.GraphProto, out: dict[str, TensorInfo], bodies: bool = True,
-                   initializers: Mapping[str, TensorInfo] | None = None) -> None:
+                   initializers: Mapping[str, TensorInfo] | None = None, top: bool = True) -> None:
     """Tensor infos of ``g`` and, recursively, of its subgraphs (names are unique across scopes);
-    ``bodies=False`` skips the scan for subgraphs (the graph has none)."""
+    ``bodies=False`` skips the scan for subgraphs (the graph has none). Odd dims are noted for the
+    top graph only: ONNX infers both branches of an If, and the one not taken may well have them
+    (a body that runs and has one gets a negative count, which the traversal refuses)."""
     for node in g.node if bodies else ():
         if node.op_type in _SUBGRAPH_OPS:
             for a in node.attribute:
                 for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs):
-                    _collect_graph(sub, out)
+                    _collect_graph(sub, out, top=False)
+    odd = getattr(out, "odd", None) if top else None
     # A large graph has a few distinct types (dtype and dims) for a great many tensors: each
     # distinct one is decoded once, keyed by its serialized bytes.
     make = tuple.__new__
@@ -328,7 +594,12 @@ def _collect_graph(g: onnx.GraphProto, out: dict[str, TensorInfo], bodies: bool 
         info = decoded.get(key, False)
         if info is False:
             info = decoded[key] = _decode_type(ty)
+            if info is not None and odd is not None and _odd(info[1]):
+                decoded[key] = info = (*info, True)  # marked: a fourth field
         if info is not None:
+            if len(info) == 4:
+                odd.append(name)
+                info = info[:3]
             out[name] = make(TensorInfo, (name, *info))
 
 
@@ -364,7 +635,10 @@ def apply_values(model: ModelProto, real_inputs: Sequence[str], input_values: Ma
         vi = by_name[name]
         elem = vi.type.tensor_type.elem_type
         declared = _declared_shape(vi)
-        array = np.asarray(value, dtype=helper.tensor_dtype_to_np_dtype(elem) if elem else None)
+        try:
+            array = np.asarray(value, dtype=helper.tensor_dtype_to_np_dtype(elem) if elem else None)
+        except (OverflowError, ValueError, TypeError) as e:
+            raise UsageError(f"{where}: the value given for input {name!r} does not fit its type ({e})") from None
         if declared is not None and len(declared) == 0 and array.size == 1:
             array = array.reshape(())
         if array.size > FOLD_LIMIT:
@@ -404,8 +678,10 @@ def resolve(model: ModelProto, dag: nx.DiGraph, where: str, first: "Inference | 
     """Resolve every tensor's shape that can be resolved without weights (``model`` is weightless
     and prepared by :func:`prepare`). ``first``, when given, is the first inference, already started."""
     bodies = bool(dag.graph["bodies"])
+    guard = _guard_needed(dag)
     declared = initializer_infos(model.graph)  # read while a child may still be inferring
-    tensors = _collect(first.result() if first is not None else _infer(model, where), bodies, declared)
+    tensors = _collect(first.result() if first is not None else _infer(model, where, guard=guard), bodies, declared)
+    check_dims(tensors, model, where)
     values: dict[str, np.ndarray] = {}
     rounds = 1
     pending = _unresolved(dag, tensors)
@@ -415,7 +691,8 @@ def resolve(model: ModelProto, dag: nx.DiGraph, where: str, first: "Inference | 
             break
         scratch = _with_constants(model, dag, values)
         rounds += 1
-        found = _collect(_infer(scratch, where), bodies)
+        found = _collect(_infer(scratch, where, guard=guard), bodies)
+        check_dims(found, model, where)
         tensors = {**tensors, **{k: v for k, v in found.items() if v.is_static or k not in tensors}}
         pending = _unresolved(dag, tensors)
     if pending and any(p.domain not in ("", "ai.onnx") for p in dag.graph["protos"]):
@@ -432,14 +709,15 @@ def resolve(model: ModelProto, dag: nx.DiGraph, where: str, first: "Inference | 
             scratch = _with_constants(model, dag, values)
             scratch.graph.value_info.extend(_value_info(name, t) for name, t in settled.items())
             rounds += 1
-            found = _collect(_infer(scratch, where), bodies)
+            found = _collect(_infer(scratch, where, guard=guard), bodies)
+            check_dims(found, model, where)
             tensors.update((k, v) for k, v in found.items() if v.is_static and not _static(tensors.get(k)))
             _infer_bodies(model, model.graph, tensors, values, where)
         pending = _unresolved(dag, tensors)
     error = ""
     if pending:
         try:
-            _infer(_with_constants(model, dag, values), where, strict=True)
+            _infer(_with_constants(model, dag, values), where, strict=True, guard=guard)
         except Exception as e:
             error = _first_line(e)
         log.debug("%d tensors keep unknown dims after %d rounds: %s", len(pending), rounds, pending[:10])
@@ -633,8 +911,10 @@ def _infer_bodies(model: ModelProto, graph: onnx.GraphProto, tensors: dict, valu
                     else:
                         g.input.append(_value_info(name, tensors.get(name)))
                 try:
-                    inferred = onnx.shape_inference.infer_shapes(sub, strict_mode=False, data_prop=True)
-                except Exception as e:  # leave the body as it is; its formulas will name the tensor
+                    inferred = _infer(sub, where)
+                except ShapeError as e:  # leave the body as it is; its formulas will name the tensor
+                    if not str(e).startswith(f"{where}: ONNX shape inference failed"):
+                        raise  # a negative or oversized dim
                     log.debug("%s: cannot infer the body of %s %r: %s", where, node.op_type, node.name, e)
                     continue
                 for name, info in _collect(inferred).items():
@@ -673,7 +953,7 @@ def _small_constants(model: ModelProto) -> dict[str, np.ndarray]:
     values = {}
     for t in model.graph.initializer:
         if t.data_location != TensorProto.EXTERNAL and prod(t.dims) <= FOLD_LIMIT and _has_data(t):
-            values[t.name] = numpy_helper.to_array(t)
+            values[t.name] = _array(t)
     for node in model.graph.node:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.output) == 1:
             v = _constant_value(node)
@@ -682,7 +962,17 @@ def _small_constants(model: ModelProto) -> dict[str, np.ndarray]:
     return values
 
 
+def _array(t: TensorProto) -> np.ndarray | None:
+    """The value of an inline tensor; None for one that refers to external data (the loader
+    strips such references, so this is a second lock: nothing here can open a file)."""
+    if t.data_location == TensorProto.EXTERNAL or len(t.external_data):
+        return None
+    return numpy_helper.to_array(t)
+
+
 def _has_data(t: TensorProto) -> bool:
+    if t.data_location == TensorProto.EXTERNAL or len(t.external_data):
+        return False
     if prod(t.dims) == 0:
         return True
     return t.data_location != TensorProto.EXTERNAL and any(
@@ -694,7 +984,7 @@ def _has_data(t: TensorProto) -> bool:
 def _constant_value(node: onnx.NodeProto) -> np.ndarray | None:
     for a in node.attribute:
         if a.name == "value":
-            return numpy_helper.to_array(a.t) if _has_data(a.t) else None
+            return _array(a.t) if _has_data(a.t) else None
         if a.name in ("value_int", "value_ints"):
             return np.array(helper.get_attribute_value(a), dtype=np.int64)
         if a.name in ("value_float", "value_floats"):
@@ -755,6 +1045,8 @@ def _evaluate(node, tensors, values) -> list | None:
         return None
     fn = _FOLDERS.get(op)
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if not _fits(node, args, tensors, fn is not None):
+        return None
     try:
         if fn is not None:
             out = fn(attrs, *args)
@@ -768,6 +1060,38 @@ def _evaluate(node, tensors, values) -> list | None:
     except Exception as e:  # a node that cannot be evaluated simply stays unfolded
         log.debug("not folding %s %r: %s", op, node.name, e)
         return None
+
+
+def _fits(node: onnx.NodeProto, args: list, tensors: Mapping[str, TensorInfo], folder: bool) -> bool:
+    """Whether the outputs of ``node`` on ``args`` hold at most :data:`FOLD_LIMIT` elements, told
+    before anything is computed: a hostile constant (``Range(0, 2**40)``, ``Tile`` by 10**9) must
+    not make folding allocate. Operators that generate data from values (Range, Expand, Tile,
+    ConstantOfShape, windows, Pad, Resize ...) are folded only when their output size is known small;
+    the others (:data:`_DIM_SAFE_OPS`) give outputs no larger than the product of their inputs."""
+    try:
+        op = node.op_type
+        if op == "Range":
+            start, limit, delta = (float(np.asarray(a).reshape(-1)[0]) for a in args[:3])
+            return delta != 0 and max(np.ceil((limit - start) / delta), 0) <= FOLD_LIMIT
+        if op in ("Expand", "Tile"):
+            x, v = args[0], [int(d) for d in np.asarray(args[1]).reshape(-1)]
+            if any(d < 0 for d in v):
+                return False
+            if op == "Tile":
+                return prod(d * r for d, r in zip(x.shape, v)) <= FOLD_LIMIT
+            rank = max(x.ndim, len(v))
+            dims = [1] * (rank - x.ndim) + list(x.shape)
+            wanted = [1] * (rank - len(v)) + v
+            return prod(max(d, w) for d, w in zip(dims, wanted)) <= FOLD_LIMIT
+        if op == "ConstantOfShape":
+            v = [int(d) for d in np.asarray(args[0]).reshape(-1)]
+            return all(d >= 0 for d in v) and prod(v) <= FOLD_LIMIT
+    except (TypeError, ValueError, OverflowError, IndexError, AttributeError):
+        return False
+    outs = [tensors.get(o) for o in node.output if o]
+    if outs and all(t is not None and t.is_static for t in outs):
+        return all(0 <= prod(t.shape) <= FOLD_LIMIT for t in outs)
+    return folder or op in _DIM_SAFE_OPS
 
 
 def _taken_branch(node: onnx.NodeProto, values: Mapping[str, np.ndarray]) -> onnx.GraphProto | None:
@@ -789,7 +1113,7 @@ def _evaluate_if(node, tensors, values) -> list | None:
     local = dict(values)
     for t in branch.initializer:
         if _has_data(t) and prod(t.dims) <= FOLD_LIMIT:
-            local[t.name] = numpy_helper.to_array(t)
+            local[t.name] = _array(t)
     for inner in branch.node:
         if inner.op_type == "Constant":
             v = _constant_value(inner)
@@ -889,7 +1213,9 @@ def _cast(attrs, x):
 
 
 def _constant_of_shape(attrs, shape):
-    fill = numpy_helper.to_array(attrs["value"]) if "value" in attrs else np.zeros(1, np.float32)
+    fill = _array(attrs["value"]) if "value" in attrs else np.zeros(1, np.float32)
+    if fill is None or fill.size == 0:
+        raise ValueError("no inline fill value")
     dims = [int(d) for d in shape]
     if prod(dims) > FOLD_LIMIT:
         raise ValueError("too large to fold")

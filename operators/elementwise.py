@@ -186,8 +186,10 @@ ELEMENTWISE_BACKWARD: dict[str, tuple[int, int, int]] = {
 
 
 def _broadcast_sum(ctx: NodeContext, i: int, y: int) -> int:
-    """Additions that sum dY back to input ``i``'s shape when Y broadcasts over it."""
-    return y - ctx.numel(i)
+    """Additions that sum dY back to input ``i``'s shape when Y broadcasts over it: |Y| − |X_i|, each
+    of the |X_i| sums adding |Y|/|X_i| values; none when Y is empty (a size-0 dim broadcast over a
+    non-empty X_i makes dX_i zeros)."""
+    return y - ctx.numel(i) if y else 0
 
 
 @backward(*ELEMENTWISE_BACKWARD)

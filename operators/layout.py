@@ -38,5 +38,7 @@ def gather_backward(ctx: NodeContext, **_) -> Cost:
 
 @backward("Expand", "Tile")
 def replicate_backward(ctx: NodeContext, **_) -> Cost:
-    """FLOPs = |Y| − |X|: dY summed back over the replicated copies."""
-    return Cost(flops=ctx.out_numel() - ctx.numel(0)) if ctx.needs_grad(0) else Cost()
+    """FLOPs = |Y| − |X|: dY summed back over the replicated copies; none when Y is empty (zero
+    copies: dX is zeros)."""
+    y = ctx.out_numel()
+    return Cost(flops=y - ctx.numel(0) if y else 0) if ctx.needs_grad(0) else Cost()

@@ -1,0 +1,336 @@
+"""Checks that an invalid model is refused rather than counted as if it were valid.
+
+Two passes. :func:`check_graph` runs after the DAG is built and before any shape inference: every
+node of the standard domains (subgraph bodies included) is checked against its operator schema by
+ONNX's own checker (attribute names and types, required attributes, input and output counts), then
+the values schemas cannot express (window attributes, ``auto_pad``, ``group``) and the structure of
+``If``/``Loop``/``Scan`` bodies are checked, and declared dims must not be negative.
+:func:`check_resolved` runs once shapes and small constants are known: convolution weights must fit
+their input and ``group``; Reshape, Tile, Expand and ConstantOfShape targets must not be negative.
+Every failure is an :class:`InvalidGraphError` (exit 4) naming the node and what is wrong, or a
+:class:`ShapeError` (exit 5) for a declared negative dim.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from itertools import chain
+from functools import lru_cache
+
+import numpy as np
+import onnx
+from onnx import AttributeProto, helper
+
+from .context import TensorInfo
+from .errors import InvalidGraphError, ShapeError
+from .graph import node_label
+from .loading import _first_line
+from .registry import DEFAULT_DOMAIN, canonical_domain
+
+_GRAPH_TYPES = (AttributeProto.GRAPH, AttributeProto.GRAPHS)
+_AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
+_POSITIVE_INTS = ("kernel_shape", "strides", "dilations")
+
+
+def check_graph(model: onnx.ModelProto, dag, opsets: Mapping[str, int], where: str) -> None:
+    """Check ``model`` before inference, except the top graph's nodes against their schemas, which
+    :func:`check_node` does as the traversal reads their attributes (once per distinct node)."""
+    g = dag.graph
+    ops = set(g["node_ops"])
+    if bytes in {type(x) for op in ops for x in op} or bytes in set(map(type, g["names"])) or bytes in set(
+            map(type, chain.from_iterable(chain(g["node_inputs"], g["node_outputs"])))):
+        for i, node in enumerate(g["protos"]):
+            _check_strings(node, i, (), where)
+    _check_declared(model.graph, g["bodies"], where)
+    seen: set = set()
+    protos = g["protos"]
+    for i in g["bodies"]:
+        node = protos[i]
+        _check_bodies(node, i, (), where)
+        for a in node.attribute:
+            if a.type in _GRAPH_TYPES:
+                for body in [a.g] if a.type == AttributeProto.GRAPH else a.graphs:
+                    for inner, j, scope in _walk(body, (node_label(node, i),)):
+                        _check_strings(inner, j, scope, where)
+                        check_node(inner, j, scope, opsets, model.ir_version, where, seen)
+                        if any(b.type in _GRAPH_TYPES for b in inner.attribute):
+                            _check_bodies(inner, j, scope, where)
+
+
+def _walk(g: onnx.GraphProto, scope: tuple[str, ...]) -> Iterator[tuple[onnx.NodeProto, int, tuple[str, ...]]]:
+    """Every node of ``g`` and of its bodies, with the names of the nodes that enclose it."""
+    for i, node in enumerate(g.node):
+        yield node, i, scope
+        for a in node.attribute:
+            if a.type in _GRAPH_TYPES:
+                inner = (*scope, node_label(node, i))
+                for body in [a.g] if a.type == AttributeProto.GRAPH else a.graphs:
+                    yield from _walk(body, inner)
+
+
+def _where_node(node: onnx.NodeProto, index: int, scope: tuple[str, ...], where: str) -> str:
+    inside = "".join(f" in the body of {s!r}" for s in reversed(scope))
+    return f"{where}: node {node_label(node, index)!r} ({node.op_type}){inside}"
+
+
+def _check_strings(node, index, scope, where) -> None:
+    if isinstance(node.op_type, bytes) or isinstance(node.domain, bytes) or isinstance(node.name, bytes):
+        raise InvalidGraphError(
+            f"{where}: node {index}{' in a body' if scope else ''} has an op_type, domain or name that is not "
+            "valid UTF-8; the file is corrupt: re-export it"
+        )
+    if any(isinstance(x, bytes) for x in (*node.input, *node.output)):
+        raise InvalidGraphError(
+            f"{_where_node(node, index, scope, where)}: a tensor name is not valid UTF-8; the file is corrupt: re-export it"
+        )
+
+
+def check_node(node, index, scope, opsets, ir_version, where, seen=None, key=None) -> None:
+    """One node against its schema and the window rules; ``seen`` (a set) skips nodes already
+    checked, by ``key`` (computed here when not given)."""
+    domain = canonical_domain(node.domain)
+    version = opsets.get(domain)
+    if version is None or domain not in (DEFAULT_DOMAIN, "ai.onnx.ml"):
+        return  # other domains: their ops are unsupported or counted by their own formulas
+    if seen is not None:
+        if key is None:
+            key = (domain, node.op_type, len(node.input), len(node.output),
+                   *[a.SerializeToString() for a in node.attribute if a.type not in _GRAPH_TYPES])
+        if key in seen:
+            return
+        seen.add(key)
+    _check_schema(node, domain, version, ir_version, index, scope, where)
+    _check_window(node, index, scope, where)
+
+
+@lru_cache(maxsize=None)
+def _has_schema(op_type: str, version: int, domain: str) -> bool:
+    try:
+        onnx.defs.get_schema(op_type, version, domain)
+    except onnx.defs.SchemaError:
+        return False
+    return True
+
+
+def _check_schema(node, domain, version, ir_version, index, scope, where) -> None:
+    """ONNX's checker on one node: attribute names and types, required attributes, input counts.
+    Bodies are replaced by empty graphs here (they are checked node by node, in their scope)."""
+    if not _has_schema(node.op_type, version, domain):
+        return  # unknown to this onnx: reported as unsupported, not an error
+    if any(a.type in _GRAPH_TYPES for a in node.attribute):
+        bare = onnx.NodeProto()
+        bare.CopyFrom(node)
+        for a in bare.attribute:
+            if a.type == AttributeProto.GRAPH:
+                a.g.Clear()
+                a.g.name = "body"
+            elif a.type == AttributeProto.GRAPHS:
+                for g in a.graphs:
+                    g.Clear()
+                    g.name = "body"
+        node = bare
+    ctx = onnx.checker.C.CheckerContext()
+    ctx.ir_version = ir_version or onnx.IR_VERSION
+    ctx.opset_imports = {"" if domain == DEFAULT_DOMAIN else domain: version}
+    try:
+        onnx.checker.check_node(node, ctx, onnx.checker.C.LexicalScopeContext())
+    except Exception as e:  # ValidationError
+        text = _first_line(e)
+        wrong = re.match(r"Mismatched attribute type in '.*: (.+)'\. Expected: '(\w+)', actual: '(\w+)'", text)
+        if wrong:
+            name, wanted, given = wrong.groups()
+            text = f"attribute {name!r} is {given}, but the spec wants {wanted}"
+        raise InvalidGraphError(
+            f"{_where_node(node, index, scope, where)}: {text} (ONNX checker, opset {version}); "
+            "fix the node against the operator's spec or re-export the model"
+        ) from None
+
+
+def _check_window(node, index, scope, where) -> None:
+    """Values of convolution and pooling attributes that the schema types cannot express."""
+    attrs = {a.name: a for a in node.attribute}
+    if not attrs.keys() & {"kernel_shape", "strides", "dilations", "pads", "auto_pad", "group"}:
+        return
+    if node.op_type in ("Pad", "Slice"):
+        return
+
+    def fail(what: str) -> InvalidGraphError:
+        return InvalidGraphError(f"{_where_node(node, index, scope, where)}: {what}; fix the attribute or re-export the model")
+
+    values = {k: helper.get_attribute_value(a) for k, a in attrs.items() if a.type in (AttributeProto.INT, AttributeProto.INTS, AttributeProto.STRING)}
+    for name in _POSITIVE_INTS:
+        v = values.get(name)
+        if isinstance(v, list) and any(x <= 0 for x in v):
+            raise fail(f"attribute {name}={v} has a zero or negative value; every value must be positive")
+    pads = values.get("pads")
+    if isinstance(pads, list):
+        if any(p < 0 for p in pads) and node.op_type not in ("ConvTranspose",):
+            raise fail(f"attribute pads={pads} has a negative value")
+        if len(pads) % 2:
+            raise fail(f"attribute pads={pads} has an odd length; it holds a begin and an end per spatial axis")
+    rank = None
+    for name in ("kernel_shape", "strides", "dilations"):
+        v = values.get(name)
+        if isinstance(v, list):
+            if rank is not None and len(v) != rank:
+                raise fail(f"attribute {name}={v} has {len(v)} values, but the other window attributes have {rank}")
+            rank = len(v)
+    if rank is not None and isinstance(pads, list) and len(pads) != 2 * rank:
+        raise fail(f"attribute pads={pads} has {len(pads)} values, but {2 * rank} are needed for {rank} spatial axes")
+    auto_pad = values.get("auto_pad")
+    if isinstance(auto_pad, bytes):
+        try:
+            auto_pad = auto_pad.decode()
+        except UnicodeDecodeError:
+            auto_pad = repr(auto_pad)
+        if auto_pad not in _AUTO_PADS:
+            raise fail(f"attribute auto_pad={auto_pad!r} is not one of {', '.join(_AUTO_PADS)}")
+        if auto_pad != "NOTSET" and isinstance(pads, list) and any(pads):
+            raise fail(f"auto_pad={auto_pad!r} and pads={pads} are both given; the spec allows only one of them")
+    group = values.get("group")
+    if isinstance(group, int) and group < 1:
+        raise fail(f"attribute group={group}; it must be a positive integer")
+
+
+def _check_bodies(node, index, scope, where) -> None:
+    """The structure of If/Loop/Scan bodies: outputs present, produced, and as many as the node needs."""
+    label = _where_node(node, index, scope, where)
+    bodies = {a.name: ([a.g] if a.type == AttributeProto.GRAPH else list(a.graphs)) for a in node.attribute
+              if a.type in _GRAPH_TYPES}
+    n_in, n_out = len(node.input), len(node.output)
+    for name, graphs in bodies.items():
+        for body in graphs:
+            if not body.output:
+                raise InvalidGraphError(f"{label}: its {name} has no outputs; a body must produce the node's results")
+            made = {i.name for i in body.input} | {t.name for t in body.initializer}
+            made |= {o for n in body.node for o in n.output if o}
+            for o in body.output:
+                if o.name not in made and node.domain in ("", "ai.onnx"):
+                    raise InvalidGraphError(
+                        f"{label}: output {o.name!r} of its {name} is produced by no node of the body; "
+                        "the body is incomplete: re-export the model"
+                    )
+            if node.domain not in ("", "ai.onnx"):
+                continue
+            if node.op_type == "If" and len(body.output) != n_out:
+                raise InvalidGraphError(f"{label}: its {name} has {len(body.output)} outputs, but the node has {n_out}")
+            if node.op_type == "Loop":
+                carried = n_in - 2
+                if len(body.input) != 2 + carried or len(body.output) < 1 + carried or len(body.output) - 1 != n_out:
+                    raise InvalidGraphError(
+                        f"{label}: its body has {len(body.input)} inputs and {len(body.output)} outputs; with "
+                        f"{carried} loop-carried value(s) and {n_out} node output(s) it needs {2 + carried} inputs "
+                        f"and {1 + n_out} outputs (the condition first)"
+                    )
+            # (Scan-8 takes sequence_lens first, which its body does not see)
+            if node.op_type == "Scan" and (len(body.input) not in (n_in, n_in - 1) or len(body.output) != n_out):
+                raise InvalidGraphError(
+                    f"{label}: its body has {len(body.input)} inputs and {len(body.output)} outputs, but the node "
+                    f"has {n_in} inputs and {n_out} outputs; they must match"
+                )
+
+
+def _check_declared(g: onnx.GraphProto, bodies, where: str) -> None:
+    """No declared dim (graph inputs and outputs, value_info, initializers) is negative; ``bodies``:
+    indices of the nodes of ``g`` with subgraphs (None: look at every node)."""
+    for t in g.initializer:
+        if any(d < 0 for d in t.dims):
+            raise InvalidGraphError(f"{where}: initializer {t.name!r} has dims {list(t.dims)}; dims cannot be negative")
+    for kind, infos in (("graph output", g.output), ("value_info of tensor", g.value_info), ("graph input", g.input)):
+        for vi in infos:
+            t = vi.type.tensor_type if not vi.type.HasField("sequence_type") else vi.type.sequence_type.elem_type.tensor_type
+            for i, d in enumerate(t.shape.dim if t.HasField("shape") else ()):
+                if d.HasField("dim_value") and d.dim_value < 0:
+                    raise ShapeError(
+                        f"{where}: {kind} {vi.name!r} declares dim {i} as {d.dim_value}; dims cannot be negative: "
+                        "fix the model" + (" or give --input-shape" if kind == "graph input" else "")
+                    )
+    for node in g.node if bodies is None else [g.node[i] for i in bodies]:
+        for a in node.attribute:
+            if a.type in _GRAPH_TYPES:
+                for body in [a.g] if a.type == AttributeProto.GRAPH else a.graphs:
+                    _check_declared(body, None, where)
+
+
+# --------------------------------------------------------------------------------------------
+# after shapes are resolved
+
+# Convolutions: (index of X, index of W, whether W is [C_out, C_in/G, k...] (True) or
+# ConvTranspose's [C_in, C_out/G, k...] (False)).
+_CONVS = {"Conv": (0, 1, True), "ConvInteger": (0, 1, True), "QLinearConv": (0, 3, True),
+          "ConvTranspose": (0, 1, False), "DeformConv": (0, 1, True)}
+# Operators whose input at this index is a shape or repeat count: none of its values may be negative
+# (Reshape allows one -1).
+_TARGETS = {"Reshape": 1, "Tile": 1, "Expand": 1, "ConstantOfShape": 0}
+
+
+def check_resolved(dag, tensors: Mapping[str, TensorInfo], values: Mapping, attributes, where: str) -> None:
+    """Checks that need shapes or constant values; ``attributes`` is the per-node attribute list of
+    the traversal (None for nodes whose attributes no formula reads)."""
+    protos, names = dag.graph["protos"], dag.graph["names"]
+    for i, (domain, op_type) in enumerate(dag.graph["node_ops"]):
+        if domain not in ("", "ai.onnx"):
+            continue
+        if op_type in _CONVS:
+            _check_conv(protos[i], names[i], tensors, attributes[i], where)
+        elif op_type in _TARGETS:
+            _check_target(protos[i], names[i], values, where)
+
+
+def _check_conv(node, name, tensors, attrs, where) -> None:
+    x_at, w_at, forward = _CONVS[node.op_type]
+    if len(node.input) <= w_at:
+        return
+    x, w = tensors.get(node.input[x_at]), tensors.get(node.input[w_at])
+    if x is None or w is None or not x.is_static or not w.is_static:
+        return
+    attrs = attrs or {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    group = attrs.get("group", 1)
+    label = f"{where}: node {name!r} ({node.op_type})"
+    if len(x.shape) != len(w.shape) or len(x.shape) < 3:
+        raise InvalidGraphError(
+            f"{label}: input {x.name!r} is {x.shape_text()} and weight {w.name!r} is {w.shape_text()}; both need "
+            "the same rank, at least 3 (N, C, spatial...)"
+        )
+    c_in = x.shape[1]
+    if forward:
+        c_out, per_group = w.shape[0], w.shape[1]
+        ok = per_group * group == c_in and c_out % group == 0
+        need = f"weight dim 1 x group = C_in ({per_group} x {group} vs {c_in}) and group dividing C_out ({c_out})"
+    else:
+        ok = w.shape[0] == c_in and c_in % group == 0
+        need = f"weight dim 0 = C_in ({w.shape[0]} vs {c_in}) and group ({group}) dividing C_in"
+    if not ok:
+        raise InvalidGraphError(
+            f"{label}: input {x.name!r} {x.shape_text()}, weight {w.name!r} {w.shape_text()} and group={group} do not "
+            f"fit: the spec needs {need}; fix the weight or the group attribute"
+        )
+    kernel = attrs.get("kernel_shape")
+    if kernel and list(kernel) != list(w.shape[2:]):
+        raise InvalidGraphError(
+            f"{label}: kernel_shape={list(kernel)} contradicts weight {w.name!r} {w.shape_text()}; fix one of them"
+        )
+
+
+def _check_target(node, name, values, where) -> None:
+    at = _TARGETS[node.op_type]
+    if len(node.input) <= at or not node.input[at]:
+        return
+    v = values.get(node.input[at])
+    if v is None:
+        return
+    flat = np.asarray(v).reshape(-1)
+    if not np.issubdtype(flat.dtype, np.integer):
+        return
+    floor = -1 if node.op_type == "Reshape" else 0
+    bad = [int(x) for x in flat if x < floor]
+    if node.op_type == "Reshape" and int(np.sum(flat == -1)) > 1:
+        bad = [-1, -1]
+    if bad:
+        what = {"Reshape": "target shape", "Tile": "repeats", "Expand": "shape", "ConstantOfShape": "shape"}[node.op_type]
+        rule = "one -1 at most and no other negative value" if node.op_type == "Reshape" else "no negative value"
+        raise InvalidGraphError(
+            f"{where}: node {name!r} ({node.op_type}): its {what} {node.input[at]!r} is {flat.tolist()}; the spec "
+            f"allows {rule}: fix the model"
+        )
