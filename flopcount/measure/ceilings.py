@@ -214,74 +214,47 @@ def measure_memory_bandwidth(device: str = "cpu", mib: int | None = None, repeat
     return BandwidthCeiling("memory", device, 2 * 4 * n / median, 4 * n, repeats)
 
 
-def measure_allreduce(mib: int = 64, repeats: int = 5) -> BandwidthCeiling:
-    """All-reduce bus bandwidth of the running torch.distributed process group (every rank must call this):
-    a ``mib``-MiB fp32 tensor all-reduced ``repeats`` times after warm-up, the slowest rank's median time."""
+def measure_allreduce(mib: int = 64, repeats: int = 5, group=None) -> BandwidthCeiling:
+    """All-reduce bus bandwidth of the running torch.distributed process group (every rank must call this), or of
+    the process-group object ``group`` (a ``ProcessGroupGloo`` or ``ProcessGroupNCCL`` made by the caller): a
+    ``mib``-MiB fp32 tensor all-reduced ``repeats`` times after warm-up, the slowest rank's median time."""
     import torch
     import torch.distributed as dist
 
     from flopcount.errors import DeviceError
 
-    if not (dist.is_available() and dist.is_initialized()):
+    if group is None and not (dist.is_available() and dist.is_initialized()):
         raise DeviceError("all-reduce bandwidth needs torch.distributed running on several ranks; launch with "
                           "torchrun --nproc_per_node=R (or srun)")
-    ranks = dist.get_world_size()
-    backend = dist.get_backend()
+    if group is None:
+        ranks, backend = dist.get_world_size(), dist.get_backend()
+
+        def all_reduce(t, op=dist.ReduceOp.SUM):
+            dist.all_reduce(t, op=op)
+    else:
+        ranks, backend = group.size(), group.name()
+
+        def all_reduce(t, op=dist.ReduceOp.SUM):
+            group.allreduce([t], dist.AllreduceOptions() if op == dist.ReduceOp.SUM else _max_options()).wait()
+    backend = backend.lower()
     device = f"cuda:{torch.cuda.current_device()}" if backend == "nccl" else "cpu"
     n = mib * 2**20 // 4
     x = torch.ones(n, dtype=torch.float32, device=device)
-    dist.barrier()
-    median = _median_time(lambda: dist.all_reduce(x), device, repeats, time.perf_counter(), float("inf"))
+    all_reduce(torch.zeros(1, device=device))  # every rank is here
+    median = _median_time(lambda: all_reduce(x), device, repeats, time.perf_counter(), float("inf"))
     slowest = torch.tensor([median], dtype=torch.float64, device=device)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    all_reduce(slowest, op=dist.ReduceOp.MAX)
     busbw = 2 * (ranks - 1) / ranks * 4 * n / float(slowest.item())
     return BandwidthCeiling("allreduce", "cuda" if backend == "nccl" else "cpu", busbw, 4 * n, repeats, ranks,
                             backend)
 
 
-def _cache_path(device: str, dtype: str):
-    import torch
+def _max_options():
+    import torch.distributed as dist
 
-    from flopcount.frontends.common import cache_key, default_cache_dir
-
-    from .devices import cpu_cores, cpu_name
-
-    folder = default_cache_dir()
-    if folder is None:
-        return None
-    key = cache_key([_CACHE_FORMAT, device, dtype, cpu_name(), cpu_cores(), torch.get_num_threads(),
-                     torch.__version__])
-    return folder / f"ceiling-gemm-{key[:20]}.json"
-
-
-def cached_gemm(device: str = "cpu", dtype: str = "fp32") -> GemmCeiling | None:
-    """The GEMM ceiling of ``dtype`` on this machine, from the cache or measured now (and cached); None when torch
-    is not installed or the dtype cannot run here."""
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        return None
-    if dtype not in CPU_GEMM_DTYPES:
-        return None
-    path = _cache_path(device, dtype)
-    if path is not None and path.is_file():
-        try:
-            return GemmCeiling(**json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, ValueError, TypeError):
-            log.debug("ignoring an unreadable ceiling cache file %s", path)
-    log.info("measuring this machine's %s GEMM ceiling (about a second; cached)", dtype)
-    try:
-        ceiling = measure_gemm(device, dtype)
-    except RuntimeError as e:  # the dtype has no kernel here
-        log.info("no %s GEMM on this machine: %s", dtype, e)
-        return None
-    if path is not None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(asdict(ceiling)), encoding="utf-8")
-        except OSError:
-            log.debug("cannot write the ceiling cache %s", path)
-    return ceiling
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.MAX
+    return opts
 
 
 def _bandwidth_cache_path(device: str):

@@ -288,6 +288,9 @@ def _session(ort, model_bytes: bytes, provider: str, optimize: str, profile_pref
     so.log_severity_level = 3
     if threads:
         so.intra_op_num_threads = threads
+    # Idle pool threads sleep instead of spinning: spinning threads take cores from the ones doing the work
+    # whenever the machine has other load, which makes times erratic; on an idle machine this costs little.
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if profile_prefix:
         so.enable_profiling = True
         so.profile_file_prefix = profile_prefix
