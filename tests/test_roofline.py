@@ -53,8 +53,8 @@ def test_case_study_ridge_points(roof, compute, bandwidth, ridge):
     pytest.param(DISTRIBUTED, 1e5, "GEMM fp32", "network", 120e12, "communication", id="dist-network-bound"),
     # 1.2 GB/s x 1e6 = 1,200 TFLOPS > 976 TFLOPS fp32 CONV: compute-bound
     pytest.param(DISTRIBUTED, 1e6, "CONV fp32", "network", 976e12, "compute", id="dist-conv-compute-bound"),
-    # the highest ceilings by default: min(8320, 300 x 1e4 = 3000) TFLOPS
-    pytest.param(DISTRIBUTED, 1e4, None, None, 3000e12, "communication", id="dist-default-highest"),
+    # by default the highest compute ceiling and the first bandwidth (the network): min(8320, 1.2 x 1e4 = 12) TFLOPS
+    pytest.param(DISTRIBUTED, 1e4, None, None, 12e12, "communication", id="dist-default-network"),
 ])
 def test_case_study_attained_and_bound(roof, coi, compute, bandwidth, attained, bound):
     assert roof.attained(coi, compute, bandwidth) == pytest.approx(attained)
@@ -82,7 +82,7 @@ def test_hpcai_roofline_scales_per_device_ceilings_by_ranks():
 
 def test_single_node_roofline_has_link_and_memory():
     roof = hpcai_roofline(_ceilings(ranks=8, allreduce=300 * G), ranks=8, nodes=1)
-    assert [c.label for c in roof.bandwidth] == ["memory", "intra-node link (all-reduce)"]
+    assert [c.label for c in roof.bandwidth] == ["intra-node link (all-reduce)", "memory"]
     assert {c.label: c.value for c in roof.compute}["CONV fp32"] == pytest.approx(112 * T)
 
 
@@ -119,7 +119,7 @@ def test_cli_hpcai_roofline_text_and_plot(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     point = doc["points"][0]
     assert point["bound"] == "communication"
-    assert point["attainable_flops_per_s"] == pytest.approx(10e9 * 800)  # memory 10 GB/s is the highest roof
+    assert point["attainable_flops_per_s"] == pytest.approx(2e9 * 800)  # the all-reduce link: 2 GB/s x 800
     assert 'id="ceiling:' in (tmp_path / "r.svg").read_text()
 
 

@@ -56,8 +56,8 @@ class Roofline:
             raise UsageError(f"{self.title}: a roofline needs at least one compute and one bandwidth ceiling")
 
     def _pick(self, ceilings: tuple[Ceiling, ...], label: str | None) -> Ceiling:
-        if label is None:
-            return max(ceilings, key=lambda c: c.value)
+        if label is None:  # the highest compute ceiling; the first bandwidth (the one the workload's bytes cross)
+            return max(ceilings, key=lambda c: c.value) if ceilings is self.compute else ceilings[0]
         for c in ceilings:
             if c.label == label:
                 return c
@@ -69,7 +69,8 @@ class Roofline:
 
     def attained(self, intensity: float, compute: str | None = None, bandwidth: str | None = None) -> float:
         """min(compute ceiling, bandwidth ceiling × intensity): the most a workload at ``intensity`` can reach
-        (the highest ceilings unless named)."""
+        (unless named: the highest compute ceiling and the first bandwidth ceiling, which for the HPC-AI roofline
+        is the link the all-reduce crosses)."""
         return min(self._pick(self.compute, compute).value, self._pick(self.bandwidth, bandwidth).value * intensity)
 
     def bound(self, intensity: float, compute: str | None = None, bandwidth: str | None = None) -> str:
@@ -126,7 +127,7 @@ def hpcai_roofline(ceilings, ranks: int = 1, nodes: int = 1) -> Roofline:
                                "with torchrun --nproc_per_node=R -m flopcount ceilings -o FILE")
     model = "distributed" if nodes > 1 else "single-node"
     return Roofline(f"HPC-AI roofline, {model} model ({ranks} ranks, {nodes} node{'s' if nodes > 1 else ''})",
-                    compute_ceilings(ceilings, ranks), tuple(sorted(bandwidth, key=lambda c: -c.value)),
+                    compute_ceilings(ceilings, ranks), tuple(bandwidth),
                     "communication operation intensity (FLOPs / byte communicated)", "communication")
 
 
@@ -240,6 +241,7 @@ def describe(roofline: Roofline, points: Sequence[Point]) -> str:
     lines.append("")
     for b in roofline.bandwidth:
         lines.append(f"Ridge point ({top.label} / {b.label}): {roofline.ridge(top.label, b.label):,.1f} FLOPs per byte")
+    lines.append(f"Attainable and bound below: against {top.label} and {roofline.bandwidth[0].label}")
     if points:
         rows = []
         for p in points:
