@@ -103,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--per-node", action="store_true", help="also list every node with its shapes and cost")
     p.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
     p.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
+    p.add_argument("--plot", metavar="FILE", help="also draw FLOPs by op type to FILE (.png, .svg or .pdf; needs "
+                   "matplotlib)")
     p.add_argument("--strict", action="store_true", help="fail (exit 6) when any operator has no formula")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more diagnostics on stderr (-vv: debug)")
     p.add_argument("--version", action="version", version=f"flopcount {__version__}")
@@ -241,6 +243,10 @@ def main(argv: list[str] | None = None) -> int:
             report = count(args.model, input_shapes=shapes, batch=args.batch, convention=args.convention,
                            strict=args.strict, input_values=dict(args.input_value),
                            loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer)
+        if args.plot:
+            from .measure.roofline import plot_op_types
+
+            plot_op_types(report, args.plot)
         write_output(render(report, args.format, args.per_node), args.output)
         return 0
 

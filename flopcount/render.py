@@ -14,7 +14,7 @@ import onnx
 from tabulate import tabulate
 
 from .context import TensorInfo
-from .report import Report
+from .report import Report, node_bytes
 
 SCHEMA_VERSION = 2  # 2: mode, forward, backward, training; total = forward + backward
 FORMATS = ("table", "json", "csv", "markdown")
@@ -97,6 +97,7 @@ def to_dict(report: Report, per_node: bool = False) -> dict[str, Any]:
                 "inputs": [_tensor(t) for t in n.inputs],
                 "outputs": [_tensor(t) for t in n.outputs],
                 **n.cost.as_dict(),
+                **_bytes_fields(n),
                 "backward": n.backward.as_dict(),
                 **({"parts": {label: c.as_dict() for label, c in n.parts}} if n.parts else {}),
                 **({"upper_bound": n.bound} if n.bound else {}),
@@ -104,6 +105,13 @@ def to_dict(report: Report, per_node: bool = False) -> dict[str, Any]:
             for n in report.nodes
         ]
     return doc
+
+
+def _bytes_fields(n) -> dict[str, int | None]:
+    """``bytes`` (read + written), ``bytes_read`` and ``bytes_written`` of a node; null when a shape is unknown."""
+    b = node_bytes(n)
+    return {"bytes": None if b is None else b.total, "bytes_read": None if b is None else b.read,
+            "bytes_written": None if b is None else b.written}
 
 
 def si(value: float, unit: str = "") -> str:
@@ -143,7 +151,8 @@ def _op_headers(report: Report) -> list[str]:
 
 def _node_rows(report: Report) -> list[list[Any]]:
     return [
-        [n.name, n.op_type, _shapes(n.inputs), _shapes(n.outputs), _n(n.cost.flops), _n(n.cost.macs)]
+        [n.name, n.op_type, _shapes(n.inputs), _shapes(n.outputs), _n(n.cost.flops), _n(n.cost.macs),
+         "?" if (b := node_bytes(n)) is None else _n(b.total)]
         for n in report.nodes
     ]
 
@@ -209,7 +218,7 @@ def render(report: Report, fmt: str = "table", per_node: bool = False) -> str:
     tablefmt = "github" if fmt == "markdown" else "simple"
     parts = []
     if per_node:
-        parts.append(tabulate(_node_rows(report), ["node", "op type", "inputs", "outputs", "FLOPs", "MACs"],
+        parts.append(tabulate(_node_rows(report), ["node", "op type", "inputs", "outputs", "FLOPs", "MACs", "bytes"],
                               tablefmt=tablefmt, disable_numparse=True))
     headers = _op_headers(report)
     parts.append(tabulate(_op_rows(report), headers, tablefmt=tablefmt, disable_numparse=True,
@@ -224,10 +233,12 @@ def _csv(report: Report, per_node: bool) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     if per_node:
-        w.writerow(["index", "name", "op_type", "domain", "status", "inputs", "outputs", "flops", "macs", "transcendentals", "int_ops"])
+        w.writerow(["index", "name", "op_type", "domain", "status", "inputs", "outputs", "flops", "macs", "transcendentals", "int_ops", "bytes_read", "bytes_written"])
         for n in report.nodes:
             c = n.cost
-            w.writerow([n.index, n.name, n.op_type, n.domain, n.status, _shapes(n.inputs), _shapes(n.outputs), c.flops, c.macs, c.transcendentals, c.int_ops])
+            b = node_bytes(n)
+            w.writerow([n.index, n.name, n.op_type, n.domain, n.status, _shapes(n.inputs), _shapes(n.outputs), c.flops, c.macs, c.transcendentals, c.int_ops,
+                        "" if b is None else b.read, "" if b is None else b.written])
     else:
         w.writerow(["op_type", "domain", "family", "status", "nodes", "flops", "macs", "transcendentals", "int_ops", "share"])
         for s in report.by_op_type.values():

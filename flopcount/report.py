@@ -30,6 +30,75 @@ class NodeCount(NamedTuple):
     bound: str = ""  # why ``cost`` is an upper bound (data-dependent work), "" when exact
 
 
+#: Storage bits per element of the ONNX element types that are not a whole numpy dtype (sub-byte types); the
+#: rest come from :func:`onnx.helper.tensor_dtype_to_np_dtype`. Strings have no fixed size (bytes unknown).
+_SUB_BYTE_BITS = {name: 4 for name in ("INT4", "UINT4", "FLOAT4E2M1")}
+
+
+def element_bits(elem_type: int) -> int | None:
+    """Storage bits of one element of ONNX type ``elem_type``; None when unknown (0, strings).
+
+    >>> element_bits(1), element_bits(10), element_bits(7)
+    (32, 16, 64)
+    """
+    import onnx
+
+    if not elem_type or elem_type == onnx.TensorProto.STRING:
+        return None
+    name = onnx.TensorProto.DataType.Name(elem_type)
+    if name in _SUB_BYTE_BITS:
+        return _SUB_BYTE_BITS[name]
+    try:
+        import numpy as np
+
+        return 8 * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).itemsize
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def tensor_bytes(t: TensorInfo | None) -> int | None:
+    """Bytes a tensor occupies, from its static shape and dtype (sub-byte types rounded up to whole bytes);
+    None when its shape or dtype is not known. A missing optional input (``None``) is 0 bytes."""
+    if t is None:
+        return 0
+    bits = element_bits(t.elem_type)
+    if bits is None or not t.is_static:
+        return None
+    n = 1
+    for d in t.shape:
+        n *= d
+    return (n * bits + 7) // 8
+
+
+class NodeBytes(NamedTuple):
+    """Bytes one node reads (every input, initializers included: weights are read from memory like activations)
+    and writes (every output), from shapes and dtypes. A lower bound of the traffic of a kernel that fits its
+    operands in cache, and what the classic roofline's arithmetic intensity divides by."""
+
+    read: int
+    written: int
+
+    @property
+    def total(self) -> int:
+        return self.read + self.written
+
+
+def node_bytes(node: "NodeCount") -> NodeBytes | None:
+    """:class:`NodeBytes` of ``node``, or None when a shape or dtype of one of its tensors is not known.
+
+    >>> from .context import TensorInfo as T
+    >>> n = NodeCount(0, "mm", "MatMul", "", "matmul", "formula", (T("a", 1, (2, 3)), T("b", 1, (3, 4))),
+    ...               (T("y", 1, (2, 4)),), Cost())
+    >>> node_bytes(n)  # 4·(2·3 + 3·4) read, 4·2·4 written
+    NodeBytes(read=72, written=32)
+    """
+    read = [tensor_bytes(t) for t in node.inputs]
+    written = [tensor_bytes(t) for t in node.outputs]
+    if any(b is None for b in read + written):
+        return None
+    return NodeBytes(sum(read), sum(written))
+
+
 class OpTypeSummary(NamedTuple):
     op_type: str
     domain: str

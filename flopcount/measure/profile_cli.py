@@ -1,0 +1,52 @@
+"""``flopcount profile``: time every node of an ONNX model with onnxruntime beside its counted FLOPs and bytes."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from flopcount.cli import _input_shape, _input_value, _positive
+
+    p = argparse.ArgumentParser(
+        prog="flopcount profile",
+        description="Run an ONNX model with onnxruntime's profiler and report, per node and per op type, the median "
+        "time, share of time beside share of FLOPs, achieved FLOP/s, bytes read and written, arithmetic intensity "
+        "and whether it is compute- or memory-bound against the machine's measured ceilings. Missing weights are "
+        "synthesised from the initializers' dims and dtypes (external data files are never opened).",
+    )
+    p.add_argument("model", help="path of an .onnx model")
+    p.add_argument("--input-shape", metavar="NAME=DIMS", action="append", type=_input_shape, default=[],
+                   help="fix the dims of an input, e.g. input=8x3x224x224 (repeatable)")
+    p.add_argument("--input-value", metavar="NAME=V1,V2", action="append", type=_input_value, default=[],
+                   help="value of a small integer input that shapes depend on (repeatable)")
+    p.add_argument("--batch", type=_positive, metavar="N", help="set dim 0 of every input not given by --input-shape")
+    p.add_argument("--provider", choices=("cpu", "cuda"), default="cpu",
+                   help="onnxruntime execution provider (cuda needs onnxruntime-gpu)")
+    p.add_argument("--optimize", choices=("none", "basic", "extended", "all"), default="none",
+                   help="onnxruntime graph optimisations (default none: every executed node is a graph node; "
+                   "otherwise fused nodes are attributed the graph nodes they run)")
+    p.add_argument("--warmup", type=int, default=2, metavar="K", help="untimed runs first (default 2)")
+    p.add_argument("--runs", type=_positive, default=5, metavar="R", help="timed runs; medians over them (default 5)")
+    p.add_argument("--threads", type=_positive, metavar="N", help="onnxruntime intra-op threads (default: its own)")
+    p.add_argument("--ceilings", metavar="FILE",
+                   help="ceilings JSON from flopcount ceilings (default: this CPU's cached GEMM and copy ceilings)")
+    p.add_argument("--per-node", action="store_true", help="also list every executed node (table and CSV)")
+    p.add_argument("--format", choices=("table", "json", "csv"), default="table", help="output format")
+    p.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more diagnostics on stderr")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from flopcount.cli import write_output
+
+    from .ceilings import load_ceilings
+    from .profile import profile, render
+
+    ceilings = load_ceilings(args.ceilings) if args.ceilings else None
+    p = profile(args.model, input_shapes=dict(args.input_shape), batch=args.batch, provider=args.provider,
+                optimize=args.optimize, warmup=args.warmup, runs=args.runs, ceilings=ceilings, threads=args.threads,
+                input_values=dict(args.input_value))
+    write_output(render(p, args.format, args.per_node), args.output)
+    return 0

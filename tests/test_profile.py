@@ -1,0 +1,140 @@
+"""``flopcount profile``: onnxruntime's per-node times mapped back to the counted graph."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import flopcount
+from flopcount.cli import main
+from flopcount.measure.ceilings import Ceilings, Figure
+from flopcount.measure.profile import parse_profile, profile, runnable_model
+
+from conftest import const, model, weight
+
+ort = pytest.importorskip("onnxruntime")
+
+# a machine whose ridge point is 10 FLOP/B: 10 GFLOP/s over 1 GB/s
+CEILINGS = Ceilings({"kind": "cpu", "name": "test"}, {"fp32": Figure(10e9, "test")}, {}, Figure(1e9, "test"))
+
+
+def _mlp(inline_w: np.ndarray | None = None) -> onnx.ModelProto:
+    """x[37,91] @ W[91,23] -> Relu -> Reshape to [23, 37] (shape from an int64 constant); unnamed nodes."""
+    w = weight("W", [91, 23]) if inline_w is None else numpy_helper.from_array(inline_w, "W")
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Reshape", ["r", "shape"], ["y"])]
+    return model(nodes, {"x": [37, 91]}, ["y"], [w, const("shape", [23, 37])])
+
+
+def test_runnable_model_synthesises_missing_weights_and_keeps_the_rest():
+    inline = np.arange(91 * 23, dtype=np.float32).reshape(91, 23) / 1000
+    for m, synthesized in ((_mlp(), 1), (_mlp(inline), 0)):
+        report = flopcount.count(m)
+        run, names, counts = runnable_model(m, report)
+        assert counts == {"from_model": 2 - synthesized, "synthesized": synthesized}
+        assert names == ["MatMul_0", "Relu_1", "Reshape_2"]  # unique names for unnamed nodes, by position
+        inits = {t.name: numpy_helper.to_array(t) for t in run.graph.initializer}
+        assert inits["shape"].tolist() == [23, 37]  # the shape tensor is exact
+        assert inits["W"].shape == (91, 23) and inits["W"].dtype == np.float32
+        x = np.random.default_rng(3).standard_normal((37, 91)).astype(np.float32)
+        (y,) = ort.InferenceSession(run.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+        np.testing.assert_allclose(y, np.maximum(x @ inits["W"], 0).reshape(23, 37), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(inits["W"], inline)  # the model's own weights when present
+    assert abs(inits["W"]).max() > 0
+
+
+def test_profile_small_model_per_node_figures():
+    p = profile(_mlp(), warmup=1, runs=3, ceilings=CEILINGS)
+    by_name = {n.name: n for n in p.nodes}
+    mm = by_name["MatMul_0"]
+    assert mm.flops == 2 * 37 * 91 * 23  # 154,882
+    assert mm.bytes == 4 * (37 * 91 + 91 * 23) + 4 * 37 * 23  # 21,840 + 3,404 = 25,244
+    assert mm.intensity == pytest.approx(154_882 / 25_244)  # 6.14 < 10: memory-bound on this machine
+    assert mm.bound == "memory"
+    relu = by_name["Relu_1"]
+    assert relu.flops == 37 * 23 and relu.bytes == 2 * 4 * 37 * 23
+    assert all(n.time_s is not None and n.time_s > 0 for n in p.nodes)
+    assert mm.flops_per_s == pytest.approx(mm.flops / mm.time_s)
+    assert p.weights == {"from_model": 1, "synthesized": 1}
+    assert set(p.by_op_type) == {"MatMul", "Relu", "Reshape"}
+    assert p.run_time_s > 0 and p.flops == 154_882 + 851
+
+
+def test_parse_profile_skips_warmup_and_sums_per_run():
+    def run(ts, dur):
+        return {"cat": "Session", "name": "model_run", "ts": ts, "dur": dur}
+
+    def node(name, ts, dur):
+        return {"cat": "Node", "name": f"{name}_kernel_time", "ts": ts, "dur": dur, "args": {"provider": "CPU"}}
+
+    events = [run(0, 100), node("a", 10, 50), run(200, 100), node("a", 210, 30), node("b", 250, 5),
+              node("a", 260, 7), run(400, 100), node("a", 410, 40)]
+    per_run, runs, providers = parse_profile(events, warmup=1)
+    assert per_run == [{"a": pytest.approx(37e-6), "b": pytest.approx(5e-6)}, {"a": pytest.approx(40e-6)}]
+    assert runs == [pytest.approx(100e-6)] * 2 and providers["b"] == "CPU"
+
+
+def _conv_bn_relu() -> onnx.ModelProto:
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["n"], name="bn"),
+             helper.make_node("Relu", ["n"], ["y"], name="relu")]
+    inits = [weight("w", [8, 3, 3, 3])] + [weight(k, [8]) for k in "sbmv"]
+    return model(nodes, {"x": [1, 3, 16, 16]}, ["y"], inits)
+
+
+def test_optimized_graph_attributes_fused_nodes():
+    m = _conv_bn_relu()
+    report = flopcount.count(m)
+    p = profile(m, optimize="basic", warmup=1, runs=2, ceilings=CEILINGS)
+    covered = sorted(name for n in p.nodes for name in n.covers)
+    assert covered == ["bn", "conv", "relu"]  # every graph node is in exactly one executed node
+    assert sum(n.flops for n in p.nodes) == report.total.flops
+    fused = next(n for n in p.nodes if "bn" in n.covers)
+    assert "conv" in fused.covers and len(p.nodes) < 3
+    assert any("graph optimisations 'basic'" in note for note in p.notes)
+
+
+def test_cuda_provider_without_onnxruntime_gpu(capsys):
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("onnxruntime-gpu is installed")
+    assert main(["profile", "examples/resnet50-v1.5.onnx", "--provider", "cuda"]) == 11
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "onnxruntime-gpu" in err[0]
+
+
+def test_bad_ceilings_file_is_exit_12(tmp_path, capsys):
+    (tmp_path / "c.json").write_text("not json")
+    assert main(["profile", "examples/resnet50-v1.5.onnx", "--ceilings", str(tmp_path / "c.json")]) == 12
+    assert "c.json" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_resnet50_profile_on_this_cpu(tmp_path):
+    from flopcount.measure.ceilings import cached_gemm
+
+    out = tmp_path / "p.json"
+    # one intra-op thread: on a 2-core machine shared with other jobs, a second thread waits on descheduled peers
+    assert main(["profile", "examples/resnet50-v1.5.onnx", "--batch", "1", "--warmup", "1", "--runs", "5",
+                 "--threads", "1", "--format", "json", "-o", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    # the sum of the node times of a profiled run (median over runs) against a whole run without the profiler
+    assert abs(doc["profiled_time_s"] - doc["run_time_s"]) <= 0.10 * doc["run_time_s"], doc["run_time_s"]
+    assert sum(n["time_s"] for n in doc["nodes"]) == pytest.approx(doc["profiled_time_s"], rel=0.25)
+    gemm = cached_gemm("cpu", "fp32").flops_per_s
+    convs = [n for n in doc["nodes"] if n["op_type"] == "Conv"]
+    assert len(convs) == 53 and all(n["flops_per_s"] > 0 for n in convs)
+    # The Conv nodes together (their FLOPs over their time) stay below the GEMM ceiling. Single nodes are not
+    # compared: on a shared machine a kernel of a millisecond often runs between other jobs' time slices while a
+    # ceiling's long products do not, so the fastest single node can pass a ceiling measured under load.
+    conv = doc["by_op_type"]["Conv"]
+    assert conv["flops_per_s"] == pytest.approx(sum(n["flops"] for n in convs) / sum(n["time_s"] for n in convs))
+    assert conv["flops_per_s"] < gemm and conv["bound"] == "compute"
+    # the stem convolution: 2·1·64·112·112·3·7·7 FLOPs, read 4·(3·224·224 + 64·3·7·7) B, written 4·64·112·112 B
+    stem = convs[0]
+    assert stem["flops"] == 2 * 64 * 112 * 112 * 3 * 7 * 7
+    assert stem["bytes"] == 4 * (3 * 224 * 224 + 64 * 3 * 7 * 7) + 4 * 64 * 112 * 112
+    assert doc["by_op_type"]["Relu"]["bound"] == "memory"
