@@ -74,7 +74,8 @@ def test_raw_page_half_packing_single():
 
 def test_raw_page_metric_plan():
     plan = read_ncu_csv(RAW).plan
-    assert sorted(plan.tensor) == ["sm__ops_path_tensor_src_bf16_dst_fp32.sum", "sm__ops_path_tensor_src_tf32_dst_fp32.sum"]
+    assert sorted(plan.tensor) == ["sm__ops_path_tensor_src_bf16_dst_fp32.sum",
+                                   "sm__ops_path_tensor_src_tf32_dst_fp32.sum"]
     assert len(plan.cuda_core) == 9
     assert "part of sm__ops_path_tensor_src_bf16_dst_fp32.sum" in plan.ignored[
         "sm__ops_path_tensor_src_bf16_dst_fp32_sparsity_off.sum"]
@@ -143,12 +144,15 @@ def test_plan_never_adds_an_aggregate_to_its_parts(names, summed):
     pytest.param("sm90_xmma_gemm_bf16bf16", "", "matrix product", id="gemm-by-name"),
     pytest.param("vectorized_elementwise_kernel", "flopcount/backward > ConvolutionBackward0", "convolution",
                  id="nvtx-operator-wins"),
-    pytest.param("vectorized_elementwise_kernel", "flopcount/optimizer > aten::add_", "optimizer", id="optimizer-phase"),
+    pytest.param("vectorized_elementwise_kernel", "flopcount/optimizer > aten::add_", "optimizer",
+                 id="optimizer-phase"),
     pytest.param("reduce_kernel", "flopcount/loss > aten::sum", "other", id="loss-phase"),
     pytest.param("cudnn::bn_fw_tr_1C11_kernel_NCHW", "", "normalization", id="cudnn-batch-norm"),
     pytest.param("max_pool_forward_nchw", "", "pooling", id="pooling"),
     pytest.param("reduce_kernel", "", "reduction", id="reduction"),
     pytest.param("my_kernel", "", "other", id="unknown"),
+    pytest.param("cudnn::convertTensor_kernel", "", "other", id="convert-is-not-convolution"),
+    pytest.param("elementwise_kernel<{lambda()#1}>", "", "element-wise", id="lambda-is-not-an-optimizer"),
 ])
 def test_attribution(kernel, nvtx, family):
     assert attribute(kernel, nvtx)[0] == family
@@ -283,6 +287,8 @@ def test_print_ncu_command_explicit_metrics_parse_as_planned(capsys):
     pytest.param(["--torch", "p:f", "--input-shape", "x=1x8"], "say what to compare", id="no-action"),
     pytest.param(["--print-ncu-command", "m.onnx"], "give --torch", id="command-needs-torch"),
     pytest.param(["--fallback", "torch", "m.onnx"], "give --torch", id="fallback-needs-torch"),
+    pytest.param(["--ncu-csv", "step.csv"], "give --torch MODULE:FACTORY, or the path", id="no-model"),
+    pytest.param(["--ncu-csv", "step.csv", "--torch", "p:f"], "--input-shape", id="torch-needs-shapes"),
 ])
 def test_usage_errors(argv, message, capsys):
     assert main(["crosscheck", *argv]) == 2
@@ -294,6 +300,18 @@ def test_run_without_ncu_says_what_is_missing(capsys, tmp_path):
     assert main(["crosscheck", "--run", "--ncu", missing, "--torch", "p:f", "--input-shape", "x=1x8"]) == 11
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not on PATH" in err[0] and "--fallback torch" in err[0]
+
+
+def test_step_driver_without_cuda(capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    from flopcount.measure import ncu_step
+
+    assert ncu_step.main(["--gemm", "64", "64", "64", "--precision", "bf16"]) == 11
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no CUDA device" in err[0]
+    assert ncu_step.main(["--precision", "fp32"]) == 2  # neither --torch nor --gemm
 
 
 def _fake_ncu(tmp_path, output: str) -> str:
@@ -466,3 +484,12 @@ def test_run_small_net_on_gpu(small_net, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["ncu"]["calibration"]["fp32"]["within_1_percent"]
     assert out["families"]["matrix product"]["measured_flops"] > 0
+
+
+@pytest.mark.parametrize("module", ["flopcount.measure.ncu", "flopcount.measure.crosscheck"])
+def test_docstring_examples(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.attempted > 0 and result.failed == 0

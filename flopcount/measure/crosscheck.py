@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
-from .ncu import KernelFlops, NcuExport
+from .ncu import NcuExport
 
 FAMILIES = ("convolution", "matrix product", "element-wise", "normalization", "pooling", "reduction", "optimizer",
             "other")
@@ -34,8 +34,8 @@ ANALYTIC_FAMILY = {
 
 # Kernel and operator names → family, first match wins (convolution before matrix product: implicit-GEMM convs).
 _NAME_RULES: tuple[tuple[str, re.Pattern], ...] = tuple((fam, re.compile(rx, re.IGNORECASE)) for fam, rx in (
-    ("optimizer", r"adam|sgd|lamb|momentum|multi_tensor_apply|_foreach_|fused_optim"),
-    ("convolution", r"conv|winograd|fft|fprop|dgrad|wgrad|implicit_?gemm|implicit_convolve"),
+    ("optimizer", r"adam|sgd|\blamb\b|momentum|multi_tensor_apply|_foreach_|fused_optim"),
+    ("convolution", r"conv(?!ert)|winograd|fft|fprop|dgrad|wgrad|implicit_?gemm|implicit_convolve"),
     ("matrix product", r"gemm|gemv|matmul|\bmm\b|addmm|bmm|linear|cublas|cutlass|xmma|hmma|wgmma|nvjet|flash|fmha"
                        r"|attention|sdpa|lstm|gru|rnn"),
     ("normalization", r"batch_?norm|bn_fw|bn_bw|layer_?norm|group_?norm|instance_?norm|rms_?norm|softmax"),

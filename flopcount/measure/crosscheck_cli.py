@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 
-from ..errors import DeviceError, MeasurementError, UsageError
+from ..errors import DeviceError, MeasurementError
 from .ncu import HALF_PACKING, read_ncu_csv
 
 log = logging.getLogger("flopcount.crosscheck")
@@ -41,6 +41,8 @@ class _Parser(argparse.ArgumentParser):
         from ..cli import _check_model_source
 
         ns = super().parse_args(args, namespace)
+        if ns.model is None and ns.torch is None:
+            self.error("give --torch MODULE:FACTORY, or the path of the .onnx model that an --ncu-csv export profiled")
         _check_model_source(self, ns)
         if not (ns.print_ncu_command or ns.ncu_csv or ns.run or ns.fallback):
             self.error("say what to compare: --print-ncu-command, --ncu-csv FILE, --run, or --fallback torch")
@@ -269,7 +271,8 @@ def run_ncu(args):
 
     ncu = _check_device(args)
     with tempfile.TemporaryDirectory(prefix="flopcount-crosscheck-") as folder:
-        calibration = {args.precision: calibrate(ncu, args.precision, args, folder)}
+        # every precision the step uses: the one asked for, and fp32 (optimizer, loss, and autocast's fp32 ops)
+        calibration = {p: calibrate(ncu, p, args, folder) for p in dict.fromkeys((args.precision, "fp32"))}
         path = os.path.join(folder, "step.csv")
         _profile(ncu, _driver(args, sys.executable), path, args)
         export = read_ncu_csv(path, args.half_packing)
