@@ -66,6 +66,14 @@ def test_raw_page_kernels_and_flops():
     assert k["0"].nvtx.endswith("flopcount/forward > aten::addmm")
 
 
+def test_ncu_messages_between_rows_are_skipped():
+    lines = Path(RAW).read_text().splitlines()
+    lines.insert(5, "==WARNING== Found outstanding GPU clock reset, trying to revert...")
+    lines.append("==PROF== Disconnected from process 4242")
+    export = parse_ncu_csv("\n".join(lines), "step.csv")
+    assert [k.flops for k in export.kernels] == [k.flops for k in read_ncu_csv(RAW).kernels]
+
+
 def test_raw_page_half_packing_single():
     k = flops_by_id(read_ncu_csv(RAW, half_packing="single"))
     assert k["2"].cuda_core == {"half": 1000 + 2000 + 2 * 3000}

@@ -233,11 +233,11 @@ def _reasons(fam: str, analytic: int | None, measured: int | None, facts: frozen
     if analytic == 0:
         if measured == 0:
             return []
-        out = ["work outside the model graph: " + {
-            "optimizer": "the optimizer step (pass --optimizer to count it)",
-            "other": "the loss, AMP gradient scaling and other kernels of the training step",
-        }.get(fam, "kernels the graph does not contain (loss, casts, AMP scaling, data layout)")]
-        return out
+        return [{
+            "optimizer": "work outside the model graph: the optimizer step (pass --optimizer to count it)",
+            "other": "work outside the model graph: the loss, AMP gradient scaling and other kernels of the step",
+        }.get(fam, f"the graph has no {fam} work: these kernels come from outside it (loss, casts, AMP scaling, "
+                   "data layout) or were attributed here by name")]
     ratio = measured / analytic
     if abs(ratio - 1) <= 0.02:
         return []
@@ -417,8 +417,18 @@ def measure_with_profiler(module, inputs: tuple, mode: str = "train") -> Measure
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _g(n: int | None) -> str:
-    return "n/a" if n is None else f"{n / 1e9:,.3f}"
+_UNITS = ((1e12, "TFLOPs"), (1e9, "GFLOPs"), (1e6, "MFLOPs"), (1e3, "kFLOPs"), (1, "FLOPs"))
+
+
+def _unit(largest: int) -> tuple[float, str]:
+    """The largest unit in which ``largest`` is at least 1 (so small models do not print 0.000)."""
+    return next(((scale, name) for scale, name in _UNITS if largest >= scale), (1, "FLOPs"))
+
+
+def _fmt(n: int | None, scale: float) -> str:
+    if n is None:
+        return "n/a"
+    return f"{n:,}" if scale == 1 else f"{n / scale:,.3f}"
 
 
 def render_json(result: Crosscheck) -> str:
@@ -436,11 +446,14 @@ def render_table(result: Crosscheck, kernels: int = 15) -> str:
              + (f", on {src['device']}" if src.get("device") else "")]
     for k, v in src.get("conventions", {}).items():
         lines.append(f"  {k}: {v}")
+    everything = list(result.families.values()) + [result.total]
+    scale, unit = _unit(max([r.analytic_flops or 0 for r in everything] + [r.measured_flops or 0 for r in everything]))
     rows = []
     for fam, r in list(result.families.items()) + [("total", result.total)]:
-        rows.append([fam, _g(r.analytic_flops), _g(r.measured_flops), "n/a" if r.ratio is None else f"{r.ratio:.3f}"])
+        rows.append([fam, _fmt(r.analytic_flops, scale), _fmt(r.measured_flops, scale),
+                     "n/a" if r.ratio is None else f"{r.ratio:.3f}"])
     lines.append("")
-    lines.append(tabulate(rows, headers=["family", "analytic GFLOPs", "measured GFLOPs", "measured/analytic"],
+    lines.append(tabulate(rows, headers=["family", f"analytic {unit}", f"measured {unit}", "measured/analytic"],
                           tablefmt="simple", disable_numparse=True, colalign=("left", "right", "right", "right")))
     notes = [(fam, why) for fam, r in list(result.families.items()) + [("total", result.total)] for why in r.reasons]
     if notes:
@@ -452,7 +465,7 @@ def render_table(result: Crosscheck, kernels: int = 15) -> str:
         lines.append(f"largest kernels ({min(kernels, len(result.kernels))} of {len(result.kernels)}; "
                      "--format json lists all):")
         krows = [[k.name[:70], k.family, "" if k.invocations is None else k.invocations,
-                  _g(k.measured_flops.get("total"))] for k in result.kernels[:kernels]]
-        lines.append(tabulate(krows, headers=["kernel", "family", "launches", "GFLOPs"], tablefmt="simple",
+                  _fmt(k.measured_flops.get("total"), scale)] for k in result.kernels[:kernels]]
+        lines.append(tabulate(krows, headers=["kernel", "family", "launches", unit], tablefmt="simple",
                               disable_numparse=True))
     return "\n".join(lines) + "\n"

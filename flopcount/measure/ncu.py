@@ -265,6 +265,8 @@ def parse_ncu_csv(text: str, path: str = "<ncu export>", half_packing: str = "pa
     lines = text.splitlines()
     start = _find_header(lines, path)
     version = next((m.group(1) for line in lines[:start] if (m := _VERSION.search(line))), None)
+    # ncu's own messages (==PROF==, ==WARNING==) may be interleaved with the rows when --log-file holds both
+    lines = lines[:start + 1] + ["" if line.startswith("==") else line for line in lines[start + 1:]]
     rows = list(csv.reader(io.StringIO("\n".join(lines[start:]))))
     header = [h.strip() for h in rows[0]]
     if "Kernel Name" not in header:
@@ -288,7 +290,7 @@ def _parse_raw(header, rows, path, half_packing, version, offset) -> NcuExport:
     if not rows:
         raise MeasurementError(f"{path}: no kernel rows under the header; did the profiled range launch any kernel?")
     units = rows[0]
-    if units and units[header.index("ID")].strip() == "" and any(u.strip() for u in units):
+    if len(units) == len(header) and units[header.index("ID")].strip() == "" and any(u.strip() for u in units):
         rows = rows[1:]
         line_of_first = offset + 3
     else:  # exported without the unit row
