@@ -1,0 +1,164 @@
+"""The program that ``flopcount crosscheck --print-ncu-command`` (and ``--run``) puts under ncu.
+
+It builds the ``--torch`` module on the GPU, runs ``--warmup`` steps unprofiled (cuDNN and cuBLAS autotuning
+happen there), then brackets exactly one step with ``torch.cuda.profiler.start()``/``stop()``, so that ncu,
+started with ``--profile-from-start off``, profiles that step's kernels only (those autograd launches from its own
+thread included). NVTX ranges name the phase of each kernel (``flopcount/forward``, ``flopcount/loss``,
+``flopcount/backward``, ``flopcount/optimizer``) and, through ``torch.autograd.profiler.emit_nvtx``, the aten
+operator that launched it; ``flopcount crosscheck --ncu-csv`` attributes kernels to families from them.
+
+``--gemm M N K`` profiles one matrix product instead (the calibration: its counters must read 2·M·N·K).
+
+Run it as ``python -m flopcount.measure.ncu_step --torch pkg.mod:factory --input-shape x=32x3x224x224 --mode train``.
+Without CUDA it stops with one line (exit 11).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from ..cli import _input_shape, _positive
+
+    p = argparse.ArgumentParser(prog="python -m flopcount.measure.ncu_step",
+                                description="Run one profiled steady-state step of a PyTorch module on CUDA.")
+    p.add_argument("--torch", metavar="MODULE:FACTORY", help="the module to train (as flopcount --torch)")
+    p.add_argument("--input-shape", metavar="NAME=DIMS", action="append", type=_input_shape, default=[],
+                   help="forward() inputs in order (float32 standard-normal values), e.g. x=32x3x224x224")
+    p.add_argument("--batch", type=_positive, metavar="N", help="set dim 0 of every input")
+    p.add_argument("--mode", choices=("inference", "train"), default="train")
+    p.add_argument("--optimizer", choices=("sgd", "momentum", "adam"),
+                   help="train mode: also run this optimizer's step (default: none, gradients only)")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="fp32 (TF32 off), tf32 (TF32 on for cuBLAS and cuDNN), bf16 or fp16 (autocast)")
+    p.add_argument("--warmup", type=_positive, default=3, metavar="N", help="unprofiled steps first (default 3)")
+    p.add_argument("--gemm", nargs=3, type=_positive, metavar=("M", "N", "K"),
+                   help="instead of a model: profile one M×K by K×N matrix product (calibration)")
+    return p
+
+
+def _setup(torch, precision: str):
+    tf32 = precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cudnn.benchmark = True
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+
+
+def _profiled(torch, fn) -> None:
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    with torch.autograd.profiler.emit_nvtx():
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
+def run_gemm(torch, m: int, n: int, k: int, precision: str) -> None:
+    half = _setup(torch, precision)
+    dtype = half or torch.float32
+    a = torch.randn(m, k, device="cuda", dtype=dtype)
+    b = torch.randn(k, n, device="cuda", dtype=dtype)
+    a @ b  # warm-up: cuBLAS handle and heuristics
+
+    def product():
+        torch.cuda.nvtx.range_push("flopcount/calibration")
+        a @ b
+        torch.cuda.nvtx.range_pop()
+
+    _profiled(torch, product)
+
+
+def _floats(out) -> list:
+    if hasattr(out, "is_floating_point"):
+        return [out] if out.is_floating_point() else []
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in _floats(o)]
+    return []
+
+
+def run_model(torch, args) -> None:
+    from ..frontends.torch import _example_tensors, load_factory
+
+    half = _setup(torch, args.precision)
+    module = load_factory(args.torch).cuda()
+    shapes = [dims if args.batch is None else (args.batch, *dims[1:]) for _, dims in args.input_shape]
+    inputs = _example_tensors(torch, tuple(shapes), torch.device("cuda"))
+    train = args.mode == "train"
+    module.train(train)
+    optimizer = None
+    if train and args.optimizer:
+        params = [p for p in module.parameters() if p.requires_grad]
+        optimizer = {
+            "sgd": lambda: torch.optim.SGD(params, lr=1e-3),
+            "momentum": lambda: torch.optim.SGD(params, lr=1e-3, momentum=0.9),
+            "adam": lambda: torch.optim.Adam(params, lr=1e-3),
+        }[args.optimizer]()
+
+    def step():
+        nvtx = torch.cuda.nvtx
+        with torch.set_grad_enabled(train):
+            nvtx.range_push("flopcount/forward")
+            with torch.autocast("cuda", dtype=half, enabled=half is not None):
+                out = module(*inputs)
+            nvtx.range_pop()
+            if not train:
+                return
+            nvtx.range_push("flopcount/loss")
+            loss = sum(t.float().sum() for t in _floats(out))
+            nvtx.range_pop()
+            nvtx.range_push("flopcount/backward")
+            loss.backward()
+            nvtx.range_pop()
+            if optimizer is not None:
+                nvtx.range_push("flopcount/optimizer")
+                optimizer.step()
+                nvtx.range_pop()
+            module.zero_grad(set_to_none=True)
+
+    for _ in range(args.warmup):
+        step()
+    _profiled(torch, step)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..cli import run_guarded
+    from ..errors import DeviceError, FrontendError, UsageError
+
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    if (args.gemm is None) == (args.torch is None):
+        parser.print_usage(sys.stderr)
+        print("ncu_step: give --torch MODULE:FACTORY with --input-shape, or --gemm M N K", file=sys.stderr)
+        return 2
+
+    def action() -> int:
+        try:
+            import torch
+        except ImportError:
+            raise FrontendError("ncu_step: PyTorch is not installed; install a CUDA build of torch") from None
+        if not torch.cuda.is_available():
+            raise DeviceError("ncu_step: no CUDA device visible to PyTorch (torch.cuda.is_available() is False); "
+                              "run it on a machine with an NVIDIA GPU and a CUDA build of torch")
+        if args.gemm:
+            run_gemm(torch, *args.gemm, args.precision)
+        else:
+            if not args.input_shape:
+                raise UsageError("ncu_step: --torch needs --input-shape NAME=DIMS for each forward() input")
+            run_model(torch, args)
+        return 0
+
+    return run_guarded(action, 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
