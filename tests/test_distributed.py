@@ -156,9 +156,10 @@ BENCH = ["bench", "digits", "--epochs", "12", "--target-quality", "0.9", "--peak
          "2", "--window-steps", "5", "--seed", str(SEED), "--no-progress"]
 
 
-def _check_data_parallel_run(doc: dict, R: int, P: int) -> dict:
-    run = doc["runs"][0]
+def _check_data_parallel_run(doc: dict, R: int, P: int, i: int = 0) -> dict:
+    run = doc["runs"][i]
     assert doc["system"]["ranks"] == R and doc["system"]["nodes"] == 1 and doc["system"]["ranks_per_node"] == R
+    assert doc["system"]["interconnect"]["backend"] == "gloo"
     assert [r["rank"] for r in run["per_rank"]] == list(range(R))
     rates = [r["samples_per_s"] for r in run["per_rank"]]
     assert math.isclose(run["samples_per_s"]["total"], sum(rates))  # total = sum of the ranks' figures
@@ -173,7 +174,7 @@ def _check_data_parallel_run(doc: dict, R: int, P: int) -> dict:
         assert comm["bytes_per_step"] == GRADIENT_BYTES  # measured: the gradient buckets DDP all-reduces
         assert comm["bytes_per_step_ring"] == GRADIENT_BYTES * 2 * (P - 1) / P  # closed form of a ring
         assert comm["hooked_steps"] == run["steps"]
-        assert math.isclose(comm["coi"], C * run["samples"] / run["steps"] / GRADIENT_BYTES)
+        assert math.isclose(comm["coi"], C * run["samples"] / (run["steps"] * GRADIENT_BYTES))  # FLOPs per byte
     assert run["quality"] >= 0.9 and run["time_to_quality_s"] is not None  # the target was reached
     return run
 
@@ -189,12 +190,18 @@ def test_data_parallel_digits_on_gloo_ranks(tmp_path, R):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("M, P", [(2, 1), (2, 2)])
-def test_bagging_ensemble_on_gloo_ranks(tmp_path, M, P):
+@pytest.mark.parametrize("M, P, runs", [(2, 1, 2), (2, 2, 1)])
+def test_bagging_ensemble_on_gloo_ranks(tmp_path, M, P, runs):
     out = tmp_path / "e.json"
-    _launch(_bench_rank, M * P, (BENCH + ["--ensemble", str(M), "-o", str(out)],))
+    _launch(_bench_rank, M * P, (BENCH + ["--ensemble", str(M), "--runs", str(runs), "-o", str(out)],))
     doc = json.loads(out.read_text())
-    run = _check_data_parallel_run(doc, M * P, P)
+    assert len(doc["runs"]) == runs
+    for i in range(runs):
+        _check_ensemble_run(doc, i, M, P)
+
+
+def _check_ensemble_run(doc: dict, i: int, M: int, P: int) -> None:
+    run = _check_data_parallel_run(doc, M * P, P, i)
     ens = run["ensemble"]
     assert ens["models"] == M and ens["ranks_per_model"] == P
     assert ens["layout"] == [list(range(m * P, (m + 1) * P)) for m in range(M)]
@@ -205,7 +212,7 @@ def test_bagging_ensemble_on_gloo_ranks(tmp_path, M, P):
         assert math.isclose(base["flops"], sum(rates[r] for r in base["ranks"]) * C)
         # the bootstrap of model m, recomputed from the documented generator: n draws with replacement
         n = 1437
-        unique = np.unique(np.random.default_rng([SEED, m]).integers(0, n, size=n)).size
+        unique = np.unique(np.random.default_rng([SEED + i, m]).integers(0, n, size=n)).size  # run i: seed + i
         assert base["bootstrap"] == [{"samples": n, "unique": unique, "unique_fraction": unique / n}]
         assert 0.58 < unique / n < 0.68  # about 1 - 1/e
         assert len(base["qualities"]) == run["epochs"]
@@ -279,7 +286,7 @@ def test_torchrun_launches_the_bench(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["system"]["ranks"] == 2 and doc["config"]["scale_out"]["launcher"] == "torchrun"
     assert len(doc["runs"][0]["per_rank"]) == 2 and doc["runs"][0]["ensemble"]["models"] == 2
-    assert proc.stdout.count("samples/s") == 1  # only rank 0 prints
+    assert proc.stdout.count("summary over 1 runs") == 1  # only rank 0 prints
 
 
 @pytest.mark.gpu

@@ -6,4 +6,6 @@ It reads the counting :class:`flopcount.Report` and never reaches into counting 
 * :mod:`.devices` which device runs the work and its dense peak per dtype (vendor table, or measured on a CPU)
 * :mod:`.ceilings` measured GEMM (and other) ceilings of this machine
 * :mod:`.system` the system under test, for reports
+* :mod:`.distributed` torchrun/srun process groups, DDP with measured gradient communication, sharded epochs
+* :mod:`.ensemble` HPC AI500 V3.0 bagging ensembles: M base models x P ranks, bootstrap samples, averaged predictions
 """

@@ -127,11 +127,15 @@ def init(device: str = "cpu", backend: str | None = None) -> Ranks:
             raise DeviceError(f"--device {device}: torch sees no CUDA device on this rank (LOCAL_RANK={local}); "
                               "use --device cpu (gloo)")
         count = torch.cuda.device_count()
-        if local >= count:
-            raise DeviceError(f"LOCAL_RANK={local} but this node has {count} CUDA device(s) visible: launch at most "
-                              f"{count} ranks per node (torchrun --nproc_per_node, srun --ntasks-per-node)")
-        dev = f"cuda:{local}"
-        torch.cuda.set_device(local)
+        if count == 1:
+            index = 0  # the launcher bound one GPU to this rank (srun --gpus-per-task=1, CUDA_VISIBLE_DEVICES)
+        elif local < count:
+            index = local
+        else:
+            raise DeviceError(f"LOCAL_RANK={local} but this rank sees {count} CUDA devices: launch at most {count} "
+                              "ranks per node (torchrun --nproc_per_node, srun --ntasks-per-node)")
+        dev = f"cuda:{index}"
+        torch.cuda.set_device(index)
     if not dist.is_initialized():
         backend = backend or ("nccl" if cuda else "gloo")
         kw: dict[str, Any] = {"device_id": torch.device(dev)} if cuda else {}
@@ -210,7 +214,8 @@ class CommCounter:
         samples_per_step = samples / steps if steps else None
         flops_per_step = (flops_per_sample * samples_per_step
                           if flops_per_sample is not None and samples_per_step is not None else None)
-        coi = flops_per_step / measured if flops_per_step is not None and measured else None
+        # over the whole run (steps under no_sync() accumulate gradients without an all-reduce)
+        coi = flops_per_sample * samples / self.bytes if flops_per_sample is not None and self.bytes else None
         coi_ring = flops_per_step / ring if flops_per_step is not None and ring else None
         if coi is None:
             unavailable["coi"] = ("no bytes communicated (one rank per model)" if measured == 0 else
@@ -224,13 +229,14 @@ class CommCounter:
             "gradient_bytes": self.gradient_bytes,
             "buckets_per_step": self.buckets / self.steps if self.steps else None,
             "hooked_steps": self.steps,
-            "bytes_per_sample": measured / samples_per_step if measured is not None and samples_per_step else None,
+            "bytes_per_sample": (self.bytes / samples if R > 1 and samples else 0.0 if R <= 1 else None),
             "flops_per_step": flops_per_step,
             "coi": coi, "coi_ring": coi_ring,
             "how": {"bytes_per_step": how,
                     "bytes_per_step_ring": f"closed form: 2 x (R - 1) / R x gradient bytes, R = {R} ranks per model",
-                    "coi": "training FLOPs of one rank's step (C x samples per step) / bytes_per_step; coi_ring: "
-                           "the same over bytes_per_step_ring"},
+                    "coi": "this rank's training FLOPs (C x samples) / the bytes it all-reduced, over the run (= "
+                           "flops_per_step / bytes_per_step when every step all-reduces); coi_ring: flops_per_step / "
+                           "bytes_per_step_ring"},
             "unavailable": unavailable,
         }
 
@@ -268,6 +274,7 @@ class DataParallel:
         self.model_ranks: tuple[int, ...] = tuple(range(self.world_size))
         self.counter: CommCounter | None = None
         self.base_qualities: list[float] = []
+        self._bootstrap: dict[tuple[int, int], Any] = {}
 
     @property
     def ranks_per_model(self) -> int:
@@ -286,7 +293,7 @@ class DataParallel:
         """``model`` in DistributedDataParallel over the model's ranks, with the counting hook; ``model`` itself
         when the model has one rank. ``self.counter`` holds the counts either way."""
         backend = self._dist.get_backend() if self._dist else None
-        self.base_qualities = []  # a new run
+        self.base_qualities, self._bootstrap = [], {}  # a new run
         self.counter = CommCounter(self.group, self.ranks_per_model, gradient_bytes(model), backend)
         if self.ranks_per_model <= 1:
             return model

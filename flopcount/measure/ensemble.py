@@ -74,7 +74,6 @@ class Ensemble(DataParallel):
                 group = dist.new_group(list(ranks)) if models > 1 else None
                 if self.rank in ranks:
                     self.group, self.model_index, self.model_ranks = group, m, ranks
-        self._bootstrap: dict[tuple[int, int], Any] = {}
 
     def seed(self, seed: int) -> int:
         """The initialisation seed of this rank's base model (distinct per model, the same on its ranks)."""
