@@ -8,4 +8,6 @@ It reads the counting :class:`flopcount.Report` and never reaches into counting 
 * :mod:`.profile` per-node time and FLOP/s of an ONNX model through onnxruntime's profiler
 * :mod:`.roofline` the HPC-AI and per-operator rooflines and their plots
 * :mod:`.system` the system under test, for reports
+* :mod:`.distributed` torchrun/srun process groups, DDP with measured gradient communication, sharded epochs
+* :mod:`.ensemble` HPC AI500 V3.0 bagging ensembles: M base models x P ranks, bootstrap samples, averaged predictions
 """

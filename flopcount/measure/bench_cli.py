@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--channels-last", action="store_true", help="channels-last memory format")
     p.add_argument("--mllog", metavar="FILE", help="also write MLPerf-style :::MLLOG lines (one file per run: "
                    "FILE, or FILE with .runN before its suffix when --runs > 1)")
+    p.add_argument("--ensemble", type=_positive_int, default=1, metavar="M",
+                   help="digits under torchrun/srun: train M base models (HPC AI500 V3.0 bagging), each on its own "
+                   "bootstrap sample and its own P = ranks / M ranks; the report scores their averaged prediction")
     p.add_argument("--format", choices=("table", "json"), default="table",
                    help="stdout format (default: table); -o always writes JSON")
     p.add_argument("-o", "--output", metavar="FILE", help="write the JSON report to FILE")
@@ -128,14 +131,28 @@ def mllog_path(path: str, run: int, runs: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    module, cfg = config_from_args(args)
+    torch = module.torch_or_error()
+    # scale-out: under torchrun or srun, join the process group; each rank takes its node's GPU LOCAL_RANK
+    from . import distributed, ensemble
+
+    ranks = distributed.init(cfg.device)
+    try:
+        parallel = ensemble.for_bench(cfg.workload, args.ensemble, ranks.world_size)
+        if parallel is not None:
+            cfg = cfg.replace(device=ranks.device)
+        return _run(args, module, cfg, torch, parallel, ranks)
+    finally:
+        distributed.finish(ranks)
+
+
+def _run(args: argparse.Namespace, module, cfg, torch, parallel, ranks) -> int:
     from flopcount.cli import write_output
 
     from .result import bench_report, dumps
     from .render import report_table
     from .system import describe_system
 
-    module, cfg = config_from_args(args)
-    torch = module.torch_or_error()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     log.info("counting the %s model's training FLOPs", cfg.workload)
@@ -156,7 +173,8 @@ def run(args: argparse.Namespace) -> int:
                                ("seed", cfg.seed + i), ("opt_name", cfg.optimizer), ("opt_base_learning_rate", cfg.lr)):
                 writer.log(key, value)
             writer.log("init_stop", None, "INTERVAL_END")
-        meter = module.train(cfg, report, run=i, listeners=[writer.on_event] if writer else None, show_progress=show)
+        meter = module.train(cfg, report, run=i, listeners=[writer.on_event] if writer else None, show_progress=show,
+                             parallel=parallel)
         if device is None:
             device = meter.device()
         result = meter.result(device=device)
@@ -175,6 +193,9 @@ def run(args: argparse.Namespace) -> int:
                           "optimizer": report.optimizer[0] if report.optimizer else None,
                           "loss": "not counted (outside the model graph)"}
     config["runs"] = args.runs
+    config["scale_out"] = {"launcher": ranks.launcher, "backend": ranks.backend, "ranks": ranks.world_size,
+                           "models": args.ensemble, "ranks_per_model": ranks.world_size // args.ensemble,
+                           "batch_size": "per rank"}
     doc = bench_report(meters, describe_system(device), config)
     if is_writer():
         if args.output:

@@ -186,7 +186,10 @@ class Meter:
         self._autocast_checks = 0
         self._result: RunResult | None = None
         self._listeners: list[Callable[[str, Mapping[str, Any]], None]] = []
-        self.communication: Mapping[str, Any] | None = None
+        # Scale-out figures (flopcount.measure.distributed / .ensemble): a mapping, or an object whose figures()
+        # the result calls once (a CommCounter; an Ensemble, which gathers its base models' qualities).
+        self.communication: Any = None
+        self.ensemble: Any = None
 
     # -- the loop -------------------------------------------------------------------------------------------
 
@@ -513,6 +516,12 @@ class Meter:
         wall = (self._t_end - self._t0) if self._t0 is not None and self._t_end is not None else None
         if wall is None:
             unavailable["wall_s"] = "no step ran"
+        communication, ensemble = self.communication, self.ensemble
+        if hasattr(communication, "figures"):
+            communication = communication.figures(C, self.samples, self.steps)
+        if hasattr(ensemble, "figures"):
+            batch = report.batch if report is not None else (self.samples / self.steps if self.steps else None)
+            ensemble = ensemble.figures({"per_rank": per_rank, "flops_per_sample": C, "batch": batch, "quality": q})
         self._result = RunResult(
             samples=self.samples, steps=self.steps, timed_samples=timed_samples, timed_steps=timed_steps,
             wall_s=wall, step_time_s=local["step_time_s"], samples_per_s=samples_per_s, flops_per_sample=C,
@@ -521,7 +530,7 @@ class Meter:
             quality_exponent=self.quality_exponent, vflops=vflops, time_to_quality_s=ttq, energy_j=energy_j,
             power_w=power_w, flops_per_watt=fpw, vflops_per_watt=vfpw, epochs=len(self._epochs),
             flops_epoch_form=epoch_form, optimizer_flops_per_step=optimizer_flops,
-            per_rank=tuple(per_rank) if ranks > 1 else (), communication=self.communication,
+            per_rank=tuple(per_rank) if ranks > 1 else (), communication=communication, ensemble=ensemble,
             qualities=tuple(self._qualities), unavailable=dict(sorted(unavailable.items())), how=how)
         return self._result
 

@@ -54,6 +54,26 @@ def run_rows(run: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("FLOPS per watt", si(run["flops_per_watt"], "FLOP/s/W")),
         ("VFLOPS per watt", si(run["vflops_per_watt"], "FLOP/s/W")),
     ]
+    return rows + scale_out_rows(run)
+
+
+def scale_out_rows(run: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Rows of a run on several ranks: the slowest rank, the gradient all-reduce and the ensemble."""
+    rows = []
+    sps = run["samples_per_s"]
+    if sps.get("slowest_rank") is not None:
+        rows.append(("slowest rank, imbalance", f"{si(sps['slowest_rank'])} samples/s, "
+                     + ("n/a" if sps.get("imbalance") is None else f"{sps['imbalance']:.1%}")))
+    comm = run.get("communication")
+    if comm:
+        rows += [("all-reduce bytes per step (measured)", si(comm["bytes_per_step"], "B")),
+                 ("ring all-reduce bytes sent per step", si(comm["bytes_per_step_ring"], "B")),
+                 ("COI (FLOPs per byte all-reduced)", _num(comm["coi"]))]
+    ens = run.get("ensemble")
+    if ens:
+        rows += [("ensemble", f"{ens['models']} base models x {ens['ranks_per_model']} rank(s)"),
+                 ("base models' quality", ", ".join(_num(b["quality"]) for b in ens["base_models"])),
+                 ("APC (FLOPs per iteration)", si(ens["apc"], "FLOP"))]
     return rows
 
 
@@ -86,6 +106,9 @@ def report_table(doc: Mapping[str, Any]) -> str:
         srows.append([k, "n/a" if mean is None else f"{mean:.6g}", "n/a" if var is None else f"{var:.2%}"])
     out.append(tabulate(srows, headers=["score", "mean", "variation"], disable_numparse=True))
     first = runs[0] if runs else None
+    if first is not None and scale_out_rows(first):
+        out += ["", f"run 0 on {first['ranks']} ranks:",
+                tabulate(scale_out_rows(first), tablefmt="simple", disable_numparse=True)]
     if first is not None:
         out.append("")
         out.append(f"peak: {first['peak_source']}")

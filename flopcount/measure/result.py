@@ -68,7 +68,8 @@ class RunResult:
     flops_epoch_form: float | None  # HPC AI500 V3.0: (iterations per epoch × APC) / T_epoch
     optimizer_flops_per_step: float | None
     per_rank: tuple[Mapping[str, Any], ...] = ()
-    communication: Mapping[str, Any] | None = None
+    communication: Mapping[str, Any] | None = None  # gradient all-reduce: bytes per step (measured, ring), COI
+    ensemble: Mapping[str, Any] | None = None  # bagging: base models, layout, bootstrap, APC, FLOPS sum
     qualities: tuple[Mapping[str, Any], ...] = ()  # every quality() call: {t_s, value, epoch, samples}
     unavailable: Mapping[str, str] = field(default_factory=dict)
     how: Mapping[str, str] = field(default_factory=dict)

@@ -74,9 +74,13 @@ def topology() -> dict[str, object]:
 
 
 def interconnect() -> dict[str, object] | None:
-    """What can be read of the links between ranks: the NCCL/gloo socket interface and InfiniBand devices."""
+    """What can be read of the links between ranks: the torch.distributed backend, the NCCL/gloo socket interface
+    and InfiniBand devices with their port rates."""
     out: dict[str, object] = {}
-    for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA"):
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        out["backend"] = dist.get_backend()
+    for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_IB_HCA", "NCCL_NET"):
         if os.environ.get(var):
             out[var] = os.environ[var]
     try:
@@ -85,6 +89,15 @@ def interconnect() -> dict[str, object] | None:
         ib = []
     if ib:
         out["infiniband"] = ib
+        rates = {}
+        for dev in ib:
+            try:
+                with open(f"/sys/class/infiniband/{dev}/ports/1/rate", encoding="ascii") as f:
+                    rates[dev] = f.read().strip()  # e.g. "400 Gb/sec (4X NDR)"
+            except OSError:
+                pass
+        if rates:
+            out["infiniband_rate"] = rates
     return out or None
 
 

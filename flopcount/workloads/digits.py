@@ -64,31 +64,45 @@ def count(cfg: Config):
                       optimizer=counting_optimizer(cfg))
 
 
-def accuracy(model, x, y, batch: int = 512) -> float:
+def probabilities(model, x, batch: int = 512):
+    """The model's class probabilities (softmax) on ``x``, in evaluation mode."""
     torch = torch_or_error()
     model.eval()
-    correct = 0
     with torch.no_grad():
-        for i in range(0, len(x), batch):
-            correct += (model(x[i:i + batch]).argmax(1) == y[i:i + batch]).sum().item()
+        out = torch.cat([model(x[i:i + batch]).softmax(1) for i in range(0, len(x), batch)])
     model.train()
-    return correct / len(x)
+    return out
+
+
+def accuracy(model, x, y, batch: int = 512) -> float:
+    return (probabilities(model, x, batch).argmax(1) == y).sum().item() / len(x)
 
 
 def train(cfg: Config, report, run: int = 0, listeners: list[Callable] | None = None, show_progress: bool = True,
-          device_description=None, data=None, sampler=None, meter_kw=None):
+          device_description=None, data=None, sampler=None, meter_kw=None, parallel=None):
     """Train once (seed ``cfg.seed + run``) under a meter; return the meter (its result is formed by the caller).
 
     ``data`` replaces the bundled split (tests, ensembles), ``sampler(epoch) -> index tensor`` replaces the seeded
-    shuffle of the training set (bootstrap samples of an ensemble)."""
+    shuffle of the training set (bootstrap samples of an ensemble). ``parallel`` (a
+    :class:`flopcount.measure.distributed.DataParallel` or :class:`flopcount.measure.ensemble.Ensemble`) trains
+    data-parallel under torch.distributed: DDP over the model's ranks, each rank a shard of each epoch (of the
+    model's bootstrap sample in an ensemble), the test accuracy of the models' averaged predictions, the same on
+    every rank, deciding when to stop."""
     torch = torch_or_error()
     device = torch_device(cfg)
     seed_everything(cfg.seed + run)
     xtr, ytr, xte, yte = data if data is not None else load_data(device)
-    model = build_model(cfg).to(device)
+    if parallel is not None:
+        torch.manual_seed(parallel.seed(cfg.seed + run))
+    net = build_model(cfg).to(device)
+    model = parallel.wrap(net) if parallel is not None else net
+    if parallel is not None and sampler is None:
+        sampler = parallel.sampler(len(xtr), cfg.seed + run)
     opt = optimizer(cfg, model.parameters())
     loss_fn = torch.nn.CrossEntropyLoss()
     meter = make_meter(cfg, report, listeners, **(meter_kw or {}))
+    if parallel is not None:
+        meter.communication, meter.ensemble = parallel.counter, parallel
     gen = torch.Generator().manual_seed(cfg.seed + run)
     steps_per_epoch = -(-len(xtr) // cfg.batch_size)
     bar = progress(steps_per_epoch * cfg.max_epochs, f"digits run {run}", show_progress)
@@ -107,12 +121,15 @@ def train(cfg: Config, report, run: int = 0, listeners: list[Callable] | None = 
                 loss.backward()
                 opt.step()
             bar.update()
-        acc = accuracy(model, xte, yte)
+        if parallel is None:
+            acc = accuracy(net, xte, yte)
+        else:
+            acc = parallel.evaluate(probabilities(net, xte), yte)[1]
         meter.quality(acc, epoch=epoch)
         bar.set_postfix_str(f"epoch {epoch} accuracy {acc:.4f}")
         if meter.reached():
             break
     bar.close()
     meter.stop()
-    meter.model = model
+    meter.model = net
     return meter

@@ -67,8 +67,9 @@ def _detection_loss(torch, outputs, targets):
 
 
 def train(cfg: Config, report, run: int = 0, listeners: list[Callable] | None = None, show_progress: bool = True,
-          meter_kw=None):
-    """Train ``cfg.steps`` steps on one synthetic batch under a meter; return the meter."""
+          meter_kw=None, parallel=None):
+    """Train ``cfg.steps`` steps on one synthetic batch under a meter; return the meter. ``parallel`` (a
+    :class:`flopcount.measure.distributed.DataParallel`) replicates the model with DDP over the ranks."""
     torch = torch_or_error()
     device = torch_device(cfg)
     seed_everything(cfg.seed + run)
@@ -88,9 +89,13 @@ def train(cfg: Config, report, run: int = 0, listeners: list[Callable] | None = 
     else:
         labels = torch.randint(0, 1000, (cfg.batch_size,), device=device)
         loss_of = lambda out: _classification_loss(torch, out, labels)  # noqa: E731
+    if parallel is not None:
+        model = parallel.wrap(model)
     opt = optimizer(cfg, model.parameters())
     scaler = grad_scaler(cfg)
     meter = make_meter(cfg, report, listeners, **(meter_kw or {}))
+    if parallel is not None:
+        meter.communication = parallel.counter
     bar = progress(cfg.steps, f"{cfg.workload} run {run}", show_progress)
     meter.start()
     for _ in range(cfg.steps):
