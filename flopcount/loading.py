@@ -59,6 +59,7 @@ def load(source: str | os.PathLike | ModelProto | bytes) -> LoadedModel:
         model = _parse(_read(path), path)
         strip_weight_data(model)
     _check_is_model(model, path or "<model>")
+    _check_text(model, path or "<model>")
     check_opsets(model, path or "<model>")
     if model.functions:
         model = _inline_functions(model, path or "<model>")
@@ -128,6 +129,25 @@ def _check_is_model(model: ModelProto, where: str) -> None:
         what = "an empty model" if model.ByteSize() == 0 else "a protobuf message, not an ONNX model"
         raise ModelFileError(
             f"{where}: this is {what} (no graph or no opset_import); give an .onnx ModelProto file"
+        )
+
+
+def _check_text(model: ModelProto, where: str) -> None:
+    """The model's names that reports show are valid UTF-8 (protobuf hands over bytes where they
+    are not); node fields are checked with the graph (:mod:`flopcount.validate`)."""
+    g = model.graph
+    texts = [model.producer_name, model.producer_version, model.domain, g.name,
+             *(i.domain for i in model.opset_import), *(t.name for t in g.initializer)]
+    for vi in (*g.input, *g.output):
+        texts.append(vi.name)
+        if vi.type.HasField("tensor_type"):
+            texts.extend(d.dim_param for d in vi.type.tensor_type.shape.dim)
+    if any(isinstance(t, bytes) for t in texts):
+        from .errors import InvalidGraphError
+
+        raise InvalidGraphError(
+            f"{where}: a name in the model (graph, producer, input, output, initializer or dim name) is not valid "
+            "UTF-8; the file is corrupt: re-export it"
         )
 
 

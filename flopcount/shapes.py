@@ -331,6 +331,7 @@ def _bad_dims_error(t: TensorInfo, tensors: Mapping[str, TensorInfo], model: Mod
 
 
 _WINDOW_ATTRIBUTES = ("kernel_shape", "strides", "dilations", "pads")
+SEARCH_MAX_NODES = 20_000  # larger graphs get no smallest-input search (a few dozen inferences)
 _WINDOW_OPS = frozenset({"Conv", "ConvInteger", "QLinearConv", "MaxPool", "AveragePool", "LpPool", "DeformConv"})
 
 
@@ -351,7 +352,7 @@ def _smallest_input(model: ModelProto, where: str, limit: int = 2**16) -> str:
     which inference gives no negative dim, when the model has one static input of rank >= 3 and
     such a size up to ``limit`` exists; else ""."""
     inputs = real_inputs(model.graph)
-    if len(inputs) != 1:
+    if len(inputs) != 1 or len(model.graph.node) > SEARCH_MAX_NODES:
         return ""
     vi = next(v for v in model.graph.input if v.name == inputs[0])
     declared = _declared_shape(vi)

@@ -174,6 +174,7 @@ INVALID = [
     pytest.param(with_opset(-3), [], 4, ["imports opset -3"], id="opset-negative"),
     # bytes that are not UTF-8
     pytest.param(bad_utf8(b"Relu"), [], 4, ["not valid UTF-8"], id="op-type-not-utf8"),
+    pytest.param(bad_utf8(b"test"), [], 4, ["not valid UTF-8"], id="graph-name-not-utf8"),
     # arguments out of range: usage errors
     pytest.param(single("Relu", {"x": (2, 3)}), ["--input-shape", "x=9223372036854775808x3"], 2, ["2**48"], id="input-shape-beyond-int64"),
     pytest.param(single("Relu", {"x": (2, 3)}), ["--batch", str(10**30)], 2, ["2**48"], id="batch-10-to-the-30"),
