@@ -69,7 +69,7 @@ log = logging.getLogger(__name__)
 
 FRONTEND = "torch"
 INSTALL_HINT = "pip install 'flopcount[torch]'"
-_CACHE_FORMAT = 1  # bump when the export pipeline changes what it writes
+_CACHE_FORMAT = 2  # bump when the export pipeline changes what it writes
 #: Seconds an export runs before the progress indicator appears.
 _PROGRESS_DELAY_S = 1.0
 #: Loggers of the exporters, quieted while they run unless flopcount's own logging is at DEBUG.
@@ -308,7 +308,7 @@ def _export(module, inputs: tuple, names: list[str], training: bool, opset: int)
     model = None
     try:
         module.train(training)
-        with torch.no_grad(), _quiet_exporters():
+        with torch.no_grad(), _quiet_exporters(), _deduplicate_by_identity_only(torch):
             for name, attempt in attempts:
                 try:
                     model = attempt()
@@ -359,6 +359,30 @@ def _torchscript(torch, module, inputs, names, opset, training: bool, dynamic_ba
         dynamic_axes={name: {0: "batch"} for name in names} if dynamic_batch else None,
     )
     return onnx.load_from_string(buffer.getvalue())
+
+
+@contextlib.contextmanager
+def _deduplicate_by_identity_only(torch):
+    """Keep the TorchScript exporter from merging parameters whose values happen to be equal.
+
+    In eval mode it replaces an initializer by another one with the same contents (two freshly initialised
+    BatchNorm scales, two zero biases), so the parameter count would depend on weight values. Its pass takes an
+    ``is_train`` flag that limits the merge to tensors that are the same storage (tied weights); it is forced here.
+    """
+    name = "_jit_pass_onnx_deduplicate_initializers"
+    original = getattr(torch._C, name, None)
+    if original is None:
+        yield
+        return
+
+    def by_identity(graph, params, is_train):
+        return original(graph, params, True)
+
+    setattr(torch._C, name, by_identity)
+    try:
+        yield
+    finally:
+        setattr(torch._C, name, original)
 
 
 def _mark_batch_norm_training(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -262,20 +262,48 @@ def _export_dynamo(
         verbose=False,
     )
     model = program.model
-    onnxscript.optimizer.fold_constants(model)
-    model = onnxscript.rewriter.rewrite(
-        model,
-        pattern_rewrite_rules=[
-            # aten.conv2d(bias=None) is exported as Conv with a zero bias built by Expand; drop it again.
-            remove_optional_bias_from_conv_rule,
-            # torch.flatten(x, 1) becomes Reshape(x, Concat(Shape(x)[0], [C])); make that Reshape(x, [-1, C]).
-            materialize_reshape_shape_rule,
-        ],
-    )
+    with _weights_opaque(model):
+        onnxscript.optimizer.fold_constants(model)
+        model = onnxscript.rewriter.rewrite(
+            model,
+            pattern_rewrite_rules=[
+                # aten.conv2d(bias=None) is exported as Conv with a zero bias built by Expand; drop it again.
+                # Real biases are opaque here (see _weights_opaque), so a bias that is zero is never removed.
+                remove_optional_bias_from_conv_rule,
+                # torch.flatten(x, 1) becomes Reshape(x, Concat(Shape(x)[0], [C])); make that Reshape(x, [-1, C]).
+                materialize_reshape_shape_rule,
+            ],
+        )
     onnxscript.optimizer.remove_unused_nodes(model)
     # Shape constants (the Reshape target, ReduceMean axes) as initializers rather than Constant nodes.
     LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
     return serde.serialize_model(model)
+
+
+class _weights_opaque:
+    """Hide the values of the floating-point initializers torch.export made (parameters, buffers, lifted tensor
+    constants) from onnxscript's optimiser while the context runs, so that nothing it does depends on weight values.
+
+    Its rules read initializer values: ``remove_optional_bias_from_conv_rule`` deletes any Conv bias that is all
+    zeros, meant for the zero bias the exporter builds for ``bias=None`` but also hitting real biases that are
+    initialised to zero (Hugging Face does so), and constant folding would compute weight-derived values
+    (``w / w.norm()``) once instead of at every step. Integer initializers (indices, shapes) stay visible.
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.hidden = [
+            (value, value.const_value)
+            for value in model.graph.initializers.values()
+            if value.const_value is not None and value.dtype is not None and value.dtype.is_floating_point()
+        ]
+
+    def __enter__(self) -> None:
+        for value, _ in self.hidden:
+            value.const_value = None
+
+    def __exit__(self, *exc: object) -> None:
+        for value, tensor in self.hidden:
+            value.const_value = tensor
 
 
 def _export_torchscript(
