@@ -277,12 +277,33 @@ def _export_dynamo(
     onnxscript.optimizer.remove_unused_nodes(model)
     # Shape constants (the Reshape target, ReduceMean axes) as initializers rather than Constant nodes.
     LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
+    _reference_meta_tensors(model, f"{type(module).__name__}.weights")
     return serde.serialize_model(model)
+
+
+def _is_meta(tensor: Any) -> bool:
+    """An onnx_ir tensor wrapping a torch tensor on the meta device (shape and type, no data)."""
+    return bool(getattr(getattr(tensor, "raw", None), "is_meta", False))
+
+
+def _reference_meta_tensors(model: Any, location: str) -> None:
+    """Make every initializer that is a meta-device tensor an external-data reference to ``location`` (a file never
+    written), as :func:`make_weightless` does for large ones: a module built on the meta device has no data to
+    serialise."""
+    import onnx_ir as ir
+
+    for value in model.graph.initializers.values():
+        tensor = value.const_value
+        if tensor is not None and _is_meta(tensor):
+            value.const_value = ir.ExternalTensor(
+                location, 0, tensor.nbytes, tensor.dtype, shape=tensor.shape, name=value.name
+            )
 
 
 class _weights_opaque:
     """Hide the values of the floating-point initializers torch.export made (parameters, buffers, lifted tensor
-    constants) from onnxscript's optimiser while the context runs, so that nothing it does depends on weight values.
+    constants) from onnxscript's optimiser while the context runs, so that nothing it does depends on weight values
+    (and nothing tries to compute with the data-less tensors of a module on the meta device).
 
     Its rules read initializer values: ``remove_optional_bias_from_conv_rule`` deletes any Conv bias that is all
     zeros, meant for the zero bias the exporter builds for ``bias=None`` but also hitting real biases that are
@@ -294,7 +315,8 @@ class _weights_opaque:
         self.hidden = [
             (value, value.const_value)
             for value in model.graph.initializers.values()
-            if value.const_value is not None and value.dtype is not None and value.dtype.is_floating_point()
+            if value.const_value is not None
+            and ((value.dtype is not None and value.dtype.is_floating_point()) or _is_meta(value.const_value))
         ]
 
     def __enter__(self) -> None:
