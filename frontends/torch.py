@@ -158,13 +158,12 @@ def from_torch(
         call = call.with_tensors(tuple(x[:1].expand(batch, *x.shape[1:]) for x in call.tensors))
     trained = _trainable_inputs(call, trainable_inputs)
     model = _to_onnx(torch, module, call, training=training, opset=opset, cache_dir=cache_dir)
-    if trained:
-        if "trainable_inputs" not in parameters:
-            log.info("this flopcount cannot train graph inputs; %s counted as data", ", ".join(trained))
-        elif count_kwargs.get("mode") == "train":
+    if trained and (trainable_inputs or count_kwargs.get("mode") == "train"):
+        # inputs named by trainable_inputs need mode="train" (count says so); requires_grad alone is ignored otherwise
+        if "trainable_inputs" in parameters:
             count_kwargs["trainable_inputs"] = trained
-        elif trainable_inputs:
-            log.info("trainable inputs (%s) matter only with mode='train'", ", ".join(trained))
+        else:  # a flopcount whose count() takes no trainable_inputs
+            log.info("this flopcount cannot train graph inputs; %s counted as data", ", ".join(trained))
     return count(model, **count_kwargs)
 
 
@@ -291,7 +290,11 @@ def _forward_parameters(module) -> tuple[list[inspect.Parameter] | None, str]:
         signature = inspect.signature(module.forward)
     except (TypeError, ValueError):
         return None, "forward(...)"
-    return list(signature.parameters.values()), f"forward{signature}"
+    bare = signature.replace(
+        parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
+        return_annotation=signature.empty,
+    )
+    return list(signature.parameters.values()), f"forward{bare}"
 
 
 def _bind(torch, module, example_inputs: Any, input_names: Sequence[str] | None, device: Any) -> _Call:
@@ -561,7 +564,10 @@ def _misfit(module, call: _Call) -> str | None:
     try:
         module(*args, **kwargs)
     except Exception as e:  # noqa: BLE001 - any failure of the user's forward is the answer
-        return f"{type(e).__name__}: {common.first_text_line(e)}"
+        line = common.first_text_line(e)
+        if "meta tensor" in line:  # forward reads values (.item()), which the meta device cannot give: no verdict
+            return None
+        return f"{type(e).__name__}: {line}"
     return None
 
 

@@ -370,10 +370,10 @@ def factories(tmp_path, monkeypatch):
 
 
 def test_cli_torch(cache, factories, capsys):
-    assert main(["--torch", f"{factories}:cnn", "--input-shape", f"x={N}x{C_IN}x{H}x{W}", "--format", "json"]) == 0
+    assert main(["--torch", f"{factories}:cnn", "--input-shape", f"input={N}x{C_IN}x{H}x{W}", "--format", "json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["total"]["flops"] == cnn_flops()
-    assert [i["name"] for i in report["model"]["inputs"]] == ["x"]
+    assert [i["name"] for i in report["model"]["inputs"]] == ["input"]  # nn.Sequential.forward(input)
     assert report["model"]["inputs"][0]["shape"] == [N, C_IN, H, W]
 
 

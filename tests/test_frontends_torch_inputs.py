@@ -93,3 +93,270 @@ def test_tied_weights_are_one_parameter(cache):
 
 def report_params(module) -> int:
     return from_torch(module, ((2, 4), (3, 4))).params
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The export cache covers what forward() reads
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def exports(monkeypatch):
+    """Counts the real exports (cache misses)."""
+    calls = []
+    real = frontend._export
+
+    def counting(module, inputs, *args):
+        calls.append(tuple(tuple(x.shape) for x in inputs))
+        return real(module, inputs, *args)
+
+    monkeypatch.setattr(frontend, "_export", counting)
+    return calls
+
+
+class Settings:
+    """A configuration object, as Hugging Face models hold one (attributes read by forward, some private)."""
+
+    def __init__(self):
+        self.activation = "relu"
+        self._scale_output = False
+
+
+class Configured(nn.Module):
+    """Linear(5→7), then ReLU or nothing, then ×2 or nothing, as ``self.settings`` says."""
+
+    def __init__(self):
+        super().__init__()
+        self.settings = Settings()
+        self.fc = nn.Linear(5, 7)
+
+    def forward(self, x):
+        y = self.fc(x)
+        if self.settings.activation == "relu":
+            y = torch.relu(y)
+        return y * 2 if self.settings._scale_output else y
+
+
+LINEAR = 2 * N * 5 * 7 + N * 7  # products + bias
+ELEMENTS = N * 7
+
+
+def test_a_changed_configuration_is_a_new_export(cache, exports):
+    module = Configured()
+    assert from_torch(module, (N, 5)).total.flops == LINEAR + ELEMENTS  # + ReLU
+    module.settings.activation = "none"
+    assert from_torch(module, (N, 5)).total.flops == LINEAR
+    module.settings._scale_output = True  # a private attribute (as set_attn_implementation sets one)
+    assert from_torch(module, (N, 5)).total.flops == LINEAR + ELEMENTS  # + Mul
+    assert len(exports) == 3
+    module.settings.activation, module.settings._scale_output = "relu", False
+    assert from_torch(module, (N, 5)).total.flops == LINEAR + ELEMENTS
+    assert len(exports) == 3  # the first export, from the cache
+
+
+def test_a_forward_hook_is_part_of_the_key(cache, exports):
+    module = Configured()
+    from_torch(module, (N, 5))
+    module.fc.register_forward_hook(lambda mod, args, out: out * 3)
+    assert from_torch(module, (N, 5)).total.flops == LINEAR + 2 * ELEMENTS  # + the hook's Mul
+    assert len(exports) == 2
+
+
+def test_state_that_cannot_be_described_is_not_cached(cache, exports, caplog):
+    import threading
+
+    module = Configured()
+    module.lock = threading.Lock()  # no __dict__: nothing says what forward could read from it
+    with caplog.at_level("INFO", logger=frontend.__name__):
+        for _ in range(2):
+            from_torch(module, (N, 5))
+    assert len(exports) == 2 and not list(cache.glob("torch-*.onnx"))
+    assert "not cached: cannot describe a _thread.lock" in caplog.text
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Inputs: dtypes, keywords, constants
+# ---------------------------------------------------------------------------------------------------------------
+
+VOCAB, D, S, OUT = 97, 16, 11, 5
+
+
+class Tagger(nn.Module):
+    """Embedding(97, 16) → Linear(16→5) on token ids; an optional mask multiplies the logits; ReLU unless told."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, D)
+        self.head = nn.Linear(D, OUT)
+
+    def forward(self, input_ids, mask=None, activation: bool = True):
+        y = self.head(self.embed(input_ids))
+        if mask is not None:
+            y = y * mask
+        return torch.relu(y) if activation else y
+
+
+TOKENS = N * S
+HEAD = 2 * TOKENS * D * OUT + TOKENS * OUT  # products + bias (the Gather of the embedding is free)
+LOGITS = TOKENS * OUT
+
+
+@pytest.mark.parametrize(
+    "inputs",
+    [
+        pytest.param(((N, S), torch.int64), id="(shape, dtype)"),
+        pytest.param(((N, S), "int64"), id="(shape, 'int64')"),
+        pytest.param(torch.zeros(N, S, dtype=torch.int64), id="tensor"),
+        pytest.param({"input_ids": ((N, S), torch.int32)}, id="dict"),
+    ],
+)
+def test_token_inputs(cache, inputs):
+    report = from_torch(Tagger(), inputs)
+    assert report.total.flops == HEAD + LOGITS  # + ReLU
+    assert [(t.name, t.shape) for t in report.model.inputs] == [("input_ids", (N, S))]
+
+
+def test_keyword_inputs_and_constants(cache):
+    report = from_torch(Tagger(), {"mask": (N, S, OUT), "input_ids": ((N, S), torch.int64), "activation": False})
+    assert [t.name for t in report.model.inputs] == ["input_ids", "mask"]  # forward()'s order
+    assert report.total.flops == HEAD + LOGITS  # + the mask's Mul, no ReLU
+
+
+def test_an_unknown_keyword_is_refused_with_the_valid_names(cache):
+    with pytest.raises(frontend.UsageError) as caught:
+        from_torch(Tagger(), {"input_ids": ((N, S), torch.int64), "labels": (2, 3)})
+    assert str(caught.value) == (
+        "torch: Tagger.forward(input_ids, mask=None, activation=True) has no parameter named 'labels'; "
+        "inputs can be given by the names: input_ids, mask, activation"
+    )
+
+
+def test_inputs_that_do_not_fit_forward(cache, capfd):
+    with pytest.raises(frontend.UsageError) as caught:
+        from_torch(nn.Linear(4, 5), (N, 3))
+    assert str(caught.value) == (
+        "torch: the inputs do not fit Linear.forward(input): passed input: float32[2, 3]; "
+        "forward() raised RuntimeError: mat1 and mat2 shapes cannot be multiplied (2x3 and 4x5); "
+        "give the shapes (and :dtype) forward() expects"
+    )
+    with pytest.raises(frontend.UsageError, match=r"passed input_ids: float32\[2, 11\]; forward\(\) raised"):
+        from_torch(Tagger(), (N, S))  # float token ids: the embedding refuses them
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""  # none of torch's own log lines
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Trained inputs
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class FedTable(nn.Module):
+    """x[N, 5] @ table[5, 6] → Linear(6→7): the table is fed in, not a parameter."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 7)
+
+    def forward(self, x, table):
+        return self.fc(x @ table)
+
+
+def test_trainable_inputs_get_gradients(cache):
+    plain = from_torch(FedTable(), ((N, 5), (5, 6)), mode="train")
+    named = from_torch(FedTable(), ((N, 5), (5, 6)), mode="train", trainable_inputs=["table"])
+    grad = from_torch(FedTable(), (torch.randn(N, 5), torch.randn(5, 6, requires_grad=True)), mode="train")
+    assert named.forward == plain.forward and grad == named
+    # the table needs dTable = xᵀ·dH (2·5·N·6) and so dH = dY·W_fc (2·N·7·6), which data alone does not
+    assert named.backward.flops - plain.backward.flops == 2 * 5 * N * 6 + 2 * N * 7 * 6
+    assert named.trainable_params - plain.trainable_params == 5 * 6
+    with pytest.raises(frontend.UsageError, match="'x2' is not a floating-point input of forward"):
+        from_torch(FedTable(), ((N, 5), (5, 6)), mode="train", trainable_inputs=["x2"])
+
+
+def test_count_trainable_inputs_on_an_onnx_file(cache, tmp_path):
+    from flopcount import count
+
+    path = tmp_path / "fed.onnx"
+    frontend.to_onnx(FedTable(), ((N, 5), (5, 6)), path=path)
+    plain, named = count(path, mode="train"), count(path, mode="train", trainable_inputs=["table"])
+    assert named.backward.flops - plain.backward.flops == 2 * 5 * N * 6 + 2 * N * 7 * 6
+    with pytest.raises(frontend.UsageError, match="'fc.weight' is not a floating-point input of the graph; "
+                                                  "trainable inputs can be: x, table"):
+        count(path, mode="train", trainable_inputs=["fc.weight"])
+    with pytest.raises(frontend.UsageError, match=r"need mode='train'"):
+        count(path, trainable_inputs=["table"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def factories(tmp_path, monkeypatch):
+    """A module of factories importable by a name unique to the test."""
+    name = f"fc_inputs_{tmp_path.name}".replace("-", "_")
+    (tmp_path / f"{name}.py").write_text(
+        "from tests.test_frontends_torch_inputs import FedTable, Tagger\n"
+        "def tagger():\n    return Tagger()\n"
+        "def fed():\n    return FedTable()\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return name
+
+
+def test_cli_dtype_and_names(cache, factories, capsys):
+    import json
+
+    from flopcount.cli import main
+
+    assert main(["--torch", f"{factories}:tagger", "--input-shape", f"input_ids={N}x{S}:int64", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["total"]["flops"] == HEAD + LOGITS
+    assert main(["--torch", f"{factories}:tagger", "--input-shape", f"input_ids={N}x{S}:int64",
+                 "--input-shape", "labels=2x3"]) == 2
+    err = capsys.readouterr().err
+    assert "has no parameter named 'labels'; inputs can be given by the names: input_ids, mask, activation" in err
+    assert err.count("\n") == 1
+    assert main(["--torch", f"{factories}:tagger", "--input-shape", f"input_ids={N}x{S}"]) == 2  # float ids
+    err = capsys.readouterr().err
+    assert "the inputs do not fit Tagger.forward" in err and "passed input_ids: float32[2, 11]" in err
+    assert err.count("\n") == 1
+
+
+def test_cli_dtype_suffix_is_for_torch_only(capsys, tmp_path):
+    from flopcount.cli import main
+
+    assert main([str(tmp_path / "m.onnx"), "--input-shape", "input_ids=1x128:int64"]) == 2
+    assert ("--input-shape input_ids=...:int64: a :DTYPE suffix is for --torch inputs; an ONNX model declares its "
+            "input types, give NAME=DIMS") in capsys.readouterr().err
+    assert main(["--torch", "m:f", "--input-shape", "x=1x2:int63"]) == 2
+    assert "unknown element type 'int63'" in capsys.readouterr().err
+
+
+def test_cli_trainable_input(cache, factories, capsys):
+    import json
+
+    from flopcount.cli import main
+
+    args = ["--torch", f"{factories}:fed", "--input-shape", f"x={N}x5", "--input-shape", "table=5x6", "--mode", "train",
+            "--format", "json"]
+    assert main(args) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main([*args, "--trainable-input", "table"]) == 0
+    named = json.loads(capsys.readouterr().out)
+    assert named["backward"]["flops"] - plain["backward"]["flops"] == 2 * 5 * N * 6 + 2 * N * 7 * 6
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Modules on the meta device
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["inference", "train"])
+def test_a_meta_device_module_counts_without_weights(cache, mode):
+    with torch.device("meta"):
+        module = conv(0.0)
+    report = from_torch(module, (N, C_IN, H, W), mode=mode)
+    assert report.forward.flops == CONV_PRODUCTS + Y and report.params == CONV_PARAMS + C_OUT
+    if mode == "train":
+        assert report.backward.flops == CONV_PRODUCTS + Y
