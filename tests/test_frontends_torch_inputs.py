@@ -360,3 +360,37 @@ def test_a_meta_device_module_counts_without_weights(cache, mode):
     assert report.forward.flops == CONV_PRODUCTS + Y and report.params == CONV_PARAMS + C_OUT
     if mode == "train":
         assert report.backward.flops == CONV_PRODUCTS + Y
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Hugging Face transformers (skipped where transformers is not installed)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_transformers_llm_from_its_config_on_the_meta_device(cache, exports):
+    """A small Llama built from its configuration (random init, nothing downloaded), counted on the meta device,
+    with its default use_cache=True (the DynamicCache output is left out of the graph)."""
+    transformers = pytest.importorskip("transformers")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64,
+    )
+    with torch.device("meta"):
+        meta = transformers.AutoModelForCausalLM.from_config(config)
+    inputs = {"input_ids": ((N, S), torch.int64)}
+    report = from_torch(meta, inputs, convention="dense", mode="train")
+
+    real = transformers.AutoModelForCausalLM.from_config(config)  # torch's own count of the same forward
+    real.set_attn_implementation("eager")  # FlopCounterMode counts no CPU scaled_dot_product_attention; matmuls it does
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        real(input_ids=torch.zeros(N, S, dtype=torch.int64))
+    assert report.forward.flops == counter.get_total_flops()
+    assert report.backward.flops > report.forward.flops
+    assert [(t.name, t.shape) for t in report.model.outputs] == [(report.model.outputs[0].name, (N, S, VOCAB))]
+
+    meta.set_attn_implementation("eager")  # forward now takes another path: a new export, not the cached one
+    from_torch(meta, inputs, convention="dense")
+    assert len(exports) == 2
