@@ -30,12 +30,25 @@ and marks every BatchNormalization node ``training_mode=1`` (in a module put in 
 uses batch statistics). Inference exports try torch.export first, as :func:`flopcount.models.export.export_weightless`
 does.
 
-**Cache.** Exports are cached by a hash of the module's structure (its repr, the class, source digest and plain
-attributes of every submodule, parameter and buffer names, shapes and dtypes; never their values), the input names,
-shapes and dtypes, the training flag, the opset and the torch, onnx, onnxscript and flopcount versions. The cache
-folder is ``cache_dir=``, else ``$FLOPCOUNT_CACHE`` (``0``/``off`` disables it), else
-``$XDG_CACHE_HOME/flopcount`` or ``~/.cache/flopcount``; ``cache_dir=False`` disables caching. Files are small
-(weightless graphs).
+**Weight values.** Nothing in the export depends on them: onnxscript's optimiser runs with the weights hidden
+(``_weights_opaque`` in :mod:`flopcount.models.export`; its rule for absent Conv biases would otherwise delete real
+biases that are zero), and the TorchScript exporter merges only parameters that are one tensor, never two with equal
+values (:func:`_deduplicate_by_identity_only`).
+
+**Calls.** While exporting, ``module.forward`` is replaced by a function that takes the graph inputs positionally,
+calls the real ``forward`` with them (by keyword when they were given as a dict, with the non-tensor keyword
+arguments), and returns the tensors of the result as a flat tuple (dicts and model outputs by value; cache objects
+left out). Parameter names, and so initializer names, are those of the module. A module on the meta device is
+exported by torch.export alone, its weights becoming external-data references.
+
+**Cache.** Exports are cached by a hash of everything the export depends on except weight values: the module tree
+(its repr, the source files of every class, and every attribute of every submodule described recursively by
+:class:`flopcount.frontends.common.StateDescriber`: configuration objects with their private attributes, forward
+hooks, functions), parameter and buffer names, shapes and dtypes, the inputs (names, shapes, dtypes and a digest of
+their values), the keyword constants, the training flag, the opset and the torch, onnx, onnxscript and flopcount
+versions. Where some state cannot be described, the export is not cached. The cache folder is ``cache_dir=``, else
+``$FLOPCOUNT_CACHE`` (``0``/``off`` disables it), else ``$XDG_CACHE_HOME/flopcount`` or ``~/.cache/flopcount``;
+``cache_dir=False`` disables caching. Files are small (weightless graphs).
 
 torch is imported inside the functions that need it; importing this module needs only onnx.
 """
