@@ -20,14 +20,35 @@ class OutputError(FlopcountError):
     exit_code = 8
 
 
-def _input_shape(text: str) -> tuple[str, tuple[int, ...]]:
-    name, sep, dims = text.rpartition("=")
+#: Element types a ``--torch`` input may be given (``--input-shape input_ids=1x128:int64``): torch's dtype names.
+TORCH_DTYPES = (
+    "float32", "float", "float64", "double", "float16", "half", "bfloat16", "int64", "long", "int32", "int",
+    "int16", "short", "int8", "uint8", "bool", "complex64", "complex128",
+)
+
+
+def _input_shape(text: str) -> tuple[str, tuple[int, ...], str | None]:
+    name, sep, spec = text.rpartition("=")
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"expected NAME=DIMS such as input=8x3x224x224, got {text!r}")
+    dims, colon, dtype = spec.partition(":")
+    if colon and dtype not in TORCH_DTYPES:
+        raise argparse.ArgumentTypeError(f"unknown element type {dtype!r} in {text!r}; one of: {', '.join(TORCH_DTYPES)}")
     try:
-        return name, parse_dims(dims)
+        return name, parse_dims(dims), dtype or None
     except UsageError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+class _InputShapes(argparse.Action):
+    """``--input-shape NAME=DIMS[:DTYPE]``: appends ``(NAME, DIMS)`` to ``input_shape`` and records DTYPE in
+    ``input_dtypes``."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        name, dims, dtype = values
+        namespace.input_shape = [*(namespace.input_shape or []), (name, dims)]
+        if dtype is not None:
+            namespace.input_dtypes = {**(getattr(namespace, "input_dtypes", None) or {}), name: dtype}
 
 
 def _input_value(text: str) -> tuple[str, list[int]]:
@@ -79,14 +100,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--torch", metavar="MODULE:FACTORY",
                    help="instead of a model file, export the torch.nn.Module that FACTORY() returns (no weights "
                    "loaded; exports are cached in $FLOPCOUNT_CACHE or ~/.cache/flopcount); --input-shape gives "
-                   "forward()'s inputs in order, e.g. --torch mypkg.nets:make_net --input-shape x=1x3x224x224")
+                   "forward()'s inputs by parameter name, e.g. --torch mypkg.nets:make_net --input-shape "
+                   "x=1x3x224x224, or input_ids=1x128:int64")
     p.add_argument("--keras", metavar="MODULE:FACTORY",
                    help="instead of a model file, convert the keras.Model that FACTORY() returns with tf2onnx (build "
                    "it with weights=None; conversions are cached like --torch exports); --input-shape fixes or "
                    "overrides the model's input dims, NHWC for image models (default: its own shapes at batch 1), "
                    "e.g. --keras mypkg.nets:make_net --input-shape image=8x224x224x3")
-    p.add_argument("--input-shape", metavar="NAME=DIMS", action="append", type=_input_shape, default=[],
-                   help="fix the dims of an input, e.g. input=8x3x224x224 (repeatable)")
+    p.add_argument("--input-shape", metavar="NAME=DIMS", action=_InputShapes, type=_input_shape, default=[],
+                   help="fix the dims of an input, e.g. input=8x3x224x224 (repeatable); with --torch, NAME is a "
+                   "parameter of forward() and a :DTYPE suffix gives its element type, e.g. input_ids=1x128:int64")
+    p.set_defaults(input_dtypes={})
+    p.add_argument("--trainable-input", metavar="NAME", action="append", default=[],
+                   help="with --mode train: a floating-point input that is trained, not data (its gradient is "
+                   "counted, and it is updated like a parameter); repeatable")
     p.add_argument("--input-value", metavar="NAME=V1,V2", action="append", type=_input_value, default=[],
                    help="value of a small integer input that shapes depend on (axes, sizes), e.g. axes=1,2 (repeatable)")
     p.add_argument("--loop-trips", metavar="NODE=N", action="append", type=_loop_trips, default=[],
@@ -123,10 +150,15 @@ def _check_model_source(parser: argparse.ArgumentParser, args: argparse.Namespac
     if args.keras is not None and len(set(names)) != len(names):
         parser.error(f"--keras: each --input-shape names one model input; got {', '.join(names)}")
     if args.torch is not None and not args.input_shape:
-        parser.error("--torch needs the shape of each forward() input, in order: --input-shape NAME=DIMS (repeatable)")
+        parser.error("--torch needs the shape of each forward() input, by name: --input-shape NAME=DIMS[:DTYPE] "
+                     "(repeatable)")
     names = [name for name, _ in args.input_shape]
     if args.torch is not None and len(set(names)) != len(names):
-        parser.error(f"--torch: each --input-shape names one forward() input, in order; got {', '.join(names)}")
+        parser.error(f"--torch: each --input-shape names one forward() input; got {', '.join(names)}")
+    if args.torch is None and args.input_dtypes:
+        given = ", ".join(f"{name}=...:{dtype}" for name, dtype in args.input_dtypes.items())
+        parser.error(f"--input-shape {given}: a :DTYPE suffix is for --torch inputs; "
+                     f"{'a Keras model' if args.keras else 'an ONNX model'} declares its input types, give NAME=DIMS")
 
 
 def _count_torch(args: argparse.Namespace):
@@ -134,8 +166,9 @@ def _count_torch(args: argparse.Namespace):
     from .frontends.torch import from_torch, load_factory
 
     module = load_factory(args.torch)
-    shapes = dict(args.input_shape)
-    return from_torch(module, tuple(shapes.values()), training=args.mode == "train", input_names=list(shapes),
+    inputs = {name: (dims, args.input_dtypes[name]) if name in args.input_dtypes else dims
+              for name, dims in args.input_shape}
+    return from_torch(module, inputs, training=args.mode == "train", trainable_inputs=args.trainable_input,
                       batch=args.batch, convention=args.convention, strict=args.strict,
                       input_values=dict(args.input_value), loop_trips=dict(args.loop_trips),
                       mode=args.mode, optimizer=args.optimizer)
@@ -148,7 +181,8 @@ def _count_keras(args: argparse.Namespace):
     model = load_factory(args.keras)
     return from_keras(model, dict(args.input_shape) or None, training=args.mode == "train", batch=args.batch,
                       convention=args.convention, strict=args.strict, input_values=dict(args.input_value),
-                      loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer)
+                      loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer,
+                      **({"trainable_inputs": args.trainable_input} if args.trainable_input else {}))
 
 
 #: Subcommands of the measuring half: name → module with ``build_parser() -> ArgumentParser`` and
@@ -242,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             report = count(args.model, input_shapes=shapes, batch=args.batch, convention=args.convention,
                            strict=args.strict, input_values=dict(args.input_value),
-                           loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer)
+                           loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer,
+                           trainable_inputs=args.trainable_input)
         if args.plot:
             from .measure.roofline import plot_op_types
 

@@ -43,6 +43,7 @@ def count(
     loop_trips: Mapping[str, int] | None = None,
     mode: str = "inference",
     optimizer: str | None = None,
+    trainable_inputs: Sequence[str] | None = None,
 ) -> Report:
     """Count the FLOPs of an ONNX model without reading its weights.
 
@@ -72,6 +73,10 @@ def count(
     optimizer : ``"sgd"``, ``"momentum"`` or ``"adam"``, optional
         With ``mode="train"``: also the optimizer update per step from the trainable parameter
         count, reported apart from the forward and backward totals.
+    trainable_inputs : sequence of str, optional
+        With ``mode="train"``: floating-point graph inputs that are trained like parameters rather than fed
+        as data (an embedding or soft prompt passed in): their gradients are counted, and they count among the
+        trainable parameters that the optimizer updates.
 
     Returns
     -------
@@ -96,7 +101,8 @@ def count(
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _count(model, input_shapes, batch, convention, strict, input_values, loop_trips, mode, optimizer)
+        return _count(model, input_shapes, batch, convention, strict, input_values, loop_trips, mode, optimizer,
+                      trainable_inputs)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -105,7 +111,8 @@ def count(
 MODES = ("inference", "train")
 
 
-def _count(model, input_shapes, batch, convention, strict, input_values, loop_trips, mode, optimizer) -> Report:
+def _count(model, input_shapes, batch, convention, strict, input_values, loop_trips, mode, optimizer,
+           trainable_inputs=None) -> Report:
     conv = get_convention(convention)
     if mode not in MODES:
         raise UsageError(f"unknown mode {mode!r}; choose one of: {', '.join(MODES)}")
@@ -146,7 +153,11 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
     lap("shapes")
     hint = _fix_hint(res.inputs, res.inference_error)
 
-    training = _training_plan(m, dag, res.tensors, opsets, frozenset(input_values or ())) if mode == "train" else None
+    trained_inputs = _trainable_inputs(m, res.tensors, trainable_inputs, mode, where)
+    training = (
+        _training_plan(m, dag, res.tensors, opsets, frozenset(input_values or ()), trained_inputs)
+        if mode == "train" else None
+    )
     walk = _Traversal(res.tensors, res.values, conv, opsets, hint, where, loop_trips or {}, attributes_of, training)
     grads = training.grads if training is not None else {}
     node_inputs, node_outputs, node_ops = dag.graph["node_inputs"], dag.graph["node_outputs"], dag.graph["node_ops"]
@@ -240,13 +251,36 @@ def _newest_category(op_type: str, domain: str, input_name: str):
     return unknown
 
 
-def _training_plan(m: ModelProto, dag, tensors, opsets, given: frozenset = frozenset()) -> _TrainingPlan:
+def _trainable_inputs(m: ModelProto, tensors, names, mode: str, where: str) -> frozenset[str]:
+    """The graph inputs ``trainable_inputs`` names, checked: floating-point inputs of the main graph."""
+    if isinstance(names, str):
+        names = [names]
+    names = list(names or ())
+    if not names:
+        return frozenset()
+    if mode != "train":
+        raise UsageError(f"{where}: trainable_inputs ({', '.join(names)}) need mode='train' (--mode train)")
+    initializers = {t.name for t in m.graph.initializer}
+    floats = [i.name for i in m.graph.input if i.name not in initializers
+              and i.type.tensor_type.elem_type in FLOAT_TYPES]
+    bad = [n for n in names if n not in floats]
+    if bad:
+        raise UsageError(
+            f"{where}: {', '.join(map(repr, bad))} is not a floating-point input of the graph; trainable inputs "
+            f"can be: {', '.join(floats) or 'none'}"
+        )
+    return frozenset(names)
+
+
+def _training_plan(m: ModelProto, dag, tensors, opsets, given: frozenset = frozenset(),
+                   trained_inputs: frozenset = frozenset()) -> _TrainingPlan:
     """Which tensors need gradients: trainable parameters (floating-point initializers fed to a
     differentiable input) and everything computed from them through differentiable inputs. A node
     whose outputs are all integers or bools (ArgMax, NonMaxSuppression, comparisons) passes no
     gradient back, so it needs no backward and trains nothing, unless its backward is registered
     ``straight_through`` (fake quantization). Inputs whose values the user gave (``given``) are not weights."""
     float_inits = {t.name for t in m.graph.initializer if t.data_type in FLOAT_TYPES and t.name not in given}
+    float_inits |= trained_inputs  # trained like parameters: gradients, and the optimizer's update
     g = dag.graph
     nodes = ((i, g["node_inputs"][i], g["node_outputs"][i], g["node_ops"][i], g["captured"].get(i, ())) for i in g["order"])
     need: set[str] = set()

@@ -13,6 +13,7 @@ small (weightless graphs) and written atomically.
 from __future__ import annotations
 
 import contextlib
+import enum
 import functools
 import hashlib
 import importlib
@@ -38,6 +39,9 @@ from flopcount.errors import FrontendError, UsageError
 
 __all__ = [
     "CACHE_ENV",
+    "NOT_A_LEAF",
+    "StateDescriber",
+    "bytes_digest",
     "cache_folder",
     "cache_key",
     "captured_fd",
@@ -200,17 +204,140 @@ def dist_version(distribution: str) -> str:
 
 @functools.cache
 def class_digest(cls: type, framework: tuple[str, ...]) -> str:
-    """Digest of the source of ``cls`` and its bases, skipping classes of the top-level packages ``framework``
-    (covered by their version) and builtins; "" where there is no source."""
+    """Digest of the source files that define ``cls`` and its bases, skipping classes of the top-level packages
+    ``framework`` (covered by their version) and builtins; the qualified name where there is no source file.
+
+    Whole files are hashed (not the class's own lines): parsing a large file to find one class takes seconds,
+    and a file that changed elsewhere only costs a re-export."""
     digest = hashlib.sha256()
     for klass in cls.__mro__:
         if klass.__module__.split(".")[0] in (*framework, "builtins"):
             continue
-        try:
-            digest.update(inspect.getsource(klass).encode())
-        except (OSError, TypeError):
-            digest.update(f"{klass.__module__}.{klass.__qualname__}".encode())
+        digest.update(f"{klass.__module__}.{klass.__qualname__}".encode())
+        digest.update(module_file_digest(klass.__module__).encode())
     return digest.hexdigest()
+
+
+def module_file_digest(module_name: str) -> str:
+    """Digest of the source file of the imported module ``module_name`` ("" where there is none)."""
+    path = getattr(sys.modules.get(module_name), "__file__", None)
+    if not path:
+        return ""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return ""
+    return _file_digest(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=1024)
+def _file_digest(path: str, mtime_ns: int, size: int) -> str:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return ""
+
+
+def bytes_digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+#: What a ``leaf`` function of :class:`StateDescriber` returns for values it does not describe itself.
+NOT_A_LEAF = object()
+
+
+class StateDescriber:
+    """Turns the state a model's ``forward`` may read (module attributes, configuration objects, hooks, functions)
+    into JSON-able data for a cache key, or says why it cannot (:attr:`unsound`; then nothing is cached).
+
+    Plain values are kept; containers, objects with a ``__dict__`` (configuration objects, dataclasses) and their
+    private attributes are described recursively (a shared object is described once and then referred to);
+    functions by their qualified name, the digest of their source file, their defaults and closure; classes by the
+    digest of their source files (:func:`class_digest`).
+    ``leaf(value)`` describes framework values (tensors, dtypes) or returns :data:`NOT_A_LEAF`. Anything else
+    (objects without a ``__dict__``, too deep a nesting) makes the description unsound. Global variables that a
+    function reads are not covered.
+    """
+
+    MAX_DEPTH = 12
+
+    def __init__(self, leaf: Callable[[Any], Any], framework: tuple[str, ...]):
+        self.leaf, self.framework = leaf, framework
+        self.unsound: str | None = None
+        self._named: dict[int, str] = {}
+        self._seen: dict[int, str] = {}
+        self._keep: list[Any] = []  # keeps described objects alive, so their ids stay theirs
+
+    def name(self, obj: Any, label: str) -> None:
+        """Refer to ``obj`` by ``label`` instead of describing it (the modules of the tree are described apart)."""
+        self._named.setdefault(id(obj), label)
+        self._keep.append(obj)
+
+    def object_type(self, obj: Any) -> list[str]:
+        cls = type(obj)
+        return [f"{cls.__module__}.{cls.__qualname__}", class_digest(cls, self.framework)]
+
+    def describe(self, value: Any, depth: int = 0) -> Any:
+        if self.unsound is not None:
+            return None
+        if isinstance(value, (bool, int, float, str, type(None))):
+            return value if not isinstance(value, float) or value == value else "nan"
+        if id(value) in self._named:
+            return ["ref", self._named[id(value)]]
+        if depth > self.MAX_DEPTH:
+            self.unsound = f"state nested deeper than {self.MAX_DEPTH} levels ({type(value).__name__})"
+            return None
+        described = self.leaf(value)
+        if described is not NOT_A_LEAF:
+            return described
+        if isinstance(value, enum.Enum):
+            return [self.object_type(value)[0], self.describe(value.value, depth + 1)]
+        if isinstance(value, (bytes, bytearray)):
+            return ["bytes", bytes_digest(bytes(value))]
+        if isinstance(value, (tuple, list)):
+            return [type(value).__name__, [self.describe(v, depth + 1) for v in value]]
+        if isinstance(value, (set, frozenset)):
+            return [type(value).__name__, sorted((self.describe(v, depth + 1) for v in value), key=repr)]
+        if id(value) in self._seen:
+            return ["ref", self._seen[id(value)]]
+        self._seen[id(value)] = f"#{len(self._seen)}"
+        self._keep.append(value)
+        if isinstance(value, Mapping):
+            return ["dict", [[self.describe(k, depth + 1), self.describe(v, depth + 1)] for k, v in value.items()]]
+        if isinstance(value, type):
+            return ["class", *self.object_type_of_class(value)]
+        if isinstance(value, functools.partial):
+            return ["partial", self.describe(value.func, depth + 1), self.describe(value.args, depth + 1),
+                    self.describe(value.keywords, depth + 1)]
+        if inspect.ismethod(value):
+            return ["method", self.describe(value.__func__, depth + 1), self.describe(value.__self__, depth + 1)]
+        if inspect.isfunction(value):
+            return self._function(value, depth)
+        if inspect.isbuiltin(value) or inspect.ismethoddescriptor(value) or type(value).__name__ in _BUILTIN_CALLABLES:
+            module = getattr(value, "__module__", None) or getattr(getattr(value, "__objclass__", None), "__module__", "")
+            return ["builtin", str(module), getattr(value, "__qualname__", repr(value))]
+        if hasattr(value, "__dict__"):
+            state = vars(value)
+            return ["object", *self.object_type(value), self.describe(dict(state), depth + 1)]
+        self.unsound = f"cannot describe a {type(value).__module__}.{type(value).__qualname__} it holds"
+        return None
+
+    def object_type_of_class(self, cls: type) -> list[str]:
+        return [f"{cls.__module__}.{cls.__qualname__}", class_digest(cls, self.framework)]
+
+    def _function(self, fn: Any, depth: int) -> Any:
+        source = module_file_digest(str(fn.__module__))
+        cells = []
+        for cell in fn.__closure__ or ():
+            try:
+                cells.append(self.describe(cell.cell_contents, depth + 1))
+            except ValueError:  # an empty cell
+                cells.append(None)
+        return ["function", f"{fn.__module__}.{fn.__qualname__}", source, self.describe(fn.__defaults__, depth + 1),
+                self.describe(fn.__kwdefaults__, depth + 1), cells]
+
+
+_BUILTIN_CALLABLES = frozenset({"builtin_function_or_method", "wrapper_descriptor", "method-wrapper", "ufunc"})
 
 
 def plain(value: Any) -> bool:
@@ -230,9 +357,10 @@ def export_through_cache(
 ) -> onnx.ModelProto:
     """The weightless model from the cache (``<frontend>-<key>.onnx`` in the cache folder), else from
     ``produce()``, stored for next time; also written to ``path`` when one is given. ``key`` is
-    called only when a cache folder is in use."""
+    called only when a cache folder is in use; where it returns None (no sound key), nothing is cached."""
     folder = cache_folder(cache_dir)
-    cached = folder / f"{frontend}-{key()[:40]}.onnx" if folder is not None else None
+    digest = key() if folder is not None else None
+    cached = folder / f"{frontend}-{digest[:40]}.onnx" if digest is not None else None
     model = read_cache(cached, log) if cached is not None else None
     if model is None:
         model = produce()

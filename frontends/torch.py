@@ -30,12 +30,25 @@ and marks every BatchNormalization node ``training_mode=1`` (in a module put in 
 uses batch statistics). Inference exports try torch.export first, as :func:`flopcount.models.export.export_weightless`
 does.
 
-**Cache.** Exports are cached by a hash of the module's structure (its repr, the class, source digest and plain
-attributes of every submodule, parameter and buffer names, shapes and dtypes; never their values), the input names,
-shapes and dtypes, the training flag, the opset and the torch, onnx, onnxscript and flopcount versions. The cache
-folder is ``cache_dir=``, else ``$FLOPCOUNT_CACHE`` (``0``/``off`` disables it), else
-``$XDG_CACHE_HOME/flopcount`` or ``~/.cache/flopcount``; ``cache_dir=False`` disables caching. Files are small
-(weightless graphs).
+**Weight values.** Nothing in the export depends on them: onnxscript's optimiser runs with the weights hidden
+(``_weights_opaque`` in :mod:`flopcount.models.export`; its rule for absent Conv biases would otherwise delete real
+biases that are zero), and the TorchScript exporter merges only parameters that are one tensor, never two with equal
+values (:func:`_deduplicate_by_identity_only`).
+
+**Calls.** While exporting, ``module.forward`` is replaced by a function that takes the graph inputs positionally,
+calls the real ``forward`` with them (by keyword when they were given as a dict, with the non-tensor keyword
+arguments), and returns the tensors of the result as a flat tuple (dicts and model outputs by value; cache objects
+left out). Parameter names, and so initializer names, are those of the module. A module on the meta device is
+exported by torch.export alone, its weights becoming external-data references.
+
+**Cache.** Exports are cached by a hash of everything the export depends on except weight values: the module tree
+(its repr, the source files of every class, and every attribute of every submodule described recursively by
+:class:`flopcount.frontends.common.StateDescriber`: configuration objects with their private attributes, forward
+hooks, functions), parameter and buffer names, shapes and dtypes, the inputs (names, shapes, dtypes and a digest of
+their values), the keyword constants, the training flag, the opset and the torch, onnx, onnxscript and flopcount
+versions. Where some state cannot be described, the export is not cached. The cache folder is ``cache_dir=``, else
+``$FLOPCOUNT_CACHE`` (``0``/``off`` disables it), else ``$XDG_CACHE_HOME/flopcount`` or ``~/.cache/flopcount``;
+``cache_dir=False`` disables caching. Files are small (weightless graphs).
 
 torch is imported inside the functions that need it; importing this module needs only onnx.
 """
@@ -48,7 +61,7 @@ import io
 import logging
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import onnx
@@ -69,12 +82,13 @@ log = logging.getLogger(__name__)
 
 FRONTEND = "torch"
 INSTALL_HINT = "pip install 'flopcount[torch]'"
-_CACHE_FORMAT = 1  # bump when the export pipeline changes what it writes
+_CACHE_FORMAT = 2  # bump when the export pipeline changes what it writes
 #: Seconds an export runs before the progress indicator appears.
 _PROGRESS_DELAY_S = 1.0
 #: Loggers of the exporters, quieted while they run unless flopcount's own logging is at DEBUG.
 _EXPORTER_LOGGERS = (
-    "torch.onnx", "torch.export", "torch._export", "torch._dynamo", "torch.fx", "onnxscript", "onnx_ir",
+    "torch", "torch.onnx", "torch.export", "torch._export", "torch._dynamo", "torch._subclasses", "torch.fx",
+    "torch.utils._sympy", "onnxscript", "onnx_ir",
 )
 
 
@@ -89,6 +103,7 @@ def from_torch(
     training: bool | None = None,
     *,
     input_names: Sequence[str] | None = None,
+    trainable_inputs: Sequence[str] | None = None,
     opset: int | None = None,
     cache_dir: str | os.PathLike | bool | None = None,
     **count_kwargs: Any,
@@ -98,19 +113,28 @@ def from_torch(
     Parameters
     ----------
     module : torch.nn.Module
-        The model. Its train/eval flags and buffer values are the same after the call as before.
-    example_inputs : Tensor, shape, or tuple of Tensors and shapes
-        The arguments of ``module.forward``. A shape (a tuple of ints or a ``torch.Size``) becomes a float32
-        tensor of standard-normal values drawn from a generator seeded with 0 (values matter only to
-        data-dependent Python control flow), on the device of the module's parameters. ``(8, 3, 224, 224)`` is
-        one input; ``((8, 16), (8, 16))`` two.
+        The model. Its train/eval flags and buffer values are the same after the call as before. A module built
+        on the meta device (``with torch.device("meta"): ...``) is counted without any weight memory.
+    example_inputs : Tensor, shape, (shape, dtype), or a tuple or dict of them
+        The arguments of ``module.forward``. A tuple gives them in order; a dict gives them by the names of
+        ``forward``'s parameters (``{"input_ids": ((1, 128), torch.int64), "use_cache": False}``), and a name
+        ``forward`` does not have is refused with the list of those it has. A shape (a tuple of ints or a
+        ``torch.Size``) becomes a float32 tensor of standard-normal values drawn from a generator seeded with 0
+        (values matter only to data-dependent Python control flow), on the device of the module's parameters;
+        ``(shape, dtype)`` (dtype a ``torch.dtype`` or its name, ``"int64"``) gives another type: zeros for
+        integers, True for bools. ``(8, 3, 224, 224)`` is one input; ``((8, 16), (8, 16))`` two. In a dict,
+        values that are not tensors or shapes (``False``, ``None``, numbers, strings) are passed to ``forward``
+        as they are and are not graph inputs.
     training : bool, optional
         Export the graph as it runs in training (BatchNormalization on batch statistics, Dropout active).
         ``None`` (the default) follows ``mode``: True when ``mode="train"``. With ``training=True`` the count
         gets ``mode="train"`` (forward and backward) unless ``mode`` is given.
     input_names : sequence of str, optional
-        Names of the ONNX graph inputs, one per example input; by default the names of ``forward``'s
-        parameters.
+        Names of the ONNX graph inputs, one per positional example input; by default the names of ``forward``'s
+        parameters. Not with a dict of inputs (its keys are the names).
+    trainable_inputs : sequence of str, optional
+        Inputs that are trained rather than data (an embedding fed in, a soft prompt): with ``mode="train"``
+        their gradients are counted, as for parameters. Tensors passed with ``requires_grad=True`` are added.
     opset : int, optional
         ONNX opset of the default domain (default: :data:`flopcount.models.export.DEFAULT_OPSET`).
     cache_dir : path, bool or None
@@ -131,20 +155,28 @@ def from_torch(
         torch is missing, or the module cannot be exported (the message names the failing operator when the
         exporter reports it).
     UsageError
-        ``example_inputs`` or ``input_names`` are malformed.
+        ``example_inputs``, ``input_names`` or ``trainable_inputs`` are malformed, or the inputs do not fit
+        ``forward()`` (the message shows what was passed).
     """
     from flopcount.counting import count
 
-    common.check_count_kwargs("from_torch", count_kwargs)
+    parameters = common.check_count_kwargs("from_torch", count_kwargs)
     training = common.training_flag(training, count_kwargs, log)
 
     torch = _import_torch()
     _check_module(torch, module)
-    inputs = _example_tensors(torch, example_inputs, _device(module))
+    call = _bind(torch, module, example_inputs, input_names, _device(module))
     batch = count_kwargs.get("batch")
-    if batch is not None and _shared_batch(inputs) not in (None, batch):
-        inputs = tuple(x[:1].expand(batch, *x.shape[1:]) for x in inputs)
-    model = to_onnx(module, inputs, training=training, input_names=input_names, opset=opset, cache_dir=cache_dir)
+    if batch is not None and _shared_batch(call.tensors) not in (None, batch):
+        call = call.with_tensors(tuple(x[:1].expand(batch, *x.shape[1:]) for x in call.tensors))
+    trained = _trainable_inputs(call, trainable_inputs)
+    model = _to_onnx(torch, module, call, training=training, opset=opset, cache_dir=cache_dir)
+    if trained and (trainable_inputs or count_kwargs.get("mode") == "train"):
+        # inputs named by trainable_inputs need mode="train" (count says so); requires_grad alone is ignored otherwise
+        if "trainable_inputs" in parameters:
+            count_kwargs["trainable_inputs"] = trained
+        else:  # a flopcount whose count() takes no trainable_inputs
+            log.info("this flopcount cannot train graph inputs; %s counted as data", ", ".join(trained))
     return count(model, **count_kwargs)
 
 
@@ -162,23 +194,28 @@ def to_onnx(
 
     The arguments are those of :func:`from_torch`. Graph inputs and outputs have static shapes; where all inputs
     share dimension 0, the graph is traced with a symbolic batch first, so no node hard-codes the batch size.
-    Tensors of 1 KiB or more are external-data references to ``<Module>.weights``, a file that is never written.
+    Tensors of 1 KiB or more (and every weight of a module on the meta device) are external-data references to
+    ``<Module>.weights``, a file that is never written. Outputs that are not tensors (a Hugging Face cache object)
+    are left out of the graph's outputs; what computes them is counted where other outputs need it.
     """
-    from flopcount.models import export as ex
-
     torch = _import_torch()
     _check_module(torch, module)
-    inputs = _example_tensors(torch, example_inputs, _device(module))
-    names = _input_names(module, inputs, input_names)
+    call = _bind(torch, module, example_inputs, input_names, _device(module))
+    return _to_onnx(torch, module, call, training=training, opset=opset, cache_dir=cache_dir, path=path)
+
+
+def _to_onnx(torch, module, call: _Call, *, training: bool, opset: int | None, cache_dir, path=None) -> onnx.ModelProto:
+    from flopcount.models import export as ex
+
     opset = ex.DEFAULT_OPSET if opset is None else opset
 
     def produce() -> onnx.ModelProto:
         what = f"{type(module).__name__}{' (training)' if training else ''}"
         with _progress(f"exporting {what} with torch"):
-            return _export(module, inputs, names, training, opset)
+            return _export(module, call.tensors, call.names, training, opset, call)
 
     return common.export_through_cache(
-        cache_dir, FRONTEND, lambda: _fingerprint(torch, module, inputs, names, training, opset), produce, path, log
+        cache_dir, FRONTEND, lambda: _fingerprint(torch, module, call, training, opset), produce, path, log
     )
 
 
@@ -213,6 +250,15 @@ def _is_shape(value: Any) -> bool:
     )
 
 
+def _is_dtype(torch, value: Any) -> bool:
+    return isinstance(value, torch.dtype) or (isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype))
+
+
+def _is_spec(torch, value: Any) -> bool:
+    """``(shape, dtype)``."""
+    return isinstance(value, (tuple, list)) and len(value) == 2 and _is_shape(value[0]) and _is_dtype(torch, value[1])
+
+
 def _check_module(torch, module: Any) -> None:
     if not isinstance(module, torch.nn.Module):
         raise UsageError(f"{FRONTEND}: expected a torch.nn.Module, got {type(module).__name__}")
@@ -225,45 +271,157 @@ def _device(module) -> Any:
     return None
 
 
-def _example_tensors(torch, example_inputs: Any, device: Any = None) -> tuple:
-    """A tuple of tensors from a tensor, a shape, or a tuple of tensors and shapes (made on ``device``)."""
-    if isinstance(example_inputs, torch.Tensor) or _is_shape(example_inputs):
+class _Call:
+    """How ``forward`` is called: the graph inputs (names and tensors, in graph order), whether they are passed by
+    keyword, and the non-tensor keyword arguments passed as they are."""
+
+    def __init__(self, names: list[str], tensors: tuple, keyword: bool, constants: dict[str, Any], forward: str):
+        self.names, self.tensors, self.keyword, self.constants, self.forward = names, tensors, keyword, constants, forward
+
+    def with_tensors(self, tensors: tuple) -> _Call:
+        return _Call(self.names, tensors, self.keyword, self.constants, self.forward)
+
+    def arguments(self, tensors: Sequence[Any]) -> tuple[tuple, dict[str, Any]]:
+        if self.keyword:
+            return (), {**dict(zip(self.names, tensors)), **self.constants}
+        return tuple(tensors), dict(self.constants)
+
+    def describe(self) -> str:
+        """What was passed, as ``input_ids: int64[2, 11], use_cache=False``."""
+        items = [f"{n}: {_tensor_text(x)}" for n, x in zip(self.names, self.tensors)]
+        items += [f"{k}={v!r}" for k, v in self.constants.items()]
+        return ", ".join(items) or "no inputs"
+
+
+def _tensor_text(x) -> str:
+    return f"{str(x.dtype).removeprefix('torch.')}[{', '.join(map(str, x.shape))}]"
+
+
+def _forward_parameters(module) -> tuple[list[inspect.Parameter] | None, str]:
+    """``forward``'s parameters (None where there is no signature) and its signature as text."""
+    try:
+        signature = inspect.signature(module.forward)
+    except (TypeError, ValueError):
+        return None, "forward(...)"
+    bare = signature.replace(
+        parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
+        return_annotation=signature.empty,
+    )
+    return list(signature.parameters.values()), f"forward{bare}"
+
+
+def _bind(torch, module, example_inputs: Any, input_names: Sequence[str] | None, device: Any) -> _Call:
+    """The call of ``forward`` that ``example_inputs`` describe (tensors made on ``device``)."""
+    parameters, forward = _forward_parameters(module)
+    maker = _Maker(torch, device)
+    if isinstance(example_inputs, Mapping):
+        if input_names is not None:
+            raise UsageError(f"{FRONTEND}: input_names is for positional inputs; a dict of inputs is named by its keys")
+        by_name = [p.name for p in parameters or () if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        unknown = [k for k in example_inputs if not isinstance(k, str) or k not in by_name]
+        if unknown:
+            raise UsageError(
+                f"{FRONTEND}: {type(module).__name__}.{forward} has no parameter named "
+                + ", ".join(repr(k) for k in unknown)
+                + f"; inputs can be given by the names: {', '.join(by_name) or 'none'}"
+            )
+        names, tensors, constants = [], [], {}
+        for name in by_name:  # graph inputs in forward()'s order
+            if name not in example_inputs:
+                continue
+            value = example_inputs[name]
+            if _is_input(torch, value):
+                names.append(name)
+                tensors.append(maker(value, name))
+            elif _is_constant(value):
+                constants[name] = value
+            else:
+                raise UsageError(
+                    f"{FRONTEND}: input {name!r} must be a tensor, a shape such as (1, 3, 224, 224), (shape, dtype) "
+                    f"or a plain value (bool, number, string, None), got {type(value).__name__}"
+                )
+        return _Call(names, tuple(tensors), True, constants, forward)
+
+    if isinstance(example_inputs, torch.Tensor) or _is_shape(example_inputs) or _is_spec(torch, example_inputs):
         example_inputs = (example_inputs,)
     if not isinstance(example_inputs, (tuple, list)):
         raise UsageError(
-            f"{FRONTEND}: example_inputs must be a tensor, a shape such as (1, 3, 224, 224), or a tuple of them; "
-            f"got {type(example_inputs).__name__}"
+            f"{FRONTEND}: example_inputs must be a tensor, a shape such as (1, 3, 224, 224), (shape, dtype), or a "
+            f"tuple or dict of them; got {type(example_inputs).__name__}"
         )
-    generator = None
     tensors = []
     for i, item in enumerate(example_inputs):
-        if isinstance(item, torch.Tensor):
-            tensors.append(item)
-            continue
-        if not _is_shape(item) or any(d <= 0 for d in item):
+        if not _is_input(torch, item):
             raise UsageError(
-                f"{FRONTEND}: example input {i} must be a tensor or a shape of positive ints such as (1, 3, 224, 224), "
-                f"got {item!r}"
+                f"{FRONTEND}: example input {i} must be a tensor, a shape of positive ints such as (1, 3, 224, 224) "
+                f"or (shape, dtype), got {item!r}"
             )
-        if generator is None:
-            generator = torch.Generator().manual_seed(0)
-        tensors.append(torch.randn(tuple(item), generator=generator, dtype=torch.float32).to(device))
-    return tuple(tensors)
+        tensors.append(maker(item, f"example input {i}"))
+    tensors = tuple(tensors)
+    return _Call(_input_names(parameters, tensors, input_names), tensors, False, {}, forward)
 
 
-def _input_names(module, inputs: tuple, names: Sequence[str] | None) -> list[str]:
+def _is_input(torch, value: Any) -> bool:
+    return isinstance(value, torch.Tensor) or _is_shape(value) or _is_spec(torch, value)
+
+
+def _is_constant(value: Any) -> bool:
+    return common.plain(value)
+
+
+class _Maker:
+    """Makes the tensor a shape or ``(shape, dtype)`` stands for (normal floats from a generator seeded with 0,
+    zeros for integers, True for bools), on ``device``."""
+
+    def __init__(self, torch, device):
+        self.torch, self.device, self.generator = torch, device, None
+
+    def __call__(self, item: Any, what: str):
+        torch = self.torch
+        if isinstance(item, torch.Tensor):
+            return item
+        shape, dtype = (item, torch.float32) if _is_shape(item) else item
+        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        if any(d <= 0 for d in shape):
+            raise UsageError(
+                f"{FRONTEND}: {what} must be a tensor or a shape of positive ints such as (1, 3, 224, 224), "
+                f"got {tuple(shape)!r}"
+            )
+        shape = tuple(shape)
+        if dtype.is_floating_point or dtype.is_complex:
+            if self.generator is None:
+                self.generator = torch.Generator().manual_seed(0)
+            return torch.randn(shape, generator=self.generator, dtype=torch.float32).to(dtype).to(self.device)
+        if dtype == torch.bool:
+            return torch.ones(shape, dtype=dtype, device=self.device)
+        return torch.zeros(shape, dtype=dtype, device=self.device)
+
+
+def _input_names(parameters, inputs: tuple, names: Sequence[str] | None) -> list[str]:
     if names is not None:
         names = list(names)
         if len(names) != len(inputs) or len(set(names)) != len(names) or not all(isinstance(n, str) and n for n in names):
             raise UsageError(f"{FRONTEND}: input_names must be {len(inputs)} distinct non-empty names, got {names!r}")
         return names
-    try:
-        parameters = inspect.signature(module.forward).parameters.values()
-        positional = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    except (TypeError, ValueError):
-        positional = []
+    positional = [p.name for p in parameters or () if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     names = positional[: len(inputs)]
     return names + [f"input_{i}" for i in range(len(names), len(inputs))]
+
+
+def _trainable_inputs(call: _Call, names: Sequence[str] | None) -> list[str]:
+    """The graph inputs trained: ``names`` (each must be a floating-point input) and tensors that require grad."""
+    float_inputs = [n for n, x in zip(call.names, call.tensors) if x.is_floating_point()]
+    if isinstance(names, str):
+        names = [names]
+    wanted = list(names or ())
+    bad = [n for n in wanted if n not in float_inputs]
+    if bad:
+        raise UsageError(
+            f"{FRONTEND}: trainable input {', '.join(map(repr, bad))} is not a floating-point input of forward(); "
+            f"those are: {', '.join(float_inputs) or 'none'}"
+        )
+    wanted += [n for n, x in zip(call.names, call.tensors) if x.requires_grad and n in float_inputs]
+    return list(dict.fromkeys(wanted))
 
 
 def _shared_batch(inputs: tuple) -> int | None:
@@ -280,44 +438,59 @@ def _shared_batch(inputs: tuple) -> int | None:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _export(module, inputs: tuple, names: list[str], training: bool, opset: int) -> onnx.ModelProto:
+def _export(module, inputs: tuple, names: list[str], training: bool, opset: int, call: _Call | None = None) -> onnx.ModelProto:
     """Export ``module`` (put in train or eval mode, then restored) to a weightless ModelProto."""
     from flopcount.models import export as ex
 
     torch = _import_torch()
+    call = (call or _Call(list(names), inputs, False, {}, "forward(...)")).with_tensors(inputs)
     batch = _shared_batch(inputs)
+    meta = any(t.is_meta for t in (*module.parameters(), *module.buffers(), *inputs))
     # export.py's dynamo path traces at batch 2 by expanding dim 0, which works from a batch of 1.
     first = tuple(x[:1] for x in inputs)
-    if training:
+    dynamo = lambda: ex._export_dynamo(module, first, names, [], opset)  # noqa: E731
+    if meta:  # the TorchScript exporter needs weight data; torch.export works on shapes alone
+        if batch is None:
+            raise UsageError(
+                f"{FRONTEND}: {type(module).__name__} is on the meta device, which only the torch.export exporter "
+                f"handles, and it needs inputs that share dimension 0 (the batch); got {call.describe()}"
+            )
         attempts: list[tuple[str, Callable[[], onnx.ModelProto]]] = [
+            ("dynamo", (lambda: _mark_batch_norm_training(dynamo())) if training else dynamo)
+        ]
+    elif training:
+        attempts = [
             ("torchscript", lambda: _torchscript(torch, module, inputs, names, opset, True, batch is not None))
         ]
         if batch is not None:
-            attempts.append(("dynamo", lambda: _mark_batch_norm_training(ex._export_dynamo(module, first, names, [], opset))))
+            attempts.append(("dynamo", lambda: _mark_batch_norm_training(dynamo())))
     elif batch is not None:
         attempts = [
-            ("dynamo", lambda: ex._export_dynamo(module, first, names, [], opset)),
+            ("dynamo", dynamo),
             ("torchscript", lambda: ex._export_torchscript(module, inputs, names, [], opset)),
         ]
     else:
         attempts = [("torchscript", lambda: _torchscript(torch, module, inputs, names, opset, False, False))]
 
     modes = [(m, m.training) for m in module.modules()]
-    buffers = [(b, b.detach().clone()) for b in module.buffers()]
+    buffers = [(b, b.detach().clone()) for b in module.buffers() if not b.is_meta]
     errors: list[tuple[str, BaseException]] = []
-    model = None
+    dropped: list[str] = []
+    model = misfit = None
     try:
         module.train(training)
         with torch.no_grad(), _quiet_exporters():
-            for name, attempt in attempts:
-                try:
-                    model = attempt()
-                except Exception as e:  # noqa: BLE001 - any exporter failure moves on to the next exporter
-                    log.info("the %s exporter failed: %s", name, _exporter_line(e))
-                    errors.append((name, e))
-                    continue
-                log.info("exported %s with the %s exporter", type(module).__name__, name)
-                break
+            with _deduplicate_by_identity_only(torch), _tensor_call(torch, module, call, dropped):
+                for name, attempt in attempts:
+                    try:
+                        model = attempt()
+                    except Exception as e:  # noqa: BLE001 - any exporter failure moves on to the next exporter
+                        log.info("the %s exporter failed: %s", name, _exporter_line(e))
+                        errors.append((name, e))
+                        continue
+                    log.info("exported %s with the %s exporter", type(module).__name__, name)
+                    break
+            misfit = _misfit(module, call) if model is None else None
     finally:
         with torch.no_grad():
             for b, saved in buffers:  # tracing in training mode updates BatchNorm running statistics
@@ -325,11 +498,23 @@ def _export(module, inputs: tuple, names: list[str], training: bool, opset: int)
         for m, was_training in modes:
             m.training = was_training
     if model is None:
+        if misfit is not None:
+            raise UsageError(
+                f"{FRONTEND}: the inputs do not fit {type(module).__name__}.{call.forward}: passed {call.describe()}; "
+                f"forward() raised {misfit}; give the shapes (and :dtype) forward() expects"
+            )
         raise FrontendError(_failure_message(type(module).__name__, errors))
+    if dropped:
+        log.info(
+            "outputs of %s that are not tensors (%s) are not graph outputs; a Hugging Face cache is left out by "
+            "passing use_cache=False", type(module).__name__, ", ".join(dict.fromkeys(dropped)),
+        )
     if batch is not None:
         _pin_batch(model, batch)
     try:
-        if model.ByteSize() < onnx.checker.MAXIMUM_PROTOBUF:  # the checker cannot take larger protos in memory
+        # The checker cannot take protos over 2 GB in memory, and wants the file that external data (the weights
+        # of a meta-device module) names to exist.
+        if not meta and model.ByteSize() < onnx.checker.MAXIMUM_PROTOBUF:
             onnx.checker.check_model(model)
     except onnx.checker.ValidationError as e:
         raise FrontendError(
@@ -338,6 +523,65 @@ def _export(module, inputs: tuple, names: list[str], training: bool, opset: int)
     model = ex.make_weightless(model, f"{type(module).__name__}.weights")
     ex.strip_metadata(model)
     return model
+
+
+@contextlib.contextmanager
+def _tensor_call(torch, module, call: _Call, dropped: list[str]):
+    """Meanwhile, ``module.forward`` takes the graph inputs positionally (named after them), passes them to the
+    real ``forward`` as ``call`` says (by keyword, with the constant arguments), and returns the tensors of its
+    result as a flat tuple: dicts and model outputs by value, and without what is not a tensor (a Hugging Face
+    cache object, whose type names are added to ``dropped``), which neither exporter can return."""
+    saved = vars(module).get("forward", _MISSING)
+    real = module.forward
+
+    def forward(*tensors):
+        args, kwargs = call.arguments(tensors)
+        return tuple(_output_tensors(torch, real(*args, **kwargs), dropped))
+
+    forward.__signature__ = inspect.Signature(
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in call.names]
+    )
+    module.forward = forward
+    try:
+        yield
+    finally:
+        if saved is _MISSING:
+            del module.forward
+        else:
+            module.forward = saved
+
+
+_MISSING = object()
+
+
+def _output_tensors(torch, value: Any, dropped: list[str]):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif value is None or isinstance(value, (bool, int, float, str)):
+        return
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from _output_tensors(torch, item, dropped)
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _output_tensors(torch, item, dropped)
+    else:
+        dropped.append(type(value).__name__)
+
+
+def _misfit(module, call: _Call) -> str | None:
+    """Why ``forward`` refuses the inputs when run as it is (one line), or None when it accepts them (so the
+    exporter, not the inputs, is at fault). Runs after every exporter failed; on meta-device modules it costs no
+    arithmetic."""
+    args, kwargs = call.arguments(call.tensors)
+    try:
+        module(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - any failure of the user's forward is the answer
+        line = common.first_text_line(e)
+        if "meta tensor" in line:  # forward reads values (.item()), which the meta device cannot give: no verdict
+            return None
+        return f"{type(e).__name__}: {line}"
+    return None
 
 
 def _torchscript(torch, module, inputs, names, opset, training: bool, dynamic_batch: bool) -> onnx.ModelProto:
@@ -359,6 +603,30 @@ def _torchscript(torch, module, inputs, names, opset, training: bool, dynamic_ba
         dynamic_axes={name: {0: "batch"} for name in names} if dynamic_batch else None,
     )
     return onnx.load_from_string(buffer.getvalue())
+
+
+@contextlib.contextmanager
+def _deduplicate_by_identity_only(torch):
+    """Keep the TorchScript exporter from merging parameters whose values happen to be equal.
+
+    In eval mode it replaces an initializer by another one with the same contents (two freshly initialised
+    BatchNorm scales, two zero biases), so the parameter count would depend on weight values. Its pass takes an
+    ``is_train`` flag that limits the merge to tensors that are the same storage (tied weights); it is forced here.
+    """
+    name = "_jit_pass_onnx_deduplicate_initializers"
+    original = getattr(torch._C, name, None)
+    if original is None:
+        yield
+        return
+
+    def by_identity(graph, params, is_train):
+        return original(graph, params, True)
+
+    setattr(torch._C, name, by_identity)
+    try:
+        yield
+    finally:
+        setattr(torch._C, name, original)
 
 
 def _mark_batch_norm_training(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -391,7 +659,7 @@ def _pin_batch(model: onnx.ModelProto, batch: int) -> None:
 def _quiet_exporters() -> contextlib.AbstractContextManager[None]:
     """Keep the exporters' warnings, log records and stdout prints (the TorchScript exporter prints its graph to
     stdout from C++ when it fails) out of the user's output; they go to flopcount's DEBUG log instead."""
-    return common.quiet(_EXPORTER_LOGGERS, log, fds=(1,))
+    return common.quiet(_EXPORTER_LOGGERS, log, fds=(1,), level=logging.CRITICAL + 1)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -449,15 +717,19 @@ def _failure_message(module_name: str, errors: Sequence[tuple[str, BaseException
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _fingerprint(torch, module, inputs: tuple, names: Sequence[str], training: bool, opset: int) -> str:
-    """Hash of everything the exported graph depends on except weight values."""
-    classes = {}
-    attributes = []
+def _fingerprint(torch, module, call: _Call, training: bool, opset: int) -> str | None:
+    """Hash of everything the exported graph depends on except weight values; None (do not cache) where some
+    state that ``forward`` may read cannot be described (see :class:`flopcount.frontends.common.StateDescriber`)."""
+    describer = common.StateDescriber(leaf=lambda value: _torch_leaf(torch, value), framework=("torch",))
     for name, sub in module.named_modules():
-        cls = type(sub)
-        classes[f"{cls.__module__}.{cls.__qualname__}"] = common.class_digest(cls, ("torch",))
-        plain = {k: v for k, v in vars(sub).items() if not k.startswith("_") and k != "training" and common.plain(v)}
-        attributes.append([name, plain])
+        describer.name(sub, f"module:{name}")
+    modules = []
+    for name, sub in module.named_modules():
+        state = {k: v for k, v in vars(sub).items() if k not in _MODULE_BOOKKEEPING}
+        modules.append([name, describer.object_type(sub), describer.describe(state)])
+    if describer.unsound is not None:
+        log.info("export of %s not cached: %s", type(module).__name__, describer.unsound)
+        return None
     document = {
         "format": _CACHE_FORMAT,
         "versions": {
@@ -467,15 +739,46 @@ def _fingerprint(torch, module, inputs: tuple, names: Sequence[str], training: b
             "flopcount": common.dist_version("flopcount"),
         },
         "module": repr(module),
-        "classes": classes,
-        "attributes": attributes,
-        "parameters": [[n, list(p.shape), str(p.dtype)] for n, p in module.named_parameters()],
-        "buffers": [[n, list(b.shape), str(b.dtype)] for n, b in module.named_buffers()],
-        "inputs": [[n, list(x.shape), str(x.dtype)] for n, x in zip(names, inputs)],
+        "modules": modules,
+        "parameters": [[n, list(p.shape), str(p.dtype), p.is_meta] for n, p in module.named_parameters()],
+        "buffers": [[n, list(b.shape), str(b.dtype), b.is_meta] for n, b in module.named_buffers()],
+        "inputs": [[n, list(x.shape), str(x.dtype), _value_digest(torch, x)] for n, x in zip(call.names, call.tensors)],
+        "keyword": call.keyword,
+        "constants": describer.describe(call.constants),
         "training": bool(training),
         "opset": opset,
     }
+    if describer.unsound is not None:
+        log.info("export of %s not cached: %s", type(module).__name__, describer.unsound)
+        return None
     return common.cache_key(document)
+
+
+#: Module attributes the fingerprint covers otherwise (parameters, buffers, submodules, the training flag) or that
+#: do not change what ``forward`` computes (state-dict and backward hooks).
+_MODULE_BOOKKEEPING = frozenset({
+    "_parameters", "_buffers", "_modules", "training", "_state_dict_hooks", "_state_dict_pre_hooks",
+    "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks", "_backward_hooks", "_backward_pre_hooks",
+    "_is_full_backward_hook", "_non_persistent_buffers_set",
+})
+
+
+def _torch_leaf(torch, value: Any) -> Any:
+    """The description of torch values that are not plain Python objects, or :data:`common.NOT_A_LEAF`."""
+    if isinstance(value, torch.Tensor):  # a tensor attribute (not a parameter or buffer): its type, not its values
+        return ["tensor", list(value.shape), str(value.dtype), value.device.type]
+    if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size)):
+        return repr(value)
+    return common.NOT_A_LEAF
+
+
+def _value_digest(torch, x) -> str | None:
+    """Digest of an input tensor's values (Python control flow in forward may read them, and the TorchScript
+    exporter bakes what it read into the graph); None on the meta device, which has no values."""
+    if x.is_meta:
+        return None
+    data = x.detach().cpu().contiguous().reshape(-1)
+    return common.bytes_digest(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
 
 
 # ---------------------------------------------------------------------------------------------------------------

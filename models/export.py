@@ -262,20 +262,70 @@ def _export_dynamo(
         verbose=False,
     )
     model = program.model
-    onnxscript.optimizer.fold_constants(model)
-    model = onnxscript.rewriter.rewrite(
-        model,
-        pattern_rewrite_rules=[
-            # aten.conv2d(bias=None) is exported as Conv with a zero bias built by Expand; drop it again.
-            remove_optional_bias_from_conv_rule,
-            # torch.flatten(x, 1) becomes Reshape(x, Concat(Shape(x)[0], [C])); make that Reshape(x, [-1, C]).
-            materialize_reshape_shape_rule,
-        ],
-    )
+    with _weights_opaque(model):
+        onnxscript.optimizer.fold_constants(model)
+        model = onnxscript.rewriter.rewrite(
+            model,
+            pattern_rewrite_rules=[
+                # aten.conv2d(bias=None) is exported as Conv with a zero bias built by Expand; drop it again.
+                # Real biases are opaque here (see _weights_opaque), so a bias that is zero is never removed.
+                remove_optional_bias_from_conv_rule,
+                # torch.flatten(x, 1) becomes Reshape(x, Concat(Shape(x)[0], [C])); make that Reshape(x, [-1, C]).
+                materialize_reshape_shape_rule,
+            ],
+        )
     onnxscript.optimizer.remove_unused_nodes(model)
     # Shape constants (the Reshape target, ReduceMean axes) as initializers rather than Constant nodes.
     LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
+    _reference_meta_tensors(model, f"{type(module).__name__}.weights")
     return serde.serialize_model(model)
+
+
+def _is_meta(tensor: Any) -> bool:
+    """An onnx_ir tensor wrapping a torch tensor on the meta device (shape and type, no data)."""
+    return bool(getattr(getattr(tensor, "raw", None), "is_meta", False))
+
+
+def _reference_meta_tensors(model: Any, location: str) -> None:
+    """Make every initializer that is a meta-device tensor an external-data reference to ``location`` (a file never
+    written), as :func:`make_weightless` does for large ones: a module built on the meta device has no data to
+    serialise."""
+    import onnx_ir as ir
+
+    for value in model.graph.initializers.values():
+        tensor = value.const_value
+        if tensor is not None and _is_meta(tensor):
+            value.const_value = ir.ExternalTensor(
+                location, 0, tensor.nbytes, tensor.dtype, shape=tensor.shape, name=value.name
+            )
+
+
+class _weights_opaque:
+    """Hide the values of the floating-point initializers torch.export made (parameters, buffers, lifted tensor
+    constants) from onnxscript's optimiser while the context runs, so that nothing it does depends on weight values
+    (and nothing tries to compute with the data-less tensors of a module on the meta device).
+
+    Its rules read initializer values: ``remove_optional_bias_from_conv_rule`` deletes any Conv bias that is all
+    zeros, meant for the zero bias the exporter builds for ``bias=None`` but also hitting real biases that are
+    initialised to zero (Hugging Face does so), and constant folding would compute weight-derived values
+    (``w / w.norm()``) once instead of at every step. Integer initializers (indices, shapes) stay visible.
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.hidden = [
+            (value, value.const_value)
+            for value in model.graph.initializers.values()
+            if value.const_value is not None
+            and ((value.dtype is not None and value.dtype.is_floating_point()) or _is_meta(value.const_value))
+        ]
+
+    def __enter__(self) -> None:
+        for value, _ in self.hidden:
+            value.const_value = None
+
+    def __exit__(self, *exc: object) -> None:
+        for value, tensor in self.hidden:
+            value.const_value = tensor
 
 
 def _export_torchscript(

@@ -234,7 +234,7 @@ def test_cache_hit_then_miss_on_a_new_shape(cache, exports):
 
 
 def test_cache_key_sees_structure_not_values(cache):
-    key = lambda m: frontend._fingerprint(torch, m, (torch.zeros(1, 4),), ["x"], False, 18)
+    key = lambda m: frontend._fingerprint(torch, m, frontend._bind(torch, m, torch.zeros(1, 4), None, None), False, 18)
     assert key(nn.Linear(4, 6)) == key(nn.Linear(4, 6))
     assert key(nn.Linear(4, 6)) != key(nn.Linear(4, 7))
     assert key(nn.Linear(4, 6)) != key(nn.Linear(4, 6, bias=False))
@@ -370,10 +370,10 @@ def factories(tmp_path, monkeypatch):
 
 
 def test_cli_torch(cache, factories, capsys):
-    assert main(["--torch", f"{factories}:cnn", "--input-shape", f"x={N}x{C_IN}x{H}x{W}", "--format", "json"]) == 0
+    assert main(["--torch", f"{factories}:cnn", "--input-shape", f"input={N}x{C_IN}x{H}x{W}", "--format", "json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["total"]["flops"] == cnn_flops()
-    assert [i["name"] for i in report["model"]["inputs"]] == ["x"]
+    assert [i["name"] for i in report["model"]["inputs"]] == ["input"]  # nn.Sequential.forward(input)
     assert report["model"]["inputs"][0]["shape"] == [N, C_IN, H, W]
 
 
