@@ -522,6 +522,10 @@ class Meter:
         if hasattr(ensemble, "figures"):
             batch = report.batch if report is not None else (self.samples / self.steps if self.steps else None)
             ensemble = ensemble.figures({"per_rank": per_rank, "flops_per_sample": C, "batch": batch, "quality": q})
+        if ensemble is None:
+            unavailable["ensemble"] = "one model trained (no bagging ensemble)"
+        if communication is not None:
+            unavailable.pop("communication", None)
         self._result = RunResult(
             samples=self.samples, steps=self.steps, timed_samples=timed_samples, timed_steps=timed_steps,
             wall_s=wall, step_time_s=local["step_time_s"], samples_per_s=samples_per_s, flops_per_sample=C,
