@@ -16,7 +16,8 @@ from tabulate import tabulate
 from .context import TensorInfo
 from .report import Report
 
-SCHEMA_VERSION = 2  # 2: mode, forward, backward, training; total = forward + backward
+SCHEMA_VERSION = 3  # 2: mode, forward, backward, training; total = forward + backward. 3: total.buffers; params
+# without buffers and folded constants
 FORMATS = ("table", "json", "csv", "markdown")
 
 
@@ -35,7 +36,7 @@ def _share(part: int, whole: int) -> float:
 
 
 def to_dict(report: Report, per_node: bool = False) -> dict[str, Any]:
-    """The JSON document (schema version 1; see README.md)."""
+    """The JSON document (see README.md, "JSON output")."""
     from . import __version__
 
     total = report.total.as_dict()
@@ -55,6 +56,7 @@ def to_dict(report: Report, per_node: bool = False) -> dict[str, Any]:
         "batch": report.batch,
         "mode": report.mode,
         "total": {"flops": total["flops"], "macs": total["macs"], "params": report.params,
+                  "buffers": report.buffers,
                   "transcendentals": total["transcendentals"], "int_ops": total["int_ops"]},
         "per_sample": report.per_sample.as_dict(),
         "forward": report.forward.as_dict(),
@@ -164,7 +166,8 @@ def _summary_lines(report: Report) -> list[str]:
         f"Per-sample FLOPs: {_n(ps.flops)} ({si(ps.flops, 'FLOPs')})",
         f"Per-sample MACs: {_n(ps.macs)} ({si(ps.macs, 'MACs')})",
         f"Transcendentals: {_n(report.total.transcendentals)}; integer ops (not FLOPs): {_n(report.total.int_ops)}",
-        f"Parameters: {_n(report.params)} ({si(report.params)})",
+        f"Parameters: {_n(report.params)} ({si(report.params)})"
+        + (f"; buffers (not trained): {_n(report.buffers)}" if report.buffers else ""),
     ]
     if report.mode == "train":
         fwd, bwd = report.forward.per(report.batch), report.backward.per(report.batch)

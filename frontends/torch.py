@@ -69,7 +69,7 @@ log = logging.getLogger(__name__)
 
 FRONTEND = "torch"
 INSTALL_HINT = "pip install 'flopcount[torch]'"
-_CACHE_FORMAT = 1  # bump when the export pipeline changes what it writes
+_CACHE_FORMAT = 2  # bump when the export pipeline changes what it writes
 #: Seconds an export runs before the progress indicator appears.
 _PROGRESS_DELAY_S = 1.0
 #: Loggers of the exporters, quieted while they run unless flopcount's own logging is at DEBUG.
@@ -145,6 +145,8 @@ def from_torch(
     if batch is not None and _shared_batch(inputs) not in (None, batch):
         inputs = tuple(x[:1].expand(batch, *x.shape[1:]) for x in inputs)
     model = to_onnx(module, inputs, training=training, input_names=input_names, opset=opset, cache_dir=cache_dir)
+    if count_kwargs.get("trainable") is None:
+        count_kwargs["trainable"] = _trainable_initializers(module, model)
     return count(model, **count_kwargs)
 
 
@@ -197,6 +199,22 @@ def load_factory(spec: str) -> torch.nn.Module:
 # ---------------------------------------------------------------------------------------------------------------
 # Inputs
 # ---------------------------------------------------------------------------------------------------------------
+
+
+def _trainable_initializers(module, model: onnx.ModelProto) -> list[str] | None:
+    """The initializers of ``model`` that are ``module``'s trainable parameters (``named_parameters()`` with
+    ``requires_grad``), by name: the exporters name initializers after the parameters (the torch.export path gives a
+    weight folded through a transpose its parameter's name back, see :mod:`flopcount.models.export`). None, so that
+    the graph's structure decides, when some trainable parameter has no initializer of its name (an exporter that
+    re-packs weights, such as the TorchScript one for LSTM)."""
+    names = {t.name for t in model.graph.initializer}
+    wanted = [n for n, p in module.named_parameters() if p.requires_grad and p.numel() > 0]
+    missing = [n for n in wanted if n not in names]
+    if missing:
+        log.debug("parameters without an initializer of their name (%s): the graph decides what is trained",
+                  ", ".join(missing[:5]))
+        return None
+    return wanted
 
 
 def _import_torch():
