@@ -11,7 +11,7 @@ from functools import lru_cache
 from math import prod
 from operator import itemgetter
 from types import MappingProxyType
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Any, Collection, Mapping, NamedTuple, Sequence
 
 import onnx
 from onnx import ModelProto, helper
@@ -23,14 +23,13 @@ from .conventions import Convention, get_convention
 from .cost import ZERO, Bound, Breakdown, Cost
 from .errors import FlopcountError, InvalidGraphError, ShapeError, UnsupportedOperatorError, UsageError
 from .loading import load
+from .parameters import BUFFER, PARAMETER, Roles, classify
 from .registry import DEFAULT_DOMAIN, buffer_inputs, canonical_domain, lookup, lookup_backward, straight_through
 from .report import FORMULA, UNSUPPORTED, ZERO_COST, ModelInfo, NodeCount, OpTypeSummary, Report, op_key
 from .shapes import MAX_ELEMENTS, Inference, prepare, resolve
 
 log = logging.getLogger(__name__)
 
-# Initializer types that hold shapes and indices rather than weights.
-_NON_PARAM_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.BOOL, onnx.TensorProto.STRING})
 
 
 def count(
@@ -44,6 +43,7 @@ def count(
     mode: str = "inference",
     optimizer: str | None = None,
     trainable_inputs: Sequence[str] | None = None,
+    trainable: Collection[str] | None = None,
 ) -> Report:
     """Count the FLOPs of an ONNX model without reading its weights.
 
@@ -68,8 +68,8 @@ def count(
         ``SequenceMap`` nodes), e.g. ``{"generate_loop": 32}``.
     mode : ``"inference"`` or ``"train"``
         ``"train"`` adds the backward pass: per node, the gradients of the inputs that need one
-        (inputs that depend on a trainable parameter, and the parameters themselves). Trainable
-        parameters are floating-point initializers fed to differentiable inputs.
+        (inputs that depend on a trainable parameter, and the parameters themselves). The
+        parameters are trained (see ``trainable``); buffers and constants are not.
     optimizer : ``"sgd"``, ``"momentum"`` or ``"adam"``, optional
         With ``mode="train"``: also the optimizer update per step from the trainable parameter
         count, reported apart from the forward and backward totals.
@@ -77,6 +77,14 @@ def count(
         With ``mode="train"``: floating-point graph inputs that are trained like parameters rather than fed
         as data (an embedding or soft prompt passed in): their gradients are counted, and they count among the
         trainable parameters that the optimizer updates.
+    trainable : collection of str, optional
+        Names of the initializers (or ``Constant`` outputs) that are the framework's trainable
+        parameters, e.g. from ``module.named_parameters()``. They are the parameters, and the only
+        tensors trained; other weights are reported as buffers. ``None`` (the default): decided
+        from the graph's structure (see
+        :mod:`flopcount.parameters`): tensors used as weights are parameters, BatchNormalization's
+        running statistics are buffers, and folded constants (exponents, epsilons, rotary tables,
+        masks) are neither.
 
     Returns
     -------
@@ -102,7 +110,7 @@ def count(
     gc.disable()
     try:
         return _count(model, input_shapes, batch, convention, strict, input_values, loop_trips, mode, optimizer,
-                      trainable_inputs)
+                      trainable_inputs, trainable)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -112,7 +120,7 @@ MODES = ("inference", "train")
 
 
 def _count(model, input_shapes, batch, convention, strict, input_values, loop_trips, mode, optimizer,
-           trainable_inputs=None) -> Report:
+           trainable_inputs=None, trainable=None) -> Report:
     conv = get_convention(convention)
     if mode not in MODES:
         raise UsageError(f"unknown mode {mode!r}; choose one of: {', '.join(MODES)}")
@@ -144,7 +152,7 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
         attributes_of = _AttributeCache(opsets, where, m.ir_version)
         attributes = [attributes_of(p, n, op=o, arity=(len(i), len(out)), index=k) for k, (p, n, o, i, out) in
                       enumerate(zip(protos, names, dag.graph["node_ops"], dag.graph["node_inputs"], dag.graph["node_outputs"]))]
-        params = _params(m, frozenset(input_values or ()))
+        roles = _roles(m, opsets, trainable, frozenset(input_values or ()), where)
         lap("graph")
         res = resolve(m, dag, where, inference)
     finally:
@@ -155,7 +163,7 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
 
     trained_inputs = _trainable_inputs(m, res.tensors, trainable_inputs, mode, where)
     training = (
-        _training_plan(m, dag, res.tensors, opsets, frozenset(input_values or ()), trained_inputs)
+        _training_plan(dag, res.tensors, opsets, roles.names(PARAMETER) | trained_inputs)
         if mode == "train" else None
     )
     walk = _Traversal(res.tensors, res.values, conv, opsets, hint, where, loop_trips or {}, attributes_of, training)
@@ -166,7 +174,7 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
         for i in dag.graph["order"]
     ]
 
-    report = _report(m, loaded.path, dag, res, nodes, conv, batch, strict, where, params,
+    report = _report(m, loaded.path, dag, res, nodes, conv, batch, strict, where, roles,
                      walk.nested_unsupported)
     if training is not None:
         trainable = sum(prod(res.tensors[n].shape) for n in training.trainable if res.tensors.get(n) is not None)
@@ -272,15 +280,13 @@ def _trainable_inputs(m: ModelProto, tensors, names, mode: str, where: str) -> f
     return frozenset(names)
 
 
-def _training_plan(m: ModelProto, dag, tensors, opsets, given: frozenset = frozenset(),
-                   trained_inputs: frozenset = frozenset()) -> _TrainingPlan:
-    """Which tensors need gradients: trainable parameters (floating-point initializers fed to a
-    differentiable input) and everything computed from them through differentiable inputs. A node
-    whose outputs are all integers or bools (ArgMax, NonMaxSuppression, comparisons) passes no
-    gradient back, so it needs no backward and trains nothing, unless its backward is registered
-    ``straight_through`` (fake quantization). Inputs whose values the user gave (``given``) are not weights."""
-    float_inits = {t.name for t in m.graph.initializer if t.data_type in FLOAT_TYPES and t.name not in given}
-    float_inits |= trained_inputs  # trained like parameters: gradients, and the optimizer's update
+def _training_plan(dag, tensors, opsets, parameters: frozenset[str]) -> _TrainingPlan:
+    """Which tensors need gradients: the trainable ``parameters`` fed to a differentiable input
+    (see :mod:`flopcount.parameters`) and everything computed from them through differentiable
+    inputs. A node whose outputs are all integers or bools (ArgMax, NonMaxSuppression, comparisons)
+    passes no gradient back, so it needs no backward and trains nothing, unless its backward is
+    registered ``straight_through`` (fake quantization)."""
+    float_inits = {n for n in parameters if (t := tensors.get(n)) is None or not t.elem_type or t.elem_type in FLOAT_TYPES}
     g = dag.graph
     nodes = ((i, g["node_inputs"][i], g["node_outputs"][i], g["node_ops"][i], g["captured"].get(i, ())) for i in g["order"])
     need: set[str] = set()
@@ -600,31 +606,85 @@ class _AttributeCache:
 
 
 def _fix_hint(inputs: Sequence[TensorInfo], inference_error: str) -> str:
+    """How to fix unknown shapes: dynamic inputs with the dims that are known and placeholders for
+    the rest (``x=1x3xHxW``), and the small integer inputs whose values shapes may depend on."""
     dynamic = [t for t in inputs if not t.is_static]
+    valued = [t for t in inputs if _value_like(t)]
     parts = []
-    if dynamic:
-        examples = " ".join(
-            f"--input-shape {t.name}=" + ("x".join(str(d) if isinstance(d, int) else "1" for d in t.shape) if t.shape is not None else "DIMS")
-            for t in dynamic
+    if valued:
+        parts.append(
+            "Shapes may depend on the value of "
+            + ", ".join(f"input {t.name!r} ({_dtype_name(t)} {t.shape_text()})" for t in valued)
+            + ": give it, e.g. "
+            + " ".join(f"--input-value {t.name}={'VALUE' if not t.shape else 'V1,V2'}" for t in valued)
+            + " (in Python: input_values=...)."
         )
+    dynamic = [t for t in dynamic if t not in valued or t.shape is None]
+    if dynamic:
+        examples = " ".join(f"--input-shape {t.name}={_placeholder_dims(t)}" for t in dynamic)
         parts.append(
             "Dynamic inputs: "
             + ", ".join(f"{t.name!r} ({t.shape_text() if t.shape is not None else 'rank unknown'})" for t in dynamic)
-            + f". Fix them, e.g. {examples} (or --batch N for the first dim; in Python: input_shapes=..., batch=...)."
+            + f". Fix them: {examples}, with sizes for the placeholders (or --batch N for the first dim; "
+            "in Python: input_shapes=..., batch=...)."
         )
     if inference_error:
         parts.append(f"ONNX shape inference says: {inference_error}")
     return " ".join(parts)
 
 
-def _params(m: ModelProto, given: frozenset) -> int:
-    """Parameter count: elements of the initializers that are not shape-like (integers, bools,
-    strings) nor inputs whose values the user gave."""
-    params = sum(prod(t.dims) for t in m.graph.initializer if t.data_type not in _NON_PARAM_TYPES and t.name not in given)
-    return params + sum(prod(sp.dims) for sp in m.graph.sparse_initializer)
+def _placeholder_dims(t: TensorInfo) -> str:
+    """``1x3xHxW``: known dims as they are, symbolic ones by their name in capitals, unnamed ones
+    as N (dim 0) or D<i>."""
+    if t.shape is None:
+        return "DIMS"
+    out = []
+    for i, d in enumerate(t.shape):
+        if isinstance(d, int):
+            out.append(str(d))
+        elif isinstance(d, str) and d and all(c.isalnum() or c == "_" for c in d) and "x" not in d.lower():
+            out.append(d.upper())
+        else:
+            out.append("N" if i == 0 else f"D{i}")
+    return "x".join(out)
 
 
-def _report(m, path, dag, res, nodes, conv, batch, strict, where, params: int, nested: Mapping[str, int]) -> Report:
+def _value_like(t: TensorInfo) -> bool:
+    """A small integer or bool input (a scalar or a vector: axes, sizes, a rate selecting a branch)."""
+    return t.elem_type in _VALUE_TYPES and t.shape is not None and len(t.shape) <= 1
+
+
+_VALUE_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.BOOL})
+
+
+def _dtype_name(t: TensorInfo) -> str:
+    return onnx.TensorProto.DataType.Name(t.elem_type).lower() if t.elem_type else "?"
+
+
+def _roles(m: ModelProto, opsets, trainable: Collection[str] | None, given: frozenset, where: str) -> Roles:
+    """Parameters, buffers and constants of the main graph. ``trainable`` (names), when given, are
+    the parameters, all trained; the graph's rule sorts the rest, and what it would call a parameter
+    is then a buffer (a frozen weight, Keras' moving statistics). Inputs whose values the user gave
+    (``given``) have no role."""
+    if trainable is not None and (isinstance(trainable, str) or not isinstance(trainable, Collection)):
+        raise UsageError(f"trainable must be a collection of initializer names, not {type(trainable).__name__}")
+    roles = classify(m, opsets, trainable or (), given)
+    if trainable is None:
+        return roles
+    unknown = sorted(n for n in trainable if n not in roles.roles)
+    if unknown:
+        shown = ", ".join(map(repr, unknown[:5])) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        raise UsageError(
+            f"{where}: trainable names {shown}, which {'is' if len(unknown) == 1 else 'are'} not a floating-point "
+            "initializer or Constant of the main graph; give the names of the exported weights"
+        )
+    named = frozenset(trainable)
+    # the framework's other weights (frozen ones, Keras' moving statistics) are state it does not train
+    return Roles({n: PARAMETER if n in named else BUFFER if r == PARAMETER else r for n, r in roles.roles.items()},
+                 roles.sizes)
+
+
+def _report(m, path, dag, res, nodes, conv, batch, strict, where, roles: Roles, nested: Mapping[str, int]) -> Report:
     groups: dict[str, list[NodeCount]] = {}
     for n in nodes:
         key = op_key(n.domain, n.op_type) if n.domain else n.op_type
@@ -671,7 +731,8 @@ def _report(m, path, dag, res, nodes, conv, batch, strict, where, params: int, n
         convention=conv,
         batch=batch,
         forward=forward,
-        params=params,
+        params=roles.total(PARAMETER),
+        buffers=roles.total(BUFFER),
         nodes=tuple(nodes),
         by_op_type=MappingProxyType({s.key: s for s in summaries}),
         unsupported=MappingProxyType(unsupported),

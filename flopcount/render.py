@@ -16,7 +16,8 @@ from tabulate import tabulate
 from .context import TensorInfo
 from .report import Report, node_bytes
 
-SCHEMA_VERSION = 2  # 2: mode, forward, backward, training; total = forward + backward
+SCHEMA_VERSION = 3  # 2: mode, forward, backward, training; total = forward + backward. 3: total.buffers; params
+# without buffers and folded constants
 FORMATS = ("table", "json", "csv", "markdown")
 
 
@@ -35,7 +36,7 @@ def _share(part: int, whole: int) -> float:
 
 
 def to_dict(report: Report, per_node: bool = False) -> dict[str, Any]:
-    """The JSON document (schema version 1; see README.md)."""
+    """The JSON document (see README.md, "JSON output")."""
     from . import __version__
 
     total = report.total.as_dict()
@@ -55,6 +56,7 @@ def to_dict(report: Report, per_node: bool = False) -> dict[str, Any]:
         "batch": report.batch,
         "mode": report.mode,
         "total": {"flops": total["flops"], "macs": total["macs"], "params": report.params,
+                  "buffers": report.buffers,
                   "transcendentals": total["transcendentals"], "int_ops": total["int_ops"]},
         "per_sample": None if report.per_sample is None else report.per_sample.as_dict(),
         "forward": report.forward.as_dict(),
@@ -174,7 +176,8 @@ def _summary_lines(report: Report) -> list[str]:
         f"Per-sample FLOPs: {_n(ps.flops)} ({si(ps.flops, 'FLOPs')})" if ps else f"Per-sample FLOPs: {none}",
         f"Per-sample MACs: {_n(ps.macs)} ({si(ps.macs, 'MACs')})" if ps else f"Per-sample MACs: {none}",
         f"Transcendentals: {_n(report.total.transcendentals)}; integer ops (not FLOPs): {_n(report.total.int_ops)}",
-        f"Parameters: {_n(report.params)} ({si(report.params)})",
+        f"Parameters: {_n(report.params)} ({si(report.params)})"
+        + (f"; buffers (not trained): {_n(report.buffers)}" if report.buffers else ""),
     ]
     if report.mode == "train" and ps is None:
         lines[4:4] = ["Mode: train (forward + backward)", f"Per-sample training FLOPs: {none}"]

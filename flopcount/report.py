@@ -136,9 +136,12 @@ class Report:
     ``forward`` is the inference pass over the whole batch; in training mode (``mode == "train"``)
     ``backward`` holds the gradient computation and ``total`` is their sum (in inference mode
     ``total`` is ``forward``). ``per_sample`` divides ``total`` by ``batch``. ``params`` counts
-    initializer elements (floating-point and low-bit weights; int64/int32 shape and index tensors
-    excluded), from their dims, without reading data; ``trainable_params`` those that are trained.
+    elements of initializers and ``Constant`` tensors that are parameters, from their dims, without
+    reading data; ``trainable_params`` those that are trained.
     ``optimizer``, when asked for, is the update step's cost, kept apart from ``total``.
+    ``params`` counts the parameters (weights a framework trains), ``buffers`` the stored state
+    that is not trained (BatchNormalization's running statistics); folded constants are in neither
+    (see :mod:`flopcount.parameters`).
     """
 
     model: ModelInfo
@@ -155,6 +158,7 @@ class Report:
     backward_unsupported: Mapping[str, int] = field(default_factory=dict)  # formula ops without a backward formula
     trainable_params: int = 0
     optimizer: tuple[str, Cost] | None = None
+    buffers: int = 0
 
     @property
     def total(self) -> Cost:

@@ -111,6 +111,7 @@ def apply_overrides(
         if any(not isinstance(d, int) or d <= 0 or d > MAX_ELEMENTS for d in dims) or prod(dims) > MAX_ELEMENTS:
             raise UsageError(f"{where}: the shape given for input {name!r} ({list(dims)}) must be positive integers, "
                              "with at most 2**48 elements in all")
+    _dynamic_minus_one(model, real_inputs)
     for name in real_inputs:
         declared = _declared_shape(by_name[name])
         for i, d in enumerate(declared or ()):
@@ -153,6 +154,17 @@ def apply_overrides(
             if o.type.tensor_type.HasField("shape"):
                 o.type.tensor_type.ClearField("shape")
     return changed
+
+
+def _dynamic_minus_one(model: ModelProto, real_inputs: Sequence[str]) -> None:
+    """Graph inputs that declare a dim as -1 (Paddle2ONNX's way of writing a dynamic dim) get an
+    unknown dim instead, in place; ``--input-shape`` and ``--batch`` fix it like a symbolic one."""
+    wanted = set(real_inputs)
+    for vi in model.graph.input:
+        if vi.name in wanted and _tensor_type(vi).HasField("shape"):
+            for d in _tensor_type(vi).shape.dim:
+                if d.HasField("dim_value") and d.dim_value == -1:
+                    d.Clear()
 
 
 # --------------------------------------------------------------------------------------------
@@ -699,6 +711,8 @@ def resolve(model: ModelProto, dag: nx.DiGraph, where: str, first: "Inference | 
     if pending and any(p.domain not in ("", "ai.onnx") for p in dag.graph["protos"]):
         tensors = _contrib_shapes(model, dag, tensors, values, where)
         pending = _unresolved(dag, tensors)
+    if not values and any(n.op_type == "If" for n in model.graph.node):
+        _fold(model, dag, tensors, values)  # an If's condition computed from constants or given values
     if not values:
         values = _LazyConstants(model)  # built on the first look-up: most counts never need one
     if bodies:

@@ -172,6 +172,10 @@ def from_keras(
     training = common.training_flag(training, count_kwargs, log)
     converted = to_onnx(model, input_shapes, training=training, batch=count_kwargs.get("batch"), opset=opset,
                         cache_dir=cache_dir)
+    if count_kwargs.get("trainable") is None:  # the variables become initializers named by their paths
+        names = {t.name for t in converted.graph.initializer}
+        paths = [w.path for w in model.trainable_weights]
+        count_kwargs["trainable"] = paths if all(p in names for p in paths) else None
     return count(converted, **count_kwargs)
 
 

@@ -173,10 +173,9 @@ def from_torch(
     model = _to_onnx(torch, module, call, training=training, opset=opset, cache_dir=cache_dir)
     if trained and (trainable_inputs or count_kwargs.get("mode") == "train"):
         # inputs named by trainable_inputs need mode="train" (count says so); requires_grad alone is ignored otherwise
-        if "trainable_inputs" in parameters:
-            count_kwargs["trainable_inputs"] = trained
-        else:  # a flopcount whose count() takes no trainable_inputs
-            log.info("this flopcount cannot train graph inputs; %s counted as data", ", ".join(trained))
+        count_kwargs["trainable_inputs"] = trained
+    if count_kwargs.get("trainable") is None:
+        count_kwargs["trainable"] = _trainable_initializers(module, model)
     return count(model, **count_kwargs)
 
 
@@ -234,6 +233,22 @@ def load_factory(spec: str) -> torch.nn.Module:
 # ---------------------------------------------------------------------------------------------------------------
 # Inputs
 # ---------------------------------------------------------------------------------------------------------------
+
+
+def _trainable_initializers(module, model: onnx.ModelProto) -> list[str] | None:
+    """The initializers of ``model`` that are ``module``'s trainable parameters (``named_parameters()`` with
+    ``requires_grad``), by name: the exporters name initializers after the parameters (the torch.export path gives a
+    weight folded through a transpose its parameter's name back, see :mod:`flopcount.models.export`). None, so that
+    the graph's structure decides, when some trainable parameter has no initializer of its name (an exporter that
+    re-packs weights, such as the TorchScript one for LSTM)."""
+    names = {t.name for t in model.graph.initializer}
+    wanted = [n for n, p in module.named_parameters() if p.requires_grad and p.numel() > 0]
+    missing = [n for n in wanted if n not in names]
+    if missing:
+        log.debug("parameters without an initializer of their name (%s): the graph decides what is trained",
+                  ", ".join(missing[:5]))
+        return None
+    return wanted
 
 
 def _import_torch():

@@ -21,7 +21,7 @@ import argparse
 import copy
 import logging
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -262,6 +262,7 @@ def _export_dynamo(
         verbose=False,
     )
     model = program.model
+    origins = _layout_origins(model.graph)
     with _weights_opaque(model):
         onnxscript.optimizer.fold_constants(model)
         model = onnxscript.rewriter.rewrite(
@@ -275,6 +276,7 @@ def _export_dynamo(
             ],
         )
     onnxscript.optimizer.remove_unused_nodes(model)
+    _restore_names(model.graph, origins)
     # Shape constants (the Reshape target, ReduceMean axes) as initializers rather than Constant nodes.
     LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
     _reference_meta_tensors(model, f"{type(module).__name__}.weights")
@@ -326,6 +328,35 @@ class _weights_opaque:
     def __exit__(self, *exc: object) -> None:
         for value, tensor in self.hidden:
             value.const_value = tensor
+
+
+# Ops that only re-lay out or convert a tensor: folding one applied to a weight gives the same weight.
+_LAYOUT_OPS = frozenset({"Transpose", "Reshape", "Cast", "Identity", "Unsqueeze", "Squeeze", "Flatten"})
+
+
+def _layout_origins(graph) -> dict[str, str]:
+    """Output name → initializer name, for outputs that are an initializer (a parameter or buffer,
+    named by its fully qualified name) seen through layout-only ops: what constant folding will turn
+    into a new initializer with the output's name."""
+    origins: dict[str, str] = {}
+    for node in graph:
+        first = node.inputs[0] if node.inputs else None
+        if node.op_type not in _LAYOUT_OPS or node.domain not in ("", "ai.onnx") or first is None:
+            continue
+        source = origins.get(first.name, first.name if first.name in graph.initializers else None)
+        if source is not None and len(node.outputs) == 1:
+            origins[node.outputs[0].name] = source
+    return origins
+
+
+def _restore_names(graph, origins: Mapping[str, str]) -> None:
+    """Give a folded initializer the name of the parameter or buffer it was folded from (a transposed
+    Linear weight stays ``fc.weight``), when that name is free: counting maps a module's
+    ``named_parameters()`` to the graph by name."""
+    for name, value in list(graph.initializers.items()):
+        source = origins.get(name)
+        if source is not None and source not in graph.initializers:
+            value.name = source
 
 
 def _export_torchscript(

@@ -57,18 +57,18 @@ def ms(op, names, outputs=("y",), **attrs):
     return N(op, list(names), list(outputs), domain=MS, name="fused", **attrs)
 
 
-def train(m, convention="default"):
-    return flopcount.count(m, mode="train", convention=convention, strict=True)
+def train(m, convention="default", **kw):
+    return flopcount.count(m, mode="train", convention=convention, strict=True, **kw)
 
 
-def fused(m, convention="default"):
+def fused(m, convention="default", **kw):
     """(FLOPs, MACs, transcendentals) of the fused node's backward."""
-    node = next(n for n in train(m, convention).nodes if n.name == "fused")
+    node = next(n for n in train(m, convention, **kw).nodes if n.name == "fused")
     return tuple(node.backward)[:3]
 
 
-def assert_same_as_unfused(fused_model, unfused_model, convention="default"):
-    a, b = train(fused_model, convention), train(unfused_model, convention)
+def assert_same_as_unfused(fused_model, unfused_model, convention="default", **kw):
+    a, b = train(fused_model, convention, **kw), train(unfused_model, convention, **kw)
     assert a.backward == b.backward
     assert a.trainable_params == b.trainable_params
 
@@ -818,8 +818,12 @@ def test_bias_softmax_backward(axis, rows, n):
               {"data": (3, 5, 7, 11)}, opset=11)
     std = build([N("Add", ["data", "bias"], ["s"]), N("Softmax", ["s"], ["y"], axis=axis)], {}, bias, {},
                 {"data": (3, 5, 7, 11)}, opset=11)
-    assert fused(m) == (rows * (4 * n - 1) + 1155 - 231, 0, 0)
-    assert_same_as_unfused(m, std)
+    # A table added to scores that feed a Softmax is a mask or a position bias for the graph's rule
+    # (flopcount.parameters): named trainable here (with the prefix weight), it is trained in both graphs.
+    named = ["bias", "data_w"]
+    assert fused(m, trainable=named) == (rows * (4 * n - 1) + 1155 - 231, 0, 0)
+    assert_same_as_unfused(m, std, trainable=named)
+    assert train(std).trainable_params == train(m).trainable_params == 3 * 5 * 7 * 11  # the prefix weight only
 
 
 # --- inventory ------------------------------------------------------------------------------

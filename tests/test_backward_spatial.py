@@ -25,13 +25,14 @@ FLOAT = 1
 
 def op_model(op_type, node_inputs, data, params=(), consts=(), learned=(), opset=18, n_outputs=1, **attrs):
     """One node "op" reading ``node_inputs``; ``data`` are graph inputs (name → shape); ``params`` trainable
-    initializers; ``learned`` names of data inputs routed through Add(x, shift[1]) so that they need a
-    gradient (the node then reads "<name>_t")."""
+    initializers; ``learned`` names of data inputs routed through Add(x, shift) so that they need a
+    gradient (the node then reads "<name>_t"); the shift has x's shape, as a learned table has (a
+    one-element shift would be a folded constant, not trained)."""
     nodes = [N("Add", [x, f"{x}_shift"], [f"{x}_t"], name=f"shift_{x}") for x in learned]
     names = [f"{x}_t" if x in learned else x for x in node_inputs]
     outs = [f"y{i}" for i in range(n_outputs)]
     nodes.append(N(op_type, names, outs, name="op", **attrs))
-    inits = list(params) + list(consts) + [weight(f"{x}_shift", (1,)) for x in learned]
+    inits = list(params) + list(consts) + [weight(f"{x}_shift", data[x]) for x in learned]
     return model(nodes, data, outs, inits, opset=opset)
 
 

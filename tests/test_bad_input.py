@@ -93,7 +93,7 @@ def test_duplicate_output_names(capsys, tmp_path):
 
 def test_unresolved_dynamic_dim(capsys, tmp_path):
     m = single("MatMul", {"a": ("batch", 3)}, [weight("W", (3, 4))])
-    check_error(capsys, [write(tmp_path, m.SerializeToString())], 5, "'a'", "--input-shape a=1x3")
+    check_error(capsys, [write(tmp_path, m.SerializeToString())], 5, "'a'", "--input-shape a=BATCHx3")
 
 
 def test_negative_dim_in_model(capsys, tmp_path):

@@ -45,7 +45,7 @@ def test_table(capsys, mlp_path):
 
 def test_json_schema(capsys, mlp_path):
     doc = json.loads(run(capsys, mlp_path, "--format", "json", "--per-node"))
-    assert doc["schema_version"] == 2
+    assert doc["schema_version"] == 3
     assert doc["mode"] == "inference" and doc["backward"]["flops"] == 0 and doc["forward"]["flops"] == TOTAL
     assert doc["tool"]["name"] == "flopcount" and doc["tool"]["version"]
     assert doc["model"]["inputs"] == [{"name": "x", "dtype": "float", "shape": [4, 10]}]
@@ -54,6 +54,7 @@ def test_json_schema(capsys, mlp_path):
     assert doc["batch"] == 4
     assert doc["total"]["flops"] == TOTAL and doc["total"]["macs"] == 4 * 10 * 20 + 4 * 20 * 3
     assert doc["total"]["params"] == 10 * 20 + 20 + 20 * 3
+    assert doc["total"]["buffers"] == 0
     assert doc["per_sample"]["flops"] == TOTAL // 4
     assert doc["by_op_type"]["Gemm"]["flops"] == GEMM and doc["by_op_type"]["Gemm"]["nodes"] == 1
     assert doc["by_op_type"]["Relu"]["flops"] == RELU

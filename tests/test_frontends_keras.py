@@ -161,9 +161,11 @@ def test_training_graph_has_batch_moments_and_dropout(cache):
     assert gemm.cost.macs == n * 5 * 7 + n * 7 * 3
     # the first Dense is fed by data: weight gradient only; the second: input and weight gradients
     assert gemm.backward.macs == n * 5 * 7 + 2 * n * 7 * 3
-    # trainable: two kernels and biases, gamma and beta; the moving statistics are parameters, not trained
+    # trainable: two kernels and biases, gamma and beta (the model's trainable_weights); the moving
+    # statistics are buffers
     assert trained.trainable_params == (5 * 7 + 7) + (7 * 3 + 3) + 2 * 7
-    assert trained.params == inference.params == trained.trainable_params + 2 * 7
+    assert trained.params == inference.params == trained.trainable_params
+    assert inference.buffers == 2 * 7
 
 
 def test_mode_train_implies_a_training_graph(cache, conversions):
@@ -432,8 +434,14 @@ def test_keras_resnet50_total_closed_form(resnet):
     assert report.total.flops == expected == 7_764_381_166
     assert report.total.transcendentals == sum(a["channels"]) + 1000  # square roots; the softmax's exponentials
     assert not report.unsupported
-    # parameters: the PyTorch model's (with BatchNorm's running statistics) plus a bias per conv output channel
-    assert report.params == model.count_params() == count(BUNDLED).params + sum(a["channels"]) == 25_636_712
+    # parameters: the PyTorch model's plus a bias per conv output channel; buffers: BatchNorm's moving
+    # statistics (Keras' non-trainable weights), as in the PyTorch graph, when the trainable weights are
+    # named (from_keras does); from the graph alone the statistics, which Keras' inference graph reads
+    # through Add and Sqrt as per-channel vectors, count as parameters (README, "Parameters")
+    named = count(graph, trainable=[w.path for w in model.trainable_weights])
+    assert named.params == count(BUNDLED).params + sum(a["channels"]) == 25_557_032 + 26_560
+    assert named.buffers == count(BUNDLED).buffers == 2 * sum(a["channels"]) == 53_120
+    assert named.params + named.buffers == report.params == model.count_params() == 25_636_712
 
 
 def test_keras_resnet50_training_products_closed_form():

@@ -90,7 +90,8 @@ def test_table3_convention():
 
 
 def test_params(report):
-    # conv weights + BN (scale, bias, mean, var: 4 per channel) + FC weight and bias
+    # parameters: conv weights + BN scale and bias (2 per channel) + FC weight and bias, torch's
+    # sum(p.numel() for p in model.parameters()) = 25,557,032; buffers: BN mean and var (2 per channel)
     a = architecture()
     conv_w = 3 * 64 * 49
     c_in = 64
@@ -103,7 +104,8 @@ def test_params(report):
                 conv_w += c_in * 4 * w
                 bn_channels += 4 * w
             c_in = 4 * w
-    assert report.params == conv_w + 4 * bn_channels + 2048 * 1000 + 1000
+    assert report.params == conv_w + 2 * bn_channels + 2048 * 1000 + 1000 == 25_557_032
+    assert report.buffers == 2 * bn_channels == 2 * 26_560
     assert a  # architecture() and this count agree on the layer list (53 convs checked above)
 
 

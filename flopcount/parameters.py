@@ -1,0 +1,211 @@
+"""Which stored tensors of a graph are parameters, buffers or constants, from how the graph uses them.
+
+An exported graph stores three kinds of tensors side by side, all as initializers (or ``Constant``
+nodes): the model's **parameters** (what a framework's ``parameters()`` yields and training updates),
+its **buffers** (state that is not trained: BatchNormalization's running mean and variance) and
+**constants** the exporter folded (rotary cos/sin tables, ``Pow`` exponents, epsilons, GELU
+coefficients, mask fill values, folded attention masks and position biases). Their bytes cannot tell
+them apart, and flopcount never reads them anyway: the role comes from the positions that consume the
+tensor, looking through operators that only move, reshape or convert data (``Transpose``,
+``Reshape``, ``Slice``, ``Expand``, ``Cast``, ``DequantizeLinear`` ...). Per use:
+
+* an input the ONNX schema calls non-differentiable (shapes, axes, indices): no role;
+* a position the op's backward registration declares a buffer (BatchNormalization's mean and
+  variance, rotary caches): **buffer**, unless it is a scalar (a ratio: constant);
+* the exponent of ``Pow``, the values ``Where`` selects between, and a single value broadcast
+  (``Expand``, ``Tile``) into a tensor (a fill): **constant**;
+* an operand of an element-wise op (``Add``, ``Mul``, ``Sub``, ``Div``, activations): a
+  **constant** when it is a single value (epsilons, GELU coefficients, attention scales), when it
+  is a ``Mul``/``Div`` factor that varies along more than one axis (rotary cos/sin tables, fixed
+  windows), or an ``Add``/``Sub`` term over several axes added to attention scores (its sum feeds a
+  ``Softmax``: a mask or a folded position bias); otherwise a **parameter** (a bias, a normalization
+  or layer scale varying along one axis, a learned position embedding added to activations);
+* any other differentiable input (Conv, Gemm and MatMul operands, normalization scale and bias,
+  recurrent weights, Gather's embedding table, PRelu's slope, Concat's learned tokens): **parameter**.
+
+A tensor is a parameter when any use says so, else a buffer when any use says so, else a constant.
+``Constant`` nodes follow the same rule in graphs that keep no weights in initializers (Paddle2ONNX,
+spox, jax2tf store weights that way); where initializers hold the weights, a ``Constant`` is a
+literal of the forward code (a grid, a range, anchors, a scale vector), never a parameter (unless
+named in ``trainable=``).
+Frameworks know better: :func:`flopcount.count`'s ``trainable=`` names the parameters outright (the
+PyTorch frontend passes the module's ``named_parameters()``), and the rule then only sorts the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+from collections.abc import Collection, Mapping
+
+import onnx
+from onnx import ModelProto, TensorProto
+
+from .registry import buffer_inputs, canonical_domain, lookup
+
+PARAMETER, BUFFER, CONSTANT = "parameter", "buffer", "constant"
+
+# Initializer types that hold shapes and indices rather than weights.
+SHAPE_TYPES = frozenset({TensorProto.INT64, TensorProto.INT32, TensorProto.BOOL, TensorProto.STRING})
+
+# Operators through which a stored tensor reaches its real consumer unchanged in meaning: input 0 is
+# moved, re-laid out, converted or (de)quantized; the other inputs are shapes, axes and scales.
+_PASS_THROUGH = frozenset({
+    "Identity", "Cast", "CastLike", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Expand",
+    "Slice", "Split", "Tile", "DequantizeLinear", "Optional", "OptionalGetElement",
+})  # fmt: skip
+_BROADCAST = frozenset({"Expand", "Tile"})
+_SOFTMAX = frozenset({"Softmax", "LogSoftmax"})
+# Fused ops whose input (position) is a term added to attention scores before their softmax.
+_SCORE_BIAS = {("com.microsoft", "BiasSoftmax"): 1}
+_ADDITIVE = frozenset({"Add", "Sub"})
+_SCALING = frozenset({"Mul", "Div"})
+
+
+@dataclass(frozen=True)
+class Roles:
+    """Role of every stored tensor that is not shape-like: name → :data:`PARAMETER`,
+    :data:`BUFFER` or :data:`CONSTANT`; ``sizes`` gives their element counts (from dims)."""
+
+    roles: Mapping[str, str]
+    sizes: Mapping[str, int]
+
+    def names(self, role: str) -> frozenset[str]:
+        return frozenset(n for n, r in self.roles.items() if r == role)
+
+    def total(self, role: str) -> int:
+        return sum(self.sizes[n] for n, r in self.roles.items() if r == role)
+
+
+def stored_tensors(graph: onnx.GraphProto) -> dict[str, tuple[int, tuple[int, ...]]]:
+    """Name → (elem_type, dims) of a graph's initializers and ``Constant`` node tensors (dims read
+    from the protos, never the data)."""
+    out = {t.name: (t.data_type, tuple(t.dims)) for t in graph.initializer}
+    for sp in graph.sparse_initializer:
+        out[sp.values.name] = (sp.values.data_type, tuple(sp.dims))
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.output) == 1:
+            for a in node.attribute:
+                if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+                    out[node.output[0]] = (a.t.data_type, tuple(a.t.dims))
+                elif a.name == "sparse_value":
+                    out[node.output[0]] = (a.sparse_tensor.values.data_type, tuple(a.sparse_tensor.dims))
+                elif a.name in ("value_float", "value_floats"):
+                    n = 1 if a.name == "value_float" else len(a.floats)
+                    out[node.output[0]] = (TensorProto.FLOAT, () if a.name == "value_float" else (n,))
+    return out
+
+
+def classify(
+    model: ModelProto,
+    opsets: Mapping[str, int],
+    given: Collection[str] = (),
+    excluded: Collection[str] = (),
+) -> Roles:
+    """Roles of the main graph's stored tensors (see the module docstring). ``given`` names tensors
+    known to be parameters; ``excluded`` (inputs whose values the user gave) get no role."""
+    from .counting import _differentiable  # the schema categories, cached there
+
+    stored = {n: v for n, v in stored_tensors(model.graph).items() if v[0] not in SHAPE_TYPES and n not in excluded}
+    consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+    _index(model.graph, consumers)
+    roles: dict[str, str] = {}
+
+    def use_role(node: onnx.NodeProto, pos: int, dims: tuple[int, ...], spread: bool) -> str | None:
+        domain = canonical_domain(node.domain)
+        op = node.op_type
+        if pos in buffer_inputs(domain, op):
+            return BUFFER if prod(dims) > 1 else CONSTANT
+        if not _differentiable(op, opsets.get(domain, 0), domain, len(node.input))[pos]:
+            return None
+        if op == "Pow" and pos == 1 or op == "Where":
+            return CONSTANT
+        if op == "PRelu":
+            return PARAMETER
+        if _SCORE_BIAS.get((domain, op)) == pos and sum(d > 1 for d in dims) > 1:
+            return CONSTANT  # as Add into Softmax below
+        if spread and prod(dims) <= 1:
+            return CONSTANT  # one value broadcast into a tensor: a fill (a mask's ones, a padding value)
+        rule = lookup(domain, op)
+        if rule is not None and rule.family == "elementwise":
+            if prod(dims) <= 1:
+                return CONSTANT
+            if sum(d > 1 for d in dims) <= 1:
+                return PARAMETER
+            if op in _SCALING:
+                return CONSTANT
+            if op in _ADDITIVE and _feeds_softmax(node, consumers):
+                return CONSTANT
+            return PARAMETER
+        return PARAMETER
+
+    def role_of(name: str, dims: tuple[int, ...], literal: bool) -> str:
+        found: set[str] = set()
+        for node, pos, spread in _uses(name, consumers):
+            role = use_role(node, pos, dims, spread)
+            if role == PARAMETER and literal:
+                role = CONSTANT
+            if role is not None:
+                found.add(role)
+        return PARAMETER if PARAMETER in found else BUFFER if BUFFER in found else CONSTANT
+
+    initializers = {t.name for t in model.graph.initializer} | {sp.values.name for sp in model.graph.sparse_initializer}
+    for name, (_, dims) in stored.items():
+        if name in initializers:
+            roles[name] = role_of(name, dims, False)
+    # A graph that keeps its weights in initializers writes the literals of the forward code (grids,
+    # ranges, anchors, scale vectors) as Constant nodes: never parameters. A graph without weight
+    # initializers (Paddle2ONNX, spox, jax2tf) stores its weights as Constant nodes: the rule applies.
+    literal = PARAMETER in roles.values()
+    for name, (_, dims) in stored.items():
+        if name not in initializers:
+            roles[name] = role_of(name, dims, literal)
+    for name in given:
+        if name in stored:
+            roles[name] = PARAMETER
+    return Roles(roles, {n: prod(d) for n, (_, d) in stored.items()})
+
+
+def _index(graph: onnx.GraphProto, consumers: dict) -> None:
+    """Consumers of every name, in ``graph`` and its subgraphs (names are unique across scopes)."""
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name:
+                consumers.setdefault(name, []).append((node, i))
+        for a in node.attribute:
+            for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs:
+                _index(sub, consumers)
+
+
+def _uses(name: str, consumers: Mapping) -> list[tuple[onnx.NodeProto, int, bool]]:
+    """The (node, input position, broadcast on the way) triples that consume ``name``, seen through
+    pass-through ops."""
+    out, seen, todo = [], {name}, [(name, False)]
+    while todo:
+        current, spread = todo.pop()
+        for node, pos in consumers.get(current, ()):
+            if node.op_type in _PASS_THROUGH and node.domain in ("", "ai.onnx"):
+                if pos == 0:
+                    for o in node.output:
+                        if o and o not in seen:
+                            seen.add(o)
+                            todo.append((o, spread or node.op_type in _BROADCAST))
+                continue  # shapes, axes, quantization scales of a pass-through op
+            out.append((node, pos, spread))
+    return out
+
+
+def _feeds_softmax(node: onnx.NodeProto, consumers: Mapping, depth: int = 4) -> bool:
+    """Whether ``node``'s output is a Softmax's input, directly or through pass-through ops
+    (attention scores: what is added to them is a mask or a position bias)."""
+    frontier = [o for o in node.output if o]
+    for _ in range(depth):
+        nxt = []
+        for name in frontier:
+            for user, _pos in consumers.get(name, ()):
+                if user.op_type in _SOFTMAX:
+                    return True
+                if user.op_type in _PASS_THROUGH:
+                    nxt.extend(o for o in user.output if o)
+        frontier = nxt
+    return False
