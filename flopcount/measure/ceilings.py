@@ -257,6 +257,51 @@ def _max_options():
     return opts
 
 
+def _cache_path(device: str, dtype: str):
+    import torch
+
+    from flopcount.frontends.common import cache_key, default_cache_dir
+
+    from .devices import cpu_cores, cpu_name
+
+    folder = default_cache_dir()
+    if folder is None:
+        return None
+    key = cache_key([_CACHE_FORMAT, device, dtype, cpu_name(), cpu_cores(), torch.get_num_threads(),
+                     torch.__version__])
+    return folder / f"ceiling-gemm-{key[:20]}.json"
+
+
+def cached_gemm(device: str = "cpu", dtype: str = "fp32") -> GemmCeiling | None:
+    """The GEMM ceiling of ``dtype`` on this machine, from the cache or measured now (and cached); None when torch
+    is not installed or the dtype cannot run here."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return None
+    if dtype not in CPU_GEMM_DTYPES:
+        return None
+    path = _cache_path(device, dtype)
+    if path is not None and path.is_file():
+        try:
+            return GemmCeiling(**json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError):
+            log.debug("ignoring an unreadable ceiling cache file %s", path)
+    log.info("measuring this machine's %s GEMM ceiling (about a second; cached)", dtype)
+    try:
+        ceiling = measure_gemm(device, dtype)
+    except RuntimeError as e:  # the dtype has no kernel here
+        log.info("no %s GEMM on this machine: %s", dtype, e)
+        return None
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(asdict(ceiling)), encoding="utf-8")
+        except OSError:
+            log.debug("cannot write the ceiling cache %s", path)
+    return ceiling
+
+
 def _bandwidth_cache_path(device: str):
     import torch
 
