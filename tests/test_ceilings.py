@@ -58,3 +58,12 @@ def test_allreduce_without_distributed_is_a_device_error():
 
     with pytest.raises(DeviceError, match="torchrun"):
         measure_allreduce()
+
+
+def test_cached_gemm_keeps_the_harness_interface():
+    from flopcount.measure.ceilings import GemmCeiling, cached_gemm
+    from flopcount.measure.devices import cpu_device
+
+    g = cached_gemm("cpu", "fp32")
+    assert isinstance(g, GemmCeiling) and g.dtype == "fp32" and g.flops_per_s > 0
+    assert cpu_device().peak("fp32").flops_per_s == g.flops_per_s  # the harness's CPU peak is this ceiling

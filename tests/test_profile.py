@@ -138,3 +138,12 @@ def test_resnet50_profile_on_this_cpu(tmp_path):
     assert stem["flops"] == 2 * 64 * 112 * 112 * 3 * 7 * 7
     assert stem["bytes"] == 4 * (3 * 224 * 224 + 64 * 3 * 7 * 7) + 4 * 64 * 112 * 112
     assert doc["by_op_type"]["Relu"]["bound"] == "memory"
+
+
+def test_model_onnxruntime_cannot_load_is_exit_12(save, capsys):
+    m = model([helper.make_node("Frobnicate", ["x"], ["y"], domain="example.custom")], {"x": [2, 3]}, ["y"],
+              extra_opsets={"example.custom": 1})
+    path = save(m)
+    assert main(["profile", path]) == 12
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and path in err[0] and "onnxruntime cannot load" in err[0]

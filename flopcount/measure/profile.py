@@ -277,7 +277,7 @@ def _ort(provider: str):
 
 
 def _session(ort, model_bytes: bytes, provider: str, optimize: str, profile_prefix: str | None = None,
-             optimized_path: str | None = None, threads: int | None = None):
+             optimized_path: str | None = None, threads: int | None = None, where: str = "<model>"):
     so = ort.SessionOptions()
     so.graph_optimization_level = {
         "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -300,7 +300,7 @@ def _session(ort, model_bytes: bytes, provider: str, optimize: str, profile_pref
         return ort.InferenceSession(model_bytes, so, providers=[PROVIDERS[provider]])
     except Exception as e:  # onnxruntime raises its own exception types
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise MeasurementError(f"onnxruntime cannot load the model: {first}") from None
+        raise MeasurementError(f"{where}: onnxruntime cannot load the model: {first}") from None
 
 
 def _run(session, feeds, where: str):
@@ -453,15 +453,20 @@ def profile(source, input_shapes: Mapping[str, tuple[int, ...]] | None = None, b
         from .ceilings import default_ceilings
 
         ceilings = default_ceilings()
-    model_bytes = model.SerializeToString()
+    try:
+        model_bytes = model.SerializeToString()
+    except ValueError:  # protobuf's 2 GB limit
+        raise MeasurementError(f"{where}: with its weights the model is over 2 GB, more than onnxruntime takes from "
+                               "memory; profile a smaller --batch or a smaller variant") from None
     notes: list[str] = []
     if weights["synthesized"]:
         notes.append(f"{weights['synthesized']} initializers without data were synthesised (random values of their "
                      "dims and dtypes); times do not depend on the values")
     with tempfile.TemporaryDirectory(prefix="flopcount-profile-") as tmp:
         optimized_path = os.path.join(tmp, "optimized.onnx") if optimize != "none" else None
-        session = _session(ort, model_bytes, provider, optimize, os.path.join(tmp, "ort"), optimized_path, threads)
-        plain = _session(ort, model_bytes, provider, optimize, threads=threads)
+        session = _session(ort, model_bytes, provider, optimize, os.path.join(tmp, "ort"), optimized_path, threads,
+                           where)
+        plain = _session(ort, model_bytes, provider, optimize, threads=threads, where=where)
         # Profiled and plain runs alternate, so that both see the same machine (other load, clocks).
         times = []
         for k in range(warmup + runs):
