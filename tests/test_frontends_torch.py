@@ -424,3 +424,13 @@ def test_cli_missing_torch(monkeypatch, capsys):
 
 def test_public_names():
     assert flopcount.from_torch is from_torch and flopcount.FrontendError.exit_code == 9
+
+
+def test_an_export_leaves_no_thread_that_would_stop_the_inference_fork():
+    """The exporters show tqdm bars when tqdm is installed; tqdm's monitor thread must not outlive the export, or
+    counting would never fork its shape-inference child again in this process."""
+    pytest.importorskip("tqdm")
+    import threading
+
+    from_torch(nn.Linear(4, 2), (2, 4), cache_dir=False)
+    assert [t.name for t in threading.enumerate() if t is not threading.main_thread()] == []
