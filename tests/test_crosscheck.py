@@ -379,7 +379,7 @@ def small_net(tmp_path_factory):
 
 def test_fallback_torch_small_net(small_net, capsys):
     pytest.importorskip("torch")
-    assert main(["crosscheck", "--fallback", "torch", "--torch", small_net, "--input-shape", "x=2x3x10x10",
+    assert main(["crosscheck", "--fallback", "torch", "--torch", small_net, "--input-shape", "input=2x3x10x10",
                  "--mode", "train", "--convention", "dense", "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     conv_fwd = 2 * 2 * 8 * 10 * 10 * 3 * 3 * 3  # 2·N·C_out·H·W·K²·C_in
@@ -396,7 +396,7 @@ def test_fallback_torch_small_net(small_net, capsys):
 
 def test_fallback_torch_default_convention_explains_bias(small_net, capsys):
     pytest.importorskip("torch")
-    assert main(["crosscheck", "--fallback", "torch", "--torch", small_net, "--input-shape", "x=2x3x10x10",
+    assert main(["crosscheck", "--fallback", "torch", "--torch", small_net, "--input-shape", "input=2x3x10x10",
                  "--mode", "train"]) == 0
     out = capsys.readouterr().out
     assert "measured by: torch.utils.flop_counter.FlopCounterMode" in out
@@ -406,7 +406,7 @@ def test_fallback_torch_default_convention_explains_bias(small_net, capsys):
 def test_run_falls_back_to_torch_when_ncu_is_missing(small_net, tmp_path, capsys, caplog):
     pytest.importorskip("torch")
     assert main(["crosscheck", "--run", "--fallback", "torch", "--ncu", str(tmp_path / "absent"), "--torch", small_net,
-                 "--input-shape", "x=2x3x10x10", "--mode", "train", "--format", "json"]) == 0
+                 "--input-shape", "input=2x3x10x10", "--mode", "train", "--format", "json"]) == 0
     assert "not on PATH" in caplog.text and "comparing with torch.utils.flop_counter" in caplog.text
     out = json.loads(capsys.readouterr().out)
     assert out["ncu"]["source"] == "torch.utils.flop_counter.FlopCounterMode"
@@ -487,7 +487,7 @@ def test_gemm_calibration_on_gpu(precision, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not _cuda() or shutil.which("ncu") is None, reason="needs a CUDA GPU and ncu")
 def test_run_small_net_on_gpu(small_net, capsys):
-    assert main(["crosscheck", "--run", "--torch", small_net, "--input-shape", "x=8x3x10x10", "--mode", "train",
+    assert main(["crosscheck", "--run", "--torch", small_net, "--input-shape", "input=8x3x10x10", "--mode", "train",
                  "--calibration-size", "2048", "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["ncu"]["calibration"]["fp32"]["within_1_percent"]

@@ -56,7 +56,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..cli import _input_shape, _positive
+    from ..cli import _input_shape, _InputShapes, _positive
     from ..conventions import CONVENTIONS
 
     p = _Parser(
@@ -69,9 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("model", nargs="?", help="path of an .onnx model (for --ncu-csv; the others need --torch)")
     p.add_argument("--torch", metavar="MODULE:FACTORY",
-                   help="the torch.nn.Module that FACTORY() returns; --input-shape gives forward()'s inputs in order")
-    p.add_argument("--input-shape", metavar="NAME=DIMS", action="append", type=_input_shape, default=[],
-                   help="dims of an input, e.g. x=32x3x224x224 (repeatable)")
+                   help="the torch.nn.Module that FACTORY() returns; --input-shape gives forward()'s inputs by name")
+    p.add_argument("--input-shape", metavar="NAME=DIMS", action=_InputShapes, type=_input_shape, default=[],
+                   help="dims of an input, e.g. x=32x3x224x224 (repeatable); with --torch, NAME is a parameter of "
+                   "forward() and a :DTYPE suffix gives its element type, e.g. input_ids=1x128:int64")
     p.add_argument("--batch", type=_positive, metavar="N", help="set dim 0 of every input not given by --input-shape")
     p.add_argument("--convention", choices=sorted(CONVENTIONS), default="default",
                    help="counting convention of the analytic side (default: 1 MAC = 2 FLOPs)")
@@ -109,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
     p.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more diagnostics on stderr (-vv: debug)")
-    p.set_defaults(keras=None, input_value=[], loop_trips=[])
+    p.set_defaults(keras=None, input_value=[], loop_trips=[], input_dtypes={}, trainable_input=[])
     return p
 
 
@@ -168,12 +169,16 @@ def _analytic(args):
 
 
 def _torch_module_and_inputs(args):
-    from ..frontends.torch import _example_tensors, _import_torch, load_factory
+    from ..frontends.torch import _bind, _import_torch, load_factory
 
     torch = _import_torch()
     module = load_factory(args.torch)
-    shapes = tuple(dims if args.batch is None else (args.batch, *dims[1:]) for _, dims in args.input_shape)
-    return module, _example_tensors(torch, shapes, torch.device("cpu"))
+    inputs = {}
+    for name, dims in args.input_shape:
+        dims = dims if args.batch is None else (args.batch, *dims[1:])
+        inputs[name] = (dims, args.input_dtypes[name]) if name in args.input_dtypes else dims
+    # tensors in forward()'s parameter order, as the counting export binds them
+    return module, _bind(torch, module, inputs, None, torch.device("cpu")).tensors
 
 
 def fallback(args, report, analytic):
