@@ -22,13 +22,15 @@ PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..cli import _input_shape, _positive
+    from ..cli import _input_shape, _InputShapes, _positive
 
     p = argparse.ArgumentParser(prog="python -m flopcount.measure.ncu_step",
                                 description="Run one profiled steady-state step of a PyTorch module on CUDA.")
     p.add_argument("--torch", metavar="MODULE:FACTORY", help="the module to train (as flopcount --torch)")
-    p.add_argument("--input-shape", metavar="NAME=DIMS", action="append", type=_input_shape, default=[],
-                   help="forward() inputs in order (float32 standard-normal values), e.g. x=32x3x224x224")
+    p.add_argument("--input-shape", metavar="NAME=DIMS[:DTYPE]", action=_InputShapes, type=_input_shape, default=[],
+                   help="forward() inputs by parameter name (standard-normal float32 unless :DTYPE), e.g. "
+                   "x=32x3x224x224 or input_ids=32x128:int64")
+    p.set_defaults(input_dtypes={})
     p.add_argument("--batch", type=_positive, metavar="N", help="set dim 0 of every input")
     p.add_argument("--mode", choices=("inference", "train"), default="train")
     p.add_argument("--optimizer", choices=("sgd", "momentum", "adam"),
@@ -84,12 +86,16 @@ def _floats(out) -> list:
 
 
 def run_model(torch, args) -> None:
-    from ..frontends.torch import _example_tensors, load_factory
+    from ..frontends.torch import _bind, load_factory
 
     half = _setup(torch, args.precision)
     module = load_factory(args.torch).cuda()
-    shapes = [dims if args.batch is None else (args.batch, *dims[1:]) for _, dims in args.input_shape]
-    inputs = _example_tensors(torch, tuple(shapes), torch.device("cuda"))
+    dtypes = getattr(args, "input_dtypes", None) or {}
+    given = {}
+    for name, dims in args.input_shape:
+        dims = dims if args.batch is None else (args.batch, *dims[1:])
+        given[name] = (dims, dtypes[name]) if name in dtypes else dims
+    inputs = _bind(torch, module, given, None, torch.device("cuda")).tensors  # in forward()'s order
     train = args.mode == "train"
     module.train(train)
     optimizer = None
