@@ -495,7 +495,7 @@ def _export(module, inputs: tuple, names: list[str], training: bool, opset: int,
     try:
         module.train(training)
         with torch.no_grad(), _quiet_exporters():
-            with _deduplicate_by_identity_only(torch), _tensor_call(torch, module, call, dropped):
+            with _deduplicate_by_identity_only(torch), _no_tqdm_monitor(), _tensor_call(torch, module, call, dropped):
                 for name, attempt in attempts:
                     try:
                         model = attempt()
@@ -618,6 +618,23 @@ def _torchscript(torch, module, inputs, names, opset, training: bool, dynamic_ba
         dynamic_axes={name: {0: "batch"} for name in names} if dynamic_batch else None,
     )
     return onnx.load_from_string(buffer.getvalue())
+
+
+@contextlib.contextmanager
+def _no_tqdm_monitor():
+    """Keep torch.fx's (disabled) tqdm progress bars from starting tqdm's monitor thread, which would outlive the
+    export in the user's process (and, while alive, keeps flopcount's shape inference from forking)."""
+    try:
+        from tqdm.std import tqdm
+    except ImportError:
+        yield
+        return
+    saved = tqdm.monitor_interval
+    tqdm.monitor_interval = 0
+    try:
+        yield
+    finally:
+        tqdm.monitor_interval = saved
 
 
 @contextlib.contextmanager

@@ -58,6 +58,14 @@ def test_a_zero_bias_counts_like_any_other(cache, bias, mode):
         assert report.trainable_params == CONV_PARAMS + C_OUT
 
 
+def test_no_thread_outlives_the_export(cache):
+    import threading
+
+    before = {t.ident for t in threading.enumerate()}
+    from_torch(conv(0.5), (N, C_IN, H, W))
+    assert {t.name for t in threading.enumerate() if t.ident not in before} == set()  # no tqdm monitor
+
+
 def test_no_bias_is_still_dropped(cache):
     """aten.conv2d(bias=None) reaches ONNX as a Conv with a zero bias the exporter builds; that one goes."""
     report = from_torch(conv(None), (N, C_IN, H, W))
