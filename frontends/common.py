@@ -364,27 +364,12 @@ def export_through_cache(
     model = read_cache(cached, log) if cached is not None else None
     if model is None:
         model = produce()
-        stop_tqdm_monitor()
         if cached is not None:
             write_cache(cached, model, log)
     if path is not None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         onnx.save_model(model, os.fspath(path))
     return model
-
-
-def stop_tqdm_monitor() -> None:
-    """Stop the monitor thread that tqdm starts with its first progress bar (the exporters show bars when tqdm is
-    installed). Left running, it is one more Python thread, so counting would not fork its shape-inference child
-    (:class:`flopcount.shapes.Inference`) for the rest of the process. tqdm starts a new monitor with its next bar."""
-    tqdm_module = sys.modules.get("tqdm")
-    monitor = getattr(getattr(tqdm_module, "tqdm", None), "monitor", None)
-    if monitor is not None:
-        try:
-            monitor.exit()
-        except Exception:  # noqa: BLE001 - a tqdm without this interface: leave it be
-            return
-        tqdm_module.tqdm.monitor = None
 
 
 def read_cache(path: Path, log: logging.Logger) -> onnx.ModelProto | None:
