@@ -75,7 +75,14 @@ def probabilities(model, x, batch: int = 512):
 
 
 def accuracy(model, x, y, batch: int = 512) -> float:
-    return (probabilities(model, x, batch).argmax(1) == y).sum().item() / len(x)
+    torch = torch_or_error()
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for i in range(0, len(x), batch):
+            correct += (model(x[i:i + batch]).argmax(1) == y[i:i + batch]).sum().item()
+    model.train()
+    return correct / len(x)
 
 
 def train(cfg: Config, report, run: int = 0, listeners: list[Callable] | None = None, show_progress: bool = True,
