@@ -35,10 +35,13 @@ ones are not even copied by the conversion. Facts about TensorFlow 2.21 / Keras 
   variables and writes it as ``BatchNormalization`` (:func:`_fuse_batch_norms`), so a Keras model and its PyTorch
   twin count the same. Element-wise arithmetic by a constant identity element that Keras traces (swish's
   ``1.0·x``, a ``Rescaling`` offset of 0) computes nothing and is removed (:func:`_drop_identity_arithmetic`;
-  tf2onnx folds it away itself in some graphs and not in others). What still differs from a PyTorch export is
-  what Keras computes another way: ``LayerNormalization`` (moments, then the same arithmetic as above: 9 FLOPs
-  per element and 4 per row, where ONNX ``LayerNormalization`` counts 1 per element), exact ``gelu`` (6 per
-  element through ``Erf``; ONNX ``Gelu``, opset 20, counts 1), and BatchNormalization in training graphs (batch
+  tf2onnx folds it away itself in some graphs and not in others), and a negation multiplied by a constant is
+  folded into it (:func:`_fold_negations`: exact gelu's ``−x·(1/√2)``), so that exact gelu counts 5 FLOPs per
+  element, as the PyTorch exporter's opset-18 decomposition (``x/√2``, ``Erf``, ``+ 1``, two products). What
+  still differs from a PyTorch export is what Keras computes another way: ``LayerNormalization`` (moments, then
+  the same arithmetic as above: 9 FLOPs per element and 4 per row, where ONNX ``LayerNormalization`` counts 1
+  per element; after a convolution tf2onnx moves the moments into the convolution's NCHW layout, which a
+  pattern on the Keras computation would have to follow), and BatchNormalization in training graphs (batch
   moments computed in the graph).
 * ``training=True`` traces ``model.stateless_call(..., training=True)``: BatchNormalization on batch moments
   (``ReduceMean``, ``Sub``, ``Mul``, ``ReduceMean``; the moving-average update is not part of the output and is
@@ -539,6 +542,7 @@ def _convert(model, inputs: Sequence[_Input], training: bool, opset: int) -> onn
     _rename(converted, names)
     converted.graph.name = model.name
     _fuse_batch_norms(converted, set(weight_names))
+    _fold_negations(converted, set(weight_names))
     _drop_identity_arithmetic(converted, set(weight_names))
     _drop_unread_constants(converted, set(weight_names))
     _initializers_to_constants(converted)
@@ -690,15 +694,89 @@ def _rename(model: onnx.ModelProto, names: Mapping[str, str]) -> None:
             rename(node.output)
 
 
-def _consumers(graph) -> dict[str, list]:
-    """Tensor name → the nodes of ``graph`` that read it (a graph output counts as a reader: ``None``)."""
-    readers: dict[str, list] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
-    for value in graph.output:
-        readers.setdefault(value.name, []).append(None)
-    return readers
+def _read_by_subgraphs(graph) -> set[str]:
+    """Names the nodes of ``graph``'s subgraphs (If/Loop/Scan bodies, at any depth) read."""
+    from flopcount.models.export import _graphs
+
+    return {name for g in _graphs(graph) if g is not graph for node in g.node for name in node.input}
+
+
+class _Patterns:
+    """What the normalization rewrites look up in a converted graph: the producer and readers of each tensor, the
+    constants the trace made (never the variables), inferred shapes, and the parameters they read."""
+
+    def __init__(self, model: onnx.ModelProto, variables: set[str]) -> None:
+        graph = model.graph
+        self.graph, self.variables = graph, variables
+        self.producer = {out: node for node in graph.node for out in node.output}
+        self.readers: dict[str, list] = {}
+        for node in graph.node:
+            for name in node.input:
+                self.readers.setdefault(name, []).append(node)
+        for value in graph.output:
+            self.readers.setdefault(value.name, []).append(None)
+        for name in _read_by_subgraphs(graph):  # an If/Loop body reading an outer tensor: a reader outside
+            self.readers.setdefault(name, []).append(None)
+        self.constants = {t.name: t for t in graph.initializer if t.name not in variables}
+        inferred = onnx.shape_inference.infer_shapes(model)
+        self.shapes = {
+            v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
+            for v in (*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output)
+            if v.type.tensor_type.HasField("shape")
+        }
+
+    def made(self, name: str, op_type: str):
+        """The node of type ``op_type`` that writes ``name``; None if another kind of node or none does."""
+        node = self.producer.get(name)
+        return node if node is not None and node.op_type == op_type else None
+
+    @staticmethod
+    def split(node, first) -> tuple[str, str] | None:
+        """The two inputs of ``node``, the one ``first(name)`` accepts first; None when neither is accepted."""
+        if node is None or len(node.input) != 2:
+            return None
+        a, b = node.input
+        return (a, b) if first(a) else (b, a) if first(b) else None
+
+    def constant(self, name: str):
+        """The value of a constant the trace made (epsilon, reduction axes; never a variable), or None."""
+        from onnx import numpy_helper
+
+        return numpy_helper.to_array(self.constants[name]) if name in self.constants else None
+
+    def parameter(self, name: str, rank: int) -> tuple[str, int, int, list] | None:
+        """``(variable, channels, axis, reshape nodes)`` for a per-channel variable read as it is (along the last
+        axis of a rank-``rank`` tensor) or through a ``Reshape`` to ``[1, .., C, .., 1]`` of that rank."""
+        reshape = self.made(name, "Reshape")
+        source = reshape.input[0] if reshape is not None else name
+        dims = self.shapes.get(source) if source in self.variables else None
+        if dims is None or len(dims) != 1 or not dims[0]:
+            return None
+        if reshape is None:
+            return source, dims[0], rank - 1, []
+        out = self.shapes.get(name)
+        if out is None or len(out) != rank or sorted(out) != [1] * (rank - 1) + [dims[0]] or dims[0] == 1:
+            return None
+        return source, dims[0], out.index(dims[0]), [reshape]
+
+    def internal(self, nodes: Sequence[Any], last) -> bool:
+        """Whether every output of ``nodes`` but ``last``'s is read only by ``nodes``."""
+        inside = {id(node) for node in nodes}
+        return all(reader is not None and id(reader) in inside
+                   for node in nodes if node is not last for reader in self.readers.get(node.output[0], []))
+
+    def replace(self, fusions: Sequence[tuple[Any, Sequence[Any], Sequence[Any]]]) -> None:
+        """Apply ``(last node, nodes removed, nodes written in last's place)`` rewrites, in place."""
+        dropped = {id(node) for _, removed, _ in fusions for node in removed}
+        written = {id(last): nodes for last, _, nodes in fusions}
+        kept = []
+        for node in self.graph.node:
+            if id(node) in written:
+                kept.extend(written[id(node)])
+            elif id(node) not in dropped:
+                kept.append(node)
+        del self.graph.node[:]
+        self.graph.node.extend(kept)
 
 
 def _fuse_batch_norms(model: onnx.ModelProto, variables: set[str]) -> None:
@@ -715,45 +793,12 @@ def _fuse_batch_norms(model: onnx.ModelProto, variables: set[str]) -> None:
     not on axis 1 (Keras's default is the last axis) two ``Transpose`` nodes (free) move them there and back.
     Anything else (training-mode batch statistics, ``center=False`` or ``scale=False``) stays as converted.
     """
-    from onnx import helper, numpy_helper
+    from onnx import helper
 
-    graph = model.graph
-    producer = {out: node for node in graph.node for out in node.output}
-    readers = _consumers(graph)
-    constants = {t.name: t for t in graph.initializer if t.name not in variables}
-    inferred = onnx.shape_inference.infer_shapes(model)
-    shapes = {v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
-              for v in (*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output)
-              if v.type.tensor_type.HasField("shape")}
-
-    def made(name: str, op_type: str):
-        node = producer.get(name)
-        return node if node is not None and node.op_type == op_type else None
-
-    def split(node, first) -> tuple[str, str] | None:
-        """The two inputs of ``node``, the one ``first(name)`` accepts first; None when neither is accepted."""
-        if len(node.input) != 2:
-            return None
-        a, b = node.input
-        return (a, b) if first(a) else (b, a) if first(b) else None
-
-    def parameter(name: str, rank: int) -> tuple[str, int, int, list] | None:
-        """``(variable, channels, axis, reshape nodes)`` for a per-channel variable read as it is (along the last
-        axis of a rank-``rank`` tensor) or through a ``Reshape`` to ``[1, .., C, .., 1]`` of that rank."""
-        reshape = made(name, "Reshape")
-        source = reshape.input[0] if reshape is not None else name
-        dims = shapes.get(source) if source in variables else None
-        if dims is None or len(dims) != 1 or not dims[0]:
-            return None
-        if reshape is None:
-            return source, dims[0], rank - 1, []
-        out = shapes.get(name)
-        if out is None or len(out) != rank or sorted(out) != [1] * (rank - 1) + [dims[0]] or dims[0] == 1:
-            return None
-        return source, dims[0], out.index(dims[0]), [reshape]
-
-    fused = []
-    for add in graph.node:
+    view = _Patterns(model, variables)
+    made, split, shapes = view.made, view.split, view.shapes
+    fusions = []
+    for add in model.graph.node:
         if add.op_type != "Add":
             continue
         pair = split(add, lambda n: made(n, "Mul") is not None)
@@ -774,54 +819,71 @@ def _fuse_batch_norms(model: onnx.ModelProto, variables: set[str]) -> None:
         reciprocal, gamma = made(found[0], "Reciprocal"), found[1]
         sqrt = made(reciprocal.input[0], "Sqrt")
         var_eps = made(sqrt.input[0], "Add") if sqrt is not None else None
-        found = split(var_eps, lambda n: n in constants) if var_eps is not None else None
+        found = split(var_eps, lambda n: n in view.constants)
         rank = len(shapes.get(x) or ())
         if found is None or rank < 2 or shapes.get(add.output[0]) != shapes.get(x):
             continue
-        eps = numpy_helper.to_array(constants[found[0]])
-        params = [parameter(name, rank) for name in (gamma, shift.input[0], mean, found[1])]
+        eps = view.constant(found[0])
+        params = [view.parameter(name, rank) for name in (gamma, shift.input[0], mean, found[1])]
         if eps.size != 1 or None in params or len({(c, axis) for _, c, axis, _ in params}) != 1:
             continue
         channels, axis = params[0][1], params[0][2]
         if axis == 0 or shapes[x][axis] != channels:
             continue
-        pattern = [var_eps, sqrt, reciprocal, inv, mean_inv, shift, xs, add]
-        removed = pattern + [node for *_, nodes in params for node in nodes]
-        inside = {id(node) for node in removed}
-        if not all(reader is not None and id(reader) in inside
-                   for node in removed if node is not add for reader in readers.get(node.output[0], [])):
+        removed = [var_eps, sqrt, reciprocal, inv, mean_inv, shift, xs, add, *(n for *_, ns in params for n in ns)]
+        if not view.internal(removed, add):
             continue
-        fused.append((add, removed, x, [name for name, *_ in params], float(eps.reshape(())), axis, rank))
-    if not fused:
-        return
-
-    dropped = {id(node) for _, removed, *_ in fused for node in removed}
-    replacing = {}
-    for add, _, x, names, epsilon, axis, rank in fused:
-        base = add.name or add.output[0]
+        names, epsilon, base = [name for name, *_ in params], float(eps.reshape(())), add.name or add.output[0]
         if axis == 1:
-            replacing[id(add)] = [helper.make_node("BatchNormalization", [x, *names], [add.output[0]], name=base,
-                                                   epsilon=epsilon)]
+            fusions.append((add, removed, [helper.make_node("BatchNormalization", [x, *names], [add.output[0]],
+                                                            name=base, epsilon=epsilon)]))
             continue
         to_first = [0, axis, *(i for i in range(1, rank) if i != axis)]
         back = sorted(range(rank), key=to_first.__getitem__)
-        replacing[id(add)] = [
+        fusions.append((add, removed, [
             helper.make_node("Transpose", [x], [f"{base}/channels_first"], name=f"{base}/channels_first",
                              perm=to_first),
             helper.make_node("BatchNormalization", [f"{base}/channels_first", *names], [f"{base}/normalized"],
                              name=base, epsilon=epsilon),
             helper.make_node("Transpose", [f"{base}/normalized"], [add.output[0]], name=f"{base}/channels_back",
                              perm=back),
-        ]
-    kept = []
+        ]))
+    if fusions:
+        view.replace(fusions)
+        log.debug("wrote %d Keras batch norm(s) as ONNX BatchNormalization", len(fusions))
+
+
+def _fold_negations(model: onnx.ModelProto, variables: set[str]) -> None:
+    """Fold, in place, a ``Neg`` whose only reader multiplies it by a constant the trace made into that constant:
+    ``(−x)·c`` is ``x·(−c)``. Keras's exact ``gelu`` computes ``erfc(−x·(1/√2))``; the ``Neg`` is arithmetic on a
+    constant that a converter folds (the PyTorch exporter writes ``x/√2``), so the count does not depend on it.
+    A variable (a weight) is never folded."""
+    from onnx import numpy_helper
+
+    view = _Patterns(model, variables)
+    graph = model.graph
+    folded, added = set(), []
     for node in graph.node:
-        if id(node) in replacing:
-            kept.extend(replacing[id(node)])
-        elif id(node) not in dropped:
-            kept.append(node)
-    del graph.node[:]
-    graph.node.extend(kept)
-    log.debug("wrote %d Keras batch norm(s) as ONNX BatchNormalization", len(fused))
+        if node.op_type != "Mul":
+            continue
+        pair = view.split(node, lambda n: view.made(n, "Neg") is not None)
+        if pair is None or pair[1] not in view.constants:
+            continue
+        neg, constant = view.made(pair[0], "Neg"), view.constant(pair[1])
+        if constant.dtype.kind != "f" or any(r is not node for r in view.readers.get(neg.output[0], [])):
+            continue
+        negated = f"{pair[1]}/negated"
+        if negated not in view.constants and all(t.name != negated for t in added):
+            added.append(numpy_helper.from_array(-constant, negated))
+        node.input[list(node.input).index(pair[0])] = neg.input[0]
+        node.input[list(node.input).index(pair[1])] = negated
+        folded.add(id(neg))
+    if folded:
+        graph.initializer.extend(added)
+        kept = [node for node in graph.node if id(node) not in folded]
+        del graph.node[:]
+        graph.node.extend(kept)
+        log.debug("folded %d negation(s) into constants", len(folded))
 
 
 #: Element-wise ops whose constant operand can be the identity element.
@@ -843,7 +905,7 @@ def _drop_identity_arithmetic(model: onnx.ModelProto, variables: set[str]) -> No
 
     graph = model.graph
     constants = {t.name: t for t in graph.initializer if t.name not in variables}
-    outputs = {v.name for v in graph.output}
+    outputs = {v.name for v in graph.output} | _read_by_subgraphs(graph)
     inferred = onnx.shape_inference.infer_shapes(model)
     shapes = {v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
               for v in (*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output)
@@ -857,12 +919,13 @@ def _drop_identity_arithmetic(model: onnx.ModelProto, variables: set[str]) -> No
         if identity is not None and len(node.input) == 2 and node.output[0] not in outputs:
             for side in sides:
                 name = node.input[side]
-                if name in constants and not (tensor := numpy_helper.to_array(constants[name])).dtype.kind in "iub":
-                    if tensor.size and (tensor == identity).all():
-                        other = node.input[1 - side]
-                        if shapes.get(other) is not None and shapes.get(other) == shapes.get(node.output[0]):
-                            operand = other
-                            break
+                tensor = numpy_helper.to_array(constants[name]) if name in constants else None
+                if tensor is None or tensor.dtype.kind != "f" or not tensor.size or not (tensor == identity).all():
+                    continue
+                other = node.input[1 - side]
+                if shapes.get(other) is not None and shapes.get(other) == shapes.get(node.output[0]):
+                    operand = other
+                    break
         if operand is None:
             kept.append(node)
             continue
