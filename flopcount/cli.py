@@ -101,12 +101,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="instead of a model file, export the torch.nn.Module that FACTORY() returns (no weights "
                    "loaded; exports are cached in $FLOPCOUNT_CACHE or ~/.cache/flopcount); --input-shape gives "
                    "forward()'s inputs by parameter name, e.g. --torch mypkg.nets:make_net --input-shape "
-                   "x=1x3x224x224, or input_ids=1x128:int64")
+                   "x=1x3x224x224, or input_ids=1x128:int64; the factory's arguments, as Python literals, may follow "
+                   "it as a call: --torch 'torchvision.models:resnet50(weights=None)'")
     p.add_argument("--keras", metavar="MODULE:FACTORY",
-                   help="instead of a model file, convert the keras.Model that FACTORY() returns with tf2onnx (build "
-                   "it with weights=None; conversions are cached like --torch exports); --input-shape fixes or "
-                   "overrides the model's input dims, NHWC for image models (default: its own shapes at batch 1), "
-                   "e.g. --keras mypkg.nets:make_net --input-shape image=8x224x224x3")
+                   help="instead of a model file, convert the keras.Model that FACTORY() returns with tf2onnx "
+                   "(conversions are cached like --torch exports); --input-shape fixes or overrides the model's "
+                   "input dims, NHWC for image models (default: its own shapes at batch 1), e.g. --keras "
+                   "mypkg.nets:make_net --input-shape image=8x224x224x3; arguments as for --torch: "
+                   "--keras 'keras.applications:MobileNetV3Small(weights=None)' (a factory that would load "
+                   "weights by default is refused until weights=None is given)")
     p.add_argument("--input-shape", metavar="NAME=DIMS", action=_InputShapes, type=_input_shape, default=[],
                    help="fix the dims of an input, e.g. input=8x3x224x224 (repeatable); with --torch, NAME is a "
                    "parameter of forward() and a :DTYPE suffix gives its element type, e.g. input_ids=1x128:int64")

@@ -51,6 +51,7 @@ __all__ = [
     "dist_version",
     "first_text_line",
     "load_factory",
+    "parse_factory",
     "plain",
     "progress",
     "quiet",
@@ -106,6 +107,57 @@ def training_flag(training: bool | None, count_kwargs: dict[str, Any], log: logg
 # ---------------------------------------------------------------------------------------------------------------
 
 
+#: Parameters through which a factory loads pretrained weights, and the value that builds the model without them.
+WEIGHT_PARAMETERS = {"weights": None, "pretrained": False}
+#: Exceptions raised when a download fails (no network, an unreachable host).
+_DOWNLOAD_ERRORS = ("URLError", "HTTPError", "ContentTooShortError", "gaierror", "ConnectionError",
+                    "ConnectTimeout", "ReadTimeout")
+
+
+def parse_factory(spec: str, option: str) -> tuple[str, str, tuple, dict[str, Any]]:
+    """Split ``package.module:factory(arg, key=value, ...)`` into the module name, the (dotted) attribute and the
+    call's positional and keyword arguments, which must be Python literals (numbers, strings, ``None``,
+    ``True``/``False``, tuples, lists, dicts, sets): nothing in the spec is executed.
+
+    >>> parse_factory("keras.applications:MobileNetV3Small(weights=None, input_shape=(224, 224, 3))", "--keras")
+    ('keras.applications', 'MobileNetV3Small', (), {'weights': None, 'input_shape': (224, 224, 3)})
+    >>> parse_factory("models:make_net", "--torch")
+    ('models', 'make_net', (), {})
+    """
+    import ast
+
+    module_name, sep, rest = spec.partition(":")
+    attribute, paren, call = rest.partition("(")
+    module_name, attribute = module_name.strip(), attribute.strip()
+    example = "mypackage.models:make_net or mypackage.models:make_net(width=64, weights=None)"
+    if not sep or not module_name or not attribute or (paren and not call.rstrip().endswith(")")):
+        raise UsageError(f"{option} wants MODULE:FACTORY or MODULE:FACTORY(KEY=VALUE, ...) such as {example}, "
+                         f"got {spec!r}")
+    if not paren:
+        return module_name, attribute, (), {}
+    try:
+        tree = ast.parse(f"f({call}", mode="eval").body
+    except SyntaxError:
+        raise UsageError(f"{option} {spec}: the factory's arguments are not a Python call's arguments; write them "
+                         f"as {example}") from None
+    if not isinstance(tree, ast.Call) or any(isinstance(a, ast.Starred) for a in tree.args) or any(
+            k.arg is None for k in tree.keywords):
+        raise UsageError(f"{option} {spec}: write the factory's arguments as KEY=VALUE, e.g. {example}")
+
+    def literal(node: ast.expr, what: str) -> Any:
+        try:
+            return ast.literal_eval(node)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            raise UsageError(
+                f"{option} {spec}: {what} = {ast.unparse(node)} is not a Python literal; arguments may be numbers, "
+                "strings (quoted), None, True, False, tuples, lists and dicts of them"
+            ) from None
+
+    args = tuple(literal(a, f"argument {i + 1}") for i, a in enumerate(tree.args))
+    kwargs = {k.arg: literal(k.value, k.arg) for k in tree.keywords}
+    return module_name, attribute, args, kwargs
+
+
 def load_factory(
     spec: str,
     *,
@@ -115,16 +167,22 @@ def load_factory(
     accepts: Callable[[Any], bool],
     import_framework: Callable[[], Any] = lambda: None,
 ) -> Any:
-    """Import ``package.module:factory``, call the factory with no arguments and return what it makes.
+    """Import ``package.module:factory``, call the factory and return what it makes.
 
+    ``spec`` may give the factory's arguments as a call with literal values,
+    ``package.module:factory(key=value, ...)`` (see :func:`parse_factory`); without them it is called with none.
     The current directory is searched first (as ``python -m`` does); ``factory`` may be dotted
     (``models:Net.small``). ``option`` (``"--torch"``) and ``kind`` (``"a torch.nn.Module"``) word the messages;
     ``import_framework`` runs once the spec is well-formed (it raises FrontendError when the framework is missing);
     ``accepts`` checks the result.
+
+    Weights are never needed: a factory whose ``weights`` parameter defaults to something other than ``None``
+    (``keras.applications``: ``"imagenet"``), or whose ``pretrained`` defaults to true, is refused before it is
+    called unless the spec gives that argument, so that nothing is downloaded behind the user's back; a call that
+    fails while downloading says to pass ``weights=None``. Arguments the factory does not take are refused with
+    the list of those it does.
     """
-    module_name, sep, attribute = spec.partition(":")
-    if not sep or not module_name or not attribute:
-        raise UsageError(f"{option} wants MODULE:FACTORY such as mypackage.models:make_net, got {spec!r}")
+    module_name, attribute, args, kwargs = parse_factory(spec, option)
     import_framework()
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
@@ -153,16 +211,63 @@ def load_factory(
         ) from None
     if not callable(factory):
         raise UsageError(f"{option} {spec}: {attribute!r} is a {type(factory).__name__}, not a callable factory")
+    target = f"{module_name}:{attribute}"
+    _check_factory_call(factory, args, kwargs, option=option, spec=spec, target=target)
     try:
-        made = factory()
+        made = factory(*args, **kwargs)
     except Exception as e:  # noqa: BLE001 - the user's factory failed: one line, not a traceback
+        if any(type(c).__name__ in _DOWNLOAD_ERRORS or "URL fetch failure" in str(c) for c in chain(e)):
+            raise FrontendError(
+                f"{frontend}: calling {spec} failed while downloading ({type(e).__name__}: {first_text_line(e)}); "
+                f"flopcount never reads weights: build the model without them, e.g. {option} "
+                f"'{_with_argument(target, args, kwargs, 'weights', None)}'"
+            ) from None
         raise FrontendError(
-            f"{frontend}: calling {spec}() failed: {type(e).__name__}: {first_text_line(e)}; the factory must take "
-            f"no arguments and return {kind}"
+            f"{frontend}: calling {spec} failed: {type(e).__name__}: {first_text_line(e)}; the factory must return "
+            f"{kind} (give its arguments as {option} '{target}(KEY=VALUE, ...)')"
         ) from None
     if not accepts(made):
         raise UsageError(f"{option} {spec}: the factory returned a {type(made).__name__}, not {kind}")
     return made
+
+
+def _with_argument(target: str, args: tuple, kwargs: Mapping[str, Any], key: str, value: Any) -> str:
+    """``target(args..., kwargs..., key=value)`` as a spec."""
+    items = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in {**kwargs, key: value}.items()]
+    return f"{target}({', '.join(items)})"
+
+
+def _check_factory_call(factory: Callable, args: tuple, kwargs: Mapping[str, Any], *, option: str, spec: str,
+                        target: str) -> None:
+    """Refuse, before the call, arguments ``factory`` does not take, and a call that would load weights."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin or C callable without a signature: the call says
+        return
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as e:
+        parameters = str(signature.replace(return_annotation=inspect.Signature.empty))
+        raise UsageError(
+            f"{option} {spec}: {e}; {_call_name(target)} takes {shorten(parameters, 400)}; give its "
+            f"arguments as {option} '{target}(KEY=VALUE, ...)'"
+        ) from None
+    for name, without in WEIGHT_PARAMETERS.items():
+        parameter = signature.parameters.get(name)
+        if parameter is None or name in bound.arguments or parameter.default is inspect.Parameter.empty:
+            continue
+        default = parameter.default
+        if default is not None and default is not False:
+            raise UsageError(
+                f"{option} {spec}: {_call_name(target)} loads pretrained weights by default ({name}={default!r}), "
+                f"and flopcount never reads weights; build the model without them: {option} "
+                f"'{_with_argument(target, args, kwargs, name, without)}'"
+            )
+
+
+def _call_name(target: str) -> str:
+    """``factory()`` for ``module:factory``."""
+    return f"{target.partition(':')[2]}()"
 
 
 # ---------------------------------------------------------------------------------------------------------------

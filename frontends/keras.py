@@ -7,7 +7,7 @@
 
 **Conversion.** The model is traced as a pure function of its inputs *and its variables*:
 ``tf.function(lambda x, trainable, non_trainable: model.stateless_call(trainable, non_trainable, x))`` with an input
-signature holding every variable's shape and dtype, converted with ``tf2onnx.convert.from_function``; the variable
+signature holding every variable's shape and dtype, converted with ``tf2onnx.convert.from_graph_def``; the variable
 inputs of the ONNX graph then become initializers, those of 1 KiB or more references to ``<model name>.weights``, a
 file that is never written (smaller ones keep their values). Weights are never read by the count, and the large
 ones are not even copied by the conversion. Facts about TensorFlow 2.21 / Keras 3.15 / tf2onnx 1.17 behind this choice:
@@ -20,12 +20,29 @@ ones are not even copied by the conversion. Facts about TensorFlow 2.21 / Keras 
   It is also slow: 42 s for ResNet50 against 7 s here.
 * With the variables as function inputs nothing can be folded, so the graph is the computation Keras runs.
   ``Conv2D``'s bias becomes the ONNX ``Conv`` bias input (or an ``Add`` of the same cost, as for ResNet50's
-  stem, whose ``ZeroPadding2D`` tf2onnx folds into the convolution). BatchNormalization is what Keras 3's TensorFlow backend
-  computes (``tf.nn.batch_normalization``): ``x·inv + (beta − mean·inv)``, a ``Mul`` and an ``Add`` on the
-  activations (2 FLOPs per element, where the ONNX ``BatchNormalization`` operator counts 1), plus
-  ``inv = gamma / sqrt(var + eps)`` and the shift computed from the variables (``Add``, ``Sqrt``, ``Reciprocal``,
-  ``Mul``, ``Mul``, ``Sub``: 6 FLOPs, one of them a square root, per channel), which a runtime folds once but
-  which this graph counts at every call (per-sample figures divide it by the batch too). Convolutions run in NCHW between ``Transpose`` nodes (zero cost).
+  stem, whose ``ZeroPadding2D`` tf2onnx folds into the convolution). Convolutions run in NCHW between
+  ``Transpose`` nodes (zero cost).
+* Grouped and depth-wise convolutions (``Conv2D(groups>1)``) run, in Keras's TensorFlow backend, inside a
+  ``tf.function(jit_compile=True)``, which the traced graph calls through a ``PartitionedCall`` marked
+  ``_XlaMustCompile``/``_noinline``; tf2onnx converts no such call. The marks are dropped before the conversion
+  (:func:`_inlinable`), so that grappler inlines the plain ``Conv2D`` inside, which tf2onnx writes as ``Conv``
+  with ``group=G``. Exact ``gelu`` is ``0.5·x·erfc(−x/√2)``; tf2onnx 1.17 has no ``Erfc``, which this frontend
+  writes as ``1 − Erf(x)`` (:func:`_math_handlers`).
+* **One architecture, one count.** Keras 3 computes an inference BatchNormalization as ``x·inv + (beta −
+  mean·inv)`` with ``inv = gamma / sqrt(var + eps)``: a ``Mul`` and an ``Add`` per element and six per-channel
+  operations recomputed at every call, where the ONNX ``BatchNormalization`` operator, which the PyTorch
+  exporters write for the same layer, counts 1 per element. The frontend recognises that pattern on the four
+  variables and writes it as ``BatchNormalization`` (:func:`_fuse_batch_norms`), so a Keras model and its PyTorch
+  twin count the same. Element-wise arithmetic by a constant identity element that Keras traces (swish's
+  ``1.0·x``, a ``Rescaling`` offset of 0) computes nothing and is removed (:func:`_drop_identity_arithmetic`;
+  tf2onnx folds it away itself in some graphs and not in others), and a negation multiplied by a constant is
+  folded into it (:func:`_fold_negations`: exact gelu's ``−x·(1/√2)``), so that exact gelu counts 5 FLOPs per
+  element, as the PyTorch exporter's opset-18 decomposition (``x/√2``, ``Erf``, ``+ 1``, two products). What
+  still differs from a PyTorch export is what Keras computes another way: ``LayerNormalization`` (moments, then
+  the same arithmetic as above: 9 FLOPs per element and 4 per row, where ONNX ``LayerNormalization`` counts 1
+  per element; after a convolution tf2onnx moves the moments into the convolution's NCHW layout, which a
+  pattern on the Keras computation would have to follow), and BatchNormalization in training graphs (batch
+  moments computed in the graph).
 * ``training=True`` traces ``model.stateless_call(..., training=True)``: BatchNormalization on batch moments
   (``ReduceMean``, ``Sub``, ``Mul``, ``ReduceMean``; the moving-average update is not part of the output and is
   pruned) and Dropout active. Keras 3 draws Dropout's mask with ``StatelessRandomUniformV2`` (seeded through
@@ -91,7 +108,7 @@ FRONTEND = "keras"
 INSTALL_HINT = 'pip install "flopcount[tf]"'
 #: Batch size given to a ``None`` batch dim when neither ``input_shapes`` nor ``batch`` sets it.
 DEFAULT_BATCH = 1
-_CACHE_FORMAT = 1  # bump when the conversion pipeline changes what it writes
+_CACHE_FORMAT = 2  # bump when the conversion pipeline changes what it writes
 #: Seconds a conversion runs before the progress indicator appears.
 _PROGRESS_DELAY_S = 1.0
 #: Python loggers of TensorFlow, quieted while it imports and converts unless flopcount's logging is at DEBUG.
@@ -217,11 +234,14 @@ def to_onnx(
 
 
 def load_factory(spec: str) -> keras.Model:
-    """Import ``package.module:factory``, call the factory with no arguments and return the Keras model it makes.
+    """Import ``package.module:factory``, call the factory and return the Keras model it makes.
 
-    The current directory is searched first (as ``python -m`` does). ``factory`` may be dotted. Weights are never
-    loaded by flopcount; the factory should build the model with ``weights=None`` (keras.applications) so that
-    nothing is downloaded.
+    The spec may give the factory's arguments, as Python literals:
+    ``keras.applications:MobileNetV3Small(weights=None, input_shape=(224, 224, 3))``; without them it is called
+    with none. The current directory is searched first (as ``python -m`` does). ``factory`` may be dotted.
+    Weights are never loaded by flopcount: a factory whose ``weights`` default is not ``None``
+    (``keras.applications``' ``"imagenet"``) is refused until the spec says ``weights=None``, so that nothing is
+    downloaded (see :func:`flopcount.frontends.common.load_factory`).
     """
     return common.load_factory(
         spec, option="--keras", frontend=FRONTEND, kind="a keras.Model", import_framework=import_frameworks,
@@ -400,10 +420,15 @@ def _inputs(model, input_shapes: Any, batch: int | None) -> list[_Input]:
             )
         open_dims = [i for i, d in enumerate(shape) if d is None]
         if open_dims:
+            letters = _placeholders(len(shape))
+            shown = [str(d) if d is not None else letters[i] for i, d in enumerate(shape)]
+            which = (f"dim {open_dims[0]} is open" if len(open_dims) == 1 else
+                     f"dims {', '.join(map(str, open_dims[:-1]))} and {open_dims[-1]} are open")
+            named = ", ".join(letters[i] for i in open_dims)
             raise UsageError(
-                f"{FRONTEND}: input {name!r} has shape {_dims(shape)}: dim {open_dims[0]} is open; give it, e.g. "
-                f"input_shapes={{{name!r}: {tuple(d if d is not None else 7 for d in shape)}}} or --input-shape "
-                f"{name}={'x'.join(str(d if d is not None else 7) for d in shape)}"
+                f"{FRONTEND}: input {name!r} of {model.name} has shape {_dims(shape)}: {which} (the model takes "
+                f"any size there); give {'it' if len(open_dims) == 1 else 'them'}: --input-shape "
+                f"{name}={'x'.join(shown)} or input_shapes={{{name!r}: ({', '.join(shown)})}} with your {named}"
             )
         if any(d <= 0 for d in shape):
             raise UsageError(f"{FRONTEND}: input {name!r} has a zero or negative dim: {_dims(shape)}")
@@ -411,6 +436,14 @@ def _inputs(model, input_shapes: Any, batch: int | None) -> list[_Input]:
     if len({i.name for i in inputs}) != len(inputs):
         raise UsageError(f"{FRONTEND}: input names must be distinct, got {', '.join(i.name for i in inputs)}")
     return inputs
+
+
+#: Names for the dims of an input by rank, in Keras's channels-last layout, for the placeholders of a suggestion.
+_DIM_NAMES = {2: ("N", "C"), 3: ("N", "L", "C"), 4: ("N", "H", "W", "C"), 5: ("N", "D", "H", "W", "C")}
+
+
+def _placeholders(rank: int) -> tuple[str, ...]:
+    return _DIM_NAMES.get(rank, tuple(f"D{i}" for i in range(rank)))
 
 
 def _dims(shape: Sequence[int | None]) -> str:
@@ -478,15 +511,20 @@ def _convert(model, inputs: Sequence[_Input], training: bool, opset: int) -> onn
     converter_records: list[logging.LogRecord] = []
     with common.quiet(_TF_LOGGERS, log, fds=(1,)), _captured_records(_TF2ONNX_LOGGER, converter_records):
         try:
-            function.get_concrete_function(*signature)
+            concrete = function.get_concrete_function(*signature)
         except Exception as e:  # noqa: BLE001 - tracing the user's model failed: one line
             raise FrontendError(
                 f"{FRONTEND}: tracing {model.name} with tf.function failed: {type(e).__name__}: {_error_line(e)}; "
                 "make the model's call() traceable, or convert it yourself and count the .onnx file"
             ) from None
+        input_names = [t.name for t in concrete.inputs if t.dtype != tf.dtypes.resource]
+        output_names = [t.name for t in concrete.outputs if t.dtype != tf.dtypes.resource]
         try:
-            converted, _ = tf2onnx.convert.from_function(
-                function, input_signature=signature, opset=opset, custom_op_handlers=_random_handlers(),
+            converted, _ = tf2onnx.convert.from_graph_def(
+                _inlinable(concrete.graph.as_graph_def(add_shapes=True)), name=model.name,
+                input_names=input_names, output_names=output_names, opset=opset,
+                custom_op_handlers={**_random_handlers(), **_math_handlers()},
+                tensors_to_rename=tf2onnx.convert.tensor_names_from_structed(concrete, input_names, output_names),
             )
         except Exception as e:  # noqa: BLE001 - any converter failure becomes one line
             raise FrontendError(_failure_message(model.name, converter_records, e)) from None
@@ -507,6 +545,10 @@ def _convert(model, inputs: Sequence[_Input], training: bool, opset: int) -> onn
     names.update({spec.name: name for spec, name in zip(weight_specs, weight_names)})
     _rename(converted, names)
     converted.graph.name = model.name
+    _fuse_batch_norms(converted, set(weight_names))
+    _fold_negations(converted, set(weight_names))
+    _drop_identity_arithmetic(converted, set(weight_names))
+    _drop_unread_constants(converted, set(weight_names))
     _initializers_to_constants(converted)
     location = f"{model.name}.weights"
     converted = ex.make_weightless(converted, location)
@@ -540,6 +582,52 @@ def _captured_records(name: str, sink: list[logging.LogRecord]) -> Iterator[None
         logger.propagate = saved[1]
         for record in sink:
             log.debug("tf2onnx: %s", record.getMessage())
+
+
+def _inlinable(graph_def):
+    """``graph_def`` with its calls of XLA-compiled functions made plain calls (in place; returned).
+
+    Keras's TensorFlow backend runs some operations inside ``tf.function(jit_compile=True)``: grouped and
+    depth-wise convolutions (``Conv2D(groups>1)``, which TensorFlow's CPU kernels do not run) and channels-first 3D
+    convolutions. The traced graph calls them through a ``PartitionedCall`` marked ``_XlaMustCompile``, whose
+    function is marked ``_noinline``; tf2onnx converts no function call, and grappler inlines none so marked. The
+    function body is the plain operation (a ``Conv2D`` whose kernel has ``C_in/G`` input channels, which tf2onnx
+    converts to a ``Conv`` with ``group=G``), so dropping the marks lets grappler inline it: the computation is
+    the same, only where XLA would compile it is forgotten.
+    """
+    marks = ("_XlaMustCompile", "_noinline", "_XlaCompile", "_XlaScope")
+    nodes = [*graph_def.node, *(node for function in graph_def.library.function for node in function.node_def)]
+    for node in nodes:
+        for mark in marks:
+            if mark in node.attr:
+                del node.attr[mark]
+    for function in graph_def.library.function:
+        for mark in marks:
+            if mark in function.attr:
+                del function.attr[mark]
+    return graph_def
+
+
+def _math_handlers() -> dict[str, tuple]:
+    """tf2onnx handlers for TensorFlow math ops it cannot convert, written as the ONNX ops that compute them.
+
+    ``Erfc`` (exact ``gelu``: ``0.5·x·erfc(−x/√2)``) becomes ``1 − Erf(x)``: a ``Sub`` of an ``Erf``.
+    """
+    from tf2onnx import utils
+
+    def erfc(ctx, node, name, args) -> None:
+        import numpy as np
+
+        x = node.input[0]
+        dtype = utils.map_onnx_to_numpy_type(ctx.get_dtype(x))
+        erf = ctx.make_node("Erf", [x], op_name_scope=name)
+        one = ctx.make_const(utils.make_name(f"{name}/one"), np.array(1, dtype=dtype))
+        node.type = "Sub"
+        for key in list(node.attr):
+            del node.attr[key]
+        ctx.replace_inputs(node, [one.output[0], erf.output[0]])
+
+    return {"Erfc": (erfc, [])}
 
 
 def _random_handlers() -> dict[str, tuple]:
@@ -608,6 +696,266 @@ def _rename(model: onnx.ModelProto, names: Mapping[str, str]) -> None:
         for node in graph.node:
             rename(node.input)
             rename(node.output)
+
+
+def _read_by_subgraphs(graph) -> set[str]:
+    """Names the nodes of ``graph``'s subgraphs (If/Loop/Scan bodies, at any depth) read."""
+    from flopcount.models.export import _graphs
+
+    return {name for g in _graphs(graph) if g is not graph for node in g.node for name in node.input}
+
+
+class _Patterns:
+    """What the normalization rewrites look up in a converted graph: the producer and readers of each tensor, the
+    constants the trace made (never the variables), inferred shapes, and the parameters they read."""
+
+    def __init__(self, model: onnx.ModelProto, variables: set[str]) -> None:
+        graph = model.graph
+        self.graph, self.variables = graph, variables
+        self.producer = {out: node for node in graph.node for out in node.output}
+        self.readers: dict[str, list] = {}
+        for node in graph.node:
+            for name in node.input:
+                self.readers.setdefault(name, []).append(node)
+        for value in graph.output:
+            self.readers.setdefault(value.name, []).append(None)
+        for name in _read_by_subgraphs(graph):  # an If/Loop body reading an outer tensor: a reader outside
+            self.readers.setdefault(name, []).append(None)
+        self.constants = {t.name: t for t in graph.initializer if t.name not in variables}
+        inferred = onnx.shape_inference.infer_shapes(model)
+        self.shapes = {
+            v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
+            for v in (*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output)
+            if v.type.tensor_type.HasField("shape")
+        }
+
+    def made(self, name: str, op_type: str):
+        """The node of type ``op_type`` that writes ``name``; None if another kind of node or none does."""
+        node = self.producer.get(name)
+        return node if node is not None and node.op_type == op_type else None
+
+    @staticmethod
+    def split(node, first) -> tuple[str, str] | None:
+        """The two inputs of ``node``, the one ``first(name)`` accepts first; None when neither is accepted."""
+        if node is None or len(node.input) != 2:
+            return None
+        a, b = node.input
+        return (a, b) if first(a) else (b, a) if first(b) else None
+
+    def constant(self, name: str):
+        """The value of a constant the trace made (epsilon, reduction axes; never a variable), or None."""
+        from onnx import numpy_helper
+
+        return numpy_helper.to_array(self.constants[name]) if name in self.constants else None
+
+    def parameter(self, name: str, rank: int) -> tuple[str, int, int, list] | None:
+        """``(variable, channels, axis, reshape nodes)`` for a per-channel variable read as it is (along the last
+        axis of a rank-``rank`` tensor) or through a ``Reshape`` to ``[1, .., C, .., 1]`` of that rank."""
+        reshape = self.made(name, "Reshape")
+        source = reshape.input[0] if reshape is not None else name
+        dims = self.shapes.get(source) if source in self.variables else None
+        if dims is None or len(dims) != 1 or not dims[0]:
+            return None
+        if reshape is None:
+            return source, dims[0], rank - 1, []
+        out = self.shapes.get(name)
+        if out is None or len(out) != rank or sorted(out) != [1] * (rank - 1) + [dims[0]] or dims[0] == 1:
+            return None
+        return source, dims[0], out.index(dims[0]), [reshape]
+
+    def internal(self, nodes: Sequence[Any], last) -> bool:
+        """Whether every output of ``nodes`` but ``last``'s is read only by ``nodes``."""
+        inside = {id(node) for node in nodes}
+        return all(reader is not None and id(reader) in inside
+                   for node in nodes if node is not last for reader in self.readers.get(node.output[0], []))
+
+    def replace(self, fusions: Sequence[tuple[Any, Sequence[Any], Sequence[Any]]]) -> None:
+        """Apply ``(last node, nodes removed, nodes written in last's place)`` rewrites, in place."""
+        dropped = {id(node) for _, removed, _ in fusions for node in removed}
+        written = {id(last): nodes for last, _, nodes in fusions}
+        kept = []
+        for node in self.graph.node:
+            if id(node) in written:
+                kept.extend(written[id(node)])
+            elif id(node) not in dropped:
+                kept.append(node)
+        del self.graph.node[:]
+        self.graph.node.extend(kept)
+
+
+def _fuse_batch_norms(model: onnx.ModelProto, variables: set[str]) -> None:
+    """Write, in place, each inference BatchNormalization as the ONNX ``BatchNormalization`` operator.
+
+    Keras 3 computes an inference batch norm (``tf.nn.batch_normalization``) as ``y = x·inv + (beta − mean·inv)``
+    with ``inv = gamma · 1/sqrt(var + eps)``; tf2onnx writes that as ``Add``, ``Sqrt``, ``Reciprocal`` and three
+    ``Mul`` and a ``Sub`` on the per-channel variables, then a ``Mul`` and an ``Add`` on the activations (2 FLOPs
+    per element, where ONNX's ``BatchNormalization``, which the PyTorch exporters write for the same layer, counts
+    1). Where exactly that pattern reads four per-channel variables (``gamma``, ``beta``, moving mean and
+    variance; as they are, or reshaped to broadcast along one axis, as Keras does for ``axis=3`` or
+    ``axis=1``) and a constant epsilon, and its intermediate tensors feed nothing else, it is replaced by
+    ``BatchNormalization(x, gamma, beta, mean, var, epsilon)``, which computes the same; where the channels are
+    not on axis 1 (Keras's default is the last axis) two ``Transpose`` nodes (free) move them there and back.
+    Anything else (training-mode batch statistics, ``center=False`` or ``scale=False``) stays as converted.
+    """
+    from onnx import helper
+
+    view = _Patterns(model, variables)
+    made, split, shapes = view.made, view.split, view.shapes
+    fusions = []
+    for add in model.graph.node:
+        if add.op_type != "Add":
+            continue
+        pair = split(add, lambda n: made(n, "Mul") is not None)
+        if pair is None or made(pair[1], "Sub") is None:
+            continue
+        xs, shift = made(pair[0], "Mul"), made(pair[1], "Sub")
+        mean_inv = made(shift.input[1], "Mul")
+        if mean_inv is None:
+            continue
+        found = split(xs, lambda n: made(n, "Mul") is not None and n in mean_inv.input)
+        if found is None:
+            continue
+        inv, x = made(found[0], "Mul"), found[1]
+        mean = mean_inv.input[1] if mean_inv.input[0] == inv.output[0] else mean_inv.input[0]
+        found = split(inv, lambda n: made(n, "Reciprocal") is not None)
+        if found is None:
+            continue
+        reciprocal, gamma = made(found[0], "Reciprocal"), found[1]
+        sqrt = made(reciprocal.input[0], "Sqrt")
+        var_eps = made(sqrt.input[0], "Add") if sqrt is not None else None
+        found = split(var_eps, lambda n: n in view.constants)
+        rank = len(shapes.get(x) or ())
+        if found is None or rank < 2 or shapes.get(add.output[0]) != shapes.get(x):
+            continue
+        eps = view.constant(found[0])
+        params = [view.parameter(name, rank) for name in (gamma, shift.input[0], mean, found[1])]
+        if eps.size != 1 or None in params or len({(c, axis) for _, c, axis, _ in params}) != 1:
+            continue
+        channels, axis = params[0][1], params[0][2]
+        if axis == 0 or shapes[x][axis] != channels:
+            continue
+        removed = [var_eps, sqrt, reciprocal, inv, mean_inv, shift, xs, add, *(n for *_, ns in params for n in ns)]
+        if not view.internal(removed, add):
+            continue
+        names, epsilon, base = [name for name, *_ in params], float(eps.reshape(())), add.name or add.output[0]
+        if axis == 1:
+            fusions.append((add, removed, [helper.make_node("BatchNormalization", [x, *names], [add.output[0]],
+                                                            name=base, epsilon=epsilon)]))
+            continue
+        to_first = [0, axis, *(i for i in range(1, rank) if i != axis)]
+        back = sorted(range(rank), key=to_first.__getitem__)
+        fusions.append((add, removed, [
+            helper.make_node("Transpose", [x], [f"{base}/channels_first"], name=f"{base}/channels_first",
+                             perm=to_first),
+            helper.make_node("BatchNormalization", [f"{base}/channels_first", *names], [f"{base}/normalized"],
+                             name=base, epsilon=epsilon),
+            helper.make_node("Transpose", [f"{base}/normalized"], [add.output[0]], name=f"{base}/channels_back",
+                             perm=back),
+        ]))
+    if fusions:
+        view.replace(fusions)
+        log.debug("wrote %d Keras batch norm(s) as ONNX BatchNormalization", len(fusions))
+
+
+def _fold_negations(model: onnx.ModelProto, variables: set[str]) -> None:
+    """Fold, in place, a ``Neg`` whose only reader multiplies it by a constant the trace made into that constant:
+    ``(−x)·c`` is ``x·(−c)``. Keras's exact ``gelu`` computes ``erfc(−x·(1/√2))``; the ``Neg`` is arithmetic on a
+    constant that a converter folds (the PyTorch exporter writes ``x/√2``), so the count does not depend on it.
+    A variable (a weight) is never folded."""
+    from onnx import numpy_helper
+
+    view = _Patterns(model, variables)
+    graph = model.graph
+    folded, added = set(), []
+    for node in graph.node:
+        if node.op_type != "Mul":
+            continue
+        pair = view.split(node, lambda n: view.made(n, "Neg") is not None)
+        if pair is None or pair[1] not in view.constants:
+            continue
+        neg, constant = view.made(pair[0], "Neg"), view.constant(pair[1])
+        if constant.dtype.kind != "f" or any(r is not node for r in view.readers.get(neg.output[0], [])):
+            continue
+        negated = f"{pair[1]}/negated"
+        if negated not in view.constants and all(t.name != negated for t in added):
+            added.append(numpy_helper.from_array(-constant, negated))
+        node.input[list(node.input).index(pair[0])] = neg.input[0]
+        node.input[list(node.input).index(pair[1])] = negated
+        folded.add(id(neg))
+    if folded:
+        graph.initializer.extend(added)
+        kept = [node for node in graph.node if id(node) not in folded]
+        del graph.node[:]
+        graph.node.extend(kept)
+        log.debug("folded %d negation(s) into constants", len(folded))
+
+
+#: Element-wise ops whose constant operand can be the identity element.
+_IDENTITY_ELEMENT = {"Mul": 1.0, "Add": 0.0, "Sub": 0.0, "Div": 1.0}
+
+
+def _drop_identity_arithmetic(model: onnx.ModelProto, variables: set[str]) -> None:
+    """Remove, in place, element-wise arithmetic by a constant identity element (``1.0·x``, ``x + 0``, ``x − 0``,
+    ``x / 1``) that Keras traces: the ``beta`` of ``swish``/``silu`` (``x·sigmoid(1.0·x)``), a ``Rescaling``
+    offset of 0. They compute nothing; the PyTorch exporters do not write them for the same layers, and
+    tf2onnx removes them itself where it folds constants, so whether they appear would depend on the path.
+
+    Only a constant the trace made (never a variable: a weight that happens to be 1 is computed with) whose every
+    element is the identity, on the side that does not change the result (``0 − x`` is not ``x``), and whose
+    shape does not broadcast the other operand to a larger result, is removed; its output is renamed to the
+    operand's name downstream.
+    """
+    from onnx import numpy_helper
+
+    graph = model.graph
+    constants = {t.name: t for t in graph.initializer if t.name not in variables}
+    outputs = {v.name for v in graph.output} | _read_by_subgraphs(graph)
+    inferred = onnx.shape_inference.infer_shapes(model)
+    shapes = {v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
+              for v in (*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output)
+              if v.type.tensor_type.HasField("shape")}
+    renamed: dict[str, str] = {}
+    kept = []
+    for node in graph.node:
+        identity = _IDENTITY_ELEMENT.get(node.op_type)
+        sides = (1,) if node.op_type in ("Sub", "Div") else (0, 1)
+        operand = None
+        if identity is not None and len(node.input) == 2 and node.output[0] not in outputs:
+            for side in sides:
+                name = node.input[side]
+                tensor = numpy_helper.to_array(constants[name]) if name in constants else None
+                if tensor is None or tensor.dtype.kind != "f" or not tensor.size or not (tensor == identity).all():
+                    continue
+                other = node.input[1 - side]
+                if shapes.get(other) is not None and shapes.get(other) == shapes.get(node.output[0]):
+                    operand = other
+                    break
+        if operand is None:
+            kept.append(node)
+            continue
+        renamed[node.output[0]] = renamed.get(operand, operand)
+    if not renamed:
+        return
+    for node in kept:
+        for i, name in enumerate(node.input):
+            if name in renamed:
+                node.input[i] = renamed[name]
+    del graph.node[:]
+    graph.node.extend(kept)
+    log.debug("dropped %d element-wise operation(s) by a constant 1 or 0", len(renamed))
+
+
+def _drop_unread_constants(model: onnx.ModelProto, variables: set[str]) -> None:
+    """Remove, in place, the top-level initializers that are not variables and that no node reads any more (the
+    epsilon of a fused batch norm, a dropped identity element)."""
+    from flopcount.models.export import _graphs
+
+    read = {name for graph in _graphs(model.graph) for node in graph.node for name in node.input}
+    read |= {v.name for v in model.graph.output}
+    kept = [t for t in model.graph.initializer if t.name in variables or t.name in read]
+    if len(kept) != len(model.graph.initializer):
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(kept)
 
 
 def _initializers_to_constants(model: onnx.ModelProto) -> None:
