@@ -151,9 +151,11 @@ def test_batch_norm_and_swish_count_as_in_pytorch(cache):
     assert keras_report.total.transcendentals == torch_report.total.transcendentals == CB + K + 2 * 3 * HB * WB * CB
     assert keras_report.by_op_type["BatchNormalization"].nodes == 2
     assert not {"Sqrt", "Reciprocal"} & set(keras_report.by_op_type)  # the batch norms' per-channel arithmetic
-    # parameters: kernel, the head, and gamma, beta and moving statistics of each batch norm (the PyTorch graph's
-    # count also holds the folded 1/255, which is not a parameter: a matter of the counting core, not compared)
-    assert keras_report.params == keras_bn_cnn().count_params() == 3 * 3 * 3 * 5 + 315 * 4 + 4 + 4 * (CB + K)
+    # parameters: kernel, the head, and gamma and beta of each batch norm; buffers: the batch norms' moving
+    # statistics (Keras' non-trainable weights); count_params() holds both
+    assert keras_report.params == 3 * 3 * 3 * 5 + 315 * 4 + 4 + 2 * (CB + K)
+    assert keras_report.buffers == 2 * (CB + K)
+    assert keras_report.params + keras_report.buffers == keras_bn_cnn().count_params()
 
 
 def test_batch_norm_on_the_channel_axis_of_nchw_and_in_training(cache):
