@@ -147,3 +147,20 @@ def test_model_onnxruntime_cannot_load_is_exit_12(save, capsys):
     assert main(["profile", path]) == 12
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and path in err[0] and "onnxruntime cannot load" in err[0]
+
+
+def test_external_weights_are_used_when_their_file_is_beside_the_model(tmp_path):
+    w = np.arange(91 * 23, dtype=np.float32).reshape(91, 23) / 1000
+    m = _mlp(w)
+    onnx.save_model(m, tmp_path / "mlp.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="mlp.weights", size_threshold=0)
+    path = str(tmp_path / "mlp.onnx")
+    report = flopcount.count(path)
+    run, _, counts = runnable_model(path, report)
+    assert counts == {"from_model": 2, "synthesized": 0}
+    np.testing.assert_array_equal(numpy_helper.to_array(next(t for t in run.graph.initializer if t.name == "W")), w)
+    (tmp_path / "mlp.weights").unlink()  # absent: synthesised from the dims, never an error
+    run, _, counts = runnable_model(path, report)
+    assert counts == {"from_model": 0, "synthesized": 2}
+    # the int64 shape tensor went external too and was synthesised as zeros: the model is no longer runnable as
+    # is, which is why weightless graphs keep such small tensors inline (see the module docstring)

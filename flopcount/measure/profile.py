@@ -6,9 +6,10 @@ time measured again without the profiler (``run_time_s``). Each node's analytic 
 writes (:func:`flopcount.report.node_bytes`) then give its achieved FLOP/s, its arithmetic intensity and whether it
 sits left (memory-bound) or right (compute-bound) of the ridge point of the machine's measured ceilings.
 
-Weights: a model whose initializers are in the file runs with them. Initializers without data (a weightless graph,
-or external data, whose files are never opened) are synthesised from their dims and dtypes into a new in-memory
-model: floating-point weights uniform in ±1/√fan-in (rank ≥ 2) or in [0.5, 1.5) (scales, variances), integer and
+Weights: a model whose initializers are in the file runs with them, and so does one whose external-data files are all
+present beside it (read through onnx's own loader, which refuses locations outside the model's folder; counting
+itself never opens them). Initializers without data (a weightless graph, external data whose files are absent) are
+synthesised from their dims and dtypes into a new in-memory model: floating-point weights uniform in ±1/√fan-in (rank ≥ 2) or in [0.5, 1.5) (scales, variances), integer and
 boolean ones zero. Small integer tensors that shapes depend on are inline in the file and kept exactly.
 
 Graph optimisations are off by default, so every executed node is a graph node. With ``optimize="basic"`` or
@@ -180,8 +181,34 @@ def _fill_graph(graph, rng, counts: dict[str, int]) -> None:
                     _fill_graph(g, rng, counts)
 
 
+def _load_present_external_data(model, folder: str) -> None:
+    """Read the model's external weights when every file they name exists in ``folder`` (a location that leaves the
+    folder, or a file that is absent or too short, leaves the weights to be synthesised, with a log line)."""
+    import onnx
+    from onnx import TensorProto, external_data_helper
+
+    tensors = [t for t in external_data_helper._get_all_tensors(model) if t.data_location == TensorProto.EXTERNAL]
+    if not tensors:
+        return
+    locations = {next((e.value for e in t.external_data if e.key == "location"), "") for t in tensors}
+    root = os.path.realpath(folder)
+    inside = all(loc and os.path.realpath(os.path.join(root, loc)).startswith(root + os.sep) for loc in locations)
+    if not inside or not all(os.path.isfile(os.path.join(root, loc)) for loc in locations):
+        log.info("external weights (%s) absent or outside the model's folder: synthesised",
+                 ", ".join(sorted(locations))[:200])
+        return
+    try:
+        external_data_helper.load_external_data_for_model(model, root)
+    except (OSError, ValueError, onnx.checker.ValidationError) as e:
+        log.warning("external weights could not be read (%s): synthesised", e)
+        for t in tensors:  # anything half-read is synthesised from its dims
+            t.ClearField("raw_data")
+            t.data_location = TensorProto.EXTERNAL
+
+
 def runnable_model(source, report: Report, seed: int = 0):
-    """The model onnxruntime runs: ``source`` read with its inline data (external files never opened), model-local
+    """The model onnxruntime runs: ``source`` read with its inline data (and its external data when every file is
+    present beside it), model-local
     functions expanded as counting expands them, every node given a unique name (kept where it already is one),
     missing weights synthesised, and graph inputs and outputs fixed to the count's resolved shapes. Returns the
     model, the node names by graph position, and ``{"from_model": k, "synthesized": m}``."""
@@ -196,6 +223,8 @@ def runnable_model(source, report: Report, seed: int = 0):
             model = onnx.load(os.fspath(source), load_external_data=False)
         except Exception as e:  # count() has read it already: unlikely
             raise MeasurementError(f"{source}: cannot be read for running ({e})") from None
+    if not isinstance(source, onnx.ModelProto):
+        _load_present_external_data(model, os.path.dirname(os.path.abspath(os.fspath(source))))
     if model.functions:
         import onnx.inliner
 
