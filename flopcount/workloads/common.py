@@ -56,7 +56,7 @@ def torch_or_error():
         import torch
     except ImportError:
         raise DeviceError("flopcount bench trains with PyTorch, which is not installed: pip install torch "
-                          "(a CPU build: pip install torch --index-url https://download.pytorch.org/whl/cpu)") from None
+                          "'flopcount[measure]' (on a CPU-only machine, a CPU build of torch)") from None
     return torch
 
 
