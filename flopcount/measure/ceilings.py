@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -42,6 +43,7 @@ class GemmCeiling:
     repeats: int
     threads: int
     torch_version: str
+    load_per_core: float | None = None  # the 1-minute load average per core when it was measured (Unix)
 
     def describe(self) -> str:
         return (f"measured GEMM ceiling of this {self.device} ({self.dtype}, {self.n}x{self.n}x{self.n}, median of "
@@ -69,7 +71,8 @@ def measure_gemm(device: str = "cpu", dtype: str = "fp32", sizes: tuple[int, ...
             if time.perf_counter() - start > budget_s:
                 break
     assert best is not None
-    return GemmCeiling(device, dtype, best[0], best[1], repeats, torch.get_num_threads(), torch.__version__)
+    return GemmCeiling(device, dtype, best[0], best[1], repeats, torch.get_num_threads(), torch.__version__,
+                       load_per_core())
 
 
 def _torch_dtype(device: str, dtype: str):
@@ -272,6 +275,28 @@ def _cache_path(device: str, dtype: str):
     return folder / f"ceiling-gemm-{key[:20]}.json"
 
 
+def load_per_core() -> float | None:
+    """The 1-minute load average per core (Unix), or None."""
+    try:
+        from .devices import cpu_cores
+
+        return os.getloadavg()[0] / cpu_cores()
+    except (AttributeError, OSError):
+        return None
+
+
+def measured_busier(load_then: float | None) -> bool:
+    """Whether a ceiling cached at ``load_then`` (load per core) is stale: measured while other work ran (more than
+    half a core's worth per core) on a machine now clearly less busy, or of unknown load. Measured ceilings are
+    lower on a busy machine, and a low ceiling would inflate MFU."""
+    now = load_per_core()
+    if now is None:
+        return False
+    if load_then is None:
+        return True
+    return load_then > 0.5 and now < load_then - 0.25
+
+
 def cached_gemm(device: str = "cpu", dtype: str = "fp32") -> GemmCeiling | None:
     """The GEMM ceiling of ``dtype`` on this machine, from the cache or measured now (and cached); None when torch
     is not installed or the dtype cannot run here."""
@@ -284,9 +309,15 @@ def cached_gemm(device: str = "cpu", dtype: str = "fp32") -> GemmCeiling | None:
     path = _cache_path(device, dtype)
     if path is not None and path.is_file():
         try:
-            return GemmCeiling(**json.loads(path.read_text(encoding="utf-8")))
+            cached = GemmCeiling(**json.loads(path.read_text(encoding="utf-8")))
         except (OSError, ValueError, TypeError):
             log.debug("ignoring an unreadable ceiling cache file %s", path)
+        else:
+            if not measured_busier(cached.load_per_core):
+                return cached
+            log.info("the cached %s GEMM ceiling was measured while the machine was busier (load %.2f per core, "
+                     "now %.2f): measuring it again", dtype, cached.load_per_core or float("nan"),
+                     load_per_core() or float("nan"))
     log.info("measuring this machine's %s GEMM ceiling (about a second; cached)", dtype)
     try:
         ceiling = measure_gemm(device, dtype)
