@@ -6,7 +6,8 @@ Run from the repository root::
     python benchmarks/meter_overhead.py --quick      # tiny MLP only
     python benchmarks/meter_overhead.py --device cuda
 
-Three measurements, each the median of ``--repeat`` alternating rounds after a warm-up round:
+Three measurements, each the median of ``--repeat`` rounds after a warm-up round (the loop that runs first
+alternates from round to round):
 
 1. **The meter's own work per step**: an empty ``with meter.step(samples=1): pass`` loop against an empty loop.
    This is what the meter adds to every step (two stamps and a few integer updates, a window collection every
@@ -76,9 +77,13 @@ def ab(label: str, run, steps: int, repeat: int, device: str) -> tuple[float, fl
     run(max(1, steps // 10), None)
     run(max(1, steps // 10), new_meter(device))
     bare, metered = [], []
-    for _ in range(repeat):
-        bare.append(run(steps, None) / steps)
-        metered.append(run(steps, new_meter(device)) / steps)
+    for i in range(repeat):  # ABBA order: which loop runs first alternates, so order effects cancel
+        if i % 2:
+            metered.append(run(steps, new_meter(device)) / steps)
+            bare.append(run(steps, None) / steps)
+        else:
+            bare.append(run(steps, None) / steps)
+            metered.append(run(steps, new_meter(device)) / steps)
     b, m = statistics.median(bare), statistics.median(metered)
     print(f"{label:<28} {b * 1e6:12.2f} us {m * 1e6:12.2f} us {(m - b) * 1e6:+10.2f} us {(m / b - 1):+9.2%}")
     return b, m
