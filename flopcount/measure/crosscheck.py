@@ -328,13 +328,14 @@ def compare(analytic: Mapping[str, int | None], measured: Measured, source: str 
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _floats(out) -> list:
+def float_outputs(out) -> list:
+    """The floating-point tensors of a module's output (a tensor, or dicts, lists and tuples of them)."""
     if hasattr(out, "is_floating_point"):
         return [out] if out.is_floating_point() else []
     if isinstance(out, dict):
         out = list(out.values())
     if isinstance(out, (list, tuple)):
-        return [t for o in out for t in _floats(o)]
+        return [t for o in out for t in float_outputs(o)]
     return []
 
 
@@ -357,7 +358,7 @@ def measure_with_flop_counter(module, inputs: tuple, mode: str = "train") -> Mea
     with torch.set_grad_enabled(train), FlopCounterMode(display=False) as counter:
         out = module(*inputs)
         if train:
-            outs = _floats(out)
+            outs = float_outputs(out)
             if outs:
                 sum(t.float().sum() for t in outs).backward()
     per_op = {str(op): int(n) for op, n in counter.get_flop_counts().get("Global", {}).items() if n}
@@ -388,7 +389,7 @@ def measure_with_profiler(module, inputs: tuple, mode: str = "train") -> Measure
     with torch.set_grad_enabled(train), profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
         out = module(*inputs)
         if train:
-            outs = _floats(out)
+            outs = float_outputs(out)
             if outs:
                 sum(t.float().sum() for t in outs).backward()
     families: dict[str, int | None] = {fam: None for fam in FAMILIES}

@@ -29,6 +29,8 @@ from typing import Any, Callable, Mapping
 
 from flopcount.errors import DeviceError, UsageError
 
+from .meter import running_dist
+
 
 @dataclass(frozen=True)
 class Ranks:
@@ -49,14 +51,6 @@ def _torch():
     except ImportError:
         raise DeviceError("distributed training runs on PyTorch, which is not installed: pip install torch") from None
     return torch
-
-
-def _dist():
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    dist = torch.distributed
-    return dist if dist.is_available() and dist.is_initialized() else None
 
 
 def launcher() -> str | None:
@@ -148,7 +142,7 @@ def init(device: str = "cpu", backend: str | None = None) -> Ranks:
 
 def finish(ranks: Ranks) -> None:
     """Leave the process group :func:`init` joined (nothing when the caller had initialised it)."""
-    dist = _dist()
+    dist = running_dist()
     if dist is not None and ranks.launcher in ("torchrun", "srun"):
         dist.destroy_process_group()
 
@@ -265,7 +259,7 @@ class DataParallel:
     models = 1
 
     def __init__(self, group=None) -> None:
-        dist = _dist()
+        dist = running_dist()
         self._dist = dist
         self.world_size = dist.get_world_size() if dist else 1
         self.rank = dist.get_rank() if dist else 0

@@ -28,7 +28,8 @@ from typing import Any, Mapping
 
 from flopcount.errors import UsageError
 
-from .distributed import DataParallel, _dist
+from .distributed import DataParallel
+from .meter import running_dist
 
 
 def layout(world_size: int, models: int) -> list[tuple[int, ...]]:
@@ -59,7 +60,7 @@ class Ensemble(DataParallel):
     relative to other group creation). ``models=1`` is plain data parallelism over all ranks."""
 
     def __init__(self, models: int) -> None:
-        dist = _dist()
+        dist = running_dist()
         world = dist.get_world_size() if dist else 1
         if models > 1 and dist is None:
             raise UsageError(f"--ensemble {models} trains each base model on its own ranks: launch {models} x P "

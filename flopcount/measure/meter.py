@@ -577,7 +577,9 @@ class Meter:
             f.write(dumps(doc))
 
 
-def _dist():
+def running_dist():
+    """torch.distributed when this process is one of its initialised ranks, else None (torch is not imported for
+    the question)."""
     torch = sys.modules.get("torch")
     if torch is None:
         return None
@@ -587,13 +589,13 @@ def _dist():
 
 def is_writer() -> bool:
     """True on rank 0 of torch.distributed, and without it: only rank 0 writes files and prints."""
-    dist = _dist()
+    dist = running_dist()
     return dist is None or dist.get_rank() == 0
 
 
 def gather_ranks(local: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Every rank's ``local`` figures, gathered once (``all_gather_object``) under torch.distributed."""
-    dist = _dist()
+    dist = running_dist()
     if dist is None:
         return [dict(local, rank=0)]
     out: list[Any] = [None] * dist.get_world_size()

@@ -75,18 +75,9 @@ def run_gemm(torch, m: int, n: int, k: int, precision: str) -> None:
     _profiled(torch, product)
 
 
-def _floats(out) -> list:
-    if hasattr(out, "is_floating_point"):
-        return [out] if out.is_floating_point() else []
-    if isinstance(out, dict):
-        out = list(out.values())
-    if isinstance(out, (list, tuple)):
-        return [t for o in out for t in _floats(o)]
-    return []
-
-
 def run_model(torch, args) -> None:
     from ..frontends.torch import _bind, load_factory
+    from .crosscheck import float_outputs
 
     half = _setup(torch, args.precision)
     module = load_factory(args.torch).cuda()
@@ -117,7 +108,7 @@ def run_model(torch, args) -> None:
             if not train:
                 return
             nvtx.range_push("flopcount/loss")
-            loss = sum(t.float().sum() for t in _floats(out))
+            loss = sum(t.float().sum() for t in float_outputs(out))
             nvtx.range_pop()
             nvtx.range_push("flopcount/backward")
             loss.backward()
