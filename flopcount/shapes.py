@@ -445,6 +445,10 @@ class Inference:
             reported = False
             try:
                 os.close(read)
+                try:  # what ONNX's C++ prints as it aborts is not for the user: the parent reports the crash
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+                except OSError:
+                    pass
                 try:
                     if _guard_depths(self.model.graph) is None:
                         from onnx.onnx_cpp2py_export import shape_inference as cpp
@@ -534,13 +538,14 @@ class Inference:
 
 
 def _may_fork(model: ModelProto) -> bool:
-    """Whether :class:`Inference` may fork: Linux, a large graph, no other Python thread (one
+    """Whether :class:`Inference` may fork: Linux, a large graph (or a control-flow body with an op whose inference
+    can abort, see :func:`_body_at_risk`), no other Python thread (one
     could hold a lock the child would need), no CUDA context (a big address space to copy), and
     FLOPCOUNT_PARALLEL not set to 0. Native helper threads, such as a BLAS pool that numpy starts
     on import, do not matter: the child runs only ONNX's inference, writes to a pipe and exits."""
     if os.environ.get("FLOPCOUNT_PARALLEL", "1") == "0" or not sys.platform.startswith("linux"):
         return False
-    if not hasattr(os, "fork") or len(model.graph.node) < PARALLEL_MIN_NODES:
+    if not hasattr(os, "fork") or (len(model.graph.node) < PARALLEL_MIN_NODES and not _body_at_risk(model.graph)):
         return False
     if threading.active_count() != 1:
         return False
@@ -550,6 +555,22 @@ def _may_fork(model: ModelProto) -> bool:
 
 
 _SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+#: Ops whose inference in ONNX's C++ aborts the process (an assertion in std::clamp) when an input dim is negative.
+_ABORTING_OPS = frozenset({"Slice", "Pad"})
+
+
+def _body_at_risk(graph) -> bool:
+    """Whether a control-flow body (at any depth) holds an op whose ONNX inference can abort on a negative dim.
+    Top-level ones are guarded before inference (:func:`_guard_depths`); dims inside bodies are not checked first
+    (ONNX infers the branch not taken too), so such a graph's inference runs in the child at any size, where an
+    abort is contained and reported instead of killing the process."""
+    for node in graph.node:
+        if node.op_type in _SUBGRAPH_OPS:
+            for a in node.attribute:
+                for body in (a.g,) if a.HasField("g") else tuple(a.graphs):
+                    if any(n.op_type in _ABORTING_OPS for n in body.node) or _body_at_risk(body):
+                        return True
+    return False
 
 
 class _Collected(dict):

@@ -205,6 +205,26 @@ def test_pool_before_slice_is_an_error_not_an_abort(tmp_path):
     assert r.stderr.count("\n") == 1 and "node 'pool' (MaxPool)" in r.stderr and "1x1x-4x-4" in r.stderr
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the inference child needs fork")
+def test_pool_before_slice_inside_an_if_body_is_contained(tmp_path):
+    # Dims inside bodies are not checked before inference (ONNX infers the branch not taken too), so a two-node
+    # model whose If branches feed a pool's negative dim to a Slice aborted the process. Its inference now runs in
+    # the child at any size: the abort is reported in one line, and the parent lives.
+    def branch(name):
+        nodes = [N("MaxPool", ["x"], ["p"], kernel_shape=[9, 9]), N("Slice", ["p", "st", "en", "ax"], ["z"])]
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+                                 [const("st", [0]), const("en", [2]), const("ax", [2])])
+
+    m = model([N("If", ["c"], ["y"], then_branch=branch("then"), else_branch=branch("else"))],
+              {"x": (1, 1, 4, 4), "c": ()}, ["y"])
+    m.graph.input[1].type.tensor_type.elem_type = TensorProto.BOOL
+    path = tmp_path / "m.onnx"
+    path.write_bytes(m.SerializeToString())
+    r = subprocess.run([sys.executable, "-m", "flopcount", str(path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 5, r.stderr
+    assert r.stderr.count("\n") == 1 and "ONNX shape inference crashed (SIGABRT)" in r.stderr, r.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the inference child needs fork")
 def test_pool_before_slice_in_a_large_graph_is_an_error_from_the_child(tmp_path):
