@@ -420,6 +420,7 @@ class Inference:
     """
 
     _signal: str | None = None  # the name of the signal that killed the child, if one did
+    _spawned: bytes | None = None  # the report of a spawned interpreter (see _spawn)
 
     def __init__(self, model: ModelProto, where: str) -> None:
         self.model, self.where = model, where
@@ -427,6 +428,8 @@ class Inference:
         self._fd: int | None = None
         if _may_fork(model):
             self._start()
+        elif _body_at_risk(model.graph):  # containment, not speed: FLOPCOUNT_PARALLEL=0 does not turn it off
+            self._spawn()
 
     def _start(self) -> None:
         try:
@@ -449,18 +452,7 @@ class Inference:
                     os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
                 except OSError:
                     pass
-                try:
-                    if _guard_depths(self.model.graph) is None:
-                        from onnx.onnx_cpp2py_export import shape_inference as cpp
-
-                        data = b"K" + cpp.infer_shapes(self.model.SerializeToString(), False, False, True)
-                    else:  # a Slice at risk of a negative dim: inferred step by step
-                        data = b"K" + _infer(self.model, self.where).SerializeToString()
-                except ShapeError as e:  # a negative dim found by the guard, or inference failed
-                    data = b"S" + str(e).encode("utf-8", "replace")
-                except Exception as e:  # InferenceError, ValidationError, or RuntimeError from C++
-                    data = b"E" + _first_line(e).encode("utf-8", "replace")
-                view = memoryview(data)
+                view = memoryview(_report(self.model, self.where))
                 while view:
                     view = view[os.write(write, view):]
                 reported = True
@@ -468,6 +460,30 @@ class Inference:
                 os._exit(0 if reported else 1)  # the parent trusts the report only after a 0
         os.close(write)
         self._pid, self._fd = pid, read
+
+    def _spawn(self) -> None:
+        """Infer in a fresh interpreter (no fork allowed here, but ONNX may abort on this graph): synchronous, its
+        report read like the forked child's; a start that fails leaves inference to this process, as before."""
+        import subprocess
+
+        if not sys.executable:
+            return
+        try:
+            done = subprocess.run([sys.executable, "-c", "from flopcount.shapes import _spawned_main; _spawned_main()",
+                                   self.where], input=self.model.SerializeToString(), stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, check=False)
+        except OSError as e:
+            log.debug("%s: cannot start an interpreter for inference (%s)", self.where, e)
+            return
+        if done.returncode < 0:
+            try:
+                self._signal = signal.Signals(-done.returncode).name
+            except ValueError:
+                self._signal = f"signal {-done.returncode}"
+        elif done.returncode == 0:
+            self._spawned = done.stdout
+        else:
+            log.debug("%s: the inference interpreter exited with %d", self.where, done.returncode)
 
     def result(self) -> ModelProto:
         """The inferred model; raises :class:`ShapeError` when inference fails, or when it crashed
@@ -495,6 +511,9 @@ class Inference:
         """The child's whole report, or b"" when there is none or it did not exit cleanly (a
         report cut short could parse as a smaller model); a child killed by a signal leaves its
         name in ``_signal``."""
+        if self._spawned is not None:
+            data, self._spawned = self._spawned, None
+            return data
         if self._fd is None:
             return b""
         chunks = []
@@ -535,6 +554,28 @@ class Inference:
                     os.waitpid(pid, 0)
             except (ChildProcessError, ProcessLookupError):
                 pass
+
+
+def _report(model: ModelProto, where: str) -> bytes:
+    """What a child reports: b"K" + the inferred model, b"S" + a ShapeError's message (a negative dim found by the
+    guard), or b"E" + the first line of an inference error."""
+    try:
+        if _guard_depths(model.graph) is None:
+            from onnx.onnx_cpp2py_export import shape_inference as cpp
+
+            return b"K" + cpp.infer_shapes(model.SerializeToString(), False, False, True)
+        return b"K" + _infer(model, where).SerializeToString()  # a Slice at risk of a negative dim: step by step
+    except ShapeError as e:
+        return b"S" + str(e).encode("utf-8", "replace")
+    except Exception as e:  # InferenceError, ValidationError, or RuntimeError from C++
+        return b"E" + _first_line(e).encode("utf-8", "replace")
+
+
+def _spawned_main() -> None:
+    """The interpreter :meth:`Inference._spawn` starts: the model on stdin, the report on stdout."""
+    model = onnx.load_from_string(sys.stdin.buffer.read())
+    sys.stdout.buffer.write(_report(model, sys.argv[1] if len(sys.argv) > 1 else "<model>"))
+    sys.stdout.buffer.flush()
 
 
 def _may_fork(model: ModelProto) -> bool:
