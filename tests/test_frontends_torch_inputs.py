@@ -16,16 +16,9 @@ from torch import nn
 
 from flopcount import from_torch
 from flopcount.frontends import torch as frontend
+from test_frontends_torch import cache, exports  # noqa: F401  (the same export-cache fixtures)
 
 N, C_IN, C_OUT, H, W, K = 2, 3, 5, 7, 9, 3
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    """A fresh export cache per test, also as $FLOPCOUNT_CACHE (so nothing goes to ~/.cache)."""
-    folder = tmp_path / "cache"
-    monkeypatch.setenv(frontend.CACHE_ENV, str(folder))
-    return folder
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -106,20 +99,6 @@ def report_params(module) -> int:
 # ---------------------------------------------------------------------------------------------------------------
 # The export cache covers what forward() reads
 # ---------------------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def exports(monkeypatch):
-    """Counts the real exports (cache misses)."""
-    calls = []
-    real = frontend._export
-
-    def counting(module, inputs, *args):
-        calls.append(tuple(tuple(x.shape) for x in inputs))
-        return real(module, inputs, *args)
-
-    monkeypatch.setattr(frontend, "_export", counting)
-    return calls
 
 
 class Settings:

@@ -19,7 +19,7 @@ import logging
 import os
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
 log = logging.getLogger(__name__)
@@ -195,6 +195,7 @@ class BandwidthCeiling:
     repeats: int
     ranks: int = 1
     backend: str | None = None
+    load_per_core: float | None = None  # the 1-minute load average per core when it was measured (Unix)
 
     def describe(self) -> str:
         if self.kind == "memory":
@@ -260,7 +261,9 @@ def _max_options():
     return opts
 
 
-def _cache_path(device: str, dtype: str):
+def _cache_file(kind: str, *parts: str):
+    """The cache file of one ceiling of this machine (CPU model, usable cores, torch's threads and version), or None
+    when caching is off."""
     import torch
 
     from flopcount.frontends.common import cache_key, default_cache_dir
@@ -270,9 +273,32 @@ def _cache_path(device: str, dtype: str):
     folder = default_cache_dir()
     if folder is None:
         return None
-    key = cache_key([_CACHE_FORMAT, device, dtype, cpu_name(), cpu_cores(), torch.get_num_threads(),
-                     torch.__version__])
-    return folder / f"ceiling-gemm-{key[:20]}.json"
+    key = cache_key([_CACHE_FORMAT, kind, *parts, cpu_name(), cpu_cores(), torch.get_num_threads(), torch.__version__])
+    return folder / f"ceiling-{kind}-{key[:20]}.json"
+
+
+def _cached(path, record, measure, what: str):
+    """``record`` read from ``path``, unless it was measured while the machine was busier than now; else
+    ``measure()`` (None: cannot be measured here), written back to ``path``."""
+    if path is not None and path.is_file():
+        try:
+            cached = record(**json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError):
+            log.debug("ignoring an unreadable ceiling cache file %s", path)
+        else:
+            if not measured_busier(cached.load_per_core):
+                return cached
+            log.info("the cached %s was measured while the machine was busier (load %.2f per core, now %.2f): "
+                     "measuring it again", what, cached.load_per_core or float("nan"), load_per_core() or float("nan"))
+    log.info("measuring this machine's %s (about a second; cached)", what)
+    ceiling = measure()
+    if ceiling is not None and path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(asdict(ceiling)), encoding="utf-8")
+        except OSError:
+            log.debug("cannot write the ceiling cache %s", path)
+    return ceiling
 
 
 def load_per_core() -> float | None:
@@ -306,46 +332,15 @@ def cached_gemm(device: str = "cpu", dtype: str = "fp32") -> GemmCeiling | None:
         return None
     if dtype not in CPU_GEMM_DTYPES:
         return None
-    path = _cache_path(device, dtype)
-    if path is not None and path.is_file():
+
+    def measure() -> GemmCeiling | None:
         try:
-            cached = GemmCeiling(**json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, ValueError, TypeError):
-            log.debug("ignoring an unreadable ceiling cache file %s", path)
-        else:
-            if not measured_busier(cached.load_per_core):
-                return cached
-            log.info("the cached %s GEMM ceiling was measured while the machine was busier (load %.2f per core, "
-                     "now %.2f): measuring it again", dtype, cached.load_per_core or float("nan"),
-                     load_per_core() or float("nan"))
-    log.info("measuring this machine's %s GEMM ceiling (about a second; cached)", dtype)
-    try:
-        ceiling = measure_gemm(device, dtype)
-    except RuntimeError as e:  # the dtype has no kernel here
-        log.info("no %s GEMM on this machine: %s", dtype, e)
-        return None
-    if path is not None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(asdict(ceiling)), encoding="utf-8")
-        except OSError:
-            log.debug("cannot write the ceiling cache %s", path)
-    return ceiling
+            return measure_gemm(device, dtype)
+        except RuntimeError as e:  # the dtype has no kernel here
+            log.info("no %s GEMM on this machine: %s", dtype, e)
+            return None
 
-
-def _bandwidth_cache_path(device: str):
-    import torch
-
-    from flopcount.frontends.common import cache_key, default_cache_dir
-
-    from .devices import cpu_cores, cpu_name
-
-    folder = default_cache_dir()
-    if folder is None:
-        return None
-    key = cache_key([_CACHE_FORMAT, "memory", device, cpu_name(), cpu_cores(), torch.get_num_threads(),
-                     torch.__version__])
-    return folder / f"ceiling-memory-{key[:20]}.json"
+    return _cached(_cache_file("gemm", device, dtype), GemmCeiling, measure, f"{dtype} GEMM ceiling")
 
 
 def cached_memory_bandwidth(device: str = "cpu") -> BandwidthCeiling | None:
@@ -355,21 +350,11 @@ def cached_memory_bandwidth(device: str = "cpu") -> BandwidthCeiling | None:
         import torch  # noqa: F401
     except ImportError:
         return None
-    path = _bandwidth_cache_path(device)
-    if path is not None and path.is_file():
-        try:
-            return BandwidthCeiling(**json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, ValueError, TypeError):
-            log.debug("ignoring an unreadable ceiling cache file %s", path)
-    log.info("measuring this machine's memory bandwidth (about a second; cached)")
-    ceiling = measure_memory_bandwidth(device, mib=128, repeats=5)
-    if path is not None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(asdict(ceiling)), encoding="utf-8")
-        except OSError:
-            log.debug("cannot write the ceiling cache %s", path)
-    return ceiling
+
+    def measure() -> BandwidthCeiling:
+        return replace(measure_memory_bandwidth(device, mib=128, repeats=5), load_per_core=load_per_core())
+
+    return _cached(_cache_file("memory", device), BandwidthCeiling, measure, "memory bandwidth")
 
 
 @dataclass(frozen=True)
