@@ -21,7 +21,7 @@ from flopcount.cli import main
 from flopcount.errors import MeasurementError
 from flopcount.measure.crosscheck import (FAMILIES, analytic_by_family, attribute, compare, from_ncu,
                                           grouped_convolutions, measure_with_flop_counter)
-from flopcount.measure.ncu import parse_ncu_csv, plan_metrics, read_ncu_csv
+from flopcount.measure.ncu import nvtx_ranges, parse_ncu_csv, plan_metrics, read_ncu_csv
 
 from conftest import model
 
@@ -63,7 +63,42 @@ def test_raw_page_kernels_and_flops():
     assert k["5"].flops == 4000 + 2000 + 2 * 1000
     assert k["6"].flops == 0  # max pool: comparisons are not counted
     assert k["10"].cuda_core == {"fp64": 5 + 3 + 2 * 10}
-    assert k["0"].nvtx.endswith("flopcount/forward > aten::addmm")
+    # the NVTX cells as ncu writes them: the process (start/stop) phase, then the launching thread's push/pop stack
+    assert k["0"].nvtx == "flopcount/forward > aten::linear, seq = 11, op_id = 40 > aten::addmm, op_id = 42"
+    assert k["3"].nvtx == "flopcount/backward > AddmmBackward0, seq = 11, op_id = 90 > aten::mm, op_id = 91"
+    assert k["10"].nvtx == ""
+
+
+NONE6 = ":none" * 6
+
+
+@pytest.mark.parametrize(("cell", "ranges"), [
+    pytest.param(f'12  "<default domain>:flopcount/forward{NONE6}"  "<default domain>:aten::addmm, seq = 3{NONE6}" ',
+                 ["flopcount/forward", "aten::addmm, seq = 3"], id="push-pop-stack-with-thread-id"),
+    pytest.param(f'"7:<default domain>:flopcount/optimizer{NONE6}"', ["flopcount/optimizer"], id="start-stop-range"),
+    pytest.param(f'"MyLib:a:b:c{NONE6}"', ["a:b:c"], id="own-domain-and-colons-in-the-name"),
+    pytest.param(f'1  "<default domain>:red range:1:0:ARGB:0xFF0000:ASCII:x"', ["red range"], id="payload-and-colour"),
+    pytest.param("flopcount/forward > aten::mul", ["flopcount/forward > aten::mul"], id="other-layout-kept-whole"),
+    pytest.param("   ", [], id="empty"),
+])
+def test_nvtx_cells(cell, ranges):
+    assert nvtx_ranges(cell) == ranges
+
+
+def test_backward_kernels_on_autograd_thread_get_their_phase_from_the_process_range():
+    """Push/pop ranges are per thread: a backward kernel launched by autograd's own thread does not see the main
+    thread's ranges, so the phase comes from the start/stop (process) range column."""
+    header = ('"ID","Process ID","Process Name","Host Name",'
+              '"thread Domain:Push/Pop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg",'
+              '"Id:Domain:Start/Stop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg",'
+              '"Kernel Name","sm__sass_thread_inst_executed_op_ffma_pred_on.sum"')
+    rows = [f'"0","9","python","h","9  ""<default domain>:aten::add_{NONE6}"" ","""5:<default domain>:flopcount/optimizer'
+            f'{NONE6}""","vectorized_elementwise_kernel","100"',
+            f'"1","9","python","h","31  ""<default domain>:MulBackward0{NONE6}"" ","""4:<default domain>:flopcount/'
+            f'backward{NONE6}""","vectorized_elementwise_kernel","10"']
+    export = parse_ncu_csv("\n".join([header, *rows]), "step.csv")
+    assert [attribute(k.name, k.nvtx)[0] for k in export.kernels] == ["optimizer", "element-wise"]
+    assert export.kernels[1].nvtx == "flopcount/backward > MulBackward0"
 
 
 def test_ncu_messages_between_rows_are_skipped():
@@ -501,3 +536,57 @@ def test_docstring_examples(module):
 
     result = doctest.testmod(importlib.import_module(module))
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_step_driver_marks_phases_with_process_ranges(small_net, monkeypatch):
+    """The driver's step on the CPU, NVTX and the CUDA profiler replaced by recorders: exactly one step inside the
+    profiled window, its phases in order as start/end (process) ranges, the backward one open while autograd's own
+    thread runs the backward."""
+    import contextlib
+    import threading
+
+    torch = pytest.importorskip("torch")
+    from flopcount.measure import ncu_step
+
+    events = []
+    open_ranges = {}
+    backward_ranges = []
+
+    def range_start(msg):
+        rid = len(events)
+        events.append(("start", msg))
+        open_ranges[rid] = msg
+        return rid
+
+    def range_end(rid):
+        events.append(("end", open_ranges.pop(rid)))
+
+    monkeypatch.setattr(torch.cuda.nvtx, "range_start", range_start)
+    monkeypatch.setattr(torch.cuda.nvtx, "range_end", range_end)
+    monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda msg: pytest.fail("phases must not be push/pop ranges"))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda.profiler, "start", lambda: events.append(("profiler", "start")))
+    monkeypatch.setattr(torch.cuda.profiler, "stop", lambda: events.append(("profiler", "stop")))
+    monkeypatch.setattr(torch.autograd.profiler, "emit_nvtx", contextlib.nullcontext)
+    # the driver sets the TF32 and autotuning flags for the process: restore them afterwards
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", torch.backends.cuda.matmul.allow_tf32)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", torch.backends.cudnn.allow_tf32)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", torch.backends.cudnn.benchmark)
+
+    real_forward = torch.nn.Linear.forward
+
+    def linear_forward(self, x):  # records the ranges open while the gradient of each Linear output is computed
+        y = real_forward(self, x)
+        if y.requires_grad:
+            y.register_hook(lambda g: backward_ranges.append(tuple(open_ranges.values())))
+        return y
+
+    monkeypatch.setattr(torch.nn.Linear, "forward", linear_forward)
+    args = ncu_step.build_parser().parse_args(["--torch", small_net, "--input-shape", "input=2x3x10x10",
+                                               "--optimizer", "sgd", "--warmup", "2"])
+    ncu_step.run_model(torch, args, device="cpu")
+
+    phases = ["flopcount/forward", "flopcount/loss", "flopcount/backward", "flopcount/optimizer"]
+    one_step = [e for p in phases for e in (("start", p), ("end", p))]
+    assert events == one_step * 2 + [("profiler", "start"), *one_step, ("profiler", "stop")]
+    assert backward_ranges == [("flopcount/backward",)] * 3  # two warm-up steps and the profiled one

@@ -160,7 +160,7 @@ class KernelFlops:
 
     id: str
     name: str
-    nvtx: str  # the NVTX ranges open at launch, as ncu printed them ("" without --nvtx)
+    nvtx: str  # the NVTX ranges open at launch, outermost first, joined by " > " ("" without --nvtx)
     cuda_core: Mapping[str, int]  # precision → FLOPs
     tensor_core: Mapping[str, int]  # precision of the source type → FLOPs (ops)
 
@@ -276,8 +276,47 @@ def parse_ncu_csv(text: str, path: str = "<ncu export>", half_packing: str = "pa
     return _parse_raw(header, rows[1:], path, half_packing, version, start)
 
 
+#: One range of an NVTX cell: ``"<domain>:<range name>:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg"``, the six
+#: trailing fields ``none`` for a plain string range (what ``torch.cuda.nvtx`` pushes). The range name may itself hold
+#: colons (``aten::addmm``), so it is what lies between the domain and the last six fields.
+_NVTX_ENTRY = re.compile(r'"([^"]*)"')
+_NVTX_TRAILING_FIELDS = 6
+
+
+def _range_name(entry: str) -> str:
+    """The range name of one NVTX entry (domain, an optional start/stop id and the six trailing fields removed)."""
+    fields = entry.split(":")
+    if len(fields) < 2 + _NVTX_TRAILING_FIELDS:
+        return entry.strip()
+    body = fields[:-_NVTX_TRAILING_FIELDS]
+    if body[0].strip().isdigit() and len(body) > 2:  # a start/stop range: "<id>:<domain>:<name>"
+        body = body[1:]
+    return ":".join(body[1:]).strip()
+
+
+def nvtx_ranges(cell: str) -> list[str]:
+    """The range names of one NVTX cell of an ncu export, outermost first.
+
+    ncu writes the push/pop ranges open on the launching thread as the thread id followed by one quoted entry per
+    range, and the start/stop (process) ranges likewise with an id in each entry; a cell in any other layout (an
+    older ncu, a hand-made export) is read as one entry, or kept whole when it has not the entry's fields.
+
+    >>> nvtx_ranges('7  "<default domain>:flopcount/forward:none:none:none:none:none:none"  '
+    ...             '"<default domain>:aten::addmm, seq = 3, op_id = 9:none:none:none:none:none:none" ')
+    ['flopcount/forward', 'aten::addmm, seq = 3, op_id = 9']
+    >>> nvtx_ranges('"2:<default domain>:flopcount/backward:none:none:none:none:none:none"')
+    ['flopcount/backward']
+    """
+    entries = _NVTX_ENTRY.findall(cell) or [cell]
+    return [name for name in map(_range_name, entries) if name]
+
+
 def _nvtx_text(header: list[str], row: list[str]) -> str:
-    return " | ".join(row[i] for i, h in enumerate(header) if i < len(row) and _NVTX_HEADER.search(h) and row[i])
+    """The NVTX ranges open at a kernel's launch, process (start/stop) ranges first, then the launching thread's
+    push/pop stack, outermost first, joined by `` > ``."""
+    cols = [i for i, h in enumerate(header) if i < len(row) and _NVTX_HEADER.search(h) and row[i].strip()]
+    cols.sort(key=lambda i: 0 if "start/stop" in header[i].lower() else 1)
+    return " > ".join(name for i in cols for name in nvtx_ranges(row[i]))
 
 
 def _parse_raw(header, rows, path, half_packing, version, offset) -> NcuExport:

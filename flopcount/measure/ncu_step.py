@@ -3,9 +3,9 @@
 It builds the ``--torch`` module on the GPU, runs ``--warmup`` steps unprofiled (cuDNN and cuBLAS autotuning
 happen there), then brackets exactly one step with ``torch.cuda.profiler.start()``/``stop()``, so that ncu,
 started with ``--profile-from-start off``, profiles that step's kernels only (those autograd launches from its own
-thread included). NVTX ranges name the phase of each kernel (``flopcount/forward``, ``flopcount/loss``,
-``flopcount/backward``, ``flopcount/optimizer``) and, through ``torch.autograd.profiler.emit_nvtx``, the aten
-operator that launched it; ``flopcount crosscheck --ncu-csv`` attributes kernels to families from them.
+thread included). Process-wide NVTX ranges (start/end, seen by every thread) name the phase of each kernel
+(``flopcount/forward``, ``flopcount/loss``, ``flopcount/backward``, ``flopcount/optimizer``) and, through
+``torch.autograd.profiler.emit_nvtx``, the launching thread's push/pop ranges name the aten operator; ``flopcount crosscheck --ncu-csv`` attributes kernels to families from them.
 
 ``--gemm M N K`` profiles one matrix product instead (the calibration: its counters must read 2·M·N·K).
 
@@ -68,25 +68,25 @@ def run_gemm(torch, m: int, n: int, k: int, precision: str) -> None:
     a @ b  # warm-up: cuBLAS handle and heuristics
 
     def product():
-        torch.cuda.nvtx.range_push("flopcount/calibration")
+        rid = torch.cuda.nvtx.range_start("flopcount/calibration")
         a @ b
-        torch.cuda.nvtx.range_pop()
+        torch.cuda.nvtx.range_end(rid)
 
     _profiled(torch, product)
 
 
-def run_model(torch, args) -> None:
+def run_model(torch, args, device: str = "cuda") -> None:
     from ..frontends.torch import _bind, load_factory
     from .crosscheck import float_outputs
 
     half = _setup(torch, args.precision)
-    module = load_factory(args.torch).cuda()
+    module = load_factory(args.torch).to(device)
     dtypes = getattr(args, "input_dtypes", None) or {}
     given = {}
     for name, dims in args.input_shape:
         dims = dims if args.batch is None else (args.batch, *dims[1:])
         given[name] = (dims, dtypes[name]) if name in dtypes else dims
-    inputs = _bind(torch, module, given, None, torch.device("cuda")).tensors  # in forward()'s order
+    inputs = _bind(torch, module, given, None, torch.device(device)).tensors  # in forward()'s order
     train = args.mode == "train"
     module.train(train)
     optimizer = None
@@ -98,25 +98,28 @@ def run_model(torch, args) -> None:
             "adam": lambda: torch.optim.Adam(params, lr=1e-3),
         }[args.optimizer]()
 
+    def phase(name: str, fn):
+        # a process (start/end) range, not a push/pop one: push/pop ranges belong to one thread, and autograd
+        # launches the backward kernels from its own device thread, where the main thread's stack is not seen
+        rid = torch.cuda.nvtx.range_start(f"flopcount/{name}")
+        try:
+            return fn()
+        finally:
+            torch.cuda.nvtx.range_end(rid)
+
+    def forward():
+        with torch.autocast(device, dtype=half, enabled=half is not None):
+            return module(*inputs)
+
     def step():
-        nvtx = torch.cuda.nvtx
         with torch.set_grad_enabled(train):
-            nvtx.range_push("flopcount/forward")
-            with torch.autocast("cuda", dtype=half, enabled=half is not None):
-                out = module(*inputs)
-            nvtx.range_pop()
+            out = phase("forward", forward)
             if not train:
                 return
-            nvtx.range_push("flopcount/loss")
-            loss = sum(t.float().sum() for t in float_outputs(out))
-            nvtx.range_pop()
-            nvtx.range_push("flopcount/backward")
-            loss.backward()
-            nvtx.range_pop()
+            loss = phase("loss", lambda: sum(t.float().sum() for t in float_outputs(out)))
+            phase("backward", loss.backward)
             if optimizer is not None:
-                nvtx.range_push("flopcount/optimizer")
-                optimizer.step()
-                nvtx.range_pop()
+                phase("optimizer", optimizer.step)
             module.zero_grad(set_to_none=True)
 
     for _ in range(args.warmup):
