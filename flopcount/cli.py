@@ -117,6 +117,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trainable-input", metavar="NAME", action="append", default=[],
                    help="with --mode train: a floating-point input that is trained, not data (its gradient is "
                    "counted, and it is updated like a parameter); repeatable")
+    p.add_argument("--trainable", metavar="PATTERN", action="append",
+                   help="with --mode train: the weights that are trained, by name or shell pattern (e.g. "
+                   "'decoder.*'; repeatable); the others are not trained (default: the framework's trainable "
+                   "parameters with --torch/--keras, else every tensor the graph uses as a weight)")
+    p.add_argument("--frozen", metavar="PATTERN", action="append",
+                   help="with --mode train: weights that are not trained, by name or shell pattern (e.g. "
+                   "'backbone.*'; repeatable): no weight gradient, no update, no backward below the first "
+                   "trained layer")
     p.add_argument("--input-value", metavar="NAME=V1,V2", action="append", type=_input_value, default=[],
                    help="value of a small integer input that shapes depend on (axes, sizes), e.g. axes=1,2 (repeatable)")
     p.add_argument("--loop-trips", metavar="NODE=N", action="append", type=_loop_trips, default=[],
@@ -174,7 +182,7 @@ def _count_torch(args: argparse.Namespace):
     return from_torch(module, inputs, training=args.mode == "train", trainable_inputs=args.trainable_input,
                       batch=args.batch, convention=args.convention, strict=args.strict,
                       input_values=dict(args.input_value), loop_trips=dict(args.loop_trips),
-                      mode=args.mode, optimizer=args.optimizer)
+                      mode=args.mode, optimizer=args.optimizer, **_weights(args))
 
 
 def _count_keras(args: argparse.Namespace):
@@ -185,7 +193,12 @@ def _count_keras(args: argparse.Namespace):
     return from_keras(model, dict(args.input_shape) or None, training=args.mode == "train", batch=args.batch,
                       convention=args.convention, strict=args.strict, input_values=dict(args.input_value),
                       loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer,
-                      **({"trainable_inputs": args.trainable_input} if args.trainable_input else {}))
+                      **({"trainable_inputs": args.trainable_input} if args.trainable_input else {}), **_weights(args))
+
+
+def _weights(args: argparse.Namespace) -> dict:
+    """``trainable=`` and ``frozen=`` of count() from ``--trainable`` and ``--frozen`` (absent when not given)."""
+    return {k: v for k, v in (("trainable", args.trainable), ("frozen", args.frozen)) if v}
 
 
 #: Subcommands of the measuring half: name → module with ``build_parser() -> ArgumentParser`` and
@@ -280,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             report = count(args.model, input_shapes=shapes, batch=args.batch, convention=args.convention,
                            strict=args.strict, input_values=dict(args.input_value),
                            loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer,
-                           trainable_inputs=args.trainable_input)
+                           trainable_inputs=args.trainable_input, **_weights(args))
         if args.plot:
             from .measure.roofline import plot_op_types
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import gc
 import logging
 import os
@@ -23,7 +24,7 @@ from .conventions import Convention, get_convention
 from .cost import ZERO, Bound, Breakdown, Cost
 from .errors import FlopcountError, InvalidGraphError, ShapeError, UnsupportedOperatorError, UsageError
 from .loading import load
-from .parameters import BUFFER, PARAMETER, Roles, classify
+from .parameters import BUFFER, PARAMETER, SHAPE_TYPES, Roles, classify, stored_tensors
 from .registry import DEFAULT_DOMAIN, buffer_inputs, canonical_domain, lookup, lookup_backward, straight_through
 from .report import FORMULA, UNSUPPORTED, ZERO_COST, ModelInfo, NodeCount, OpTypeSummary, Report, op_key
 from .shapes import MAX_ELEMENTS, Inference, prepare, resolve
@@ -44,6 +45,7 @@ def count(
     optimizer: str | None = None,
     trainable_inputs: Sequence[str] | None = None,
     trainable: Collection[str] | None = None,
+    frozen: Collection[str] | None = None,
 ) -> Report:
     """Count the FLOPs of an ONNX model without reading its weights.
 
@@ -84,7 +86,11 @@ def count(
         from the graph's structure (see
         :mod:`flopcount.parameters`): tensors used as weights are parameters, BatchNormalization's
         running statistics are buffers, and folded constants (exponents, epsilons, rotary tables,
-        masks) are neither.
+        masks) are neither. Entries may be shell-style patterns: ``["decoder.*", "*.bias"]``.
+    frozen : collection of str, optional
+        Names or shell-style patterns of parameters that are not trained (a frozen backbone in
+        fine-tuning): no weight gradient, no optimizer update, and no input gradient through
+        layers before the first trained one. Reported as buffers. Applied after ``trainable``.
 
     Returns
     -------
@@ -110,7 +116,7 @@ def count(
     gc.disable()
     try:
         return _count(model, input_shapes, batch, convention, strict, input_values, loop_trips, mode, optimizer,
-                      trainable_inputs, trainable)
+                      trainable_inputs, trainable, frozen)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -120,7 +126,7 @@ MODES = ("inference", "train")
 
 
 def _count(model, input_shapes, batch, convention, strict, input_values, loop_trips, mode, optimizer,
-           trainable_inputs=None, trainable=None) -> Report:
+           trainable_inputs=None, trainable=None, frozen=None) -> Report:
     conv = get_convention(convention)
     if mode not in MODES:
         raise UsageError(f"unknown mode {mode!r}; choose one of: {', '.join(MODES)}")
@@ -152,7 +158,7 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
         attributes_of = _AttributeCache(opsets, where, m.ir_version)
         attributes = [attributes_of(p, n, op=o, arity=(len(i), len(out)), index=k) for k, (p, n, o, i, out) in
                       enumerate(zip(protos, names, dag.graph["node_ops"], dag.graph["node_inputs"], dag.graph["node_outputs"]))]
-        roles = _roles(m, opsets, trainable, frozenset(input_values or ()), where)
+        roles = _roles(m, opsets, trainable, frozenset(input_values or ()), where, frozen)
         lap("graph")
         res = resolve(m, dag, where, inference)
     finally:
@@ -661,24 +667,51 @@ def _dtype_name(t: TensorInfo) -> str:
     return onnx.TensorProto.DataType.Name(t.elem_type).lower() if t.elem_type else "?"
 
 
-def _roles(m: ModelProto, opsets, trainable: Collection[str] | None, given: frozenset, where: str) -> Roles:
-    """Parameters, buffers and constants of the main graph. ``trainable`` (names), when given, are
-    the parameters, all trained; the graph's rule sorts the rest, and what it would call a parameter
-    is then a buffer (a frozen weight, Keras' moving statistics). Inputs whose values the user gave
-    (``given``) have no role."""
-    if trainable is not None and (isinstance(trainable, str) or not isinstance(trainable, Collection)):
-        raise UsageError(f"trainable must be a collection of initializer names, not {type(trainable).__name__}")
-    roles = classify(m, opsets, trainable or (), given)
-    if trainable is None:
-        return roles
-    unknown = sorted(n for n in trainable if n not in roles.roles)
+def _names_matching(entries: Collection[str] | None, names: Collection[str], what: str, where: str) -> frozenset[str]:
+    """The names among ``names`` that ``entries`` give: each entry is a name or a shell-style pattern
+    (``encoder.*``, ``*.bias``); an entry that matches nothing is an error naming it."""
+    if entries is None:
+        return frozenset()
+    if isinstance(entries, str) or not isinstance(entries, Collection):
+        raise UsageError(f"{what} must be a collection of initializer names or patterns, not {type(entries).__name__}")
+    found: set[str] = set()
+    unknown = []
+    for entry in entries:
+        hits = [n for n in names if n == entry or fnmatch.fnmatchcase(n, entry)]
+        if not hits:
+            unknown.append(entry)
+        found.update(hits)
     if unknown:
         shown = ", ".join(map(repr, unknown[:5])) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
         raise UsageError(
-            f"{where}: trainable names {shown}, which {'is' if len(unknown) == 1 else 'are'} not a floating-point "
-            "initializer or Constant of the main graph; give the names of the exported weights"
+            f"{where}: {what} {shown} {'matches' if len(unknown) == 1 else 'match'} no floating-point initializer "
+            "or Constant of the main graph; give the names (or shell patterns such as 'encoder.*') of the exported "
+            "weights"
         )
-    named = frozenset(trainable)
+    return frozenset(found)
+
+
+def _roles(m: ModelProto, opsets, trainable: Collection[str] | None, given: frozenset, where: str,
+           frozen: Collection[str] | None = None) -> Roles:
+    """Parameters, buffers and constants of the main graph. ``trainable`` (names or patterns), when given,
+    are the parameters, all trained; the graph's rule sorts the rest, and what it would call a parameter
+    is then a buffer (a frozen weight, Keras' moving statistics). ``frozen`` (names or patterns) are
+    parameters that are not trained: buffers too. Inputs whose values the user gave (``given``) have no
+    role."""
+    stored = [n for n, v in stored_tensors(m.graph).items() if v[0] not in SHAPE_TYPES and n not in given]
+    named = _names_matching(trainable, stored, "trainable", where)
+    cold = _names_matching(frozen, stored, "frozen", where)
+    roles = classify(m, opsets, named, given)  # a Constant named trainable is a parameter
+    if trainable is None and not cold:
+        return roles
+    unused = sorted((named | cold) - roles.roles.keys())
+    if unused:
+        shown = ", ".join(map(repr, unused[:5])) + (f" and {len(unused) - 5} more" if len(unused) > 5 else "")
+        raise UsageError(f"{where}: {shown} {'is' if len(unused) == 1 else 'are'} stored but used by no operator as "
+                         "a weight; give the names of the exported weights")
+    if trainable is None:
+        named = frozenset(n for n, r in roles.roles.items() if r == PARAMETER)
+    named -= cold
     # the framework's other weights (frozen ones, Keras' moving statistics) are state it does not train
     return Roles({n: PARAMETER if n in named else BUFFER if r == PARAMETER else r for n, r in roles.roles.items()},
                  roles.sizes)

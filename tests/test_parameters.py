@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -117,10 +118,53 @@ def test_trainable_names_override_the_graph_rule():
 
 
 def test_unknown_trainable_names_are_refused():
-    with pytest.raises(UsageError, match=r"trainable names 'nope'.*not a floating-point initializer"):
+    with pytest.raises(UsageError, match=r"trainable 'nope' matches no floating-point initializer"):
         flopcount.count(llama_like_graph(), trainable=["nope"])
+    with pytest.raises(UsageError, match=r"frozen 'enc\.\*', 'x' match no floating-point initializer"):
+        flopcount.count(llama_like_graph(), frozen=["wq", "enc.*", "x"])
     with pytest.raises(UsageError, match="collection of initializer names"):
         flopcount.count(llama_like_graph(), trainable="wq")
+    with pytest.raises(UsageError, match=r"trainable 'axes' matches no floating-point initializer"):
+        flopcount.count(llama_like_graph(), trainable=["wq", "axes"])  # an int64 tensor of axes
+
+
+def test_trainable_and_frozen_take_shell_patterns():
+    m = llama_like_graph()
+    r = flopcount.count(m, mode="train", trainable=["w?"])  # wq, wk, w1
+    assert r.trainable_params == 2 * D * D + D * FF and r.buffers == S * D + D
+    r = flopcount.count(m, mode="train", trainable=["w[qk]"])
+    assert r.trainable_params == 2 * D * D
+    r = flopcount.count(m, mode="train", trainable=["w*"], frozen=["wk"])
+    assert r.trainable_params == D * D + D * FF
+    r = flopcount.count(m, mode="train", frozen=["w[qk]", "pos"])  # the rule's parameters, less the frozen ones
+    assert r.trainable_params == r.params == D + D * FF and r.buffers == 2 * D * D + S * D
+
+
+TWO_LAYERS = dict(B=4, I=5, H=7, O=3)
+
+
+def two_layer_graph():
+    b, i, h, o = TWO_LAYERS.values()
+    return model([N("MatMul", ["x", "w1"], ["a"]), N("Relu", ["a"], ["r"]), N("MatMul", ["r", "w2"], ["y"])],
+                 {"x": [b, i]}, ["y"], [arr("w1", (i, h)), arr("w2", (h, o))])
+
+
+def test_frozen_layers_get_no_weight_gradient_and_stop_the_backward():
+    b, i, h, o = TWO_LAYERS.values()
+    full = flopcount.count(two_layer_graph(), mode="train", optimizer="sgd")
+    mm1, relu, mm2 = full.nodes
+    assert mm2.backward.flops == 2 * (2 * b * h * o)  # dW2 and dR
+    assert mm1.backward.flops == 2 * b * i * h  # dW1 only: x is data
+    assert full.trainable_params == i * h + h * o
+
+    head = flopcount.count(two_layer_graph(), mode="train", optimizer="sgd", frozen=["w1"])  # fine-tune the head
+    assert [n.backward.flops for n in head.nodes] == [0, 0, 2 * b * h * o]  # dW2 only: nothing below needs dR
+    assert head.trainable_params == h * o and head.params == h * o and head.buffers == i * h
+    assert head.optimizer[1].flops < full.optimizer[1].flops
+
+    body = flopcount.count(two_layer_graph(), mode="train", frozen=["w2"])
+    assert body.nodes[2].backward.flops == 2 * b * h * o  # dR only, no dW2
+    assert body.nodes[0].backward.flops == 2 * b * i * h and body.nodes[1].backward.flops == relu.backward.flops
 
 
 def test_batch_norm_statistics_are_buffers_not_trained():
@@ -198,3 +242,20 @@ def test_llama_block_from_torch_trains_exactly_its_parameters(tmp_path):
 
     onnx_model = to_onnx(block, (batch, seq, d), cache_dir=tmp_path)
     assert flopcount.count(onnx_model, mode="train").trainable_params == expected
+
+
+def test_cli_trainable_and_frozen(tmp_path, capsys):
+    from flopcount.cli import main
+
+    b, i, h, o = TWO_LAYERS.values()
+    path = tmp_path / "two.onnx"
+    onnx.save(two_layer_graph(), path)
+    assert main([str(path), "--mode", "train", "--frozen", "w1", "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["backward"]["flops"] == 2 * b * h * o
+    assert out["training"]["trainable_params"] == out["total"]["params"] == h * o
+    assert main([str(path), "--mode", "train", "--trainable", "w*", "--frozen", "w2", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["training"]["trainable_params"] == i * h
+    assert main([str(path), "--mode", "train", "--frozen", "encoder.*"]) == 2
+    err = capsys.readouterr().err
+    assert "frozen 'encoder.*' matches no floating-point initializer" in err and "Traceback" not in err

@@ -71,3 +71,29 @@ def test_transformer_training_is_three_times_forward(tmp_path):
                              output_names=built.output_names)
     report = flopcount.count(path, mode="train", convention="dense")
     assert report.total.flops == 3 * report.forward.flops
+
+
+@pytest.mark.parametrize("frozen", [
+    # the token embedding is tied to the output head and exported once, as lm_head.weight
+    pytest.param(["lm_head.*", "wpe.*", "blocks.0.*"], id="embeddings-and-first-block"),
+    pytest.param(["blocks.1.*"], id="last-block"),
+])
+def test_frozen_parameters_equal_flop_counter_without_their_gradients(tmp_path, frozen):
+    """Fine-tuning: the frozen parameters (shell patterns over the exported names) get no gradient, and nothing
+    below the first trained layer is differentiated; FlopCounterMode sees the same with requires_grad off."""
+    import fnmatch
+
+    torch.manual_seed(0)
+    built = zoo.build("gpt2-small", layers=2, seq_len=32)
+    path = tmp_path / "gpt2.onnx"
+    export.export_weightless(built.module, built.inputs, path, input_names=built.input_names,
+                             output_names=built.output_names)
+    report = flopcount.count(path, mode="train", convention="dense", frozen=frozen)
+    cold = {id(p) for name, p in built.module.named_parameters(remove_duplicate=False)
+            if any(fnmatch.fnmatchcase(name, f) for f in frozen)}  # a tied parameter under any of its names
+    assert cold
+    for p in built.module.parameters():
+        p.requires_grad_(id(p) not in cold)
+    assert report.trainable_params == sum(p.numel() for p in built.module.parameters() if p.requires_grad)
+    assert report.total.flops == torch_training_flops(built.module, built.inputs)
+    assert report.total.flops < flopcount.count(path, mode="train", convention="dense").total.flops
