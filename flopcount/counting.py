@@ -158,7 +158,8 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
         attributes_of = _AttributeCache(opsets, where, m.ir_version)
         attributes = [attributes_of(p, n, op=o, arity=(len(i), len(out)), index=k) for k, (p, n, o, i, out) in
                       enumerate(zip(protos, names, dag.graph["node_ops"], dag.graph["node_inputs"], dag.graph["node_outputs"]))]
-        roles = _roles(m, opsets, trainable, frozenset(input_values or ()), where, frozen)
+        nodes = (protos, dag.graph["node_inputs"], dag.graph["node_outputs"], dag.graph["node_ops"], dag.graph["bodies"])
+        roles = _roles(m, opsets, trainable, frozenset(input_values or ()), where, frozen, nodes)
         lap("graph")
         res = resolve(m, dag, where, inference)
     finally:
@@ -692,16 +693,18 @@ def _names_matching(entries: Collection[str] | None, names: Collection[str], wha
 
 
 def _roles(m: ModelProto, opsets, trainable: Collection[str] | None, given: frozenset, where: str,
-           frozen: Collection[str] | None = None) -> Roles:
+           frozen: Collection[str] | None = None, nodes=None) -> Roles:
     """Parameters, buffers and constants of the main graph. ``trainable`` (names or patterns), when given,
     are the parameters, all trained; the graph's rule sorts the rest, and what it would call a parameter
     is then a buffer (a frozen weight, Keras' moving statistics). ``frozen`` (names or patterns) are
     parameters that are not trained: buffers too. Inputs whose values the user gave (``given``) have no
     role."""
+    if trainable is None and not frozen:
+        return classify(m, opsets, (), given, nodes)
     stored = [n for n, v in stored_tensors(m.graph).items() if v[0] not in SHAPE_TYPES and n not in given]
     named = _names_matching(trainable, stored, "trainable", where)
     cold = _names_matching(frozen, stored, "frozen", where)
-    roles = classify(m, opsets, named, given)  # a Constant named trainable is a parameter
+    roles = classify(m, opsets, named, given, nodes)  # a Constant named trainable is a parameter
     if trainable is None and not cold:
         return roles
     unused = sorted((named | cold) - roles.roles.keys())

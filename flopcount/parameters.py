@@ -101,14 +101,26 @@ def classify(
     opsets: Mapping[str, int],
     given: Collection[str] = (),
     excluded: Collection[str] = (),
+    nodes: tuple | None = None,
 ) -> Roles:
     """Roles of the main graph's stored tensors (see the module docstring). ``given`` names tensors
-    known to be parameters; ``excluded`` (inputs whose values the user gave) get no role."""
+    known to be parameters; ``excluded`` (inputs whose values the user gave) get no role.
+    ``nodes``: the graph's node protos, their inputs, outputs and (domain, op_type) as already read
+    (:func:`flopcount.graph.build_graph` keeps them), and the indices of the nodes holding subgraphs,
+    so that they are not read from the protos again."""
     from .counting import _differentiable  # the schema categories, cached there
 
     stored = {n: v for n, v in stored_tensors(model.graph).items() if v[0] not in SHAPE_TYPES and n not in excluded}
-    consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
-    _index(model.graph, consumers)
+    if nodes is None:
+        protos = list(model.graph.node)
+        nodes = (protos, [tuple(n.input) for n in protos], [tuple(n.output) for n in protos],
+                 [(n.domain, n.op_type) for n in protos], None)
+    protos, node_inputs, node_outputs, node_ops, bodies = nodes
+    # only these consumers are looked up: of stored tensors, of what pass-through ops make of them, and of
+    # sums (whether a stored term of a sum is added to attention scores: _feeds_softmax)
+    wanted = set(stored).union(*(outs for (_, op), outs in zip(node_ops, node_outputs)
+                                 if op in _PASS_THROUGH or op in _ADDITIVE))
+    consumers = consumers_of(protos, node_inputs, bodies, wanted)
     roles: dict[str, str] = {}
 
     def use_role(node: onnx.NodeProto, pos: int, dims: tuple[int, ...], spread: bool) -> str | None:
@@ -164,6 +176,25 @@ def classify(
         if name in stored:
             roles[name] = PARAMETER
     return Roles(roles, {n: prod(d) for n, (_, d) in stored.items()})
+
+
+def consumers_of(protos: list[onnx.NodeProto], node_inputs: list[tuple[str, ...]],
+                 bodies: Collection[int] | None = None,
+                 wanted: Collection[str] | None = None) -> dict[str, list[tuple[onnx.NodeProto, int]]]:
+    """Name → (node, input position) of the consumers in a graph's nodes (``protos``, their inputs already read
+    as ``node_inputs``) of the ``wanted`` names (default: all), and every consumer in their subgraphs;
+    ``bodies``: the indices of the nodes that hold subgraphs, when known (else every node's attributes are
+    looked at)."""
+    consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+    for node, inputs in zip(protos, node_inputs):
+        for i, name in enumerate(inputs):
+            if name and (wanted is None or name in wanted):
+                consumers.setdefault(name, []).append((node, i))
+    for k in range(len(protos)) if bodies is None else bodies:
+        for a in protos[k].attribute:
+            for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs:
+                _index(sub, consumers)
+    return consumers
 
 
 def _index(graph: onnx.GraphProto, consumers: dict) -> None:

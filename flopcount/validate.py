@@ -321,16 +321,14 @@ def _check_target(node, name, values, where) -> None:
     if v is None:
         return
     flat = np.asarray(v).reshape(-1)
-    if not np.issubdtype(flat.dtype, np.integer):
+    if flat.dtype.kind not in "iu" or not flat.size:
         return
-    floor = -1 if node.op_type == "Reshape" else 0
-    bad = [int(x) for x in flat if x < floor]
-    if node.op_type == "Reshape" and int(np.sum(flat == -1)) > 1:
-        bad = [-1, -1]
-    if bad:
-        what = {"Reshape": "target shape", "Tile": "repeats", "Expand": "shape", "ConstantOfShape": "shape"}[node.op_type]
-        rule = "one -1 at most and no other negative value" if node.op_type == "Reshape" else "no negative value"
-        raise InvalidGraphError(
-            f"{where}: node {name!r} ({node.op_type}): its {what} {node.input[at]!r} is {flat.tolist()}; the spec "
-            f"allows {rule}: fix the model"
-        )
+    reshape = node.op_type == "Reshape"
+    if flat.min() >= (-1 if reshape else 0) and not (reshape and np.count_nonzero(flat == -1) > 1):
+        return
+    what = {"Reshape": "target shape", "Tile": "repeats", "Expand": "shape", "ConstantOfShape": "shape"}[node.op_type]
+    rule = "one -1 at most and no other negative value" if reshape else "no negative value"
+    raise InvalidGraphError(
+        f"{where}: node {name!r} ({node.op_type}): its {what} {node.input[at]!r} is {flat.tolist()}; the spec "
+        f"allows {rule}: fix the model"
+    )
