@@ -495,7 +495,7 @@ def _export(module, inputs: tuple, names: list[str], training: bool, opset: int,
     try:
         module.train(training)
         with torch.no_grad(), _quiet_exporters():
-            with _deduplicate_by_identity_only(torch), _no_tqdm_monitor(), _tensor_call(torch, module, call, dropped):
+            with _deduplicate_by_identity_only(torch), no_tqdm_monitor(), _tensor_call(torch, module, call, dropped):
                 for name, attempt in attempts:
                     try:
                         model = attempt()
@@ -621,7 +621,7 @@ def _torchscript(torch, module, inputs, names, opset, training: bool, dynamic_ba
 
 
 @contextlib.contextmanager
-def _no_tqdm_monitor():
+def no_tqdm_monitor():
     """Keep torch.fx's (disabled) tqdm progress bars from starting tqdm's monitor thread, which would outlive the
     export in the user's process (and, while alive, keeps flopcount's shape inference from forking)."""
     try:

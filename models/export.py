@@ -451,7 +451,9 @@ def export_weightless(
     module = module.eval()
     candidates = ["dynamo", "torchscript"] if exporter == "auto" else [exporter]
     model = None
-    with torch.no_grad():
+    from flopcount.frontends.torch import no_tqdm_monitor
+
+    with torch.no_grad(), no_tqdm_monitor():
         for name in candidates:
             try:
                 model = _EXPORTERS[name](module, example_inputs, input_names, output_names, opset)

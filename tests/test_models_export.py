@@ -236,3 +236,12 @@ def test_bundled_resnet50_example():
     floats = [t for t in model.graph.initializer if t.data_type in FLOAT_TYPES]
     assert sum(prod(t.dims) for t in floats) == params + 2 * bn_channels
     assert EXAMPLE.stat().st_size < 512 * 1024
+
+
+def test_an_export_leaves_no_thread_that_would_stop_the_inference_fork(tmp_path):
+    """As from_torch: tqdm's monitor thread (the exporters' progress bars start it) must not outlive the export."""
+    pytest.importorskip("tqdm")
+    import threading
+
+    export.export_weightless(torch.nn.Linear(4, 2), torch.zeros(2, 4), tmp_path / "linear.onnx")
+    assert [t.name for t in threading.enumerate() if t is not threading.main_thread()] == []
