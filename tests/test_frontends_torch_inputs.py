@@ -381,3 +381,47 @@ def test_a_transformers_llm_from_its_config_on_the_meta_device(cache, exports):
     meta.set_attn_implementation("eager")  # forward now takes another path: a new export, not the cached one
     from_torch(meta, inputs, convention="dense")
     assert len(exports) == 2
+
+
+def _hf_cases():
+    """Small configurations of the architectures users count most (random init from the config, nothing
+    downloaded): (name, config factory, auto class name, forward inputs)."""
+    ids = ((N, S), torch.int64)
+    return [
+        pytest.param(lambda t: t.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                            intermediate_size=48, max_position_embeddings=64),
+                     "AutoModelForMaskedLM", {"input_ids": ids}, id="bert"),
+        pytest.param(lambda t: t.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                            bos_token_id=0, eos_token_id=0),
+                     "AutoModelForCausalLM", {"input_ids": ids}, id="gpt2"),
+        pytest.param(lambda t: t.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4,
+                                          decoder_start_token_id=0),
+                     "AutoModelForSeq2SeqLM", {"input_ids": ids, "decoder_input_ids": ids}, id="t5-encoder-decoder"),
+        pytest.param(lambda t: t.ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2,
+                                           num_attention_heads=4, intermediate_size=48, num_labels=10),
+                     "AutoModelForImageClassification", {"pixel_values": (N, 3, 32, 32)}, id="vit"),
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("config", "auto", "inputs"), _hf_cases())
+def test_transformers_architectures_equal_flop_counter(config, auto, inputs):
+    """Encoder, decoder, encoder-decoder and vision transformers from transformers, each exported from the meta
+    device and counted (forward products, convention dense) exactly as FlopCounterMode counts the real module's
+    forward; their training backward is counted with no operator left without a backward formula."""
+    transformers = pytest.importorskip("transformers")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    auto = getattr(transformers, auto)
+    with torch.device("meta"):
+        meta = auto.from_config(config(transformers))
+    report = from_torch(meta, inputs, convention="dense", mode="train", cache_dir=False)
+
+    real = auto.from_config(config(transformers))
+    real.set_attn_implementation("eager")  # FlopCounterMode counts no CPU scaled_dot_product_attention
+    example = {name: torch.zeros(*spec[0], dtype=spec[1]) if isinstance(spec[1], torch.dtype) else torch.zeros(*spec)
+               for name, spec in inputs.items()}
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        real(**example)
+    assert report.forward.flops == counter.get_total_flops()
+    assert not report.backward_unsupported and report.backward.flops > report.forward.flops
