@@ -495,12 +495,14 @@ def _export(module, inputs: tuple, names: list[str], training: bool, opset: int,
     try:
         module.train(training)
         with torch.no_grad(), _quiet_exporters():
-            with _deduplicate_by_identity_only(torch), no_tqdm_monitor(), _tensor_call(torch, module, call, dropped):
+            with _deduplicate_by_identity_only(torch), no_tqdm_monitor(), _tensor_call(torch, module, call, dropped), \
+                    _batch_norm_size_check(torch, module, batch, training):
                 for name, attempt in attempts:
                     try:
                         model = attempt()
                     except Exception as e:  # noqa: BLE001 - any exporter failure moves on to the next exporter
                         log.info("the %s exporter failed: %s", name, _exporter_line(e))
+                        _refuse_untrainable_batch_norm(e, call)
                         errors.append((name, e))
                         continue
                     log.info("exported %s with the %s exporter", type(module).__name__, name)
@@ -662,7 +664,8 @@ def _deduplicate_by_identity_only(torch):
 
 
 def _mark_batch_norm_training(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Set ``training_mode=1`` on every BatchNormalization (the torch.export path emits them in inference form)."""
+    """Set ``training_mode=1`` on every BatchNormalization (the torch.export path emits them in inference form),
+    with the running mean and variance outputs that the spec requires in training mode (read by nothing)."""
     from flopcount.models.export import _graphs
 
     for graph in _graphs(model.graph):
@@ -671,6 +674,8 @@ def _mark_batch_norm_training(model: onnx.ModelProto) -> onnx.ModelProto:
                 kept = [a for a in node.attribute if a.name != "training_mode"]
                 del node.attribute[:]
                 node.attribute.extend([*kept, onnx.helper.make_attribute("training_mode", 1)])
+                if len(node.output) == 1:
+                    node.output.extend([f"{node.output[0]}/running_mean", f"{node.output[0]}/running_var"])
     return model
 
 
@@ -717,6 +722,54 @@ def _failing_operator(e: BaseException) -> str | None:
                 op = match["op"]
                 return op if "::" in op else op.replace(".", "::", 1)
     return None
+
+
+_ONE_VALUE_PER_CHANNEL = re.compile(r"Expected more than 1 value per channel when training, got input size ([^\n]*)")
+
+
+def _refuse_untrainable_batch_norm(e: BaseException, call) -> None:
+    """PyTorch's batch norm refuses, in training mode, an input with one value per channel (batch 1 and 1×1
+    spatial size): that is the input's fault, not the exporter's, and the next exporter would trace past the check
+    into a graph ONNX cannot infer. Raise it as the user's error."""
+    chain, seen = [], set()
+    while e is not None and id(e) not in seen:  # the exporters wrap the module's own error
+        seen.add(id(e))
+        chain.append(common.strip_ansi(str(e)))
+        e = e.__cause__ or e.__context__
+    match = next((m for text in chain if (m := _ONE_VALUE_PER_CHANNEL.search(text))), None)
+    if match:
+        size = match[1].strip().rstrip(".").removeprefix("torch.Size(").removesuffix(")")
+        raise UsageError(
+            f"{FRONTEND}: with {call.describe()}, a BatchNorm layer in training mode gets one value per channel "
+            f"(its input size is {size}: batch × spatial size = 1), which PyTorch refuses to "
+            "train on; give a batch of at least 2 or a larger input"
+        ) from None
+
+
+@contextlib.contextmanager
+def _batch_norm_size_check(torch, module, batch: int | None, training: bool):
+    """Where an export traces at another batch than the user's (the torch.export path traces at batch 2), make
+    each training-mode batch norm check the user's batch as PyTorch's own does at run time: one value per channel
+    (batch 1, spatial size 1) is refused."""
+    norms = [m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if not training or batch != 1 or not norms:
+        yield
+        return
+
+    def check(norm, args):
+        x = args[0] if args else None
+        if norm.training and x is not None and x.dim() > 2:
+            spatial = [int(d) for d in x.shape[2:]]
+            if all(d == 1 for d in spatial):
+                size = [batch, int(x.shape[1]), *spatial]
+                raise ValueError(f"Expected more than 1 value per channel when training, got input size {size}")
+
+    handles = [m.register_forward_pre_hook(check) for m in norms]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def _exporter_line(e: BaseException) -> str:

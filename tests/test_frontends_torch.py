@@ -434,3 +434,36 @@ def test_an_export_leaves_no_thread_that_would_stop_the_inference_fork():
 
     from_torch(nn.Linear(4, 2), (2, 4), cache_dir=False)
     assert [t.name for t in threading.enumerate() if t is not threading.main_thread()] == []
+
+
+def conv_bn_relu() -> nn.Module:
+    return nn.Sequential(nn.Conv2d(C_IN, C_OUT, 3, padding=1, bias=False), nn.BatchNorm2d(C_OUT), nn.ReLU())
+
+
+def test_meta_device_batch_norm_trains_as_the_same_module_on_the_cpu(cache):
+    """A meta-device module is exported with torch.export, a CPU one with the TorchScript exporter; in training
+    mode both give BatchNormalization in training form (with the running statistics outputs the spec requires)
+    and the same counts."""
+    with torch.device("meta"):
+        meta = conv_bn_relu()
+    on_meta = from_torch(meta, (N, C_IN, H, W), mode="train", convention="dense")
+    on_cpu = from_torch(conv_bn_relu(), (N, C_IN, H, W), mode="train", convention="dense")
+    conv = 2 * N * C_OUT * H * W * C_IN * 3 * 3  # 2·N·C_out·H·W·C_in·K²
+    assert on_meta.forward.flops == on_cpu.forward.flops == conv
+    assert on_meta.backward.flops == on_cpu.backward.flops == conv  # dW only: the input is data
+    assert on_meta.trainable_params == on_cpu.trainable_params == C_OUT * C_IN * 9 + 2 * C_OUT
+    default = from_torch(meta, (N, C_IN, H, W), mode="train")
+    assert default.total.flops == from_torch(conv_bn_relu(), (N, C_IN, H, W), mode="train").total.flops
+
+
+@pytest.mark.parametrize("device", ["meta", "cpu"])
+def test_batch_norm_with_one_value_per_channel_is_refused_like_pytorch(cache, device, capsys):
+    """Batch 1 at 1×1 spatial size: PyTorch refuses to train batch norm on one value per channel; so does the
+    count, with the input named, on both export paths (torch.export traces at batch 2, where the check passes)."""
+    with torch.device(device):
+        module = conv_bn_relu()
+    with pytest.raises(UsageError, match=r"input: float32\[1, 3, 1, 1\], a BatchNorm layer in training mode gets one "
+                                         r"value per channel \(its input size is \[1, 5, 1, 1\]"):
+        from_torch(module, (1, C_IN, 1, 1), mode="train")
+    assert from_torch(module, (2, C_IN, 1, 1), mode="train").forward.flops > 0  # two values per channel
+    assert from_torch(module, (1, C_IN, 1, 1)).forward.flops > 0  # inference normalises with running statistics
