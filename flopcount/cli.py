@@ -198,7 +198,7 @@ def _count_keras(args: argparse.Namespace):
 
 def _weights(args: argparse.Namespace) -> dict:
     """``trainable=`` and ``frozen=`` of count() from ``--trainable`` and ``--frozen`` (absent when not given)."""
-    return {k: v for k, v in (("trainable", args.trainable), ("frozen", args.frozen)) if v}
+    return {k: v for k in ("trainable", "frozen") if (v := getattr(args, k, None))}
 
 
 #: Subcommands of the measuring half: name → module with ``build_parser() -> ArgumentParser`` and

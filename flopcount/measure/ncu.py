@@ -6,9 +6,12 @@ Conventions (stated in every crosscheck report, see ``docs/crosscheck.md``):
 * CUDA-core instructions are counted per thread with predicated-off threads excluded
   (``sm__sass_thread_inst_executed_op_<p><op>_pred_on.sum``): FLOPs = add + mul + 2 · fma, per precision
   (``f`` fp32, ``d`` fp64, ``h`` half: fp16 or bf16).
-* Half-precision instructions: ``HADD2``/``HMUL2``/``HFMA2`` work on a *pair* of values. ``pairs`` (the default, as
-  ncu's own half-precision roofline counts) doubles them: 2 · hadd + 2 · hmul + 4 · hfma; ``single`` counts each
-  instruction once (hadd + hmul + 2 · hfma), for kernels known to issue unpacked half instructions.
+* Half-precision instructions: ``HADD2``/``HMUL2``/``HFMA2`` work on a *pair* of values. ``pairs`` (the default)
+  doubles them: 2 · hadd + 2 · hmul + 4 · hfma, as nvprof's ``flop_count_hp`` counted a packed FMA as 4; ``single``
+  counts each instruction once (hadd + hmul + 2 · hfma), the expression of the achieved work in ncu's half-precision
+  roofline section (``derived__smsp__sass_thread_inst_executed_op_hfma_pred_on_x2``). Which one a given GPU's
+  counters need is not documented: it is to be settled on a GPU with a kernel of known packed-half work. PyTorch's
+  element-wise kernels compute half tensors in fp32, so in a PyTorch step the half counters are mostly zero.
 * Tensor cores: ``sm__ops_path_tensor_src_<type>...`` counts operations, one per FLOP (a multiply-accumulate is 2).
   Integer source types (int8, int4, b1) are not floating-point work and are left out.
 * An aggregate is never added to its own parts: among the tensor metrics of one source type, a metric whose
@@ -46,8 +49,8 @@ FLOAT_TENSOR_SOURCES = {"fp16": "fp16", "f16": "fp16", "hf": "fp16", "bf16": "bf
                         "e4m3": "fp8", "e5m2": "fp8", "fp64": "fp64", "dmma": "fp64", "fp32": "fp32"}
 
 HALF_PACKING = {
-    "pairs": "half instructions work on pairs (HADD2/HMUL2/HFMA2): 2·hadd + 2·hmul + 4·hfma, as ncu's half roofline",
-    "single": "one value per half instruction: hadd + hmul + 2·hfma",
+    "pairs": "half instructions work on pairs (HADD2/HMUL2/HFMA2): 2·hadd + 2·hmul + 4·hfma, as nvprof's flop_count_hp",
+    "single": "one value per half instruction: hadd + hmul + 2·hfma, as the achieved work of ncu's half roofline",
 }
 
 #: Metric patterns for ``ncu --metrics`` (ncu accepts ``regex:`` entries), so that the names of the installed ncu
