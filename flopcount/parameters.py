@@ -120,41 +120,66 @@ def classify(
     # sums (whether a stored term of a sum is added to attention scores: _feeds_softmax)
     wanted = set(stored).union(*(outs for (_, op), outs in zip(node_ops, node_outputs)
                                  if op in _PASS_THROUGH or op in _ADDITIVE))
-    consumers = consumers_of(protos, node_inputs, bodies, wanted)
+    consumers: dict[str, list] = {}
+    for k, inputs in enumerate(node_inputs):
+        if wanted.isdisjoint(inputs):
+            continue
+        view = _NodeView(*node_ops[k], inputs, node_outputs[k])
+        for i, name in enumerate(inputs):
+            if name in wanted:
+                consumers.setdefault(name, []).append((view, i))
+    for k in range(len(protos)) if bodies is None else bodies:  # subgraph consumers, as protos
+        for a in protos[k].attribute:
+            for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs:
+                _index(sub, consumers)
     roles: dict[str, str] = {}
 
-    def use_role(node: onnx.NodeProto, pos: int, dims: tuple[int, ...], spread: bool) -> str | None:
+    _SOFTMAX_CHECK = "softmax?"  # the role depends on where the node's output goes
+    static: dict[tuple, str | None] = {}
+
+    def static_role(node, pos: int, single: bool, several_axes: bool, spread: bool) -> str | None:
+        """The role a use gives, from the operator, the position and the tensor's dims alone (cached per key)."""
         domain = canonical_domain(node.domain)
         op = node.op_type
         if pos in buffer_inputs(domain, op):
-            return BUFFER if prod(dims) > 1 else CONSTANT
+            return CONSTANT if single else BUFFER
         if not _differentiable(op, opsets.get(domain, 0), domain, len(node.input))[pos]:
             return None
         if op == "Pow" and pos == 1 or op == "Where":
             return CONSTANT
         if op == "PRelu":
             return PARAMETER
-        if _SCORE_BIAS.get((domain, op)) == pos and sum(d > 1 for d in dims) > 1:
+        if _SCORE_BIAS.get((domain, op)) == pos and several_axes:
             return CONSTANT  # as Add into Softmax below
-        if spread and prod(dims) <= 1:
+        if spread and single:
             return CONSTANT  # one value broadcast into a tensor: a fill (a mask's ones, a padding value)
         rule = lookup(domain, op)
         if rule is not None and rule.family == "elementwise":
-            if prod(dims) <= 1:
+            if single:
                 return CONSTANT
-            if sum(d > 1 for d in dims) <= 1:
+            if not several_axes:
                 return PARAMETER
             if op in _SCALING:
                 return CONSTANT
-            if op in _ADDITIVE and _feeds_softmax(node, consumers):
-                return CONSTANT
+            if op in _ADDITIVE:
+                return _SOFTMAX_CHECK
             return PARAMETER
         return PARAMETER
 
+    def use_role(node, pos: int, single: bool, several_axes: bool, spread: bool) -> str | None:
+        key = (node.domain, node.op_type, len(node.input), pos, single, several_axes, spread)
+        role = static.get(key, static)
+        if role is static:
+            role = static[key] = static_role(node, pos, single, several_axes, spread)
+        if role is _SOFTMAX_CHECK:
+            return CONSTANT if _feeds_softmax(node, consumers) else PARAMETER
+        return role
+
     def role_of(name: str, dims: tuple[int, ...], literal: bool) -> str:
         found: set[str] = set()
+        single, several_axes = prod(dims) <= 1, sum(d > 1 for d in dims) > 1
         for node, pos, spread in _uses(name, consumers):
-            role = use_role(node, pos, dims, spread)
+            role = use_role(node, pos, single, several_axes, spread)
             if role == PARAMETER and literal:
                 role = CONSTANT
             if role is not None:
@@ -176,6 +201,16 @@ def classify(
         if name in stored:
             roles[name] = PARAMETER
     return Roles(roles, {n: prod(d) for n, (_, d) in stored.items()})
+
+
+class _NodeView:
+    """What the parameter rule reads of a node (domain, op type, input and output names), from the lists the DAG
+    already holds rather than the protobuf message."""
+
+    __slots__ = ("domain", "op_type", "input", "output")
+
+    def __init__(self, domain: str, op_type: str, inputs: tuple[str, ...], outputs: tuple[str, ...]):
+        self.domain, self.op_type, self.input, self.output = domain, op_type, inputs, outputs
 
 
 def consumers_of(protos: list[onnx.NodeProto], node_inputs: list[tuple[str, ...]],
