@@ -106,8 +106,8 @@ def classify(
     """Roles of the main graph's stored tensors (see the module docstring). ``given`` names tensors
     known to be parameters; ``excluded`` (inputs whose values the user gave) get no role.
     ``nodes``: the graph's node protos, their inputs, outputs and (domain, op_type) as already read
-    (:func:`flopcount.graph.build_graph` keeps them), and the indices of the nodes holding subgraphs,
-    so that they are not read from the protos again."""
+    (:func:`flopcount.graph.build_graph` keeps them), and the indices of the nodes holding subgraphs
+    (None: any node may), so that they are not read from the protos again."""
     from .counting import _differentiable  # the schema categories, cached there
 
     stored = {n: v for n, v in stored_tensors(model.graph).items() if v[0] not in SHAPE_TYPES and n not in excluded}
@@ -211,25 +211,6 @@ class _NodeView:
 
     def __init__(self, domain: str, op_type: str, inputs: tuple[str, ...], outputs: tuple[str, ...]):
         self.domain, self.op_type, self.input, self.output = domain, op_type, inputs, outputs
-
-
-def consumers_of(protos: list[onnx.NodeProto], node_inputs: list[tuple[str, ...]],
-                 bodies: Collection[int] | None = None,
-                 wanted: Collection[str] | None = None) -> dict[str, list[tuple[onnx.NodeProto, int]]]:
-    """Name → (node, input position) of the consumers in a graph's nodes (``protos``, their inputs already read
-    as ``node_inputs``) of the ``wanted`` names (default: all), and every consumer in their subgraphs;
-    ``bodies``: the indices of the nodes that hold subgraphs, when known (else every node's attributes are
-    looked at)."""
-    consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
-    for node, inputs in zip(protos, node_inputs):
-        for i, name in enumerate(inputs):
-            if name and (wanted is None or name in wanted):
-                consumers.setdefault(name, []).append((node, i))
-    for k in range(len(protos)) if bodies is None else bodies:
-        for a in protos[k].attribute:
-            for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs:
-                _index(sub, consumers)
-    return consumers
 
 
 def _index(graph: onnx.GraphProto, consumers: dict) -> None:
