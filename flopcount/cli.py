@@ -149,6 +149,53 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def add_model_source(p: argparse.ArgumentParser, model_help: str, required: bool = True) -> None:
+    """A subcommand's model: an .onnx path, or ``--torch``/``--keras`` with ``--input-shape`` as for counting (read
+    back with :func:`model_source`)."""
+    p.add_argument("model", nargs="?", help=model_help)
+    p.add_argument("--torch", metavar="MODULE:FACTORY",
+                   help="instead of a model file, the PyTorch module FACTORY() returns, exported as for counting")
+    p.add_argument("--keras", metavar="MODULE:FACTORY",
+                   help="instead of a model file, the keras.Model FACTORY() returns, converted as for counting")
+    p.add_argument("--input-shape", metavar="NAME=DIMS", action=_InputShapes, type=_input_shape, default=[],
+                   help="fix the dims of an input, e.g. input=8x3x224x224 (repeatable); with --torch, NAME is a "
+                   "parameter of forward() and a :DTYPE suffix gives its element type")
+    p.set_defaults(input_dtypes={}, model_required=required)
+
+
+def given_model(args: argparse.Namespace) -> bool:
+    return any(getattr(args, k, None) is not None for k in ("model", "torch", "keras"))
+
+
+def model_source(args: argparse.Namespace):
+    """``(model, input_shapes)`` of a subcommand: the path and its ``--input-shape`` dims, or the weightless ONNX
+    export of ``--torch``/``--keras`` (its dims fixed by the export) and no dims."""
+    given = [text for text, value in ((repr(args.model), args.model), (f"--torch {args.torch}", args.torch),
+                                      (f"--keras {args.keras}", args.keras)) if value is not None]
+    if len(given) != 1:
+        raise UsageError("give the path of an .onnx model, or --torch MODULE:FACTORY, or --keras MODULE:FACTORY"
+                         + (f", not {' and '.join(given)}" if given else ""))
+    names = [name for name, _ in args.input_shape]
+    if len(set(names)) != len(names):
+        raise UsageError(f"--input-shape: each input is given once; got {', '.join(names)}")
+    if args.torch is None and args.input_dtypes:
+        raise UsageError("--input-shape NAME=DIMS:DTYPE: a :DTYPE suffix is for --torch inputs; an ONNX or Keras "
+                         "model declares its input types")
+    if args.torch is not None:
+        from .frontends.torch import load_factory, to_onnx
+
+        if not args.input_shape:
+            raise UsageError("--torch needs the shape of each forward() input, by name: --input-shape NAME=DIMS[:DTYPE]")
+        inputs = {name: (dims, args.input_dtypes[name]) if name in args.input_dtypes else dims
+                  for name, dims in args.input_shape}
+        return to_onnx(load_factory(args.torch), inputs), {}
+    if args.keras is not None:
+        from .frontends.keras import load_factory, to_onnx
+
+        return to_onnx(load_factory(args.keras), dict(args.input_shape) or None, batch=getattr(args, "batch", None)), {}
+    return args.model, dict(args.input_shape)
+
+
 def _check_model_source(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Exactly one of a model path, ``--torch`` and ``--keras``; ``--torch`` needs ``--input-shape``."""
     given = [text for text, value in ((repr(args.model), args.model), (f"--torch {args.torch}", args.torch),

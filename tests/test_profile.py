@@ -173,3 +173,29 @@ def test_external_weights_are_used_when_their_file_is_beside_the_model(tmp_path)
     assert counts == {"from_model": 0, "synthesized": 2}
     # the int64 shape tensor went external too and was synthesised as zeros: the model is no longer runnable as
     # is, which is why weightless graphs keep such small tensors inline (see the module docstring)
+
+
+def test_cli_input_shape_and_torch_module(save, tmp_path, monkeypatch, capsys):
+    """--input-shape fixes a dim of the ONNX model (the batch of x here), and --torch profiles a PyTorch module
+    exported as for counting; the FLOPs are the closed form either way."""
+    path = save(model([helper.make_node("MatMul", ["x", "W"], ["y"])], {"x": ["N", 91]}, ["y"], [weight("W", [91, 23])]))
+    args = ["--warmup", "0", "--runs", "1", "--ceilings", _ceilings_file(tmp_path), "--format", "json"]
+    assert main(["profile", path, "--input-shape", "x=5x91", *args]) == 0
+    assert json.loads(capsys.readouterr().out)["flops"] == 2 * 5 * 91 * 23
+    torch = pytest.importorskip("torch")
+    (tmp_path / "profile_linear.py").write_text("import torch\n\ndef make():\n    return torch.nn.Linear(91, 23, bias=False)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("FLOPCOUNT_CACHE", str(tmp_path / "cache"))
+    assert main(["profile", "--torch", "profile_linear:make", "--input-shape", "input=4x91", *args]) == 0
+    assert json.loads(capsys.readouterr().out)["flops"] == 2 * 4 * 91 * 23
+    assert main(["profile", path, "--torch", "profile_linear:make", *args]) == 2
+    assert "give the path of an .onnx model, or --torch" in capsys.readouterr().err
+    assert main(["profile", path, "--input-shape", "x=5x91:int64", *args]) == 2
+    assert ":DTYPE suffix is for --torch inputs" in capsys.readouterr().err
+    del torch
+
+
+def _ceilings_file(tmp_path) -> str:
+    path = tmp_path / "c.json"
+    path.write_text(CEILINGS.to_json())
+    return str(path)

@@ -189,3 +189,35 @@ def test_cli_plot_option_and_missing_matplotlib(tmp_path, monkeypatch, capsys):
     capsys.readouterr()
     assert main(["examples/resnet50-v1.5.onnx", "--plot", str(tmp_path / "u.png")]) == 11
     assert "pip install matplotlib" in capsys.readouterr().err
+
+
+def test_cli_operator_roofline_of_a_model_with_input_shape_or_torch(tmp_path, monkeypatch, capsys):
+    """A model's per-operator roofline takes --input-shape (here the batch of x) or a --torch module; a product
+    x[B,91]·W[91,23] sits at 2·B·91·23 FLOPs over 4·(B·91 + 91·23 + B·23) bytes."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    def intensity(b):
+        return 2 * b * 91 * 23 / (4 * (b * 91 + 91 * 23 + b * 23))
+
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 91]),
+                               helper.make_tensor_value_info("W", TensorProto.FLOAT, [91, 23])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    path = tmp_path / "mm.onnx"
+    onnx.save(helper.make_model(graph), path)
+    ceilings = tmp_path / "c.json"
+    ceilings.write_text(json.dumps(_ceilings().as_dict()))
+    assert main(["roofline", str(path), "--input-shape", "x=5x91", "--ceilings", str(ceilings), "--format",
+                 "json"]) == 0
+    (point,) = json.loads(capsys.readouterr().out)["points"]
+    assert point["intensity"] == pytest.approx(intensity(5))
+    pytest.importorskip("torch")
+    (tmp_path / "roofline_linear.py").write_text("import torch\n\ndef make():\n    return torch.nn.Linear(91, 23, bias=False)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("FLOPCOUNT_CACHE", str(tmp_path / "cache"))
+    assert main(["roofline", "--torch", "roofline_linear:make", "--input-shape", "input=4x91", "--ceilings",
+                 str(ceilings), "--format", "json"]) == 0
+    points = json.loads(capsys.readouterr().out)["points"]
+    assert [p["intensity"] for p in points if "MatMul" in p["label"] or "Gemm" in p["label"]] == \
+        [pytest.approx(intensity(4))]

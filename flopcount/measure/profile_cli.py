@@ -6,7 +6,7 @@ import argparse
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from flopcount.cli import _input_shape, _input_value, _positive
+    from flopcount.cli import _input_value, _positive, add_model_source
 
     p = argparse.ArgumentParser(
         prog="flopcount profile",
@@ -15,9 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
         "and whether it is compute- or memory-bound against the machine's measured ceilings. Missing weights are "
         "synthesised from the initializers' dims and dtypes (external data files are never opened).",
     )
-    p.add_argument("model", help="path of an .onnx model")
-    p.add_argument("--input-shape", metavar="NAME=DIMS", action="append", type=_input_shape, default=[],
-                   help="fix the dims of an input, e.g. input=8x3x224x224 (repeatable)")
+    add_model_source(p, "path of an .onnx model (or give --torch or --keras)")
     p.add_argument("--input-value", metavar="NAME=V1,V2", action="append", type=_input_value, default=[],
                    help="value of a small integer input that shapes depend on (repeatable)")
     p.add_argument("--batch", type=_positive, metavar="N", help="set dim 0 of every input not given by --input-shape")
@@ -39,13 +37,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flopcount.cli import write_output
+    from flopcount.cli import model_source, write_output
 
     from .ceilings import load_ceilings
     from .profile import profile, render
 
     ceilings = load_ceilings(args.ceilings) if args.ceilings else None
-    p = profile(args.model, input_shapes=dict(args.input_shape), batch=args.batch, provider=args.provider,
+    model, shapes = model_source(args)
+    p = profile(model, input_shapes=shapes, batch=args.batch, provider=args.provider,
                 optimize=args.optimize, warmup=args.warmup, runs=args.runs, ceilings=ceilings, threads=args.threads,
                 input_values=dict(args.input_value))
     write_output(render(p, args.format, args.per_node), args.output)

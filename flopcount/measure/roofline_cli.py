@@ -7,7 +7,7 @@ import json
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from flopcount.cli import _input_shape, _positive
+    from flopcount.cli import _positive, add_model_source
 
     p = argparse.ArgumentParser(
         prog="flopcount roofline",
@@ -16,14 +16,13 @@ def build_parser() -> argparse.ArgumentParser:
         "roofline: flopcount roofline model.onnx (or --profile p.json) places each node at its arithmetic "
         "intensity and, when profiled, its measured FLOP/s.",
     )
-    p.add_argument("model", nargs="?", help="an .onnx model: per-operator roofline from its count (not measured)")
+    add_model_source(p, "an .onnx model (or --torch/--keras): per-operator roofline from its count (not measured)",
+                     required=False)
     p.add_argument("--ceilings", metavar="FILE", help="ceilings JSON from flopcount ceilings (per-operator roofline "
                    "default: this CPU's cached GEMM and copy ceilings)")
     p.add_argument("--run", metavar="FILE", help="a flopcount bench report (or meter.to_json run): HPC-AI roofline")
     p.add_argument("--profile", metavar="FILE", help="a flopcount profile --format json report: per-operator "
                    "roofline at measured FLOP/s")
-    p.add_argument("--input-shape", metavar="NAME=DIMS", action="append", type=_input_shape, default=[],
-                   help="with a model: fix the dims of an input (repeatable)")
     p.add_argument("--batch", type=_positive, metavar="N", help="with a model: dim 0 of every input")
     p.add_argument("--plot", metavar="FILE", help="draw the roofline to FILE (.png, .svg or .pdf; needs matplotlib)")
     p.add_argument("--format", choices=("table", "json"), default="table", help="text output format")
@@ -33,13 +32,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flopcount.cli import write_output
+    from flopcount.cli import given_model, model_source, write_output
     from flopcount.errors import UsageError
 
     from . import roofline as rl
     from .ceilings import default_ceilings, load_ceilings
 
-    sources = [s for s in (args.run and "--run", args.profile and "--profile", args.model and "a model") if s]
+    sources = [s for s in (args.run and "--run", args.profile and "--profile", given_model(args) and "a model") if s]
     if len(sources) != 1:
         raise UsageError("give one of --run FILE (HPC-AI roofline), --profile FILE or a model path (per-operator "
                          f"roofline){'; got ' + ' and '.join(sources) if sources else ''}")
@@ -60,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             from flopcount import count
 
-            points = rl.report_points(count(args.model, input_shapes=dict(args.input_shape), batch=args.batch))
+            model, shapes = model_source(args)
+            points = rl.report_points(count(model, input_shapes=shapes, batch=args.batch))
     if args.plot:
         rl.plot_roofline(roof, points, args.plot)
     if args.format == "json":
