@@ -199,3 +199,28 @@ def _ceilings_file(tmp_path) -> str:
     path = tmp_path / "c.json"
     path.write_text(CEILINGS.to_json())
     return str(path)
+
+
+def _residual_block(c: int = 16) -> onnx.ModelProto:
+    """x → conv0 → relu0 → conv1 → add(+relu0) → relu → conv2: onnxruntime ('all', NCHWc layout) fuses the residual
+    add and the relu into conv1 (its sum input and activation)."""
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], name="conv0", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c0"], ["r0"], name="relu0"),
+             helper.make_node("Conv", ["r0", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c1", "r0"], ["s"], name="add"),
+             helper.make_node("Relu", ["s"], ["r"], name="relu"),
+             helper.make_node("Conv", ["r", "w2"], ["y"], name="conv2", pads=[1, 1, 1, 1])]
+    return model(nodes, {"x": [1, c, 8, 8]}, ["y"], [weight(w, [c, c, 3, 3]) for w in ("w0", "w1", "w2")])
+
+
+def test_residual_add_and_relu_fused_into_a_convolution_belong_to_it():
+    """The fused residual Add and Relu are computed by the convolution that absorbed them (its activation and sum
+    input), not by the next convolution, which merely reads their result."""
+    m = _residual_block()
+    report = flopcount.count(m)
+    p = profile(m, optimize="all", warmup=1, runs=2, ceilings=CEILINGS)
+    owner = {name: n.name for n in p.nodes for name in n.covers}
+    assert sorted(owner) == ["add", "conv0", "conv1", "conv2", "relu", "relu0"]
+    assert sum(n.flops for n in p.nodes) == report.total.flops
+    assert "add" not in {n.name for n in p.nodes}  # fused away, as this onnxruntime does
+    assert owner["add"] == owner["relu"] == owner["conv1"] != owner["conv2"]

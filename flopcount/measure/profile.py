@@ -374,35 +374,77 @@ def parse_profile(events: list[dict], warmup: int) -> tuple[list[dict[str, float
 
 
 _NCHWC = "_nchwc"
+_REORDER = ("ReorderInput", "ReorderOutput")
+
+
+def _absorbs(node) -> dict[str, int]:
+    """What an executed node computes after its own output, by its attributes: an ``activation`` (onnxruntime's
+    FusedConv, FusedGemm and NCHWc Conv) and, for a convolution with a fourth input, the sum of that input
+    (Conv + Add fusion). Op type → how many such graph nodes it absorbs downstream."""
+    out: dict[str, int] = {}
+    for a in node.attribute:
+        if a.name == "activation" and a.s:
+            out[a.s.decode()] = 1
+    if node.op_type in ("Conv", "FusedConv") and len(node.input) >= 4 and node.input[3]:
+        out["Add"] = out.get("Add", 0) + 1
+        out["Sum"] = out.get("Sum", 0) + 1
+    return out
 
 
 def attribute(graph_nodes, names: list[str], optimized_graph) -> dict[str, list[int]]:
-    """Executed node name → the graph positions of the nodes it runs, for an optimised graph: a node belongs to the
-    executed node that produces one of its outputs, else (fused away) to that of its first consumer that has an
-    owner. Nodes folded into constants belong to none. onnxruntime's NCHWc layout pass names each node it
-    rewrites ``<tensor>_nchwc`` after the tensor it stands for, whose name its output no longer carries: such a
-    node counts as producing ``<tensor>``."""
+    """Executed node name → the graph positions of the nodes it runs, for an optimised graph.
+
+    A node belongs to the executed node that produces one of its outputs. A node fused away belongs, first, to the
+    executed node that absorbed it downstream of its own output (a convolution's ``activation``, or the residual
+    ``Add`` of a convolution that takes the sum as a fourth input) where that node owns the producer of the fused
+    node's input; else to the owner of its first consumer that has one (a ``Transpose`` folded into the product
+    it feeds). Nodes folded into constants belong to none. onnxruntime's NCHWc layout pass names each node it
+    rewrites ``<tensor>_nchwc`` after the tensor it stands for, whose name its output no longer carries (a
+    ``ReorderOutput`` may carry it instead): such a node counts as producing ``<tensor>``."""
     produced = {o: n.name for n in optimized_graph.node for o in n.output if o}
+    layout = {n.name for n in optimized_graph.node if n.op_type in _REORDER}
     for n in optimized_graph.node:
-        if n.name.endswith(_NCHWC) and n.name[: -len(_NCHWC)] not in produced:
-            produced[n.name[: -len(_NCHWC)]] = n.name
+        if not n.name.endswith(_NCHWC):
+            continue
+        stands_for = n.name[: -len(_NCHWC)]
+        if produced.get(stands_for) in (None, *layout):  # a reorder back to NCHW only moves what this node computed
+            produced[stands_for] = n.name
+    capacity = {n.name: _absorbs(n) for n in optimized_graph.node}
+    producer: dict[str, int] = {}
     consumers: dict[str, list[int]] = {}
     for i, n in enumerate(graph_nodes):
+        for t in n.output:
+            producer[t] = i
         for t in n.input:
             consumers.setdefault(t, []).append(i)
     owner: dict[int, str | None] = {}
-    for i in range(len(graph_nodes) - 1, -1, -1):
-        n = graph_nodes[i]
+    moved: dict[int, str] = {}  # nodes whose output only a reorder writes: theirs unless a computing node absorbed them
+    for i, n in enumerate(graph_nodes):  # downstream absorption, in graph order: Conv → Add → Relu
         found = next((produced[o] for o in n.output if o in produced), None)
+        if found in layout:
+            moved[i], found = found, None
         if found is None:
-            for o in n.output:
-                for j in consumers.get(o, ()):
-                    if j > i and owner.get(j):
-                        found = owner[j]
-                        break
-                if found:
+            for t in n.input:
+                up = owner.get(producer.get(t, -1))
+                if up is not None and capacity[up].get(n.op_type, 0) > 0:
+                    capacity[up][n.op_type] -= 1
+                    found = up
                     break
         owner[i] = found
+    for i in range(len(graph_nodes) - 1, -1, -1):  # the rest: with the first consumer that has an owner
+        if owner[i] is not None:
+            continue
+        n = graph_nodes[i]
+        for o in n.output:
+            for j in consumers.get(o, ()):
+                if j > i and owner.get(j):
+                    owner[i] = owner[j]
+                    break
+            if owner[i]:
+                break
+    for i, name in moved.items():
+        if owner[i] is None:
+            owner[i] = name
     out: dict[str, list[int]] = {}
     for i, name in sorted(owner.items()):
         if name is not None:
