@@ -590,3 +590,21 @@ def test_step_driver_marks_phases_with_process_ranges(small_net, monkeypatch):
     one_step = [e for p in phases for e in (("start", p), ("end", p))]
     assert events == one_step * 2 + [("profiler", "start"), *one_step, ("profiler", "stop")]
     assert backward_ranges == [("flopcount/backward",)] * 3  # two warm-up steps and the profiled one
+
+
+def test_cli_ncu_report_file_is_read_through_ncu_import(save, tmp_path, capsys):
+    """A .ncu-rep report is turned into the raw-page CSV by ncu --import (a stand-in ncu here, which prints the
+    raw fixture for exactly that command line); without ncu, one line says how to export the CSV."""
+    m = save(model([helper.make_node("MatMul", ["a", "b"], ["y"])], {"a": [M, K], "b": [K, N]}, ["y"]))
+    report = tmp_path / "step.ncu-rep"
+    report.write_bytes(b"\x00binary report")
+    ncu = tmp_path / "ncu"
+    ncu.write_text(f'#!/bin/sh\n[ "$*" = "--import {report} --csv --page raw --print-units base" ] || exit 3\n'
+                   f"cat {RAW}\n")
+    ncu.chmod(0o755)
+    assert main(["crosscheck", "--ncu-csv", str(report), "--ncu", str(ncu), m, "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["families"]["matrix product"]["measured_flops"] == 2 * (2 * M * N * K) + 2 * MB * NB * KB
+    assert main(["crosscheck", "--ncu-csv", str(report), "--ncu", str(tmp_path / "absent"), m]) == 11
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "ncu --import" in err[0] and "--ncu-csv step.csv" in err[0]

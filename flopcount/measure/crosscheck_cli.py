@@ -220,6 +220,35 @@ def _check_device(args) -> str:
     return ncu
 
 
+def _read_export(args):
+    """The export of ``--ncu-csv``: a CSV as it is, or a report file (``.ncu-rep``) turned into the raw-page CSV by
+    ``ncu --import`` (ncu needed; no GPU)."""
+    path = args.ncu_csv
+    if not path.endswith(".ncu-rep"):
+        return read_ncu_csv(path, args.half_packing)
+    if not os.path.exists(path):
+        raise MeasurementError(f"{path}: no such file")
+    ncu = shutil.which(args.ncu)
+    if ncu is None:
+        raise DeviceError(
+            f"{path}: a report file needs ncu to read it (ncu is not on PATH; no GPU is needed): run "
+            f"ncu --import {shlex.quote(path)} --csv --page raw --print-units base > step.csv where ncu is, and pass "
+            "--ncu-csv step.csv"
+        )
+    cmd = [ncu, "--import", path, "--csv", "--page", "raw", "--print-units", "base"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise MeasurementError(f"{ncu}: could not read {path} ({e})") from None
+    if done.returncode != 0:
+        last = next((line for line in reversed((done.stdout + done.stderr).strip().splitlines()) if line.strip()),
+                    "no output")
+        raise MeasurementError(f"{shlex.join(cmd)} exited with status {done.returncode}: {last}")
+    from .ncu import parse_ncu_csv
+
+    return parse_ncu_csv(done.stdout, path, args.half_packing)
+
+
 def _ncu_version(ncu: str) -> str | None:
     try:
         out = subprocess.run([ncu, "--version"], capture_output=True, text=True, timeout=60).stdout
@@ -299,7 +328,7 @@ def run(args) -> int:
         write_output(print_command(args), args.output)
         return 0
     if args.ncu_csv:
-        measured = from_ncu(read_ncu_csv(args.ncu_csv, args.half_packing))
+        measured = from_ncu(_read_export(args))
         report, analytic = _analytic(args)
         result = compare(analytic, measured, "ncu")
     elif args.run:
