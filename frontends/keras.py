@@ -546,6 +546,7 @@ def _convert(model, inputs: Sequence[_Input], training: bool, opset: int) -> onn
     _rename(converted, names)
     converted.graph.name = model.name
     _fuse_batch_norms(converted, set(weight_names))
+    _fuse_layer_norms(converted, set(weight_names))
     _fold_negations(converted, set(weight_names))
     _drop_identity_arithmetic(converted, set(weight_names))
     _drop_unread_constants(converted, set(weight_names))
@@ -855,6 +856,229 @@ def _fuse_batch_norms(model: onnx.ModelProto, variables: set[str]) -> None:
     if fusions:
         view.replace(fusions)
         log.debug("wrote %d Keras batch norm(s) as ONNX BatchNormalization", len(fusions))
+
+
+#: The first opset of the default domain that has the ``LayerNormalization`` operator.
+_LAYER_NORM_OPSET = 17
+
+
+def _fuse_layer_norms(model: onnx.ModelProto, variables: set[str]) -> None:
+    """Write, in place, each Keras LayerNormalization as the ONNX ``LayerNormalization`` operator.
+
+    Keras 3 computes a layer norm (``ops.layer_normalization``) from the moments of ``x`` over the normalized
+    axes: ``inv = gamma · 1/sqrt(mean((x − mean)²) + eps)``, ``y = x·inv + (−mean·inv + beta)``. tf2onnx writes
+    that as two ``ReduceMean``, a ``Sub`` and a ``Mul`` for the moments, ``Add``, ``Sqrt`` and ``Reciprocal`` per
+    row, a ``Neg`` and three ``Mul`` and two ``Add`` (9 FLOPs per element and 4 per row, where ONNX's
+    ``LayerNormalization``, which the PyTorch exporters write for the same layer, counts 1 per element). Where
+    exactly that pattern normalizes the trailing axes of ``x`` with variables of the normalized shape (as they are,
+    or reshaped to broadcast) and a constant epsilon, and its intermediate tensors feed nothing else, it is
+    replaced by ``LayerNormalization(x, gamma, beta, axis, epsilon)``, which computes the same; the variables keep
+    their names. Without ``beta`` (``center=False``) the operator's optional B is left out; without ``gamma``
+    (``scale=False``) its Scale, which it requires, is a constant of ones, as the PyTorch exporter writes it for
+    ``LayerNorm(elementwise_affine=False)``.
+
+    After a convolution tf2onnx computes the moments in the convolution's NCHW layout, on the tensor that a
+    ``Transpose`` turns into ``x``, and moves the per-row statistics to ``x``'s layout with ``Reshape`` nodes;
+    where the statistics keep their order (the axis moved is the normalized one, of size 1 in them) that is the
+    same computation, and it is fused too. Anything else (``rms_scaling``, the casts around a half-precision
+    input, a model below opset 17, which has no ``LayerNormalization``: raising its opset could change what
+    other operators mean) stays as converted.
+    """
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < _LAYER_NORM_OPSET:
+        return
+    view = _Patterns(model, variables)
+    fusions, added, claimed = [], [], set()
+    for add in model.graph.node:
+        if add.op_type != "Add" or len(add.input) != 2:
+            continue
+        for scaled, shifted in (tuple(add.input), tuple(reversed(add.input))):
+            found = _layer_norm(view, add, scaled, shifted)
+            if found is not None:
+                break
+        if found is None or claimed & {id(node) for node in found.removed}:
+            continue
+        claimed |= {id(node) for node in found.removed}
+        base = add.name or add.output[0]
+        scale = found.gamma
+        if scale is None:
+            scale = f"{base}/scale"
+            added.append(numpy_helper.from_array(np.ones(found.dims, found.dtype), scale))
+        inputs = [found.x, scale, *([found.beta] if found.beta is not None else [])]
+        fusions.append((add, found.removed, [helper.make_node(
+            "LayerNormalization", inputs, [add.output[0]], name=base, axis=found.axis, epsilon=found.epsilon,
+        )]))
+    if fusions:
+        view.replace(fusions)
+        model.graph.initializer.extend(added)
+        log.debug("wrote %d Keras layer norm(s) as ONNX LayerNormalization", len(fusions))
+
+
+@dataclasses.dataclass(frozen=True)
+class _LayerNorm:
+    """A Keras layer norm found by :func:`_layer_norm`: what ``LayerNormalization`` reads, and the nodes it
+    replaces."""
+
+    x: str
+    gamma: str | None
+    beta: str | None
+    axis: int
+    epsilon: float
+    dims: list[int]
+    dtype: Any
+    removed: list
+
+
+def _layer_norm(view: _Patterns, add, scaled: str, shifted: str) -> _LayerNorm | None:
+    """The Keras layer norm whose output ``add`` writes as ``scaled + shifted`` (``x·inv`` and ``−mean·inv``,
+    plus ``beta`` when centered), or None."""
+    made, shapes = view.made, view.shapes
+    times_x = made(scaled, "Mul")
+    plus_beta = made(shifted, "Add")
+    beta = None
+    if plus_beta is not None:
+        found = view.split(plus_beta, lambda n: made(n, "Mul") is not None)
+        if found is None:
+            return None
+        times_mean, beta = made(found[0], "Mul"), found[1]
+    else:
+        times_mean = made(shifted, "Mul")
+    if times_x is None or times_mean is None or len(times_x.input) != 2 or len(times_mean.input) != 2:
+        return None
+    shared = [name for name in times_x.input if name in times_mean.input]
+    if len(shared) != 1 or times_x.input[0] == times_x.input[1] or times_mean.input[0] == times_mean.input[1]:
+        return None
+    inv = shared[0]
+    x = next(name for name in times_x.input if name != inv)
+    negated = next(name for name in times_mean.input if name != inv)
+
+    # −mean, and the mean of the tensor the moments are computed on; the per-row statistics may pass through
+    # Reshape nodes (moves between layouts) anywhere on their way
+    moves: list = []
+    neg = _through_reshapes(view, negated, "Neg", moves)
+    mean = _through_reshapes(view, neg.input[0], "ReduceMean", moves) if neg is not None else None
+    if mean is None:
+        return None
+    # inv: 1/sqrt(var + eps), times gamma when scaled
+    times_gamma, gamma = made(inv, "Mul"), None
+    rstd = inv
+    if times_gamma is not None:
+        found = view.split(times_gamma, lambda n: _through_reshapes(view, n, "Reciprocal", []) is not None)
+        if found is None:
+            return None
+        rstd, gamma = found
+    reciprocal = _through_reshapes(view, rstd, "Reciprocal", moves)
+    sqrt = _through_reshapes(view, reciprocal.input[0], "Sqrt", moves) if reciprocal is not None else None
+    plus_eps = _through_reshapes(view, sqrt.input[0], "Add", moves) if sqrt is not None else None
+    found = view.split(plus_eps, lambda n: n in view.constants)
+    if found is None:
+        return None
+    eps, variance = view.constant(found[0]), _through_reshapes(view, found[1], "ReduceMean", moves)
+    # var = mean((x − mean)²)
+    square = made(variance.input[0], "Mul") if variance is not None else None
+    if square is None or len(square.input) != 2 or square.input[0] != square.input[1]:
+        return None
+    diff = made(square.input[0], "Sub")
+    if diff is None or len(diff.input) != 2:
+        return None
+    centred = _through_reshapes(view, diff.input[1], "ReduceMean", moves)
+    if centred is not mean or variance is mean:
+        return None
+
+    # The layouts: x, and the tensor a Transpose turned into x (a convolution's NCHW output), on which tf2onnx may
+    # compute either moment. Both reduce x's trailing axes; the per-row statistics keep their order in both (the
+    # transpose keeps the order of the other axes), so Reshape nodes move them from one layout to the other.
+    x_shape = shapes.get(x)
+    if not x_shape or None in x_shape:
+        return None
+    rank = len(x_shape)
+    layouts = {x: list(range(rank))}
+    transpose = made(x, "Transpose")
+    if transpose is not None:
+        perm = next((list(a.ints) for a in transpose.attribute if a.name == "perm"), None)
+        if perm is not None and sorted(perm) == list(range(rank)):
+            layouts[transpose.input[0]] = perm
+    normalized, reduced = [], {}
+    for node, tensor in ((mean, mean.input[0]), (variance, diff.input[0])):
+        perm, axes, shape = layouts.get(tensor), _reduce_axes(view, node), shapes.get(tensor)
+        if perm is None or axes is None or shape is None or [shape[p] for p in perm] != x_shape:
+            return None
+        normalized.append(sorted(perm.index(a) for a in axes))  # as axes of x
+        reduced[tensor] = [1 if i in axes else d for i, d in enumerate(shape)]
+    axis = normalized[0][0]
+    if normalized[0] != normalized[1] or normalized[0] != list(range(axis, rank)):
+        return None
+    if any(perm[:axis] != sorted(perm[:axis]) for tensor, perm in layouts.items() if tensor in reduced):
+        return None
+    row = x_shape[:axis] + [1] * (rank - axis)
+    if (shapes.get(mean.output[0]) != reduced[mean.input[0]] or shapes.get(diff.input[1]) != reduced[diff.input[0]]
+            or shapes.get(negated) != row or shapes.get(rstd) != row):
+        return None
+
+    dims = x_shape[axis:]
+    parameters = []
+    for name in (gamma, beta):
+        parameter = _normalized_parameter(view, name, dims, rank) if name is not None else (None, [])
+        if parameter is None:
+            return None
+        parameters.append(parameter)
+    (gamma, gamma_moves), (beta, beta_moves) = parameters
+    if eps is None or eps.size != 1 or eps.dtype.kind != "f" or shapes.get(add.output[0]) != x_shape:
+        return None
+    removed = list({id(node): node for node in (
+        mean, diff, square, variance, plus_eps, sqrt, reciprocal, neg, times_x, times_mean, times_gamma, plus_beta,
+        *moves, *gamma_moves, *beta_moves, add) if node is not None}.values())
+    if not view.internal(removed, add):
+        return None
+    return _LayerNorm(x, gamma, beta, axis - rank, float(eps.reshape(())), dims, eps.dtype, removed)
+
+
+def _through_reshapes(view: _Patterns, name: str, op_type: str, moves: list):
+    """The node of type ``op_type`` that writes ``name``, directly or through ``Reshape`` nodes (appended to
+    ``moves``); None when another kind of node writes it."""
+    passed = []
+    node = view.producer.get(name)
+    while node is not None and node.op_type == "Reshape" and op_type != "Reshape":
+        passed.append(node)
+        node = view.producer.get(node.input[0])
+    if node is None or node.op_type != op_type:
+        return None
+    moves.extend(passed)
+    return node
+
+
+def _reduce_axes(view: _Patterns, node) -> list[int] | None:
+    """The sorted non-negative axes a ``ReduceMean`` that keeps its dims reduces (attribute before opset 18, a
+    constant input from 18), or None (another kind of reduction, or axes that are not constants)."""
+    attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    rank = len(view.shapes.get(node.input[0]) or ())
+    if attributes.get("keepdims", 1) != 1 or not rank:
+        return None
+    axes = attributes.get("axes")
+    if axes is None and len(node.input) > 1:
+        constant = view.constant(node.input[1])
+        axes = None if constant is None else [int(a) for a in constant.reshape(-1)]
+    if not axes:
+        return None
+    axes = sorted({a % rank for a in axes if -rank <= a < rank})
+    return axes if len(axes) == len(set(axes)) and axes else None
+
+
+def _normalized_parameter(view: _Patterns, name: str, dims: list[int], rank: int) -> tuple[str, list] | None:
+    """``(variable, reshape nodes)`` for a variable of shape ``dims`` (the normalized dims) read as it is or
+    through a ``Reshape`` that puts leading 1s before it, to broadcast along the trailing axes of a rank-``rank``
+    tensor; None otherwise."""
+    reshape = view.made(name, "Reshape")
+    source = reshape.input[0] if reshape is not None else name
+    read = view.shapes.get(name)
+    if source not in view.variables or view.shapes.get(source) != dims or read is None or len(read) > rank:
+        return None
+    if read != [1] * (len(read) - len(dims)) + dims:
+        return None
+    return source, [reshape] if reshape is not None else []
 
 
 def _fold_negations(model: onnx.ModelProto, variables: set[str]) -> None:
