@@ -33,16 +33,19 @@ ones are not even copied by the conversion. Facts about TensorFlow 2.21 / Keras 
   operations recomputed at every call, where the ONNX ``BatchNormalization`` operator, which the PyTorch
   exporters write for the same layer, counts 1 per element. The frontend recognises that pattern on the four
   variables and writes it as ``BatchNormalization`` (:func:`_fuse_batch_norms`), so a Keras model and its PyTorch
-  twin count the same. Element-wise arithmetic by a constant identity element that Keras traces (swish's
+  twin count the same. Keras computes ``LayerNormalization`` from the moments with the same arithmetic (9 FLOPs
+  per element and 4 per row, where ONNX ``LayerNormalization`` counts 1 per element); the frontend writes it as
+  ``LayerNormalization`` too, in inference and training graphs alike (a layer norm has no batch statistics), also
+  after a convolution, whose NCHW layout tf2onnx computes the moments in (:func:`_fuse_layer_norms`).
+  Element-wise arithmetic by a constant identity element that Keras traces (swish's
   ``1.0·x``, a ``Rescaling`` offset of 0) computes nothing and is removed (:func:`_drop_identity_arithmetic`;
   tf2onnx folds it away itself in some graphs and not in others), and a negation multiplied by a constant is
   folded into it (:func:`_fold_negations`: exact gelu's ``−x·(1/√2)``), so that exact gelu counts 5 FLOPs per
   element, as the PyTorch exporter's opset-18 decomposition (``x/√2``, ``Erf``, ``+ 1``, two products). What
-  still differs from a PyTorch export is what Keras computes another way: ``LayerNormalization`` (moments, then
-  the same arithmetic as above: 9 FLOPs per element and 4 per row, where ONNX ``LayerNormalization`` counts 1
-  per element; after a convolution tf2onnx moves the moments into the convolution's NCHW layout, which a
-  pattern on the Keras computation would have to follow), and BatchNormalization in training graphs (batch
-  moments computed in the graph).
+  still differs from a PyTorch export is what Keras computes another way: BatchNormalization in training graphs
+  (batch moments computed in the graph), and the layer norms the rewrite leaves as converted (below opset 17;
+  ``scale=False`` after a convolution, whose products tf2onnx computes in the convolution's layout; several layer
+  norms of one tensor, whose moments tf2onnx computes once; ``rms_scaling``; half-precision inputs).
 * ``training=True`` traces ``model.stateless_call(..., training=True)``: BatchNormalization on batch moments
   (``ReduceMean``, ``Sub``, ``Mul``, ``ReduceMean``; the moving-average update is not part of the output and is
   pruned) and Dropout active. Keras 3 draws Dropout's mask with ``StatelessRandomUniformV2`` (seeded through
@@ -108,7 +111,7 @@ FRONTEND = "keras"
 INSTALL_HINT = 'pip install "flopcount[tf]"'
 #: Batch size given to a ``None`` batch dim when neither ``input_shapes`` nor ``batch`` sets it.
 DEFAULT_BATCH = 1
-_CACHE_FORMAT = 2  # bump when the conversion pipeline changes what it writes
+_CACHE_FORMAT = 3  # bump when the conversion pipeline changes what it writes
 #: Seconds a conversion runs before the progress indicator appears.
 _PROGRESS_DELAY_S = 1.0
 #: Python loggers of TensorFlow, quieted while it imports and converts unless flopcount's logging is at DEBUG.
@@ -874,21 +877,23 @@ def _fuse_layer_norms(model: onnx.ModelProto, variables: set[str]) -> None:
     or reshaped to broadcast) and a constant epsilon, and its intermediate tensors feed nothing else, it is
     replaced by ``LayerNormalization(x, gamma, beta, axis, epsilon)``, which computes the same; the variables keep
     their names. Without ``beta`` (``center=False``) the operator's optional B is left out; without ``gamma``
-    (``scale=False``) its Scale, which it requires, is a constant of ones, as the PyTorch exporter writes it for
-    ``LayerNorm(elementwise_affine=False)``.
+    (``scale=False``) its Scale, which it requires, is ones, as the PyTorch exporter writes it for
+    ``LayerNorm(elementwise_affine=False)``, made by a ``ConstantOfShape`` (free), so that they are no initializer,
+    which the report would count as a buffer of the model.
 
-    After a convolution tf2onnx computes the moments in the convolution's NCHW layout, on the tensor that a
-    ``Transpose`` turns into ``x``, and moves the per-row statistics to ``x``'s layout with ``Reshape`` nodes;
-    where the statistics keep their order (the axis moved is the normalized one, of size 1 in them) that is the
-    same computation, and it is fused too. Anything else (``rms_scaling``, the casts around a half-precision
-    input, a model below opset 17, which has no ``LayerNormalization``: raising its opset could change what
-    other operators mean) stays as converted.
+    After a convolution tf2onnx computes the moments, one or both, in the convolution's NCHW layout, on the tensor
+    that a ``Transpose`` turns into ``x``, and moves the per-row statistics between the layouts with ``Reshape``
+    nodes; where the transpose keeps the order of the other axes, the statistics keep theirs, so that is the same
+    computation, and it is fused too. Anything else stays as converted: ``rms_scaling``; the casts around a
+    half-precision input; ``scale=False`` after a convolution (tf2onnx then computes the products in NCHW and
+    transposes them); moments shared by several layer norms of one tensor (tf2onnx computes them once); a model
+    below opset 17, which has no ``LayerNormalization`` (raising its opset could change what other operators mean).
     """
     import numpy as np
     from onnx import helper, numpy_helper
 
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    if opset < _LAYER_NORM_OPSET:
+    if opset < _LAYER_NORM_OPSET or not any(node.op_type == "ReduceMean" for node in model.graph.node):
         return
     view = _Patterns(model, variables)
     fusions, added, claimed = [], [], set()
@@ -903,12 +908,14 @@ def _fuse_layer_norms(model: onnx.ModelProto, variables: set[str]) -> None:
             continue
         claimed |= {id(node) for node in found.removed}
         base = add.name or add.output[0]
-        scale = found.gamma
-        if scale is None:
+        written, scale = [], found.gamma
+        if scale is None:  # ones made by ConstantOfShape: no initializer, so no parameter or buffer
             scale = f"{base}/scale"
-            added.append(numpy_helper.from_array(np.ones(found.dims, found.dtype), scale))
+            added.append(numpy_helper.from_array(np.array(found.dims, np.int64), f"{scale}/shape"))
+            written.append(helper.make_node("ConstantOfShape", [f"{scale}/shape"], [scale], name=scale,
+                                            value=numpy_helper.from_array(np.ones(1, found.dtype))))
         inputs = [found.x, scale, *([found.beta] if found.beta is not None else [])]
-        fusions.append((add, found.removed, [helper.make_node(
+        fusions.append((add, found.removed, [*written, helper.make_node(
             "LayerNormalization", inputs, [add.output[0]], name=base, axis=found.axis, epsilon=found.epsilon,
         )]))
     if fusions:

@@ -1,7 +1,7 @@
 """Keras layers that the TensorFlow backend runs in ways tf2onnx does not convert as they are (grouped and
 depth-wise convolutions inside an XLA-compiled function, exact gelu through ``Erfc``), one count for one
-architecture whichever exporter wrote it (BatchNormalization, identity arithmetic), factories with arguments and
-the input shapes suggested in errors.
+architecture whichever exporter wrote it (BatchNormalization, LayerNormalization, identity arithmetic), factories
+with arguments and the input shapes suggested in errors.
 
 Expected counts are closed forms written from the layer sizes (distinct odd sizes). Keras image models are
 channels-last: inputs are ``(N, H, W, C)``.
@@ -224,8 +224,9 @@ def test_layer_norm_counts_as_in_pytorch_in_inference_and_training(cache):
 @pytest.mark.slow
 def test_layer_norm_without_center_or_scale_computes_keras_values(cache):
     """``center=False`` leaves out B; ``scale=False`` gets a Scale of ones (as the PyTorch exporter writes
-    ``LayerNorm(elementwise_affine=False)``); onnxruntime on the converted graph (whose small weights keep their
-    values) gives Keras's output. Below opset 17, which has no LayerNormalization, Keras's arithmetic stays."""
+    ``LayerNorm(elementwise_affine=False)``) made by ConstantOfShape; onnxruntime on the converted graph (whose
+    small weights keep their values) gives Keras's output. Below opset 17, which has no LayerNormalization,
+    Keras's arithmetic stays."""
     ort = pytest.importorskip("onnxruntime")
     np = pytest.importorskip("numpy")
     variants = {"both": {}, "gamma_only": {"center": False}, "beta_only": {"scale": False},
@@ -245,8 +246,8 @@ def test_layer_norm_without_center_or_scale_computes_keras_values(cache):
     assert list(fused["both"].input[1:]) == ["both_norm/gamma", "both_norm/beta"]
     assert list(fused["gamma_only"].input[1:]) == ["gamma_only_norm/gamma"]
     assert fused["beta_only"].input[2] == "beta_only_norm/beta" and len(fused["neither"].input) == 2
-    constants = {node.output[0] for node in graph.graph.node if node.op_type == "Constant"}
-    assert {fused["beta_only"].input[1], fused["neither"].input[1]} <= constants  # the Scale of ones
+    ones = {node.output[0] for node in graph.graph.node if node.op_type == "ConstantOfShape"}
+    assert {fused["beta_only"].input[1], fused["neither"].input[1]} == ones  # the Scale of ones
     data = {name: rng.normal(size=(n, S, D)).astype("float32") * 3 + 1 for name in variants}
     (got,) = ort.InferenceSession(graph.SerializeToString()).run(None, data)
     np.testing.assert_allclose(got, np.asarray(model([data[name] for name in variants])), rtol=1e-4, atol=1e-4)
@@ -256,7 +257,8 @@ def test_layer_norm_without_center_or_scale_computes_keras_values(cache):
     # four LayerNormalizations, 1 per element each, and the three additions of the sum
     assert report.total.flops == 4 * elements + 3 * elements
     assert report.total.transcendentals == 4 * rows
-    assert report.params == 4 * D == model.count_params()  # gamma of two, beta of two; the ones are no weight
+    # gamma of two, beta of two; the ones are no weight
+    assert report.params == 4 * D == model.count_params() and report.buffers == 0
     # opset 16, per layer norm of n elements in r rows: the mean (n), x − mean and its square (2n), the variance
     # (n); var + eps, sqrt, 1/sqrt and −mean (4r); x·inv and the final sum (2n); with gamma, inv·gamma (n) and
     # −mean·inv (n); without, −mean·inv per row (r); with beta, + beta (n). Both 9n + 4r, gamma only 8n + 4r,
@@ -304,6 +306,43 @@ def test_layer_norm_after_convolutions_computes_keras_values(cache):
     assert report.total.flops == convs + pixels * CB + pixels * 3 + steps * CB
     assert report.total.transcendentals == pixels + n + steps
     assert report.params == model.count_params()
+
+
+HEADS, KEY, FF = 2, 3, 11  # attention heads, key size per head, feed-forward width
+
+
+def transformer_block() -> keras.Model:
+    """A post-norm encoder block on S tokens of D features: self-attention (HEADS heads of KEY) and the residual,
+    LayerNormalization, Dense D→FF relu → Dense FF→D and the residual, LayerNormalization."""
+    x = keras.Input((S, D), name="tokens")
+    attention = keras.layers.MultiHeadAttention(HEADS, KEY, name="attention")(x, x)
+    y = keras.layers.LayerNormalization(epsilon=1e-6, name="norm1")(keras.layers.Add()([x, attention]))
+    z = keras.layers.Dense(D, name="ff2")(keras.layers.Dense(FF, activation="relu", name="ff1")(y))
+    return keras.Model(x, keras.layers.LayerNormalization(epsilon=1e-6, name="norm2")(keras.layers.Add()([y, z])),
+                       name="encoder_block")
+
+
+@pytest.mark.slow
+def test_transformer_block_layer_norms(cache):
+    n = 3
+    report = from_keras(transformer_block(), batch=n)
+    assert not report.unsupported
+    norms = [node for node in report.nodes if node.op_type == "LayerNormalization"]
+    assert len(norms) == 2 and not {"ReduceMean", "Sqrt", "Reciprocal"} & set(report.by_op_type)
+    tokens, hk = n * S, HEADS * KEY
+    elements = tokens * D
+    assert [node.cost.flops for node in norms] == [elements, elements]
+    # attention: the Q, K, V projections with bias 3·(2·tokens·D·hk + tokens·hk), the scores 2·n·HEADS·S·S·KEY
+    # scaled by 1/√KEY (n·HEADS·S·S), the softmax of n·HEADS·S rows of S (5S − 2 each), the weighted sum
+    # 2·n·HEADS·S·S·KEY, the output projection with bias 2·tokens·hk·D + tokens·D
+    attention = (3 * (2 * tokens * D * hk + tokens * hk) + 2 * n * HEADS * S * S * KEY + n * HEADS * S * S
+                 + n * HEADS * S * (5 * S - 2) + 2 * n * HEADS * S * S * KEY + 2 * tokens * hk * D + elements)
+    # the feed-forward layers with bias and relu, the two residual additions, the two layer norms (1 per element)
+    feed_forward = 2 * tokens * D * FF + tokens * FF + tokens * FF + 2 * tokens * FF * D + elements
+    assert report.total.flops == attention + feed_forward + 2 * elements + 2 * elements
+    # an exp per softmax element, a 1/sqrt per token in each layer norm
+    assert report.total.transcendentals == n * HEADS * S * S + 2 * tokens
+    assert report.params == transformer_block().count_params()
 
 
 # ---------------------------------------------------------------------------------------------------------------
