@@ -44,8 +44,8 @@ ones are not even copied by the conversion. Facts about TensorFlow 2.21 / Keras 
   element, as the PyTorch exporter's opset-18 decomposition (``x/√2``, ``Erf``, ``+ 1``, two products). What
   still differs from a PyTorch export is what Keras computes another way: BatchNormalization in training graphs
   (batch moments computed in the graph), and the layer norms the rewrite leaves as converted (below opset 17;
-  ``scale=False`` after a convolution, whose products tf2onnx computes in the convolution's layout; several layer
-  norms of one tensor, whose moments tf2onnx computes once; ``rms_scaling``; half-precision inputs).
+  axes other than the last ones; several layer norms of one tensor, whose moments tf2onnx computes once;
+  ``rms_scaling``; half-precision inputs).
 * ``training=True`` traces ``model.stateless_call(..., training=True)``: BatchNormalization on batch moments
   (``ReduceMean``, ``Sub``, ``Mul``, ``ReduceMean``; the moving-average update is not part of the output and is
   pruned) and Dropout active. Keras 3 draws Dropout's mask with ``StatelessRandomUniformV2`` (seeded through
@@ -884,10 +884,14 @@ def _fuse_layer_norms(model: onnx.ModelProto, variables: set[str]) -> None:
     After a convolution tf2onnx computes the moments, one or both, in the convolution's NCHW layout, on the tensor
     that a ``Transpose`` turns into ``x``, and moves the per-row statistics between the layouts with ``Reshape``
     nodes; where the transpose keeps the order of the other axes, the statistics keep theirs, so that is the same
-    computation, and it is fused too. Anything else stays as converted: ``rms_scaling``; the casts around a
-    half-precision input; ``scale=False`` after a convolution (tf2onnx then computes the products in NCHW and
-    transposes them); moments shared by several layer norms of one tensor (tf2onnx computes them once); a model
-    below opset 17, which has no ``LayerNormalization`` (raising its opset could change what other operators mean).
+    computation, and it is fused too. Without gamma it computes the products in NCHW too, and moves them to the
+    result's layout with a ``Transpose`` each (or, without beta either, the per-row ``−mean·inv`` with a
+    ``Reshape``); ``LayerNormalization`` then reads ``x`` transposed to the result's layout (a ``Transpose``, free).
+    Anything else stays as converted: axes other than the last ones (``axis=1`` of a sequence); ``rms_scaling``;
+    the casts around a half-precision input; several axes without gamma after a convolution (their order differs
+    between the layouts); moments shared by several layer norms of one tensor (tf2onnx computes them once); a
+    model below opset 17, which has no ``LayerNormalization`` (raising its opset could change what other operators
+    mean).
     """
     import numpy as np
     from onnx import helper, numpy_helper
@@ -914,7 +918,11 @@ def _fuse_layer_norms(model: onnx.ModelProto, variables: set[str]) -> None:
             added.append(numpy_helper.from_array(np.array(found.dims, np.int64), f"{scale}/shape"))
             written.append(helper.make_node("ConstantOfShape", [f"{scale}/shape"], [scale], name=scale,
                                             value=numpy_helper.from_array(np.ones(1, found.dtype))))
-        inputs = [found.x, scale, *([found.beta] if found.beta is not None else [])]
+        x = found.x
+        if found.perm is not None:  # x in the result's layout (free)
+            x = f"{base}/x"
+            written.append(helper.make_node("Transpose", [found.x], [x], name=x, perm=found.perm))
+        inputs = [x, scale, *([found.beta] if found.beta is not None else [])]
         fusions.append((add, found.removed, [*written, helper.make_node(
             "LayerNormalization", inputs, [add.output[0]], name=base, axis=found.axis, epsilon=found.epsilon,
         )]))
@@ -930,6 +938,7 @@ class _LayerNorm:
     replaces."""
 
     x: str
+    perm: list[int] | None  # of the Transpose to the result's layout, where the products are computed in another
     gamma: str | None
     beta: str | None
     axis: int
@@ -943,6 +952,23 @@ def _layer_norm(view: _Patterns, add, scaled: str, shifted: str) -> _LayerNorm |
     """The Keras layer norm whose output ``add`` writes as ``scaled + shifted`` (``x·inv`` and ``−mean·inv``,
     plus ``beta`` when centered), or None."""
     made, shapes = view.made, view.shapes
+    # The products may be computed in the layout of a convolution's output and moved to the result's layout: each
+    # by a Transpose, or the per-row −mean·inv (without gamma and beta) by Reshape nodes.
+    out_perm, out_moves = None, []
+    transpose = made(scaled, "Transpose")
+    if transpose is not None:
+        out_perm = _perm(transpose)
+        if out_perm is None:
+            return None
+        scaled = transpose.input[0]
+        out_moves.append(transpose)
+        moved = made(shifted, "Transpose")
+        if moved is not None:
+            if _perm(moved) != out_perm:
+                return None
+            shifted = moved.input[0]
+            out_moves.append(moved)
+    shifted_read, shifted_moves = shifted, []
     times_x = made(scaled, "Mul")
     plus_beta = made(shifted, "Add")
     beta = None
@@ -952,9 +978,11 @@ def _layer_norm(view: _Patterns, add, scaled: str, shifted: str) -> _LayerNorm |
             return None
         times_mean, beta = made(found[0], "Mul"), found[1]
     else:
-        times_mean = made(shifted, "Mul")
+        times_mean = _through_reshapes(view, shifted, "Mul", shifted_moves)
     if times_x is None or times_mean is None or len(times_x.input) != 2 or len(times_mean.input) != 2:
         return None
+    if out_perm is not None and len(out_moves) == 1 and not shifted_moves:
+        return None  # the product moved to the result's layout, the shift not
     shared = [name for name in times_x.input if name in times_mean.input]
     if len(shared) != 1 or times_x.input[0] == times_x.input[1] or times_mean.input[0] == times_mean.input[1]:
         return None
@@ -995,19 +1023,17 @@ def _layer_norm(view: _Patterns, add, scaled: str, shifted: str) -> _LayerNorm |
     if centred is not mean or variance is mean:
         return None
 
-    # The layouts: x, and the tensor a Transpose turned into x (a convolution's NCHW output), on which tf2onnx may
-    # compute either moment. Both reduce x's trailing axes; the per-row statistics keep their order in both (the
-    # transpose keeps the order of the other axes), so Reshape nodes move them from one layout to the other.
+    # The layouts of the moments: x, and the tensor a Transpose turned into x (a convolution's NCHW output), on
+    # which tf2onnx may compute either moment. Both reduce the same axes of x; where the transpose keeps the order
+    # of the other axes, the per-row statistics keep theirs, so Reshape nodes move them from one layout to another.
     x_shape = shapes.get(x)
     if not x_shape or None in x_shape:
         return None
     rank = len(x_shape)
     layouts = {x: list(range(rank))}
     transpose = made(x, "Transpose")
-    if transpose is not None:
-        perm = next((list(a.ints) for a in transpose.attribute if a.name == "perm"), None)
-        if perm is not None and sorted(perm) == list(range(rank)):
-            layouts[transpose.input[0]] = perm
+    if transpose is not None and _perm(transpose) is not None and len(_perm(transpose)) == rank:
+        layouts[transpose.input[0]] = _perm(transpose)
     normalized, reduced = [], {}
     for node, tensor in ((mean, mean.input[0]), (variance, diff.input[0])):
         perm, axes, shape = layouts.get(tensor), _reduce_axes(view, node), shapes.get(tensor)
@@ -1015,32 +1041,55 @@ def _layer_norm(view: _Patterns, add, scaled: str, shifted: str) -> _LayerNorm |
             return None
         normalized.append(sorted(perm.index(a) for a in axes))  # as axes of x
         reduced[tensor] = [1 if i in axes else d for i, d in enumerate(shape)]
-    axis = normalized[0][0]
-    if normalized[0] != normalized[1] or normalized[0] != list(range(axis, rank)):
+    axes = normalized[0]
+    rows = [i for i in range(rank) if i not in axes]
+    if normalized[1] != axes or any(_reorders([perm[i] for i in rows]) for tensor, perm in layouts.items()
+                                    if tensor in reduced):
         return None
-    if any(perm[:axis] != sorted(perm[:axis]) for tensor, perm in layouts.items() if tensor in reduced):
+    # the result's layout: the normalized axes last, in the order they have in x
+    out_perm = out_perm or list(range(rank))
+    axis = rank - len(axes)
+    out_axes = [i for i in range(rank) if out_perm[i] in axes]
+    if len(out_perm) != rank or out_axes != list(range(axis, rank)) or _reorders([out_perm[i] for i in out_axes]):
         return None
-    row = x_shape[:axis] + [1] * (rank - axis)
+    out_shape = [x_shape[p] for p in out_perm]
+    row = [1 if i in axes else d for i, d in enumerate(x_shape)]
     if (shapes.get(mean.output[0]) != reduced[mean.input[0]] or shapes.get(diff.input[1]) != reduced[diff.input[0]]
-            or shapes.get(negated) != row or shapes.get(rstd) != row):
+            or shapes.get(negated) != row or shapes.get(rstd) != row or shapes.get(times_x.output[0]) != x_shape
+            or shapes.get(add.output[0]) != out_shape):
+        return None
+    if shifted_moves and (shapes.get(times_mean.output[0]) != row or _reorders(out_perm[:axis])
+                          or shapes.get(shifted_read) != out_shape[:axis] + [1] * (rank - axis)):
         return None
 
-    dims = x_shape[axis:]
+    dims = [x_shape[i] for i in axes]
+    broadcast = [d if i in axes else 1 for i, d in enumerate(x_shape)]
     parameters = []
     for name in (gamma, beta):
-        parameter = _normalized_parameter(view, name, dims, rank) if name is not None else (None, [])
+        parameter = _normalized_parameter(view, name, dims, broadcast) if name is not None else (None, [])
         if parameter is None:
             return None
         parameters.append(parameter)
     (gamma, gamma_moves), (beta, beta_moves) = parameters
-    if eps is None or eps.size != 1 or eps.dtype.kind != "f" or shapes.get(add.output[0]) != x_shape:
+    if eps is None or eps.size != 1 or eps.dtype.kind != "f":
         return None
     removed = list({id(node): node for node in (
         mean, diff, square, variance, plus_eps, sqrt, reciprocal, neg, times_x, times_mean, times_gamma, plus_beta,
-        *moves, *gamma_moves, *beta_moves, add) if node is not None}.values())
+        *moves, *gamma_moves, *beta_moves, *out_moves, *shifted_moves, add) if node is not None}.values())
     if not view.internal(removed, add):
         return None
-    return _LayerNorm(x, gamma, beta, axis - rank, float(eps.reshape(())), dims, eps.dtype, removed)
+    perm = None if out_perm == list(range(rank)) else out_perm
+    return _LayerNorm(x, perm, gamma, beta, axis - rank, float(eps.reshape(())), dims, eps.dtype, removed)
+
+
+def _perm(transpose) -> list[int] | None:
+    """The ``perm`` of a ``Transpose`` node, or None where it has none (reversing the dims)."""
+    return next((list(a.ints) for a in transpose.attribute if a.name == "perm"), None)
+
+
+def _reorders(axes: Sequence[int]) -> bool:
+    """Whether ``axes`` are out of increasing order."""
+    return list(axes) != sorted(axes)
 
 
 def _through_reshapes(view: _Patterns, name: str, op_type: str, moves: list):
@@ -1074,16 +1123,18 @@ def _reduce_axes(view: _Patterns, node) -> list[int] | None:
     return axes if len(axes) == len(set(axes)) and axes else None
 
 
-def _normalized_parameter(view: _Patterns, name: str, dims: list[int], rank: int) -> tuple[str, list] | None:
-    """``(variable, reshape nodes)`` for a variable of shape ``dims`` (the normalized dims) read as it is or
-    through a ``Reshape`` that puts leading 1s before it, to broadcast along the trailing axes of a rank-``rank``
-    tensor; None otherwise."""
+def _normalized_parameter(view: _Patterns, name: str, dims: list[int],
+                          broadcast: list[int]) -> tuple[str, list] | None:
+    """``(variable, reshape nodes)`` for a variable of shape ``dims`` (the normalized dims) read as it is or through
+    a ``Reshape``, with the shape ``broadcast`` (the normalized dims in place, 1 elsewhere) or its trailing dims
+    after leading 1s; None otherwise."""
     reshape = view.made(name, "Reshape")
     source = reshape.input[0] if reshape is not None else name
     read = view.shapes.get(name)
-    if source not in view.variables or view.shapes.get(source) != dims or read is None or len(read) > rank:
+    if source not in view.variables or view.shapes.get(source) != dims or read is None:
         return None
-    if read != [1] * (len(read) - len(dims)) + dims:
+    leading = len(broadcast) - len(read)
+    if leading < 0 or read != broadcast[leading:] or any(d != 1 for d in broadcast[:leading]):
         return None
     return source, [reshape] if reshape is not None else []
 

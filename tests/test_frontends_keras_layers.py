@@ -271,9 +271,9 @@ def test_layer_norm_without_center_or_scale_computes_keras_values(cache):
 @pytest.mark.slow
 def test_layer_norm_after_convolutions_computes_keras_values(cache):
     """After a convolution tf2onnx computes the moments (one of them, or both) in the convolution's channels-first
-    layout and moves the per-row statistics back with Reshape nodes; the layer norm is still written as one
-    LayerNormalization of the channels-last tensor, over the channels or over all of (H, W, C), and onnxruntime
-    on the converted graph gives Keras's output."""
+    layout and moves the per-row statistics back with Reshape nodes (and without gamma the products too, with
+    Transpose nodes); the layer norm is still written as one LayerNormalization of the channels-last tensor, over
+    the channels or over all of (H, W, C), and onnxruntime on the converted graph gives Keras's output."""
     ort = pytest.importorskip("onnxruntime")
     np = pytest.importorskip("numpy")
     image, sequence = keras.Input((HB, WB, CB_IN), name="image"), keras.Input((11, CB_IN), name="sequence")
@@ -283,6 +283,9 @@ def test_layer_norm_after_convolutions_computes_keras_values(cache):
         keras.layers.LayerNormalization(axis=[1, 2, 3], name="whole")(  # gamma HB·WB·3 under 1 KiB: with values
             keras.layers.Conv2D(3, 3, padding="same", name="conv_b")(image)),
         keras.layers.LayerNormalization(name="steps")(keras.layers.Conv1D(CB, 3, name="conv1d")(sequence)),
+        # without gamma tf2onnx computes the products in NCHW too, and transposes them
+        keras.layers.LayerNormalization(scale=False, name="shift")(
+            keras.layers.Conv2D(CB, 3, padding="same", name="conv_c")(image)),
     ]
     model = keras.Model([image, sequence], outputs, name="conv_norms")
     rng = np.random.default_rng(3)
@@ -291,7 +294,8 @@ def test_layer_norm_after_convolutions_computes_keras_values(cache):
     n = 2
     graph = frontend.to_onnx(model, batch=n)
     norms = [node for node in graph.graph.node if node.op_type == "LayerNormalization"]
-    assert sorted(node.input[1] for node in norms) == ["channels/gamma", "steps/gamma", "whole/gamma"]
+    assert sorted(node.input[-1] for node in norms) == ["channels/beta", "shift/beta", "steps/beta", "whole/beta"]
+    assert not {"ReduceMean", "Sqrt", "Reciprocal"} & {node.op_type for node in graph.graph.node}
     data = {"image": rng.normal(size=(n, HB, WB, CB_IN)).astype("float32"),
             "sequence": rng.normal(size=(n, 11, CB_IN)).astype("float32")}
     got = ort.InferenceSession(graph.SerializeToString()).run(None, data)
@@ -300,11 +304,11 @@ def test_layer_norm_after_convolutions_computes_keras_values(cache):
 
     report = from_keras(model, batch=n)
     pixels, steps = n * HB * WB, n * 9  # Conv1D of kernel 3 without padding: 11 − 2 steps
-    convs = ((2 * pixels * CB * 3 * 3 * CB_IN + pixels * CB) + (2 * pixels * 3 * 3 * 3 * CB_IN + pixels * 3)
+    convs = (2 * (2 * pixels * CB * 3 * 3 * CB_IN + pixels * CB) + (2 * pixels * 3 * 3 * 3 * CB_IN + pixels * 3)
              + (2 * steps * CB * 3 * CB_IN + steps * CB))
-    # three LayerNormalizations, 1 per element; a 1/sqrt per pixel, per image and per step
-    assert report.total.flops == convs + pixels * CB + pixels * 3 + steps * CB
-    assert report.total.transcendentals == pixels + n + steps
+    # four LayerNormalizations, 1 per element; a 1/sqrt per pixel (twice), per image and per step
+    assert report.total.flops == convs + 2 * pixels * CB + pixels * 3 + steps * CB
+    assert report.total.transcendentals == 2 * pixels + n + steps
     assert report.params == model.count_params()
 
 
