@@ -33,16 +33,19 @@ ones are not even copied by the conversion. Facts about TensorFlow 2.21 / Keras 
   operations recomputed at every call, where the ONNX ``BatchNormalization`` operator, which the PyTorch
   exporters write for the same layer, counts 1 per element. The frontend recognises that pattern on the four
   variables and writes it as ``BatchNormalization`` (:func:`_fuse_batch_norms`), so a Keras model and its PyTorch
-  twin count the same. Element-wise arithmetic by a constant identity element that Keras traces (swish's
+  twin count the same. Keras computes ``LayerNormalization`` from the moments with the same arithmetic (9 FLOPs
+  per element and 4 per row, where ONNX ``LayerNormalization`` counts 1 per element); the frontend writes it as
+  ``LayerNormalization`` too, in inference and training graphs alike (a layer norm has no batch statistics), also
+  after a convolution, whose NCHW layout tf2onnx computes the moments in (:func:`_fuse_layer_norms`).
+  Element-wise arithmetic by a constant identity element that Keras traces (swish's
   ``1.0·x``, a ``Rescaling`` offset of 0) computes nothing and is removed (:func:`_drop_identity_arithmetic`;
   tf2onnx folds it away itself in some graphs and not in others), and a negation multiplied by a constant is
   folded into it (:func:`_fold_negations`: exact gelu's ``−x·(1/√2)``), so that exact gelu counts 5 FLOPs per
   element, as the PyTorch exporter's opset-18 decomposition (``x/√2``, ``Erf``, ``+ 1``, two products). What
-  still differs from a PyTorch export is what Keras computes another way: ``LayerNormalization`` (moments, then
-  the same arithmetic as above: 9 FLOPs per element and 4 per row, where ONNX ``LayerNormalization`` counts 1
-  per element; after a convolution tf2onnx moves the moments into the convolution's NCHW layout, which a
-  pattern on the Keras computation would have to follow), and BatchNormalization in training graphs (batch
-  moments computed in the graph).
+  still differs from a PyTorch export is what Keras computes another way: BatchNormalization in training graphs
+  (batch moments computed in the graph), and the layer norms the rewrite leaves as converted (below opset 17;
+  axes other than the last ones; several layer norms of one tensor, whose moments tf2onnx computes once;
+  ``rms_scaling``; half-precision inputs).
 * ``training=True`` traces ``model.stateless_call(..., training=True)``: BatchNormalization on batch moments
   (``ReduceMean``, ``Sub``, ``Mul``, ``ReduceMean``; the moving-average update is not part of the output and is
   pruned) and Dropout active. Keras 3 draws Dropout's mask with ``StatelessRandomUniformV2`` (seeded through
@@ -108,7 +111,7 @@ FRONTEND = "keras"
 INSTALL_HINT = 'pip install "flopcount[tf]"'
 #: Batch size given to a ``None`` batch dim when neither ``input_shapes`` nor ``batch`` sets it.
 DEFAULT_BATCH = 1
-_CACHE_FORMAT = 2  # bump when the conversion pipeline changes what it writes
+_CACHE_FORMAT = 3  # bump when the conversion pipeline changes what it writes
 #: Seconds a conversion runs before the progress indicator appears.
 _PROGRESS_DELAY_S = 1.0
 #: Python loggers of TensorFlow, quieted while it imports and converts unless flopcount's logging is at DEBUG.
@@ -546,6 +549,7 @@ def _convert(model, inputs: Sequence[_Input], training: bool, opset: int) -> onn
     _rename(converted, names)
     converted.graph.name = model.name
     _fuse_batch_norms(converted, set(weight_names))
+    _fuse_layer_norms(converted, set(weight_names))
     _fold_negations(converted, set(weight_names))
     _drop_identity_arithmetic(converted, set(weight_names))
     _drop_unread_constants(converted, set(weight_names))
@@ -855,6 +859,284 @@ def _fuse_batch_norms(model: onnx.ModelProto, variables: set[str]) -> None:
     if fusions:
         view.replace(fusions)
         log.debug("wrote %d Keras batch norm(s) as ONNX BatchNormalization", len(fusions))
+
+
+#: The first opset of the default domain that has the ``LayerNormalization`` operator.
+_LAYER_NORM_OPSET = 17
+
+
+def _fuse_layer_norms(model: onnx.ModelProto, variables: set[str]) -> None:
+    """Write, in place, each Keras LayerNormalization as the ONNX ``LayerNormalization`` operator.
+
+    Keras 3 computes a layer norm (``ops.layer_normalization``) from the moments of ``x`` over the normalized
+    axes: ``inv = gamma · 1/sqrt(mean((x − mean)²) + eps)``, ``y = x·inv + (−mean·inv + beta)``. tf2onnx writes
+    that as two ``ReduceMean``, a ``Sub`` and a ``Mul`` for the moments, ``Add``, ``Sqrt`` and ``Reciprocal`` per
+    row, a ``Neg`` and three ``Mul`` and two ``Add`` (9 FLOPs per element and 4 per row, where ONNX's
+    ``LayerNormalization``, which the PyTorch exporters write for the same layer, counts 1 per element). Where
+    exactly that pattern normalizes the trailing axes of ``x`` with variables of the normalized shape (as they are,
+    or reshaped to broadcast) and a constant epsilon, and its intermediate tensors feed nothing else, it is
+    replaced by ``LayerNormalization(x, gamma, beta, axis, epsilon)``, which computes the same; the variables keep
+    their names. Without ``beta`` (``center=False``) the operator's optional B is left out; without ``gamma``
+    (``scale=False``) its Scale, which it requires, is ones, as the PyTorch exporter writes it for
+    ``LayerNorm(elementwise_affine=False)``, made by a ``ConstantOfShape`` (free), so that they are no initializer,
+    which the report would count as a buffer of the model.
+
+    After a convolution tf2onnx computes the moments, one or both, in the convolution's NCHW layout, on the tensor
+    that a ``Transpose`` turns into ``x``, and moves the per-row statistics between the layouts with ``Reshape``
+    nodes; where the transpose keeps the order of the other axes, the statistics keep theirs, so that is the same
+    computation, and it is fused too. Without gamma it computes the products in NCHW too, and moves them to the
+    result's layout with a ``Transpose`` each (or, without beta either, the per-row ``−mean·inv`` with a
+    ``Reshape``); ``LayerNormalization`` then reads ``x`` transposed to the result's layout (a ``Transpose``, free).
+    Anything else stays as converted: axes other than the last ones (``axis=1`` of a sequence); ``rms_scaling``;
+    the casts around a half-precision input; several axes without gamma after a convolution (their order differs
+    between the layouts); moments shared by several layer norms of one tensor (tf2onnx computes them once); a
+    model below opset 17, which has no ``LayerNormalization`` (raising its opset could change what other operators
+    mean).
+    """
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < _LAYER_NORM_OPSET or not any(node.op_type == "ReduceMean" for node in model.graph.node):
+        return
+    view = _Patterns(model, variables)
+    fusions, added, claimed = [], [], set()
+    for add in model.graph.node:
+        if add.op_type != "Add" or len(add.input) != 2:
+            continue
+        for scaled, shifted in (tuple(add.input), tuple(reversed(add.input))):
+            found = _layer_norm(view, add, scaled, shifted)
+            if found is not None:
+                break
+        if found is None or claimed & {id(node) for node in found.removed}:
+            continue
+        claimed |= {id(node) for node in found.removed}
+        base = add.name or add.output[0]
+        written, scale = [], found.gamma
+        if scale is None:  # ones made by ConstantOfShape: no initializer, so no parameter or buffer
+            scale = f"{base}/scale"
+            added.append(numpy_helper.from_array(np.array(found.dims, np.int64), f"{scale}/shape"))
+            written.append(helper.make_node("ConstantOfShape", [f"{scale}/shape"], [scale], name=scale,
+                                            value=numpy_helper.from_array(np.ones(1, found.dtype))))
+        x = found.x
+        if found.perm is not None:  # x in the result's layout (free)
+            x = f"{base}/x"
+            written.append(helper.make_node("Transpose", [found.x], [x], name=x, perm=found.perm))
+        inputs = [x, scale, *([found.beta] if found.beta is not None else [])]
+        fusions.append((add, found.removed, [*written, helper.make_node(
+            "LayerNormalization", inputs, [add.output[0]], name=base, axis=found.axis, epsilon=found.epsilon,
+        )]))
+    if fusions:
+        view.replace(fusions)
+        model.graph.initializer.extend(added)
+        log.debug("wrote %d Keras layer norm(s) as ONNX LayerNormalization", len(fusions))
+
+
+@dataclasses.dataclass(frozen=True)
+class _LayerNorm:
+    """A Keras layer norm found by :func:`_layer_norm`: what ``LayerNormalization`` reads, and the nodes it
+    replaces."""
+
+    x: str
+    perm: list[int] | None  # of the Transpose to the result's layout, where the products are computed in another
+    gamma: str | None
+    beta: str | None
+    axis: int
+    epsilon: float
+    dims: list[int]
+    dtype: Any
+    removed: list
+
+
+def _layer_norm(view: _Patterns, add, scaled: str, shifted: str) -> _LayerNorm | None:
+    """The Keras layer norm whose output ``add`` writes as ``scaled + shifted`` (``x·inv`` and ``−mean·inv``,
+    plus ``beta`` when centered), or None."""
+    made, shapes = view.made, view.shapes
+    # The products may be computed in the layout of a convolution's output and moved to the result's layout: each
+    # by a Transpose, or the per-row −mean·inv (without gamma and beta) by Reshape nodes.
+    out_perm, out_moves = None, []
+    transpose = made(scaled, "Transpose")
+    if transpose is not None:
+        out_perm = _perm(transpose)
+        if out_perm is None:
+            return None
+        scaled = transpose.input[0]
+        out_moves.append(transpose)
+        moved = made(shifted, "Transpose")
+        if moved is not None:
+            if _perm(moved) != out_perm:
+                return None
+            shifted = moved.input[0]
+            out_moves.append(moved)
+    shifted_read, shifted_moves = shifted, []
+    times_x = made(scaled, "Mul")
+    plus_beta = made(shifted, "Add")
+    beta = None
+    if plus_beta is not None:
+        found = view.split(plus_beta, lambda n: made(n, "Mul") is not None)
+        if found is None:
+            return None
+        times_mean, beta = made(found[0], "Mul"), found[1]
+    else:
+        times_mean = _through_reshapes(view, shifted, "Mul", shifted_moves)
+    if times_x is None or times_mean is None or len(times_x.input) != 2 or len(times_mean.input) != 2:
+        return None
+    if out_perm is not None and len(out_moves) == 1 and not shifted_moves:
+        return None  # the product moved to the result's layout, the shift not
+    shared = [name for name in times_x.input if name in times_mean.input]
+    if len(shared) != 1 or times_x.input[0] == times_x.input[1] or times_mean.input[0] == times_mean.input[1]:
+        return None
+    inv = shared[0]
+    x = next(name for name in times_x.input if name != inv)
+    negated = next(name for name in times_mean.input if name != inv)
+
+    # −mean, and the mean of the tensor the moments are computed on; the per-row statistics may pass through
+    # Reshape nodes (moves between layouts) anywhere on their way
+    moves: list = []
+    neg = _through_reshapes(view, negated, "Neg", moves)
+    mean = _through_reshapes(view, neg.input[0], "ReduceMean", moves) if neg is not None else None
+    if mean is None:
+        return None
+    # inv: 1/sqrt(var + eps), times gamma when scaled
+    times_gamma, gamma = made(inv, "Mul"), None
+    rstd = inv
+    if times_gamma is not None:
+        found = view.split(times_gamma, lambda n: _through_reshapes(view, n, "Reciprocal", []) is not None)
+        if found is None:
+            return None
+        rstd, gamma = found
+    reciprocal = _through_reshapes(view, rstd, "Reciprocal", moves)
+    sqrt = _through_reshapes(view, reciprocal.input[0], "Sqrt", moves) if reciprocal is not None else None
+    plus_eps = _through_reshapes(view, sqrt.input[0], "Add", moves) if sqrt is not None else None
+    found = view.split(plus_eps, lambda n: n in view.constants)
+    if found is None:
+        return None
+    eps, variance = view.constant(found[0]), _through_reshapes(view, found[1], "ReduceMean", moves)
+    # var = mean((x − mean)²)
+    square = made(variance.input[0], "Mul") if variance is not None else None
+    if square is None or len(square.input) != 2 or square.input[0] != square.input[1]:
+        return None
+    diff = made(square.input[0], "Sub")
+    if diff is None or len(diff.input) != 2:
+        return None
+    centred = _through_reshapes(view, diff.input[1], "ReduceMean", moves)
+    if centred is not mean or variance is mean:
+        return None
+
+    # The layouts of the moments: x, and the tensor a Transpose turned into x (a convolution's NCHW output), on
+    # which tf2onnx may compute either moment. Both reduce the same axes of x; where the transpose keeps the order
+    # of the other axes, the per-row statistics keep theirs, so Reshape nodes move them from one layout to another.
+    x_shape = shapes.get(x)
+    if not x_shape or None in x_shape:
+        return None
+    rank = len(x_shape)
+    layouts = {x: list(range(rank))}
+    transpose = made(x, "Transpose")
+    if transpose is not None and _perm(transpose) is not None and len(_perm(transpose)) == rank:
+        layouts[transpose.input[0]] = _perm(transpose)
+    normalized, reduced = [], {}
+    for node, tensor in ((mean, mean.input[0]), (variance, diff.input[0])):
+        perm, axes, shape = layouts.get(tensor), _reduce_axes(view, node), shapes.get(tensor)
+        if perm is None or axes is None or shape is None or [shape[p] for p in perm] != x_shape:
+            return None
+        normalized.append(sorted(perm.index(a) for a in axes))  # as axes of x
+        reduced[tensor] = [1 if i in axes else d for i, d in enumerate(shape)]
+    axes = normalized[0]
+    rows = [i for i in range(rank) if i not in axes]
+    if normalized[1] != axes or any(_reorders([perm[i] for i in rows]) for tensor, perm in layouts.items()
+                                    if tensor in reduced):
+        return None
+    # the result's layout: the normalized axes last, in the order they have in x
+    out_perm = out_perm or list(range(rank))
+    axis = rank - len(axes)
+    out_axes = [i for i in range(rank) if out_perm[i] in axes]
+    if len(out_perm) != rank or out_axes != list(range(axis, rank)) or _reorders([out_perm[i] for i in out_axes]):
+        return None
+    out_shape = [x_shape[p] for p in out_perm]
+    row = [1 if i in axes else d for i, d in enumerate(x_shape)]
+    if (shapes.get(mean.output[0]) != reduced[mean.input[0]] or shapes.get(diff.input[1]) != reduced[diff.input[0]]
+            or shapes.get(negated) != row or shapes.get(rstd) != row or shapes.get(times_x.output[0]) != x_shape
+            or shapes.get(add.output[0]) != out_shape):
+        return None
+    if shifted_moves and (shapes.get(times_mean.output[0]) != row or _reorders(out_perm[:axis])
+                          or shapes.get(shifted_read) != out_shape[:axis] + [1] * (rank - axis)):
+        return None
+
+    dims = [x_shape[i] for i in axes]
+    broadcast = [d if i in axes else 1 for i, d in enumerate(x_shape)]
+    parameters = []
+    for name in (gamma, beta):
+        parameter = _normalized_parameter(view, name, dims, broadcast) if name is not None else (None, [])
+        if parameter is None:
+            return None
+        parameters.append(parameter)
+    (gamma, gamma_moves), (beta, beta_moves) = parameters
+    if eps is None or eps.size != 1 or eps.dtype.kind != "f":
+        return None
+    removed = list({id(node): node for node in (
+        mean, diff, square, variance, plus_eps, sqrt, reciprocal, neg, times_x, times_mean, times_gamma, plus_beta,
+        *moves, *gamma_moves, *beta_moves, *out_moves, *shifted_moves, add) if node is not None}.values())
+    if not view.internal(removed, add):
+        return None
+    perm = None if out_perm == list(range(rank)) else out_perm
+    return _LayerNorm(x, perm, gamma, beta, axis - rank, float(eps.reshape(())), dims, eps.dtype, removed)
+
+
+def _perm(transpose) -> list[int] | None:
+    """The ``perm`` of a ``Transpose`` node, or None where it has none (reversing the dims)."""
+    return next((list(a.ints) for a in transpose.attribute if a.name == "perm"), None)
+
+
+def _reorders(axes: Sequence[int]) -> bool:
+    """Whether ``axes`` are out of increasing order."""
+    return list(axes) != sorted(axes)
+
+
+def _through_reshapes(view: _Patterns, name: str, op_type: str, moves: list):
+    """The node of type ``op_type`` that writes ``name``, directly or through ``Reshape`` nodes (appended to
+    ``moves``); None when another kind of node writes it."""
+    passed = []
+    node = view.producer.get(name)
+    while node is not None and node.op_type == "Reshape" and op_type != "Reshape":
+        passed.append(node)
+        node = view.producer.get(node.input[0])
+    if node is None or node.op_type != op_type:
+        return None
+    moves.extend(passed)
+    return node
+
+
+def _reduce_axes(view: _Patterns, node) -> list[int] | None:
+    """The sorted non-negative axes a ``ReduceMean`` that keeps its dims reduces (attribute before opset 18, a
+    constant input from 18), or None (another kind of reduction, or axes that are not constants)."""
+    attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    rank = len(view.shapes.get(node.input[0]) or ())
+    if attributes.get("keepdims", 1) != 1 or not rank:
+        return None
+    axes = attributes.get("axes")
+    if axes is None and len(node.input) > 1:
+        constant = view.constant(node.input[1])
+        axes = None if constant is None else [int(a) for a in constant.reshape(-1)]
+    if not axes:
+        return None
+    axes = sorted({a % rank for a in axes if -rank <= a < rank})
+    return axes if len(axes) == len(set(axes)) and axes else None
+
+
+def _normalized_parameter(view: _Patterns, name: str, dims: list[int],
+                          broadcast: list[int]) -> tuple[str, list] | None:
+    """``(variable, reshape nodes)`` for a variable of shape ``dims`` (the normalized dims) read as it is or through
+    a ``Reshape``, with the shape ``broadcast`` (the normalized dims in place, 1 elsewhere) or its trailing dims
+    after leading 1s; None otherwise."""
+    reshape = view.made(name, "Reshape")
+    source = reshape.input[0] if reshape is not None else name
+    read = view.shapes.get(name)
+    if source not in view.variables or view.shapes.get(source) != dims or read is None:
+        return None
+    leading = len(broadcast) - len(read)
+    if leading < 0 or read != broadcast[leading:] or any(d != 1 for d in broadcast[:leading]):
+        return None
+    return source, [reshape] if reshape is not None else []
 
 
 def _fold_negations(model: onnx.ModelProto, variables: set[str]) -> None:
