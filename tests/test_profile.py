@@ -187,7 +187,8 @@ def test_cli_input_shape_and_torch_module(save, tmp_path, monkeypatch, capsys):
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("FLOPCOUNT_CACHE", str(tmp_path / "cache"))
     assert main(["profile", "--torch", "profile_linear:make", "--input-shape", "input=4x91", *args]) == 0
-    assert json.loads(capsys.readouterr().out)["flops"] == 2 * 4 * 91 * 23
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["flops"] == 2 * 4 * 91 * 23 and doc["model"] == "--torch profile_linear:make"
     assert main(["profile", path, "--torch", "profile_linear:make", *args]) == 2
     assert "give the path of an .onnx model, or --torch" in capsys.readouterr().err
     assert main(["profile", path, "--input-shape", "x=5x91:int64", *args]) == 2

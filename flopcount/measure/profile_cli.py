@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,5 +48,7 @@ def run(args: argparse.Namespace) -> int:
     p = profile(model, input_shapes=shapes, batch=args.batch, provider=args.provider,
                 optimize=args.optimize, warmup=args.warmup, runs=args.runs, ceilings=ceilings, threads=args.threads,
                 input_values=dict(args.input_value))
+    if args.torch or args.keras:  # an in-memory export: name it by what was given
+        p = dataclasses.replace(p, model=f"--torch {args.torch}" if args.torch else f"--keras {args.keras}")
     write_output(render(p, args.format, args.per_node), args.output)
     return 0
