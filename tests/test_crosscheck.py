@@ -568,10 +568,9 @@ def test_step_driver_marks_phases_with_process_ranges(small_net, monkeypatch):
     monkeypatch.setattr(torch.cuda.profiler, "start", lambda: events.append(("profiler", "start")))
     monkeypatch.setattr(torch.cuda.profiler, "stop", lambda: events.append(("profiler", "stop")))
     monkeypatch.setattr(torch.autograd.profiler, "emit_nvtx", contextlib.nullcontext)
-    # the driver sets the TF32 and autotuning flags for the process: restore them afterwards
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", torch.backends.cuda.matmul.allow_tf32)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", torch.backends.cudnn.allow_tf32)
-    monkeypatch.setattr(torch.backends.cudnn, "benchmark", torch.backends.cudnn.benchmark)
+    # the driver sets the TF32 and autotuning flags for the process: restored below (they are properties of
+    # torch's backend modules, which monkeypatch cannot undo)
+    flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
 
     real_forward = torch.nn.Linear.forward
 
@@ -584,7 +583,10 @@ def test_step_driver_marks_phases_with_process_ranges(small_net, monkeypatch):
     monkeypatch.setattr(torch.nn.Linear, "forward", linear_forward)
     args = ncu_step.build_parser().parse_args(["--torch", small_net, "--input-shape", "input=2x3x10x10",
                                                "--optimizer", "sgd", "--warmup", "2"])
-    ncu_step.run_model(torch, args, device="cpu")
+    try:
+        ncu_step.run_model(torch, args, device="cpu")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = flags
 
     phases = ["flopcount/forward", "flopcount/loss", "flopcount/backward", "flopcount/optimizer"]
     one_step = [e for p in phases for e in (("start", p), ("end", p))]
