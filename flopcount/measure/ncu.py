@@ -322,6 +322,18 @@ def _nvtx_text(header: list[str], row: list[str]) -> str:
     return " > ".join(name for i in cols for name in nvtx_ranges(row[i]))
 
 
+def _data_rows(rows, width: int, path: str, first_line: int):
+    """``(where, row)`` for each non-blank row, ``where`` naming its line; a row shorter than the header is an
+    error."""
+    for n, row in enumerate(rows):
+        if not any(c.strip() for c in row):
+            continue
+        where = f"{path}: line {first_line + n}"
+        if len(row) < width:
+            raise MeasurementError(f"{where}: {len(row)} cells for {width} columns (a truncated export?)")
+        yield where, row
+
+
 def _parse_raw(header, rows, path, half_packing, version, offset) -> NcuExport:
     plan = plan_metrics(h for h in header if "__" in h)
     if not plan.used:
@@ -341,12 +353,7 @@ def _parse_raw(header, rows, path, half_packing, version, offset) -> NcuExport:
     col = {h: i for i, h in enumerate(header)}
     scales = {m: _scale(units[col[m]] if col[m] < len(units) else "", f"{path}: column {m}") for m in plan.used}
     kernels = []
-    for n, row in enumerate(rows):
-        if not any(c.strip() for c in row):
-            continue
-        where = f"{path}: line {line_of_first + n}"
-        if len(row) < len(header):
-            raise MeasurementError(f"{where}: {len(row)} cells for {len(header)} columns (a truncated export?)")
+    for where, row in _data_rows(rows, len(header), path, line_of_first):
         values = {m: _number(row[col[m]], scales[m], f"{where}, column {m}") for m in plan.used}
         kernels.append(_kernel_flops(row[col["ID"]].strip(), row[col["Kernel Name"]].strip(), _nvtx_text(header, row),
                                      values, plan, half_packing))
@@ -363,12 +370,7 @@ def _parse_details(header, rows, path, half_packing, version, offset) -> NcuExpo
             "flopcount crosscheck --print-ncu-command"
         )
     per_kernel: dict[tuple[str, str], dict] = {}
-    for n, row in enumerate(rows):
-        if not any(c.strip() for c in row):
-            continue
-        where = f"{path}: line {offset + 2 + n}"
-        if len(row) < len(header):
-            raise MeasurementError(f"{where}: {len(row)} cells for {len(header)} columns (a truncated export?)")
+    for where, row in _data_rows(rows, len(header), path, offset + 2):
         key = (row[col.get("Process ID", col["ID"])].strip(), row[col["ID"]].strip())
         entry = per_kernel.setdefault(key, {"name": row[col["Kernel Name"]].strip(), "nvtx": _nvtx_text(header, row),
                                             "values": {}})

@@ -40,8 +40,25 @@ PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 _CEILING_DTYPE = {1: "fp32", 10: "fp16", 16: "bf16", 11: "fp64"}
 
 
+class _Rates:
+    """Achieved FLOP/s and arithmetic intensity of something with ``flops``, ``bytes`` and ``time_s``."""
+
+    flops: int
+    bytes: int | None
+    time_s: float | None
+
+    @property
+    def flops_per_s(self) -> float | None:
+        return self.flops / self.time_s if self.time_s else None
+
+    @property
+    def intensity(self) -> float | None:
+        """FLOPs per byte read or written."""
+        return self.flops / self.bytes if self.bytes else None
+
+
 @dataclass(frozen=True)
-class NodeProfile:
+class NodeProfile(_Rates):
     """One executed node: its measured median time and its counted work.
 
     ``covers`` are the graph nodes it runs (itself without optimisation; the fused nodes with it); ``flops`` their
@@ -59,32 +76,15 @@ class NodeProfile:
     dtype: str = "fp32"
     provider: str = ""
 
-    @property
-    def flops_per_s(self) -> float | None:
-        return self.flops / self.time_s if self.time_s else None
-
-    @property
-    def intensity(self) -> float | None:
-        """FLOPs per byte read or written."""
-        return self.flops / self.bytes if self.bytes else None
-
 
 @dataclass(frozen=True)
-class OpTypeProfile:
+class OpTypeProfile(_Rates):
     op_type: str
     nodes: int
     flops: int
     bytes: int | None
     time_s: float
     bound: str | None
-
-    @property
-    def flops_per_s(self) -> float | None:
-        return self.flops / self.time_s if self.time_s else None
-
-    @property
-    def intensity(self) -> float | None:
-        return self.flops / self.bytes if self.bytes else None
 
 
 @dataclass(frozen=True)
