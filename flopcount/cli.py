@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def add_model_source(p: argparse.ArgumentParser, model_help: str, required: bool = True) -> None:
+def add_model_source(p: argparse.ArgumentParser, model_help: str) -> None:
     """A subcommand's model: an .onnx path, or ``--torch``/``--keras`` with ``--input-shape`` as for counting (read
     back with :func:`model_source`)."""
     p.add_argument("model", nargs="?", help=model_help)
@@ -160,7 +160,7 @@ def add_model_source(p: argparse.ArgumentParser, model_help: str, required: bool
     p.add_argument("--input-shape", metavar="NAME=DIMS", action=_InputShapes, type=_input_shape, default=[],
                    help="fix the dims of an input, e.g. input=8x3x224x224 (repeatable); with --torch, NAME is a "
                    "parameter of forward() and a :DTYPE suffix gives its element type")
-    p.set_defaults(input_dtypes={}, model_required=required)
+    p.set_defaults(input_dtypes={})
 
 
 def given_model(args: argparse.Namespace) -> bool:
@@ -170,22 +170,12 @@ def given_model(args: argparse.Namespace) -> bool:
 def model_source(args: argparse.Namespace):
     """``(model, input_shapes)`` of a subcommand: the path and its ``--input-shape`` dims, or the weightless ONNX
     export of ``--torch``/``--keras`` (its dims fixed by the export) and no dims."""
-    given = [text for text, value in ((repr(args.model), args.model), (f"--torch {args.torch}", args.torch),
-                                      (f"--keras {args.keras}", args.keras)) if value is not None]
-    if len(given) != 1:
-        raise UsageError("give the path of an .onnx model, or --torch MODULE:FACTORY, or --keras MODULE:FACTORY"
-                         + (f", not {' and '.join(given)}" if given else ""))
-    names = [name for name, _ in args.input_shape]
-    if len(set(names)) != len(names):
-        raise UsageError(f"--input-shape: each input is given once; got {', '.join(names)}")
-    if args.torch is None and args.input_dtypes:
-        raise UsageError("--input-shape NAME=DIMS:DTYPE: a :DTYPE suffix is for --torch inputs; an ONNX or Keras "
-                         "model declares its input types")
+    problem = _model_source_problem(args)
+    if problem:
+        raise UsageError(problem)
     if args.torch is not None:
         from .frontends.torch import load_factory, to_onnx
 
-        if not args.input_shape:
-            raise UsageError("--torch needs the shape of each forward() input, by name: --input-shape NAME=DIMS[:DTYPE]")
         inputs = {name: (dims, args.input_dtypes[name]) if name in args.input_dtypes else dims
                   for name, dims in args.input_shape}
         return to_onnx(load_factory(args.torch), inputs), {}
@@ -196,27 +186,33 @@ def model_source(args: argparse.Namespace):
     return args.model, dict(args.input_shape)
 
 
-def _check_model_source(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Exactly one of a model path, ``--torch`` and ``--keras``; ``--torch`` needs ``--input-shape``."""
+def _model_source_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the model a command was given, or None: exactly one of a model path, ``--torch`` and
+    ``--keras``; ``--torch`` needs ``--input-shape``; a :DTYPE suffix only with ``--torch``."""
     given = [text for text, value in ((repr(args.model), args.model), (f"--torch {args.torch}", args.torch),
                                       (f"--keras {args.keras}", args.keras)) if value is not None]
     if len(given) > 1:
-        parser.error(f"give a model path, --torch or --keras, not both (got {' and '.join(given)})")
+        return f"give a model path, --torch or --keras, not both (got {' and '.join(given)})"
     if not given:
-        parser.error("give the path of an .onnx model, or --torch MODULE:FACTORY, or --keras MODULE:FACTORY")
+        return "give the path of an .onnx model, or --torch MODULE:FACTORY, or --keras MODULE:FACTORY"
     names = [name for name, _ in args.input_shape]
     if args.keras is not None and len(set(names)) != len(names):
-        parser.error(f"--keras: each --input-shape names one model input; got {', '.join(names)}")
+        return f"--keras: each --input-shape names one model input; got {', '.join(names)}"
     if args.torch is not None and not args.input_shape:
-        parser.error("--torch needs the shape of each forward() input, by name: --input-shape NAME=DIMS[:DTYPE] "
-                     "(repeatable)")
-    names = [name for name, _ in args.input_shape]
+        return "--torch needs the shape of each forward() input, by name: --input-shape NAME=DIMS[:DTYPE] (repeatable)"
     if args.torch is not None and len(set(names)) != len(names):
-        parser.error(f"--torch: each --input-shape names one forward() input; got {', '.join(names)}")
+        return f"--torch: each --input-shape names one forward() input; got {', '.join(names)}"
     if args.torch is None and args.input_dtypes:
         given = ", ".join(f"{name}=...:{dtype}" for name, dtype in args.input_dtypes.items())
-        parser.error(f"--input-shape {given}: a :DTYPE suffix is for --torch inputs; "
-                     f"{'a Keras model' if args.keras else 'an ONNX model'} declares its input types, give NAME=DIMS")
+        return (f"--input-shape {given}: a :DTYPE suffix is for --torch inputs; "
+                f"{'a Keras model' if args.keras else 'an ONNX model'} declares its input types, give NAME=DIMS")
+    return None
+
+
+def _check_model_source(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    problem = _model_source_problem(args)
+    if problem:
+        parser.error(problem)
 
 
 def _count_torch(args: argparse.Namespace):

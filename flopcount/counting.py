@@ -707,11 +707,6 @@ def _roles(m: ModelProto, opsets, trainable: Collection[str] | None, given: froz
     roles = classify(m, opsets, named, given, nodes)  # a Constant named trainable is a parameter
     if trainable is None and not cold:
         return roles
-    unused = sorted((named | cold) - roles.roles.keys())
-    if unused:
-        shown = ", ".join(map(repr, unused[:5])) + (f" and {len(unused) - 5} more" if len(unused) > 5 else "")
-        raise UsageError(f"{where}: {shown} {'is' if len(unused) == 1 else 'are'} stored but used by no operator as "
-                         "a weight; give the names of the exported weights")
     if trainable is None:
         named = frozenset(n for n, r in roles.roles.items() if r == PARAMETER)
     named -= cold

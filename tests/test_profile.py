@@ -190,7 +190,7 @@ def test_cli_input_shape_and_torch_module(save, tmp_path, monkeypatch, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["flops"] == 2 * 4 * 91 * 23 and doc["model"] == "--torch profile_linear:make"
     assert main(["profile", path, "--torch", "profile_linear:make", *args]) == 2
-    assert "give the path of an .onnx model, or --torch" in capsys.readouterr().err
+    assert "give a model path, --torch or --keras, not both" in capsys.readouterr().err
     assert main(["profile", path, "--input-shape", "x=5x91:int64", *args]) == 2
     assert ":DTYPE suffix is for --torch inputs" in capsys.readouterr().err
     del torch

@@ -220,6 +220,11 @@ def _check_device(args) -> str:
     return ncu
 
 
+def _last_line(text: str) -> str:
+    """The last non-blank line of a tool's output (its error, as a rule)."""
+    return next((line for line in reversed(text.strip().splitlines()) if line.strip()), "no output")
+
+
 def _read_export(args):
     """The export of ``--ncu-csv``: a CSV as it is, or a report file (``.ncu-rep``) turned into the raw-page CSV by
     ``ncu --import`` (ncu needed; no GPU)."""
@@ -241,9 +246,8 @@ def _read_export(args):
     except (OSError, subprocess.SubprocessError) as e:
         raise MeasurementError(f"{ncu}: could not read {path} ({e})") from None
     if done.returncode != 0:
-        last = next((line for line in reversed((done.stdout + done.stderr).strip().splitlines()) if line.strip()),
-                    "no output")
-        raise MeasurementError(f"{shlex.join(cmd)} exited with status {done.returncode}: {last}")
+        raise MeasurementError(f"{shlex.join(cmd)} exited with status {done.returncode}: "
+                               f"{_last_line(done.stdout + done.stderr)}")
     from .ncu import parse_ncu_csv
 
     return parse_ncu_csv(done.stdout, path, args.half_packing)
@@ -275,8 +279,8 @@ def _profile(ncu: str, driver: list[str], csv_path: str, args) -> None:
         raise DeviceError(f"{ncu}: no permission to read the GPU performance counters (ERR_NVGPUCTRPERM); "
                           f"{PERMISSION_FIX}; or compare with --fallback torch")
     if done.returncode != 0 or not os.path.exists(csv_path):
-        last = next((line for line in reversed(text.strip().splitlines()) if line.strip()), "no output")
-        raise MeasurementError(f"{ncu} exited with status {done.returncode} profiling {shlex.join(driver)}: {last}")
+        raise MeasurementError(f"{ncu} exited with status {done.returncode} profiling {shlex.join(driver)}: "
+                               f"{_last_line(text)}")
 
 
 def calibrate(ncu: str, precision: str, args, folder: str) -> dict:

@@ -16,8 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
         "roofline: flopcount roofline model.onnx (or --profile p.json) places each node at its arithmetic "
         "intensity and, when profiled, its measured FLOP/s.",
     )
-    add_model_source(p, "an .onnx model (or --torch/--keras): per-operator roofline from its count (not measured)",
-                     required=False)
+    add_model_source(p, "an .onnx model (or --torch/--keras): per-operator roofline from its count (not measured)")
     p.add_argument("--ceilings", metavar="FILE", help="ceilings JSON from flopcount ceilings (per-operator roofline "
                    "default: this CPU's cached GEMM and copy ceilings)")
     p.add_argument("--run", metavar="FILE", help="a flopcount bench report (or meter.to_json run): HPC-AI roofline")
