@@ -158,7 +158,8 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
         attributes_of = _AttributeCache(opsets, where, m.ir_version)
         attributes = [attributes_of(p, n, op=o, arity=(len(i), len(out)), index=k) for k, (p, n, o, i, out) in
                       enumerate(zip(protos, names, dag.graph["node_ops"], dag.graph["node_inputs"], dag.graph["node_outputs"]))]
-        nodes = (protos, dag.graph["node_inputs"], dag.graph["node_outputs"], dag.graph["node_ops"], dag.graph["bodies"])
+        nodes = (protos, dag.graph["node_inputs"], dag.graph["node_outputs"], dag.graph["node_ops"],
+                 dag.graph["bodies"])
         roles = _roles(m, opsets, trainable, frozenset(input_values or ()), where, frozen, nodes)
         lap("graph")
         res = resolve(m, dag, where, inference)

@@ -49,7 +49,8 @@ FLOAT_TENSOR_SOURCES = {"fp16": "fp16", "f16": "fp16", "hf": "fp16", "bf16": "bf
                         "e4m3": "fp8", "e5m2": "fp8", "fp64": "fp64", "dmma": "fp64", "fp32": "fp32"}
 
 HALF_PACKING = {
-    "pairs": "half instructions work on pairs (HADD2/HMUL2/HFMA2): 2·hadd + 2·hmul + 4·hfma, as nvprof's flop_count_hp",
+    "pairs": "half instructions work on pairs (HADD2/HMUL2/HFMA2): 2·hadd + 2·hmul + 4·hfma, as nvprof's "
+             "flop_count_hp",
     "single": "one value per half instruction: hadd + hmul + 2·hfma, as the achieved work of ncu's half roofline",
 }
 

@@ -5,7 +5,8 @@ happen there), then brackets exactly one step with ``torch.cuda.profiler.start()
 started with ``--profile-from-start off``, profiles that step's kernels only (those autograd launches from its own
 thread included). Process-wide NVTX ranges (start/end, seen by every thread) name the phase of each kernel
 (``flopcount/forward``, ``flopcount/loss``, ``flopcount/backward``, ``flopcount/optimizer``) and, through
-``torch.autograd.profiler.emit_nvtx``, the launching thread's push/pop ranges name the aten operator; ``flopcount crosscheck --ncu-csv`` attributes kernels to families from them.
+``torch.autograd.profiler.emit_nvtx``, the launching thread's push/pop ranges name the aten operator;
+``flopcount crosscheck --ncu-csv`` attributes kernels to families from them.
 
 ``--gemm M N K`` profiles one matrix product instead (the calibration: its counters must read 2·M·N·K).
 
