@@ -109,6 +109,7 @@ def test_run_without_communication_is_a_clear_error():
 
 
 def test_cli_hpcai_roofline_text_and_plot(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
     c = _ceilings(ranks=2, allreduce=2 * G, memory=10 * G).as_dict()
     (tmp_path / "c.json").write_text(json.dumps(c))
     # COI 800 FLOP/B: link roof 2 GB/s x 800 = 1.6 TFLOPS, below every compute ceiling x 2 ranks (>= 28 TFLOPS)
