@@ -133,6 +133,21 @@ def _bench_rank(rank: int, world: int, port: int, argv: list[str]) -> None:
         os._exit(code)
 
 
+def _watched(target, *args) -> None:
+    """Run one rank, forked from the test process.
+
+    What the rank inherits is frozen out of its garbage collector: earlier tests leave garbage cycles of TensorFlow
+    objects (the Keras callback test) whose finalizers take a lock that a TensorFlow thread of the parent held at
+    the fork, so collecting them here hung the rank for good. A rank still running after 240 s prints every
+    thread's stack to stderr and exits, so that a hang shows where it is (the test waits 300 s)."""
+    import faulthandler
+    import gc
+
+    gc.freeze()
+    faulthandler.dump_traceback_later(240, exit=True)
+    target(*args)
+
+
 def _launch(target, world: int, args: tuple) -> None:
     import multiprocessing
 
@@ -140,7 +155,7 @@ def _launch(target, world: int, args: tuple) -> None:
 
     ctx = multiprocessing.get_context("fork")
     port = _free_port()
-    procs = [ctx.Process(target=target, args=(r, world, port) + args) for r in range(world)]
+    procs = [ctx.Process(target=_watched, args=(target, r, world, port) + args) for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
@@ -270,6 +285,52 @@ def test_ensemble_accuracy_is_that_of_the_averaged_predictions(tmp_path, M, P):
     assert all(g["base"] == (g["probs"].argmax(1) == y).sum().item() / len(y) for g in got)
     assert not torch.allclose(leads[0]["probs"], leads[1]["probs"])  # the base models differ,
     assert all(lead["base"] != expected for lead in leads)  # and so does their average from each of them
+
+
+def _peak_rank(rank: int, world: int, port: int, out: str) -> None:
+    """A meter's CPU device on one of ``world`` ranks: the real device description and GEMM calibration (or its
+    cache), with the calls that describe this CPU recorded."""
+    code = 1
+    try:
+        os.environ.update(_env(rank, world, port))
+        torch.set_num_threads(1)
+        from flopcount.measure import devices
+        from flopcount.measure.meter import Meter
+
+        calls = []
+        real = devices.cpu_device
+        devices.cpu_device = lambda *a, **kw: calls.append(rank) or real(*a, **kw)
+        ranks = distributed.init("cpu")
+        meter = Meter(flops_per_sample=1000.0, device="cpu", warmup_steps=0, window_steps=1)
+        x = torch.randn(64, 64)
+        for _ in range(3):
+            with meter.step(8):
+                x = torch.tanh(x @ x)
+        result = meter.result()
+        meter.to_json(f"{out}/run.json")  # rank 0 alone writes: it must not wait on a collective
+        json.dump({"calls": calls, "peak": result.peak_flops, "source": result.peak_source,
+                   "mfu": result.mfu, "flops": result.flops}, open(f"{out}/{rank}.json", "w"))
+        distributed.finish(ranks)
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+@pytest.mark.slow
+def test_every_rank_divides_by_the_peak_rank_0_measured(tmp_path):
+    """A CPU peak is measured, not read from a table: rank 0 measures it once and every rank's MFU uses that figure
+    (ranks measuring each at its own moment would disagree as the others load the machine)."""
+    _launch(_peak_rank, 3, (str(tmp_path),))
+    got = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(3)]
+    assert [g["calls"] for g in got] == [[0], [], []]  # described once, on rank 0, though every rank ran result()
+    peak = got[0]["peak"]
+    assert peak > 0 and all(g["peak"] == peak for g in got)
+    assert all(g["source"].endswith("measured on rank 0, every rank uses it") for g in got)
+    # MFU = FLOPS / (R x peak of one device), the same FLOPS (gathered from every rank) on every rank
+    assert all(math.isclose(g["mfu"], got[0]["flops"] / (3 * peak)) for g in got)
+    assert json.loads((tmp_path / "run.json").read_text())["runs"][0]["peak_flops"] == peak
 
 
 @pytest.mark.slow

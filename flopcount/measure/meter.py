@@ -33,6 +33,7 @@ import math
 import statistics
 import sys
 import time
+from dataclasses import replace
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from flopcount.errors import UsageError
@@ -152,6 +153,7 @@ class Meter:
         self.higher_is_better = higher_is_better
         self._precision_given = precision
         self._peak_given = peak_flops
+        self._device = None
         self._recompute = recompute
         self.warmup_steps = warmup_steps
         self.window_steps = window_steps
@@ -377,13 +379,31 @@ class Meter:
         return self._report
 
     def device(self):
-        """The :class:`flopcount.measure.devices.Device` of this run (the CPU's peak is measured on first call)."""
+        """The :class:`flopcount.measure.devices.Device` of this run (the CPU's peak is measured on first call; under
+        torch.distributed every rank calls this, or :meth:`result`, as for any collective)."""
+        if self._device is None:
+            self._device = self._describe_device()
+        return self._device
+
+    def _describe_device(self):
         from . import devices
 
         if self._device_kind == "cuda":
             return devices.cuda_device(self._device_index)
         dtypes = ("fp32", "bf16") if self._autocast == "bf16" or self._precision_given == "bf16" else ("fp32",)
-        return devices.cpu_device(measure_peak=self._peak_given is None, dtypes=dtypes)
+        measure = self._peak_given is None
+        dist = running_dist()
+        if dist is None or not measure:
+            return devices.cpu_device(measure_peak=measure, dtypes=dtypes)
+        # A CPU peak is a measurement (a GEMM calibration, or its cache), so ranks measuring each at its own moment
+        # would divide by different peaks as the other ranks load the machine. Rank 0 measures (or reads the
+        # cache) while the other ranks wait in the broadcast, then every rank takes its figures: one peak per run.
+        box = [devices.cpu_device(dtypes=dtypes) if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        cpu = box[0]
+        peaks = {k: replace(v, source=f"{v.source}; measured on rank 0, every rank uses it")
+                 for k, v in cpu.peaks.items()}
+        return replace(cpu, peaks=peaks)
 
     def result(self, device=None) -> RunResult:
         """The run's figures as an immutable :class:`RunResult` (the meter stops; call once training is over)."""
@@ -446,6 +466,8 @@ class Meter:
         how["flops"] = "FLOPS = sum over ranks of N_r x C (N x R x C), C the training FLOPs per sample"
 
         precision = detect_precision(self._device_kind, self._precision_given, self._autocast, self._param_dtype())
+        if device is not None and self._device is None:
+            self._device = device  # to_json describes the same device, and calls no collective on rank 0 alone
         dev = device if device is not None else self.device()
         peak = effective_peak(dev, precision, parts, self._peak_given)
         how["precision"] = precision.how
