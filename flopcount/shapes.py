@@ -10,7 +10,9 @@ scratch copy and infers again, until nothing new resolves.
 
 from __future__ import annotations
 
+import gc
 import logging
+import marshal
 import os
 import re
 import signal
@@ -413,10 +415,10 @@ class Inference:
 
     ONNX's inference is C++ that holds the GIL (about 1 s for 100k nodes), so a thread cannot
     overlap it with Python work. On Linux, for a large graph, and when :func:`_may_fork` finds it
-    safe, it runs in a forked child that serializes the model, infers and sends the inferred model
-    back through a pipe; the caller builds its DAG meanwhile. Otherwise, or if the child does not
-    finish its report and exit cleanly, :meth:`result` infers in-process: the answer is the same
-    either way.
+    safe, it runs in a forked child that serializes the model, infers, reads the inferred tensor
+    types and sends them back through a pipe; the caller builds its DAG meanwhile. Otherwise, or if
+    the child does not finish its report and exit cleanly, :meth:`collected` answers None and the
+    caller infers in-process: the answer is the same either way.
     """
 
     _signal: str | None = None  # the name of the signal that killed the child, if one did
@@ -445,6 +447,9 @@ class Inference:
             os.close(write)
             return
         if pid == 0:  # the child: infer, report, exit without running any of the parent's cleanup
+            # No garbage collection here: inherited garbage may hold finalizers that take a lock another thread of
+            # the parent held at the fork (TensorFlow's, after a Keras export), which would hang the child for good.
+            gc.disable()
             reported = False
             try:
                 os.close(read)
@@ -485,16 +490,18 @@ class Inference:
         else:
             log.debug("%s: the inference interpreter exited with %d", self.where, done.returncode)
 
-    def result(self) -> ModelProto:
-        """The inferred model; raises :class:`ShapeError` when inference fails, or when it crashed
-        the child (ONNX's C++ aborting on a malformed graph): that is never re-run in-process."""
+    def collected(self) -> "_Collected | None":
+        """The tensor infos of the inferred model as :func:`_collect` reads them, or None when there is no report to
+        trust (no child, or it died without a word, or its report does not parse): the caller infers in-process.
+        Raises :class:`ShapeError` when inference fails, or when it crashed the child (ONNX's C++ aborting on a
+        malformed graph): that is never re-run in-process."""
         data = self._receive()
-        if data[:1] == b"K":
+        if data[:1] == b"C":
             try:
-                return onnx.load_from_string(data[1:])
-            except Exception as e:  # DecodeError: a damaged report; infer here instead
+                return _from_rows(*marshal.loads(data[1:]))
+            except Exception as e:  # a damaged report: infer here instead
                 log.debug("%s: the inference child's report does not parse (%s)", self.where, e)
-                return _infer(self.model, self.where)
+                return None
         if data[:1] == b"E":
             raise _inference_failed(self.where, data[1:].decode("utf-8", "replace"))
         if data[:1] == b"S":
@@ -505,7 +512,7 @@ class Inference:
                 "a dim or attribute is out of range (a kernel larger than its input, a negative size); "
                 "check the model and --input-shape"
             )
-        return _infer(self.model, self.where)  # no child, or it died without a word
+        return None  # no child, or it died without a word
 
     def _receive(self) -> bytes:
         """The child's whole report, or b"" when there is none or it did not exit cleanly (a
@@ -557,18 +564,35 @@ class Inference:
 
 
 def _report(model: ModelProto, where: str) -> bytes:
-    """What a child reports: b"K" + the inferred model, b"S" + a ShapeError's message (a negative dim found by the
-    guard), or b"E" + the first line of an inference error."""
+    """What a child reports: b"C" + the tensor infos of the inferred model (:func:`_rows`), b"S" + a ShapeError's
+    message (a negative dim found by the guard), or b"E" + the first line of an inference error. The child reads the
+    inferred model itself, beside the parent's DAG construction, and sends plain tuples, which the parent rebuilds
+    faster than it would parse the model and read its types."""
     try:
         if _guard_depths(model.graph) is None:
             from onnx.onnx_cpp2py_export import shape_inference as cpp
 
-            return b"K" + cpp.infer_shapes(model.SerializeToString(), False, False, True)
-        return b"K" + _infer(model, where).SerializeToString()  # a Slice at risk of a negative dim: step by step
+            inferred = onnx.load_from_string(cpp.infer_shapes(model.SerializeToString(), False, False, True))
+        else:
+            inferred = _infer(model, where)  # a Slice at risk of a negative dim: step by step
+        return b"C" + marshal.dumps(_rows(_collect(inferred)))
     except ShapeError as e:
         return b"S" + str(e).encode("utf-8", "replace")
     except Exception as e:  # InferenceError, ValidationError, or RuntimeError from C++
         return b"E" + _first_line(e).encode("utf-8", "replace")
+
+
+def _rows(collected: "_Collected") -> tuple[list[tuple], list[str]]:
+    """Collected tensor infos as plain tuples (for :mod:`marshal`), and the names with odd dims."""
+    return [tuple(t) for t in collected.values()], collected.odd
+
+
+def _from_rows(rows: list[tuple], odd: list[str]) -> "_Collected":
+    """The inverse of :func:`_rows`."""
+    make = tuple.__new__
+    out = _Collected({row[0]: make(TensorInfo, row) for row in rows})
+    out.odd = odd
+    return out
 
 
 def _spawned_main() -> None:
@@ -754,8 +778,9 @@ def resolve(model: ModelProto, dag: nx.DiGraph, where: str, first: "Inference | 
     and prepared by :func:`prepare`). ``first``, when given, is the first inference, already started."""
     bodies = bool(dag.graph["bodies"])
     guard = _guard_needed(dag)
-    declared = initializer_infos(model.graph)  # read while a child may still be inferring
-    tensors = _collect(first.result() if first is not None else _infer(model, where, guard=guard), bodies, declared)
+    tensors = first.collected() if first is not None else None  # the child's report, read beside the DAG
+    if tensors is None:
+        tensors = _collect(_infer(model, where, guard=guard), bodies)
     check_dims(tensors, model, where)
     values: dict[str, np.ndarray] = {}
     rounds = 1
