@@ -202,6 +202,27 @@ def test_data_parallel_digits_on_gloo_ranks(tmp_path, R):
     doc = json.loads(out.read_text())
     run = _check_data_parallel_run(doc, R, R)
     assert run["ensemble"] is None and doc["config"]["scale_out"]["ranks_per_model"] == R
+    assert doc["system"]["cpu"]["torch_threads"] == 1  # each rank ran one thread
+    if R == 2:
+        _check_hpcai_roofline(tmp_path, out)
+
+
+def _check_hpcai_roofline(tmp_path, run_file) -> None:
+    """The HPC-AI roofline of the real 2-rank run against ceilings measured now, in this process, on its threads:
+    the run's ranks used 2 x 1 threads, so its compute ceilings are the measured ones x 2 / (this process's)."""
+    from flopcount.cli import main
+    from flopcount.measure.ceilings import measure_ceilings
+
+    from flopcount.measure.devices import cpu_cores
+
+    threads, used = torch.get_num_threads(), min(2, cpu_cores())  # the run's 2 x 1 threads, at most every core
+    ceilings = measure_ceilings("cpu", dtypes=("fp32",), quick=True)
+    (tmp_path / "c.json").write_text(ceilings.to_json())
+    assert main(["roofline", "--ceilings", str(tmp_path / "c.json"), "--run", str(run_file), "--format", "json",
+                 "-o", str(tmp_path / "roof.json")]) == 0
+    compute = {c["label"]: c["flops_per_s"] for c in json.loads((tmp_path / "roof.json").read_text())["compute"]}
+    assert compute["GEMM fp32"] == pytest.approx(ceilings.gemm["fp32"].value * used / threads)
+    assert compute["CONV fp32"] == pytest.approx(ceilings.conv["fp32"].value * used / threads)
 
 
 @pytest.mark.slow

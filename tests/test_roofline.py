@@ -86,6 +86,44 @@ def test_single_node_roofline_has_link_and_memory():
     assert {c.label: c.value for c in roof.compute}["CONV fp32"] == pytest.approx(112 * T)
 
 
+def _cpu_ceilings(threads, cores=2, ranks=1):
+    # a CPU whose GEMM ceiling was measured on ``threads`` torch threads: 100 GFLOP/s, convolution 80 GFLOP/s
+    device = {"kind": "cpu", "name": "a CPU", "peaks": {}, "details": {"cores": cores}}
+    return Ceilings(device, {"fp32": Figure(100 * G, "gemm", {"threads": threads})},
+                    {"fp32": Figure(80 * G, "conv", {"threads": threads})}, Figure(20 * G, "copy"), None, 1, ranks)
+
+
+@pytest.mark.parametrize("measured, ranks, threads, cores, factor", [
+    (2, 2, 1, 2, 1.0),      # two ranks of one thread on the two cores that measured it: the ceiling once
+    (1, 2, 1, 2, 2.0),      # measured per rank (torchrun's one thread): x 2 ranks
+    (2, 1, 1, 2, 0.5),      # one rank of one thread uses half of what two threads measured
+    (1, 4, 2, 4, 4.0),      # 4 ranks x 2 threads = 8 threads, but the node has 4 cores: 4/1
+    (4, 8, 1, 4, 2.0),      # 2 nodes x 4 cores (see nodes below): 8 ranks of one thread, 4 measured it
+])
+def test_cpu_ceilings_scale_with_the_threads_the_run_used(measured, ranks, threads, cores, factor):
+    nodes = 2 if ranks == 8 else 1
+    c = _cpu_ceilings(measured, cores)
+    roof = hpcai_roofline(Ceilings(c.device, c.gemm, c.conv, c.memory_bandwidth, Figure(5 * G, "all-reduce"),
+                                   nodes, ranks), ranks=ranks, nodes=nodes, threads=threads)
+    values = {ce.label: ce.value for ce in roof.compute}
+    assert values["GEMM fp32"] == pytest.approx(100 * G * factor)
+    assert values["CONV fp32"] == pytest.approx(80 * G * factor)
+
+
+def test_cpu_run_without_its_threads_is_scaled_by_ranks_and_says_so():
+    roof = hpcai_roofline(_cpu_ceilings(1, ranks=2), ranks=2, nodes=1, threads=None)
+    gemm = next(c for c in roof.compute if c.label == "GEMM fp32")
+    assert gemm.value == pytest.approx(200 * G)
+    assert "assuming each rank ran the 1 thread of this measurement" in gemm.source
+
+
+def test_run_points_read_the_threads_per_rank():
+    doc = _bench([{"flops": 2.0e9, "communication": {"coi": 800.0}}])
+    assert run_points(doc)[0].threads is None
+    doc["system"]["cpu"] = {"torch_threads": 3}
+    assert run_points(doc)[0].threads == 3
+
+
 def _bench(runs, ranks=2, nodes=1):
     return {"schema_version": 1, "tool": {"name": "flopcount"}, "system": {"nodes": nodes, "ranks": ranks,
                                                                            "device": {"kind": "cpu"}},

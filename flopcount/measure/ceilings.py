@@ -47,7 +47,11 @@ class GemmCeiling:
 
     def describe(self) -> str:
         return (f"measured GEMM ceiling of this {self.device} ({self.dtype}, {self.n}x{self.n}x{self.n}, median of "
-                f"{self.repeats} after warm-up, {self.threads} threads, torch {self.torch_version})")
+                f"{self.repeats} after warm-up, {_threads(self.threads)}, torch {self.torch_version})")
+
+
+def _threads(n: int) -> str:
+    return f"{n} thread{'' if n == 1 else 's'}"
 
 
 def measure_gemm(device: str = "cpu", dtype: str = "fp32", sizes: tuple[int, ...] = (512, 1024, 2048),
@@ -145,11 +149,14 @@ class ConvCeiling:
     shape: tuple[int, int, int, int]  # N, C, H, W that reached it
     repeats: int
     channels_last: bool
+    threads: int | None = None  # torch's intra-op threads (a CPU measurement)
 
     def describe(self) -> str:
         n, c, h, w = self.shape
+        threads = "" if self.threads is None else f", {_threads(self.threads)}"
         return (f"measured 3x3 convolution ceiling of this {self.device} ({self.dtype}, {n}x{c}x{h}x{w}, "
-                f"{'channels-last' if self.channels_last else 'NCHW'}, median of {self.repeats} after warm-up)")
+                f"{'channels-last' if self.channels_last else 'NCHW'}, median of {self.repeats} after warm-up"
+                f"{threads})")
 
 
 def measure_conv(device: str = "cpu", dtype: str = "fp32",
@@ -179,7 +186,7 @@ def measure_conv(device: str = "cpu", dtype: str = "fp32",
             if time.perf_counter() - start > budget_s:
                 break
     assert best is not None
-    return ConvCeiling(device, dtype, best[0], best[1], repeats, cuda)
+    return ConvCeiling(device, dtype, best[0], best[1], repeats, cuda, None if cuda else torch.get_num_threads())
 
 
 @dataclass(frozen=True)
@@ -472,8 +479,10 @@ def _gemm_figure(g: GemmCeiling) -> Figure:
 
 
 def _conv_figure(c: ConvCeiling) -> Figure:
-    return Figure(c.flops_per_s, c.describe(), {"shape": list(c.shape), "repeats": c.repeats,
-                                                "channels_last": c.channels_last})
+    details = {"shape": list(c.shape), "repeats": c.repeats, "channels_last": c.channels_last}
+    if c.threads is not None:
+        details["threads"] = c.threads
+    return Figure(c.flops_per_s, c.describe(), details)
 
 
 def _bandwidth_figure(b: BandwidthCeiling) -> Figure:

@@ -7,7 +7,8 @@ byte) can attain at most ``min(compute, bandwidth × I)``, and it is bandwidth-b
 * HPC-AI roofline: ``I`` is the communication operation intensity COI = FLOPs / bytes communicated (from the
   harness's measured gradient all-reduce), the y axis the run's FLOPS; the single-node model uses the intra-node
   link (all-reduce on one node) and memory bandwidth, the distributed model the inter-node network; compute
-  ceilings are the measured GEMM and convolution throughput in single and mixed precision, times the ranks.
+  ceilings are the measured GEMM and convolution throughput in single and mixed precision, scaled to the run
+  (× ranks for GPUs; for CPUs by the threads the run's ranks used over those that measured them).
 * Per-operator roofline: ``I`` is each node's arithmetic intensity (FLOPs / bytes read and written), the y axis its
   measured FLOP/s when profiled, against the machine's compute ceilings and memory bandwidth.
 
@@ -91,23 +92,53 @@ def _precision(dtype: str) -> str:
     return f"mixed {dtype}" if dtype in _MIXED else dtype
 
 
-def compute_ceilings(ceilings, scale: int = 1) -> tuple[Ceiling, ...]:
-    """GEMM and CONV ceilings per dtype (× ``scale`` devices), highest first, and the device's table peak of the
-    dtypes measured when it has one."""
+def compute_ceilings(ceilings, ranks: int = 1, threads: int | None = None, nodes: int = 1) -> tuple[Ceiling, ...]:
+    """GEMM and CONV ceilings per dtype, highest first, and the device's table peak of the dtypes measured when it
+    has one, for a run over ``ranks`` ranks on ``nodes`` nodes (1: the device as measured).
+
+    A GPU ceiling is one device's: × ranks. A CPU ceiling is that of the threads that measured it, so it scales
+    with the threads the run used, ``ranks`` × ``threads`` (its torch threads per rank) over the measurement's
+    threads, at most every core of the run's nodes; two ranks of one thread on a machine whose ceiling two threads
+    measured get that ceiling once, not twice. A run that does not record its threads is scaled by its ranks, and
+    the ceiling's source says what that assumes."""
+    cpu = (ceilings.device or {}).get("kind") == "cpu"
+    cores = ((ceilings.device or {}).get("details") or {}).get("cores")
     out = []
     for kind, group in (("GEMM", ceilings.gemm), ("CONV", ceilings.conv)):
         for dtype, f in group.items():
-            out.append(Ceiling(f"{kind} {_precision(dtype)}", f.value * scale, f.source))
+            factor, how = (_cpu_factor(f.details.get("threads"), ranks, threads, nodes, cores) if cpu
+                           else (ranks, f" x {ranks} devices" if ranks > 1 else ""))
+            out.append(Ceiling(f"{kind} {_precision(dtype)}", f.value * factor, f.source + how))
     peaks = (ceilings.device or {}).get("peaks") or {}
     best = max(((d, p.get("flops_per_s")) for d, p in peaks.items() if p.get("flops_per_s")), key=lambda t: t[1],
                default=None)
-    if best is not None:
-        out.append(Ceiling(f"peak {_precision(best[0])}", best[1] * scale, peaks[best[0]].get("source", "")))
+    if best is not None and not cpu:
+        out.append(Ceiling(f"peak {_precision(best[0])}", best[1] * ranks, peaks[best[0]].get("source", "")))
     return tuple(sorted(out, key=lambda c: -c.value))
 
 
-def hpcai_roofline(ceilings, ranks: int = 1, nodes: int = 1) -> Roofline:
-    """The HPC-AI roofline of a run over ``ranks`` devices on ``nodes`` nodes: compute ceilings × ranks; bandwidth
+def _cpu_factor(measured: int | None, ranks: int, threads: int | None, nodes: int,
+                cores: int | None) -> tuple[float, str]:
+    """How much of a CPU ceiling measured on ``measured`` threads a run of ``ranks`` × ``threads`` can use."""
+    if threads is None or not measured:
+        if ranks == 1:
+            return 1, ""
+        return ranks, (f" x {ranks} ranks, assuming each rank ran the {measured or 'same number of'} thread"
+                       f"{'' if measured == 1 else 's'} of this measurement (the run does not record its threads)")
+    used = ranks * threads
+    capped = cores is not None and used > nodes * cores
+    if capped:
+        used = nodes * cores
+    if used == measured:
+        return 1, ""
+    return used / measured, (f" x {used}/{measured} threads (the run's {ranks} rank{'s' if ranks > 1 else ''} x "
+                             f"{threads} thread{'s' if threads > 1 else ''}"
+                             f"{f', capped at the {nodes * cores} cores' if capped else ''})")
+
+
+def hpcai_roofline(ceilings, ranks: int = 1, nodes: int = 1, threads: int | None = None) -> Roofline:
+    """The HPC-AI roofline of a run over ``ranks`` devices on ``nodes`` nodes (``threads``: its torch threads per
+    rank, for a CPU run): compute ceilings scaled to the run (:func:`compute_ceilings`); bandwidth
     the inter-node network (all-reduce measured over several nodes) for a distributed run, else the intra-node
     link (all-reduce measured on one node) and the memory bandwidth."""
     bandwidth = []
@@ -127,7 +158,7 @@ def hpcai_roofline(ceilings, ranks: int = 1, nodes: int = 1) -> Roofline:
                                "with torchrun --nproc_per_node=R -m flopcount ceilings -o FILE")
     model = "distributed" if nodes > 1 else "single-node"
     return Roofline(f"HPC-AI roofline, {model} model ({ranks} ranks, {nodes} node{'s' if nodes > 1 else ''})",
-                    compute_ceilings(ceilings, ranks), tuple(bandwidth),
+                    compute_ceilings(ceilings, ranks, threads, nodes), tuple(bandwidth),
                     "communication operation intensity (FLOPs / byte communicated)", "communication")
 
 
@@ -152,6 +183,7 @@ class RunPoint:
     coi: float
     ranks: int
     nodes: int
+    threads: int | None = None  # torch threads per rank (system.cpu.torch_threads), None when not recorded
 
 
 def run_points(doc: Any, where: str = "run") -> list[RunPoint]:
@@ -181,7 +213,9 @@ def run_points(doc: Any, where: str = "run") -> list[RunPoint]:
             continue
         ranks = int(run.get("ranks") or system.get("ranks") or 1)
         nodes = int(system.get("nodes") or 1)
-        points.append(RunPoint(str(run.get("name") or f"run {k}"), float(flops), float(coi), ranks, nodes))
+        threads = (system.get("cpu") or {}).get("torch_threads")
+        threads = threads if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0 else None
+        points.append(RunPoint(str(run.get("name") or f"run {k}"), float(flops), float(coi), ranks, nodes, threads))
     if not points:
         raise MeasurementError(
             f"{where}: no run has both FLOPS and a communication operation intensity (communication.coi), which the "

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         ceilings = load_ceilings(args.ceilings)
         runs = rl.run_points(rl.read_json(args.run, "run report"), args.run)
         first = runs[0]
-        roof = rl.hpcai_roofline(ceilings, first.ranks, first.nodes)
+        roof = rl.hpcai_roofline(ceilings, first.ranks, first.nodes, first.threads)
         points = [rl.Point(r.label, r.coi, r.flops) for r in runs]
     else:
         ceilings = load_ceilings(args.ceilings) if args.ceilings else default_ceilings()

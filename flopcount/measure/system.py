@@ -101,12 +101,20 @@ def interconnect() -> dict[str, object] | None:
     return out or None
 
 
+def _torch_threads() -> int | None:
+    """torch's intra-op threads in this process (each rank sets its own; torchrun's default is 1), or None when torch
+    is not imported: a CPU run's compute ceiling scales with the cores its ranks use."""
+    torch = sys.modules.get("torch")
+    return torch.get_num_threads() if torch is not None else None
+
+
 def describe_system(device: Device | None = None) -> dict[str, object]:
     """The ``system`` object of a report: CPU, memory, OS, software, the accelerator (when ``device`` is one) and
     the topology (nodes, ranks)."""
     accelerators = [device.as_dict()] if device is not None and device.kind != "cpu" else []
     out: dict[str, object] = {
-        "cpu": {"model": cpu_name(), "cores": cpu_cores(), "logical_cpus": os.cpu_count()},
+        "cpu": {"model": cpu_name(), "cores": cpu_cores(), "logical_cpus": os.cpu_count(),
+                "torch_threads": _torch_threads()},
         "memory_bytes": memory_bytes(),
         "os": f"{platform.system()} {platform.release()}",
         "hostname": platform.node(),
