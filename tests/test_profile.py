@@ -227,3 +227,23 @@ def test_residual_add_and_relu_fused_into_a_convolution_belong_to_it():
     assert sum(n.flops for n in p.nodes) == report.total.flops
     assert "add" not in {n.name for n in p.nodes}  # fused away, as this onnxruntime does
     assert owner["add"] == owner["relu"] == owner["conv1"] != owner["conv2"]
+
+
+def test_product_fused_into_a_gemm_between_reshapes_belongs_to_the_gemm():
+    """MatMul + Add of a 3-D input: onnxruntime ('all') runs a Gemm between a Reshape to 2-D and a Reshape back,
+    which writes the Add's output. The product and the bias are the Gemm's work, not the Reshape's."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"], name="mm"),
+             helper.make_node("Add", ["mm", "b"], ["a"], name="add"),
+             helper.make_node("Relu", ["a"], ["y"], name="relu")]
+    m = model(nodes, {"x": [2, 4, 8]}, ["y"], [weight("w", [8, 16]), weight("b", [16])])
+    report = flopcount.count(m)
+    p = profile(m, optimize="all", warmup=1, runs=2, ceilings=CEILINGS)
+    by_name = {n.name: n for n in p.nodes}
+    owner = {name: n.name for n in p.nodes for name in n.covers}
+    assert sorted(owner) == ["add", "mm", "relu"]
+    gemm = by_name[owner["mm"]]
+    assert gemm.op_type == "Gemm" and owner["add"] == gemm.name  # as this onnxruntime fuses them
+    # 2·(2·4)·8·16 FLOPs of the product and (2·4)·16 of the bias
+    assert gemm.flops == 2 * (2 * 4) * 8 * 16 + (2 * 4) * 16
+    assert all(n.flops == 0 for n in p.nodes if n.op_type == "Reshape")
+    assert sum(n.flops for n in p.nodes) == report.total.flops

@@ -375,6 +375,7 @@ def parse_profile(events: list[dict], warmup: int) -> tuple[list[dict[str, float
 
 _NCHWC = "_nchwc"
 _REORDER = ("ReorderInput", "ReorderOutput")
+_MOVES = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Transpose"})  # compute nothing
 
 
 def _absorbs(node) -> dict[str, int]:
@@ -400,8 +401,23 @@ def attribute(graph_nodes, names: list[str], optimized_graph) -> dict[str, list[
     node's input; else to the owner of its first consumer that has one (a ``Transpose`` folded into the product
     it feeds). Nodes folded into constants belong to none. onnxruntime's NCHWc layout pass names each node it
     rewrites ``<tensor>_nchwc`` after the tensor it stands for, whose name its output no longer carries (a
-    ``ReorderOutput`` may carry it instead): such a node counts as producing ``<tensor>``."""
+    ``ReorderOutput`` may carry it instead): such a node counts as producing ``<tensor>``. A data-movement node
+    the optimiser inserted (a node of no graph node's name: the Reshapes around the Gemm that MatMul + Add of a
+    3-D input become) passes what it writes on to the node that computed its input, unless the graph node that
+    wrote it moves data too (a Transpose the optimiser rebuilt under a new name)."""
     produced = {o: n.name for n in optimized_graph.node for o in n.output if o}
+    known = set(names)
+    inserted = {n.name: n.input[0] for n in optimized_graph.node
+                if n.op_type in _MOVES and n.domain in ("", "ai.onnx") and n.input and n.name not in known}
+
+    def computed_by(name: str) -> str:
+        """Back from an inserted move through its input, to the node that computed what it moves."""
+        for _ in range(len(inserted)):
+            up = produced.get(inserted[name]) if name in inserted else None
+            if up is None:
+                break
+            name = up
+        return name
     layout = {n.name for n in optimized_graph.node if n.op_type in _REORDER}
     for n in optimized_graph.node:
         if not n.name.endswith(_NCHWC):
@@ -421,6 +437,8 @@ def attribute(graph_nodes, names: list[str], optimized_graph) -> dict[str, list[
     moved: dict[int, str] = {}  # nodes whose output only a reorder writes: theirs unless a computing node absorbed them
     for i, n in enumerate(graph_nodes):  # downstream absorption, in graph order: Conv → Add → Relu
         found = next((produced[o] for o in n.output if o in produced), None)
+        if found in inserted and n.op_type not in _MOVES:  # a move of the optimiser's writes what n computed
+            found = computed_by(found)
         if found in layout:
             moved[i], found = found, None
         if found is None:
