@@ -114,7 +114,10 @@ def test_cpu_run_without_its_threads_is_scaled_by_ranks_and_says_so():
     roof = hpcai_roofline(_cpu_ceilings(1, ranks=2), ranks=2, nodes=1, threads=None)
     gemm = next(c for c in roof.compute if c.label == "GEMM fp32")
     assert gemm.value == pytest.approx(200 * G)
-    assert "assuming each rank ran the 1 thread of this measurement" in gemm.source
+    assert "assuming each rank ran the 1 thread of this measurement (the run does not record" in gemm.source
+    old = _cpu_ceilings(None, ranks=2)  # a ceilings file written before conv and GEMM recorded their threads
+    gemm = next(c for c in hpcai_roofline(old, ranks=2, nodes=1, threads=1).compute if c.label == "GEMM fp32")
+    assert gemm.value == pytest.approx(200 * G) and "(the ceiling does not record its threads)" in gemm.source
 
 
 def test_run_points_read_the_threads_per_rank():

@@ -123,8 +123,9 @@ def _cpu_factor(measured: int | None, ranks: int, threads: int | None, nodes: in
     if threads is None or not measured:
         if ranks == 1:
             return 1, ""
+        missing = f"the {'run' if threads is None else 'ceiling'} does not record its threads"
         return ranks, (f" x {ranks} ranks, assuming each rank ran the {measured or 'same number of'} thread"
-                       f"{'' if measured == 1 else 's'} of this measurement (the run does not record its threads)")
+                       f"{'' if measured == 1 else 's'} of this measurement ({missing})")
     used = ranks * threads
     capped = cores is not None and used > nodes * cores
     if capped:
