@@ -801,7 +801,7 @@ def resolve(model: ModelProto, dag: nx.DiGraph, where: str, first: "Inference | 
     if not values and any(n.op_type == "If" for n in model.graph.node):
         _fold(model, dag, tensors, values)  # an If's condition computed from constants or given values
     if not values:
-        values = _LazyConstants(model)  # built on the first look-up: most counts never need one
+        values = _LazyConstants(model, dag)  # each read on its first look-up
     if bodies:
         tensors = dict(tensors)
         _infer_bodies(model, model.graph, tensors, values, where)
@@ -1031,10 +1031,15 @@ def _infer_bodies(model: ModelProto, graph: onnx.GraphProto, tensors: dict, valu
 
 
 class _LazyConstants(Mapping):
-    """The model's small constant values, read on first use."""
+    """The model's small constant values (those :func:`_small_constants` reads), each read on its first look-up:
+    a count looks up a few (Reshape targets, axes) of a graph's many initializers. Iterating reads them all.
+    ``dag``, when given, holds the node lists already read from the protos."""
 
-    def __init__(self, model: ModelProto):
-        self._model, self._values = model, None
+    def __init__(self, model: ModelProto, dag: nx.DiGraph | None = None):
+        self._model, self._dag, self._values = model, dag, None
+        self._tensors: dict | None = None  # name → initializer, and name → Constant node
+        self._constants: dict | None = None
+        self._read: dict[str, np.ndarray | None] = {}
 
     def _load(self) -> dict:
         if self._values is None:
@@ -1042,7 +1047,38 @@ class _LazyConstants(Mapping):
         return self._values
 
     def __getitem__(self, name):
-        return self._load()[name]
+        if self._values is not None:
+            return self._values[name]
+        value = self._read.get(name, self._read)
+        if value is self._read:
+            value = self._read[name] = self._one(name)
+        if value is None:
+            raise KeyError(name)
+        return value
+
+    def _one(self, name: str) -> np.ndarray | None:
+        """What :func:`_small_constants` gives ``name``, or None: a Constant node's value wins over an
+        initializer's, as there."""
+        if self._tensors is None:
+            graph = self._model.graph
+            self._tensors = {t.name: t for t in graph.initializer}
+            if self._dag is not None:
+                g = self._dag.graph
+                self._constants = {outs[0]: g["protos"][k] for k, ((domain, op), outs)
+                                   in enumerate(zip(g["node_ops"], g["node_outputs"]))
+                                   if op == "Constant" and domain in ("", "ai.onnx") and len(outs) == 1}
+            else:
+                self._constants = {n.output[0]: n for n in graph.node
+                                   if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and len(n.output) == 1}
+        node = self._constants.get(name)
+        if node is not None:
+            v = _constant_value(node)
+            if v is not None and v.size <= FOLD_LIMIT:
+                return v
+        t = self._tensors.get(name)
+        if t is not None and t.data_location != TensorProto.EXTERNAL and prod(t.dims) <= FOLD_LIMIT and _has_data(t):
+            return _array(t)
+        return None
 
     def __iter__(self):
         return iter(self._load())

@@ -8,6 +8,7 @@ import os
 import sys
 
 import networkx as nx
+import numpy as np
 import pytest
 from conftest import const, model, weight
 from onnx import TensorProto, helper
@@ -266,3 +267,26 @@ def test_loop_body_nodes_get_no_gradients_of_their_namesakes():
     assert not r.backward_unsupported
     # the body's own plan: TopK reads the carried h (from x @ W), so its backward is due (0 FLOPs)
     assert next(n for n in r.nodes if n.name == "loop").backward == flopcount.Cost()
+
+
+def test_constants_read_one_by_one_are_those_read_all_at_once():
+    # inline initializers (small and over the fold limit), an external one, a stripped one, an empty one, Constant
+    # nodes (one of a tensor, one of ints, one of a float), and names that are neither
+    big = np.zeros(shapes.FOLD_LIMIT + 1, dtype=np.int64)
+    inits = [const("s", [2, 8]), const("f", [0.5, 2.0], np.float32), const("big", big), weight("ext", (4,)),
+             TensorProto(name="stripped", dims=[3], data_type=TensorProto.INT64), const("empty", np.zeros((0,)))]
+    nodes = [N("Constant", [], ["c"], value=helper.make_tensor("c", TensorProto.INT64, [2], [3, 4])),
+             N("Constant", [], ["both"], value_ints=[7, 7]), N("Constant", [], ["k"], value_float=1.5),
+             N("Reshape", ["x", "s"], ["y"])]
+    m = model(nodes, {"x": (4, 4)}, ["y"], inits)
+    everything = shapes._small_constants(m)
+    for dag in (build_graph(m.graph, "m.onnx"), None):
+        lazy = shapes._LazyConstants(m, dag)
+        for name in ("s", "f", "big", "ext", "stripped", "empty", "both", "c", "k", "x", "nowhere", "s"):
+            assert (name in lazy) == (name in everything), name
+            if name in everything:
+                np.testing.assert_array_equal(lazy[name], everything[name])
+        assert lazy._values is None  # read one by one, never all at once
+    assert sorted(everything) == ["both", "c", "empty", "f", "k", "s"]
+    np.testing.assert_array_equal(everything["both"], [7, 7])
+    assert dict(shapes._LazyConstants(m).items()).keys() == everything.keys()  # iterating reads them all
