@@ -247,3 +247,23 @@ def test_product_fused_into_a_gemm_between_reshapes_belongs_to_the_gemm():
     assert gemm.flops == 2 * (2 * 4) * 8 * 16 + (2 * 4) * 16
     assert all(n.flops == 0 for n in p.nodes if n.op_type == "Reshape")
     assert sum(n.flops for n in p.nodes) == report.total.flops
+
+
+def test_op_type_bytes_leave_out_executed_nodes_that_run_no_graph_node():
+    # an inserted Reshape runs no graph node; the op types' bytes are those of the graph nodes they run: the Gemm
+    # reads x (2·4·8), w (8·16) and b (16) and writes a (2·4·16), 4 bytes each
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["mm"], name="mm"),
+             helper.make_node("Add", ["mm", "b"], ["a"], name="add"),
+             helper.make_node("Reshape", ["a", "shape"], ["r"], name="reshape"),
+             helper.make_node("Relu", ["r"], ["y"], name="relu")]
+    m = model(nodes, {"x": [2, 4, 8]}, ["y"], [weight("w", [8, 16]), weight("b", [16]), const("shape", [8, 16])])
+    p = profile(m, optimize="all", warmup=1, runs=2, ceilings=CEILINGS)
+    owner = {name: n for n in p.nodes for name in n.covers}
+    reshapes = [n for n in p.nodes if n.op_type == "Reshape"]
+    # this onnxruntime inserts a Reshape before the Gemm and merges the one after it with the graph's Reshape
+    assert sorted(len(n.covers) for n in reshapes) == [0, 1] and owner["reshape"].op_type == "Reshape"
+    assert owner["mm"].op_type == "Gemm" and owner["add"] is owner["mm"]
+    assert p.by_op_type["Gemm"].bytes == 4 * (2 * 4 * 8 + 8 * 16 + 16 + 2 * 4 * 16)
+    # the graph's Reshape reads a (2·4·16) and the 2 int64 dims of its shape, and writes r (8·16)
+    assert p.by_op_type["Reshape"].bytes == 4 * 2 * 4 * 16 + 8 * 2 + 4 * 8 * 16
+    assert p.by_op_type["Reshape"].nodes == 2 and p.by_op_type["Reshape"].flops == 0

@@ -457,6 +457,8 @@ def attribute(graph_nodes, names: list[str], optimized_graph) -> dict[str, list[
             for j in consumers.get(o, ()):
                 if j > i and owner.get(j):
                     owner[i] = owner[j]
+                    if owner[i] in inserted and n.op_type not in _MOVES:  # a move merged with the optimiser's
+                        owner[i] = computed_by(owner[i])
                     break
             if owner[i]:
                 break
@@ -617,7 +619,10 @@ def _by_op_type(rows: list[NodeProfile], ceilings) -> dict[str, OpTypeProfile]:
         acc.setdefault(r.op_type, []).append(r)
     out = {}
     for op, rs in acc.items():
-        nbytes = None if any(r.bytes is None for r in rs) else sum(r.bytes for r in rs)
+        # bytes of the graph nodes these executed nodes run; one that runs none (a Reshape the optimiser inserted)
+        # adds no counted work, rather than making the sum unknown
+        counted = [r for r in rs if r.covers]
+        nbytes = None if not counted or any(r.bytes is None for r in counted) else sum(r.bytes for r in counted)
         flops = sum(r.flops for r in rs)
         out[op] = OpTypeProfile(op, len(rs), flops, nbytes, sum(r.time_s or 0.0 for r in rs),
                                 bound_of(flops, nbytes, rs[0].dtype, ceilings))
