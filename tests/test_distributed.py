@@ -116,25 +116,16 @@ def _env(rank: int, world: int, port: int) -> dict[str, str]:
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
 
 
-def _bench_rank(rank: int, world: int, port: int, argv: list[str]) -> None:
+def _bench_rank(rank: int, argv: list[str]) -> int:
     """One rank of ``flopcount bench``, forked from the test (torch already imported), env:// as torchrun sets it."""
-    code = 1
-    try:
-        os.environ.update(_env(rank, world, port))
-        torch.set_num_threads(1)
-        from flopcount.cli import main
+    from flopcount.cli import main
 
-        code = main(argv)
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    return main(argv)
 
 
-def _watched(target, *args) -> None:
-    """Run one rank, forked from the test process.
+def _watched(target, rank: int, world: int, port: int, *args) -> None:
+    """Run one rank, forked from the test process: env:// as torchrun sets it, one thread, and the exit code
+    ``target`` returns (0 for None, 1 for an exception, whose traceback goes to stderr).
 
     What the rank inherits is frozen out of its garbage collector: earlier tests leave garbage cycles of TensorFlow
     objects (the Keras callback test) whose finalizers take a lock that a TensorFlow thread of the parent held at
@@ -145,7 +136,17 @@ def _watched(target, *args) -> None:
 
     gc.freeze()
     faulthandler.dump_traceback_later(240, exit=True)
-    target(*args)
+    code = 1
+    try:
+        os.environ.update(_env(rank, world, port))
+        torch.set_num_threads(1)
+        code = target(rank, *args) or 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def _launch(target, world: int, args: tuple) -> None:
@@ -259,35 +260,26 @@ def _check_ensemble_run(doc: dict, i: int, M: int, P: int) -> None:
     assert math.isclose(run["vflops"], run["flops"] * (run["quality"] / 0.9) ** 5)  # VFLOPS on the ensemble's
 
 
-def _predict_rank(rank: int, world: int, port: int, M: int, out: str) -> None:
+def _predict_rank(rank: int, M: int, out: str) -> None:
     """The Python API for a user's own model: M base models of P ranks, each rank evaluating its model's
     predictions; the helper averages the models' predictions across the process groups."""
-    code = 1
-    try:
-        os.environ.update(_env(rank, world, port))
-        torch.set_num_threads(1)
-        ranks = distributed.init("cpu")
-        ens = ensemble.Ensemble(models=M)
-        torch.manual_seed(ens.seed(SEED))  # base models differ, replicas of one model agree
-        net = torch.nn.Linear(6, 5)
-        model = ens.wrap(net)
-        x = torch.randn(40, 6, generator=torch.Generator().manual_seed(1))
-        y = torch.arange(40) % 5
-        # one training step on this rank's shard of its model's bootstrap sample, through DDP when P > 1
-        idx = ens.sampler(40, SEED)(1)[:8]
-        torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
-        with torch.no_grad():
-            net.weight -= 0.5 * net.weight.grad
-        probs = net(x).softmax(1).detach()
-        base, together = ens.evaluate(probs, y)
-        torch.save({"rank": rank, "model": ens.model_index, "group": list(ens.model_ranks), "probs": probs,
-                    "base": base, "together": together}, f"{out}/{rank}.pt")
-        distributed.finish(ranks)
-        code = 0
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        os._exit(code)
+    ranks = distributed.init("cpu")
+    ens = ensemble.Ensemble(models=M)
+    torch.manual_seed(ens.seed(SEED))  # base models differ, replicas of one model agree
+    net = torch.nn.Linear(6, 5)
+    model = ens.wrap(net)
+    x = torch.randn(40, 6, generator=torch.Generator().manual_seed(1))
+    y = torch.arange(40) % 5
+    # one training step on this rank's shard of its model's bootstrap sample, through DDP when P > 1
+    idx = ens.sampler(40, SEED)(1)[:8]
+    torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+    with torch.no_grad():
+        net.weight -= 0.5 * net.weight.grad
+    probs = net(x).softmax(1).detach()
+    base, together = ens.evaluate(probs, y)
+    torch.save({"rank": rank, "model": ens.model_index, "group": list(ens.model_ranks), "probs": probs,
+                "base": base, "together": together}, f"{out}/{rank}.pt")
+    distributed.finish(ranks)
 
 
 @pytest.mark.slow
@@ -308,35 +300,26 @@ def test_ensemble_accuracy_is_that_of_the_averaged_predictions(tmp_path, M, P):
     assert all(lead["base"] != expected for lead in leads)  # and so does their average from each of them
 
 
-def _peak_rank(rank: int, world: int, port: int, out: str) -> None:
-    """A meter's CPU device on one of ``world`` ranks: the real device description and GEMM calibration (or its
+def _peak_rank(rank: int, out: str) -> None:
+    """A meter's CPU device on one rank: the real device description and GEMM calibration (or its
     cache), with the calls that describe this CPU recorded."""
-    code = 1
-    try:
-        os.environ.update(_env(rank, world, port))
-        torch.set_num_threads(1)
-        from flopcount.measure import devices
-        from flopcount.measure.meter import Meter
+    from flopcount.measure import devices
+    from flopcount.measure.meter import Meter
 
-        calls = []
-        real = devices.cpu_device
-        devices.cpu_device = lambda *a, **kw: calls.append(rank) or real(*a, **kw)
-        ranks = distributed.init("cpu")
-        meter = Meter(flops_per_sample=1000.0, device="cpu", warmup_steps=0, window_steps=1)
-        x = torch.randn(64, 64)
-        for _ in range(3):
-            with meter.step(8):
-                x = torch.tanh(x @ x)
-        result = meter.result()
-        meter.to_json(f"{out}/run.json")  # rank 0 alone writes: it must not wait on a collective
-        json.dump({"calls": calls, "peak": result.peak_flops, "source": result.peak_source,
-                   "mfu": result.mfu, "flops": result.flops}, open(f"{out}/{rank}.json", "w"))
-        distributed.finish(ranks)
-        code = 0
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        os._exit(code)
+    calls = []
+    real = devices.cpu_device
+    devices.cpu_device = lambda *a, **kw: calls.append(rank) or real(*a, **kw)
+    ranks = distributed.init("cpu")
+    meter = Meter(flops_per_sample=1000.0, device="cpu", warmup_steps=0, window_steps=1)
+    x = torch.randn(64, 64)
+    for _ in range(3):
+        with meter.step(8):
+            x = torch.tanh(x @ x)
+    result = meter.result()
+    meter.to_json(f"{out}/run.json")  # rank 0 alone writes: it must not wait on a collective
+    json.dump({"calls": calls, "peak": result.peak_flops, "source": result.peak_source,
+               "mfu": result.mfu, "flops": result.flops}, open(f"{out}/{rank}.json", "w"))
+    distributed.finish(ranks)
 
 
 @pytest.mark.slow
