@@ -1037,8 +1037,8 @@ class _LazyConstants(Mapping):
 
     def __init__(self, model: ModelProto, dag: nx.DiGraph | None = None):
         self._model, self._dag, self._values = model, dag, None
-        self._tensors: dict | None = None  # name → initializer, and name → Constant node
-        self._constants: dict | None = None
+        self._initializers: dict | None = None  # name → initializer
+        self._constants: dict | None = None  # name → Constant node
         self._read: dict[str, np.ndarray | None] = {}
 
     def _load(self) -> dict:
@@ -1059,26 +1059,14 @@ class _LazyConstants(Mapping):
     def _one(self, name: str) -> np.ndarray | None:
         """What :func:`_small_constants` gives ``name``, or None: a Constant node's value wins over an
         initializer's, as there."""
-        if self._tensors is None:
-            graph = self._model.graph
-            self._tensors = {t.name: t for t in graph.initializer}
-            if self._dag is not None:
-                g = self._dag.graph
-                self._constants = {outs[0]: g["protos"][k] for k, ((domain, op), outs)
-                                   in enumerate(zip(g["node_ops"], g["node_outputs"]))
-                                   if op == "Constant" and domain in ("", "ai.onnx") and len(outs) == 1}
-            else:
-                self._constants = {n.output[0]: n for n in graph.node
-                                   if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and len(n.output) == 1}
+        if self._initializers is None:
+            self._initializers = {t.name: t for t in self._model.graph.initializer}
+            self._constants = _constant_nodes(self._model.graph, self._dag)
         node = self._constants.get(name)
-        if node is not None:
-            v = _constant_value(node)
-            if v is not None and v.size <= FOLD_LIMIT:
-                return v
-        t = self._tensors.get(name)
-        if t is not None and t.data_location != TensorProto.EXTERNAL and prod(t.dims) <= FOLD_LIMIT and _has_data(t):
-            return _array(t)
-        return None
+        value = _small_constant_node(node) if node is not None else None
+        if value is None and name in self._initializers:
+            value = _small_initializer(self._initializers[name])
+        return value
 
     def __iter__(self):
         return iter(self._load())
@@ -1088,16 +1076,35 @@ class _LazyConstants(Mapping):
 
 
 def _small_constants(model: ModelProto) -> dict[str, np.ndarray]:
-    values = {}
-    for t in model.graph.initializer:
-        if t.data_location != TensorProto.EXTERNAL and prod(t.dims) <= FOLD_LIMIT and _has_data(t):
-            values[t.name] = _array(t)
-    for node in model.graph.node:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.output) == 1:
-            v = _constant_value(node)
-            if v is not None and v.size <= FOLD_LIMIT:
-                values[node.output[0]] = v
+    values = {t.name: v for t in model.graph.initializer if (v := _small_initializer(t)) is not None}
+    for name, node in _constant_nodes(model.graph).items():
+        v = _small_constant_node(node)
+        if v is not None:
+            values[name] = v
     return values
+
+
+def _constant_nodes(graph: onnx.GraphProto, dag: nx.DiGraph | None = None) -> dict[str, onnx.NodeProto]:
+    """Output name → the standard ``Constant`` node that writes it (from ``dag``'s node lists when given)."""
+    if dag is None:
+        return {n.output[0]: n for n in graph.node
+                if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and len(n.output) == 1}
+    g = dag.graph
+    return {outs[0]: g["protos"][k] for k, ((domain, op), outs) in enumerate(zip(g["node_ops"], g["node_outputs"]))
+            if op == "Constant" and domain in ("", "ai.onnx") and len(outs) == 1}
+
+
+def _small_initializer(t: TensorProto) -> np.ndarray | None:
+    """An inline initializer's value when it has at most FOLD_LIMIT elements, else None."""
+    if t.data_location != TensorProto.EXTERNAL and prod(t.dims) <= FOLD_LIMIT and _has_data(t):
+        return _array(t)
+    return None
+
+
+def _small_constant_node(node: onnx.NodeProto) -> np.ndarray | None:
+    """A Constant node's value when it has at most FOLD_LIMIT elements, else None."""
+    v = _constant_value(node)
+    return v if v is not None and v.size <= FOLD_LIMIT else None
 
 
 def _array(t: TensorProto) -> np.ndarray | None:

@@ -47,10 +47,11 @@ class GemmCeiling:
 
     def describe(self) -> str:
         return (f"measured GEMM ceiling of this {self.device} ({self.dtype}, {self.n}x{self.n}x{self.n}, median of "
-                f"{self.repeats} after warm-up, {_threads(self.threads)}, torch {self.torch_version})")
+                f"{self.repeats} after warm-up, {threads_text(self.threads)}, torch {self.torch_version})")
 
 
-def _threads(n: int) -> str:
+def threads_text(n: int) -> str:
+    """A thread count in words: 1 thread, 2 threads."""
     return f"{n} thread{'' if n == 1 else 's'}"
 
 
@@ -153,7 +154,7 @@ class ConvCeiling:
 
     def describe(self) -> str:
         n, c, h, w = self.shape
-        threads = "" if self.threads is None else f", {_threads(self.threads)}"
+        threads = "" if self.threads is None else f", {threads_text(self.threads)}"
         return (f"measured 3x3 convolution ceiling of this {self.device} ({self.dtype}, {n}x{c}x{h}x{w}, "
                 f"{'channels-last' if self.channels_last else 'NCHW'}, median of {self.repeats} after warm-up"
                 f"{threads})")

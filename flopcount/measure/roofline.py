@@ -25,6 +25,8 @@ from typing import Any, Sequence
 
 from flopcount.errors import MeasurementError, UsageError
 
+from .ceilings import threads_text
+
 
 @dataclass(frozen=True)
 class Ceiling:
@@ -124,8 +126,8 @@ def _cpu_factor(measured: int | None, ranks: int, threads: int | None, nodes: in
         if ranks == 1:
             return 1, ""
         missing = f"the {'run' if threads is None else 'ceiling'} does not record its threads"
-        return ranks, (f" x {ranks} ranks, assuming each rank ran the {measured or 'same number of'} thread"
-                       f"{'' if measured == 1 else 's'} of this measurement ({missing})")
+        each = threads_text(measured) if measured else "same number of threads"
+        return ranks, f" x {ranks} ranks, assuming each rank ran the {each} of this measurement ({missing})"
     used = ranks * threads
     capped = cores is not None and used > nodes * cores
     if capped:
@@ -133,8 +135,7 @@ def _cpu_factor(measured: int | None, ranks: int, threads: int | None, nodes: in
     if used == measured:
         return 1, ""
     return used / measured, (f" x {used}/{measured} threads (the run's {ranks} rank{'s' if ranks > 1 else ''} x "
-                             f"{threads} thread{'s' if threads > 1 else ''}"
-                             f"{f', capped at the {nodes * cores} cores' if capped else ''})")
+                             f"{threads_text(threads)}{f', capped at the {nodes * cores} cores' if capped else ''})")
 
 
 def hpcai_roofline(ceilings, ranks: int = 1, nodes: int = 1, threads: int | None = None) -> Roofline:
