@@ -48,16 +48,16 @@ def load(source: str | os.PathLike | ModelProto | bytes) -> LoadedModel:
     A ``ModelProto`` passed in is never modified: its weightless copy is made field by field.
     """
     if isinstance(source, ModelProto):
-        model = weightless_copy(source)
+        model = weightless_copy(source, "<model>")
         path = None
     elif isinstance(source, (bytes, bytearray)):
         model = _parse(bytes(source), "<bytes>")
-        strip_weight_data(model)
+        strip_weight_data(model, "<bytes>")
         path = None
     else:
         path = os.fspath(source)
         model = _parse(_read(path), path)
-        strip_weight_data(model)
+        strip_weight_data(model, path)
     _check_is_model(model, path or "<model>")
     _check_text(model, path or "<model>")
     check_opsets(model, path or "<model>")
@@ -198,50 +198,85 @@ def _strip_tensor(t: TensorProto) -> None:
     t.data_location = TensorProto.DEFAULT
 
 
+def has_data(t: TensorProto) -> bool:
+    """Whether ``t`` holds values (inline or by an external reference). A tensor without data is read as
+    dims and type only: its data was dropped at load, or it never had any (a weightless export); every
+    check treats both alike."""
+    return (t.HasField("raw_data") or t.data_location == TensorProto.EXTERNAL
+            or any(len(getattr(t, f)) for f in _DATA_FIELDS[1:]))
+
+
 # Standard operators whose attributes can hold tensors or subgraphs; nodes of other domains are
 # inspected too. Reading every attribute of every node would cost more than parsing the file.
 _TENSOR_ATTRIBUTE_OPS = frozenset({"Constant", "ConstantOfShape", "If", "Loop", "Scan", "SequenceMap"})
 
 
-def _big_tensors(graph: onnx.GraphProto):
-    """Initializers and Constant-node tensors that are weights or refer to external data, in this
+def _big_tensors(graph: onnx.GraphProto, where: str):
+    """Initializers and node-attribute tensors that are weights or refer to external data, in this
     graph and all subgraphs (an external tensor of any size, zero elements included, loses its
-    reference: a tensor without data is read as dims and type only)."""
+    reference: a tensor without data is read as dims and type only). A node's inline tensor is
+    checked by ONNX's checker as written before it is yielded, since its data is about to go."""
     for t in graph.initializer:
         if not _is_small(t):
             yield t
     for sp in graph.sparse_initializer:
         yield sp.values
         yield sp.indices
-    for node in graph.node:
+    for i, node in enumerate(graph.node):
         if node.op_type not in _TENSOR_ATTRIBUTE_OPS and node.domain in ("", "ai.onnx"):
             continue
-        yield from _node_big_tensors(node)
+        yield from _node_big_tensors(node, i, where)
 
 
-def _node_big_tensors(node: onnx.NodeProto):
+def _node_big_tensors(node: onnx.NodeProto, index: int, where: str):
     """The weight-sized or external tensors in a node's attributes, subgraphs included."""
     for a in node.attribute:
         if a.type == onnx.AttributeProto.TENSOR and not _is_small(a.t):
+            _check_tensor(a.t, node, index, where)
             yield a.t
         elif a.type == onnx.AttributeProto.GRAPH:
-            yield from _big_tensors(a.g)
+            yield from _big_tensors(a.g, where)
         elif a.type == onnx.AttributeProto.TENSORS:
-            yield from (t for t in a.tensors if not _is_small(t))
+            for t in a.tensors:
+                if not _is_small(t):
+                    _check_tensor(t, node, index, where)
+                    yield t
         elif a.type == onnx.AttributeProto.SPARSE_TENSOR:
+            _check_tensor(a.sparse_tensor, node, index, where)
             yield from (a.sparse_tensor.values, a.sparse_tensor.indices)
         elif a.type == onnx.AttributeProto.GRAPHS:
             for g in a.graphs:
-                yield from _big_tensors(g)
+                yield from _big_tensors(g, where)
 
 
-def strip_weight_data(model: ModelProto) -> None:
-    """Drop, in place, the data of every weight-sized tensor (dims and dtypes stay)."""
-    for t in _big_tensors(model.graph):
+def _check_tensor(t, node: onnx.NodeProto, index: int, where: str) -> None:
+    """ONNX's checker on a node's tensor (dense or sparse) as written, before its data is dropped: the
+    value field, its type and its length. A tensor without data is read as dims and type only, and an
+    external one is never opened, so neither is checked here."""
+    dense = t.values if isinstance(t, onnx.SparseTensorProto) else t
+    if not has_data(dense) or dense.data_location == TensorProto.EXTERNAL:
+        return
+    check = onnx.checker.check_sparse_tensor if dense is not t else onnx.checker.check_tensor
+    try:
+        check(t, onnx.checker.C.CheckerContext())
+    except Exception as e:  # onnx.checker.ValidationError and plain C++ exceptions
+        from .errors import InvalidGraphError
+
+        raise InvalidGraphError(
+            f"{where}: node {node.name or f'{node.op_type}_{index}'!r} ({node.op_type}), tensor {dense.name!r}: "
+            f"{_first_line(e)} "
+            "(ONNX checker); fix the tensor or re-export the model"
+        ) from None
+
+
+def strip_weight_data(model: ModelProto, where: str = "<model>") -> None:
+    """Drop, in place, the data of every weight-sized tensor (dims and dtypes stay). A node's inline
+    tensor is checked as written first (:class:`~flopcount.errors.InvalidGraphError` naming it)."""
+    for t in _big_tensors(model.graph, where):
         _strip_tensor(t)
     for f in model.functions:
-        for node in f.node:
-            for t in _node_big_tensors(node):
+        for i, node in enumerate(f.node):
+            for t in _node_big_tensors(node, i, f"{where}: function {f.name!r}"):
                 _strip_tensor(t)
 
 
@@ -260,7 +295,7 @@ def _copy_field(dst, field, value) -> None:
         setattr(dst, field.name, value)
 
 
-def weightless_copy(model: ModelProto) -> ModelProto:
+def weightless_copy(model: ModelProto, where: str = "<model>") -> ModelProto:
     """A copy of ``model`` without weight data, made without copying the weight bytes."""
     out = ModelProto()
     for field, value in model.ListFields():
@@ -275,7 +310,7 @@ def weightless_copy(model: ModelProto) -> ModelProto:
                 out.graph.initializer.add().CopyFrom(t)
             else:
                 out.graph.initializer.add(name=t.name, dims=t.dims, data_type=t.data_type)
-    strip_weight_data(out)  # Constant nodes, sparse initializers, subgraphs
+    strip_weight_data(out, where)  # Constant nodes, sparse initializers, subgraphs
     return out
 
 

@@ -25,7 +25,7 @@ from onnx import AttributeProto, helper
 from .context import TensorInfo
 from .errors import InvalidGraphError, ShapeError
 from .graph import node_label
-from .loading import _first_line
+from .loading import _first_line, has_data
 from .registry import DEFAULT_DOMAIN, canonical_domain
 
 _GRAPH_TYPES = (AttributeProto.GRAPH, AttributeProto.GRAPHS)
@@ -118,18 +118,7 @@ def _check_schema(node, domain, version, ir_version, index, scope, where) -> Non
     Bodies are replaced by empty graphs here (they are checked node by node, in their scope)."""
     if not _has_schema(node.op_type, version, domain):
         return  # unknown to this onnx: reported as unsupported, not an error
-    if any(a.type in _GRAPH_TYPES for a in node.attribute):
-        bare = onnx.NodeProto()
-        bare.CopyFrom(node)
-        for a in bare.attribute:
-            if a.type == AttributeProto.GRAPH:
-                a.g.Clear()
-                a.g.name = "body"
-            elif a.type == AttributeProto.GRAPHS:
-                for g in a.graphs:
-                    g.Clear()
-                    g.name = "body"
-        node = bare
+    node = _as_checked(node)
     ctx = onnx.checker.C.CheckerContext()
     ctx.ir_version = ir_version or onnx.IR_VERSION
     ctx.opset_imports = {"" if domain == DEFAULT_DOMAIN else domain: version}
@@ -145,6 +134,51 @@ def _check_schema(node, domain, version, ir_version, index, scope, where) -> Non
             f"{_where_node(node, index, scope, where)}: {text} (ONNX checker, opset {version}); "
             "fix the node against the operator's spec or re-export the model"
         ) from None
+
+
+_TENSOR_TYPES = (AttributeProto.TENSOR, AttributeProto.TENSORS, AttributeProto.SPARSE_TENSOR)
+
+
+def _as_checked(node: onnx.NodeProto) -> onnx.NodeProto:
+    """``node`` as the schema check sees it: bodies replaced by empty graphs (they are checked node by
+    node, in their scope), and a tensor without data by a zero-element tensor of the same type. The
+    loader checked each inline tensor as written before dropping its data (:mod:`flopcount.loading`),
+    so the check never depends on whether data was dropped, at load or before the file was written."""
+    if not any(a.type in _GRAPH_TYPES or (a.type in _TENSOR_TYPES and _dataless(a)) for a in node.attribute):
+        return node
+    bare = onnx.NodeProto()
+    bare.CopyFrom(node)
+    for a in bare.attribute:
+        if a.type == AttributeProto.GRAPH:
+            a.g.Clear()
+            a.g.name = "body"
+        elif a.type == AttributeProto.GRAPHS:
+            for g in a.graphs:
+                g.Clear()
+                g.name = "body"
+        elif a.type == AttributeProto.TENSOR and not has_data(a.t):
+            _empty(a.t)
+        elif a.type == AttributeProto.TENSORS:
+            for t in a.tensors:
+                if not has_data(t):
+                    _empty(t)
+        elif a.type == AttributeProto.SPARSE_TENSOR and not has_data(a.sparse_tensor.values):
+            _empty(a.sparse_tensor.values)
+            _empty(a.sparse_tensor.indices)
+    return bare
+
+
+def _dataless(a: onnx.AttributeProto) -> bool:
+    if a.type == AttributeProto.TENSOR:
+        return not has_data(a.t)
+    if a.type == AttributeProto.TENSORS:
+        return not all(map(has_data, a.tensors))
+    return not has_data(a.sparse_tensor.values)
+
+
+def _empty(t: onnx.TensorProto) -> None:
+    """Make ``t`` a tensor of its type with no elements (its last dim 0), which needs no value."""
+    t.dims[-1:] = [0]
 
 
 def _check_window(node, index, scope, where) -> None:
