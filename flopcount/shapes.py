@@ -21,7 +21,7 @@ import threading
 import warnings
 from dataclasses import dataclass
 from math import prod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import networkx as nx
 import numpy as np
@@ -1141,20 +1141,36 @@ def _fold(model: ModelProto, dag: nx.DiGraph, tensors: Mapping[str, TensorInfo],
     """Evaluate nodes whose inputs are known small constants; True when a new value was found."""
     if not values:
         values.update(_small_constants(model))
+    return _fold_nodes((dag.graph["protos"][idx] for idx in dag.graph["order"]), tensors, values)
+
+
+def _fold_nodes(nodes: Iterable[onnx.NodeProto], tensors: Mapping[str, TensorInfo], values: dict) -> bool:
+    """:func:`_fold` over ``nodes`` in order, and into the branch each If with a known condition takes (its
+    nodes are inlined by :func:`_with_constants`, so an If nested there can be decided in turn: PyTorch's
+    exports test an input's rank inside the branch that tests the sample rate)."""
     found = False
-    for idx in dag.graph["order"]:
-        node = dag.graph["protos"][idx]
-        if node.domain not in ("", "ai.onnx") or not node.output or node.output[0] in values:
+    for node in nodes:
+        if node.domain not in ("", "ai.onnx") or not node.output:
             continue
-        outs = _evaluate(node, tensors, values)
-        if outs is None:
-            continue
-        for name, v in zip(node.output, outs):
-            if isinstance(v, np.generic):  # numpy arithmetic on 0-d arrays gives scalars
-                v = np.asarray(v)
-            if name and isinstance(v, np.ndarray) and v.size <= FOLD_LIMIT:  # not sequences
-                values[name] = v
-                found = True
+        if node.output[0] not in values:
+            outs = _evaluate(node, tensors, values)
+            for name, v in zip(node.output, outs or ()):
+                if isinstance(v, np.generic):  # numpy arithmetic on 0-d arrays gives scalars
+                    v = np.asarray(v)
+                if name and isinstance(v, np.ndarray) and v.size <= FOLD_LIMIT:  # not sequences
+                    values[name] = v
+                    found = True
+        branch = _taken_branch(node, values)
+        if branch is not None and not all(o in values for o in node.output if o):
+            for t in branch.initializer:
+                if t.name not in values and _has_data(t) and prod(t.dims) <= FOLD_LIMIT:
+                    values[t.name] = _array(t)
+            for inner in branch.node:
+                if inner.op_type == "Constant" and inner.output[0] not in values:
+                    v = _constant_value(inner)
+                    if v is not None and v.size <= FOLD_LIMIT:
+                        values[inner.output[0]] = v
+            found = _fold_nodes(branch.node, tensors, values) or found
     return found
 
 
@@ -1286,23 +1302,30 @@ def _with_constants(model: ModelProto, dag: nx.DiGraph, values: Mapping[str, np.
     g.value_info.extend(model.graph.value_info)
     have = {t.name for t in model.graph.initializer}
     g.initializer.extend(model.graph.initializer)
-    for node in model.graph.node:
+    _inline_taken(model.graph.node, values, g)
+    have |= {t.name for t in g.initializer}
+    for name, v in values.items():
+        if name not in have:
+            g.initializer.append(numpy_helper.from_array(np.asarray(v), name))
+    return scratch
+
+
+def _inline_taken(nodes: Iterable[onnx.NodeProto], values: Mapping[str, np.ndarray], g: onnx.GraphProto) -> None:
+    """Append ``nodes`` to ``g`` less those whose outputs are all folded, with each If whose condition is known
+    replaced by the branch it takes (recursively: an If nested in that branch too), so its output shapes are
+    exact."""
+    for node in nodes:
         if node.output and all((not o) or o in values for o in node.output):
             continue
         branch = _taken_branch(node, values)
         if branch is None:
             g.node.append(node)
             continue
-        # an If with a known condition: inline the branch it takes, so its output shapes are exact
-        g.initializer.extend(branch.initializer)
-        g.node.extend(branch.node)
+        g.initializer.extend(t for t in branch.initializer if t.name not in values)
+        _inline_taken(branch.node, values, g)
         for inner, outer in zip(branch.output, node.output):
             if outer:
                 g.node.append(helper.make_node("Identity", [inner.name], [outer]))
-    for name, v in values.items():
-        if name not in have:
-            g.initializer.append(numpy_helper.from_array(np.asarray(v), name))
-    return scratch
 
 
 def _i64(x) -> np.ndarray:
