@@ -136,7 +136,7 @@ def _romanizer(lang_dir: str, lang: str) -> tuple[Model, Model]:
     base = f"arabic_name_romanizer/resources/{lang_dir}"
     encoder = Model(
         f"romanizer-{lang}-encoder", ARABIC_ROMANIZER, f"{base}encoder.onnx", "pytorch", "torch.onnx",
-        "RNN: bidirectional GRU encoder", {
+        "RNN: two bidirectional ONNX GRU layers", {
             "src": Feed((1, 12), "int64", 0, 40),
             "src_mask": Feed((1, 12), "bool", value=True),
         }, _ROMANIZER_SOURCE,
@@ -176,31 +176,31 @@ MODELS: tuple[Model, ...] = (
     ),
     Model(
         "magika-standard-v3-3", MAGIKA, "magika/models/standard_v3_3/model.onnx", "tf2onnx", "tf2onnx (Keras)",
-        "CNN + attention: file-type classifier on raw bytes", {"bytes": Feed((4, 2048), "int32", 0, 257)},
+        "dense + 1-D CNN: file-type classifier on raw bytes", {"bytes": Feed((4, 2048), "int32", 0, 257)},
         "magika/magika.py: Magika._get_raw_predictions feeds one row per file of beg_size 1024 + end_size 1024 "
         "integers (models/standard_v3_3/config.min.json): byte values 0-255 and padding_token 256; up to 1000 "
         "rows per run (4 files here)",
     ),
     Model(
         "silero-vad", SILERO, "silero_vad/data/silero_vad.onnx", "spox", "spox",
-        "RNN: voice activity (Conv + LSTM cell), both rates behind If", {
+        "RNN: voice activity (STFT Conv + ONNX LSTM), 8 and 16 kHz models in nested If branches", {
             "input": Feed((1, 576)), "state": Feed((2, 1, 128), value=0.0), "sr": Feed((), "int64", value=16000),
         }, _SILERO_STREAM + ", and sr = 16000 as an int64 scalar",
     ),
     Model(
         "silero-vad-16k-op15", SILERO, "silero_vad/data/silero_vad_16k_op15.onnx", "pytorch", "torch.onnx",
-        "RNN: voice activity, opset 15, If on the rate", {
+        "RNN: voice activity (Conv + ONNX LSTM), If on the rate", {
             "input": Feed((1, 576)), "state": Feed((2, 1, 128), value=0.0), "sr": Feed((), "int64", value=16000),
         }, _SILERO_STREAM + ", and sr = 16000 (the only rate of a '16k' file)",
     ),
     Model(
         "silero-vad-half", SILERO, "silero_vad/data/silero_vad_half.onnx", "pytorch", "torch.onnx",
-        "RNN: voice activity, float16 inside", {"input": Feed((1, 576)), "state": Feed((2, 1, 128), value=0.0)},
+        "RNN: voice activity (Conv + ONNX LSTM), rank tests in nested If branches", {"input": Feed((1, 576)), "state": Feed((2, 1, 128), value=0.0)},
         _SILERO_STREAM + " (this file takes no rate input)",
     ),
     Model(
         "silero-vad-op18-ifless", SILERO, "silero_vad/data/silero_vad_op18_ifless.onnx", "pytorch", "torch.onnx",
-        "RNN: voice activity, opset 18", {
+        "RNN: voice activity, LSTM cells unrolled into Gemm, If on the rate", {
             "input": Feed((1, 576)), "sr": Feed((), "int64", value=16000), "state": Feed((2, 1, 128), value=0.0),
         }, _SILERO_STREAM + ", and sr = 16000",
     ),
