@@ -176,7 +176,7 @@ def _ort_run(model: Model) -> Run:
         products = [(top, n) for top, n in nodes if n.op_type in PRODUCTS]
         ifs = [(top, n) for top, n in nodes if n.op_type == "If"]
         wanted = {name for _, n in products for name in (*n.input, *n.output) if name and name not in known}
-        wanted |= {n.input[0] for _, n in ifs}
+        wanted |= {n.input[0] for _, n in ifs if n.input[0] not in feeds}
         trial = onnx.ModelProto()
         trial.CopyFrom(proto)
         del trial.graph.node[:]
@@ -185,6 +185,7 @@ def _ort_run(model: Model) -> Run:
         trial.graph.output.extend(helper.make_empty_tensor_value_info(w) for w in sorted(wanted - have))
         names = [o.name for o in trial.graph.output]
         got = dict(zip(names, _session(trial).run(names, feeds)))
+        values = {**feeds, **got}
         if rounds == 1:
             first_outputs = tuple(got[o.name] for o in graph.output[:n_outputs])
         known |= {name: tuple(np.asarray(v).shape) for name, v in got.items() if name in wanted}
@@ -195,7 +196,7 @@ def _ort_run(model: Model) -> Run:
             if n.op_type != "If":
                 inlined.append((top, n))
                 continue
-            branch = _attrs(n)["then_branch" if bool(np.asarray(got[n.input[0]]).reshape(-1)[0]) else "else_branch"]
+            branch = _attrs(n)["then_branch" if bool(np.asarray(values[n.input[0]]).reshape(-1)[0]) else "else_branch"]
             proto.graph.initializer.extend(branch.initializer)
             known |= {t.name: tuple(t.dims) for t in branch.initializer}
             inlined.extend((top, inner) for inner in branch.node)
