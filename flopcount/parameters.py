@@ -96,6 +96,17 @@ def stored_tensors(graph: onnx.GraphProto) -> dict[str, tuple[int, tuple[int, ..
     return out
 
 
+def subgraphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
+    """The bodies of ``graph``'s If, Loop, Scan (any graph attribute), nested ones included, outermost first."""
+    out = []
+    for node in graph.node:
+        for a in node.attribute:
+            for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs:
+                out.append(sub)
+                out.extend(subgraphs(sub))
+    return out
+
+
 def classify(
     model: ModelProto,
     opsets: Mapping[str, int],
@@ -110,7 +121,8 @@ def classify(
     (None: any node may), so that they are not read from the protos again."""
     from .counting import _differentiable  # the schema categories, cached there
 
-    stored = {n: v for n, v in stored_tensors(model.graph).items() if v[0] not in SHAPE_TYPES and n not in excluded}
+    graphs = [model.graph, *subgraphs(model.graph)]  # weights stored in If/Loop/Scan bodies are weights too
+    stored = {n: v for g in graphs for n, v in stored_tensors(g).items() if v[0] not in SHAPE_TYPES and n not in excluded}
     if nodes is None:
         protos = list(model.graph.node)
         nodes = (protos, [tuple(n.input) for n in protos], [tuple(n.output) for n in protos],
@@ -186,7 +198,8 @@ def classify(
                 found.add(role)
         return PARAMETER if PARAMETER in found else BUFFER if BUFFER in found else CONSTANT
 
-    initializers = {t.name for t in model.graph.initializer} | {sp.values.name for sp in model.graph.sparse_initializer}
+    initializers = {t.name for g in graphs for t in g.initializer} | {
+        sp.values.name for g in graphs for sp in g.sparse_initializer}
     for name, (_, dims) in stored.items():
         if name in initializers:
             roles[name] = role_of(name, dims, False)

@@ -145,11 +145,13 @@ def test_constant_weight_in_loop_body_forward_and_train():
     m = loop_model(3)
     onnx.checker.check_model(m, full_check=True)
     assert flopcount.count(m).total.macs == 3 * CONV_MACS
-    # A Constant inside a body is a literal of the loop's code (roles are given to the main graph's stored
-    # tensors), so what trains here is the input: its gradient is one transposed Conv per iteration.
+    # The body's Constant weight is a parameter, as a main-graph one is (the graph keeps no weight
+    # initializers): per iteration the input's gradient (a transposed Conv) and the weight's (dY ⋆ X), each the
+    # forward's MACs.
     r = flopcount.count(m, mode="train", trainable_inputs=["x"])
+    assert r.params == CONV_PARAMS
     assert r.forward.macs == 3 * CONV_MACS
-    assert r.backward.macs == 3 * CONV_MACS
+    assert r.backward.macs == 3 * (CONV_MACS + CONV_MACS)
 
 
 def test_weightless_constant_counts_like_a_weightless_initializer():
