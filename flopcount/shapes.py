@@ -767,10 +767,18 @@ def prepare(
     """Apply what the user fixes (``input_values``, then ``input_shapes`` and ``batch``) to
     ``model`` in place, before any inference."""
     inputs = real_inputs(model.graph)
+    input_shapes = dict(input_shapes or {})
     if input_values:
         apply_values(model, inputs, input_values, where)
         inputs = tuple(n for n in inputs if n not in input_values)
-    apply_overrides(model, inputs, input_shapes or {}, batch, where)
+        both = set(input_shapes) & set(input_values)  # a shape given with the value must be the value's
+        applied = {t.name: tuple(t.dims) for t in model.graph.initializer if t.name in both}
+        for name in sorted(both):
+            dims, value = tuple(input_shapes.pop(name)), applied[name]
+            if dims != value:
+                raise UsageError(f"{where}: input {name!r} is given the shape {list(dims)} and a value of shape "
+                                 f"{list(value)}; give one of them, or both alike")
+    apply_overrides(model, inputs, input_shapes, batch, where)
 
 
 def resolve(model: ModelProto, dag: nx.DiGraph, where: str, first: "Inference | None" = None) -> Resolution:

@@ -50,6 +50,7 @@ class Model:
     source: str  # where the package builds these inputs (file: function) and why these shapes
     data_members: tuple[str, ...] = field(default=())  # external-data files that sit beside the .onnx file
     custom_ops: tuple[str, ...] = field(default=())  # genuinely custom ops (no ONNX formula possible), if any
+    weights_in_attributes: bool = False  # ai.onnx.ml models keep their coefficients in node attributes
 
 
 # The platform tags pip downloads for (pure wheels match any platform; pip does not widen a manylinux tag to
@@ -278,5 +279,6 @@ MODELS: tuple[Model, ...] = (
         "ort-logreg-iris", ONNXRUNTIME, "onnxruntime/datasets/logreg_iris.onnx", "OnnxMLTools", "onnxmltools",
         "classical ML: logistic regression (LinearClassifier, Normalizer, ZipMap)", {"float_input": Feed((3, 2))},
         "onnxruntime/datasets/__init__.py: get_example('logreg_iris.onnx'); the file fixes float_input at 3×2",
+        weights_in_attributes=True,
     ),
 )

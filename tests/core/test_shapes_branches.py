@@ -1,4 +1,7 @@
-"""An If nested in the branch a known condition takes is decided too, so what follows it has exact shapes.
+"""Branches decided from what is known: an If nested in the branch a known condition takes is decided too, and
+a scalar input that picks a branch may be given its shape beside its value (silero-vad's ``sr``).
+
+An If nested in a taken branch:
 
 PyTorch exports an LSTM with a rank test (``Size(Shape(x)) == 2``: an unbatched input gets a batch axis)
 whose two branches give outputs of different ranks; silero-vad's ``silero_vad_half.onnx`` holds that test
@@ -84,3 +87,31 @@ def test_onnxruntime_agrees_on_the_shape():
     session = ort.InferenceSession(_nested(True).SerializeToString(), providers=["CPUExecutionProvider"])
     (y,) = session.run(None, {"x": np.zeros((SEQ, FEATURES), np.float32)})
     assert y.shape == (1, SEQ, OUT)
+
+
+def _rate_model() -> onnx.ModelProto:
+    """silero-vad's pattern in small: a scalar int64 rate ``sr`` picks the branch; x[5, 16] · W[16, 32] if 16 kHz."""
+    then_branch = helper.make_graph([N("MatMul", ["x", "w"], ["y16"])], "then", [],
+                                    [helper.make_tensor_value_info("y16", F, [SEQ, OUT])])
+    else_branch = helper.make_graph([N("Identity", ["x"], ["y8"])], "else", [],
+                                    [helper.make_tensor_value_info("y8", F, [SEQ, FEATURES])])
+    graph = helper.make_graph(
+        [_const("rate16k", 16000), N("Equal", ["sr", "rate16k"], ["is16k"]),
+         N("If", ["is16k"], ["y"], then_branch=then_branch, else_branch=else_branch)],
+        "rate",
+        [helper.make_tensor_value_info("x", F, [SEQ, FEATURES]), helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", F, [SEQ, None])],
+        [numpy_helper.from_array(np.ones((FEATURES, OUT), np.float32), "w")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_scalar_input_may_be_given_its_shape_and_its_value():
+    """The package feeds x and the scalar sr: naming sr's shape () beside its value is not an error."""
+    report = flopcount.count(_rate_model(), input_shapes={"x": (SEQ, FEATURES), "sr": ()}, input_values={"sr": 16000})
+    assert report.forward.macs == SEQ * FEATURES * OUT  # M · K · N = 2,560
+
+
+def test_a_shape_that_contradicts_the_value_is_refused():
+    with pytest.raises(flopcount.UsageError, match=r"input 'sr' is given the shape \[1\] and a value of shape \[\]"):
+        flopcount.count(_rate_model(), input_shapes={"sr": (1,)}, input_values={"sr": 16000})
