@@ -1283,7 +1283,8 @@ def _with_constants(model: ModelProto, dag: nx.DiGraph, values: Mapping[str, np.
     g.name = model.graph.name
     g.input.extend(model.graph.input)
     g.output.extend(model.graph.output)
-    g.value_info.extend(model.graph.value_info)
+    # a folded tensor's declared type would override its value (a quantizer's stale ``unk__1`` dims)
+    g.value_info.extend(vi for vi in model.graph.value_info if vi.name not in values)
     have = {t.name for t in model.graph.initializer}
     g.initializer.extend(model.graph.initializer)
     for node in model.graph.node:
