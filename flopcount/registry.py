@@ -95,6 +95,34 @@ def quantized_data(domain: str, op_type: str) -> Collection[int] | None:
     return _QUANTIZED.get((canonical_domain(domain), op_type))
 
 
+# --------------------------------------------------------------------------------------------
+# output types of operators that ONNX's shape inference does not know (other domains)
+
+_SHAPES: dict[tuple[str, str], Callable[..., tuple]] = {}
+
+
+def shape_function(*op_types: str, domain: str):
+    """Register the decorated function as the output-type rule of ``op_types``, operators of another
+    domain that ONNX's inference does not know: ``rule(inputs, **attributes)`` gets the inputs'
+    :class:`~flopcount.context.TensorInfo` (None where omitted or unknown) and returns one
+    ``(elem_type, shape)`` per output (None where it cannot tell), or raises ``ValueError``.
+    :func:`flopcount.shapes.resolve` applies it and lets ONNX's inference carry on downstream."""
+
+    def register(fn: Callable[..., tuple]) -> Callable[..., tuple]:
+        for op_type in op_types:
+            key = (canonical_domain(domain), op_type)
+            if key in _SHAPES:
+                raise RegistryError(f"shape function of {op_type!r} ({domain}) is registered twice")
+            _SHAPES[key] = fn
+        return fn
+
+    return register
+
+
+def lookup_shape(domain: str, op_type: str) -> Callable[..., tuple] | None:
+    return _SHAPES.get((canonical_domain(domain), op_type))
+
+
 def lookup(domain: str, op_type: str) -> Rule | None:
     return _RULES.get((DEFAULT_DOMAIN if domain in ("", "ai.onnx") else domain, op_type))
 
