@@ -36,7 +36,7 @@ from onnx import TensorProto, helper
 
 from flopcount.context import NodeContext, TensorInfo
 from flopcount.cost import Bound, Cost
-from flopcount.operators.contrib import projected_attention
+from flopcount.operators.contrib import embed_layer_norm, projected_attention
 from flopcount.operators.elementwise import activation
 from flopcount.operators.pooling import global_pool, pool
 from flopcount.operators.quantized import INT_OPS_PER_MAC, REQUANTIZE_FLOPS, dynamic_quantize_linear, qlinear_conv
@@ -242,6 +242,32 @@ def qattention(ctx: NodeContext, *, num_heads: int, unidirectional: int = 0, do_
     t = (ctx.shape(8)[3] if ctx.has_input(8) else 0) + s
     masked = int(ctx.has_input(5) or bool(unidirectional))
     return cost + projected_attention(ctx, b, s, t, (d, d, d), num_heads, masked, do_rotary, 0)
+
+
+@shape_function("QEmbedLayerNormalization", domain=MS)
+def qembed_layer_norm_shape(inputs, **_):
+    """layernorm_out (B, S, D) in the type of word_embedding_scale, D = word_embedding.shape[1]; mask_index_out
+    (B,) int32."""
+    ids, word = _static(inputs, 0, 2)
+    return ((_type(inputs[8], FLOAT), (*ids, word[1])), (TensorProto.INT32, (ids[0],)))
+
+
+@formula("QEmbedLayerNormalization", family="normalization", domain=MS, quantized=(2, 3, 4, 5, 6))
+def qembed_layer_norm(ctx: NodeContext, **_) -> Cost:
+    """EmbedLayerNormalization's count (B·S·D per embedding sum + LayerNormalization over D, B·S
+    transcendentals, B·S int_ops with a mask) + k·B·S·D + 2·D FLOPs and as many int_ops [dequantizing
+    the k = 2 or 3 gathered rows per token, gamma and beta].
+
+    The word, position (and segment) tables, gamma and beta are 8-bit, each with its scale and (required)
+    zero point; every gathered element and gamma and beta are dequantized (subtract the zero point, multiply
+    by the scale), then the float embedding sum and layer normalization run as
+    :func:`~flopcount.operators.contrib.embed_layer_norm`.
+    """
+    b, s = ctx.shape(0)
+    d = ctx.shape(2)[1]
+    rows = 2 + (ctx.has_input(1) and ctx.has_input(4))
+    dequantized = rows * b * s * d + 2 * d
+    return embed_layer_norm(ctx) + Cost(flops=dequantized, int_ops=dequantized)
 
 
 def _lstm_hidden(w: tuple[int, ...], hidden_size: int | None) -> int:

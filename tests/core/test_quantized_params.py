@@ -133,6 +133,68 @@ def test_session_fused_quantized_products(exported, tmp_path):
     assert not report.unsupported
 
 
+def test_optimizer_fused_then_quantized(tmp_path):
+    """onnxruntime's transformer optimizer fuses BERT into EmbedLayerNormalization and Attention (it needs the
+    attention mask input to see the pattern); quantize_dynamic then writes QEmbedLayerNormalization (int8
+    tables, gamma and beta) and QAttention (int8 QKV weight)."""
+    from onnxruntime.quantization import QuantType
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    module = _transformer("bert").eval()
+    _randomize(module)
+
+    class WithMask(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = module
+
+        def forward(self, ids, mask, segments):
+            return self.inner(input_ids=ids, attention_mask=mask, token_type_ids=segments).last_hidden_state
+
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    ones = torch.ones(1, SEQ, dtype=torch.long)
+    src = tmp_path / "bert.onnx"
+    torch.onnx.export(WithMask(), (torch.randint(0, VOCAB, (1, SEQ)), ones, torch.zeros_like(ones)), str(src),
+                      dynamo=False, input_names=names, opset_version=14, dynamic_axes={n: {0: "b", 1: "s"} for n in names})
+    logging.getLogger().setLevel(logging.ERROR)
+    optimize_model(str(src), model_type="bert", num_heads=HEADS, hidden_size=HIDDEN).save_model_to_file(
+        str(tmp_path / "fused.onnx"))
+    # the fused ops' outputs have no ONNX type: tell the quantizer they are float
+    q = _quantize(tmp_path / "fused.onnx", tmp_path / "q.onnx", weight_type=QuantType.QInt8,
+                  extra_options={"DefaultTensorType": TensorProto.FLOAT})
+    ops = _ops(q)
+    assert ops["QAttention"] == LAYERS and ops["QEmbedLayerNormalization"] == 1, dict(ops)
+    report = flopcount.count(str(tmp_path / "q.onnx"), input_shapes={n: (1, SEQ) for n in names})
+    assert report.params == sum(p.numel() for p in module.parameters())
+    assert report.total.macs == DENSE_MACS
+    assert not report.unsupported
+
+
+def test_quantized_lstm(tmp_path):
+    """quantize_dynamic turns LSTM into DynamicQuantizeLSTM (int8 W and R, transposed)."""
+
+    class Tagger(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm, self.fc = torch.nn.LSTM(5, 3, bidirectional=True), torch.nn.Linear(6, 7)
+
+        def forward(self, x):
+            return self.fc(self.lstm(x)[0])
+
+    module = Tagger().eval()
+    _randomize(module)
+    src = tmp_path / "lstm.onnx"
+    torch.onnx.export(module, (torch.randn(3, 2, 5),), str(src), dynamo=False, input_names=["x"], opset_version=17)
+    q = _quantize(src, tmp_path / "q.onnx")
+    assert _ops(q)["DynamicQuantizeLSTM"] == 1, dict(_ops(q))
+    report = flopcount.count(str(tmp_path / "q.onnx"))
+    torch_params = sum(p.numel() for p in module.parameters())
+    assert torch_params == 2 * (4 * 3 * (5 + 3) + 2 * 4 * 3) + 6 * 7 + 7  # D·(4H·(I + H) + 2·4H) + the Linear
+    assert report.params == torch_params
+    # S·B = 6 steps and samples: 2 directions · 4H·(I + H), then the Linear 6 → 7
+    assert report.total.macs == 6 * (2 * 12 * 8 + 6 * 7)
+
+
 # --------------------------------------------------------------------------------------------
 # a small CNN: ConvInteger (dynamic), QLinearConv with int32 biases (static, QOperator), QDQ
 
@@ -186,7 +248,11 @@ def test_quantized_cnn(cnn, tmp_path, how, expected_op):
         quantize_static(str(src), str(dst), _Reader(), quant_format=getattr(QuantFormat, how))
     ops = _ops(onnx.load(str(dst)))
     assert ops[expected_op] > 0, dict(ops)
-    assert flopcount.count(str(dst)).params == torch_params
+    if how == "QOperator":
+        assert ops["QGemm"] == 1, dict(ops)  # the Linear, in com.microsoft
+    report = flopcount.count(str(dst))
+    assert report.params == torch_params
+    assert report.total.macs == 8 * 81 * 27 + 5 * 49 * 72 + 245 * 11  # C_out·H·W·C_in·K per conv, then the Linear
 
 
 # --------------------------------------------------------------------------------------------

@@ -34,6 +34,11 @@ def w(name, elem, shape):
     return ("w", name, elem, tuple(shape))
 
 
+def ids(name, shape, below):
+    """A graph input of int32 indices in [0, below)."""
+    return ("x", name, I32, tuple(shape), ("below", below))
+
+
 def scale(name, shape=()):
     return ("w", name, F, tuple(shape), 0.05)
 
@@ -47,6 +52,8 @@ OMIT = ("", "", 0, ())
 
 def _values(rng, elem, shape, fill=None):
     dtype = helper.tensor_dtype_to_np_dtype(elem)
+    if isinstance(fill, tuple):
+        return rng.integers(0, fill[1], size=shape, dtype=dtype)
     if fill is not None:
         return np.full(shape, fill, dtype)
     if elem == F:
@@ -114,6 +121,16 @@ CASES = [
         # core: 2·30·5·(2 + 2) products + (30·2 + 3·2·5·2) scalings + 30·(5·5 − 2) softmax
         Cost(flops=180 + 180 + 2 * 600 + 120 + 690, macs=1080 + 600, transcendentals=150,
              int_ops=2 * 1080 + 90 + 72), id="QAttention"),
+    pytest.param(
+        "QEmbedLayerNormalization",
+        [ids("ids", (3, 5), 11), ids("seg", (3, 5), 2), w("word", U8, (11, 7)), w("pos", U8, (13, 7)),
+         w("segment", U8, (2, 7)), w("gamma", U8, (7,)), w("beta", U8, (7,)), ids("mask", (3, 5), 2),
+         scale("s_word"), scale("s_pos"), scale("s_seg"), scale("s_gamma"), scale("s_beta"),
+         zp("z_word"), zp("z_pos"), zp("z_seg"), zp("z_gamma"), zp("z_beta")], 2, {},
+        # B, S, D = 3, 5, 7 (105 elements over 15 tokens): dequantizing 3 gathered rows per token, gamma and beta
+        # 3·105 + 2·7 = 329 (FLOPs and int_ops); two sums 2·105; LayerNormalization 105, 15 square roots;
+        # mask_index: one integer add per mask element, 15
+        Cost(flops=329 + 210 + 105, transcendentals=15, int_ops=329 + 15), id="QEmbedLayerNormalization"),
     pytest.param(
         "DynamicQuantizeLSTM",
         [x("X", F, (3, 2, 5)), w("W", I8, (1, 5, 12)), w("R", I8, (1, 3, 12)), w("B", F, (1, 24)), OMIT, OMIT, OMIT,
