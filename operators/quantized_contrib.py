@@ -17,6 +17,9 @@ counterpart costs, plus its (de)quantization arithmetic.
   counterpart is counted (under every convention) and quantize their output. Where onnxruntime evaluates a
   lookup table instead (QLinearSigmoid, QLinearLeakyRelu), the count is still the arithmetic it stands for.
 * Forming combined scales (a_scale·b_scale/y_scale), rounding, saturation and type conversion are not counted.
+* Every op here is of the ``quantized`` family, QAttention and DynamicQuantizeLSTM included: the products-only
+  conventions (``dense``, ``macs``) leave them out as they leave out MatMulInteger, so that integer MACs never
+  become FLOPs (their float attention core and gate arithmetic go with them).
 
 Shapes: ONNX's inference does not know these operators; a shape function registered beside each formula
 gives its output types (ONNX's own inference of the float counterpart where one exists, so ``auto_pad``,
@@ -218,7 +221,7 @@ def qattention_shape(inputs, *, num_heads: int, **_):
     return ((elem, (b, s, d)), (elem, (2, b, num_heads, past + s, d // num_heads)))
 
 
-@formula("QAttention", family="attention", domain=MS, quantized=(0, 1, 2))
+@formula("QAttention", family="quantized", domain=MS, quantized=(0, 1, 2))
 def qattention(ctx: NodeContext, *, num_heads: int, unidirectional: int = 0, do_rotary: int = 0, **_) -> Cost:
     """int_ops = 2·B·S·D_in·3D [QKV projection] (+ |input| with input_zero_point, + |weight| with
     weight_zero_point); FLOPs = B·S·3D [× input_scale·weight_scale] + B·S·3D [bias] + the Attention core
@@ -285,7 +288,7 @@ def dynamic_quantize_lstm_shape(inputs, *, hidden_size: int | None = None, direc
     return ((elem, (x[0], dirs, x[1], h)), (elem, (dirs, x[1], h)), (elem, (dirs, x[1], h)))
 
 
-@formula("DynamicQuantizeLSTM", family="recurrent", domain=MS, quantized=(0, 1, 2, 3, 5, 6, 7))
+@formula("DynamicQuantizeLSTM", family="quantized", domain=MS, quantized=(0, 1, 2, 3, 5, 6, 7))
 def dynamic_quantize_lstm(ctx: NodeContext, *, hidden_size: int | None = None, direction: str = "forward",
                           **attrs) -> Cost:
     """LSTM's count with its gate products integer: int_ops = 2·D·S·B·4H·(I + H) + |W| + |R| [zero points]
