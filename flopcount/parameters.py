@@ -127,12 +127,15 @@ def classify(
     int_data = {inputs[p] for (domain, op), inputs in zip(node_ops, node_inputs) if (data := quantized_data(domain, op))
                 for p in range(len(inputs)) if p in data}
     int_data.update(inputs[0] for (_, op), inputs in zip(node_ops, node_inputs) if op == "DequantizeLinear" and inputs)
-    stored = {n: v for n, v in stored_tensors(model.graph).items()
+    every = stored_tensors(model.graph)
+    stored = {n: v for n, v in every.items()
               if (v[0] not in SHAPE_TYPES or v[0] == TensorProto.INT32 and n in int_data) and n not in excluded}
-    # only these consumers are looked up: of stored tensors, of what pass-through ops make of them, and of
-    # sums (whether a stored term of a sum is added to attention scores: _feeds_softmax)
-    wanted = set(stored).union(*(outs for (_, op), outs in zip(node_ops, node_outputs)
-                                 if op in _PASS_THROUGH or op in _ADDITIVE or op in _DEQUANTIZING))
+    quantized = {n for n, (t, _) in stored.items() if t in QUANTIZED_TYPES}
+    # only these consumers are looked up: of stored tensors, of what pass-through ops make of them, of
+    # sums (whether a stored term of a sum is added to attention scores: _feeds_softmax) and, in graphs
+    # holding integer weights, of what may dequantize them
+    through = _PASS_THROUGH | _ADDITIVE | (_DEQUANTIZING.keys() if quantized else frozenset())
+    wanted = set(stored).union(*(outs for (_, op), outs in zip(node_ops, node_outputs) if op in through))
     consumers: dict[str, list] = {}
     for k, inputs in enumerate(node_inputs):
         if wanted.isdisjoint(inputs):
@@ -146,7 +149,7 @@ def classify(
             for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs:
                 _index(sub, consumers)
     roles: dict[str, str] = {}
-    dequantizing = _dequantizing({n for n, (t, _) in stored.items() if t in QUANTIZED_TYPES}, consumers)
+    dequantizing = _dequantizing(quantized, consumers, every) if quantized else {}
     rescaled = _rescaled(node_ops, node_inputs, node_outputs)
 
     _SOFTMAX_CHECK = "softmax?"  # the role depends on where the node's output goes
@@ -253,18 +256,24 @@ def _passes(node) -> bool:
     return node.domain == "com.microsoft" and node.op_type in _MS_PASS_THROUGH
 
 
-def _dequantizing(quantized: set[str], consumers: Mapping) -> dict[int, frozenset[int]]:
+def _dequantizing(quantized: set[str], consumers: Mapping, fixed: Collection[str]) -> dict[int, frozenset[int]]:
     """The element-wise nodes (by id) that dequantize stored integer tensors (``quantized``) where a graph
     spells it out, Cast → Sub (zero point) → Mul (scale), each with the input positions that carry the
-    data: a weight reaches its product through them, and their other inputs are scales and zero points."""
+    data: a weight reaches its product through them, and their other inputs are scales and zero points,
+    stored tensors themselves (in ``fixed``, or cast from one). A Mul whose other operand is computed (an
+    integer mask applied to activations) dequantizes nothing."""
     found: dict[int, frozenset[int]] = {}
     todo, seen = list(quantized), set(quantized)
+    fixed_cast = {o for n in fixed for node, pos in consumers.get(n, ()) if pos == 0 and _passes(node)
+                  for o in node.output}
     while todo:
         current = todo.pop()
         for node, pos in consumers.get(current, ()):
             if _passes(node):
                 nxt = node.output if pos == 0 else ()
-            elif node.domain in ("", "ai.onnx") and pos in _DEQUANTIZING.get(node.op_type, ()):
+            elif (node.domain in ("", "ai.onnx") and pos in _DEQUANTIZING.get(node.op_type, ())
+                  and all(not n or n in fixed or n in fixed_cast or n in seen
+                          for j, n in enumerate(node.input) if j != pos)):
                 found[id(node)] = found.get(id(node), frozenset()) | {pos}
                 nxt = node.output
             else:

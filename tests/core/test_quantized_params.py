@@ -293,3 +293,18 @@ def test_cast_mul_dequantization(tmp_path, zero_point, per_channel):
         None, {"x": np.ones((3, 5), np.float32)})
     assert y.shape == (3, 7)
     assert flopcount.count(str(path)).params == 5 * 7 + 7  # W and the bias; never the scale or zero point
+
+
+def test_integer_mask_on_activations_is_no_parameter(tmp_path):
+    """A uint8 mask cast to float and multiplied into attention scores dequantizes nothing: a constant."""
+    inits = [numpy_helper.from_array(np.tril(np.ones((1, 1, 7, 7), np.uint8)), "mask")]
+    nodes = [helper.make_node("Cast", ["mask"], ["mask_f"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["scores", "mask_f"], ["masked"]),
+             helper.make_node("Softmax", ["masked"], ["probs"], axis=-1),
+             helper.make_node("MatMul", ["probs", "v"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 3, 7, 7]),
+                                       helper.make_tensor_value_info("v", TensorProto.FLOAT, [1, 3, 7, 5])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 7, 5])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    report = flopcount.count(m)
+    assert report.params == 0
