@@ -26,7 +26,7 @@ from .cost import ZERO, Bound, Breakdown, Cost
 from .errors import FlopcountError, InvalidGraphError, ShapeError, UnsupportedOperatorError, UsageError
 from .loading import load
 from .parameters import BUFFER, PARAMETER, SHAPE_TYPES, Roles, classify, stored_tensors
-from .registry import DEFAULT_DOMAIN, buffer_inputs, canonical_domain, lookup, lookup_backward, straight_through
+from .registry import DEFAULT_DOMAIN, buffer_inputs, canonical_domain, lookup, lookup_backward, lookup_shape, straight_through
 from .report import FORMULA, UNSUPPORTED, ZERO_COST, ModelInfo, NodeCount, OpTypeSummary, Report, op_key
 from .shapes import MAX_ELEMENTS, Inference, prepare, resolve
 
@@ -632,9 +632,11 @@ def _shapeless_source(dag, failed: int, tensors: Mapping[str, TensorInfo], where
         if unknown:
             name, downstream = dag.graph["names"][k], dag.graph["names"][failed]
             after = "" if k == failed else f"; node {downstream!r} ({ops[failed][1]}) after it cannot be counted"
+            why = ("its shape function cannot tell its output shapes from its inputs and attributes"
+                   if lookup_shape(domain, op_type) else "no shape inference knows this operator")
             return ShapeError(
-                f"{where}: node {name!r} ({op_type}, domain {domain or 'ai.onnx'}): no shape inference knows this "
-                f"operator, so the shape of its output {unknown[0]!r} is unknown{after}. Give its output shapes in "
+                f"{where}: node {name!r} ({op_type}, domain {domain or 'ai.onnx'}): {why}, so the shape of its output "
+                f"{unknown[0]!r} is unknown{after}. Give its output shapes in "
                 "the model's value_info (onnxruntime.tools.symbolic_shape_infer writes them for the operators it knows)"
             )
     return None

@@ -968,8 +968,9 @@ def _registered_shapes(model: ModelProto, dag: nx.DiGraph, tensors: dict, where:
                 log.debug("%s: no output shapes for node %r (%s): %s", where, proto.name, ops[k][1], e)
                 continue
             for o, t in zip(outs, types):
-                if o and t is not None and t[1] is not None and not _static(tensors.get(o)):
-                    new[o] = tensors[o] = TensorInfo(o, *t)
+                info = TensorInfo(o, *t) if o and t is not None else None
+                if info is not None and info.is_static and not _static(tensors.get(o)):
+                    new[o] = tensors[o] = info
         if not new:
             break
         settled.update(new)

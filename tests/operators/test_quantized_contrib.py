@@ -264,3 +264,12 @@ def test_shapeless_contrib_op_is_named(tmp_path, op):
     with pytest.raises(ShapeError, match=rf"node 'culprit' \({op}, domain com.microsoft\): no shape inference "
                                          r"knows this operator.*'y'.*node 'downstream' \(Relu\) after it"):
         flopcount.count(m)
+
+
+def test_contrib_op_whose_shape_function_cannot_tell_is_named(tmp_path):
+    """QLinearReduceMean without its required axes attribute: its shape function cannot tell, and the error says so
+    about it."""
+    m, _ = _build("QLinearReduceMean", [x("x", U8, (3, 5, 7)), scale("sx"), zp("zx"), scale("sy"), zp("zy")], 1, {})
+    with pytest.raises(ShapeError, match=r"node 'q' \(QLinearReduceMean, domain com.microsoft\): its shape function "
+                                         r"cannot tell.*output 'y0' is unknown"):
+        flopcount.count(m)
