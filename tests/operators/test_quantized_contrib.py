@@ -122,6 +122,21 @@ CASES = [
         Cost(flops=180 + 180 + 2 * 600 + 120 + 690, macs=1080 + 600, transcendentals=150,
              int_ops=2 * 1080 + 90 + 72), id="QAttention"),
     pytest.param(
+        "QAttention",
+        [x("input", U8, (3, 5, 6)), w("weight", U8, (6, 12)), w("bias", F, (12,)), scale("si"), scale("sw"),
+         ids("mask_index", (3,), 6)], 2, {"num_heads": 2, "unidirectional": 1},
+        # as above without zero points, with the present output and one mask add per score (30 rows · 5 keys)
+        Cost(flops=180 + 180 + 2 * 600 + 120 + 690 + 150, macs=1080 + 600, transcendentals=150, int_ops=2 * 1080),
+        id="QAttention-masked-present"),
+    pytest.param(
+        "DynamicQuantizeLSTM",
+        [x("X", F, (3, 2, 5)), w("W", I8, (2, 5, 12)), w("R", I8, (2, 3, 12)), OMIT, OMIT, OMIT, OMIT,
+         OMIT, scale("sw", (2,)), zp("zw", I8, (2,)), scale("sr", (2,)), zp("zr", I8, (2,))], 3,
+        {"hidden_size": 3, "direction": "bidirectional"},
+        # D = 2, no bias: per hidden unit and step 5 activations + 4; everything else twice the forward case
+        Cost(flops=2 * (18 * 9 + 124 + 84 + 144), macs=2 * 576, transcendentals=2 * 5 * 18,
+             int_ops=2 * (2 * 576 + 60 + 36 + 30 + 18)), id="DynamicQuantizeLSTM-bidirectional"),
+    pytest.param(
         "QEmbedLayerNormalization",
         [ids("ids", (3, 5), 11), ids("seg", (3, 5), 2), w("word", U8, (11, 7)), w("pos", U8, (13, 7)),
          w("segment", U8, (2, 7)), w("gamma", U8, (7,)), w("beta", U8, (7,)), ids("mask", (3, 5), 2),
