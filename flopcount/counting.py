@@ -14,6 +14,7 @@ from operator import itemgetter
 from types import MappingProxyType
 from typing import Any, Collection, Mapping, NamedTuple, Sequence
 
+import networkx as nx
 import onnx
 from onnx import ModelProto, helper
 
@@ -25,7 +26,7 @@ from .cost import ZERO, Bound, Breakdown, Cost
 from .errors import FlopcountError, InvalidGraphError, ShapeError, UnsupportedOperatorError, UsageError
 from .loading import load
 from .parameters import BUFFER, PARAMETER, SHAPE_TYPES, Roles, classify, stored_tensors
-from .registry import DEFAULT_DOMAIN, buffer_inputs, canonical_domain, lookup, lookup_backward, straight_through
+from .registry import DEFAULT_DOMAIN, buffer_inputs, canonical_domain, lookup, lookup_backward, lookup_shape, straight_through
 from .report import FORMULA, UNSUPPORTED, ZERO_COST, ModelInfo, NodeCount, OpTypeSummary, Report, op_key
 from .shapes import MAX_ELEMENTS, Inference, prepare, resolve
 
@@ -177,10 +178,13 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
     walk = _Traversal(res.tensors, res.values, conv, opsets, hint, where, loop_trips or {}, attributes_of, training)
     grads = training.grads if training is not None else {}
     node_inputs, node_outputs, node_ops = dag.graph["node_inputs"], dag.graph["node_outputs"], dag.graph["node_ops"]
-    nodes = [
-        walk.node(protos[i], i, names[i], attributes[i], grads.get(i, ()), node_inputs[i], node_outputs[i], node_ops[i])
-        for i in dag.graph["order"]
-    ]
+    nodes = []
+    for i in dag.graph["order"]:
+        try:
+            nodes.append(walk.node(protos[i], i, names[i], attributes[i], grads.get(i, ()), node_inputs[i],
+                                   node_outputs[i], node_ops[i]))
+        except ShapeError as e:
+            raise _shapeless_source(dag, i, res.tensors, where) or e from None
 
     report = _report(m, loaded.path, dag, res, nodes, conv, batch, strict, where, roles,
                      walk.nested_unsupported)
@@ -611,6 +615,31 @@ class _AttributeCache:
         if values is None:  # first of its kind: converted and checked against the schema
             values = self._converted[key] = _attributes(node, name, self.opsets, self.where, force=True)
         return values
+
+
+def _shapeless_source(dag, failed: int, tensors: Mapping[str, TensorInfo], where: str) -> ShapeError | None:
+    """The error to give when node ``failed`` cannot be counted for want of a shape that an operator unknown
+    to every shape inference left out: the first such node upstream (or ``failed`` itself), an operator
+    whose inputs are known and whose outputs are not. None when there is none (the usual message applies)."""
+    order = {k: n for n, k in enumerate(dag.graph["order"])}
+    ops, node_inputs, node_outputs = dag.graph["node_ops"], dag.graph["node_inputs"], dag.graph["node_outputs"]
+    known = lambda name: not name or (tensors.get(name) is not None and tensors[name].is_static)  # noqa: E731
+    for k in sorted(nx.ancestors(dag, failed) | {failed}, key=order.__getitem__):
+        domain, op_type = ops[k]
+        if onnx.defs.has(op_type, domain) or not all(map(known, node_inputs[k])):
+            continue
+        unknown = [o for o in node_outputs[k] if not known(o)]
+        if unknown:
+            name, downstream = dag.graph["names"][k], dag.graph["names"][failed]
+            after = "" if k == failed else f"; node {downstream!r} ({ops[failed][1]}) after it cannot be counted"
+            why = ("its shape function cannot tell its output shapes from its inputs and attributes"
+                   if lookup_shape(domain, op_type) else "no shape inference knows this operator")
+            return ShapeError(
+                f"{where}: node {name!r} ({op_type}, domain {domain or 'ai.onnx'}): {why}, so the shape of its output "
+                f"{unknown[0]!r} is unknown{after}. Give its output shapes in "
+                "the model's value_info (onnxruntime.tools.symbolic_shape_infer writes them for the operators it knows)"
+            )
+    return None
 
 
 def _fix_hint(inputs: Sequence[TensorInfo], inference_error: str) -> str:

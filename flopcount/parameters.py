@@ -41,7 +41,7 @@ from collections.abc import Collection, Mapping
 import onnx
 from onnx import ModelProto, TensorProto
 
-from .registry import buffer_inputs, canonical_domain, lookup
+from .registry import buffer_inputs, canonical_domain, lookup, quantized_data
 
 PARAMETER, BUFFER, CONSTANT = "parameter", "buffer", "constant"
 
@@ -54,7 +54,14 @@ _PASS_THROUGH = frozenset({
     "Identity", "Cast", "CastLike", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Expand",
     "Slice", "Split", "Tile", "DequantizeLinear", "Optional", "OptionalGetElement",
 })  # fmt: skip
+_MS_PASS_THROUGH = frozenset({"DequantizeLinear"})  # com.microsoft's DequantizeLinear, as ONNX's
 _BROADCAST = frozenset({"Expand", "Tile"})
+# Element types of quantized weights, and the element-wise ops that dequantize them when a graph spells
+# dequantization out (Cast → Sub zero point → Mul scale): op → the positions that carry the data.
+QUANTIZED_TYPES = frozenset(getattr(TensorProto, t) for t in ("INT8", "UINT8", "INT16", "UINT16", "INT4", "UINT4")
+                            if hasattr(TensorProto, t))
+_INTEGER_PRODUCTS = frozenset({"MatMulInteger", "ConvInteger"})
+_DEQUANTIZING = {"Sub": frozenset({0}), "Div": frozenset({0}), "Mul": frozenset({0, 1})}
 _SOFTMAX = frozenset({"Softmax", "LogSoftmax"})
 # Fused ops whose input (position) is a term added to attention scores before their softmax.
 _SCORE_BIAS = {("com.microsoft", "BiasSoftmax"): 1}
@@ -121,17 +128,26 @@ def classify(
     (None: any node may), so that they are not read from the protos again."""
     from .counting import _differentiable  # the schema categories, cached there
 
-    graphs = [model.graph, *subgraphs(model.graph)]  # weights stored in If/Loop/Scan bodies are weights too
-    stored = {n: v for g in graphs for n, v in stored_tensors(g).items() if v[0] not in SHAPE_TYPES and n not in excluded}
     if nodes is None:
         protos = list(model.graph.node)
         nodes = (protos, [tuple(n.input) for n in protos], [tuple(n.output) for n in protos],
                  [(n.domain, n.op_type) for n in protos], None)
     protos, node_inputs, node_outputs, node_ops, bodies = nodes
-    # only these consumers are looked up: of stored tensors, of what pass-through ops make of them, and of
-    # sums (whether a stored term of a sum is added to attention scores: _feeds_softmax)
-    wanted = set(stored).union(*(outs for (_, op), outs in zip(node_ops, node_outputs)
-                                 if op in _PASS_THROUGH or op in _ADDITIVE))
+    # int32 tensors are shapes and indices, except a quantized product's bias (QLinearConv's B, or one
+    # that DequantizeLinear turns into a float bias in QDQ graphs)
+    int_data = {inputs[p] for (domain, op), inputs in zip(node_ops, node_inputs) if (data := quantized_data(domain, op))
+                for p in range(len(inputs)) if p in data}
+    int_data.update(inputs[0] for (_, op), inputs in zip(node_ops, node_inputs) if op == "DequantizeLinear" and inputs)
+    graphs = [model.graph, *subgraphs(model.graph)]  # weights stored in If/Loop/Scan bodies are weights too
+    every = {n: v for g in graphs for n, v in stored_tensors(g).items()}
+    stored = {n: v for n, v in every.items()
+              if (v[0] not in SHAPE_TYPES or v[0] == TensorProto.INT32 and n in int_data) and n not in excluded}
+    quantized = {n for n, (t, _) in stored.items() if t in QUANTIZED_TYPES}
+    # only these consumers are looked up: of stored tensors, of what pass-through ops make of them, of
+    # sums (whether a stored term of a sum is added to attention scores: _feeds_softmax) and, in graphs
+    # holding integer weights, of what may dequantize them
+    through = _PASS_THROUGH | _ADDITIVE | (_DEQUANTIZING.keys() if quantized else frozenset())
+    wanted = set(stored).union(*(outs for (_, op), outs in zip(node_ops, node_outputs) if op in through))
     consumers: dict[str, list] = {}
     for k, inputs in enumerate(node_inputs):
         if wanted.isdisjoint(inputs):
@@ -145,6 +161,8 @@ def classify(
             for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs:
                 _index(sub, consumers)
     roles: dict[str, str] = {}
+    dequantizing = _dequantizing(quantized, consumers, every) if quantized else {}
+    rescaled = _rescaled(node_ops, node_inputs, node_outputs)
 
     _SOFTMAX_CHECK = "softmax?"  # the role depends on where the node's output goes
     static: dict[tuple, str | None] = {}
@@ -153,6 +171,9 @@ def classify(
         """The role a use gives, from the operator, the position and the tensor's dims alone (cached per key)."""
         domain = canonical_domain(node.domain)
         op = node.op_type
+        data = quantized_data(domain, op)
+        if data is not None:  # a quantized operand or bias is a parameter; its scale and zero point are not
+            return (CONSTANT if single else PARAMETER) if pos in data else None
         if pos in buffer_inputs(domain, op):
             return CONSTANT if single else BUFFER
         if not _differentiable(op, opsets.get(domain, 0), domain, len(node.input))[pos]:
@@ -179,6 +200,10 @@ def classify(
         return PARAMETER
 
     def use_role(node, pos: int, single: bool, several_axes: bool, spread: bool) -> str | None:
+        if id(node) in dequantizing:
+            return None  # the scale or zero point of a spelled-out dequantization
+        if node.op_type == "Mul" and not rescaled.isdisjoint(node.input):
+            return None  # a weight's scale, multiplying a dynamic scale or an integer product
         key = (node.domain, node.op_type, len(node.input), pos, single, several_axes, spread)
         role = static.get(key, static)
         if role is static:
@@ -190,7 +215,7 @@ def classify(
     def role_of(name: str, dims: tuple[int, ...], literal: bool) -> str:
         found: set[str] = set()
         single, several_axes = prod(dims) <= 1, sum(d > 1 for d in dims) > 1
-        for node, pos, spread in _uses(name, consumers):
+        for node, pos, spread in _uses(name, consumers, dequantizing):
             role = use_role(node, pos, single, several_axes, spread)
             if role == PARAMETER and literal:
                 role = CONSTANT
@@ -237,14 +262,69 @@ def _index(graph: onnx.GraphProto, consumers: dict) -> None:
                 _index(sub, consumers)
 
 
-def _uses(name: str, consumers: Mapping) -> list[tuple[onnx.NodeProto, int, bool]]:
+def _passes(node) -> bool:
+    """Whether ``node`` only moves, converts or dequantizes its input 0."""
+    if node.domain in ("", "ai.onnx"):
+        return node.op_type in _PASS_THROUGH
+    return node.domain == "com.microsoft" and node.op_type in _MS_PASS_THROUGH
+
+
+def _dequantizing(quantized: set[str], consumers: Mapping, fixed: Collection[str]) -> dict[int, frozenset[int]]:
+    """The element-wise nodes (by id) that dequantize stored integer tensors (``quantized``) where a graph
+    spells it out, Cast → Sub (zero point) → Mul (scale), each with the input positions that carry the
+    data: a weight reaches its product through them, and their other inputs are scales and zero points,
+    stored tensors themselves (in ``fixed``, or cast from one). A Mul whose other operand is computed (an
+    integer mask applied to activations) dequantizes nothing."""
+    found: dict[int, frozenset[int]] = {}
+    todo, seen = list(quantized), set(quantized)
+    fixed_cast = {o for n in fixed for node, pos in consumers.get(n, ()) if pos == 0 and _passes(node)
+                  for o in node.output}
+    while todo:
+        current = todo.pop()
+        for node, pos in consumers.get(current, ()):
+            if _passes(node):
+                nxt = node.output if pos == 0 else ()
+            elif (node.domain in ("", "ai.onnx") and pos in _DEQUANTIZING.get(node.op_type, ())
+                  and all(not n or n in fixed or n in fixed_cast or n in seen
+                          for j, n in enumerate(node.input) if j != pos)):
+                found[id(node)] = found.get(id(node), frozenset()) | {pos}
+                nxt = node.output
+            else:
+                continue
+            for o in nxt:
+                if o and o not in seen:
+                    seen.add(o)
+                    todo.append(o)
+    return found
+
+
+def _rescaled(node_ops, node_inputs, node_outputs) -> frozenset[str]:
+    """Tensors that a weight's (per-channel) scale multiplies in dynamically quantized graphs: the scales
+    DynamicQuantizeLinear computes, and integer products (MatMulInteger, ConvInteger) cast to float."""
+    products = {outs[0] for (_, op), outs in zip(node_ops, node_outputs) if op in _INTEGER_PRODUCTS and outs}
+    if not products:
+        return frozenset()
+    out = {outs[1] for (_, op), outs in zip(node_ops, node_outputs) if op == "DynamicQuantizeLinear" and len(outs) > 1}
+    out.update(outs[0] for (_, op), ins, outs in zip(node_ops, node_inputs, node_outputs)
+               if op == "Cast" and ins and ins[0] in products)
+    return frozenset(out)
+
+
+def _uses(name: str, consumers: Mapping, dequantizing: Mapping[int, frozenset[int]] = {}) -> list[tuple[onnx.NodeProto, int, bool]]:
     """The (node, input position, broadcast on the way) triples that consume ``name``, seen through
-    pass-through ops."""
+    pass-through ops and through the ``dequantizing`` nodes at their data positions."""
     out, seen, todo = [], {name}, [(name, False)]
     while todo:
         current, spread = todo.pop()
         for node, pos in consumers.get(current, ()):
-            if node.op_type in _PASS_THROUGH and node.domain in ("", "ai.onnx"):
+            through = dequantizing.get(id(node)) if dequantizing else None
+            if through is not None and pos in through:
+                for o in node.output:
+                    if o and o not in seen:
+                        seen.add(o)
+                        todo.append((o, spread))
+                continue
+            if _passes(node):
                 if pos == 0:
                     for o in node.output:
                         if o and o not in seen:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Callable, Mapping
+from typing import Callable, Collection, Mapping
 
 from .cost import Cost
 from .errors import RegistryError
@@ -62,12 +62,23 @@ def _add(rule: Rule) -> None:
     _RULES[key] = rule
 
 
-def formula(*op_types: str, family: str, domain: str = DEFAULT_DOMAIN):
-    """Register the decorated function as the cost formula of ``op_types``."""
+_QUANTIZED: dict[tuple[str, str], Collection[int]] = {}
+
+
+def formula(*op_types: str, family: str, domain: str = DEFAULT_DOMAIN, quantized: Collection[int] | None = None):
+    """Register the decorated function as the cost formula of ``op_types``.
+
+    ``quantized`` (quantized operators): the input positions that hold data (a quantized operand, an
+    int32 or float bias), as opposed to the scales and zero points that describe them. A stored
+    tensor at a data position is a parameter however ONNX's schema marks it; scales and zero points
+    never are (see :mod:`flopcount.parameters`).
+    """
 
     def register(fn: Callable[..., Cost]) -> Callable[..., Cost]:
         for op_type in op_types:
             _add(Rule(canonical_domain(domain), op_type, family, fn))
+            if quantized is not None:
+                _QUANTIZED[(canonical_domain(domain), op_type)] = quantized
         return fn
 
     return register
@@ -77,6 +88,39 @@ def zero_cost(*op_types: str, family: str, reason: str, domain: str = DEFAULT_DO
     """Declare ``op_types`` deliberately free of arithmetic, with the reason."""
     for op_type in op_types:
         _add(Rule(canonical_domain(domain), op_type, family, None, reason))
+
+
+def quantized_data(domain: str, op_type: str) -> Collection[int] | None:
+    """The data input positions of a quantized operator (see :func:`formula`); None for other operators."""
+    return _QUANTIZED.get((canonical_domain(domain), op_type))
+
+
+# --------------------------------------------------------------------------------------------
+# output types of operators that ONNX's shape inference does not know (other domains)
+
+_SHAPES: dict[tuple[str, str], Callable[..., tuple]] = {}
+
+
+def shape_function(*op_types: str, domain: str):
+    """Register the decorated function as the output-type rule of ``op_types``, operators of another
+    domain that ONNX's inference does not know: ``rule(inputs, **attributes)`` gets the inputs'
+    :class:`~flopcount.context.TensorInfo` (None where omitted or unknown) and returns one
+    ``(elem_type, shape)`` per output (None where it cannot tell), or raises ``ValueError``.
+    :func:`flopcount.shapes.resolve` applies it and lets ONNX's inference carry on downstream."""
+
+    def register(fn: Callable[..., tuple]) -> Callable[..., tuple]:
+        for op_type in op_types:
+            key = (canonical_domain(domain), op_type)
+            if key in _SHAPES:
+                raise RegistryError(f"shape function of {op_type!r} ({domain}) is registered twice")
+            _SHAPES[key] = fn
+        return fn
+
+    return register
+
+
+def lookup_shape(domain: str, op_type: str) -> Callable[..., tuple] | None:
+    return _SHAPES.get((canonical_domain(domain), op_type))
 
 
 def lookup(domain: str, op_type: str) -> Rule | None:

@@ -793,19 +793,27 @@ def resolve(model: ModelProto, dag: nx.DiGraph, where: str, first: "Inference | 
     values: dict[str, np.ndarray] = {}
     rounds = 1
     pending = _unresolved(dag, tensors)
-    while pending and rounds < MAX_ROUNDS:
-        new = _fold(model, dag, tensors, values)
-        if not new:
+    contrib = any(p.domain not in ("", "ai.onnx") for p in dag.graph["protos"])
+    for _ in range(MAX_ROUNDS):  # folding, then other-domain ops, until neither settles anything new
+        folds = 1
+        while pending and folds < MAX_ROUNDS:
+            folds += 1
+            new = _fold(model, dag, tensors, values)
+            if not new:
+                break
+            scratch = _with_constants(model, dag, values)
+            rounds += 1
+            found = _collect(_infer(scratch, where, guard=guard), bodies)
+            check_dims(found, model, where)
+            tensors = {**tensors, **{k: v for k, v in found.items() if v.is_static or k not in tensors}}
+            pending = _unresolved(dag, tensors)
+        if not (pending and contrib):
             break
-        scratch = _with_constants(model, dag, values)
-        rounds += 1
-        found = _collect(_infer(scratch, where, guard=guard), bodies)
-        check_dims(found, model, where)
-        tensors = {**tensors, **{k: v for k, v in found.items() if v.is_static or k not in tensors}}
-        pending = _unresolved(dag, tensors)
-    if pending and any(p.domain not in ("", "ai.onnx") for p in dag.graph["protos"]):
+        before = len(pending)
         tensors = _contrib_shapes(model, dag, tensors, values, where)
         pending = _unresolved(dag, tensors)
+        if len(pending) == before:  # else what they settled may let shape subgraphs fold further
+            break
     if not values and any(n.op_type == "If" for n in model.graph.node):
         _fold(model, dag, tensors, values)  # an If's condition computed from constants or given values
     if not values:
@@ -928,7 +936,65 @@ def _contrib_shapes(model: ModelProto, dag: nx.DiGraph, tensors: dict, values: M
         prev = merged.get(k)
         if prev is None or (not prev.is_static and (v.is_static or prev.shape is None)):
             merged[k] = v
+    merged = _registered_shapes(twinned if changed else scratch, dag, merged, where)
+    # declared in the model, so that later folding rounds infer past these nodes
+    ops, outputs = dag.graph["node_ops"], dag.graph["node_outputs"]
+    settled = {o: merged[o] for k, (domain, _) in enumerate(ops) if domain not in ("", "ai.onnx")
+               for o in outputs[k] if o and _static(merged.get(o)) and not _static(tensors.get(o))}
+    if settled:
+        kept = [vi for vi in model.graph.value_info if vi.name not in settled]
+        del model.graph.value_info[:]
+        model.graph.value_info.extend(kept + [_value_info(n, t) for n, t in settled.items()])
     return merged
+
+
+def _registered_shapes(model: ModelProto, dag: nx.DiGraph, tensors: dict, where: str) -> dict:
+    """Output types of other-domain nodes from the shape functions registered beside their formulas
+    (:func:`flopcount.registry.shape_function`), in topological order; each round that settles some is
+    followed by ONNX's inference, so that what follows them resolves, until nothing new settles."""
+    from .context import python_value
+    from .registry import lookup_shape
+
+    ops, node_inputs, node_outputs = dag.graph["node_ops"], dag.graph["node_inputs"], dag.graph["node_outputs"]
+    targets = [k for k in dag.graph["order"] if ops[k][0] not in ("", "ai.onnx") and lookup_shape(*ops[k])]
+    # nodes whose shapes only onnxruntime's inference knows (SkipLayerNormalization, and
+    # SimplifiedLayerNormalization, which onnxruntime writes in the default domain)
+    others = [k for k in dag.graph["order"] if not lookup_shape(*ops[k]) and not onnx.defs.has(ops[k][1], ops[k][0])]
+    settled: dict[str, TensorInfo] = {}
+    for _ in range(len(targets)):
+        new: dict[str, TensorInfo] = {}
+        for k in targets:
+            outs = node_outputs[k]
+            if all(not o or _static(tensors.get(o)) for o in outs):
+                continue
+            ins = tuple(tensors.get(n) if n else None for n in node_inputs[k])
+            proto = dag.graph["protos"][k]
+            attrs = {a.name: python_value(helper.get_attribute_value(a)) for a in proto.attribute}
+            try:
+                types = lookup_shape(*ops[k])(ins, **attrs)
+            except (ValueError, IndexError, KeyError, TypeError, ZeroDivisionError) as e:
+                log.debug("%s: no output shapes for node %r (%s): %s", where, proto.name, ops[k][1], e)
+                continue
+            for o, t in zip(outs, types):
+                info = TensorInfo(o, *t) if o and t is not None else None
+                if info is not None and info.is_static and not _static(tensors.get(o)):
+                    new[o] = tensors[o] = info
+        if not new:
+            break
+        settled.update(new)
+        # the settled nodes' outputs become graph inputs of a scratch copy without those nodes, which
+        # both ONNX's and onnxruntime's inference then start from
+        scratch = ModelProto()
+        scratch.CopyFrom(model)
+        kept = [n for n in scratch.graph.node if not (n.output and all(not o or o in settled for o in n.output))]
+        del scratch.graph.node[:]
+        scratch.graph.node.extend(kept)
+        scratch.graph.input.extend(_value_info(n, t) for n, t in settled.items())
+        found = _collect(_infer(scratch, where), False)
+        if any(not _static(found.get(o)) for k in others for o in node_outputs[k] if o):
+            found.update((n, t) for n, t in _ort_symbolic(scratch, where).items() if t.is_static)
+        tensors.update((n, t) for n, t in found.items() if t.is_static and not _static(tensors.get(n)))
+    return tensors
 
 
 def _ort_symbolic(model: ModelProto, where: str) -> dict[str, TensorInfo]:
@@ -1307,7 +1373,8 @@ def _with_constants(model: ModelProto, dag: nx.DiGraph, values: Mapping[str, np.
     g.name = model.graph.name
     g.input.extend(model.graph.input)
     g.output.extend(model.graph.output)
-    g.value_info.extend(model.graph.value_info)
+    # a folded tensor's declared type would override its value (a quantizer's stale ``unk__1`` dims)
+    g.value_info.extend(vi for vi in model.graph.value_info if vi.name not in values)
     have = {t.name for t in model.graph.initializer}
     g.initializer.extend(model.graph.initializer)
     _inline_taken(model.graph.node, values, g)

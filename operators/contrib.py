@@ -258,14 +258,26 @@ def ms_attention(
     cost = Cost(flops=ctx.convention.fc_flops_per_mac * proj_macs, macs=proj_macs)
     if ctx.has_input(2) and ctx.convention.count_bias:
         cost += ctx.convention.weighted(add=tokens * w[1])
-    e, e_v = d_q // num_heads, d_v // num_heads
     past = ctx.shape(4)[3] if ctx.has_input(4) else 0
     t = _total_length(ctx, past, s, 6 if past_present_share_buffer else None)
-    cost += _sdpa(ctx.convention, b, num_heads, num_heads, s, t, e, e_v)
-    scores = b * num_heads * s * t
-    cost += ctx.convention.weighted(add=scores * ((ctx.has_input(3) or bool(unidirectional)) + _given(ctx, 5)))
+    biases = (ctx.has_input(3) or bool(unidirectional)) + _given(ctx, 5)
+    return cost + projected_attention(ctx, b, s, t, (d_q, d_k, d_v), num_heads, biases, do_rotary, rotary_embedding_dim)
+
+
+def projected_attention(
+    ctx: NodeContext, b: int, s: int, t: int, widths: tuple[int, int, int], num_heads: int, biases: int,
+    do_rotary: int, rotary_embedding_dim: int,
+) -> Cost:
+    """What com.microsoft Attention costs after its QKV projection and the projection's bias: the ONNX
+    Attention core over B·H·S query rows and T keys (E = D_q/H, E_v = D_v/H), ``biases`` score-sized
+    additions (a mask, an attention bias), the rotary embedding of Q and K when ``do_rotary``. Shared
+    with QAttention, whose projection is an integer product."""
+    d_q, d_k, d_v = widths
+    e, e_v = d_q // num_heads, d_v // num_heads
+    cost = _sdpa(ctx.convention, b, num_heads, num_heads, s, t, e, e_v)
+    cost += ctx.convention.weighted(add=b * num_heads * s * t * biases)
     if do_rotary:
-        cost += _rotary(ctx, tokens * (d_q + d_k), rotary_embedding_dim or e, e)
+        cost += _rotary(ctx, b * s * (d_q + d_k), rotary_embedding_dim or e, e)
     return cost
 
 

@@ -25,7 +25,7 @@ def _zero_points(ctx: NodeContext, pairs: tuple[tuple[int, int], ...]) -> int:
     return sum(ctx.numel(data) for data, zp in pairs if ctx.has_input(zp))
 
 
-@formula("ConvInteger", family="quantized")
+@formula("ConvInteger", family="quantized", quantized=(0, 1))
 def conv_integer(ctx: NodeContext, **_) -> Cost:
     """int_ops = 2·N·C_out·S_out·K·C_in/G (+ |X| with x_zero_point, + |W| with w_zero_point); FLOPs = 0.
 
@@ -36,7 +36,7 @@ def conv_integer(ctx: NodeContext, **_) -> Cost:
     return Cost(macs=macs, int_ops=INT_OPS_PER_MAC * macs + _zero_points(ctx, ((0, 2), (1, 3))))
 
 
-@formula("QLinearConv", family="quantized")
+@formula("QLinearConv", family="quantized", quantized=(0, 3, 8))
 def qlinear_conv(ctx: NodeContext, **_) -> Cost:
     """int_ops = 2·N·C_out·S_out·K·C_in/G + |X| + |W| (+ |Y| with a bias B); FLOPs = 2·|Y| (requantization).
 
@@ -53,7 +53,7 @@ def qlinear_conv(ctx: NodeContext, **_) -> Cost:
     return Cost(flops=REQUANTIZE_FLOPS * y, macs=macs, int_ops=int_ops)
 
 
-@formula("MatMulInteger", family="quantized")
+@formula("MatMulInteger", family="quantized", quantized=(0, 1))
 def matmul_integer(ctx: NodeContext, **_) -> Cost:
     """int_ops = 2·|Y|·K (+ |A| with a_zero_point, + |B| with b_zero_point); FLOPs = 0.
 
@@ -64,7 +64,7 @@ def matmul_integer(ctx: NodeContext, **_) -> Cost:
     return Cost(macs=macs, int_ops=INT_OPS_PER_MAC * macs + _zero_points(ctx, ((0, 2), (1, 3))))
 
 
-@formula("QLinearMatMul", family="quantized")
+@formula("QLinearMatMul", family="quantized", quantized=(0, 3))
 def qlinear_matmul(ctx: NodeContext, **_) -> Cost:
     """int_ops = 2·|Y|·K + |A| + |B|; FLOPs = 2·|Y| (requantization).
 

@@ -833,7 +833,10 @@ def test_every_contrib_formula_has_a_backward_but_the_quantized_one():
     from flopcount.registry import BACKWARD, RULES
 
     missing = sorted(o for (d, o), r in RULES.items() if d == MS and not r.zero_cost and (d, o) not in BACKWARD)
-    assert missing == ["MatMulNBits"]
+    # the 8-bit quantized ops of onnxruntime's quantizer run inference only, as ONNX's own quantized ops
+    inference_only = {o for o in missing if RULES[MS, o].fn.__module__.startswith("flopcount.operators.quantized")}
+    assert inference_only >= {"QAttention", "QGemm", "DynamicQuantizeLSTM", "MatMulIntegerToFloat"}
+    assert sorted(set(missing) - inference_only) == ["MatMulNBits"]
     assert ("", "SimplifiedLayerNormalization") in BACKWARD
 
 
