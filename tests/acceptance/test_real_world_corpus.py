@@ -246,6 +246,25 @@ def test_counts(model: Model):
         assert report.params > 0, f"{model.id}: no parameters found"
 
 
+def _bert_params(vocab: int, hidden: int, ffn: int, layers: int, positions: int = 512, types: int = 2) -> int:
+    """A BERT encoder without pooler: embeddings and their LayerNorm, then per layer Q, K, V, O with biases, a
+    LayerNorm, the two MLP products with biases and a second LayerNorm."""
+    embeddings = (vocab + positions + types) * hidden + 2 * hidden
+    layer = 4 * (hidden * hidden + hidden) + 2 * hidden + (hidden * ffn + ffn) + (ffn * hidden + hidden) + 2 * hidden
+    return embeddings + layers * layer
+
+
+# Models whose architecture their package documents: parameters as a closed form (int8 weights included).
+EXACT_PARAMS = {
+    "minilm-l6-int8": _bert_params(vocab=30522, hidden=384, ffn=1536, layers=6),  # all-MiniLM-L6-v2: 22,565,376
+}
+
+
+@pytest.mark.parametrize("model", [pytest.param(m, id=m.id) for m in MODELS if m.id in EXACT_PARAMS])
+def test_params_exact(model: Model):
+    assert count(model).params == EXACT_PARAMS[model.id]
+
+
 @pytest.mark.parametrize("model", CASES)
 def test_dense_macs_exact(model: Model):
     """Per product node (or per If, for the products in the branch it took), flopcount's MACs equal the closed
