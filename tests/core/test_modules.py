@@ -162,3 +162,40 @@ def test_resnet50_modules_equal_flop_counter_mode(tmp_path, resnet_reference, ex
         assert {k: v for k, v in modules.items() if v} == expected
         assert len(expected) == {1: 6, 2: 6 + (3 + 4 + 6 + 3)}[depth]  # conv1, 4 stages, fc; and 16 blocks
         assert all(x.flops == 0 for x in out if x.module.endswith(OWN) or x.module == OUTSIDE)
+
+
+def test_json_rows_and_node_modules():
+    import json
+
+    from flopcount.render import render
+
+    r = flopcount.count(graph("names"), mode="train")
+    doc = json.loads(render(r, "json", per_node=True, by_module=2))
+    assert doc["schema_version"] == 4
+    assert doc["module_scopes"] == {"depth": 2, "source": "names", "missing": None}
+    enc = doc["modules"][0]
+    assert (enc["module"], enc["depth"], enc["parent"]) == ("enc", 1, None)
+    assert enc["forward"]["flops"] == L0_FC + L0_ACT + L1_FC + ENC_OWN
+    assert enc["flops"] == enc["forward"]["flops"] + enc["backward"]["flops"]
+    assert [m["module"] for m in doc["modules"] if m["parent"] == "enc"] == ["enc.layers.0", "enc.layers.1", "enc" + OWN]
+    assert [n["module"] for n in doc["nodes"]] == [
+        "enc.layers.0.fc", "enc.layers.0.act", "enc.layers.1.fc", "enc", "head", "head", None]
+
+
+@pytest.mark.parametrize("fmt", ["table", "markdown", "csv"])
+def test_text_formats_show_the_tree(fmt):
+    from flopcount.render import render
+
+    text = render(flopcount.count(graph("names")), fmt, by_module=2)
+    if fmt == "csv":
+        lines = text.splitlines()
+        assert lines[0].startswith("module,depth,parent,flops")
+        assert f"enc.layers.1,2,enc,{L1_FC}," in text and f"{OUTSIDE},1,,{ROOT_RELU}," in text
+    else:
+        assert "· enc.layers.0" in text and "· · " not in text and "Modules: scopes from the node names" in text
+
+
+def test_text_says_why_there_is_one_row():
+    from flopcount.render import render
+
+    assert "Modules: one row: the graph has no module scopes" in render(flopcount.count(graph("none")), by_module=1)
