@@ -192,9 +192,12 @@ def _owners_by_name(parameters: Mapping[str, int], chains: Sequence[Scope | None
     known = {m for c in chains if c for m in c}
     out = {}
     for name in parameters:
-        head, dot, _ = name.rpartition(".")
-        if dot and (head in known or any(m.startswith(head + ".") or _REPEAT.sub(r"\1", m) == head for m in known)):
-            out[name] = head
+        for sep in (".", "/"):  # PyTorch names parameters layer1.0.conv1.weight, Keras block1/c1/kernel
+            head, found, _ = name.rpartition(sep)
+            if found and (head in known
+                          or any(m.startswith(head + sep) or _REPEAT.sub(r"\1", m) == head for m in known)):
+                out[name] = head
+                break
     return out
 
 
