@@ -156,6 +156,8 @@ def scopes_of(names: Sequence[str], metadata: Sequence[Mapping[str, str] | None]
             for i, s in enumerate(split):
                 if s is not None:
                     chains[i] = _full_paths(s[1][drop:] if not s[0] else s[1])
+    if not any(chains):  # no node ran inside a module (a root-level "/Relu" names no module)
+        source = ""
     if not source:
         total = sum(parameters.values())
         return ModuleScopes(nodes=((),) * len(names), params=MappingProxyType({"": total} if total else {}), missing=(

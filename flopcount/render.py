@@ -18,7 +18,7 @@ from .report import Report, node_bytes
 
 SCHEMA_VERSION = 4  # 2: mode, forward, backward, training; total = forward + backward. 3: total.buffers; params
 # without buffers and folded constants. 4: modules and module_scopes (by module), nodes[].module
-FORMATS = ("table", "json", "csv", "markdown")
+FORMATS = ("table", "json", "csv", "markdown", "html")
 
 
 def _dtype(t: TensorInfo) -> str:
@@ -250,6 +250,10 @@ def render(report: Report, fmt: str = "table", per_node: bool = False, by_module
     each module down to that depth (:meth:`~flopcount.report.Report.by_module`)."""
     if fmt == "json":
         return json.dumps(to_dict(report, per_node, by_module), indent=2) + "\n"
+    if fmt == "html":
+        from .html import to_html
+
+        return to_html(report, by_module, per_node)
     if fmt == "csv":
         return _csv(report, per_node, by_module)
     tablefmt = "github" if fmt == "markdown" else "simple"
