@@ -25,6 +25,7 @@ from .conventions import Convention, get_convention
 from .cost import ZERO, Bound, Breakdown, Cost
 from .errors import FlopcountError, InvalidGraphError, ShapeError, UnsupportedOperatorError, UsageError
 from .loading import load
+from .modules import ModuleScopes, scopes_of
 from .parameters import BUFFER, PARAMETER, SHAPE_TYPES, Roles, classify, stored_tensors
 from .registry import DEFAULT_DOMAIN, buffer_inputs, canonical_domain, lookup, lookup_backward, lookup_shape, straight_through
 from .report import FORMULA, UNSUPPORTED, ZERO_COST, ModelInfo, NodeCount, OpTypeSummary, Report, op_key
@@ -188,6 +189,7 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
 
     report = _report(m, loaded.path, dag, res, nodes, conv, batch, strict, where, roles,
                      walk.nested_unsupported)
+    report = dataclasses.replace(report, modules=_module_scopes(dag, roles))
     if training is not None:
         trainable = sum(prod(res.tensors[n].shape) for n in training.trainable if res.tensors.get(n) is not None)
         backward_unsupported = MappingProxyType(dict(sorted(walk.backward_unsupported.items())))
@@ -207,6 +209,20 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
         )
     lap("count")
     return dataclasses.replace(report, timings=MappingProxyType(timings))
+
+
+def _module_scopes(dag, roles: Roles) -> ModuleScopes:
+    """The module scope of every counted node (in traversal order) and the owner of every parameter."""
+    order, protos, names, inputs = dag.graph["order"], dag.graph["protos"], dag.graph["names"], dag.graph["node_inputs"]
+    params = {n: roles.sizes[n] for n in roles.names(PARAMETER)}
+    first_reader: dict[str, int] = {}
+    for k, i in enumerate(order):
+        for name in inputs[i]:
+            if name in params and name not in first_reader:
+                first_reader[name] = k
+    metadata = [protos[i].metadata_props for i in order]
+    metadata = [{p.key: p.value for p in props} if props else None for props in metadata] if any(metadata) else None
+    return scopes_of([names[i] for i in order], metadata, params, first_reader)
 
 
 # FLOPs per trainable parameter of one update step; sqrt counted as one FLOP and one transcendental.

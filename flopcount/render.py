@@ -16,9 +16,9 @@ from tabulate import tabulate
 from .context import TensorInfo
 from .report import Report, node_bytes
 
-SCHEMA_VERSION = 3  # 2: mode, forward, backward, training; total = forward + backward. 3: total.buffers; params
-# without buffers and folded constants
-FORMATS = ("table", "json", "csv", "markdown")
+SCHEMA_VERSION = 4  # 2: mode, forward, backward, training; total = forward + backward. 3: total.buffers; params
+# without buffers and folded constants. 4: modules and module_scopes (by module), nodes[].module
+FORMATS = ("table", "json", "csv", "markdown", "html")
 
 
 def _dtype(t: TensorInfo) -> str:
@@ -35,8 +35,8 @@ def _share(part: int, whole: int) -> float:
     return part / whole if whole else 0.0
 
 
-def to_dict(report: Report, per_node: bool = False) -> dict[str, Any]:
-    """The JSON document (see README.md, "JSON output")."""
+def to_dict(report: Report, per_node: bool = False, by_module: int | None = None) -> dict[str, Any]:
+    """The JSON document (see README.md, "JSON output"); ``by_module``: the depth of the module rows, if any."""
     from . import __version__
 
     total = report.total.as_dict()
@@ -87,11 +87,22 @@ def to_dict(report: Report, per_node: bool = False) -> dict[str, Any]:
             "optimizer": None if report.optimizer is None else {
                 "name": report.optimizer[0], **report.optimizer[1].as_dict()},
         }
+    if by_module is not None:
+        doc["module_scopes"] = {"depth": by_module, "source": report.modules.source or None,
+                                "missing": report.modules.missing or None}
+        doc["modules"] = [
+            {"module": r.module, "depth": r.depth, "parent": r.parent or None, "flops": r.flops, "macs": r.macs,
+             "params": r.params, "share": _share(r.flops, report.total.flops), "forward": r.forward.as_dict(),
+             "backward": r.backward.as_dict()}
+            for r in report.by_module(by_module)
+        ]
     if per_node:
+        scopes = report.modules.nodes
         doc["nodes"] = [
             {
                 "index": n.index,
                 "name": n.name,
+                "module": scopes[k][-1] if k < len(scopes) and scopes[k] else None,
                 "op_type": n.op_type,
                 "domain": n.domain or "ai.onnx",
                 "family": n.family,
@@ -104,7 +115,7 @@ def to_dict(report: Report, per_node: bool = False) -> dict[str, Any]:
                 **({"parts": {label: c.as_dict() for label, c in n.parts}} if n.parts else {}),
                 **({"upper_bound": n.bound} if n.bound else {}),
             }
-            for n in report.nodes
+            for k, n in enumerate(report.nodes)
         ]
     return doc
 
@@ -213,13 +224,45 @@ def _summary_lines(report: Report) -> list[str]:
     return lines
 
 
-def render(report: Report, fmt: str = "table", per_node: bool = False) -> str:
+def _module_rows(report: Report, depth: int, indent: str) -> list[list[Any]]:
+    train = report.mode == "train"
+    return [
+        [indent * (r.depth - 1) + r.module, *([_n(r.forward.flops), _n(r.backward.flops)] if train else []),
+         _n(r.flops), _n(r.macs), f"{100 * _share(r.flops, report.total.flops):.2f}%", _n(r.params)]
+        for r in report.by_module(depth)
+    ]
+
+
+def _module_headers(report: Report) -> list[str]:
+    train = ["forward FLOPs", "backward FLOPs"] if report.mode == "train" else []
+    return ["module", *train, "FLOPs", "MACs", "share", "params"]
+
+
+def _modules_line(report: Report) -> str:
+    if report.modules.missing:
+        return f"Modules: one row: {report.modules.missing}"
+    source = {"metadata": "the exporter's pkg.torch.onnx.name_scopes metadata", "names": "the node names"}
+    return f"Modules: scopes from {source.get(report.modules.source, report.modules.source)}"
+
+
+def render(report: Report, fmt: str = "table", per_node: bool = False, by_module: int | None = None) -> str:
+    """``report`` as text in ``fmt`` (:data:`FORMATS`); ``per_node`` adds every node, ``by_module`` the rows of
+    each module down to that depth (:meth:`~flopcount.report.Report.by_module`)."""
     if fmt == "json":
-        return json.dumps(to_dict(report, per_node), indent=2) + "\n"
+        return json.dumps(to_dict(report, per_node, by_module), indent=2) + "\n"
+    if fmt == "html":
+        from .html import to_html
+
+        return to_html(report, by_module, per_node)
     if fmt == "csv":
-        return _csv(report, per_node)
+        return _csv(report, per_node, by_module)
     tablefmt = "github" if fmt == "markdown" else "simple"
     parts = []
+    if by_module is not None:
+        headers = _module_headers(report)
+        # tabulate strips leading whitespace (and markdown collapses it): a dot marks each level below the top
+        parts.append(tabulate(_module_rows(report, by_module, "· "), headers, tablefmt=tablefmt,
+                              disable_numparse=True, colalign=("left", *("right",) * (len(headers) - 1))))
     if per_node:
         parts.append(tabulate(_node_rows(report), ["node", "op type", "inputs", "outputs", "FLOPs", "MACs", "bytes"],
                               tablefmt=tablefmt, disable_numparse=True))
@@ -227,15 +270,23 @@ def render(report: Report, fmt: str = "table", per_node: bool = False) -> str:
     parts.append(tabulate(_op_rows(report), headers, tablefmt=tablefmt, disable_numparse=True,
                           colalign=("left", *("right",) * (len(headers) - 2), "left")))
     summary = _summary_lines(report)
+    if by_module is not None:
+        summary.append(_modules_line(report))
     if fmt == "markdown":
         summary = [f"- {line}" for line in summary]
     return "\n\n".join(parts + ["\n".join(summary)]) + "\n"
 
 
-def _csv(report: Report, per_node: bool) -> str:
+def _csv(report: Report, per_node: bool, by_module: int | None = None) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    if per_node:
+    if by_module is not None:
+        w.writerow(["module", "depth", "parent", "flops", "macs", "params", "forward_flops", "backward_flops",
+                    "share"])
+        for r in report.by_module(by_module):
+            w.writerow([r.module, r.depth, r.parent, r.flops, r.macs, r.params, r.forward.flops, r.backward.flops,
+                        f"{_share(r.flops, report.total.flops):.6f}"])
+    elif per_node:
         w.writerow(["index", "name", "op_type", "domain", "status", "inputs", "outputs", "flops", "macs", "transcendentals", "int_ops", "bytes_read", "bytes_written"])
         for n in report.nodes:
             c = n.cost

@@ -8,6 +8,7 @@ from typing import Mapping, NamedTuple
 from .context import TensorInfo
 from .conventions import Convention
 from .cost import Cost
+from .modules import ModuleRow, ModuleScopes, module_rows
 
 # Node status values
 FORMULA = "formula"
@@ -159,6 +160,13 @@ class Report:
     trainable_params: int = 0
     optimizer: tuple[str, Cost] | None = None
     buffers: int = 0
+    modules: ModuleScopes = field(default_factory=ModuleScopes, compare=False)  # see by_module
+
+    def by_module(self, depth: int = 1) -> tuple[ModuleRow, ...]:
+        """FLOPs, MACs and parameters per module down to ``depth`` (1: the model's children), from the module
+        scopes its exporter wrote (:mod:`flopcount.modules`); ``modules.missing`` says why a graph has none,
+        and then the one row holds everything."""
+        return module_rows(self.nodes, self.modules, depth)
 
     @property
     def total(self) -> Cost:

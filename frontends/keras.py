@@ -557,8 +557,38 @@ def _convert(model, inputs: Sequence[_Input], training: bool, opset: int) -> onn
     location = f"{model.name}.weights"
     converted = ex.make_weightless(converted, location)
     _weights_to_initializers(converted, variables, weight_names, location)
+    _write_layer_scopes(converted, model)
     ex.strip_metadata(converted)
     return converted
+
+
+def _write_layer_scopes(converted: onnx.ModelProto, model) -> None:
+    """Record, on every node of the main graph, the chain of Keras layers that computed it (their paths, as
+    ``block1/c1``), in the module-scope metadata that per-module counts read (:data:`models.export.SCOPES_KEY`).
+
+    tf2onnx names a node after the TensorFlow name scopes it ran in: the layers' call scopes (a layer's name,
+    with ``_1``, ``_2`` ... for its calls) followed by scopes of the operations inside a layer
+    (``stem_bn_1/batchnorm/add_1``); a segment is a layer only where it names a child of the layer before it.
+    """
+    from flopcount.models.export import SCOPES_KEY
+
+    def children(layer) -> dict[str, Any]:
+        inner = getattr(layer, "layers", None) or getattr(layer, "_layers", None) or ()
+        return {child.name: child for child in inner}
+
+    top = children(model)
+    for node in converted.graph.node:
+        chain: list[str] = []
+        level = top
+        for segment in node.name.split("/")[:-1]:
+            name = segment if segment in level else re.sub(r"_\d+$", "", segment)
+            layer = level.get(name)
+            if layer is None:
+                break
+            chain.append(f"{chain[-1]}/{name}" if chain else name)
+            level = children(layer)
+        if chain:
+            node.metadata_props.add(key=SCOPES_KEY, value=repr(["", *chain, node.name]))
 
 
 @contextlib.contextmanager

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_OPSET",
     "ExportError",
+    "SCOPES_KEY",
     "SIZE_THRESHOLD",
     "check_batch_agnostic",
     "export_weightless",
@@ -173,14 +174,26 @@ def make_weightless(
     return model
 
 
+#: The one node metadata entry kept: the module path that ran the node (``['', 'layer1', 'layer1.0', ...]``), which
+#: per-module counts read; it names modules only, nothing of the exporting machine.
+SCOPES_KEY = "pkg.torch.onnx.name_scopes"
+
+
 def strip_metadata(model: onnx.ModelProto) -> None:
     """Remove, in place, every ``doc_string`` and ``metadata_props`` (torch's exporter writes stack traces there,
-    with absolute paths of the exporting machine) and the inferred ``value_info``, which readers recompute."""
+    with absolute paths of the exporting machine) but a node's module scopes (:data:`SCOPES_KEY`), and the
+    inferred ``value_info``, which readers recompute."""
 
     def strip(proto: Any) -> None:
         for field in ("doc_string", "metadata_props"):
             if field in proto.DESCRIPTOR.fields_by_name:
-                proto.ClearField(field)
+                if field == "metadata_props" and isinstance(proto, onnx.NodeProto):
+                    kept = [(p.key, p.value) for p in proto.metadata_props if p.key == SCOPES_KEY]
+                    proto.ClearField(field)
+                    for key, value in kept:
+                        proto.metadata_props.add(key=key, value=value)
+                else:
+                    proto.ClearField(field)
 
     strip(model)
     for function in model.functions:
