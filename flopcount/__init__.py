@@ -11,6 +11,7 @@ from .conventions import CONVENTIONS, Convention
 from .cost import Cost
 from .counting import count
 from .errors import (
+    ConfigError,
     FlopcountError,
     FrontendError,
     InvalidGraphError,
@@ -20,6 +21,7 @@ from .errors import (
     UnsupportedOperatorError,
     UsageError,
 )
+from .frontends.hf import from_hf
 from .frontends.keras import from_keras
 from .frontends.torch import from_torch
 from .measure.meter import Meter
@@ -33,6 +35,7 @@ except PackageNotFoundError:  # running from a source tree
 
 __all__ = [
     "CONVENTIONS",
+    "ConfigError",
     "Convention",
     "Cost",
     "FlopcountError",
@@ -50,6 +53,7 @@ __all__ = [
     "UnsupportedOperatorError",
     "UsageError",
     "count",
+    "from_hf",
     "from_keras",
     "from_torch",
 ]

@@ -74,5 +74,13 @@ class MeasurementError(FlopcountError):
     exit_code = 12
 
 
+class ConfigError(FlopcountError):
+    """A model configuration cannot be read or built here (``--hf``): no such file, no or an unknown
+    ``model_type``, code in the model's repository that was not trusted, a Hub id while offline. The message
+    names the configuration and what to do."""
+
+    exit_code = 13
+
+
 #: Exit code of ``flopcount bench`` when every run completed but some run did not reach its target quality.
 EXIT_QUALITY_NOT_REACHED = 10
