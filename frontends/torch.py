@@ -76,7 +76,7 @@ if TYPE_CHECKING:
 
     from flopcount.report import Report
 
-__all__ = ["CACHE_ENV", "default_cache_dir", "from_torch", "load_factory", "to_onnx"]
+__all__ = ["CACHE_ENV", "default_cache_dir", "forward_tensors", "from_torch", "load_factory", "to_onnx"]
 
 log = logging.getLogger(__name__)
 
@@ -257,6 +257,13 @@ def _import_torch():
     except ImportError:
         raise FrontendError(f"{FRONTEND}: PyTorch is not installed; {INSTALL_HINT}") from None
     return torch
+
+
+def forward_tensors(module, inputs: Mapping[str, Any], device: Any = "cpu") -> list:
+    """The tensors of one call of ``module.forward``, in its parameter order, made on ``device``: ``inputs`` gives
+    each by parameter name as dims or ``(dims, dtype)``, exactly as :func:`from_torch`'s ``input_shapes``."""
+    torch = _import_torch()
+    return _bind(torch, module, inputs, None, torch.device(device)).tensors
 
 
 def _is_shape(value: Any) -> bool:

@@ -349,7 +349,7 @@ def test_step_driver_without_cuda(capsys):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    from flopcount.measure import ncu_step
+    from flopcount.cli import ncu_step
 
     assert ncu_step.main(["--gemm", "64", "64", "64", "--precision", "bf16"]) == 11
     err = capsys.readouterr().err.strip().splitlines()
@@ -377,7 +377,7 @@ def test_run_without_cuda_says_what_is_missing(capsys, tmp_path):
 
 def test_counter_permission_refused_is_a_device_error(tmp_path):
     from flopcount.errors import DeviceError
-    from flopcount.measure.crosscheck_cli import _profile, build_parser
+    from flopcount.cli.crosscheck import _profile, build_parser
 
     ncu = _fake_ncu(tmp_path, "==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU "
                               "Performance Counters on the target device 0.")
@@ -511,7 +511,7 @@ def _cuda() -> bool:
 @pytest.mark.skipif(not _cuda() or shutil.which("ncu") is None, reason="needs a CUDA GPU and ncu")
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_gemm_calibration_on_gpu(precision, tmp_path):
-    from flopcount.measure.crosscheck_cli import build_parser, calibrate
+    from flopcount.cli.crosscheck import build_parser, calibrate
 
     args = build_parser().parse_args(["--run", "--torch", "p:f", "--input-shape", "x=1", "--calibration-size", "2048"])
     result = calibrate(shutil.which("ncu"), precision, args, str(tmp_path))
@@ -546,7 +546,8 @@ def test_step_driver_marks_phases_with_process_ranges(small_net, monkeypatch):
     import threading
 
     torch = pytest.importorskip("torch")
-    from flopcount.measure import ncu_step
+    from flopcount.cli import ncu_step
+    from flopcount.measure import ncu_driver
 
     events = []
     open_ranges = {}
@@ -584,7 +585,7 @@ def test_step_driver_marks_phases_with_process_ranges(small_net, monkeypatch):
     args = ncu_step.build_parser().parse_args(["--torch", small_net, "--input-shape", "input=2x3x10x10",
                                                "--optimizer", "sgd", "--warmup", "2"])
     try:
-        ncu_step.run_model(torch, args, device="cpu")
+        ncu_driver.run_model(torch, args, device="cpu")
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = flags
 

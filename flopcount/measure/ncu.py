@@ -19,7 +19,7 @@ Conventions (stated in every crosscheck report, see ``docs/crosscheck.md``):
   only the most aggregated non-overlapping metrics are summed. Names are matched by pattern, so the metric names of
   several ncu versions (``smsp__`` or ``sm__`` prefixes, with or without ``_sparsity_off``) work.
 
-Nothing here imports torch or runs ncu; :mod:`.crosscheck_cli` does.
+Nothing here imports torch or runs ncu; :mod:`flopcount.cli.crosscheck` does.
 """
 
 from __future__ import annotations

@@ -337,7 +337,7 @@ def _check_suffix(path: str) -> None:
 
 
 def _save(fig, path: str) -> None:
-    from flopcount.cli import OutputError
+    from flopcount.errors import OutputError
 
     try:
         fig.savefig(path, dpi=120, bbox_inches="tight")

@@ -10,50 +10,12 @@ import sys
 
 from flopcount.errors import EXIT_QUALITY_NOT_REACHED, UsageError
 
+from .arguments import nonneg_int, positive_float, positive_int, size_hw
+from .console import write_output
+
 log = logging.getLogger(__name__)
 
 WORKLOADS = ("digits", "image_classification", "extreme_weather")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v <= 0 or v > 10**9:
-        raise argparse.ArgumentTypeError(f"must be a positive integer (at most 1e9), got {text!r}")
-    return v
-
-
-def _nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = -1
-    if v < 0 or v > 10**9:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
-    return v
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = 0.0
-    if not v > 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return v
-
-
-def _size(text: str) -> tuple[int, int]:
-    parts = text.lower().split("x")
-    try:
-        h, w = (int(p) for p in parts)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected HxW such as 224x224, got {text!r}") from None
-    if h <= 0 or w <= 0:
-        raise argparse.ArgumentTypeError(f"expected positive HxW, got {text!r}")
-    return h, w
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,25 +29,25 @@ def build_parser() -> argparse.ArgumentParser:
                    "to a target accuracy (real data, real quality); image_classification: ResNet-50 v1.5 on synthetic "
                    "ImageNet-shaped data; extreme_weather: the Faster R-CNN detector on synthetic 16-channel fields")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
-    p.add_argument("--runs", type=_positive_int, default=1,
+    p.add_argument("--runs", type=positive_int, default=1,
                    help="repeat the run K times (HPC AI500: at least 10 for image classification, 5 for weather)")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
                    help="fp32, or autocast to bf16/fp16 (default: fp32)")
-    p.add_argument("--batch-size", type=_positive_int, help="samples per step (per rank)")
-    p.add_argument("--epochs", type=_positive_int, help="digits: the most epochs to train before giving up")
-    p.add_argument("--steps", type=_positive_int, help="synthetic workloads: steps per run")
-    p.add_argument("--target-quality", type=_positive_float, help="digits: the target test accuracy (default 0.95)")
-    p.add_argument("--image-size", type=_size, metavar="HxW", help="synthetic workloads: input height and width")
-    p.add_argument("--lr", type=_positive_float, help="learning rate")
-    p.add_argument("--seed", type=_nonneg_int, help="seed of the first run (run i uses seed + i)")
-    p.add_argument("--warmup-steps", type=_nonneg_int, help="steps excluded from timing at the start of each run")
-    p.add_argument("--window-steps", type=_positive_int, help="steps per timing window")
-    p.add_argument("--peak-flops", type=_positive_float, help="peak FLOP/s of one device for MFU (overrides the "
+    p.add_argument("--batch-size", type=positive_int, help="samples per step (per rank)")
+    p.add_argument("--epochs", type=positive_int, help="digits: the most epochs to train before giving up")
+    p.add_argument("--steps", type=positive_int, help="synthetic workloads: steps per run")
+    p.add_argument("--target-quality", type=positive_float, help="digits: the target test accuracy (default 0.95)")
+    p.add_argument("--image-size", type=size_hw, metavar="HxW", help="synthetic workloads: input height and width")
+    p.add_argument("--lr", type=positive_float, help="learning rate")
+    p.add_argument("--seed", type=nonneg_int, help="seed of the first run (run i uses seed + i)")
+    p.add_argument("--warmup-steps", type=nonneg_int, help="steps excluded from timing at the start of each run")
+    p.add_argument("--window-steps", type=positive_int, help="steps per timing window")
+    p.add_argument("--peak-flops", type=positive_float, help="peak FLOP/s of one device for MFU (overrides the "
                    "device table, or the measured CPU GEMM ceiling)")
     p.add_argument("--channels-last", action="store_true", help="channels-last memory format")
     p.add_argument("--mllog", metavar="FILE", help="also write MLPerf-style :::MLLOG lines (one file per run: "
                    "FILE, or FILE with .runN before its suffix when --runs > 1)")
-    p.add_argument("--ensemble", type=_positive_int, default=1, metavar="M",
+    p.add_argument("--ensemble", type=positive_int, default=1, metavar="M",
                    help="digits under torchrun/srun: train M base models (HPC AI500 V3.0 bagging), each on its own "
                    "bootstrap sample and its own P = ranks / M ranks; the report scores their averaged prediction")
     p.add_argument("--format", choices=("table", "json"), default="table",
@@ -134,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     module, cfg = config_from_args(args)
     torch = module.torch_or_error()
     # scale-out: under torchrun or srun, join the process group; each rank takes its node's GPU LOCAL_RANK
-    from . import distributed, ensemble
+    from flopcount.measure import distributed, ensemble
 
     ranks = distributed.init(cfg.device)
     try:
@@ -147,11 +109,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, module, cfg, torch, parallel, ranks) -> int:
-    from flopcount.cli import write_output
-
-    from .result import bench_report, dumps
-    from .render import report_table
-    from .system import describe_system
+    from flopcount.measure.render import report_table
+    from flopcount.measure.result import bench_report, dumps
+    from flopcount.measure.system import describe_system
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -159,13 +119,13 @@ def _run(args: argparse.Namespace, module, cfg, torch, parallel, ranks) -> int:
     report = module.count(cfg)
     meters = []
     device = None
-    from .meter import is_writer
+    from flopcount.measure.meter import is_writer
 
     show = not args.no_progress and is_writer()
     for i in range(args.runs):
         writer = None
         if args.mllog and is_writer():
-            from .mllog import MLLogWriter
+            from flopcount.measure.mllog import MLLogWriter
 
             writer = MLLogWriter(mllog_path(args.mllog, i, args.runs))
             writer.log("init_start", None, "INTERVAL_START")

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from .arguments import add_model_source, input_value, model_source, positive
+from .console import write_output
+
 
 def build_parser() -> argparse.ArgumentParser:
-    from flopcount.cli import _input_value, _positive, add_model_source
-
     p = argparse.ArgumentParser(
         prog="flopcount profile",
         description="Run an ONNX model with onnxruntime's profiler and report, per node and per op type, the median "
@@ -17,17 +18,17 @@ def build_parser() -> argparse.ArgumentParser:
         "synthesised from the initializers' dims and dtypes (external data files are never opened).",
     )
     add_model_source(p, "path of an .onnx model (or give --torch or --keras)")
-    p.add_argument("--input-value", metavar="NAME=V1,V2", action="append", type=_input_value, default=[],
+    p.add_argument("--input-value", metavar="NAME=V1,V2", action="append", type=input_value, default=[],
                    help="value of a small integer input that shapes depend on (repeatable)")
-    p.add_argument("--batch", type=_positive, metavar="N", help="set dim 0 of every input not given by --input-shape")
+    p.add_argument("--batch", type=positive, metavar="N", help="set dim 0 of every input not given by --input-shape")
     p.add_argument("--provider", choices=("cpu", "cuda"), default="cpu",
                    help="onnxruntime execution provider (cuda needs onnxruntime-gpu)")
     p.add_argument("--optimize", choices=("none", "basic", "extended", "all"), default="none",
                    help="onnxruntime graph optimisations (default none: every executed node is a graph node; "
                    "otherwise fused nodes are attributed the graph nodes they run)")
     p.add_argument("--warmup", type=int, default=2, metavar="K", help="untimed runs first (default 2)")
-    p.add_argument("--runs", type=_positive, default=5, metavar="R", help="timed runs; medians over them (default 5)")
-    p.add_argument("--threads", type=_positive, metavar="N", help="onnxruntime intra-op threads (default: its own)")
+    p.add_argument("--runs", type=positive, default=5, metavar="R", help="timed runs; medians over them (default 5)")
+    p.add_argument("--threads", type=positive, metavar="N", help="onnxruntime intra-op threads (default: its own)")
     p.add_argument("--ceilings", metavar="FILE",
                    help="ceilings JSON from flopcount ceilings (default: this CPU's cached GEMM and copy ceilings)")
     p.add_argument("--per-node", action="store_true", help="also list every executed node (table and CSV)")
@@ -38,10 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flopcount.cli import model_source, write_output
-
-    from .ceilings import load_ceilings
-    from .profile import profile, render
+    from flopcount.measure.ceilings import load_ceilings
+    from flopcount.measure.profile import profile, render
 
     ceilings = load_ceilings(args.ceilings) if args.ceilings else None
     model, shapes = model_source(args)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .console import write_output
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -58,9 +60,7 @@ def _init_distributed(device: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flopcount.cli import write_output
-
-    from .ceilings import measure_ceilings
+    from flopcount.measure.ceilings import measure_ceilings
 
     distributed = _init_distributed(args.device)
     try:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 
+from flopcount.errors import UsageError
+
+from .arguments import add_model_source, given_model, model_source, positive
+from .console import write_output
+
 
 def build_parser() -> argparse.ArgumentParser:
-    from flopcount.cli import _positive, add_model_source
-
     p = argparse.ArgumentParser(
         prog="flopcount roofline",
         description="HPC-AI roofline (HPC AI500 V2.0): flopcount roofline --ceilings c.json --run run.json places "
@@ -22,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", metavar="FILE", help="a flopcount bench report (or meter.to_json run): HPC-AI roofline")
     p.add_argument("--profile", metavar="FILE", help="a flopcount profile --format json report: per-operator "
                    "roofline at measured FLOP/s")
-    p.add_argument("--batch", type=_positive, metavar="N", help="with a model: dim 0 of every input")
+    p.add_argument("--batch", type=positive, metavar="N", help="with a model: dim 0 of every input")
     p.add_argument("--plot", metavar="FILE", help="draw the roofline to FILE (.png, .svg or .pdf; needs matplotlib)")
     p.add_argument("--format", choices=("table", "json"), default="table", help="text output format")
     p.add_argument("-o", "--output", metavar="FILE", help="write the text output to FILE instead of stdout")
@@ -31,11 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flopcount.cli import given_model, model_source, write_output
-    from flopcount.errors import UsageError
-
-    from . import roofline as rl
-    from .ceilings import default_ceilings, load_ceilings
+    from flopcount.measure import roofline as rl
+    from flopcount.measure.ceilings import default_ceilings, load_ceilings
 
     sources = [s for s in (args.run and "--run", args.profile and "--profile", given_model(args) and "a model") if s]
     if len(sources) != 1:

@@ -18,8 +18,11 @@ import subprocess
 import sys
 import tempfile
 
-from ..errors import DeviceError, MeasurementError
-from .ncu import HALF_PACKING, read_ncu_csv
+from flopcount.errors import DeviceError, MeasurementError
+from flopcount.measure.ncu import HALF_PACKING, read_ncu_csv
+
+from .arguments import InputShapes, check_model_source, count_torch, input_shape, positive, torch_inputs
+from .console import write_output
 
 log = logging.getLogger("flopcount.crosscheck")
 
@@ -38,12 +41,10 @@ class _Parser(argparse.ArgumentParser):
     """Checks the model source the way the counting command does, inside ``parse_args`` (usage errors exit 2)."""
 
     def parse_args(self, args=None, namespace=None):  # type: ignore[override]
-        from ..cli import _check_model_source
-
         ns = super().parse_args(args, namespace)
         if ns.model is None and ns.torch is None:
             self.error("give --torch MODULE:FACTORY, or the path of the .onnx model that an --ncu-csv export profiled")
-        _check_model_source(self, ns)
+        check_model_source(self, ns)
         if not (ns.print_ncu_command or ns.ncu_csv or ns.run or ns.fallback):
             self.error("say what to compare: --print-ncu-command, --ncu-csv FILE, --run, or --fallback torch")
         if ns.torch is None and (ns.print_ncu_command or ns.fallback):
@@ -56,8 +57,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..cli import _input_shape, _InputShapes, _positive
-    from ..conventions import CONVENTIONS
+    from flopcount.conventions import CONVENTIONS
 
     p = _Parser(
         prog="flopcount crosscheck",
@@ -70,10 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", nargs="?", help="path of an .onnx model (for --ncu-csv; the others need --torch)")
     p.add_argument("--torch", metavar="MODULE:FACTORY",
                    help="the torch.nn.Module that FACTORY() returns; --input-shape gives forward()'s inputs by name")
-    p.add_argument("--input-shape", metavar="NAME=DIMS", action=_InputShapes, type=_input_shape, default=[],
+    p.add_argument("--input-shape", metavar="NAME=DIMS", action=InputShapes, type=input_shape, default=[],
                    help="dims of an input, e.g. x=32x3x224x224 (repeatable); with --torch, NAME is a parameter of "
                    "forward() and a :DTYPE suffix gives its element type, e.g. input_ids=1x128:int64")
-    p.add_argument("--batch", type=_positive, metavar="N", help="set dim 0 of every input not given by --input-shape")
+    p.add_argument("--batch", type=positive, metavar="N", help="set dim 0 of every input not given by --input-shape")
     p.add_argument("--convention", choices=sorted(CONVENTIONS), default="default",
                    help="counting convention of the analytic side (default: 1 MAC = 2 FLOPs)")
     p.add_argument("--mode", choices=("inference", "train"), default="inference",
@@ -98,14 +98,14 @@ def build_parser() -> argparse.ArgumentParser:
                      "; ".join(f"{k}: {v}" for k, v in HALF_PACKING.items()) + " (default: pairs)")
     ncu.add_argument("--precision", choices=PRECISIONS, default="fp32",
                      help="precision of the profiled step: fp32 (TF32 off), tf32, bf16 or fp16 autocast (default fp32)")
-    ncu.add_argument("--warmup", type=_positive, default=3, metavar="N",
+    ncu.add_argument("--warmup", type=positive, default=3, metavar="N",
                      help="unprofiled steps before the profiled one (default 3; autotuning happens there)")
     ncu.add_argument("--ncu", default="ncu", metavar="PATH", help="the ncu executable (default: ncu on PATH)")
     ncu.add_argument("--csv-name", default="step.csv", metavar="FILE",
                      help="export file named in the printed command (default step.csv)")
     ncu.add_argument("--explicit-metrics", action="store_true",
                      help="print metric names (Hopper's, as documented) instead of regex: patterns")
-    ncu.add_argument("--calibration-size", type=_positive, default=4096, metavar="N",
+    ncu.add_argument("--calibration-size", type=positive, default=4096, metavar="N",
                      help="--run: the calibration GEMM is N×N×N (default 4096)")
     p.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
     p.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
@@ -146,7 +146,7 @@ def _compare_args(args) -> list[str]:
 
 
 def print_command(args) -> str:
-    from .ncu import ncu_command
+    from flopcount.measure.ncu import ncu_command
 
     cmd = ncu_command(_driver(args), args.csv_name, args.explicit_metrics, args.ncu)
     then = ["flopcount", "crosscheck", "--ncu-csv", args.csv_name, *_compare_args(args)]
@@ -155,13 +155,12 @@ def print_command(args) -> str:
 
 
 def _analytic(args):
-    from ..cli import _count_torch
-    from .crosscheck import analytic_by_family
+    from flopcount.measure.crosscheck import analytic_by_family
 
     if args.torch:
-        report = _count_torch(args)
+        report = count_torch(args)
     else:
-        from ..counting import count
+        from flopcount.counting import count
 
         report = count(args.model, input_shapes=dict(args.input_shape), batch=args.batch, convention=args.convention,
                        strict=args.strict, mode=args.mode, optimizer=args.optimizer)
@@ -169,21 +168,16 @@ def _analytic(args):
 
 
 def _torch_module_and_inputs(args):
-    from ..frontends.torch import _bind, _import_torch, load_factory
+    from flopcount.frontends.torch import forward_tensors, load_factory
 
-    torch = _import_torch()
     module = load_factory(args.torch)
-    inputs = {}
-    for name, dims in args.input_shape:
-        dims = dims if args.batch is None else (args.batch, *dims[1:])
-        inputs[name] = (dims, args.input_dtypes[name]) if name in args.input_dtypes else dims
     # tensors in forward()'s parameter order, as the counting export binds them
-    return module, _bind(torch, module, inputs, None, torch.device("cpu")).tensors
+    return module, forward_tensors(module, torch_inputs(args, args.batch))
 
 
 def fallback(args, report, analytic):
-    from ..errors import FrontendError
-    from .crosscheck import compare, grouped_convolutions, measure_with_flop_counter, measure_with_profiler
+    from flopcount.errors import FrontendError
+    from flopcount.measure.crosscheck import compare, grouped_convolutions, measure_with_flop_counter, measure_with_profiler
 
     module, inputs = _torch_module_and_inputs(args)
     measure = measure_with_flop_counter if args.fallback == "torch" else measure_with_profiler
@@ -248,7 +242,7 @@ def _read_export(args):
     if done.returncode != 0:
         raise MeasurementError(f"{shlex.join(cmd)} exited with status {done.returncode}: "
                                f"{_last_line(done.stdout + done.stderr)}")
-    from .ncu import parse_ncu_csv
+    from flopcount.measure.ncu import parse_ncu_csv
 
     return parse_ncu_csv(done.stdout, path, args.half_packing)
 
@@ -263,7 +257,7 @@ def _ncu_version(ncu: str) -> str | None:
 
 
 def _profile(ncu: str, driver: list[str], csv_path: str, args) -> None:
-    from .ncu import ncu_command
+    from flopcount.measure.ncu import ncu_command
 
     cmd = ncu_command(driver, csv_path, args.explicit_metrics, ncu)
     log.info("running %s", shlex.join(cmd))
@@ -305,7 +299,7 @@ def calibrate(ncu: str, precision: str, args, folder: str) -> dict:
 
 
 def run_ncu(args):
-    from .crosscheck import from_ncu
+    from flopcount.measure.crosscheck import from_ncu
 
     ncu = _check_device(args)
     with tempfile.TemporaryDirectory(prefix="flopcount-crosscheck-") as folder:
@@ -325,8 +319,7 @@ def run_ncu(args):
 
 
 def run(args) -> int:
-    from ..cli import write_output
-    from .crosscheck import compare, from_ncu, render_json, render_table
+    from flopcount.measure.crosscheck import compare, from_ncu, render_json, render_table
 
     if args.print_ncu_command:
         write_output(print_command(args), args.output)
