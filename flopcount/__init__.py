@@ -22,8 +22,8 @@ from .errors import (
 )
 from .frontends.keras import from_keras
 from .frontends.torch import from_torch
-from .measure.meter import Meter
-from .measure.result import RunResult
+from .measure.harness.meter import Meter
+from .measure.harness.result import RunResult
 from .report import ModelInfo, NodeCount, OpTypeSummary, Report
 
 try:

@@ -146,7 +146,7 @@ def test_image_classification_on_synthetic_data_has_no_quality(tmp_path):
 def test_cuda_events_time_steps_with_one_sync_per_window():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    from flopcount.measure.clocks import CudaEventTimer
+    from flopcount.measure.harness.clocks import CudaEventTimer
 
     timer = CudaEventTimer()
     a = torch.randn(2048, 2048, device="cuda")
@@ -162,7 +162,7 @@ def test_cuda_events_time_steps_with_one_sync_per_window():
 def test_nvml_energy_and_a_metered_cuda_run():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    from flopcount.measure import energy
+    from flopcount.measure.harness import energy
 
     src = energy.nvml(0)
     if src.kind == "unavailable":

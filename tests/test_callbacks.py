@@ -13,7 +13,7 @@ from test_bench import TRAIN_FLOPS_PER_SAMPLE  # noqa: E402  (the digits CNN's c
 @pytest.mark.slow
 def test_lightning_callback_on_digits(tmp_path):
     pl = pytest.importorskip("lightning.pytorch")
-    from flopcount.measure.lightning import MeterCallback
+    from flopcount.measure.harness.callbacks.lightning import MeterCallback
     from flopcount.models.digits import digits_cnn
     from flopcount.workloads.digits import load_data
 
@@ -73,7 +73,7 @@ def test_keras_callback_counts_and_times(tmp_path):
     pytest.importorskip("tf2onnx")
     import numpy as np
 
-    from flopcount.measure.keras import MeterCallback
+    from flopcount.measure.harness.callbacks.keras import MeterCallback
     from flopcount.workloads.digits import load_data
 
     xtr, ytr, xte, yte = (t.numpy() for t in load_data())

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from flopcount.cli import main
-from flopcount.measure.ceilings import load_ceilings
+from flopcount.measure.machine.ceilings import load_ceilings
 
 torch = pytest.importorskip("torch")
 
@@ -34,7 +34,7 @@ def test_allreduce_bus_bandwidth_over_two_gloo_ranks():
 
     import torch.distributed as dist
 
-    from flopcount.measure.ceilings import measure_allreduce
+    from flopcount.measure.machine.ceilings import measure_allreduce
 
     store, results = dist.HashStore(), {}
 
@@ -54,16 +54,15 @@ def test_allreduce_bus_bandwidth_over_two_gloo_ranks():
 
 def test_allreduce_without_distributed_is_a_device_error():
     from flopcount.errors import DeviceError
-    from flopcount.measure.ceilings import measure_allreduce
+    from flopcount.measure.machine.ceilings import measure_allreduce
 
     with pytest.raises(DeviceError, match="torchrun"):
         measure_allreduce()
 
 
 def test_cached_gemm_keeps_the_harness_interface():
-    from flopcount.measure.ceilings import GemmCeiling, cached_gemm
-    from flopcount.measure.devices import cpu_device
+    from flopcount.measure.machine.ceilings import GemmCeiling, cached_gemm, measured_cpu_device
 
     g = cached_gemm("cpu", "fp32")
     assert isinstance(g, GemmCeiling) and g.dtype == "fp32" and g.flops_per_s > 0
-    assert cpu_device().peak("fp32").flops_per_s == g.flops_per_s  # the harness's CPU peak is this ceiling
+    assert measured_cpu_device().peak("fp32").flops_per_s == g.flops_per_s  # the harness's CPU peak is this ceiling

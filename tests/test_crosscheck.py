@@ -19,9 +19,9 @@ from onnx import helper
 
 from flopcount.cli import main
 from flopcount.errors import MeasurementError
-from flopcount.measure.crosscheck import (FAMILIES, analytic_by_family, attribute, compare, from_ncu,
+from flopcount.measure.ncu.crosscheck import (FAMILIES, analytic_by_family, attribute, compare, from_ncu,
                                           grouped_convolutions, measure_with_flop_counter)
-from flopcount.measure.ncu import nvtx_ranges, parse_ncu_csv, plan_metrics, read_ncu_csv
+from flopcount.measure.ncu.parse import nvtx_ranges, parse_ncu_csv, plan_metrics, read_ncu_csv
 
 from conftest import model
 
@@ -529,7 +529,7 @@ def test_run_small_net_on_gpu(small_net, capsys):
     assert out["families"]["matrix product"]["measured_flops"] > 0
 
 
-@pytest.mark.parametrize("module", ["flopcount.measure.ncu", "flopcount.measure.crosscheck"])
+@pytest.mark.parametrize("module", ["flopcount.measure.ncu.parse", "flopcount.measure.ncu.crosscheck"])
 def test_docstring_examples(module):
     import doctest
     import importlib
@@ -547,7 +547,7 @@ def test_step_driver_marks_phases_with_process_ranges(small_net, monkeypatch):
 
     torch = pytest.importorskip("torch")
     from flopcount.cli import ncu_step
-    from flopcount.measure import ncu_driver
+    from flopcount.measure.ncu import step as ncu_driver
 
     events = []
     open_ranges = {}

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from flopcount.measure import devices, mfu
-from flopcount.measure.devices import Device, Peak, gpu_device, gpu_entry
+from flopcount.measure.harness import mfu
+from flopcount.measure.machine import ceilings, devices
+from flopcount.measure.machine.devices import Device, Peak, gpu_device, gpu_entry
 
 T = 1e12
 
@@ -121,11 +122,12 @@ def test_split_work_reads_families_of_a_training_count():
 def test_cpu_peak_is_the_measured_gemm_ceiling(monkeypatch, tmp_path):
     pytest.importorskip("torch")
     monkeypatch.setenv("FLOPCOUNT_CACHE", str(tmp_path))
-    dev = devices.cpu_device()
+    dev = ceilings.measured_cpu_device()
     peak = dev.peak("fp32")
     assert peak.flops_per_s > 0 and peak.source.startswith("measured GEMM ceiling of this cpu")
     assert list(tmp_path.glob("ceiling-gemm-*.json"))  # cached per machine
-    assert devices.cpu_device().peak("fp32") == peak  # read back from the cache
+    assert ceilings.measured_cpu_device().peak("fp32") == peak  # read back from the cache
+    assert devices.cpu_device().peaks == {}  # describing the CPU measures nothing
 
 
 def test_theoretical_cpu_peak_needs_every_factor(monkeypatch):
@@ -154,7 +156,7 @@ def test_cuda_device_description():
     pytest.param(0.3, 0.0, False, id="quiet-then"),
 ])
 def test_a_ceiling_cached_on_a_busier_machine_is_measured_again(monkeypatch, then, now, stale):
-    from flopcount.measure import ceilings
+    from flopcount.measure.machine import ceilings
 
     monkeypatch.setattr(ceilings, "load_per_core", lambda: now)
     assert ceilings.measured_busier(then) is stale

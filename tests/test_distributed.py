@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from flopcount.errors import UsageError
-from flopcount.measure import distributed, ensemble
+from flopcount.measure.harness import distributed, ensemble
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("sklearn")
@@ -212,9 +212,9 @@ def _check_hpcai_roofline(tmp_path, run_file) -> None:
     """The HPC-AI roofline of the real 2-rank run against ceilings measured now, in this process, on its threads:
     the run's ranks used 2 x 1 threads, so its compute ceilings are the measured ones x 2 / (this process's)."""
     from flopcount.cli import main
-    from flopcount.measure.ceilings import measure_ceilings
+    from flopcount.measure.machine.ceilings import measure_ceilings
 
-    from flopcount.measure.devices import cpu_cores
+    from flopcount.measure.machine.devices import cpu_cores
 
     threads, used = torch.get_num_threads(), min(2, cpu_cores())  # the run's 2 x 1 threads, at most every core
     ceilings = measure_ceilings("cpu", dtypes=("fp32",), quick=True)
@@ -303,8 +303,8 @@ def test_ensemble_accuracy_is_that_of_the_averaged_predictions(tmp_path, M, P):
 def _peak_rank(rank: int, out: str) -> None:
     """A meter's CPU device on one rank: the real device description and GEMM calibration (or its
     cache), with the calls that describe this CPU recorded."""
-    from flopcount.measure import devices
-    from flopcount.measure.meter import Meter
+    from flopcount.measure.machine import devices
+    from flopcount.measure.harness.meter import Meter
 
     calls = []
     real = devices.cpu_device

@@ -9,8 +9,8 @@ import pytest
 
 import flopcount
 from flopcount.errors import UsageError
-from flopcount.measure import energy, result
-from flopcount.measure.devices import Device, Peak
+from flopcount.measure.harness import energy, result
+from flopcount.measure.machine.devices import Device, Peak
 
 from conftest import single
 
@@ -271,7 +271,7 @@ class FakeEvent:
 
 def test_cuda_event_timer_syncs_once_per_window_and_reuses_events(monkeypatch):
     torch = pytest.importorskip("torch")
-    from flopcount.measure.clocks import CudaEventTimer
+    from flopcount.measure.harness.clocks import CudaEventTimer
 
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     FakeEvent.clock, FakeEvent.syncs, FakeEvent.made = 5.0, 0, 0

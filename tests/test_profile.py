@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import flopcount
 from flopcount.cli import main
-from flopcount.measure.ceilings import Ceilings, Figure
+from flopcount.measure.machine.ceilings import Ceilings, Figure
 from flopcount.measure.profile import parse_profile, profile, runnable_model
 
 from conftest import const, model, weight
@@ -114,7 +114,7 @@ def test_bad_ceilings_file_is_exit_12(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_resnet50_profile_on_this_cpu(tmp_path):
-    from flopcount.measure.ceilings import measure_gemm
+    from flopcount.measure.machine.ceilings import measure_gemm
 
     out = tmp_path / "p.json"
     # one intra-op thread: on a 2-core machine shared with other jobs, a second thread waits on descheduled peers

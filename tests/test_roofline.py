@@ -9,8 +9,8 @@ import pytest
 
 from flopcount.cli import main
 from flopcount.errors import MeasurementError
-from flopcount.measure.ceilings import Ceilings, Figure, ceilings_from_dict
-from flopcount.measure.roofline import (Ceiling, Point, Roofline, hpcai_roofline, operator_roofline, plot_op_types,
+from flopcount.measure.machine.ceilings import Ceilings, Figure, ceilings_from_dict
+from flopcount.measure.profile.roofline import (Ceiling, Point, Roofline, hpcai_roofline, operator_roofline, plot_op_types,
                                         plot_roofline, run_points)
 
 T, G = 1e12, 1e9
@@ -207,7 +207,7 @@ def test_operator_roofline_plot_of_a_count(tmp_path):
     import onnx
 
     import flopcount
-    from flopcount.measure.roofline import report_points
+    from flopcount.measure.profile.roofline import report_points
 
     report = flopcount.count("examples/resnet50-v1.5.onnx")
     roof = operator_roofline(_ceilings())

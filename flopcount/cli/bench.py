@@ -1,5 +1,5 @@
 """``flopcount bench NAME``: train a workload under :class:`flopcount.Meter`, ``--runs K`` times, and report the
-HPC AI500 metrics of every run and their repeat-run statistics (JSON schema: :mod:`flopcount.measure.result`)."""
+HPC AI500 metrics of every run and their repeat-run statistics (JSON schema: :mod:`flopcount.measure.harness.result`)."""
 
 from __future__ import annotations
 
@@ -96,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
     module, cfg = config_from_args(args)
     torch = module.torch_or_error()
     # scale-out: under torchrun or srun, join the process group; each rank takes its node's GPU LOCAL_RANK
-    from flopcount.measure import distributed, ensemble
+    from flopcount.measure.harness import distributed
+    from flopcount.measure.harness import ensemble
 
     ranks = distributed.init(cfg.device)
     try:
@@ -109,9 +110,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, module, cfg, torch, parallel, ranks) -> int:
-    from flopcount.measure.render import report_table
-    from flopcount.measure.result import bench_report, dumps
-    from flopcount.measure.system import describe_system
+    from flopcount.measure.harness.run_table import report_table
+    from flopcount.measure.harness.result import bench_report, dumps
+    from flopcount.measure.machine.system import describe_system
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -119,13 +120,13 @@ def _run(args: argparse.Namespace, module, cfg, torch, parallel, ranks) -> int:
     report = module.count(cfg)
     meters = []
     device = None
-    from flopcount.measure.meter import is_writer
+    from flopcount.measure.harness.ranks import is_writer
 
     show = not args.no_progress and is_writer()
     for i in range(args.runs):
         writer = None
         if args.mllog and is_writer():
-            from flopcount.measure.mllog import MLLogWriter
+            from flopcount.measure.harness.mllog import MLLogWriter
 
             writer = MLLogWriter(mllog_path(args.mllog, i, args.runs))
             writer.log("init_start", None, "INTERVAL_START")

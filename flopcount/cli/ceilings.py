@@ -60,7 +60,7 @@ def _init_distributed(device: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flopcount.measure.ceilings import measure_ceilings
+    from flopcount.measure.machine.ceilings import measure_ceilings
 
     distributed = _init_distributed(args.device)
     try:

@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
                        loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer,
                        trainable_inputs=args.trainable_input, **weights(args))
     if args.plot:
-        from flopcount.measure.roofline import plot_op_types
+        from flopcount.measure.profile.roofline import plot_op_types
 
         plot_op_types(report, args.plot)
     write_output(render(report, args.format, args.per_node), args.output)

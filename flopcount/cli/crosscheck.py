@@ -19,7 +19,7 @@ import sys
 import tempfile
 
 from flopcount.errors import DeviceError, MeasurementError
-from flopcount.measure.ncu import HALF_PACKING, read_ncu_csv
+from flopcount.measure.ncu.parse import HALF_PACKING, read_ncu_csv
 
 from .arguments import InputShapes, check_model_source, count_torch, input_shape, positive, torch_inputs
 from .console import write_output
@@ -146,7 +146,7 @@ def _compare_args(args) -> list[str]:
 
 
 def print_command(args) -> str:
-    from flopcount.measure.ncu import ncu_command
+    from flopcount.measure.ncu.parse import ncu_command
 
     cmd = ncu_command(_driver(args), args.csv_name, args.explicit_metrics, args.ncu)
     then = ["flopcount", "crosscheck", "--ncu-csv", args.csv_name, *_compare_args(args)]
@@ -155,7 +155,7 @@ def print_command(args) -> str:
 
 
 def _analytic(args):
-    from flopcount.measure.crosscheck import analytic_by_family
+    from flopcount.measure.ncu.crosscheck import analytic_by_family
 
     if args.torch:
         report = count_torch(args)
@@ -177,7 +177,7 @@ def _torch_module_and_inputs(args):
 
 def fallback(args, report, analytic):
     from flopcount.errors import FrontendError
-    from flopcount.measure.crosscheck import compare, grouped_convolutions, measure_with_flop_counter, measure_with_profiler
+    from flopcount.measure.ncu.crosscheck import compare, grouped_convolutions, measure_with_flop_counter, measure_with_profiler
 
     module, inputs = _torch_module_and_inputs(args)
     measure = measure_with_flop_counter if args.fallback == "torch" else measure_with_profiler
@@ -242,7 +242,7 @@ def _read_export(args):
     if done.returncode != 0:
         raise MeasurementError(f"{shlex.join(cmd)} exited with status {done.returncode}: "
                                f"{_last_line(done.stdout + done.stderr)}")
-    from flopcount.measure.ncu import parse_ncu_csv
+    from flopcount.measure.ncu.parse import parse_ncu_csv
 
     return parse_ncu_csv(done.stdout, path, args.half_packing)
 
@@ -257,7 +257,7 @@ def _ncu_version(ncu: str) -> str | None:
 
 
 def _profile(ncu: str, driver: list[str], csv_path: str, args) -> None:
-    from flopcount.measure.ncu import ncu_command
+    from flopcount.measure.ncu.parse import ncu_command
 
     cmd = ncu_command(driver, csv_path, args.explicit_metrics, ncu)
     log.info("running %s", shlex.join(cmd))
@@ -299,7 +299,7 @@ def calibrate(ncu: str, precision: str, args, folder: str) -> dict:
 
 
 def run_ncu(args):
-    from flopcount.measure.crosscheck import from_ncu
+    from flopcount.measure.ncu.crosscheck import from_ncu
 
     ncu = _check_device(args)
     with tempfile.TemporaryDirectory(prefix="flopcount-crosscheck-") as folder:
@@ -319,7 +319,7 @@ def run_ncu(args):
 
 
 def run(args) -> int:
-    from flopcount.measure.crosscheck import compare, from_ncu, render_json, render_table
+    from flopcount.measure.ncu.crosscheck import compare, from_ncu, render_json, render_table
 
     if args.print_ncu_command:
         write_output(print_command(args), args.output)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from flopcount.measure.ncu_driver import PRECISIONS, run_gemm, run_model
+from flopcount.measure.ncu.step import PRECISIONS, run_gemm, run_model
 
 from .arguments import InputShapes, input_shape, positive
 from .console import run_guarded

@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flopcount.measure.ceilings import load_ceilings
+    from flopcount.measure.machine.ceilings import load_ceilings
     from flopcount.measure.profile import profile, render
 
     ceilings = load_ceilings(args.ceilings) if args.ceilings else None

@@ -34,8 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flopcount.measure import roofline as rl
-    from flopcount.measure.ceilings import default_ceilings, load_ceilings
+    from flopcount.measure.profile import roofline as rl
+    from flopcount.measure.machine.ceilings import default_ceilings, load_ceilings
 
     sources = [s for s in (args.run and "--run", args.profile and "--profile", given_model(args) and "a model") if s]
     if len(sources) != 1:

@@ -47,7 +47,7 @@ def run_gemm(torch, m: int, n: int, k: int, precision: str) -> None:
 
 def run_model(torch, args, device: str = "cuda") -> None:
     from flopcount.frontends.torch import forward_tensors, load_factory
-    from flopcount.measure.crosscheck import float_outputs
+    from .crosscheck import float_outputs
 
     half = _setup(torch, args.precision)
     module = load_factory(args.torch).to(device)

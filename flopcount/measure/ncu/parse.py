@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from ..errors import MeasurementError
+from flopcount.errors import MeasurementError
 
 #: CUDA-core instruction metrics: ``<p><op>`` for p in f, d, h and op in add, mul, fma.
 CUDA_CORE_RE = re.compile(r"^sm(?:sp)?__sass_thread_inst_executed_op_(?P<p>[fdh])(?P<op>add|mul|fma)_pred_on\.sum$")

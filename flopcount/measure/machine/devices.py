@@ -243,22 +243,14 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
-def cpu_device(measure_peak: bool = True, dtypes: tuple[str, ...] = ("fp32",)) -> Device:
-    """Describe this CPU. Its peak per dtype is the **measured** GEMM ceiling of this machine (a short calibration
-    through torch, cached per machine by :func:`flopcount.measure.ceilings.cached_gemm`), never a datasheet
-    figure; with ``measure_peak=False`` or without torch the peaks are absent."""
+def cpu_device(peaks: Mapping[str, Peak] | None = None) -> Device:
+    """Describe this CPU, with ``peaks`` per dtype as given. A CPU's peak is a measurement, never a datasheet
+    figure, and describing a device never starts one: :func:`flopcount.measure.machine.ceilings.measured_cpu_device`
+    measures (or reads the cached) GEMM ceiling and passes it in here. Without ``peaks`` the peaks are absent."""
     details: dict[str, object] = {"cores": cpu_cores(), "logical_cpus": os.cpu_count(), "machine": platform.machine()}
-    peaks: dict[str, Peak] = {}
-    if measure_peak:
-        from . import ceilings
-
-        for dtype in dtypes:
-            gemm = ceilings.cached_gemm("cpu", dtype)
-            if gemm is not None:
-                peaks[dtype] = Peak(gemm.flops_per_s, gemm.describe())
     theoretical = theoretical_cpu_peak()
     details["theoretical_fp32_peak"] = {"flops_per_s": theoretical.flops_per_s, "source": theoretical.source}
-    return Device("cpu", cpu_name(), None, peaks, details)
+    return Device("cpu", cpu_name(), None, dict(peaks or {}), details)
 
 
 def theoretical_cpu_peak() -> Peak:
@@ -303,12 +295,12 @@ def _fp32_lanes() -> int | None:
     return None
 
 
-def describe(device: str = "cpu", measure_peak: bool = True) -> Device:
-    """The :class:`Device` for ``"cpu"``, ``"cuda"`` or ``"cuda:N"``."""
+def describe(device: str = "cpu", peaks: Mapping[str, Peak] | None = None) -> Device:
+    """The :class:`Device` for ``"cpu"`` (with ``peaks`` as given), ``"cuda"`` or ``"cuda:N"``."""
     from flopcount.errors import UsageError
 
     if device == "cpu":
-        return cpu_device(measure_peak)
+        return cpu_device(peaks)
     if device == "cuda" or device.startswith("cuda:"):
         index = int(device.split(":", 1)[1]) if ":" in device else None
         return cuda_device(index)

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .ncu import NcuExport
+from .parse import NcuExport
 
 FAMILIES = ("convolution", "matrix product", "element-wise", "normalization", "pooling", "reduction", "optimizer",
             "other")

@@ -40,6 +40,7 @@ from flopcount.errors import UsageError
 
 from . import energy as energy_mod
 from .clocks import make_timer
+from .ranks import gather_ranks, is_writer, running_dist
 from .result import RunResult, bench_report, dumps
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,7 @@ class Meter:
         ``model`` is given, else the current CUDA device when CUDA is initialised, else the CPU.
     precision : "fp32", "tf32", "bf16", "fp16", "fp8" or "fp64", optional
         The dtype of the products; by default read from the run (autocast seen in the warm-up steps, parameter
-        dtype, the TF32 flags), see :mod:`flopcount.measure.mfu`.
+        dtype, the TF32 flags), see :mod:`flopcount.measure.harness.mfu`.
     peak_flops : number, optional
         Peak FLOP/s of one device for MFU, overriding the device table (or the measured CPU ceiling).
     recompute : "none", "full" or a number, optional
@@ -188,7 +189,7 @@ class Meter:
         self._autocast_checks = 0
         self._result: RunResult | None = None
         self._listeners: list[Callable[[str, Mapping[str, Any]], None]] = []
-        # Scale-out figures (flopcount.measure.distributed / .ensemble): a mapping, or an object whose figures()
+        # Scale-out figures (flopcount.measure.harness.distributed / .ensemble): a mapping, or an object whose figures()
         # the result calls once (a CommCounter; an Ensemble, which gathers its base models' qualities).
         self.communication: Any = None
         self.ensemble: Any = None
@@ -379,26 +380,27 @@ class Meter:
         return self._report
 
     def device(self):
-        """The :class:`flopcount.measure.devices.Device` of this run (the CPU's peak is measured on first call; under
+        """The :class:`flopcount.measure.machine.devices.Device` of this run (the CPU's peak is measured on first call; under
         torch.distributed every rank calls this, or :meth:`result`, as for any collective)."""
         if self._device is None:
             self._device = self._describe_device()
         return self._device
 
     def _describe_device(self):
-        from . import devices
+        from ..machine import ceilings, devices
 
         if self._device_kind == "cuda":
             return devices.cuda_device(self._device_index)
         dtypes = ("fp32", "bf16") if self._autocast == "bf16" or self._precision_given == "bf16" else ("fp32",)
-        measure = self._peak_given is None
+        if self._peak_given is not None:
+            return devices.cpu_device()
         dist = running_dist()
-        if dist is None or not measure:
-            return devices.cpu_device(measure_peak=measure, dtypes=dtypes)
+        if dist is None:
+            return ceilings.measured_cpu_device(dtypes)
         # A CPU peak is a measurement (a GEMM calibration, or its cache), so ranks measuring each at its own moment
         # would divide by different peaks as the other ranks load the machine. Rank 0 measures (or reads the
         # cache) while the other ranks wait in the broadcast, then every rank takes its figures: one peak per run.
-        box = [devices.cpu_device(dtypes=dtypes) if dist.get_rank() == 0 else None]
+        box = [ceilings.measured_cpu_device(dtypes) if dist.get_rank() == 0 else None]
         dist.broadcast_object_list(box, src=0)
         cpu = box[0]
         peaks = {k: replace(v, source=f"{v.source}; measured on rank 0, every rank uses it")
@@ -583,13 +585,13 @@ class Meter:
 
     def summary(self) -> str:
         """A table of the run's figures (forms the result)."""
-        from .render import run_table
+        from .run_table import run_table
 
         return run_table(self.result())
 
     def to_json(self, path: str, config: Mapping[str, Any] | None = None) -> None:
         """Write a benchmark report holding this run (the same document ``flopcount bench -o`` writes)."""
-        from .system import describe_system
+        from flopcount.measure.machine.system import describe_system
 
         result = self.result()
         if not is_writer():
@@ -597,29 +599,3 @@ class Meter:
         doc = bench_report([result], describe_system(self.device()), dict(config or {}))
         with open(path, "w", encoding="utf-8") as f:
             f.write(dumps(doc))
-
-
-def running_dist():
-    """torch.distributed when this process is one of its initialised ranks, else None (torch is not imported for
-    the question)."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    dist = torch.distributed
-    return dist if dist.is_available() and dist.is_initialized() else None
-
-
-def is_writer() -> bool:
-    """True on rank 0 of torch.distributed, and without it: only rank 0 writes files and prints."""
-    dist = running_dist()
-    return dist is None or dist.get_rank() == 0
-
-
-def gather_ranks(local: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Every rank's ``local`` figures, gathered once (``all_gather_object``) under torch.distributed."""
-    dist = running_dist()
-    if dist is None:
-        return [dict(local, rank=0)]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, dict(local, rank=dist.get_rank()))
-    return out

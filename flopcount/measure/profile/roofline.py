@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 from flopcount.errors import MeasurementError, UsageError
 
-from .ceilings import threads_text
+from flopcount.measure.machine.ceilings import threads_text
 
 
 @dataclass(frozen=True)

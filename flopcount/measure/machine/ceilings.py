@@ -6,7 +6,8 @@ with the device description); ``flopcount profile`` and ``flopcount roofline`` r
 :func:`load_ceilings`. Every figure is a median of repeats after warm-up, at the size (of those tried) that reached
 the most; a figure that cannot be measured here is absent with its reason under ``unavailable``.
 
-The harness reads :func:`cached_gemm` for the CPU's "peak" (a measured ceiling, never a datasheet guess); the
+The harness takes the CPU's "peak" from :func:`measured_cpu_device`, which passes the :func:`cached_gemm` ceiling
+into the device description (a measured ceiling, never a datasheet guess); the
 calibration is short (about a second) and cached per machine, keyed by the CPU model, the cores this process may
 use, torch's thread count and version, under the cache folder of the frontends (``$FLOPCOUNT_CACHE``, ``0`` to
 disable, else ``~/.cache/flopcount``).
@@ -21,6 +22,9 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
+
+from . import devices
+from .devices import Device
 
 log = logging.getLogger(__name__)
 
@@ -381,7 +385,7 @@ class Ceilings:
 
     ``gemm`` and ``conv`` map a dtype (fp32, tf32, bf16, fp16, fp64) to FLOP/s; ``memory_bandwidth`` and
     ``allreduce_bandwidth`` are B/s (None when not measured, with the reason in ``unavailable``); ``device`` is the
-    device description (:meth:`flopcount.measure.devices.Device.as_dict`); ``nodes`` and ``ranks`` the topology
+    device description (:meth:`flopcount.measure.machine.devices.Device.as_dict`); ``nodes`` and ``ranks`` the topology
     the all-reduce ran over.
     """
 
@@ -512,7 +516,7 @@ def measure_ceilings(device: str = "cpu", dtypes: tuple[str, ...] | None = None,
     from .devices import describe
 
     dtypes = dtypes or (("fp32",) if quick else default_dtypes(device))
-    dev = describe(device.split(":")[0] if device.startswith("cuda") else device, measure_peak=False)
+    dev = describe(device.split(":")[0] if device.startswith("cuda") else device)
     unavailable: dict[str, str] = {}
     gemm: dict[str, Figure] = {}
     conv: dict[str, Figure] = {}
@@ -559,6 +563,18 @@ def default_ceilings() -> Ceilings:
     if gemm is None or memory is None:
         raise DeviceError("measuring this machine's ceilings needs torch (pip install torch); or give "
                           "--ceilings FILE written by flopcount ceilings on a machine that has it")
-    return Ceilings(cpu_device(measure_peak=False).as_dict(), {"fp32": _gemm_figure(gemm)}, {},
+    return Ceilings(cpu_device().as_dict(), {"fp32": _gemm_figure(gemm)}, {},
                     _bandwidth_figure(memory), unavailable={"conv": "not measured (cached GEMM and copy only); "
                                                             "run flopcount ceilings -o FILE for every ceiling"})
+
+
+def measured_cpu_device(dtypes: tuple[str, ...] = ("fp32",)) -> Device:
+    """This CPU described with its peak per dtype: the **measured** GEMM ceiling of this machine (a short
+    calibration through torch, cached per machine by :func:`cached_gemm`), never a datasheet figure; without torch
+    the peaks are absent."""
+    peaks = {}
+    for dtype in dtypes:
+        gemm = cached_gemm("cpu", dtype)
+        if gemm is not None:
+            peaks[dtype] = devices.Peak(gemm.flops_per_s, gemm.describe())
+    return devices.cpu_device(peaks)

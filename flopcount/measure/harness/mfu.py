@@ -22,7 +22,7 @@ import sys
 from dataclasses import dataclass
 from typing import Mapping
 
-from .devices import Device
+from flopcount.measure.machine.devices import Device
 
 CONV_FAMILIES = frozenset({"conv"})
 PRODUCT_FAMILIES = frozenset({"matmul", "attention", "recurrent", "einsum"})
