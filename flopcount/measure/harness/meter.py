@@ -30,16 +30,16 @@ from __future__ import annotations
 
 import logging
 import math
-import statistics
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from flopcount.errors import UsageError
 
 from . import energy as energy_mod
 from .clocks import make_timer
+from .figures import RunSnapshot, Window, last_quality, local_figures, run_figures
 from .ranks import gather_ranks, is_writer, running_dist
 from .result import RunResult, bench_report, dumps
 
@@ -49,12 +49,17 @@ _TORCH_DTYPES = {"torch.float32": "fp32", "torch.float64": "fp64", "torch.bfloat
                  "torch.float16": "fp16", "torch.float8_e4m3fn": "fp8", "torch.float8_e5m2": "fp8"}
 
 
-class _Window:
-    __slots__ = ("steps", "samples", "span", "durations", "energy_j", "energy_s")
+@dataclass(frozen=True)
+class _Work:
+    """What the count says about one sample's work: C, how C is known, the forward pass alone, the optimizer's
+    FLOPs per step, the work by family (for the peak) and the counted batch (None where unknown)."""
 
-    def __init__(self, steps, samples, span, durations, energy_j, energy_s):
-        self.steps, self.samples, self.span, self.durations = steps, samples, span, durations
-        self.energy_j, self.energy_s = energy_j, energy_s
+    flops_per_sample: float | None
+    how: str
+    parts: Mapping[str, float] | None = None
+    forward_flops_per_sample: float | None = None
+    optimizer_flops: float | None = None
+    batch: int | None = None
 
 
 class _Step:
@@ -175,7 +180,7 @@ class Meter:
         self._pending_samples = 0
         self._window_energy0: float | None = None
         self._window_host0 = 0.0
-        self._windows: list[_Window] = []
+        self._windows: list[Window] = []
         self.samples = 0
         self.steps = 0
         self._t0: float | None = None
@@ -300,7 +305,7 @@ class Meter:
             return
         if stamps:
             span = stamps[-1][1] - stamps[0][0]
-            self._windows.append(_Window(steps, samples, span, [e - s for s, e in stamps], energy_j, energy_s))
+            self._windows.append(Window(steps, samples, span, tuple(e - s for s, e in stamps), energy_j, energy_s))
 
     def _flush(self) -> None:
         if self._pending_steps:
@@ -408,178 +413,77 @@ class Meter:
         return replace(cpu, peaks=peaks)
 
     def result(self, device=None) -> RunResult:
-        """The run's figures as an immutable :class:`RunResult` (the meter stops; call once training is over)."""
+        """The run's figures as an immutable :class:`RunResult` (the meter stops; call once training is over).
+
+        The meter counts the model, gathers every rank's figures, finds the peak and asks the attached scale-out
+        objects for theirs; :func:`~flopcount.measure.harness.figures.run_figures` forms the figures from that
+        snapshot (``device``: a :class:`~flopcount.measure.machine.devices.Device` already described, or None)."""
         if self._result is not None:
             return self._result
+        self._result = run_figures(self.snapshot(device))
+        return self._result
+
+    def snapshot(self, device=None) -> RunSnapshot:
+        """Stop the run and take its :class:`~flopcount.measure.harness.figures.RunSnapshot` (counting the model,
+        gathering the ranks and describing the device as needed: under torch.distributed every rank calls this)."""
         self.stop()
-        from .mfu import detect_precision, effective_peak, split_work
+        work = self._counted_work()
+        per_rank = gather_ranks(local_figures(self._windows, self.samples, self.steps))
+        precision, peak = self._peak(device, work.parts)
+        communication, ensemble = self._attachments(work, per_rank)
+        energy = self._energy
+        return RunSnapshot(
+            samples=self.samples, steps=self.steps, warmup_steps=self.warmup_steps, timer_kind=self._timer.kind,
+            start_how=self._start_how,
+            wall_s=(self._t_end - self._t0) if self._t0 is not None and self._t_end is not None else None,
+            windows=tuple(self._windows), per_rank=tuple(per_rank), epochs=tuple(self._epochs),
+            qualities=tuple(self._qualities), time_to_quality_s=self._ttq, target_quality=self.target_quality,
+            quality_exponent=self.quality_exponent, higher_is_better=self.higher_is_better,
+            flops_per_sample=work.flops_per_sample, flops_per_sample_how=work.how,
+            forward_flops_per_sample=work.forward_flops_per_sample, optimizer_flops_per_step=work.optimizer_flops, precision=precision.label, precision_how=precision.how,
+            peak_flops=peak.flops_per_s, peak_source=peak.source, recompute=self._recompute,
+            energy_kind=energy.kind, energy_reason=getattr(energy, "reason", ""),
+            energy_min_window_s=getattr(energy, "min_window_s", 0.0), communication=communication,
+            communication_attached=self.communication is not None, ensemble=ensemble)
 
-        unavailable: dict[str, str] = {}
-        how: dict[str, str] = {"wall_s": f"host clock {self._start_how or '(no step ran)'} to the end of training",
-                               "step_time_s": f"median step duration, {self._timer.kind} timer, after "
-                               f"{self.warmup_steps} warm-up steps"}
+    def _counted_work(self) -> _Work:
+        """C (training FLOPs per sample), how it is known, the forward FLOPs per sample, the optimizer's FLOPs per
+        step and the work split by family (for the peak), from the counting report or ``flops_per_sample=``."""
+        from .mfu import split_work
+
         report = self.counted_report()
-        if report is not None:
-            C: float | None = report.per_sample.flops
-            parts = split_work(report)
-            how["flops_per_sample"] = ("analytic training FLOPs per sample (forward + backward) of flopcount's "
-                                       f"count, convention {report.convention.name}")
-            opt = report.optimizer
-            optimizer_flops = opt[1].flops if opt else None
-        else:
-            C, parts, optimizer_flops = self._flops_per_sample, None, None
-            how["flops_per_sample"] = "given (flops_per_sample=)"
-        if optimizer_flops is None:
-            unavailable["optimizer_flops_per_step"] = "not counted (count with optimizer= to report it)"
+        if report is None:
+            return _Work(self._flops_per_sample, "given (flops_per_sample=)")
+        opt = report.optimizer
+        return _Work(report.per_sample.flops,
+                     ("analytic training FLOPs per sample (forward + backward) of flopcount's count, convention "
+                      f"{report.convention.name}"),
+                     split_work(report), report.forward.flops / report.batch, opt[1].flops if opt else None,
+                     report.batch)
 
-        windows = self._windows
-        durations = [d for w in windows for d in w.durations]
-        timed_steps = sum(w.steps for w in windows)
-        timed_samples = sum(w.samples for w in windows)
-        rates = [w.samples / w.span for w in windows if w.span > 0]
-        local = {
-            "samples_per_s": statistics.median(rates) if rates else None,
-            "step_time_s": statistics.median(durations) if durations else None,
-            "samples": self.samples, "steps": self.steps,
-        }
-        if not rates:
-            why = (f"no timed window: {self.steps} steps ran, all within the {self.warmup_steps} warm-up steps; "
-                   "run more steps or lower warmup_steps")
-            unavailable["samples_per_s"] = unavailable["step_time_s"] = why
-        per_rank = gather_ranks(local)
-        ranks = len(per_rank)
-        rank_rates = [r["samples_per_s"] for r in per_rank]
-        total_rate = sum(rank_rates) if all(r is not None for r in rank_rates) else None
-        samples_per_s = {
-            "per_rank": local["samples_per_s"], "total": total_rate, "windows": len(rates),
-            "min": min(rates) if rates else None, "max": max(rates) if rates else None,
-            "variation": (statistics.pstdev(rates) / statistics.fmean(rates)) if len(rates) >= 2 else None,
-        }
-        how["samples_per_s"] = ("per rank: median over windows of samples / window span (first step start to last "
-                                "step end); total: sum over ranks")
-        if ranks > 1:
-            slow = min((r for r in rank_rates if r is not None), default=None)
-            samples_per_s["slowest_rank"] = slow
-            samples_per_s["imbalance"] = (max(rank_rates) / slow - 1) if slow else None
-
-        flops = total_rate * C if total_rate is not None and C is not None else None
-        if flops is None:
-            unavailable["flops"] = unavailable.get("samples_per_s", "no FLOPs per sample")
-        how["flops"] = "FLOPS = sum over ranks of N_r x C (N x R x C), C the training FLOPs per sample"
+    def _peak(self, device, parts):
+        """The run's precision and the peak of one device that MFU divides by (describing the device, which on a
+        CPU measures or reads its GEMM ceiling, unless ``device`` is given)."""
+        from .mfu import detect_precision, effective_peak
 
         precision = detect_precision(self._device_kind, self._precision_given, self._autocast, self._param_dtype())
         if device is not None and self._device is None:
             self._device = device  # to_json describes the same device, and calls no collective on rank 0 alone
         dev = device if device is not None else self.device()
-        peak = effective_peak(dev, precision, parts, self._peak_given)
-        how["precision"] = precision.how
-        mfu = flops / (ranks * peak.flops_per_s) if flops is not None and peak.flops_per_s else None
-        if peak.flops_per_s is None:
-            unavailable["peak_flops"] = unavailable["mfu"] = peak.source
-        elif mfu is None:
-            unavailable["mfu"] = unavailable["flops"]
-        how["mfu"] = f"FLOPS / (R x peak of one device); peak: {peak.source}"
+        return precision, effective_peak(dev, precision, parts, self._peak_given)
 
-        hfu = None
-        if self._recompute is None:
-            unavailable["hfu"] = "what the run recomputes is not known: give recompute='none', 'full' or FLOPs per sample"
-        elif mfu is not None and C:
-            extra = (0 if self._recompute == "none" else
-                     (report.forward.flops / report.batch if report is not None else None)
-                     if self._recompute == "full" else float(self._recompute))
-            if extra is None:
-                unavailable["hfu"] = "recompute='full' needs a counting report (the forward FLOPs)"
-            else:
-                hfu = mfu * (C + extra) / C
-                how["hfu"] = f"MFU x (C + recomputed FLOPs per sample) / C, recompute={self._recompute!r}"
-        else:
-            unavailable["hfu"] = unavailable.get("mfu", "no MFU")
-
-        q = self._qualities[-1]["value"] if self._qualities else None
-        if q is None:
-            unavailable["quality"] = "meter.quality() was never called (no evaluation, or synthetic data)"
-        vflops = None
-        if flops is not None and q is not None and self.target_quality:
-            ratio = q / self.target_quality if self.higher_is_better else self.target_quality / q if q else None
-            if ratio is not None:
-                vflops = flops * ratio ** self.quality_exponent
-                how["vflops"] = f"FLOPS x (achieved / target)^{self.quality_exponent:g}, achieved = the last quality"
-        if vflops is None:
-            unavailable["vflops"] = ("no target quality" if not self.target_quality else
-                                     unavailable.get("quality") or unavailable.get("flops", "no FLOPS"))
-        ttq = self._ttq
-        if ttq is None:
-            unavailable["time_to_quality_s"] = ("no target quality" if self.target_quality is None else
-                                                f"the target {self.target_quality:g} was not reached"
-                                                if self._qualities else unavailable["quality"])
-        else:
-            how["time_to_quality_s"] = "host clock from the clock start to the first quality at or past the target"
-
-        energy_j, power_w = self._energy_figures(windows, unavailable, how)
-        fpw = flops / power_w if flops is not None and power_w else None
-        vfpw = vflops / power_w if vflops is not None and power_w else None
-        if fpw is None:
-            unavailable["flops_per_watt"] = unavailable.get("power_w", unavailable.get("flops", ""))
-        if vfpw is None:
-            unavailable["vflops_per_watt"] = unavailable.get("power_w") or unavailable.get("vflops", "")
-
-        epoch_form = None
-        full = [e for e in self._epochs if e[2] > 0 and e[0] > 0]
-        if full and C is not None:
-            epoch_form = statistics.fmean(samples * C / seconds for _, samples, seconds in full) * ranks
-            how["flops_epoch_form"] = ("HPC AI500 V3.0: (iterations per epoch x APC) / T_epoch, APC = batch x C, "
-                                       f"mean over {len(full)} timed epochs (host clock, each ended by a sync), "
-                                       "times the ranks")
-        else:
-            unavailable["flops_epoch_form"] = ("no whole epoch was timed (iterate with meter.loader() or call "
-                                               "meter.epoch_end())" if not full else "no FLOPs per sample")
-
-        if self.communication is None:
-            unavailable["communication"] = ("one rank: nothing is communicated" if ranks == 1 else
-                                            "not measured: no communication hook was attached to this run's model")
-        wall = (self._t_end - self._t0) if self._t0 is not None and self._t_end is not None else None
-        if wall is None:
-            unavailable["wall_s"] = "no step ran"
+    def _attachments(self, work: _Work, per_rank: list) -> tuple[Any, Any]:
+        """The figures of the attached communication counter and ensemble: a mapping as attached, or what the
+        object's ``figures()`` returns (called once; an ensemble gathers its base models' qualities there)."""
+        C = work.flops_per_sample
         communication, ensemble = self.communication, self.ensemble
         if hasattr(communication, "figures"):
             communication = communication.figures(C, self.samples, self.steps)
         if hasattr(ensemble, "figures"):
-            batch = report.batch if report is not None else (self.samples / self.steps if self.steps else None)
-            ensemble = ensemble.figures({"per_rank": per_rank, "flops_per_sample": C, "batch": batch, "quality": q})
-        if ensemble is None:
-            unavailable["ensemble"] = "one model trained (no bagging ensemble)"
-        if communication is not None:
-            unavailable.pop("communication", None)
-        self._result = RunResult(
-            samples=self.samples, steps=self.steps, timed_samples=timed_samples, timed_steps=timed_steps,
-            wall_s=wall, step_time_s=local["step_time_s"], samples_per_s=samples_per_s, flops_per_sample=C,
-            flops=flops, ranks=ranks, precision=precision.label, peak_flops=peak.flops_per_s,
-            peak_source=peak.source, mfu=mfu, hfu=hfu, quality=q, target_quality=self.target_quality,
-            quality_exponent=self.quality_exponent, vflops=vflops, time_to_quality_s=ttq, energy_j=energy_j,
-            power_w=power_w, flops_per_watt=fpw, vflops_per_watt=vfpw, epochs=len(self._epochs),
-            flops_epoch_form=epoch_form, optimizer_flops_per_step=optimizer_flops,
-            per_rank=tuple(per_rank) if ranks > 1 else (), communication=communication, ensemble=ensemble,
-            qualities=tuple(self._qualities), unavailable=dict(sorted(unavailable.items())), how=how)
-        return self._result
-
-    def _energy_figures(self, windows, unavailable: dict, how: dict) -> tuple[float | None, float | None]:
-        src = self._energy
-        if src.kind == "unavailable":
-            for k in ("energy_j", "power_w"):
-                unavailable[k] = src.reason
-            return None, None
-        usable = [w for w in windows if w.energy_j is not None and w.energy_s and w.energy_s >= src.min_window_s]
-        if not usable:
-            why = (f"no timed window lasted {src.min_window_s:g} s, the shortest the {src.kind} counter resolves "
-                   "(it updates about every 100 ms); raise window_steps")
-            unavailable["energy_j"] = unavailable["power_w"] = why
-            return None, None
-        joules = sum(w.energy_j for w in usable)
-        seconds = sum(w.energy_s for w in usable)
-        how["energy_j"] = (f"measured: {src.kind} energy counter read before and after {len(usable)} of "
-                           f"{len(windows)} timed windows ({seconds:.1f} s); this rank's device")
-        how["power_w"] = "measured: energy / duration of those windows"
-        return joules, joules / seconds
+            batch = work.batch if work.batch is not None else (self.samples / self.steps if self.steps else None)
+            ensemble = ensemble.figures({"per_rank": per_rank, "flops_per_sample": C, "batch": batch,
+                                         "quality": last_quality(self._qualities)})
+        return communication, ensemble
 
     # -- output ---------------------------------------------------------------------------------------------
 

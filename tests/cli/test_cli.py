@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import model, weight
+from helpers import model, weight
 from onnx import helper
 
 from flopcount.cli import main

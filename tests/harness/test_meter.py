@@ -12,7 +12,7 @@ from flopcount.errors import UsageError
 from flopcount.measure.harness import energy, result
 from flopcount.measure.machine.devices import Device, Peak
 
-from conftest import single
+from helpers import single
 
 
 class Clock:

@@ -1,7 +1,7 @@
 """``flopcount crosscheck``: the ncu CSV parser and metric plan, kernel attribution, the comparison, the command it
 prints, its errors, and the ``--fallback torch`` comparison on CPU.
 
-The CSV files under ``tests/data/ncu/`` are format fixtures written to ncu's documented layout, not recorded
+The CSV files under ``tests/ncu/data/ncu/`` are format fixtures written to ncu's documented layout, not recorded
 measurements; every FLOP figure expected here is derived in closed form from the counter values they hold.
 """
 
@@ -23,7 +23,7 @@ from flopcount.measure.ncu.crosscheck import (FAMILIES, analytic_by_family, attr
                                           grouped_convolutions, measure_with_flop_counter)
 from flopcount.measure.ncu.parse import nvtx_ranges, parse_ncu_csv, plan_metrics, read_ncu_csv
 
-from conftest import model
+from helpers import model
 
 DATA = Path(__file__).parent / "data" / "ncu"
 RAW = str(DATA / "raw_page.csv")

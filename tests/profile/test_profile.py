@@ -14,7 +14,7 @@ from flopcount.cli import main
 from flopcount.measure.machine.ceilings import Ceilings, Figure
 from flopcount.measure.profile import parse_profile, profile, runnable_model
 
-from conftest import const, model, weight
+from helpers import const, model, weight
 
 ort = pytest.importorskip("onnxruntime")
 
