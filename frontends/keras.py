@@ -95,6 +95,7 @@ from typing import TYPE_CHECKING, Any
 import onnx
 
 from flopcount.errors import FrontendError, UsageError
+from flopcount.graph import walk_graphs
 
 from . import common
 
@@ -531,7 +532,7 @@ def _convert(model, inputs: Sequence[_Input], training: bool, opset: int) -> onn
             )
         except Exception as e:  # noqa: BLE001 - any converter failure becomes one line
             raise FrontendError(_failure_message(model.name, converter_records, e)) from None
-    unconverted = sorted({node.op_type for graph in ex._graphs(converted.graph) for node in graph.node
+    unconverted = sorted({node.op_type for graph in walk_graphs(converted.graph) for node in graph.node
                           if node.domain in ("", "ai.onnx") and not onnx.defs.has(node.op_type)})
     if unconverted:
         raise FrontendError(_failure_message(model.name, converter_records, None, unconverted))
@@ -687,14 +688,12 @@ def _unique(names: Sequence[str], taken: set[str]) -> list[str]:
 def _rename(model: onnx.ModelProto, names: Mapping[str, str]) -> None:
     """Rename, in place, the tensors ``names`` maps (graph inputs and outputs, node inputs and outputs, also in
     subgraphs, which may read outer tensors)."""
-    from flopcount.models.export import _graphs
-
     def rename(values) -> None:
         for i, value in enumerate(values):
             if value in names:
                 values[i] = names[value]
 
-    for graph in _graphs(model.graph):
+    for graph in walk_graphs(model.graph):
         for value in (*graph.input, *graph.output, *graph.value_info, *graph.initializer):
             value.name = names.get(value.name, value.name)
         for node in graph.node:
@@ -704,9 +703,7 @@ def _rename(model: onnx.ModelProto, names: Mapping[str, str]) -> None:
 
 def _read_by_subgraphs(graph) -> set[str]:
     """Names the nodes of ``graph``'s subgraphs (If/Loop/Scan bodies, at any depth) read."""
-    from flopcount.models.export import _graphs
-
-    return {name for g in _graphs(graph) if g is not graph for node in g.node for name in node.input}
+    return {name for g in walk_graphs(graph) if g is not graph for node in g.node for name in node.input}
 
 
 class _Patterns:
@@ -1230,9 +1227,7 @@ def _drop_identity_arithmetic(model: onnx.ModelProto, variables: set[str]) -> No
 def _drop_unread_constants(model: onnx.ModelProto, variables: set[str]) -> None:
     """Remove, in place, the top-level initializers that are not variables and that no node reads any more (the
     epsilon of a fused batch norm, a dropped identity element)."""
-    from flopcount.models.export import _graphs
-
-    read = {name for graph in _graphs(model.graph) for node in graph.node for name in node.input}
+    read = {name for graph in walk_graphs(model.graph) for node in graph.node for name in node.input}
     read |= {v.name for v in model.graph.output}
     kept = [t for t in model.graph.initializer if t.name in variables or t.name in read]
     if len(kept) != len(model.graph.initializer):
@@ -1245,9 +1240,7 @@ def _initializers_to_constants(model: onnx.ModelProto) -> None:
     epsilon, Dropout's rate, reshape targets) into ``Constant`` nodes, so that the initializers of the final graph
     are the model's variables (and, from :func:`~flopcount.models.export.make_weightless`, constants of 1 KiB or
     more): flopcount counts initializers as parameters."""
-    from flopcount.models.export import _graphs
-
-    for graph in _graphs(model.graph):
+    for graph in walk_graphs(model.graph):
         constants = [onnx.helper.make_node("Constant", [], [tensor.name], name=tensor.name, value=tensor)
                      for tensor in graph.initializer]
         if not constants:
@@ -1269,9 +1262,9 @@ def _weights_to_initializers(model: onnx.ModelProto, variables: Sequence[Any], n
 
     graph = model.graph
     declared = {value.name: value for value in graph.input}
-    read = {name for g in ex._graphs(graph) for node in g.node for name in node.input}
+    read = {name for g in walk_graphs(graph) for node in g.node for name in node.input}
     offset = 0
-    for g in ex._graphs(graph):
+    for g in walk_graphs(graph):
         for tensor in g.initializer:
             if tensor.data_location == onnx.TensorProto.EXTERNAL:
                 entries = {entry.key: int(entry.value) for entry in tensor.external_data if entry.key != "location"}
