@@ -363,7 +363,8 @@ class Meter:
         except (StopIteration, AttributeError):
             return None
 
-    def _flops_per_sample_known(self) -> bool:
+    def flops_per_sample_known(self) -> bool:
+        """Whether C is known without counting the model now (a report or ``flops_per_sample=`` was given)."""
         return self._report is not None or self._flops_per_sample is not None
 
     @property

@@ -55,6 +55,7 @@ def profile(source, input_shapes: Mapping[str, tuple[int, ...]] | None = None, b
     report = count(source, input_shapes=dict(input_shapes or {}), batch=batch, input_values=dict(input_values or {}))
     where = report.model.path or "<model>"
     model, names, weights = runnable_model(source, report)
+    counted = {n.index: n for n in report.nodes}  # graph position -> its count (names repeat; positions do not)
     feeds = make_inputs(report)
     if ceilings is None:
         from flopcount.measure.machine.ceilings import default_ceilings
@@ -101,14 +102,14 @@ def profile(source, input_shapes: Mapping[str, tuple[int, ...]] | None = None, b
                          f"{len(report.nodes)} graph nodes; each row lists the graph nodes it runs")
         else:
             groups = {name: [i] for i, name in enumerate(names)}
-            executed_ops = {name: report.nodes[i].op_type for i, name in enumerate(names)}
+            executed_ops = {name: counted[i].op_type for i, name in enumerate(names)}
     per_run, profiled_runs, providers = parse_profile(events, warmup)
     if not per_run:
         raise MeasurementError(f"{where}: onnxruntime's profile holds no timed run; rerun with --runs 3 or more")
 
     rows: list[NodeProfile] = []
     for name in executed_ops:
-        members = [report.nodes[i] for i in groups.get(name, [])]
+        members = [counted[i] for i in groups.get(name, [])]
         samples = [r[name] for r in per_run if name in r]
         time_s = statistics.median(samples) if samples else None
         flops = sum(n.cost.flops for n in members)

@@ -96,7 +96,7 @@ class MeterCallback(pl.Callback):
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         self.meter.epoch_end()
-        if self.meter.timed_epochs and self.meter._flops_per_sample_known():
+        if self.meter.timed_epochs and self.meter.flops_per_sample_known():
             _, samples, seconds = self.meter.timed_epochs[-1]
             flops = samples * self.meter.flops_per_sample() / seconds if seconds > 0 else None
             if flops is not None:
