@@ -15,13 +15,16 @@ Which room to open for a figure of a bench report (``flopcount bench``, ``Meter.
   :mod:`.harness.clocks`); the arithmetic that forms them: :mod:`.harness.figures`
 * ``flops``, ``flops_per_sample``, ``vflops``, ``flops_epoch_form``, ``quality``, ``time_to_quality_s``:
   :mod:`.harness.figures` (C from the counting report)
-* ``mfu``, ``hfu``, ``precision``: :mod:`.harness.mfu`; ``peak_flops``, ``peak_source``: :mod:`.machine.devices`
-  (vendor table) or :mod:`.machine.ceilings` (a CPU's measured GEMM ceiling)
+* ``mfu``, ``hfu``: :mod:`.harness.figures`, over the effective peak and ``precision`` of :mod:`.harness.mfu`;
+  ``peak_flops``, ``peak_source``: :mod:`.machine.devices` (vendor table) or :mod:`.machine.ceilings` (a CPU's
+  measured GEMM ceiling)
 * ``energy_j``, ``power_w``, ``flops_per_watt``: :mod:`.harness.energy` (RAPL, NVML)
 * ``communication``: :mod:`.harness.distributed`; ``ensemble``: :mod:`.harness.ensemble`; ranks: :mod:`.harness.ranks`
 * ``summary`` (olympic mean, variation) and the JSON schema: :mod:`.harness.result`; the table: :mod:`.harness.run_table`
 * ``system`` (CPU, GPUs, memory, software, topology): :mod:`.machine.system`
 * the MLPerf-style log of ``--mllog``: :mod:`.harness.mllog`
+* ``config`` (the workload, its counting and scale-out settings): :mod:`flopcount.workloads` and
+  :mod:`flopcount.cli.bench`
 
 Old module paths kept as thin re-exports because the README and docs name them: :mod:`.distributed`,
 :mod:`.ensemble`, :mod:`.lightning` and :mod:`.keras` (``MeterCallback``), and :mod:`.ncu_step` (the command
