@@ -1,7 +1,7 @@
 """Analytic FLOPs beside measured ones, per family: kernel attribution, comparison, likely reasons, rendering.
 
 The analytic side is a counting :class:`flopcount.Report` (forward + backward in train mode, the optimizer step when
-it was asked for). The measured side is either an ncu export (:mod:`.ncu`) or, without a GPU, PyTorch's own counter
+it was asked for). The measured side is either an ncu export (:mod:`.parse`) or, without a GPU, PyTorch's own counter
 (:func:`measure_with_flop_counter`, :func:`measure_with_profiler`). Both are grouped into :data:`FAMILIES`.
 """
 
