@@ -22,6 +22,7 @@ evaluation between windows does not); step time is the median step duration; FLO
 (= N × R × C); MFU = FLOPS / (R × peak of the dtype doing the work, :mod:`.mfu`); VFLOPS = FLOPS ×
 (achieved / target)^n; time-to-quality from the clock start to the first :meth:`quality` at or past the target;
 energy over the timed windows. Every figure that cannot be formed is ``None`` with its reason in ``unavailable``.
+The arithmetic is :func:`.figures.run_figures` of the meter's frozen :meth:`Meter.snapshot`.
 
 **Distributed**: under torch.distributed the per-rank figures are gathered **once**, when the result is formed.
 """
