@@ -3,6 +3,20 @@
 >>> import flopcount
 >>> report = flopcount.count("model.onnx", input_shapes={"input": (8, 3, 224, 224)})  # doctest: +SKIP
 >>> report.per_sample.flops  # doctest: +SKIP
+
+The counting core, one module each (the rooms and their arrows: docs/architecture.md):
+
+* :mod:`.loading` read a model without its weights; :mod:`.validate` check its graph; :mod:`.graph` the node DAG
+  and :func:`~flopcount.graph.walk_graphs`
+* :mod:`.shapes` ONNX shape inference with data propagation, run once
+* :mod:`.counting` :func:`count`: shapes, formulas, backward, the report; :mod:`.parameters` which tensors train
+* :mod:`.registry` the one formula registry; :mod:`.context` what a formula reads; :mod:`.cost` the cost record
+* :mod:`.conventions` counting conventions; :mod:`.report` the immutable report; :mod:`.render` its text forms
+* :mod:`.errors` the exception hierarchy with exit codes; :mod:`.docs` generates docs/operators.md
+* :mod:`.onnx_cases` ONNX's own test cases, for the inventory of operators
+
+Around it: :mod:`flopcount.operators` (formulas), :mod:`flopcount.frontends`, :mod:`flopcount.models`,
+:mod:`flopcount.measure` (the measuring half), :mod:`flopcount.workloads` and :mod:`flopcount.cli`.
 """
 
 from importlib.metadata import PackageNotFoundError, version as _version
@@ -24,8 +38,8 @@ from .errors import (
 from .frontends.hf import from_hf
 from .frontends.keras import from_keras
 from .frontends.torch import from_torch
-from .measure.meter import Meter
-from .measure.result import RunResult
+from .measure.harness.meter import Meter
+from .measure.harness.result import RunResult
 from .report import ModelInfo, NodeCount, OpTypeSummary, Report
 
 try:

@@ -48,6 +48,12 @@ class OpsetError(FlopcountError):
     exit_code = 7
 
 
+class OutputError(FlopcountError):
+    """The report cannot be written to ``-o FILE``."""
+
+    exit_code = 8
+
+
 class RegistryError(FlopcountError):
     """A formula was registered twice, or registration is otherwise inconsistent (a programming error)."""
 

@@ -24,6 +24,18 @@ from .errors import InvalidGraphError
 SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
 
+def walk_graphs(graph: onnx.GraphProto) -> Iterable[onnx.GraphProto]:
+    """Yield ``graph`` and, recursively, every subgraph held in a node attribute (``If``, ``Loop``, ``Scan``)."""
+    yield graph
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                yield from walk_graphs(attribute.g)
+            elif attribute.type == onnx.AttributeProto.GRAPHS:
+                for subgraph in attribute.graphs:
+                    yield from walk_graphs(subgraph)
+
+
 def node_label(proto: onnx.NodeProto, index: int) -> str:
     return proto.name or f"{proto.op_type}_{index}"
 

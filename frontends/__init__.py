@@ -1,1 +1,11 @@
-"""Frontends that export framework models (PyTorch, TensorFlow-Keras) to ONNX for counting."""
+"""Frontends that export framework models (PyTorch, TensorFlow-Keras) to ONNX for counting.
+
+* :mod:`.torch` ``from_torch``: a ``torch.nn.Module`` exported weightlessly (torch.export, else TorchScript), cached
+* :mod:`.keras` ``from_keras``: a ``keras.Model`` converted with tf2onnx, cached
+* :mod:`.common` what both share: factories named ``MODULE:FACTORY``, the export cache, fingerprints
+
+Importing this package imports no framework; ``flopcount.from_torch`` and ``flopcount.from_keras`` are the public
+entry points.
+"""
+
+__all__: list[str] = []

@@ -95,6 +95,7 @@ from typing import TYPE_CHECKING, Any
 import onnx
 
 from flopcount.errors import FrontendError, UsageError
+from flopcount.graph import walk_graphs
 
 from . import common
 
@@ -531,7 +532,7 @@ def _convert(model, inputs: Sequence[_Input], training: bool, opset: int) -> onn
             )
         except Exception as e:  # noqa: BLE001 - any converter failure becomes one line
             raise FrontendError(_failure_message(model.name, converter_records, e)) from None
-    unconverted = sorted({node.op_type for graph in ex._graphs(converted.graph) for node in graph.node
+    unconverted = sorted({node.op_type for graph in walk_graphs(converted.graph) for node in graph.node
                           if node.domain in ("", "ai.onnx") and not onnx.defs.has(node.op_type)})
     if unconverted:
         raise FrontendError(_failure_message(model.name, converter_records, None, unconverted))
@@ -717,14 +718,12 @@ def _unique(names: Sequence[str], taken: set[str]) -> list[str]:
 def _rename(model: onnx.ModelProto, names: Mapping[str, str]) -> None:
     """Rename, in place, the tensors ``names`` maps (graph inputs and outputs, node inputs and outputs, also in
     subgraphs, which may read outer tensors)."""
-    from flopcount.models.export import _graphs
-
     def rename(values) -> None:
         for i, value in enumerate(values):
             if value in names:
                 values[i] = names[value]
 
-    for graph in _graphs(model.graph):
+    for graph in walk_graphs(model.graph):
         for value in (*graph.input, *graph.output, *graph.value_info, *graph.initializer):
             value.name = names.get(value.name, value.name)
         for node in graph.node:
@@ -734,9 +733,7 @@ def _rename(model: onnx.ModelProto, names: Mapping[str, str]) -> None:
 
 def _read_by_subgraphs(graph) -> set[str]:
     """Names the nodes of ``graph``'s subgraphs (If/Loop/Scan bodies, at any depth) read."""
-    from flopcount.models.export import _graphs
-
-    return {name for g in _graphs(graph) if g is not graph for node in g.node for name in node.input}
+    return {name for g in walk_graphs(graph) if g is not graph for node in g.node for name in node.input}
 
 
 class _Patterns:
@@ -978,48 +975,46 @@ class _LayerNorm:
     removed: list
 
 
-def _layer_norm(view: _Patterns, add, scaled: str, shifted: str) -> _LayerNorm | None:
-    """The Keras layer norm whose output ``add`` writes as ``scaled + shifted`` (``x·inv`` and ``−mean·inv``,
-    plus ``beta`` when centered), or None."""
-    made, shapes = view.made, view.shapes
-    # The products may be computed in the layout of a convolution's output and moved to the result's layout: each
-    # by a Transpose, or the per-row −mean·inv (without gamma and beta) by Reshape nodes.
+def _layer_norm_output_moves(view: _Patterns, scaled: str, shifted: str):
+    """The products may be computed in the layout of a convolution's output and moved to the result's layout: each
+    by a Transpose, or the per-row −mean·inv (without gamma and beta) by Reshape nodes. ``(perm or None, the
+    Transpose nodes, scaled and shifted before them)``, or None where the two moves disagree."""
     out_perm, out_moves = None, []
-    transpose = made(scaled, "Transpose")
+    transpose = view.made(scaled, "Transpose")
     if transpose is not None:
         out_perm = _perm(transpose)
         if out_perm is None:
             return None
         scaled = transpose.input[0]
         out_moves.append(transpose)
-        moved = made(shifted, "Transpose")
+        moved = view.made(shifted, "Transpose")
         if moved is not None:
             if _perm(moved) != out_perm:
                 return None
             shifted = moved.input[0]
             out_moves.append(moved)
-    shifted_read, shifted_moves = shifted, []
-    times_x = made(scaled, "Mul")
-    plus_beta = made(shifted, "Add")
-    beta = None
-    if plus_beta is not None:
-        found = view.split(plus_beta, lambda n: made(n, "Mul") is not None)
-        if found is None:
-            return None
-        times_mean, beta = made(found[0], "Mul"), found[1]
-    else:
-        times_mean = _through_reshapes(view, shifted, "Mul", shifted_moves)
-    if times_x is None or times_mean is None or len(times_x.input) != 2 or len(times_mean.input) != 2:
-        return None
-    if out_perm is not None and len(out_moves) == 1 and not shifted_moves:
-        return None  # the product moved to the result's layout, the shift not
-    shared = [name for name in times_x.input if name in times_mean.input]
-    if len(shared) != 1 or times_x.input[0] == times_x.input[1] or times_mean.input[0] == times_mean.input[1]:
-        return None
-    inv = shared[0]
-    x = next(name for name in times_x.input if name != inv)
-    negated = next(name for name in times_mean.input if name != inv)
+    return out_perm, out_moves, scaled, shifted
 
+
+@dataclasses.dataclass(frozen=True)
+class _Moments:
+    """The statistics of a Keras layer norm: the mean node, the variance node (``mean((x − mean)²)``), the
+    ``x − mean`` node, ``1/sqrt(var + eps)`` (``rstd``), gamma (None when not scaled), eps, and every node they use."""
+
+    mean: Any
+    variance: Any
+    diff: Any
+    rstd: str
+    gamma: str | None
+    eps: Any
+    nodes: tuple  # mean, diff, square, variance, plus_eps, sqrt, reciprocal, neg
+    times_gamma: Any
+    moves: tuple
+
+
+def _layer_norm_moments(view: _Patterns, negated: str, inv: str) -> _Moments | None:
+    """From ``−mean`` and ``inv`` (``1/sqrt(var + eps)``, times gamma when scaled) back to the moments, or None."""
+    made = view.made
     # −mean, and the mean of the tensor the moments are computed on; the per-row statistics may pass through
     # Reshape nodes (moves between layouts) anywhere on their way
     moves: list = []
@@ -1052,6 +1047,45 @@ def _layer_norm(view: _Patterns, add, scaled: str, shifted: str) -> _LayerNorm |
     centred = _through_reshapes(view, diff.input[1], "ReduceMean", moves)
     if centred is not mean or variance is mean:
         return None
+    return _Moments(mean, variance, diff, rstd, gamma, eps,
+                    (mean, diff, square, variance, plus_eps, sqrt, reciprocal, neg), times_gamma, tuple(moves))
+
+
+def _layer_norm(view: _Patterns, add, scaled: str, shifted: str) -> _LayerNorm | None:
+    """The Keras layer norm whose output ``add`` writes as ``scaled + shifted`` (``x·inv`` and ``−mean·inv``,
+    plus ``beta`` when centered), or None."""
+    made, shapes = view.made, view.shapes
+    moved = _layer_norm_output_moves(view, scaled, shifted)
+    if moved is None:
+        return None
+    out_perm, out_moves, scaled, shifted = moved
+    shifted_read, shifted_moves = shifted, []
+    times_x = made(scaled, "Mul")
+    plus_beta = made(shifted, "Add")
+    beta = None
+    if plus_beta is not None:
+        found = view.split(plus_beta, lambda n: made(n, "Mul") is not None)
+        if found is None:
+            return None
+        times_mean, beta = made(found[0], "Mul"), found[1]
+    else:
+        times_mean = _through_reshapes(view, shifted, "Mul", shifted_moves)
+    if times_x is None or times_mean is None or len(times_x.input) != 2 or len(times_mean.input) != 2:
+        return None
+    if out_perm is not None and len(out_moves) == 1 and not shifted_moves:
+        return None  # the product moved to the result's layout, the shift not
+    shared = [name for name in times_x.input if name in times_mean.input]
+    if len(shared) != 1 or times_x.input[0] == times_x.input[1] or times_mean.input[0] == times_mean.input[1]:
+        return None
+    inv = shared[0]
+    x = next(name for name in times_x.input if name != inv)
+    negated = next(name for name in times_mean.input if name != inv)
+
+    moments = _layer_norm_moments(view, negated, inv)
+    if moments is None:
+        return None
+    mean, variance, diff, rstd, gamma, eps = (moments.mean, moments.variance, moments.diff, moments.rstd,
+                                              moments.gamma, moments.eps)
 
     # The layouts of the moments: x, and the tensor a Transpose turned into x (a convolution's NCHW output), on
     # which tf2onnx may compute either moment. Both reduce the same axes of x; where the transpose keeps the order
@@ -1104,8 +1138,8 @@ def _layer_norm(view: _Patterns, add, scaled: str, shifted: str) -> _LayerNorm |
     if eps is None or eps.size != 1 or eps.dtype.kind != "f":
         return None
     removed = list({id(node): node for node in (
-        mean, diff, square, variance, plus_eps, sqrt, reciprocal, neg, times_x, times_mean, times_gamma, plus_beta,
-        *moves, *gamma_moves, *beta_moves, *out_moves, *shifted_moves, add) if node is not None}.values())
+        *moments.nodes, times_x, times_mean, moments.times_gamma, plus_beta, *moments.moves, *gamma_moves,
+        *beta_moves, *out_moves, *shifted_moves, add) if node is not None}.values())
     if not view.internal(removed, add):
         return None
     perm = None if out_perm == list(range(rank)) else out_perm
@@ -1260,9 +1294,7 @@ def _drop_identity_arithmetic(model: onnx.ModelProto, variables: set[str]) -> No
 def _drop_unread_constants(model: onnx.ModelProto, variables: set[str]) -> None:
     """Remove, in place, the top-level initializers that are not variables and that no node reads any more (the
     epsilon of a fused batch norm, a dropped identity element)."""
-    from flopcount.models.export import _graphs
-
-    read = {name for graph in _graphs(model.graph) for node in graph.node for name in node.input}
+    read = {name for graph in walk_graphs(model.graph) for node in graph.node for name in node.input}
     read |= {v.name for v in model.graph.output}
     kept = [t for t in model.graph.initializer if t.name in variables or t.name in read]
     if len(kept) != len(model.graph.initializer):
@@ -1275,9 +1307,7 @@ def _initializers_to_constants(model: onnx.ModelProto) -> None:
     epsilon, Dropout's rate, reshape targets) into ``Constant`` nodes, so that the initializers of the final graph
     are the model's variables (and, from :func:`~flopcount.models.export.make_weightless`, constants of 1 KiB or
     more): flopcount counts initializers as parameters."""
-    from flopcount.models.export import _graphs
-
-    for graph in _graphs(model.graph):
+    for graph in walk_graphs(model.graph):
         constants = [onnx.helper.make_node("Constant", [], [tensor.name], name=tensor.name, value=tensor)
                      for tensor in graph.initializer]
         if not constants:
@@ -1299,9 +1329,9 @@ def _weights_to_initializers(model: onnx.ModelProto, variables: Sequence[Any], n
 
     graph = model.graph
     declared = {value.name: value for value in graph.input}
-    read = {name for g in ex._graphs(graph) for node in g.node for name in node.input}
+    read = {name for g in walk_graphs(graph) for node in g.node for name in node.input}
     offset = 0
-    for g in ex._graphs(graph):
+    for g in walk_graphs(graph):
         for tensor in g.initializer:
             if tensor.data_location == onnx.TensorProto.EXTERNAL:
                 entries = {entry.key: int(entry.value) for entry in tensor.external_data if entry.key != "location"}

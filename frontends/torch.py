@@ -67,6 +67,7 @@ from typing import TYPE_CHECKING, Any
 import onnx
 
 from flopcount.errors import FrontendError, UsageError
+from flopcount.graph import walk_graphs
 
 from . import common
 from .common import CACHE_ENV, default_cache_dir
@@ -76,7 +77,7 @@ if TYPE_CHECKING:
 
     from flopcount.report import Report
 
-__all__ = ["CACHE_ENV", "default_cache_dir", "from_torch", "load_factory", "to_onnx"]
+__all__ = ["CACHE_ENV", "default_cache_dir", "forward_tensors", "from_torch", "load_factory", "to_onnx"]
 
 log = logging.getLogger(__name__)
 
@@ -257,6 +258,13 @@ def _import_torch():
     except ImportError:
         raise FrontendError(f"{FRONTEND}: PyTorch is not installed; {INSTALL_HINT}") from None
     return torch
+
+
+def forward_tensors(module, inputs: Mapping[str, Any], device: Any = "cpu") -> list:
+    """The tensors of one call of ``module.forward``, in its parameter order, made on ``device``: ``inputs`` gives
+    each by parameter name as dims or ``(dims, dtype)``, exactly as :func:`from_torch`'s ``input_shapes``."""
+    torch = _import_torch()
+    return _bind(torch, module, inputs, None, torch.device(device)).tensors
 
 
 def _is_shape(value: Any) -> bool:
@@ -463,7 +471,7 @@ def _export(module, inputs: tuple, names: list[str], training: bool, opset: int,
     meta = any(t.is_meta for t in (*module.parameters(), *module.buffers(), *inputs))
     # export.py's dynamo path traces at batch 2 by expanding dim 0, which works from a batch of 1.
     first = tuple(x[:1] for x in inputs)
-    dynamo = lambda: ex._export_dynamo(module, first, names, [], opset)  # noqa: E731
+    dynamo = lambda: ex.export_dynamo(module, first, names, [], opset)  # noqa: E731
     if meta:  # the TorchScript exporter needs weight data; torch.export works on shapes alone
         if batch is None:
             raise UsageError(
@@ -482,7 +490,7 @@ def _export(module, inputs: tuple, names: list[str], training: bool, opset: int,
     elif batch is not None:
         attempts = [
             ("dynamo", dynamo),
-            ("torchscript", lambda: ex._export_torchscript(module, inputs, names, [], opset)),
+            ("torchscript", lambda: ex.export_torchscript(module, inputs, names, [], opset)),
         ]
     else:
         attempts = [("torchscript", lambda: _torchscript(torch, module, inputs, names, opset, False, False))]
@@ -495,7 +503,7 @@ def _export(module, inputs: tuple, names: list[str], training: bool, opset: int,
     try:
         module.train(training)
         with torch.no_grad(), _quiet_exporters():
-            with _deduplicate_by_identity_only(torch), no_tqdm_monitor(), _tensor_call(torch, module, call, dropped), \
+            with _deduplicate_by_identity_only(torch), ex.no_tqdm_monitor(), _tensor_call(torch, module, call, dropped), \
                     _batch_norm_size_check(torch, module, batch, training):
                 for name, attempt in attempts:
                     try:
@@ -623,23 +631,6 @@ def _torchscript(torch, module, inputs, names, opset, training: bool, dynamic_ba
 
 
 @contextlib.contextmanager
-def no_tqdm_monitor():
-    """Keep torch.fx's (disabled) tqdm progress bars from starting tqdm's monitor thread, which would outlive the
-    export in the user's process (and, while alive, keeps flopcount's shape inference from forking)."""
-    try:
-        from tqdm.std import tqdm
-    except ImportError:
-        yield
-        return
-    saved = tqdm.monitor_interval
-    tqdm.monitor_interval = 0
-    try:
-        yield
-    finally:
-        tqdm.monitor_interval = saved
-
-
-@contextlib.contextmanager
 def _deduplicate_by_identity_only(torch):
     """Keep the TorchScript exporter from merging parameters whose values happen to be equal.
 
@@ -666,9 +657,7 @@ def _deduplicate_by_identity_only(torch):
 def _mark_batch_norm_training(model: onnx.ModelProto) -> onnx.ModelProto:
     """Set ``training_mode=1`` on every BatchNormalization (the torch.export path emits them in inference form),
     with the running mean and variance outputs that the spec requires in training mode (read by nothing)."""
-    from flopcount.models.export import _graphs
-
-    for graph in _graphs(model.graph):
+    for graph in walk_graphs(model.graph):
         for node in graph.node:
             if node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx"):
                 kept = [a for a in node.attribute if a.name != "training_mode"]

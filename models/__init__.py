@@ -10,3 +10,5 @@ inputs) and ``export`` (the weightless exporter and its command line).
 Importing this package does not import torch; import a submodule when torch is wanted (``zoo`` imports it only when
 a model is built).
 """
+
+__all__: list[str] = []

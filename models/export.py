@@ -18,15 +18,18 @@ for the command line, its sibling :mod:`zoo`, whose table lists the models (``--
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import logging
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import onnx
 from onnx import numpy_helper
+
+from flopcount.graph import walk_graphs
 
 if TYPE_CHECKING:
     import torch
@@ -63,16 +66,21 @@ class ExportError(RuntimeError):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    """Yield ``graph`` and, recursively, every subgraph held in a node attribute (``If``, ``Loop``, ``Scan``)."""
-    yield graph
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attribute.g)
-            elif attribute.type == onnx.AttributeProto.GRAPHS:
-                for subgraph in attribute.graphs:
-                    yield from _graphs(subgraph)
+@contextlib.contextmanager
+def no_tqdm_monitor():
+    """Keep torch.fx's (disabled) tqdm progress bars from starting tqdm's monitor thread, which would outlive the
+    export in the user's process (and, while alive, keeps flopcount's shape inference from forking)."""
+    try:
+        from tqdm.std import tqdm
+    except ImportError:
+        yield
+        return
+    saved = tqdm.monitor_interval
+    tqdm.monitor_interval = 0
+    try:
+        yield
+    finally:
+        tqdm.monitor_interval = saved
 
 
 def _tensor_nbytes(tensor: onnx.TensorProto) -> int:
@@ -155,7 +163,7 @@ def make_weightless(
     """
     model = copy.deepcopy(model)
     offset = 0
-    for graph in _graphs(model.graph):
+    for graph in walk_graphs(model.graph):
         _lift_large_constants(graph, size_threshold)
         for tensor in graph.initializer:
             if tensor.data_location == onnx.TensorProto.EXTERNAL or tensor.data_type == onnx.TensorProto.STRING:
@@ -200,7 +208,7 @@ def strip_metadata(model: onnx.ModelProto) -> None:
         strip(function)
         for node in function.node:
             strip(node)
-    for graph in _graphs(model.graph):
+    for graph in walk_graphs(model.graph):
         strip(graph)
         del graph.value_info[:]
         for proto in (*graph.input, *graph.output, *graph.initializer, *graph.node):
@@ -239,7 +247,7 @@ def check_batch_agnostic(model: onnx.ModelProto, batch: int = 8) -> onnx.ModelPr
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _export_dynamo(
+def export_dynamo(
     module: torch.nn.Module,
     example_inputs: tuple[torch.Tensor, ...],
     input_names: Sequence[str],
@@ -372,7 +380,7 @@ def _restore_names(graph, origins: Mapping[str, str]) -> None:
             value.name = source
 
 
-def _export_torchscript(
+def export_torchscript(
     module: torch.nn.Module,
     example_inputs: tuple[torch.Tensor, ...],
     input_names: Sequence[str],
@@ -408,8 +416,8 @@ def _export_torchscript(
 
 
 _EXPORTERS: dict[str, Callable[..., onnx.ModelProto]] = {
-    "dynamo": _export_dynamo,
-    "torchscript": _export_torchscript,
+    "dynamo": export_dynamo,
+    "torchscript": export_torchscript,
 }
 
 
@@ -464,8 +472,6 @@ def export_weightless(
     module = module.eval()
     candidates = ["dynamo", "torchscript"] if exporter == "auto" else [exporter]
     model = None
-    from flopcount.frontends.torch import no_tqdm_monitor
-
     with torch.no_grad(), no_tqdm_monitor():
         for name in candidates:
             try:

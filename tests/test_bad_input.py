@@ -152,7 +152,7 @@ def test_unwritable_output(capsys, tmp_path):
 
 def test_exit_codes_are_distinct():
     from flopcount import errors
-    from flopcount.cli import OutputError
+    from flopcount.errors import OutputError
 
     classes = [errors.UsageError, errors.ModelFileError, errors.InvalidGraphError, errors.ShapeError,
                errors.UnsupportedOperatorError, errors.OpsetError, OutputError]

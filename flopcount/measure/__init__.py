@@ -1,13 +1,35 @@
 """The measuring half of flopcount: analytic counts turned into measured performance of real runs.
 
 It reads the counting :class:`flopcount.Report` and never reaches into counting internals. Heavy libraries
-(torch, NVML, onnxruntime, matplotlib) are imported inside the functions that need them.
+(torch, NVML, onnxruntime, matplotlib) are imported inside the functions that need them. Four rooms, whose imports
+run one way (``harness`` → ``machine``; ``profile`` → ``machine``; ``ncu`` stands alone; see docs/architecture.md):
 
-* :mod:`.devices` which device runs the work and its dense peak per dtype (vendor table, or measured on a CPU)
-* :mod:`.ceilings` measured GEMM, convolution, memory and all-reduce ceilings of this machine
-* :mod:`.profile` per-node time and FLOP/s of an ONNX model through onnxruntime's profiler
-* :mod:`.roofline` the HPC-AI and per-operator rooflines and their plots
-* :mod:`.system` the system under test, for reports
-* :mod:`.distributed` torchrun/srun process groups, DDP with measured gradient communication, sharded epochs
-* :mod:`.ensemble` HPC AI500 V3.0 bagging ensembles: M base models x P ranks, bootstrap samples, averaged predictions
+* :mod:`.harness` the training harness: the meter, its clocks, energy, MFU, the run record and the bench report
+* :mod:`.machine` the machine: devices and their peaks, the system under test, measured ceilings
+* :mod:`.profile` per-node onnxruntime times beside counted FLOPs and bytes, and the rooflines
+* :mod:`.ncu` Nsight Compute exports parsed, and the count beside the hardware counters
+
+Which room to open for a figure of a bench report (``flopcount bench``, ``Meter.to_json``):
+
+* ``samples_per_s``, ``steps``, ``wall_s``, ``step_time_s``, ``per_rank``: :mod:`.harness.meter` (timed windows, via
+  :mod:`.harness.clocks`); the arithmetic that forms them: :mod:`.harness.figures`
+* ``flops``, ``flops_per_sample``, ``vflops``, ``flops_epoch_form``, ``quality``, ``time_to_quality_s``:
+  :mod:`.harness.figures` (C from the counting report)
+* ``mfu``, ``hfu``: :mod:`.harness.figures`, over the effective peak and ``precision`` of :mod:`.harness.mfu`;
+  ``peak_flops``, ``peak_source``: :mod:`.machine.devices` (vendor table) or :mod:`.machine.ceilings` (a CPU's
+  measured GEMM ceiling)
+* ``energy_j``, ``power_w``, ``flops_per_watt``: :mod:`.harness.energy` (RAPL, NVML)
+* ``communication``: :mod:`.harness.distributed`; ``ensemble``: :mod:`.harness.ensemble`; ranks: :mod:`.harness.ranks`
+* ``summary`` (olympic mean, variation) and the JSON schema: :mod:`.harness.result`; the table: :mod:`.harness.run_table`
+* ``system`` (CPU, GPUs, memory, software, topology): :mod:`.machine.system`
+* the MLPerf-style log of ``--mllog``: :mod:`.harness.mllog`
+* ``config`` (the workload, its counting and scale-out settings): :mod:`flopcount.workloads` and
+  :mod:`flopcount.cli.bench`
+
+Old module paths kept as thin re-exports because the README and docs name them: :mod:`.distributed`,
+:mod:`.ensemble`, :mod:`.lightning` and :mod:`.keras` (``MeterCallback``), and :mod:`.ncu_step` (the command
+``python -m flopcount.measure.ncu_step`` that ``flopcount crosscheck`` prints). ``flopcount.measure.profile`` and
+``flopcount.measure.ncu`` are now packages that re-export what those modules offered.
 """
+
+__all__: list[str] = []

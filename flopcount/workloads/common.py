@@ -126,7 +126,7 @@ class _NoBar:
 def make_meter(cfg: Config, report, listeners: list[Callable] | None = None, **kw):
     """The meter a workload trains under: its FLOPs from ``report``, the configuration's target, warm-up, windows,
     peak and precision (autocast runs inside the steps, so the precision is stated, not sampled)."""
-    from flopcount.measure.meter import Meter
+    from flopcount.measure.harness.meter import Meter
 
     meter = Meter(report, target_quality=cfg.target_quality, quality_exponent=cfg.quality_exponent,
                   device=cfg.device, precision=None if cfg.precision == "fp32" else cfg.precision,

@@ -1,0 +1,70 @@
+"""The ``flopcount`` command line: ``main(argv) -> int``. All argument parsing of flopcount lives in this package;
+errors become one line on stderr and an exit code (:mod:`.console`).
+
+* :mod:`.arguments` argument types and the model source (path, ``--torch``, ``--keras``) every command shares
+* :mod:`.console` logging, errors turned into exit codes, writing ``-o FILE``
+* :mod:`.count` ``flopcount MODEL``: the counting command
+* :mod:`.bench` ``flopcount bench``: train a workload under the meter, repeat-run statistics
+* :mod:`.profile` ``flopcount profile``: per-node onnxruntime time beside counted FLOPs and bytes
+* :mod:`.ceilings` ``flopcount ceilings``: measure this machine's ceilings
+* :mod:`.roofline` ``flopcount roofline``: HPC-AI and per-operator rooflines
+* :mod:`.crosscheck` ``flopcount crosscheck``: the count beside Nsight Compute's counters or PyTorch's counter
+* :mod:`.ncu_step` the program ``crosscheck`` runs under ncu (``python -m flopcount.measure.ncu_step``)
+"""
+
+from __future__ import annotations
+
+import sys
+
+from flopcount.errors import OutputError
+
+from .arguments import TORCH_DTYPES, add_model_source, given_model, model_source
+from .console import EXIT_INTERNAL, run_guarded, setup_logging, write_output
+from .count import build_parser
+
+__all__ = [
+    "EXIT_INTERNAL", "SUBCOMMANDS", "TORCH_DTYPES", "OutputError", "add_model_source", "build_parser",
+    "given_model", "main", "model_source", "run_guarded", "write_output",
+]
+
+#: Subcommands of the measuring half: name → module with ``build_parser() -> ArgumentParser`` and
+#: ``run(args) -> int``. A first argument equal to one of these names selects it (a model file of that name is
+#: given as ``./bench``); anything else is the counting command, exactly as before subcommands existed.
+SUBCOMMANDS = {
+    "bench": "flopcount.cli.bench",
+    "profile": "flopcount.cli.profile",
+    "ceilings": "flopcount.cli.ceilings",
+    "roofline": "flopcount.cli.roofline",
+    "crosscheck": "flopcount.cli.crosscheck",
+}
+
+
+def _subcommand(name: str, argv: list[str]) -> int:
+    import importlib
+
+    module = importlib.import_module(SUBCOMMANDS[name])
+    parser = module.build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse has printed its message (or --help)
+        return int(e.code or 0)
+    verbose = getattr(args, "verbose", 0)
+    setup_logging(verbose)
+    return run_guarded(lambda: module.run(args), verbose)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .arguments import check_model_source
+    from .count import run
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        return _subcommand(argv[0], argv[1:])
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        check_model_source(parser, args)
+    except SystemExit as e:  # argparse has printed its message (or --help/--version)
+        return int(e.code or 0)
+    setup_logging(args.verbose)
+    return run_guarded(lambda: run(args), args.verbose)

@@ -1,0 +1,241 @@
+"""Argument types and the model source that every ``flopcount`` command shares.
+
+An argument type turns one command-line word into a value or raises :class:`argparse.ArgumentTypeError`
+(argparse then prints one usage line and exits 2). A command's model is an ``.onnx`` path, or ``--torch`` /
+``--keras`` with ``--input-shape``: :func:`add_model_source` declares it, :func:`model_source_problem` checks it,
+:func:`model_source` reads it back, :func:`count_torch` and :func:`count_keras` count it.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from flopcount.errors import UsageError
+from flopcount.shapes import MAX_ELEMENTS, parse_dims
+
+__all__ = [
+    "TORCH_DTYPES", "InputShapes", "add_model_source", "check_model_source", "count_keras", "count_torch",
+    "given_model", "input_shape", "input_value", "loop_trips", "model_source", "model_source_problem", "nonneg_int",
+    "positive", "positive_float", "positive_int", "size_hw", "torch_inputs", "weights",
+]
+
+#: Element types a ``--torch`` input may be given (``--input-shape input_ids=1x128:int64``): torch's dtype names.
+TORCH_DTYPES = (
+    "float32", "float", "float64", "double", "float16", "half", "bfloat16", "int64", "long", "int32", "int",
+    "int16", "short", "int8", "uint8", "bool", "complex64", "complex128",
+)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# argument types
+
+
+def input_shape(text: str) -> tuple[str, tuple[int, ...], str | None]:
+    """``NAME=DIMS[:DTYPE]`` → ``(NAME, DIMS, DTYPE or None)``."""
+    name, sep, spec = text.rpartition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=DIMS such as input=8x3x224x224, got {text!r}")
+    dims, colon, dtype = spec.partition(":")
+    if colon and dtype not in TORCH_DTYPES:
+        raise argparse.ArgumentTypeError(f"unknown element type {dtype!r} in {text!r}; one of: {', '.join(TORCH_DTYPES)}")
+    try:
+        return name, parse_dims(dims), dtype or None
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+class InputShapes(argparse.Action):
+    """``--input-shape NAME=DIMS[:DTYPE]``: appends ``(NAME, DIMS)`` to ``input_shape`` and records DTYPE in
+    ``input_dtypes``."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        name, dims, dtype = values
+        namespace.input_shape = [*(namespace.input_shape or []), (name, dims)]
+        if dtype is not None:
+            namespace.input_dtypes = {**(getattr(namespace, "input_dtypes", None) or {}), name: dtype}
+
+
+def input_value(text: str) -> tuple[str, list[int]]:
+    """``NAME=V1,V2,...`` → ``(NAME, [V1, V2, ...])``, 64-bit integers."""
+    name, sep, values = text.rpartition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=V1,V2,... such as axes=1,2, got {text!r}")
+    try:
+        ints = [int(v) for v in values.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"values must be integers joined by ',', got {values!r}") from None
+    if any(not -(2**63) <= v < 2**63 for v in ints):
+        raise argparse.ArgumentTypeError(f"values must fit in 64-bit integers, got {values!r}")
+    return name, ints
+
+
+def loop_trips(text: str) -> tuple[str, int]:
+    """``NODE=N`` → ``(NODE, N)``, N a positive count."""
+    name, sep, n = text.rpartition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NODE=N such as decoder_loop=32, got {text!r}")
+    return name, positive(n)
+
+
+def positive(text: str) -> int:
+    """A positive count that may size a tensor (at most 2**48)."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    if v > MAX_ELEMENTS:
+        raise argparse.ArgumentTypeError(f"must be at most 2**48 = {MAX_ELEMENTS}, got {text!r}")
+    return v
+
+
+def positive_int(text: str) -> int:
+    """A positive count of runs, steps or samples (at most 1e9)."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v <= 0 or v > 10**9:
+        raise argparse.ArgumentTypeError(f"must be a positive integer (at most 1e9), got {text!r}")
+    return v
+
+
+def nonneg_int(text: str) -> int:
+    """An integer from 0 to 1e9 (a seed, a number of warm-up steps)."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if v < 0 or v > 10**9:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return v
+
+
+def positive_float(text: str) -> float:
+    """A finite positive number (a rate, a quality, a peak)."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = 0.0
+    if not v > 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return v
+
+
+def size_hw(text: str) -> tuple[int, int]:
+    """``HxW`` → ``(H, W)``, both positive."""
+    parts = text.lower().split("x")
+    try:
+        h, w = (int(p) for p in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected HxW such as 224x224, got {text!r}") from None
+    if h <= 0 or w <= 0:
+        raise argparse.ArgumentTypeError(f"expected positive HxW, got {text!r}")
+    return h, w
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the model source
+
+
+def add_model_source(p: argparse.ArgumentParser, model_help: str) -> None:
+    """A subcommand's model: an .onnx path, or ``--torch``/``--keras`` with ``--input-shape`` as for counting (read
+    back with :func:`model_source`)."""
+    p.add_argument("model", nargs="?", help=model_help)
+    p.add_argument("--torch", metavar="MODULE:FACTORY",
+                   help="instead of a model file, the PyTorch module FACTORY() returns, exported as for counting")
+    p.add_argument("--keras", metavar="MODULE:FACTORY",
+                   help="instead of a model file, the keras.Model FACTORY() returns, converted as for counting")
+    p.add_argument("--input-shape", metavar="NAME=DIMS", action=InputShapes, type=input_shape, default=[],
+                   help="fix the dims of an input, e.g. input=8x3x224x224 (repeatable); with --torch, NAME is a "
+                   "parameter of forward() and a :DTYPE suffix gives its element type")
+    p.set_defaults(input_dtypes={})
+
+
+def given_model(args: argparse.Namespace) -> bool:
+    return any(getattr(args, k, None) is not None for k in ("model", "torch", "keras"))
+
+
+def torch_inputs(args: argparse.Namespace, batch: int | None = None) -> dict:
+    """``--input-shape`` of a ``--torch`` module by forward() parameter name: dims, or ``(dims, dtype)`` where a
+    :DTYPE was given; ``batch`` (when given) replaces dim 0 of each."""
+    inputs = {}
+    for name, dims in args.input_shape:
+        dims = dims if batch is None else (batch, *dims[1:])
+        inputs[name] = (dims, args.input_dtypes[name]) if name in args.input_dtypes else dims
+    return inputs
+
+
+def model_source(args: argparse.Namespace):
+    """``(model, input_shapes)`` of a subcommand: the path and its ``--input-shape`` dims, or the weightless ONNX
+    export of ``--torch``/``--keras`` (its dims fixed by the export) and no dims."""
+    problem = model_source_problem(args)
+    if problem:
+        raise UsageError(problem)
+    if args.torch is not None:
+        from flopcount.frontends.torch import load_factory, to_onnx
+
+        return to_onnx(load_factory(args.torch), torch_inputs(args)), {}
+    if args.keras is not None:
+        from flopcount.frontends.keras import load_factory, to_onnx
+
+        return to_onnx(load_factory(args.keras), dict(args.input_shape) or None, batch=getattr(args, "batch", None)), {}
+    return args.model, dict(args.input_shape)
+
+
+def model_source_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the model a command was given, or None: exactly one of a model path, ``--torch`` and
+    ``--keras``; ``--torch`` needs ``--input-shape``; a :DTYPE suffix only with ``--torch``."""
+    given = [text for text, value in ((repr(args.model), args.model), (f"--torch {args.torch}", args.torch),
+                                      (f"--keras {args.keras}", args.keras)) if value is not None]
+    if len(given) > 1:
+        return f"give a model path, --torch or --keras, not both (got {' and '.join(given)})"
+    if not given:
+        return "give the path of an .onnx model, or --torch MODULE:FACTORY, or --keras MODULE:FACTORY"
+    names = [name for name, _ in args.input_shape]
+    if args.keras is not None and len(set(names)) != len(names):
+        return f"--keras: each --input-shape names one model input; got {', '.join(names)}"
+    if args.torch is not None and not args.input_shape:
+        return "--torch needs the shape of each forward() input, by name: --input-shape NAME=DIMS[:DTYPE] (repeatable)"
+    if args.torch is not None and len(set(names)) != len(names):
+        return f"--torch: each --input-shape names one forward() input; got {', '.join(names)}"
+    if args.torch is None and args.input_dtypes:
+        given = ", ".join(f"{name}=...:{dtype}" for name, dtype in args.input_dtypes.items())
+        return (f"--input-shape {given}: a :DTYPE suffix is for --torch inputs; "
+                f"{'a Keras model' if args.keras else 'an ONNX model'} declares its input types, give NAME=DIMS")
+    return None
+
+
+def check_model_source(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A problem of :func:`model_source_problem` as a usage error of ``parser`` (one line, exit 2)."""
+    problem = model_source_problem(args)
+    if problem:
+        parser.error(problem)
+
+
+def count_torch(args: argparse.Namespace):
+    """Export the module of ``--torch`` (in training mode with ``--mode train``) and count it."""
+    from flopcount.frontends.torch import from_torch, load_factory
+
+    module = load_factory(args.torch)
+    return from_torch(module, torch_inputs(args), training=args.mode == "train",
+                      trainable_inputs=args.trainable_input, batch=args.batch, convention=args.convention,
+                      strict=args.strict, input_values=dict(args.input_value), loop_trips=dict(args.loop_trips),
+                      mode=args.mode, optimizer=args.optimizer, **weights(args))
+
+
+def count_keras(args: argparse.Namespace):
+    """Convert the model of ``--keras`` (in training mode with ``--mode train``) and count it."""
+    from flopcount.frontends.keras import from_keras, load_factory
+
+    model = load_factory(args.keras)
+    return from_keras(model, dict(args.input_shape) or None, training=args.mode == "train", batch=args.batch,
+                      convention=args.convention, strict=args.strict, input_values=dict(args.input_value),
+                      loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer,
+                      **({"trainable_inputs": args.trainable_input} if args.trainable_input else {}), **weights(args))
+
+
+def weights(args: argparse.Namespace) -> dict:
+    """``trainable=`` and ``frozen=`` of count() from ``--trainable`` and ``--frozen`` (absent when not given)."""
+    return {k: v for k in ("trainable", "frozen") if (v := getattr(args, k, None))}

@@ -1,0 +1,171 @@
+"""``flopcount bench NAME``: train a workload under :class:`flopcount.Meter`, ``--runs K`` times, and report the
+HPC AI500 metrics of every run and their repeat-run statistics (JSON schema: :mod:`flopcount.measure.harness.result`)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from flopcount.errors import EXIT_QUALITY_NOT_REACHED, UsageError
+
+from .arguments import nonneg_int, positive_float, positive_int, size_hw
+from .console import write_output
+
+log = logging.getLogger(__name__)
+
+WORKLOADS = ("digits", "image_classification", "extreme_weather")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="flopcount bench",
+        description="Train a benchmark workload under flopcount's meter and report the HPC AI500 metrics: FLOPS = "
+        "N x R x C, MFU, VFLOPS, time-to-quality, energy, repeat-run statistics.",
+        epilog="Exit codes: 0 every run completed (and reached its target quality, if any), 10 a run did not reach "
+        "its target quality, 2 usage, 8 cannot write -o, 11 a device or package is missing.")
+    p.add_argument("workload", choices=WORKLOADS, help="digits: a small CNN on scikit-learn's bundled digits, trained "
+                   "to a target accuracy (real data, real quality); image_classification: ResNet-50 v1.5 on synthetic "
+                   "ImageNet-shaped data; extreme_weather: the Faster R-CNN detector on synthetic 16-channel fields")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    p.add_argument("--runs", type=positive_int, default=1,
+                   help="repeat the run K times (HPC AI500: at least 10 for image classification, 5 for weather)")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
+                   help="fp32, or autocast to bf16/fp16 (default: fp32)")
+    p.add_argument("--batch-size", type=positive_int, help="samples per step (per rank)")
+    p.add_argument("--epochs", type=positive_int, help="digits: the most epochs to train before giving up")
+    p.add_argument("--steps", type=positive_int, help="synthetic workloads: steps per run")
+    p.add_argument("--target-quality", type=positive_float, help="digits: the target test accuracy (default 0.95)")
+    p.add_argument("--image-size", type=size_hw, metavar="HxW", help="synthetic workloads: input height and width")
+    p.add_argument("--lr", type=positive_float, help="learning rate")
+    p.add_argument("--seed", type=nonneg_int, help="seed of the first run (run i uses seed + i)")
+    p.add_argument("--warmup-steps", type=nonneg_int, help="steps excluded from timing at the start of each run")
+    p.add_argument("--window-steps", type=positive_int, help="steps per timing window")
+    p.add_argument("--peak-flops", type=positive_float, help="peak FLOP/s of one device for MFU (overrides the "
+                   "device table, or the measured CPU GEMM ceiling)")
+    p.add_argument("--channels-last", action="store_true", help="channels-last memory format")
+    p.add_argument("--mllog", metavar="FILE", help="also write MLPerf-style :::MLLOG lines (one file per run: "
+                   "FILE, or FILE with .runN before its suffix when --runs > 1)")
+    p.add_argument("--ensemble", type=positive_int, default=1, metavar="M",
+                   help="digits under torchrun/srun: train M base models (HPC AI500 V3.0 bagging), each on its own "
+                   "bootstrap sample and its own P = ranks / M ranks; the report scores their averaged prediction")
+    p.add_argument("--format", choices=("table", "json"), default="table",
+                   help="stdout format (default: table); -o always writes JSON")
+    p.add_argument("-o", "--output", metavar="FILE", help="write the JSON report to FILE")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (they are off when stderr is not "
+                   "a terminal)")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more diagnostics on stderr")
+    return p
+
+
+def workload_module(name: str):
+    if name == "digits":
+        from flopcount.workloads import digits
+
+        return digits, digits.DEFAULTS
+    from flopcount.workloads import synthetic
+
+    return synthetic, synthetic.IMAGE_CLASSIFICATION if name == "image_classification" else synthetic.EXTREME_WEATHER
+
+
+def config_from_args(args: argparse.Namespace):
+    module, defaults = workload_module(args.workload)
+    if args.workload != "digits" and (args.epochs or args.target_quality):
+        raise UsageError(f"--epochs and --target-quality apply to digits (real data); {args.workload} trains "
+                         "--steps steps on synthetic data, whose quality is not measured")
+    if args.workload == "digits" and (args.steps or args.image_size):
+        raise UsageError("--steps and --image-size apply to the synthetic workloads; digits trains whole epochs "
+                         "(--epochs) until --target-quality")
+    cfg = defaults.replace(device=args.device, precision=args.precision, batch_size=args.batch_size,
+                           max_epochs=args.epochs, steps=args.steps, target_quality=args.target_quality,
+                           image_size=args.image_size, lr=args.lr, seed=args.seed, warmup_steps=args.warmup_steps,
+                           window_steps=args.window_steps, peak_flops=args.peak_flops,
+                           channels_last=args.channels_last or None)
+    return module, cfg
+
+
+def mllog_path(path: str, run: int, runs: int) -> str:
+    if runs == 1:
+        return path
+    stem, ext = os.path.splitext(path)
+    return f"{stem}.run{run}{ext}"
+
+
+def run(args: argparse.Namespace) -> int:
+    module, cfg = config_from_args(args)
+    torch = module.torch_or_error()
+    # scale-out: under torchrun or srun, join the process group; each rank takes its node's GPU LOCAL_RANK
+    from flopcount.measure.harness import distributed
+    from flopcount.measure.harness import ensemble
+
+    ranks = distributed.init(cfg.device)
+    try:
+        parallel = ensemble.for_bench(cfg.workload, args.ensemble, ranks.world_size)
+        if parallel is not None:
+            cfg = cfg.replace(device=ranks.device)
+        return _run(args, module, cfg, torch, parallel, ranks)
+    finally:
+        distributed.finish(ranks)
+
+
+def _run(args: argparse.Namespace, module, cfg, torch, parallel, ranks) -> int:
+    from flopcount.measure.harness.run_table import report_table
+    from flopcount.measure.harness.result import bench_report, dumps
+    from flopcount.measure.machine.system import describe_system
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    log.info("counting the %s model's training FLOPs", cfg.workload)
+    report = module.count(cfg)
+    meters = []
+    device = None
+    from flopcount.measure.harness.ranks import is_writer
+
+    show = not args.no_progress and is_writer()
+    for i in range(args.runs):
+        writer = None
+        if args.mllog and is_writer():
+            from flopcount.measure.harness.mllog import MLLogWriter
+
+            writer = MLLogWriter(mllog_path(args.mllog, i, args.runs))
+            writer.log("init_start", None, "INTERVAL_START")
+            for key, value in (("submission_benchmark", cfg.workload), ("global_batch_size", cfg.batch_size),
+                               ("seed", cfg.seed + i), ("opt_name", cfg.optimizer), ("opt_base_learning_rate", cfg.lr)):
+                writer.log(key, value)
+            writer.log("init_stop", None, "INTERVAL_END")
+        meter = module.train(cfg, report, run=i, listeners=[writer.on_event] if writer else None, show_progress=show,
+                             parallel=parallel)
+        if device is None:
+            device = meter.device()
+        result = meter.result(device=device)
+        if writer is not None:
+            writer.log("train_samples", result.samples)
+            writer.close()
+        meters.append(result)
+        if show and args.runs > 1:
+            print(f"flopcount: run {i + 1}/{args.runs}: {result.samples_per_s['total'] or 0:.1f} samples/s, "
+                  f"quality {result.quality}", file=sys.stderr)
+    config = cfg.as_dict()
+    config["counting"] = {"convention": report.convention.name, "batch": report.batch,
+                          "flops_per_sample": report.per_sample.flops,
+                          "forward_flops_per_sample": report.forward.flops / report.batch,
+                          "trainable_params": report.trainable_params,
+                          "optimizer": report.optimizer[0] if report.optimizer else None,
+                          "loss": "not counted (outside the model graph)"}
+    config["runs"] = args.runs
+    config["scale_out"] = {"launcher": ranks.launcher, "backend": ranks.backend, "ranks": ranks.world_size,
+                           "models": args.ensemble, "ranks_per_model": ranks.world_size // args.ensemble,
+                           "batch_size": "per rank"}
+    doc = bench_report(meters, describe_system(device), config)
+    if is_writer():
+        if args.output:
+            write_output(dumps(doc), args.output)
+        write_output(dumps(doc) if args.format == "json" and not args.output else report_table(doc), None)
+    if cfg.target_quality is not None and not all(r.time_to_quality_s is not None for r in meters):
+        missed = [i for i, r in enumerate(meters) if r.time_to_quality_s is None]
+        print(f"flopcount: run(s) {', '.join(map(str, missed))} did not reach the target quality "
+              f"{cfg.target_quality:g} within {cfg.max_epochs} epochs (raise --epochs or lower --target-quality)",
+              file=sys.stderr)
+        return EXIT_QUALITY_NOT_REACHED
+    return 0

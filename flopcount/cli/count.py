@@ -1,0 +1,101 @@
+"""The counting command, ``flopcount MODEL``: count a model's FLOPs and render the report."""
+
+from __future__ import annotations
+
+import argparse
+
+from flopcount.conventions import CONVENTIONS
+from flopcount.render import FORMATS, render
+
+from .arguments import InputShapes, count_keras, count_torch, input_shape, input_value, loop_trips, positive, weights
+from .console import write_output
+
+__all__ = ["build_parser", "run"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from flopcount import __version__
+
+    p = argparse.ArgumentParser(
+        prog="flopcount",
+        description="Count the FLOPs of an ONNX model analytically, from its graph, without reading weights. "
+        "Measuring subcommands: flopcount bench|profile|ceilings|roofline|crosscheck --help.",
+        epilog="Exit codes: 0 ok, 1 internal error, 2 usage, 3 unreadable model file, 4 invalid graph, "
+        "5 unresolved or invalid shapes, 6 unsupported operators with --strict, 7 opset too new, 8 cannot write output, "
+        "9 the --torch or --keras model cannot be exported, 10 a benchmark did not reach its target quality, "
+        "11 a device, runtime or tool is missing, 12 a measurement cannot be made or read.",
+    )
+    p.add_argument("model", nargs="?",
+                   help="path of an .onnx model (external weight files are never read and may be absent)")
+    p.add_argument("--torch", metavar="MODULE:FACTORY",
+                   help="instead of a model file, export the torch.nn.Module that FACTORY() returns (no weights "
+                   "loaded; exports are cached in $FLOPCOUNT_CACHE or ~/.cache/flopcount); --input-shape gives "
+                   "forward()'s inputs by parameter name, e.g. --torch mypkg.nets:make_net --input-shape "
+                   "x=1x3x224x224, or input_ids=1x128:int64; the factory's arguments, as Python literals, may follow "
+                   "it as a call: --torch 'torchvision.models:resnet50(weights=None)'")
+    p.add_argument("--keras", metavar="MODULE:FACTORY",
+                   help="instead of a model file, convert the keras.Model that FACTORY() returns with tf2onnx "
+                   "(conversions are cached like --torch exports); --input-shape fixes or overrides the model's "
+                   "input dims, NHWC for image models (default: its own shapes at batch 1), e.g. --keras "
+                   "mypkg.nets:make_net --input-shape image=8x224x224x3; arguments as for --torch: "
+                   "--keras 'keras.applications:MobileNetV3Small(weights=None)' (a factory that would load "
+                   "weights by default is refused until weights=None is given)")
+    p.add_argument("--input-shape", metavar="NAME=DIMS", action=InputShapes, type=input_shape, default=[],
+                   help="fix the dims of an input, e.g. input=8x3x224x224 (repeatable); with --torch, NAME is a "
+                   "parameter of forward() and a :DTYPE suffix gives its element type, e.g. input_ids=1x128:int64")
+    p.set_defaults(input_dtypes={})
+    p.add_argument("--trainable-input", metavar="NAME", action="append", default=[],
+                   help="with --mode train: a floating-point input that is trained, not data (its gradient is "
+                   "counted, and it is updated like a parameter); repeatable")
+    p.add_argument("--trainable", metavar="PATTERN", action="append",
+                   help="with --mode train: the weights that are trained, by name or shell pattern (e.g. "
+                   "'decoder.*'; repeatable); the others are not trained (default: the framework's trainable "
+                   "parameters with --torch/--keras, else every tensor the graph uses as a weight)")
+    p.add_argument("--frozen", metavar="PATTERN", action="append",
+                   help="with --mode train: weights that are not trained, by name or shell pattern (e.g. "
+                   "'backbone.*'; repeatable): no weight gradient, no update, no backward below the first "
+                   "trained layer")
+    p.add_argument("--input-value", metavar="NAME=V1,V2", action="append", type=input_value, default=[],
+                   help="value of a small integer input that shapes depend on (axes, sizes), e.g. axes=1,2 (repeatable)")
+    p.add_argument("--loop-trips", metavar="NODE=N", action="append", type=loop_trips, default=[],
+                   help="trip count of a Loop (or sequence length of a SequenceMap) the graph does not fix (repeatable)")
+    p.add_argument("--batch", type=positive, metavar="N",
+                   help="set dim 0 of every input not given by --input-shape; per-sample figures divide by it")
+    p.add_argument("--convention", choices=sorted(CONVENTIONS), default="default",
+                   help="counting convention: default (1 MAC = 2 FLOPs), table3 (HPC AI500 V3.0 Table 3 literally), "
+                        "aiperf (AIPerf's weighted costs), dense (products only, as torch.utils.flop_counter), macs (1 per MAC)")
+    p.add_argument("--mode", choices=("inference", "train"), default="inference",
+                   help="train: add the backward pass (gradients of inputs and trainable parameters)")
+    p.add_argument("--optimizer", choices=("sgd", "momentum", "adam"),
+                   help="with --mode train: also the optimizer step's FLOPs, reported apart")
+    p.add_argument("--per-node", action="store_true", help="also list every node with its shapes and cost")
+    p.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
+    p.add_argument("--plot", metavar="FILE", help="also draw FLOPs by op type to FILE (.png, .svg or .pdf; needs "
+                   "matplotlib)")
+    p.add_argument("--strict", action="store_true", help="fail (exit 6) when any operator has no formula")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more diagnostics on stderr (-vv: debug)")
+    p.add_argument("--version", action="version", version=f"flopcount {__version__}")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Count the model of ``args`` and write its report; 0 on success."""
+    from flopcount.counting import count
+
+    shapes = dict(args.input_shape)
+    if args.torch:
+        report = count_torch(args)
+    elif args.keras:
+        report = count_keras(args)
+    else:
+        report = count(args.model, input_shapes=shapes, batch=args.batch, convention=args.convention,
+                       strict=args.strict, input_values=dict(args.input_value),
+                       loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer,
+                       trainable_inputs=args.trainable_input, **weights(args))
+    if args.plot:
+        from flopcount.measure.profile.roofline import plot_op_types
+
+        plot_op_types(report, args.plot)
+    write_output(render(report, args.format, args.per_node), args.output)
+    return 0

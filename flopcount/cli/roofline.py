@@ -1,0 +1,76 @@
+"""``flopcount roofline``: the HPC-AI roofline of a harness run, or the per-operator roofline of a model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from flopcount.errors import UsageError
+
+from .arguments import add_model_source, given_model, model_source, positive
+from .console import write_output
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="flopcount roofline",
+        description="HPC-AI roofline (HPC AI500 V2.0): flopcount roofline --ceilings c.json --run run.json places "
+        "each run at its communication operation intensity (FLOPs / byte communicated) and FLOPS. Per-operator "
+        "roofline: flopcount roofline model.onnx (or --profile p.json) places each node at its arithmetic "
+        "intensity and, when profiled, its measured FLOP/s.",
+    )
+    add_model_source(p, "an .onnx model (or --torch/--keras): per-operator roofline from its count (not measured)")
+    p.add_argument("--ceilings", metavar="FILE", help="ceilings JSON from flopcount ceilings (per-operator roofline "
+                   "default: this CPU's cached GEMM and copy ceilings)")
+    p.add_argument("--run", metavar="FILE", help="a flopcount bench report (or meter.to_json run): HPC-AI roofline")
+    p.add_argument("--profile", metavar="FILE", help="a flopcount profile --format json report: per-operator "
+                   "roofline at measured FLOP/s")
+    p.add_argument("--batch", type=positive, metavar="N", help="with a model: dim 0 of every input")
+    p.add_argument("--plot", metavar="FILE", help="draw the roofline to FILE (.png, .svg or .pdf; needs matplotlib)")
+    p.add_argument("--format", choices=("table", "json"), default="table", help="text output format")
+    p.add_argument("-o", "--output", metavar="FILE", help="write the text output to FILE instead of stdout")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more diagnostics on stderr")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from flopcount.measure.profile import roofline as rl
+    from flopcount.measure.machine.ceilings import default_ceilings, load_ceilings
+
+    sources = [s for s in (args.run and "--run", args.profile and "--profile", given_model(args) and "a model") if s]
+    if len(sources) != 1:
+        raise UsageError("give one of --run FILE (HPC-AI roofline), --profile FILE or a model path (per-operator "
+                         f"roofline){'; got ' + ' and '.join(sources) if sources else ''}")
+    if args.run:
+        if not args.ceilings:
+            raise UsageError("--run needs --ceilings FILE (write it with flopcount ceilings -o FILE, under torchrun "
+                             "for the all-reduce bandwidth)")
+        ceilings = load_ceilings(args.ceilings)
+        runs = rl.run_points(rl.read_json(args.run, "run report"), args.run)
+        first = runs[0]
+        roof = rl.hpcai_roofline(ceilings, first.ranks, first.nodes, first.threads)
+        points = [rl.Point(r.label, r.coi, r.flops) for r in runs]
+    else:
+        ceilings = load_ceilings(args.ceilings) if args.ceilings else default_ceilings()
+        roof = rl.operator_roofline(ceilings)
+        if args.profile:
+            points = rl.profile_points(rl.read_json(args.profile, "profile"), args.profile)
+        else:
+            from flopcount import count
+
+            model, shapes = model_source(args)
+            points = rl.report_points(count(model, input_shapes=shapes, batch=args.batch))
+    if args.plot:
+        rl.plot_roofline(roof, points, args.plot)
+    if args.format == "json":
+        text = json.dumps(rl.to_dict(roof, points), indent=2) + "\n"
+    else:
+        text = rl.describe(roof, points)
+        if not args.run:
+            memory = sorted({p.label.rsplit(" (", 1)[-1].rstrip(")") for p in points
+                             if roof.bound(p.intensity) == "memory"})
+            text += "Memory-bound operator types: " + (", ".join(memory) or "none") + "\n"
+        if args.plot:
+            text += f"Plot: {args.plot}\n"
+    write_output(text, args.output)
+    return 0

@@ -1,0 +1,76 @@
+"""Keras: :class:`MeterCallback` runs :class:`flopcount.Meter` around ``model.fit``.
+
+>>> from flopcount.measure.keras import MeterCallback  # doctest: +SKIP
+>>> cb = MeterCallback(batch_size=64, monitor="val_accuracy", target_quality=0.95, quality_exponent=5)
+>>> model.fit(x, y, batch_size=64, epochs=10, validation_data=(xv, yv), callbacks=[cb])  # doctest: +SKIP
+>>> print(cb.meter.summary())  # doctest: +SKIP
+
+The model is counted once, when training begins, through :func:`flopcount.from_keras` in training mode at
+``batch_size`` (unless ``flops_per_sample=`` is given). Steps are timed from ``on_train_batch_begin`` to
+``on_train_batch_end`` on the host clock (Keras returns from a training step once its results are ready), epochs
+from ``on_epoch_begin`` to ``on_epoch_end``, and the ``monitor`` entry of each epoch's logs is the quality.
+Keras hooks do not say how many samples a batch held: every batch counts ``batch_size`` samples, except the last
+of an epoch when ``samples_per_epoch=`` is given (then the remainder). ``result`` holds the
+:class:`flopcount.RunResult` after training.
+
+Needs Keras 3 with TensorFlow and tf2onnx (``pip install tensorflow-cpu "flopcount[tf]"``); importing this module
+imports keras.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+
+from flopcount.measure.harness.meter import Meter
+
+
+class MeterCallback(keras.callbacks.Callback):
+    def __init__(self, batch_size: int, *, flops_per_sample: float | None = None, monitor: str | None = None,
+                 samples_per_epoch: int | None = None, **meter_kwargs: Any) -> None:
+        super().__init__()
+        self.batch_size = batch_size
+        self.flops_per_sample = flops_per_sample
+        self.monitor = monitor
+        self.samples_per_epoch = samples_per_epoch
+        self.meter_kwargs = meter_kwargs
+        self.meter: Meter | None = None
+        self.result = None
+        self._step = None
+        self._seen = 0
+
+    def on_train_begin(self, logs=None) -> None:
+        kwargs = dict(self.meter_kwargs)
+        kwargs.setdefault("device", "cpu")
+        if self.flops_per_sample is not None:
+            self.meter = Meter(flops_per_sample=self.flops_per_sample, **kwargs)
+        else:
+            from flopcount.frontends.keras import from_keras
+
+            self.meter = Meter(from_keras(self.model, batch=self.batch_size, mode="train"), **kwargs)
+
+    def on_epoch_begin(self, epoch, logs=None) -> None:
+        self._seen = 0
+        self.meter.epoch_start()
+
+    def on_train_batch_begin(self, batch, logs=None) -> None:
+        samples = self.batch_size
+        if self.samples_per_epoch is not None:
+            samples = max(0, min(samples, self.samples_per_epoch - self._seen))
+        self._seen += samples
+        self._step = self.meter.step(samples=samples)
+        self._step.__enter__()
+
+    def on_train_batch_end(self, batch, logs=None) -> None:
+        if self._step is not None:
+            self._step.__exit__(None, None, None)
+            self._step = None
+
+    def on_epoch_end(self, epoch, logs=None) -> None:
+        self.meter.epoch_end()
+        if self.monitor is not None and logs and self.monitor in logs:
+            self.meter.quality(float(logs[self.monitor]), epoch=epoch + 1)
+
+    def on_train_end(self, logs=None) -> None:
+        self.result = self.meter.result()

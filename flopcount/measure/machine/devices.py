@@ -1,0 +1,307 @@
+"""Devices and their peaks: which device runs the work, and the dense peak FLOP/s of each dtype on it.
+
+One description of a device serves the harness (MFU), ``flopcount ceilings``, the rooflines and the Nsight
+cross-check. Peaks are **dense** (no 2:4 structured sparsity) vendor figures, each with its source; a device missing
+from the table gets no peak at all (``peak_flops=`` / ``--peak-flops`` gives one), never another device's.
+
+Recognition is by the name the driver reports, split into words, so that ``L40S`` is never read as ``L4`` and
+``H100 NVL`` never as ``H100 SXM``; the SM count confirms the variant, and a device with fewer SMs than its table
+entry (a MIG slice) gets the entry's peak scaled by its share of SMs, which the source line says.
+
+>>> gpu_entry("NVIDIA L40S").key, gpu_entry("NVIDIA L4").key
+('L40S', 'L4')
+>>> gpu_entry("NVIDIA H100 NVL").peaks["bf16"] / 1e12
+835.5
+>>> gpu_entry("NVIDIA GeForce GTX 1080") is None
+True
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import re
+from dataclasses import dataclass, field
+from typing import Mapping
+
+#: The dtypes a peak can be given for, in the order reports list them.
+DTYPES = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8")
+
+T = 1e12
+
+
+@dataclass(frozen=True)
+class GpuEntry:
+    """One row of the peak table: dense peaks per dtype in FLOP/s (int8 in OP/s), for a part whose name the driver
+    reports with all of ``words`` (and none of ``without``), at ``sms`` streaming multiprocessors."""
+
+    key: str
+    words: tuple[str, ...]
+    sms: int
+    peaks: Mapping[str, float]
+    source: str
+    without: tuple[str, ...] = ()
+
+
+def _dense(**tflops: float) -> dict[str, float]:
+    return {k: v * T for k, v in tflops.items()}
+
+
+# Sources are NVIDIA's product datasheets and architecture whitepapers. Where a datasheet gives tensor-core figures
+# "with sparsity" only, the dense figure is half of it, as the datasheets' footnotes state; the source says so.
+# fp64 is the tensor-core FP64 rate where the part has one (A100, H100, H200, B200), else the CUDA-core rate. The
+# bf16/fp16 figures of GeForce cards are their FP32-accumulate rate (what training uses), which is half of the
+# FP16-accumulate rate that product pages quote.
+GPUS: tuple[GpuEntry, ...] = (
+    GpuEntry("B200", ("b200",), 148, _dense(fp64=37, fp32=75, tf32=1125, bf16=2250, fp16=2250, fp8=4500, int8=4500),
+             "NVIDIA HGX B200 datasheet (per GPU; tensor figures half of the with-sparsity ones)"),
+    GpuEntry("H200 NVL", ("h200", "nvl"), 132,
+             _dense(fp64=60, fp32=60, tf32=417.5, bf16=835.5, fp16=835.5, fp8=1670.5, int8=1670.5),
+             "NVIDIA H200 NVL datasheet (tensor figures half of the with-sparsity ones)"),
+    GpuEntry("H200 SXM", ("h200",), 132,
+             _dense(fp64=66.9, fp32=66.9, tf32=494.7, bf16=989.4, fp16=989.4, fp8=1978.9, int8=1978.9),
+             "NVIDIA H200 datasheet, SXM (tensor figures half of the with-sparsity ones)", without=("nvl",)),
+    GpuEntry("H100 NVL", ("h100", "nvl"), 132,
+             _dense(fp64=60, fp32=60, tf32=417.5, bf16=835.5, fp16=835.5, fp8=1670.5, int8=1670.5),
+             "NVIDIA H100 NVL datasheet, per GPU (tensor figures half of the with-sparsity ones)"),
+    GpuEntry("H100 PCIe", ("h100", "pcie"), 114,
+             _dense(fp64=51, fp32=51, tf32=378, bf16=756, fp16=756, fp8=1513, int8=1513),
+             "NVIDIA H100 datasheet, PCIe (tensor figures half of the with-sparsity ones)"),
+    GpuEntry("H100 SXM", ("h100",), 132,
+             _dense(fp64=66.9, fp32=66.9, tf32=494.7, bf16=989.4, fp16=989.4, fp8=1978.9, int8=1978.9),
+             "NVIDIA H100 datasheet, SXM5 (tensor figures half of the with-sparsity ones)", without=("nvl", "pcie")),
+    GpuEntry("A100 SXM", ("a100", "sxm4"), 108, _dense(fp64=19.5, fp32=19.5, tf32=156, bf16=312, fp16=312, int8=624),
+             "NVIDIA A100 datasheet (dense tensor figures)"),
+    GpuEntry("A100 PCIe", ("a100", "pcie"), 108, _dense(fp64=19.5, fp32=19.5, tf32=156, bf16=312, fp16=312, int8=624),
+             "NVIDIA A100 datasheet (dense tensor figures)"),
+    GpuEntry("A100", ("a100",), 108, _dense(fp64=19.5, fp32=19.5, tf32=156, bf16=312, fp16=312, int8=624),
+             "NVIDIA A100 datasheet (dense tensor figures; SXM and PCIe parts have the same peaks)"),
+    GpuEntry("L40S", ("l40s",), 142, _dense(fp32=91.6, tf32=183, bf16=366.5, fp16=366.5, fp8=733, int8=733),
+             "NVIDIA L40S datasheet (tensor figures half of the with-sparsity ones)"),
+    GpuEntry("L40", ("l40",), 142, _dense(fp32=90.5, tf32=90.5, bf16=181.05, fp16=181.05, fp8=362, int8=362),
+             "NVIDIA L40 datasheet (dense tensor figures)"),
+    GpuEntry("L4", ("l4",), 58, _dense(fp32=30.3, tf32=60, bf16=121, fp16=121, fp8=242.5, int8=242.5),
+             "NVIDIA L4 datasheet (tensor figures half of the with-sparsity ones)"),
+    GpuEntry("A10", ("a10",), 72, _dense(fp32=31.2, tf32=62.5, bf16=125, fp16=125, int8=250),
+             "NVIDIA A10 datasheet (dense tensor figures)"),
+    GpuEntry("V100 SXM2", ("v100", "sxm2"), 80, _dense(fp64=7.8, fp32=15.7, fp16=125),
+             "NVIDIA V100 datasheet, SXM2 (fp16 tensor cores; no bf16/tf32)"),
+    GpuEntry("V100 PCIe", ("v100", "pcie"), 80, _dense(fp64=7, fp32=14, fp16=112),
+             "NVIDIA V100 datasheet, PCIe (fp16 tensor cores; no bf16/tf32)"),
+    GpuEntry("T4", ("t4",), 40, _dense(fp32=8.1, fp16=65, int8=130),
+             "NVIDIA T4 datasheet (fp16 mixed precision; no bf16/tf32)"),
+    GpuEntry("RTX 4090", ("rtx", "4090"), 128, _dense(fp32=82.6, tf32=82.6, bf16=165.2, fp16=165.2, fp8=330.3, int8=660.6),
+             "NVIDIA Ada Lovelace architecture whitepaper, GeForce RTX 4090 (dense; bf16/fp16/fp8 with FP32 accumulate)"),
+    GpuEntry("RTX 6000 Ada", ("rtx", "6000", "ada"), 142,
+             _dense(fp32=91.1, tf32=182.1, bf16=364.2, fp16=364.2, fp8=728.5, int8=728.5),
+             "NVIDIA RTX 6000 Ada Generation datasheet (tensor figures half of the with-sparsity ones)"),
+    GpuEntry("RTX A6000", ("rtx", "a6000"), 84, _dense(fp32=38.7, tf32=77.4, bf16=154.8, fp16=154.8, int8=309.7),
+             "NVIDIA RTX A6000 datasheet (tensor figures half of the with-sparsity ones)"),
+    GpuEntry("RTX 3090", ("rtx", "3090"), 82, _dense(fp32=35.6, tf32=35.6, bf16=71, fp16=71, int8=284),
+             "NVIDIA Ampere GA102 whitepaper, GeForce RTX 3090 (dense; bf16/fp16 with FP32 accumulate)"),
+)
+
+
+def _words(name: str) -> tuple[str, ...]:
+    return tuple(w for w in re.split(r"[^a-z0-9]+", name.lower()) if w)
+
+
+def gpu_entry(name: str) -> GpuEntry | None:
+    """The table row of the GPU the driver calls ``name``, or None when the table does not know it.
+
+    Every word of an entry must appear as a whole word of the name (``"l4"`` does not match ``"l40s"``); the
+    entry with the most words that match wins, so ``H100 NVL`` beats ``H100``.
+    """
+    words = set(_words(name))
+    best: GpuEntry | None = None
+    for entry in GPUS:
+        if all(w in words for w in entry.words) and not any(w in words for w in entry.without):
+            if best is None or len(entry.words) > len(best.words):
+                best = entry
+    return best
+
+
+@dataclass(frozen=True)
+class Peak:
+    """A peak in FLOP/s and where it comes from; ``flops_per_s`` is None when it is not known, with the reason in
+    ``source``."""
+
+    flops_per_s: float | None
+    source: str
+
+
+@dataclass(frozen=True)
+class Device:
+    """The device that runs the work, as reports describe it.
+
+    ``kind`` is ``"cpu"`` or ``"cuda"``; ``peaks`` maps a dtype to its :class:`Peak` (only the dtypes the source
+    knows); ``details`` holds what was read (SM count, memory, compute capability, driver, CPU cores ...).
+    """
+
+    kind: str
+    name: str
+    index: int | None = None
+    peaks: Mapping[str, Peak] = field(default_factory=dict)
+    details: Mapping[str, object] = field(default_factory=dict)
+    table_entry: str | None = None
+
+    def peak(self, dtype: str) -> Peak:
+        """The peak of ``dtype``, or a Peak of None saying why there is none."""
+        if dtype in self.peaks:
+            return self.peaks[dtype]
+        if self.kind == "cuda" and self.table_entry is None:
+            return Peak(None, f"unknown device {self.name!r}: no peak in flopcount's table; give peak_flops= "
+                        "(--peak-flops) from its datasheet")
+        return Peak(None, f"{self.name} has no {dtype} peak (the device does not run {dtype}, or it was not "
+                    "measured); give peak_flops= (--peak-flops)")
+
+    def as_dict(self) -> dict:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "index": self.index,
+            "table_entry": self.table_entry,
+            "peaks": {k: {"flops_per_s": p.flops_per_s, "source": p.source} for k, p in self.peaks.items()},
+            "details": dict(self.details),
+        }
+
+
+def cuda_device(index: int | None = None) -> Device:
+    """Describe CUDA device ``index`` (the current one by default) from torch's properties and the peak table."""
+    import torch
+
+    from flopcount.errors import DeviceError
+
+    if not torch.cuda.is_available():
+        raise DeviceError("--device cuda: torch sees no CUDA device (a CPU build of torch, no driver, or "
+                          "CUDA_VISIBLE_DEVICES is empty); use --device cpu or install a CUDA build of torch")
+    index = torch.cuda.current_device() if index is None else index
+    props = torch.cuda.get_device_properties(index)
+    details: dict[str, object] = {
+        "sm_count": props.multi_processor_count,
+        "memory_bytes": props.total_memory,
+        "compute_capability": f"{props.major}.{props.minor}",
+        "cuda_runtime": torch.version.cuda,
+    }
+    details.update(_nvml_details(index))
+    return gpu_device(props.name, props.multi_processor_count, index, details)
+
+
+def gpu_device(name: str, sm_count: int | None, index: int | None = None,
+               details: Mapping[str, object] | None = None) -> Device:
+    """A GPU's :class:`Device` from its name and SM count: the table's peaks, scaled by ``sm_count / entry SMs``
+    when the device has fewer SMs than its entry (a MIG slice)."""
+    entry = gpu_entry(name)
+    if entry is not None and sm_count is not None and sm_count > entry.sms:
+        entry = None  # more SMs than the part the name matched: another part, whose peak the table does not know
+    peaks: dict[str, Peak] = {}
+    if entry is not None:
+        share = (sm_count or entry.sms) / entry.sms
+        for dtype, value in entry.peaks.items():
+            if abs(share - 1) < 1e-9:
+                peaks[dtype] = Peak(value, entry.source)
+            else:
+                peaks[dtype] = Peak(value * share, f"{entry.source}, scaled by {sm_count}/{entry.sms} SMs "
+                                    "(a MIG slice or a cut-down part)")
+    return Device("cuda", name, index, peaks, dict(details or {}), entry.key if entry else None)
+
+
+def _nvml_details(index: int) -> dict[str, object]:
+    """Driver version and max SM clock from NVML when nvidia-ml-py is installed; nothing otherwise."""
+    try:
+        import pynvml  # the module that nvidia-ml-py installs
+    except ImportError:
+        return {}
+    try:
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        out: dict[str, object] = {"driver": pynvml.nvmlSystemGetDriverVersion()}
+        out["max_sm_clock_mhz"] = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM)
+        return out
+    except Exception:  # NVML absent or refused: the details are optional
+        return {}
+
+
+def cpu_name() -> str:
+    """The CPU model name from /proc/cpuinfo (Linux), else what :mod:`platform` says."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def cpu_cores() -> int:
+    """Cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def cpu_device(peaks: Mapping[str, Peak] | None = None) -> Device:
+    """Describe this CPU, with ``peaks`` per dtype as given. A CPU's peak is a measurement, never a datasheet
+    figure, and describing a device never starts one: :func:`flopcount.measure.machine.ceilings.measured_cpu_device`
+    measures (or reads the cached) GEMM ceiling and passes it in here. Without ``peaks`` the peaks are absent."""
+    details: dict[str, object] = {"cores": cpu_cores(), "logical_cpus": os.cpu_count(), "machine": platform.machine()}
+    theoretical = theoretical_cpu_peak()
+    details["theoretical_fp32_peak"] = {"flops_per_s": theoretical.flops_per_s, "source": theoretical.source}
+    return Device("cpu", cpu_name(), None, dict(peaks or {}), details)
+
+
+def theoretical_cpu_peak() -> Peak:
+    """cores × frequency × vector lanes × 2 (FMA) × FMA units, only when every factor is known.
+
+    Linux exposes the core count, the vector extensions (cpuinfo flags) and often the maximum frequency, but not
+    the number of FMA units per core, so this is given only when ``FLOPCOUNT_CPU_FMA_UNITS`` says it (1 or 2 on
+    current x86 parts; see the vendor's optimisation manual).
+    """
+    units = os.environ.get("FLOPCOUNT_CPU_FMA_UNITS")
+    freq = _cpu_max_hz()
+    lanes = _fp32_lanes()
+    missing = [what for what, v in (("maximum frequency (cpufreq)", freq), ("vector width (cpuinfo flags)", lanes),
+                                    ("FMA units per core (FLOPCOUNT_CPU_FMA_UNITS)", units)) if not v]
+    if missing:
+        return Peak(None, "not known: " + ", ".join(missing) + " cannot be read on this machine")
+    value = cpu_cores() * freq * lanes * 2 * int(units)
+    return Peak(value, f"{cpu_cores()} cores x {freq / 1e9:.2f} GHz x {lanes} fp32 lanes x 2 (FMA) x {units} FMA units")
+
+
+def _cpu_max_hz() -> float | None:
+    try:
+        with open("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq", encoding="ascii") as f:
+            return int(f.read().strip()) * 1e3
+    except (OSError, ValueError):
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def _fp32_lanes() -> int | None:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return None
+    if "avx512f" in flags:
+        return 16
+    if "avx2" in flags or "avx" in flags:
+        return 8
+    if "sse2" in flags:
+        return 4
+    return None
+
+
+def describe(device: str = "cpu", peaks: Mapping[str, Peak] | None = None) -> Device:
+    """The :class:`Device` for ``"cpu"`` (with ``peaks`` as given), ``"cuda"`` or ``"cuda:N"``."""
+    from flopcount.errors import UsageError
+
+    if device == "cpu":
+        return cpu_device(peaks)
+    if device == "cuda" or device.startswith("cuda:"):
+        index = int(device.split(":", 1)[1]) if ":" in device else None
+        return cuda_device(index)
+    raise UsageError(f"device {device!r}: expected cpu, cuda or cuda:N")

@@ -1,0 +1,130 @@
+"""Measured time and FLOP/s per operator: the counted graph run through onnxruntime's profiler.
+
+The model is counted (:func:`flopcount.count`), then run by onnxruntime on the same fixed shapes: warm-up runs,
+then timed runs under the profiler, each node's kernel time the median over the timed runs, and the whole run's
+time measured again without the profiler (``run_time_s``). Each node's analytic FLOPs and the bytes it reads and
+writes (:func:`flopcount.report.node_bytes`) then give its achieved FLOP/s, its arithmetic intensity and whether it
+sits left (memory-bound) or right (compute-bound) of the ridge point of the machine's measured ceilings.
+
+Weights: a model whose initializers are in the file runs with them, and so does one whose external-data files are all
+present beside it (read through onnx's own loader, which refuses locations outside the model's folder; counting
+itself never opens them). Initializers without data (a weightless graph, external data whose files are absent) are
+synthesised from their dims and dtypes into a new in-memory model: floating-point weights uniform in ±1/√fan-in (rank ≥ 2) or in [0.5, 1.5) (scales, variances), integer and
+boolean ones zero. Small integer tensors that shapes depend on are inline in the file and kept exactly.
+
+Graph optimisations are off by default, so every executed node is a graph node. With ``optimize="basic"`` or
+``"all"`` onnxruntime fuses nodes; each executed node is then attributed the graph nodes it replaced (their FLOPs
+summed, the bytes crossing the group's boundary), and ``covers`` lists them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+from typing import Mapping
+
+from flopcount.errors import MeasurementError, UsageError
+from flopcount.report import op_key
+
+from .attribution import attribute, bound_of, by_op_type, ceiling_dtype, group_bytes
+from .records import NodeProfile, Profile
+from .runnable import make_inputs, runnable_model
+from .session import OPTIMIZE_LEVELS, import_ort, open_session, parse_profile, run_session
+
+__all__ = ["profile"]
+
+
+def profile(source, input_shapes: Mapping[str, tuple[int, ...]] | None = None, batch: int | None = None,
+            provider: str = "cpu", optimize: str = "none", warmup: int = 2, runs: int = 5, ceilings=None,
+            threads: int | None = None, input_values: Mapping[str, list[int]] | None = None) -> Profile:
+    """Count ``source`` (a path or ModelProto), run it with onnxruntime's profiler and return a :class:`Profile`.
+
+    ``ceilings`` (a :class:`~flopcount.measure.machine.ceilings.Ceilings`) decide compute/memory bound; None measures
+    this CPU's (cached) GEMM and copy ceilings.
+    """
+    from flopcount import count
+
+    if optimize not in OPTIMIZE_LEVELS:
+        raise UsageError(f"--optimize {optimize!r}: expected one of {', '.join(OPTIMIZE_LEVELS)}")
+    if warmup < 0 or runs < 1:
+        raise UsageError(f"--warmup must be >= 0 and --runs >= 1 (got {warmup} and {runs})")
+    ort = import_ort(provider)
+    report = count(source, input_shapes=dict(input_shapes or {}), batch=batch, input_values=dict(input_values or {}))
+    where = report.model.path or "<model>"
+    model, names, weights = runnable_model(source, report)
+    counted = {n.index: n for n in report.nodes}  # graph position -> its count (names repeat; positions do not)
+    feeds = make_inputs(report)
+    if ceilings is None:
+        from flopcount.measure.machine.ceilings import default_ceilings
+
+        ceilings = default_ceilings()
+    try:
+        model_bytes = model.SerializeToString()
+    except ValueError:  # protobuf's 2 GB limit
+        raise MeasurementError(f"{where}: with its weights the model is over 2 GB, more than onnxruntime takes from "
+                               "memory; profile a smaller --batch or a smaller variant") from None
+    notes: list[str] = []
+    if weights["synthesized"]:
+        notes.append(f"{weights['synthesized']} initializers without data were synthesised (random values of their "
+                     "dims and dtypes); times do not depend on the values")
+    with tempfile.TemporaryDirectory(prefix="flopcount-profile-") as tmp:
+        optimized_path = os.path.join(tmp, "optimized.onnx") if optimize != "none" else None
+        session = open_session(ort, model_bytes, provider, optimize, os.path.join(tmp, "ort"), optimized_path, threads,
+                           where)
+        plain = open_session(ort, model_bytes, provider, optimize, threads=threads, where=where)
+        # Profiled and plain runs alternate, so that both see the same machine (other load, clocks).
+        times = []
+        for k in range(warmup + runs):
+            run_session(session, feeds, where)
+            t0 = time.perf_counter()
+            run_session(plain, feeds, where)
+            if k >= warmup:
+                times.append(time.perf_counter() - t0)
+        run_time = statistics.median(times)
+        trace = session.end_profiling()
+        try:
+            with open(trace, encoding="utf-8") as f:
+                events = json.load(f)
+        except (OSError, ValueError) as e:
+            raise MeasurementError(f"onnxruntime's profile {trace} cannot be read ({e})") from None
+        groups: dict[str, list[int]]
+        executed_ops: dict[str, str]
+        if optimized_path:
+            import onnx
+
+            optimized = onnx.load(optimized_path, load_external_data=False)
+            groups = attribute(model.graph.node, names, optimized.graph)
+            executed_ops = {n.name: op_key(n.domain, n.op_type) for n in optimized.graph.node}
+            notes.append(f"graph optimisations '{optimize}': {len(optimized.graph.node)} executed nodes for "
+                         f"{len(report.nodes)} graph nodes; each row lists the graph nodes it runs")
+        else:
+            groups = {name: [i] for i, name in enumerate(names)}
+            executed_ops = {name: counted[i].op_type for i, name in enumerate(names)}
+    per_run, profiled_runs, providers = parse_profile(events, warmup)
+    if not per_run:
+        raise MeasurementError(f"{where}: onnxruntime's profile holds no timed run; rerun with --runs 3 or more")
+
+    rows: list[NodeProfile] = []
+    for name in executed_ops:
+        members = [counted[i] for i in groups.get(name, [])]
+        samples = [r[name] for r in per_run if name in r]
+        time_s = statistics.median(samples) if samples else None
+        flops = sum(n.cost.flops for n in members)
+        nbytes = group_bytes(members) if members else None
+        dtype = ceiling_dtype(members)
+        rows.append(NodeProfile(name, executed_ops[name], tuple(n.name for n in members), flops, nbytes, time_s,
+                                bound_of(flops, nbytes, dtype, ceilings), dtype, providers.get(name, "")))
+    executed = set(executed_ops)
+    unattributed = statistics.median(sum(v for k, v in r.items() if k not in executed) for r in per_run)
+    if unattributed > 0:
+        notes.append(f"{unattributed * 1e3:.3f} ms per run in kernels that name no executed node")
+    counted_flops = sum(r.flops for r in rows)
+    if counted_flops != report.forward.flops:
+        notes.append(f"{report.forward.flops - counted_flops:,} FLOPs belong to nodes folded away by optimisation")
+    profiled = statistics.median(sum(r.values()) for r in per_run)
+    return Profile(report.model.path, provider, optimize, report.batch, warmup, runs, run_time, profiled,
+                   report.forward.flops, tuple(rows), by_op_type(rows, ceilings), ceilings, weights, unattributed,
+                   tuple(notes))

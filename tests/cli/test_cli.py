@@ -1,0 +1,132 @@
+"""The command line: formats, -o, --per-node, conventions, the installed console script."""
+
+import csv
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+from helpers import model, weight
+from onnx import helper
+
+from flopcount.cli import main
+
+N = helper.make_node
+
+
+@pytest.fixture
+def mlp_path(save):
+    # x[4, 10] → Gemm(W1[10,20], b1) → Relu → MatMul(W2[20, 3])
+    nodes = [N("Gemm", ["x", "W1", "b1"], ["h"], name="fc1"), N("Relu", ["h"], ["r"], name="act"),
+             N("MatMul", ["r", "W2"], ["y"], name="fc2")]
+    m = model(nodes, {"x": (4, 10)}, ["y"], [weight("W1", (10, 20)), weight("b1", (20,)), weight("W2", (20, 3))])
+    return save(m)
+
+
+GEMM = 2 * 4 * 10 * 20 + 4 * 20
+RELU = 4 * 20
+MATMUL = 2 * 4 * 20 * 3
+TOTAL = GEMM + RELU + MATMUL
+
+
+def run(capsys, *argv):
+    assert main(list(argv)) == 0
+    return capsys.readouterr().out
+
+
+def test_table(capsys, mlp_path):
+    out = run(capsys, mlp_path)
+    assert f"Total FLOPs: {TOTAL:,}" in out
+    assert f"Per-sample FLOPs: {TOTAL // 4:,}" in out
+    assert f"Parameters: {10 * 20 + 20 + 20 * 3:,}" in out
+    assert "Unsupported operators: none" in out
+
+
+def test_json_schema(capsys, mlp_path):
+    doc = json.loads(run(capsys, mlp_path, "--format", "json", "--per-node"))
+    assert doc["schema_version"] == 4
+    assert doc["mode"] == "inference" and doc["backward"]["flops"] == 0 and doc["forward"]["flops"] == TOTAL
+    assert doc["tool"]["name"] == "flopcount" and doc["tool"]["version"]
+    assert doc["model"]["inputs"] == [{"name": "x", "dtype": "float", "shape": [4, 10]}]
+    assert doc["model"]["opsets"] == {"ai.onnx": 18}
+    assert doc["convention"]["name"] == "default"
+    assert doc["batch"] == 4
+    assert doc["total"]["flops"] == TOTAL and doc["total"]["macs"] == 4 * 10 * 20 + 4 * 20 * 3
+    assert doc["total"]["params"] == 10 * 20 + 20 + 20 * 3
+    assert doc["total"]["buffers"] == 0
+    assert doc["per_sample"]["flops"] == TOTAL // 4
+    assert doc["by_op_type"]["Gemm"]["flops"] == GEMM and doc["by_op_type"]["Gemm"]["nodes"] == 1
+    assert doc["by_op_type"]["Relu"]["flops"] == RELU
+    assert doc["unsupported"] == {}
+    fc1 = doc["nodes"][0]
+    assert fc1["name"] == "fc1" and fc1["op_type"] == "Gemm" and fc1["flops"] == GEMM
+    assert fc1["inputs"][1] == {"name": "W1", "dtype": "float", "shape": [10, 20]}
+    assert fc1["outputs"][0]["shape"] == [4, 20]
+
+
+def test_json_without_per_node_has_no_nodes(capsys, mlp_path):
+    assert "nodes" not in json.loads(run(capsys, mlp_path, "--format", "json"))
+
+
+def test_csv_by_op_type_and_per_node(capsys, mlp_path):
+    rows = list(csv.DictReader(io.StringIO(run(capsys, mlp_path, "--format", "csv"))))
+    assert {r["op_type"]: int(r["flops"]) for r in rows} == {"Gemm": GEMM, "Relu": RELU, "MatMul": MATMUL}
+    rows = list(csv.DictReader(io.StringIO(run(capsys, mlp_path, "--format", "csv", "--per-node"))))
+    assert [r["name"] for r in rows] == ["fc1", "act", "fc2"]
+
+
+def test_markdown(capsys, mlp_path):
+    out = run(capsys, mlp_path, "--format", "markdown")
+    assert "| op type" in out and f"- Total FLOPs: {TOTAL:,}" in out
+
+
+def test_per_node_table_lists_shapes(capsys, mlp_path):
+    out = run(capsys, mlp_path, "--per-node")
+    assert "fc1" in out and "4x10, 10x20, 20" in out and "4x20" in out
+
+
+def test_output_file(capsys, mlp_path, tmp_path):
+    target = tmp_path / "r.json"
+    assert run(capsys, mlp_path, "--format", "json", "-o", str(target)) == ""
+    assert json.loads(target.read_text())["total"]["flops"] == TOTAL
+
+
+def test_convention_table3(capsys, mlp_path):
+    doc = json.loads(run(capsys, mlp_path, "--format", "json", "--convention", "table3"))
+    # FC = FLin·FLout per sample, no bias: 4·10·20 + 4·20·3; Relu unchanged
+    assert doc["total"]["flops"] == 4 * 10 * 20 + 4 * 20 * 3 + RELU
+    assert doc["convention"]["name"] == "table3"
+
+
+def test_batch_option_changes_per_sample_divisor(capsys, save):
+    m = model([N("MatMul", ["x", "W"], ["y"])], {"x": ("B", 5)}, ["y"], [weight("W", (5, 7))])
+    doc = json.loads(run(capsys, save(m), "--batch", "3", "--format", "json"))
+    assert doc["batch"] == 3 and doc["total"]["flops"] == 3 * 2 * 5 * 7 and doc["per_sample"]["flops"] == 2 * 5 * 7
+    assert doc["model"]["inputs"][0]["shape"] == [3, 5]
+
+
+def test_console_script_and_module(mlp_path):
+    for cmd in (["flopcount", mlp_path], [sys.executable, "-m", "flopcount", mlp_path]):
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        assert p.returncode == 0 and f"Total FLOPs: {TOTAL:,}" in p.stdout
+
+
+def test_version(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith("flopcount ")
+
+
+@pytest.mark.parametrize(
+    "convention, expected",
+    [
+        # products only: Gemm 2·4·10·20 and MatMul 2·4·20·3 at 2 per MAC; bias and Relu left out
+        pytest.param("dense", 2 * (4 * 10 * 20 + 4 * 20 * 3), id="dense"),
+        pytest.param("macs", 4 * 10 * 20 + 4 * 20 * 3, id="macs"),
+    ],
+)
+def test_product_only_conventions(capsys, mlp_path, convention, expected):
+    doc = json.loads(run(capsys, mlp_path, "--format", "json", "--convention", convention))
+    assert doc["total"]["flops"] == expected
+    assert doc["by_op_type"]["Relu"]["flops"] == 0
+    assert doc["total"]["macs"] == 4 * 10 * 20 + 4 * 20 * 3

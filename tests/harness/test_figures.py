@@ -1,0 +1,90 @@
+"""A run's figures as a pure function of a frozen snapshot: no loop, no device, no torch."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+
+import pytest
+
+from flopcount.measure.harness.figures import RunSnapshot, Window, run_figures
+from flopcount.measure.harness.meter import Meter
+
+
+def snapshot(**changes) -> RunSnapshot:
+    """Two timed windows of 4 steps and 32 samples each, over 2 s and 4 s (16 and 8 samples/s; median 12), one
+    rank, C = 1000 FLOPs per sample of which 400 forward, a peak of 48 000 FLOP/s."""
+    windows = (Window(4, 32, 2.0, (0.5,) * 4, energy_j=100.0, energy_s=2.0),
+               Window(4, 32, 4.0, (1.0,) * 4, energy_j=300.0, energy_s=4.0))
+    base = RunSnapshot(
+        samples=80, steps=10, warmup_steps=2, timer_kind="host", start_how="from the first step", wall_s=7.0,
+        windows=windows, per_rank=({"samples_per_s": 12.0, "step_time_s": 0.75, "samples": 80, "steps": 10},),
+        epochs=((10, 80, 4.0), (10, 80, 2.0)),
+        qualities=({"t_s": 3.0, "value": 0.3, "epoch": 1, "samples": 40},
+                   {"t_s": 6.0, "value": 0.45, "epoch": 2, "samples": 80}),
+        time_to_quality_s=None, target_quality=0.9, quality_exponent=5.0, higher_is_better=True,
+        flops_per_sample=1000.0, flops_per_sample_how="given", forward_flops_per_sample=400.0,
+        optimizer_flops_per_step=None, precision="fp32", precision_how="given", peak_flops=48000.0,
+        peak_source="given", recompute="full", energy_kind="rapl", energy_reason="", energy_min_window_s=1.0)
+    return dataclasses.replace(base, **changes)
+
+
+def test_figures_of_one_rank_are_closed_forms():
+    r = run_figures(snapshot())
+    assert r.samples_per_s["per_rank"] == r.samples_per_s["total"] == 12.0  # median(32/2, 32/4)
+    assert r.samples_per_s["min"] == 8.0 and r.samples_per_s["max"] == 16.0
+    assert r.samples_per_s["variation"] == pytest.approx(4 / 12)  # pstdev(16, 8) / mean
+    assert r.step_time_s == 0.75  # median of four 0.5 s and four 1.0 s steps
+    assert r.timed_steps == 8 and r.timed_samples == 64
+    assert r.flops == 12.0 * 1000  # N x R x C
+    assert r.mfu == pytest.approx(12000 / 48000)
+    assert r.hfu == pytest.approx(0.25 * (1000 + 400) / 1000)  # full recomputation adds a forward pass
+    assert r.quality == 0.45
+    assert r.vflops == pytest.approx(12000 * (0.45 / 0.9) ** 5)
+    assert r.energy_j == 400.0 and r.power_w == pytest.approx(400 / 6)
+    assert r.flops_per_watt == pytest.approx(12000 / (400 / 6))
+    assert r.flops_epoch_form == pytest.approx(statistics.fmean([80 * 1000 / 4.0, 80 * 1000 / 2.0]))
+    assert r.time_to_quality_s is None and r.unavailable["time_to_quality_s"] == "the target 0.9 was not reached"
+    assert r.unavailable["communication"] == "one rank: nothing is communicated"
+    assert r.per_rank == ()  # one rank: not repeated
+
+
+def test_figures_of_two_ranks_sum_their_rates():
+    per_rank = ({"samples_per_s": 12.0}, {"samples_per_s": 6.0})
+    r = run_figures(snapshot(per_rank=per_rank))
+    assert r.ranks == 2 and r.samples_per_s["total"] == 18.0 and r.flops == 18.0 * 1000
+    assert r.samples_per_s["slowest_rank"] == 6.0 and r.samples_per_s["imbalance"] == pytest.approx(12 / 6 - 1)
+    assert r.mfu == pytest.approx(18000 / (2 * 48000))
+    assert r.flops_epoch_form == pytest.approx(statistics.fmean([20000, 40000]) * 2)
+    assert r.unavailable["communication"].startswith("not measured")
+
+
+@pytest.mark.parametrize(("changes", "figure", "reason"), [
+    pytest.param({"windows": (), "per_rank": ({"samples_per_s": None},)}, "samples_per_s", "warm-up",
+                 id="no-timed-window"),
+    pytest.param({"peak_flops": None, "peak_source": "no fp32 peak"}, "mfu", "no fp32 peak", id="no-peak"),
+    pytest.param({"recompute": None}, "hfu", "recompute=", id="recompute-unknown"),
+    pytest.param({"energy_kind": "unavailable", "energy_reason": "no counter"}, "energy_j", "no counter",
+                 id="no-energy-counter"),
+    pytest.param({"energy_min_window_s": 5.0}, "power_w", "lasted 5 s", id="windows-too-short-for-energy"),
+    pytest.param({"qualities": ()}, "vflops", "never called", id="no-quality"),
+    pytest.param({"epochs": ()}, "flops_epoch_form", "no whole epoch", id="no-epoch"),
+])
+def test_a_figure_that_cannot_be_formed_is_none_with_its_reason(changes, figure, reason):
+    r = run_figures(snapshot(**changes))
+    value = r.samples_per_s["total"] if figure == "samples_per_s" else getattr(r, figure)
+    assert value is None and reason in r.unavailable[figure]
+
+
+def test_the_meter_forms_its_result_from_its_snapshot():
+    """The meter's result is the pure function of the snapshot it hands over (a fake clock: 1 s per step)."""
+    ticks = iter(range(1000))
+    meter = Meter(flops_per_sample=1000.0, device="cpu", peak_flops=4000.0, warmup_steps=1, window_steps=2,
+                  energy=False, clock=lambda: float(next(ticks)))
+    for _ in range(5):
+        with meter.step(8):
+            pass
+    result = meter.result()
+    assert run_figures(meter.snapshot()) == result
+    assert math.isclose(result.flops, result.samples_per_s["total"] * 1000.0)

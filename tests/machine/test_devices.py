@@ -1,0 +1,162 @@
+"""Devices and peaks: recognition from the driver's name, dense peaks, MFU's dtype of the work."""
+
+from __future__ import annotations
+
+import pytest
+
+from flopcount.measure.harness import mfu
+from flopcount.measure.machine import ceilings, devices
+from flopcount.measure.machine.devices import Device, Peak, gpu_device, gpu_entry
+
+T = 1e12
+
+
+@pytest.mark.parametrize("name, key", [
+    pytest.param("NVIDIA L40S", "L40S", id="L40S-is-not-L4"),
+    pytest.param("NVIDIA L4", "L4", id="L4"),
+    pytest.param("NVIDIA L40", "L40", id="L40"),
+    pytest.param("NVIDIA H100 80GB HBM3", "H100 SXM", id="H100-SXM"),
+    pytest.param("NVIDIA H100 PCIe", "H100 PCIe", id="H100-PCIe"),
+    pytest.param("NVIDIA H100 NVL", "H100 NVL", id="H100-NVL"),
+    pytest.param("NVIDIA H200", "H200 SXM", id="H200"),
+    pytest.param("NVIDIA H200 NVL", "H200 NVL", id="H200-NVL"),
+    pytest.param("NVIDIA B200", "B200", id="B200"),
+    pytest.param("NVIDIA A100-SXM4-80GB", "A100 SXM", id="A100-SXM"),
+    pytest.param("NVIDIA A100 80GB PCIe", "A100 PCIe", id="A100-PCIe"),
+    pytest.param("NVIDIA A10", "A10", id="A10"),
+    pytest.param("Tesla V100-SXM2-32GB", "V100 SXM2", id="V100"),
+    pytest.param("Tesla T4", "T4", id="T4"),
+    pytest.param("NVIDIA GeForce RTX 4090", "RTX 4090", id="RTX4090"),
+    pytest.param("NVIDIA RTX 6000 Ada Generation", "RTX 6000 Ada", id="RTX6000Ada"),
+    pytest.param("NVIDIA GeForce GTX 1080 Ti", None, id="unknown-GTX1080"),
+    pytest.param("NVIDIA GH200 480GB", None, id="GH200-is-not-H200"),
+    pytest.param("Tesla V100S-PCIE-32GB", None, id="V100S-is-not-V100"),
+])
+def test_recognition(name, key):
+    entry = gpu_entry(name)
+    assert (entry.key if entry else None) == key
+
+
+def test_dense_peaks_not_sparse_nor_fp32_rates():
+    # H100 NVL: the datasheet's 1,671 TFLOPS bf16 is with 2:4 sparsity; dense is half
+    assert gpu_entry("NVIDIA H100 NVL").peaks["bf16"] == pytest.approx(1671 / 2 * T)
+    assert gpu_entry("NVIDIA H100 80GB HBM3").peaks["bf16"] == pytest.approx(989.4 * T)
+    # RTX 4090: bf16 tensor cores with FP32 accumulate run at twice the fp32 rate, not at it
+    rtx = gpu_entry("NVIDIA GeForce RTX 4090").peaks
+    assert rtx["bf16"] == pytest.approx(2 * rtx["fp32"])
+    # every entry: tensor peaks at least the fp32 rate, and a cited source
+    for entry in devices.GPUS:
+        assert entry.source.startswith("NVIDIA")
+        for dtype in ("tf32", "bf16", "fp16"):
+            if dtype in entry.peaks:
+                assert entry.peaks[dtype] >= entry.peaks["fp32"], (entry.key, dtype)
+
+
+def test_an_unknown_device_gets_no_peak_and_a_fix():
+    dev = gpu_device("NVIDIA Future 9000", 200)
+    peak = dev.peak("bf16")
+    assert peak.flops_per_s is None and "unknown device 'NVIDIA Future 9000'" in peak.source
+    assert "peak_flops=" in peak.source
+
+
+def test_mig_slice_is_scaled_by_its_sms_and_a_larger_part_is_unknown():
+    # a 3g.40gb slice of an H100 SXM has 60 of its 132 SMs
+    dev = gpu_device("NVIDIA H100 80GB HBM3 MIG 3g.40gb", 60)
+    assert dev.peak("bf16").flops_per_s == pytest.approx(989.4 * T * 60 / 132)
+    assert "scaled by 60/132 SMs" in dev.peak("bf16").source
+    assert gpu_device("NVIDIA L4", 142).table_entry is None
+
+
+H100 = gpu_device("NVIDIA H100 80GB HBM3", 132)
+
+
+def test_effective_peak_one_dtype_is_that_peak():
+    parts = {"conv": 90.0, "matmul": 5.0, "other": 5.0}
+    p = mfu.effective_peak(H100, mfu.Precision("bf16", "bf16", "given"), parts)
+    assert p.flops_per_s == pytest.approx(989.4 * T) and p.source.startswith("bf16 peak")
+
+
+def test_effective_peak_tf32_convolutions_and_fp32_products():
+    # PyTorch's defaults in fp32: cuDNN convolutions in TF32, matmuls in FP32. Conv work 80 (+ other 10, which
+    # rides with the larger product part), matmul 10: the time at peak is 90/494.7T + 10/66.9T.
+    parts = {"conv": 80.0, "matmul": 10.0, "other": 10.0}
+    p = mfu.effective_peak(H100, mfu.Precision("tf32", "fp32", "flags"), parts)
+    assert p.flops_per_s == pytest.approx(100 / (90 / (494.7 * T) + 10 / (66.9 * T)))
+    assert "90.0% at the tf32 peak" in p.source
+
+
+def test_given_peak_wins():
+    p = mfu.effective_peak(H100, mfu.Precision("bf16", "bf16", "given"), None, peak_flops=123.0)
+    assert (p.flops_per_s, p.source) == (123.0, "given (peak_flops=)")
+
+
+def test_precision_follows_the_tf32_flags():
+    torch = pytest.importorskip("torch")
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = True, False
+        p = mfu.detect_precision("cuda", None, None, None)
+        assert (p.conv, p.matmul) == ("tf32", "fp32") and p.label == "conv tf32, matmul fp32"
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert mfu.detect_precision("cuda", None, None, None).matmul == "tf32"
+        assert mfu.detect_precision("cuda", None, "bf16", None).label == "bf16"  # autocast wins
+        assert mfu.detect_precision("cpu", None, None, None).label == "fp32"  # no TF32 on a CPU
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def test_split_work_reads_families_of_a_training_count():
+    torch = pytest.importorskip("torch")
+    import flopcount
+
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(4 * 3 * 3, 2))
+    report = flopcount.from_torch(net, (2, 3, 5, 5), mode="train", cache_dir=False)
+    parts = mfu.split_work(report)
+    # per sample: conv forward 2*4*9*27 + bias 36, backward dW only (first layer) 2*4*9*27 + dB 36
+    assert parts["conv"] == 2 * (2 * 4 * 9 * 27 + 36)
+    # Gemm 36 -> 2 with bias: forward 2*36*2 + 2; backward dA and dB 2*(2*36*2) + dC 2
+    assert parts["matmul"] == 2 * 36 * 2 + 2 + 2 * (2 * 36 * 2) + 2
+    assert sum(parts.values()) == pytest.approx(report.per_sample.flops)
+
+
+def test_cpu_peak_is_the_measured_gemm_ceiling(monkeypatch, tmp_path):
+    pytest.importorskip("torch")
+    monkeypatch.setenv("FLOPCOUNT_CACHE", str(tmp_path))
+    dev = ceilings.measured_cpu_device()
+    peak = dev.peak("fp32")
+    assert peak.flops_per_s > 0 and peak.source.startswith("measured GEMM ceiling of this cpu")
+    assert list(tmp_path.glob("ceiling-gemm-*.json"))  # cached per machine
+    assert ceilings.measured_cpu_device().peak("fp32") == peak  # read back from the cache
+    assert devices.cpu_device().peaks == {}  # describing the CPU measures nothing
+
+
+def test_theoretical_cpu_peak_needs_every_factor(monkeypatch):
+    monkeypatch.delenv("FLOPCOUNT_CPU_FMA_UNITS", raising=False)
+    assert devices.theoretical_cpu_peak().flops_per_s is None
+    monkeypatch.setenv("FLOPCOUNT_CPU_FMA_UNITS", "2")
+    monkeypatch.setattr(devices, "_cpu_max_hz", lambda: 3.0e9)
+    monkeypatch.setattr(devices, "_fp32_lanes", lambda: 16)
+    monkeypatch.setattr(devices, "cpu_cores", lambda: 4)
+    assert devices.theoretical_cpu_peak().flops_per_s == 4 * 3.0e9 * 16 * 2 * 2
+
+
+@pytest.mark.gpu
+def test_cuda_device_description():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    dev = devices.cuda_device()
+    assert dev.kind == "cuda" and dev.details["sm_count"] == torch.cuda.get_device_properties(0).multi_processor_count
+
+
+@pytest.mark.parametrize("then, now, stale", [
+    pytest.param(None, 0.1, True, id="unknown-load-then"),
+    pytest.param(2.0, 0.2, True, id="busy-then-quiet-now"),
+    pytest.param(2.0, 1.9, False, id="busy-then-busy-now"),
+    pytest.param(0.3, 0.0, False, id="quiet-then"),
+])
+def test_a_ceiling_cached_on_a_busier_machine_is_measured_again(monkeypatch, then, now, stale):
+    from flopcount.measure.machine import ceilings
+
+    monkeypatch.setattr(ceilings, "load_per_core", lambda: now)
+    assert ceilings.measured_busier(then) is stale
