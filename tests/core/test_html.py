@@ -67,9 +67,9 @@ def _chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 
-def _browser(*args: str) -> str:
+def _browser(profile: Path, *args: str) -> str:
     cmd = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-           "--user-data-dir=" + str(Path(args[-1]).parent / "profile"), *args]
+           f"--user-data-dir={profile}", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
 
 
@@ -83,7 +83,7 @@ def test_example_report_in_a_real_browser(tmp_path, script):
         html = re.sub(r"<script>.*?</script>", "", html, flags=re.S)
         assert "<script" not in html
     page.write_text(html)
-    dom = _browser("--dump-dom", page.as_uri())
+    dom = _browser(tmp_path / "profile", "--dump-dom", page.as_uri())
     text = re.sub(r"<[^>]+>", " ", dom)
     assert f"{r.total.flops:,}" in text  # 8,206,518,248
     for module in ("conv1", "layer1", "layer4.2", "fc"):
@@ -102,6 +102,6 @@ def test_example_report_screenshot(tmp_path):
     page = tmp_path / "report.html"
     page.write_text(to_html(flopcount.count(str(EXAMPLE), mode="train")))
     shot = out / "resnet50-report.png"
-    _browser("--window-size=1280,1800", f"--screenshot={shot}", page.as_uri())
+    _browser(tmp_path / "profile", "--window-size=1280,1800", f"--screenshot={shot}", page.as_uri())
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000  # a real picture, not a blank page
