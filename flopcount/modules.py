@@ -45,6 +45,8 @@ OUTSIDE = "(outside any module)"
 OWN = " (own)"
 
 _METADATA_KEY = "pkg.torch.onnx.name_scopes"
+#: The scope torch.export gives nodes that ran outside every module (made by a metadata hook): no module.
+_NO_MODULE = "_empty_nn_module_stack_from_metadata_hook"
 _REPEAT = re.compile(r"^(.+)_(\d+)$")
 _ZERO = Cost()
 
@@ -115,6 +117,8 @@ def _metadata_scope(value: str) -> Scope | None:
     ('layer1', 'layer1.0', 'layer1.0.conv1')
     >>> _metadata_scope("['', 'add']")
     ()
+    >>> _metadata_scope("['', '_empty_nn_module_stack_from_metadata_hook', 'arange']")
+    ()
     """
     try:
         names = ast.literal_eval(value)
@@ -122,7 +126,7 @@ def _metadata_scope(value: str) -> Scope | None:
         return None
     if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names) or not names:
         return None
-    return tuple(n for n in names[:-1] if n)
+    return tuple(n for n in names[:-1] if n and n != _NO_MODULE)
 
 
 def _name_segments(name: str) -> tuple[bool, Sequence[str]] | None:

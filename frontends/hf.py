@@ -27,7 +27,8 @@ from .common import first_text_line
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TOKEN_INPUTS", "build_model", "from_hf", "is_causal_lm", "load_config", "model_class"]
+__all__ = ["TOKEN_INPUTS", "build_model", "from_hf", "hf_inputs", "is_causal_lm", "load_config", "load_model",
+           "model_class"]
 
 FRONTEND = "--hf"
 INSTALL_HINT = 'pip install "flopcount[hf]" (with torch installed first, see README)'
@@ -66,10 +67,13 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
     """
     from .torch import from_torch
 
-    torch = _import("torch")
-    cfg = load_config(config, trust_remote_code=trust_remote_code)
-    model = build_model(cfg, trust_remote_code=trust_remote_code)
-    return from_torch(model, _inputs(torch, model, input_shapes), cache_dir=cache_dir, **count_kwargs)
+    model = load_model(config, trust_remote_code=trust_remote_code)
+    return from_torch(model, hf_inputs(model, input_shapes), cache_dir=cache_dir, **count_kwargs)
+
+
+def load_model(config: Any, *, trust_remote_code: bool = False):
+    """The model of ``config`` (as :func:`from_hf` takes it) built on the meta device."""
+    return build_model(load_config(config, trust_remote_code=trust_remote_code), trust_remote_code=trust_remote_code)
 
 
 def load_config(source: Any, *, trust_remote_code: bool = False):
@@ -189,7 +193,10 @@ def build_model(config, *, trust_remote_code: bool = False):
     return model.eval()
 
 
-def _inputs(torch, model, input_shapes) -> dict[str, Any]:
+def hf_inputs(model, input_shapes) -> dict[str, Any]:
+    """The example inputs of :func:`flopcount.from_torch` for ``model``: each shape with its dtype (token inputs
+    int64, others float32; a ``(shape, dtype)`` given stays), and ``use_cache=False`` where ``forward`` takes it."""
+    torch = _import("torch")
     if input_shapes is None:
         raise UsageError(f"{FRONTEND}: give the input shapes, e.g. --input-shape input_ids=1x2048 "
                          "(input_shapes={'input_ids': (1, 2048)})")

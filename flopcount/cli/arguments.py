@@ -14,7 +14,7 @@ from flopcount.errors import UsageError
 from flopcount.shapes import MAX_ELEMENTS, parse_dims
 
 __all__ = [
-    "TORCH_DTYPES", "InputShapes", "add_model_source", "check_model_source", "count_keras", "count_torch",
+    "TORCH_DTYPES", "InputShapes", "add_model_source", "check_model_source", "count_hf", "count_keras", "count_torch",
     "given_model", "input_shape", "input_value", "loop_trips", "model_source", "model_source_problem", "nonneg_int",
     "positive", "positive_float", "positive_int", "size_hw", "torch_inputs", "weights",
 ]
@@ -181,18 +181,29 @@ def model_source(args: argparse.Namespace):
         from flopcount.frontends.keras import load_factory, to_onnx
 
         return to_onnx(load_factory(args.keras), dict(args.input_shape) or None, batch=getattr(args, "batch", None)), {}
+    if getattr(args, "hf", None) is not None:
+        from flopcount.frontends.hf import hf_inputs, load_model
+        from flopcount.frontends.torch import to_onnx
+
+        model = load_model(args.hf, trust_remote_code=args.trust_remote_code)
+        return to_onnx(model, hf_inputs(model, torch_inputs(args))), {}
     return args.model, dict(args.input_shape)
 
 
 def model_source_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with the model a command was given, or None: exactly one of a model path, ``--torch`` and
     ``--keras``; ``--torch`` needs ``--input-shape``; a :DTYPE suffix only with ``--torch``."""
+    hf = getattr(args, "hf", None)
     given = [text for text, value in ((repr(args.model), args.model), (f"--torch {args.torch}", args.torch),
-                                      (f"--keras {args.keras}", args.keras)) if value is not None]
+                                      (f"--keras {args.keras}", args.keras), (f"--hf {hf}", hf)) if value is not None]
     if len(given) > 1:
-        return f"give a model path, --torch or --keras, not both (got {' and '.join(given)})"
+        return f"give one model: a path, --torch, --keras or --hf, not both (got {' and '.join(given)})"
     if not given:
-        return "give the path of an .onnx model, or --torch MODULE:FACTORY, or --keras MODULE:FACTORY"
+        return ("give the path of an .onnx model, or --torch MODULE:FACTORY, --keras MODULE:FACTORY or --hf CONFIG"
+                if hasattr(args, "hf") else
+                "give the path of an .onnx model, or --torch MODULE:FACTORY, or --keras MODULE:FACTORY")
+    if hf is not None and not args.input_shape:
+        return "--hf needs the shape of each forward() input, by name: --input-shape input_ids=1x2048 (repeatable)"
     names = [name for name, _ in args.input_shape]
     if args.keras is not None and len(set(names)) != len(names):
         return f"--keras: each --input-shape names one model input; got {', '.join(names)}"
@@ -200,7 +211,7 @@ def model_source_problem(args: argparse.Namespace) -> str | None:
         return "--torch needs the shape of each forward() input, by name: --input-shape NAME=DIMS[:DTYPE] (repeatable)"
     if args.torch is not None and len(set(names)) != len(names):
         return f"--torch: each --input-shape names one forward() input; got {', '.join(names)}"
-    if args.torch is None and args.input_dtypes:
+    if args.torch is None and hf is None and args.input_dtypes:
         given = ", ".join(f"{name}=...:{dtype}" for name, dtype in args.input_dtypes.items())
         return (f"--input-shape {given}: a :DTYPE suffix is for --torch inputs; "
                 f"{'a Keras model' if args.keras else 'an ONNX model'} declares its input types, give NAME=DIMS")
@@ -223,6 +234,16 @@ def count_torch(args: argparse.Namespace):
                       trainable_inputs=args.trainable_input, batch=args.batch, convention=args.convention,
                       strict=args.strict, input_values=dict(args.input_value), loop_trips=dict(args.loop_trips),
                       mode=args.mode, optimizer=args.optimizer, **weights(args))
+
+
+def count_hf(args: argparse.Namespace):
+    """Build the transformers model of ``--hf`` on the meta device and count it."""
+    from flopcount.frontends.hf import from_hf
+
+    return from_hf(args.hf, torch_inputs(args), trust_remote_code=args.trust_remote_code,
+                   training=args.mode == "train", trainable_inputs=args.trainable_input, batch=args.batch,
+                   convention=args.convention, strict=args.strict, input_values=dict(args.input_value),
+                   loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer, **weights(args))
 
 
 def count_keras(args: argparse.Namespace):

@@ -7,7 +7,18 @@ import argparse
 from flopcount.conventions import CONVENTIONS
 from flopcount.render import FORMATS, render
 
-from .arguments import InputShapes, count_keras, count_torch, input_shape, input_value, loop_trips, positive, weights
+from .arguments import (
+    InputShapes,
+    count_hf,
+    count_keras,
+    count_torch,
+    input_shape,
+    input_value,
+    loop_trips,
+    positive,
+    positive_int,
+    weights,
+)
 from .console import write_output
 
 __all__ = ["build_parser", "run"]
@@ -23,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 ok, 1 internal error, 2 usage, 3 unreadable model file, 4 invalid graph, "
         "5 unresolved or invalid shapes, 6 unsupported operators with --strict, 7 opset too new, 8 cannot write output, "
         "9 the --torch or --keras model cannot be exported, 10 a benchmark did not reach its target quality, "
-        "11 a device, runtime or tool is missing, 12 a measurement cannot be made or read.",
+        "11 a device, runtime or tool is missing, 12 a measurement cannot be made or read, "
+        "13 the --hf configuration cannot be read or built.",
     )
     p.add_argument("model", nargs="?",
                    help="path of an .onnx model (external weight files are never read and may be absent)")
@@ -40,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "mypkg.nets:make_net --input-shape image=8x224x224x3; arguments as for --torch: "
                    "--keras 'keras.applications:MobileNetV3Small(weights=None)' (a factory that would load "
                    "weights by default is refused until weights=None is given)")
+    p.add_argument("--hf", metavar="CONFIG",
+                   help="a Hugging Face transformers model from its configuration: a config.json, a folder holding "
+                   "one, or a Hub model id (only config.json is fetched); built on the meta device, no weights")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="with --hf: allow a configuration whose model code lives in its repository (runs that code)")
     p.add_argument("--input-shape", metavar="NAME=DIMS", action=InputShapes, type=input_shape, default=[],
                    help="fix the dims of an input, e.g. input=8x3x224x224 (repeatable); with --torch, NAME is a "
                    "parameter of forward() and a :DTYPE suffix gives its element type, e.g. input_ids=1x128:int64")
@@ -69,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer", choices=("sgd", "momentum", "adam"),
                    help="with --mode train: also the optimizer step's FLOPs, reported apart")
     p.add_argument("--per-node", action="store_true", help="also list every node with its shapes and cost")
+    p.add_argument("--by-module", action="store_true",
+                   help="also a table of FLOPs, MACs and parameters per module, from the module scopes the exporter "
+                   "wrote (PyTorch module paths, Keras layer names)")
+    p.add_argument("--depth", type=positive_int, metavar="N",
+                   help="depth of the module tree (implies --by-module; default 1: the model's children; in the "
+                   "html report, as deep as fits)")
     p.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
     p.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
     p.add_argument("--plot", metavar="FILE", help="also draw FLOPs by op type to FILE (.png, .svg or .pdf; needs "
@@ -86,6 +109,8 @@ def run(args: argparse.Namespace) -> int:
     shapes = dict(args.input_shape)
     if args.torch:
         report = count_torch(args)
+    elif args.hf:
+        report = count_hf(args)
     elif args.keras:
         report = count_keras(args)
     else:
@@ -97,5 +122,7 @@ def run(args: argparse.Namespace) -> int:
         from flopcount.measure.profile.roofline import plot_op_types
 
         plot_op_types(report, args.plot)
-    write_output(render(report, args.format, args.per_node), args.output)
+    # --depth alone asks for the module rows too; the html page has them always, as deep as fits unless --depth
+    by_module = args.depth if args.format == "html" else args.depth or (1 if args.by_module else None)
+    write_output(render(report, args.format, args.per_node, by_module), args.output)
     return 0
