@@ -32,7 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ceilings", metavar="FILE",
                    help="ceilings JSON from flopcount ceilings (default: this CPU's cached GEMM and copy ceilings)")
     p.add_argument("--per-node", action="store_true", help="also list every executed node (table and CSV)")
-    p.add_argument("--format", choices=("table", "json", "csv"), default="table", help="output format")
+    p.add_argument("--format", choices=("table", "json", "csv", "html"), default="table",
+                   help="output format (html: the count's page with the measured time of every module)")
+    p.add_argument("--depth", type=positive, metavar="N", help="depth of the html page's module tree (default: as deep "
+                   "as fits)")
     p.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more diagnostics on stderr")
     return p
@@ -49,5 +52,10 @@ def run(args: argparse.Namespace) -> int:
                 input_values=dict(args.input_value))
     if args.torch or args.keras:  # an in-memory export: name it by what was given
         p = dataclasses.replace(p, model=f"--torch {args.torch}" if args.torch else f"--keras {args.keras}")
-    write_output(render(p, args.format, args.per_node), args.output)
+    if args.format == "html":
+        from flopcount.measure.profile.modules import profile_html
+
+        write_output(profile_html(p, args.depth), args.output)
+    else:
+        write_output(render(p, args.format, args.per_node), args.output)
     return 0

@@ -6,6 +6,7 @@
 * :mod:`.attribution` executed nodes → the graph nodes they run; bytes of a group; compute- or memory-bound
 * :mod:`.records` the :class:`Profile` record and its JSON, table and CSV forms
 * :mod:`.roofline` the HPC-AI and per-operator rooflines and their plots
+* :mod:`.modules` measured time per module: the count's HTML page with the profile's times
 """
 
 from .attribution import attribute, bound_of

@@ -127,4 +127,4 @@ def profile(source, input_shapes: Mapping[str, tuple[int, ...]] | None = None, b
     profiled = statistics.median(sum(r.values()) for r in per_run)
     return Profile(report.model.path, provider, optimize, report.batch, warmup, runs, run_time, profiled,
                    report.forward.flops, tuple(rows), by_op_type(rows, ceilings), ceilings, weights, unattributed,
-                   tuple(notes))
+                   tuple(notes), report)

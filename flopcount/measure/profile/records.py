@@ -80,6 +80,7 @@ class Profile:
     weights: Mapping[str, int]  # {"from_model": k, "synthesized": m}
     unattributed_s: float = 0.0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    report: Any = field(default=None, compare=False, repr=False)  # the count it was profiled against (per module)
 
     @property
     def flops_per_s(self) -> float:
