@@ -197,7 +197,9 @@ def model_source_problem(args: argparse.Namespace) -> str | None:
     given = [text for text, value in ((repr(args.model), args.model), (f"--torch {args.torch}", args.torch),
                                       (f"--keras {args.keras}", args.keras), (f"--hf {hf}", hf)) if value is not None]
     if len(given) > 1:
-        return f"give one model: a path, --torch, --keras or --hf, not both (got {' and '.join(given)})"
+        if hf is not None:
+            return f"give one model: a path, --torch, --keras or --hf, not both (got {' and '.join(given)})"
+        return f"give a model path, --torch or --keras, not both (got {' and '.join(given)})"
     if not given:
         return ("give the path of an .onnx model, or --torch MODULE:FACTORY, --keras MODULE:FACTORY or --hf CONFIG"
                 if hasattr(args, "hf") else

@@ -11,6 +11,7 @@ drawn at random first, so that the exporter cannot merge equal biases), or a clo
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 
 import numpy as np
@@ -73,11 +74,24 @@ def exported(request, tmp_path_factory):
     return path, sum(p.numel() for p in module.parameters())
 
 
+@contextlib.contextmanager
+def _quiet_root():
+    """onnxruntime's quantizer and optimizer log advice to the root logger: silence it for the call only (a level
+    left on the root logger would hide every later test's warnings from caplog)."""
+    root = logging.getLogger()
+    saved = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(saved)
+
+
 def _quantize(src, dst, **options):
     from onnxruntime.quantization import quantize_dynamic
 
-    logging.getLogger().setLevel(logging.ERROR)  # the quantizer's advice to pre-process
-    quantize_dynamic(str(src), str(dst), **options)
+    with _quiet_root():  # the quantizer's advice to pre-process
+        quantize_dynamic(str(src), str(dst), **options)
     return onnx.load(str(dst))
 
 
@@ -156,9 +170,9 @@ def test_optimizer_fused_then_quantized(tmp_path):
     src = tmp_path / "bert.onnx"
     torch.onnx.export(WithMask(), (torch.randint(0, VOCAB, (1, SEQ)), ones, torch.zeros_like(ones)), str(src),
                       dynamo=False, input_names=names, opset_version=14, dynamic_axes={n: {0: "b", 1: "s"} for n in names})
-    logging.getLogger().setLevel(logging.ERROR)
-    optimize_model(str(src), model_type="bert", num_heads=HEADS, hidden_size=HIDDEN).save_model_to_file(
-        str(tmp_path / "fused.onnx"))
+    with _quiet_root():
+        optimize_model(str(src), model_type="bert", num_heads=HEADS, hidden_size=HIDDEN).save_model_to_file(
+            str(tmp_path / "fused.onnx"))
     # the fused ops' outputs have no ONNX type: tell the quantizer they are float
     q = _quantize(tmp_path / "fused.onnx", tmp_path / "q.onnx", weight_type=QuantType.QInt8,
                   extra_options={"DefaultTensorType": TensorProto.FLOAT})
@@ -241,11 +255,11 @@ def test_quantized_cnn(cnn, tmp_path, how, expected_op):
 
     src, torch_params = cnn
     dst = tmp_path / "q.onnx"
-    logging.getLogger().setLevel(logging.ERROR)
     if how == "dynamic":
         _quantize(src, dst)
     else:
-        quantize_static(str(src), str(dst), _Reader(), quant_format=getattr(QuantFormat, how))
+        with _quiet_root():
+            quantize_static(str(src), str(dst), _Reader(), quant_format=getattr(QuantFormat, how))
     ops = _ops(onnx.load(str(dst)))
     assert ops[expected_op] > 0, dict(ops)
     if how == "QOperator":

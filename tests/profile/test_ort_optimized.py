@@ -271,9 +271,13 @@ def test_transformer_optimizer_dynamo_export(tmp_path, kind, fused, default_delt
     else:
         m = transformer.gpt2(layers=LAYERS, hidden=HID, heads=HEADS, vocab=VOCAB, context=64, attention="matmul")
     path = tmp_path / f"{kind}.onnx"
-    # opset 18: Gelu is spelled out (ONNX has a Gelu operator from opset 20 on)
-    torch.onnx.export(m.eval(), (torch.randint(0, VOCAB, (BATCH, SEQ)),), str(path), dynamo=True,
-                      input_names=["input_ids"], opset_version=18)
+    # opset 18: Gelu is spelled out (ONNX has a Gelu operator from opset 20 on); without tqdm's monitor thread,
+    # which the exporter's progress bars would leave running in this process (and with it no inference fork)
+    from flopcount.models.export import no_tqdm_monitor
+
+    with no_tqdm_monitor():
+        torch.onnx.export(m.eval(), (torch.randint(0, VOCAB, (BATCH, SEQ)),), str(path), dynamo=True,
+                          input_names=["input_ids"], opset_version=18)
     optimized = optimize(path, kind)
     produced = contrib_ops(optimized)
     assert {op: produced[op] for op in fused} == fused, f"onnxruntime produced {dict(produced)}"
