@@ -27,8 +27,9 @@ from .errors import FlopcountError, InvalidGraphError, ShapeError, UnsupportedOp
 from .loading import load
 from .modules import ModuleScopes, scopes_of
 from .parameters import BUFFER, PARAMETER, SHAPE_TYPES, Roles, classify, stored_tensors
-from .registry import DEFAULT_DOMAIN, buffer_inputs, canonical_domain, lookup, lookup_backward, lookup_shape, straight_through
+from .registry import DEFAULT_DOMAIN, canonical_domain, lookup, lookup_backward, lookup_shape, straight_through
 from .report import FORMULA, UNSUPPORTED, ZERO_COST, ModelInfo, NodeCount, OpTypeSummary, Report, op_key
+from .schema import differentiable_inputs, schema as _schema
 from .shapes import MAX_ELEMENTS, Inference, prepare, resolve
 
 log = logging.getLogger(__name__)
@@ -253,40 +254,6 @@ class _TrainingPlan:
     float_inits: frozenset[str] = frozenset()  # floating-point initializers of the main graph
 
 
-# Where a schema leaves an input's gradient category Unknown (older opsets, a few ops), the newest
-# schema of the op is asked for the input of the same name; inputs never trained though no schema
-# says so are the ``buffers`` of their backward registration.
-@lru_cache(maxsize=None)
-def _differentiable(op_type: str, version: int, domain: str, n_inputs: int) -> tuple[bool, ...]:
-    """Per input position: may a gradient flow through it (schema category not NonDifferentiable,
-    and not a buffer such as BatchNormalization's running statistics)?"""
-    schema = _schema(op_type, version, domain) if version else None
-    buffers = buffer_inputs(domain, op_type)
-    unknown = onnx.defs.OpSchema.DifferentiationCategory.Unknown
-    out = []
-    for i in range(n_inputs):
-        ok = True
-        if schema is not None and schema.inputs:
-            formal = schema.inputs[min(i, len(schema.inputs) - 1)]
-            category = formal.differentiation_category
-            if category == unknown:
-                category = _newest_category(op_type, domain, formal.name)
-            ok = category != onnx.defs.OpSchema.DifferentiationCategory.NonDifferentiable
-        out.append(ok and i not in buffers)
-    return tuple(out)
-
-
-def _newest_category(op_type: str, domain: str, input_name: str):
-    """The gradient category the newest schema of ``op_type`` gives the input named
-    ``input_name``; Unknown when it says none."""
-    unknown = onnx.defs.OpSchema.DifferentiationCategory.Unknown
-    newest = _schema(op_type, 10**6, domain)
-    for formal in newest.inputs if newest is not None else ():
-        if formal.name == input_name and formal.differentiation_category != unknown:
-            return formal.differentiation_category
-    return unknown
-
-
 def _trainable_inputs(m: ModelProto, tensors, names, mode: str, where: str) -> frozenset[str]:
     """The graph inputs ``trainable_inputs`` names, checked: floating-point inputs of the main graph."""
     if isinstance(names, str):
@@ -338,7 +305,7 @@ def _plan(nodes, float_inits, need: set[str], tensors, opsets) -> tuple[dict[int
         if not floats:
             continue
         domain = canonical_domain(proto_domain)
-        diff = _differentiable(op_type, opsets.get(domain, 0), domain, len(inputs))
+        diff = differentiable_inputs(op_type, opsets.get(domain, 0), domain, len(inputs))
         flags = []
         for name, ok in zip(inputs, diff):
             if ok and name in float_inits:
@@ -541,14 +508,6 @@ def _apply(fn, ctx: NodeContext, attrs: Mapping[str, Any], where: str) -> Cost:
 
 def _opsets(m: ModelProto) -> dict[str, int]:
     return {canonical_domain(i.domain): i.version for i in m.opset_import}
-
-
-@lru_cache(maxsize=None)
-def _schema(op_type: str, version: int, domain: str):
-    try:
-        return onnx.defs.get_schema(op_type, version, domain)
-    except onnx.defs.SchemaError:
-        return None
 
 
 @lru_cache(maxsize=None)

@@ -42,6 +42,7 @@ import onnx
 from onnx import ModelProto, TensorProto
 
 from .registry import buffer_inputs, canonical_domain, lookup, quantized_data
+from .schema import differentiable_inputs
 
 PARAMETER, BUFFER, CONSTANT = "parameter", "buffer", "constant"
 
@@ -126,8 +127,6 @@ def classify(
     ``nodes``: the graph's node protos, their inputs, outputs and (domain, op_type) as already read
     (:func:`flopcount.graph.build_graph` keeps them), and the indices of the nodes holding subgraphs
     (None: any node may), so that they are not read from the protos again."""
-    from .counting import _differentiable  # the schema categories, cached there
-
     if nodes is None:
         protos = list(model.graph.node)
         nodes = (protos, [tuple(n.input) for n in protos], [tuple(n.output) for n in protos],
@@ -176,7 +175,7 @@ def classify(
             return (CONSTANT if single else PARAMETER) if pos in data else None
         if pos in buffer_inputs(domain, op):
             return CONSTANT if single else BUFFER
-        if not _differentiable(op, opsets.get(domain, 0), domain, len(node.input))[pos]:
+        if not differentiable_inputs(op, opsets.get(domain, 0), domain, len(node.input))[pos]:
             return None
         if op == "Pow" and pos == 1 or op == "Where":
             return CONSTANT

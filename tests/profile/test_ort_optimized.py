@@ -34,6 +34,7 @@ nn = torch.nn
 
 LAYERS, HID, HEADS, FFN, VOCAB, BATCH, SEQ = 2, 64, 4, 256, 100, 2, 16
 E = HID // HEADS
+MS = "com.microsoft"
 TOKENS = BATCH * SEQ  # 32
 ROWS = BATCH * HEADS * SEQ  # score rows R = 128
 SCORES = ROWS * SEQ  # R·T = 2048 (T = S: no cache)
@@ -346,3 +347,42 @@ def test_session_optimizer_bert(tmp_path):
     # LayerNorms fused (5), Gelu 5 → 1 per FFN element (its bias add stays an Add); FusedMatMul's
     # alpha is the scores Div it absorbed, FusedGemm's Tanh the pooler's
     assert after[0].flops - before[0].flops == 5 * LN_DELTA + LAYERS * (1 - 5) * TOKENS * FFN
+
+
+# --- whole models -----------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["bert", "gpt2"])
+def test_ort_optimized_transformer_trains_as_its_unfused_graph(tmp_path, kind):
+    """BERT and GPT-2 (2 layers) fused by onnxruntime's transformer optimizer into
+    EmbedLayerNormalization, Attention, SkipLayerNormalization and BiasGelu or FastGelu (the models and
+    helpers above): the backward products equal the unfused graph's, and
+    every product has both gradients (the embeddings are trained, so every activation needs one):
+    twice the forward MACs."""
+    path = tmp_path / f"{kind}.onnx"
+    names = export_legacy(kind, path, dynamic=True)
+    fused_model = static_shapes(optimize(path, kind), names)
+    assert {n.op_type for n in fused_model.graph.node if n.domain == MS} >= {"EmbedLayerNormalization", "Attention"}
+    unfused = flopcount.count(str(path), input_shapes={n: (BATCH, SEQ) for n in names}, mode="train",
+                              convention="dense")
+    fused_report = flopcount.count(fused_model, mode="train", convention="dense", strict=True)
+    assert fused_report.backward == unfused.backward
+    assert fused_report.backward.macs == 2 * dense_macs(lm_head=kind == "gpt2")
+    assert fused_report.trainable_params == unfused.trainable_params
+
+
+def test_session_optimized_cnn_trains_as_its_unfused_graph(tmp_path):
+    """onnxruntime's session optimizer fuses the small CNN above into
+    FusedConv (with Relu, with Sigmoid) and FusedGemm (with Relu): the backward is the unfused
+    graph's under every convention, and the dense products are closed forms: dW only for the first
+    convolution (fed by the image), dX and dW for the second and for the Gemm."""
+    src, dst = tmp_path / "cnn.onnx", tmp_path / "cnn_opt.onnx"
+    torch.onnx.export(SmallCNN().eval(), (torch.randn(BATCH, 3, 8, 8),), str(src), dynamo=False, opset_version=14)
+    optimized = session_optimize(src, dst)
+    assert {n.op_type for n in optimized.graph.node if n.domain == MS} == {"FusedConv", "FusedGemm"}
+    for convention in ("default", "table3", "dense"):
+        before = flopcount.count(str(src), mode="train", convention=convention, strict=True)
+        after = flopcount.count(optimized, mode="train", convention=convention, strict=True)
+        assert after.backward == before.backward, convention
+    c1 = BATCH * 8 * 8 * 8 * 3 * 9  # N·C_out·H·W·C_in·K
+    c2 = BATCH * 8 * 6 * 6 * 8 * 9
+    fc = BATCH * 288 * 10
+    assert after.backward.flops == 2 * (c1 + 2 * c2 + 2 * fc)
