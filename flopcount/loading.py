@@ -352,7 +352,8 @@ def _is_repeated(field) -> bool:
     return flag if flag is not None else field.label == field.LABEL_REPEATED
 
 
-def _copy_field(dst, field, value) -> None:
+def copy_field(dst, field, value) -> None:
+    """Set ``field`` of the message ``dst`` to ``value`` (a pair from ``ListFields()`` of a message of its type)."""
     if _is_repeated(field):
         getattr(dst, field.name).extend(value)
     elif field.message_type is not None:
@@ -361,15 +362,18 @@ def _copy_field(dst, field, value) -> None:
         setattr(dst, field.name, value)
 
 
+_copy_field = copy_field  # its former name, still read elsewhere
+
+
 def weightless_copy(model: ModelProto, where: str = "<model>") -> ModelProto:
     """A copy of ``model`` without weight data, made without copying the weight bytes."""
     out = ModelProto()
     for field, value in model.ListFields():
         if field.name != "graph":
-            _copy_field(out, field, value)
+            copy_field(out, field, value)
     for field, value in model.graph.ListFields():
         if field.name != "initializer":
-            _copy_field(out.graph, field, value)
+            copy_field(out.graph, field, value)
             continue
         for t in value:
             if _is_small(t):

@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, helper
 
-from .context import TensorInfo
+from .context import TensorInfo, is_long, shortened
 from .errors import InvalidGraphError, ShapeError
 from .graph import node_label
 from .loading import _first_line, has_data
@@ -144,10 +144,9 @@ def _as_checked(node: onnx.NodeProto) -> onnx.NodeProto:
     node, in their scope), and a tensor without data by a zero-element tensor of the same type. The
     loader checked each inline tensor as written before dropping its data (:mod:`flopcount.loading`),
     so the check never depends on whether data was dropped, at load or before the file was written."""
-    if not any(a.type in _GRAPH_TYPES or (a.type in _TENSOR_TYPES and _dataless(a)) for a in node.attribute):
+    if not any(a.type in _GRAPH_TYPES or (a.type in _TENSOR_TYPES and _dataless(a)) or is_long(a) for a in node.attribute):
         return node
-    bare = onnx.NodeProto()
-    bare.CopyFrom(node)
+    bare = shortened(node)  # the checker reads a long attribute's name and type: one value is as good as millions
     for a in bare.attribute:
         if a.type == AttributeProto.GRAPH:
             a.g.Clear()
