@@ -230,7 +230,8 @@ def data_prop_bounded(model: ModelProto) -> bool:
 
 def _range_sizes(model: ModelProto, ranges: Sequence[int]) -> dict[int, tuple[int, np.dtype]]:
     """Element count and type of the integer Ranges at ``ranges`` (node indices) whose inputs are known: constants,
-    else values folded from declared shapes and constants, else from shapes inferred without data propagation."""
+    else values folded from declared shapes and constants. A size computed from inferred shapes becomes a constant
+    in the next round of :func:`resolve`, whose inference asks again."""
     g = model.graph
     values: dict = {}
     constants = _LazyConstants(model)
@@ -250,27 +251,18 @@ def _range_sizes(model: ModelProto, ranges: Sequence[int]) -> dict[int, tuple[in
                 wanted.add(k)
                 stack.extend(x for x in g.node[k].input if x)
         order = sorted(wanted)
-        for tensors in (lambda: _collect(model, bodies=False),
-                        lambda: _collect(onnx.shape_inference.infer_shapes(model, data_prop=False), bodies=False)):
-            try:
-                known = tensors()
-            except Exception as e:  # inference fails: the first inference reports it
-                log.debug("Range sizes not computed: %s", _first_line(e))
-                break
-            local = dict(values)
-            for k in order:
-                node = g.node[k]
-                local.update({o: constants[o] for o in node.output if o in constants})
-                if all(o in local for o in node.output if o):
-                    continue
-                outs = _evaluate(node, known, local)
-                for o, v in zip(node.output, outs or ()):
-                    if o and isinstance(v, (np.ndarray, np.generic)):
-                        local[o] = np.asarray(v)
-            sizes.update(_known_range_sizes(g, rest, local))
-            rest = [i for i in rest if i not in sizes]
-            if not rest:
-                break
+        known = _collect(model, bodies=False)  # declared shapes only: no inference here
+        local = dict(values)
+        for k in order:
+            node = g.node[k]
+            local.update({o: constants[o] for o in node.output if o in constants})
+            if all(o in local for o in node.output if o):
+                continue
+            outs = _evaluate(node, known, local)
+            for o, v in zip(node.output, outs or ()):
+                if o and isinstance(v, (np.ndarray, np.generic)):
+                    local[o] = np.asarray(v)
+        sizes.update(_known_range_sizes(g, rest, local))
     return sizes
 
 

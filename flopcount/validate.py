@@ -6,7 +6,9 @@ ONNX's own checker (attribute names and types, required attributes, input and ou
 the values schemas cannot express (window attributes, ``auto_pad``, ``group``) and the structure of
 ``If``/``Loop``/``Scan`` bodies are checked, and declared dims must not be negative.
 :func:`check_resolved` runs once shapes and small constants are known: convolution weights must fit
-their input and ``group``; Reshape, Tile, Expand and ConstantOfShape targets must not be negative.
+their input and ``group``, and biases their output channels; a convolution or pooling window must have
+a position in its padded input; Reshape, Tile, Expand and ConstantOfShape targets must not be negative,
+and a Reshape keeps its element count.
 Every failure is an :class:`InvalidGraphError` (exit 4) naming the node and what is wrong, or a
 :class:`ShapeError` (exit 5) for a declared negative dim.
 """
