@@ -205,7 +205,7 @@ DATA_PROP_LIMIT = 2**16
 
 
 def data_prop_bounded(model: ModelProto) -> bool:
-    """Whether ONNX's data propagation stays bounded on ``model``: no graph input or initializer of rank 0 or 1, and no
+    """Whether ONNX's data propagation stays bounded on ``model``: no graph input or initializer of rank 1, and no
     integer Range of the top graph, holds more than :data:`DATA_PROP_LIMIT` elements. A Range's size is known from
     its constant inputs, or from inputs computed from declared shapes and constants (``Range(0, Size(x))``) as
     :func:`_fold` computes them. Where it is not bounded, inference runs without data propagation, and folding
@@ -249,7 +249,8 @@ def _range_sizes(model: ModelProto, ranges: Sequence[int]) -> dict[int, tuple[in
             k = producer.get(stack.pop())
             if k is not None and k not in wanted:
                 wanted.add(k)
-                stack.extend(x for x in g.node[k].input if x)
+                if g.node[k].op_type not in ("Shape", "Size"):  # they read a shape, not what computed it
+                    stack.extend(x for x in g.node[k].input if x)
         order = sorted(wanted)
         known = _collect(model, bodies=False)  # declared shapes only: no inference here
         local = dict(values)
