@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from math import prod
 from operator import itemgetter
 from typing import Any, Callable, Mapping, NamedTuple
@@ -177,3 +178,88 @@ def python_value(v: Any) -> Any:
     if isinstance(v, list) and v and isinstance(v[0], bytes):
         return [s.decode() for s in v]
     return v
+
+
+#: Repeated attributes longer than this reach formulas as a :class:`RepeatedAttribute` (a tree ensemble holds
+#: millions of node ids and thresholds, which Python lists would hold at 36 bytes each).
+LONG_ATTRIBUTE = 4096
+
+
+class RepeatedAttribute(Sequence):
+    """A long INTS, FLOATS or STRINGS attribute, read only when a formula asks: a sequence (``len``, indexing,
+    iteration: the values as :func:`python_value` gives them) that ``numpy.asarray`` turns into an int64 or float32
+    array in one pass, without a Python object per value (STRINGS: an object array of the raw bytes). Formulas read
+    most long attributes not at all (a tree ensemble's thresholds and weights)."""
+
+    __slots__ = ("_field", "_kind", "_values")
+
+    def __init__(self, field: Any, kind: str):
+        self._field, self._kind, self._values = field, kind, None  # kind: "ints", "floats" or "strings"
+
+    def _read(self) -> Any:
+        if self._values is None:
+            if self._kind == "strings":
+                self._values = [v.decode() for v in self._field]
+            else:
+                self._values = np.array(self._field, dtype=np.int64 if self._kind == "ints" else np.float32)
+                self._values.flags.writeable = False
+        return self._values
+
+    def __array__(self, dtype=None, copy=None):
+        if self._kind == "strings":  # the raw bytes: decoding millions of strings costs more than the whole count
+            return np.array(list(self._field) if self._values is None else [v.encode() for v in self._values],
+                            dtype=object)
+        return np.asarray(self._read(), dtype=dtype)
+
+    def __len__(self) -> int:
+        return len(self._field)
+
+    def __getitem__(self, i):
+        return self._read()[i]
+
+    def __iter__(self):
+        return iter(self._read())
+
+    def __repr__(self) -> str:
+        return f"RepeatedAttribute({self._kind}, {len(self)} values)"
+
+
+def attribute_value(a: Any) -> Any:
+    """The value of an ``onnx.AttributeProto`` as formulas read it: :func:`python_value`, or a
+    :class:`RepeatedAttribute` for a repeated one longer than :data:`LONG_ATTRIBUTE`."""
+    from onnx import AttributeProto, helper
+
+    kind = {AttributeProto.INTS: "ints", AttributeProto.FLOATS: "floats", AttributeProto.STRINGS: "strings"}.get(a.type)
+    if kind is not None:
+        field = getattr(a, kind)
+        if len(field) > LONG_ATTRIBUTE:
+            return RepeatedAttribute(field, kind)
+    return python_value(helper.get_attribute_value(a))
+
+
+def is_long(a: Any) -> bool:
+    """Whether an ``onnx.AttributeProto`` holds more than :data:`LONG_ATTRIBUTE` repeated values."""
+    return len(a.ints) > LONG_ATTRIBUTE or len(a.floats) > LONG_ATTRIBUTE or len(a.strings) > LONG_ATTRIBUTE
+
+
+def shortened(node: Any, keep: Any = ()) -> Any:
+    """A copy of the ``onnx.NodeProto`` ``node`` whose long repeated attributes (:func:`is_long`), except those
+    named in ``keep``, hold only their first value: what ONNX's checker and the shape inference of a tree
+    ensemble read (names, types, labels), without copying millions of values."""
+    from onnx import NodeProto
+
+    from .loading import copy_field
+
+    short = NodeProto()
+    for field, value in node.ListFields():
+        if field.name != "attribute":
+            copy_field(short, field, value)
+    for a in node.attribute:
+        if is_long(a) and a.name not in keep:
+            b = short.attribute.add(name=a.name, type=a.type)
+            b.ints.extend(a.ints[:1])
+            b.floats.extend(a.floats[:1])
+            b.strings.extend(a.strings[:1])
+        else:
+            short.attribute.add().CopyFrom(a)
+    return short

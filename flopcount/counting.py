@@ -20,11 +20,12 @@ from onnx import ModelProto, helper
 
 from . import graph as graph_mod
 from . import validate
-from .context import FLOAT_TYPES, NodeContext, TensorInfo, attribute_defaults, python_value
+from .context import (FLOAT_TYPES, NodeContext, TensorInfo, attribute_defaults, attribute_value, is_long,
+                      shortened)
 from .conventions import Convention, get_convention
 from .cost import ZERO, Bound, Breakdown, Cost
 from .errors import FlopcountError, InvalidGraphError, ShapeError, UnsupportedOperatorError, UsageError
-from .loading import load
+from .loading import copy_field, load
 from .modules import ModuleScopes, scopes_of
 from .parameters import BUFFER, PARAMETER, SHAPE_TYPES, Roles, classify, stored_tensors
 from .registry import DEFAULT_DOMAIN, canonical_domain, lookup, lookup_backward, lookup_shape, straight_through
@@ -152,7 +153,8 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
     m, where = loaded.model, loaded.path or "<model>"
     lap("load")
     prepare(m, input_shapes, batch, where, input_values)
-    inference = Inference(m, where)  # may run beside the DAG construction: see Inference
+    shaped = _for_inference(m)
+    inference = Inference(shaped, where)  # may run beside the DAG construction: see Inference
     try:
         dag = graph_mod.build_graph(m.graph, where)
         opsets = _opsets(m)
@@ -165,7 +167,7 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
                  dag.graph["bodies"])
         roles = _roles(m, opsets, trainable, frozenset(input_values or ()), where, frozen, nodes)
         lap("graph")
-        res = resolve(m, dag, where, inference)
+        res = resolve(shaped, dag, where, inference)
     finally:
         inference.close()
     validate.check_resolved(dag, res.tensors, res.values, attributes, where)
@@ -548,7 +550,7 @@ def _attributes(node: onnx.NodeProto, name: str, opsets: Mapping[str, int], wher
                 )
     values = dict(_defaults(node.op_type, version, domain)) if version else {}
     for a in node.attribute:
-        values[a.name] = python_value(helper.get_attribute_value(a))
+        values[a.name] = attribute_value(a)
     return values
 
 
@@ -575,7 +577,7 @@ class _AttributeCache:
             rule = lookup(canonical_domain(node.domain), node.op_type)
             wanted = self._wanted[op] = rule is not None and not rule.zero_cost
         attrs = node.attribute
-        blobs = [a.SerializeToString() for a in attrs] if attrs and (arity is not None or wanted or force) else ()
+        blobs = [_blob(a) for a in attrs] if attrs and (arity is not None or wanted or force) else ()
         if arity is not None:
             checked = (op, arity, *blobs)
             if checked not in self._checked:
@@ -615,6 +617,50 @@ def _shapeless_source(dag, failed: int, tensors: Mapping[str, TensorInfo], where
                 "the model's value_info (onnxruntime.tools.symbolic_shape_infer writes them for the operators it knows)"
             )
     return None
+
+
+def _blob(a: onnx.AttributeProto) -> bytes | "_Itself":
+    """What tells an attribute apart for :class:`_AttributeCache`: its bytes, or the attribute itself for a long
+    repeated one (a tree ensemble's node lists: hundreds of MB to serialize, and no other node has them)."""
+    return _Itself(a) if is_long(a) else a.SerializeToString()
+
+
+#: Tree ensembles of ``ai.onnx.ml``: their shape inference reads the labels and target counts, never the node lists.
+_TREE_ENSEMBLES = frozenset({"TreeEnsembleClassifier", "TreeEnsembleRegressor", "TreeEnsemble"})
+
+
+def _for_inference(model: ModelProto) -> ModelProto:
+    """``model``, or a copy for shape resolution whose top-level tree ensembles hold one value of each long node
+    list (:func:`~flopcount.context.shortened`; class labels kept): ONNX's inference serializes the model it is
+    given and parses what it infers, two more copies of a 200 MB ensemble."""
+    g = model.graph
+    heavy = [i for i, n in enumerate(g.node) if n.op_type in _TREE_ENSEMBLES and n.domain == "ai.onnx.ml"
+             and any(map(is_long, n.attribute))]
+    if not heavy:
+        return model
+    light = ModelProto()
+    for field, value in model.ListFields():
+        if field.name != "graph":
+            copy_field(light, field, value)
+    for field, value in g.ListFields():
+        if field.name != "node":
+            copy_field(light.graph, field, value)
+    at = set(heavy)
+    for i, node in enumerate(g.node):
+        if i in at:
+            light.graph.node.append(shortened(node, keep=("classlabels_int64s", "classlabels_strings")))
+        else:
+            light.graph.node.add().CopyFrom(node)
+    return light
+
+
+class _Itself:
+    """A key equal only to itself that keeps ``value`` alive (protobuf messages cannot be hashed)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
 
 
 def _fix_hint(inputs: Sequence[TensorInfo], inference_error: str) -> str:

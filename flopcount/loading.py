@@ -161,6 +161,19 @@ def known_opset(domain: str) -> int:
 
 
 def check_opsets(model: ModelProto, where: str) -> None:
+    """Opset versions start at 1; a domain is imported once (the default domain as ``""`` or ``"ai.onnx"``),
+    or twice at the same version; the standard domains are known to the installed onnx."""
+    seen: dict[str, onnx.OperatorSetIdProto] = {}
+    for imp in model.opset_import:
+        first = seen.setdefault(canonical_domain(imp.domain), imp)
+        if first.version != imp.version:
+            from .errors import InvalidGraphError
+
+            raise InvalidGraphError(
+                f"{where}: the model imports domain {imp.domain or 'ai.onnx'!r} twice, at opset {first.version} "
+                f"(as {first.domain!r}) and at opset {imp.version} (as {imp.domain!r}); which one its nodes use is "
+                "ambiguous: keep one opset_import entry per domain"
+            )
     for imp in model.opset_import:
         if imp.version < 1:
             from .errors import InvalidGraphError
@@ -219,6 +232,8 @@ def _big_tensors(graph: onnx.GraphProto, where: str):
     for t in graph.initializer:
         if not _is_small(t):
             yield t
+        else:
+            _check_length(t, f"{where}: initializer {t.name!r}")
     for sp in graph.sparse_initializer:
         yield sp.values
         yield sp.indices
@@ -234,6 +249,8 @@ def _node_big_tensors(node: onnx.NodeProto, index: int, where: str):
         if a.type == onnx.AttributeProto.TENSOR and not _is_small(a.t):
             _check_tensor(a.t, node, index, where)
             yield a.t
+        elif a.type == onnx.AttributeProto.TENSOR:
+            _check_length(a.t, _node_tensor(node, index, a.t, where))
         elif a.type == onnx.AttributeProto.GRAPH:
             yield from _big_tensors(a.g, where)
         elif a.type == onnx.AttributeProto.TENSORS:
@@ -241,12 +258,61 @@ def _node_big_tensors(node: onnx.NodeProto, index: int, where: str):
                 if not _is_small(t):
                     _check_tensor(t, node, index, where)
                     yield t
+                else:
+                    _check_length(t, _node_tensor(node, index, t, where))
         elif a.type == onnx.AttributeProto.SPARSE_TENSOR:
             _check_tensor(a.sparse_tensor, node, index, where)
             yield from (a.sparse_tensor.values, a.sparse_tensor.indices)
         elif a.type == onnx.AttributeProto.GRAPHS:
             for g in a.graphs:
                 yield from _big_tensors(g, where)
+
+
+def _node_tensor(node: onnx.NodeProto, index: int, t: TensorProto, where: str) -> str:
+    return f"{where}: node {node.name or f'{node.op_type}_{index}'!r} ({node.op_type}), tensor {t.name!r}"
+
+
+# Element types stored one value per element (two for complex numbers) in their typed field, or ``itemsize`` bytes
+# each in raw_data: (field, values per element, bytes per element). Packed types (4-, 2- and 6-bit) are left out.
+_LAYOUTS = {
+    TensorProto.FLOAT: ("float_data", 1, 4), TensorProto.DOUBLE: ("double_data", 1, 8),
+    TensorProto.COMPLEX64: ("float_data", 2, 8), TensorProto.COMPLEX128: ("double_data", 2, 16),
+    TensorProto.INT64: ("int64_data", 1, 8), TensorProto.UINT64: ("uint64_data", 1, 8),
+    TensorProto.UINT32: ("uint64_data", 1, 4), TensorProto.STRING: ("string_data", 1, None),
+    **{dtype: ("int32_data", 1, size) for dtype, size in (
+        (TensorProto.INT32, 4), (TensorProto.INT16, 2), (TensorProto.UINT16, 2), (TensorProto.INT8, 1),
+        (TensorProto.UINT8, 1), (TensorProto.BOOL, 1), (TensorProto.FLOAT16, 2), (TensorProto.BFLOAT16, 2),
+        (TensorProto.FLOAT8E4M3FN, 1), (TensorProto.FLOAT8E4M3FNUZ, 1), (TensorProto.FLOAT8E5M2, 1),
+        (TensorProto.FLOAT8E5M2FNUZ, 1))},
+}
+
+
+def _check_length(t: TensorProto, what: str) -> None:
+    """A small tensor, whose data is kept and read for shapes, holds as many values as its dims say
+    (:class:`~flopcount.errors.InvalidGraphError` naming it, ``what``, otherwise)."""
+    layout = _LAYOUTS.get(t.data_type)
+    if layout is None or t.data_location == TensorProto.EXTERNAL:
+        return
+    field, per_element, itemsize = layout
+    elements = 1
+    for d in t.dims:
+        elements *= d
+    if t.HasField("raw_data"):
+        if itemsize is None or len(t.raw_data) == elements * itemsize:
+            return
+        held, unit = len(t.raw_data), "bytes of raw_data"
+        wanted = elements * itemsize
+    else:
+        held = len(getattr(t, field))
+        if held == elements * per_element or not has_data(t):
+            return
+        unit, wanted = f"values in {field}", elements * per_element
+    from .errors import InvalidGraphError
+
+    raise InvalidGraphError(
+        f"{what}: its dims {list(t.dims)} make {elements} elements, which take {wanted} {unit}, but it holds {held}; "
+        "dims and data must agree: fix the tensor or re-export the model"
+    )
 
 
 def _check_tensor(t, node: onnx.NodeProto, index: int, where: str) -> None:
@@ -286,7 +352,8 @@ def _is_repeated(field) -> bool:
     return flag if flag is not None else field.label == field.LABEL_REPEATED
 
 
-def _copy_field(dst, field, value) -> None:
+def copy_field(dst, field, value) -> None:
+    """Set ``field`` of the message ``dst`` to ``value`` (a pair from ``ListFields()`` of a message of its type)."""
     if _is_repeated(field):
         getattr(dst, field.name).extend(value)
     elif field.message_type is not None:
@@ -295,15 +362,18 @@ def _copy_field(dst, field, value) -> None:
         setattr(dst, field.name, value)
 
 
+_copy_field = copy_field  # its former name, still read elsewhere
+
+
 def weightless_copy(model: ModelProto, where: str = "<model>") -> ModelProto:
     """A copy of ``model`` without weight data, made without copying the weight bytes."""
     out = ModelProto()
     for field, value in model.ListFields():
         if field.name != "graph":
-            _copy_field(out, field, value)
+            copy_field(out, field, value)
     for field, value in model.graph.ListFields():
         if field.name != "initializer":
-            _copy_field(out.graph, field, value)
+            copy_field(out.graph, field, value)
             continue
         for t in value:
             if _is_small(t):

@@ -190,11 +190,94 @@ def _infer(model: ModelProto, where: str, strict: bool = False, hint: bool = Tru
 
 def _infer_plain(model: ModelProto, where: str, strict: bool = False) -> ModelProto:
     try:
-        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=strict, data_prop=True)
+        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=strict,
+                                                 data_prop=data_prop_bounded(model))
     except Exception as e:  # InferenceError, ValidationError, or RuntimeError from C++
         if strict:
             raise
         raise _inference_failed(where, _first_line(e)) from None
+
+
+#: Most elements of a one-dimensional tensor that ONNX's data propagation may see. It holds the values of a 1-D
+#: tensor of known length as shape dims, about 150 bytes each, with no bound, and again for every Cast, Add, Mul ...
+#: that reads it: Range(0, 2**24) → Cast takes over 4 GB. No shape has this many dims.
+DATA_PROP_LIMIT = 2**16
+
+
+def data_prop_bounded(model: ModelProto) -> bool:
+    """Whether ONNX's data propagation stays bounded on ``model``: no graph input or initializer of rank 1, and no
+    integer Range of the top graph, holds more than :data:`DATA_PROP_LIMIT` elements. A Range's size is known from
+    its constant inputs, or from inputs computed from declared shapes and constants (``Range(0, Size(x))``) as
+    :func:`_fold` computes them. Where it is not bounded, inference runs without data propagation, and folding
+    (:func:`resolve`) computes the small shape vectors instead."""
+    g = model.graph
+    for t in g.initializer:
+        if len(t.dims) == 1 and t.dims[0] > DATA_PROP_LIMIT:
+            log.debug("initializer %r has %d elements: inference without data propagation", t.name, t.dims[0])
+            return False
+    for vi in g.input:
+        dims = vi.type.tensor_type.shape.dim
+        if len(dims) == 1 and dims[0].dim_value > DATA_PROP_LIMIT:
+            log.debug("input %r has %d elements: inference without data propagation", vi.name, dims[0].dim_value)
+            return False
+    ranges = [i for i, n in enumerate(g.node) if n.op_type == "Range" and n.domain in ("", "ai.onnx")]
+    for i, (size, _) in (_range_sizes(model, ranges).items() if ranges else ()):
+        if size > DATA_PROP_LIMIT:
+            log.debug("Range %r has %d elements: inference without data propagation", g.node[i].name, size)
+            return False
+    return True
+
+
+def _range_sizes(model: ModelProto, ranges: Sequence[int]) -> dict[int, tuple[int, np.dtype]]:
+    """Element count and type of the integer Ranges at ``ranges`` (node indices) whose inputs are known: constants,
+    else values folded from declared shapes and constants. A size computed from inferred shapes becomes a constant
+    in the next round of :func:`resolve`, whose inference asks again."""
+    g = model.graph
+    values: dict = {}
+    constants = _LazyConstants(model)
+    inputs = {x for i in ranges for x in g.node[i].input[:3] if x}
+    for x in inputs:
+        v = constants.get(x)
+        if v is not None:
+            values[x] = v
+    sizes = _known_range_sizes(g, ranges, values)
+    rest = [i for i in ranges if i not in sizes]
+    if rest:
+        producer = {o: k for k, n in enumerate(g.node) for o in n.output if o}
+        wanted, stack = set(), [x for i in rest for x in g.node[i].input[:3] if x and x not in values]
+        while stack:
+            k = producer.get(stack.pop())
+            if k is not None and k not in wanted:
+                wanted.add(k)
+                if g.node[k].op_type not in ("Shape", "Size"):  # they read a shape, not what computed it
+                    stack.extend(x for x in g.node[k].input if x)
+        order = sorted(wanted)
+        known = _collect(model, bodies=False)  # declared shapes only: no inference here
+        local = dict(values)
+        for k in order:
+            node = g.node[k]
+            local.update({o: constants[o] for o in node.output if o in constants})
+            if all(o in local for o in node.output if o):
+                continue
+            outs = _evaluate(node, known, local)
+            for o, v in zip(node.output, outs or ()):
+                if o and isinstance(v, (np.ndarray, np.generic)):
+                    local[o] = np.asarray(v)
+        sizes.update(_known_range_sizes(g, rest, local))
+    return sizes
+
+
+def _known_range_sizes(g: onnx.GraphProto, ranges: Sequence[int], values: Mapping) -> dict[int, tuple[int, np.dtype]]:
+    """Element count and type of the integer Ranges at ``ranges`` whose three inputs are in ``values``."""
+    sizes = {}
+    for i in ranges:
+        args = [values.get(x) if x else None for x in g.node[i].input[:3]]
+        if len(args) < 3 or any(a is None or a.size != 1 or a.dtype.kind not in "iu" for a in args):
+            continue
+        start, limit, delta = (int(a.reshape(-1)[0]) for a in args)
+        if delta:
+            sizes[i] = (max(-((start - limit) // delta), 0), args[0].dtype)  # ceil((limit - start) / delta)
+    return sizes
 
 
 # Standard operators whose inferred output dims are never negative when their input dims are not
@@ -572,7 +655,8 @@ def _report(model: ModelProto, where: str) -> bytes:
         if _guard_depths(model.graph) is None:
             from onnx.onnx_cpp2py_export import shape_inference as cpp
 
-            inferred = onnx.load_from_string(cpp.infer_shapes(model.SerializeToString(), False, False, True))
+            inferred = onnx.load_from_string(cpp.infer_shapes(model.SerializeToString(), False, False,
+                                                              data_prop_bounded(model)))
         else:
             inferred = _infer(model, where)  # a Slice at risk of a negative dim: step by step
         return b"C" + marshal.dumps(_rows(_collect(inferred)))

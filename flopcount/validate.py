@@ -6,7 +6,9 @@ ONNX's own checker (attribute names and types, required attributes, input and ou
 the values schemas cannot express (window attributes, ``auto_pad``, ``group``) and the structure of
 ``If``/``Loop``/``Scan`` bodies are checked, and declared dims must not be negative.
 :func:`check_resolved` runs once shapes and small constants are known: convolution weights must fit
-their input and ``group``; Reshape, Tile, Expand and ConstantOfShape targets must not be negative.
+their input and ``group``, and biases their output channels; a convolution or pooling window must have
+a position in its padded input; Reshape, Tile, Expand and ConstantOfShape targets must not be negative,
+and a Reshape keeps its element count.
 Every failure is an :class:`InvalidGraphError` (exit 4) naming the node and what is wrong, or a
 :class:`ShapeError` (exit 5) for a declared negative dim.
 """
@@ -22,7 +24,7 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, helper
 
-from .context import TensorInfo
+from .context import TensorInfo, is_long, shortened
 from .errors import InvalidGraphError, ShapeError
 from .graph import node_label
 from .loading import _first_line, has_data
@@ -144,10 +146,9 @@ def _as_checked(node: onnx.NodeProto) -> onnx.NodeProto:
     node, in their scope), and a tensor without data by a zero-element tensor of the same type. The
     loader checked each inline tensor as written before dropping its data (:mod:`flopcount.loading`),
     so the check never depends on whether data was dropped, at load or before the file was written."""
-    if not any(a.type in _GRAPH_TYPES or (a.type in _TENSOR_TYPES and _dataless(a)) for a in node.attribute):
+    if not any(a.type in _GRAPH_TYPES or (a.type in _TENSOR_TYPES and _dataless(a)) or is_long(a) for a in node.attribute):
         return node
-    bare = onnx.NodeProto()
-    bare.CopyFrom(node)
+    bare = shortened(node)  # the checker reads a long attribute's name and type: one value is as good as millions
     for a in bare.attribute:
         if a.type == AttributeProto.GRAPH:
             a.g.Clear()
@@ -299,6 +300,13 @@ _CONVS = {"Conv": (0, 1, True), "ConvInteger": (0, 1, True), "QLinearConv": (0, 
 _TARGETS = {"Reshape": 1, "Tile": 1, "Expand": 1, "ConstantOfShape": 0}
 
 
+# Windowed operators: (index of X, index of W or None where ``kernel_shape`` gives the window).
+_WINDOWS = {"Conv": (0, 1), "ConvInteger": (0, 1), "QLinearConv": (0, 3), "DeformConv": (0, 1),
+            "MaxPool": (0, None), "AveragePool": (0, None), "LpPool": (0, None)}
+# Convolutions with a bias input: its index.
+_BIASES = {"Conv": 2, "ConvTranspose": 2, "QLinearConv": 8, "DeformConv": 3}
+
+
 def check_resolved(dag, tensors: Mapping[str, TensorInfo], values: Mapping, attributes, where: str) -> None:
     """Checks that need shapes or constant values; ``attributes`` is the per-node attribute list of
     the traversal (None for nodes whose attributes no formula reads)."""
@@ -308,8 +316,12 @@ def check_resolved(dag, tensors: Mapping[str, TensorInfo], values: Mapping, attr
             continue
         if op_type in _CONVS:
             _check_conv(protos[i], names[i], tensors, attributes[i], where)
-        elif op_type in _TARGETS:
+        if op_type in _WINDOWS:
+            _check_window_fits(protos[i], names[i], tensors, attributes[i], where)
+        if op_type in _TARGETS:
             _check_target(protos[i], names[i], values, where)
+        if op_type == "Reshape":
+            _check_reshape_count(protos[i], names[i], tensors, values, attributes[i], where)
 
 
 def _check_conv(node, name, tensors, attrs, where) -> None:
@@ -345,6 +357,62 @@ def _check_conv(node, name, tensors, attrs, where) -> None:
         raise InvalidGraphError(
             f"{label}: kernel_shape={list(kernel)} contradicts weight {w.name!r} {w.shape_text()}; fix one of them"
         )
+    b_at = _BIASES.get(node.op_type)
+    b = tensors.get(node.input[b_at]) if b_at is not None and len(node.input) > b_at and node.input[b_at] else None
+    if b is not None and b.is_static:
+        c_out = w.shape[0] if forward else w.shape[1] * group
+        if b.shape != (c_out,):
+            raise InvalidGraphError(
+                f"{label}: bias {b.name!r} is {b.shape_text()}, but weight {w.name!r} {w.shape_text()} (group={group}) "
+                f"makes {c_out} output channels; the spec wants one bias per output channel, shape {c_out}: fix the "
+                "bias or the weight"
+            )
+
+
+def _check_window_fits(node, name, tensors, attrs, where) -> None:
+    """The window of a convolution or pooling with explicit pads (or none) has a position in its padded input: the
+    spec's output size ``floor((X + pads - ((K - 1) * dilation + 1)) / stride + 1)`` (``ceil`` with ``ceil_mode``)
+    is at least one. ONNX's inference divides with C++'s truncation toward zero, so that a window larger than its
+    padded input by less than the stride gets an output size of 1 there, and the model would be counted."""
+    x_at, w_at = _WINDOWS[node.op_type]
+    x = tensors.get(node.input[x_at]) if len(node.input) > x_at else None
+    if x is None or x.shape is None or len(x.shape) < 3:
+        return
+    attrs = attrs or {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    auto_pad = attrs.get("auto_pad", "NOTSET")
+    auto_pad = auto_pad.decode("utf-8", "replace") if isinstance(auto_pad, bytes) else auto_pad
+    if auto_pad not in ("NOTSET", "VALID"):
+        return  # SAME_*: pads grow to keep ceil(X / stride) outputs
+    kernel = attrs.get("kernel_shape")
+    if not kernel and w_at is not None and len(node.input) > w_at:
+        w = tensors.get(node.input[w_at])
+        kernel = w.shape[2:] if w is not None and w.shape is not None else None
+    spatial = x.shape[2:]
+    rank = len(spatial)
+    if not kernel or len(kernel) != rank:
+        return
+    pads = list(attrs.get("pads") or [0] * 2 * rank) if auto_pad == "NOTSET" else [0] * 2 * rank
+    dilations = list(attrs.get("dilations") or [1] * rank)
+    strides = list(attrs.get("strides") or [1] * rank)
+    if len(pads) != 2 * rank or len(dilations) != rank or len(strides) != rank:
+        return
+    ceil = bool(attrs.get("ceil_mode", 0))
+    for axis, (size, k, d, s) in enumerate(zip(spatial, kernel, dilations, strides)):
+        if type(size) is not int or type(k) is not int or s < 1:
+            continue
+        begin, end = pads[axis], pads[axis + rank]
+        padded, window = size + begin + end, (k - 1) * d + 1
+        if padded >= window:
+            continue
+        out = (-((window - padded) // s) if ceil else (padded - window) // s) + 1  # ceil/floor((padded - window) / s) + 1
+        if out < 1:
+            rounding = "ceil" if ceil else "floor"
+            raise InvalidGraphError(
+                f"{where}: node {name!r} ({node.op_type}): its window on spatial axis {axis} spans {window} (kernel "
+                f"{k}, dilation {d}), more than input {x.name!r} {x.shape_text()} with its pads ({begin} + {size} + "
+                f"{end} = {padded}): the spec's output size {rounding}(({padded} - {window}) / {s} + 1) = {out} is "
+                "not positive; fix the kernel, the pads or the input shape"
+            )
 
 
 def _check_target(node, name, values, where) -> None:
@@ -366,3 +434,36 @@ def _check_target(node, name, values, where) -> None:
         f"{where}: node {name!r} ({node.op_type}): its {what} {node.input[at]!r} is {flat.tolist()}; the spec "
         f"allows {rule}: fix the model"
     )
+
+
+def _check_reshape_count(node, name, tensors, values, attrs, where) -> None:
+    """A Reshape keeps its element count: its target (a 0 copying the input's dim unless ``allowzero=1``, one -1
+    taking what is left) must hold as many elements as its input. ONNX's inference writes the target as it is."""
+    if len(node.input) < 2 or not node.input[1]:
+        return
+    x, v = tensors.get(node.input[0]), values.get(node.input[1])
+    if x is None or not x.is_static or v is None:
+        return
+    target = np.asarray(v).reshape(-1)
+    if target.dtype.kind not in "iu" or target.min(initial=0) < -1 or np.count_nonzero(target == -1) > 1:
+        return  # refused by _check_target
+    allowzero = (attrs or {a.name: helper.get_attribute_value(a) for a in node.attribute}).get("allowzero", 0)
+    dims = [int(d) for d in target]
+    for i, d in enumerate(dims):
+        if d == 0 and not allowzero:
+            if i >= len(x.shape):
+                raise InvalidGraphError(
+                    f"{where}: node {name!r} (Reshape): its target shape {node.input[1]!r} is {dims}, whose 0 at "
+                    f"index {i} copies a dim input {x.name!r} {x.shape_text()} does not have: fix the model"
+                )
+            dims[i] = x.shape[i]
+    elements = int(np.prod(x.shape, dtype=object))
+    known = int(np.prod([d for d in dims if d != -1], dtype=object))
+    fits = (elements % known == 0 if known else elements == 0) if -1 in dims else elements == known
+    if not fits:
+        need = f"a multiple of {known}" if -1 in dims else f"{known}"
+        raise InvalidGraphError(
+            f"{where}: node {name!r} (Reshape): input {x.name!r} {x.shape_text()} holds {elements} elements, but its "
+            f"target shape {node.input[1]!r} {list(map(int, target))} needs {need}; a Reshape keeps the element "
+            "count: fix the target or the input shape"
+        )

@@ -44,6 +44,8 @@ __all__ = [
     "bytes_digest",
     "cache_folder",
     "cache_key",
+    "canonical",
+    "canonical_json",
     "captured_fd",
     "check_count_kwargs",
     "class_digest",
@@ -58,6 +60,7 @@ __all__ = [
     "read_cache",
     "shorten",
     "training_flag",
+    "without_addresses",
     "write_cache",
 ]
 
@@ -295,8 +298,45 @@ def cache_folder(cache_dir: str | os.PathLike | bool | None) -> Path | None:
 
 
 def cache_key(document: Any) -> str:
-    """SHA-256 of ``document`` as canonical JSON (``repr`` for what JSON cannot hold)."""
-    return hashlib.sha256(json.dumps(document, sort_keys=True, default=repr).encode()).hexdigest()
+    """SHA-256 of ``document`` as canonical JSON; what JSON cannot hold goes through :func:`canonical`, so that the
+    key is the same in every process (whatever ``PYTHONHASHSEED`` and wherever objects live in memory).
+
+    >>> cache_key({"b": {3, 1, 2}, "a": 1}) == cache_key({"a": 1, "b": {2, 3, 1}})
+    True
+    """
+    return hashlib.sha256(canonical_json(document).encode()).hexdigest()
+
+
+def canonical_json(value: Any) -> str:
+    """``value`` as JSON with sorted keys, :func:`canonical` standing in for what JSON cannot hold."""
+    return json.dumps(value, sort_keys=True, default=canonical)
+
+
+def canonical(value: Any) -> Any:
+    """A JSON-able stand-in for ``value`` that is the same in every process: a set's elements in sorted order (its
+    iteration order follows the per-process salted hashes of strings), a function or class by its qualified name and
+    the digest of its source file, bytes by their digest, anything else by its ``repr`` with memory addresses left
+    out (``<object at 0x7f...>``)."""
+    if isinstance(value, (set, frozenset)):
+        return [type(value).__name__, sorted((canonical_json(v) for v in value))]
+    if isinstance(value, (bytes, bytearray)):
+        return ["bytes", bytes_digest(bytes(value))]
+    if inspect.isfunction(value) or inspect.isclass(value):
+        module = str(getattr(value, "__module__", ""))
+        return [type(value).__name__, f"{module}.{value.__qualname__}", module_file_digest(module)]
+    return without_addresses(repr(value))
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def without_addresses(text: str) -> str:
+    """``text`` without the memory addresses that default reprs hold (they differ in every process).
+
+    >>> without_addresses("<function <lambda> at 0x7f3a2c1d5e40>")
+    '<function <lambda>>'
+    """
+    return _ADDRESS.sub("", text)
 
 
 def dist_version(distribution: str) -> str:
@@ -373,6 +413,17 @@ class StateDescriber:
         self._seen: dict[int, str] = {}
         self._keep: list[Any] = []  # keeps described objects alive, so their ids stay theirs
 
+    #: Private attributes that cache a ``hash()`` (``_hash``, transformers' ``GenerationConfig._original_object_hash``):
+    #: Python salts the hashes of strings per process (``PYTHONHASHSEED``), and such a cache is derived from the
+    #: object's other state, which is described. Only int values are left out.
+    HASH_CACHE = re.compile(r"_(\w*_)?hash")
+
+    def state(self, obj: Any) -> dict[str, Any]:
+        """The attributes of ``obj`` to describe: ``vars(obj)`` without the caches of its own hash
+        (:attr:`HASH_CACHE`)."""
+        return {k: v for k, v in vars(obj).items()
+                if not (isinstance(v, int) and not isinstance(v, bool) and self.HASH_CACHE.fullmatch(k))}
+
     def name(self, obj: Any, label: str) -> None:
         """Refer to ``obj`` by ``label`` instead of describing it (the modules of the tree are described apart)."""
         self._named.setdefault(id(obj), label)
@@ -402,7 +453,7 @@ class StateDescriber:
         if isinstance(value, (tuple, list)):
             return [type(value).__name__, [self.describe(v, depth + 1) for v in value]]
         if isinstance(value, (set, frozenset)):
-            return [type(value).__name__, sorted((self.describe(v, depth + 1) for v in value), key=repr)]
+            return [type(value).__name__, [self.describe(v, depth + 1) for v in self._in_canonical_order(value, depth)]]
         if id(value) in self._seen:
             return ["ref", self._seen[id(value)]]
         self._seen[id(value)] = f"#{len(self._seen)}"
@@ -420,12 +471,22 @@ class StateDescriber:
             return self._function(value, depth)
         if inspect.isbuiltin(value) or inspect.ismethoddescriptor(value) or type(value).__name__ in _BUILTIN_CALLABLES:
             module = getattr(value, "__module__", None) or getattr(getattr(value, "__objclass__", None), "__module__", "")
-            return ["builtin", str(module), getattr(value, "__qualname__", repr(value))]
+            return ["builtin", str(module), getattr(value, "__qualname__", None) or without_addresses(repr(value))]
         if hasattr(value, "__dict__"):
-            state = vars(value)
-            return ["object", *self.object_type(value), self.describe(dict(state), depth + 1)]
+            return ["object", *self.object_type(value), self.describe(self.state(value), depth + 1)]
         self.unsound = f"cannot describe a {type(value).__module__}.{type(value).__qualname__} it holds"
         return None
+
+    def _in_canonical_order(self, values: set | frozenset, depth: int) -> list[Any]:
+        """The elements of a set sorted by their description, each described from the describer's present state
+        (a set iterates in the order of its elements' per-process hashes, and the objects described first would
+        take the first reference labels)."""
+        def provisional(value: Any) -> str:
+            probe = object.__new__(StateDescriber)
+            probe.__dict__.update(self.__dict__, _seen=dict(self._seen), _keep=[])
+            return canonical_json(probe.describe(value, depth + 1))
+
+        return [v for _, v in sorted(((provisional(v), i), v) for i, v in enumerate(values))]
 
     def object_type_of_class(self, cls: type) -> list[str]:
         return [f"{cls.__module__}.{cls.__qualname__}", class_digest(cls, self.framework)]

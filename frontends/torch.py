@@ -46,7 +46,9 @@ exported by torch.export alone, its weights becoming external-data references.
 :class:`flopcount.frontends.common.StateDescriber`: configuration objects with their private attributes, forward
 hooks, functions), parameter and buffer names, shapes and dtypes, the inputs (names, shapes, dtypes and a digest of
 their values), the keyword constants, the training flag, the opset and the torch, onnx, onnxscript and flopcount
-versions. Where some state cannot be described, the export is not cached. The cache folder is ``cache_dir=``, else
+versions. The key is the same in every process: sets are described in sorted order, memory addresses are left out
+of reprs, hook handle ids become ranks and private ``hash()`` caches are left out (Python salts string hashes per
+process). Where some state cannot be described, the export is not cached. The cache folder is ``cache_dir=``, else
 ``$FLOPCOUNT_CACHE`` (``0``/``off`` disables it), else ``$XDG_CACHE_HOME/flopcount`` or ``~/.cache/flopcount``;
 ``cache_dir=False`` disables caching. Files are small (weightless graphs).
 
@@ -799,7 +801,7 @@ def _fingerprint(torch, module, call: _Call, training: bool, opset: int) -> str 
         describer.name(sub, f"module:{name}")
     modules = []
     for name, sub in module.named_modules():
-        state = {k: v for k, v in vars(sub).items() if k not in _MODULE_BOOKKEEPING}
+        state = _hooks_by_rank({k: v for k, v in describer.state(sub).items() if k not in _MODULE_BOOKKEEPING})
         modules.append([name, describer.object_type(sub), describer.describe(state)])
     if describer.unsound is not None:
         log.info("export of %s not cached: %s", type(module).__name__, describer.unsound)
@@ -812,7 +814,7 @@ def _fingerprint(torch, module, call: _Call, training: bool, opset: int) -> str 
             "onnxscript": common.dist_version("onnxscript"),
             "flopcount": common.dist_version("flopcount"),
         },
-        "module": repr(module),
+        "module": common.without_addresses(repr(module)),
         "modules": modules,
         "parameters": [[n, list(p.shape), str(p.dtype), p.is_meta] for n, p in module.named_parameters()],
         "buffers": [[n, list(b.shape), str(b.dtype), b.is_meta] for n, b in module.named_buffers()],
@@ -835,6 +837,22 @@ _MODULE_BOOKKEEPING = frozenset({
     "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks", "_backward_hooks", "_backward_pre_hooks",
     "_is_full_backward_hook", "_non_persistent_buffers_set",
 })
+
+
+#: Module attributes keyed by hook handle ids: numbers drawn from a counter shared by every module of the process.
+_HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
+               "_forward_pre_hooks_with_kwargs")
+
+
+def _hooks_by_rank(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with the hook handle ids in :data:`_HOOK_DICTS` replaced by their rank among the module's hooks
+    (the ids count every hook registered in the process before, so they differ between processes; their order
+    is the order the hooks run in)."""
+    ids = sorted({k for name in _HOOK_DICTS if isinstance(state.get(name), Mapping) for k in state[name]
+                  if isinstance(k, int)})
+    rank = {k: i for i, k in enumerate(ids)}
+    return {name: {rank.get(k, k): v for k, v in value.items()} if name in _HOOK_DICTS and isinstance(value, Mapping)
+            else value for name, value in state.items()}
 
 
 def _torch_leaf(torch, value: Any) -> Any:

@@ -13,8 +13,9 @@ k divisions) and k exps; PROBIT 4k FLOPs (2p − 1, erfinv, ×√2) and k transc
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
 from math import prod
+
+import numpy as np
 
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
@@ -178,47 +179,120 @@ def svm_regressor(ctx: NodeContext, *, kernel_type: str = "LINEAR", n_supports: 
 # --- tree ensembles -----------------------------------------------------------------------------
 
 
-def _depth(root, children, limit: int) -> int:
-    """Branch nodes on the longest path from ``root``; ``children(node)`` lists branch children.
-    A path longer than ``limit`` (the number of nodes) means a cycle: a malformed tree."""
-    best, stack = 0, [(root, 1)]
-    while stack:
-        node, d = stack.pop()
-        if d > limit:
+def _level_depths(roots: np.ndarray, true_child: np.ndarray, false_child: np.ndarray) -> int:
+    """Σ over ``roots`` of the branch nodes on the longest path down from each: nodes are positions, a child is
+    the position of a branch node or -1 (a leaf). Walked level by level over whole arrays, each node once per
+    level; more levels than nodes means a cycle, a malformed tree (ValueError)."""
+    size = len(true_child)
+    owner_of = np.zeros(size, dtype=np.int64)  # the root a node descends from (trees share no node)
+    total, level = 0, 0
+    frontier, listed = np.unique(roots, return_counts=True)  # a root listed twice is two trees
+    owner_of[frontier] = np.arange(len(frontier))
+    while len(frontier):
+        level += 1
+        if level > size:
             raise ValueError("the tree attributes contain a cycle")
-        best = max(best, d)
-        stack.extend((child, d + 1) for child in children(node))
-    return best
+        going = np.zeros(len(listed), dtype=bool)
+        going[owner_of[frontier]] = True
+        total += int(listed[going].sum())  # one more level for each tree still going down
+        children = np.concatenate([true_child[frontier], false_child[frontier]])
+        parents = np.concatenate([frontier, frontier])
+        keep = children >= 0
+        children, parents = children[keep], parents[keep]
+        owner_of[children] = owner_of[parents]
+        reached = np.zeros(size, dtype=bool)
+        reached[children] = True  # a node with two parents once
+        frontier = np.flatnonzero(reached)
+    return total
 
 
-def _legacy_trees(nodes_treeids, nodes_nodeids, nodes_modes, nodes_truenodeids, nodes_falsenodeids) -> dict[int, int]:
-    """Depth (branch nodes on the longest root-to-leaf path) of each tree of the legacy encoding."""
-    branch: dict[tuple[int, int], tuple[int, int]] = {}
-    for t, i, mode, yes, no in zip(nodes_treeids, nodes_nodeids, nodes_modes, nodes_truenodeids, nodes_falsenodeids):
-        if mode != "LEAF":
-            branch[(t, i)] = (yes, no)
-    child_ids = {(t, c) for (t, _), pair in branch.items() for c in pair}
-    roots = {t: i for t, i in zip(nodes_treeids, nodes_nodeids) if (t, i) not in child_ids}
+def _leaf_mask(modes) -> np.ndarray:
+    """Which entries of ``nodes_modes`` are LEAF (str, or the raw bytes of a long attribute)."""
+    modes = np.asarray(modes, dtype=object)
+    if not len(modes):
+        return np.zeros(0, dtype=bool)
+    return modes == (b"LEAF" if isinstance(modes[0], bytes) else "LEAF")
 
-    def children(key):
-        t = key[0]
-        return [(t, c) for c in branch.get(key, ()) if (t, c) in branch]
 
-    return {t: (_depth((t, r), children, len(branch)) if (t, r) in branch else 0) for t, r in roots.items()}
+#: Largest table (entries) indexed by a (tree, node) key; sparser ids are sorted instead.
+_DENSE_KEYS = 2**27
+
+
+def _legacy_depths(nodes_treeids, nodes_nodeids, nodes_modes, nodes_truenodeids, nodes_falsenodeids) -> int:
+    """Σ_t d_t of the legacy encoding: per tree, the branch nodes on the longest root-to-leaf path. A tree's root is
+    its last node that is no branch's child; a node listed twice is its last listing."""
+    columns = [np.asarray(c) for c in (nodes_treeids, nodes_nodeids, nodes_truenodeids, nodes_falsenodeids)]
+    n = min(map(len, columns + [nodes_modes]))
+    if not n:
+        return 0
+    trees, ids, yes, no = (np.asarray(c[:n], dtype=np.int64) for c in columns)
+    branch = ~_leaf_mask(nodes_modes)[:n]
+    # (tree, node) as one integer key in [0, keys): the ids shifted to start at 0
+    low = min(int(ids.min()), int(yes.min()), int(no.min()))
+    span = max(int(ids.max()), int(yes.max()), int(no.max())) - low + 1
+    first_tree = int(trees.min())
+    tree_count = int(trees.max()) - first_tree + 1
+    keys = tree_count * span
+    if keys >= 2**62:
+        raise ValueError("the tree or node ids are too far apart")
+    base = (trees - first_tree) * span
+    node_key = base + (ids - low)
+    where = np.flatnonzero(branch)
+    if keys <= _DENSE_KEYS:
+        position = np.full(keys, -1, dtype=np.int64)
+        position[node_key[where]] = np.arange(len(where))  # repeated keys: the last listing
+        at = np.full(len(where), -1, dtype=np.int64)
+        at[position[node_key[where]]] = where
+        kept = at >= 0
+        at = at[kept]
+        position[node_key[at]] = np.arange(len(at))
+
+        def branch_position(k: np.ndarray) -> np.ndarray:
+            return position[k]
+    else:
+        reverse = where[::-1]
+        branch_keys, last = np.unique(node_key[reverse], return_index=True)
+        at = reverse[last]
+
+        def branch_position(k: np.ndarray) -> np.ndarray:
+            pos = np.minimum(np.searchsorted(branch_keys, k), len(branch_keys) - 1)
+            return np.where(branch_keys[pos] == k, pos, -1) if len(branch_keys) else np.full(len(k), -1)
+    true_key, false_key = base[at] + (yes[at] - low), base[at] + (no[at] - low)
+    if keys <= _DENSE_KEYS:
+        is_child = np.zeros(keys, dtype=bool)
+        is_child[true_key] = is_child[false_key] = True
+        not_child = np.flatnonzero(~is_child[node_key])
+    else:
+        not_child = np.flatnonzero(~np.isin(node_key, np.union1d(true_key, false_key)))
+    root_of = np.full(tree_count, -1, dtype=np.int64)
+    root_of[trees[not_child] - first_tree] = not_child  # per tree, its last node that is no child
+    root_of = root_of[root_of >= 0]
+    roots = branch_position(node_key[root_of])
+    return _level_depths(roots[roots >= 0], branch_position(true_key), branch_position(false_key))
+
+
+def _leaf_weights(tree_ids, node_ids) -> int:
+    """Σ over trees of the most weights one leaf of the tree carries (one add each)."""
+    n = min(len(tree_ids), len(node_ids))
+    if not n:
+        return 0
+    trees, nodes = (np.asarray(np.asarray(c)[:n], dtype=np.int64) for c in (tree_ids, node_ids))
+    first_tree, first_node = int(trees.min()), int(nodes.min())
+    tree_span, node_span = int(trees.max()) - first_tree + 1, int(nodes.max()) - first_node + 1
+    if tree_span * node_span <= _DENSE_KEYS:  # ids close together: a table of (tree, node) counts
+        per_leaf = np.bincount((trees - first_tree) * node_span + (nodes - first_node), minlength=tree_span * node_span)
+        return int(per_leaf.reshape(tree_span, node_span).max(axis=1).sum())
+    tree_keys, tree_of = np.unique(trees, return_inverse=True)
+    node_keys, node_of = np.unique(nodes, return_inverse=True)
+    pairs, per_leaf = np.unique(tree_of * len(node_keys) + node_of, return_counts=True)
+    most = np.zeros(len(tree_keys), dtype=np.int64)
+    np.maximum.at(most, pairs // len(node_keys), per_leaf)
+    return int(most.sum())
 
 
 def _tree_cost(n: int, depths: int, leaf_adds: int, outputs: int, average: bool, base: bool, transform) -> Cost:
     per_sample = depths + leaf_adds + (outputs if average else 0) + (outputs if base else 0)
     return Cost(flops=n * per_sample) + n * post_transform_cost(transform, outputs)
-
-
-def _leaf_weights(tree_ids, node_ids) -> int:
-    """Σ over trees of the most weights one leaf of the tree carries (one add each)."""
-    per_leaf = Counter(zip(tree_ids, node_ids))
-    most: dict[int, int] = defaultdict(int)
-    for (t, _), c in per_leaf.items():
-        most[t] = max(most[t], c)
-    return sum(most.values())
 
 
 @formula("TreeEnsembleRegressor", family="ml", domain=DOMAIN)
@@ -234,8 +308,7 @@ def tree_ensemble_regressor(ctx: NodeContext, *, nodes_treeids, nodes_nodeids, n
 
     A BRANCH_MEMBER-style or NaN-tracking node counts one comparison. Feature gathering is free.
     """
-    trees = _legacy_trees(nodes_treeids, nodes_nodeids, nodes_modes, nodes_truenodeids, nodes_falsenodeids)
-    depths = sum(trees.values())
+    depths = _legacy_depths(nodes_treeids, nodes_nodeids, nodes_modes, nodes_truenodeids, nodes_falsenodeids)
     n, _ = _samples_features(ctx)
     return _tree_cost(n, depths, _leaf_weights(target_treeids, target_nodeids), n_targets,
                       aggregate_function == "AVERAGE", bool(base_values), post_transform)  # fmt: skip
@@ -253,8 +326,7 @@ def tree_ensemble_classifier(ctx: NodeContext, *, nodes_treeids, nodes_nodeids, 
 
     The binary case's second score column (its complement) is not counted.
     """
-    trees = _legacy_trees(nodes_treeids, nodes_nodeids, nodes_modes, nodes_truenodeids, nodes_falsenodeids)
-    depths = sum(trees.values())
+    depths = _legacy_depths(nodes_treeids, nodes_nodeids, nodes_modes, nodes_truenodeids, nodes_falsenodeids)
     n, _ = _samples_features(ctx)
     k = len(classlabels_int64s or classlabels_strings or ())
     label = Cost(flops=n * max(k - 1, 1))
@@ -274,15 +346,14 @@ def tree_ensemble(ctx: NodeContext, *, tree_roots, nodes_truenodeids, nodes_true
     A BRANCH_MEMBER node counts one comparison (not one per set member). Feature gathering is free.
     """
 
-    def children(i):
-        out = []
-        if not nodes_trueleafs[i]:
-            out.append(nodes_truenodeids[i])
-        if not nodes_falseleafs[i]:
-            out.append(nodes_falsenodeids[i])
-        return out
-
-    depths = sum(_depth(r, children, len(nodes_truenodeids)) for r in tree_roots)
+    size = len(nodes_truenodeids)
+    true_child = np.where(np.asarray(nodes_trueleafs, dtype=bool), -1, np.asarray(nodes_truenodeids, dtype=np.int64))
+    false_child = np.where(np.asarray(nodes_falseleafs, dtype=bool), -1, np.asarray(nodes_falsenodeids, dtype=np.int64))
+    roots = np.asarray(tree_roots, dtype=np.int64)
+    if any(len(c) and (c.min() < -1 or c.max() >= size) for c in (true_child, false_child)) or (
+            len(roots) and (roots.min() < 0 or roots.max() >= size)):
+        raise IndexError("a tree root or child is not a node index")
+    depths = _level_depths(roots, true_child, false_child)
     n, _ = _samples_features(ctx)
     average = AGGREGATES[aggregate_function] == "AVERAGE"
     return _tree_cost(n, depths, len(tree_roots), n_targets, average, False, post_transform)

@@ -161,6 +161,124 @@ def test_state_that_cannot_be_described_is_not_cached(cache, exports, caplog):
     assert "not cached: cannot describe a _thread.lock" in caplog.text
 
 
+# The key is the same in every process: Python salts the hashes of strings per process (PYTHONHASHSEED), which
+# orders sets and gives hash() caches their values; default reprs hold memory addresses; hook handle ids count every
+# hook the process registered before.
+
+STATEFUL = """
+import json, sys
+import torch
+from torch import nn
+from flopcount.frontends import torch as frontend
+
+class Options:
+    def __init__(self):
+        self.names = {"relu", "gelu", "silu", "tanh", "mish"}        # a set of strings: hash-ordered
+        self.tags = {Tag("b"), Tag("a"), Tag("c")}                    # a set of objects: id-ordered
+        self._hash = hash("relu")                                     # a cached hash(): salted
+
+class Tag:
+    def __init__(self, name):
+        self.name = name
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.options = Options()
+        self.act = lambda y: y                                        # its repr holds an address
+        self.fc = nn.Linear(5, 7)
+
+    def extra_repr(self):
+        return f"act={self.act}"
+
+    def forward(self, x):
+        return self.act(self.fc(x))
+
+for _ in range(int(sys.argv[1])):                                     # hooks registered before draw handle ids
+    nn.Linear(1, 1).register_forward_hook(lambda *a: None)
+net = Net()
+net.fc.register_forward_hook(lambda mod, args, out: out * 3)
+call = frontend._bind(torch, net, (2, 5), None, None)
+print(frontend._fingerprint(torch, net, call, False, 18))
+"""
+
+
+def key_in_a_process(script: str, hash_seed: int, *args: str, env: dict[str, str] | None = None) -> str:
+    """The last line ``script`` prints, run by a new interpreter with ``PYTHONHASHSEED=hash_seed``."""
+    import os
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=300,
+        env={**os.environ, **(env or {}), "PYTHONHASHSEED": str(hash_seed)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.strip().splitlines()[-1]
+
+
+def test_the_key_is_the_same_in_every_process():
+    first = key_in_a_process(STATEFUL, 1, "0")
+    assert first != "None"  # the state was described, the export is cached
+    assert key_in_a_process(STATEFUL, 2, "3") == first
+
+
+def test_the_key_still_sees_a_set_change():
+    class Options:
+        def __init__(self, names):
+            self.names = names
+
+    def key(names):
+        module = nn.Linear(5, 7)
+        module.options = Options(names)
+        return frontend._fingerprint(torch, module, frontend._bind(torch, module, (2, 5), None, None), False, 18)
+
+    assert key({"relu", "gelu"}) == key({"gelu", "relu"})
+    assert key({"relu", "gelu"}) != key({"relu", "silu"})
+    assert key({"relu", "gelu"}) != key(frozenset({"relu", "gelu"}))
+
+
+LLAMA = """
+import json, sys
+import torch, transformers
+from flopcount import from_torch
+from flopcount.frontends import torch as frontend
+
+exports = []
+real = frontend._export
+frontend._export = lambda *args: exports.append(1) or real(*args)
+config = transformers.LlamaConfig(vocab_size=61, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+                                  num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
+                                  rms_norm_eps=float(sys.argv[1]))
+module = transformers.LlamaForCausalLM(config)
+inputs = {"input_ids": ((1, 5), torch.int64)}
+key = frontend._fingerprint(torch, module, frontend._bind(torch, module, inputs, None, None), False, 18)
+report = from_torch(module, inputs)
+print(json.dumps({"key": key, "exports": len(exports), "flops": report.total.flops}))
+"""
+
+
+@pytest.mark.slow
+def test_a_transformers_llama_export_is_cached_across_processes(tmp_path):
+    """A tiny LlamaForCausalLM built from its config (nothing downloaded), counted by two processes with different
+    hash seeds that share a cache folder: the second reads the first one's export."""
+    pytest.importorskip("transformers")
+    import json
+
+    env = {frontend.CACHE_ENV: str(tmp_path / "cache")}
+    first = json.loads(key_in_a_process(LLAMA, 1, "1e-6", env=env))
+    (entry,) = (tmp_path / "cache").glob("torch-*.onnx")
+    written = entry.stat().st_mtime_ns
+    second = json.loads(key_in_a_process(LLAMA, 2, "1e-6", env=env))
+    assert first["exports"] == 1 and first["key"] is not None
+    assert second["key"] == first["key"]
+    assert second["exports"] == 0  # a cache hit: no export ran
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [entry.name] and entry.stat().st_mtime_ns == written
+    assert second["flops"] == first["flops"]
+    changed = json.loads(key_in_a_process(LLAMA, 2, "1e-5", env=env))  # another rms_norm_eps: same shapes
+    assert changed["key"] != first["key"] and changed["exports"] == 1
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Inputs: dtypes, keywords, constants
 # ---------------------------------------------------------------------------------------------------------------

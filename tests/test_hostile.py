@@ -102,6 +102,37 @@ def with_opset(version):
     return m
 
 
+def with_opsets(*imports):
+    """A Relu model importing the default domain at opset 18, then each (domain, version) of ``imports``."""
+    m = single("Relu", {"x": (2, 3)})
+    m.opset_import.extend(helper.make_opsetid(d, v) for d, v in imports)
+    return m
+
+
+def conv_bias(b, w=(4, 3, 3, 3), op="Conv", group=1):
+    """x 1x3x8x8 → Conv(W, B) → y, pads 1."""
+    node = N(op, ["x", "W", "B"], ["y"], name="conv", pads=[1, 1, 1, 1], group=group)
+    return model([node], {"x": (1, 3, 8, 8)}, ["y"], [weight("W", w), weight("B", b)])
+
+
+def window(op, kernel, strides, x=(1, 3, 4, 4), **attrs):
+    """x → op (a 2-D window of side ``kernel``, stride ``strides``) → y; Conv gets a 4x3xKxK weight."""
+    if op == "Conv":
+        node = N(op, ["x", "W"], ["y"], name="win", strides=[strides] * 2, **attrs)
+        return model([node], {"x": x}, ["y"], [weight("W", (4, 3, kernel, kernel))])
+    return model([N(op, ["x"], ["y"], name="win", kernel_shape=[kernel] * 2, strides=[strides] * 2, **attrs)], {"x": x}, ["y"])
+
+
+def mismatched(dims, values, where="initializer"):
+    """Reshape(x 2x6, s) where the int64 tensor s declares ``dims`` but holds ``values``."""
+    t = TensorProto(name="s", dims=list(dims), data_type=TensorProto.INT64)
+    t.int64_data.extend(values)
+    if where == "initializer":
+        return model([N("Reshape", ["x", "s"], ["y"], name="shape_op")], {"x": (2, 6)}, ["y"], [t])
+    nodes = [N("Constant", [], ["s"], name="const", value=t), N("Reshape", ["x", "s"], ["y"], name="shape_op")]
+    return model(nodes, {"x": (2, 6)}, ["y"])
+
+
 def with_value_info(dims):
     m = model([N("Relu", ["x"], ["r"], name="act"), N("Neg", ["r"], ["y"])], {"x": (2, 3)}, ["y"])
     m.graph.value_info.append(helper.make_tensor_value_info("r", F, dims))
@@ -169,7 +200,46 @@ INVALID = [
     pytest.param(reshape_to([1, -2], "Tile"), [], 4, ["(Tile)", "repeats 's' is [1, -2]"], id="tile-negative-repeats"),
     pytest.param(reshape_to([2, -6], "Expand"), [], 4, ["(Expand)", "[2, -6]"], id="expand-negative-shape"),
     pytest.param(reshape_to([3, -1], "ConstantOfShape"), [], 4, ["(ConstantOfShape)", "[3, -1]"], id="constant-of-shape-negative"),
+    # a Conv bias is one value per output channel
+    pytest.param(conv_bias((5,)), [], 4, ["node 'conv' (Conv)", "bias 'B' is 5", "makes 4 output channels"],
+                 id="conv-bias-longer-than-output-channels"),
+    pytest.param(conv_bias((2, 2)), [], 4, ["node 'conv' (Conv)", "bias 'B' is 2x2", "shape 4"], id="conv-bias-rank-2"),
+    pytest.param(conv_bias((3,), w=(3, 2, 3, 3), op="ConvTranspose"), [], 4,  # C_out = 2 per group x 2 groups
+                 ["(ConvTranspose)", "bias 'B' is 3", "(group=1) makes 2 output channels"], id="conv-transpose-bias"),
+    pytest.param(conv_bias((4,)), [], 0, [], id="conv-bias-of-output-channels"),
+    # a window larger than its padded input: floor((4 - 7) / 4 + 1) = 0 outputs, which ONNX's truncating division
+    # makes 1
+    pytest.param(window("Conv", 7, 4), [], 4, ["node 'win' (Conv)", "spans 7", "(0 + 4 + 0 = 4)",
+                                               "floor((4 - 7) / 4 + 1) = 0"], id="conv-kernel-larger-than-input"),
+    pytest.param(window("MaxPool", 7, 5, pads=[1, 1, 0, 0]), [], 4, ["node 'win' (MaxPool)", "(1 + 4 + 0 = 5)",
+                                                                     "floor((5 - 7) / 5 + 1) = 0"],
+                 id="pool-kernel-larger-than-padded-input"),
+    pytest.param(window("MaxPool", 3, 4, dilations=[3, 3]), [], 4, ["node 'win' (MaxPool)", "spans 7 (kernel 3, "
+                                                                    "dilation 3)"], id="pool-dilated-window"),
+    # ceil((4 - 5) / 2 + 1) = 1: ceil_mode lets the one window pass the input's end, as onnxruntime runs it
+    pytest.param(window("MaxPool", 5, 2, ceil_mode=1), [], 0, [], id="pool-ceil-mode-one-window"),
+    pytest.param(window("Conv", 7, 1, auto_pad="SAME_UPPER"), [], 0, [], id="conv-same-pads-grow"),
+    # a Reshape keeps the element count
+    pytest.param(reshape_to([5, 3]), [], 4, ["node 'shape_op' (Reshape)", "'x' 2x6 holds 12 elements", "[5, 3] needs 15"],
+                 id="reshape-other-element-count"),
+    pytest.param(reshape_to([5, -1]), [], 4, ["[5, -1] needs a multiple of 5"], id="reshape-minus-one-does-not-divide"),
+    pytest.param(reshape_to([0, 7]), [], 4, ["[0, 7] needs 14"], id="reshape-zero-copies-a-dim"),
+    pytest.param(reshape_to([0, 0, 0]), [], 4, ["0 at index 2 copies a dim"], id="reshape-zero-beyond-the-input-rank"),
+    pytest.param(reshape_to([3, -1]), [], 0, [], id="reshape-3-by-4"),
+    pytest.param(reshape_to([0, 3, -1]), [], 0, [], id="reshape-zero-and-minus-one"),
+    # dims and data of a kept (small) tensor disagree
+    pytest.param(mismatched([0], [3]), [], 4, ["initializer 's'", "dims [0] make 0 elements", "holds 1"],
+                 id="initializer-of-no-elements-with-data"),
+    pytest.param(mismatched([2], [3, 4, 1]), [], 4, ["initializer 's'", "dims [2] make 2 elements", "holds 3"],
+                 id="initializer-with-more-data-than-dims"),
+    pytest.param(mismatched([3], [3, 4], "Constant"), [], 4, ["node 'const' (Constant), tensor 's'", "holds 2"],
+                 id="constant-with-less-data-than-dims"),
     # opsets
+    pytest.param(with_opsets(("", 13)), [], 4, ["imports domain 'ai.onnx' twice, at opset 18", "at opset 13"],
+                 id="default-domain-imported-twice"),
+    pytest.param(with_opsets(("ai.onnx", 13)), [], 4, ["at opset 18 (as '') and at opset 13 (as 'ai.onnx')"],
+                 id="default-domain-imported-as-both-names"),
+    pytest.param(with_opsets(("ai.onnx", 18), ("", 18)), [], 0, [], id="default-domain-imported-twice-alike"),
     pytest.param(with_opset(0), [], 4, ["imports opset 0 of domain 'ai.onnx'"], id="opset-zero"),
     pytest.param(with_opset(-3), [], 4, ["imports opset -3"], id="opset-negative"),
     # bytes that are not UTF-8
@@ -319,6 +389,58 @@ def test_range_of_2_to_the_40_is_counted_without_materialising_it(capsys, tmp_pa
     assert code == 0, err
     assert json.loads(out)["total"]["int_ops"] == 2 * 2**40
     assert peak < 64 * 2**20  # folding it would allocate 8 TiB
+
+
+# ONNX's data propagation holds the values of a one-dimensional tensor of known length as shape dims, with no
+# bound, and again for each Cast, Add, Mul that reads it: Range(0, 2**24) → Cast took 4 GB and ended in
+# std::bad_alloc under a cap. Such models are inferred without data propagation.
+BIG = 2**24
+
+
+def _long_vectors():
+    return {
+        "range-cast": model([N("Range", ["a", "b", "c"], ["r"]), N("Cast", ["r"], ["rc"], to=TensorProto.INT64),
+                             N("Relu", ["rc"], ["y"])], {}, ["y"], [const("a", 0), const("b", BIG), const("c", 1)]),
+        "range-of-a-size": model([N("Size", ["x"], ["s"]), N("Range", ["a", "s", "c"], ["r"]), N("Cast", ["r"], ["rc"], to=7),
+                                  N("Relu", ["rc"], ["y"])], {"x": (2**12, 2**12)}, ["y"], [const("a", 0), const("c", 1)]),
+        "long-input-cast": model([N("Cast", ["x"], ["xc"], to=TensorProto.INT64), N("Relu", ["xc"], ["y"])],
+                                 {"x": (BIG,)}, ["y"]),
+    }
+
+
+# Range and Relu, one integer op per element each; Cast and Size are free
+LONG_VECTOR_INT_OPS = {"range-cast": 2 * BIG, "range-of-a-size": 2 * BIG, "long-input-cast": BIG}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS caps the address space on Linux")
+@pytest.mark.parametrize("which", list(LONG_VECTOR_INT_OPS))
+def test_long_vectors_count_under_a_memory_cap(tmp_path, which):
+    path = tmp_path / "m.onnx"
+    path.write_bytes(_long_vectors()[which].SerializeToString())
+    code = textwrap.dedent(f"""
+        import resource, sys
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))  # they count in 150 MB; data propagation took over 2 GB
+        from flopcount.cli import main
+        sys.exit(main([{str(path)!r}, "--format", "json"]))
+    """)
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "FLOPCOUNT_PARALLEL": "0"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout)["total"]["int_ops"] == LONG_VECTOR_INT_OPS[which]
+
+
+def test_short_vectors_keep_data_propagation():
+    # a Reshape target computed from a short Range (2, 6): data propagation still resolves it
+    m = model([N("Range", ["a", "b", "c"], ["r"]), N("Cast", ["r"], ["t"], to=TensorProto.INT64),
+               N("Reshape", ["x", "t"], ["y"]), N("Relu", ["y"], ["z"])], {"x": (3, 4)}, ["z"],
+              [const("a", 2), const("b", 10), const("c", 4)])
+    assert shapes.data_prop_bounded(m)
+    assert not shapes.data_prop_bounded(_long_vectors()["range-of-a-size"])
+    from flopcount import count
+
+    report = count(m)
+    assert report.total.flops == 2 * 6  # Relu on the 2x6 reshape: one op per element
+    assert [n.outputs[0].shape for n in report.nodes if n.op_type == "Relu"] == [(2, 6)]
 
 
 # --- external data is never opened ----------------------------------------------------------------

@@ -177,6 +177,71 @@ def test_tree_ensemble_opset5(aggregate, extra):
     assert r.flops == N * ((3 + 1) + 2 + extra)
 
 
+def complete_trees(trees: int, leaves: int, classes: int, seed: int = 0) -> dict:
+    """Legacy attributes of ``trees`` complete binary trees of ``leaves`` leaves (node i < leaves - 1 branches to
+    2i + 1 and 2i + 2), tree t scoring class t mod ``classes`` with one weight per leaf, every list in one shuffled
+    order (a tree's root is found as its one node that is no child, wherever it is listed)."""
+    nodes = 2 * leaves - 1
+    ids = np.arange(nodes)
+    branch = ids < leaves - 1
+    order = np.random.default_rng(seed).permutation(trees * nodes)
+    tree_of = np.repeat(np.arange(trees), nodes)[order]
+    node_of = np.tile(ids, trees)[order]
+    is_branch = np.tile(branch, trees)[order]
+    leaf_ids = ids[~branch]
+    return dict(
+        nodes_treeids=tree_of.tolist(), nodes_nodeids=node_of.tolist(),
+        nodes_modes=["BRANCH_LEQ" if b else "LEAF" for b in is_branch],
+        nodes_featureids=[0] * (trees * nodes), nodes_values=[0.5] * (trees * nodes),
+        nodes_truenodeids=np.where(is_branch, 2 * node_of + 1, 0).tolist(),
+        nodes_falsenodeids=np.where(is_branch, 2 * node_of + 2, 0).tolist(),
+        class_treeids=np.repeat(np.arange(trees), leaves).tolist(), class_nodeids=np.tile(leaf_ids, trees).tolist(),
+        class_ids=(np.repeat(np.arange(trees), leaves) % classes).tolist(), class_weights=[1.0] * (trees * leaves),
+        classlabels_int64s=list(range(classes)),
+    )
+
+
+@pytest.mark.parametrize("trees, leaves, depth", [
+    # branch nodes 0..L-2 of a complete tree fill floor(log2(L - 1)) + 1 levels
+    pytest.param(3, 5, 3, id="3-trees-of-5-leaves"),  # branches 0 | 1 2 | 3
+    pytest.param(40, 100, 7, id="40-trees-of-100-leaves"),  # 7,960 nodes: lists longer than 4,096 values; 98 → 7 levels
+    pytest.param(9, 256, 8, id="9-trees-of-256-leaves"),  # branches 0..254: 8 full levels
+])  # fmt: skip
+def test_tree_ensemble_classifier_of_generated_complete_trees(trees, leaves, depth):
+    classes = 4
+    r = ml("TreeEnsembleClassifier", x=(N, 3), n_outputs=2, post_transform="SOFTMAX",
+           **complete_trees(trees, leaves, classes))
+    # per sample: depth comparisons and 1 leaf-weight add per tree, argmax over K (K - 1), softmax (5K - 2, K exps)
+    assert r.flops == N * (trees * depth + trees * 1 + (classes - 1) + (5 * classes - 2))
+    assert r.transcendentals == N * classes
+
+
+def test_long_tree_lists_are_read_as_arrays():
+    """200 trees of 509 nodes (101,800 per list): as Python lists the 13 node and class lists took 44 MB (an int
+    36 bytes with its pointer); read as arrays, only the lists the formula needs, at 8 bytes a value."""
+    import tracemalloc
+
+    node = helper.make_node("TreeEnsembleClassifier", ["x"], ["y", "z"], domain=ML, **complete_trees(200, 255, 4))
+    data = model([node], {"x": (N, 3)}, ["y", "z"], opset=18, extra_opsets={ML: 3}).SerializeToString()
+    del node
+    tracemalloc.start()
+    try:
+        report = flopcount.count(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert report.total.flops == N * (200 * 8 + 200 + 3)  # depth 8 (254 branches), 1 add per tree, argmax of 4
+    assert peak < 20 * 2**20, peak
+
+
+def test_a_cycle_in_a_long_tree_list_is_refused():
+    attrs = complete_trees(30, 100, 2)  # 5,970 nodes: the long-list path
+    at = next(i for i, (t, n) in enumerate(zip(attrs["nodes_treeids"], attrs["nodes_nodeids"])) if t == 0 and n == 97)
+    attrs["nodes_truenodeids"][at] = 48  # node 97 (a branch on the last level) points back to its parent, 48
+    with pytest.raises(flopcount.FlopcountError, match="cycle"):
+        ml("TreeEnsembleClassifier", x=(N, 3), n_outputs=2, **attrs)
+
+
 # --- free -----------------------------------------------------------------------------------------
 
 
