@@ -249,12 +249,17 @@ def module_rows(nodes: Sequence, scopes: ModuleScopes, depth: int = 1) -> tuple[
         raise UsageError(f"depth: must be 1 or more, not {depth}")
     forward: dict[Scope, Cost] = {}
     backward: dict[Scope, Cost] = {}
-    order: dict[Scope, None] = {}
-    for node, chain in zip(nodes, scopes.nodes):
+    first: dict[Scope, int] = {}  # where each module first runs: its first node that does work, else its first node
+    for k, (node, chain) in enumerate(zip(nodes, scopes.nodes)):
         key = chain[:depth]
-        order.setdefault(key, None)
+        working = node.cost != _ZERO
+        at = first.get(key)
+        if at is None or (working and at < 0):
+            first[key] = k if working else -(k + 1) if at is None else at
         forward[key] = forward.get(key, _ZERO) + node.cost
         backward[key] = backward.get(key, _ZERO) + node.backward
+    # a module without work is placed by its first node (weight layout nodes may come long before the work)
+    order = sorted(first, key=lambda key: first[key] if first[key] >= 0 else -first[key] - 1)
     # every listed module, and the chains that end in it (its own work, or its whole subtree at the cut)
     tree: dict[Scope, list[Scope]] = {(): []}
     for key in order:

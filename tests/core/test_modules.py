@@ -202,3 +202,15 @@ def test_text_says_why_there_is_one_row():
     from flopcount.render import render
 
     assert "Modules: one row: the graph has no module scopes" in render(flopcount.count(graph("none")), by_module=1)
+
+
+def test_modules_are_listed_where_their_work_runs():
+    """A converter may place a late module's weight layout (a free Transpose) before everything else: the module
+    is still listed where its work runs."""
+    m = graph("names")
+    layout = helper.make_node("Transpose", ["head.weight"], ["head.weight.t"], name="/head/Transpose", perm=[1, 0])
+    m.graph.node.insert(0, layout)
+    for node in m.graph.node:
+        if node.op_type == "MatMul" and "head.weight" in node.input:
+            node.input[1] = "head.weight.t"
+    assert [r.module for r in flopcount.count(m).by_module(1)] == ["enc", "head", OUTSIDE]
