@@ -9,6 +9,7 @@ An argument type turns one command-line word into a value or raises :class:`argp
 from __future__ import annotations
 
 import argparse
+import re
 
 from flopcount.errors import UsageError
 from flopcount.shapes import MAX_ELEMENTS, parse_dims
@@ -40,6 +41,13 @@ def input_shape(text: str) -> tuple[str, tuple[int, ...], str | None]:
         raise argparse.ArgumentTypeError(f"unknown element type {dtype!r} in {text!r}; one of: {', '.join(TORCH_DTYPES)}")
     try:
         return name, parse_dims(dims), dtype or None
+    except UsageError as e:
+        if not re.search(r"[A-Za-z_]", dims):
+            raise argparse.ArgumentTypeError(str(e)) from None
+    try:  # dims given as names (input_ids=BxS): for --symbolic and --sweep, refused elsewhere
+        from flopcount.symbolic import parse_symbolic_dims
+
+        return name, parse_symbolic_dims(dims), dtype or None
     except UsageError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -207,6 +215,11 @@ def model_source_problem(args: argparse.Namespace) -> str | None:
     if hf is not None and not args.input_shape:
         return "--hf needs the shape of each forward() input, by name: --input-shape input_ids=1x2048 (repeatable)"
     names = [name for name, _ in args.input_shape]
+    named = [f"{name}={'x'.join(map(str, dims))}" for name, dims in args.input_shape
+             if any(isinstance(d, str) for d in dims)]
+    if named and getattr(args, "symbolic", None) is None and not getattr(args, "sweep", None):
+        return (f"--input-shape {named[0]}: a dim given as a name is for a formula (--symbolic) or a list of sizes "
+                "(--sweep NAME=V1,V2,...); otherwise give every dim as a positive integer")
     if args.keras is not None and len(set(names)) != len(names):
         return f"--keras: each --input-shape names one model input; got {', '.join(names)}"
     if args.torch is not None and not args.input_shape:

@@ -20,6 +20,7 @@ from .arguments import (
     weights,
 )
 from .console import write_output
+from .symbolic import run_sweep, run_symbolic, start_sizes, sweep_values
 
 __all__ = ["build_parser", "run"]
 
@@ -93,8 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="depth of the module tree (implies --by-module; default 1: the model's children; in the "
                    "html report, as deep as fits)")
     p.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
+    p.add_argument("--symbolic", nargs="?", const={}, type=start_sizes, metavar="NAME=START,...",
+                   help="the count as exact formulas in the dims given as names (--input-shape input_ids=BxS) or left "
+                   "as dim_param in the model; optionally the size each name is first counted at (default 2)")
+    p.add_argument("--sweep", type=sweep_values, metavar="NAME=V1,V2,...",
+                   help="count at each size of one named dim (the others at their --symbolic start, else 2); with "
+                   "--plot FILE, a chart of FLOPs against it")
     p.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
-    p.add_argument("--plot", metavar="FILE", help="also draw FLOPs by op type to FILE (.png, .svg or .pdf; needs "
+    p.add_argument("--plot", metavar="FILE", help="also draw FLOPs by op type (with --sweep: FLOPs by size) to FILE (.png, .svg or .pdf; needs "
                    "matplotlib)")
     p.add_argument("--strict", action="store_true", help="fail (exit 6) when any operator has no formula")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more diagnostics on stderr (-vv: debug)")
@@ -105,6 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Count the model of ``args`` and write its report; 0 on success."""
     from flopcount.counting import count
+
+    if args.sweep:
+        return run_sweep(args)
+    if args.symbolic is not None:
+        return run_symbolic(args)
 
     shapes = dict(args.input_shape)
     if args.torch:

@@ -421,3 +421,25 @@ def plot_op_types(report, path: str):
     _save(fig, path)
     plt.close(fig)
     return fig
+
+
+def plot_sweep(variable: str, rows, fixed, path: str):
+    """FLOPs against one dim (``rows``: (size, total, macs, forward, backward) per size), forward and backward
+    beside the total when the count trains; ``fixed`` names the dims held constant."""
+    _check_suffix(path)
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    sizes = [r[0] for r in rows]
+    ax.plot(sizes, [r[1] for r in rows], marker="o", label="total", gid="total")
+    if any(r[4] for r in rows):
+        ax.plot(sizes, [r[3] for r in rows], marker=".", label="forward", gid="forward")
+        ax.plot(sizes, [r[4] for r in rows], marker=".", label="backward", gid="backward")
+        ax.legend()
+    ax.set_xlabel(variable)
+    ax.set_ylabel("FLOPs")
+    held = ", ".join(f"{k}={v}" for k, v in fixed.items())
+    ax.set_title(f"FLOPs by {variable}" + (f" ({held})" if held else ""), fontsize=10)
+    ax.grid(True, alpha=0.3)
+    _save(fig, path)
+    plt.close(fig)
+    return fig
