@@ -94,6 +94,10 @@ def mllog_path(path: str, run: int, runs: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     module, cfg = config_from_args(args)
+    if args.mllog:
+        from flopcount.measure.harness.mllog import check_writable
+
+        check_writable(args.mllog)
     torch = module.torch_or_error()
     # scale-out: under torchrun or srun, join the process group; each rank takes its node's GPU LOCAL_RANK
     from flopcount.measure.harness import distributed

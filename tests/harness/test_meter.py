@@ -120,8 +120,8 @@ def test_an_unknown_gpu_gets_no_peak():
 @pytest.mark.parametrize("kwargs, message", [
     pytest.param({}, "exactly one of report=", id="nothing"),
     pytest.param({"flops_per_sample": 1, "model": object(), "example_inputs": 1}, "exactly one", id="two"),
-    pytest.param({"flops_per_sample": -3}, "positive number", id="negative"),
-    pytest.param({"flops_per_sample": float("nan")}, "positive number", id="nan"),
+    pytest.param({"flops_per_sample": -3}, "finite number > 0", id="negative"),
+    pytest.param({"flops_per_sample": float("nan")}, "finite number > 0", id="nan"),
     pytest.param({"model": object()}, "example_inputs", id="model-without-inputs"),
     pytest.param({"flops_per_sample": 1, "target_quality": 0.9}, "quality_exponent", id="no-exponent"),
     pytest.param({"flops_per_sample": 1, "window_steps": 0}, "window_steps", id="window"),

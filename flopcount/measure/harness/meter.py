@@ -38,8 +38,10 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from flopcount.errors import UsageError
 
+from . import checks
 from . import energy as energy_mod
 from .clocks import make_timer
+from .mfu import PRECISIONS
 from .figures import RunSnapshot, Window, last_quality, local_figures, run_figures
 from .ranks import gather_ranks, is_writer, running_dist
 from .result import RunResult, bench_report, dumps
@@ -87,6 +89,62 @@ class _Step:
         if m._pending_steps >= m._window_target:
             m._close_window()
         return False
+
+
+def check_arguments(where: str, *, flops_per_sample=None, target_quality=None, quality_exponent=None,
+                    higher_is_better=True, precision=None, peak_flops=None, recompute=None, warmup_steps=5,
+                    window_steps=20, energy=True, clock=None) -> dict[str, Any]:
+    """The meter's arguments checked (a :class:`UsageError` naming the argument and its allowed range) and
+    normalised; ``where`` names the caller (``Meter``, a framework callback) in the message."""
+    if flops_per_sample is not None:
+        flops_per_sample = checks.positive_finite(where, "flops_per_sample", flops_per_sample)
+    warmup_steps = checks.nonneg_int(where, "warmup_steps", warmup_steps)
+    window_steps = checks.positive_int(where, "window_steps", window_steps)
+    if target_quality is not None and quality_exponent is None:
+        raise UsageError(f"{where}: target_quality needs quality_exponent (HPC AI500: 5 for image classification, "
+                         "10 for extreme weather analytics)")
+    if target_quality is not None:
+        target_quality = checks.finite(where, "target_quality", target_quality)
+        if higher_is_better and target_quality <= 0:
+            raise UsageError(f"{where}: target_quality must be > 0 for a quality where higher is better (VFLOPS "
+                             f"divides by it), got {target_quality!r}")
+    if quality_exponent is not None:
+        quality_exponent = checks.quality_exponent(where, quality_exponent)
+    if not isinstance(higher_is_better, bool):
+        raise UsageError(f"{where}: higher_is_better must be True or False, got {higher_is_better!r}")
+    if peak_flops is not None:
+        peak_flops = checks.positive_finite(where, "peak_flops", peak_flops)
+    if precision is not None and precision not in PRECISIONS:
+        raise UsageError(f"{where}: precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if isinstance(recompute, str):
+        if recompute not in ("none", "full"):
+            raise UsageError(f"{where}: recompute={recompute!r}: expected 'none', 'full' or FLOPs per sample")
+    elif recompute is not None:
+        if not checks.is_number(recompute) or not math.isfinite(float(recompute)) or float(recompute) < 0:
+            raise UsageError(f"{where}: recompute must be 'none', 'full' or a finite number of FLOPs per sample "
+                             f">= 0, got {recompute!r}")
+        recompute = float(recompute)
+    if not isinstance(energy, bool):
+        raise UsageError(f"{where}: energy must be True or False, got {energy!r}")
+    if clock is not None and not callable(clock):
+        raise UsageError(f"{where}: clock must be a zero-argument callable returning seconds, got {clock!r}")
+    return {"flops_per_sample": flops_per_sample, "target_quality": target_quality,
+            "quality_exponent": quality_exponent, "peak_flops": peak_flops, "recompute": recompute,
+            "warmup_steps": warmup_steps, "window_steps": window_steps}
+
+
+def check_meter_kwargs(where: str, kwargs: Mapping[str, Any]) -> None:
+    """The :class:`Meter` keyword arguments a framework callback passes on, checked when the callback is made (an
+    unknown name, or a value :func:`check_arguments` refuses, is a :class:`UsageError`)."""
+    import inspect
+
+    known = set(inspect.signature(Meter).parameters) - {"report", "model", "example_inputs", "flops_per_sample"}
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise UsageError(f"{where}: unknown Meter argument(s) {', '.join(unknown)}; expected some of "
+                         f"{', '.join(sorted(known))}")
+    checkable = set(inspect.signature(check_arguments).parameters) - {"where"}
+    check_arguments(where, **{k: v for k, v in kwargs.items() if k in checkable})
 
 
 class Meter:
@@ -138,19 +196,16 @@ class Meter:
         if report is not None and getattr(report, "mode", "train") != "train":
             raise UsageError("Meter: the report counts inference only; count the model with mode=\"train\" (forward "
                              "and backward), e.g. flopcount.from_torch(model, inputs, mode=\"train\")")
-        if flops_per_sample is not None and not (isinstance(flops_per_sample, (int, float))
-                                                 and math.isfinite(flops_per_sample) and flops_per_sample > 0):
-            raise UsageError(f"Meter: flops_per_sample must be a positive number, got {flops_per_sample!r}")
         if model is not None and example_inputs is None:
             raise UsageError("Meter(model=...) needs example_inputs= (a tensor, a shape or a tuple of them) to count it")
-        if warmup_steps < 0 or window_steps < 1:
-            raise UsageError(f"Meter: warmup_steps must be >= 0 and window_steps >= 1, got {warmup_steps} and "
-                             f"{window_steps}")
-        if target_quality is not None and quality_exponent is None:
-            raise UsageError("Meter: target_quality needs quality_exponent (HPC AI500: 5 for image classification, "
-                             "10 for extreme weather analytics)")
-        if isinstance(recompute, str) and recompute not in ("none", "full"):
-            raise UsageError(f"Meter: recompute={recompute!r}: expected 'none', 'full' or FLOPs per sample")
+        checked = check_arguments("Meter", flops_per_sample=flops_per_sample, target_quality=target_quality,
+                                  quality_exponent=quality_exponent, higher_is_better=higher_is_better,
+                                  precision=precision, peak_flops=peak_flops, recompute=recompute,
+                                  warmup_steps=warmup_steps, window_steps=window_steps, energy=energy, clock=clock)
+        flops_per_sample, target_quality, quality_exponent = (checked["flops_per_sample"], checked["target_quality"],
+                                                              checked["quality_exponent"])
+        peak_flops, recompute = checked["peak_flops"], checked["recompute"]
+        warmup_steps, window_steps = checked["warmup_steps"], checked["window_steps"]
         self._report = report
         self._flops_per_sample = flops_per_sample
         self._model = model
@@ -204,7 +259,7 @@ class Meter:
 
     def step(self, samples: int) -> _Step:
         """Time one training step of ``samples`` samples: ``with meter.step(samples=len(x)): ...``."""
-        self._step.samples = samples
+        self._step.samples = checks.samples("Meter.step", samples)
         if self._autocast_checks < self.warmup_steps + 1:
             self._check_autocast()
         return self._step
@@ -244,6 +299,9 @@ class Meter:
     def quality(self, value: float, epoch: int | None = None) -> None:
         """Record the model's quality (accuracy, mAP ...) where it was evaluated; the first value at or past the
         target gives the time-to-quality."""
+        value = checks.finite("Meter.quality", "value", value)
+        if epoch is not None:
+            epoch = checks.nonneg_int("Meter.quality", "epoch", epoch)
         self._flush()
         now = self._host()
         t = now - self._t0 if self._t0 is not None else None

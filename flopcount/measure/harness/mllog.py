@@ -15,9 +15,22 @@ import os
 import time
 from typing import Any, Mapping
 
+from flopcount.errors import OutputError
+
 _INTERVALS = {"run_start": ("run_start", "INTERVAL_START"), "run_stop": ("run_stop", "INTERVAL_END"),
               "epoch_start": ("epoch_start", "INTERVAL_START"), "epoch_stop": ("epoch_stop", "INTERVAL_END"),
               "eval_accuracy": ("eval_accuracy", "POINT_IN_TIME")}
+
+
+def check_writable(path: str) -> None:
+    """Refuse, before any training, an MLPerf log path whose folder is missing or not writable (an OutputError)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise OutputError(f"{path}: cannot write the MLPerf log (--mllog: no folder {folder}); create it or give "
+                          "another path")
+    if os.path.isdir(path) or not os.access(folder, os.W_OK):
+        raise OutputError(f"{path}: cannot write the MLPerf log (--mllog: "
+                          f"{'a folder' if os.path.isdir(path) else 'the folder is not writable'})")
 
 
 class MLLogWriter:
@@ -26,7 +39,10 @@ class MLLogWriter:
     def __init__(self, path: str, clock=time.time) -> None:
         self.path = path
         self._clock = clock
-        self._f = open(path, "w", encoding="utf-8")
+        try:
+            self._f = open(path, "w", encoding="utf-8")
+        except OSError as e:
+            raise OutputError(f"{path}: cannot write the MLPerf log (--mllog: {e.strerror})") from None
 
     def log(self, key: str, value: Any = None, event_type: str = "POINT_IN_TIME",
             metadata: Mapping[str, Any] | None = None) -> None:

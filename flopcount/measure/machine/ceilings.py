@@ -515,8 +515,8 @@ def measure_ceilings(device: str = "cpu", dtypes: tuple[str, ...] | None = None,
     from . import system
     from .devices import describe
 
+    dev = describe(device.split(":")[0] if device.startswith("cuda") else device)  # no CUDA: a DeviceError
     dtypes = dtypes or (("fp32",) if quick else default_dtypes(device))
-    dev = describe(device.split(":")[0] if device.startswith("cuda") else device)
     unavailable: dict[str, str] = {}
     gemm: dict[str, Figure] = {}
     conv: dict[str, Figure] = {}

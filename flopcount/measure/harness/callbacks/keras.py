@@ -23,17 +23,26 @@ from typing import Any
 
 import keras
 
-from flopcount.measure.harness.meter import Meter
+from flopcount.errors import UsageError
+from flopcount.measure.harness import checks
+from flopcount.measure.harness.meter import Meter, check_meter_kwargs
 
 
 class MeterCallback(keras.callbacks.Callback):
     def __init__(self, batch_size: int, *, flops_per_sample: float | None = None, monitor: str | None = None,
                  samples_per_epoch: int | None = None, **meter_kwargs: Any) -> None:
         super().__init__()
-        self.batch_size = batch_size
-        self.flops_per_sample = flops_per_sample
+        where = "keras MeterCallback"
+        self.batch_size = checks.positive_int(where, "batch_size", batch_size)
+        self.flops_per_sample = (None if flops_per_sample is None
+                                 else checks.positive_finite(where, "flops_per_sample", flops_per_sample))
+        if monitor is not None and not isinstance(monitor, str):
+            raise UsageError(f"{where}: monitor must be the name of a logged metric (e.g. 'val_accuracy'), "
+                             f"got {monitor!r}")
         self.monitor = monitor
-        self.samples_per_epoch = samples_per_epoch
+        self.samples_per_epoch = (None if samples_per_epoch is None
+                                  else checks.positive_int(where, "samples_per_epoch", samples_per_epoch))
+        check_meter_kwargs(where, meter_kwargs)
         self.meter_kwargs = meter_kwargs
         self.meter: Meter | None = None
         self.result = None
@@ -57,7 +66,11 @@ class MeterCallback(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch, logs=None) -> None:
         samples = self.batch_size
         if self.samples_per_epoch is not None:
-            samples = max(0, min(samples, self.samples_per_epoch - self._seen))
+            samples = min(samples, self.samples_per_epoch - self._seen)
+            if samples < 1:
+                raise UsageError(f"keras MeterCallback: samples_per_epoch={self.samples_per_epoch} is fewer than "
+                                 f"the batches of this epoch hold (batch {batch} starts past it); give the epoch's "
+                                 "sample count")
         self._seen += samples
         self._step = self.meter.step(samples=samples)
         self._step.__enter__()
