@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         runs = rl.run_points(doc, args.run)
         first = runs[0]
         roof = rl.hpcai_roofline(ceilings, first.ranks, first.nodes, first.threads)
-        points = [rl.Point(r.label, r.coi, r.flops) for r in runs]
+        points = [rl.Point(r.label, r.coi, r.flops, rl.ceiling_for(roof, r.precision)) for r in runs]
     else:
         ceilings = load_ceilings(args.ceilings) if args.ceilings else default_ceilings()
         roof = rl.operator_roofline(ceilings)

@@ -147,16 +147,3 @@ def test_cuda_device_description():
         pytest.skip("no CUDA device")
     dev = devices.cuda_device()
     assert dev.kind == "cuda" and dev.details["sm_count"] == torch.cuda.get_device_properties(0).multi_processor_count
-
-
-@pytest.mark.parametrize("then, now, stale", [
-    pytest.param(None, 0.1, True, id="unknown-load-then"),
-    pytest.param(2.0, 0.2, True, id="busy-then-quiet-now"),
-    pytest.param(2.0, 1.9, False, id="busy-then-busy-now"),
-    pytest.param(0.3, 0.0, False, id="quiet-then"),
-])
-def test_a_ceiling_cached_on_a_busier_machine_is_measured_again(monkeypatch, then, now, stale):
-    from flopcount.measure.machine import ceilings
-
-    monkeypatch.setattr(ceilings, "load_per_core", lambda: now)
-    assert ceilings.measured_busier(then) is stale

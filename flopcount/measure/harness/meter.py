@@ -68,11 +68,12 @@ class _Work:
 class _Step:
     """The context manager :meth:`Meter.step` returns (one object, reused: the per-step cost is two stamps)."""
 
-    __slots__ = ("_meter", "samples")
+    __slots__ = ("_meter", "samples", "tokens")
 
     def __init__(self, meter: "Meter") -> None:
         self._meter = meter
         self.samples = 0
+        self.tokens: int | None = None
 
     def __enter__(self) -> "_Step":
         m = self._meter
@@ -85,6 +86,8 @@ class _Step:
         m = self._meter
         m._timer.stop()
         m._pending_samples += self.samples
+        if self.tokens is not None:
+            m._pending_tokens += self.tokens
         m._pending_steps += 1
         if m._pending_steps >= m._window_target:
             m._close_window()
@@ -234,10 +237,13 @@ class Meter:
         self._in_warmup = warmup_steps > 0
         self._pending_steps = 0
         self._pending_samples = 0
+        self._pending_tokens = 0
+        self._with_tokens: bool | None = None
         self._window_energy0: float | None = None
         self._window_host0 = 0.0
         self._windows: list[Window] = []
         self.samples = 0
+        self.tokens = 0
         self.steps = 0
         self._t0: float | None = None
         self._start_how = ""
@@ -257,9 +263,20 @@ class Meter:
 
     # -- the loop -------------------------------------------------------------------------------------------
 
-    def step(self, samples: int) -> _Step:
-        """Time one training step of ``samples`` samples: ``with meter.step(samples=len(x)): ...``."""
+    def step(self, samples: int, tokens: int | None = None) -> _Step:
+        """Time one training step of ``samples`` samples: ``with meter.step(samples=len(x)): ...``; a language
+        model gives ``tokens=`` too (e.g. ``x.numel()``) for tokens/s and FLOPs per token. Give tokens on every
+        step or on none."""
         self._step.samples = checks.samples("Meter.step", samples)
+        if tokens is not None:
+            tokens = checks.samples("Meter.step", tokens, "tokens")
+        if self._with_tokens is None:
+            self._with_tokens = tokens is not None
+        elif self._with_tokens != (tokens is not None):
+            raise UsageError("Meter.step: tokens= was given on " + ("earlier steps but not this one" if
+                             self._with_tokens else "this step but not the earlier ones") + "; give it on every "
+                             "step (tokens/s needs every step's tokens) or on none")
+        self._step.tokens = tokens
         if self._autocast_checks < self.warmup_steps + 1:
             self._check_autocast()
         return self._step
@@ -353,10 +370,11 @@ class Meter:
         if self._window_energy0 is not None:
             energy_j = self._energy.read_j() - self._window_energy0
             energy_s = self._host() - self._window_host0
-        steps, samples = self._pending_steps, self._pending_samples
+        steps, samples, tokens = self._pending_steps, self._pending_samples, self._pending_tokens
         self.steps += steps
         self.samples += samples
-        self._pending_steps = self._pending_samples = 0
+        self.tokens += tokens
+        self._pending_steps = self._pending_samples = self._pending_tokens = 0
         self._window_open = False
         if self._in_warmup:
             self._in_warmup = self.steps < self.warmup_steps
@@ -364,7 +382,8 @@ class Meter:
             return
         if stamps:
             span = stamps[-1][1] - stamps[0][0]
-            self._windows.append(Window(steps, samples, span, tuple(e - s for s, e in stamps), energy_j, energy_s))
+            self._windows.append(Window(steps, samples, span, tuple(e - s for s, e in stamps), energy_j, energy_s,
+                                        tokens if self._with_tokens else None))
 
     def _flush(self) -> None:
         if self._pending_steps:
@@ -492,6 +511,8 @@ class Meter:
         precision, peak = self._peak(device, work.parts)
         communication, ensemble = self._attachments(work, per_rank)
         energy = self._energy
+        from ..machine.ceilings import load_per_core
+
         return RunSnapshot(
             samples=self.samples, steps=self.steps, warmup_steps=self.warmup_steps, timer_kind=self._timer.kind,
             start_how=self._start_how,
@@ -504,7 +525,9 @@ class Meter:
             peak_flops=peak.flops_per_s, peak_source=peak.source, recompute=self._recompute,
             energy_kind=energy.kind, energy_reason=getattr(energy, "reason", ""),
             energy_min_window_s=getattr(energy, "min_window_s", 0.0), communication=communication,
-            communication_attached=self.communication is not None, ensemble=ensemble)
+            communication_attached=self.communication is not None, ensemble=ensemble,
+            load_per_core=load_per_core() if self._device_kind == "cpu" else None,
+            peak_load_per_core=peak.load_per_core)
 
     def _counted_work(self) -> _Work:
         """C (training FLOPs per sample), how it is known, the forward FLOPs per sample, the optimizer's FLOPs per

@@ -78,6 +78,7 @@ def detect_precision(device_kind: str, given: str | None, autocast_dtype: str | 
 class EffectivePeak:
     flops_per_s: float | None
     source: str
+    load_per_core: float | None = None  # the load per core when a measured peak (a CPU ceiling) was measured
 
 
 def effective_peak(device: Device, precision: Precision, parts: Mapping[str, float] | None,
@@ -93,7 +94,7 @@ def effective_peak(device: Device, precision: Precision, parts: Mapping[str, flo
         peak = device.peak(dtype)
         if peak.flops_per_s is None:
             return EffectivePeak(None, peak.source)
-        return EffectivePeak(peak.flops_per_s, f"{dtype} peak: {peak.source}")
+        return EffectivePeak(peak.flops_per_s, f"{dtype} peak: {peak.source}", peak.load_per_core)
     conv_peak, mm_peak = device.peak(precision.conv), device.peak(precision.matmul)
     for p in (conv_peak, mm_peak):
         if p.flops_per_s is None:
@@ -105,4 +106,5 @@ def effective_peak(device: Device, precision: Precision, parts: Mapping[str, flo
     value = total / (conv_work / conv_peak.flops_per_s + mm_work / mm_peak.flops_per_s)
     return EffectivePeak(value, f"work-weighted: {conv_work / total:.1%} at the {precision.conv} peak "
                          f"({conv_peak.source}), {mm_work / total:.1%} at the {precision.matmul} peak "
-                         f"({mm_peak.source})")
+                         f"({mm_peak.source})", max((p.load_per_core for p in (conv_peak, mm_peak)
+                                                     if p.load_per_core is not None), default=None))

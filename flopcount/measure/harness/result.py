@@ -24,6 +24,7 @@ KIND = "flopcount.bench"
 SCORES = {
     "samples_per_s": ("samples_per_s", "total"),
     "flops": ("flops",),
+    "tokens_per_s": ("tokens_per_s", "total"),
     "mfu": ("mfu",),
     "vflops": ("vflops",),
     "quality": ("quality",),
@@ -73,12 +74,17 @@ class RunResult:
     qualities: tuple[Mapping[str, Any], ...] = ()  # every quality() call: {t_s, value, epoch, samples}
     unavailable: Mapping[str, str] = field(default_factory=dict)
     how: Mapping[str, str] = field(default_factory=dict)
+    tokens_per_s: Mapping[str, Any] | None = None  # per_rank (median over windows), total; with step(tokens=)
+    flops_per_token: float | None = None  # C × samples / tokens
+    notes: tuple[str, ...] = ()  # what the median hides: stalls, a run under more load than its ceiling
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["samples_per_s"] = dict(self.samples_per_s)
         out["per_rank"] = [dict(r) for r in self.per_rank]
         out["qualities"] = [dict(q) for q in self.qualities]
+        out["tokens_per_s"] = None if self.tokens_per_s is None else dict(self.tokens_per_s)
+        out["notes"] = list(self.notes)
         return out
 
     @classmethod
@@ -86,6 +92,7 @@ class RunResult:
         d = dict(d)
         d["per_rank"] = tuple(d.get("per_rank") or ())
         d["qualities"] = tuple(d.get("qualities") or ())
+        d["notes"] = tuple(d.get("notes") or ())
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 

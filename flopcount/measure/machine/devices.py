@@ -129,6 +129,7 @@ class Peak:
 
     flops_per_s: float | None
     source: str
+    load_per_core: float | None = None  # a measured peak: the machine's load per core when it was measured
 
 
 @dataclass(frozen=True)
