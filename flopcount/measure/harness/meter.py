@@ -29,6 +29,7 @@ The arithmetic is :func:`.figures.run_figures` of the meter's frozen :meth:`Mete
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import sys
@@ -328,6 +329,20 @@ class Meter:
             self._ttq = t
         self._emit("eval_accuracy", {"value": float(value), "epoch_num": epoch})
 
+    @contextlib.contextmanager
+    def evaluating(self, epoch: int | None = None) -> Iterator[None]:
+        """Mark an evaluation: ``with meter.evaluating(epoch): meter.quality(evaluate(model))``. It collects the
+        pending steps first (evaluation falls between timed windows) and tells the listeners ``eval_start`` and
+        ``eval_stop`` (the MLPerf log's eval interval)."""
+        where = "Meter.evaluating"
+        epoch = len(self._epochs) if epoch is None else checks.nonneg_int(where, "epoch", epoch)
+        self._flush()
+        self._emit("eval_start", {"epoch_num": epoch})
+        try:
+            yield
+        finally:
+            self._emit("eval_stop", {"epoch_num": epoch})
+
     def reached(self, value: float | None = None) -> bool:
         """Whether ``value`` (default: the last quality) meets the target."""
         if self.target_quality is None:
@@ -347,7 +362,8 @@ class Meter:
                                     else "aborted"})
 
     def subscribe(self, listener: Callable[[str, Mapping[str, Any]], None]) -> None:
-        """Call ``listener(event, fields)`` at run_start, epoch_start/stop, eval_accuracy and run_stop (the MLPerf
+        """Call ``listener(event, fields)`` at run_start, epoch_start/stop, eval_start/stop, eval_accuracy and
+        run_stop (the MLPerf
         log writer of ``flopcount bench --mllog`` listens this way)."""
         self._listeners.append(listener)
 
