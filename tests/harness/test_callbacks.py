@@ -148,3 +148,26 @@ def test_lightning_callback_beside_throughput_monitor(tmp_path):
     assert r.samples_per_s["per_rank"] > tm, why  # the meter leaves one load per window out
     assert r.samples_per_s["per_rank"] / tm == pytest.approx(predicted, rel=0.15), why
     assert tm == pytest.approx(B / (d + g), rel=0.15), why  # ThroughputMonitor: one batch per whole period
+
+
+@pytest.mark.slow
+def test_keras_mfu_divides_by_tensorflows_own_ceiling(tmp_path, monkeypatch):
+    keras = pytest.importorskip("keras")
+    tf = pytest.importorskip("tensorflow")
+    import numpy as np
+
+    from flopcount.measure.harness.callbacks.keras import MeterCallback
+    from flopcount.measure.machine.devices import cpu_cores
+
+    monkeypatch.setenv("FLOPCOUNT_CACHE", str(tmp_path))  # measured now, not read from another run's cache
+    x = np.random.default_rng(0).normal(size=(512, 64)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    cb = MeterCallback(batch_size=32, flops_per_sample=1e4, warmup_steps=2, window_steps=4, energy=False)
+    model.fit(x, y, batch_size=32, epochs=1, callbacks=[cb], verbose=0)
+    r = cb.result
+    threads = tf.config.threading.get_intra_op_parallelism_threads() or cpu_cores()
+    assert "tensorflow" in r.peak_source and f"{threads} thread" in r.peak_source  # TF's matmul, TF's threads
+    assert "torch" not in r.peak_source
+    assert r.mfu == pytest.approx(r.flops / r.peak_flops, rel=1e-12)

@@ -47,17 +47,19 @@ class GemmCeiling:
     n: int  # the size that reached it
     repeats: int
     threads: int
-    torch_version: str
+    torch_version: str  # the version of the framework that ran the products (``framework``)
     load_per_core: float | None = None  # the 1-minute load average per core when it was measured (Unix)
     median_flops_per_s: float | None = None  # the spread of the repeats at that size: median and minimum
     min_flops_per_s: float | None = None
+    framework: str = "torch"  # or "tensorflow": the framework whose matmul was timed
 
     def describe(self) -> str:
         spread = ("" if self.median_flops_per_s is None else
                   f", median {self.median_flops_per_s / 1e9:.1f} and slowest {self.min_flops_per_s / 1e9:.1f} "
                   "GFLOP/s")
         return (f"measured GEMM ceiling of this {self.device} ({self.dtype}, {self.n}x{self.n}x{self.n}, best of "
-                f"{self.repeats} after warm-up{spread}, {threads_text(self.threads)}, torch {self.torch_version})")
+                f"{self.repeats} after warm-up{spread}, {threads_text(self.threads)}, {self.framework} "
+                f"{self.torch_version})")
 
 
 #: A GEMM timed for a ceiling lasts at least this long (seconds): shorter products are dominated by the timer and
@@ -91,11 +93,79 @@ def measure_gemm(device: str = "cpu", dtype: str = "fp32", sizes: tuple[int, ...
             timed.append((n, times))
             if time.perf_counter() - start > budget_s:
                 break
-    long_enough = [(n, t) for n, t in timed if statistics.median(t) >= MIN_PRODUCT_S] or [timed[-1]]
-    n, times = max(long_enough, key=lambda nt: 2 * nt[0] ** 3 / min(nt[1]))
+    n, times = best_sustained(timed)
     flops = 2 * n ** 3
     return GemmCeiling(device, dtype, flops / min(times), n, len(times), torch.get_num_threads(), torch.__version__,
                        load_per_core(), flops / statistics.median(times), flops / max(times))
+
+
+def best_sustained(timed: list[tuple[int, list[float]]]) -> tuple[int, list[float]]:
+    """Of (n, seconds of each repeat) per GEMM size, the size whose best repeat reached the most among those whose
+    median product lasts :data:`MIN_PRODUCT_S` or more (else the largest tried)."""
+    long_enough = [(n, t) for n, t in timed if statistics.median(t) >= MIN_PRODUCT_S] or [timed[-1]]
+    return max(long_enough, key=lambda nt: 2 * nt[0] ** 3 / min(nt[1]))
+
+
+#: torch dtype names' TensorFlow counterparts, for the ceiling of a Keras run.
+TF_GEMM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp64": "float64"}
+
+
+def tf_threads() -> int:
+    """The intra-op threads TensorFlow runs a product on: its setting, or (0, TensorFlow's default) every core."""
+    import tensorflow as tf
+
+    from .devices import cpu_cores
+
+    return tf.config.threading.get_intra_op_parallelism_threads() or cpu_cores()
+
+
+def measure_tf_gemm(dtype: str = "fp32", sizes: tuple[int, ...] = (512, 1024, 2048), repeats: int = 7,
+                    budget_s: float = 3.0) -> GemmCeiling:
+    """The best sustained CPU rate of TensorFlow's own matmul (``tf.linalg.matmul``, eager, on the threads
+    TensorFlow uses), as :func:`measure_gemm` forms it: the ceiling a Keras run's MFU divides by."""
+    import tensorflow as tf
+
+    tdtype = getattr(tf, TF_GEMM_DTYPES[dtype])
+    timed: list[tuple[int, list[float]]] = []
+    start = time.perf_counter()
+    with tf.device("/CPU:0"):
+        for n in sizes:
+            a = tf.cast(tf.random.normal((n, n)), tdtype)
+            b = tf.cast(tf.random.normal((n, n)), tdtype)
+            timed.append((n, repeat_times(lambda: tf.linalg.matmul(a, b), "cpu", repeats, start, budget_s)))
+            if time.perf_counter() - start > budget_s:
+                break
+    n, times = best_sustained(timed)
+    flops = 2 * n ** 3
+    return GemmCeiling("cpu", dtype, flops / min(times), n, len(times), tf_threads(), tf.__version__,
+                       load_per_core(), flops / statistics.median(times), flops / max(times), "tensorflow")
+
+
+def cached_tf_gemm(dtype: str = "fp32") -> GemmCeiling | None:
+    """TensorFlow's GEMM ceiling of ``dtype`` on this machine at its thread count, from the cache (kept until
+    beaten, as :func:`cached_gemm`) or measured now; None without TensorFlow."""
+    try:
+        import tensorflow as tf
+    except ImportError:
+        return None
+    from flopcount.frontends.common import cache_key, default_cache_dir
+
+    from .devices import cpu_cores, cpu_name
+
+    folder = default_cache_dir()
+    path = None if folder is None else folder / ("ceiling-gemm-tf-" + cache_key(
+        [_CACHE_FORMAT, "gemm-tf", dtype, cpu_name(), cpu_cores(), tf_threads(), tf.__version__])[:20] + ".json")
+    return _cached(path, GemmCeiling, lambda: measure_tf_gemm(dtype), f"TensorFlow {dtype} GEMM ceiling")
+
+
+def measured_tf_cpu_device(dtypes: tuple[str, ...] = ("fp32",)) -> Device:
+    """This CPU described with TensorFlow's measured GEMM ceiling per dtype (for a Keras run's MFU)."""
+    peaks = {}
+    for dtype in dtypes:
+        gemm = cached_tf_gemm(dtype)
+        if gemm is not None:
+            peaks[dtype] = devices.Peak(gemm.flops_per_s, gemm.describe(), gemm.load_per_core)
+    return devices.cpu_device(peaks)
 
 
 def _torch_dtype(device: str, dtype: str):

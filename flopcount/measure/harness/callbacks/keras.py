@@ -9,6 +9,8 @@ The model is counted once, when training begins, through :func:`flopcount.from_k
 ``batch_size`` (unless ``flops_per_sample=`` is given). Steps are timed from ``on_train_batch_begin`` to
 ``on_train_batch_end`` on the host clock (Keras returns from a training step once its results are ready), epochs
 from ``on_epoch_begin`` to ``on_epoch_end``, and the ``monitor`` entry of each epoch's logs is the quality.
+MFU on a CPU divides by TensorFlow's own measured GEMM ceiling (``tf.linalg.matmul`` on the intra-op threads
+TensorFlow uses, :func:`flopcount.measure.machine.ceilings.measured_tf_cpu_device`), never torch's.
 Keras hooks do not say how many samples a batch held: every batch counts ``batch_size`` samples, except the last
 of an epoch when ``samples_per_epoch=`` is given (then the remainder). ``result`` holds the
 :class:`flopcount.RunResult` after training.
@@ -86,4 +88,13 @@ class MeterCallback(keras.callbacks.Callback):
             self.meter.quality(float(logs[self.monitor]), epoch=epoch + 1)
 
     def on_train_end(self, logs=None) -> None:
-        self.result = self.meter.result()
+        self.result = self.meter.result(device=self._device())
+
+    def _device(self):
+        """The CPU with TensorFlow's own GEMM ceiling at the threads TensorFlow used (the steps ran in TensorFlow,
+        not torch); None (the meter's default) when a peak was given or the run was not on a CPU."""
+        if self.meter_kwargs.get("peak_flops") is not None or self.meter_kwargs.get("device", "cpu") != "cpu":
+            return None
+        from flopcount.measure.machine.ceilings import measured_tf_cpu_device
+
+        return measured_tf_cpu_device()
