@@ -255,6 +255,9 @@ class Meter:
         self._ttq: float | None = None
         self._autocast: str | None = None
         self._autocast_checks = 0
+        self._fp8: str | None = None
+        if model is not None:
+            self.detect_fp8(model)
         self._result: RunResult | None = None
         self._listeners: list[Callable[[str, Mapping[str, Any]], None]] = []
         # Scale-out figures (flopcount.measure.harness.distributed / .ensemble): a mapping, or an object whose figures()
@@ -405,8 +408,23 @@ class Meter:
         if self._pending_steps:
             self._close_window()
 
+    def detect_fp8(self, module) -> None:
+        """Look for torchao ``Float8Linear`` modules in ``module`` (``model=`` is looked at when given; the
+        Lightning callback passes its LightningModule): their matrix products run in fp8, and the peak is weighted
+        by the work each dtype does (:mod:`.mfu`)."""
+        from .mfu import fp8_modules
+
+        n = fp8_modules(module)
+        if n:
+            self._fp8 = f"torchao Float8Linear modules ({n})"
+
     def _check_autocast(self) -> None:
         self._autocast_checks += 1
+        if self._fp8 is None and "transformer_engine.pytorch" in sys.modules:
+            from .mfu import transformer_engine_fp8
+
+            if transformer_engine_fp8():
+                self._fp8 = "TransformerEngine fp8_autocast seen in the steps"
         torch = sys.modules.get("torch")
         if torch is None or self._autocast is not None:
             return
@@ -565,7 +583,8 @@ class Meter:
         CPU measures or reads its GEMM ceiling, unless ``device`` is given)."""
         from .mfu import detect_precision, effective_peak
 
-        precision = detect_precision(self._device_kind, self._precision_given, self._autocast, self._param_dtype())
+        precision = detect_precision(self._device_kind, self._precision_given, self._autocast, self._param_dtype(),
+                                     self._fp8)
         if device is not None and self._device is None:
             self._device = device  # to_json describes the same device, and calls no collective on rank 0 alone
         dev = device if device is not None else self.device()

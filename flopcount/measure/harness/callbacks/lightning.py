@@ -80,6 +80,7 @@ class MeterCallback(pl.Callback):
             kwargs.setdefault("precision", precision)
         if self.flops_per_sample is not None:
             self.meter = Meter(flops_per_sample=self.flops_per_sample, **kwargs)
+            self.meter.detect_fp8(pl_module)
             return
         example = self.example_inputs if self.example_inputs is not None else pl_module.example_input_array
         if example is None:
@@ -88,6 +89,7 @@ class MeterCallback(pl.Callback):
         from flopcount.frontends.torch import from_torch
 
         self.meter = Meter(from_torch(pl_module, example, mode="train"), **kwargs)
+        self.meter.detect_fp8(pl_module)
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self.meter.epoch_start()
