@@ -97,7 +97,7 @@ def test_keras_callback_counts_and_times(tmp_path):
 
 @pytest.mark.slow
 def test_lightning_callback_beside_throughput_monitor(tmp_path):
-    """Both on one run whose batches take GAP_S to load: ThroughputMonitor times whole batch periods (batch end to
+    """Both on one run whose steps take STEP_S and whose batches take GAP_S to load: ThroughputMonitor times whole batch periods (batch end to
     batch end, load included), the meter's window spans N steps and the N - 1 loads between them, not the load
     before its first step. So the meter reads N (d + g) / (N d + (N - 1) g) times ThroughputMonitor's rate."""
     import time
@@ -108,7 +108,7 @@ def test_lightning_callback_beside_throughput_monitor(tmp_path):
 
     from flopcount.measure.harness.callbacks.lightning import MeterCallback
 
-    GAP_S, B, N, STEPS = 0.02, 16, 5, 46
+    GAP_S, STEP_S, B, N, STEPS = 0.03, 0.01, 16, 5, 46  # sleeps dominate: a shared machine's noise stays small
 
     class Slow(torch.utils.data.Dataset):
         def __len__(self):
@@ -126,13 +126,14 @@ def test_lightning_callback_beside_throughput_monitor(tmp_path):
 
         def training_step(self, batch, _):
             x, y = batch
+            time.sleep(STEP_S)
             return torch.nn.functional.cross_entropy(self.net(x), y)
 
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
     ours = MeterCallback(flops_per_sample=100.0, warmup_steps=1, window_steps=N, energy=False, peak_flops=1e9)
-    theirs = ThroughputMonitor(batch_size_fn=lambda batch: batch[0].shape[0], window_size=STEPS - 1)
+    theirs = ThroughputMonitor(batch_size_fn=lambda batch: batch[0].shape[0], window_size=20)  # late batches
     trainer = pl.Trainer(max_epochs=1, callbacks=[ours, theirs], logger=False, enable_progress_bar=False,
                          enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path,
                          accelerator="cpu", devices=1)
@@ -147,7 +148,7 @@ def test_lightning_callback_beside_throughput_monitor(tmp_path):
     why = f"meter {r.samples_per_s['per_rank']:.1f}/s, monitor {tm:.1f}/s, step {d * 1e3:.2f} ms, gap {g * 1e3:.2f} ms"
     assert r.samples_per_s["per_rank"] > tm, why  # the meter leaves one load per window out
     assert r.samples_per_s["per_rank"] / tm == pytest.approx(predicted, rel=0.15), why
-    assert tm == pytest.approx(B / (d + g), rel=0.15), why  # ThroughputMonitor: one batch per whole period
+    assert tm == pytest.approx(B / (d + g), rel=0.2), why  # ThroughputMonitor: one batch per whole period
 
 
 @pytest.mark.slow
