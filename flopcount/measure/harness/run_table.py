@@ -105,7 +105,8 @@ def report_table(doc: Mapping[str, Any]) -> str:
                      "n/a" if r["time_to_quality_s"] is None else f"{r['time_to_quality_s']:.2f} s",
                      "n/a" if r["wall_s"] is None else f"{r['wall_s']:.2f} s", si(r["energy_j"], "J")])
     s = doc["summary"]
-    headers = ["run", "samples/s (median)", "end to end", "FLOPS", "MFU", "quality", "VFLOPS", "time to quality", "wall", "energy"]
+    headers = ["run", "samples/s (median)", "end to end", "FLOPS", "MFU", "quality", "VFLOPS", "time to quality",
+               "wall", "energy"]
     out = [tabulate(rows, headers=headers, disable_numparse=True), ""]
     out.append(f"summary over {s['runs']} runs ({s['kept_runs']} kept; {s['rule']}):")
     srows = []
