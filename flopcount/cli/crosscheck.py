@@ -28,7 +28,8 @@ log = logging.getLogger("flopcount.crosscheck")
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 FALLBACKS = {
-    "torch": "torch.utils.flop_counter.FlopCounterMode on the meta device (convolutions and matrix products)",
+    "torch": "torch.utils.flop_counter.FlopCounterMode (on the meta device, else on the CPU; convolutions and "
+             "matrix products)",
     "torch-profiler": "torch.profiler.profile(with_flops=True) over one real step on the CPU",
 }
 PERMISSION_FIX = (

@@ -33,6 +33,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_runs(doc, path: str) -> None:
+    """Every run of a report read back, range-checked as the meter checks its arguments (a MeasurementError)."""
+    from flopcount.measure.harness.result import check_run_record
+
+    runs = doc.get("runs") if isinstance(doc, dict) else None
+    runs = runs if isinstance(runs, list) else [doc] if isinstance(doc, dict) else []
+    for k, one in enumerate(runs):
+        if isinstance(one, dict):
+            check_run_record(one, f"{path}: run {k}")
+
+
 def run(args: argparse.Namespace) -> int:
     from flopcount.measure.profile import roofline as rl
     from flopcount.measure.machine.ceilings import default_ceilings, load_ceilings
@@ -46,10 +57,12 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--run needs --ceilings FILE (write it with flopcount ceilings -o FILE, under torchrun "
                              "for the all-reduce bandwidth)")
         ceilings = load_ceilings(args.ceilings)
-        runs = rl.run_points(rl.read_json(args.run, "run report"), args.run)
+        doc = rl.read_json(args.run, "run report")
+        check_runs(doc, args.run)
+        runs = rl.run_points(doc, args.run)
         first = runs[0]
         roof = rl.hpcai_roofline(ceilings, first.ranks, first.nodes, first.threads)
-        points = [rl.Point(r.label, r.coi, r.flops) for r in runs]
+        points = [rl.Point(r.label, r.coi, r.flops, rl.ceiling_for(roof, r.precision)) for r in runs]
     else:
         ceilings = load_ceilings(args.ceilings) if args.ceilings else default_ceilings()
         roof = rl.operator_roofline(ceilings)

@@ -11,7 +11,7 @@ run one way (``harness`` → ``machine``; ``profile`` → ``machine``; ``ncu`` s
 
 Which room to open for a figure of a bench report (``flopcount bench``, ``Meter.to_json``):
 
-* ``samples_per_s``, ``steps``, ``wall_s``, ``step_time_s``, ``per_rank``: :mod:`.harness.meter` (timed windows, via
+* ``samples_per_s`` (with ``end_to_end``), ``tokens_per_s``, ``flops_per_token``, ``notes``, ``steps``, ``wall_s``, ``step_time_s``, ``per_rank``: :mod:`.harness.meter` (timed windows, via
   :mod:`.harness.clocks`); the arithmetic that forms them: :mod:`.harness.figures`
 * ``flops``, ``flops_per_sample``, ``vflops``, ``flops_epoch_form``, ``quality``, ``time_to_quality_s``:
   :mod:`.harness.figures` (C from the counting report)
@@ -20,9 +20,10 @@ Which room to open for a figure of a bench report (``flopcount bench``, ``Meter.
   measured GEMM ceiling)
 * ``energy_j``, ``power_w``, ``flops_per_watt``: :mod:`.harness.energy` (RAPL, NVML)
 * ``communication``: :mod:`.harness.distributed`; ``ensemble``: :mod:`.harness.ensemble`; ranks: :mod:`.harness.ranks`
+* the argument checks of the meter and callbacks: :mod:`.harness.checks`
 * ``summary`` (olympic mean, variation) and the JSON schema: :mod:`.harness.result`; the table: :mod:`.harness.run_table`
 * ``system`` (CPU, GPUs, memory, software, topology): :mod:`.machine.system`
-* the MLPerf-style log of ``--mllog``: :mod:`.harness.mllog`
+* the MLPerf log of ``--mllog`` (the checker's training ruleset 4.0.0): :mod:`.harness.mllog`
 * ``config`` (the workload, its counting and scale-out settings): :mod:`flopcount.workloads` and
   :mod:`flopcount.cli.bench`
 

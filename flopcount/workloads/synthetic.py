@@ -54,6 +54,12 @@ def count(cfg: Config):
     return from_torch(model, shape, mode="train", optimizer=counting_optimizer(cfg))
 
 
+def mllog_fields(cfg: Config) -> dict[str, int]:
+    """MLPerf's ``train_samples`` (the steps' samples, one synthetic batch repeated) and ``eval_samples`` (none:
+    synthetic data is not evaluated)."""
+    return {"train_samples": cfg.steps * cfg.batch_size, "eval_samples": 0}
+
+
 def _classification_loss(torch, outputs, labels):
     return torch.nn.functional.cross_entropy(outputs, labels)
 

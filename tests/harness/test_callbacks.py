@@ -93,3 +93,82 @@ def test_keras_callback_counts_and_times(tmp_path):
     assert r.flops_per_sample == forward + backward
     assert r.samples == 2 * 1437 and r.epochs == 2 and len(r.qualities) == 2
     assert r.flops == pytest.approx(r.samples_per_s["total"] * (forward + backward), rel=1e-12)
+
+
+@pytest.mark.slow
+def test_lightning_callback_beside_throughput_monitor(tmp_path):
+    """Both on one run whose steps take STEP_S and whose batches take GAP_S to load: ThroughputMonitor times whole batch periods (batch end to
+    batch end, load included), the meter's window spans N steps and the N - 1 loads between them, not the load
+    before its first step. So the meter reads N (d + g) / (N d + (N - 1) g) times ThroughputMonitor's rate."""
+    import time
+
+    pl = pytest.importorskip("lightning.pytorch")
+    from lightning.pytorch.callbacks import ThroughputMonitor
+    from lightning.pytorch.trainer.states import RunningStage
+
+    from flopcount.measure.harness.callbacks.lightning import MeterCallback
+
+    GAP_S, STEP_S, B, N, STEPS = 0.03, 0.01, 16, 5, 46  # sleeps dominate: a shared machine's noise stays small
+
+    class Slow(torch.utils.data.Dataset):
+        def __len__(self):
+            return STEPS * B
+
+        def __getitem__(self, i):
+            if i % B == 0:
+                time.sleep(GAP_S)  # one sleep per batch: the input pipeline's stall
+            return torch.ones(8), torch.tensor(i % 2)
+
+    class Tiny(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(8, 2)
+
+        def training_step(self, batch, _):
+            x, y = batch
+            time.sleep(STEP_S)
+            return torch.nn.functional.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    ours = MeterCallback(flops_per_sample=100.0, warmup_steps=1, window_steps=N, energy=False, peak_flops=1e9)
+    theirs = ThroughputMonitor(batch_size_fn=lambda batch: batch[0].shape[0], window_size=20)  # late batches
+    trainer = pl.Trainer(max_epochs=1, callbacks=[ours, theirs], logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path,
+                         accelerator="cpu", devices=1)
+    trainer.fit(Tiny(), torch.utils.data.DataLoader(Slow(), batch_size=B, num_workers=0))
+    tm = theirs._throughputs[RunningStage.TRAINING].compute()["device/samples_per_sec"]
+    r = ours.result
+    windows = ours.meter.snapshot().windows
+    d = r.step_time_s  # median step
+    g = sum(w.span - sum(w.durations) for w in windows) / sum(w.steps - 1 for w in windows)  # mean gap
+    assert g >= GAP_S  # the load sits between steps, outside them
+    predicted = N * (d + g) / (N * d + (N - 1) * g)  # the meter's rate over ThroughputMonitor's
+    why = f"meter {r.samples_per_s['per_rank']:.1f}/s, monitor {tm:.1f}/s, step {d * 1e3:.2f} ms, gap {g * 1e3:.2f} ms"
+    assert r.samples_per_s["per_rank"] > tm, why  # the meter leaves one load per window out
+    assert r.samples_per_s["per_rank"] / tm == pytest.approx(predicted, rel=0.15), why
+    assert tm == pytest.approx(B / (d + g), rel=0.2), why  # ThroughputMonitor: one batch per whole period
+
+
+@pytest.mark.slow
+def test_keras_mfu_divides_by_tensorflows_own_ceiling(tmp_path, monkeypatch):
+    keras = pytest.importorskip("keras")
+    tf = pytest.importorskip("tensorflow")
+    import numpy as np
+
+    from flopcount.measure.harness.callbacks.keras import MeterCallback
+    from flopcount.measure.machine.devices import cpu_cores
+
+    monkeypatch.setenv("FLOPCOUNT_CACHE", str(tmp_path))  # measured now, not read from another run's cache
+    x = np.random.default_rng(0).normal(size=(512, 64)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    cb = MeterCallback(batch_size=32, flops_per_sample=1e4, warmup_steps=2, window_steps=4, energy=False)
+    model.fit(x, y, batch_size=32, epochs=1, callbacks=[cb], verbose=0)
+    r = cb.result
+    threads = tf.config.threading.get_intra_op_parallelism_threads() or cpu_cores()
+    assert "tensorflow" in r.peak_source and f"{threads} thread" in r.peak_source  # TF's matmul, TF's threads
+    assert "torch" not in r.peak_source
+    assert r.mfu == pytest.approx(r.flops / r.peak_flops, rel=1e-12)

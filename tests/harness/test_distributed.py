@@ -184,13 +184,16 @@ def _check_data_parallel_run(doc: dict, R: int, P: int, i: int = 0) -> dict:
     assert math.isclose(run["flops"], sum(rates) * C)  # FLOPS = sum over ranks of N_r x C = N x R x C
     # every rank a shard of every epoch: ceil(1,437 / P) samples of the model's epoch per rank
     assert all(r["samples"] == run["epochs"] * math.ceil(1437 / P) for r in run["per_rank"])
+    assert run["samples"] == sum(r["samples"] for r in run["per_rank"])  # run-level samples: the total over ranks
+    assert run["timed_samples"] == sum(r["timed_samples"] for r in run["per_rank"])
     comm = run["communication"]
     assert comm["ranks"] == P and comm["backend"] == "gloo"
     if P > 1:
         assert comm["bytes_per_step"] == GRADIENT_BYTES  # measured: the gradient buckets DDP all-reduces
         assert comm["bytes_per_step_ring"] == GRADIENT_BYTES * 2 * (P - 1) / P  # closed form of a ring
         assert comm["hooked_steps"] == run["steps"]
-        assert math.isclose(comm["coi"], C * run["samples"] / (run["steps"] * GRADIENT_BYTES))  # FLOPs per byte
+        rank0 = run["per_rank"][0]["samples"]  # one rank's FLOPs per byte it all-reduces
+        assert math.isclose(comm["coi"], C * rank0 / (run["steps"] * GRADIENT_BYTES))
     assert run["quality"] >= 0.9 and run["time_to_quality_s"] is not None  # the target was reached
     return run
 

@@ -88,3 +88,48 @@ def test_the_meter_forms_its_result_from_its_snapshot():
     result = meter.result()
     assert run_figures(meter.snapshot()) == result
     assert math.isclose(result.flops, result.samples_per_s["total"] * 1000.0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# totals over ranks, tokens, stalls, load
+
+
+def test_run_level_samples_are_the_total_over_ranks():
+    # the case: rank 0 stepped 5,033 samples of the run's 10,066
+    per_rank = ({"samples_per_s": 12.0, "samples": 5033, "timed_samples": 4000, "steps": 10},
+                {"samples_per_s": 6.0, "samples": 5033, "timed_samples": 4000, "steps": 10})
+    r = run_figures(snapshot(per_rank=per_rank, samples=5033))
+    assert r.samples == 5033 + 5033 and r.timed_samples == 4000 + 4000
+    assert [p["samples"] for p in r.per_rank] == [5033, 5033]  # each rank's own count, named per rank
+    assert r.samples_per_s["end_to_end"] == pytest.approx(10066 / 7.0)  # every rank's samples / wall time
+
+
+def test_tokens_per_second_and_flops_per_token():
+    # windows of 32 samples of 128 tokens (4096 tokens) over 2 s and 4 s: 2048 and 1024 tokens/s, median 1536
+    windows = (Window(4, 32, 2.0, (0.5,) * 4, tokens=4096), Window(4, 32, 4.0, (1.0,) * 4, tokens=4096))
+    per_rank = ({"samples_per_s": 12.0, "tokens_per_s": 1536.0, "samples": 80, "timed_samples": 64, "steps": 10},)
+    r = run_figures(snapshot(windows=windows, per_rank=per_rank))
+    assert r.tokens_per_s == {"per_rank": 1536.0, "total": 1536.0}
+    assert r.flops_per_token == pytest.approx(1000 * 64 / 8192)  # C x samples / tokens = 1000 / 128
+    assert r.flops / r.tokens_per_s["total"] == pytest.approx(r.flops_per_token)  # FLOPS / tokens/s, all the same
+    plain = run_figures(snapshot())
+    assert plain.tokens_per_s is None and "tokens=" in plain.unavailable["tokens_per_s"]
+
+
+def test_stalls_hidden_by_the_median_are_named():
+    # the case: windows from 618 to 18,943 samples/s, median 9.45k, end to end 1.1k
+    windows = (Window(1, 618, 1.0, (1.0,)), Window(1, 9450, 1.0, (1.0,)), Window(1, 18943, 1.0, (1.0,)))
+    per_rank = ({"samples_per_s": 9450.0, "samples": 11000, "timed_samples": 29011, "steps": 3},)
+    r = run_figures(snapshot(windows=windows, per_rank=per_rank, wall_s=10.0))
+    assert r.samples_per_s["end_to_end"] == pytest.approx(1100.0)
+    spread, lost = r.notes
+    assert spread.startswith("stalls: window rates range 618..1.894e+04") and "30.7x" in spread  # 18943 / 618
+    assert lost.startswith("stalls: end to end 1100 samples/s is below 50% of the median")
+    # steady windows (16 and 8 samples/s: 2x, not more) and 80 samples in 7 s (11.4/s, above half of 12): no note
+    assert run_figures(snapshot()).notes == ()
+
+
+def test_a_run_under_more_load_than_its_ceiling_says_so():
+    r = run_figures(snapshot(load_per_core=1.4, peak_load_per_core=0.1))
+    assert any(n.startswith("load: the run's rate was measured at a load of 1.40 per core, its peak") for n in r.notes)
+    assert run_figures(snapshot(load_per_core=0.3, peak_load_per_core=0.1)).notes == ()

@@ -120,8 +120,8 @@ def test_an_unknown_gpu_gets_no_peak():
 @pytest.mark.parametrize("kwargs, message", [
     pytest.param({}, "exactly one of report=", id="nothing"),
     pytest.param({"flops_per_sample": 1, "model": object(), "example_inputs": 1}, "exactly one", id="two"),
-    pytest.param({"flops_per_sample": -3}, "positive number", id="negative"),
-    pytest.param({"flops_per_sample": float("nan")}, "positive number", id="nan"),
+    pytest.param({"flops_per_sample": -3}, "finite number > 0", id="negative"),
+    pytest.param({"flops_per_sample": float("nan")}, "finite number > 0", id="nan"),
     pytest.param({"model": object()}, "example_inputs", id="model-without-inputs"),
     pytest.param({"flops_per_sample": 1, "target_quality": 0.9}, "quality_exponent", id="no-exponent"),
     pytest.param({"flops_per_sample": 1, "window_steps": 0}, "window_steps", id="window"),
@@ -287,3 +287,34 @@ def test_cuda_event_timer_syncs_once_per_window_and_reuses_events(monkeypatch):
     assert r.step_time_s == pytest.approx(0.5)
     # a window: 4 steps of 0.5 s and 3 gaps of 0.25 s = 2.75 s for 8 samples
     assert r.samples_per_s["per_rank"] == pytest.approx(8 / 2.75)
+
+
+def test_tokens_on_a_real_language_model_run():
+    torch = pytest.importorskip("torch")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    B, T, V, D = 4, 12, 50, 16
+    model = torch.nn.Sequential(torch.nn.Embedding(V, D), torch.nn.Linear(D, V))
+    x = torch.randint(0, V, (B, T))
+
+    def train_step():
+        loss = model(x).logsumexp(-1).mean()
+        loss.backward()
+
+    with FlopCounterMode(display=False) as counter:  # torch's own count of one step, forward and backward
+        train_step()
+    C = counter.get_total_flops() / B
+    m = flopcount.Meter(flops_per_sample=C, warmup_steps=2, window_steps=3, energy=False, peak_flops=1e12)
+    for _ in range(11):
+        with m.step(samples=B, tokens=x.numel()):
+            train_step()
+    r = m.result()
+    assert r.flops_per_token == pytest.approx(C / T)  # each sample holds T tokens
+    assert r.tokens_per_s["total"] == pytest.approx(r.samples_per_s["total"] * T)
+    assert r.samples_per_s["end_to_end"] == pytest.approx(11 * B / r.wall_s)
+    with pytest.raises(UsageError, match="tokens= was given on earlier steps but not this one"):
+        m2 = flopcount.Meter(flops_per_sample=C, energy=False)
+        with m2.step(samples=B, tokens=B * T):
+            pass
+        m2.step(samples=B)

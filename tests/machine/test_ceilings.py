@@ -66,3 +66,36 @@ def test_cached_gemm_keeps_the_harness_interface():
     g = cached_gemm("cpu", "fp32")
     assert isinstance(g, GemmCeiling) and g.dtype == "fp32" and g.flops_per_s > 0
     assert measured_cpu_device().peak("fp32").flops_per_s == g.flops_per_s  # the harness's CPU peak is this ceiling
+
+
+def test_gemm_ceiling_is_the_best_repeat_with_its_spread():
+    from flopcount.measure.machine.ceilings import MIN_PRODUCT_S, measure_gemm
+
+    g = measure_gemm("cpu", "fp32", sizes=(128, 1024), repeats=4, budget_s=30.0)
+    n3 = 2 * g.n ** 3
+    assert g.flops_per_s >= g.median_flops_per_s >= g.min_flops_per_s > 0  # max, median, min over repeats
+    # each rate is 2 n^3 over one repeat's seconds; the chosen size's median product lasts MIN_PRODUCT_S or more
+    # (a 1024^3 product is 2.1 GFLOP: >= 10 ms below 215 GFLOP/s), unless none did
+    assert n3 / g.median_flops_per_s >= MIN_PRODUCT_S or g.n == 1024
+    assert "best of" in g.describe() and "median" in g.describe()
+
+
+def test_cached_ceiling_stays_until_beaten_never_remeasured_for_load(tmp_path, monkeypatch):
+    from flopcount.measure.machine import ceilings
+
+    monkeypatch.setenv("FLOPCOUNT_CACHE", str(tmp_path))
+
+    def record(rate, load):
+        return ceilings.GemmCeiling("cpu", "fp32", rate, 1024, 7, 2, "t", load, rate * 0.9, rate * 0.8)
+
+    measured = []
+    monkeypatch.setattr(ceilings, "measure_gemm", lambda *a, **k: measured.append(1) or record(400e9, 2.0))
+    monkeypatch.setattr(ceilings, "load_per_core", lambda: 0.1)  # quiet now, busy when measured: kept anyway
+    assert ceilings.cached_gemm("cpu", "fp32").flops_per_s == 400e9 and measured == [1]
+    assert ceilings.cached_gemm("cpu", "fp32").flops_per_s == 400e9 and measured == [1]  # from the cache
+    assert ceilings.offer_ceiling("gemm", record(390e9, 0.0), "cpu", "fp32") is False  # lower: not kept
+    assert ceilings.cached_gemm("cpu", "fp32").flops_per_s == 400e9
+    assert ceilings.offer_ceiling("gemm", record(442e9, 0.0), "cpu", "fp32") is True  # beaten: replaced
+    assert ceilings.cached_gemm("cpu", "fp32").flops_per_s == 442e9 and measured == [1]
+    best, note = ceilings.best_gemm(record(300e9, 0.0))  # flopcount ceilings measuring less reports the best
+    assert best.flops_per_s == 442e9 and "above the 300.0 GFLOP/s measured now" in note

@@ -611,3 +611,56 @@ def test_cli_ncu_report_file_is_read_through_ncu_import(save, tmp_path, capsys):
     assert main(["crosscheck", "--ncu-csv", str(report), "--ncu", str(tmp_path / "absent"), m]) == 11
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "ncu --import" in err[0] and "--ncu-csv step.csv" in err[0]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a transformers model whose masks read values: FlopCounterMode on real CPU tensors; the profiler's SDPA gap
+
+TINY_LLAMA = textwrap.dedent("""
+    def make():
+        from transformers import LlamaConfig, LlamaModel
+        return LlamaModel(LlamaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=32))
+""")
+B, S, H, LAYERS = 2, 16, 32, 2
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    pytest.importorskip("transformers")
+    folder = tmp_path_factory.mktemp("tiny_llama")
+    (folder / "crosscheck_tiny_llama.py").write_text(TINY_LLAMA)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(folder))
+        mp.setenv("FLOPCOUNT_CACHE", str(folder / "cache"))
+        mp.chdir(folder)
+        yield "crosscheck_tiny_llama:make"
+    sys.modules.pop("crosscheck_tiny_llama", None)
+
+
+LLAMA_ARGS = ["--input-shape", f"input_ids={B}x{S}:int64", "--input-shape", f"attention_mask={B}x{S}:int64",
+              "--mode", "train", "--format", "json"]
+
+
+def test_fallback_torch_runs_on_cpu_where_meta_cannot(tiny_llama, capsys):
+    assert main(["crosscheck", "--fallback", "torch", "--torch", tiny_llama, *LLAMA_ARGS]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ncu"]["device"].startswith("cpu (one step on real tensors")
+    assert "Tensor.item() cannot be called on meta tensors" in out["ncu"]["device"]
+    mp = out["families"]["matrix product"]
+    # per layer, forward: q, k, v, o projections 4 x 2·T·H·H, the MLP's gate, up, down 3 x 2·T·H·I (T = B·S tokens,
+    # I = 64), attention Q·Kᵀ and A·V 2 x 2·B·S·S·H; backward twice the forward (dX and dW) but for attention (dQ,
+    # dK, dV, dA: also twice). No LM head (LlamaModel).
+    T_, I_ = B * S, 64
+    forward = LAYERS * (4 * 2 * T_ * H * H + 3 * 2 * T_ * H * I_ + 2 * 2 * B * S * S * H)
+    assert mp["measured_flops"] == 3 * forward  # FlopCounterMode on the CPU, attention's products included
+    assert mp["analytic_flops"] == mp["measured_flops"]
+
+
+def test_profiler_fallback_names_the_missing_attention(tiny_llama, capsys):
+    assert main(["crosscheck", "--fallback", "torch-profiler", "--torch", tiny_llama, *LLAMA_ARGS]) == 0
+    out = json.loads(capsys.readouterr().out)
+    mp = out["families"]["matrix product"]
+    attention = LAYERS * 3 * 2 * 2 * B * S * S * H  # Q·Kᵀ and A·V, forward and backward: what the profiler misses
+    assert mp["analytic_flops"] - mp["measured_flops"] == attention
+    assert any("scaled-dot-product attention" in r for r in mp["reasons"])

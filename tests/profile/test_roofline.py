@@ -263,3 +263,21 @@ def test_cli_operator_roofline_of_a_model_with_input_shape_or_torch(tmp_path, mo
     points = json.loads(capsys.readouterr().out)["points"]
     assert [p["intensity"] for p in points if "MatMul" in p["label"] or "Gemm" in p["label"]] == \
         [pytest.approx(intensity(4))]
+
+
+def test_run_is_placed_under_the_ceiling_of_its_own_precision(tmp_path, capsys):
+    # V100 ceilings per device: GEMM fp32 14.375 TFLOPS, GEMM mixed fp16 79.5 TFLOPS; one node, link 300 GB/s.
+    # COI 100 FLOP/B: link roof 300 GB/s x 100 = 30 TFLOPS, above fp32's 14.375 (compute-bound in fp32) and below
+    # fp16's 79.5 (the issue: an fp32 run judged against the mixed ceiling was called communication-bound)
+    (tmp_path / "c.json").write_text(json.dumps(_ceilings(ranks=1, allreduce=300 * G).as_dict()))
+    runs = [{"flops": 10 * T, "precision": "fp32", "communication": {"coi": 100.0}},
+            {"flops": 20 * T, "precision": "fp16", "communication": {"coi": 100.0}}]
+    (tmp_path / "run.json").write_text(json.dumps(_bench(runs, ranks=1)))
+    rc = main(["roofline", "--ceilings", str(tmp_path / "c.json"), "--run", str(tmp_path / "run.json"),
+               "--format", "json"])
+    assert rc == 0
+    fp32, fp16 = json.loads(capsys.readouterr().out)["points"]
+    assert fp32["compute_ceiling"] == "GEMM fp32" and fp32["bound"] == "compute"
+    assert fp32["attainable_flops_per_s"] == pytest.approx(115 * T / 8)
+    assert fp16["compute_ceiling"] == "GEMM mixed fp16" and fp16["bound"] == "communication"
+    assert fp16["attainable_flops_per_s"] == pytest.approx(300 * G * 100)

@@ -5,7 +5,11 @@ counting the model, looking up or calibrating the peak, gathering the ranks, ask
 their figures) and hands the outcome over as a snapshot; everything after that is arithmetic here, testable
 without a training loop, a device or torch:
 
-* ``samples_per_s`` per rank: the median over timed windows of samples / window span; total: the sum over ranks
+* ``samples_per_s`` per rank: the median over timed windows of samples / window span; total: the sum over ranks;
+  end_to_end: every rank's samples / wall time. ``samples`` is the total over ranks (each rank's under per_rank)
+* ``tokens_per_s`` and ``flops_per_token`` = C × samples / tokens when the steps gave ``tokens=``
+* ``notes``: stalls the median hides (window rates apart by more than 2×, end to end below half the median) and a
+  run measured under more load than its CPU ceiling
 * ``flops`` = Σ_r N_r × C (HPC AI500's N × R × C); ``mfu`` = flops / (R × peak); ``hfu`` = mfu × (C + recomputed) / C
 * ``vflops`` = flops × (achieved / target)^n; ``time_to_quality_s`` the first quality at or past the target
 * ``energy_j`` and ``power_w`` over the windows long enough for the counter; FLOPS per watt
@@ -36,6 +40,7 @@ class Window:
     durations: tuple[float, ...]
     energy_j: float | None = None
     energy_s: float | None = None
+    tokens: int | None = None  # tokens in the window's steps when ``step(tokens=)`` was given
 
 
 @dataclass(frozen=True)
@@ -79,19 +84,42 @@ class RunSnapshot:
     communication: Mapping[str, Any] | None = None
     communication_attached: bool = False
     ensemble: Mapping[str, Any] | None = None
+    load_per_core: float | None = None  # the machine's 1-minute load per core when the run ended (None: unknown)
+    peak_load_per_core: float | None = None  # the same when the measured peak (a CPU ceiling) was measured
 
 
 def _window_rates(windows: tuple[Window, ...] | list[Window]) -> list[float]:
     return [w.samples / w.span for w in windows if w.span > 0]
 
 
+def _token_rates(windows) -> list[float]:
+    return [w.tokens / w.span for w in windows if w.span > 0 and w.tokens is not None]
+
+
+#: Window rates varying more than this (max / min) are reported as stalls.
+STALL_SPREAD = 2.0
+#: End-to-end throughput below this share of the median over windows is reported as time lost between windows.
+END_TO_END_SHARE = 0.5
+
+
 def local_figures(windows, samples: int, steps: int) -> dict[str, Any]:
-    """What one rank shares with the others: its median samples/s over windows and median step time."""
+    """What one rank shares with the others: its median samples/s (and tokens/s) over windows, its median step
+    time, and its counts: samples and steps stepped, samples in timed windows."""
     rates = _window_rates(windows)
     durations = [d for w in windows for d in w.durations]
-    return {"samples_per_s": statistics.median(rates) if rates else None,
-            "step_time_s": statistics.median(durations) if durations else None,
-            "samples": samples, "steps": steps}
+    tokens = _token_rates(windows)
+    out = {"samples_per_s": statistics.median(rates) if rates else None,
+           "step_time_s": statistics.median(durations) if durations else None,
+           "samples": samples, "steps": steps, "timed_samples": sum(w.samples for w in windows)}
+    if tokens:
+        out["tokens_per_s"] = statistics.median(tokens)
+    return out
+
+
+def _total(per_rank, key: str) -> Any:
+    """The sum over ranks of ``key`` (None when a rank lacks it)."""
+    values = [r.get(key) for r in per_rank]
+    return sum(values) if values and all(v is not None for v in values) else None
 
 
 def _throughput(s: RunSnapshot, unavailable: dict, how: dict) -> tuple[dict[str, Any], float | None]:
@@ -109,8 +137,12 @@ def _throughput(s: RunSnapshot, unavailable: dict, how: dict) -> tuple[dict[str,
         "min": min(rates) if rates else None, "max": max(rates) if rates else None,
         "variation": (statistics.pstdev(rates) / statistics.fmean(rates)) if len(rates) >= 2 else None,
     }
+    total_samples = _total(s.per_rank, "samples")
+    end_to_end = total_samples / s.wall_s if total_samples is not None and s.wall_s else None
+    samples_per_s["end_to_end"] = end_to_end
     how["samples_per_s"] = ("per rank: median over windows of samples / window span (first step start to last "
-                            "step end); total: sum over ranks")
+                            "step end); total: sum over ranks; end_to_end: every rank's samples (warm-up and "
+                            "evaluation included) / wall time")
     if len(s.per_rank) > 1:
         slow = min((r for r in rank_rates if r is not None), default=None)
         samples_per_s["slowest_rank"] = slow
@@ -121,6 +153,47 @@ def _throughput(s: RunSnapshot, unavailable: dict, how: dict) -> tuple[dict[str,
         unavailable["flops"] = unavailable.get("samples_per_s", "no FLOPs per sample")
     how["flops"] = "FLOPS = sum over ranks of N_r x C (N x R x C), C the training FLOPs per sample"
     return samples_per_s, flops
+
+
+def _tokens(s: RunSnapshot, unavailable: dict, how: dict) -> tuple[dict[str, Any] | None, float | None]:
+    """tokens/s (this rank's median over windows, the sum over ranks) and FLOPs per token = C × samples / tokens
+    over the timed windows, as torchtitan and Megatron report them."""
+    windows = [w for w in s.windows if w.tokens is not None]
+    if not windows:
+        unavailable["tokens_per_s"] = unavailable["flops_per_token"] = (
+            "no tokens given: pass step(samples=..., tokens=...) for a language model")
+        return None, None
+    rates = [r.get("tokens_per_s") for r in s.per_rank]
+    tokens_per_s = {"per_rank": statistics.median(_token_rates(windows)),
+                    "total": sum(rates) if all(r is not None for r in rates) else None}
+    how["tokens_per_s"] = "per rank: median over windows of tokens / window span; total: sum over ranks"
+    n_samples, n_tokens = sum(w.samples for w in windows), sum(w.tokens for w in windows)
+    if s.flops_per_sample is None or not n_tokens:
+        unavailable["flops_per_token"] = "no FLOPs per sample" if s.flops_per_sample is None else "no tokens stepped"
+        return tokens_per_s, None
+    how["flops_per_token"] = "C x samples / tokens over the timed windows (C the training FLOPs per sample)"
+    return tokens_per_s, s.flops_per_sample * n_samples / n_tokens
+
+
+def _notes(s: RunSnapshot, samples_per_s: Mapping[str, Any]) -> tuple[str, ...]:
+    """What the median hides: stalls (window rates apart by more than :data:`STALL_SPREAD`, or end-to-end
+    throughput below :data:`END_TO_END_SHARE` of the median), and a run measured under more load than its peak."""
+    notes = []
+    lo, hi, median = samples_per_s.get("min"), samples_per_s.get("max"), samples_per_s.get("per_rank")
+    if lo and hi and hi / lo > STALL_SPREAD:
+        notes.append(f"stalls: window rates range {lo:.4g}..{hi:.4g} samples/s ({hi / lo:.1f}x, more than "
+                     f"{STALL_SPREAD:g}x); the median {median:.4g} hides the slow windows")
+    total, e2e = samples_per_s.get("total"), samples_per_s.get("end_to_end")
+    if total and e2e is not None and e2e < END_TO_END_SHARE * total:
+        notes.append(f"stalls: end to end {e2e:.4g} samples/s is below {END_TO_END_SHARE:.0%} of the median over "
+                     f"windows ({total:.4g}): time outside the timed windows (warm-up, evaluation, input waits "
+                     "between windows) dominates the run")
+    if (s.load_per_core is not None and s.peak_load_per_core is not None
+            and s.load_per_core > s.peak_load_per_core + 0.25):
+        notes.append(f"load: the run's rate was measured at a load of {s.load_per_core:.2f} per core, its peak (the "
+                     f"measured ceiling) at {s.peak_load_per_core:.2f}: other work shared the machine during the "
+                     "run, so MFU understates what the run would reach alone")
+    return tuple(notes)
 
 
 def _utilisation(s: RunSnapshot, flops: float | None, unavailable: dict, how: dict) -> tuple[float | None, ...]:
@@ -222,6 +295,11 @@ def run_figures(s: RunSnapshot) -> RunResult:
         unavailable["optimizer_flops_per_step"] = "not counted (count with optimizer= to report it)"
     ranks = len(s.per_rank)
     samples_per_s, flops = _throughput(s, unavailable, how)
+    tokens_per_s, flops_per_token = _tokens(s, unavailable, how)
+    total_samples = _total(s.per_rank, "samples")
+    timed_total = _total(s.per_rank, "timed_samples")
+    if ranks > 1:
+        how["samples"] = "total over ranks (each rank's count under per_rank)"
     mfu, hfu = _utilisation(s, flops, unavailable, how)
     q, vflops = _quality(s, flops, unavailable, how)
     energy_j, power_w = _energy(s, unavailable, how)
@@ -242,7 +320,8 @@ def run_figures(s: RunSnapshot) -> RunResult:
     if s.communication is not None:
         unavailable.pop("communication", None)
     return RunResult(
-        samples=s.samples, steps=s.steps, timed_samples=sum(w.samples for w in s.windows),
+        samples=total_samples if total_samples is not None else s.samples, steps=s.steps,
+        timed_samples=timed_total if timed_total is not None else sum(w.samples for w in s.windows),
         timed_steps=sum(w.steps for w in s.windows), wall_s=s.wall_s,
         step_time_s=local_figures(s.windows, s.samples, s.steps)["step_time_s"], samples_per_s=samples_per_s,
         flops_per_sample=s.flops_per_sample, flops=flops, ranks=ranks, precision=s.precision,
@@ -252,4 +331,5 @@ def run_figures(s: RunSnapshot) -> RunResult:
         vflops_per_watt=vfpw, epochs=len(s.epochs), flops_epoch_form=epoch_form,
         optimizer_flops_per_step=s.optimizer_flops_per_step, per_rank=tuple(s.per_rank) if ranks > 1 else (),
         communication=s.communication, ensemble=s.ensemble, qualities=tuple(s.qualities),
-        unavailable=dict(sorted(unavailable.items())), how=how)
+        unavailable=dict(sorted(unavailable.items())), how=how, tokens_per_s=tokens_per_s,
+        flops_per_token=flops_per_token, notes=_notes(s, samples_per_s))

@@ -29,6 +29,7 @@ The arithmetic is :func:`.figures.run_figures` of the meter's frozen :meth:`Mete
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import sys
@@ -38,8 +39,10 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from flopcount.errors import UsageError
 
+from . import checks
 from . import energy as energy_mod
 from .clocks import make_timer
+from .mfu import PRECISIONS
 from .figures import RunSnapshot, Window, last_quality, local_figures, run_figures
 from .ranks import gather_ranks, is_writer, running_dist
 from .result import RunResult, bench_report, dumps
@@ -66,11 +69,12 @@ class _Work:
 class _Step:
     """The context manager :meth:`Meter.step` returns (one object, reused: the per-step cost is two stamps)."""
 
-    __slots__ = ("_meter", "samples")
+    __slots__ = ("_meter", "samples", "tokens")
 
     def __init__(self, meter: "Meter") -> None:
         self._meter = meter
         self.samples = 0
+        self.tokens: int | None = None
 
     def __enter__(self) -> "_Step":
         m = self._meter
@@ -83,10 +87,68 @@ class _Step:
         m = self._meter
         m._timer.stop()
         m._pending_samples += self.samples
+        if self.tokens is not None:
+            m._pending_tokens += self.tokens
         m._pending_steps += 1
         if m._pending_steps >= m._window_target:
             m._close_window()
         return False
+
+
+def check_arguments(where: str, *, flops_per_sample=None, target_quality=None, quality_exponent=None,
+                    higher_is_better=True, precision=None, peak_flops=None, recompute=None, warmup_steps=5,
+                    window_steps=20, energy=True, clock=None) -> dict[str, Any]:
+    """The meter's arguments checked (a :class:`UsageError` naming the argument and its allowed range) and
+    normalised; ``where`` names the caller (``Meter``, a framework callback) in the message."""
+    if flops_per_sample is not None:
+        flops_per_sample = checks.positive_finite(where, "flops_per_sample", flops_per_sample)
+    warmup_steps = checks.nonneg_int(where, "warmup_steps", warmup_steps)
+    window_steps = checks.positive_int(where, "window_steps", window_steps)
+    if target_quality is not None and quality_exponent is None:
+        raise UsageError(f"{where}: target_quality needs quality_exponent (HPC AI500: 5 for image classification, "
+                         "10 for extreme weather analytics)")
+    if target_quality is not None:
+        target_quality = checks.finite(where, "target_quality", target_quality)
+        if higher_is_better and target_quality <= 0:
+            raise UsageError(f"{where}: target_quality must be > 0 for a quality where higher is better (VFLOPS "
+                             f"divides by it), got {target_quality!r}")
+    if quality_exponent is not None:
+        quality_exponent = checks.quality_exponent(where, quality_exponent)
+    if not isinstance(higher_is_better, bool):
+        raise UsageError(f"{where}: higher_is_better must be True or False, got {higher_is_better!r}")
+    if peak_flops is not None:
+        peak_flops = checks.positive_finite(where, "peak_flops", peak_flops)
+    if precision is not None and precision not in PRECISIONS:
+        raise UsageError(f"{where}: precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if isinstance(recompute, str):
+        if recompute not in ("none", "full"):
+            raise UsageError(f"{where}: recompute={recompute!r}: expected 'none', 'full' or FLOPs per sample")
+    elif recompute is not None:
+        if not checks.is_number(recompute) or not math.isfinite(float(recompute)) or float(recompute) < 0:
+            raise UsageError(f"{where}: recompute must be 'none', 'full' or a finite number of FLOPs per sample "
+                             f">= 0, got {recompute!r}")
+        recompute = float(recompute)
+    if not isinstance(energy, bool):
+        raise UsageError(f"{where}: energy must be True or False, got {energy!r}")
+    if clock is not None and not callable(clock):
+        raise UsageError(f"{where}: clock must be a zero-argument callable returning seconds, got {clock!r}")
+    return {"flops_per_sample": flops_per_sample, "target_quality": target_quality,
+            "quality_exponent": quality_exponent, "peak_flops": peak_flops, "recompute": recompute,
+            "warmup_steps": warmup_steps, "window_steps": window_steps}
+
+
+def check_meter_kwargs(where: str, kwargs: Mapping[str, Any]) -> None:
+    """The :class:`Meter` keyword arguments a framework callback passes on, checked when the callback is made (an
+    unknown name, or a value :func:`check_arguments` refuses, is a :class:`UsageError`)."""
+    import inspect
+
+    known = set(inspect.signature(Meter).parameters) - {"report", "model", "example_inputs", "flops_per_sample"}
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise UsageError(f"{where}: unknown Meter argument(s) {', '.join(unknown)}; expected some of "
+                         f"{', '.join(sorted(known))}")
+    checkable = set(inspect.signature(check_arguments).parameters) - {"where"}
+    check_arguments(where, **{k: v for k, v in kwargs.items() if k in checkable})
 
 
 class Meter:
@@ -138,19 +200,16 @@ class Meter:
         if report is not None and getattr(report, "mode", "train") != "train":
             raise UsageError("Meter: the report counts inference only; count the model with mode=\"train\" (forward "
                              "and backward), e.g. flopcount.from_torch(model, inputs, mode=\"train\")")
-        if flops_per_sample is not None and not (isinstance(flops_per_sample, (int, float))
-                                                 and math.isfinite(flops_per_sample) and flops_per_sample > 0):
-            raise UsageError(f"Meter: flops_per_sample must be a positive number, got {flops_per_sample!r}")
         if model is not None and example_inputs is None:
             raise UsageError("Meter(model=...) needs example_inputs= (a tensor, a shape or a tuple of them) to count it")
-        if warmup_steps < 0 or window_steps < 1:
-            raise UsageError(f"Meter: warmup_steps must be >= 0 and window_steps >= 1, got {warmup_steps} and "
-                             f"{window_steps}")
-        if target_quality is not None and quality_exponent is None:
-            raise UsageError("Meter: target_quality needs quality_exponent (HPC AI500: 5 for image classification, "
-                             "10 for extreme weather analytics)")
-        if isinstance(recompute, str) and recompute not in ("none", "full"):
-            raise UsageError(f"Meter: recompute={recompute!r}: expected 'none', 'full' or FLOPs per sample")
+        checked = check_arguments("Meter", flops_per_sample=flops_per_sample, target_quality=target_quality,
+                                  quality_exponent=quality_exponent, higher_is_better=higher_is_better,
+                                  precision=precision, peak_flops=peak_flops, recompute=recompute,
+                                  warmup_steps=warmup_steps, window_steps=window_steps, energy=energy, clock=clock)
+        flops_per_sample, target_quality, quality_exponent = (checked["flops_per_sample"], checked["target_quality"],
+                                                              checked["quality_exponent"])
+        peak_flops, recompute = checked["peak_flops"], checked["recompute"]
+        warmup_steps, window_steps = checked["warmup_steps"], checked["window_steps"]
         self._report = report
         self._flops_per_sample = flops_per_sample
         self._model = model
@@ -179,10 +238,13 @@ class Meter:
         self._in_warmup = warmup_steps > 0
         self._pending_steps = 0
         self._pending_samples = 0
+        self._pending_tokens = 0
+        self._with_tokens: bool | None = None
         self._window_energy0: float | None = None
         self._window_host0 = 0.0
         self._windows: list[Window] = []
         self.samples = 0
+        self.tokens = 0
         self.steps = 0
         self._t0: float | None = None
         self._start_how = ""
@@ -193,6 +255,9 @@ class Meter:
         self._ttq: float | None = None
         self._autocast: str | None = None
         self._autocast_checks = 0
+        self._fp8: str | None = None
+        if model is not None:
+            self.detect_fp8(model)
         self._result: RunResult | None = None
         self._listeners: list[Callable[[str, Mapping[str, Any]], None]] = []
         # Scale-out figures (flopcount.measure.harness.distributed / .ensemble): a mapping, or an object whose figures()
@@ -202,9 +267,20 @@ class Meter:
 
     # -- the loop -------------------------------------------------------------------------------------------
 
-    def step(self, samples: int) -> _Step:
-        """Time one training step of ``samples`` samples: ``with meter.step(samples=len(x)): ...``."""
-        self._step.samples = samples
+    def step(self, samples: int, tokens: int | None = None) -> _Step:
+        """Time one training step of ``samples`` samples: ``with meter.step(samples=len(x)): ...``; a language
+        model gives ``tokens=`` too (e.g. ``x.numel()``) for tokens/s and FLOPs per token. Give tokens on every
+        step or on none."""
+        self._step.samples = checks.samples("Meter.step", samples)
+        if tokens is not None:
+            tokens = checks.samples("Meter.step", tokens, "tokens")
+        if self._with_tokens is None:
+            self._with_tokens = tokens is not None
+        elif self._with_tokens != (tokens is not None):
+            raise UsageError("Meter.step: tokens= was given on " + ("earlier steps but not this one" if
+                             self._with_tokens else "this step but not the earlier ones") + "; give it on every "
+                             "step (tokens/s needs every step's tokens) or on none")
+        self._step.tokens = tokens
         if self._autocast_checks < self.warmup_steps + 1:
             self._check_autocast()
         return self._step
@@ -244,6 +320,9 @@ class Meter:
     def quality(self, value: float, epoch: int | None = None) -> None:
         """Record the model's quality (accuracy, mAP ...) where it was evaluated; the first value at or past the
         target gives the time-to-quality."""
+        value = checks.finite("Meter.quality", "value", value)
+        if epoch is not None:
+            epoch = checks.nonneg_int("Meter.quality", "epoch", epoch)
         self._flush()
         now = self._host()
         t = now - self._t0 if self._t0 is not None else None
@@ -252,6 +331,20 @@ class Meter:
         if self._ttq is None and t is not None and self.reached(value):
             self._ttq = t
         self._emit("eval_accuracy", {"value": float(value), "epoch_num": epoch})
+
+    @contextlib.contextmanager
+    def evaluating(self, epoch: int | None = None) -> Iterator[None]:
+        """Mark an evaluation: ``with meter.evaluating(epoch): meter.quality(evaluate(model))``. It collects the
+        pending steps first (evaluation falls between timed windows) and tells the listeners ``eval_start`` and
+        ``eval_stop`` (the MLPerf log's eval interval)."""
+        where = "Meter.evaluating"
+        epoch = len(self._epochs) if epoch is None else checks.nonneg_int(where, "epoch", epoch)
+        self._flush()
+        self._emit("eval_start", {"epoch_num": epoch})
+        try:
+            yield
+        finally:
+            self._emit("eval_stop", {"epoch_num": epoch})
 
     def reached(self, value: float | None = None) -> bool:
         """Whether ``value`` (default: the last quality) meets the target."""
@@ -272,7 +365,8 @@ class Meter:
                                     else "aborted"})
 
     def subscribe(self, listener: Callable[[str, Mapping[str, Any]], None]) -> None:
-        """Call ``listener(event, fields)`` at run_start, epoch_start/stop, eval_accuracy and run_stop (the MLPerf
+        """Call ``listener(event, fields)`` at run_start, epoch_start/stop, eval_start/stop, eval_accuracy and
+        run_stop (the MLPerf
         log writer of ``flopcount bench --mllog`` listens this way)."""
         self._listeners.append(listener)
 
@@ -295,10 +389,11 @@ class Meter:
         if self._window_energy0 is not None:
             energy_j = self._energy.read_j() - self._window_energy0
             energy_s = self._host() - self._window_host0
-        steps, samples = self._pending_steps, self._pending_samples
+        steps, samples, tokens = self._pending_steps, self._pending_samples, self._pending_tokens
         self.steps += steps
         self.samples += samples
-        self._pending_steps = self._pending_samples = 0
+        self.tokens += tokens
+        self._pending_steps = self._pending_samples = self._pending_tokens = 0
         self._window_open = False
         if self._in_warmup:
             self._in_warmup = self.steps < self.warmup_steps
@@ -306,14 +401,30 @@ class Meter:
             return
         if stamps:
             span = stamps[-1][1] - stamps[0][0]
-            self._windows.append(Window(steps, samples, span, tuple(e - s for s, e in stamps), energy_j, energy_s))
+            self._windows.append(Window(steps, samples, span, tuple(e - s for s, e in stamps), energy_j, energy_s,
+                                        tokens if self._with_tokens else None))
 
     def _flush(self) -> None:
         if self._pending_steps:
             self._close_window()
 
+    def detect_fp8(self, module) -> None:
+        """Look for torchao ``Float8Linear`` modules in ``module`` (``model=`` is looked at when given; the
+        Lightning callback passes its LightningModule): their matrix products run in fp8, and the peak is weighted
+        by the work each dtype does (:mod:`.mfu`)."""
+        from .mfu import fp8_modules
+
+        n = fp8_modules(module)
+        if n:
+            self._fp8 = f"torchao Float8Linear modules ({n})"
+
     def _check_autocast(self) -> None:
         self._autocast_checks += 1
+        if self._fp8 is None and "transformer_engine.pytorch" in sys.modules:
+            from .mfu import transformer_engine_fp8
+
+            if transformer_engine_fp8():
+                self._fp8 = "TransformerEngine fp8_autocast seen in the steps"
         torch = sys.modules.get("torch")
         if torch is None or self._autocast is not None:
             return
@@ -434,6 +545,8 @@ class Meter:
         precision, peak = self._peak(device, work.parts)
         communication, ensemble = self._attachments(work, per_rank)
         energy = self._energy
+        from ..machine.ceilings import load_per_core
+
         return RunSnapshot(
             samples=self.samples, steps=self.steps, warmup_steps=self.warmup_steps, timer_kind=self._timer.kind,
             start_how=self._start_how,
@@ -446,7 +559,9 @@ class Meter:
             peak_flops=peak.flops_per_s, peak_source=peak.source, recompute=self._recompute,
             energy_kind=energy.kind, energy_reason=getattr(energy, "reason", ""),
             energy_min_window_s=getattr(energy, "min_window_s", 0.0), communication=communication,
-            communication_attached=self.communication is not None, ensemble=ensemble)
+            communication_attached=self.communication is not None, ensemble=ensemble,
+            load_per_core=load_per_core() if self._device_kind == "cpu" else None,
+            peak_load_per_core=peak.load_per_core)
 
     def _counted_work(self) -> _Work:
         """C (training FLOPs per sample), how it is known, the forward FLOPs per sample, the optimizer's FLOPs per
@@ -468,7 +583,8 @@ class Meter:
         CPU measures or reads its GEMM ceiling, unless ``device`` is given)."""
         from .mfu import detect_precision, effective_peak
 
-        precision = detect_precision(self._device_kind, self._precision_given, self._autocast, self._param_dtype())
+        precision = detect_precision(self._device_kind, self._precision_given, self._autocast, self._param_dtype(),
+                                     self._fp8)
         if device is not None and self._device is None:
             self._device = device  # to_json describes the same device, and calls no collective on rank 0 alone
         dev = device if device is not None else self.device()

@@ -24,6 +24,7 @@ KIND = "flopcount.bench"
 SCORES = {
     "samples_per_s": ("samples_per_s", "total"),
     "flops": ("flops",),
+    "tokens_per_s": ("tokens_per_s", "total"),
     "mfu": ("mfu",),
     "vflops": ("vflops",),
     "quality": ("quality",),
@@ -73,12 +74,17 @@ class RunResult:
     qualities: tuple[Mapping[str, Any], ...] = ()  # every quality() call: {t_s, value, epoch, samples}
     unavailable: Mapping[str, str] = field(default_factory=dict)
     how: Mapping[str, str] = field(default_factory=dict)
+    tokens_per_s: Mapping[str, Any] | None = None  # per_rank (median over windows), total; with step(tokens=)
+    flops_per_token: float | None = None  # C × samples / tokens
+    notes: tuple[str, ...] = ()  # what the median hides: stalls, a run under more load than its ceiling
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["samples_per_s"] = dict(self.samples_per_s)
         out["per_rank"] = [dict(r) for r in self.per_rank]
         out["qualities"] = [dict(q) for q in self.qualities]
+        out["tokens_per_s"] = None if self.tokens_per_s is None else dict(self.tokens_per_s)
+        out["notes"] = list(self.notes)
         return out
 
     @classmethod
@@ -86,6 +92,7 @@ class RunResult:
         d = dict(d)
         d["per_rank"] = tuple(d.get("per_rank") or ())
         d["qualities"] = tuple(d.get("qualities") or ())
+        d["notes"] = tuple(d.get("notes") or ())
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
@@ -181,3 +188,49 @@ def load(path: str) -> dict[str, Any]:
         raise MeasurementError(f"{path}: bench report schema version {doc.get('schema_version')!r}; this flopcount "
                                f"reads version {SCHEMA_VERSION}")
     return doc
+
+
+#: Range checks of a run's figures read back from a report: name → (test, the range in words). A figure may be
+#: null (not measured, its reason under ``unavailable``), never outside its range.
+_RANGES = {
+    "samples": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    "steps": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    "ranks": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "flops": (lambda v: _is_real(v) and v > 0, "a finite number > 0"),
+    "flops_per_sample": (lambda v: _is_real(v) and v > 0, "a finite number > 0"),
+    "peak_flops": (lambda v: _is_real(v) and v > 0, "a finite number > 0"),
+    "mfu": (lambda v: _is_real(v) and v >= 0, "a finite number >= 0"),
+    "quality": (lambda v: _is_real(v), "a finite number"),
+    "target_quality": (lambda v: _is_real(v), "a finite number"),
+    "quality_exponent": (lambda v: _is_real(v) and v >= 1, "a finite number >= 1 (HPC AI500's n)"),
+    "wall_s": (lambda v: _is_real(v) and v >= 0, "a finite number of seconds >= 0"),
+}
+_PRECISIONS = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def check_run_record(run: Mapping[str, Any], where: str) -> None:
+    """Refuse a run read back from a report (``flopcount roofline --run``) whose figures are out of range, with the
+    checks the meter applies to its arguments: a :class:`MeasurementError` naming the file, the run, the figure,
+    its range and its value. ``precision`` is one dtype or ``conv X, matmul Y`` of those the meter knows."""
+    for name, (ok, allowed) in _RANGES.items():
+        value = run.get(name)
+        if value is not None and not ok(value):
+            raise MeasurementError(f"{where}: '{name}' must be {allowed} (or null when not measured), got "
+                                   f"{value!r}; rewrite the report with flopcount bench -o FILE or meter.to_json")
+    rate = (run.get("samples_per_s") or {}).get("total") if isinstance(run.get("samples_per_s"), dict) else None
+    if rate is not None and not (_is_real(rate) and rate > 0):
+        raise MeasurementError(f"{where}: 'samples_per_s.total' must be a finite number > 0 (or null), got {rate!r}")
+    precision = run.get("precision")
+    if precision is not None:
+        dtypes = [p.split()[-1] for p in str(precision).split(", ")] if isinstance(precision, str) else [None]
+        if not all(d in _PRECISIONS for d in dtypes):
+            raise MeasurementError(f"{where}: 'precision' must be one of {', '.join(_PRECISIONS)} (or 'conv X, "
+                                   f"matmul Y'), got {precision!r}")

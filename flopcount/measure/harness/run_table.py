@@ -34,11 +34,17 @@ def run_rows(run: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("ranks", str(run["ranks"])),
         ("step time (median)", "n/a" if run["step_time_s"] is None else f"{run['step_time_s'] * 1e3:.3f} ms"),
         ("samples/s per rank (median)", si(sps["per_rank"])),
-        ("samples/s total", si(sps["total"])),
+        ("samples/s total (median) / end to end", f"{si(sps['total'])} / {si(sps.get('end_to_end'))}"),
         ("window spread (min..max, std/mean)",
          "n/a" if sps["min"] is None else f"{si(sps['min'])}..{si(sps['max'])}, "
          + ("n/a" if sps["variation"] is None else f"{sps['variation']:.1%}")),
         ("training FLOPs per sample (C)", si(run["flops_per_sample"], "FLOP")),
+    ]
+    if run.get("tokens_per_s"):
+        rows += [("tokens/s per rank (median) / total", f"{si(run['tokens_per_s']['per_rank'])} / "
+                  f"{si(run['tokens_per_s']['total'])}"),
+                 ("training FLOPs per token", si(run.get("flops_per_token"), "FLOP"))]
+    rows += [
         ("FLOPS = N x R x C", si(run["flops"], "FLOP/s")),
         ("precision", str(run["precision"])),
         ("peak (one device)", si(run["peak_flops"], "FLOP/s")),
@@ -81,6 +87,7 @@ def run_table(run: RunResult | Mapping[str, Any]) -> str:
     d = run.as_dict() if isinstance(run, RunResult) else run
     text = tabulate(run_rows(d), tablefmt="simple", disable_numparse=True)
     lines = [text, "", f"peak: {d['peak_source']}"]
+    lines += [f"note: {n}" for n in d.get("notes") or ()]
     for key, why in d["unavailable"].items():
         lines.append(f"n/a {key}: {why}")
     return "\n".join(lines) + "\n"
@@ -92,12 +99,14 @@ def report_table(doc: Mapping[str, Any]) -> str:
     keys = ("samples_per_s", "flops", "mfu", "quality", "vflops", "time_to_quality_s", "wall_s", "energy_j")
     rows = []
     for i, r in enumerate(runs):
-        rows.append([i, si(r["samples_per_s"]["total"]), si(r["flops"], "FLOP/s"), _pct(r["mfu"]),
+        sps = r["samples_per_s"]
+        rows.append([i, si(sps["total"]), si(sps.get("end_to_end")), si(r["flops"], "FLOP/s"), _pct(r["mfu"]),
                      "n/a" if r["quality"] is None else f"{r['quality']:.4f}", si(r["vflops"], "FLOP/s"),
                      "n/a" if r["time_to_quality_s"] is None else f"{r['time_to_quality_s']:.2f} s",
                      "n/a" if r["wall_s"] is None else f"{r['wall_s']:.2f} s", si(r["energy_j"], "J")])
     s = doc["summary"]
-    headers = ["run", "samples/s", "FLOPS", "MFU", "quality", "VFLOPS", "time to quality", "wall", "energy"]
+    headers = ["run", "samples/s (median)", "end to end", "FLOPS", "MFU", "quality", "VFLOPS", "time to quality",
+               "wall", "energy"]
     out = [tabulate(rows, headers=headers, disable_numparse=True), ""]
     out.append(f"summary over {s['runs']} runs ({s['kept_runs']} kept; {s['rule']}):")
     srows = []
@@ -112,6 +121,9 @@ def report_table(doc: Mapping[str, Any]) -> str:
     if first is not None:
         out.append("")
         out.append(f"peak: {first['peak_source']}")
+    for i, r in enumerate(runs):
+        out += [f"note (run {i}): {n}" for n in r.get("notes") or ()]
+    if first is not None:
         for key, why in first["unavailable"].items():
             out.append(f"n/a {key}: {why}")
     return "\n".join(out) + "\n"

@@ -32,26 +32,39 @@ log = logging.getLogger(__name__)
 CPU_GEMM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp64": "float64"}
 #: and on a CUDA device (tf32 is float32 with TF32 tensor-core math allowed).
 CUDA_GEMM_DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp64": "float64"}
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 2  # 2: a GEMM ceiling is the best repeat, with its spread
 CEILINGS_SCHEMA_VERSION = 1
 
 
 @dataclass(frozen=True)
 class GemmCeiling:
-    """The best median FLOP/s of square ``n×n @ n×n`` products over the sizes tried."""
+    """The best sustained FLOP/s of square ``n×n @ n×n`` products: the maximum over repeats at the size (of those
+    long enough to time, :data:`MIN_PRODUCT_S`) that reached the most, with the spread of its repeats."""
 
     device: str
     dtype: str
-    flops_per_s: float
+    flops_per_s: float  # the maximum over repeats: the best rate sustained for a whole product
     n: int  # the size that reached it
     repeats: int
     threads: int
-    torch_version: str
+    torch_version: str  # the version of the framework that ran the products (``framework``)
     load_per_core: float | None = None  # the 1-minute load average per core when it was measured (Unix)
+    median_flops_per_s: float | None = None  # the spread of the repeats at that size: median and minimum
+    min_flops_per_s: float | None = None
+    framework: str = "torch"  # or "tensorflow": the framework whose matmul was timed
 
     def describe(self) -> str:
-        return (f"measured GEMM ceiling of this {self.device} ({self.dtype}, {self.n}x{self.n}x{self.n}, median of "
-                f"{self.repeats} after warm-up, {threads_text(self.threads)}, torch {self.torch_version})")
+        spread = ("" if self.median_flops_per_s is None else
+                  f", median {self.median_flops_per_s / 1e9:.1f} and slowest {self.min_flops_per_s / 1e9:.1f} "
+                  "GFLOP/s")
+        return (f"measured GEMM ceiling of this {self.device} ({self.dtype}, {self.n}x{self.n}x{self.n}, best of "
+                f"{self.repeats} after warm-up{spread}, {threads_text(self.threads)}, {self.framework} "
+                f"{self.torch_version})")
+
+
+#: A GEMM timed for a ceiling lasts at least this long (seconds): shorter products are dominated by the timer and
+#: the threads' start, and their best repeat says little about a sustained rate.
+MIN_PRODUCT_S = 0.01
 
 
 def threads_text(n: int) -> str:
@@ -61,27 +74,98 @@ def threads_text(n: int) -> str:
 
 def measure_gemm(device: str = "cpu", dtype: str = "fp32", sizes: tuple[int, ...] = (512, 1024, 2048),
                  repeats: int = 7, budget_s: float = 3.0) -> GemmCeiling:
-    """Time square GEMMs of each size (warm-up, then ``repeats``; median), stopping a size early once ``budget_s``
-    is spent, and return the fastest size's median FLOP/s (2·n³ FLOPs a product)."""
+    """Time square GEMMs of each size (warm-up, then ``repeats``), stopping a size early once ``budget_s`` is spent,
+    and return the best sustained rate: the maximum over repeats (2·n³ FLOPs a product) at the size that reached
+    the most among those whose median product lasts :data:`MIN_PRODUCT_S` or more (else the largest tried), with
+    the median and slowest repeat of that size as its spread. A busy machine can only slow a repeat down, so the
+    best repeat is the closest to what the hardware sustains."""
     import torch
 
     tdtype = _torch_dtype(device, dtype)
-    best: tuple[float, int] | None = None
+    timed: list[tuple[int, list[float]]] = []
     start = time.perf_counter()
     with _math_mode(device, dtype):
         for n in sizes:
             a = torch.randn(n, n, dtype=torch.float32, device=device).to(tdtype)
             b = torch.randn(n, n, dtype=torch.float32, device=device).to(tdtype)
             out = torch.empty(n, n, dtype=tdtype, device=device)
-            median = _median_time(lambda: torch.mm(a, b, out=out), device, repeats, start, budget_s)
-            rate = 2 * n ** 3 / median
-            if best is None or rate > best[0]:
-                best = (rate, n)
+            times = repeat_times(lambda: torch.mm(a, b, out=out), device, repeats, start, budget_s)
+            timed.append((n, times))
             if time.perf_counter() - start > budget_s:
                 break
-    assert best is not None
-    return GemmCeiling(device, dtype, best[0], best[1], repeats, torch.get_num_threads(), torch.__version__,
-                       load_per_core())
+    n, times = best_sustained(timed)
+    flops = 2 * n ** 3
+    return GemmCeiling(device, dtype, flops / min(times), n, len(times), torch.get_num_threads(), torch.__version__,
+                       load_per_core(), flops / statistics.median(times), flops / max(times))
+
+
+def best_sustained(timed: list[tuple[int, list[float]]]) -> tuple[int, list[float]]:
+    """Of (n, seconds of each repeat) per GEMM size, the size whose best repeat reached the most among those whose
+    median product lasts :data:`MIN_PRODUCT_S` or more (else the largest tried)."""
+    long_enough = [(n, t) for n, t in timed if statistics.median(t) >= MIN_PRODUCT_S] or [timed[-1]]
+    return max(long_enough, key=lambda nt: 2 * nt[0] ** 3 / min(nt[1]))
+
+
+#: torch dtype names' TensorFlow counterparts, for the ceiling of a Keras run.
+TF_GEMM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp64": "float64"}
+
+
+def tf_threads() -> int:
+    """The intra-op threads TensorFlow runs a product on: its setting, or (0, TensorFlow's default) every core."""
+    import tensorflow as tf
+
+    from .devices import cpu_cores
+
+    return tf.config.threading.get_intra_op_parallelism_threads() or cpu_cores()
+
+
+def measure_tf_gemm(dtype: str = "fp32", sizes: tuple[int, ...] = (512, 1024, 2048), repeats: int = 7,
+                    budget_s: float = 3.0) -> GemmCeiling:
+    """The best sustained CPU rate of TensorFlow's own matmul (``tf.linalg.matmul``, eager, on the threads
+    TensorFlow uses), as :func:`measure_gemm` forms it: the ceiling a Keras run's MFU divides by."""
+    import tensorflow as tf
+
+    tdtype = getattr(tf, TF_GEMM_DTYPES[dtype])
+    timed: list[tuple[int, list[float]]] = []
+    start = time.perf_counter()
+    with tf.device("/CPU:0"):
+        for n in sizes:
+            a = tf.cast(tf.random.normal((n, n)), tdtype)
+            b = tf.cast(tf.random.normal((n, n)), tdtype)
+            timed.append((n, repeat_times(lambda: tf.linalg.matmul(a, b), "cpu", repeats, start, budget_s)))
+            if time.perf_counter() - start > budget_s:
+                break
+    n, times = best_sustained(timed)
+    flops = 2 * n ** 3
+    return GemmCeiling("cpu", dtype, flops / min(times), n, len(times), tf_threads(), tf.__version__,
+                       load_per_core(), flops / statistics.median(times), flops / max(times), "tensorflow")
+
+
+def cached_tf_gemm(dtype: str = "fp32") -> GemmCeiling | None:
+    """TensorFlow's GEMM ceiling of ``dtype`` on this machine at its thread count, from the cache (kept until
+    beaten, as :func:`cached_gemm`) or measured now; None without TensorFlow."""
+    try:
+        import tensorflow as tf
+    except ImportError:
+        return None
+    from flopcount.frontends.common import cache_key, default_cache_dir
+
+    from .devices import cpu_cores, cpu_name
+
+    folder = default_cache_dir()
+    path = None if folder is None else folder / ("ceiling-gemm-tf-" + cache_key(
+        [_CACHE_FORMAT, "gemm-tf", dtype, cpu_name(), cpu_cores(), tf_threads(), tf.__version__])[:20] + ".json")
+    return _cached(path, GemmCeiling, lambda: measure_tf_gemm(dtype), f"TensorFlow {dtype} GEMM ceiling")
+
+
+def measured_tf_cpu_device(dtypes: tuple[str, ...] = ("fp32",)) -> Device:
+    """This CPU described with TensorFlow's measured GEMM ceiling per dtype (for a Keras run's MFU)."""
+    peaks = {}
+    for dtype in dtypes:
+        gemm = cached_tf_gemm(dtype)
+        if gemm is not None:
+            peaks[dtype] = devices.Peak(gemm.flops_per_s, gemm.describe(), gemm.load_per_core)
+    return devices.cpu_device(peaks)
 
 
 def _torch_dtype(device: str, dtype: str):
@@ -126,9 +210,14 @@ def _sync(device: str) -> None:
 
 
 def _median_time(fn, device: str, repeats: int, start: float, budget_s: float, warmup: int = 2) -> float:
-    """Median seconds of ``fn()`` over ``repeats`` after ``warmup`` calls (at least 3 repeats once ``budget_s``
-    since ``start`` is spent). On CUDA each call is synchronized: the sizes here take milliseconds, so one
-    synchronization per call costs well under 1% of it."""
+    """Median seconds of ``fn()`` over the repeats of :func:`repeat_times`."""
+    return statistics.median(repeat_times(fn, device, repeats, start, budget_s, warmup))
+
+
+def repeat_times(fn, device: str, repeats: int, start: float, budget_s: float, warmup: int = 2) -> list[float]:
+    """Seconds of each of ``repeats`` calls of ``fn()`` after ``warmup`` calls (at least 3 repeats once
+    ``budget_s`` since ``start`` is spent). On CUDA each call is synchronized: the sizes here take milliseconds,
+    so one synchronization per call costs well under 1% of it."""
     for _ in range(warmup):
         fn()
     _sync(device)
@@ -140,7 +229,7 @@ def _median_time(fn, device: str, repeats: int, start: float, budget_s: float, w
         times.append(time.perf_counter() - t0)
         if time.perf_counter() - start > budget_s and len(times) >= 3:
             break
-    return statistics.median(times)
+    return times
 
 
 @dataclass(frozen=True)
@@ -289,28 +378,59 @@ def _cache_file(kind: str, *parts: str):
     return folder / f"ceiling-{kind}-{key[:20]}.json"
 
 
+def _read_cache(path, record):
+    """The ``record`` cached at ``path``, or None (no file, caching off, or unreadable)."""
+    if path is None or not path.is_file():
+        return None
+    try:
+        return record(**json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError):
+        log.debug("ignoring an unreadable ceiling cache file %s", path)
+        return None
+
+
+def _write_cache(path, ceiling) -> None:
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(ceiling)), encoding="utf-8")
+    except OSError:
+        log.debug("cannot write the ceiling cache %s", path)
+
+
 def _cached(path, record, measure, what: str):
-    """``record`` read from ``path``, unless it was measured while the machine was busier than now; else
-    ``measure()`` (None: cannot be measured here), written back to ``path``."""
-    if path is not None and path.is_file():
-        try:
-            cached = record(**json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, ValueError, TypeError):
-            log.debug("ignoring an unreadable ceiling cache file %s", path)
-        else:
-            if not measured_busier(cached.load_per_core):
-                return cached
-            log.info("the cached %s was measured while the machine was busier (load %.2f per core, now %.2f): "
-                     "measuring it again", what, cached.load_per_core or float("nan"), load_per_core() or float("nan"))
+    """``record`` read from ``path``; else ``measure()`` (None: cannot be measured here), written to ``path``. A
+    cached ceiling is the best rate seen and stays until a measurement beats it (:func:`offer_ceiling`): it is
+    never measured again because the machine is quieter or busier than when it was measured."""
+    cached = _read_cache(path, record)
+    if cached is not None:
+        return cached
     log.info("measuring this machine's %s (about a second; cached)", what)
     ceiling = measure()
-    if ceiling is not None and path is not None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(asdict(ceiling)), encoding="utf-8")
-        except OSError:
-            log.debug("cannot write the ceiling cache %s", path)
+    if ceiling is not None:
+        _write_cache(path, ceiling)
     return ceiling
+
+
+def _rate(ceiling) -> float:
+    return getattr(ceiling, "flops_per_s", None) or getattr(ceiling, "bytes_per_s")
+
+
+def offer_ceiling(kind: str, ceiling, *parts: str) -> bool:
+    """Keep ``ceiling`` (a :class:`GemmCeiling` under ``kind`` "gemm" with ``parts`` device and dtype, or the
+    memory :class:`BandwidthCeiling` under "memory" with the device) as this machine's cached ceiling when it beats
+    the cached one, or none is cached; whether it was kept."""
+    record = GemmCeiling if kind == "gemm" else BandwidthCeiling
+    path = _cache_file(kind, *parts)
+    cached = _read_cache(path, record)
+    if cached is not None and _rate(cached) >= _rate(ceiling):
+        return False
+    if cached is not None:
+        log.info("a measured %s ceiling (%.4g) beats the cached one (%.4g): keeping it", kind, _rate(ceiling),
+                 _rate(cached))
+    _write_cache(path, ceiling)
+    return True
 
 
 def load_per_core() -> float | None:
@@ -321,18 +441,6 @@ def load_per_core() -> float | None:
         return os.getloadavg()[0] / cpu_cores()
     except (AttributeError, OSError):
         return None
-
-
-def measured_busier(load_then: float | None) -> bool:
-    """Whether a ceiling cached at ``load_then`` (load per core) is stale: measured while other work ran (more than
-    half a core's worth per core) on a machine now clearly less busy, or of unknown load. Measured ceilings are
-    lower on a busy machine, and a low ceiling would inflate MFU."""
-    now = load_per_core()
-    if now is None:
-        return False
-    if load_then is None:
-        return True
-    return load_then > 0.5 and now < load_then - 0.25
 
 
 def cached_gemm(device: str = "cpu", dtype: str = "fp32") -> GemmCeiling | None:
@@ -353,6 +461,18 @@ def cached_gemm(device: str = "cpu", dtype: str = "fp32") -> GemmCeiling | None:
             return None
 
     return _cached(_cache_file("gemm", device, dtype), GemmCeiling, measure, f"{dtype} GEMM ceiling")
+
+
+def best_gemm(g: GemmCeiling) -> tuple[GemmCeiling, str]:
+    """The best of ``g`` (measured now) and this machine's cached ceiling of its dtype, which ``g`` replaces when it
+    beats it, with a note saying which it is (empty for ``g`` itself)."""
+    if offer_ceiling("gemm", g, g.device, g.dtype):
+        return g, ""
+    cached = _read_cache(_cache_file("gemm", g.device, g.dtype), GemmCeiling)
+    if cached is None:
+        return g, ""
+    return cached, (f"; the best rate cached for this machine, above the {g.flops_per_s / 1e9:.1f} GFLOP/s "
+                    "measured now")
 
 
 def cached_memory_bandwidth(device: str = "cpu") -> BandwidthCeiling | None:
@@ -479,8 +599,11 @@ def load_ceilings(path: str) -> Ceilings:
     return ceilings_from_dict(doc, path)
 
 
-def _gemm_figure(g: GemmCeiling) -> Figure:
-    return Figure(g.flops_per_s, g.describe(), {"n": g.n, "repeats": g.repeats, "threads": g.threads})
+def _gemm_figure(g: GemmCeiling, note: str = "") -> Figure:
+    details = {"n": g.n, "repeats": g.repeats, "threads": g.threads, "statistic": "max over repeats"}
+    if g.median_flops_per_s is not None:
+        details.update(median_flops_per_s=g.median_flops_per_s, min_flops_per_s=g.min_flops_per_s)
+    return Figure(g.flops_per_s, g.describe() + note, details)
 
 
 def _conv_figure(c: ConvCeiling) -> Figure:
@@ -515,8 +638,8 @@ def measure_ceilings(device: str = "cpu", dtypes: tuple[str, ...] | None = None,
     from . import system
     from .devices import describe
 
+    dev = describe(device.split(":")[0] if device.startswith("cuda") else device)  # no CUDA: a DeviceError
     dtypes = dtypes or (("fp32",) if quick else default_dtypes(device))
-    dev = describe(device.split(":")[0] if device.startswith("cuda") else device)
     unavailable: dict[str, str] = {}
     gemm: dict[str, Figure] = {}
     conv: dict[str, Figure] = {}
@@ -524,8 +647,11 @@ def measure_ceilings(device: str = "cpu", dtypes: tuple[str, ...] | None = None,
     conv_shapes = ((2, 64, 28, 28),) if quick else None
     for dtype in dtypes:
         try:
-            gemm[dtype] = _gemm_figure(measure_gemm(device, dtype, sizes=gemm_sizes, repeats=3 if quick else 10,
-                                                    budget_s=1.0 if quick else 5.0))
+            g = measure_gemm(device, dtype, sizes=gemm_sizes, repeats=3 if quick else 10,
+                             budget_s=1.0 if quick else 5.0)
+            # a full CPU measurement is offered to the harness's cache (quick sizes are too small to be a ceiling)
+            g, note = best_gemm(g) if device == "cpu" and not quick else (g, "")
+            gemm[dtype] = _gemm_figure(g, note)
         except RuntimeError as e:
             unavailable[f"gemm.{dtype}"] = f"no {dtype} matrix product on this {device}: {str(e).splitlines()[0]}"
         try:
@@ -576,5 +702,5 @@ def measured_cpu_device(dtypes: tuple[str, ...] = ("fp32",)) -> Device:
     for dtype in dtypes:
         gemm = cached_gemm("cpu", dtype)
         if gemm is not None:
-            peaks[dtype] = devices.Peak(gemm.flops_per_s, gemm.describe())
+            peaks[dtype] = devices.Peak(gemm.flops_per_s, gemm.describe(), gemm.load_per_core)
     return devices.cpu_device(peaks)

@@ -34,7 +34,8 @@ T = 1e12
 @dataclass(frozen=True)
 class GpuEntry:
     """One row of the peak table: dense peaks per dtype in FLOP/s (int8 in OP/s), for a part whose name the driver
-    reports with all of ``words`` (and none of ``without``), at ``sms`` streaming multiprocessors."""
+    reports with all of ``words`` (and none of ``without``), at ``sms`` streaming multiprocessors (compute units
+    of an AMD part; 0 for a part that has neither, a TPU)."""
 
     key: str
     words: tuple[str, ...]
@@ -100,7 +101,55 @@ GPUS: tuple[GpuEntry, ...] = (
              "NVIDIA RTX A6000 datasheet (tensor figures half of the with-sparsity ones)"),
     GpuEntry("RTX 3090", ("rtx", "3090"), 82, _dense(fp32=35.6, tf32=35.6, bf16=71, fp16=71, int8=284),
              "NVIDIA Ampere GA102 whitepaper, GeForce RTX 3090 (dense; bf16/fp16 with FP32 accumulate)"),
+) + (
+    # AMD Instinct: ROCm builds of torch report them as "cuda" devices, with their compute units as the SM count.
+    # Matrix-core figures (dense; AMD's tables list structured sparsity apart); fp32 and fp64 the matrix rates.
+    GpuEntry("MI300X", ("mi300x",), 304,
+             _dense(fp64=163.4, fp32=163.4, tf32=653.7, bf16=1307.4, fp16=1307.4, fp8=2614.9, int8=2614.9),
+             "AMD ROCm documentation, AMD Instinct MI300 series microarchitecture, peak-performance table of the "
+             "MI300X OAM (https://rocm.docs.amd.com/en/latest/conceptual/gpu-arch/mi300.html)"),
+    # An MI250X OAM holds two graphics compute dies of 110 CUs, and ROCm shows each die as one device: the
+    # entry is one die, half the OAM's figures (fp64/fp32 matrix 95.7, fp16/bf16/int8 383.0 TFLOPS per OAM).
+    GpuEntry("MI250X", ("mi250x",), 110,
+             _dense(fp64=47.85, fp32=47.85, bf16=191.5, fp16=191.5, int8=191.5),
+             "AMD Instinct MI200 series specification table (MI250X OAM: 220 CUs, FP64/FP32 matrix 95.7, FP16/BF16 "
+             "383.0 TFLOPS, INT8 383.0 TOPS), as reproduced at https://zexron.com/amd-mi250-x-aldebaran-as-mcm-with-"
+             "up-to-479-teraflop-s-and-560-watt-tdp; per graphics compute die, half of the OAM"),
+    # Google Cloud TPUs (torch_xla, JAX): per chip, from the Cloud TPU system-architecture pages; the names are
+    # those the runtimes report ("TPU v5 lite" is v5e, "TPU v5" v5p, "TPU v6 lite" v6e).
+    GpuEntry("TPU v4", ("tpu", "v4"), 0, _dense(bf16=275, int8=275),
+             "Google Cloud TPU v4 system architecture, peak compute per chip 275 TFLOPS (bf16 or int8) "
+             "(https://docs.cloud.google.com/tpu/docs/v4)"),
+    GpuEntry("TPU v5e", ("tpu", "v5e"), 0, _dense(bf16=197, int8=393),
+             "Google Cloud TPU v5e system architecture, peak compute per chip 197 TFLOPS bf16, 393 TOPS int8 "
+             "(https://docs.cloud.google.com/tpu/docs/v5e)"),
+    GpuEntry("TPU v5 lite", ("tpu", "v5", "lite"), 0, _dense(bf16=197, int8=393),
+             "Google Cloud TPU v5e system architecture, peak compute per chip 197 TFLOPS bf16, 393 TOPS int8 "
+             "(https://docs.cloud.google.com/tpu/docs/v5e)"),
+    GpuEntry("TPU v5p", ("tpu", "v5p"), 0, _dense(bf16=459),
+             "Google Cloud TPU v5p system architecture, peak compute per chip 459 TFLOPS bf16 "
+             "(https://cloud.google.com/tpu/docs/v5p-training)"),
+    GpuEntry("TPU v5", ("tpu", "v5"), 0, _dense(bf16=459),
+             "Google Cloud TPU v5p system architecture, peak compute per chip 459 TFLOPS bf16 "
+             "(https://cloud.google.com/tpu/docs/v5p-training)", without=("lite", "v5e")),
+    GpuEntry("TPU v6e", ("tpu", "v6e"), 0, _dense(bf16=918, int8=1836),
+             "Google Cloud TPU v6e (Trillium) system architecture, peak compute per chip 918 TFLOPS bf16, 1836 TOPS "
+             "int8 (https://docs.cloud.google.com/tpu/docs/v6e)"),
+    GpuEntry("TPU v6 lite", ("tpu", "v6", "lite"), 0, _dense(bf16=918, int8=1836),
+             "Google Cloud TPU v6e (Trillium) system architecture, peak compute per chip 918 TFLOPS bf16, 1836 TOPS "
+             "int8 (https://docs.cloud.google.com/tpu/docs/v6e)"),
 )
+#: Parts asked for whose dense per-dtype peaks were not found in a vendor source yet: no entry (an unknown part
+#: gets a null MFU with its reason, never a guessed peak), until a datasheet figure is recorded here.
+NOT_IN_TABLE = {
+    "MI325X": "AMD's per-dtype peak table not found in a vendor source searched (ROCm docs list its 304 CUs only)",
+    "MI355X": "AMD's per-dtype peak table not found in a vendor source searched (ROCm docs list its 256 CUs only)",
+    "Gaudi 2": "Intel's per-dtype peak figures not found in a vendor source searched",
+    "Gaudi 3": "Intel's per-dtype peak figures not found in a vendor source searched",
+    "GB200": "NVIDIA's per-GPU dense figures not found in a datasheet searched",
+    "B300": "NVIDIA's per-GPU dense figures not found in a datasheet searched",
+    "RTX 5090": "NVIDIA's dense tensor figures not found in a datasheet searched",
+}
 
 
 def _words(name: str) -> tuple[str, ...]:
@@ -129,6 +178,7 @@ class Peak:
 
     flops_per_s: float | None
     source: str
+    load_per_core: float | None = None  # a measured peak: the machine's load per core when it was measured
 
 
 @dataclass(frozen=True)
@@ -193,11 +243,11 @@ def gpu_device(name: str, sm_count: int | None, index: int | None = None,
     """A GPU's :class:`Device` from its name and SM count: the table's peaks, scaled by ``sm_count / entry SMs``
     when the device has fewer SMs than its entry (a MIG slice)."""
     entry = gpu_entry(name)
-    if entry is not None and sm_count is not None and sm_count > entry.sms:
+    if entry is not None and entry.sms and sm_count is not None and sm_count > entry.sms:
         entry = None  # more SMs than the part the name matched: another part, whose peak the table does not know
     peaks: dict[str, Peak] = {}
     if entry is not None:
-        share = (sm_count or entry.sms) / entry.sms
+        share = (sm_count or entry.sms) / entry.sms if entry.sms else 1.0  # sms 0: a part without SMs (a TPU)
         for dtype, value in entry.peaks.items():
             if abs(share - 1) < 1e-9:
                 peaks[dtype] = Peak(value, entry.source)

@@ -248,6 +248,10 @@ def _reasons(fam: str, analytic: int | None, measured: int | None, facts: frozen
                        "estimated")
         elif fam == "element-wise" and low:
             out.append("torch.profiler estimates aten::add and aten::mul only (no activations, no backward)")
+        elif fam == "matrix product" and low:
+            if "sdpa" in facts:
+                out.append("torch.profiler estimates no FLOPs for scaled-dot-product attention "
+                           "(aten::scaled_dot_product_attention): its Q·Kᵀ and attention·V products are missing")
         return out or ["torch.profiler and the graph disagree here; compare the per-operator table"]
     if source == "torch":
         if fam in ("convolution", "matrix product") and context.get("convention") != "dense":
@@ -346,16 +350,44 @@ def _torch_op_family(name: str) -> str:
 
 def measure_with_flop_counter(module, inputs: tuple, mode: str = "train") -> Measured:
     """FLOPs per family from ``torch.utils.flop_counter.FlopCounterMode`` over one forward (and, in train mode,
-    backward of the sum of the float outputs) on the meta device: nothing is computed, and on the meta device it
-    counts scaled-dot-product attention and LSTMs, which it counts as 0 on the CPU. It counts products only
-    (convolutions and matrix products); the other families are None."""
+    backward of the sum of the float outputs). First on the meta device, on a copy of the module: nothing is
+    computed, and there it counts scaled-dot-product attention and LSTMs. A model that reads tensor values on the
+    way (transformers' attention masks call ``Tensor.item()``) cannot run on meta: then it runs once on the CPU with
+    the given (small) inputs, attention in SDPA's math form so that its products are counted, and the source says
+    why. It counts products only (convolutions and matrix products); the other families are None."""
+    import copy
+
+    try:
+        return _flop_counter_run(copy.deepcopy(module), inputs, mode, None)
+    except (RuntimeError, NotImplementedError) as e:
+        if "meta" not in str(e):
+            raise
+        why = str(e).strip().splitlines()[0]
+    return _flop_counter_run(module, inputs, mode, why)
+
+
+def _flop_counter_run(module, inputs: tuple, mode: str, meta_failed: str | None) -> Measured:
+    """One FlopCounterMode step on the meta device (``meta_failed`` None) or on real CPU tensors."""
+    import contextlib
+
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
     train = mode == "train"
-    module = module.to("meta").train(train)
-    inputs = tuple(x.to("meta") for x in inputs)
-    with torch.set_grad_enabled(train), FlopCounterMode(display=False) as counter:
+    if meta_failed is None:
+        module = module.to("meta").train(train)
+        inputs = tuple(x.to("meta") for x in inputs)
+        backend: contextlib.AbstractContextManager = contextlib.nullcontext()
+        device = "meta (shapes only, nothing computed)"
+    else:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        module = module.to("cpu").train(train)
+        inputs = tuple(x.to("cpu") for x in inputs)
+        backend = sdpa_kernel([SDPBackend.MATH])  # attention as matmuls, which FlopCounterMode counts on a CPU
+        device = (f"cpu (one step on real tensors of the given shapes, attention in SDPA's math form; the meta device "
+                  f"could not run it: {meta_failed})")
+    with torch.set_grad_enabled(train), backend, FlopCounterMode(display=False) as counter:
         out = module(*inputs)
         if train:
             outs = float_outputs(out)
@@ -371,10 +403,15 @@ def measure_with_flop_counter(module, inputs: tuple, mode: str = "train") -> Mea
         kernels.append(KernelRow(op, fam, "aten operator", None, {"total": n}))
     why = "torch.utils.flop_counter counts only convolutions and matrix products"
     unmeasured = {f: why for f, v in families.items() if v is None}
-    source = {"source": "torch.utils.flop_counter.FlopCounterMode",
-              "device": "meta (shapes only, nothing computed)", "version": torch.__version__,
+    source = {"source": "torch.utils.flop_counter.FlopCounterMode", "device": device, "version": torch.__version__,
               "metrics_found": [], "conventions": {"fma": "a multiply-accumulate = 2 FLOPs; products only"}}
     return Measured(families, tuple(kernels), source, unmeasured)
+
+
+#: The profiler's names of scaled-dot-product attention, which it estimates no FLOPs for.
+SDPA_OPERATORS = ("aten::scaled_dot_product_attention", "aten::_scaled_dot_product_flash_attention_for_cpu",
+                  "aten::_scaled_dot_product_attention_math", "aten::_scaled_dot_product_efficient_attention",
+                  "aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_cudnn_attention")
 
 
 def measure_with_profiler(module, inputs: tuple, mode: str = "train") -> Measured:
@@ -394,7 +431,10 @@ def measure_with_profiler(module, inputs: tuple, mode: str = "train") -> Measure
                 sum(t.float().sum() for t in outs).backward()
     families: dict[str, int | None] = {fam: None for fam in FAMILIES}
     kernels = []
+    evidence: dict[str, frozenset[str]] = {}
     for ev in prof.key_averages():
+        if ev.key in SDPA_OPERATORS:
+            evidence["matrix product"] = frozenset({"sdpa"})
         if not getattr(ev, "flops", 0):
             continue
         fam = family_of_name(ev.key) or "other"
@@ -410,7 +450,8 @@ def measure_with_profiler(module, inputs: tuple, mode: str = "train") -> Measure
               "version": torch.__version__, "metrics_found": [],
               "conventions": {"fma": "a multiply-accumulate = 2 FLOPs; forward operators only (conv, mm, addmm, "
                                      "bmm, add, mul)"}}
-    return Measured(families, tuple(sorted(kernels, key=lambda k: -k.measured_flops["total"])), source, unmeasured)
+    return Measured(families, tuple(sorted(kernels, key=lambda k: -k.measured_flops["total"])), source, unmeasured,
+                    evidence)
 
 
 # ---------------------------------------------------------------------------------------------------------------

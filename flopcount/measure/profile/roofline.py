@@ -44,6 +44,7 @@ class Point:
     label: str
     intensity: float
     flops_per_s: float | None
+    compute: str | None = None  # the compute ceiling it is judged against (None: the highest)
 
 
 @dataclass(frozen=True)
@@ -186,6 +187,23 @@ class RunPoint:
     ranks: int
     nodes: int
     threads: int | None = None  # torch threads per rank (system.cpu.torch_threads), None when not recorded
+    precision: str | None = None  # the run's precision: "fp32", "bf16", "conv tf32, matmul fp32" ...
+
+
+def run_dtypes(precision: str | None) -> tuple[str, ...]:
+    """The dtypes of a run's precision: ``"bf16"`` → (bf16,); ``"conv tf32, matmul fp32"`` → (tf32, fp32)."""
+    if not precision:
+        return ()
+    return tuple(part.split()[-1] for part in precision.split(", "))
+
+
+def ceiling_for(roofline: Roofline, precision: str | None) -> str | None:
+    """The label of the compute ceiling a run of ``precision`` is placed under: the highest ceiling (GEMM, CONV or
+    the table peak) of the dtypes it ran in, so an fp32 run is never judged against a bf16 ceiling. None when the
+    run does not record its precision or no ceiling of its dtypes was measured (then the highest of all)."""
+    labels = {_precision(d) for d in run_dtypes(precision)}
+    own = [c for c in roofline.compute if c.label.split(" ", 1)[1] in labels]
+    return max(own, key=lambda c: c.value).label if own else None
 
 
 def run_points(doc: Any, where: str = "run") -> list[RunPoint]:
@@ -217,7 +235,9 @@ def run_points(doc: Any, where: str = "run") -> list[RunPoint]:
         nodes = int(system.get("nodes") or 1)
         threads = (system.get("cpu") or {}).get("torch_threads")
         threads = threads if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0 else None
-        points.append(RunPoint(str(run.get("name") or f"run {k}"), float(flops), float(coi), ranks, nodes, threads))
+        precision = run.get("precision") if isinstance(run.get("precision"), str) else None
+        points.append(RunPoint(str(run.get("name") or f"run {k}"), float(flops), float(coi), ranks, nodes, threads,
+                               precision))
     if not points:
         raise MeasurementError(
             f"{where}: no run has both FLOPS and a communication operation intensity (communication.coi), which the "
@@ -277,20 +297,22 @@ def describe(roofline: Roofline, points: Sequence[Point]) -> str:
     lines.append("")
     for b in roofline.bandwidth:
         lines.append(f"Ridge point ({top.label} / {b.label}): {roofline.ridge(top.label, b.label):,.1f} FLOPs per byte")
-    lines.append(f"Attainable and bound below: against {top.label} and {roofline.bandwidth[0].label}")
+    lines.append(f"Attainable and bound below: against {roofline.bandwidth[0].label} and the compute ceiling of "
+                 f"each point's precision (else {top.label})")
     if points:
         rows = []
         for p in points:
-            att = roofline.attained(p.intensity)
+            att = roofline.attained(p.intensity, p.compute)
             rows.append([p.label, f"{p.intensity:,.2f}", "-" if p.flops_per_s is None else si(p.flops_per_s, "FLOP/s"),
-                         si(att, "FLOP/s"),
+                         p.compute or top.label, si(att, "FLOP/s"),
                          "-" if p.flops_per_s is None else f"{100 * p.flops_per_s / att:.1f}%",
-                         roofline.bound(p.intensity)])
-        lines += ["", tabulate(rows, ["point", "intensity", "measured", "attainable", "of attainable", "bound"],
-                               tablefmt="simple", disable_numparse=True)]
+                         roofline.bound(p.intensity, p.compute)])
+        lines += ["", tabulate(rows, ["point", "intensity", "measured", "ceiling", "attainable", "of attainable",
+                                      "bound"], tablefmt="simple", disable_numparse=True)]
         by_bound: dict[str, int] = {}
         for p in points:
-            by_bound[roofline.bound(p.intensity)] = by_bound.get(roofline.bound(p.intensity), 0) + 1
+            bound = roofline.bound(p.intensity, p.compute)
+            by_bound[bound] = by_bound.get(bound, 0) + 1
         lines.append("")
         lines.append("Bound: " + ", ".join(f"{k} {v}" for k, v in sorted(by_bound.items())))
     return "\n".join(lines) + "\n"
@@ -303,7 +325,9 @@ def to_dict(roofline: Roofline, points: Sequence[Point]) -> dict[str, Any]:
         "compute": [{"label": c.label, "flops_per_s": c.value, "source": c.source} for c in roofline.compute],
         "bandwidth": [{"label": c.label, "bytes_per_s": c.value, "source": c.source} for c in roofline.bandwidth],
         "points": [{"label": p.label, "intensity": p.intensity, "flops_per_s": p.flops_per_s,
-                    "attainable_flops_per_s": roofline.attained(p.intensity), "bound": roofline.bound(p.intensity)}
+                    "compute_ceiling": p.compute or max(roofline.compute, key=lambda c: c.value).label,
+                    "attainable_flops_per_s": roofline.attained(p.intensity, p.compute),
+                    "bound": roofline.bound(p.intensity, p.compute)}
                    for p in points],
     }
 
@@ -377,11 +401,11 @@ def plot_roofline(roofline: Roofline, points: Sequence[Point], path: str):
         ax.scatter([p.intensity for p in measured], [p.flops_per_s for p in measured], color="black", s=18, zorder=3,
                    gid="points:measured", label="measured")
     if placed:
-        ax.scatter([p.intensity for p in placed], [roofline.attained(p.intensity) for p in placed], s=18, zorder=3,
+        ax.scatter([p.intensity for p in placed], [roofline.attained(p.intensity, p.compute) for p in placed], s=18, zorder=3,
                    facecolors="none", edgecolors="black", gid="points:attainable", label="attainable (not measured)")
     if len(points) <= 12:
         for p in points:
-            ax.annotate(p.label, (p.intensity, p.flops_per_s or roofline.attained(p.intensity)), fontsize=7,
+            ax.annotate(p.label, (p.intensity, p.flops_per_s or roofline.attained(p.intensity, p.compute)), fontsize=7,
                         xytext=(4, -10), textcoords="offset points")
     low = min([b.value * lo for b in roofline.bandwidth] + [p.flops_per_s for p in measured])
     ax.set_xlim(lo, hi)

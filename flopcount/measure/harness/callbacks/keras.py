@@ -9,6 +9,8 @@ The model is counted once, when training begins, through :func:`flopcount.from_k
 ``batch_size`` (unless ``flops_per_sample=`` is given). Steps are timed from ``on_train_batch_begin`` to
 ``on_train_batch_end`` on the host clock (Keras returns from a training step once its results are ready), epochs
 from ``on_epoch_begin`` to ``on_epoch_end``, and the ``monitor`` entry of each epoch's logs is the quality.
+MFU on a CPU divides by TensorFlow's own measured GEMM ceiling (``tf.linalg.matmul`` on the intra-op threads
+TensorFlow uses, :func:`flopcount.measure.machine.ceilings.measured_tf_cpu_device`), never torch's.
 Keras hooks do not say how many samples a batch held: every batch counts ``batch_size`` samples, except the last
 of an epoch when ``samples_per_epoch=`` is given (then the remainder). ``result`` holds the
 :class:`flopcount.RunResult` after training.
@@ -23,17 +25,26 @@ from typing import Any
 
 import keras
 
-from flopcount.measure.harness.meter import Meter
+from flopcount.errors import UsageError
+from flopcount.measure.harness import checks
+from flopcount.measure.harness.meter import Meter, check_meter_kwargs
 
 
 class MeterCallback(keras.callbacks.Callback):
     def __init__(self, batch_size: int, *, flops_per_sample: float | None = None, monitor: str | None = None,
                  samples_per_epoch: int | None = None, **meter_kwargs: Any) -> None:
         super().__init__()
-        self.batch_size = batch_size
-        self.flops_per_sample = flops_per_sample
+        where = "keras MeterCallback"
+        self.batch_size = checks.positive_int(where, "batch_size", batch_size)
+        self.flops_per_sample = (None if flops_per_sample is None
+                                 else checks.positive_finite(where, "flops_per_sample", flops_per_sample))
+        if monitor is not None and not isinstance(monitor, str):
+            raise UsageError(f"{where}: monitor must be the name of a logged metric (e.g. 'val_accuracy'), "
+                             f"got {monitor!r}")
         self.monitor = monitor
-        self.samples_per_epoch = samples_per_epoch
+        self.samples_per_epoch = (None if samples_per_epoch is None
+                                  else checks.positive_int(where, "samples_per_epoch", samples_per_epoch))
+        check_meter_kwargs(where, meter_kwargs)
         self.meter_kwargs = meter_kwargs
         self.meter: Meter | None = None
         self.result = None
@@ -57,7 +68,11 @@ class MeterCallback(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch, logs=None) -> None:
         samples = self.batch_size
         if self.samples_per_epoch is not None:
-            samples = max(0, min(samples, self.samples_per_epoch - self._seen))
+            samples = min(samples, self.samples_per_epoch - self._seen)
+            if samples < 1:
+                raise UsageError(f"keras MeterCallback: samples_per_epoch={self.samples_per_epoch} is fewer than "
+                                 f"the batches of this epoch hold (batch {batch} starts past it); give the epoch's "
+                                 "sample count")
         self._seen += samples
         self._step = self.meter.step(samples=samples)
         self._step.__enter__()
@@ -73,4 +88,13 @@ class MeterCallback(keras.callbacks.Callback):
             self.meter.quality(float(logs[self.monitor]), epoch=epoch + 1)
 
     def on_train_end(self, logs=None) -> None:
-        self.result = self.meter.result()
+        self.result = self.meter.result(device=self._device())
+
+    def _device(self):
+        """The CPU with TensorFlow's own GEMM ceiling at the threads TensorFlow used (the steps ran in TensorFlow,
+        not torch); None (the meter's default) when a peak was given or the run was not on a CPU."""
+        if self.meter_kwargs.get("peak_flops") is not None or self.meter_kwargs.get("device", "cpu") != "cpu":
+            return None
+        from flopcount.measure.machine.ceilings import measured_tf_cpu_device
+
+        return measured_tf_cpu_device()

@@ -27,7 +27,9 @@ from typing import Any, Callable
 
 import lightning.pytorch as pl
 
-from flopcount.measure.harness.meter import Meter
+from flopcount.errors import UsageError
+from flopcount.measure.harness import checks
+from flopcount.measure.harness.meter import Meter, check_meter_kwargs
 
 #: Lightning's precision flags → the dtype of the products.
 PRECISION = {"bf16-mixed": "bf16", "bf16-true": "bf16", "bf16": "bf16", "16-mixed": "fp16", "16-true": "fp16",
@@ -52,10 +54,17 @@ class MeterCallback(pl.Callback):
     def __init__(self, *, flops_per_sample: float | None = None, example_inputs: Any = None,
                  monitor: str | None = None, batch_size: Callable[[Any], int] = batch_size_of,
                  **meter_kwargs: Any) -> None:
-        self.flops_per_sample = flops_per_sample
+        where = "lightning MeterCallback"
+        self.flops_per_sample = (None if flops_per_sample is None
+                                 else checks.positive_finite(where, "flops_per_sample", flops_per_sample))
         self.example_inputs = example_inputs
+        if monitor is not None and not isinstance(monitor, str):
+            raise UsageError(f"{where}: monitor must be the name of a logged metric (e.g. 'val_acc'), got {monitor!r}")
         self.monitor = monitor
+        if not callable(batch_size):
+            raise UsageError(f"{where}: batch_size must be a callable batch -> samples, got {batch_size!r}")
         self.batch_size = batch_size
+        check_meter_kwargs(where, meter_kwargs)
         self.meter_kwargs = meter_kwargs
         self.meter: Meter | None = None
         self.result = None
@@ -71,16 +80,16 @@ class MeterCallback(pl.Callback):
             kwargs.setdefault("precision", precision)
         if self.flops_per_sample is not None:
             self.meter = Meter(flops_per_sample=self.flops_per_sample, **kwargs)
+            self.meter.detect_fp8(pl_module)
             return
         example = self.example_inputs if self.example_inputs is not None else pl_module.example_input_array
         if example is None:
-            from flopcount.errors import UsageError
-
             raise UsageError("MeterCallback: set the LightningModule's example_input_array, or give example_inputs= "
                              "or flops_per_sample=, so that its training FLOPs can be counted")
         from flopcount.frontends.torch import from_torch
 
         self.meter = Meter(from_torch(pl_module, example, mode="train"), **kwargs)
+        self.meter.detect_fp8(pl_module)
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self.meter.epoch_start()

@@ -1,0 +1,90 @@
+"""The harness's argument checks, applied where a value enters: :class:`~.meter.Meter`, ``step``, ``quality``, the
+framework callbacks, and a run report read back (``flopcount roofline --run``).
+
+Each check returns the value (as the type the meter keeps) or raises a :class:`~flopcount.errors.UsageError` that
+names the argument, the allowed range and what was given. Booleans are refused where a number is meant (``True`` is
+an ``int`` to Python, never a count of samples).
+
+The quality exponent n of VFLOPS = FLOPS × (achieved / target)^n: HPC AI500 V2.0 (Jiang et al., "HPC AI500 V2.0:
+The Methodology, Tools, and Metrics for Benchmarking HPC AI Systems", IEEE CLUSTER 2021, arXiv:2007.00279) defines n
+as a positive integer that sets how strongly quality below the target is penalised (n = 5 for image
+classification, n = 10 for extreme weather analytics): n < 1 would let a run far below its target score close to
+its raw FLOPS, and a negative n would reward missing the target.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any
+
+from flopcount.errors import UsageError
+
+__all__ = ["finite", "is_number", "nonneg_int", "positive_finite", "positive_int", "quality_exponent", "samples"]
+
+
+def is_number(value: Any) -> bool:
+    """A real number: an int or float, a numpy scalar or a one-element tensor (``float()`` reads it); never a bool
+    or a string."""
+    if isinstance(value, (bool, str, bytes)):
+        return False
+    try:
+        float(value)
+    except (TypeError, ValueError, RuntimeError):
+        return False
+    return True
+
+
+def _integral(value: Any) -> bool:
+    """An integer: an int, a numpy integer or an integer tensor of one element (``operator.index`` reads it)."""
+    if isinstance(value, bool):
+        return False
+    try:
+        operator.index(value)
+    except (TypeError, ValueError, RuntimeError):
+        return False
+    return True
+
+
+def positive_int(where: str, name: str, value: Any) -> int:
+    """An integer >= 1."""
+    if not _integral(value) or operator.index(value) < 1:
+        raise UsageError(f"{where}: {name} must be a positive integer (>= 1), got {value!r}")
+    return operator.index(value)
+
+
+def nonneg_int(where: str, name: str, value: Any) -> int:
+    """An integer >= 0."""
+    if not _integral(value) or operator.index(value) < 0:
+        raise UsageError(f"{where}: {name} must be an integer >= 0, got {value!r}")
+    return operator.index(value)
+
+
+def samples(where: str, value: Any, name: str = "samples") -> int:
+    """Samples (or tokens) in one step: an integer >= 1 (a step that trains on nothing is not a step)."""
+    if not _integral(value) or operator.index(value) < 1:
+        raise UsageError(f"{where}: {name} must be a positive integer (>= 1), the {name} this step trains on "
+                         f"(e.g. len(x)), got {value!r}")
+    return operator.index(value)
+
+
+def finite(where: str, name: str, value: Any) -> float:
+    """A finite real number (no NaN, no infinity)."""
+    if not is_number(value) or not math.isfinite(float(value)):
+        raise UsageError(f"{where}: {name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def positive_finite(where: str, name: str, value: Any) -> float:
+    """A finite number > 0."""
+    if not is_number(value) or not math.isfinite(float(value)) or float(value) <= 0:
+        raise UsageError(f"{where}: {name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def quality_exponent(where: str, value: Any) -> float:
+    """HPC AI500's n: a finite number >= 1 (the benchmark's own values are 5 and 10)."""
+    if not is_number(value) or not math.isfinite(float(value)) or float(value) < 1:
+        raise UsageError(f"{where}: quality_exponent must be a finite number >= 1 (HPC AI500 V2.0's n, a positive "
+                         f"integer: 5 for image classification, 10 for extreme weather), got {value!r}")
+    return float(value)
