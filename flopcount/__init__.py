@@ -35,11 +35,13 @@ from .errors import (
     UnsupportedOperatorError,
     UsageError,
 )
+from .frontends.generate import from_causal_lm
 from .frontends.hf import from_hf
 from .frontends.keras import from_keras
 from .frontends.torch import from_torch
 from .measure.harness.meter import Meter
 from .measure.harness.result import RunResult
+from .generation import Generation
 from .report import ModelInfo, NodeCount, OpTypeSummary, Report
 
 try:
@@ -54,6 +56,7 @@ __all__ = [
     "Cost",
     "FlopcountError",
     "FrontendError",
+    "Generation",
     "InvalidGraphError",
     "Meter",
     "ModelFileError",
@@ -67,6 +70,7 @@ __all__ = [
     "UnsupportedOperatorError",
     "UsageError",
     "count",
+    "from_causal_lm",
     "from_hf",
     "from_keras",
     "from_torch",

@@ -8,6 +8,7 @@ from typing import Mapping, NamedTuple
 from .context import TensorInfo
 from .conventions import Convention
 from .cost import Cost
+from .generation import Generation
 from .modules import ModuleRow, ModuleScopes, module_rows
 
 # Node status values
@@ -161,6 +162,7 @@ class Report:
     optimizer: tuple[str, Cost] | None = None
     buffers: int = 0
     modules: ModuleScopes = field(default_factory=ModuleScopes, compare=False)  # see by_module
+    generation: "Generation | None" = None  # --generate: prefill and decode (flopcount.generation)
 
     def by_module(self, depth: int = 1) -> tuple[ModuleRow, ...]:
         """FLOPs, MACs and parameters per module down to ``depth`` (1: the model's children), from the module

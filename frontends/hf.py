@@ -39,7 +39,8 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
 def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, *, trust_remote_code: bool = False,
-            cache_dir: str | os.PathLike | bool | None = None, **count_kwargs: Any):
+            cache_dir: str | os.PathLike | bool | None = None, generate: tuple[int, int] | None = None,
+            **count_kwargs: Any):
     """Count a transformers model built from its configuration, without weights.
 
     Parameters
@@ -52,6 +53,10 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
         (:data:`TOKEN_INPUTS`) are int64, others float32.
     trust_remote_code : bool
         Allow a configuration whose classes live in its repository (``auto_map``); building it runs that code.
+    generate : (P, N), optional
+        Count ``generate()`` of N new tokens after P prompt tokens (:func:`flopcount.frontends.generate.
+        from_causal_lm`): the report is the prefill's, with ``report.generation``. ``input_shapes`` may then be
+        left out; the batch is ``batch``, else dim 0 of ``input_ids``, else 1. Only for a causal LM.
     cache_dir, **count_kwargs
         As for :func:`flopcount.from_torch` (``mode``, ``convention``, ``batch`` ...).
 
@@ -67,8 +72,36 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
     """
     from .torch import from_torch
 
+    if generate is not None:
+        from flopcount.generation import check_generate
+
+        generate = check_generate(*_pair(generate))
     model = load_model(config, trust_remote_code=trust_remote_code)
+    if generate is not None:
+        from .generate import from_causal_lm
+
+        if not is_causal_lm(model.config):
+            raise UsageError(f"{FRONTEND}: --generate is for a causal language model; {model.config.model_type} "
+                             f"builds {type(model).__name__}, which does not generate; count it without --generate")
+        batch = count_kwargs.pop("batch", None) or _input_ids_batch(input_shapes) or 1
+        return from_causal_lm(model, generate, batch=batch, cache_dir=cache_dir, **count_kwargs)
     return from_torch(model, hf_inputs(model, input_shapes), cache_dir=cache_dir, **count_kwargs)
+
+
+def _pair(generate) -> tuple:
+    if isinstance(generate, (tuple, list)) and len(generate) == 2:
+        return tuple(generate)
+    raise UsageError(f"{FRONTEND}: generate is (P, N), prompt tokens and new tokens, got {generate!r}")
+
+
+def _input_ids_batch(input_shapes) -> int | None:
+    """Dim 0 of the given ``input_ids`` shape, if any."""
+    if input_shapes is None:
+        return None
+    shape = input_shapes.get("input_ids") if isinstance(input_shapes, Mapping) else input_shapes
+    if isinstance(shape, tuple) and len(shape) == 2 and not isinstance(shape[1], int):
+        shape = shape[0]
+    return int(shape[0]) if shape else None
 
 
 def load_model(config: Any, *, trust_remote_code: bool = False):

@@ -9,9 +9,11 @@ from flopcount.render import FORMATS, render
 
 from .arguments import (
     InputShapes,
+    count_generate,
     count_hf,
     count_keras,
     count_torch,
+    generate_spec,
     input_shape,
     input_value,
     loop_trips,
@@ -57,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "one, or a Hub model id (only config.json is fetched); built on the meta device, no weights")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="with --hf: allow a configuration whose model code lives in its repository (runs that code)")
+    p.add_argument("--generate", metavar="P:N", type=generate_spec,
+                   help="with --hf or --torch (a causal LM taking past_key_values): count generate() of N new tokens "
+                   "after a P-token prompt, with a KV cache: the prefill (logits of the last position only), each "
+                   "decode step and their sum, FLOPs per token and the KV cache's bytes; batch from --batch "
+                   "(default 1); the table and totals are the prefill's")
     p.add_argument("--input-shape", metavar="NAME=DIMS", action=InputShapes, type=input_shape, default=[],
                    help="fix the dims of an input, e.g. input=8x3x224x224 (repeatable); with --torch, NAME is a "
                    "parameter of forward() and a :DTYPE suffix gives its element type, e.g. input_ids=1x128:int64")
@@ -107,7 +114,9 @@ def run(args: argparse.Namespace) -> int:
     from flopcount.counting import count
 
     shapes = dict(args.input_shape)
-    if args.torch:
+    if getattr(args, "generate", None) is not None:
+        report = count_generate(args)
+    elif args.torch:
         report = count_torch(args)
     elif args.hf:
         report = count_hf(args)
