@@ -74,6 +74,7 @@ def to_dict(report: Report, per_node: bool = False, by_module: int | None = None
             }
             for key, s in report.by_op_type.items()
         },
+        "attention": report.attention,
         "unsupported": dict(report.unsupported),
         "upper_bounds": {key: {"nodes": k, "why": why} for key, (k, why) in report.upper_bounds.items()},
     }  # fmt: skip
@@ -214,6 +215,8 @@ def _summary_lines(report: Report) -> list[str]:
                 "Operators without a backward formula (backward NOT counted): "
                 + ", ".join(f"{k} ({v})" for k, v in report.backward_unsupported.items())
             )
+    if report.attention != "full":
+        lines.append(f"Attention: {report.attention}")
     if report.generation is not None:
         lines += _generation_lines(report.generation)
     for key, (k, why) in report.upper_bounds.items():

@@ -163,6 +163,7 @@ class Report:
     buffers: int = 0
     modules: ModuleScopes = field(default_factory=ModuleScopes, compare=False)  # see by_module
     generation: "Generation | None" = None  # --generate: prefill and decode (flopcount.generation)
+    attention: str = "full"  # --attention: "full", or "executed: " and the masks used (flopcount.masks)
 
     def by_module(self, depth: int = 1) -> tuple[ModuleRow, ...]:
         """FLOPs, MACs and parameters per module down to ``depth`` (1: the model's children), from the module

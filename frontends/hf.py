@@ -27,7 +27,7 @@ from .common import first_text_line
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TOKEN_INPUTS", "build_model", "from_hf", "hf_inputs", "is_causal_lm", "load_config", "load_model",
+__all__ = ["TOKEN_INPUTS", "build_model", "config_masks", "from_hf", "hf_inputs", "is_causal_lm", "load_config", "load_model",
            "model_class"]
 
 FRONTEND = "--hf"
@@ -77,6 +77,8 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
 
         generate = check_generate(*_pair(generate))
     model = load_model(config, trust_remote_code=trust_remote_code)
+    if count_kwargs.get("attention") == "executed":
+        count_kwargs["attention"] = config_masks(model.config) or "executed"
     if generate is not None:
         from .generate import from_causal_lm
 
@@ -86,6 +88,26 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
         batch = count_kwargs.pop("batch", None) or _input_ids_batch(input_shapes) or 1
         return from_causal_lm(model, generate, batch=batch, cache_dir=cache_dir, **count_kwargs)
     return from_torch(model, hf_inputs(model, input_shapes), cache_dir=cache_dir, **count_kwargs)
+
+
+def config_masks(config) -> tuple | None:
+    """The attention masks of a causal LM's layers, from its configuration (``--attention executed``): causal,
+    with a sliding window of ``sliding_window`` keys on the layers ``layer_types`` calls ``sliding_attention``
+    (every layer where the configuration has a window and no ``layer_types``); None for a model that is not a
+    causal LM (its mask is the graph's to show)."""
+    from flopcount.masks import AttentionMask
+
+    if not is_causal_lm(config):
+        return None
+    window = getattr(config, "sliding_window", None)
+    if getattr(config, "use_sliding_window", True) is False:
+        window = None
+    source = f"the {config.model_type} configuration"
+    layer_types = getattr(config, "layer_types", None)
+    if not layer_types:
+        return (AttentionMask(causal=True, window=window or None, source=source),)
+    return tuple(AttentionMask(causal=True, window=window if kind == "sliding_attention" and window else None,
+                               source=source) for kind in layer_types)
 
 
 def _pair(generate) -> tuple:

@@ -256,7 +256,8 @@ def count_torch(args: argparse.Namespace):
     return from_torch(module, torch_inputs(args), training=args.mode == "train",
                       trainable_inputs=args.trainable_input, batch=args.batch, convention=args.convention,
                       strict=args.strict, input_values=dict(args.input_value), loop_trips=dict(args.loop_trips),
-                      mode=args.mode, optimizer=args.optimizer, **weights(args))
+                      mode=args.mode, optimizer=args.optimizer, attention=getattr(args, "attention", "full"),
+                      **weights(args))
 
 
 def count_hf(args: argparse.Namespace):
@@ -266,7 +267,8 @@ def count_hf(args: argparse.Namespace):
     return from_hf(args.hf, torch_inputs(args), trust_remote_code=args.trust_remote_code,
                    training=args.mode == "train", trainable_inputs=args.trainable_input, batch=args.batch,
                    convention=args.convention, strict=args.strict, input_values=dict(args.input_value),
-                   loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer, **weights(args))
+                   loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer,
+                   attention=getattr(args, "attention", "full"), **weights(args))
 
 
 def count_generate(args: argparse.Namespace):
@@ -274,7 +276,7 @@ def count_generate(args: argparse.Namespace):
     shapes = dict(args.input_shape)
     batch = args.batch or (shapes["input_ids"][0] if "input_ids" in shapes else 1)
     options = dict(convention=args.convention, strict=args.strict, input_values=dict(args.input_value),
-                   loop_trips=dict(args.loop_trips))
+                   loop_trips=dict(args.loop_trips), attention=getattr(args, "attention", "full"))
     if args.hf is not None:
         from flopcount.frontends.hf import from_hf
 
@@ -294,6 +296,7 @@ def count_keras(args: argparse.Namespace):
     return from_keras(model, dict(args.input_shape) or None, training=args.mode == "train", batch=args.batch,
                       convention=args.convention, strict=args.strict, input_values=dict(args.input_value),
                       loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer,
+                      attention=getattr(args, "attention", "full"),
                       **({"trainable_inputs": args.trainable_input} if args.trainable_input else {}), **weights(args))
 
 

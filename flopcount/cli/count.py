@@ -88,6 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--convention", choices=sorted(CONVENTIONS), default="default",
                    help="counting convention: default (1 MAC = 2 FLOPs), table3 (HPC AI500 V3.0 Table 3 literally), "
                         "aiperf (AIPerf's weighted costs), dense (products only, as torch.utils.flop_counter), macs (1 per MAC)")
+    p.add_argument("--attention", choices=("full", "executed"), default="full",
+                   help="full (default): attention as the graph computes it, the whole score matrix masked "
+                   "afterwards; executed: only the (query, key) pairs a masked kernel runs, for the masks whose "
+                   "structure is known (the Attention op's is_causal and windows, a Trilu, or --hf's configuration: "
+                   "causal, sliding windows); a mask that is data counts full, and the report says which")
     p.add_argument("--mode", choices=("inference", "train"), default="inference",
                    help="train: add the backward pass (gradients of inputs and trainable parameters)")
     p.add_argument("--optimizer", choices=("sgd", "momentum", "adam"),
@@ -126,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         report = count(args.model, input_shapes=shapes, batch=args.batch, convention=args.convention,
                        strict=args.strict, input_values=dict(args.input_value),
                        loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer,
-                       trainable_inputs=args.trainable_input, **weights(args))
+                       trainable_inputs=args.trainable_input, attention=args.attention, **weights(args))
     if args.plot:
         from flopcount.measure.profile.roofline import plot_op_types
 
