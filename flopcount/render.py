@@ -90,6 +90,8 @@ def to_dict(report: Report, per_node: bool = False, by_module: int | None = None
         }
     if report.generation is not None:
         doc["generation"] = report.generation.as_dict()
+    if report.moe is not None:
+        doc["moe"] = report.moe.as_dict()
     if by_module is not None:
         doc["module_scopes"] = {"depth": by_module, "source": report.modules.source or None,
                                 "missing": report.modules.missing or None}
@@ -217,6 +219,8 @@ def _summary_lines(report: Report) -> list[str]:
             )
     if report.attention != "full":
         lines.append(f"Attention: {report.attention}")
+    if report.moe is not None:
+        lines += _moe_lines(report.moe)
     if report.generation is not None:
         lines += _generation_lines(report.generation)
     for key, (k, why) in report.upper_bounds.items():
@@ -228,6 +232,21 @@ def _summary_lines(report: Report) -> list[str]:
         )
     else:
         lines.append("Unsupported operators: none")
+    return lines
+
+
+def _moe_lines(m) -> list[str]:
+    lines = [
+        f"Mixture of experts: {m.layers} block{'s' if m.layers > 1 else ''} of {m.experts} routed experts, "
+        f"{m.top_k} per token ({m.tokens} tokens: {m.pairs} (token, expert) pairs per block); routed experts' "
+        f"FLOPs {_n(m.routed_flops)}",
+        f"Active parameters per token: {_n(m.active_params)} of {_n(m.params)} ({si(m.active_params)}; shared "
+        f"experts {_n(m.shared_params)})",
+    ]
+    if m.capacity_factor is not None:
+        lines.append(f"Capacity factor {m.capacity_factor:g}: at most {m.capacity_pairs} of {m.pairs} pairs per block "
+                     f"run, routed experts' FLOPs at most {_n(m.routed_flops_at_capacity)} (drops depend on the "
+                     "routing; the totals count no drop)")
     return lines
 
 

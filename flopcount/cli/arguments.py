@@ -214,6 +214,8 @@ def model_source_problem(args: argparse.Namespace) -> str | None:
         return ("give the path of an .onnx model, or --torch MODULE:FACTORY, --keras MODULE:FACTORY or --hf CONFIG"
                 if hasattr(args, "hf") else
                 "give the path of an .onnx model, or --torch MODULE:FACTORY, or --keras MODULE:FACTORY")
+    if getattr(args, "capacity_factor", None) is not None and hf is None:
+        return "--capacity-factor is for a mixture-of-experts model given with --hf CONFIG"
     generate = getattr(args, "generate", None)
     if generate is not None and hf is None and args.torch is None:
         return "--generate is for a causal LM given with --hf CONFIG or --torch MODULE:FACTORY"
@@ -265,6 +267,7 @@ def count_hf(args: argparse.Namespace):
     from flopcount.frontends.hf import from_hf
 
     return from_hf(args.hf, torch_inputs(args), trust_remote_code=args.trust_remote_code,
+                   capacity_factor=getattr(args, "capacity_factor", None),
                    training=args.mode == "train", trainable_inputs=args.trainable_input, batch=args.batch,
                    convention=args.convention, strict=args.strict, input_values=dict(args.input_value),
                    loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer,
@@ -281,7 +284,7 @@ def count_generate(args: argparse.Namespace):
         from flopcount.frontends.hf import from_hf
 
         return from_hf(args.hf, trust_remote_code=args.trust_remote_code, generate=args.generate, batch=batch,
-                       **options)
+                       capacity_factor=getattr(args, "capacity_factor", None), **options)
     from flopcount.frontends.generate import from_causal_lm
     from flopcount.frontends.torch import load_factory
 

@@ -18,6 +18,7 @@ from .arguments import (
     input_value,
     loop_trips,
     positive,
+    positive_float,
     positive_int,
     weights,
 )
@@ -88,6 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--convention", choices=sorted(CONVENTIONS), default="default",
                    help="counting convention: default (1 MAC = 2 FLOPs), table3 (HPC AI500 V3.0 Table 3 literally), "
                         "aiperf (AIPerf's weighted costs), dense (products only, as torch.utils.flop_counter), macs (1 per MAC)")
+    p.add_argument("--capacity-factor", type=positive_float, metavar="C",
+                   help="with --hf, a mixture-of-experts model: the experts' capacity factor C (each expert takes at "
+                   "most floor(C*T*k/E) of a block's T*k token-expert pairs); reports the most the routed experts "
+                   "can then run beside the no-drop count, which the totals keep")
     p.add_argument("--attention", choices=("full", "executed"), default="full",
                    help="full (default): attention as the graph computes it, the whole score matrix masked "
                    "afterwards; executed: only the (query, key) pairs a masked kernel runs, for the masks whose "
