@@ -171,3 +171,41 @@ def test_cli_generate_needs_a_causal_lm(tmp_path):
     p = cli("--hf", str(bert), "--generate", "4:2", cwd=tmp_path)
     assert p.returncode == 2, p.stderr
     assert "not generate" in p.stderr and "Traceback" not in p.stderr and p.stderr.strip().count("\n") == 0
+
+
+@pytest.mark.parametrize("name, p, n", [
+    pytest.param("mistral-window", 3, 5, id="mistral-sliding-window"),
+    pytest.param("qwen3-moe", 4, 3, id="qwen3-moe"),
+])
+def test_generate_of_other_decoders_equals_flop_counter(name, p, n):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    if name == "mistral-window":
+        config = transformers.MistralConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                            num_attention_heads=4, num_key_value_heads=2, vocab_size=50,
+                                            sliding_window=4, attn_implementation="eager")
+    else:
+        config = transformers.Qwen3MoeConfig(hidden_size=32, intermediate_size=40, moe_intermediate_size=24,
+                                             num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                                             head_dim=8, vocab_size=50, num_experts=6, num_experts_per_tok=2,
+                                             attn_implementation="eager")
+    g = flopcount.from_hf(config, generate=(p, n), convention="dense", cache_dir=False).generation
+    config._experts_implementation = "batched_mm"  # each token's k experts as one batched product, as counted
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    ids = torch.randint(1, 50, (1, p))
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                       do_sample=False, pad_token_id=0)
+    assert g.total.flops == counter.get_total_flops()
+
+
+def test_generate_with_executed_attention():
+    """The prefill's attention runs P(P+1)/2 pairs per head; a decode step's one query sees its whole context."""
+    p, n, b = 6, 3, 1
+    config = llama_config()
+    full = flopcount.from_hf(config, generate=(p, n), convention="dense", cache_dir=False).generation
+    executed = flopcount.from_hf(config, generate=(p, n), convention="dense", cache_dir=False,
+                                 attention="executed").generation
+    assert full.prefill.flops - executed.prefill.flops == LAYERS * 2 * 2 * (p * p - p * (p + 1) // 2) * H
+    assert executed.decode == full.decode
