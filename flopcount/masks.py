@@ -21,12 +21,12 @@ Counting is O(S_q) per call, vectorised, with no S_q × T matrix.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 __all__ = ["ATTENTION_MODES", "AttentionMask", "ExecutedAttention", "ExecutedPairs", "executed_attention",
-           "score_products"]
+           "padding_lengths", "score_products"]
 
 #: ``--attention`` values.
 ATTENTION_MODES = ("full", "executed")
@@ -64,7 +64,7 @@ class AttentionMask:
         return self.causal or self.window is not None or bool(self.lengths) or bool(self.segments)
 
     def describe(self) -> str:
-        parts = (["causal"] if self.causal else []) + ([f"sliding window {self.window}"] if self.window else [])
+        parts = (["causal"] if self.causal else ["bidirectional"] if not self.window else []) + ([f"sliding window {self.window}"] if self.window else [])
         if self.lengths:
             parts.append("padding (lengths " + ", ".join(map(str, self.lengths)) + ")")
         if self.segments:
@@ -217,7 +217,27 @@ class ExecutedAttention:
         return self.score_nodes.get(name)
 
 
-def executed_attention(protos, given=None, names=None) -> ExecutedAttention:
+def padding_lengths(values, shape=None) -> tuple[int, ...] | None:
+    """Valid lengths of a right-padded 0/1 ``attention_mask`` [B, T] (each row ones, then zeros; flat values
+    take ``shape``); None for any other mask (left padding, holes, another rank): its structure is not modelled.
+
+    >>> padding_lengths([[1, 1, 1, 0], [1, 1, 1, 1]])
+    (3, 4)
+    >>> padding_lengths([1, 1, 0, 1], (2, 2)) is None  # a hole in the second row
+    True
+    """
+    a = np.asarray(values)
+    if shape is not None and a.size == int(np.prod(shape)):
+        a = a.reshape(shape)
+    if a.ndim != 2 or not np.isin(a, (0, 1)).all():
+        return None
+    lengths = a.sum(axis=1).astype(np.int64)
+    if (a != (np.arange(a.shape[1]) < lengths[:, None])).any():
+        return None
+    return tuple(int(n) for n in lengths)
+
+
+def executed_attention(protos, given=None, names=None, padding: tuple[int, ...] | None = None) -> ExecutedAttention:
     """The :class:`ExecutedAttention` of a graph: ``given`` (an :class:`AttentionMask`, or one per attention in
     graph order, from the model's configuration) or else the structure the graph shows: a Trilu among the mask's
     ancestors is causal; a mask that comes from a graph input (``attention_mask``) or from anything else is data,
@@ -225,6 +245,9 @@ def executed_attention(protos, given=None, names=None) -> ExecutedAttention:
     nodes = score_products(protos, names)
     if given is not None:
         masks = (given,) if isinstance(given, AttentionMask) else tuple(given)
+        if padding is not None:  # the attention_mask's values: padding on top of the configuration's structure
+            masks = tuple(None if m is None else replace(m, lengths=padding, source=f"{m.source} and the "
+                                                         "attention_mask values") for m in masks)
         kinds = sorted({m.describe() for m in masks if m is not None})
         return ExecutedAttention(nodes, masks, "; ".join(kinds) or "no structured mask")
     producer = {o: n for n in protos for o in n.output}

@@ -124,14 +124,17 @@ def _tokens(inputs, batch) -> int | None:
 
 
 def config_masks(config) -> tuple | None:
-    """The attention masks of a causal LM's layers, from its configuration (``--attention executed``): causal,
-    with a sliding window of ``sliding_window`` keys on the layers ``layer_types`` calls ``sliding_attention``
-    (every layer where the configuration has a window and no ``layer_types``); None for a model that is not a
-    causal LM (its mask is the graph's to show)."""
+    """The attention masks of a model's layers, from its configuration (``--attention executed``): for a causal
+    LM causal, with a sliding window of ``sliding_window`` keys on the layers ``layer_types`` calls
+    ``sliding_attention`` (every layer where the configuration has a window and no ``layer_types``); for an
+    encoder bidirectional (all pairs, less padding given by ``attention_mask`` values); None for an
+    encoder-decoder or decoder-only configuration that is not a causal LM (its masks are the graph's to show)."""
     from flopcount.masks import AttentionMask
 
     if not is_causal_lm(config):
-        return None
+        if getattr(config, "is_encoder_decoder", False) or getattr(config, "is_decoder", False):
+            return None  # cross-attention and decoder masks: the graph's to show
+        return (AttentionMask(source=f"the {config.model_type} configuration (an encoder)"),)
     window = getattr(config, "sliding_window", None)
     if getattr(config, "use_sliding_window", True) is False:
         window = None

@@ -80,3 +80,28 @@ def test_cli_states_the_attention_used(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "Attention: executed: causal, from the llama configuration" in p.stdout
     assert f"Total FLOPs: {products_outside_attention(6) + LAYERS * 2 * 2 * 21 * H:,}" in p.stdout
+
+
+def test_padding_from_attention_mask_values():
+    """Right-padded sequences of 6 and 3 valid tokens of 6: causal pairs within each valid length."""
+    s, lengths = 6, (6, 3)
+    mask = [[1] * 6, [1, 1, 1, 0, 0, 0]]
+    r = flopcount.from_hf(llama(), {"input_ids": (2, s), "attention_mask": (2, s)}, convention="dense",
+                          cache_dir=False, attention="executed", input_values={"attention_mask": mask})
+    kept = sum(window_pairs(n, None) for n in lengths)  # padded queries run nothing
+    assert r.total.flops == 2 * products_outside_attention(s) + LAYERS * 2 * 2 * kept * H
+    assert "padding (lengths 6, 3)" in r.attention
+
+
+def test_bert_padding_is_bidirectional_within_lengths():
+    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=48, vocab_size=50, attn_implementation="eager")
+    s, lengths = 5, (5, 2)
+    mask = [[1] * 5, [1, 1, 0, 0, 0]]
+    kwargs = dict(convention="dense", cache_dir=False, input_values={"attention_mask": mask})
+    shapes = {"input_ids": (2, s), "attention_mask": (2, s)}
+    full = flopcount.from_hf(config, shapes, **kwargs)
+    executed = flopcount.from_hf(config, shapes, attention="executed", **kwargs)
+    # Q·Kᵀ and probs·V of hidden 32: 2·2·32 per pair; full runs 2·5·5 pairs, executed 5·5 + 2·2
+    assert full.total.flops - executed.total.flops == 2 * 2 * 32 * (2 * s * s - sum(n * n for n in lengths))
+    assert "bidirectional + padding (lengths 5, 2)" in executed.attention
