@@ -25,7 +25,7 @@ from .conventions import Convention, get_convention
 from .cost import ZERO, Bound, Breakdown, Cost
 from .errors import FlopcountError, InvalidGraphError, ShapeError, UnsupportedOperatorError, UsageError
 from .loading import load
-from .masks import ATTENTION_MODES, executed_attention, padding_lengths
+from .masks import ATTENTION_MODES, executed_attention, packed_segments, padding_lengths
 from .modules import ModuleScopes, scopes_of
 from .parameters import BUFFER, PARAMETER, SHAPE_TYPES, Roles, classify, stored_tensors
 from .registry import DEFAULT_DOMAIN, buffer_inputs, canonical_domain, lookup, lookup_backward, lookup_shape, straight_through
@@ -197,7 +197,11 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
             if padding is None:
                 log.warning("%s: attention_mask's values are not right padding (ones, then zeros); padding counted "
                             "as no padding", where)
-        conv = dataclasses.replace(conv, executed=executed_attention(protos, given_mask, names, padding))
+        segments = None
+        if given_mask is not None and "position_ids" in (input_values or {}):
+            known = res.tensors.get("position_ids")
+            segments = packed_segments(input_values["position_ids"], known.shape if known is not None else None)
+        conv = dataclasses.replace(conv, executed=executed_attention(protos, given_mask, names, padding, segments))
     walk = _Traversal(res.tensors, res.values, conv, opsets, hint, where, loop_trips or {}, attributes_of, training)
     grads = training.grads if training is not None else {}
     node_inputs, node_outputs, node_ops = dag.graph["node_inputs"], dag.graph["node_outputs"], dag.graph["node_ops"]

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 __all__ = ["ATTENTION_MODES", "AttentionMask", "ExecutedAttention", "ExecutedPairs", "executed_attention",
-           "padding_lengths", "score_products"]
+           "packed_segments", "padding_lengths", "score_products"]
 
 #: ``--attention`` values.
 ATTENTION_MODES = ("full", "executed")
@@ -237,7 +237,35 @@ def padding_lengths(values, shape=None) -> tuple[int, ...] | None:
     return tuple(int(n) for n in lengths)
 
 
-def executed_attention(protos, given=None, names=None, padding: tuple[int, ...] | None = None) -> ExecutedAttention:
+def packed_segments(position_ids, shape=None) -> tuple[int, ...] | None:
+    """The segment lengths of packed sequences from their ``position_ids`` [B, T] (positions that restart at 0 at
+    each sequence: 0 1 2 0 1 0 1 2 → 3, 2, 3; every row alike); None when they do not restart or rows differ.
+
+    >>> packed_segments([[0, 1, 2, 0, 1, 0, 1, 2]])
+    (3, 2, 3)
+    >>> packed_segments([[0, 1, 2, 3]]) is None  # one sequence: nothing packed
+    True
+    """
+    a = np.asarray(position_ids)
+    if shape is not None and a.size == int(np.prod(shape)):
+        a = a.reshape(shape)
+    if a.ndim == 1:
+        a = a[None]
+    if a.ndim != 2 or a.shape[1] == 0 or (a != a[:1]).any():
+        return None
+    row = a[0].astype(np.int64)
+    starts = np.flatnonzero(row == 0)
+    if len(starts) < 2 or starts[0] != 0:
+        return None
+    lengths = np.diff(np.append(starts, len(row)))
+    expected = np.concatenate([np.arange(n) for n in lengths])
+    if (row != expected).any():
+        return None
+    return tuple(int(n) for n in lengths)
+
+
+def executed_attention(protos, given=None, names=None, padding: tuple[int, ...] | None = None,
+                       segments: tuple[int, ...] | None = None) -> ExecutedAttention:
     """The :class:`ExecutedAttention` of a graph: ``given`` (an :class:`AttentionMask`, or one per attention in
     graph order, from the model's configuration) or else the structure the graph shows: a Trilu among the mask's
     ancestors is causal; a mask that comes from a graph input (``attention_mask``) or from anything else is data,
@@ -248,6 +276,9 @@ def executed_attention(protos, given=None, names=None, padding: tuple[int, ...] 
         if padding is not None:  # the attention_mask's values: padding on top of the configuration's structure
             masks = tuple(None if m is None else replace(m, lengths=padding, source=f"{m.source} and the "
                                                          "attention_mask values") for m in masks)
+        if segments is not None:  # position_ids that restart: packed sequences
+            masks = tuple(None if m is None else replace(m, segments=segments, source=f"{m.source} and the "
+                                                         "position_ids values") for m in masks)
         kinds = sorted({m.describe() for m in masks if m is not None})
         return ExecutedAttention(nodes, masks, "; ".join(kinds) or "no structured mask")
     producer = {o: n for n in protos for o in n.output}

@@ -105,3 +105,13 @@ def test_bert_padding_is_bidirectional_within_lengths():
     # Q·Kᵀ and probs·V of hidden 32: 2·2·32 per pair; full runs 2·5·5 pairs, executed 5·5 + 2·2
     assert full.total.flops - executed.total.flops == 2 * 2 * 32 * (2 * s * s - sum(n * n for n in lengths))
     assert "bidirectional + padding (lengths 5, 2)" in executed.attention
+
+
+def test_packed_sequences_from_position_id_resets():
+    """Three sequences of 3, 2 and 3 tokens packed in one row: causal within each."""
+    positions = [[0, 1, 2, 0, 1, 0, 1, 2]]
+    r = flopcount.from_hf(llama(), {"input_ids": (1, 8), "position_ids": (1, 8)}, convention="dense",
+                          cache_dir=False, attention="executed", input_values={"position_ids": positions})
+    kept = sum(window_pairs(n, None) for n in (3, 2, 3))  # 6 + 3 + 6
+    assert r.total.flops == products_outside_attention(8) + LAYERS * 2 * 2 * kept * H
+    assert "packed sequences (3, 2, 3)" in r.attention
