@@ -12,7 +12,9 @@ counts them), the :class:`Generation` record comes out.
 
 The cost of a decode step is affine in its context length c for attention over a plain KV cache:
 ``step(c) = constant + per_position · c`` (the projections, MLP and head are per token; QKᵀ and AV grow with c).
-The decode total is therefore ``(N−1)·constant + per_position · Σ_{j=1}^{N−1} (P + j)``, exactly.
+The decode total is therefore ``(N−1)·constant + per_position · Σ_{j=1}^{N−1} (P + j)``, exactly. Where a
+sliding window of w keys crops the cache, the step is affine on each side of c = w: the contexts are cut
+there (:func:`segments`) and each piece has its own line.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from typing import Mapping
 from .cost import Cost
 from .errors import UsageError
 
-__all__ = ["Generation", "affine_steps", "check_generate", "context_lengths", "parse_generate"]
+__all__ = ["DecodePiece", "Generation", "affine_steps", "check_generate", "context_lengths", "parse_generate",
+           "segments"]
 
 
 def check_generate(prompt_tokens, new_tokens) -> tuple[int, int]:
@@ -90,29 +93,70 @@ def affine_steps(counts: Mapping[int, Cost]) -> tuple[Cost, Cost]:
     return constant, per_position
 
 
+def segments(contexts: range, breakpoints=()) -> list[range]:
+    """``contexts`` cut around each breakpoint b (b − 1, b and b + 1 each a segment of one), so that a step whose
+    form changes near b (a sliding window of b keys: the cache is cropped from there on) is affine within each.
+
+    >>> [list(r) for r in segments(range(3, 12), [6])]
+    [[3, 4], [5], [6], [7], [8, 9, 10, 11]]
+    """
+    cuts = sorted({c for b in breakpoints for c in (b - 1, b, b + 1, b + 2)}
+                  & set(range(contexts.start + 1, contexts.stop)))
+    edges = [contexts.start, *cuts, contexts.stop]
+    return [range(lo, hi) for lo, hi in zip(edges, edges[1:]) if hi > lo]
+
+
+@dataclass(frozen=True)
+class DecodePiece:
+    """Decode steps whose contexts run from ``first`` to ``last`` and cost ``constant + c · per_position``."""
+
+    first: int
+    last: int
+    constant: Cost
+    per_position: Cost
+
+    def step(self, context: int) -> Cost:
+        return self.constant + context * self.per_position
+
+    @property
+    def total(self) -> Cost:
+        n = self.last - self.first + 1
+        return n * self.constant + (self.first + self.last) * n // 2 * self.per_position
+
+    def formula(self) -> str:
+        return f"{self.constant.flops} + {self.per_position.flops}·c"
+
+    def as_dict(self) -> dict:
+        return {"contexts": [self.first, self.last], "constant": self.constant.flops,
+                "per_context_position": self.per_position.flops, "formula": self.formula()}
+
+
 @dataclass(frozen=True)
 class Generation:
     """The cost of ``generate()`` of ``new_tokens`` tokens after a prompt of ``prompt_tokens``, for ``batch``
     sequences (every figure is for the whole batch).
 
-    ``prefill`` is the prompt's forward (logits of its last position only); a decode step over a context of c
-    positions costs ``decode_constant + c · decode_per_position``; ``decode`` sums the N−1 steps;
-    ``kv_cache_bytes`` is the cache after the last step (P + N − 1 positions), by element type. ``method`` says
-    how the step's line was found (the contexts exported and checked).
+    ``prefill`` is the prompt's forward (logits of its last position only); the decode steps are ``pieces``, each
+    a run of contexts over which a step costs ``constant + c · per_position`` (one piece for attention over a
+    plain KV cache; more where a sliding window crops the cache); ``decode`` sums the N−1 steps;
+    ``kv_cache_bytes`` is the cache after the last step, by element type. ``method`` says how the steps were
+    counted (the contexts exported and checked).
     """
 
     batch: int
     prompt_tokens: int
     new_tokens: int
     prefill: Cost
-    decode_constant: Cost
-    decode_per_position: Cost
+    pieces: tuple[DecodePiece, ...] = ()
     kv_cache_bytes: Mapping[str, int] = field(default_factory=dict)
     method: str = ""
 
     def step(self, context: int) -> Cost:
         """The decode step whose attention spans ``context`` positions."""
-        return self.decode_constant + context * self.decode_per_position
+        for piece in self.pieces:
+            if piece.first <= context <= piece.last:
+                return piece.step(context)
+        raise ValueError(f"no decode step has context {context}")
 
     @property
     def steps(self) -> int:
@@ -131,9 +175,8 @@ class Generation:
 
     @property
     def decode(self) -> Cost:
-        """The N − 1 decode steps: ``(N−1)·constant + per_position · Σ (P + j)``."""
-        contexts = context_lengths(self.prompt_tokens, self.new_tokens)
-        return len(contexts) * self.decode_constant + sum(contexts) * self.decode_per_position
+        """The N − 1 decode steps: Σ over pieces of ``n·constant + per_position · Σ c``."""
+        return sum((piece.total for piece in self.pieces), Cost())
 
     @property
     def total(self) -> Cost:
@@ -145,8 +188,10 @@ class Generation:
         return self.total.per(self.new_tokens).flops
 
     def formula(self) -> str:
-        """The decode step's FLOPs in its context length c, as ``a + b·c``."""
-        return f"{self.decode_constant.flops} + {self.decode_per_position.flops}·c"
+        """The decode step's FLOPs in its context length c, as ``a + b·c`` (per piece, with its contexts)."""
+        if len(self.pieces) == 1:
+            return self.pieces[0].formula()
+        return "; ".join(f"{p.formula()} for c in {p.first}..{p.last}" for p in self.pieces)
 
     def as_dict(self) -> dict:
         first, last = self.first_step, self.last_step
@@ -160,9 +205,8 @@ class Generation:
                 "first_context": self.prompt_tokens + 1 if self.steps else None,
                 "last": None if last is None else last.flops,
                 "last_context": self.prompt_tokens + self.steps if self.steps else None,
-                "constant": self.decode_constant.flops,
-                "per_context_position": self.decode_per_position.flops,
-                "formula": self.formula(),
+                "formula": self.formula() if self.pieces else None,
+                "pieces": [p.as_dict() for p in self.pieces],
             },
             "decode_steps": self.steps,
             "decode_flops": self.decode.flops,

@@ -23,16 +23,16 @@ import inspect
 import logging
 from typing import Any
 
-from flopcount.cost import Cost
 from flopcount.errors import FrontendError, UsageError
-from flopcount.generation import Generation, affine_steps, check_generate, context_lengths
+from flopcount.generation import DecodePiece, Generation, affine_steps, check_generate, context_lengths, segments
 
 log = logging.getLogger(__name__)
 
 __all__ = ["CacheLayout", "cache_layout", "decode_step_module", "from_causal_lm"]
 
 
-def from_causal_lm(model, generate: tuple[int, int], *, batch: int = 1, cache_dir=None, **count_kwargs: Any):
+def from_causal_lm(model, generate: tuple[int, int], *, batch: int = 1, cache_dir=None, breakpoints=(),
+                   **count_kwargs: Any):
     """Count ``generate()`` of a causal LM: the report of its prefill graph, with ``report.generation``
     (:class:`flopcount.generation.Generation`) for the whole run.
 
@@ -45,6 +45,9 @@ def from_causal_lm(model, generate: tuple[int, int], *, batch: int = 1, cache_di
         Prompt tokens and new tokens, both at least 1.
     batch : int
         Sequences generated at once (B); every figure is for the whole batch.
+    breakpoints : sequence of int
+        Contexts where the step's form may change: the sliding windows of the model's layers (``--hf`` reads them
+        from the configuration); the contexts are cut there and each piece is fitted and checked apart.
     cache_dir, **count_kwargs
         As for :func:`flopcount.from_torch` (``convention``, ``strict`` ...); inference only.
     """
@@ -79,25 +82,28 @@ def from_causal_lm(model, generate: tuple[int, int], *, batch: int = 1, cache_di
         names = ["input_ids", *layout.names]
         return from_torch(step, inputs, input_names=names, cache_dir=cache_dir, batch=batch, **count_kwargs).forward
 
-    if not contexts:
-        constant, per_position, method = Cost(), Cost(), "no decode step (N = 1)"
-    else:
-        chosen = sorted({contexts[0], contexts[-1], *([contexts[len(contexts) // 2]] if len(contexts) >= 4 else [])})
+    pieces, checked = [], []
+    for segment in segments(contexts, breakpoints):
+        chosen = sorted({segment[0], segment[-1], *([segment[len(segment) // 2]] if len(segment) >= 4 else [])})
         counts = {c: count_step(c) for c in chosen}
         try:
             constant, per_position = affine_steps(counts)
-            method = (f"decode step exported with its KV cache at context {chosen[0]}"
-                      if len(chosen) == 1 else
-                      f"decode step exported with its KV cache at contexts {contexts[0]} and {contexts[-1]}"
-                      + (f", the line checked at {chosen[1]}" if len(chosen) == 3 else ""))
         except ValueError as e:
-            raise FrontendError(f"generate: {e}: the decode step is not affine in its context (a sliding window "
-                                "or a cropped cache?), which is not counted yet") from None
-        if len(contexts) > 2:
-            log.info("generate: %s", method)
-    bytes_per_position = layout.bytes_per_position()
-    kv_bytes = {dtype: b * (prompt + new - 1) for dtype, b in bytes_per_position.items()}
-    generation = Generation(batch, prompt, new, report.forward, constant, per_position, kv_bytes, method)
+            raise FrontendError(f"generate: {e}: the decode step is not affine in its context between "
+                                f"{segment[0]} and {segment[-1]} (a sliding window the configuration does not "
+                                "name?), which is not counted yet") from None
+        pieces.append(DecodePiece(segment[0], segment[-1], constant, per_position))
+        checked += chosen[1:2] if len(chosen) == 3 else []
+    exported = sorted({c for p in pieces for c in (p.first, p.last)})
+    method = ("no decode step (N = 1)" if not pieces else
+              "decode step exported with its KV cache at context" + ("s " if len(exported) > 1 else " ")
+              + ", ".join(map(str, exported))
+              + (f", its line checked at {', '.join(map(str, checked))}" if checked else "")
+              + (f"; pieces cut at the sliding window{'s' if len(set(breakpoints)) > 1 else ''} "
+                 f"{', '.join(map(str, sorted(set(breakpoints))))}" if len(pieces) > 1 else ""))
+    log.info("generate: %s", method)
+    end = cache_layout(model, batch, prompt + new - 1)  # the cache as the model holds it after the last step
+    generation = Generation(batch, prompt, new, report.forward, tuple(pieces), end.bytes(), method)
     return _with(report, generation)
 
 
@@ -107,7 +113,8 @@ def _with(report, generation: Generation):
 
 @dataclasses.dataclass(frozen=True)
 class CacheLayout:
-    """The KV cache's graph inputs: names, ``(shape at P positions, dtype)`` each (position axis −2), and how to
+    """The KV cache's graph inputs: names, ``(shape after P positions, dtype)`` each (position axis −2; a layer
+    with a sliding window holds fewer), and how to
     rebuild the model's cache object from them (``kind``: ``"dynamic"`` a transformers ``DynamicCache``,
     ``"tuple"`` the legacy tuple of (key, value) per layer)."""
 
@@ -115,12 +122,12 @@ class CacheLayout:
     tensors: tuple[tuple[tuple[int, ...], Any], ...]
     kind: str
 
-    def bytes_per_position(self) -> dict[str, int]:
-        """Bytes one cached position takes, by element type (``"float32"`` ...), over every layer and sequence."""
+    def bytes(self) -> dict[str, int]:
+        """Bytes the cache holds, by element type (``"float32"`` ...), over every layer and sequence."""
         out: dict[str, int] = {}
         for shape, dtype in self.tensors:
             n = dtype.itemsize
-            for d in (*shape[:-2], shape[-1]):
+            for d in shape:
                 n *= d
             key = str(dtype).removeprefix("torch.")
             out[key] = out.get(key, 0) + n
@@ -155,7 +162,7 @@ def cache_layout(model, batch: int, prompt: int) -> CacheLayout:
     names, tensors = [], []
     for i, pair in enumerate(pairs):
         for which, t in zip(("key", "value"), pair):
-            if t is None or t.dim() < 3 or t.shape[-2] != prompt:
+            if t is None or t.dim() < 3 or not 0 < t.shape[-2] <= prompt:
                 raise UsageError(f"generate: layer {i}'s cached {which}s do not hold the {prompt} prompt positions "
                                  f"on axis -2 (shape {None if t is None else tuple(t.shape)}); this cache is not "
                                  "supported")

@@ -100,7 +100,12 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
             raise UsageError(f"{FRONTEND}: --generate is for a causal language model; {model.config.model_type} "
                              f"builds {type(model).__name__}, which does not generate; count it without --generate")
         batch = count_kwargs.pop("batch", None) or _input_ids_batch(input_shapes) or 1
-        report = from_causal_lm(model, generate, batch=batch, cache_dir=cache_dir, **count_kwargs)
+        windows = [m.window for m in config_masks(model.config) or () if m is not None and m.window]
+        window = getattr(model.config, "sliding_window", None)
+        if isinstance(window, int) and window > 0:
+            windows.append(window)  # a cache may crop at the window even where attention counts full
+        report = from_causal_lm(model, generate, batch=batch, cache_dir=cache_dir, breakpoints=sorted(set(windows)),
+                                **count_kwargs)
         tokens = batch * generate[0]
     else:
         inputs = hf_inputs(model, input_shapes)

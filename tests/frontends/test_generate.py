@@ -73,7 +73,8 @@ def test_generate_equals_flop_counter_over_a_real_generate(p, n, b):
     assert g.decode.flops == sum(step_dense(b, c) for c in contexts)
     if n > 1:
         assert (g.first_step.flops, g.last_step.flops) == (step_dense(b, p + 1), step_dense(b, p + n - 1))
-        assert g.decode_per_position.flops == b * LAYERS * 2 * 2 * H
+        (piece,) = g.pieces
+        assert piece.per_position.flops == b * LAYERS * 2 * 2 * H
     assert g.flops_per_token == g.total.flops / n
     # keys and values of P + N − 1 positions, float32, per layer and sequence
     assert dict(g.kv_cache_bytes) == {"float32": LAYERS * 2 * b * KV * (p + n - 1) * 4}
@@ -176,6 +177,7 @@ def test_cli_generate_needs_a_causal_lm(tmp_path):
 @pytest.mark.parametrize("name, p, n", [
     pytest.param("mistral-window", 3, 5, id="mistral-sliding-window"),
     pytest.param("qwen3-moe", 4, 3, id="qwen3-moe"),
+    pytest.param("qwen2-sliding-layer", 2, 9, id="qwen2-sliding-layer-cropped-cache"),
 ])
 def test_generate_of_other_decoders_equals_flop_counter(name, p, n):
     from torch.utils.flop_counter import FlopCounterMode
@@ -184,6 +186,11 @@ def test_generate_of_other_decoders_equals_flop_counter(name, p, n):
         config = transformers.MistralConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
                                             num_attention_heads=4, num_key_value_heads=2, vocab_size=50,
                                             sliding_window=4, attn_implementation="eager")
+    elif name == "qwen2-sliding-layer":  # its second layer's cache keeps the last 4 positions: pieces
+        config = transformers.Qwen2Config(hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, vocab_size=50,
+                                          use_sliding_window=True, sliding_window=4, max_window_layers=1,
+                                          attn_implementation="eager")
     else:
         config = transformers.Qwen3MoeConfig(hidden_size=32, intermediate_size=40, moe_intermediate_size=24,
                                              num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
