@@ -25,7 +25,7 @@ from .conventions import Convention, get_convention
 from .cost import ZERO, Bound, Breakdown, Cost
 from .errors import FlopcountError, InvalidGraphError, ShapeError, UnsupportedOperatorError, UsageError
 from .loading import load
-from .masks import ATTENTION_MODES, executed_attention, packed_segments, padding_lengths
+from .masks import ATTENTION_MODES, executed_attention, values_structure
 from .modules import ModuleScopes, scopes_of
 from .parameters import BUFFER, PARAMETER, SHAPE_TYPES, Roles, classify, stored_tensors
 from .registry import DEFAULT_DOMAIN, buffer_inputs, canonical_domain, lookup, lookup_backward, lookup_shape, straight_through
@@ -190,17 +190,7 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
         if mode == "train" else None
     )
     if attention == "executed":
-        padding = None
-        if given_mask is not None and "attention_mask" in (input_values or {}):
-            known = res.tensors.get("attention_mask")
-            padding = padding_lengths(input_values["attention_mask"], known.shape if known is not None else None)
-            if padding is None:
-                log.warning("%s: attention_mask's values are not right padding (ones, then zeros); padding counted "
-                            "as no padding", where)
-        segments = None
-        if given_mask is not None and "position_ids" in (input_values or {}):
-            known = res.tensors.get("position_ids")
-            segments = packed_segments(input_values["position_ids"], known.shape if known is not None else None)
+        padding, segments = values_structure(input_values, res.tensors, where) if given_mask is not None else (None, None)
         conv = dataclasses.replace(conv, executed=executed_attention(protos, given_mask, names, padding, segments))
     walk = _Traversal(res.tensors, res.values, conv, opsets, hint, where, loop_trips or {}, attributes_of, training)
     grads = training.grads if training is not None else {}

@@ -23,10 +23,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+import logging
+
 import numpy as np
 
 __all__ = ["ATTENTION_MODES", "AttentionMask", "ExecutedAttention", "ExecutedPairs", "executed_attention",
-           "packed_segments", "padding_lengths", "score_products"]
+           "packed_segments", "padding_lengths", "score_products", "values_structure"]
+
+log = logging.getLogger(__name__)
 
 #: ``--attention`` values.
 ATTENTION_MODES = ("full", "executed")
@@ -262,6 +266,24 @@ def packed_segments(position_ids, shape=None) -> tuple[int, ...] | None:
     if (row != expected).any():
         return None
     return tuple(int(n) for n in lengths)
+
+
+def values_structure(input_values, tensors, where: str = "<model>"):
+    """``(padding lengths, packed segments)`` from the values given for the ``attention_mask`` and
+    ``position_ids`` inputs (``input_values``; shapes from ``tensors``, name → TensorInfo); None for each not
+    given or not of that form (a warning says so)."""
+    found = []
+    for name, read in (("attention_mask", padding_lengths), ("position_ids", packed_segments)):
+        if name not in (input_values or {}):
+            found.append(None)
+            continue
+        known = tensors.get(name)
+        structure = read(input_values[name], known.shape if known is not None else None)
+        if structure is None and name == "attention_mask":
+            log.warning("%s: attention_mask's values are not right padding (ones, then zeros): counted as no padding",
+                        where)
+        found.append(structure)
+    return tuple(found)
 
 
 def executed_attention(protos, given=None, names=None, padding: tuple[int, ...] | None = None,
