@@ -14,6 +14,8 @@ The counting core, one module each (the rooms and their arrows: docs/architectur
 * :mod:`.conventions` counting conventions; :mod:`.report` the immutable report; :mod:`.render` its text forms
 * :mod:`.errors` the exception hierarchy with exit codes; :mod:`.docs` generates docs/operators.md
 * :mod:`.onnx_cases` ONNX's own test cases, for the inventory of operators
+* :mod:`.generation` what ``generate()`` costs (prefill, decode steps); :mod:`.masks` executed attention's masks;
+  :mod:`.moe` mixture-of-experts layers (params, active params, capacity)
 
 Around it: :mod:`flopcount.operators` (formulas), :mod:`flopcount.frontends`, :mod:`flopcount.models`,
 :mod:`flopcount.measure` (the measuring half), :mod:`flopcount.workloads` and :mod:`flopcount.cli`.

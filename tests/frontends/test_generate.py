@@ -216,3 +216,37 @@ def test_generate_with_executed_attention():
                                  attention="executed").generation
     assert full.prefill.flops - executed.prefill.flops == LAYERS * 2 * 2 * (p * p - p * (p + 1) // 2) * H
     assert executed.decode == full.decode
+
+
+class TupleCacheLM(torch.nn.Module):
+    """A one-layer causal LM of its own (not transformers) with a legacy cache: ((key, value),) per layer."""
+
+    def __init__(self, vocab=23, width=12):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, width)
+        self.qkv = torch.nn.Linear(width, 3 * width, bias=False)
+        self.head = torch.nn.Linear(width, vocab, bias=False)
+
+    def forward(self, input_ids, past_key_values=None, use_cache=True):
+        x = self.embed(input_ids)
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        if past_key_values is not None:
+            k = torch.cat([past_key_values[0][0], k], dim=1)
+            v = torch.cat([past_key_values[0][1], v], dim=1)
+        scores = q @ k.transpose(1, 2)
+        s, t = scores.shape[-2:]
+        causal = torch.ones(s, t, dtype=torch.bool, device=x.device).tril(t - s)
+        y = scores.masked_fill(~causal, float("-inf")).softmax(-1) @ v
+        return self.head(y), ((k, v),)
+
+
+def test_from_causal_lm_with_a_tuple_cache():
+    p, n, vocab, width = 5, 4, 23, 12
+    g = flopcount.from_causal_lm(TupleCacheLM(vocab, width), (p, n), convention="dense", cache_dir=False).generation
+
+    def forward(s, t):  # s new tokens over t positions: QKV, QKᵀ and AV, the head on every new token
+        return 2 * s * width * 3 * width + 2 * 2 * s * t * width + 2 * s * width * vocab
+
+    assert g.prefill.flops == forward(p, p)  # no logits_to_keep: the head runs on every prompt token
+    assert g.decode.flops == sum(forward(1, c) for c in range(p + 1, p + n))
+    assert dict(g.kv_cache_bytes) == {"float32": 2 * (p + n - 1) * width * 4}
