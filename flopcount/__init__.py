@@ -14,6 +14,8 @@ The counting core, one module each (the rooms and their arrows: docs/architectur
 * :mod:`.conventions` counting conventions; :mod:`.report` the immutable report; :mod:`.render` its text forms
 * :mod:`.errors` the exception hierarchy with exit codes; :mod:`.docs` generates docs/operators.md
 * :mod:`.onnx_cases` ONNX's own test cases, for the inventory of operators
+* :mod:`.generation` what ``generate()`` costs (prefill, decode steps); :mod:`.masks` executed attention's masks;
+  :mod:`.moe` mixture-of-experts layers (params, active params, capacity)
 
 Around it: :mod:`flopcount.operators` (formulas), :mod:`flopcount.frontends`, :mod:`flopcount.models`,
 :mod:`flopcount.measure` (the measuring half), :mod:`flopcount.workloads` and :mod:`flopcount.cli`.
@@ -35,11 +37,13 @@ from .errors import (
     UnsupportedOperatorError,
     UsageError,
 )
+from .frontends.generate import from_causal_lm
 from .frontends.hf import from_hf
 from .frontends.keras import from_keras
 from .frontends.torch import from_torch
 from .measure.harness.meter import Meter
 from .measure.harness.result import RunResult
+from .generation import Generation
 from .report import ModelInfo, NodeCount, OpTypeSummary, Report
 
 try:
@@ -54,6 +58,7 @@ __all__ = [
     "Cost",
     "FlopcountError",
     "FrontendError",
+    "Generation",
     "InvalidGraphError",
     "Meter",
     "ModelFileError",
@@ -67,6 +72,7 @@ __all__ = [
     "UnsupportedOperatorError",
     "UsageError",
     "count",
+    "from_causal_lm",
     "from_hf",
     "from_keras",
     "from_torch",

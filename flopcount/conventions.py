@@ -38,9 +38,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .cost import ZERO, Cost
 from .errors import UsageError
+
+if TYPE_CHECKING:
+    from .masks import ExecutedAttention
 
 # Operator families whose work is products (counted by the ``dense`` and ``macs`` conventions)
 DENSE_FAMILIES = frozenset({"conv", "matmul", "attention", "recurrent"})
@@ -71,6 +75,9 @@ class Convention:
     # FLOPs per primitive operation (keys: PRIMITIVES); None: flat counting, one FLOP per
     # element-wise output element and per normalized element, every primitive weighing 1
     weights: Mapping[str, int] | None = field(default=None, hash=False)
+    # --attention executed: the eager score products of this graph and their masks (flopcount.masks); None
+    # counts attention full, the whole score matrix as the graph computes it
+    executed: "ExecutedAttention | None" = field(default=None, hash=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.weights is None:

@@ -26,6 +26,7 @@ from .conventions import Convention, get_convention
 from .cost import ZERO, Bound, Breakdown, Cost
 from .errors import FlopcountError, InvalidGraphError, ShapeError, UnsupportedOperatorError, UsageError
 from .loading import copy_field, load
+from .masks import ATTENTION_MODES, executed_attention, values_structure
 from .modules import ModuleScopes, scopes_of
 from .parameters import BUFFER, PARAMETER, SHAPE_TYPES, Roles, classify, stored_tensors
 from .registry import DEFAULT_DOMAIN, canonical_domain, lookup, lookup_backward, lookup_shape, straight_through
@@ -50,6 +51,7 @@ def count(
     trainable_inputs: Sequence[str] | None = None,
     trainable: Collection[str] | None = None,
     frozen: Collection[str] | None = None,
+    attention: Any = "full",
 ) -> Report:
     """Count the FLOPs of an ONNX model without reading its weights.
 
@@ -95,6 +97,12 @@ def count(
         Names or shell-style patterns of parameters that are not trained (a frozen backbone in
         fine-tuning): no weight gradient, no optimizer update, and no input gradient through
         layers before the first trained one. Reported as buffers. Applied after ``trainable``.
+    attention : ``"full"``, ``"executed"``, or an :class:`~flopcount.masks.AttentionMask` (or one per attention)
+        ``"full"`` counts the whole score matrix, as the graph computes it. ``"executed"`` counts only the
+        (query, key) pairs a masked kernel runs, for the masks whose structure the graph shows (the Attention
+        operator's ``is_causal`` and windows, a Trilu); a mask that is data counts full, and ``report.attention``
+        says which. A mask given (a frontend reads it from the model's configuration) is executed-mode with that
+        structure for the eager attentions, in graph order (see :mod:`flopcount.masks`).
 
     Returns
     -------
@@ -120,7 +128,7 @@ def count(
     gc.disable()
     try:
         return _count(model, input_shapes, batch, convention, strict, input_values, loop_trips, mode, optimizer,
-                      trainable_inputs, trainable, frozen)
+                      trainable_inputs, trainable, frozen, attention)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -130,8 +138,13 @@ MODES = ("inference", "train")
 
 
 def _count(model, input_shapes, batch, convention, strict, input_values, loop_trips, mode, optimizer,
-           trainable_inputs=None, trainable=None, frozen=None) -> Report:
+           trainable_inputs=None, trainable=None, frozen=None, attention="full") -> Report:
     conv = get_convention(convention)
+    given_mask = None
+    if not isinstance(attention, str):
+        attention, given_mask = "executed", attention
+    if attention not in ATTENTION_MODES:
+        raise UsageError(f"unknown attention {attention!r}; choose one of: {', '.join(ATTENTION_MODES)}")
     if mode not in MODES:
         raise UsageError(f"unknown mode {mode!r}; choose one of: {', '.join(MODES)}")
     if optimizer is not None and (mode != "train" or optimizer not in OPTIMIZERS):
@@ -179,6 +192,9 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
         _training_plan(dag, res.tensors, opsets, roles.names(PARAMETER) | trained_inputs)
         if mode == "train" else None
     )
+    if attention == "executed":
+        padding, segments = values_structure(input_values, res.tensors, where) if given_mask is not None else (None, None)
+        conv = dataclasses.replace(conv, executed=executed_attention(protos, given_mask, names, padding, segments))
     walk = _Traversal(res.tensors, res.values, conv, opsets, hint, where, loop_trips or {}, attributes_of, training)
     grads = training.grads if training is not None else {}
     node_inputs, node_outputs, node_ops = dag.graph["node_inputs"], dag.graph["node_outputs"], dag.graph["node_ops"]
@@ -192,7 +208,8 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
 
     report = _report(m, loaded.path, dag, res, nodes, conv, batch, strict, where, roles,
                      walk.nested_unsupported)
-    report = dataclasses.replace(report, modules=_module_scopes(dag, roles))
+    report = dataclasses.replace(report, modules=_module_scopes(dag, roles),
+                                 attention="full" if conv.executed is None else f"executed: {conv.executed.note}")
     if training is not None:
         trainable = sum(prod(res.tensors[n].shape) for n in training.trainable if res.tensors.get(n) is not None)
         backward_unsupported = MappingProxyType(dict(sorted(walk.backward_unsupported.items())))
@@ -408,7 +425,8 @@ class _Traversal:
             # the formula read a constant's value or a subgraph (or a trip count was given).
             key = known = None
             if trips is None and None not in ins and None not in outs:
-                key = (op_type, op.domain, id(attrs), grads, *map(_TYPE, ins), None, *map(_TYPE, outs))
+                key = (op_type, op.domain, id(attrs), grads, *map(_TYPE, ins), None, *map(_TYPE, outs),
+                       self.convention.executed and self.convention.executed.role(name))
                 known = self._memo.get(key)
             if known is not None:
                 cost, bound, parts = known

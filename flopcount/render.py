@@ -16,8 +16,8 @@ from tabulate import tabulate
 from .context import TensorInfo
 from .report import Report, node_bytes
 
-SCHEMA_VERSION = 4  # 2: mode, forward, backward, training; total = forward + backward. 3: total.buffers; params
-# without buffers and folded constants. 4: modules and module_scopes (by module), nodes[].module
+SCHEMA_VERSION = 5  # 2: mode, forward, backward, training; total = forward + backward. 3: total.buffers; params
+# without buffers and folded constants. 4: modules and module_scopes (by module), nodes[].module. 5: generation
 FORMATS = ("table", "json", "csv", "markdown", "html")
 
 
@@ -74,6 +74,7 @@ def to_dict(report: Report, per_node: bool = False, by_module: int | None = None
             }
             for key, s in report.by_op_type.items()
         },
+        "attention": report.attention,
         "unsupported": dict(report.unsupported),
         "upper_bounds": {key: {"nodes": k, "why": why} for key, (k, why) in report.upper_bounds.items()},
     }  # fmt: skip
@@ -87,6 +88,10 @@ def to_dict(report: Report, per_node: bool = False, by_module: int | None = None
             "optimizer": None if report.optimizer is None else {
                 "name": report.optimizer[0], **report.optimizer[1].as_dict()},
         }
+    if report.generation is not None:
+        doc["generation"] = report.generation.as_dict()
+    if report.moe is not None:
+        doc["moe"] = report.moe.as_dict()
     if by_module is not None:
         doc["module_scopes"] = {"depth": by_module, "source": report.modules.source or None,
                                 "missing": report.modules.missing or None}
@@ -212,6 +217,12 @@ def _summary_lines(report: Report) -> list[str]:
                 "Operators without a backward formula (backward NOT counted): "
                 + ", ".join(f"{k} ({v})" for k, v in report.backward_unsupported.items())
             )
+    if report.attention != "full":
+        lines.append(f"Attention: {report.attention}")
+    if report.moe is not None:
+        lines += _moe_lines(report.moe)
+    if report.generation is not None:
+        lines += _generation_lines(report.generation)
     for key, (k, why) in report.upper_bounds.items():
         lines.append(f"Upper bound for {key} ({k} node{'s' if k > 1 else ''}): {why}")
     if report.unsupported:
@@ -221,6 +232,46 @@ def _summary_lines(report: Report) -> list[str]:
         )
     else:
         lines.append("Unsupported operators: none")
+    return lines
+
+
+def _moe_lines(m) -> list[str]:
+    lines = [
+        f"Mixture of experts: {m.layers} block{'s' if m.layers > 1 else ''} of {m.experts} routed experts, "
+        f"{m.top_k} per token ({m.tokens} tokens: {m.pairs} (token, expert) pairs per block); routed experts' "
+        f"FLOPs {_n(m.routed_flops)}",
+        f"Active parameters per token: {_n(m.active_params)} of {_n(m.params)} ({si(m.active_params)}; shared "
+        f"experts {_n(m.shared_params)})",
+    ]
+    if m.capacity_factor is not None:
+        lines.append(f"Capacity factor {m.capacity_factor:g}: at most {m.capacity_pairs} of {m.pairs} pairs per block "
+                     f"run, routed experts' FLOPs at most {_n(m.routed_flops_at_capacity)} (drops depend on the "
+                     "routing; the totals count no drop)")
+    return lines
+
+
+def _generation_lines(g) -> list[str]:
+    def figure(flops) -> str:
+        return f"{_n(flops)} ({si(flops, 'FLOPs')})"
+
+    lines = [
+        f"Generation: batch {g.batch}, {g.prompt_tokens} prompt tokens, {g.new_tokens} new tokens "
+        "(the table and totals above are the prefill's)",
+        f"Prefill FLOPs (logits of the last position only): {figure(g.prefill.flops)}",
+    ]
+    if g.steps:
+        lines += [
+            f"Decode step FLOPs: first (context {g.prompt_tokens + 1}) {figure(g.first_step.flops)}, last (context "
+            f"{g.prompt_tokens + g.steps}) {figure(g.last_step.flops)}; at context c: {g.formula()}",
+            f"Decode FLOPs ({g.steps} step{'s' if g.steps > 1 else ''}): {figure(g.decode.flops)}",
+        ]
+    per_token = g.flops_per_token
+    lines += [
+        f"Generation total FLOPs: {figure(g.total.flops)}; per generated token: {si(per_token, 'FLOPs')}",
+        f"KV cache at the end ({g.prompt_tokens + g.new_tokens - 1} positions): "
+        + (", ".join(f"{_n(b)} bytes {dtype}" for dtype, b in g.kv_cache_bytes.items()) or "none"),
+        f"Decode counted from: {g.method}",
+    ]
     return lines
 
 

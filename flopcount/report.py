@@ -8,6 +8,8 @@ from typing import Mapping, NamedTuple
 from .context import TensorInfo
 from .conventions import Convention
 from .cost import Cost
+from .generation import Generation
+from .moe import MixtureOfExperts
 from .modules import ModuleRow, ModuleScopes, module_rows
 
 # Node status values
@@ -161,6 +163,9 @@ class Report:
     optimizer: tuple[str, Cost] | None = None
     buffers: int = 0
     modules: ModuleScopes = field(default_factory=ModuleScopes, compare=False)  # see by_module
+    generation: "Generation | None" = None  # --generate: prefill and decode (flopcount.generation)
+    moe: "MixtureOfExperts | None" = None  # mixture-of-experts layers (flopcount.moe), --hf only
+    attention: str = "full"  # --attention: "full", or "executed: " and the masks used (flopcount.masks)
 
     def by_module(self, depth: int = 1) -> tuple[ModuleRow, ...]:
         """FLOPs, MACs and parameters per module down to ``depth`` (1: the model's children), from the module

@@ -12,6 +12,7 @@ transformers) is refused unless ``trust_remote_code`` is given, since building i
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import logging
@@ -27,7 +28,8 @@ from .common import first_text_line
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TOKEN_INPUTS", "build_model", "from_hf", "hf_inputs", "is_causal_lm", "load_config", "load_model",
+__all__ = ["EXPERTS_IMPLEMENTATION", "TOKEN_INPUTS", "build_model", "config_masks", "from_hf", "hf_inputs",
+           "is_causal_lm", "load_config", "load_model", "moe_blocks", "moe_summary",
            "model_class"]
 
 FRONTEND = "--hf"
@@ -39,7 +41,8 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
 def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, *, trust_remote_code: bool = False,
-            cache_dir: str | os.PathLike | bool | None = None, **count_kwargs: Any):
+            cache_dir: str | os.PathLike | bool | None = None, generate: tuple[int, int] | None = None,
+            capacity_factor: float | None = None, **count_kwargs: Any):
     """Count a transformers model built from its configuration, without weights.
 
     Parameters
@@ -52,8 +55,21 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
         (:data:`TOKEN_INPUTS`) are int64, others float32.
     trust_remote_code : bool
         Allow a configuration whose classes live in its repository (``auto_map``); building it runs that code.
+    generate : (P, N), optional
+        Count ``generate()`` of N new tokens after P prompt tokens (:func:`flopcount.frontends.generate.
+        from_causal_lm`): the report is the prefill's, with ``report.generation``. ``input_shapes`` may then be
+        left out; the batch is ``batch``, else dim 0 of ``input_ids``, else 1. Only for a causal LM.
+    capacity_factor : float, optional
+        For a mixture-of-experts model: the expert capacity factor C of its router; the report's ``moe`` adds
+        the most the routed experts can run when each takes at most ⌊C·T·k/E⌋ (token, expert) pairs (the totals
+        stay the no-drop count; see :mod:`flopcount.moe`).
     cache_dir, **count_kwargs
         As for :func:`flopcount.from_torch` (``mode``, ``convention``, ``batch`` ...).
+
+    A mixture-of-experts model (Mixtral, Qwen-MoE, DeepSeek) is built with transformers' ``batched_mm``
+    experts: every token's k experts run as one batched product, so the graph counts the router, exactly k
+    routed experts per token and the shared experts, and ``report.moe`` gives ``params`` and
+    ``active_params`` (:func:`moe_blocks`).
 
     Raises
     ------
@@ -67,8 +83,134 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
     """
     from .torch import from_torch
 
+    if generate is not None:
+        from flopcount.generation import check_generate
+
+        generate = check_generate(*_pair(generate))
+    if capacity_factor is not None and (isinstance(capacity_factor, bool) or not isinstance(capacity_factor, (int, float))
+                                        or not 0 < capacity_factor < float("inf")):
+        raise UsageError(f"{FRONTEND}: the capacity factor must be a positive number, got {capacity_factor!r}")
     model = load_model(config, trust_remote_code=trust_remote_code)
-    return from_torch(model, hf_inputs(model, input_shapes), cache_dir=cache_dir, **count_kwargs)
+    if count_kwargs.get("attention") == "executed":
+        count_kwargs["attention"] = config_masks(model.config) or "executed"
+    if generate is not None:
+        from .generate import from_causal_lm
+
+        if not is_causal_lm(model.config):
+            raise UsageError(f"{FRONTEND}: --generate is for a causal language model; {model.config.model_type} "
+                             f"builds {type(model).__name__}, which does not generate; count it without --generate")
+        batch = count_kwargs.pop("batch", None) or _input_ids_batch(input_shapes) or 1
+        windows = [m.window for m in config_masks(model.config) or () if m is not None and m.window]
+        window = getattr(model.config, "sliding_window", None)
+        if isinstance(window, int) and window > 0:
+            windows.append(window)  # a cache may crop at the window even where attention counts full
+        report = from_causal_lm(model, generate, batch=batch, cache_dir=cache_dir, breakpoints=sorted(set(windows)),
+                                **count_kwargs)
+        tokens = batch * generate[0]
+    else:
+        inputs = hf_inputs(model, input_shapes)
+        report = from_torch(model, inputs, cache_dir=cache_dir, **count_kwargs)
+        tokens = _tokens(inputs, count_kwargs.get("batch"))
+    moe = moe_summary(model, report, tokens, capacity_factor) if tokens else None
+    if moe is None and capacity_factor is not None:
+        raise UsageError(f"{FRONTEND}: --capacity-factor is for a mixture-of-experts model; {model.config.model_type} "
+                         "has no routed experts")
+    return dataclasses.replace(report, moe=moe) if moe is not None else report
+
+
+def _tokens(inputs, batch) -> int | None:
+    """B·S of the token input (``input_ids``, else ``inputs_embeds``' first two dims)."""
+    for name in ("input_ids", "inputs_embeds"):
+        if name in inputs:
+            shape = inputs[name][0]
+            b = batch or shape[0]
+            return b * shape[1] if len(shape) >= 2 else None
+    return None
+
+
+def config_masks(config) -> tuple | None:
+    """The attention masks of a model's layers, from its configuration (``--attention executed``): for a causal
+    LM causal, with a sliding window of ``sliding_window`` keys on the layers ``layer_types`` calls
+    ``sliding_attention`` (every layer where the configuration has a window and no ``layer_types``); for an
+    encoder bidirectional (all pairs, less padding given by ``attention_mask`` values); None for an
+    encoder-decoder or decoder-only configuration that is not a causal LM (its masks are the graph's to show)."""
+    from flopcount.masks import AttentionMask
+
+    if not is_causal_lm(config):
+        if getattr(config, "is_encoder_decoder", False) or getattr(config, "is_decoder", False):
+            return None  # cross-attention and decoder masks: the graph's to show
+        return (AttentionMask(source=f"the {config.model_type} configuration (an encoder)"),)
+    window = getattr(config, "sliding_window", None)
+    if getattr(config, "use_sliding_window", True) is False:
+        window = None
+    source = f"the {config.model_type} configuration"
+    layer_types = getattr(config, "layer_types", None)
+    if not layer_types:
+        return (AttentionMask(causal=True, window=window or None, source=source),)
+    return tuple(AttentionMask(causal=True, window=window if kind == "sliding_attention" and window else None,
+                               source=source) for kind in layer_types)
+
+
+def moe_blocks(model):
+    """The routed-experts modules of ``model`` (transformers' MoE layout: a module with ``num_experts`` and its
+    experts' weights stacked as 3-D parameters, ``[E, out, in]``), as ``(paths, experts, params of one expert,
+    params of the shared experts)``; None when it has none. The shared experts are the modules named
+    ``shared_expert``/``shared_experts`` (with ``shared_expert_gate``) beside them."""
+    paths, experts, per_expert, shared = [], set(), set(), 0
+    for name, module in model.named_modules():
+        stacked = [p for _, p in module.named_parameters(recurse=False) if p.dim() == 3]
+        e = getattr(module, "num_experts", None)
+        if not stacked or not isinstance(e, int) or any(p.shape[0] != e for p in stacked):
+            continue
+        paths.append(name)
+        experts.add(e)
+        per_expert.add(sum(p.numel() for p in module.parameters()) // e)
+    if not paths:
+        return None
+    parents = {path.rpartition(".")[0] for path in paths}
+    for name, module in model.named_modules():
+        parent, _, leaf = name.rpartition(".")
+        if parent in parents and leaf in ("shared_expert", "shared_experts", "shared_expert_gate"):
+            shared += sum(p.numel() for p in module.parameters())
+    if len(experts) != 1 or len(per_expert) != 1:
+        return None  # blocks of different sizes: not summarised
+    return tuple(paths), experts.pop(), per_expert.pop(), shared
+
+
+def moe_summary(model, report, tokens: int, capacity_factor: float | None = None):
+    """The :class:`flopcount.moe.MixtureOfExperts` of ``model`` counted in ``report`` over ``tokens`` tokens per
+    block, or None for a model without routed experts."""
+    from flopcount.moe import MixtureOfExperts
+
+    found = moe_blocks(model)
+    if found is None:
+        return None
+    paths, experts, per_expert, shared = found
+    top_k = getattr(model.config, "num_experts_per_tok", None) or getattr(model.config, "moe_topk", None)
+    if not top_k:
+        return None
+    inside = set(paths)
+    scopes = report.modules.nodes
+    routed = sum(n.cost.flops for k, n in enumerate(report.nodes)
+                 if k < len(scopes) and inside.intersection(scopes[k]))
+    return MixtureOfExperts(len(paths), experts, int(top_k), per_expert, shared,
+                            sum(p.numel() for p in model.parameters()), tokens, routed, capacity_factor)
+
+
+def _pair(generate) -> tuple:
+    if isinstance(generate, (tuple, list)) and len(generate) == 2:
+        return tuple(generate)
+    raise UsageError(f"{FRONTEND}: generate is (P, N), prompt tokens and new tokens, got {generate!r}")
+
+
+def _input_ids_batch(input_shapes) -> int | None:
+    """Dim 0 of the given ``input_ids`` shape, if any."""
+    if input_shapes is None:
+        return None
+    shape = input_shapes.get("input_ids") if isinstance(input_shapes, Mapping) else input_shapes
+    if isinstance(shape, tuple) and len(shape) == 2 and not isinstance(shape[1], int):
+        shape = shape[0]
+    return int(shape[0]) if shape else None
 
 
 def load_model(config: Any, *, trust_remote_code: bool = False):
@@ -179,9 +321,21 @@ def model_class(config, *, trust_remote_code: bool = False):
     return transformers.AutoModelForCausalLM if is_causal_lm(config) else transformers.AutoModel
 
 
+#: The experts implementation a model is built with: each token's k experts gathered and run as one batched
+#: product (transformers' ``batched_mm``), so the exported graph runs exactly k experts per token, with shapes
+#: that do not depend on the routing (the default loops over the experts a batch happens to hit).
+EXPERTS_IMPLEMENTATION = "batched_mm"
+
+
 def build_model(config, *, trust_remote_code: bool = False):
-    """The model of ``config`` on the meta device (no weight memory), in inference mode."""
+    """The model of ``config`` on the meta device (no weight memory), in inference mode; mixture-of-experts
+    blocks run :data:`EXPERTS_IMPLEMENTATION` (``config`` itself is left as it was)."""
     torch = _import("torch")
+    if hasattr(config, "_experts_implementation"):
+        import copy
+
+        config = copy.deepcopy(config)
+        config._experts_implementation = EXPERTS_IMPLEMENTATION
     cls = model_class(config, trust_remote_code=trust_remote_code)
     kwargs = {"trust_remote_code": True} if trust_remote_code else {}
     try:

@@ -23,6 +23,7 @@ from math import prod
 from flopcount.context import NodeContext
 from flopcount.conventions import Convention
 from flopcount.cost import Cost
+from flopcount.masks import AttentionMask, ExecutedPairs
 from flopcount.operators.elementwise import activation
 from flopcount.operators.softmax import softmax_rows
 from flopcount.registry import backward, formula
@@ -40,12 +41,68 @@ def _attention_dims(ctx: NodeContext, q_num_heads: int | None, kv_num_heads: int
     return b, h_q, k[1], s_q, k[2], e, v[3]
 
 
-def _sdpa(convention: Convention, b: int, h_q: int, h_kv: int, s_q: int, t: int, e: int, e_v: int) -> Cost:
-    """Q·Kᵀ and probs·V products, √scale applied to Q and to K, softmax of the R score rows (probs)."""
-    rows = b * h_q * s_q
-    macs = rows * t * (e + e_v)
-    scaling = convention.weighted(mul=rows * e + b * h_kv * t * e)
-    return Cost(flops=convention.fc_flops_per_mac * macs, macs=macs) + scaling + softmax_rows(convention, rows, t)
+def _sdpa(convention: Convention, b: int, h_q: int, h_kv: int, s_q: int, t: int, e: int, e_v: int,
+          kept: ExecutedPairs | None = None) -> Cost:
+    """Q·Kᵀ and probs·V products, √scale applied to Q and to K, softmax of the R score rows (probs); over the
+    ``kept`` score entries (per head, summed over the batch) when a masked kernel runs only those."""
+    kept = kept or ExecutedPairs(b * s_q * t, b * s_q)
+    macs = h_q * kept.pairs * (e + e_v)
+    scaling = convention.weighted(mul=b * h_q * s_q * e + b * h_kv * t * e)
+    return Cost(flops=convention.fc_flops_per_mac * macs, macs=macs) + scaling + softmax_entries(
+        convention, h_q * kept.rows, h_q * kept.pairs)
+
+
+def softmax_entries(convention: Convention, rows: int, entries: int) -> Cost:
+    """A stable softmax over ``entries`` elements in ``rows`` non-empty rows: per row of n, n − 1 comparisons,
+    2n − 1 additions, n exps and n divisions (:func:`~flopcount.operators.softmax.softmax_rows` when every row
+    has the same n)."""
+    if rows == 0:
+        return Cost()
+    return convention.weighted(cmp=entries - rows, add=2 * entries - rows, exp=entries, div=entries)
+
+
+def executed_pairs(convention: Convention, b: int, s_q: int, t: int, mask: AttentionMask | None) -> ExecutedPairs:
+    """The score entries (per head, over the batch) that are computed: all B·S_q·T under ``--attention full``
+    (the default, what the graph computes), those ``mask`` keeps under ``--attention executed``."""
+    if convention.executed is None or mask is None or not mask.structured:
+        return ExecutedPairs(b * s_q * t, b * s_q)
+    return mask.pairs(b, s_q, t)
+
+
+def own_mask(convention: Convention, is_causal: int, left_window_size: int, right_window_size: int,
+             index: int | None = None) -> AttentionMask | None:
+    """The mask an Attention node states by its attributes (``is_causal``, ``right_window_size`` = 0: causal;
+    ``left_window_size`` = w − 1: a window of w keys), with the structure the model's configuration gives for
+    the attention at ``index``; None (count full) where neither gives one, or a right window wider than 0
+    without ``is_causal`` (keys ahead of the query: not modelled)."""
+    given = convention.executed.mask(index or 0) if convention.executed is not None else None
+    causal = bool(is_causal) or right_window_size == 0
+    if right_window_size > 0 and not causal:
+        return None
+    window = left_window_size + 1 if left_window_size >= 0 else None
+    if not causal and window is None:
+        return given
+    return AttentionMask(causal=causal or bool(given and given.causal), window=window or (given and given.window),
+                         lengths=given.lengths if given else (), segments=given.segments if given else (),
+                         source="the Attention node's attributes")
+
+
+def score_product_macs(ctx: NodeContext, macs: int) -> int:
+    """The MACs of an eager attention's MatMul (Q·Kᵀ → scores [B, …, S_q, T], or probs [B, …, S_q, T]·V) under
+    ``--attention executed``: the kept pairs times the inner (Q·Kᵀ: E) or outer (probs·V: E_v) head size per
+    head; ``macs`` unchanged for any other MatMul or under ``--attention full``."""
+    executed = ctx.convention.executed
+    role = executed.role(ctx.name) if executed is not None else None
+    if role is None:
+        return macs
+    kind, index = role
+    scores = ctx.out_shape() if kind == "scores" else ctx.shape(0)
+    if len(scores) < 3:
+        return macs
+    b, s_q, t = scores[0], scores[-2], scores[-1]
+    heads = prod(scores[1:-2])
+    width = ctx.shape(0)[-1] if kind == "scores" else ctx.out_shape()[-1]
+    return heads * executed_pairs(ctx.convention, b, s_q, t, executed.mask(index)).pairs * width
 
 
 def softcap_cost(convention: Convention, scores: int) -> Cost:
@@ -74,15 +131,19 @@ def attention(
     (past_key/past_value) is concatenated at no cost and makes T = P + S_kv. "Masked" means any of
     attn_mask (bool or float), is_causal, a sliding window or nonpad_kv_seqlen: the combined bias
     is added once per score; building it (comparisons, selects, padding) is not counted. Causal
-    and windowed attention count the full dense S_q × T score matrix, as ONNX defines it. softcap
+    and windowed attention count the full dense S_q × T score matrix, as ONNX defines it, unless
+    ``--attention executed``: then the products, softmax, bias and softcap run over the pairs the causal mask
+    (bottom-right aligned over the cache) and the left window keep (:mod:`flopcount.masks`). softcap
     is softcap·tanh(s/softcap): a division, a tanh and a multiply per score. Not counted: the
     scalar √scale, softmax_precision casts, the fully-masked-row guard, the qk_matmul_output copy.
     ``table3``: one FLOP per MAC in the products.
     """
     b, h_q, h_kv, s_q, s_kv, e, e_v = _attention_dims(ctx, q_num_heads, kv_num_heads)
     t = s_kv + (ctx.shape(4)[2] if ctx.has_input(4) else 0)
-    cost = _sdpa(ctx.convention, b, h_q, h_kv, s_q, t, e, e_v)
-    scores = b * h_q * s_q * t
+    kept = executed_pairs(ctx.convention, b, s_q, t,
+                          own_mask(ctx.convention, is_causal, left_window_size, right_window_size))
+    cost = _sdpa(ctx.convention, b, h_q, h_kv, s_q, t, e, e_v, kept)
+    scores = h_q * kept.pairs
     masked = ctx.has_input(3) or ctx.has_input(6) or is_causal or left_window_size >= 0 or right_window_size >= 0
     if masked:
         cost = cost + ctx.convention.weighted(add=scores)

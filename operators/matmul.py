@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
+from flopcount.operators.attention import score_product_macs
 from flopcount.registry import backward, formula
 
 
@@ -13,9 +14,11 @@ def matmul(ctx: NodeContext, **_) -> Cost:
 
     numpy semantics: batch dims broadcast (|Y| includes them), a 1-D A is a row vector and a 1-D B
     a column vector (their unit dim is dropped from Y, which leaves |Y|·K unchanged). For
-    Y[B, M, N] this is 2·B·M·K·N. ``table3``: FLin·FLout, one FLOP per MAC.
+    Y[B, M, N] this is 2·B·M·K·N. ``table3``: FLin·FLout, one FLOP per MAC. Under ``--attention
+    executed`` the Q·Kᵀ and probs·V products of eager attention count the pairs their mask keeps
+    (:func:`flopcount.operators.attention.score_product_macs`).
     """
-    macs = ctx.out_numel() * ctx.shape(0)[-1]
+    macs = score_product_macs(ctx, ctx.out_numel() * ctx.shape(0)[-1])
     return Cost(flops=ctx.convention.fc_flops_per_mac * macs, macs=macs)
 
 

@@ -15,8 +15,8 @@ from flopcount.errors import UsageError
 from flopcount.shapes import MAX_ELEMENTS, parse_dims
 
 __all__ = [
-    "TORCH_DTYPES", "InputShapes", "add_model_source", "check_model_source", "count_hf", "count_keras", "count_torch",
-    "given_model", "input_shape", "input_value", "loop_trips", "model_source", "model_source_problem", "nonneg_int",
+    "TORCH_DTYPES", "InputShapes", "add_model_source", "check_model_source", "count_generate", "count_hf",
+    "count_keras", "count_torch", "generate_spec", "given_model", "input_shape", "input_value", "loop_trips", "model_source", "model_source_problem", "nonneg_int",
     "positive", "positive_float", "positive_int", "size_hw", "torch_inputs", "weights",
 ]
 
@@ -61,6 +61,16 @@ class InputShapes(argparse.Action):
         namespace.input_shape = [*(namespace.input_shape or []), (name, dims)]
         if dtype is not None:
             namespace.input_dtypes = {**(getattr(namespace, "input_dtypes", None) or {}), name: dtype}
+
+
+def generate_spec(text: str) -> tuple[int, int]:
+    """``P:N`` → ``(P, N)``, prompt tokens and new tokens, both at least 1."""
+    from flopcount.generation import parse_generate
+
+    try:
+        return parse_generate(text)
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--generate: ").removeprefix("generate: ")) from None
 
 
 def input_value(text: str) -> tuple[str, list[int]]:
@@ -212,6 +222,19 @@ def model_source_problem(args: argparse.Namespace) -> str | None:
         return ("give the path of an .onnx model, or --torch MODULE:FACTORY, --keras MODULE:FACTORY or --hf CONFIG"
                 if hasattr(args, "hf") else
                 "give the path of an .onnx model, or --torch MODULE:FACTORY, or --keras MODULE:FACTORY")
+    if getattr(args, "capacity_factor", None) is not None and hf is None:
+        return "--capacity-factor is for a mixture-of-experts model given with --hf CONFIG"
+    generate = getattr(args, "generate", None)
+    if generate is not None and hf is None and args.torch is None:
+        return "--generate is for a causal LM given with --hf CONFIG or --torch MODULE:FACTORY"
+    if generate is not None and getattr(args, "mode", "inference") == "train":
+        return "--generate counts inference; leave out --mode train"
+    if generate is not None:
+        names = [name for name, _ in args.input_shape if name != "input_ids"]
+        if names:
+            return (f"--generate feeds input_ids only (batch from --batch or --input-shape input_ids=BxS); "
+                    f"leave out --input-shape {', '.join(names)}")
+        return None
     if hf is not None and not args.input_shape:
         return "--hf needs the shape of each forward() input, by name: --input-shape input_ids=1x2048 (repeatable)"
     names = [name for name, _ in args.input_shape]
@@ -248,7 +271,8 @@ def count_torch(args: argparse.Namespace):
     return from_torch(module, torch_inputs(args), training=args.mode == "train",
                       trainable_inputs=args.trainable_input, batch=args.batch, convention=args.convention,
                       strict=args.strict, input_values=dict(args.input_value), loop_trips=dict(args.loop_trips),
-                      mode=args.mode, optimizer=args.optimizer, **weights(args))
+                      mode=args.mode, optimizer=args.optimizer, attention=getattr(args, "attention", "full"),
+                      **weights(args))
 
 
 def count_hf(args: argparse.Namespace):
@@ -256,9 +280,28 @@ def count_hf(args: argparse.Namespace):
     from flopcount.frontends.hf import from_hf
 
     return from_hf(args.hf, torch_inputs(args), trust_remote_code=args.trust_remote_code,
+                   capacity_factor=getattr(args, "capacity_factor", None),
                    training=args.mode == "train", trainable_inputs=args.trainable_input, batch=args.batch,
                    convention=args.convention, strict=args.strict, input_values=dict(args.input_value),
-                   loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer, **weights(args))
+                   loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer,
+                   attention=getattr(args, "attention", "full"), **weights(args))
+
+
+def count_generate(args: argparse.Namespace):
+    """Count ``generate()`` of ``--generate P:N`` for the causal LM of ``--hf`` or ``--torch``."""
+    shapes = dict(args.input_shape)
+    batch = args.batch or (shapes["input_ids"][0] if "input_ids" in shapes else 1)
+    options = dict(convention=args.convention, strict=args.strict, input_values=dict(args.input_value),
+                   loop_trips=dict(args.loop_trips), attention=getattr(args, "attention", "full"))
+    if args.hf is not None:
+        from flopcount.frontends.hf import from_hf
+
+        return from_hf(args.hf, trust_remote_code=args.trust_remote_code, generate=args.generate, batch=batch,
+                       capacity_factor=getattr(args, "capacity_factor", None), **options)
+    from flopcount.frontends.generate import from_causal_lm
+    from flopcount.frontends.torch import load_factory
+
+    return from_causal_lm(load_factory(args.torch), args.generate, batch=batch, **options)
 
 
 def count_keras(args: argparse.Namespace):
@@ -269,6 +312,7 @@ def count_keras(args: argparse.Namespace):
     return from_keras(model, dict(args.input_shape) or None, training=args.mode == "train", batch=args.batch,
                       convention=args.convention, strict=args.strict, input_values=dict(args.input_value),
                       loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer,
+                      attention=getattr(args, "attention", "full"),
                       **({"trainable_inputs": args.trainable_input} if args.trainable_input else {}), **weights(args))
 
 

@@ -9,13 +9,16 @@ from flopcount.render import FORMATS, render
 
 from .arguments import (
     InputShapes,
+    count_generate,
     count_hf,
     count_keras,
     count_torch,
+    generate_spec,
     input_shape,
     input_value,
     loop_trips,
     positive,
+    positive_float,
     positive_int,
     weights,
 )
@@ -58,6 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "one, or a Hub model id (only config.json is fetched); built on the meta device, no weights")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="with --hf: allow a configuration whose model code lives in its repository (runs that code)")
+    p.add_argument("--generate", metavar="P:N", type=generate_spec,
+                   help="with --hf or --torch (a causal LM taking past_key_values): count generate() of N new tokens "
+                   "after a P-token prompt, with a KV cache: the prefill (logits of the last position only), each "
+                   "decode step and their sum, FLOPs per token and the KV cache's bytes; batch from --batch "
+                   "(default 1); the table and totals are the prefill's")
     p.add_argument("--input-shape", metavar="NAME=DIMS", action=InputShapes, type=input_shape, default=[],
                    help="fix the dims of an input, e.g. input=8x3x224x224 (repeatable); with --torch, NAME is a "
                    "parameter of forward() and a :DTYPE suffix gives its element type, e.g. input_ids=1x128:int64")
@@ -82,6 +90,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--convention", choices=sorted(CONVENTIONS), default="default",
                    help="counting convention: default (1 MAC = 2 FLOPs), table3 (HPC AI500 V3.0 Table 3 literally), "
                         "aiperf (AIPerf's weighted costs), dense (products only, as torch.utils.flop_counter), macs (1 per MAC)")
+    p.add_argument("--capacity-factor", type=positive_float, metavar="C",
+                   help="with --hf, a mixture-of-experts model: the experts' capacity factor C (each expert takes at "
+                   "most floor(C*T*k/E) of a block's T*k token-expert pairs); reports the most the routed experts "
+                   "can then run beside the no-drop count, which the totals keep")
+    p.add_argument("--attention", choices=("full", "executed"), default="full",
+                   help="full (default): attention as the graph computes it, the whole score matrix masked "
+                   "afterwards; executed: only the (query, key) pairs a masked kernel runs, for the masks whose "
+                   "structure is known (the Attention op's is_causal and windows, a Trilu, or --hf's configuration: "
+                   "causal, sliding windows); a mask that is data counts full, and the report says which")
     p.add_argument("--mode", choices=("inference", "train"), default="inference",
                    help="train: add the backward pass (gradients of inputs and trainable parameters)")
     p.add_argument("--optimizer", choices=("sgd", "momentum", "adam"),
@@ -119,7 +136,9 @@ def run(args: argparse.Namespace) -> int:
         return run_symbolic(args)
 
     shapes = dict(args.input_shape)
-    if args.torch:
+    if getattr(args, "generate", None) is not None:
+        report = count_generate(args)
+    elif args.torch:
         report = count_torch(args)
     elif args.hf:
         report = count_hf(args)
@@ -129,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
         report = count(args.model, input_shapes=shapes, batch=args.batch, convention=args.convention,
                        strict=args.strict, input_values=dict(args.input_value),
                        loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer,
-                       trainable_inputs=args.trainable_input, **weights(args))
+                       trainable_inputs=args.trainable_input, attention=args.attention, **weights(args))
     if args.plot:
         from flopcount.measure.profile.roofline import plot_op_types
 

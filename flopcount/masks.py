@@ -1,0 +1,343 @@
+"""Executed attention (``--attention executed``): the (query, key) pairs a masked attention kernel runs.
+
+``full`` attention (the default) counts what the graph computes: the whole S_q × T score matrix, masked afterwards.
+A kernel that skips masked blocks (FlashAttention's causal and varlen paths, sliding-window kernels) runs only the
+pairs the mask keeps. :class:`AttentionMask` describes that mask's *structure*; :meth:`AttentionMask.pairs` counts
+its true entries exactly.
+
+Conventions: S_q queries over T keys (T = P + S_q with P cached positions); queries are the last S_q positions,
+*bottom-right aligned*: query i (0 ≤ i < S_q) sits at position p = T − S_q + i. A query at position p keeps key j
+when all of these hold:
+
+* causal: j ≤ p;
+* sliding window of w: p − w < j (w keys at most, itself included);
+* padding (right-padded sequences of valid lengths n_b): j < n_b and p < n_b (a padded query runs nothing);
+* packed sequences (segments of lengths L_1, L_2 … laid end to end, positions reset at each start): j is in p's
+  segment.
+
+Counting is O(S_q) per call, vectorised, with no S_q × T matrix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+import logging
+
+import numpy as np
+
+__all__ = ["ATTENTION_MODES", "AttentionMask", "ExecutedAttention", "ExecutedPairs", "executed_attention",
+           "packed_segments", "padding_lengths", "score_products", "values_structure"]
+
+log = logging.getLogger(__name__)
+
+#: ``--attention`` values.
+ATTENTION_MODES = ("full", "executed")
+
+
+@dataclass(frozen=True)
+class ExecutedPairs:
+    """Score entries a kernel computes over a batch and one head: ``pairs`` entries in ``rows`` non-empty rows."""
+
+    pairs: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class AttentionMask:
+    """The structure of an attention mask (see the module's docstring). ``lengths``: valid length per sequence
+    (padding; one per batch element); ``segments``: packed sequence lengths (the same for every batch element);
+    ``source`` says where the structure was found (the graph, the model's configuration)."""
+
+    causal: bool = False
+    window: int | None = None
+    lengths: tuple[int, ...] = ()
+    segments: tuple[int, ...] = ()
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.window is not None and self.window < 1:
+            raise ValueError(f"a sliding window keeps at least one key, got {self.window}")
+        if any(n < 0 for n in self.lengths) or any(n < 1 for n in self.segments):
+            raise ValueError("padding lengths must be >= 0 and packed segments >= 1")
+
+    @property
+    def structured(self) -> bool:
+        """Whether the mask drops any pair by its structure (a plain full mask does not)."""
+        return self.causal or self.window is not None or bool(self.lengths) or bool(self.segments)
+
+    def describe(self) -> str:
+        parts = (["causal"] if self.causal else ["bidirectional"] if not self.window else []) + ([f"sliding window {self.window}"] if self.window else [])
+        if self.lengths:
+            parts.append("padding (lengths " + ", ".join(map(str, self.lengths)) + ")")
+        if self.segments:
+            parts.append("packed sequences (" + ", ".join(map(str, self.segments)) + ")")
+        text = " + ".join(parts) or "no mask"
+        return f"{text}, from {self.source}" if self.source else text
+
+    def pairs(self, batch: int, s_q: int, t: int) -> ExecutedPairs:
+        """The (query, key) pairs kept for ``batch`` sequences of S_q queries over T keys, summed over the batch.
+
+        >>> AttentionMask(causal=True).pairs(1, 5, 5)   # 5·6/2
+        ExecutedPairs(pairs=15, rows=5)
+        >>> AttentionMask(causal=True).pairs(2, 2, 7)   # queries at positions 5 and 6: 6 + 7 keys, per sequence
+        ExecutedPairs(pairs=26, rows=4)
+        """
+        if self.lengths and len(self.lengths) != batch:
+            raise ValueError(f"the padding mask gives {len(self.lengths)} lengths for a batch of {batch}")
+        if self.segments and sum(self.segments) != t:
+            raise ValueError(f"packed segments of {sum(self.segments)} positions over {t} keys")
+        p = np.arange(t - s_q, t, dtype=np.int64)  # positions of the queries
+        low = np.zeros(s_q, dtype=np.int64)
+        high = np.full(s_q, t - 1, dtype=np.int64)
+        if self.causal:
+            high = np.minimum(high, p)
+        if self.window is not None:
+            low = np.maximum(low, p - self.window + 1)
+        if self.segments:
+            ends = np.cumsum(np.asarray(self.segments, dtype=np.int64))
+            seg = np.searchsorted(ends, p, side="right")
+            starts = ends - np.asarray(self.segments, dtype=np.int64)
+            low, high = np.maximum(low, starts[seg]), np.minimum(high, ends[seg] - 1)
+        total = rows = 0
+        for n, times in ([(n, 1) for n in self.lengths] if self.lengths else [(t, batch)]):
+            h = np.minimum(high, n - 1)
+            kept = np.where(p < n, np.maximum(h - low + 1, 0), 0)
+            total += times * int(kept.sum())
+            rows += times * int(np.count_nonzero(kept))
+        return ExecutedPairs(total, rows)
+
+
+#: Ops between the score product and its Softmax (scaling, masking, softcap, casts), and between the Softmax and
+#: the product with V (casts, dropout).
+_TO_SOFTMAX = frozenset({"Mul", "Div", "Add", "Sub", "Where", "Cast", "Tanh", "Identity"})
+_FROM_SOFTMAX = frozenset({"Cast", "Dropout", "Identity", "Where"})
+
+
+def score_products(protos, names=None) -> dict[str, tuple[str, int]]:
+    """The MatMul nodes of eager attention: node name → (``"scores"`` for Q·Kᵀ or ``"values"`` for probs·V, the
+    attention's index in graph order). A Softmax whose input comes from a MatMul through scaling and masking ops
+    (:data:`_TO_SOFTMAX`) marks that MatMul; the MatMul that takes the Softmax's output (through casts or
+    dropout) as its first input is the product with V."""
+    producer, consumers = {}, {}
+    name_of = {id(p): n for p, n in zip(protos, names)} if names is not None else {}
+    for node in protos:
+        for o in node.output:
+            producer[o] = node
+        for i in node.input:
+            consumers.setdefault(i, []).append(node)
+    found: dict[str, tuple[str, int]] = {}
+    index = 0
+    for node in protos:
+        if node.op_type != "Softmax" or node.domain not in ("", "ai.onnx"):
+            continue
+        scores = _back_to_matmul(producer, node.input[0])
+        values = _forward_to_matmul(consumers, node.output[0])
+        if scores is None or values is None:
+            continue
+        found[name_of.get(id(scores), scores.name)] = ("scores", index)
+        found[name_of.get(id(values), values.name)] = ("values", index)
+        index += 1
+    return found
+
+
+def _back_to_matmul(producer, tensor):
+    for _ in range(16):
+        node = producer.get(tensor)
+        if node is None:
+            return None
+        if node.op_type == "MatMul":
+            return node
+        if node.op_type not in _TO_SOFTMAX:
+            return None
+        # the scores run through the first input that comes from a MatMul chain; a mask or scale is the other
+        tensor = next((i for i in node.input if i and _reaches_matmul(producer, i)), None)
+        if tensor is None:
+            return None
+    return None
+
+
+def _reaches_matmul(producer, tensor, depth: int = 16) -> bool:
+    for _ in range(depth):
+        node = producer.get(tensor)
+        if node is None:
+            return False
+        if node.op_type == "MatMul":
+            return True
+        if node.op_type not in _TO_SOFTMAX or not node.input:
+            return False
+        tensor = node.input[0] if node.op_type != "Where" else node.input[1]
+    return False
+
+
+def _forward_to_matmul(consumers, tensor):
+    for _ in range(8):
+        # a guard of fully masked rows (Where(IsNaN(p), 0, p)) reads the probabilities beside the path
+        users = [u for u in consumers.get(tensor, []) if u.op_type not in ("IsNaN", "Shape")]
+        if len(users) != 1:
+            return None
+        (node,) = users
+        if node.op_type == "MatMul":
+            return node if node.input[0] == tensor else None
+        if node.op_type not in _FROM_SOFTMAX:
+            return None
+        tensor = node.output[0]
+    return None
+
+
+def _has_trilu(producer, tensor, depth: int = 24) -> bool:
+    """Whether a lower-triangular Trilu (upper=0) or an upper one built to be subtracted lies among ``tensor``'s
+    ancestors (a breadth-limited search)."""
+    stack, seen = [(tensor, 0)], set()
+    while stack:
+        t, d = stack.pop()
+        node = producer.get(t)
+        if node is None or id(node) in seen or d > depth:
+            continue
+        seen.add(id(node))
+        if node.op_type == "Trilu":
+            return True
+        stack.extend((i, d + 1) for i in node.input if i)
+    return False
+
+
+@dataclass(frozen=True)
+class ExecutedAttention:
+    """``--attention executed`` for one graph: the eager score products (:func:`score_products`), the mask of each
+    attention in graph order (``masks``; one mask for all when it has one entry, none when the structure is not
+    known) and what the report says (``note``)."""
+
+    score_nodes: Mapping[str, tuple[str, int]]
+    masks: tuple[AttentionMask | None, ...] = ()
+    note: str = ""
+
+    def mask(self, index: int) -> AttentionMask | None:
+        if not self.masks:
+            return None
+        return self.masks[index] if index < len(self.masks) else self.masks[-1]
+
+    def role(self, name: str) -> tuple[str, int] | None:
+        return self.score_nodes.get(name)
+
+
+def padding_lengths(values, shape=None) -> tuple[int, ...] | None:
+    """Valid lengths of a right-padded 0/1 ``attention_mask`` [B, T] (each row ones, then zeros; flat values
+    take ``shape``); None for any other mask (left padding, holes, another rank): its structure is not modelled.
+
+    >>> padding_lengths([[1, 1, 1, 0], [1, 1, 1, 1]])
+    (3, 4)
+    >>> padding_lengths([1, 1, 0, 1], (2, 2)) is None  # a hole in the second row
+    True
+    """
+    a = np.asarray(values)
+    if shape is not None and a.size == int(np.prod(shape)):
+        a = a.reshape(shape)
+    if a.ndim != 2 or not np.isin(a, (0, 1)).all():
+        return None
+    lengths = a.sum(axis=1).astype(np.int64)
+    if (a != (np.arange(a.shape[1]) < lengths[:, None])).any():
+        return None
+    return tuple(int(n) for n in lengths)
+
+
+def packed_segments(position_ids, shape=None) -> tuple[int, ...] | None:
+    """The segment lengths of packed sequences from their ``position_ids`` [B, T] (positions that restart at 0 at
+    each sequence: 0 1 2 0 1 0 1 2 → 3, 2, 3; every row alike); None when they do not restart or rows differ.
+
+    >>> packed_segments([[0, 1, 2, 0, 1, 0, 1, 2]])
+    (3, 2, 3)
+    >>> packed_segments([[0, 1, 2, 3]]) is None  # one sequence: nothing packed
+    True
+    """
+    a = np.asarray(position_ids)
+    if shape is not None and a.size == int(np.prod(shape)):
+        a = a.reshape(shape)
+    if a.ndim == 1:
+        a = a[None]
+    if a.ndim != 2 or a.shape[1] == 0 or (a != a[:1]).any():
+        return None
+    row = a[0].astype(np.int64)
+    starts = np.flatnonzero(row == 0)
+    if len(starts) < 2 or starts[0] != 0:
+        return None
+    lengths = np.diff(np.append(starts, len(row)))
+    expected = np.concatenate([np.arange(n) for n in lengths])
+    if (row != expected).any():
+        return None
+    return tuple(int(n) for n in lengths)
+
+
+def values_structure(input_values, tensors, where: str = "<model>"):
+    """``(padding lengths, packed segments)`` from the values given for the ``attention_mask`` and
+    ``position_ids`` inputs (``input_values``; shapes from ``tensors``, name → TensorInfo); None for each not
+    given or not of that form (a warning says so)."""
+    found = []
+    for name, read in (("attention_mask", padding_lengths), ("position_ids", packed_segments)):
+        if name not in (input_values or {}):
+            found.append(None)
+            continue
+        known = tensors.get(name)
+        structure = read(input_values[name], known.shape if known is not None else None)
+        if structure is None and name == "attention_mask":
+            log.warning("%s: attention_mask's values are not right padding (ones, then zeros): counted as no padding",
+                        where)
+        found.append(structure)
+    return tuple(found)
+
+
+def executed_attention(protos, given=None, names=None, padding: tuple[int, ...] | None = None,
+                       segments: tuple[int, ...] | None = None) -> ExecutedAttention:
+    """The :class:`ExecutedAttention` of a graph: ``given`` (an :class:`AttentionMask`, or one per attention in
+    graph order, from the model's configuration) or else the structure the graph shows: a Trilu among the mask's
+    ancestors is causal; a mask that comes from a graph input (``attention_mask``) or from anything else is data,
+    and those attentions count full. The ONNX Attention operator reads its own ``is_causal`` and windows."""
+    nodes = score_products(protos, names)
+    if given is not None:
+        masks = (given,) if isinstance(given, AttentionMask) else tuple(given)
+        if padding is not None:  # the attention_mask's values: padding on top of the configuration's structure
+            masks = tuple(None if m is None else replace(m, lengths=padding, source=f"{m.source} and the "
+                                                         "attention_mask values") for m in masks)
+        if segments is not None:  # position_ids that restart: packed sequences
+            masks = tuple(None if m is None else replace(m, segments=segments, source=f"{m.source} and the "
+                                                         "position_ids values") for m in masks)
+        kinds = sorted({m.describe() for m in masks if m is not None})
+        return ExecutedAttention(nodes, masks, "; ".join(kinds) or "no structured mask")
+    producer = {o: n for n in protos for o in n.output}
+    consumers: dict[str, list] = {}
+    for n in protos:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    by_name = {name: n for n, name in zip(protos, names)} if names is not None else {n.name: n for n in protos}
+    masks: list[AttentionMask | None] = []
+    for name, (role, index) in sorted(nodes.items(), key=lambda kv: kv[1][1]):
+        if role != "scores":
+            continue
+        softmax_input = _mask_inputs(consumers, by_name[name])
+        if any(_has_trilu(producer, t) for t in softmax_input):
+            masks.append(AttentionMask(causal=True, source="a Trilu in the graph"))
+        else:
+            masks.append(None)
+    known = [m for m in masks if m is not None]
+    if not nodes:
+        note = "no eager attention products in the graph"
+    elif len(known) == len(masks):
+        note = f"causal, from a Trilu in the graph ({len(masks)} attentions)"
+    else:
+        note = (f"the mask of {len(masks) - len(known)} of {len(masks)} eager attentions is data, not structure "
+                "(an attention_mask input or computed values): counted full")
+    return ExecutedAttention(nodes, tuple(masks), note)
+
+
+def _mask_inputs(consumers, matmul) -> list[str]:
+    """The tensors added or selected into the scores between ``matmul`` and its Softmax (the mask, the bias)."""
+    out = []
+    tensor = matmul.output[0]
+    for _ in range(16):
+        users = consumers.get(tensor, [])
+        if len(users) != 1 or users[0].op_type == "Softmax":
+            break
+        node = users[0]
+        out += [i for i in node.input if i and i != tensor]
+        tensor = node.output[0]
+    return out

@@ -1,0 +1,235 @@
+"""Generation counted from the graphs of a causal LM (``--generate P:N``, ``from_hf(..., generate=(P, N))``,
+:func:`from_causal_lm` for any PyTorch causal LM that takes ``past_key_values``).
+
+Two kinds of graph are exported and counted exactly, as :func:`flopcount.from_torch` counts any module:
+
+* the prefill: ``forward(input_ids[B, P], logits_to_keep=1)`` (where ``forward`` takes ``logits_to_keep``),
+  the logits of the last position only, as ``generate()`` computes them;
+* a decode step: one token per sequence over a KV cache of L positions, exported *with the cache as graph
+  inputs* (a module that rebuilds the model's cache object from them and calls the model with
+  ``past_key_values``). Its cost is affine in the context c = L + 1 (see :mod:`flopcount.generation`): the step
+  is counted at the first and last contexts of the run and, with four or more steps, checked at a third
+  context between them; the N − 1 steps are then summed exactly. A step that is not affine (a sliding window
+  that crops the cache) is refused with that reason.
+
+The cache's layout (layers, heads, head size, element type) comes from running the model on P tokens under
+fake tensors: no weight is read and no memory allocated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+from typing import Any
+
+from flopcount.errors import FrontendError, UsageError
+from flopcount.generation import DecodePiece, Generation, affine_steps, check_generate, context_lengths, segments
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CacheLayout", "cache_layout", "decode_step_module", "from_causal_lm"]
+
+
+def from_causal_lm(model, generate: tuple[int, int], *, batch: int = 1, cache_dir=None, breakpoints=(),
+                   **count_kwargs: Any):
+    """Count ``generate()`` of a causal LM: the report of its prefill graph, with ``report.generation``
+    (:class:`flopcount.generation.Generation`) for the whole run.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A causal LM whose ``forward`` takes ``input_ids`` and ``past_key_values`` and returns logits (a
+        transformers ``...ForCausalLM``, or any module with that interface); on the meta device it costs no memory.
+    generate : (P, N)
+        Prompt tokens and new tokens, both at least 1.
+    batch : int
+        Sequences generated at once (B); every figure is for the whole batch.
+    breakpoints : sequence of int
+        Contexts where the step's form may change: the sliding windows of the model's layers (``--hf`` reads them
+        from the configuration); the contexts are cut there and each piece is fitted and checked apart.
+    cache_dir, **count_kwargs
+        As for :func:`flopcount.from_torch` (``convention``, ``strict`` ...); inference only.
+    """
+    from .torch import from_torch
+
+    prompt, new = check_generate(*generate)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise UsageError(f"generate: the batch must be a positive integer, got {batch!r}")
+    if count_kwargs.get("mode", "inference") != "inference" or count_kwargs.get("training"):
+        raise UsageError("generate: generation is inference; leave out --mode train (mode='train')")
+    count_kwargs.pop("batch", None)
+    torch = _torch()
+    parameters = _forward_parameters(model)
+    if "past_key_values" not in parameters or "input_ids" not in parameters:
+        raise UsageError(f"generate: {type(model).__name__}.forward takes no input_ids and past_key_values: it is not "
+                         "a causal LM with a KV cache; count it without --generate")
+    ids = ((batch, prompt), torch.int64)
+    prefill_inputs: dict[str, Any] = {"input_ids": ids}
+    if "use_cache" in parameters:
+        prefill_inputs["use_cache"] = False  # the cache costs nothing to return; the step graphs count its use
+    if "logits_to_keep" in parameters:
+        prefill_inputs["logits_to_keep"] = 1
+    report = from_torch(model, prefill_inputs, cache_dir=cache_dir, batch=batch, **count_kwargs)
+
+    layout = cache_layout(model, batch, prompt)
+    step = decode_step_module(model, layout)
+    contexts = context_lengths(prompt, new)
+
+    def count_step(context: int):
+        cache = tuple(((*shape[:-2], context - 1, shape[-1]), dtype) for shape, dtype in layout.tensors)
+        inputs = (((batch, 1), torch.int64), *cache)
+        names = ["input_ids", *layout.names]
+        return from_torch(step, inputs, input_names=names, cache_dir=cache_dir, batch=batch, **count_kwargs).forward
+
+    pieces, checked = [], []
+    for segment in segments(contexts, breakpoints):
+        chosen = sorted({segment[0], segment[-1], *([segment[len(segment) // 2]] if len(segment) >= 4 else [])})
+        counts = {c: count_step(c) for c in chosen}
+        try:
+            constant, per_position = affine_steps(counts)
+        except ValueError as e:
+            raise FrontendError(f"generate: {e}: the decode step is not affine in its context between "
+                                f"{segment[0]} and {segment[-1]} (a sliding window the configuration does not "
+                                "name?), which is not counted yet") from None
+        pieces.append(DecodePiece(segment[0], segment[-1], constant, per_position))
+        checked += chosen[1:2] if len(chosen) == 3 else []
+    exported = sorted({c for p in pieces for c in (p.first, p.last)})
+    method = ("no decode step (N = 1)" if not pieces else
+              "decode step exported with its KV cache at context" + ("s " if len(exported) > 1 else " ")
+              + ", ".join(map(str, exported))
+              + (f", its line checked at {', '.join(map(str, checked))}" if checked else "")
+              + (f"; pieces cut at the sliding window{'s' if len(set(breakpoints)) > 1 else ''} "
+                 f"{', '.join(map(str, sorted(set(breakpoints))))}" if len(pieces) > 1 else ""))
+    log.info("generate: %s", method)
+    end = cache_layout(model, batch, prompt + new - 1)  # the cache as the model holds it after the last step
+    generation = Generation(batch, prompt, new, report.forward, tuple(pieces), end.bytes(), method)
+    return _with(report, generation)
+
+
+def _with(report, generation: Generation):
+    return dataclasses.replace(report, generation=generation)
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheLayout:
+    """The KV cache's graph inputs: names, ``(shape after P positions, dtype)`` each (position axis −2; a layer
+    with a sliding window holds fewer), and how to
+    rebuild the model's cache object from them (``kind``: ``"dynamic"`` a transformers ``DynamicCache``,
+    ``"tuple"`` the legacy tuple of (key, value) per layer)."""
+
+    names: tuple[str, ...]
+    tensors: tuple[tuple[tuple[int, ...], Any], ...]
+    kind: str
+
+    def bytes(self) -> dict[str, int]:
+        """Bytes the cache holds, by element type (``"float32"`` ...), over every layer and sequence."""
+        out: dict[str, int] = {}
+        for shape, dtype in self.tensors:
+            n = dtype.itemsize
+            for d in shape:
+                n *= d
+            key = str(dtype).removeprefix("torch.")
+            out[key] = out.get(key, 0) + n
+        return out
+
+
+def cache_layout(model, batch: int, prompt: int) -> CacheLayout:
+    """The KV cache ``model`` returns after P prompt tokens, found under fake tensors (nothing allocated)."""
+    torch = _torch()
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    parameters = _forward_parameters(model)
+    kwargs = {"use_cache": True} if "use_cache" in parameters else {}
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
+            ids = torch.zeros(batch, prompt, dtype=torch.int64, device=_device(model))
+            out = model(input_ids=ids, **kwargs)
+    except Exception as e:  # noqa: BLE001 - the model's own code may raise anything
+        raise FrontendError(f"generate: {type(model).__name__} cannot run {prompt} prompt tokens to show its KV "
+                            f"cache: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    cache = getattr(out, "past_key_values", None)
+    if cache is None and isinstance(out, tuple) and len(out) > 1:
+        cache = out[1]
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        pairs, kind = [(layer.keys, layer.values) for layer in layers], "dynamic"
+    elif isinstance(cache, (tuple, list)) and all(isinstance(p, (tuple, list)) and len(p) == 2 for p in cache):
+        pairs, kind = [tuple(p) for p in cache], "tuple"
+    else:
+        raise UsageError(f"generate: {type(model).__name__} returns no KV cache (past_key_values) from its forward; "
+                         "it is not a causal LM that generate() runs with a cache")
+    names, tensors = [], []
+    for i, pair in enumerate(pairs):
+        for which, t in zip(("key", "value"), pair):
+            if t is None or t.dim() < 3 or not 0 < t.shape[-2] <= prompt:
+                raise UsageError(f"generate: layer {i}'s cached {which}s do not hold the {prompt} prompt positions "
+                                 f"on axis -2 (shape {None if t is None else tuple(t.shape)}); this cache is not "
+                                 "supported")
+            names.append(f"past_{which}_{i}")
+            tensors.append((tuple(t.shape), t.dtype))
+    return CacheLayout(tuple(names), tuple(tensors), kind)
+
+
+def decode_step_module(model, layout: CacheLayout):
+    """A module whose ``forward(input_ids, *cache)`` runs one decode step of ``model``: one token per sequence
+    at position L over the cache tensors of L positions (key, value per layer), logits of that token."""
+    torch = _torch()
+    parameters = _forward_parameters(model)
+    extra = {"use_cache": True} if "use_cache" in parameters else {}
+    if "logits_to_keep" in parameters:
+        extra["logits_to_keep"] = 1
+
+    class DecodeStep(torch.nn.Module):
+        def __init__(self, lm):
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, input_ids, *cache):
+            past = _rebuild_cache(self.lm, layout.kind, cache)
+            n = cache[0].shape[-2]
+            kwargs = dict(extra)
+            position = torch.arange(n, n + input_ids.shape[1], device=input_ids.device)
+            if "position_ids" in parameters:
+                kwargs["position_ids"] = position.unsqueeze(0).expand(input_ids.shape[0], -1)
+            if "cache_position" in parameters:
+                kwargs["cache_position"] = position
+            out = self.lm(input_ids=input_ids, past_key_values=past, **kwargs)
+            return out.logits if hasattr(out, "logits") else out[0]
+
+    DecodeStep.__name__ = DecodeStep.__qualname__ = f"{type(model).__name__}DecodeStep"
+    return DecodeStep(model)
+
+
+def _rebuild_cache(model, kind: str, cache: tuple):
+    pairs = [(cache[i], cache[i + 1]) for i in range(0, len(cache), 2)]
+    if kind == "tuple":
+        return tuple(pairs)
+    from transformers import DynamicCache
+
+    config = getattr(model, "config", None)
+    past = DynamicCache(config=config) if config is not None else DynamicCache()
+    for i, (k, v) in enumerate(pairs):
+        past.update(k, v, i)
+    return past
+
+
+def _forward_parameters(model) -> dict:
+    try:
+        return dict(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return {}
+
+
+def _device(model):
+    for p in model.parameters():
+        return p.device
+    return "cpu"
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        raise FrontendError("generate: torch is not installed; pip install torch (see README)") from None
+    return torch

@@ -1,0 +1,142 @@
+"""Mixture-of-experts models from their configurations: router, k routed experts per token and shared experts,
+against closed forms, against torch's FlopCounterMode over a real CPU forward, and against torch's parameters."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import flopcount
+from flopcount.errors import UsageError
+from flopcount.moe import MixtureOfExperts
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+H, HEADS, KV_HEADS, VOCAB, S = 32, 4, 2, 50, 5
+KV = H // HEADS * KV_HEADS
+E, K, I_MOE = 6, 2, 24  # routed experts, experts per token, an expert's intermediate size
+
+
+def attention_and_head(s: int) -> int:
+    """Dense FLOPs of one layer's Q, K, V, O and attention products, and of the LM head on every token."""
+    return 2 * s * (2 * H * H + 2 * H * KV) + 2 * 2 * s * s * H + 2 * s * H * VOCAB
+
+
+def routed(s: int, intermediate: int = I_MOE, k: int = K) -> int:
+    return s * k * 2 * 3 * H * intermediate  # k experts per token: gate, up and down, H × I each
+
+
+CONFIGS = {
+    "mixtral": lambda: transformers.MixtralConfig(
+        hidden_size=H, intermediate_size=48, num_hidden_layers=1, num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS, vocab_size=VOCAB, num_local_experts=4, num_experts_per_tok=K),
+    "qwen2_moe": lambda: transformers.Qwen2MoeConfig(
+        hidden_size=H, intermediate_size=40, moe_intermediate_size=I_MOE, shared_expert_intermediate_size=56,
+        num_hidden_layers=1, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, vocab_size=VOCAB,
+        num_experts=E, num_experts_per_tok=K, decoder_sparse_step=1),
+    "qwen3_moe": lambda: transformers.Qwen3MoeConfig(
+        hidden_size=H, intermediate_size=40, moe_intermediate_size=I_MOE, num_hidden_layers=1,
+        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=H // HEADS, vocab_size=VOCAB,
+        num_experts=E, num_experts_per_tok=K),
+    "deepseek_v3": lambda: transformers.DeepseekV3Config(
+        hidden_size=H, intermediate_size=40, moe_intermediate_size=I_MOE, num_hidden_layers=2, first_k_dense_replace=1,
+        num_attention_heads=HEADS, num_key_value_heads=HEADS, vocab_size=VOCAB, n_routed_experts=8,
+        num_experts_per_tok=K, n_shared_experts=1, n_group=2, topk_group=1, q_lora_rank=16, kv_lora_rank=8,
+        qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8),
+}
+
+# closed forms, dense, for S tokens: attention and head, the router (H → E logits), k experts per token, shared
+CLOSED = {
+    "mixtral": attention_and_head(S) + 2 * S * H * 4 + routed(S, 48),
+    # the shared expert (gate, up, down of 56) and its gate (H → 1) on every token; Q, K, V biases not products
+    "qwen2_moe": attention_and_head(S) + 2 * S * H * E + routed(S) + 2 * S * 3 * H * 56 + 2 * S * H,
+    "qwen3_moe": attention_and_head(S) + 2 * S * H * E + routed(S),
+}
+# per block: (routed experts, params of one expert, shared experts' params, MoE blocks)
+STRUCTURE = {
+    "mixtral": (4, 3 * H * 48, 0, 1),
+    "qwen2_moe": (E, 3 * H * I_MOE, 3 * H * 56 + H, 1),
+    "qwen3_moe": (E, 3 * H * I_MOE, 0, 1),
+    "deepseek_v3": (8, 3 * H * I_MOE, 3 * H * I_MOE, 1),  # one shared expert of I_MOE; layer 0 is dense
+}
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def counted(request):
+    name = request.param
+    return name, flopcount.from_hf(CONFIGS[name](), (1, S), convention="dense", cache_dir=False)
+
+
+def test_moe_counts_k_experts_per_token(counted):
+    name, r = counted
+    if name in CLOSED:
+        assert r.total.flops == CLOSED[name]
+    experts, per_expert, shared, blocks = STRUCTURE[name]
+    m = r.moe
+    assert (m.layers, m.experts, m.top_k, m.expert_params, m.shared_params) == (blocks, experts, K, per_expert, shared)
+    assert m.routed_flops == blocks * routed(S, per_expert // (3 * H))
+    built = transformers.AutoModelForCausalLM.from_config(CONFIGS[name]())
+    torch_params = sum(p.numel() for p in built.parameters())
+    assert m.params == r.params == torch_params
+    assert m.active_params == torch_params - blocks * (experts - K) * per_expert
+
+
+@pytest.mark.parametrize("name", ["mixtral", "deepseek_v3"])
+def test_moe_equals_flop_counter_over_a_real_forward(name):
+    """torch's counter over a CPU forward with the same experts implementation (each token's k experts as one
+    batched product): the products are the same."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    config = CONFIGS[name]()
+    config._attn_implementation = "eager"
+    r = flopcount.from_hf(config, (2, S), convention="dense", cache_dir=False)
+    config._experts_implementation = "batched_mm"
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(input_ids=torch.randint(0, VOCAB, (2, S)), use_cache=False)
+    assert r.total.flops == counter.get_total_flops()
+    assert r.moe.tokens == 2 * S
+
+
+def test_capacity_factor_bounds_the_routed_work():
+    r = flopcount.from_hf(CONFIGS["qwen3_moe"](), (1, 12), convention="dense", cache_dir=False, capacity_factor=0.5)
+    m = r.moe
+    # T·k = 24 pairs over 6 experts; each takes at most ⌊0.5·24/6⌋ = 2: 12 pairs of 24 run at most
+    assert (m.pairs, m.capacity_pairs) == (24, 12)
+    assert m.routed_flops_at_capacity == routed(12) // 2
+    assert r.total.flops == attention_and_head(12) + 2 * 12 * H * E + routed(12)  # the totals count no drop
+    roomy = MixtureOfExperts(1, 6, 2, 1, 0, 10, 12, 240, capacity_factor=100.0)
+    assert roomy.capacity_pairs == 24 and roomy.routed_flops_at_capacity == 240  # no expert over-full
+
+
+def test_capacity_factor_needs_experts(tmp_path):
+    config = transformers.LlamaConfig(hidden_size=H, intermediate_size=40, num_hidden_layers=1,
+                                      num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, vocab_size=VOCAB)
+    with pytest.raises(UsageError, match="no routed experts"):
+        flopcount.from_hf(config, (1, 4), capacity_factor=1.25, cache_dir=False)
+    with pytest.raises(UsageError, match="positive number"):
+        flopcount.from_hf(config, (1, 4), capacity_factor=0)
+
+
+def test_cli_moe_lines_and_json(tmp_path):
+    import json
+
+    CONFIGS["mixtral"]().save_pretrained(tmp_path)
+    base = [sys.executable, "-m", "flopcount", "--hf", str(tmp_path), "--input-shape", f"input_ids=1x{S}",
+            "--convention", "dense", "--capacity-factor", "1.0"]
+    p = subprocess.run(base, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert f"Total FLOPs: {CLOSED['mixtral']:,}" in p.stdout
+    assert "1 block of 4 routed experts, 2 per token" in p.stdout and "Capacity factor 1:" in p.stdout
+    doc = json.loads(subprocess.run(base + ["--format", "json"], capture_output=True, text=True, timeout=300,
+                                    cwd=tmp_path).stdout)
+    built = transformers.MixtralForCausalLM(CONFIGS["mixtral"]())
+    assert doc["moe"]["params"] == sum(p.numel() for p in built.parameters())
+    assert doc["moe"]["active_params"] == doc["moe"]["params"] - (4 - 2) * 3 * H * 48
+    bad = subprocess.run([sys.executable, "-m", "flopcount", "model.onnx", "--capacity-factor", "1"],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert bad.returncode == 2 and "--capacity-factor is for a mixture-of-experts model" in bad.stderr
