@@ -36,6 +36,28 @@ def walk_graphs(graph: onnx.GraphProto) -> Iterable[onnx.GraphProto]:
                     yield from walk_graphs(subgraph)
 
 
+def model_tensors(model: onnx.ModelProto) -> Iterable[onnx.TensorProto]:
+    """Yield every tensor ``model`` holds: the initializers of its graph and subgraphs, and the tensors in node
+    attributes (``Constant``'s ``value``, ...) of its graph, its model-local functions and their subgraphs."""
+    graphs = list(walk_graphs(model.graph))
+    for graph in graphs:
+        yield from graph.initializer
+    function_bodies = [
+        body
+        for function in model.functions
+        for node in function.node
+        for attribute in node.attribute
+        for subgraph in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs)
+        for body in walk_graphs(subgraph)
+    ]
+    node_lists = [g.node for g in graphs + function_bodies] + [function.node for function in model.functions]
+    for node in (node for nodes in node_lists for node in nodes):
+        for attribute in node.attribute:
+            if attribute.HasField("t"):
+                yield attribute.t
+            yield from attribute.tensors
+
+
 def node_label(proto: onnx.NodeProto, index: int) -> str:
     return proto.name or f"{proto.op_type}_{index}"
 

@@ -29,8 +29,8 @@ import onnx
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 from .context import TensorInfo
-from .errors import ShapeError, UsageError
-from .loading import _copy_field, _first_line
+from .errors import ShapeError, UsageError, first_line
+from .loading import copy_field
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +195,7 @@ def _infer_plain(model: ModelProto, where: str, strict: bool = False) -> ModelPr
     except Exception as e:  # InferenceError, ValidationError, or RuntimeError from C++
         if strict:
             raise
-        raise _inference_failed(where, _first_line(e)) from None
+        raise _inference_failed(where, first_line(e)) from None
 
 
 #: Most elements of a one-dimensional tensor that ONNX's data propagation may see. It holds the values of a 1-D
@@ -363,11 +363,11 @@ def _nodes_up_to(model: ModelProto, depths: Sequence[int], d: int) -> ModelProto
     part = ModelProto()
     for field, value in model.ListFields():
         if field.name != "graph":
-            _copy_field(part, field, value)
+            copy_field(part, field, value)
     g = part.graph
     for field, value in model.graph.ListFields():
         if field.name not in ("node", "output", "value_info"):
-            _copy_field(g, field, value)
+            copy_field(g, field, value)
     kept = [n for n, k in zip(model.graph.node, depths) if k <= d]
     g.node.extend(kept)
     made = {o for n in kept for o in n.output} | {i.name for i in model.graph.input}
@@ -663,7 +663,7 @@ def _report(model: ModelProto, where: str) -> bytes:
     except ShapeError as e:
         return b"S" + str(e).encode("utf-8", "replace")
     except Exception as e:  # InferenceError, ValidationError, or RuntimeError from C++
-        return b"E" + _first_line(e).encode("utf-8", "replace")
+        return b"E" + first_line(e).encode("utf-8", "replace")
 
 
 def _rows(collected: "_Collected") -> tuple[list[tuple], list[str]]:
@@ -921,7 +921,7 @@ def resolve(model: ModelProto, dag: nx.DiGraph, where: str, first: "Inference | 
         try:
             _infer(_with_constants(model, dag, values), where, strict=True, guard=guard)
         except Exception as e:
-            error = _first_line(e)
+            error = first_line(e)
         log.debug("%d tensors keep unknown dims after %d rounds: %s", len(pending), rounds, pending[:10])
     inputs = tuple(tensors.get(n, TensorInfo(n)) for n in dag.graph["inputs"])
     return Resolution(tensors, values, inputs, rounds, error)
@@ -1452,7 +1452,7 @@ def _with_constants(model: ModelProto, dag: nx.DiGraph, values: Mapping[str, np.
     scratch = ModelProto()
     for field, value in model.ListFields():
         if field.name != "graph":
-            _copy_field(scratch, field, value)
+            copy_field(scratch, field, value)
     g = scratch.graph
     g.name = model.graph.name
     g.input.extend(model.graph.input)

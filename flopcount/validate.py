@@ -25,9 +25,9 @@ import onnx
 from onnx import AttributeProto, helper
 
 from .context import TensorInfo, is_long, shortened
-from .errors import InvalidGraphError, ShapeError
+from .errors import InvalidGraphError, ShapeError, first_line
 from .graph import node_label
-from .loading import _first_line, has_data
+from .loading import has_data
 from .registry import DEFAULT_DOMAIN, canonical_domain
 
 _GRAPH_TYPES = (AttributeProto.GRAPH, AttributeProto.GRAPHS)
@@ -127,7 +127,7 @@ def _check_schema(node, domain, version, ir_version, index, scope, where) -> Non
     try:
         onnx.checker.check_node(node, ctx, onnx.checker.C.LexicalScopeContext())
     except Exception as e:  # ValidationError
-        text = _first_line(e)
+        text = first_line(e)
         wrong = re.match(r"Mismatched attribute type in '.*: (.+)'\. Expected: '(\w+)', actual: '(\w+)'", text)
         if wrong:
             name, wanted, given = wrong.groups()

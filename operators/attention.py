@@ -40,7 +40,7 @@ def _attention_dims(ctx: NodeContext, q_num_heads: int | None, kv_num_heads: int
     return b, h_q, k[1], s_q, k[2], e, v[3]
 
 
-def _sdpa(convention: Convention, b: int, h_q: int, h_kv: int, s_q: int, t: int, e: int, e_v: int) -> Cost:
+def sdpa_cost(convention: Convention, b: int, h_q: int, h_kv: int, s_q: int, t: int, e: int, e_v: int) -> Cost:
     """Q·Kᵀ and probs·V products, √scale applied to Q and to K, softmax of the R score rows (probs)."""
     rows = b * h_q * s_q
     macs = rows * t * (e + e_v)
@@ -81,7 +81,7 @@ def attention(
     """
     b, h_q, h_kv, s_q, s_kv, e, e_v = _attention_dims(ctx, q_num_heads, kv_num_heads)
     t = s_kv + (ctx.shape(4)[2] if ctx.has_input(4) else 0)
-    cost = _sdpa(ctx.convention, b, h_q, h_kv, s_q, t, e, e_v)
+    cost = sdpa_cost(ctx.convention, b, h_q, h_kv, s_q, t, e, e_v)
     scores = b * h_q * s_q * t
     masked = ctx.has_input(3) or ctx.has_input(6) or is_causal or left_window_size >= 0 or right_window_size >= 0
     if masked:
@@ -121,7 +121,7 @@ def flex_attention(ctx: NodeContext, **_) -> Cost:
     ``table3``: one FLOP per MAC in the products.
     """
     b, h_q, h_kv, s_q, s_kv, e, e_v = _attention_dims(ctx, None, None)
-    return _sdpa(ctx.convention, b, h_q, h_kv, s_q, s_kv, e, e_v)
+    return sdpa_cost(ctx.convention, b, h_q, h_kv, s_q, s_kv, e, e_v)
 
 
 @backward("FlexAttention", domain="ai.onnx.preview")

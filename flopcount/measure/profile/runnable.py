@@ -9,6 +9,7 @@ import os
 from typing import Any
 
 from flopcount.errors import MeasurementError, ShapeError
+from flopcount.graph import model_tensors
 from flopcount.report import Report
 
 __all__ = ["make_inputs", "runnable_model"]
@@ -84,7 +85,7 @@ def _load_present_external_data(model, folder: str) -> None:
     import onnx
     from onnx import TensorProto, external_data_helper
 
-    tensors = [t for t in external_data_helper._get_all_tensors(model) if t.data_location == TensorProto.EXTERNAL]
+    tensors = [t for t in model_tensors(model) if t.data_location == TensorProto.EXTERNAL]
     if not tensors:
         return
     locations = {next((e.value for e in t.external_data if e.key == "location"), "") for t in tensors}
