@@ -56,7 +56,7 @@ def test_dag_equals_one_built_edge_by_edge():
         {"x": (2, 3)},
         ["d"],
     )
-    dag = build_graph(m.graph, "m.onnx")
+    dag = build_graph(m.graph, "m.onnx").dag
     reference = nx.DiGraph()
     reference.add_nodes_from((i, {"proto": n, "name": n.name}) for i, n in enumerate(m.graph.node))
     reference.add_edges_from([(0, 2, {"tensors": ["a", "a"]}), (2, 3, {"tensors": ["c"]}), (1, 3, {"tensors": ["b"]})])
@@ -280,8 +280,8 @@ def test_constants_read_one_by_one_are_those_read_all_at_once():
              N("Reshape", ["x", "s"], ["y"])]
     m = model(nodes, {"x": (4, 4)}, ["y"], inits)
     everything = shapes._small_constants(m)
-    for dag in (build_graph(m.graph, "m.onnx"), None):
-        lazy = shapes._LazyConstants(m, dag)
+    for index in (build_graph(m.graph, "m.onnx"), None):
+        lazy = shapes._LazyConstants(m, index)
         for name in ("s", "f", "big", "ext", "stripped", "empty", "both", "c", "k", "x", "nowhere", "s"):
             assert (name in lazy) == (name in everything), name
             if name in everything:

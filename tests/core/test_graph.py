@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import onnx
-from onnx import TensorProto, external_data_helper, helper, numpy_helper
+import dataclasses
 
 import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, external_data_helper, helper, numpy_helper
 
 from flopcount.graph import model_tensors, walk_graphs
 
@@ -59,3 +61,22 @@ def test_model_tensors_matches_onnx_external_data_walk():
     ours = sorted(t.SerializeToString() for t in model_tensors(m))
     theirs = sorted(t.SerializeToString() for t in external_data_helper._get_all_tensors(m))
     assert ours == theirs
+
+
+def test_build_graph_indexes_each_node_once():
+    from helpers import model
+    from flopcount.graph import GraphIndex, build_graph
+
+    m = model([helper.make_node("Relu", ["x"], ["a"], name="r"), helper.make_node("Add", ["a", "x"], ["b"]),
+               helper.make_node("Neg", ["b"], ["c"], domain="")], {"x": (2,)}, ["c"])
+    index = build_graph(m.graph, "m.onnx")
+    assert isinstance(index, GraphIndex)
+    assert list(index.names) == ["r", "Add_1", "Neg_2"]
+    assert list(index.node_ops) == [("", "Relu"), ("", "Add"), ("", "Neg")]
+    assert list(index.node_inputs) == [("x",), ("a", "x"), ("b",)]
+    assert dict(index.producer) == {"a": 0, "b": 1, "c": 2}
+    assert index.inputs == ("x",) and index.outputs == ("c",) and list(index.order) == [0, 1, 2]
+    assert list(index.bodies) == [] and dict(index.captured) == {}
+    assert sorted(index.dag.edges) == [(0, 1), (1, 2)]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        index.order = []
