@@ -26,7 +26,7 @@ from .conventions import Convention, get_convention
 from .cost import ZERO, Bound, Breakdown, Cost
 from .errors import FlopcountError, InvalidGraphError, ShapeError, UnsupportedOperatorError, UsageError
 from .graph import GraphIndex
-from .loading import copy_field, load
+from .loading import LoadedModel, copy_field, load
 from .modules import ModuleScopes, scopes_of
 from .parameters import BUFFER, PARAMETER, SHAPE_TYPES, Roles, classify, stored_tensors
 from .registry import DEFAULT_DOMAIN, canonical_domain, lookup, lookup_backward, lookup_shape, straight_through
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 
 def count(
-    model: str | os.PathLike | ModelProto | bytes,
+    model: str | os.PathLike | ModelProto | bytes | LoadedModel,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     batch: int | None = None,
     convention: str | Convention = "default",
@@ -56,8 +56,9 @@ def count(
 
     Parameters
     ----------
-    model : path, ``onnx.ModelProto`` or serialized bytes
-        The model. External data files are never opened and may be absent.
+    model : path, ``onnx.ModelProto``, serialized bytes or :class:`flopcount.loading.LoadedModel`
+        The model. External data files are never opened and may be absent. A ``LoadedModel`` (from
+        :func:`flopcount.loading.load_with_weights`) is counted without reading its file again, under its path.
     input_shapes : mapping of input name to dims, optional
         Fixes dynamic (or overrides static) input dims, e.g. ``{"input": (8, 3, 224, 224)}``.
     batch : int, optional

@@ -42,12 +42,16 @@ class LoadedModel:
     path: str | None  # None when given as a ModelProto or bytes
 
 
-def load(source: str | os.PathLike | ModelProto | bytes) -> LoadedModel:
-    """Load ``source`` (a path, serialized bytes, or a ``ModelProto``) with weight data stripped.
+def load(source: str | os.PathLike | ModelProto | bytes | LoadedModel) -> LoadedModel:
+    """Load ``source`` (a path, serialized bytes, a ``ModelProto``, or a :class:`LoadedModel` read already, whose
+    path it keeps) with weight data stripped.
 
     A ``ModelProto`` passed in is never modified: its weightless copy is made field by field.
     """
-    if isinstance(source, ModelProto):
+    if isinstance(source, LoadedModel):
+        model = weightless_copy(source.model, source.path or "<model>")
+        path = source.path
+    elif isinstance(source, ModelProto):
         model = weightless_copy(source, "<model>")
         path = None
     elif isinstance(source, (bytes, bytearray)):
@@ -64,6 +68,21 @@ def load(source: str | os.PathLike | ModelProto | bytes) -> LoadedModel:
     if model.functions:
         model = _inline_functions(model, path or "<model>")
     return LoadedModel(model, path)
+
+
+def load_with_weights(source: str | os.PathLike | ModelProto | bytes) -> LoadedModel:
+    """``source`` read with its inline weight data (external data stays unread), for a caller that runs the model
+    as well as counts it: :func:`load` (and so :func:`flopcount.count`) takes the result without reading the file
+    again. A ``ModelProto`` passed in is copied, never modified; a file that cannot be read fails as in :func:`load`.
+    """
+    if isinstance(source, ModelProto):
+        model = ModelProto()
+        model.CopyFrom(source)
+        return LoadedModel(model, None)
+    if isinstance(source, (bytes, bytearray)):
+        return LoadedModel(_parse(bytes(source), "<bytes>"), None)
+    path = os.fspath(source)
+    return LoadedModel(_parse(_read(path), path), path)
 
 
 def _read(path: str) -> bytes:
