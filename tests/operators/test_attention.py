@@ -261,3 +261,200 @@ def test_swiglu():
     r = flopcount.count(model([node], {"a": (3, 5, 7), "b": (3, 5, 7)}, ["y"], opset=28)).total
     # Swish of A (1 FLOP, 1 transcendental) then times B (1 FLOP), per element
     assert (r.flops, r.transcendentals) == (2 * 3 * 5 * 7, 3 * 5 * 7)
+
+
+# -----------------------------------------------------------------------------------------------------------------
+# Backward (mode="train"): RotaryEmbedding, SwiGLU, LinearAttention.
+#
+# Each expected value is a closed form written here from the sizes (distinct odd sizes, so that a
+# swapped dimension cannot pass). A tensor needs a gradient when it is a trainable float initializer
+# (``weight``) fed to a differentiable input, or computed from one; graph inputs are data and need none.
+# Which inputs may get a gradient at all is the schema's say (``onnx.defs.get_schema``), checked in
+# ``tests/core/test_schema.py`` before the cases rely on it.
+# -----------------------------------------------------------------------------------------------------------------
+
+
+N = helper.make_node
+
+
+F, I64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+def graph(nodes, inputs, outputs, inits=(), opset=18):
+    """A model whose graph inputs are ``{name: (elem_type, shape)}``."""
+    g = helper.make_graph(
+        list(nodes), "test",
+        [helper.make_tensor_value_info(n, t, s) for n, (t, s) in inputs.items()],
+        [helper.make_empty_tensor_value_info(n) for n in outputs], list(inits),
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def node_backward(m, op_type):
+    """The (only) ``op_type`` node's backward cost; also checks the op is never reported as lacking one."""
+    r = flopcount.count(m, mode="train")
+    assert op_type not in r.backward_unsupported
+    (n,) = [n for n in r.nodes if n.op_type == op_type]
+    return n.backward
+
+
+BR, HR, SR, DR = 3, 5, 7, 22  # batch, heads, sequence, head size (even)
+
+
+def rotary_train(*, x_trainable=True, caches_trainable=False, rot_dim=0, layout=4, positions=0):
+    x = (BR, HR, SR, DR) if layout == 4 else (BR, SR, HR * DR)
+    half = (rot_dim or DR) // 2
+    cache = (positions, half) if positions else (BR, SR, half)
+    names = ["x", "cos", "sin"] + (["pos"] if positions else [])
+    attrs = {"rotary_embedding_dim": rot_dim} if rot_dim else {}
+    if layout == 3:
+        attrs["num_heads"] = HR
+    inputs, inits = {}, []
+    for name, shape, trained in (("x", x, x_trainable), ("cos", cache, caches_trainable), ("sin", cache, caches_trainable)):
+        if trained:
+            inits.append(weight(name, shape))
+        else:
+            inputs[name] = (F, shape)
+    if positions:
+        inputs["pos"] = (I64, (BR, SR))
+    return graph([N("RotaryEmbedding", names, ["y"], **attrs)], inputs, ["y"], inits, opset=23)
+
+
+@pytest.mark.parametrize("kwargs, flops", [
+    # the adjoint rotation: per pair 4 multiplies and 2 additions, 3 per rotated element
+    pytest.param({}, 3 * BR * HR * SR * DR, id="dx-4d"),
+    pytest.param({"layout": 3}, 3 * BR * HR * SR * DR, id="dx-3d"),
+    pytest.param({"rot_dim": 10}, 3 * BR * HR * SR * 10, id="dx-partial-10-of-22"),
+    # float cos/sin initializers are buffers (fixed frequency tables): no gradient, whatever X needs
+    pytest.param({"x_trainable": False, "caches_trainable": True}, 0, id="caches-are-buffers"),
+    pytest.param({"caches_trainable": True, "rot_dim": 10, "positions": 13},
+                 3 * BR * HR * SR * 10, id="dx-only-with-position-ids"),
+])  # fmt: skip
+def test_rotary_embedding_train(kwargs, flops):
+    assert node_backward(rotary_train(**kwargs), "RotaryEmbedding").flops == flops
+
+
+def test_rotary_caches_are_not_trainable_parameters():
+    r = flopcount.count(rotary_train(caches_trainable=True), mode="train")
+    assert r.trainable_params == BR * HR * SR * DR  # X only
+
+
+def test_rotary_embedding_data_only():
+    assert node_backward(rotary_train(x_trainable=False), "RotaryEmbedding") == flopcount.Cost()
+
+
+SW = (3, 5, 7)
+
+
+NSW = 3 * 5 * 7
+
+
+@pytest.mark.parametrize("a, b, flops", [
+    # σ(αA) again: αA, exp, +1, ÷ (4); dA: 1 − σ, × αA, + 1, × σ, × dY, × B (6); dB: A·σ, × dY (2)
+    pytest.param(True, True, 12 * NSW, id="both"),
+    pytest.param(True, False, 10 * NSW, id="gate-only"),
+    pytest.param(False, True, 6 * NSW, id="value-only"),
+])  # fmt: skip
+def test_swiglu_train(a, b, flops):
+    inits = [weight(n, SW) for n, trained in (("a", a), ("b", b)) if trained]
+    inputs = {n: (F, SW) for n, trained in (("a", a), ("b", b)) if not trained}
+    m = graph([N("SwiGLU", ["a", "b"], ["y"], alpha=1.702)], inputs, ["y"], inits, opset=28)
+    back = node_backward(m, "SwiGLU")
+    assert (back.flops, back.transcendentals) == (flops, NSW)
+
+
+BL, TL, HQ, HKV, DK_TRAIN, DV_TRAIN = 3, 11, 9, 3, 5, 7  # batch, tokens, query heads, KV heads, key dim, value dim
+
+
+TOK, P_TRAIN = BL * TL, DK_TRAIN * DV_TRAIN  # tokens in the batch, state size
+
+
+def linear_attention_train(rule, trained, *, decay_per_head=False, past=False):
+    """LinearAttention with the inputs in ``trained`` as trainable weights, the others data."""
+    shapes = {"q": (BL, TL, HQ * DK_TRAIN), "k": (BL, TL, HKV * DK_TRAIN), "v": (BL, TL, HKV * DV_TRAIN)}
+    names = ["q", "k", "v", "", "", ""]
+    if past:
+        shapes["past"], names[3] = (BL, HKV, DK_TRAIN, DV_TRAIN), "past"
+    if rule in ("gated", "gated_delta"):
+        shapes["decay"], names[4] = (BL, TL, HKV if decay_per_head else HKV * DK_TRAIN), "decay"
+    if rule in ("delta", "gated_delta"):
+        shapes["beta"], names[5] = (BL, TL, HKV), "beta"
+    while not names[-1]:
+        names.pop()
+    inputs = {n: (F, s) for n, s in shapes.items() if n not in trained}
+    inits = [weight(n, s) for n, s in shapes.items() if n in trained]
+    node = N("LinearAttention", names, ["y", "state"], q_num_heads=HQ, kv_num_heads=HKV, update_rule=rule)
+    return graph([node], inputs, ["y", "state"], inits, opset=27)
+
+
+SCALE_TRAIN = TOK * HQ * DV_TRAIN  # scale·dO, once
+
+
+LA_CASES = [
+    # rule, trained, options, MACs, non-MAC FLOPs
+    # linear, all three: dQ = S·a and dS += q ⊗ a per query head; dK = dS·v, dV = dSᵀk per KV head
+    pytest.param("linear", "qkv", {}, TOK * P_TRAIN * (2 * HQ + 2 * HKV), SCALE_TRAIN, id="linear-qkv"),
+    # linear, Q only: dQ alone, no state gradient
+    pytest.param("linear", "q", {}, TOK * P_TRAIN * HQ, SCALE_TRAIN, id="linear-q-only"),
+    # delta, Q only: the same (the state chain is not needed)
+    pytest.param("delta", "q", {}, TOK * P_TRAIN * HQ, SCALE_TRAIN, id="delta-q-only"),
+    # delta, K only: dS from the read-out; dw = dSᵀk and the correction k ⊗ β·dw; dK = dS·w − S'·β·dw;
+    # β·dw per KV head (d_v multiplies)
+    pytest.param("delta", "k", {}, TOK * P_TRAIN * (HQ + 2 * HKV + 2 * HKV), SCALE_TRAIN + TOK * HKV * DV_TRAIN, id="delta-k"),
+    # gated, decay only (per head): dS from the read-out, dg = exp(g)·Σ dS'·S (P MACs, |decay| multiplies),
+    # the carry exp(g)·dS (P multiplies per KV head)
+    pytest.param("gated", ("decay",), {"decay_per_head": True}, TOK * P_TRAIN * (HQ + HKV),
+                 SCALE_TRAIN + TOK * HKV * P_TRAIN + TOK * HKV, id="gated-decay-per-head"),
+    # gated delta, everything but Q, with a past state (never a gradient): K (2), V via β·dw (0), decay (1),
+    # the chain (2) per KV head, dβ = uᵀdw (d_v MACs); carry, β·dw, |decay| = TOK·HKV·DK multiplies
+    pytest.param("gated_delta", ("k", "v", "decay", "beta"), {"past": True},
+                 TOK * P_TRAIN * (HQ + 5 * HKV) + TOK * HKV * DV_TRAIN,
+                 SCALE_TRAIN + TOK * HKV * (P_TRAIN + DV_TRAIN) + TOK * HKV * DK_TRAIN, id="gated-delta-kv-decay-beta-past"),
+]
+
+
+@pytest.mark.parametrize("rule, trained, opts, macs, extra", LA_CASES)
+def test_linear_attention_train(rule, trained, opts, macs, extra):
+    trained = tuple(trained) if isinstance(trained, str) else trained
+    back = node_backward(linear_attention_train(rule, trained, **opts), "LinearAttention")
+    assert (back.flops, back.macs, back.transcendentals) == (2 * macs + extra, macs, 0)
+
+
+def test_linear_attention_past_state_gets_no_gradient():
+    # a trainable-looking float initializer on past_state is NonDifferentiable: not trained, no dS_0 cost
+    r = flopcount.count(linear_attention_train("linear", ("q", "past"), past=True), mode="train")
+    assert r.trainable_params == BL * TL * HQ * DK_TRAIN
+    (n,) = r.nodes
+    assert n.backward.macs == TOK * P_TRAIN * HQ
+
+
+def test_linear_attention_backward_products_are_twice_the_forward():
+    # with every input needing a gradient, the products of linear and delta rules are 2× the forward's
+    for rule, trained in (("linear", "qkv"), ("delta", ("q", "k", "v", "beta"))):
+        r = flopcount.count(linear_attention_train(rule, tuple(trained)), mode="train")
+        (n,) = r.nodes
+        extra = TOK * HKV * DV_TRAIN if rule == "delta" else 0  # dβ = uᵀdw, beyond the state products
+        assert n.backward.macs == 2 * n.cost.macs + extra
+
+
+def test_linear_attention_products_equal_flop_counter():
+    # the linear rule's recurrence in torch, its products as bmm (MHA: H_q = H_kv = 3); FlopCounterMode
+    # counts forward and backward bmm; flopcount's forward + backward MACs at 2 FLOPs each must agree
+    torch = pytest.importorskip("torch")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    h = HKV
+    q = torch.randn(BL * h, TL, DK_TRAIN, device="meta", requires_grad=True)
+    k = torch.randn(BL * h, TL, DK_TRAIN, device="meta", requires_grad=True)
+    v = torch.randn(BL * h, TL, DV_TRAIN, device="meta", requires_grad=True)
+    with FlopCounterMode(display=False) as counter:
+        state = torch.zeros(BL * h, DK_TRAIN, DV_TRAIN, device="meta")
+        outs = []
+        for t in range(TL):
+            state = state + torch.bmm(k[:, t, :, None], v[:, t, None, :])  # k ⊗ v
+            outs.append(torch.bmm(q[:, t, None, :], state))  # qᵀ S
+        torch.cat(outs, 1).sum().backward()
+    shapes = {"q": (BL, TL, h * DK_TRAIN), "k": (BL, TL, h * DK_TRAIN), "v": (BL, TL, h * DV_TRAIN)}
+    node = N("LinearAttention", ["q", "k", "v"], ["y", "state"], q_num_heads=h, kv_num_heads=h, update_rule="linear")
+    r = flopcount.count(graph([node], {}, ["y"], [weight(n, s) for n, s in shapes.items()], opset=27), mode="train")
+    assert counter.get_total_flops() == 2 * (r.forward.macs + r.backward.macs)

@@ -1,7 +1,7 @@
 """Element-wise ops: one per (broadcast) output element; FLOPs for float inputs, int_ops otherwise."""
 
 import pytest
-from helpers import model, single
+from helpers import direct_backward, model, single, weight
 from onnx import TensorProto, helper
 
 import flopcount
@@ -58,3 +58,84 @@ def test_layout_ops_are_explicitly_zero_cost():
     assert r.total.flops == 0
     assert not r.unsupported
     assert {s.status for s in r.by_op_type.values()} == {"zero-cost"}
+
+
+# -----------------------------------------------------------------------------------------------------------------
+# Backward (mode="train"): Shrink, Mod.
+#
+# Each expected value is a closed form written here from the sizes (distinct odd sizes, so that a
+# swapped dimension cannot pass). A tensor needs a gradient when it is a trainable float initializer
+# (``weight``) fed to a differentiable input, or computed from one; graph inputs are data and need none.
+# Which inputs may get a gradient at all is the schema's say (``onnx.defs.get_schema``), checked in
+# ``tests/core/test_schema.py`` before the cases rely on it.
+# -----------------------------------------------------------------------------------------------------------------
+
+
+N = helper.make_node
+
+
+F, I64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+def graph(nodes, inputs, outputs, inits=(), opset=18):
+    """A model whose graph inputs are ``{name: (elem_type, shape)}``."""
+    g = helper.make_graph(
+        list(nodes), "test",
+        [helper.make_tensor_value_info(n, t, s) for n, (t, s) in inputs.items()],
+        [helper.make_empty_tensor_value_info(n) for n in outputs], list(inits),
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def node_backward(m, op_type):
+    """The (only) ``op_type`` node's backward cost; also checks the op is never reported as lacking one."""
+    r = flopcount.count(m, mode="train")
+    assert op_type not in r.backward_unsupported
+    (n,) = [n for n in r.nodes if n.op_type == op_type]
+    return n.backward
+
+
+def one(op_type, x_shape, *, trainable=True, extra_inits=(), opset=18, n_outputs=1, **attrs):
+    """One node on input ``x`` (a trainable weight, or a data input when not ``trainable``)."""
+    names = ["x"] + [t.name for t in extra_inits]
+    outs = [f"y{i}" for i in range(n_outputs)]
+    nodes = [N(op_type, names, outs, **attrs)]
+    if trainable:
+        return graph(nodes, {}, outs, [weight("x", x_shape), *extra_inits], opset)
+    return graph(nodes, {"x": (F, x_shape)}, outs, list(extra_inits), opset)
+
+
+XR = (5, 7, 9)
+
+
+NXR, NYR = 5 * 7 * 9, 5 * 9  # reduced over axis 1, keepdims
+
+
+def test_shrink():
+    assert node_backward(one("Shrink", XR, lambd=0.25, bias=0.5), "Shrink").flops == NXR  # masked dY
+
+
+def mod(a_shape, b_shape, *, a_trainable, b_trainable, opset):
+    inputs = {n: (F, s) for n, s, tr in (("a", a_shape, a_trainable), ("b", b_shape, b_trainable)) if not tr}
+    inits = [weight(n, s) for n, s, tr in (("a", a_shape, a_trainable), ("b", b_shape, b_trainable)) if tr]
+    return graph([N("Mod", ["a", "b"], ["y"], fmod=1)], inputs, ["y"], inits, opset)
+
+
+def test_mod_divisor_is_non_differentiable_from_opset_13():
+    m = mod(XR, (7, 1), a_trainable=True, b_trainable=True, opset=13)
+    assert flopcount.count(m, mode="train").trainable_params == NXR  # B is not trained
+    assert node_backward(m, "Mod").flops == 0  # dA = dY, A not broadcast
+    # A broadcast over the batch dim: dA sums dY back, |Y| − |A|
+    m = mod((7, 9), XR, a_trainable=True, b_trainable=False, opset=13)
+    assert node_backward(m, "Mod").flops == NXR - 7 * 9
+
+
+def test_mod_divisor_gradient_formula():
+    # B[7, 1] broadcast over 5 and 9: dB = dY·(Y − A)/B (3 per element), summed back: |Y| − |B|.
+    # Opset 10 leaves B's category unknown and opset 13 calls it NonDifferentiable, which flopcount
+    # applies to both: a count never asks for dB, so the formula is called on its own.
+    inputs = [("a", XR), ("b", (7, 1))]
+    assert direct_backward("Mod", inputs, [XR], (False, True), 10, fmod=1).flops == 3 * NXR + NXR - 7
+    assert direct_backward("Mod", inputs, [XR], (True, True), 10, fmod=1).flops == 3 * NXR + NXR - 7 + 0
+    m = mod(XR, (7, 1), a_trainable=True, b_trainable=True, opset=10)
+    assert flopcount.count(m, mode="train").trainable_params == NXR

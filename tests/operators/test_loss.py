@@ -6,7 +6,7 @@ SCE adds a log-softmax over the C classes of every position: 5C − 1 FLOPs, C +
 """
 
 import pytest
-from helpers import model, weight
+from helpers import direct_backward, model, weight
 from onnx import TensorProto, helper
 
 import flopcount
@@ -50,3 +50,114 @@ def test_softmax_cross_entropy_2d():
     # scores [N, C] = [13, 9]: 13 positions
     r = loss("SoftmaxCrossEntropyLoss", (13, 9), (13,), False, "mean")
     assert r.flops == 13 * (5 * 9 - 1) + 13 + 12 + 1
+
+
+# -----------------------------------------------------------------------------------------------------------------
+# Backward (mode="train"): NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss.
+#
+# Each expected value is a closed form written here from the sizes (distinct odd sizes, so that a
+# swapped dimension cannot pass). A tensor needs a gradient when it is a trainable float initializer
+# (``weight``) fed to a differentiable input, or computed from one; graph inputs are data and need none.
+# Which inputs may get a gradient at all is the schema's say (``onnx.defs.get_schema``), checked in
+# ``tests/core/test_schema.py`` before the cases rely on it.
+# -----------------------------------------------------------------------------------------------------------------
+
+
+N = helper.make_node
+
+
+F, I64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+def graph(nodes, inputs, outputs, inits=(), opset=18):
+    """A model whose graph inputs are ``{name: (elem_type, shape)}``."""
+    g = helper.make_graph(
+        list(nodes), "test",
+        [helper.make_tensor_value_info(n, t, s) for n, (t, s) in inputs.items()],
+        [helper.make_empty_tensor_value_info(n) for n in outputs], list(inits),
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def node_backward(m, op_type):
+    """The (only) ``op_type`` node's backward cost; also checks the op is never reported as lacking one."""
+    r = flopcount.count(m, mode="train")
+    assert op_type not in r.backward_unsupported
+    (n,) = [n for n in r.nodes if n.op_type == op_type]
+    return n.backward
+
+
+NB, C_TRAIN, D = 3, 7, 5  # batch, classes, one extra position dim
+
+
+T_TRAIN = NB * D  # 15 target positions
+
+
+def loss_train(op, reduction, *, weighted=False, scores_trainable=True, weights_trainable=True, opset=13, n_outputs=1):
+    outs = [f"y{i}" for i in range(n_outputs)]
+    names = ["scores", "labels"] + (["w"] if weighted else [])
+    inputs, inits = {"labels": (I64, (NB, D))}, []
+    if scores_trainable:
+        inits.append(weight("scores", (NB, C_TRAIN, D)))
+    else:
+        inputs["scores"] = (F, (NB, C_TRAIN, D))
+    if weighted:
+        if weights_trainable:
+            inits.append(weight("w", (C_TRAIN,)))
+        else:
+            inputs["w"] = (F, (C_TRAIN,))
+    return graph([N(op, names, outs, reduction=reduction)], inputs, outs, inits, opset)
+
+
+@pytest.mark.parametrize("reduction, weighted, flops", [
+    pytest.param("none", False, T_TRAIN, id="none"),  # −dL_t at the target entry
+    pytest.param("sum", True, 2 * T_TRAIN, id="sum-weighted"),  # −dL·w_t
+    pytest.param("mean", True, 2 * T_TRAIN + 1, id="mean-weighted"),  # + dL/Σw once
+    pytest.param("mean", False, T_TRAIN + 1, id="mean"),  # + dL/T once
+])  # fmt: skip
+def test_nll_loss_train(reduction, weighted, flops):
+    r = flopcount.count(loss_train("NegativeLogLikelihoodLoss", reduction, weighted=weighted), mode="train")
+    assert r.trainable_params == NB * C_TRAIN * D  # the class weights are NonDifferentiable from opset 13 on
+    assert node_backward(loss_train("NegativeLogLikelihoodLoss", reduction, weighted=weighted),
+                         "NegativeLogLikelihoodLoss").flops == flops
+
+
+@pytest.mark.parametrize("reduction, weighted, n_outputs, flops", [
+    # per position: C exps of log_prob, × g_t (C), − g_t at the label (1)
+    pytest.param("mean", False, 1, T_TRAIN * (2 * C_TRAIN + 1) + 1, id="mean"),
+    pytest.param("sum", True, 1, T_TRAIN * (2 * C_TRAIN + 1) + T_TRAIN, id="sum-weighted"),
+    # log_prob's gradient too: Σ dLP (C − 1), × softmax (C), − (C), added into dS (C)
+    pytest.param("none", False, 2, T_TRAIN * (2 * C_TRAIN + 1) + T_TRAIN * (4 * C_TRAIN - 1), id="none-with-log-prob"),
+])  # fmt: skip
+def test_softmax_cross_entropy_train(reduction, weighted, n_outputs, flops):
+    m = loss_train("SoftmaxCrossEntropyLoss", reduction, weighted=weighted, n_outputs=n_outputs)
+    back = node_backward(m, "SoftmaxCrossEntropyLoss")
+    assert (back.flops, back.transcendentals) == (flops, T_TRAIN * C_TRAIN)
+
+
+@pytest.mark.parametrize("op, reduction, flops", [
+    # the class weights' gradient (opset 12 leaves their category unknown; flopcount takes opset 13's
+    # NonDifferentiable, so a count never asks for it): the formula on its own
+    pytest.param("NegativeLogLikelihoodLoss", "none", 3 * T_TRAIN, id="nll-none"),  # −x, × dL_t, scatter-add
+    pytest.param("NegativeLogLikelihoodLoss", "sum", 2 * T_TRAIN + C_TRAIN, id="nll-sum"),  # −x, add; × dL per class
+    pytest.param("SoftmaxCrossEntropyLoss", "mean", 3 * T_TRAIN + C_TRAIN + 1, id="sce-mean"),  # (a − L), dL/W once
+])  # fmt: skip
+def test_loss_weight_gradient_formula(op, reduction, flops):
+    inputs = [("scores", (NB, C_TRAIN, D)), ("labels", (NB, D), I64), ("w", (C_TRAIN,))]
+    out = [(NB, D) if reduction == "none" else ()]
+    assert direct_backward(op, inputs, out, (False, False, True), 12, reduction=reduction).flops == flops
+    # the scores too: both gradients, the mean's division counted once
+    scores = (T_TRAIN * (2 * C_TRAIN + 1) if op == "SoftmaxCrossEntropyLoss" else T_TRAIN) + T_TRAIN
+    assert direct_backward(op, inputs, out, (True, False, True), 12, reduction=reduction).flops == flops + scores
+
+
+def test_loss_weights_are_not_trained_at_opset_12():
+    m = loss_train("NegativeLogLikelihoodLoss", "sum", weighted=True, opset=12)
+    r = flopcount.count(m, mode="train")
+    assert r.trainable_params == NB * C_TRAIN * D  # the scores only
+    assert node_backward(m, "NegativeLogLikelihoodLoss").flops == T_TRAIN + T_TRAIN  # dS: −dL scattered, × w
+
+
+def test_loss_with_data_scores_costs_nothing():
+    m = loss_train("SoftmaxCrossEntropyLoss", "mean", weighted=True, scores_trainable=False, weights_trainable=False)
+    assert node_backward(m, "SoftmaxCrossEntropyLoss") == flopcount.Cost()

@@ -3,7 +3,7 @@ BitCast, ImageDecoder and Optional operators."""
 
 import numpy as np
 import pytest
-from helpers import const, model, single
+from helpers import const, model, single, weight
 from onnx import TensorProto, helper
 
 import flopcount
@@ -95,3 +95,77 @@ def test_optional_wrap_and_unwrap_are_free():
     nodes = [helper.make_node("Optional", ["x"], ["o"]), helper.make_node("OptionalGetElement", ["o"], ["y"])]
     r = flopcount.count(model(nodes, {"x": (7, 11)}, ["y"], opset=18))
     assert [n.status for n in r.nodes] == ["zero-cost", "zero-cost"]
+
+
+# -----------------------------------------------------------------------------------------------------------------
+# Backward (mode="train"): CumSum, CumProd, Det.
+#
+# Each expected value is a closed form written here from the sizes (distinct odd sizes, so that a
+# swapped dimension cannot pass). A tensor needs a gradient when it is a trainable float initializer
+# (``weight``) fed to a differentiable input, or computed from one; graph inputs are data and need none.
+# Which inputs may get a gradient at all is the schema's say (``onnx.defs.get_schema``), checked in
+# ``tests/core/test_schema.py`` before the cases rely on it.
+# -----------------------------------------------------------------------------------------------------------------
+
+
+N = helper.make_node
+
+
+F, I64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+def graph(nodes, inputs, outputs, inits=(), opset=18):
+    """A model whose graph inputs are ``{name: (elem_type, shape)}``."""
+    g = helper.make_graph(
+        list(nodes), "test",
+        [helper.make_tensor_value_info(n, t, s) for n, (t, s) in inputs.items()],
+        [helper.make_empty_tensor_value_info(n) for n in outputs], list(inits),
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def node_backward(m, op_type):
+    """The (only) ``op_type`` node's backward cost; also checks the op is never reported as lacking one."""
+    r = flopcount.count(m, mode="train")
+    assert op_type not in r.backward_unsupported
+    (n,) = [n for n in r.nodes if n.op_type == op_type]
+    return n.backward
+
+
+def one(op_type, x_shape, *, trainable=True, extra_inits=(), opset=18, n_outputs=1, **attrs):
+    """One node on input ``x`` (a trainable weight, or a data input when not ``trainable``)."""
+    names = ["x"] + [t.name for t in extra_inits]
+    outs = [f"y{i}" for i in range(n_outputs)]
+    nodes = [N(op_type, names, outs, **attrs)]
+    if trainable:
+        return graph(nodes, {}, outs, [weight("x", x_shape), *extra_inits], opset)
+    return graph(nodes, {"x": (F, x_shape)}, outs, list(extra_inits), opset)
+
+
+XR = (5, 7, 9)
+
+
+NXR, NYR = 5 * 7 * 9, 5 * 9  # reduced over axis 1, keepdims
+
+
+@pytest.mark.parametrize("op_type, opset, attrs, flops", [
+    # 5·9 = 45 lines of L = 7 along axis 1: the reverse running sum, L − 1 adds per line
+    pytest.param("CumSum", 18, {}, 45 * 6, id="cumsum"),
+    pytest.param("CumSum", 18, {"exclusive": 1, "reverse": 1}, 45 * 5, id="cumsum-exclusive-reverse"),
+    # revcumsum(dY·Y)/X: 2 per element and the running sum
+    pytest.param("CumProd", 26, {}, 2 * NXR + 45 * 6, id="cumprod"),
+    pytest.param("CumProd", 26, {"exclusive": 1}, 2 * NXR + 45 * 5, id="cumprod-exclusive"),
+])  # fmt: skip
+def test_cumulative_train(op_type, opset, attrs, flops):
+    m = one(op_type, XR, extra_inits=[const("axis", 1)], opset=opset, **attrs)
+    assert node_backward(m, op_type).flops == flops
+
+
+@pytest.mark.parametrize("shape, flops", [
+    # B = 3·5 matrices of M = 7: dY·det (1), M right-hand sides through L and U (2M² − M each)
+    pytest.param((3, 5, 7, 7), 15 * (2 * 7**3 - 7**2 + 1), id="batched-7x7"),
+    pytest.param((9, 9), 2 * 9**3 - 9**2 + 1, id="single-9x9"),
+])  # fmt: skip
+def test_det_train(shape, flops):
+    assert node_backward(one("Det", shape), "Det").flops == flops
+    assert node_backward(one("Det", shape, trainable=False), "Det") == flopcount.Cost()

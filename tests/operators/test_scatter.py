@@ -2,7 +2,7 @@
 TensorScatter are free."""
 
 import pytest
-from helpers import model, weight
+from helpers import const, model, weight
 from onnx import TensorProto, helper
 
 import flopcount
@@ -54,3 +54,65 @@ def test_tensor_scatter_is_free():
     m = model([node], {"past": (2, 3, 64, 5), "update": (2, 3, 7, 5)}, ["present"], opset=24)
     (n,) = flopcount.count(m).nodes
     assert (n.status, n.cost.flops) == ("zero-cost", 0)
+
+
+# -----------------------------------------------------------------------------------------------------------------
+# Backward (mode="train"): ScatterElements, ScatterND.
+#
+# Each expected value is a closed form written here from the sizes (distinct odd sizes, so that a
+# swapped dimension cannot pass). A tensor needs a gradient when it is a trainable float initializer
+# (``weight``) fed to a differentiable input, or computed from one; graph inputs are data and need none.
+# Which inputs may get a gradient at all is the schema's say (``onnx.defs.get_schema``), checked in
+# ``tests/core/test_schema.py`` before the cases rely on it.
+# -----------------------------------------------------------------------------------------------------------------
+
+
+N = helper.make_node
+
+
+F, I64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+def graph(nodes, inputs, outputs, inits=(), opset=18):
+    """A model whose graph inputs are ``{name: (elem_type, shape)}``."""
+    g = helper.make_graph(
+        list(nodes), "test",
+        [helper.make_tensor_value_info(n, t, s) for n, (t, s) in inputs.items()],
+        [helper.make_empty_tensor_value_info(n) for n in outputs], list(inits),
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def node_backward(m, op_type):
+    """The (only) ``op_type`` node's backward cost; also checks the op is never reported as lacking one."""
+    r = flopcount.count(m, mode="train")
+    assert op_type not in r.backward_unsupported
+    (n,) = [n for n in r.nodes if n.op_type == op_type]
+    return n.backward
+
+
+XR = (5, 7, 9)
+
+
+def scatter_train(op_type, reduction, data_trainable, updates_trainable):
+    if op_type == "ScatterElements":  # updates [5, 3, 9] along axis 1 of data [5, 7, 9]
+        idx, upd, attrs = const("idx", [[[0] * 9, [2] * 9, [6] * 9]] * 5), (5, 3, 9), {"axis": 1}
+    else:  # ScatterND: 3 index pairs into data [5, 7, 9], each writing a row of 9
+        idx, upd, attrs = const("idx", [[0, 1], [4, 6], [2, 3]]), (3, 9), {}
+    inputs = {n: (F, s) for n, s, tr in (("data", XR, data_trainable), ("upd", upd, updates_trainable)) if not tr}
+    inits = [weight(n, s) for n, s, tr in (("data", XR, data_trainable), ("upd", upd, updates_trainable)) if tr]
+    node = N(op_type, ["data", "idx", "upd"], ["y"], reduction=reduction, **attrs)
+    return graph([node], inputs, ["y"], [*inits, idx], opset=18)
+
+
+@pytest.mark.parametrize("op_type, u", [("ScatterElements", 5 * 3 * 9), ("ScatterND", 3 * 9)])
+@pytest.mark.parametrize("reduction, data, updates, per_update", [
+    pytest.param("none", True, True, 0, id="none"),  # zeroed dY, gathered dY: moves
+    pytest.param("add", True, True, 0, id="add"),  # dY, gathered dY: moves
+    pytest.param("mul", True, True, 1 + 2, id="mul"),  # dY·Π updates; dY·Y/update
+    pytest.param("mul", True, False, 1, id="mul-data-only"),
+    pytest.param("max", True, True, 1 + 1, id="max"),  # one comparison with Y per update, each side
+    pytest.param("min", False, True, 1, id="min-updates-only"),
+])  # fmt: skip
+def test_scatter(op_type, u, reduction, data, updates, per_update):
+    assert node_backward(scatter_train(op_type, reduction, data, updates), op_type).flops == per_update * u

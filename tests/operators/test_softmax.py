@@ -6,9 +6,11 @@ transcendentals. Hardmax per row: n − 1 comparisons.
 """
 
 import pytest
-from helpers import single
+from helpers import single, weight
 
 import flopcount
+from onnx import TensorProto
+from onnx import helper
 
 # X = (3, 5, 7) throughout; |X| = 105
 ROWS = [
@@ -59,3 +61,49 @@ def test_softmax_spelled_out():
 def test_softmax_same_under_table3():
     m = single("Softmax", {"x": (3, 5, 7)})
     assert flopcount.count(m, convention="table3").total == flopcount.count(m).total
+
+
+# -----------------------------------------------------------------------------------------------------------------
+# Backward (mode="train"): Hardmax, an explicit zero.
+#
+# Each expected value is a closed form written here from the sizes (distinct odd sizes, so that a
+# swapped dimension cannot pass). A tensor needs a gradient when it is a trainable float initializer
+# (``weight``) fed to a differentiable input, or computed from one; graph inputs are data and need none.
+# Which inputs may get a gradient at all is the schema's say (``onnx.defs.get_schema``), checked in
+# ``tests/core/test_schema.py`` before the cases rely on it.
+# -----------------------------------------------------------------------------------------------------------------
+
+
+N = helper.make_node
+
+
+F, I64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+def graph(nodes, inputs, outputs, inits=(), opset=18):
+    """A model whose graph inputs are ``{name: (elem_type, shape)}``."""
+    g = helper.make_graph(
+        list(nodes), "test",
+        [helper.make_tensor_value_info(n, t, s) for n, (t, s) in inputs.items()],
+        [helper.make_empty_tensor_value_info(n) for n in outputs], list(inits),
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def one(op_type, x_shape, *, trainable=True, extra_inits=(), opset=18, n_outputs=1, **attrs):
+    """One node on input ``x`` (a trainable weight, or a data input when not ``trainable``)."""
+    names = ["x"] + [t.name for t in extra_inits]
+    outs = [f"y{i}" for i in range(n_outputs)]
+    nodes = [N(op_type, names, outs, **attrs)]
+    if trainable:
+        return graph(nodes, {}, outs, [weight("x", x_shape), *extra_inits], opset)
+    return graph(nodes, {"x": (F, x_shape)}, outs, list(extra_inits), opset)
+
+
+XR = (5, 7, 9)
+
+
+def test_hardmax_gradient_is_an_explicit_zero():
+    # piecewise constant: dX = 0; the node has a formula (not reported missing), costing nothing
+    r = flopcount.count(one("Hardmax", XR, axis=1), mode="train")
+    assert not r.backward_unsupported and r.backward == flopcount.Cost()
