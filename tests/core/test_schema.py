@@ -1,21 +1,15 @@
-"""flopcount.schema: which inputs of an operator may carry a gradient, as ONNX's schemas say."""
+"""Which inputs of an operator may carry a gradient, as ONNX's schemas say (what :mod:`flopcount.schema` reads)."""
 
 import onnx
 import pytest
 
 
-# -----------------------------------------------------------------------------------------------------------------
-# The schema categories the backward cases rely on
-#
-# Each expected value is a closed form written here from the sizes (distinct odd sizes, so that a
-# swapped dimension cannot pass). A tensor needs a gradient when it is a trainable float initializer
-# (``weight``) fed to a differentiable input, or computed from one; graph inputs are data and need none.
-# Which inputs may get a gradient at all is the schema's say (``onnx.defs.get_schema``), checked in
-# ``test_schema_categories`` before the cases rely on it.
-# -----------------------------------------------------------------------------------------------------------------
+# The categories of ONNX's schemas that flopcount.schema reads and the backward cases of tests/operators/ rely on:
+# an input the schema marks NonDifferentiable never gets a gradient, any other may.
 
 
 def category(op_type, opset, i):
+    """The differentiation category ONNX's schema of ``op_type`` at ``opset`` gives input ``i``."""
     schema = onnx.defs.get_schema(op_type, opset, "")
     return schema.inputs[min(i, len(schema.inputs) - 1)].differentiation_category
 
