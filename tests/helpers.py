@@ -12,8 +12,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["RESNET50_ONNX", "RESNET50_STAGES", "const", "direct_backward", "model", "resnet50_architecture", "single",
-           "weight"]
+__all__ = ["RESNET50_ONNX", "RESNET50_STAGES", "const", "direct_backward", "model", "node_backward", "one_node",
+           "op_backward", "resnet50_architecture", "shifted_op_model", "single", "typed_model", "weight"]
 
 
 def weight(name: str, dims: Sequence[int], dtype: int = TensorProto.FLOAT) -> TensorProto:
@@ -114,3 +114,60 @@ def resnet50_architecture(hw=224):
             c_in, h = 4 * w, ho
     return dict(conv_macs=conv_macs, bn=bn, relu=relu, add=add, stem_out=stem_out,
                 maxpool_out=maxpool_out, gap_in=2048 * h * h, fc_macs=2048 * 1000)
+
+
+# Backward cases (mode="train") of one node. A tensor needs a gradient when it is a trainable float initializer
+# (``weight``) fed to a differentiable input, or computed from one; graph inputs are data and need none.
+
+
+def typed_model(nodes, inputs, outputs, inits=(), opset=18) -> onnx.ModelProto:
+    """A model whose graph inputs are ``{name: (elem_type, shape)}``."""
+    g = helper.make_graph(
+        list(nodes), "test",
+        [helper.make_tensor_value_info(n, t, s) for n, (t, s) in inputs.items()],
+        [helper.make_empty_tensor_value_info(n) for n in outputs], list(inits),
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def node_backward(m: onnx.ModelProto, op_type: str):
+    """The (only) ``op_type`` node's backward cost; also checks the op is never reported as lacking one."""
+    import flopcount
+
+    r = flopcount.count(m, mode="train")
+    assert op_type not in r.backward_unsupported
+    (n,) = [n for n in r.nodes if n.op_type == op_type]
+    return n.backward
+
+
+def one_node(op_type, x_shape, *, trainable=True, extra_inits=(), opset=18, n_outputs=1, **attrs) -> onnx.ModelProto:
+    """One node on input ``x`` (a trainable weight, or a data input when not ``trainable``)."""
+    names = ["x"] + [t.name for t in extra_inits]
+    outs = [f"y{i}" for i in range(n_outputs)]
+    nodes = [helper.make_node(op_type, names, outs, **attrs)]
+    if trainable:
+        return typed_model(nodes, {}, outs, [weight("x", x_shape), *extra_inits], opset)
+    return typed_model(nodes, {"x": (TensorProto.FLOAT, x_shape)}, outs, list(extra_inits), opset)
+
+
+def shifted_op_model(op_type, node_inputs, data, params=(), consts=(), learned=(), opset=18, n_outputs=1,
+                     **attrs) -> onnx.ModelProto:
+    """One node "op" reading ``node_inputs``; ``data`` are graph inputs (name → shape); ``params`` trainable
+    initializers; ``learned`` names of data inputs routed through Add(x, shift) so that they need a
+    gradient (the node then reads "<name>_t"); the shift has x's shape, as a learned table has (a
+    one-element shift would be a folded constant, not trained)."""
+    nodes = [helper.make_node("Add", [x, f"{x}_shift"], [f"{x}_t"], name=f"shift_{x}") for x in learned]
+    names = [f"{x}_t" if x in learned else x for x in node_inputs]
+    outs = [f"y{i}" for i in range(n_outputs)]
+    nodes.append(helper.make_node(op_type, names, outs, name="op", **attrs))
+    inits = list(params) + list(consts) + [weight(f"{x}_shift", data[x]) for x in learned]
+    return model(nodes, data, outs, inits, opset=opset)
+
+
+def op_backward(m: onnx.ModelProto, **kw):
+    """The backward cost of the node named "op" in a training count of ``m``."""
+    import flopcount
+
+    r = flopcount.count(m, mode="train", **kw)
+    assert not r.backward_unsupported
+    return next(n for n in r.nodes if n.name == "op").backward

@@ -9,7 +9,7 @@ and probs·V (R·T·E_v MACs).
 """
 
 import pytest
-from helpers import model, weight
+from helpers import model, node_backward, typed_model, weight
 from onnx import TensorProto, helper
 
 import flopcount
@@ -280,24 +280,6 @@ N = helper.make_node
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
 
 
-def graph(nodes, inputs, outputs, inits=(), opset=18):
-    """A model whose graph inputs are ``{name: (elem_type, shape)}``."""
-    g = helper.make_graph(
-        list(nodes), "test",
-        [helper.make_tensor_value_info(n, t, s) for n, (t, s) in inputs.items()],
-        [helper.make_empty_tensor_value_info(n) for n in outputs], list(inits),
-    )
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-
-
-def node_backward(m, op_type):
-    """The (only) ``op_type`` node's backward cost; also checks the op is never reported as lacking one."""
-    r = flopcount.count(m, mode="train")
-    assert op_type not in r.backward_unsupported
-    (n,) = [n for n in r.nodes if n.op_type == op_type]
-    return n.backward
-
-
 BR, HR, SR, DR = 3, 5, 7, 22  # batch, heads, sequence, head size (even)
 
 
@@ -317,7 +299,7 @@ def rotary_train(*, x_trainable=True, caches_trainable=False, rot_dim=0, layout=
             inputs[name] = (F, shape)
     if positions:
         inputs["pos"] = (I64, (BR, SR))
-    return graph([N("RotaryEmbedding", names, ["y"], **attrs)], inputs, ["y"], inits, opset=23)
+    return typed_model([N("RotaryEmbedding", names, ["y"], **attrs)], inputs, ["y"], inits, opset=23)
 
 
 @pytest.mark.parametrize("kwargs, flops", [
@@ -358,7 +340,7 @@ NSW = 3 * 5 * 7
 def test_swiglu_train(a, b, flops):
     inits = [weight(n, SW) for n, trained in (("a", a), ("b", b)) if trained]
     inputs = {n: (F, SW) for n, trained in (("a", a), ("b", b)) if not trained}
-    m = graph([N("SwiGLU", ["a", "b"], ["y"], alpha=1.702)], inputs, ["y"], inits, opset=28)
+    m = typed_model([N("SwiGLU", ["a", "b"], ["y"], alpha=1.702)], inputs, ["y"], inits, opset=28)
     back = node_backward(m, "SwiGLU")
     assert (back.flops, back.transcendentals) == (flops, NSW)
 
@@ -384,7 +366,7 @@ def linear_attention_train(rule, trained, *, decay_per_head=False, past=False):
     inputs = {n: (F, s) for n, s in shapes.items() if n not in trained}
     inits = [weight(n, s) for n, s in shapes.items() if n in trained]
     node = N("LinearAttention", names, ["y", "state"], q_num_heads=HQ, kv_num_heads=HKV, update_rule=rule)
-    return graph([node], inputs, ["y", "state"], inits, opset=27)
+    return typed_model([node], inputs, ["y", "state"], inits, opset=27)
 
 
 SCALE_TRAIN = TOK * HQ * DV_TRAIN  # scale·dO, once
@@ -456,5 +438,5 @@ def test_linear_attention_products_equal_flop_counter():
         torch.cat(outs, 1).sum().backward()
     shapes = {"q": (BL, TL, h * DK_TRAIN), "k": (BL, TL, h * DK_TRAIN), "v": (BL, TL, h * DV_TRAIN)}
     node = N("LinearAttention", ["q", "k", "v"], ["y", "state"], q_num_heads=h, kv_num_heads=h, update_rule="linear")
-    r = flopcount.count(graph([node], {}, ["y"], [weight(n, s) for n, s in shapes.items()], opset=27), mode="train")
+    r = flopcount.count(typed_model([node], {}, ["y"], [weight(n, s) for n, s in shapes.items()], opset=27), mode="train")
     assert counter.get_total_flops() == 2 * (r.forward.macs + r.backward.macs)

@@ -4,7 +4,7 @@ forms written here and, for ConvTranspose, against torch.utils.flop_counter."""
 from math import ceil, floor, prod
 
 import pytest
-from helpers import const, model, single, weight
+from helpers import const, model, op_backward, shifted_op_model, single, weight
 from onnx import helper
 
 import flopcount
@@ -206,28 +206,6 @@ def test_causal_conv_with_state(bias, past, activation, extra, trans):
 # -----------------------------------------------------------------------------------------------------------------
 
 
-N = helper.make_node
-
-
-def op_model(op_type, node_inputs, data, params=(), consts=(), learned=(), opset=18, n_outputs=1, **attrs):
-    """One node "op" reading ``node_inputs``; ``data`` are graph inputs (name → shape); ``params`` trainable
-    initializers; ``learned`` names of data inputs routed through Add(x, shift) so that they need a
-    gradient (the node then reads "<name>_t"); the shift has x's shape, as a learned table has (a
-    one-element shift would be a folded constant, not trained)."""
-    nodes = [N("Add", [x, f"{x}_shift"], [f"{x}_t"], name=f"shift_{x}") for x in learned]
-    names = [f"{x}_t" if x in learned else x for x in node_inputs]
-    outs = [f"y{i}" for i in range(n_outputs)]
-    nodes.append(N(op_type, names, outs, name="op", **attrs))
-    inits = list(params) + list(consts) + [weight(f"{x}_shift", data[x]) for x in learned]
-    return model(nodes, data, outs, inits, opset=opset)
-
-
-def backward_of(m, **kw):
-    r = flopcount.count(m, mode="train", **kw)
-    assert not r.backward_unsupported
-    return next(n for n in r.nodes if n.name == "op").backward
-
-
 def tr_out(size, k, stride=1, pads=(0, 0), dilation=1, output_padding=0):
     """ConvTranspose output size, from the ONNX spec's equation."""
     return stride * (size - 1) + output_padding + (k - 1) * dilation + 1 - pads[0] - pads[1]
@@ -249,20 +227,20 @@ CONV_TRANSPOSE_TRAIN = [
 @pytest.mark.parametrize("n, c_in, c_out, g, spatial, kernel, attrs, out", CONV_TRANSPOSE_TRAIN)
 def test_conv_transpose_backward(n, c_in, c_out, g, spatial, kernel, attrs, out, x_grad, bias):
     params = [weight("W", (c_in, c_out // g, *kernel))] + ([weight("B", (c_out,))] if bias else [])
-    m = op_model("ConvTranspose", ["x", "W"] + (["B"] if bias else []), {"x": (n, c_in, *spatial)}, params,
+    m = shifted_op_model("ConvTranspose", ["x", "W"] + (["B"] if bias else []), {"x": (n, c_in, *spatial)}, params,
                  learned=("x",) if x_grad else (), **attrs)
     forward_macs = n * c_in * prod(spatial) * prod(kernel) * (c_out // g)  # each input element into K·C_out/G
     y = n * c_out * prod(out)
-    b = backward_of(m)
+    b = op_backward(m)
     assert b.macs == forward_macs * (2 if x_grad else 1)  # dX only for an inner layer; dW always
     assert b.flops == 2 * b.macs + (y if bias else 0)  # dB = Σ dY: one addition per output element
-    assert backward_of(m, convention="table3").flops == 2 * b.macs  # no bias term
+    assert op_backward(m, convention="table3").flops == 2 * b.macs  # no bias term
 
 
 def test_conv_transpose_backward_of_data_weight_is_dx_only():
     # W a graph input (not trained), X needs a gradient: dX only, 2·3·7·11·(3·3)·5 MACs
-    m = op_model("ConvTranspose", ["x", "W"], {"x": (2, 3, 7, 11), "W": (3, 5, 3, 3)}, learned=("x",))
-    assert backward_of(m).macs == 2 * 3 * 7 * 11 * 9 * 5
+    m = shifted_op_model("ConvTranspose", ["x", "W"], {"x": (2, 3, 7, 11), "W": (3, 5, 3, 3)}, learned=("x",))
+    assert op_backward(m).macs == 2 * 3 * 7 * 11 * 9 * 5
 
 
 @pytest.mark.parametrize("x_grad", [False, True], ids=["first-layer", "inner"])
@@ -289,14 +267,14 @@ def test_conv_transpose_backward_matches_torch_flop_counter(g, x_grad):
     torch_backward = counts[torch.ops.aten.convolution_backward] - (g - 1) * forward
     assert torch_backward == expected
 
-    m = op_model("ConvTranspose", ["x", "W"], {"x": (n, c_in, h, w)}, [weight("W", (c_in, c_out // g, k, k))],
+    m = shifted_op_model("ConvTranspose", ["x", "W"], {"x": (n, c_in, h, w)}, [weight("W", (c_in, c_out // g, k, k))],
                  learned=("x",) if x_grad else (), group=g, strides=[stride] * 2, pads=[pad] * 4,
                  output_padding=[out_pad] * 2)
-    assert backward_of(m, convention="dense").flops == expected
+    assert op_backward(m, convention="dense").flops == expected
 
 
 def test_col2im_backward_is_a_gather():
-    m = op_model("Col2Im", ["x", "image_shape", "block_shape"], {"x": (2, 3 * 2 * 3, 6 * 7)},
+    m = shifted_op_model("Col2Im", ["x", "image_shape", "block_shape"], {"x": (2, 3 * 2 * 3, 6 * 7)},
                  consts=[const("image_shape", [7, 9]), const("block_shape", [2, 3])], learned=("x",))
     r = flopcount.count(m, mode="train")
     node = next(n for n in r.nodes if n.name == "op")
@@ -343,7 +321,7 @@ def test_deform_conv_backward(n, c_in, c_out, g, og, spatial, kernel, attrs, out
         else:
             data[name] = shape
     learned = [name for name, flag in (("x", g_x), ("offset", g_off), ("mask", g_mask)) if flag]
-    m = op_model("DeformConv", names, data, params, learned=learned, opset=22, **attrs)
+    m = shifted_op_model("DeformConv", names, data, params, learned=learned, opset=22, **attrs)
 
     conv_macs = n * c_out * s_out * k * (c_in // g)
     samples = n * c_in * k * s_out
@@ -357,17 +335,17 @@ def test_deform_conv_backward(n, c_in, c_out, g, og, spatial, kernel, attrs, out
         flops += d * (slope(d) + 2) * samples + d * 2 ** (d - 1) * (d - 2) * points
     flops += n * c_out * s_out if g_b else 0  # dB = Σ dY
     assert {2: 5, 3: 11}[d] == slope(d)  # 2-D: 2 subtractions, 2 multiplies, 1 addition
-    b = backward_of(m)
+    b = op_backward(m)
     assert (b.macs, b.flops) == (macs, flops)
 
 
 def test_deform_conv_1d_offset_slope_needs_no_multiply():
     # 1-D: v = (1 − f)·X_lo + f·X_hi, ∂v/∂q = X_hi − X_lo (1 FLOP), then ·g and accumulate: 3 per sample
     n, c, l, k = 2, 3, 11, 3
-    m = op_model("DeformConv", ["x", "W", "offset"], {"x": (n, c, l), "W": (5, c, k), "offset": (n, k, l - k + 1)},
+    m = shifted_op_model("DeformConv", ["x", "W", "offset"], {"x": (n, c, l), "W": (5, c, k), "offset": (n, k, l - k + 1)},
                  learned=("offset",), opset=22)
     samples = n * c * k * (l - k + 1)
-    b = backward_of(m)
+    b = op_backward(m)
     assert b.macs == n * 5 * (l - k + 1) * k * c  # dcol
     assert b.flops == 2 * b.macs + 3 * samples
 
@@ -378,11 +356,11 @@ def test_deform_conv_1d_offset_slope_needs_no_multiply():
 def test_causal_conv_with_state_backward(x_grad, bias, activation):
     n, c, length, k = 3, 5, 7, 4
     params = [weight("W", (c, 1, k))] + ([weight("B", (c,))] if bias else [])
-    m = op_model("CausalConvWithState", ["x", "W", "B" if bias else "", "past"],
+    m = shifted_op_model("CausalConvWithState", ["x", "W", "B" if bias else "", "past"],
                  {"x": (n, c, length), "past": (n, c, k - 1)}, params, learned=("x",) if x_grad else (),
                  opset=27, n_outputs=2, activation=activation)
     y = n * c * length
-    b = backward_of(m)
+    b = op_backward(m)
     assert b.macs == y * k * (2 if x_grad else 1)
     silu = activation == "silu"
     # silu' as the element-wise Swish backward: 5 FLOPs and one exp per element
@@ -393,7 +371,7 @@ def test_causal_conv_with_state_backward(x_grad, bias, activation):
 def test_causal_conv_with_state_past_state_takes_no_gradient():
     # x and W data, past_state through a trained shift: past_state is non-differentiable, so nothing is owed
     n, c, length, k = 3, 5, 7, 4
-    m = op_model("CausalConvWithState", ["x", "W", "", "past"], {"x": (n, c, length), "W": (c, 1, k),
+    m = shifted_op_model("CausalConvWithState", ["x", "W", "", "past"], {"x": (n, c, length), "W": (c, 1, k),
                  "past": (n, c, k - 1)}, learned=("past",), opset=27, n_outputs=2)
     r = flopcount.count(m, mode="train")
     assert next(n for n in r.nodes if n.name == "op").backward == flopcount.Cost()

@@ -1,7 +1,7 @@
 """RoiAlign (S bilinear samples per output) and NonMaxSuppression (an upper bound of greedy NMS)."""
 
 import pytest
-from helpers import const, model, single, weight
+from helpers import const, model, op_backward, shifted_op_model, single
 from onnx import TensorProto, helper
 
 import flopcount
@@ -97,28 +97,6 @@ def test_non_max_suppression_is_reported_as_an_upper_bound():
 # -----------------------------------------------------------------------------------------------------------------
 
 
-N = helper.make_node
-
-
-def op_model(op_type, node_inputs, data, params=(), consts=(), learned=(), opset=18, n_outputs=1, **attrs):
-    """One node "op" reading ``node_inputs``; ``data`` are graph inputs (name → shape); ``params`` trainable
-    initializers; ``learned`` names of data inputs routed through Add(x, shift) so that they need a
-    gradient (the node then reads "<name>_t"); the shift has x's shape, as a learned table has (a
-    one-element shift would be a folded constant, not trained)."""
-    nodes = [N("Add", [x, f"{x}_shift"], [f"{x}_t"], name=f"shift_{x}") for x in learned]
-    names = [f"{x}_t" if x in learned else x for x in node_inputs]
-    outs = [f"y{i}" for i in range(n_outputs)]
-    nodes.append(N(op_type, names, outs, name="op", **attrs))
-    inits = list(params) + list(consts) + [weight(f"{x}_shift", data[x]) for x in learned]
-    return model(nodes, data, outs, inits, opset=opset)
-
-
-def backward_of(m, **kw):
-    r = flopcount.count(m, mode="train", **kw)
-    assert not r.backward_unsupported
-    return next(n for n in r.nodes if n.name == "op").backward
-
-
 ROI = [
     # id: sampling_ratio, mode, S (derived here), FLOPs per output element
     pytest.param(2, "avg", 2 * 2, 8 * 4 + 1, id="ratio2-avg"),
@@ -131,13 +109,13 @@ ROI = [
 def test_roi_align_backward(ratio, mode, s, per_output):
     if ratio == 0:
         assert s == 4 * 7
-    m = op_model("RoiAlign", ["x", "rois", "batch_indices"], {"x": (1, 5, 11, 13), "rois": (7, 4)},
+    m = shifted_op_model("RoiAlign", ["x", "rois", "batch_indices"], {"x": (1, 5, 11, 13), "rois": (7, 4)},
                  consts=[const("batch_indices", [0] * 7)], learned=("x",), opset=22, output_height=3,
                  output_width=2, sampling_ratio=ratio, mode=mode)
-    assert backward_of(m).flops == per_output * 7 * 5 * 3 * 2
+    assert op_backward(m).flops == per_output * 7 * 5 * 3 * 2
 
 
 def test_roi_align_rois_take_no_gradient():
-    m = op_model("RoiAlign", ["x", "rois", "batch_indices"], {"x": (1, 5, 11, 13), "rois": (7, 4)},
+    m = shifted_op_model("RoiAlign", ["x", "rois", "batch_indices"], {"x": (1, 5, 11, 13), "rois": (7, 4)},
                  consts=[const("batch_indices", [0] * 7)], learned=("rois",), opset=22, sampling_ratio=2)
-    assert backward_of(m) == flopcount.Cost()
+    assert op_backward(m) == flopcount.Cost()

@@ -1,7 +1,7 @@
 """Element-wise ops: one per (broadcast) output element; FLOPs for float inputs, int_ops otherwise."""
 
 import pytest
-from helpers import direct_backward, model, single, weight
+from helpers import direct_backward, model, node_backward, one_node, single, typed_model, weight
 from onnx import TensorProto, helper
 
 import flopcount
@@ -77,34 +77,6 @@ N = helper.make_node
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
 
 
-def graph(nodes, inputs, outputs, inits=(), opset=18):
-    """A model whose graph inputs are ``{name: (elem_type, shape)}``."""
-    g = helper.make_graph(
-        list(nodes), "test",
-        [helper.make_tensor_value_info(n, t, s) for n, (t, s) in inputs.items()],
-        [helper.make_empty_tensor_value_info(n) for n in outputs], list(inits),
-    )
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-
-
-def node_backward(m, op_type):
-    """The (only) ``op_type`` node's backward cost; also checks the op is never reported as lacking one."""
-    r = flopcount.count(m, mode="train")
-    assert op_type not in r.backward_unsupported
-    (n,) = [n for n in r.nodes if n.op_type == op_type]
-    return n.backward
-
-
-def one(op_type, x_shape, *, trainable=True, extra_inits=(), opset=18, n_outputs=1, **attrs):
-    """One node on input ``x`` (a trainable weight, or a data input when not ``trainable``)."""
-    names = ["x"] + [t.name for t in extra_inits]
-    outs = [f"y{i}" for i in range(n_outputs)]
-    nodes = [N(op_type, names, outs, **attrs)]
-    if trainable:
-        return graph(nodes, {}, outs, [weight("x", x_shape), *extra_inits], opset)
-    return graph(nodes, {"x": (F, x_shape)}, outs, list(extra_inits), opset)
-
-
 XR = (5, 7, 9)
 
 
@@ -112,13 +84,13 @@ NXR, NYR = 5 * 7 * 9, 5 * 9  # reduced over axis 1, keepdims
 
 
 def test_shrink():
-    assert node_backward(one("Shrink", XR, lambd=0.25, bias=0.5), "Shrink").flops == NXR  # masked dY
+    assert node_backward(one_node("Shrink", XR, lambd=0.25, bias=0.5), "Shrink").flops == NXR  # masked dY
 
 
 def mod(a_shape, b_shape, *, a_trainable, b_trainable, opset):
     inputs = {n: (F, s) for n, s, tr in (("a", a_shape, a_trainable), ("b", b_shape, b_trainable)) if not tr}
     inits = [weight(n, s) for n, s, tr in (("a", a_shape, a_trainable), ("b", b_shape, b_trainable)) if tr]
-    return graph([N("Mod", ["a", "b"], ["y"], fmod=1)], inputs, ["y"], inits, opset)
+    return typed_model([N("Mod", ["a", "b"], ["y"], fmod=1)], inputs, ["y"], inits, opset)
 
 
 def test_mod_divisor_is_non_differentiable_from_opset_13():

@@ -6,7 +6,7 @@ SCE adds a log-softmax over the C classes of every position: 5C − 1 FLOPs, C +
 """
 
 import pytest
-from helpers import direct_backward, model, weight
+from helpers import direct_backward, model, node_backward, typed_model, weight
 from onnx import TensorProto, helper
 
 import flopcount
@@ -69,24 +69,6 @@ N = helper.make_node
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
 
 
-def graph(nodes, inputs, outputs, inits=(), opset=18):
-    """A model whose graph inputs are ``{name: (elem_type, shape)}``."""
-    g = helper.make_graph(
-        list(nodes), "test",
-        [helper.make_tensor_value_info(n, t, s) for n, (t, s) in inputs.items()],
-        [helper.make_empty_tensor_value_info(n) for n in outputs], list(inits),
-    )
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-
-
-def node_backward(m, op_type):
-    """The (only) ``op_type`` node's backward cost; also checks the op is never reported as lacking one."""
-    r = flopcount.count(m, mode="train")
-    assert op_type not in r.backward_unsupported
-    (n,) = [n for n in r.nodes if n.op_type == op_type]
-    return n.backward
-
-
 NB, C_TRAIN, D = 3, 7, 5  # batch, classes, one extra position dim
 
 
@@ -106,7 +88,7 @@ def loss_train(op, reduction, *, weighted=False, scores_trainable=True, weights_
             inits.append(weight("w", (C_TRAIN,)))
         else:
             inputs["w"] = (F, (C_TRAIN,))
-    return graph([N(op, names, outs, reduction=reduction)], inputs, outs, inits, opset)
+    return typed_model([N(op, names, outs, reduction=reduction)], inputs, outs, inits, opset)
 
 
 @pytest.mark.parametrize("reduction, weighted, flops", [

@@ -3,7 +3,7 @@ BitCast, ImageDecoder and Optional operators."""
 
 import numpy as np
 import pytest
-from helpers import const, model, single, weight
+from helpers import const, model, node_backward, one_node, single
 from onnx import TensorProto, helper
 
 import flopcount
@@ -108,40 +108,6 @@ def test_optional_wrap_and_unwrap_are_free():
 # -----------------------------------------------------------------------------------------------------------------
 
 
-N = helper.make_node
-
-
-F, I64 = TensorProto.FLOAT, TensorProto.INT64
-
-
-def graph(nodes, inputs, outputs, inits=(), opset=18):
-    """A model whose graph inputs are ``{name: (elem_type, shape)}``."""
-    g = helper.make_graph(
-        list(nodes), "test",
-        [helper.make_tensor_value_info(n, t, s) for n, (t, s) in inputs.items()],
-        [helper.make_empty_tensor_value_info(n) for n in outputs], list(inits),
-    )
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-
-
-def node_backward(m, op_type):
-    """The (only) ``op_type`` node's backward cost; also checks the op is never reported as lacking one."""
-    r = flopcount.count(m, mode="train")
-    assert op_type not in r.backward_unsupported
-    (n,) = [n for n in r.nodes if n.op_type == op_type]
-    return n.backward
-
-
-def one(op_type, x_shape, *, trainable=True, extra_inits=(), opset=18, n_outputs=1, **attrs):
-    """One node on input ``x`` (a trainable weight, or a data input when not ``trainable``)."""
-    names = ["x"] + [t.name for t in extra_inits]
-    outs = [f"y{i}" for i in range(n_outputs)]
-    nodes = [N(op_type, names, outs, **attrs)]
-    if trainable:
-        return graph(nodes, {}, outs, [weight("x", x_shape), *extra_inits], opset)
-    return graph(nodes, {"x": (F, x_shape)}, outs, list(extra_inits), opset)
-
-
 XR = (5, 7, 9)
 
 
@@ -157,7 +123,7 @@ NXR, NYR = 5 * 7 * 9, 5 * 9  # reduced over axis 1, keepdims
     pytest.param("CumProd", 26, {"exclusive": 1}, 2 * NXR + 45 * 5, id="cumprod-exclusive"),
 ])  # fmt: skip
 def test_cumulative_train(op_type, opset, attrs, flops):
-    m = one(op_type, XR, extra_inits=[const("axis", 1)], opset=opset, **attrs)
+    m = one_node(op_type, XR, extra_inits=[const("axis", 1)], opset=opset, **attrs)
     assert node_backward(m, op_type).flops == flops
 
 
@@ -167,5 +133,5 @@ def test_cumulative_train(op_type, opset, attrs, flops):
     pytest.param((9, 9), 2 * 9**3 - 9**2 + 1, id="single-9x9"),
 ])  # fmt: skip
 def test_det_train(shape, flops):
-    assert node_backward(one("Det", shape), "Det").flops == flops
-    assert node_backward(one("Det", shape, trainable=False), "Det") == flopcount.Cost()
+    assert node_backward(one_node("Det", shape), "Det").flops == flops
+    assert node_backward(one_node("Det", shape, trainable=False), "Det") == flopcount.Cost()

@@ -2,10 +2,9 @@
 
 import numpy as np
 import pytest
-from helpers import const, model, single, weight
+from helpers import const, op_backward, shifted_op_model, single
 
 import flopcount
-from onnx import helper
 
 
 def _ceil(a, b):
@@ -53,28 +52,6 @@ def test_max_unpool_is_free():
 # -----------------------------------------------------------------------------------------------------------------
 
 
-N = helper.make_node
-
-
-def op_model(op_type, node_inputs, data, params=(), consts=(), learned=(), opset=18, n_outputs=1, **attrs):
-    """One node "op" reading ``node_inputs``; ``data`` are graph inputs (name → shape); ``params`` trainable
-    initializers; ``learned`` names of data inputs routed through Add(x, shift) so that they need a
-    gradient (the node then reads "<name>_t"); the shift has x's shape, as a learned table has (a
-    one-element shift would be a folded constant, not trained)."""
-    nodes = [N("Add", [x, f"{x}_shift"], [f"{x}_t"], name=f"shift_{x}") for x in learned]
-    names = [f"{x}_t" if x in learned else x for x in node_inputs]
-    outs = [f"y{i}" for i in range(n_outputs)]
-    nodes.append(N(op_type, names, outs, name="op", **attrs))
-    inits = list(params) + list(consts) + [weight(f"{x}_shift", data[x]) for x in learned]
-    return model(nodes, data, outs, inits, opset=opset)
-
-
-def backward_of(m, **kw):
-    r = flopcount.count(m, mode="train", **kw)
-    assert not r.backward_unsupported
-    return next(n for n in r.nodes if n.name == "op").backward
-
-
 LP = [
     # id: p, FLOPs per window element (before the accumulation), per output, transcendentals per element, per output
     pytest.param(1, 2, 0, 0, 0, id="p1"),  # sign(x)·dY
@@ -86,11 +63,11 @@ LP = [
 @pytest.mark.parametrize("p, per_element, per_output, trans_element, trans_output", LP)
 def test_lp_pool_backward(p, per_element, per_output, trans_element, trans_output):
     # X[2, 3, 11, 13], kernel 3x2, strides 2x1, pads 1 → Y[2, 3, 6, 14]
-    m = op_model("LpPool", ["x"], {"x": (2, 3, 11, 13)}, learned=("x",), kernel_shape=[3, 2], strides=[2, 1],
+    m = shifted_op_model("LpPool", ["x"], {"x": (2, 3, 11, 13)}, learned=("x",), kernel_shape=[3, 2], strides=[2, 1],
                  pads=[1, 1, 1, 1], p=p)
     y = 2 * 3 * ((11 + 2 - 3) // 2 + 1) * ((13 + 2 - 2) // 1 + 1)
     assert y == 2 * 3 * 6 * 14
-    b = backward_of(m)
+    b = op_backward(m)
     assert b.flops == (per_element + 1) * 6 * y + per_output * y  # + 1 addition into dX per window element
     assert b.transcendentals == trans_element * 6 * y + trans_output * y
 
@@ -98,17 +75,17 @@ def test_lp_pool_backward(p, per_element, per_output, trans_element, trans_outpu
 @pytest.mark.parametrize("p, per_element, per_output, trans_element, trans_output", LP)
 def test_global_lp_pool_backward(p, per_element, per_output, trans_element, trans_output):
     x, y = 2 * 3 * 11 * 13, 2 * 3
-    b = backward_of(op_model("GlobalLpPool", ["x"], {"x": (2, 3, 11, 13)}, learned=("x",), p=p))
+    b = op_backward(shifted_op_model("GlobalLpPool", ["x"], {"x": (2, 3, 11, 13)}, learned=("x",), p=p))
     assert b.flops == per_element * x + per_output * y  # each element in one window: written, not added
     assert b.transcendentals == trans_element * x + trans_output * y
 
 
 def test_lp_pool_of_data_has_no_backward():
-    r = flopcount.count(op_model("LpPool", ["x"], {"x": (2, 3, 11, 13)}, kernel_shape=[3, 3]), mode="train")
+    r = flopcount.count(shifted_op_model("LpPool", ["x"], {"x": (2, 3, 11, 13)}, kernel_shape=[3, 3]), mode="train")
     assert r.backward == flopcount.Cost() and not r.backward_unsupported
 
 
 def test_max_roi_pool_backward_scatters_to_the_argmax():
-    m = op_model("MaxRoiPool", ["x", "rois"], {"x": (1, 3, 11, 13), "rois": (7, 5)}, learned=("x", "rois"),
+    m = shifted_op_model("MaxRoiPool", ["x", "rois"], {"x": (1, 3, 11, 13), "rois": (7, 5)}, learned=("x", "rois"),
                  pooled_shape=[2, 3])
-    assert backward_of(m).flops == 7 * 3 * 2 * 3  # |Y|; the ROIs (non-differentiable) get nothing
+    assert op_backward(m).flops == 7 * 3 * 2 * 3  # |Y|; the ROIs (non-differentiable) get nothing

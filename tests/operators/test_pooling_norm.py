@@ -3,11 +3,9 @@
 from math import ceil, floor
 
 import pytest
-from helpers import const, single, weight
+from helpers import const, node_backward, one_node, single, weight
 
 import flopcount
-from onnx import TensorProto
-from onnx import helper
 
 POOL = [
     # id: op, input, attrs, expected output spatial (derived here), K
@@ -148,40 +146,6 @@ def test_reduction_of_an_empty_tensor_costs_nothing():
 # -----------------------------------------------------------------------------------------------------------------
 
 
-N = helper.make_node
-
-
-F, I64 = TensorProto.FLOAT, TensorProto.INT64
-
-
-def graph(nodes, inputs, outputs, inits=(), opset=18):
-    """A model whose graph inputs are ``{name: (elem_type, shape)}``."""
-    g = helper.make_graph(
-        list(nodes), "test",
-        [helper.make_tensor_value_info(n, t, s) for n, (t, s) in inputs.items()],
-        [helper.make_empty_tensor_value_info(n) for n in outputs], list(inits),
-    )
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-
-
-def node_backward(m, op_type):
-    """The (only) ``op_type`` node's backward cost; also checks the op is never reported as lacking one."""
-    r = flopcount.count(m, mode="train")
-    assert op_type not in r.backward_unsupported
-    (n,) = [n for n in r.nodes if n.op_type == op_type]
-    return n.backward
-
-
-def one(op_type, x_shape, *, trainable=True, extra_inits=(), opset=18, n_outputs=1, **attrs):
-    """One node on input ``x`` (a trainable weight, or a data input when not ``trainable``)."""
-    names = ["x"] + [t.name for t in extra_inits]
-    outs = [f"y{i}" for i in range(n_outputs)]
-    nodes = [N(op_type, names, outs, **attrs)]
-    if trainable:
-        return graph(nodes, {}, outs, [weight("x", x_shape), *extra_inits], opset)
-    return graph(nodes, {"x": (F, x_shape)}, outs, list(extra_inits), opset)
-
-
 X4 = (3, 7, 5, 9)  # N, C, H, W
 
 
@@ -191,7 +155,7 @@ NX4 = 3 * 7 * 5 * 9  # 945
 @pytest.mark.parametrize("size", [3, 5])
 def test_lrn(size):
     # per element: dY·Y/s (2), the window sum (size − 1), × 2αβ/size and × X (2), dY/s^β (1), subtraction (1)
-    back = node_backward(one("LRN", X4, size=size, alpha=0.001), "LRN")
+    back = node_backward(one_node("LRN", X4, size=size, alpha=0.001), "LRN")
     assert (back.flops, back.transcendentals) == ((size + 5) * NX4, 0)
 
 
@@ -199,7 +163,7 @@ def test_lrn(size):
 def test_mean_variance_normalization(axes):
     # Σ dY and Σ dY·Y per statistic (3 per element), per element Y·b, 2 subtractions, × 1/σ (4)
     attrs = {"axes": axes} if axes else {}
-    assert node_backward(one("MeanVarianceNormalization", X4, **attrs), "MeanVarianceNormalization").flops == 7 * NX4
+    assert node_backward(one_node("MeanVarianceNormalization", X4, **attrs), "MeanVarianceNormalization").flops == 7 * NX4
 
 
 @pytest.mark.parametrize("axis, p, flops", [
@@ -211,7 +175,7 @@ def test_mean_variance_normalization(axes):
     pytest.param(-1, 2, 3 * 7 * 5 * (5 * 9 - 1), id="p2-last-axis"),
 ])  # fmt: skip
 def test_lp_normalization(axis, p, flops):
-    assert node_backward(one("LpNormalization", X4, axis=axis, p=p), "LpNormalization").flops == flops
+    assert node_backward(one_node("LpNormalization", X4, axis=axis, p=p), "LpNormalization").flops == flops
 
 
 @pytest.mark.parametrize("op_type, attrs", [
@@ -223,7 +187,7 @@ def test_lp_normalization(axis, p, flops):
 ])  # fmt: skip
 def test_data_input_needs_no_gradient(op_type, attrs):
     # fed by data only: no input needs a gradient, so the node costs nothing and is not "unsupported"
-    assert node_backward(one(op_type, X4, trainable=False, **attrs), op_type) == flopcount.Cost()
+    assert node_backward(one_node(op_type, X4, trainable=False, **attrs), op_type) == flopcount.Cost()
 
 
 XR = (5, 7, 9)
@@ -239,12 +203,12 @@ NXR, NYR = 5 * 7 * 9, 5 * 9  # reduced over axis 1, keepdims
     pytest.param("ReduceProd", NXR + NYR, 0, id="prod"),  # dY·y once per output, / x per input
 ])  # fmt: skip
 def test_reductions_train(op_type, flops, trans):
-    back = node_backward(one(op_type, XR, extra_inits=[const("axes", [1])]), op_type)
+    back = node_backward(one_node(op_type, XR, extra_inits=[const("axes", [1])]), op_type)
     assert (back.flops, back.transcendentals) == (flops, trans)
 
 
 def test_reduction_keepdims_0_and_data_input():
-    back = node_backward(one("ReduceProd", XR, extra_inits=[const("axes", [0, 2])], keepdims=0), "ReduceProd")
+    back = node_backward(one_node("ReduceProd", XR, extra_inits=[const("axes", [0, 2])], keepdims=0), "ReduceProd")
     assert back.flops == NXR + 7  # |Y| = 7 outputs
-    assert node_backward(one("ReduceLogSumExp", XR, trainable=False, extra_inits=[const("axes", [1])]),
+    assert node_backward(one_node("ReduceLogSumExp", XR, trainable=False, extra_inits=[const("axes", [1])]),
                          "ReduceLogSumExp") == flopcount.Cost()

@@ -6,15 +6,11 @@ P = 2^d (linear) or 4^d (cubic) over the d axes whose size changes; nearest copi
 
 import numpy as np
 import pytest
-from helpers import const, model, single, weight
+from helpers import const, direct_backward, model, op_backward, shifted_op_model, single, weight
 from onnx import TensorProto, helper
 
 import flopcount
 from math import prod
-from flopcount.context import NodeContext
-from flopcount.context import TensorInfo
-from flopcount.conventions import CONVENTIONS
-from flopcount.registry import lookup_backward
 
 
 def _ceil(a, b):
@@ -150,40 +146,6 @@ def test_center_crop_pad_is_free():
 # -----------------------------------------------------------------------------------------------------------------
 
 
-N = helper.make_node
-
-
-FLOAT = 1
-
-
-def op_model(op_type, node_inputs, data, params=(), consts=(), learned=(), opset=18, n_outputs=1, **attrs):
-    """One node "op" reading ``node_inputs``; ``data`` are graph inputs (name → shape); ``params`` trainable
-    initializers; ``learned`` names of data inputs routed through Add(x, shift) so that they need a
-    gradient (the node then reads "<name>_t"); the shift has x's shape, as a learned table has (a
-    one-element shift would be a folded constant, not trained)."""
-    nodes = [N("Add", [x, f"{x}_shift"], [f"{x}_t"], name=f"shift_{x}") for x in learned]
-    names = [f"{x}_t" if x in learned else x for x in node_inputs]
-    outs = [f"y{i}" for i in range(n_outputs)]
-    nodes.append(N(op_type, names, outs, name="op", **attrs))
-    inits = list(params) + list(consts) + [weight(f"{x}_shift", data[x]) for x in learned]
-    return model(nodes, data, outs, inits, opset=opset)
-
-
-def backward_of(m, **kw):
-    r = flopcount.count(m, mode="train", **kw)
-    assert not r.backward_unsupported
-    return next(n for n in r.nodes if n.name == "op").backward
-
-
-def direct(op_type, inputs, outputs, grads, opset, values=None, **attrs):
-    """Call the registered backward formula on a hand-built context (shapes given, nothing inferred)."""
-    values = values or {}
-    ins = tuple(TensorInfo(name, FLOAT, shape) if name else None for name, shape in inputs)
-    outs = tuple(TensorInfo(f"y{i}", FLOAT, shape) for i, shape in enumerate(outputs))
-    ctx = NodeContext("op", op_type, "", opset, ins, outs, CONVENTIONS["default"], values.get, grads=tuple(grads))
-    return lookup_backward("", op_type)(ctx, **attrs)
-
-
 RESIZE_TRAIN = [
     # id: mode, X, output sizes, attrs, P taps per output element (derived here)
     pytest.param("nearest", (2, 3, 5, 7), (2, 3, 10, 21), {}, 1, id="nearest"),
@@ -198,14 +160,14 @@ RESIZE_TRAIN = [
 
 @pytest.mark.parametrize("mode, x, y, attrs, points", RESIZE_TRAIN)
 def test_resize_backward(mode, x, y, attrs, points):
-    m = op_model("Resize", ["x", "", "", "sizes"], {"x": x}, consts=[const("sizes", y)], learned=("x",),
+    m = shifted_op_model("Resize", ["x", "", "", "sizes"], {"x": x}, consts=[const("sizes", y)], learned=("x",),
                  opset=19, mode=mode, **attrs)
     scatter = 2 * points if points > 1 else 1  # P multiplies + P additions; nearest: one addition
-    assert backward_of(m).flops == scatter * prod(y)
+    assert op_backward(m).flops == scatter * prod(y)
 
 
 def test_resize_of_data_has_no_backward():
-    m = op_model("Resize", ["x", "", "", "sizes"], {"x": (2, 3, 5, 7)}, consts=[const("sizes", [2, 3, 10, 21])],
+    m = shifted_op_model("Resize", ["x", "", "", "sizes"], {"x": (2, 3, 5, 7)}, consts=[const("sizes", [2, 3, 10, 21])],
                  opset=19, mode="linear")
     assert flopcount.count(m, mode="train").backward == flopcount.Cost()
 
@@ -213,13 +175,13 @@ def test_resize_of_data_has_no_backward():
 def test_upsample_backward():
     import numpy as np
 
-    m = op_model("Upsample", ["x", "scales"], {"x": (2, 3, 5, 7)}, consts=[const("scales", [1, 1, 3, 2], np.float32)],
+    m = shifted_op_model("Upsample", ["x", "scales"], {"x": (2, 3, 5, 7)}, consts=[const("scales", [1, 1, 3, 2], np.float32)],
                  learned=("x",), opset=9, mode="linear")
-    assert backward_of(m).flops == 2 * 4 * 2 * 3 * 15 * 14  # bilinear: P = 4 taps
+    assert op_backward(m).flops == 2 * 4 * 2 * 3 * 15 * 14  # bilinear: P = 4 taps
 
 
 def test_affine_grid_theta_is_not_trained_by_the_schema():
-    m = op_model("AffineGrid", ["theta", "size"], {}, [weight("theta", (3, 2, 3))], [const("size", [3, 5, 7, 11])],
+    m = shifted_op_model("AffineGrid", ["theta", "size"], {}, [weight("theta", (3, 2, 3))], [const("size", [3, 5, 7, 11])],
                  opset=20)
     r = flopcount.count(m, mode="train")
     assert r.trainable_params == 0 and r.backward == flopcount.Cost() and not r.backward_unsupported
@@ -230,7 +192,7 @@ def test_affine_grid_backward_formula(grid, d):
     n, spatial = grid[0], grid[1:]
     theta = ("theta", (n, d, d + 1))
     out = [(*grid, d)]
-    b = direct("AffineGrid", [theta, ("size", (d + 2,))], out, (True, False), 20)
+    b = direct_backward("AffineGrid", [theta, ("size", (d + 2,))], out, (True, False), 20)
     assert b.macs == n * prod(spatial) * d * (d + 1)  # dθ = Σ_s dY[s]·base[s]ᵀ: d·(d + 1) per grid point
     assert b.flops == 2 * b.macs
-    assert direct("AffineGrid", [theta, ("size", (d + 2,))], out, (False, False), 20) == flopcount.Cost()
+    assert direct_backward("AffineGrid", [theta, ("size", (d + 2,))], out, (False, False), 20) == flopcount.Cost()

@@ -2,7 +2,7 @@
 TensorScatter are free."""
 
 import pytest
-from helpers import const, model, weight
+from helpers import const, model, node_backward, typed_model, weight
 from onnx import TensorProto, helper
 
 import flopcount
@@ -73,24 +73,6 @@ N = helper.make_node
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
 
 
-def graph(nodes, inputs, outputs, inits=(), opset=18):
-    """A model whose graph inputs are ``{name: (elem_type, shape)}``."""
-    g = helper.make_graph(
-        list(nodes), "test",
-        [helper.make_tensor_value_info(n, t, s) for n, (t, s) in inputs.items()],
-        [helper.make_empty_tensor_value_info(n) for n in outputs], list(inits),
-    )
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-
-
-def node_backward(m, op_type):
-    """The (only) ``op_type`` node's backward cost; also checks the op is never reported as lacking one."""
-    r = flopcount.count(m, mode="train")
-    assert op_type not in r.backward_unsupported
-    (n,) = [n for n in r.nodes if n.op_type == op_type]
-    return n.backward
-
-
 XR = (5, 7, 9)
 
 
@@ -102,7 +84,7 @@ def scatter_train(op_type, reduction, data_trainable, updates_trainable):
     inputs = {n: (F, s) for n, s, tr in (("data", XR, data_trainable), ("upd", upd, updates_trainable)) if not tr}
     inits = [weight(n, s) for n, s, tr in (("data", XR, data_trainable), ("upd", upd, updates_trainable)) if tr]
     node = N(op_type, ["data", "idx", "upd"], ["y"], reduction=reduction, **attrs)
-    return graph([node], inputs, ["y"], [*inits, idx], opset=18)
+    return typed_model([node], inputs, ["y"], [*inits, idx], opset=18)
 
 
 @pytest.mark.parametrize("op_type, u", [("ScatterElements", 5 * 3 * 9), ("ScatterND", 3 * 9)])

@@ -6,11 +6,9 @@ transcendentals. Hardmax per row: n − 1 comparisons.
 """
 
 import pytest
-from helpers import single, weight
+from helpers import one_node, single
 
 import flopcount
-from onnx import TensorProto
-from onnx import helper
 
 # X = (3, 5, 7) throughout; |X| = 105
 ROWS = [
@@ -74,36 +72,10 @@ def test_softmax_same_under_table3():
 # -----------------------------------------------------------------------------------------------------------------
 
 
-N = helper.make_node
-
-
-F, I64 = TensorProto.FLOAT, TensorProto.INT64
-
-
-def graph(nodes, inputs, outputs, inits=(), opset=18):
-    """A model whose graph inputs are ``{name: (elem_type, shape)}``."""
-    g = helper.make_graph(
-        list(nodes), "test",
-        [helper.make_tensor_value_info(n, t, s) for n, (t, s) in inputs.items()],
-        [helper.make_empty_tensor_value_info(n) for n in outputs], list(inits),
-    )
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-
-
-def one(op_type, x_shape, *, trainable=True, extra_inits=(), opset=18, n_outputs=1, **attrs):
-    """One node on input ``x`` (a trainable weight, or a data input when not ``trainable``)."""
-    names = ["x"] + [t.name for t in extra_inits]
-    outs = [f"y{i}" for i in range(n_outputs)]
-    nodes = [N(op_type, names, outs, **attrs)]
-    if trainable:
-        return graph(nodes, {}, outs, [weight("x", x_shape), *extra_inits], opset)
-    return graph(nodes, {"x": (F, x_shape)}, outs, list(extra_inits), opset)
-
-
 XR = (5, 7, 9)
 
 
 def test_hardmax_gradient_is_an_explicit_zero():
     # piecewise constant: dX = 0; the node has a formula (not reported missing), costing nothing
-    r = flopcount.count(one("Hardmax", XR, axis=1), mode="train")
+    r = flopcount.count(one_node("Hardmax", XR, axis=1), mode="train")
     assert not r.backward_unsupported and r.backward == flopcount.Cost()

@@ -1,7 +1,7 @@
 """TopK (≤ |X|·⌈log2(k + 1)⌉ comparisons: heap insertion) and Unique (merge sort + neighbour checks)."""
 
 import pytest
-from helpers import const, model, single, weight
+from helpers import const, model, one_node, single
 from onnx import TensorProto, helper
 
 import flopcount
@@ -64,32 +64,6 @@ def test_unique(x, attrs, n, s, log):
 # -----------------------------------------------------------------------------------------------------------------
 
 
-N = helper.make_node
-
-
-F, I64 = TensorProto.FLOAT, TensorProto.INT64
-
-
-def graph(nodes, inputs, outputs, inits=(), opset=18):
-    """A model whose graph inputs are ``{name: (elem_type, shape)}``."""
-    g = helper.make_graph(
-        list(nodes), "test",
-        [helper.make_tensor_value_info(n, t, s) for n, (t, s) in inputs.items()],
-        [helper.make_empty_tensor_value_info(n) for n in outputs], list(inits),
-    )
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-
-
-def one(op_type, x_shape, *, trainable=True, extra_inits=(), opset=18, n_outputs=1, **attrs):
-    """One node on input ``x`` (a trainable weight, or a data input when not ``trainable``)."""
-    names = ["x"] + [t.name for t in extra_inits]
-    outs = [f"y{i}" for i in range(n_outputs)]
-    nodes = [N(op_type, names, outs, **attrs)]
-    if trainable:
-        return graph(nodes, {}, outs, [weight("x", x_shape), *extra_inits], opset)
-    return graph(nodes, {"x": (F, x_shape)}, outs, list(extra_inits), opset)
-
-
 XR = (5, 7, 9)
 
 
@@ -98,7 +72,7 @@ NXR, NYR = 5 * 7 * 9, 5 * 9  # reduced over axis 1, keepdims
 
 def test_topk_scatters_dy_into_distinct_positions():
     # dX gets the |Y| = 5·3·9 values moved to their k = 3 positions per row of 7: no arithmetic
-    m = one("TopK", XR, extra_inits=[const("k", [3])], n_outputs=2, axis=1)
+    m = one_node("TopK", XR, extra_inits=[const("k", [3])], n_outputs=2, axis=1)
     r = flopcount.count(m, mode="train")
     assert not r.backward_unsupported and r.backward == flopcount.Cost()
     assert r.trainable_params == NXR

@@ -8,14 +8,10 @@ from math import log2
 
 import numpy as np
 import pytest
-from helpers import const, model, single, weight
+from helpers import const, direct_backward, model, shifted_op_model, single
 from onnx import TensorProto, helper
 
 import flopcount
-from flopcount.context import NodeContext
-from flopcount.context import TensorInfo
-from flopcount.conventions import CONVENTIONS
-from flopcount.registry import lookup_backward
 
 
 def dft(x, opset, names=("x",), inits=(), **attrs):
@@ -112,36 +108,8 @@ def test_mel_weight_matrix():
 # -----------------------------------------------------------------------------------------------------------------
 
 
-N = helper.make_node
-
-
-FLOAT = 1
-
-
-def op_model(op_type, node_inputs, data, params=(), consts=(), learned=(), opset=18, n_outputs=1, **attrs):
-    """One node "op" reading ``node_inputs``; ``data`` are graph inputs (name → shape); ``params`` trainable
-    initializers; ``learned`` names of data inputs routed through Add(x, shift) so that they need a
-    gradient (the node then reads "<name>_t"); the shift has x's shape, as a learned table has (a
-    one-element shift would be a folded constant, not trained)."""
-    nodes = [N("Add", [x, f"{x}_shift"], [f"{x}_t"], name=f"shift_{x}") for x in learned]
-    names = [f"{x}_t" if x in learned else x for x in node_inputs]
-    outs = [f"y{i}" for i in range(n_outputs)]
-    nodes.append(N(op_type, names, outs, name="op", **attrs))
-    inits = list(params) + list(consts) + [weight(f"{x}_shift", data[x]) for x in learned]
-    return model(nodes, data, outs, inits, opset=opset)
-
-
-def direct(op_type, inputs, outputs, grads, opset, values=None, **attrs):
-    """Call the registered backward formula on a hand-built context (shapes given, nothing inferred)."""
-    values = values or {}
-    ins = tuple(TensorInfo(name, FLOAT, shape) if name else None for name, shape in inputs)
-    outs = tuple(TensorInfo(f"y{i}", FLOAT, shape) for i, shape in enumerate(outputs))
-    ctx = NodeContext("op", op_type, "", opset, ins, outs, CONVENTIONS["default"], values.get, grads=tuple(grads))
-    return lookup_backward("", op_type)(ctx, **attrs)
-
-
 def test_dft_signal_is_not_trained_by_the_schema():
-    m = op_model("DFT", ["x"], {"x": (3, 16, 2)}, learned=("x",), opset=17, axis=1)
+    m = shifted_op_model("DFT", ["x"], {"x": (3, 16, 2)}, learned=("x",), opset=17, axis=1)
     r = flopcount.count(m, mode="train")
     assert next(n for n in r.nodes if n.name == "op").backward == flopcount.Cost() and not r.backward_unsupported
 
@@ -157,9 +125,9 @@ DFT_TRAIN = [
 
 @pytest.mark.parametrize("x, y, attrs, t, n, real, scaling", DFT_TRAIN)
 def test_dft_backward_formula(x, y, attrs, t, n, real, scaling):
-    b = direct("DFT", [("x", x)], [y], (True,), 17, axis=1, **attrs)
+    b = direct_backward("DFT", [("x", x)], [y], (True,), 17, axis=1, **attrs)
     assert b.flops == t * (2.5 if real else 5) * n * log2(n) + scaling  # the adjoint transform, same real side
-    assert direct("DFT", [("x", x)], [y], (False,), 17, axis=1, **attrs) == flopcount.Cost()
+    assert direct_backward("DFT", [("x", x)], [y], (False,), 17, axis=1, **attrs) == flopcount.Cost()
 
 
 @pytest.mark.parametrize("g_signal, g_window", [(True, False), (False, True), (True, True)],
@@ -173,12 +141,12 @@ def test_stft_backward_formula(channels, g_signal, g_window):
     bins = n // 2 + 1 if channels == 1 else n
     inputs = [("x", (b_, length, channels)), ("step", ()), ("w", (n,))]
     values = {"step": np.array(step)}
-    cost = direct("STFT", inputs, [(b_, frames, bins, 2)], (g_signal, False, g_window), 17, values,
+    cost = direct_backward("STFT", inputs, [(b_, frames, bins, 2)], (g_signal, False, g_window), 17, values,
                   onesided=int(channels == 1))
     fft = (2.5 if channels == 1 else 5) * n * log2(n)  # once, shared by both gradients
     per_frame = fft + (2 * n * channels if g_signal else 0) + (2 * n * channels if g_window else 0)
     # signal: ·window and overlap-add; window: Σ dframe·x (a multiply and an add per real component)
     assert cost.flops == b_ * frames * per_frame
-    no_window = direct("STFT", inputs[:2] + [("", None), ("len", ())], [(b_, frames, bins, 2)],
+    no_window = direct_backward("STFT", inputs[:2] + [("", None), ("len", ())], [(b_, frames, bins, 2)],
                        (True, False, False, False), 17, values | {"len": np.array(n)}, onesided=int(channels == 1))
     assert no_window.flops == b_ * frames * (fft + n * channels)  # overlap-add only
