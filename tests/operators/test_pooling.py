@@ -1,4 +1,7 @@
-"""MaxRoiPool (each bin counted as ⌈H/h⌉·⌈W/w⌉ reads: a ROI covering the whole map) and MaxUnpool (free)."""
+"""Pooling: MaxPool, AveragePool, LpPool and their global forms (K per output element; Table 3: Cin·H·W of the
+input); MaxRoiPool (each bin counted as ⌈H/h⌉·⌈W/w⌉ reads: a ROI covering the whole map) and MaxUnpool (free)."""
+
+from math import ceil, floor
 
 import numpy as np
 import pytest
@@ -89,3 +92,43 @@ def test_max_roi_pool_backward_scatters_to_the_argmax():
     m = shifted_op_model("MaxRoiPool", ["x", "rois"], {"x": (1, 3, 11, 13), "rois": (7, 5)}, learned=("x", "rois"),
                  pooled_shape=[2, 3])
     assert op_backward(m).flops == 7 * 3 * 2 * 3  # |Y|; the ROIs (non-differentiable) get nothing
+
+
+# -----------------------------------------------------------------------------------------------------------------
+# Pooling windows: K per output element (Table 3: Cin·H·W of the input).
+# -----------------------------------------------------------------------------------------------------------------
+
+
+POOL = [
+    # id: op, input, attrs, expected output spatial (derived here), K
+    pytest.param("MaxPool", (2, 5, 17, 19), {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+                 (floor((17 + 2 - 3) / 2) + 1, floor((19 + 2 - 3) / 2) + 1), 9, id="maxpool-3x3-s2"),
+    pytest.param("AveragePool", (1, 3, 23, 29), {"kernel_shape": [2, 3]}, (22, 27), 6, id="avgpool-2x3"),
+    pytest.param("AveragePool", (1, 3, 23, 29), {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1},
+                 (ceil((23 - 3) / 2) + 1, ceil((29 - 3) / 2) + 1), 9, id="avgpool-ceil"),
+    pytest.param("MaxPool", (2, 7, 31), {"kernel_shape": [5], "strides": [3]}, (floor((31 - 5) / 3) + 1,), 5, id="maxpool1d"),
+    pytest.param("LpPool", (1, 2, 9, 9), {"kernel_shape": [3, 3]}, (7, 7), 9, id="lppool"),
+]
+
+
+@pytest.mark.parametrize("op, x, attrs, out, k", POOL)
+def test_pooling(op, x, attrs, out, k):
+    m = single(op, {"x": x}, **attrs)
+    y = x[0] * x[1]
+    for d in out:
+        y *= d
+    r = flopcount.count(m)
+    assert r.total.flops == k * y
+    assert r.total.macs == 0
+    if op == "LpPool":
+        assert r.total.transcendentals == (k + 1) * y
+    x_elems = 1
+    for d in x:
+        x_elems *= d
+    assert flopcount.count(m, convention="table3").total.flops == x_elems
+
+
+@pytest.mark.parametrize("op", ["GlobalAveragePool", "GlobalMaxPool"])
+def test_global_pool(op):
+    r = flopcount.count(single(op, {"x": (3, 5, 7, 11)}))
+    assert r.total.flops == 3 * 5 * 7 * 11
