@@ -20,7 +20,7 @@ RoI pooling, res5 head; design in that module's docstring) this prints:
 * the inference graph (``eval()``, 300 RoIs, exported with the TorchScript exporter so that node names carry the
   module scopes).
 
-This prints figures; nothing asserts (``tests/test_models_detector.py`` checks the closed forms).
+This prints figures; nothing asserts (``tests/models/test_detector.py`` checks the closed forms).
 """
 
 from __future__ import annotations

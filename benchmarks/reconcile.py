@@ -13,7 +13,7 @@ Each model is built with random weights (nothing is downloaded), exported weight
 ``dense`` convention (products only, 2 FLOPs per MAC) and the ``default`` one (everything). FlopCounterMode runs one
 eval-mode forward pass of the same module on the meta device, where ``F.scaled_dot_product_attention`` and
 ``nn.LSTM`` decompose into matrix products that it counts; on CPU (``--cpu``) it counts neither (see
-``tests/test_reconcile_torch.py``). "diff %" is (flopcount dense − FlopCounterMode meta) / FlopCounterMode meta.
+``tests/acceptance/test_reconcile_torch.py``). "diff %" is (flopcount dense − FlopCounterMode meta) / FlopCounterMode meta.
 
 Times: export once (seconds of tracing and ONNX optimisation); dense count the median of ``--repeat`` runs after
 one warm-up; the default-convention count one run. This prints figures; nothing asserts.

@@ -4,15 +4,26 @@
 >>> report = flopcount.count("model.onnx", input_shapes={"input": (8, 3, 224, 224)})  # doctest: +SKIP
 >>> report.per_sample.flops  # doctest: +SKIP
 
-The counting core, one module each (the rooms and their arrows: docs/architecture.md):
+The counting core, one module a line, in the order a count runs through them (the rooms and their arrows:
+docs/architecture.md):
 
-* :mod:`.loading` read a model without its weights; :mod:`.validate` check its graph; :mod:`.graph` the node DAG
-  and :func:`~flopcount.graph.walk_graphs`
+* :mod:`.loading` reads a model without its weights (:func:`~flopcount.loading.load_with_weights` with them)
+* :mod:`.graph` the node DAG and its frozen :class:`~flopcount.graph.GraphIndex`; :func:`~flopcount.graph.walk_graphs`
+* :mod:`.validate` checks the graph and the resolved shapes
 * :mod:`.shapes` ONNX shape inference with data propagation, run once
-* :mod:`.counting` :func:`count`: shapes, formulas, backward, the report; :mod:`.parameters` which tensors train
-* :mod:`.registry` the one formula registry; :mod:`.context` what a formula reads; :mod:`.cost` the cost record
-* :mod:`.conventions` counting conventions; :mod:`.report` the immutable report; :mod:`.render` its text forms
-* :mod:`.errors` the exception hierarchy with exit codes; :mod:`.docs` generates docs/operators.md
+* :mod:`.schema` the operator-schema queries (differentiable inputs) that several stages share
+* :mod:`.parameters` which stored tensors are parameters, buffers or constants
+* :mod:`.counting` :func:`count`: shapes, formulas, backward, the report
+* :mod:`.modules` the module scopes an exporter wrote, and the per-module rows of a report
+* :mod:`.registry` the one formula registry
+* :mod:`.context` what a formula reads: a node's tensors and attributes
+* :mod:`.cost` the frozen cost record
+* :mod:`.conventions` counting conventions
+* :mod:`.report` the immutable report
+* :mod:`.render` its text forms (table, JSON, CSV)
+* :mod:`.html` the report as one self-contained HTML page
+* :mod:`.errors` the exception hierarchy with exit codes, and :func:`~flopcount.errors.first_line`
+* :mod:`.docs` generates docs/operators.md
 * :mod:`.onnx_cases` ONNX's own test cases, for the inventory of operators
 * :mod:`.generation` what ``generate()`` costs (prefill, decode steps); :mod:`.masks` executed attention's masks;
   :mod:`.moe` mixture-of-experts layers (params, active params, capacity)

@@ -25,21 +25,22 @@ from .context import (FLOAT_TYPES, NodeContext, TensorInfo, attribute_defaults, 
 from .conventions import Convention, get_convention
 from .cost import ZERO, Bound, Breakdown, Cost
 from .errors import FlopcountError, InvalidGraphError, ShapeError, UnsupportedOperatorError, UsageError
-from .loading import copy_field, load
+from .graph import GraphIndex
+from .loading import LoadedModel, copy_field, load
 from .masks import ATTENTION_MODES, executed_attention, values_structure
 from .modules import ModuleScopes, scopes_of
 from .parameters import BUFFER, PARAMETER, SHAPE_TYPES, Roles, classify, stored_tensors
 from .registry import DEFAULT_DOMAIN, canonical_domain, lookup, lookup_backward, lookup_shape, straight_through
 from .report import FORMULA, UNSUPPORTED, ZERO_COST, ModelInfo, NodeCount, OpTypeSummary, Report, op_key
 from .schema import differentiable_inputs, schema as _schema
-from .shapes import MAX_ELEMENTS, Inference, prepare, resolve
+from .shapes import MAX_ELEMENTS, Inference, Resolution, prepare, resolve
 
 log = logging.getLogger(__name__)
 
 
 
 def count(
-    model: str | os.PathLike | ModelProto | bytes,
+    model: str | os.PathLike | ModelProto | bytes | LoadedModel,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     batch: int | None = None,
     convention: str | Convention = "default",
@@ -57,8 +58,9 @@ def count(
 
     Parameters
     ----------
-    model : path, ``onnx.ModelProto`` or serialized bytes
-        The model. External data files are never opened and may be absent.
+    model : path, ``onnx.ModelProto``, serialized bytes or :class:`flopcount.loading.LoadedModel`
+        The model. External data files are never opened and may be absent. A ``LoadedModel`` (from
+        :func:`flopcount.loading.load_with_weights`) is counted without reading its file again, under its path.
     input_shapes : mapping of input name to dims, optional
         Fixes dynamic (or overrides static) input dims, e.g. ``{"input": (8, 3, 224, 224)}``.
     batch : int, optional
@@ -169,27 +171,25 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
     shaped = _for_inference(m)
     inference = Inference(shaped, where)  # may run beside the DAG construction: see Inference
     try:
-        dag = graph_mod.build_graph(m.graph, where)
+        index = graph_mod.build_graph(m.graph, where)
         opsets = _opsets(m)
-        validate.check_graph(m, dag, opsets, where)  # before any inference in this process
-        protos, names = dag.graph["protos"], dag.graph["names"]
+        validate.check_graph(m, index, opsets, where)  # before any inference in this process
+        protos, names = index.protos, index.names
         attributes_of = _AttributeCache(opsets, where, m.ir_version)
         attributes = [attributes_of(p, n, op=o, arity=(len(i), len(out)), index=k) for k, (p, n, o, i, out) in
-                      enumerate(zip(protos, names, dag.graph["node_ops"], dag.graph["node_inputs"], dag.graph["node_outputs"]))]
-        nodes = (protos, dag.graph["node_inputs"], dag.graph["node_outputs"], dag.graph["node_ops"],
-                 dag.graph["bodies"])
-        roles = _roles(m, opsets, trainable, frozenset(input_values or ()), where, frozen, nodes)
+                      enumerate(zip(protos, names, index.node_ops, index.node_inputs, index.node_outputs))]
+        roles = _roles(m, opsets, trainable, frozenset(input_values or ()), where, frozen, index)
         lap("graph")
-        res = resolve(shaped, dag, where, inference)
+        res = resolve(shaped, index, where, inference)
     finally:
         inference.close()
-    validate.check_resolved(dag, res.tensors, res.values, attributes, where)
+    validate.check_resolved(index, res.tensors, res.values, attributes, where)
     lap("shapes")
     hint = _fix_hint(res.inputs, res.inference_error)
 
     trained_inputs = _trainable_inputs(m, res.tensors, trainable_inputs, mode, where)
     training = (
-        _training_plan(dag, res.tensors, opsets, roles.names(PARAMETER) | trained_inputs)
+        _training_plan(index, res.tensors, opsets, roles.names(PARAMETER) | trained_inputs)
         if mode == "train" else None
     )
     if attention == "executed":
@@ -197,18 +197,18 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
         conv = dataclasses.replace(conv, executed=executed_attention(protos, given_mask, names, padding, segments))
     walk = _Traversal(res.tensors, res.values, conv, opsets, hint, where, loop_trips or {}, attributes_of, training)
     grads = training.grads if training is not None else {}
-    node_inputs, node_outputs, node_ops = dag.graph["node_inputs"], dag.graph["node_outputs"], dag.graph["node_ops"]
+    node_inputs, node_outputs, node_ops = index.node_inputs, index.node_outputs, index.node_ops
     nodes = []
-    for i in dag.graph["order"]:
+    for i in index.order:
         try:
             nodes.append(walk.node(protos[i], i, names[i], attributes[i], grads.get(i, ()), node_inputs[i],
                                    node_outputs[i], node_ops[i]))
         except ShapeError as e:
-            raise _shapeless_source(dag, i, res.tensors, where) or e from None
+            raise _shapeless_source(index, i, res.tensors, where) or e from None
 
-    report = _report(m, loaded.path, dag, res, nodes, conv, batch, strict, where, roles,
-                     walk.nested_unsupported)
-    report = dataclasses.replace(report, modules=_module_scopes(dag, roles),
+    report = _report(m, path=loaded.path, res=res, nodes=nodes, conv=conv, batch=batch, strict=strict, where=where,
+                     roles=roles, nested=walk.nested_unsupported)
+    report = dataclasses.replace(report, modules=_module_scopes(index, roles),
                                  attention="full" if conv.executed is None else f"executed: {conv.executed.note}")
     if training is not None:
         trainable = sum(prod(res.tensors[n].shape) for n in training.trainable if res.tensors.get(n) is not None)
@@ -231,9 +231,9 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
     return dataclasses.replace(report, timings=MappingProxyType(timings))
 
 
-def _module_scopes(dag, roles: Roles) -> ModuleScopes:
+def _module_scopes(index: GraphIndex, roles: Roles) -> ModuleScopes:
     """The module scope of every counted node (in traversal order) and the owner of every parameter."""
-    order, protos, names, inputs = dag.graph["order"], dag.graph["protos"], dag.graph["names"], dag.graph["node_inputs"]
+    order, protos, names, inputs = index.order, index.protos, index.names, index.node_inputs
     params = {n: roles.sizes[n] for n in roles.names(PARAMETER)}
     first_reader: dict[str, int] = {}
     for k, i in enumerate(order):
@@ -294,15 +294,15 @@ def _trainable_inputs(m: ModelProto, tensors, names, mode: str, where: str) -> f
     return frozenset(names)
 
 
-def _training_plan(dag, tensors, opsets, parameters: frozenset[str]) -> _TrainingPlan:
+def _training_plan(index: GraphIndex, tensors, opsets, parameters: frozenset[str]) -> _TrainingPlan:
     """Which tensors need gradients: the trainable ``parameters`` fed to a differentiable input
     (see :mod:`flopcount.parameters`) and everything computed from them through differentiable
     inputs. A node whose outputs are all integers or bools (ArgMax, NonMaxSuppression, comparisons)
     passes no gradient back, so it needs no backward and trains nothing, unless its backward is
     registered ``straight_through`` (fake quantization)."""
     float_inits = {n for n in parameters if (t := tensors.get(n)) is None or not t.elem_type or t.elem_type in FLOAT_TYPES}
-    g = dag.graph
-    nodes = ((i, g["node_inputs"][i], g["node_outputs"][i], g["node_ops"][i], g["captured"].get(i, ())) for i in g["order"])
+    nodes = ((i, index.node_inputs[i], index.node_outputs[i], index.node_ops[i], index.captured.get(i, ()))
+             for i in index.order)
     need: set[str] = set()
     grads, trainable = _plan(nodes, float_inits, need, tensors, opsets)
     return _TrainingPlan(grads, frozenset(trainable), frozenset(need), frozenset(float_inits))
@@ -612,20 +612,20 @@ class _AttributeCache:
         return values
 
 
-def _shapeless_source(dag, failed: int, tensors: Mapping[str, TensorInfo], where: str) -> ShapeError | None:
+def _shapeless_source(index: GraphIndex, failed: int, tensors: Mapping[str, TensorInfo], where: str) -> ShapeError | None:
     """The error to give when node ``failed`` cannot be counted for want of a shape that an operator unknown
     to every shape inference left out: the first such node upstream (or ``failed`` itself), an operator
     whose inputs are known and whose outputs are not. None when there is none (the usual message applies)."""
-    order = {k: n for n, k in enumerate(dag.graph["order"])}
-    ops, node_inputs, node_outputs = dag.graph["node_ops"], dag.graph["node_inputs"], dag.graph["node_outputs"]
+    order = {k: n for n, k in enumerate(index.order)}
+    ops, node_inputs, node_outputs = index.node_ops, index.node_inputs, index.node_outputs
     known = lambda name: not name or (tensors.get(name) is not None and tensors[name].is_static)  # noqa: E731
-    for k in sorted(nx.ancestors(dag, failed) | {failed}, key=order.__getitem__):
+    for k in sorted(nx.ancestors(index.dag, failed) | {failed}, key=order.__getitem__):
         domain, op_type = ops[k]
         if onnx.defs.has(op_type, domain) or not all(map(known, node_inputs[k])):
             continue
         unknown = [o for o in node_outputs[k] if not known(o)]
         if unknown:
-            name, downstream = dag.graph["names"][k], dag.graph["names"][failed]
+            name, downstream = index.names[k], index.names[failed]
             after = "" if k == failed else f"; node {downstream!r} ({ops[failed][1]}) after it cannot be counted"
             why = ("its shape function cannot tell its output shapes from its inputs and attributes"
                    if lookup_shape(domain, op_type) else "no shape inference knows this operator")
@@ -762,18 +762,18 @@ def _names_matching(entries: Collection[str] | None, names: Collection[str], wha
 
 
 def _roles(m: ModelProto, opsets, trainable: Collection[str] | None, given: frozenset, where: str,
-           frozen: Collection[str] | None = None, nodes=None) -> Roles:
+           frozen: Collection[str] | None = None, index: GraphIndex | None = None) -> Roles:
     """Parameters, buffers and constants of the main graph. ``trainable`` (names or patterns), when given,
     are the parameters, all trained; the graph's rule sorts the rest, and what it would call a parameter
     is then a buffer (a frozen weight, Keras' moving statistics). ``frozen`` (names or patterns) are
     parameters that are not trained: buffers too. Inputs whose values the user gave (``given``) have no
     role."""
     if trainable is None and not frozen:
-        return classify(m, opsets, (), given, nodes)
+        return classify(m, opsets, (), given, index)
     stored = [n for n, v in stored_tensors(m.graph).items() if v[0] not in SHAPE_TYPES and n not in given]
     named = _names_matching(trainable, stored, "trainable", where)
     cold = _names_matching(frozen, stored, "frozen", where)
-    roles = classify(m, opsets, named, given, nodes)  # a Constant named trainable is a parameter
+    roles = classify(m, opsets, named, given, index)  # a Constant named trainable is a parameter
     if trainable is None and not cold:
         return roles
     if trainable is None:
@@ -784,7 +784,10 @@ def _roles(m: ModelProto, opsets, trainable: Collection[str] | None, given: froz
                  roles.sizes)
 
 
-def _report(m, path, dag, res, nodes, conv, batch, strict, where, roles: Roles, nested: Mapping[str, int]) -> Report:
+def _report(m: ModelProto, *, path: str | None, res: Resolution, nodes: Sequence[NodeCount], conv: Convention,
+            batch: int | None, strict: bool, where: str, roles: Roles, nested: Mapping[str, int]) -> Report:
+    """The immutable report of the counted ``nodes`` (in traversal order); ``nested``: operator key → nodes
+    without a formula inside subgraph bodies."""
     groups: dict[str, list[NodeCount]] = {}
     for n in nodes:
         key = op_key(n.domain, n.op_type) if n.domain else n.op_type

@@ -5,6 +5,8 @@ Every message names the file, node or tensor concerned and says what to do.
 
 from __future__ import annotations
 
+import re
+
 
 class FlopcountError(Exception):
     """Base class of every error flopcount raises on purpose."""
@@ -90,3 +92,20 @@ class ConfigError(FlopcountError):
 
 #: Exit code of ``flopcount bench`` when every run completed but some run did not reach its target quality.
 EXIT_QUALITY_NOT_REACHED = 10
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def first_line(e: BaseException, limit: int = 300) -> str:
+    """The first non-blank line of the message of ``e`` (its type name when it has none), without terminal colour
+    codes, its white space folded, cut to ``limit`` characters: the part of an exception a one-line error quotes.
+
+    >>> first_line(ValueError("\\n  bad shape  [2,\\n3]\\ntraceback..."))
+    'bad shape [2,'
+    >>> first_line(KeyError())
+    'KeyError'
+    """
+    lines = [line.strip() for line in _ANSI.sub("", str(e)).splitlines() if line.strip()]
+    text = " ".join(lines[0].split()) if lines else type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."

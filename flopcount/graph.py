@@ -2,16 +2,14 @@
 
 Node attributes: ``proto`` (the NodeProto) and ``name`` (the node's name, or ``OpType_index``
 where the model leaves it empty). Edge attribute ``tensors``: the names flowing along the edge.
-Graph attributes: ``producer`` (tensor → node index), ``inputs`` (real graph inputs: declared
-inputs that are not initializers), ``initializers``, ``outputs``, ``order`` (a topological order
-of the node indices), ``bodies`` (indices of nodes with subgraphs: If, Loop, Scan ...),
-``captured`` (node index → the outer tensors its subgraphs read, for nodes whose do), and per
-node index ``protos``, ``names``, ``node_ops`` ((domain, op_type) as written), ``node_inputs`` and
-``node_outputs`` (tuples of tensor names, "" for an omitted optional one).
+:func:`build_graph` reads the graph once into a frozen :class:`GraphIndex` that the counting stages
+(validation, shapes, parameters, counting, module scopes) receive; the DAG inside it serves graph algorithms.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Iterable, NoReturn
 
 import networkx as nx
@@ -24,6 +22,25 @@ from .errors import InvalidGraphError
 SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
 
+@dataclass(frozen=True)
+class GraphIndex:
+    """What :func:`build_graph` reads from one graph, for every later stage; nodes are known by their index."""
+
+    dag: nx.DiGraph  #: nodes ``0..n-1``, edges labelled with the tensors they carry: for graph algorithms
+    protos: Sequence[onnx.NodeProto]  #: per node: its proto (one wrapper, reused by every pass)
+    names: Sequence[str]  #: per node: its name, or ``OpType_index`` where the model leaves it empty
+    node_ops: Sequence[tuple[str, str]]  #: per node: ``(domain, op_type)`` as written
+    node_inputs: Sequence[tuple[str, ...]]  #: per node: its input names, "" for an omitted optional one
+    node_outputs: Sequence[tuple[str, ...]]  #: per node: its output names, "" for an omitted optional one
+    producer: Mapping[str, int]  #: tensor → the index of the node that writes it
+    inputs: tuple[str, ...]  #: the real graph inputs: declared inputs that are not initializers
+    initializers: frozenset[str]  #: initializer names (dense and sparse)
+    outputs: tuple[str, ...]  #: the graph's output names
+    order: Sequence[int]  #: a topological order of the node indices
+    bodies: Sequence[int]  #: indices of the nodes holding subgraphs (If, Loop, Scan ...)
+    captured: Mapping[int, tuple[str, ...]]  #: node index → the outer tensors its subgraphs read (where they do)
+
+
 def walk_graphs(graph: onnx.GraphProto) -> Iterable[onnx.GraphProto]:
     """Yield ``graph`` and, recursively, every subgraph held in a node attribute (``If``, ``Loop``, ``Scan``)."""
     yield graph
@@ -34,6 +51,28 @@ def walk_graphs(graph: onnx.GraphProto) -> Iterable[onnx.GraphProto]:
             elif attribute.type == onnx.AttributeProto.GRAPHS:
                 for subgraph in attribute.graphs:
                     yield from walk_graphs(subgraph)
+
+
+def model_tensors(model: onnx.ModelProto) -> Iterable[onnx.TensorProto]:
+    """Yield every tensor ``model`` holds: the initializers of its graph and subgraphs, and the tensors in node
+    attributes (``Constant``'s ``value``, ...) of its graph, its model-local functions and their subgraphs."""
+    graphs = list(walk_graphs(model.graph))
+    for graph in graphs:
+        yield from graph.initializer
+    function_bodies = [
+        body
+        for function in model.functions
+        for node in function.node
+        for attribute in node.attribute
+        for subgraph in ([attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else attribute.graphs)
+        for body in walk_graphs(subgraph)
+    ]
+    node_lists = [g.node for g in graphs + function_bodies] + [function.node for function in model.functions]
+    for node in (node for nodes in node_lists for node in nodes):
+        for attribute in node.attribute:
+            if attribute.HasField("t"):
+                yield attribute.t
+            yield from attribute.tensors
 
 
 def node_label(proto: onnx.NodeProto, index: int) -> str:
@@ -56,8 +95,9 @@ def subgraph_outer_names(node: onnx.NodeProto) -> set[str]:
     return names
 
 
-def build_graph(graph: onnx.GraphProto, where: str, outer: Iterable[str] = ()) -> nx.DiGraph:
-    """Build the DAG of ``graph`` and check it: every input produced once, outputs unique, no cycle.
+def build_graph(graph: onnx.GraphProto, where: str, outer: Iterable[str] = ()) -> GraphIndex:
+    """Build the DAG of ``graph`` and its :class:`GraphIndex`, and check it: every input produced once, outputs
+    unique, no cycle.
 
     ``outer`` names tensors visible from enclosing graphs (for subgraph bodies).
     """
@@ -79,16 +119,9 @@ def build_graph(graph: onnx.GraphProto, where: str, outer: Iterable[str] = ()) -
         writes = [(out, idx) for idx, outs in enumerate(node_outputs) for out in outs if out]
         _explain_bad_write(protos, writes, initializers, set(declared_inputs), where)
 
-    dag = nx.DiGraph(
-        producer=producer,
-        inputs=tuple(n for n in declared_inputs if n not in initializers),
-        initializers=frozenset(initializers),
-        outputs=tuple(o.name for o in graph.output),
-    )
+    dag = nx.DiGraph()
+    outputs = tuple(o.name for o in graph.output)
     names = [node_label(n, i) for i, n in enumerate(protos)]
-    dag.graph["protos"], dag.graph["names"] = protos, names
-    dag.graph["node_inputs"], dag.graph["node_outputs"] = node_inputs, node_outputs
-    dag.graph["node_ops"] = node_ops
 
     # The adjacency is built as plain dicts and handed to networkx in one step: adding 100k nodes
     # and edges one by one through add_nodes_from/add_edges_from costs more than everything else here.
@@ -129,16 +162,19 @@ def build_graph(graph: onnx.GraphProto, where: str, outer: Iterable[str] = ()) -
                 data["tensors"].append(name)
     _fill(dag, ({"proto": p, "name": n} for p, n in zip(protos, names)), succ, pred)
 
-    for name in dag.graph["outputs"]:
+    for name in outputs:
         if name not in producer and name not in available:
             raise InvalidGraphError(
                 f"{where}: graph output {name!r} is produced by no node and is not an input; "
                 "the graph is incomplete"
             )
 
-    dag.graph["bodies"], dag.graph["captured"] = bodies, captured
-    dag.graph["order"] = list(range(len(protos))) if in_order else _topological_order(dag, where)
-    return dag
+    order = list(range(len(protos))) if in_order else _topological_order(dag, where)
+    return GraphIndex(
+        dag=dag, protos=protos, names=names, node_ops=node_ops, node_inputs=node_inputs, node_outputs=node_outputs,
+        producer=producer, inputs=tuple(n for n in declared_inputs if n not in initializers),
+        initializers=frozenset(initializers), outputs=outputs, order=order, bodies=bodies, captured=captured,
+    )
 
 
 def _explain_bad_write(protos, writes, initializers, declared_inputs, where) -> NoReturn:

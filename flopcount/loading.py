@@ -18,7 +18,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import ModelProto, TensorProto
 
-from .errors import ModelFileError, OpsetError
+from .errors import ModelFileError, OpsetError, first_line
 from .registry import DEFAULT_DOMAIN, canonical_domain
 
 # Tensors up to this many elements keep their data: they are shape vectors, axes, scales, and
@@ -42,12 +42,16 @@ class LoadedModel:
     path: str | None  # None when given as a ModelProto or bytes
 
 
-def load(source: str | os.PathLike | ModelProto | bytes) -> LoadedModel:
-    """Load ``source`` (a path, serialized bytes, or a ``ModelProto``) with weight data stripped.
+def load(source: str | os.PathLike | ModelProto | bytes | LoadedModel) -> LoadedModel:
+    """Load ``source`` (a path, serialized bytes, a ``ModelProto``, or a :class:`LoadedModel` read already, whose
+    path it keeps) with weight data stripped.
 
     A ``ModelProto`` passed in is never modified: its weightless copy is made field by field.
     """
-    if isinstance(source, ModelProto):
+    if isinstance(source, LoadedModel):
+        model = weightless_copy(source.model, source.path or "<model>")
+        path = source.path
+    elif isinstance(source, ModelProto):
         model = weightless_copy(source, "<model>")
         path = None
     elif isinstance(source, (bytes, bytearray)):
@@ -64,6 +68,21 @@ def load(source: str | os.PathLike | ModelProto | bytes) -> LoadedModel:
     if model.functions:
         model = _inline_functions(model, path or "<model>")
     return LoadedModel(model, path)
+
+
+def load_with_weights(source: str | os.PathLike | ModelProto | bytes) -> LoadedModel:
+    """``source`` read with its inline weight data (external data stays unread), for a caller that runs the model
+    as well as counts it: :func:`load` (and so :func:`flopcount.count`) takes the result without reading the file
+    again. A ``ModelProto`` passed in is copied, never modified; a file that cannot be read fails as in :func:`load`.
+    """
+    if isinstance(source, ModelProto):
+        model = ModelProto()
+        model.CopyFrom(source)
+        return LoadedModel(model, None)
+    if isinstance(source, (bytes, bytearray)):
+        return LoadedModel(_parse(bytes(source), "<bytes>"), None)
+    path = os.fspath(source)
+    return LoadedModel(_parse(_read(path), path), path)
 
 
 def _read(path: str) -> bytes:
@@ -93,7 +112,7 @@ def _parse(data: bytes, where: str) -> ModelProto:
                 "wrap it in a model (onnx.helper.make_model) or give the exported .onnx file"
             ) from None
         raise ModelFileError(
-            f"{where}: not a readable ONNX protobuf ({_first_line(e)}); the file is truncated, "
+            f"{where}: not a readable ONNX protobuf ({first_line(e)}); the file is truncated, "
             "corrupt or of another format: re-export or re-download it"
         ) from None
     if not model.HasField("graph"):
@@ -117,11 +136,6 @@ def _other_onnx_message(data: bytes) -> str:
         if msg.ListFields() and getattr(msg, required) and msg.SerializeToString() == data:
             return cls.__name__
     return ""
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
 
 
 def _check_is_model(model: ModelProto, where: str) -> None:
@@ -330,7 +344,7 @@ def _check_tensor(t, node: onnx.NodeProto, index: int, where: str) -> None:
 
         raise InvalidGraphError(
             f"{where}: node {node.name or f'{node.op_type}_{index}'!r} ({node.op_type}), tensor {dense.name!r}: "
-            f"{_first_line(e)} "
+            f"{first_line(e)} "
             "(ONNX checker); fix the tensor or re-export the model"
         ) from None
 
@@ -362,9 +376,6 @@ def copy_field(dst, field, value) -> None:
         setattr(dst, field.name, value)
 
 
-_copy_field = copy_field  # its former name, still read elsewhere
-
-
 def weightless_copy(model: ModelProto, where: str = "<model>") -> ModelProto:
     """A copy of ``model`` without weight data, made without copying the weight bytes."""
     out = ModelProto()
@@ -394,6 +405,6 @@ def _inline_functions(model: ModelProto, where: str) -> ModelProto:
         from .errors import InvalidGraphError
 
         raise InvalidGraphError(
-            f"{where}: its model-local functions cannot be expanded ({_first_line(e)}); "
+            f"{where}: its model-local functions cannot be expanded ({first_line(e)}); "
             "check the function definitions or re-export without functions"
         ) from None

@@ -36,11 +36,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from math import prod
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 
 import onnx
 from onnx import ModelProto, TensorProto
 
+from .graph import GraphIndex
 from .registry import buffer_inputs, canonical_domain, lookup, quantized_data
 from .schema import differentiable_inputs
 
@@ -120,28 +121,58 @@ def classify(
     opsets: Mapping[str, int],
     given: Collection[str] = (),
     excluded: Collection[str] = (),
-    nodes: tuple | None = None,
+    index: GraphIndex | None = None,
 ) -> Roles:
     """Roles of the main graph's stored tensors (see the module docstring). ``given`` names tensors
     known to be parameters; ``excluded`` (inputs whose values the user gave) get no role.
-    ``nodes``: the graph's node protos, their inputs, outputs and (domain, op_type) as already read
-    (:func:`flopcount.graph.build_graph` keeps them), and the indices of the nodes holding subgraphs
-    (None: any node may), so that they are not read from the protos again."""
-    if nodes is None:
+    ``index``: the main graph as :func:`flopcount.graph.build_graph` read it, so that its node lists are not read
+    from the protos again (None: they are read here)."""
+    if index is None:
         protos = list(model.graph.node)
-        nodes = (protos, [tuple(n.input) for n in protos], [tuple(n.output) for n in protos],
-                 [(n.domain, n.op_type) for n in protos], None)
-    protos, node_inputs, node_outputs, node_ops, bodies = nodes
+        node_ops = [(n.domain, n.op_type) for n in protos]
+        node_inputs, node_outputs = [tuple(n.input) for n in protos], [tuple(n.output) for n in protos]
+        bodies: Sequence[int] = range(len(protos))  # any node may hold a subgraph
+    else:
+        protos, node_ops, bodies = index.protos, index.node_ops, index.bodies
+        node_inputs, node_outputs = index.node_inputs, index.node_outputs
+    graphs = [model.graph, *subgraphs(model.graph)]  # weights stored in If/Loop/Scan bodies are weights too
+    every = {n: v for g in graphs for n, v in stored_tensors(g).items()}
+    stored = _candidates(every, node_ops, node_inputs, excluded)
+    quantized = {n for n, (t, _) in stored.items() if t in QUANTIZED_TYPES}
+    consumers = _consumers(stored, quantized, protos, node_ops, node_inputs, node_outputs, bodies)
+    dequantizing = _dequantizing(quantized, consumers, every) if quantized else {}
+    rules = _RoleRules(opsets, consumers, dequantizing, _rescaled(node_ops, node_inputs, node_outputs))
+    initializers = {t.name for g in graphs for t in g.initializer} | {
+        sp.values.name for g in graphs for sp in g.sparse_initializer}
+    roles = {name: rules.role_of(name, dims, False) for name, (_, dims) in stored.items() if name in initializers}
+    # A graph that keeps its weights in initializers writes the literals of the forward code (grids,
+    # ranges, anchors, scale vectors) as Constant nodes: never parameters. A graph without weight
+    # initializers (Paddle2ONNX, spox, jax2tf) stores its weights as Constant nodes: the rule applies.
+    literal = PARAMETER in roles.values()
+    for name, (_, dims) in stored.items():
+        if name not in initializers:
+            roles[name] = rules.role_of(name, dims, literal)
+    for name in given:
+        if name in stored:
+            roles[name] = PARAMETER
+    return Roles(roles, {n: prod(d) for n, (_, d) in stored.items()})
+
+
+def _candidates(every: Mapping[str, tuple[int, tuple[int, ...]]], node_ops, node_inputs,
+                excluded: Collection[str]) -> dict[str, tuple[int, tuple[int, ...]]]:
+    """The stored tensors that may be weights: not shapes or indices, and not ``excluded``."""
     # int32 tensors are shapes and indices, except a quantized product's bias (QLinearConv's B, or one
     # that DequantizeLinear turns into a float bias in QDQ graphs)
     int_data = {inputs[p] for (domain, op), inputs in zip(node_ops, node_inputs) if (data := quantized_data(domain, op))
                 for p in range(len(inputs)) if p in data}
     int_data.update(inputs[0] for (_, op), inputs in zip(node_ops, node_inputs) if op == "DequantizeLinear" and inputs)
-    graphs = [model.graph, *subgraphs(model.graph)]  # weights stored in If/Loop/Scan bodies are weights too
-    every = {n: v for g in graphs for n, v in stored_tensors(g).items()}
-    stored = {n: v for n, v in every.items()
-              if (v[0] not in SHAPE_TYPES or v[0] == TensorProto.INT32 and n in int_data) and n not in excluded}
-    quantized = {n for n, (t, _) in stored.items() if t in QUANTIZED_TYPES}
+    return {n: v for n, v in every.items()
+            if (v[0] not in SHAPE_TYPES or v[0] == TensorProto.INT32 and n in int_data) and n not in excluded}
+
+
+def _consumers(stored: Mapping, quantized: set[str], protos, node_ops, node_inputs, node_outputs,
+               bodies: Sequence[int]) -> dict[str, list]:
+    """Tensor name → its ``(node, input position)`` uses, in the main graph and (as protos) in subgraphs."""
     # only these consumers are looked up: of stored tensors, of what pass-through ops make of them, of
     # sums (whether a stored term of a sum is added to attention scores: _feeds_softmax) and, in graphs
     # holding integer weights, of what may dequantize them
@@ -155,19 +186,27 @@ def classify(
         for i, name in enumerate(inputs):
             if name in wanted:
                 consumers.setdefault(name, []).append((view, i))
-    for k in range(len(protos)) if bodies is None else bodies:  # subgraph consumers, as protos
+    for k in bodies:  # subgraph consumers, as protos
         for a in protos[k].attribute:
             for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs:
                 _index(sub, consumers)
-    roles: dict[str, str] = {}
-    dequantizing = _dequantizing(quantized, consumers, every) if quantized else {}
-    rescaled = _rescaled(node_ops, node_inputs, node_outputs)
+    return consumers
 
-    _SOFTMAX_CHECK = "softmax?"  # the role depends on where the node's output goes
-    static: dict[tuple, str | None] = {}
 
-    def static_role(node, pos: int, single: bool, several_axes: bool, spread: bool) -> str | None:
-        """The role a use gives, from the operator, the position and the tensor's dims alone (cached per key)."""
+_SOFTMAX_CHECK = "softmax?"  # the role depends on where the node's output goes
+
+
+class _RoleRules:
+    """The role each use of a stored tensor gives it, from the operator, the input position and the tensor's
+    dims; what a use gives is cached per key, as most uses repeat."""
+
+    def __init__(self, opsets: Mapping[str, int], consumers: Mapping, dequantizing: Mapping[int, frozenset[int]],
+                 rescaled: frozenset[str]):
+        self.opsets, self.consumers, self.dequantizing, self.rescaled = opsets, consumers, dequantizing, rescaled
+        self.static: dict[tuple, str | None] = {}
+
+    def static_role(self, node, pos: int, single: bool, several_axes: bool, spread: bool) -> str | None:
+        """The role a use gives, from the operator, the position and the tensor's dims alone."""
         domain = canonical_domain(node.domain)
         op = node.op_type
         data = quantized_data(domain, op)
@@ -175,7 +214,7 @@ def classify(
             return (CONSTANT if single else PARAMETER) if pos in data else None
         if pos in buffer_inputs(domain, op):
             return CONSTANT if single else BUFFER
-        if not differentiable_inputs(op, opsets.get(domain, 0), domain, len(node.input))[pos]:
+        if not differentiable_inputs(op, self.opsets.get(domain, 0), domain, len(node.input))[pos]:
             return None
         if op == "Pow" and pos == 1 or op == "Where":
             return CONSTANT
@@ -198,46 +237,30 @@ def classify(
             return PARAMETER
         return PARAMETER
 
-    def use_role(node, pos: int, single: bool, several_axes: bool, spread: bool) -> str | None:
-        if id(node) in dequantizing:
+    def use_role(self, node, pos: int, single: bool, several_axes: bool, spread: bool) -> str | None:
+        if id(node) in self.dequantizing:
             return None  # the scale or zero point of a spelled-out dequantization
-        if node.op_type == "Mul" and not rescaled.isdisjoint(node.input):
+        if node.op_type == "Mul" and not self.rescaled.isdisjoint(node.input):
             return None  # a weight's scale, multiplying a dynamic scale or an integer product
         key = (node.domain, node.op_type, len(node.input), pos, single, several_axes, spread)
+        static = self.static
         role = static.get(key, static)
         if role is static:
-            role = static[key] = static_role(node, pos, single, several_axes, spread)
+            role = static[key] = self.static_role(node, pos, single, several_axes, spread)
         if role is _SOFTMAX_CHECK:
-            return CONSTANT if _feeds_softmax(node, consumers) else PARAMETER
+            return CONSTANT if _feeds_softmax(node, self.consumers) else PARAMETER
         return role
 
-    def role_of(name: str, dims: tuple[int, ...], literal: bool) -> str:
+    def role_of(self, name: str, dims: tuple[int, ...], literal: bool) -> str:
         found: set[str] = set()
         single, several_axes = prod(dims) <= 1, sum(d > 1 for d in dims) > 1
-        for node, pos, spread in _uses(name, consumers, dequantizing):
-            role = use_role(node, pos, single, several_axes, spread)
+        for node, pos, spread in _uses(name, self.consumers, self.dequantizing):
+            role = self.use_role(node, pos, single, several_axes, spread)
             if role == PARAMETER and literal:
                 role = CONSTANT
             if role is not None:
                 found.add(role)
         return PARAMETER if PARAMETER in found else BUFFER if BUFFER in found else CONSTANT
-
-    initializers = {t.name for g in graphs for t in g.initializer} | {
-        sp.values.name for g in graphs for sp in g.sparse_initializer}
-    for name, (_, dims) in stored.items():
-        if name in initializers:
-            roles[name] = role_of(name, dims, False)
-    # A graph that keeps its weights in initializers writes the literals of the forward code (grids,
-    # ranges, anchors, scale vectors) as Constant nodes: never parameters. A graph without weight
-    # initializers (Paddle2ONNX, spox, jax2tf) stores its weights as Constant nodes: the rule applies.
-    literal = PARAMETER in roles.values()
-    for name, (_, dims) in stored.items():
-        if name not in initializers:
-            roles[name] = role_of(name, dims, literal)
-    for name in given:
-        if name in stored:
-            roles[name] = PARAMETER
-    return Roles(roles, {n: prod(d) for n, (_, d) in stored.items()})
 
 
 class _NodeView:

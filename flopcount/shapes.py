@@ -23,14 +23,14 @@ from dataclasses import dataclass
 from math import prod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-import networkx as nx
 import numpy as np
 import onnx
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 from .context import TensorInfo
-from .errors import ShapeError, UsageError
-from .loading import _copy_field, _first_line
+from .errors import ShapeError, UsageError, first_line
+from .graph import GraphIndex
+from .loading import copy_field
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +195,7 @@ def _infer_plain(model: ModelProto, where: str, strict: bool = False) -> ModelPr
     except Exception as e:  # InferenceError, ValidationError, or RuntimeError from C++
         if strict:
             raise
-        raise _inference_failed(where, _first_line(e)) from None
+        raise _inference_failed(where, first_line(e)) from None
 
 
 #: Most elements of a one-dimensional tensor that ONNX's data propagation may see. It holds the values of a 1-D
@@ -332,10 +332,10 @@ def _guard_depths(graph: onnx.GraphProto) -> list[int] | None:
     return depths if max(depths, default=0) > 0 else None
 
 
-def _guard_needed(dag: nx.DiGraph) -> bool:
-    """Whether the graph of ``dag`` may hold a Slice at risk (cheap: from the op types read once)."""
-    ops = set(dag.graph["node_ops"])
-    if dag.graph["bodies"]:
+def _guard_needed(index: GraphIndex) -> bool:
+    """Whether the graph of ``index`` may hold a Slice at risk (cheap: from the op types read once)."""
+    ops = set(index.node_ops)
+    if index.bodies:
         return True
     if ("", "Slice") not in ops and ("ai.onnx", "Slice") not in ops:
         return False
@@ -363,11 +363,11 @@ def _nodes_up_to(model: ModelProto, depths: Sequence[int], d: int) -> ModelProto
     part = ModelProto()
     for field, value in model.ListFields():
         if field.name != "graph":
-            _copy_field(part, field, value)
+            copy_field(part, field, value)
     g = part.graph
     for field, value in model.graph.ListFields():
         if field.name not in ("node", "output", "value_info"):
-            _copy_field(g, field, value)
+            copy_field(g, field, value)
     kept = [n for n, k in zip(model.graph.node, depths) if k <= d]
     g.node.extend(kept)
     made = {o for n in kept for o in n.output} | {i.name for i in model.graph.input}
@@ -663,7 +663,7 @@ def _report(model: ModelProto, where: str) -> bytes:
     except ShapeError as e:
         return b"S" + str(e).encode("utf-8", "replace")
     except Exception as e:  # InferenceError, ValidationError, or RuntimeError from C++
-        return b"E" + _first_line(e).encode("utf-8", "replace")
+        return b"E" + first_line(e).encode("utf-8", "replace")
 
 
 def _rows(collected: "_Collected") -> tuple[list[tuple], list[str]]:
@@ -799,10 +799,10 @@ def _decode_type(ty: onnx.TypeProto) -> tuple | None:
     return tt.elem_type, shape, shape is not None and all(type(d) is int for d in shape)
 
 
-def _unresolved(dag: nx.DiGraph, tensors: Mapping[str, TensorInfo]) -> list[str]:
+def _unresolved(index: GraphIndex, tensors: Mapping[str, TensorInfo]) -> list[str]:
     """Node outputs whose shapes are not fully known."""
     get = tensors.get
-    return [name for name in dag.graph["producer"] if (t := get(name)) is None or not t.is_static]
+    return [name for name in index.producer if (t := get(name)) is None or not t.is_static]
 
 
 def apply_values(model: ModelProto, real_inputs: Sequence[str], input_values: Mapping[str, object], where: str) -> None:
@@ -865,65 +865,65 @@ def prepare(
     apply_overrides(model, inputs, input_shapes, batch, where)
 
 
-def resolve(model: ModelProto, dag: nx.DiGraph, where: str, first: "Inference | None" = None) -> Resolution:
+def resolve(model: ModelProto, index: GraphIndex, where: str, first: "Inference | None" = None) -> Resolution:
     """Resolve every tensor's shape that can be resolved without weights (``model`` is weightless
     and prepared by :func:`prepare`). ``first``, when given, is the first inference, already started."""
-    bodies = bool(dag.graph["bodies"])
-    guard = _guard_needed(dag)
+    bodies = bool(index.bodies)
+    guard = _guard_needed(index)
     tensors = first.collected() if first is not None else None  # the child's report, read beside the DAG
     if tensors is None:
         tensors = _collect(_infer(model, where, guard=guard), bodies)
     check_dims(tensors, model, where)
     values: dict[str, np.ndarray] = {}
     rounds = 1
-    pending = _unresolved(dag, tensors)
-    contrib = any(p.domain not in ("", "ai.onnx") for p in dag.graph["protos"])
+    pending = _unresolved(index, tensors)
+    contrib = any(p.domain not in ("", "ai.onnx") for p in index.protos)
     for _ in range(MAX_ROUNDS):  # folding, then other-domain ops, until neither settles anything new
         folds = 1
         while pending and folds < MAX_ROUNDS:
             folds += 1
-            new = _fold(model, dag, tensors, values)
+            new = _fold(model, index, tensors, values)
             if not new:
                 break
-            scratch = _with_constants(model, dag, values)
+            scratch = _with_constants(model, index, values)
             rounds += 1
             found = _collect(_infer(scratch, where, guard=guard), bodies)
             check_dims(found, model, where)
             tensors = {**tensors, **{k: v for k, v in found.items() if v.is_static or k not in tensors}}
-            pending = _unresolved(dag, tensors)
+            pending = _unresolved(index, tensors)
         if not (pending and contrib):
             break
         before = len(pending)
-        tensors = _contrib_shapes(model, dag, tensors, values, where)
-        pending = _unresolved(dag, tensors)
+        tensors = _contrib_shapes(model, index, tensors, values, where)
+        pending = _unresolved(index, tensors)
         if len(pending) == before:  # else what they settled may let shape subgraphs fold further
             break
     if not values and any(n.op_type == "If" for n in model.graph.node):
-        _fold(model, dag, tensors, values)  # an If's condition computed from constants or given values
+        _fold(model, index, tensors, values)  # an If's condition computed from constants or given values
     if not values:
-        values = _LazyConstants(model, dag)  # each read on its first look-up
+        values = _LazyConstants(model, index)  # each read on its first look-up
     if bodies:
         tensors = dict(tensors)
         _infer_bodies(model, model.graph, tensors, values, where)
         while rounds < MAX_ROUNDS and (settled := _loop_outputs(model.graph, tensors, values)):
             # ONNX leaves every Loop output shapeless; with them settled, infer what follows them
             tensors.update(settled)
-            scratch = _with_constants(model, dag, values)
+            scratch = _with_constants(model, index, values)
             scratch.graph.value_info.extend(_value_info(name, t) for name, t in settled.items())
             rounds += 1
             found = _collect(_infer(scratch, where, guard=guard), bodies)
             check_dims(found, model, where)
             tensors.update((k, v) for k, v in found.items() if v.is_static and not _static(tensors.get(k)))
             _infer_bodies(model, model.graph, tensors, values, where)
-        pending = _unresolved(dag, tensors)
+        pending = _unresolved(index, tensors)
     error = ""
     if pending:
         try:
-            _infer(_with_constants(model, dag, values), where, strict=True, guard=guard)
+            _infer(_with_constants(model, index, values), where, strict=True, guard=guard)
         except Exception as e:
-            error = _first_line(e)
+            error = first_line(e)
         log.debug("%d tensors keep unknown dims after %d rounds: %s", len(pending), rounds, pending[:10])
-    inputs = tuple(tensors.get(n, TensorInfo(n)) for n in dag.graph["inputs"])
+    inputs = tuple(tensors.get(n, TensorInfo(n)) for n in index.inputs)
     return Resolution(tensors, values, inputs, rounds, error)
 
 
@@ -998,12 +998,12 @@ def _twin(node: onnx.NodeProto, opset: int) -> onnx.NodeProto | None:
     return out
 
 
-def _contrib_shapes(model: ModelProto, dag: nx.DiGraph, tensors: dict, values: Mapping, where: str) -> dict:
+def _contrib_shapes(model: ModelProto, index: GraphIndex, tensors: dict, values: Mapping, where: str) -> dict:
     """Shapes around other-domain ops: standard twins for fused ops, then ONNX Runtime's symbolic
     shape inference (when onnxruntime is installed), which knows Attention, SkipLayerNormalization,
     EmbedLayerNormalization, GroupQueryAttention, MatMulNBits ... Partial results are kept."""
     opset = next((imp.version for imp in model.opset_import if imp.domain in ("", "ai.onnx")), 0)
-    scratch = _with_constants(model, dag, values) if values else model
+    scratch = _with_constants(model, index, values) if values else model
     twinned = ModelProto()
     twinned.CopyFrom(scratch)
     changed = False
@@ -1020,9 +1020,9 @@ def _contrib_shapes(model: ModelProto, dag: nx.DiGraph, tensors: dict, values: M
         prev = merged.get(k)
         if prev is None or (not prev.is_static and (v.is_static or prev.shape is None)):
             merged[k] = v
-    merged = _registered_shapes(twinned if changed else scratch, dag, merged, where)
+    merged = _registered_shapes(twinned if changed else scratch, index, merged, where)
     # declared in the model, so that later folding rounds infer past these nodes
-    ops, outputs = dag.graph["node_ops"], dag.graph["node_outputs"]
+    ops, outputs = index.node_ops, index.node_outputs
     settled = {o: merged[o] for k, (domain, _) in enumerate(ops) if domain not in ("", "ai.onnx")
                for o in outputs[k] if o and _static(merged.get(o)) and not _static(tensors.get(o))}
     if settled:
@@ -1032,18 +1032,18 @@ def _contrib_shapes(model: ModelProto, dag: nx.DiGraph, tensors: dict, values: M
     return merged
 
 
-def _registered_shapes(model: ModelProto, dag: nx.DiGraph, tensors: dict, where: str) -> dict:
+def _registered_shapes(model: ModelProto, index: GraphIndex, tensors: dict, where: str) -> dict:
     """Output types of other-domain nodes from the shape functions registered beside their formulas
     (:func:`flopcount.registry.shape_function`), in topological order; each round that settles some is
     followed by ONNX's inference, so that what follows them resolves, until nothing new settles."""
     from .context import python_value
     from .registry import lookup_shape
 
-    ops, node_inputs, node_outputs = dag.graph["node_ops"], dag.graph["node_inputs"], dag.graph["node_outputs"]
-    targets = [k for k in dag.graph["order"] if ops[k][0] not in ("", "ai.onnx") and lookup_shape(*ops[k])]
+    ops, node_inputs, node_outputs = index.node_ops, index.node_inputs, index.node_outputs
+    targets = [k for k in index.order if ops[k][0] not in ("", "ai.onnx") and lookup_shape(*ops[k])]
     # nodes whose shapes only onnxruntime's inference knows (SkipLayerNormalization, and
     # SimplifiedLayerNormalization, which onnxruntime writes in the default domain)
-    others = [k for k in dag.graph["order"] if not lookup_shape(*ops[k]) and not onnx.defs.has(ops[k][1], ops[k][0])]
+    others = [k for k in index.order if not lookup_shape(*ops[k]) and not onnx.defs.has(ops[k][1], ops[k][0])]
     settled: dict[str, TensorInfo] = {}
     for _ in range(len(targets)):
         new: dict[str, TensorInfo] = {}
@@ -1052,7 +1052,7 @@ def _registered_shapes(model: ModelProto, dag: nx.DiGraph, tensors: dict, where:
             if all(not o or _static(tensors.get(o)) for o in outs):
                 continue
             ins = tuple(tensors.get(n) if n else None for n in node_inputs[k])
-            proto = dag.graph["protos"][k]
+            proto = index.protos[k]
             attrs = {a.name: python_value(helper.get_attribute_value(a)) for a in proto.attribute}
             try:
                 types = lookup_shape(*ops[k])(ins, **attrs)
@@ -1191,10 +1191,10 @@ def _infer_bodies(model: ModelProto, graph: onnx.GraphProto, tensors: dict, valu
 class _LazyConstants(Mapping):
     """The model's small constant values (those :func:`_small_constants` reads), each read on its first look-up:
     a count looks up a few (Reshape targets, axes) of a graph's many initializers. Iterating reads them all.
-    ``dag``, when given, holds the node lists already read from the protos."""
+    ``index``, when given, holds the node lists already read from the protos."""
 
-    def __init__(self, model: ModelProto, dag: nx.DiGraph | None = None):
-        self._model, self._dag, self._values = model, dag, None
+    def __init__(self, model: ModelProto, index: GraphIndex | None = None):
+        self._model, self._graph_index, self._values = model, index, None
         self._initializers: dict | None = None  # name → initializer
         self._constants: dict | None = None  # name → Constant node
         self._read: dict[str, np.ndarray | None] = {}
@@ -1219,7 +1219,7 @@ class _LazyConstants(Mapping):
         initializer's, as there."""
         if self._initializers is None:
             self._initializers = {t.name: t for t in self._model.graph.initializer}
-            self._constants = _constant_nodes(self._model.graph, self._dag)
+            self._constants = _constant_nodes(self._model.graph, self._graph_index)
         node = self._constants.get(name)
         value = _small_constant_node(node) if node is not None else None
         if value is None and name in self._initializers:
@@ -1242,13 +1242,12 @@ def _small_constants(model: ModelProto) -> dict[str, np.ndarray]:
     return values
 
 
-def _constant_nodes(graph: onnx.GraphProto, dag: nx.DiGraph | None = None) -> dict[str, onnx.NodeProto]:
-    """Output name → the standard ``Constant`` node that writes it (from ``dag``'s node lists when given)."""
-    if dag is None:
+def _constant_nodes(graph: onnx.GraphProto, index: GraphIndex | None = None) -> dict[str, onnx.NodeProto]:
+    """Output name → the standard ``Constant`` node that writes it (from ``index``'s node lists when given)."""
+    if index is None:
         return {n.output[0]: n for n in graph.node
                 if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and len(n.output) == 1}
-    g = dag.graph
-    return {outs[0]: g["protos"][k] for k, ((domain, op), outs) in enumerate(zip(g["node_ops"], g["node_outputs"]))
+    return {outs[0]: index.protos[k] for k, ((domain, op), outs) in enumerate(zip(index.node_ops, index.node_outputs))
             if op == "Constant" and domain in ("", "ai.onnx") and len(outs) == 1}
 
 
@@ -1295,11 +1294,11 @@ def _constant_value(node: onnx.NodeProto) -> np.ndarray | None:
     return None
 
 
-def _fold(model: ModelProto, dag: nx.DiGraph, tensors: Mapping[str, TensorInfo], values: dict) -> bool:
+def _fold(model: ModelProto, index: GraphIndex, tensors: Mapping[str, TensorInfo], values: dict) -> bool:
     """Evaluate nodes whose inputs are known small constants; True when a new value was found."""
     if not values:
         values.update(_small_constants(model))
-    return _fold_nodes((dag.graph["protos"][idx] for idx in dag.graph["order"]), tensors, values)
+    return _fold_nodes((index.protos[idx] for idx in index.order), tensors, values)
 
 
 def _fold_nodes(nodes: Iterable[onnx.NodeProto], tensors: Mapping[str, TensorInfo], values: dict) -> bool:
@@ -1447,12 +1446,12 @@ def _evaluate_if(node, tensors, values) -> list | None:
     return [local.get(o.name) for o in branch.output]
 
 
-def _with_constants(model: ModelProto, dag: nx.DiGraph, values: Mapping[str, np.ndarray]) -> ModelProto:
+def _with_constants(model: ModelProto, index: GraphIndex, values: Mapping[str, np.ndarray]) -> ModelProto:
     """A scratch copy in which every folded tensor is an initializer and its producer is removed."""
     scratch = ModelProto()
     for field, value in model.ListFields():
         if field.name != "graph":
-            _copy_field(scratch, field, value)
+            copy_field(scratch, field, value)
     g = scratch.graph
     g.name = model.graph.name
     g.input.extend(model.graph.input)

@@ -25,9 +25,9 @@ import onnx
 from onnx import AttributeProto, helper
 
 from .context import TensorInfo, is_long, shortened
-from .errors import InvalidGraphError, ShapeError
-from .graph import node_label
-from .loading import _first_line, has_data
+from .errors import InvalidGraphError, ShapeError, first_line
+from .graph import GraphIndex, node_label
+from .loading import has_data
 from .registry import DEFAULT_DOMAIN, canonical_domain
 
 _GRAPH_TYPES = (AttributeProto.GRAPH, AttributeProto.GRAPHS)
@@ -35,19 +35,18 @@ _AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 _POSITIVE_INTS = ("kernel_shape", "strides", "dilations")
 
 
-def check_graph(model: onnx.ModelProto, dag, opsets: Mapping[str, int], where: str) -> None:
+def check_graph(model: onnx.ModelProto, index: GraphIndex, opsets: Mapping[str, int], where: str) -> None:
     """Check ``model`` before inference, except the top graph's nodes against their schemas, which
     :func:`check_node` does as the traversal reads their attributes (once per distinct node)."""
-    g = dag.graph
-    ops = set(g["node_ops"])
-    if bytes in {type(x) for op in ops for x in op} or bytes in set(map(type, g["names"])) or bytes in set(
-            map(type, chain.from_iterable(chain(g["node_inputs"], g["node_outputs"])))):
-        for i, node in enumerate(g["protos"]):
+    ops = set(index.node_ops)
+    if bytes in {type(x) for op in ops for x in op} or bytes in set(map(type, index.names)) or bytes in set(
+            map(type, chain.from_iterable(chain(index.node_inputs, index.node_outputs)))):
+        for i, node in enumerate(index.protos):
             _check_strings(node, i, (), where)
-    _check_declared(model.graph, g["bodies"], where)
+    _check_declared(model.graph, index.bodies, where)
     seen: set = set()
-    protos = g["protos"]
-    for i in g["bodies"]:
+    protos = index.protos
+    for i in index.bodies:
         node = protos[i]
         _check_bodies(node, i, (), where)
         for a in node.attribute:
@@ -127,7 +126,7 @@ def _check_schema(node, domain, version, ir_version, index, scope, where) -> Non
     try:
         onnx.checker.check_node(node, ctx, onnx.checker.C.LexicalScopeContext())
     except Exception as e:  # ValidationError
-        text = _first_line(e)
+        text = first_line(e)
         wrong = re.match(r"Mismatched attribute type in '.*: (.+)'\. Expected: '(\w+)', actual: '(\w+)'", text)
         if wrong:
             name, wanted, given = wrong.groups()
@@ -307,11 +306,11 @@ _WINDOWS = {"Conv": (0, 1), "ConvInteger": (0, 1), "QLinearConv": (0, 3), "Defor
 _BIASES = {"Conv": 2, "ConvTranspose": 2, "QLinearConv": 8, "DeformConv": 3}
 
 
-def check_resolved(dag, tensors: Mapping[str, TensorInfo], values: Mapping, attributes, where: str) -> None:
+def check_resolved(index: GraphIndex, tensors: Mapping[str, TensorInfo], values: Mapping, attributes, where: str) -> None:
     """Checks that need shapes or constant values; ``attributes`` is the per-node attribute list of
     the traversal (None for nodes whose attributes no formula reads)."""
-    protos, names = dag.graph["protos"], dag.graph["names"]
-    for i, (domain, op_type) in enumerate(dag.graph["node_ops"]):
+    protos, names = index.protos, index.names
+    for i, (domain, op_type) in enumerate(index.node_ops):
         if domain not in ("", "ai.onnx"):
             continue
         if op_type in _CONVS:

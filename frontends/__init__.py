@@ -2,7 +2,8 @@
 
 * :mod:`.torch` ``from_torch``: a ``torch.nn.Module`` exported weightlessly (torch.export, else TorchScript), cached
 * :mod:`.keras` ``from_keras``: a ``keras.Model`` converted with tf2onnx, cached
-* :mod:`.common` what both share: factories named ``MODULE:FACTORY``, the export cache, fingerprints
+* :mod:`.hf` ``from_hf``: a Hugging Face ``transformers`` model built from its configuration alone, then exported
+* :mod:`.common` what they share: factories named ``MODULE:FACTORY``, the export cache, fingerprints
 
 Importing this package imports no framework; ``flopcount.from_torch`` and ``flopcount.from_keras`` are the public
 entry points.

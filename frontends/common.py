@@ -35,7 +35,7 @@ from typing import Any, TextIO
 
 import onnx
 
-from flopcount.errors import FrontendError, UsageError
+from flopcount.errors import FrontendError, UsageError, first_line
 
 __all__ = [
     "CACHE_ENV",
@@ -51,7 +51,6 @@ __all__ = [
     "class_digest",
     "default_cache_dir",
     "dist_version",
-    "first_text_line",
     "load_factory",
     "parse_factory",
     "plain",
@@ -201,7 +200,7 @@ def load_factory(
         raise UsageError(f"{option} {spec}: importing {module_name!r} failed: {e}; install {e.name!r}") from None
     except Exception as e:  # noqa: BLE001 - the user's module is broken: one line, not a traceback
         raise UsageError(
-            f"{option} {spec}: importing {module_name!r} failed: {type(e).__name__}: {first_text_line(e)}; "
+            f"{option} {spec}: importing {module_name!r} failed: {type(e).__name__}: {first_line(e)}; "
             "fix the module"
         ) from None
     try:
@@ -221,12 +220,12 @@ def load_factory(
     except Exception as e:  # noqa: BLE001 - the user's factory failed: one line, not a traceback
         if any(type(c).__name__ in _DOWNLOAD_ERRORS or "URL fetch failure" in str(c) for c in chain(e)):
             raise FrontendError(
-                f"{frontend}: calling {spec} failed while downloading ({type(e).__name__}: {first_text_line(e)}); "
+                f"{frontend}: calling {spec} failed while downloading ({type(e).__name__}: {first_line(e)}); "
                 f"flopcount never reads weights: build the model without them, e.g. {option} "
                 f"'{_with_argument(target, args, kwargs, 'weights', None)}'"
             ) from None
         raise FrontendError(
-            f"{frontend}: calling {spec} failed: {type(e).__name__}: {first_text_line(e)}; the factory must return "
+            f"{frontend}: calling {spec} failed: {type(e).__name__}: {first_line(e)}; the factory must return "
             f"{kind} (give its arguments as {option} '{target}(KEY=VALUE, ...)')"
         ) from None
     if not accepts(made):
@@ -546,7 +545,7 @@ def read_cache(path: Path, log: logging.Logger) -> onnx.ModelProto | None:
     try:
         model = onnx.load_model(os.fspath(path), load_external_data=False)
     except Exception as e:  # noqa: BLE001 - a damaged cache entry is re-exported
-        log.warning("ignoring the damaged export cache entry %s (%s)", path, first_text_line(e))
+        log.warning("ignoring the damaged export cache entry %s (%s)", path, first_line(e))
         return None
     log.info("export cache hit: %s", path)
     return model
@@ -696,12 +695,6 @@ def chain(e: BaseException | None) -> Iterator[BaseException]:
 
 def strip_ansi(text: str) -> str:
     return _ANSI.sub("", text)
-
-
-def first_text_line(e: BaseException) -> str:
-    """The first non-blank line of the message of ``e`` (its type name when it has none), shortened."""
-    lines = [line.strip() for line in strip_ansi(str(e)).splitlines() if line.strip()]
-    return shorten(lines[0] if lines else type(e).__name__)
 
 
 def shorten(text: str, limit: int = 300) -> str:

@@ -22,9 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from flopcount.errors import ConfigError, FrontendError, UsageError
+from flopcount.errors import ConfigError, FrontendError, UsageError, first_line
 
-from .common import first_text_line
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +239,7 @@ def load_config(source: Any, *, trust_remote_code: bool = False):
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path}: not a readable JSON configuration ({first_text_line(e)}); give the model's "
+        raise ConfigError(f"{path}: not a readable JSON configuration ({first_line(e)}); give the model's "
                           "config.json") from None
     if not isinstance(document, dict):
         raise ConfigError(f"{path}: a configuration is a JSON object, not {type(document).__name__}")
@@ -261,7 +260,7 @@ def _from_dict(transformers, document: dict, where: str, trust_remote_code: bool
             return transformers.AutoConfig.from_pretrained(str(folder), trust_remote_code=True,
                                                            local_files_only=True)
         except Exception as e:  # noqa: BLE001 - the repository's own code may raise anything
-            raise ConfigError(f"{where}: its remote configuration code failed: {first_text_line(e)}") from None
+            raise ConfigError(f"{where}: its remote configuration code failed: {first_line(e)}") from None
     if not model_type:
         raise ConfigError(f"{where}: the configuration has no model_type; give a transformers config.json")
     mapping = transformers.CONFIG_MAPPING
@@ -274,7 +273,7 @@ def _from_dict(transformers, document: dict, where: str, trust_remote_code: bool
     try:
         return mapping[model_type].from_dict(document)
     except Exception as e:  # noqa: BLE001 - a configuration class validates its own fields
-        raise ConfigError(f"{where}: transformers refuses the {model_type} configuration: {first_text_line(e)}") from None
+        raise ConfigError(f"{where}: transformers refuses the {model_type} configuration: {first_line(e)}") from None
 
 
 def _fetch_config(repo_id: str) -> Path:
@@ -284,7 +283,7 @@ def _fetch_config(repo_id: str) -> Path:
         return Path(hub.hf_hub_download(repo_id=repo_id, filename="config.json"))
     except Exception as e:  # noqa: BLE001 - offline, missing repository, gated model ...
         offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
-        reason = "the machine is offline (HF_HUB_OFFLINE)" if offline else first_text_line(e)
+        reason = "the machine is offline (HF_HUB_OFFLINE)" if offline else first_line(e)
         raise ConfigError(f"{repo_id}: its config.json cannot be fetched from the Hub: {reason}; download the "
                           "model's config.json and pass its folder (or the file) instead") from None
 
@@ -343,7 +342,7 @@ def build_model(config, *, trust_remote_code: bool = False):
             model = cls.from_config(config, **kwargs) if hasattr(cls, "from_config") else cls._from_config(config)
     except ValueError as e:
         raise ConfigError(f"{config.model_type}: transformers cannot build a model of this configuration: "
-                          f"{first_text_line(e)}") from None
+                          f"{first_line(e)}") from None
     return model.eval()
 
 

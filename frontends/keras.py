@@ -94,7 +94,7 @@ from typing import TYPE_CHECKING, Any
 
 import onnx
 
-from flopcount.errors import FrontendError, UsageError
+from flopcount.errors import FrontendError, UsageError, first_line
 from flopcount.graph import walk_graphs
 
 from . import common
@@ -540,7 +540,7 @@ def _convert(model, inputs: Sequence[_Input], training: bool, opset: int) -> onn
         onnx.checker.check_model(converted)
     except onnx.checker.ValidationError as e:
         raise FrontendError(
-            f"{FRONTEND}: the graph tf2onnx made of {model.name} does not check: {common.first_text_line(e)}"
+            f"{FRONTEND}: the graph tf2onnx made of {model.name} does not check: {first_line(e)}"
         ) from None
 
     names = {spec.name: i.name for spec, i in zip(input_specs, inputs)}

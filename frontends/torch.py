@@ -68,7 +68,7 @@ from typing import TYPE_CHECKING, Any
 
 import onnx
 
-from flopcount.errors import FrontendError, UsageError
+from flopcount.errors import FrontendError, UsageError, first_line
 from flopcount.graph import walk_graphs
 
 from . import common
@@ -545,7 +545,7 @@ def _export(module, inputs: tuple, names: list[str], training: bool, opset: int,
             onnx.checker.check_model(model)
     except onnx.checker.ValidationError as e:
         raise FrontendError(
-            f"{FRONTEND}: the exported graph of {type(module).__name__} does not check: {common.first_text_line(e)}"
+            f"{FRONTEND}: the exported graph of {type(module).__name__} does not check: {first_line(e)}"
         ) from None
     model = ex.make_weightless(model, f"{type(module).__name__}.weights")
     ex.strip_metadata(model)
@@ -604,7 +604,7 @@ def _misfit(module, call: _Call) -> str | None:
     try:
         module(*args, **kwargs)
     except Exception as e:  # noqa: BLE001 - any failure of the user's forward is the answer
-        line = common.first_text_line(e)
+        line = first_line(e)
         if "meta tensor" in line:  # forward reads values (.item()), which the meta device cannot give: no verdict
             return None
         return f"{type(e).__name__}: {line}"
@@ -769,7 +769,7 @@ def _exporter_line(e: BaseException) -> str:
     match = _SUMMARY_LINE.search(text)
     if match:
         return common.shorten(f"{match['type']}: {match['message'].strip()}")
-    return common.shorten(f"{type(e).__name__}: {common.first_text_line(e)}")
+    return common.shorten(f"{type(e).__name__}: {first_line(e)}")
 
 
 def _failure_message(module_name: str, errors: Sequence[tuple[str, BaseException]]) -> str:

@@ -25,7 +25,6 @@ from flopcount.conventions import Convention
 from flopcount.cost import Cost
 from flopcount.masks import AttentionMask, ExecutedPairs
 from flopcount.operators.elementwise import activation
-from flopcount.operators.softmax import softmax_rows
 from flopcount.registry import backward, formula
 
 
@@ -41,7 +40,7 @@ def _attention_dims(ctx: NodeContext, q_num_heads: int | None, kv_num_heads: int
     return b, h_q, k[1], s_q, k[2], e, v[3]
 
 
-def _sdpa(convention: Convention, b: int, h_q: int, h_kv: int, s_q: int, t: int, e: int, e_v: int,
+def sdpa_cost(convention: Convention, b: int, h_q: int, h_kv: int, s_q: int, t: int, e: int, e_v: int,
           kept: ExecutedPairs | None = None) -> Cost:
     """Q·Kᵀ and probs·V products, √scale applied to Q and to K, softmax of the R score rows (probs); over the
     ``kept`` score entries (per head, summed over the batch) when a masked kernel runs only those."""
@@ -142,7 +141,7 @@ def attention(
     t = s_kv + (ctx.shape(4)[2] if ctx.has_input(4) else 0)
     kept = executed_pairs(ctx.convention, b, s_q, t,
                           own_mask(ctx.convention, is_causal, left_window_size, right_window_size))
-    cost = _sdpa(ctx.convention, b, h_q, h_kv, s_q, t, e, e_v, kept)
+    cost = sdpa_cost(ctx.convention, b, h_q, h_kv, s_q, t, e, e_v, kept)
     scores = h_q * kept.pairs
     masked = ctx.has_input(3) or ctx.has_input(6) or is_causal or left_window_size >= 0 or right_window_size >= 0
     if masked:
@@ -182,7 +181,7 @@ def flex_attention(ctx: NodeContext, **_) -> Cost:
     ``table3``: one FLOP per MAC in the products.
     """
     b, h_q, h_kv, s_q, s_kv, e, e_v = _attention_dims(ctx, None, None)
-    return _sdpa(ctx.convention, b, h_q, h_kv, s_q, s_kv, e, e_v)
+    return sdpa_cost(ctx.convention, b, h_q, h_kv, s_q, s_kv, e, e_v)
 
 
 @backward("FlexAttention", domain="ai.onnx.preview")

@@ -53,7 +53,7 @@ from onnx import TensorProto
 
 from flopcount.context import NodeContext, TensorInfo
 from flopcount.cost import Cost
-from flopcount.operators.attention import _sdpa, attention_backward, rotary, softcap_cost
+from flopcount.operators.attention import attention_backward, rotary, sdpa_cost, softcap_cost
 from flopcount.operators.conv import conv, conv_backward
 from flopcount.operators.elementwise import ELEMENTWISE, ELEMENTWISE_BACKWARD, dropout_backward, elementwise_backward
 from flopcount.operators.elementwise import activation as activation_cost
@@ -274,7 +274,7 @@ def projected_attention(
     with QAttention, whose projection is an integer product."""
     d_q, d_k, d_v = widths
     e, e_v = d_q // num_heads, d_v // num_heads
-    cost = _sdpa(ctx.convention, b, num_heads, num_heads, s, t, e, e_v)
+    cost = sdpa_cost(ctx.convention, b, num_heads, num_heads, s, t, e, e_v)
     cost += ctx.convention.weighted(add=b * num_heads * s * t * biases)
     if do_rotary:
         cost += _rotary(ctx, b * s * (d_q + d_k), rotary_embedding_dim or e, e)
@@ -312,7 +312,7 @@ def multi_head_attention(ctx: NodeContext, *, num_heads: int, unidirectional: in
             l, e_v = k[1], ctx.shape(2)[2] // h
     past = ctx.shape(6)[2] if ctx.has_input(6) else 0
     t = _total_length(ctx, past, l, 8)
-    cost = _sdpa(ctx.convention, b, h, h, s, t, e, e_v)
+    cost = sdpa_cost(ctx.convention, b, h, h, s, t, e, e_v)
     if ctx.has_input(3) and ctx.convention.count_bias:
         cost += ctx.convention.weighted(add=b * s * h * e + (b * l * h * (e + e_v) if projected_kv else 0))
     scores = b * h * s * t
@@ -359,7 +359,7 @@ def group_query_attention(
     else:
         t = (ctx.shape(3)[2] if ctx.has_input(3) else 0) + s
     conv = ctx.convention
-    cost = _sdpa(conv, b, h_q, h_kv, s, t, e, e)
+    cost = sdpa_cost(conv, b, h_q, h_kv, s, t, e, e)
     rows = b * h_q * s
     scores = rows * t
     masked = bool(causal) or local_window_size >= 0

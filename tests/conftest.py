@@ -1,13 +1,10 @@
-"""Fixtures shared by the tests. The model builders live in tests/helpers.py (``from helpers import model``); they
-are imported here too, for tests that still take them from conftest."""
+"""Fixtures shared by the tests. The model builders and other helpers live in tests/helpers.py
+(``from helpers import model``)."""
 
 from __future__ import annotations
 
 import onnx
 import pytest
-from onnx import TensorProto
-
-from helpers import const, model, single, weight  # noqa: F401
 
 
 @pytest.fixture
@@ -22,20 +19,27 @@ def save(tmp_path):
     return _save
 
 
-def direct_backward(op_type: str, inputs, outputs, grads, opset: int, values=None, **attrs):
-    """Call the registered backward formula of ``op_type`` on a hand-built context, for gradients a
-    count never asks for (inputs the schema marks non-differentiable). ``inputs``: (name, shape) or
-    (name, shape, elem_type) per input, "" for an omitted one; ``outputs``: shapes; ``grads``: which
-    inputs need a gradient."""
-    from flopcount.context import NodeContext, TensorInfo
-    from flopcount.conventions import CONVENTIONS
-    from flopcount.registry import lookup_backward
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A fresh export cache per test (the frontends'), also as $FLOPCOUNT_CACHE (so nothing goes to ~/.cache)."""
+    folder = tmp_path / "cache"
+    from flopcount.frontends import torch as frontend
 
-    values = values or {}
-    ins = tuple(
-        TensorInfo(spec[0], spec[2] if len(spec) > 2 else TensorProto.FLOAT, spec[1]) if spec[0] else None
-        for spec in inputs
-    )
-    outs = tuple(TensorInfo(f"y{i}", TensorProto.FLOAT, shape) for i, shape in enumerate(outputs))
-    ctx = NodeContext("op", op_type, "", opset, ins, outs, CONVENTIONS["default"], values.get, grads=tuple(grads))
-    return lookup_backward("", op_type)(ctx, **attrs)
+    monkeypatch.setenv(frontend.CACHE_ENV, str(folder))
+    return folder
+
+
+@pytest.fixture
+def exports(monkeypatch):
+    """Counts the real exports of the PyTorch frontend (cache misses)."""
+    from flopcount.frontends import torch as frontend
+
+    calls = []
+    real = frontend._export
+
+    def counting(module, inputs, *args):
+        calls.append(tuple(tuple(x.shape) for x in inputs))
+        return real(module, inputs, *args)
+
+    monkeypatch.setattr(frontend, "_export", counting)
+    return calls

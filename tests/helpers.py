@@ -4,6 +4,7 @@ weights."""
 
 from __future__ import annotations
 
+import os
 from math import prod
 from typing import Mapping, Sequence
 
@@ -11,7 +12,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["const", "model", "single", "weight"]
+__all__ = ["RESNET50_ONNX", "RESNET50_STAGES", "const", "direct_backward", "model", "node_backward", "one_node",
+           "op_backward", "resnet50_architecture", "shifted_op_model", "single", "typed_model", "weight"]
 
 
 def weight(name: str, dims: Sequence[int], dtype: int = TensorProto.FLOAT) -> TensorProto:
@@ -61,3 +63,111 @@ def single(op_type: str, inputs: Mapping[str, Sequence], initializers: Sequence[
     node = helper.make_node(op_type, names, outs, **attrs)
     graph_inputs = {n: s for n, s in inputs.items() if n}
     return model([node], graph_inputs, outs, initializers, opset=opset, dtype=dtype)
+
+
+def direct_backward(op_type: str, inputs, outputs, grads, opset: int, values=None, **attrs):
+    """Call the registered backward formula of ``op_type`` on a hand-built context, for gradients a
+    count never asks for (inputs the schema marks non-differentiable). ``inputs``: (name, shape) or
+    (name, shape, elem_type) per input, "" for an omitted one; ``outputs``: shapes; ``grads``: which
+    inputs need a gradient."""
+    from flopcount.context import NodeContext, TensorInfo
+    from flopcount.conventions import CONVENTIONS
+    from flopcount.registry import lookup_backward
+
+    values = values or {}
+    ins = tuple(
+        TensorInfo(spec[0], spec[2] if len(spec) > 2 else TensorProto.FLOAT, spec[1]) if spec[0] else None
+        for spec in inputs
+    )
+    outs = tuple(TensorInfo(f"y{i}", TensorProto.FLOAT, shape) for i, shape in enumerate(outputs))
+    ctx = NodeContext("op", op_type, "", opset, ins, outs, CONVENTIONS["default"], values.get, grads=tuple(grads))
+    return lookup_backward("", op_type)(ctx, **attrs)
+
+
+#: The bundled weightless ResNet-50 v1.5 graph and its stages.
+RESNET50_ONNX = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "resnet50-v1.5.onnx")
+RESNET50_STAGES = [(3, 64, 1), (4, 128, 2), (6, 256, 2), (3, 512, 2)]  # blocks, width, stride of first block
+
+
+def resnet50_architecture(hw=224):
+    """ResNet-50 v1.5's per-layer closed forms: conv MACs, BN / ReLU / Add elements, and the pool windows."""
+    conv_macs, bn, relu, add = [], 0, 0, 0
+    h = hw // 2  # stem 7x7/2
+    conv_macs.append(h * h * 64 * 3 * 7 * 7)
+    bn += 64 * h * h
+    relu += 64 * h * h
+    stem_out = 64 * h * h
+    h //= 2  # max pool 3x3/2, pad 1
+    maxpool_out = 64 * h * h
+    c_in = 64
+    for blocks, w, stride in RESNET50_STAGES:
+        for b in range(blocks):
+            s = stride if b == 0 else 1
+            ho = h // s
+            conv_macs += [h * h * w * c_in, ho * ho * w * w * 9, ho * ho * 4 * w * w]
+            bn += w * h * h + w * ho * ho + 4 * w * ho * ho
+            relu += w * h * h + w * ho * ho + 4 * w * ho * ho
+            add += 4 * w * ho * ho
+            if b == 0:
+                conv_macs.append(ho * ho * 4 * w * c_in)  # projection shortcut, 1x1 stride s
+                bn += 4 * w * ho * ho
+            c_in, h = 4 * w, ho
+    return dict(conv_macs=conv_macs, bn=bn, relu=relu, add=add, stem_out=stem_out,
+                maxpool_out=maxpool_out, gap_in=2048 * h * h, fc_macs=2048 * 1000)
+
+
+# Backward cases (mode="train") of one node. A tensor needs a gradient when it is a trainable float initializer
+# (``weight``) fed to a differentiable input, or computed from one; graph inputs are data and need none.
+
+
+def typed_model(nodes, inputs, outputs, inits=(), opset=18) -> onnx.ModelProto:
+    """A model whose graph inputs are ``{name: (elem_type, shape)}``."""
+    g = helper.make_graph(
+        list(nodes), "test",
+        [helper.make_tensor_value_info(n, t, s) for n, (t, s) in inputs.items()],
+        [helper.make_empty_tensor_value_info(n) for n in outputs], list(inits),
+    )
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def node_backward(m: onnx.ModelProto, op_type: str):
+    """The (only) ``op_type`` node's backward cost; also checks the op is never reported as lacking one."""
+    import flopcount
+
+    r = flopcount.count(m, mode="train")
+    assert op_type not in r.backward_unsupported
+    (n,) = [n for n in r.nodes if n.op_type == op_type]
+    return n.backward
+
+
+def one_node(op_type, x_shape, *, trainable=True, extra_inits=(), opset=18, n_outputs=1, **attrs) -> onnx.ModelProto:
+    """One node on input ``x`` (a trainable weight, or a data input when not ``trainable``)."""
+    names = ["x"] + [t.name for t in extra_inits]
+    outs = [f"y{i}" for i in range(n_outputs)]
+    nodes = [helper.make_node(op_type, names, outs, **attrs)]
+    if trainable:
+        return typed_model(nodes, {}, outs, [weight("x", x_shape), *extra_inits], opset)
+    return typed_model(nodes, {"x": (TensorProto.FLOAT, x_shape)}, outs, list(extra_inits), opset)
+
+
+def shifted_op_model(op_type, node_inputs, data, params=(), consts=(), learned=(), opset=18, n_outputs=1,
+                     **attrs) -> onnx.ModelProto:
+    """One node "op" reading ``node_inputs``; ``data`` are graph inputs (name → shape); ``params`` trainable
+    initializers; ``learned`` names of data inputs routed through Add(x, shift) so that they need a
+    gradient (the node then reads "<name>_t"); the shift has x's shape, as a learned table has (a
+    one-element shift would be a folded constant, not trained)."""
+    nodes = [helper.make_node("Add", [x, f"{x}_shift"], [f"{x}_t"], name=f"shift_{x}") for x in learned]
+    names = [f"{x}_t" if x in learned else x for x in node_inputs]
+    outs = [f"y{i}" for i in range(n_outputs)]
+    nodes.append(helper.make_node(op_type, names, outs, name="op", **attrs))
+    inits = list(params) + list(consts) + [weight(f"{x}_shift", data[x]) for x in learned]
+    return model(nodes, data, outs, inits, opset=opset)
+
+
+def op_backward(m: onnx.ModelProto, **kw):
+    """The backward cost of the node named "op" in a training count of ``m``."""
+    import flopcount
+
+    r = flopcount.count(m, mode="train", **kw)
+    assert not r.backward_unsupported
+    return next(n for n in r.nodes if n.name == "op").backward

@@ -206,3 +206,23 @@ def test_cli_refuses_a_malformed_constant_with_exit_4(tmp_path):
     p = _cli(str(path))
     assert p.returncode == 4
     assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr and "bad.onnx" in p.stderr
+
+
+def test_count_takes_a_model_read_with_its_weights_under_its_path(tmp_path):
+    from flopcount.errors import ModelFileError
+    from flopcount.loading import LoadedModel, load_with_weights
+
+    w = numpy_helper.from_array(np.ones((16, 8, 3, 3), np.float32), "w")  # 1,152 elements: a weight
+    graph = helper.make_graph([N("Conv", ["x", "w"], ["y"])], "g", [helper.make_tensor_value_info("x", F, [1, 8, 32, 32])],
+                              [helper.make_tensor_value_info("y", F, None)], [w])
+    path = tmp_path / "conv.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    loaded = load_with_weights(path)
+    assert isinstance(loaded, LoadedModel) and loaded.path == str(path)
+    assert len(loaded.model.graph.initializer[0].raw_data) == 4 * CONV_PARAMS  # the weights are there to run
+    report = flopcount.count(loaded)
+    assert report.model.path == str(path)
+    assert report.forward.macs == CONV_MACS and report.params == CONV_PARAMS
+    assert len(loaded.model.graph.initializer[0].raw_data) == 4 * CONV_PARAMS  # counting did not strip them
+    with pytest.raises(ModelFileError, match="no such file"):
+        load_with_weights(tmp_path / "absent.onnx")

@@ -267,3 +267,21 @@ def test_op_type_bytes_leave_out_executed_nodes_that_run_no_graph_node():
     # the graph's Reshape reads a (2·4·16) and the 2 int64 dims of its shape, and writes r (8·16)
     assert p.by_op_type["Reshape"].bytes == 4 * 2 * 4 * 16 + 8 * 2 + 4 * 8 * 16
     assert p.by_op_type["Reshape"].nodes == 2 and p.by_op_type["Reshape"].flops == 0
+
+
+def test_profile_reads_the_model_file_once(tmp_path, monkeypatch):
+    """The count and the run share one read of the file: counted without the weights, run with them."""
+    import flopcount.loading
+
+    inline = np.arange(91 * 23, dtype=np.float32).reshape(91, 23) / 1000
+    path = tmp_path / "mlp.onnx"
+    onnx.save(_mlp(inline), path)
+    reads = []
+    real_read, real_load = flopcount.loading._read, onnx.load
+    monkeypatch.setattr(flopcount.loading, "_read", lambda p: reads.append(p) or real_read(p))
+    monkeypatch.setattr(onnx, "load", lambda p, *a, **k: reads.append(p) or real_load(p, *a, **k))
+    p = profile(str(path), warmup=1, runs=2, ceilings=CEILINGS)
+    assert reads == [str(path)]
+    assert p.model == str(path) and p.report.model.path == str(path)
+    assert p.weights == {"from_model": 2, "synthesized": 0}  # the file's own W and shape, read in that one pass
+    assert p.report.params == 91 * 23 and p.flops == 2 * 37 * 91 * 23 + 37 * 23  # MatMul + Relu

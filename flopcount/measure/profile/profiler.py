@@ -46,15 +46,17 @@ def profile(source, input_shapes: Mapping[str, tuple[int, ...]] | None = None, b
     this CPU's (cached) GEMM and copy ceilings.
     """
     from flopcount import count
+    from flopcount.loading import load_with_weights
 
     if optimize not in OPTIMIZE_LEVELS:
         raise UsageError(f"--optimize {optimize!r}: expected one of {', '.join(OPTIMIZE_LEVELS)}")
     if warmup < 0 or runs < 1:
         raise UsageError(f"--warmup must be >= 0 and --runs >= 1 (got {warmup} and {runs})")
     ort = import_ort(provider)
-    report = count(source, input_shapes=dict(input_shapes or {}), batch=batch, input_values=dict(input_values or {}))
+    loaded = load_with_weights(source)  # read once: counted without its weights, run with them
+    report = count(loaded, input_shapes=dict(input_shapes or {}), batch=batch, input_values=dict(input_values or {}))
     where = report.model.path or "<model>"
-    model, names, weights = runnable_model(source, report)
+    model, names, weights = runnable_model(loaded, report)
     counted = {n.index: n for n in report.nodes}  # graph position -> its count (names repeat; positions do not)
     feeds = make_inputs(report)
     if ceilings is None:

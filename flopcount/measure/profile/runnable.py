@@ -9,6 +9,7 @@ import os
 from typing import Any
 
 from flopcount.errors import MeasurementError, ShapeError
+from flopcount.graph import model_tensors
 from flopcount.report import Report
 
 __all__ = ["make_inputs", "runnable_model"]
@@ -84,7 +85,7 @@ def _load_present_external_data(model, folder: str) -> None:
     import onnx
     from onnx import TensorProto, external_data_helper
 
-    tensors = [t for t in external_data_helper._get_all_tensors(model) if t.data_location == TensorProto.EXTERNAL]
+    tensors = [t for t in model_tensors(model) if t.data_location == TensorProto.EXTERNAL]
     if not tensors:
         return
     locations = {next((e.value for e in t.external_data if e.key == "location"), "") for t in tensors}
@@ -104,24 +105,30 @@ def _load_present_external_data(model, folder: str) -> None:
 
 
 def runnable_model(source, report: Report, seed: int = 0):
-    """The model onnxruntime runs: ``source`` read with its inline data (and its external data when every file is
-    present beside it), model-local
+    """The model onnxruntime runs: ``source`` (a path, a ``ModelProto``, or a
+    :class:`~flopcount.loading.LoadedModel` from :func:`~flopcount.loading.load_with_weights`, which is used in place)
+    read with its inline data (and its external data when every file is present beside it), model-local
     functions expanded as counting expands them, every node given a unique name (kept where it already is one),
     missing weights synthesised, and graph inputs and outputs fixed to the count's resolved shapes. Returns the
     model, the node names by graph position, and ``{"from_model": k, "synthesized": m}``."""
     import numpy as np
     import onnx
 
-    if isinstance(source, onnx.ModelProto):
-        model = onnx.ModelProto()
+    from flopcount.loading import LoadedModel
+
+    if isinstance(source, LoadedModel):
+        model, path = source.model, source.path
+    elif isinstance(source, onnx.ModelProto):
+        model, path = onnx.ModelProto(), None
         model.CopyFrom(source)
     else:
+        path = os.fspath(source)
         try:
-            model = onnx.load(os.fspath(source), load_external_data=False)
+            model = onnx.load(path, load_external_data=False)
         except Exception as e:  # count() has read it already: unlikely
             raise MeasurementError(f"{source}: cannot be read for running ({e})") from None
-    if not isinstance(source, onnx.ModelProto):
-        _load_present_external_data(model, os.path.dirname(os.path.abspath(os.fspath(source))))
+    if path is not None:
+        _load_present_external_data(model, os.path.dirname(os.path.abspath(path)))
     if model.functions:
         import onnx.inliner
 

@@ -3,7 +3,7 @@ and the per-node times of its profiler's trace."""
 
 from __future__ import annotations
 
-from flopcount.errors import DeviceError, MeasurementError, UsageError
+from flopcount.errors import DeviceError, MeasurementError, UsageError, first_line
 
 __all__ = ["OPTIMIZE_LEVELS", "PROVIDERS", "import_ort", "open_session", "parse_profile", "run_session"]
 
@@ -49,16 +49,14 @@ def open_session(ort, model_bytes: bytes, provider: str, optimize: str, profile_
     try:
         return ort.InferenceSession(model_bytes, so, providers=[PROVIDERS[provider]])
     except Exception as e:  # onnxruntime raises its own exception types
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise MeasurementError(f"{where}: onnxruntime cannot load the model: {first}") from None
+        raise MeasurementError(f"{where}: onnxruntime cannot load the model: {first_line(e)}") from None
 
 
 def run_session(session, feeds, where: str):
     try:
         session.run(None, feeds)
     except Exception as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise MeasurementError(f"{where}: onnxruntime failed to run the model: {first}") from None
+        raise MeasurementError(f"{where}: onnxruntime failed to run the model: {first_line(e)}") from None
 
 
 def parse_profile(events: list[dict], warmup: int) -> tuple[list[dict[str, float]], list[float], dict[str, str]]:

@@ -1,0 +1,19 @@
+"""The examples in the core's docstrings run."""
+
+import doctest
+
+import pytest
+
+import flopcount.context
+import flopcount.cost
+import flopcount.counting
+import flopcount.errors
+import flopcount.render
+
+
+@pytest.mark.parametrize("module", [flopcount.cost, flopcount.context, flopcount.counting, flopcount.errors,
+                                    flopcount.render],
+                         ids=lambda m: m.__name__)
+def test_docstring_examples(module):
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
