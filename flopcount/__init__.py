@@ -22,6 +22,7 @@ docs/architecture.md):
 * :mod:`.report` the immutable report
 * :mod:`.render` its text forms (table, JSON, CSV)
 * :mod:`.html` the report as one self-contained HTML page
+* :mod:`.symbolic` the count as exact formulas in dims given as names (``--symbolic``)
 * :mod:`.errors` the exception hierarchy with exit codes, and :func:`~flopcount.errors.first_line`
 * :mod:`.docs` generates docs/operators.md
 * :mod:`.onnx_cases` ONNX's own test cases, for the inventory of operators

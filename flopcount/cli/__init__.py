@@ -4,6 +4,7 @@ errors become one line on stderr and an exit code (:mod:`.console`).
 * :mod:`.arguments` argument types and the model source (path, ``--torch``, ``--keras``) every command shares
 * :mod:`.console` logging, errors turned into exit codes, writing ``-o FILE``
 * :mod:`.count` ``flopcount MODEL``: the counting command
+* :mod:`.symbolic` its ``--symbolic`` formulas and ``--sweep`` tables
 * :mod:`.bench` ``flopcount bench``: train a workload under the meter, repeat-run statistics
 * :mod:`.profile` ``flopcount profile``: per-node onnxruntime time beside counted FLOPs and bytes
 * :mod:`.ceilings` ``flopcount ceilings``: measure this machine's ceilings

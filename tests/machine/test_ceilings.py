@@ -99,3 +99,16 @@ def test_cached_ceiling_stays_until_beaten_never_remeasured_for_load(tmp_path, m
     assert ceilings.cached_gemm("cpu", "fp32").flops_per_s == 442e9 and measured == [1]
     best, note = ceilings.best_gemm(record(300e9, 0.0))  # flopcount ceilings measuring less reports the best
     assert best.flops_per_s == 442e9 and "above the 300.0 GFLOP/s measured now" in note
+
+
+def test_onnxruntime_gemm_ceiling_is_its_own_best_sustained_rate():
+    pytest.importorskip("onnxruntime")
+    from flopcount.measure.machine.ceilings import measure_ort_gemm
+
+    g = measure_ort_gemm("fp32", threads=1, sizes=(256, 512), repeats=3, budget_s=2.0)
+    assert (g.framework, g.threads, g.dtype, g.device) == ("onnxruntime", 1, "fp32", "cpu")
+    assert g.n in (256, 512) and g.repeats >= 1
+    assert g.flops_per_s >= g.median_flops_per_s >= g.min_flops_per_s > 0  # the best repeat, then its spread
+    assert "onnxruntime" in g.describe()
+    with pytest.raises(RuntimeError, match="fp32 only"):
+        measure_ort_gemm("bf16")

@@ -114,7 +114,7 @@ def test_bad_ceilings_file_is_exit_12(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_resnet50_profile_on_this_cpu(tmp_path):
-    from flopcount.measure.machine.ceilings import measure_gemm
+    from flopcount.measure.machine.ceilings import measure_ort_gemm
 
     out = tmp_path / "p.json"
     # one intra-op thread: on a 2-core machine shared with other jobs, a second thread waits on descheduled peers
@@ -126,14 +126,9 @@ def test_resnet50_profile_on_this_cpu(tmp_path):
     # wide enough for load, narrow enough to catch node times that miss part of the run or count some of it twice.
     assert abs(doc["profiled_time_s"] - doc["run_time_s"]) <= 0.25 * doc["run_time_s"], doc["run_time_s"]
     assert sum(n["time_s"] for n in doc["nodes"]) == pytest.approx(doc["profiled_time_s"], rel=0.25)
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the ceiling of the same single thread the profile ran on, measured now
-    try:
-        gemm = measure_gemm("cpu", "fp32").flops_per_s
-    finally:
-        torch.set_num_threads(threads)
+    # the ceiling of the same runtime on the same single thread the profile ran on, measured now (onnxruntime's
+    # kernels and torch's differ: on one machine here torch's GEMM reached 115 GFLOP/s a thread, onnxruntime's convs 200)
+    gemm = measure_ort_gemm("fp32", threads=1).flops_per_s
     convs = [n for n in doc["nodes"] if n["op_type"] == "Conv"]
     assert len(convs) == 53 and all(n["flops_per_s"] > 0 for n in convs)
     # The Conv nodes together (their FLOPs over their time) stay below the GEMM ceiling. Single nodes are not

@@ -158,6 +158,62 @@ def cached_tf_gemm(dtype: str = "fp32") -> GemmCeiling | None:
     return _cached(path, GemmCeiling, lambda: measure_tf_gemm(dtype), f"TensorFlow {dtype} GEMM ceiling")
 
 
+def measure_ort_gemm(dtype: str = "fp32", threads: int | None = None, sizes: tuple[int, ...] = (512, 1024, 2048),
+                     repeats: int = 7, budget_s: float = 3.0) -> GemmCeiling:
+    """The best sustained CPU rate of onnxruntime's own MatMul (one ONNX MatMul of two n×n inputs, run by its CPU
+    provider on ``threads`` intra-op threads, its default when None), formed as :func:`measure_gemm` forms torch's:
+    the ceiling an onnxruntime profile is judged against (onnxruntime's kernels and torch's differ in speed on the
+    same core)."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    if dtype != "fp32":
+        raise RuntimeError(f"onnxruntime's CPU GEMM ceiling is measured in fp32 only, not {dtype}")
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    options.log_severity_level = 3
+    timed: list[tuple[int, list[float]]] = []
+    start = time.perf_counter()
+    for n in sizes:
+        graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["c"])], "gemm",
+                                  [helper.make_tensor_value_info(x, TensorProto.FLOAT, [n, n]) for x in "ab"],
+                                  [helper.make_tensor_value_info("c", TensorProto.FLOAT, [n, n])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+        model.ir_version = min(model.ir_version, 8)
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        rng = np.random.default_rng(0)
+        feeds = {x: rng.standard_normal((n, n), dtype=np.float32) for x in "ab"}
+        timed.append((n, repeat_times(lambda: session.run(None, feeds), "cpu", repeats, start, budget_s)))
+        if time.perf_counter() - start > budget_s:
+            break
+    n, times = best_sustained(timed)
+    flops = 2 * n ** 3
+    from .devices import cpu_cores
+
+    return GemmCeiling("cpu", dtype, flops / min(times), n, len(times), threads or cpu_cores(), ort.__version__,
+                       load_per_core(), flops / statistics.median(times), flops / max(times), "onnxruntime")
+
+
+def cached_ort_gemm(threads: int | None = None) -> GemmCeiling | None:
+    """onnxruntime's fp32 GEMM ceiling on ``threads`` threads, from the cache (kept until beaten, as
+    :func:`cached_gemm`) or measured now; None without onnxruntime."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    from flopcount.frontends.common import cache_key, default_cache_dir
+
+    from .devices import cpu_cores, cpu_name
+
+    folder = default_cache_dir()
+    path = None if folder is None else folder / ("ceiling-gemm-ort-" + cache_key(
+        [_CACHE_FORMAT, "gemm-ort", cpu_name(), cpu_cores(), threads or 0, ort.__version__])[:20] + ".json")
+    return _cached(path, GemmCeiling, lambda: measure_ort_gemm("fp32", threads), "onnxruntime fp32 GEMM ceiling")
+
+
 def measured_tf_cpu_device(dtypes: tuple[str, ...] = ("fp32",)) -> Device:
     """This CPU described with TensorFlow's measured GEMM ceiling per dtype (for a Keras run's MFU)."""
     peaks = {}
@@ -677,14 +733,15 @@ def measure_ceilings(device: str = "cpu", dtypes: tuple[str, ...] | None = None,
                     unavailable)
 
 
-def default_ceilings() -> Ceilings:
+def default_ceilings(gemm: GemmCeiling | None = None) -> Ceilings:
     """Ceilings of this CPU for ``profile`` and ``roofline`` when no ``--ceilings`` file is given: the cached fp32
-    GEMM ceiling and the cached copy bandwidth (measured once per machine, about two seconds)."""
+    GEMM ceiling (``gemm`` when given: ``profile`` gives onnxruntime's own) and the cached copy bandwidth
+    (measured once per machine, about two seconds)."""
     from flopcount.errors import DeviceError
 
     from .devices import cpu_device
 
-    gemm = cached_gemm("cpu", "fp32")
+    gemm = gemm or cached_gemm("cpu", "fp32")
     memory = cached_memory_bandwidth("cpu")
     if gemm is None or memory is None:
         raise DeviceError("measuring this machine's ceilings needs torch (pip install torch); or give "

@@ -43,7 +43,8 @@ def profile(source, input_shapes: Mapping[str, tuple[int, ...]] | None = None, b
     """Count ``source`` (a path or ModelProto), run it with onnxruntime's profiler and return a :class:`Profile`.
 
     ``ceilings`` (a :class:`~flopcount.measure.machine.ceilings.Ceilings`) decide compute/memory bound; None measures
-    this CPU's (cached) GEMM and copy ceilings.
+    this CPU's (cached) GEMM and copy ceilings, the GEMM of onnxruntime itself on the profile's threads (its kernels
+    and torch's differ in speed on the same core).
     """
     from flopcount import count
     from flopcount.loading import load_with_weights
@@ -59,10 +60,10 @@ def profile(source, input_shapes: Mapping[str, tuple[int, ...]] | None = None, b
     model, names, weights = runnable_model(loaded, report)
     counted = {n.index: n for n in report.nodes}  # graph position -> its count (names repeat; positions do not)
     feeds = make_inputs(report)
-    if ceilings is None:
-        from flopcount.measure.machine.ceilings import default_ceilings
+    if ceilings is None:  # this CPU's, with onnxruntime's own GEMM as the compute ceiling for a CPU profile
+        from flopcount.measure.machine.ceilings import cached_ort_gemm, default_ceilings
 
-        ceilings = default_ceilings()
+        ceilings = default_ceilings(cached_ort_gemm(threads) if provider == "cpu" else None)
     try:
         model_bytes = model.SerializeToString()
     except ValueError:  # protobuf's 2 GB limit
