@@ -218,7 +218,13 @@ def load_model(config: Any, *, trust_remote_code: bool = False):
 
 
 def load_config(source: Any, *, trust_remote_code: bool = False):
-    """The ``transformers.PretrainedConfig`` of ``source`` (see :func:`from_hf`)."""
+    """The ``transformers.PretrainedConfig`` of ``source`` (see :func:`from_hf`). A path that names nothing is
+    refused before transformers is imported: that is the more useful message."""
+    if isinstance(source, (str, os.PathLike)):
+        where = os.fspath(source)
+        if not Path(where).exists() and (not _HUB_ID.match(where) or where.endswith(".json")):
+            raise ConfigError(f"{where}: no such file or folder; give a config.json, a folder holding one, or a "
+                              "Hub model id (org/name)")
     transformers = _import("transformers")
     if isinstance(source, transformers.PretrainedConfig):
         return source
