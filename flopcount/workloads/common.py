@@ -146,3 +146,36 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def train_epochs(cfg: Config, meter, model, opt, loss_fn, xtr, ytr, order: Callable[[int], Any],
+                 evaluate: Callable[[], float], bar) -> None:
+    """The benchmarks' epoch loop: each epoch's batches, taken in ``order(epoch)`` (a permutation of the training
+    rows) through the meter's loader, one timed step a batch (in ``cfg``'s autocast, channels-last where asked),
+    then ``evaluate()`` as the epoch's quality; it stops once the meter's target is reached, and stops the meter."""
+    import torch
+
+    device = xtr.device
+    for epoch in range(1, cfg.max_epochs + 1):
+        rows = order(epoch)
+        batches = ((xtr[idx], ytr[idx]) for idx in (rows[i:i + cfg.batch_size].to(device)
+                                                    for i in range(0, len(rows), cfg.batch_size)))
+        for x, y in meter.loader(batches):
+            if cfg.channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            with meter.step(samples=len(x)):
+                opt.zero_grad(set_to_none=True)
+                with autocast(cfg):
+                    loss = loss_fn(model(x), y)
+                loss.backward()
+                opt.step()
+            bar.update()
+        with meter.evaluating(epoch):
+            acc = evaluate()
+            meter.quality(acc, epoch=epoch)
+        bar.set_postfix_str(f"epoch {epoch} accuracy {acc:.4f}")
+        if meter.reached():
+            break
+    bar.close()
+    meter.stop()
+

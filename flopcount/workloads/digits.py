@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .common import (Config, autocast, counting_optimizer, make_meter, optimizer, progress, seed_everything,
+from .common import (Config, counting_optimizer, make_meter, optimizer, progress, seed_everything, train_epochs,
                      torch_device, torch_or_error)
 
 DEFAULTS = Config(workload="digits", data="sklearn.datasets.load_digits", batch_size=32, max_epochs=30,
@@ -120,30 +120,14 @@ def train(cfg: Config, report, run: int = 0, listeners: list[Callable] | None = 
     steps_per_epoch = -(-len(xtr) // cfg.batch_size)
     bar = progress(steps_per_epoch * cfg.max_epochs, f"digits run {run}", show_progress)
     model.train()
-    for epoch in range(1, cfg.max_epochs + 1):
-        order = sampler(epoch) if sampler is not None else torch.randperm(len(xtr), generator=gen)
-        batches = ((xtr[idx], ytr[idx]) for idx in (order[i:i + cfg.batch_size].to(device)
-                                                    for i in range(0, len(order), cfg.batch_size)))
-        for x, y in meter.loader(batches):
-            if cfg.channels_last:
-                x = x.contiguous(memory_format=torch.channels_last)
-            with meter.step(samples=len(x)):
-                opt.zero_grad(set_to_none=True)
-                with autocast(cfg):
-                    loss = loss_fn(model(x), y)
-                loss.backward()
-                opt.step()
-            bar.update()
-        with meter.evaluating(epoch):
-            if parallel is None:
-                acc = accuracy(net, xte, yte)
-            else:
-                acc = parallel.evaluate(probabilities(net, xte), yte)[1]
-            meter.quality(acc, epoch=epoch)
-        bar.set_postfix_str(f"epoch {epoch} accuracy {acc:.4f}")
-        if meter.reached():
-            break
-    bar.close()
-    meter.stop()
+
+    def evaluate() -> float:
+        if parallel is None:
+            return accuracy(net, xte, yte)
+        return parallel.evaluate(probabilities(net, xte), yte)[1]
+
+    train_epochs(cfg, meter, model, opt, loss_fn, xtr, ytr,
+                 lambda epoch: sampler(epoch) if sampler is not None else torch.randperm(len(xtr), generator=gen),
+                 evaluate, bar)
     meter.model = net
     return meter

@@ -25,7 +25,7 @@ from typing import Callable
 
 from flopcount.errors import DeviceError, UsageError
 
-from .common import (Config, autocast, counting_optimizer, make_meter, optimizer, progress, seed_everything,
+from .common import (Config, counting_optimizer, make_meter, optimizer, progress, seed_everything, train_epochs,
                      torch_device, torch_or_error)
 
 DEFAULTS = Config(workload="image_classification", batch_size=32, max_epochs=30, optimizer="sgd", lr=0.1,
@@ -184,26 +184,6 @@ def train(cfg: Config, report, run: int = 0, listeners: list[Callable] | None = 
     meter = make_meter(cfg, report, listeners, **(meter_kw or {}))
     gen = torch.Generator().manual_seed(cfg.seed + run)
     bar = progress(-(-len(xtr) // cfg.batch_size) * cfg.max_epochs, f"image_classification run {run}", show_progress)
-    for epoch in range(1, cfg.max_epochs + 1):
-        order = torch.randperm(len(xtr), generator=gen)
-        batches = ((xtr[idx], ytr[idx]) for idx in (order[i:i + cfg.batch_size].to(device)
-                                                    for i in range(0, len(order), cfg.batch_size)))
-        for x, y in meter.loader(batches):
-            if cfg.channels_last:
-                x = x.contiguous(memory_format=torch.channels_last)
-            with meter.step(samples=len(x)):
-                opt.zero_grad(set_to_none=True)
-                with autocast(cfg):
-                    loss = loss_fn(model(x), y)
-                loss.backward()
-                opt.step()
-            bar.update()
-        with meter.evaluating(epoch):
-            acc = accuracy(model, xev, yev)
-            meter.quality(acc, epoch=epoch)
-        bar.set_postfix_str(f"epoch {epoch} accuracy {acc:.4f}")
-        if meter.reached():
-            break
-    bar.close()
-    meter.stop()
+    train_epochs(cfg, meter, model, opt, loss_fn, xtr, ytr, lambda epoch: torch.randperm(len(xtr), generator=gen),
+                 lambda: accuracy(model, xev, yev), bar)
     return meter

@@ -66,14 +66,15 @@ def test_log_order_sizes_and_call_sites(folder_run):
     assert value["submission_division"] == "open" and value["submission_benchmark"] == "resnet"
     assert value["submission_status"] == "research" and value["submission_org"] == "flopcount"
     assert keys.count("block_start") == keys.count("block_stop") == keys.count("eval_start") == doc["runs"][0]["epochs"]
-    # every line names its call site: the training loop's line, never the log writer or the meter
-    from flopcount.workloads import imagefolder
+    # every line names its call site: the training loop's line (the benchmarks' shared epoch loop), never the log
+    # writer or the meter
+    from flopcount.workloads import common
 
-    source = open(imagefolder.__file__, encoding="utf-8").read().splitlines()
+    source = open(common.__file__, encoding="utf-8").read().splitlines()
     for r in recs:
         assert r["metadata"]["file"] not in ("mllog.py", "meter.py", "contextlib.py"), r
     evals = [r for r in recs if r["key"] == "eval_accuracy"]
-    assert all(r["metadata"]["file"] == "imagefolder.py" for r in evals)
+    assert all(r["metadata"]["file"] == "common.py" for r in evals)
     assert all("meter.quality(" in source[r["metadata"]["lineno"] - 1] for r in evals)
     steps = [r for r in recs if r["key"] == "eval_start"]
     assert all("meter.evaluating(" in source[r["metadata"]["lineno"] - 1] for r in steps)
