@@ -28,6 +28,8 @@ docs/architecture.md):
 * :mod:`.onnx_cases` ONNX's own test cases, for the inventory of operators
 * :mod:`.generation` what ``generate()`` costs (prefill, decode steps); :mod:`.masks` executed attention's masks;
   :mod:`.moe` mixture-of-experts layers (params, active params, capacity)
+* :mod:`.layers` how a stack of identical layers was counted; :mod:`.extension` a count of L layers from counts of
+  1 and 2 (``--hf``)
 
 Around it: :mod:`flopcount.operators` (formulas), :mod:`flopcount.frontends`, :mod:`flopcount.models`,
 :mod:`flopcount.measure` (the measuring half), :mod:`flopcount.workloads` and :mod:`flopcount.cli`.

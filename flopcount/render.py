@@ -16,8 +16,9 @@ from tabulate import tabulate
 from .context import TensorInfo
 from .report import Report, node_bytes
 
-SCHEMA_VERSION = 5  # 2: mode, forward, backward, training; total = forward + backward. 3: total.buffers; params
+SCHEMA_VERSION = 6  # 2: mode, forward, backward, training; total = forward + backward. 3: total.buffers; params
 # without buffers and folded constants. 4: modules and module_scopes (by module), nodes[].module. 5: generation
+# and moe. 6: layers (--hf: a stack of identical layers extended from 1 and 2, or exported whole)
 FORMATS = ("table", "json", "csv", "markdown", "html")
 
 
@@ -92,6 +93,8 @@ def to_dict(report: Report, per_node: bool = False, by_module: int | None = None
         doc["generation"] = report.generation.as_dict()
     if report.moe is not None:
         doc["moe"] = report.moe.as_dict()
+    if report.layers is not None:
+        doc["layers"] = report.layers.as_dict()
     if by_module is not None:
         doc["module_scopes"] = {"depth": by_module, "source": report.modules.source or None,
                                 "missing": report.modules.missing or None}
@@ -219,6 +222,9 @@ def _summary_lines(report: Report) -> list[str]:
             )
     if report.attention != "full":
         lines.append(f"Attention: {report.attention}")
+    if report.layers is not None:
+        lines.append(f"Layers: {report.layers.layers} in {report.layers.path or 'the model'}, "
+                     f"{report.layers.method}: {report.layers.reason}")
     if report.moe is not None:
         lines += _moe_lines(report.moe)
     if report.generation is not None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Mapping, NamedTuple
 
 from .context import TensorInfo
 from .conventions import Convention
 from .cost import Cost
 from .generation import Generation
+from .layers import RepeatedLayers
 from .moe import MixtureOfExperts
 from .modules import ModuleRow, ModuleScopes, module_rows
 
@@ -121,6 +124,30 @@ def op_key(domain: str, op_type: str) -> str:
     return f"{domain}:{op_type}" if domain else op_type
 
 
+def op_type_summaries(nodes: Iterable[NodeCount]) -> Mapping[str, OpTypeSummary]:
+    """One :class:`OpTypeSummary` per operator key of ``nodes``, by FLOPs (forward and backward), largest first."""
+    groups: dict[str, list[NodeCount]] = {}
+    for n in nodes:
+        key = op_key(n.domain, n.op_type)
+        group = groups.get(key)
+        if group is None:
+            groups[key] = [n]
+        else:
+            group.append(n)
+    summaries = sorted(
+        (OpTypeSummary(g[0].op_type, g[0].domain, g[0].family, g[0].status, len(g),
+                       sum_costs(n.cost for n in g), sum_costs(n.backward for n in g)) for g in groups.values()),
+        key=lambda s: (-(s.cost.flops + s.backward.flops), -s.cost.int_ops, s.key),
+    )
+    return MappingProxyType({s.key: s for s in summaries})
+
+
+def sum_costs(costs: Iterable[Cost]) -> Cost:
+    """Field-wise sum of many costs (faster than adding them one by one)."""
+    columns = tuple(zip(*costs))
+    return Cost(*map(sum, columns)) if columns else Cost()
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     path: str | None
@@ -166,6 +193,7 @@ class Report:
     generation: "Generation | None" = None  # --generate: prefill and decode (flopcount.generation)
     moe: "MixtureOfExperts | None" = None  # mixture-of-experts layers (flopcount.moe), --hf only
     attention: str = "full"  # --attention: "full", or "executed: " and the masks used (flopcount.masks)
+    layers: "RepeatedLayers | None" = None  # --hf: how the stack of layers was counted (flopcount.layers)
 
     def by_module(self, depth: int = 1) -> tuple[ModuleRow, ...]:
         """FLOPs, MACs and parameters per module down to ``depth`` (1: the model's children), from the module

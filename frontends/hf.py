@@ -41,7 +41,7 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, *, trust_remote_code: bool = False,
             cache_dir: str | os.PathLike | bool | None = None, generate: tuple[int, int] | None = None,
-            capacity_factor: float | None = None, **count_kwargs: Any):
+            capacity_factor: float | None = None, repeated_layers: str = "extend", **count_kwargs: Any):
     """Count a transformers model built from its configuration, without weights.
 
     Parameters
@@ -62,6 +62,11 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
         For a mixture-of-experts model: the expert capacity factor C of its router; the report's ``moe`` adds
         the most the routed experts can run when each takes at most ⌊C·T·k/E⌋ (token, expert) pairs (the totals
         stay the no-drop count; see :mod:`flopcount.moe`).
+    repeated_layers : "extend" or "export"
+        ``extend`` (the default): where the model's L ≥ 3 layers are shown identical
+        (:func:`flopcount.frontends.repeated.layer_stack`), export its 1- and 2-layer versions and extend their
+        counts to L exactly (:func:`flopcount.extension.extend`), which is much faster than exporting all L;
+        otherwise, and with ``export``, export the whole model. ``report.layers`` says which was used and why.
     cache_dir, **count_kwargs
         As for :func:`flopcount.from_torch` (``mode``, ``convention``, ``batch`` ...).
 
@@ -80,8 +85,6 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
     FrontendError
         transformers or torch is missing, or the export failed.
     """
-    from .torch import from_torch
-
     if generate is not None:
         from flopcount.generation import check_generate
 
@@ -89,9 +92,9 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
     if capacity_factor is not None and (isinstance(capacity_factor, bool) or not isinstance(capacity_factor, (int, float))
                                         or not 0 < capacity_factor < float("inf")):
         raise UsageError(f"{FRONTEND}: the capacity factor must be a positive number, got {capacity_factor!r}")
+    if repeated_layers not in REPEATED_LAYERS:
+        raise UsageError(f"{FRONTEND}: repeated_layers is one of {', '.join(REPEATED_LAYERS)}, got {repeated_layers!r}")
     model = load_model(config, trust_remote_code=trust_remote_code)
-    if count_kwargs.get("attention") == "executed":
-        count_kwargs["attention"] = config_masks(model.config) or "executed"
     if generate is not None:
         from .generate import from_causal_lm
 
@@ -103,18 +106,72 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
         window = getattr(model.config, "sliding_window", None)
         if isinstance(window, int) and window > 0:
             windows.append(window)  # a cache may crop at the window even where attention counts full
+        if count_kwargs.get("attention") == "executed":
+            count_kwargs["attention"] = config_masks(model.config) or "executed"
         report = from_causal_lm(model, generate, batch=batch, cache_dir=cache_dir, breakpoints=sorted(set(windows)),
                                 **count_kwargs)
         tokens = batch * generate[0]
     else:
         inputs = hf_inputs(model, input_shapes)
-        report = from_torch(model, inputs, cache_dir=cache_dir, **count_kwargs)
+        report = _count_stack(model, input_shapes, repeated_layers, trust_remote_code, cache_dir, count_kwargs)
         tokens = _tokens(inputs, count_kwargs.get("batch"))
     moe = moe_summary(model, report, tokens, capacity_factor) if tokens else None
     if moe is None and capacity_factor is not None:
         raise UsageError(f"{FRONTEND}: --capacity-factor is for a mixture-of-experts model; {model.config.model_type} "
                          "has no routed experts")
     return dataclasses.replace(report, moe=moe) if moe is not None else report
+
+
+#: The values of ``repeated_layers`` (``--repeated-layers``).
+REPEATED_LAYERS = ("extend", "export")
+
+
+def _count_stack(model, input_shapes, repeated_layers: str, trust_remote_code: bool, cache_dir, count_kwargs):
+    """The report of ``model``, from its 1- and 2-layer versions where its layers are shown identical (and
+    ``repeated_layers`` is ``extend``), else from the whole model; ``report.layers`` says which."""
+    from flopcount.extension import NotExtendable, extend
+    from flopcount.layers import EXTENDED, RepeatedLayers
+
+    from .repeated import LayerStack, layer_stack
+
+    stack = layer_stack(model)
+    if isinstance(stack, LayerStack) and repeated_layers == "export":
+        stack = stack.exported("--repeated-layers export: the whole model exported")
+    if isinstance(stack, LayerStack):
+        counts = []
+        for layers in (1, 2):
+            small = build_model(stack.config_of(model.config, layers), trust_remote_code=trust_remote_code)
+            reason = stack.compare(small, layers)
+            if reason is not None:
+                stack = stack.exported(reason)
+                break
+            counts.append((small, _count(small, input_shapes, cache_dir, count_kwargs)))
+    if isinstance(stack, LayerStack):
+        (one, r1), (two, r2) = counts
+        p1, p2, p = (sum(x.numel() for x in m.parameters()) for m in (one, two, model))
+        try:
+            if p != p1 + (stack.layers - 1) * (p2 - p1):
+                raise NotExtendable(f"its {p:,} parameters are not those of 1 layer and {stack.layers - 1} more")
+            report = extend(r1, r2, stack.layers, stack.path)
+        except NotExtendable as e:
+            stack = stack.exported(str(e))
+        else:
+            return dataclasses.replace(report, layers=RepeatedLayers(
+                stack.path, stack.layers, EXTENDED,
+                f"{stack.layers} identical layers: counted from exports of 1 and 2 layers, extended exactly"))
+    log.info("%s: the whole model exported: %s", FRONTEND, stack.reason)
+    report = _count(model, input_shapes, cache_dir, count_kwargs)
+    return dataclasses.replace(report, layers=stack if stack.path or stack.layers else None)
+
+
+def _count(model, input_shapes, cache_dir, count_kwargs):
+    """``model`` counted by :func:`flopcount.from_torch`, with its configuration's masks for executed attention."""
+    from .torch import from_torch
+
+    kwargs = dict(count_kwargs)
+    if kwargs.get("attention") == "executed":
+        kwargs["attention"] = config_masks(model.config) or "executed"
+    return from_torch(model, hf_inputs(model, input_shapes), cache_dir=cache_dir, **kwargs)
 
 
 def _tokens(inputs, batch) -> int | None:

@@ -79,7 +79,8 @@ if TYPE_CHECKING:
 
     from flopcount.report import Report
 
-__all__ = ["CACHE_ENV", "default_cache_dir", "forward_tensors", "from_torch", "load_factory", "to_onnx"]
+__all__ = ["CACHE_ENV", "default_cache_dir", "forward_tensors", "from_torch", "load_factory", "module_state", "to_onnx",
+           "torch_leaf"]
 
 log = logging.getLogger(__name__)
 
@@ -796,13 +797,11 @@ def _failure_message(module_name: str, errors: Sequence[tuple[str, BaseException
 def _fingerprint(torch, module, call: _Call, training: bool, opset: int) -> str | None:
     """Hash of everything the exported graph depends on except weight values; None (do not cache) where some
     state that ``forward`` may read cannot be described (see :class:`flopcount.frontends.common.StateDescriber`)."""
-    describer = common.StateDescriber(leaf=lambda value: _torch_leaf(torch, value), framework=("torch",))
+    describer = common.StateDescriber(leaf=lambda value: torch_leaf(torch, value), framework=("torch",))
     for name, sub in module.named_modules():
         describer.name(sub, f"module:{name}")
-    modules = []
-    for name, sub in module.named_modules():
-        state = _hooks_by_rank({k: v for k, v in describer.state(sub).items() if k not in _MODULE_BOOKKEEPING})
-        modules.append([name, describer.object_type(sub), describer.describe(state)])
+    modules = [[name, describer.object_type(sub), describer.describe(module_state(describer, sub))]
+               for name, sub in module.named_modules()]
     if describer.unsound is not None:
         log.info("export of %s not cached: %s", type(module).__name__, describer.unsound)
         return None
@@ -844,6 +843,12 @@ _HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_a
                "_forward_pre_hooks_with_kwargs")
 
 
+def module_state(describer: common.StateDescriber, module) -> dict[str, Any]:
+    """The attributes of one module that its ``forward`` may read, for ``describer`` to describe: its own state
+    without what the module tree covers otherwise (:data:`_MODULE_BOOKKEEPING`), hooks by rank."""
+    return _hooks_by_rank({k: v for k, v in describer.state(module).items() if k not in _MODULE_BOOKKEEPING})
+
+
 def _hooks_by_rank(state: dict[str, Any]) -> dict[str, Any]:
     """``state`` with the hook handle ids in :data:`_HOOK_DICTS` replaced by their rank among the module's hooks
     (the ids count every hook registered in the process before, so they differ between processes; their order
@@ -855,7 +860,7 @@ def _hooks_by_rank(state: dict[str, Any]) -> dict[str, Any]:
             else value for name, value in state.items()}
 
 
-def _torch_leaf(torch, value: Any) -> Any:
+def torch_leaf(torch, value: Any) -> Any:
     """The description of torch values that are not plain Python objects, or :data:`common.NOT_A_LEAF`."""
     if isinstance(value, torch.Tensor):  # a tensor attribute (not a parameter or buffer): its type, not its values
         return ["tensor", list(value.shape), str(value.dtype), value.device.type]

@@ -281,6 +281,7 @@ def count_hf(args: argparse.Namespace):
 
     return from_hf(args.hf, torch_inputs(args), trust_remote_code=args.trust_remote_code,
                    capacity_factor=getattr(args, "capacity_factor", None),
+                   repeated_layers=getattr(args, "repeated_layers", "extend"),
                    training=args.mode == "train", trainable_inputs=args.trainable_input, batch=args.batch,
                    convention=args.convention, strict=args.strict, input_values=dict(args.input_value),
                    loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer,

@@ -61,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "one, or a Hub model id (only config.json is fetched); built on the meta device, no weights")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="with --hf: allow a configuration whose model code lives in its repository (runs that code)")
+    p.add_argument("--repeated-layers", choices=("extend", "export"), default="extend",
+                   help="with --hf: extend (default) counts a model of L >= 3 identical layers from exports of 1 and 2 "
+                   "of them, extended exactly to L (seconds for an 8B model), where the layers are shown identical, "
+                   "else exports the whole model; export always exports the whole model")
     p.add_argument("--generate", metavar="P:N", type=generate_spec,
                    help="with --hf or --torch (a causal LM taking past_key_values): count generate() of N new tokens "
                    "after a P-token prompt, with a KV cache: the prefill (logits of the last position only), each "

@@ -1,0 +1,213 @@
+"""A model of L identical layers counted from exports of 1 and 2 of them: the count of L layers, extended exactly.
+
+Exporting a large language model is the slow part of counting it (Llama-3-8B's 32 layers take tens of seconds to
+trace), while its layers are copies of one another. When the frontend has shown that every layer of the stack is
+the same computation (same class, same parameter shapes, same configuration: see
+:func:`flopcount.frontends.hf.layer_stack`), the count is affine in L:
+
+    C(L) = C(1) + (L − 1) · (C(2) − C(1))
+
+for every figure of the report: FLOPs, MACs, transcendentals and integer operations of the forward and backward
+passes, per operator type, parameters, buffers, and nodes per operator type.
+
+The extended report is still made of nodes: those of the 2-layer graph, with the nodes of its second layer (the
+nodes whose module scope is ``<path>.1``, and the nodes outside any layer that the 1-layer graph has no
+counterpart for, such as a split of a stacked weight an exporter left without a scope) copied for layers
+2 … L − 1 and named ``<node>@<path>.<k>``, their scopes renamed to ``<path>.<k>``. That keeps per-node listings, module rows, MoE sums and the HTML report
+consistent with the totals. It is made only when the second layer's nodes are exactly what the second layer added
+(C(2) − C(1) per operator type, forward and backward, node counts included, and its parameters); otherwise
+:func:`extend` says why, and the caller exports the whole model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from .cost import Cost
+from .report import NodeCount, OpTypeSummary, Report, op_type_summaries
+
+__all__ = ["NotExtendable", "extend"]
+
+class NotExtendable(Exception):
+    """The 1- and 2-layer counts do not show what one more layer adds; the message says why."""
+
+
+def extend(one: Report, two: Report, layers: int, path: str) -> Report:
+    """The report of ``layers`` layers from the reports of 1 (``one``) and 2 (``two``) layers of the stack at
+    ``path``, or :class:`NotExtendable` with the reason."""
+    if layers < 2:
+        raise NotExtendable(f"{layers} layer(s): nothing to extend")
+    k = layers - 2  # copies of the second layer to add to the 2-layer graph
+    step = _Step.between(one, two)
+    second = f"{path}.1"
+    scopes = two.modules.nodes
+    if len(scopes) != len(two.nodes) or two.modules.missing:
+        raise NotExtendable("the 2-layer graph has no module scopes to find its second layer's nodes in")
+    inside = [i for i, scope in enumerate(scopes) if _within(scope, second)]
+    if not inside:
+        raise NotExtendable(f"the 2-layer graph has no node in {second}")
+    inside = sorted(inside + _added_outside(one, two, path))
+    layer_nodes = [two.nodes[i] for i in inside]
+    found = _Step.of(layer_nodes, _params_under(two.modules.params, second))
+    if found != step:
+        raise NotExtendable(f"the nodes of {second} are not what the second layer adds ({step.difference(found)})")
+
+    nodes: list[NodeCount] = []
+    node_scopes: list[tuple[str, ...]] = []
+    last = inside[-1]
+    for i, (node, scope) in enumerate(zip(two.nodes, scopes)):
+        nodes.append(node)
+        node_scopes.append(scope)
+        if i == last:
+            for layer in range(2, layers):
+                for j in inside:
+                    nodes.append(two.nodes[j]._replace(name=f"{two.nodes[j].name}@{path}.{layer}"))
+                    node_scopes.append(tuple(_renamed(s, second, f"{path}.{layer}") for s in scopes[j]))
+    nodes = [n._replace(index=i) for i, n in enumerate(nodes)]
+    params = dict(two.modules.params)
+    for layer in range(2, layers):
+        params.update({_renamed(m, second, f"{path}.{layer}"): v for m, v in two.modules.params.items()
+                       if _within((m,), second)})
+    summaries = op_type_summaries(nodes)
+    report = dataclasses.replace(
+        two,
+        forward=_affine(one.forward, two.forward, k),
+        backward=_affine(one.backward, two.backward, k),
+        params=_affine_int(one.params, two.params, k),
+        buffers=_affine_int(one.buffers, two.buffers, k),
+        trainable_params=_affine_int(one.trainable_params, two.trainable_params, k),
+        nodes=tuple(nodes),
+        by_op_type=summaries,
+        unsupported=MappingProxyType(_affine_counts(one.unsupported, two.unsupported, k)),
+        backward_unsupported=MappingProxyType(_affine_counts(one.backward_unsupported, two.backward_unsupported, k)),
+        optimizer=None if two.optimizer is None else (two.optimizer[0], _affine(one.optimizer[1], two.optimizer[1], k)),
+        modules=dataclasses.replace(two.modules, nodes=tuple(node_scopes), params=MappingProxyType(params)),
+        timings=MappingProxyType({p: one.timings.get(p, 0.0) + t for p, t in two.timings.items()}),
+    )
+    _check_consistent(report)
+    return report
+
+
+def _added_outside(one: Report, two: Report, path: str) -> list[int]:
+    """The nodes of ``two`` outside its layers that ``one`` has no counterpart for outside its layer (an exporter
+    may leave a layer's node without a scope, such as a split of a stacked weight): they come with each layer.
+    A counterpart has the same operator, costs and scope."""
+    first, second = f"{path}.0", f"{path}.1"
+
+    def signature(node: NodeCount, scope: tuple[str, ...]) -> tuple:
+        return node.domain, node.op_type, node.cost, node.backward, scope
+
+    available = Counter(signature(n, sc) for n, sc in zip(one.nodes, one.modules.nodes) if not _within(sc, first))
+    added = []
+    for i, (n, sc) in enumerate(zip(two.nodes, two.modules.nodes)):
+        if _within(sc, first) or _within(sc, second):
+            continue
+        key = signature(n, sc)
+        if available[key]:
+            available[key] -= 1
+        else:
+            added.append(i)
+    if +available:
+        raise NotExtendable("the 2-layer graph lacks nodes the 1-layer graph has outside its layer")
+    return added
+
+
+@dataclass(frozen=True)
+class _Step:
+    """What one layer adds: per operator key (nodes, forward, backward), and parameters."""
+
+    ops: Mapping[str, tuple[int, Cost, Cost]]
+    params: int
+
+    @classmethod
+    def between(cls, one: Report, two: Report) -> "_Step":
+        ops = {}
+        for key in set(one.by_op_type) | set(two.by_op_type):
+            a, b = one.by_op_type.get(key), two.by_op_type.get(key)
+            diff = (_nodes(b) - _nodes(a), _minus(_cost(b), _cost(a)), _minus(_backward(b), _backward(a)))
+            if diff[0] < 0 or diff[1] is None or diff[2] is None:
+                raise NotExtendable(f"{key} does less work with 2 layers than with 1")
+            if diff != (0, Cost(), Cost()):
+                ops[key] = diff
+        if two.params < one.params:
+            raise NotExtendable("the 2-layer model has fewer parameters than the 1-layer one")
+        return cls(ops, two.params - one.params)
+
+    @classmethod
+    def of(cls, nodes: Sequence[NodeCount], params: int) -> "_Step":
+        ops = {}
+        for key, s in op_type_summaries(nodes).items():
+            ops[key] = (s.nodes, s.cost, s.backward)
+        return cls(ops, params)
+
+    def difference(self, other: "_Step") -> str:
+        if self.params != other.params:
+            return f"it adds {self.params:,} parameters, the layer's modules hold {other.params:,}"
+        for key in sorted(set(self.ops) | set(other.ops)):
+            if self.ops.get(key) != other.ops.get(key):
+                a, b = self.ops.get(key, (0, Cost(), Cost())), other.ops.get(key, (0, Cost(), Cost()))
+                return f"{key}: it adds {a[0]} nodes of {a[1].flops:,} FLOPs, the layer holds {b[0]} of {b[1].flops:,}"
+        return "no difference"
+
+
+def _nodes(s: OpTypeSummary | None) -> int:
+    return s.nodes if s is not None else 0
+
+
+def _cost(s: OpTypeSummary | None) -> Cost:
+    return s.cost if s is not None else Cost()
+
+
+def _backward(s: OpTypeSummary | None) -> Cost:
+    return s.backward if s is not None else Cost()
+
+
+def _minus(b: Cost, a: Cost) -> Cost | None:
+    """``b − a`` field by field, or None where a field would be negative."""
+    fields = [y - x for x, y in zip(a, b)]
+    return None if any(isinstance(v, int) and v < 0 for v in fields) else Cost(*fields)
+
+
+def _affine(a: Cost, b: Cost, k: int) -> Cost:
+    """``b + k·(b − a)``: the 2-layer figure and k more layers."""
+    return Cost(*(y + k * (y - x) for x, y in zip(a, b)))
+
+
+def _affine_int(a: int, b: int, k: int) -> int:
+    return b + k * (b - a)
+
+
+def _affine_counts(a: Mapping[str, int], b: Mapping[str, int], k: int) -> dict[str, int]:
+    out = {key: _affine_int(a.get(key, 0), b.get(key, 0), k) for key in sorted(set(a) | set(b))}
+    if any(v < 0 for v in out.values()):
+        raise NotExtendable("an operator without a formula appears less often with 2 layers than with 1")
+    return {key: v for key, v in out.items() if v}
+
+
+def _within(scope: Iterable[str], module: str) -> bool:
+    prefix = module + "."
+    return any(s == module or s.startswith(prefix) for s in scope)
+
+
+def _renamed(name: str, old: str, new: str) -> str:
+    if name == old:
+        return new
+    if name.startswith(old + "."):
+        return new + name[len(old):]
+    return name
+
+
+def _params_under(params: Mapping[str, int], module: str) -> int:
+    return sum(v for m, v in params.items() if _within((m,), module))
+
+
+def _check_consistent(report: Report) -> None:
+    """The nodes of the extended report sum to the extended figures (a guard: :func:`extend` builds both)."""
+    forward = sum((s.cost for s in report.by_op_type.values()), Cost())
+    backward = sum((s.backward for s in report.by_op_type.values()), Cost())
+    if forward != report.forward or backward != report.backward:
+        raise NotExtendable("the copied nodes do not sum to the extended totals")

@@ -1,0 +1,75 @@
+"""A count of L layers from the counts of 1 and 2 (:func:`flopcount.extension.extend`), on graphs built here: equal to
+the count of the L-layer graph in every figure, and refused when the second layer's nodes are not what it adds."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import flopcount
+from flopcount.extension import NotExtendable, extend
+
+B, D, C = 3, 8, 5
+
+
+def stack(layers: int, *, first_extra: bool = False, unscoped: bool = False) -> onnx.ModelProto:
+    """x → L × (MatMul by layers.k.fc.weight, Relu) → head; node names carry the module paths. ``first_extra``:
+    layer 0 scales its output when more layers follow; ``unscoped``: each layer adds a node outside any module."""
+    nodes, inits, h = [], [], "x"
+    for k in range(layers):
+        w = f"layers.{k}.fc.weight"
+        inits.append(helper.make_tensor(w, TensorProto.FLOAT, [D, D], [0.0] * D * D))
+        nodes += [helper.make_node("MatMul", [h, w], [f"m{k}"], name=f"/layers.{k}/fc/MatMul"),
+                  helper.make_node("Relu", [f"m{k}"], [f"r{k}"], name=f"/layers.{k}/act/Relu")]
+        h = f"r{k}"
+        if unscoped:
+            nodes.append(helper.make_node("Neg", [h], [f"n{k}"], name=f"Neg_{k}"))
+            h = f"n{k}"
+    if first_extra and layers > 1:
+        nodes.insert(2, helper.make_node("Mul", ["r0", "r0"], ["sq"], name="/layers.0/Mul"))
+        nodes[3].input[0] = "sq"
+    inits.append(helper.make_tensor("head.weight", TensorProto.FLOAT, [D, C], [0.0] * D * C))
+    nodes.append(helper.make_node("MatMul", [h, "head.weight"], ["y"], name="/head/MatMul"))
+    graph = helper.make_graph(nodes, "stack", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [B, D])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [B, C])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def figures(r) -> dict:
+    return {
+        "forward": r.forward, "backward": r.backward, "params": r.params, "trainable": r.trainable_params,
+        "ops": {k: (s.nodes, s.cost, s.backward) for k, s in r.by_op_type.items()}, "optimizer": r.optimizer,
+        "modules": [(m.module, m.forward, m.backward, m.params) for m in r.by_module(2)], "nodes": len(r.nodes),
+    }
+
+
+@pytest.mark.parametrize("unscoped", [False, True])
+@pytest.mark.parametrize("mode", ["inference", "train"])
+def test_extension_equals_the_full_count(mode, unscoped):
+    kwargs = dict(mode=mode, optimizer="sgd" if mode == "train" else None)
+    one, two, seven = (flopcount.count(stack(n, unscoped=unscoped), **kwargs) for n in (1, 2, 7))
+    extended = extend(one, two, 7, "layers")
+    assert figures(extended) == figures(seven)
+    # 7 layers of B×D×D products and a B×D×C head, 2 FLOPs a MAC; a Relu (and Neg) per element
+    assert extended.forward.macs == 7 * B * D * D + B * D * C
+    assert extended.forward.flops == 2 * extended.forward.macs + 7 * B * D * (2 if unscoped else 1)
+    names = [n.name for n in extended.nodes]
+    assert "/layers.1/fc/MatMul@layers.6" in names and len(set(names)) == len(names)
+
+
+def test_a_first_layer_that_changes_is_not_extended():
+    one, two = flopcount.count(stack(1)), flopcount.count(stack(2, first_extra=True))
+    with pytest.raises(NotExtendable, match="not what the second layer adds"):
+        extend(one, two, 4, "layers")
+
+
+def test_a_graph_without_scopes_is_not_extended():
+    def plain(layers):
+        m = stack(layers)
+        for n in m.graph.node:
+            n.name = ""
+        return m
+
+    with pytest.raises(NotExtendable, match="no module scopes"):
+        extend(flopcount.count(plain(1)), flopcount.count(plain(2)), 3, "layers")
