@@ -79,7 +79,7 @@ if TYPE_CHECKING:
 
     from flopcount.report import Report
 
-__all__ = ["CACHE_ENV", "default_cache_dir", "forward_tensors", "from_torch", "load_factory", "module_state", "to_onnx",
+__all__ = ["CACHE_ENV", "default_cache_dir", "forward_inputs", "from_torch", "load_factory", "module_state", "to_onnx",
            "torch_leaf"]
 
 log = logging.getLogger(__name__)
@@ -263,11 +263,17 @@ def _import_torch():
     return torch
 
 
-def forward_tensors(module, inputs: Mapping[str, Any], device: Any = "cpu") -> list:
-    """The tensors of one call of ``module.forward``, in its parameter order, made on ``device``: ``inputs`` gives
-    each by parameter name as dims or ``(dims, dtype)``, exactly as :func:`from_torch`'s ``input_shapes``."""
+def forward_inputs(module, inputs: Mapping[str, Any], device: Any = "cpu") -> dict[str, Any]:
+    """The keyword arguments of one call of ``module.forward`` (``module(**result)``), made on ``device``: ``inputs``
+    gives each by parameter name as dims or ``(dims, dtype)`` (or a plain value, passed as it is), exactly as
+    :func:`from_torch`'s ``input_shapes``; the tensors come in ``forward``'s parameter order, as the export binds them.
+
+    They are keyword arguments, never positional: ``input_ids`` and ``attention_mask`` of GPT-2 are its first and third
+    parameters (``past_key_values`` lies between them)."""
     torch = _import_torch()
-    return _bind(torch, module, inputs, None, torch.device(device)).tensors
+    call = _bind(torch, module, inputs, None, torch.device(device))
+    args, kwargs = call.arguments(call.tensors)
+    return kwargs
 
 
 def _is_shape(value: Any) -> bool:

@@ -20,7 +20,7 @@ import sys
 from flopcount.errors import OutputError
 
 from .arguments import TORCH_DTYPES, add_model_source, given_model, model_source
-from .console import EXIT_INTERNAL, run_guarded, setup_logging, write_output
+from .console import EXIT_INTERNAL, command_logging, run_guarded, write_output
 from .count import build_parser
 
 __all__ = [
@@ -50,8 +50,8 @@ def _subcommand(name: str, argv: list[str]) -> int:
     except SystemExit as e:  # argparse has printed its message (or --help)
         return int(e.code or 0)
     verbose = getattr(args, "verbose", 0)
-    setup_logging(verbose)
-    return run_guarded(lambda: module.run(args), verbose)
+    with command_logging(verbose):
+        return run_guarded(lambda: module.run(args), verbose)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,5 +67,5 @@ def main(argv: list[str] | None = None) -> int:
         check_model_source(parser, args)
     except SystemExit as e:  # argparse has printed its message (or --help/--version)
         return int(e.code or 0)
-    setup_logging(args.verbose)
-    return run_guarded(lambda: run(args), args.verbose)
+    with command_logging(args.verbose):
+        return run_guarded(lambda: run(args), args.verbose)

@@ -3,22 +3,38 @@ and writing the report to ``-o FILE`` or stdout."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+from typing import Iterator
 
 from flopcount.errors import FlopcountError, OutputError
 
-__all__ = ["EXIT_INTERNAL", "run_guarded", "setup_logging", "write_output"]
+__all__ = ["EXIT_INTERNAL", "command_logging", "run_guarded", "write_output"]
 
 EXIT_INTERNAL = 1
 
 
-def setup_logging(verbose: int) -> None:
-    logging.basicConfig(
-        level=(logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)],
-        format="flopcount: %(levelname)s: %(message)s",
-        stream=sys.stderr,
-    )
+@contextlib.contextmanager
+def command_logging(verbose: int) -> Iterator[None]:
+    """While a command runs, flopcount's own loggers (the ``flopcount`` hierarchy) write ``flopcount: LEVEL:
+    message`` lines to stderr, at WARNING, INFO (``-v``) or DEBUG (``-vv``), and do not propagate. The root logger is
+    left alone: other libraries' records (transformers', torchao's, TensorFlow's) are theirs, never labelled as
+    flopcount's, and ``-vv`` does not turn on their debug output. Everything is put back afterwards, so that
+    :func:`flopcount.cli.main` called from Python leaves the process's logging as it found it."""
+    logger = logging.getLogger("flopcount")
+    handler = logging.StreamHandler(sys.stderr)  # the stderr of this call (a test's capture included)
+    handler.setFormatter(logging.Formatter("flopcount: %(levelname)s: %(message)s"))
+    saved = logger.level, logger.propagate
+    logger.setLevel((logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)])
+    logger.propagate = False
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(saved[0])  # (setLevel, not assignment: it clears the loggers' cached levels)
+        logger.propagate = saved[1]
 
 
 def run_guarded(action, verbose: int) -> int:

@@ -169,11 +169,11 @@ def _analytic(args):
 
 
 def _torch_module_and_inputs(args):
-    from flopcount.frontends.torch import forward_tensors, load_factory
+    from flopcount.frontends.torch import forward_inputs, load_factory
 
     module = load_factory(args.torch)
-    # tensors in forward()'s parameter order, as the counting export binds them
-    return module, forward_tensors(module, torch_inputs(args, args.batch))
+    # by forward()'s parameter names, as the counting export binds them
+    return module, forward_inputs(module, torch_inputs(args, args.batch))
 
 
 def fallback(args, report, analytic):

@@ -1,6 +1,7 @@
 """The command line: formats, -o, --per-node, conventions, the installed console script."""
 
 import csv
+import os
 import io
 import json
 import subprocess
@@ -130,3 +131,47 @@ def test_product_only_conventions(capsys, mlp_path, convention, expected):
     assert doc["total"]["flops"] == expected
     assert doc["by_op_type"]["Relu"]["flops"] == 0
     assert doc["total"]["macs"] == 4 * 10 * 20 + 4 * 20 * 3
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Logging: flopcount's own loggers only; the root logger (other libraries' records) is left alone
+
+NOISY_FACTORY = '''
+import logging
+
+logging.getLogger("thirdlib").warning("thirdlib: optional kernels not loaded")  # as torchao warns on import
+logging.getLogger("thirdlib").info("thirdlib: chatter")
+
+
+def make():
+    import torch.nn as nn
+    return nn.Linear(3, 2)
+'''
+
+
+def test_other_libraries_records_are_not_labelled_flopcount(tmp_path):
+    """A library that logs while the --torch factory is imported keeps its own words (Python's last-resort handler
+    prints its warning), its INFO stays off at -v, and only flopcount's records carry the ``flopcount:`` prefix."""
+    pytest.importorskip("torch")
+    (tmp_path / "noisy_factory.py").write_text(NOISY_FACTORY)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "FLOPCOUNT_CACHE": "0"}
+    p = subprocess.run([sys.executable, "-m", "flopcount", "--torch", "noisy_factory:make", "--input-shape",
+                        "input=4x3", "-v", "--format", "json"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    err = p.stderr.splitlines()
+    assert "thirdlib: optional kernels not loaded" in err  # as the library wrote it, not "flopcount: WARNING: ..."
+    assert not any("chatter" in line for line in err)  # -v is flopcount's verbosity, not the root logger's
+    assert any(line.startswith("flopcount: INFO: exported Linear with") for line in err)
+    assert json.loads(p.stdout)["total"]["flops"] == 2 * 4 * 3 * 2 + 4 * 2  # 2·N·in·out + the bias adds
+
+
+def test_main_puts_logging_back(capsys, mlp_path):
+    """main() from Python configures the ``flopcount`` logger only while it runs: afterwards the root logger's
+    handlers and level, and the flopcount logger's level, handlers and propagation, are as they were."""
+    import logging
+
+    root, ours = logging.getLogger(), logging.getLogger("flopcount")
+    before = (list(root.handlers), root.level, list(ours.handlers), ours.level, ours.propagate)
+    assert main([mlp_path, "-vv"]) == 0
+    assert (list(root.handlers), root.level, list(ours.handlers), ours.level, ours.propagate) == before
+    assert f"Total FLOPs: {TOTAL:,}" in capsys.readouterr().out

@@ -58,6 +58,10 @@ def test_dense_peaks_not_sparse_nor_fp32_rates():
     pytest.param("AMD Instinct MI300X", 304, "bf16", 1307.4, id="MI300X-bf16"),  # ROCm docs: 2048 FLOPs/clk/CU
     pytest.param("AMD Instinct MI300X", 304, "fp8", 2614.9, id="MI300X-fp8"),
     pytest.param("AMD Instinct MI250X", 110, "bf16", 383.0 / 2, id="MI250X-one-die"),  # half the OAM
+    # ROCm's MI250 page: the OAM's matrix FP64 90.5, BF16 362.1 TFLOPS, INT8 362.1 TOPS; one GCD is half of it
+    pytest.param("AMD Instinct MI250", 104, "fp64", 90.5 / 2, id="MI250-one-die-fp64"),
+    pytest.param("AMD Instinct MI250", 104, "bf16", 362.1 / 2, id="MI250-one-die-bf16"),
+    pytest.param("AMD Instinct MI250", 104, "int8", 362.1 / 2, id="MI250-one-die-int8"),
     pytest.param("TPU v5 lite", None, "bf16", 197, id="TPUv5e"),
     pytest.param("TPU v5", None, "bf16", 459, id="TPUv5p"),
     pytest.param("TPU v6 lite", None, "int8", 1836, id="TPUv6e"),
@@ -67,12 +71,48 @@ def test_peaks_beyond_nvidia(name, sms, dtype, tflops):
     assert gpu_device(name, sms).peak(dtype).flops_per_s == pytest.approx(tflops * T)
 
 
-def test_parts_without_a_found_datasheet_get_a_null_peak_with_its_reason():
-    for name in ("AMD Instinct MI355X", "AMD Instinct MI325X", "NVIDIA GB200", "NVIDIA B300",
-                 "NVIDIA GeForce RTX 5090", "Intel Gaudi 3"):
-        peak = gpu_device(name, None).peak("bf16")
-        assert peak.flops_per_s is None and "no peak in flopcount's table" in peak.source, name
-    assert set(devices.NOT_IN_TABLE) >= {"MI325X", "MI355X", "GB200", "B300", "RTX 5090", "Gaudi 2", "Gaudi 3"}
+def test_mi250x_die_agrees_with_amds_per_cu_rates():
+    """AMD's lab notes give the MI250X's matrix rates per CU and clock (FP64/FP32 256, BF16/INT8 1024), ROCm's
+    specification table 110 CUs per GCD, ROCm's MI250 page the CDNA 2 GCD's 1.7 GHz peak clock."""
+    die = gpu_entry("AMD Instinct MI250X").peaks
+    assert die["bf16"] == pytest.approx(110 * 1024 * 1.7e9, rel=1e-3)
+    assert die["fp64"] == pytest.approx(110 * 256 * 1.7e9, rel=1e-3)
+    assert die["int8"] == pytest.approx(110 * 1024 * 1.7e9, rel=1e-3)
+
+
+@pytest.mark.parametrize("name, sms, key, bf16_tflops", [
+    pytest.param("AMD Instinct MI250", 104, "MI250", 181.05, id="MI250"),
+    pytest.param("AMD Instinct MI250X", 110, "MI250X", 191.5, id="MI250X"),
+    # a name listing both parts is the MI250X's entry, scaled to the CUs reported: 104 of 110 is an MI250 die
+    pytest.param("AMD Instinct MI250X / MI250", 104, "MI250X", 191.5 * 104 / 110, id="both-names-104-CUs"),
+])
+def test_mi250_and_mi250x_are_told_apart(name, sms, key, bf16_tflops):
+    dev = gpu_device(name, sms)
+    assert dev.table_entry == key
+    assert dev.peak("bf16").flops_per_s == pytest.approx(bf16_tflops * T)
+
+
+@pytest.mark.parametrize("name, part", [
+    pytest.param("AMD Instinct MI355X", "MI355X", id="MI355X"),
+    pytest.param("AMD Instinct MI325X", "MI325X", id="MI325X"),
+    pytest.param("NVIDIA GB200", "GB200", id="GB200"),
+    pytest.param("NVIDIA B300 SXM6 AC", "B300", id="B300"),
+    pytest.param("NVIDIA GeForce RTX 5090", "RTX 5090", id="RTX5090"),
+    pytest.param("Intel Gaudi 2", "Gaudi 2", id="Gaudi2"),
+    pytest.param("Intel Gaudi 3", "Gaudi 3", id="Gaudi3"),
+])
+def test_parts_without_a_found_datasheet_get_a_null_peak_with_its_reason(name, part):
+    peak = gpu_device(name, None).peak("bf16")
+    assert peak.flops_per_s is None and "no peak in flopcount's table" in peak.source
+    # the reason names the part and what was searched
+    assert f"({part}: no " in peak.source and "could be read" in peak.source
+    assert devices.not_in_table(name).startswith(f"{part}: ")
+
+
+def test_parts_beside_a_missing_one_are_not_mistaken_for_it():
+    assert devices.not_in_table("NVIDIA GB300") is None  # "b300" is not a whole word of "GB300"
+    assert devices.not_in_table("NVIDIA GeForce RTX 4090") is None
+    assert "could be read" not in gpu_device("NVIDIA Future 9000", 200).peak("bf16").source
 
 
 def test_an_unknown_device_gets_no_peak_and_a_fix():

@@ -438,12 +438,14 @@ def test_fallback_torch_default_convention_explains_bias(small_net, capsys):
     assert "products only" in out  # the linear layer's bias add is counted analytically, not by FlopCounterMode
 
 
-def test_run_falls_back_to_torch_when_ncu_is_missing(small_net, tmp_path, capsys, caplog):
+def test_run_falls_back_to_torch_when_ncu_is_missing(small_net, tmp_path, capsys):
     pytest.importorskip("torch")
     assert main(["crosscheck", "--run", "--fallback", "torch", "--ncu", str(tmp_path / "absent"), "--torch", small_net,
                  "--input-shape", "input=2x3x10x10", "--mode", "train", "--format", "json"]) == 0
-    assert "not on PATH" in caplog.text and "comparing with torch.utils.flop_counter" in caplog.text
-    out = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    warnings = [line for line in captured.err.splitlines() if line.startswith("flopcount: WARNING: ")]
+    assert "not on PATH" in warnings[0] and "comparing with torch.utils.flop_counter" in warnings[1]
+    out = json.loads(captured.out)
     assert out["ncu"]["source"] == "torch.utils.flop_counter.FlopCounterMode"
     assert out["families"]["convolution"]["measured_flops"] == 2 * (2 * 2 * 8 * 10 * 10 * 3 * 3 * 3)
 
@@ -664,3 +666,68 @@ def test_profiler_fallback_names_the_missing_attention(tiny_llama, capsys):
     attention = LAYERS * 3 * 2 * 2 * B * S * S * H  # Q·Kᵀ and A·V, forward and backward: what the profiler misses
     assert mp["analytic_flops"] - mp["measured_flops"] == attention
     assert any("scaled-dot-product attention" in r for r in mp["reasons"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPT-2, whose forward(input_ids, past_key_values, attention_mask, ...) takes the mask third: inputs go by name
+
+TINY_GPT2 = textwrap.dedent("""
+    def make():
+        from transformers import GPT2Config, GPT2LMHeadModel
+        return GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100, n_positions=32))
+""")
+E, V = 64, 100  # GPT-2's width and vocabulary (B, S and LAYERS as for Llama)
+
+
+def gpt2_forward_products(b: int, s: int) -> int:
+    """Products of one GPT-2 forward, T = B·S tokens: per layer the attention's c_attn (E → 3E) and c_proj (E → E),
+    the MLP's c_fc (E → 4E) and c_proj (4E → E), 2·T·E·E·(3 + 1 + 4 + 4), and attention's Q·Kᵀ and A·V,
+    2 × 2·B·S·S·E; the LM head 2·T·E·V."""
+    t = b * s
+    return LAYERS * (2 * t * E * E * (3 + 1 + 4 + 4) + 2 * 2 * b * s * s * E) + 2 * t * E * V
+
+
+def gpt2_bias_adds(b: int, s: int) -> int:
+    """The biases of those four products (Gemm's C, counted analytically; FlopCounterMode counts products only):
+    T·(3E + E + 4E + E) per layer."""
+    return LAYERS * b * s * (3 * E + E + 4 * E + E)
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt2(tmp_path_factory):
+    pytest.importorskip("transformers")
+    folder = tmp_path_factory.mktemp("tiny_gpt2")
+    (folder / "crosscheck_tiny_gpt2.py").write_text(TINY_GPT2)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(folder))
+        mp.setenv("FLOPCOUNT_CACHE", str(folder / "cache"))
+        mp.chdir(folder)
+        yield "crosscheck_tiny_gpt2:make"
+    sys.modules.pop("crosscheck_tiny_gpt2", None)
+
+
+def test_fallback_torch_binds_gpt2_attention_mask_by_name(tiny_gpt2, capsys):
+    """attention_mask went positionally into past_key_values (an internal error, exit 1); by name both sides count
+    the same products, forward and backward (dX and dW: three times the forward)."""
+    assert main(["crosscheck", "--fallback", "torch", "--torch", tiny_gpt2, *LLAMA_ARGS]) == 0
+    mp = json.loads(capsys.readouterr().out)["families"]["matrix product"]
+    assert mp["measured_flops"] == 3 * gpt2_forward_products(B, S)
+    # bias adds, forward and their gradient (a sum over the T tokens)
+    assert mp["analytic_flops"] == mp["measured_flops"] + 2 * gpt2_bias_adds(B, S)
+
+
+def test_flop_counter_takes_gpt2_inputs_by_name(tiny_gpt2):
+    """The Python API: forward_inputs names each tensor after forward()'s parameter, in its order."""
+    import importlib
+
+    from flopcount.frontends.torch import forward_inputs, from_torch
+
+    module = importlib.import_module(tiny_gpt2.split(":")[0]).make().eval()
+    given = {"attention_mask": ((1, S), "int64"), "input_ids": ((1, S), "int64")}
+    inputs = forward_inputs(module, given)
+    assert list(inputs) == ["input_ids", "attention_mask"]
+    assert [tuple(t.shape) for t in inputs.values()] == [(1, S), (1, S)]
+    measured = measure_with_flop_counter(module, inputs, "inference")
+    analytic = analytic_by_family(from_torch(module, given))
+    assert measured.families["matrix product"] == gpt2_forward_products(1, S)
+    assert analytic["matrix product"] == gpt2_forward_products(1, S) + gpt2_bias_adds(1, S)

@@ -110,11 +110,25 @@ GPUS: tuple[GpuEntry, ...] = (
              "MI300X OAM (https://rocm.docs.amd.com/en/latest/conceptual/gpu-arch/mi300.html)"),
     # An MI250X OAM holds two graphics compute dies of 110 CUs, and ROCm shows each die as one device: the
     # entry is one die, half the OAM's figures (fp64/fp32 matrix 95.7, fp16/bf16/int8 383.0 TFLOPS per OAM).
+    # AMD's own pages with these totals were not found; AMD's per-CU matrix rates (lab notes: FP64/FP32 256,
+    # FP16/BF16/INT8 1024 FLOPs/clock/CU on MI250X), ROCm's 110 CUs per GCD and the CDNA 2 GCD's 1.7 GHz peak clock
+    # (ROCm's MI250 page) give the same 110 x 1024 x 1.7 GHz = 191.5 TFLOPS per die.
     GpuEntry("MI250X", ("mi250x",), 110,
              _dense(fp64=47.85, fp32=47.85, bf16=191.5, fp16=191.5, int8=191.5),
              "AMD Instinct MI200 series specification table (MI250X OAM: 220 CUs, FP64/FP32 matrix 95.7, FP16/BF16 "
              "383.0 TFLOPS, INT8 383.0 TOPS), as reproduced at https://zexron.com/amd-mi250-x-aldebaran-as-mcm-with-"
-             "up-to-479-teraflop-s-and-560-watt-tdp; per graphics compute die, half of the OAM"),
+             "up-to-479-teraflop-s-and-560-watt-tdp; per graphics compute die, half of the OAM; the per-CU rates are "
+             "AMD's (AMD lab notes, AMD matrix cores, https://gpuopen.com/learn/amd-lab-notes/amd-lab-notes-matrix-"
+             "cores-readme/)"),
+    # MI250: ROCm's own table for the OAM (two GCDs of 104 CUs at 1.7 GHz); one GCD is one device, half the OAM.
+    # "without": a driver name that lists both parts ("MI250X / MI250") is read as the MI250X, whose entry scales
+    # to the SM count ROCm reports (104 of 110 CUs gives the MI250's figures).
+    GpuEntry("MI250", ("mi250",), 104,
+             _dense(fp64=45.25, fp32=45.25, bf16=181.05, fp16=181.05, int8=181.05),
+             "AMD ROCm documentation, AMD Instinct MI250 microarchitecture, peak-performance table of the MI250 OAM "
+             "(matrix FP64/FP32 90.5, FP16/BF16 362.1 TFLOPS, INT8 362.1 TOPS), the source of rocm.docs.amd.com's "
+             "page (https://github.com/ROCm/ROCm/blob/e396b4898f459db094bfd60b876f419f77eb9f09/docs/conceptual/"
+             "gpu-arch/mi250.md); per graphics compute die, half of the OAM", without=("mi250x",)),
     # Google Cloud TPUs (torch_xla, JAX): per chip, from the Cloud TPU system-architecture pages; the names are
     # those the runtimes report ("TPU v5 lite" is v5e, "TPU v5" v5p, "TPU v6 lite" v6e).
     GpuEntry("TPU v4", ("tpu", "v4"), 0, _dense(bf16=275, int8=275),
@@ -142,18 +156,38 @@ GPUS: tuple[GpuEntry, ...] = (
 #: Parts asked for whose dense per-dtype peaks were not found in a vendor source yet: no entry (an unknown part
 #: gets a null MFU with its reason, never a guessed peak), until a datasheet figure is recorded here.
 NOT_IN_TABLE = {
-    "MI325X": "AMD's per-dtype peak table not found in a vendor source searched (ROCm docs list its 304 CUs only)",
-    "MI355X": "AMD's per-dtype peak table not found in a vendor source searched (ROCm docs list its 256 CUs only)",
-    "Gaudi 2": "Intel's per-dtype peak figures not found in a vendor source searched",
-    "Gaudi 3": "Intel's per-dtype peak figures not found in a vendor source searched",
-    "GB200": "NVIDIA's per-GPU dense figures not found in a datasheet searched",
-    "B300": "NVIDIA's per-GPU dense figures not found in a datasheet searched",
-    "RTX 5090": "NVIDIA's dense tensor figures not found in a datasheet searched",
+    "MI325X": "no AMD page with its per-dtype peaks could be read: ROCm's GPU specification table "
+              "(reference/gpu-arch-specs) gives its 304 CUs but no rates or clock, ROCm's MI300 page tabulates the "
+              "MI300X only, and amd.com's MI325X page and datasheet were not reachable",
+    "MI355X": "no AMD page with its per-dtype peaks could be read: ROCm's GPU specification table gives its 256 CUs, "
+              "ROCm's MI350 page only links the CDNA 4 white paper (amd.com PDF, not reachable), and amd.com's "
+              "MI355X page was not reachable",
+    "Gaudi 2": "no Intel page with its per-dtype peaks could be read: docs.habana.ai's Gaudi Architecture and TPC "
+               "pages describe the MME and TPC without TFLOPS, and intel.com's Gaudi 2 pages were not reachable",
+    "Gaudi 3": "no Intel page with its per-dtype peaks could be read: docs.habana.ai's Gaudi Architecture page has "
+               "no TFLOPS, and intel.com's Gaudi 3 white paper and product brief were not reachable",
+    "GB200": "no NVIDIA page with its per-GPU figures could be read: docs.nvidia.com's GB200 NVL multi-node tuning "
+             "guide and Blackwell tuning guide give none, and nvidia.com's GB200 NVL72 page and the Blackwell "
+             "architecture technical brief were not reachable",
+    "B300": "no NVIDIA page with its per-GPU figures could be read: docs.nvidia.com's DGX B300/GB300 pages found are "
+            "firmware and release notes, and nvidia.com's HGX B300 datasheet was not reachable",
+    "RTX 5090": "no NVIDIA page with its dense tensor figures could be read: the RTX Blackwell GPU architecture "
+                "white paper (nvidia.com PDF) was not reachable",
 }
 
 
 def _words(name: str) -> tuple[str, ...]:
     return tuple(w for w in re.split(r"[^a-z0-9]+", name.lower()) if w)
+
+
+def not_in_table(name: str) -> str | None:
+    """Why the part the driver calls ``name`` has no peak, when it is one of :data:`NOT_IN_TABLE` (matched by whole
+    words, as :func:`gpu_entry` does); None for any other name."""
+    words = set(_words(name))
+    for part, reason in NOT_IN_TABLE.items():
+        if all(w in words for w in _words(part)):
+            return f"{part}: {reason}"
+    return None
 
 
 def gpu_entry(name: str) -> GpuEntry | None:
@@ -201,8 +235,9 @@ class Device:
         if dtype in self.peaks:
             return self.peaks[dtype]
         if self.kind == "cuda" and self.table_entry is None:
-            return Peak(None, f"unknown device {self.name!r}: no peak in flopcount's table; give peak_flops= "
-                        "(--peak-flops) from its datasheet")
+            searched = not_in_table(self.name)
+            return Peak(None, f"unknown device {self.name!r}: no peak in flopcount's table"
+                        + (f" ({searched})" if searched else "") + "; give peak_flops= (--peak-flops) from its datasheet")
         return Peak(None, f"{self.name} has no {dtype} peak (the device does not run {dtype}, or it was not "
                     "measured); give peak_flops= (--peak-flops)")
 

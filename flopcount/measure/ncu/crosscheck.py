@@ -348,13 +348,28 @@ def _torch_op_family(name: str) -> str:
     return "convolution" if "conv" in name else "matrix product"
 
 
-def measure_with_flop_counter(module, inputs: tuple, mode: str = "train") -> Measured:
+def _on(inputs: tuple | Mapping[str, Any], device: str) -> tuple | dict[str, Any]:
+    """``inputs`` with every tensor moved to ``device`` (plain values as they are)."""
+    move = lambda x: x.to(device) if hasattr(x, "to") else x  # noqa: E731
+    if isinstance(inputs, Mapping):
+        return {name: move(x) for name, x in inputs.items()}
+    return tuple(move(x) for x in inputs)
+
+
+def _call_forward(module, inputs: tuple | Mapping[str, Any]):
+    """``module(**inputs)`` for inputs by ``forward()`` parameter name (as :func:`flopcount.frontends.torch.
+    forward_inputs` makes them), ``module(*inputs)`` for a tuple."""
+    return module(**inputs) if isinstance(inputs, Mapping) else module(*inputs)
+
+
+def measure_with_flop_counter(module, inputs: tuple | Mapping[str, Any], mode: str = "train") -> Measured:
     """FLOPs per family from ``torch.utils.flop_counter.FlopCounterMode`` over one forward (and, in train mode,
     backward of the sum of the float outputs). First on the meta device, on a copy of the module: nothing is
     computed, and there it counts scaled-dot-product attention and LSTMs. A model that reads tensor values on the
     way (transformers' attention masks call ``Tensor.item()``) cannot run on meta: then it runs once on the CPU with
     the given (small) inputs, attention in SDPA's math form so that its products are counted, and the source says
-    why. It counts products only (convolutions and matrix products); the other families are None."""
+    why. It counts products only (convolutions and matrix products); the other families are None. ``inputs`` are
+    forward()'s arguments by name (a dict), or positional (a tuple)."""
     import copy
 
     try:
@@ -366,7 +381,7 @@ def measure_with_flop_counter(module, inputs: tuple, mode: str = "train") -> Mea
     return _flop_counter_run(module, inputs, mode, why)
 
 
-def _flop_counter_run(module, inputs: tuple, mode: str, meta_failed: str | None) -> Measured:
+def _flop_counter_run(module, inputs: tuple | Mapping[str, Any], mode: str, meta_failed: str | None) -> Measured:
     """One FlopCounterMode step on the meta device (``meta_failed`` None) or on real CPU tensors."""
     import contextlib
 
@@ -376,19 +391,19 @@ def _flop_counter_run(module, inputs: tuple, mode: str, meta_failed: str | None)
     train = mode == "train"
     if meta_failed is None:
         module = module.to("meta").train(train)
-        inputs = tuple(x.to("meta") for x in inputs)
+        inputs = _on(inputs, "meta")
         backend: contextlib.AbstractContextManager = contextlib.nullcontext()
         device = "meta (shapes only, nothing computed)"
     else:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         module = module.to("cpu").train(train)
-        inputs = tuple(x.to("cpu") for x in inputs)
+        inputs = _on(inputs, "cpu")
         backend = sdpa_kernel([SDPBackend.MATH])  # attention as matmuls, which FlopCounterMode counts on a CPU
         device = (f"cpu (one step on real tensors of the given shapes, attention in SDPA's math form; the meta device "
                   f"could not run it: {meta_failed})")
     with torch.set_grad_enabled(train), backend, FlopCounterMode(display=False) as counter:
-        out = module(*inputs)
+        out = _call_forward(module, inputs)
         if train:
             outs = float_outputs(out)
             if outs:
@@ -414,7 +429,7 @@ SDPA_OPERATORS = ("aten::scaled_dot_product_attention", "aten::_scaled_dot_produ
                   "aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_cudnn_attention")
 
 
-def measure_with_profiler(module, inputs: tuple, mode: str = "train") -> Measured:
+def measure_with_profiler(module, inputs: tuple | Mapping[str, Any], mode: str = "train") -> Measured:
     """FLOPs per family from ``torch.profiler.profile(with_flops=True)`` over one real step on the CPU. The profiler
     estimates FLOPs only for the operators it has formulas for (convolution, mm/addmm/bmm, add and mul), for the
     calls it sees (backward operators are not estimated); everything else is None or partial."""
@@ -424,7 +439,7 @@ def measure_with_profiler(module, inputs: tuple, mode: str = "train") -> Measure
     train = mode == "train"
     module = module.train(train)
     with torch.set_grad_enabled(train), profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
-        out = module(*inputs)
+        out = _call_forward(module, inputs)
         if train:
             outs = float_outputs(out)
             if outs:

@@ -46,7 +46,7 @@ def run_gemm(torch, m: int, n: int, k: int, precision: str) -> None:
 
 
 def run_model(torch, args, device: str = "cuda") -> None:
-    from flopcount.frontends.torch import forward_tensors, load_factory
+    from flopcount.frontends.torch import forward_inputs, load_factory
     from .crosscheck import float_outputs
 
     half = _setup(torch, args.precision)
@@ -56,7 +56,7 @@ def run_model(torch, args, device: str = "cuda") -> None:
     for name, dims in args.input_shape:
         dims = dims if args.batch is None else (args.batch, *dims[1:])
         given[name] = (dims, dtypes[name]) if name in dtypes else dims
-    inputs = forward_tensors(module, given, device)  # in forward()'s order
+    inputs = forward_inputs(module, given, device)  # by forward()'s parameter names
     train = args.mode == "train"
     module.train(train)
     optimizer = None
@@ -79,7 +79,7 @@ def run_model(torch, args, device: str = "cuda") -> None:
 
     def forward():
         with torch.autocast(device, dtype=half, enabled=half is not None):
-            return module(*inputs)
+            return module(**inputs)
 
     def step():
         with torch.set_grad_enabled(train):
