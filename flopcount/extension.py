@@ -28,9 +28,10 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from .cost import Cost
+from .generation import DecodePiece, Generation
 from .report import NodeCount, OpTypeSummary, Report, op_type_summaries
 
-__all__ = ["NotExtendable", "extend"]
+__all__ = ["NotExtendable", "extend", "extend_generation"]
 
 class NotExtendable(Exception):
     """The 1- and 2-layer counts do not show what one more layer adds; the message says why."""
@@ -89,6 +90,11 @@ def extend(one: Report, two: Report, layers: int, path: str) -> Report:
         timings=MappingProxyType({p: one.timings.get(p, 0.0) + t for p, t in two.timings.items()}),
     )
     _check_consistent(report)
+    if one.generation is not None and two.generation is not None:
+        generation = extend_generation(one.generation, two.generation, layers)
+        if generation.prefill != report.forward:
+            raise NotExtendable("the extended prefill is not the extended report's forward pass")
+        report = dataclasses.replace(report, generation=generation)
     return report
 
 
@@ -114,6 +120,27 @@ def _added_outside(one: Report, two: Report, path: str) -> list[int]:
     if +available:
         raise NotExtendable("the 2-layer graph lacks nodes the 1-layer graph has outside its layer")
     return added
+
+
+def extend_generation(one: Generation, two: Generation, layers: int) -> Generation:
+    """The :class:`flopcount.generation.Generation` of ``layers`` layers from those of 1 and 2 layers: the prefill,
+    each decode piece's constant and per-position cost, and the KV cache's bytes, each affine in the layers."""
+    k = layers - 2
+    if (one.batch, one.prompt_tokens, one.new_tokens) != (two.batch, two.prompt_tokens, two.new_tokens):
+        raise NotExtendable("the 1- and 2-layer generations are of different runs")
+    if [(p.first, p.last) for p in one.pieces] != [(p.first, p.last) for p in two.pieces]:
+        raise NotExtendable("the decode steps of the 1- and 2-layer models fall in different pieces")
+    pieces = []
+    for a, b in zip(one.pieces, two.pieces):
+        if _minus(b.constant, a.constant) is None or _minus(b.per_position, a.per_position) is None:
+            raise NotExtendable("a decode step costs less with 2 layers than with 1")
+        pieces.append(DecodePiece(b.first, b.last, _affine(a.constant, b.constant, k),
+                                  _affine(a.per_position, b.per_position, k)))
+    if _minus(two.prefill, one.prefill) is None:
+        raise NotExtendable("the prefill costs less with 2 layers than with 1")
+    cache = _affine_counts(one.kv_cache_bytes, two.kv_cache_bytes, k)
+    return Generation(two.batch, two.prompt_tokens, two.new_tokens, _affine(one.prefill, two.prefill, k),
+                      tuple(pieces), cache, f"{two.method}; for 1 and 2 layers, extended to {layers}")
 
 
 @dataclass(frozen=True)
@@ -183,8 +210,8 @@ def _affine_int(a: int, b: int, k: int) -> int:
 
 def _affine_counts(a: Mapping[str, int], b: Mapping[str, int], k: int) -> dict[str, int]:
     out = {key: _affine_int(a.get(key, 0), b.get(key, 0), k) for key in sorted(set(a) | set(b))}
-    if any(v < 0 for v in out.values()):
-        raise NotExtendable("an operator without a formula appears less often with 2 layers than with 1")
+    if any(b.get(key, 0) < a.get(key, 0) for key in out):
+        raise NotExtendable("a figure per operator or per type is smaller with 2 layers than with 1")
     return {key: v for key, v in out.items() if v}
 
 

@@ -96,25 +96,21 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
         raise UsageError(f"{FRONTEND}: repeated_layers is one of {', '.join(REPEATED_LAYERS)}, got {repeated_layers!r}")
     model = load_model(config, trust_remote_code=trust_remote_code)
     if generate is not None:
-        from .generate import from_causal_lm
-
         if not is_causal_lm(model.config):
             raise UsageError(f"{FRONTEND}: --generate is for a causal language model; {model.config.model_type} "
                              f"builds {type(model).__name__}, which does not generate; count it without --generate")
         batch = count_kwargs.pop("batch", None) or _input_ids_batch(input_shapes) or 1
-        windows = [m.window for m in config_masks(model.config) or () if m is not None and m.window]
-        window = getattr(model.config, "sliding_window", None)
-        if isinstance(window, int) and window > 0:
-            windows.append(window)  # a cache may crop at the window even where attention counts full
-        if count_kwargs.get("attention") == "executed":
-            count_kwargs["attention"] = config_masks(model.config) or "executed"
-        report = from_causal_lm(model, generate, batch=batch, cache_dir=cache_dir, breakpoints=sorted(set(windows)),
-                                **count_kwargs)
+
+        def count(m):
+            return _count_generation(m, generate, batch, cache_dir, count_kwargs)
+
         tokens = batch * generate[0]
     else:
-        inputs = hf_inputs(model, input_shapes)
-        report = _count_stack(model, input_shapes, repeated_layers, trust_remote_code, cache_dir, count_kwargs)
-        tokens = _tokens(inputs, count_kwargs.get("batch"))
+        def count(m):
+            return _count(m, input_shapes, cache_dir, count_kwargs)
+
+        tokens = _tokens(hf_inputs(model, input_shapes), count_kwargs.get("batch"))
+    report = _count_stack(model, count, repeated_layers, trust_remote_code)
     moe = moe_summary(model, report, tokens, capacity_factor) if tokens else None
     if moe is None and capacity_factor is not None:
         raise UsageError(f"{FRONTEND}: --capacity-factor is for a mixture-of-experts model; {model.config.model_type} "
@@ -126,9 +122,9 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
 REPEATED_LAYERS = ("extend", "export")
 
 
-def _count_stack(model, input_shapes, repeated_layers: str, trust_remote_code: bool, cache_dir, count_kwargs):
-    """The report of ``model``, from its 1- and 2-layer versions where its layers are shown identical (and
-    ``repeated_layers`` is ``extend``), else from the whole model; ``report.layers`` says which."""
+def _count_stack(model, count, repeated_layers: str, trust_remote_code: bool):
+    """``count(model)`` (a report), from ``count`` of its 1- and 2-layer versions where its layers are shown
+    identical (and ``repeated_layers`` is ``extend``), else of the whole model; ``report.layers`` says which."""
     from flopcount.extension import NotExtendable, extend
     from flopcount.layers import EXTENDED, RepeatedLayers
 
@@ -145,7 +141,7 @@ def _count_stack(model, input_shapes, repeated_layers: str, trust_remote_code: b
             if reason is not None:
                 stack = stack.exported(reason)
                 break
-            counts.append((small, _count(small, input_shapes, cache_dir, count_kwargs)))
+            counts.append((small, count(small)))
     if isinstance(stack, LayerStack):
         (one, r1), (two, r2) = counts
         p1, p2, p = (sum(x.numel() for x in m.parameters()) for m in (one, two, model))
@@ -160,8 +156,23 @@ def _count_stack(model, input_shapes, repeated_layers: str, trust_remote_code: b
                 stack.path, stack.layers, EXTENDED,
                 f"{stack.layers} identical layers: counted from exports of 1 and 2 layers, extended exactly"))
     log.info("%s: the whole model exported: %s", FRONTEND, stack.reason)
-    report = _count(model, input_shapes, cache_dir, count_kwargs)
-    return dataclasses.replace(report, layers=stack if stack.path or stack.layers else None)
+    return dataclasses.replace(count(model), layers=stack if stack.path or stack.layers else None)
+
+
+def _count_generation(model, generate: tuple[int, int], batch: int, cache_dir, count_kwargs):
+    """``generate()`` of ``model`` counted by :func:`flopcount.frontends.generate.from_causal_lm`, its decode steps
+    cut at the configuration's sliding windows, with its masks for executed attention."""
+    from .generate import from_causal_lm
+
+    windows = [m.window for m in config_masks(model.config) or () if m is not None and m.window]
+    window = getattr(model.config, "sliding_window", None)
+    if isinstance(window, int) and window > 0:
+        windows.append(window)  # a cache may crop at the window even where attention counts full
+    kwargs = dict(count_kwargs)
+    if kwargs.get("attention") == "executed":
+        kwargs["attention"] = config_masks(model.config) or "executed"
+    return from_causal_lm(model, generate, batch=batch, cache_dir=cache_dir, breakpoints=sorted(set(windows)),
+                          **kwargs)
 
 
 def _count(model, input_shapes, cache_dir, count_kwargs):

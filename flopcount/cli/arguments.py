@@ -298,7 +298,8 @@ def count_generate(args: argparse.Namespace):
         from flopcount.frontends.hf import from_hf
 
         return from_hf(args.hf, trust_remote_code=args.trust_remote_code, generate=args.generate, batch=batch,
-                       capacity_factor=getattr(args, "capacity_factor", None), **options)
+                       capacity_factor=getattr(args, "capacity_factor", None),
+                       repeated_layers=getattr(args, "repeated_layers", "extend"), **options)
     from flopcount.frontends.generate import from_causal_lm
     from flopcount.frontends.torch import load_factory
 

@@ -141,3 +141,32 @@ def test_cli_reports_the_method_and_caches_the_small_exports(tmp_path):
                                     capture_output=True, text=True, env=env, check=True).stdout)
     assert doc["layers"] == {"path": "model.layers", "layers": 6, "method": "exported",
                              "reason": "--repeated-layers export: the whole model exported"}
+
+
+def test_generation_is_extended_and_equals_a_real_generate():
+    """``--generate`` of a 4-layer Llama from its 1- and 2-layer versions: equal to the whole model's count, and
+    to torch's FlopCounterMode over a real CPU ``generate()`` (eager attention)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    config = llama(4, attn_implementation="eager")
+    p, n, b = 6, 5, 2
+    extended, exported = both(config, None, generate=(p, n), batch=b, convention="dense")
+    assert extended.layers.method == EXTENDED and "extended to 4" in extended.generation.method
+    assert extended.generation.as_dict() | {"method": ""} == exported.generation.as_dict() | {"method": ""}
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model.generate(torch.randint(0, VOCAB, (b, p)), max_new_tokens=n, min_new_tokens=n, do_sample=False)
+    assert extended.generation.total.flops == counter.get_total_flops()
+
+
+def test_cli_generate_takes_repeated_layers(tmp_path):
+    folder = tmp_path / "llama"
+    folder.mkdir()
+    (folder / "config.json").write_text(llama(3).to_json_string())
+    command = [sys.executable, "-m", "flopcount", "--hf", str(folder), "--generate", "4:2", "--format", "json"]
+    env = {"FLOPCOUNT_CACHE": "0", "PATH": "/usr/bin:/bin"}
+    docs = [json.loads(subprocess.run([*command, "--repeated-layers", how], capture_output=True, text=True, env=env,
+                                      check=True).stdout) for how in ("extend", "export")]
+    assert [d["layers"]["method"] for d in docs] == ["extended", "exported"]
+    assert docs[0]["generation"]["total"] == docs[1]["generation"]["total"]
