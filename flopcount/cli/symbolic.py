@@ -50,17 +50,20 @@ def _counting(args: argparse.Namespace):
 
         if args.torch:
             module = load_factory(args.torch)
-            prepare = lambda shapes: shapes  # noqa: E731
+            export = from_torch
         else:
-            from flopcount.frontends.hf import hf_inputs, load_model
+            from flopcount.frontends.hf import from_hf, load_model
 
             module = load_model(args.hf, trust_remote_code=args.trust_remote_code)
-            prepare = lambda shapes: hf_inputs(module, shapes)  # noqa: E731
+
+            def export(_module, shapes, **kw):  # 1- and 2-layer exports where the layers repeat (--repeated-layers)
+                return from_hf(module.config, shapes, trust_remote_code=args.trust_remote_code,
+                               repeated_layers=args.repeated_layers, **kw)
         dtypes = getattr(args, "input_dtypes", None) or {}
 
         def count(_model, input_shapes, **kw):  # one export per size (each kept in the export cache)
             shapes = {n: ((d, dtypes[n]) if n in dtypes else d) for n, d in input_shapes.items()}
-            return from_torch(module, prepare(shapes), training=args.mode == "train", **kw)
+            return export(module, shapes, training=args.mode == "train", **kw)
 
         return module, count, kwargs
     if args.keras:

@@ -121,7 +121,7 @@ def test_cli_not_a_polynomial_is_exit_5(tmp_path):
 def test_hf_llama_formula(tmp_path):
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("torch")
-    h, kv, ffn, layers, vocab = 32, 16, 48, 2, 41
+    h, kv, ffn, layers, vocab = 32, 16, 48, 3, 41
     transformers.LlamaConfig(hidden_size=h, intermediate_size=ffn, num_hidden_layers=layers, num_attention_heads=2,
                              num_key_value_heads=1, vocab_size=vocab).save_pretrained(tmp_path / "llama")
     p = cli("--hf", str(tmp_path / "llama"), "--input-shape", "input_ids=1xS", "--symbolic", "S=3",
