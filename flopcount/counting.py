@@ -194,7 +194,9 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
     )
     if attention == "executed":
         padding, segments = values_structure(input_values, res.tensors, where) if given_mask is not None else (None, None)
-        conv = dataclasses.replace(conv, executed=executed_attention(protos, given_mask, names, padding, segments))
+        conv = dataclasses.replace(conv, executed=executed_attention(
+            protos, given_mask, names, padding, segments, tensors=res.tensors, values=res.values,
+            inputs=frozenset(i.name for i in m.graph.input), given_values=frozenset(input_values or ())))
     walk = _Traversal(res.tensors, res.values, conv, opsets, hint, where, loop_trips or {}, attributes_of, training)
     grads = training.grads if training is not None else {}
     node_inputs, node_outputs, node_ops = index.node_inputs, index.node_outputs, index.node_ops

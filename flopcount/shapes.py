@@ -1331,7 +1331,15 @@ def _fold_nodes(nodes: Iterable[onnx.NodeProto], tensors: Mapping[str, TensorInf
     return found
 
 
-def _evaluate(node, tensors, values) -> list | None:
+def evaluate_node(node: onnx.NodeProto, tensors: Mapping[str, TensorInfo], values: Mapping[str, np.ndarray],
+                  limit: int = FOLD_LIMIT) -> list | None:
+    """The outputs of ``node`` (a default-domain operator) from the values of its inputs (``values``, by name) and
+    the resolved shapes (``tensors``: what Shape and Size read), or None where an input is not known, the node cannot
+    be evaluated, or an input or output would hold more than ``limit`` elements (told before anything is computed)."""
+    return _evaluate(node, tensors, values, limit)
+
+
+def _evaluate(node, tensors, values, limit: int = FOLD_LIMIT) -> list | None:
     op = node.op_type
     if op in ("Shape", "Size"):
         t = tensors.get(node.input[0])
@@ -1359,11 +1367,11 @@ def _evaluate(node, tensors, values) -> list | None:
             args.append(values[name])
         else:
             return None
-    if any(a is not None and a.size > FOLD_LIMIT for a in args):
+    if any(a is not None and a.size > limit for a in args):
         return None
     fn = _FOLDERS.get(op)
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    if not _fits(node, args, tensors, fn is not None):
+    if not _fits(node, args, tensors, fn is not None, limit):
         return None
     try:
         if fn is not None:
@@ -1380,8 +1388,9 @@ def _evaluate(node, tensors, values) -> list | None:
         return None
 
 
-def _fits(node: onnx.NodeProto, args: list, tensors: Mapping[str, TensorInfo], folder: bool) -> bool:
-    """Whether the outputs of ``node`` on ``args`` hold at most :data:`FOLD_LIMIT` elements, told
+def _fits(node: onnx.NodeProto, args: list, tensors: Mapping[str, TensorInfo], folder: bool,
+          limit: int = FOLD_LIMIT) -> bool:
+    """Whether the outputs of ``node`` on ``args`` hold at most ``limit`` elements, told
     before anything is computed: a hostile constant (``Range(0, 2**40)``, ``Tile`` by 10**9) must
     not make folding allocate. Operators that generate data from values (Range, Expand, Tile,
     ConstantOfShape, windows, Pad, Resize ...) are folded only when their output size is known small;
@@ -1389,26 +1398,26 @@ def _fits(node: onnx.NodeProto, args: list, tensors: Mapping[str, TensorInfo], f
     try:
         op = node.op_type
         if op == "Range":
-            start, limit, delta = (float(np.asarray(a).reshape(-1)[0]) for a in args[:3])
-            return delta != 0 and max(np.ceil((limit - start) / delta), 0) <= FOLD_LIMIT
+            start, stop, delta = (float(np.asarray(a).reshape(-1)[0]) for a in args[:3])
+            return delta != 0 and max(np.ceil((stop - start) / delta), 0) <= limit
         if op in ("Expand", "Tile"):
             x, v = args[0], [int(d) for d in np.asarray(args[1]).reshape(-1)]
             if any(d < 0 for d in v):
                 return False
             if op == "Tile":
-                return prod(d * r for d, r in zip(x.shape, v)) <= FOLD_LIMIT
+                return prod(d * r for d, r in zip(x.shape, v)) <= limit
             rank = max(x.ndim, len(v))
             dims = [1] * (rank - x.ndim) + list(x.shape)
             wanted = [1] * (rank - len(v)) + v
-            return prod(max(d, w) for d, w in zip(dims, wanted)) <= FOLD_LIMIT
+            return prod(max(d, w) for d, w in zip(dims, wanted)) <= limit
         if op == "ConstantOfShape":
             v = [int(d) for d in np.asarray(args[0]).reshape(-1)]
-            return all(d >= 0 for d in v) and prod(v) <= FOLD_LIMIT
+            return all(d >= 0 for d in v) and prod(v) <= limit
     except (TypeError, ValueError, OverflowError, IndexError, AttributeError):
         return False
     outs = [tensors.get(o) for o in node.output if o]
     if outs and all(t is not None and t.is_static for t in outs):
-        return all(0 <= prod(t.shape) <= FOLD_LIMIT for t in outs)
+        return all(0 <= prod(t.shape) <= limit for t in outs)
     return folder or op in _DIM_SAFE_OPS
 
 
@@ -1542,9 +1551,7 @@ def _constant_of_shape(attrs, shape):
     fill = _array(attrs["value"]) if "value" in attrs else np.zeros(1, np.float32)
     if fill is None or fill.size == 0:
         raise ValueError("no inline fill value")
-    dims = [int(d) for d in shape]
-    if prod(dims) > FOLD_LIMIT:
-        raise ValueError("too large to fold")
+    dims = [int(d) for d in shape]  # its size was checked before (_fits)
     return np.full(dims, fill.reshape(-1)[0], dtype=fill.dtype)
 
 

@@ -1,0 +1,162 @@
+"""``--attention executed`` on masks a plain ONNX graph builds from position ranges: each mask kind (causal,
+causal over a cache, sliding window, bidirectional, padding from input values) built with Range, Unsqueeze and
+comparisons, counted against a brute-force count of the true entries of the same mask written here in numpy; once
+with the mask computed as an array and once held by its rows (as for long sequences)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import flopcount
+from flopcount import graph_masks
+
+B, HEADS, E, EV = 2, 3, 5, 11
+NEG = np.finfo(np.float32).min
+
+
+def true_entries(batch, s_q, t, *, causal=False, window=None, lengths=None) -> int:
+    """Kept (query, key) pairs of every sequence, entry by entry: query i sits at position t − s_q + i."""
+    total = 0
+    for b in range(batch):
+        for i in range(s_q):
+            p = t - s_q + i
+            for j in range(t):
+                keep = True
+                if causal:
+                    keep &= j <= p
+                if window is not None:
+                    keep &= j > p - window
+                if lengths is not None:
+                    keep &= j < lengths[b]
+                total += keep
+    return total
+
+
+def const(name, value, dtype=np.int64):
+    return numpy_helper.from_array(np.array(value, dtype=dtype), name)
+
+
+def range_masked_model(s_q, t, *, causal=True, window=None, padding=False, combine="where", batch=B):
+    """Eager attention whose mask is built from positions as exporters do: query positions P + Range(S_q) (P = T −
+    S_q from the shapes of Q and K), key positions Range(T); ``j <= p`` (causal), ``j > p - w`` (window), the
+    ``attention_mask`` input's values (padding); And; Where(kept, 0, lowest) added to the scores (``combine``
+    "where"), or the scores selected by Where(kept, scores, lowest) ("select"), or (1 − kept)·lowest added
+    ("cast")."""
+    inputs = [helper.make_tensor_value_info("q", TensorProto.FLOAT, [batch, HEADS, s_q, E]),
+              helper.make_tensor_value_info("k", TensorProto.FLOAT, [batch, HEADS, t, E]),
+              helper.make_tensor_value_info("v", TensorProto.FLOAT, [batch, HEADS, t, EV])]
+    inits = [const("zero", 0), const("one", 1), const("two", 2), const("ax0", [0]), const("ax1", [1]),
+             const("fzero", 0.0, np.float32), const("low", NEG, np.float32), const("fone", 1.0, np.float32)]
+    nodes = [helper.make_node("Shape", ["q"], ["qshape"]), helper.make_node("Shape", ["k"], ["kshape"]),
+             helper.make_node("Gather", ["qshape", "two"], ["sq"]), helper.make_node("Gather", ["kshape", "two"], ["t"]),
+             helper.make_node("Sub", ["t", "sq"], ["past"]),
+             helper.make_node("Range", ["zero", "sq", "one"], ["qidx"]),
+             helper.make_node("Add", ["qidx", "past"], ["qpos"]),
+             helper.make_node("Range", ["zero", "t", "one"], ["kpos"]),
+             helper.make_node("Unsqueeze", ["qpos", "ax1"], ["col"]),  # [S_q, 1]
+             helper.make_node("Unsqueeze", ["kpos", "ax0"], ["row"])]  # [1, T]
+    kept = []
+    if causal:
+        nodes.append(helper.make_node("LessOrEqual", ["row", "col"], ["causal"]))
+        kept.append("causal")
+    if window is not None:
+        inits.append(const("w", window))
+        nodes += [helper.make_node("Sub", ["col", "w"], ["start"]),
+                  helper.make_node("Greater", ["row", "start"], ["inside"])]
+        kept.append("inside")
+    if not kept:  # bidirectional: every key at or after position 0
+        nodes.append(helper.make_node("GreaterOrEqual", ["row", "zero"], ["all"]))
+        kept.append("all")
+    if padding:
+        inputs.append(helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [batch, t]))
+        inits.append(const("ax12", [1, 2]))
+        nodes += [helper.make_node("Cast", ["attention_mask"], ["amb"], to=TensorProto.BOOL),
+                  helper.make_node("Unsqueeze", ["amb", "ax12"], ["pad"])]  # [B, 1, 1, T]
+        kept.append("pad")
+    while len(kept) > 1:
+        out = f"and{len(kept)}"
+        nodes.append(helper.make_node("And", kept[:2], [out]))
+        kept = [out] + kept[2:]
+    nodes += [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+              helper.make_node("MatMul", ["q", "kt"], ["s"])]
+    if combine == "where":
+        nodes += [helper.make_node("Where", [kept[0], "fzero", "low"], ["bias"]),
+                  helper.make_node("Add", ["s", "bias"], ["masked"])]
+    elif combine == "select":
+        nodes.append(helper.make_node("Where", [kept[0], "s", "low"], ["masked"]))
+    else:
+        nodes += [helper.make_node("Cast", [kept[0]], ["keptf"], to=TensorProto.FLOAT),
+                  helper.make_node("Sub", ["fone", "keptf"], ["off"]),
+                  helper.make_node("Mul", ["off", "low"], ["bias"]),
+                  helper.make_node("Add", ["s", "bias"], ["masked"])]
+    nodes += [helper.make_node("Softmax", ["masked"], ["probs"], axis=-1),
+              helper.make_node("MatMul", ["probs", "v"], ["y"])]
+    g = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def products(pairs: int) -> int:
+    """FLOPs of Q·Kᵀ and probs·V over ``pairs`` kept pairs per head: 2·(E + E_v) each, for every head."""
+    return 2 * HEADS * pairs * (E + EV)
+
+
+@pytest.fixture(params=["array", "rows"])
+def held(request, monkeypatch):
+    """Evaluate the mask as an array, or force it to be held by its rows as for long sequences."""
+    if request.param == "rows":
+        monkeypatch.setattr(graph_masks, "EVAL_LIMIT", 0)
+    return request.param
+
+
+@pytest.mark.parametrize("s_q, t, kind, combine", [
+    pytest.param(7, 7, dict(causal=True), "where", id="causal"),
+    pytest.param(5, 17, dict(causal=True), "where", id="causal-query-block-over-cache"),
+    pytest.param(1, 9, dict(causal=True), "select", id="causal-decode-step-selected"),
+    pytest.param(13, 13, dict(causal=True, window=4), "where", id="sliding-window"),
+    pytest.param(6, 23, dict(causal=True, window=7), "cast", id="sliding-window-over-cache-cast"),
+    pytest.param(11, 11, dict(causal=False, window=3), "select", id="window-not-causal"),
+    pytest.param(9, 9, dict(causal=False), "where", id="bidirectional"),
+])
+def test_range_built_mask_counts_its_true_entries(held, s_q, t, kind, combine):
+    model = range_masked_model(s_q, t, combine=combine, **kind)
+    r = flopcount.count(model, convention="dense", attention="executed")
+    assert r.total.flops == products(true_entries(B, s_q, t, **kind))
+    assert flopcount.count(model, convention="dense").total.flops == products(B * s_q * t)  # full: every pair
+    assert "position comparisons in the graph" in r.attention
+
+
+def test_the_report_names_the_mask_found():
+    r = flopcount.count(range_masked_model(5, 17, window=3), convention="dense", attention="executed")
+    assert r.attention == "executed: causal + sliding window 3, from position comparisons in the graph (1 attentions)"
+
+
+def test_padding_from_the_attention_mask_values(held):
+    """Right-padded sequences of 9 and 4 valid keys: each query keeps the valid keys at or before it."""
+    values = [[1] * 9, [1] * 4 + [0] * 5]
+    r = flopcount.count(range_masked_model(9, 9, padding=True), convention="dense", attention="executed",
+                        input_values={"attention_mask": values})
+    assert r.total.flops == products(true_entries(B, 9, 9, causal=True, lengths=(9, 4)))
+    assert "the attention_mask values" in r.attention
+
+
+def test_a_mask_read_from_an_input_without_values_counts_full():
+    r = flopcount.count(range_masked_model(9, 9, padding=True), convention="dense", attention="executed")
+    assert r.total.flops == products(B * 9 * 9)
+    assert "is data, not structure" in r.attention and "'attention_mask'" in r.attention
+
+
+@pytest.mark.parametrize("window", [None, 4096])
+def test_long_sequences_are_counted_exactly_and_fast(window):
+    """131072 positions: the 2^34-entry mask is held by its rows, never built."""
+    s = 131072
+    start = time.perf_counter()
+    r = flopcount.count(range_masked_model(s, s, window=window, batch=1), convention="dense", attention="executed")
+    elapsed = time.perf_counter() - start
+    # causal: S(S+1)/2; with a window of w: w(w+1)/2 for the first w rows, then w per row
+    kept = s * (s + 1) // 2 if window is None else window * (window + 1) // 2 + (s - window) * window
+    assert r.total.flops == products(kept)
+    assert elapsed < 10
