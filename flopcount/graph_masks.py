@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from .masks import AttentionMask, ExecutedPairs
+from .masks import AttentionMask, ExecutedPairs, padding_lengths
 from .shapes import evaluate_node
 
 __all__ = ["EVAL_LIMIT", "MASKED", "GraphMask", "NotStructure", "mask_rows", "recognise"]
@@ -518,6 +518,19 @@ def _term_rows(ev: "_Evaluator", how: str, tensor: str, fill: str | None, shape:
     return rows if how == "keep" else rows.negate()
 
 
+def _without_padded_queries(lo: np.ndarray, kept: np.ndarray, attention_mask, t: int):
+    """A padded query runs nothing (as :class:`AttentionMask` counts padding): where the given ``attention_mask``
+    is right padding of valid lengths n_b over the T keys, the rows of queries at positions p ≥ n_b keep no key."""
+    lengths = None if attention_mask is None else padding_lengths(attention_mask)
+    if lengths is None or kept.shape[0] not in (1, len(lengths)) or np.asarray(attention_mask).shape[-1] != t:
+        return lo, kept
+    s_q = kept.shape[1]
+    p = np.arange(t - s_q, t)
+    running = p[None, :] < np.asarray(lengths)[:, None]
+    kept = np.where(running, kept, 0)
+    return np.where(running, lo, 0), kept
+
+
 def graph_masks(protos, names, nodes: Mapping[str, tuple[str, int]], tensors: Mapping, values: Mapping,
                 inputs: frozenset, given: frozenset = frozenset(), limit: int | None = None):
     """The mask of each eager attention (``nodes``: :func:`flopcount.masks.score_products`), in graph order: a
@@ -552,6 +565,8 @@ def graph_masks(protos, names, nodes: Mapping[str, tuple[str, int]], tensors: Ma
                 continue
             lo, kept = row_bounds(rows, shape)
             read = set().union(*(ev.ancestors(t) for _, t, _ in terms))
+            if "attention_mask" in read & given:
+                lo, kept = _without_padded_queries(lo, kept, values.get("attention_mask"), shape[-1])
             source = "a Trilu in the graph" if "Trilu" in read else "position comparisons in the graph"
             used = sorted(read & given)
             if used:

@@ -805,9 +805,12 @@ def _unresolved(index: GraphIndex, tensors: Mapping[str, TensorInfo]) -> list[st
     return [name for name in index.producer if (t := get(name)) is None or not t.is_static]
 
 
-def apply_values(model: ModelProto, real_inputs: Sequence[str], input_values: Mapping[str, object], where: str) -> None:
-    """Turn inputs whose values are given (axes, sizes: small tensors that shapes depend on) into
-    initializers of ``model``, in place, so that inference and folding see them as constants."""
+def apply_values(model: ModelProto, real_inputs: Sequence[str], input_values: Mapping[str, object], where: str,
+                 shapes: Mapping[str, Sequence[int]] | None = None) -> None:
+    """Turn inputs whose values are given (axes, sizes, an ``attention_mask``: small tensors) into
+    initializers of ``model``, in place, so that inference and folding see them as constants. A flat list of
+    values (``--input-value attention_mask=1,1,1,0,...``) takes the shape given in ``shapes``, else the input's
+    declared static shape, where the number of values fits it."""
     by_name = {vi.name: vi for vi in model.graph.input}
     for name, value in input_values.items():
         if name not in real_inputs:
@@ -824,6 +827,9 @@ def apply_values(model: ModelProto, real_inputs: Sequence[str], input_values: Ma
             raise UsageError(f"{where}: the value given for input {name!r} does not fit its type ({e})") from None
         if declared is not None and len(declared) == 0 and array.size == 1:
             array = array.reshape(())
+        target = (shapes or {}).get(name) or (declared if declared and all(isinstance(d, int) for d in declared) else None)
+        if array.ndim == 1 and target is not None and len(target) != 1 and prod(target) == array.size:
+            array = array.reshape(tuple(int(d) for d in target))
         if array.size > FOLD_LIMIT:
             raise UsageError(f"{where}: --input-value {name!r} has {array.size} elements; give values only for small "
                              f"shape-like inputs (at most {FOLD_LIMIT}), and shapes for the rest")
@@ -853,7 +859,7 @@ def prepare(
     inputs = real_inputs(model.graph)
     input_shapes = dict(input_shapes or {})
     if input_values:
-        apply_values(model, inputs, input_values, where)
+        apply_values(model, inputs, input_values, where, input_shapes)
         inputs = tuple(n for n in inputs if n not in input_values)
         both = set(input_shapes) & set(input_values)  # a shape given with the value must be the value's
         applied = {t.name: tuple(t.dims) for t in model.graph.initializer if t.name in both}

@@ -75,6 +75,8 @@ def own_mask(convention: Convention, is_causal: int, left_window_size: int, righ
     the attention at ``index``; None (count full) where neither gives one, or a right window wider than 0
     without ``is_causal`` (keys ahead of the query: not modelled)."""
     given = convention.executed.mask(index or 0) if convention.executed is not None else None
+    if not isinstance(given, AttentionMask):
+        given = None  # a mask evaluated from an eager attention's graph holds that attention's rows only
     causal = bool(is_causal) or right_window_size == 0
     if right_window_size > 0 and not causal:
         return None

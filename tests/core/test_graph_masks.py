@@ -5,6 +5,8 @@ with the mask computed as an array and once held by its rows (as for long sequen
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -30,8 +32,8 @@ def true_entries(batch, s_q, t, *, causal=False, window=None, lengths=None) -> i
                     keep &= j <= p
                 if window is not None:
                     keep &= j > p - window
-                if lengths is not None:
-                    keep &= j < lengths[b]
+                if lengths is not None:  # a valid key, and a padded query runs nothing
+                    keep &= j < lengths[b] and p < lengths[b]
                 total += keep
     return total
 
@@ -135,12 +137,14 @@ def test_the_report_names_the_mask_found():
 
 
 def test_padding_from_the_attention_mask_values(held):
-    """Right-padded sequences of 9 and 4 valid keys: each query keeps the valid keys at or before it."""
+    """Right-padded sequences of 9 and 4 valid tokens: each valid query keeps the valid keys at or before it (the
+    graph's mask also keeps keys for the padded queries, which a kernel does not run)."""
     values = [[1] * 9, [1] * 4 + [0] * 5]
     r = flopcount.count(range_masked_model(9, 9, padding=True), convention="dense", attention="executed",
                         input_values={"attention_mask": values})
     assert r.total.flops == products(true_entries(B, 9, 9, causal=True, lengths=(9, 4)))
-    assert "the attention_mask values" in r.attention
+    assert r.attention == ("executed: causal + padding (lengths 9, 4), from position comparisons in the graph and the "
+                           "attention_mask values (1 attentions)")
 
 
 def test_a_mask_read_from_an_input_without_values_counts_full():
@@ -160,3 +164,18 @@ def test_long_sequences_are_counted_exactly_and_fast(window):
     kept = s * (s + 1) // 2 if window is None else window * (window + 1) // 2 + (s - window) * window
     assert r.total.flops == products(kept)
     assert elapsed < 10
+
+
+def test_cli_takes_the_attention_mask_values(tmp_path):
+    """``--input-value attention_mask=...``: flat values take the input's shape [2, 9]."""
+    path = tmp_path / "masked.onnx"
+    import onnx
+
+    onnx.save(range_masked_model(9, 9, padding=True), path)
+    values = ",".join(map(str, [1] * 9 + [1] * 4 + [0] * 5))
+    p = subprocess.run([sys.executable, "-m", "flopcount", str(path), "--convention", "dense", "--attention",
+                        "executed", "--input-value", f"attention_mask={values}"], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert f"Total FLOPs: {products(true_entries(B, 9, 9, causal=True, lengths=(9, 4))):,}" in p.stdout
+    assert "Attention: executed: " in p.stdout and "the attention_mask values" in p.stdout

@@ -24,8 +24,8 @@ def kept_pairs(s: int, window: int | None = None, lengths=(None,)) -> int:
         keep = j <= i
         if window is not None:
             keep &= i - j < window
-        if n is not None:
-            keep &= j < n
+        if n is not None:  # a valid key, and a padded query runs nothing
+            keep &= (j < n) & (i < n)
         total += int(keep.sum())
     return total
 
@@ -61,7 +61,8 @@ def test_exported_mask_counts_the_kept_pairs(kind, window):
 
 @pytest.mark.slow
 def test_exported_padding_mask_from_attention_mask_values():
-    """Right-padded sequences of 16 and 9 valid tokens: each query keeps the valid keys at or before it."""
+    """Right-padded sequences of 16 and 9 valid tokens: each valid query keeps the valid keys at or before it; the
+    same count as ``--hf``, which takes the mask from the configuration."""
     s, lengths = 16, (16, 9)
     values = [[1] * n + [0] * (s - n) for n in lengths]
     inputs = {"input_ids": ((2, s), torch.int64), "attention_mask": ((2, s), torch.int64), "use_cache": False}
@@ -70,6 +71,23 @@ def test_exported_padding_mask_from_attention_mask_values():
     executed = flopcount.from_torch(m, inputs, convention="dense", cache_dir=False, attention="executed",
                                     input_values={"attention_mask": values})
     assert full.total.flops - executed.total.flops == attention_flops(2 * s * s - kept_pairs(s, None, lengths))
-    assert "attention_mask values" in executed.attention
+    assert "causal + padding (lengths 16, 9)" in executed.attention and "attention_mask values" in executed.attention
+    config = flopcount.from_hf(m.config, {"input_ids": (2, s), "attention_mask": (2, s)}, convention="dense",
+                               cache_dir=False, attention="executed", input_values={"attention_mask": values})
+    assert config.total.flops == executed.total.flops
     without = flopcount.from_torch(m, inputs, convention="dense", cache_dir=False, attention="executed")
     assert without.total.flops == full.total.flops and "is data, not structure" in without.attention
+
+
+@pytest.mark.slow
+def test_exported_packed_sequences_from_position_id_values():
+    """Sequences of 3, 2 and 3 tokens packed in one row (positions restart at 0): causal within each."""
+    inputs = {"input_ids": ((1, 8), torch.int64), "position_ids": ((1, 8), torch.int64), "use_cache": False}
+    values = {"position_ids": [[0, 1, 2, 0, 1, 0, 1, 2]]}
+    m = model("llama")
+    full = flopcount.from_torch(m, inputs, convention="dense", cache_dir=False, input_values=values)
+    executed = flopcount.from_torch(m, inputs, convention="dense", cache_dir=False, attention="executed",
+                                    input_values=values)
+    kept = sum(kept_pairs(n) for n in (3, 2, 3))  # 6 + 3 + 6
+    assert full.total.flops - executed.total.flops == attention_flops(8 * 8 - kept)
+    assert "causal + packed sequences (3, 2, 3)" in executed.attention and "position_ids values" in executed.attention
