@@ -313,6 +313,12 @@ def _guard_depths(graph: onnx.GraphProto) -> list[int] | None:
     kinds = [_guard_kind(n) for n in nodes]
     if not any(slice_like for _, slice_like in kinds) or all(safe for safe, _ in kinds):
         return None
+    if any(n.op_type == "Expand" for n in nodes):
+        dims = _dim_vectors(graph)
+        kinds = [(True, False) if n.op_type == "Expand" and n.domain in ("", "ai.onnx") and len(n.input) > 1
+                 and n.input[1] in dims else k for n, k in zip(nodes, kinds)]
+        if all(safe for safe, _ in kinds):
+            return None
     tainted: dict[str, bool] = {}
     depth_of: dict[str, int] = {}
     depths = []
@@ -330,6 +336,34 @@ def _guard_depths(graph: onnx.GraphProto) -> list[int] | None:
                 tainted[o] = taint or not safe
                 depth_of[o] = depth
     return depths if max(depths, default=0) > 0 else None
+
+
+#: Operators that pass on (some of) the values of their first input unchanged: a vector of dims stays one.
+_SELECTING_OPS = frozenset({"Slice", "Gather", "Concat", "Unsqueeze", "Squeeze", "Reshape", "Identity", "Flatten"})
+
+
+def _dim_vectors(graph: onnx.GraphProto) -> set[str]:
+    """Tensors of ``graph`` whose values are dims of other tensors or non-negative integer constants: the outputs of
+    Shape and Size, non-negative Constant and initializer integers, and what Slice, Gather, Concat, (Un)squeeze,
+    Reshape and Identity select of them. An Expand to such a shape has no negative output dim unless its inputs
+    have one (the dims it reads are checked where those tensors are), so it needs no guard of its own."""
+    found = {t.name for t in graph.initializer if t.data_type in (TensorProto.INT64, TensorProto.INT32)
+             and _has_data(t) and prod(t.dims) <= FOLD_LIMIT and (_array(t) >= 0).all()}
+    for node in graph.node:
+        if node.domain not in ("", "ai.onnx") or not node.output:
+            continue
+        op = node.op_type
+        if op in ("Shape", "Size"):
+            found.add(node.output[0])
+        elif op == "Constant":
+            v = _constant_value(node)
+            if v is not None and v.dtype.kind in "iu" and v.size <= FOLD_LIMIT and (v >= 0).all():
+                found.add(node.output[0])
+        elif op in _SELECTING_OPS:
+            data = node.input if op == "Concat" else node.input[:1]
+            if data and all(x in found for x in data if x):
+                found.add(node.output[0])
+    return found
 
 
 def _guard_needed(index: GraphIndex) -> bool:
