@@ -533,17 +533,21 @@ def _without_padded_queries(lo: np.ndarray, kept: np.ndarray, attention_mask, t:
 
 def graph_masks(protos, names, nodes: Mapping[str, tuple[str, int]], tensors: Mapping, values: Mapping,
                 inputs: frozenset, given: frozenset = frozenset(), limit: int | None = None):
-    """The mask of each eager attention (``nodes``: :func:`flopcount.masks.score_products`), in graph order: a
-    :class:`GraphMask`, or a :class:`NotStructure` saying why there is none. ``inputs``: the graph's inputs (their
-    values unknown); ``given``: the inputs whose values were given (named in the report where a mask reads them)."""
+    """The masks of a graph's attentions: ``(eager, operators)``. ``eager``: the mask of each eager attention
+    (``nodes``: :func:`flopcount.masks.score_products`), in graph order; ``operators``: node name → the mask of each
+    ONNX Attention node with an ``attn_mask`` input (a boolean keeps its true entries, a number its entries above
+    :data:`MASKED`). Each a :class:`GraphMask`, or a :class:`NotStructure` saying why there is none. ``inputs``: the
+    graph's inputs (their values unknown); ``given``: the inputs whose values were given (named in the report where
+    a mask reads them)."""
     producer = {o: n for n in protos for o in n.output}
     consumers: dict[str, list] = {}
     for n in protos:
         for i in n.input:
             consumers.setdefault(i, []).append(n)
-    by_name = dict(zip(names, protos)) if names is not None else {n.name: n for n in protos}
+    names = list(names) if names is not None else [n.name for n in protos]
+    by_name = dict(zip(names, protos))
     ev = _Evaluator(producer, tensors, values, inputs, EVAL_LIMIT if limit is None else limit)
-    found = []
+    eager = []
     for name, (role, _) in sorted(nodes.items(), key=lambda kv: kv[1][1]):
         if role != "scores":
             continue
@@ -560,21 +564,40 @@ def graph_masks(protos, names, nodes: Mapping[str, tuple[str, int]], tensors: Ma
                 if r is not None:
                     rows = r if rows is None else _and(rows, r)
             if rows is None:
-                found.append(GraphMask(np.full((1, shape[-2]), shape[-1], np.int64), shape[-1],
+                eager.append(GraphMask(np.full((1, shape[-2]), shape[-1], np.int64), shape[-1],
                                        AttentionMask(source="the graph (no mask)"), "the graph (no mask)"))
                 continue
-            lo, kept = row_bounds(rows, shape)
-            read = set().union(*(ev.ancestors(t) for _, t, _ in terms))
-            if "attention_mask" in read & given:
-                lo, kept = _without_padded_queries(lo, kept, values.get("attention_mask"), shape[-1])
-            source = "a Trilu in the graph" if "Trilu" in read else "position comparisons in the graph"
-            used = sorted(read & given)
-            if used:
-                source += " and the " + ", ".join(used) + " values"
-            structure = recognise(lo, kept, shape[-1])
-            found.append(GraphMask(kept, shape[-1], None if structure is None else
-                                   AttentionMask(structure.causal, structure.window, structure.lengths,
-                                                 structure.segments, source), source))
+            eager.append(_graph_mask(ev, rows, shape, [t for _, t, _ in terms], given, values))
         except NotStructure as e:
-            found.append(e)
-    return found
+            eager.append(e)
+    operators = {}
+    for name, node in zip(names, protos):
+        if node.op_type != "Attention" or node.domain not in ("", "ai.onnx") or len(node.input) < 4 or not node.input[3]:
+            continue
+        q, m = tensors.get(node.input[0]), tensors.get(node.input[3])
+        try:
+            if q is None or m is None or not q.is_static or not m.is_static or len(m.shape) < 2:
+                raise NotStructure("the attention's shapes are not known")
+            b, s_q = q.shape[0], q.shape[2] if len(q.shape) == 4 else q.shape[1]
+            shape = (b, 1, s_q, m.shape[-1])  # the scores, per head
+            rows = mask_rows(ev(node.input[3]), shape)
+            operators[name] = (None if rows is None else
+                               _graph_mask(ev, rows, shape, [node.input[3]], given, values))
+        except NotStructure as e:
+            operators[name] = e
+    return eager, operators
+
+
+def _graph_mask(ev: "_Evaluator", rows: _Rows, shape, tensors, given: frozenset, values: Mapping) -> GraphMask:
+    lo, kept = row_bounds(rows, shape)
+    read = set().union(*(ev.ancestors(t) for t in tensors))
+    if "attention_mask" in read & given:
+        lo, kept = _without_padded_queries(lo, kept, values.get("attention_mask"), shape[-1])
+    source = "a Trilu in the graph" if "Trilu" in read else "position comparisons in the graph"
+    used = sorted(read & given)
+    if used:
+        source += " and the " + ", ".join(used) + " values"
+    structure = recognise(lo, kept, shape[-1])
+    return GraphMask(kept, shape[-1], None if structure is None else
+                     AttentionMask(structure.causal, structure.window, structure.lengths, structure.segments, source),
+                     source)

@@ -21,7 +21,8 @@ Counting is O(S_q) per call, vectorised, with no S_q × T matrix.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import logging
 
@@ -214,6 +215,11 @@ class ExecutedAttention:
     score_nodes: Mapping[str, tuple[str, int]]
     masks: tuple[AttentionMask | None, ...] = ()
     note: str = ""
+    operators: Mapping[str, Any] = field(default_factory=dict)  # Attention node → the mask of its attn_mask
+
+    def operator_mask(self, name: str):
+        """The mask evaluated from the ``attn_mask`` input of the Attention node ``name``, or None."""
+        return self.operators.get(name)
 
     def mask(self, index: int) -> AttentionMask | None:
         if not self.masks:
@@ -310,14 +316,16 @@ def executed_attention(protos, given=None, names=None, padding: tuple[int, ...] 
                                                          "position_ids values") for m in masks)
         kinds = sorted({m.describe() for m in masks if m is not None})
         return ExecutedAttention(nodes, masks, "; ".join(kinds) or "no structured mask")
-    if not nodes:
-        return ExecutedAttention(nodes, (), "no eager attention products in the graph")
+    operators: dict = {}
     if tensors is not None:
         from .graph_masks import graph_masks
 
-        found = graph_masks(protos, names, nodes, tensors, values or {}, frozenset(inputs), frozenset(given_values))
+        found, operators = graph_masks(protos, names, nodes, tensors, values or {}, frozenset(inputs),
+                                       frozenset(given_values))
     else:
         found = [None] * sum(role == "scores" for role, _ in nodes.values())
+    if not nodes and not operators:
+        return ExecutedAttention(nodes, (), "no eager attention products in the graph")
     producer = {o: n for n in protos for o in n.output}
     consumers: dict[str, list] = {}
     for n in protos:
@@ -337,16 +345,21 @@ def executed_attention(protos, given=None, names=None, padding: tuple[int, ...] 
         data = mask is None or getattr(mask, "data", False)
         why.append((data, str(mask) if mask is not None else "an attention_mask input or computed values"))
     known = [m for m in masks if m is not None]
-    kinds = sorted({m.describe() for m in known})
-    notes = [f"{'; '.join(kinds)} ({len(known)} attentions)"] if known else []
+    ops_known = [m for m in operators.values() if m is not None and not isinstance(m, Exception)]
+    kinds = sorted({m.describe() for m in known + ops_known})
+    notes = [f"{'; '.join(kinds)} ({len(known) + len(ops_known)} attentions)"] if known or ops_known else []
+    for e in operators.values():
+        if isinstance(e, Exception):
+            why.append((getattr(e, "data", False), str(e)))
+    total = len(masks) + len(operators)
     for data, what in ((True, "is data, not structure"), (False, "was not evaluated")):
         reasons = sorted({r for d, r in why if d == data})
         if reasons:
             count = sum(d == data for d, _ in why)
-            notes.append(f"the mask of {count} of {len(masks)} eager attentions {what} ({'; '.join(reasons)}): "
-                         "counted full")
-    note = "; ".join(notes)
-    return ExecutedAttention(nodes, tuple(masks), note)
+            notes.append(f"the mask of {count} of {total} attentions {what} ({'; '.join(reasons)}): counted full")
+    note = "; ".join(notes) or "the Attention nodes' own attributes"
+    return ExecutedAttention(nodes, tuple(masks), note, {k: v for k, v in operators.items()
+                                                         if v is not None and not isinstance(v, Exception)})
 
 
 def _mask_inputs(consumers, matmul) -> list[str]:

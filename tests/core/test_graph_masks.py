@@ -42,7 +42,7 @@ def const(name, value, dtype=np.int64):
     return numpy_helper.from_array(np.array(value, dtype=dtype), name)
 
 
-def range_masked_model(s_q, t, *, causal=True, window=None, padding=False, combine="where", batch=B):
+def range_masked_model(s_q, t, *, causal=True, window=None, padding=False, combine="where", batch=B, operator=False):
     """Eager attention whose mask is built from positions as exporters do: query positions P + Range(S_q) (P = T −
     S_q from the shapes of Q and K), key positions Range(T); ``j <= p`` (causal), ``j > p - w`` (window), the
     ``attention_mask`` input's values (padding); And; Where(kept, 0, lowest) added to the scores (``combine``
@@ -83,6 +83,10 @@ def range_masked_model(s_q, t, *, causal=True, window=None, padding=False, combi
         out = f"and{len(kept)}"
         nodes.append(helper.make_node("And", kept[:2], [out]))
         kept = [out] + kept[2:]
+    if operator:  # the ONNX Attention operator, the boolean mask its attn_mask
+        nodes.append(helper.make_node("Attention", ["q", "k", "v", kept[0]], ["y"]))
+        g = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 23)])
     nodes += [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
               helper.make_node("MatMul", ["q", "kt"], ["s"])]
     if combine == "where":
@@ -128,6 +132,18 @@ def test_range_built_mask_counts_its_true_entries(held, s_q, t, kind, combine):
     r = flopcount.count(model, convention="dense", attention="executed")
     assert r.total.flops == products(true_entries(B, s_q, t, **kind))
     assert flopcount.count(model, convention="dense").total.flops == products(B * s_q * t)  # full: every pair
+    assert "position comparisons in the graph" in r.attention
+
+
+@pytest.mark.parametrize("s_q, t, kind", [
+    pytest.param(7, 7, dict(causal=True), id="causal"),
+    pytest.param(5, 17, dict(causal=True, window=6), id="sliding-window-over-cache"),
+])
+def test_attention_operator_with_a_range_built_attn_mask(held, s_q, t, kind):
+    r = flopcount.count(range_masked_model(s_q, t, operator=True, **kind), convention="dense", attention="executed")
+    assert r.total.macs == HEADS * true_entries(B, s_q, t, **kind) * (E + EV)  # Q·Kᵀ and probs·V per kept pair
+    full = flopcount.count(range_masked_model(s_q, t, operator=True, **kind), convention="dense")
+    assert full.total.macs == HEADS * B * s_q * t * (E + EV)
     assert "position comparisons in the graph" in r.attention
 
 
