@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from math import prod
 
 import numpy as np
 import onnx
@@ -352,6 +353,8 @@ class _Evaluator:
             outs = self._outputs(node, args)
         except NotStructure as e:
             outs = [e] * len(node.output)
+        except (ValueError, TypeError, IndexError, KeyError, ArithmeticError) as e:  # values a kernel would refuse
+            outs = [NotStructure(f"its {node.op_type} node {node.name!r} could not be evaluated ({e})")] * len(node.output)
         self.memo.update(zip(node.output, outs))
 
     def _outputs(self, node: onnx.NodeProto, args: list) -> list:
@@ -360,7 +363,7 @@ class _Evaluator:
         known = self.tensors.get(node.output[0]) if node.output else None
         shape = tuple(known.shape) if known is not None and known.is_static else None
         lazy = any(a is not None and not isinstance(a, np.ndarray) for a in args)
-        big = shape is not None and len(shape) >= 2 and min(shape[-2:]) > 1 and int(np.prod(shape)) > self.limit
+        big = shape is not None and len(shape) >= 2 and min(shape[-2:]) > 1 and prod(shape) > self.limit
         if lazy or big:
             if node.op_type not in _ELEMENTWISE or shape is None or len(node.output) != 1:
                 raise NotStructure(f"{node.op_type} on the S_q × T mask")
@@ -407,7 +410,7 @@ def mask_rows(value, scores_shape: tuple[int, ...]) -> _Rows | None:
     t = scores_shape[-1]
     shape = tuple(scores_shape)
     if isinstance(value, np.ndarray):
-        if value.ndim > len(shape) or value.ndim < 1:
+        if value.ndim > len(shape):
             raise NotStructure(f"a mask of shape {list(value.shape)} for scores of {list(shape)}")
         return _lift(value if value.dtype == np.bool_ else value > MASKED, shape)
     if isinstance(value, _Sum):
@@ -570,6 +573,8 @@ def graph_masks(protos, names, nodes: Mapping[str, tuple[str, int]], tensors: Ma
             eager.append(_graph_mask(ev, rows, shape, [t for _, t, _ in terms], given, values))
         except NotStructure as e:
             eager.append(e)
+        except (ValueError, TypeError, IndexError, ArithmeticError) as e:
+            eager.append(NotStructure(f"its mask could not be evaluated ({e})"))
     operators = {}
     for name, node in zip(names, protos):
         if node.op_type != "Attention" or node.domain not in ("", "ai.onnx") or len(node.input) < 4 or not node.input[3]:
@@ -585,6 +590,8 @@ def graph_masks(protos, names, nodes: Mapping[str, tuple[str, int]], tensors: Ma
                                _graph_mask(ev, rows, shape, [node.input[3]], given, values))
         except NotStructure as e:
             operators[name] = e
+        except (ValueError, TypeError, IndexError, ArithmeticError) as e:
+            operators[name] = NotStructure(f"its attn_mask could not be evaluated ({e})")
     return eager, operators
 
 

@@ -20,7 +20,7 @@ B, HEADS, E, EV = 2, 3, 5, 11
 NEG = np.finfo(np.float32).min
 
 
-def true_entries(batch, s_q, t, *, causal=False, window=None, lengths=None) -> int:
+def true_entries(batch, s_q, t, *, causal=False, window=None, lengths=None, prefix=None) -> int:
     """Kept (query, key) pairs of every sequence, entry by entry: query i sits at position t − s_q + i."""
     total = 0
     for b in range(batch):
@@ -29,7 +29,7 @@ def true_entries(batch, s_q, t, *, causal=False, window=None, lengths=None) -> i
             for j in range(t):
                 keep = True
                 if causal:
-                    keep &= j <= p
+                    keep &= j <= p or (prefix is not None and j < prefix)
                 if window is not None:
                     keep &= j > p - window
                 if lengths is not None:  # a valid key, and a padded query runs nothing
@@ -42,12 +42,14 @@ def const(name, value, dtype=np.int64):
     return numpy_helper.from_array(np.array(value, dtype=dtype), name)
 
 
-def range_masked_model(s_q, t, *, causal=True, window=None, padding=False, combine="where", batch=B, operator=False):
+def range_masked_model(s_q, t, *, causal=True, window=None, padding=False, combine="where", batch=B, operator=False,
+                       prefix=None, order=None):
     """Eager attention whose mask is built from positions as exporters do: query positions P + Range(S_q) (P = T −
     S_q from the shapes of Q and K), key positions Range(T); ``j <= p`` (causal), ``j > p - w`` (window), the
     ``attention_mask`` input's values (padding); And; Where(kept, 0, lowest) added to the scores (``combine``
     "where"), or the scores selected by Where(kept, scores, lowest) ("select"), or (1 − kept)·lowest added
-    ("cast")."""
+    ("cast"). ``prefix``: keys before it are seen by every query too (Or); ``order``: the key positions come
+    permuted (key j at position order[j])."""
     inputs = [helper.make_tensor_value_info("q", TensorProto.FLOAT, [batch, HEADS, s_q, E]),
               helper.make_tensor_value_info("k", TensorProto.FLOAT, [batch, HEADS, t, E]),
               helper.make_tensor_value_info("v", TensorProto.FLOAT, [batch, HEADS, t, EV])]
@@ -58,13 +60,21 @@ def range_masked_model(s_q, t, *, causal=True, window=None, padding=False, combi
              helper.make_node("Sub", ["t", "sq"], ["past"]),
              helper.make_node("Range", ["zero", "sq", "one"], ["qidx"]),
              helper.make_node("Add", ["qidx", "past"], ["qpos"]),
-             helper.make_node("Range", ["zero", "t", "one"], ["kpos"]),
-             helper.make_node("Unsqueeze", ["qpos", "ax1"], ["col"]),  # [S_q, 1]
-             helper.make_node("Unsqueeze", ["kpos", "ax0"], ["row"])]  # [1, T]
+             helper.make_node("Range", ["zero", "t", "one"], ["kpos0" if order is not None else "kpos"])]
+    if order is not None:  # key j holds position order[j]
+        inits.append(const("order", order))
+        nodes.append(helper.make_node("Gather", ["kpos0", "order"], ["kpos"]))
+    nodes += [helper.make_node("Unsqueeze", ["qpos", "ax1"], ["col"]),  # [S_q, 1]
+              helper.make_node("Unsqueeze", ["kpos", "ax0"], ["row"])]  # [1, T]
     kept = []
     if causal:
         nodes.append(helper.make_node("LessOrEqual", ["row", "col"], ["causal"]))
         kept.append("causal")
+    if prefix is not None:
+        inits.append(const("prefix", prefix))
+        nodes += [helper.make_node("Less", ["row", "prefix"], ["early"]),
+                  helper.make_node("Or", [kept.pop(), "early"], ["causal_or_early"])]
+        kept.append("causal_or_early")
     if window is not None:
         inits.append(const("w", window))
         nodes += [helper.make_node("Sub", ["col", "w"], ["start"]),
@@ -126,6 +136,7 @@ def held(request, monkeypatch):
     pytest.param(6, 23, dict(causal=True, window=7), "cast", id="sliding-window-over-cache-cast"),
     pytest.param(11, 11, dict(causal=False, window=3), "select", id="window-not-causal"),
     pytest.param(9, 9, dict(causal=False), "where", id="bidirectional"),
+    pytest.param(10, 10, dict(causal=True, prefix=4), "where", id="prefix-lm-or"),
 ])
 def test_range_built_mask_counts_its_true_entries(held, s_q, t, kind, combine):
     model = range_masked_model(s_q, t, combine=combine, **kind)
@@ -145,6 +156,23 @@ def test_attention_operator_with_a_range_built_attn_mask(held, s_q, t, kind):
     full = flopcount.count(range_masked_model(s_q, t, operator=True, **kind), convention="dense")
     assert full.total.macs == HEADS * B * s_q * t * (E + EV)
     assert "position comparisons in the graph" in r.attention
+
+
+@pytest.mark.parametrize("order, exact", [
+    pytest.param([5, 4, 3, 2, 1, 0], True, id="keys-in-falling-positions"),
+    pytest.param([0, 2, 4, 1, 3, 5], False, id="keys-kept-apart"),
+])
+def test_permuted_key_positions(held, order, exact):
+    """Key j at position order[j], kept when p − 2 < order[j] ≤ p: falling positions still keep one interval of keys
+    per row (counted exactly); interleaved ones keep keys apart, which is not modelled: counted full, and said."""
+    r = flopcount.count(range_masked_model(6, 6, order=np.array(order), window=2), convention="dense",
+                        attention="executed")
+    kept = sum(1 for p in range(6) for j in range(6) if p - 2 < order[j] <= p)
+    if exact:
+        assert r.total.flops == products(B * kept)
+    else:
+        assert r.total.flops == products(B * 6 * 6)
+        assert "was not evaluated" in r.attention and "counted full" in r.attention
 
 
 def test_the_report_names_the_mask_found():
