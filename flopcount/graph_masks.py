@@ -49,6 +49,10 @@ class NotStructure(Exception):
         self.why, self.data = why, data
 
 
+class _Apart(NotStructure):
+    """A concrete mask whose rows keep keys apart: not held by rows, but countable as an array."""
+
+
 @dataclass(frozen=True)
 class _Sum:
     """A number q[..., i, 0] + k[..., 0, j]: two arrays of the value's rank."""
@@ -126,7 +130,7 @@ def _rows_of(kept: np.ndarray, t: int) -> _Rows:
     last = t - np.argmax(kept[..., ::-1], axis=-1)[..., None]
     some = count > 0
     if (some & (last - first != count)).any():
-        raise NotStructure("a mask row that keeps keys apart (not one interval)")
+        raise _Apart("a mask row that keeps keys apart (not one interval)")
     return _Rows(np.where(some, first, 0).astype(np.int64), np.where(some, last, 0).astype(np.int64), t)
 
 
@@ -507,18 +511,52 @@ def _negated(value):
     raise NotStructure("a boolean subtracted from the scores")
 
 
-def _term_rows(ev: "_Evaluator", how: str, tensor: str, fill: str | None, shape: tuple[int, ...]) -> _Rows | None:
+def _term_rows(ev: "_Evaluator", how: str, tensor: str, fill: str | None, shape: tuple[int, ...], dense: bool = False):
+    """The keys one mask term keeps: held by rows, or (``dense``) as a boolean array broadcastable to ``shape``;
+    None for a term that masks nothing."""
+    read = mask_array if dense else mask_rows
     if how in ("add", "sub"):
         value = ev(tensor)
-        return mask_rows(value if how == "add" else _negated(value), shape)
+        return read(value if how == "add" else _negated(value), shape)
     filled = ev(fill)
     if not isinstance(filled, np.ndarray) or not (filled <= MASKED).all():
         return None  # a select of finite values: not a mask
     cond = ev(tensor)
-    rows = mask_rows(cond.astype(bool) if isinstance(cond, np.ndarray) else cond, shape)
-    if rows is None:
+    rows = read(cond.astype(bool) if isinstance(cond, np.ndarray) else cond, shape)
+    if rows is None or how == "keep":
+        return rows
+    return ~rows if dense else rows.negate()
+
+
+def mask_array(value, scores_shape: tuple[int, ...]) -> np.ndarray | None:
+    """:func:`mask_rows` as a boolean array broadcastable to ``scores_shape`` (for a mask of moderate size whose
+    rows keep keys apart)."""
+    t = scores_shape[-1]
+    if isinstance(value, np.ndarray):
+        return value if value.dtype == np.bool_ else value > MASKED
+    if isinstance(value, _Sum):
         return None
-    return rows if how == "keep" else rows.negate()
+    rows = value.rows if isinstance(value, _Select) else value
+    rows = rows.over(t)
+    j = np.arange(t)
+    kept = (j >= rows.lo) & (j < rows.hi)
+    if isinstance(value, _Select):
+        return np.where(kept, value.yes > MASKED, value.no > MASKED)
+    return kept
+
+
+def _dense_counts(kept: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Keys kept per (sequence, query), [B or 1, S_q], from a boolean array broadcastable to the scores."""
+    r = len(shape)
+    if kept.ndim > r:
+        raise NotStructure(f"a mask of rank {kept.ndim} for scores of rank {r}")
+    kept = kept.reshape((1,) * (r - kept.ndim) + kept.shape)
+    counts = np.broadcast_to(kept, kept.shape[:-1] + (shape[-1],)).sum(axis=-1)
+    counts = np.broadcast_to(counts, counts.shape[:-1] + (shape[-2],)).reshape(counts.shape[0] if r >= 3 else 1, -1,
+                                                                              shape[-2])
+    if (counts != counts[:, :1]).any():
+        raise NotStructure("a mask that differs between heads")
+    return np.ascontiguousarray(counts[:, 0]).astype(np.int64)
 
 
 def _without_padded_queries(lo: np.ndarray, kept: np.ndarray, attention_mask, t: int):
@@ -562,15 +600,19 @@ def graph_masks(protos, names, nodes: Mapping[str, tuple[str, int]], tensors: Ma
             shape = tuple(known.shape)
             terms = _mask_terms(consumers, matmul)
             rows = None
-            for how, tensor, fill in terms:
-                r = _term_rows(ev, how, tensor, fill, shape)
-                if r is not None:
-                    rows = r if rows is None else _and(rows, r)
+            try:
+                for how, tensor, fill in terms:
+                    r = _term_rows(ev, how, tensor, fill, shape)
+                    if r is not None:
+                        rows = r if rows is None else _and(rows, r)
+            except _Apart:  # rows that keep keys apart: counted from the array where it is of moderate size
+                eager.append(_dense_mask(ev, terms, shape, given, values))
+                continue
             if rows is None:
                 eager.append(GraphMask(np.full((1, shape[-2]), shape[-1], np.int64), shape[-1],
                                        AttentionMask(source="the graph (no mask)"), "the graph (no mask)"))
                 continue
-            eager.append(_graph_mask(ev, rows, shape, [t for _, t, _ in terms], given, values))
+            eager.append(_graph_mask(ev, *row_bounds(rows, shape), shape, [t for _, t, _ in terms], given, values))
         except NotStructure as e:
             eager.append(e)
         except (ValueError, TypeError, IndexError, ArithmeticError) as e:
@@ -587,7 +629,7 @@ def graph_masks(protos, names, nodes: Mapping[str, tuple[str, int]], tensors: Ma
             shape = (b, 1, s_q, m.shape[-1])  # the scores, per head
             rows = mask_rows(ev(node.input[3]), shape)
             operators[name] = (None if rows is None else
-                               _graph_mask(ev, rows, shape, [node.input[3]], given, values))
+                               _graph_mask(ev, *row_bounds(rows, shape), shape, [node.input[3]], given, values))
         except NotStructure as e:
             operators[name] = e
         except (ValueError, TypeError, IndexError, ArithmeticError) as e:
@@ -595,8 +637,23 @@ def graph_masks(protos, names, nodes: Mapping[str, tuple[str, int]], tensors: Ma
     return eager, operators
 
 
-def _graph_mask(ev: "_Evaluator", rows: _Rows, shape, tensors, given: frozenset, values: Mapping) -> GraphMask:
-    lo, kept = row_bounds(rows, shape)
+def _dense_mask(ev: "_Evaluator", terms, shape, given: frozenset, values: Mapping) -> GraphMask:
+    if prod(shape[-2:]) > _ARRAY_LIMIT:
+        raise NotStructure("a mask row that keeps keys apart (not one interval), over too many entries to count")
+    kept = None
+    for how, tensor, fill in terms:
+        k = _term_rows(ev, how, tensor, fill, shape, dense=True)
+        if k is not None:
+            kept = k if kept is None else kept & k
+    counts = _dense_counts(kept, shape)
+    return _graph_mask(ev, np.zeros_like(counts), counts, shape, [t for _, t, _ in terms], given, values,
+                       recognised=False)
+
+
+def _graph_mask(ev: "_Evaluator", lo: np.ndarray, kept: np.ndarray, shape, tensors, given: frozenset,
+                values: Mapping, recognised: bool = True) -> GraphMask:
+    """The :class:`GraphMask` of rows that keep ``kept`` keys from ``lo`` on ([B or 1, S_q] arrays), computed from
+    ``tensors``."""
     read = set().union(*(ev.ancestors(t) for t in tensors))
     if "attention_mask" in read & given:
         lo, kept = _without_padded_queries(lo, kept, values.get("attention_mask"), shape[-1])
@@ -604,7 +661,7 @@ def _graph_mask(ev: "_Evaluator", rows: _Rows, shape, tensors, given: frozenset,
     used = sorted(read & given)
     if used:
         source += " and the " + ", ".join(used) + " values"
-    structure = recognise(lo, kept, shape[-1])
+    structure = recognise(lo, kept, shape[-1]) if recognised else None
     return GraphMask(kept, shape[-1], None if structure is None else
                      AttentionMask(structure.causal, structure.window, structure.lengths, structure.segments, source),
                      source)

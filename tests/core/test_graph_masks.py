@@ -158,20 +158,41 @@ def test_attention_operator_with_a_range_built_attn_mask(held, s_q, t, kind):
     assert "position comparisons in the graph" in r.attention
 
 
-@pytest.mark.parametrize("order, exact", [
-    pytest.param([5, 4, 3, 2, 1, 0], True, id="keys-in-falling-positions"),
-    pytest.param([0, 2, 4, 1, 3, 5], False, id="keys-kept-apart"),
+@pytest.mark.parametrize("order", [
+    pytest.param([5, 4, 3, 2, 1, 0], id="keys-in-falling-positions"),
+    pytest.param([0, 2, 4, 1, 3, 5], id="keys-kept-apart"),
+    pytest.param([3, 0, 4, 1, 5, 2], id="keys-kept-apart-2"),
 ])
-def test_permuted_key_positions(held, order, exact):
-    """Key j at position order[j], kept when p − 2 < order[j] ≤ p: falling positions still keep one interval of keys
-    per row (counted exactly); interleaved ones keep keys apart, which is not modelled: counted full, and said."""
+def test_permuted_key_positions(held, order):
+    """Key j at position order[j], kept when p − 2 < order[j] ≤ p: falling positions keep one interval of keys per
+    row, interleaved ones keep keys apart (counted from the mask's array)."""
     r = flopcount.count(range_masked_model(6, 6, order=np.array(order), window=2), convention="dense",
                         attention="executed")
     kept = sum(1 for p in range(6) for j in range(6) if p - 2 < order[j] <= p)
-    if exact:
-        assert r.total.flops == products(B * kept)
+    assert r.total.flops == products(B * kept)
+
+
+def test_keys_kept_apart_in_a_long_sequence_count_full_and_say_so(held):
+    """Keys at interleaved positions (j mod 2 · 50 + j div 2) over 100 × 100 scores: exact from the array; held by
+    rows (as a long sequence is) a row keeps keys apart, which is not modelled: counted full, and said."""
+    t, w = 100, 3
+    m = range_masked_model(t, t, window=w, batch=1)
+    nodes = list(m.graph.node)
+    at = next(k for k, n in enumerate(nodes) if n.output[0] == "kpos")
+    nodes[at] = helper.make_node("Range", ["zero", "t", "one"], ["j"])
+    nodes[at + 1:at + 1] = [helper.make_node("Mod", ["j", "two"], ["odd"]), helper.make_node("Div", ["j", "two"], ["half"]),
+                            helper.make_node("Mul", ["odd", "fifty"], ["base"]),
+                            helper.make_node("Add", ["base", "half"], ["kpos"])]
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
+    m.graph.initializer.append(const("fifty", t // 2))
+    r = flopcount.count(m, convention="dense", attention="executed")
+    position = [j % 2 * (t // 2) + j // 2 for j in range(t)]
+    kept = sum(1 for p in range(t) for j in range(t) if p - w < position[j] <= p)
+    if held == "array":
+        assert r.total.flops == HEADS * 2 * kept * (E + EV)
     else:
-        assert r.total.flops == products(B * 6 * 6)
+        assert r.total.flops == HEADS * 2 * t * t * (E + EV)
         assert "was not evaluated" in r.attention and "counted full" in r.attention
 
 
