@@ -12,7 +12,14 @@ varies along both axes is held as ``q[i] + k[j]`` (a query column plus a key row
 ``[lo_i, hi_i)`` each query row keeps, and a number that is one of two values as the boolean that selects it. A
 comparison of ``q[i] + k[j]`` with zero keeps, in row i, the keys where the key row is above or below ``−q[i]``: an
 interval when the key row is monotone (a binary search per row). Time and memory stay O(S) per operator, so a mask
-over 131072 positions is counted exactly in milliseconds.
+over 131072 positions is counted exactly in milliseconds. A mask of moderate size whose rows keep keys apart is
+counted from its array; held by rows, it is not modelled (that attention counts full, and the report says why).
+
+The same evaluation reads the ``attn_mask`` input of an ONNX Attention node. Where a mask reads the values given
+for an ``attention_mask`` input that are right padding, a padded query runs nothing (as
+:class:`~flopcount.masks.AttentionMask` counts padding, and ``--hf`` with it). The masks found are recognised as an
+:class:`~flopcount.masks.AttentionMask` (causal, window, padding, packed segments) for the report where one keeps
+exactly the same keys.
 """
 
 from __future__ import annotations
@@ -27,7 +34,8 @@ import onnx
 from .masks import AttentionMask, ExecutedPairs, padding_lengths
 from .shapes import evaluate_node
 
-__all__ = ["EVAL_LIMIT", "MASKED", "GraphMask", "NotStructure", "mask_rows", "recognise"]
+__all__ = ["EVAL_LIMIT", "MASKED", "GraphMask", "NotStructure", "graph_masks", "mask_array", "mask_rows",
+           "recognise", "row_bounds"]
 
 #: Most elements of a tensor of the mask's subgraph computed with numpy; a larger mask is held by its rows.
 EVAL_LIMIT = 1 << 22
