@@ -28,6 +28,7 @@ docs/architecture.md):
 * :mod:`.onnx_cases` ONNX's own test cases, for the inventory of operators
 * :mod:`.generation` what ``generate()`` costs (prefill, decode steps); :mod:`.masks` executed attention's masks;
   :mod:`.moe` mixture-of-experts layers (params, active params, capacity)
+* :mod:`.graph_masks` the attention masks a graph computes from positions, evaluated for ``--attention executed``
 
 Around it: :mod:`flopcount.operators` (formulas), :mod:`flopcount.frontends`, :mod:`flopcount.models`,
 :mod:`flopcount.measure` (the measuring half), :mod:`flopcount.workloads` and :mod:`flopcount.cli`.
