@@ -26,8 +26,9 @@ from .conventions import Convention, get_convention
 from .cost import ZERO, Bound, Breakdown, Cost
 from .errors import FlopcountError, InvalidGraphError, ShapeError, UnsupportedOperatorError, UsageError
 from .graph import GraphIndex
+from .graph_masks import graph_masks
 from .loading import LoadedModel, copy_field, load
-from .masks import ATTENTION_MODES, executed_attention, values_structure
+from .masks import ATTENTION_MODES, executed_attention, score_products, values_structure
 from .modules import ModuleScopes, scopes_of
 from .parameters import BUFFER, PARAMETER, SHAPE_TYPES, Roles, classify, stored_tensors
 from .registry import DEFAULT_DOMAIN, canonical_domain, lookup, lookup_backward, lookup_shape, straight_through
@@ -195,9 +196,11 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
     )
     if attention == "executed":
         padding, segments = values_structure(input_values, res.tensors, where) if given_mask is not None else (None, None)
-        conv = dataclasses.replace(conv, executed=executed_attention(
-            protos, given_mask, names, padding, segments, tensors=res.tensors, values=res.values,
-            inputs=frozenset(i.name for i in m.graph.input), given_values=frozenset(input_values or ())))
+        evaluated = None if given_mask is not None else graph_masks(
+            protos, names, score_products(protos, names), res.tensors, res.values,
+            frozenset(i.name for i in m.graph.input), frozenset(input_values or ()))
+        conv = dataclasses.replace(conv, executed=executed_attention(protos, given_mask, names, padding, segments,
+                                                                     evaluated))
     walk = _Traversal(res.tensors, res.values, conv, opsets, hint, where, loop_trips or {}, attributes_of, training)
     grads = training.grads if training is not None else {}
     node_inputs, node_outputs, node_ops = index.node_inputs, index.node_outputs, index.node_ops

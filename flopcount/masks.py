@@ -296,15 +296,13 @@ def values_structure(input_values, tensors, where: str = "<model>"):
 
 
 def executed_attention(protos, given=None, names=None, padding: tuple[int, ...] | None = None,
-                       segments: tuple[int, ...] | None = None, *, tensors=None, values=None,
-                       inputs: frozenset = frozenset(), given_values: frozenset = frozenset()) -> ExecutedAttention:
+                       segments: tuple[int, ...] | None = None, evaluated=None) -> ExecutedAttention:
     """The :class:`ExecutedAttention` of a graph: ``given`` (an :class:`AttentionMask`, or one per attention in
-    graph order, from the model's configuration) or else the structure the graph shows. With the resolved
-    ``tensors`` and the folded ``values`` of the graph, the mask added to (or selected into) each attention's scores
-    is evaluated from its ancestors (:mod:`flopcount.graph_masks`: ranges, comparisons, a Trilu, the values of
-    inputs given, ``given_values``); without them a Trilu among the mask's ancestors is causal. A mask that reads an
-    input whose values are not given (``inputs``) is data: that attention counts full. The ONNX Attention operator
-    reads its own ``is_causal`` and windows."""
+    graph order, from the model's configuration) or else the structure the graph shows: ``evaluated``, the masks
+    :func:`flopcount.graph_masks.graph_masks` evaluated from the graph (ranges, comparisons, a Trilu, the values of
+    inputs given), where an attention has none of those a Trilu among its mask's ancestors is causal. A mask that
+    reads an input whose values are not given is data: that attention counts full. The ONNX Attention operator reads
+    its own ``is_causal`` and windows."""
     nodes = score_products(protos, names)
     if given is not None:
         masks = (given,) if isinstance(given, AttentionMask) else tuple(given)
@@ -316,14 +314,7 @@ def executed_attention(protos, given=None, names=None, padding: tuple[int, ...] 
                                                          "position_ids values") for m in masks)
         kinds = sorted({m.describe() for m in masks if m is not None})
         return ExecutedAttention(nodes, masks, "; ".join(kinds) or "no structured mask")
-    operators: dict = {}
-    if tensors is not None:
-        from .graph_masks import graph_masks
-
-        found, operators = graph_masks(protos, names, nodes, tensors, values or {}, frozenset(inputs),
-                                       frozenset(given_values))
-    else:
-        found = [None] * sum(role == "scores" for role, _ in nodes.values())
+    found, operators = evaluated if evaluated is not None else ([None] * len(nodes), {})
     if not nodes and not operators:
         return ExecutedAttention(nodes, (), "no eager attention products in the graph")
     producer = {o: n for n in protos for o in n.output}
