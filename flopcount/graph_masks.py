@@ -401,9 +401,16 @@ class GraphMask:
     structured = True
 
     def pairs(self, batch: int, s_q: int, t: int) -> ExecutedPairs:
+        """The kept pairs over ``batch`` sequences; for scores of another size than the mask's (a product the mask
+        does not reach as evaluated), those of its structure, else all."""
         b, rows = self.kept.shape
         if (rows, self.t) != (s_q, t) or b not in (1, batch):
-            raise ValueError(f"a mask of {rows} × {self.t} entries for scores of {s_q} × {t}")
+            try:
+                if self.structure is not None:
+                    return self.structure.pairs(batch, s_q, t)
+            except ValueError:
+                pass
+            return ExecutedPairs(batch * s_q * t, batch * s_q)
         times = batch if b == 1 else 1
         return ExecutedPairs(times * int(self.kept.sum()), times * int(np.count_nonzero(self.kept)))
 

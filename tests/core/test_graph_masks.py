@@ -244,3 +244,12 @@ def test_cli_takes_the_attention_mask_values(tmp_path):
     assert p.returncode == 0, p.stderr
     assert f"Total FLOPs: {products(true_entries(B, 9, 9, causal=True, lengths=(9, 4))):,}" in p.stdout
     assert "Attention: executed: " in p.stdout and "the attention_mask values" in p.stdout
+
+
+def test_a_graph_mask_for_scores_of_another_size():
+    """Counted over the scores it was evaluated for; over others, by the structure it was recognised as, else all."""
+    kept = np.array([[1, 2, 3]])  # causal over 3 positions
+    causal = graph_masks.GraphMask(kept, 3, flopcount.masks.AttentionMask(causal=True))
+    assert causal.pairs(2, 3, 3).pairs == 2 * (1 + 2 + 3)
+    assert causal.pairs(1, 4, 4).pairs == 4 * 5 // 2
+    assert graph_masks.GraphMask(kept, 3).pairs(1, 4, 4).pairs == 4 * 4
