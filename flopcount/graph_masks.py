@@ -98,8 +98,9 @@ class _Rows:
         empty = hi <= lo
         if not (empty | (lo == 0) | (hi == self.t)).all():
             raise NotStructure("the complement of a band of keys (two intervals in a row)")
-        return _Rows(np.where(empty, 0, np.where(lo == 0, hi, 0)), np.where(empty, self.t, np.where(lo == 0, self.t, lo)),
-                     self.t)
+        new_lo = np.where(empty, 0, np.where(lo == 0, hi, 0))
+        new_hi = np.where(empty, self.t, np.where(lo == 0, self.t, lo))
+        return _Rows(new_lo, new_hi, self.t)
 
 
 @dataclass(frozen=True)
@@ -366,7 +367,8 @@ class _Evaluator:
         except NotStructure as e:
             outs = [e] * len(node.output)
         except (ValueError, TypeError, IndexError, KeyError, ArithmeticError) as e:  # values a kernel would refuse
-            outs = [NotStructure(f"its {node.op_type} node {node.name!r} could not be evaluated ({e})")] * len(node.output)
+            why = NotStructure(f"its {node.op_type} node {node.name!r} could not be evaluated ({e})")
+            outs = [why] * len(node.output)
         self.memo.update(zip(node.output, outs))
 
     def _outputs(self, node: onnx.NodeProto, args: list) -> list:
@@ -634,7 +636,8 @@ def graph_masks(protos, names, nodes: Mapping[str, tuple[str, int]], tensors: Ma
             eager.append(NotStructure(f"its mask could not be evaluated ({e})"))
     operators = {}
     for name, node in zip(names, protos):
-        if node.op_type != "Attention" or node.domain not in ("", "ai.onnx") or len(node.input) < 4 or not node.input[3]:
+        if (node.op_type != "Attention" or node.domain not in ("", "ai.onnx") or len(node.input) < 4
+                or not node.input[3]):
             continue
         q, m = tensors.get(node.input[0]), tensors.get(node.input[3])
         try:

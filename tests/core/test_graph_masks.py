@@ -56,7 +56,8 @@ def range_masked_model(s_q, t, *, causal=True, window=None, padding=False, combi
     inits = [const("zero", 0), const("one", 1), const("two", 2), const("ax0", [0]), const("ax1", [1]),
              const("fzero", 0.0, np.float32), const("low", NEG, np.float32), const("fone", 1.0, np.float32)]
     nodes = [helper.make_node("Shape", ["q"], ["qshape"]), helper.make_node("Shape", ["k"], ["kshape"]),
-             helper.make_node("Gather", ["qshape", "two"], ["sq"]), helper.make_node("Gather", ["kshape", "two"], ["t"]),
+             helper.make_node("Gather", ["qshape", "two"], ["sq"]),
+             helper.make_node("Gather", ["kshape", "two"], ["t"]),
              helper.make_node("Sub", ["t", "sq"], ["past"]),
              helper.make_node("Range", ["zero", "sq", "one"], ["qidx"]),
              helper.make_node("Add", ["qidx", "past"], ["qpos"]),
@@ -180,7 +181,8 @@ def test_keys_kept_apart_in_a_long_sequence_count_full_and_say_so(held):
     nodes = list(m.graph.node)
     at = next(k for k, n in enumerate(nodes) if n.output[0] == "kpos")
     nodes[at] = helper.make_node("Range", ["zero", "t", "one"], ["j"])
-    nodes[at + 1:at + 1] = [helper.make_node("Mod", ["j", "two"], ["odd"]), helper.make_node("Div", ["j", "two"], ["half"]),
+    nodes[at + 1:at + 1] = [helper.make_node("Mod", ["j", "two"], ["odd"]),
+                            helper.make_node("Div", ["j", "two"], ["half"]),
                             helper.make_node("Mul", ["odd", "fifty"], ["base"]),
                             helper.make_node("Add", ["base", "half"], ["kpos"])]
     del m.graph.node[:]
