@@ -104,8 +104,8 @@ def count(
         ``"full"`` counts the whole score matrix, as the graph computes it. ``"executed"`` counts only the
         (query, key) pairs a masked kernel runs, for the masks whose structure the graph shows (the Attention
         operator's ``is_causal`` and windows; a mask built from position ranges, comparisons, a Trilu and the
-        ``input_values`` given, see :mod:`flopcount.graph_masks`); a mask that is data counts full, and ``report.attention``
-        says which. A mask given (a frontend reads it from the model's configuration) is executed-mode with that
+        ``input_values`` given, see :mod:`flopcount.graph_masks`); a mask that is data counts full, and
+        ``report.attention`` says which. A mask given (a frontend reads it from the model's configuration) is executed-mode with that
         structure for the eager attentions, in graph order (see :mod:`flopcount.masks`).
 
     Returns

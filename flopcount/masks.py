@@ -226,8 +226,13 @@ class ExecutedAttention:
             return None
         return self.masks[index] if index < len(self.masks) else self.masks[-1]
 
-    def role(self, name: str) -> tuple[str, int] | None:
-        return self.score_nodes.get(name)
+    def role(self, name: str) -> tuple[str, int | str] | None:
+        """``("scores" | "values", index)`` for an eager product, ``("operator", name)`` for an Attention node with
+        a mask evaluated from its ``attn_mask`` (counts of equal shapes may differ by their masks), else None."""
+        found = self.score_nodes.get(name)
+        if found is None and name in self.operators:
+            return ("operator", name)
+        return found
 
 
 def padding_lengths(values, shape=None) -> tuple[int, ...] | None:

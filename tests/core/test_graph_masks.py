@@ -198,6 +198,17 @@ def test_keys_kept_apart_in_a_long_sequence_count_full_and_say_so(held):
         assert "was not evaluated" in r.attention and "counted full" in r.attention
 
 
+def test_attention_nodes_of_equal_shapes_and_different_masks():
+    """Two Attention nodes on the same Q, K, V: one under the causal mask, one under causal and a window of 3."""
+    s = 9
+    m = range_masked_model(s, s, window=3, operator=True)
+    m.graph.node.append(helper.make_node("Attention", ["q", "k", "v", "causal"], ["y2"]))
+    m.graph.output.append(helper.make_tensor_value_info("y2", TensorProto.FLOAT, None))
+    r = flopcount.count(m, convention="dense", attention="executed")
+    kept = true_entries(B, s, s, causal=True, window=3) + true_entries(B, s, s, causal=True)
+    assert r.total.macs == HEADS * kept * (E + EV)
+
+
 def test_the_report_names_the_mask_found():
     r = flopcount.count(range_masked_model(5, 17, window=3), convention="dense", attention="executed")
     assert r.attention == "executed: causal + sliding window 3, from position comparisons in the graph (1 attentions)"
