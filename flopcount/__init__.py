@@ -30,6 +30,7 @@ docs/architecture.md):
   :mod:`.moe` mixture-of-experts layers (params, active params, capacity)
 * :mod:`.layers` how a stack of identical layers was counted; :mod:`.extension` a count of L layers from counts of
   1 and 2 (``--hf``)
+* :mod:`.graph_masks` the attention masks a graph computes from positions, evaluated for ``--attention executed``
 
 Around it: :mod:`flopcount.operators` (formulas), :mod:`flopcount.frontends`, :mod:`flopcount.models`,
 :mod:`flopcount.measure` (the measuring half), :mod:`flopcount.workloads` and :mod:`flopcount.cli`.

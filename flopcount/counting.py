@@ -26,8 +26,9 @@ from .conventions import Convention, get_convention
 from .cost import ZERO, Bound, Breakdown, Cost
 from .errors import FlopcountError, InvalidGraphError, ShapeError, UnsupportedOperatorError, UsageError
 from .graph import GraphIndex
+from .graph_masks import graph_masks
 from .loading import LoadedModel, copy_field, load
-from .masks import ATTENTION_MODES, executed_attention, values_structure
+from .masks import ATTENTION_MODES, executed_attention, score_products, values_structure
 from .modules import ModuleScopes, scopes_of
 from .parameters import BUFFER, PARAMETER, SHAPE_TYPES, Roles, classify, stored_tensors
 from .registry import DEFAULT_DOMAIN, canonical_domain, lookup, lookup_backward, lookup_shape, straight_through
@@ -102,8 +103,9 @@ def count(
     attention : ``"full"``, ``"executed"``, or an :class:`~flopcount.masks.AttentionMask` (or one per attention)
         ``"full"`` counts the whole score matrix, as the graph computes it. ``"executed"`` counts only the
         (query, key) pairs a masked kernel runs, for the masks whose structure the graph shows (the Attention
-        operator's ``is_causal`` and windows, a Trilu); a mask that is data counts full, and ``report.attention``
-        says which. A mask given (a frontend reads it from the model's configuration) is executed-mode with that
+        operator's ``is_causal`` and windows; a mask built from position ranges, comparisons, a Trilu and the
+        ``input_values`` given, see :mod:`flopcount.graph_masks`); a mask that is data counts full, and
+        ``report.attention`` says which. A mask given (a frontend reads it from the model's configuration) is executed-mode with that
         structure for the eager attentions, in graph order (see :mod:`flopcount.masks`).
 
     Returns
@@ -194,7 +196,11 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
     )
     if attention == "executed":
         padding, segments = values_structure(input_values, res.tensors, where) if given_mask is not None else (None, None)
-        conv = dataclasses.replace(conv, executed=executed_attention(protos, given_mask, names, padding, segments))
+        evaluated = None if given_mask is not None else graph_masks(
+            protos, names, score_products(protos, names), res.tensors, res.values,
+            frozenset(i.name for i in m.graph.input), frozenset(input_values or ()))
+        conv = dataclasses.replace(conv, executed=executed_attention(protos, given_mask, names, padding, segments,
+                                                                     evaluated))
     walk = _Traversal(res.tensors, res.values, conv, opsets, hint, where, loop_trips or {}, attributes_of, training)
     grads = training.grads if training is not None else {}
     node_inputs, node_outputs, node_ops = index.node_inputs, index.node_outputs, index.node_ops

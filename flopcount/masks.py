@@ -21,7 +21,8 @@ Counting is O(S_q) per call, vectorised, with no S_q × T matrix.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import logging
 
@@ -84,29 +85,32 @@ class AttentionMask:
         >>> AttentionMask(causal=True).pairs(2, 2, 7)   # queries at positions 5 and 6: 6 + 7 keys, per sequence
         ExecutedPairs(pairs=26, rows=4)
         """
+        low, high = self.bounds(batch, s_q, t)
+        kept = np.maximum(high - low, 0)
+        return ExecutedPairs(int(kept.sum()), int(np.count_nonzero(kept)))
+
+    def bounds(self, batch: int, s_q: int, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """The keys each query keeps, ``[low, high)`` per sequence and query (two [batch, S_q] arrays; a row that
+        keeps nothing has high ≤ low)."""
         if self.lengths and len(self.lengths) != batch:
             raise ValueError(f"the padding mask gives {len(self.lengths)} lengths for a batch of {batch}")
         if self.segments and sum(self.segments) != t:
             raise ValueError(f"packed segments of {sum(self.segments)} positions over {t} keys")
         p = np.arange(t - s_q, t, dtype=np.int64)  # positions of the queries
         low = np.zeros(s_q, dtype=np.int64)
-        high = np.full(s_q, t - 1, dtype=np.int64)
+        high = np.full(s_q, t, dtype=np.int64)
         if self.causal:
-            high = np.minimum(high, p)
+            high = np.minimum(high, p + 1)
         if self.window is not None:
             low = np.maximum(low, p - self.window + 1)
         if self.segments:
             ends = np.cumsum(np.asarray(self.segments, dtype=np.int64))
             seg = np.searchsorted(ends, p, side="right")
             starts = ends - np.asarray(self.segments, dtype=np.int64)
-            low, high = np.maximum(low, starts[seg]), np.minimum(high, ends[seg] - 1)
-        total = rows = 0
-        for n, times in ([(n, 1) for n in self.lengths] if self.lengths else [(t, batch)]):
-            h = np.minimum(high, n - 1)
-            kept = np.where(p < n, np.maximum(h - low + 1, 0), 0)
-            total += times * int(kept.sum())
-            rows += times * int(np.count_nonzero(kept))
-        return ExecutedPairs(total, rows)
+            low, high = np.maximum(low, starts[seg]), np.minimum(high, ends[seg])
+        n = np.asarray(self.lengths or (t,) * batch, dtype=np.int64)[:, None]
+        high = np.where(p < n, np.minimum(high, n), 0)
+        return np.broadcast_to(low, high.shape).copy(), high
 
 
 #: Ops between the score product and its Softmax (scaling, masking, softcap, casts), and between the Softmax and
@@ -211,14 +215,24 @@ class ExecutedAttention:
     score_nodes: Mapping[str, tuple[str, int]]
     masks: tuple[AttentionMask | None, ...] = ()
     note: str = ""
+    operators: Mapping[str, Any] = field(default_factory=dict)  # Attention node → the mask of its attn_mask
+
+    def operator_mask(self, name: str):
+        """The mask evaluated from the ``attn_mask`` input of the Attention node ``name``, or None."""
+        return self.operators.get(name)
 
     def mask(self, index: int) -> AttentionMask | None:
         if not self.masks:
             return None
         return self.masks[index] if index < len(self.masks) else self.masks[-1]
 
-    def role(self, name: str) -> tuple[str, int] | None:
-        return self.score_nodes.get(name)
+    def role(self, name: str) -> tuple[str, int | str] | None:
+        """``("scores" | "values", index)`` for an eager product, ``("operator", name)`` for an Attention node with
+        a mask evaluated from its ``attn_mask`` (counts of equal shapes may differ by their masks), else None."""
+        found = self.score_nodes.get(name)
+        if found is None and name in self.operators:
+            return ("operator", name)
+        return found
 
 
 def padding_lengths(values, shape=None) -> tuple[int, ...] | None:
@@ -287,11 +301,13 @@ def values_structure(input_values, tensors, where: str = "<model>"):
 
 
 def executed_attention(protos, given=None, names=None, padding: tuple[int, ...] | None = None,
-                       segments: tuple[int, ...] | None = None) -> ExecutedAttention:
+                       segments: tuple[int, ...] | None = None, evaluated=None) -> ExecutedAttention:
     """The :class:`ExecutedAttention` of a graph: ``given`` (an :class:`AttentionMask`, or one per attention in
-    graph order, from the model's configuration) or else the structure the graph shows: a Trilu among the mask's
-    ancestors is causal; a mask that comes from a graph input (``attention_mask``) or from anything else is data,
-    and those attentions count full. The ONNX Attention operator reads its own ``is_causal`` and windows."""
+    graph order, from the model's configuration) or else the structure the graph shows: ``evaluated``, the masks
+    :func:`flopcount.graph_masks.graph_masks` evaluated from the graph (ranges, comparisons, a Trilu, the values of
+    inputs given), where an attention has none of those a Trilu among its mask's ancestors is causal. A mask that
+    reads an input whose values are not given is data: that attention counts full. The ONNX Attention operator reads
+    its own ``is_causal`` and windows."""
     nodes = score_products(protos, names)
     if given is not None:
         masks = (given,) if isinstance(given, AttentionMask) else tuple(given)
@@ -303,30 +319,43 @@ def executed_attention(protos, given=None, names=None, padding: tuple[int, ...] 
                                                          "position_ids values") for m in masks)
         kinds = sorted({m.describe() for m in masks if m is not None})
         return ExecutedAttention(nodes, masks, "; ".join(kinds) or "no structured mask")
+    found, operators = evaluated if evaluated is not None else ([None] * len(nodes), {})
+    if not nodes and not operators:
+        return ExecutedAttention(nodes, (), "no eager attention products in the graph")
     producer = {o: n for n in protos for o in n.output}
     consumers: dict[str, list] = {}
     for n in protos:
         for i in n.input:
             consumers.setdefault(i, []).append(n)
     by_name = {name: n for n, name in zip(protos, names)} if names is not None else {n.name: n for n in protos}
-    masks: list[AttentionMask | None] = []
-    for name, (role, index) in sorted(nodes.items(), key=lambda kv: kv[1][1]):
-        if role != "scores":
+    masks, why = [], []
+    scores = [name for name, (role, _) in sorted(nodes.items(), key=lambda kv: kv[1][1]) if role == "scores"]
+    for name, mask in zip(scores, found):
+        if mask is not None and not isinstance(mask, Exception):
+            masks.append(mask)
             continue
-        softmax_input = _mask_inputs(consumers, by_name[name])
-        if any(_has_trilu(producer, t) for t in softmax_input):
+        if any(_has_trilu(producer, t) for t in _mask_inputs(consumers, by_name[name])):
             masks.append(AttentionMask(causal=True, source="a Trilu in the graph"))
-        else:
-            masks.append(None)
+            continue
+        masks.append(None)
+        data = mask is None or getattr(mask, "data", False)
+        why.append((data, str(mask) if mask is not None else "an attention_mask input or computed values"))
     known = [m for m in masks if m is not None]
-    if not nodes:
-        note = "no eager attention products in the graph"
-    elif len(known) == len(masks):
-        note = f"causal, from a Trilu in the graph ({len(masks)} attentions)"
-    else:
-        note = (f"the mask of {len(masks) - len(known)} of {len(masks)} eager attentions is data, not structure "
-                "(an attention_mask input or computed values): counted full")
-    return ExecutedAttention(nodes, tuple(masks), note)
+    ops_known = [m for m in operators.values() if m is not None and not isinstance(m, Exception)]
+    kinds = sorted({m.describe() for m in known + ops_known})
+    notes = [f"{'; '.join(kinds)} ({len(known) + len(ops_known)} attentions)"] if known or ops_known else []
+    for e in operators.values():
+        if isinstance(e, Exception):
+            why.append((getattr(e, "data", False), str(e)))
+    total = len(masks) + len(operators)
+    for data, what in ((True, "is data, not structure"), (False, "was not evaluated")):
+        reasons = sorted({r for d, r in why if d == data})
+        if reasons:
+            count = sum(d == data for d, _ in why)
+            notes.append(f"the mask of {count} of {total} attentions {what} ({'; '.join(reasons)}): counted full")
+    note = "; ".join(notes) or "the Attention nodes' own attributes"
+    return ExecutedAttention(nodes, tuple(masks), note, {k: v for k, v in operators.items()
+                                                         if v is not None and not isinstance(v, Exception)})
 
 
 def _mask_inputs(consumers, matmul) -> list[str]:

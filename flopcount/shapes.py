@@ -313,6 +313,12 @@ def _guard_depths(graph: onnx.GraphProto) -> list[int] | None:
     kinds = [_guard_kind(n) for n in nodes]
     if not any(slice_like for _, slice_like in kinds) or all(safe for safe, _ in kinds):
         return None
+    if any(n.op_type == "Expand" for n in nodes):
+        dims = _dim_vectors(graph)
+        kinds = [(True, False) if n.op_type == "Expand" and n.domain in ("", "ai.onnx") and len(n.input) > 1
+                 and n.input[1] in dims else k for n, k in zip(nodes, kinds)]
+        if all(safe for safe, _ in kinds):
+            return None
     tainted: dict[str, bool] = {}
     depth_of: dict[str, int] = {}
     depths = []
@@ -330,6 +336,34 @@ def _guard_depths(graph: onnx.GraphProto) -> list[int] | None:
                 tainted[o] = taint or not safe
                 depth_of[o] = depth
     return depths if max(depths, default=0) > 0 else None
+
+
+#: Operators that pass on (some of) the values of their first input unchanged: a vector of dims stays one.
+_SELECTING_OPS = frozenset({"Slice", "Gather", "Concat", "Unsqueeze", "Squeeze", "Reshape", "Identity", "Flatten"})
+
+
+def _dim_vectors(graph: onnx.GraphProto) -> set[str]:
+    """Tensors of ``graph`` whose values are dims of other tensors or non-negative integer constants: the outputs of
+    Shape and Size, non-negative Constant and initializer integers, and what Slice, Gather, Concat, (Un)squeeze,
+    Reshape and Identity select of them. An Expand to such a shape has no negative output dim unless its inputs
+    have one (the dims it reads are checked where those tensors are), so it needs no guard of its own."""
+    found = {t.name for t in graph.initializer if t.data_type in (TensorProto.INT64, TensorProto.INT32)
+             and _has_data(t) and prod(t.dims) <= FOLD_LIMIT and (_array(t) >= 0).all()}
+    for node in graph.node:
+        if node.domain not in ("", "ai.onnx") or not node.output:
+            continue
+        op = node.op_type
+        if op in ("Shape", "Size"):
+            found.add(node.output[0])
+        elif op == "Constant":
+            v = _constant_value(node)
+            if v is not None and v.dtype.kind in "iu" and v.size <= FOLD_LIMIT and (v >= 0).all():
+                found.add(node.output[0])
+        elif op in _SELECTING_OPS:
+            data = node.input if op == "Concat" else node.input[:1]
+            if data and all(x in found for x in data if x):
+                found.add(node.output[0])
+    return found
 
 
 def _guard_needed(index: GraphIndex) -> bool:
@@ -805,9 +839,12 @@ def _unresolved(index: GraphIndex, tensors: Mapping[str, TensorInfo]) -> list[st
     return [name for name in index.producer if (t := get(name)) is None or not t.is_static]
 
 
-def apply_values(model: ModelProto, real_inputs: Sequence[str], input_values: Mapping[str, object], where: str) -> None:
-    """Turn inputs whose values are given (axes, sizes: small tensors that shapes depend on) into
-    initializers of ``model``, in place, so that inference and folding see them as constants."""
+def apply_values(model: ModelProto, real_inputs: Sequence[str], input_values: Mapping[str, object], where: str,
+                 shapes: Mapping[str, Sequence[int]] | None = None) -> None:
+    """Turn inputs whose values are given (axes, sizes, an ``attention_mask``: small tensors) into
+    initializers of ``model``, in place, so that inference and folding see them as constants. A flat list of
+    values (``--input-value attention_mask=1,1,1,0,...``) takes the shape given in ``shapes``, else the input's
+    declared static shape, where the number of values fits it."""
     by_name = {vi.name: vi for vi in model.graph.input}
     for name, value in input_values.items():
         if name not in real_inputs:
@@ -824,6 +861,9 @@ def apply_values(model: ModelProto, real_inputs: Sequence[str], input_values: Ma
             raise UsageError(f"{where}: the value given for input {name!r} does not fit its type ({e})") from None
         if declared is not None and len(declared) == 0 and array.size == 1:
             array = array.reshape(())
+        target = (shapes or {}).get(name) or (declared if declared and all(isinstance(d, int) for d in declared) else None)
+        if array.ndim == 1 and target is not None and len(target) != 1 and prod(target) == array.size:
+            array = array.reshape(tuple(int(d) for d in target))
         if array.size > FOLD_LIMIT:
             raise UsageError(f"{where}: --input-value {name!r} has {array.size} elements; give values only for small "
                              f"shape-like inputs (at most {FOLD_LIMIT}), and shapes for the rest")
@@ -853,7 +893,7 @@ def prepare(
     inputs = real_inputs(model.graph)
     input_shapes = dict(input_shapes or {})
     if input_values:
-        apply_values(model, inputs, input_values, where)
+        apply_values(model, inputs, input_values, where, input_shapes)
         inputs = tuple(n for n in inputs if n not in input_values)
         both = set(input_shapes) & set(input_values)  # a shape given with the value must be the value's
         applied = {t.name: tuple(t.dims) for t in model.graph.initializer if t.name in both}
@@ -1331,7 +1371,15 @@ def _fold_nodes(nodes: Iterable[onnx.NodeProto], tensors: Mapping[str, TensorInf
     return found
 
 
-def _evaluate(node, tensors, values) -> list | None:
+def evaluate_node(node: onnx.NodeProto, tensors: Mapping[str, TensorInfo], values: Mapping[str, np.ndarray],
+                  limit: int = FOLD_LIMIT) -> list | None:
+    """The outputs of ``node`` (a default-domain operator) from the values of its inputs (``values``, by name) and
+    the resolved shapes (``tensors``: what Shape and Size read), or None where an input is not known, the node cannot
+    be evaluated, or an input or output would hold more than ``limit`` elements (told before anything is computed)."""
+    return _evaluate(node, tensors, values, limit)
+
+
+def _evaluate(node, tensors, values, limit: int = FOLD_LIMIT) -> list | None:
     op = node.op_type
     if op in ("Shape", "Size"):
         t = tensors.get(node.input[0])
@@ -1359,11 +1407,11 @@ def _evaluate(node, tensors, values) -> list | None:
             args.append(values[name])
         else:
             return None
-    if any(a is not None and a.size > FOLD_LIMIT for a in args):
+    if any(a is not None and a.size > limit for a in args):
         return None
     fn = _FOLDERS.get(op)
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    if not _fits(node, args, tensors, fn is not None):
+    if not _fits(node, args, tensors, fn is not None, limit):
         return None
     try:
         if fn is not None:
@@ -1380,8 +1428,9 @@ def _evaluate(node, tensors, values) -> list | None:
         return None
 
 
-def _fits(node: onnx.NodeProto, args: list, tensors: Mapping[str, TensorInfo], folder: bool) -> bool:
-    """Whether the outputs of ``node`` on ``args`` hold at most :data:`FOLD_LIMIT` elements, told
+def _fits(node: onnx.NodeProto, args: list, tensors: Mapping[str, TensorInfo], folder: bool,
+          limit: int = FOLD_LIMIT) -> bool:
+    """Whether the outputs of ``node`` on ``args`` hold at most ``limit`` elements, told
     before anything is computed: a hostile constant (``Range(0, 2**40)``, ``Tile`` by 10**9) must
     not make folding allocate. Operators that generate data from values (Range, Expand, Tile,
     ConstantOfShape, windows, Pad, Resize ...) are folded only when their output size is known small;
@@ -1389,26 +1438,26 @@ def _fits(node: onnx.NodeProto, args: list, tensors: Mapping[str, TensorInfo], f
     try:
         op = node.op_type
         if op == "Range":
-            start, limit, delta = (float(np.asarray(a).reshape(-1)[0]) for a in args[:3])
-            return delta != 0 and max(np.ceil((limit - start) / delta), 0) <= FOLD_LIMIT
+            start, stop, delta = (float(np.asarray(a).reshape(-1)[0]) for a in args[:3])
+            return delta != 0 and max(np.ceil((stop - start) / delta), 0) <= limit
         if op in ("Expand", "Tile"):
             x, v = args[0], [int(d) for d in np.asarray(args[1]).reshape(-1)]
             if any(d < 0 for d in v):
                 return False
             if op == "Tile":
-                return prod(d * r for d, r in zip(x.shape, v)) <= FOLD_LIMIT
+                return prod(d * r for d, r in zip(x.shape, v)) <= limit
             rank = max(x.ndim, len(v))
             dims = [1] * (rank - x.ndim) + list(x.shape)
             wanted = [1] * (rank - len(v)) + v
-            return prod(max(d, w) for d, w in zip(dims, wanted)) <= FOLD_LIMIT
+            return prod(max(d, w) for d, w in zip(dims, wanted)) <= limit
         if op == "ConstantOfShape":
             v = [int(d) for d in np.asarray(args[0]).reshape(-1)]
-            return all(d >= 0 for d in v) and prod(v) <= FOLD_LIMIT
+            return all(d >= 0 for d in v) and prod(v) <= limit
     except (TypeError, ValueError, OverflowError, IndexError, AttributeError):
         return False
     outs = [tensors.get(o) for o in node.output if o]
     if outs and all(t is not None and t.is_static for t in outs):
-        return all(0 <= prod(t.shape) <= FOLD_LIMIT for t in outs)
+        return all(0 <= prod(t.shape) <= limit for t in outs)
     return folder or op in _DIM_SAFE_OPS
 
 
@@ -1542,9 +1591,7 @@ def _constant_of_shape(attrs, shape):
     fill = _array(attrs["value"]) if "value" in attrs else np.zeros(1, np.float32)
     if fill is None or fill.size == 0:
         raise ValueError("no inline fill value")
-    dims = [int(d) for d in shape]
-    if prod(dims) > FOLD_LIMIT:
-        raise ValueError("too large to fold")
+    dims = [int(d) for d in shape]  # its size was checked before (_fits)
     return np.full(dims, fill.reshape(-1)[0], dtype=fill.dtype)
 
 

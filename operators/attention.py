@@ -75,6 +75,8 @@ def own_mask(convention: Convention, is_causal: int, left_window_size: int, righ
     the attention at ``index``; None (count full) where neither gives one, or a right window wider than 0
     without ``is_causal`` (keys ahead of the query: not modelled)."""
     given = convention.executed.mask(index or 0) if convention.executed is not None else None
+    if not isinstance(given, AttentionMask):
+        given = None  # a mask evaluated from an eager attention's graph holds that attention's rows only
     causal = bool(is_causal) or right_window_size == 0
     if right_window_size > 0 and not causal:
         return None
@@ -84,6 +86,24 @@ def own_mask(convention: Convention, is_causal: int, left_window_size: int, righ
     return AttentionMask(causal=causal or bool(given and given.causal), window=window or (given and given.window),
                          lengths=given.lengths if given else (), segments=given.segments if given else (),
                          source="the Attention node's attributes")
+
+
+def with_graph_mask(mask: AttentionMask | None, graph) -> AttentionMask | None:
+    """The mask of an Attention node from its attributes (``mask``) and the one evaluated from its ``attn_mask``
+    input (``graph``, a :class:`flopcount.graph_masks.GraphMask`): the graph's alone where the attributes give none;
+    both kept (causal, the narrower window) where the graph's has a known structure; else the attributes' (which
+    keep at least what both keep)."""
+    if graph is None:
+        return mask
+    if mask is None:
+        return graph
+    s = graph.structure
+    if s is None:
+        return mask
+    windows = [w for w in (mask.window, s.window) if w is not None]
+    return AttentionMask(causal=mask.causal or s.causal, window=min(windows) if windows else None,
+                         lengths=s.lengths or mask.lengths, segments=s.segments or mask.segments,
+                         source=f"{mask.source} and {s.source}")
 
 
 def score_product_macs(ctx: NodeContext, macs: int) -> int:
@@ -139,8 +159,9 @@ def attention(
     """
     b, h_q, h_kv, s_q, s_kv, e, e_v = _attention_dims(ctx, q_num_heads, kv_num_heads)
     t = s_kv + (ctx.shape(4)[2] if ctx.has_input(4) else 0)
-    kept = executed_pairs(ctx.convention, b, s_q, t,
-                          own_mask(ctx.convention, is_causal, left_window_size, right_window_size))
+    mask = own_mask(ctx.convention, is_causal, left_window_size, right_window_size)
+    graph = ctx.convention.executed.operator_mask(ctx.name) if ctx.convention.executed is not None else None
+    kept = executed_pairs(ctx.convention, b, s_q, t, with_graph_mask(mask, graph))
     cost = sdpa_cost(ctx.convention, b, h_q, h_kv, s_q, t, e, e_v, kept)
     scores = h_q * kept.pairs
     masked = ctx.has_input(3) or ctx.has_input(6) or is_causal or left_window_size >= 0 or right_window_size >= 0

@@ -504,3 +504,22 @@ def test_external_data_is_never_opened(capsys, tmp_path, monkeypatch, which):
     flops = json.loads(out)["total"]["flops"]
     # weights: 2·2·3·5 = 60; if: Concat of 2x3 and 0x3 is free; the others are free too
     assert flops == {"weights": 60}.get(which, 0)
+
+
+@pytest.mark.parametrize("tail, code, fragments", [
+    pytest.param([6], 0, [], id="expand-to-dims-needs-no-guard"),
+    pytest.param([-6], 5, ["(Expand)", "-6"], id="expand-to-a-negative-constant-is-guarded"),
+])
+def test_expand_before_slice(tmp_path, tail, code, fragments):
+    # An Expand to a shape made of dims (Shape, and non-negative constants) cannot make a negative dim, so the Slice
+    # after it needs no guard; a negative constant in that shape still gets one, and an error, not an abort.
+    nodes = [N("Shape", ["x"], ["sx"]), N("Concat", ["sx", "tail"], ["target"], axis=0),
+             N("Expand", ["one", "target"], ["e"]),
+             N("Slice", ["e", "st", "en", "ax"], ["y"], name="cut")]
+    m = model(nodes, {"x": (2, 3)}, ["y"], [const("tail", tail), const("st", [0]), const("en", [1]), const("ax", [2]),
+                                            helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0])])
+    path = tmp_path / "m.onnx"
+    path.write_bytes(m.SerializeToString())
+    r = subprocess.run([sys.executable, "-m", "flopcount", str(path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == code, r.stderr
+    assert r.stderr.count("\n") == (1 if code else 0) and all(f in r.stderr for f in fragments), r.stderr

@@ -102,10 +102,10 @@ def eager_model(mask_from: str):
               helper.make_tensor_value_info("v", TensorProto.FLOAT, [B, HEADS, S, EV])]
     if mask_from == "trilu":
         inits += [numpy_helper.from_array(np.ones((S, S), dtype=np.float32), "ones"),
-                  numpy_helper.from_array(np.array(-1e9, dtype=np.float32), "big")]
+                  numpy_helper.from_array(np.array(1e9, dtype=np.float32), "big")]
         nodes += [helper.make_node("Trilu", ["ones"], ["lower"], upper=0),
                   helper.make_node("Sub", ["lower", "ones"], ["off"]),  # 0 kept, −1 masked
-                  helper.make_node("Mul", ["off", "big"], ["bias"])]
+                  helper.make_node("Mul", ["off", "big"], ["bias"])]  # 0 kept, −1e9 masked
     else:
         inputs.append(helper.make_tensor_value_info("bias", TensorProto.FLOAT, [S, S]))
     nodes += [helper.make_node("Add", ["ss", "bias"], ["masked"]),
