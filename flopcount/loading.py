@@ -24,6 +24,9 @@ from .registry import DEFAULT_DOMAIN, canonical_domain
 # Tensors up to this many elements keep their data: they are shape vectors, axes, scales, and
 # other small constants that shape resolution may need. Larger ones are weights.
 SMALL_TENSOR_ELEMENTS = 1024
+#: int64 tensors (positions, ranges, indices) keep their values up to this many elements (8 MiB): see
+#: :func:`is_index_tensor`.
+INDEX_TENSOR_ELEMENTS = 1 << 20
 
 _DATA_FIELDS = (
     "raw_data",
@@ -214,7 +217,19 @@ def _is_small(t: TensorProto) -> bool:
     n = 1
     for d in t.dims:
         n *= d
-    return n <= SMALL_TENSOR_ELEMENTS
+    return n <= SMALL_TENSOR_ELEMENTS or is_index_tensor(t)
+
+
+def is_index_tensor(t: TensorProto) -> bool:
+    """Whether ``t`` is an int64 tensor of at most :data:`INDEX_TENSOR_ELEMENTS` elements, whose values are kept:
+    positions, ranges and indices, which attention masks and shapes are computed from. A framework's weights are
+    floating point (int8 or int4 when quantized), never int64, so no weight is read."""
+    if t.data_type != TensorProto.INT64:
+        return False
+    n = 1
+    for d in t.dims:
+        n *= d
+    return n <= INDEX_TENSOR_ELEMENTS
 
 
 def _strip_tensor(t: TensorProto) -> None:

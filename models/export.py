@@ -30,6 +30,7 @@ import onnx
 from onnx import numpy_helper
 
 from flopcount.graph import walk_graphs
+from flopcount.loading import is_index_tensor
 
 if TYPE_CHECKING:
     import torch
@@ -134,7 +135,8 @@ def make_weightless(
     initializer (in the main graph and in subgraphs) of ``size_threshold`` bytes or more loses its data and gets
     ``data_location = EXTERNAL`` with ``location``, ``offset`` and ``length`` entries, laid out one after another
     as if the file existed. ``dims`` and ``data_type`` are kept, so shape inference still sees every tensor.
-    String tensors, which external data cannot hold, stay inline.
+    String tensors, which external data cannot hold, stay inline, and so do int64 tensors of up to 2**20 elements
+    (:func:`flopcount.loading.is_index_tensor`: positions and indices, from which attention masks are computed).
 
     Parameters
     ----------
@@ -169,8 +171,8 @@ def make_weightless(
             if tensor.data_location == onnx.TensorProto.EXTERNAL or tensor.data_type == onnx.TensorProto.STRING:
                 continue
             nbytes = _tensor_nbytes(tensor)
-            if nbytes < size_threshold:
-                continue
+            if nbytes < size_threshold or is_index_tensor(tensor):
+                continue  # small, or positions and indices (int64), whose values a count may read
             for field in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
                 tensor.ClearField(field)
             tensor.data_location = onnx.TensorProto.EXTERNAL

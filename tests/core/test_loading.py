@@ -226,3 +226,23 @@ def test_count_takes_a_model_read_with_its_weights_under_its_path(tmp_path):
     assert len(loaded.model.graph.initializer[0].raw_data) == 4 * CONV_PARAMS  # counting did not strip them
     with pytest.raises(ModelFileError, match="no such file"):
         load_with_weights(tmp_path / "absent.onnx")
+
+
+def test_int64_positions_keep_their_values_and_weights_do_not():
+    """Positions and indices (int64, up to 2**20 elements) keep their values when a model is loaded, so masks built
+    from them can be evaluated; floating-point weights of any size lose theirs."""
+    from flopcount.loading import has_data, load
+
+    positions = numpy_helper.from_array(np.arange(5000, dtype=np.int64), "positions")
+    huge = numpy_helper.from_array(np.zeros((1 << 20) + 1, np.int64), "huge")
+    weight = numpy_helper.from_array(np.ones((2000,), np.float32), "weight")
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["positions"], ["p"], to=TensorProto.FLOAT),
+         helper.make_node("Mul", ["p", "weight"], ["y0"]),
+         helper.make_node("Size", ["huge"], ["n"])], "g", [],
+        [helper.make_tensor_value_info("y0", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("n", TensorProto.INT64, None)],
+        [positions, weight, huge])
+    loaded = {t.name: t for t in load(helper.make_model(graph)).model.graph.initializer}
+    assert has_data(loaded["positions"]) and numpy_helper.to_array(loaded["positions"])[-1] == 4999
+    assert not has_data(loaded["weight"]) and not has_data(loaded["huge"])
