@@ -10,6 +10,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 __all__ = ["RESNET50_ONNX", "RESNET50_STAGES", "const", "direct_backward", "model", "node_backward", "one_node",
@@ -171,3 +172,15 @@ def op_backward(m: onnx.ModelProto, **kw):
     r = flopcount.count(m, mode="train", **kw)
     assert not r.backward_unsupported
     return next(n for n in r.nodes if n.name == "op").backward
+
+
+def make_folder(root, classes=("cat", "dog", "fox"), per_class=6, size=(20, 24)):
+    """An ImageFolder of noise images (half JPEG, half PNG): nothing to learn, so accuracy stays near chance."""
+    Image = pytest.importorskip("PIL.Image")
+    rng = np.random.default_rng(0)
+    for c in classes:
+        os.makedirs(root / c)
+        for i in range(per_class):
+            pixels = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / c / f"{i}.{'png' if i % 2 else 'jpg'}")
+    return root

@@ -155,35 +155,53 @@ def mllog_fields(cfg: Config) -> dict[str, int]:
     return {"train_samples": len(folder.train), "eval_samples": len(folder.eval)}
 
 
-def accuracy(model, x, y, batch: int = 64) -> float:
+def probabilities(model, x, batch: int = 64):
+    """Class probabilities of ``model`` (put back in training mode after) on every row of ``x``."""
     torch = torch_or_error()
     model.eval()
-    correct = 0
     with torch.no_grad():
-        for i in range(0, len(x), batch):
-            correct += (model(x[i:i + batch]).argmax(1) == y[i:i + batch]).sum().item()
+        probs = torch.cat([torch.softmax(model(x[i:i + batch]).float(), dim=1) for i in range(0, len(x), batch)])
     model.train()
-    return correct / len(x)
+    return probs
+
+
+def accuracy(model, x, y, batch: int = 64) -> float:
+    return (probabilities(model, x, batch).argmax(1) == y).float().mean().item()
 
 
 def train(cfg: Config, report, run: int = 0, listeners: list[Callable] | None = None, show_progress: bool = True,
           meter_kw=None, parallel=None):
-    """Train once (seed ``cfg.seed + run``) under a meter, evaluating after every epoch; return the meter."""
-    if parallel is not None:
-        raise UsageError("--data trains on one rank; run it without torchrun/srun (or use flopcount.Meter in your "
-                         "own data-parallel loop)")
+    """Train once (seed ``cfg.seed + run``) under a meter, evaluating after every epoch; return the meter.
+
+    ``parallel`` (:class:`flopcount.measure.distributed.DataParallel`, under torchrun or srun) trains
+    data-parallel: DDP over the ranks, each rank a shard of each epoch's order, the same model on every rank, whose
+    accuracy on the evaluation split decides when to stop."""
     torch = torch_or_error()
     device = torch_device(cfg)
     folder = scan(cfg.data)
     xtr, ytr = (t.to(device) for t in load(folder.train, tuple(cfg.image_size)))
     xev, yev = (t.to(device) for t in load(folder.eval, tuple(cfg.image_size)))
     seed_everything(cfg.seed + run)
-    model = build_model(cfg, len(folder.classes)).to(device).train()
+    if parallel is not None:
+        torch.manual_seed(parallel.seed(cfg.seed + run))
+    net = build_model(cfg, len(folder.classes)).to(device).train()
+    model = parallel.wrap(net) if parallel is not None else net
     opt = optimizer(cfg, model.parameters())
     loss_fn = torch.nn.CrossEntropyLoss()
     meter = make_meter(cfg, report, listeners, **(meter_kw or {}))
     gen = torch.Generator().manual_seed(cfg.seed + run)
+    if parallel is not None:
+        meter.communication, meter.ensemble = parallel.counter, parallel
+        order = parallel.sampler(len(xtr), cfg.seed + run)
+    else:
+        order = lambda epoch: torch.randperm(len(xtr), generator=gen)  # noqa: E731
+
+    def evaluate() -> float:
+        if parallel is None:
+            return accuracy(net, xev, yev)
+        return parallel.evaluate(probabilities(net, xev), yev)[1]
+
     bar = progress(-(-len(xtr) // cfg.batch_size) * cfg.max_epochs, f"image_classification run {run}", show_progress)
-    train_epochs(cfg, meter, model, opt, loss_fn, xtr, ytr, lambda epoch: torch.randperm(len(xtr), generator=gen),
-                 lambda: accuracy(model, xev, yev), bar)
+    train_epochs(cfg, meter, model, opt, loss_fn, xtr, ytr, order, evaluate, bar)
+    meter.model = net
     return meter

@@ -341,6 +341,37 @@ def test_every_rank_divides_by_the_peak_rank_0_measured(tmp_path):
 
 
 @pytest.mark.slow
+def test_data_parallel_imagefolder_on_gloo_ranks(tmp_path):
+    """``bench image_classification --data DIR`` on 2 gloo ranks: each rank a shard of every epoch of the folder's
+    training split, DDP all-reducing ResNet-50's gradients."""
+    from helpers import make_folder
+
+    from flopcount.models.resnet import resnet50
+
+    data = make_folder(tmp_path / "data")  # 3 classes of 6: 1 of each held out, 15 to train
+    out = tmp_path / "r.json"
+    _launch(_bench_rank_on_noise, 2, (["bench", "image_classification", "--data", str(data), "--image-size", "32x32",
+                              "--batch-size", "4", "--epochs", "2", "--warmup-steps", "1", "--window-steps", "1",
+                              "--peak-flops", "1e9", "--no-progress", "-o", str(out)],))
+    doc = json.loads(out.read_text())
+    run = doc["runs"][0]
+    assert doc["system"]["ranks"] == 2 and doc["system"]["interconnect"]["backend"] == "gloo"
+    assert [r["samples"] for r in run["per_rank"]] == [run["epochs"] * math.ceil(15 / 2)] * 2
+    assert run["samples"] == 2 * run["epochs"] * math.ceil(15 / 2)
+    comm = run["communication"]
+    params = sum(p.numel() for p in resnet50(num_classes=3).parameters())
+    assert comm["ranks"] == 2 and comm["bytes_per_step"] == 4 * params  # fp32 gradients, all-reduced every step
+    assert comm["hooked_steps"] == run["steps"]
+    assert run["epochs"] == 2 and run["time_to_quality_s"] is None  # noise: the target is not reached
+
+
+def _bench_rank_on_noise(rank: int, argv: list[str]) -> int:
+    """A rank of a bench on noise images: exit 10 (the target not reached) is the expected end."""
+    code = _bench_rank(rank, argv)
+    return 0 if code == 10 else code or 99
+
+
+@pytest.mark.slow
 def test_torchrun_launches_the_bench(tmp_path):
     """The launcher itself: ``torchrun --nproc_per_node=2 -m flopcount bench digits --ensemble 2`` (M=2, P=1)."""
     out = tmp_path / "t.json"

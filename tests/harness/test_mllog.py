@@ -10,22 +10,10 @@ import sys
 import pytest
 
 from flopcount.cli import main
+from helpers import make_folder
 from flopcount.errors import UsageError
 
 torch = pytest.importorskip("torch")
-
-
-def make_folder(root, classes=("cat", "dog", "fox"), per_class=6, size=(20, 24)):
-    """An ImageFolder of noise images (half JPEG, half PNG): nothing to learn, so accuracy stays near chance."""
-    np = pytest.importorskip("numpy")
-    Image = pytest.importorskip("PIL.Image")
-    rng = np.random.default_rng(0)
-    for c in classes:
-        os.makedirs(root / c)
-        for i in range(per_class):
-            pixels = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
-            Image.fromarray(pixels).save(root / c / f"{i}.{'png' if i % 2 else 'jpg'}")
-    return root
 
 
 def records(path):
