@@ -173,21 +173,27 @@ def attention(
 
 
 @backward("Attention")
-def attention_backward(ctx: NodeContext, *, q_num_heads: int | None = None, kv_num_heads: int | None = None, **_) -> Cost:
+def attention_backward(ctx: NodeContext, *, q_num_heads: int | None = None, kv_num_heads: int | None = None,
+                       is_causal: int = 0, left_window_size: int = -1, right_window_size: int = -1, **_) -> Cost:
     """dP = dO·Vᵀ and dV = Pᵀ·dO: R·T·E_v MACs each; dS through the softmax: R·(4T − 1); dQ = dS·K
     and dK = dSᵀ·Q: R·T·E MACs each; only for the inputs that need a gradient (dP and dS when Q or
     K does). With all three: twice the forward products. The scaling is applied to dQ and dK
-    (R·E + B·H_kv·T·E). The forward's mask, softcap and cache need nothing more here.
+    (R·E + B·H_kv·T·E). The forward's mask, softcap and cache need nothing more here. Under
+    ``--attention executed`` a masked kernel's backward runs the pairs its forward kept: R·T becomes the kept
+    pairs and R the rows that keep any.
     """
     b, h_q, h_kv, s_q, s_kv, e, e_v = _attention_dims(ctx, q_num_heads, kv_num_heads)
     t = s_kv + (ctx.shape(4)[2] if ctx.has_input(4) else 0)
-    rows = b * h_q * s_q
+    mask = own_mask(ctx.convention, is_causal, left_window_size, right_window_size)
+    graph = ctx.convention.executed.operator_mask(ctx.name) if ctx.convention.executed is not None else None
+    kept = executed_pairs(ctx.convention, b, s_q, t, with_graph_mask(mask, graph))
+    pairs, rows = h_q * kept.pairs, h_q * kept.rows
     q, k, v = ctx.needs_grad(0), ctx.needs_grad(1), ctx.needs_grad(2)
-    macs = rows * t * e_v * v
+    macs = pairs * e_v * v
     flops = 0
     if q or k:
-        macs += rows * t * e_v + rows * t * e * (q + k)
-        flops += rows * (4 * t - 1) + rows * e * q + b * h_kv * t * e * k
+        macs += pairs * e_v + pairs * e * (q + k)
+        flops += 4 * pairs - rows + h_q * b * s_q * e * q + b * h_kv * t * e * k
     return Cost(flops=ctx.convention.fc_flops_per_mac * macs + flops, macs=macs)
 
 

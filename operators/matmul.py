@@ -45,9 +45,10 @@ def gemm(ctx: NodeContext, *, transA: int = 0, alpha: float = 1.0, beta: float =
 def matmul_backward(ctx: NodeContext, **_) -> Cost:
     """dA = dY·Bᵀ and dB = Aᵀ·dY: |Y|·K MACs each, for each operand that needs a gradient.
 
-    Summing dB over broadcast batch dims is part of those accumulations.
+    Summing dB over broadcast batch dims is part of those accumulations. Under ``--attention executed`` the
+    gradients of eager attention's Q·Kᵀ and probs·V run over the pairs the forward kept, as a masked kernel's do.
     """
-    macs = ctx.out_numel() * ctx.shape(0)[-1] * (ctx.needs_grad(0) + ctx.needs_grad(1))
+    macs = score_product_macs(ctx, ctx.out_numel() * ctx.shape(0)[-1]) * (ctx.needs_grad(0) + ctx.needs_grad(1))
     return Cost(flops=ctx.convention.fc_flops_per_mac * macs, macs=macs)
 
 

@@ -138,3 +138,16 @@ def test_a_mask_given_for_the_eager_products():
 def test_unknown_attention_mode():
     with pytest.raises(flopcount.UsageError, match="choose one of: full, executed"):
         flopcount.count(eager_model("input"), attention="flash")
+
+
+@pytest.mark.parametrize("kind", ["attention", "eager"])
+def test_executed_backward_runs_the_kept_pairs(kind):
+    """Training: a masked kernel's backward runs the pairs its forward kept: dQ, dK (E per pair) and dP, dV (E_v
+    per pair), twice the forward's products under --attention executed as under full."""
+    model = attention_model(is_causal=1) if kind == "attention" else eager_model("trilu")
+    kw = dict(convention="dense", mode="train", trainable_inputs=["q", "k", "v"])
+    full = flopcount.count(model, **kw)
+    executed = flopcount.count(model, attention="executed", **kw)
+    kept = brute_force(B, S, S, causal=True).pairs
+    assert full.backward.flops == 2 * 2 * B * HEADS * S * S * (E + EV)
+    assert executed.backward.flops == 2 * 2 * HEADS * kept * (E + EV)

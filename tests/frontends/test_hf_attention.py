@@ -115,3 +115,13 @@ def test_packed_sequences_from_position_id_resets():
     kept = sum(window_pairs(n, None) for n in (3, 2, 3))  # 6 + 3 + 6
     assert r.total.flops == products_outside_attention(8) + LAYERS * 2 * 2 * kept * H
     assert "packed sequences (3, 2, 3)" in r.attention
+
+
+def test_training_backward_runs_the_causal_pairs():
+    s = 9
+    kw = dict(convention="dense", cache_dir=False, mode="train")
+    full = flopcount.from_hf(llama(), (1, s), **kw)
+    executed = flopcount.from_hf(llama(), (1, s), attention="executed", **kw)
+    saved = LAYERS * 2 * 2 * (s * s - s * (s + 1) // 2) * H  # Q·Kᵀ and probs·V over the masked pairs
+    assert full.forward.flops - executed.forward.flops == saved
+    assert full.backward.flops - executed.backward.flops == 2 * saved  # two gradient products per product
