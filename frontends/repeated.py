@@ -157,6 +157,7 @@ def _config_fields(config, per_layer: tuple[str, ...]) -> dict[str, Any]:
     """The configuration's fields, less the layer count and with each per-layer list as its one value."""
     fields = config.to_dict()
     fields.pop("num_hidden_layers", None)
+    fields.pop(getattr(config, "attribute_map", {}).get("num_hidden_layers"), None)  # GPT-2's n_layer
     for name in per_layer:
         value = fields.get(name)
         if isinstance(value, (list, tuple)) and value:

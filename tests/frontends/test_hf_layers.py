@@ -170,3 +170,15 @@ def test_cli_generate_takes_repeated_layers(tmp_path):
                                       check=True).stdout) for how in ("extend", "export")]
     assert [d["layers"]["method"] for d in docs] == ["extended", "exported"]
     assert docs[0]["generation"]["total"] == docs[1]["generation"]["total"]
+
+
+@pytest.mark.parametrize("name", ["gpt2", "bert"])
+def test_other_stacks_are_extended(name):
+    """GPT-2 (its layer count is n_layer, its stack transformer.h) and a BERT encoder (encoder.layer)."""
+    config = (transformers.GPT2Config(n_layer=3, n_embd=H, n_head=HEADS, vocab_size=VOCAB) if name == "gpt2" else
+              transformers.BertConfig(hidden_size=H, intermediate_size=FFN, num_hidden_layers=3,
+                                      num_attention_heads=HEADS, vocab_size=VOCAB))
+    extended, exported = both(config, (1, 6), mode="train")
+    assert extended.layers.method == EXTENDED
+    assert extended.layers.path == {"gpt2": "transformer.h", "bert": "encoder.layer"}[name]  # BertModel
+    assert figures(extended) == figures(exported)
