@@ -20,21 +20,29 @@ def command_logging(verbose: int) -> Iterator[None]:
     """While a command runs, flopcount's own loggers (the ``flopcount`` hierarchy) write ``flopcount: LEVEL:
     message`` lines to stderr, at WARNING, INFO (``-v``) or DEBUG (``-vv``), and do not propagate. The root logger is
     left alone: other libraries' records (transformers', torchao's, TensorFlow's) are theirs, never labelled as
-    flopcount's, and ``-vv`` does not turn on their debug output. Everything is put back afterwards, so that
-    :func:`flopcount.cli.main` called from Python leaves the process's logging as it found it."""
+    flopcount's, and ``-vv`` does not turn on their debug output. Where nobody configured a handler for them, their
+    warnings (torchao's "Failed to load ..." when transformers imports it) would reach Python's last-resort handler
+    and stand beside a command's one-line error: they are shown with ``-v``, named by their logger, and held back
+    otherwise. Everything is put back afterwards, so that :func:`flopcount.cli.main` called from Python leaves the
+    process's logging as it found it."""
     logger = logging.getLogger("flopcount")
     handler = logging.StreamHandler(sys.stderr)  # the stderr of this call (a test's capture included)
     handler.setFormatter(logging.Formatter("flopcount: %(levelname)s: %(message)s"))
-    saved = logger.level, logger.propagate
+    others = logging.StreamHandler(sys.stderr)
+    others.setFormatter(logging.Formatter("%(name)s: %(levelname)s: %(message)s"))
+    others.setLevel(logging.WARNING if verbose else logging.CRITICAL + 1)
+    saved = logger.level, logger.propagate, logging.lastResort
     logger.setLevel((logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)])
     logger.propagate = False
     logger.addHandler(handler)
+    logging.lastResort = others
     try:
         yield
     finally:
         logger.removeHandler(handler)
         logger.setLevel(saved[0])  # (setLevel, not assignment: it clears the loggers' cached levels)
         logger.propagate = saved[1]
+        logging.lastResort = saved[2]
 
 
 def run_guarded(action, verbose: int) -> int:
