@@ -409,15 +409,29 @@ def build_model(config, *, trust_remote_code: bool = False):
 
         config = copy.deepcopy(config)
         config._experts_implementation = EXPERTS_IMPLEMENTATION
-    cls = model_class(config, trust_remote_code=trust_remote_code)
     kwargs = {"trust_remote_code": True} if trust_remote_code else {}
     try:
-        with torch.device("meta"):
-            model = cls.from_config(config, **kwargs) if hasattr(cls, "from_config") else cls._from_config(config)
+        with _quiet_imports():
+            cls = model_class(config, trust_remote_code=trust_remote_code)
+            with torch.device("meta"):
+                model = cls.from_config(config, **kwargs) if hasattr(cls, "from_config") else cls._from_config(config)
     except ValueError as e:
         raise ConfigError(f"{config.model_type}: transformers cannot build a model of this configuration: "
                           f"{first_line(e)}") from None
     return model.eval()
+
+
+#: Loggers of the libraries that importing a transformers model class imports (transformers' quantizer integrations
+#: import torchao where it is installed, which warns of kernels it cannot load and of torch registrations).
+_IMPORT_LOGGERS = ("transformers", "torch", "torchao")
+
+
+def _quiet_imports():
+    """Keep what the modelling code's imports warn (log records, Python warnings) out of the user's output; it goes
+    to flopcount's DEBUG log instead (``-vv``)."""
+    from .common import quiet
+
+    return quiet(_IMPORT_LOGGERS, log, fds=(), level=logging.ERROR)
 
 
 def hf_inputs(model, input_shapes) -> dict[str, Any]:
