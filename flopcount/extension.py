@@ -1,4 +1,5 @@
-"""A model of L identical layers counted from exports of 1 and 2 of them: the count of L layers, extended exactly.
+"""A model of L identical layers counted from exports of 1 and 2 of them: the count of L layers, extended exactly
+(and, likewise, a stack that repeats a block of p layers after its first a: from a + p and a + 2p layers).
 
 Exporting a large language model is the slow part of counting it (Llama-3-8B's 32 layers take tens of seconds to
 trace), while its layers are copies of one another. When the frontend has shown that every layer of the stack is
@@ -37,25 +38,34 @@ class NotExtendable(Exception):
     """The 1- and 2-layer counts do not show what one more layer adds; the message says why."""
 
 
-def extend(one: Report, two: Report, layers: int, path: str) -> Report:
-    """The report of ``layers`` layers from the reports of 1 (``one``) and 2 (``two``) layers of the stack at
-    ``path``, or :class:`NotExtendable` with the reason."""
-    if layers < 2:
-        raise NotExtendable(f"{layers} layer(s): nothing to extend")
-    k = layers - 2  # copies of the second layer to add to the 2-layer graph
+def extend(one: Report, two: Report, layers: int, path: str, *, first: int = 0, period: int = 1) -> Report:
+    """The report of ``layers`` layers of the stack at ``path`` from the reports of its first ``first + period``
+    (``one``) and ``first + 2·period`` layers (``two``), where after ``first`` layers the stack repeats a block of
+    ``period`` layers (1 and 0: identical layers); or :class:`NotExtendable` with the reason."""
+    blocks, rest = divmod(layers - first, period)
+    if blocks < 2 or rest or first < 0:
+        raise NotExtendable(f"{layers} layers are not {first} and whole blocks of {period}: nothing to extend")
+    k = blocks - 2  # copies of the second block to add to the smaller graph
     step = _Step.between(one, two)
-    second = f"{path}.1"
+    second = [f"{path}.{i}" for i in range(first + period, first + 2 * period)]
     scopes = two.modules.nodes
     if len(scopes) != len(two.nodes) or two.modules.missing:
-        raise NotExtendable("the 2-layer graph has no module scopes to find its second layer's nodes in")
-    inside = [i for i, scope in enumerate(scopes) if _within(scope, second)]
+        raise NotExtendable("the smaller graphs have no module scopes to find their layers in")
+    inside = [i for i, scope in enumerate(scopes) if any(_within(scope, m) for m in second)]
     if not inside:
-        raise NotExtendable(f"the 2-layer graph has no node in {second}")
-    inside = sorted(inside + _added_outside(one, two, path))
-    layer_nodes = [two.nodes[i] for i in inside]
-    found = _Step.of(layer_nodes, _params_under(two.modules.params, second))
+        raise NotExtendable(f"the {first + 2 * period}-layer graph has no node in {second[0]}")
+    inside = sorted(inside + _added_outside(one, two, path, first + period, first + 2 * period))
+    found = _Step.of([two.nodes[i] for i in inside], sum(_params_under(two.modules.params, m) for m in second))
     if found != step:
-        raise NotExtendable(f"the nodes of {second} are not what the second layer adds ({step.difference(found)})")
+        raise NotExtendable(f"the nodes of {', '.join(second)} are not what that block adds "
+                            f"({step.difference(found)})")
+
+    def moved(name: str, t: int) -> str:  # a name in the second block, in block 1 + t
+        for i in range(first + period, first + 2 * period):
+            renamed = _renamed(name, f"{path}.{i}", f"{path}.{i + t * period}")
+            if renamed != name:
+                return renamed
+        return name
 
     nodes: list[NodeCount] = []
     node_scopes: list[tuple[str, ...]] = []
@@ -64,16 +74,16 @@ def extend(one: Report, two: Report, layers: int, path: str) -> Report:
         nodes.append(node)
         node_scopes.append(scope)
         if i == last:
-            for layer in range(2, layers):
+            for t in range(1, k + 1):
                 for j in inside:
-                    nodes.append(two.nodes[j]._replace(name=f"{two.nodes[j].name}@{path}.{layer}"))
-                    node_scopes.append(tuple(_renamed(s, second, f"{path}.{layer}") for s in scopes[j]))
+                    where = next((moved(m, t) for m in second if _within(scopes[j], m)),
+                                 f"{path}.{first + (t + 1) * period}")
+                    nodes.append(two.nodes[j]._replace(name=f"{two.nodes[j].name}@{where}"))
+                    node_scopes.append(tuple(moved(s, t) for s in scopes[j]))
     nodes = [n._replace(index=i) for i, n in enumerate(nodes)]
     params = dict(two.modules.params)
-    for layer in range(2, layers):
-        params.update({_renamed(m, second, f"{path}.{layer}"): v for m, v in two.modules.params.items()
-                       if _within((m,), second)})
-    summaries = op_type_summaries(nodes)
+    for t in range(1, k + 1):
+        params.update({moved(m, t): v for m, v in two.modules.params.items() if any(_within((m,), b) for b in second)})
     report = dataclasses.replace(
         two,
         forward=_affine(one.forward, two.forward, k),
@@ -82,7 +92,7 @@ def extend(one: Report, two: Report, layers: int, path: str) -> Report:
         buffers=_affine_int(one.buffers, two.buffers, k),
         trainable_params=_affine_int(one.trainable_params, two.trainable_params, k),
         nodes=tuple(nodes),
-        by_op_type=summaries,
+        by_op_type=op_type_summaries(nodes),
         unsupported=MappingProxyType(_affine_counts(one.unsupported, two.unsupported, k)),
         backward_unsupported=MappingProxyType(_affine_counts(one.backward_unsupported, two.backward_unsupported, k)),
         optimizer=None if two.optimizer is None else (two.optimizer[0], _affine(one.optimizer[1], two.optimizer[1], k)),
@@ -91,26 +101,28 @@ def extend(one: Report, two: Report, layers: int, path: str) -> Report:
     )
     _check_consistent(report)
     if one.generation is not None and two.generation is not None:
-        generation = extend_generation(one.generation, two.generation, layers)
+        generation = extend_generation(one.generation, two.generation, k, layers)
         if generation.prefill != report.forward:
             raise NotExtendable("the extended prefill is not the extended report's forward pass")
         report = dataclasses.replace(report, generation=generation)
     return report
 
 
-def _added_outside(one: Report, two: Report, path: str) -> list[int]:
-    """The nodes of ``two`` outside its layers that ``one`` has no counterpart for outside its layer (an exporter
-    may leave a layer's node without a scope, such as a split of a stacked weight): they come with each layer.
-    A counterpart has the same operator, costs and scope."""
-    first, second = f"{path}.0", f"{path}.1"
+def _added_outside(one: Report, two: Report, path: str, small: int, large: int) -> list[int]:
+    """The nodes of ``two`` (``large`` layers) outside its layers that ``one`` (``small`` layers) has no
+    counterpart for outside its layers (an exporter may leave a layer's node without a scope, such as a split of a
+    stacked weight): they come with each block. A counterpart has the same operator, costs and scope."""
 
     def signature(node: NodeCount, scope: tuple[str, ...]) -> tuple:
         return node.domain, node.op_type, node.cost, node.backward, scope
 
-    available = Counter(signature(n, sc) for n, sc in zip(one.nodes, one.modules.nodes) if not _within(sc, first))
+    def outside(scope, n: int) -> bool:
+        return not any(_within(scope, f"{path}.{i}") for i in range(n))
+
+    available = Counter(signature(n, sc) for n, sc in zip(one.nodes, one.modules.nodes) if outside(sc, small))
     added = []
     for i, (n, sc) in enumerate(zip(two.nodes, two.modules.nodes)):
-        if _within(sc, first) or _within(sc, second):
+        if not outside(sc, large):
             continue
         key = signature(n, sc)
         if available[key]:
@@ -118,14 +130,15 @@ def _added_outside(one: Report, two: Report, path: str) -> list[int]:
         else:
             added.append(i)
     if +available:
-        raise NotExtendable("the 2-layer graph lacks nodes the 1-layer graph has outside its layer")
+        raise NotExtendable("the larger graph lacks nodes the smaller one has outside its layers")
     return added
 
 
-def extend_generation(one: Generation, two: Generation, layers: int) -> Generation:
-    """The :class:`flopcount.generation.Generation` of ``layers`` layers from those of 1 and 2 layers: the prefill,
-    each decode piece's constant and per-position cost, and the KV cache's bytes, each affine in the layers."""
-    k = layers - 2
+def extend_generation(one: Generation, two: Generation, copies: int, layers: int) -> Generation:
+    """The :class:`flopcount.generation.Generation` of a stack with ``copies`` more blocks than ``two``, from those of
+    one and two blocks (``layers`` in all): the prefill, each decode piece's constant and per-position cost, and
+    the KV cache's bytes, each affine in the blocks."""
+    k = copies
     if (one.batch, one.prompt_tokens, one.new_tokens) != (two.batch, two.prompt_tokens, two.new_tokens):
         raise NotExtendable("the 1- and 2-layer generations are of different runs")
     if [(p.first, p.last) for p in one.pieces] != [(p.first, p.last) for p in two.pieces]:
@@ -140,7 +153,7 @@ def extend_generation(one: Generation, two: Generation, layers: int) -> Generati
         raise NotExtendable("the prefill costs less with 2 layers than with 1")
     cache = _affine_counts(one.kv_cache_bytes, two.kv_cache_bytes, k)
     return Generation(two.batch, two.prompt_tokens, two.new_tokens, _affine(one.prefill, two.prefill, k),
-                      tuple(pieces), cache, f"{two.method}; for 1 and 2 layers, extended to {layers}")
+                      tuple(pieces), cache, f"{two.method}; on the smaller models, extended to {layers} layers")
 
 
 @dataclass(frozen=True)

@@ -135,7 +135,7 @@ def _count_stack(model, count, repeated_layers: str, trust_remote_code: bool):
         stack = stack.exported("--repeated-layers export: the whole model exported")
     if isinstance(stack, LayerStack):
         counts = []
-        for layers in (1, 2):
+        for layers in stack.sizes:
             small = build_model(stack.config_of(model.config, layers), trust_remote_code=trust_remote_code)
             reason = stack.compare(small, layers)
             if reason is not None:
@@ -146,15 +146,15 @@ def _count_stack(model, count, repeated_layers: str, trust_remote_code: bool):
         (one, r1), (two, r2) = counts
         p1, p2, p = (sum(x.numel() for x in m.parameters()) for m in (one, two, model))
         try:
-            if p != p1 + (stack.layers - 1) * (p2 - p1):
-                raise NotExtendable(f"its {p:,} parameters are not those of 1 layer and {stack.layers - 1} more")
-            report = extend(r1, r2, stack.layers, stack.path)
+            if p != p1 + (stack.blocks - 1) * (p2 - p1):
+                raise NotExtendable(f"its {p:,} parameters are not those of {stack.sizes[0]} layers and "
+                                    f"{stack.blocks - 1} more blocks")
+            report = extend(r1, r2, stack.layers, stack.path, first=stack.first, period=stack.period)
         except NotExtendable as e:
             stack = stack.exported(str(e))
         else:
-            return dataclasses.replace(report, layers=RepeatedLayers(
-                stack.path, stack.layers, EXTENDED,
-                f"{stack.layers} identical layers: counted from exports of 1 and 2 layers, extended exactly"))
+            return dataclasses.replace(report, layers=RepeatedLayers(stack.path, stack.layers, EXTENDED,
+                                                                     stack.summary()))
     log.info("%s: the whole model exported: %s", FRONTEND, stack.reason)
     return dataclasses.replace(count(model), layers=stack if stack.path or stack.layers else None)
 

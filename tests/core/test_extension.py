@@ -13,15 +13,17 @@ from flopcount.extension import NotExtendable, extend
 B, D, C = 3, 8, 5
 
 
-def stack(layers: int, *, first_extra: bool = False, unscoped: bool = False) -> onnx.ModelProto:
+def stack(layers: int, *, first_extra: bool = False, unscoped: bool = False, kinds: str = "") -> onnx.ModelProto:
     """x → L × (MatMul by layers.k.fc.weight, Relu) → head; node names carry the module paths. ``first_extra``:
-    layer 0 scales its output when more layers follow; ``unscoped``: each layer adds a node outside any module."""
+    layer 0 scales its output when more layers follow; ``unscoped``: each layer adds a node outside any module;
+    ``kinds``: layer k's activation is Relu, or Sigmoid where ``kinds[k]`` is "s" (a layer of another kind)."""
     nodes, inits, h = [], [], "x"
     for k in range(layers):
         w = f"layers.{k}.fc.weight"
         inits.append(helper.make_tensor(w, TensorProto.FLOAT, [D, D], [0.0] * D * D))
+        act = "Sigmoid" if kinds[k:k + 1] == "s" else "Relu"
         nodes += [helper.make_node("MatMul", [h, w], [f"m{k}"], name=f"/layers.{k}/fc/MatMul"),
-                  helper.make_node("Relu", [f"m{k}"], [f"r{k}"], name=f"/layers.{k}/act/Relu")]
+                  helper.make_node(act, [f"m{k}"], [f"r{k}"], name=f"/layers.{k}/act/{act}")]
         h = f"r{k}"
         if unscoped:
             nodes.append(helper.make_node("Neg", [h], [f"n{k}"], name=f"Neg_{k}"))
@@ -60,7 +62,7 @@ def test_extension_equals_the_full_count(mode, unscoped):
 
 def test_a_first_layer_that_changes_is_not_extended():
     one, two = flopcount.count(stack(1)), flopcount.count(stack(2, first_extra=True))
-    with pytest.raises(NotExtendable, match="not what the second layer adds"):
+    with pytest.raises(NotExtendable, match="layers.1 are not what that block adds"):
         extend(one, two, 4, "layers")
 
 
@@ -73,3 +75,20 @@ def test_a_graph_without_scopes_is_not_extended():
 
     with pytest.raises(NotExtendable, match="no module scopes"):
         extend(flopcount.count(plain(1)), flopcount.count(plain(2)), 3, "layers")
+
+
+@pytest.mark.parametrize("kinds, first, period", [
+    pytest.param("srsrsrsr", 0, 2, id="a-block-of-2"),
+    pytest.param("ssrrrrr", 2, 1, id="2-first-then-identical"),
+    pytest.param("srrsrrsrr", 0, 3, id="a-block-of-3"),
+])
+def test_a_repeated_block_after_the_first_layers(kinds, first, period):
+    layers = len(kinds)
+    small, large = (flopcount.count(stack(n, kinds=kinds[:n]), mode="train") for n in (first + period,
+                                                                                        first + 2 * period))
+    extended = extend(small, large, layers, "layers", first=first, period=period)
+    assert figures(extended) == figures(flopcount.count(stack(layers, kinds=kinds), mode="train"))
+    sigmoids = kinds.count("s")
+    assert extended.by_op_type["Sigmoid"].nodes == sigmoids and extended.by_op_type["Relu"].nodes == layers - sigmoids
+    assert [m.module for m in extended.by_module(1) if m.module.startswith("layers.")] == [
+        f"layers.{k}" for k in range(layers)]

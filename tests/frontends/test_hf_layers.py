@@ -95,26 +95,55 @@ def test_executed_sliding_attention_is_extended():
     assert extended.forward.flops == 3 * per_layer + 2 * 9 * H * VOCAB
 
 
-def test_layers_of_different_kinds_are_exported_whole():
-    # Qwen2 with sliding windows on the layers from max_window_layers on: layer_types differ between layers
+def test_layers_of_kinds_that_do_not_repeat_are_exported_whole():
+    # Qwen2 with sliding windows on the layers from max_window_layers on: 2 full, 2 sliding (no block repeats thrice)
     config = transformers.Qwen2Config(hidden_size=H, intermediate_size=FFN, num_hidden_layers=4,
                                       num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, vocab_size=VOCAB,
                                       use_sliding_window=True, sliding_window=3, max_window_layers=2)
     r = flopcount.from_hf(config, (1, 5), cache_dir=False)
-    assert r.layers.method == EXPORTED and "layer_types" in r.layers.reason
+    assert r.layers.method == EXPORTED and "kinds by layer: 0 0 1 1" in r.layers.reason
 
 
-def test_a_dense_first_layer_is_exported_whole():
-    # DeepSeek-V3 with its first layer dense and the rest mixture-of-experts: the layers are not the same
-    config = transformers.DeepseekV3Config(
-        hidden_size=H, intermediate_size=40, moe_intermediate_size=24, num_hidden_layers=3, first_k_dense_replace=1,
-        num_attention_heads=HEADS, num_key_value_heads=HEADS, vocab_size=VOCAB, n_routed_experts=8,
-        num_experts_per_tok=2, n_shared_experts=1, n_group=2, topk_group=1, q_lora_rank=16, kv_lora_rank=8,
-        qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8)
-    r = flopcount.from_hf(config, (1, 4), cache_dir=False)
-    assert r.layers.method == EXPORTED and "model.layers.1 differs from model.layers.0" in r.layers.reason
-    built = transformers.AutoModelForCausalLM.from_config(config)
-    assert r.params == sum(p.numel() for p in built.parameters())
+def deepseek(layers: int):
+    # DeepSeek-V3 with its first layer dense and the rest mixture-of-experts
+    return transformers.DeepseekV3Config(
+        hidden_size=H, intermediate_size=40, moe_intermediate_size=24, num_hidden_layers=layers,
+        first_k_dense_replace=1, num_attention_heads=HEADS, num_key_value_heads=HEADS, vocab_size=VOCAB,
+        n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, n_group=2, topk_group=1, q_lora_rank=16,
+        kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8)
+
+
+def test_a_dense_first_layer_then_identical_layers():
+    """DeepSeek-V3's dense first layer, then 4 identical MoE layers: counted from 2 and 3 layers, and extended; with
+    3 layers the MoE layer repeats only twice, and the model is exported whole."""
+    extended, exported = both(deepseek(5), (1, 4), mode="train")
+    assert extended.layers.method == EXTENDED
+    assert extended.layers.reason.startswith("5 layers, the first 1, then identical layers repeated 4 times: "
+                                             "counted from exports of 2 and 3 layers")
+    assert figures(extended) == figures(exported) and extended.moe == exported.moe and extended.moe.layers == 4
+    built = transformers.AutoModelForCausalLM.from_config(deepseek(5))
+    assert extended.params == sum(p.numel() for p in built.parameters())
+    r = flopcount.from_hf(deepseek(3), (1, 4), cache_dir=False)
+    assert r.layers.method == EXPORTED and "kinds by layer: 0 1 1" in r.layers.reason
+
+
+@pytest.mark.parametrize("name", ["gemma2", "qwen2"])
+def test_periodic_and_prefixed_layer_kinds_are_extended(name):
+    """Gemma-2's sliding and full layers alternate (a block of 2, three times); Qwen2's first max_window_layers
+    layers attend fully and the rest in a window (2 first, then 4 identical): executed attention per layer kind."""
+    if name == "gemma2":
+        config = transformers.Gemma2Config(hidden_size=H, intermediate_size=FFN, num_hidden_layers=6,
+                                           num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=8,
+                                           vocab_size=VOCAB, sliding_window=4)
+        sizes = "2 and 4"
+    else:
+        config = transformers.Qwen2Config(hidden_size=H, intermediate_size=FFN, num_hidden_layers=6,
+                                          num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, vocab_size=VOCAB,
+                                          use_sliding_window=True, sliding_window=3, max_window_layers=2)
+        sizes = "3 and 4"
+    extended, exported = both(config, (1, 7), mode="train", attention="executed")
+    assert extended.layers.method == EXTENDED and f"counted from exports of {sizes} layers" in extended.layers.reason
+    assert figures(extended) == figures(exported)
 
 
 def test_two_layers_are_exported_whole():
