@@ -627,17 +627,23 @@ TINY_LLAMA = textwrap.dedent("""
 B, S, H, LAYERS = 2, 16, 32, 2
 
 
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory):
+def factory_module(tmp_path_factory, name: str, source: str):
+    """``NAME:make`` of a module written from ``source`` into a folder on sys.path (and the working directory), with
+    an export cache of its own; the module is forgotten afterwards."""
     pytest.importorskip("transformers")
-    folder = tmp_path_factory.mktemp("tiny_llama")
-    (folder / "crosscheck_tiny_llama.py").write_text(TINY_LLAMA)
+    folder = tmp_path_factory.mktemp(name)
+    (folder / f"{name}.py").write_text(source)
     with pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(folder))
         mp.setenv("FLOPCOUNT_CACHE", str(folder / "cache"))
         mp.chdir(folder)
-        yield "crosscheck_tiny_llama:make"
-    sys.modules.pop("crosscheck_tiny_llama", None)
+        yield f"{name}:make"
+    sys.modules.pop(name, None)
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    yield from factory_module(tmp_path_factory, "crosscheck_tiny_llama", TINY_LLAMA)
 
 
 LLAMA_ARGS = ["--input-shape", f"input_ids={B}x{S}:int64", "--input-shape", f"attention_mask={B}x{S}:int64",
@@ -695,15 +701,7 @@ def gpt2_bias_adds(b: int, s: int) -> int:
 
 @pytest.fixture(scope="module")
 def tiny_gpt2(tmp_path_factory):
-    pytest.importorskip("transformers")
-    folder = tmp_path_factory.mktemp("tiny_gpt2")
-    (folder / "crosscheck_tiny_gpt2.py").write_text(TINY_GPT2)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.syspath_prepend(str(folder))
-        mp.setenv("FLOPCOUNT_CACHE", str(folder / "cache"))
-        mp.chdir(folder)
-        yield "crosscheck_tiny_gpt2:make"
-    sys.modules.pop("crosscheck_tiny_gpt2", None)
+    yield from factory_module(tmp_path_factory, "crosscheck_tiny_gpt2", TINY_GPT2)
 
 
 def test_fallback_torch_binds_gpt2_attention_mask_by_name(tiny_gpt2, capsys):
