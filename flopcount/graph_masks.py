@@ -246,56 +246,91 @@ def _map_arrays(value, fn):
 
 def _symbolic(node: onnx.NodeProto, args: list, shape: tuple[int, ...]):
     """``node`` on values of which one at least is held by its rows or as q + k; ``shape`` its output's shape."""
-    op, t = node.op_type, shape[-1]
+    handler = _SYMBOLIC.get(node.op_type)
+    if handler is None:
+        raise NotStructure(f"{node.op_type} on the S_q × T mask")
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-    if op in ("Identity", "Expand"):
-        return _map_arrays(args[0], lambda a: a) if not isinstance(args[0], _Rows) else args[0].over(t)
-    if op == "Unsqueeze":
-        axes = attrs.get("axes") if len(args) < 2 or args[1] is None else [int(a) for a in np.reshape(args[1], -1)]
-        axes = sorted(a % len(shape) for a in axes)
-        if any(a >= len(shape) - 2 for a in axes):
-            raise NotStructure("an Unsqueeze among the query and key axes of the mask")
-        return _map_arrays(args[0], lambda x: np.expand_dims(x, tuple(axes)))
-    if op == "Transpose":
-        perm = list(attrs.get("perm", range(len(shape) - 1, -1, -1)))
-        if perm[-2:] != [len(shape) - 2, len(shape) - 1]:
-            raise NotStructure("a Transpose of the query and key axes of the mask")
-        return _map_arrays(args[0], lambda x: np.transpose(x, perm))
-    vals = [_lift(a, shape) for a in args]
-    if op == "Cast":
-        to = onnx.helper.tensor_dtype_to_np_dtype(attrs["to"])
-        (x,) = vals
-        if to == np.bool_:
-            if isinstance(x, _Rows):
-                return x
-            return _compare("Equal", x, _Sum(np.zeros((1,) * len(shape)), np.zeros((1,) * len(shape))), t).negate()
+    return handler(node.op_type, args, attrs, shape)
+
+
+def _identity(op, args, attrs, shape):
+    x = args[0]
+    return x.over(shape[-1]) if isinstance(x, _Rows) else _map_arrays(x, lambda a: a)
+
+
+def _unsqueeze(op, args, attrs, shape):
+    axes = attrs.get("axes") if len(args) < 2 or args[1] is None else [int(a) for a in np.reshape(args[1], -1)]
+    axes = sorted(a % len(shape) for a in axes)
+    if any(a >= len(shape) - 2 for a in axes):
+        raise NotStructure("an Unsqueeze among the query and key axes of the mask")
+    return _map_arrays(args[0], lambda x: np.expand_dims(x, tuple(axes)))
+
+
+def _transpose(op, args, attrs, shape):
+    perm = list(attrs.get("perm", range(len(shape) - 1, -1, -1)))
+    if perm[-2:] != [len(shape) - 2, len(shape) - 1]:
+        raise NotStructure("a Transpose of the query and key axes of the mask")
+    return _map_arrays(args[0], lambda x: np.transpose(x, perm))
+
+
+def _cast(op, args, attrs, shape):
+    t = shape[-1]
+    to = onnx.helper.tensor_dtype_to_np_dtype(attrs["to"])
+    x = _lift(args[0], shape)
+    if to == np.bool_:
         if isinstance(x, _Rows):
-            return _Select(x.over(t), 1.0, 0.0)
-        if isinstance(x, _Select):
-            return _Select(x.rows, float(np.asarray(x.yes).astype(to)), float(np.asarray(x.no).astype(to)))
-        if np.issubdtype(to, np.integer) and not all(np.array_equal(v, np.round(v)) for v in (x.q, x.k)):
-            raise NotStructure("a cast to integers of fractional positions")
-        return _Sum(x.q.astype(to), x.k.astype(to))
-    if op == "Not":
-        return vals[0].over(t).negate()
-    if op in ("And", "Or"):
-        a, b = (v.over(t) for v in vals)
-        return _and(a, b) if op == "And" else _or(a, b)
-    if op in _COMPARE:
-        return _compare(op, vals[0], vals[1], t)
-    if op in ("Add", "Sub", "Mul", "Div"):
-        return _arith(op, vals[0], vals[1])
-    if op == "Neg":
-        return _arith("Mul", vals[0], _Sum(np.full((1,) * len(shape), -1), np.zeros((1,) * len(shape), int)))
-    if op == "Where":
-        cond, yes, no = vals
-        if isinstance(cond, _Rows) and all(isinstance(v, _Sum) and v.constant for v in (yes, no)):
-            return _Select(cond.over(t), yes.scalar(), no.scalar())
-        if isinstance(cond, _Rows) and all(isinstance(v, _Rows) for v in (yes, no)):
-            c = cond.over(t)
-            return _or(_and(c, yes.over(t)), _and(c.negate(), no.over(t)))
-        raise NotStructure("a Where between varying numbers")
-    raise NotStructure(f"{op} on the S_q × T mask")
+            return x
+        return _compare("Equal", x, _Sum(np.zeros((1,) * len(shape)), np.zeros((1,) * len(shape))), t).negate()
+    if isinstance(x, _Rows):
+        return _Select(x.over(t), 1.0, 0.0)
+    if isinstance(x, _Select):
+        return _Select(x.rows, float(np.asarray(x.yes).astype(to)), float(np.asarray(x.no).astype(to)))
+    if np.issubdtype(to, np.integer) and not all(np.array_equal(v, np.round(v)) for v in (x.q, x.k)):
+        raise NotStructure("a cast to integers of fractional positions")
+    return _Sum(x.q.astype(to), x.k.astype(to))
+
+
+def _not(op, args, attrs, shape):
+    return _lift(args[0], shape).over(shape[-1]).negate()
+
+
+def _logic(op, args, attrs, shape):
+    a, b = (_lift(v, shape).over(shape[-1]) for v in args)
+    return _and(a, b) if op == "And" else _or(a, b)
+
+
+def _comparison(op, args, attrs, shape):
+    a, b = (_lift(v, shape) for v in args)
+    return _compare(op, a, b, shape[-1])
+
+
+def _arithmetic(op, args, attrs, shape):
+    a, b = (_lift(v, shape) for v in args)
+    return _arith(op, a, b)
+
+
+def _neg(op, args, attrs, shape):
+    minus_one = _Sum(np.full((1,) * len(shape), -1), np.zeros((1,) * len(shape), int))
+    return _arith("Mul", _lift(args[0], shape), minus_one)
+
+
+def _where(op, args, attrs, shape):
+    t = shape[-1]
+    cond, yes, no = (_lift(v, shape) for v in args)
+    if isinstance(cond, _Rows) and all(isinstance(v, _Sum) and v.constant for v in (yes, no)):
+        return _Select(cond.over(t), yes.scalar(), no.scalar())
+    if isinstance(cond, _Rows) and all(isinstance(v, _Rows) for v in (yes, no)):
+        c = cond.over(t)
+        return _or(_and(c, yes.over(t)), _and(c.negate(), no.over(t)))
+    raise NotStructure("a Where between varying numbers")
+
+
+#: The operators a mask held by its rows or as q + k passes through, each ``(op, args, attrs, shape) -> value``.
+_SYMBOLIC = {
+    "Identity": _identity, "Expand": _identity, "Unsqueeze": _unsqueeze, "Transpose": _transpose, "Cast": _cast,
+    "Not": _not, "And": _logic, "Or": _logic, "Neg": _neg, "Where": _where,
+    **{op: _comparison for op in _COMPARE}, **{op: _arithmetic for op in ("Add", "Sub", "Mul", "Div")},
+}
 
 
 @dataclass
