@@ -168,21 +168,23 @@ def _count_generation(model, generate: tuple[int, int], batch: int, cache_dir, c
     window = getattr(model.config, "sliding_window", None)
     if isinstance(window, int) and window > 0:
         windows.append(window)  # a cache may crop at the window even where attention counts full
-    kwargs = dict(count_kwargs)
-    if kwargs.get("attention") == "executed":
-        kwargs["attention"] = config_masks(model.config) or "executed"
     return from_causal_lm(model, generate, batch=batch, cache_dir=cache_dir, breakpoints=sorted(set(windows)),
-                          **kwargs)
+                          **_with_masks(model, count_kwargs))
 
 
 def _count(model, input_shapes, cache_dir, count_kwargs):
     """``model`` counted by :func:`flopcount.from_torch`, with its configuration's masks for executed attention."""
     from .torch import from_torch
 
+    return from_torch(model, hf_inputs(model, input_shapes), cache_dir=cache_dir, **_with_masks(model, count_kwargs))
+
+
+def _with_masks(model, count_kwargs) -> dict:
+    """``count_kwargs`` with ``attention="executed"`` given the masks of ``model``'s configuration, where it has any."""
     kwargs = dict(count_kwargs)
     if kwargs.get("attention") == "executed":
         kwargs["attention"] = config_masks(model.config) or "executed"
-    return from_torch(model, hf_inputs(model, input_shapes), cache_dir=cache_dir, **kwargs)
+    return kwargs
 
 
 def _tokens(inputs, batch) -> int | None:
