@@ -12,7 +12,6 @@ import argparse
 import re
 
 from flopcount.errors import UsageError
-from flopcount.shapes import MAX_ELEMENTS, parse_dims
 
 __all__ = [
     "TORCH_DTYPES", "InputShapes", "add_model_source", "check_model_source", "count_generate", "count_hf",
@@ -36,6 +35,8 @@ def input_shape(text: str) -> tuple[str, tuple[int, ...], str | None]:
     name, sep, spec = text.rpartition("=")
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"expected NAME=DIMS such as input=8x3x224x224, got {text!r}")
+    from flopcount.shapes import parse_dims  # the counting core is imported when a shape is parsed, not for --help
+
     dims, colon, dtype = spec.partition(":")
     if colon and dtype not in TORCH_DTYPES:
         raise argparse.ArgumentTypeError(f"unknown element type {dtype!r} in {text!r}; one of: {', '.join(TORCH_DTYPES)}")
@@ -97,6 +98,8 @@ def loop_trips(text: str) -> tuple[str, int]:
 
 def positive(text: str) -> int:
     """A positive count that may size a tensor (at most 2**48)."""
+    from flopcount.shapes import MAX_ELEMENTS
+
     try:
         v = int(text)
     except ValueError:

@@ -28,9 +28,20 @@ from .symbolic import run_sweep, run_symbolic, start_sizes, sweep_values
 __all__ = ["build_parser", "run"]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from flopcount import __version__
+class _Version(argparse.Action):
+    """``--version``: reads the package metadata only when asked (building the parser stays cheap)."""
 
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from flopcount.version import __version__
+
+        print(f"flopcount {__version__}")  # on stdout, as argparse's own version action
+        parser.exit()
+
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="flopcount",
         description="Count the FLOPs of an ONNX model analytically, from its graph, without reading weights. "
@@ -126,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "matplotlib)")
     p.add_argument("--strict", action="store_true", help="fail (exit 6) when any operator has no formula")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more diagnostics on stderr (-vv: debug)")
-    p.add_argument("--version", action="version", version=f"flopcount {__version__}")
+    p.add_argument("--version", action=_Version, help="show the version and exit")
     return p
 
 

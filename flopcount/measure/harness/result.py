@@ -150,7 +150,7 @@ def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def bench_report(runs: Sequence[RunResult | Mapping[str, Any]], system: Mapping[str, Any],
                  config: Mapping[str, Any]) -> dict[str, Any]:
     """The report document: ``schema_version``, ``kind``, ``tool``, ``system``, ``config``, ``runs``, ``summary``."""
-    from flopcount import __version__
+    from flopcount.version import __version__
 
     dicts = [r.as_dict() if isinstance(r, RunResult) else dict(r) for r in runs]
     return {"schema_version": SCHEMA_VERSION, "kind": KIND, "tool": {"name": "flopcount", "version": __version__},

@@ -580,7 +580,7 @@ class Ceilings:
         return max(figures, key=lambda f: f.value, default=None)
 
     def as_dict(self) -> dict[str, Any]:
-        from flopcount import __version__
+        from flopcount.version import __version__
 
         def compute(f: Figure) -> dict:
             return {"flops_per_s": f.value, "source": f.source, **f.details}
