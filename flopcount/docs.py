@@ -33,7 +33,8 @@ def _instances() -> dict[tuple[str, str], object]:
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
+    """``text`` inside a table cell: ``|`` escaped, and ``[`` too, so that ``[a] [b]`` is not read as a link."""
+    return text.replace("|", "\\|").replace("[", "\\[")
 
 
 def operators_markdown() -> str:

@@ -38,7 +38,7 @@ def _share(part: int, whole: int) -> float:
 
 
 def to_dict(report: Report, per_node: bool = False, by_module: int | None = None) -> dict[str, Any]:
-    """The JSON document (see README.md, "JSON output"); ``by_module``: the depth of the module rows, if any."""
+    """The JSON document (see docs/json.md); ``by_module``: the depth of the module rows, if any."""
     from .version import __version__
 
     total = report.total.as_dict()

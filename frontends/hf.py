@@ -70,6 +70,8 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
     cache_dir, **count_kwargs
         As for :func:`flopcount.from_torch` (``mode``, ``convention``, ``batch`` ...).
 
+    Notes
+    -----
     A mixture-of-experts model (Mixtral, Qwen-MoE, DeepSeek) is built with transformers' ``batched_mm``
     experts: every token's k experts run as one batched product, so the graph counts the router, exactly k
     routed experts per token and the shared experts, and ``report.moe`` gives ``params`` and
