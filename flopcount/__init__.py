@@ -23,6 +23,7 @@ docs/architecture.md):
 * :mod:`.render` its text forms (table, JSON, CSV)
 * :mod:`.html` the report as one self-contained HTML page
 * :mod:`.symbolic` the count as exact formulas in dims given as names (``--symbolic``)
+* :mod:`.progress` the phases of long work, reported on a logger while they run
 * :mod:`.version` the installed version (``__version__``)
 * :mod:`.errors` the exception hierarchy with exit codes, and :func:`~flopcount.errors.first_line`
 * :mod:`.docs` generates docs/operators.md

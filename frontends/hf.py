@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from flopcount.errors import ConfigError, FrontendError, UsageError, first_line
+from flopcount.progress import phase
 
 
 log = logging.getLogger(__name__)
@@ -143,7 +144,8 @@ def _count_stack(model, count, repeated_layers: str, trust_remote_code: bool):
             if reason is not None:
                 stack = stack.exported(reason)
                 break
-            counts.append((small, count(small)))
+            with phase(f"the {layers}-layer model (to extend to {stack.layers} layers)"):
+                counts.append((small, count(small)))
     if isinstance(stack, LayerStack):
         (one, r1), (two, r2) = counts
         p1, p2, p = (sum(x.numel() for x in m.parameters()) for m in (one, two, model))

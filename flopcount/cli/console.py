@@ -23,9 +23,14 @@ def command_logging(verbose: int) -> Iterator[None]:
     flopcount's, and ``-vv`` does not turn on their debug output. Where nobody configured a handler for them, their
     warnings (torchao's "Failed to load ..." when transformers imports it) would reach Python's last-resort handler
     and stand beside a command's one-line error: they are shown with ``-v``, named by their logger, and held back
-    otherwise. Everything is put back afterwards, so that :func:`flopcount.cli.main` called from Python leaves the
-    process's logging as it found it."""
+    otherwise. When stderr is a terminal, the phases of long work (:mod:`flopcount.progress`: exports, shape
+    inference, the count) are shown as ``flopcount: message`` lines with their times. Everything is put back
+    afterwards, so that :func:`flopcount.cli.main` called from Python leaves the process's logging as it found it."""
     logger = logging.getLogger("flopcount")
+    progress = logging.getLogger("flopcount.progress")  # flopcount.progress: phases and their times
+    shown = _is_terminal(sys.stderr)
+    progress_handler = logging.StreamHandler(sys.stderr)
+    progress_handler.setFormatter(logging.Formatter("flopcount: %(message)s"))
     handler = logging.StreamHandler(sys.stderr)  # the stderr of this call (a test's capture included)
     handler.setFormatter(logging.Formatter("flopcount: %(levelname)s: %(message)s"))
     others = logging.StreamHandler(sys.stderr)
@@ -35,14 +40,29 @@ def command_logging(verbose: int) -> Iterator[None]:
     logger.setLevel((logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)])
     logger.propagate = False
     logger.addHandler(handler)
+    saved_progress = progress.level, progress.propagate
+    if shown:  # long work says what it is doing, on a terminal only (a pipe or a file stays silent)
+        progress.setLevel(logging.INFO)
+        progress.propagate = False
+        progress.addHandler(progress_handler)
     logging.lastResort = others
     try:
         yield
     finally:
+        progress.removeHandler(progress_handler)
+        progress.setLevel(saved_progress[0])
+        progress.propagate = saved_progress[1]
         logger.removeHandler(handler)
         logger.setLevel(saved[0])  # (setLevel, not assignment: it clears the loggers' cached levels)
         logger.propagate = saved[1]
         logging.lastResort = saved[2]
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # no isatty, or closed
+        return False
 
 
 def run_guarded(action, verbose: int) -> int:
