@@ -35,7 +35,7 @@ def input_shape(text: str) -> tuple[str, tuple[int, ...], str | None]:
     name, sep, spec = text.rpartition("=")
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"expected NAME=DIMS such as input=8x3x224x224, got {text!r}")
-    from flopcount.shapes import parse_dims  # the counting core is imported when a shape is parsed, not for --help
+    from flopcount.shapes import parse_dims  # imported when a shape is parsed, not for --help
 
     dims, colon, dtype = spec.partition(":")
     if colon and dtype not in TORCH_DTYPES:
@@ -162,15 +162,16 @@ def size_hw(text: str) -> tuple[int, int]:
 
 def add_model_source(p: argparse.ArgumentParser, model_help: str) -> None:
     """A subcommand's model: an .onnx path, or ``--torch``/``--keras`` with ``--input-shape`` as for counting (read
-    back with :func:`model_source`)."""
-    p.add_argument("model", nargs="?", help=model_help)
-    p.add_argument("--torch", metavar="MODULE:FACTORY",
-                   help="instead of a model file, the PyTorch module FACTORY() returns, exported as for counting")
-    p.add_argument("--keras", metavar="MODULE:FACTORY",
-                   help="instead of a model file, the keras.Model FACTORY() returns, converted as for counting")
-    p.add_argument("--input-shape", metavar="NAME=DIMS", action=InputShapes, type=input_shape, default=[],
-                   help="fix the dims of an input, e.g. input=8x3x224x224 (repeatable); with --torch, NAME is a "
-                   "parameter of forward() and a :DTYPE suffix gives its element type")
+    back with :func:`model_source`), listed by ``--help`` under "model source"."""
+    source = p.add_argument_group("model source")
+    source.add_argument("model", nargs="?", help=model_help)
+    source.add_argument("--torch", metavar="MODULE:FACTORY",
+                        help="instead of a model file, the PyTorch module FACTORY() returns, exported as for counting")
+    source.add_argument("--keras", metavar="MODULE:FACTORY",
+                        help="instead of a model file, the keras.Model FACTORY() returns, converted as for counting")
+    source.add_argument("--input-shape", metavar="NAME=DIMS", action=InputShapes, type=input_shape, default=[],
+                        help="fix the dims of an input, e.g. input=8x3x224x224 (repeatable); with --torch, NAME is a "
+                        "parameter of forward() and a :DTYPE suffix gives its element type")
     p.set_defaults(input_dtypes={})
 
 
