@@ -1,7 +1,8 @@
 """Every command in a ```console block of README.md and docs/*.md runs, and exits as the page says.
 
 A page marks a runnable example as a ```console block whose ``$ flopcount ...`` lines run from a checkout's root
-(output lines below them are not compared); a trailing ``# exit N`` gives the expected exit code (default 0).
+(output lines below them are not compared); a trailing ``# exit N`` gives the expected exit code (default 0). A
+block that also runs other commands (a ``$ python`` line writing the model) is a session shown, not run.
 Examples that need no GPU and no network go there; the rest are ```sh blocks, shown but not run.
 
 Each command runs in this process through :func:`flopcount.cli.main` (what the ``flopcount`` script calls), in a
@@ -38,19 +39,23 @@ NEEDS = {
 
 
 def console_examples(text: str) -> list[tuple[int, str, int]]:
-    """``(line number, command, expected exit)`` of each ``$ `` line inside a ```console block of ``text``."""
-    examples, inside = [], False
+    """``(line number, command, expected exit)`` of each ``$ flopcount`` line inside a ```console block of
+    ``text``. A block that also runs other commands (``$ python -c ...`` making the model the next line counts) is
+    a session shown, not run: its lines are left out."""
+    examples, block, inside = [], [], False
     for number, line in enumerate(text.splitlines(), 1):
         fence = line.strip()
         if fence.startswith("```"):
-            inside = not inside and fence == "```console"
+            if inside and all(command.startswith("flopcount") for _, command, _ in block):
+                examples.extend(block)
+            inside, block = not inside and fence == "```console", []
             continue
         if inside and line.startswith("$ "):
             command, expected = line[2:].strip(), 0
             match = EXIT.search(command)
             if match:
                 command, expected = command[: match.start()], int(match.group(1))
-            examples.append((number, command, expected))
+            block.append((number, command, expected))
     return examples
 
 
@@ -68,7 +73,8 @@ EXAMPLES = _collect()
 
 def test_parser_reads_blocks_commands_and_exits():
     text = "```sh\n$ flopcount not-run.onnx\n```\n```console\n$ flopcount a.onnx\nsome output\n" \
-           "$ flopcount b.onnx --strict  # exit 6\n```\n$ flopcount outside.onnx\n"
+           "$ flopcount b.onnx --strict  # exit 6\n```\n$ flopcount outside.onnx\n" \
+           "```console\n$ python make.py\n$ flopcount made.onnx\n```\n"
     assert console_examples(text) == [(5, "flopcount a.onnx", 0), (7, "flopcount b.onnx --strict", 6)]
 
 
