@@ -117,3 +117,11 @@ def test_docs_example_exits_as_the_page_says(command, expected, tmp_path, monkey
         assert err.strip() and "Traceback" not in err, "a refusal is one line on stderr, never a traceback"
     else:
         assert out.strip() or any(tmp_path.iterdir()), "a successful example prints or writes its report"
+
+
+def test_the_files_the_pages_name_exist():
+    # `tests/acceptance/test_resnet50.py`, `benchmarks/count_speed.py` ...: a moved file leaves no stale name
+    named = re.compile(r"`((?:tests|benchmarks|flopcount|frontends|models|operators|examples)/[\w/.-]+\.(?:py|onnx|json))`")
+    missing = {f"{page.relative_to(ROOT).as_posix()}: {path}" for page in PAGES
+               for path in named.findall(page.read_text(encoding="utf-8")) if not (ROOT / path).exists()}
+    assert not missing, sorted(missing)
