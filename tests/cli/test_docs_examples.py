@@ -121,7 +121,8 @@ def test_docs_example_exits_as_the_page_says(command, expected, tmp_path, monkey
 
 def test_the_files_the_pages_name_exist():
     # `tests/acceptance/test_resnet50.py`, `benchmarks/count_speed.py` ...: a moved file leaves no stale name
-    named = re.compile(r"`((?:tests|benchmarks|flopcount|frontends|models|operators|examples)/[\w/.-]+\.(?:py|onnx|json))`")
+    rooms = "tests|benchmarks|flopcount|frontends|models|operators|examples"
+    named = re.compile(rf"`((?:{rooms})/[\w/.-]+\.(?:py|onnx|json))`")
     missing = {f"{page.relative_to(ROOT).as_posix()}: {path}" for page in PAGES
                for path in named.findall(page.read_text(encoding="utf-8")) if not (ROOT / path).exists()}
     assert not missing, sorted(missing)
