@@ -61,3 +61,18 @@ def test_bench_report_into_a_read_only_folder_is_refused_before_training(small_d
                                             "(Read-only file system); give a path in a writable folder")
     assert (ro / "r.json").read_bytes() == OLD
 
+
+def test_meter_to_json_on_a_full_disk_keeps_the_earlier_report(small_disk):
+    from flopcount.errors import OutputError
+    from flopcount.measure.harness.meter import Meter
+
+    disk = small_disk(4, files={"run.json": OLD})
+    ticks = iter(range(1000))
+    meter = Meter(flops_per_sample=1e6, peak_flops=1e9, warmup_steps=0, window_steps=2, energy=False,
+                  clock=lambda: float(next(ticks)))
+    for _ in range(4):
+        with meter.step(samples=8):
+            pass
+    with pytest.raises(OutputError, match=f"^{disk / 'run.json'}: cannot write the run report \\(No space"):
+        meter.to_json(str(disk / "run.json"), config={"padding": "x" * 8192})
+    assert (disk / "run.json").read_bytes() == OLD and os.listdir(disk) == ["run.json"]
