@@ -248,3 +248,47 @@ def test_a_hung_or_dead_gloo_rank_ends_rank_0_within_the_timeout(tmp_path, capfd
 def _stopped(pid: int) -> bool:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def _loop_rank(rank: int, port: int, queue) -> None:
+    """A user's loop of all-reduces under ``with Meter(timeout=6)``; rank 1 dies at its 5th step."""
+    import datetime
+
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    dist = torch.distributed
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=4))  # 2/3 of the meter's timeout=6
+    try:
+        with Meter(flops_per_sample=1e6, peak_flops=1e9, warmup_steps=0, energy=False, timeout=6) as meter:
+            for step in range(10**6):
+                if rank == 1 and step == 4:
+                    os._exit(9)
+                with meter.step(samples=1):
+                    dist.all_reduce(torch.ones(4))
+    except BaseException as e:  # noqa: BLE001 - what the loop sees is the test's result
+        queue.put((type(e).__name__, str(e), meter.complete))
+    queue.close()
+    queue.join_thread()  # (the feeder thread hands the result over before the process ends)
+    os._exit(0)
+
+
+@pytest.mark.slow
+def test_a_dead_rank_in_a_metered_user_loop_is_named(tmp_path):
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_loop_rank, args=(r, port, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        kind, message, complete = queue.get(timeout=120)
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    assert kind == "MeasurementError" and complete is False
+    assert message.startswith("rank 0: rank 1 stopped answering (hung or dead) within timeout= 6 s; this rank ends "
+                              "too (gloo: ")

@@ -33,7 +33,7 @@ from flopcount.errors import DeviceError, MeasurementError, UsageError
 from .ranks import running_dist
 
 __all__ = ["COLLECTIVE_SHARE", "CommCounter", "DEFAULT_TIMEOUT_S", "DataParallel", "Ranks", "finish", "gradient_bytes",
-           "init", "launcher", "peer_failure", "ring_bytes", "shard", "silent_ranks"]
+           "current", "init", "launcher", "peer_failure", "ring_bytes", "shard", "silent_ranks"]
 
 
 @dataclass(frozen=True)
@@ -180,11 +180,12 @@ def silent_ranks(rank: int, world: int, wait_s: float) -> list[int] | None:
         return None
 
 
-def peer_failure(error: BaseException, ranks: Ranks, timeout_s: float) -> MeasurementError | None:
+def peer_failure(error: BaseException, ranks: Ranks, timeout_s: float,
+                 option: str = "--timeout") -> MeasurementError | None:
     """What a collective's ``error`` means on a run of several ranks: when a roll call (:func:`silent_ranks`,
     the rest of ``timeout_s`` after the collective's share) finds ranks that do not answer, a one-line
     :class:`MeasurementError` naming them; None where every rank answers (the error is not a peer's: re-raise it)."""
-    if ranks.world_size <= 1 or ranks.backend is None:
+    if ranks.world_size <= 1 or ranks.backend is None or not isinstance(error, RuntimeError):
         return None
     missing = silent_ranks(ranks.rank, ranks.world_size, timeout_s * (1 - COLLECTIVE_SHARE))
     if missing == []:
@@ -194,8 +195,17 @@ def peer_failure(error: BaseException, ranks: Ranks, timeout_s: float) -> Measur
     who = ("the rendezvous store at {}:{} (a launcher or rank 0) did not answer".format(
            os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")) if missing is None else
            f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} stopped answering")
-    return MeasurementError(f"rank {ranks.rank}: {who} (hung or dead) within --timeout {timeout_s:g} s; this rank "
+    return MeasurementError(f"rank {ranks.rank}: {who} (hung or dead) within {option} {timeout_s:g} s; this rank "
                             f"ends too ({ranks.backend}: {first_line(error, 160)})")
+
+
+def current() -> Ranks | None:
+    """This process's place in the initialised process group (None without one); ``launcher`` is "existing"."""
+    dist = running_dist()
+    if dist is None:
+        return None
+    return Ranks(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0") or 0),
+                 dist.get_world_size(), dist.get_backend(), "existing", "")
 
 
 def finish(ranks: Ranks) -> None:

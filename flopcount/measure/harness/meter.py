@@ -193,6 +193,10 @@ class Meter:
         Read the device's energy counter (NVML or RAPL) when there is one.
     clock : callable, optional
         A zero-argument clock in seconds replacing the real timer (tests of the arithmetic).
+    timeout : number, optional
+        Under torch.distributed: the seconds given to ``distributed.init(timeout_s=)``. A collective that fails in
+        the ``with meter:`` block or when the result is gathered then holds a roll call of the ranks for the rest
+        of it and ends in one :class:`~flopcount.errors.MeasurementError` naming the rank that stopped answering.
     """
 
     def __init__(self, report=None, *, flops_per_sample: float | None = None, model=None, example_inputs=None,
@@ -200,7 +204,7 @@ class Meter:
                  higher_is_better: bool = True, device=None, precision: str | None = None,
                  peak_flops: float | None = None, recompute: str | float | None = None, warmup_steps: int = 5,
                  window_steps: int = 20, energy: bool = True, clock: Callable[[], float] | None = None,
-                 energy_source=None) -> None:
+                 energy_source=None, timeout: float | None = None) -> None:
         sources = [name for name, v in (("report", report), ("flops_per_sample", flops_per_sample),
                                         ("model", model)) if v is not None]
         if len(sources) != 1:
@@ -218,6 +222,7 @@ class Meter:
         flops_per_sample, target_quality, quality_exponent = (checked["flops_per_sample"], checked["target_quality"],
                                                               checked["quality_exponent"])
         peak_flops, recompute = checked["peak_flops"], checked["recompute"]
+        self._timeout = None if timeout is None else checks.positive_finite("Meter", "timeout", timeout)
         warmup_steps, window_steps = checked["warmup_steps"], checked["window_steps"]
         self._report = report
         self._flops_per_sample = flops_per_sample
@@ -417,7 +422,20 @@ class Meter:
         else:
             reason = f"{exc_type.__name__} raised in the training loop"
         self.close(reason)
+        failure = self._peer_failure(exc)
+        if failure is not None:
+            raise failure from None
         return False
+
+    def _peer_failure(self, exc: BaseException):
+        """The :class:`MeasurementError` naming a rank that stopped answering, when ``exc`` is a failed collective
+        and ``timeout=`` was given (:func:`.distributed.peer_failure`); else None."""
+        if self._timeout is None or not isinstance(exc, RuntimeError):
+            return None
+        from . import distributed
+
+        ranks = distributed.current()
+        return distributed.peer_failure(exc, ranks, self._timeout, "timeout=") if ranks is not None else None
 
     @property
     def complete(self) -> bool:
@@ -613,7 +631,13 @@ class Meter:
         work = self._counted_work()
         local = local_figures(self._windows, self.samples, self.steps)
         # A run cut short gathers nothing: the other ranks may be cut at another step, or gone.
-        per_rank = gather_ranks(local) if self.complete else [dict(local, rank=_rank())]
+        try:
+            per_rank = gather_ranks(local) if self.complete else [dict(local, rank=_rank())]
+        except RuntimeError as e:
+            failure = self._peer_failure(e)
+            if failure is None:
+                raise
+            raise failure from None
         precision, peak = self._peak(device, work.parts)
         communication, ensemble = self._attachments(work, per_rank) if self.complete else (None, None)
         energy = self._energy
