@@ -110,7 +110,8 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, what: str = "report
 
 def check_writable(path: str | os.PathLike, what: str, option: str | None = None) -> None:
     """Refuse, before any work, an output path that cannot be written: its folder is missing, it is a folder, or
-    a file cannot be created in its folder (read-only file system, permissions, a full disk). The check creates
+    a file cannot be created in its folder (read-only file system, permissions, no inode left; a disk that is
+    full only later is :func:`write_atomic`'s to report). The check creates
     and removes a real temporary file there, so what it says holds for the superuser and read-only mounts alike.
     ``option`` (``-o``, ``--plot`` ...) is named in the message."""
     path = os.fspath(path)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import glob
 import json
-import math
 import os
 import signal
 import subprocess
