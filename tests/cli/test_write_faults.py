@@ -76,3 +76,13 @@ def test_meter_to_json_on_a_full_disk_keeps_the_earlier_report(small_disk):
     with pytest.raises(OutputError, match=f"^{disk / 'run.json'}: cannot write the run report \\(No space"):
         meter.to_json(str(disk / "run.json"), config={"padding": "x" * 8192})
     assert (disk / "run.json").read_bytes() == OLD and os.listdir(disk) == ["run.json"]
+
+
+def test_a_plot_on_a_full_disk_keeps_the_earlier_plot(small_disk, capsys):
+    pytest.importorskip("matplotlib")
+    disk = small_disk(8, files={"p.svg": b"<svg>earlier</svg>"})
+    rc = main([EXAMPLE, "--plot", str(disk / "p.svg")])  # an SVG chart of ResNet-50's op types is above 8 KiB
+    line = capsys.readouterr().err.strip().splitlines()
+    assert rc == 8 and len(line) == 1
+    assert line[0].startswith(f"flopcount: error: {disk / 'p.svg'}: cannot write the plot (No space left on device)")
+    assert (disk / "p.svg").read_bytes() == b"<svg>earlier</svg>" and os.listdir(disk) == ["p.svg"]
