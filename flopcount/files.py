@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from typing import IO, Iterator
 
@@ -76,24 +77,42 @@ def _commit(tmp: str, path: str) -> None:
     _sync_folder(path)
 
 
+def _special(path: str) -> bool:
+    """Whether ``path`` exists and is no regular file (``/dev/stdout``, ``/dev/null``, a named pipe): it is
+    written in place, as renaming a file over it would replace the device or pipe itself."""
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode) and not stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, what: str) -> Iterator[str]:
     """A temporary path beside ``path`` (ending in the same suffix) for a writer that takes a path; when the block
-    ends without an exception it is fsynced and renamed over ``path``. Any ``OSError`` of the block or the rename
-    is an :class:`OutputError` naming ``path`` and ``what`` it holds; the temporary file never stays behind."""
-    path = os.fspath(path)
+    ends without an exception it is fsynced and renamed over ``path`` (over the file a symbolic link points to,
+    which keeps the link; a device or pipe such as ``/dev/stdout`` is written in place). Any ``OSError`` of the
+    block or the rename is an :class:`OutputError` naming ``path`` and ``what`` it holds; the temporary file never
+    stays behind."""
+    shown = os.fspath(path)
+    if _special(shown):  # (os.stat follows the links: /dev/stdout -> /proc/self/fd/1 -> a pipe)
+        try:
+            yield shown
+        except OSError as e:
+            raise _refused(shown, what, e) from None
+        return
+    path = os.path.realpath(shown)
     if os.path.isdir(path):
-        raise _refused(path, what, "it is a folder")
+        raise _refused(shown, what, "it is a folder")
     try:
         fd, tmp = _temporary(path)
     except OSError as e:
-        raise _refused(path, what, e) from None
+        raise _refused(shown, what, e) from None
     os.close(fd)
     try:
         yield tmp
         _commit(tmp, path)
     except OSError as e:
-        raise _refused(path, what, e) from None
+        raise _refused(shown, what, e) from None
     finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)  # gone already after a successful rename
@@ -116,7 +135,11 @@ def check_writable(path: str | os.PathLike, what: str, option: str | None = None
     ``option`` (``-o``, ``--plot`` ...) is named in the message."""
     path = os.fspath(path)
     label = f"{what} ({option})" if option else what
-    folder = os.path.dirname(os.path.abspath(path))
+    if _special(path):
+        if not os.access(path, os.W_OK):
+            raise OutputError(f"{path}: cannot write the {label}: not writable; give another path")
+        return
+    folder = os.path.dirname(os.path.realpath(path))
     if not os.path.isdir(folder):
         raise OutputError(f"{path}: cannot write the {label}: no folder {folder}; create it or give another path")
     if os.path.isdir(path):
@@ -144,13 +167,18 @@ class LineStream:
         self.what = what
         self.failed: OutputError | None = None
         self._closed = False
-        if os.path.isdir(self.path):
+        self._target = self.path if _special(self.path) else os.path.realpath(self.path)
+        if os.path.isdir(self._target):
             raise _refused(self.path, what, "it is a folder")
+        self._tmp: str | None = None
         try:
-            fd, self._tmp = _temporary(self.path)
+            if _special(self._target):  # a pipe or a device is written in place
+                self._f: IO[str] = open(self._target, "w", encoding="utf-8")
+                return
+            fd, self._tmp = _temporary(self._target)
         except OSError as e:
             raise _refused(self.path, what, e) from None
-        self._f: IO[str] = os.fdopen(fd, "w", encoding="utf-8")
+        self._f = os.fdopen(fd, "w", encoding="utf-8")
 
     def write(self, line: str) -> None:
         if self.failed is not None or self._closed:
@@ -165,8 +193,9 @@ class LineStream:
         self.failed = _refused(self.path, self.what, e)
         with contextlib.suppress(OSError):
             self._f.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self._tmp)
+        if self._tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._tmp)
 
     def close(self) -> None:
         """Put the log in place (or raise the error of the write that failed); a second call does nothing."""
@@ -176,7 +205,8 @@ class LineStream:
         if self.failed is None:
             try:
                 self._f.close()
-                _commit(self._tmp, self.path)
+                if self._tmp is not None:
+                    _commit(self._tmp, self._target)
             except OSError as e:
                 self._fail(e)
         if self.failed is not None:

@@ -139,3 +139,26 @@ def test_line_stream_on_a_full_disk_fails_once_at_close(small_disk):
         log.close()
     assert str(e.value).startswith(f"{disk / 'run.log'}: cannot write the MLPerf log (--mllog) (No space left")
     assert (disk / "run.log").read_bytes() == OLD
+
+
+def test_a_symbolic_link_keeps_pointing_at_the_new_file_and_devices_are_written_in_place(tmp_path):
+    real = tmp_path / "real.json"
+    real.write_bytes(OLD)
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    files.write_atomic(link, "new", "report")
+    assert link.is_symlink() and real.read_text() == "new" and listing(tmp_path) == ["link.json", "real.json"]
+    files.check_writable("/dev/null", "report", "-o")
+    files.check_writable("/dev/stdout", "report", "-o")  # a link to a pipe or a terminal
+    files.write_atomic("/dev/null", "x", "report")  # a device is written, never replaced by a file
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        log = files.LineStream(fifo, "MLPerf log")
+        log.write("a\n")
+        log.close()
+        assert os.read(reader, 100) == b"a\n" and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    finally:
+        os.close(reader)
