@@ -179,7 +179,8 @@ class _Runs:
 
 
 def _one_run(args, module, cfg, report, parallel, ranks, i: int, runs: _Runs, show: bool, mllog) -> None:
-    """Train run ``i`` and record its result; a signal during it records the run so far and is re-raised."""
+    """Train run ``i`` and record its result in ``runs``; a signal during it records the run so far, and the
+    signal, in ``runs`` (the caller stops there)."""
     from flopcount.errors import Interrupted, OutputError
     from flopcount.measure.harness.ranks import is_writer
 

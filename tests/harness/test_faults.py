@@ -291,3 +291,18 @@ def test_a_dead_rank_in_a_metered_user_loop_is_named(tmp_path):
     assert kind == "MeasurementError" and complete is False
     assert message.startswith("rank 0: rank 1 stopped answering (hung or dead) within timeout= 6 s; this rank ends "
                               "too (gloo: ")
+
+
+def test_a_rank_whose_peers_never_join_ends_within_the_timeout(monkeypatch, capsys):
+    from flopcount.cli import main
+
+    port = _free_port()
+    for key, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(key, value)
+    rc = main(["bench", "digits", "--timeout", "3", "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 12 and len(err) == 1, err
+    assert err[0].startswith("flopcount: error: rank 0: the gloo process group of 2 ranks did not form (")
+    assert err[0].endswith("check that every rank was started and can reach MASTER_ADDR:MASTER_PORT")
+    assert not torch.distributed.is_initialized()

@@ -150,7 +150,14 @@ def init(device: str = "cpu", backend: str | None = None, timeout_s: float | Non
         kw: dict[str, Any] = {"device_id": torch.device(dev)} if cuda else {}
         if timeout_s is not None and "timeout" in inspect.signature(dist.init_process_group).parameters:
             kw["timeout"] = datetime.timedelta(seconds=timeout_s * COLLECTIVE_SHARE)
-        dist.init_process_group(backend=backend, init_method="env://", **kw)
+        try:
+            dist.init_process_group(backend=backend, init_method="env://", **kw)
+        except RuntimeError as e:  # torch's DistStoreError/DistNetworkError: a rank that never joined
+            from flopcount.errors import first_line
+
+            raise MeasurementError(f"rank {env.get('RANK')}: the {backend} process group of {env.get('WORLD_SIZE')} "
+                                   f"ranks did not form ({first_line(e, 200)}); check that every rank was started "
+                                   "and can reach MASTER_ADDR:MASTER_PORT") from None
     per_node = env.get("LOCAL_WORLD_SIZE", "")
     world = dist.get_world_size()
     return Ranks(dist.get_rank(), world, local, int(per_node) if per_node.isdigit() else world,
