@@ -8,11 +8,24 @@ import logging
 import sys
 from typing import Iterator
 
-from flopcount.errors import FlopcountError, OutputError
+from flopcount.errors import FlopcountError, Interrupted
+from flopcount.files import check_writable, write_atomic
 
-__all__ = ["EXIT_INTERNAL", "command_logging", "run_guarded", "write_output"]
+__all__ = ["EXIT_INTERNAL", "OUTPUT_OPTIONS", "check_outputs", "command_logging", "run_guarded", "write_output"]
 
 EXIT_INTERNAL = 1
+
+#: Every option that names a file a command writes: argparse dest -> (what the file holds, the option).
+OUTPUT_OPTIONS = {"output": ("report", "-o"), "plot": ("plot", "--plot"), "mllog": ("MLPerf log", "--mllog")}
+
+
+def check_outputs(args) -> None:
+    """Refuse, before any work starts, every output path of ``args`` that cannot be written
+    (:func:`flopcount.files.check_writable`: an :class:`OutputError`, exit 8, naming the path and the option)."""
+    for dest, (what, option) in OUTPUT_OPTIONS.items():
+        path = getattr(args, dest, None)
+        if path:
+            check_writable(path, what, option)
 
 
 @contextlib.contextmanager
@@ -73,6 +86,9 @@ def run_guarded(action, verbose: int) -> int:
     except FlopcountError as e:
         print(f"flopcount: error: {e}", file=sys.stderr)
         return e.exit_code
+    except Interrupted as e:  # SIGINT/SIGTERM where a run installed flopcount's handler (its files are closed)
+        print(f"flopcount: error: {e}", file=sys.stderr)
+        return e.exit_code
     except KeyboardInterrupt:
         print("flopcount: interrupted", file=sys.stderr)
         return 130
@@ -87,13 +103,10 @@ def run_guarded(action, verbose: int) -> int:
         return EXIT_INTERNAL
 
 
-def write_output(text: str, path: str | None) -> None:
-    """Write ``text`` to ``path`` (stdout when None); an unwritable path is an :class:`OutputError`."""
+def write_output(text: str, path: str | None, what: str = "report") -> None:
+    """Write ``text`` to ``path`` whole (:func:`flopcount.files.write_atomic`), or to stdout when None; an
+    unwritable path is an :class:`OutputError` that leaves the earlier file there as it was."""
     if not path:
         sys.stdout.write(text)
         return
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-    except OSError as e:
-        raise OutputError(f"{path}: cannot write the report ({e.strerror})") from None
+    write_atomic(path, text, what)
