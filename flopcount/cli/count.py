@@ -9,6 +9,7 @@ from flopcount.render import FORMATS, render
 
 from .arguments import (
     InputShapes,
+    add_memory_arguments,
     count_generate,
     count_hf,
     count_keras,
@@ -20,6 +21,7 @@ from .arguments import (
     positive,
     positive_float,
     positive_int,
+    memory_settings,
     weights,
 )
 from .console import write_output
@@ -105,8 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "causal, sliding windows); a mask that is data counts full, and the report says which")
     p.add_argument("--mode", choices=("inference", "train"), default="inference",
                    help="train: add the backward pass (gradients of inputs and trainable parameters)")
-    p.add_argument("--optimizer", choices=("sgd", "momentum", "adam"),
-                   help="with --mode train: also the optimizer step's FLOPs, reported apart")
+    p.add_argument("--optimizer", choices=("sgd", "momentum", "adam", "adamw"),
+                   help="with --mode train: also the optimizer step's FLOPs, reported apart (and its states and "
+                   "temporaries with --memory)")
+    add_memory_arguments(p)
     p.add_argument("--per-node", action="store_true", help="also list every node with its shapes and cost")
     p.add_argument("--by-module", action="store_true",
                    help="also a table of FLOPs, MACs and parameters per module, from the module scopes the exporter "
@@ -152,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
         report = count(args.model, input_shapes=shapes, batch=args.batch, convention=args.convention,
                        strict=args.strict, input_values=dict(args.input_value),
                        loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer,
-                       trainable_inputs=args.trainable_input, attention=args.attention, **weights(args))
+                       trainable_inputs=args.trainable_input, attention=args.attention, **weights(args),
+                       **memory_settings(args))
     if args.plot:
         from flopcount.measure.profile.roofline import plot_op_types
 
