@@ -228,6 +228,16 @@ class Graph:
     units: Mapping[int, int] = field(default_factory=dict)
 
 
+def _identity(n: NodeCount, g: Graph) -> bool:
+    """Whether ``n`` returns its input itself, as the frameworks run it: a Dropout that keeps no mask (inference,
+    or a ratio of 0), a Cast to the type its input has."""
+    if n.op_type == "Dropout":
+        return not (n.index in g.saved and g.saved[n.index].extra)
+    if n.op_type in ("Cast", "CastLike") and n.inputs and n.outputs and n.inputs[0] is not None:
+        return n.outputs[0] is not None and n.inputs[0].elem_type == n.outputs[0].elem_type != 0
+    return False
+
+
 class _Storages:
     """Storage roots of tensor names (views share their input's) and their bytes."""
 
@@ -236,7 +246,7 @@ class _Storages:
         self.root: dict[str, str] = {}
         for n in g.nodes:
             ins = [i for i in (t.name if t is not None else "" for t in n.inputs)]
-            view = n.op_type in VIEWS and n.domain == "" and ins and ins[0]
+            view = (n.op_type in VIEWS or _identity(n, g)) and n.domain == "" and ins and ins[0]
             for t in n.outputs:
                 if t is not None and t.name:
                     self.root[t.name] = self.root.get(ins[0], ins[0]) if view else t.name

@@ -301,9 +301,10 @@ def all_inputs_saved(ctx: NodeContext, **_) -> Saved:
 
 @saves("Dropout")
 def dropout_saved(ctx: NodeContext, **_) -> Saved:
-    """The mask as bools, |Y| bytes, in training mode (``training_mode`` a constant true); nothing otherwise (the
-    op is then the identity)."""
+    """The mask as bools, |Y| bytes, in training mode (``training_mode`` a constant true) with a ratio that is not
+    0 (the default 0.5, or a constant); nothing otherwise (the op is then the identity, as torch returns its input)."""
     mode = ctx.value(2) if ctx.has_input(2) else None
-    if mode is not None and bool(mode.reshape(-1)[0]):
+    ratio = ctx.value(1) if ctx.has_input(1) else None
+    if mode is not None and bool(mode.reshape(-1)[0]) and (ratio is None or float(ratio.reshape(-1)[0]) != 0.0):
         return Saved(extra=(("dropout mask (bool)", BOOL_BYTES * ctx.out_numel()),))
     return NOTHING
