@@ -26,7 +26,7 @@ from flopcount.cost import Cost
 from flopcount.masks import AttentionMask, ExecutedPairs
 from flopcount.operators.elementwise import activation
 from flopcount.registry import backward, formula, saves
-from flopcount.saved import STAT_BYTES, Saved
+from flopcount.saved import STAT_BYTES, Saved, keeps
 
 
 def _attention_dims(ctx: NodeContext, q_num_heads: int | None, kv_num_heads: int | None):
@@ -383,3 +383,15 @@ def attention_saved(ctx: NodeContext, *, q_num_heads: int | None = None, **_) ->
     rows = prod(q[:-1]) if len(q) == 4 else q[0] * q[1] * (q_num_heads or 1)
     return Saved(inputs=tuple(i for i in range(4) if ctx.has_input(i)), outputs=(0,),
                  extra=(("log-sum-exp (float32)", STAT_BYTES * rows),))
+
+
+@saves("RotaryEmbedding")
+def rotary_saved(ctx: NodeContext, **_) -> Saved:
+    """The cos and sin caches and the position ids: dX is dY rotated back by the same angles."""
+    return keeps(*(i for i in (1, 2, 3) if ctx.has_input(i)))
+
+
+@saves("SwiGLU")
+def swiglu_saved(ctx: NodeContext, **_) -> Saved:
+    """The gate and linear inputs: the derivative of silu(a)·b reads a and b."""
+    return keeps(*(i for i in range(len(ctx.inputs)) if ctx.has_input(i)))

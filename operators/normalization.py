@@ -19,7 +19,7 @@ from flopcount.context import NodeContext
 from flopcount.conventions import Convention
 from flopcount.cost import Cost
 from flopcount.registry import backward, formula, saves
-from flopcount.saved import STAT_BYTES, Saved
+from flopcount.saved import STAT_BYTES, Saved, keeps
 
 
 def standardize(convention: Convention, n: int, stats: int, *, scale: bool = True, bias: bool = True) -> Cost:
@@ -284,3 +284,10 @@ def group_norm_saved(ctx: NodeContext, *, num_groups: int = 0, **_) -> Saved:
     groups = num_groups or (x[1] if len(x) > 1 else 1)
     return Saved(inputs=tuple(i for i in (0, 1) if ctx.has_input(i)),
                  extra=(("mean, rstd (float32)", 2 * STAT_BYTES * x[0] * groups),))
+
+
+@saves("LRN", "LpNormalization")
+def x_and_y_saved(ctx: NodeContext, **_) -> Saved:
+    """X and Y: LRN's dX reads both (and the scale, computed again from X); Lp normalization's dX = (dY − Y·Σ
+    dY·Y)/‖X‖, with ‖X‖ = X/Y."""
+    return keeps(0, outputs=(0,))

@@ -21,7 +21,7 @@ from math import prod
 from flopcount.context import NodeContext
 from flopcount.conventions import Convention
 from flopcount.cost import Cost
-from flopcount.registry import backward, formula, saves
+from flopcount.registry import backward, formula, saves, saves_nothing
 from flopcount.saved import NOTHING, Saved, keeps
 
 
@@ -113,3 +113,6 @@ def log_softmax_backward(ctx: NodeContext, *, axis: int = -1, **_) -> Cost:
 def softmax_saved(ctx: NodeContext, **_) -> Saved:
     """Y: dX = Y·(dY − Σ dY·Y) for Softmax, dX = dY − exp(Y)·Σ dY for LogSoftmax."""
     return keeps(outputs=(0,)) if ctx.needs_grad(0) else NOTHING
+
+
+saves_nothing("Hardmax")  # its gradient is zero
