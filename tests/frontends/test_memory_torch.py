@@ -181,3 +181,71 @@ def test_llama_tiny_gqa():
     # the rotary inv_freq table and its original copy are float32 buffers of torch (d/2 each) that the exporter
     # folds into a constant
     check_model_states(rank, module, inputs, buffers_left_out=2 * F32 * d // 2)
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(24, 40), torch.nn.Linear(40, 24)
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(x)))
+
+
+class Stack(torch.nn.Module):
+    """Three residual blocks in ``layers``, each run through ``torch.utils.checkpoint`` (non-reentrant) when
+    ``checkpointed``; exported without (the module scopes ``layers.0`` ... name the units)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(Block() for _ in range(3))
+        self.checkpointed = False
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        for block in self.layers:
+            x = checkpoint(block, x, use_reentrant=False) if self.checkpointed else block(x)
+        return x.sum()
+
+
+def after_forward_and_peak(module, inputs) -> tuple[int, int]:
+    """MemTracker's activation bytes when the forward returns, and the peak, of one SGD step after a first."""
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        module(*inputs).backward()
+        opt.step()
+
+    step()
+    tracker = mem_tracker.MemTracker()
+    tracker.track_external(module, opt)
+    with tracker:
+        step()
+    cpu = torch.device("cpu")
+    post = tracker.memory_tracking[module].snapshots[mem_tracker._ModState.POST_FW][0][cpu]
+    activations = next(v for k, v in post.items() if getattr(k, "value", k) == "Activation")
+    return activations, tracker.get_tracker_snapshot("peak")[cpu]["Total"]
+
+
+def test_full_recompute_against_torch_checkpoint():
+    torch.manual_seed(0)
+    module, inputs = Stack(), (torch.randn(5, 7, 24),)
+    kept, peaks = {}, {}
+    for policy in ("none", "full"):
+        report = flopcount.from_torch(module.train(), inputs, training=True, optimizer="sgd", cache_dir=False,
+                                      memory=MemorySettings(device="cpu", recompute=policy))
+        (rank,) = report.memory.ranks
+        module.checkpointed = policy == "full"
+        torch_kept, torch_peak = after_forward_and_peak(module, inputs)
+        module.checkpointed = False
+        kept[policy] = (rank.activations_bytes, torch_kept)
+        assert abs(rank.peak_bytes - torch_peak) <= 0.05 * torch_peak
+        peaks[policy] = rank.peak_bytes
+    # what checkpointing each block spares: per block, the ReLU's output (kept by ReLU and by down); the blocks'
+    # inputs stay kept (by up without recompute, by the checkpoint with it)
+    spared = 3 * F32 * 5 * 7 * 40
+    assert kept["none"][0] - kept["full"][0] == spared == kept["none"][1] - kept["full"][1]
+    assert kept["full"][0] == 3 * F32 * 5 * 7 * 24  # the three blocks' inputs
+    assert peaks["full"] < peaks["none"]
