@@ -31,6 +31,8 @@ docs/architecture.md):
 * :mod:`.layers` how a stack of identical layers was counted; :mod:`.extension` a count of L layers from counts of
   1 and 2 (``--hf``)
 * :mod:`.graph_masks` the attention masks a graph computes from positions, evaluated for ``--attention executed``
+* :mod:`.saved` what an operator's backward keeps; :mod:`.memory` the memory ledger of a step (``--memory``);
+  :mod:`.plan` the parallel plan and recompute policy
 
 Around it: :mod:`flopcount.operators` (formulas), :mod:`flopcount.frontends`, :mod:`flopcount.models`,
 :mod:`flopcount.measure` (the measuring half), :mod:`flopcount.workloads` and :mod:`flopcount.cli`.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["NOTHING", "Saved", "keeps"]
+__all__ = ["NOTHING", "Saved", "element_bytes", "keeps"]
 
 #: Bytes of the statistics kept in float32 (the accumulation type of every framework's normalization kernels).
 STAT_BYTES = 4
@@ -44,3 +44,18 @@ NOTHING = Saved()
 def keeps(*inputs: int, outputs: tuple[int, ...] = ()) -> Saved:
     """``Saved(inputs, outputs)``: shorthand for rules that keep whole tensors."""
     return Saved(tuple(inputs), tuple(outputs))
+
+
+def element_bytes(elem_type: int, default: int = 4) -> int:
+    """Bytes of one element of ONNX type ``elem_type`` (``default`` when unknown or not a whole byte).
+
+    >>> element_bytes(10), element_bytes(7)
+    (2, 8)
+    """
+    import numpy as np
+    from onnx import helper
+
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).itemsize
+    except (KeyError, TypeError, ValueError):
+        return default

@@ -16,7 +16,7 @@ from __future__ import annotations
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
 from flopcount.registry import backward, formula, saves
-from flopcount.saved import Saved, keeps
+from flopcount.saved import Saved, element_bytes, keeps
 
 
 def _nll(targets: int, weighted: bool, reduction: str) -> int:
@@ -134,7 +134,7 @@ def softmax_cross_entropy_saved(ctx: NodeContext, **_) -> Saved:
     labels and the class weights: dX = (softmax(X) − onehot(labels))·w, as torch's log_softmax and nll_loss keep
     them."""
     log_prob = Saved(outputs=(1,)) if len(ctx.outputs) > 1 and ctx.outputs[1] is not None else Saved(
-        extra=(("log-probabilities", ctx.numel(0) * _element_bytes(ctx, 0)),))
+        extra=(("log-probabilities", ctx.numel(0) * element_bytes(ctx.inputs[0].elem_type)),))
     return log_prob._replace(inputs=tuple(i for i in (1, 2) if ctx.has_input(i)))
 
 
@@ -142,9 +142,3 @@ def softmax_cross_entropy_saved(ctx: NodeContext, **_) -> Saved:
 def nll_loss_saved(ctx: NodeContext, **_) -> Saved:
     """The targets and the class weights: dX is −w at each target, zero elsewhere."""
     return keeps(*(i for i in (1, 2) if ctx.has_input(i)))
-
-
-def _element_bytes(ctx: NodeContext, i: int) -> int:
-    from flopcount.report import element_bits
-
-    return (element_bits(ctx.inputs[i].elem_type) or 32) // 8
