@@ -376,33 +376,46 @@ def _backward(g: Graph, st: _Storages, h: _Holds, w: _Walk) -> None:
     gradients, its statistics and what only it kept are freed; a checkpointed unit makes its kept tensors again
     when its backward starts and releases its inputs when it ends."""
     persistent = g.stored | {st.of(n) for n in g.inputs} | {st.of(n) for n in g.outputs}
-    pending = {r: set(k) for r, k in h.holders.items()}
-    unit_holds = {u: set(rs) for u, rs in h.unit_inputs.items()}
+    pending = {r: len(k) for r, k in h.holders.items()}  # holders whose backward has not run
+    kept_by: dict[int, list[str]] = {}
+    for r, ks in h.holders.items():
+        for k in ks:
+            kept_by.setdefault(k, []).append(r)
+    unit_holds: dict[str, int] = {}  # root → checkpointed units still keeping it
+    for rs in h.unit_inputs.values():
+        for r in rs:
+            unit_holds[r] = unit_holds.get(r, 0) + 1
+    remade: dict[int, list[str]] = {}
+    for r, u in h.recomputed.items():
+        remade.setdefault(u, []).append(r)
+    unit_extra: dict[int, int] = {}
+    for k, s in g.saved.items():
+        if k in g.units:
+            unit_extra[g.units[k]] = unit_extra.get(g.units[k], 0) + s.extra_bytes
     alive = {r for r in h.holders if r not in h.recomputed}.union(*h.unit_inputs.values())
     grad_of: dict[str, int] = {}
     param_grads: set[str] = set()
-    due = {n.index for n in g.nodes if n.index in g.grads}
     for n in g.nodes:  # the seed gradients of the graph's outputs that need one
         for t in n.outputs:
-            if n.index in due and t is not None and t.name in g.outputs and t.is_float:
+            if n.index in g.grads and t is not None and t.name in g.outputs and t.is_float:
                 grad_of[t.name] = st.nbytes(t.name)
                 w.add(grad_of[t.name])
 
     def release(r: str) -> None:
-        if r in alive and not pending.get(r) and not any(r in rs for rs in unit_holds.values()) and r not in persistent:
+        if r in alive and not pending.get(r) and not unit_holds.get(r) and r not in persistent:
             alive.discard(r)
             w.add(-st.nbytes(r))
 
     for n in reversed(g.nodes):
-        if n.index not in due:
+        if n.index not in g.grads:
             continue
         u = g.units.get(n.index)
         if u is not None and h.last.get(u) == n.index:  # the checkpoint runs the unit's forward again
-            for r, ru in h.recomputed.items():
-                if ru == u and r not in alive:
+            for r in remade.get(u, ()):
+                if r not in alive:
                     alive.add(r)
                     w.add(st.nbytes(r))
-            w.add(sum(g.saved[k].extra_bytes for k in g.saved if g.units.get(k) == u))
+            w.add(unit_extra.get(u, 0))
         _input_grads(g, st, n, w, grad_of, param_grads)
         w.mark("backward", n.name)
         for t in n.outputs:
@@ -410,12 +423,12 @@ def _backward(g: Graph, st: _Storages, h: _Holds, w: _Walk) -> None:
                 w.add(-grad_of.pop(t.name))
         if n.index in g.saved:
             w.add(-g.saved[n.index].extra_bytes)
-        for r, ks in pending.items():
-            if n.index in ks:
-                ks.discard(n.index)
-                release(r)
+        for r in kept_by.get(n.index, ()):
+            pending[r] -= 1
+            release(r)
         if u is not None and h.first.get(u) == n.index:
-            for r in unit_holds.pop(u, ()):
+            for r in h.unit_inputs.get(u, ()):
+                unit_holds[r] -= 1
                 release(r)
 
 
