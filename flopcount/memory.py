@@ -27,7 +27,8 @@ from .report import NodeCount, element_bits, op_key, tensor_bytes
 from .saved import Saved
 
 __all__ = [
-    "IMPLEMENTATIONS", "OPTIMIZER_STATES", "Memory", "MemorySettings", "RankMemory", "ledger", "optimizer_bytes",
+    "IMPLEMENTATIONS", "INPUTS", "OPTIMIZER_STATES", "Memory", "MemorySettings", "RankMemory", "account", "ledger",
+    "module_activations", "optimizer_bytes", "recompute_units",
 ]
 
 #: Tensors of optimizer state per parameter element: SGD none, momentum its buffer, Adam and AdamW two moments.
@@ -116,6 +117,7 @@ class Memory:
     ranks: tuple[RankMemory, ...]
     missing: Mapping[str, int] = field(default_factory=dict)
     unsized: tuple[str, ...] = ()
+    kept_by_node: Mapping[int, int] = field(default_factory=dict, compare=False)  # see module_activations
 
     @property
     def lower_bound(self) -> bool:
@@ -277,7 +279,8 @@ def ledger(g: Graph, mode: str, optimizer: str | None, settings: MemorySettings,
     inputs = sum(size(n) for n in g.inputs)
     w = _Walk(live=params + buffers + inputs + states)
     holds = _holds(g, st) if training else _Holds()
-    activations, statistics = _forward(g, st, holds, w)
+    kept_by: dict[int, int] = {}
+    activations, statistics = _forward(g, st, holds, w, kept_by)
     if training:
         _backward(g, st, holds, w)
         w.live += temps
@@ -287,7 +290,8 @@ def ledger(g: Graph, mode: str, optimizer: str | None, settings: MemorySettings,
     return Memory(mode, optimizer if training else None,
                   settings.resolved_implementation if training and optimizer else None,
                   str(settings.recompute) if training else "none", settings.master_weights, (rank,),
-                  MappingProxyType(dict(missing) if training else {}), tuple(sorted(unsized)))
+                  MappingProxyType(dict(missing) if training else {}), tuple(sorted(unsized)),
+                  MappingProxyType(kept_by))
 
 
 @dataclass
@@ -338,9 +342,11 @@ def _holds(g: Graph, st: _Storages) -> _Holds:
     return h
 
 
-def _forward(g: Graph, st: _Storages, h: _Holds, w: _Walk) -> tuple[int, int]:
+def _forward(g: Graph, st: _Storages, h: _Holds, w: _Walk, kept_by: dict[int, int]) -> tuple[int, int]:
     """Walk the forward: allocate each node's outputs, free what nothing reads or keeps any more; return the bytes
-    kept for the backward at its end (whole tensors and statistics together) and the statistics among them."""
+    kept for the backward at its end (whole tensors and statistics together) and the statistics among them.
+    ``kept_by`` gets the bytes kept per node index: a tensor under the node that made it (-1: a graph input),
+    statistics under the node that keeps them."""
     last_use: dict[str, int] = {}
     for pos, n in enumerate(g.nodes):
         for t in n.inputs:
@@ -360,14 +366,20 @@ def _forward(g: Graph, st: _Storages, h: _Holds, w: _Walk) -> tuple[int, int]:
         w.mark("forward", n.name)
         if n.index in g.units:
             w.add(-extra)  # recomputed in the backward
-        else:
+        elif extra:
             statistics += extra
+            kept_by[n.index] = kept_by.get(n.index, 0) + extra
         names = [t.name for t in (*n.inputs, *n.outputs) if t is not None and t.name]
         for r in {st.of(x) for x in names}:
             if r in allocated and last_use.get(r, -1) <= pos and r not in held and r not in persistent:
                 w.add(-st.nbytes(r))
                 allocated.discard(r)
-    kept = sum(st.nbytes(r) for r in held if r not in g.stored)
+    producer = {t.name: n.index for n in g.nodes for t in n.outputs if t is not None and t.name}
+    kept = 0
+    for r in held - g.stored:
+        kept += st.nbytes(r)
+        k = producer.get(r, -1)
+        kept_by[k] = kept_by.get(k, 0) + st.nbytes(r)
     return kept + statistics, statistics
 
 
@@ -487,3 +499,26 @@ def account(nodes: Sequence[NodeCount], *, mode: str, optimizer: str | None, set
     g = Graph(nodes, grads if mode == "train" else {}, saved, tensors, roles["params"], roles["trainable"],
               roles["buffers"], roles["stored"], tuple(inputs), frozenset(outputs), units if mode == "train" else {})
     return ledger(g, mode, optimizer, settings, missing, kv_cache_bytes)
+
+
+#: The row of :func:`module_activations` that holds the graph's inputs kept for the backward.
+INPUTS = "(graph inputs)"
+
+
+def module_activations(memory: Memory, nodes: Sequence[NodeCount], scopes: Sequence[tuple[str, ...]],
+                       depth: int = 1) -> tuple[tuple[str, int], ...]:
+    """The activations kept for the backward per module down to ``depth`` (1: the model's children), in the order
+    the graph first runs them: a tensor in the module whose node made it, statistics in the module whose node keeps
+    them, the graph's inputs in the row :data:`INPUTS`, the rest in ``modules.OUTSIDE``. The rows sum to
+    ``activations_bytes``."""
+    from .modules import OUTSIDE
+
+    if depth < 1:
+        raise UsageError(f"depth: must be 1 or more, not {depth}")
+    position = {n.index: k for k, n in enumerate(nodes)}
+    rows: dict[str, int] = {}
+    for idx in sorted(memory.kept_by_node, key=lambda i: position.get(i, -1)):
+        chain = scopes[position[idx]][:depth] if idx >= 0 and scopes and idx in position else ()
+        key = INPUTS if idx < 0 else chain[-1] if chain else OUTSIDE
+        rows[key] = rows.get(key, 0) + memory.kept_by_node[idx]
+    return tuple(rows.items())

@@ -97,6 +97,12 @@ def to_dict(report: Report, per_node: bool = False, by_module: int | None = None
         doc["layers"] = report.layers.as_dict()
     if report.memory is not None:
         doc["memory"] = report.memory.as_dict()
+        if by_module is not None:
+            from .memory import module_activations
+
+            doc["memory"]["by_module"] = [
+                {"module": m, "activations_bytes": b}
+                for m, b in module_activations(report.memory, report.nodes, report.modules.nodes, by_module)]
     if by_module is not None:
         doc["module_scopes"] = {"depth": by_module, "source": report.modules.source or None,
                                 "missing": report.modules.missing or None}
@@ -358,6 +364,12 @@ def render(report: Report, fmt: str = "table", per_node: bool = False, by_module
     summary = _summary_lines(report)
     if by_module is not None:
         summary.append(_modules_line(report))
+    if by_module is not None and report.memory is not None:
+        from .memory import module_activations
+
+        summary.append("Activations kept by module: " + "; ".join(
+            f"{m} {_n(b)} B" for m, b in module_activations(report.memory, report.nodes, report.modules.nodes,
+                                                            by_module)))
     if fmt == "markdown":
         summary = [f"- {line}" for line in summary]
     return "\n\n".join(parts + ["\n".join(summary)]) + "\n"

@@ -74,3 +74,12 @@ def test_bad_flags_exit_2_naming_the_part(capsys, mlp_path, argv, message):
     assert main([mlp_path, *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_by_module_rows_in_json_and_table(capsys, mlp_path):
+    """The hand-built graph has no module scopes: the kept relu output is outside any module, x is a graph input."""
+    memory = run_json(capsys, mlp_path, "--mode", "train", "--memory", "--by-module")["memory"]
+    assert memory["by_module"] == [{"module": "(graph inputs)", "activations_bytes": F32 * 4 * 10},
+                                   {"module": "(outside any module)", "activations_bytes": F32 * 4 * 20}]
+    assert main([mlp_path, "--mode", "train", "--memory", "--by-module"]) == 0
+    assert "Activations kept by module: (graph inputs) 160 B; (outside any module) 320 B" in capsys.readouterr().out

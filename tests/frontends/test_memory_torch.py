@@ -249,3 +249,17 @@ def test_full_recompute_against_torch_checkpoint():
     assert kept["none"][0] - kept["full"][0] == spared == kept["none"][1] - kept["full"][1]
     assert kept["full"][0] == 3 * F32 * 5 * 7 * 24  # the three blocks' inputs
     assert peaks["full"] < peaks["none"]
+
+
+def test_activations_by_module_sum_to_the_total():
+    """Per module (depth 2: each block of ``layers``), the ReLU's output and the block's output (the next block's
+    input) kept; the graph's input in its own row."""
+    from flopcount.memory import INPUTS, module_activations
+
+    torch.manual_seed(0)
+    report = flopcount.from_torch(Stack().train(), (torch.randn(5, 7, 24),), training=True, cache_dir=False,
+                                  memory=True)
+    rows = dict(module_activations(report.memory, report.nodes, report.modules.nodes, depth=2))
+    relu, block = F32 * 5 * 7 * 40, F32 * 5 * 7 * 24
+    assert rows == {INPUTS: block, "layers.0": relu + block, "layers.1": relu + block, "layers.2": relu}
+    assert sum(rows.values()) == report.memory.ranks[0].activations_bytes
