@@ -263,3 +263,46 @@ def test_activations_by_module_sum_to_the_total():
     relu, block = F32 * 5 * 7 * 40, F32 * 5 * 7 * 24
     assert rows == {INPUTS: block, "layers.0": relu + block, "layers.1": relu + block, "layers.2": relu}
     assert sum(rows.values()) == report.memory.ranks[0].activations_bytes
+
+
+class Attention(torch.nn.Module):
+    """Multi-head self-attention with dropout on the probabilities; with ``checkpointed`` its core (scores, softmax,
+    dropout, the product with V) runs under ``torch.utils.checkpoint`` (non-reentrant): Megatron's selective
+    recompute."""
+
+    def __init__(self, h=24, heads=3):
+        super().__init__()
+        self.qkv, self.out = torch.nn.Linear(h, 3 * h), torch.nn.Linear(h, h)
+        self.drop, self.heads = torch.nn.Dropout(0.1), heads
+        self.checkpointed = False
+
+    def core(self, q, k, v):
+        probs = self.drop(torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1))
+        return probs @ v
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        b, s, h = x.shape
+        q, k, v = (t.reshape(b, s, self.heads, h // self.heads).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        ctx = checkpoint(self.core, q, k, v, use_reentrant=False) if self.checkpointed else self.core(q, k, v)
+        return self.out(ctx.transpose(1, 2).reshape(b, s, h)).sum()
+
+
+def test_selective_recompute_against_checkpointing_the_attention_core():
+    torch.manual_seed(0)
+    b, s, a = 2, 11, 3
+    module, inputs = Attention(heads=a), (torch.randn(b, s, 24),)
+    kept = {}
+    for policy in ("none", "selective"):
+        report = flopcount.from_torch(module.train(), inputs, training=True, optimizer="sgd", cache_dir=False,
+                                      memory=MemorySettings(device="cpu", recompute=policy))
+        module.checkpointed = policy == "selective"
+        kept[policy] = (report.memory.ranks[0].activations_bytes, after_forward_and_peak(module, inputs)[0])
+        module.checkpointed = False
+    ours = kept["none"][0] - kept["selective"][0]
+    spared_by_torch = kept["none"][1] - kept["selective"][1]
+    # spared: the softmax output and the dropped probabilities (float32, a·s²·b each) and the dropout's record:
+    # our bool mask (1 byte an element), torch's CPU float noise (4 bytes)
+    assert ours == F32 * 2 * a * s * s * b + a * s * s * b
+    assert spared_by_torch == ours + 3 * a * s * s * b
