@@ -27,7 +27,7 @@ from .report import NodeCount, element_bits, op_key, tensor_bytes
 from .saved import Saved
 
 __all__ = [
-    "IMPLEMENTATIONS", "INPUTS", "OPTIMIZER_STATES", "Memory", "MemorySettings", "RankMemory", "account", "ledger",
+    "IMPLEMENTATIONS", "INPUTS", "OPTIMIZER_STATES", "Graph", "Memory", "MemorySettings", "RankMemory", "account", "ledger",
     "module_activations", "optimizer_bytes", "recompute_units",
 ]
 
