@@ -150,7 +150,12 @@ MODES = ("inference", "train")
 def _count(model, input_shapes, batch, convention, strict, input_values, loop_trips, mode, optimizer,
            trainable_inputs=None, trainable=None, frozen=None, attention="full", memory=None) -> Report:
     conv = get_convention(convention)
-    memory = _memory_settings(memory)
+    if memory is not None and memory is not False:
+        from .memory import MemorySettings
+
+        memory = MemorySettings.of(memory)
+    else:
+        memory = None
     given_mask = None
     if not isinstance(attention, str):
         attention, given_mask = "executed", attention
@@ -247,46 +252,22 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
     return dataclasses.replace(report, timings=MappingProxyType(timings))
 
 
-def _memory_settings(memory: Any):
-    """``count(memory=...)`` as :class:`~flopcount.memory.MemorySettings`, or None when not asked."""
-    if memory is None or memory is False:
-        return None
-    from .memory import MemorySettings
-
-    if memory is True:
-        return MemorySettings()
-    if not isinstance(memory, MemorySettings):
-        raise UsageError(f"memory must be True or a flopcount.memory.MemorySettings, not {type(memory).__name__}")
-    return memory
-
-
 def _memory(settings, report: Report, index: GraphIndex, res: Resolution, training, roles: Roles, attributes,
             opsets, conv: Convention, strict: bool, where: str, m: ModelProto, optimizer: str | None):
     """The memory ledger of the counted ``report`` (:func:`flopcount.memory.account`)."""
-    from .memory import account, recompute_units
-
-    grads = training.grads if training is not None else {}
-    values = res.values
+    from .memory import account, attention_cores, recompute_units
 
     def context(n: NodeCount, flags: tuple[bool, ...]) -> NodeContext:
         return NodeContext(n.name, n.op_type, n.domain, opsets.get(n.domain, 0), n.inputs, n.outputs, conv,
-                           values.get, grads=flags)
+                           res.values.get, grads=flags)
 
-    def cores() -> list[set[int]]:
-        at = {name: i for i, name in enumerate(index.names)}
-        products: dict[int, dict[str, int]] = {}
-        for name, (kind, j) in score_products(index.protos, index.names).items():
-            products.setdefault(j, {})[kind] = at[name]
-        return [({p["scores"]} | nx.descendants(index.dag, p["scores"])) & ({p["values"]} | nx.ancestors(index.dag, p["values"]))
-                for p in products.values()]
-
-    units = recompute_units(settings.recompute, report.nodes, report.modules.nodes, cores)
+    units = recompute_units(settings.recompute, report.nodes, report.modules.nodes, lambda: attention_cores(index))
     names = {"params": roles.names(PARAMETER), "trainable": training.trainable if training is not None else frozenset(),
              "buffers": roles.names(BUFFER), "stored": frozenset(stored_tensors(m.graph))}
-    return account(report.nodes, mode=report.mode, optimizer=optimizer, settings=settings, grads=grads,
-                   tensors=res.tensors, make_context=context, attributes=lambda n: attributes[n.index], roles=names,
-                   inputs=[t.name for t in res.inputs], outputs=[o.name for o in m.graph.output], units=units,
-                   strict=strict, where=where)
+    return account(report.nodes, mode=report.mode, optimizer=optimizer, settings=settings,
+                   grads=training.grads if training is not None else {}, tensors=res.tensors, make_context=context,
+                   attributes=lambda n: attributes[n.index], roles=names, inputs=[t.name for t in res.inputs],
+                   outputs=[o.name for o in m.graph.output], units=units, strict=strict, where=where)
 
 
 def _module_scopes(index: GraphIndex, roles: Roles) -> ModuleScopes:

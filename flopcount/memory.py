@@ -27,7 +27,7 @@ from .report import NodeCount, element_bits, op_key, tensor_bytes
 from .saved import Saved
 
 __all__ = [
-    "IMPLEMENTATIONS", "INPUTS", "OPTIMIZER_STATES", "Graph", "Memory", "MemorySettings", "RankMemory", "account", "ledger",
+    "IMPLEMENTATIONS", "INPUTS", "OPTIMIZER_STATES", "Graph", "Memory", "MemorySettings", "RankMemory", "account", "attention_cores", "ledger",
     "module_activations", "optimizer_bytes", "recompute_units",
 ]
 
@@ -70,6 +70,15 @@ class MemorySettings:
         if not self.plan.is_single:
             raise UsageError(f"--parallel {self.plan}: memory per rank under a parallel plan is not modelled yet; "
                              "give the memory of one rank without --parallel")
+
+    @classmethod
+    def of(cls, memory: Any) -> "MemorySettings":
+        """``count(memory=...)``: True (the defaults) or settings."""
+        if memory is True:
+            return cls()
+        if not isinstance(memory, MemorySettings):
+            raise UsageError(f"memory must be True or a flopcount.memory.MemorySettings, not {type(memory).__name__}")
+        return memory
 
     @property
     def resolved_implementation(self) -> str:
@@ -522,3 +531,18 @@ def module_activations(memory: Memory, nodes: Sequence[NodeCount], scopes: Seque
         key = INPUTS if idx < 0 else chain[-1] if chain else OUTSIDE
         rows[key] = rows.get(key, 0) + memory.kept_by_node[idx]
     return tuple(rows.items())
+
+
+def attention_cores(index: Any) -> list[set[int]]:
+    """The attention cores of a graph (a :class:`~flopcount.graph.GraphIndex`): for each eager attention, the node
+    indices from its score product through softmax (and dropout) to its product with V, both included."""
+    import networkx as nx
+
+    from .masks import score_products
+
+    at = {name: i for i, name in enumerate(index.names)}
+    products: dict[int, dict[str, int]] = {}
+    for name, (kind, j) in score_products(index.protos, index.names).items():
+        products.setdefault(j, {})[kind] = at[name]
+    return [({p["scores"]} | nx.descendants(index.dag, p["scores"])) & ({p["values"]} | nx.ancestors(index.dag, p["values"]))
+            for p in products.values() if "scores" in p and "values" in p]
