@@ -61,6 +61,8 @@ from .frontends.torch import from_torch
 from .measure.harness.meter import Meter
 from .measure.harness.result import RunResult
 from .generation import Generation
+from .memory import Memory, MemorySettings
+from .plan import ParallelPlan, Recompute
 from .report import ModelInfo, NodeCount, OpTypeSummary, Report
 
 try:
@@ -77,12 +79,16 @@ __all__ = [
     "FrontendError",
     "Generation",
     "InvalidGraphError",
+    "Memory",
+    "MemorySettings",
     "Meter",
     "ModelFileError",
     "ModelInfo",
     "NodeCount",
     "OpTypeSummary",
     "OpsetError",
+    "ParallelPlan",
+    "Recompute",
     "Report",
     "RunResult",
     "ShapeError",
