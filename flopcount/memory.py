@@ -255,6 +255,7 @@ class _Storages:
     def __init__(self, g: Graph, unsized: set[str]):
         self.g, self.unsized = g, unsized
         self.root: dict[str, str] = {}
+        self._bytes: dict[str, int] = {}
         for n in g.nodes:
             ins = [i for i in (t.name if t is not None else "" for t in n.inputs)]
             view = (n.op_type in VIEWS or _identity(n, g)) and n.domain == "" and ins and ins[0]
@@ -266,10 +267,13 @@ class _Storages:
         return self.root.get(name, name)
 
     def nbytes(self, name: str) -> int:
-        b = tensor_bytes(self.g.tensors.get(name) or TensorInfo(name))
+        b = self._bytes.get(name)
         if b is None:
-            self.unsized.add(name)
-            return 0
+            b = tensor_bytes(self.g.tensors.get(name) or TensorInfo(name))
+            if b is None:
+                self.unsized.add(name)
+                b = 0
+            self._bytes[name] = b
         return b
 
 
