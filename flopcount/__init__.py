@@ -33,6 +33,8 @@ docs/architecture.md):
 * :mod:`.layers` how a stack of identical layers was counted; :mod:`.extension` a count of L layers from counts of
   1 and 2 (``--hf``)
 * :mod:`.graph_masks` the attention masks a graph computes from positions, evaluated for ``--attention executed``
+* :mod:`.saved` what an operator's backward keeps; :mod:`.memory` the memory ledger of a step (``--memory``);
+  :mod:`.plan` the parallel plan and recompute policy
 
 Every public name below is imported on first use (``import flopcount`` loads neither torch nor the measuring half).
 
@@ -65,6 +67,10 @@ _LAZY = {
     "Meter": "flopcount.measure.harness.meter",
     "RunResult": "flopcount.measure.harness.result",
     "Generation": "flopcount.generation",
+    "Memory": "flopcount.memory",
+    "MemorySettings": "flopcount.memory",
+    "ParallelPlan": "flopcount.plan",
+    "Recompute": "flopcount.plan",
     "ModelInfo": "flopcount.report",
     "NodeCount": "flopcount.report",
     "OpTypeSummary": "flopcount.report",
@@ -98,12 +104,16 @@ __all__ = [
     "FrontendError",
     "Generation",
     "InvalidGraphError",
+    "Memory",
+    "MemorySettings",
     "Meter",
     "ModelFileError",
     "ModelInfo",
     "NodeCount",
     "OpTypeSummary",
     "OpsetError",
+    "ParallelPlan",
+    "Recompute",
     "Report",
     "RunResult",
     "ShapeError",

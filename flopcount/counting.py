@@ -54,6 +54,7 @@ def count(
     trainable: Collection[str] | None = None,
     frozen: Collection[str] | None = None,
     attention: Any = "full",
+    memory: Any = None,
 ) -> Report:
     """Count the FLOPs of an ONNX model without reading its weights.
 
@@ -108,6 +109,11 @@ def count(
         ``report.attention`` says which. A mask given (a frontend reads it from the model's configuration) is executed-mode with that
         structure for the eager attentions, in graph order (see :mod:`flopcount.masks`).
 
+    memory : bool or :class:`~flopcount.memory.MemorySettings`, optional
+        Also the memory ledger (``report.memory``): weights, gradients, optimizer states and their step's
+        temporaries, the activations the backward keeps and the peak of one step (see :mod:`flopcount.memory`).
+        ``True``: the default settings.
+
     Returns
     -------
     Report
@@ -132,7 +138,7 @@ def count(
     gc.disable()
     try:
         return _count(model, input_shapes, batch, convention, strict, input_values, loop_trips, mode, optimizer,
-                      trainable_inputs, trainable, frozen, attention)
+                      trainable_inputs, trainable, frozen, attention, memory)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -145,8 +151,14 @@ _PHASES = {"load": "reading the model", "graph": "building and checking the grap
 
 
 def _count(model, input_shapes, batch, convention, strict, input_values, loop_trips, mode, optimizer,
-           trainable_inputs=None, trainable=None, frozen=None, attention="full") -> Report:
+           trainable_inputs=None, trainable=None, frozen=None, attention="full", memory=None) -> Report:
     conv = get_convention(convention)
+    if memory is not None and memory is not False:
+        from .memory import MemorySettings
+
+        memory = MemorySettings.of(memory)
+    else:
+        memory = None
     given_mask = None
     if not isinstance(attention, str):
         attention, given_mask = "executed", attention
@@ -237,8 +249,29 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
             trainable_params=trainable,
             optimizer=(optimizer, optimizer_cost(optimizer, trainable)) if optimizer else None,
         )
+    if memory is not None:
+        report = dataclasses.replace(report, memory=_memory(memory, report, index, res, training, roles, attributes,
+                                                            opsets, conv, strict, where, m, optimizer))
     lap("count")
     return dataclasses.replace(report, timings=MappingProxyType(timings))
+
+
+def _memory(settings, report: Report, index: GraphIndex, res: Resolution, training, roles: Roles, attributes,
+            opsets, conv: Convention, strict: bool, where: str, m: ModelProto, optimizer: str | None):
+    """The memory ledger of the counted ``report`` (:func:`flopcount.memory.account`)."""
+    from .memory import account, attention_cores, recompute_units
+
+    def context(n: NodeCount, flags: tuple[bool, ...]) -> NodeContext:
+        return NodeContext(n.name, n.op_type, n.domain, opsets.get(n.domain, 0), n.inputs, n.outputs, conv,
+                           res.values.get, grads=flags)
+
+    units = recompute_units(settings.recompute, report.nodes, report.modules.nodes, lambda: attention_cores(index))
+    names = {"params": roles.names(PARAMETER), "trainable": training.trainable if training is not None else frozenset(),
+             "buffers": roles.names(BUFFER), "stored": frozenset(stored_tensors(m.graph))}
+    return account(report.nodes, mode=report.mode, optimizer=optimizer, settings=settings,
+                   grads=training.grads if training is not None else {}, tensors=res.tensors, make_context=context,
+                   attributes=lambda n: attributes[n.index], roles=names, inputs=[t.name for t in res.inputs],
+                   outputs=[o.name for o in m.graph.output], units=units, strict=strict, where=where)
 
 
 def _module_scopes(index: GraphIndex, roles: Roles) -> ModuleScopes:
@@ -261,6 +294,7 @@ OPTIMIZERS: Mapping[str, tuple[int, int, str]] = MappingProxyType({
     "momentum": (4, 0, "v = mu*v + g; w -= lr*v"),
     "adam": (14, 1, "m = b1*m + (1-b1)*g (3); v = b2*v + (1-b2)*g*g (4); bias corrections (2); "
                     "w -= lr*m_hat/(sqrt(v_hat)+eps) (5, one sqrt)"),
+    "adamw": (16, 1, "Adam's 14 (one sqrt) and the decoupled weight decay w -= lr*wd*w (2)"),
 })  # fmt: skip
 
 

@@ -42,6 +42,9 @@ def extend(one: Report, two: Report, layers: int, path: str, *, first: int = 0, 
     """The report of ``layers`` layers of the stack at ``path`` from the reports of its first ``first + period``
     (``one``) and ``first + 2·period`` layers (``two``), where after ``first`` layers the stack repeats a block of
     ``period`` layers (1 and 0: identical layers); or :class:`NotExtendable` with the reason."""
+    if one.memory is not None or two.memory is not None:
+        raise NotExtendable("the memory ledger (--memory) is counted on the whole model: its extension from 1 and 2 "
+                            "layers is not written yet")
     blocks, rest = divmod(layers - first, period)
     if blocks < 2 or rest or first < 0:
         raise NotExtendable(f"{layers} layers are not {first} and whole blocks of {period}: nothing to extend")

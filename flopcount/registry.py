@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Callable, Collection, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 from .cost import Cost
 from .errors import RegistryError
+from .saved import NOTHING, Saved
 
 DEFAULT_DOMAIN = ""
 
@@ -176,3 +177,41 @@ def buffer_inputs(domain: str, op_type: str) -> frozenset[int]:
 
 def lookup_backward(domain: str, op_type: str) -> Callable[..., Cost] | None:
     return _BACKWARD.get((DEFAULT_DOMAIN if domain in ("", "ai.onnx") else domain, op_type))
+
+
+# --------------------------------------------------------------------------------------------
+# saved-for-backward rules: a third table with the same keys (flopcount.saved, flopcount.memory)
+
+_SAVED: dict[tuple[str, str], Callable[..., Saved]] = {}
+SAVED: Mapping[tuple[str, str], Callable[..., Saved]] = MappingProxyType(_SAVED)
+
+
+def saves(*op_types: str, domain: str = DEFAULT_DOMAIN):
+    """Register the decorated function as the saved-for-backward rule of ``op_types``:
+    ``rule(ctx, **attributes) -> Saved``, what the op's backward keeps from its forward (see
+    :mod:`flopcount.saved`). An operator without one is listed by the memory ledger, never taken to keep
+    nothing."""
+
+    def register(fn: Callable[..., Saved]) -> Callable[..., Saved]:
+        for op_type in op_types:
+            key = (canonical_domain(domain), op_type)
+            if key in _SAVED:
+                raise RegistryError(f"saved-for-backward rule of {op_type!r} ({domain or 'ai.onnx'}) is registered twice")
+            _SAVED[key] = fn
+        return fn
+
+    return register
+
+
+def saves_nothing(*op_types: str, domain: str = DEFAULT_DOMAIN) -> None:
+    """Declare that the backward of ``op_types`` needs only shapes (Add, Reshape, Concat, ReduceSum ...)."""
+    saves(*op_types, domain=domain)(_nothing)
+
+
+def _nothing(ctx: Any, **_: Any) -> Saved:
+    """Nothing: the backward needs only shapes."""
+    return NOTHING
+
+
+def lookup_saved(domain: str, op_type: str) -> Callable[..., Saved] | None:
+    return _SAVED.get((canonical_domain(domain), op_type))

@@ -96,6 +96,14 @@ def to_dict(report: Report, per_node: bool = False, by_module: int | None = None
         doc["moe"] = report.moe.as_dict()
     if report.layers is not None:
         doc["layers"] = report.layers.as_dict()
+    if report.memory is not None:
+        doc["memory"] = report.memory.as_dict()
+        if by_module is not None:
+            from .memory import module_activations
+
+            doc["memory"]["by_module"] = [
+                {"module": m, "activations_bytes": b}
+                for m, b in module_activations(report.memory, report.nodes, report.modules.nodes, by_module)]
     if by_module is not None:
         doc["module_scopes"] = {"depth": by_module, "source": report.modules.source or None,
                                 "missing": report.modules.missing or None}
@@ -230,6 +238,8 @@ def _summary_lines(report: Report) -> list[str]:
         lines += _moe_lines(report.moe)
     if report.generation is not None:
         lines += _generation_lines(report.generation)
+    if report.memory is not None:
+        lines += _memory_lines(report.memory)
     for key, (k, why) in report.upper_bounds.items():
         lines.append(f"Upper bound for {key} ({k} node{'s' if k > 1 else ''}): {why}")
     if report.unsupported:
@@ -239,6 +249,31 @@ def _summary_lines(report: Report) -> list[str]:
         )
     else:
         lines.append("Unsupported operators: none")
+    return lines
+
+
+def _memory_lines(m) -> list[str]:
+    """The memory ledger (:mod:`flopcount.memory`) as lines of the table report: one line per rank."""
+    def b(n: int | None) -> str:
+        return "n/a" if n is None else f"{_n(n)} B ({si(n, 'B')})"
+
+    how = [m.mode] + ([f"optimizer {m.optimizer} ({m.implementation})"] if m.optimizer else []) + (
+        [f"recompute {m.recompute}"] if m.mode == "train" else []) + (["fp32 master weights"] if m.master_weights else [])
+    lines = [f"Memory ({', '.join(how)}):"]
+    for k, r in enumerate(m.ranks):
+        parts = [f"params {b(r.params_bytes)}", f"grads {b(r.grads_bytes)}", f"optimizer {b(r.optimizer_bytes)}",
+                 f"step temporaries {b(r.optimizer_temp_bytes)}", f"activations kept {b(r.activations_bytes)}",
+                 f"peak {b(r.peak_bytes)} in the {r.peak_phase}" + (f" at node {r.peak_node!r}" if r.peak_node else "")]
+        if r.buffers_bytes:
+            parts.insert(1, f"buffers {b(r.buffers_bytes)}")
+        if r.kv_cache_bytes is not None:
+            parts.append(f"KV cache {b(r.kv_cache_bytes)}")
+        lines.append(f"  rank {k}: " + "; ".join(parts))
+    if m.missing:
+        lines.append("  activations are a LOWER BOUND: no saved-for-backward rule for "
+                     + ", ".join(f"{k} ({v})" for k, v in m.missing.items()))
+    if m.unsized:
+        lines.append(f"  sizes unknown (not counted): {', '.join(m.unsized[:5])}" + (" ..." if len(m.unsized) > 5 else ""))
     return lines
 
 
@@ -332,6 +367,12 @@ def render(report: Report, fmt: str = "table", per_node: bool = False, by_module
     summary = _summary_lines(report)
     if by_module is not None:
         summary.append(_modules_line(report))
+    if by_module is not None and report.memory is not None:
+        from .memory import module_activations
+
+        summary.append("Activations kept by module: " + "; ".join(
+            f"{m} {_n(b)} B" for m, b in module_activations(report.memory, report.nodes, report.modules.nodes,
+                                                            by_module)))
     if fmt == "markdown":
         summary = [f"- {line}" for line in summary]
     return "\n\n".join(parts + ["\n".join(summary)]) + "\n"

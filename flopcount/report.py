@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
 
 from .conventions import Convention
 from .cost import Cost
@@ -196,6 +196,7 @@ class Report:
     moe: "MixtureOfExperts | None" = None  # mixture-of-experts layers (flopcount.moe), --hf only
     attention: str = "full"  # --attention: "full", or "executed: " and the masks used (flopcount.masks)
     layers: "RepeatedLayers | None" = None  # --hf: how the stack of layers was counted (flopcount.layers)
+    memory: "Any | None" = None  # --memory: the memory ledger per rank (flopcount.memory.Memory)
 
     def by_module(self, depth: int = 1) -> tuple[ModuleRow, ...]:
         """FLOPs, MACs and parameters per module down to ``depth`` (1: the model's children), from the module

@@ -108,6 +108,11 @@ def from_causal_lm(model, generate: tuple[int, int], *, batch: int = 1, cache_di
 
 
 def _with(report, generation: Generation):
+    if report.memory is not None:  # the ledger of the prefill, with the cache after the last step beside it
+        kv = sum(generation.kv_cache_bytes.values())
+        memory = dataclasses.replace(report.memory, ranks=tuple(dataclasses.replace(r, kv_cache_bytes=kv)
+                                                                for r in report.memory.ranks))
+        report = dataclasses.replace(report, memory=memory)
     return dataclasses.replace(report, generation=generation)
 
 

@@ -113,7 +113,9 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
             return _count(m, input_shapes, cache_dir, count_kwargs)
 
         tokens = _tokens(hf_inputs(model, input_shapes), count_kwargs.get("batch"))
-    report = _count_stack(model, count, repeated_layers, trust_remote_code)
+    memory = count_kwargs.get("memory")
+    report = _count_stack(model, count, repeated_layers, trust_remote_code,
+                          whole="--memory: the ledger is counted on the whole model" if memory else "")
     moe = moe_summary(model, report, tokens, capacity_factor) if tokens else None
     if moe is None and capacity_factor is not None:
         raise UsageError(f"{FRONTEND}: --capacity-factor is for a mixture-of-experts model; {model.config.model_type} "
@@ -125,7 +127,7 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
 REPEATED_LAYERS = ("extend", "export")
 
 
-def _count_stack(model, count, repeated_layers: str, trust_remote_code: bool):
+def _count_stack(model, count, repeated_layers: str, trust_remote_code: bool, whole: str = ""):
     """``count(model)`` (a report), from ``count`` of its 1- and 2-layer versions where its layers are shown
     identical (and ``repeated_layers`` is ``extend``), else of the whole model; ``report.layers`` says which."""
     from flopcount.extension import NotExtendable, extend
@@ -136,6 +138,8 @@ def _count_stack(model, count, repeated_layers: str, trust_remote_code: bool):
     stack = layer_stack(model)
     if isinstance(stack, LayerStack) and repeated_layers == "export":
         stack = stack.exported("--repeated-layers export: the whole model exported")
+    if isinstance(stack, LayerStack) and whole:  # ``whole``: why this count needs the whole model
+        stack = stack.exported(whole)
     if isinstance(stack, LayerStack):
         counts = []
         for layers in stack.sizes:

@@ -25,7 +25,8 @@ from flopcount.conventions import Convention
 from flopcount.cost import Cost
 from flopcount.masks import AttentionMask, ExecutedPairs
 from flopcount.operators.elementwise import activation
-from flopcount.registry import backward, formula
+from flopcount.registry import backward, formula, saves
+from flopcount.saved import STAT_BYTES, Saved, keeps
 
 
 def _attention_dims(ctx: NodeContext, q_num_heads: int | None, kv_num_heads: int | None):
@@ -371,3 +372,26 @@ def swiglu_backward(ctx: NodeContext, **_) -> Cost:
     if not (a or b):
         return Cost()
     return Cost(flops=y * (4 + 6 * a + 2 * b), transcendentals=y)
+
+
+@saves("Attention")
+def attention_saved(ctx: NodeContext, *, q_num_heads: int | None = None, **_) -> Saved:
+    """Q, K, V, the mask, Y, and each query row's log-sum-exp in float32 (4·B·H_q·S_q bytes), as a fused
+    attention kernel keeps them (flash and memory-efficient attention recompute the scores in the backward).
+    Q is ``[B, H_q, S_q, D]``, or ``[B, S_q, H_q·D]`` with ``q_num_heads``."""
+    q = ctx.shape(0)
+    rows = prod(q[:-1]) if len(q) == 4 else q[0] * q[1] * (q_num_heads or 1)
+    return Saved(inputs=tuple(i for i in range(4) if ctx.has_input(i)), outputs=(0,),
+                 extra=(("log-sum-exp (float32)", STAT_BYTES * rows),))
+
+
+@saves("RotaryEmbedding")
+def rotary_saved(ctx: NodeContext, **_) -> Saved:
+    """The cos and sin caches and the position ids: dX is dY rotated back by the same angles."""
+    return keeps(*(i for i in (1, 2, 3) if ctx.has_input(i)))
+
+
+@saves("SwiGLU")
+def swiglu_saved(ctx: NodeContext, **_) -> Saved:
+    """The gate and linear inputs: the derivative of silu(a)·b reads a and b."""
+    return keeps(*(i for i in range(len(ctx.inputs)) if ctx.has_input(i)))

@@ -61,7 +61,8 @@ from flopcount.operators.layout import gather_backward
 from flopcount.operators.matmul import gemm, gemm_backward, matmul_backward
 from flopcount.operators.normalization import normalization_backward, root_mean_square, standardize
 from flopcount.operators.softmax import softmax_backward, softmax_rows
-from flopcount.registry import backward, formula
+from flopcount.registry import backward, formula, saves
+from flopcount.saved import STAT_BYTES, Saved, keeps
 
 MS = "com.microsoft"
 
@@ -1166,3 +1167,39 @@ def bias_softmax_backward(ctx: NodeContext, *, axis: int = 1, **_) -> Cost:
     needs = _needs(ctx, 0, 1)
     soft = _part(ctx, "Softmax", [x], [x], [needs], opset=11)
     return softmax_backward(soft, axis=axis) + _add_backward(ctx, x, ctx.needs_grad(0), 1)
+
+
+# --------------------------------------------------------------------------------------------
+# saved for backward (flopcount.saved)
+
+@saves("SimplifiedLayerNormalization")
+def simplified_layer_norm_saved(ctx: NodeContext, *, axis: int = -1, **_) -> Saved:
+    """X, the scale, and the reciprocal root mean square of each row in float32 (4·rows bytes), as RMS
+    normalization keeps them."""
+    x = ctx.shape(0)
+    rows = prod(x[: axis % len(x)]) if x else 1
+    return Saved(inputs=tuple(i for i in (0, 1) if ctx.has_input(i)), extra=(("rstd (float32)", STAT_BYTES * rows),))
+
+
+@saves("Gelu", "FastGelu", "QuickGelu", "BiasGelu", domain=MS)
+def ms_gelu_saved(ctx: NodeContext, **_) -> Saved:
+    """X (and the bias, whose sum with X the derivative reads)."""
+    return keeps(*(i for i in (0, 1) if ctx.has_input(i)))
+
+
+@saves("FusedMatMul", "TransposeMatMul", domain=MS)
+def ms_matmul_saved(ctx: NodeContext, **_) -> Saved:
+    """Each operand when the other needs a gradient, as MatMul."""
+    return keeps(*(j for j in (0, 1) if ctx.needs_grad(1 - j)))
+
+
+@saves("BiasSoftmax", domain=MS)
+def bias_softmax_saved(ctx: NodeContext, **_) -> Saved:
+    """Y, as Softmax."""
+    return keeps(outputs=(0,))
+
+
+@saves("BiasAdd", domain=MS)
+def bias_add_saved(ctx: NodeContext, **_) -> Saved:
+    """Nothing: dY passes to all three inputs."""
+    return Saved()

@@ -7,7 +7,8 @@ from math import prod
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
 from flopcount.operators.elementwise import ELEMENTWISE_BACKWARD, activation as elementwise_activation
-from flopcount.registry import backward, formula
+from flopcount.registry import backward, formula, saves
+from flopcount.saved import Saved, keeps
 
 
 @formula("Conv", family="conv")
@@ -233,3 +234,10 @@ def causal_conv_with_state_backward(ctx: NodeContext, *, activation: str = "none
     if g_b and ctx.convention.count_bias:
         flops += y
     return Cost(flops=flops, macs=macs, transcendentals=transcendentals)
+
+
+@saves("Conv", "ConvTranspose")
+def conv_saved(ctx: NodeContext, **_) -> Saved:
+    """X and W: the backward of a convolution reads both (dX from W, dW from X), as torch's convolution keeps
+    them (the bias: nothing)."""
+    return keeps(0, 1)

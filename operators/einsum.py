@@ -21,7 +21,8 @@ import numpy as np
 
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
-from flopcount.registry import backward, formula
+from flopcount.registry import backward, formula, saves
+from flopcount.saved import Saved, keeps
 
 
 def explicit(equation: str, shapes: list[tuple[int, ...]]) -> tuple[list[str], str, dict[str, int]]:
@@ -122,3 +123,10 @@ def einsum_backward(ctx: NodeContext, *, equation: str, **_) -> Cost:
     fwd = einsum(ctx, equation=equation)
     k = sum(ctx.needs_grad(i) for i in range(len(ctx.inputs)))
     return k * fwd
+
+
+@saves("Einsum")
+def einsum_saved(ctx: NodeContext, **_) -> Saved:
+    """Every operand another operand's gradient reads: each operand, when some other one needs a gradient."""
+    n = len(ctx.inputs)
+    return keeps(*(j for j in range(n) if any(ctx.needs_grad(i) for i in range(n) if i != j)))

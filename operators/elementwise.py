@@ -21,7 +21,8 @@ from collections.abc import Mapping
 from flopcount.context import NodeContext
 from flopcount.conventions import Convention
 from flopcount.cost import Cost
-from flopcount.registry import backward, formula
+from flopcount.registry import backward, formula, saves, saves_nothing
+from flopcount.saved import BOOL_BYTES, NOTHING, Saved, keeps
 
 # op type → transcendental evaluations per output element
 ELEMENTWISE: dict[str, int] = {
@@ -241,3 +242,69 @@ def mod_backward(ctx: NodeContext, **_) -> Cost:
     if ctx.needs_grad(1):
         flops += 3 * y + _broadcast_sum(ctx, 1, y)
     return Cost(flops=flops)
+
+
+# --------------------------------------------------------------------------------------------
+# saved for backward: what each op's backward reads besides dY (flopcount.saved)
+
+#: Ops whose derivative is a function of their output Y (Relu's mask Y > 0, Sigmoid's Y·(1 − Y), Tanh's 1 − Y²,
+#: Exp's Y, Sqrt's 1/(2Y), Reciprocal's −Y²): they keep Y.
+KEEPS_OUTPUT = ("Relu", "Sigmoid", "Tanh", "Exp", "Sqrt", "Reciprocal")
+#: Ops whose derivative is a function of their input X: they keep X.
+KEEPS_INPUT = (
+    "LeakyRelu", "ThresholdedRelu", "Clip", "Gelu", "Erf", "Elu", "Selu", "Celu", "Softplus", "Softsign",
+    "HardSigmoid", "HardSwish", "Mish", "Swish", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh",
+    "Asinh", "Acosh", "Atanh", "Log", "Abs", "Shrink",
+)  # fmt: skip
+#: Ops whose gradient is dY itself, negated, scaled by a count, or zero: only shapes.
+KEEPS_NOTHING = ("Add", "Sub", "Neg", "Sum", "Mean", "Floor", "Ceil", "Round", "Sign")
+
+
+@saves(*KEEPS_OUTPUT)
+def keeps_output(ctx: NodeContext, **_) -> Saved:
+    """Y, when X needs a gradient."""
+    return keeps(outputs=(0,)) if ctx.needs_grad(0) else NOTHING
+
+
+@saves(*KEEPS_INPUT)
+def keeps_input(ctx: NodeContext, **_) -> Saved:
+    """X, when X needs a gradient."""
+    return keeps(0) if ctx.needs_grad(0) else NOTHING
+
+
+saves_nothing(*KEEPS_NOTHING)
+
+
+@saves("Mul")
+def mul_saved(ctx: NodeContext, **_) -> Saved:
+    """B for dA = dY·B, A for dB = dY·A: each factor only when the other needs a gradient."""
+    return keeps(*(j for j in (0, 1) if ctx.needs_grad(1 - j)))
+
+
+@saves("Div")
+def div_saved(ctx: NodeContext, **_) -> Saved:
+    """B (dA = dY/B; dB = −dY·A/B²), and A when B needs a gradient."""
+    return keeps(*((0, 1) if ctx.needs_grad(1) else (1,)))
+
+
+@saves("Pow")
+def pow_saved(ctx: NodeContext, **_) -> Saved:
+    """A and B (dA = dY·B·A^(B−1)), and Y when B needs a gradient (dB = dY·Y·ln A)."""
+    return keeps(0, 1, outputs=(0,) if ctx.needs_grad(1) else ())
+
+
+@saves("Max", "Min", "PRelu", "Mod")
+def all_inputs_saved(ctx: NodeContext, **_) -> Saved:
+    """Every input: the backward routes dY by comparing them (Max, Min), or scales by the other (PRelu, Mod)."""
+    return keeps(*(i for i in range(len(ctx.inputs)) if ctx.has_input(i)))
+
+
+@saves("Dropout")
+def dropout_saved(ctx: NodeContext, **_) -> Saved:
+    """The mask as bools, |Y| bytes, in training mode (``training_mode`` a constant true) with a ratio that is not
+    0 (the default 0.5, or a constant); nothing otherwise (the op is then the identity, as torch returns its input)."""
+    mode = ctx.value(2) if ctx.has_input(2) else None
+    ratio = ctx.value(1) if ctx.has_input(1) else None
+    if mode is not None and bool(mode.reshape(-1)[0]) and (ratio is None or float(ratio.reshape(-1)[0]) != 0.0):
+        return Saved(extra=(("dropout mask (bool)", BOOL_BYTES * ctx.out_numel()),))
+    return NOTHING

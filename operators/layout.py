@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
-from flopcount.registry import backward, zero_cost
+from flopcount.registry import backward, saves, saves_nothing, zero_cost
+from flopcount.saved import Saved, keeps
 
 zero_cost(
     "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose", "DepthToSpace",
@@ -42,3 +43,22 @@ def replicate_backward(ctx: NodeContext, **_) -> Cost:
     copies: dX is zeros)."""
     y = ctx.out_numel()
     return Cost(flops=y - ctx.numel(0) if y else 0) if ctx.needs_grad(0) else Cost()
+
+
+# saved for backward: layout ops move dY back by the same shapes; indexing ops by their indices or condition
+saves_nothing(
+    "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose", "DepthToSpace", "SpaceToDepth",
+    "Expand", "Tile", "Pad", "Concat", "Split", "Slice", "ReverseSequence", "Cast", "CastLike",
+)
+
+
+@saves("Gather", "GatherElements", "GatherND")
+def gather_saved(ctx: NodeContext, **_) -> Saved:
+    """The indices: dX scatters dY back to them (torch's embedding keeps its index tensor)."""
+    return keeps(1)
+
+
+@saves("Where", "Compress")
+def condition_saved(ctx: NodeContext, **_) -> Saved:
+    """The condition: dY is routed to the branch (Where) or the positions (Compress) it selects."""
+    return keeps(0)

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
-from flopcount.registry import backward, formula
+from flopcount.registry import backward, formula, saves
+from flopcount.saved import Saved, element_bytes, keeps
 
 
 def _nll(targets: int, weighted: bool, reduction: str) -> int:
@@ -125,3 +126,19 @@ def softmax_cross_entropy_backward(ctx: NodeContext, *, reduction: str = "mean",
     if weighted and ctx.needs_grad(2):
         flops += _weight_gradient(t, ctx.numel(2), reduction)
     return Cost(flops=flops, transcendentals=transcendentals)
+
+
+@saves("SoftmaxCrossEntropyLoss")
+def softmax_cross_entropy_saved(ctx: NodeContext, **_) -> Saved:
+    """The log-probabilities (N·C in the scores' type, the optional second output or an internal tensor), the
+    labels and the class weights: dX = (softmax(X) − onehot(labels))·w, as torch's log_softmax and nll_loss keep
+    them."""
+    log_prob = Saved(outputs=(1,)) if len(ctx.outputs) > 1 and ctx.outputs[1] is not None else Saved(
+        extra=(("log-probabilities", ctx.numel(0) * element_bytes(ctx.inputs[0].elem_type)),))
+    return log_prob._replace(inputs=tuple(i for i in (1, 2) if ctx.has_input(i)))
+
+
+@saves("NegativeLogLikelihoodLoss")
+def nll_loss_saved(ctx: NodeContext, **_) -> Saved:
+    """The targets and the class weights: dX is −w at each target, zero elsewhere."""
+    return keeps(*(i for i in (1, 2) if ctx.has_input(i)))

@@ -5,7 +5,8 @@ from __future__ import annotations
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
 from flopcount.operators.attention import score_product_macs
-from flopcount.registry import backward, formula
+from flopcount.registry import backward, formula, saves
+from flopcount.saved import Saved, keeps
 
 
 @formula("MatMul", family="matmul")
@@ -67,3 +68,9 @@ def gemm_backward(ctx: NodeContext, *, transA: int = 0, alpha: float = 1.0, beta
         if alpha != 1.0 and (ctx.needs_grad(0) or ctx.needs_grad(1)):
             flops += y
     return Cost(flops=flops, macs=macs)
+
+
+@saves("MatMul", "Gemm")
+def product_saved(ctx: NodeContext, **_) -> Saved:
+    """B for dA = dY·Bᵀ, A for dB = Aᵀ·dY: each operand only when the other needs a gradient (Gemm's C: nothing)."""
+    return keeps(*(j for j in (0, 1) if ctx.needs_grad(1 - j)))

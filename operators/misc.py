@@ -8,7 +8,8 @@ from math import prod
 
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
-from flopcount.registry import backward, formula, zero_cost
+from flopcount.registry import backward, formula, saves, saves_nothing, zero_cost
+from flopcount.saved import Saved, keeps
 
 
 def _ops(ctx: NodeContext, n: int, i: int = 0) -> Cost:
@@ -147,3 +148,12 @@ zero_cost(
     family="optional",
     reason="wraps, unwraps or tests an optional value; no arithmetic",
 )  # fmt: skip
+
+
+saves_nothing("CumSum", "Range")
+
+
+@saves("CumProd")
+def cumprod_saved(ctx: NodeContext, **_) -> Saved:
+    """X and Y: dX is a reverse cumulative sum of dY·Y, divided by X."""
+    return keeps(0, outputs=(0,))

@@ -18,7 +18,8 @@ from math import prod
 from flopcount.context import NodeContext
 from flopcount.conventions import Convention
 from flopcount.cost import Cost
-from flopcount.registry import backward, formula
+from flopcount.registry import backward, formula, saves
+from flopcount.saved import STAT_BYTES, Saved, keeps
 
 
 def standardize(convention: Convention, n: int, stats: int, *, scale: bool = True, bias: bool = True) -> Cost:
@@ -242,3 +243,51 @@ def normalization_backward(ctx: NodeContext, **_) -> Cost:
     if ctx.needs_grad(0):
         return Cost(flops=7 * x)
     return Cost(flops=2 * x * ctx.needs_grad(1) + x * ctx.needs_grad(2))
+
+
+def _stat_rows(ctx: NodeContext, axis: int) -> int:
+    """Rows over which a layer norm computes its statistics: the product of X's dims before ``axis``."""
+    x = ctx.shape(0)
+    return prod(x[: axis % len(x)]) if x else 1
+
+
+@saves("LayerNormalization")
+def layer_norm_saved(ctx: NodeContext, *, axis: int = -1, **_) -> Saved:
+    """X, the scale and bias, and the mean and reciprocal standard deviation of each row in float32
+    (2·4·rows bytes), as torch's ``native_layer_norm`` keeps them."""
+    rows = _stat_rows(ctx, axis)
+    return Saved(inputs=tuple(i for i in (0, 1, 2) if ctx.has_input(i)),
+                 extra=(("mean, rstd (float32)", 2 * STAT_BYTES * rows),))
+
+
+@saves("RMSNormalization")
+def rms_norm_saved(ctx: NodeContext, *, axis: int = -1, **_) -> Saved:
+    """X, the scale, and the reciprocal root mean square of each row in float32 (4·rows bytes)."""
+    rows = _stat_rows(ctx, axis)
+    return Saved(inputs=tuple(i for i in (0, 1) if ctx.has_input(i)), extra=(("rstd (float32)", STAT_BYTES * rows),))
+
+
+@saves("BatchNormalization")
+def batch_norm_saved(ctx: NodeContext, **_) -> Saved:
+    """X, the scale, the running statistics, and the batch's mean and inverse standard deviation per channel in
+    float32 (2·4·C bytes), as torch's ``native_batch_norm`` keeps them."""
+    c = ctx.shape(0)[1] if len(ctx.shape(0)) > 1 else 1
+    return Saved(inputs=tuple(i for i in range(5) if ctx.has_input(i)),
+                 extra=(("mean, invstd (float32)", 2 * STAT_BYTES * c),))
+
+
+@saves("InstanceNormalization", "GroupNormalization")
+def group_norm_saved(ctx: NodeContext, *, num_groups: int = 0, **_) -> Saved:
+    """X, the scale, and the mean and reciprocal standard deviation of each (sample, group) in float32
+    (2·4·N·G bytes; instance norm: G = C)."""
+    x = ctx.shape(0)
+    groups = num_groups or (x[1] if len(x) > 1 else 1)
+    return Saved(inputs=tuple(i for i in (0, 1) if ctx.has_input(i)),
+                 extra=(("mean, rstd (float32)", 2 * STAT_BYTES * x[0] * groups),))
+
+
+@saves("LRN", "LpNormalization")
+def x_and_y_saved(ctx: NodeContext, **_) -> Saved:
+    """X and Y: LRN's dX reads both (and the scale, computed again from X); Lp normalization's dX = (dY − Y·Σ
+    dY·Y)/‖X‖, with ‖X‖ = X/Y."""
+    return keeps(0, outputs=(0,))

@@ -13,7 +13,8 @@ from math import prod
 from flopcount.context import NodeContext
 from flopcount.conventions import Convention
 from flopcount.cost import Cost
-from flopcount.registry import backward, formula, zero_cost
+from flopcount.registry import backward, formula, saves, zero_cost
+from flopcount.saved import INDEX_BYTES, Saved, keeps
 
 # pooling op → what each window computes, for weighted conventions
 WINDOW_KIND = {
@@ -179,3 +180,21 @@ def global_average_pool_backward(ctx: NodeContext, **_) -> Cost:
     """FLOPs = |Y| + |X|: dY divided by H·W, then written to every input position (one add each)."""
     return Cost(flops=ctx.out_numel() + ctx.numel(0)) if ctx.needs_grad(0) else Cost()
 
+
+@saves("MaxPool", "GlobalMaxPool")
+def max_pool_saved(ctx: NodeContext, **_) -> Saved:
+    """X and the index of each window's maximum, int64 per output element, as torch's ``max_pool*_with_indices``
+    keeps them."""
+    return Saved(inputs=(0,), extra=(("argmax indices (int64)", INDEX_BYTES * ctx.out_numel()),))
+
+
+@saves("AveragePool", "GlobalAveragePool")
+def average_pool_saved(ctx: NodeContext, **_) -> Saved:
+    """X, as torch's ``avg_pool*`` and ``adaptive_avg_pool*`` keep it (their backward reads its geometry)."""
+    return keeps(0)
+
+
+@saves("LpPool", "GlobalLpPool")
+def lp_pool_saved(ctx: NodeContext, **_) -> Saved:
+    """X and Y: dX = dY·(X/Y)^(p−1)·sign(X)."""
+    return keeps(0, outputs=(0,))

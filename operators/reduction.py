@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
-from flopcount.registry import backward, formula
+from flopcount.registry import backward, formula, saves, saves_nothing
+from flopcount.saved import Saved, keeps
 
 # op → (the |X| − |Y| combining operation, primitive per input element, primitive per output element)
 REDUCTIONS: dict[str, tuple[str, str | None, str | None]] = {
@@ -121,3 +122,18 @@ def reduce_prod_backward(ctx: NodeContext, **_) -> Cost:
     """
     x = ctx.numel(0)
     return Cost(flops=x + ctx.out_numel()) if ctx.needs_grad(0) and x else Cost()
+
+
+saves_nothing("ReduceSum", "ReduceMean")
+
+
+@saves("ReduceMax", "ReduceMin", "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceProd")
+def reduce_saved(ctx: NodeContext, **_) -> Saved:
+    """X and Y: the backward compares X with the extreme Y, or scales by X/Y, sign(X), 1/Y, exp(X − Y) or Y/X."""
+    return keeps(0, outputs=(0,))
+
+
+@saves("ReduceSumSquare")
+def reduce_sum_square_saved(ctx: NodeContext, **_) -> Saved:
+    """X: dX = 2·X·dY."""
+    return keeps(0)

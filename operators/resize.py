@@ -12,7 +12,7 @@ from math import prod
 
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
-from flopcount.registry import backward, formula, zero_cost
+from flopcount.registry import backward, formula, saves_nothing, zero_cost
 
 # interpolation mode → taps per interpolated axis (older opsets spell the modes differently)
 TAPS: dict[str, int] = {
@@ -170,3 +170,7 @@ zero_cost(
     family="resize",
     reason="crops or zero-pads each axis around its centre; copies elements, no arithmetic",
 )
+
+
+# saved for backward: interpolation's backward scatters dY back with the same weights, from shapes and scales only
+saves_nothing("Resize", "Upsample")

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
-from flopcount.registry import backward, formula, zero_cost
+from flopcount.registry import backward, formula, saves, zero_cost
+from flopcount.saved import Saved, keeps
 
 
 @formula("ScatterElements", "ScatterND", family="scatter")
@@ -61,3 +62,9 @@ zero_cost(
     family="scatter",
     reason="writes the update into the cache along the sequence axis (a KV-cache append); copies only",
 )
+
+
+@saves("ScatterElements", "ScatterND")
+def scatter_saved(ctx: NodeContext, **_) -> Saved:
+    """The indices: dData is dY with the scattered positions cleared, dUpdates dY gathered at them."""
+    return keeps(1)

@@ -21,7 +21,8 @@ from math import prod
 from flopcount.context import NodeContext
 from flopcount.conventions import Convention
 from flopcount.cost import Cost
-from flopcount.registry import backward, formula
+from flopcount.registry import backward, formula, saves, saves_nothing
+from flopcount.saved import NOTHING, Saved, keeps
 
 
 def softmax_rows(convention: Convention, rows: int, n: int) -> Cost:
@@ -106,3 +107,12 @@ def log_softmax_backward(ctx: NodeContext, *, axis: int = -1, **_) -> Cost:
     additions, n products, n subtractions."""
     rows, n = _rows(ctx, axis)
     return Cost(flops=rows * (4 * n - 1), transcendentals=rows * n) if ctx.needs_grad(0) and n else Cost()
+
+
+@saves("Softmax", "LogSoftmax")
+def softmax_saved(ctx: NodeContext, **_) -> Saved:
+    """Y: dX = Y·(dY − Σ dY·Y) for Softmax, dX = dY − exp(Y)·Σ dY for LogSoftmax."""
+    return keeps(outputs=(0,)) if ctx.needs_grad(0) else NOTHING
+
+
+saves_nothing("Hardmax")  # its gradient is zero

@@ -7,7 +7,8 @@ from math import prod
 
 from flopcount.context import NodeContext
 from flopcount.cost import Bound, Cost
-from flopcount.registry import backward, formula
+from flopcount.registry import backward, formula, saves
+from flopcount.saved import Saved, keeps
 
 
 def _ceil_log2(n: int) -> int:
@@ -73,3 +74,9 @@ def unique(ctx: NodeContext, *, axis: int | None = None, **_) -> Cost:
         s = total // n if n else 0
     comparisons = s * (n * _ceil_log2(n) + n - 1) if n > 0 else 0
     return Bound(_ops(ctx, comparisons), "a full sort of every slice; the real work depends on the values")
+
+
+@saves("TopK")
+def top_k_saved(ctx: NodeContext, **_) -> Saved:
+    """The indices (the second output): dX scatters dY back to them."""
+    return keeps(outputs=(1,))

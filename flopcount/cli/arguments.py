@@ -14,9 +14,9 @@ import re
 from flopcount.errors import UsageError
 
 __all__ = [
-    "TORCH_DTYPES", "InputShapes", "add_model_source", "check_model_source", "count_generate", "count_hf",
+    "TORCH_DTYPES", "InputShapes", "add_memory_arguments", "add_model_source", "check_model_source", "count_generate", "count_hf",
     "count_keras", "count_torch", "generate_spec", "given_model", "input_shape", "input_value", "loop_trips", "model_source", "model_source_problem", "nonneg_int",
-    "positive", "positive_float", "positive_int", "size_hw", "torch_inputs", "weights",
+    "memory_settings", "positive", "positive_float", "positive_int", "size_hw", "torch_inputs", "weights",
 ]
 
 #: Element types a ``--torch`` input may be given (``--input-shape input_ids=1x128:int64``): torch's dtype names.
@@ -276,7 +276,7 @@ def count_torch(args: argparse.Namespace):
                       trainable_inputs=args.trainable_input, batch=args.batch, convention=args.convention,
                       strict=args.strict, input_values=dict(args.input_value), loop_trips=dict(args.loop_trips),
                       mode=args.mode, optimizer=args.optimizer, attention=getattr(args, "attention", "full"),
-                      **weights(args))
+                      **weights(args), **memory_settings(args))
 
 
 def count_hf(args: argparse.Namespace):
@@ -289,7 +289,7 @@ def count_hf(args: argparse.Namespace):
                    training=args.mode == "train", trainable_inputs=args.trainable_input, batch=args.batch,
                    convention=args.convention, strict=args.strict, input_values=dict(args.input_value),
                    loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer,
-                   attention=getattr(args, "attention", "full"), **weights(args))
+                   attention=getattr(args, "attention", "full"), **weights(args), **memory_settings(args))
 
 
 def count_generate(args: argparse.Namespace):
@@ -297,7 +297,8 @@ def count_generate(args: argparse.Namespace):
     shapes = dict(args.input_shape)
     batch = args.batch or (shapes["input_ids"][0] if "input_ids" in shapes else 1)
     options = dict(convention=args.convention, strict=args.strict, input_values=dict(args.input_value),
-                   loop_trips=dict(args.loop_trips), attention=getattr(args, "attention", "full"))
+                   loop_trips=dict(args.loop_trips), attention=getattr(args, "attention", "full"),
+                   **memory_settings(args))
     if args.hf is not None:
         from flopcount.frontends.hf import from_hf
 
@@ -319,9 +320,61 @@ def count_keras(args: argparse.Namespace):
                       convention=args.convention, strict=args.strict, input_values=dict(args.input_value),
                       loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer,
                       attention=getattr(args, "attention", "full"),
-                      **({"trainable_inputs": args.trainable_input} if args.trainable_input else {}), **weights(args))
+                      **({"trainable_inputs": args.trainable_input} if args.trainable_input else {}), **weights(args), **memory_settings(args))
 
 
 def weights(args: argparse.Namespace) -> dict:
     """``trainable=`` and ``frozen=`` of count() from ``--trainable`` and ``--frozen`` (absent when not given)."""
     return {k: v for k in ("trainable", "frozen") if (v := getattr(args, k, None))}
+
+
+def add_memory_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of the memory ledger and of the run's layout (``flopcount MODEL --memory ...``)."""
+    from flopcount.memory import DEVICES, IMPLEMENTATIONS
+    from flopcount.plan import SCHEDULES
+
+    p.add_argument("--memory", action="store_true",
+                   help="also the memory of one step per rank: weights, gradients, optimizer states and the step's "
+                   "temporaries, the activations the backward keeps, the peak and its phase (KV cache with "
+                   "--generate); see docs/memory.md")
+    p.add_argument("--optimizer-impl", choices=IMPLEMENTATIONS, default="auto",
+                   help="with --memory: how the optimizer step runs (its temporaries): single-tensor, foreach, fused; "
+                   "auto (default): what torch picks on --memory-device")
+    p.add_argument("--memory-device", choices=DEVICES, default="cuda",
+                   help="with --memory: the device the step runs on, for --optimizer-impl auto (default cuda)")
+    p.add_argument("--master-weights", action="store_true",
+                   help="with --memory: the optimizer keeps an fp32 master copy of 16-bit weights and fp32 states "
+                   "(mixed precision as Megatron and DeepSpeed train)")
+    p.add_argument("--recompute", metavar="POLICY", default=None,
+                   help="with --memory and --mode train: none (default), full (checkpoint every numbered layer), "
+                   "selective (recompute the attention core), or operator types to recompute (OP,OP)")
+    p.add_argument("--parallel", metavar="PLAN",
+                   help="a parallel plan, tp=T,pp=P,cp=C,ep=E,dp=D[,sp][,fsdp] (degrees left out are 1)")
+    p.add_argument("--microbatches", type=positive_int, default=1, metavar="M",
+                   help="with --parallel: microbatches per optimizer step (default 1)")
+    p.add_argument("--schedule", default="1f1b", metavar="NAME",
+                   help=f"with --parallel: the pipeline schedule, one of {', '.join(SCHEDULES)} (interleaved:V for V "
+                   "virtual stages per rank; default 1f1b)")
+
+
+def memory_settings(args: argparse.Namespace) -> dict:
+    """``memory=`` of count() from the memory flags: absent without ``--memory``; the plan and recompute policy
+    are checked either way (exit 2 naming the bad part)."""
+    from flopcount.errors import UsageError
+    from flopcount.memory import MemorySettings
+    from flopcount.plan import ParallelPlan, parse_parallel, parse_recompute
+
+    plan = parse_parallel(args.parallel, getattr(args, "microbatches", 1), getattr(args, "schedule", "1f1b")) \
+        if getattr(args, "parallel", None) else ParallelPlan()
+    recompute = parse_recompute(getattr(args, "recompute", None))
+    if not getattr(args, "memory", False):
+        used = [f for f, v in (("--parallel", args.parallel), ("--recompute", args.recompute),
+                               ("--master-weights", args.master_weights)) if v] if hasattr(args, "parallel") else []
+        if used:
+            raise UsageError(f"{', '.join(used)} {'needs' if len(used) == 1 else 'need'} --memory (FLOPs per rank "
+                             "under a plan are not counted yet)")
+        return {}
+    if recompute.policy != "none" and args.mode != "train":
+        raise UsageError(f"--recompute {recompute}: recompute changes training only; give --mode train")
+    return {"memory": MemorySettings(implementation=args.optimizer_impl, device=args.memory_device,
+                                     master_weights=args.master_weights, recompute=recompute, plan=plan)}

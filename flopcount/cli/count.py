@@ -9,6 +9,7 @@ from flopcount.render import FORMATS, render
 
 from .arguments import (
     InputShapes,
+    add_memory_arguments,
     count_generate,
     count_hf,
     count_keras,
@@ -20,6 +21,7 @@ from .arguments import (
     positive,
     positive_float,
     positive_int,
+    memory_settings,
     weights,
 )
 from .console import write_output
@@ -87,8 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = parser.add_argument_group("counting", "what is counted and how")
     p.add_argument("--mode", choices=("inference", "train"), default="inference",
                    help="train: add the backward pass (gradients of inputs and trainable parameters)")
-    p.add_argument("--optimizer", choices=("sgd", "momentum", "adam"),
-                   help="with --mode train: also the optimizer step's FLOPs, reported apart")
+    p.add_argument("--optimizer", choices=("sgd", "momentum", "adam", "adamw"),
+                   help="with --mode train: also the optimizer step's FLOPs, reported apart (and its states and "
+                   "temporaries with --memory)")
     p.add_argument("--trainable-input", metavar="NAME", action="append", default=[],
                    help="with --mode train: a floating-point input that is trained, not data (its gradient is "
                    "counted, and it is updated like a parameter); repeatable")
@@ -109,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "structure is known (the Attention op's is_causal and windows, a Trilu, or --hf's configuration: "
                    "causal, sliding windows); a mask that is data counts full, and the report says which")
     p.add_argument("--strict", action="store_true", help="fail (exit 6) when any operator has no formula")
+    add_memory_arguments(p)
     p.add_argument("--generate", metavar="P:N", type=generate_spec,
                    help="with --hf or --torch (a causal LM taking past_key_values): count generate() of N new tokens "
                    "after a P-token prompt, with a KV cache: the prefill (logits of the last position only), each "
@@ -168,7 +172,8 @@ def run(args: argparse.Namespace) -> int:
         report = count(args.model, input_shapes=shapes, batch=args.batch, convention=args.convention,
                        strict=args.strict, input_values=dict(args.input_value),
                        loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer,
-                       trainable_inputs=args.trainable_input, attention=args.attention, **weights(args))
+                       trainable_inputs=args.trainable_input, attention=args.attention, **weights(args),
+                       **memory_settings(args))
     if args.plot:
         from flopcount.measure.profile.roofline import plot_op_types
 

@@ -1,0 +1,152 @@
+"""The memory ledger (flopcount.memory) on hand-built graphs: every figure a closed form written here."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import flopcount
+from flopcount.errors import UnsupportedOperatorError, UsageError
+from flopcount.memory import MemorySettings, optimizer_bytes
+from flopcount.plan import ParallelPlan, Recompute
+from helpers import const, model, weight
+
+N, D_IN, D_HID, D_OUT = 7, 37, 91, 23
+F32 = 4
+PARAMS = F32 * (D_IN * D_HID + D_HID + D_HID * D_OUT + D_OUT)  # two Linear layers with biases
+X = F32 * N * D_IN
+HIDDEN = F32 * N * D_HID
+
+
+def mlp(loss: bool = True):
+    """x → MatMul W1 → Add b1 → Relu → MatMul W2 → Add b2 → ReduceSum (the loss)."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+        helper.make_node("Add", ["h", "b1"], ["a"], name="add1"),
+        helper.make_node("Relu", ["a"], ["r"], name="relu"),
+        helper.make_node("MatMul", ["r", "w2"], ["o"], name="mm2"),
+        helper.make_node("Add", ["o", "b2"], ["y"], name="add2"),
+    ]
+    out = "y"
+    if loss:
+        nodes.append(helper.make_node("ReduceSum", ["y"], ["loss"], name="loss", keepdims=0))
+        out = "loss"
+    inits = [weight("w1", (D_IN, D_HID)), weight("b1", (D_HID,)), weight("w2", (D_HID, D_OUT)), weight("b2", (D_OUT,))]
+    return model(nodes, {"x": [N, D_IN]}, [out], inits)
+
+
+def rank(report):
+    (r,) = report.memory.ranks
+    return r
+
+
+def test_inference_peak_is_two_hidden_tensors_beside_the_weights():
+    r = rank(flopcount.count(mlp(), memory=True))
+    assert (r.params_bytes, r.grads_bytes, r.optimizer_bytes, r.activations_bytes) == (PARAMS, 0, 0, 0)
+    # at add1: h and a both live, beside the weights and the input
+    assert r.peak_bytes == PARAMS + X + 2 * HIDDEN
+    assert (r.peak_phase, r.peak_node) == ("forward", "add1")
+
+
+def test_training_keeps_the_input_and_the_relu_output():
+    report = flopcount.count(mlp(), mode="train", memory=True)
+    r = rank(report)
+    # mm1 keeps x (for dW1); relu keeps r, which mm2 keeps too (for dW2): one storage; Adds and ReduceSum nothing
+    assert r.activations_bytes == X + HIDDEN
+    assert r.grads_bytes == PARAMS and r.statistics_bytes == 0
+    assert not report.memory.lower_bound
+
+
+LOSS = 4  # the float32 scalar the graph outputs, held to the end of the step
+#: the backward's peak, at mm1: every parameter gradient made, and dh (its output gradient) still live
+BACKWARD_PEAK = PARAMS + X + LOSS + PARAMS + HIDDEN
+
+
+@pytest.mark.parametrize("impl, temps", [
+    pytest.param("single-tensor", 2 * F32 * D_IN * D_HID, id="single-tensor: sqrt(v) and its quotient, largest W"),
+    pytest.param("foreach", PARAMS, id="foreach: sqrt(v) of every parameter"),
+    pytest.param("fused", 0, id="fused"),
+])
+def test_adam_states_counters_and_step_temporaries(impl, temps):
+    settings = MemorySettings(implementation=impl)
+    r = rank(flopcount.count(mlp(), mode="train", optimizer="adam", memory=settings))
+    states = 2 * PARAMS + 4 * 4  # m, v; a float32 step per tensor (4 tensors)
+    assert r.optimizer_bytes == states
+    assert r.optimizer_temp_bytes == temps
+    step = PARAMS + PARAMS + states + temps + X + LOSS
+    backward = BACKWARD_PEAK + states
+    assert r.peak_bytes == max(step, backward)
+    assert r.peak_phase == ("optimizer step" if step > backward else "backward")
+
+
+@pytest.mark.parametrize("optimizer, states", [("sgd", 0), ("momentum", PARAMS), ("adamw", 2 * PARAMS + 16)])
+def test_optimizer_states(optimizer, states):
+    r = rank(flopcount.count(mlp(), mode="train", optimizer=optimizer, memory=True))
+    assert r.optimizer_bytes == states
+
+
+def test_auto_implementation_is_what_torch_picks_on_the_device():
+    assert MemorySettings(device="cpu").resolved_implementation == "single-tensor"
+    assert MemorySettings(device="cuda").resolved_implementation == "foreach"
+
+
+def test_master_weights_of_16_bit_parameters():
+    from flopcount.context import TensorInfo
+
+    w = [TensorInfo("w", TensorProto.FLOAT16, (3, 5)), TensorInfo("b", TensorProto.FLOAT16, (5,))]
+    plain, _ = optimizer_bytes("adam", w, MemorySettings(implementation="fused"))
+    master, _ = optimizer_bytes("adam", w, MemorySettings(implementation="fused", master_weights=True))
+    assert plain == 2 * 2 * 20 + 2 * 4  # fp16 moments, float32 step counters
+    assert master == 2 * 4 * 20 + 2 * 4 + 4 * 20  # fp32 moments and counters, and the fp32 copy
+
+
+def test_backward_peak_when_gradients_outgrow_the_optimizer_step():
+    """Without an optimizer, the peak is in the backward."""
+    r = rank(flopcount.count(mlp(), mode="train", memory=True))
+    # walking back: at mm2 the kept r, do, dr and dW2 (+db2) are live; at relu r, dr, da; at mm1 every parameter
+    # gradient (dW1 the largest, made last) and dh: the most
+    assert (r.peak_bytes, r.peak_phase, r.peak_node) == (BACKWARD_PEAK, "backward", "mm1")
+
+
+def test_an_operator_without_a_rule_makes_a_lower_bound_and_strict_refuses():
+    nodes = [helper.make_node("Det", ["w"], ["y"], name="det")]
+    m = model(nodes, {}, ["y"], [weight("w", (3, 5, 5))])
+    report = flopcount.count(m, mode="train", memory=True)
+    assert dict(report.memory.missing) == {"Det": 1} and report.memory.lower_bound
+    with pytest.raises(UnsupportedOperatorError, match="Det"):
+        flopcount.count(m, mode="train", memory=True, strict=True)
+
+
+def test_dropout_keeps_its_mask_as_bools_and_layer_norm_its_row_statistics():
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "g", "b"], ["n"], name="ln", axis=-1),
+        helper.make_node("Dropout", ["n", "ratio", "train"], ["y"], name="drop"),
+    ]
+    inits = [weight("g", (11,)), weight("b", (11,)), const("ratio", 0.1, np.float32), const("train", True, np.bool_)]
+    r = rank(flopcount.count(model(nodes, {"x": [3, 5, 11]}, ["y"], inits, opset=18), mode="train", memory=True))
+    rows = 3 * 5
+    # x kept by the norm (fp32), mean and rstd per row in float32, the mask one byte per element
+    assert r.activations_bytes == F32 * 3 * 5 * 11 + 2 * 4 * rows + 3 * 5 * 11
+    assert r.statistics_bytes == 2 * 4 * rows + 3 * 5 * 11
+
+
+def test_settings_refuse_what_is_not_modelled_with_the_list():
+    with pytest.raises(UsageError, match="single-tensor, foreach, fused"):
+        MemorySettings(implementation="turbo")
+    with pytest.raises(UsageError, match="none, full and selective"):
+        MemorySettings(recompute=Recompute("ops", frozenset({"Gelu"})))
+    with pytest.raises(UsageError, match="not modelled yet"):
+        MemorySettings(plan=ParallelPlan(dp=2))
+    with pytest.raises(UsageError, match="sgd, momentum, adam, adamw"):
+        optimizer_bytes("lion", [], MemorySettings())
+    with pytest.raises(UsageError, match="MemorySettings"):
+        flopcount.count(mlp(), memory="yes")
+
+
+def test_memory_key_only_when_asked():
+    from flopcount.render import to_dict
+
+    assert "memory" not in to_dict(flopcount.count(mlp()))
+    doc = to_dict(flopcount.count(mlp(), memory=True))
+    assert doc["memory"]["ranks"][0]["params_bytes"] == PARAMS

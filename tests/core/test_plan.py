@@ -1,0 +1,68 @@
+"""The parallel plan and the recompute policy (flopcount.plan): parsing and the checks that name the bad part."""
+
+from __future__ import annotations
+
+import pytest
+
+from flopcount.errors import UsageError
+from flopcount.plan import ParallelPlan, Recompute, parse_parallel, parse_recompute
+
+
+def test_a_full_plan():
+    plan = parse_parallel("tp=2, pp=4,cp=3,ep=5,dp=7,sp,fsdp", microbatches=8, schedule="interleaved:3")
+    assert (plan.tp, plan.pp, plan.cp, plan.ep, plan.dp, plan.sp, plan.fsdp) == (2, 4, 3, 5, 7, True, True)
+    assert (plan.microbatches, plan.schedule, plan.virtual_stages) == (8, "interleaved", 3)
+    assert plan.world_size == 2 * 4 * 3 * 7 and plan.model_parallel_size == 2 * 4 * 3
+    assert str(plan) == "tp=2,pp=4,cp=3,ep=5,dp=7,sp,fsdp microbatches=8 schedule=interleaved:3"
+    assert parse_parallel("pp=2", microbatches=2, schedule="interleaved").virtual_stages == 2
+
+
+def test_degrees_left_out_are_one_and_the_plan_is_frozen():
+    plan = parse_parallel("dp=4")
+    assert (plan.tp, plan.pp, plan.cp, plan.ep) == (1, 1, 1, 1) and not plan.is_single
+    assert ParallelPlan().is_single
+    with pytest.raises(AttributeError):
+        plan.tp = 2  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("text, kw, message", [
+    pytest.param("tp=0", {}, "tp=0 must be a positive integer", id="zero degree"),
+    pytest.param("tp=x", {}, "tp=x must be a positive integer", id="not a number"),
+    pytest.param("tq=2", {}, "'tq=2' is not a degree or a switch", id="unknown degree"),
+    pytest.param("tp=2,tp=4", {}, "tp is given twice", id="twice"),
+    pytest.param("sp", {}, "sp .* give tp=T with T > 1", id="sp without tp"),
+    pytest.param("fsdp", {}, "fsdp shards over the data-parallel group", id="fsdp without dp"),
+    pytest.param("pp=4", {"microbatches": 2}, "2 microbatches cannot fill 4 pipeline stages", id="few microbatches"),
+    pytest.param("pp=2", {"microbatches": 2, "schedule": "zigzag"}, "unknown schedule 'zigzag'.*gpipe, 1f1b, "
+                 "interleaved", id="unknown schedule"),
+    pytest.param("pp=2", {"microbatches": 2, "schedule": "1f1b:2"}, "--schedule: '1f1b:2'", id="virtual stages on 1f1b"),
+    pytest.param("pp=2", {"microbatches": 2, "schedule": "interleaved:0"}, "interleaved:V", id="zero virtual stages"),
+])
+def test_bad_plans_name_the_part(text, kw, message):
+    with pytest.raises(UsageError, match=message) as e:
+        parse_parallel(text, **kw)
+    assert e.value.exit_code == 2
+
+
+@pytest.mark.parametrize("text, policy, ops", [
+    (None, "none", frozenset()), ("none", "none", frozenset()), ("FULL", "full", frozenset()),
+    ("selective", "selective", frozenset()), ("Softmax, Gelu", "ops", frozenset({"Softmax", "Gelu"})),
+    ("com.microsoft:FastGelu", "ops", frozenset({"com.microsoft:FastGelu"})),
+])
+def test_recompute_policies(text, policy, ops):
+    r = parse_recompute(text)
+    assert (r.policy, r.ops) == (policy, ops)
+    assert parse_recompute(r) is r
+
+
+@pytest.mark.parametrize("text", ["", "Soft max", "all!"])
+def test_bad_recompute_lists_the_policies(text):
+    with pytest.raises(UsageError, match="none, full, selective"):
+        parse_recompute(text)
+
+
+def test_a_policy_record_is_checked():
+    with pytest.raises(UsageError, match="unknown policy 'some'"):
+        Recompute("some")
+    with pytest.raises(UsageError, match="operator types with the 'ops' policy"):
+        Recompute("full", frozenset({"Gelu"}))

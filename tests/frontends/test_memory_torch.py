@@ -1,0 +1,308 @@
+"""The memory ledger against torch's own accounting on real tiny models and one real training step, on this CPU.
+
+* parameters, gradients and optimizer states equal ``MemTracker``'s categories byte for byte (the CPU allocator
+  rounds nothing);
+* the activations equal the unique storages ``saved_tensors_hooks`` catch during the forward (weights left out),
+  and where they differ, each difference is a closed form below, per op;
+* the peak is within 5% of ``MemTracker``'s.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+mem_tracker = pytest.importorskip("torch.distributed._tools.mem_tracker")
+
+import flopcount  # noqa: E402
+from flopcount.memory import MemorySettings  # noqa: E402
+
+F32 = 4
+pytestmark = pytest.mark.slow
+
+
+def saved_storages(module, inputs) -> int:
+    """Bytes of the unique storages the autograd graph keeps during a forward, weights and buffers left out."""
+    stored = {t.untyped_storage().data_ptr() for t in (*module.parameters(), *module.buffers())}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in stored:
+            seen[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        module(*inputs)
+    return sum(seen.values())
+
+
+def tracked_step(module, inputs):
+    """One Adam step (after a first one made the states) under MemTracker: its category bytes at the peak and after
+    the step."""
+    opt = torch.optim.Adam(module.parameters())
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        module(*inputs).backward()
+        opt.step()
+
+    step()
+    tracker = mem_tracker.MemTracker()
+    tracker.track_external(module, opt)
+    with tracker:
+        step()
+    cpu = torch.device("cpu")
+
+    def named(snap):
+        return {getattr(k, "value", k): v for k, v in snap[cpu].items()}
+
+    return named(tracker.get_tracker_snapshot("peak")), named(tracker.get_tracker_snapshot("current"))
+
+
+def ledger(module, inputs):
+    module.train()
+    report = flopcount.from_torch(module, inputs, training=True, optimizer="adam", cache_dir=False,
+                                  memory=MemorySettings(device="cpu"))
+    assert not report.memory.missing and not report.memory.unsized
+    (rank,) = report.memory.ranks
+    return rank
+
+
+def check_model_states(rank, module, inputs, buffers_left_out: int = 0):
+    peak, after = tracked_step(module, inputs)
+    assert rank.params_bytes == after["Parameter"]
+    assert rank.grads_bytes == after["Gradient"]
+    assert rank.optimizer_bytes == after["Optstate"]  # Adam's m, v and a float32 step per parameter tensor
+    assert rank.buffers_bytes == after["Buffer"] - buffers_left_out
+    # MemTracker sees what is allocated while it tracks: the input batch was made before
+    assert abs(rank.peak_bytes - rank.inputs_bytes - peak["Total"]) <= 0.05 * peak["Total"]
+    return peak, after
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2 = torch.nn.Linear(37, 91), torch.nn.Linear(91, 23)
+
+    def forward(self, x):
+        return self.l2(torch.relu(self.l1(x))).sum()
+
+
+def test_mlp_exact_in_every_category_and_the_single_tensor_adam_step():
+    torch.manual_seed(0)
+    module, inputs = MLP(), (torch.randn(7, 37),)
+    rank = ledger(module, inputs)
+    assert rank.activations_bytes == saved_storages(module, inputs) == F32 * 7 * (37 + 91)
+    peak, after = check_model_states(rank, module, inputs)
+    assert rank.peak_phase == "optimizer step"
+    assert rank.optimizer_temp_bytes == peak["Optstate"] - after["Optstate"]  # sqrt(v) and its quotient
+    assert rank.peak_bytes - rank.inputs_bytes - F32 == peak["Total"]  # less the loss, freed before the step ends
+
+
+class CNN(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.bn = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8)
+        self.pool, self.c2 = torch.nn.MaxPool2d(2), torch.nn.Conv2d(8, 16, 3, padding=1)
+        self.gap, self.fc = torch.nn.AdaptiveAvgPool2d(1), torch.nn.Linear(16, 5)
+
+    def forward(self, x):
+        x = self.pool(torch.relu(self.bn(self.c1(x))))
+        return self.fc(torch.flatten(self.gap(torch.relu(self.c2(x))), 1)).sum()
+
+
+def test_cnn_conv_batch_norm_max_pool():
+    torch.manual_seed(0)
+    module, inputs = CNN(), (torch.randn(2, 3, 12, 12),)
+    rank = ledger(module, inputs)
+    # conv keeps x; batch norm its input and per-channel mean and invstd; relu its output (max pool's input); max
+    # pool its int64 indices; conv2 its input; relu2's output (average pooling's input); fc its input
+    assert rank.activations_bytes == saved_storages(module, inputs)
+    # BatchNorm's num_batches_tracked (an int64 counter) is a buffer of torch that no graph shows
+    check_model_states(rank, module, inputs, buffers_left_out=8)
+
+
+class Loss(torch.nn.Module):
+    """A transformers model's last hidden state summed: the loss whose backward needs nothing kept."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids):
+        return self.model(input_ids=ids).last_hidden_state.sum()
+
+
+B, S, H, I, L = 2, 9, 24, 40, 2  # batch, sequence, hidden, intermediate, layers
+
+
+def test_bert_tiny():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    a = 3
+    config = transformers.BertConfig(vocab_size=61, hidden_size=H, num_hidden_layers=L, num_attention_heads=a,
+                                     intermediate_size=I, max_position_embeddings=32, attn_implementation="eager")
+    module, inputs = Loss(transformers.BertModel(config, add_pooling_layer=False)), (torch.randint(0, 61, (B, S)),)
+    rank = ledger(module, inputs)
+    # Per op, where the graph and torch's eager CPU kernels keep different things:
+    # - GELU: the exporter writes x·½·(1 + erf(x/√2)); Erf keeps x/√2 and a Mul keeps 1 + erf besides x and the
+    #   output that torch's gelu and the next Linear keep: two more B·S·I tensors per layer;
+    # - dropout: on the CPU torch multiplies by a float noise tensor and keeps it (4 bytes an element); the fused
+    #   kernel of CUDA keeps a bool mask, as our rule does (1 byte): 3 bytes less per element, for the embeddings'
+    #   dropout (B·S·H) and per layer the probabilities' (B·a·S²) and two after projections (B·S·H each).
+    gelu = L * 2 * F32 * B * S * I
+    dropout = 3 * (B * S * H + L * (B * a * S * S + 2 * B * S * H))
+    assert rank.activations_bytes == saved_storages(module, inputs) + gelu - dropout
+    # position and token-type ids are int64 buffers of torch that the exporter folds into constants
+    check_model_states(rank, module, inputs, buffers_left_out=2 * 8 * 32)
+
+
+def test_llama_tiny_gqa():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    heads, kv_heads = 4, 2
+    d = H // heads
+    config = transformers.LlamaConfig(vocab_size=61, hidden_size=H, num_hidden_layers=L, num_attention_heads=heads,
+                                      num_key_value_heads=kv_heads, intermediate_size=I, max_position_embeddings=32,
+                                      attn_implementation="eager")
+    module, inputs = Loss(transformers.LlamaModel(config)), (torch.randint(0, 61, (B, S)),)
+    rank = ledger(module, inputs)
+    # Per op:
+    # - RMSNorm's rsqrt is exported as Sqrt and a division: sqrt's output (one float per token) is kept besides
+    #   1/sqrt, in each of the 2L + 1 norms;
+    # - SiLU is exported as x·sigmoid(x): sigmoid(x) is kept besides x, B·S·I per layer;
+    # - repeat_kv: torch's reshape of the expanded K and V copies them, and its matmuls keep the copies at
+    #   ``heads`` heads; the graph's Expand and Reshape are views of K and V at ``kv_heads`` heads.
+    norms = (2 * L + 1) * F32 * B * S
+    silu = L * F32 * B * S * I
+    repeat_kv = L * 2 * F32 * B * S * (heads - kv_heads) * d
+    assert rank.activations_bytes == saved_storages(module, inputs) + norms + silu - repeat_kv
+    # the rotary inv_freq table and its original copy are float32 buffers of torch (d/2 each) that the exporter
+    # folds into a constant
+    check_model_states(rank, module, inputs, buffers_left_out=2 * F32 * d // 2)
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(24, 40), torch.nn.Linear(40, 24)
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(x)))
+
+
+class Stack(torch.nn.Module):
+    """Three residual blocks in ``layers``, each run through ``torch.utils.checkpoint`` (non-reentrant) when
+    ``checkpointed``; exported without (the module scopes ``layers.0`` ... name the units)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(Block() for _ in range(3))
+        self.checkpointed = False
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        for block in self.layers:
+            x = checkpoint(block, x, use_reentrant=False) if self.checkpointed else block(x)
+        return x.sum()
+
+
+def after_forward_and_peak(module, inputs) -> tuple[int, int]:
+    """MemTracker's activation bytes when the forward returns, and the peak, of one SGD step after a first."""
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        module(*inputs).backward()
+        opt.step()
+
+    step()
+    tracker = mem_tracker.MemTracker()
+    tracker.track_external(module, opt)
+    with tracker:
+        step()
+    cpu = torch.device("cpu")
+    post = tracker.memory_tracking[module].snapshots[mem_tracker._ModState.POST_FW][0][cpu]
+    activations = next(v for k, v in post.items() if getattr(k, "value", k) == "Activation")
+    return activations, tracker.get_tracker_snapshot("peak")[cpu]["Total"]
+
+
+def test_full_recompute_against_torch_checkpoint():
+    torch.manual_seed(0)
+    module, inputs = Stack(), (torch.randn(5, 7, 24),)
+    kept, peaks = {}, {}
+    for policy in ("none", "full"):
+        report = flopcount.from_torch(module.train(), inputs, training=True, optimizer="sgd", cache_dir=False,
+                                      memory=MemorySettings(device="cpu", recompute=policy))
+        (rank,) = report.memory.ranks
+        module.checkpointed = policy == "full"
+        torch_kept, torch_peak = after_forward_and_peak(module, inputs)
+        module.checkpointed = False
+        kept[policy] = (rank.activations_bytes, torch_kept)
+        assert abs(rank.peak_bytes - torch_peak) <= 0.05 * torch_peak
+        peaks[policy] = rank.peak_bytes
+    # what checkpointing each block spares: per block, the ReLU's output (kept by ReLU and by down); the blocks'
+    # inputs stay kept (by up without recompute, by the checkpoint with it)
+    spared = 3 * F32 * 5 * 7 * 40
+    assert kept["none"][0] - kept["full"][0] == spared == kept["none"][1] - kept["full"][1]
+    assert kept["full"][0] == 3 * F32 * 5 * 7 * 24  # the three blocks' inputs
+    assert peaks["full"] < peaks["none"]
+
+
+def test_activations_by_module_sum_to_the_total():
+    """Per module (depth 2: each block of ``layers``), the ReLU's output and the block's output (the next block's
+    input) kept; the graph's input in its own row."""
+    from flopcount.memory import INPUTS, module_activations
+
+    torch.manual_seed(0)
+    report = flopcount.from_torch(Stack().train(), (torch.randn(5, 7, 24),), training=True, cache_dir=False,
+                                  memory=True)
+    rows = dict(module_activations(report.memory, report.nodes, report.modules.nodes, depth=2))
+    relu, block = F32 * 5 * 7 * 40, F32 * 5 * 7 * 24
+    assert rows == {INPUTS: block, "layers.0": relu + block, "layers.1": relu + block, "layers.2": relu}
+    assert sum(rows.values()) == report.memory.ranks[0].activations_bytes
+
+
+class Attention(torch.nn.Module):
+    """Multi-head self-attention with dropout on the probabilities; with ``checkpointed`` its core (scores, softmax,
+    dropout, the product with V) runs under ``torch.utils.checkpoint`` (non-reentrant): Megatron's selective
+    recompute."""
+
+    def __init__(self, h=24, heads=3):
+        super().__init__()
+        self.qkv, self.out = torch.nn.Linear(h, 3 * h), torch.nn.Linear(h, h)
+        self.drop, self.heads = torch.nn.Dropout(0.1), heads
+        self.checkpointed = False
+
+    def core(self, q, k, v):
+        probs = self.drop(torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1))
+        return probs @ v
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        b, s, h = x.shape
+        q, k, v = (t.reshape(b, s, self.heads, h // self.heads).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        ctx = checkpoint(self.core, q, k, v, use_reentrant=False) if self.checkpointed else self.core(q, k, v)
+        return self.out(ctx.transpose(1, 2).reshape(b, s, h)).sum()
+
+
+def test_selective_recompute_against_checkpointing_the_attention_core():
+    torch.manual_seed(0)
+    b, s, a = 2, 11, 3
+    module, inputs = Attention(heads=a), (torch.randn(b, s, 24),)
+    kept = {}
+    for policy in ("none", "selective"):
+        report = flopcount.from_torch(module.train(), inputs, training=True, optimizer="sgd", cache_dir=False,
+                                      memory=MemorySettings(device="cpu", recompute=policy))
+        module.checkpointed = policy == "selective"
+        kept[policy] = (report.memory.ranks[0].activations_bytes, after_forward_and_peak(module, inputs)[0])
+        module.checkpointed = False
+    ours = kept["none"][0] - kept["selective"][0]
+    spared_by_torch = kept["none"][1] - kept["selective"][1]
+    # spared: the softmax output and the dropped probabilities (float32, a·s²·b each) and the dropout's record:
+    # our bool mask (1 byte an element), torch's CPU float noise (4 bytes)
+    assert ours == F32 * 2 * a * s * s * b + a * s * s * b
+    assert spared_by_torch == ours + 3 * a * s * s * b
