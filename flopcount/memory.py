@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from .context import NodeContext, TensorInfo
 from .errors import UnsupportedOperatorError, UsageError
-from .plan import ParallelPlan, Recompute, parse_recompute
+from .plan import DEVICES, IMPLEMENTATIONS, ParallelPlan, Recompute, parse_recompute
 from .registry import lookup_saved
 from .report import NodeCount, element_bits, op_key, tensor_bytes
 from .saved import Saved
@@ -36,8 +36,6 @@ OPTIMIZER_STATES: Mapping[str, int] = MappingProxyType({"sgd": 0, "momentum": 1,
 #: How an optimizer step runs: one parameter at a time, one multi-tensor kernel per operation over all parameters
 #: (``foreach``), or one fused kernel; ``auto`` is what torch picks on ``device``: foreach on CUDA, single-tensor on
 #: the CPU.
-IMPLEMENTATIONS = ("auto", "single-tensor", "foreach", "fused")
-DEVICES = ("cuda", "cpu")
 #: Ops whose output is a view of their first input in the frameworks (no new storage).
 VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose", "Expand", "Slice", "Split"})
 PHASES = ("forward", "backward", "optimizer step")

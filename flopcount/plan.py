@@ -21,7 +21,7 @@ from typing import Any
 from .errors import UsageError
 
 __all__ = [
-    "DEGREES", "FLAGS", "RECOMPUTE_POLICIES", "SCHEDULES", "ParallelPlan", "Recompute", "parse_parallel",
+    "DEGREES", "DEVICES", "FLAGS", "IMPLEMENTATIONS", "RECOMPUTE_POLICIES", "SCHEDULES", "ParallelPlan", "Recompute", "parse_parallel",
     "parse_recompute",
 ]
 
@@ -31,6 +31,9 @@ DEGREES = ("tp", "pp", "cp", "ep", "dp")
 FLAGS = ("sp", "fsdp")
 #: Pipeline schedules; ``interleaved`` takes ``:v`` virtual stages per rank (default 2).
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
+#: How an optimizer step may run (its temporaries differ), and the devices whose default torch picks for "auto".
+IMPLEMENTATIONS = ("auto", "single-tensor", "foreach", "fused")
+DEVICES = ("cuda", "cpu")
 #: The named recompute policies; any other text is a comma-separated list of operator types to recompute.
 RECOMPUTE_POLICIES = ("none", "full", "selective")
 

@@ -330,8 +330,7 @@ def weights(args: argparse.Namespace) -> dict:
 
 def add_memory_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of the memory ledger and of the run's layout (``flopcount MODEL --memory ...``)."""
-    from flopcount.memory import DEVICES, IMPLEMENTATIONS
-    from flopcount.plan import SCHEDULES
+    from flopcount.plan import DEVICES, IMPLEMENTATIONS, SCHEDULES
 
     p.add_argument("--memory", action="store_true",
                    help="also the memory of one step per rank: weights, gradients, optimizer states and the step's "
