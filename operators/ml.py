@@ -17,9 +17,9 @@ from math import prod
 
 import numpy as np
 
-from flopcount.context import NodeContext
-from flopcount.cost import Cost
-from flopcount.registry import backward, formula, zero_cost
+from flopcount.context import NodeContext, TensorInfo
+from flopcount.cost import Bound, Cost
+from flopcount.registry import backward, formula, shape_function, zero_cost
 
 DOMAIN = "ai.onnx.ml"
 
@@ -385,3 +385,159 @@ def piecewise_constant_backward(ctx: NodeContext, **_) -> Cost:
     """
     return Cost()
 
+
+# --- output shapes ------------------------------------------------------------------------------
+# ONNX's inference gives most of these operators a type at best. Shapes follow the ONNX-ML spec and onnxruntime's
+# kernels: a 1-D X is one sample (N = 1); labels are int64 or strings after the class label attribute given.
+
+FLOAT, INT64, STRING = 1, 7, 8
+
+
+def _known(inputs, i: int = 0) -> TensorInfo:
+    t = inputs[i] if i < len(inputs) else None
+    if t is None or not t.is_static:
+        raise ValueError(f"input {i} has no static shape")
+    return t
+
+
+def _rows(inputs) -> int:
+    """N: the samples of X (input 0), one for a 1-D X."""
+    shape = _known(inputs).shape
+    if not shape:
+        raise ValueError("X is a scalar")
+    return 1 if len(shape) == 1 else shape[0]
+
+
+def _label_type(strings) -> int:
+    return STRING if strings else INT64
+
+
+@shape_function("Scaler", "Normalizer", domain=DOMAIN)
+def float_like_input_shape(inputs, **_):
+    """Y: float, the shape of X."""
+    return ((FLOAT, _known(inputs).shape),)
+
+
+@shape_function("Imputer", "Binarizer", domain=DOMAIN)
+def like_input_shape(inputs, **_):
+    """Y: the type and shape of X."""
+    x = _known(inputs)
+    return ((x.elem_type, x.shape),)
+
+
+@shape_function("LinearRegressor", domain=DOMAIN)
+def linear_regressor_shape(inputs, *, targets: int = 1, **_):
+    """Y: float [N, targets]."""
+    return ((FLOAT, (_rows(inputs), targets)),)
+
+
+@shape_function("SVMRegressor", domain=DOMAIN)
+def svm_regressor_shape(inputs, **_):
+    """Y: float [N, 1]."""
+    return ((FLOAT, (_rows(inputs), 1)),)
+
+
+@shape_function("LinearClassifier", domain=DOMAIN)
+def linear_classifier_shape(inputs, *, coefficients, classlabels_ints=None, classlabels_strings=None, **_):
+    """Y: labels [N]; Z: float [N, K] for K = |coefficients|/F weight vectors, or [N, 2] for one weight vector
+    and two class labels (the complement's column added)."""
+    n, shape = _rows(inputs), _known(inputs).shape
+    k = len(coefficients) // shape[-1]
+    labels = classlabels_strings or classlabels_ints or ()
+    scores = 2 if k == 1 and len(labels) == 2 else k
+    return (_label_type(classlabels_strings), (n,)), (FLOAT, (n, scores))
+
+
+@shape_function("SVMClassifier", domain=DOMAIN)
+def svm_classifier_shape(inputs, *, vectors_per_class=None, prob_a=None, classlabels_ints=None,
+                         classlabels_strings=None, **_):  # fmt: skip
+    """Y: labels [N]; Z: float [N, E]: E = K for K classes with probabilities (prob_a) or in linear mode, else the
+    K(K − 1)/2 one-vs-one scores (2 for K ≤ 2)."""
+    n = _rows(inputs)
+    k = len(classlabels_strings or classlabels_ints or ())
+    scores = k
+    if vectors_per_class and not prob_a:
+        scores = k * (k - 1) // 2 if k > 2 else 2
+    return (_label_type(classlabels_strings), (n,)), (FLOAT, (n, scores))
+
+
+@shape_function("TreeEnsembleClassifier", domain=DOMAIN)
+def tree_classifier_shape(inputs, *, classlabels_int64s=None, classlabels_strings=None, **_):
+    """Y: labels [N]; Z: float [N, K] for K class labels."""
+    n = _rows(inputs)
+    k = len(classlabels_strings or classlabels_int64s or ())
+    return (_label_type(classlabels_strings), (n,)), (FLOAT, (n, k))
+
+
+@shape_function("TreeEnsembleRegressor", domain=DOMAIN)
+def tree_regressor_shape(inputs, *, n_targets: int = 1, **_):
+    """Y: float [N, n_targets]."""
+    return ((FLOAT, (_rows(inputs), n_targets)),)
+
+
+@shape_function("TreeEnsemble", domain=DOMAIN)
+def tree_ensemble_shape(inputs, *, n_targets: int = 1, **_):
+    """Y: [N, n_targets], the type of X."""
+    return ((_known(inputs).elem_type, (_rows(inputs), n_targets)),)
+
+
+@shape_function("FeatureVectorizer", domain=DOMAIN)
+def feature_vectorizer_shape(inputs, *, inputdimensions, **_):
+    """Y: float [N, Σ inputdimensions], N the samples of the first input."""
+    return ((FLOAT, (_rows(inputs), sum(inputdimensions))),)
+
+
+@shape_function("OneHotEncoder", domain=DOMAIN)
+def one_hot_encoder_shape(inputs, *, cats_int64s=None, cats_strings=None, **_):
+    """Y: float, the shape of X with one more axis of C = |cats| categories."""
+    return ((FLOAT, (*_known(inputs).shape, len(cats_strings or cats_int64s or ()))),)
+
+
+@shape_function("ArrayFeatureExtractor", domain=DOMAIN)
+def array_feature_extractor_shape(inputs, **_):
+    """Z: the type of X, its shape with the last axis replaced by the |Y| indices ([1, |Y|] for a 1-D X)."""
+    x, y = _known(inputs, 0), _known(inputs, 1)
+    picked = prod(y.shape)
+    if not x.shape:
+        raise ValueError("X is a scalar")
+    return ((x.elem_type, (1, picked) if len(x.shape) == 1 else (*x.shape[:-1], picked)),)
+
+
+# LabelEncoder's output type, from the attribute its values are in
+_LABEL_VALUES = {"values_strings": STRING, "values_int64s": INT64, "values_floats": FLOAT}
+
+
+@shape_function("LabelEncoder", domain=DOMAIN)
+def label_encoder_shape(inputs, *, values_tensor=None, **attrs):
+    """Y: the shape of X, the type of the values (values_strings, values_int64s, values_floats or values_tensor)."""
+    kind = values_tensor.data_type if values_tensor is not None else next(
+        (t for name, t in _LABEL_VALUES.items() if attrs.get(name)), 0)
+    return ((kind, _known(inputs).shape),)
+
+
+@shape_function("CategoryMapper", domain=DOMAIN)
+def category_mapper_shape(inputs, **_):
+    """Y: the shape of X; int64 for string X, strings for int64 X."""
+    x = _known(inputs)
+    return ((INT64 if x.elem_type == STRING else STRING, x.shape),)
+
+
+@shape_function("DictVectorizer", domain=DOMAIN)
+def dict_vectorizer_shape(inputs, *, string_vocabulary=None, int64_vocabulary=None, **_):
+    """Y: [1, V] for V vocabulary entries (one map in, one row out), of the map's value type."""
+    return ((0, (1, len(string_vocabulary or int64_vocabulary or ()))),)
+
+
+_CAST_TO = {"TO_FLOAT": FLOAT, "TO_STRING": STRING, "TO_INT64": INT64}
+
+
+@shape_function("CastMap", domain=DOMAIN)
+def cast_map_shape(inputs, *, cast_to: str = "TO_FLOAT", map_form: str = "DENSE", max_map: int = 1, **_):
+    """Y: [1, max_map] with map_form SPARSE; with DENSE, one column per map entry, unknown before the run."""
+    return ((_CAST_TO.get(cast_to, 0), (1, max_map) if map_form == "SPARSE" else None),)
+
+
+@shape_function("ZipMap", domain=DOMAIN)
+def zip_map_shape(inputs, **_):
+    """Z: a sequence of N maps, which has no tensor shape (nothing is computed from it)."""
+    return (None,)
