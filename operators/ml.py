@@ -290,16 +290,22 @@ def _leaf_weights(tree_ids, node_ids) -> int:
     return int(most.sum())
 
 
-def _tree_cost(n: int, depths: int, leaf_adds: int, outputs: int, average: bool, base: bool, transform) -> Cost:
-    per_sample = depths + leaf_adds + (outputs if average else 0) + (outputs if base else 0)
-    return Cost(flops=n * per_sample) + n * post_transform_cost(transform, outputs)
+#: Why a tree ensemble's count is an upper bound (listed in every report's ``upper_bounds``).
+TREE_BOUND = ("each tree counted along its deepest path and at its leaf with the most weights; a sample that reaches "
+              "a shallower or lighter leaf does less")
+
+
+def _tree_cost(n: int, depths: int, leaf_adds: int, outputs: int, average: bool, base: bool, transform,
+               label: int = 0) -> Bound:  # fmt: skip
+    per_sample = depths + leaf_adds + (outputs if average else 0) + (outputs if base else 0) + label
+    return Bound(Cost(flops=n * per_sample) + n * post_transform_cost(transform, outputs), TREE_BOUND)
 
 
 @formula("TreeEnsembleRegressor", family="ml", domain=DOMAIN)
 def tree_ensemble_regressor(ctx: NodeContext, *, nodes_treeids, nodes_nodeids, nodes_modes, nodes_truenodeids,
                             nodes_falsenodeids, target_treeids=(), target_nodeids=(), n_targets: int = 1,
                             aggregate_function: str = "SUM", base_values=None, post_transform: str = "NONE",
-                            **_) -> Cost:  # fmt: skip
+                            **_) -> Bound:  # fmt: skip
     """FLOPs ≤ N·(Σ_t d_t + Σ_t w_t + a·T + b·T) + post_transform on T = n_targets scores: upper
     bound: per sample one comparison per branch node on the deepest path of each tree t (depth
     d_t, from the node attributes), one add (SUM; a comparison for MIN/MAX) per weight of the
@@ -318,7 +324,7 @@ def tree_ensemble_regressor(ctx: NodeContext, *, nodes_treeids, nodes_nodeids, n
 def tree_ensemble_classifier(ctx: NodeContext, *, nodes_treeids, nodes_nodeids, nodes_modes, nodes_truenodeids,
                              nodes_falsenodeids, class_treeids=(), class_nodeids=(), classlabels_int64s=None,
                              classlabels_strings=None, base_values=None, post_transform: str = "NONE",
-                             **_) -> Cost:  # fmt: skip
+                             **_) -> Bound:  # fmt: skip
     """FLOPs ≤ N·(Σ_t d_t + Σ_t w_t + b·K + max(K − 1, 1)) + post_transform on K class scores:
     upper bound: as TreeEnsembleRegressor (deepest-path comparisons d_t, the heaviest leaf's w_t
     adds, b = 1 add per class with ``base_values``) for K classes, plus the label: an argmax over
@@ -329,15 +335,14 @@ def tree_ensemble_classifier(ctx: NodeContext, *, nodes_treeids, nodes_nodeids, 
     depths = _legacy_depths(nodes_treeids, nodes_nodeids, nodes_modes, nodes_truenodeids, nodes_falsenodeids)
     n, _ = _samples_features(ctx)
     k = len(classlabels_int64s or classlabels_strings or ())
-    label = Cost(flops=n * max(k - 1, 1))
     return _tree_cost(n, depths, _leaf_weights(class_treeids, class_nodeids), k, False, bool(base_values),
-                      post_transform) + label  # fmt: skip
+                      post_transform, label=max(k - 1, 1))  # fmt: skip
 
 
 @formula("TreeEnsemble", family="ml", domain=DOMAIN)
 def tree_ensemble(ctx: NodeContext, *, tree_roots, nodes_truenodeids, nodes_trueleafs, nodes_falsenodeids,
                   nodes_falseleafs, n_targets: int = 1, aggregate_function: int = 1, post_transform: int = 0,
-                  **_) -> Cost:  # fmt: skip
+                  **_) -> Bound:  # fmt: skip
     """FLOPs ≤ N·(Σ_t d_t + R + a·T) + post_transform on T = n_targets scores: upper bound: per
     sample one comparison per node on the deepest path of each of the R trees (depth d_t, from
     tree_roots and the node attributes), one add (SUM; comparison for MIN/MAX) for the one weight
