@@ -1060,6 +1060,7 @@ def _contrib_shapes(model: ModelProto, index: GraphIndex, tensors: dict, values:
     merged = _registered_shapes(base, index, merged, where)
     if _other_unknown(index, merged):  # onnxruntime's inference is slow to load: only when it is needed
         merged = _merged(merged, _ort_symbolic(base, where))
+        merged = _registered_shapes(base, index, merged, where)  # what it settled may feed registered operators
     # declared in the model, so that later folding rounds infer past these nodes
     ops, outputs = index.node_ops, index.node_outputs
     settled = {o: merged[o] for k, (domain, _) in enumerate(ops) if domain not in ("", "ai.onnx")

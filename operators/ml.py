@@ -81,6 +81,14 @@ def normalizer(ctx: NodeContext, *, norm: str = "MAX", **_) -> Cost:
 # --- linear models ------------------------------------------------------------------------------
 
 
+def _vectors(values, f: int, what: str) -> int:
+    """How many vectors of F values the attribute ``what`` holds; a ValueError when it holds none or a part of one."""
+    n = len(values or ())
+    if not f or not n or n % f:
+        raise ValueError(f"{what} holds {n} values, not a whole number of vectors of the input's {f} features")
+    return n // f
+
+
 def _linear(ctx: NodeContext, outputs: int, intercepts, transform: str) -> Cost:
     n, f = _samples_features(ctx)
     macs = n * f * outputs
@@ -91,9 +99,13 @@ def _linear(ctx: NodeContext, outputs: int, intercepts, transform: str) -> Cost:
 
 
 @formula("LinearRegressor", family="ml", domain=DOMAIN)
-def linear_regressor(ctx: NodeContext, *, targets: int = 1, intercepts=None, post_transform: str = "NONE", **_) -> Cost:
+def linear_regressor(ctx: NodeContext, *, targets: int = 1, coefficients=None, intercepts=None,
+                     post_transform: str = "NONE", **_) -> Cost:  # fmt: skip
     """FLOPs = 2·N·F·T (+ N·T with intercepts) + post_transform on T scores per sample, for
     T = ``targets``: MACs = N·F·T, the product X·coefficientsᵀ."""
+    if coefficients is not None and _vectors(coefficients, _samples_features(ctx)[1], "coefficients") != targets:
+        raise ValueError(f"coefficients hold {len(coefficients)} values, not targets ({targets}) vectors of the "
+                         f"input's {_samples_features(ctx)[1]} features")
     return _linear(ctx, targets, intercepts, post_transform)
 
 
@@ -107,7 +119,7 @@ def linear_classifier(ctx: NodeContext, *, coefficients, intercepts=None, post_t
     counted.
     """
     n, f = _samples_features(ctx)
-    k = len(coefficients) // f
+    k = _vectors(coefficients, f, "coefficients")
     return _linear(ctx, k, intercepts, post_transform) + Cost(flops=n * max(k - 1, 1))
 
 
@@ -135,9 +147,16 @@ def _kernels(ctx: NodeContext, evaluations: int, f: int, kernel: str) -> Cost:
     )
 
 
+def _support_vectors(values, f: int, count: int) -> None:
+    """A ValueError unless ``support_vectors`` holds ``count`` vectors of the input's F features."""
+    if values is not None and _vectors(values, f, "support_vectors") != count:
+        raise ValueError(f"support_vectors hold {len(values)} values, not {count} support vectors of the input's "
+                         f"{f} features")
+
+
 @formula("SVMClassifier", family="ml", domain=DOMAIN)
 def svm_classifier(ctx: NodeContext, *, kernel_type: str = "LINEAR", vectors_per_class=None, coefficients=None,
-                   **_) -> Cost:  # fmt: skip
+                   support_vectors=None, **_) -> Cost:  # fmt: skip
     """FLOPs = N·(S·k_F + 2·(K − 1)·S + K(K − 1)/2) with S = Σ vectors_per_class support vectors and
     K = |vectors_per_class| classes (one-vs-one); without support vectors (linear mode) N·(V·k_F + V) for the
     V = |coefficients|/F weight vectors. k_F is one kernel evaluation on F features: F MACs (2F FLOPs),
@@ -151,17 +170,18 @@ def svm_classifier(ctx: NodeContext, *, kernel_type: str = "LINEAR", vectors_per
     n, f = _samples_features(ctx)
     if vectors_per_class:
         s = sum(vectors_per_class)
+        _support_vectors(support_vectors, f, s)
         k = len(vectors_per_class)  # one entry per class
         macs = n * (k - 1) * s
         pairs = Cost(flops=ctx.convention.fc_flops_per_mac * macs + n * (k * (k - 1) // 2), macs=macs)
         return _kernels(ctx, n * s, f, kernel_type) + pairs
-    v = len(coefficients or ()) // f
+    v = _vectors(coefficients, f, "coefficients")
     return _kernels(ctx, n * v, f, kernel_type) + Cost(flops=n * v)
 
 
 @formula("SVMRegressor", family="ml", domain=DOMAIN)
 def svm_regressor(ctx: NodeContext, *, kernel_type: str = "LINEAR", n_supports: int = 0, one_class: int = 0,
-                  **_) -> Cost:  # fmt: skip
+                  support_vectors=None, **_) -> Cost:  # fmt: skip
     """FLOPs = N·(S·k_F + 2S + 1 + o) for S = n_supports support vectors (k_F as in SVMClassifier:
     S kernel evaluations, S coefficient MACs, one rho add; o = 1 threshold comparison when
     ``one_class``); with S = 0 (linear mode) N·(k_F + 1 + o), one kernel with the coefficients.
@@ -169,6 +189,7 @@ def svm_regressor(ctx: NodeContext, *, kernel_type: str = "LINEAR", n_supports: 
     n, f = _samples_features(ctx)
     tail = 1 + (1 if one_class else 0)
     if n_supports:
+        _support_vectors(support_vectors, f, n_supports)
         macs = n * n_supports
         return _kernels(ctx, n * n_supports, f, kernel_type) + Cost(
             flops=ctx.convention.fc_flops_per_mac * macs + n * tail, macs=macs

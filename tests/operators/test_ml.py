@@ -453,3 +453,27 @@ def test_exact_counts_list_no_upper_bound():
                                    {"x": (N, F)}, ["y"], opset=18, extra_opsets={ML: 3}))
     assert report.upper_bounds == {}
     assert [r["upper_bound"] for r in csv.DictReader(io.StringIO(render(report, "csv")))] == [""]
+
+
+# --- bad input ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op, attrs, named", [
+    pytest.param("LinearClassifier", dict(coefficients=[0.1] * (2 * F + 3), classlabels_ints=[0, 1]), "coefficients",
+                 id="classifier-part-of-a-vector"),
+    pytest.param("LinearRegressor", dict(targets=3, coefficients=[0.1] * (2 * F)), "targets", id="regressor-too-few"),
+    pytest.param("SVMClassifier", dict(coefficients=[1.0] * (F + 1), rho=[0.0], classlabels_ints=[0, 1]),
+                 "coefficients", id="svm-linear-mode"),
+    pytest.param("SVMClassifier", dict(SVC3, support_vectors=[0.5] * (6 * F - 1)), "support_vectors",
+                 id="svc-support-vectors"),
+    pytest.param("SVMRegressor", dict(n_supports=4, support_vectors=[0.0] * (3 * F), coefficients=[1.0] * 4,
+                                      rho=[0.5]), "support_vectors", id="svr-support-vectors"),
+])  # fmt: skip
+def test_coefficients_that_do_not_fit_the_features_are_refused(op, attrs, named):
+    """A silent floor division once counted part of a weight vector as none, or a whole one."""
+    outs = ["y", "z"][: 1 if op.endswith("Regressor") else 2]
+    m = model([helper.make_node(op, ["x"], outs, domain=ML, name="bad", **attrs)], {"x": (N, F)}, outs, opset=18,
+              extra_opsets={ML: 3})
+    with pytest.raises(flopcount.FlopcountError, match=f"'bad'.*{named}") as e:
+        flopcount.count(m)
+    assert e.value.exit_code != 0 and "\n" not in str(e.value)
