@@ -1089,9 +1089,10 @@ def _other_unknown(index: GraphIndex, tensors: Mapping[str, TensorInfo]) -> bool
     from .registry import lookup_shape
 
     ops, outputs = index.node_ops, index.node_outputs
-    return any(not _static(tensors.get(o)) for k, (domain, op) in enumerate(ops)
-               if (domain not in ("", "ai.onnx") or not onnx.defs.has(op, domain)) and not lookup_shape(domain, op)
-               for o in outputs[k] if o)
+    uncovered = {(domain, op) for domain, op in set(ops)
+                 if (domain not in ("", "ai.onnx") or not onnx.defs.has(op, domain)) and not lookup_shape(domain, op)}
+    return bool(uncovered) and any(not _static(tensors.get(o)) for k, key in enumerate(ops) if key in uncovered
+                                   for o in outputs[k] if o)
 
 
 def _registered_shapes(model: ModelProto, index: GraphIndex, tensors: dict, where: str) -> dict:
@@ -1176,7 +1177,8 @@ def symbolic_inference() -> type | None:
     if loaded is None:
         try:
             import onnxruntime.tools.symbolic_shape_infer as loaded
-        except ImportError:
+        except Exception as e:  # absent, or a package that fails on import: no symbolic inference
+            log.debug("onnxruntime's symbolic shape inference is not available (%s)", first_line(e))
             return None
     return getattr(loaded, "SymbolicShapeInference", None)
 
