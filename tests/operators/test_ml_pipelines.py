@@ -43,20 +43,22 @@ def convert(estimator, x, y, **options):
     return skl2onnx.to_onnx(estimator, x[:1], target_opset=OPSETS, options=options or None)
 
 
-def real_shapes(m, x):
-    """Every tensor-valued node output's shape in a real onnxruntime run on ``x``."""
+def real_shapes(m, feeds):
+    """Every tensor-valued node output's shape in a real onnxruntime run on ``feeds`` (an array for the one input,
+    or a dict by input name)."""
     probe = helper.make_model(m.graph, opset_imports=m.opset_import)
     probe.graph.output.extend(helper.make_empty_tensor_value_info(o) for n in m.graph.node if n.op_type != "ZipMap"
                               for o in n.output if o and o not in {v.name for v in m.graph.output})
     session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
-    values = session.run(names, {m.graph.input[0].name: x})
+    values = session.run(names, feeds if isinstance(feeds, dict) else {m.graph.input[0].name: feeds})
     return {n: v.shape for n, v in zip(names, values) if isinstance(v, np.ndarray)}
 
 
-def count_and_check_shapes(m, x):
-    """The report of ``m`` counted for ``len(x)`` samples, after checking every resolved shape against onnxruntime."""
-    report = flopcount.count(m, batch=len(x))
+def count_and_check_shapes(m, x, batch=None):
+    """The report of ``m`` counted for ``len(x)`` samples (or ``batch``), after checking every resolved shape against
+    onnxruntime's run on ``x``."""
+    report = flopcount.count(m, batch=batch or len(x))
     real = real_shapes(m, x)
     resolved = {t.name: t.shape for n in report.nodes for t in n.outputs if t is not None and t.name in real}
     assert resolved == real
@@ -179,3 +181,39 @@ def test_counting_ml_models_needs_neither_torch_nor_onnxruntime_inference(tmp_pa
             "print(cls.__name__, 'torch' in sys.modules, 'onnxruntime.tools' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     assert out.stdout.split("\n")[:2] == ["[]", "SymbolicShapeInference False False"]
+
+
+def test_dict_vectorizer_then_logistic_regression():
+    """One map in (a sample's named features), one row of the vocabulary's V columns out."""
+    from skl2onnx.common.data_types import DictionaryType, FloatTensorType, StringTensorType
+    from sklearn.feature_extraction import DictVectorizer
+
+    samples = [{"a": float(a), "b": float(b), "c": 1.0} for a, b in X[:, :2]]
+    vectorizer = DictVectorizer(sparse=False)
+    pipeline = make_pipeline(vectorizer, LogisticRegression()).fit(samples, LABELS3)
+    m = skl2onnx.convert_sklearn(pipeline, initial_types=[("input", DictionaryType(StringTensorType([1]),
+                                                                                    FloatTensorType([1])))],
+                                 target_opset=OPSETS)  # fmt: skip
+    report = flopcount.count(m)
+    real = real_shapes(m, {"input": samples[0]})
+    assert {t.name: t.shape for n in report.nodes for t in n.outputs if t is not None and t.name in real} == real
+    v, k = len(vectorizer.vocabulary_), 3
+    assert flops(report, "LinearClassifier").macs == 1 * v * k
+
+
+def test_column_transformer_of_two_inputs():
+    """A scaled numeric column and a one-hot categorical column, concatenated, then a logistic regression."""
+    from skl2onnx.common.data_types import FloatTensorType, Int64TensorType
+    from sklearn.compose import ColumnTransformer
+
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame({"num": X[:, 0], "cat": CATEGORIES[:, 0]})
+    columns = ColumnTransformer([("n", StandardScaler(), ["num"]), ("c", OneHotEncoder(), ["cat"])])
+    pipeline = make_pipeline(columns, LogisticRegression()).fit(frame, LABELS3)
+    m = skl2onnx.convert_sklearn(pipeline, initial_types=[("num", FloatTensorType([None, 1])),
+                                                          ("cat", Int64TensorType([None, 1]))], target_opset=OPSETS)
+    feeds = {"num": X[:B, :1], "cat": CATEGORIES[:B, :1]}
+    r = count_and_check_shapes(m, feeds, batch=B)
+    width, k = 1 + len(columns.named_transformers_["c"].categories_[0]), 3  # the fitted clone's categories
+    assert flops(r, "Scaler").flops == 2 * B * 1
+    assert flops(r, "LinearClassifier").macs == B * width * k
