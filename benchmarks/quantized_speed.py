@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    python benchmarks/quantized_speed.py                    # QOperator format (QLinearConv, com.microsoft QLinearAdd ...)
+    python benchmarks/quantized_speed.py                    # QOperator (QLinearConv, com.microsoft QLinearAdd ...)
     python benchmarks/quantized_speed.py --format qdq       # QuantizeLinear/DequantizeLinear pairs around float ops
     python benchmarks/quantized_speed.py --format dynamic   # ConvInteger/MatMulInteger after DynamicQuantizeLinear
     python benchmarks/quantized_speed.py --repeat 7 --blocks 12
@@ -67,14 +67,16 @@ def make_float_model(blocks: int, seed: int = 0) -> onnx.ModelProto:
               helper.make_node("Flatten", ["pooled"], ["flat"]),
               helper.make_node("Gemm", ["flat", weight("fc_w", CLASSES, CHANNELS), weight("fc_b", CLASSES)], ["logits"],
                                transB=1)]  # fmt: skip
-    graph = helper.make_graph(nodes, "resnet", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, SIZE, SIZE])],
+    image = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, SIZE, SIZE])
+    graph = helper.make_graph(nodes, "resnet", [image],
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, CLASSES])], weights)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="flopcount-benchmark")
 
 
 def quantize(source: str, target: str, fmt: str) -> None:
     """``source`` quantized to int8 into ``target`` by onnxruntime's quantizer."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, quantize_static
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType
+    from onnxruntime.quantization import quantize_dynamic, quantize_static
 
     if fmt == "dynamic":
         quantize_dynamic(source, target, weight_type=QuantType.QInt8)
@@ -125,7 +127,8 @@ def main(argv: list[str] | None = None) -> None:
                 runs[name].append(measure(COUNT, path)[0])
         medians = {name: statistics.median(r) for name, r in runs.items()}
         for name, seconds in medians.items():
-            print(f"{name:6s} {seconds:6.2f} s  (median of {args.repeat}; runs {', '.join(f'{s:.2f}' for s in runs[name])})")
+            each = ", ".join(f"{s:.2f}" for s in runs[name])
+            print(f"{name:6s} {seconds:6.2f} s  (median of {args.repeat}; runs {each})")
         print(f"ratio  {medians['int8'] / medians['float']:6.2f} x  (int8 over float, {args.format}; target: at most "
               f"{TARGET_RATIO:g}x)")
 

@@ -355,6 +355,6 @@ def _csv(report: Report, per_node: bool, by_module: int | None = None) -> str:
         bounds = report.upper_bounds  # why an operator's count is an upper bound; empty when exact
         for key, s in report.by_op_type.items():
             c = s.cost
-            w.writerow([s.op_type, s.domain, s.family, s.status, s.nodes, c.flops, c.macs, c.transcendentals, c.int_ops, f"{_share(c.flops, report.total.flops):.6f}",
-                        bounds[key][1] if key in bounds else ""])
+            w.writerow([s.op_type, s.domain, s.family, s.status, s.nodes, c.flops, c.macs, c.transcendentals, c.int_ops,
+                        f"{_share(c.flops, report.total.flops):.6f}", bounds[key][1] if key in bounds else ""])
     return buf.getvalue()

@@ -27,7 +27,8 @@ def bounded_model():
         [helper.make_tensor_value_info("i", TensorProto.INT64, []),
          helper.make_tensor_value_info("c_in", TensorProto.BOOL, []),
          helper.make_tensor_value_info("h_in", F, [B, D])],
-        [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []), helper.make_tensor_value_info("h_out", F, [B, D])],
+        [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("h_out", F, [B, D])],
     )  # fmt: skip
     loop = helper.make_node("Loop", ["M", "go", "h0"], ["h"], body=body, name="steps")
     # one tree: 0 → (1, 2), 1 → (3, 4); leaves 2, 3, 4, one weight each
