@@ -23,6 +23,8 @@ docs/architecture.md):
 * :mod:`.render` its text forms (table, JSON, CSV)
 * :mod:`.html` the report as one self-contained HTML page
 * :mod:`.symbolic` the count as exact formulas in dims given as names (``--symbolic``)
+* :mod:`.progress` the phases of long work, reported on a logger while they run
+* :mod:`.version` the installed version (``__version__``)
 * :mod:`.errors` the exception hierarchy with exit codes, and :func:`~flopcount.errors.first_line`
 * :mod:`.docs` generates docs/operators.md
 * :mod:`.onnx_cases` ONNX's own test cases, for the inventory of operators
@@ -32,41 +34,62 @@ docs/architecture.md):
   1 and 2 (``--hf``)
 * :mod:`.graph_masks` the attention masks a graph computes from positions, evaluated for ``--attention executed``
 
+Every public name below is imported on first use (``import flopcount`` loads neither torch nor the measuring half).
+
 Around it: :mod:`flopcount.operators` (formulas), :mod:`flopcount.frontends`, :mod:`flopcount.models`,
 :mod:`flopcount.measure` (the measuring half), :mod:`flopcount.workloads` and :mod:`flopcount.cli`.
 """
 
-from importlib.metadata import PackageNotFoundError, version as _version
+#: Public name → the module that defines it. Each is imported on first use (PEP 562), so ``import flopcount``
+#: stays light: neither torch nor the measuring half (:mod:`flopcount.measure`) nor the counting core, nor even
+#: the package metadata behind ``__version__``, is loaded until a name that needs it is read.
+_LAZY = {
+    "__version__": "flopcount.version",
+    "CONVENTIONS": "flopcount.conventions",
+    "Convention": "flopcount.conventions",
+    "Cost": "flopcount.cost",
+    "count": "flopcount.counting",
+    "ConfigError": "flopcount.errors",
+    "FlopcountError": "flopcount.errors",
+    "FrontendError": "flopcount.errors",
+    "InvalidGraphError": "flopcount.errors",
+    "ModelFileError": "flopcount.errors",
+    "OpsetError": "flopcount.errors",
+    "ShapeError": "flopcount.errors",
+    "UnsupportedOperatorError": "flopcount.errors",
+    "UsageError": "flopcount.errors",
+    "from_causal_lm": "flopcount.frontends.generate",
+    "from_hf": "flopcount.frontends.hf",
+    "from_keras": "flopcount.frontends.keras",
+    "from_torch": "flopcount.frontends.torch",
+    "Meter": "flopcount.measure.harness.meter",
+    "RunResult": "flopcount.measure.harness.result",
+    "Generation": "flopcount.generation",
+    "ModelInfo": "flopcount.report",
+    "NodeCount": "flopcount.report",
+    "OpTypeSummary": "flopcount.report",
+    "Report": "flopcount.report",
+}
 
-from .conventions import CONVENTIONS, Convention
-from .cost import Cost
-from .counting import count
-from .errors import (
-    ConfigError,
-    FlopcountError,
-    FrontendError,
-    InvalidGraphError,
-    ModelFileError,
-    OpsetError,
-    ShapeError,
-    UnsupportedOperatorError,
-    UsageError,
-)
-from .frontends.generate import from_causal_lm
-from .frontends.hf import from_hf
-from .frontends.keras import from_keras
-from .frontends.torch import from_torch
-from .measure.harness.meter import Meter
-from .measure.harness.result import RunResult
-from .generation import Generation
-from .report import ModelInfo, NodeCount, OpTypeSummary, Report
 
-try:
-    __version__ = _version("flopcount")
-except PackageNotFoundError:  # running from a source tree
-    __version__ = "0.0.0+unknown"
+def __getattr__(name: str):
+    """Import the module behind a public name on first use and keep the name here (PEP 562)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'flopcount' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
+    "__version__",
     "CONVENTIONS",
     "ConfigError",
     "Convention",

@@ -19,7 +19,7 @@ import onnx
 from onnx import ModelProto, helper
 
 from . import graph as graph_mod
-from . import validate
+from . import progress, validate
 from .context import (FLOAT_TYPES, NodeContext, TensorInfo, attribute_defaults, attribute_value, is_long,
                       shortened)
 from .conventions import Convention, get_convention
@@ -139,6 +139,9 @@ def count(
 
 
 MODES = ("inference", "train")
+#: The stages of a count as :mod:`flopcount.progress` names them (keys of ``Report.timings``).
+_PHASES = {"load": "reading the model", "graph": "building and checking the graph", "shapes": "inferring shapes",
+           "count": "counting the nodes"}
 
 
 def _count(model, input_shapes, batch, convention, strict, input_values, loop_trips, mode, optimizer,
@@ -165,6 +168,7 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
     def lap(phase: str) -> None:
         clock.append(time.perf_counter())
         timings[phase] = clock[-1] - clock[-2]
+        progress.done(_PHASES[phase], timings[phase])
 
     loaded = load(model)
     m, where = loaded.model, loaded.path or "<model>"

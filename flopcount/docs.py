@@ -33,7 +33,8 @@ def _instances() -> dict[tuple[str, str], object]:
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
+    """``text`` inside a table cell: ``|`` escaped, and ``[`` too, so that ``[a] [b]`` is not read as a link."""
+    return text.replace("|", "\\|").replace("[", "\\[")
 
 
 def operators_markdown() -> str:
@@ -86,8 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     text = operators_markdown()
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(text)
+        from flopcount.files import write_atomic
+
+        write_atomic(args.output, text, "operator table")
     else:
         sys.stdout.write(text)
     return 0

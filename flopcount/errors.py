@@ -90,6 +90,29 @@ class ConfigError(FlopcountError):
     exit_code = 13
 
 
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived during a run (what Ctrl-C, SLURM's ``scancel`` and torchrun send to cancel a job),
+    raised by the handler a ``flopcount bench`` run and a :class:`flopcount.Meter` used as a context manager
+    install. Like ``KeyboardInterrupt`` it is not an ``Exception``, so a loop's ``except Exception`` lets it
+    through. :attr:`meter` is the meter of the run it ended (set where the run's ``with meter:`` block saw it);
+    the exit code is the shell's for a signal: 128 + its number (130 SIGINT, 143 SIGTERM)."""
+
+    def __init__(self, signum: int) -> None:
+        import signal
+
+        self.signum = int(signum)
+        try:
+            self.signal = signal.Signals(self.signum).name
+        except ValueError:
+            self.signal = f"signal {self.signum}"
+        self.meter = None
+        super().__init__(f"interrupted by {self.signal}")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
 #: Exit code of ``flopcount bench`` when every run completed but some run did not reach its target quality.
 EXIT_QUALITY_NOT_REACHED = 10
 

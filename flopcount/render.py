@@ -8,13 +8,12 @@ from __future__ import annotations
 import csv
 import io
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import onnx
-from tabulate import tabulate
-
-from .context import TensorInfo
 from .report import Report, node_bytes
+
+if TYPE_CHECKING:  # annotations only (context imports numpy and onnx; onnx is imported where a dtype is named)
+    from .context import TensorInfo
 
 SCHEMA_VERSION = 6  # 2: mode, forward, backward, training; total = forward + backward. 3: total.buffers; params
 # without buffers and folded constants. 4: modules and module_scopes (by module), nodes[].module. 5: generation
@@ -23,6 +22,8 @@ FORMATS = ("table", "json", "csv", "markdown", "html")
 
 
 def _dtype(t: TensorInfo) -> str:
+    import onnx
+
     return onnx.TensorProto.DataType.Name(t.elem_type).lower() if t.elem_type else "unknown"
 
 
@@ -37,8 +38,8 @@ def _share(part: int, whole: int) -> float:
 
 
 def to_dict(report: Report, per_node: bool = False, by_module: int | None = None) -> dict[str, Any]:
-    """The JSON document (see README.md, "JSON output"); ``by_module``: the depth of the module rows, if any."""
-    from . import __version__
+    """The JSON document (see docs/json.md); ``by_module``: the depth of the module rows, if any."""
+    from .version import __version__
 
     total = report.total.as_dict()
     doc: dict[str, Any] = {
@@ -305,6 +306,8 @@ def _modules_line(report: Report) -> str:
 def render(report: Report, fmt: str = "table", per_node: bool = False, by_module: int | None = None) -> str:
     """``report`` as text in ``fmt`` (:data:`FORMATS`); ``per_node`` adds every node, ``by_module`` the rows of
     each module down to that depth (:meth:`~flopcount.report.Report.by_module`)."""
+    from tabulate import tabulate  # here, not at import: `flopcount --help` reads FORMATS only
+
     if fmt == "json":
         return json.dumps(to_dict(report, per_node, by_module), indent=2) + "\n"
     if fmt == "html":

@@ -5,15 +5,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping, NamedTuple
+from typing import TYPE_CHECKING, Mapping, NamedTuple
 
-from .context import TensorInfo
 from .conventions import Convention
 from .cost import Cost
 from .generation import Generation
 from .layers import RepeatedLayers
 from .moe import MixtureOfExperts
 from .modules import ModuleRow, ModuleScopes, module_rows
+
+if TYPE_CHECKING:  # annotations only: the context (numpy, onnx) is not needed to hold or read a report
+    from .context import TensorInfo
 
 # Node status values
 FORMULA = "formula"

@@ -35,7 +35,8 @@ from typing import Any, TextIO
 
 import onnx
 
-from flopcount.errors import FrontendError, UsageError, first_line
+from flopcount.errors import FrontendError, OutputError, UsageError, first_line
+from flopcount.files import atomic_path, write_atomic
 
 __all__ = [
     "CACHE_ENV",
@@ -533,7 +534,8 @@ def export_through_cache(
             write_cache(cached, model, log)
     if path is not None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        onnx.save_model(model, os.fspath(path))
+        with atomic_path(path, "ONNX model") as tmp:
+            onnx.save_model(model, tmp)
     return model
 
 
@@ -552,22 +554,17 @@ def read_cache(path: Path, log: logging.Logger) -> onnx.ModelProto | None:
 
 
 def write_cache(path: Path, model: onnx.ModelProto, log: logging.Logger) -> None:
-    """Write ``model`` to ``path`` atomically; a folder that cannot be written is a warning, not an error."""
-    partial = None
+    """Write ``model`` to ``path`` whole (:func:`flopcount.files.write_atomic`: a concurrent reader sees the old
+    entry or the whole new one, never a part); a folder that cannot be written is a warning, not an error."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=path.stem, suffix=".tmp", delete=False) as tmp:
-            partial = tmp.name
-            tmp.write(model.SerializeToString())
-        os.replace(partial, path)  # atomic: a concurrent reader sees the old entry or the whole new one
-    except OSError as e:
+        write_atomic(path, model.SerializeToString(), "export cache entry")
+    except (OSError, OutputError) as e:
         log.warning(
             "cannot write the export cache %s (%s); set %s or cache_dir= to a writable folder, or disable it with "
-            "cache_dir=False", path.parent, e.strerror or e, CACHE_ENV,
+            "cache_dir=False", path.parent, first_line(e) if isinstance(e, OutputError) else e.strerror or e,
+            CACHE_ENV,
         )
-        if partial is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(partial)
         return
     log.debug("export cached: %s", path)
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from flopcount.errors import ConfigError, FrontendError, UsageError, first_line
+from flopcount.progress import phase
 
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,8 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
     cache_dir, **count_kwargs
         As for :func:`flopcount.from_torch` (``mode``, ``convention``, ``batch`` ...).
 
+    Notes
+    -----
     A mixture-of-experts model (Mixtral, Qwen-MoE, DeepSeek) is built with transformers' ``batched_mm``
     experts: every token's k experts run as one batched product, so the graph counts the router, exactly k
     routed experts per token and the shared experts, and ``report.moe`` gives ``params`` and
@@ -141,7 +144,8 @@ def _count_stack(model, count, repeated_layers: str, trust_remote_code: bool):
             if reason is not None:
                 stack = stack.exported(reason)
                 break
-            counts.append((small, count(small)))
+            with phase(f"the {layers}-layer model (to extend to {stack.layers} layers)"):
+                counts.append((small, count(small)))
     if isinstance(stack, LayerStack):
         (one, r1), (two, r2) = counts
         p1, p2, p = (sum(x.numel() for x in m.parameters()) for m in (one, two, model))

@@ -70,6 +70,7 @@ import onnx
 
 from flopcount.errors import FrontendError, UsageError, first_line
 from flopcount.graph import walk_graphs
+from flopcount.progress import phase
 
 from . import common
 from .common import CACHE_ENV, default_cache_dir
@@ -214,7 +215,7 @@ def _to_onnx(torch, module, call: _Call, *, training: bool, opset: int | None, c
 
     def produce() -> onnx.ModelProto:
         what = f"{type(module).__name__}{' (training)' if training else ''}"
-        with _progress(f"exporting {what} with torch"):
+        with phase(f"exporting {what} with torch"), _progress(f"exporting {what} with torch"):
             return _export(module, call.tensors, call.names, training, opset, call)
 
     return common.export_through_cache(

@@ -43,3 +43,34 @@ def exports(monkeypatch):
 
     monkeypatch.setattr(frontend, "_export", counting)
     return calls
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """``small_disk(kib, readonly=False, files={})``: a folder on a tmpfs of ``kib`` KiB holding ``files`` (name ->
+    bytes), remounted read-only when asked: a real full disk and a real read-only folder, which the superuser
+    cannot write either. Skips where mounting is not allowed (not root, a container without the capability)."""
+    import os
+    import subprocess
+
+    mounts = []
+
+    def _mount(kib: int, readonly: bool = False, files=None):
+        if os.geteuid() != 0:
+            pytest.skip("mounting a tmpfs needs root")
+        folder = tmp_path / f"disk{len(mounts)}"
+        folder.mkdir()
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(folder)],
+                              capture_output=True)
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode(errors='replace').strip()}")
+        mounts.append(folder)
+        for name, data in (files or {}).items():
+            (folder / name).write_bytes(data)
+        if readonly:
+            subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True, capture_output=True)
+        return folder
+
+    yield _mount
+    for folder in reversed(mounts):
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)

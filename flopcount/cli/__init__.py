@@ -20,7 +20,7 @@ import sys
 from flopcount.errors import OutputError
 
 from .arguments import TORCH_DTYPES, add_model_source, given_model, model_source
-from .console import EXIT_INTERNAL, command_logging, run_guarded, write_output
+from .console import EXIT_INTERNAL, check_outputs, command_logging, run_guarded, write_output
 from .count import build_parser
 
 __all__ = [
@@ -51,7 +51,7 @@ def _subcommand(name: str, argv: list[str]) -> int:
         return int(e.code or 0)
     verbose = getattr(args, "verbose", 0)
     with command_logging(verbose):
-        return run_guarded(lambda: module.run(args), verbose)
+        return run_guarded(lambda: check_outputs(args) or module.run(args), verbose)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,4 +68,4 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # argparse has printed its message (or --help/--version)
         return int(e.code or 0)
     with command_logging(args.verbose):
-        return run_guarded(lambda: run(args), args.verbose)
+        return run_guarded(lambda: check_outputs(args) or run(args), args.verbose)

@@ -12,7 +12,6 @@ import argparse
 import re
 
 from flopcount.errors import UsageError
-from flopcount.shapes import MAX_ELEMENTS, parse_dims
 
 __all__ = [
     "TORCH_DTYPES", "InputShapes", "add_model_source", "check_model_source", "count_generate", "count_hf",
@@ -36,6 +35,8 @@ def input_shape(text: str) -> tuple[str, tuple[int, ...], str | None]:
     name, sep, spec = text.rpartition("=")
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"expected NAME=DIMS such as input=8x3x224x224, got {text!r}")
+    from flopcount.shapes import parse_dims  # imported when a shape is parsed, not for --help
+
     dims, colon, dtype = spec.partition(":")
     if colon and dtype not in TORCH_DTYPES:
         raise argparse.ArgumentTypeError(f"unknown element type {dtype!r} in {text!r}; one of: {', '.join(TORCH_DTYPES)}")
@@ -97,6 +98,8 @@ def loop_trips(text: str) -> tuple[str, int]:
 
 def positive(text: str) -> int:
     """A positive count that may size a tensor (at most 2**48)."""
+    from flopcount.shapes import MAX_ELEMENTS
+
     try:
         v = int(text)
     except ValueError:
@@ -159,15 +162,16 @@ def size_hw(text: str) -> tuple[int, int]:
 
 def add_model_source(p: argparse.ArgumentParser, model_help: str) -> None:
     """A subcommand's model: an .onnx path, or ``--torch``/``--keras`` with ``--input-shape`` as for counting (read
-    back with :func:`model_source`)."""
-    p.add_argument("model", nargs="?", help=model_help)
-    p.add_argument("--torch", metavar="MODULE:FACTORY",
-                   help="instead of a model file, the PyTorch module FACTORY() returns, exported as for counting")
-    p.add_argument("--keras", metavar="MODULE:FACTORY",
-                   help="instead of a model file, the keras.Model FACTORY() returns, converted as for counting")
-    p.add_argument("--input-shape", metavar="NAME=DIMS", action=InputShapes, type=input_shape, default=[],
-                   help="fix the dims of an input, e.g. input=8x3x224x224 (repeatable); with --torch, NAME is a "
-                   "parameter of forward() and a :DTYPE suffix gives its element type")
+    back with :func:`model_source`), listed by ``--help`` under "model source"."""
+    source = p.add_argument_group("model source")
+    source.add_argument("model", nargs="?", help=model_help)
+    source.add_argument("--torch", metavar="MODULE:FACTORY",
+                        help="instead of a model file, the PyTorch module FACTORY() returns, exported as for counting")
+    source.add_argument("--keras", metavar="MODULE:FACTORY",
+                        help="instead of a model file, the keras.Model FACTORY() returns, converted as for counting")
+    source.add_argument("--input-shape", metavar="NAME=DIMS", action=InputShapes, type=input_shape, default=[],
+                        help="fix the dims of an input, e.g. input=8x3x224x224 (repeatable); with --torch, NAME is a "
+                        "parameter of forward() and a :DTYPE suffix gives its element type")
     p.set_defaults(input_dtypes={})
 
 

@@ -26,7 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a benchmark workload under flopcount's meter and report the HPC AI500 metrics: FLOPS = "
         "N x R x C, MFU, VFLOPS, time-to-quality, energy, repeat-run statistics.",
         epilog="Exit codes: 0 every run completed (and reached its target quality, if any), 10 a run did not reach "
-        "its target quality, 2 usage, 8 cannot write -o, 11 a device or package is missing.")
+        "its target quality, 2 usage, 8 cannot write -o or --mllog, 11 a device or package is missing, 12 a rank "
+        "stopped answering (--timeout), 130 SIGINT and 143 SIGTERM (the report holds the runs so far, "
+        "\"complete\": false).")
     p.add_argument("workload", choices=WORKLOADS, help="digits: a small CNN on scikit-learn's bundled digits, trained "
                    "to a target accuracy (real data, real quality); image_classification: ResNet-50 v1.5 on synthetic "
                    "ImageNet-shaped data, or on --data DIR; extreme_weather: the Faster R-CNN detector on synthetic "
@@ -68,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("table", "json"), default="table",
                    help="stdout format (default: table); -o always writes JSON")
     p.add_argument("-o", "--output", metavar="FILE", help="write the JSON report to FILE")
+    p.add_argument("--timeout", type=positive_float, default=600.0, metavar="SECONDS",
+                   help="under torchrun/srun: how long a collective waits for the other ranks before every rank ends "
+                   "with a line naming the rank that stopped answering (default 600)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (they are off when stderr is not "
                    "a terminal)")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more diagnostics on stderr")
@@ -139,23 +144,74 @@ def submission_of(args: argparse.Namespace, cfg):
 
 def run(args: argparse.Namespace) -> int:
     module, cfg = config_from_args(args)
-    if args.mllog:
-        from flopcount.measure.harness.mllog import check_writable
-
-        check_writable(args.mllog)
     torch = module.torch_or_error()
     # scale-out: under torchrun or srun, join the process group; each rank takes its node's GPU LOCAL_RANK
     from flopcount.measure.harness import distributed
     from flopcount.measure.harness import ensemble
+    from flopcount.measure.harness.interrupts import on_signals
 
-    ranks = distributed.init(cfg.device)
+    with on_signals():  # SIGINT/SIGTERM: the run's MLPerf log gets run_stop aborted, -o the runs done so far
+        ranks = distributed.init(cfg.device, timeout_s=args.timeout)
+        try:
+            parallel = ensemble.for_bench(cfg.workload, args.ensemble, ranks.world_size)
+            if parallel is not None:
+                cfg = cfg.replace(device=ranks.device)
+            return _run(args, module, cfg, torch, parallel, ranks)
+        except RuntimeError as e:  # a collective failed: a peer that hung or died is named, anything else is ours
+            failure = distributed.peer_failure(e, ranks, args.timeout)
+            if failure is None:
+                raise
+            raise failure from None
+        finally:
+            distributed.finish(ranks)
+
+
+class _Runs:
+    """The runs of one bench command as they happen: their results, the MLPerf logs that could not be written, and
+    the signal that ended the command early."""
+
+    def __init__(self) -> None:
+        self.results: list = []
+        self.log_errors: list = []
+        self.interrupted = None  # {"signal", "run", "steps", "windows"} once a signal ended the command
+        self.signal = None
+        self.device = None
+
+
+def _one_run(args, module, cfg, report, parallel, ranks, i: int, runs: _Runs, show: bool, mllog) -> None:
+    """Train run ``i`` and record its result in ``runs``; a signal during it records the run so far, and the
+    signal, in ``runs`` (the caller stops there)."""
+    from flopcount.errors import Interrupted, OutputError
+    from flopcount.measure.harness.ranks import is_writer
+
+    writer = None
+    if args.mllog and is_writer():
+        from flopcount.measure.harness.mllog import MLLogWriter
+
+        submission, samples = mllog
+        writer = MLLogWriter(mllog_path(args.mllog, i, args.runs))
+        writer.init(submission, {"global_batch_size": cfg.batch_size * ranks.world_size, "seed": cfg.seed + i,
+                                 "opt_name": cfg.optimizer, "opt_base_learning_rate": cfg.lr, **samples})
     try:
-        parallel = ensemble.for_bench(cfg.workload, args.ensemble, ranks.world_size)
-        if parallel is not None:
-            cfg = cfg.replace(device=ranks.device)
-        return _run(args, module, cfg, torch, parallel, ranks)
+        try:
+            meter = module.train(cfg, report, run=i, listeners=[writer.on_event] if writer else None,
+                                 show_progress=show, parallel=parallel)
+        except Interrupted as e:
+            meter = e.meter
+            runs.signal = e
+            runs.interrupted = {"signal": e.signal, "run": i, "steps": meter.steps if meter else 0,
+                                "windows": len(meter.timed_windows) if meter else 0}
+            if meter is None:  # cut before its meter existed (building the model, reading the data)
+                return
+        if runs.device is None:
+            runs.device = meter.device()
+        runs.results.append(meter.result(device=runs.device))
     finally:
-        distributed.finish(ranks)
+        if writer is not None:
+            try:
+                writer.close()
+            except OutputError as e:
+                runs.log_errors.append(e)
 
 
 def _run(args: argparse.Namespace, module, cfg, torch, parallel, ranks) -> int:
@@ -167,32 +223,21 @@ def _run(args: argparse.Namespace, module, cfg, torch, parallel, ranks) -> int:
         torch.set_num_threads(cfg.threads)
     log.info("counting the %s model's training FLOPs", cfg.workload)
     report = module.count(cfg)
-    meters = []
-    device = None
     from flopcount.measure.harness.ranks import is_writer
 
     show = not args.no_progress and is_writer()
     submission = submission_of(args, cfg) if args.mllog else None
     samples = module.mllog_fields(cfg) if args.mllog else {}
+    runs = _Runs()
     for i in range(args.runs):
-        writer = None
-        if args.mllog and is_writer():
-            from flopcount.measure.harness.mllog import MLLogWriter
-
-            writer = MLLogWriter(mllog_path(args.mllog, i, args.runs))
-            writer.init(submission, {"global_batch_size": cfg.batch_size * ranks.world_size, "seed": cfg.seed + i,
-                                     "opt_name": cfg.optimizer, "opt_base_learning_rate": cfg.lr, **samples})
-        meter = module.train(cfg, report, run=i, listeners=[writer.on_event] if writer else None, show_progress=show,
-                             parallel=parallel)
-        if device is None:
-            device = meter.device()
-        result = meter.result(device=device)
-        if writer is not None:
-            writer.close()
-        meters.append(result)
+        _one_run(args, module, cfg, report, parallel, ranks, i, runs, show, (submission, samples))
+        if runs.interrupted is not None:
+            break
+        result = runs.results[-1]
         if show and args.runs > 1:
             print(f"flopcount: run {i + 1}/{args.runs}: {result.samples_per_s['total'] or 0:.1f} samples/s, "
                   f"quality {result.quality}", file=sys.stderr)
+    meters = runs.results
     config = cfg.as_dict()
     config["counting"] = {"convention": report.convention.name, "batch": report.batch,
                           "flops_per_sample": report.per_sample.flops,
@@ -201,16 +246,31 @@ def _run(args: argparse.Namespace, module, cfg, torch, parallel, ranks) -> int:
                           "optimizer": report.optimizer[0] if report.optimizer else None,
                           "loss": "not counted (outside the model graph)"}
     config["runs"] = args.runs
+    config["timeout_s"] = args.timeout
     if submission is not None:
         config["mllog"] = {"ruleset": f"training {RULESET}", "submission": submission.as_dict(), **samples}
     config["scale_out"] = {"launcher": ranks.launcher, "backend": ranks.backend, "ranks": ranks.world_size,
                            "models": args.ensemble, "ranks_per_model": ranks.world_size // args.ensemble,
                            "batch_size": "per rank"}
-    doc = bench_report(meters, describe_system(device), config)
+    doc = bench_report(meters, describe_system(runs.device), config, runs.interrupted)
     if is_writer():
         if args.output:
             write_output(dumps(doc), args.output)
         write_output(dumps(doc) if args.format == "json" and not args.output else report_table(doc), None)
+    return _outcome(args, cfg, runs)
+
+
+def _outcome(args, cfg, runs: _Runs) -> int:
+    """The exit code once the reports are written: a signal's, an MLPerf log's error, or the quality's."""
+    if runs.signal is not None:
+        cut = runs.interrupted
+        saved = f"; the runs so far are in {args.output} (\"complete\": false)" if args.output else ""
+        print(f"flopcount: error: interrupted by {cut['signal']} during run {cut['run']} after {cut['steps']} steps"
+              f"{saved}", file=sys.stderr)
+        return runs.signal.exit_code
+    if runs.log_errors:
+        raise runs.log_errors[0]
+    meters = runs.results
     if cfg.target_quality is not None and not all(r.time_to_quality_s is not None for r in meters):
         missed = [i for i, r in enumerate(meters) if r.time_to_quality_s is None]
         print(f"flopcount: run(s) {', '.join(map(str, missed))} did not reach the target quality "

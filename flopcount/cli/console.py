@@ -8,11 +8,24 @@ import logging
 import sys
 from typing import Iterator
 
-from flopcount.errors import FlopcountError, OutputError
+from flopcount.errors import FlopcountError, Interrupted
+from flopcount.files import check_writable, write_atomic
 
-__all__ = ["EXIT_INTERNAL", "command_logging", "run_guarded", "write_output"]
+__all__ = ["EXIT_INTERNAL", "OUTPUT_OPTIONS", "check_outputs", "command_logging", "run_guarded", "write_output"]
 
 EXIT_INTERNAL = 1
+
+#: Every option that names a file a command writes: argparse dest -> (what the file holds, the option).
+OUTPUT_OPTIONS = {"output": ("report", "-o"), "plot": ("plot", "--plot"), "mllog": ("MLPerf log", "--mllog")}
+
+
+def check_outputs(args) -> None:
+    """Refuse, before any work starts, every output path of ``args`` that cannot be written
+    (:func:`flopcount.files.check_writable`: an :class:`OutputError`, exit 8, naming the path and the option)."""
+    for dest, (what, option) in OUTPUT_OPTIONS.items():
+        path = getattr(args, dest, None)
+        if path:
+            check_writable(path, what, option)
 
 
 @contextlib.contextmanager
@@ -23,9 +36,14 @@ def command_logging(verbose: int) -> Iterator[None]:
     flopcount's, and ``-vv`` does not turn on their debug output. Where nobody configured a handler for them, their
     warnings (torchao's "Failed to load ..." when transformers imports it) would reach Python's last-resort handler
     and stand beside a command's one-line error: they are shown with ``-v``, named by their logger, and held back
-    otherwise. Everything is put back afterwards, so that :func:`flopcount.cli.main` called from Python leaves the
-    process's logging as it found it."""
+    otherwise. When stderr is a terminal, the phases of long work (:mod:`flopcount.progress`: exports, shape
+    inference, the count) are shown as ``flopcount: message`` lines with their times. Everything is put back
+    afterwards, so that :func:`flopcount.cli.main` called from Python leaves the process's logging as it found it."""
     logger = logging.getLogger("flopcount")
+    progress = logging.getLogger("flopcount.progress")  # flopcount.progress: phases and their times
+    shown = _is_terminal(sys.stderr)
+    progress_handler = logging.StreamHandler(sys.stderr)
+    progress_handler.setFormatter(logging.Formatter("flopcount: %(message)s"))
     handler = logging.StreamHandler(sys.stderr)  # the stderr of this call (a test's capture included)
     handler.setFormatter(logging.Formatter("flopcount: %(levelname)s: %(message)s"))
     others = logging.StreamHandler(sys.stderr)
@@ -35,14 +53,29 @@ def command_logging(verbose: int) -> Iterator[None]:
     logger.setLevel((logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)])
     logger.propagate = False
     logger.addHandler(handler)
+    saved_progress = progress.level, progress.propagate
+    if shown:  # long work says what it is doing, on a terminal only (a pipe or a file stays silent)
+        progress.setLevel(logging.INFO)
+        progress.propagate = False
+        progress.addHandler(progress_handler)
     logging.lastResort = others
     try:
         yield
     finally:
+        progress.removeHandler(progress_handler)
+        progress.setLevel(saved_progress[0])
+        progress.propagate = saved_progress[1]
         logger.removeHandler(handler)
         logger.setLevel(saved[0])  # (setLevel, not assignment: it clears the loggers' cached levels)
         logger.propagate = saved[1]
         logging.lastResort = saved[2]
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # no isatty, or closed
+        return False
 
 
 def run_guarded(action, verbose: int) -> int:
@@ -51,6 +84,9 @@ def run_guarded(action, verbose: int) -> int:
     try:
         return action()
     except FlopcountError as e:
+        print(f"flopcount: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except Interrupted as e:  # SIGINT/SIGTERM where a run installed flopcount's handler (its files are closed)
         print(f"flopcount: error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
@@ -67,13 +103,10 @@ def run_guarded(action, verbose: int) -> int:
         return EXIT_INTERNAL
 
 
-def write_output(text: str, path: str | None) -> None:
-    """Write ``text`` to ``path`` (stdout when None); an unwritable path is an :class:`OutputError`."""
+def write_output(text: str, path: str | None, what: str = "report") -> None:
+    """Write ``text`` to ``path`` whole (:func:`flopcount.files.write_atomic`), or to stdout when None; an
+    unwritable path is an :class:`OutputError` that leaves the earlier file there as it was."""
     if not path:
         sys.stdout.write(text)
         return
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-    except OSError as e:
-        raise OutputError(f"{path}: cannot write the report ({e.strerror})") from None
+    write_atomic(path, text, what)

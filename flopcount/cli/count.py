@@ -28,10 +28,22 @@ from .symbolic import run_sweep, run_symbolic, start_sizes, sweep_values
 __all__ = ["build_parser", "run"]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from flopcount import __version__
+class _Version(argparse.Action):
+    """``--version``: reads the package metadata only when asked (building the parser stays cheap)."""
 
-    p = argparse.ArgumentParser(
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from flopcount.version import __version__
+
+        print(f"flopcount {__version__}")  # on stdout, as argparse's own version action
+        parser.exit()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # --help lists the options in four groups (p is each group in turn); parsing is the same as without them
+    parser = argparse.ArgumentParser(
         prog="flopcount",
         description="Count the FLOPs of an ONNX model analytically, from its graph, without reading weights. "
         "Measuring subcommands: flopcount bench|profile|ceilings|roofline|crosscheck --help.",
@@ -41,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         "11 a device, runtime or tool is missing, 12 a measurement cannot be made or read, "
         "13 the --hf configuration cannot be read or built.",
     )
+    p = parser.add_argument_group("model source", "an .onnx file, or a framework model exported without weights")
     p.add_argument("model", nargs="?",
                    help="path of an .onnx model (external weight files are never read and may be absent)")
     p.add_argument("--torch", metavar="MODULE:FACTORY",
@@ -61,19 +74,21 @@ def build_parser() -> argparse.ArgumentParser:
                    "one, or a Hub model id (only config.json is fetched); built on the meta device, no weights")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="with --hf: allow a configuration whose model code lives in its repository (runs that code)")
-    p.add_argument("--repeated-layers", choices=("extend", "export"), default="extend",
-                   help="with --hf: extend (default) counts a model of L >= 3 identical layers from exports of 1 and 2 "
-                   "of them, extended exactly to L (seconds for an 8B model), where the layers are shown identical, "
-                   "else exports the whole model; export always exports the whole model")
-    p.add_argument("--generate", metavar="P:N", type=generate_spec,
-                   help="with --hf or --torch (a causal LM taking past_key_values): count generate() of N new tokens "
-                   "after a P-token prompt, with a KV cache: the prefill (logits of the last position only), each "
-                   "decode step and their sum, FLOPs per token and the KV cache's bytes; batch from --batch "
-                   "(default 1); the table and totals are the prefill's")
+    p = parser.add_argument_group("shapes", "the dims and values that shapes depend on")
     p.add_argument("--input-shape", metavar="NAME=DIMS", action=InputShapes, type=input_shape, default=[],
                    help="fix the dims of an input, e.g. input=8x3x224x224 (repeatable); with --torch, NAME is a "
                    "parameter of forward() and a :DTYPE suffix gives its element type, e.g. input_ids=1x128:int64")
-    p.set_defaults(input_dtypes={})
+    p.add_argument("--batch", type=positive, metavar="N",
+                   help="set dim 0 of every input not given by --input-shape; per-sample figures divide by it")
+    p.add_argument("--input-value", metavar="NAME=V1,V2", action="append", type=input_value, default=[],
+                   help="value of a small integer input that shapes depend on (axes, sizes), e.g. axes=1,2 (repeatable)")
+    p.add_argument("--loop-trips", metavar="NODE=N", action="append", type=loop_trips, default=[],
+                   help="trip count of a Loop (or sequence length of a SequenceMap) the graph does not fix (repeatable)")
+    p = parser.add_argument_group("counting", "what is counted and how")
+    p.add_argument("--mode", choices=("inference", "train"), default="inference",
+                   help="train: add the backward pass (gradients of inputs and trainable parameters)")
+    p.add_argument("--optimizer", choices=("sgd", "momentum", "adam"),
+                   help="with --mode train: also the optimizer step's FLOPs, reported apart")
     p.add_argument("--trainable-input", metavar="NAME", action="append", default=[],
                    help="with --mode train: a floating-point input that is trained, not data (its gradient is "
                    "counted, and it is updated like a parameter); repeatable")
@@ -85,28 +100,37 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --mode train: weights that are not trained, by name or shell pattern (e.g. "
                    "'backbone.*'; repeatable): no weight gradient, no update, no backward below the first "
                    "trained layer")
-    p.add_argument("--input-value", metavar="NAME=V1,V2", action="append", type=input_value, default=[],
-                   help="value of a small integer input that shapes depend on (axes, sizes), e.g. axes=1,2 (repeatable)")
-    p.add_argument("--loop-trips", metavar="NODE=N", action="append", type=loop_trips, default=[],
-                   help="trip count of a Loop (or sequence length of a SequenceMap) the graph does not fix (repeatable)")
-    p.add_argument("--batch", type=positive, metavar="N",
-                   help="set dim 0 of every input not given by --input-shape; per-sample figures divide by it")
     p.add_argument("--convention", choices=sorted(CONVENTIONS), default="default",
                    help="counting convention: default (1 MAC = 2 FLOPs), table3 (HPC AI500 V3.0 Table 3 literally), "
                         "aiperf (AIPerf's weighted costs), dense (products only, as torch.utils.flop_counter), macs (1 per MAC)")
-    p.add_argument("--capacity-factor", type=positive_float, metavar="C",
-                   help="with --hf, a mixture-of-experts model: the experts' capacity factor C (each expert takes at "
-                   "most floor(C*T*k/E) of a block's T*k token-expert pairs); reports the most the routed experts "
-                   "can then run beside the no-drop count, which the totals keep")
     p.add_argument("--attention", choices=("full", "executed"), default="full",
                    help="full (default): attention as the graph computes it, the whole score matrix masked "
                    "afterwards; executed: only the (query, key) pairs a masked kernel runs, for the masks whose "
                    "structure is known (the Attention op's is_causal and windows, a Trilu, or --hf's configuration: "
                    "causal, sliding windows); a mask that is data counts full, and the report says which")
-    p.add_argument("--mode", choices=("inference", "train"), default="inference",
-                   help="train: add the backward pass (gradients of inputs and trainable parameters)")
-    p.add_argument("--optimizer", choices=("sgd", "momentum", "adam"),
-                   help="with --mode train: also the optimizer step's FLOPs, reported apart")
+    p.add_argument("--strict", action="store_true", help="fail (exit 6) when any operator has no formula")
+    p.add_argument("--generate", metavar="P:N", type=generate_spec,
+                   help="with --hf or --torch (a causal LM taking past_key_values): count generate() of N new tokens "
+                   "after a P-token prompt, with a KV cache: the prefill (logits of the last position only), each "
+                   "decode step and their sum, FLOPs per token and the KV cache's bytes; batch from --batch "
+                   "(default 1); the table and totals are the prefill's")
+    p.add_argument("--capacity-factor", type=positive_float, metavar="C",
+                   help="with --hf, a mixture-of-experts model: the experts' capacity factor C (each expert takes at "
+                   "most floor(C*T*k/E) of a block's T*k token-expert pairs); reports the most the routed experts "
+                   "can then run beside the no-drop count, which the totals keep")
+    p.add_argument("--repeated-layers", choices=("extend", "export"), default="extend",
+                   help="with --hf: extend (default) counts a model of L >= 3 identical layers from exports of 1 and 2 "
+                   "of them, extended exactly to L (seconds for an 8B model), where the layers are shown identical, "
+                   "else exports the whole model; export always exports the whole model")
+    p.add_argument("--symbolic", nargs="?", const={}, type=start_sizes, metavar="NAME=START,...",
+                   help="the count as exact formulas in the dims given as names (--input-shape input_ids=BxS) or left "
+                   "as dim_param in the model; optionally the size each name is first counted at (default 2)")
+    p.add_argument("--sweep", type=sweep_values, metavar="NAME=V1,V2,...",
+                   help="count at each size of one named dim (the others at their --symbolic start, else 2); with "
+                   "--plot FILE, a chart of FLOPs against it")
+    p = parser.add_argument_group("output", "what is written, and where")
+    p.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
     p.add_argument("--per-node", action="store_true", help="also list every node with its shapes and cost")
     p.add_argument("--by-module", action="store_true",
                    help="also a table of FLOPs, MACs and parameters per module, from the module scopes the exporter "
@@ -114,20 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--depth", type=positive_int, metavar="N",
                    help="depth of the module tree (implies --by-module; default 1: the model's children; in the "
                    "html report, as deep as fits)")
-    p.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
-    p.add_argument("--symbolic", nargs="?", const={}, type=start_sizes, metavar="NAME=START,...",
-                   help="the count as exact formulas in the dims given as names (--input-shape input_ids=BxS) or left "
-                   "as dim_param in the model; optionally the size each name is first counted at (default 2)")
-    p.add_argument("--sweep", type=sweep_values, metavar="NAME=V1,V2,...",
-                   help="count at each size of one named dim (the others at their --symbolic start, else 2); with "
-                   "--plot FILE, a chart of FLOPs against it")
-    p.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
     p.add_argument("--plot", metavar="FILE", help="also draw FLOPs by op type (with --sweep: FLOPs by size) to FILE (.png, .svg or .pdf; needs "
                    "matplotlib)")
-    p.add_argument("--strict", action="store_true", help="fail (exit 6) when any operator has no formula")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more diagnostics on stderr (-vv: debug)")
-    p.add_argument("--version", action="version", version=f"flopcount {__version__}")
-    return p
+    p.add_argument("--version", action=_Version, help="show the version and exit")
+    parser.set_defaults(input_dtypes={})
+    return parser
 
 
 def run(args: argparse.Namespace) -> int:

@@ -156,6 +156,14 @@ def train_epochs(cfg: Config, meter, model, opt, loss_fn, xtr, ytr, order: Calla
     import torch
 
     device = xtr.device
+    with meter:  # a signal closes the run (run_stop aborted) and goes on to the caller
+        _epochs(cfg, meter, model, opt, loss_fn, xtr, ytr, order, evaluate, bar, device)
+    bar.close()
+
+
+def _epochs(cfg: Config, meter, model, opt, loss_fn, xtr, ytr, order, evaluate, bar, device) -> None:
+    import torch
+
     for epoch in range(1, cfg.max_epochs + 1):
         rows = order(epoch)
         batches = ((xtr[idx], ytr[idx]) for idx in (rows[i:i + cfg.batch_size].to(device)
@@ -176,6 +184,4 @@ def train_epochs(cfg: Config, meter, model, opt, loss_fn, xtr, ytr, order: Calla
         bar.set_postfix_str(f"epoch {epoch} accuracy {acc:.4f}")
         if meter.reached():
             break
-    bar.close()
-    meter.stop()
 

@@ -103,20 +103,20 @@ def train(cfg: Config, report, run: int = 0, listeners: list[Callable] | None = 
     if parallel is not None:
         meter.communication = parallel.counter
     bar = progress(cfg.steps, f"{cfg.workload} run {run}", show_progress)
-    meter.start()
-    for _ in range(cfg.steps):
-        with meter.step(samples=cfg.batch_size):
-            opt.zero_grad(set_to_none=True)
-            with autocast(cfg):
-                loss = loss_of(model(x))
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.step(opt)
-                scaler.update()
-            else:
-                loss.backward()
-                opt.step()
-        bar.update()
+    with meter:  # a signal closes the run (run_stop aborted) and goes on to the caller
+        meter.start()
+        for _ in range(cfg.steps):
+            with meter.step(samples=cfg.batch_size):
+                opt.zero_grad(set_to_none=True)
+                with autocast(cfg):
+                    loss = loss_of(model(x))
+                if scaler is not None:
+                    scaler.scale(loss).backward()
+                    scaler.step(opt)
+                    scaler.update()
+                else:
+                    loss.backward()
+                    opt.step()
+            bar.update()
     bar.close()
-    meter.stop()
     return meter

@@ -71,3 +71,29 @@ def test_model_source_problems(argv, problem):
 
 def test_a_path_is_its_own_source():
     assert a.model_source(_source(["m.onnx", "--input-shape", "x=4x10"])) == ("m.onnx", {"x": (4, 10)})
+
+
+
+def test_help_groups_the_counting_options():
+    import re
+
+    from flopcount.cli import build_parser
+
+    text = build_parser().format_help()
+    OPTION = r"^  (?:-\w(?: \S+)?, )?(--[\w-]+)"  # '  --format', '  -o FILE, --output'
+    titles = ["model source", "shapes", "counting", "output"]
+    starts = [text.index(f"\n{t}:\n") for t in titles]
+    assert starts == sorted(starts), "the groups in this order"
+    sections = dict(zip(titles, (text[a:b] for a, b in zip(starts, [*starts[1:], text.index("Exit codes:")]))))
+    expected = {
+        "model source": ["--torch", "--keras", "--hf", "--trust-remote-code"],
+        "shapes": ["--input-shape", "--batch", "--input-value", "--loop-trips"],
+        "counting": ["--mode", "--optimizer", "--convention", "--attention", "--strict", "--generate", "--symbolic"],
+        "output": ["--format", "--output", "--per-node", "--by-module", "--depth", "--plot", "--verbose"],
+    }
+    for title, options in expected.items():
+        listed = set(re.findall(OPTION, sections[title], re.MULTILINE))
+        assert set(options) <= listed, (title, listed)
+    every = set(re.findall(OPTION, text, re.MULTILINE)) - {"--help"}
+    grouped = set().union(*(re.findall(OPTION, sections[t], re.MULTILINE) for t in titles))
+    assert every == grouped, f"options outside the four groups: {every - grouped}"

@@ -22,15 +22,18 @@ communication operation intensity is COI = training FLOPs of a rank's step / byt
 
 from __future__ import annotations
 
+import datetime
+import inspect
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from flopcount.errors import DeviceError, UsageError
+from flopcount.errors import DeviceError, MeasurementError, UsageError
 
 from .ranks import running_dist
 
-__all__ = ["CommCounter", "DataParallel", "Ranks", "finish", "gradient_bytes", "init", "launcher", "ring_bytes", "shard"]
+__all__ = ["COLLECTIVE_SHARE", "CommCounter", "DEFAULT_TIMEOUT_S", "DataParallel", "Ranks", "finish", "gradient_bytes",
+           "current", "init", "launcher", "peer_failure", "ring_bytes", "shard", "silent_ranks"]
 
 
 @dataclass(frozen=True)
@@ -96,11 +99,22 @@ def _from_srun() -> None:
         env.setdefault("LOCAL_WORLD_SIZE", str(per_node))
 
 
-def init(device: str = "cpu", backend: str | None = None) -> Ranks:
+#: Default of ``timeout_s``: how long a rank waits for a peer that stopped answering, in all (``--timeout``).
+DEFAULT_TIMEOUT_S = 600.0
+#: The share of ``timeout_s`` a collective waits; the rest is the roll call that names the silent ranks.
+COLLECTIVE_SHARE = 2 / 3
+
+
+def init(device: str = "cpu", backend: str | None = None, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> Ranks:
     """Join the process group the launcher describes (idempotent), or report one rank when nothing launched ranks.
 
     ``device`` is ``"cpu"`` or ``"cuda"`` (``"cuda:N"`` is taken as ``"cuda"``): on CUDA, rank ``LOCAL_RANK`` of a
-    node takes GPU ``LOCAL_RANK`` and the backend is NCCL; on the CPU the backend is gloo."""
+    node takes GPU ``LOCAL_RANK`` and the backend is NCCL; on the CPU the backend is gloo. ``timeout_s`` bounds how
+    long a rank waits for a peer that hung or died: its collectives time out after :data:`COLLECTIVE_SHARE` of it,
+    and :func:`peer_failure`'s roll call takes the rest (None: torch's own default)."""
+    if timeout_s is not None and not (isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool)
+                                      and 0 < timeout_s < float("inf")):
+        raise UsageError(f"distributed.init: timeout_s must be a finite number of seconds > 0, got {timeout_s!r}")
     torch = _torch()
     cuda = str(device).startswith("cuda")
     dist = torch.distributed
@@ -134,11 +148,71 @@ def init(device: str = "cpu", backend: str | None = None) -> Ranks:
     if not dist.is_initialized():
         backend = backend or ("nccl" if cuda else "gloo")
         kw: dict[str, Any] = {"device_id": torch.device(dev)} if cuda else {}
-        dist.init_process_group(backend=backend, init_method="env://", **kw)
+        if timeout_s is not None and "timeout" in inspect.signature(dist.init_process_group).parameters:
+            kw["timeout"] = datetime.timedelta(seconds=timeout_s * COLLECTIVE_SHARE)
+        try:
+            dist.init_process_group(backend=backend, init_method="env://", **kw)
+        except RuntimeError as e:  # torch's DistStoreError/DistNetworkError: a rank that never joined
+            from flopcount.errors import first_line
+
+            raise MeasurementError(f"rank {env.get('RANK')}: the {backend} process group of {env.get('WORLD_SIZE')} "
+                                   f"ranks did not form ({first_line(e, 200)}); check that every rank was started "
+                                   "and can reach MASTER_ADDR:MASTER_PORT") from None
     per_node = env.get("LOCAL_WORLD_SIZE", "")
     world = dist.get_world_size()
     return Ranks(dist.get_rank(), world, local, int(per_node) if per_node.isdigit() else world,
                  dist.get_backend(), how, dev)
+
+
+def silent_ranks(rank: int, world: int, wait_s: float) -> list[int] | None:
+    """A roll call through the launcher's rendezvous store (``MASTER_ADDR:MASTER_PORT``, where torchrun's agent or
+    rank 0 keeps it): this rank checks in and waits up to ``wait_s`` seconds for the others. Returns the ranks
+    that did not check in (``[]``: every rank is alive), or None when the store itself cannot be reached."""
+    import time
+
+    dist = _torch().distributed
+    env = os.environ
+    prefix = f"flopcount/roll-call/{env.get('TORCHELASTIC_RUN_ID', '')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+    wait = datetime.timedelta(seconds=max(wait_s, 0.5))
+    try:
+        store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=wait)
+        store.set(f"{prefix}{rank}", "alive")
+        deadline = time.monotonic() + wait_s
+        while True:
+            missing = [r for r in range(world) if not store.check([f"{prefix}{r}"])]
+            if not missing or time.monotonic() >= deadline:
+                return missing
+            time.sleep(0.05)
+    except (RuntimeError, KeyError, ValueError, OSError):  # torch's DistError is a RuntimeError
+        return None
+
+
+def peer_failure(error: BaseException, ranks: Ranks, timeout_s: float,
+                 option: str = "--timeout") -> MeasurementError | None:
+    """What a collective's ``error`` means on a run of several ranks: when a roll call (:func:`silent_ranks`,
+    the rest of ``timeout_s`` after the collective's share) finds ranks that do not answer, a one-line
+    :class:`MeasurementError` naming them; None where every rank answers (the error is not a peer's: re-raise it)."""
+    if ranks.world_size <= 1 or ranks.backend is None or not isinstance(error, RuntimeError):
+        return None
+    missing = silent_ranks(ranks.rank, ranks.world_size, timeout_s * (1 - COLLECTIVE_SHARE))
+    if missing == []:
+        return None
+    from flopcount.errors import first_line
+
+    who = ("the rendezvous store at {}:{} (a launcher or rank 0) did not answer".format(
+           os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")) if missing is None else
+           f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} stopped answering")
+    return MeasurementError(f"rank {ranks.rank}: {who} (hung or dead) within {option} {timeout_s:g} s; this rank "
+                            f"ends too ({ranks.backend}: {first_line(error, 160)})")
+
+
+def current() -> Ranks | None:
+    """This process's place in the initialised process group (None without one); ``launcher`` is "existing"."""
+    dist = running_dist()
+    if dist is None:
+        return None
+    return Ranks(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0") or 0),
+                 dist.get_world_size(), dist.get_backend(), "existing", "")
 
 
 def finish(ranks: Ranks) -> None:

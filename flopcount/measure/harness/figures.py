@@ -86,6 +86,7 @@ class RunSnapshot:
     ensemble: Mapping[str, Any] | None = None
     load_per_core: float | None = None  # the machine's 1-minute load per core when the run ended (None: unknown)
     peak_load_per_core: float | None = None  # the same when the measured peak (a CPU ceiling) was measured
+    ended_by: str | None = None  # None: training ran to its end; else what ended it early ("SIGTERM" ...)
 
 
 def _window_rates(windows: tuple[Window, ...] | list[Window]) -> list[float]:
@@ -332,4 +333,12 @@ def run_figures(s: RunSnapshot) -> RunResult:
         optimizer_flops_per_step=s.optimizer_flops_per_step, per_rank=tuple(s.per_rank) if ranks > 1 else (),
         communication=s.communication, ensemble=s.ensemble, qualities=tuple(s.qualities),
         unavailable=dict(sorted(unavailable.items())), how=how, tokens_per_s=tokens_per_s,
-        flops_per_token=flops_per_token, notes=_notes(s, samples_per_s))
+        flops_per_token=flops_per_token, notes=_notes(s, samples_per_s) + _ended_early(s),
+        complete=s.ended_by is None, ended_by=s.ended_by or "the end of training")
+
+
+def _ended_early(s: RunSnapshot) -> tuple[str, ...]:
+    if s.ended_by is None:
+        return ()
+    return (f"the run ended early ({s.ended_by}) after {s.steps} steps and {len(s.windows)} timed windows: the "
+            "figures are those of the steps done, of this rank alone (ranks are not gathered once a run is cut)",)

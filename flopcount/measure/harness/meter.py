@@ -37,7 +37,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from flopcount.errors import UsageError
+from flopcount.errors import Interrupted, UsageError
+from flopcount.files import write_atomic
 
 from . import checks
 from . import energy as energy_mod
@@ -51,6 +52,11 @@ log = logging.getLogger(__name__)
 
 _TORCH_DTYPES = {"torch.float32": "fp32", "torch.float64": "fp64", "torch.bfloat16": "bf16",
                  "torch.float16": "fp16", "torch.float8_e4m3fn": "fp8", "torch.float8_e5m2": "fp8"}
+
+
+def _rank() -> int:
+    dist = running_dist()
+    return dist.get_rank() if dist is not None else 0
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,9 @@ class _Step:
     def __exit__(self, exc_type, exc, tb) -> bool:
         m = self._meter
         m._timer.stop()
+        if exc_type is not None and issubclass(exc_type, (KeyboardInterrupt, Interrupted)):
+            m._cut_step = True  # a step cut by a signal is not a step done: its stamps are dropped
+            return False
         m._pending_samples += self.samples
         if self.tokens is not None:
             m._pending_tokens += self.tokens
@@ -184,6 +193,10 @@ class Meter:
         Read the device's energy counter (NVML or RAPL) when there is one.
     clock : callable, optional
         A zero-argument clock in seconds replacing the real timer (tests of the arithmetic).
+    timeout : number, optional
+        Under torch.distributed: the seconds given to ``distributed.init(timeout_s=)``. A collective that fails in
+        the ``with meter:`` block or when the result is gathered then holds a roll call of the ranks for the rest
+        of it and ends in one :class:`~flopcount.errors.MeasurementError` naming the rank that stopped answering.
     """
 
     def __init__(self, report=None, *, flops_per_sample: float | None = None, model=None, example_inputs=None,
@@ -191,7 +204,7 @@ class Meter:
                  higher_is_better: bool = True, device=None, precision: str | None = None,
                  peak_flops: float | None = None, recompute: str | float | None = None, warmup_steps: int = 5,
                  window_steps: int = 20, energy: bool = True, clock: Callable[[], float] | None = None,
-                 energy_source=None) -> None:
+                 energy_source=None, timeout: float | None = None) -> None:
         sources = [name for name, v in (("report", report), ("flops_per_sample", flops_per_sample),
                                         ("model", model)) if v is not None]
         if len(sources) != 1:
@@ -209,6 +222,7 @@ class Meter:
         flops_per_sample, target_quality, quality_exponent = (checked["flops_per_sample"], checked["target_quality"],
                                                               checked["quality_exponent"])
         peak_flops, recompute = checked["peak_flops"], checked["recompute"]
+        self._timeout = None if timeout is None else checks.positive_finite("Meter", "timeout", timeout)
         warmup_steps, window_steps = checked["warmup_steps"], checked["window_steps"]
         self._report = report
         self._flops_per_sample = flops_per_sample
@@ -259,6 +273,9 @@ class Meter:
         if model is not None:
             self.detect_fp8(model)
         self._result: RunResult | None = None
+        self._ended_by: str | None = None  # what ended the run early (a signal, close() before stop())
+        self._cut_step = False
+        self._signals: contextlib.ExitStack | None = None
         self._listeners: list[Callable[[str, Mapping[str, Any]], None]] = []
         # Scale-out figures (flopcount.measure.harness.distributed / .ensemble): a mapping, or an object whose figures()
         # the result calls once (a CommCounter; an Ensemble, which gathers its base models' qualities).
@@ -364,6 +381,67 @@ class Meter:
             self._emit("run_stop", {"status": "success" if self.reached() or self.target_quality is None
                                     else "aborted"})
 
+    def close(self, reason: str | None = None) -> None:
+        """End the run however it ended. A run already stopped (:meth:`stop`, :meth:`result`) stays as it is; any
+        other ended early: the listeners get ``run_stop`` with ``status: aborted`` (the MLPerf log is closed as
+        MLPerf's rules want), and the result is formed from the steps and windows done so far, with
+        ``complete: False`` and ``ended_by`` = ``reason`` (a signal's name; default "Meter.close() before the end of
+        training"). ``with meter:`` calls it when its block ends by an exception or a signal."""
+        if reason is not None and not isinstance(reason, str):
+            raise UsageError(f"Meter.close: reason must be a string (what ended the run), got {reason!r}")
+        if self._t_end is not None:
+            return
+        self._ended_by = reason or "Meter.close() before the end of training"
+        self._flush()
+        self._t_end = self._host()
+        self._emit("run_stop", {"status": "aborted"})
+
+    def __enter__(self) -> "Meter":
+        """``with Meter(...) as meter:`` around the training loop: SIGINT and SIGTERM end the run cleanly
+        (:mod:`.interrupts`); a block that ends normally stops the meter, one that ends by a signal or an exception
+        closes it as ended early (:meth:`close`) and lets the exception go on."""
+        from .interrupts import on_signals
+
+        self._signals = contextlib.ExitStack()
+        self._signals.enter_context(on_signals())
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self._signals is not None:
+            self._signals.close()
+            self._signals = None
+        if exc_type is None:
+            self.stop()
+            return False
+        if isinstance(exc, Interrupted):
+            reason = exc.signal
+            if exc.meter is None:
+                exc.meter = self
+        elif isinstance(exc, KeyboardInterrupt):
+            reason = "SIGINT"
+        else:
+            reason = f"{exc_type.__name__} raised in the training loop"
+        self.close(reason)
+        failure = self._peer_failure(exc)
+        if failure is not None:
+            raise failure from None
+        return False
+
+    def _peer_failure(self, exc: BaseException):
+        """The :class:`MeasurementError` naming a rank that stopped answering, when ``exc`` is a failed collective
+        and ``timeout=`` was given (:func:`.distributed.peer_failure`); else None."""
+        if self._timeout is None or not isinstance(exc, RuntimeError):
+            return None
+        from . import distributed
+
+        ranks = distributed.current()
+        return distributed.peer_failure(exc, ranks, self._timeout, "timeout=") if ranks is not None else None
+
+    @property
+    def complete(self) -> bool:
+        """False once the run ended early (:meth:`close` before :meth:`stop`, a signal)."""
+        return self._ended_by is None
+
     def subscribe(self, listener: Callable[[str, Mapping[str, Any]], None]) -> None:
         """Call ``listener(event, fields)`` at run_start, epoch_start/stop, eval_start/stop, eval_accuracy and
         run_stop (the MLPerf
@@ -385,6 +463,8 @@ class Meter:
 
     def _close_window(self) -> None:
         stamps = self._timer.collect()  # on a GPU: the window's one synchronisation
+        if self._cut_step:
+            stamps, self._cut_step = stamps[:-1], False
         energy_j = energy_s = None
         if self._window_energy0 is not None:
             energy_j = self._energy.read_j() - self._window_energy0
@@ -407,6 +487,9 @@ class Meter:
     def _flush(self) -> None:
         if self._pending_steps:
             self._close_window()
+        elif self._cut_step:  # only a cut step is pending: its stamps go
+            self._timer.collect()
+            self._cut_step = False
 
     def detect_fp8(self, module) -> None:
         """Look for torchao ``Float8Linear`` modules in ``module`` (``model=`` is looked at when given; the
@@ -480,6 +563,11 @@ class Meter:
         return self._report is not None or self._flops_per_sample is not None
 
     @property
+    def timed_windows(self) -> tuple[Window, ...]:
+        """The timed windows closed so far (warm-up excluded)."""
+        return tuple(self._windows)
+
+    @property
     def timed_epochs(self) -> tuple[tuple[int, int, float], ...]:
         """(iterations, samples, seconds) of every epoch ended so far."""
         return tuple(self._epochs)
@@ -513,7 +601,7 @@ class Meter:
         if self._peak_given is not None:
             return devices.cpu_device()
         dist = running_dist()
-        if dist is None:
+        if dist is None or not self.complete:  # (a run cut short calls no collective)
             return ceilings.measured_cpu_device(dtypes)
         # A CPU peak is a measurement (a GEMM calibration, or its cache), so ranks measuring each at its own moment
         # would divide by different peaks as the other ranks load the machine. Rank 0 measures (or reads the
@@ -541,9 +629,17 @@ class Meter:
         gathering the ranks and describing the device as needed: under torch.distributed every rank calls this)."""
         self.stop()
         work = self._counted_work()
-        per_rank = gather_ranks(local_figures(self._windows, self.samples, self.steps))
+        local = local_figures(self._windows, self.samples, self.steps)
+        # A run cut short gathers nothing: the other ranks may be cut at another step, or gone.
+        try:
+            per_rank = gather_ranks(local) if self.complete else [dict(local, rank=_rank())]
+        except RuntimeError as e:
+            failure = self._peer_failure(e)
+            if failure is None:
+                raise
+            raise failure from None
         precision, peak = self._peak(device, work.parts)
-        communication, ensemble = self._attachments(work, per_rank)
+        communication, ensemble = self._attachments(work, per_rank) if self.complete else (None, None)
         energy = self._energy
         from ..machine.ceilings import load_per_core
 
@@ -561,7 +657,7 @@ class Meter:
             energy_min_window_s=getattr(energy, "min_window_s", 0.0), communication=communication,
             communication_attached=self.communication is not None, ensemble=ensemble,
             load_per_core=load_per_core() if self._device_kind == "cpu" else None,
-            peak_load_per_core=peak.load_per_core)
+            peak_load_per_core=peak.load_per_core, ended_by=self._ended_by)
 
     def _counted_work(self) -> _Work:
         """C (training FLOPs per sample), how it is known, the forward FLOPs per sample, the optimizer's FLOPs per
@@ -619,5 +715,4 @@ class Meter:
         if not is_writer():
             return
         doc = bench_report([result], describe_system(self.device()), dict(config or {}))
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(dumps(doc))
+        write_atomic(path, dumps(doc), "run report")

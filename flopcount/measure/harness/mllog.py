@@ -26,6 +26,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
+from flopcount import files
 from flopcount.errors import OutputError, UsageError
 
 #: The MLPerf training ruleset whose compliance checker the logs are written for.
@@ -79,27 +80,29 @@ def call_site() -> tuple[str, int]:
 
 
 def check_writable(path: str) -> None:
-    """Refuse, before any training, an MLPerf log path whose folder is missing or not writable (an OutputError)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise OutputError(f"{path}: cannot write the MLPerf log (--mllog: no folder {folder}); create it or give "
-                          "another path")
-    if os.path.isdir(path) or not os.access(folder, os.W_OK):
-        raise OutputError(f"{path}: cannot write the MLPerf log (--mllog: "
-                          f"{'a folder' if os.path.isdir(path) else 'the folder is not writable'})")
+    """Refuse, before any training, an MLPerf log path whose folder is missing, that is a folder, or where no file
+    can be created (an OutputError naming the path; :func:`flopcount.files.check_writable`)."""
+    files.check_writable(path, "MLPerf log", "--mllog")
 
 
 class MLLogWriter:
-    """Writes one run's MLPerf log to ``path``; subscribe :meth:`on_event` to a :class:`flopcount.Meter`."""
+    """Writes one run's MLPerf log to ``path``; subscribe :meth:`on_event` to a :class:`flopcount.Meter`.
+
+    The log is a stream (:class:`flopcount.files.LineStream`): each line is flushed as it is written, to a file
+    beside ``path`` that :meth:`close` renames over it, so an earlier log at ``path`` stays whole until the run's
+    log is. A write that fails (a full disk) ends the log but not the run: :attr:`failed` holds the
+    :class:`OutputError`, and :meth:`close` raises it."""
 
     def __init__(self, path: str, clock=time.time) -> None:
         self.path = path
         self._clock = clock
         self._block: int | None = None  # the first epoch of the open block
-        try:
-            self._f = open(path, "w", encoding="utf-8")
-        except OSError as e:
-            raise OutputError(f"{path}: cannot write the MLPerf log (--mllog: {e.strerror})") from None
+        self._stream = files.LineStream(path, "MLPerf log (--mllog)")
+
+    @property
+    def failed(self) -> OutputError | None:
+        """The error of the write that failed, or None."""
+        return self._stream.failed
 
     def log(self, key: str, value: Any = None, event_type: str = "POINT_IN_TIME",
             metadata: Mapping[str, Any] | None = None) -> None:
@@ -108,8 +111,7 @@ class MLLogWriter:
         meta.update(metadata or {})
         record = {"namespace": "", "time_ms": int(self._clock() * 1000), "event_type": event_type, "key": key,
                   "value": value, "metadata": meta}
-        self._f.write(":::MLLOG " + json.dumps(record) + "\n")
-        self._f.flush()
+        self._stream.write(":::MLLOG " + json.dumps(record) + "\n")
 
     def init(self, submission: Submission, fields: Mapping[str, Any]) -> None:
         """The init block: ``init_start``, the submission fields, ``cache_clear`` (False: flopcount clears no
@@ -143,4 +145,5 @@ class MLLogWriter:
             self._block = None
 
     def close(self) -> None:
-        self._f.close()
+        """Put the log in place, or raise the :class:`OutputError` of the write that failed."""
+        self._stream.close()

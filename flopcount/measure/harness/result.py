@@ -77,6 +77,8 @@ class RunResult:
     tokens_per_s: Mapping[str, Any] | None = None  # per_rank (median over windows), total; with step(tokens=)
     flops_per_token: float | None = None  # C × samples / tokens
     notes: tuple[str, ...] = ()  # what the median hides: stalls, a run under more load than its ceiling
+    complete: bool = True  # False: the run ended before its end of training (a signal, Meter.close() early)
+    ended_by: str = "the end of training"  # or what ended it early: "SIGTERM", "SIGINT", an exception, close()
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -148,13 +150,18 @@ def summarize(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def bench_report(runs: Sequence[RunResult | Mapping[str, Any]], system: Mapping[str, Any],
-                 config: Mapping[str, Any]) -> dict[str, Any]:
-    """The report document: ``schema_version``, ``kind``, ``tool``, ``system``, ``config``, ``runs``, ``summary``."""
-    from flopcount import __version__
+                 config: Mapping[str, Any], interrupted: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The report document: ``schema_version``, ``kind``, ``tool``, ``system``, ``config``, ``runs``, ``summary``,
+    ``complete`` (every run ran to its end and none is missing) and ``interrupted`` (None, or what ended the
+    command early: the signal, the run it cut, the steps and windows it had done)."""
+    from flopcount.version import __version__
 
     dicts = [r.as_dict() if isinstance(r, RunResult) else dict(r) for r in runs]
+    complete = interrupted is None and all(d.get("complete", True) for d in dicts) and bool(dicts)
     return {"schema_version": SCHEMA_VERSION, "kind": KIND, "tool": {"name": "flopcount", "version": __version__},
-            "system": dict(system), "config": dict(config), "runs": dicts, "summary": summarize(dicts)}
+            "complete": complete, "interrupted": dict(interrupted) if interrupted is not None else None,
+            "system": dict(system), "config": dict(config), "runs": dicts,
+            "summary": summarize(dicts) if dicts else None}
 
 
 def _finite(obj: Any) -> Any:

@@ -108,12 +108,16 @@ def report_table(doc: Mapping[str, Any]) -> str:
     headers = ["run", "samples/s (median)", "end to end", "FLOPS", "MFU", "quality", "VFLOPS", "time to quality",
                "wall", "energy"]
     out = [tabulate(rows, headers=headers, disable_numparse=True), ""]
-    out.append(f"summary over {s['runs']} runs ({s['kept_runs']} kept; {s['rule']}):")
-    srows = []
-    for k in keys:
-        mean, var = s["mean"].get(k), s["variation"].get(k)
-        srows.append([k, "n/a" if mean is None else f"{mean:.6g}", "n/a" if var is None else f"{var:.2%}"])
-    out.append(tabulate(srows, headers=["score", "mean", "variation"], disable_numparse=True))
+    if s is not None:
+        out.append(f"summary over {s['runs']} runs ({s['kept_runs']} kept; {s['rule']}):")
+        srows = []
+        for k in keys:
+            mean, var = s["mean"].get(k), s["variation"].get(k)
+            srows.append([k, "n/a" if mean is None else f"{mean:.6g}", "n/a" if var is None else f"{var:.2%}"])
+        out.append(tabulate(srows, headers=["score", "mean", "variation"], disable_numparse=True))
+    cut = doc.get("interrupted")
+    if cut:
+        out.append(f"incomplete: {cut['signal']} during run {cut['run']} (after {cut['steps']} steps)")
     first = runs[0] if runs else None
     if first is not None and scale_out_rows(first):
         out += ["", f"run 0 on {first['ranks']} ranks:",

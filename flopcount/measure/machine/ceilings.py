@@ -448,11 +448,16 @@ def _read_cache(path, record):
 def _write_cache(path, ceiling) -> None:
     if path is None:
         return
+    from flopcount.errors import OutputError
+    from flopcount.files import write_atomic
+
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(ceiling)), encoding="utf-8")
+        write_atomic(path, json.dumps(asdict(ceiling)), "ceiling cache")
     except OSError:
         log.debug("cannot write the ceiling cache %s", path)
+    except OutputError as e:
+        log.debug("%s", e)
 
 
 def _cached(path, record, measure, what: str):
@@ -580,7 +585,7 @@ class Ceilings:
         return max(figures, key=lambda f: f.value, default=None)
 
     def as_dict(self) -> dict[str, Any]:
-        from flopcount import __version__
+        from flopcount.version import __version__
 
         def compute(f: Figure) -> dict:
             return {"flops_per_s": f.value, "source": f.source, **f.details}

@@ -90,7 +90,7 @@ class Profile:
 
 def to_dict(p: Profile) -> dict[str, Any]:
     """The JSON document of ``flopcount profile --format json`` (schema in docs/profile.md)."""
-    from flopcount import __version__
+    from flopcount.version import __version__
 
     def node(r: NodeProfile) -> dict[str, Any]:
         return {"name": r.name, "op_type": r.op_type, "covers": list(r.covers), "flops": r.flops, "bytes": r.bytes,

@@ -361,12 +361,12 @@ def _check_suffix(path: str) -> None:
 
 
 def _save(fig, path: str) -> None:
-    from flopcount.errors import OutputError
+    import os
 
-    try:
-        fig.savefig(path, dpi=120, bbox_inches="tight")
-    except OSError as e:
-        raise OutputError(f"{path}: cannot write the plot ({e.strerror})") from None
+    from flopcount.files import atomic_path
+
+    with atomic_path(path, "plot") as tmp:
+        fig.savefig(tmp, dpi=120, bbox_inches="tight", format=os.path.splitext(path)[1][1:].lower())
 
 
 def plot_roofline(roofline: Roofline, points: Sequence[Point], path: str):

@@ -1,0 +1,60 @@
+"""``import flopcount`` stays light: the package face loads its names on first use.
+
+Each check runs in a fresh interpreter, since this test process has long since imported everything.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("torch", "flopcount.measure", "flopcount.counting", "onnx", "tensorflow", "transformers")
+
+
+def _modules_after(code: str) -> set[str]:
+    probe = code + "\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    return set(json.loads(out.stdout.splitlines()[-1]))
+
+
+@pytest.mark.parametrize("heavy", HEAVY)
+def test_import_flopcount_loads_no_heavy_module(heavy):
+    assert heavy not in _modules_after("import flopcount")
+
+
+def test_cli_parser_loads_neither_torch_nor_the_core():
+    # what `flopcount --help` imports: the command line's parser, not the counting core or the measuring half
+    loaded = _modules_after("import flopcount.cli; flopcount.cli.build_parser()")
+    assert not loaded & {"torch", "onnx", "numpy", "networkx", "flopcount.counting", "flopcount.measure"}
+
+
+def test_public_names_resolve_to_their_defining_modules():
+    import flopcount
+    import flopcount.counting
+    import flopcount.errors
+    import flopcount.measure.harness.meter
+
+    assert flopcount.count is flopcount.counting.count
+    assert flopcount.Meter is flopcount.measure.harness.meter.Meter
+    assert flopcount.UsageError is flopcount.errors.UsageError
+    assert set(flopcount.__all__) <= set(dir(flopcount))
+    for name in flopcount.__all__:
+        assert getattr(flopcount, name) is not None
+
+
+def test_unknown_name_is_an_attribute_error():
+    import flopcount
+
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        flopcount.no_such_name  # noqa: B018
+
+
+def test_version_is_the_installed_metadata():
+    from importlib.metadata import version
+
+    import flopcount
+
+    assert flopcount.__version__ == version("flopcount")
+    out = subprocess.run([sys.executable, "-m", "flopcount", "--version"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == f"flopcount {version('flopcount')}"
