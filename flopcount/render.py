@@ -388,15 +388,17 @@ def _csv(report: Report, per_node: bool, by_module: int | None = None) -> str:
             w.writerow([r.module, r.depth, r.parent, r.flops, r.macs, r.params, r.forward.flops, r.backward.flops,
                         f"{_share(r.flops, report.total.flops):.6f}"])
     elif per_node:
-        w.writerow(["index", "name", "op_type", "domain", "status", "inputs", "outputs", "flops", "macs", "transcendentals", "int_ops", "bytes_read", "bytes_written"])
+        w.writerow(["index", "name", "op_type", "domain", "status", "inputs", "outputs", "flops", "macs", "transcendentals", "int_ops", "bytes_read", "bytes_written", "upper_bound"])
         for n in report.nodes:
             c = n.cost
             b = node_bytes(n)
             w.writerow([n.index, n.name, n.op_type, n.domain, n.status, _shapes(n.inputs), _shapes(n.outputs), c.flops, c.macs, c.transcendentals, c.int_ops,
-                        "" if b is None else b.read, "" if b is None else b.written])
+                        "" if b is None else b.read, "" if b is None else b.written, n.bound])
     else:
-        w.writerow(["op_type", "domain", "family", "status", "nodes", "flops", "macs", "transcendentals", "int_ops", "share"])
-        for s in report.by_op_type.values():
+        w.writerow(["op_type", "domain", "family", "status", "nodes", "flops", "macs", "transcendentals", "int_ops", "share", "upper_bound"])
+        bounds = report.upper_bounds  # why an operator's count is an upper bound; empty when exact
+        for key, s in report.by_op_type.items():
             c = s.cost
-            w.writerow([s.op_type, s.domain, s.family, s.status, s.nodes, c.flops, c.macs, c.transcendentals, c.int_ops, f"{_share(c.flops, report.total.flops):.6f}"])
+            w.writerow([s.op_type, s.domain, s.family, s.status, s.nodes, c.flops, c.macs, c.transcendentals, c.int_ops,
+                        f"{_share(c.flops, report.total.flops):.6f}", bounds[key][1] if key in bounds else ""])
     return buf.getvalue()

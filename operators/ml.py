@@ -17,9 +17,9 @@ from math import prod
 
 import numpy as np
 
-from flopcount.context import NodeContext
-from flopcount.cost import Cost
-from flopcount.registry import backward, formula, zero_cost
+from flopcount.context import NodeContext, TensorInfo
+from flopcount.cost import Bound, Cost
+from flopcount.registry import backward, formula, shape_function, zero_cost
 
 DOMAIN = "ai.onnx.ml"
 
@@ -81,6 +81,14 @@ def normalizer(ctx: NodeContext, *, norm: str = "MAX", **_) -> Cost:
 # --- linear models ------------------------------------------------------------------------------
 
 
+def _vectors(values, f: int, what: str) -> int:
+    """How many vectors of F values the attribute ``what`` holds; a ValueError when it holds none or a part of one."""
+    n = len(values or ())
+    if not f or not n or n % f:
+        raise ValueError(f"{what} holds {n} values, not a whole number of vectors of the input's {f} features")
+    return n // f
+
+
 def _linear(ctx: NodeContext, outputs: int, intercepts, transform: str) -> Cost:
     n, f = _samples_features(ctx)
     macs = n * f * outputs
@@ -91,9 +99,13 @@ def _linear(ctx: NodeContext, outputs: int, intercepts, transform: str) -> Cost:
 
 
 @formula("LinearRegressor", family="ml", domain=DOMAIN)
-def linear_regressor(ctx: NodeContext, *, targets: int = 1, intercepts=None, post_transform: str = "NONE", **_) -> Cost:
+def linear_regressor(ctx: NodeContext, *, targets: int = 1, coefficients=None, intercepts=None,
+                     post_transform: str = "NONE", **_) -> Cost:  # fmt: skip
     """FLOPs = 2·N·F·T (+ N·T with intercepts) + post_transform on T scores per sample, for
     T = ``targets``: MACs = N·F·T, the product X·coefficientsᵀ."""
+    if coefficients is not None and _vectors(coefficients, _samples_features(ctx)[1], "coefficients") != targets:
+        raise ValueError(f"coefficients hold {len(coefficients)} values, not targets ({targets}) vectors of the "
+                         f"input's {_samples_features(ctx)[1]} features")
     return _linear(ctx, targets, intercepts, post_transform)
 
 
@@ -107,7 +119,7 @@ def linear_classifier(ctx: NodeContext, *, coefficients, intercepts=None, post_t
     counted.
     """
     n, f = _samples_features(ctx)
-    k = len(coefficients) // f
+    k = _vectors(coefficients, f, "coefficients")
     return _linear(ctx, k, intercepts, post_transform) + Cost(flops=n * max(k - 1, 1))
 
 
@@ -135,9 +147,16 @@ def _kernels(ctx: NodeContext, evaluations: int, f: int, kernel: str) -> Cost:
     )
 
 
+def _support_vectors(values, f: int, count: int) -> None:
+    """A ValueError unless ``support_vectors`` holds ``count`` vectors of the input's F features."""
+    if values is not None and _vectors(values, f, "support_vectors") != count:
+        raise ValueError(f"support_vectors hold {len(values)} values, not {count} support vectors of the input's "
+                         f"{f} features")
+
+
 @formula("SVMClassifier", family="ml", domain=DOMAIN)
 def svm_classifier(ctx: NodeContext, *, kernel_type: str = "LINEAR", vectors_per_class=None, coefficients=None,
-                   **_) -> Cost:  # fmt: skip
+                   support_vectors=None, **_) -> Cost:  # fmt: skip
     """FLOPs = N·(S·k_F + 2·(K − 1)·S + K(K − 1)/2) with S = Σ vectors_per_class support vectors and
     K = |vectors_per_class| classes (one-vs-one); without support vectors (linear mode) N·(V·k_F + V) for the
     V = |coefficients|/F weight vectors. k_F is one kernel evaluation on F features: F MACs (2F FLOPs),
@@ -151,17 +170,18 @@ def svm_classifier(ctx: NodeContext, *, kernel_type: str = "LINEAR", vectors_per
     n, f = _samples_features(ctx)
     if vectors_per_class:
         s = sum(vectors_per_class)
+        _support_vectors(support_vectors, f, s)
         k = len(vectors_per_class)  # one entry per class
         macs = n * (k - 1) * s
         pairs = Cost(flops=ctx.convention.fc_flops_per_mac * macs + n * (k * (k - 1) // 2), macs=macs)
         return _kernels(ctx, n * s, f, kernel_type) + pairs
-    v = len(coefficients or ()) // f
+    v = _vectors(coefficients, f, "coefficients")
     return _kernels(ctx, n * v, f, kernel_type) + Cost(flops=n * v)
 
 
 @formula("SVMRegressor", family="ml", domain=DOMAIN)
 def svm_regressor(ctx: NodeContext, *, kernel_type: str = "LINEAR", n_supports: int = 0, one_class: int = 0,
-                  **_) -> Cost:  # fmt: skip
+                  support_vectors=None, **_) -> Cost:  # fmt: skip
     """FLOPs = N·(S·k_F + 2S + 1 + o) for S = n_supports support vectors (k_F as in SVMClassifier:
     S kernel evaluations, S coefficient MACs, one rho add; o = 1 threshold comparison when
     ``one_class``); with S = 0 (linear mode) N·(k_F + 1 + o), one kernel with the coefficients.
@@ -169,6 +189,7 @@ def svm_regressor(ctx: NodeContext, *, kernel_type: str = "LINEAR", n_supports: 
     n, f = _samples_features(ctx)
     tail = 1 + (1 if one_class else 0)
     if n_supports:
+        _support_vectors(support_vectors, f, n_supports)
         macs = n * n_supports
         return _kernels(ctx, n * n_supports, f, kernel_type) + Cost(
             flops=ctx.convention.fc_flops_per_mac * macs + n * tail, macs=macs
@@ -290,16 +311,22 @@ def _leaf_weights(tree_ids, node_ids) -> int:
     return int(most.sum())
 
 
-def _tree_cost(n: int, depths: int, leaf_adds: int, outputs: int, average: bool, base: bool, transform) -> Cost:
-    per_sample = depths + leaf_adds + (outputs if average else 0) + (outputs if base else 0)
-    return Cost(flops=n * per_sample) + n * post_transform_cost(transform, outputs)
+#: Why a tree ensemble's count is an upper bound (listed in every report's ``upper_bounds``).
+TREE_BOUND = ("each tree counted along its deepest path and at its leaf with the most weights; a sample that reaches "
+              "a shallower or lighter leaf does less")
+
+
+def _tree_cost(n: int, depths: int, leaf_adds: int, outputs: int, average: bool, base: bool, transform,
+               label: int = 0) -> Bound:  # fmt: skip
+    per_sample = depths + leaf_adds + (outputs if average else 0) + (outputs if base else 0) + label
+    return Bound(Cost(flops=n * per_sample) + n * post_transform_cost(transform, outputs), TREE_BOUND)
 
 
 @formula("TreeEnsembleRegressor", family="ml", domain=DOMAIN)
 def tree_ensemble_regressor(ctx: NodeContext, *, nodes_treeids, nodes_nodeids, nodes_modes, nodes_truenodeids,
                             nodes_falsenodeids, target_treeids=(), target_nodeids=(), n_targets: int = 1,
                             aggregate_function: str = "SUM", base_values=None, post_transform: str = "NONE",
-                            **_) -> Cost:  # fmt: skip
+                            **_) -> Bound:  # fmt: skip
     """FLOPs ≤ N·(Σ_t d_t + Σ_t w_t + a·T + b·T) + post_transform on T = n_targets scores: upper
     bound: per sample one comparison per branch node on the deepest path of each tree t (depth
     d_t, from the node attributes), one add (SUM; a comparison for MIN/MAX) per weight of the
@@ -318,7 +345,7 @@ def tree_ensemble_regressor(ctx: NodeContext, *, nodes_treeids, nodes_nodeids, n
 def tree_ensemble_classifier(ctx: NodeContext, *, nodes_treeids, nodes_nodeids, nodes_modes, nodes_truenodeids,
                              nodes_falsenodeids, class_treeids=(), class_nodeids=(), classlabels_int64s=None,
                              classlabels_strings=None, base_values=None, post_transform: str = "NONE",
-                             **_) -> Cost:  # fmt: skip
+                             **_) -> Bound:  # fmt: skip
     """FLOPs ≤ N·(Σ_t d_t + Σ_t w_t + b·K + max(K − 1, 1)) + post_transform on K class scores:
     upper bound: as TreeEnsembleRegressor (deepest-path comparisons d_t, the heaviest leaf's w_t
     adds, b = 1 add per class with ``base_values``) for K classes, plus the label: an argmax over
@@ -329,15 +356,14 @@ def tree_ensemble_classifier(ctx: NodeContext, *, nodes_treeids, nodes_nodeids, 
     depths = _legacy_depths(nodes_treeids, nodes_nodeids, nodes_modes, nodes_truenodeids, nodes_falsenodeids)
     n, _ = _samples_features(ctx)
     k = len(classlabels_int64s or classlabels_strings or ())
-    label = Cost(flops=n * max(k - 1, 1))
     return _tree_cost(n, depths, _leaf_weights(class_treeids, class_nodeids), k, False, bool(base_values),
-                      post_transform) + label  # fmt: skip
+                      post_transform, label=max(k - 1, 1))  # fmt: skip
 
 
 @formula("TreeEnsemble", family="ml", domain=DOMAIN)
 def tree_ensemble(ctx: NodeContext, *, tree_roots, nodes_truenodeids, nodes_trueleafs, nodes_falsenodeids,
                   nodes_falseleafs, n_targets: int = 1, aggregate_function: int = 1, post_transform: int = 0,
-                  **_) -> Cost:  # fmt: skip
+                  **_) -> Bound:  # fmt: skip
     """FLOPs ≤ N·(Σ_t d_t + R + a·T) + post_transform on T = n_targets scores: upper bound: per
     sample one comparison per node on the deepest path of each of the R trees (depth d_t, from
     tree_roots and the node attributes), one add (SUM; comparison for MIN/MAX) for the one weight
@@ -385,3 +411,159 @@ def piecewise_constant_backward(ctx: NodeContext, **_) -> Cost:
     """
     return Cost()
 
+
+# --- output shapes ------------------------------------------------------------------------------
+# ONNX's inference gives most of these operators a type at best. Shapes follow the ONNX-ML spec and onnxruntime's
+# kernels: a 1-D X is one sample (N = 1); labels are int64 or strings after the class label attribute given.
+
+FLOAT, INT64, STRING = 1, 7, 8
+
+
+def _known(inputs, i: int = 0) -> TensorInfo:
+    t = inputs[i] if i < len(inputs) else None
+    if t is None or not t.is_static:
+        raise ValueError(f"input {i} has no static shape")
+    return t
+
+
+def _rows(inputs) -> int:
+    """N: the samples of X (input 0), one for a 1-D X."""
+    shape = _known(inputs).shape
+    if not shape:
+        raise ValueError("X is a scalar")
+    return 1 if len(shape) == 1 else shape[0]
+
+
+def _label_type(strings) -> int:
+    return STRING if strings else INT64
+
+
+@shape_function("Scaler", "Normalizer", domain=DOMAIN)
+def float_like_input_shape(inputs, **_):
+    """Y: float, the shape of X."""
+    return ((FLOAT, _known(inputs).shape),)
+
+
+@shape_function("Imputer", "Binarizer", domain=DOMAIN)
+def like_input_shape(inputs, **_):
+    """Y: the type and shape of X."""
+    x = _known(inputs)
+    return ((x.elem_type, x.shape),)
+
+
+@shape_function("LinearRegressor", domain=DOMAIN)
+def linear_regressor_shape(inputs, *, targets: int = 1, **_):
+    """Y: float [N, targets]."""
+    return ((FLOAT, (_rows(inputs), targets)),)
+
+
+@shape_function("SVMRegressor", domain=DOMAIN)
+def svm_regressor_shape(inputs, **_):
+    """Y: float [N, 1]."""
+    return ((FLOAT, (_rows(inputs), 1)),)
+
+
+@shape_function("LinearClassifier", domain=DOMAIN)
+def linear_classifier_shape(inputs, *, coefficients, classlabels_ints=None, classlabels_strings=None, **_):
+    """Y: labels [N]; Z: float [N, K] for K = |coefficients|/F weight vectors, or [N, 2] for one weight vector
+    and two class labels (the complement's column added)."""
+    n, shape = _rows(inputs), _known(inputs).shape
+    k = len(coefficients) // shape[-1]
+    labels = classlabels_strings or classlabels_ints or ()
+    scores = 2 if k == 1 and len(labels) == 2 else k
+    return (_label_type(classlabels_strings), (n,)), (FLOAT, (n, scores))
+
+
+@shape_function("SVMClassifier", domain=DOMAIN)
+def svm_classifier_shape(inputs, *, vectors_per_class=None, prob_a=None, classlabels_ints=None,
+                         classlabels_strings=None, **_):  # fmt: skip
+    """Y: labels [N]; Z: float [N, E]: E = K for K classes with probabilities (prob_a) or in linear mode, else the
+    K(K − 1)/2 one-vs-one scores (2 for K ≤ 2)."""
+    n = _rows(inputs)
+    k = len(classlabels_strings or classlabels_ints or ())
+    scores = k
+    if vectors_per_class and not prob_a:
+        scores = k * (k - 1) // 2 if k > 2 else 2
+    return (_label_type(classlabels_strings), (n,)), (FLOAT, (n, scores))
+
+
+@shape_function("TreeEnsembleClassifier", domain=DOMAIN)
+def tree_classifier_shape(inputs, *, classlabels_int64s=None, classlabels_strings=None, **_):
+    """Y: labels [N]; Z: float [N, K] for K class labels."""
+    n = _rows(inputs)
+    k = len(classlabels_strings or classlabels_int64s or ())
+    return (_label_type(classlabels_strings), (n,)), (FLOAT, (n, k))
+
+
+@shape_function("TreeEnsembleRegressor", domain=DOMAIN)
+def tree_regressor_shape(inputs, *, n_targets: int = 1, **_):
+    """Y: float [N, n_targets]."""
+    return ((FLOAT, (_rows(inputs), n_targets)),)
+
+
+@shape_function("TreeEnsemble", domain=DOMAIN)
+def tree_ensemble_shape(inputs, *, n_targets: int = 1, **_):
+    """Y: [N, n_targets], the type of X."""
+    return ((_known(inputs).elem_type, (_rows(inputs), n_targets)),)
+
+
+@shape_function("FeatureVectorizer", domain=DOMAIN)
+def feature_vectorizer_shape(inputs, *, inputdimensions, **_):
+    """Y: float [N, Σ inputdimensions], N the samples of the first input."""
+    return ((FLOAT, (_rows(inputs), sum(inputdimensions))),)
+
+
+@shape_function("OneHotEncoder", domain=DOMAIN)
+def one_hot_encoder_shape(inputs, *, cats_int64s=None, cats_strings=None, **_):
+    """Y: float, the shape of X with one more axis of C = |cats| categories."""
+    return ((FLOAT, (*_known(inputs).shape, len(cats_strings or cats_int64s or ()))),)
+
+
+@shape_function("ArrayFeatureExtractor", domain=DOMAIN)
+def array_feature_extractor_shape(inputs, **_):
+    """Z: the type of X, its shape with the last axis replaced by the |Y| indices ([1, |Y|] for a 1-D X)."""
+    x, y = _known(inputs, 0), _known(inputs, 1)
+    picked = prod(y.shape)
+    if not x.shape:
+        raise ValueError("X is a scalar")
+    return ((x.elem_type, (1, picked) if len(x.shape) == 1 else (*x.shape[:-1], picked)),)
+
+
+# LabelEncoder's output type, from the attribute its values are in
+_LABEL_VALUES = {"values_strings": STRING, "values_int64s": INT64, "values_floats": FLOAT}
+
+
+@shape_function("LabelEncoder", domain=DOMAIN)
+def label_encoder_shape(inputs, *, values_tensor=None, **attrs):
+    """Y: the shape of X, the type of the values (values_strings, values_int64s, values_floats or values_tensor)."""
+    kind = values_tensor.data_type if values_tensor is not None else next(
+        (t for name, t in _LABEL_VALUES.items() if attrs.get(name)), 0)
+    return ((kind, _known(inputs).shape),)
+
+
+@shape_function("CategoryMapper", domain=DOMAIN)
+def category_mapper_shape(inputs, **_):
+    """Y: the shape of X; int64 for string X, strings for int64 X."""
+    x = _known(inputs)
+    return ((INT64 if x.elem_type == STRING else STRING, x.shape),)
+
+
+@shape_function("DictVectorizer", domain=DOMAIN)
+def dict_vectorizer_shape(inputs, *, string_vocabulary=None, int64_vocabulary=None, **_):
+    """Y: [1, V] for V vocabulary entries (one map in, one row out), of the map's value type."""
+    return ((0, (1, len(string_vocabulary or int64_vocabulary or ()))),)
+
+
+_CAST_TO = {"TO_FLOAT": FLOAT, "TO_STRING": STRING, "TO_INT64": INT64}
+
+
+@shape_function("CastMap", domain=DOMAIN)
+def cast_map_shape(inputs, *, cast_to: str = "TO_FLOAT", map_form: str = "DENSE", max_map: int = 1, **_):
+    """Y: [1, max_map] with map_form SPARSE; with DENSE, one column per map entry, unknown before the run."""
+    return ((_CAST_TO.get(cast_to, 0), (1, max_map) if map_form == "SPARSE" else None),)
+
+
+@shape_function("ZipMap", domain=DOMAIN)
+def zip_map_shape(inputs, **_):
+    """Z: a sequence of N maps, which has no tensor shape (nothing is computed from it)."""
+    return (None,)

@@ -264,3 +264,216 @@ def test_every_ml_operator_is_classified():
 
     ops = {s.name for s in onnx.defs.get_all_schemas_with_history() if s.domain == ML}
     assert ops and all(lookup(ML, op) is not None for op in ops)
+
+
+# --- output shapes: each operator's resolved outputs equal onnxruntime's real ones ----------------
+
+
+def _ort_outputs(m, feeds):
+    ort = pytest.importorskip("onnxruntime")
+    session = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def _resolved(m):
+    (node,) = flopcount.count(m).nodes
+    return [t.shape if t is not None else None for t in node.outputs]
+
+
+def _x(shape, dtype=np.float32):
+    return np.random.default_rng(0).normal(size=shape).astype(dtype)
+
+
+# LEGACY with tree 1's nodes numbered 0-2 (onnxruntime wants every tree's ids below its node count)
+DENSE_IDS = dict(LEGACY, nodes_nodeids=[0, 1, 2, 3, 4, 0, 1, 2], nodes_truenodeids=[1, 3, 0, 0, 0, 1, 0, 0],
+                 nodes_falsenodeids=[2, 4, 0, 0, 0, 2, 0, 0])
+SVC3 = dict(kernel_type="RBF", kernel_params=[0.1, 0.0, 3.0], vectors_per_class=[2, 3, 1], support_vectors=[0.5] * (6 * F),
+            coefficients=[1.0, -1.0] * 6, rho=[0.1, 0.2, 0.3], classlabels_ints=[0, 1, 2])
+SVC4 = dict(kernel_type="LINEAR", kernel_params=[0.1, 0.0, 3.0], vectors_per_class=[1, 1, 1, 1], support_vectors=[0.5] * (4 * F),
+            coefficients=[1.0] * 12, rho=[0.0] * 6, classlabels_strings=["a", "b", "c", "d"])
+SVC2 = dict(kernel_type="RBF", kernel_params=[0.1, 0.0, 3.0], vectors_per_class=[2, 3], support_vectors=[0.5] * (5 * F),
+            coefficients=[1.0, -1.0, 1.0, -1.0, 1.0], rho=[0.1], classlabels_ints=[0, 1])
+
+
+@pytest.mark.parametrize("op, x, outputs, attrs, expected", [
+    pytest.param("Scaler", (N, F), 1, dict(offset=[0.5] * F, scale=[2.0] * F), [(N, F)], id="scaler"),
+    pytest.param("Scaler", (F,), 1, dict(offset=[0.5], scale=[2.0]), [(F,)], id="scaler-1d"),
+    pytest.param("Normalizer", (N, F), 1, dict(norm="L2"), [(N, F)], id="normalizer"),
+    pytest.param("Imputer", (N, F), 1, dict(imputed_value_floats=[0.0], replaced_value_float=0.5), [(N, F)],
+                 id="imputer"),
+    pytest.param("Binarizer", (N, F), 1, dict(threshold=0.5), [(N, F)], id="binarizer"),
+    pytest.param("LinearRegressor", (N, F), 1, dict(targets=3, coefficients=[0.1] * (3 * F), intercepts=[0.0] * 3),
+                 [(N, 3)], id="linear-regressor"),
+    pytest.param("LinearRegressor", (F,), 1, dict(targets=2, coefficients=[0.1] * (2 * F)), [(1, 2)],
+                 id="linear-regressor-one-sample"),
+    pytest.param("LinearClassifier", (N, F), 2, dict(coefficients=[0.1] * (5 * F), intercepts=[0.0] * 5,
+                                                     classlabels_ints=[0, 1, 2, 3, 4]), [(N,), (N, 5)],
+                 id="linear-classifier"),
+    pytest.param("LinearClassifier", (N, F), 2, dict(coefficients=[0.1] * F, intercepts=[0.0],
+                                                     classlabels_strings=["no", "yes"]), [(N,), (N, 2)],
+                 id="linear-classifier-one-vector-two-labels"),
+    pytest.param("SVMRegressor", (N, F), 1, dict(kernel_type="RBF", kernel_params=[0.1, 0.0, 3.0], n_supports=4,
+                                                 support_vectors=[0.0] * (4 * F), coefficients=[1.0] * 4, rho=[0.5]),
+                 [(N, 1)], id="svm-regressor"),
+    pytest.param("SVMClassifier", (N, F), 2, SVC3, [(N,), (N, 3 * 2 // 2)], id="svc-3-classes-pairwise-scores"),
+    pytest.param("SVMClassifier", (N, F), 2, SVC4, [(N,), (N, 4 * 3 // 2)], id="svc-4-classes-pairwise-scores"),
+    pytest.param("SVMClassifier", (N, F), 2, SVC2, [(N,), (N, 2)], id="svc-2-classes"),
+    pytest.param("SVMClassifier", (N, F), 2, dict(SVC3, prob_a=[-1.0] * 3, prob_b=[0.1] * 3), [(N,), (N, 3)],
+                 id="svc-3-classes-probabilities"),
+    pytest.param("SVMClassifier", (N, F), 2, dict(coefficients=[1.0] * (3 * F), rho=[0.0], kernel_params=[0.1, 0.0, 3.0],
+                                                  classlabels_ints=[0, 1, 2]), [(N,), (N, 3)], id="svm-linear-mode"),
+    pytest.param("TreeEnsembleClassifier", (N, 3), 2, dict(DENSE_IDS, classlabels_int64s=[0, 1, 2],
+                                                           class_treeids=[0, 0, 0, 1, 1], class_nodeids=[2, 3, 4, 1, 2],
+                                                           class_ids=[0, 1, 2, 0, 2], class_weights=[1.0] * 5),
+                 [(N,), (N, 3)], id="tree-classifier"),
+    pytest.param("TreeEnsembleRegressor", (N, 3), 1, dict(DENSE_IDS, n_targets=2, target_treeids=[0, 0, 0, 1, 1],
+                                                          target_nodeids=[2, 3, 4, 1, 2], target_ids=[0, 1, 1, 0, 1],
+                                                          target_weights=[1.0] * 5), [(N, 2)], id="tree-regressor"),
+])  # fmt: skip
+def test_output_shapes_equal_onnxruntime(op, x, outputs, attrs, expected):
+    outs = ["y", "z"][:outputs]
+    node = helper.make_node(op, ["x"], outs, domain=ML, **attrs)
+    m = model([node], {"x": x}, outs, opset=18, extra_opsets={ML: 3})
+    real = [o.shape for o in _ort_outputs(m, {"x": _x(x)})]
+    assert real == expected  # the spec's shapes, as onnxruntime computes them
+    assert _resolved(m) == expected
+
+
+def test_tree_ensemble_opset5_shape_equals_onnxruntime():
+    node = helper.make_node(
+        "TreeEnsemble", ["x"], ["y"], domain=ML, n_targets=2, aggregate_function=1, tree_roots=[0, 3],
+        nodes_featureids=[0, 1, 2, 0], nodes_modes=_t("modes", [0, 0, 0, 0], np.uint8),
+        nodes_splits=_t("splits", [0.5] * 4, np.float32), nodes_truenodeids=[1, 1, 2, 4], nodes_trueleafs=[0, 1, 1, 1],
+        nodes_falsenodeids=[0, 2, 3, 5], nodes_falseleafs=[1, 0, 1, 1], leaf_targetids=[0, 1, 0, 1, 0, 1],
+        leaf_weights=_t("w", [1.0] * 6, np.float32))
+    m = model([node], {"x": (N, 3)}, ["y"], opset=21, extra_opsets={ML: 5})
+    try:
+        real = [o.shape for o in _ort_outputs(m, {"x": _x((N, 3))})]
+    except Exception as e:  # an onnxruntime without ai.onnx.ml opset 5
+        pytest.skip(f"onnxruntime does not run TreeEnsemble: {e}")
+    assert real == [(N, 2)]
+    assert _resolved(m) == [(N, 2)]
+
+
+def test_feature_vectorizer_concatenates_its_inputs():
+    node = helper.make_node("FeatureVectorizer", ["a", "b"], ["y"], domain=ML, inputdimensions=[2, 3])
+    m = model([node], {"a": (N, 2), "b": (N, 3)}, ["y"], opset=18, extra_opsets={ML: 3})
+    real = [o.shape for o in _ort_outputs(m, {"a": _x((N, 2)), "b": _x((N, 3))})]
+    assert real == [(N, 2 + 3)]
+    assert _resolved(m) == [(N, 2 + 3)]
+
+
+def test_array_feature_extractor_takes_the_indexed_columns():
+    idx = numpy_helper.from_array(np.array([0, 4, 2], dtype=np.int64), "idx")
+    for x, expected in [((N, F), (N, 3)), ((F,), (1, 3))]:  # a 1-D X gives one row
+        node = helper.make_node("ArrayFeatureExtractor", ["x", "idx"], ["y"], domain=ML)
+        m = model([node], {"x": x}, ["y"], [idx], opset=18, extra_opsets={ML: 3})
+        assert [o.shape for o in _ort_outputs(m, {"x": _x(x)})] == [expected]
+        assert _resolved(m) == [expected]
+
+
+@pytest.mark.parametrize("op, dtype, feed, attrs, expected_type", [
+    pytest.param("OneHotEncoder", TensorProto.INT64, np.array([[1, 3], [2, 2]] * 3, dtype=np.int64),
+                 dict(cats_int64s=[1, 2, 3, 4]), TensorProto.FLOAT, id="one-hot"),
+    pytest.param("LabelEncoder", TensorProto.INT64, np.array([[1, 2]] * 6, dtype=np.int64),
+                 dict(keys_int64s=[1, 2], values_strings=["a", "b"]), TensorProto.STRING, id="label-encoder"),
+    pytest.param("CategoryMapper", TensorProto.STRING, np.array([["a", "b"]] * 6, dtype=object),
+                 dict(cats_strings=["a", "b"], cats_int64s=[1, 2]), TensorProto.INT64, id="category-mapper"),
+])  # fmt: skip
+def test_lookup_shapes_equal_onnxruntime(op, dtype, feed, attrs, expected_type):
+    node = helper.make_node(op, ["x"], ["y"], domain=ML, **attrs)
+    m = model([node], {"x": feed.shape}, ["y"], opset=18, dtype=dtype, extra_opsets={ML: 2})
+    (real,) = _ort_outputs(m, {"x": feed})
+    (out,) = flopcount.count(m).nodes[0].outputs
+    assert (out.elem_type, out.shape) == (expected_type, real.shape)
+
+
+def _map_model(op, **attrs):
+    kind = helper.make_map_type_proto(TensorProto.INT64, helper.make_tensor_type_proto(TensorProto.FLOAT, None))
+    g = helper.make_graph([helper.make_node(op, ["m"], ["y"], domain=ML, **attrs)], "maps",
+                          [helper.make_value_info("m", kind)], [helper.make_empty_tensor_value_info("y")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(ML, 3)])
+
+
+@pytest.mark.parametrize("op, attrs, expected", [
+    pytest.param("DictVectorizer", dict(int64_vocabulary=[3, 1, 7, 9]), (1, 4), id="dict-vectorizer"),
+    pytest.param("CastMap", dict(map_form="SPARSE", max_map=6), (1, 6), id="cast-map-sparse"),
+])  # fmt: skip
+def test_map_inputs_give_one_row(op, attrs, expected):
+    m = _map_model(op, **attrs)
+    (real,) = _ort_outputs(m, {"m": {1: 0.5, 3: 2.0}})
+    (out,) = flopcount.count(m).nodes[0].outputs
+    assert real.shape == expected
+    assert (out.elem_type, out.shape) == (TensorProto.FLOAT, expected)
+
+
+def test_a_node_after_an_ml_operator_is_counted():
+    """The node after a Scaler once stopped the count (exit 5): its input had no shape."""
+    scaler = helper.make_node("Scaler", ["x"], ["s"], domain=ML, offset=[0.5] * F, scale=[2.0] * F)
+    square = helper.make_node("Mul", ["s", "s"], ["y"])
+    r = flopcount.count(model([scaler, square], {"x": (N, F)}, ["y"], opset=18, extra_opsets={ML: 3}))
+    assert r.total.flops == 2 * N * F + N * F  # (x − offset)·scale, then one multiply per element
+
+
+# --- upper bounds -------------------------------------------------------------------------------
+
+
+def _legacy_regressor():
+    node = helper.make_node("TreeEnsembleRegressor", ["x"], ["y"], domain=ML, n_targets=1, target_treeids=[0, 0, 0, 1, 1],
+                            target_nodeids=[2, 3, 4, 11, 12], target_ids=[0] * 5, target_weights=[1.0] * 5, **LEGACY)
+    return model([node], {"x": (N, 3)}, ["y"], opset=18, extra_opsets={ML: 3})
+
+
+def test_tree_ensembles_are_listed_as_upper_bounds_in_every_format():
+    import csv
+    import io
+    import json
+
+    from flopcount.render import render
+
+    report = flopcount.count(_legacy_regressor())
+    ((key, (nodes, why)),) = report.upper_bounds.items()
+    assert (key, nodes) == ("ai.onnx.ml:TreeEnsembleRegressor", 1) and "deepest path" in why
+    assert json.loads(render(report, "json"))["upper_bounds"] == {key: {"nodes": 1, "why": why}}
+    (row,) = csv.DictReader(io.StringIO(render(report, "csv")))
+    assert row["upper_bound"] == why
+    (row,) = csv.DictReader(io.StringIO(render(report, "csv", per_node=True)))
+    assert row["upper_bound"] == why
+    for fmt in ("table", "markdown", "html"):
+        assert "deepest path" in render(report, fmt), fmt
+
+
+def test_exact_counts_list_no_upper_bound():
+    import csv
+    import io
+
+    from flopcount.render import render
+
+    report = flopcount.count(model([helper.make_node("Scaler", ["x"], ["y"], domain=ML, offset=[0.5], scale=[2.0])],
+                                   {"x": (N, F)}, ["y"], opset=18, extra_opsets={ML: 3}))
+    assert report.upper_bounds == {}
+    assert [r["upper_bound"] for r in csv.DictReader(io.StringIO(render(report, "csv")))] == [""]
+
+
+# --- bad input ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op, attrs, named", [
+    pytest.param("LinearClassifier", dict(coefficients=[0.1] * (2 * F + 3), classlabels_ints=[0, 1]), "coefficients",
+                 id="classifier-part-of-a-vector"),
+    pytest.param("LinearRegressor", dict(targets=3, coefficients=[0.1] * (2 * F)), "targets", id="regressor-too-few"),
+    pytest.param("SVMClassifier", dict(coefficients=[1.0] * (F + 1), rho=[0.0], classlabels_ints=[0, 1]),
+                 "coefficients", id="svm-linear-mode"),
+    pytest.param("SVMClassifier", dict(SVC3, support_vectors=[0.5] * (6 * F - 1)), "support_vectors",
+                 id="svc-support-vectors"),
+    pytest.param("SVMRegressor", dict(n_supports=4, support_vectors=[0.0] * (3 * F), coefficients=[1.0] * 4,
+                                      rho=[0.5]), "support_vectors", id="svr-support-vectors"),
+])  # fmt: skip
+def test_coefficients_that_do_not_fit_the_features_are_refused(op, attrs, named):
+    """A silent floor division once counted part of a weight vector as none, or a whole one."""
+    outs = ["y", "z"][: 1 if op.endswith("Regressor") else 2]
+    m = model([helper.make_node(op, ["x"], outs, domain=ML, name="bad", **attrs)], {"x": (N, F)}, outs, opset=18,
+              extra_opsets={ML: 3})
+    with pytest.raises(flopcount.FlopcountError, match=f"'bad'.*{named}") as e:
+        flopcount.count(m)
+    assert e.value.exit_code != 0 and "\n" not in str(e.value)
