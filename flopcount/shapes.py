@@ -954,6 +954,14 @@ def resolve(model: ModelProto, index: GraphIndex, where: str, first: "Inference 
             found = _collect(_infer(scratch, where, guard=guard), bodies)
             check_dims(found, model, where)
             tensors.update((k, v) for k, v in found.items() if v.is_static and not _static(tensors.get(k)))
+            if not isinstance(values, dict):
+                values = {}
+            if _fold(model, index, tensors, values):  # a later Loop's trip count from this one's stacked length
+                scratch = _with_constants(model, index, values)
+                rounds += 1
+                found = _collect(_infer(scratch, where, guard=guard), bodies)
+                check_dims(found, model, where)
+                tensors.update((k, v) for k, v in found.items() if v.is_static and not _static(tensors.get(k)))
             _infer_bodies(model, model.graph, tensors, values, where)
         pending = _unresolved(index, tensors)
     error = ""
@@ -975,7 +983,9 @@ def _loop_outputs(graph: onnx.GraphProto, tensors: Mapping[str, TensorInfo], val
     """Shapes of Loop outputs that ONNX's inference leaves without one, where the body settles them:
     a loop-carried value whose body output has the static shape of its initial value keeps that
     shape; a scan output stacks the body's static output over the trip count, when the count is a
-    constant M and no condition can end the loop early."""
+    known M. Where a condition may end the loop early, M is its maximum, as the Loop's own count takes it
+    (both are upper bounds, which the Loop's count names: ``operators/control_flow.py``); a Loop without M
+    leaves its scan outputs open, and its count asks for ``--loop-trips``."""
     settled: dict[str, TensorInfo] = {}
     for node in graph.node:
         if node.op_type != "Loop" or node.domain not in ("", "ai.onnx"):
@@ -997,7 +1007,7 @@ def _loop_outputs(graph: onnx.GraphProto, tensors: Mapping[str, TensorInfo], val
             else:
                 trips = values.get(node.input[0]) if node.input[0] else None
                 count = int(np.asarray(trips).reshape(())) if trips is not None and np.size(trips) == 1 else -1
-                if count >= 0 and not (len(node.input) > 1 and node.input[1]):
+                if count >= 0:
                     settled[out] = TensorInfo(out, inner.elem_type, (count, *inner.shape))
     return settled
 
@@ -1175,8 +1185,12 @@ def _body_inputs(node: onnx.NodeProto, body: onnx.GraphProto, tensors: Mapping[s
 
 
 def _infer_bodies(model: ModelProto, graph: onnx.GraphProto, tensors: dict, values: Mapping, where: str) -> None:
-    """Infer shapes inside subgraphs whose inputs ONNX left untyped, as standalone graphs whose
-    inputs carry the outer node's types; recurses into nested bodies."""
+    """Infer shapes inside subgraphs whose inputs ONNX left untyped or typed with open dims, as standalone graphs
+    whose inputs carry the outer node's types (see :func:`_formal_inputs`); recurses into nested bodies.
+
+    A carried value (a Loop's or Scan's state) keeps the outer dims only if the body gives it back with the same
+    shape: one whose shape changes from one iteration to the next (a growing Concat) is inferred again with the
+    body's own declared type, so that the first iteration's shape is never taken for every iteration's."""
     for node in graph.node:
         if node.op_type not in _SUBGRAPH_OPS:
             continue
@@ -1184,44 +1198,92 @@ def _infer_bodies(model: ModelProto, graph: onnx.GraphProto, tensors: dict, valu
             for body in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
                 if all(tensors.get(o) is not None and tensors[o].is_static for n in body.node for o in n.output if o):
                     continue
-                sub = ModelProto(ir_version=model.ir_version)
-                sub.opset_import.extend(model.opset_import)
-                g = sub.graph
-                g.name = body.name or "body"
-                g.node.extend(body.node)
-                g.initializer.extend(body.initializer)
-                g.output.extend(body.output)
-                formal = _body_inputs(node, body, tensors)
-                for vi, t in zip(body.input, formal):
-                    declared = vi.type.tensor_type
-                    if t is not None and (not declared.HasField("shape") or not declared.elem_type):
-                        g.input.append(_value_info(vi.name, t))
-                    else:
-                        g.input.append(vi)
-                defined = {i.name for i in body.input} | {t.name for t in body.initializer}
-                defined |= {o for n in body.node for o in n.output}
-                outer_refs = {x for n in body.node for x in n.input if x and x not in defined}
-                from .graph import subgraph_outer_names
-
-                for n in body.node:
-                    outer_refs |= {x for x in subgraph_outer_names(n) if x not in defined}
-                for name in sorted(outer_refs):
-                    if name in values:
-                        g.initializer.append(numpy_helper.from_array(np.asarray(values[name]), name))
-                    else:
-                        g.input.append(_value_info(name, tensors.get(name)))
-                try:
-                    inferred = _infer(sub, where)
-                except ShapeError as e:  # leave the body as it is; its formulas will name the tensor
-                    if not str(e).startswith(f"{where}: ONNX shape inference failed"):
-                        raise  # a negative or oversized dim
-                    log.debug("%s: cannot infer the body of %s %r: %s", where, node.op_type, node.name, e)
+                inputs = _formal_inputs(body, _body_inputs(node, body, tensors))
+                found = _infer_body(model, node, body, inputs, tensors, values, where)
+                for _ in _carried(node, body):  # each pass gives at least one more state its declared type back
+                    if found is None:
+                        break
+                    changed = [k for k, out in _carried(node, body) if inputs[k] is not body.input[k]
+                               and _declared_shape(inputs[k]) != _found_shape(found.get(out))]
+                    if not changed:
+                        break
+                    inputs = [body.input[k] if k in changed else vi for k, vi in enumerate(inputs)]
+                    found = _infer_body(model, node, body, inputs, tensors, values, where)
+                if found is None:
                     continue
-                for name, info in _collect(inferred).items():
+                for name, info in found.items():
                     prev = tensors.get(name)
                     if prev is None or (not prev.is_static and (info.is_static or prev.shape is None)):
                         tensors[name] = info
                 _infer_bodies(model, body, tensors, values, where)
+
+
+def _found_shape(t: TensorInfo | None) -> tuple | None:
+    return None if t is None else t.shape
+
+
+def _formal_inputs(body: onnx.GraphProto, formal: Sequence[TensorInfo | None]) -> list[onnx.ValueInfoProto]:
+    """The body's inputs, typed from the outer node's (``formal``): a body input declared without a type takes the
+    outer one whole, and a declared dim that is symbolic or empty (tf2onnx's ``['unk__477', 300]`` for every Loop
+    state) takes the outer known dim. A dim the body declares as a number stays (the body says what it reads).
+    Where nothing is taken, the body's own input is returned (the same object)."""
+    out = []
+    for vi, t in zip(body.input, formal):
+        declared = _tensor_type(vi)
+        if t is None or vi.type.HasField("sequence_type"):
+            out.append(vi)
+        elif not declared.HasField("shape") or not declared.elem_type:
+            out.append(_value_info(vi.name, t))
+        else:
+            dims = _declared_shape(vi)
+            merged = dims if t.shape is None or len(t.shape) != len(dims) else tuple(
+                d if isinstance(d, int) and d > 0 else (o if isinstance(o, int) else d) for d, o in zip(dims, t.shape))
+            out.append(vi if merged == dims else _value_info(vi.name, TensorInfo(vi.name, declared.elem_type, merged)))
+    out.extend(body.input[len(out):])
+    return out
+
+
+def _carried(node: onnx.NodeProto, body: onnx.GraphProto) -> list[tuple[int, str]]:
+    """(body input index, body output name) of each value a Loop or Scan carries from one iteration to the next."""
+    if node.op_type == "Loop":
+        return [(2 + j, out.name) for j, out in enumerate(body.output[1:len(body.input) - 1])]
+    if node.op_type == "Scan":
+        m = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "num_scan_inputs"), 0)
+        return [(k, body.output[k].name) for k in range(min(len(node.input) - m, len(body.output)))]
+    return []
+
+
+def _infer_body(model: ModelProto, node: onnx.NodeProto, body: onnx.GraphProto, inputs: Sequence[onnx.ValueInfoProto],
+                tensors: Mapping[str, TensorInfo], values: Mapping, where: str) -> dict[str, TensorInfo] | None:
+    """The tensor infos of ``body`` inferred as a standalone graph with ``inputs`` and what it reads from enclosing
+    scopes (known values as initializers, else their types); None when ONNX's inference fails on it."""
+    sub = ModelProto(ir_version=model.ir_version)
+    sub.opset_import.extend(model.opset_import)
+    g = sub.graph
+    g.name = body.name or "body"
+    g.node.extend(body.node)
+    g.initializer.extend(body.initializer)
+    g.output.extend(body.output)
+    g.input.extend(inputs)
+    defined = {i.name for i in body.input} | {t.name for t in body.initializer}
+    defined |= {o for n in body.node for o in n.output}
+    outer_refs = {x for n in body.node for x in n.input if x and x not in defined}
+    from .graph import subgraph_outer_names
+
+    for n in body.node:
+        outer_refs |= {x for x in subgraph_outer_names(n) if x not in defined}
+    for name in sorted(outer_refs):
+        if name in values:
+            g.initializer.append(numpy_helper.from_array(np.asarray(values[name]), name))
+        else:
+            g.input.append(_value_info(name, tensors.get(name)))
+    try:
+        return _collect(_infer(sub, where))
+    except ShapeError as e:  # leave the body as it is; its formulas will name the tensor
+        if not str(e).startswith(f"{where}: ONNX shape inference failed"):
+            raise  # a negative or oversized dim
+        log.debug("%s: cannot infer the body of %s %r: %s", where, node.op_type, node.name, e)
+        return None
 
 
 # --------------------------------------------------------------------------------------------
