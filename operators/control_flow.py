@@ -77,7 +77,8 @@ def loop(ctx: NodeContext, *, body, **_) -> Breakdown:
     counted = Breakdown(trips * per_iteration, (("body per iteration", per_iteration),))
     if ctx.trips is None and ctx.has_input(1):  # a condition may end the loop before M iterations
         stacked = len(body.output) - 1 - (len(body.input) - 2)
-        also = f", and its {stacked} stacked outputs taken {trips} long" if stacked > 0 else ""
+        what = "stacked output" if stacked == 1 else f"{stacked} stacked outputs"
+        also = f", and its {what} taken {trips} long" if stacked > 0 else ""
         return Bound(counted, f"{trips} iterations counted{also}; the loop's condition may end it earlier")
     return counted
 

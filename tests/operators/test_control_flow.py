@@ -299,7 +299,7 @@ def test_a_stacked_output_takes_the_maximum_trip_count_as_its_length_and_says_so
     assert by["loop"].cost.flops == 4 * (2 * 3 * 6 * 6 + 3 * 6)
     assert by["second"].cost.flops == 4 * 3 * 6
     assert r.upper_bounds["Loop"][0] == 2
-    assert "stacked outputs taken 4 long" in by["loop"].bound and "condition may end it earlier" in by["loop"].bound
+    assert "its stacked output taken 4 long" in by["loop"].bound and "condition may end it earlier" in by["loop"].bound
 
 
 def test_a_stacked_output_of_a_loop_without_a_trip_count_still_asks_for_it_by_name():
