@@ -177,15 +177,92 @@ def _infer(model: ModelProto, where: str, strict: bool = False, hint: bool = Tru
     """ONNX's inference of ``model``, guarded (see :func:`_guard_depths`) so that no negative dim
     reaches the code in it that aborts the process; raises :class:`ShapeError` on a negative or
     oversized dim, or when inference fails. ``guard=False``: the caller knows that no Slice is at
-    risk (see :func:`_guard_needed`)."""
+    risk (see :func:`_guard_needed`).
+
+    With a Slice at risk, inference runs once, whole, in a forked child (:func:`_contained_inference`), which
+    an abort kills instead of this process; where it finishes and every dim checks, that is the answer (one
+    inference, whatever the graph's depth). Only where it crashed, a dim is wrong, or no child can be forked,
+    the graph is inferred depth by depth, each depth's dims checked before a Slice of the next reads them, so
+    that the error names the node that made the first wrong dim and the process never aborts."""
     depths = _guard_depths(model.graph) if guard else None
     if depths is None:
         return _infer_plain(model, where, strict)
+    whole = _contained_inference(model, strict)
+    if whole is not None:
+        kind, data = whole
+        if kind == "E":
+            if strict:
+                raise RuntimeError(data)
+            raise _inference_failed(where, data)
+        inferred = onnx.load_from_string(data)
+        try:
+            check_dims(_collect(inferred), model, where, hint)
+            return inferred
+        except ShapeError:
+            log.debug("%s: a wrong dim after inference: inferred again depth by depth to name its node", where)
     for d in range(max(depths) + 1):
         part = model if d == max(depths) else _nodes_up_to(model, depths, d)
         inferred = _infer_plain(part, where, strict)
         check_dims(_collect(inferred), model, where, hint)
     return inferred
+
+
+def _contained_inference(model: ModelProto, strict: bool) -> tuple[str, str | bytes] | None:
+    """ONNX's inference of the whole ``model`` in a forked child: ``("M", the inferred model serialized)``, or
+    ``("E", the first line of the inference error)``; None where no child may be forked (:func:`_fork_safe`) or
+    it did not exit cleanly (ONNX's C++ aborting on a negative dim: the caller then guards depth by depth)."""
+    if not _fork_safe():
+        return None
+    try:
+        read, write = os.pipe()
+    except OSError:
+        return None
+    try:
+        with warnings.catch_warnings():  # Python >= 3.12 warns of native threads: see _may_fork
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+    except OSError:
+        os.close(read)
+        os.close(write)
+        return None
+    if pid == 0:  # the child: infer, write, exit without running any of the parent's cleanup (see Inference)
+        gc.disable()
+        done = False
+        try:
+            os.close(read)
+            try:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+            except OSError:
+                pass
+            from onnx.onnx_cpp2py_export import shape_inference as cpp
+
+            try:
+                data = b"M" + cpp.infer_shapes(model.SerializeToString(), False, strict, data_prop_bounded(model))
+            except Exception as e:  # InferenceError, ValidationError, or RuntimeError from C++
+                data = b"E" + first_line(e).encode("utf-8", "replace")
+            view = memoryview(data)
+            while view:
+                view = view[os.write(write, view):]
+            done = True
+        finally:
+            os._exit(0 if done else 1)
+    os.close(write)
+    chunks = []
+    try:
+        while chunk := os.read(read, 1 << 20):
+            chunks.append(chunk)
+    except OSError:
+        chunks = []
+    finally:
+        os.close(read)
+    try:
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:
+        return None
+    data = b"".join(chunks)
+    if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0) or data[:1] not in (b"M", b"E"):
+        return None
+    return ("M", data[1:]) if data[:1] == b"M" else ("E", data[1:].decode("utf-8", "replace"))
 
 
 def _infer_plain(model: ModelProto, where: str, strict: bool = False) -> ModelProto:
@@ -726,11 +803,16 @@ def _may_fork(model: ModelProto) -> bool:
     could hold a lock the child would need), no CUDA context (a big address space to copy), and
     FLOPCOUNT_PARALLEL not set to 0. Native helper threads, such as a BLAS pool that numpy starts
     on import, do not matter: the child runs only ONNX's inference, writes to a pipe and exits."""
+    if len(model.graph.node) < PARALLEL_MIN_NODES and not _body_at_risk(model.graph):
+        return False
+    return _fork_safe()
+
+
+def _fork_safe() -> bool:
+    """Whether this process may fork a child that runs ONNX's inference (see :func:`_may_fork`)."""
     if os.environ.get("FLOPCOUNT_PARALLEL", "1") == "0" or not sys.platform.startswith("linux"):
         return False
-    if not hasattr(os, "fork") or (len(model.graph.node) < PARALLEL_MIN_NODES and not _body_at_risk(model.graph)):
-        return False
-    if threading.active_count() != 1:
+    if not hasattr(os, "fork") or threading.active_count() != 1:
         return False
     torch = sys.modules.get("torch")
     cuda = getattr(torch, "cuda", None)
