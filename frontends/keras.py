@@ -635,15 +635,23 @@ def _graph_def(concrete):
     ops = {node.op for node in graph_def.node} | {node.op for f in graph_def.library.function for node in f.node_def}
     if not ops & _WHILE_OPS:
         return graph_def
-    from tensorflow.python.framework import convert_to_constants
-
-    inline = convert_to_constants.convert_variables_to_constants_v2
+    inline = _inliner()
     options = {k: v for k, v in (("lower_control_flow", False), ("aggressive_inlining", True))
-               if k in inspect.signature(inline).parameters}
+               if inline is not None and k in inspect.signature(inline).parameters}
     if "lower_control_flow" not in options:
-        log.debug("convert_variables_to_constants_v2 takes no lower_control_flow: the while loop is left to tf2onnx")
+        log.debug("no convert_variables_to_constants_v2 with lower_control_flow: the while loop is left to tf2onnx")
         return graph_def
     return inline(concrete, **options).graph.as_graph_def(add_shapes=True)
+
+
+def _inliner():
+    """TensorFlow's ``convert_variables_to_constants_v2`` (the helper tf2onnx's own ``from_function`` calls), or
+    None where this TensorFlow has none: the while loop is then left to tf2onnx as it is."""
+    try:
+        from tensorflow.python.framework import convert_to_constants
+    except ImportError:
+        return None
+    return getattr(convert_to_constants, "convert_variables_to_constants_v2", None)
 
 
 def _inlinable(graph_def):
