@@ -29,7 +29,7 @@ import logging
 import numpy as np
 
 __all__ = ["ATTENTION_MODES", "AttentionMask", "ExecutedAttention", "ExecutedPairs", "executed_attention",
-           "packed_segments", "padding_lengths", "score_products", "values_structure"]
+           "executed_entries", "executed_reduction", "packed_segments", "padding_lengths", "score_products", "values_structure"]
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +113,44 @@ class AttentionMask:
         return np.broadcast_to(low, high.shape).copy(), high
 
 
+#: Largest B·S_q·T of a mask drawn entry by entry to count the sums of a gradient into a broadcast input.
+REDUCTION_LIMIT = 2**24
+
+
+def executed_reduction(executed: "ExecutedAttention | None", name: str, shape, input_shape) -> int | None:
+    """The additions that sum the kept score entries' gradient into an input of shape ``input_shape`` that the
+    node ``name`` (on an eager attention's path, output ``shape`` [B, …heads, S_q, T]) broadcasts over the scores
+    (a learned position bias): every kept entry is added into the input's position it came from, so the count is
+    the kept entries less the positions that receive at least one. None where :func:`executed_entries` is None, or
+    the mask's entries cannot be drawn (a mask evaluated from the graph that is not one interval per row, read
+    along T; a score matrix over :data:`REDUCTION_LIMIT` entries per head): the caller counts what the graph
+    computes.
+
+    >>> ex = ExecutedAttention({"add": ("path", 0)}, (AttentionMask(causal=True),))
+    >>> executed_reduction(ex, "add", (1, 2, 3, 3), (3, 3))   # 2 heads × 6 kept into 6 positions: 12 − 6
+    6
+    """
+    kept = executed_entries(executed, name, shape)
+    if kept is None or input_shape is None or len(input_shape) > len(shape):
+        return None
+    mask = executed.mask(executed.role(name)[1])
+    structure = mask if isinstance(mask, AttentionMask) else getattr(mask, "structure", None)
+    b, s_q, t = shape[0], shape[-2], shape[-1]
+    x = (1,) * (len(shape) - len(input_shape)) + tuple(input_shape)
+    heads_x = int(np.prod(x[1:-2], dtype=np.int64))
+    if structure is None or b * s_q * t > REDUCTION_LIMIT:
+        return None
+    try:
+        low, high = structure.bounds(b, s_q, t)
+    except ValueError:
+        return None
+    j = np.arange(t)
+    dense = (j[None, None, :] >= low[:, :, None]) & (j[None, None, :] < high[:, :, None])  # [B, S_q, T]
+    axes = tuple(a for a, d in zip((0, 1, 2), (x[0], x[-2], x[-1])) if d == 1)
+    hit = np.count_nonzero(dense.any(axis=axes)) if axes else np.count_nonzero(dense)
+    return kept.pairs - heads_x * int(hit)
+
+
 #: Ops between the score product and its Softmax (scaling, masking, softcap, casts), and between the Softmax and
 #: the product with V (casts, dropout).
 _TO_SOFTMAX = frozenset({"Mul", "Div", "Add", "Sub", "Where", "Cast", "Tanh", "Identity"})
@@ -120,8 +158,10 @@ _FROM_SOFTMAX = frozenset({"Cast", "Dropout", "Identity", "Where"})
 
 
 def score_products(protos, names=None) -> dict[str, tuple[str, int]]:
-    """The MatMul nodes of eager attention: node name → (``"scores"`` for Q·Kᵀ or ``"values"`` for probs·V, the
-    attention's index in graph order). A Softmax whose input comes from a MatMul through scaling and masking ops
+    """The nodes of eager attention: node name → (role, the attention's index in graph order). Roles:
+    ``"scores"`` for the MatMul Q·Kᵀ, ``"values"`` for the MatMul probs·V, ``"softmax"`` for the Softmax between
+    them, ``"path"`` for the element-wise nodes on the way (scale, mask add or select, softcap, casts, dropout),
+    which run over the score matrix. A Softmax whose input comes from a MatMul through scaling and masking ops
     (:data:`_TO_SOFTMAX`) marks that MatMul; the MatMul that takes the Softmax's output (through casts or
     dropout) as its first input is the product with V."""
     producer, consumers = {}, {}
@@ -136,17 +176,23 @@ def score_products(protos, names=None) -> dict[str, tuple[str, int]]:
     for node in protos:
         if node.op_type != "Softmax" or node.domain not in ("", "ai.onnx"):
             continue
-        scores = _back_to_matmul(producer, node.input[0])
-        values = _forward_to_matmul(consumers, node.output[0])
+        before: list = []
+        after: list = []
+        scores = _back_to_matmul(producer, node.input[0], before)
+        values = _forward_to_matmul(consumers, node.output[0], after)
         if scores is None or values is None:
             continue
         found[name_of.get(id(scores), scores.name)] = ("scores", index)
         found[name_of.get(id(values), values.name)] = ("values", index)
+        found[name_of.get(id(node), node.name)] = ("softmax", index)
+        for step in before + after:
+            found.setdefault(name_of.get(id(step), step.name), ("path", index))
         index += 1
     return found
 
 
-def _back_to_matmul(producer, tensor):
+def _back_to_matmul(producer, tensor, path: list):
+    """The MatMul whose scores reach ``tensor`` through :data:`_TO_SOFTMAX` ops (appended to ``path``), or None."""
     for _ in range(16):
         node = producer.get(tensor)
         if node is None:
@@ -155,6 +201,7 @@ def _back_to_matmul(producer, tensor):
             return node
         if node.op_type not in _TO_SOFTMAX:
             return None
+        path.append(node)
         # the scores run through the first input that comes from a MatMul chain; a mask or scale is the other
         tensor = next((i for i in node.input if i and _reaches_matmul(producer, i)), None)
         if tensor is None:
@@ -175,7 +222,9 @@ def _reaches_matmul(producer, tensor, depth: int = 16) -> bool:
     return False
 
 
-def _forward_to_matmul(consumers, tensor):
+def _forward_to_matmul(consumers, tensor, path: list):
+    """The MatMul that reads ``tensor`` (the probabilities) as its first input through :data:`_FROM_SOFTMAX` ops
+    (appended to ``path``), or None."""
     for _ in range(8):
         # a guard of fully masked rows (Where(IsNaN(p), 0, p)) reads the probabilities beside the path
         users = [u for u in consumers.get(tensor, []) if u.op_type not in ("IsNaN", "Shape")]
@@ -186,8 +235,32 @@ def _forward_to_matmul(consumers, tensor):
             return node if node.input[0] == tensor else None
         if node.op_type not in _FROM_SOFTMAX:
             return None
+        path.append(node)
         tensor = node.output[0]
     return None
+
+
+def executed_entries(executed: "ExecutedAttention | None", name: str, shape) -> ExecutedPairs | None:
+    """The entries (over the batch and every head) and non-empty rows of the score matrix that a masked kernel
+    computes, for the node ``name`` of output ``shape`` [B, …heads, S_q, T] on an eager attention's path
+    (``"softmax"`` or ``"path"``: the scale, the mask's add, the softcap, the Softmax, dropout) under
+    ``--attention executed`` with a structured mask; None for any other node, under ``--attention full``, or where
+    the mask is not known (then the node counts every entry, as the graph computes it).
+
+    >>> ex = ExecutedAttention({"sm": ("softmax", 0)}, (AttentionMask(causal=True),))
+    >>> executed_entries(ex, "sm", (1, 2, 4, 4))   # 2 heads · 4·5/2 pairs, 2 heads · 4 rows
+    ExecutedPairs(pairs=20, rows=8)
+    """
+    role = executed.role(name) if executed is not None else None
+    if role is None or role[0] not in ("softmax", "path") or shape is None or len(shape) < 3:
+        return None
+    mask = executed.mask(role[1])
+    if mask is None or not mask.structured:
+        return None
+    b, s_q, t = shape[0], shape[-2], shape[-1]
+    heads = int(np.prod(shape[1:-2], dtype=np.int64))
+    kept = mask.pairs(b, s_q, t)
+    return ExecutedPairs(heads * kept.pairs, heads * kept.rows)
 
 
 def _has_trilu(producer, tensor, depth: int = 24) -> bool:

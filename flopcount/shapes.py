@@ -179,15 +179,92 @@ def _infer(model: ModelProto, where: str, strict: bool = False, hint: bool = Tru
     """ONNX's inference of ``model``, guarded (see :func:`_guard_depths`) so that no negative dim
     reaches the code in it that aborts the process; raises :class:`ShapeError` on a negative or
     oversized dim, or when inference fails. ``guard=False``: the caller knows that no Slice is at
-    risk (see :func:`_guard_needed`)."""
+    risk (see :func:`_guard_needed`).
+
+    With a Slice at risk, inference runs once, whole, in a forked child (:func:`_contained_inference`), which
+    an abort kills instead of this process; where it finishes and every dim checks, that is the answer (one
+    inference, whatever the graph's depth). Only where it crashed, a dim is wrong, or no child can be forked,
+    the graph is inferred depth by depth, each depth's dims checked before a Slice of the next reads them, so
+    that the error names the node that made the first wrong dim and the process never aborts."""
     depths = _guard_depths(model.graph) if guard else None
     if depths is None:
         return _infer_plain(model, where, strict)
+    whole = _contained_inference(model, strict)
+    if whole is not None:
+        kind, data = whole
+        if kind == "E":
+            if strict:
+                raise RuntimeError(data)
+            raise _inference_failed(where, data)
+        inferred = onnx.load_from_string(data)
+        try:
+            check_dims(_collect(inferred), model, where, hint)
+            return inferred
+        except ShapeError:
+            log.debug("%s: a wrong dim after inference: inferred again depth by depth to name its node", where)
     for d in range(max(depths) + 1):
         part = model if d == max(depths) else _nodes_up_to(model, depths, d)
         inferred = _infer_plain(part, where, strict)
         check_dims(_collect(inferred), model, where, hint)
     return inferred
+
+
+def _contained_inference(model: ModelProto, strict: bool) -> tuple[str, str | bytes] | None:
+    """ONNX's inference of the whole ``model`` in a forked child: ``("M", the inferred model serialized)``, or
+    ``("E", the first line of the inference error)``; None where no child may be forked (:func:`_fork_safe`) or
+    it did not exit cleanly (ONNX's C++ aborting on a negative dim: the caller then guards depth by depth)."""
+    if not _fork_safe():
+        return None
+    try:
+        read, write = os.pipe()
+    except OSError:
+        return None
+    try:
+        with warnings.catch_warnings():  # Python >= 3.12 warns of native threads: see _may_fork
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+    except OSError:
+        os.close(read)
+        os.close(write)
+        return None
+    if pid == 0:  # the child: infer, write, exit without running any of the parent's cleanup (see Inference)
+        gc.disable()
+        done = False
+        try:
+            os.close(read)
+            try:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+            except OSError:
+                pass
+            from onnx.onnx_cpp2py_export import shape_inference as cpp
+
+            try:
+                data = b"M" + cpp.infer_shapes(model.SerializeToString(), False, strict, data_prop_bounded(model))
+            except Exception as e:  # InferenceError, ValidationError, or RuntimeError from C++
+                data = b"E" + first_line(e).encode("utf-8", "replace")
+            view = memoryview(data)
+            while view:
+                view = view[os.write(write, view):]
+            done = True
+        finally:
+            os._exit(0 if done else 1)
+    os.close(write)
+    chunks = []
+    try:
+        while chunk := os.read(read, 1 << 20):
+            chunks.append(chunk)
+    except OSError:
+        chunks = []
+    finally:
+        os.close(read)
+    try:
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:
+        return None
+    data = b"".join(chunks)
+    if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0) or data[:1] not in (b"M", b"E"):
+        return None
+    return ("M", data[1:]) if data[:1] == b"M" else ("E", data[1:].decode("utf-8", "replace"))
 
 
 def _infer_plain(model: ModelProto, where: str, strict: bool = False) -> ModelProto:
@@ -728,11 +805,16 @@ def _may_fork(model: ModelProto) -> bool:
     could hold a lock the child would need), no CUDA context (a big address space to copy), and
     FLOPCOUNT_PARALLEL not set to 0. Native helper threads, such as a BLAS pool that numpy starts
     on import, do not matter: the child runs only ONNX's inference, writes to a pipe and exits."""
+    if len(model.graph.node) < PARALLEL_MIN_NODES and not _body_at_risk(model.graph):
+        return False
+    return _fork_safe()
+
+
+def _fork_safe() -> bool:
+    """Whether this process may fork a child that runs ONNX's inference (see :func:`_may_fork`)."""
     if os.environ.get("FLOPCOUNT_PARALLEL", "1") == "0" or not sys.platform.startswith("linux"):
         return False
-    if not hasattr(os, "fork") or (len(model.graph.node) < PARALLEL_MIN_NODES and not _body_at_risk(model.graph)):
-        return False
-    if threading.active_count() != 1:
+    if not hasattr(os, "fork") or threading.active_count() != 1:
         return False
     torch = sys.modules.get("torch")
     cuda = getattr(torch, "cuda", None)
@@ -956,6 +1038,14 @@ def resolve(model: ModelProto, index: GraphIndex, where: str, first: "Inference 
             found = _collect(_infer(scratch, where, guard=guard), bodies)
             check_dims(found, model, where)
             tensors.update((k, v) for k, v in found.items() if v.is_static and not _static(tensors.get(k)))
+            if not isinstance(values, dict):
+                values = {}
+            if _fold(model, index, tensors, values):  # a later Loop's trip count from this one's stacked length
+                scratch = _with_constants(model, index, values)
+                rounds += 1
+                found = _collect(_infer(scratch, where, guard=guard), bodies)
+                check_dims(found, model, where)
+                tensors.update((k, v) for k, v in found.items() if v.is_static and not _static(tensors.get(k)))
             _infer_bodies(model, model.graph, tensors, values, where)
         pending = _unresolved(index, tensors)
     error = ""
@@ -977,7 +1067,9 @@ def _loop_outputs(graph: onnx.GraphProto, tensors: Mapping[str, TensorInfo], val
     """Shapes of Loop outputs that ONNX's inference leaves without one, where the body settles them:
     a loop-carried value whose body output has the static shape of its initial value keeps that
     shape; a scan output stacks the body's static output over the trip count, when the count is a
-    constant M and no condition can end the loop early."""
+    known M. Where a condition may end the loop early, M is its maximum, as the Loop's own count takes it
+    (both are upper bounds, which the Loop's count names: ``operators/control_flow.py``); a Loop without M
+    leaves its scan outputs open, and its count asks for ``--loop-trips``."""
     settled: dict[str, TensorInfo] = {}
     for node in graph.node:
         if node.op_type != "Loop" or node.domain not in ("", "ai.onnx"):
@@ -999,7 +1091,7 @@ def _loop_outputs(graph: onnx.GraphProto, tensors: Mapping[str, TensorInfo], val
             else:
                 trips = values.get(node.input[0]) if node.input[0] else None
                 count = int(np.asarray(trips).reshape(())) if trips is not None and np.size(trips) == 1 else -1
-                if count >= 0 and not (len(node.input) > 1 and node.input[1]):
+                if count >= 0:
                     settled[out] = TensorInfo(out, inner.elem_type, (count, *inner.shape))
     return settled
 
@@ -1236,8 +1328,12 @@ def _body_inputs(node: onnx.NodeProto, body: onnx.GraphProto, tensors: Mapping[s
 
 
 def _infer_bodies(model: ModelProto, graph: onnx.GraphProto, tensors: dict, values: Mapping, where: str) -> None:
-    """Infer shapes inside subgraphs whose inputs ONNX left untyped, as standalone graphs whose
-    inputs carry the outer node's types; recurses into nested bodies."""
+    """Infer shapes inside subgraphs whose inputs ONNX left untyped or typed with open dims, as standalone graphs
+    whose inputs carry the outer node's types (see :func:`_formal_inputs`); recurses into nested bodies.
+
+    A carried value (a Loop's or Scan's state) keeps the outer dims only if the body gives it back with the same
+    shape: one whose shape changes from one iteration to the next (a growing Concat) is inferred again with the
+    body's own declared type, so that the first iteration's shape is never taken for every iteration's."""
     for node in graph.node:
         if node.op_type not in _SUBGRAPH_OPS:
             continue
@@ -1245,44 +1341,92 @@ def _infer_bodies(model: ModelProto, graph: onnx.GraphProto, tensors: dict, valu
             for body in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
                 if all(tensors.get(o) is not None and tensors[o].is_static for n in body.node for o in n.output if o):
                     continue
-                sub = ModelProto(ir_version=model.ir_version)
-                sub.opset_import.extend(model.opset_import)
-                g = sub.graph
-                g.name = body.name or "body"
-                g.node.extend(body.node)
-                g.initializer.extend(body.initializer)
-                g.output.extend(body.output)
-                formal = _body_inputs(node, body, tensors)
-                for vi, t in zip(body.input, formal):
-                    declared = vi.type.tensor_type
-                    if t is not None and (not declared.HasField("shape") or not declared.elem_type):
-                        g.input.append(_value_info(vi.name, t))
-                    else:
-                        g.input.append(vi)
-                defined = {i.name for i in body.input} | {t.name for t in body.initializer}
-                defined |= {o for n in body.node for o in n.output}
-                outer_refs = {x for n in body.node for x in n.input if x and x not in defined}
-                from .graph import subgraph_outer_names
-
-                for n in body.node:
-                    outer_refs |= {x for x in subgraph_outer_names(n) if x not in defined}
-                for name in sorted(outer_refs):
-                    if name in values:
-                        g.initializer.append(numpy_helper.from_array(np.asarray(values[name]), name))
-                    else:
-                        g.input.append(_value_info(name, tensors.get(name)))
-                try:
-                    inferred = _infer(sub, where)
-                except ShapeError as e:  # leave the body as it is; its formulas will name the tensor
-                    if not str(e).startswith(f"{where}: ONNX shape inference failed"):
-                        raise  # a negative or oversized dim
-                    log.debug("%s: cannot infer the body of %s %r: %s", where, node.op_type, node.name, e)
+                inputs = _formal_inputs(body, _body_inputs(node, body, tensors))
+                found = _infer_body(model, node, body, inputs, tensors, values, where)
+                for _ in _carried(node, body):  # each pass gives at least one more state its declared type back
+                    if found is None:
+                        break
+                    changed = [k for k, out in _carried(node, body) if inputs[k] is not body.input[k]
+                               and _declared_shape(inputs[k]) != _found_shape(found.get(out))]
+                    if not changed:
+                        break
+                    inputs = [body.input[k] if k in changed else vi for k, vi in enumerate(inputs)]
+                    found = _infer_body(model, node, body, inputs, tensors, values, where)
+                if found is None:
                     continue
-                for name, info in _collect(inferred).items():
+                for name, info in found.items():
                     prev = tensors.get(name)
                     if prev is None or (not prev.is_static and (info.is_static or prev.shape is None)):
                         tensors[name] = info
                 _infer_bodies(model, body, tensors, values, where)
+
+
+def _found_shape(t: TensorInfo | None) -> tuple | None:
+    return None if t is None else t.shape
+
+
+def _formal_inputs(body: onnx.GraphProto, formal: Sequence[TensorInfo | None]) -> list[onnx.ValueInfoProto]:
+    """The body's inputs, typed from the outer node's (``formal``): a body input declared without a type takes the
+    outer one whole, and a declared dim that is symbolic or empty (tf2onnx's ``['unk__477', 300]`` for every Loop
+    state) takes the outer known dim. A dim the body declares as a number stays (the body says what it reads).
+    Where nothing is taken, the body's own input is returned (the same object)."""
+    out = []
+    for vi, t in zip(body.input, formal):
+        declared = _tensor_type(vi)
+        if t is None or vi.type.HasField("sequence_type"):
+            out.append(vi)
+        elif not declared.HasField("shape") or not declared.elem_type:
+            out.append(_value_info(vi.name, t))
+        else:
+            dims = _declared_shape(vi)
+            merged = dims if t.shape is None or len(t.shape) != len(dims) else tuple(
+                d if isinstance(d, int) and d > 0 else (o if isinstance(o, int) else d) for d, o in zip(dims, t.shape))
+            out.append(vi if merged == dims else _value_info(vi.name, TensorInfo(vi.name, declared.elem_type, merged)))
+    out.extend(body.input[len(out):])
+    return out
+
+
+def _carried(node: onnx.NodeProto, body: onnx.GraphProto) -> list[tuple[int, str]]:
+    """(body input index, body output name) of each value a Loop or Scan carries from one iteration to the next."""
+    if node.op_type == "Loop":
+        return [(2 + j, out.name) for j, out in enumerate(body.output[1:len(body.input) - 1])]
+    if node.op_type == "Scan":
+        m = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "num_scan_inputs"), 0)
+        return [(k, body.output[k].name) for k in range(min(len(node.input) - m, len(body.output)))]
+    return []
+
+
+def _infer_body(model: ModelProto, node: onnx.NodeProto, body: onnx.GraphProto, inputs: Sequence[onnx.ValueInfoProto],
+                tensors: Mapping[str, TensorInfo], values: Mapping, where: str) -> dict[str, TensorInfo] | None:
+    """The tensor infos of ``body`` inferred as a standalone graph with ``inputs`` and what it reads from enclosing
+    scopes (known values as initializers, else their types); None when ONNX's inference fails on it."""
+    sub = ModelProto(ir_version=model.ir_version)
+    sub.opset_import.extend(model.opset_import)
+    g = sub.graph
+    g.name = body.name or "body"
+    g.node.extend(body.node)
+    g.initializer.extend(body.initializer)
+    g.output.extend(body.output)
+    g.input.extend(inputs)
+    defined = {i.name for i in body.input} | {t.name for t in body.initializer}
+    defined |= {o for n in body.node for o in n.output}
+    outer_refs = {x for n in body.node for x in n.input if x and x not in defined}
+    from .graph import subgraph_outer_names
+
+    for n in body.node:
+        outer_refs |= {x for x in subgraph_outer_names(n) if x not in defined}
+    for name in sorted(outer_refs):
+        if name in values:
+            g.initializer.append(numpy_helper.from_array(np.asarray(values[name]), name))
+        else:
+            g.input.append(_value_info(name, tensors.get(name)))
+    try:
+        return _collect(_infer(sub, where))
+    except ShapeError as e:  # leave the body as it is; its formulas will name the tensor
+        if not str(e).startswith(f"{where}: ONNX shape inference failed"):
+            raise  # a negative or oversized dim
+        log.debug("%s: cannot infer the body of %s %r: %s", where, node.op_type, node.name, e)
+        return None
 
 
 # --------------------------------------------------------------------------------------------

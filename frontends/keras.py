@@ -525,7 +525,7 @@ def _convert(model, inputs: Sequence[_Input], training: bool, opset: int) -> onn
         output_names = [t.name for t in concrete.outputs if t.dtype != tf.dtypes.resource]
         try:
             converted, _ = tf2onnx.convert.from_graph_def(
-                _inlinable(concrete.graph.as_graph_def(add_shapes=True)), name=model.name,
+                _inlinable(_graph_def(concrete)), name=model.name,
                 input_names=input_names, output_names=output_names, opset=opset,
                 custom_op_handlers={**_random_handlers(), **_math_handlers()},
                 tensors_to_rename=tf2onnx.convert.tensor_names_from_structed(concrete, input_names, output_names),
@@ -617,6 +617,41 @@ def _captured_records(name: str, sink: list[logging.LogRecord]) -> Iterator[None
         logger.propagate = saved[1]
         for record in sink:
             log.debug("tf2onnx: %s", record.getMessage())
+
+
+_WHILE_OPS = frozenset({"While", "StatelessWhile"})
+
+
+def _graph_def(concrete):
+    """The traced graph as tf2onnx is given it. A graph with a while loop (Keras's recurrent layers: ``LSTM``,
+    ``GRU``, ``SimpleRNN``, ``Bidirectional``) has its function calls inlined first, with the loop kept as one
+    functional ``While`` (``lower_control_flow=False``, what tf2onnx's own ``from_function`` does): left to the
+    grappler run inside ``from_graph_def``, the loop is lowered to ``Enter``/``Exit`` frames whose
+    ``TensorListReserve``/``TensorListSetItem`` tf2onnx does not convert. tf2onnx then writes the loop as an ONNX
+    ``Loop`` (its trip count the sequence length, its condition the while test), which the count follows
+    (``flopcount/shapes.py`` settles the body's states and stacked outputs). The inlining helper's options are
+    looked up on it, so a TensorFlow that renames them falls back to the plain graph (and its one-line refusal)."""
+    graph_def = concrete.graph.as_graph_def(add_shapes=True)
+    ops = {node.op for node in graph_def.node} | {node.op for f in graph_def.library.function for node in f.node_def}
+    if not ops & _WHILE_OPS:
+        return graph_def
+    inline = _inliner()
+    options = {k: v for k, v in (("lower_control_flow", False), ("aggressive_inlining", True))
+               if inline is not None and k in inspect.signature(inline).parameters}
+    if "lower_control_flow" not in options:
+        log.debug("no convert_variables_to_constants_v2 with lower_control_flow: the while loop is left to tf2onnx")
+        return graph_def
+    return inline(concrete, **options).graph.as_graph_def(add_shapes=True)
+
+
+def _inliner():
+    """TensorFlow's ``convert_variables_to_constants_v2`` (the helper tf2onnx's own ``from_function`` calls), or
+    None where this TensorFlow has none: the while loop is then left to tf2onnx as it is."""
+    try:
+        from tensorflow.python.framework import convert_to_constants
+    except ImportError:
+        return None
+    return getattr(convert_to_constants, "convert_variables_to_constants_v2", None)
 
 
 def _inlinable(graph_def):

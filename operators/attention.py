@@ -113,7 +113,7 @@ def score_product_macs(ctx: NodeContext, macs: int) -> int:
     head; ``macs`` unchanged for any other MatMul or under ``--attention full``."""
     executed = ctx.convention.executed
     role = executed.role(ctx.name) if executed is not None else None
-    if role is None:
+    if role is None or role[0] not in ("scores", "values"):
         return macs
     kind, index = role
     scores = ctx.out_shape() if kind == "scores" else ctx.shape(0)

@@ -69,13 +69,17 @@ def loop(ctx: NodeContext, *, body, **_) -> Breakdown:
     shapes), else the count given with ``--loop-trips NODE=N``.
 
     A loop whose condition ends it before M iterations is counted as running M times (an upper
-    bound). A loop without M (a while loop) needs ``--loop-trips``.
+    bound), and its stacked (scan) outputs as M long (shape resolution takes them so), which bounds what
+    reads them too: the reason says so. A loop without M (a while loop) needs ``--loop-trips``.
     """
     trips = _loop_trips(ctx)
     per_iteration = ctx.subgraph_cost(body)
     counted = Breakdown(trips * per_iteration, (("body per iteration", per_iteration),))
     if ctx.trips is None and ctx.has_input(1):  # a condition may end the loop before M iterations
-        return Bound(counted, f"{trips} iterations counted; the loop's condition may end it earlier")
+        stacked = len(body.output) - 1 - (len(body.input) - 2)
+        what = "stacked output" if stacked == 1 else f"{stacked} stacked outputs"
+        also = f", and its {what} taken {trips} long" if stacked > 0 else ""
+        return Bound(counted, f"{trips} iterations counted{also}; the loop's condition may end it earlier")
     return counted
 
 

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from flopcount.context import NodeContext
 from flopcount.conventions import Convention
 from flopcount.cost import Cost
+from flopcount.masks import executed_entries, executed_reduction
 from flopcount.registry import backward, formula, saves, saves_nothing
 from flopcount.saved import BOOL_BYTES, NOTHING, Saved, keeps
 
@@ -97,10 +98,22 @@ def activation(convention: Convention, op_type: str, n: int, *, approximate: str
     return convention.primitives(per_element, n)
 
 
+def _elements(ctx: NodeContext) -> int:
+    """|Y|, or under ``--attention executed`` for a node on an eager attention's path (the scale, the mask's add,
+    the softcap, dropout: :func:`flopcount.masks.executed_entries`) the score entries a masked kernel computes."""
+    y = ctx.out_numel()
+    executed = ctx.convention.executed
+    if executed is None:
+        return y
+    kept = executed_entries(executed, ctx.name, ctx.out_shape())
+    return y if kept is None else kept.pairs
+
+
 def _cost(ctx: NodeContext, per_element: int, transcendentals: int, primitives: Mapping[str, int]) -> Cost:
     """``per_element`` FLOPs (and ``transcendentals``) per output element, or under a weighted convention
-    the ``primitives`` per output element at their weights; integers: ``per_element`` int_ops."""
-    y = ctx.out_numel()
+    the ``primitives`` per output element at their weights; integers: ``per_element`` int_ops. Under ``--attention
+    executed`` an eager attention's element-wise work runs over the kept score entries (:func:`_elements`)."""
+    y = _elements(ctx)
     if not ctx.in_is_float(0):
         return Cost(int_ops=per_element * y)
     if ctx.convention.weights is None:
@@ -193,18 +206,34 @@ def _broadcast_sum(ctx: NodeContext, i: int, y: int) -> int:
     return y - ctx.numel(i) if y else 0
 
 
+def _gradient_sum(ctx: NodeContext, i: int, y: int) -> int:
+    """:func:`_broadcast_sum`, or under ``--attention executed`` on an eager attention's path the kept entries
+    summed into input ``i`` (:func:`flopcount.masks.executed_reduction`); what the graph computes where the mask's
+    entries cannot be drawn."""
+    if ctx.convention.executed is not None and y != ctx.out_numel():
+        if ctx.numel(i) == ctx.out_numel():
+            return 0
+        summed = executed_reduction(ctx.convention.executed, ctx.name, ctx.out_shape(), ctx.shape(i))
+        return _broadcast_sum(ctx, i, ctx.out_numel()) if summed is None else summed
+    return _broadcast_sum(ctx, i, y)
+
+
 @backward(*ELEMENTWISE_BACKWARD)
 def elementwise_backward(ctx: NodeContext, **_) -> Cost:
     """FLOPs = Σ over inputs that need a gradient of (c_i·|Y| + |Y| − |X_i|): c_i per element by op
     (table ``ELEMENTWISE_BACKWARD``: Mul 1, Div 1 and 3, Sigmoid and Tanh 3, Relu 1, Add 0 ...),
     plus the sum of dY over broadcast dims.
+
+    Under ``--attention executed`` the element-wise nodes of an eager
+    attention run over the kept score entries, in the backward as in the forward (a masked kernel's gradient of a
+    pair it skipped is zero); the sums over broadcast dims then add the kept entries into the smaller input.
     """
-    y = ctx.out_numel()
+    y = _elements(ctx)
     per0, per1, trans = ELEMENTWISE_BACKWARD[ctx.op_type]
     flops = transcendentals = 0
     for i in range(len(ctx.inputs)):
         if ctx.needs_grad(i):
-            flops += (per0 if i == 0 else per1) * y + _broadcast_sum(ctx, i, y)
+            flops += (per0 if i == 0 else per1) * y + _gradient_sum(ctx, i, y)
             transcendentals += trans * y if i == 0 else 0
     return Cost(flops=flops, transcendentals=transcendentals)
 
@@ -213,7 +242,7 @@ def elementwise_backward(ctx: NodeContext, **_) -> Cost:
 def dropout_backward(ctx: NodeContext, **_) -> Cost:
     """FLOPs = |Y| (dY times mask/(1 − ratio)) when ``training_mode`` is a constant true, else 0."""
     mode = ctx.value(2) if ctx.has_input(2) else None
-    return Cost(flops=ctx.out_numel()) if mode is not None and bool(mode.reshape(-1)[0]) else Cost()
+    return Cost(flops=_elements(ctx)) if mode is not None and bool(mode.reshape(-1)[0]) else Cost()
 
 
 @backward("Shrink")

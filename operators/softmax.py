@@ -21,6 +21,7 @@ from math import prod
 from flopcount.context import NodeContext
 from flopcount.conventions import Convention
 from flopcount.cost import Cost
+from flopcount.masks import executed_entries
 from flopcount.registry import backward, formula, saves, saves_nothing
 from flopcount.saved import NOTHING, Saved, keeps
 
@@ -54,8 +55,29 @@ def softmax(ctx: NodeContext, *, axis: int = -1, **_) -> Cost:
     n = X.shape[axis] from opset 13 on; before opset 13, X is coerced to 2-D at ``axis`` and
     n = prod(X.shape[axis:]). Nothing else is counted. Weighted conventions price each operation
     (``aiperf``: R·(15n − 2)).
+
+    Under ``--attention executed`` the Softmax of an eager attention runs over the kept score entries: E entries
+    in R non-empty rows cost E − R comparisons, 2E − R additions, E exps and E divisions (5E − 2R flat), as a
+    masked kernel computes them (:func:`flopcount.masks.executed_entries`).
     """
+    kept = _executed(ctx, axis)
+    if kept is not None:
+        if kept.rows == 0:
+            return Cost()
+        return ctx.convention.weighted(cmp=kept.pairs - kept.rows, add=2 * kept.pairs - kept.rows,
+                                       exp=kept.pairs, div=kept.pairs)
     return softmax_rows(ctx.convention, *_rows(ctx, axis))
+
+
+def _executed(ctx: NodeContext, axis: int):
+    """The kept score entries and rows of an eager attention's Softmax (over the last axis, from opset 13 on)
+    under ``--attention executed``, or None."""
+    if ctx.convention.executed is None or ctx.opset < 13:
+        return None
+    shape = ctx.shape(0)
+    if not shape or axis % len(shape) != len(shape) - 1:
+        return None
+    return executed_entries(ctx.convention.executed, ctx.name, shape)
 
 
 @formula("LogSoftmax", family="softmax")
@@ -96,9 +118,17 @@ def hardmax_backward(ctx: NodeContext, **_) -> Cost:
 @backward("Softmax")
 def softmax_backward(ctx: NodeContext, *, axis: int = -1, **_) -> Cost:
     """FLOPs = R·(4n − 1): dX = Y·(dY − Σ dY·Y) per row: n products, n − 1 additions, n
-    subtractions, n products."""
+    subtractions, n products.
+
+    Under ``--attention executed``, for an eager attention: 4E − R over its E kept entries in R rows (as the
+    forward)."""
+    if not ctx.needs_grad(0):
+        return Cost()
+    kept = _executed(ctx, axis)
+    if kept is not None:
+        return Cost(flops=4 * kept.pairs - kept.rows)
     rows, n = _rows(ctx, axis)
-    return Cost(flops=rows * (4 * n - 1)) if ctx.needs_grad(0) and n else Cost()
+    return Cost(flops=rows * (4 * n - 1)) if n else Cost()
 
 
 @backward("LogSoftmax")

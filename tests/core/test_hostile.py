@@ -523,3 +523,46 @@ def test_expand_before_slice(tmp_path, tail, code, fragments):
     r = subprocess.run([sys.executable, "-m", "flopcount", str(path)], capture_output=True, text=True, timeout=120)
     assert r.returncode == code, r.stderr
     assert r.stderr.count("\n") == (1 if code else 0) and all(f in r.stderr for f in fragments), r.stderr
+
+
+def deep_guarded_chain(depth: int, kernel: int = 2):
+    """``depth`` times MaxPool (kernel k, stride 1: each side shrinks by k − 1) then Slice [0:H−1] on the last two
+    axes: every Slice is at risk (a pool precedes it), at guard depths 1 … ``depth``."""
+    nodes, x = [], "x"
+    for i in range(depth):
+        nodes += [N("MaxPool", [x], [f"p{i}"], kernel_shape=[kernel, kernel]),
+                  N("Slice", [f"p{i}", "st", "en", "ax"], [f"s{i}"], name=f"cut{i}")]
+        x = f"s{i}"
+    side = 2 * depth * (kernel - 1) + 3
+    return model(nodes, {"x": (1, 1, side, side)}, [x], [const("st", [0, 0]), const("en", [-1, -1]),
+                                                           const("ax", [2, 3])]), side
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the inference child needs fork")
+def test_the_slice_guard_infers_once_however_deep(monkeypatch):
+    # 40 Slices at risk, one after the other: inferred depth by depth that was 41 inferences; now one, in a child
+    depth = 40
+    m, side = deep_guarded_chain(depth)
+    assert max(shapes._guard_depths(m.graph)) == depth
+    plain = []
+    real = shapes._infer_plain
+    monkeypatch.setattr(shapes, "_infer_plain", lambda *a, **k: plain.append(1) or real(*a, **k))
+    inferred = shapes._infer(m, "m.onnx")
+    assert plain == []  # nothing inferred in this process, depth by depth or otherwise
+    out = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim] for vi in inferred.graph.output}
+    assert out[f"s{depth - 1}"] == [1, 1, side - 2 * depth, side - 2 * depth]  # each pool −1, each Slice −1
+    monkeypatch.setenv("FLOPCOUNT_PARALLEL", "0")  # no child allowed: depth by depth, as before
+    shapes._infer(m, "m.onnx")
+    assert len(plain) == depth + 1
+
+
+def test_a_wrong_dim_deep_in_a_guarded_chain_is_still_an_error_not_an_abort(tmp_path):
+    # the last pool's window outgrows its input: a negative dim that the Slice after it would abort on
+    m, side = deep_guarded_chain(6)
+    m.graph.node[-2].attribute[0].ints[:] = [9, 9]
+    m.graph.node[-2].name = "last_pool"
+    path = tmp_path / "m.onnx"
+    path.write_bytes(m.SerializeToString())
+    r = subprocess.run([sys.executable, "-m", "flopcount", str(path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 5, r.stderr
+    assert r.stderr.count("\n") == 1 and "node 'last_pool' (MaxPool)" in r.stderr, r.stderr

@@ -151,3 +151,48 @@ def test_executed_backward_runs_the_kept_pairs(kind):
     kept = brute_force(B, S, S, causal=True).pairs
     assert full.backward.flops == 2 * 2 * B * HEADS * S * S * (E + EV)
     assert executed.backward.flops == 2 * 2 * HEADS * kept * (E + EV)
+
+
+def test_executed_eager_attention_runs_every_term_over_the_kept_pairs():
+    """Under the default convention the scale, the mask's add and the Softmax of an eager attention run over the
+    pairs the causal mask keeps, forward and backward, as the products do; the mask's own construction (Trilu,
+    Sub, Mul on the [S, S] constants) is not on the scores' path and counts whole."""
+    kept = brute_force(B, S, S, causal=True)
+    entries, rows = HEADS * kept.pairs, HEADS * kept.rows  # over the batch and every head
+    full_entries, full_rows = B * HEADS * S * S, B * HEADS * S
+    report = flopcount.count(eager_model("trilu"), attention="executed", mode="train",
+                             trainable_inputs=["q", "k", "v"])
+    scores_shape = (B, HEADS, S, S)
+    by_op = {}
+    for n in report.nodes:
+        on_path = n.outputs[0].shape == scores_shape or n.op_type == "Softmax"
+        by_op.setdefault((n.op_type, on_path), []).append(n)
+    (scale,), (add,), (softmax,) = by_op[("Mul", True)], by_op[("Add", True)], by_op[("Softmax", True)]
+    assert scale.cost.flops == entries and add.cost.flops == entries
+    assert softmax.cost.flops == 5 * entries - 2 * rows  # per row of n kept: n − 1 max, 2n − 1 adds, n exps, n divs
+    assert softmax.cost.transcendentals == entries
+    assert softmax.backward.flops == 4 * entries - rows  # dX = Y·(dY − Σ dY·Y): 4n − 1 per row
+    assert scale.backward.flops == entries  # d(s·c) = dY·c
+    # the mask [S, S] is built from float initializers, parameters here: its gradient sums the kept entries of
+    # every sequence and head into the S(S+1)/2 positions they come from
+    assert add.backward.flops == entries - S * (S + 1) // 2
+    (mask_mul,) = by_op[("Mul", False)]
+    assert mask_mul.cost.flops == S * S  # the mask's construction, off the path: whole
+    products = 2 * entries * (E + EV)
+    mask_build = sum(n.cost.flops for n in report.nodes if n.op_type in ("Trilu", "Sub")) + S * S
+    assert report.forward.flops == products + 2 * entries + 5 * entries - 2 * rows + mask_build
+    on_path = [n for n in report.nodes if n.op_type in ("MatMul", "Softmax") or n in (scale, add)]
+    assert sum(n.backward.flops for n in on_path) == 2 * products + entries + 4 * entries - rows + add.backward.flops
+    full = flopcount.count(eager_model("trilu"), mode="train", trainable_inputs=["q", "k", "v"])
+    full_softmax = next(n for n in full.nodes if n.op_type == "Softmax")
+    assert full_softmax.cost.flops == full_rows * (5 * S - 2) == 5 * full_entries - 2 * full_rows
+    assert full_softmax.backward.flops == full_rows * (4 * S - 1)
+    full_add = next(n for n in full.nodes if n.op_type == "Add")
+    assert full_add.cost.flops == full_entries and full_add.backward.flops == full_entries - S * S
+
+
+def test_executed_eager_attention_whose_mask_is_data_counts_every_term_full():
+    report = flopcount.count(eager_model("input"), attention="executed")
+    softmax = next(n for n in report.nodes if n.op_type == "Softmax")
+    assert softmax.cost.flops == B * HEADS * S * (5 * S - 2)
+    assert next(n for n in report.nodes if n.op_type == "Add").cost.flops == B * HEADS * S * S

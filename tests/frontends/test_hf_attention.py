@@ -125,3 +125,20 @@ def test_training_backward_runs_the_causal_pairs():
     saved = LAYERS * 2 * 2 * (s * s - s * (s + 1) // 2) * H  # Q·Kᵀ and probs·V over the masked pairs
     assert full.forward.flops - executed.forward.flops == saved
     assert full.backward.flops - executed.backward.flops == 2 * saved  # two gradient products per product
+
+
+def test_executed_llama_runs_every_term_over_the_causal_pairs():
+    """Default convention, forward and backward: the eager graph's scale (Mul), causal mask Add and Softmax run over
+    the kept pairs as the products do. Per layer and head, of the s·s score entries the causal mask drops
+    m = s·s − s(s + 1)/2: the products 2·2·m·head size, the scale and the add 1 each, the Softmax 5 each (its 2
+    per row stay: every row keeps its diagonal); backward: the products twice, the scale 1, the Softmax 4 each."""
+    s = 9
+    kw = dict(cache_dir=False, mode="train")
+    full = flopcount.from_hf(llama(), (1, s), **kw)
+    executed = flopcount.from_hf(llama(), (1, s), attention="executed", **kw)
+    dropped = s * s - window_pairs(s, None)
+    products = LAYERS * 2 * 2 * dropped * H
+    assert full.forward.flops - executed.forward.flops == products + LAYERS * HEADS * dropped * (1 + 1 + 5)
+    assert full.backward.flops - executed.backward.flops == 2 * products + LAYERS * HEADS * dropped * (1 + 4)
+    softmax = [n for n in executed.nodes if n.op_type == "Softmax"]
+    assert len(softmax) == LAYERS and all(n.cost.flops == HEADS * (5 * window_pairs(s, None) - 2 * s) for n in softmax)

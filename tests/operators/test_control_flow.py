@@ -231,3 +231,79 @@ def test_negative_trip_counts_are_refused():
         flopcount.count(loop_model(-3))
     with pytest.raises(flopcount.UsageError, match="non-negative integers"):
         flopcount.count(loop_model(None), loop_trips={"steps": -1})
+
+
+# --- Loops as exporters write them (tf2onnx: every state declared ['unk__N', H], M and a condition) --------------
+
+
+def declared_loop(body_nodes, body_outputs, outputs, downstream, state_dims=("unk__477", 6), cond=True):
+    """Loop(M = 4, a condition computed at run time, h0 = x[3, 6]) whose body declares its carried state with
+    ``state_dims`` (tf2onnx writes a symbolic first dim), followed by ``downstream``."""
+    body = body_graph(
+        [*body_nodes, N("Identity", ["c_in"], ["c_out"])],
+        [("i", TensorProto.INT64, []), ("c_in", TensorProto.BOOL, []), ("h_in", F, list(state_dims))],
+        [("c_out", TensorProto.BOOL, []), *[(n, F, ["unk__478", 6]) for n in body_outputs]],
+    )
+    nodes = [N("Loop", ["M", "cond" if cond else "", "x"], outputs, body=body, name="loop"), *downstream]
+    m = model(nodes, {"x": (3, 6)}, [n.output[0] for n in downstream], [weight("W", (6, 6)), const("M", 4)])
+    if cond:
+        m.graph.input.append(helper.make_tensor_value_info("cond", TensorProto.BOOL, []))
+    return m
+
+
+@pytest.mark.parametrize("state_dims", [pytest.param(("unk__477", 6), id="symbolic"),
+                                        pytest.param((None, 6), id="empty"),
+                                        pytest.param(("unk__477", "unk__479"), id="both-symbolic")])
+def test_a_state_declared_with_open_dims_takes_the_outer_known_ones(state_dims):
+    # h = h @ W[6, 6] over M = 4 iterations of x[3, 6]: the body's 'unk__477' is the outer 3
+    m = declared_loop([N("MatMul", ["h_in", "W"], ["h_out"])], ["h_out"], ["h"], [N("Relu", ["h"], ["y"], name="after")],
+                      state_dims=state_dims, cond=False)
+    by = {n.name: n for n in flopcount.count(m).nodes}
+    assert by["loop"].cost.flops == 4 * 2 * 3 * 6 * 6
+    assert by["after"].outputs[0].shape == (3, 6) and by["after"].cost.flops == 3 * 6
+
+
+def test_a_state_the_body_gives_back_with_another_shape_keeps_its_open_dim():
+    # h = Concat(h, h) doubles each iteration: 3 rows only in the first one, so Relu(h) in the body has no one shape
+    m = declared_loop([N("Concat", ["h_in", "h_in"], ["h_out"], axis=0), N("Relu", ["h_out"], ["r"], name="grow")],
+                      ["h_out"], ["h"], [N("Identity", ["h"], ["y"])], cond=False)
+    with pytest.raises(flopcount.ShapeError, match="'grow'"):
+        flopcount.count(m)
+
+
+def stacked_loops():
+    """Two Loops as tf2onnx writes stacked recurrent layers: the first stacks Relu(h @ W) over its M = 4 trips (a
+    condition may end it earlier), the second runs once per row of that stack (M = Shape(stack)[0])."""
+    first = declared_loop([N("MatMul", ["h_in", "W"], ["h_out"]), N("Relu", ["h_out"], ["s"])], ["h_out", "s"],
+                          ["h", "stack"], [])
+    body2 = body_graph(
+        [N("Gather", ["stack", "j"], ["row"], axis=0), N("Add", ["g_in", "row"], ["g_out"]),
+         N("Identity", ["c_in"], ["c_out"])],
+        [("j", TensorProto.INT64, []), ("c_in", TensorProto.BOOL, []), ("g_in", F, ["unk__480", 6])],
+        [("c_out", TensorProto.BOOL, []), ("g_out", F, ["unk__481", 6])],
+    )
+    g = first.graph
+    g.node.extend([
+        N("Shape", ["stack"], ["shape"]), N("Gather", ["shape", "zero"], ["M2"], axis=0),
+        N("Loop", ["M2", "cond", "x"], ["g"], body=body2, name="second"),
+    ])
+    g.initializer.append(const("zero", 0))
+    g.output.append(helper.make_tensor_value_info("g", F, None))
+    return first
+
+
+def test_a_stacked_output_takes_the_maximum_trip_count_as_its_length_and_says_so():
+    # the stack is M = 4 long at most; the second Loop's trip count follows from it without --loop-trips
+    r = flopcount.count(stacked_loops())
+    by = {n.name: n for n in r.nodes}
+    assert by["loop"].cost.flops == 4 * (2 * 3 * 6 * 6 + 3 * 6)
+    assert by["second"].cost.flops == 4 * 3 * 6
+    assert r.upper_bounds["Loop"][0] == 2
+    assert "its stacked output taken 4 long" in by["loop"].bound and "condition may end it earlier" in by["loop"].bound
+
+
+def test_a_stacked_output_of_a_loop_without_a_trip_count_still_asks_for_it_by_name():
+    m = stacked_loops()
+    m.graph.node[0].input[0] = ""  # the first Loop: a while loop (no M)
+    with pytest.raises(flopcount.ShapeError, match=r"--loop-trips loop=N"):
+        flopcount.count(m)
