@@ -1,13 +1,13 @@
 """Generation counted from the graphs of a causal LM (``--generate P:N``, ``from_hf(..., generate=(P, N))``,
-:func:`from_causal_lm` for any PyTorch causal LM that takes ``past_key_values``).
+:func:`from_causal_lm` for any PyTorch causal LM whose ``forward`` takes a KV cache).
 
 Two kinds of graph are exported and counted exactly, as :func:`flopcount.from_torch` counts any module:
 
 * the prefill: ``forward(input_ids[B, P], logits_to_keep=1)`` (where ``forward`` takes ``logits_to_keep``),
   the logits of the last position only, as ``generate()`` computes them;
 * a decode step: one token per sequence over a KV cache of L positions, exported *with the cache as graph
-  inputs* (a module that rebuilds the model's cache object from them and calls the model with
-  ``past_key_values``). Its cost is affine in the context c = L + 1 (see :mod:`flopcount.generation`): the step
+  inputs* (a module that rebuilds the model's cache object from them and passes it as the model's cache argument,
+  see :func:`cache_argument`). Its cost is affine in the context c = L + 1 (see :mod:`flopcount.generation`): the step
   is counted at the first and last contexts of the run and, with four or more steps, checked at a third
   context between them; the N − 1 steps are then summed exactly. A step that is not affine (a sliding window
   that crops the cache) is refused with that reason.
@@ -28,7 +28,7 @@ from flopcount.generation import DecodePiece, Generation, affine_steps, check_ge
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CacheLayout", "cache_layout", "decode_step_module", "from_causal_lm"]
+__all__ = ["CacheLayout", "cache_argument", "cache_layout", "decode_step_module", "from_causal_lm"]
 
 
 def from_causal_lm(model, generate: tuple[int, int], *, batch: int = 1, cache_dir=None, breakpoints=(),
@@ -39,8 +39,9 @@ def from_causal_lm(model, generate: tuple[int, int], *, batch: int = 1, cache_di
     Parameters
     ----------
     model : torch.nn.Module
-        A causal LM whose ``forward`` takes ``input_ids`` and ``past_key_values`` and returns logits (a
-        transformers ``...ForCausalLM``, or any module with that interface); on the meta device it costs no memory.
+        A causal LM whose ``forward`` takes ``input_ids`` and a KV cache (:func:`cache_argument`) and returns
+        logits (a transformers ``...ForCausalLM``, or any module with that interface); on the meta device it costs
+        no memory.
     generate : (P, N)
         Prompt tokens and new tokens, both at least 1.
     batch : int
@@ -61,9 +62,10 @@ def from_causal_lm(model, generate: tuple[int, int], *, batch: int = 1, cache_di
     count_kwargs.pop("batch", None)
     torch = _torch()
     parameters = _forward_parameters(model)
-    if "past_key_values" not in parameters or "input_ids" not in parameters:
-        raise UsageError(f"generate: {type(model).__name__}.forward takes no input_ids and past_key_values: it is not "
-                         "a causal LM with a KV cache; count it without --generate")
+    if "input_ids" not in parameters or cache_argument(model) is None:
+        raise UsageError(f"generate: {type(model).__name__}.forward takes no input_ids and no KV cache argument "
+                         f"({_cache_names_hint()}): it is not a causal LM with a KV cache; count it without --generate")
+    layout = cache_layout(model, batch, prompt)  # before the prefill's export: a model without a KV cache stops here
     ids = ((batch, prompt), torch.int64)
     prefill_inputs: dict[str, Any] = {"input_ids": ids}
     if "use_cache" in parameters:
@@ -71,8 +73,6 @@ def from_causal_lm(model, generate: tuple[int, int], *, batch: int = 1, cache_di
     if "logits_to_keep" in parameters:
         prefill_inputs["logits_to_keep"] = 1
     report = from_torch(model, prefill_inputs, cache_dir=cache_dir, batch=batch, **count_kwargs)
-
-    layout = cache_layout(model, batch, prompt)
     step = decode_step_module(model, layout)
     contexts = context_lengths(prompt, new)
 
@@ -153,17 +153,17 @@ def cache_layout(model, batch: int, prompt: int) -> CacheLayout:
     except Exception as e:  # noqa: BLE001 - the model's own code may raise anything
         raise FrontendError(f"generate: {type(model).__name__} cannot run {prompt} prompt tokens to show its KV "
                             f"cache: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
-    cache = getattr(out, "past_key_values", None)
-    if cache is None and isinstance(out, tuple) and len(out) > 1:
-        cache = out[1]
+    cache = _output_cache(out, cache_argument(model))
     layers = getattr(cache, "layers", None)
-    if layers is not None:
+    if layers is not None and all(isinstance(getattr(layer, "keys", None), torch.Tensor)
+                                  and isinstance(getattr(layer, "values", None), torch.Tensor) for layer in layers):
         pairs, kind = [(layer.keys, layer.values) for layer in layers], "dynamic"
     elif isinstance(cache, (tuple, list)) and all(isinstance(p, (tuple, list)) and len(p) == 2 for p in cache):
         pairs, kind = [tuple(p) for p in cache], "tuple"
     else:
-        raise UsageError(f"generate: {type(model).__name__} returns no KV cache (past_key_values) from its forward; "
-                         "it is not a causal LM that generate() runs with a cache")
+        raise UsageError(f"generate: {type(model).__name__} returns no KV cache ({_cache_names_hint()}) from its "
+                         "forward, or one of another kind than keys and values per layer; it is not a causal LM that "
+                         "generate() runs with a KV cache")
     names, tensors = [], []
     for i, pair in enumerate(pairs):
         for which, t in zip(("key", "value"), pair):
@@ -181,6 +181,7 @@ def decode_step_module(model, layout: CacheLayout):
     at position L over the cache tensors of L positions (key, value per layer), logits of that token."""
     torch = _torch()
     parameters = _forward_parameters(model)
+    argument = cache_argument(model)
     extra = {"use_cache": True} if "use_cache" in parameters else {}
     if "logits_to_keep" in parameters:
         extra["logits_to_keep"] = 1
@@ -199,7 +200,8 @@ def decode_step_module(model, layout: CacheLayout):
                 kwargs["position_ids"] = position.unsqueeze(0).expand(input_ids.shape[0], -1)
             if "cache_position" in parameters:
                 kwargs["cache_position"] = position
-            out = self.lm(input_ids=input_ids, past_key_values=past, **kwargs)
+            kwargs[argument] = past
+            out = self.lm(input_ids=input_ids, **kwargs)
             return out.logits if hasattr(out, "logits") else out[0]
 
     DecodeStep.__name__ = DecodeStep.__qualname__ = f"{type(model).__name__}DecodeStep"
@@ -213,15 +215,105 @@ def _rebuild_cache(model, kind: str, cache: tuple):
     from transformers import DynamicCache
 
     config = getattr(model, "config", None)
-    past = DynamicCache(config=config) if config is not None else DynamicCache()
+    takes_config = "config" in _parameters(DynamicCache.__init__)
+    past = DynamicCache(config=config) if config is not None and takes_config else DynamicCache()
     for i, (k, v) in enumerate(pairs):
         past.update(k, v, i)
     return past
 
 
-def _forward_parameters(model) -> dict:
+#: The name plain PyTorch causal LMs (not transformers models) give their cache argument, the last one tried.
+CONVENTIONAL_CACHE_ARGUMENT = "past_key_values"
+
+
+def cache_argument(model) -> str | None:
+    """The name of the parameter of ``model.forward`` that takes its KV cache, found from the model and the
+    installed transformers, never from one release of it: the first of the names transformers' own generation
+    passes the cache under (``generation.utils.ALL_CACHE_NAMES``: ``past_key_values`` up to 5.23, ``cache`` from
+    5.24) that ``forward`` takes; else a parameter annotated with transformers' ``Cache``; else
+    :data:`CONVENTIONAL_CACHE_ARGUMENT` where ``forward`` takes it. None where ``forward`` takes no cache."""
+    parameters = _forward_parameters(model)
+    for name in _transformers_cache_names():
+        if name in parameters:
+            return name
+    cache_class = _transformers_cache_class()
+    if cache_class is not None:
+        for name, parameter in parameters.items():
+            if _annotates(parameter.annotation, cache_class):
+                return name
+    return CONVENTIONAL_CACHE_ARGUMENT if CONVENTIONAL_CACHE_ARGUMENT in parameters else None
+
+
+def _transformers_cache_names() -> tuple[str, ...]:
+    """The names transformers' ``generate()`` passes and reads the cache under, as the installed release has them
+    (empty without transformers)."""
     try:
-        return dict(inspect.signature(model.forward).parameters)
+        from transformers.generation import utils
+    except ImportError:
+        return ()
+    return tuple(name for name in getattr(utils, "ALL_CACHE_NAMES", ()) if isinstance(name, str))
+
+
+def _transformers_cache_class():
+    try:
+        from transformers import Cache
+    except ImportError:
+        return None
+    return Cache
+
+
+def _annotates(annotation, cls) -> bool:
+    """Whether ``annotation`` (``Cache``, ``Cache | None``, ``Optional[DynamicCache]``, a string of one) names
+    ``cls`` or a subclass of it."""
+    import typing
+
+    if isinstance(annotation, str):
+        return cls.__name__ in annotation
+    if isinstance(annotation, type):
+        return issubclass(annotation, cls)
+    return any(_annotates(a, cls) for a in typing.get_args(annotation))
+
+
+def _cache_names_hint() -> str:
+    names = dict.fromkeys((*_transformers_cache_names(), CONVENTIONAL_CACHE_ARGUMENT))
+    version = _transformers_version()
+    return (" or ".join(names) + " or a parameter annotated as transformers' Cache"
+            + (f", as transformers {version} names it" if version else ""))
+
+
+def _transformers_version() -> str | None:
+    try:
+        import transformers
+    except ImportError:
+        return None
+    return getattr(transformers, "__version__", None)
+
+
+def _output_cache(out, argument: str | None):
+    """The cache in the output of ``forward``: the field named as the cache argument or as transformers' generation
+    reads it back, else any field holding a transformers ``Cache``, else the second item of a plain tuple."""
+    names = dict.fromkeys((*((argument,) if argument else ()), *_transformers_cache_names()))
+    for name in names:
+        value = out.get(name) if isinstance(out, dict) else getattr(out, name, None)
+        if value is not None:
+            return value
+    cache_class = _transformers_cache_class()
+    if cache_class is not None and isinstance(out, dict):
+        for value in out.values():
+            if isinstance(value, cache_class):
+                return value
+    if isinstance(out, tuple) and len(out) > 1:
+        return out[1]
+    return None
+
+
+def _forward_parameters(model) -> dict:
+    return _parameters(getattr(model, "forward", None))
+
+
+def _parameters(function) -> dict:
+    try:
+        return dict(inspect.signature(function).parameters)
     except (TypeError, ValueError):
         return {}
 

@@ -624,9 +624,16 @@ def _torchscript(torch, module, inputs, names, opset, training: bool, dynamic_ba
 
     Constant folding is off: in eval mode it would fold BatchNormalization into Conv.
     """
+    from flopcount.models.export import onnx_export
+
     buffer = io.BytesIO()
-    mode = torch.onnx.TrainingMode.TRAINING if training else torch.onnx.TrainingMode.EVAL
-    torch.onnx.export(
+    modes = getattr(torch.onnx, "TrainingMode", None)
+    if modes is None:
+        raise FrontendError(f"{FRONTEND}: torch {torch.__version__} has no torch.onnx.TrainingMode, which the "
+                            "TorchScript exporter needs to export in a chosen mode")
+    mode = modes.TRAINING if training else modes.EVAL
+    onnx_export(
+        torch,
         module,
         inputs,
         buffer,

@@ -44,6 +44,7 @@ __all__ = [
     "export_weightless",
     "main",
     "make_weightless",
+    "onnx_export",
     "strip_metadata",
 ]
 
@@ -249,6 +250,31 @@ def check_batch_agnostic(model: onnx.ModelProto, batch: int = 8) -> onnx.ModelPr
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def onnx_export(torch: Any, module: Any, args: Any, *positional: Any, **options: Any) -> Any:
+    """``torch.onnx.export(module, args, *positional, **options)``, where the installed torch takes every option by
+    that name. A release that renamed or dropped one (the TorchScript exporter's ``dynamo=False``,
+    ``dynamic_axes``, ``training`` ...) gets a :class:`flopcount.errors.FrontendError` naming torch's version and
+    the options it lacks, instead of a ``TypeError`` from inside the exporter."""
+    import inspect
+
+    from flopcount.errors import FrontendError
+
+    export = torch.onnx.export
+    try:
+        accepted = inspect.signature(export).parameters
+    except (TypeError, ValueError):  # no signature to read: let the exporter itself judge
+        return export(module, args, *positional, **options)
+    if not any(p.kind is p.VAR_KEYWORD for p in accepted.values()):
+        missing = [name for name in options if name not in accepted]
+        if missing:
+            raise FrontendError(
+                f"torch {getattr(torch, '__version__', '?')}: torch.onnx.export takes no {', '.join(missing)} "
+                "argument; flopcount's exporters need them (CI runs torch 2.13 and the newest CPU build); install "
+                "a torch whose exporter has them, or export the model yourself and count the .onnx file"
+            )
+    return export(module, args, *positional, **options)
+
+
 def export_dynamo(
     module: torch.nn.Module,
     example_inputs: tuple[torch.Tensor, ...],
@@ -271,7 +297,8 @@ def export_dynamo(
     # x[:1] first: expand() only grows a dimension of size 1, and the examples may have any batch size.
     traced = tuple(x[:1].expand(_TRACE_BATCH, *x.shape[1:]).contiguous() for x in example_inputs)
     batch = torch.export.Dim(_BATCH_DIM)
-    program = torch.onnx.export(
+    program = onnx_export(
+        torch,
         module,
         traced,
         input_names=list(input_names),
@@ -403,7 +430,8 @@ def export_torchscript(
     buffer = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        torch.onnx.export(
+        onnx_export(
+            torch,
             module,
             example_inputs,
             buffer,

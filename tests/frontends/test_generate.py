@@ -250,3 +250,61 @@ def test_from_causal_lm_with_a_tuple_cache():
     assert g.prefill.flops == forward(p, p)  # no logits_to_keep: the head runs on every prompt token
     assert g.decode.flops == sum(forward(1, c) for c in range(p + 1, p + n))
     assert dict(g.kv_cache_bytes) == {"float32": 2 * (p + n - 1) * width * 4}
+
+
+def test_cache_argument_is_the_one_generate_passes():
+    """The cache argument is found from the model and the installed transformers (``past_key_values`` up to 5.23,
+    ``cache`` from 5.24): it is the keyword under which transformers' own ``generate()`` hands the model its cache."""
+    from flopcount.frontends.generate import cache_argument
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(llama_config()).eval()
+    passed = []
+
+    def record(module, args, kwargs):
+        passed.append({k for k, v in kwargs.items() if isinstance(v, transformers.Cache)})
+
+    handle = model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        ids = torch.randint(1, VOCAB, (1, 3))
+        with torch.no_grad():
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, min_new_tokens=2,
+                           do_sample=False, pad_token_id=0)
+    finally:
+        handle.remove()
+    (name,) = set.union(*passed)  # one keyword, the same at every step
+    assert cache_argument(model) == name
+
+
+class MemoCacheLM(torch.nn.Module):
+    """A one-layer causal LM of its own whose cache argument has a name of its own, annotated as transformers'
+    ``Cache``: a ``DynamicCache`` it fills and returns beside the logits."""
+
+    def __init__(self, vocab=23, width=12):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, width)
+        self.qkv = torch.nn.Linear(width, 3 * width, bias=False)
+        self.head = torch.nn.Linear(width, vocab, bias=False)
+
+    def forward(self, input_ids, memo: transformers.Cache | None = None):
+        x = self.embed(input_ids)
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        memo = transformers.DynamicCache() if memo is None else memo
+        k, v = memo.update(k.unsqueeze(1), v.unsqueeze(1), 0)  # [B, 1 head, positions, width]
+        scores = q @ k.squeeze(1).transpose(1, 2)
+        s, t = scores.shape[-2:]
+        causal = torch.ones(s, t, dtype=torch.bool, device=x.device).tril(t - s)
+        y = scores.masked_fill(~causal, float("-inf")).softmax(-1) @ v.squeeze(1)
+        return self.head(y), memo
+
+
+def test_from_causal_lm_finds_a_cache_argument_by_its_annotation():
+    p, n, vocab, width = 4, 3, 23, 12
+    g = flopcount.from_causal_lm(MemoCacheLM(vocab, width), (p, n), convention="dense", cache_dir=False).generation
+
+    def forward(s, t):  # s new tokens over t positions: QKV, QKᵀ and AV, the head on every new token
+        return 2 * s * width * 3 * width + 2 * 2 * s * t * width + 2 * s * width * vocab
+
+    assert g.prefill.flops == forward(p, p)
+    assert g.decode.flops == sum(forward(1, c) for c in range(p + 1, p + n))
+    assert dict(g.kv_cache_bytes) == {"float32": 2 * (p + n - 1) * width * 4}

@@ -246,3 +246,26 @@ def test_an_export_leaves_no_thread_that_would_stop_the_inference_fork(tmp_path)
     before = set(threading.enumerate())  # threads other tests left are not this export's
     export.export_weightless(torch.nn.Linear(4, 2), torch.zeros(2, 4), tmp_path / "linear.onnx")
     assert [t.name for t in threading.enumerate() if t not in before] == []
+
+
+
+def test_onnx_export_names_the_torch_version_and_the_options_it_lacks():
+    """A torch whose ``torch.onnx.export`` lost options flopcount passes (as a release that drops the TorchScript
+    exporter would): one line naming that torch's version and the options, never a TypeError from inside it."""
+    import types
+
+    from flopcount.errors import FrontendError
+
+    calls = []
+
+    def onnx_export(model, args, f=None, *, input_names=None, opset_version=None, dynamo=True):
+        calls.append((model, args, f, input_names, opset_version, dynamo))
+        return "program"
+
+    fake = types.SimpleNamespace(__version__="9.0.0", onnx=types.SimpleNamespace(export=onnx_export))
+    with pytest.raises(FrontendError, match=r"^torch 9\.0\.0: torch\.onnx\.export takes no dynamic_axes, training "
+                                            r"argument; .*install a torch"):
+        export.onnx_export(fake, "m", ("x",), None, opset_version=18, dynamo=False, dynamic_axes={}, training=1)
+    assert calls == []  # refused before the exporter ran
+    assert export.onnx_export(fake, "m", ("x",), None, input_names=["x"], opset_version=18) == "program"
+    assert calls == [("m", ("x",), None, ["x"], 18, True)]

@@ -15,7 +15,7 @@ Keras hooks do not say how many samples a batch held: every batch counts ``batch
 of an epoch when ``samples_per_epoch=`` is given (then the remainder). ``result`` holds the
 :class:`flopcount.RunResult` after training.
 
-Needs Keras 3 with TensorFlow and tf2onnx (``pip install tensorflow-cpu "flopcount[tf]"``); importing this module
+Needs Keras 3 with TensorFlow and tf2onnx (``pip install "flopcount[tf]"``: TensorFlow's CPU build); importing this module
 imports keras.
 """
 
