@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import logging
 import os
 import re
@@ -312,18 +311,42 @@ def load_config(source: Any, *, trust_remote_code: bool = False):
             raise ConfigError(f"{where}: no such file or folder; give a config.json, a folder holding one, or a "
                               "Hub model id (org/name)")
         path = _fetch_config(where)
-    try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path}: not a readable JSON configuration ({first_line(e)}); give the model's "
-                          "config.json") from None
+    document = _read_document(transformers, path)
     if not isinstance(document, dict):
         raise ConfigError(f"{path}: a configuration is a JSON object, not {type(document).__name__}")
     return _from_dict(transformers, document, str(path), trust_remote_code, path.parent)
 
 
+def _read_document(transformers, path: Path) -> Any:
+    """The configuration at ``path`` as transformers reads it (its ``get_config_dict``: JSON, with the special
+    floats it writes as ``{"__float__": "Infinity"}`` decoded); a :class:`ConfigError` in one line otherwise (a file
+    that is not UTF-8 or JSON, or nested too deep to read)."""
+    try:
+        document, _ = transformers.PretrainedConfig.get_config_dict(str(path))
+    except RecursionError:
+        raise ConfigError(f"{path}: the JSON is nested too deep to read; give the model's config.json") from None
+    except Exception as e:  # noqa: BLE001 - OSError, UnicodeDecodeError, JSONDecodeError, transformers' EnvironmentError
+        raise ConfigError(f"{path}: not a readable JSON configuration ({one_line(e)}); give the model's "
+                          "config.json") from None
+    return document
+
+
+def one_line(e: BaseException, limit: int = 1000) -> str:
+    """The whole message of ``e`` on one line (white space folded), cut to ``limit`` characters."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _from_dict(transformers, document: dict, where: str, trust_remote_code: bool, folder: Path | None):
     model_type = document.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise ConfigError(f"{where}: model_type must be a string naming a transformers model type (\"llama\"), "
+                          f"got the {type(model_type).__name__} {_shown(model_type)}; fix the configuration")
+    architectures = document.get("architectures")
+    if architectures is not None and (not isinstance(architectures, list)
+                                      or not all(isinstance(a, str) for a in architectures)):
+        raise ConfigError(f"{where}: architectures must be a list of class names ([\"LlamaForCausalLM\"]), got "
+                          f"{_shown(architectures)}; fix the configuration")
     if document.get("auto_map"):
         if not trust_remote_code:
             raise ConfigError(
@@ -348,8 +371,15 @@ def _from_dict(transformers, document: dict, where: str, trust_remote_code: bool
             + "; upgrade transformers, or pass --trust-remote-code for a model whose code is in its repository")
     try:
         return mapping[model_type].from_dict(document)
+    except RecursionError:
+        raise ConfigError(f"{where}: the configuration is nested too deep to read; fix the configuration") from None
     except Exception as e:  # noqa: BLE001 - a configuration class validates its own fields
-        raise ConfigError(f"{where}: transformers refuses the {model_type} configuration: {first_line(e)}") from None
+        raise ConfigError(f"{where}: transformers refuses the {model_type} configuration: {one_line(e)}") from None
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _fetch_config(repo_id: str) -> Path:
@@ -390,9 +420,15 @@ def model_class(config, *, trust_remote_code: bool = False):
     transformers = _import("transformers")
     if not trust_remote_code:
         for name in getattr(config, "architectures", None) or []:
-            cls = getattr(transformers, name, None)
-            if cls is not None:
-                return cls
+            cls = getattr(transformers, name, None) if isinstance(name, str) else None
+            if cls is None:
+                continue
+            if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
+                raise ConfigError(
+                    f"{config.model_type}: the configuration's architectures names {name!r}, which is a "
+                    f"transformers {'class' if isinstance(cls, type) else type(cls).__name__} but not a model "
+                    "class (a PreTrainedModel); name the model's class (LlamaForCausalLM) or leave architectures out")
+            return cls
     return transformers.AutoModelForCausalLM if is_causal_lm(config) else transformers.AutoModel
 
 
@@ -417,10 +453,46 @@ def build_model(config, *, trust_remote_code: bool = False):
             cls = model_class(config, trust_remote_code=trust_remote_code)
             with torch.device("meta"):
                 model = cls.from_config(config, **kwargs) if hasattr(cls, "from_config") else cls._from_config(config)
-    except ValueError as e:
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the modelling code checks the configuration in its own way
+        if isinstance(e, ImportError) or type(e).__name__ == "OutOfMemoryError":
+            raise
         raise ConfigError(f"{config.model_type}: transformers cannot build a model of this configuration: "
-                          f"{first_line(e)}") from None
+                          f"{one_line(e)}{_fields_in(config, str(e))}") from None
+    _check_sizes(model, config)
     return model.eval()
+
+
+#: The most elements one tensor of a model may have (2**48): more is no model a machine holds.
+MAX_TENSOR_ELEMENTS = 2**48
+
+
+def _check_sizes(model, config) -> None:
+    """A :class:`ConfigError` naming the tensor and the configuration's fields of its dims where one parameter or
+    buffer of ``model`` would hold more than :data:`MAX_TENSOR_ELEMENTS` elements."""
+    for name, tensor in (*model.named_parameters(), *model.named_buffers()):
+        elements = 1
+        for d in tensor.shape:
+            elements *= int(d)
+        if elements > MAX_TENSOR_ELEMENTS:
+            dims = " x ".join(str(int(d)) for d in tensor.shape)
+            raise ConfigError(
+                f"{config.model_type}: the configuration makes {name} a tensor of {dims} = {elements:.3g} elements, "
+                f"above the limit of 2**48 = {MAX_TENSOR_ELEMENTS}{_fields_in(config, dims)}; fix the configuration")
+
+
+def _fields_in(config, text: str) -> str:
+    """`` (the configuration's hidden_size is -64)``: the configuration's integer fields whose values (other than
+    0 and 1) appear as numbers in ``text``; empty where none does."""
+    numbers = {int(n) for n in re.findall(r"-?\d+", text)} - {0, 1}
+    try:
+        fields = config.to_dict()
+    except Exception:  # noqa: BLE001 - a configuration that cannot describe itself: no fields named
+        return ""
+    named = [f"{k} is {v}" for k, v in fields.items()
+             if isinstance(v, int) and not isinstance(v, bool) and v in numbers]
+    return f" (the configuration's {', '.join(named[:4])})" if named else ""
 
 
 #: Loggers of the libraries that importing a transformers model class imports (transformers' quantizer integrations
