@@ -88,6 +88,10 @@ def check_count_kwargs(caller: str, count_kwargs: Mapping[str, Any]) -> Mapping[
     except TypeError as e:
         names = ", ".join(list(signature.parameters)[1:])
         raise TypeError(f"{caller}: {e}; it passes these to flopcount.count: {names}") from None
+    from flopcount.calls import check_count_arguments
+
+    checked = set(inspect.signature(check_count_arguments).parameters) - {"caller"}
+    check_count_arguments(caller, **{k: v for k, v in count_kwargs.items() if k in checked})
     return signature.parameters
 
 

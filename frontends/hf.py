@@ -84,6 +84,9 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
     FrontendError
         transformers or torch is missing, or the export failed.
     """
+    from .common import check_count_kwargs
+
+    check_count_kwargs("from_hf", count_kwargs)
     if generate is not None:
         from flopcount.generation import check_generate
 
