@@ -206,6 +206,83 @@ def _integers(value: Any, depth: int = 0):
             yield from _integers(v, depth + 1)
 
 
+def _to_full_stack(stack, full):
+    """``stack`` (of the probe) as the stack of the full configuration ``full``: its block must tile the layers
+    after its first ones, and each per-layer list of ``full`` must repeat with the block (NotExtendable
+    otherwise)."""
+    from flopcount.extension import NotExtendable
+
+    from .common import canonical_json
+    from .repeated import per_layer_lists
+
+    layers, first, period = full.num_hidden_layers, stack.first, stack.period
+    if (layers - first) % period:
+        raise NotExtendable(f"{layers} layers are not the first {first} and whole blocks of {period}")
+    for name in per_layer_lists(full, layers):
+        entries = [canonical_json(v) for v in getattr(full, name)]
+        if any(entries[k] != entries[first + (k - first) % period] for k in range(first, layers)):
+            raise NotExtendable(f"the configuration's {name} does not repeat a block of {period} after its first "
+                                f"{first} entries")
+    return dataclasses.replace(stack, layers=layers)
+
+
+#: The values of ``repeated_layers`` (``--repeated-layers``).
+REPEATED_LAYERS = ("extend", "export")
+
+
+#: The most layers a model is built with to decide whether its layers repeat (and exported with where they do not):
+#: a configuration of more is counted from a probe of fewer layers (:func:`_probe`).
+MAX_BUILT_LAYERS = 512
+#: The most layers a configuration may have (a report holds the nodes of every layer: 10**5 layers take gigabytes).
+MAX_LAYERS = 4096
+
+
+def _probe(config) -> tuple[int | None, Any]:
+    """``(L, probe)``: the configuration's own number of layers, and where it is above :data:`MAX_BUILT_LAYERS` a
+    copy of the configuration with fewer layers, M, that the full model's layers are decided from (``None``
+    otherwise). M exceeds every integer of the configuration below L by 32, so that any layer index the
+    configuration may name (``max_window_layers``, the first dense layers) and three periods of its per-layer
+    lists lie within the probe; a configuration that needs more is a :class:`ConfigError` with the limit."""
+    layers = getattr(config, "num_hidden_layers", None)
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers <= MAX_BUILT_LAYERS:
+        return layers, None
+    if layers > MAX_LAYERS:
+        raise ConfigError(f"{config.model_type}: num_hidden_layers is {layers}, above the limit of {MAX_LAYERS} "
+                          "layers (a report holds each layer's nodes); fix num_hidden_layers")
+    if getattr(config, "is_encoder_decoder", False):
+        raise ConfigError(f"{config.model_type}: num_hidden_layers is {layers}, above the limit of "
+                          f"{MAX_BUILT_LAYERS} layers an encoder-decoder is built with; fix the configuration")
+    below = [v for v in _integers(config.to_dict()) if 0 <= v < layers]
+    probe_layers = max(below, default=0) + 33
+    if probe_layers > MAX_BUILT_LAYERS:
+        raise ConfigError(
+            f"{config.model_type}: num_hidden_layers is {layers}; showing that its layers repeat needs a probe of "
+            f"{probe_layers} layers (past every integer of the configuration below {layers}, such as "
+            f"{max(below)}), above the limit of {MAX_BUILT_LAYERS} layers built; fix num_hidden_layers")
+    from .repeated import per_layer_lists
+
+    probe = copy.deepcopy(config)
+    probe.num_hidden_layers = probe_layers
+    for name in per_layer_lists(config, layers):
+        value = getattr(probe, name)
+        setattr(probe, name, type(value)(value[:probe_layers]))
+    return layers, probe
+
+
+def _integers(value: Any, depth: int = 0):
+    """Every int in a configuration's dict (nested dicts and lists included, bools left out)."""
+    if isinstance(value, bool) or depth > 20:
+        return
+    if isinstance(value, int):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _integers(v, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _integers(v, depth + 1)
+
+
 def _count_stack(model, count, repeated_layers: str, trust_remote_code: bool, full=None):
     """``count(model)`` (a report), from ``count`` of its 1- and 2-layer versions where its layers are shown
     identical (and ``repeated_layers`` is ``extend``), else of the whole model; ``report.layers`` says which.
@@ -218,9 +295,9 @@ def _count_stack(model, count, repeated_layers: str, trust_remote_code: bool, fu
 
     from .repeated import LayerStack, layer_stack
 
-    layers = None if full is None else full.num_hidden_layers
+    full_layers = None if full is None else full.num_hidden_layers
     stack = layer_stack(model)
-    if isinstance(stack, LayerStack) and repeated_layers == "export" and layers is None:
+    if isinstance(stack, LayerStack) and repeated_layers == "export" and full is None:
         stack = stack.exported("--repeated-layers export: the whole model exported")
     if isinstance(stack, LayerStack):
         counts = []
@@ -238,7 +315,7 @@ def _count_stack(model, count, repeated_layers: str, trust_remote_code: bool, fu
             if p != p1 + (stack.blocks - 1) * (p2 - p1):
                 raise NotExtendable(f"its {p:,} parameters are not those of {stack.sizes[0]} layers and "
                                     f"{stack.blocks - 1} more blocks")
-            if layers is not None:
+            if full is not None:
                 stack = _to_full_stack(stack, full)
             report = extend(r1, r2, stack.layers, stack.path, first=stack.first, period=stack.period)
         except NotExtendable as e:
@@ -246,8 +323,8 @@ def _count_stack(model, count, repeated_layers: str, trust_remote_code: bool, fu
         else:
             return dataclasses.replace(report, layers=RepeatedLayers(stack.path, stack.layers, EXTENDED,
                                                                      stack.summary()))
-    if layers is not None:
-        raise ConfigError(f"{model.config.model_type}: num_hidden_layers is {layers}, above the limit of "
+    if full is not None:
+        raise ConfigError(f"{model.config.model_type}: num_hidden_layers is {full_layers}, above the limit of "
                           f"{MAX_BUILT_LAYERS} layers exported whole, and its layers cannot be counted from a probe "
                           f"of {model.config.num_hidden_layers}: {stack.reason}; fix num_hidden_layers")
     log.info("%s: the whole model exported: %s", FRONTEND, stack.reason)
