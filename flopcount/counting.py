@@ -20,6 +20,7 @@ from onnx import ModelProto, helper
 
 from . import graph as graph_mod
 from . import progress, validate
+from .calls import check_count_arguments
 from .context import (FLOAT_TYPES, NodeContext, TensorInfo, attribute_defaults, attribute_value, is_long,
                       shortened)
 from .conventions import Convention, get_convention
@@ -152,6 +153,8 @@ _PHASES = {"load": "reading the model", "graph": "building and checking the grap
 
 def _count(model, input_shapes, batch, convention, strict, input_values, loop_trips, mode, optimizer,
            trainable_inputs=None, trainable=None, frozen=None, attention="full", memory=None) -> Report:
+    check_count_arguments(input_shapes=input_shapes, batch=batch, strict=strict, input_values=input_values,
+                          loop_trips=loop_trips, trainable_inputs=trainable_inputs, trainable=trainable, frozen=frozen)
     conv = get_convention(convention)
     if memory is not None and memory is not False:
         from .memory import MemorySettings

@@ -25,17 +25,25 @@ from typing import Mapping
 from .cost import Cost
 from .errors import UsageError
 
-__all__ = ["DecodePiece", "Generation", "affine_steps", "check_generate", "context_lengths", "parse_generate",
+__all__ = ["MAX_GENERATE_TOKENS", "DecodePiece", "Generation", "affine_steps", "check_generate", "context_lengths", "parse_generate",
            "segments"]
 
 
+#: The most prompt or new tokens ``generate`` counts (2**40): more is no sequence a model runs.
+MAX_GENERATE_TOKENS = 2**40
+
+
 def check_generate(prompt_tokens, new_tokens) -> tuple[int, int]:
-    """``(P, N)`` as ints, both at least 1; a :class:`UsageError` otherwise."""
+    """``(P, N)`` as ints, both at least 1 and at most :data:`MAX_GENERATE_TOKENS`; a :class:`UsageError`
+    otherwise."""
     values = []
     for name, v in (("prompt tokens P", prompt_tokens), ("new tokens N", new_tokens)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise UsageError(f"generate: the {name} must be a positive integer, got {v!r}; give P:N such as "
                              "--generate 128:64 (generate=(128, 64))")
+        if v > MAX_GENERATE_TOKENS:
+            raise UsageError(f"generate: the {name} is {v}, above the limit of 2**40 = {MAX_GENERATE_TOKENS} "
+                             "tokens; give P:N such as --generate 128:64 (generate=(128, 64))")
         values.append(v)
     return values[0], values[1]
 

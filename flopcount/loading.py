@@ -387,8 +387,21 @@ def copy_field(dst, field, value) -> None:
         getattr(dst, field.name).extend(value)
     elif field.message_type is not None:
         getattr(dst, field.name).CopyFrom(value)
+    elif isinstance(value, bytes) and field.type == field.TYPE_STRING:
+        # a string field protobuf could not decode as UTF-8 (it hands over bytes): copied as the wire holds it, so
+        # that the copy is checked exactly as the same bytes read from a file
+        dst.MergeFromString(_varint((field.number << 3) | 2) + _varint(len(value)) + value)
     else:
         setattr(dst, field.name, value)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        out.append(low | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
 
 
 def weightless_copy(model: ModelProto, where: str = "<model>") -> ModelProto:

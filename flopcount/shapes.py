@@ -115,6 +115,14 @@ def apply_overrides(
         if any(not isinstance(d, int) or d <= 0 or d > MAX_ELEMENTS for d in dims) or prod(dims) > MAX_ELEMENTS:
             raise UsageError(f"{where}: the shape given for input {name!r} ({list(dims)}) must be positive integers, "
                              "with at most 2**48 elements in all")
+    if batch is not None:
+        for name, dims in input_shapes.items():
+            if len(dims) and dims[0] != batch:
+                raise UsageError(
+                    f"{where}: --batch {batch} (batch=) and --input-shape {name}={'x'.join(map(str, dims))} "
+                    f"(input_shapes=) give dim 0 of input {name!r} differently ({batch} and {dims[0]}); "
+                    "give one of them, or both alike"
+                )
     _dynamic_minus_one(model, real_inputs)
     for name in real_inputs:
         declared = _declared_shape(by_name[name])

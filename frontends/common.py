@@ -7,7 +7,9 @@ differs (their name, their logger, how to recognise their model class). Importin
 **Cache.** Each frontend hashes everything its exported graph depends on except weight values into a key; the
 graph is stored as ``<frontend>-<key>.onnx`` in ``cache_dir=``, else ``$FLOPCOUNT_CACHE`` (``0``/``off`` disables
 it), else ``$XDG_CACHE_HOME/flopcount`` or ``~/.cache/flopcount``; ``cache_dir=False`` disables caching. Files are
-small (weightless graphs) and written atomically.
+small (weightless graphs) and written atomically. An entry records the key and input signature it was written for
+and the digest of its content, and is served only where they match and ONNX's checker passes
+(:mod:`flopcount.frontends.cache_entry`); anything else is a one-line warning naming the file, then a new export.
 """
 
 from __future__ import annotations
@@ -87,6 +89,10 @@ def check_count_kwargs(caller: str, count_kwargs: Mapping[str, Any]) -> Mapping[
     except TypeError as e:
         names = ", ".join(list(signature.parameters)[1:])
         raise TypeError(f"{caller}: {e}; it passes these to flopcount.count: {names}") from None
+    from flopcount.calls import check_count_arguments
+
+    checked = set(inspect.signature(check_count_arguments).parameters) - {"caller"}
+    check_count_arguments(caller, **{k: v for k, v in count_kwargs.items() if k in checked})
     return signature.parameters
 
 
@@ -520,18 +526,24 @@ def export_through_cache(
     produce: Callable[[], onnx.ModelProto],
     path: str | os.PathLike | None,
     log: logging.Logger,
+    signature: Any = None,
 ) -> onnx.ModelProto:
     """The weightless model from the cache (``<frontend>-<key>.onnx`` in the cache folder), else from
     ``produce()``, stored for next time; also written to ``path`` when one is given. ``key`` is
-    called only when a cache folder is in use; where it returns None (no sound key), nothing is cached."""
+    called only when a cache folder is in use; where it returns None (no sound key), nothing is cached.
+
+    An entry records its key and the call's input ``signature`` (JSON-able: the graph inputs' names, shapes and
+    types) and is served only where both match, its content matches its digest, its graph is non-empty and ONNX's
+    checker passes (:mod:`flopcount.frontends.cache_entry`); any other entry is a one-line warning naming the file,
+    and the model is exported again and stored over it."""
     folder = cache_folder(cache_dir)
     digest = key() if folder is not None else None
     cached = folder / f"{frontend}-{digest[:40]}.onnx" if digest is not None else None
-    model = read_cache(cached, log) if cached is not None else None
+    model = read_cache(cached, log, digest, signature) if cached is not None else None
     if model is None:
         model = produce()
         if cached is not None:
-            write_cache(cached, model, log)
+            _store(cached, model, digest, signature, log)
     if path is not None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(path, "ONNX model") as tmp:
@@ -539,15 +551,35 @@ def export_through_cache(
     return model
 
 
-def read_cache(path: Path, log: logging.Logger) -> onnx.ModelProto | None:
-    """The cached model at ``path``; None (and a re-export) where it is missing or damaged."""
+def _store(path: Path, model: onnx.ModelProto, digest: str, signature: Any, log: logging.Logger) -> None:
+    """Write ``model`` sealed with its key and signature, where it passes ONNX's checker (an export the checker
+    refuses is counted but not cached, so that it is not refused as a damaged entry on every later read)."""
+    from .cache_entry import seal, unseal
+
+    entry = seal(model, digest, signature)
+    if isinstance(unseal(entry.SerializeToString(), digest, signature), str):
+        log.info("export not cached: ONNX's checker refuses the exported graph")
+        return
+    write_cache(path, entry, log)
+
+
+def read_cache(path: Path, log: logging.Logger, key: str, signature: Any) -> onnx.ModelProto | None:
+    """The cached model at ``path``, verified for ``key`` and ``signature``
+    (:func:`flopcount.frontends.cache_entry.unseal`); None where it is missing, and a one-line warning naming the
+    file and None where it is damaged, planted or written for another call (the caller exports again)."""
+    from .cache_entry import unseal
+
     if not path.is_file():
         log.debug("export cache miss: %s", path)
         return None
     try:
-        model = onnx.load_model(os.fspath(path), load_external_data=False)
-    except Exception as e:  # noqa: BLE001 - a damaged cache entry is re-exported
-        log.warning("ignoring the damaged export cache entry %s (%s)", path, first_line(e))
+        data = path.read_bytes()
+    except OSError as e:
+        log.warning("ignoring the export cache entry %s (%s); exporting again", path, e.strerror or e)
+        return None
+    model = unseal(data, key, signature)
+    if isinstance(model, str):
+        log.warning("ignoring the export cache entry %s: %s; exporting again", path, model)
         return None
     log.info("export cache hit: %s", path)
     return model

@@ -12,9 +12,10 @@ transformers) is refused unless ``trust_remote_code`` is given, since building i
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
-import json
+import inspect
 import logging
 import os
 import re
@@ -88,6 +89,10 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
     FrontendError
         transformers or torch is missing, or the export failed.
     """
+    from flopcount.calls import check_count_arguments
+
+    checked = set(inspect.signature(check_count_arguments).parameters) - {"caller", "input_shapes"}
+    check_count_arguments("from_hf", **{k: v for k, v in count_kwargs.items() if k in checked})
     if generate is not None:
         from flopcount.generation import check_generate
 
@@ -97,7 +102,9 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
         raise UsageError(f"{FRONTEND}: the capacity factor must be a positive number, got {capacity_factor!r}")
     if repeated_layers not in REPEATED_LAYERS:
         raise UsageError(f"{FRONTEND}: repeated_layers is one of {', '.join(REPEATED_LAYERS)}, got {repeated_layers!r}")
-    model = load_model(config, trust_remote_code=trust_remote_code)
+    loaded = load_config(config, trust_remote_code=trust_remote_code)
+    layers, probe = _probe(loaded)
+    model = build_model(probe if probe is not None else loaded, trust_remote_code=trust_remote_code)
     if generate is not None:
         if not is_causal_lm(model.config):
             raise UsageError(f"{FRONTEND}: --generate is for a causal language model; {model.config.model_type} "
@@ -113,9 +120,13 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
             return _count(m, input_shapes, cache_dir, count_kwargs)
 
         tokens = _tokens(hf_inputs(model, input_shapes), count_kwargs.get("batch"))
-    memory = count_kwargs.get("memory")
-    report = _count_stack(model, count, repeated_layers, trust_remote_code,
-                          whole="--memory: the ledger is counted on the whole model" if memory else "")
+    whole = "--memory: the ledger is counted on the whole model" if count_kwargs.get("memory") else ""
+    report = _count_stack(model, count, repeated_layers, trust_remote_code, loaded if probe is not None else None,
+                          whole=whole)
+    if probe is not None and moe_blocks(model) is not None:
+        log.info("%s: the mixture-of-experts summary is not formed for a model counted from a probe of %d of its "
+                 "%d layers", FRONTEND, probe.num_hidden_layers, layers)
+        tokens = None
     moe = moe_summary(model, report, tokens, capacity_factor) if tokens else None
     if moe is None and capacity_factor is not None:
         raise UsageError(f"{FRONTEND}: --capacity-factor is for a mixture-of-experts model; {model.config.model_type} "
@@ -123,22 +134,100 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
     return dataclasses.replace(report, moe=moe) if moe is not None else report
 
 
+def _to_full_stack(stack, full):
+    """``stack`` (of the probe) as the stack of the full configuration ``full``: its block must tile the layers
+    after its first ones, and each per-layer list of ``full`` must repeat with the block (NotExtendable
+    otherwise)."""
+    from flopcount.extension import NotExtendable
+
+    from .common import canonical_json
+    from .repeated import per_layer_lists
+
+    layers, first, period = full.num_hidden_layers, stack.first, stack.period
+    if (layers - first) % period:
+        raise NotExtendable(f"{layers} layers are not the first {first} and whole blocks of {period}")
+    for name in per_layer_lists(full, layers):
+        entries = [canonical_json(v) for v in getattr(full, name)]
+        if any(entries[k] != entries[first + (k - first) % period] for k in range(first, layers)):
+            raise NotExtendable(f"the configuration's {name} does not repeat a block of {period} after its first "
+                                f"{first} entries")
+    return dataclasses.replace(stack, layers=layers)
+
+
 #: The values of ``repeated_layers`` (``--repeated-layers``).
 REPEATED_LAYERS = ("extend", "export")
 
 
-def _count_stack(model, count, repeated_layers: str, trust_remote_code: bool, whole: str = ""):
+#: The most layers a model is built with to decide whether its layers repeat (and exported with where they do not):
+#: a configuration of more is counted from a probe of fewer layers (:func:`_probe`).
+MAX_BUILT_LAYERS = 512
+#: The most layers a configuration may have (a report holds the nodes of every layer: 10**5 layers take gigabytes).
+MAX_LAYERS = 4096
+
+
+def _probe(config) -> tuple[int | None, Any]:
+    """``(L, probe)``: the configuration's own number of layers, and where it is above :data:`MAX_BUILT_LAYERS` a
+    copy of the configuration with fewer layers, M, that the full model's layers are decided from (``None``
+    otherwise). M exceeds every integer of the configuration below L by 32, so that any layer index the
+    configuration may name (``max_window_layers``, the first dense layers) and three periods of its per-layer
+    lists lie within the probe; a configuration that needs more is a :class:`ConfigError` with the limit."""
+    layers = getattr(config, "num_hidden_layers", None)
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers <= MAX_BUILT_LAYERS:
+        return layers, None
+    if layers > MAX_LAYERS:
+        raise ConfigError(f"{config.model_type}: num_hidden_layers is {layers}, above the limit of {MAX_LAYERS} "
+                          "layers (a report holds each layer's nodes); fix num_hidden_layers")
+    if getattr(config, "is_encoder_decoder", False):
+        raise ConfigError(f"{config.model_type}: num_hidden_layers is {layers}, above the limit of "
+                          f"{MAX_BUILT_LAYERS} layers an encoder-decoder is built with; fix the configuration")
+    below = [v for v in _integers(config.to_dict()) if 0 <= v < layers]
+    probe_layers = max(below, default=0) + 33
+    if probe_layers > MAX_BUILT_LAYERS:
+        raise ConfigError(
+            f"{config.model_type}: num_hidden_layers is {layers}; showing that its layers repeat needs a probe of "
+            f"{probe_layers} layers (past every integer of the configuration below {layers}, such as "
+            f"{max(below)}), above the limit of {MAX_BUILT_LAYERS} layers built; fix num_hidden_layers")
+    from .repeated import per_layer_lists
+
+    probe = copy.deepcopy(config)
+    probe.num_hidden_layers = probe_layers
+    for name in per_layer_lists(config, layers):
+        value = getattr(probe, name)
+        setattr(probe, name, type(value)(value[:probe_layers]))
+    return layers, probe
+
+
+def _integers(value: Any, depth: int = 0):
+    """Every int in a configuration's dict (nested dicts and lists included, bools left out)."""
+    if isinstance(value, bool) or depth > 20:
+        return
+    if isinstance(value, int):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _integers(v, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _integers(v, depth + 1)
+
+
+def _count_stack(model, count, repeated_layers: str, trust_remote_code: bool, full=None, whole: str = ""):
     """``count(model)`` (a report), from ``count`` of its 1- and 2-layer versions where its layers are shown
-    identical (and ``repeated_layers`` is ``extend``), else of the whole model; ``report.layers`` says which."""
+    identical (and ``repeated_layers`` is ``extend``), else of the whole model; ``report.layers`` says which.
+
+    ``full``, where given, is the configuration of L layers of which ``model`` is a probe of fewer layers
+    (:func:`_probe`): the probe's stack must repeat, its per-layer lists must follow the same period up to L, and the
+    count is extended to L; else the model is refused (:class:`ConfigError`), never exported whole."""
     from flopcount.extension import NotExtendable, extend
     from flopcount.layers import EXTENDED, RepeatedLayers
 
     from .repeated import LayerStack, layer_stack
 
+    full_layers = None if full is None else full.num_hidden_layers
     stack = layer_stack(model)
-    if isinstance(stack, LayerStack) and repeated_layers == "export":
+    if isinstance(stack, LayerStack) and repeated_layers == "export" and full is None:
         stack = stack.exported("--repeated-layers export: the whole model exported")
-    if isinstance(stack, LayerStack) and whole:  # ``whole``: why this count needs the whole model
+    if isinstance(stack, LayerStack) and whole and full is None:  # ``whole``: why this count needs the whole model
         stack = stack.exported(whole)
     if isinstance(stack, LayerStack):
         counts = []
@@ -157,12 +246,18 @@ def _count_stack(model, count, repeated_layers: str, trust_remote_code: bool, wh
             if p != p1 + (stack.blocks - 1) * (p2 - p1):
                 raise NotExtendable(f"its {p:,} parameters are not those of {stack.sizes[0]} layers and "
                                     f"{stack.blocks - 1} more blocks")
+            if full is not None:
+                stack = _to_full_stack(stack, full)
             report = extend(r1, r2, stack.layers, stack.path, first=stack.first, period=stack.period)
         except NotExtendable as e:
             stack = stack.exported(str(e))
         else:
             return dataclasses.replace(report, layers=RepeatedLayers(stack.path, stack.layers, EXTENDED,
                                                                      stack.summary()))
+    if full is not None:
+        raise ConfigError(f"{model.config.model_type}: num_hidden_layers is {full_layers}, above the limit of "
+                          f"{MAX_BUILT_LAYERS} layers exported whole, and its layers cannot be counted from a probe "
+                          f"of {model.config.num_hidden_layers}: {stack.reason}; fix num_hidden_layers")
     log.info("%s: the whole model exported: %s", FRONTEND, stack.reason)
     return dataclasses.replace(count(model), layers=stack if stack.path or stack.layers else None)
 
@@ -320,18 +415,42 @@ def load_config(source: Any, *, trust_remote_code: bool = False):
             raise ConfigError(f"{where}: no such file or folder; give a config.json, a folder holding one, or a "
                               "Hub model id (org/name)")
         path = _fetch_config(where)
-    try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path}: not a readable JSON configuration ({first_line(e)}); give the model's "
-                          "config.json") from None
+    document = _read_document(transformers, path)
     if not isinstance(document, dict):
         raise ConfigError(f"{path}: a configuration is a JSON object, not {type(document).__name__}")
     return _from_dict(transformers, document, str(path), trust_remote_code, path.parent)
 
 
+def _read_document(transformers, path: Path) -> Any:
+    """The configuration at ``path`` as transformers reads it (its ``get_config_dict``: JSON, with the special
+    floats it writes as ``{"__float__": "Infinity"}`` decoded); a :class:`ConfigError` in one line otherwise (a file
+    that is not UTF-8 or JSON, or nested too deep to read)."""
+    try:
+        document, _ = transformers.PretrainedConfig.get_config_dict(str(path))
+    except RecursionError:
+        raise ConfigError(f"{path}: the JSON is nested too deep to read; give the model's config.json") from None
+    except Exception as e:  # noqa: BLE001 - OSError, UnicodeDecodeError, JSONDecodeError, transformers' EnvironmentError
+        raise ConfigError(f"{path}: not a readable JSON configuration ({one_line(e)}); give the model's "
+                          "config.json") from None
+    return document
+
+
+def one_line(e: BaseException, limit: int = 1000) -> str:
+    """The whole message of ``e`` on one line (white space folded), cut to ``limit`` characters."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _from_dict(transformers, document: dict, where: str, trust_remote_code: bool, folder: Path | None):
     model_type = document.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise ConfigError(f"{where}: model_type must be a string naming a transformers model type (\"llama\"), "
+                          f"got the {type(model_type).__name__} {_shown(model_type)}; fix the configuration")
+    architectures = document.get("architectures")
+    if architectures is not None and (not isinstance(architectures, list)
+                                      or not all(isinstance(a, str) for a in architectures)):
+        raise ConfigError(f"{where}: architectures must be a list of class names ([\"LlamaForCausalLM\"]), got "
+                          f"{_shown(architectures)}; fix the configuration")
     if document.get("auto_map"):
         if not trust_remote_code:
             raise ConfigError(
@@ -356,8 +475,15 @@ def _from_dict(transformers, document: dict, where: str, trust_remote_code: bool
             + "; upgrade transformers, or pass --trust-remote-code for a model whose code is in its repository")
     try:
         return mapping[model_type].from_dict(document)
+    except RecursionError:
+        raise ConfigError(f"{where}: the configuration is nested too deep to read; fix the configuration") from None
     except Exception as e:  # noqa: BLE001 - a configuration class validates its own fields
-        raise ConfigError(f"{where}: transformers refuses the {model_type} configuration: {first_line(e)}") from None
+        raise ConfigError(f"{where}: transformers refuses the {model_type} configuration: {one_line(e)}") from None
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _fetch_config(repo_id: str) -> Path:
@@ -398,9 +524,15 @@ def model_class(config, *, trust_remote_code: bool = False):
     transformers = _import("transformers")
     if not trust_remote_code:
         for name in getattr(config, "architectures", None) or []:
-            cls = getattr(transformers, name, None)
-            if cls is not None:
-                return cls
+            cls = getattr(transformers, name, None) if isinstance(name, str) else None
+            if cls is None:
+                continue
+            if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
+                raise ConfigError(
+                    f"{config.model_type}: the configuration's architectures names {name!r}, which is a "
+                    f"transformers {'class' if isinstance(cls, type) else type(cls).__name__} but not a model "
+                    "class (a PreTrainedModel); name the model's class (LlamaForCausalLM) or leave architectures out")
+            return cls
     return transformers.AutoModelForCausalLM if is_causal_lm(config) else transformers.AutoModel
 
 
@@ -425,10 +557,46 @@ def build_model(config, *, trust_remote_code: bool = False):
             cls = model_class(config, trust_remote_code=trust_remote_code)
             with torch.device("meta"):
                 model = cls.from_config(config, **kwargs) if hasattr(cls, "from_config") else cls._from_config(config)
-    except ValueError as e:
+    except ConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the modelling code checks the configuration in its own way
+        if isinstance(e, ImportError) or type(e).__name__ == "OutOfMemoryError":
+            raise
         raise ConfigError(f"{config.model_type}: transformers cannot build a model of this configuration: "
-                          f"{first_line(e)}") from None
+                          f"{one_line(e)}{_fields_in(config, str(e))}") from None
+    _check_sizes(model, config)
     return model.eval()
+
+
+#: The most elements one tensor of a model may have (2**48): more is no model a machine holds.
+MAX_TENSOR_ELEMENTS = 2**48
+
+
+def _check_sizes(model, config) -> None:
+    """A :class:`ConfigError` naming the tensor and the configuration's fields of its dims where one parameter or
+    buffer of ``model`` would hold more than :data:`MAX_TENSOR_ELEMENTS` elements."""
+    for name, tensor in (*model.named_parameters(), *model.named_buffers()):
+        elements = 1
+        for d in tensor.shape:
+            elements *= int(d)
+        if elements > MAX_TENSOR_ELEMENTS:
+            dims = " x ".join(str(int(d)) for d in tensor.shape)
+            raise ConfigError(
+                f"{config.model_type}: the configuration makes {name} a tensor of {dims} = {elements:.3g} elements, "
+                f"above the limit of 2**48 = {MAX_TENSOR_ELEMENTS}{_fields_in(config, dims)}; fix the configuration")
+
+
+def _fields_in(config, text: str) -> str:
+    """`` (the configuration's hidden_size is -64)``: the configuration's integer fields whose values (other than
+    0 and 1) appear as numbers in ``text``; empty where none does."""
+    numbers = {int(n) for n in re.findall(r"-?\d+", text)} - {0, 1}
+    try:
+        fields = config.to_dict()
+    except Exception:  # noqa: BLE001 - a configuration that cannot describe itself: no fields named
+        return ""
+    named = [f"{k} is {v}" for k, v in fields.items()
+             if isinstance(v, int) and not isinstance(v, bool) and v in numbers]
+    return f" (the configuration's {', '.join(named[:4])})" if named else ""
 
 
 #: Loggers of the libraries that importing a transformers model class imports (transformers' quantizer integrations

@@ -112,7 +112,7 @@ FRONTEND = "keras"
 INSTALL_HINT = 'pip install "flopcount[tf]"'
 #: Batch size given to a ``None`` batch dim when neither ``input_shapes`` nor ``batch`` sets it.
 DEFAULT_BATCH = 1
-_CACHE_FORMAT = 3  # bump when the conversion pipeline changes what it writes
+_CACHE_FORMAT = 4  # bump when the conversion pipeline changes what it writes (4: sealed entries)
 #: Seconds a conversion runs before the progress indicator appears.
 _PROGRESS_DELAY_S = 1.0
 #: Python loggers of TensorFlow, quieted while it imports and converts unless flopcount's logging is at DEBUG.
@@ -232,8 +232,10 @@ def to_onnx(
         with _tensorflow_running(f"converting {what} with tf2onnx"):
             return _convert(model, inputs, training, opset)
 
+    signature = [[i.name, list(i.shape), str(i.dtype)] for i in inputs]
     return common.export_through_cache(
-        cache_dir, FRONTEND, lambda: _fingerprint(model, inputs, training, opset), produce, path, log
+        cache_dir, FRONTEND, lambda: _fingerprint(model, inputs, training, opset), produce, path, log,
+        signature=signature,
     )
 
 

@@ -34,7 +34,7 @@ from flopcount.layers import EXPORTED, RepeatedLayers
 
 from . import common
 
-__all__ = ["LayerStack", "layer_stack"]
+__all__ = ["LayerStack", "layer_stack", "per_layer_lists", "repeats"]
 
 #: Attributes that hold a layer's position in its stack (read for KV-cache slots, which a count without cache
 #: does not use); they must equal the position and are left out of the comparison.
@@ -113,15 +113,13 @@ def layer_stack(model) -> LayerStack | RepeatedLayers:
         return RepeatedLayers("", layers, EXPORTED,
                               f"not one stack of num_hidden_layers={layers} layers (found: {where})")
     path, stack = stacks[0]
-    per_layer = []
     for name, value in sorted(vars(config).items()):
-        if isinstance(value, (list, tuple)) and len(value) == layers and not name.startswith("_"):
-            if "layer" in name:
-                per_layer.append(name)  # each layer's entry is in its description
-            elif any(common.canonical_json(v) != common.canonical_json(value[0]) for v in value):
-                return RepeatedLayers(path, layers, EXPORTED, f"the configuration's {name} (a list of {layers}) "
-                                                              "differs between layers")
-    per_layer = tuple(per_layer)
+        if (isinstance(value, (list, tuple)) and len(value) == layers and not name.startswith("_")
+                and "layer" not in name
+                and any(common.canonical_json(v) != common.canonical_json(value[0]) for v in value)):
+            return RepeatedLayers(path, layers, EXPORTED, f"the configuration's {name} (a list of {layers}) "
+                                                          "differs between layers")
+    per_layer = per_layer_lists(config, layers)
     descriptions = tuple(describe_layer(layer, k, per_layer, config) for k, layer in enumerate(stack))
     unsound = next((d for d in descriptions if d.startswith("unsound")), None)
     if unsound is not None:
@@ -132,6 +130,14 @@ def layer_stack(model) -> LayerStack | RepeatedLayers:
         return RepeatedLayers(path, layers, EXPORTED, "the layers do not repeat one block after their first ones "
                               f"(kinds by layer: {' '.join(str(kinds[d]) for d in descriptions)})")
     return LayerStack(path, layers, descriptions, per_layer, *found)
+
+
+def per_layer_lists(config, layers: int) -> tuple[str, ...]:
+    """The names of the configuration's lists of one entry per layer (``layer_types``): its public lists of
+    ``layers`` entries named for layers."""
+    return tuple(name for name, value in sorted(vars(config).items())
+                 if isinstance(value, (list, tuple)) and len(value) == layers and not name.startswith("_")
+                 and "layer" in name)
 
 
 def repeats(kinds) -> tuple[int, int] | None:

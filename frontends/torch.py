@@ -87,7 +87,7 @@ log = logging.getLogger(__name__)
 
 FRONTEND = "torch"
 INSTALL_HINT = "pip install 'flopcount[torch]'"
-_CACHE_FORMAT = 3  # bump when the export pipeline changes what it writes
+_CACHE_FORMAT = 4  # bump when the export pipeline changes what it writes (4: sealed entries)
 #: Seconds an export runs before the progress indicator appears.
 _PROGRESS_DELAY_S = 1.0
 #: Loggers of the exporters, quieted while they run unless flopcount's own logging is at DEBUG.
@@ -218,8 +218,10 @@ def _to_onnx(torch, module, call: _Call, *, training: bool, opset: int | None, c
         with phase(f"exporting {what} with torch"), _progress(f"exporting {what} with torch"):
             return _export(module, call.tensors, call.names, training, opset, call)
 
+    signature = [[n, list(x.shape), str(x.dtype)] for n, x in zip(call.names, call.tensors)]
     return common.export_through_cache(
-        cache_dir, FRONTEND, lambda: _fingerprint(torch, module, call, training, opset), produce, path, log
+        cache_dir, FRONTEND, lambda: _fingerprint(torch, module, call, training, opset), produce, path, log,
+        signature=signature,
     )
 
 

@@ -60,7 +60,15 @@ def _init_distributed(device: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    from flopcount.errors import DeviceError
     from flopcount.measure.machine.ceilings import measure_ceilings
+
+    if importlib.util.find_spec("torch") is None:
+        raise DeviceError("flopcount ceilings measures this machine through torch, which is not installed; install "
+                          "it (pip install torch), or measure on a machine that has it and give its file to "
+                          "--ceilings FILE")
 
     distributed = _init_distributed(args.device)
     try:

@@ -246,3 +246,49 @@ def test_int64_positions_keep_their_values_and_weights_do_not():
     loaded = {t.name: t for t in load(helper.make_model(graph)).model.graph.initializer}
     assert has_data(loaded["positions"]) and numpy_helper.to_array(loaded["positions"])[-1] == 4999
     assert not has_data(loaded["weight"]) and not has_data(loaded["huge"])
+
+
+# --- a ModelProto is checked exactly as the same bytes read from a file ---------------------------------------
+
+
+def _non_utf8(field: bytes):
+    """A Relu model whose ``field`` (a name or doc string written in it) is replaced by bytes that are not UTF-8,
+    as serialized bytes and as the ModelProto parsed from them."""
+    relu = onnx.helper.make_node("Relu", ["x"], ["y"], name="NODEXX")
+    graph = onnx.helper.make_graph(
+        [relu], "GRAPHX", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 5])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [3, 5])], doc_string="GDOCXX")
+    m = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], producer_name="PRODXX",
+                               doc_string="MDOCXX")
+    data = m.SerializeToString()
+    assert data.count(field) == 1
+    data = data.replace(field, b"\xff\xfe" + field[2:])
+    proto = onnx.ModelProto()
+    proto.ParseFromString(data)
+    return data, proto
+
+
+@pytest.mark.parametrize("field, error", [
+    pytest.param(b"GRAPHX", "InvalidGraphError", id="graph-name"),
+    pytest.param(b"PRODXX", "InvalidGraphError", id="producer-name"),
+    pytest.param(b"NODEXX", "InvalidGraphError", id="node-name"),
+    pytest.param(b"MDOCXX", None, id="model-doc-string"),
+    pytest.param(b"GDOCXX", None, id="graph-doc-string"),
+])
+def test_a_model_proto_with_non_utf8_text_is_checked_as_its_file(tmp_path, field, error):
+    from flopcount import count
+
+    data, proto = _non_utf8(field)
+    path = tmp_path / "m.onnx"
+    path.write_bytes(data)
+    outcomes = []
+    for source in (str(path), proto, data):
+        try:
+            outcomes.append(("counted", count(source).forward.flops))
+        except Exception as e:  # noqa: BLE001 - the class is what is compared
+            outcomes.append((type(e).__name__, str(e).replace(str(path), "<model>").replace("<bytes>", "<model>")))
+    assert outcomes[0] == outcomes[1] == outcomes[2]
+    if error is None:
+        assert outcomes[0] == ("counted", 3 * 5)  # one comparison per element
+    else:
+        assert outcomes[0][0] == error and "not valid UTF-8" in outcomes[0][1]

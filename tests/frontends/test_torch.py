@@ -233,12 +233,17 @@ def test_cache_dir_argument_and_damaged_entry(tmp_path, fake_exports, caplog):
     folder = tmp_path / "explicit"
     assert from_torch(nn.Linear(3, 5), (1, 3), cache_dir=folder).total.flops == 3  # the fake's Relu on [1, 3]
     (entry,) = folder.glob("torch-*.onnx")
-    assert onnx.load(str(entry)) == tiny_model()
+    stored = onnx.load(str(entry))
+    seal = {p.key for p in stored.metadata_props if p.key.startswith("flopcount.cache.")}
+    assert seal == {"flopcount.cache.format", "flopcount.cache.key", "flopcount.cache.signature",
+                    "flopcount.cache.sha256"}
+    del stored.metadata_props[:]
+    assert stored == tiny_model()  # the export, sealed with its key, input signature and digest
     entry.write_bytes(b"not a model")
     with caplog.at_level(logging.WARNING, logger=frontend.__name__):
         report = from_torch(nn.Linear(3, 5), (1, 3), cache_dir=folder)
     assert report.total.flops == 3 and len(fake_exports) == 2
-    assert "damaged export cache entry" in caplog.text
+    assert f"ignoring the export cache entry {entry}: not a readable ONNX protobuf" in caplog.text
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from typing import Any
 
 from flopcount.errors import UsageError
 
-__all__ = ["finite", "is_number", "nonneg_int", "positive_finite", "positive_int", "quality_exponent", "samples"]
+__all__ = ["checked_clock", "finite", "is_number", "nonneg_int", "positive_finite", "positive_int", "quality_exponent", "samples"]
 
 
 def is_number(value: Any) -> bool:
@@ -88,3 +88,26 @@ def quality_exponent(where: str, value: Any) -> float:
         raise UsageError(f"{where}: quality_exponent must be a finite number >= 1 (HPC AI500 V2.0's n, a positive "
                          f"integer: 5 for image classification, 10 for extreme weather), got {value!r}")
     return float(value)
+
+
+def checked_clock(where: str, clock: Any) -> Any:
+    """``clock`` (a zero-argument callable in seconds) wrapped so that each reading is checked: a reading that is
+    not a real number, not finite, or earlier than the one before is a :class:`UsageError` naming the clock and the
+    readings, at the reading (a rate from it would be negative, NaN or meaningless)."""
+    last: list[float] = []
+
+    def read() -> float:
+        value = clock()
+        if not is_number(value):
+            raise UsageError(f"{where}: clock() must return seconds as a real number, got {value!r} "
+                             f"({type(value).__name__})")
+        seconds = float(value)
+        if not math.isfinite(seconds):
+            raise UsageError(f"{where}: clock() returned {seconds}, not a finite number of seconds")
+        if last and seconds < last[0]:
+            raise UsageError(f"{where}: clock() went backwards, from {last[0]!r} to {seconds!r} s; give a monotonic "
+                             "clock (time.perf_counter)")
+        last[:] = [seconds]
+        return seconds
+
+    return read

@@ -210,6 +210,11 @@ class Meter:
         if len(sources) != 1:
             raise UsageError("Meter needs exactly one of report=, flops_per_sample= or model= (with example_inputs=) "
                              f"to know the training FLOPs per sample; got {', '.join(sources) or 'none'}")
+        from flopcount.report import Report
+
+        if report is not None and not isinstance(report, Report):
+            raise UsageError(f"Meter: report must be a flopcount.Report (from flopcount.count or from_torch with "
+                             f"mode=\"train\"), got {type(report).__name__} {report!r:.60}")
         if report is not None and getattr(report, "mode", "train") != "train":
             raise UsageError("Meter: the report counts inference only; count the model with mode=\"train\" (forward "
                              "and backward), e.g. flopcount.from_torch(model, inputs, mode=\"train\")")
@@ -238,6 +243,8 @@ class Meter:
         self.warmup_steps = warmup_steps
         self.window_steps = window_steps
         self._device_kind, self._device_index, self._device_how = self._resolve_device(device, model)
+        if clock is not None:
+            clock = checks.checked_clock("Meter", clock)
         self._timer = make_timer(self._device_kind, device, clock)
         self._host = clock or time.perf_counter
         if energy_source is not None:

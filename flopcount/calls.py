@@ -1,0 +1,76 @@
+"""The arguments of :func:`flopcount.count` checked at the call: each of the wrong type or out of range is a
+:class:`~flopcount.errors.UsageError` naming it, what it got and what it takes, before any work (a raw
+``TypeError`` from deep inside, or a silently wrong count, otherwise).
+
+>>> check_count_arguments(input_shapes={"input": (1, 3, 224, 224)}, batch=1)
+>>> check_count_arguments(batch=1.5)
+Traceback (most recent call last):
+...
+flopcount.errors.UsageError: count: batch must be a positive int of at most 2**48, got 1.5 (float)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import UsageError
+
+__all__ = ["check_count_arguments"]
+
+MAX_ELEMENTS = 2**48  # the most elements a dim or a batch may have, as for shapes
+_EXAMPLE = '{"input": (8, 3, 224, 224)}'
+
+
+def _got(value: Any) -> str:
+    text = repr(value)
+    text = text if len(text) <= 80 else text[:77] + "..."
+    return f"{text} ({type(value).__name__})"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) or type(value).__name__ in ("int64", "int32")
+
+
+def check_count_arguments(caller: str = "count", *, input_shapes: Any = None, batch: Any = None,
+                          strict: Any = False, input_values: Any = None, loop_trips: Any = None,
+                          trainable_inputs: Any = None, trainable: Any = None, frozen: Any = None) -> None:
+    """Refuse, naming it, an argument of :func:`flopcount.count` (or of a frontend that passes it on) of the wrong
+    type or range: ``batch`` a positive int; ``input_shapes`` a mapping of input name to a sequence of positive
+    ints; ``strict`` a bool; ``input_values`` and ``loop_trips`` mappings; ``trainable_inputs``,
+    ``trainable`` and ``frozen`` collections of names, not one string."""
+    if batch is not None and (not _is_int(batch) or not 0 < batch <= MAX_ELEMENTS):
+        raise UsageError(f"{caller}: batch must be a positive int of at most 2**48, got {_got(batch)}")
+    if input_shapes is not None:
+        _check_shapes(caller, input_shapes)
+    if not isinstance(strict, bool):
+        raise UsageError(f"{caller}: strict must be True or False, got {_got(strict)}")
+    for name, value, example in (("input_values", input_values, '{"axes": [1, 2]}'),
+                                 ("loop_trips", loop_trips, '{"generate_loop": 32}')):
+        if value is not None and not isinstance(value, Mapping):
+            raise UsageError(f"{caller}: {name} must be a mapping such as {example}, got {_got(value)}")
+        if value is not None and not all(isinstance(k, str) for k in value):
+            raise UsageError(f"{caller}: the keys of {name} must be names (str), got {_got(list(value))}")
+    for name, value in (("trainable_inputs", trainable_inputs), ("trainable", trainable), ("frozen", frozen)):
+        if value is None:
+            continue
+        if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__") or isinstance(value, Mapping):
+            raise UsageError(f"{caller}: {name} must be a list of names (['embed.weight']), got {_got(value)}")
+        if not all(isinstance(v, str) for v in value):
+            raise UsageError(f"{caller}: {name} must hold names (str), got {_got(list(value))}")
+
+
+def _check_shapes(caller: str, input_shapes: Any) -> None:
+    if not isinstance(input_shapes, Mapping):
+        raise UsageError(f"{caller}: input_shapes must be a mapping of input name to dims such as {_EXAMPLE}, "
+                         f"got {_got(input_shapes)}")
+    for name, dims in input_shapes.items():
+        if not isinstance(name, str):
+            raise UsageError(f"{caller}: input_shapes names inputs by str, got the key {_got(name)}")
+        if isinstance(dims, (str, bytes)) or not isinstance(dims, (tuple, list)) and type(dims).__name__ != "Size":
+            raise UsageError(f"{caller}: input_shapes[{name!r}] must be a tuple of dims such as (8, 3, 224, 224), "
+                             f"got {_got(dims)}")
+        for i, d in enumerate(dims):
+            if not _is_int(d) or not 0 < d <= MAX_ELEMENTS:
+                raise UsageError(f"{caller}: dim {i} of input_shapes[{name!r}] must be a positive int of at most "
+                                 f"2**48{_got(d)}")
