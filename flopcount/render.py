@@ -95,6 +95,8 @@ def to_dict(report: Report, per_node: bool = False, by_module: int | None = None
         doc["moe"] = report.moe.as_dict()
     if report.layers is not None:
         doc["layers"] = report.layers.as_dict()
+    if report.notes:
+        doc["notes"] = list(report.notes)
     if by_module is not None:
         doc["module_scopes"] = {"depth": by_module, "source": report.modules.source or None,
                                 "missing": report.modules.missing or None}
@@ -231,6 +233,7 @@ def _summary_lines(report: Report) -> list[str]:
         lines += _generation_lines(report.generation)
     for key, (k, why) in report.upper_bounds.items():
         lines.append(f"Upper bound for {key} ({k} node{'s' if k > 1 else ''}): {why}")
+    lines += [f"Note: {note}" for note in report.notes]
     if report.unsupported:
         lines.append(
             "Unsupported operators (no formula, NOT counted): "
