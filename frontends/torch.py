@@ -554,16 +554,12 @@ def _export(module, inputs: tuple, names: list[str], training: bool, opset: int,
         with torch.no_grad(), _quiet_exporters():
             with _deduplicate_by_identity_only(torch), ex.no_tqdm_monitor(), _tensor_call(torch, module, call, dropped), \
                     _batch_norm_size_check(torch, module, batch, training):
-                for name, attempt in attempts:
-                    try:
-                        model = attempt()
-                    except Exception as e:  # noqa: BLE001 - any exporter failure moves on to the next exporter
-                        log.info("the %s exporter failed: %s", name, _exporter_line(e))
-                        _refuse_untrainable_batch_norm(e, call)
-                        errors.append((name, e))
-                        continue
-                    log.info("exported %s with the %s exporter", type(module).__name__, name)
-                    break
+                model = _first_export(attempts, call, errors, type(module).__name__)
+                if model is None:  # complex arithmetic (Llama 4's rotary) as real pairs, which ONNX can hold
+                    from .complex import complex_as_pairs
+
+                    with complex_as_pairs():
+                        model = _first_export(attempts, call, [], type(module).__name__)
             misfit = _misfit(module, call) if model is None else None
     finally:
         with torch.no_grad():
@@ -641,6 +637,22 @@ def _output_tensors(torch, value: Any, dropped: list[str]):
             yield from _output_tensors(torch, item, dropped)
     else:
         dropped.append(type(value).__name__)
+
+
+def _first_export(attempts, call: _Call, errors: list, what: str) -> onnx.ModelProto | None:
+    """The graph of the first of ``attempts`` (exporter name, function) that succeeds, or None; each failure is
+    added to ``errors``."""
+    for name, attempt in attempts:
+        try:
+            model = attempt()
+        except Exception as e:  # noqa: BLE001 - any exporter failure moves on to the next exporter
+            log.info("the %s exporter failed: %s", name, _exporter_line(e))
+            _refuse_untrainable_batch_norm(e, call)
+            errors.append((name, e))
+            continue
+        log.info("exported %s with the %s exporter", what, name)
+        return model
+    return None
 
 
 def _misfit(module, call: _Call) -> str | None:
