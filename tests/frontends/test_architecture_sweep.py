@@ -134,7 +134,8 @@ FAMILIES = [
     family("vit", "vision encoder", VISION, inputs={"pixel_values": (B, 3, 32, 32)}),
     family("dinov2", "vision encoder", VISION, inputs={"pixel_values": (B, 3, 32, 32)}),
     family("clip_text_model", "multimodal text tower", ENCODER, max_position_embeddings=32),
-    family("siglip_text_model", "multimodal text tower", ENCODER, max_position_embeddings=32),
+    family("siglip_text_model", "multimodal text tower", ENCODER, max_position_embeddings=32,
+           architectures=["SiglipTextModel"]),
 ]
 
 
@@ -153,7 +154,8 @@ def real_model(config, train: bool):
     if hasattr(config, "_experts_implementation"):
         config._experts_implementation = EXPERTS_IMPLEMENTATION
     torch.manual_seed(0)
-    model = model_class(config).from_config(config)
+    cls = model_class(config)
+    model = cls.from_config(config) if hasattr(cls, "from_config") else cls._from_config(config)  # AutoModel or not
     return model.train(train)
 
 
