@@ -15,7 +15,8 @@ tensor, looking through operators that only move, reshape or convert data (``Tra
 * the exponent of ``Pow``, the values ``Where`` selects between, and a single value broadcast
   (``Expand``, ``Tile``) into a tensor (a fill): **constant**;
 * an operand of an element-wise op (``Add``, ``Mul``, ``Sub``, ``Div``, activations): a
-  **constant** when it is a single value (epsilons, GELU coefficients, attention scales), when it
+  **constant** when it is a single value (epsilons, GELU coefficients, attention scales) but one
+  added to a product's output (the bias of a ``Linear(d, 1)`` head: a **parameter**), when it
   is a ``Mul``/``Div`` factor that varies along more than one axis (rotary cos/sin tables, fixed
   windows), or an ``Add``/``Sub`` term over several axes added to attention scores (its sum feeds a
   ``Softmax``: a mask or a folded position bias); otherwise a **parameter** (a bias, a normalization
@@ -141,7 +142,8 @@ def classify(
     quantized = {n for n, (t, _) in stored.items() if t in QUANTIZED_TYPES}
     consumers = _consumers(stored, quantized, protos, node_ops, node_inputs, node_outputs, bodies)
     dequantizing = _dequantizing(quantized, consumers, every) if quantized else {}
-    rules = _RoleRules(opsets, consumers, dequantizing, _rescaled(node_ops, node_inputs, node_outputs))
+    rules = _RoleRules(opsets, consumers, dequantizing, _rescaled(node_ops, node_inputs, node_outputs),
+                       _products(node_ops, node_outputs))
     initializers = {t.name for g in graphs for t in g.initializer} | {
         sp.values.name for g in graphs for sp in g.sparse_initializer}
     roles = {name: rules.role_of(name, dims, False) for name, (_, dims) in stored.items() if name in initializers}
@@ -201,8 +203,9 @@ class _RoleRules:
     dims; what a use gives is cached per key, as most uses repeat."""
 
     def __init__(self, opsets: Mapping[str, int], consumers: Mapping, dequantizing: Mapping[int, frozenset[int]],
-                 rescaled: frozenset[str]):
+                 rescaled: frozenset[str], products: frozenset[str] = frozenset()):
         self.opsets, self.consumers, self.dequantizing, self.rescaled = opsets, consumers, dequantizing, rescaled
+        self.products = products
         self.static: dict[tuple, str | None] = {}
 
     def static_role(self, node, pos: int, single: bool, several_axes: bool, spread: bool) -> str | None:
@@ -249,6 +252,9 @@ class _RoleRules:
             role = static[key] = self.static_role(node, pos, single, several_axes, spread)
         if role is _SOFTMAX_CHECK:
             return CONSTANT if _feeds_softmax(node, self.consumers) else PARAMETER
+        if role == CONSTANT and single and not spread and node.op_type == "Add" and node.domain in ("", "ai.onnx") \
+                and any(j != pos and name in self.products for j, name in enumerate(node.input)):
+            return PARAMETER  # the one-element bias of a product with one output (a Linear(d, 1) head)
         return role
 
     def role_of(self, name: str, dims: tuple[int, ...], literal: bool) -> str:
@@ -318,6 +324,17 @@ def _dequantizing(quantized: set[str], consumers: Mapping, fixed: Collection[str
                     seen.add(o)
                     todo.append(o)
     return found
+
+
+#: Products whose output a learned bias is added to.
+_BIASED_PRODUCTS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose"})
+
+
+def _products(node_ops, node_outputs) -> frozenset[str]:
+    """The outputs of the default domain's products (:data:`_BIASED_PRODUCTS`): a single value added to one is a
+    learned bias (of a head with one output), not a literal of the forward code."""
+    return frozenset(outs[0] for (domain, op), outs in zip(node_ops, node_outputs)
+                     if op in _BIASED_PRODUCTS and domain in ("", "ai.onnx") and outs)
 
 
 def _rescaled(node_ops, node_inputs, node_outputs) -> frozenset[str]:

@@ -104,6 +104,8 @@ def to_dict(report: Report, per_node: bool = False, by_module: int | None = None
             doc["memory"]["by_module"] = [
                 {"module": m, "activations_bytes": b}
                 for m, b in module_activations(report.memory, report.nodes, report.modules.nodes, by_module)]
+    if report.notes:
+        doc["notes"] = list(report.notes)
     if by_module is not None:
         doc["module_scopes"] = {"depth": by_module, "source": report.modules.source or None,
                                 "missing": report.modules.missing or None}
@@ -242,6 +244,7 @@ def _summary_lines(report: Report) -> list[str]:
         lines += _memory_lines(report.memory)
     for key, (k, why) in report.upper_bounds.items():
         lines.append(f"Upper bound for {key} ({k} node{'s' if k > 1 else ''}): {why}")
+    lines += [f"Note: {note}" for note in report.notes]
     if report.unsupported:
         lines.append(
             "Unsupported operators (no formula, NOT counted): "

@@ -29,7 +29,8 @@ from flopcount.progress import phase
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EXPERTS_IMPLEMENTATION", "TOKEN_INPUTS", "build_model", "config_masks", "from_hf", "hf_inputs",
+__all__ = ["EXPERTS_IMPLEMENTATION", "TOKEN_INPUTS", "build_model", "config_masks", "export_branches", "from_hf",
+           "hf_inputs",
            "is_causal_lm", "load_config", "load_model", "moe_blocks", "moe_summary",
            "model_class"]
 
@@ -127,6 +128,12 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
         log.info("%s: the mixture-of-experts summary is not formed for a model counted from a probe of %d of its "
                  "%d layers", FRONTEND, probe.num_hidden_layers, layers)
         tokens = None
+    branches = export_branches(model)
+    if branches:
+        report = dataclasses.replace(report, notes=(*report.notes, (
+            f"transformers' modelling code ({', '.join(branches)}) asks whether it is being exported; the count is "
+            "of what it computes under export, which may differ from an eager run (docs/architectures.md gives the "
+            "families where it does, and by how much)")))
     moe = moe_summary(model, report, tokens, capacity_factor) if tokens else None
     if moe is None and capacity_factor is not None:
         raise UsageError(f"{FRONTEND}: --capacity-factor is for a mixture-of-experts model; {model.config.model_type} "
@@ -321,6 +328,28 @@ def config_masks(config) -> tuple | None:
         return (AttentionMask(causal=True, window=window or None, source=source),)
     return tuple(AttentionMask(causal=True, window=window if kind == "sliding_attention" and window else None,
                                source=source) for kind in layer_types)
+
+
+def export_branches(model) -> tuple[str, ...]:
+    """The modelling modules of ``model``'s classes whose code asks whether it is being exported (they hold
+    transformers' ``is_torchdynamo_exporting`` or torch's ``torch.compiler.is_exporting``, found by identity):
+    where they branch on it, the graph an exporter sees is not what an eager run computes (Qwen3-Next's gated delta
+    rule builds an inverse by forward substitution and two products where an eager run calls
+    ``solve_triangular``)."""
+    import sys
+
+    import torch
+
+    transformers = _import("transformers")
+    helpers = [getattr(transformers.utils, "is_torchdynamo_exporting", None),
+               getattr(getattr(torch, "compiler", None), "is_exporting", None)]
+    helpers = [h for h in helpers if h is not None]
+    found = []
+    for cls in dict.fromkeys(type(m) for m in model.modules()):
+        namespace = vars(sys.modules.get(cls.__module__, object))
+        if any(value is h for value in namespace.values() for h in helpers):
+            found.append(cls.__module__.rpartition(".")[2])
+    return tuple(dict.fromkeys(found))
 
 
 def moe_blocks(model):

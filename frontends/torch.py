@@ -179,9 +179,10 @@ def from_torch(
     if trained and (trainable_inputs or count_kwargs.get("mode") == "train"):
         # inputs named by trainable_inputs need mode="train" (count says so); requires_grad alone is ignored otherwise
         count_kwargs["trainable_inputs"] = trained
+    unread: dict[str, int] = {}
     if count_kwargs.get("trainable") is None:
-        count_kwargs["trainable"] = _trainable_initializers(module, model)
-    return count(model, **count_kwargs)
+        count_kwargs["trainable"], unread = _trainable_initializers(module, model)
+    return _with_unread(count(model, **count_kwargs), unread)
 
 
 def to_onnx(
@@ -242,20 +243,59 @@ def load_factory(spec: str) -> torch.nn.Module:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _trainable_initializers(module, model: onnx.ModelProto) -> list[str] | None:
-    """The initializers of ``model`` that are ``module``'s trainable parameters (``named_parameters()`` with
-    ``requires_grad``), by name: the exporters name initializers after the parameters (the torch.export path gives a
-    weight folded through a transpose its parameter's name back, see :mod:`flopcount.models.export`). None, so that
-    the graph's structure decides, when some trainable parameter has no initializer of its name (an exporter that
-    re-packs weights, such as the TorchScript one for LSTM)."""
+def _trainable_initializers(module, model: onnx.ModelProto) -> tuple[list[str] | None, dict[str, int]]:
+    """The initializers of ``model`` that are ``module``'s trainable parameters (``requires_grad``), by name, and the
+    trainable parameters the traced forward never reads (name → elements).
+
+    A parameter is found under any of its names (``named_parameters(remove_duplicate=False)``): the exporters name
+    a tied weight after whichever module they met it in (Gemma's embedding as ``lm_head.weight``). One that has no
+    initializer of any name is unread by the trace (DINOv2's ``mask_token`` without a mask), unless the graph holds
+    weights that are named after no parameter or buffer (an exporter that re-packs them, such as the TorchScript
+    one for LSTM): then the names are None, so that the graph's structure decides, and nothing is called unread."""
+    from flopcount.parameters import PARAMETER, SHAPE_TYPES, classify
+    from flopcount.registry import canonical_domain
+
     names = {t.name for t in model.graph.initializer}
-    wanted = [n for n, p in module.named_parameters() if p.requires_grad and p.numel() > 0]
-    missing = [n for n in wanted if n not in names]
-    if missing:
-        log.debug("parameters without an initializer of their name (%s): the graph decides what is trained",
-                  ", ".join(missing[:5]))
-        return None
-    return wanted
+    aliases: dict[int, list[str]] = {}
+    tensors: dict[int, Any] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(p), []).append(name)
+        tensors[id(p)] = p
+    wanted, unread = [], {}
+    for key, every in aliases.items():
+        p = tensors[key]
+        if not p.requires_grad or p.numel() == 0:
+            continue
+        found = next((n for n in every if n in names), None)
+        if found is None:
+            unread[every[0]] = int(p.numel())
+        else:
+            wanted.append(found)
+    if not unread:
+        return wanted, {}
+    known = {n for n, _ in module.named_parameters(remove_duplicate=False)}
+    known.update(n for n, _ in module.named_buffers(remove_duplicate=False))
+    opsets = {canonical_domain(o.domain): o.version for o in model.opset_import}
+    guessed = classify(model, opsets).roles
+    repacked = [t.name for t in model.graph.initializer if t.name not in known and t.data_type not in SHAPE_TYPES
+                and guessed.get(t.name) == PARAMETER]
+    if repacked:
+        log.debug("parameters without an initializer of their name (%s) beside weights named after none (%s): the "
+                  "graph decides what is trained", ", ".join(list(unread)[:5]), ", ".join(repacked[:5]))
+        return None, {}
+    return wanted, unread
+
+
+def _with_unread(report: Report, unread: Mapping[str, int]) -> Report:
+    """``report`` with the parameters the traced forward never reads added to its parameters (not to the trained
+    ones: they get no gradient) and named in its notes."""
+    if not unread:
+        return report
+    import dataclasses
+
+    listed = ", ".join(f"{name} ({n:,})" for name, n in unread.items())
+    note = (f"parameters the traced forward never reads, counted in the parameters without gradients: {listed}")
+    return dataclasses.replace(report, params=report.params + sum(unread.values()), notes=(*report.notes, note))
 
 
 def _import_torch():
@@ -517,16 +557,12 @@ def _export(module, inputs: tuple, names: list[str], training: bool, opset: int,
         with torch.no_grad(), _quiet_exporters():
             with _deduplicate_by_identity_only(torch), ex.no_tqdm_monitor(), _tensor_call(torch, module, call, dropped), \
                     _batch_norm_size_check(torch, module, batch, training):
-                for name, attempt in attempts:
-                    try:
-                        model = attempt()
-                    except Exception as e:  # noqa: BLE001 - any exporter failure moves on to the next exporter
-                        log.info("the %s exporter failed: %s", name, _exporter_line(e))
-                        _refuse_untrainable_batch_norm(e, call)
-                        errors.append((name, e))
-                        continue
-                    log.info("exported %s with the %s exporter", type(module).__name__, name)
-                    break
+                model = _first_export(attempts, call, errors, type(module).__name__)
+                if model is None:  # complex arithmetic (Llama 4's rotary) as real pairs, which ONNX can hold
+                    from .complex import complex_as_pairs
+
+                    with complex_as_pairs():
+                        model = _first_export(attempts, call, [], type(module).__name__)
             misfit = _misfit(module, call) if model is None else None
     finally:
         with torch.no_grad():
@@ -604,6 +640,22 @@ def _output_tensors(torch, value: Any, dropped: list[str]):
             yield from _output_tensors(torch, item, dropped)
     else:
         dropped.append(type(value).__name__)
+
+
+def _first_export(attempts, call: _Call, errors: list, what: str) -> onnx.ModelProto | None:
+    """The graph of the first of ``attempts`` (exporter name, function) that succeeds, or None; each failure is
+    added to ``errors``."""
+    for name, attempt in attempts:
+        try:
+            model = attempt()
+        except Exception as e:  # noqa: BLE001 - any exporter failure moves on to the next exporter
+            log.info("the %s exporter failed: %s", name, _exporter_line(e))
+            _refuse_untrainable_batch_norm(e, call)
+            errors.append((name, e))
+            continue
+        log.info("exported %s with the %s exporter", what, name)
+        return model
+    return None
 
 
 def _misfit(module, call: _Call) -> str | None:

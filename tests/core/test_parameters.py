@@ -259,3 +259,17 @@ def test_cli_trainable_and_frozen(tmp_path, capsys):
     assert main([str(path), "--mode", "train", "--frozen", "encoder.*"]) == 2
     err = capsys.readouterr().err
     assert "frozen 'encoder.*' matches no floating-point initializer" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("product", ["MatMul", "Gemm"])
+def test_the_one_element_bias_of_a_single_output_head_is_a_parameter(product):
+    # a Linear(d, 1) head: y = x·W + b with W [D, 1] and b [1]; epsilons and scales stay constants
+    w = numpy_helper.from_array(np.zeros((D, 1), np.float32), "head.weight")
+    b = numpy_helper.from_array(np.zeros((1,), np.float32), "head.bias")
+    eps = numpy_helper.from_array(np.full((1,), 1e-5, np.float32), "eps")
+    x = [B * S, D] if product == "Gemm" else [B, S, D]
+    nodes = [helper.make_node("Add", ["x", "eps"], ["xe"]),  # a single value added to data: a constant
+             helper.make_node(product, ["xe", "head.weight"], ["p"]),
+             helper.make_node("Add", ["p", "head.bias"], ["y"])]
+    r = flopcount.count(model(nodes, {"x": x}, ["y"], [w, b, eps]), mode="train")
+    assert r.params == r.trainable_params == D + 1  # the weight and its one-element bias, not the epsilon
