@@ -55,7 +55,8 @@ def check_count_arguments(caller: str = "count", *, input_shapes: Any = None, ba
         if value is None:
             continue
         if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__") or isinstance(value, Mapping):
-            raise UsageError(f"{caller}: {name} must be a list of names (['embed.weight']), got {_got(value)}")
+            raise UsageError(f"{caller}: {name} must be a list or other collection of initializer names "
+                             f"(['embed.weight']), got {_got(value)}")
         if not all(isinstance(v, str) for v in value):
             raise UsageError(f"{caller}: {name} must hold names (str), got {_got(list(value))}")
 

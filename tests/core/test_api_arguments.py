@@ -37,7 +37,7 @@ def relu_model():
     pytest.param({"strict": "yes"}, ["strict must be True or False"], id="strict-str"),
     pytest.param({"loop_trips": [3]}, ["loop_trips must be a mapping"], id="loop_trips-list"),
     pytest.param({"input_values": (1, 2)}, ["input_values must be a mapping"], id="input_values-tuple"),
-    pytest.param({"trainable": "W"}, ["trainable must be a list of names"], id="trainable-str"),
+    pytest.param({"trainable": "W"}, ["trainable must be a list or other collection of initializer names"], id="trainable-str"),
     pytest.param({"frozen": [3]}, ["frozen must hold names"], id="frozen-int"),
 ])
 def test_count_refuses_a_wrong_argument_naming_it(kwargs, fragments):
