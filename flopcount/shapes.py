@@ -223,18 +223,10 @@ def _contained_inference(model: ModelProto, strict: bool) -> tuple[str, str | by
     it did not exit cleanly (ONNX's C++ aborting on a negative dim: the caller then guards depth by depth)."""
     if not _fork_safe():
         return None
-    try:
-        read, write = os.pipe()
-    except OSError:
+    forked = _fork_with_pipe()
+    if forked is None:
         return None
-    try:
-        with warnings.catch_warnings():  # Python >= 3.12 warns of native threads: see _may_fork
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
-    except OSError:
-        os.close(read)
-        os.close(write)
-        return None
+    pid, read, write = forked
     if pid == 0:  # the child: infer, write, exit without running any of the parent's cleanup (see Inference)
         gc.disable()
         done = False
@@ -289,6 +281,24 @@ def _infer_plain(model: ModelProto, where: str, strict: bool = False) -> ModelPr
 #: tensor of known length as shape dims, about 150 bytes each, with no bound, and again for every Cast, Add, Mul ...
 #: that reads it: Range(0, 2**24) → Cast takes over 4 GB. No shape has this many dims.
 DATA_PROP_LIMIT = 2**16
+
+
+def _fork_with_pipe() -> tuple[int, int, int] | None:
+    """``(pid, read, write)``: a forked child (pid 0 in the child) and a pipe between the two, or None where the pipe
+    or the fork cannot be made (the caller then infers in this process)."""
+    try:
+        read, write = os.pipe()
+    except OSError:
+        return None
+    try:
+        with warnings.catch_warnings():  # Python >= 3.12 warns of native threads: see _may_fork
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+    except OSError:
+        os.close(read)
+        os.close(write)
+        return None
+    return pid, read, write
 
 
 def data_prop_bounded(model: ModelProto) -> bool:
@@ -638,18 +648,10 @@ class Inference:
             self._spawn()
 
     def _start(self) -> None:
-        try:
-            read, write = os.pipe()
-        except OSError:
+        forked = _fork_with_pipe()
+        if forked is None:
             return
-        try:
-            with warnings.catch_warnings():  # Python >= 3.12 warns of native threads: see _may_fork
-                warnings.simplefilter("ignore", DeprecationWarning)
-                pid = os.fork()
-        except OSError:
-            os.close(read)
-            os.close(write)
-            return
+        pid, read, write = forked
         if pid == 0:  # the child: infer, report, exit without running any of the parent's cleanup
             # No garbage collection here: inherited garbage may hold finalizers that take a lock another thread of
             # the parent held at the fork (TensorFlow's, after a Keras export), which would hang the child for good.
