@@ -25,6 +25,8 @@ docs/architecture.md):
 * :mod:`.symbolic` the count as exact formulas in dims given as names (``--symbolic``)
 * :mod:`.progress` the phases of long work, reported on a logger while they run
 * :mod:`.version` the installed version (``__version__``)
+* :mod:`.files` the one writer of every file flopcount writes (temporary file, fsync, rename)
+* :mod:`.calls` the checks of the Python API's arguments (a :class:`~flopcount.errors.UsageError` naming the argument)
 * :mod:`.errors` the exception hierarchy with exit codes, and :func:`~flopcount.errors.first_line`
 * :mod:`.docs` generates docs/operators.md
 * :mod:`.onnx_cases` ONNX's own test cases, for the inventory of operators

@@ -6,6 +6,8 @@
 * :mod:`.repeated` a ``transformers`` model's stack of identical layers, shown identical (``--repeated-layers``)
 * :mod:`.generate` ``from_causal_lm``: ``generate()`` of a causal LM, its prefill and decode-step graphs counted
 * :mod:`.common` what they share: factories named ``MODULE:FACTORY``, the export cache, fingerprints
+* :mod:`.cache_entry` an export cache entry sealed with its key and input signature, and checked when read
+* :mod:`.complex` complex arithmetic as pairs of real numbers, for exports that fail on complex tensors (Llama 4)
 
 Importing this package imports no framework; ``flopcount.from_torch`` and ``flopcount.from_keras`` are the public
 entry points.
