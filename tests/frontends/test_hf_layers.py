@@ -113,6 +113,7 @@ def deepseek(layers: int):
         kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8)
 
 
+@pytest.mark.slow  # 40-80 s each: in the pinned lane only (CI's newest lane runs the not-slow ones)
 def test_a_dense_first_layer_then_identical_layers():
     """DeepSeek-V3's dense first layer, then 4 identical MoE layers: counted from 2 and 3 layers, and extended; with
     3 layers the MoE layer repeats only twice, and the model is exported whole."""
@@ -156,6 +157,7 @@ def test_bad_repeated_layers_value():
         flopcount.from_hf(llama(3), (1, 4), cache_dir=False, repeated_layers="some")
 
 
+@pytest.mark.slow  # 40-80 s each: in the pinned lane only (CI's newest lane runs the not-slow ones)
 def test_cli_reports_the_method_and_caches_the_small_exports(tmp_path):
     folder = tmp_path / "llama"
     folder.mkdir()
@@ -172,6 +174,7 @@ def test_cli_reports_the_method_and_caches_the_small_exports(tmp_path):
                              "reason": "--repeated-layers export: the whole model exported"}
 
 
+@pytest.mark.slow  # 40-80 s each: in the pinned lane only (CI's newest lane runs the not-slow ones)
 def test_generation_is_extended_and_equals_a_real_generate():
     """``--generate`` of a 4-layer Llama from its 1- and 2-layer versions: equal to the whole model's count, and
     to torch's FlopCounterMode over a real CPU ``generate()`` (eager attention)."""
@@ -189,6 +192,7 @@ def test_generation_is_extended_and_equals_a_real_generate():
     assert extended.generation.total.flops == counter.get_total_flops()
 
 
+@pytest.mark.slow  # 40-80 s each: in the pinned lane only (CI's newest lane runs the not-slow ones)
 def test_cli_generate_takes_repeated_layers(tmp_path):
     folder = tmp_path / "llama"
     folder.mkdir()
