@@ -4,6 +4,7 @@ Run from the repository root::
 
     python benchmarks/count_speed.py                 # 1k, 10k, 100k nodes + a ~550 MB VGG16 export
     python benchmarks/count_speed.py --quick         # 1k, 10k nodes + a ~20 MB VGG-ish export
+    python benchmarks/count_speed.py --floor         # whole processes against the floor, at 10k and 100k nodes
     python benchmarks/count_speed.py --sizes 1000,30000 --repeat 5
 
 Models (written to a temporary directory that is removed at exit):
@@ -477,6 +478,52 @@ def targets_table(rows: list[Result]) -> str:
 
 
 # --------------------------------------------------------------------------------------------
+# whole process against the floor: what any shape-aware tool must at least do, in a fresh process
+
+TARGET_FLOOR = {10_000: 1.5, 100_000: 2.0}  # whole-process flopcount / whole-process floor
+_FLOOR = (
+    "import sys, onnx\n"
+    "m = onnx.load(sys.argv[1], load_external_data=False)\n"
+    "onnx.shape_inference.infer_shapes(m, data_prop=True)\n"
+)
+
+
+def _run_s(argv: list[str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def floor_ratio(path: str, repeat: int) -> tuple[float, float]:
+    """Median seconds of a whole ``flopcount FILE --format json`` process and of the floor process (``onnx.load`` plus
+    ``infer_shapes(data_prop=True)``, nothing else), run in alternation after one warm-up of each."""
+    count = [sys.executable, "-m", "flopcount", path, "--format", "json"]
+    floor = [sys.executable, "-c", _FLOOR, path]
+    _run_s(count), _run_s(floor)
+    ours, base = [], []
+    for _ in range(repeat):
+        ours.append(_run_s(count))
+        base.append(_run_s(floor))
+    return statistics.median(ours), statistics.median(base)
+
+
+def floor_table(sizes: list[int], repeat: int, tmp: str) -> str:
+    body = []
+    for n in sizes:
+        path = os.path.join(tmp, f"floor_{n}.onnx")
+        with open(path, "wb") as f:
+            f.write(transformer_graph(n).SerializeToString())
+        ours, base = floor_ratio(path, repeat)
+        target = TARGET_FLOOR.get(round(n, -3))
+        ratio = ours / base
+        verdict = "" if target is None else ("ok" if ratio <= target else "MISSED")
+        body.append([f"transformer ~{n} nodes", _fmt_s(ours), _fmt_s(base), f"{ratio:.2f}x",
+                     "" if target is None else f"<= {target}x", verdict])
+    return tabulate(body, headers=["graph (weights absent)", "flopcount process", "floor process", "ratio", "want", ""],
+                    disable_numparse=True)
+
+
+# --------------------------------------------------------------------------------------------
 # CLI
 
 
@@ -495,12 +542,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=_sizes, help="node counts of the synthetic graphs (default 1000,10000,100000; --quick: 1000,10000)")
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per measurement, after one warm-up (default 3)")
     parser.add_argument("--quick", action="store_true", help="1k and 10k graphs and a ~20 MB inline model only")
+    parser.add_argument("--floor", action="store_true",
+                        help="only the whole-process ratios against the floor (onnx.load + infer_shapes(data_prop=True) "
+                             "in one process), at 10k and 100k nodes unless --sizes")
     parser.add_argument("--no-parallel", action="store_true", help="no shape-inference child process (FLOPCOUNT_PARALLEL=0)")
     args = parser.parse_args(argv)
     if args.no_parallel:
         os.environ["FLOPCOUNT_PARALLEL"] = "0"  # read by every count, here and in the memory subprocesses
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
+    if args.floor:
+        sizes = args.sizes or [10_000, 100_000]
+        print(f"flopcount {flopcount.__version__}, onnx {onnx.__version__}, python {sys.version.split()[0]}, "
+              f"{os.cpu_count()} CPUs; medians of {args.repeat} whole processes each, in alternation")
+        with tempfile.TemporaryDirectory(prefix="flopcount-bench-") as tmp:
+            print(floor_table(sizes, args.repeat, tmp))
+        return 0
     sizes = args.sizes or ([1000, 10_000] if args.quick else [1000, 10_000, 100_000])
     spec = QUICK_VGG if args.quick else FULL_VGG
 

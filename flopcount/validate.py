@@ -15,6 +15,7 @@ Every failure is an :class:`InvalidGraphError` (exit 4) naming the node and what
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator, Mapping
 from itertools import chain
@@ -456,8 +457,8 @@ def _check_reshape_count(node, name, tensors, values, attrs, where) -> None:
                     f"index {i} copies a dim input {x.name!r} {x.shape_text()} does not have: fix the model"
                 )
             dims[i] = x.shape[i]
-    elements = int(np.prod(x.shape, dtype=object))
-    known = int(np.prod([d for d in dims if d != -1], dtype=object))
+    elements = math.prod(int(d) for d in x.shape)
+    known = math.prod(d for d in dims if d != -1)
     fits = (elements % known == 0 if known else elements == 0) if -1 in dims else elements == known
     if not fits:
         need = f"a multiple of {known}" if -1 in dims else f"{known}"
