@@ -1,5 +1,6 @@
 """Runs that end cleanly however they end: a full disk under --mllog, SIGINT and SIGTERM during a real bench run,
-a meter in the user's loop closed early, and a gloo rank that hangs or dies under a short --timeout."""
+a meter in the user's loop closed early, SIGTERM to torchrun, and a gloo rank that hangs or dies under a short
+--timeout."""
 
 from __future__ import annotations
 
@@ -167,6 +168,43 @@ def test_a_full_disk_under_mllog_is_exit_8_and_the_report_is_still_written(tmp_p
     assert (disk / "run.log").read_bytes() == b"an earlier log\n" and os.listdir(disk) == ["run.log"]
     doc = json.loads((tmp_path / "r.json").read_text())  # the run's report is written all the same
     assert doc["complete"] is True and doc["runs"][0]["steps"] == 45 * doc["runs"][0]["epochs"]
+
+
+@pytest.mark.slow
+def test_sigterm_to_torchrun_closes_the_log_and_writes_the_runs_so_far(tmp_path):
+    """What SLURM does to a cancelled job: SIGTERM to the torchrun launcher, which passes it to its two gloo ranks.
+    Rank 0's report and MLPerf log are still written, as an aborted run; the earlier report is replaced whole."""
+    (tmp_path / "r.json").write_bytes(OLD)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    launcher = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                                 "-m", "flopcount", *ENDLESS, "--mllog", "run.log", "-o", "r.json"], cwd=tmp_path,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 240
+        while "eval_accuracy" not in _part(tmp_path, "run.log") and time.monotonic() < deadline:
+            assert launcher.poll() is None, launcher.stderr.read()[-3000:]
+            time.sleep(0.1)
+        assert time.monotonic() < deadline, "no evaluation logged within 240 s"
+        launcher.send_signal(signal.SIGTERM)
+        err = launcher.communicate(timeout=120)[1]
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert launcher.returncode != 0  # torchrun reports the signal it was stopped by
+    ours = [line for line in err.splitlines() if line.startswith("flopcount:")]
+    assert ours and all(line.startswith("flopcount: error: interrupted by SIGTERM during run 0 after ") for line in ours)
+    assert not any("internal error" in line for line in err.splitlines())
+    doc = json.loads((tmp_path / "r.json").read_text())
+    run = doc["runs"][0]
+    assert doc["complete"] is False and run["complete"] is False and run["ended_by"] == "SIGTERM"
+    assert doc["interrupted"]["signal"] == "SIGTERM" and doc["interrupted"]["steps"] == run["steps"] >= 1
+    assert doc["config"]["scale_out"]["launcher"] == "torchrun" and doc["config"]["scale_out"]["ranks"] == 2
+    records = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in (tmp_path / "run.log").read_text().splitlines()]
+    assert records[-1]["key"] == "run_stop" and records[-1]["metadata"]["status"] == "aborted"
+    assert sorted(os.listdir(tmp_path)) == ["r.json", "run.log"]  # no temporary file left by either rank
 
 
 # -- a gloo rank that hangs or dies ----------------------------------------------------------------------------
