@@ -39,7 +39,8 @@ from onnx import TensorProto, helper
 
 from flopcount.context import NodeContext, TensorInfo
 from flopcount.cost import Bound, Cost
-from flopcount.operators.contrib import embed_layer_norm, projected_attention
+from flopcount.operators.contrib_attention import projected_attention
+from flopcount.operators.contrib_normalization import embed_layer_norm
 from flopcount.operators.elementwise import activation
 from flopcount.operators.pooling import global_pool, pool
 from flopcount.operators.quantized import INT_OPS_PER_MAC, REQUANTIZE_FLOPS, dynamic_quantize_linear, qlinear_conv
