@@ -7,7 +7,7 @@ from math import prod
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
 from flopcount.operators.elementwise import ELEMENTWISE_BACKWARD, activation as elementwise_activation
-from flopcount.registry import backward, formula, saves
+from flopcount.registry import backward, formula, saves, saves_nothing
 from flopcount.saved import Saved, keeps
 
 
@@ -241,3 +241,6 @@ def conv_saved(ctx: NodeContext, **_) -> Saved:
     """X and W: the backward of a convolution reads both (dX from W, dW from X), as torch's convolution keeps
     them (the bias: nothing)."""
     return keeps(0, 1)
+
+
+saves_nothing("Col2Im")  # dX = Im2Col(dY), a gather by shapes alone (torch's fold keeps nothing)

@@ -9,7 +9,7 @@ from math import prod
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
 from flopcount.registry import backward, formula, saves, saves_nothing, zero_cost
-from flopcount.saved import Saved, keeps
+from flopcount.saved import Saved, element_bytes, keeps
 
 
 def _ops(ctx: NodeContext, n: int, i: int = 0) -> Cost:
@@ -157,3 +157,13 @@ saves_nothing("CumSum", "Range")
 def cumprod_saved(ctx: NodeContext, **_) -> Saved:
     """X and Y: dX is a reverse cumulative sum of dY·Y, divided by X."""
     return keeps(0, outputs=(0,))
+
+
+@saves("Det")
+def det_saved(ctx: NodeContext, **_) -> Saved:
+    """A and det(A), and the forward's LU factors (|A| elements of A's type) with their int32 pivots (B·M for B
+    matrices of size M × M), from which the backward solves (torch's ``linalg_det`` keeps all four)."""
+    x = ctx.shape(0)
+    matrices, m = (prod(x[:-2]), x[-1]) if len(x) >= 2 else (1, 1)
+    item = element_bytes(ctx.inputs[0].elem_type)
+    return Saved(inputs=(0,), outputs=(0,), extra=(("LU factors", item * prod(x)), ("pivots (int32)", 4 * matrices * m)))

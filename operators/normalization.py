@@ -291,3 +291,14 @@ def x_and_y_saved(ctx: NodeContext, **_) -> Saved:
     """X and Y: LRN's dX reads both (and the scale, computed again from X); Lp normalization's dX = (dY − Y·Σ
     dY·Y)/‖X‖, with ‖X‖ = X/Y."""
     return keeps(0, outputs=(0,))
+
+
+@saves("MeanVarianceNormalization")
+def mean_variance_norm_saved(ctx: NodeContext, *, axes: list[int] = (0, 2, 3), **_) -> Saved:
+    """X, and the mean and reciprocal standard deviation of each statistic in float32 (2·4·S bytes for S = |X| /
+    prod(X.shape[a] for a in axes)): the normalization without scale and bias that torch's ``native_batch_norm``
+    (training, axes [0, 2, 3]) and instance norm (axes [2, 3]) compute, keeping what they keep."""
+    x = ctx.shape(0)
+    reduced = prod(x[a % len(x)] for a in axes) if x else 1
+    statistics = prod(x) // reduced if reduced else 0
+    return Saved(inputs=(0,), extra=(("mean, rstd (float32)", 2 * STAT_BYTES * statistics),))

@@ -12,7 +12,8 @@ from math import prod
 
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
-from flopcount.registry import backward, formula, saves_nothing, zero_cost
+from flopcount.registry import backward, formula, saves, saves_nothing, zero_cost
+from flopcount.saved import Saved, keeps
 
 # interpolation mode → taps per interpolated axis (older opsets spell the modes differently)
 TAPS: dict[str, int] = {
@@ -174,3 +175,13 @@ zero_cost(
 
 # saved for backward: interpolation's backward scatters dY back with the same weights, from shapes and scales only
 saves_nothing("Resize", "Upsample")
+
+
+@saves("GridSample")
+def grid_sample_saved(ctx: NodeContext, **_) -> Saved:
+    """X and the grid, whichever needs a gradient: dX scatters dY at the grid's positions, and d(grid) reads X
+    around them (torch's ``grid_sampler_2d`` keeps both)."""
+    return keeps(0, 1)
+
+
+saves_nothing("AffineGrid")  # linear in theta: d(theta) sums dGrid against the base grid, rebuilt from shapes

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
-from flopcount.registry import backward, formula, zero_cost
+from flopcount.registry import backward, formula, saves_nothing, zero_cost
 
 
 @formula("Bernoulli", family="random")
@@ -49,3 +49,6 @@ zero_cost(
     family="random",
     reason="generates random numbers (not counted, like Dropout's mask); no arithmetic on input data",
 )  # fmt: skip
+
+
+saves_nothing("Bernoulli")  # dp = 0: nothing is read (torch's bernoulli keeps nothing)

@@ -15,7 +15,8 @@ from math import log2, prod
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
 from flopcount.errors import ShapeError
-from flopcount.registry import backward, formula
+from flopcount.registry import backward, formula, saves
+from flopcount.saved import Saved, keeps
 
 
 def fft_flops(n: int, real: bool) -> int:
@@ -178,3 +179,11 @@ def mel_weight_matrix(ctx: NodeContext, **_) -> Cost:
     """
     mel_bins = ctx.out_shape()[1]
     return Cost(flops=6 * ctx.out_numel() + 8 * (mel_bins + 2), transcendentals=mel_bins + 2)
+
+
+@saves("DFT")
+def dft_saved(ctx: NodeContext, **_) -> Saved:
+    """A real signal (last dim 1), whose gradient is the real part of the transform's adjoint (torch's real-to-
+    complex FFT keeps its input); nothing for a complex one, as the transform is linear."""
+    x = ctx.shape(0)
+    return keeps(0) if x and x[-1] == 1 else Saved()

@@ -11,6 +11,7 @@ import flopcount
 import flopcount.operators  # noqa: F401  (fills the registry)
 from flopcount.errors import RegistryError
 from flopcount.registry import BACKWARD, SAVED, saves
+from flopcount.saved import Saved
 from helpers import const, shifted_op_model, weight
 
 F32 = 4
@@ -107,6 +108,92 @@ def test_dropout_of_ratio_zero_keeps_nothing():
     assert kept(x_model("Dropout", consts=consts, extra=["ratio", "train"])) == (X // 4, X // 4)
 
 
+def test_mean_variance_normalization_keeps_x_and_two_float32_statistics_each():
+    assert kept(x_model("MeanVarianceNormalization")) == (X + 2 * 4 * C, 2 * 4 * C)  # axes [0, 2, 3]: per channel
+    assert kept(x_model("MeanVarianceNormalization", axes=[2, 3])) == (X + 2 * 4 * N * C, 2 * 4 * N * C)
+
+
+def test_grid_sample_keeps_x_and_the_grid():
+    m = shifted_op_model("GridSample", ["x", "grid"], {"x": [N, C, HW, HW], "grid": [N, 4, 4, 2]}, learned=["x"],
+                         opset=20)
+    assert kept(m) == (X + F32 * N * 4 * 4 * 2, 0)
+
+
+def test_affine_grid_col2im_and_bernoulli_keep_nothing():
+    size = const("size", np.array([N, C, HW, HW], np.int64))
+    theta = shifted_op_model("AffineGrid", ["theta", "size"], {"theta": [N, 2, 3]}, consts=[size], learned=["theta"],
+                             opset=20)
+    image, block = const("image", np.array([HW, HW], np.int64)), const("block", np.array([2, 2], np.int64))
+    cols = shifted_op_model("Col2Im", ["cols", "image", "block"], {"cols": [N, C * 4, (HW - 1) ** 2]},
+                            consts=[image, block], learned=["cols"])
+    p = shifted_op_model("Bernoulli", ["p"], {"p": [N, C]}, learned=["p"])
+    assert kept(theta) == kept(cols) == kept(p) == (0, 0)
+
+
+def test_det_keeps_a_its_determinant_the_lu_factors_and_int32_pivots():
+    b, m = 4, 5
+    model = shifted_op_model("Det", ["a"], {"a": [b, m, m]}, learned=["a"])
+    lu, pivots = F32 * b * m * m, 4 * b * m
+    assert kept(model) == (F32 * b * m * m + F32 * b + lu + pivots, lu + pivots)
+
+
+def test_dft_keeps_a_real_signal_and_nothing_of_a_complex_one():
+    """ONNX's schema marks DFT's input not differentiable, so no count runs its backward: the rule is read directly
+    (it holds for a graph whose DFT is trained all the same, as torch trains its FFTs)."""
+    from flopcount.registry import lookup_saved
+
+    class Shapes:  # the one thing the rule reads of its node
+        def __init__(self, shape):
+            self.shape = lambda i: shape
+
+    rule = lookup_saved("", "DFT")
+    assert rule(Shapes((N, 16, 1))) == Saved(inputs=(0,))  # F32·N·16 bytes: torch's r2c FFT keeps its input
+    assert rule(Shapes((N, 16, 2))) == Saved()
+
+
+def _torch_saved(fn, *shapes, dtype=None) -> int:
+    """Bytes of the unique storages torch's autograd keeps for ``fn`` on new inputs of ``shapes`` that need a
+    gradient (inputs included: in the graphs above they are activations)."""
+    torch = pytest.importorskip("torch")
+    inputs = [torch.randn(*s, dtype=dtype or torch.float32, requires_grad=True) for s in shapes]
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(*inputs)
+    return sum(seen.values())
+
+
+def test_the_new_rules_equal_what_torch_keeps():
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    grid = torch.rand(N, 4, 4, 2) * 2 - 1  # not trained (a graph input above), kept all the same
+    size = const("size", np.array([N, C, HW, HW], np.int64))
+    image, block = const("image", np.array([HW, HW], np.int64)), const("block", np.array([2, 2], np.int64))
+    pairs = [
+        (x_model("MeanVarianceNormalization"),
+         _torch_saved(lambda x: F.batch_norm(x, None, None, training=True), (N, C, HW, HW))),
+        (x_model("MeanVarianceNormalization", axes=[2, 3]), _torch_saved(F.instance_norm, (N, C, HW, HW))),
+        (shifted_op_model("GridSample", ["x", "grid"], {"x": [N, C, HW, HW], "grid": [N, 4, 4, 2]}, learned=["x"],
+                          opset=20),
+         _torch_saved(lambda x: F.grid_sample(x, grid, align_corners=False), (N, C, HW, HW))),
+        (shifted_op_model("AffineGrid", ["theta", "size"], {"theta": [N, 2, 3]}, consts=[size], learned=["theta"],
+                          opset=20),
+         _torch_saved(lambda t: F.affine_grid(t, (N, C, HW, HW), align_corners=False), (N, 2, 3))),
+        (shifted_op_model("Col2Im", ["cols", "image", "block"], {"cols": [N, C * 4, (HW - 1) ** 2]},
+                          consts=[image, block], learned=["cols"]),
+         _torch_saved(lambda c: F.fold(c, (HW, HW), (2, 2)), (N, C * 4, (HW - 1) ** 2))),
+        (shifted_op_model("Det", ["a"], {"a": [4, 5, 5]}, learned=["a"]), _torch_saved(torch.linalg.det, (4, 5, 5))),
+    ]
+    for m, theirs in pairs:
+        assert kept(m)[0] == theirs, m.graph.node[-1].op_type
+    assert _torch_saved(torch.fft.fft, (N, 16)) == F32 * N * 16  # the real signal, as the DFT rule keeps it
+    assert _torch_saved(torch.fft.fft, (N, 16), dtype=torch.complex64) == 0
+
+
 def test_registering_a_rule_twice_raises():
     with pytest.raises(RegistryError, match="registered twice"):
         saves("Relu")(lambda ctx, **_: None)
@@ -114,9 +201,8 @@ def test_registering_a_rule_twice_raises():
 
 #: Operators with a backward formula and no saved-for-backward rule yet: the ledger lists them (a lower bound).
 NOT_YET = {
-    "AffineGrid", "Bernoulli", "CausalConvWithState", "Col2Im", "DFT", "DeformConv", "DequantizeLinear", "Det",
-    "DynamicQuantizeLinear", "GRU", "GridSample", "If", "LSTM", "LinearAttention", "Loop", "MaxRoiPool",
-    "MeanVarianceNormalization", "QuantizeLinear", "RNN", "RoiAlign", "STFT", "Scan", "SequenceMap",
+    "CausalConvWithState", "DeformConv", "DequantizeLinear", "DynamicQuantizeLinear", "GRU", "If", "LSTM",
+    "LinearAttention", "Loop", "MaxRoiPool", "QuantizeLinear", "RNN", "RoiAlign", "STFT", "Scan", "SequenceMap",
     "ai.onnx.ml:Binarizer", "ai.onnx.ml:TreeEnsemble", "ai.onnx.ml:TreeEnsembleClassifier",
     "ai.onnx.ml:TreeEnsembleRegressor", "ai.onnx.preview:FlexAttention", "ai.onnx.preview.training:Adagrad",
     "ai.onnx.preview.training:Adam", "ai.onnx.preview.training:Momentum", "com.microsoft:Attention",
