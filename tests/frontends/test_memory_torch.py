@@ -37,10 +37,9 @@ def saved_storages(module, inputs) -> int:
     return sum(seen.values())
 
 
-def tracked_step(module, inputs):
-    """One Adam step (after a first one made the states) under MemTracker: its category bytes at the peak and after
-    the step."""
-    opt = torch.optim.Adam(module.parameters())
+def _tracked(module, inputs, opt):
+    """The MemTracker of one step of ``opt`` on ``module``, taken after a first step made the optimizer's states.
+    The caller keeps ``opt`` alive while it reads the tracker: its "current" snapshot counts the live states."""
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -52,6 +51,14 @@ def tracked_step(module, inputs):
     tracker.track_external(module, opt)
     with tracker:
         step()
+    return tracker
+
+
+def tracked_step(module, inputs):
+    """One Adam step (after a first one made the states) under MemTracker: its category bytes at the peak and after
+    the step."""
+    opt = torch.optim.Adam(module.parameters())
+    tracker = _tracked(module, inputs, opt)
     cpu = torch.device("cpu")
 
     def named(snap):
@@ -212,17 +219,7 @@ class Stack(torch.nn.Module):
 def after_forward_and_peak(module, inputs) -> tuple[int, int]:
     """MemTracker's activation bytes when the forward returns, and the peak, of one SGD step after a first."""
     opt = torch.optim.SGD(module.parameters(), lr=0.1)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        module(*inputs).backward()
-        opt.step()
-
-    step()
-    tracker = mem_tracker.MemTracker()
-    tracker.track_external(module, opt)
-    with tracker:
-        step()
+    tracker = _tracked(module, inputs, opt)
     cpu = torch.device("cpu")
     post = tracker.memory_tracking[module].snapshots[mem_tracker._ModState.POST_FW][0][cpu]
     activations = next(v for k, v in post.items() if getattr(k, "value", k) == "Activation")
