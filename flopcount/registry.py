@@ -7,12 +7,19 @@ Every operator is in exactly one of three groups:
 * **zero-cost**: registered with :func:`zero_cost` and a reason (layout, indexing, metadata);
 * **unsupported**: anything not registered; reported in every output, fatal with ``strict``.
 
-Registering the same ``(domain, op_type)`` twice raises :class:`~flopcount.errors.RegistryError`.
+Each ``(domain, op_type)`` has one :class:`Operator` entry, which holds everything registered for it: its forward
+rule (:func:`formula` or :func:`zero_cost`, with a quantized operator's data inputs), its output-type rule for
+operators ONNX's inference does not know (:func:`shape_function`), its backward formula with its buffers and
+straight-through flag (:func:`backward`), and its saved-for-backward rule (:func:`saves`). :data:`OPERATORS` maps
+keys to entries; :data:`RULES`, :data:`BACKWARD` and :data:`SAVED` are read-only views of one part of them.
+
+Registering the same part of an operator twice raises :class:`~flopcount.errors.RegistryError`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Callable, Collection, Mapping
 
@@ -49,21 +56,67 @@ class Rule:
         return " ".join(doc.split("\n\n", 1)[0].split())
 
 
-_RULES: dict[tuple[str, str], Rule] = {}
-RULES: Mapping[tuple[str, str], Rule] = MappingProxyType(_RULES)
+@dataclass(frozen=True)
+class Operator:
+    """Everything registered for one ``(domain, op_type)``; a part not registered is None (or empty)."""
+
+    domain: str
+    op_type: str
+    rule: Rule | None = None  #: the forward rule: a formula or a zero-cost reason
+    quantized: Collection[int] | None = None  #: a quantized operator's data input positions
+    shape: Callable[..., tuple] | None = None  #: output types where ONNX's inference does not know the operator
+    backward: Callable[..., Cost] | None = None  #: the backward formula
+    buffers: frozenset[int] = field(default_factory=frozenset)  #: inputs never trained
+    straight_through: bool = False  #: integer outputs that still carry a gradient
+    saved: Callable[..., Saved] | None = None  #: what the backward keeps
+
+
+_OPERATORS: dict[tuple[str, str], Operator] = {}
+OPERATORS: Mapping[tuple[str, str], Operator] = MappingProxyType(_OPERATORS)
+
+
+class _Part(Mapping):
+    """A read-only view of one part of the registered operators: key → that part, for those that have it."""
+
+    def __init__(self, part: str) -> None:
+        self._part = part
+
+    def __getitem__(self, key: tuple[str, str]) -> Any:
+        value = getattr(_OPERATORS[key], self._part) if key in _OPERATORS else None
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return (key for key, op in _OPERATORS.items() if getattr(op, self._part) is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+RULES: Mapping[tuple[str, str], Rule] = _Part("rule")
+BACKWARD: Mapping[tuple[str, str], Callable[..., Cost]] = _Part("backward")
+SAVED: Mapping[tuple[str, str], Callable[..., Saved]] = _Part("saved")
+
+
+def _key(domain: str, op_type: str) -> tuple[str, str]:
+    return DEFAULT_DOMAIN if domain in ("", "ai.onnx") else domain, op_type
+
+
+def _register(domain: str, op_type: str, part: str, what: str, already: Callable[[Operator], str] | None = None,
+              **parts: Any) -> None:
+    """Set ``parts`` of the entry of ``(domain, op_type)``; ``part`` must not be set yet (``what`` names it)."""
+    key = _key(domain, op_type)
+    entry = _OPERATORS.get(key) or Operator(*key)
+    if getattr(entry, part) is not None:
+        detail = already(entry) if already else ""
+        raise RegistryError(f"{what} of {op_type!r} ({key[0] or 'ai.onnx'}) is registered twice{detail}")
+    _OPERATORS[key] = replace(entry, **parts)
 
 
 def _add(rule: Rule) -> None:
-    key = (rule.domain, rule.op_type)
-    if key in _RULES:
-        raise RegistryError(
-            f"operator {rule.op_type!r} of domain {rule.domain or 'ai.onnx'!r} is registered twice "
-            f"(family {_RULES[key].family!r} and {rule.family!r})"
-        )
-    _RULES[key] = rule
-
-
-_QUANTIZED: dict[tuple[str, str], Collection[int]] = {}
+    _register(rule.domain, rule.op_type, "rule", "operator", lambda e: f" (family {e.rule.family!r} and {rule.family!r})",
+              rule=rule)
 
 
 def formula(*op_types: str, family: str, domain: str = DEFAULT_DOMAIN, quantized: Collection[int] | None = None):
@@ -79,7 +132,7 @@ def formula(*op_types: str, family: str, domain: str = DEFAULT_DOMAIN, quantized
         for op_type in op_types:
             _add(Rule(canonical_domain(domain), op_type, family, fn))
             if quantized is not None:
-                _QUANTIZED[(canonical_domain(domain), op_type)] = quantized
+                _OPERATORS[_key(domain, op_type)] = replace(_OPERATORS[_key(domain, op_type)], quantized=quantized)
         return fn
 
     return register
@@ -93,13 +146,17 @@ def zero_cost(*op_types: str, family: str, reason: str, domain: str = DEFAULT_DO
 
 def quantized_data(domain: str, op_type: str) -> Collection[int] | None:
     """The data input positions of a quantized operator (see :func:`formula`); None for other operators."""
-    return _QUANTIZED.get((canonical_domain(domain), op_type))
+    entry = _OPERATORS.get(_key(domain, op_type))
+    return entry.quantized if entry is not None else None
+
+
+def lookup(domain: str, op_type: str) -> Rule | None:
+    entry = _OPERATORS.get(_key(domain, op_type))
+    return entry.rule if entry is not None else None
 
 
 # --------------------------------------------------------------------------------------------
 # output types of operators that ONNX's shape inference does not know (other domains)
-
-_SHAPES: dict[tuple[str, str], Callable[..., tuple]] = {}
 
 
 def shape_function(*op_types: str, domain: str):
@@ -111,30 +168,19 @@ def shape_function(*op_types: str, domain: str):
 
     def register(fn: Callable[..., tuple]) -> Callable[..., tuple]:
         for op_type in op_types:
-            key = (canonical_domain(domain), op_type)
-            if key in _SHAPES:
-                raise RegistryError(f"shape function of {op_type!r} ({domain}) is registered twice")
-            _SHAPES[key] = fn
+            _register(domain, op_type, "shape", "shape function", shape=fn)
         return fn
 
     return register
 
 
 def lookup_shape(domain: str, op_type: str) -> Callable[..., tuple] | None:
-    return _SHAPES.get((canonical_domain(domain), op_type))
-
-
-def lookup(domain: str, op_type: str) -> Rule | None:
-    return _RULES.get((DEFAULT_DOMAIN if domain in ("", "ai.onnx") else domain, op_type))
+    entry = _OPERATORS.get(_key(domain, op_type))
+    return entry.shape if entry is not None else None
 
 
 # --------------------------------------------------------------------------------------------
-# backward (training) formulas: a second table with the same keys
-
-_BACKWARD: dict[tuple[str, str], Callable[..., Cost]] = {}
-BACKWARD: Mapping[tuple[str, str], Callable[..., Cost]] = MappingProxyType(_BACKWARD)
-_BUFFERS: dict[tuple[str, str], frozenset[int]] = {}
-_STRAIGHT_THROUGH: set[tuple[str, str]] = set()
+# backward (training) formulas
 
 
 def backward(*op_types: str, domain: str = DEFAULT_DOMAIN, buffers: tuple[int, ...] = (),
@@ -153,14 +199,8 @@ def backward(*op_types: str, domain: str = DEFAULT_DOMAIN, buffers: tuple[int, .
 
     def register(fn: Callable[..., Cost]) -> Callable[..., Cost]:
         for op_type in op_types:
-            key = (canonical_domain(domain), op_type)
-            if key in _BACKWARD:
-                raise RegistryError(f"backward formula of {op_type!r} ({domain or 'ai.onnx'}) is registered twice")
-            _BACKWARD[key] = fn
-            if buffers:
-                _BUFFERS[key] = frozenset(buffers)
-            if straight_through:
-                _STRAIGHT_THROUGH.add(key)
+            _register(domain, op_type, "backward", "backward formula", backward=fn, buffers=frozenset(buffers),
+                      straight_through=straight_through)
         return fn
 
     return register
@@ -168,22 +208,22 @@ def backward(*op_types: str, domain: str = DEFAULT_DOMAIN, buffers: tuple[int, .
 
 def straight_through(domain: str, op_type: str) -> bool:
     """Whether the op's integer outputs carry a gradient (see :func:`backward`)."""
-    return (DEFAULT_DOMAIN if domain in ("", "ai.onnx") else domain, op_type) in _STRAIGHT_THROUGH
+    entry = _OPERATORS.get(_key(domain, op_type))
+    return entry is not None and entry.straight_through
 
 
 def buffer_inputs(domain: str, op_type: str) -> frozenset[int]:
-    return _BUFFERS.get((DEFAULT_DOMAIN if domain in ("", "ai.onnx") else domain, op_type), frozenset())
+    entry = _OPERATORS.get(_key(domain, op_type))
+    return entry.buffers if entry is not None else frozenset()
 
 
 def lookup_backward(domain: str, op_type: str) -> Callable[..., Cost] | None:
-    return _BACKWARD.get((DEFAULT_DOMAIN if domain in ("", "ai.onnx") else domain, op_type))
+    entry = _OPERATORS.get(_key(domain, op_type))
+    return entry.backward if entry is not None else None
 
 
 # --------------------------------------------------------------------------------------------
-# saved-for-backward rules: a third table with the same keys (flopcount.saved, flopcount.memory)
-
-_SAVED: dict[tuple[str, str], Callable[..., Saved]] = {}
-SAVED: Mapping[tuple[str, str], Callable[..., Saved]] = MappingProxyType(_SAVED)
+# saved-for-backward rules (flopcount.saved, flopcount.memory)
 
 
 def saves(*op_types: str, domain: str = DEFAULT_DOMAIN):
@@ -194,10 +234,7 @@ def saves(*op_types: str, domain: str = DEFAULT_DOMAIN):
 
     def register(fn: Callable[..., Saved]) -> Callable[..., Saved]:
         for op_type in op_types:
-            key = (canonical_domain(domain), op_type)
-            if key in _SAVED:
-                raise RegistryError(f"saved-for-backward rule of {op_type!r} ({domain or 'ai.onnx'}) is registered twice")
-            _SAVED[key] = fn
+            _register(domain, op_type, "saved", "saved-for-backward rule", saved=fn)
         return fn
 
     return register
@@ -214,4 +251,5 @@ def _nothing(ctx: Any, **_: Any) -> Saved:
 
 
 def lookup_saved(domain: str, op_type: str) -> Callable[..., Saved] | None:
-    return _SAVED.get((canonical_domain(domain), op_type))
+    entry = _OPERATORS.get(_key(domain, op_type))
+    return entry.saved if entry is not None else None
