@@ -1,7 +1,8 @@
 """Frontends that export framework models (PyTorch, TensorFlow-Keras) to ONNX for counting.
 
 * :mod:`.torch` ``from_torch``: a ``torch.nn.Module`` exported weightlessly (torch.export, else TorchScript), cached
-* :mod:`.keras` ``from_keras``: a ``keras.Model`` converted with tf2onnx, cached
+* :mod:`.keras` ``from_keras``: a ``keras.Model`` converted with tf2onnx, cached; :mod:`.keras_rewrites` the rewrites
+  that make its graph count as its PyTorch twin's
 * :mod:`.hf` ``from_hf``: a Hugging Face ``transformers`` model built from its configuration alone, then exported
 * :mod:`.repeated` a ``transformers`` model's stack of identical layers, shown identical (``--repeated-layers``)
 * :mod:`.generate` ``from_causal_lm``: ``generate()`` of a causal LM, its prefill and decode-step graphs counted
