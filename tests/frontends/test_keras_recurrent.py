@@ -118,6 +118,13 @@ def test_third_party_files_with_open_batch_and_length(name, tmp_path, capsys):
         path.write_bytes(converted.SerializeToString())
         assert main([str(path), "--input-shape", f"x={B}x{S}x{I}"]) == 0
         assert f"Upper bound for Loop (2 nodes): {S} iterations counted" in capsys.readouterr().out
+        # --loop-trips on the first layer's Loop: it runs N = 4 steps, its stack is 4 long, so the second layer's
+        # Loop (trip count: the stack's length) runs 4 steps too, still an upper bound by its own condition
+        first = next(n.name for n in report.nodes if n.op_type == "Loop")
+        given = flopcount.count(converted, input_shapes={"x": (B, S, I)}, loop_trips={first: 4})
+        assert [n.cost.flops for n in given.nodes if n.op_type == "Loop"] == [
+            4 * (lstm_step(I) + WHILE_TEST), 4 * (lstm_step(H) + WHILE_TEST)]
+        assert given.upper_bounds["Loop"][0] == 1 and "4 iterations counted" in given.upper_bounds["Loop"][1]
 
 
 # --- training: the backward through time, in the convention of docs/training.md ---------------------------------
