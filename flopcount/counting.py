@@ -201,7 +201,7 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
                       enumerate(zip(protos, names, index.node_ops, index.node_inputs, index.node_outputs))]
         roles = _roles(m, opsets, trainable, frozenset(input_values or ()), where, frozen, index)
         lap("graph")
-        res = resolve(shaped, index, where, inference)
+        res = resolve(shaped, index, where, inference, loop_trips=loop_trips)
     finally:
         inference.close()
     validate.check_resolved(index, res.tensors, res.values, attributes, where)

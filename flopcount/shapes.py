@@ -31,7 +31,7 @@ from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 from .context import TensorInfo
 from .errors import ShapeError, UsageError, first_line
-from .graph import GraphIndex
+from .graph import GraphIndex, node_label
 from .loading import copy_field
 
 log = logging.getLogger(__name__)
@@ -999,9 +999,12 @@ def prepare(
     apply_overrides(model, inputs, input_shapes, batch, where)
 
 
-def resolve(model: ModelProto, index: GraphIndex, where: str, first: "Inference | None" = None) -> Resolution:
+def resolve(model: ModelProto, index: GraphIndex, where: str, first: "Inference | None" = None,
+            loop_trips: Mapping[str, int] | None = None) -> Resolution:
     """Resolve every tensor's shape that can be resolved without weights (``model`` is weightless
-    and prepared by :func:`prepare`). ``first``, when given, is the first inference, already started."""
+    and prepared by :func:`prepare`). ``first``, when given, is the first inference, already started.
+    ``loop_trips`` (node name to trip count, as ``count`` takes it) gives the length of those Loops' stacked
+    outputs."""
     bodies = bool(index.bodies)
     guard = _guard_needed(index)
     tensors = first.collected() if first is not None else None  # the child's report, read beside the DAG
@@ -1039,7 +1042,7 @@ def resolve(model: ModelProto, index: GraphIndex, where: str, first: "Inference 
     if bodies:
         tensors = dict(tensors)
         _infer_bodies(model, model.graph, tensors, values, where)
-        while rounds < MAX_ROUNDS and (settled := _loop_outputs(model.graph, tensors, values)):
+        while rounds < MAX_ROUNDS and (settled := _loop_outputs(model.graph, tensors, values, loop_trips)):
             # ONNX leaves every Loop output shapeless; with them settled, infer what follows them
             tensors.update(settled)
             scratch = _with_constants(model, index, values)
@@ -1073,15 +1076,18 @@ def _static(t: TensorInfo | None) -> bool:
     return t is not None and t.is_static
 
 
-def _loop_outputs(graph: onnx.GraphProto, tensors: Mapping[str, TensorInfo], values: Mapping) -> dict[str, TensorInfo]:
+def _loop_outputs(graph: onnx.GraphProto, tensors: Mapping[str, TensorInfo], values: Mapping,
+                  loop_trips: Mapping[str, int] | None = None) -> dict[str, TensorInfo]:
     """Shapes of Loop outputs that ONNX's inference leaves without one, where the body settles them:
     a loop-carried value whose body output has the static shape of its initial value keeps that
-    shape; a scan output stacks the body's static output over the trip count, when the count is a
-    known M. Where a condition may end the loop early, M is its maximum, as the Loop's own count takes it
-    (both are upper bounds, which the Loop's count names: ``operators/control_flow.py``); a Loop without M
-    leaves its scan outputs open, and its count asks for ``--loop-trips``."""
+    shape; a scan output stacks the body's static output over the trip count: the N that ``loop_trips``
+    gives the Loop by name (``--loop-trips NAME=N``), else a known M. Where a condition may end the loop
+    early, M is its maximum, as the Loop's own count takes it (both are upper bounds, which the Loop's count
+    names: ``operators/control_flow.py``); a Loop with neither leaves its scan outputs open, and its count
+    asks for ``--loop-trips``."""
     settled: dict[str, TensorInfo] = {}
-    for node in graph.node:
+    loop_trips = loop_trips or {}
+    for position, node in enumerate(graph.node):
         if node.op_type != "Loop" or node.domain not in ("", "ai.onnx"):
             continue
         body = next((a.g for a in node.attribute if a.name == "body"), None)
@@ -1101,6 +1107,7 @@ def _loop_outputs(graph: onnx.GraphProto, tensors: Mapping[str, TensorInfo], val
             else:
                 trips = values.get(node.input[0]) if node.input[0] else None
                 count = int(np.asarray(trips).reshape(())) if trips is not None and np.size(trips) == 1 else -1
+                count = loop_trips.get(node_label(node, position), count)
                 if count >= 0:
                     settled[out] = TensorInfo(out, inner.elem_type, (count, *inner.shape))
     return settled

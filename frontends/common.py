@@ -51,6 +51,7 @@ __all__ = [
     "canonical_json",
     "captured_fd",
     "check_count_kwargs",
+    "check_frontend_arguments",
     "class_digest",
     "default_cache_dir",
     "dist_version",
@@ -94,6 +95,33 @@ def check_count_kwargs(caller: str, count_kwargs: Mapping[str, Any]) -> Mapping[
     checked = set(inspect.signature(check_count_arguments).parameters) - {"caller"}
     check_count_arguments(caller, **{k: v for k, v in count_kwargs.items() if k in checked})
     return signature.parameters
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return f"{text if len(text) <= 80 else text[:77] + '...'} ({type(value).__name__})"
+
+
+def check_frontend_arguments(caller: str, *, training: Any = None, opset: Any = None, cache_dir: Any = None,
+                             training_may_be_none: bool = True) -> None:
+    """Refuse, naming it, a frontend argument of the wrong type or range (a :class:`UsageError`, before any import
+    or conversion): ``training`` True or False (or None, where it follows ``mode``); ``opset`` a positive int;
+    ``cache_dir`` a path, True, False or None.
+
+    >>> check_frontend_arguments("from_keras", opset=18, cache_dir=False)
+    >>> check_frontend_arguments("from_keras", opset="18")
+    Traceback (most recent call last):
+    ...
+    flopcount.errors.UsageError: from_keras: opset must be a positive int such as 18, got '18' (str)
+    """
+    if not (isinstance(training, bool) or training is None and training_may_be_none):
+        allowed = "True, False or None" if training_may_be_none else "True or False"
+        raise UsageError(f"{caller}: training must be {allowed}, got {_shown(training)}")
+    if opset is not None and (isinstance(opset, bool) or not isinstance(opset, int) or opset <= 0):
+        raise UsageError(f"{caller}: opset must be a positive int such as 18, got {_shown(opset)}")
+    if cache_dir is not None and not isinstance(cache_dir, (bool, str, os.PathLike)):
+        raise UsageError(f"{caller}: cache_dir must be a folder path, True (the default folder) or False (no cache), "
+                         f"got {_shown(cache_dir)}")
 
 
 def training_flag(training: bool | None, count_kwargs: dict[str, Any], log: logging.Logger) -> bool:

@@ -189,6 +189,7 @@ def from_keras(
     """
     from flopcount.counting import count
 
+    common.check_frontend_arguments("from_keras", training=training, opset=opset, cache_dir=cache_dir)
     common.check_count_kwargs("from_keras", count_kwargs)
     training = common.training_flag(training, count_kwargs, log)
     converted = to_onnx(model, input_shapes, training=training, batch=count_kwargs.get("batch"), opset=opset,
@@ -218,8 +219,11 @@ def to_onnx(
     """
     from flopcount.models import export as ex
 
-    _, keras, _ = import_frameworks()
+    common.check_frontend_arguments("to_onnx", training=training, opset=opset, cache_dir=cache_dir,
+                                    training_may_be_none=False)
+    _, keras, tf2onnx = import_frameworks()
     _check_model(keras, model)
+    _check_opset(tf2onnx, opset)
     if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch <= 0):
         raise UsageError(f"{FRONTEND}: batch must be a positive int, got {batch!r}")
     inputs = _inputs(model, input_shapes, batch)
@@ -317,6 +321,14 @@ def _import(name: str, label: str):
         return importlib.import_module(name)
     except ImportError:
         raise FrontendError(f"{FRONTEND}: {label} is not installed; {INSTALL_HINT}") from None
+
+
+def _check_opset(tf2onnx, opset: int | None) -> None:
+    """Refuse an opset newer than the installed tf2onnx writes (read from tf2onnx itself)."""
+    newest = max(getattr(getattr(tf2onnx, "constants", None), "OPSET_TO_IR_VERSION", None) or {0: 0})
+    if opset is not None and newest and opset > newest:
+        raise UsageError(f"{FRONTEND}: opset {opset} is newer than tf2onnx {getattr(tf2onnx, '__version__', '?')} "
+                         f"writes; give an opset of at most {newest}")
 
 
 def _check_model(keras, model: Any) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from flopcount.context import NodeContext
 from flopcount.cost import Bound, Breakdown, Cost
-from flopcount.errors import ShapeError
+from flopcount.errors import ShapeError, UsageError
 from flopcount.registry import backward, formula, zero_cost
 
 
@@ -33,6 +33,9 @@ def if_(ctx: NodeContext, *, then_branch, else_branch, **_) -> Breakdown:
 
 def _trips(ctx: NodeContext, what: str, known: int | None) -> int:
     if ctx.trips is not None:
+        if known is not None and 0 <= known < ctx.trips:
+            raise UsageError(f"node {ctx.name!r} ({ctx.op_type}): --loop-trips {ctx.name}={ctx.trips} is more than "
+                             f"{what}'s maximum {known}, which it cannot exceed; give at most {known}")
         return ctx.trips
     if known is not None:
         if known < 0:

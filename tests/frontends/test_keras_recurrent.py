@@ -118,8 +118,70 @@ def test_third_party_files_with_open_batch_and_length(name, tmp_path, capsys):
         path.write_bytes(converted.SerializeToString())
         assert main([str(path), "--input-shape", f"x={B}x{S}x{I}"]) == 0
         assert f"Upper bound for Loop (2 nodes): {S} iterations counted" in capsys.readouterr().out
+        # --loop-trips on the first layer's Loop: it runs N = 4 steps, its stack is 4 long, so the second layer's
+        # Loop (trip count: the stack's length) runs 4 steps too, still an upper bound by its own condition
+        first = next(n.name for n in report.nodes if n.op_type == "Loop")
+        given = flopcount.count(converted, input_shapes={"x": (B, S, I)}, loop_trips={first: 4})
+        assert [n.cost.flops for n in given.nodes if n.op_type == "Loop"] == [
+            4 * (lstm_step(I) + WHILE_TEST), 4 * (lstm_step(H) + WHILE_TEST)]
+        assert given.upper_bounds["Loop"][0] == 1 and "4 iterations counted" in given.upper_bounds["Loop"][1]
 
 
-def test_training_counts_the_backward_through_time(cache):
-    report = flopcount.from_keras(build("lstm"), batch=B, mode="train")
-    assert not report.backward_unsupported and report.backward.flops > report.forward.flops
+# --- training: the backward through time, in the convention of docs/training.md ---------------------------------
+#
+# The input x is data and the initial states h0 (and the LSTM's c0) are zeros: neither needs a gradient. So every
+# step computes the weight gradients of its products (dW = Aᵀ·dY, the forward's MACs each), but the recurrent
+# product h·U computes dh only from the second step on (the first iteration "without the input gradients the carry
+# adds"); a layer fed by another one (stacked) computes dx at every step. The while test passes no gradient.
+
+
+def products_backward(k: int, i: int, dx: bool, h: int = H, b: int = B) -> int:
+    """Dense backward of one recurrent layer with k gates over S steps: dW and dU every step (2·B·kH·(I + H)),
+    dh on steps 2..S (2·B·kH·H), dx at every step when the input needs a gradient (2·B·kH·I)."""
+    return S * 2 * b * k * h * (i + h) + (S - 1) * 2 * b * k * h * h + (S * 2 * b * k * h * i if dx else 0)
+
+
+DENSE_BACKWARD = {
+    "lstm": products_backward(4, I, dx=False),
+    "gru": products_backward(3, I, dx=False),
+    "simple_rnn": products_backward(1, I, dx=False),
+    "bidirectional": 2 * products_backward(4, I, dx=False),
+    "stacked": products_backward(4, I, dx=False) + products_backward(4, H, dx=True),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_training_products_are_the_backward_through_time(cache, name):
+    report = flopcount.from_keras(build(name), batch=B, mode="train", convention="dense")
+    assert not report.backward_unsupported
+    assert report.backward.flops == DENSE_BACKWARD[name]
+
+
+def simple_rnn_backward() -> int:
+    """Default convention, per step, for tf2onnx's body Gemm(x_t, W, b) -> Gemm(h, U, C) -> Tanh:
+    Tanh dY·(1 − Y²): 3·B·H; Gemm(h, U, C): dU 2·B·H·H (+ dh 2·B·H·H from step 2), and dC (C depends on W, b):
+    |Y| = B·H additions; Gemm(x_t, W, b): dW 2·B·I·H and db, summed over the batch: B·H additions."""
+    step = 3 * B * H + 2 * B * H * H + B * H + 2 * B * I * H + B * H
+    return S * step + (S - 1) * 2 * B * H * H
+
+
+def lstm_backward() -> int:
+    """Default convention, per step, for tf2onnx's body MatMul(h, U) -> Gemm(x_t, W, C) -> Add(b) -> Split ->
+    3 Sigmoid, Tanh -> c = σ_f·c + σ_i·g̃ -> h = σ_o·tanh(c), with G = B·4H:
+    MatMul(h, U): dU 2·B·H·4H (+ dh 2·B·H·4H from step 2); Gemm: dW 2·B·I·4H and dC |Y| = G;
+    Add of the bias b[4H]: dY summed over the batch, G − 4H; 3 Sigmoid and 2 Tanh, dY·Y·(1 − Y) and dY·(1 − Y²):
+    5·3·B·H; Mul dA = dY·B per input needing one: σ_f·c 1 (+ 1 for dc from step 2), σ_i·g̃ 2, σ_o·tanh(c) 2;
+    Add and Split 0."""
+    g = B * 4 * H
+    step = 2 * B * H * 4 * H + 2 * B * I * 4 * H + g + (g - 4 * H) + 5 * 3 * B * H + (1 + 2 + 2) * B * H
+    return S * step + (S - 1) * (2 * B * H * 4 * H + B * H)
+
+
+@pytest.mark.parametrize("name, backward", [
+    pytest.param("simple_rnn", simple_rnn_backward, id="simple_rnn"),
+    pytest.param("lstm", lstm_backward, id="lstm"),
+])
+def test_training_counts_every_op_of_the_backward_through_time(cache, name, backward):
+    report = flopcount.from_keras(build(name), batch=B, mode="train")
+    assert not report.backward_unsupported
+    assert report.backward.flops == backward()
