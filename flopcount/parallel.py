@@ -63,12 +63,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import UsageError
 from .plan import ParallelPlan, Recompute
 
-__all__ = ["Collective", "ParallelLedger", "RankFlops", "ledger", "simulate_schedule"]
+__all__ = ["Collective", "NodeShare", "ParallelLedger", "RankFlops", "ledger", "node_shares", "simulate_schedule"]
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)$")
 _IN_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
@@ -289,10 +289,28 @@ def _recomputed(recompute: Recompute, nodes: Sequence[Any], scopes: Sequence[Seq
     return core
 
 
-def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None) -> ParallelLedger:
-    """The per-rank ledger of ``report`` (a counted :class:`~flopcount.report.Report` of one microbatch) under
-    ``plan``; :class:`~flopcount.errors.UsageError` (exit 2) when a degree does not divide what it splits, a part
-    of the plan is not modelled yet, or the model's scopes are not those of a dense decoder."""
+class NodeShare(NamedTuple):
+    """One node's work on one TP rank of one stage per microbatch: ``model_*`` its share of the model's work,
+    ``forward``/``backward`` what the rank runs, ``recompute`` the forward it runs again."""
+
+    index: int  # position in the report's nodes
+    stage: int
+    tp: int
+    rule: str
+    model_forward: int
+    model_backward: int
+    forward: int
+    backward: int
+    recompute: int
+
+
+def node_shares(report: Any, plan: ParallelPlan, recompute: Recompute | None = None) -> tuple[NodeShare, ...]:
+    """Every node's work on every (stage, TP rank) of ``plan`` (nodes without work left out): what
+    :func:`ledger` sums, and what ``--by-module`` rows per rank are made of."""
+    return _shares(report, plan, recompute)[1]
+
+
+def _shares(report: Any, plan: ParallelPlan, recompute: Recompute | None):
     recompute = recompute or Recompute()
     where = report.model.path or report.model.graph_name or "the model"
     if recompute.policy != "none" and report.mode != "train":
@@ -303,14 +321,13 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None) 
                          "tensor-parallel rule can be applied")
     d = _dims(nodes, scopes, where)
     _check(plan, d)
-    t, p, m = plan.tp, plan.pp, plan.microbatches
+    t, p = plan.tp, plan.pp
     train = report.mode == "train"
     per_stage = d.layers // p
     head_at = next((k for k, sc in enumerate(scopes) if _leaf(sc) == "lm_head"), len(nodes))
     redo = _recomputed(recompute, nodes, scopes) if train else set()
     kv_group = t // d.kv_heads if d.kv_heads < t else 1  # TP ranks that hold the same K/V head
-    # per (stage, tp index): model and executed FLOPs of one microbatch, forward and backward, and recompute
-    acc = {(s, i): [0, 0, 0, 0] for s in range(p) for i in range(t)}  # model, executed, recomputed, executed fwd
+    shares: list[NodeShare] = []
     has_loss = False
     for k, (n, sc) in enumerate(zip(nodes, scopes)):
         fwd, bwd = n.cost.flops, n.backward.flops if train else 0
@@ -334,12 +351,25 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None) 
                 else:  # replicated over TP (and, for positions, over the stages)
                     run = (fwd, bwd)
                     own = run if i == 0 and s == stages[0] else (0, 0)
-                a = acc[(s, i)]
-                a[0] += own[0] + own[1]
-                a[1] += run[0] + run[1]
-                a[3] += run[0]
-                if k in redo:
-                    a[2] += run[0]
+                shares.append(NodeShare(k, s, i, rule, own[0], own[1], run[0], run[1], run[0] if k in redo else 0))
+    return d, tuple(shares), has_loss, per_stage, train, recompute
+
+
+def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None) -> ParallelLedger:
+    """The per-rank ledger of ``report`` (a counted :class:`~flopcount.report.Report` of one microbatch) under
+    ``plan``; :class:`~flopcount.errors.UsageError` (exit 2) when a degree does not divide what it splits, a part
+    of the plan is not modelled yet, or the model's scopes are not those of a dense decoder."""
+    d, shares, has_loss, per_stage, train, recompute = _shares(report, plan, recompute)
+    nodes, scopes = report.nodes, report.modules.nodes
+    t, p, m = plan.tp, plan.pp, plan.microbatches
+    kv_group = t // d.kv_heads if d.kv_heads < t else 1
+    acc = {(s, i): [0, 0, 0, 0] for s in range(p) for i in range(t)}  # model, executed, recomputed, executed fwd
+    for x in shares:
+        a = acc[(x.stage, x.tp)]
+        a[0] += x.model_forward + x.model_backward
+        a[1] += x.forward + x.backward
+        a[2] += x.recompute
+        a[3] += x.forward
     whole = sum(n.cost.flops + (n.backward.flops if train else 0) for n in nodes)
     comm = _communication(plan, d, report, scopes, per_stage, train, has_loss)
     order = ("tp", "pp", "cp", "ep", "dp")
