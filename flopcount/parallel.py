@@ -512,3 +512,33 @@ def _rank_params(report, d: _Dims, plan: ParallelPlan) -> list[int]:
             n = n // min(plan.tp, d.kv_heads)
         out[s] += n
     return out
+
+
+#: Columns of :func:`rank_rows` (the text report's table by rank).
+RANK_HEADERS = ("ranks", "tp", "pp", "dp", "model FLOPs", "hardware FLOPs", "redundant FLOPs", "recompute FLOPs",
+                "communication bytes")
+
+
+def rank_rows(led: ParallelLedger) -> list[list[str]]:
+    """One row per (stage, TP rank) of the ledger, per optimizer step; its DP replicas, whose figures are the same,
+    listed in the first column."""
+    groups: dict[tuple[int, int], list[RankFlops]] = {}
+    for r in led.ranks:
+        groups.setdefault((r.stage, r.coords["tp"]), []).append(r)
+    rows = []
+    for (stage, tp), rs in sorted(groups.items()):
+        r = rs[0]
+        comm = ", ".join(f"{c.kind}({c.group}) {c.bytes:,}" for c in r.communication) or "-"
+        names = ",".join(str(x.rank) for x in rs)
+        rows.append([names, str(tp), str(stage), f"0-{len(rs) - 1}" if len(rs) > 1 else "0",
+                     f"{r.model_flops:,}", f"{r.hardware_flops:,}", f"{r.redundant_flops:,}",
+                     f"{r.recompute_flops:,}", comm])
+    return rows
+
+
+def summary_line(led: ParallelLedger) -> str:
+    """The ledger's one-line summary under its table."""
+    return (f"Parallel ({led.plan}, recompute {led.recompute}, {led.mode}): per optimizer step of "
+            f"{led.plan.microbatches} microbatch{'es' if led.plan.microbatches > 1 else ''} per DP rank; whole model "
+            f"{led.whole_flops:,} FLOPs a microbatch; bubble {led.bubble_fraction:.4f}; slowest rank "
+            f"{led.slowest_rank}, imbalance {led.imbalance:.4f} (max/mean hardware FLOPs); {led.kv_rule}")
