@@ -184,3 +184,102 @@ def test_a_model_without_decoder_scopes_is_refused(tmp_path):
     onnx.save(helper.make_model(g), path)
     with pytest.raises(UsageError, match="layers.N"):
         ledger(flopcount.count(str(path)), plan("tp=2"))
+
+
+# --- TP on 2 gloo ranks: Megatron-style local modules, counted by torch's FlopCounterMode on each rank ----------
+
+def _tp_worker(rank: int, world: int, init: str, out: str) -> None:
+    """One TP rank of a tiny Llama written with local shards: column-parallel Q, K, V, gate, up and LM head
+    (their output features split), row-parallel O and down (their input features split, the outputs summed by
+    all_reduce), a vocab-parallel embedding, replicated RMSNorms; 2 local heads of Q and 1 of K/V on each rank."""
+    import json
+
+    import torch
+    import torch.distributed as dist
+    from torch.utils.flop_counter import FlopCounterMode
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    moved = []
+
+    class Reduce(torch.autograd.Function):  # g: all_reduce in the forward, identity in the backward
+        @staticmethod
+        def forward(ctx, x):
+            x = x.clone()
+            moved.append(x.numel() * x.element_size())
+            dist.all_reduce(x)
+            return x
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    class Copy(torch.autograd.Function):  # f: identity in the forward, all_reduce of the gradient in the backward
+        @staticmethod
+        def forward(ctx, x):
+            return x
+
+        @staticmethod
+        def backward(ctx, g):
+            g = g.clone()
+            moved.append(g.numel() * g.element_size())
+            dist.all_reduce(g)
+            return g
+
+    torch.manual_seed(0)  # the same full weights on every rank, then each keeps its shard
+    t, heads, kv = world, HEADS // world, KV_HEADS // world
+
+    def shard(out_features, in_features, dim):
+        w = torch.randn(out_features, in_features) * 0.1
+        return torch.nn.Parameter(w.chunk(t, dim)[rank].contiguous())
+
+    def rms(x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+    embed = torch.nn.Parameter(torch.randn(V, H).chunk(t, 0)[rank].contiguous())
+    layers = [{"q": shard(H, H, 0), "k": shard(KV_HEADS * D, H, 0), "v": shard(KV_HEADS * D, H, 0),
+               "o": shard(H, H, 1), "gate": shard(FFN, H, 0), "up": shard(FFN, H, 0), "down": shard(H, FFN, 1)}
+              for _ in range(L)]
+    head = shard(V, H, 0)
+    ids = torch.randint(0, V, (B, S))
+    lo = rank * (V // t)
+    mask = (ids < lo) | (ids >= lo + V // t)
+    with FlopCounterMode(display=False) as counter:
+        x = torch.nn.functional.embedding((ids - lo).masked_fill(mask, 0), embed).masked_fill(mask[..., None], 0)
+        x = Reduce.apply(x)
+        causal = torch.full((S, S), float("-inf")).triu(1)
+        for p in layers:
+            y = Copy.apply(rms(x))
+            q = (y @ p["q"].T).view(B, S, heads, D).transpose(1, 2)
+            k = (y @ p["k"].T).view(B, S, kv, D).transpose(1, 2).repeat_interleave(heads // kv, 1)
+            v = (y @ p["v"].T).view(B, S, kv, D).transpose(1, 2).repeat_interleave(heads // kv, 1)
+            a = torch.softmax(q @ k.transpose(-1, -2) / D ** 0.5 + causal, -1) @ v
+            x = x + Reduce.apply(a.transpose(1, 2).reshape(B, S, heads * D) @ p["o"].T)
+            y = Copy.apply(rms(x))
+            x = x + Reduce.apply((torch.nn.functional.silu(y @ p["gate"].T) * (y @ p["up"].T)) @ p["down"].T)
+        logits = Copy.apply(rms(x)) @ head.T  # vocab-parallel head: this rank's V/T logits
+        logits.sum().backward()
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump({"flops": counter.get_total_flops(), "bytes": sum(moved)}, f)
+    dist.destroy_process_group()
+
+
+def test_tp_on_gloo_equals_the_ledger(report, tmp_path):
+    """Each rank's products counted by FlopCounterMode (it counts matmuls only: the ledger's product nodes are what
+    it sees) and the bytes handed to all_reduce equal the ledger's per-rank figures for tp=2."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    p = plan("tp=2")
+    out = str(tmp_path / "rank")
+    # fork, not spawn: the children need not import torch again (a CPU-only run; no CUDA state to inherit)
+    mp.start_processes(_tp_worker, args=(2, f"file://{tmp_path / 'init'}", out), nprocs=2, join=True,
+                       start_method="fork")
+    led = ledger(report, p)
+    for i in range(2):
+        seen = json.loads(open(f"{out}.{i}").read())
+        products = sum(x.forward + x.backward for x in node_shares(report, p)
+                       if x.tp == i and report.nodes[x.index].family in ("matmul", "gemm"))
+        assert seen["flops"] == products
+        tp_bytes = sum(c.bytes for c in led.ranks[i].communication if c.group == "tp")
+        assert seen["bytes"] == tp_bytes
