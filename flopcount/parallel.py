@@ -250,6 +250,9 @@ def _rule(n: Any, sc: Sequence[str], d: _Dims, after_head: bool) -> str:
             return "kv" if kv_side else "split"
         if any(s.endswith(".mlp") for s in sc):
             return "split"
+        if n.family in _PRODUCTS:
+            raise UsageError(f"--parallel: node {n.name!r} ({n.op_type} in {sc[-1]}) is a product outside the "
+                             "recognised projections and attention; no tensor-parallel rule applies to it")
         return "norm"  # the layer's norms and residual adds: split over the sequence under sp
     if leaf == "lm_head":
         return "split"
@@ -319,6 +322,9 @@ def _shares(report: Any, plan: ParallelPlan, recompute: Recompute | None):
     if report.modules.missing or len(scopes) != len(nodes):
         raise UsageError(f"--parallel: {where} has no module scopes ({report.modules.missing}), so no "
                          "tensor-parallel rule can be applied")
+    if report.moe is not None or any(".experts." in s for sc in scopes for s in sc):
+        raise UsageError(f"--parallel: {where} is a mixture-of-experts model; its experts over EP are not modelled "
+                         "yet in FLOPs per rank (dense decoders only)")
     d = _dims(nodes, scopes, where)
     _check(plan, d)
     t, p = plan.tp, plan.pp

@@ -382,6 +382,9 @@ def memory_settings(args: argparse.Namespace) -> dict:
     plan = parse_parallel(args.parallel, getattr(args, "microbatches", 1), getattr(args, "schedule", "1f1b")) \
         if getattr(args, "parallel", None) else ParallelPlan()
     recompute = parse_recompute(getattr(args, "recompute", None))
+    if getattr(args, "parallel", None) and getattr(args, "generate", None) is not None:
+        raise UsageError("--parallel with --generate: FLOPs per rank of generation are not modelled yet; "
+                         "count one training or inference step (leave out --generate)")
     if not getattr(args, "memory", False):
         if getattr(args, "master_weights", False):
             raise UsageError("--master-weights needs --memory")

@@ -66,6 +66,8 @@ def test_json_block_and_table(capsys, llama):
     pytest.param(["--parallel", "pp=2", "--microbatches", "2", "--schedule", "interleaved"],
                  "--schedule interleaved: the interleaved schedule is not modelled yet", id="interleaved"),
     pytest.param(["--parallel", "tp=2", "--recompute", "full"], "give --mode train", id="recompute-inference"),
+    pytest.param(["--parallel", "tp=2", "--generate", "4:2"], "--parallel with --generate: FLOPs per rank of "
+                 "generation are not modelled yet", id="generate"),
 ])
 def test_bad_plans_exit_2(capsys, llama, flags, message):
     assert main(["--hf", llama, "--input-shape", f"input_ids={B}x{S}", *flags]) == 2

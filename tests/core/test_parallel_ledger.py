@@ -186,6 +186,29 @@ def test_a_model_without_decoder_scopes_is_refused(tmp_path):
         ledger(flopcount.count(str(path)), plan("tp=2"))
 
 
+
+def _rescoped(report, change):
+    """``report`` with the module scopes of its nodes rewritten by ``change(scope)``: a graph as another exporter
+    or model would scope it."""
+    import dataclasses
+
+    scopes = tuple(change(sc) for sc in report.modules.nodes)
+    return dataclasses.replace(report, modules=dataclasses.replace(report.modules, nodes=scopes))
+
+
+def test_experts_are_not_modelled_yet(report):
+    moe = _rescoped(report, lambda sc: tuple(s.replace(".mlp.up_proj", ".mlp.experts.0.up_proj") for s in sc))
+    with pytest.raises(UsageError, match="mixture-of-experts model; its experts over EP are not modelled yet"):
+        ledger(moe, plan("tp=2"))
+
+
+def test_a_product_outside_the_recognised_modules_is_refused(report):
+    # layer 1's O projection scoped to the layer itself: a product no rule splits
+    bad = _rescoped(report, lambda sc: sc[:-2] if sc and sc[-1] == "model.layers.1.self_attn.o_proj" else sc)
+    with pytest.raises(UsageError, match="is a product outside the recognised projections and attention"):
+        ledger(bad, plan("tp=2"))
+
+
 # --- TP on 2 gloo ranks: Megatron-style local modules, counted by torch's FlopCounterMode on each rank ----------
 
 def _tp_worker(rank: int, world: int, init: str, out: str) -> None:
