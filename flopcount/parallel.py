@@ -366,7 +366,6 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None) 
     ``plan``; :class:`~flopcount.errors.UsageError` (exit 2) when a degree does not divide what it splits, a part
     of the plan is not modelled yet, or the model's scopes are not those of a dense decoder."""
     d, shares, has_loss, per_stage, train, recompute = _shares(report, plan, recompute)
-    nodes, scopes = report.nodes, report.modules.nodes
     t, p, m = plan.tp, plan.pp, plan.microbatches
     kv_group = t // d.kv_heads if d.kv_heads < t else 1
     acc = {(s, i): [0, 0, 0, 0] for s in range(p) for i in range(t)}  # model, executed, recomputed, executed fwd
@@ -376,8 +375,8 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None) 
         a[1] += x.forward + x.backward
         a[2] += x.recompute
         a[3] += x.forward
-    whole = sum(n.cost.flops + (n.backward.flops if train else 0) for n in nodes)
-    comm = _communication(plan, d, report, scopes, per_stage, train, has_loss)
+    whole = sum(n.cost.flops + (n.backward.flops if train else 0) for n in report.nodes)
+    comm = _communication(plan, d, report, per_stage, train, has_loss)
     order = ("tp", "pp", "cp", "ep", "dp")
     ranks = []
     for s in range(p):
@@ -464,7 +463,7 @@ def simulate_schedule(schedule: str, stages: int, microbatches: int, forward: Se
     return max(free), busy
 
 
-def _communication(plan, d: _Dims, report, scopes, per_stage: int, train: bool, has_loss: bool):
+def _communication(plan: ParallelPlan, d: _Dims, report: Any, per_stage: int, train: bool, has_loss: bool):
     """Per stage: the collectives of one rank of that stage per optimizer step (the module's closed forms)."""
     t, p, m = plan.tp, plan.pp, plan.microbatches
     a = d.batch * d.seq * d.hidden * d.act_bytes

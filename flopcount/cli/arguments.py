@@ -345,8 +345,8 @@ def add_memory_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --memory: the optimizer keeps an fp32 master copy of 16-bit weights and fp32 states "
                    "(mixed precision as Megatron and DeepSpeed train)")
     p.add_argument("--recompute", metavar="POLICY", default=None,
-                   help="with --memory or --parallel, and --mode train: none (default), full (checkpoint every numbered layer), "
-                   "selective (recompute the attention core), or operator types to recompute (OP,OP)")
+                   help="with --memory or --parallel, and --mode train: none (default), full (checkpoint every "
+                   "numbered layer), selective (recompute the attention core), or operator types to recompute (OP,OP)")
     p.add_argument("--parallel", metavar="PLAN",
                    help="a parallel plan, tp=T,pp=P,cp=C,ep=E,dp=D[,sp][,fsdp] (degrees left out are 1): FLOPs, "
                    "redundant work and communication bytes per rank of a dense decoder (docs/parallel.md), and with "
