@@ -24,7 +24,8 @@ microbatches times ``dp``, and ``hardware_flops`` = ``model_flops`` + ``redundan
 A split that does not divide a node's FLOPs exactly gives its remainder to the first TP ranks, one FLOP each.
 
 **Pipeline.** The L layers go to P contiguous stages of L/P each (P must divide L); stage 0 carries the
-embedding, the last stage the final norm, the LM head and the loss. **Data.** Each DP rank runs M microbatches
+embedding, the last stage the final norm, the LM head and the loss. With ``interleaved:v``, to P·v chunks of
+L/(P·v) layers, chunk c on rank c mod P (P·v must divide L, and P the microbatches). **Data.** Each DP rank runs M microbatches
 of the counted batch per optimizer step, so the global batch is b·M·dp.
 
 **Recompute** (train only): ``full`` runs each layer's forward again (every node in ``layers.N``); ``selective``
@@ -43,19 +44,21 @@ activation element) per microbatch and Lₛ the stage's layers:
   the forward and again in the backward; the embedding's output is reduce-scattered (A), its gradient gathered
   (A); the LM head's input gathered (A), its gradient reduce-scattered (A);
 * PP: ``send_recv`` of each microbatch's activation to the next stage in the forward and its gradient to the
-  previous stage in the backward, A each (A/T under sp, whose activations are split over the sequence);
+  previous stage in the backward, A each (A/T under sp, whose activations are split over the sequence); with
+  ``interleaved:v``, from each of the rank's v chunks but the model's last (forward) and first (backward);
 * DP: ``all_reduce`` of the rank's gradients once per step (G = its parameters × their element bytes); with
   ``fsdp``, ``all_gather`` of the parameters G in the forward and again in the backward of each microbatch and
   ``reduce_scatter`` of the gradients G once per step (gradients accumulate unsharded over the microbatches).
 
 **Bubble.** The schedule's actions (GPipe: all forwards, then all backwards; 1F1B: P−1−p warm-up forwards, then
-one forward and one backward in turn, then the remaining backwards) are simulated stage by stage, each action
-waiting for its stage and for the action it needs on the neighbouring stage, each lasting its stage's FLOPs per
-microbatch (equal throughput on every rank). ``bubble_fraction`` = 1 − busy time / (P × makespan); with equal
-stages it is (P−1)/(M+P−1) for both schedules.
+one forward and one backward in turn, then the remaining backwards; interleaved 1F1B as Megatron orders it) are
+simulated rank by rank, each action waiting for its rank and for the action it needs on the neighbouring
+(virtual) stage, each lasting its chunk's FLOPs per microbatch (equal throughput on every rank).
+``bubble_fraction`` = 1 − busy time / (P × makespan); with equal stages it is (P−1)/(M+P−1) for GPipe and 1F1B,
+and (P−1)/(v·M+P−1) interleaved.
 
-Not modelled yet (exit 2 naming the flag): ``cp``, ``ep``, the interleaved schedule; the optimizer step's FLOPs
-are not in the ledger.
+Not modelled yet (exit 2 naming the flag): ``cp``, ``ep`` (and mixture-of-experts models), ``--generate``; the
+optimizer step's FLOPs are not in the ledger.
 """
 
 from __future__ import annotations
@@ -220,10 +223,7 @@ def _check(plan: ParallelPlan, d: _Dims) -> None:
         if getattr(plan, flag) > 1:
             raise UsageError(f"--parallel {flag}={getattr(plan, flag)}: {what} is not modelled yet in FLOPs per rank; "
                              f"give {flag}=1")
-    if plan.schedule == "interleaved":
-        raise UsageError("--schedule interleaved: the interleaved schedule is not modelled yet in FLOPs per rank; "
-                         "give gpipe or 1f1b")
-    t, p = plan.tp, plan.pp
+    t, p, v = plan.tp, plan.pp, _chunks(plan)
     for size, what in ((d.heads, "attention heads"), (d.ffn, "MLP width (intermediate size)"),
                        (d.vocab, "vocabulary")):
         if size % t:
@@ -234,6 +234,17 @@ def _check(plan: ParallelPlan, d: _Dims) -> None:
         raise UsageError(f"--parallel tp={t},sp: tp must divide the sequence length {d.seq} under sp")
     if d.layers % p:
         raise UsageError(f"--parallel pp={p}: pp must divide the {d.layers} layers (stages of equal layers)")
+    if d.layers % (p * v):
+        raise UsageError(f"--schedule interleaved:{v}: pp·v = {p * v} must divide the {d.layers} layers "
+                         "(chunks of equal layers)")
+    if v > 1 and plan.microbatches % p:
+        raise UsageError(f"--microbatches {plan.microbatches}: the interleaved schedule runs microbatches in groups "
+                         f"of pp={p}; give a multiple of {p}")
+
+
+def _chunks(plan: ParallelPlan) -> int:
+    """Model chunks per pipeline rank: ``v`` of the interleaved schedule, else 1."""
+    return plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
 
 
 def _rule(n: Any, sc: Sequence[str], d: _Dims, after_head: bool) -> str:
@@ -305,6 +316,7 @@ class NodeShare(NamedTuple):
     forward: int
     backward: int
     recompute: int
+    chunk: int = 0  # virtual stage c·P + p (chunk c of pipeline rank p); the stage itself without interleaving
 
 
 def node_shares(report: Any, plan: ParallelPlan, recompute: Recompute | None = None) -> tuple[NodeShare, ...]:
@@ -330,6 +342,8 @@ def _shares(report: Any, plan: ParallelPlan, recompute: Recompute | None):
     t, p = plan.tp, plan.pp
     train = report.mode == "train"
     per_stage = d.layers // p
+    v = _chunks(plan)
+    per_chunk = d.layers // (p * v)
     head_at = next((k for k, sc in enumerate(scopes) if _leaf(sc) == "lm_head"), len(nodes))
     redo = _recomputed(recompute, nodes, scopes) if train else set()
     kv_group = t // d.kv_heads if d.kv_heads < t else 1  # TP ranks that hold the same K/V head
@@ -342,9 +356,10 @@ def _shares(report: Any, plan: ParallelPlan, recompute: Recompute | None):
         rule = _rule(n, sc, d, k > head_at)
         has_loss = has_loss or (k > head_at and not sc)
         layer = _layer(sc)
-        stages = range(p) if rule == "positions" else [
-            layer // per_stage if layer is not None else (p - 1 if k >= head_at or _leaf(sc) == "norm" else 0)]
-        for s in stages:
+        chunks = range(p) if rule == "positions" else [  # positions: each rank's first chunk rebuilds them
+            layer // per_chunk if layer is not None else (p * v - 1 if k >= head_at or _leaf(sc) == "norm" else 0)]
+        stages = [c % p for c in chunks]
+        for c, s in zip(chunks, stages):
             for i in range(t):
                 if rule == "split" or (rule == "norm" and plan.sp):
                     run = (_split(fwd, t, i), _split(bwd, t, i))
@@ -357,7 +372,7 @@ def _shares(report: Any, plan: ParallelPlan, recompute: Recompute | None):
                 else:  # replicated over TP (and, for positions, over the stages)
                     run = (fwd, bwd)
                     own = run if i == 0 and s == stages[0] else (0, 0)
-                shares.append(NodeShare(k, s, i, rule, own[0], own[1], run[0], run[1], run[0] if k in redo else 0))
+                shares.append(NodeShare(k, s, i, rule, own[0], own[1], run[0], run[1], run[0] if k in redo else 0, c))
     return d, tuple(shares), has_loss, per_stage, train, recompute
 
 
@@ -390,7 +405,7 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None) 
                                        {"model_flops": model, "hardware_flops": run + again,
                                         "redundant_flops": run - model, "recompute_flops": again}, comm[s]))
     ranks.sort(key=lambda r: r.rank)
-    bubble = _bubble(plan, [acc[(s, 0)] for s in range(p)], train)
+    bubble = _bubble(plan, shares, train)
     slowest = max(ranks, key=lambda r: (r.hardware_flops, -r.rank))
     mean = sum(r.hardware_flops for r in ranks) / len(ranks)
     return ParallelLedger(plan, recompute, report.mode, whole, {
@@ -402,42 +417,73 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None) 
         else "K/V heads split over TP")
 
 
-def _bubble(plan: ParallelPlan, stage: Sequence[Sequence[int]], train: bool) -> float:
-    """The bubble of the plan's schedule, each stage's actions as long as its TP rank 0's FLOPs per microbatch."""
+def _bubble(plan: ParallelPlan, shares: Sequence[NodeShare], train: bool) -> float:
+    """The bubble of the plan's schedule, each chunk's actions as long as its TP rank 0's FLOPs per microbatch."""
     if plan.pp == 1:
         return 0.0
-    tf = [float(a[3]) for a in stage]
-    tb = [float(a[1] - a[3] + a[2]) for a in stage] if train else [0.0] * plan.pp
-    makespan, busy = simulate_schedule(plan.schedule, plan.pp, plan.microbatches, tf, tb)
+    v = _chunks(plan)
+    tf, tb = [0.0] * (plan.pp * v), [0.0] * (plan.pp * v)
+    for x in shares:
+        if x.tp == 0:
+            tf[x.chunk] += x.forward
+            tb[x.chunk] += x.backward + x.recompute if train else 0
+    makespan, busy = simulate_schedule(plan.schedule, plan.pp, plan.microbatches, tf, tb, v)
     return 1 - sum(busy) / (plan.pp * makespan) if makespan else 0.0
 
 
+def _orders(schedule: str, stages: int, microbatches: int, virtual: int, train: bool) -> list[list[tuple]]:
+    """Each pipeline rank's order of actions ``(kind, virtual stage, microbatch)``; virtual stage c·P + p is
+    chunk c of rank p. Interleaved 1F1B as Megatron orders it: forwards in groups of P microbatches per chunk
+    (chunks in turn), backwards likewise with the chunks reversed, (P − p − 1)·2 + (v − 1)·P warm-up forwards."""
+    p_, m, v = stages, microbatches, virtual
+    orders = []
+    for s in range(p_):
+        if schedule == "interleaved":
+            def fwd(k: int) -> tuple:
+                return ("F", ((k % (p_ * v)) // p_) * p_ + s, (k // (p_ * v)) * p_ + k % p_)
+
+            def bwd(k: int) -> tuple:
+                return ("B", (v - 1 - (k % (p_ * v)) // p_) * p_ + s, (k // (p_ * v)) * p_ + k % p_)
+
+            total = m * v
+            if not train:
+                orders.append([fwd(k) for k in range(total)])
+                continue
+            warm = min((p_ - s - 1) * 2 + (v - 1) * p_, total)
+            order = [fwd(k) for k in range(warm)]
+            for k in range(warm, total):
+                order += [fwd(k), bwd(k - warm)]
+            order += [bwd(k) for k in range(total - warm, total)]
+        elif not train:
+            order = [("F", s, j) for j in range(m)]
+        elif schedule == "gpipe":
+            order = [("F", s, j) for j in range(m)] + [("B", s, j) for j in range(m)]
+        else:  # 1f1b
+            warm = min(p_ - 1 - s, m)
+            order = [("F", s, j) for j in range(warm)]
+            for j in range(warm, m):
+                order += [("F", s, j), ("B", s, j - warm)]
+            order += [("B", s, j) for j in range(m - warm, m)]
+        orders.append(order)
+    return orders
+
+
 def simulate_schedule(schedule: str, stages: int, microbatches: int, forward: Sequence[float],
-                      backward: Sequence[float]) -> tuple[float, list[float]]:
-    """(makespan, busy time per stage) of a pipeline schedule's actions, each stage running its own order of
-    forwards ``F m`` and backwards ``B m`` (none when ``backward`` is all zeros), ``forward[p]`` and
-    ``backward[p]`` long on stage p; an action waits for its stage and for the action it needs (the forward of
-    the previous stage, the backward of the next, or on the last stage its own forward).
+                      backward: Sequence[float], virtual: int = 1) -> tuple[float, list[float]]:
+    """(makespan, busy time per pipeline rank) of a schedule's actions (``gpipe``, ``1f1b``, ``interleaved`` with
+    ``virtual`` chunks per rank), each rank running its own order of forwards and backwards (no backwards when
+    ``backward`` is all zeros); ``forward[c·P + p]`` and ``backward[c·P + p]`` are the lengths of chunk c of rank
+    p. An action waits for its rank and for the action it needs: the forward of the previous virtual stage, the
+    backward of the next, or on the last virtual stage its own forward.
 
     >>> simulate_schedule("1f1b", 4, 8, [1] * 4, [2] * 4)  # (M + P − 1) · (f + b), busy M · (f + b)
     (33.0, [24.0, 24.0, 24.0, 24.0])
     """
-    train = any(backward)
-    orders = []
-    for s in range(stages):
-        if not train:
-            orders.append([("F", j) for j in range(microbatches)])
-        elif schedule == "gpipe":
-            orders.append([("F", j) for j in range(microbatches)] + [("B", j) for j in range(microbatches)])
-        elif schedule == "1f1b":
-            warm = min(stages - 1 - s, microbatches)
-            order = [("F", j) for j in range(warm)]
-            for j in range(warm, microbatches):
-                order += [("F", j), ("B", j - warm)]
-            order += [("B", j) for j in range(microbatches - warm, microbatches)]
-            orders.append(order)
-        else:
-            raise UsageError(f"--schedule {schedule}: not modelled yet in FLOPs per rank; give gpipe or 1f1b")
+    if schedule not in ("gpipe", "1f1b", "interleaved"):
+        raise UsageError(f"--schedule {schedule}: not modelled yet in FLOPs per rank; give gpipe, 1f1b or "
+                         "interleaved")
+    last = stages * virtual - 1
+    orders = _orders(schedule, stages, microbatches, virtual, any(backward))
     done: dict[tuple[str, int, int], float] = {}
     free = [0.0] * stages
     nxt = [0] * stages
@@ -447,14 +493,14 @@ def simulate_schedule(schedule: str, stages: int, microbatches: int, forward: Se
         for s in range(stages):
             if nxt[s] >= len(orders[s]):
                 continue
-            kind, j = orders[s][nxt[s]]
-            need = (("F", s - 1, j) if s > 0 else None) if kind == "F" else (
-                ("B", s + 1, j) if s < stages - 1 else ("F", s, j))
+            kind, vs, j = orders[s][nxt[s]]
+            need = (("F", vs - 1, j) if vs > 0 else None) if kind == "F" else (
+                ("B", vs + 1, j) if vs < last else ("F", vs, j))
             if need is not None and need not in done:
                 continue
-            length = float(forward[s] if kind == "F" else backward[s])
+            length = float(forward[vs] if kind == "F" else backward[vs])
             start = max(free[s], done[need] if need else 0.0)
-            done[(kind, s, j)] = free[s] = start + length
+            done[(kind, vs, j)] = free[s] = start + length
             busy[s] += length
             nxt[s] += 1
             moved = True
@@ -489,7 +535,8 @@ def _communication(plan: ParallelPlan, d: _Dims, report: Any, per_stage: int, tr
                 add("all_reduce", "tp", m * 3 * d.batch * d.seq * 4)
         if p > 1:
             act = a // t if plan.sp else a
-            add("send_recv", "pp", m * ((act if not last else 0) + (act if train and not first else 0)))
+            v = _chunks(plan)  # each of the rank's chunks sends on, but the model's last; and back, but its first
+            add("send_recv", "pp", m * (act * (v - last) + (act * (v - first) if train else 0)))
         if plan.dp > 1 and train:
             g = params[s] * d.param_bytes
             if plan.fsdp:
@@ -504,13 +551,13 @@ def _communication(plan: ParallelPlan, d: _Dims, report: Any, per_stage: int, tr
 def _rank_params(report, d: _Dims, plan: ParallelPlan) -> list[int]:
     """Parameter elements one TP rank of each stage holds: projections, embedding and head split over TP (K/V
     projections 1/kv when copied), the rest whole."""
-    per_stage = d.layers // plan.pp
+    per_chunk = d.layers // (plan.pp * _chunks(plan))
     out = [0] * plan.pp
     for module, n in report.modules.params.items():
         found = _IN_LAYER.search(module)
         layer = int(found.group(1)) if found else None
         leaf = module.rsplit(".", 1)[-1]
-        s = layer // per_stage if layer is not None else (plan.pp - 1 if leaf in ("lm_head", "norm") else 0)
+        s = layer // per_chunk % plan.pp if layer is not None else (plan.pp - 1 if leaf in ("lm_head", "norm") else 0)
         if leaf in _COLUMN or leaf in _ROW or leaf in ("embed_tokens", "lm_head"):
             n = n // plan.tp
         elif leaf in _KV:

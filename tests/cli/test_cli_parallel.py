@@ -63,8 +63,8 @@ def test_json_block_and_table(capsys, llama):
     pytest.param(["--parallel", "pp=3", "--microbatches", "3"], "--parallel pp=3: pp must divide the 4 layers",
                  id="pp"),
     pytest.param(["--parallel", "cp=2"], "--parallel cp=2: context parallelism is not modelled yet", id="cp"),
-    pytest.param(["--parallel", "pp=2", "--microbatches", "2", "--schedule", "interleaved"],
-                 "--schedule interleaved: the interleaved schedule is not modelled yet", id="interleaved"),
+    pytest.param(["--parallel", "pp=2", "--microbatches", "3", "--schedule", "interleaved"],
+                 "--microbatches 3: the interleaved schedule runs microbatches in groups of pp=2", id="interleaved"),
     pytest.param(["--parallel", "tp=2", "--recompute", "full"], "give --mode train", id="recompute-inference"),
     pytest.param(["--parallel", "tp=2", "--generate", "4:2"], "--parallel with --generate: FLOPs per rank of "
                  "generation are not modelled yet", id="generate"),

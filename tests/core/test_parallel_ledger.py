@@ -141,6 +141,29 @@ def test_bubble_from_the_order_of_actions(schedule, p, m):
     assert 1 - sum(busy) / (p * makespan) == pytest.approx((p - 1) / (m + p - 1))
 
 
+@pytest.mark.parametrize("p,m,v", [(2, 2, 2), (2, 4, 2), (4, 4, 2), (4, 8, 2), (4, 8, 3)])
+def test_interleaved_bubble_shrinks_by_the_chunks(p, m, v):
+    # v chunks per rank, each 1/v of a stage: the bubble is (P − 1)/(v·M + P − 1) of the time
+    makespan, busy = simulate_schedule("interleaved", p, m, [1.0 / v] * (p * v), [2.0 / v] * (p * v), v)
+    assert busy == pytest.approx([3.0 * m] * p)
+    assert 1 - sum(busy) / (p * makespan) == pytest.approx((p - 1) / (v * m + p - 1))
+
+
+def test_interleaved_ledger_chunks_and_sends(report):
+    m = 4
+    led = ledger(report, plan("pp=2", m, "interleaved:2"))
+    flat = ledger(report, plan("pp=2", m, "1f1b"))
+    assert sum(r.model_flops for r in led.ranks) == led.whole_flops * m
+    assert led.bubble_fraction < flat.bubble_fraction
+    # rank 0 holds chunks 0 and 2 (layers 0 and 2): it sends forward from both, backward from chunk 2 only
+    sends = [{c.kind: c.bytes for c in r.communication}["send_recv"] for r in led.ranks]
+    assert sends == [m * 3 * A, m * 3 * A]
+    scopes = report.modules.nodes
+    layers0 = {scopes[x.index][1] for x in node_shares(report, plan("pp=2", m, "interleaved:2"))
+               if x.stage == 0 and len(scopes[x.index]) > 1 and ".layers." in scopes[x.index][1]}
+    assert layers0 == {"model.layers.0", "model.layers.2"}
+
+
 def test_ledger_bubble_and_slowest_rank(report):
     led = ledger(report, plan("pp=2", 4, "gpipe"))
     assert 0 < led.bubble_fraction < 1 and led.slowest_rank in (0, 1)
@@ -154,7 +177,8 @@ def test_ledger_bubble_and_slowest_rank(report):
     pytest.param("pp=3", "1f1b", ("pp=3", "4 layers"), id="pp-layers"),
     pytest.param("cp=2", "1f1b", ("cp=2", "not modelled yet"), id="cp"),
     pytest.param("ep=2", "1f1b", ("ep=2", "not modelled yet"), id="ep"),
-    pytest.param("pp=2", "interleaved", ("--schedule interleaved", "not modelled yet"), id="interleaved"),
+    pytest.param("pp=2", "interleaved:4", ("--schedule interleaved:4", "pp·v = 8 must divide the 4 layers"),
+                 id="interleaved-chunks"),
 ])
 def test_bad_plans_name_the_degree(report, text, schedule, words):
     with pytest.raises(UsageError) as e:
