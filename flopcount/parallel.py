@@ -25,8 +25,8 @@ A split that does not divide a node's FLOPs exactly gives its remainder to the f
 
 **Pipeline.** The L layers go to P contiguous stages of L/P each (P must divide L); stage 0 carries the
 embedding, the last stage the final norm, the LM head and the loss. With ``interleaved:v``, to P·v chunks of
-L/(P·v) layers, chunk c on rank c mod P (P·v must divide L, and P the microbatches). **Data.** Each DP rank runs M microbatches
-of the counted batch per optimizer step, so the global batch is b·M·dp.
+L/(P·v) layers, chunk c on rank c mod P (P·v must divide L, and P the microbatches).
+**Data.** Each DP rank runs M microbatches of the counted batch per optimizer step, so the global batch is b·M·dp.
 
 **Recompute** (train only): ``full`` runs each layer's forward again (every node in ``layers.N``); ``selective``
 runs each attention core again (in each layer, the ``self_attn`` nodes from the score product through softmax
@@ -434,7 +434,8 @@ def _bubble(plan: ParallelPlan, shares: Sequence[NodeShare], train: bool) -> flo
 def _orders(schedule: str, stages: int, microbatches: int, virtual: int, train: bool) -> list[list[tuple]]:
     """Each pipeline rank's order of actions ``(kind, virtual stage, microbatch)``; virtual stage c·P + p is
     chunk c of rank p. Interleaved 1F1B as Megatron orders it: forwards in groups of P microbatches per chunk
-    (chunks in turn), backwards likewise with the chunks reversed, (P − p − 1)·2 + (v − 1)·P warm-up forwards."""
+    (chunks in turn), backwards likewise with the chunks reversed, (P − p − 1)·2 + (v − 1)·P warm-up
+    forwards."""
     p_, m, v = stages, microbatches, virtual
     orders = []
     for s in range(p_):
