@@ -37,6 +37,7 @@ docs/architecture.md):
 * :mod:`.graph_masks` the attention masks a graph computes from positions, evaluated for ``--attention executed``
 * :mod:`.saved` what an operator's backward keeps; :mod:`.memory` the memory ledger of a step (``--memory``);
   :mod:`.plan` the parallel plan and recompute policy
+* :mod:`.parallel` FLOPs, redundant work, communication bytes and the bubble per rank under a plan (``--parallel``)
 
 Every public name below is imported on first use (``import flopcount`` loads neither torch nor the measuring half).
 

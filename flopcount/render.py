@@ -15,10 +15,10 @@ from .report import Report, node_bytes
 if TYPE_CHECKING:  # annotations only (context imports numpy and onnx; onnx is imported where a dtype is named)
     from .context import TensorInfo
 
-SCHEMA_VERSION = 7  # 2: mode, forward, backward, training; total = forward + backward. 3: total.buffers; params
+SCHEMA_VERSION = 8  # 2: mode, forward, backward, training; total = forward + backward. 3: total.buffers; params
 # without buffers and folded constants. 4: modules and module_scopes (by module), nodes[].module. 5: generation
 # and moe. 6: layers (--hf: a stack of identical layers extended from 1 and 2, or exported whole). 7: memory (with
-# --memory), notes, and the CSV's upper_bound column
+# --memory), notes, and the CSV's upper_bound column. 8: parallel (with --parallel: FLOPs per rank)
 FORMATS = ("table", "json", "csv", "markdown", "html")
 
 
@@ -105,6 +105,8 @@ def to_dict(report: Report, per_node: bool = False, by_module: int | None = None
             doc["memory"]["by_module"] = [
                 {"module": m, "activations_bytes": b}
                 for m, b in module_activations(report.memory, report.nodes, report.modules.nodes, by_module)]
+    if report.parallel is not None:
+        doc["parallel"] = report.parallel.as_dict()
     if report.notes:
         doc["notes"] = list(report.notes)
     if by_module is not None:
@@ -368,7 +370,14 @@ def render(report: Report, fmt: str = "table", per_node: bool = False, by_module
     headers = _op_headers(report)
     parts.append(tabulate(_op_rows(report), headers, tablefmt=tablefmt, disable_numparse=True,
                           colalign=("left", *("right",) * (len(headers) - 2), "left")))
+    if report.parallel is not None:
+        from .parallel import RANK_HEADERS, rank_rows, summary_line
+
+        parts.append(tabulate(rank_rows(report.parallel), RANK_HEADERS, tablefmt=tablefmt, disable_numparse=True,
+                              colalign=("left", *("right",) * 7, "left")))
     summary = _summary_lines(report)
+    if report.parallel is not None:
+        summary.append(summary_line(report.parallel))
     if by_module is not None:
         summary.append(_modules_line(report))
     if by_module is not None and report.memory is not None:

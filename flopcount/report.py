@@ -197,6 +197,7 @@ class Report:
     attention: str = "full"  # --attention: "full", or "executed: " and the masks used (flopcount.masks)
     layers: "RepeatedLayers | None" = None  # --hf: how the stack of layers was counted (flopcount.layers)
     memory: "Any | None" = None  # --memory: the memory ledger per rank (flopcount.memory.Memory)
+    parallel: "Any | None" = None  # --parallel: FLOPs per rank (flopcount.parallel.ParallelLedger)
     notes: tuple[str, ...] = ()  # facts about how the count was made that change no figure's meaning (one line each)
 
     def by_module(self, depth: int = 1) -> tuple[ModuleRow, ...]:

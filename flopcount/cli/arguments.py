@@ -16,7 +16,7 @@ from flopcount.errors import UsageError
 __all__ = [
     "TORCH_DTYPES", "InputShapes", "add_memory_arguments", "add_model_source", "check_model_source", "count_generate", "count_hf",
     "count_keras", "count_torch", "generate_spec", "given_model", "input_shape", "input_value", "loop_trips", "model_source", "model_source_problem", "nonneg_int",
-    "memory_settings", "positive", "positive_float", "positive_int", "size_hw", "torch_inputs", "weights",
+    "memory_settings", "positive", "positive_float", "positive_int", "size_hw", "torch_inputs", "weights", "with_parallel",
 ]
 
 #: Element types a ``--torch`` input may be given (``--input-shape input_ids=1x128:int64``): torch's dtype names.
@@ -345,15 +345,31 @@ def add_memory_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --memory: the optimizer keeps an fp32 master copy of 16-bit weights and fp32 states "
                    "(mixed precision as Megatron and DeepSpeed train)")
     p.add_argument("--recompute", metavar="POLICY", default=None,
-                   help="with --memory and --mode train: none (default), full (checkpoint every numbered layer), "
-                   "selective (recompute the attention core), or operator types to recompute (OP,OP)")
+                   help="with --memory or --parallel, and --mode train: none (default), full (checkpoint every "
+                   "numbered layer), selective (recompute the attention core), or operator types to recompute (OP,OP)")
     p.add_argument("--parallel", metavar="PLAN",
-                   help="a parallel plan, tp=T,pp=P,cp=C,ep=E,dp=D[,sp][,fsdp] (degrees left out are 1)")
+                   help="a parallel plan, tp=T,pp=P,cp=C,ep=E,dp=D[,sp][,fsdp] (degrees left out are 1): FLOPs, "
+                   "redundant work and communication bytes per rank of a dense decoder (docs/parallel.md), and with "
+                   "--memory the memory per rank")
     p.add_argument("--microbatches", type=positive_int, default=1, metavar="M",
                    help="with --parallel: microbatches per optimizer step (default 1)")
     p.add_argument("--schedule", default="1f1b", metavar="NAME",
                    help=f"with --parallel: the pipeline schedule, one of {', '.join(SCHEDULES)} (interleaved:V for V "
                    "virtual stages per rank; default 1f1b)")
+
+
+def with_parallel(report, args: argparse.Namespace):
+    """``report`` with its per-rank FLOP ledger (:mod:`flopcount.parallel`) when ``--parallel`` is given, from the
+    same plan and recompute flags as the memory ledger's."""
+    if not getattr(args, "parallel", None):
+        return report
+    import dataclasses
+
+    from flopcount.parallel import ledger
+    from flopcount.plan import parse_parallel, parse_recompute
+
+    plan = parse_parallel(args.parallel, args.microbatches, args.schedule)
+    return dataclasses.replace(report, parallel=ledger(report, plan, parse_recompute(args.recompute)))
 
 
 def memory_settings(args: argparse.Namespace) -> dict:
@@ -366,12 +382,14 @@ def memory_settings(args: argparse.Namespace) -> dict:
     plan = parse_parallel(args.parallel, getattr(args, "microbatches", 1), getattr(args, "schedule", "1f1b")) \
         if getattr(args, "parallel", None) else ParallelPlan()
     recompute = parse_recompute(getattr(args, "recompute", None))
+    if getattr(args, "parallel", None) and getattr(args, "generate", None) is not None:
+        raise UsageError("--parallel with --generate: FLOPs per rank of generation are not modelled yet; "
+                         "count one training or inference step (leave out --generate)")
     if not getattr(args, "memory", False):
-        used = [f for f, v in (("--parallel", args.parallel), ("--recompute", args.recompute),
-                               ("--master-weights", args.master_weights)) if v] if hasattr(args, "parallel") else []
-        if used:
-            raise UsageError(f"{', '.join(used)} {'needs' if len(used) == 1 else 'need'} --memory (FLOPs per rank "
-                             "under a plan are not counted yet)")
+        if getattr(args, "master_weights", False):
+            raise UsageError("--master-weights needs --memory")
+        if getattr(args, "recompute", None) and not getattr(args, "parallel", None):
+            raise UsageError("--recompute needs --memory (the memory ledger) or --parallel (FLOPs per rank)")
         return {}
     if recompute.policy != "none" and args.mode != "train":
         raise UsageError(f"--recompute {recompute}: recompute changes training only; give --mode train")

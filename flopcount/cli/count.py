@@ -22,6 +22,7 @@ from .arguments import (
     positive_float,
     positive_int,
     memory_settings,
+    with_parallel,
     weights,
 )
 from .console import write_output
@@ -174,6 +175,7 @@ def run(args: argparse.Namespace) -> int:
                        loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer,
                        trainable_inputs=args.trainable_input, attention=args.attention, **weights(args),
                        **memory_settings(args))
+    report = with_parallel(report, args)
     if args.plot:
         from flopcount.measure.profile.roofline import plot_op_types
 

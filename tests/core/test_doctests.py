@@ -9,13 +9,15 @@ import flopcount.cost
 import flopcount.counting
 import flopcount.errors
 import flopcount.files
+import flopcount.parallel
 import flopcount.progress
 import flopcount.render
 import flopcount.version
 
 
 @pytest.mark.parametrize("module", [flopcount.cost, flopcount.context, flopcount.counting, flopcount.errors,
-                                    flopcount.files, flopcount.render, flopcount.progress, flopcount.version],
+                                    flopcount.files, flopcount.parallel, flopcount.render, flopcount.progress,
+                                    flopcount.version],
                          ids=lambda m: m.__name__)
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)

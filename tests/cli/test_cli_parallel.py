@@ -1,0 +1,75 @@
+"""``flopcount --hf DIR --parallel ...``: the per-rank ledger in the JSON (schema 8) and as a table by rank, the
+flags shared with ``--memory``, and exit 2 naming the degree or the part not modelled yet."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flopcount.cli import main
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("torch")
+
+H, L, HEADS, KV_HEADS, FFN, V, B, S = 32, 4, 4, 2, 48, 64, 2, 8
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("llama")
+    config = transformers.LlamaConfig(hidden_size=H, intermediate_size=FFN, num_hidden_layers=L,
+                                      num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, vocab_size=V)
+    (folder / "config.json").write_text(config.to_json_string())
+    return str(folder)
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("FLOPCOUNT_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def test_json_block_and_table(capsys, llama):
+    argv = ["--hf", llama, "--input-shape", f"input_ids={B}x{S}", "--mode", "train", "--parallel", "tp=2,pp=2,dp=2",
+            "--microbatches", "4", "--schedule", "gpipe", "--recompute", "full"]
+    assert main([*argv, "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["schema_version"] == 8
+    par = doc["parallel"]
+    assert par["plan"]["tp"] == 2 and par["plan"]["pp"] == 2 and par["plan"]["dp"] == 2
+    assert par["plan"]["schedule"] == "gpipe" and par["recompute"] == "full"
+    assert [r["rank"] for r in par["ranks"]] == list(range(8))
+    # rank = tp + T·(dp + D·pp)
+    assert [(r["coords"]["tp"], r["coords"]["dp"], r["coords"]["pp"]) for r in par["ranks"]] == [
+        (t, d, p) for p in range(2) for d in range(2) for t in range(2)]
+    assert all(r["stage"] == r["coords"]["pp"] for r in par["ranks"])
+    whole = doc["total"]["flops"]
+    assert par["whole_flops_per_microbatch"] == whole
+    assert sum(r["model_flops"] for r in par["ranks"]) == whole * 4 * 2
+    assert all(r["hardware_flops"] == 4 * r["per_microbatch"]["hardware_flops"] for r in par["ranks"])
+    assert 0 < par["bubble_fraction"] < 1 and par["slowest_rank"] in range(8) and par["imbalance"] >= 1
+    a = B * S * H * 4
+    tp = [c for c in par["ranks"][0]["communication"] if c["group"] == "tp"]
+    # stage 0, per microbatch: 2 layers × 2 all_reduces forward and backward, and the embedding's all_reduce
+    assert tp == [{"kind": "all_reduce", "group": "tp", "bytes": 4 * (2 * 2 * 2 * a + a)}]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "ranks" in out and "hardware FLOPs" in out and "redundant FLOPs" in out
+    assert "Parallel (tp=2,pp=2,cp=1,ep=1,dp=2 microbatches=4 schedule=gpipe, recompute full, train)" in out
+
+
+@pytest.mark.parametrize("flags, message", [
+    pytest.param(["--parallel", "tp=3"], "--parallel tp=3: tp must divide the 4 attention heads", id="tp"),
+    pytest.param(["--parallel", "pp=3", "--microbatches", "3"], "--parallel pp=3: pp must divide the 4 layers",
+                 id="pp"),
+    pytest.param(["--parallel", "cp=2"], "--parallel cp=2: context parallelism is not modelled yet", id="cp"),
+    pytest.param(["--parallel", "pp=2", "--microbatches", "3", "--schedule", "interleaved"],
+                 "--microbatches 3: the interleaved schedule runs microbatches in groups of pp=2", id="interleaved"),
+    pytest.param(["--parallel", "tp=2", "--recompute", "full"], "give --mode train", id="recompute-inference"),
+    pytest.param(["--parallel", "tp=2", "--generate", "4:2"], "--parallel with --generate: FLOPs per rank of "
+                 "generation are not modelled yet", id="generate"),
+])
+def test_bad_plans_exit_2(capsys, llama, flags, message):
+    assert main(["--hf", llama, "--input-shape", f"input_ids={B}x{S}", *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
