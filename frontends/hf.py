@@ -121,9 +121,7 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
             return _count(m, input_shapes, cache_dir, count_kwargs)
 
         tokens = _tokens(hf_inputs(model, input_shapes), count_kwargs.get("batch"))
-    whole = "--memory: the ledger is counted on the whole model" if count_kwargs.get("memory") else ""
-    report = _count_stack(model, count, repeated_layers, trust_remote_code, loaded if probe is not None else None,
-                          whole=whole)
+    report = _count_stack(model, count, repeated_layers, trust_remote_code, loaded if probe is not None else None)
     if probe is not None and moe_blocks(model) is not None:
         log.info("%s: the mixture-of-experts summary is not formed for a model counted from a probe of %d of its "
                  "%d layers", FRONTEND, probe.num_hidden_layers, layers)
