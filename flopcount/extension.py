@@ -18,6 +18,10 @@ counterpart for, such as a split of a stacked weight an exporter left without a 
 consistent with the totals. It is made only when the second layer's nodes are exactly what the second layer added
 (C(2) − C(1) per operator type, forward and backward, node counts included, and its parameters); otherwise
 :func:`extend` says why, and the caller exports the whole model.
+
+A count made with the memory ledger gets the ledger of L layers, not extended affinely (its peak is a maximum whose
+place can move with L) but walked again on the 2-layer graph with the same copies, rewired
+(:mod:`flopcount.memory_extension`).
 """
 
 from __future__ import annotations

@@ -216,7 +216,7 @@ def _integers(value: Any, depth: int = 0):
             yield from _integers(v, depth + 1)
 
 
-def _count_stack(model, count, repeated_layers: str, trust_remote_code: bool, full=None, whole: str = ""):
+def _count_stack(model, count, repeated_layers: str, trust_remote_code: bool, full=None):
     """``count(model)`` (a report), from ``count`` of its 1- and 2-layer versions where its layers are shown
     identical (and ``repeated_layers`` is ``extend``), else of the whole model; ``report.layers`` says which.
 
@@ -232,8 +232,6 @@ def _count_stack(model, count, repeated_layers: str, trust_remote_code: bool, fu
     stack = layer_stack(model)
     if isinstance(stack, LayerStack) and repeated_layers == "export" and full is None:
         stack = stack.exported("--repeated-layers export: the whole model exported")
-    if isinstance(stack, LayerStack) and whole and full is None:  # ``whole``: why this count needs the whole model
-        stack = stack.exported(whole)
     if isinstance(stack, LayerStack):
         counts = []
         for layers in stack.sizes:
