@@ -112,9 +112,12 @@ def extend(one: Report, two: Report, layers: int, path: str, *, first: int = 0, 
 
         first_block = [f"{path}.{i}" for i in range(first, first + period)]
         block0 = [i for i, scope in enumerate(scopes) if any(_within(scope, m) for m in first_block)]
-        block1 = [i for i, scope in enumerate(scopes) if any(_within(scope, m) for m in second)]
+        if block0:  # with the nodes outside any layer between it and the second block (as ``inside`` has its own)
+            unscoped = [i for i in range(block0[0], inside[0])
+                        if not any(s.startswith(path + ".") for s in scopes[i]) and i not in block0]
+            block0 = sorted(block0 + unscoped)
         suffixes = [""] + [f"@{path}.{first + (t + 1) * period}" for t in range(1, k + 1)]
-        report = dataclasses.replace(report, memory=extend_memory(one, two, inside, (block0, block1), nodes, origin,
+        report = dataclasses.replace(report, memory=extend_memory(one, two, inside, block0, nodes, origin,
                                                                   suffixes, k))
     if one.generation is not None and two.generation is not None:
         generation = extend_generation(one.generation, two.generation, k, layers)

@@ -22,13 +22,13 @@ from .report import NodeCount, Report
 __all__ = ["extend_memory"]
 
 
-def extend_memory(one: Report, two: Report, inside: Sequence[int], blocks: tuple[Sequence[int], Sequence[int]],
+def extend_memory(one: Report, two: Report, inside: Sequence[int], block0: Sequence[int],
                   nodes: Sequence[NodeCount], origin: Sequence[tuple[int, int]], suffixes: Sequence[str],
                   k: int) -> Memory:
     """The :class:`~flopcount.memory.Memory` of the extended report whose ``nodes`` are, in order, ``origin``'s
     (position in ``two``, copy) pairs: copy 0 the node of ``two`` itself, copy t ≥ 1 a copy of a node of the second
-    block (``inside``: its positions in ``two``). ``blocks``: the positions of the first and the second block's
-    scoped nodes; ``suffixes[t]``: what copy t's tensor names end with. :class:`NotExtendable` where the 2-layer
+    block (``inside``: its positions in ``two``). ``block0``: the positions of the first block's nodes, in the
+    order ``inside`` has the second's; ``suffixes[t]``: what copy t's tensor names end with. :class:`NotExtendable` where the 2-layer
     graph does not show the wiring exactly."""
     from .extension import NotExtendable, _affine_counts, _affine_int
 
@@ -56,14 +56,19 @@ def extend_memory(one: Report, two: Report, inside: Sequence[int], blocks: tuple
     per_layer_inputs = [x for x in g.inputs if readers.get(x) and readers[x] <= inside_set]
     if per_layer_inputs:
         raise NotExtendable(f"--memory: the graph input {per_layer_inputs[0]} is read by one layer only")
-    pairs = _pairs(g.nodes, *blocks)
-    first_block = set(blocks[0])
+    pairs = _pairs(g.nodes, block0, inside)
+    first_block = set(block0)
     for j in inside:
         for t in g.nodes[j].inputs:
             x = t.name if t is not None else ""
-            if x and x not in renamed and producer.get(x) in first_block and pairs.get(x) not in renamed:
+            if not x or x in renamed or x not in producer:
+                continue
+            if producer[x] in first_block and pairs.get(x) not in renamed:
                 raise NotExtendable(f"--memory: the second block reads {x} of the first, and no tensor of its own "
                                     "stands for it")
+            if producer[x] not in first_block and producer[x] > block0[0]:
+                raise NotExtendable(f"--memory: the second block reads {x}, made after the first block began and "
+                                    "outside it: what each copy would read in its place is not known")
     units_in = {g.units[g.nodes[j].index] for j in inside if g.nodes[j].index in g.units}
     units_out = {u for i, n in enumerate(g.nodes) if i not in inside_set and (u := g.units.get(n.index)) is not None}
     if units_in & units_out:

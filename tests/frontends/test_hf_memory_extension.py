@@ -87,6 +87,20 @@ def test_moe_ledger_extended_equals_the_whole_export():
 
 
 @pytest.mark.slow
+def test_a_dense_first_layer_then_identical_moe_layers():
+    """DeepSeek-V3's shape: its first layer dense, the rest mixture-of-experts; counted from 2 and 3 layers."""
+    config = transformers.DeepseekV3Config(
+        hidden_size=32, intermediate_size=40, moe_intermediate_size=24, num_hidden_layers=4, first_k_dense_replace=1,
+        num_attention_heads=4, num_key_value_heads=4, vocab_size=64, n_routed_experts=8, num_experts_per_tok=2,
+        n_shared_experts=1, n_group=2, topk_group=1, q_lora_rank=16, kv_lora_rank=8, qk_rope_head_dim=4,
+        qk_nope_head_dim=8, v_head_dim=8)
+    extended, exported = both(config, {"input_ids": (1, 8)}, mode="train", optimizer="adamw",
+                              memory=MemorySettings(recompute="full", implementation="fused"))
+    assert "the first 1" in extended.layers.reason
+    assert_same_ledger(extended, exported)
+
+
+@pytest.mark.slow
 def test_generate_ledger_carries_the_extended_kv_cache():
     extended, exported = both(llama(3), None, generate=(6, 3), memory=True)
     assert_same_ledger(extended, exported)
