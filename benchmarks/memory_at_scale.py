@@ -44,8 +44,9 @@ def main(argv: list[str] | None = None) -> int:
           "  activations GiB")
     for name in args.models.split(","):
         settings = MemorySettings(recompute=args.recompute, implementation="fused")
+        c = config(name)
         t0 = time.perf_counter()
-        r = flopcount.from_hf(config(name), {"input_ids": (1, args.seq)}, mode="train", optimizer="adamw",
+        r = flopcount.from_hf(c, {"input_ids": (1, args.seq)}, mode="train", optimizer="adamw",
                               memory=settings, cache_dir=False)
         seconds = time.perf_counter() - t0
         (m,) = r.memory.ranks
