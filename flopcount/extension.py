@@ -18,6 +18,10 @@ counterpart for, such as a split of a stacked weight an exporter left without a 
 consistent with the totals. It is made only when the second layer's nodes are exactly what the second layer added
 (C(2) − C(1) per operator type, forward and backward, node counts included, and its parameters); otherwise
 :func:`extend` says why, and the caller exports the whole model.
+
+A count made with the memory ledger gets the ledger of L layers, not extended affinely (its peak is a maximum whose
+place can move with L) but walked again on the 2-layer graph with the same copies, rewired
+(:mod:`flopcount.memory_extension`).
 """
 
 from __future__ import annotations
@@ -42,9 +46,6 @@ def extend(one: Report, two: Report, layers: int, path: str, *, first: int = 0, 
     """The report of ``layers`` layers of the stack at ``path`` from the reports of its first ``first + period``
     (``one``) and ``first + 2·period`` layers (``two``), where after ``first`` layers the stack repeats a block of
     ``period`` layers (1 and 0: identical layers); or :class:`NotExtendable` with the reason."""
-    if one.memory is not None or two.memory is not None:
-        raise NotExtendable("the memory ledger (--memory) is counted on the whole model: its extension from 1 and 2 "
-                            "layers is not written yet")
     blocks, rest = divmod(layers - first, period)
     if blocks < 2 or rest or first < 0:
         raise NotExtendable(f"{layers} layers are not {first} and whole blocks of {period}: nothing to extend")
@@ -72,10 +73,12 @@ def extend(one: Report, two: Report, layers: int, path: str, *, first: int = 0, 
 
     nodes: list[NodeCount] = []
     node_scopes: list[tuple[str, ...]] = []
+    origin: list[tuple[int, int]] = []  # (position in ``two``, copy: 0 for the node itself)
     last = inside[-1]
     for i, (node, scope) in enumerate(zip(two.nodes, scopes)):
         nodes.append(node)
         node_scopes.append(scope)
+        origin.append((i, 0))
         if i == last:
             for t in range(1, k + 1):
                 for j in inside:
@@ -83,6 +86,7 @@ def extend(one: Report, two: Report, layers: int, path: str, *, first: int = 0, 
                                  f"{path}.{first + (t + 1) * period}")
                     nodes.append(two.nodes[j]._replace(name=f"{two.nodes[j].name}@{where}"))
                     node_scopes.append(tuple(moved(s, t) for s in scopes[j]))
+                    origin.append((j, t))
     nodes = [n._replace(index=i) for i, n in enumerate(nodes)]
     params = dict(two.modules.params)
     for t in range(1, k + 1):
@@ -103,11 +107,30 @@ def extend(one: Report, two: Report, layers: int, path: str, *, first: int = 0, 
         timings=MappingProxyType({p: one.timings.get(p, 0.0) + t for p, t in two.timings.items()}),
     )
     _check_consistent(report)
+    if one.memory is not None or two.memory is not None:
+        from .memory_extension import Unwired, extend_memory
+
+        first_block = [f"{path}.{i}" for i in range(first, first + period)]
+        block0 = [i for i, scope in enumerate(scopes) if any(_within(scope, m) for m in first_block)]
+        if block0:  # with the nodes outside any layer between it and the second block (as ``inside`` has its own)
+            unscoped = [i for i in range(block0[0], inside[0])
+                        if not any(s.startswith(path + ".") for s in scopes[i]) and i not in block0]
+            block0 = sorted(block0 + unscoped)
+        suffixes = [""] + [f"@{path}.{first + (t + 1) * period}" for t in range(1, k + 1)]
+        try:
+            memory = extend_memory(one, two, inside, block0, nodes, origin, suffixes, k)
+        except Unwired as e:
+            raise NotExtendable(str(e)) from None
+        report = dataclasses.replace(report, memory=memory)
     if one.generation is not None and two.generation is not None:
         generation = extend_generation(one.generation, two.generation, k, layers)
         if generation.prefill != report.forward:
             raise NotExtendable("the extended prefill is not the extended report's forward pass")
         report = dataclasses.replace(report, generation=generation)
+        if report.memory is not None:  # the ledger of the prefill, with the extended cache after the last step
+            kv = sum(generation.kv_cache_bytes.values())
+            report = dataclasses.replace(report, memory=dataclasses.replace(report.memory, ranks=tuple(
+                dataclasses.replace(r, kv_cache_bytes=kv) for r in report.memory.ranks)))
     return report
 
 

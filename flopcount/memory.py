@@ -125,6 +125,9 @@ class Memory:
     missing: Mapping[str, int] = field(default_factory=dict)
     unsized: tuple[str, ...] = ()
     kept_by_node: Mapping[int, int] = field(default_factory=dict, compare=False)  # see module_activations
+    #: What the walk read and how (kept so that :func:`flopcount.extension.extend` can walk a longer stack).
+    graph: "Graph | None" = field(default=None, compare=False, repr=False)
+    settings: "MemorySettings | None" = field(default=None, compare=False, repr=False)
 
     @property
     def lower_bound(self) -> bool:
@@ -302,7 +305,7 @@ def ledger(g: Graph, mode: str, optimizer: str | None, settings: MemorySettings,
                   settings.resolved_implementation if training and optimizer else None,
                   str(settings.recompute) if training else "none", settings.master_weights, (rank,),
                   MappingProxyType(dict(missing) if training else {}), tuple(sorted(unsized)),
-                  MappingProxyType(kept_by))
+                  MappingProxyType(kept_by), g, settings)
 
 
 @dataclass

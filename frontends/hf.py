@@ -121,9 +121,7 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
             return _count(m, input_shapes, cache_dir, count_kwargs)
 
         tokens = _tokens(hf_inputs(model, input_shapes), count_kwargs.get("batch"))
-    whole = "--memory: the ledger is counted on the whole model" if count_kwargs.get("memory") else ""
-    report = _count_stack(model, count, repeated_layers, trust_remote_code, loaded if probe is not None else None,
-                          whole=whole)
+    report = _count_stack(model, count, repeated_layers, trust_remote_code, loaded if probe is not None else None)
     if probe is not None and moe_blocks(model) is not None:
         log.info("%s: the mixture-of-experts summary is not formed for a model counted from a probe of %d of its "
                  "%d layers", FRONTEND, probe.num_hidden_layers, layers)
@@ -218,7 +216,7 @@ def _integers(value: Any, depth: int = 0):
             yield from _integers(v, depth + 1)
 
 
-def _count_stack(model, count, repeated_layers: str, trust_remote_code: bool, full=None, whole: str = ""):
+def _count_stack(model, count, repeated_layers: str, trust_remote_code: bool, full=None):
     """``count(model)`` (a report), from ``count`` of its 1- and 2-layer versions where its layers are shown
     identical (and ``repeated_layers`` is ``extend``), else of the whole model; ``report.layers`` says which.
 
@@ -234,8 +232,6 @@ def _count_stack(model, count, repeated_layers: str, trust_remote_code: bool, fu
     stack = layer_stack(model)
     if isinstance(stack, LayerStack) and repeated_layers == "export" and full is None:
         stack = stack.exported("--repeated-layers export: the whole model exported")
-    if isinstance(stack, LayerStack) and whole and full is None:  # ``whole``: why this count needs the whole model
-        stack = stack.exported(whole)
     if isinstance(stack, LayerStack):
         counts = []
         for layers in stack.sizes:

@@ -3,6 +3,8 @@ the count of the L-layer graph in every figure, and refused when the second laye
 
 from __future__ import annotations
 
+import dataclasses
+
 import onnx
 import pytest
 from onnx import TensorProto, helper
@@ -83,12 +85,51 @@ def test_a_graph_without_scopes_is_not_extended():
     pytest.param("srrsrrsrr", 0, 3, id="a-block-of-3"),
 ])
 def test_a_repeated_block_after_the_first_layers(kinds, first, period):
+    from flopcount.memory import MemorySettings, module_activations
+
     layers = len(kinds)
-    small, large = (flopcount.count(stack(n, kinds=kinds[:n]), mode="train") for n in (first + period,
-                                                                                        first + 2 * period))
+    kwargs = dict(mode="train", optimizer="sgd", memory=MemorySettings(recompute="full", device="cpu"))
+    small, large = (flopcount.count(stack(n, kinds=kinds[:n]), **kwargs) for n in (first + period, first + 2 * period))
     extended = extend(small, large, layers, "layers", first=first, period=period)
-    assert figures(extended) == figures(flopcount.count(stack(layers, kinds=kinds), mode="train"))
+    whole = flopcount.count(stack(layers, kinds=kinds), **kwargs)
+    assert figures(extended) == figures(whole)
+    (a,), (b,) = extended.memory.ranks, whole.memory.ranks
+    assert dataclasses.replace(a, peak_node="") == dataclasses.replace(b, peak_node="")
+    assert module_activations(extended.memory, extended.nodes, extended.modules.nodes, 2) == \
+           module_activations(whole.memory, whole.nodes, whole.modules.nodes, 2)
     sigmoids = kinds.count("s")
     assert extended.by_op_type["Sigmoid"].nodes == sigmoids and extended.by_op_type["Relu"].nodes == layers - sigmoids
     assert [m.module for m in extended.by_module(1) if m.module.startswith("layers.")] == [
         f"layers.{k}" for k in range(layers)]
+
+
+@pytest.mark.parametrize("unscoped", [False, True])
+@pytest.mark.parametrize("mode,recompute", [("inference", "none"), ("train", "none"), ("train", "full")])
+def test_memory_ledger_is_walked_on_the_extended_graph(mode, recompute, unscoped):
+    """The ledger of 7 layers from the 1- and 2-layer counts equals the 7-layer count's, field by field."""
+    from flopcount.memory import MemorySettings, module_activations
+
+    kwargs = dict(mode=mode, optimizer="sgd" if mode == "train" else None,
+                  memory=MemorySettings(recompute=recompute, device="cpu"))
+    one, two, seven = (flopcount.count(stack(n, unscoped=unscoped), **kwargs) for n in (1, 2, 7))
+    extended = extend(one, two, 7, "layers")
+    (a,), (b,) = extended.memory.ranks, seven.memory.ranks
+    base, _, where = a.peak_node.partition("@")  # a copy of layer 1's node in layer k: its name there
+    k = where.rpartition(".")[2]
+    assert (a.peak_phase, base.replace("layers.1", where).replace("_1", f"_{k}") if where else base) == \
+           (b.peak_phase, b.peak_node)
+    assert dataclasses.replace(a, peak_node="") == dataclasses.replace(b, peak_node="")
+    assert module_activations(extended.memory, extended.nodes, extended.modules.nodes, 2) == \
+           module_activations(seven.memory, seven.nodes, seven.modules.nodes, 2)
+    # float32 weights: 7 layers of D×D and the D×C head
+    assert a.params_bytes == 4 * (7 * D * D + D * C)
+    if mode == "train" and recompute == "none" and not unscoped:  # each MatMul keeps its input (x, r0 … r5), the head r6
+        assert a.activations_bytes == 4 * 8 * B * D
+
+
+def test_memory_without_its_graph_is_not_extended():
+    kwargs = dict(mode="train", optimizer="sgd", memory=True)
+    one, two = (flopcount.count(stack(n), **kwargs) for n in (1, 2))
+    two = dataclasses.replace(two, memory=dataclasses.replace(two.memory, graph=None))
+    with pytest.raises(NotExtendable, match="--memory: the smaller counts keep no graph"):
+        extend(one, two, 7, "layers")
