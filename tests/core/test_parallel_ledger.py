@@ -247,6 +247,10 @@ def _tp_worker(rank: int, world: int, init: str, out: str) -> None:
     import torch.distributed as dist
     from torch.utils.flop_counter import FlopCounterMode
 
+    # A forked child must not enter the intra-op thread pool the parent may have started (earlier tests of the
+    # session): it would wait for threads the fork did not copy.
+    torch.set_num_threads(1)
+
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     moved = []
 
