@@ -38,6 +38,8 @@ docs/architecture.md):
 * :mod:`.saved` what an operator's backward keeps; :mod:`.memory` the memory ledger of a step (``--memory``);
   :mod:`.plan` the parallel plan and recompute policy
 * :mod:`.parallel` FLOPs, redundant work, communication bytes and the bubble per rank under a plan (``--parallel``)
+* :mod:`.memory_extension` the memory ledger of L identical layers, walked on the 2-layer graph with its second
+  layer copied (``--memory`` with ``--hf``)
 
 Every public name below is imported on first use (``import flopcount`` loads neither torch nor the measuring half).
 
