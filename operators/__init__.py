@@ -4,7 +4,8 @@ it, which fills the registry (:mod:`flopcount.registry`).
 * :mod:`.attention` Attention, FlexAttention, LinearAttention, RotaryEmbedding, SwiGLU
 * :mod:`.contrib` Microsoft contrib operators (com.microsoft) that onnxruntime's optimizers write: fused
   convolutions, products and element-wise operators; :mod:`.contrib_attention` its attention and rotary
-  embedding, :mod:`.contrib_normalization` its normalizations, :mod:`.contrib_parts` what they share
+  embedding, :mod:`.contrib_normalization` its normalizations, :mod:`.contrib_parts` what they share,
+  :mod:`.contrib_saved` what their backward keeps
 * :mod:`.control_flow` If, Loop, Scan, SequenceMap: their bodies counted with the same formulas
 * :mod:`.conv` Conv, ConvTranspose, DeformConv, Col2Im
 * :mod:`.detection` RoiAlign, NonMaxSuppression

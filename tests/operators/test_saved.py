@@ -205,14 +205,7 @@ NOT_YET = {
     "LinearAttention", "Loop", "MaxRoiPool", "QuantizeLinear", "RNN", "RoiAlign", "STFT", "Scan", "SequenceMap",
     "ai.onnx.ml:Binarizer", "ai.onnx.ml:TreeEnsemble", "ai.onnx.ml:TreeEnsembleClassifier",
     "ai.onnx.ml:TreeEnsembleRegressor", "ai.onnx.preview:FlexAttention", "ai.onnx.preview.training:Adagrad",
-    "ai.onnx.preview.training:Adam", "ai.onnx.preview.training:Momentum", "com.microsoft:Attention",
-    "com.microsoft:BiasDropout", "com.microsoft:BiasSplitGelu", "com.microsoft:BitmaskBiasDropout",
-    "com.microsoft:BitmaskDropout", "com.microsoft:EmbedLayerNormalization", "com.microsoft:FusedConv",
-    "com.microsoft:FusedGemm", "com.microsoft:FusedMatMulActivation", "com.microsoft:GemmFastGelu",
-    "com.microsoft:GroupNorm", "com.microsoft:GroupQueryAttention", "com.microsoft:MultiHeadAttention",
-    "com.microsoft:NhwcConv", "com.microsoft:NhwcFusedConv", "com.microsoft:RotaryEmbedding",
-    "com.microsoft:ScaledSiLU", "com.microsoft:SkipGroupNorm", "com.microsoft:SkipLayerNormalization",
-    "com.microsoft:SkipSimplifiedLayerNormalization",
+    "ai.onnx.preview.training:Adam", "ai.onnx.preview.training:Momentum",
 }
 
 
