@@ -395,3 +395,10 @@ def rotary_saved(ctx: NodeContext, **_) -> Saved:
 def swiglu_saved(ctx: NodeContext, **_) -> Saved:
     """The gate and linear inputs: the derivative of silu(a)·b reads a and b."""
     return keeps(*(i for i in range(len(ctx.inputs)) if ctx.has_input(i)))
+
+
+@saves("FlexAttention", domain="ai.onnx.preview")
+def flex_attention_saved(ctx: NodeContext, **_) -> Saved:
+    """Q, K, V, Y and each query row's log-sum-exp in float32 (4·B·H·S_q bytes), as Attention's fused kernel keeps
+    them (the score_mod and prob_mod subgraphs keep nothing more here)."""
+    return Saved(inputs=(0, 1, 2), outputs=(0,), extra=(("log-sum-exp (float32)", STAT_BYTES * prod(ctx.shape(0)[:-1])),))

@@ -14,10 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from math import prod
 
+from flopcount.context import NodeContext, TensorInfo
 from flopcount.operators import contrib_parts as fused
 from flopcount.operators.contrib_parts import MS
-
-from flopcount.context import NodeContext, TensorInfo
 from flopcount.registry import lookup_saved, saves
 from flopcount.saved import STAT_BYTES, Saved, element_bytes
 

@@ -244,3 +244,10 @@ def conv_saved(ctx: NodeContext, **_) -> Saved:
 
 
 saves_nothing("Col2Im")  # dX = Im2Col(dY), a gather by shapes alone (torch's fold keeps nothing)
+
+
+@saves("DeformConv")
+def deform_conv_saved(ctx: NodeContext, **_) -> Saved:
+    """X, W, the offsets and the mask: the backward samples X again at the offset points (torchvision's
+    ``deform_conv2d`` keeps them, and the bias)."""
+    return keeps(*(i for i in (0, 1, 2, 4) if ctx.has_input(i)))

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from flopcount.context import NodeContext
 from flopcount.cost import Bound, Cost
-from flopcount.registry import backward, formula
+from flopcount.registry import backward, formula, saves
+from flopcount.saved import Saved, keeps
 
 BILINEAR_SAMPLE = 7  # 4 multiplies + 3 adds (avg) or 3 maxes (max) per sample and channel
 SAMPLE_POINT = 14  # per sample point, shared by the channels: 2·3 coordinates + 2 fractions, 2 complements, 4 weights
@@ -105,3 +106,10 @@ def non_max_suppression(ctx: NodeContext, *, center_point_box: int = 0, **_) -> 
         "IoUs counted up to the declared max_output_boxes_per_class (all box pairs when it is not a constant); "
         "the real number depends on the scores",
     )
+
+
+@saves("RoiAlign")
+def roi_align_saved(ctx: NodeContext, **_) -> Saved:
+    """The boxes and their batch indices, from which the backward finds each sample's corners again (torchvision's
+    ``roi_align`` keeps the boxes), when X needs a gradient."""
+    return keeps(1, 2) if ctx.needs_grad(0) else Saved()

@@ -198,3 +198,16 @@ def average_pool_saved(ctx: NodeContext, **_) -> Saved:
 def lp_pool_saved(ctx: NodeContext, **_) -> Saved:
     """X and Y: dX = dY·(X/Y)^(p−1)·sign(X)."""
     return keeps(0, outputs=(0,))
+
+
+#: Bytes of the int32 argmax torchvision's ``roi_pool`` keeps per output element.
+ROI_ARGMAX_BYTES = 4
+
+
+@saves("MaxRoiPool")
+def max_roi_pool_saved(ctx: NodeContext, **_) -> Saved:
+    """The boxes and the index of each bin's maximum, int32 per output element, as torchvision's ``roi_pool`` keeps
+    them, when X needs a gradient."""
+    if not ctx.needs_grad(0):
+        return Saved()
+    return Saved(inputs=(1,), extra=(("argmax indices (int32)", ROI_ARGMAX_BYTES * ctx.out_numel()),))

@@ -14,7 +14,8 @@ from math import prod
 
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
-from flopcount.registry import backward, formula
+from flopcount.registry import backward, formula, saves
+from flopcount.saved import BOOL_BYTES, Saved, keeps
 
 INT_OPS_PER_MAC = 2
 REQUANTIZE_FLOPS = 2  # per output element: multiply by x_scale·w_scale/y_scale, add y_zero_point
@@ -148,3 +149,20 @@ def dynamic_quantize_linear(ctx: NodeContext, **_) -> Cost:
     """
     x = ctx.numel(0)
     return Cost(flops=2 * max(x - 1, 0) + 6 + 2 * x)
+
+
+# --------------------------------------------------------------------------------------------
+# saved for backward (flopcount.saved)
+
+
+@saves("QuantizeLinear", "DynamicQuantizeLinear")
+def quantize_saved(ctx: NodeContext, **_) -> Saved:
+    """Whether each element fell inside the quantized range, as bools (|X| bytes), when X needs a gradient: the
+    straight-through estimator's mask, as torch's fake quantization (``fake_quantize_*_cachemask``) keeps it."""
+    return Saved(extra=(("in-range mask (bool)", BOOL_BYTES * ctx.numel(0)),)) if ctx.needs_grad(0) else Saved()
+
+
+@saves("DequantizeLinear")
+def dequantize_saved(ctx: NodeContext, **_) -> Saved:
+    """The scale (dX = dY·x_scale), when X needs a gradient: a stored tensor, no activation."""
+    return keeps(1) if ctx.needs_grad(0) else Saved()

@@ -187,3 +187,11 @@ def dft_saved(ctx: NodeContext, **_) -> Saved:
     complex FFT keeps its input); nothing for a complex one, as the transform is linear."""
     x = ctx.shape(0)
     return keeps(0) if x and x[-1] == 1 else Saved()
+
+
+@saves("STFT")
+def stft_saved(ctx: NodeContext, **_) -> Saved:
+    """The window, for the signal's gradient (the frames' gradients are multiplied by it), and the signal, for the
+    window's (Σ dframe·x): the transform is linear in each."""
+    window = ctx.has_input(2)
+    return keeps(*((2,) if window and ctx.needs_grad(0) else ()), *((0,) if window and ctx.needs_grad(2) else ()))

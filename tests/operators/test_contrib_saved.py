@@ -11,27 +11,15 @@ written here is checked instead.
 from __future__ import annotations
 
 import pytest
-from helpers import weight
 from onnx import TensorProto
-from test_contrib import (
-    CONV_CASES_TRAIN,
-    ELEMENTWISE_CASES,
-    MATMUL_CASES_TRAIN,
-    SKIP_LN_CASES,
-    build,
-    conv_models,
-    dropout_models,
-    elementwise_models,
-    embed_models,
-    gemm_fast_gelu_models,
-    gemm_models,
-    group_norm_models,
-    matmul_models,
-    ms_train,
-    skip_ln_models,
-)
 
 import flopcount
+from helpers import weight
+from test_contrib import (
+    CONV_CASES_TRAIN, ELEMENTWISE_CASES, MATMUL_CASES_TRAIN, SKIP_LN_CASES, build, conv_models, dropout_models,
+    elementwise_models, embed_models, gemm_fast_gelu_models, gemm_models, group_norm_models, matmul_models,
+    ms_train, skip_ln_models,
+)
 
 F32 = 4
 

@@ -194,6 +194,62 @@ def test_the_new_rules_equal_what_torch_keeps():
     assert _torch_saved(torch.fft.fft, (N, 16), dtype=torch.complex64) == 0
 
 
+def test_fake_quantization_keeps_a_bool_mask_and_the_scale():
+    """x → QuantizeLinear → DequantizeLinear (quantization-aware training): the straight-through mask as bools,
+    one byte per element of x (the scale is a stored tensor, no activation)."""
+    from onnx import helper
+
+    from helpers import model
+
+    nodes = [helper.make_node("Add", ["x", "x_shift"], ["x_t"]),
+             helper.make_node("QuantizeLinear", ["x_t", "scale", "zp"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "scale", "zp"], ["y"])]
+    inits = [weight("x_shift", (N, C)), const("scale", 0.1, np.float32), const("zp", 0, np.uint8)]
+    assert kept(model(nodes, {"x": [N, C]}, ["y"], inits)) == (N * C, N * C)
+    m = shifted_op_model("DynamicQuantizeLinear", ["x"], {"x": [N, C]}, learned=["x"], n_outputs=3)
+    assert kept(m) == (N * C, N * C)
+
+
+def test_roi_ops_keep_the_boxes_and_roi_pool_its_int32_argmax():
+    rois = 7
+    m = shifted_op_model("RoiAlign", ["x", "rois", "batch_indices"], {"x": (1, C, 11, 13), "rois": (rois, 4)},
+                         consts=[const("batch_indices", [0] * rois)], learned=("x",), opset=22, output_height=3,
+                         output_width=2)
+    assert kept(m) == (F32 * rois * 4, 0)  # the boxes (the batch indices are a constant)
+    m = shifted_op_model("MaxRoiPool", ["x", "rois"], {"x": (1, C, 11, 13), "rois": (rois, 5)}, learned=("x",),
+                         pooled_shape=[3, 2])
+    assert kept(m) == (F32 * rois * 5 + 4 * rois * C * 3 * 2, 4 * rois * C * 3 * 2)
+
+
+def test_deform_conv_keeps_x_and_the_offsets():
+    x, offsets = (1, 2, 5, 5), (1, 2 * 3 * 3, 3, 3)  # 3×3 kernel, no padding: 3×3 outputs, one offset group
+    m = shifted_op_model("DeformConv", ["x", "w", "offset"], {"x": x, "offset": offsets},
+                         params=[weight("w", (4, 2, 3, 3))], learned=("x",), opset=19, kernel_shape=[3, 3])
+    assert kept(m) == (F32 * (2 * 25 + 18 * 9), 0)
+
+
+def test_flex_attention_keeps_q_k_v_y_and_a_float32_log_sum_exp_per_row():
+    from onnx import helper
+
+    from helpers import model
+
+    b, h, l, s, e = 2, 3, 5, 7, 4
+    nodes = [helper.make_node("Add", ["q", "q_shift"], ["q_t"]),
+             helper.make_node("FlexAttention", ["q_t", "k", "v"], ["y"], domain="ai.onnx.preview")]
+    m = model(nodes, {"q": (b, h, l, e), "k": (b, h, s, e), "v": (b, h, s, e)}, ["y"],
+              [weight("q_shift", (b, h, l, e))], opset=26, extra_opsets={"ai.onnx.preview": 1})
+    rows = b * h * l
+    assert kept(m) == (F32 * (rows * e + 2 * b * h * s * e + rows * e) + F32 * rows, F32 * rows)
+
+
+def test_stft_under_the_schema_keeps_nothing():
+    """Every STFT input is non-differentiable in the ONNX schema: no gradient reaches them, nothing is kept."""
+    consts = [const("step", 4, np.int64), const("length", 8, np.int64)]
+    m = shifted_op_model("STFT", ["x", "step", "", "length"], {"x": [2, 32, 1]}, consts=consts, learned=["x"],
+                         opset=17)
+    assert kept(m) == (0, 0)
+
+
 def test_registering_a_rule_twice_raises():
     with pytest.raises(RegistryError, match="registered twice"):
         saves("Relu")(lambda ctx, **_: None)
@@ -201,10 +257,10 @@ def test_registering_a_rule_twice_raises():
 
 #: Operators with a backward formula and no saved-for-backward rule yet: the ledger lists them (a lower bound).
 NOT_YET = {
-    "CausalConvWithState", "DeformConv", "DequantizeLinear", "DynamicQuantizeLinear", "GRU", "If", "LSTM",
-    "LinearAttention", "Loop", "MaxRoiPool", "QuantizeLinear", "RNN", "RoiAlign", "STFT", "Scan", "SequenceMap",
+    "CausalConvWithState", "GRU", "If", "LSTM",
+    "LinearAttention", "Loop", "RNN", "Scan", "SequenceMap",
     "ai.onnx.ml:Binarizer", "ai.onnx.ml:TreeEnsemble", "ai.onnx.ml:TreeEnsembleClassifier",
-    "ai.onnx.ml:TreeEnsembleRegressor", "ai.onnx.preview:FlexAttention", "ai.onnx.preview.training:Adagrad",
+    "ai.onnx.ml:TreeEnsembleRegressor", "ai.onnx.preview.training:Adagrad",
     "ai.onnx.preview.training:Adam", "ai.onnx.preview.training:Momentum",
 }
 
