@@ -36,7 +36,8 @@ from collections.abc import Sequence
 from flopcount.context import NodeContext
 from flopcount.cost import Bound, Cost
 from flopcount.operators.elementwise import DECOMPOSITION
-from flopcount.registry import backward, formula
+from flopcount.registry import backward, formula, saves
+from flopcount.saved import Saved, element_bytes
 
 # activation → transcendental evaluations per element; every activation is 1 FLOP per element
 ACTIVATIONS: dict[str, int] = {
@@ -212,3 +213,81 @@ def recurrent_backward(ctx: NodeContext, **attrs) -> Cost:
     if not ctx.needs_grad(5):  # no gradient into initial_h
         macs -= directions * batch * gh * h
     return Cost(flops=fpm * macs + 2 * (fwd.flops - fpm * fwd.macs), macs=macs, transcendentals=fwd.transcendentals)
+
+
+# --------------------------------------------------------------------------------------------
+# saved for backward (flopcount.saved)
+
+#: Activations whose derivative is a function of their output (σ′ = Y(1 − Y), tanh′ = 1 − Y², Relu): the output,
+#: which the cell's products keep anyway, is all they keep.
+_KEEP_OUTPUT = frozenset({"sigmoid", "tanh", "relu"})
+#: Affine (alpha·x + beta) keeps nothing; every other activation keeps its input, the pre-activation.
+_KEEP_NOTHING = frozenset({"affine"})
+
+
+def _keeps_input(name: str) -> int:
+    return 0 if name.lower() in _KEEP_OUTPUT | _KEEP_NOTHING else 1
+
+
+@saves("LSTM", "GRU", "RNN")
+def recurrent_saved(ctx: NodeContext, *, direction: str = "forward", layout: int = 0,
+                    activations: Sequence[str] | None = None, clip: float | None = None,
+                    hidden_size: int | None = None, linear_before_reset: int = 0, **_) -> Saved:
+    """What backpropagation through time keeps when the ONNX equations run step by step, each gate its own
+    tensor (as autograd keeps them for the cell written gate by gate in torch), in B·H tensors per step and
+    direction:
+
+    * LSTM: the four gate outputs, C_{t−1} (for f's gradient), h(C_t) (for o's), and H_{t−1} when R needs a
+      gradient: 7; C_S once more where something keeps C_t (peepholes' Po⊙C_t, a clip, an ``h`` that keeps its
+      input);
+    * GRU: z, r, r⊙H_{t−1} (by default; H_{t−1}·Rhᵀ + Rbh with ``linear_before_reset``), the candidate, 1 − z and
+      H_{t−1}: 6;
+    * RNN: H_1 … H_S (f's outputs, each the next step's H_{t−1}) and H_0 when R needs a gradient; with an f that
+      does not keep its output, H_0 … H_{S−1} when R needs a gradient;
+
+    plus one per evaluation of an activation that keeps its input (not Sigmoid, Tanh, Relu, Affine) and one per
+    clipped activation input (a clip keeps what it clips); X when W needs a gradient; the initial states by
+    position when given (else the zeros that stand for them). In X's element type.
+
+    A gate output only a product keeps is not kept at the first step when the state it multiplies needs no
+    gradient (the zeros, or an initial state that is data): with an f that does not keep its output, the LSTM's
+    forget gate and the GRU's update gate at t = 0 (and its reset gate, but with ``linear_before_reset``)."""
+    op = ctx.op_type
+    x = ctx.shape(0)
+    steps, batch = (x[1], x[0]) if layout == 1 else (x[0], x[1])
+    gates = _GATES[op]
+    hidden = hidden_size if hidden_size is not None else ctx.shape(1)[1] // gates
+    dirs = 2 if direction == "bidirectional" else 1
+    defaults = {"LSTM": ("Sigmoid", "Tanh", "Tanh"), "GRU": ("Sigmoid", "Tanh"), "RNN": ("Tanh",)}[op]
+    acts = [a.decode() if isinstance(a, bytes) else a for a in (activations or defaults)]
+    n = len(defaults)
+    r_grad = int(ctx.needs_grad(2))
+    clipped = clip is not None
+    per_step = once = 0  # B·H tensors, over all directions
+    h0, c0 = bool(r_grad) or op == "GRU", op == "LSTM"  # whether the initial states are kept
+    for d in range(dirs):
+        names = acts[d * n:(d + 1) * n] if len(acts) >= (d + 1) * n else acts[:n]
+        kept = [_keeps_input(name) for name in names]
+        if op == "LSTM":  # f on i, o, f; g on the candidate; h on C_t (kept already as the next C_{t−1})
+            per_step += 7 - 1 + r_grad + 3 * kept[0] + kept[1] + clipped * (4 + kept[2])
+            once += 1 if ctx.has_input(7) or clipped or kept[2] else 0
+            once -= names[0].lower() not in _KEEP_OUTPUT and not ctx.needs_grad(6)  # f ⊙ C_0 keeps C_0 only
+        elif op == "GRU":
+            per_step += 6 + 2 * kept[0] + kept[1] + 3 * clipped
+            if names[0].lower() not in _KEEP_OUTPUT and not ctx.needs_grad(5):  # z ⊙ H_0, r ⊙ H_0 keep H_0 only
+                once -= 1 if linear_before_reset else 2
+        else:
+            per_step += kept[0] + clipped
+            if names[0].lower() in _KEEP_OUTPUT:
+                per_step, once = per_step + 1, once + r_grad
+            else:
+                per_step += r_grad
+    e = element_bytes(ctx.inputs[0].elem_type)
+    state = dirs * batch * hidden  # one initial state of every direction
+    tensors = steps * batch * hidden * per_step + batch * hidden * once
+    inputs = [0] if ctx.needs_grad(1) else []
+    for i, held in ((5, h0), (6, c0)):
+        if held and ctx.has_input(i):  # the state at t = 0 is the given input, not zeros
+            inputs.append(i)
+            tensors -= state
+    return Saved(inputs=tuple(inputs), extra=((f"{op} gates and states per step", e * tensors),))
