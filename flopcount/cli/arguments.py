@@ -360,7 +360,8 @@ def add_memory_arguments(p: argparse.ArgumentParser) -> None:
 
 def with_parallel(report, args: argparse.Namespace):
     """``report`` with its per-rank FLOP ledger (:mod:`flopcount.parallel`) when ``--parallel`` is given, from the
-    same plan and recompute flags as the memory ledger's."""
+    same plan and recompute flags as the memory ledger's, and its memory ledger per rank
+    (:mod:`flopcount.memory_parallel`) with ``--memory``."""
     if not getattr(args, "parallel", None):
         return report
     import dataclasses
@@ -369,7 +370,12 @@ def with_parallel(report, args: argparse.Namespace):
     from flopcount.plan import parse_parallel, parse_recompute
 
     plan = parse_parallel(args.parallel, args.microbatches, args.schedule)
-    return dataclasses.replace(report, parallel=ledger(report, plan, parse_recompute(args.recompute)))
+    report = dataclasses.replace(report, parallel=ledger(report, plan, parse_recompute(args.recompute)))
+    if report.memory is not None and not plan.is_single:
+        from flopcount.memory_parallel import per_rank
+
+        report = dataclasses.replace(report, memory=per_rank(report, plan))
+    return report
 
 
 def memory_settings(args: argparse.Namespace) -> dict:
