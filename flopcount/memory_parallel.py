@@ -88,15 +88,14 @@ def in_flight(plan: ParallelPlan, stage: int) -> float:
     return float(min(p - stage, m))
 
 
-def per_rank(report: Any, plan: ParallelPlan | None = None) -> Memory:
-    """``report.memory`` (a one-rank ledger with its graph) per rank of ``plan`` (default: the ledger's settings'
-    plan), one entry per (stage, TP rank) with its DP replicas listed."""
+def per_rank(report: Any, plan: ParallelPlan) -> Memory:
+    """``report.memory`` (a one-rank ledger with its graph: ``count(..., memory=...)``) per rank of ``plan``, one
+    entry per (stage, TP rank) with its DP replicas listed; the returned ledger's ``settings.plan`` is ``plan``."""
     from .parallel import ledger as flops_ledger, node_shares
 
     mem = report.memory
     if mem is None or mem.graph is None or mem.settings is None:
         raise UsageError("--parallel with --memory: the count has no memory ledger to split; count with --memory")
-    plan = plan or mem.settings.plan
     settings = dataclasses.replace(mem.settings, plan=ParallelPlan())
     dataclasses.replace(mem.settings, plan=plan)  # refuses cp and ep with the memory's words
     g = mem.graph

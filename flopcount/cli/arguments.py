@@ -380,7 +380,8 @@ def with_parallel(report, args: argparse.Namespace):
 
 def memory_settings(args: argparse.Namespace) -> dict:
     """``memory=`` of count() from the memory flags: absent without ``--memory``; the plan and recompute policy
-    are checked either way (exit 2 naming the bad part)."""
+    are checked either way (exit 2 naming the bad part). The count's ledger is one rank's; :func:`with_parallel`
+    splits it per rank of the plan."""
     from flopcount.errors import UsageError
     from flopcount.memory import MemorySettings
     from flopcount.plan import ParallelPlan, parse_parallel, parse_recompute
@@ -399,5 +400,6 @@ def memory_settings(args: argparse.Namespace) -> dict:
         return {}
     if recompute.policy != "none" and args.mode != "train":
         raise UsageError(f"--recompute {recompute}: recompute changes training only; give --mode train")
+    MemorySettings(plan=plan)  # cp and ep: exit 2 naming the flag
     return {"memory": MemorySettings(implementation=args.optimizer_impl, device=args.memory_device,
-                                     master_weights=args.master_weights, recompute=recompute, plan=plan)}
+                                     master_weights=args.master_weights, recompute=recompute)}

@@ -102,3 +102,11 @@ def test_sp_splits_activations_and_more_microbatches_raise_the_peak(report):
 def test_cp_and_ep_are_refused_naming_the_flag(text):
     with pytest.raises(UsageError, match=text.split("=")[0] + "=2"):
         MemorySettings(plan=plan(text))
+
+
+def test_count_refuses_a_plan_and_names_the_split(tmp_path):
+    import flopcount
+
+    # refused before the model is read: the count's ledger is one rank's, per_rank splits it
+    with pytest.raises(UsageError, match="memory_parallel.per_rank"):
+        flopcount.count(str(tmp_path / "absent.onnx"), memory=MemorySettings(plan=plan("tp=2")))
