@@ -45,6 +45,7 @@ __all__ = ["PlanRankMemory", "in_flight", "per_rank", "rank_rows", "RANK_HEADERS
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 _TP_PARAMS = ("q_proj", "gate_proj", "up_proj", "o_proj", "down_proj", "embed_tokens", "lm_head")
 _KV = ("k_proj", "v_proj")
+_SAME_SIZE = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose"})
 _SEQUENCE = ("o_proj", "down_proj", "embed_tokens")  # outputs whole on every TP rank, split over the sequence by sp
 
 
@@ -168,6 +169,11 @@ def _rank(report, g: Graph, mem: Memory, settings: MemorySettings, plan: Paralle
             tensors[name] = _resized(_resized(info, div), fsdp if name in g.params else 1)
         else:
             tensors[name] = _resized(info, act_div(made[name]) if name in made else 1)
+    for n in nodes:  # a view that keeps every element has its input's share (a weight's transpose is a weight's)
+        src = n.inputs[0].name if n.inputs and n.inputs[0] is not None else None
+        if n.op_type in _SAME_SIZE and src in tensors and n.outputs and n.outputs[0] is not None:
+            shape = tensors[src].shape
+            tensors[n.outputs[0].name] = TensorInfo(n.outputs[0].name, n.outputs[0].elem_type, shape)
     saved = {n.index: g.saved[n.index]._replace(extra=tuple((w, -(-b // act_div(k))) for w, b in
                                                              g.saved[n.index].extra))
              for k, n in zip(keep, nodes) if n.index in g.saved}
