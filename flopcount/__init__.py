@@ -40,6 +40,7 @@ docs/architecture.md):
 * :mod:`.parallel` FLOPs, redundant work, communication bytes and the bubble per rank under a plan (``--parallel``)
 * :mod:`.memory_extension` the memory ledger of L identical layers, walked on the 2-layer graph with its second
   layer copied (``--memory`` with ``--hf``)
+* :mod:`.memory_parallel` the memory ledger per rank under a parallel plan (``--memory --parallel``)
 
 Every public name below is imported on first use (``import flopcount`` loads neither torch nor the measuring half).
 

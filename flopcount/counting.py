@@ -160,6 +160,9 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
         from .memory import MemorySettings
 
         memory = MemorySettings.of(memory)
+        if not memory.plan.is_single:
+            raise UsageError(f"memory: a plan ({memory.plan}) is not counted; count the one-rank ledger and split it "
+                             "with flopcount.memory_parallel.per_rank(report, plan)")
     else:
         memory = None
     given_mask = None

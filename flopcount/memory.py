@@ -65,9 +65,10 @@ class MemorySettings:
         if self.recompute.policy == "ops":
             raise UsageError(f"--recompute {self.recompute}: the memory ledger models none, full and selective so "
                              "far; choose one of those")
-        if not self.plan.is_single:
-            raise UsageError(f"--parallel {self.plan}: memory per rank under a parallel plan is not modelled yet; "
-                             "give the memory of one rank without --parallel")
+        for flag, what in (("cp", "context parallelism"), ("ep", "expert parallelism")):
+            if getattr(self.plan, flag) > 1:
+                raise UsageError(f"--parallel {flag}={getattr(self.plan, flag)}: memory per rank under {what} is "
+                                 f"not modelled yet; give {flag}=1")
 
     @classmethod
     def of(cls, memory: Any) -> "MemorySettings":
@@ -279,8 +280,10 @@ class _Storages:
 
 
 def ledger(g: Graph, mode: str, optimizer: str | None, settings: MemorySettings, missing: Mapping[str, int],
-           kv_cache_bytes: int | None = None) -> Memory:
-    """The :class:`Memory` of one step of ``g`` (see the module's docstring)."""
+           kv_cache_bytes: int | None = None, held: int = 0, accumulated: bool = False) -> Memory:
+    """The :class:`Memory` of one step of ``g`` (see the module's docstring). ``held``: bytes alive throughout
+    the walk beyond the graph's own (other microbatches' kept activations, an all-gather buffer); ``accumulated``:
+    the gradients exist from the start (a microbatch after the first of a step)."""
     unsized: set[str] = set()
     st = _Storages(g, unsized)
     size = st.nbytes
@@ -291,12 +294,12 @@ def ledger(g: Graph, mode: str, optimizer: str | None, settings: MemorySettings,
     states, temps = optimizer_bytes(optimizer, trained, settings) if training else (0, 0)
     buffers = sum(size(n) for n in g.buffers)
     inputs = sum(size(n) for n in g.inputs)
-    w = _Walk(live=params + buffers + inputs + states)
+    w = _Walk(live=params + buffers + inputs + states + held + (grads if accumulated else 0))
     holds = _holds(g, st) if training else _Holds()
     kept_by: dict[int, int] = {}
     activations, statistics = _forward(g, st, holds, w, kept_by)
     if training:
-        _backward(g, st, holds, w)
+        _backward(g, st, holds, w, set(g.trainable) if accumulated else set())
         w.live += temps
         w.mark("optimizer step", "")
     rank = RankMemory(params, buffers, grads, states, temps if optimizer else 0, inputs, activations, statistics,
@@ -397,7 +400,7 @@ def _forward(g: Graph, st: _Storages, h: _Holds, w: _Walk, kept_by: dict[int, in
     return kept + statistics, statistics
 
 
-def _backward(g: Graph, st: _Storages, h: _Holds, w: _Walk) -> None:
+def _backward(g: Graph, st: _Storages, h: _Holds, w: _Walk, param_grads: set[str]) -> None:
     """Walk the backward in reverse execution order: each node's input gradients are allocated, then its output
     gradients, its statistics and what only it kept are freed; a checkpointed unit makes its kept tensors again
     when its backward starts and releases its inputs when it ends."""
@@ -420,7 +423,6 @@ def _backward(g: Graph, st: _Storages, h: _Holds, w: _Walk) -> None:
             unit_extra[g.units[k]] = unit_extra.get(g.units[k], 0) + s.extra_bytes
     alive = {r for r in h.holders if r not in h.recomputed}.union(*h.unit_inputs.values())
     grad_of: dict[str, int] = {}
-    param_grads: set[str] = set()
     for n in g.nodes:  # the seed gradients of the graph's outputs that need one
         for t in n.outputs:
             if n.index in g.grads and t is not None and t.name in g.outputs and t.is_float:

@@ -266,7 +266,15 @@ def _memory_lines(m) -> list[str]:
     how = [m.mode] + ([f"optimizer {m.optimizer} ({m.implementation})"] if m.optimizer else []) + (
         [f"recompute {m.recompute}"] if m.mode == "train" else []) + (["fp32 master weights"] if m.master_weights else [])
     lines = [f"Memory ({', '.join(how)}):"]
-    for k, r in enumerate(m.ranks):
+    if any(hasattr(r, "coords") for r in m.ranks):
+        from tabulate import tabulate
+
+        from .memory_parallel import RANK_HEADERS, rank_rows
+
+        lines.append(f"  per rank under {m.settings.plan} (activations per microbatch, peak with the microbatches in "
+                     "flight):")
+        lines += ["  " + x for x in tabulate(rank_rows(m), RANK_HEADERS, disable_numparse=True).splitlines()]
+    for k, r in enumerate(() if any(hasattr(r, "coords") for r in m.ranks) else m.ranks):
         parts = [f"params {b(r.params_bytes)}", f"grads {b(r.grads_bytes)}", f"optimizer {b(r.optimizer_bytes)}",
                  f"step temporaries {b(r.optimizer_temp_bytes)}", f"activations kept {b(r.activations_bytes)}",
                  f"peak {b(r.peak_bytes)} in the {r.peak_phase}" + (f" at node {r.peak_node!r}" if r.peak_node else "")]

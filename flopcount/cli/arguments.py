@@ -360,7 +360,8 @@ def add_memory_arguments(p: argparse.ArgumentParser) -> None:
 
 def with_parallel(report, args: argparse.Namespace):
     """``report`` with its per-rank FLOP ledger (:mod:`flopcount.parallel`) when ``--parallel`` is given, from the
-    same plan and recompute flags as the memory ledger's."""
+    same plan and recompute flags as the memory ledger's, and its memory ledger per rank
+    (:mod:`flopcount.memory_parallel`) with ``--memory``."""
     if not getattr(args, "parallel", None):
         return report
     import dataclasses
@@ -369,12 +370,18 @@ def with_parallel(report, args: argparse.Namespace):
     from flopcount.plan import parse_parallel, parse_recompute
 
     plan = parse_parallel(args.parallel, args.microbatches, args.schedule)
-    return dataclasses.replace(report, parallel=ledger(report, plan, parse_recompute(args.recompute)))
+    report = dataclasses.replace(report, parallel=ledger(report, plan, parse_recompute(args.recompute)))
+    if report.memory is not None and not plan.is_single:
+        from flopcount.memory_parallel import per_rank
+
+        report = dataclasses.replace(report, memory=per_rank(report, plan))
+    return report
 
 
 def memory_settings(args: argparse.Namespace) -> dict:
     """``memory=`` of count() from the memory flags: absent without ``--memory``; the plan and recompute policy
-    are checked either way (exit 2 naming the bad part)."""
+    are checked either way (exit 2 naming the bad part). The count's ledger is one rank's; :func:`with_parallel`
+    splits it per rank of the plan."""
     from flopcount.errors import UsageError
     from flopcount.memory import MemorySettings
     from flopcount.plan import ParallelPlan, parse_parallel, parse_recompute
@@ -393,5 +400,6 @@ def memory_settings(args: argparse.Namespace) -> dict:
         return {}
     if recompute.policy != "none" and args.mode != "train":
         raise UsageError(f"--recompute {recompute}: recompute changes training only; give --mode train")
+    MemorySettings(plan=plan)  # cp and ep: exit 2 naming the flag
     return {"memory": MemorySettings(implementation=args.optimizer_impl, device=args.memory_device,
-                                     master_weights=args.master_weights, recompute=recompute, plan=plan)}
+                                     master_weights=args.master_weights, recompute=recompute)}

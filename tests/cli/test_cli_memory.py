@@ -69,7 +69,12 @@ def test_table_lines(capsys, mlp_path):
                  id="bad recompute"),
     pytest.param(["--memory", "--mode", "train", "--recompute", "Gelu"], "models none, full and selective",
                  id="ops policy not modelled"),
-    pytest.param(["--memory", "--parallel", "dp=2"], "not modelled yet", id="plan not modelled"),
+    pytest.param(["--memory", "--parallel", "cp=2"], "cp=2: memory per rank under context parallelism is not "
+                 "modelled yet", id="cp not modelled"),
+    pytest.param(["--memory", "--parallel", "ep=2"], "ep=2: memory per rank under expert parallelism is not "
+                 "modelled yet", id="ep not modelled"),
+    pytest.param(["--memory", "--parallel", "dp=2"], "so no tensor-parallel rule can be applied",
+                 id="memory plan of a model without scopes"),
 ])
 def test_bad_flags_exit_2_naming_the_part(capsys, mlp_path, argv, message):
     assert main([mlp_path, *argv]) == 2

@@ -136,8 +136,8 @@ def test_settings_refuse_what_is_not_modelled_with_the_list():
         MemorySettings(implementation="turbo")
     with pytest.raises(UsageError, match="none, full and selective"):
         MemorySettings(recompute=Recompute("ops", frozenset({"Gelu"})))
-    with pytest.raises(UsageError, match="not modelled yet"):
-        MemorySettings(plan=ParallelPlan(dp=2))
+    with pytest.raises(UsageError, match="cp=2: memory per rank under context parallelism is not modelled yet"):
+        MemorySettings(plan=ParallelPlan(cp=2))
     with pytest.raises(UsageError, match="sgd, momentum, adam, adamw"):
         optimizer_bytes("lion", [], MemorySettings())
     with pytest.raises(UsageError, match="MemorySettings"):

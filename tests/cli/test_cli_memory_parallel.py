@@ -1,0 +1,48 @@
+"""``flopcount --hf DIR --memory --parallel ...``: the memory ledger per rank through the identical-layer extension,
+in the JSON (``memory.ranks[]`` with coords, stage and DP replicas) and as a table by rank."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flopcount.cli import main
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("torch")
+
+H, L, HEADS, KV_HEADS, FFN, V, B, S = 32, 4, 4, 2, 48, 64, 2, 8
+D = H // HEADS
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("llama")
+    config = transformers.LlamaConfig(hidden_size=H, intermediate_size=FFN, num_hidden_layers=L,
+                                      num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, vocab_size=V)
+    (folder / "config.json").write_text(config.to_json_string())
+    return str(folder)
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("FLOPCOUNT_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def test_json_ranks_and_table(capsys, llama):
+    argv = ["--hf", llama, "--input-shape", f"input_ids={B}x{S}", "--mode", "train", "--optimizer", "adamw",
+            "--memory", "--memory-device", "cpu", "--parallel", "tp=2,pp=2,dp=2", "--microbatches", "4"]
+    assert main([*argv, "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    ranks = doc["memory"]["ranks"]
+    assert [(r["coords"]["tp"], r["stage"], r["replicas"]) for r in ranks] == [
+        (0, 0, [0, 2]), (1, 0, [1, 3]), (0, 1, [4, 6]), (1, 1, [5, 7])]
+    # a layer on a TP rank of 2: Q, O H×H/2, K, V one K/V head H·D, gate, up, down H×FFN/2, two norms H whole
+    layer = H * H + 2 * H * D + 3 * H * FFN // 2 + 2 * H
+    first, last = V * H // 2 + 2 * layer, 2 * layer + H + V * H // 2  # embedding / final norm and head
+    assert [r["params_bytes"] for r in ranks] == [4 * first, 4 * first, 4 * last, 4 * last]
+    assert [r["microbatches_in_flight"] for r in ranks] == [2, 2, 1, 1]  # 1F1B: P − s
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "per rank under tp=2,pp=2" in out and "activations B / mb" in out and "5,7" in out

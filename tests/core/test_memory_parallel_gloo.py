@@ -1,0 +1,229 @@
+"""Memory per rank against 2 real TP ranks on gloo: a tiny decoder written with Megatron-style local shards
+(column-parallel Q, K, V, gate, up and LM head, row-parallel O and down whose outputs are summed by all_reduce,
+replicated RMSNorm weights), its parameters and the unique storages ``saved_tensors_hooks`` catch in each rank's
+forward equal the ledger's figures for that rank of ``tp=2``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from flopcount.memory import MemorySettings  # noqa: E402
+from flopcount.memory_parallel import per_rank  # noqa: E402
+from flopcount.plan import parse_parallel  # noqa: E402
+
+H, L, HEADS, FFN, V = 32, 2, 4, 48, 64
+D = H // HEADS
+B, S = 2, 8
+
+
+def build(t: int, rank: int, reduce=None, copy=None):
+    """The decoder on TP rank ``rank`` of ``t`` (whole with t = 1), module names as Hugging Face's Llama writes
+    them; ``reduce``/``copy``: the all_reduce of the forward and of the backward (identity on one rank)."""
+    nn = torch.nn
+    reduce = reduce or (lambda x: x)
+    copy = copy or (lambda x: x)
+    torch.manual_seed(0)
+
+    def linear(out_features, in_features, dim):
+        m = nn.Linear(in_features, out_features, bias=False)
+        with torch.no_grad():
+            w = m.weight.chunk(t, dim)[rank].contiguous()
+        m.weight = nn.Parameter(w)
+        return m
+
+    class Norm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(H))
+
+        def forward(self, x):
+            return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_proj, self.k_proj, self.v_proj = (linear(H, H, 0) for _ in range(3))
+            self.o_proj = linear(H, H, 1)
+
+        def forward(self, y):
+            h = HEADS // t
+            q, k, v = (p(y).view(B, S, h, D).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+            a = torch.softmax(q @ k.transpose(-1, -2) * D ** -0.5, -1) @ v
+            return reduce(self.o_proj(a.transpose(1, 2).reshape(B, S, h * D)))
+
+    class Mlp(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate_proj, self.up_proj = linear(FFN, H, 0), linear(FFN, H, 0)
+            self.down_proj = linear(H, FFN, 1)
+
+        def forward(self, y):
+            return reduce(self.down_proj(torch.nn.functional.silu(self.gate_proj(y)) * self.up_proj(y)))
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.input_layernorm, self.self_attn = Norm(), Attention()
+            self.post_attention_layernorm, self.mlp = Norm(), Mlp()
+
+        def forward(self, x):
+            x = x + self.self_attn(copy(self.input_layernorm(x)))
+            return x + self.mlp(copy(self.post_attention_layernorm(x)))
+
+    class Decoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(Layer() for _ in range(L))
+            self.norm = Norm()
+            self.lm_head = linear(V, H, 0)
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return self.lm_head(copy(self.norm(x))).sum()
+
+    return Decoder()
+
+
+def saved_storages(module, x) -> int:
+    """Bytes of the unique storages the autograd graph keeps during a forward, weights left out."""
+    stored = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in stored:
+            seen[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        module(x)
+    return sum(seen.values())
+
+
+def _worker(rank: int, world: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)  # a forked child must not wait on the parent's intra-op pool
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+
+    class Reduce(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            x = x.clone()
+            dist.all_reduce(x)
+            return x
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    class Copy(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x
+
+        @staticmethod
+        def backward(ctx, g):
+            g = g.clone()
+            dist.all_reduce(g)
+            return g
+
+    module = build(world, rank, Reduce.apply, Copy.apply)
+    x = torch.randn(B, S, H, requires_grad=False)
+    params = sum(p.numel() * p.element_size() for p in module.parameters())
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump({"params": params, "saved": saved_storages(module, x)}, f)
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def report():
+    import flopcount
+
+    return flopcount.from_torch(build(1, 0), (torch.randn(B, S, H),), training=True, optimizer="adam",
+                                cache_dir=False, memory=MemorySettings(device="cpu"))
+
+
+def exported_extra(t: int) -> int:
+    """What the exported graph keeps beyond torch's autograd on a TP rank of t, per op: SiLU is exported as
+    x·Sigmoid(x), whose Mul keeps the sigmoid's output besides x (torch's silu keeps x only), B·S·FFN/t float32 per
+    layer; rsqrt as a Sqrt and a reciprocal Div, the Div keeping the Sqrt's output besides its own (torch's rsqrt
+    keeps its output only), B·S float32 per norm of a layer (2 a layer), whole on every TP rank without sp."""
+    return L * B * S * (FFN // t) * 4 + 2 * L * B * S * 4
+
+
+def test_one_rank_ledger_equals_saved_storages(report):
+    """The base the per-rank figures are cut from: on one rank the ledger equals torch's saved storages, but for
+    the exported graph's per-op differences."""
+    module = build(1, 0)
+    saved = saved_storages(module, torch.randn(B, S, H))
+    assert report.memory.ranks[0].activations_bytes == saved + exported_extra(1)
+
+
+def test_tp_on_gloo_equals_the_ledger(report, tmp_path):
+    import torch.multiprocessing as mp
+
+    out = str(tmp_path / "rank")
+    mp.start_processes(_worker, args=(2, f"file://{tmp_path / 'init'}", out), nprocs=2, join=True,
+                       start_method="fork")
+    ranks = per_rank(report, parse_parallel("tp=2")).ranks
+    for i in range(2):
+        seen = json.loads(open(f"{out}.{i}").read())
+        assert ranks[i].params_bytes == seen["params"]
+        assert ranks[i].activations_bytes == seen["saved"] + exported_extra(2)
+
+
+def _fsdp_worker(rank: int, world: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.set_num_threads(1)  # a forked child must not wait on the parent's intra-op pool
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    module = build(1, 0)
+    for layer in module.layers:  # one unit per layer, the rest in the root's
+        fully_shard(layer, mesh=mesh)
+    fully_shard(module, mesh=mesh)
+    opt = torch.optim.Adam(module.parameters(), foreach=False)
+    x = torch.randn(B, S, H)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        module(x).backward()
+        opt.step()
+
+    step()  # the first step makes the optimizer's states
+    tracker = FSDPMemTracker(module, opt)
+    tracker.track_inputs((x,))
+    with tracker:
+        step()
+    snap = tracker.get_tracker_snapshot("current")[torch.device("cpu")]
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump({str(getattr(k, "value", k)): v for k, v in snap.items()}, f)
+    dist.destroy_process_group()
+
+
+def test_fsdp2_on_gloo_equals_fsdp_mem_tracker(report, tmp_path):
+    """FSDP2 (fully_shard per layer and at the root) on 2 gloo ranks: FSDPMemTracker's sharded parameters,
+    sharded gradients and optimizer states equal the ledger's for dp=2,fsdp, byte for byte (every dim 0 here is
+    even, so FSDP2 pads nothing)."""
+    import torch.multiprocessing as mp
+
+    out = str(tmp_path / "rank")
+    mp.start_processes(_fsdp_worker, args=(2, f"file://{tmp_path / 'init'}", out), nprocs=2, join=True,
+                       start_method="fork")
+    whole = report.memory.ranks[0]
+    (rank,) = per_rank(report, parse_parallel("dp=2,fsdp")).ranks
+    for i in range(2):
+        seen = json.loads(open(f"{out}.{i}").read())
+        assert rank.params_bytes == seen["Sharded Param"] == whole.params_bytes // 2
+        assert rank.grads_bytes == seen["Sharded Grad"]
+        # Adam: two moments of the shard and a float32 step counter per parameter tensor (9 a layer, 2 outside)
+        assert rank.optimizer_bytes == seen["OptState"] == 2 * whole.params_bytes // 2 + 4 * (9 * L + 2)
