@@ -110,11 +110,12 @@ def test_backward_peak_when_gradients_outgrow_the_optimizer_step():
 
 
 def test_an_operator_without_a_rule_makes_a_lower_bound_and_strict_refuses():
-    nodes = [helper.make_node("RNN", ["x", "w", "r"], ["y"], name="rnn", hidden_size=4)]
-    m = model(nodes, {"x": [2, 1, 3]}, ["y"], [weight("w", (1, 4, 3)), weight("r", (1, 4, 4))])
+    nodes = [helper.make_node("Add", ["x", "shift"], ["xt"], name="shift"),
+             helper.make_node("Binarizer", ["xt"], ["y"], name="binarize", domain="ai.onnx.ml", threshold=0.5)]
+    m = model(nodes, {"x": [2, 3]}, ["y"], [weight("shift", (2, 3))], extra_opsets={"ai.onnx.ml": 3})
     report = flopcount.count(m, mode="train", memory=True)
-    assert dict(report.memory.missing) == {"RNN": 1} and report.memory.lower_bound
-    with pytest.raises(UnsupportedOperatorError, match="RNN"):
+    assert dict(report.memory.missing) == {"ai.onnx.ml:Binarizer": 1} and report.memory.lower_bound
+    with pytest.raises(UnsupportedOperatorError, match="Binarizer"):
         flopcount.count(m, mode="train", memory=True, strict=True)
 
 
