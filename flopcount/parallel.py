@@ -68,6 +68,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from . import parallel_experts as px
 from .errors import UsageError
 from .plan import ParallelPlan, Recompute
 
@@ -131,11 +132,13 @@ class ParallelLedger:
     imbalance: float
     kv_rule: str
     rules: tuple[str, ...] = field(default=())
+    expert_load: str | None = None  # "balanced" or the --expert-load file of a MoE model; None for a dense one
 
     def as_dict(self) -> dict[str, Any]:
         return {"plan": self.plan.as_dict(), "recompute": str(self.recompute), "mode": self.mode,
                 "whole_flops_per_microbatch": self.whole_flops, "dims": dict(self.dims),
-                "kv_heads_rule": self.kv_rule, "bubble_fraction": self.bubble_fraction,
+                "kv_heads_rule": self.kv_rule, "expert_load": self.expert_load,
+                "bubble_fraction": self.bubble_fraction,
                 "slowest_rank": self.slowest_rank, "imbalance": self.imbalance,
                 "ranks": [r.as_dict() for r in self.ranks]}
 
@@ -193,16 +196,24 @@ def _dims(nodes: Sequence[Any], scopes: Sequence[Sequence[str]], where: str) -> 
     if not layer_ids:
         raise UsageError(f"--parallel: {where} has no layers.N module scopes, so the pipeline and tensor-parallel "
                          "rules of a dense decoder cannot be applied")
-    q, k, gate = proj("q_proj"), proj("k_proj"), proj("gate_proj")
-    for leaf in ("v_proj", "o_proj", "up_proj", "down_proj"):
+    moe = bool(px.moe_blocks(scopes))
+    q, k = proj("q_proj"), proj("k_proj")
+    for leaf in ("v_proj", "o_proj") if moe else ("v_proj", "o_proj", "up_proj", "down_proj"):
         proj(leaf)
+    try:  # a MoE model without dense MLPs (Mixtral) has no gate_proj outside its experts
+        gate = first(lambda n, sc: _leaf(sc) == "gate_proj" and n.family in _PRODUCTS and _layer(sc) is not None
+                     and not px.is_expert(sc), "layers.N.*.gate_proj product")
+    except UsageError:
+        if not moe:
+            raise
+        gate = None
     score = first(lambda n, sc: n.family in _PRODUCTS and _layer(sc) is not None and _leaf(sc) == "self_attn",
                   "attention score product in layers.N.self_attn")
     head = first(lambda n, sc: _leaf(sc) == "lm_head" and n.family in _PRODUCTS, "lm_head product")
     x = q.inputs[0]
     vals = {"batch": _dim(x, 0), "seq": _dim(x, -2), "hidden": _dim(x, -1), "heads": _dim(score.inputs[0], -3),
             "head_dim": _dim(score.inputs[0], -1), "q_out": _dim(q.outputs[0], -1), "kv_out": _dim(k.outputs[0], -1),
-            "ffn": _dim(gate.outputs[0], -1), "vocab": _dim(head.outputs[0], -1)}
+            "ffn": _dim(gate.outputs[0], -1) if gate is not None else 0, "vocab": _dim(head.outputs[0], -1)}
     unknown = [k for k, v in vals.items() if v is None]
     if unknown:
         raise UsageError(f"--parallel: {where}: the shapes give no {', '.join(unknown)}; fix the input shapes "
@@ -219,18 +230,22 @@ def _dims(nodes: Sequence[Any], scopes: Sequence[Sequence[str]], where: str) -> 
 
 
 def _check(plan: ParallelPlan, d: _Dims) -> None:
-    for flag, what in (("cp", "context parallelism"), ("ep", "expert parallelism")):
-        if getattr(plan, flag) > 1:
-            raise UsageError(f"--parallel {flag}={getattr(plan, flag)}: {what} is not modelled yet in FLOPs per rank; "
-                             f"give {flag}=1")
     t, p, v = plan.tp, plan.pp, _chunks(plan)
+    if d.seq % (2 * plan.cp) and plan.cp > 1:
+        raise UsageError(f"--parallel cp={plan.cp}: the zigzag split needs 2·cp = {2 * plan.cp} to divide the "
+                         f"sequence length {d.seq}")
+    if plan.sp and plan.cp > 1 and (d.seq // plan.cp) % t:
+        raise UsageError(f"--parallel tp={t},cp={plan.cp},sp: tp must divide each CP rank's {d.seq // plan.cp} tokens")
+    if (plan.dp * plan.cp) % plan.ep:
+        raise UsageError(f"--parallel ep={plan.ep}: expert parallelism reuses the dp·cp = {plan.dp * plan.cp} "
+                         "data- and context-parallel ranks; ep must divide dp·cp")
     for size, what in ((d.heads, "attention heads"), (d.ffn, "MLP width (intermediate size)"),
                        (d.vocab, "vocabulary")):
         if size % t:
             raise UsageError(f"--parallel tp={t}: tp must divide the {size} {what}")
     if d.kv_heads % t and t % d.kv_heads:
         raise UsageError(f"--parallel tp={t}: tp must divide the {d.kv_heads} K/V heads or be a multiple of them")
-    if plan.sp and d.seq % t:
+    if plan.sp and plan.cp == 1 and d.seq % t:
         raise UsageError(f"--parallel tp={t},sp: tp must divide the sequence length {d.seq} under sp")
     if d.layers % p:
         raise UsageError(f"--parallel pp={p}: pp must divide the {d.layers} layers (stages of equal layers)")
@@ -247,10 +262,16 @@ def _chunks(plan: ParallelPlan) -> int:
     return plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
 
 
-def _rule(n: Any, sc: Sequence[str], d: _Dims, after_head: bool) -> str:
-    """The rule of one node with work: split, kv, replicated, norm, positions (see the module's list)."""
+def _rule(n: Any, sc: Sequence[str], d: _Dims, after_head: bool, blocks: set[str] = frozenset()) -> str:
+    """The rule of one node with work: split, kv, replicated, norm, positions, expert (see the module's list and
+    :mod:`flopcount.parallel_experts`)."""
     leaf = _leaf(sc)
     if _layer(sc) is not None:
+        if px.is_expert(sc):
+            return "expert"
+        block = next((s for s in sc if s in blocks), None)
+        if block is not None and (sc[-1] == block or sc[-1] in (block + ".gate", block + ".shared_expert_gate")):
+            return "replicated"  # the router and the block's own ops on the hidden states
         if leaf in _COLUMN or leaf in _ROW:
             return "split"
         if leaf in _KV:
@@ -259,7 +280,7 @@ def _rule(n: Any, sc: Sequence[str], d: _Dims, after_head: bool) -> str:
             kv_side = d.kv_heads != d.heads and any(
                 t is not None and t.shape and len(t.shape) >= 4 and t.shape[1] == d.kv_heads for t in n.inputs[:1])
             return "kv" if kv_side else "split"
-        if any(s.endswith(".mlp") for s in sc):
+        if any(s.endswith((".mlp", ".block_sparse_moe")) for s in sc):
             return "split"
         if n.family in _PRODUCTS:
             raise UsageError(f"--parallel: node {n.name!r} ({n.op_type} in {sc[-1]}) is a product outside the "
@@ -334,11 +355,17 @@ def _shares(report: Any, plan: ParallelPlan, recompute: Recompute | None):
     if report.modules.missing or len(scopes) != len(nodes):
         raise UsageError(f"--parallel: {where} has no module scopes ({report.modules.missing}), so no "
                          "tensor-parallel rule can be applied")
-    if report.moe is not None or any(".experts." in s for sc in scopes for s in sc):
-        raise UsageError(f"--parallel: {where} is a mixture-of-experts model; its experts over EP are not modelled "
-                         "yet in FLOPs per rank (dense decoders only)")
+    blocks = px.moe_blocks(scopes)
+    if plan.ep > 1 and not blocks:
+        raise UsageError(f"--parallel ep={plan.ep}: {where} has no routed experts (no *.mlp.experts or "
+                         "*.block_sparse_moe.experts scopes); give ep=1 for a dense model")
+    if blocks and report.moe is None:
+        raise UsageError(f"--parallel: {where} has expert scopes but no mixture-of-experts record; count it with "
+                         "--hf so that its routed experts are known")
     d = _dims(nodes, scopes, where)
     _check(plan, d)
+    if blocks and report.moe.experts % plan.ep:
+        raise UsageError(f"--parallel ep={plan.ep}: ep must divide the {report.moe.experts} routed experts")
     t, p = plan.tp, plan.pp
     train = report.mode == "train"
     per_stage = d.layers // p
@@ -353,7 +380,7 @@ def _shares(report: Any, plan: ParallelPlan, recompute: Recompute | None):
         fwd, bwd = n.cost.flops, n.backward.flops if train else 0
         if not fwd and not bwd:
             continue
-        rule = _rule(n, sc, d, k > head_at)
+        rule = _rule(n, sc, d, k > head_at, blocks)
         has_loss = has_loss or (k > head_at and not sc)
         layer = _layer(sc)
         chunks = range(p) if rule == "positions" else [  # positions: each rank's first chunk rebuilds them
@@ -361,7 +388,7 @@ def _shares(report: Any, plan: ParallelPlan, recompute: Recompute | None):
         stages = [c % p for c in chunks]
         for c, s in zip(chunks, stages):
             for i in range(t):
-                if rule == "split" or (rule == "norm" and plan.sp):
+                if rule in ("split", "expert") or (rule == "norm" and plan.sp):
                     run = (_split(fwd, t, i), _split(bwd, t, i))
                     own = run
                 elif rule == "kv" and kv_group > 1:
@@ -376,34 +403,58 @@ def _shares(report: Any, plan: ParallelPlan, recompute: Recompute | None):
     return d, tuple(shares), has_loss, per_stage, train, recompute
 
 
-def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None) -> ParallelLedger:
+def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
+           expert_load: px.ExpertLoad | None = None) -> ParallelLedger:
     """The per-rank ledger of ``report`` (a counted :class:`~flopcount.report.Report` of one microbatch) under
     ``plan``; :class:`~flopcount.errors.UsageError` (exit 2) when a degree does not divide what it splits, a part
-    of the plan is not modelled yet, or the model's scopes are not those of a dense decoder."""
+    of the plan is not modelled yet, or the model's scopes are not those of a decoder. ``expert_load``: the
+    routing histogram of a MoE model (:func:`flopcount.parallel_experts.load_expert_load`), balanced if None."""
     d, shares, has_loss, per_stage, train, recompute = _shares(report, plan, recompute)
-    t, p, m = plan.tp, plan.pp, plan.microbatches
+    t, p, m, c_, e_ = plan.tp, plan.pp, plan.microbatches, plan.cp, plan.ep
+    load = expert_load or px.ExpertLoad(None)
+    scopes = report.modules.nodes
     kv_group = t // d.kv_heads if d.kv_heads < t else 1
     acc = {(s, i): [0, 0, 0, 0] for s in range(p) for i in range(t)}  # model, executed, recomputed, executed fwd
+    experts: dict[tuple[int, int], dict[int, list[int]]] = {k: {} for k in acc}  # per MoE layer: run, recomputed
     for x in shares:
+        if x.rule == "expert":
+            e = experts[(x.stage, x.tp)].setdefault(_layer(scopes[x.index]), [0, 0])
+            e[0] += x.forward + x.backward
+            e[1] += x.recompute
+            continue
         a = acc[(x.stage, x.tp)]
         a[0] += x.model_forward + x.model_backward
         a[1] += x.forward + x.backward
         a[2] += x.recompute
         a[3] += x.forward
+    moe_layers = sorted({_layer(scopes[x.index]) for x in shares if x.rule == "expert"})
+    load.check_layers(len(moe_layers))
+    fractions = {layer: load.fractions(j, report.moe.experts, e_) for j, layer in enumerate(moe_layers)}
     whole = sum(n.cost.flops + (n.backward.flops if train else 0) for n in report.nodes)
     comm = _communication(plan, d, report, per_stage, train, has_loss)
     order = ("tp", "pp", "cp", "ep", "dp")
     ranks = []
     for s in range(p):
         for dp in range(plan.dp):
-            for i in range(t):
-                model, run, again, _ = acc[(s, i)]
-                coords = {"tp": i, "pp": s, "cp": 0, "ep": 0, "dp": dp}
-                rank = i + t * (dp + plan.dp * s)
-                ranks.append(RankFlops(rank, {k: coords[k] for k in order}, s, m * model, m * (run + again),
-                                       m * (run - model), m * again,
-                                       {"model_flops": model, "hardware_flops": run + again,
-                                        "redundant_flops": run - model, "recompute_flops": again}, comm[s]))
+            for cp in range(c_):
+                group, ep = px.ep_coords(dp, cp, plan)
+                members = [q % c_ for q in range(group * e_, (group + 1) * e_)]  # the group's CP ranks
+                for i in range(t):
+                    model, run, again = (px.cp_split(v, c_, cp) for v in acc[(s, i)][:3])
+                    for layer, (ex_run, ex_again) in experts[(s, i)].items():
+                        share = fractions[layer]
+                        ex = px.ep_divide([px.cp_split(ex_run, c_, q) for q in members], share)[ep]
+                        model, run = model + ex, run + ex
+                        again += px.ep_divide([px.cp_split(ex_again, c_, q) for q in members], share)[ep]
+                    coords = {"tp": i, "pp": s, "cp": cp, "ep": ep, "dp": dp}
+                    rank = i + t * (cp + c_ * (dp + plan.dp * s))
+                    extra = _cp_ep_communication(plan, d, report, s, per_stage, train, recompute,
+                                                 [fractions[layer][ep] for layer in experts[(s, i)]])
+                    ranks.append(RankFlops(rank, {k: coords[k] for k in order}, s, m * model, m * (run + again),
+                                           m * (run - model), m * again,
+                                           {"model_flops": model, "hardware_flops": run + again,
+                                            "redundant_flops": run - model, "recompute_flops": again},
+                                           comm[s] + extra))
     ranks.sort(key=lambda r: r.rank)
     bubble = _bubble(plan, shares, train)
     slowest = max(ranks, key=lambda r: (r.hardware_flops, -r.rank))
@@ -411,10 +462,29 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None) 
     return ParallelLedger(plan, recompute, report.mode, whole, {
         "batch": d.batch, "seq": d.seq, "hidden": d.hidden, "heads": d.heads, "kv_heads": d.kv_heads,
         "head_dim": d.head_dim, "ffn": d.ffn, "vocab": d.vocab, "layers": d.layers,
-        "activation_bytes": d.act_bytes, "param_bytes": d.param_bytes}, tuple(ranks), bubble, slowest.rank,
-        slowest.hardware_flops / mean if mean else 1.0,
+        "activation_bytes": d.act_bytes, "param_bytes": d.param_bytes, "moe_layers": len(moe_layers),
+        "experts": report.moe.experts if moe_layers else 0, "top_k": report.moe.top_k if moe_layers else 0},
+        tuple(ranks), bubble, slowest.rank, slowest.hardware_flops / mean if mean else 1.0,
         f"each TP rank holds one of the {d.kv_heads} K/V heads, copied on {kv_group} ranks" if kv_group > 1
-        else "K/V heads split over TP")
+        else "K/V heads split over TP", expert_load=load.source if moe_layers else None)
+
+
+def _cp_ep_communication(plan: ParallelPlan, d: _Dims, report: Any, stage: int, per_stage: int, train: bool,
+                         recompute: Recompute, shares: Sequence[tuple[int, int]]) -> tuple[Collective, ...]:
+    """One rank's CP K/V collectives and EP all_to_alls per optimizer step (see
+    :mod:`flopcount.parallel_experts`); ``shares``: its EP rank's share of each of its stage's MoE layers."""
+    m, out = plan.microbatches, []
+    if plan.cp > 1:
+        kv = 2 * d.batch * d.seq * max(d.kv_heads // plan.tp, 1) * d.head_dim * d.act_bytes * per_stage
+        again = 2 if train and recompute.policy == "full" else 1
+        out.append(Collective("all_gather", "cp", m * kv * again))
+        if train:
+            out.append(Collective("reduce_scatter", "cp", m * kv))
+    if plan.ep > 1 and shares:
+        vec = d.batch * (d.seq // plan.cp) * report.moe.top_k * d.hidden * d.act_bytes  # T·k·h·e
+        sent = sum(vec + plan.ep * vec * num // den for num, den in shares)
+        out.append(Collective("all_to_all", "ep", m * sent * (2 if train else 1)))
+    return tuple(out)
 
 
 def _bubble(plan: ParallelPlan, shares: Sequence[NodeShare], train: bool) -> float:
@@ -513,7 +583,8 @@ def simulate_schedule(schedule: str, stages: int, microbatches: int, forward: Se
 def _communication(plan: ParallelPlan, d: _Dims, report: Any, per_stage: int, train: bool, has_loss: bool):
     """Per stage: the collectives of one rank of that stage per optimizer step (the module's closed forms)."""
     t, p, m = plan.tp, plan.pp, plan.microbatches
-    a = d.batch * d.seq * d.hidden * d.act_bytes
+    tokens = d.batch * (d.seq // plan.cp)  # a CP rank's tokens
+    a = tokens * d.hidden * d.act_bytes
     params = _rank_params(report, d, plan)
     out = []
     for s in range(p):
@@ -533,18 +604,18 @@ def _communication(plan: ParallelPlan, d: _Dims, report: Any, per_stage: int, tr
                 add("all_reduce", "tp", m * (2 * per_stage * a * (2 if train else 1) + (a if first else 0)
                                              + (a if last and train else 0)))
             if last and has_loss:
-                add("all_reduce", "tp", m * 3 * d.batch * d.seq * 4)
+                add("all_reduce", "tp", m * 3 * tokens * 4)
         if p > 1:
             act = a // t if plan.sp else a
             v = _chunks(plan)  # each of the rank's chunks sends on, but the model's last; and back, but its first
             add("send_recv", "pp", m * (act * (v - last) + (act * (v - first) if train else 0)))
-        if plan.dp > 1 and train:
-            g = params[s] * d.param_bytes
+        if plan.dp * plan.cp > 1 and train:
+            g, grp = params[s] * d.param_bytes, "dp_cp" if plan.cp > 1 else "dp"
             if plan.fsdp:
-                add("all_gather", "dp", m * 2 * g)
-                add("reduce_scatter", "dp", g)
+                add("all_gather", grp, m * 2 * g)
+                add("reduce_scatter", grp, g)
             else:
-                add("all_reduce", "dp", g)
+                add("all_reduce", grp, g)
         out.append(tuple(Collective(k, grp, n) for (k, grp), n in c.items()))
     return out
 
@@ -559,7 +630,9 @@ def _rank_params(report, d: _Dims, plan: ParallelPlan) -> list[int]:
         layer = int(found.group(1)) if found else None
         leaf = module.rsplit(".", 1)[-1]
         s = layer // per_chunk % plan.pp if layer is not None else (plan.pp - 1 if leaf in ("lm_head", "norm") else 0)
-        if leaf in _COLUMN or leaf in _ROW or leaf in ("embed_tokens", "lm_head"):
+        if ".experts" in module:  # split over TP within each expert and over EP between experts
+            n = n // (plan.tp * plan.ep)
+        elif leaf in _COLUMN or leaf in _ROW or leaf in ("embed_tokens", "lm_head"):
             n = n // plan.tp
         elif leaf in _KV:
             n = n // min(plan.tp, d.kv_heads)
