@@ -76,7 +76,8 @@ __all__ = ["Collective", "NodeShare", "ParallelLedger", "RankFlops", "ledger", "
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)$")
 _IN_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
-_COLUMN = ("q_proj", "gate_proj", "up_proj")
+_COLUMN = ("q_proj", "gate_proj", "up_proj", "q_b_proj", "kv_b_proj")
+_LATENT = ("q_a_proj", "kv_a_proj_with_mqa")  # MLA's down-projections: replicated over TP, as Megatron runs them
 _KV = ("k_proj", "v_proj")
 _ROW = ("o_proj", "down_proj")
 _PRODUCTS = ("matmul", "gemm", "conv", "einsum")
@@ -197,9 +198,18 @@ def _dims(nodes: Sequence[Any], scopes: Sequence[Sequence[str]], where: str) -> 
         raise UsageError(f"--parallel: {where} has no layers.N module scopes, so the pipeline and tensor-parallel "
                          "rules of a dense decoder cannot be applied")
     moe = bool(px.moe_blocks(scopes))
-    q, k = proj("q_proj"), proj("k_proj")
-    for leaf in ("v_proj", "o_proj") if moe else ("v_proj", "o_proj", "up_proj", "down_proj"):
+    mla = any(_leaf(sc) == "kv_b_proj" for sc in scopes)  # multi-head latent attention (DeepSeek)
+    if mla:
+        k, x = proj("kv_b_proj"), proj("kv_a_proj_with_mqa").inputs[0]
+        q = proj("q_b_proj") if any(_leaf(sc) == "q_b_proj" for sc in scopes) else proj("q_proj")
+    else:
+        q, k = proj("q_proj"), proj("k_proj")
+        x = q.inputs[0]
+    for leaf in ("o_proj",) if mla else ("v_proj", "o_proj"):
         proj(leaf)
+    if not moe:
+        for leaf in ("up_proj", "down_proj"):
+            proj(leaf)
     try:  # a MoE model without dense MLPs (Mixtral) has no gate_proj outside its experts
         gate = first(lambda n, sc: _leaf(sc) == "gate_proj" and n.family in _PRODUCTS and _layer(sc) is not None
                      and not px.is_expert(sc), "layers.N.*.gate_proj product")
@@ -210,7 +220,6 @@ def _dims(nodes: Sequence[Any], scopes: Sequence[Sequence[str]], where: str) -> 
     score = first(lambda n, sc: n.family in _PRODUCTS and _layer(sc) is not None and _leaf(sc) == "self_attn",
                   "attention score product in layers.N.self_attn")
     head = first(lambda n, sc: _leaf(sc) == "lm_head" and n.family in _PRODUCTS, "lm_head product")
-    x = q.inputs[0]
     vals = {"batch": _dim(x, 0), "seq": _dim(x, -2), "hidden": _dim(x, -1), "heads": _dim(score.inputs[0], -3),
             "head_dim": _dim(score.inputs[0], -1), "q_out": _dim(q.outputs[0], -1), "kv_out": _dim(k.outputs[0], -1),
             "ffn": _dim(gate.outputs[0], -1) if gate is not None else 0, "vocab": _dim(head.outputs[0], -1)}
@@ -218,6 +227,8 @@ def _dims(nodes: Sequence[Any], scopes: Sequence[Sequence[str]], where: str) -> 
     if unknown:
         raise UsageError(f"--parallel: {where}: the shapes give no {', '.join(unknown)}; fix the input shapes "
                          "(--input-shape) so that the tensor-parallel rules can be applied")
+    if mla:  # K/V up-projected per head: as many K/V heads as query heads
+        vals["kv_out"] = vals["heads"] * vals["head_dim"]
     if vals["q_out"] != vals["heads"] * vals["head_dim"] or vals["kv_out"] % vals["head_dim"]:
         raise UsageError(f"--parallel: {where}: q_proj/k_proj widths ({vals['q_out']}, {vals['kv_out']}) are not "
                          f"whole heads of {vals['head_dim']}; the head-splitting rule cannot be applied")
@@ -276,6 +287,11 @@ def _rule(n: Any, sc: Sequence[str], d: _Dims, after_head: bool, blocks: set[str
             return "split"
         if leaf in _KV:
             return "kv"
+        if leaf in _LATENT or (leaf.endswith("norm") and any(s.endswith(".self_attn") for s in sc)):
+            return "norm"  # MLA's latent projections and norms run whole on every TP rank
+        if any(s.endswith(".self_attn") for s in sc) and d.heads > 1 and any(
+                t is not None and t.shape and len(t.shape) >= 4 and t.shape[1] == 1 for t in n.inputs[:1]):
+            return "replicated"  # ops on one head shared by all (MLA's rotary key)
         if any(s.endswith(".self_attn") for s in sc):
             kv_side = d.kv_heads != d.heads and any(
                 t is not None and t.shape and len(t.shape) >= 4 and t.shape[1] == d.kv_heads for t in n.inputs[:1])

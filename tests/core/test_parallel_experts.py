@@ -173,3 +173,26 @@ def test_context_parallel_splits_every_node_and_gathers_kv(dense):
     assert tp[("all_reduce", "tp")] == m * (4 * L * a + a + a)  # as without CP, on S/C tokens
     kv_tp = 2 * B * S * (KV_HEADS // 2) * D * 4
     assert tp[("all_gather", "cp")] == m * L * kv_tp
+
+
+@pytest.mark.parametrize("name", ["mixtral", "deepseek_v3"])
+def test_other_moe_decoders_sum_to_the_whole_count(name):
+    import flopcount
+
+    config = {
+        # no dense MLP: every layer's experts sit under block_sparse_moe (or mlp), 4 experts
+        "mixtral": lambda: transformers.MixtralConfig(
+            hidden_size=H, intermediate_size=48, num_hidden_layers=2, num_attention_heads=HEADS,
+            num_key_value_heads=KV_HEADS, vocab_size=V, num_local_experts=4, num_experts_per_tok=K),
+        # multi-head latent attention, layer 0 dense, 8 routed experts and a shared one
+        "deepseek_v3": lambda: transformers.DeepseekV3Config(
+            hidden_size=H, intermediate_size=40, moe_intermediate_size=I_MOE, num_hidden_layers=2,
+            first_k_dense_replace=1, num_attention_heads=HEADS, num_key_value_heads=HEADS, vocab_size=V,
+            n_routed_experts=8, num_experts_per_tok=K, n_shared_experts=1, n_group=2, topk_group=1, q_lora_rank=16,
+            kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8),
+    }[name]()
+    r = flopcount.from_hf(config, (B, S), cache_dir=False, mode="train")
+    p = plan("tp=2,ep=4,dp=2,cp=2", 2)
+    led = ledger(r, p, expert_load=ExpertLoad([[1, 2, 3, 4] * (r.moe.experts // 4)], "test"))
+    assert sum(x.model_flops for x in led.ranks) == (r.forward.flops + r.backward.flops) * 2 * p.dp
+    assert {x.coords["ep"] for x in led.ranks} == {0, 1, 2, 3} and led.imbalance > 1
