@@ -1,5 +1,10 @@
-"""FLOPs per rank under a parallel plan: tensor (with sequence), pipeline and data parallelism of a dense decoder
-transformer, from a counted report's per-node FLOPs and module scopes.
+"""FLOPs per rank under a parallel plan: tensor (with sequence), pipeline, context, expert and data parallelism of a
+decoder transformer, dense or mixture-of-experts, from a counted report's per-node FLOPs and module scopes. The
+context- and expert-parallel rules (zigzag split, EP ranks, routing histogram, all_to_all) are stated in
+:mod:`flopcount.parallel_experts`; MoE blocks' routed experts are split 1/T over TP and by their load over EP, their
+routers replicated over TP, shared experts split like a dense MLP. Multi-head latent attention (``q_a_proj``,
+``q_b_proj``, ``kv_a_proj_with_mqa``, ``kv_b_proj``): the up-projections are column-parallel, the latent
+down-projections and their norms replicated over TP, as are the ops on the one rotary key all heads share.
 
 The model is recognised by its module scopes (Llama-like names, as Hugging Face writes them): ``embed_tokens``,
 ``layers.N.self_attn.{q,k,v,o}_proj``, ``layers.N.mlp.{gate,up,down}_proj``, norms (``*norm``), ``rotary_emb``,
@@ -57,8 +62,8 @@ simulated rank by rank, each action waiting for its rank and for the action it n
 ``bubble_fraction`` = 1 − busy time / (P × makespan); with equal stages it is (P−1)/(M+P−1) for GPipe and 1F1B,
 and (P−1)/(v·M+P−1) interleaved.
 
-Not modelled yet (exit 2 naming the flag): ``cp``, ``ep`` (and mixture-of-experts models), ``--generate``; the
-optimizer step's FLOPs are not in the ledger.
+Not modelled yet (exit 2 naming the flag): ``--generate``; the optimizer step's FLOPs are not in the ledger; the
+bubble is simulated with balanced experts (the stage durations of TP rank 0, before the EP load).
 """
 
 from __future__ import annotations
