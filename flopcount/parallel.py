@@ -667,19 +667,23 @@ RANK_HEADERS = ("ranks", "tp", "pp", "dp", "model FLOPs", "hardware FLOPs", "red
 
 
 def rank_rows(led: ParallelLedger) -> list[list[str]]:
-    """One row per (stage, TP rank) of the ledger, per optimizer step; its DP replicas, whose figures are the same,
-    listed in the first column."""
-    groups: dict[tuple[int, int], list[RankFlops]] = {}
+    """One row per (stage, TP rank) of the ledger, per optimizer step, its ranks with the same figures (DP
+    replicas; under cp or ep, those of the same CP and EP rank and load) listed in the first column."""
+    groups: dict[tuple, list[RankFlops]] = {}
     for r in led.ranks:
-        groups.setdefault((r.stage, r.coords["tp"]), []).append(r)
+        key = (r.stage, r.coords["tp"], r.coords["cp"], r.coords["ep"], r.model_flops, r.hardware_flops,
+               r.recompute_flops, r.communication)
+        groups.setdefault(key, []).append(r)
     rows = []
-    for (stage, tp), rs in sorted(groups.items()):
+    for (stage, tp, *_), rs in sorted(groups.items(), key=lambda kv: kv[1][0].rank):
         r = rs[0]
         comm = ", ".join(f"{c.kind}({c.group}) {c.bytes:,}" for c in r.communication) or "-"
         names = ",".join(str(x.rank) for x in rs)
-        rows.append([names, str(tp), str(stage), f"0-{len(rs) - 1}" if len(rs) > 1 else "0",
-                     f"{r.model_flops:,}", f"{r.hardware_flops:,}", f"{r.redundant_flops:,}",
-                     f"{r.recompute_flops:,}", comm])
+        dps = sorted({x.coords["dp"] for x in rs})
+        dp = f"{dps[0]}-{dps[-1]}" if dps == list(range(dps[0], dps[-1] + 1)) and len(dps) > 1 else \
+            ",".join(map(str, dps))
+        rows.append([names, str(tp), str(stage), dp, f"{r.model_flops:,}", f"{r.hardware_flops:,}",
+                     f"{r.redundant_flops:,}", f"{r.recompute_flops:,}", comm])
     return rows
 
 
