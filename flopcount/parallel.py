@@ -363,7 +363,9 @@ class NodeShare(NamedTuple):
 
 def node_shares(report: Any, plan: ParallelPlan, recompute: Recompute | None = None) -> tuple[NodeShare, ...]:
     """Every node's work on every (stage, TP rank) of ``plan`` (nodes without work left out): what
-    :func:`ledger` sums, and what ``--by-module`` rows per rank are made of."""
+    :func:`ledger` sums, and what ``--by-module`` rows per rank are made of. These are one whole sequence's
+    shares: under cp a rank runs 1/C of each (:func:`flopcount.parallel_experts.cp_split`), and under ep the
+    nodes of rule ``expert`` are redistributed over the EP group by the load (:func:`ledger` does both)."""
     return _shares(report, plan, recompute)[1]
 
 

@@ -349,8 +349,8 @@ def add_memory_arguments(p: argparse.ArgumentParser) -> None:
                    "numbered layer), selective (recompute the attention core), or operator types to recompute (OP,OP)")
     p.add_argument("--parallel", metavar="PLAN",
                    help="a parallel plan, tp=T,pp=P,cp=C,ep=E,dp=D[,sp][,fsdp] (degrees left out are 1): FLOPs, "
-                   "redundant work and communication bytes per rank of a decoder, dense or MoE (docs/parallel.md), and with "
-                   "--memory the memory per rank")
+                   "redundant work and communication bytes per rank of a decoder, dense or MoE (docs/parallel.md), "
+                   "and with --memory the memory per rank")
     p.add_argument("--expert-load", metavar="FILE", default=None,
                    help="with --parallel ep=E on a mixture-of-experts model: JSON tokens per routed expert, one list "
                    "for all MoE layers or one list per MoE layer (default: balanced); see docs/parallel.md")
