@@ -175,6 +175,7 @@ def test_context_parallel_splits_every_node_and_gathers_kv(dense):
     assert tp[("all_gather", "cp")] == m * L * kv_tp
 
 
+@pytest.mark.slow  # two more exports (DeepSeek-V3's MLA and 8 experts): about 20 s
 @pytest.mark.parametrize("name", ["mixtral", "deepseek_v3"])
 def test_other_moe_decoders_sum_to_the_whole_count(name):
     import flopcount
