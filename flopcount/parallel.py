@@ -694,4 +694,5 @@ def summary_line(led: ParallelLedger) -> str:
     return (f"Parallel ({led.plan}, recompute {led.recompute}, {led.mode}): per optimizer step of "
             f"{led.plan.microbatches} microbatch{'es' if led.plan.microbatches > 1 else ''} per DP rank; whole model "
             f"{led.whole_flops:,} FLOPs a microbatch; bubble {led.bubble_fraction:.4f}; slowest rank "
-            f"{led.slowest_rank}, imbalance {led.imbalance:.4f} (max/mean hardware FLOPs); {led.kv_rule}")
+            f"{led.slowest_rank}, imbalance {led.imbalance:.4f} (max/mean hardware FLOPs); {led.kv_rule}"
+            + (f"; expert load {led.expert_load}" if led.expert_load else ""))
