@@ -37,7 +37,8 @@ docs/architecture.md):
 * :mod:`.graph_masks` the attention masks a graph computes from positions, evaluated for ``--attention executed``
 * :mod:`.saved` what an operator's backward keeps; :mod:`.memory` the memory ledger of a step (``--memory``);
   :mod:`.plan` the parallel plan and recompute policy
-* :mod:`.parallel` FLOPs, redundant work, communication bytes and the bubble per rank under a plan (``--parallel``)
+* :mod:`.parallel` FLOPs, redundant work, communication bytes and the bubble per rank under a plan (``--parallel``);
+  :mod:`.parallel_experts` its context- and expert-parallel rules (zigzag CP, EP over dp·cp, ``--expert-load``)
 * :mod:`.memory_extension` the memory ledger of L identical layers, walked on the 2-layer graph with its second
   layer copied (``--memory`` with ``--hf``)
 * :mod:`.memory_parallel` the memory ledger per rank under a parallel plan (``--memory --parallel``)

@@ -1,5 +1,10 @@
-"""FLOPs per rank under a parallel plan: tensor (with sequence), pipeline and data parallelism of a dense decoder
-transformer, from a counted report's per-node FLOPs and module scopes.
+"""FLOPs per rank under a parallel plan: tensor (with sequence), pipeline, context, expert and data parallelism of a
+decoder transformer, dense or mixture-of-experts, from a counted report's per-node FLOPs and module scopes. The
+context- and expert-parallel rules (zigzag split, EP ranks, routing histogram, all_to_all) are stated in
+:mod:`flopcount.parallel_experts`; MoE blocks' routed experts are split 1/T over TP and by their load over EP, their
+routers replicated over TP, shared experts split like a dense MLP. Multi-head latent attention (``q_a_proj``,
+``q_b_proj``, ``kv_a_proj_with_mqa``, ``kv_b_proj``): the up-projections are column-parallel, the latent
+down-projections and their norms replicated over TP, as are the ops on the one rotary key all heads share.
 
 The model is recognised by its module scopes (Llama-like names, as Hugging Face writes them): ``embed_tokens``,
 ``layers.N.self_attn.{q,k,v,o}_proj``, ``layers.N.mlp.{gate,up,down}_proj``, norms (``*norm``), ``rotary_emb``,
@@ -57,8 +62,8 @@ simulated rank by rank, each action waiting for its rank and for the action it n
 ``bubble_fraction`` = 1 − busy time / (P × makespan); with equal stages it is (P−1)/(M+P−1) for GPipe and 1F1B,
 and (P−1)/(v·M+P−1) interleaved.
 
-Not modelled yet (exit 2 naming the flag): ``cp``, ``ep`` (and mixture-of-experts models), ``--generate``; the
-optimizer step's FLOPs are not in the ledger.
+Not modelled yet (exit 2 naming the flag): ``--generate``; the optimizer step's FLOPs are not in the ledger; the
+bubble is simulated with balanced experts (the stage durations of TP rank 0, before the EP load).
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from . import parallel_experts as px
 from .errors import UsageError
 from .plan import ParallelPlan, Recompute
 
@@ -75,7 +81,8 @@ __all__ = ["Collective", "NodeShare", "ParallelLedger", "RankFlops", "ledger", "
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)$")
 _IN_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
-_COLUMN = ("q_proj", "gate_proj", "up_proj")
+_COLUMN = ("q_proj", "gate_proj", "up_proj", "q_b_proj", "kv_b_proj")
+_LATENT = ("q_a_proj", "kv_a_proj_with_mqa")  # MLA's down-projections: replicated over TP, as Megatron runs them
 _KV = ("k_proj", "v_proj")
 _ROW = ("o_proj", "down_proj")
 _PRODUCTS = ("matmul", "gemm", "conv", "einsum")
@@ -131,11 +138,13 @@ class ParallelLedger:
     imbalance: float
     kv_rule: str
     rules: tuple[str, ...] = field(default=())
+    expert_load: str | None = None  # "balanced" or the --expert-load file of a MoE model; None for a dense one
 
     def as_dict(self) -> dict[str, Any]:
         return {"plan": self.plan.as_dict(), "recompute": str(self.recompute), "mode": self.mode,
                 "whole_flops_per_microbatch": self.whole_flops, "dims": dict(self.dims),
-                "kv_heads_rule": self.kv_rule, "bubble_fraction": self.bubble_fraction,
+                "kv_heads_rule": self.kv_rule, "expert_load": self.expert_load,
+                "bubble_fraction": self.bubble_fraction,
                 "slowest_rank": self.slowest_rank, "imbalance": self.imbalance,
                 "ranks": [r.as_dict() for r in self.ranks]}
 
@@ -193,20 +202,38 @@ def _dims(nodes: Sequence[Any], scopes: Sequence[Sequence[str]], where: str) -> 
     if not layer_ids:
         raise UsageError(f"--parallel: {where} has no layers.N module scopes, so the pipeline and tensor-parallel "
                          "rules of a dense decoder cannot be applied")
-    q, k, gate = proj("q_proj"), proj("k_proj"), proj("gate_proj")
-    for leaf in ("v_proj", "o_proj", "up_proj", "down_proj"):
+    moe = bool(px.moe_blocks(scopes))
+    mla = any(_leaf(sc) == "kv_b_proj" for sc in scopes)  # multi-head latent attention (DeepSeek)
+    if mla:
+        k, x = proj("kv_b_proj"), proj("kv_a_proj_with_mqa").inputs[0]
+        q = proj("q_b_proj") if any(_leaf(sc) == "q_b_proj" for sc in scopes) else proj("q_proj")
+    else:
+        q, k = proj("q_proj"), proj("k_proj")
+        x = q.inputs[0]
+    for leaf in ("o_proj",) if mla else ("v_proj", "o_proj"):
         proj(leaf)
+    if not moe:
+        for leaf in ("up_proj", "down_proj"):
+            proj(leaf)
+    try:  # a MoE model without dense MLPs (Mixtral) has no gate_proj outside its experts
+        gate = first(lambda n, sc: _leaf(sc) == "gate_proj" and n.family in _PRODUCTS and _layer(sc) is not None
+                     and not px.is_expert(sc), "layers.N.*.gate_proj product")
+    except UsageError:
+        if not moe:
+            raise
+        gate = None
     score = first(lambda n, sc: n.family in _PRODUCTS and _layer(sc) is not None and _leaf(sc) == "self_attn",
                   "attention score product in layers.N.self_attn")
     head = first(lambda n, sc: _leaf(sc) == "lm_head" and n.family in _PRODUCTS, "lm_head product")
-    x = q.inputs[0]
     vals = {"batch": _dim(x, 0), "seq": _dim(x, -2), "hidden": _dim(x, -1), "heads": _dim(score.inputs[0], -3),
             "head_dim": _dim(score.inputs[0], -1), "q_out": _dim(q.outputs[0], -1), "kv_out": _dim(k.outputs[0], -1),
-            "ffn": _dim(gate.outputs[0], -1), "vocab": _dim(head.outputs[0], -1)}
+            "ffn": _dim(gate.outputs[0], -1) if gate is not None else 0, "vocab": _dim(head.outputs[0], -1)}
     unknown = [k for k, v in vals.items() if v is None]
     if unknown:
         raise UsageError(f"--parallel: {where}: the shapes give no {', '.join(unknown)}; fix the input shapes "
                          "(--input-shape) so that the tensor-parallel rules can be applied")
+    if mla:  # K/V up-projected per head: as many K/V heads as query heads
+        vals["kv_out"] = vals["heads"] * vals["head_dim"]
     if vals["q_out"] != vals["heads"] * vals["head_dim"] or vals["kv_out"] % vals["head_dim"]:
         raise UsageError(f"--parallel: {where}: q_proj/k_proj widths ({vals['q_out']}, {vals['kv_out']}) are not "
                          f"whole heads of {vals['head_dim']}; the head-splitting rule cannot be applied")
@@ -219,18 +246,22 @@ def _dims(nodes: Sequence[Any], scopes: Sequence[Sequence[str]], where: str) -> 
 
 
 def _check(plan: ParallelPlan, d: _Dims) -> None:
-    for flag, what in (("cp", "context parallelism"), ("ep", "expert parallelism")):
-        if getattr(plan, flag) > 1:
-            raise UsageError(f"--parallel {flag}={getattr(plan, flag)}: {what} is not modelled yet in FLOPs per rank; "
-                             f"give {flag}=1")
     t, p, v = plan.tp, plan.pp, _chunks(plan)
+    if d.seq % (2 * plan.cp) and plan.cp > 1:
+        raise UsageError(f"--parallel cp={plan.cp}: the zigzag split needs 2·cp = {2 * plan.cp} to divide the "
+                         f"sequence length {d.seq}")
+    if plan.sp and plan.cp > 1 and (d.seq // plan.cp) % t:
+        raise UsageError(f"--parallel tp={t},cp={plan.cp},sp: tp must divide each CP rank's {d.seq // plan.cp} tokens")
+    if (plan.dp * plan.cp) % plan.ep:
+        raise UsageError(f"--parallel ep={plan.ep}: expert parallelism reuses the dp·cp = {plan.dp * plan.cp} "
+                         "data- and context-parallel ranks; ep must divide dp·cp")
     for size, what in ((d.heads, "attention heads"), (d.ffn, "MLP width (intermediate size)"),
                        (d.vocab, "vocabulary")):
         if size % t:
             raise UsageError(f"--parallel tp={t}: tp must divide the {size} {what}")
     if d.kv_heads % t and t % d.kv_heads:
         raise UsageError(f"--parallel tp={t}: tp must divide the {d.kv_heads} K/V heads or be a multiple of them")
-    if plan.sp and d.seq % t:
+    if plan.sp and plan.cp == 1 and d.seq % t:
         raise UsageError(f"--parallel tp={t},sp: tp must divide the sequence length {d.seq} under sp")
     if d.layers % p:
         raise UsageError(f"--parallel pp={p}: pp must divide the {d.layers} layers (stages of equal layers)")
@@ -247,19 +278,30 @@ def _chunks(plan: ParallelPlan) -> int:
     return plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
 
 
-def _rule(n: Any, sc: Sequence[str], d: _Dims, after_head: bool) -> str:
-    """The rule of one node with work: split, kv, replicated, norm, positions (see the module's list)."""
+def _rule(n: Any, sc: Sequence[str], d: _Dims, after_head: bool, blocks: set[str] = frozenset()) -> str:
+    """The rule of one node with work: split, kv, replicated, norm, positions, expert (see the module's list and
+    :mod:`flopcount.parallel_experts`)."""
     leaf = _leaf(sc)
     if _layer(sc) is not None:
+        if px.is_expert(sc):
+            return "expert"
+        block = next((s for s in sc if s in blocks), None)
+        if block is not None and (sc[-1] == block or sc[-1] in (block + ".gate", block + ".shared_expert_gate")):
+            return "replicated"  # the router and the block's own ops on the hidden states
         if leaf in _COLUMN or leaf in _ROW:
             return "split"
         if leaf in _KV:
             return "kv"
+        if leaf in _LATENT or (leaf.endswith("norm") and any(s.endswith(".self_attn") for s in sc)):
+            return "norm"  # MLA's latent projections and norms run whole on every TP rank
+        if any(s.endswith(".self_attn") for s in sc) and d.heads > 1 and any(
+                t is not None and t.shape and len(t.shape) >= 4 and t.shape[1] == 1 for t in n.inputs[:1]):
+            return "replicated"  # ops on one head shared by all (MLA's rotary key)
         if any(s.endswith(".self_attn") for s in sc):
             kv_side = d.kv_heads != d.heads and any(
                 t is not None and t.shape and len(t.shape) >= 4 and t.shape[1] == d.kv_heads for t in n.inputs[:1])
             return "kv" if kv_side else "split"
-        if any(s.endswith(".mlp") for s in sc):
+        if any(s.endswith((".mlp", ".block_sparse_moe")) for s in sc):
             return "split"
         if n.family in _PRODUCTS:
             raise UsageError(f"--parallel: node {n.name!r} ({n.op_type} in {sc[-1]}) is a product outside the "
@@ -321,7 +363,9 @@ class NodeShare(NamedTuple):
 
 def node_shares(report: Any, plan: ParallelPlan, recompute: Recompute | None = None) -> tuple[NodeShare, ...]:
     """Every node's work on every (stage, TP rank) of ``plan`` (nodes without work left out): what
-    :func:`ledger` sums, and what ``--by-module`` rows per rank are made of."""
+    :func:`ledger` sums, and what ``--by-module`` rows per rank are made of. These are one whole sequence's
+    shares: under cp a rank runs 1/C of each (:func:`flopcount.parallel_experts.cp_split`), and under ep the
+    nodes of rule ``expert`` are redistributed over the EP group by the load (:func:`ledger` does both)."""
     return _shares(report, plan, recompute)[1]
 
 
@@ -334,11 +378,17 @@ def _shares(report: Any, plan: ParallelPlan, recompute: Recompute | None):
     if report.modules.missing or len(scopes) != len(nodes):
         raise UsageError(f"--parallel: {where} has no module scopes ({report.modules.missing}), so no "
                          "tensor-parallel rule can be applied")
-    if report.moe is not None or any(".experts." in s for sc in scopes for s in sc):
-        raise UsageError(f"--parallel: {where} is a mixture-of-experts model; its experts over EP are not modelled "
-                         "yet in FLOPs per rank (dense decoders only)")
+    blocks = px.moe_blocks(scopes)
+    if plan.ep > 1 and not blocks:
+        raise UsageError(f"--parallel ep={plan.ep}: {where} has no routed experts (no *.mlp.experts or "
+                         "*.block_sparse_moe.experts scopes); give ep=1 for a dense model")
+    if blocks and report.moe is None:
+        raise UsageError(f"--parallel: {where} has expert scopes but no mixture-of-experts record; count it with "
+                         "--hf so that its routed experts are known")
     d = _dims(nodes, scopes, where)
     _check(plan, d)
+    if blocks and report.moe.experts % plan.ep:
+        raise UsageError(f"--parallel ep={plan.ep}: ep must divide the {report.moe.experts} routed experts")
     t, p = plan.tp, plan.pp
     train = report.mode == "train"
     per_stage = d.layers // p
@@ -353,7 +403,7 @@ def _shares(report: Any, plan: ParallelPlan, recompute: Recompute | None):
         fwd, bwd = n.cost.flops, n.backward.flops if train else 0
         if not fwd and not bwd:
             continue
-        rule = _rule(n, sc, d, k > head_at)
+        rule = _rule(n, sc, d, k > head_at, blocks)
         has_loss = has_loss or (k > head_at and not sc)
         layer = _layer(sc)
         chunks = range(p) if rule == "positions" else [  # positions: each rank's first chunk rebuilds them
@@ -361,7 +411,7 @@ def _shares(report: Any, plan: ParallelPlan, recompute: Recompute | None):
         stages = [c % p for c in chunks]
         for c, s in zip(chunks, stages):
             for i in range(t):
-                if rule == "split" or (rule == "norm" and plan.sp):
+                if rule in ("split", "expert") or (rule == "norm" and plan.sp):
                     run = (_split(fwd, t, i), _split(bwd, t, i))
                     own = run
                 elif rule == "kv" and kv_group > 1:
@@ -376,34 +426,58 @@ def _shares(report: Any, plan: ParallelPlan, recompute: Recompute | None):
     return d, tuple(shares), has_loss, per_stage, train, recompute
 
 
-def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None) -> ParallelLedger:
+def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
+           expert_load: px.ExpertLoad | None = None) -> ParallelLedger:
     """The per-rank ledger of ``report`` (a counted :class:`~flopcount.report.Report` of one microbatch) under
     ``plan``; :class:`~flopcount.errors.UsageError` (exit 2) when a degree does not divide what it splits, a part
-    of the plan is not modelled yet, or the model's scopes are not those of a dense decoder."""
+    of the plan is not modelled yet, or the model's scopes are not those of a decoder. ``expert_load``: the
+    routing histogram of a MoE model (:func:`flopcount.parallel_experts.load_expert_load`), balanced if None."""
     d, shares, has_loss, per_stage, train, recompute = _shares(report, plan, recompute)
-    t, p, m = plan.tp, plan.pp, plan.microbatches
+    t, p, m, c_, e_ = plan.tp, plan.pp, plan.microbatches, plan.cp, plan.ep
+    load = expert_load or px.ExpertLoad(None)
+    scopes = report.modules.nodes
     kv_group = t // d.kv_heads if d.kv_heads < t else 1
     acc = {(s, i): [0, 0, 0, 0] for s in range(p) for i in range(t)}  # model, executed, recomputed, executed fwd
+    experts: dict[tuple[int, int], dict[int, list[int]]] = {k: {} for k in acc}  # per MoE layer: run, recomputed
     for x in shares:
+        if x.rule == "expert":
+            e = experts[(x.stage, x.tp)].setdefault(_layer(scopes[x.index]), [0, 0])
+            e[0] += x.forward + x.backward
+            e[1] += x.recompute
+            continue
         a = acc[(x.stage, x.tp)]
         a[0] += x.model_forward + x.model_backward
         a[1] += x.forward + x.backward
         a[2] += x.recompute
         a[3] += x.forward
+    moe_layers = sorted({_layer(scopes[x.index]) for x in shares if x.rule == "expert"})
+    load.check_layers(len(moe_layers))
+    fractions = {layer: load.fractions(j, report.moe.experts, e_) for j, layer in enumerate(moe_layers)}
     whole = sum(n.cost.flops + (n.backward.flops if train else 0) for n in report.nodes)
     comm = _communication(plan, d, report, per_stage, train, has_loss)
     order = ("tp", "pp", "cp", "ep", "dp")
     ranks = []
     for s in range(p):
         for dp in range(plan.dp):
-            for i in range(t):
-                model, run, again, _ = acc[(s, i)]
-                coords = {"tp": i, "pp": s, "cp": 0, "ep": 0, "dp": dp}
-                rank = i + t * (dp + plan.dp * s)
-                ranks.append(RankFlops(rank, {k: coords[k] for k in order}, s, m * model, m * (run + again),
-                                       m * (run - model), m * again,
-                                       {"model_flops": model, "hardware_flops": run + again,
-                                        "redundant_flops": run - model, "recompute_flops": again}, comm[s]))
+            for cp in range(c_):
+                group, ep = px.ep_coords(dp, cp, plan)
+                members = [q % c_ for q in range(group * e_, (group + 1) * e_)]  # the group's CP ranks
+                for i in range(t):
+                    model, run, again = (px.cp_split(v, c_, cp) for v in acc[(s, i)][:3])
+                    for layer, (ex_run, ex_again) in experts[(s, i)].items():
+                        share = fractions[layer]
+                        ex = px.ep_divide([px.cp_split(ex_run, c_, q) for q in members], share)[ep]
+                        model, run = model + ex, run + ex
+                        again += px.ep_divide([px.cp_split(ex_again, c_, q) for q in members], share)[ep]
+                    coords = {"tp": i, "pp": s, "cp": cp, "ep": ep, "dp": dp}
+                    rank = i + t * (cp + c_ * (dp + plan.dp * s))
+                    extra = _cp_ep_communication(plan, d, report, s, per_stage, train, recompute,
+                                                 [fractions[layer][ep] for layer in experts[(s, i)]])
+                    ranks.append(RankFlops(rank, {k: coords[k] for k in order}, s, m * model, m * (run + again),
+                                           m * (run - model), m * again,
+                                           {"model_flops": model, "hardware_flops": run + again,
+                                            "redundant_flops": run - model, "recompute_flops": again},
+                                           comm[s] + extra))
     ranks.sort(key=lambda r: r.rank)
     bubble = _bubble(plan, shares, train)
     slowest = max(ranks, key=lambda r: (r.hardware_flops, -r.rank))
@@ -411,10 +485,29 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None) 
     return ParallelLedger(plan, recompute, report.mode, whole, {
         "batch": d.batch, "seq": d.seq, "hidden": d.hidden, "heads": d.heads, "kv_heads": d.kv_heads,
         "head_dim": d.head_dim, "ffn": d.ffn, "vocab": d.vocab, "layers": d.layers,
-        "activation_bytes": d.act_bytes, "param_bytes": d.param_bytes}, tuple(ranks), bubble, slowest.rank,
-        slowest.hardware_flops / mean if mean else 1.0,
+        "activation_bytes": d.act_bytes, "param_bytes": d.param_bytes, "moe_layers": len(moe_layers),
+        "experts": report.moe.experts if moe_layers else 0, "top_k": report.moe.top_k if moe_layers else 0},
+        tuple(ranks), bubble, slowest.rank, slowest.hardware_flops / mean if mean else 1.0,
         f"each TP rank holds one of the {d.kv_heads} K/V heads, copied on {kv_group} ranks" if kv_group > 1
-        else "K/V heads split over TP")
+        else "K/V heads split over TP", expert_load=load.source if moe_layers else None)
+
+
+def _cp_ep_communication(plan: ParallelPlan, d: _Dims, report: Any, stage: int, per_stage: int, train: bool,
+                         recompute: Recompute, shares: Sequence[tuple[int, int]]) -> tuple[Collective, ...]:
+    """One rank's CP K/V collectives and EP all_to_alls per optimizer step (see
+    :mod:`flopcount.parallel_experts`); ``shares``: its EP rank's share of each of its stage's MoE layers."""
+    m, out = plan.microbatches, []
+    if plan.cp > 1:
+        kv = 2 * d.batch * d.seq * max(d.kv_heads // plan.tp, 1) * d.head_dim * d.act_bytes * per_stage
+        again = 2 if train and recompute.policy == "full" else 1
+        out.append(Collective("all_gather", "cp", m * kv * again))
+        if train:
+            out.append(Collective("reduce_scatter", "cp", m * kv))
+    if plan.ep > 1 and shares:
+        vec = d.batch * (d.seq // plan.cp) * report.moe.top_k * d.hidden * d.act_bytes  # T·k·h·e
+        sent = sum(vec + plan.ep * vec * num // den for num, den in shares)
+        out.append(Collective("all_to_all", "ep", m * sent * (2 if train else 1)))
+    return tuple(out)
 
 
 def _bubble(plan: ParallelPlan, shares: Sequence[NodeShare], train: bool) -> float:
@@ -513,7 +606,8 @@ def simulate_schedule(schedule: str, stages: int, microbatches: int, forward: Se
 def _communication(plan: ParallelPlan, d: _Dims, report: Any, per_stage: int, train: bool, has_loss: bool):
     """Per stage: the collectives of one rank of that stage per optimizer step (the module's closed forms)."""
     t, p, m = plan.tp, plan.pp, plan.microbatches
-    a = d.batch * d.seq * d.hidden * d.act_bytes
+    tokens = d.batch * (d.seq // plan.cp)  # a CP rank's tokens
+    a = tokens * d.hidden * d.act_bytes
     params = _rank_params(report, d, plan)
     out = []
     for s in range(p):
@@ -533,18 +627,18 @@ def _communication(plan: ParallelPlan, d: _Dims, report: Any, per_stage: int, tr
                 add("all_reduce", "tp", m * (2 * per_stage * a * (2 if train else 1) + (a if first else 0)
                                              + (a if last and train else 0)))
             if last and has_loss:
-                add("all_reduce", "tp", m * 3 * d.batch * d.seq * 4)
+                add("all_reduce", "tp", m * 3 * tokens * 4)
         if p > 1:
             act = a // t if plan.sp else a
             v = _chunks(plan)  # each of the rank's chunks sends on, but the model's last; and back, but its first
             add("send_recv", "pp", m * (act * (v - last) + (act * (v - first) if train else 0)))
-        if plan.dp > 1 and train:
-            g = params[s] * d.param_bytes
+        if plan.dp * plan.cp > 1 and train:
+            g, grp = params[s] * d.param_bytes, "dp_cp" if plan.cp > 1 else "dp"
             if plan.fsdp:
-                add("all_gather", "dp", m * 2 * g)
-                add("reduce_scatter", "dp", g)
+                add("all_gather", grp, m * 2 * g)
+                add("reduce_scatter", grp, g)
             else:
-                add("all_reduce", "dp", g)
+                add("all_reduce", grp, g)
         out.append(tuple(Collective(k, grp, n) for (k, grp), n in c.items()))
     return out
 
@@ -559,7 +653,9 @@ def _rank_params(report, d: _Dims, plan: ParallelPlan) -> list[int]:
         layer = int(found.group(1)) if found else None
         leaf = module.rsplit(".", 1)[-1]
         s = layer // per_chunk % plan.pp if layer is not None else (plan.pp - 1 if leaf in ("lm_head", "norm") else 0)
-        if leaf in _COLUMN or leaf in _ROW or leaf in ("embed_tokens", "lm_head"):
+        if ".experts" in module:  # split over TP within each expert and over EP between experts
+            n = n // (plan.tp * plan.ep)
+        elif leaf in _COLUMN or leaf in _ROW or leaf in ("embed_tokens", "lm_head"):
             n = n // plan.tp
         elif leaf in _KV:
             n = n // min(plan.tp, d.kv_heads)
@@ -573,19 +669,23 @@ RANK_HEADERS = ("ranks", "tp", "pp", "dp", "model FLOPs", "hardware FLOPs", "red
 
 
 def rank_rows(led: ParallelLedger) -> list[list[str]]:
-    """One row per (stage, TP rank) of the ledger, per optimizer step; its DP replicas, whose figures are the same,
-    listed in the first column."""
-    groups: dict[tuple[int, int], list[RankFlops]] = {}
+    """One row per (stage, TP rank) of the ledger, per optimizer step, its ranks with the same figures (DP
+    replicas; under cp or ep, those of the same CP and EP rank and load) listed in the first column."""
+    groups: dict[tuple, list[RankFlops]] = {}
     for r in led.ranks:
-        groups.setdefault((r.stage, r.coords["tp"]), []).append(r)
+        key = (r.stage, r.coords["tp"], r.coords["cp"], r.coords["ep"], r.model_flops, r.hardware_flops,
+               r.recompute_flops, r.communication)
+        groups.setdefault(key, []).append(r)
     rows = []
-    for (stage, tp), rs in sorted(groups.items()):
+    for (stage, tp, *_), rs in sorted(groups.items(), key=lambda kv: kv[1][0].rank):
         r = rs[0]
         comm = ", ".join(f"{c.kind}({c.group}) {c.bytes:,}" for c in r.communication) or "-"
         names = ",".join(str(x.rank) for x in rs)
-        rows.append([names, str(tp), str(stage), f"0-{len(rs) - 1}" if len(rs) > 1 else "0",
-                     f"{r.model_flops:,}", f"{r.hardware_flops:,}", f"{r.redundant_flops:,}",
-                     f"{r.recompute_flops:,}", comm])
+        dps = sorted({x.coords["dp"] for x in rs})
+        dp = f"{dps[0]}-{dps[-1]}" if dps == list(range(dps[0], dps[-1] + 1)) and len(dps) > 1 else \
+            ",".join(map(str, dps))
+        rows.append([names, str(tp), str(stage), dp, f"{r.model_flops:,}", f"{r.hardware_flops:,}",
+                     f"{r.redundant_flops:,}", f"{r.recompute_flops:,}", comm])
     return rows
 
 
@@ -594,4 +694,5 @@ def summary_line(led: ParallelLedger) -> str:
     return (f"Parallel ({led.plan}, recompute {led.recompute}, {led.mode}): per optimizer step of "
             f"{led.plan.microbatches} microbatch{'es' if led.plan.microbatches > 1 else ''} per DP rank; whole model "
             f"{led.whole_flops:,} FLOPs a microbatch; bubble {led.bubble_fraction:.4f}; slowest rank "
-            f"{led.slowest_rank}, imbalance {led.imbalance:.4f} (max/mean hardware FLOPs); {led.kv_rule}")
+            f"{led.slowest_rank}, imbalance {led.imbalance:.4f} (max/mean hardware FLOPs); {led.kv_rule}"
+            + (f"; expert load {led.expert_load}" if led.expert_load else ""))

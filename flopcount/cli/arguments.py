@@ -349,8 +349,11 @@ def add_memory_arguments(p: argparse.ArgumentParser) -> None:
                    "numbered layer), selective (recompute the attention core), or operator types to recompute (OP,OP)")
     p.add_argument("--parallel", metavar="PLAN",
                    help="a parallel plan, tp=T,pp=P,cp=C,ep=E,dp=D[,sp][,fsdp] (degrees left out are 1): FLOPs, "
-                   "redundant work and communication bytes per rank of a dense decoder (docs/parallel.md), and with "
-                   "--memory the memory per rank")
+                   "redundant work and communication bytes per rank of a decoder, dense or MoE (docs/parallel.md), "
+                   "and with --memory the memory per rank")
+    p.add_argument("--expert-load", metavar="FILE", default=None,
+                   help="with --parallel ep=E on a mixture-of-experts model: JSON tokens per routed expert, one list "
+                   "for all MoE layers or one list per MoE layer (default: balanced); see docs/parallel.md")
     p.add_argument("--microbatches", type=positive_int, default=1, metavar="M",
                    help="with --parallel: microbatches per optimizer step (default 1)")
     p.add_argument("--schedule", default="1f1b", metavar="NAME",
@@ -367,10 +370,12 @@ def with_parallel(report, args: argparse.Namespace):
     import dataclasses
 
     from flopcount.parallel import ledger
+    from flopcount.parallel_experts import load_expert_load
     from flopcount.plan import parse_parallel, parse_recompute
 
     plan = parse_parallel(args.parallel, args.microbatches, args.schedule)
-    report = dataclasses.replace(report, parallel=ledger(report, plan, parse_recompute(args.recompute)))
+    load = load_expert_load(getattr(args, "expert_load", None))
+    report = dataclasses.replace(report, parallel=ledger(report, plan, parse_recompute(args.recompute), load))
     if report.memory is not None and not plan.is_single:
         from flopcount.memory_parallel import per_rank
 
@@ -395,6 +400,8 @@ def memory_settings(args: argparse.Namespace) -> dict:
     if not getattr(args, "memory", False):
         if getattr(args, "master_weights", False):
             raise UsageError("--master-weights needs --memory")
+        if getattr(args, "expert_load", None) and not getattr(args, "parallel", None):
+            raise UsageError("--expert-load needs --parallel (FLOPs per rank under expert parallelism)")
         if getattr(args, "recompute", None) and not getattr(args, "parallel", None):
             raise UsageError("--recompute needs --memory (the memory ledger) or --parallel (FLOPs per rank)")
         return {}

@@ -62,7 +62,12 @@ def test_json_block_and_table(capsys, llama):
     pytest.param(["--parallel", "tp=3"], "--parallel tp=3: tp must divide the 4 attention heads", id="tp"),
     pytest.param(["--parallel", "pp=3", "--microbatches", "3"], "--parallel pp=3: pp must divide the 4 layers",
                  id="pp"),
-    pytest.param(["--parallel", "cp=2"], "--parallel cp=2: context parallelism is not modelled yet", id="cp"),
+    pytest.param(["--parallel", "cp=3"], "--parallel cp=3: the zigzag split needs 2·cp = 6 to divide the "
+                 "sequence length 8", id="cp"),
+    pytest.param(["--parallel", "ep=2,dp=2"], "--parallel ep=2: ", id="ep-dense"),
+    pytest.param(["--parallel", "dp=2", "--expert-load", "missing-load.json"], "--expert-load missing-load.json: "
+                 "cannot read it as JSON", id="expert-load-file"),
+    pytest.param(["--expert-load", "load.json"], "--expert-load needs --parallel", id="expert-load-alone"),
     pytest.param(["--parallel", "pp=2", "--microbatches", "3", "--schedule", "interleaved"],
                  "--microbatches 3: the interleaved schedule runs microbatches in groups of pp=2", id="interleaved"),
     pytest.param(["--parallel", "tp=2", "--recompute", "full"], "give --mode train", id="recompute-inference"),

@@ -78,13 +78,15 @@ def test_pipeline_stages_carry_the_embedding_and_the_head(report):
     pytest.param("tp=4,pp=2,dp=2", 4, "selective", id="tp4-pp2-dp2-selective"),
     pytest.param("tp=4,sp,dp=3,fsdp", 2, "full", id="tp4-sp-fsdp-full"),
     pytest.param("pp=4", 5, "none", id="pp4"),
+    pytest.param("tp=2,cp=2,pp=2,dp=2", 2, "selective", id="tp2-cp2-pp2-dp2-selective"),
+    pytest.param("cp=4,dp=3", 3, "full", id="cp4-dp3-full"),
 ])
 def test_sum_over_ranks_is_the_whole_count(report, text, m, recompute):
     p = plan(text, m)
     led = ledger(report, p, parse_recompute(recompute))
     whole = report.forward.flops + report.backward.flops
     assert led.whole_flops == whole
-    assert len(led.ranks) == p.tp * p.pp * p.dp
+    assert len(led.ranks) == p.tp * p.pp * p.cp * p.dp
     assert sum(r.model_flops for r in led.ranks) == whole * m * p.dp
     assert all(r.hardware_flops == r.model_flops + r.redundant_flops + r.recompute_flops for r in led.ranks)
     assert all(r.model_flops == m * r.per_microbatch["model_flops"] for r in led.ranks)
@@ -175,8 +177,8 @@ def test_ledger_bubble_and_slowest_rank(report):
     pytest.param("tp=3", "1f1b", ("tp=3", "4 attention heads"), id="tp-heads"),
     pytest.param("tp=8", "1f1b", ("tp=8", "must divide the 4 attention heads"), id="tp-over-heads"),
     pytest.param("pp=3", "1f1b", ("pp=3", "4 layers"), id="pp-layers"),
-    pytest.param("cp=2", "1f1b", ("cp=2", "not modelled yet"), id="cp"),
-    pytest.param("ep=2", "1f1b", ("ep=2", "not modelled yet"), id="ep"),
+    pytest.param("cp=3", "1f1b", ("cp=3", "2·cp = 6 to divide the sequence length 8"), id="cp-zigzag"),
+    pytest.param("ep=2,dp=2", "1f1b", ("ep=2", "no routed experts"), id="ep-dense"),
     pytest.param("pp=2", "interleaved:4", ("--schedule interleaved:4", "pp·v = 8 must divide the 4 layers"),
                  id="interleaved-chunks"),
 ])
@@ -222,9 +224,9 @@ def _rescoped(report, change):
     return dataclasses.replace(report, modules=dataclasses.replace(report.modules, nodes=scopes))
 
 
-def test_experts_are_not_modelled_yet(report):
+def test_experts_without_a_moe_record_are_refused(report):
     moe = _rescoped(report, lambda sc: tuple(s.replace(".mlp.up_proj", ".mlp.experts.0.up_proj") for s in sc))
-    with pytest.raises(UsageError, match="mixture-of-experts model; its experts over EP are not modelled yet"):
+    with pytest.raises(UsageError, match="expert scopes but no mixture-of-experts record"):
         ledger(moe, plan("tp=2"))
 
 

@@ -1,0 +1,199 @@
+"""Context and expert parallelism in FLOPs per rank (flopcount.parallel_experts through flopcount.parallel.ledger):
+a tiny Qwen2-MoE (hidden H, L layers, E routed experts of width I, K per token, a shared expert) and a tiny Llama
+counted once each; the zigzag balance, the expert load, the all_to_all and K/V bytes against closed forms written
+here, and the identity between ranks and the whole count."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flopcount.errors import UsageError
+from flopcount.parallel import ledger
+from flopcount.parallel_experts import ExpertLoad, load_expert_load, zigzag_pairs
+from flopcount.plan import parse_parallel, parse_recompute
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("torch")
+
+H, L, HEADS, KV_HEADS, V = 32, 2, 4, 2, 50
+D = H // HEADS
+E, K, I_MOE, SHARED = 6, 2, 24, 56
+B, S = 2, 8
+T = B * S  # tokens of a microbatch
+
+
+@pytest.fixture(scope="module")
+def moe():
+    import flopcount
+
+    config = transformers.Qwen2MoeConfig(
+        hidden_size=H, intermediate_size=40, moe_intermediate_size=I_MOE, shared_expert_intermediate_size=SHARED,
+        num_hidden_layers=L, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, vocab_size=V,
+        num_experts=E, num_experts_per_tok=K, decoder_sparse_step=1)
+    return flopcount.from_hf(config, (B, S), cache_dir=False, mode="train")
+
+
+@pytest.fixture(scope="module")
+def dense():
+    import flopcount
+
+    config = transformers.LlamaConfig(hidden_size=H, intermediate_size=48, num_hidden_layers=L,
+                                      num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, vocab_size=64)
+    return flopcount.from_hf(config, (B, S), cache_dir=False, mode="train")
+
+
+def plan(text: str, m: int = 1):
+    return parse_parallel(text, microbatches=m)
+
+
+def expert_flops(report) -> int:
+    """Forward and backward FLOPs of the nodes inside the routed experts, one microbatch, all layers."""
+    return sum(n.cost.flops + n.backward.flops for n, sc in zip(report.nodes, report.modules.nodes)
+               if any(".experts" in s for s in sc))
+
+
+def comm(rank) -> dict:
+    return {(c.kind, c.group): c.bytes for c in rank.communication}
+
+
+@pytest.mark.parametrize("seq,cp", [(16, 4), (8, 2), (24, 3), (64, 8)])
+def test_zigzag_gives_every_rank_the_same_causal_pairs(seq, cp):
+    # the whole sequence has s(s+1)/2 causal (query, key) pairs; zigzag gives each rank exactly 1/C of them
+    assert [zigzag_pairs(seq, cp, i) for i in range(cp)] == [seq * (seq + 1) // (2 * cp)] * cp
+    # contiguous chunks of s/C would give the last rank the most: its chunk's queries see (C−1)·s/C earlier keys
+    n = seq // cp
+    assert (cp - 1) * n * n + n * (n + 1) // 2 > seq * (seq + 1) // (2 * cp)
+
+
+def test_experts_products_are_the_closed_form(moe):
+    # K experts per token: gate, up and down (H × I each), forward 2 FLOPs a multiply-add, backward twice that
+    products = sum(n.cost.flops + n.backward.flops for n, sc in zip(moe.nodes, moe.modules.nodes)
+                   if any(".experts" in s for s in sc) and n.family in ("matmul", "gemm"))
+    assert products == L * 3 * (T * K * 2 * 3 * H * I_MOE)
+    assert expert_flops(moe) > products  # the activation, gating product and weighting run there too
+
+
+@pytest.mark.parametrize("text,m,recompute", [
+    pytest.param("ep=2,dp=2", 2, "none", id="ep2-dp2"),
+    pytest.param("tp=2,ep=3,dp=3,cp=2", 2, "selective", id="tp2-ep3-dp3-cp2"),
+    pytest.param("ep=2,cp=2,pp=2", 2, "full", id="ep2-cp2-pp2-full"),
+])
+def test_sum_over_ranks_is_the_whole_count_times_m_dp(moe, text, m, recompute):
+    p = plan(text, m)
+    for load in (None, ExpertLoad([[1, 2, 3, 4, 5, 9]], "test")):
+        led = ledger(moe, p, parse_recompute(recompute), load)
+        assert len(led.ranks) == p.tp * p.pp * p.cp * p.dp
+        assert sum(r.model_flops for r in led.ranks) == (moe.forward.flops + moe.backward.flops) * m * p.dp
+        assert all(r.hardware_flops == r.model_flops + r.redundant_flops + r.recompute_flops for r in led.ranks)
+
+
+def test_balanced_experts_leave_each_rank_its_own_tokens_work(moe):
+    # balanced: each rank's T·K pairs spread evenly over the E EP ranks, each receives T·K: its own work
+    base = ledger(moe, plan("tp=2,dp=2"))
+    ep = ledger(moe, plan("tp=2,dp=2,ep=2"))
+    assert [r.hardware_flops for r in ep.ranks] == [r.hardware_flops for r in base.ranks]
+    assert ep.imbalance == base.imbalance and ep.expert_load == "balanced"
+
+
+def test_expert_load_moves_the_experts_work(moe):
+    counts = [1, 1, 1, 2, 2, 5]  # EP rank 0 holds experts 0-2 (3 of 12 tokens), rank 1 experts 3-5 (9 of 12)
+    x = expert_flops(moe)  # one rank's own pairs per microbatch; the EP group of 2 runs 2x
+    base = ledger(moe, plan("dp=2")).ranks[0].hardware_flops
+    led = ledger(moe, plan("dp=2,ep=2"), expert_load=ExpertLoad([counts], "counts.json"))
+    r0, r1 = led.ranks
+    assert (r0.coords["ep"], r1.coords["ep"]) == (0, 1)
+    # per layer the group's 2·x/L is split cumulatively: rank 0 ⌊2·(x/L)·3/12⌋, rank 1 the rest
+    per_layer = x // L
+    assert r0.hardware_flops == base - x + L * (2 * per_layer * 3 // 12)
+    assert r1.hardware_flops == base - x + L * (2 * per_layer - 2 * per_layer * 3 // 12)
+    assert led.slowest_rank == 1
+    assert led.imbalance == pytest.approx(r1.hardware_flops / ((r0.hardware_flops + r1.hardware_flops) / 2))
+
+
+def test_all_to_all_bytes(moe):
+    m = 3
+    vec = T * K * H * 4  # the T·K hidden vectors of a microbatch, float32
+    balanced = ledger(moe, plan("dp=2,ep=2", m)).ranks[0]
+    # per MoE layer: dispatch and combine in the forward, both again in the backward
+    assert comm(balanced)[("all_to_all", "ep")] == m * L * 4 * vec
+    led = ledger(moe, plan("dp=2,ep=2", m), expert_load=ExpertLoad([[1, 1, 1, 2, 2, 5]], "x"))
+    # combine: the outputs of the pairs its experts ran, 2·T·K·(3/12) for rank 0, 2·T·K·(9/12) for rank 1
+    assert comm(led.ranks[0])[("all_to_all", "ep")] == m * L * 2 * (vec + 2 * vec * 3 // 12)
+    assert comm(led.ranks[1])[("all_to_all", "ep")] == m * L * 2 * (vec + 2 * vec * 9 // 12)
+
+
+def test_expert_load_one_list_per_layer(moe):
+    per_layer = ExpertLoad([[1, 1, 1, 0, 0, 0], [0, 0, 0, 1, 1, 1]], "two.json")
+    r0, r1 = ledger(moe, plan("dp=2,ep=2"), expert_load=per_layer).ranks
+    assert r0.hardware_flops == r1.hardware_flops  # each rank takes all of one layer's pairs
+    with pytest.raises(UsageError, match=r"--expert-load three.json: 3 layers of token counts for 2 MoE layers"):
+        ledger(moe, plan("dp=2,ep=2"), expert_load=ExpertLoad([[1] * E] * 3, "three.json"))
+    with pytest.raises(UsageError, match=r"--expert-load five.json: 5 token counts for a layer of 6"):
+        ledger(moe, plan("dp=2,ep=2"), expert_load=ExpertLoad([[1] * 5], "five.json"))
+
+
+def test_ep_must_divide_the_experts_and_the_ranks(moe):
+    with pytest.raises(UsageError, match=r"ep=4: ep must divide the 6 routed experts"):
+        ledger(moe, plan("dp=4,ep=4"))
+    with pytest.raises(UsageError, match=r"ep=2: expert parallelism reuses the dp·cp = 3 .*ep must divide dp·cp"):
+        ledger(moe, plan("dp=3,ep=2"))
+
+
+def test_bad_expert_load_files_name_the_file(tmp_path):
+    assert load_expert_load(None).per_layer is None
+    good = tmp_path / "load.json"
+    good.write_text(json.dumps([[1, 2], [3, 4.5]]))
+    assert load_expert_load(good).per_layer == [[1, 2], [3, 4.5]]
+    for name, text in (("broken.json", "[1, 2"), ("negative.json", "[1, -2]"), ("zeros.json", "[0, 0]"),
+                       ("object.json", '{"a": 1}')):
+        path = tmp_path / name
+        path.write_text(text)
+        with pytest.raises(UsageError, match=f"--expert-load {path}"):
+            load_expert_load(path)
+    with pytest.raises(UsageError, match="missing.json"):
+        load_expert_load(tmp_path / "missing.json")
+
+
+def test_context_parallel_splits_every_node_and_gathers_kv(dense):
+    m, cp = 2, 2
+    whole = dense.forward.flops + dense.backward.flops
+    led = ledger(dense, plan(f"cp={cp},dp=2", m))
+    per_rank = [r.per_microbatch["hardware_flops"] for r in led.ranks]
+    assert sorted(set(per_rank)) in ([whole // cp], [whole // cp, whole // cp + 1])
+    r = comm(led.ranks[0])
+    kv = 2 * B * S * KV_HEADS * D * 4  # K and V of the whole sequence, float32, per layer
+    assert r[("all_gather", "cp")] == m * L * kv and r[("reduce_scatter", "cp")] == m * L * kv
+    full = comm(ledger(dense, plan(f"cp={cp}", m), parse_recompute("full")).ranks[0])
+    assert full[("all_gather", "cp")] == m * L * 2 * kv  # gathered again when the layer is recomputed
+    assert ("all_reduce", "dp_cp") in r
+    tp = comm(ledger(dense, plan("tp=2,cp=2", m)).ranks[0])
+    a = B * (S // cp) * H * 4  # a CP rank's activation
+    assert tp[("all_reduce", "tp")] == m * (4 * L * a + a + a)  # as without CP, on S/C tokens
+    kv_tp = 2 * B * S * (KV_HEADS // 2) * D * 4
+    assert tp[("all_gather", "cp")] == m * L * kv_tp
+
+
+@pytest.mark.slow  # two more exports (DeepSeek-V3's MLA and 8 experts): about 20 s
+@pytest.mark.parametrize("name", ["mixtral", "deepseek_v3"])
+def test_other_moe_decoders_sum_to_the_whole_count(name):
+    import flopcount
+
+    config = {
+        # no dense MLP: every layer's experts sit under block_sparse_moe (or mlp), 4 experts
+        "mixtral": lambda: transformers.MixtralConfig(
+            hidden_size=H, intermediate_size=48, num_hidden_layers=2, num_attention_heads=HEADS,
+            num_key_value_heads=KV_HEADS, vocab_size=V, num_local_experts=4, num_experts_per_tok=K),
+        # multi-head latent attention, layer 0 dense, 8 routed experts and a shared one
+        "deepseek_v3": lambda: transformers.DeepseekV3Config(
+            hidden_size=H, intermediate_size=40, moe_intermediate_size=I_MOE, num_hidden_layers=2,
+            first_k_dense_replace=1, num_attention_heads=HEADS, num_key_value_heads=HEADS, vocab_size=V,
+            n_routed_experts=8, num_experts_per_tok=K, n_shared_experts=1, n_group=2, topk_group=1, q_lora_rank=16,
+            kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8),
+    }[name]()
+    r = flopcount.from_hf(config, (B, S), cache_dir=False, mode="train")
+    p = plan("tp=2,ep=4,dp=2,cp=2", 2)
+    led = ledger(r, p, expert_load=ExpertLoad([[1, 2, 3, 4] * (r.moe.experts // 4)], "test"))
+    assert sum(x.model_flops for x in led.ranks) == (r.forward.flops + r.backward.flops) * 2 * p.dp
+    assert {x.coords["ep"] for x in led.ranks} == {0, 1, 2, 3} and led.imbalance > 1
