@@ -160,6 +160,35 @@ def check_meter_kwargs(where: str, kwargs: Mapping[str, Any]) -> None:
     check_arguments(where, **{k: v for k, v in kwargs.items() if k in checkable})
 
 
+def _checked_plan(plan, recompute, flops_per_sample):
+    """The ``plan=`` argument as a :class:`~flopcount.plan.ParallelPlan` and the ledger's recompute policy, or
+    (None, None) without a plan; a :class:`UsageError` naming ``plan`` when it cannot be used."""
+    if plan is None:
+        return None, None
+    from flopcount.plan import ParallelPlan, parse_parallel, parse_recompute
+
+    if isinstance(plan, str):
+        plan = parse_parallel(plan)
+    elif not isinstance(plan, ParallelPlan):
+        raise UsageError(f"Meter: plan must be a flopcount.plan.ParallelPlan or a string such as 'tp=2,dp=2', got "
+                         f"{type(plan).__name__} {plan!r:.60}")
+    if flops_per_sample is not None:
+        raise UsageError("Meter: plan= needs a counted model (report= or model= with example_inputs=) to split its "
+                         "FLOPs over the ranks; flops_per_sample= gives one number, not the model's nodes")
+    policy = recompute if isinstance(recompute, str) else None
+    if recompute is not None and not isinstance(recompute, str):
+        raise UsageError("Meter: with plan=, recompute must be a policy (none, full, selective or operator types "
+                         f"such as 'Softmax,Gelu'), not FLOPs per sample ({recompute!r})")
+    return plan, parse_recompute(policy)
+
+
+def check_plan_world(plan, world_size: int) -> None:
+    """A :class:`UsageError` naming both sizes when ``plan`` is not laid out over ``world_size`` ranks."""
+    if plan.world_size != world_size:
+        raise UsageError(f"Meter: plan {plan} has {plan.world_size} ranks (tp*pp*cp*dp) but the process group has "
+                         f"{world_size}; give a plan whose degrees multiply to the world size")
+
+
 class Meter:
     """Measure a training run from inside its loop. See the module docstring for the figures.
 
@@ -193,6 +222,14 @@ class Meter:
         Read the device's energy counter (NVML or RAPL) when there is one.
     clock : callable, optional
         A zero-argument clock in seconds replacing the real timer (tests of the arithmetic).
+    plan : flopcount.plan.ParallelPlan or str, optional
+        The run's parallel plan (``"tp=2,dp=2"``, or a ``ParallelPlan`` with its microbatches and schedule): each
+        rank's FLOPs per optimizer step come from the per-rank ledger (:func:`flopcount.parallel.ledger`) of the
+        counted model, and the result's ``parallel`` holds every rank's MFU and HFU, the slowest rank, the
+        imbalance and the conventions of Megatron, torchtitan and MaxText (:mod:`.rank_mfu`). One :meth:`step`
+        is one optimizer step. Needs ``report=`` or ``model=``; under torch.distributed its world size must be the
+        process group's. ``recompute`` is then also read as the ledger's policy (none, full, selective, or
+        operator types).
     timeout : number, optional
         Under torch.distributed: the seconds given to ``distributed.init(timeout_s=)``. A collective that fails in
         the ``with meter:`` block or when the result is gathered then holds a roll call of the ranks for the rest
@@ -204,7 +241,7 @@ class Meter:
                  higher_is_better: bool = True, device=None, precision: str | None = None,
                  peak_flops: float | None = None, recompute: str | float | None = None, warmup_steps: int = 5,
                  window_steps: int = 20, energy: bool = True, clock: Callable[[], float] | None = None,
-                 energy_source=None, timeout: float | None = None) -> None:
+                 energy_source=None, timeout: float | None = None, plan=None) -> None:
         sources = [name for name, v in (("report", report), ("flops_per_sample", flops_per_sample),
                                         ("model", model)) if v is not None]
         if len(sources) != 1:
@@ -220,6 +257,9 @@ class Meter:
                              "and backward), e.g. flopcount.from_torch(model, inputs, mode=\"train\")")
         if model is not None and example_inputs is None:
             raise UsageError("Meter(model=...) needs example_inputs= (a tensor, a shape or a tuple of them) to count it")
+        self._plan, self._plan_recompute = _checked_plan(plan, recompute, flops_per_sample)
+        if self._plan is not None and isinstance(recompute, str) and recompute.lower() not in ("none", "full"):
+            recompute = None  # the ledger's policy (selective, operator types); the whole-run HFU does not take it
         checked = check_arguments("Meter", flops_per_sample=flops_per_sample, target_quality=target_quality,
                                   quality_exponent=quality_exponent, higher_is_better=higher_is_better,
                                   precision=precision, peak_flops=peak_flops, recompute=recompute,
@@ -288,6 +328,13 @@ class Meter:
         # the result calls once (a CommCounter; an Ensemble, which gathers its base models' qualities).
         self.communication: Any = None
         self.ensemble: Any = None
+        self._ledger = None
+        if self._plan is not None:
+            dist = running_dist()
+            if dist is not None:
+                check_plan_world(self._plan, dist.get_world_size())
+            if report is not None:  # a model the ledger's rules cannot split is refused now, not after training
+                self._plan_ledger()
 
     # -- the loop -------------------------------------------------------------------------------------------
 
@@ -635,6 +682,9 @@ class Meter:
         """Stop the run and take its :class:`~flopcount.measure.harness.figures.RunSnapshot` (counting the model,
         gathering the ranks and describing the device as needed: under torch.distributed every rank calls this)."""
         self.stop()
+        dist = running_dist()
+        if self._plan is not None:
+            check_plan_world(self._plan, dist.get_world_size() if dist is not None else 1)
         work = self._counted_work()
         local = local_figures(self._windows, self.samples, self.steps)
         # A run cut short gathers nothing: the other ranks may be cut at another step, or gone.
@@ -647,6 +697,7 @@ class Meter:
             raise failure from None
         precision, peak = self._peak(device, work.parts)
         communication, ensemble = self._attachments(work, per_rank) if self.complete else (None, None)
+        parallel = self._parallel_figures(per_rank, peak) if self.complete else None
         energy = self._energy
         from ..machine.ceilings import load_per_core
 
@@ -664,7 +715,8 @@ class Meter:
             energy_min_window_s=getattr(energy, "min_window_s", 0.0), communication=communication,
             communication_attached=self.communication is not None, ensemble=ensemble,
             load_per_core=load_per_core() if self._device_kind == "cpu" else None,
-            peak_load_per_core=peak.load_per_core, ended_by=self._ended_by)
+            peak_load_per_core=peak.load_per_core, ended_by=self._ended_by, parallel=parallel,
+            parallel_given=self._plan is not None)
 
     def _counted_work(self) -> _Work:
         """C (training FLOPs per sample), how it is known, the forward FLOPs per sample, the optimizer's FLOPs per
@@ -692,6 +744,23 @@ class Meter:
             self._device = device  # to_json describes the same device, and calls no collective on rank 0 alone
         dev = device if device is not None else self.device()
         return precision, effective_peak(dev, precision, parts, self._peak_given)
+
+    def _parallel_figures(self, per_rank: list, peak) -> dict[str, Any] | None:
+        """Every rank's MFU and HFU under the plan (:mod:`.rank_mfu`), from the ledger of the counted model and the
+        step times gathered once; None without a plan."""
+        if self._plan is None:
+            return None
+        from .rank_mfu import rank_figures
+
+        return rank_figures(self._plan_ledger().as_dict(), per_rank, peak.flops_per_s, peak.source)
+
+    def _plan_ledger(self):
+        """The per-rank ledger of the counted model under the plan (formed once)."""
+        if self._ledger is None:
+            from flopcount.parallel import ledger
+
+            self._ledger = ledger(self.counted_report(), self._plan, self._plan_recompute)
+        return self._ledger
 
     def _attachments(self, work: _Work, per_rank: list) -> tuple[Any, Any]:
         """The figures of the attached communication counter and ensemble: a mapping as attached, or what the

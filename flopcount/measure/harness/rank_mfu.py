@@ -1,0 +1,102 @@
+"""MFU per rank under a parallel plan, and the conventions other tools log, from the same run.
+
+Plain arithmetic on the per-rank ledger (:func:`flopcount.parallel.ledger`, as its ``as_dict()``), every rank's
+median step time (gathered once, when the result is formed) and the peak of one device. One meter step is one
+optimizer step (all M microbatches of the plan).
+
+**Rank order** (Megatron's): the tensor-parallel index varies fastest, then data parallel, then the pipeline
+stage: ``rank = tp + T·(dp + D·pp)``; the ``torch.distributed`` rank of each process is read against it.
+
+**Per rank** r with median step time t_r and peak F (FLOP/s of one device):
+
+* ``mfu`` = model_flops_r / t_r / F (the work the algorithm needs on that rank);
+* ``hfu`` = hardware_flops_r / t_r / F (what it runs: replicated work and recompute included);
+* the slowest rank has the longest median step time; ``imbalance`` = its step time / the mean over ranks.
+
+**Conventions**, with W the whole model's FLOPs of one microbatch of b samples of s tokens (counted once, before
+any split), M microbatches, world size N = tp·pp·cp·dp and t the slowest rank's step time (a synchronous step
+ends with its slowest rank):
+
+* ``megatron``: FLOP/s per GPU = W·M·dp / (N·t) (whole-model FLOPs of the global batch, divided by world size);
+* ``torchtitan``: FLOP/s per device = W·M / (tp·pp·cp · t) (FLOPs of one data-parallel rank's batch, counted
+  before sharding, divided by the non-data-parallel size);
+* ``maxtext``: FLOP/s per device = B_dev · s · (W / (b·s)) / t, with the per-device batch B_dev = b·M·dp / N
+  (per-device batch times FLOPs per token).
+
+Each is also divided by F as that tool's MFU. A figure that cannot be formed is None with its reason under
+``unavailable``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Mapping, Sequence
+
+__all__ = ["RANK_ORDER", "rank_figures"]
+
+RANK_ORDER = "tp fastest, then dp, then pp (Megatron's): rank = tp + T*(dp + D*pp)"
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return num / den if num is not None and den else None
+
+
+def rank_figures(led: Mapping[str, Any], per_rank: Sequence[Mapping[str, Any]], peak: float | None,
+                 peak_source: str | None) -> dict[str, Any]:
+    """The ``parallel`` figures of a run: ``led`` the ledger's ``as_dict()``, ``per_rank`` every rank's gathered
+    local figures (``rank``, ``step_time_s``), ``peak`` one device's FLOP/s (None, ``peak_source`` saying why)."""
+    unavailable: dict[str, str] = {}
+    times = {r["rank"]: r.get("step_time_s") for r in per_rank}
+    rows = []
+    for r in led["ranks"]:
+        t = times.get(r["rank"])
+        rows.append({"rank": r["rank"], "coords": dict(r["coords"]), "stage": r["stage"],
+                     "model_flops": r["model_flops"], "hardware_flops": r["hardware_flops"],
+                     "redundant_flops": r["redundant_flops"], "recompute_flops": r["recompute_flops"],
+                     "step_time_s": t, "mfu": _ratio(_ratio(r["model_flops"], t), peak),
+                     "hfu": _ratio(_ratio(r["hardware_flops"], t), peak)})
+    if peak is None:
+        unavailable["mfu"] = unavailable["hfu"] = f"no peak: {peak_source}"
+    elif any(row["step_time_s"] is None for row in rows):
+        missing = [row["rank"] for row in rows if row["step_time_s"] is None]
+        unavailable["mfu"] = unavailable["hfu"] = (f"rank(s) {', '.join(map(str, missing))} timed no step after "
+                                                   "the warm-up")
+    timed = [row for row in rows if row["step_time_s"]]
+    slowest = max(timed, key=lambda row: (row["step_time_s"], -row["rank"])) if len(timed) == len(rows) else None
+    t = slowest["step_time_s"] if slowest else None
+    if slowest is None:
+        unavailable["slowest_rank"] = unavailable["imbalance"] = "a rank timed no step after the warm-up"
+    plan, dims, w = led["plan"], led["dims"], led["whole_flops_per_microbatch"]
+    m, dp = plan["microbatches"], plan["dp"]
+    world = plan["tp"] * plan["pp"] * plan["cp"] * dp
+    non_dp = plan["tp"] * plan["pp"] * plan["cp"]
+    b, s = dims["batch"], dims["seq"]
+    per_token = w / (b * s)
+    device_batch = b * m * dp / world
+    rates = {"megatron": _ratio(w * m * dp, world * t) if t else None,
+             "torchtitan": _ratio(w * m, non_dp * t) if t else None,
+             "maxtext": _ratio(device_batch * s * per_token, t) if t else None}
+    formulas = {"megatron": "W*M*dp / (world_size * t): whole-model FLOPs of the global batch per GPU",
+                "torchtitan": "W*M / (tp*pp*cp * t): one data-parallel rank's whole-model FLOPs over the "
+                              "non-data-parallel size",
+                "maxtext": "per_device_batch * seq * flops_per_token / t, per_device_batch = b*M*dp / world_size"}
+    conventions = {}
+    for name, rate in rates.items():
+        why = None if rate is not None else "no step time (a rank timed no step after the warm-up)"
+        mfu = _ratio(rate, peak)
+        if rate is not None and mfu is None:
+            why = f"no peak: {peak_source}"
+        conventions[name] = {"flops_per_s_per_device": rate, "mfu": mfu, "formula": formulas[name],
+                             "unavailable": why}
+    conventions["maxtext"]["per_device_batch"] = device_batch
+    conventions["maxtext"]["flops_per_token"] = per_token
+    mean = statistics.fmean(row["step_time_s"] for row in timed) if slowest else None
+    return {"plan": dict(plan), "recompute": led["recompute"], "rank_order": RANK_ORDER,
+            "whole_flops_per_microbatch": w, "peak_flops": peak, "peak_source": peak_source,
+            "step_time_s": t, "ranks": rows,
+            "slowest_rank": slowest["rank"] if slowest else None,
+            "imbalance": _ratio(t, mean) if slowest else None,
+            "imbalance_how": "the slowest rank's median step time / the mean over ranks",
+            "ledger": {"slowest_rank": led["slowest_rank"], "imbalance": led["imbalance"],
+                       "bubble_fraction": led["bubble_fraction"]},
+            "conventions": conventions, "unavailable": unavailable}
