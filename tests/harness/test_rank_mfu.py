@@ -88,14 +88,13 @@ def _rank_run(rank: int, report, model, plan: str, out: str) -> None:
         dist.destroy_process_group()
 
 
-def _watched(rank: int, port: int, *args) -> None:
+def _watched(rank: int, port: int, target, *args) -> None:
     code = 1
     try:
         os.environ.update({"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2",
                            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
         torch.set_num_threads(1)
-        _rank_run(rank, *args)
-        code = 0
+        code = target(rank, *args) or 0
     except BaseException:
         traceback.print_exc()
     finally:
@@ -104,14 +103,15 @@ def _watched(rank: int, port: int, *args) -> None:
         os._exit(code)
 
 
-def _two_ranks(llama, plan: str, tmp_path) -> tuple[dict, dict]:
+def _launch(target, *args) -> list[int]:
+    """Two ranks forked from the test (torch already imported), env:// as torchrun sets it; their exit codes."""
     import multiprocessing
 
-    report, model = llama
-    out = str(tmp_path / "run.json")
+    import torch._dynamo  # noqa: F401  (DDP's constructor imports it: once here, before the ranks fork)
+
     ctx = multiprocessing.get_context("fork")
     port = _free_port()
-    procs = [ctx.Process(target=_watched, args=(r, port, report, model, plan, out)) for r in range(2)]
+    procs = [ctx.Process(target=_watched, args=(r, port, target) + args) for r in range(2)]
     for p in procs:
         p.start()
     for p in procs:
@@ -120,6 +120,13 @@ def _two_ranks(llama, plan: str, tmp_path) -> tuple[dict, dict]:
     for p in procs:
         if p.is_alive():
             p.kill()
+    return codes
+
+
+def _two_ranks(llama, plan: str, tmp_path) -> tuple[dict, dict]:
+    report, model = llama
+    out = str(tmp_path / "run.json")
+    codes = _launch(_rank_run, report, model, plan, out)
     assert codes == [0, 0], f"rank exit codes {codes}"
     with open(out) as f, open(out + ".calls") as g:
         return json.load(f)["runs"][0], json.load(g)
@@ -146,6 +153,13 @@ def test_two_ranks_report_each_ranks_mfu(llama, plan, tmp_path):
         # (norms, residual adds, the embedding's lookup) runs on both, so each rank runs more than half
         assert sum(r["model_flops"] for r in par["ranks"]) == whole
         assert all(whole / 2 < r["hardware_flops"] < whole for r in par["ranks"])
+        # column/row-parallel projections (Q, O: H x H; K, V: H x KV_HEADS*D; gate, up, down: H x FFN) and the
+        # vocab-parallel head (H x V), 2 FLOPs a multiply-add, forward + backward (twice the forward): half each
+        d = H // HEADS
+        split = 3 * 2 * B * S * (L * (2 * H * H + 2 * H * KV_HEADS * d + 3 * H * FFN) + H * V)
+        for r in par["ranks"]:
+            assert whole - r["hardware_flops"] >= split // 2
+            assert r["model_flops"] <= whole - split // 2
     assert par["slowest_rank"] == 1
     assert par["imbalance"] == pytest.approx(2 * STEP / (1.5 * STEP))
     t = 2 * STEP  # the slowest rank's step ends the synchronous step
@@ -177,3 +191,46 @@ def test_plan_on_a_model_the_rules_cannot_split_is_refused():
     report = flopcount.from_torch(torch.nn.Linear(3, 5), (7, 3), mode="train")
     with pytest.raises(UsageError, match="--parallel: .*no module scopes"):
         flopcount.Meter(report, plan="tp=2")
+
+
+BENCH = ["bench", "digits", "--epochs", "1", "--target-quality", "0.1", "--peak-flops", "1e9", "--warmup-steps", "2",
+         "--window-steps", "5", "--seed", "3", "--no-progress"]
+
+
+def _bench_rank(rank: int, argv: list[str], stdout: str) -> int:
+    """One rank of ``flopcount bench``; rank 0's stdout (the table) to a file."""
+    from flopcount.cli import main
+
+    if rank == 0:
+        sys.stdout = open(stdout, "w")
+    return main(argv)
+
+
+def test_torchrun_bench_reports_each_ranks_mfu(tmp_path):
+    out, table = str(tmp_path / "b.json"), str(tmp_path / "table.txt")
+    assert _launch(_bench_rank, [*BENCH, "--parallel", "dp=2", "-o", out], table) == [0, 0]
+    with open(out) as f:
+        doc = json.load(f)
+    run, counting = doc["runs"][0], doc["config"]["counting"]
+    whole = counting["flops_per_sample"] * counting["batch"]  # one step of the counted batch, forward + backward
+    par = run["parallel"]
+    times = {r["rank"]: r["step_time_s"] for r in run["per_rank"]}  # every rank's median step, gathered
+    assert [r["rank"] for r in par["ranks"]] == [0, 1]
+    for r in par["ranks"]:
+        assert r["coords"]["dp"] == r["rank"]
+        assert r["model_flops"] == r["hardware_flops"] == pytest.approx(whole)  # each DP rank: the whole model
+        assert r["mfu"] == pytest.approx(whole / times[r["rank"]] / 1e9)
+        assert r["hfu"] == pytest.approx(r["mfu"])  # recompute none
+    slow = max(times, key=times.get)
+    assert par["slowest_rank"] == slow
+    assert par["imbalance"] == pytest.approx(times[slow] / ((times[0] + times[1]) / 2))
+    assert par["conventions"]["megatron"]["mfu"] == pytest.approx(2 * whole / (2 * times[slow]) / 1e9)
+    assert par["conventions"]["maxtext"]["mfu"] is None and par["conventions"]["maxtext"]["unavailable"]
+    with open(table) as f:
+        assert "MFU per rank" in f.read()
+
+
+def test_torchrun_bench_refuses_a_plan_of_another_world_size(tmp_path, capfd):
+    codes = _launch(_bench_rank, [*BENCH, "--parallel", "dp=4"], str(tmp_path / "t.txt"))
+    assert codes == [2, 2]
+    assert "has 4 ranks" in capfd.readouterr().err

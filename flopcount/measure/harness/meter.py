@@ -752,14 +752,25 @@ class Meter:
             return None
         from .rank_mfu import rank_figures
 
-        return rank_figures(self._plan_ledger().as_dict(), per_rank, peak.flops_per_s, peak.source)
+        return rank_figures(self._plan_ledger(), per_rank, peak.flops_per_s, peak.source)
 
-    def _plan_ledger(self):
-        """The per-rank ledger of the counted model under the plan (formed once)."""
+    def _plan_ledger(self) -> dict[str, Any]:
+        """The per-rank ledger of the counted model under the plan, as a mapping (formed once): the decoder rules of
+        :func:`flopcount.parallel.ledger`, or for a data-parallel plan on another model
+        :func:`.rank_mfu.data_parallel_ledger`."""
         if self._ledger is None:
             from flopcount.parallel import ledger
 
-            self._ledger = ledger(self.counted_report(), self._plan, self._plan_recompute)
+            from .rank_mfu import data_parallel_ledger
+
+            report = self.counted_report()
+            try:
+                self._ledger = ledger(report, self._plan, self._plan_recompute).as_dict()
+            except UsageError:
+                p = self._plan
+                if p.tp * p.pp * p.cp * p.ep != 1:
+                    raise
+                self._ledger = data_parallel_ledger(report, p, self._plan_recompute)
         return self._ledger
 
     def _attachments(self, work: _Work, per_rank: list) -> tuple[Any, Any]:

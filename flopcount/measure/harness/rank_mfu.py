@@ -23,7 +23,13 @@ ends with its slowest rank):
 * ``maxtext``: FLOP/s per device = B_dev · s · (W / (b·s)) / t, with the per-device batch B_dev = b·M·dp / N
   (per-device batch times FLOPs per token).
 
-Each is also divided by F as that tool's MFU. A figure that cannot be formed is None with its reason under
+Each is also divided by F as that tool's MFU; MaxText's needs the tokens of a sample (s), known for a decoder the
+ledger recognises and None otherwise.
+
+**Data parallel on any model**: a plan with tp = pp = cp = ep = 1 needs no rule that splits a layer, since every
+rank runs the whole model on its own microbatches: :func:`data_parallel_ledger` gives each rank W·M (plus one
+forward pass per microbatch under ``full`` recompute) for a model the decoder rules do not recognise (the CNNs of
+``flopcount bench``). A figure that cannot be formed is None with its reason under
 ``unavailable``.
 """
 
@@ -32,13 +38,38 @@ from __future__ import annotations
 import statistics
 from typing import Any, Mapping, Sequence
 
-__all__ = ["RANK_ORDER", "rank_figures"]
+__all__ = ["RANK_ORDER", "data_parallel_ledger", "rank_figures"]
 
 RANK_ORDER = "tp fastest, then dp, then pp (Megatron's): rank = tp + T*(dp + D*pp)"
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
     return num / den if num is not None and den else None
+
+
+def data_parallel_ledger(report: Any, plan: Any, recompute: Any) -> dict[str, Any]:
+    """The ledger (as :meth:`flopcount.parallel.ParallelLedger.as_dict` shapes it) of a data-parallel plan on any
+    counted model: each rank runs the whole model on M microbatches; ``full`` recompute adds one forward pass per
+    microbatch. Another recompute policy needs the layer rules: a :class:`~flopcount.errors.UsageError`."""
+    from flopcount.errors import UsageError
+
+    if plan.tp * plan.pp * plan.cp * plan.ep != 1:
+        raise UsageError(f"plan {plan}: only a data-parallel plan applies to a model the decoder rules do not know")
+    train = report.mode == "train"
+    whole = sum(n.cost.flops + (n.backward.flops if train else 0) for n in report.nodes)
+    policy = str(recompute)
+    if policy not in ("none", "full"):
+        raise UsageError(f"recompute={policy!r}: on a model the decoder rules do not know, a data-parallel plan "
+                         "takes recompute none or full")
+    again = report.forward.flops if policy == "full" and train else 0
+    m = plan.microbatches
+    ranks = [{"rank": r, "coords": {"tp": 0, "pp": 0, "cp": 0, "ep": 0, "dp": r}, "stage": 0,
+              "model_flops": m * whole, "hardware_flops": m * (whole + again), "redundant_flops": 0,
+              "recompute_flops": m * again} for r in range(plan.dp)]
+    return {"plan": plan.as_dict(), "recompute": policy, "mode": report.mode, "whole_flops_per_microbatch": whole,
+            "dims": {"batch": report.batch, "seq": None}, "bubble_fraction": 0.0, "slowest_rank": 0,
+            "imbalance": 1.0, "ranks": ranks,
+            "rules": "data parallel: every rank runs the whole model on its own microbatches"}
 
 
 def rank_figures(led: Mapping[str, Any], per_rank: Sequence[Mapping[str, Any]], peak: float | None,
@@ -70,12 +101,12 @@ def rank_figures(led: Mapping[str, Any], per_rank: Sequence[Mapping[str, Any]], 
     m, dp = plan["microbatches"], plan["dp"]
     world = plan["tp"] * plan["pp"] * plan["cp"] * dp
     non_dp = plan["tp"] * plan["pp"] * plan["cp"]
-    b, s = dims["batch"], dims["seq"]
-    per_token = w / (b * s)
+    b, s = dims["batch"], dims.get("seq")
+    per_token = w / (b * s) if s else None
     device_batch = b * m * dp / world
     rates = {"megatron": _ratio(w * m * dp, world * t) if t else None,
              "torchtitan": _ratio(w * m, non_dp * t) if t else None,
-             "maxtext": _ratio(device_batch * s * per_token, t) if t else None}
+             "maxtext": _ratio(device_batch * s * per_token, t) if t and s else None}
     formulas = {"megatron": "W*M*dp / (world_size * t): whole-model FLOPs of the global batch per GPU",
                 "torchtitan": "W*M / (tp*pp*cp * t): one data-parallel rank's whole-model FLOPs over the "
                               "non-data-parallel size",
@@ -83,6 +114,9 @@ def rank_figures(led: Mapping[str, Any], per_rank: Sequence[Mapping[str, Any]], 
     conventions = {}
     for name, rate in rates.items():
         why = None if rate is not None else "no step time (a rank timed no step after the warm-up)"
+        if name == "maxtext" and not s:
+            why = ("no tokens per sample: the model is not a decoder the ledger recognises, so MaxText's FLOPs per "
+                   "token cannot be formed")
         mfu = _ratio(rate, peak)
         if rate is not None and mfu is None:
             why = f"no peak: {peak_source}"
