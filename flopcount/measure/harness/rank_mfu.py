@@ -36,7 +36,8 @@ forward pass per microbatch under ``full`` recompute) for a model the decoder ru
 from __future__ import annotations
 
 import statistics
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 __all__ = ["RANK_ORDER", "data_parallel_ledger", "rank_figures"]
 
