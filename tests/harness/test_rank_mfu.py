@@ -235,3 +235,15 @@ def test_torchrun_bench_refuses_a_plan_of_another_world_size(tmp_path, capfd):
     codes = _launch(_bench_rank, [*BENCH, "--parallel", "dp=4"], str(tmp_path / "t.txt"))
     assert codes == [2, 2]
     assert "has 4 ranks" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("flags,message", [
+    pytest.param(["--recompute", "full"], "give --parallel too", id="recompute-without-plan"),
+    pytest.param(["--parallel", "dp=1", "--microbatches", "2"], "give --microbatches 1", id="microbatches"),
+    pytest.param(["--parallel", "dp=2", "--ensemble", "2"], "give one or the other", id="ensemble"),
+])
+def test_bench_plan_flags_are_checked_before_training(flags, message, capsys):
+    from flopcount.cli import main
+
+    assert main([*BENCH, *flags]) == 2
+    assert message in capsys.readouterr().err
