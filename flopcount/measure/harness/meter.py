@@ -45,6 +45,7 @@ from . import energy as energy_mod
 from .clocks import make_timer
 from .mfu import PRECISIONS
 from .figures import RunSnapshot, Window, last_quality, local_figures, run_figures
+from .rank_mfu import check_plan_world, checked_plan
 from .ranks import gather_ranks, is_writer, running_dist
 from .result import RunResult, bench_report, dumps
 
@@ -160,35 +161,6 @@ def check_meter_kwargs(where: str, kwargs: Mapping[str, Any]) -> None:
     check_arguments(where, **{k: v for k, v in kwargs.items() if k in checkable})
 
 
-def _checked_plan(plan, recompute, flops_per_sample):
-    """The ``plan=`` argument as a :class:`~flopcount.plan.ParallelPlan` and the ledger's recompute policy, or
-    (None, None) without a plan; a :class:`UsageError` naming ``plan`` when it cannot be used."""
-    if plan is None:
-        return None, None
-    from flopcount.plan import ParallelPlan, parse_parallel, parse_recompute
-
-    if isinstance(plan, str):
-        plan = parse_parallel(plan)
-    elif not isinstance(plan, ParallelPlan):
-        raise UsageError(f"Meter: plan must be a flopcount.plan.ParallelPlan or a string such as 'tp=2,dp=2', got "
-                         f"{type(plan).__name__} {plan!r:.60}")
-    if flops_per_sample is not None:
-        raise UsageError("Meter: plan= needs a counted model (report= or model= with example_inputs=) to split its "
-                         "FLOPs over the ranks; flops_per_sample= gives one number, not the model's nodes")
-    policy = recompute if isinstance(recompute, str) else None
-    if recompute is not None and not isinstance(recompute, str):
-        raise UsageError("Meter: with plan=, recompute must be a policy (none, full, selective or operator types "
-                         f"such as 'Softmax,Gelu'), not FLOPs per sample ({recompute!r})")
-    return plan, parse_recompute(policy)
-
-
-def check_plan_world(plan, world_size: int) -> None:
-    """A :class:`UsageError` naming both sizes when ``plan`` is not laid out over ``world_size`` ranks."""
-    if plan.world_size != world_size:
-        raise UsageError(f"Meter: plan {plan} has {plan.world_size} ranks (tp*pp*cp*dp) but the process group has "
-                         f"{world_size}; give a plan whose degrees multiply to the world size")
-
-
 class Meter:
     """Measure a training run from inside its loop. See the module docstring for the figures.
 
@@ -257,7 +229,7 @@ class Meter:
                              "and backward), e.g. flopcount.from_torch(model, inputs, mode=\"train\")")
         if model is not None and example_inputs is None:
             raise UsageError("Meter(model=...) needs example_inputs= (a tensor, a shape or a tuple of them) to count it")
-        self._plan, self._plan_recompute = _checked_plan(plan, recompute, flops_per_sample)
+        self._plan, self._plan_recompute = checked_plan(plan, recompute, flops_per_sample)
         if self._plan is not None and isinstance(recompute, str) and recompute.lower() not in ("none", "full"):
             recompute = None  # the ledger's policy (selective, operator types); the whole-run HFU does not take it
         checked = check_arguments("Meter", flops_per_sample=flops_per_sample, target_quality=target_quality,

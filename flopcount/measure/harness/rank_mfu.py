@@ -39,7 +39,9 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["RANK_ORDER", "data_parallel_ledger", "rank_figures"]
+from flopcount.errors import UsageError
+
+__all__ = ["RANK_ORDER", "check_plan_world", "checked_plan", "data_parallel_ledger", "rank_figures"]
 
 RANK_ORDER = "tp fastest, then dp, then pp (Megatron's): rank = tp + T*(dp + D*pp)"
 
@@ -48,12 +50,39 @@ def _ratio(num: float | None, den: float | None) -> float | None:
     return num / den if num is not None and den else None
 
 
+def checked_plan(plan, recompute, flops_per_sample):
+    """The ``plan=`` argument as a :class:`~flopcount.plan.ParallelPlan` and the ledger's recompute policy, or
+    (None, None) without a plan; a :class:`UsageError` naming ``plan`` when it cannot be used."""
+    if plan is None:
+        return None, None
+    from flopcount.plan import ParallelPlan, parse_parallel, parse_recompute
+
+    if isinstance(plan, str):
+        plan = parse_parallel(plan)
+    elif not isinstance(plan, ParallelPlan):
+        raise UsageError(f"Meter: plan must be a flopcount.plan.ParallelPlan or a string such as 'tp=2,dp=2', got "
+                         f"{type(plan).__name__} {plan!r:.60}")
+    if flops_per_sample is not None:
+        raise UsageError("Meter: plan= needs a counted model (report= or model= with example_inputs=) to split its "
+                         "FLOPs over the ranks; flops_per_sample= gives one number, not the model's nodes")
+    policy = recompute if isinstance(recompute, str) else None
+    if recompute is not None and not isinstance(recompute, str):
+        raise UsageError("Meter: with plan=, recompute must be a policy (none, full, selective or operator types "
+                         f"such as 'Softmax,Gelu'), not FLOPs per sample ({recompute!r})")
+    return plan, parse_recompute(policy)
+
+
+def check_plan_world(plan, world_size: int) -> None:
+    """A :class:`UsageError` naming both sizes when ``plan`` is not laid out over ``world_size`` ranks."""
+    if plan.world_size != world_size:
+        raise UsageError(f"Meter: plan {plan} has {plan.world_size} ranks (tp*pp*cp*dp) but the process group has "
+                         f"{world_size}; give a plan whose degrees multiply to the world size")
+
+
 def data_parallel_ledger(report: Any, plan: Any, recompute: Any) -> dict[str, Any]:
     """The ledger (as :meth:`flopcount.parallel.ParallelLedger.as_dict` shapes it) of a data-parallel plan on any
     counted model: each rank runs the whole model on M microbatches; ``full`` recompute adds one forward pass per
     microbatch. Another recompute policy needs the layer rules: a :class:`~flopcount.errors.UsageError`."""
-    from flopcount.errors import UsageError
-
     if plan.tp * plan.pp * plan.cp * plan.ep != 1:
         raise UsageError(f"plan {plan}: only a data-parallel plan applies to a model the decoder rules do not know")
     train = report.mode == "train"
