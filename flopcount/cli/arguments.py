@@ -14,7 +14,7 @@ import re
 from flopcount.errors import UsageError
 
 __all__ = [
-    "TORCH_DTYPES", "InputShapes", "add_memory_arguments", "add_model_source", "check_model_source", "count_generate", "count_hf",
+    "TORCH_DTYPES", "InputShapes", "add_memory_arguments", "add_parallel_arguments", "add_model_source", "check_model_source", "count_generate", "count_hf",
     "count_keras", "count_torch", "generate_spec", "given_model", "input_shape", "input_value", "loop_trips", "model_source", "model_source_problem", "nonneg_int",
     "memory_settings", "positive", "positive_float", "positive_int", "size_hw", "torch_inputs", "weights", "with_parallel",
 ]
@@ -330,7 +330,7 @@ def weights(args: argparse.Namespace) -> dict:
 
 def add_memory_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of the memory ledger and of the run's layout (``flopcount MODEL --memory ...``)."""
-    from flopcount.plan import DEVICES, IMPLEMENTATIONS, SCHEDULES
+    from flopcount.plan import DEVICES, IMPLEMENTATIONS
 
     p.add_argument("--memory", action="store_true",
                    help="also the memory of one step per rank: weights, gradients, optimizer states and the step's "
@@ -344,16 +344,25 @@ def add_memory_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--master-weights", action="store_true",
                    help="with --memory: the optimizer keeps an fp32 master copy of 16-bit weights and fp32 states "
                    "(mixed precision as Megatron and DeepSpeed train)")
+    add_parallel_arguments(p)
+
+
+def add_parallel_arguments(p: argparse.ArgumentParser, parallel_help: str | None = None) -> None:
+    """The flags of a parallel plan and its recompute policy (``flopcount MODEL --parallel``, ``flopcount bench
+    --parallel``, which says what the plan gives with ``parallel_help``)."""
+    from flopcount.plan import SCHEDULES
+
     p.add_argument("--recompute", metavar="POLICY", default=None,
                    help="with --memory or --parallel, and --mode train: none (default), full (checkpoint every "
                    "numbered layer), selective (recompute the attention core), or operator types to recompute (OP,OP)")
     p.add_argument("--parallel", metavar="PLAN",
-                   help="a parallel plan, tp=T,pp=P,cp=C,ep=E,dp=D[,sp][,fsdp] (degrees left out are 1): FLOPs, "
-                   "redundant work and communication bytes per rank of a decoder, dense or MoE (docs/parallel.md), "
-                   "and with --memory the memory per rank")
-    p.add_argument("--expert-load", metavar="FILE", default=None,
-                   help="with --parallel ep=E on a mixture-of-experts model: JSON tokens per routed expert, one list "
-                   "for all MoE layers or one list per MoE layer (default: balanced); see docs/parallel.md")
+                   help=parallel_help or "a parallel plan, tp=T,pp=P,cp=C,ep=E,dp=D[,sp][,fsdp] (degrees left out "
+                   "are 1): FLOPs, redundant work and communication bytes per rank of a decoder, dense or MoE "
+                   "(docs/parallel.md), and with --memory the memory per rank")
+    if parallel_help is None:  # the count's flags (bench's plans are data-parallel: no experts to load)
+        p.add_argument("--expert-load", metavar="FILE", default=None,
+                       help="with --parallel ep=E on a mixture-of-experts model: JSON tokens per routed expert, one "
+                       "list for all MoE layers or one list per MoE layer (default: balanced); see docs/parallel.md")
     p.add_argument("--microbatches", type=positive_int, default=1, metavar="M",
                    help="with --parallel: microbatches per optimizer step (default 1)")
     p.add_argument("--schedule", default="1f1b", metavar="NAME",

@@ -12,7 +12,7 @@ from flopcount.errors import EXIT_QUALITY_NOT_REACHED, UsageError
 
 from flopcount.measure.harness.mllog import DIVISIONS, RULESET, STATUSES
 
-from .arguments import nonneg_int, positive_float, positive_int, size_hw
+from .arguments import add_parallel_arguments, nonneg_int, positive_float, positive_int, size_hw
 from .console import write_output
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ensemble", type=positive_int, default=1, metavar="M",
                    help="digits under torchrun/srun: train M base models (HPC AI500 V3.0 bagging), each on its own "
                    "bootstrap sample and its own P = ranks / M ranks; the report scores their averaged prediction")
+    add_parallel_arguments(p, "the run's parallel plan, tp=T,pp=P,cp=C,ep=E,dp=D[,sp][,fsdp] (degrees left out are "
+                           "1; their product is the world size): the report gives each rank's MFU and HFU from its "
+                           "own FLOPs, the slowest rank, and the Megatron, torchtitan and MaxText conventions "
+                           "(docs/parallel.md, MFU per rank); the workloads train data parallel: dp=RANKS")
     p.add_argument("--format", choices=("table", "json"), default="table",
                    help="stdout format (default: table); -o always writes JSON")
     p.add_argument("-o", "--output", metavar="FILE", help="write the JSON report to FILE")
@@ -107,7 +111,21 @@ def config_from_args(args: argparse.Namespace):
     if args.workload == "digits" and (args.steps or args.image_size):
         raise UsageError("--steps and --image-size apply to the synthetic workloads; digits trains whole epochs "
                          "(--epochs) until --target-quality")
-    cfg = defaults.replace(device=args.device, precision=args.precision, batch_size=args.batch_size,
+    plan = None
+    if args.parallel is not None:
+        from flopcount.plan import parse_parallel, parse_recompute
+
+        if args.ensemble > 1:
+            raise UsageError("--parallel: the ranks of --ensemble train separate base models, not one model under a "
+                             "plan; give one or the other")
+        if args.microbatches != 1:
+            raise UsageError(f"--microbatches {args.microbatches}: the bench workloads step one batch per optimizer "
+                             "step (no gradient accumulation); give --microbatches 1")
+        plan = parse_parallel(args.parallel, args.microbatches, args.schedule).as_dict()
+        parse_recompute(args.recompute)
+    elif args.recompute is not None or args.microbatches != 1 or args.schedule != "1f1b":
+        raise UsageError("--recompute, --microbatches and --schedule describe a parallel plan: give --parallel too")
+    cfg = defaults.replace(device=args.device, parallel=plan, recompute=args.recompute, precision=args.precision, batch_size=args.batch_size,
                            max_epochs=args.epochs, steps=args.steps, target_quality=args.target_quality,
                            image_size=args.image_size, lr=args.lr, seed=args.seed, warmup_steps=args.warmup_steps,
                            window_steps=args.window_steps, peak_flops=args.peak_flops,

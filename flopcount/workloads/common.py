@@ -41,6 +41,8 @@ class Config:
     threads: int | None = None
     data: str = "synthetic"
     extra: Mapping[str, Any] = field(default_factory=dict)
+    parallel: Mapping[str, Any] | None = None  # the run's ParallelPlan as a mapping (bench --parallel)
+    recompute: str = "none"  # what the run recomputes (bench --recompute)
 
     def replace(self, **changes: Any) -> "Config":
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
@@ -127,10 +129,12 @@ def make_meter(cfg: Config, report, listeners: list[Callable] | None = None, **k
     """The meter a workload trains under: its FLOPs from ``report``, the configuration's target, warm-up, windows,
     peak and precision (autocast runs inside the steps, so the precision is stated, not sampled)."""
     from flopcount.measure.harness.meter import Meter
+    from flopcount.plan import ParallelPlan
 
-    meter = Meter(report, target_quality=cfg.target_quality, quality_exponent=cfg.quality_exponent,
+    plan = ParallelPlan(**cfg.parallel) if cfg.parallel is not None else None
+    meter = Meter(report, plan=plan, target_quality=cfg.target_quality, quality_exponent=cfg.quality_exponent,
                   device=cfg.device, precision=None if cfg.precision == "fp32" else cfg.precision,
-                  peak_flops=cfg.peak_flops, recompute="none", warmup_steps=cfg.warmup_steps,
+                  peak_flops=cfg.peak_flops, recompute=cfg.recompute, warmup_steps=cfg.warmup_steps,
                   window_steps=cfg.window_steps, **kw)
     for listener in listeners or ():
         meter.subscribe(listener)

@@ -87,6 +87,8 @@ class RunSnapshot:
     load_per_core: float | None = None  # the machine's 1-minute load per core when the run ended (None: unknown)
     peak_load_per_core: float | None = None  # the same when the measured peak (a CPU ceiling) was measured
     ended_by: str | None = None  # None: training ran to its end; else what ended it early ("SIGTERM" ...)
+    parallel: Mapping[str, Any] | None = None  # MFU per rank under a plan (.rank_mfu.rank_figures)
+    parallel_given: bool = False  # whether the meter was given a plan
 
 
 def _window_rates(windows: tuple[Window, ...] | list[Window]) -> list[float]:
@@ -320,6 +322,9 @@ def run_figures(s: RunSnapshot) -> RunResult:
         unavailable["ensemble"] = "one model trained (no bagging ensemble)"
     if s.communication is not None:
         unavailable.pop("communication", None)
+    if s.parallel is None:
+        unavailable["parallel"] = ("the run ended early: the ranks' step times were not gathered" if s.parallel_given
+                                   else "no parallel plan given (Meter(plan=), flopcount bench --parallel)")
     return RunResult(
         samples=total_samples if total_samples is not None else s.samples, steps=s.steps,
         timed_samples=timed_total if timed_total is not None else sum(w.samples for w in s.windows),
@@ -334,7 +339,7 @@ def run_figures(s: RunSnapshot) -> RunResult:
         communication=s.communication, ensemble=s.ensemble, qualities=tuple(s.qualities),
         unavailable=dict(sorted(unavailable.items())), how=how, tokens_per_s=tokens_per_s,
         flops_per_token=flops_per_token, notes=_notes(s, samples_per_s) + _ended_early(s),
-        complete=s.ended_by is None, ended_by=s.ended_by or "the end of training")
+        complete=s.ended_by is None, ended_by=s.ended_by or "the end of training", parallel=s.parallel)
 
 
 def _ended_early(s: RunSnapshot) -> tuple[str, ...]:

@@ -45,6 +45,7 @@ from . import energy as energy_mod
 from .clocks import make_timer
 from .mfu import PRECISIONS
 from .figures import RunSnapshot, Window, last_quality, local_figures, run_figures
+from .rank_mfu import check_plan_world, checked_plan
 from .ranks import gather_ranks, is_writer, running_dist
 from .result import RunResult, bench_report, dumps
 
@@ -193,6 +194,14 @@ class Meter:
         Read the device's energy counter (NVML or RAPL) when there is one.
     clock : callable, optional
         A zero-argument clock in seconds replacing the real timer (tests of the arithmetic).
+    plan : flopcount.plan.ParallelPlan or str, optional
+        The run's parallel plan (``"tp=2,dp=2"``, or a ``ParallelPlan`` with its microbatches and schedule): each
+        rank's FLOPs per optimizer step come from the per-rank ledger (:func:`flopcount.parallel.ledger`) of the
+        counted model, and the result's ``parallel`` holds every rank's MFU and HFU, the slowest rank, the
+        imbalance and the conventions of Megatron, torchtitan and MaxText (:mod:`.rank_mfu`). One :meth:`step`
+        is one optimizer step. Needs ``report=`` or ``model=``; under torch.distributed its world size must be the
+        process group's. ``recompute`` is then also read as the ledger's policy (none, full, selective, or
+        operator types).
     timeout : number, optional
         Under torch.distributed: the seconds given to ``distributed.init(timeout_s=)``. A collective that fails in
         the ``with meter:`` block or when the result is gathered then holds a roll call of the ranks for the rest
@@ -204,7 +213,7 @@ class Meter:
                  higher_is_better: bool = True, device=None, precision: str | None = None,
                  peak_flops: float | None = None, recompute: str | float | None = None, warmup_steps: int = 5,
                  window_steps: int = 20, energy: bool = True, clock: Callable[[], float] | None = None,
-                 energy_source=None, timeout: float | None = None) -> None:
+                 energy_source=None, timeout: float | None = None, plan=None) -> None:
         sources = [name for name, v in (("report", report), ("flops_per_sample", flops_per_sample),
                                         ("model", model)) if v is not None]
         if len(sources) != 1:
@@ -220,6 +229,9 @@ class Meter:
                              "and backward), e.g. flopcount.from_torch(model, inputs, mode=\"train\")")
         if model is not None and example_inputs is None:
             raise UsageError("Meter(model=...) needs example_inputs= (a tensor, a shape or a tuple of them) to count it")
+        self._plan, self._plan_recompute = checked_plan(plan, recompute, flops_per_sample)
+        if self._plan is not None and isinstance(recompute, str) and recompute.lower() not in ("none", "full"):
+            recompute = None  # the ledger's policy (selective, operator types); the whole-run HFU does not take it
         checked = check_arguments("Meter", flops_per_sample=flops_per_sample, target_quality=target_quality,
                                   quality_exponent=quality_exponent, higher_is_better=higher_is_better,
                                   precision=precision, peak_flops=peak_flops, recompute=recompute,
@@ -288,6 +300,13 @@ class Meter:
         # the result calls once (a CommCounter; an Ensemble, which gathers its base models' qualities).
         self.communication: Any = None
         self.ensemble: Any = None
+        self._ledger = None
+        if self._plan is not None:
+            dist = running_dist()
+            if dist is not None:
+                check_plan_world(self._plan, dist.get_world_size())
+            if report is not None:  # a model the ledger's rules cannot split is refused now, not after training
+                self._plan_ledger()
 
     # -- the loop -------------------------------------------------------------------------------------------
 
@@ -635,6 +654,9 @@ class Meter:
         """Stop the run and take its :class:`~flopcount.measure.harness.figures.RunSnapshot` (counting the model,
         gathering the ranks and describing the device as needed: under torch.distributed every rank calls this)."""
         self.stop()
+        dist = running_dist()
+        if self._plan is not None:
+            check_plan_world(self._plan, dist.get_world_size() if dist is not None else 1)
         work = self._counted_work()
         local = local_figures(self._windows, self.samples, self.steps)
         # A run cut short gathers nothing: the other ranks may be cut at another step, or gone.
@@ -647,6 +669,7 @@ class Meter:
             raise failure from None
         precision, peak = self._peak(device, work.parts)
         communication, ensemble = self._attachments(work, per_rank) if self.complete else (None, None)
+        parallel = self._parallel_figures(per_rank, peak) if self.complete else None
         energy = self._energy
         from ..machine.ceilings import load_per_core
 
@@ -664,7 +687,8 @@ class Meter:
             energy_min_window_s=getattr(energy, "min_window_s", 0.0), communication=communication,
             communication_attached=self.communication is not None, ensemble=ensemble,
             load_per_core=load_per_core() if self._device_kind == "cpu" else None,
-            peak_load_per_core=peak.load_per_core, ended_by=self._ended_by)
+            peak_load_per_core=peak.load_per_core, ended_by=self._ended_by, parallel=parallel,
+            parallel_given=self._plan is not None)
 
     def _counted_work(self) -> _Work:
         """C (training FLOPs per sample), how it is known, the forward FLOPs per sample, the optimizer's FLOPs per
@@ -692,6 +716,34 @@ class Meter:
             self._device = device  # to_json describes the same device, and calls no collective on rank 0 alone
         dev = device if device is not None else self.device()
         return precision, effective_peak(dev, precision, parts, self._peak_given)
+
+    def _parallel_figures(self, per_rank: list, peak) -> dict[str, Any] | None:
+        """Every rank's MFU and HFU under the plan (:mod:`.rank_mfu`), from the ledger of the counted model and the
+        step times gathered once; None without a plan."""
+        if self._plan is None:
+            return None
+        from .rank_mfu import rank_figures
+
+        return rank_figures(self._plan_ledger(), per_rank, peak.flops_per_s, peak.source)
+
+    def _plan_ledger(self) -> dict[str, Any]:
+        """The per-rank ledger of the counted model under the plan, as a mapping (formed once): the decoder rules of
+        :func:`flopcount.parallel.ledger`, or for a data-parallel plan on another model
+        :func:`.rank_mfu.data_parallel_ledger`."""
+        if self._ledger is None:
+            from flopcount.parallel import ledger
+
+            from .rank_mfu import data_parallel_ledger
+
+            report = self.counted_report()
+            try:
+                self._ledger = ledger(report, self._plan, self._plan_recompute).as_dict()
+            except UsageError:
+                p = self._plan
+                if p.tp * p.pp * p.cp * p.ep != 1:
+                    raise
+                self._ledger = data_parallel_ledger(report, p, self._plan_recompute)
+        return self._ledger
 
     def _attachments(self, work: _Work, per_rank: list) -> tuple[Any, Any]:
         """The figures of the attached communication counter and ensemble: a mapping as attached, or what the

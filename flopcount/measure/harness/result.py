@@ -79,6 +79,7 @@ class RunResult:
     notes: tuple[str, ...] = ()  # what the median hides: stalls, a run under more load than its ceiling
     complete: bool = True  # False: the run ended before its end of training (a signal, Meter.close() early)
     ended_by: str = "the end of training"  # or what ended it early: "SIGTERM", "SIGINT", an exception, close()
+    parallel: Mapping[str, Any] | None = None  # under a plan: every rank's MFU/HFU, slowest rank, conventions
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)

@@ -83,10 +83,36 @@ def scale_out_rows(run: Mapping[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
+def parallel_lines(run: Mapping[str, Any]) -> list[str]:
+    """Under a parallel plan: every rank's MFU and HFU, the slowest rank and the imbalance, and the conventions of
+    other tools from the same run (none without a plan)."""
+    par = run.get("parallel")
+    if not par:
+        return []
+    rows = [[r["rank"], ",".join(f"{k}{v}" for k, v in r["coords"].items()), si(r["model_flops"], "FLOP"),
+             si(r["hardware_flops"], "FLOP"),
+             "n/a" if r["step_time_s"] is None else f"{r['step_time_s'] * 1e3:.3f} ms", _pct(r["mfu"]),
+             _pct(r["hfu"])] for r in par["ranks"]]
+    plan = par["plan"]
+    out = ["", f"MFU per rank, plan {', '.join(f'{k}={plan[k]}' for k in ('tp', 'pp', 'cp', 'ep', 'dp'))}, "
+           f"{plan['microbatches']} microbatch(es) per step; rank order {par['rank_order']}:",
+           tabulate(rows, headers=["rank", "coords", "model FLOPs/step", "hardware FLOPs/step", "step time", "MFU",
+                                   "HFU"], disable_numparse=True),
+           "slowest rank: " + ("n/a" if par["slowest_rank"] is None else
+                               f"{par['slowest_rank']}, imbalance {par['imbalance']:.3f} ({par['imbalance_how']})")]
+    conv = [[name, si(c["flops_per_s_per_device"], "FLOP/s"), _pct(c["mfu"]), c["formula"]]
+            for name, c in par["conventions"].items()]
+    out += ["conventions from the same run (W: whole-model FLOPs of one microbatch, t: the slowest rank's step):",
+            tabulate(conv, headers=["convention", "per device", "MFU", "formula"], disable_numparse=True)]
+    out += [f"n/a {name}: {c['unavailable']}" for name, c in par["conventions"].items() if c["unavailable"]]
+    out += [f"n/a parallel.{k}: {why}" for k, why in par["unavailable"].items()]
+    return out
+
+
 def run_table(run: RunResult | Mapping[str, Any]) -> str:
     d = run.as_dict() if isinstance(run, RunResult) else run
     text = tabulate(run_rows(d), tablefmt="simple", disable_numparse=True)
-    lines = [text, "", f"peak: {d['peak_source']}"]
+    lines = [text, *parallel_lines(d), "", f"peak: {d['peak_source']}"]
     lines += [f"note: {n}" for n in d.get("notes") or ()]
     for key, why in d["unavailable"].items():
         lines.append(f"n/a {key}: {why}")
@@ -123,6 +149,7 @@ def report_table(doc: Mapping[str, Any]) -> str:
         out += ["", f"run 0 on {first['ranks']} ranks:",
                 tabulate(scale_out_rows(first), tablefmt="simple", disable_numparse=True)]
     if first is not None:
+        out += parallel_lines(first)
         out.append("")
         out.append(f"peak: {first['peak_source']}")
     for i, r in enumerate(runs):

@@ -1,0 +1,249 @@
+"""MFU per rank under a parallel plan (Meter(plan=)): two real gloo ranks, forked as torchrun would start them,
+time a tiny Llama's training steps with an injected clock (rank r's steps last STEP·(r+1) s), and rank 0's report
+is checked against closed forms written here: each rank's FLOPs from the whole count, its MFU = FLOPs / time /
+peak, the slowest rank, the imbalance, the conventions of Megatron, torchtitan and MaxText, and no collective
+during the steps (one gather when the result is formed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import traceback
+
+import pytest
+
+import flopcount
+from flopcount.errors import UsageError
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+H, L, HEADS, KV_HEADS, FFN, V = 32, 2, 4, 2, 48, 64
+B, S = 2, 8
+PEAK = 1e9
+STEP = 0.25  # rank r's step lasts STEP * (r + 1) seconds on its injected clock
+WARMUP, WINDOW, STEPS = 1, 2, 5
+
+
+@pytest.fixture(scope="module")
+def llama():
+    config = transformers.LlamaConfig(hidden_size=H, intermediate_size=FFN, num_hidden_layers=L,
+                                      num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, vocab_size=V)
+    report = flopcount.from_hf(config, (B, S), cache_dir=False, mode="train")
+    torch.manual_seed(0)
+    return report, transformers.LlamaForCausalLM(config)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _rank_run(rank: int, report, model, plan: str, out: str) -> None:
+    """One rank: a real step of the tiny model per meter step, and the collectives counted around the steps."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    try:
+        try:
+            flopcount.Meter(report, plan="dp=4")
+        except UsageError as e:
+            mismatch = str(e)
+        calls = {"n": 0}
+        for name in ("all_gather_object", "all_reduce", "broadcast", "broadcast_object_list", "barrier",
+                     "all_gather", "gather_object"):
+            real = getattr(dist, name)
+
+            def counted(*a, _real=real, **k):
+                calls["n"] += 1
+                return _real(*a, **k)
+
+            setattr(dist, name, counted)
+        clock = _Clock()
+        meter = flopcount.Meter(report, plan=plan, recompute="none", clock=clock, peak_flops=PEAK, energy=False,
+                                warmup_steps=WARMUP, window_steps=WINDOW)
+        ids = torch.randint(0, V, (B, S))
+        for _ in range(STEPS):
+            with meter.step(samples=B):
+                model(input_ids=ids, labels=ids).loss.backward()
+                clock.t += STEP * (rank + 1)
+        during_steps = calls["n"]
+        meter.to_json(out)
+        if rank == 0:
+            with open(out + ".calls", "w") as f:
+                json.dump({"during_steps": during_steps, "at_result": calls["n"] - during_steps,
+                           "mismatch": mismatch}, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def _watched(rank: int, port: int, target, *args) -> None:
+    code = 1
+    try:
+        os.environ.update({"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2",
+                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+        torch.set_num_threads(1)
+        code = target(rank, *args) or 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _launch(target, *args) -> list[int]:
+    """Two ranks forked from the test (torch already imported), env:// as torchrun sets it; their exit codes."""
+    import multiprocessing
+
+    import torch._dynamo  # noqa: F401  (DDP's constructor imports it: once here, before the ranks fork)
+
+    ctx = multiprocessing.get_context("fork")
+    port = _free_port()
+    procs = [ctx.Process(target=_watched, args=(r, port, target) + args) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    codes = [p.exitcode for p in procs]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    return codes
+
+
+def _two_ranks(llama, plan: str, tmp_path) -> tuple[dict, dict]:
+    report, model = llama
+    out = str(tmp_path / "run.json")
+    codes = _launch(_rank_run, report, model, plan, out)
+    assert codes == [0, 0], f"rank exit codes {codes}"
+    with open(out) as f, open(out + ".calls") as g:
+        return json.load(f)["runs"][0], json.load(g)
+
+
+@pytest.mark.parametrize("plan", ["dp=2", "tp=2"])
+def test_two_ranks_report_each_ranks_mfu(llama, plan, tmp_path):
+    report = llama[0]
+    run, calls = _two_ranks(llama, plan, tmp_path)
+    whole = report.per_sample.flops * B  # one microbatch of B samples, forward + backward, before any split
+    par = run["parallel"]
+    assert [r["rank"] for r in par["ranks"]] == [0, 1]
+    times = [STEP, 2 * STEP]
+    for r, t in zip(par["ranks"], times):
+        assert r["step_time_s"] == pytest.approx(t)
+        assert r["coords"] == ({"tp": 0, "pp": 0, "cp": 0, "ep": 0, "dp": r["rank"]} if plan == "dp=2" else
+                               {"tp": r["rank"], "pp": 0, "cp": 0, "ep": 0, "dp": 0})
+        if plan == "dp=2":  # each data-parallel rank runs the whole model on its own batch
+            assert r["model_flops"] == r["hardware_flops"] == whole
+        assert r["mfu"] == pytest.approx(r["model_flops"] / t / PEAK)
+        assert r["hfu"] == pytest.approx(r["hardware_flops"] / t / PEAK)
+    if plan == "tp=2":
+        # the two TP ranks share the model: their model FLOPs add up to the whole count; the replicated work
+        # (norms, residual adds, the embedding's lookup) runs on both, so each rank runs more than half
+        assert sum(r["model_flops"] for r in par["ranks"]) == whole
+        assert all(whole / 2 < r["hardware_flops"] < whole for r in par["ranks"])
+        # column/row-parallel projections (Q, O: H x H; K, V: H x KV_HEADS*D; gate, up, down: H x FFN) and the
+        # vocab-parallel head (H x V), 2 FLOPs a multiply-add, forward + backward (twice the forward): half each
+        d = H // HEADS
+        split = 3 * 2 * B * S * (L * (2 * H * H + 2 * H * KV_HEADS * d + 3 * H * FFN) + H * V)
+        for r in par["ranks"]:
+            assert whole - r["hardware_flops"] >= split // 2
+            assert r["model_flops"] <= whole - split // 2
+    assert par["slowest_rank"] == 1
+    assert par["imbalance"] == pytest.approx(2 * STEP / (1.5 * STEP))
+    t = 2 * STEP  # the slowest rank's step ends the synchronous step
+    conv = par["conventions"]
+    dp = 2 if plan == "dp=2" else 1
+    assert conv["megatron"]["flops_per_s_per_device"] == pytest.approx(whole * dp / (2 * t))
+    assert conv["megatron"]["mfu"] == pytest.approx(whole * dp / (2 * t) / PEAK)
+    assert conv["torchtitan"]["flops_per_s_per_device"] == pytest.approx(whole / ((2 // dp) * t))
+    assert conv["maxtext"]["per_device_batch"] == pytest.approx(B * dp / 2)
+    assert conv["maxtext"]["flops_per_token"] == pytest.approx(whole / (B * S))
+    assert conv["maxtext"]["flops_per_s_per_device"] == pytest.approx(B * dp / 2 * whole / B / t)
+    # no collective during the steps; forming the result gathers every rank's figures once
+    assert calls["during_steps"] == 0 and calls["at_result"] == 1
+    assert "4 ranks" in calls["mismatch"] and "process group has 2" in calls["mismatch"]
+
+
+def test_plan_without_a_counted_model_is_refused():
+    with pytest.raises(UsageError, match="plan= needs a counted model"):
+        flopcount.Meter(flops_per_sample=1e6, plan="dp=2")
+
+
+def test_plan_larger_than_one_process_is_refused_when_the_result_is_formed(llama):
+    meter = flopcount.Meter(llama[0], plan="dp=2", clock=_Clock(), peak_flops=PEAK, energy=False)
+    with pytest.raises(UsageError, match="has 2 ranks .* process group has 1"):
+        meter.result()
+
+
+def test_plan_on_a_model_the_rules_cannot_split_is_refused():
+    report = flopcount.from_torch(torch.nn.Linear(3, 5), (7, 3), mode="train")
+    with pytest.raises(UsageError, match="--parallel: .*no module scopes"):
+        flopcount.Meter(report, plan="tp=2")
+
+
+BENCH = ["bench", "digits", "--epochs", "1", "--target-quality", "0.1", "--peak-flops", "1e9", "--warmup-steps", "2",
+         "--window-steps", "5", "--seed", "3", "--no-progress"]
+
+
+def _bench_rank(rank: int, argv: list[str], stdout: str) -> int:
+    """One rank of ``flopcount bench``; rank 0's stdout (the table) to a file."""
+    from flopcount.cli import main
+
+    if rank == 0:
+        sys.stdout = open(stdout, "w")  # noqa: SIM115  (the rank ends with os._exit after flushing it)
+    return main(argv)
+
+
+def test_torchrun_bench_reports_each_ranks_mfu(tmp_path):
+    out, table = str(tmp_path / "b.json"), str(tmp_path / "table.txt")
+    assert _launch(_bench_rank, [*BENCH, "--parallel", "dp=2", "-o", out], table) == [0, 0]
+    with open(out) as f:
+        doc = json.load(f)
+    run, counting = doc["runs"][0], doc["config"]["counting"]
+    whole = counting["flops_per_sample"] * counting["batch"]  # one step of the counted batch, forward + backward
+    par = run["parallel"]
+    times = {r["rank"]: r["step_time_s"] for r in run["per_rank"]}  # every rank's median step, gathered
+    assert [r["rank"] for r in par["ranks"]] == [0, 1]
+    for r in par["ranks"]:
+        assert r["coords"]["dp"] == r["rank"]
+        assert r["model_flops"] == r["hardware_flops"] == pytest.approx(whole)  # each DP rank: the whole model
+        assert r["mfu"] == pytest.approx(whole / times[r["rank"]] / 1e9)
+        assert r["hfu"] == pytest.approx(r["mfu"])  # recompute none
+    slow = max(times, key=times.get)
+    assert par["slowest_rank"] == slow
+    assert par["imbalance"] == pytest.approx(times[slow] / ((times[0] + times[1]) / 2))
+    assert par["conventions"]["megatron"]["mfu"] == pytest.approx(2 * whole / (2 * times[slow]) / 1e9)
+    assert par["conventions"]["maxtext"]["mfu"] is None and par["conventions"]["maxtext"]["unavailable"]
+    with open(table) as f:
+        assert "MFU per rank" in f.read()
+
+
+@pytest.mark.slow  # the Meter's own refusal under two ranks is in test_two_ranks_report_each_ranks_mfu
+def test_torchrun_bench_refuses_a_plan_of_another_world_size(tmp_path, capfd):
+    codes = _launch(_bench_rank, [*BENCH, "--parallel", "dp=4"], str(tmp_path / "t.txt"))
+    assert codes == [2, 2]
+    assert "has 4 ranks" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("flags,message", [
+    pytest.param(["--recompute", "full"], "give --parallel too", id="recompute-without-plan"),
+    pytest.param(["--parallel", "dp=1", "--microbatches", "2"], "give --microbatches 1", id="microbatches"),
+    pytest.param(["--parallel", "dp=2", "--ensemble", "2"], "give one or the other", id="ensemble"),
+])
+def test_bench_plan_flags_are_checked_before_training(flags, message, capsys):
+    from flopcount.cli import main
+
+    assert main([*BENCH, *flags]) == 2
+    assert message in capsys.readouterr().err
