@@ -10,7 +10,7 @@ docs/architecture.md):
 * :mod:`.loading` reads a model without its weights (:func:`~flopcount.loading.load_with_weights` with them)
 * :mod:`.graph` the node DAG and its frozen :class:`~flopcount.graph.GraphIndex`; :func:`~flopcount.graph.walk_graphs`
 * :mod:`.validate` checks the graph and the resolved shapes
-* :mod:`.shapes` ONNX shape inference with data propagation, run once
+* :mod:`.shapes` shape resolution (a package: overrides, guarded inference, the numpy interpreter, bodies)
 * :mod:`.schema` the operator-schema queries (differentiable inputs) that several stages share
 * :mod:`.parameters` which stored tensors are parameters, buffers or constants
 * :mod:`.counting` :func:`count`: shapes, formulas, backward, the report

@@ -1,6 +1,8 @@
 """Frontends that export framework models (PyTorch, TensorFlow-Keras) to ONNX for counting.
 
 * :mod:`.torch` ``from_torch``: a ``torch.nn.Module`` exported weightlessly (torch.export, else TorchScript), cached
+* :mod:`.torch_cache` the PyTorch export's cache key (``fingerprint``: the module tree, inputs, versions)
+* :mod:`.torch_errors` the PyTorch export's error messages (the operator an exporter cannot convert, batch norm)
 * :mod:`.keras` ``from_keras``: a ``keras.Model`` converted with tf2onnx, cached; :mod:`.keras_rewrites` the rewrites
   that make its graph count as its PyTorch twin's
 * :mod:`.hf` ``from_hf``: a Hugging Face ``transformers`` model built from its configuration alone, then exported

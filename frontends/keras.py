@@ -643,7 +643,7 @@ def _graph_def(concrete):
     grappler run inside ``from_graph_def``, the loop is lowered to ``Enter``/``Exit`` frames whose
     ``TensorListReserve``/``TensorListSetItem`` tf2onnx does not convert. tf2onnx then writes the loop as an ONNX
     ``Loop`` (its trip count the sequence length, its condition the while test), which the count follows
-    (``flopcount/shapes.py`` settles the body's states and stacked outputs). The inlining helper's options are
+    (``flopcount/shapes/bodies.py`` settles the body's states and stacked outputs). The inlining helper's options are
     looked up on it, so a TensorFlow that renames them falls back to the plain graph (and its one-line refusal)."""
     graph_def = concrete.graph.as_graph_def(add_shapes=True)
     ops = {node.op for node in graph_def.node} | {node.op for f in graph_def.library.function for node in f.node_def}

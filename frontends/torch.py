@@ -62,7 +62,6 @@ import inspect
 import io
 import logging
 import os
-import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -74,6 +73,8 @@ from flopcount.progress import phase
 
 from . import common
 from .common import CACHE_ENV, default_cache_dir
+from .torch_cache import fingerprint, module_state, torch_leaf
+from .torch_errors import FRONTEND, batch_norm_size_check, exporter_line, failure_message, refuse_untrainable_batch_norm
 
 if TYPE_CHECKING:
     import torch
@@ -85,9 +86,7 @@ __all__ = ["CACHE_ENV", "default_cache_dir", "forward_inputs", "from_torch", "lo
 
 log = logging.getLogger(__name__)
 
-FRONTEND = "torch"
 INSTALL_HINT = "pip install 'flopcount[torch]'"
-_CACHE_FORMAT = 4  # bump when the export pipeline changes what it writes (4: sealed entries)
 #: Seconds an export runs before the progress indicator appears.
 _PROGRESS_DELAY_S = 1.0
 #: Loggers of the exporters, quieted while they run unless flopcount's own logging is at DEBUG.
@@ -221,7 +220,7 @@ def _to_onnx(torch, module, call: _Call, *, training: bool, opset: int | None, c
 
     signature = [[n, list(x.shape), str(x.dtype)] for n, x in zip(call.names, call.tensors)]
     return common.export_through_cache(
-        cache_dir, FRONTEND, lambda: _fingerprint(torch, module, call, training, opset), produce, path, log,
+        cache_dir, FRONTEND, lambda: fingerprint(torch, module, call, training, opset), produce, path, log,
         signature=signature,
     )
 
@@ -556,7 +555,7 @@ def _export(module, inputs: tuple, names: list[str], training: bool, opset: int,
         module.train(training)
         with torch.no_grad(), _quiet_exporters():
             with _deduplicate_by_identity_only(torch), ex.no_tqdm_monitor(), _tensor_call(torch, module, call, dropped), \
-                    _batch_norm_size_check(torch, module, batch, training):
+                    batch_norm_size_check(torch, module, batch, training):
                 model = _first_export(attempts, call, errors, type(module).__name__)
                 if model is None:  # complex arithmetic (Llama 4's rotary) as real pairs, which ONNX can hold
                     from .complex import complex_as_pairs
@@ -576,7 +575,7 @@ def _export(module, inputs: tuple, names: list[str], training: bool, opset: int,
                 f"{FRONTEND}: the inputs do not fit {type(module).__name__}.{call.forward}: passed {call.describe()}; "
                 f"forward() raised {misfit}; give the shapes (and :dtype) forward() expects"
             )
-        raise FrontendError(_failure_message(type(module).__name__, errors))
+        raise FrontendError(failure_message(type(module).__name__, errors))
     if dropped:
         log.info(
             "outputs of %s that are not tensors (%s) are not graph outputs; a Hugging Face cache is left out by "
@@ -649,8 +648,8 @@ def _first_export(attempts, call: _Call, errors: list, what: str) -> onnx.ModelP
         try:
             model = attempt()
         except Exception as e:  # noqa: BLE001 - any exporter failure moves on to the next exporter
-            log.info("the %s exporter failed: %s", name, _exporter_line(e))
-            _refuse_untrainable_batch_norm(e, call)
+            log.info("the %s exporter failed: %s", name, exporter_line(e))
+            refuse_untrainable_batch_norm(e, call)
             errors.append((name, e))
             continue
         log.info("exported %s with the %s exporter", what, name)
@@ -757,193 +756,6 @@ def _quiet_exporters() -> contextlib.AbstractContextManager[None]:
     """Keep the exporters' warnings, log records and stdout prints (the TorchScript exporter prints its graph to
     stdout from C++ when it fails) out of the user's output; they go to flopcount's DEBUG log instead."""
     return common.quiet(_EXPORTER_LOGGERS, log, fds=(1,), level=logging.CRITICAL + 1)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Error messages
-# ---------------------------------------------------------------------------------------------------------------
-
-#: Where the exporters name the operator they cannot convert (normalised to ``namespace::name``).
-_OP_PATTERNS = (
-    re.compile(r"OpOverload\(op='(?P<op>[\w.]+)'"),  # torch.export path: No ONNX function found for <OpOverload(...)>
-    re.compile(r"target=torch\.ops\.(?P<op>\w+\.\w+)"),  # torch.export path: Error when translating node ...
-    re.compile(r"the operator '(?P<op>\w+::\w+)'"),  # TorchScript: Exporting the operator 'aten::x' to ONNX ...
-    re.compile(r"unrecognized namespace (?P<op>\w+::\w+)"),  # TorchScript: a custom op without a symbolic
-)
-_SUMMARY_LINE = re.compile(r"^<class '(?:[\w.]*\.)?(?P<type>\w+)'>: (?P<message>.+)$", re.MULTILINE)
-
-
-def _failing_operator(e: BaseException) -> str | None:
-    for link in common.chain(e):
-        text = common.strip_ansi(str(link))
-        for pattern in _OP_PATTERNS:
-            match = pattern.search(text)
-            if match:
-                op = match["op"]
-                return op if "::" in op else op.replace(".", "::", 1)
-    return None
-
-
-_ONE_VALUE_PER_CHANNEL = re.compile(r"Expected more than 1 value per channel when training, got input size ([^\n]*)")
-
-
-def _refuse_untrainable_batch_norm(e: BaseException, call) -> None:
-    """PyTorch's batch norm refuses, in training mode, an input with one value per channel (batch 1 and 1×1
-    spatial size): that is the input's fault, not the exporter's, and the next exporter would trace past the check
-    into a graph ONNX cannot infer. Raise it as the user's error."""
-    chain, seen = [], set()
-    while e is not None and id(e) not in seen:  # the exporters wrap the module's own error
-        seen.add(id(e))
-        chain.append(common.strip_ansi(str(e)))
-        e = e.__cause__ or e.__context__
-    match = next((m for text in chain if (m := _ONE_VALUE_PER_CHANNEL.search(text))), None)
-    if match:
-        size = match[1].strip().rstrip(".").removeprefix("torch.Size(").removesuffix(")")
-        raise UsageError(
-            f"{FRONTEND}: with {call.describe()}, a BatchNorm layer in training mode gets one value per channel "
-            f"(its input size is {size}: batch × spatial size = 1), which PyTorch refuses to "
-            "train on; give a batch of at least 2 or a larger input"
-        ) from None
-
-
-@contextlib.contextmanager
-def _batch_norm_size_check(torch, module, batch: int | None, training: bool):
-    """Where an export traces at another batch than the user's (the torch.export path traces at batch 2), make
-    each training-mode batch norm check the user's batch as PyTorch's own does at run time: one value per channel
-    (batch 1, spatial size 1) is refused."""
-    norms = [m for m in module.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
-    if not training or batch != 1 or not norms:
-        yield
-        return
-
-    def check(norm, args):
-        x = args[0] if args else None
-        if norm.training and x is not None and x.dim() > 2:
-            spatial = [int(d) for d in x.shape[2:]]
-            if all(d == 1 for d in spatial):
-                size = [batch, int(x.shape[1]), *spatial]
-                raise ValueError(f"Expected more than 1 value per channel when training, got input size {size}")
-
-    handles = [m.register_forward_pre_hook(check) for m in norms]
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-
-
-def _exporter_line(e: BaseException) -> str:
-    """The exporter's own first line; for the torch.export path, the first line of its exception summary."""
-    text = common.strip_ansi(str(e))
-    match = _SUMMARY_LINE.search(text)
-    if match:
-        return common.shorten(f"{match['type']}: {match['message'].strip()}")
-    return common.shorten(f"{type(e).__name__}: {first_line(e)}")
-
-
-def _failure_message(module_name: str, errors: Sequence[tuple[str, BaseException]]) -> str:
-    for exporter, error in errors:
-        op = _failing_operator(error)
-        if op is not None:
-            return (
-                f"{FRONTEND}: cannot export {module_name} to ONNX: operator {op} has no ONNX conversion "
-                f"({exporter} exporter: {_exporter_line(error)}); replace that operation, register an ONNX "
-                "translation for it, or export the model yourself and count the .onnx file"
-            )
-    details = "; ".join(f"{exporter} exporter: {_exporter_line(error)}" for exporter, error in errors)
-    return (
-        f"{FRONTEND}: cannot export {module_name} to ONNX ({details}); make the model exportable with "
-        "torch.onnx.export, or export it yourself and count the .onnx file"
-    )
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Cache
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def _fingerprint(torch, module, call: _Call, training: bool, opset: int) -> str | None:
-    """Hash of everything the exported graph depends on except weight values; None (do not cache) where some
-    state that ``forward`` may read cannot be described (see :class:`flopcount.frontends.common.StateDescriber`)."""
-    describer = common.StateDescriber(leaf=lambda value: torch_leaf(torch, value), framework=("torch",))
-    for name, sub in module.named_modules():
-        describer.name(sub, f"module:{name}")
-    modules = [[name, describer.object_type(sub), describer.describe(module_state(describer, sub))]
-               for name, sub in module.named_modules()]
-    if describer.unsound is not None:
-        log.info("export of %s not cached: %s", type(module).__name__, describer.unsound)
-        return None
-    document = {
-        "format": _CACHE_FORMAT,
-        "versions": {
-            "torch": torch.__version__,
-            "onnx": onnx.__version__,
-            "onnxscript": common.dist_version("onnxscript"),
-            "flopcount": common.dist_version("flopcount"),
-        },
-        "module": common.without_addresses(repr(module)),
-        "modules": modules,
-        "parameters": [[n, list(p.shape), str(p.dtype), p.is_meta] for n, p in module.named_parameters()],
-        "buffers": [[n, list(b.shape), str(b.dtype), b.is_meta] for n, b in module.named_buffers()],
-        "inputs": [[n, list(x.shape), str(x.dtype), _value_digest(torch, x)] for n, x in zip(call.names, call.tensors)],
-        "keyword": call.keyword,
-        "constants": describer.describe(call.constants),
-        "training": bool(training),
-        "opset": opset,
-    }
-    if describer.unsound is not None:
-        log.info("export of %s not cached: %s", type(module).__name__, describer.unsound)
-        return None
-    return common.cache_key(document)
-
-
-#: Module attributes the fingerprint covers otherwise (parameters, buffers, submodules, the training flag) or that
-#: do not change what ``forward`` computes (state-dict and backward hooks).
-_MODULE_BOOKKEEPING = frozenset({
-    "_parameters", "_buffers", "_modules", "training", "_state_dict_hooks", "_state_dict_pre_hooks",
-    "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks", "_backward_hooks", "_backward_pre_hooks",
-    "_is_full_backward_hook", "_non_persistent_buffers_set",
-})
-
-
-#: Module attributes keyed by hook handle ids: numbers drawn from a counter shared by every module of the process.
-_HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
-               "_forward_pre_hooks_with_kwargs")
-
-
-def module_state(describer: common.StateDescriber, module) -> dict[str, Any]:
-    """The attributes of one module that its ``forward`` may read, for ``describer`` to describe: its own state
-    without what the module tree covers otherwise (:data:`_MODULE_BOOKKEEPING`), hooks by rank."""
-    return _hooks_by_rank({k: v for k, v in describer.state(module).items() if k not in _MODULE_BOOKKEEPING})
-
-
-def _hooks_by_rank(state: dict[str, Any]) -> dict[str, Any]:
-    """``state`` with the hook handle ids in :data:`_HOOK_DICTS` replaced by their rank among the module's hooks
-    (the ids count every hook registered in the process before, so they differ between processes; their order
-    is the order the hooks run in)."""
-    ids = sorted({k for name in _HOOK_DICTS if isinstance(state.get(name), Mapping) for k in state[name]
-                  if isinstance(k, int)})
-    rank = {k: i for i, k in enumerate(ids)}
-    return {name: {rank.get(k, k): v for k, v in value.items()} if name in _HOOK_DICTS and isinstance(value, Mapping)
-            else value for name, value in state.items()}
-
-
-def torch_leaf(torch, value: Any) -> Any:
-    """The description of torch values that are not plain Python objects, or :data:`common.NOT_A_LEAF`."""
-    if isinstance(value, torch.Tensor):  # a tensor attribute (not a parameter or buffer): its type, not its values
-        return ["tensor", list(value.shape), str(value.dtype), value.device.type]
-    if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Size)):
-        return repr(value)
-    return common.NOT_A_LEAF
-
-
-def _value_digest(torch, x) -> str | None:
-    """Digest of an input tensor's values (Python control flow in forward may read them, and the TorchScript
-    exporter bakes what it read into the graph); None on the meta device, which has no values."""
-    if x.is_meta:
-        return None
-    data = x.detach().cpu().contiguous().reshape(-1)
-    return common.bytes_digest(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from helpers import const, model, single, weight
 from onnx import TensorProto, helper
 
 from flopcount import shapes
+from flopcount.shapes import guarded
 from flopcount.cli import main
 from flopcount.errors import ShapeError
 
@@ -543,16 +544,16 @@ def test_the_slice_guard_infers_once_however_deep(monkeypatch):
     # 40 Slices at risk, one after the other: inferred depth by depth that was 41 inferences; now one, in a child
     depth = 40
     m, side = deep_guarded_chain(depth)
-    assert max(shapes._guard_depths(m.graph)) == depth
+    assert max(guarded._guard_depths(m.graph)) == depth
     plain = []
-    real = shapes._infer_plain
-    monkeypatch.setattr(shapes, "_infer_plain", lambda *a, **k: plain.append(1) or real(*a, **k))
-    inferred = shapes._infer(m, "m.onnx")
+    real = guarded._infer_plain
+    monkeypatch.setattr(guarded, "_infer_plain", lambda *a, **k: plain.append(1) or real(*a, **k))
+    inferred = guarded.infer(m, "m.onnx")
     assert plain == []  # nothing inferred in this process, depth by depth or otherwise
     out = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim] for vi in inferred.graph.output}
     assert out[f"s{depth - 1}"] == [1, 1, side - 2 * depth, side - 2 * depth]  # each pool −1, each Slice −1
     monkeypatch.setenv("FLOPCOUNT_PARALLEL", "0")  # no child allowed: depth by depth, as before
-    shapes._infer(m, "m.onnx")
+    guarded.infer(m, "m.onnx")
     assert len(plain) == depth + 1
 
 

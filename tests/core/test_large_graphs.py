@@ -15,6 +15,7 @@ from onnx import TensorProto, helper
 
 import flopcount
 from flopcount import shapes
+from flopcount.shapes import guarded, interpreter, tensors
 from flopcount.errors import InvalidGraphError, ShapeError
 from flopcount.graph import build_graph
 
@@ -86,7 +87,7 @@ linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="th
 @pytest.fixture
 def forks(monkeypatch):
     """Every graph counts with a child inference; returns the list of child pids."""
-    monkeypatch.setattr(shapes, "PARALLEL_MIN_NODES", 1)
+    monkeypatch.setattr(guarded, "PARALLEL_MIN_NODES", 1)
     monkeypatch.delenv("FLOPCOUNT_PARALLEL", raising=False)
     pids: list[int] = []
     real_fork = os.fork
@@ -176,7 +177,7 @@ def test_child_that_exits_badly_is_not_trusted():
     # a child that exited 1 after writing what parses as a report (one without the inferred types, as a report
     # cut short could): its words are dropped, the caller infers in-process
     read, write = os.pipe()
-    uninferred = shapes._rows(shapes._collect(mlp_chain(2)))
+    uninferred = guarded._rows(tensors.collect(mlp_chain(2)))
     pid = os.fork()
     if pid == 0:
         os.close(read)
@@ -203,10 +204,10 @@ def test_child_report_holds_what_the_inferred_model_holds():
     nodes = [N("MatMul", ["x", "w"], ["mm"]), N("Reshape", ["mm", "s"], ["r"]), N("Slice", ["e", "st", "en"], ["z"])]
     m = model(nodes, {"x": ("N", 8), "s": (2,), "e": (4, 5)}, ["r", "z"],
               [weight("w", (8, 6)), const("st", [0]), const("en", [0])])
-    words = shapes._report(m, "m.onnx")
+    words = guarded._report(m, "m.onnx")
     assert words[:1] == b"C"
-    got = shapes._from_rows(*marshal.loads(words[1:]))
-    expected = shapes._collect(shapes._infer(m, "m.onnx"))
+    got = guarded._from_rows(*marshal.loads(words[1:]))
+    expected = tensors.collect(guarded.infer(m, "m.onnx"))
     assert got == expected and got.odd == expected.odd == ["z"]
     assert got["mm"].shape == ("N", 6) and not got["mm"].is_static and got["w"].shape == (8, 6)
     assert got["z"].shape == (0, 5) and type(got["mm"]) is type(expected["mm"])
@@ -279,9 +280,9 @@ def test_constants_read_one_by_one_are_those_read_all_at_once():
              N("Constant", [], ["both"], value_ints=[7, 7]), N("Constant", [], ["k"], value_float=1.5),
              N("Reshape", ["x", "s"], ["y"])]
     m = model(nodes, {"x": (4, 4)}, ["y"], inits)
-    everything = shapes._small_constants(m)
+    everything = interpreter.small_constants(m)
     for index in (build_graph(m.graph, "m.onnx"), None):
-        lazy = shapes._LazyConstants(m, index)
+        lazy = interpreter.LazyConstants(m, index)
         for name in ("s", "f", "big", "ext", "stripped", "empty", "both", "c", "k", "x", "nowhere", "s"):
             assert (name in lazy) == (name in everything), name
             if name in everything:
@@ -289,4 +290,4 @@ def test_constants_read_one_by_one_are_those_read_all_at_once():
         assert lazy._values is None  # read one by one, never all at once
     assert sorted(everything) == ["both", "c", "empty", "f", "k", "s"]
     np.testing.assert_array_equal(everything["both"], [7, 7])
-    assert dict(shapes._LazyConstants(m).items()).keys() == everything.keys()  # iterating reads them all
+    assert dict(interpreter.LazyConstants(m).items()).keys() == everything.keys()  # iterating reads them all

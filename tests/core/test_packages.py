@@ -10,7 +10,7 @@ import re
 import pytest
 
 PACKAGES = ["flopcount", "flopcount.operators", "flopcount.frontends", "flopcount.models", "flopcount.cli",
-            "flopcount.workloads", "flopcount.measure"]
+            "flopcount.workloads", "flopcount.measure", "flopcount.shapes"]
 
 
 @pytest.mark.parametrize("name", PACKAGES)

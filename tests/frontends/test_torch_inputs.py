@@ -198,7 +198,7 @@ for _ in range(int(sys.argv[1])):                                     # hooks re
 net = Net()
 net.fc.register_forward_hook(lambda mod, args, out: out * 3)
 call = frontend._bind(torch, net, (2, 5), None, None)
-print(frontend._fingerprint(torch, net, call, False, 18))
+print(frontend.fingerprint(torch, net, call, False, 18))
 """
 
 
@@ -230,7 +230,7 @@ def test_the_key_still_sees_a_set_change():
     def key(names):
         module = nn.Linear(5, 7)
         module.options = Options(names)
-        return frontend._fingerprint(torch, module, frontend._bind(torch, module, (2, 5), None, None), False, 18)
+        return frontend.fingerprint(torch, module, frontend._bind(torch, module, (2, 5), None, None), False, 18)
 
     assert key({"relu", "gelu"}) == key({"gelu", "relu"})
     assert key({"relu", "gelu"}) != key({"relu", "silu"})
@@ -251,7 +251,7 @@ config = transformers.LlamaConfig(vocab_size=61, hidden_size=16, intermediate_si
                                   rms_norm_eps=float(sys.argv[1]))
 module = transformers.LlamaForCausalLM(config)
 inputs = {"input_ids": ((1, 5), torch.int64)}
-key = frontend._fingerprint(torch, module, frontend._bind(torch, module, inputs, None, None), False, 18)
+key = frontend.fingerprint(torch, module, frontend._bind(torch, module, inputs, None, None), False, 18)
 report = from_torch(module, inputs)
 print(json.dumps({"key": key, "exports": len(exports), "flops": report.total.flops}))
 """
