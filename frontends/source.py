@@ -64,7 +64,8 @@ class ModelSource:
             ids = (self.inputs or {}).get("input_ids")
             ids = ids[0] if ids is not None and len(ids) == 2 and isinstance(ids[1], str) else ids  # (dims, dtype)
             batch = options.batch or (ids[0] if ids is not None else 1)
-            kw = {k: kw[k] for k in ("convention", "strict", "input_values", "loop_trips", "attention", "memory")
+            kw = {k: kw[k] for k in ("convention", "strict", "input_values", "loop_trips", "attention", "memory",
+                                 "free_ops")
                   if k != "memory" or kw[k] is not None}
             if self.kind == "hf":
                 from flopcount.frontends.hf import from_hf
