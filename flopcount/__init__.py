@@ -26,6 +26,8 @@ docs/architecture.md):
 * :mod:`.progress` the phases of long work, reported on a logger while they run
 * :mod:`.version` the installed version (``__version__``)
 * :mod:`.files` the one writer of every file flopcount writes (temporary file, fsync, rename)
+* :mod:`.options` :class:`~flopcount.options.CountOptions`, every setting of a count in one frozen record, checked
+  when made
 * :mod:`.calls` the checks of the Python API's arguments (a :class:`~flopcount.errors.UsageError` naming the argument)
 * :mod:`.errors` the exception hierarchy with exit codes, and :func:`~flopcount.errors.first_line`
 * :mod:`.docs` generates docs/operators.md
@@ -58,6 +60,9 @@ _LAZY = {
     "Convention": "flopcount.conventions",
     "Cost": "flopcount.cost",
     "count": "flopcount.counting",
+    "count_options": "flopcount.counting",
+    "CountOptions": "flopcount.options",
+    "ModelSource": "flopcount.frontends.source",
     "ConfigError": "flopcount.errors",
     "FlopcountError": "flopcount.errors",
     "FrontendError": "flopcount.errors",
@@ -107,6 +112,7 @@ __all__ = [
     "ConfigError",
     "Convention",
     "Cost",
+    "CountOptions",
     "FlopcountError",
     "FrontendError",
     "Generation",
@@ -116,6 +122,7 @@ __all__ = [
     "Meter",
     "ModelFileError",
     "ModelInfo",
+    "ModelSource",
     "NodeCount",
     "OpTypeSummary",
     "OpsetError",
@@ -127,6 +134,7 @@ __all__ = [
     "UnsupportedOperatorError",
     "UsageError",
     "count",
+    "count_options",
     "from_causal_lm",
     "from_hf",
     "from_keras",

@@ -16,11 +16,10 @@ from typing import Any, Collection, Mapping, NamedTuple, Sequence
 
 import networkx as nx
 import onnx
-from onnx import ModelProto, helper
+from onnx import ModelProto
 
 from . import graph as graph_mod
 from . import progress, validate
-from .calls import check_count_arguments
 from .context import (FLOAT_TYPES, NodeContext, TensorInfo, attribute_defaults, attribute_value, is_long,
                       shortened)
 from .conventions import Convention, get_convention
@@ -29,13 +28,14 @@ from .errors import FlopcountError, InvalidGraphError, ShapeError, UnsupportedOp
 from .graph import GraphIndex
 from .graph_masks import graph_masks
 from .loading import LoadedModel, copy_field, load
-from .masks import ATTENTION_MODES, executed_attention, score_products, values_structure
+from .masks import executed_attention, score_products, values_structure
 from .modules import ModuleScopes, scopes_of
+from .options import OPTIMIZERS, CountOptions
 from .parameters import BUFFER, PARAMETER, SHAPE_TYPES, Roles, classify, stored_tensors
 from .registry import DEFAULT_DOMAIN, canonical_domain, lookup, lookup_backward, lookup_shape, straight_through
 from .report import FORMULA, UNSUPPORTED, ZERO_COST, ModelInfo, NodeCount, Report, op_key, op_type_summaries, sum_costs
 from .schema import differentiable_inputs, schema as _schema
-from .shapes import MAX_ELEMENTS, Inference, Resolution, prepare, resolve
+from .shapes import Inference, Resolution, prepare, resolve
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,7 @@ def count(
     frozen: Collection[str] | None = None,
     attention: Any = "full",
     memory: Any = None,
+    free_ops: Collection[str] = (),
 ) -> Report:
     """Count the FLOPs of an ONNX model without reading its weights.
 
@@ -64,56 +65,11 @@ def count(
     model : path, ``onnx.ModelProto``, serialized bytes or :class:`flopcount.loading.LoadedModel`
         The model. External data files are never opened and may be absent. A ``LoadedModel`` (from
         :func:`flopcount.loading.load_with_weights`) is counted without reading its file again, under its path.
-    input_shapes : mapping of input name to dims, optional
-        Fixes dynamic (or overrides static) input dims, e.g. ``{"input": (8, 3, 224, 224)}``.
-    batch : int, optional
-        Sets dim 0 of every input not named in ``input_shapes``; also the divisor of ``per_sample``.
-        Without it, the batch is dim 0 of the first input.
-    convention : ``"default"`` or ``"table3"``
-        See :mod:`flopcount.conventions`.
-    strict : bool
-        Raise :class:`UnsupportedOperatorError` when any operator has no formula.
-    input_values : mapping of input name to array, optional
-        Values of small inputs that shapes depend on (reduction axes, Resize sizes), e.g.
-        ``{"axes": [1, 2]}``; such inputs are treated as constants.
-    loop_trips : mapping of node name to int, optional
-        Trip counts of ``Loop`` nodes whose count is not a constant (and sequence lengths of
-        ``SequenceMap`` nodes), e.g. ``{"generate_loop": 32}``.
-    mode : ``"inference"`` or ``"train"``
-        ``"train"`` adds the backward pass: per node, the gradients of the inputs that need one
-        (inputs that depend on a trainable parameter, and the parameters themselves). The
-        parameters are trained (see ``trainable``); buffers and constants are not.
-    optimizer : ``"sgd"``, ``"momentum"`` or ``"adam"``, optional
-        With ``mode="train"``: also the optimizer update per step from the trainable parameter
-        count, reported apart from the forward and backward totals.
-    trainable_inputs : sequence of str, optional
-        With ``mode="train"``: floating-point graph inputs that are trained like parameters rather than fed
-        as data (an embedding or soft prompt passed in): their gradients are counted, and they count among the
-        trainable parameters that the optimizer updates.
-    trainable : collection of str, optional
-        Names of the initializers (or ``Constant`` outputs) that are the framework's trainable
-        parameters, e.g. from ``module.named_parameters()``. They are the parameters, and the only
-        tensors trained; other weights are reported as buffers. ``None`` (the default): decided
-        from the graph's structure (see
-        :mod:`flopcount.parameters`): tensors used as weights are parameters, BatchNormalization's
-        running statistics are buffers, and folded constants (exponents, epsilons, rotary tables,
-        masks) are neither. Entries may be shell-style patterns: ``["decoder.*", "*.bias"]``.
-    frozen : collection of str, optional
-        Names or shell-style patterns of parameters that are not trained (a frozen backbone in
-        fine-tuning): no weight gradient, no optimizer update, and no input gradient through
-        layers before the first trained one. Reported as buffers. Applied after ``trainable``.
-    attention : ``"full"``, ``"executed"``, or an :class:`~flopcount.masks.AttentionMask` (or one per attention)
-        ``"full"`` counts the whole score matrix, as the graph computes it. ``"executed"`` counts only the
-        (query, key) pairs a masked kernel runs, for the masks whose structure the graph shows (the Attention
-        operator's ``is_causal`` and windows; a mask built from position ranges, comparisons, a Trilu and the
-        ``input_values`` given, see :mod:`flopcount.graph_masks`); a mask that is data counts full, and
-        ``report.attention`` says which. A mask given (a frontend reads it from the model's configuration) is executed-mode with that
-        structure for the eager attentions, in graph order (see :mod:`flopcount.masks`).
-
-    memory : bool or :class:`~flopcount.memory.MemorySettings`, optional
-        Also the memory ledger (``report.memory``): weights, gradients, optimizer states and their step's
-        temporaries, the activations the backward keeps and the peak of one step (see :mod:`flopcount.memory`).
-        ``True``: the default settings.
+    input_shapes, batch, convention, strict, input_values, loop_trips, mode, optimizer, trainable_inputs, \
+trainable, frozen, attention, memory, free_ops
+        The settings of the count, each described and checked by :class:`~flopcount.options.CountOptions` (a
+        :class:`~flopcount.errors.UsageError` naming the argument); ``count(model, **settings)`` is
+        ``count_options(model, CountOptions(**settings))``.
 
     Returns
     -------
@@ -131,6 +87,14 @@ def count(
     >>> report.total.flops, report.total.macs   # 2 * 2*3*5, 2*3*5
     (60, 30)
     """
+    return count_options(model, CountOptions(
+        input_shapes=input_shapes, batch=batch, convention=convention, strict=strict, input_values=input_values,
+        loop_trips=loop_trips, mode=mode, optimizer=optimizer, trainable_inputs=trainable_inputs,
+        trainable=trainable, frozen=frozen, attention=attention, memory=memory, free_ops=free_ops))
+
+
+def count_options(model: str | os.PathLike | ModelProto | bytes | LoadedModel, options: CountOptions) -> Report:
+    """:func:`count` of ``model`` under the settings of ``options``."""
     import flopcount.operators  # noqa: F401  (fills the registry)
 
     # Counting allocates many long-lived small objects; the cyclic collector would rescan them over
@@ -138,48 +102,32 @@ def count(
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _count(model, input_shapes, batch, convention, strict, input_values, loop_trips, mode, optimizer,
-                      trainable_inputs, trainable, frozen, attention, memory)
+        return _count(model, options)
     finally:
         if gc_was_enabled:
             gc.enable()
 
 
-MODES = ("inference", "train")
 #: The stages of a count as :mod:`flopcount.progress` names them (keys of ``Report.timings``).
 _PHASES = {"load": "reading the model", "graph": "building and checking the graph", "shapes": "inferring shapes",
            "count": "counting the nodes"}
 
 
-def _count(model, input_shapes, batch, convention, strict, input_values, loop_trips, mode, optimizer,
-           trainable_inputs=None, trainable=None, frozen=None, attention="full", memory=None) -> Report:
-    check_count_arguments(input_shapes=input_shapes, batch=batch, strict=strict, input_values=input_values,
-                          loop_trips=loop_trips, trainable_inputs=trainable_inputs, trainable=trainable, frozen=frozen)
-    conv = get_convention(convention)
-    if memory is not None and memory is not False:
+def _count(model, options: CountOptions) -> Report:
+    input_shapes, batch, strict, input_values = options.input_shapes, options.batch, options.strict, options.input_values
+    loop_trips, mode, optimizer, trainable_inputs = options.loop_trips, options.mode, options.optimizer, options.trainable_inputs
+    trainable, frozen, attention, memory = options.trainable, options.frozen, options.attention, options.memory
+    conv = get_convention(options.convention)
+    if memory is not None:
         from .memory import MemorySettings
 
         memory = MemorySettings.of(memory)
         if not memory.plan.is_single:
             raise UsageError(f"memory: a plan ({memory.plan}) is not counted; count the one-rank ledger and split it "
                              "with flopcount.memory_parallel.per_rank(report, plan)")
-    else:
-        memory = None
     given_mask = None
     if not isinstance(attention, str):
         attention, given_mask = "executed", attention
-    if attention not in ATTENTION_MODES:
-        raise UsageError(f"unknown attention {attention!r}; choose one of: {', '.join(ATTENTION_MODES)}")
-    if mode not in MODES:
-        raise UsageError(f"unknown mode {mode!r}; choose one of: {', '.join(MODES)}")
-    if optimizer is not None and (mode != "train" or optimizer not in OPTIMIZERS):
-        raise UsageError(
-            f"optimizer {optimizer!r}: give one of {', '.join(OPTIMIZERS)}, with mode='train' (--mode train)"
-        )
-    bad_trips = {k: v for k, v in (loop_trips or {}).items()
-                 if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_ELEMENTS}
-    if bad_trips:
-        raise UsageError(f"loop_trips must be non-negative integers of at most 2**48; got {bad_trips}")
     clock = [time.perf_counter()]
     timings: dict[str, float] = {}
 
@@ -209,7 +157,7 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
         inference.close()
     validate.check_resolved(index, res.tensors, res.values, attributes, where)
     lap("shapes")
-    hint = _fix_hint(res.inputs, res.inference_error)
+    hint = validate.fix_hint(res.inputs, res.inference_error)
 
     trained_inputs = _trainable_inputs(m, res.tensors, trainable_inputs, mode, where)
     training = (
@@ -234,8 +182,14 @@ def _count(model, input_shapes, batch, convention, strict, input_values, loop_tr
         except ShapeError as e:
             raise _shapeless_source(index, i, res.tensors, where) or e from None
 
+    nested = walk.nested_unsupported
+    if options.free_ops:  # unsupported operators the user declared free: zero-cost
+        free = frozenset(options.free_ops)
+        nodes = [n._replace(status=ZERO_COST) if n.status == UNSUPPORTED and (
+            n.op_type in free or op_key(n.domain, n.op_type) in free) else n for n in nodes]
+        nested = {k: v for k, v in nested.items() if k not in free and k.rpartition(":")[2] not in free}
     report = _report(m, path=loaded.path, res=res, nodes=nodes, conv=conv, batch=batch, strict=strict, where=where,
-                     roles=roles, nested=walk.nested_unsupported)
+                     roles=roles, nested=nested)
     report = dataclasses.replace(report, modules=_module_scopes(index, roles),
                                  attention="full" if conv.executed is None else f"executed: {conv.executed.note}")
     if training is not None:
@@ -292,16 +246,6 @@ def _module_scopes(index: GraphIndex, roles: Roles) -> ModuleScopes:
     metadata = [protos[i].metadata_props for i in order]
     metadata = [{p.key: p.value for p in props} if props else None for props in metadata] if any(metadata) else None
     return scopes_of([names[i] for i in order], metadata, params, first_reader)
-
-
-# FLOPs per trainable parameter of one update step; sqrt counted as one FLOP and one transcendental.
-OPTIMIZERS: Mapping[str, tuple[int, int, str]] = MappingProxyType({
-    "sgd": (2, 0, "w -= lr*g"),
-    "momentum": (4, 0, "v = mu*v + g; w -= lr*v"),
-    "adam": (14, 1, "m = b1*m + (1-b1)*g (3); v = b2*v + (1-b2)*g*g (4); bias corrections (2); "
-                    "w -= lr*m_hat/(sqrt(v_hat)+eps) (5, one sqrt)"),
-    "adamw": (16, 1, "Adam's 14 (one sqrt) and the decoupled weight decay w -= lr*wd*w (2)"),
-})  # fmt: skip
 
 
 def optimizer_cost(name: str, params: int) -> Cost:
@@ -723,62 +667,6 @@ class _Itself:
 
     def __init__(self, value: Any):
         self.value = value
-
-
-def _fix_hint(inputs: Sequence[TensorInfo], inference_error: str) -> str:
-    """How to fix unknown shapes: dynamic inputs with the dims that are known and placeholders for
-    the rest (``x=1x3xHxW``), and the small integer inputs whose values shapes may depend on."""
-    dynamic = [t for t in inputs if not t.is_static]
-    valued = [t for t in inputs if _value_like(t)]
-    parts = []
-    if valued:
-        parts.append(
-            "Shapes may depend on the value of "
-            + ", ".join(f"input {t.name!r} ({_dtype_name(t)} {t.shape_text()})" for t in valued)
-            + ": give it, e.g. "
-            + " ".join(f"--input-value {t.name}={'VALUE' if not t.shape else 'V1,V2'}" for t in valued)
-            + " (in Python: input_values=...)."
-        )
-    dynamic = [t for t in dynamic if t not in valued or t.shape is None]
-    if dynamic:
-        examples = " ".join(f"--input-shape {t.name}={_placeholder_dims(t)}" for t in dynamic)
-        parts.append(
-            "Dynamic inputs: "
-            + ", ".join(f"{t.name!r} ({t.shape_text() if t.shape is not None else 'rank unknown'})" for t in dynamic)
-            + f". Fix them: {examples}, with sizes for the placeholders (or --batch N for the first dim; "
-            "in Python: input_shapes=..., batch=...)."
-        )
-    if inference_error:
-        parts.append(f"ONNX shape inference says: {inference_error}")
-    return " ".join(parts)
-
-
-def _placeholder_dims(t: TensorInfo) -> str:
-    """``1x3xHxW``: known dims as they are, symbolic ones by their name in capitals, unnamed ones
-    as N (dim 0) or D<i>."""
-    if t.shape is None:
-        return "DIMS"
-    out = []
-    for i, d in enumerate(t.shape):
-        if isinstance(d, int):
-            out.append(str(d))
-        elif isinstance(d, str) and d and all(c.isalnum() or c == "_" for c in d) and "x" not in d.lower():
-            out.append(d.upper())
-        else:
-            out.append("N" if i == 0 else f"D{i}")
-    return "x".join(out)
-
-
-def _value_like(t: TensorInfo) -> bool:
-    """A small integer or bool input (a scalar or a vector: axes, sizes, a rate selecting a branch)."""
-    return t.elem_type in _VALUE_TYPES and t.shape is not None and len(t.shape) <= 1
-
-
-_VALUE_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.BOOL})
-
-
-def _dtype_name(t: TensorInfo) -> str:
-    return onnx.TensorProto.DataType.Name(t.elem_type).lower() if t.elem_type else "?"
 
 
 def _names_matching(entries: Collection[str] | None, names: Collection[str], what: str, where: str) -> frozenset[str]:

@@ -10,14 +10,14 @@ their input and ``group``, and biases their output channels; a convolution or po
 a position in its padded input; Reshape, Tile, Expand and ConstantOfShape targets must not be negative,
 and a Reshape keeps its element count.
 Every failure is an :class:`InvalidGraphError` (exit 4) naming the node and what is wrong, or a
-:class:`ShapeError` (exit 5) for a declared negative dim.
+:class:`ShapeError` (exit 5) for a declared negative dim. :func:`fix_hint` says how to fix shapes left unknown.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from itertools import chain
 from functools import lru_cache
 
@@ -467,3 +467,59 @@ def _check_reshape_count(node, name, tensors, values, attrs, where) -> None:
             f"target shape {node.input[1]!r} {list(map(int, target))} needs {need}; a Reshape keeps the element "
             "count: fix the target or the input shape"
         )
+
+
+def fix_hint(inputs: Sequence[TensorInfo], inference_error: str) -> str:
+    """How to fix unknown shapes: dynamic inputs with the dims that are known and placeholders for
+    the rest (``x=1x3xHxW``), and the small integer inputs whose values shapes may depend on."""
+    dynamic = [t for t in inputs if not t.is_static]
+    valued = [t for t in inputs if _value_like(t)]
+    parts = []
+    if valued:
+        parts.append(
+            "Shapes may depend on the value of "
+            + ", ".join(f"input {t.name!r} ({_dtype_name(t)} {t.shape_text()})" for t in valued)
+            + ": give it, e.g. "
+            + " ".join(f"--input-value {t.name}={'VALUE' if not t.shape else 'V1,V2'}" for t in valued)
+            + " (in Python: input_values=...)."
+        )
+    dynamic = [t for t in dynamic if t not in valued or t.shape is None]
+    if dynamic:
+        examples = " ".join(f"--input-shape {t.name}={_placeholder_dims(t)}" for t in dynamic)
+        parts.append(
+            "Dynamic inputs: "
+            + ", ".join(f"{t.name!r} ({t.shape_text() if t.shape is not None else 'rank unknown'})" for t in dynamic)
+            + f". Fix them: {examples}, with sizes for the placeholders (or --batch N for the first dim; "
+            "in Python: input_shapes=..., batch=...)."
+        )
+    if inference_error:
+        parts.append(f"ONNX shape inference says: {inference_error}")
+    return " ".join(parts)
+
+
+def _placeholder_dims(t: TensorInfo) -> str:
+    """``1x3xHxW``: known dims as they are, symbolic ones by their name in capitals, unnamed ones
+    as N (dim 0) or D<i>."""
+    if t.shape is None:
+        return "DIMS"
+    out = []
+    for i, d in enumerate(t.shape):
+        if isinstance(d, int):
+            out.append(str(d))
+        elif isinstance(d, str) and d and all(c.isalnum() or c == "_" for c in d) and "x" not in d.lower():
+            out.append(d.upper())
+        else:
+            out.append("N" if i == 0 else f"D{i}")
+    return "x".join(out)
+
+
+def _value_like(t: TensorInfo) -> bool:
+    """A small integer or bool input (a scalar or a vector: axes, sizes, a rate selecting a branch)."""
+    return t.elem_type in _VALUE_TYPES and t.shape is not None and len(t.shape) <= 1
+
+
+_VALUE_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.BOOL})
+
+
+def _dtype_name(t: TensorInfo) -> str:
+    return onnx.TensorProto.DataType.Name(t.elem_type).lower() if t.elem_type else "?"

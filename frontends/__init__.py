@@ -8,6 +8,8 @@
 * :mod:`.hf` ``from_hf``: a Hugging Face ``transformers`` model built from its configuration alone, then exported
 * :mod:`.repeated` a ``transformers`` model's stack of identical layers, shown identical (``--repeated-layers``)
 * :mod:`.generate` ``from_causal_lm``: ``generate()`` of a causal LM, its prefill and decode-step graphs counted
+* :mod:`.source` ``ModelSource``: a path, bytes, ModelProto, ``--torch``, ``--keras`` or ``--hf`` model, and the one
+  dispatch that exports and counts it under a ``CountOptions``
 * :mod:`.common` what they share: factories named ``MODULE:FACTORY``, the export cache, fingerprints
 * :mod:`.cache_entry` an export cache entry sealed with its key and input signature, and checked when read
 * :mod:`.complex` complex arithmetic as pairs of real numbers, for exports that fail on complex tensors (Llama 4)

@@ -14,8 +14,10 @@ import re
 from flopcount.errors import UsageError
 
 __all__ = [
-    "TORCH_DTYPES", "InputShapes", "add_memory_arguments", "add_parallel_arguments", "add_model_source", "check_model_source", "count_generate", "count_hf",
-    "count_keras", "count_torch", "generate_spec", "given_model", "input_shape", "input_value", "loop_trips", "model_source", "model_source_problem", "nonneg_int",
+    "TORCH_DTYPES", "InputShapes", "add_count_options", "add_memory_arguments", "add_parallel_arguments", "add_model_source",
+    "check_model_source", "count_generate", "count_hf", "count_keras", "count_source", "count_torch", "generate_spec",
+    "given_model", "input_shape", "input_value", "loop_trips", "model_source", "model_source_problem",
+    "options_from_args", "nonneg_int",
     "memory_settings", "positive", "positive_float", "positive_int", "size_hw", "torch_inputs", "weights", "with_parallel",
 ]
 
@@ -191,25 +193,55 @@ def torch_inputs(args: argparse.Namespace, batch: int | None = None) -> dict:
 
 def model_source(args: argparse.Namespace):
     """``(model, input_shapes)`` of a subcommand: the path and its ``--input-shape`` dims, or the weightless ONNX
-    export of ``--torch``/``--keras`` (its dims fixed by the export) and no dims."""
+    export of ``--torch``/``--keras``/``--hf`` (its dims fixed by the export) and no dims."""
+    source, options = options_from_args(args)
+    return source.to_onnx(options.batch), dict(options.input_shapes or {})
+
+
+def options_from_args(args: argparse.Namespace):
+    """The :class:`~flopcount.frontends.source.ModelSource` and :class:`~flopcount.options.CountOptions` of a command's
+    arguments, built once (a subcommand without a counting flag gets its default): a problem of
+    :func:`model_source_problem` or of a setting is a :class:`UsageError` naming it."""
+    import dataclasses
+
+    from flopcount.frontends.source import ModelSource
+    from flopcount.options import CountOptions
+
     problem = model_source_problem(args)
     if problem:
         raise UsageError(problem)
-    if args.torch is not None:
-        from flopcount.frontends.torch import load_factory, to_onnx
+    kind = next((k for k in ("torch", "keras", "hf") if getattr(args, k, None) is not None), "onnx")
+    shapes = dict(args.input_shape)
+    source = ModelSource(kind, args.model if kind == "onnx" else getattr(args, kind),
+                         inputs={"onnx": None, "keras": shapes}.get(kind, torch_inputs(args)),
+                         trust_remote_code=getattr(args, "trust_remote_code", False),
+                         capacity_factor=getattr(args, "capacity_factor", None),
+                         repeated_layers=getattr(args, "repeated_layers", "extend"),
+                         generate=getattr(args, "generate", None))
+    named = any(isinstance(d, str) for dims in shapes.values() for d in dims)  # --symbolic/--sweep fill them in
+    settings = dict(input_shapes=shapes if kind == "onnx" and not named else None, batch=getattr(args, "batch", None),
+                    convention=getattr(args, "convention", "default"), strict=getattr(args, "strict", False),
+                    input_values=dict(getattr(args, "input_value", ())), loop_trips=dict(getattr(args, "loop_trips", ())),
+                    mode=getattr(args, "mode", "inference"), optimizer=getattr(args, "optimizer", None),
+                    trainable_inputs=getattr(args, "trainable_input", None), attention=getattr(args, "attention", "full"),
+                    **weights(args), **memory_settings(args))
+    for field in dataclasses.fields(CountOptions):  # the settings whose flag the record itself declares
+        if "flag" in field.metadata and getattr(args, field.name, None) is not None:
+            settings[field.name] = getattr(args, field.name)
+    return source, CountOptions(**settings)
 
-        return to_onnx(load_factory(args.torch), torch_inputs(args)), {}
-    if args.keras is not None:
-        from flopcount.frontends.keras import load_factory, to_onnx
 
-        return to_onnx(load_factory(args.keras), dict(args.input_shape) or None, batch=getattr(args, "batch", None)), {}
-    if getattr(args, "hf", None) is not None:
-        from flopcount.frontends.hf import hf_inputs, load_model
-        from flopcount.frontends.torch import to_onnx
+def add_count_options(p) -> None:
+    """The flags that :class:`~flopcount.options.CountOptions` declares on its fields (``metadata["flag"]``), in
+    argument group ``p``; :func:`options_from_args` reads them back by the field's name."""
+    import dataclasses
 
-        model = load_model(args.hf, trust_remote_code=args.trust_remote_code)
-        return to_onnx(model, hf_inputs(model, torch_inputs(args))), {}
-    return args.model, dict(args.input_shape)
+    from flopcount.options import CountOptions
+
+    for field in dataclasses.fields(CountOptions):
+        if "flag" in field.metadata:
+            keywords = {k: v for k, v in field.metadata.items() if k != "flag"}
+            p.add_argument(field.metadata["flag"], dest=field.name, **keywords)
 
 
 def model_source_problem(args: argparse.Namespace) -> str | None:
@@ -269,58 +301,28 @@ def check_model_source(parser: argparse.ArgumentParser, args: argparse.Namespace
 
 def count_torch(args: argparse.Namespace):
     """Export the module of ``--torch`` (in training mode with ``--mode train``) and count it."""
-    from flopcount.frontends.torch import from_torch, load_factory
-
-    module = load_factory(args.torch)
-    return from_torch(module, torch_inputs(args), training=args.mode == "train",
-                      trainable_inputs=args.trainable_input, batch=args.batch, convention=args.convention,
-                      strict=args.strict, input_values=dict(args.input_value), loop_trips=dict(args.loop_trips),
-                      mode=args.mode, optimizer=args.optimizer, attention=getattr(args, "attention", "full"),
-                      **weights(args), **memory_settings(args))
+    return count_source(args)
 
 
 def count_hf(args: argparse.Namespace):
     """Build the transformers model of ``--hf`` on the meta device and count it."""
-    from flopcount.frontends.hf import from_hf
-
-    return from_hf(args.hf, torch_inputs(args), trust_remote_code=args.trust_remote_code,
-                   capacity_factor=getattr(args, "capacity_factor", None),
-                   repeated_layers=getattr(args, "repeated_layers", "extend"),
-                   training=args.mode == "train", trainable_inputs=args.trainable_input, batch=args.batch,
-                   convention=args.convention, strict=args.strict, input_values=dict(args.input_value),
-                   loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer,
-                   attention=getattr(args, "attention", "full"), **weights(args), **memory_settings(args))
+    return count_source(args)
 
 
 def count_generate(args: argparse.Namespace):
     """Count ``generate()`` of ``--generate P:N`` for the causal LM of ``--hf`` or ``--torch``."""
-    shapes = dict(args.input_shape)
-    batch = args.batch or (shapes["input_ids"][0] if "input_ids" in shapes else 1)
-    options = dict(convention=args.convention, strict=args.strict, input_values=dict(args.input_value),
-                   loop_trips=dict(args.loop_trips), attention=getattr(args, "attention", "full"),
-                   **memory_settings(args))
-    if args.hf is not None:
-        from flopcount.frontends.hf import from_hf
-
-        return from_hf(args.hf, trust_remote_code=args.trust_remote_code, generate=args.generate, batch=batch,
-                       capacity_factor=getattr(args, "capacity_factor", None),
-                       repeated_layers=getattr(args, "repeated_layers", "extend"), **options)
-    from flopcount.frontends.generate import from_causal_lm
-    from flopcount.frontends.torch import load_factory
-
-    return from_causal_lm(load_factory(args.torch), args.generate, batch=batch, **options)
+    return count_source(args)
 
 
 def count_keras(args: argparse.Namespace):
     """Convert the model of ``--keras`` (in training mode with ``--mode train``) and count it."""
-    from flopcount.frontends.keras import from_keras, load_factory
+    return count_source(args)
 
-    model = load_factory(args.keras)
-    return from_keras(model, dict(args.input_shape) or None, training=args.mode == "train", batch=args.batch,
-                      convention=args.convention, strict=args.strict, input_values=dict(args.input_value),
-                      loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer,
-                      attention=getattr(args, "attention", "full"),
-                      **({"trainable_inputs": args.trainable_input} if args.trainable_input else {}), **weights(args), **memory_settings(args))
+
+def count_source(args: argparse.Namespace):
+    """The report of the model of ``args`` under its settings (:func:`options_from_args`)."""
+    source, options = options_from_args(args)
+    return source.count(options)
 
 
 def weights(args: argparse.Namespace) -> dict:

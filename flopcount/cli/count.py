@@ -9,11 +9,9 @@ from flopcount.render import FORMATS, render
 
 from .arguments import (
     InputShapes,
+    add_count_options,
     add_memory_arguments,
-    count_generate,
-    count_hf,
-    count_keras,
-    count_torch,
+    count_source,
     generate_spec,
     input_shape,
     input_value,
@@ -21,9 +19,7 @@ from .arguments import (
     positive,
     positive_float,
     positive_int,
-    memory_settings,
     with_parallel,
-    weights,
 )
 from .console import write_output
 from .symbolic import run_sweep, run_symbolic, start_sizes, sweep_values
@@ -113,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "structure is known (the Attention op's is_causal and windows, a Trilu, or --hf's configuration: "
                    "causal, sliding windows); a mask that is data counts full, and the report says which")
     p.add_argument("--strict", action="store_true", help="fail (exit 6) when any operator has no formula")
+    add_count_options(p)
     add_memory_arguments(p)
     p.add_argument("--generate", metavar="P:N", type=generate_spec,
                    help="with --hf or --torch (a causal LM taking past_key_values): count generate() of N new tokens "
@@ -153,28 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Count the model of ``args`` and write its report; 0 on success."""
-    from flopcount.counting import count
-
     if args.sweep:
         return run_sweep(args)
     if args.symbolic is not None:
         return run_symbolic(args)
 
-    shapes = dict(args.input_shape)
-    if getattr(args, "generate", None) is not None:
-        report = count_generate(args)
-    elif args.torch:
-        report = count_torch(args)
-    elif args.hf:
-        report = count_hf(args)
-    elif args.keras:
-        report = count_keras(args)
-    else:
-        report = count(args.model, input_shapes=shapes, batch=args.batch, convention=args.convention,
-                       strict=args.strict, input_values=dict(args.input_value),
-                       loop_trips=dict(args.loop_trips), mode=args.mode, optimizer=args.optimizer,
-                       trainable_inputs=args.trainable_input, attention=args.attention, **weights(args),
-                       **memory_settings(args))
+    report = count_source(args)
     report = with_parallel(report, args)
     if args.plot:
         from flopcount.measure.profile.roofline import plot_op_types

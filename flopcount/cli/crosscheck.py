@@ -21,7 +21,7 @@ import tempfile
 from flopcount.errors import DeviceError, MeasurementError
 from flopcount.measure.ncu.parse import HALF_PACKING, read_ncu_csv
 
-from .arguments import InputShapes, check_model_source, count_torch, input_shape, positive, torch_inputs
+from .arguments import InputShapes, check_model_source, count_source, input_shape, positive, torch_inputs
 from .console import write_output
 
 log = logging.getLogger("flopcount.crosscheck")
@@ -158,13 +158,7 @@ def print_command(args) -> str:
 def _analytic(args):
     from flopcount.measure.ncu.crosscheck import analytic_by_family
 
-    if args.torch:
-        report = count_torch(args)
-    else:
-        from flopcount.counting import count
-
-        report = count(args.model, input_shapes=dict(args.input_shape), batch=args.batch, convention=args.convention,
-                       strict=args.strict, mode=args.mode, optimizer=args.optimizer)
+    report = count_source(args)
     return report, analytic_by_family(report)
 
 

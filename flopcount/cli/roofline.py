@@ -7,7 +7,7 @@ import json
 
 from flopcount.errors import UsageError
 
-from .arguments import add_model_source, given_model, model_source, positive
+from .arguments import add_model_source, given_model, options_from_args, positive
 from .console import write_output
 
 
@@ -69,10 +69,10 @@ def run(args: argparse.Namespace) -> int:
         if args.profile:
             points = rl.profile_points(rl.read_json(args.profile, "profile"), args.profile)
         else:
-            from flopcount import count
+            from flopcount.counting import count_options
 
-            model, shapes = model_source(args)
-            points = rl.report_points(count(model, input_shapes=shapes, batch=args.batch))
+            source, options = options_from_args(args)
+            points = rl.report_points(count_options(source.to_onnx(options.batch), options))
     if args.plot:
         rl.plot_roofline(roof, points, args.plot)
     if args.format == "json":

@@ -10,7 +10,7 @@ from typing import Any
 
 from flopcount.errors import UsageError
 
-from .arguments import weights
+from .arguments import options_from_args
 from .console import write_output
 
 __all__ = ["has_names", "run_sweep", "run_symbolic", "start_sizes", "sweep_values"]
@@ -43,8 +43,9 @@ def has_names(args: argparse.Namespace) -> bool:
 
 def _counting(args: argparse.Namespace):
     """(model, count function or None, count keyword arguments) for the model ``args`` name."""
-    kwargs = dict(convention=args.convention, mode=args.mode, optimizer=args.optimizer,
-                  input_values=dict(args.input_value), loop_trips=dict(args.loop_trips), **weights(args))
+    _, options = options_from_args(args)
+    kwargs = {k: v for k in ("convention", "mode", "optimizer", "input_values", "loop_trips", "trainable", "frozen",
+                             "free_ops") if (v := getattr(options, k)) is not None}
     if args.torch or getattr(args, "hf", None):
         from flopcount.frontends.torch import from_torch, load_factory
 
