@@ -14,7 +14,9 @@ passes, per operator type, parameters, buffers, and nodes per operator type.
 The extended report is still made of nodes: those of the 2-layer graph, with the nodes of its second layer (the
 nodes whose module scope is ``<path>.1``, and the nodes outside any layer that the 1-layer graph has no
 counterpart for, such as a split of a stacked weight an exporter left without a scope) copied for layers
-2 … L − 1 and named ``<node>@<path>.<k>``, their scopes renamed to ``<path>.<k>``. That keeps per-node listings, module rows, MoE sums and the HTML report
+2 … L − 1 and named ``<node>@<path>.<k>``, their scopes renamed to ``<path>.<k>``. The copies are held once and
+made when read (:class:`flopcount.tiled.Tiled`, the module parameters a :class:`flopcount.tiled.TiledMapping`), so a
+report of 10**9 layers takes the memory of 2, and every sum over its nodes folds the block. That keeps per-node listings, module rows, MoE sums and the HTML report
 consistent with the totals. It is made only when the second layer's nodes are exactly what the second layer added
 (C(2) − C(1) per operator type, forward and backward, node counts included, and its parameters); otherwise
 :func:`extend` says why, and the caller exports the whole model.
