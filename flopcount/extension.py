@@ -14,7 +14,9 @@ passes, per operator type, parameters, buffers, and nodes per operator type.
 The extended report is still made of nodes: those of the 2-layer graph, with the nodes of its second layer (the
 nodes whose module scope is ``<path>.1``, and the nodes outside any layer that the 1-layer graph has no
 counterpart for, such as a split of a stacked weight an exporter left without a scope) copied for layers
-2 … L − 1 and named ``<node>@<path>.<k>``, their scopes renamed to ``<path>.<k>``. That keeps per-node listings, module rows, MoE sums and the HTML report
+2 … L − 1 and named ``<node>@<path>.<k>``, their scopes renamed to ``<path>.<k>``. The copies are held once and
+made when read (:class:`flopcount.tiled.Tiled`, the module parameters a :class:`flopcount.tiled.TiledMapping`), so a
+report of 10**9 layers takes the memory of 2, and every sum over its nodes folds the block. That keeps per-node listings, module rows, MoE sums and the HTML report
 consistent with the totals. It is made only when the second layer's nodes are exactly what the second layer added
 (C(2) − C(1) per operator type, forward and backward, node counts included, and its parameters); otherwise
 :func:`extend` says why, and the caller exports the whole model.
@@ -35,6 +37,7 @@ from types import MappingProxyType
 from .cost import Cost
 from .generation import DecodePiece, Generation
 from .report import NodeCount, OpTypeSummary, Report, op_type_summaries
+from .tiled import Tiled, TiledMapping, check_listable
 
 __all__ = ["NotExtendable", "extend", "extend_generation"]
 
@@ -71,26 +74,24 @@ def extend(one: Report, two: Report, layers: int, path: str, *, first: int = 0, 
                 return renamed
         return name
 
-    nodes: list[NodeCount] = []
-    node_scopes: list[tuple[str, ...]] = []
-    origin: list[tuple[int, int]] = []  # (position in ``two``, copy: 0 for the node itself)
     last = inside[-1]
-    for i, (node, scope) in enumerate(zip(two.nodes, scopes)):
-        nodes.append(node)
-        node_scopes.append(scope)
-        origin.append((i, 0))
-        if i == last:
-            for t in range(1, k + 1):
-                for j in inside:
-                    where = next((moved(m, t) for m in second if _within(scopes[j], m)),
-                                 f"{path}.{first + (t + 1) * period}")
-                    nodes.append(two.nodes[j]._replace(name=f"{two.nodes[j].name}@{where}"))
-                    node_scopes.append(tuple(moved(s, t) for s in scopes[j]))
-                    origin.append((j, t))
-    nodes = [n._replace(index=i) for i, n in enumerate(nodes)]
-    params = dict(two.modules.params)
-    for t in range(1, k + 1):
-        params.update({moved(m, t): v for m, v in two.modules.params.items() if any(_within((m,), b) for b in second)})
+    wheres = [next((m for m in second if _within(scopes[j], m)), None) for j in inside]
+
+    def copied(node: NodeCount, j: int, t: int) -> NodeCount:
+        where = moved(wheres[j], t) if wheres[j] is not None else f"{path}.{first + (t + 1) * period}"
+        return node._replace(name=f"{node.name}@{where}")
+
+    def placed(node: NodeCount, position: int) -> NodeCount:
+        return node if node.index == position else node._replace(index=position)
+
+    head, tail = range(last + 1), range(last + 1, len(two.nodes))
+    nodes = Tiled([two.nodes[i] for i in head], [two.nodes[j] for j in inside], k, [two.nodes[i] for i in tail],
+                  copied, placed)
+    node_scopes = Tiled([scopes[i] for i in head], [scopes[j] for j in inside], k, [scopes[i] for i in tail],
+                        lambda scope, _j, t: tuple(moved(s, t) for s in scope))
+    origin = Tiled([(i, 0) for i in head], inside, k, [(i, 0) for i in tail], lambda j, _j, t: (j, t))
+    params = TiledMapping(two.modules.params, {m: v for m, v in two.modules.params.items()
+                                               if any(_within((m,), b) for b in second)}, k, moved)
     report = dataclasses.replace(
         two,
         forward=_affine(one.forward, two.forward, k),
@@ -98,17 +99,19 @@ def extend(one: Report, two: Report, layers: int, path: str, *, first: int = 0, 
         params=_affine_int(one.params, two.params, k),
         buffers=_affine_int(one.buffers, two.buffers, k),
         trainable_params=_affine_int(one.trainable_params, two.trainable_params, k),
-        nodes=tuple(nodes),
+        nodes=nodes,
         by_op_type=op_type_summaries(nodes),
         unsupported=MappingProxyType(_affine_counts(one.unsupported, two.unsupported, k)),
         backward_unsupported=MappingProxyType(_affine_counts(one.backward_unsupported, two.backward_unsupported, k)),
         optimizer=None if two.optimizer is None else (two.optimizer[0], _affine(one.optimizer[1], two.optimizer[1], k)),
-        modules=dataclasses.replace(two.modules, nodes=tuple(node_scopes), params=MappingProxyType(params)),
+        modules=dataclasses.replace(two.modules, nodes=node_scopes, params=params),
         timings=MappingProxyType({p: one.timings.get(p, 0.0) + t for p, t in two.timings.items()}),
     )
     _check_consistent(report)
     if one.memory is not None or two.memory is not None:
         from .memory_extension import Unwired, extend_memory
+
+        check_listable(nodes, "--memory", "nodes, which the ledger walks one by one,")
 
         first_block = [f"{path}.{i}" for i in range(first, first + period)]
         block0 = [i for i, scope in enumerate(scopes) if any(_within(scope, m) for m in first_block)]

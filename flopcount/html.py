@@ -13,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from html import escape
 
+from .errors import UsageError
 from .modules import OUTSIDE, OWN, ModuleRow
 from .report import Report, node_bytes
+from .tiled import check_listable, distinct
 
 __all__ = ["to_html", "DEFAULT_MAX_ROWS"]
 
@@ -106,10 +108,13 @@ def default_depth(report: Report) -> int:
     """The deepest tree (at most 8 levels) with at most :data:`DEFAULT_MAX_ROWS` rows."""
     best = 1
     for depth in range(1, _MAX_DEPTH + 1):
-        if len(report.by_module(depth)) > DEFAULT_MAX_ROWS:
+        try:
+            if len(report.by_module(depth)) > DEFAULT_MAX_ROWS:
+                break
+        except UsageError:  # a row for each of more layers than a listing reads (flopcount.tiled)
             break
         best = depth
-        if not any(len(chain) > depth for chain in set(report.modules.nodes)):
+        if not any(len(chain) > depth for chain in distinct(report.modules.nodes)):
             break
     return best
 
@@ -197,6 +202,7 @@ def _chart(title: str, items: Sequence[tuple[str, int, int]], total: int) -> str
 
 
 def _node_table(report: Report) -> str:
+    check_listable(report.nodes, "--per-node")
     head = ["node", "op type", "inputs", "outputs", "FLOPs", "MACs", "bytes"]
     body = []
     for n in report.nodes:

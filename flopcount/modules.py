@@ -36,6 +36,7 @@ from typing import NamedTuple
 
 from .cost import Cost
 from .errors import UsageError
+from .tiled import Tiled, TiledMapping, check_listable, distinct
 
 __all__ = ["ModuleRow", "ModuleScopes", "OUTSIDE", "OWN", "module_rows", "scopes_of"]
 
@@ -242,6 +243,45 @@ def _refix(chain: Scope, fix) -> list[str]:
     return out
 
 
+def _folded(nodes: Sequence, chains: Sequence, depth: int) -> bool:
+    """Whether the rows of a repeated stack (:class:`flopcount.tiled.Tiled`) down to ``depth`` are summed from its
+    block once: its copies' chains cut at ``depth`` are the block's (no row names a layer of the stack). Where
+    they are not, each copy is read, and above the listing limit that is a :class:`UsageError`."""
+    if not (isinstance(nodes, Tiled) and isinstance(chains, Tiled)) or not chains.copies:
+        return False
+    if all(a[:depth] == b[:depth] for a, b in zip(chains.block, chains.copy(1))):
+        return True
+    check_listable(nodes, f"--depth {depth}", "nodes, a row for each layer's modules,")
+    return False
+
+
+def _rows_of(nodes: Sequence, chains: Sequence, folded: bool):
+    """``(position, node, chain, times)`` of every node, a folded stack's block once with ``times`` its copies."""
+    if not folded:
+        for k, (node, chain) in enumerate(zip(nodes, chains)):
+            yield k, node, chain, 1
+        return
+    h, b = len(chains.head), len(chains.block)
+    for k, (node, chain) in enumerate(zip(nodes.head, chains.head)):
+        yield k, node, chain, 1
+    for j, (node, chain) in enumerate(zip(nodes.copy(1), chains.copy(1))):
+        yield h + j, node, chain, nodes.copies
+    for j, (node, chain) in enumerate(zip(nodes.tail, chains.tail)):
+        yield h + b * chains.copies + j, node, chain, 1
+
+
+def _params_of(params: Mapping[str, int]):
+    """``(owner, size, times)`` of a folded stack's parameters: its copies' owners stand in the block's."""
+    if not isinstance(params, TiledMapping):
+        for owner, size in params.items():
+            yield owner, size, 1
+        return
+    for owner, size in params.base.items():
+        yield owner, size, 1
+    for owner, size in params.block.items():
+        yield owner, size, params.copies
+
+
 def module_rows(nodes: Sequence, scopes: ModuleScopes, depth: int = 1) -> tuple[ModuleRow, ...]:
     """The per-module rows of a report's ``nodes`` (see the module docstring), modules in the order the
     graph first runs them, each followed by its children, down to ``depth``."""
@@ -250,14 +290,15 @@ def module_rows(nodes: Sequence, scopes: ModuleScopes, depth: int = 1) -> tuple[
     forward: dict[Scope, Cost] = {}
     backward: dict[Scope, Cost] = {}
     first: dict[Scope, int] = {}  # where each module first runs: its first node that does work, else its first node
-    for k, (node, chain) in enumerate(zip(nodes, scopes.nodes)):
+    folded = _folded(nodes, scopes.nodes, depth)
+    for k, node, chain, times in _rows_of(nodes, scopes.nodes, folded):
         key = chain[:depth]
         working = node.cost != _ZERO
         at = first.get(key)
         if at is None or (working and at < 0):
             first[key] = k if working else -(k + 1) if at is None else at
-        forward[key] = forward.get(key, _ZERO) + node.cost
-        backward[key] = backward.get(key, _ZERO) + node.backward
+        forward[key] = forward.get(key, _ZERO) + (node.cost if times == 1 else node.cost * times)
+        backward[key] = backward.get(key, _ZERO) + (node.backward if times == 1 else node.backward * times)
     # a module without work is placed by its first node (weight layout nodes may come long before the work)
     order = sorted(first, key=lambda key: first[key] if first[key] >= 0 else -first[key] - 1)
     # every listed module, and the chains that end in it (its own work, or its whole subtree at the cut)
@@ -268,13 +309,14 @@ def module_rows(nodes: Sequence, scopes: ModuleScopes, depth: int = 1) -> tuple[
                 tree[key[:k]] = []
                 tree[key[:k - 1]].append(key[:k])
     chain_of: dict[str, Scope] = {}  # every module in a scope → its chain
-    for chain in set(scopes.nodes):
+    for chain in distinct(scopes.nodes) if folded else set(scopes.nodes):
         for k in range(1, len(chain) + 1):
             chain_of.setdefault(chain[k - 1], chain[:k])
     params_own: dict[Scope, int] = {}
-    for owner, size in scopes.params.items():
+    params = scopes.params
+    for owner, size, times in (_params_of(params) if folded else ((o, v, 1) for o, v in params.items())):
         chain = chain_of.get(owner, ())[:depth]
-        params_own[chain] = params_own.get(chain, 0) + size
+        params_own[chain] = params_own.get(chain, 0) + size * times
 
     rows: list[ModuleRow] = []
 

@@ -76,6 +76,7 @@ from typing import Any, NamedTuple
 from . import parallel_experts as px
 from .errors import UsageError
 from .plan import ParallelPlan, Recompute
+from .tiled import check_listable
 
 __all__ = ["Collective", "NodeShare", "ParallelLedger", "RankFlops", "ledger", "node_shares", "simulate_schedule"]
 
@@ -375,6 +376,7 @@ def _shares(report: Any, plan: ParallelPlan, recompute: Recompute | None):
     if recompute.policy != "none" and report.mode != "train":
         raise UsageError(f"--recompute {recompute}: recompute changes training only; give --mode train")
     nodes, scopes = report.nodes, report.modules.nodes
+    check_listable(nodes, "--parallel", "nodes, which the ledger shares out one by one,")
     if report.modules.missing or len(scopes) != len(nodes):
         raise UsageError(f"--parallel: {where} has no module scopes ({report.modules.missing}), so no "
                          "tensor-parallel rule can be applied")

@@ -11,6 +11,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from .report import Report, node_bytes
+from .tiled import check_listable
 
 if TYPE_CHECKING:  # annotations only (context imports numpy and onnx; onnx is imported where a dtype is named)
     from .context import TensorInfo
@@ -119,6 +120,7 @@ def to_dict(report: Report, per_node: bool = False, by_module: int | None = None
             for r in report.by_module(by_module)
         ]
     if per_node:
+        check_listable(report.nodes, "--per-node")
         scopes = report.modules.nodes
         doc["nodes"] = [
             {
@@ -357,6 +359,8 @@ def render(report: Report, fmt: str = "table", per_node: bool = False, by_module
     each module down to that depth (:meth:`~flopcount.report.Report.by_module`)."""
     from tabulate import tabulate  # here, not at import: `flopcount --help` reads FORMATS only
 
+    if per_node:
+        check_listable(report.nodes, "--per-node")
     if fmt == "json":
         return json.dumps(to_dict(report, per_node, by_module), indent=2) + "\n"
     if fmt == "html":

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
 
 from .conventions import Convention
 from .cost import Cost
@@ -13,6 +13,7 @@ from .generation import Generation
 from .layers import RepeatedLayers
 from .moe import MixtureOfExperts
 from .modules import ModuleRow, ModuleScopes, module_rows
+from .tiled import weighted
 
 if TYPE_CHECKING:  # annotations only: the context (numpy, onnx) is not needed to hold or read a report
     from .context import TensorInfo
@@ -127,21 +128,28 @@ def op_key(domain: str, op_type: str) -> str:
 
 
 def op_type_summaries(nodes: Iterable[NodeCount]) -> Mapping[str, OpTypeSummary]:
-    """One :class:`OpTypeSummary` per operator key of ``nodes``, by FLOPs (forward and backward), largest first."""
-    groups: dict[str, list[NodeCount]] = {}
-    for n in nodes:
+    """One :class:`OpTypeSummary` per operator key of ``nodes``, by FLOPs (forward and backward), largest first
+    (a repeated stack's block summed once and multiplied: :func:`flopcount.tiled.weighted`)."""
+    groups: dict[str, list[tuple[NodeCount, int]]] = {}
+    for n, times in weighted(nodes):
         key = op_key(n.domain, n.op_type)
         group = groups.get(key)
         if group is None:
-            groups[key] = [n]
+            groups[key] = [(n, times)]
         else:
-            group.append(n)
+            group.append((n, times))
     summaries = sorted(
-        (OpTypeSummary(g[0].op_type, g[0].domain, g[0].family, g[0].status, len(g),
-                       sum_costs(n.cost for n in g), sum_costs(n.backward for n in g)) for g in groups.values()),
+        (OpTypeSummary(g[0][0].op_type, g[0][0].domain, g[0][0].family, g[0][0].status, sum(t for _, t in g),
+                       _weighted_sum(g, "cost"), _weighted_sum(g, "backward")) for g in groups.values()),
         key=lambda s: (-(s.cost.flops + s.backward.flops), -s.cost.int_ops, s.key),
     )
     return MappingProxyType({s.key: s for s in summaries})
+
+
+def _weighted_sum(group: list[tuple[NodeCount, int]], field: str) -> Cost:
+    if all(t == 1 for _, t in group):
+        return sum_costs(getattr(n, field) for n, _ in group)
+    return sum_costs(Cost(*(v * t for v in getattr(n, field))) for n, t in group)
 
 
 def sum_costs(costs: Iterable[Cost]) -> Cost:
@@ -181,7 +189,7 @@ class Report:
     batch: int
     forward: Cost
     params: int
-    nodes: tuple[NodeCount, ...]
+    nodes: Sequence[NodeCount]  # a tuple; a repeated stack extended to L layers holds them as a flopcount.tiled.Tiled
     by_op_type: Mapping[str, OpTypeSummary]  # ordered by FLOPs, largest first
     unsupported: Mapping[str, int]  # op key → node count
     timings: Mapping[str, float] = field(default_factory=dict, compare=False)  # seconds per phase; not in JSON
@@ -214,11 +222,11 @@ class Report:
     def upper_bounds(self) -> Mapping[str, tuple[int, str]]:
         """op key → (nodes, why) for the nodes whose count is an upper bound of data-dependent work."""
         out: dict[str, tuple[int, str]] = {}
-        for n in self.nodes:
+        for n, times in weighted(self.nodes):
             if n.bound:
                 key = op_key(n.domain, n.op_type)
                 k, why = out.get(key, (0, n.bound))
-                out[key] = (k + 1, why)
+                out[key] = (k + times, why)
         return out
 
     @property

@@ -166,8 +166,11 @@ REPEATED_LAYERS = ("extend", "export")
 #: The most layers a model is built with to decide whether its layers repeat (and exported with where they do not):
 #: a configuration of more is counted from a probe of fewer layers (:func:`_probe`).
 MAX_BUILT_LAYERS = 512
-#: The most layers a configuration may have (a report holds the nodes of every layer: 10**5 layers take gigabytes).
-MAX_LAYERS = 4096
+#: The most layers a configuration may have. A stack counted from a probe holds its repeated layers once
+#: (:class:`flopcount.tiled.Tiled`): its memory and time do not grow with L, and every figure is an exact Python
+#: int. 2**31 layers is past any model a machine holds; a listing of every node of so many is refused
+#: (:data:`flopcount.tiled.MAX_LISTED_NODES`).
+MAX_LAYERS = 2**31
 
 
 def _probe(config) -> tuple[int | None, Any]:
@@ -181,7 +184,7 @@ def _probe(config) -> tuple[int | None, Any]:
         return layers, None
     if layers > MAX_LAYERS:
         raise ConfigError(f"{config.model_type}: num_hidden_layers is {layers}, above the limit of {MAX_LAYERS} "
-                          "layers (a report holds each layer's nodes); fix num_hidden_layers")
+                          "layers; fix num_hidden_layers")
     if getattr(config, "is_encoder_decoder", False):
         raise ConfigError(f"{config.model_type}: num_hidden_layers is {layers}, above the limit of "
                           f"{MAX_BUILT_LAYERS} layers an encoder-decoder is built with; fix the configuration")
