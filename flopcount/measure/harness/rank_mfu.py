@@ -86,7 +86,7 @@ def data_parallel_ledger(report: Any, plan: Any, recompute: Any) -> dict[str, An
     if plan.tp * plan.pp * plan.cp * plan.ep != 1:
         raise UsageError(f"plan {plan}: only a data-parallel plan applies to a model the decoder rules do not know")
     train = report.mode == "train"
-    whole = sum(n.cost.flops + (n.backward.flops if train else 0) for n in report.nodes)
+    whole = report.forward.flops + (report.backward.flops if train else 0)  # the nodes' sum, without reading them
     policy = str(recompute)
     if policy not in ("none", "full"):
         raise UsageError(f"recompute={policy!r}: on a model the decoder rules do not know, a data-parallel plan "
