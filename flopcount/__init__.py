@@ -44,6 +44,7 @@ docs/architecture.md):
 * :mod:`.memory_extension` the memory ledger of L identical layers, walked on the 2-layer graph with its second
   layer copied (``--memory`` with ``--hf``)
 * :mod:`.memory_parallel` the memory ledger per rank under a parallel plan (``--memory --parallel``)
+* :mod:`.tiled` a sequence of repeated items held once, its copies made when read (the nodes of L repeated layers)
 
 Every public name below is imported on first use (``import flopcount`` loads neither torch nor the measuring half).
 
