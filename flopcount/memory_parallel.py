@@ -195,6 +195,8 @@ def _rank(report, g: Graph, mem: Memory, settings: MemorySettings, plan: Paralle
             if found:
                 lf = leaf[reader[name]]
                 div = plan.tp if lf in _TP_PARAMS else kv if lf in _KV else 1
+                # a weight of unknown size is already in the ledger's ``unsized`` (the one-rank walk read the
+                # same tensor), which makes the figures a stated lower bound; it adds nothing here
                 whole = tensor_bytes(_resized(g.tensors.get(name) or TensorInfo(name), div)) or 0
                 per_layer[int(found.group(1))] = per_layer.get(int(found.group(1)), 0) + whole
         gather = max(per_layer.values(), default=0)
