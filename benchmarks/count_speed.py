@@ -21,8 +21,8 @@ Every time is the median of ``--repeat`` runs after one warm-up; bare ``onnx.loa
 subprocess that only runs the measured call; "net" subtracts the peak of a subprocess that only
 imports onnx and flopcount. This is a benchmark that prints figures, not a test: nothing asserts.
 
-On Linux, graphs of at least ``flopcount.shapes.PARALLEL_MIN_NODES`` nodes run ONNX's shape inference in
-a forked child while the DAG is built (see ``flopcount.shapes.Inference``): the "graph" phase then
+On Linux, graphs of at least ``flopcount.pipeline.shapes.PARALLEL_MIN_NODES`` nodes run ONNX's shape inference in
+a forked child while the DAG is built (see ``flopcount.pipeline.shapes.Inference``): the "graph" phase then
 overlaps the inference and "shapes" is what is left of it. ``--no-parallel`` (or FLOPCOUNT_PARALLEL=0)
 keeps everything in one process, for comparison.
 """
@@ -48,7 +48,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tabulate import tabulate
 
 import flopcount
-import flopcount.shapes
+import flopcount.pipeline.shapes
 
 PHASES = ("load", "graph", "shapes", "count")
 MB = 1024 * 1024
@@ -565,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"flopcount {flopcount.__version__}, onnx {onnx.__version__}, python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
     print(f"medians of {args.repeat} runs after one warm-up; {tool_label}")
     parallel = os.environ.get("FLOPCOUNT_PARALLEL", "1") != "0" and sys.platform.startswith("linux")
-    print(f"shape inference in a child process for graphs of {flopcount.shapes.PARALLEL_MIN_NODES}+ nodes: {'on' if parallel else 'off'}")
+    print(f"shape inference in a child process for graphs of {flopcount.pipeline.shapes.PARALLEL_MIN_NODES}+ nodes: {'on' if parallel else 'off'}")
 
     results: list[Result] = []
     with tempfile.TemporaryDirectory(prefix="flopcount-bench-") as tmp:

@@ -11,7 +11,7 @@ set to L. Each figure is one whole ``flopcount --hf CONFIG --input-shape input_i
 process (imports, the probe, the 1- and 2-layer exports and the extension to L), timed from outside with its peak
 RSS from ``wait4``: first with the export cache off (``FLOPCOUNT_CACHE=0``), then ``--runs`` times with a warm
 cache folder (the median is printed). A report of L layers holds its repeated layers once
-(:class:`flopcount.tiled.Tiled`), so neither figure grows with L.
+(:class:`flopcount.reporting.tiled.Tiled`), so neither figure grows with L.
 
 The closed form: ``C(L) = C(1) + (L − 1)·(C(2) − C(1))`` for the total FLOPs and the parameters, where C(1) and C(2)
 are counts of the 1- and 2-layer configurations exported whole (``--repeated-layers export``). Nothing asserts:

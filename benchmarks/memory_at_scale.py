@@ -17,7 +17,7 @@ import sys
 import time
 
 import flopcount
-from flopcount.memory import MemorySettings
+from flopcount.memory.ledger import MemorySettings
 
 #: The published shapes of the two models (their config.json files).
 SHAPES = {

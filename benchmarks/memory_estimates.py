@@ -35,7 +35,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 
 import flopcount  # noqa: E402
-from flopcount.memory import MemorySettings  # noqa: E402
+from flopcount.memory.ledger import MemorySettings  # noqa: E402
 from memory_at_scale import SHAPES, config  # noqa: E402
 
 GIB = 2**30

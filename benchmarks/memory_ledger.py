@@ -26,7 +26,7 @@ import onnx  # noqa: E402
 
 import flopcount  # noqa: E402
 from count_speed import transformer_graph  # noqa: E402
-from flopcount.memory import MemorySettings  # noqa: E402
+from flopcount.memory.ledger import MemorySettings  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,8 +33,8 @@ import sys
 import time
 
 import flopcount
-from flopcount.parallel import ledger
-from flopcount.plan import parse_parallel, parse_recompute
+from flopcount.parallel.plan import parse_parallel, parse_recompute
+from flopcount.parallel.ranks import ledger
 
 LLAMA_70B = {"hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80, "num_attention_heads": 64,
              "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 8192,

@@ -4,47 +4,31 @@
 >>> report = flopcount.count("model.onnx", input_shapes={"input": (8, 3, 224, 224)})  # doctest: +SKIP
 >>> report.per_sample.flops  # doctest: +SKIP
 
-The counting core, one module a line, in the order a count runs through them (the rooms and their arrows:
+At the top, the formula contract and the orchestrator, one module a line (the rooms and their arrows:
 docs/architecture.md):
 
-* :mod:`.loading` reads a model without its weights (:func:`~flopcount.loading.load_with_weights` with them)
-* :mod:`.graph` the node DAG and its frozen :class:`~flopcount.graph.GraphIndex`; :func:`~flopcount.graph.walk_graphs`
-* :mod:`.validate` checks the graph and the resolved shapes
-* :mod:`.shapes` shape resolution (a package: overrides, guarded inference, the numpy interpreter, bodies)
-* :mod:`.schema` the operator-schema queries (differentiable inputs) that several stages share
-* :mod:`.parameters` which stored tensors are parameters, buffers or constants
 * :mod:`.counting` :func:`count`: shapes, formulas, backward, the report
-* :mod:`.modules` the module scopes an exporter wrote, and the per-module rows of a report
-* :mod:`.registry` the one formula registry
-* :mod:`.context` what a formula reads: a node's tensors and attributes
-* :mod:`.cost` the frozen cost record
-* :mod:`.conventions` counting conventions
-* :mod:`.report` the immutable report
-* :mod:`.render` its text forms (table, JSON, CSV)
-* :mod:`.html` the report as one self-contained HTML page
-* :mod:`.symbolic` the count as exact formulas in dims given as names (``--symbolic``)
-* :mod:`.progress` the phases of long work, reported on a logger while they run
-* :mod:`.version` the installed version (``__version__``)
-* :mod:`.files` the one writer of every file flopcount writes (temporary file, fsync, rename)
 * :mod:`.options` :class:`~flopcount.options.CountOptions`, every setting of a count in one frozen record, checked
   when made
 * :mod:`.calls` the checks of the Python API's arguments (a :class:`~flopcount.errors.UsageError` naming the argument)
+* :mod:`.registry` the one formula registry
+* :mod:`.context` what a formula reads: a node's tensors and attributes
+* :mod:`.cost` the frozen cost record
+* :mod:`.saved` what an operator's backward keeps: the record a saved-for-backward rule returns
+* :mod:`.conventions` counting conventions
+* :mod:`.masks` executed attention's masks, which attention formulas consult
 * :mod:`.errors` the exception hierarchy with exit codes, and :func:`~flopcount.errors.first_line`
-* :mod:`.docs` generates docs/operators.md
-* :mod:`.onnx_cases` ONNX's own test cases, for the inventory of operators
-* :mod:`.generation` what ``generate()`` costs (prefill, decode steps); :mod:`.masks` executed attention's masks;
-  :mod:`.moe` mixture-of-experts layers (params, active params, capacity)
-* :mod:`.layers` how a stack of identical layers was counted; :mod:`.extension` a count of L layers from counts of
-  1 and 2 (``--hf``)
-* :mod:`.graph_masks` the attention masks a graph computes from positions, evaluated for ``--attention executed``
-* :mod:`.saved` what an operator's backward keeps; :mod:`.memory` the memory ledger of a step (``--memory``);
-  :mod:`.plan` the parallel plan and recompute policy
-* :mod:`.parallel` FLOPs, redundant work, communication bytes and the bubble per rank under a plan (``--parallel``);
-  :mod:`.parallel_experts` its context- and expert-parallel rules (zigzag CP, EP over dp·cp, ``--expert-load``)
-* :mod:`.memory_extension` the memory ledger of L identical layers, walked on the 2-layer graph with its second
-  layer copied (``--memory`` with ``--hf``)
-* :mod:`.memory_parallel` the memory ledger per rank under a parallel plan (``--memory --parallel``)
-* :mod:`.tiled` a sequence of repeated items held once, its copies made when read (the nodes of L repeated layers)
+* :mod:`.version` the installed version (``__version__``)
+
+The rooms, each a package whose ``__init__`` lists its modules, in the order their arrows run (each imports only
+rooms above it in this list, and the contract):
+
+* :mod:`.pipeline` the ONNX pipeline: loading, graph, validate, shapes, graph_masks, parameters, schema, progress
+* :mod:`.reporting` the records a count hands back: report, modules, generation, moe, layers, tiled
+* :mod:`.parallel` FLOPs per rank under a plan: plan, ranks, experts
+* :mod:`.memory` memory from the graph: ledger, layers, ranks
+* :mod:`.derived` counts made from other counts: extension (L layers from 1 and 2), symbolic (``--symbolic``)
+* :mod:`.output` a report written out: render, html, files, docs
 
 Every public name below is imported on first use (``import flopcount`` loads neither torch nor the measuring half).
 
@@ -79,15 +63,15 @@ _LAZY = {
     "from_torch": "flopcount.frontends.torch",
     "Meter": "flopcount.measure.harness.meter",
     "RunResult": "flopcount.measure.harness.result",
-    "Generation": "flopcount.generation",
-    "Memory": "flopcount.memory",
-    "MemorySettings": "flopcount.memory",
-    "ParallelPlan": "flopcount.plan",
-    "Recompute": "flopcount.plan",
-    "ModelInfo": "flopcount.report",
-    "NodeCount": "flopcount.report",
-    "OpTypeSummary": "flopcount.report",
-    "Report": "flopcount.report",
+    "Generation": "flopcount.reporting.generation",
+    "Memory": "flopcount.memory.ledger",
+    "MemorySettings": "flopcount.memory.ledger",
+    "ParallelPlan": "flopcount.parallel.plan",
+    "Recompute": "flopcount.parallel.plan",
+    "ModelInfo": "flopcount.reporting.report",
+    "NodeCount": "flopcount.reporting.report",
+    "OpTypeSummary": "flopcount.reporting.report",
+    "Report": "flopcount.reporting.report",
 }
 
 

@@ -240,26 +240,3 @@ def attribute_value(a: Any) -> Any:
 def is_long(a: Any) -> bool:
     """Whether an ``onnx.AttributeProto`` holds more than :data:`LONG_ATTRIBUTE` repeated values."""
     return len(a.ints) > LONG_ATTRIBUTE or len(a.floats) > LONG_ATTRIBUTE or len(a.strings) > LONG_ATTRIBUTE
-
-
-def shortened(node: Any, keep: Any = ()) -> Any:
-    """A copy of the ``onnx.NodeProto`` ``node`` whose long repeated attributes (:func:`is_long`), except those
-    named in ``keep``, hold only their first value: what ONNX's checker and the shape inference of a tree
-    ensemble read (names, types, labels), without copying millions of values."""
-    from onnx import NodeProto
-
-    from .loading import copy_field
-
-    short = NodeProto()
-    for field, value in node.ListFields():
-        if field.name != "attribute":
-            copy_field(short, field, value)
-    for a in node.attribute:
-        if is_long(a) and a.name not in keep:
-            b = short.attribute.add(name=a.name, type=a.type)
-            b.ints.extend(a.ints[:1])
-            b.floats.extend(a.floats[:1])
-            b.strings.extend(a.strings[:1])
-        else:
-            short.attribute.add().CopyFrom(a)
-    return short

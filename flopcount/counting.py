@@ -18,24 +18,23 @@ import networkx as nx
 import onnx
 from onnx import ModelProto
 
-from . import graph as graph_mod
-from . import progress, validate
-from .context import (FLOAT_TYPES, NodeContext, TensorInfo, attribute_defaults, attribute_value, is_long,
-                      shortened)
+from .context import FLOAT_TYPES, NodeContext, TensorInfo, attribute_defaults, attribute_value, is_long
 from .conventions import Convention, get_convention
 from .cost import ZERO, Bound, Breakdown, Cost
 from .errors import FlopcountError, InvalidGraphError, ShapeError, UnsupportedOperatorError, UsageError
-from .graph import GraphIndex
-from .graph_masks import graph_masks
-from .loading import LoadedModel, copy_field, load
 from .masks import executed_attention, score_products, values_structure
-from .modules import ModuleScopes, scopes_of
 from .options import OPTIMIZERS, CountOptions
-from .parameters import BUFFER, PARAMETER, SHAPE_TYPES, Roles, classify, stored_tensors
+from .pipeline import graph as graph_mod
+from .pipeline import progress, validate
+from .pipeline.graph import GraphIndex
+from .pipeline.graph_masks import graph_masks
+from .pipeline.loading import LoadedModel, copy_field, load, shortened
+from .pipeline.parameters import BUFFER, PARAMETER, SHAPE_TYPES, Roles, classify, stored_tensors
+from .pipeline.schema import differentiable_inputs, schema as _schema
+from .pipeline.shapes import Inference, Resolution, prepare, resolve
 from .registry import DEFAULT_DOMAIN, canonical_domain, lookup, lookup_backward, lookup_shape, straight_through
-from .report import FORMULA, UNSUPPORTED, ZERO_COST, ModelInfo, NodeCount, Report, op_key, op_type_summaries, sum_costs
-from .schema import differentiable_inputs, schema as _schema
-from .shapes import Inference, Resolution, prepare, resolve
+from .reporting.modules import ModuleScopes, scopes_of
+from .reporting.report import FORMULA, UNSUPPORTED, ZERO_COST, ModelInfo, NodeCount, Report, op_key, op_type_summaries, sum_costs
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +61,9 @@ def count(
 
     Parameters
     ----------
-    model : path, ``onnx.ModelProto``, serialized bytes or :class:`flopcount.loading.LoadedModel`
+    model : path, ``onnx.ModelProto``, serialized bytes or :class:`flopcount.pipeline.loading.LoadedModel`
         The model. External data files are never opened and may be absent. A ``LoadedModel`` (from
-        :func:`flopcount.loading.load_with_weights`) is counted without reading its file again, under its path.
+        :func:`flopcount.pipeline.loading.load_with_weights`) is counted without reading its file again, under its path.
     input_shapes, batch, convention, strict, input_values, loop_trips, mode, optimizer, trainable_inputs, \
 trainable, frozen, attention, memory, free_ops
         The settings of the count, each described and checked by :class:`~flopcount.options.CountOptions` (a
@@ -108,7 +107,7 @@ def count_options(model: str | os.PathLike | ModelProto | bytes | LoadedModel, o
             gc.enable()
 
 
-#: The stages of a count as :mod:`flopcount.progress` names them (keys of ``Report.timings``).
+#: The stages of a count as :mod:`flopcount.pipeline.progress` names them (keys of ``Report.timings``).
 _PHASES = {"load": "reading the model", "graph": "building and checking the graph", "shapes": "inferring shapes",
            "count": "counting the nodes"}
 
@@ -119,12 +118,12 @@ def _count(model, options: CountOptions) -> Report:
     trainable, frozen, attention, memory = options.trainable, options.frozen, options.attention, options.memory
     conv = get_convention(options.convention)
     if memory is not None:
-        from .memory import MemorySettings
+        from .memory.ledger import MemorySettings
 
         memory = MemorySettings.of(memory)
         if not memory.plan.is_single:
             raise UsageError(f"memory: a plan ({memory.plan}) is not counted; count the one-rank ledger and split it "
-                             "with flopcount.memory_parallel.per_rank(report, plan)")
+                             "with flopcount.memory.ranks.per_rank(report, plan)")
     given_mask = None
     if not isinstance(attention, str):
         attention, given_mask = "executed", attention
@@ -218,8 +217,8 @@ def _count(model, options: CountOptions) -> Report:
 
 def _memory(settings, report: Report, index: GraphIndex, res: Resolution, training, roles: Roles, attributes,
             opsets, conv: Convention, strict: bool, where: str, m: ModelProto, optimizer: str | None):
-    """The memory ledger of the counted ``report`` (:func:`flopcount.memory.account`)."""
-    from .memory import account, attention_cores, recompute_units
+    """The memory ledger of the counted ``report`` (:func:`flopcount.memory.ledger.account`)."""
+    from .memory.ledger import account, attention_cores, recompute_units
 
     def context(n: NodeCount, flags: tuple[bool, ...]) -> NodeContext:
         return NodeContext(n.name, n.op_type, n.domain, opsets.get(n.domain, 0), n.inputs, n.outputs, conv,
@@ -284,7 +283,7 @@ def _trainable_inputs(m: ModelProto, tensors, names, mode: str, where: str) -> f
 
 def _training_plan(index: GraphIndex, tensors, opsets, parameters: frozenset[str]) -> _TrainingPlan:
     """Which tensors need gradients: the trainable ``parameters`` fed to a differentiable input
-    (see :mod:`flopcount.parameters`) and everything computed from them through differentiable
+    (see :mod:`flopcount.pipeline.parameters`) and everything computed from them through differentiable
     inputs. A node whose outputs are all integers or bools (ArgMax, NonMaxSuppression, comparisons)
     passes no gradient back, so it needs no backward and trains nothing, unless its backward is
     registered ``straight_through`` (fake quantization)."""
@@ -637,7 +636,7 @@ _TREE_ENSEMBLES = frozenset({"TreeEnsembleClassifier", "TreeEnsembleRegressor", 
 
 def _for_inference(model: ModelProto) -> ModelProto:
     """``model``, or a copy for shape resolution whose top-level tree ensembles hold one value of each long node
-    list (:func:`~flopcount.context.shortened`; class labels kept): ONNX's inference serializes the model it is
+    list (:func:`~flopcount.pipeline.loading.shortened`; class labels kept): ONNX's inference serializes the model it is
     given and parses what it infers, two more copies of a 200 MB ensemble."""
     g = model.graph
     heavy = [i for i, n in enumerate(g.node) if n.op_type in _TREE_ENSEMBLES and n.domain == "ai.onnx.ml"

@@ -377,7 +377,7 @@ def executed_attention(protos, given=None, names=None, padding: tuple[int, ...] 
                        segments: tuple[int, ...] | None = None, evaluated=None) -> ExecutedAttention:
     """The :class:`ExecutedAttention` of a graph: ``given`` (an :class:`AttentionMask`, or one per attention in
     graph order, from the model's configuration) or else the structure the graph shows: ``evaluated``, the masks
-    :func:`flopcount.graph_masks.graph_masks` evaluated from the graph (ranges, comparisons, a Trilu, the values of
+    :func:`flopcount.pipeline.graph_masks.graph_masks` evaluated from the graph (ranges, comparisons, a Trilu, the values of
     inputs given), where an attention has none of those a Trilu among its mask's ancestors is causal. A mask that
     reads an input whose values are not given is data: that attention counts full. The ONNX Attention operator reads
     its own ``is_causal`` and windows."""

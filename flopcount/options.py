@@ -79,7 +79,7 @@ class CountOptions:
         Names of the initializers (or ``Constant`` outputs) that are the framework's trainable
         parameters, e.g. from ``module.named_parameters()``. They are the parameters, and the only
         tensors trained; other weights are reported as buffers. ``None`` (the default): decided
-        from the graph's structure (see :mod:`flopcount.parameters`): tensors used as weights are parameters,
+        from the graph's structure (see :mod:`flopcount.pipeline.parameters`): tensors used as weights are parameters,
         BatchNormalization's running statistics are buffers, and folded constants (exponents, epsilons, rotary
         tables, masks) are neither. Entries may be shell-style patterns: ``["decoder.*", "*.bias"]``.
     frozen : collection of str, optional
@@ -90,12 +90,12 @@ class CountOptions:
         ``"full"`` counts the whole score matrix, as the graph computes it. ``"executed"`` counts only the
         (query, key) pairs a masked kernel runs, for the masks whose structure the graph shows (the Attention
         operator's ``is_causal`` and windows; a mask built from position ranges, comparisons, a Trilu and the
-        ``input_values`` given, see :mod:`flopcount.graph_masks`); a mask that is data counts full, and
+        ``input_values`` given, see :mod:`flopcount.pipeline.graph_masks`); a mask that is data counts full, and
         ``report.attention`` says which. A mask given (a frontend reads it from the model's configuration) is
         executed-mode with that structure for the eager attentions, in graph order (see :mod:`flopcount.masks`).
-    memory : bool or :class:`~flopcount.memory.MemorySettings`, optional
+    memory : bool or :class:`~flopcount.memory.ledger.MemorySettings`, optional
         Also the memory ledger (``report.memory``): weights, gradients, optimizer states and their step's
-        temporaries, the activations the backward keeps and the peak of one step (see :mod:`flopcount.memory`).
+        temporaries, the activations the backward keeps and the peak of one step (see :mod:`flopcount.memory.ledger`).
         ``True``: the default settings.
     free_ops : collection of str
         Operator types the user knows cost nothing (a custom marker or debug op), as ``OP`` or ``DOMAIN:OP``
@@ -129,7 +129,7 @@ class CountOptions:
 
         get_convention(self.convention)
         if self.memory is not None and self.memory is not False:
-            from .memory import MemorySettings
+            from .memory.ledger import MemorySettings
 
             MemorySettings.of(self.memory)
         if isinstance(self.attention, str) and self.attention not in ATTENTION_MODES:

@@ -125,7 +125,7 @@ def formula(*op_types: str, family: str, domain: str = DEFAULT_DOMAIN, quantized
     ``quantized`` (quantized operators): the input positions that hold data (a quantized operand, an
     int32 or float bias), as opposed to the scales and zero points that describe them. A stored
     tensor at a data position is a parameter however ONNX's schema marks it; scales and zero points
-    never are (see :mod:`flopcount.parameters`).
+    never are (see :mod:`flopcount.pipeline.parameters`).
     """
 
     def register(fn: Callable[..., Cost]) -> Callable[..., Cost]:
@@ -164,7 +164,7 @@ def shape_function(*op_types: str, domain: str):
     domain that ONNX's inference does not know: ``rule(inputs, **attributes)`` gets the inputs'
     :class:`~flopcount.context.TensorInfo` (None where omitted or unknown) and returns one
     ``(elem_type, shape)`` per output (None where it cannot tell), or raises ``ValueError``.
-    :func:`flopcount.shapes.resolve` applies it and lets ONNX's inference carry on downstream."""
+    :func:`flopcount.pipeline.shapes.resolve` applies it and lets ONNX's inference carry on downstream."""
 
     def register(fn: Callable[..., tuple]) -> Callable[..., tuple]:
         for op_type in op_types:
@@ -223,7 +223,7 @@ def lookup_backward(domain: str, op_type: str) -> Callable[..., Cost] | None:
 
 
 # --------------------------------------------------------------------------------------------
-# saved-for-backward rules (flopcount.saved, flopcount.memory)
+# saved-for-backward rules (flopcount.saved, flopcount.memory.ledger)
 
 
 def saves(*op_types: str, domain: str = DEFAULT_DOMAIN):

@@ -5,7 +5,7 @@ A rule (registered with :func:`flopcount.registry.saves` beside the operator's b
 (``ctx.needs_grad(i)``). It names the input and output positions the backward reads, and the smaller statistics the
 forward computes only for the backward (LayerNorm's mean and reciprocal standard deviation, a dropout mask kept as
 bools, max pooling's indices), in bytes. Stored tensors among them (weights, constants) are not activations; the
-memory ledger (:mod:`flopcount.memory`) counts each tensor once however many nodes keep it.
+memory ledger (:mod:`flopcount.memory.ledger`) counts each tensor once however many nodes keep it.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ from typing import Any, TextIO
 import onnx
 
 from flopcount.errors import FrontendError, OutputError, UsageError, first_line
-from flopcount.files import atomic_path, write_atomic
+from flopcount.output.files import atomic_path, write_atomic
 
 __all__ = [
     "CACHE_ENV",
@@ -614,7 +614,7 @@ def read_cache(path: Path, log: logging.Logger, key: str, signature: Any) -> onn
 
 
 def write_cache(path: Path, model: onnx.ModelProto, log: logging.Logger) -> None:
-    """Write ``model`` to ``path`` whole (:func:`flopcount.files.write_atomic`: a concurrent reader sees the old
+    """Write ``model`` to ``path`` whole (:func:`flopcount.output.files.write_atomic`: a concurrent reader sees the old
     entry or the whole new one, never a part); a folder that cannot be written is a warning, not an error."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ Two kinds of graph are exported and counted exactly, as :func:`flopcount.from_to
   the logits of the last position only, as ``generate()`` computes them;
 * a decode step: one token per sequence over a KV cache of L positions, exported *with the cache as graph
   inputs* (a module that rebuilds the model's cache object from them and passes it as the model's cache argument,
-  see :func:`cache_argument`). Its cost is affine in the context c = L + 1 (see :mod:`flopcount.generation`): the step
+  see :func:`cache_argument`). Its cost is affine in the context c = L + 1 (see :mod:`flopcount.reporting.generation`): the step
   is counted at the first and last contexts of the run and, with four or more steps, checked at a third
   context between them; the N − 1 steps are then summed exactly. A step that is not affine (a sliding window
   that crops the cache) is refused with that reason.
@@ -24,7 +24,7 @@ import logging
 from typing import Any
 
 from flopcount.errors import FrontendError, UsageError
-from flopcount.generation import DecodePiece, Generation, affine_steps, check_generate, context_lengths, segments
+from flopcount.reporting.generation import DecodePiece, Generation, affine_steps, check_generate, context_lengths, segments
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ __all__ = ["CacheLayout", "cache_argument", "cache_layout", "decode_step_module"
 def from_causal_lm(model, generate: tuple[int, int], *, batch: int = 1, cache_dir=None, breakpoints=(),
                    **count_kwargs: Any):
     """Count ``generate()`` of a causal LM: the report of its prefill graph, with ``report.generation``
-    (:class:`flopcount.generation.Generation`) for the whole run.
+    (:class:`flopcount.reporting.generation.Generation`) for the whole run.
 
     Parameters
     ----------

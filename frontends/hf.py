@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from flopcount.errors import ConfigError, FrontendError, UsageError, first_line
-from flopcount.progress import phase
+from flopcount.pipeline.progress import phase
 
 
 log = logging.getLogger(__name__)
@@ -64,11 +64,11 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
     capacity_factor : float, optional
         For a mixture-of-experts model: the expert capacity factor C of its router; the report's ``moe`` adds
         the most the routed experts can run when each takes at most ⌊C·T·k/E⌋ (token, expert) pairs (the totals
-        stay the no-drop count; see :mod:`flopcount.moe`).
+        stay the no-drop count; see :mod:`flopcount.reporting.moe`).
     repeated_layers : "extend" or "export"
         ``extend`` (the default): where the model's L ≥ 3 layers are shown identical
         (:func:`flopcount.frontends.repeated.layer_stack`), export its 1- and 2-layer versions and extend their
-        counts to L exactly (:func:`flopcount.extension.extend`), which is much faster than exporting all L;
+        counts to L exactly (:func:`flopcount.derived.extension.extend`), which is much faster than exporting all L;
         otherwise, and with ``export``, export the whole model. ``report.layers`` says which was used and why.
     cache_dir, **count_kwargs
         As for :func:`flopcount.from_torch` (``mode``, ``convention``, ``batch`` ...).
@@ -95,7 +95,7 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
     checked = set(inspect.signature(check_count_arguments).parameters) - {"caller", "input_shapes"}
     check_count_arguments("from_hf", **{k: v for k, v in count_kwargs.items() if k in checked})
     if generate is not None:
-        from flopcount.generation import check_generate
+        from flopcount.reporting.generation import check_generate
 
         generate = check_generate(*_pair(generate))
     if capacity_factor is not None and (isinstance(capacity_factor, bool) or not isinstance(capacity_factor, (int, float))
@@ -143,7 +143,7 @@ def _to_full_stack(stack, full):
     """``stack`` (of the probe) as the stack of the full configuration ``full``: its block must tile the layers
     after its first ones, and each per-layer list of ``full`` must repeat with the block (NotExtendable
     otherwise)."""
-    from flopcount.extension import NotExtendable
+    from flopcount.derived.extension import NotExtendable
 
     from .common import canonical_json
     from .repeated import per_layer_lists
@@ -167,9 +167,9 @@ REPEATED_LAYERS = ("extend", "export")
 #: a configuration of more is counted from a probe of fewer layers (:func:`_probe`).
 MAX_BUILT_LAYERS = 512
 #: The most layers a configuration may have. A stack counted from a probe holds its repeated layers once
-#: (:class:`flopcount.tiled.Tiled`): its memory and time do not grow with L, and every figure is an exact Python
+#: (:class:`flopcount.reporting.tiled.Tiled`): its memory and time do not grow with L, and every figure is an exact Python
 #: int. 2**31 layers is past any model a machine holds; a listing of every node of so many is refused
-#: (:data:`flopcount.tiled.MAX_LISTED_NODES`).
+#: (:data:`flopcount.reporting.tiled.MAX_LISTED_NODES`).
 MAX_LAYERS = 2**31
 
 
@@ -226,8 +226,8 @@ def _count_stack(model, count, repeated_layers: str, trust_remote_code: bool, fu
     ``full``, where given, is the configuration of L layers of which ``model`` is a probe of fewer layers
     (:func:`_probe`): the probe's stack must repeat, its per-layer lists must follow the same period up to L, and the
     count is extended to L; else the model is refused (:class:`ConfigError`), never exported whole."""
-    from flopcount.extension import NotExtendable, extend
-    from flopcount.layers import EXTENDED, RepeatedLayers
+    from flopcount.derived.extension import NotExtendable, extend
+    from flopcount.reporting.layers import EXTENDED, RepeatedLayers
 
     from .repeated import LayerStack, layer_stack
 
@@ -378,9 +378,9 @@ def moe_blocks(model):
 
 
 def moe_summary(model, report, tokens: int, capacity_factor: float | None = None):
-    """The :class:`flopcount.moe.MixtureOfExperts` of ``model`` counted in ``report`` over ``tokens`` tokens per
+    """The :class:`flopcount.reporting.moe.MixtureOfExperts` of ``model`` counted in ``report`` over ``tokens`` tokens per
     block, or None for a model without routed experts."""
-    from flopcount.moe import MixtureOfExperts
+    from flopcount.reporting.moe import MixtureOfExperts
 
     found = moe_blocks(model)
     if found is None:

@@ -94,7 +94,7 @@ from typing import TYPE_CHECKING, Any
 import onnx
 
 from flopcount.errors import FrontendError, UsageError, first_line
-from flopcount.graph import walk_graphs
+from flopcount.pipeline.graph import walk_graphs
 
 from . import common
 from . import keras_rewrites as rewrites
@@ -102,7 +102,7 @@ from . import keras_rewrites as rewrites
 if TYPE_CHECKING:
     import keras
 
-    from flopcount.report import Report
+    from flopcount.reporting.report import Report
 
 __all__ = ["DEFAULT_BATCH", "from_keras", "import_frameworks", "load_factory", "to_onnx"]
 
@@ -643,7 +643,7 @@ def _graph_def(concrete):
     grappler run inside ``from_graph_def``, the loop is lowered to ``Enter``/``Exit`` frames whose
     ``TensorListReserve``/``TensorListSetItem`` tf2onnx does not convert. tf2onnx then writes the loop as an ONNX
     ``Loop`` (its trip count the sequence length, its condition the while test), which the count follows
-    (``flopcount/shapes/bodies.py`` settles the body's states and stacked outputs). The inlining helper's options are
+    (``flopcount/pipeline/shapes/bodies.py`` settles the body's states and stacked outputs). The inlining helper's options are
     looked up on it, so a TensorFlow that renames them falls back to the plain graph (and its one-line refusal)."""
     graph_def = concrete.graph.as_graph_def(add_shapes=True)
     ops = {node.op for node in graph_def.node} | {node.op for f in graph_def.library.function for node in f.node_def}

@@ -14,7 +14,7 @@ from typing import Any
 
 import onnx
 
-from flopcount.graph import walk_graphs
+from flopcount.pipeline.graph import walk_graphs
 
 __all__ = ["drop_identity_arithmetic", "drop_unread_constants", "fold_negations", "fuse_batch_norms",
            "fuse_layer_norms", "initializers_to_constants", "weights_to_initializers"]

@@ -1,7 +1,7 @@
 """The stack of layers of a transformers model, shown to repeat, and the smaller versions it is counted from.
 
 A decoder-only language model is an embedding, L decoder layers and a head. When the L layers are the same
-computation, the model's count is affine in L and :func:`flopcount.extension.extend` extends the counts of its 1-
+computation, the model's count is affine in L and :func:`flopcount.derived.extension.extend` extends the counts of its 1-
 and 2-layer versions exactly, which spares exporting all L. Likewise when, after its first a layers, the stack
 repeats a block of p layers (Gemma's alternating sliding and full layers: a = 0, p = 2; DeepSeek's dense first
 layers, then MoE layers: p = 1; Qwen2's full layers up to ``max_window_layers``, then windowed ones): it is
@@ -30,7 +30,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from flopcount.layers import EXPORTED, RepeatedLayers
+from flopcount.reporting.layers import EXPORTED, RepeatedLayers
 
 from . import common
 
@@ -97,7 +97,7 @@ class LayerStack:
 
 
 def layer_stack(model) -> LayerStack | RepeatedLayers:
-    """The :class:`LayerStack` of ``model`` (a transformers model), or the :class:`flopcount.layers.RepeatedLayers`
+    """The :class:`LayerStack` of ``model`` (a transformers model), or the :class:`flopcount.reporting.layers.RepeatedLayers`
     record of a whole export with the reason the layers cannot be extended."""
     config = model.config
     layers = getattr(config, "num_hidden_layers", None)

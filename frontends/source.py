@@ -58,7 +58,7 @@ class ModelSource:
         return load_factory(self.model)
 
     def count(self, options: CountOptions):
-        """The :class:`~flopcount.report.Report` of this model under ``options``."""
+        """The :class:`~flopcount.reporting.report.Report` of this model under ``options``."""
         kw = options.keywords()
         if self.generate is not None:
             ids = (self.inputs or {}).get("input_ids")

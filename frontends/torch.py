@@ -68,8 +68,8 @@ from typing import TYPE_CHECKING, Any
 import onnx
 
 from flopcount.errors import FrontendError, UsageError, first_line
-from flopcount.graph import walk_graphs
-from flopcount.progress import phase
+from flopcount.pipeline.graph import walk_graphs
+from flopcount.pipeline.progress import phase
 
 from . import common
 from .common import CACHE_ENV, default_cache_dir
@@ -79,7 +79,7 @@ from .torch_errors import FRONTEND, batch_norm_size_check, exporter_line, failur
 if TYPE_CHECKING:
     import torch
 
-    from flopcount.report import Report
+    from flopcount.reporting.report import Report
 
 __all__ = ["CACHE_ENV", "default_cache_dir", "forward_inputs", "from_torch", "load_factory", "module_state", "to_onnx",
            "torch_leaf"]
@@ -251,7 +251,7 @@ def _trainable_initializers(module, model: onnx.ModelProto) -> tuple[list[str] |
     initializer of any name is unread by the trace (DINOv2's ``mask_token`` without a mask), unless the graph holds
     weights that are named after no parameter or buffer (an exporter that re-packs them, such as the TorchScript
     one for LSTM): then the names are None, so that the graph's structure decides, and nothing is called unread."""
-    from flopcount.parameters import PARAMETER, SHAPE_TYPES, classify
+    from flopcount.pipeline.parameters import PARAMETER, SHAPE_TYPES, classify
     from flopcount.registry import canonical_domain
 
     names = {t.name for t in model.graph.initializer}

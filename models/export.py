@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 import onnx
 from onnx import numpy_helper
 
-from flopcount.graph import walk_graphs
-from flopcount.loading import is_index_tensor
+from flopcount.pipeline.graph import walk_graphs
+from flopcount.pipeline.loading import is_index_tensor
 
 if TYPE_CHECKING:
     import torch
@@ -137,7 +137,7 @@ def make_weightless(
     ``data_location = EXTERNAL`` with ``location``, ``offset`` and ``length`` entries, laid out one after another
     as if the file existed. ``dims`` and ``data_type`` are kept, so shape inference still sees every tensor.
     String tensors, which external data cannot hold, stay inline, and so do int64 tensors of up to 2**20 elements
-    (:func:`flopcount.loading.is_index_tensor`: positions and indices, from which attention masks are computed).
+    (:func:`flopcount.pipeline.loading.is_index_tensor`: positions and indices, from which attention masks are computed).
 
     Parameters
     ----------

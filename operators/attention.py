@@ -91,7 +91,7 @@ def own_mask(convention: Convention, is_causal: int, left_window_size: int, righ
 
 def with_graph_mask(mask: AttentionMask | None, graph) -> AttentionMask | None:
     """The mask of an Attention node from its attributes (``mask``) and the one evaluated from its ``attn_mask``
-    input (``graph``, a :class:`flopcount.graph_masks.GraphMask`): the graph's alone where the attributes give none;
+    input (``graph``, a :class:`flopcount.pipeline.graph_masks.GraphMask`): the graph's alone where the attributes give none;
     both kept (causal, the narrower window) where the graph's has a known structure; else the attributes' (which
     keep at least what both keep)."""
     if graph is None:

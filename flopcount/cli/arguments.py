@@ -37,7 +37,7 @@ def input_shape(text: str) -> tuple[str, tuple[int, ...], str | None]:
     name, sep, spec = text.rpartition("=")
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"expected NAME=DIMS such as input=8x3x224x224, got {text!r}")
-    from flopcount.shapes import parse_dims  # imported when a shape is parsed, not for --help
+    from flopcount.pipeline.shapes import parse_dims  # imported when a shape is parsed, not for --help
 
     dims, colon, dtype = spec.partition(":")
     if colon and dtype not in TORCH_DTYPES:
@@ -48,7 +48,7 @@ def input_shape(text: str) -> tuple[str, tuple[int, ...], str | None]:
         if not re.search(r"[A-Za-z_]", dims):
             raise argparse.ArgumentTypeError(str(e)) from None
     try:  # dims given as names (input_ids=BxS): for --symbolic and --sweep, refused elsewhere
-        from flopcount.symbolic import parse_symbolic_dims
+        from flopcount.derived.symbolic import parse_symbolic_dims
 
         return name, parse_symbolic_dims(dims), dtype or None
     except UsageError as e:
@@ -68,7 +68,7 @@ class InputShapes(argparse.Action):
 
 def generate_spec(text: str) -> tuple[int, int]:
     """``P:N`` → ``(P, N)``, prompt tokens and new tokens, both at least 1."""
-    from flopcount.generation import parse_generate
+    from flopcount.reporting.generation import parse_generate
 
     try:
         return parse_generate(text)
@@ -100,7 +100,7 @@ def loop_trips(text: str) -> tuple[str, int]:
 
 def positive(text: str) -> int:
     """A positive count that may size a tensor (at most 2**48)."""
-    from flopcount.shapes import MAX_ELEMENTS
+    from flopcount.pipeline.shapes import MAX_ELEMENTS
 
     try:
         v = int(text)
@@ -332,7 +332,7 @@ def weights(args: argparse.Namespace) -> dict:
 
 def add_memory_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of the memory ledger and of the run's layout (``flopcount MODEL --memory ...``)."""
-    from flopcount.plan import DEVICES, IMPLEMENTATIONS
+    from flopcount.parallel.plan import DEVICES, IMPLEMENTATIONS
 
     p.add_argument("--memory", action="store_true",
                    help="also the memory of one step per rank: weights, gradients, optimizer states and the step's "
@@ -352,7 +352,7 @@ def add_memory_arguments(p: argparse.ArgumentParser) -> None:
 def add_parallel_arguments(p: argparse.ArgumentParser, parallel_help: str | None = None) -> None:
     """The flags of a parallel plan and its recompute policy (``flopcount MODEL --parallel``, ``flopcount bench
     --parallel``, which says what the plan gives with ``parallel_help``)."""
-    from flopcount.plan import SCHEDULES
+    from flopcount.parallel.plan import SCHEDULES
 
     p.add_argument("--recompute", metavar="POLICY", default=None,
                    help="with --memory or --parallel, and --mode train: none (default), full (checkpoint every "
@@ -373,22 +373,22 @@ def add_parallel_arguments(p: argparse.ArgumentParser, parallel_help: str | None
 
 
 def with_parallel(report, args: argparse.Namespace):
-    """``report`` with its per-rank FLOP ledger (:mod:`flopcount.parallel`) when ``--parallel`` is given, from the
+    """``report`` with its per-rank FLOP ledger (:mod:`flopcount.parallel.ranks`) when ``--parallel`` is given, from the
     same plan and recompute flags as the memory ledger's, and its memory ledger per rank
-    (:mod:`flopcount.memory_parallel`) with ``--memory``."""
+    (:mod:`flopcount.memory.ranks`) with ``--memory``."""
     if not getattr(args, "parallel", None):
         return report
     import dataclasses
 
-    from flopcount.parallel import ledger
-    from flopcount.parallel_experts import load_expert_load
-    from flopcount.plan import parse_parallel, parse_recompute
+    from flopcount.parallel.experts import load_expert_load
+    from flopcount.parallel.plan import parse_parallel, parse_recompute
+    from flopcount.parallel.ranks import ledger
 
     plan = parse_parallel(args.parallel, args.microbatches, args.schedule)
     load = load_expert_load(getattr(args, "expert_load", None))
     report = dataclasses.replace(report, parallel=ledger(report, plan, parse_recompute(args.recompute), load))
     if report.memory is not None and not plan.is_single:
-        from flopcount.memory_parallel import per_rank
+        from flopcount.memory.ranks import per_rank
 
         report = dataclasses.replace(report, memory=per_rank(report, plan))
     return report
@@ -399,8 +399,8 @@ def memory_settings(args: argparse.Namespace) -> dict:
     are checked either way (exit 2 naming the bad part). The count's ledger is one rank's; :func:`with_parallel`
     splits it per rank of the plan."""
     from flopcount.errors import UsageError
-    from flopcount.memory import MemorySettings
-    from flopcount.plan import ParallelPlan, parse_parallel, parse_recompute
+    from flopcount.memory.ledger import MemorySettings
+    from flopcount.parallel.plan import ParallelPlan, parse_parallel, parse_recompute
 
     plan = parse_parallel(args.parallel, getattr(args, "microbatches", 1), getattr(args, "schedule", "1f1b")) \
         if getattr(args, "parallel", None) else ParallelPlan()

@@ -113,7 +113,7 @@ def config_from_args(args: argparse.Namespace):
                          "(--epochs) until --target-quality")
     plan = None
     if args.parallel is not None:
-        from flopcount.plan import parse_parallel, parse_recompute
+        from flopcount.parallel.plan import parse_parallel, parse_recompute
 
         if args.ensemble > 1:
             raise UsageError("--parallel: the ranks of --ensemble train separate base models, not one model under a "
@@ -233,8 +233,8 @@ def _one_run(args, module, cfg, report, parallel, ranks, i: int, runs: _Runs, sh
 
 
 def _run(args: argparse.Namespace, module, cfg, torch, parallel, ranks) -> int:
-    from flopcount.measure.harness.run_table import report_table
     from flopcount.measure.harness.result import bench_report, dumps
+    from flopcount.measure.harness.run_table import report_table
     from flopcount.measure.machine.system import describe_system
 
     if cfg.threads:

@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
 def render_table(c) -> str:
     from tabulate import tabulate
 
-    from flopcount.render import si
+    from flopcount.output.render import si
 
     rows = [[f"GEMM {k}", si(f.value, "FLOP/s"), f.source] for k, f in c.gemm.items()]
     rows += [[f"CONV {k}", si(f.value, "FLOP/s"), f.source] for k, f in c.conv.items()]

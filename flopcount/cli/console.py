@@ -9,7 +9,7 @@ import sys
 from typing import Iterator
 
 from flopcount.errors import FlopcountError, Interrupted
-from flopcount.files import check_writable, write_atomic
+from flopcount.output.files import check_writable, write_atomic
 
 __all__ = ["EXIT_INTERNAL", "OUTPUT_OPTIONS", "check_outputs", "command_logging", "run_guarded", "write_output"]
 
@@ -21,7 +21,7 @@ OUTPUT_OPTIONS = {"output": ("report", "-o"), "plot": ("plot", "--plot"), "mllog
 
 def check_outputs(args) -> None:
     """Refuse, before any work starts, every output path of ``args`` that cannot be written
-    (:func:`flopcount.files.check_writable`: an :class:`OutputError`, exit 8, naming the path and the option)."""
+    (:func:`flopcount.output.files.check_writable`: an :class:`OutputError`, exit 8, naming the path and the option)."""
     for dest, (what, option) in OUTPUT_OPTIONS.items():
         path = getattr(args, dest, None)
         if path:
@@ -36,11 +36,11 @@ def command_logging(verbose: int) -> Iterator[None]:
     flopcount's, and ``-vv`` does not turn on their debug output. Where nobody configured a handler for them, their
     warnings (torchao's "Failed to load ..." when transformers imports it) would reach Python's last-resort handler
     and stand beside a command's one-line error: they are shown with ``-v``, named by their logger, and held back
-    otherwise. When stderr is a terminal, the phases of long work (:mod:`flopcount.progress`: exports, shape
+    otherwise. When stderr is a terminal, the phases of long work (:mod:`flopcount.pipeline.progress`: exports, shape
     inference, the count) are shown as ``flopcount: message`` lines with their times. Everything is put back
     afterwards, so that :func:`flopcount.cli.main` called from Python leaves the process's logging as it found it."""
     logger = logging.getLogger("flopcount")
-    progress = logging.getLogger("flopcount.progress")  # flopcount.progress: phases and their times
+    progress = logging.getLogger("flopcount.progress")  # flopcount.pipeline.progress: phases and their times
     shown = _is_terminal(sys.stderr)
     progress_handler = logging.StreamHandler(sys.stderr)
     progress_handler.setFormatter(logging.Formatter("flopcount: %(message)s"))
@@ -104,7 +104,7 @@ def run_guarded(action, verbose: int) -> int:
 
 
 def write_output(text: str, path: str | None, what: str = "report") -> None:
-    """Write ``text`` to ``path`` whole (:func:`flopcount.files.write_atomic`), or to stdout when None; an
+    """Write ``text`` to ``path`` whole (:func:`flopcount.output.files.write_atomic`), or to stdout when None; an
     unwritable path is an :class:`OutputError` that leaves the earlier file there as it was."""
     if not path:
         sys.stdout.write(text)

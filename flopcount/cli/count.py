@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from flopcount.conventions import CONVENTIONS
-from flopcount.render import FORMATS, render
+from flopcount.output.render import FORMATS, render
 
 from .arguments import (
     InputShapes,

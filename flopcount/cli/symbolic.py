@@ -79,7 +79,7 @@ def _shapes(args: argparse.Namespace) -> dict[str, tuple]:
 
 def run_symbolic(args: argparse.Namespace) -> int:
     """Print the formulas of the count in the named dims."""
-    from flopcount.symbolic import symbolic_count
+    from flopcount.derived.symbolic import symbolic_count
 
     model, count, kwargs = _counting(args)
     formula = symbolic_count(model, _shapes(args), start=args.symbolic or None, count=count, **kwargs)
@@ -88,7 +88,7 @@ def run_symbolic(args: argparse.Namespace) -> int:
 
 
 def _render(args: argparse.Namespace, formula) -> str:
-    from flopcount.render import SCHEMA_VERSION
+    from flopcount.output.render import SCHEMA_VERSION
 
     ops = {k: p for k, p in formula.by_op_type.items() if p.terms}
     if args.format == "json":
@@ -122,7 +122,7 @@ def _render(args: argparse.Namespace, formula) -> str:
 def run_sweep(args: argparse.Namespace) -> int:
     """Count at each size of ``--sweep`` (other named dims at their --symbolic start, else 2)."""
     from flopcount.counting import count as count_onnx
-    from flopcount.symbolic import DEFAULT_START
+    from flopcount.derived.symbolic import DEFAULT_START
 
     model, count, kwargs = _counting(args)
     count = count or count_onnx

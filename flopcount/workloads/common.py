@@ -129,7 +129,7 @@ def make_meter(cfg: Config, report, listeners: list[Callable] | None = None, **k
     """The meter a workload trains under: its FLOPs from ``report``, the configuration's target, warm-up, windows,
     peak and precision (autocast runs inside the steps, so the precision is stated, not sampled)."""
     from flopcount.measure.harness.meter import Meter
-    from flopcount.plan import ParallelPlan
+    from flopcount.parallel.plan import ParallelPlan
 
     plan = ParallelPlan(**cfg.parallel) if cfg.parallel is not None else None
     meter = Meter(report, plan=plan, target_quality=cfg.target_quality, quality_exponent=cfg.quality_exponent,

@@ -8,15 +8,15 @@ import flopcount.context
 import flopcount.cost
 import flopcount.counting
 import flopcount.errors
-import flopcount.files
-import flopcount.parallel
-import flopcount.progress
-import flopcount.render
+import flopcount.output.files
+import flopcount.parallel.ranks
+import flopcount.pipeline.progress
+import flopcount.output.render
 import flopcount.version
 
 
 @pytest.mark.parametrize("module", [flopcount.cost, flopcount.context, flopcount.counting, flopcount.errors,
-                                    flopcount.files, flopcount.parallel, flopcount.render, flopcount.progress,
+                                    flopcount.output.files, flopcount.parallel.ranks, flopcount.output.render, flopcount.pipeline.progress,
                                     flopcount.version],
                          ids=lambda m: m.__name__)
 def test_docstring_examples(module):

@@ -1,4 +1,4 @@
-"""A count of L layers from the counts of 1 and 2 (:func:`flopcount.extension.extend`), on graphs built here: equal to
+"""A count of L layers from the counts of 1 and 2 (:func:`flopcount.derived.extension.extend`), on graphs built here: equal to
 the count of the L-layer graph in every figure, and refused when the second layer's nodes are not what it adds."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import flopcount
-from flopcount.extension import NotExtendable, extend
+from flopcount.derived.extension import NotExtendable, extend
 
 B, D, C = 3, 8, 5
 
@@ -85,7 +85,7 @@ def test_a_graph_without_scopes_is_not_extended():
     pytest.param("srrsrrsrr", 0, 3, id="a-block-of-3"),
 ])
 def test_a_repeated_block_after_the_first_layers(kinds, first, period):
-    from flopcount.memory import MemorySettings, module_activations
+    from flopcount.memory.ledger import MemorySettings, module_activations
 
     layers = len(kinds)
     kwargs = dict(mode="train", optimizer="sgd", memory=MemorySettings(recompute="full", device="cpu"))
@@ -107,7 +107,7 @@ def test_a_repeated_block_after_the_first_layers(kinds, first, period):
 @pytest.mark.parametrize("mode,recompute", [("inference", "none"), ("train", "none"), ("train", "full")])
 def test_memory_ledger_is_walked_on_the_extended_graph(mode, recompute, unscoped):
     """The ledger of 7 layers from the 1- and 2-layer counts equals the 7-layer count's, field by field."""
-    from flopcount.memory import MemorySettings, module_activations
+    from flopcount.memory.ledger import MemorySettings, module_activations
 
     kwargs = dict(mode=mode, optimizer="sgd" if mode == "train" else None,
                   memory=MemorySettings(recompute=recompute, device="cpu"))

@@ -1,4 +1,4 @@
-"""flopcount.files: every file written whole or not at all; an earlier file survives any failure."""
+"""flopcount.output.files: every file written whole or not at all; an earlier file survives any failure."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import stat
 
 import pytest
 
-from flopcount import files
 from flopcount.errors import OutputError
+from flopcount.output import files
 
 OLD = b'{"old": "report"}\n'
 

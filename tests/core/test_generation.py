@@ -1,4 +1,4 @@
-"""The arithmetic of :mod:`flopcount.generation`: the decode line from counted steps, and its sums."""
+"""The arithmetic of :mod:`flopcount.reporting.generation`: the decode line from counted steps, and its sums."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from flopcount.cost import Cost
 from flopcount.errors import UsageError
-from flopcount.generation import DecodePiece, Generation, affine_steps, context_lengths, parse_generate, segments
+from flopcount.reporting.generation import DecodePiece, Generation, affine_steps, context_lengths, parse_generate, segments
 
 
 def test_the_line_through_counted_steps_and_its_check():

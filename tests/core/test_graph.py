@@ -1,4 +1,4 @@
-"""flopcount.graph: the walks over a model's graphs and tensors."""
+"""flopcount.pipeline.graph: the walks over a model's graphs and tensors."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, external_data_helper, helper, numpy_helper
 
-from flopcount.graph import model_tensors, walk_graphs
+from flopcount.pipeline.graph import model_tensors, walk_graphs
 
 
 def _nested_model() -> onnx.ModelProto:
@@ -65,7 +65,7 @@ def test_model_tensors_matches_onnx_external_data_walk():
 
 def test_build_graph_indexes_each_node_once():
     from helpers import model
-    from flopcount.graph import GraphIndex, build_graph
+    from flopcount.pipeline.graph import GraphIndex, build_graph
 
     m = model([helper.make_node("Relu", ["x"], ["a"], name="r"), helper.make_node("Add", ["a", "x"], ["b"]),
                helper.make_node("Neg", ["b"], ["c"], domain="")], {"x": (2,)}, ["c"])

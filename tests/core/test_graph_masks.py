@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import flopcount
-from flopcount import graph_masks
+from flopcount.pipeline import graph_masks
 
 B, HEADS, E, EV = 2, 3, 5, 11
 NEG = np.finfo(np.float32).min

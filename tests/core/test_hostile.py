@@ -14,10 +14,10 @@ import pytest
 from helpers import const, model, single, weight
 from onnx import TensorProto, helper
 
-from flopcount import shapes
-from flopcount.shapes import guarded
 from flopcount.cli import main
 from flopcount.errors import ShapeError
+from flopcount.pipeline import shapes
+from flopcount.pipeline.shapes import guarded
 
 N = helper.make_node
 F = TensorProto.FLOAT
@@ -314,8 +314,8 @@ def test_pool_before_slice_in_a_large_graph_is_an_error_from_the_child(tmp_path)
     path.write_bytes(m.SerializeToString())
     code = textwrap.dedent(f"""
         import os, sys
-        from flopcount import shapes
         from flopcount.cli import main
+        from flopcount.pipeline import shapes
         forks = []
         real = os.fork
         def fork():

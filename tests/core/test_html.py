@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import flopcount
-from flopcount.html import DEFAULT_MAX_ROWS, to_html
+from flopcount.output.html import DEFAULT_MAX_ROWS, to_html
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "resnet50-v1.5.onnx"
 F = TensorProto.FLOAT

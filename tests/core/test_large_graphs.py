@@ -14,10 +14,10 @@ from helpers import const, model, weight
 from onnx import TensorProto, helper
 
 import flopcount
-from flopcount import shapes
-from flopcount.shapes import guarded, interpreter, tensors
 from flopcount.errors import InvalidGraphError, ShapeError
-from flopcount.graph import build_graph
+from flopcount.pipeline import shapes
+from flopcount.pipeline.graph import build_graph
+from flopcount.pipeline.shapes import guarded, interpreter, tensors
 
 N = helper.make_node
 F = TensorProto.FLOAT

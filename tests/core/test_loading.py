@@ -210,7 +210,7 @@ def test_cli_refuses_a_malformed_constant_with_exit_4(tmp_path):
 
 def test_count_takes_a_model_read_with_its_weights_under_its_path(tmp_path):
     from flopcount.errors import ModelFileError
-    from flopcount.loading import LoadedModel, load_with_weights
+    from flopcount.pipeline.loading import LoadedModel, load_with_weights
 
     w = numpy_helper.from_array(np.ones((16, 8, 3, 3), np.float32), "w")  # 1,152 elements: a weight
     graph = helper.make_graph([N("Conv", ["x", "w"], ["y"])], "g", [helper.make_tensor_value_info("x", F, [1, 8, 32, 32])],
@@ -231,7 +231,7 @@ def test_count_takes_a_model_read_with_its_weights_under_its_path(tmp_path):
 def test_int64_positions_keep_their_values_and_weights_do_not():
     """Positions and indices (int64, up to 2**20 elements) keep their values when a model is loaded, so masks built
     from them can be evaluated; floating-point weights of any size lose theirs."""
-    from flopcount.loading import has_data, load
+    from flopcount.pipeline.loading import has_data, load
 
     positions = numpy_helper.from_array(np.arange(5000, dtype=np.int64), "positions")
     huge = numpy_helper.from_array(np.zeros((1 << 20) + 1, np.int64), "huge")

@@ -1,4 +1,4 @@
-"""The memory ledger (flopcount.memory) on hand-built graphs: every figure a closed form written here."""
+"""The memory ledger (flopcount.memory.ledger) on hand-built graphs: every figure a closed form written here."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from onnx import TensorProto, helper
 
 import flopcount
 from flopcount.errors import UnsupportedOperatorError, UsageError
-from flopcount.memory import MemorySettings, optimizer_bytes
-from flopcount.plan import ParallelPlan, Recompute
+from flopcount.memory.ledger import MemorySettings, optimizer_bytes
+from flopcount.parallel.plan import ParallelPlan, Recompute
 from helpers import const, model, weight
 
 N, D_IN, D_HID, D_OUT = 7, 37, 91, 23
@@ -146,7 +146,7 @@ def test_settings_refuse_what_is_not_modelled_with_the_list():
 
 
 def test_memory_key_only_when_asked():
-    from flopcount.render import to_dict
+    from flopcount.output.render import to_dict
 
     assert "memory" not in to_dict(flopcount.count(mlp()))
     doc = to_dict(flopcount.count(mlp(), memory=True))

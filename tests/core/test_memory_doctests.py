@@ -4,13 +4,13 @@ import doctest
 
 import pytest
 
-import flopcount.memory
-import flopcount.memory_parallel
-import flopcount.plan
+import flopcount.memory.ledger
+import flopcount.memory.ranks
+import flopcount.parallel.plan
 import flopcount.saved
 
 
-@pytest.mark.parametrize("module", [flopcount.memory, flopcount.memory_parallel, flopcount.plan, flopcount.saved],
+@pytest.mark.parametrize("module", [flopcount.memory.ledger, flopcount.memory.ranks, flopcount.parallel.plan, flopcount.saved],
                          ids=lambda m: m.__name__)
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)

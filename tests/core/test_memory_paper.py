@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import flopcount
-from flopcount.memory import MemorySettings
+from flopcount.memory.ledger import MemorySettings
 from helpers import weight
 
 B, S, H, A = 3, 5, 12, 3  # batch, sequence, hidden, heads (distinct, so that a swapped dim cannot pass)

@@ -1,4 +1,4 @@
-"""Memory per rank under a parallel plan (flopcount.memory_parallel): a tiny Llama (hidden H, L layers, HEADS heads
+"""Memory per rank under a parallel plan (flopcount.memory.ranks): a tiny Llama (hidden H, L layers, HEADS heads
 of D, KV_HEADS K/V heads, MLP width FFN, vocabulary V) trained with Adam in float32, its per-rank parameters,
 gradients and optimizer states checked against closed forms written here, the TP identity, the pipeline's
 microbatches in flight, and the plans it refuses."""
@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from flopcount.errors import UsageError
-from flopcount.memory import MemorySettings
-from flopcount.memory_parallel import in_flight, per_rank
-from flopcount.plan import parse_parallel
+from flopcount.memory.ledger import MemorySettings
+from flopcount.memory.ranks import in_flight, per_rank
+from flopcount.parallel.plan import parse_parallel
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("torch")
@@ -108,5 +108,5 @@ def test_count_refuses_a_plan_and_names_the_split(tmp_path):
     import flopcount
 
     # refused before the model is read: the count's ledger is one rank's, per_rank splits it
-    with pytest.raises(UsageError, match="memory_parallel.per_rank"):
+    with pytest.raises(UsageError, match="memory.ranks.per_rank"):
         flopcount.count(str(tmp_path / "absent.onnx"), memory=MemorySettings(plan=plan("tp=2")))

@@ -11,9 +11,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from flopcount.memory import MemorySettings  # noqa: E402
-from flopcount.memory_parallel import per_rank  # noqa: E402
-from flopcount.plan import parse_parallel  # noqa: E402
+from flopcount.memory.ledger import MemorySettings  # noqa: E402
+from flopcount.memory.ranks import per_rank  # noqa: E402
+from flopcount.parallel.plan import parse_parallel  # noqa: E402
 
 H, L, HEADS, FFN, V = 32, 2, 4, 48, 64
 D = H // HEADS

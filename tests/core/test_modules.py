@@ -1,4 +1,4 @@
-"""FLOPs per module (:mod:`flopcount.modules`): scopes read from what exporters write, rows that partition the
+"""FLOPs per module (:mod:`flopcount.reporting.modules`): scopes read from what exporters write, rows that partition the
 count exactly, and FlopCounterMode's own per-module counts as the reference."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import flopcount
 from flopcount.errors import UsageError
-from flopcount.modules import OUTSIDE, OWN
+from flopcount.reporting.modules import OUTSIDE, OWN
 
 F = TensorProto.FLOAT
 
@@ -170,7 +170,7 @@ def test_resnet50_modules_equal_flop_counter_mode(tmp_path, resnet_reference, ex
 def test_json_rows_and_node_modules():
     import json
 
-    from flopcount.render import render
+    from flopcount.output.render import render
 
     r = flopcount.count(graph("names"), mode="train")
     doc = json.loads(render(r, "json", per_node=True, by_module=2))
@@ -187,7 +187,7 @@ def test_json_rows_and_node_modules():
 
 @pytest.mark.parametrize("fmt", ["table", "markdown", "csv"])
 def test_text_formats_show_the_tree(fmt):
-    from flopcount.render import render
+    from flopcount.output.render import render
 
     text = render(flopcount.count(graph("names")), fmt, by_module=2)
     if fmt == "csv":
@@ -199,7 +199,7 @@ def test_text_formats_show_the_tree(fmt):
 
 
 def test_text_says_why_there_is_one_row():
-    from flopcount.render import render
+    from flopcount.output.render import render
 
     assert "Modules: one row: the graph has no module scopes" in render(flopcount.count(graph("none")), by_module=1)
 

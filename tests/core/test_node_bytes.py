@@ -9,8 +9,8 @@ import json
 from onnx import TensorProto
 
 import flopcount
-from flopcount.render import render
-from flopcount.report import element_bits
+from flopcount.output.render import render
+from flopcount.reporting.report import element_bits
 
 from helpers import single, weight
 

@@ -18,7 +18,7 @@ from flopcount.counting import count_options
 from flopcount.errors import UnsupportedOperatorError, UsageError
 from flopcount.frontends.source import ModelSource
 from flopcount.options import CountOptions
-from flopcount.report import UNSUPPORTED, ZERO_COST
+from flopcount.reporting.report import UNSUPPORTED, ZERO_COST
 
 
 def marked_model(with_marker: bool = True):

@@ -10,7 +10,8 @@ import re
 import pytest
 
 PACKAGES = ["flopcount", "flopcount.operators", "flopcount.frontends", "flopcount.models", "flopcount.cli",
-            "flopcount.workloads", "flopcount.measure", "flopcount.shapes"]
+            "flopcount.workloads", "flopcount.measure", "flopcount.pipeline", "flopcount.pipeline.shapes",
+            "flopcount.reporting", "flopcount.parallel", "flopcount.memory", "flopcount.derived", "flopcount.output"]
 
 
 @pytest.mark.parametrize("name", PACKAGES)

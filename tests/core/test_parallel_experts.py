@@ -1,4 +1,4 @@
-"""Context and expert parallelism in FLOPs per rank (flopcount.parallel_experts through flopcount.parallel.ledger):
+"""Context and expert parallelism in FLOPs per rank (flopcount.parallel.experts through flopcount.parallel.ranks.ledger):
 a tiny Qwen2-MoE (hidden H, L layers, E routed experts of width I, K per token, a shared expert) and a tiny Llama
 counted once each; the zigzag balance, the expert load, the all_to_all and K/V bytes against closed forms written
 here, and the identity between ranks and the whole count."""
@@ -10,9 +10,9 @@ import json
 import pytest
 
 from flopcount.errors import UsageError
-from flopcount.parallel import ledger
-from flopcount.parallel_experts import ExpertLoad, load_expert_load, zigzag_pairs
-from flopcount.plan import parse_parallel, parse_recompute
+from flopcount.parallel.experts import ExpertLoad, load_expert_load, zigzag_pairs
+from flopcount.parallel.plan import parse_parallel, parse_recompute
+from flopcount.parallel.ranks import ledger
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("torch")

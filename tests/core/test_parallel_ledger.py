@@ -1,4 +1,4 @@
-"""FLOPs per rank under a parallel plan (flopcount.parallel): a tiny Llama (hidden H, L layers, HEADS heads of D,
+"""FLOPs per rank under a parallel plan (flopcount.parallel.ranks): a tiny Llama (hidden H, L layers, HEADS heads of D,
 KV_HEADS K/V heads, MLP width FFN, vocabulary V, batch B, sequence S) counted once, its ledger checked against
 closed forms written here, the identity between ranks and the whole count, the schedules' bubbles and the
 errors that name the degree."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from flopcount.errors import UsageError
-from flopcount.parallel import ledger, node_shares, simulate_schedule
-from flopcount.plan import parse_parallel, parse_recompute
+from flopcount.parallel.plan import parse_parallel, parse_recompute
+from flopcount.parallel.ranks import ledger, node_shares, simulate_schedule
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("torch")

@@ -1,4 +1,4 @@
-"""Parameters mean what users think (flopcount.parameters): weights stored as Constant nodes are
+"""Parameters mean what users think (flopcount.pipeline.parameters): weights stored as Constant nodes are
 parameters, BatchNormalization's running statistics are buffers, and constants an exporter folded
 (Pow exponents, epsilons, GELU coefficients, rotary tables, masks, fill values) are neither, so they
 are never trained; ``trainable=`` names the framework's parameters outright."""
@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import flopcount
 from flopcount.errors import UsageError
-from flopcount.render import render
+from flopcount.output.render import render
 
 N = helper.make_node
 F = TensorProto.FLOAT

@@ -1,11 +1,11 @@
-"""The parallel plan and the recompute policy (flopcount.plan): parsing and the checks that name the bad part."""
+"""The parallel plan and the recompute policy (flopcount.parallel.plan): parsing and the checks that name the bad part."""
 
 from __future__ import annotations
 
 import pytest
 
 from flopcount.errors import UsageError
-from flopcount.plan import ParallelPlan, Recompute, parse_parallel, parse_recompute
+from flopcount.parallel.plan import ParallelPlan, Recompute, parse_parallel, parse_recompute
 
 
 def test_a_full_plan():

@@ -1,10 +1,10 @@
-"""Which inputs of an operator may carry a gradient, as ONNX's schemas say (what :mod:`flopcount.schema` reads)."""
+"""Which inputs of an operator may carry a gradient, as ONNX's schemas say (what :mod:`flopcount.pipeline.schema` reads)."""
 
 import onnx
 import pytest
 
 
-# The categories of ONNX's schemas that flopcount.schema reads and the backward cases of tests/operators/ rely on:
+# The categories of ONNX's schemas that flopcount.pipeline.schema reads and the backward cases of tests/operators/ rely on:
 # an input the schema marks NonDifferentiable never gets a gradient, any other may.
 
 

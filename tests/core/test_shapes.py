@@ -7,7 +7,7 @@ from helpers import const, model, single, weight
 from onnx import TensorProto, helper
 
 import flopcount
-from flopcount.shapes import parse_dims
+from flopcount.pipeline.shapes import parse_dims
 
 N = helper.make_node
 

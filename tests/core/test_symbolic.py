@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import flopcount
-from flopcount.symbolic import NotPolynomialError, fit, symbolic_count
+from flopcount.derived.symbolic import NotPolynomialError, fit, symbolic_count
 
 
 def test_fit_finds_degrees_and_exact_coefficients():

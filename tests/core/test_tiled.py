@@ -1,4 +1,4 @@
-"""A sequence of repeated items held once (flopcount.tiled): it reads as the list written out in full."""
+"""A sequence of repeated items held once (flopcount.reporting.tiled): it reads as the list written out in full."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from flopcount.errors import UsageError
-from flopcount.tiled import MAX_LISTED_NODES, Tiled, TiledMapping, check_listable, distinct, weighted
+from flopcount.reporting.tiled import MAX_LISTED_NODES, Tiled, TiledMapping, check_listable, distinct, weighted
 
 
 def make(item: str, j: int, t: int) -> str:

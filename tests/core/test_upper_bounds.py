@@ -11,7 +11,7 @@ from helpers import const, model, weight
 from onnx import TensorProto, helper
 
 import flopcount
-from flopcount.render import render
+from flopcount.output.render import render
 
 ML = "ai.onnx.ml"
 F = TensorProto.FLOAT

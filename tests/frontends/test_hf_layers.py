@@ -12,7 +12,7 @@ import pytest
 
 import flopcount
 from flopcount.errors import UsageError
-from flopcount.layers import EXPORTED, EXTENDED
+from flopcount.reporting.layers import EXPORTED, EXTENDED
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")

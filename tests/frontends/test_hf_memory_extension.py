@@ -11,8 +11,8 @@ import sys
 import pytest
 
 import flopcount
-from flopcount.layers import EXPORTED, EXTENDED
-from flopcount.memory import MemorySettings, module_activations
+from flopcount.memory.ledger import MemorySettings, module_activations
+from flopcount.reporting.layers import EXPORTED, EXTENDED
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")

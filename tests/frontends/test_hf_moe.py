@@ -10,7 +10,7 @@ import pytest
 
 import flopcount
 from flopcount.errors import UsageError
-from flopcount.moe import MixtureOfExperts
+from flopcount.reporting.moe import MixtureOfExperts
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 mem_tracker = pytest.importorskip("torch.distributed._tools.mem_tracker")
 
 import flopcount  # noqa: E402
-from flopcount.memory import MemorySettings  # noqa: E402
+from flopcount.memory.ledger import MemorySettings  # noqa: E402
 
 F32 = 4
 pytestmark = pytest.mark.slow
@@ -251,7 +251,7 @@ def test_full_recompute_against_torch_checkpoint():
 def test_activations_by_module_sum_to_the_total():
     """Per module (depth 2: each block of ``layers``), the ReLU's output and the block's output (the next block's
     input) kept; the graph's input in its own row."""
-    from flopcount.memory import INPUTS, module_activations
+    from flopcount.memory.ledger import INPUTS, module_activations
 
     torch.manual_seed(0)
     report = flopcount.from_torch(Stack().train(), (torch.randn(5, 7, 24),), training=True, cache_dir=False,

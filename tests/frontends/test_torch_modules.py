@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 import flopcount
-from flopcount.modules import OUTSIDE, OWN
+from flopcount.reporting.modules import OUTSIDE, OWN
 
 torch = pytest.importorskip("torch")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import flopcount
-from flopcount.render import to_dict
+from flopcount.output.render import to_dict
 
 torch = pytest.importorskip("torch")
 

@@ -1396,7 +1396,7 @@ def test_bias_softmax_backward(axis, rows, n):
     std = build([N("Add", ["data", "bias"], ["s"]), N("Softmax", ["s"], ["y"], axis=axis)], {}, bias, {},
                 {"data": (3, 5, 7, 11)}, opset=11)
     # A table added to scores that feed a Softmax is a mask or a position bias for the graph's rule
-    # (flopcount.parameters): named trainable here (with the prefix weight), it is trained in both graphs.
+    # (flopcount.pipeline.parameters): named trainable here (with the prefix weight), it is trained in both graphs.
     named = ["bias", "data_w"]
     assert fused(m, trainable=named) == (rows * (4 * n - 1) + 1155 - 231, 0, 0)
     assert_same_as_unfused(m, std, trainable=named)

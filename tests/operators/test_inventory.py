@@ -9,7 +9,7 @@ import pytest
 from onnx.backend.test.case.node import collect_testcases
 
 import flopcount
-from flopcount.onnx_cases import run_time_facts
+from flopcount.pipeline.onnx_cases import run_time_facts
 from flopcount.registry import lookup
 
 CASES = collect_testcases()
@@ -74,9 +74,9 @@ def test_every_operator_schema_is_classified(domain, op_type):
 def test_operator_docs_are_current():
     import pathlib
 
-    from flopcount.docs import operators_markdown
+    from flopcount.output.docs import operators_markdown
 
     path = pathlib.Path(__file__).parents[2] / "docs" / "operators.md"
     assert path.read_text(encoding="utf-8") == operators_markdown(), (
-        "docs/operators.md is stale: regenerate it with python -m flopcount.docs -o docs/operators.md"
+        "docs/operators.md is stale: regenerate it with python -m flopcount.output.docs -o docs/operators.md"
     )

@@ -429,7 +429,7 @@ def test_tree_ensembles_are_listed_as_upper_bounds_in_every_format():
     import io
     import json
 
-    from flopcount.render import render
+    from flopcount.output.render import render
 
     report = flopcount.count(_legacy_regressor())
     ((key, (nodes, why)),) = report.upper_bounds.items()
@@ -447,7 +447,7 @@ def test_exact_counts_list_no_upper_bound():
     import csv
     import io
 
-    from flopcount.render import render
+    from flopcount.output.render import render
 
     report = flopcount.count(model([helper.make_node("Scaler", ["x"], ["y"], domain=ML, offset=[0.5], scale=[2.0])],
                                    {"x": (N, F)}, ["y"], opset=18, extra_opsets={ML: 3}))

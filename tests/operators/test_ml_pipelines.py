@@ -174,7 +174,7 @@ def test_counting_ml_models_needs_neither_torch_nor_onnxruntime_inference(tmp_pa
 
     path = tmp_path / "svc.onnx"
     path.write_bytes(convert(make_pipeline(StandardScaler(), SVC()), X, LABELS3).SerializeToString())
-    code = ("import sys, flopcount; from flopcount.shapes import symbolic_inference\n"
+    code = ("import sys, flopcount; from flopcount.pipeline.shapes import symbolic_inference\n"
             f"flopcount.count({str(path)!r}, batch=3)\n"
             "print(sorted(m for m in ('torch', 'sympy', 'onnxruntime.tools') if m in sys.modules))\n"
             "cls = symbolic_inference()\n"

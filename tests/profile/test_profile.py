@@ -266,14 +266,14 @@ def test_op_type_bytes_leave_out_executed_nodes_that_run_no_graph_node():
 
 def test_profile_reads_the_model_file_once(tmp_path, monkeypatch):
     """The count and the run share one read of the file: counted without the weights, run with them."""
-    import flopcount.loading
+    import flopcount.pipeline.loading
 
     inline = np.arange(91 * 23, dtype=np.float32).reshape(91, 23) / 1000
     path = tmp_path / "mlp.onnx"
     onnx.save(_mlp(inline), path)
     reads = []
-    real_read, real_load = flopcount.loading._read, onnx.load
-    monkeypatch.setattr(flopcount.loading, "_read", lambda p: reads.append(p) or real_read(p))
+    real_read, real_load = flopcount.pipeline.loading._read, onnx.load
+    monkeypatch.setattr(flopcount.pipeline.loading, "_read", lambda p: reads.append(p) or real_read(p))
     monkeypatch.setattr(onnx, "load", lambda p, *a, **k: reads.append(p) or real_load(p, *a, **k))
     p = profile(str(path), warmup=1, runs=2, ceilings=CEILINGS)
     assert reads == [str(path)]

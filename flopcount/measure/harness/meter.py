@@ -38,13 +38,13 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from flopcount.errors import Interrupted, UsageError
-from flopcount.files import write_atomic
+from flopcount.output.files import write_atomic
 
 from . import checks
 from . import energy as energy_mod
 from .clocks import make_timer
-from .mfu import PRECISIONS
 from .figures import RunSnapshot, Window, last_quality, local_figures, run_figures
+from .mfu import PRECISIONS
 from .rank_mfu import check_plan_world, checked_plan
 from .ranks import gather_ranks, is_writer, running_dist
 from .result import RunResult, bench_report, dumps
@@ -194,9 +194,9 @@ class Meter:
         Read the device's energy counter (NVML or RAPL) when there is one.
     clock : callable, optional
         A zero-argument clock in seconds replacing the real timer (tests of the arithmetic).
-    plan : flopcount.plan.ParallelPlan or str, optional
+    plan : flopcount.parallel.plan.ParallelPlan or str, optional
         The run's parallel plan (``"tp=2,dp=2"``, or a ``ParallelPlan`` with its microbatches and schedule): each
-        rank's FLOPs per optimizer step come from the per-rank ledger (:func:`flopcount.parallel.ledger`) of the
+        rank's FLOPs per optimizer step come from the per-rank ledger (:func:`flopcount.parallel.ranks.ledger`) of the
         counted model, and the result's ``parallel`` holds every rank's MFU and HFU, the slowest rank, the
         imbalance and the conventions of Megatron, torchtitan and MaxText (:mod:`.rank_mfu`). One :meth:`step`
         is one optimizer step. Needs ``report=`` or ``model=``; under torch.distributed its world size must be the
@@ -219,7 +219,7 @@ class Meter:
         if len(sources) != 1:
             raise UsageError("Meter needs exactly one of report=, flops_per_sample= or model= (with example_inputs=) "
                              f"to know the training FLOPs per sample; got {', '.join(sources) or 'none'}")
-        from flopcount.report import Report
+        from flopcount.reporting.report import Report
 
         if report is not None and not isinstance(report, Report):
             raise UsageError(f"Meter: report must be a flopcount.Report (from flopcount.count or from_torch with "
@@ -728,10 +728,10 @@ class Meter:
 
     def _plan_ledger(self) -> dict[str, Any]:
         """The per-rank ledger of the counted model under the plan, as a mapping (formed once): the decoder rules of
-        :func:`flopcount.parallel.ledger`, or for a data-parallel plan on another model
+        :func:`flopcount.parallel.ranks.ledger`, or for a data-parallel plan on another model
         :func:`.rank_mfu.data_parallel_ledger`."""
         if self._ledger is None:
-            from flopcount.parallel import ledger
+            from flopcount.parallel.ranks import ledger
 
             from .rank_mfu import data_parallel_ledger
 

@@ -26,8 +26,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping
 
-from flopcount import files
 from flopcount.errors import OutputError, UsageError
+from flopcount.output import files
 
 #: The MLPerf training ruleset whose compliance checker the logs are written for.
 RULESET = "4.0.0"
@@ -81,14 +81,14 @@ def call_site() -> tuple[str, int]:
 
 def check_writable(path: str) -> None:
     """Refuse, before any training, an MLPerf log path whose folder is missing, that is a folder, or where no file
-    can be created (an OutputError naming the path; :func:`flopcount.files.check_writable`)."""
+    can be created (an OutputError naming the path; :func:`flopcount.output.files.check_writable`)."""
     files.check_writable(path, "MLPerf log", "--mllog")
 
 
 class MLLogWriter:
     """Writes one run's MLPerf log to ``path``; subscribe :meth:`on_event` to a :class:`flopcount.Meter`.
 
-    The log is a stream (:class:`flopcount.files.LineStream`): each line is flushed as it is written, to a file
+    The log is a stream (:class:`flopcount.output.files.LineStream`): each line is flushed as it is written, to a file
     beside ``path`` that :meth:`close` renames over it, so an earlier log at ``path`` stays whole until the run's
     log is. A write that fails (a full disk) ends the log but not the run: :attr:`failed` holds the
     :class:`OutputError`, and :meth:`close` raises it."""

@@ -1,6 +1,6 @@
 """MFU per rank under a parallel plan, and the conventions other tools log, from the same run.
 
-Plain arithmetic on the per-rank ledger (:func:`flopcount.parallel.ledger`, as its ``as_dict()``), every rank's
+Plain arithmetic on the per-rank ledger (:func:`flopcount.parallel.ranks.ledger`, as its ``as_dict()``), every rank's
 median step time (gathered once, when the result is formed) and the peak of one device. One meter step is one
 optimizer step (all M microbatches of the plan).
 
@@ -51,16 +51,16 @@ def _ratio(num: float | None, den: float | None) -> float | None:
 
 
 def checked_plan(plan, recompute, flops_per_sample):
-    """The ``plan=`` argument as a :class:`~flopcount.plan.ParallelPlan` and the ledger's recompute policy, or
+    """The ``plan=`` argument as a :class:`~flopcount.parallel.plan.ParallelPlan` and the ledger's recompute policy, or
     (None, None) without a plan; a :class:`UsageError` naming ``plan`` when it cannot be used."""
     if plan is None:
         return None, None
-    from flopcount.plan import ParallelPlan, parse_parallel, parse_recompute
+    from flopcount.parallel.plan import ParallelPlan, parse_parallel, parse_recompute
 
     if isinstance(plan, str):
         plan = parse_parallel(plan)
     elif not isinstance(plan, ParallelPlan):
-        raise UsageError(f"Meter: plan must be a flopcount.plan.ParallelPlan or a string such as 'tp=2,dp=2', got "
+        raise UsageError(f"Meter: plan must be a flopcount.parallel.plan.ParallelPlan or a string such as 'tp=2,dp=2', got "
                          f"{type(plan).__name__} {plan!r:.60}")
     if flops_per_sample is not None:
         raise UsageError("Meter: plan= needs a counted model (report= or model= with example_inputs=) to split its "
@@ -80,7 +80,7 @@ def check_plan_world(plan, world_size: int) -> None:
 
 
 def data_parallel_ledger(report: Any, plan: Any, recompute: Any) -> dict[str, Any]:
-    """The ledger (as :meth:`flopcount.parallel.ParallelLedger.as_dict` shapes it) of a data-parallel plan on any
+    """The ledger (as :meth:`flopcount.parallel.ranks.ParallelLedger.as_dict` shapes it) of a data-parallel plan on any
     counted model: each rank runs the whole model on M microbatches; ``full`` recompute adds one forward pass per
     microbatch. Another recompute policy needs the layer rules: a :class:`~flopcount.errors.UsageError`."""
     if plan.tp * plan.pp * plan.cp * plan.ep != 1:

@@ -449,7 +449,7 @@ def _write_cache(path, ceiling) -> None:
     if path is None:
         return
     from flopcount.errors import OutputError
-    from flopcount.files import write_atomic
+    from flopcount.output.files import write_atomic
 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,7 @@ of nodes, and whether a group is compute- or memory-bound against the machine's 
 
 from __future__ import annotations
 
-from flopcount.report import NodeCount, node_bytes, tensor_bytes
+from flopcount.reporting.report import NodeCount, node_bytes, tensor_bytes
 
 from .records import NodeProfile, OpTypeProfile
 

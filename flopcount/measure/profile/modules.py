@@ -1,4 +1,4 @@
-"""Measured time per module: the page of :mod:`flopcount.html` with a profile's times beside each module's count.
+"""Measured time per module: the page of :mod:`flopcount.output.html` with a profile's times beside each module's count.
 
 An executed node's median time belongs to the smallest module that holds every graph node it runs (itself, or
 what onnxruntime fused into it): a kernel that runs nodes of two sibling modules counts in their parent's row and
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from flopcount.modules import OUTSIDE, OWN, ModuleRow
+from flopcount.reporting.modules import OUTSIDE, OWN, ModuleRow
 
 from .records import Profile
 
@@ -72,9 +72,9 @@ def _columns(p: Profile) -> Mapping[str, Callable[[ModuleRow], str]]:
 
 
 def profile_html(p: Profile, depth: int | None = None) -> str:
-    """The count's page (:func:`flopcount.html.to_html`) with the median time, share of time and achieved FLOP/s of
+    """The count's page (:func:`flopcount.output.html.to_html`) with the median time, share of time and achieved FLOP/s of
     each module, and how the times were measured."""
-    from flopcount.html import to_html
+    from flopcount.output.html import to_html
 
     notes = [f"Measured with onnxruntime ({p.provider}, optimisations {p.optimize}): {p.runs} timed runs after "
              f"{p.warmup} warm-up runs; median run {p.run_time_s * 1e3:,.3f} ms without the profiler, "

@@ -3,7 +3,7 @@
 The model is counted (:func:`flopcount.count`), then run by onnxruntime on the same fixed shapes: warm-up runs,
 then timed runs under the profiler, each node's kernel time the median over the timed runs, and the whole run's
 time measured again without the profiler (``run_time_s``). Each node's analytic FLOPs and the bytes it reads and
-writes (:func:`flopcount.report.node_bytes`) then give its achieved FLOP/s, its arithmetic intensity and whether it
+writes (:func:`flopcount.reporting.report.node_bytes`) then give its achieved FLOP/s, its arithmetic intensity and whether it
 sits left (memory-bound) or right (compute-bound) of the ridge point of the machine's measured ceilings.
 
 Weights: a model whose initializers are in the file runs with them, and so does one whose external-data files are all
@@ -27,7 +27,7 @@ import time
 from typing import Mapping
 
 from flopcount.errors import MeasurementError, UsageError
-from flopcount.report import op_key
+from flopcount.reporting.report import op_key
 
 from .attribution import attribute, bound_of, by_op_type, ceiling_dtype, group_bytes
 from .records import NodeProfile, Profile
@@ -47,7 +47,7 @@ def profile(source, input_shapes: Mapping[str, tuple[int, ...]] | None = None, b
     and torch's differ in speed on the same core).
     """
     from flopcount import count
-    from flopcount.loading import load_with_weights
+    from flopcount.pipeline.loading import load_with_weights
 
     if optimize not in OPTIMIZE_LEVELS:
         raise UsageError(f"--optimize {optimize!r}: expected one of {', '.join(OPTIMIZE_LEVELS)}")

@@ -133,7 +133,7 @@ def to_dict(p: Profile) -> dict[str, Any]:
 
 
 def _f(v: float | None, unit: str = "") -> str:
-    from flopcount.render import si
+    from flopcount.output.render import si
 
     return "-" if v is None else si(v, unit)
 

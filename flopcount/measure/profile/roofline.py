@@ -268,7 +268,7 @@ def profile_points(doc: Any, where: str = "profile") -> list[Point]:
 
 def report_points(report) -> list[Point]:
     """Nodes of a count with FLOPs and known bytes, at their arithmetic intensity (not measured)."""
-    from flopcount.report import node_bytes
+    from flopcount.reporting.report import node_bytes
 
     out = []
     for n in report.nodes:
@@ -286,7 +286,7 @@ def describe(roofline: Roofline, points: Sequence[Point]) -> str:
     """Ceilings, ridge points and every point with its attainable FLOP/s and its bound, as text."""
     from tabulate import tabulate
 
-    from flopcount.render import si
+    from flopcount.output.render import si
 
     unit = "B/s"
     lines = [roofline.title, ""]
@@ -363,7 +363,7 @@ def _check_suffix(path: str) -> None:
 def _save(fig, path: str) -> None:
     import os
 
-    from flopcount.files import atomic_path
+    from flopcount.output.files import atomic_path
 
     with atomic_path(path, "plot") as tmp:
         fig.savefig(tmp, dpi=120, bbox_inches="tight", format=os.path.splitext(path)[1][1:].lower())
@@ -373,7 +373,7 @@ def plot_roofline(roofline: Roofline, points: Sequence[Point], path: str):
     """Draw ``roofline`` log-log with every ceiling labelled by its value, and ``points`` (filled: measured;
     hollow: placed at their attainable FLOP/s). Each ceiling is one Line2D whose gid is ``ceiling:<label>``.
     Returns the figure (closed after saving)."""
-    from flopcount.render import si
+    from flopcount.output.render import si
 
     _check_suffix(path)
     plt = pyplot()
@@ -423,7 +423,7 @@ def plot_roofline(roofline: Roofline, points: Sequence[Point], path: str):
 
 def plot_op_types(report, path: str):
     """A horizontal bar chart of FLOPs by op type (log scale, largest on top), each bar labelled with its share."""
-    from flopcount.render import si
+    from flopcount.output.render import si
 
     _check_suffix(path)
     plt = pyplot()

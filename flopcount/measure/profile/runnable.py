@@ -9,8 +9,8 @@ import os
 from typing import Any
 
 from flopcount.errors import MeasurementError, ShapeError
-from flopcount.graph import model_tensors
-from flopcount.report import Report
+from flopcount.pipeline.graph import model_tensors
+from flopcount.reporting.report import Report
 
 __all__ = ["make_inputs", "runnable_model"]
 
@@ -106,7 +106,7 @@ def _load_present_external_data(model, folder: str) -> None:
 
 def runnable_model(source, report: Report, seed: int = 0):
     """The model onnxruntime runs: ``source`` (a path, a ``ModelProto``, or a
-    :class:`~flopcount.loading.LoadedModel` from :func:`~flopcount.loading.load_with_weights`, which is used in place)
+    :class:`~flopcount.pipeline.loading.LoadedModel` from :func:`~flopcount.pipeline.loading.load_with_weights`, which is used in place)
     read with its inline data (and its external data when every file is present beside it), model-local
     functions expanded as counting expands them, every node given a unique name (kept where it already is one),
     missing weights synthesised, and graph inputs and outputs fixed to the count's resolved shapes. Returns the
@@ -114,7 +114,7 @@ def runnable_model(source, report: Report, seed: int = 0):
     import numpy as np
     import onnx
 
-    from flopcount.loading import LoadedModel
+    from flopcount.pipeline.loading import LoadedModel
 
     if isinstance(source, LoadedModel):
         model, path = source.model, source.path

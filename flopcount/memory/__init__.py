@@ -1,0 +1,9 @@
+"""Memory from the graph. It imports :mod:`flopcount.parallel` (the plan, each node's share), the report records and
+the contract.
+
+* :mod:`.ledger` the memory ledger of one step: a liveness walk over a counted report's nodes (``--memory``)
+* :mod:`.layers` the memory ledger of L identical layers, walked on the 2-layer graph with its second layer copied
+* :mod:`.ranks` the memory ledger per rank under a parallel plan (``--memory --parallel``)
+"""
+
+__all__: list[str] = []

@@ -1,0 +1,555 @@
+"""Memory per rank, from the graph: weights, gradients, optimizer states and their step's temporaries, the
+activations the backward keeps, and the peak of one step from a liveness walk in the graph's execution order.
+
+The walk (:func:`ledger`) is plain arithmetic on the counted nodes: each node's outputs are allocated when it runs
+and freed after their last reader, unless a backward keeps them (the operator's saved-for-backward rule,
+:mod:`flopcount.saved`); kept tensors are freed when the last node keeping them has run its backward. Views
+(Reshape, Transpose, Squeeze, Slice ...) share their input's storage, and a storage is counted once however many
+nodes keep it. A training step is modelled at steady state, as ``zero_grad(set_to_none=True); forward; backward;
+step`` runs it: the optimizer states exist throughout, gradients from the backward on. Weights, constants and the
+graph's inputs are alive throughout; the graph's outputs from their node to the end of the step.
+
+Not modelled: the workspaces inside a kernel (a backward's own temporaries), allocator rounding and caching (the
+CPU allocator rounds nothing; CUDA's caching allocator rounds to 512 bytes and keeps freed blocks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Sequence
+
+from ..context import NodeContext, TensorInfo
+from ..errors import UnsupportedOperatorError, UsageError
+from ..parallel.plan import DEVICES, IMPLEMENTATIONS, ParallelPlan, Recompute, parse_recompute
+from ..registry import lookup_saved
+from ..reporting.report import NodeCount, element_bits, op_key, tensor_bytes
+from ..saved import Saved
+
+__all__ = [
+    "IMPLEMENTATIONS", "INPUTS", "OPTIMIZER_STATES", "Graph", "Memory", "MemorySettings", "RankMemory", "account", "attention_cores", "ledger",
+    "module_activations", "optimizer_bytes", "recompute_units",
+]
+
+#: Tensors of optimizer state per parameter element: SGD none, momentum its buffer, Adam and AdamW two moments.
+OPTIMIZER_STATES: Mapping[str, int] = MappingProxyType({"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2})
+#: How an optimizer step runs: one parameter at a time, one multi-tensor kernel per operation over all parameters
+#: (``foreach``), or one fused kernel; ``auto`` is what torch picks on ``device``: foreach on CUDA, single-tensor on
+#: the CPU.
+#: Ops whose output is a view of their first input in the frameworks (no new storage).
+VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose", "Expand", "Slice", "Split"})
+PHASES = ("forward", "backward", "optimizer step")
+_STEP_COUNTER_BYTES = 4  # torch keeps Adam's step per parameter as a float32 scalar tensor
+
+
+@dataclass(frozen=True)
+class MemorySettings:
+    """What the memory ledger models: the optimizer (from the count's ``optimizer``) and how its step runs
+    (``implementation`` on ``device``), an fp32 master copy of 16-bit weights (``master_weights``, mixed precision
+    as Megatron and DeepSpeed keep it; the optimizer states are then fp32 too), the recompute policy and the
+    parallel plan."""
+
+    implementation: str = "auto"
+    device: str = "cuda"
+    master_weights: bool = False
+    recompute: Recompute = field(default_factory=Recompute)
+    plan: ParallelPlan = field(default_factory=ParallelPlan)
+
+    def __post_init__(self) -> None:
+        if self.implementation not in IMPLEMENTATIONS:
+            raise UsageError(f"optimizer implementation {self.implementation!r}: choose one of "
+                             f"{', '.join(IMPLEMENTATIONS)}")
+        if self.device not in DEVICES:
+            raise UsageError(f"memory device {self.device!r}: choose one of {', '.join(DEVICES)}")
+        object.__setattr__(self, "recompute", parse_recompute(self.recompute))
+        if self.recompute.policy == "ops":
+            raise UsageError(f"--recompute {self.recompute}: the memory ledger models none, full and selective so "
+                             "far; choose one of those")
+        for flag, what in (("cp", "context parallelism"), ("ep", "expert parallelism")):
+            if getattr(self.plan, flag) > 1:
+                raise UsageError(f"--parallel {flag}={getattr(self.plan, flag)}: memory per rank under {what} is "
+                                 f"not modelled yet; give {flag}=1")
+
+    @classmethod
+    def of(cls, memory: Any) -> "MemorySettings":
+        """``count(memory=...)``: True (the defaults) or settings."""
+        if memory is True:
+            return cls()
+        if not isinstance(memory, MemorySettings):
+            raise UsageError(f"memory must be True or a flopcount.memory.ledger.MemorySettings, not {type(memory).__name__}")
+        return memory
+
+    @property
+    def resolved_implementation(self) -> str:
+        if self.implementation != "auto":
+            return self.implementation
+        return "foreach" if self.device == "cuda" else "single-tensor"
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """Bytes one rank holds. ``optimizer_bytes``: states, the master copy and step counters;
+    ``optimizer_temp_bytes``: what the step allocates on top while it runs; ``activations_bytes``: what the
+    backward keeps at the end of the forward (``statistics_bytes`` of it are statistics, not whole tensors);
+    ``peak_bytes`` and ``peak_phase``: the most the step holds at once, and where; ``kv_cache_bytes``: the KV cache
+    after generation (``--generate``), else None."""
+
+    params_bytes: int
+    buffers_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    optimizer_temp_bytes: int
+    inputs_bytes: int
+    activations_bytes: int
+    statistics_bytes: int
+    peak_bytes: int
+    peak_phase: str
+    peak_node: str
+    kv_cache_bytes: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """The memory ledger of a count: one :class:`RankMemory` per rank (one without a plan), the settings, the
+    operators whose saved-for-backward rule is missing (``missing``: op key → nodes; the activations are then a
+    lower bound) and what could not be sized (``unsized``: tensors whose shape or type is unknown)."""
+
+    mode: str
+    optimizer: str | None
+    implementation: str | None
+    recompute: str
+    master_weights: bool
+    ranks: tuple[RankMemory, ...]
+    missing: Mapping[str, int] = field(default_factory=dict)
+    unsized: tuple[str, ...] = ()
+    kept_by_node: Mapping[int, int] = field(default_factory=dict, compare=False)  # see module_activations
+    #: What the walk read and how (kept so that :func:`flopcount.derived.extension.extend` can walk a longer stack).
+    graph: "Graph | None" = field(default=None, compare=False, repr=False)
+    settings: "MemorySettings | None" = field(default=None, compare=False, repr=False)
+
+    @property
+    def lower_bound(self) -> bool:
+        return bool(self.missing or self.unsized)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode, "optimizer": self.optimizer, "implementation": self.implementation,
+            "recompute": self.recompute, "master_weights": self.master_weights,
+            "lower_bound": self.lower_bound, "missing_saved_rules": dict(self.missing),
+            "unsized_tensors": list(self.unsized), "ranks": [r.as_dict() for r in self.ranks],
+        }
+
+
+def optimizer_bytes(optimizer: str | None, tensors: Sequence[TensorInfo], settings: MemorySettings) -> tuple[int, int]:
+    """(states, step temporaries) in bytes of ``optimizer`` over the trainable ``tensors``.
+
+    States: SGD none; momentum one buffer per parameter; Adam and AdamW two moments and a float32 step counter per
+    parameter tensor; in the parameter's type, or float32 with ``master_weights`` (which adds the float32 copy of
+    weights stored in fewer bits). Temporaries of the step, beyond the states (weight decay 0 for SGD and Adam):
+    Adam's and AdamW's single-tensor step makes ``sqrt(v)`` and ``sqrt(v)/c`` of one parameter at a time (twice the
+    largest), the foreach step ``sqrt(v)`` of every parameter at once (once all of them), the fused step nothing;
+    SGD's updates are in place.
+
+    >>> t = [TensorInfo("w", 1, (4, 8)), TensorInfo("b", 1, (8,))]
+    >>> optimizer_bytes("adam", t, MemorySettings(device="cpu"))  # 2·4·40 + 2·4, 2·4·32
+    (328, 256)
+    """
+    if optimizer is None:
+        return 0, 0
+    if optimizer not in OPTIMIZER_STATES:
+        raise UsageError(f"optimizer {optimizer!r}: the memory ledger models {', '.join(OPTIMIZER_STATES)}")
+    numels = [_numel(t) for t in tensors]
+    state_bits = [32 if settings.master_weights else element_bits(t.elem_type) or 32 for t in tensors]
+    one_copy = [(n * b + 7) // 8 for n, b in zip(numels, state_bits)]
+    states = OPTIMIZER_STATES[optimizer] * sum(one_copy)
+    if settings.master_weights:
+        states += sum(4 * n for n, t in zip(numels, tensors) if element_bits(t.elem_type) != 32)
+    temps = 0
+    if optimizer in ("adam", "adamw"):
+        states += _STEP_COUNTER_BYTES * len(tensors)
+        impl = settings.resolved_implementation
+        temps = {"single-tensor": 2 * max(one_copy, default=0), "foreach": sum(one_copy), "fused": 0}[impl]
+    return states, temps
+
+
+def _numel(t: TensorInfo) -> int:
+    n = 1
+    for d in t.shape or ():
+        n *= d
+    return n
+
+
+@dataclass
+class _Walk:
+    """The running tally of the liveness walk."""
+
+    live: int = 0
+    peak: int = 0
+    phase: str = "forward"
+    node: str = ""
+
+    def add(self, nbytes: int) -> None:
+        self.live += nbytes
+
+    def mark(self, phase: str, node: str) -> None:
+        if self.live > self.peak:
+            self.peak, self.phase, self.node = self.live, phase, node
+
+
+def saved_by_node(nodes: Sequence[NodeCount], grads: Mapping[int, tuple[bool, ...]], make_context: Callable,
+                  attributes: Callable[[NodeCount], Mapping[str, Any] | None], strict: bool, where: str
+                  ) -> tuple[dict[int, Saved], dict[str, int]]:
+    """Each node's :class:`Saved` (by node index) for the nodes whose backward runs, and the op keys without a rule."""
+    saved: dict[int, Saved] = {}
+    missing: dict[str, int] = {}
+    for n in nodes:
+        if n.index not in grads:
+            continue
+        rule = lookup_saved(n.domain, n.op_type)
+        if rule is None:
+            key = op_key(n.domain, n.op_type)
+            missing[key] = missing.get(key, 0) + 1
+            continue
+        saved[n.index] = rule(make_context(n, grads[n.index]), **(attributes(n) or {}))
+    if strict and missing:
+        raise UnsupportedOperatorError(
+            f"{where}: no saved-for-backward rule for " + ", ".join(f"{k} ({v})" for k, v in sorted(missing.items()))
+            + "; run without --strict for a lower bound of the activations"
+        )
+    return saved, dict(sorted(missing.items()))
+
+
+@dataclass(frozen=True)
+class Graph:
+    """What the walk reads of a counted graph: the nodes in execution order, which inputs of each need a gradient
+    (the nodes whose backward runs), what each keeps, the tensors' types and shapes, the stored tensors by role,
+    the graph's inputs and outputs, and the recompute units (node index → unit)."""
+
+    nodes: Sequence[NodeCount]
+    grads: Mapping[int, tuple[bool, ...]]
+    saved: Mapping[int, Saved]
+    tensors: Mapping[str, TensorInfo]
+    params: frozenset[str]
+    trainable: frozenset[str]
+    buffers: frozenset[str]
+    stored: frozenset[str]
+    inputs: tuple[str, ...]
+    outputs: frozenset[str]
+    units: Mapping[int, int] = field(default_factory=dict)
+
+
+def _identity(n: NodeCount, g: Graph) -> bool:
+    """Whether ``n`` returns its input itself, as the frameworks run it: a Dropout that keeps no mask (inference,
+    or a ratio of 0), a Cast to the type its input has."""
+    if n.op_type == "Dropout":
+        return not (n.index in g.saved and g.saved[n.index].extra)
+    if n.op_type in ("Cast", "CastLike") and n.inputs and n.outputs and n.inputs[0] is not None:
+        return n.outputs[0] is not None and n.inputs[0].elem_type == n.outputs[0].elem_type != 0
+    return False
+
+
+class _Storages:
+    """Storage roots of tensor names (views share their input's) and their bytes."""
+
+    def __init__(self, g: Graph, unsized: set[str]):
+        self.g, self.unsized = g, unsized
+        self.root: dict[str, str] = {}
+        self._bytes: dict[str, int] = {}
+        for n in g.nodes:
+            ins = [i for i in (t.name if t is not None else "" for t in n.inputs)]
+            view = (n.op_type in VIEWS or _identity(n, g)) and n.domain == "" and ins and ins[0]
+            for t in n.outputs:
+                if t is not None and t.name:
+                    self.root[t.name] = self.root.get(ins[0], ins[0]) if view else t.name
+
+    def of(self, name: str) -> str:
+        return self.root.get(name, name)
+
+    def nbytes(self, name: str) -> int:
+        b = self._bytes.get(name)
+        if b is None:
+            b = tensor_bytes(self.g.tensors.get(name) or TensorInfo(name))
+            if b is None:
+                self.unsized.add(name)
+                b = 0
+            self._bytes[name] = b
+        return b
+
+
+def ledger(g: Graph, mode: str, optimizer: str | None, settings: MemorySettings, missing: Mapping[str, int],
+           kv_cache_bytes: int | None = None, held: int = 0, accumulated: bool = False) -> Memory:
+    """The :class:`Memory` of one step of ``g`` (see the module's docstring). ``held``: bytes alive throughout
+    the walk beyond the graph's own (other microbatches' kept activations, an all-gather buffer); ``accumulated``:
+    the gradients exist from the start (a microbatch after the first of a step)."""
+    unsized: set[str] = set()
+    st = _Storages(g, unsized)
+    size = st.nbytes
+    params = sum(size(n) for n in g.params)
+    trained = [g.tensors.get(n) or TensorInfo(n) for n in sorted(g.trainable)]
+    training = mode == "train"
+    grads = sum(size(t.name) for t in trained) if training else 0
+    states, temps = optimizer_bytes(optimizer, trained, settings) if training else (0, 0)
+    buffers = sum(size(n) for n in g.buffers)
+    inputs = sum(size(n) for n in g.inputs)
+    w = _Walk(live=params + buffers + inputs + states + held + (grads if accumulated else 0))
+    holds = _holds(g, st) if training else _Holds()
+    kept_by: dict[int, int] = {}
+    activations, statistics = _forward(g, st, holds, w, kept_by)
+    if training:
+        _backward(g, st, holds, w, set(g.trainable) if accumulated else set())
+        w.live += temps
+        w.mark("optimizer step", "")
+    rank = RankMemory(params, buffers, grads, states, temps if optimizer else 0, inputs, activations, statistics,
+                      w.peak, w.phase, w.node, kv_cache_bytes)
+    return Memory(mode, optimizer if training else None,
+                  settings.resolved_implementation if training and optimizer else None,
+                  str(settings.recompute) if training else "none", settings.master_weights, (rank,),
+                  MappingProxyType(dict(missing) if training else {}), tuple(sorted(unsized)),
+                  MappingProxyType(kept_by), g, settings)
+
+
+@dataclass
+class _Holds:
+    """Who keeps which storage for the backward: ``holders`` root → node indices whose backward reads it;
+    ``recomputed`` root → the unit that makes it again in the backward; ``unit_inputs`` unit → the roots its
+    checkpoint keeps; ``first``/``last`` unit → its first and last node (forward order)."""
+
+    holders: dict[str, set[int]] = field(default_factory=dict)
+    recomputed: dict[str, int] = field(default_factory=dict)
+    unit_inputs: dict[int, set[str]] = field(default_factory=dict)
+    first: dict[int, int] = field(default_factory=dict)
+    last: dict[int, int] = field(default_factory=dict)
+
+
+def _holds(g: Graph, st: _Storages) -> _Holds:
+    h = _Holds()
+    producer_unit: dict[str, int | None] = {}
+    for n in g.nodes:
+        u = g.units.get(n.index)
+        for t in n.outputs:
+            if t is not None and t.name and st.of(t.name) == t.name:
+                producer_unit[t.name] = u
+        if u is not None:
+            h.first.setdefault(u, n.index)
+            h.last[u] = n.index
+            for t in n.inputs:
+                if t is not None and t.name and st.of(t.name) not in g.stored:
+                    r = st.of(t.name)
+                    if producer_unit.get(r) != u:
+                        h.unit_inputs.setdefault(u, set()).add(r)
+        s = g.saved.get(n.index)
+        if s is None:
+            continue
+        for i in s.inputs:
+            if i < len(n.inputs) and n.inputs[i] is not None and n.inputs[i].name:
+                h.holders.setdefault(st.of(n.inputs[i].name), set()).add(n.index)
+        for o in s.outputs:
+            if o < len(n.outputs) and n.outputs[o] is not None and n.outputs[o].name:
+                h.holders.setdefault(st.of(n.outputs[o].name), set()).add(n.index)
+    for root in list(h.holders):
+        if root in g.stored:
+            del h.holders[root]  # weights and constants are no activations
+            continue
+        u = producer_unit.get(root)
+        if u is not None and all(g.units.get(k) == u for k in h.holders[root]) and root not in h.unit_inputs.get(u, ()):
+            h.recomputed[root] = u
+    return h
+
+
+def _forward(g: Graph, st: _Storages, h: _Holds, w: _Walk, kept_by: dict[int, int]) -> tuple[int, int]:
+    """Walk the forward: allocate each node's outputs, free what nothing reads or keeps any more; return the bytes
+    kept for the backward at its end (whole tensors and statistics together) and the statistics among them.
+    ``kept_by`` gets the bytes kept per node index: a tensor under the node that made it (-1: a graph input),
+    statistics under the node that keeps them."""
+    last_use: dict[str, int] = {}
+    for pos, n in enumerate(g.nodes):
+        for t in n.inputs:
+            if t is not None and t.name:
+                last_use[st.of(t.name)] = pos
+    held = {r for r in h.holders if r not in h.recomputed}.union(*h.unit_inputs.values())
+    persistent = g.stored | {st.of(n) for n in g.inputs} | {st.of(n) for n in g.outputs}
+    allocated: set[str] = set()
+    statistics = 0
+    for pos, n in enumerate(g.nodes):
+        for t in n.outputs:
+            if t is not None and t.name and st.of(t.name) == t.name and t.name not in g.stored:
+                w.add(st.nbytes(t.name))
+                allocated.add(t.name)
+        extra = g.saved[n.index].extra_bytes if n.index in g.saved else 0
+        w.add(extra)
+        w.mark("forward", n.name)
+        if n.index in g.units:
+            w.add(-extra)  # recomputed in the backward
+        elif extra:
+            statistics += extra
+            kept_by[n.index] = kept_by.get(n.index, 0) + extra
+        names = [t.name for t in (*n.inputs, *n.outputs) if t is not None and t.name]
+        for r in {st.of(x) for x in names}:
+            if r in allocated and last_use.get(r, -1) <= pos and r not in held and r not in persistent:
+                w.add(-st.nbytes(r))
+                allocated.discard(r)
+    producer = {t.name: n.index for n in g.nodes for t in n.outputs if t is not None and t.name}
+    kept = 0
+    for r in held - g.stored:
+        kept += st.nbytes(r)
+        k = producer.get(r, -1)
+        kept_by[k] = kept_by.get(k, 0) + st.nbytes(r)
+    return kept + statistics, statistics
+
+
+def _backward(g: Graph, st: _Storages, h: _Holds, w: _Walk, param_grads: set[str]) -> None:
+    """Walk the backward in reverse execution order: each node's input gradients are allocated, then its output
+    gradients, its statistics and what only it kept are freed; a checkpointed unit makes its kept tensors again
+    when its backward starts and releases its inputs when it ends."""
+    persistent = g.stored | {st.of(n) for n in g.inputs} | {st.of(n) for n in g.outputs}
+    pending = {r: len(k) for r, k in h.holders.items()}  # holders whose backward has not run
+    kept_by: dict[int, list[str]] = {}
+    for r, ks in h.holders.items():
+        for k in ks:
+            kept_by.setdefault(k, []).append(r)
+    unit_holds: dict[str, int] = {}  # root → checkpointed units still keeping it
+    for rs in h.unit_inputs.values():
+        for r in rs:
+            unit_holds[r] = unit_holds.get(r, 0) + 1
+    remade: dict[int, list[str]] = {}
+    for r, u in h.recomputed.items():
+        remade.setdefault(u, []).append(r)
+    unit_extra: dict[int, int] = {}
+    for k, s in g.saved.items():
+        if k in g.units:
+            unit_extra[g.units[k]] = unit_extra.get(g.units[k], 0) + s.extra_bytes
+    alive = {r for r in h.holders if r not in h.recomputed}.union(*h.unit_inputs.values())
+    grad_of: dict[str, int] = {}
+    for n in g.nodes:  # the seed gradients of the graph's outputs that need one
+        for t in n.outputs:
+            if n.index in g.grads and t is not None and t.name in g.outputs and t.is_float:
+                grad_of[t.name] = st.nbytes(t.name)
+                w.add(grad_of[t.name])
+
+    def release(r: str) -> None:
+        if r in alive and not pending.get(r) and not unit_holds.get(r) and r not in persistent:
+            alive.discard(r)
+            w.add(-st.nbytes(r))
+
+    for n in reversed(g.nodes):
+        if n.index not in g.grads:
+            continue
+        u = g.units.get(n.index)
+        if u is not None and h.last.get(u) == n.index:  # the checkpoint runs the unit's forward again
+            for r in remade.get(u, ()):
+                if r not in alive:
+                    alive.add(r)
+                    w.add(st.nbytes(r))
+            w.add(unit_extra.get(u, 0))
+        _input_grads(g, st, n, w, grad_of, param_grads)
+        w.mark("backward", n.name)
+        for t in n.outputs:
+            if t is not None and t.name in grad_of:
+                w.add(-grad_of.pop(t.name))
+        if n.index in g.saved:
+            w.add(-g.saved[n.index].extra_bytes)
+        for r in kept_by.get(n.index, ()):
+            pending[r] -= 1
+            release(r)
+        if u is not None and h.first.get(u) == n.index:
+            for r in h.unit_inputs.get(u, ()):
+                unit_holds[r] -= 1
+                release(r)
+
+
+def _input_grads(g: Graph, st: _Storages, n: NodeCount, w: _Walk, grad_of: dict[str, int], param_grads: set[str]) -> None:
+    """Allocate the gradients node ``n``'s backward produces: a parameter's once, kept to the step; an activation's
+    once, however many consumers add to it; a view's input gradient is its output gradient, viewed."""
+    flags = g.grads[n.index]
+    for i, t in enumerate(n.inputs):
+        if i >= len(flags) or not flags[i] or t is None or not t.name:
+            continue
+        if t.name in g.trainable:
+            if t.name not in param_grads:
+                param_grads.add(t.name)
+                w.add(st.nbytes(t.name))
+        elif n.op_type in VIEWS and n.op_type != "Split" and i == 0 and n.outputs and n.outputs[0] is not None \
+                and n.outputs[0].name in grad_of:
+            viewed = grad_of.pop(n.outputs[0].name)
+            if t.name in grad_of:  # added into the gradient another consumer made
+                w.add(-viewed)
+            else:
+                grad_of[t.name] = viewed
+        elif t.name not in grad_of:
+            grad_of[t.name] = st.nbytes(t.name)
+            w.add(grad_of[t.name])
+
+
+def recompute_units(policy: Recompute, nodes: Sequence[NodeCount], scopes: Sequence[tuple[str, ...]],
+                    attention_cores: Callable[[], Sequence[set[int]]]) -> dict[int, int]:
+    """Node index → recompute unit: ``full``, each numbered layer of the module scopes (``layers.3``,
+    ``encoder.layer.0``: the blocks a checkpoint wraps), or the whole graph when it shows none; ``selective``, each
+    attention core (``attention_cores()``: the score product through softmax and dropout to the product with V)."""
+    if policy.policy == "none":
+        return {}
+    if policy.policy == "selective":
+        return {k: u for u, core in enumerate(attention_cores()) for k in core}
+    layer: dict[str, int] = {}
+    units: dict[int, int] = {}
+    for n, scope in zip(nodes, scopes or [()] * len(nodes)):
+        key = next((s for s in scope if s.rsplit(".", 1)[-1].isdigit()), None)
+        if key is not None:
+            units[n.index] = layer.setdefault(key, len(layer))
+    return units or {n.index: 0 for n in nodes}
+
+
+def account(nodes: Sequence[NodeCount], *, mode: str, optimizer: str | None, settings: MemorySettings,
+            grads: Mapping[int, tuple[bool, ...]], tensors: Mapping[str, TensorInfo], make_context: Callable,
+            attributes: Callable[[NodeCount], Mapping[str, Any] | None], roles: Mapping[str, frozenset[str]],
+            inputs: Sequence[str], outputs: Sequence[str], units: Mapping[int, int], strict: bool, where: str,
+            kv_cache_bytes: int | None = None) -> Memory:
+    """The memory ledger of a counted graph: the saved-for-backward rules applied to the nodes whose backward runs,
+    then :func:`ledger`. ``roles``: ``params``, ``trainable``, ``buffers`` and ``stored`` tensor names."""
+    if mode == "train":
+        saved, missing = saved_by_node(nodes, grads, make_context, attributes, strict, where)
+    else:
+        saved, missing = {}, {}
+    g = Graph(nodes, grads if mode == "train" else {}, saved, tensors, roles["params"], roles["trainable"],
+              roles["buffers"], roles["stored"], tuple(inputs), frozenset(outputs), units if mode == "train" else {})
+    return ledger(g, mode, optimizer, settings, missing, kv_cache_bytes)
+
+
+#: The row of :func:`module_activations` that holds the graph's inputs kept for the backward.
+INPUTS = "(graph inputs)"
+
+
+def module_activations(memory: Memory, nodes: Sequence[NodeCount], scopes: Sequence[tuple[str, ...]],
+                       depth: int = 1) -> tuple[tuple[str, int], ...]:
+    """The activations kept for the backward per module down to ``depth`` (1: the model's children), in the order
+    the graph first runs them: a tensor in the module whose node made it, statistics in the module whose node keeps
+    them, the graph's inputs in the row :data:`INPUTS`, the rest in ``modules.OUTSIDE``. The rows sum to
+    ``activations_bytes``."""
+    from ..reporting.modules import OUTSIDE
+
+    if depth < 1:
+        raise UsageError(f"depth: must be 1 or more, not {depth}")
+    position = {n.index: k for k, n in enumerate(nodes)}
+    rows: dict[str, int] = {}
+    for idx in sorted(memory.kept_by_node, key=lambda i: position.get(i, -1)):
+        chain = scopes[position[idx]][:depth] if idx >= 0 and scopes and idx in position else ()
+        key = INPUTS if idx < 0 else chain[-1] if chain else OUTSIDE
+        rows[key] = rows.get(key, 0) + memory.kept_by_node[idx]
+    return tuple(rows.items())
+
+
+def attention_cores(index: Any) -> list[set[int]]:
+    """The attention cores of a graph (a :class:`~flopcount.pipeline.graph.GraphIndex`): for each eager attention, the node
+    indices from its score product through softmax (and dropout) to its product with V, both included."""
+    import networkx as nx
+
+    from ..masks import score_products
+
+    at = {name: i for i, name in enumerate(index.names)}
+    products: dict[int, dict[str, int]] = {}
+    for name, (kind, j) in score_products(index.protos, index.names).items():
+        products.setdefault(j, {})[kind] = at[name]
+    return [({p["scores"]} | nx.descendants(index.dag, p["scores"])) & ({p["values"]} | nx.ancestors(index.dag, p["values"]))
+            for p in products.values() if "scores" in p and "values" in p]

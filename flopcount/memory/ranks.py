@@ -1,0 +1,225 @@
+"""Memory per rank under a parallel plan: the liveness walk of :mod:`flopcount.memory.ledger` run again on each rank's
+part of the graph, with every tensor resized to that rank's share.
+
+Each node takes the tensor-parallel rule and the pipeline stage that :func:`flopcount.parallel.ranks.node_shares` gives
+it (a node without work takes those of its module's nodes with work, else of the node before it). On TP rank i:
+
+* a **parameter** read in a column- or row-parallel projection, the vocab-parallel embedding or the LM head is
+  1/T; in a K/V projection 1/min(T, kv) (one head copied when kv < T); any other (norms) is whole on every rank;
+* an **activation** made by a split node (projections' outputs, attention heads, the MLP's inner ops, the
+  vocab-parallel logits) is 1/T, by a node on K/V heads 1/min(T, kv); the outputs of the row-parallel projections
+  and the embedding, and those of the norms and residual adds, are whole without ``sp`` and 1/T with it (split
+  over the sequence); the rest (the loss's per-token ops, position tables) is whole. Statistics kept by a node
+  follow its outputs. Sizes are rounded up when T does not divide them.
+* **pipeline stage** s walks only its nodes: what it receives from stage s − 1 is an input of its walk, what it
+  sends on an output (whose gradient arrives from stage s + 1);
+* **FSDP/ZeRO-3**: parameters, gradients and optimizer states are 1/dp (rounded up per tensor), and the
+  all-gather buffer of the largest unit, one layer's parameters on the rank gathered whole
+  (``allgather_bytes``), is held throughout.
+
+**Microbatches in flight** on pipeline rank p (0-based) of P with M microbatches: GPipe keeps M, 1F1B P − p
+(at most M), interleaved:v its (P − p − 1)·2 + (v − 1)·P warm-up chunk-forwards plus one, at most M·v, each a
+chunk of 1/v of the rank's layers (Megatron's order; chunks taken as equal). The rank's peak is the walk of one
+microbatch with the other in-flight microbatches' kept activations held throughout, and, with M > 1, the
+gradients accumulated from the start (a microbatch after the first).
+
+Not modelled yet (exit 2 naming the flag): ``cp``, ``ep``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from ..context import TensorInfo
+from ..errors import UsageError
+from ..parallel.plan import ParallelPlan
+from ..reporting.report import tensor_bytes
+from .ledger import Graph, Memory, MemorySettings, RankMemory, ledger
+
+__all__ = ["PlanRankMemory", "in_flight", "per_rank", "rank_rows", "RANK_HEADERS"]
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
+_TP_PARAMS = ("q_proj", "gate_proj", "up_proj", "o_proj", "down_proj", "embed_tokens", "lm_head")
+_KV = ("k_proj", "v_proj")
+_SAME_SIZE = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose"})
+_SEQUENCE = ("o_proj", "down_proj", "embed_tokens")  # outputs whole on every TP rank, split over the sequence by sp
+
+
+@dataclass(frozen=True)
+class PlanRankMemory(RankMemory):
+    """One rank's :class:`~flopcount.memory.ledger.RankMemory` under a plan: its ``rank`` id and ``coords``, its pipeline
+    ``stage``, its DP replicas (``replicas``, whose figures are the same), the microbatches whose activations it
+    keeps at once (``microbatches_in_flight``; ``activations_bytes`` is one microbatch's) and the FSDP all-gather
+    buffer (``allgather_bytes``, in ``peak_bytes``)."""
+
+    rank: int = 0
+    coords: Mapping[str, int] = field(default_factory=dict)
+    stage: int = 0
+    replicas: tuple[int, ...] = ()
+    microbatches_in_flight: float = 1.0
+    allgather_bytes: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["coords"], d["replicas"] = dict(self.coords), list(self.replicas)
+        return d
+
+
+def in_flight(plan: ParallelPlan, stage: int) -> float:
+    """Microbatches whose activations pipeline rank ``stage`` keeps at once (see the module's docstring).
+
+    >>> from flopcount.parallel.plan import parse_parallel
+    >>> [in_flight(parse_parallel("pp=4", 8), s) for s in range(4)]
+    [4.0, 3.0, 2.0, 1.0]
+    >>> in_flight(parse_parallel("pp=4", 8, "interleaved:2"), 0)  # (4·2 + 4 − 1) / 2 chunks
+    5.5
+    """
+    p, m = plan.pp, plan.microbatches
+    if p == 1:
+        return 1.0
+    if plan.schedule == "gpipe":
+        return float(m)
+    if plan.schedule == "interleaved":
+        v = plan.virtual_stages
+        return min((p - stage - 1) * 2 + (v - 1) * p + 1, m * v) / v
+    return float(min(p - stage, m))
+
+
+def per_rank(report: Any, plan: ParallelPlan) -> Memory:
+    """``report.memory`` (a one-rank ledger with its graph: ``count(..., memory=...)``) per rank of ``plan``, one
+    entry per (stage, TP rank) with its DP replicas listed; the returned ledger's ``settings.plan`` is ``plan``."""
+    from ..parallel.ranks import ledger as flops_ledger, node_shares
+
+    mem = report.memory
+    if mem is None or mem.graph is None or mem.settings is None:
+        raise UsageError("--parallel with --memory: the count has no memory ledger to split; count with --memory")
+    settings = dataclasses.replace(mem.settings, plan=ParallelPlan())
+    dataclasses.replace(mem.settings, plan=plan)  # refuses cp and ep with the memory's words
+    g = mem.graph
+    if len(g.nodes) != len(report.nodes):
+        raise UsageError("--parallel with --memory: the ledger's graph is not the report's")
+    dims = flops_ledger(report, plan, settings.recompute).dims
+    t, kv = plan.tp, min(plan.tp, dims["kv_heads"])
+    scopes = report.modules.nodes
+    rule: dict[int, str] = {}
+    chunks: dict[int, set[int]] = {}
+    for x in node_shares(report, plan, settings.recompute):
+        if x.tp == 0:
+            rule[x.index] = x.rule
+            chunks.setdefault(x.index, set()).add(x.chunk)
+    by_scope: dict[tuple, int] = {}
+    for k in sorted(rule):
+        by_scope.setdefault(tuple(scopes[k]), k)
+    prev = None
+    for k in range(len(g.nodes)):
+        if k not in rule:
+            src = by_scope.get(tuple(scopes[k]), prev)
+            rule[k] = rule[src] if src is not None else "replicated"
+            chunks[k] = chunks[src] if src is not None else {0}
+        prev = k
+    leaf = [sc[-1].rsplit(".", 1)[-1] if sc else "" for sc in scopes]
+
+    def act_div(k: int) -> int:
+        r = rule[k]
+        if leaf[k] in _SEQUENCE or r == "norm":
+            return t if plan.sp else 1
+        return t if r == "split" else kv if r == "kv" else 1
+
+    reader: dict[str, int] = {}
+    for k, n in enumerate(g.nodes):
+        for x in n.inputs:
+            if x is not None and x.name in g.stored:
+                reader.setdefault(x.name, k)
+    v = plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
+    ranks = []
+    for s in range(plan.pp):
+        mine = {c for c in range(plan.pp * v) if c % plan.pp == s}
+        keep = [k for k in range(len(g.nodes)) if chunks[k] & mine]
+        for i in range(t):
+            ranks.append(_rank(report, g, mem, settings, plan, s, i, keep, act_div, reader, leaf, kv))
+    return dataclasses.replace(mem, ranks=tuple(ranks), settings=dataclasses.replace(settings, plan=plan),
+                               kept_by_node=MappingProxyType({}))
+
+
+def _resized(info: TensorInfo, div: int) -> TensorInfo:
+    n = 1
+    for d in info.shape or ():
+        n *= d
+    if info.shape is None or tensor_bytes(info) is None:
+        return info
+    return TensorInfo(info.name, info.elem_type, (-(-n // div),))
+
+
+def _rank(report, g: Graph, mem: Memory, settings: MemorySettings, plan: ParallelPlan, s: int, i: int, keep,
+          act_div, reader, leaf, kv) -> PlanRankMemory:
+    nodes = [g.nodes[k] for k in keep]
+    made = {x.name: k for k in keep for x in g.nodes[k].outputs if x is not None and x.name}
+    read = {x.name for n in nodes for x in n.inputs if x is not None and x.name}
+    fsdp = plan.dp if plan.fsdp else 1
+    tensors: dict[str, TensorInfo] = {}
+    for name in read | set(made):
+        info = g.tensors.get(name) or TensorInfo(name)
+        if name in g.stored:
+            lf = leaf[reader[name]] if name in reader else ""
+            div = plan.tp if lf in _TP_PARAMS else kv if lf in _KV else 1
+            tensors[name] = _resized(_resized(info, div), fsdp if name in g.params else 1)
+        else:
+            tensors[name] = _resized(info, act_div(made[name]) if name in made else 1)
+    for n in nodes:  # a view that keeps every element has its input's share (a weight's transpose is a weight's)
+        src = n.inputs[0].name if n.inputs and n.inputs[0] is not None else None
+        if n.op_type in _SAME_SIZE and src in tensors and n.outputs and n.outputs[0] is not None:
+            shape = tensors[src].shape
+            tensors[n.outputs[0].name] = TensorInfo(n.outputs[0].name, n.outputs[0].elem_type, shape)
+    saved = {n.index: g.saved[n.index]._replace(extra=tuple((w, -(-b // act_div(k))) for w, b in
+                                                             g.saved[n.index].extra))
+             for k, n in zip(keep, nodes) if n.index in g.saved}
+    received = tuple(x for x in sorted(read - set(made)) if x not in g.stored)
+    inside = set(keep)
+    outside = {y.name for k, n in enumerate(g.nodes) if k not in inside for y in n.inputs if y is not None}
+    sent = frozenset(x for x in made if x in g.outputs or x in outside)
+    indexes = {n.index for n in nodes}
+    sub = Graph(nodes, {k: f for k, f in g.grads.items() if k in indexes}, saved, tensors,
+                g.params & read, g.trainable & read, g.buffers & read, g.stored, received, sent,
+                {k: u for k, u in g.units.items() if k in indexes})
+    one = ledger(sub, mem.mode, mem.optimizer, settings, mem.missing).ranks[0]
+    flight = in_flight(plan, s) if mem.mode == "train" else 1.0
+    gather = 0
+    if plan.fsdp:
+        per_layer: dict[int, int] = {}
+        for name in sub.params:
+            found = _LAYER.search(".".join(report.modules.nodes[reader[name]])) if name in reader else None
+            if found:
+                lf = leaf[reader[name]]
+                div = plan.tp if lf in _TP_PARAMS else kv if lf in _KV else 1
+                # a weight of unknown size is already in the ledger's ``unsized`` (the one-rank walk read the
+                # same tensor), which makes the figures a stated lower bound; it adds nothing here
+                whole = tensor_bytes(_resized(g.tensors.get(name) or TensorInfo(name), div)) or 0
+                per_layer[int(found.group(1))] = per_layer.get(int(found.group(1)), 0) + whole
+        gather = max(per_layer.values(), default=0)
+    others = int(one.activations_bytes * (flight - 1))
+    peak = ledger(sub, mem.mode, mem.optimizer, settings, mem.missing, held=others + gather,
+                  accumulated=mem.mode == "train" and plan.microbatches > 1).ranks[0] if (others or gather or (
+                      plan.microbatches > 1 and mem.mode == "train")) else one
+    rank = i + plan.tp * plan.dp * s
+    coords = {"tp": i, "pp": s, "cp": 0, "ep": 0, "dp": 0}
+    replicas = tuple(i + plan.tp * (d + plan.dp * s) for d in range(plan.dp))
+    return PlanRankMemory(**{**one.__dict__, "peak_bytes": peak.peak_bytes, "peak_phase": peak.peak_phase,
+                             "peak_node": peak.peak_node}, rank=rank, coords=coords, stage=s, replicas=replicas,
+                          microbatches_in_flight=flight, allgather_bytes=gather)
+
+
+#: Columns of :func:`rank_rows` (the text report's memory table by rank).
+RANK_HEADERS = ("ranks", "tp", "pp", "params B", "grads B", "optimizer B", "activations B / mb", "in flight",
+                "all-gather B", "peak B", "peak phase")
+
+
+def rank_rows(memory: Memory) -> list[list[str]]:
+    """One row per distinct rank of a per-rank memory ledger, its DP replicas in the first column."""
+    return [[",".join(map(str, r.replicas)), str(r.coords["tp"]), str(r.stage), f"{r.params_bytes:,}",
+             f"{r.grads_bytes:,}", f"{r.optimizer_bytes:,}", f"{r.activations_bytes:,}",
+             f"{r.microbatches_in_flight:g}", f"{r.allgather_bytes:,}", f"{r.peak_bytes:,}", r.peak_phase]
+            for r in memory.ranks if isinstance(r, PlanRankMemory)]

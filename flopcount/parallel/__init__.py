@@ -1,0 +1,8 @@
+"""FLOPs per rank under a parallel plan. It imports the report records (:mod:`flopcount.reporting`) and the contract.
+
+* :mod:`.plan` the parallel plan and recompute policy, frozen records with their parsing
+* :mod:`.ranks` FLOPs, redundant work, communication bytes and the bubble per rank under a plan (``--parallel``)
+* :mod:`.experts` the context- and expert-parallel rules (zigzag CP, EP over dp·cp, ``--expert-load``)
+"""
+
+__all__: list[str] = []

@@ -1,0 +1,150 @@
+"""Context and expert parallelism in FLOPs per rank: the rules :mod:`flopcount.parallel.ranks` applies on top of its
+tensor, pipeline and data-parallel shares.
+
+**Ranks.** Megatron's order, tensor parallel fastest: rank = tp + T·(cp + C·(dp + D·pp)). Expert parallelism
+makes no ranks of its own: as Megatron and DeepSpeed do, the E EP ranks are drawn from the D·C data- and
+context-parallel ranks of one (stage, TP rank): with q = dp·C + cp, the rank's EP group is q // E and its EP rank
+q mod E (E must divide D·C).
+
+**Context parallelism (cp=C).** The sequence of s tokens is cut into 2C chunks of c = s/(2C) tokens; CP rank i
+holds chunks i and 2C−1−i (the zigzag that balances causal attention), so 2C must divide s. Every per-token op
+(projections, norms, MLP, LM head, loss) runs on s/C tokens: 1/C of its work. Attention scores: a query of chunk
+a sees the keys of chunks 0..a under a causal mask, so chunk a's (query, key) pairs are a·c² + c(c+1)/2 and rank
+i's two chunks give
+
+    c²·(i + 2C−1−i) + c(c+1) = 2C·c² + c = s(s+1)/(2C),
+
+exactly 1/C of the s(s+1)/2 pairs of the whole sequence, for every i (contiguous chunks would give rank i
+(s/C)²·i + (s/C)(s/C+1)/2 instead, the last rank the most). Without a mask every rank's s/C queries meet all s
+keys: 1/C again. So every node's work is split 1/C over CP (a remainder to the first CP ranks, one FLOP each).
+K/V travel by **all_gather** (as Llama 3 trains; not a ring of send_recv): in each layer's forward each rank
+gathers the K and V of the whole sequence, 2·b·s·kv_T·d·e bytes (kv_T the K/V heads of its TP rank, e the
+activation's element bytes), once more when ``full`` recompute runs the layer again, and in the backward
+reduce-scatters their gradients, the same bytes. The TP, PP and DP payloads are those of s/C tokens; gradients
+are all-reduced over the D·C ranks of the data- and context-parallel groups (group ``dp_cp``).
+
+**Expert parallelism (ep=E).** A routed MoE block (scopes ``*.mlp`` or ``*.block_sparse_moe`` holding
+``experts``) has R routed experts; EP rank r holds experts r·R/E .. (r+1)·R/E − 1 (E must divide R). The nodes
+under ``experts`` are each (token, expert) pair's work; each EP group's ranks route their own tokens, and the
+pairs go to the ranks holding their experts, so the group's expert work (the sum of its members' own shares) is
+divided among its ranks in proportion to the tokens their experts receive: balanced (top-k tokens spread evenly,
+1/E each) or read from ``--expert-load FILE``: JSON, a list of R token counts for all MoE layers, or a list of
+such lists, one per MoE layer in order. Within a TP group the experts are split like a dense MLP (expert tensor
+parallelism = T: 1/T of every expert's work). The router (``gate``) and the ops of the MoE block itself (shared
+expert gate, the sum of shared and routed outputs) run whole on every TP rank: replicated. Shared experts are
+dense MLPs: split over TP. Per MoE layer and microbatch, each rank hands ``all_to_all`` its T·k (token, expert)
+hidden vectors to dispatch (T its tokens, k the experts per token), and back the outputs of the pairs its experts
+ran, E·T·k·f_r of them (f_r its experts' fraction of the load; T·k balanced), h·e bytes each; in the backward the
+same two again, reversed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+
+__all__ = ["ExpertLoad", "cp_split", "ep_coords", "ep_divide", "is_expert", "load_expert_load", "moe_blocks",
+           "zigzag_pairs"]
+
+_EXPERTS = re.compile(r"(.*\.(?:mlp|block_sparse_moe))\.experts(?:\.|$)")
+
+
+def zigzag_pairs(seq: int, cp: int, rank: int) -> int:
+    """Causal (query, key) pairs of CP rank ``rank`` under the zigzag split (chunks ``rank`` and 2C−1−rank of
+    s/(2C) tokens), counted chunk by chunk.
+
+    >>> [zigzag_pairs(16, 4, i) for i in range(4)], 16 * 17 // 2 // 4
+    ([34, 34, 34, 34], 34)
+    """
+    c = seq // (2 * cp)
+    return sum(a * c * c + c * (c + 1) // 2 for a in (rank, 2 * cp - 1 - rank))
+
+
+def cp_split(f: int, cp: int, i: int) -> int:
+    """CP rank ``i``'s part of ``f``: 1/C, the remainder to the first ranks, one each."""
+    return f // cp + (1 if i < f % cp else 0)
+
+
+def ep_coords(dp: int, cp: int, plan: Any) -> tuple[int, int]:
+    """(EP group, EP rank) of the rank at data-parallel ``dp`` and context-parallel ``cp``."""
+    q = dp * plan.cp + cp
+    return q // plan.ep, q % plan.ep
+
+
+def moe_blocks(scopes: Sequence[Sequence[str]]) -> set[str]:
+    """The module paths of the routed MoE blocks: the parents of ``experts`` scopes."""
+    return {m.group(1) for sc in scopes for s in sc for m in [_EXPERTS.match(s)] if m}
+
+
+def is_expert(scope: Sequence[str]) -> bool:
+    """Whether a node's scopes put it inside a block's routed experts."""
+    return any(_EXPERTS.match(s) for s in scope)
+
+
+class ExpertLoad:
+    """Tokens per routed expert per MoE layer (``None``: balanced)."""
+
+    def __init__(self, per_layer: Sequence[Sequence[float]] | None, source: str = "balanced") -> None:
+        self.per_layer = [list(x) for x in per_layer] if per_layer is not None else None
+        self.source = source
+
+    def fractions(self, moe_index: int, experts: int, ep: int) -> list[tuple[int, int]]:
+        """Each EP rank's (numerator, denominator) share of one MoE layer's pairs."""
+        if self.per_layer is None:
+            return [(1, ep)] * ep
+        counts = self.per_layer[0] if len(self.per_layer) == 1 else self.per_layer[moe_index]
+        if len(counts) != experts:
+            raise UsageError(f"--expert-load {self.source}: {len(counts)} token counts for a layer of {experts} "
+                             f"routed experts; give one count per expert")
+        per = experts // ep
+        scale = 10**6  # token counts may be fractions (averages); integers keep the split exact
+        ints = [round(x * scale) for x in counts]
+        total = sum(ints)
+        return [(sum(ints[r * per:(r + 1) * per]), total) for r in range(ep)]
+
+    def check_layers(self, moe_layers: int) -> None:
+        if self.per_layer is not None and len(self.per_layer) not in (1, moe_layers):
+            raise UsageError(f"--expert-load {self.source}: {len(self.per_layer)} layers of token counts for "
+                             f"{moe_layers} MoE layers; give one list per MoE layer, or one list for all")
+
+
+def load_expert_load(path: str | Path | None) -> ExpertLoad:
+    """The routing histogram of ``--expert-load FILE`` (see the module's rules); balanced without a file."""
+    if path is None:
+        return ExpertLoad(None)
+    name = str(path)
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--expert-load {name}: cannot read it as JSON ({e.__class__.__name__}); give a JSON list "
+                         "of token counts per expert, or a list of such lists per MoE layer") from None
+
+    def numbers(x: Any) -> bool:
+        return isinstance(x, list) and bool(x) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in x) and sum(x) > 0
+
+    if numbers(data):
+        return ExpertLoad([data], name)
+    if isinstance(data, list) and data and all(numbers(x) for x in data):
+        return ExpertLoad(data, name)
+    raise UsageError(f"--expert-load {name}: not a list of non-negative token counts per expert (not all zero), "
+                     "nor a list of such lists per MoE layer")
+
+
+def ep_divide(own: Sequence[int], shares: Sequence[tuple[int, int]]) -> list[int]:
+    """The expert work of one EP group's ranks: the group's total (the sum of ``own``, each member's share of its
+    own tokens' pairs) divided by ``shares`` (numerator, denominator per EP rank), cumulatively so that the
+    parts sum to the total exactly."""
+    total = sum(own)
+    out, cum, prev = [], 0, 0
+    for num, den in shares:
+        cum += num
+        upto = total * cum // den
+        out.append(upto - prev)
+        prev = upto
+    return out

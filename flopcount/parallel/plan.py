@@ -1,0 +1,183 @@
+"""How a training run is laid out: the parallel plan and the recompute policy, frozen records shared by the memory
+ledger (:mod:`flopcount.memory.ledger`) and the per-rank FLOP ledger of parallel plans.
+
+A plan is plain arithmetic on degrees; nothing here knows a model. The textual forms are the ones the command line
+takes (``--parallel tp=2,pp=4,dp=8,sp,fsdp``, ``--microbatches 16``, ``--schedule interleaved:2``,
+``--recompute selective``); :func:`parse_parallel` and :func:`parse_recompute` read them and raise
+:class:`~flopcount.errors.UsageError` (exit 2) naming the bad part.
+
+>>> plan = parse_parallel("tp=2,pp=4,dp=8,sp", microbatches=16, schedule="1f1b")
+>>> plan.world_size, plan.model_parallel_size
+(64, 8)
+>>> parse_recompute("selective").policy
+'selective'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from ..errors import UsageError
+
+__all__ = [
+    "DEGREES", "DEVICES", "FLAGS", "IMPLEMENTATIONS", "RECOMPUTE_POLICIES", "SCHEDULES", "ParallelPlan", "Recompute", "parse_parallel",
+    "parse_recompute",
+]
+
+#: The integer degrees of a plan: tensor, pipeline, context, expert and data parallel.
+DEGREES = ("tp", "pp", "cp", "ep", "dp")
+#: The switches of a plan: sequence parallelism (over the TP group), and FSDP/ZeRO-3 sharding over the DP group.
+FLAGS = ("sp", "fsdp")
+#: Pipeline schedules; ``interleaved`` takes ``:v`` virtual stages per rank (default 2).
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+#: How an optimizer step may run (its temporaries differ), and the devices whose default torch picks for "auto".
+IMPLEMENTATIONS = ("auto", "single-tensor", "foreach", "fused")
+DEVICES = ("cuda", "cpu")
+#: The named recompute policies; any other text is a comma-separated list of operator types to recompute.
+RECOMPUTE_POLICIES = ("none", "full", "selective")
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    """A parallel layout of one training step. Degrees are at least 1; ``sp`` needs ``tp`` > 1; ``schedule`` and
+    ``virtual_stages`` (interleaved only) matter with ``pp`` > 1; ``microbatches`` M is per optimizer step and,
+    under pipelining, at least ``pp``."""
+
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    dp: int = 1
+    sp: bool = False
+    fsdp: bool = False
+    microbatches: int = 1
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+
+    def __post_init__(self) -> None:
+        for name in (*DEGREES, "microbatches", "virtual_stages"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise UsageError(f"parallel plan: {name}={v!r} must be a positive integer")
+        if self.schedule not in SCHEDULES:
+            raise UsageError(f"parallel plan: unknown schedule {self.schedule!r}; choose one of: "
+                             f"{', '.join(SCHEDULES)} (interleaved:V for V virtual stages per rank)")
+        if self.virtual_stages > 1 and self.schedule != "interleaved":
+            raise UsageError(f"parallel plan: {self.virtual_stages} virtual stages need schedule 'interleaved', "
+                             f"not {self.schedule!r}")
+        if self.sp and self.tp == 1:
+            raise UsageError("parallel plan: sp (sequence parallelism) splits over the tensor-parallel group; "
+                             "give tp=T with T > 1")
+        if self.fsdp and self.dp == 1:
+            raise UsageError("parallel plan: fsdp shards over the data-parallel group; give dp=D with D > 1")
+        if self.pp > 1 and self.microbatches < self.pp:
+            raise UsageError(f"parallel plan: {self.microbatches} microbatches cannot fill {self.pp} pipeline "
+                             f"stages; give --microbatches M with M >= {self.pp}")
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in all: tp·pp·cp·dp (expert parallelism reuses the data- and context-parallel ranks)."""
+        return self.tp * self.pp * self.cp * self.dp
+
+    @property
+    def model_parallel_size(self) -> int:
+        """Ranks that hold one copy of the model: tp·pp·cp."""
+        return self.tp * self.pp * self.cp
+
+    @property
+    def is_single(self) -> bool:
+        """Whether the plan is one rank holding everything."""
+        return self.world_size == 1 and self.ep == 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def __str__(self) -> str:
+        parts = [f"{d}={getattr(self, d)}" for d in DEGREES] + [f for f in FLAGS if getattr(self, f)]
+        schedule = self.schedule + (f":{self.virtual_stages}" if self.schedule == "interleaved" else "")
+        return ",".join(parts) + f" microbatches={self.microbatches} schedule={schedule}"
+
+
+def parse_parallel(text: str, microbatches: int = 1, schedule: str = "1f1b") -> ParallelPlan:
+    """The plan of ``--parallel tp=2,pp=4,dp=8,sp,fsdp`` with ``--microbatches`` and ``--schedule`` (``gpipe``,
+    ``1f1b``, ``interleaved[:V]``). Degrees left out are 1.
+
+    >>> parse_parallel("dp=4,fsdp").fsdp
+    True
+    >>> parse_parallel("tp=0")
+    Traceback (most recent call last):
+    ...
+    flopcount.errors.UsageError: --parallel: tp=0 must be a positive integer
+    """
+    values: dict[str, Any] = {}
+    for part in (p.strip() for p in str(text).split(",")):
+        if not part:
+            continue
+        key, eq, value = part.partition("=")
+        key = key.strip().lower()
+        if key in values:
+            raise UsageError(f"--parallel: {key} is given twice in {text!r}")
+        if key in FLAGS and not eq:
+            values[key] = True
+        elif key in DEGREES and eq:
+            if not value.strip().isdigit() or int(value) < 1:
+                raise UsageError(f"--parallel: {key}={value} must be a positive integer")
+            values[key] = int(value)
+        else:
+            raise UsageError(f"--parallel: {part!r} is not a degree or a switch; give "
+                             f"{', '.join(d + '=N' for d in DEGREES)} and the switches {', '.join(FLAGS)}, "
+                             "e.g. --parallel tp=2,pp=4,dp=8,sp")
+    name, _, virtual = str(schedule).partition(":")
+    if virtual and (name != "interleaved" or not virtual.isdigit() or int(virtual) < 1):
+        raise UsageError(f"--schedule: {schedule!r}; choose one of: {', '.join(SCHEDULES)} "
+                         "(interleaved:V for V >= 1 virtual stages per rank)")
+    stages = int(virtual) if virtual else (2 if name == "interleaved" else 1)
+    return ParallelPlan(**values, microbatches=microbatches, schedule=name, virtual_stages=stages)
+
+
+@dataclass(frozen=True)
+class Recompute:
+    """What the backward pass recomputes instead of keeping from the forward.
+
+    ``policy`` is ``none`` (keep everything the backward needs), ``full`` (keep only each checkpointed block's
+    inputs and run its forward again in the backward, as ``torch.utils.checkpoint`` around every layer),
+    ``selective`` (recompute the attention core, the score products through softmax and dropout, as Korthikanti et
+    al. 2022 propose; keep the rest) or ``ops``: recompute the operator types in ``ops`` and keep the rest (the
+    policy of selective activation checkpointing).
+    """
+
+    policy: str = "none"
+    ops: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if self.policy not in (*RECOMPUTE_POLICIES, "ops"):
+            raise UsageError(f"recompute: unknown policy {self.policy!r}; choose one of: "
+                             f"{', '.join(RECOMPUTE_POLICIES)}, or a list of operator types")
+        if (self.policy == "ops") != bool(self.ops):
+            raise UsageError("recompute: give operator types with the 'ops' policy, and only with it")
+
+    def __str__(self) -> str:
+        return ",".join(sorted(self.ops)) if self.policy == "ops" else self.policy
+
+
+def parse_recompute(text: str | Recompute | None) -> Recompute:
+    """The policy of ``--recompute none|full|selective|OP[,OP...]`` (operator types as ONNX names them, e.g.
+    ``Softmax,Gelu``).
+
+    >>> sorted(parse_recompute("Gelu,Softmax").ops)
+    ['Gelu', 'Softmax']
+    """
+    if isinstance(text, Recompute):
+        return text
+    if text is None:
+        return Recompute()
+    text = str(text).strip()
+    if text.lower() in RECOMPUTE_POLICIES:
+        return Recompute(text.lower())
+    ops = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in ops if not p.replace("_", "").replace(":", "").replace(".", "").isalnum()]
+    if not ops or bad:
+        raise UsageError(f"--recompute: {text!r}; choose one of: {', '.join(RECOMPUTE_POLICIES)}, or operator "
+                         "types to recompute, e.g. --recompute Softmax,Gelu")
+    return Recompute("ops", frozenset(ops))

@@ -1,0 +1,700 @@
+"""FLOPs per rank under a parallel plan: tensor (with sequence), pipeline, context, expert and data parallelism of a
+decoder transformer, dense or mixture-of-experts, from a counted report's per-node FLOPs and module scopes. The
+context- and expert-parallel rules (zigzag split, EP ranks, routing histogram, all_to_all) are stated in
+:mod:`flopcount.parallel.experts`; MoE blocks' routed experts are split 1/T over TP and by their load over EP, their
+routers replicated over TP, shared experts split like a dense MLP. Multi-head latent attention (``q_a_proj``,
+``q_b_proj``, ``kv_a_proj_with_mqa``, ``kv_b_proj``): the up-projections are column-parallel, the latent
+down-projections and their norms replicated over TP, as are the ops on the one rotary key all heads share.
+
+The model is recognised by its module scopes (Llama-like names, as Hugging Face writes them): ``embed_tokens``,
+``layers.N.self_attn.{q,k,v,o}_proj``, ``layers.N.mlp.{gate,up,down}_proj``, norms (``*norm``), ``rotary_emb``,
+``lm_head``, and a loss after the head. Each node with work falls under one rule, per layer kind:
+
+* **column-parallel** (``q_proj``, ``k_proj``, ``v_proj``, ``gate_proj``, ``up_proj``) and **row-parallel**
+  (``o_proj``, ``down_proj``) projections: 1/T of the work on each TP rank;
+* **attention heads** (the rest of ``self_attn``: rotary, scores, softmax, product with V) split over TP: 1/T;
+  with GQA, when the K/V heads ``kv`` are fewer than T, each TP rank holds one K/V head, copied on T/kv ranks:
+  the K/V projections and the ops on K/V heads run ``1/kv`` of their work on every rank (the first rank of each
+  copy group counts it as model work, the others as redundant work); T must divide kv or kv must divide T;
+* **MLP inner ops** (activation, gating product) split over the FFN dimension: 1/T;
+* **vocab-parallel** LM head and the loss's ops over the vocabulary: 1/T;
+* the **embedding** is vocab-parallel, and its masked lookup runs over every token on every TP rank: replicated;
+* **norms and the other elementwise ops** (residual adds, the loss's per-token ops) run whole on every TP rank:
+  replicated, unless ``sp`` splits the norms and residual work over the sequence: 1/T;
+* **position tables** (``rotary_emb``) are rebuilt on every pipeline stage and replicated over TP.
+
+Replicated work counts as ``model_flops`` on one rank (TP rank 0, pipeline stage 0) and as ``redundant_flops``
+on the others, so that the sum of ``model_flops`` over all ranks is the whole model's count times the step's
+microbatches times ``dp``, and ``hardware_flops`` = ``model_flops`` + ``redundant_flops`` + the recomputed work.
+A split that does not divide a node's FLOPs exactly gives its remainder to the first TP ranks, one FLOP each.
+
+**Pipeline.** The L layers go to P contiguous stages of L/P each (P must divide L); stage 0 carries the
+embedding, the last stage the final norm, the LM head and the loss. With ``interleaved:v``, to P·v chunks of
+L/(P·v) layers, chunk c on rank c mod P (P·v must divide L, and P the microbatches).
+**Data.** Each DP rank runs M microbatches of the counted batch per optimizer step, so the global batch is b·M·dp.
+
+**Recompute** (train only): ``full`` runs each layer's forward again (every node in ``layers.N``); ``selective``
+runs each attention core again (in each layer, the ``self_attn`` nodes from the score product through softmax
+to the product with V, in graph order); a list of operator types runs those nodes again.
+
+**Communication** bytes per optimizer step by collective, with the group it runs on, as the payload each rank
+hands to the collective (the full tensor of an all_reduce, the gathered tensor of an all_gather, the input of a
+reduce_scatter; bytes sent for send_recv), not the bytes on the wire. With A = b·s·h·e (e the bytes of an
+activation element) per microbatch and Lₛ the stage's layers:
+
+* TP without sp: ``all_reduce`` of A after each attention and MLP block in the forward and before them in the
+  backward: 4·Lₛ·A, plus A for the embedding's all_reduce (stage 0, forward) and A for the LM head's input
+  gradient (last stage, backward); with a loss, 3·b·s·4 for its vocab-parallel max, sum and target logit;
+* TP with sp: each of those all_reduces becomes an ``all_gather`` and a ``reduce_scatter`` of A: 2·Lₛ·A each in
+  the forward and again in the backward; the embedding's output is reduce-scattered (A), its gradient gathered
+  (A); the LM head's input gathered (A), its gradient reduce-scattered (A);
+* PP: ``send_recv`` of each microbatch's activation to the next stage in the forward and its gradient to the
+  previous stage in the backward, A each (A/T under sp, whose activations are split over the sequence); with
+  ``interleaved:v``, from each of the rank's v chunks but the model's last (forward) and first (backward);
+* DP: ``all_reduce`` of the rank's gradients once per step (G = its parameters × their element bytes); with
+  ``fsdp``, ``all_gather`` of the parameters G in the forward and again in the backward of each microbatch and
+  ``reduce_scatter`` of the gradients G once per step (gradients accumulate unsharded over the microbatches).
+
+**Bubble.** The schedule's actions (GPipe: all forwards, then all backwards; 1F1B: P−1−p warm-up forwards, then
+one forward and one backward in turn, then the remaining backwards; interleaved 1F1B as Megatron orders it) are
+simulated rank by rank, each action waiting for its rank and for the action it needs on the neighbouring
+(virtual) stage, each lasting its chunk's FLOPs per microbatch (equal throughput on every rank).
+``bubble_fraction`` = 1 − busy time / (P × makespan); with equal stages it is (P−1)/(M+P−1) for GPipe and 1F1B,
+and (P−1)/(v·M+P−1) interleaved.
+
+Not modelled yet (exit 2 naming the flag): ``--generate``; the optimizer step's FLOPs are not in the ledger; the
+bubble is simulated with balanced experts (the stage durations of TP rank 0, before the EP load).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from . import experts as px
+from ..errors import UsageError
+from ..reporting.tiled import check_listable
+from .plan import ParallelPlan, Recompute
+
+__all__ = ["Collective", "NodeShare", "ParallelLedger", "RankFlops", "ledger", "node_shares", "simulate_schedule"]
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)$")
+_IN_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
+_COLUMN = ("q_proj", "gate_proj", "up_proj", "q_b_proj", "kv_b_proj")
+_LATENT = ("q_a_proj", "kv_a_proj_with_mqa")  # MLA's down-projections: replicated over TP, as Megatron runs them
+_KV = ("k_proj", "v_proj")
+_ROW = ("o_proj", "down_proj")
+_PRODUCTS = ("matmul", "gemm", "conv", "einsum")
+
+
+@dataclass(frozen=True)
+class Collective:
+    """Bytes one rank hands to one kind of collective per optimizer step, and the group it runs on."""
+
+    kind: str  # all_reduce, all_gather, reduce_scatter, send_recv
+    group: str  # tp, pp, dp
+    bytes: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "group": self.group, "bytes": self.bytes}
+
+
+@dataclass(frozen=True)
+class RankFlops:
+    """One rank's work per optimizer step (``per_microbatch``: one microbatch's)."""
+
+    rank: int
+    coords: Mapping[str, int]
+    stage: int
+    model_flops: int
+    hardware_flops: int
+    redundant_flops: int
+    recompute_flops: int
+    per_microbatch: Mapping[str, int]
+    communication: tuple[Collective, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "coords": dict(self.coords), "stage": self.stage,
+                "model_flops": self.model_flops, "hardware_flops": self.hardware_flops,
+                "redundant_flops": self.redundant_flops, "recompute_flops": self.recompute_flops,
+                "per_microbatch": dict(self.per_microbatch),
+                "communication": [c.as_dict() for c in self.communication]}
+
+
+@dataclass(frozen=True)
+class ParallelLedger:
+    """The per-rank ledger of a plan (see the module's rules). ``whole_flops``: the counted model's FLOPs of one
+    microbatch (forward, plus backward in training); ``dims``: what the rules read off the graph."""
+
+    plan: ParallelPlan
+    recompute: Recompute
+    mode: str
+    whole_flops: int
+    dims: Mapping[str, int]
+    ranks: tuple[RankFlops, ...]
+    bubble_fraction: float
+    slowest_rank: int
+    imbalance: float
+    kv_rule: str
+    rules: tuple[str, ...] = field(default=())
+    expert_load: str | None = None  # "balanced" or the --expert-load file of a MoE model; None for a dense one
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"plan": self.plan.as_dict(), "recompute": str(self.recompute), "mode": self.mode,
+                "whole_flops_per_microbatch": self.whole_flops, "dims": dict(self.dims),
+                "kv_heads_rule": self.kv_rule, "expert_load": self.expert_load,
+                "bubble_fraction": self.bubble_fraction,
+                "slowest_rank": self.slowest_rank, "imbalance": self.imbalance,
+                "ranks": [r.as_dict() for r in self.ranks]}
+
+
+def _split(f: int, t: int, i: int) -> int:
+    """Rank ``i``'s part of ``f`` split over ``t`` ranks: the remainder to the first ranks, one each."""
+    return f // t + (1 if i < f % t else 0)
+
+
+def _leaf(scope: Sequence[str]) -> str:
+    return scope[-1].rsplit(".", 1)[-1] if scope else ""
+
+
+def _layer(scope: Sequence[str]) -> int | None:
+    for s in scope:
+        m = _LAYER.search(s)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def _dim(t: Any, k: int) -> int | None:
+    shape = getattr(t, "shape", None)
+    return shape[k] if shape and len(shape) > abs(k) - (k < 0) and isinstance(shape[k], int) else None
+
+
+@dataclass(frozen=True)
+class _Dims:
+    batch: int
+    seq: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    layers: int
+    act_bytes: int
+    param_bytes: int
+
+
+def _dims(nodes: Sequence[Any], scopes: Sequence[Sequence[str]], where: str) -> _Dims:
+    def first(pred, what: str):
+        for n, sc in zip(nodes, scopes):
+            if pred(n, sc):
+                return n
+        raise UsageError(f"--parallel: {where} has no {what} in its module scopes, so the tensor-parallel rules "
+                         "of a dense decoder (Llama-like names) cannot be applied")
+
+    def proj(leaf: str):
+        return first(lambda n, sc: _leaf(sc) == leaf and n.family in _PRODUCTS and _layer(sc) is not None,
+                     f"layers.N.*.{leaf} product")
+
+    layer_ids = {_layer(sc) for sc in scopes} - {None}
+    if not layer_ids:
+        raise UsageError(f"--parallel: {where} has no layers.N module scopes, so the pipeline and tensor-parallel "
+                         "rules of a dense decoder cannot be applied")
+    moe = bool(px.moe_blocks(scopes))
+    mla = any(_leaf(sc) == "kv_b_proj" for sc in scopes)  # multi-head latent attention (DeepSeek)
+    if mla:
+        k, x = proj("kv_b_proj"), proj("kv_a_proj_with_mqa").inputs[0]
+        q = proj("q_b_proj") if any(_leaf(sc) == "q_b_proj" for sc in scopes) else proj("q_proj")
+    else:
+        q, k = proj("q_proj"), proj("k_proj")
+        x = q.inputs[0]
+    for leaf in ("o_proj",) if mla else ("v_proj", "o_proj"):
+        proj(leaf)
+    if not moe:
+        for leaf in ("up_proj", "down_proj"):
+            proj(leaf)
+    try:  # a MoE model without dense MLPs (Mixtral) has no gate_proj outside its experts
+        gate = first(lambda n, sc: _leaf(sc) == "gate_proj" and n.family in _PRODUCTS and _layer(sc) is not None
+                     and not px.is_expert(sc), "layers.N.*.gate_proj product")
+    except UsageError:
+        if not moe:
+            raise
+        gate = None
+    score = first(lambda n, sc: n.family in _PRODUCTS and _layer(sc) is not None and _leaf(sc) == "self_attn",
+                  "attention score product in layers.N.self_attn")
+    head = first(lambda n, sc: _leaf(sc) == "lm_head" and n.family in _PRODUCTS, "lm_head product")
+    vals = {"batch": _dim(x, 0), "seq": _dim(x, -2), "hidden": _dim(x, -1), "heads": _dim(score.inputs[0], -3),
+            "head_dim": _dim(score.inputs[0], -1), "q_out": _dim(q.outputs[0], -1), "kv_out": _dim(k.outputs[0], -1),
+            "ffn": _dim(gate.outputs[0], -1) if gate is not None else 0, "vocab": _dim(head.outputs[0], -1)}
+    unknown = [k for k, v in vals.items() if v is None]
+    if unknown:
+        raise UsageError(f"--parallel: {where}: the shapes give no {', '.join(unknown)}; fix the input shapes "
+                         "(--input-shape) so that the tensor-parallel rules can be applied")
+    if mla:  # K/V up-projected per head: as many K/V heads as query heads
+        vals["kv_out"] = vals["heads"] * vals["head_dim"]
+    if vals["q_out"] != vals["heads"] * vals["head_dim"] or vals["kv_out"] % vals["head_dim"]:
+        raise UsageError(f"--parallel: {where}: q_proj/k_proj widths ({vals['q_out']}, {vals['kv_out']}) are not "
+                         f"whole heads of {vals['head_dim']}; the head-splitting rule cannot be applied")
+    from ..reporting.report import element_bits
+
+    return _Dims(vals["batch"], vals["seq"], vals["hidden"], vals["heads"], vals["kv_out"] // vals["head_dim"],
+                 vals["head_dim"], vals["ffn"], vals["vocab"], max(layer_ids) + 1,
+                 (element_bits(x.elem_type) or 32) // 8,
+                 (element_bits(q.inputs[1].elem_type if len(q.inputs) > 1 and q.inputs[1] else 1) or 32) // 8)
+
+
+def _check(plan: ParallelPlan, d: _Dims) -> None:
+    t, p, v = plan.tp, plan.pp, _chunks(plan)
+    if d.seq % (2 * plan.cp) and plan.cp > 1:
+        raise UsageError(f"--parallel cp={plan.cp}: the zigzag split needs 2·cp = {2 * plan.cp} to divide the "
+                         f"sequence length {d.seq}")
+    if plan.sp and plan.cp > 1 and (d.seq // plan.cp) % t:
+        raise UsageError(f"--parallel tp={t},cp={plan.cp},sp: tp must divide each CP rank's {d.seq // plan.cp} tokens")
+    if (plan.dp * plan.cp) % plan.ep:
+        raise UsageError(f"--parallel ep={plan.ep}: expert parallelism reuses the dp·cp = {plan.dp * plan.cp} "
+                         "data- and context-parallel ranks; ep must divide dp·cp")
+    for size, what in ((d.heads, "attention heads"), (d.ffn, "MLP width (intermediate size)"),
+                       (d.vocab, "vocabulary")):
+        if size % t:
+            raise UsageError(f"--parallel tp={t}: tp must divide the {size} {what}")
+    if d.kv_heads % t and t % d.kv_heads:
+        raise UsageError(f"--parallel tp={t}: tp must divide the {d.kv_heads} K/V heads or be a multiple of them")
+    if plan.sp and plan.cp == 1 and d.seq % t:
+        raise UsageError(f"--parallel tp={t},sp: tp must divide the sequence length {d.seq} under sp")
+    if d.layers % p:
+        raise UsageError(f"--parallel pp={p}: pp must divide the {d.layers} layers (stages of equal layers)")
+    if d.layers % (p * v):
+        raise UsageError(f"--schedule interleaved:{v}: pp·v = {p * v} must divide the {d.layers} layers "
+                         "(chunks of equal layers)")
+    if v > 1 and plan.microbatches % p:
+        raise UsageError(f"--microbatches {plan.microbatches}: the interleaved schedule runs microbatches in groups "
+                         f"of pp={p}; give a multiple of {p}")
+
+
+def _chunks(plan: ParallelPlan) -> int:
+    """Model chunks per pipeline rank: ``v`` of the interleaved schedule, else 1."""
+    return plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
+
+
+def _rule(n: Any, sc: Sequence[str], d: _Dims, after_head: bool, blocks: set[str] = frozenset()) -> str:
+    """The rule of one node with work: split, kv, replicated, norm, positions, expert (see the module's list and
+    :mod:`flopcount.parallel.experts`)."""
+    leaf = _leaf(sc)
+    if _layer(sc) is not None:
+        if px.is_expert(sc):
+            return "expert"
+        block = next((s for s in sc if s in blocks), None)
+        if block is not None and (sc[-1] == block or sc[-1] in (block + ".gate", block + ".shared_expert_gate")):
+            return "replicated"  # the router and the block's own ops on the hidden states
+        if leaf in _COLUMN or leaf in _ROW:
+            return "split"
+        if leaf in _KV:
+            return "kv"
+        if leaf in _LATENT or (leaf.endswith("norm") and any(s.endswith(".self_attn") for s in sc)):
+            return "norm"  # MLA's latent projections and norms run whole on every TP rank
+        if any(s.endswith(".self_attn") for s in sc) and d.heads > 1 and any(
+                t is not None and t.shape and len(t.shape) >= 4 and t.shape[1] == 1 for t in n.inputs[:1]):
+            return "replicated"  # ops on one head shared by all (MLA's rotary key)
+        if any(s.endswith(".self_attn") for s in sc):
+            kv_side = d.kv_heads != d.heads and any(
+                t is not None and t.shape and len(t.shape) >= 4 and t.shape[1] == d.kv_heads for t in n.inputs[:1])
+            return "kv" if kv_side else "split"
+        if any(s.endswith((".mlp", ".block_sparse_moe")) for s in sc):
+            return "split"
+        if n.family in _PRODUCTS:
+            raise UsageError(f"--parallel: node {n.name!r} ({n.op_type} in {sc[-1]}) is a product outside the "
+                             "recognised projections and attention; no tensor-parallel rule applies to it")
+        return "norm"  # the layer's norms and residual adds: split over the sequence under sp
+    if leaf == "lm_head":
+        return "split"
+    if leaf == "rotary_emb":
+        return "positions"
+    if leaf.endswith("norm"):
+        return "norm"
+    if n.family in _PRODUCTS:
+        raise UsageError(f"--parallel: node {n.name!r} ({n.op_type} in {sc[-1] if sc else 'no module'}) is a product "
+                         "outside the recognised modules; no tensor-parallel rule applies to it")
+    if after_head and any(_dim(t, -1) == d.vocab for t in n.inputs if t is not None):
+        return "split"  # vocab-parallel loss
+    return "replicated"
+
+
+def _recomputed(recompute: Recompute, nodes: Sequence[Any], scopes: Sequence[Sequence[str]]) -> set[int]:
+    if recompute.policy == "none":
+        return set()
+    if recompute.policy == "full":
+        return {k for k, sc in enumerate(scopes) if _layer(sc) is not None}
+    if recompute.policy == "ops":
+        return {k for k, n in enumerate(nodes) if n.op_type in recompute.ops}
+    core: set[int] = set()
+    state: dict[int, int] = {}  # layer → products of the core seen
+    for k, (n, sc) in enumerate(zip(nodes, scopes)):
+        layer = _layer(sc)
+        if layer is None or _leaf(sc) != "self_attn":
+            continue
+        seen = state.get(layer, 0)
+        if n.family in _PRODUCTS:
+            seen += 1
+            state[layer] = seen
+            if seen <= 2:
+                core.add(k)
+        elif seen == 1:
+            core.add(k)
+    return core
+
+
+class NodeShare(NamedTuple):
+    """One node's work on one TP rank of one stage per microbatch: ``model_*`` its share of the model's work,
+    ``forward``/``backward`` what the rank runs, ``recompute`` the forward it runs again."""
+
+    index: int  # position in the report's nodes
+    stage: int
+    tp: int
+    rule: str
+    model_forward: int
+    model_backward: int
+    forward: int
+    backward: int
+    recompute: int
+    chunk: int = 0  # virtual stage c·P + p (chunk c of pipeline rank p); the stage itself without interleaving
+
+
+def node_shares(report: Any, plan: ParallelPlan, recompute: Recompute | None = None) -> tuple[NodeShare, ...]:
+    """Every node's work on every (stage, TP rank) of ``plan`` (nodes without work left out): what
+    :func:`ledger` sums, and what ``--by-module`` rows per rank are made of. These are one whole sequence's
+    shares: under cp a rank runs 1/C of each (:func:`flopcount.parallel.experts.cp_split`), and under ep the
+    nodes of rule ``expert`` are redistributed over the EP group by the load (:func:`ledger` does both)."""
+    return _shares(report, plan, recompute)[1]
+
+
+def _shares(report: Any, plan: ParallelPlan, recompute: Recompute | None):
+    recompute = recompute or Recompute()
+    where = report.model.path or report.model.graph_name or "the model"
+    if recompute.policy != "none" and report.mode != "train":
+        raise UsageError(f"--recompute {recompute}: recompute changes training only; give --mode train")
+    nodes, scopes = report.nodes, report.modules.nodes
+    check_listable(nodes, "--parallel", "nodes, which the ledger shares out one by one,")
+    if report.modules.missing or len(scopes) != len(nodes):
+        raise UsageError(f"--parallel: {where} has no module scopes ({report.modules.missing}), so no "
+                         "tensor-parallel rule can be applied")
+    blocks = px.moe_blocks(scopes)
+    if plan.ep > 1 and not blocks:
+        raise UsageError(f"--parallel ep={plan.ep}: {where} has no routed experts (no *.mlp.experts or "
+                         "*.block_sparse_moe.experts scopes); give ep=1 for a dense model")
+    if blocks and report.moe is None:
+        raise UsageError(f"--parallel: {where} has expert scopes but no mixture-of-experts record; count it with "
+                         "--hf so that its routed experts are known")
+    d = _dims(nodes, scopes, where)
+    _check(plan, d)
+    if blocks and report.moe.experts % plan.ep:
+        raise UsageError(f"--parallel ep={plan.ep}: ep must divide the {report.moe.experts} routed experts")
+    t, p = plan.tp, plan.pp
+    train = report.mode == "train"
+    per_stage = d.layers // p
+    v = _chunks(plan)
+    per_chunk = d.layers // (p * v)
+    head_at = next((k for k, sc in enumerate(scopes) if _leaf(sc) == "lm_head"), len(nodes))
+    redo = _recomputed(recompute, nodes, scopes) if train else set()
+    kv_group = t // d.kv_heads if d.kv_heads < t else 1  # TP ranks that hold the same K/V head
+    shares: list[NodeShare] = []
+    has_loss = False
+    for k, (n, sc) in enumerate(zip(nodes, scopes)):
+        fwd, bwd = n.cost.flops, n.backward.flops if train else 0
+        if not fwd and not bwd:
+            continue
+        rule = _rule(n, sc, d, k > head_at, blocks)
+        has_loss = has_loss or (k > head_at and not sc)
+        layer = _layer(sc)
+        chunks = range(p) if rule == "positions" else [  # positions: each rank's first chunk rebuilds them
+            layer // per_chunk if layer is not None else (p * v - 1 if k >= head_at or _leaf(sc) == "norm" else 0)]
+        stages = [c % p for c in chunks]
+        for c, s in zip(chunks, stages):
+            for i in range(t):
+                if rule in ("split", "expert") or (rule == "norm" and plan.sp):
+                    run = (_split(fwd, t, i), _split(bwd, t, i))
+                    own = run
+                elif rule == "kv" and kv_group > 1:
+                    run = (_split(fwd, d.kv_heads, i // kv_group), _split(bwd, d.kv_heads, i // kv_group))
+                    own = run if i % kv_group == 0 else (0, 0)
+                elif rule == "kv":
+                    run = own = (_split(fwd, t, i), _split(bwd, t, i))
+                else:  # replicated over TP (and, for positions, over the stages)
+                    run = (fwd, bwd)
+                    own = run if i == 0 and s == stages[0] else (0, 0)
+                shares.append(NodeShare(k, s, i, rule, own[0], own[1], run[0], run[1], run[0] if k in redo else 0, c))
+    return d, tuple(shares), has_loss, per_stage, train, recompute
+
+
+def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
+           expert_load: px.ExpertLoad | None = None) -> ParallelLedger:
+    """The per-rank ledger of ``report`` (a counted :class:`~flopcount.reporting.report.Report` of one microbatch) under
+    ``plan``; :class:`~flopcount.errors.UsageError` (exit 2) when a degree does not divide what it splits, a part
+    of the plan is not modelled yet, or the model's scopes are not those of a decoder. ``expert_load``: the
+    routing histogram of a MoE model (:func:`flopcount.parallel.experts.load_expert_load`), balanced if None."""
+    d, shares, has_loss, per_stage, train, recompute = _shares(report, plan, recompute)
+    t, p, m, c_, e_ = plan.tp, plan.pp, plan.microbatches, plan.cp, plan.ep
+    load = expert_load or px.ExpertLoad(None)
+    scopes = report.modules.nodes
+    kv_group = t // d.kv_heads if d.kv_heads < t else 1
+    acc = {(s, i): [0, 0, 0, 0] for s in range(p) for i in range(t)}  # model, executed, recomputed, executed fwd
+    experts: dict[tuple[int, int], dict[int, list[int]]] = {k: {} for k in acc}  # per MoE layer: run, recomputed
+    for x in shares:
+        if x.rule == "expert":
+            e = experts[(x.stage, x.tp)].setdefault(_layer(scopes[x.index]), [0, 0])
+            e[0] += x.forward + x.backward
+            e[1] += x.recompute
+            continue
+        a = acc[(x.stage, x.tp)]
+        a[0] += x.model_forward + x.model_backward
+        a[1] += x.forward + x.backward
+        a[2] += x.recompute
+        a[3] += x.forward
+    moe_layers = sorted({_layer(scopes[x.index]) for x in shares if x.rule == "expert"})
+    load.check_layers(len(moe_layers))
+    fractions = {layer: load.fractions(j, report.moe.experts, e_) for j, layer in enumerate(moe_layers)}
+    whole = sum(n.cost.flops + (n.backward.flops if train else 0) for n in report.nodes)
+    comm = _communication(plan, d, report, per_stage, train, has_loss)
+    order = ("tp", "pp", "cp", "ep", "dp")
+    ranks = []
+    for s in range(p):
+        for dp in range(plan.dp):
+            for cp in range(c_):
+                group, ep = px.ep_coords(dp, cp, plan)
+                members = [q % c_ for q in range(group * e_, (group + 1) * e_)]  # the group's CP ranks
+                for i in range(t):
+                    model, run, again = (px.cp_split(v, c_, cp) for v in acc[(s, i)][:3])
+                    for layer, (ex_run, ex_again) in experts[(s, i)].items():
+                        share = fractions[layer]
+                        ex = px.ep_divide([px.cp_split(ex_run, c_, q) for q in members], share)[ep]
+                        model, run = model + ex, run + ex
+                        again += px.ep_divide([px.cp_split(ex_again, c_, q) for q in members], share)[ep]
+                    coords = {"tp": i, "pp": s, "cp": cp, "ep": ep, "dp": dp}
+                    rank = i + t * (cp + c_ * (dp + plan.dp * s))
+                    extra = _cp_ep_communication(plan, d, report, s, per_stage, train, recompute,
+                                                 [fractions[layer][ep] for layer in experts[(s, i)]])
+                    ranks.append(RankFlops(rank, {k: coords[k] for k in order}, s, m * model, m * (run + again),
+                                           m * (run - model), m * again,
+                                           {"model_flops": model, "hardware_flops": run + again,
+                                            "redundant_flops": run - model, "recompute_flops": again},
+                                           comm[s] + extra))
+    ranks.sort(key=lambda r: r.rank)
+    bubble = _bubble(plan, shares, train)
+    slowest = max(ranks, key=lambda r: (r.hardware_flops, -r.rank))
+    mean = sum(r.hardware_flops for r in ranks) / len(ranks)
+    return ParallelLedger(plan, recompute, report.mode, whole, {
+        "batch": d.batch, "seq": d.seq, "hidden": d.hidden, "heads": d.heads, "kv_heads": d.kv_heads,
+        "head_dim": d.head_dim, "ffn": d.ffn, "vocab": d.vocab, "layers": d.layers,
+        "activation_bytes": d.act_bytes, "param_bytes": d.param_bytes, "moe_layers": len(moe_layers),
+        "experts": report.moe.experts if moe_layers else 0, "top_k": report.moe.top_k if moe_layers else 0},
+        tuple(ranks), bubble, slowest.rank, slowest.hardware_flops / mean if mean else 1.0,
+        f"each TP rank holds one of the {d.kv_heads} K/V heads, copied on {kv_group} ranks" if kv_group > 1
+        else "K/V heads split over TP", expert_load=load.source if moe_layers else None)
+
+
+def _cp_ep_communication(plan: ParallelPlan, d: _Dims, report: Any, stage: int, per_stage: int, train: bool,
+                         recompute: Recompute, shares: Sequence[tuple[int, int]]) -> tuple[Collective, ...]:
+    """One rank's CP K/V collectives and EP all_to_alls per optimizer step (see
+    :mod:`flopcount.parallel.experts`); ``shares``: its EP rank's share of each of its stage's MoE layers."""
+    m, out = plan.microbatches, []
+    if plan.cp > 1:
+        kv = 2 * d.batch * d.seq * max(d.kv_heads // plan.tp, 1) * d.head_dim * d.act_bytes * per_stage
+        again = 2 if train and recompute.policy == "full" else 1
+        out.append(Collective("all_gather", "cp", m * kv * again))
+        if train:
+            out.append(Collective("reduce_scatter", "cp", m * kv))
+    if plan.ep > 1 and shares:
+        vec = d.batch * (d.seq // plan.cp) * report.moe.top_k * d.hidden * d.act_bytes  # T·k·h·e
+        sent = sum(vec + plan.ep * vec * num // den for num, den in shares)
+        out.append(Collective("all_to_all", "ep", m * sent * (2 if train else 1)))
+    return tuple(out)
+
+
+def _bubble(plan: ParallelPlan, shares: Sequence[NodeShare], train: bool) -> float:
+    """The bubble of the plan's schedule, each chunk's actions as long as its TP rank 0's FLOPs per microbatch."""
+    if plan.pp == 1:
+        return 0.0
+    v = _chunks(plan)
+    tf, tb = [0.0] * (plan.pp * v), [0.0] * (plan.pp * v)
+    for x in shares:
+        if x.tp == 0:
+            tf[x.chunk] += x.forward
+            tb[x.chunk] += x.backward + x.recompute if train else 0
+    makespan, busy = simulate_schedule(plan.schedule, plan.pp, plan.microbatches, tf, tb, v)
+    return 1 - sum(busy) / (plan.pp * makespan) if makespan else 0.0
+
+
+def _orders(schedule: str, stages: int, microbatches: int, virtual: int, train: bool) -> list[list[tuple]]:
+    """Each pipeline rank's order of actions ``(kind, virtual stage, microbatch)``; virtual stage c·P + p is
+    chunk c of rank p. Interleaved 1F1B as Megatron orders it: forwards in groups of P microbatches per chunk
+    (chunks in turn), backwards likewise with the chunks reversed, (P − p − 1)·2 + (v − 1)·P warm-up
+    forwards."""
+    p_, m, v = stages, microbatches, virtual
+    orders = []
+    for s in range(p_):
+        if schedule == "interleaved":
+            def fwd(k: int) -> tuple:
+                return ("F", ((k % (p_ * v)) // p_) * p_ + s, (k // (p_ * v)) * p_ + k % p_)
+
+            def bwd(k: int) -> tuple:
+                return ("B", (v - 1 - (k % (p_ * v)) // p_) * p_ + s, (k // (p_ * v)) * p_ + k % p_)
+
+            total = m * v
+            if not train:
+                orders.append([fwd(k) for k in range(total)])
+                continue
+            warm = min((p_ - s - 1) * 2 + (v - 1) * p_, total)
+            order = [fwd(k) for k in range(warm)]
+            for k in range(warm, total):
+                order += [fwd(k), bwd(k - warm)]
+            order += [bwd(k) for k in range(total - warm, total)]
+        elif not train:
+            order = [("F", s, j) for j in range(m)]
+        elif schedule == "gpipe":
+            order = [("F", s, j) for j in range(m)] + [("B", s, j) for j in range(m)]
+        else:  # 1f1b
+            warm = min(p_ - 1 - s, m)
+            order = [("F", s, j) for j in range(warm)]
+            for j in range(warm, m):
+                order += [("F", s, j), ("B", s, j - warm)]
+            order += [("B", s, j) for j in range(m - warm, m)]
+        orders.append(order)
+    return orders
+
+
+def simulate_schedule(schedule: str, stages: int, microbatches: int, forward: Sequence[float],
+                      backward: Sequence[float], virtual: int = 1) -> tuple[float, list[float]]:
+    """(makespan, busy time per pipeline rank) of a schedule's actions (``gpipe``, ``1f1b``, ``interleaved`` with
+    ``virtual`` chunks per rank), each rank running its own order of forwards and backwards (no backwards when
+    ``backward`` is all zeros); ``forward[c·P + p]`` and ``backward[c·P + p]`` are the lengths of chunk c of rank
+    p. An action waits for its rank and for the action it needs: the forward of the previous virtual stage, the
+    backward of the next, or on the last virtual stage its own forward.
+
+    >>> simulate_schedule("1f1b", 4, 8, [1] * 4, [2] * 4)  # (M + P − 1) · (f + b), busy M · (f + b)
+    (33.0, [24.0, 24.0, 24.0, 24.0])
+    """
+    if schedule not in ("gpipe", "1f1b", "interleaved"):
+        raise UsageError(f"--schedule {schedule}: not modelled yet in FLOPs per rank; give gpipe, 1f1b or "
+                         "interleaved")
+    last = stages * virtual - 1
+    orders = _orders(schedule, stages, microbatches, virtual, any(backward))
+    done: dict[tuple[str, int, int], float] = {}
+    free = [0.0] * stages
+    nxt = [0] * stages
+    busy = [0.0] * stages
+    while any(nxt[s] < len(orders[s]) for s in range(stages)):
+        moved = False
+        for s in range(stages):
+            if nxt[s] >= len(orders[s]):
+                continue
+            kind, vs, j = orders[s][nxt[s]]
+            need = (("F", vs - 1, j) if vs > 0 else None) if kind == "F" else (
+                ("B", vs + 1, j) if vs < last else ("F", vs, j))
+            if need is not None and need not in done:
+                continue
+            length = float(forward[vs] if kind == "F" else backward[vs])
+            start = max(free[s], done[need] if need else 0.0)
+            done[(kind, vs, j)] = free[s] = start + length
+            busy[s] += length
+            nxt[s] += 1
+            moved = True
+        if not moved:
+            raise RuntimeError("pipeline schedule deadlocked")  # an order above is wrong, not the user's input
+    return max(free), busy
+
+
+def _communication(plan: ParallelPlan, d: _Dims, report: Any, per_stage: int, train: bool, has_loss: bool):
+    """Per stage: the collectives of one rank of that stage per optimizer step (the module's closed forms)."""
+    t, p, m = plan.tp, plan.pp, plan.microbatches
+    tokens = d.batch * (d.seq // plan.cp)  # a CP rank's tokens
+    a = tokens * d.hidden * d.act_bytes
+    params = _rank_params(report, d, plan)
+    out = []
+    for s in range(p):
+        c: dict[tuple[str, str], int] = {}
+
+        def add(kind: str, group: str, n: int) -> None:
+            if n:
+                c[(kind, group)] = c.get((kind, group), 0) + n
+
+        first, last = s == 0, s == p - 1
+        if t > 1:
+            if plan.sp:
+                per = 2 * per_stage * a * (2 if train else 1)
+                add("all_gather", "tp", m * (per + (a if last else 0) + (a if first and train else 0)))
+                add("reduce_scatter", "tp", m * (per + (a if first else 0) + (a if last and train else 0)))
+            else:
+                add("all_reduce", "tp", m * (2 * per_stage * a * (2 if train else 1) + (a if first else 0)
+                                             + (a if last and train else 0)))
+            if last and has_loss:
+                add("all_reduce", "tp", m * 3 * tokens * 4)
+        if p > 1:
+            act = a // t if plan.sp else a
+            v = _chunks(plan)  # each of the rank's chunks sends on, but the model's last; and back, but its first
+            add("send_recv", "pp", m * (act * (v - last) + (act * (v - first) if train else 0)))
+        if plan.dp * plan.cp > 1 and train:
+            g, grp = params[s] * d.param_bytes, "dp_cp" if plan.cp > 1 else "dp"
+            if plan.fsdp:
+                add("all_gather", grp, m * 2 * g)
+                add("reduce_scatter", grp, g)
+            else:
+                add("all_reduce", grp, g)
+        out.append(tuple(Collective(k, grp, n) for (k, grp), n in c.items()))
+    return out
+
+
+def _rank_params(report, d: _Dims, plan: ParallelPlan) -> list[int]:
+    """Parameter elements one TP rank of each stage holds: projections, embedding and head split over TP (K/V
+    projections 1/kv when copied), the rest whole."""
+    per_chunk = d.layers // (plan.pp * _chunks(plan))
+    out = [0] * plan.pp
+    for module, n in report.modules.params.items():
+        found = _IN_LAYER.search(module)
+        layer = int(found.group(1)) if found else None
+        leaf = module.rsplit(".", 1)[-1]
+        s = layer // per_chunk % plan.pp if layer is not None else (plan.pp - 1 if leaf in ("lm_head", "norm") else 0)
+        if ".experts" in module:  # split over TP within each expert and over EP between experts
+            n = n // (plan.tp * plan.ep)
+        elif leaf in _COLUMN or leaf in _ROW or leaf in ("embed_tokens", "lm_head"):
+            n = n // plan.tp
+        elif leaf in _KV:
+            n = n // min(plan.tp, d.kv_heads)
+        out[s] += n
+    return out
+
+
+#: Columns of :func:`rank_rows` (the text report's table by rank).
+RANK_HEADERS = ("ranks", "tp", "pp", "dp", "model FLOPs", "hardware FLOPs", "redundant FLOPs", "recompute FLOPs",
+                "communication bytes")
+
+
+def rank_rows(led: ParallelLedger) -> list[list[str]]:
+    """One row per (stage, TP rank) of the ledger, per optimizer step, its ranks with the same figures (DP
+    replicas; under cp or ep, those of the same CP and EP rank and load) listed in the first column."""
+    groups: dict[tuple, list[RankFlops]] = {}
+    for r in led.ranks:
+        key = (r.stage, r.coords["tp"], r.coords["cp"], r.coords["ep"], r.model_flops, r.hardware_flops,
+               r.recompute_flops, r.communication)
+        groups.setdefault(key, []).append(r)
+    rows = []
+    for (stage, tp, *_), rs in sorted(groups.items(), key=lambda kv: kv[1][0].rank):
+        r = rs[0]
+        comm = ", ".join(f"{c.kind}({c.group}) {c.bytes:,}" for c in r.communication) or "-"
+        names = ",".join(str(x.rank) for x in rs)
+        dps = sorted({x.coords["dp"] for x in rs})
+        dp = f"{dps[0]}-{dps[-1]}" if dps == list(range(dps[0], dps[-1] + 1)) and len(dps) > 1 else \
+            ",".join(map(str, dps))
+        rows.append([names, str(tp), str(stage), dp, f"{r.model_flops:,}", f"{r.hardware_flops:,}",
+                     f"{r.redundant_flops:,}", f"{r.recompute_flops:,}", comm])
+    return rows
+
+
+def summary_line(led: ParallelLedger) -> str:
+    """The ledger's one-line summary under its table."""
+    return (f"Parallel ({led.plan}, recompute {led.recompute}, {led.mode}): per optimizer step of "
+            f"{led.plan.microbatches} microbatch{'es' if led.plan.microbatches > 1 else ''} per DP rank; whole model "
+            f"{led.whole_flops:,} FLOPs a microbatch; bubble {led.bubble_fraction:.4f}; slowest rank "
+            f"{led.slowest_rank}, imbalance {led.imbalance:.4f} (max/mean hardware FLOPs); {led.kv_rule}"
+            + (f"; expert load {led.expert_load}" if led.expert_load else ""))

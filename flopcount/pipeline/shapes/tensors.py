@@ -1,0 +1,149 @@
+"""Tensor infos read from an (inferred) model, and the limits and operator sets every stage of shape resolution
+shares."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from math import prod
+
+import onnx
+from onnx import ModelProto, helper
+
+from ...context import TensorInfo
+
+FOLD_LIMIT = 4096  # largest tensor (elements) evaluated while folding shape subgraphs
+#: Largest dim, and largest element count of any tensor, that a model or an option may give
+#: (2**48 elements: 1 PiB of float32). Above it a shape is an error, never a count; it also keeps
+#: every product of dims far inside int64, where ONNX's inference does its arithmetic.
+MAX_ELEMENTS = 2**48
+
+
+def tensor_type(vi: onnx.ValueInfoProto):
+    """The tensor type of a tensor value, or of the elements of a sequence value."""
+    if vi.type.HasField("sequence_type"):
+        return vi.type.sequence_type.elem_type.tensor_type
+    return vi.type.tensor_type
+
+
+def declared_shape(vi: onnx.ValueInfoProto) -> tuple | None:
+    t = tensor_type(vi)
+    if not t.HasField("shape"):
+        return None
+    return tuple(_dim(d) for d in t.shape.dim)
+
+
+def _dim(d) -> int | str | None:
+    if d.HasField("dim_value"):
+        return d.dim_value
+    return d.dim_param or None
+
+
+SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+
+class Collected(dict):
+    """Tensor name → :class:`TensorInfo`, as read from an inferred model; ``odd`` names the tensors
+    with a negative, zero or oversized dim (found once per distinct type, for :func:`check_dims`)."""
+
+    __slots__ = ("odd",)
+
+
+def collect(model: ModelProto, bodies: bool = True, initializers: Mapping[str, TensorInfo] | None = None) -> dict[str, TensorInfo]:
+    """Tensor infos of an inferred model; ``initializers``, when given, are the top graph's
+    initializer infos (see :func:`initializer_infos`), already read."""
+    out = Collected()
+    out.odd = []
+    _collect_graph(model.graph, out, bodies, initializers)
+    return out
+
+
+def _odd(shape) -> bool:
+    """Whether a shape has a negative or zero dim, or more than MAX_ELEMENTS elements."""
+    known = [d for d in shape or () if type(d) is int]
+    return bool(known) and (min(known) <= 0 or max(known) > MAX_ELEMENTS or prod(known) > MAX_ELEMENTS)
+
+
+def initializer_infos(g: onnx.GraphProto) -> dict[str, TensorInfo]:
+    """Infos of a graph's initializers (their dims and types are declared: no inference needed)."""
+    make = tuple.__new__
+    return {t.name: make(TensorInfo, (t.name, t.data_type, tuple(t.dims), True)) for t in g.initializer}
+
+
+def _collect_graph(g: onnx.GraphProto, out: dict[str, TensorInfo], bodies: bool = True,
+                   initializers: Mapping[str, TensorInfo] | None = None, top: bool = True) -> None:
+    """Tensor infos of ``g`` and, recursively, of its subgraphs (names are unique across scopes);
+    ``bodies=False`` skips the scan for subgraphs (the graph has none). Odd dims are noted for the
+    top graph only: ONNX infers both branches of an If, and the one not taken may well have them
+    (a body that runs and has one gets a negative count, which the traversal refuses)."""
+    for node in g.node if bodies else ():
+        if node.op_type in SUBGRAPH_OPS:
+            for a in node.attribute:
+                for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs):
+                    _collect_graph(sub, out, top=False)
+    odd = getattr(out, "odd", None) if top else None
+    # A large graph has a few distinct types (dtype and dims) for a great many tensors: each
+    # distinct one is decoded once, keyed by its serialized bytes.
+    make = tuple.__new__
+    decoded: dict[bytes, tuple | None] = {}
+    out.update(initializer_infos(g) if initializers is None else initializers)
+    for vi in (*g.input, *g.value_info, *g.output):
+        name = vi.name
+        prev = out.get(name)
+        if prev is not None and prev[3]:  # static already (an initializer's declared input)
+            continue
+        ty = vi.type
+        key = ty.SerializeToString()
+        info = decoded.get(key, False)
+        if info is False:
+            info = decoded[key] = _decode_type(ty)
+            if info is not None and odd is not None and _odd(info[1]):
+                decoded[key] = info = (*info, True)  # marked: a fourth field
+        if info is not None:
+            if len(info) == 4:
+                odd.append(name)
+                info = info[:3]
+            out[name] = make(TensorInfo, (name, *info))
+
+
+def _decode_type(ty: onnx.TypeProto) -> tuple | None:
+    """(elem_type, shape, static) of a tensor type, or of a sequence's elements; None for maps and
+    optionals, which have no tensor shape."""
+    if ty.HasField("tensor_type"):
+        tt = ty.tensor_type
+    elif ty.HasField("sequence_type") and ty.sequence_type.elem_type.HasField("tensor_type"):
+        tt = ty.sequence_type.elem_type.tensor_type  # a sequence is recorded by its elements' type
+    else:
+        return None
+    shape = tuple([d.dim_value or _dim(d) for d in tt.shape.dim]) if tt.HasField("shape") else None
+    return tt.elem_type, shape, shape is not None and all(type(d) is int for d in shape)
+
+
+def value_info(name: str, t: TensorInfo | None) -> onnx.ValueInfoProto:
+    if t is None or not t.elem_type:
+        return helper.make_empty_tensor_value_info(name)
+    return helper.make_tensor_value_info(name, t.elem_type, None if t.shape is None else list(t.shape))
+
+def static(t: TensorInfo | None) -> bool:
+    return t is not None and t.is_static
+
+
+
+# Standard operators whose inferred output dims are never negative when their input dims are not
+# (copies, sums, products or clamped slices of them). Any other operator (convolution and pooling
+# windows, Pad, Resize, Split with sizes, Tile, DFT, other domains ...) may turn a hostile attribute
+# or constant into a negative dim, and ONNX's Slice inference aborts the process on one (an
+# assertion in std::clamp). A Slice downstream of such an operator is inferred only once the dims
+# feeding it are checked: see _guard_depths.
+DIM_SAFE_OPS = frozenset("""
+    Abs Acos Acosh Add And ArgMax ArgMin Asin Asinh Atan Atanh BatchNormalization BitShift BitwiseAnd
+    BitwiseNot BitwiseOr BitwiseXor Cast CastLike Ceil Celu Clip Concat Constant Cos Cosh CumSum
+    DequantizeLinear Div Dropout DynamicQuantizeLinear Elu Equal Erf Exp Flatten Floor Gather
+    GatherElements GatherND Gelu Gemm GlobalAveragePool GlobalLpPool GlobalMaxPool Greater GreaterOrEqual
+    GroupNormalization HardSigmoid HardSwish Hardmax Identity InstanceNormalization IsInf IsNaN
+    LayerNormalization LeakyRelu Less LessOrEqual Log LogSoftmax LpNormalization MatMul MatMulInteger Max
+    Mean MeanVarianceNormalization Min Mish Mod Mul Neg Not Or PRelu Pow QuantizeLinear Range Reciprocal
+    ReduceL1 ReduceL2 ReduceLogSum ReduceLogSumExp ReduceMax ReduceMean ReduceMin ReduceProd ReduceSum
+    ReduceSumSquare Relu Reshape RMSNormalization Round Selu Shape Shrink Sigmoid Sign Sin Sinh Size
+    Slice Softmax Softplus Softsign Sqrt Squeeze Sub Sum Swish Tan Tanh ThresholdedRelu Transpose Trilu
+    Unsqueeze Where Xor
+""".split())
+
