@@ -76,7 +76,7 @@ class MemorySettings:
         if memory is True:
             return cls()
         if not isinstance(memory, MemorySettings):
-            raise UsageError(f"memory must be True or a flopcount.memory.ledger.MemorySettings, not {type(memory).__name__}")
+            raise UsageError(f"memory must be True or a flopcount.MemorySettings, not {type(memory).__name__}")
         return memory
 
     @property

@@ -60,7 +60,7 @@ def checked_plan(plan, recompute, flops_per_sample):
     if isinstance(plan, str):
         plan = parse_parallel(plan)
     elif not isinstance(plan, ParallelPlan):
-        raise UsageError(f"Meter: plan must be a flopcount.parallel.plan.ParallelPlan or a string such as 'tp=2,dp=2', got "
+        raise UsageError(f"Meter: plan must be a flopcount.ParallelPlan or a string such as 'tp=2,dp=2', got "
                          f"{type(plan).__name__} {plan!r:.60}")
     if flops_per_sample is not None:
         raise UsageError("Meter: plan= needs a counted model (report= or model= with example_inputs=) to split its "
