@@ -70,6 +70,21 @@ def _rank_run(rank: int, report, model, plan: str, out: str) -> None:
                 return _real(*a, **k)
 
             setattr(dist, name, counted)
+        refusals = {}
+        if plan.startswith("mesh:"):  # the plan read from the device mesh the run is laid out on
+            from torch.distributed.device_mesh import init_device_mesh
+
+            from flopcount.measure.harness.rank_mfu import plan_from_mesh
+
+            for case, shape, names in (("ep", (2,), ("ep",)), ("order", (2, 1), ("tp", "dp")),
+                                       ("unnamed", (2,), None)):
+                try:
+                    plan_from_mesh(init_device_mesh("cpu", shape, mesh_dim_names=names))
+                except UsageError as e:
+                    refusals[case] = str(e)
+            hsdp = plan_from_mesh(init_device_mesh("cpu", (1, 2), mesh_dim_names=("dp_replicate", "dp_shard")))
+            refusals["hsdp"] = str(hsdp)
+            plan = init_device_mesh("cpu", (2,), mesh_dim_names=(plan.removeprefix("mesh:"),))
         clock = _Clock()
         meter = flopcount.Meter(report, plan=plan, recompute="none", clock=clock, peak_flops=PEAK, energy=False,
                                 warmup_steps=WARMUP, window_steps=WINDOW)
@@ -83,7 +98,7 @@ def _rank_run(rank: int, report, model, plan: str, out: str) -> None:
         if rank == 0:
             with open(out + ".calls", "w") as f:
                 json.dump({"during_steps": during_steps, "at_result": calls["n"] - during_steps,
-                           "mismatch": mismatch}, f)
+                           "mismatch": mismatch, "refusals": refusals}, f)
     finally:
         dist.destroy_process_group()
 
@@ -132,10 +147,19 @@ def _two_ranks(llama, plan: str, tmp_path) -> tuple[dict, dict]:
         return json.load(f)["runs"][0], json.load(g)
 
 
-@pytest.mark.parametrize("plan", ["dp=2", "tp=2"])
-def test_two_ranks_report_each_ranks_mfu(llama, plan, tmp_path):
+@pytest.mark.parametrize("given", ["dp=2", "tp=2", "mesh:dp", "mesh:tp"])
+def test_two_ranks_report_each_ranks_mfu(llama, given, tmp_path):
+    """The plan given as a string, or read from a real 1-D device mesh whose one dimension is named dp or tp."""
     report = llama[0]
-    run, calls = _two_ranks(llama, plan, tmp_path)
+    run, calls = _two_ranks(llama, given, tmp_path)
+    plan = {"mesh:dp": "dp=2", "mesh:tp": "tp=2"}.get(given, given)
+    if given.startswith("mesh:"):
+        refusals = calls["refusals"]
+        assert "'ep' is not one flopcount reads" in refusals["ep"] and "plan='dp=D,ep=E'" in refusals["ep"]
+        assert "('tp', 'dp') are not in the plan's rank order" in refusals["order"]
+        assert "without dimension names" in refusals["unnamed"]
+        # HSDP's two data-parallel dims multiply into dp; a shard dim above 1 means sharded parameters
+        assert refusals["hsdp"].startswith("tp=1,pp=1,cp=1,ep=1,dp=2") and "fsdp" in refusals["hsdp"]
     whole = report.per_sample.flops * B  # one microbatch of B samples, forward + backward, before any split
     par = run["parallel"]
     assert [r["rank"] for r in par["ranks"]] == [0, 1]

@@ -194,8 +194,9 @@ class Meter:
         Read the device's energy counter (NVML or RAPL) when there is one.
     clock : callable, optional
         A zero-argument clock in seconds replacing the real timer (tests of the arithmetic).
-    plan : flopcount.parallel.plan.ParallelPlan or str, optional
-        The run's parallel plan (``"tp=2,dp=2"``, or a ``ParallelPlan`` with its microbatches and schedule): each
+    plan : flopcount.parallel.plan.ParallelPlan, str or DeviceMesh, optional
+        The run's parallel plan (``"tp=2,dp=2"``, a ``ParallelPlan`` with its microbatches and schedule, or the
+        ``torch.distributed`` device mesh the run is laid out on, read by :func:`.rank_mfu.plan_from_mesh`): each
         rank's FLOPs per optimizer step come from the per-rank ledger (:func:`flopcount.parallel.ranks.ledger`) of the
         counted model, and the result's ``parallel`` holds every rank's MFU and HFU, the slowest rank, the
         imbalance and the conventions of Megatron, torchtitan and MaxText (:mod:`.rank_mfu`). One :meth:`step`

@@ -41,9 +41,49 @@ from typing import Any
 
 from flopcount.errors import UsageError
 
-__all__ = ["RANK_ORDER", "check_plan_world", "checked_plan", "data_parallel_ledger", "rank_figures"]
+__all__ = ["MESH_DIMS", "RANK_ORDER", "check_plan_world", "checked_plan", "data_parallel_ledger", "plan_from_mesh",
+           "rank_figures"]
 
 RANK_ORDER = "tp fastest, then cp, then dp, then pp (Megatron's): rank = tp + T*(cp + C*(dp + D*pp))"
+
+#: A device mesh's dimension name → the degree of the plan it gives, in the plan's rank order (slowest first).
+#: ``dp_replicate`` and ``dp_shard`` (HSDP's two data-parallel dims) multiply into ``dp``; a ``dp_shard`` or
+#: ``fsdp`` dim of size above 1 means the parameters are sharded (``fsdp``).
+MESH_DIMS = {"pp": "pp", "dp": "dp", "dp_replicate": "dp", "dp_shard": "dp", "fsdp": "dp", "cp": "cp", "tp": "tp"}
+
+
+def plan_from_mesh(mesh, *, microbatches: int = 1, schedule: str = "1f1b", sp: bool = False):
+    """The :class:`~flopcount.parallel.plan.ParallelPlan` a ``torch.distributed`` device mesh lays out: each named
+    dimension (:data:`MESH_DIMS`) gives its degree, read from the mesh itself (``mesh_dim_names`` and its
+    ``shape``). The dimensions must stand in the plan's rank order (:data:`RANK_ORDER`: pp, dp, cp, tp from the
+    slowest), so that a process's rank in the mesh is its rank in the plan. What a mesh does not hold is given
+    here: the microbatches and schedule of a pipeline, and ``sp``. Expert parallelism runs over dp·cp in these
+    plans and is not a mesh dimension: give it in a plan string (``"dp=8,ep=8"``).
+
+    A :class:`UsageError` names a dimension without a name, an unknown one, or dimensions out of order."""
+    from flopcount.parallel.plan import ParallelPlan
+
+    names = getattr(mesh, "mesh_dim_names", None)
+    if not names:
+        raise UsageError("Meter: plan= got a device mesh without dimension names; make it with "
+                         "init_device_mesh(..., mesh_dim_names=('dp', 'tp')) so each size can be read as a degree")
+    sizes = [int(n) for n in mesh.shape]
+    order = list(MESH_DIMS)
+    degrees = {"tp": 1, "pp": 1, "cp": 1, "dp": 1}
+    sharded = False
+    last = -1
+    for name, size in zip(names, sizes):
+        if name not in MESH_DIMS:
+            hint = " (expert parallelism is laid over dp*cp here: give plan='dp=D,ep=E')" if name == "ep" else ""
+            raise UsageError(f"Meter: plan= mesh dimension {name!r} is not one flopcount reads{hint}; name the "
+                             f"dimensions among {', '.join(MESH_DIMS)}")
+        if order.index(name) < last:
+            raise UsageError(f"Meter: plan= mesh dimensions {tuple(names)} are not in the plan's rank order ("
+                             f"{RANK_ORDER}); make the mesh with its dimensions in that order")
+        last = order.index(name)
+        degrees[MESH_DIMS[name]] *= size
+        sharded = sharded or (name in ("dp_shard", "fsdp") and size > 1)
+    return ParallelPlan(**degrees, sp=sp, fsdp=sharded, microbatches=microbatches, schedule=schedule)
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
@@ -59,8 +99,11 @@ def checked_plan(plan, recompute, flops_per_sample):
 
     if isinstance(plan, str):
         plan = parse_parallel(plan)
+    elif hasattr(plan, "mesh_dim_names"):
+        plan = plan_from_mesh(plan)
     elif not isinstance(plan, ParallelPlan):
-        raise UsageError(f"Meter: plan must be a flopcount.ParallelPlan or a string such as 'tp=2,dp=2', got "
+        raise UsageError(f"Meter: plan must be a flopcount.ParallelPlan, a string such as 'tp=2,dp=2' or a "
+                         f"torch.distributed DeviceMesh with named dimensions, got "
                          f"{type(plan).__name__} {plan!r:.60}")
     if flops_per_sample is not None:
         raise UsageError("Meter: plan= needs a counted model (report= or model= with example_inputs=) to split its "
