@@ -193,3 +193,128 @@ def test_selective_recompute_is_torch_sac(report, policy, recompute):
         assert sac - base == L * 2 * (2 * B * HEADS * S * S * D)  # scores Q·Kᵀ and the product with V
     else:
         assert sac == base and ledger(report, plan("dp=1"), r).ranks[0].recompute_flops > 0
+
+
+# --- pipeline parallelism on 2 gloo ranks through torch.distributed.pipelining ------------------------------------
+
+M = 4  # microbatches per step
+
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B"}
+
+
+def _pp_worker(rank: int, world: int, init: str, out: str, schedule: str) -> None:
+    """One pipeline rank: its stages of the tiny Llama (layers split evenly, the embedding on the first stage, the
+    final norm, LM head and loss on the last; interleaved, 2 stages of one layer per rank, stage c on rank
+    c mod 2), one warm-up step (the stages learn their shapes), then one step of M microbatches counted by
+    FlopCounterMode. Rank 0 also writes the schedule's own order of actions."""
+    import torch.distributed as dist
+    from torch.distributed import pipelining
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.set_num_threads(1)  # a forked child must not enter the parent's intra-op pool
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    chunks = 2 if schedule == "interleaved" else 1
+    n = world * chunks
+    per = L // n
+    stages = []
+    for c in range(chunks):
+        index = c * world + rank
+        part = _llama(range(index * per, (index + 1) * per), embed=index == 0, head=index == n - 1)
+        stages.append(pipelining.PipelineStage(part, index, n, torch.device("cpu")))
+    kind = getattr(pipelining, SCHEDULES[schedule])
+    sched = kind(stages if chunks > 1 else stages[0], n_microbatches=M, loss_fn=_loss)
+    torch.manual_seed(0)
+    ids = torch.randint(0, V, (M * B, S))
+
+    def step():
+        args = (ids,) if any(s.is_first for s in stages) else ()
+        kwargs = {"target": ids, "losses": []} if any(s.is_last for s in stages) else {}
+        sched.step(*args, **kwargs)
+
+    step()
+    ran = []  # the actions the schedule runs on this rank, in its order: (stage, F or B, microbatch)
+    for stage in stages:
+        for name, kind in (("forward_one_chunk", "F"), ("backward_one_chunk", "B")):
+            def record(chunk, *args, _run=getattr(stage, name), _kind=kind, _stage=stage.stage_index, **kwargs):
+                ran.append([_stage, _kind, chunk])
+                return _run(chunk, *args, **kwargs)
+
+            setattr(stage, name, record)
+    with FlopCounterMode(display=False) as counter:
+        step()
+    result = {"flops": counter.get_total_flops(), "ran": ran}
+    if rank == 0:
+        result["order"] = {str(r): [None if a is None else [a.stage_index, str(a.computation_type), a.microbatch_index]
+                                    for a in actions] for r, actions in sched.pipeline_order.items()}
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(result, f)
+    dist.destroy_process_group()
+
+
+def _run(worker, tmp_path, *args):
+    import torch.multiprocessing as mp
+
+    out = str(tmp_path / "rank")
+    # fork, not spawn: the children need not import torch again (a CPU-only run; no CUDA state to inherit)
+    mp.start_processes(worker, args=(2, f"file://{tmp_path / 'init'}", out, *args), nprocs=2, join=True,
+                       start_method="fork")
+    return [json.loads(open(f"{out}.{i}").read()) for i in range(2)]
+
+
+def _bubble_of(order, forward, backward):
+    """1 − busy / (ranks × makespan) of the schedule's own actions per rank (None: an idle slot, skipped),
+    each forward of stage k lasting forward[k] and each backward backward[k]; an action starts when its rank is
+    free and the action it needs is done (the forward of stage k − 1, the backward of stage k + 1, on the last
+    stage its own forward)."""
+    last = len(forward) - 1
+    # REDUCE_GRAD closes a rank's step (the data-parallel gradient reduction): no compute, no wait on a neighbour
+    todo = {r: [a for a in acts if a is not None and a[1] != "REDUCE_GRAD"] for r, acts in order.items()}
+    kinds = {kind for acts in todo.values() for _, kind, _ in acts}
+    assert kinds <= {"F", "B", "FORWARD", "FULL_BACKWARD"}, kinds  # no split backward (I/W) in these schedules
+    done, free, busy = {}, {r: 0.0 for r in todo}, {r: 0.0 for r in todo}
+    while any(todo.values()):
+        moved = False
+        for r, acts in todo.items():
+            if not acts:
+                continue
+            k, kind, mb = acts[0]
+            fwd = kind in ("F", "FORWARD")
+            need = (("F", k - 1, mb) if k > 0 else None) if fwd else (("B", k + 1, mb) if k < last else ("F", k, mb))
+            if need is not None and need not in done:
+                continue
+            length = forward[k] if fwd else backward[k]
+            done[("F" if fwd else "B", k, mb)] = free[r] = max(free[r], done.get(need, 0.0)) + length
+            busy[r] += length
+            acts.pop(0)
+            moved = True
+        assert moved, "the schedule's actions wait on each other"
+    return 1 - sum(busy.values()) / (len(todo) * max(free.values()))
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved"])
+def test_pp_on_gloo_equals_the_ledger(report, tmp_path, schedule):
+    """Each pipeline rank's products over one step of M microbatches, as FlopCounterMode counts them around
+    ``schedule.step``, equal the ledger's for that rank (its stages' projections, attention products and, on the
+    last, the LM head; forward and backward); the ledger's bubble equals the one computed here from the schedule's
+    own ``pipeline_order``, each action lasting its stage's FLOPs in the ledger."""
+    text = "interleaved:2" if schedule == "interleaved" else schedule
+    p = plan("pp=2", M, text)
+    seen = _run(_pp_worker, tmp_path, schedule)
+    led = ledger(report, p)
+    for r in range(2):
+        assert seen[r]["flops"] == M * products(report, p, stage=r)
+        assert led.ranks[r].hardware_flops == led.ranks[r].model_flops + led.ranks[r].redundant_flops
+    n = 2 * (2 if schedule == "interleaved" else 1)
+    shares = node_shares(report, p)
+    forward = [float(sum(x.forward for x in shares if x.chunk == c and x.tp == 0)) for c in range(n)]
+    backward = [float(sum(x.backward for x in shares if x.chunk == c and x.tp == 0)) for c in range(n)]
+    ran = {r: [tuple(a) for a in seen[r]["ran"]] for r in range(2)}
+    assert led.bubble_fraction == pytest.approx(_bubble_of(ran, forward, backward), rel=1e-12)
+    # The schedule's pipeline_order (its plan of actions) is the order it ran, but for 1F1B: there torch's
+    # _get_pipeline_order numbers the last rank's forwards from 1 (it steps the microbatch before the first
+    # one), a plan that could not run; the recorded order above is the one that ran.
+    planned = {int(r): [(a[0], "F" if a[1].endswith("FORWARD") and "BACKWARD" not in a[1] else "B", a[2])
+                        for a in acts if a is not None and not a[1].endswith("REDUCE_GRAD")]
+               for r, acts in seen[0]["order"].items()}
+    if schedule != "1f1b":
+        assert planned == ran
