@@ -318,3 +318,72 @@ def test_pp_on_gloo_equals_the_ledger(report, tmp_path, schedule):
                for r, acts in seen[0]["order"].items()}
     if schedule != "1f1b":
         assert planned == ran
+
+
+# --- FSDP2 fully_shard on 2 gloo ranks --------------------------------------------------------------------------
+
+def _fsdp_worker(rank: int, world: int, init: str, out: str) -> None:
+    """One data-parallel rank of the tiny Llama under FSDP2: each decoder layer and then the whole model (the
+    embedding, final norm and head) sharded with ``fully_shard(reshard_after_forward=True)``; one step of M
+    microbatches of the rank's own batch, gradients kept unsharded (no reduce-scatter) but on the last
+    microbatch, as gradient accumulation does; FlopCounterMode counts the products, and the bytes of each
+    all-gather (the gathered output) and reduce-scatter (the unsharded input) FSDP2 issues are summed by wrapping
+    torch.distributed's collectives it calls."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.set_num_threads(1)  # a forked child must not enter the parent's intra-op pool
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    moved = {"all_gather": 0, "reduce_scatter": 0}
+
+    def wrap(name, kind, which):
+        run = getattr(dist, name)
+
+        def counted(*args, **kwargs):
+            t = kwargs[which] if which in kwargs else args[0 if which.startswith("output") else 1]
+            moved[kind] += t.numel() * t.element_size()
+            return run(*args, **kwargs)
+
+        setattr(dist, name, counted)
+
+    # the entry points FSDP2 calls in this torch (older ones named all_gather_into_tensor / reduce_scatter_tensor)
+    gather = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+    scatter = "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor"
+    wrap(gather, "all_gather", "output_tensor")
+    wrap(scatter, "reduce_scatter", "input")
+    torch.manual_seed(0)
+    model = _llama()
+    for layer in model.layers.values():
+        fully_shard(layer, reshard_after_forward=True)
+    fully_shard(model, reshard_after_forward=True)
+    torch.manual_seed(1 + rank)  # each rank its own batch
+    ids = torch.randint(0, V, (M, B, S))
+    with FlopCounterMode(display=False) as counter:
+        for j in range(M):
+            model.set_requires_gradient_sync(j == M - 1)
+            _loss(model(ids[j]), ids[j]).backward()
+    padded = sum(-(-p.shape[0] // world) * world * p[0].numel() for p in model.parameters())
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump({"flops": counter.get_total_flops(), "padded": padded, **moved}, f)
+    dist.destroy_process_group()
+
+
+def test_fsdp2_on_gloo_equals_the_ledger(report, tmp_path):
+    """Under dp=2,fsdp each rank runs the whole model on its own batch, so its products equal the ledger's; the
+    bytes FSDP2 hands to all-gather (every parameter gathered in each microbatch's forward and again in its
+    backward) and to reduce-scatter (the gradients once per step) equal the ledger's ``communication``. FSDP2 pads
+    each parameter's first dimension to a multiple of the ranks before it shards it; every first dimension here
+    (32, 16, 48, 64) is even, so the padded sizes are the parameters' own (checked) and no padding is moved."""
+    p = plan("dp=2,fsdp", M)
+    seen = _run(_fsdp_worker, tmp_path)
+    led = ledger(report, p)
+    params = V * H + L * (2 * H * H + 2 * H * KV_HEADS * D + 3 * H * FFN + 2 * H) + H + H * V
+    for r in range(2):
+        assert seen[r]["flops"] == M * products(report, p) == led.ranks[r].model_flops - M * (
+            sum(x.forward + x.backward for x in node_shares(report, p)
+                if report.nodes[x.index].family not in PRODUCTS))
+        assert seen[r]["padded"] == params
+        comm = {(c.kind, c.group): c.bytes for c in led.ranks[r].communication}
+        assert comm == {("all_gather", "dp"): seen[r]["all_gather"], ("reduce_scatter", "dp"): seen[r]["reduce_scatter"]}
+        assert seen[r]["all_gather"] == M * 2 * 4 * params and seen[r]["reduce_scatter"] == 4 * params
