@@ -63,13 +63,15 @@ def _modules():
             return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
 
     class Layer(nn.Module):
-        def __init__(self):
+        def __init__(self, mlp=None):
             super().__init__()
             self.input_norm, self.post_norm = Norm(), Norm()
             self.q, self.o = nn.Linear(H, H, bias=False), nn.Linear(H, H, bias=False)
             self.k, self.v = (nn.Linear(H, KV_HEADS * D, bias=False) for _ in range(2))
-            self.gate, self.up = (nn.Linear(H, FFN, bias=False) for _ in range(2))
-            self.down = nn.Linear(FFN, H, bias=False)
+            if mlp is None:
+                self.gate, self.up = (nn.Linear(H, FFN, bias=False) for _ in range(2))
+                self.down = nn.Linear(FFN, H, bias=False)
+            self.mlp = mlp  # a mixture of experts in place of the dense MLP
 
         def forward(self, x):
             b, s = x.shape[:2]
@@ -81,12 +83,14 @@ def _modules():
             a = torch.softmax(q @ k.transpose(-1, -2) / D ** 0.5 + causal, -1) @ v
             x = x + self.o(a.transpose(1, 2).reshape(b, s, H))
             y = self.post_norm(x)
+            if self.mlp is not None:
+                return x + self.mlp(y)
             return x + self.down(torch.nn.functional.silu(self.gate(y)) * self.up(y))
 
     class Head(nn.Module):
-        def __init__(self):
+        def __init__(self, vocab=V):
             super().__init__()
-            self.norm, self.lm_head = Norm(), nn.Linear(H, V, bias=False)
+            self.norm, self.lm_head = Norm(), nn.Linear(H, vocab, bias=False)
 
         def forward(self, x):
             return self.lm_head(self.norm(x))
@@ -387,3 +391,148 @@ def test_fsdp2_on_gloo_equals_the_ledger(report, tmp_path):
         comm = {(c.kind, c.group): c.bytes for c in led.ranks[r].communication}
         assert comm == {("all_gather", "dp"): seen[r]["all_gather"], ("reduce_scatter", "dp"): seen[r]["reduce_scatter"]}
         assert seen[r]["all_gather"] == M * 2 * 4 * params and seen[r]["reduce_scatter"] == 4 * params
+
+
+# --- expert parallelism on 2 gloo ranks: a tiny Qwen2-MoE with a fixed router ----------------------------------
+
+V_MOE, E, K, I_MOE, SHARED, L_MOE = 50, 6, 2, 24, 56, 2
+T = B * S  # tokens of a microbatch on each rank
+
+
+def _route(rank: int) -> list[tuple[int, int]]:
+    """The 2 experts of each of a rank's T tokens, the same in every layer and microbatch: the first among experts
+    0..3 in turn, the second 4 or 5; over both ranks experts 0..3 receive 8 tokens each, 4 and 5 receive 16."""
+    return [((t + rank) % 4, 4 + t % 2) for t in range(T)]
+
+
+def _histogram() -> list[int]:
+    counts = [0] * E
+    for rank in range(2):
+        for pair in _route(rank):
+            for e in pair:
+                counts[e] += 1
+    return counts
+
+
+def _ep_worker(rank: int, world: int, init: str, out: str) -> None:
+    """One rank of ep=2, dp=2: its own batch, the whole attention and shared expert, routed experts E/2 on each
+    rank (0..2 on rank 0, 3..5 on rank 1). Each MoE layer computes the router's logits (a product), takes the
+    experts of the fixed table above, sends each (token, expert) pair's hidden vector to the rank holding the
+    expert (all_to_all_single), runs each local expert's SwiGLU on the pairs it received, and sends the outputs
+    back; the backward sends the gradients the other way. FlopCounterMode counts the products; the bytes each
+    all_to_all is handed (its input) are summed."""
+    import torch.distributed as dist
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.set_num_threads(1)  # a forked child must not enter the parent's intra-op pool
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    nn, moved = torch.nn, []
+    per = E // world
+
+    class Exchange(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, sent, received):
+            ctx.splits = (sent, received)
+            y = x.new_empty(sum(received), x.shape[1])
+            moved.append(x.numel() * x.element_size())
+            dist.all_to_all_single(y, x.contiguous(), received, sent)
+            return y
+
+        @staticmethod
+        def backward(ctx, g):
+            sent, received = ctx.splits
+            dx = g.new_empty(sum(sent), g.shape[1])
+            moved.append(g.numel() * g.element_size())
+            dist.all_to_all_single(dx, g.contiguous(), sent, received)
+            return dx, None, None
+
+    def swiglu(width):
+        return nn.ModuleDict({"gate": nn.Linear(H, width, bias=False), "up": nn.Linear(H, width, bias=False),
+                              "down": nn.Linear(width, H, bias=False)})
+
+    def run(m, x):
+        return m["down"](torch.nn.functional.silu(m["gate"](x)) * m["up"](x))
+
+    tables = [_route(r) for r in range(world)]
+
+    class Moe(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.router = nn.Linear(H, E, bias=False)
+            self.shared, self.shared_gate = swiglu(SHARED), nn.Linear(H, 1, bias=False)
+            self.experts = nn.ModuleList(swiglu(I_MOE) for _ in range(per))  # experts rank·per ..
+
+        def forward(self, y):
+            b, s, _ = y.shape
+            x = y.reshape(b * s, H)
+            probs = torch.softmax(self.router(x), -1)
+            pairs = sorted((e, t) for t, chosen in enumerate(tables[rank]) for e in chosen)  # by expert
+            tokens = torch.tensor([t for _, t in pairs])
+            weights = probs[tokens, torch.tensor([e for e, _ in pairs])]
+            sent = [sum(1 for e, _ in pairs if e // per == r) for r in range(world)]
+            # what arrives: from each rank in turn, its pairs for this rank's experts, sorted by expert
+            came = [e for src in range(world) for e in sorted(e for chosen in tables[src] for e in chosen
+                                                              if e // per == rank)]
+            received = [sum(1 for chosen in tables[src] for e in chosen if e // per == rank) for src in range(world)]
+            got = Exchange.apply(x[tokens], sent, received)
+            came = torch.tensor(came)
+            done = torch.zeros_like(got)
+            for j, expert in enumerate(self.experts):
+                mask = came == rank * per + j
+                done = done.index_put((mask.nonzero()[:, 0],), run(expert, got[mask]))
+            back = Exchange.apply(done, received, sent)
+            routed = torch.zeros_like(x).index_add(0, tokens, back * weights[:, None])
+            shared = run(self.shared, x) * torch.sigmoid(self.shared_gate(x))
+            return (routed + shared).reshape(b, s, H)
+
+    Layer, Embed, Head = _modules()
+    torch.manual_seed(0)
+    layers = nn.ModuleList(Layer(Moe()) for _ in range(L_MOE))
+    embed, head = Embed(V_MOE, H), Head(V_MOE)
+    torch.manual_seed(1 + rank)  # each rank its own batch
+    ids = torch.randint(0, V_MOE, (M, B, S))
+    with FlopCounterMode(display=False) as counter:
+        for j in range(M):
+            x = embed(ids[j])
+            for layer in layers:
+                x = layer(x)
+            torch.nn.functional.cross_entropy(head(x).reshape(-1, V_MOE), ids[j].reshape(-1)).backward()
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump({"flops": counter.get_total_flops(), "bytes": sum(moved)}, f)
+    dist.destroy_process_group()
+
+
+def test_ep_on_gloo_equals_the_ledger(tmp_path):
+    """Under ep=2, dp=2 with the fixed router's histogram as --expert-load, each rank's products equal the
+    ledger's: its attention, router, shared expert and head on its own tokens, and of the group's routed-expert
+    products the share its experts received (24 of the 64 pairs on rank 0, 40 on rank 1); and the bytes it hands
+    to all_to_all equal the ledger's (dispatch T·k vectors, combine the outputs of the pairs it ran, each again
+    in the backward)."""
+    import flopcount
+    from flopcount.parallel.experts import ExpertLoad, ep_divide
+
+    config = transformers.Qwen2MoeConfig(
+        hidden_size=H, intermediate_size=40, moe_intermediate_size=I_MOE, shared_expert_intermediate_size=SHARED,
+        num_hidden_layers=L_MOE, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, vocab_size=V_MOE,
+        num_experts=E, num_experts_per_tok=K, decoder_sparse_step=1)
+    moe = flopcount.from_hf(config, (B, S), cache_dir=False, mode="train")
+    counts = _histogram()
+    assert counts == [8, 8, 8, 8, 16, 16]
+    load = ExpertLoad([counts], "fixed router")
+    p = plan("ep=2,dp=2", M)
+    seen = _run(_ep_worker, tmp_path)
+    led = ledger(moe, p, None, load)
+    shares = node_shares(moe, p)
+
+    def prod(rule_is_expert):
+        return sum(x.forward + x.backward for x in shares if moe.nodes[x.index].family in PRODUCTS
+                   and (x.rule == "expert") == rule_is_expert)
+
+    own = prod(True)  # one rank's own tokens' routed-expert products, balanced
+    assert own == L_MOE * 3 * (T * K * 2 * 3 * H * I_MOE)
+    routed = ep_divide([own, own], load.fractions(0, E, 2))
+    assert routed == [2 * own * 24 // 64, 2 * own * 40 // 64]
+    for r in range(2):
+        assert seen[r]["flops"] == M * (prod(False) + routed[r])
+        comm = {(c.kind, c.group): c.bytes for c in led.ranks[r].communication}
+        assert seen[r]["bytes"] == comm[("all_to_all", "ep")]
