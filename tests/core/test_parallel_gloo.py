@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import gloo_ranks, tiny_llama
 
 from flopcount.parallel.plan import parse_parallel, parse_recompute
 from flopcount.parallel.ranks import ledger, node_shares
@@ -30,11 +31,7 @@ PRODUCTS = ("matmul", "gemm")
 
 @pytest.fixture(scope="module")
 def report():
-    import flopcount
-
-    config = transformers.LlamaConfig(hidden_size=H, intermediate_size=FFN, num_hidden_layers=L,
-                                      num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, vocab_size=V)
-    return flopcount.from_hf(config, (B, S), cache_dir=False, mode="train")
+    return tiny_llama(H, L, HEADS, KV_HEADS, FFN, V, (B, S))
 
 
 def plan(text: str, m: int = 1, schedule: str = "1f1b"):
@@ -237,13 +234,17 @@ def _pp_worker(rank: int, world: int, init: str, out: str, schedule: str) -> Non
 
     step()
     ran = []  # the actions the schedule runs on this rank, in its order: (stage, F or B, microbatch)
+
+    def recorded(run, kind, index):
+        def record(chunk, *args, **kwargs):
+            ran.append([index, kind, chunk])
+            return run(chunk, *args, **kwargs)
+
+        return record
+
     for stage in stages:
         for name, kind in (("forward_one_chunk", "F"), ("backward_one_chunk", "B")):
-            def record(chunk, *args, _run=getattr(stage, name), _kind=kind, _stage=stage.stage_index, **kwargs):
-                ran.append([_stage, _kind, chunk])
-                return _run(chunk, *args, **kwargs)
-
-            setattr(stage, name, record)
+            setattr(stage, name, recorded(getattr(stage, name), kind, stage.stage_index))
     with FlopCounterMode(display=False) as counter:
         step()
     result = {"flops": counter.get_total_flops(), "ran": ran}
@@ -253,16 +254,6 @@ def _pp_worker(rank: int, world: int, init: str, out: str, schedule: str) -> Non
     with open(f"{out}.{rank}", "w") as f:
         json.dump(result, f)
     dist.destroy_process_group()
-
-
-def _run(worker, tmp_path, *args):
-    import torch.multiprocessing as mp
-
-    out = str(tmp_path / "rank")
-    # fork, not spawn: the children need not import torch again (a CPU-only run; no CUDA state to inherit)
-    mp.start_processes(worker, args=(2, f"file://{tmp_path / 'init'}", out, *args), nprocs=2, join=True,
-                       start_method="fork")
-    return [json.loads(open(f"{out}.{i}").read()) for i in range(2)]
 
 
 def _bubble_of(order, forward, backward):
@@ -303,7 +294,7 @@ def test_pp_on_gloo_equals_the_ledger(report, tmp_path, schedule):
     own ``pipeline_order``, each action lasting its stage's FLOPs in the ledger."""
     text = "interleaved:2" if schedule == "interleaved" else schedule
     p = plan("pp=2", M, text)
-    seen = _run(_pp_worker, tmp_path, schedule)
+    seen = gloo_ranks(_pp_worker, tmp_path, schedule)
     led = ledger(report, p)
     for r in range(2):
         assert seen[r]["flops"] == M * products(report, p, stage=r)
@@ -380,7 +371,7 @@ def test_fsdp2_on_gloo_equals_the_ledger(report, tmp_path):
     each parameter's first dimension to a multiple of the ranks before it shards it; every first dimension here
     (32, 16, 48, 64) is even, so the padded sizes are the parameters' own (checked) and no padding is moved."""
     p = plan("dp=2,fsdp", M)
-    seen = _run(_fsdp_worker, tmp_path)
+    seen = gloo_ranks(_fsdp_worker, tmp_path)
     led = ledger(report, p)
     params = V * H + L * (2 * H * H + 2 * H * KV_HEADS * D + 3 * H * FFN + 2 * H) + H + H * V
     for r in range(2):
@@ -520,7 +511,7 @@ def test_ep_on_gloo_equals_the_ledger(tmp_path):
     assert counts == [8, 8, 8, 8, 16, 16]
     load = ExpertLoad([counts], "fixed router")
     p = plan("ep=2,dp=2", M)
-    seen = _run(_ep_worker, tmp_path)
+    seen = gloo_ranks(_ep_worker, tmp_path)
     led = ledger(moe, p, None, load)
     shares = node_shares(moe, p)
 

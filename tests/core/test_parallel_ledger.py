@@ -6,6 +6,7 @@ errors that name the degree."""
 from __future__ import annotations
 
 import pytest
+from helpers import gloo_ranks, tiny_llama
 
 from flopcount.errors import UsageError
 from flopcount.parallel.plan import parse_parallel, parse_recompute
@@ -23,11 +24,7 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 
 @pytest.fixture(scope="module")
 def report():
-    import flopcount
-
-    config = transformers.LlamaConfig(hidden_size=H, intermediate_size=FFN, num_hidden_layers=L,
-                                      num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, vocab_size=V)
-    return flopcount.from_hf(config, (B, S), cache_dir=False, mode="train")
+    return tiny_llama(H, L, HEADS, KV_HEADS, FFN, V, (B, S))
 
 
 def plan(text: str, m: int = 1, schedule: str = "1f1b"):
@@ -323,18 +320,10 @@ def _tp_worker(rank: int, world: int, init: str, out: str) -> None:
 def test_tp_on_gloo_equals_the_ledger(report, tmp_path):
     """Each rank's products counted by FlopCounterMode (it counts matmuls only: the ledger's product nodes are what
     it sees) and the bytes handed to all_reduce equal the ledger's per-rank figures for tp=2."""
-    import json
-
-    import torch.multiprocessing as mp
-
     p = plan("tp=2")
-    out = str(tmp_path / "rank")
-    # fork, not spawn: the children need not import torch again (a CPU-only run; no CUDA state to inherit)
-    mp.start_processes(_tp_worker, args=(2, f"file://{tmp_path / 'init'}", out), nprocs=2, join=True,
-                       start_method="fork")
+    ranks = gloo_ranks(_tp_worker, tmp_path)
     led = ledger(report, p)
-    for i in range(2):
-        seen = json.loads(open(f"{out}.{i}").read())
+    for i, seen in enumerate(ranks):
         products = sum(x.forward + x.backward for x in node_shares(report, p)
                        if x.tp == i and report.nodes[x.index].family in ("matmul", "gemm"))
         assert seen["flops"] == products
