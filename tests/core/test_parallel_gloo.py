@@ -1,5 +1,6 @@
-"""FLOPs per rank against torch's own runs: pipeline parallelism through ``torch.distributed.pipelining`` and FSDP2
-``fully_shard`` on 2 forked gloo ranks, and recompute through ``torch.utils.checkpoint``, each counted by
+"""FLOPs per rank against torch's own runs: pipeline parallelism through ``torch.distributed.pipelining``, FSDP2
+``fully_shard`` and expert parallelism (a fixed router, tokens moved by all_to_all) on 2 forked gloo ranks, and
+recompute through ``torch.utils.checkpoint`` and selective activation checkpointing, each counted by
 ``torch.utils.flop_counter.FlopCounterMode`` and compared with the ledger (flopcount.parallel.ranks) exactly.
 
 The model is the tiny Llama of tests/core/test_parallel_ledger.py (hidden H, L layers, HEADS heads of D, KV_HEADS
