@@ -329,3 +329,20 @@ def test_tp_on_gloo_equals_the_ledger(report, tmp_path):
         assert seen["flops"] == products
         tp_bytes = sum(c.bytes for c in led.ranks[i].communication if c.group == "tp")
         assert seen["bytes"] == tp_bytes
+
+
+@pytest.mark.parametrize("ops,again", [
+    pytest.param(["MatMul", "Mul", "MatMul", "Add"], {0, 1}, id="product-last: saved inputs, not rerun"),
+    pytest.param(["MatMul", "Softmax", "Add", "Reshape"], {0, 1}, id="softmax-last: saved output, rerun"),
+    pytest.param(["Add", "Neg"], set(), id="nothing-saved"),
+])
+def test_full_recompute_stops_at_the_last_saved_tensor(ops, again):
+    # a checkpointed layer runs again until every tensor its backward saved is back (torch's non-reentrant
+    # checkpoint): an op that saves its inputs saves them before it runs, one that saves its output after
+    from types import SimpleNamespace
+
+    from flopcount.parallel.ranks import _rerun_layers
+
+    nodes = [SimpleNamespace(op_type=op) for op in ["Gather", *ops, "MatMul"]]
+    scopes = [("model.embed_tokens",)] + [("model.layers.0",)] * len(ops) + [("lm_head",)]
+    assert _rerun_layers(nodes, scopes) == {k + 1 for k in again}
