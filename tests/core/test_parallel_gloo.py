@@ -299,7 +299,6 @@ def test_pp_on_gloo_equals_the_ledger(report, tmp_path, schedule):
     led = ledger(report, p)
     for r in range(2):
         assert seen[r]["flops"] == M * products(report, p, stage=r)
-        assert led.ranks[r].hardware_flops == led.ranks[r].model_flops + led.ranks[r].redundant_flops
     n = 2 * (2 if schedule == "interleaved" else 1)
     shares = node_shares(report, p)
     forward = [float(sum(x.forward for x in shares if x.chunk == c and x.tp == 0)) for c in range(n)]
