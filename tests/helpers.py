@@ -13,8 +13,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["RESNET50_ONNX", "RESNET50_STAGES", "const", "direct_backward", "model", "node_backward", "one_node",
-           "op_backward", "resnet50_architecture", "shifted_op_model", "single", "typed_model", "weight"]
+__all__ = ["RESNET50_ONNX", "RESNET50_STAGES", "const", "direct_backward", "gloo_ranks", "model", "node_backward",
+           "one_node", "op_backward", "resnet50_architecture", "shifted_op_model", "single", "tiny_llama", "typed_model",
+           "weight"]
 
 
 def weight(name: str, dims: Sequence[int], dtype: int = TensorProto.FLOAT) -> TensorProto:
@@ -184,3 +185,32 @@ def make_folder(root, classes=("cat", "dog", "fox"), per_class=6, size=(20, 24))
             pixels = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
             Image.fromarray(pixels).save(root / c / f"{i}.{'png' if i % 2 else 'jpg'}")
     return root
+
+
+def tiny_llama(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab: int, shape: tuple[int, int],
+               mode: str = "train"):
+    """The counted report of a Hugging Face Llama of these sizes (no weights), one microbatch of ``shape``: the
+    model the parallel tests divide over ranks."""
+    import transformers
+
+    import flopcount
+
+    config = transformers.LlamaConfig(hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
+                                      num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab)
+    return flopcount.from_hf(config, shape, cache_dir=False, mode=mode)
+
+
+def gloo_ranks(worker, tmp_path, *args, world: int = 2) -> list:
+    """Run ``worker(rank, world, init, out, *args)`` on ``world`` forked processes (a gloo group joins through a
+    file under ``tmp_path``); each writes its JSON to ``f"{out}.{rank}"``; their results in rank order. Fork, not
+    spawn: the children need not import torch again (a CPU-only run, no CUDA state to inherit); each worker must
+    call torch.set_num_threads(1) before any op, so as not to enter the intra-op pool the parent may have
+    started (the fork does not copy its threads)."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    out = str(tmp_path / "rank")
+    mp.start_processes(worker, args=(world, f"file://{tmp_path / 'init'}", out, *args), nprocs=world, join=True,
+                       start_method="fork")
+    return [json.loads(open(f"{out}.{i}").read()) for i in range(world)]

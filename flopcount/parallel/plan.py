@@ -141,7 +141,8 @@ class Recompute:
     """What the backward pass recomputes instead of keeping from the forward.
 
     ``policy`` is ``none`` (keep everything the backward needs), ``full`` (keep only each checkpointed block's
-    inputs and run its forward again in the backward, as ``torch.utils.checkpoint`` around every layer),
+    inputs and run its forward again in the backward, as ``torch.utils.checkpoint`` around every layer,
+    which stops once every tensor the backward saved is back),
     ``selective`` (recompute the attention core, the score products through softmax and dropout, as Korthikanti et
     al. 2022 propose; keep the rest) or ``ops``: recompute the operator types in ``ops`` and keep the rest (the
     policy of selective activation checkpointing).

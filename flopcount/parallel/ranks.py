@@ -33,9 +33,10 @@ embedding, the last stage the final norm, the LM head and the loss. With ``inter
 L/(P·v) layers, chunk c on rank c mod P (P·v must divide L, and P the microbatches).
 **Data.** Each DP rank runs M microbatches of the counted batch per optimizer step, so the global batch is b·M·dp.
 
-**Recompute** (train only): ``full`` runs each layer's forward again (every node in ``layers.N``); ``selective``
-runs each attention core again (in each layer, the ``self_attn`` nodes from the score product through softmax
-to the product with V, in graph order); a list of operator types runs those nodes again.
+**Recompute** (train only): ``full`` runs each layer's forward again up to the last op that saves a tensor for the
+backward (as torch's non-reentrant checkpoint stops: a dense layer's down projection and residual add do not run
+again); ``selective`` runs each attention core again (in each layer, the ``self_attn`` nodes from the score
+product through softmax to the product with V, in graph order); a list of operator types runs those nodes again.
 
 **Communication** bytes per optimizer step by collective, with the group it runs on, as the payload each rank
 hands to the collective (the full tensor of an all_reduce, the gathered tensor of an all_gather, the input of a
@@ -322,11 +323,40 @@ def _rule(n: Any, sc: Sequence[str], d: _Dims, after_head: bool, blocks: set[str
     return "replicated"
 
 
+#: Ops whose backward keeps none of their tensors (sums, sign changes, moves): they save nothing for the backward.
+_KEEPS_NOTHING = frozenset(("Add", "Sub", "Neg", "Sum", "Identity", "Reshape", "Transpose", "Cast", "Squeeze",
+                            "Unsqueeze", "Concat", "Split", "Slice", "Expand", "Flatten", "Shape", "Constant",
+                            "ConstantOfShape"))
+#: Ops whose backward keeps their output only: run before it is saved.
+_KEEPS_OUTPUT = frozenset(("Softmax", "LogSoftmax", "Exp", "Sigmoid", "Tanh", "Relu", "Sqrt"))
+
+
+def _rerun_layers(nodes: Sequence[Any], scopes: Sequence[Sequence[str]]) -> set[int]:
+    """The nodes a checkpoint around each layer runs again (``--recompute full``): the layer's forward in order,
+    stopping, as torch's non-reentrant checkpoint does, once every tensor its backward saved is back. The last
+    op that saves anything is the cut: an op that saves its inputs (a product: the down projection's input) saves
+    them before it runs, so neither it nor what follows runs again (the residual add after it); one that saves
+    its output (softmax, an activation) runs first."""
+    members: dict[int, list[int]] = {}
+    for k, sc in enumerate(scopes):
+        layer = _layer(sc)
+        if layer is not None:
+            members.setdefault(layer, []).append(k)
+    out: set[int] = set()
+    for ks in members.values():
+        savers = [k for k in ks if nodes[k].op_type not in _KEEPS_NOTHING]
+        if not savers:
+            continue
+        cut = savers[-1]
+        out.update(k for k in ks if k < cut or (k == cut and nodes[k].op_type in _KEEPS_OUTPUT))
+    return out
+
+
 def _recomputed(recompute: Recompute, nodes: Sequence[Any], scopes: Sequence[Sequence[str]]) -> set[int]:
     if recompute.policy == "none":
         return set()
     if recompute.policy == "full":
-        return {k for k, sc in enumerate(scopes) if _layer(sc) is not None}
+        return _rerun_layers(nodes, scopes)
     if recompute.policy == "ops":
         return {k for k, n in enumerate(nodes) if n.op_type in recompute.ops}
     core: set[int] = set()

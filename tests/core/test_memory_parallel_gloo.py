@@ -11,6 +11,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from helpers import gloo_ranks
+
 from flopcount.memory.ledger import MemorySettings  # noqa: E402
 from flopcount.memory.ranks import per_rank  # noqa: E402
 from flopcount.parallel.plan import parse_parallel  # noqa: E402
@@ -166,14 +168,8 @@ def test_one_rank_ledger_equals_saved_storages(report):
 
 
 def test_tp_on_gloo_equals_the_ledger(report, tmp_path):
-    import torch.multiprocessing as mp
-
-    out = str(tmp_path / "rank")
-    mp.start_processes(_worker, args=(2, f"file://{tmp_path / 'init'}", out), nprocs=2, join=True,
-                       start_method="fork")
     ranks = per_rank(report, parse_parallel("tp=2")).ranks
-    for i in range(2):
-        seen = json.loads(open(f"{out}.{i}").read())
+    for i, seen in enumerate(gloo_ranks(_worker, tmp_path)):
         assert ranks[i].params_bytes == seen["params"]
         assert ranks[i].activations_bytes == seen["saved"] + exported_extra(2)
 
@@ -214,15 +210,9 @@ def test_fsdp2_on_gloo_equals_fsdp_mem_tracker(report, tmp_path):
     """FSDP2 (fully_shard per layer and at the root) on 2 gloo ranks: FSDPMemTracker's sharded parameters,
     sharded gradients and optimizer states equal the ledger's for dp=2,fsdp, byte for byte (every dim 0 here is
     even, so FSDP2 pads nothing)."""
-    import torch.multiprocessing as mp
-
-    out = str(tmp_path / "rank")
-    mp.start_processes(_fsdp_worker, args=(2, f"file://{tmp_path / 'init'}", out), nprocs=2, join=True,
-                       start_method="fork")
     whole = report.memory.ranks[0]
     (rank,) = per_rank(report, parse_parallel("dp=2,fsdp")).ranks
-    for i in range(2):
-        seen = json.loads(open(f"{out}.{i}").read())
+    for seen in gloo_ranks(_fsdp_worker, tmp_path):
         assert rank.params_bytes == seen["Sharded Param"] == whole.params_bytes // 2
         assert rank.grads_bytes == seen["Sharded Grad"]
         # Adam: two moments of the shard and a float32 step counter per parameter tensor (9 a layer, 2 outside)

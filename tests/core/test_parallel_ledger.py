@@ -6,6 +6,7 @@ errors that name the degree."""
 from __future__ import annotations
 
 import pytest
+from helpers import gloo_ranks, tiny_llama
 
 from flopcount.errors import UsageError
 from flopcount.parallel.plan import parse_parallel, parse_recompute
@@ -23,11 +24,7 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 
 @pytest.fixture(scope="module")
 def report():
-    import flopcount
-
-    config = transformers.LlamaConfig(hidden_size=H, intermediate_size=FFN, num_hidden_layers=L,
-                                      num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, vocab_size=V)
-    return flopcount.from_hf(config, (B, S), cache_dir=False, mode="train")
+    return tiny_llama(H, L, HEADS, KV_HEADS, FFN, V, (B, S))
 
 
 def plan(text: str, m: int = 1, schedule: str = "1f1b"):
@@ -110,7 +107,9 @@ def test_recompute_runs_the_forward_again(report):
     layers_fwd = sum(n.cost.flops for n, sc in zip(report.nodes, report.modules.nodes)
                      if any(".layers." in s for s in sc))
     full = ledger(report, plan("dp=1"), parse_recompute("full")).ranks[0]
-    assert full.recompute_flops == layers_fwd
+    # all but each layer's down projection and the residual add after it (saved input: non-reentrant checkpoint
+    # stops before them; tests/core/test_parallel_gloo.py runs it)
+    assert full.recompute_flops == layers_fwd - L * (2 * B * S * FFN * H + B * S * H)
     selective = ledger(report, plan("dp=1"), parse_recompute("selective")).ranks[0]
     products = L * 2 * (2 * B * HEADS * S * S * D)  # scores Q·Kᵀ and the product with V
     assert products <= selective.recompute_flops < products + L * 10 * B * HEADS * S * S
@@ -321,20 +320,29 @@ def _tp_worker(rank: int, world: int, init: str, out: str) -> None:
 def test_tp_on_gloo_equals_the_ledger(report, tmp_path):
     """Each rank's products counted by FlopCounterMode (it counts matmuls only: the ledger's product nodes are what
     it sees) and the bytes handed to all_reduce equal the ledger's per-rank figures for tp=2."""
-    import json
-
-    import torch.multiprocessing as mp
-
     p = plan("tp=2")
-    out = str(tmp_path / "rank")
-    # fork, not spawn: the children need not import torch again (a CPU-only run; no CUDA state to inherit)
-    mp.start_processes(_tp_worker, args=(2, f"file://{tmp_path / 'init'}", out), nprocs=2, join=True,
-                       start_method="fork")
+    ranks = gloo_ranks(_tp_worker, tmp_path)
     led = ledger(report, p)
-    for i in range(2):
-        seen = json.loads(open(f"{out}.{i}").read())
+    for i, seen in enumerate(ranks):
         products = sum(x.forward + x.backward for x in node_shares(report, p)
                        if x.tp == i and report.nodes[x.index].family in ("matmul", "gemm"))
         assert seen["flops"] == products
         tp_bytes = sum(c.bytes for c in led.ranks[i].communication if c.group == "tp")
         assert seen["bytes"] == tp_bytes
+
+
+@pytest.mark.parametrize("ops,again", [
+    pytest.param(["MatMul", "Mul", "MatMul", "Add"], {0, 1}, id="product-last: saved inputs, not rerun"),
+    pytest.param(["MatMul", "Softmax", "Add", "Reshape"], {0, 1}, id="softmax-last: saved output, rerun"),
+    pytest.param(["Add", "Neg"], set(), id="nothing-saved"),
+])
+def test_full_recompute_stops_at_the_last_saved_tensor(ops, again):
+    # a checkpointed layer runs again until every tensor its backward saved is back (torch's non-reentrant
+    # checkpoint): an op that saves its inputs saves them before it runs, one that saves its output after
+    from types import SimpleNamespace
+
+    from flopcount.parallel.ranks import _rerun_layers
+
+    nodes = [SimpleNamespace(op_type=op) for op in ["Gather", *ops, "MatMul"]]
+    scopes = [("model.embed_tokens",)] + [("model.layers.0",)] * len(ops) + [("lm_head",)]
+    assert _rerun_layers(nodes, scopes) == {k + 1 for k in again}
