@@ -65,10 +65,6 @@ class MemorySettings:
         if self.recompute.policy == "ops":
             raise UsageError(f"--recompute {self.recompute}: the memory ledger models none, full and selective so "
                              "far; choose one of those")
-        for flag, what in (("cp", "context parallelism"), ("ep", "expert parallelism")):
-            if getattr(self.plan, flag) > 1:
-                raise UsageError(f"--parallel {flag}={getattr(self.plan, flag)}: memory per rank under {what} is "
-                                 f"not modelled yet; give {flag}=1")
 
     @classmethod
     def of(cls, memory: Any) -> "MemorySettings":

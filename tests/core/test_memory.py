@@ -9,7 +9,7 @@ from onnx import TensorProto, helper
 import flopcount
 from flopcount.errors import UnsupportedOperatorError, UsageError
 from flopcount.memory.ledger import MemorySettings, optimizer_bytes
-from flopcount.parallel.plan import ParallelPlan, Recompute
+from flopcount.parallel.plan import Recompute
 from helpers import const, model, weight
 
 N, D_IN, D_HID, D_OUT = 7, 37, 91, 23
@@ -137,8 +137,6 @@ def test_settings_refuse_what_is_not_modelled_with_the_list():
         MemorySettings(implementation="turbo")
     with pytest.raises(UsageError, match="none, full and selective"):
         MemorySettings(recompute=Recompute("ops", frozenset({"Gelu"})))
-    with pytest.raises(UsageError, match="cp=2: memory per rank under context parallelism is not modelled yet"):
-        MemorySettings(plan=ParallelPlan(cp=2))
     with pytest.raises(UsageError, match="sgd, momentum, adam, adamw"):
         optimizer_bytes("lion", [], MemorySettings())
     with pytest.raises(UsageError, match="MemorySettings"):
