@@ -34,7 +34,8 @@ from .pipeline.schema import differentiable_inputs, schema as _schema
 from .pipeline.shapes import Inference, Resolution, prepare, resolve
 from .registry import DEFAULT_DOMAIN, canonical_domain, lookup, lookup_backward, lookup_shape, straight_through
 from .reporting.modules import ModuleScopes, scopes_of
-from .reporting.report import FORMULA, UNSUPPORTED, ZERO_COST, ModelInfo, NodeCount, Report, op_key, op_type_summaries, sum_costs
+from .reporting.report import (FORMULA, UNSUPPORTED, ZERO_COST, ModelInfo, NodeCount, Report, op_key, op_type_summaries,
+                               sum_costs, tensor_bytes)
 
 log = logging.getLogger(__name__)
 
@@ -210,20 +211,23 @@ def _count(model, options: CountOptions) -> Report:
         )
     if memory is not None:
         report = dataclasses.replace(report, memory=_memory(memory, report, index, res, training, roles, attributes,
-                                                            opsets, conv, strict, where, m, optimizer))
+                                                            opsets, conv, strict, where, m, optimizer, walk))
     lap("count")
     return dataclasses.replace(report, timings=MappingProxyType(timings))
 
 
 def _memory(settings, report: Report, index: GraphIndex, res: Resolution, training, roles: Roles, attributes,
-            opsets, conv: Convention, strict: bool, where: str, m: ModelProto, optimizer: str | None):
+            opsets, conv: Convention, strict: bool, where: str, m: ModelProto, optimizer: str | None,
+            walk: "_Traversal"):
     """The memory ledger of the counted ``report`` (:func:`flopcount.memory.ledger.account`)."""
     from .memory.ledger import account, attention_cores, recompute_units
 
     def context(n: NodeCount, flags: tuple[bool, ...]) -> NodeContext:
         return NodeContext(n.name, n.op_type, n.domain, opsets.get(n.domain, 0), n.inputs, n.outputs, conv,
-                           res.values.get, grads=flags)
+                           res.values.get, trips=walk.loop_trips.get(n.name), grads=flags,
+                           saved_subgraph=walk.subgraph_saved)
 
+    walk.stored = frozenset(stored_tensors(m.graph))
     units = recompute_units(settings.recompute, report.nodes, report.modules.nodes, lambda: attention_cores(index))
     names = {"params": roles.names(PARAMETER), "trainable": training.trainable if training is not None else frozenset(),
              "buffers": roles.names(BUFFER), "stored": frozenset(stored_tensors(m.graph))}
@@ -365,6 +369,7 @@ class _Traversal:
         self._ops: dict[tuple[str, str], _Op] = {}
         self._memo: dict[tuple, tuple] = {}  # see node()
         self._looked = False  # whether the running formula read a value or a subgraph
+        self.stored: frozenset[str] = frozenset()  # the main graph's stored tensors (see subgraph_saved())
         # training: what the scopes around the body being counted know (tensors needing a gradient,
         # floating-point initializers); the main graph's first
         self._scopes: list[tuple[frozenset[str], frozenset[str]]] = (
@@ -485,6 +490,79 @@ class _Traversal:
             return total
         finally:
             self._scopes.pop()
+
+    def subgraph_saved(self, g: onnx.GraphProto, seeds: Sequence[str], carried: Sequence[tuple[str, str]] = ()):
+        """What one run of a subgraph keeps for its backward (:class:`flopcount.saved.BodySaved`): its nodes'
+        saved-for-backward rules applied as :meth:`_subgraph_backward` plans their gradients, a view's output
+        counted as its input's storage, stored tensors (weights, constants) left out."""
+        from .memory.ledger import VIEWS
+        from .registry import lookup_saved
+        from .saved import BodySaved
+
+        outer_need, outer_inits = self._scopes[-1] if self._scopes else (frozenset(), frozenset())
+        float_inits = set(outer_inits) | {t.name for t in g.initializer if t.data_type in FLOAT_TYPES}
+        stored = set(outer_inits) | {t.name for t in g.initializer} | self.stored
+        nodes = []
+        for i, proto in enumerate(g.node):
+            captured = ()
+            if proto.op_type in graph_mod.SUBGRAPH_OPS or proto.domain not in ("", "ai.onnx"):
+                captured = tuple(sorted(graph_mod.subgraph_outer_names(proto)))
+            nodes.append((i, tuple(proto.input), tuple(proto.output), (proto.domain, proto.op_type), captured))
+        start = set(seeds)
+        for _ in range(len(carried) + 1):
+            need = set(outer_need) | start
+            grads, _trainable = _plan(nodes, float_inits, need, self.tensors, self.opsets)
+            more = {into for out, into in carried if out in need and into not in start}
+            if not more:
+                break
+            start |= more
+        made = {o for proto in g.node for o in proto.output if o}
+        formal = {vi.name for vi in g.input}
+        root: dict[str, str] = {}
+        for proto in g.node:
+            for o in proto.output:
+                if o:
+                    view = proto.op_type in VIEWS and proto.domain in ("", "ai.onnx") and proto.input and proto.input[0]
+                    root[o] = root.get(proto.input[0], proto.input[0]) if view else o
+        kept: set[str] = set()
+        extra, missing = 0, {}
+        self._scopes.append((frozenset(need), frozenset(float_inits)))
+        try:
+            for i, proto in enumerate(g.node):
+                if i not in grads:
+                    continue
+                name = graph_mod.node_label(proto, i)
+                attrs = self.attributes_of(proto, name, force=True) or {}
+                n = self.node(proto, i, name, attrs, grads[i])
+                rule = lookup_saved(n.domain, n.op_type)
+                if rule is None:
+                    key = op_key(n.domain, n.op_type)
+                    missing[key] = missing.get(key, 0) + 1
+                    continue
+                ctx = self._context(name, self._ops[(proto.domain, proto.op_type)], n.op_type, n.inputs, n.outputs,
+                                    self.loop_trips.get(name), grads[i])._replace(saved_subgraph=self.subgraph_saved)
+                s = _apply(rule, ctx, attrs, self.where)
+                extra += s.extra_bytes
+                for key, v in s.missing:
+                    missing[key] = missing.get(key, 0) + v
+                for pos, ts in ((s.inputs, n.inputs), (s.outputs, n.outputs)):
+                    for k in pos:
+                        if k < len(ts) and ts[k] is not None and ts[k].name:
+                            kept.add(root.get(ts[k].name, ts[k].name))
+        finally:
+            self._scopes.pop()
+
+        def nbytes(x: str) -> int | None:
+            return tensor_bytes(self.tensors[x]) if self.tensors[x] is not None else None
+
+        kept -= stored
+        sizes = {x: nbytes(x) for x in kept}
+        unsized = tuple(sorted(x for x, b in sizes.items() if b is None))
+        return BodySaved(sum(b or 0 for x, b in sizes.items() if x in made), extra,
+                         frozenset(x for x in kept if x in formal),
+                         sum(b or 0 for x, b in sizes.items() if x not in made and x not in formal),
+                         frozenset(o.name for o in g.output if root.get(o.name, o.name) in kept),
+                         tuple(sorted(missing.items())), unsized)
 
     def graph(self, g: onnx.GraphProto) -> Cost:
         """Total cost of one run of a subgraph (its nodes are in topological order, as ONNX requires)."""

@@ -210,6 +210,8 @@ def saved_by_node(nodes: Sequence[NodeCount], grads: Mapping[int, tuple[bool, ..
             missing[key] = missing.get(key, 0) + 1
             continue
         saved[n.index] = rule(make_context(n, grads[n.index]), **(attributes(n) or {}))
+        for key, count in saved[n.index].missing:  # inside a control-flow body
+            missing[key] = missing.get(key, 0) + count
     if strict and missing:
         raise UnsupportedOperatorError(
             f"{where}: no saved-for-backward rule for " + ", ".join(f"{k} ({v})" for k, v in sorted(missing.items()))
