@@ -19,7 +19,7 @@ import numpy as np
 
 from flopcount.context import NodeContext, TensorInfo
 from flopcount.cost import Bound, Cost
-from flopcount.registry import backward, formula, shape_function, zero_cost
+from flopcount.registry import backward, formula, saves_nothing, shape_function, zero_cost
 
 DOMAIN = "ai.onnx.ml"
 
@@ -410,6 +410,10 @@ def piecewise_constant_backward(ctx: NodeContext, **_) -> Cost:
     normalizer, imputer) have no backward formula: a training count lists them.
     """
     return Cost()
+
+
+# Piecewise constant in X (dX = 0 wherever it exists): the backward reads nothing of the forward.
+saves_nothing("Binarizer", "TreeEnsemble", "TreeEnsembleClassifier", "TreeEnsembleRegressor", domain=DOMAIN)
 
 
 # --- output shapes ------------------------------------------------------------------------------
