@@ -7,7 +7,7 @@ from __future__ import annotations
 from flopcount.context import NodeContext
 from flopcount.cost import Bound, Breakdown, Cost
 from flopcount.errors import ShapeError, UsageError
-from flopcount.registry import backward, formula, saves, zero_cost
+from flopcount.registry import backward, formula, saves, saves_nothing, zero_cost
 from flopcount.reporting.report import tensor_bytes
 from flopcount.saved import Saved
 
@@ -175,6 +175,9 @@ zero_cost(
     family="sequence",
     reason="builds, splits or reads containers of tensors; no arithmetic",
 )  # fmt: skip
+# their gradients are moved between containers and tensors by shapes and positions only
+saves_nothing("SequenceConstruct", "SequenceEmpty", "SequenceAt", "SequenceErase", "SequenceInsert", "SequenceLength",
+              "SplitToSequence", "ConcatFromSequence")
 
 
 def _body_saved(ctx: NodeContext, b, runs: int, carried: list[tuple[str, str, int]], sliced: list[tuple[str, int]],

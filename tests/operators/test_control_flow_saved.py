@@ -98,3 +98,25 @@ def test_scan_keeps_each_step_as_the_unrolled_steps():
     # the state x, then each step's Relu output (the next step's state); Add keeps nothing
     assert scanned.ranks[0].activations_bytes == F32 * B * N * (1 + steps) == \
         ledger(unrolled(steps)).ranks[0].activations_bytes
+
+
+def test_sequence_map_keeps_each_element_run():
+    n = 3
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["e", "W"], ["h"]), helper.make_node("Relu", ["h"], ["o"])], "body",
+        [helper.make_tensor_value_info("e", TensorProto.FLOAT, [B, N])],
+        [helper.make_tensor_value_info("o", TensorProto.FLOAT, [B, N])])
+    nodes = [helper.make_node("Add", ["x", "shift"], ["xs"]),
+             helper.make_node("SequenceConstruct", ["xs", "xs", "xs"], ["seq"]),
+             helper.make_node("SequenceMap", ["seq"], ["outs"], name="map", body=body),
+             helper.make_node("ConcatFromSequence", ["outs"], ["y"], axis=0)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [B, N])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n * B, N])],
+                          [W, numpy_helper.from_array(np.zeros((B, N), np.float32), "shift")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    report = flopcount.count(m, mode="train", memory=MemorySettings(device="cpu"), loop_trips={"map": n})
+    assert not report.memory.missing
+    # each element's Relu output (n runs), and the elements the MatMul keeps for dW: the SequenceMap's input,
+    # which the ledger sizes as one element (shape inference gives a sequence its element's type and shape); here
+    # the n elements are the one tensor xs
+    assert report.memory.ranks[0].activations_bytes == F32 * B * N * (n + 1)
