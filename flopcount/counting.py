@@ -34,8 +34,7 @@ from .pipeline.schema import differentiable_inputs, schema as _schema
 from .pipeline.shapes import Inference, Resolution, prepare, resolve
 from .registry import DEFAULT_DOMAIN, canonical_domain, lookup, lookup_backward, lookup_shape, straight_through
 from .reporting.modules import ModuleScopes, scopes_of
-from .reporting.report import (FORMULA, UNSUPPORTED, ZERO_COST, ModelInfo, NodeCount, Report, op_key, op_type_summaries,
-                               sum_costs, tensor_bytes)
+from .reporting.report import FORMULA, UNSUPPORTED, ZERO_COST, ModelInfo, NodeCount, Report, op_key, op_type_summaries, sum_costs
 
 log = logging.getLogger(__name__)
 
@@ -459,10 +458,10 @@ class _Traversal:
             self._value, self.hint, self._subgraph, trips, grads, self._subgraph_backward,
         )
 
-    def _subgraph_backward(self, g: onnx.GraphProto, seeds: Sequence[str], carried: Sequence[tuple[str, str]] = ()) -> Cost:
-        """Backward cost of one run of a subgraph whose formal inputs ``seeds`` need a gradient
-        (besides what it reads from enclosing scopes). ``carried`` pairs a body output with the
-        body input it becomes in the next iteration (Loop, Scan states): when the output needs a
+    def _body_plan(self, g: onnx.GraphProto, seeds: Sequence[str], carried: Sequence[tuple[str, str]]):
+        """(node gradients, names needing one, floating-point initializers) of one run of a subgraph whose formal
+        inputs ``seeds`` need a gradient (besides what it reads from enclosing scopes). ``carried`` pairs a body
+        output with the body input it becomes in the next iteration (Loop, Scan states): when the output needs a
         gradient, so does the input."""
         outer_need, outer_inits = self._scopes[-1] if self._scopes else (frozenset(), frozenset())
         float_inits = set(outer_inits) | {t.name for t in g.initializer if t.data_type in FLOAT_TYPES}
@@ -480,7 +479,12 @@ class _Traversal:
             if not more:
                 break
             start |= more
-        self._scopes.append((frozenset(need), frozenset(float_inits)))
+        return grads, frozenset(need), frozenset(float_inits)
+
+    def _subgraph_backward(self, g: onnx.GraphProto, seeds: Sequence[str], carried: Sequence[tuple[str, str]] = ()) -> Cost:
+        """Backward cost of one run of a subgraph (its gradients planned by :meth:`_body_plan`)."""
+        grads, need, float_inits = self._body_plan(g, seeds, carried)
+        self._scopes.append((need, float_inits))
         try:
             total = ZERO
             for i, proto in enumerate(g.node):
@@ -492,77 +496,25 @@ class _Traversal:
             self._scopes.pop()
 
     def subgraph_saved(self, g: onnx.GraphProto, seeds: Sequence[str], carried: Sequence[tuple[str, str]] = ()):
-        """What one run of a subgraph keeps for its backward (:class:`flopcount.saved.BodySaved`): its nodes'
-        saved-for-backward rules applied as :meth:`_subgraph_backward` plans their gradients, a view's output
-        counted as its input's storage, stored tensors (weights, constants) left out."""
-        from .memory.ledger import VIEWS
-        from .registry import lookup_saved
-        from .saved import BodySaved
+        """What one run of a subgraph keeps for its backward (:func:`flopcount.memory.bodies.body_saved`), its
+        gradients planned by :meth:`_body_plan` as its backward's are."""
+        from .memory.bodies import body_saved
 
-        outer_need, outer_inits = self._scopes[-1] if self._scopes else (frozenset(), frozenset())
-        float_inits = set(outer_inits) | {t.name for t in g.initializer if t.data_type in FLOAT_TYPES}
-        stored = set(outer_inits) | {t.name for t in g.initializer} | self.stored
-        nodes = []
-        for i, proto in enumerate(g.node):
-            captured = ()
-            if proto.op_type in graph_mod.SUBGRAPH_OPS or proto.domain not in ("", "ai.onnx"):
-                captured = tuple(sorted(graph_mod.subgraph_outer_names(proto)))
-            nodes.append((i, tuple(proto.input), tuple(proto.output), (proto.domain, proto.op_type), captured))
-        start = set(seeds)
-        for _ in range(len(carried) + 1):
-            need = set(outer_need) | start
-            grads, _trainable = _plan(nodes, float_inits, need, self.tensors, self.opsets)
-            more = {into for out, into in carried if out in need and into not in start}
-            if not more:
-                break
-            start |= more
-        made = {o for proto in g.node for o in proto.output if o}
-        formal = {vi.name for vi in g.input}
-        root: dict[str, str] = {}
-        for proto in g.node:
-            for o in proto.output:
-                if o:
-                    view = proto.op_type in VIEWS and proto.domain in ("", "ai.onnx") and proto.input and proto.input[0]
-                    root[o] = root.get(proto.input[0], proto.input[0]) if view else o
-        kept: set[str] = set()
-        extra, missing = 0, {}
-        self._scopes.append((frozenset(need), frozenset(float_inits)))
+        grads, need, float_inits = self._body_plan(g, seeds, carried)
+        self._scopes.append((need, float_inits))
         try:
+            run = []
             for i, proto in enumerate(g.node):
-                if i not in grads:
-                    continue
-                name = graph_mod.node_label(proto, i)
-                attrs = self.attributes_of(proto, name, force=True) or {}
-                n = self.node(proto, i, name, attrs, grads[i])
-                rule = lookup_saved(n.domain, n.op_type)
-                if rule is None:
-                    key = op_key(n.domain, n.op_type)
-                    missing[key] = missing.get(key, 0) + 1
-                    continue
-                ctx = self._context(name, self._ops[(proto.domain, proto.op_type)], n.op_type, n.inputs, n.outputs,
-                                    self.loop_trips.get(name), grads[i])._replace(saved_subgraph=self.subgraph_saved)
-                s = _apply(rule, ctx, attrs, self.where)
-                extra += s.extra_bytes
-                for key, v in s.missing:
-                    missing[key] = missing.get(key, 0) + v
-                for pos, ts in ((s.inputs, n.inputs), (s.outputs, n.outputs)):
-                    for k in pos:
-                        if k < len(ts) and ts[k] is not None and ts[k].name:
-                            kept.add(root.get(ts[k].name, ts[k].name))
+                if i in grads:
+                    name = graph_mod.node_label(proto, i)
+                    attrs = self.attributes_of(proto, name, force=True) or {}
+                    n = self.node(proto, i, name, attrs, grads[i])
+                    op = self._ops.get((proto.domain, proto.op_type)) or self._op(proto.domain, proto.op_type)
+                    ctx = self._context(name, op, n.op_type, n.inputs, n.outputs, self.loop_trips.get(name), grads[i])
+                    run.append((n, ctx._replace(saved_subgraph=self.subgraph_saved), attrs))
+            return body_saved(g, run, self.tensors, float_inits | self.stored, self.where)
         finally:
             self._scopes.pop()
-
-        def nbytes(x: str) -> int | None:
-            return tensor_bytes(self.tensors[x]) if self.tensors[x] is not None else None
-
-        kept -= stored
-        sizes = {x: nbytes(x) for x in kept}
-        unsized = tuple(sorted(x for x, b in sizes.items() if b is None))
-        return BodySaved(sum(b or 0 for x, b in sizes.items() if x in made), extra,
-                         frozenset(x for x in kept if x in formal),
-                         sum(b or 0 for x, b in sizes.items() if x not in made and x not in formal),
-                         frozenset(o.name for o in g.output if root.get(o.name, o.name) in kept),
-                         tuple(sorted(missing.items())), unsized)
 
     def graph(self, g: onnx.GraphProto) -> Cost:
         """Total cost of one run of a subgraph (its nodes are in topological order, as ONNX requires)."""

@@ -29,8 +29,8 @@ tables and masks included) is 1/C, rounded up, except the K and V that attention
 assume (an ``all_gather`` of K and V in each layer's forward, again only under ``full`` recompute, and a
 ``reduce_scatter`` of their gradients in the backward), each CP rank gathers the whole sequence's K and V and
 keeps them for the backward; these tensors (the storages the score product and the product with V read) are whole
-over CP (``cp_kv_bytes``: the largest layer's gathered K and V on the rank, in the activations and the peak; the
-local shard before the gather, a transient, is not counted apart). Parameters, gradients and optimizer states are
+over CP (``cp_kv_bytes``: the largest layer's gathered K and V on the rank, in the activations, or made again
+with its layer under ``full`` recompute; the local shard before the gather, a transient, is not counted apart). Parameters, gradients and optimizer states are
 whole on every CP rank; under ``fsdp`` they are sharded over the D·C ranks of the ``dp_cp`` group the FLOPs
 ledger's gradient collectives run on (Megatron's distributed optimizer over dp·cp).
 
@@ -75,7 +75,7 @@ class PlanRankMemory(RankMemory):
     ``stage``, its DP replicas (``replicas``, whose figures are the same), the microbatches whose activations it
     keeps at once (``microbatches_in_flight``; ``activations_bytes`` is one microbatch's), the FSDP all-gather
     buffer (``allgather_bytes``, in ``peak_bytes``), the gathered K and V of its largest layer under cp
-    (``cp_kv_bytes``, in ``activations_bytes``) and the all_to_all buffers of its largest MoE layer under ep
+    (``cp_kv_bytes``) and the all_to_all buffers of its largest MoE layer under ep
     (``alltoall_bytes``, in ``peak_bytes``)."""
 
     rank: int = 0
