@@ -178,6 +178,7 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
     vec = dims["batch"] * (dims["seq"] // plan.cp) * top_k * dims["hidden"] * dims["activation_bytes"]
     v = plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
     ranks = []
+    walked: dict[tuple, PlanRankMemory] = {}
     for s in range(plan.pp):
         mine = {c for c in range(plan.pp * v) if c % plan.pp == s}
         keep = [k for k in range(len(g.nodes)) if chunks[k] & mine]
@@ -195,8 +196,11 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
 
             alltoall = max((vec + plan.ep * vec * num // den for num, den in share.values()), default=0)
             for i in range(t):
-                ranks.append(_rank(report, g, mem, settings, plan, s, i, e, keep, scale, param_div, reader,
-                                   gathered, alltoall))
+                key = (s, i, tuple(sorted(share.items())))  # EP ranks of the same load walk the same graph
+                if key not in walked:
+                    walked[key] = _rank(report, g, mem, settings, plan, s, i, keep, scale, param_div, reader,
+                                        gathered, alltoall)
+                ranks.append(_placed(walked[key], plan, s, i, e))
     return dataclasses.replace(mem, ranks=tuple(ranks), settings=dataclasses.replace(settings, plan=plan),
                                kept_by_node=MappingProxyType({}))
 
@@ -242,7 +246,7 @@ def _resized(info: TensorInfo, div: int, mul: int = 1) -> TensorInfo:
     return TensorInfo(info.name, info.elem_type, (-(-n * mul // div),))
 
 
-def _rank(report, g: Graph, mem: Memory, settings: MemorySettings, plan: ParallelPlan, s: int, i: int, e: int,
+def _rank(report, g: Graph, mem: Memory, settings: MemorySettings, plan: ParallelPlan, s: int, i: int,
           keep, scale, param_div, reader, gathered, alltoall) -> PlanRankMemory:
     nodes = [g.nodes[k] for k in keep]
     made = {x.name: k for k in keep for x in g.nodes[k].outputs if x is not None and x.name}
@@ -300,17 +304,23 @@ def _rank(report, g: Graph, mem: Memory, settings: MemorySettings, plan: Paralle
     peak = ledger(sub, mem.mode, mem.optimizer, settings, mem.missing, held=held,
                   accumulated=mem.mode == "train" and plan.microbatches > 1).ranks[0] if (held or (
                       plan.microbatches > 1 and mem.mode == "train")) else one
+    return PlanRankMemory(**{**one.__dict__, "peak_bytes": peak.peak_bytes, "peak_phase": peak.peak_phase,
+                             "peak_node": peak.peak_node}, stage=s, microbatches_in_flight=flight,
+                          allgather_bytes=gather, cp_kv_bytes=max(kv_per_layer.values(), default=0),
+                          alltoall_bytes=alltoall)
+
+
+def _placed(figures: PlanRankMemory, plan: ParallelPlan, s: int, i: int, e: int) -> PlanRankMemory:
+    """``figures`` as the rank of stage s, TP rank i and EP rank e: its id (the first of its replicas), coords
+    and data- and context-parallel replicas."""
     from ..parallel.experts import ep_coords
 
-    replicas = tuple(i + plan.tp * (c + plan.cp * (d + plan.dp * s)) for d in range(plan.dp) for c in range(plan.cp)
-                     if ep_coords(d, c, plan)[1] == e)
-    first = min(replicas)
-    c0, d0 = (first // plan.tp) % plan.cp, (first // (plan.tp * plan.cp)) % plan.dp
-    coords = {"tp": i, "pp": s, "cp": c0, "ep": e, "dp": d0}
-    return PlanRankMemory(**{**one.__dict__, "peak_bytes": peak.peak_bytes, "peak_phase": peak.peak_phase,
-                             "peak_node": peak.peak_node}, rank=first, coords=coords, stage=s,
-                          replicas=tuple(sorted(replicas)), microbatches_in_flight=flight, allgather_bytes=gather,
-                          cp_kv_bytes=max(kv_per_layer.values(), default=0), alltoall_bytes=alltoall)
+    replicas = sorted(i + plan.tp * (c + plan.cp * (d + plan.dp * s)) for d in range(plan.dp) for c in range(plan.cp)
+                      if ep_coords(d, c, plan)[1] == e)
+    first = replicas[0]
+    coords = {"tp": i, "pp": s, "cp": (first // plan.tp) % plan.cp, "ep": e,
+              "dp": (first // (plan.tp * plan.cp)) % plan.dp}
+    return dataclasses.replace(figures, rank=first, coords=coords, replicas=tuple(replicas))
 
 
 #: Columns of :func:`rank_rows` (the text report's memory table by rank).
