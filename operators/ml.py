@@ -19,7 +19,8 @@ import numpy as np
 
 from flopcount.context import NodeContext, TensorInfo
 from flopcount.cost import Bound, Cost
-from flopcount.registry import backward, formula, saves_nothing, shape_function, zero_cost
+from flopcount.registry import backward, formula, saves, saves_nothing, shape_function, zero_cost
+from flopcount.saved import Saved, keeps
 
 DOMAIN = "ai.onnx.ml"
 
@@ -414,6 +415,12 @@ def piecewise_constant_backward(ctx: NodeContext, **_) -> Cost:
 
 # Piecewise constant in X (dX = 0 wherever it exists): the backward reads nothing of the forward.
 saves_nothing("Binarizer", "TreeEnsemble", "TreeEnsembleClassifier", "TreeEnsembleRegressor", domain=DOMAIN)
+
+
+@saves("ArrayFeatureExtractor", domain=DOMAIN)
+def array_feature_extractor_saved(ctx: NodeContext, **_) -> Saved:
+    """The indices Y: dX is dZ scattered back to the columns they pick."""
+    return keeps(1)
 
 
 # --- output shapes ------------------------------------------------------------------------------

@@ -1,12 +1,14 @@
 """Saved-for-backward rules of CausalConvWithState and LinearAttention (closed forms written here from the
-shapes), and of the operators whose backward reads nothing of the forward: Binarizer and the tree ensembles
-(piecewise constant in X) and the ai.onnx.preview.training optimizers (the update step itself)."""
+shapes); of the operators whose backward reads nothing of the forward: Binarizer and the tree ensembles
+(piecewise constant in X) and the ai.onnx.preview.training optimizers (the update step itself); and of the
+copying operators a gradient passes through (Trilu, CenterCropPad, MaxUnpool, Scatter, TensorScatter,
+ArrayFeatureExtractor)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import helper
+from onnx import TensorProto, helper, numpy_helper
 
 import flopcount
 import flopcount.operators  # noqa: F401  (fills the registry)
@@ -86,8 +88,6 @@ def test_tree_ensembles_keep_nothing(op):
 
 @pytest.mark.parametrize("op", ["Adam", "Adagrad", "Momentum"])
 def test_training_optimizer_ops_keep_nothing(op):
-    from onnx import numpy_helper
-
     n = 6
     r = numpy_helper.from_array(np.array(0.1, np.float32), "r")
     t = numpy_helper.from_array(np.array(1, np.int64), "t")
@@ -98,3 +98,40 @@ def test_training_optimizer_ops_keep_nothing(op):
     m = model([node], {"g": [n], **{s: [n] for s in states}}, [f"out{i}" for i in range(1 + len(states))],
               [r, t, weight("w", (n,))], extra_opsets={"ai.onnx.preview.training": 1})
     assert kept(m) == (0, 0)
+
+
+def shifted_with_indices(op, x_shape, idx_name, idx_shape, node_inputs, outputs=("y",), opset=18, extra=None,
+                         domain="", consts=(), **attrs):
+    """x routed through Add(x, shift) (so that it needs a gradient), then ``op``; the int64 indices ``idx_name``
+    are a graph input (data, an activation), not a constant."""
+    nodes = [helper.make_node("Add", ["x", "x_shift"], ["x_t"]),
+             helper.make_node(op, node_inputs, list(outputs), domain=domain, **attrs)]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)]
+    if idx_name:
+        inputs.append(helper.make_tensor_value_info(idx_name, TensorProto.INT64, idx_shape))
+    g = helper.make_graph(nodes, "g", inputs, [helper.make_empty_tensor_value_info(o) for o in outputs],
+                          [weight("x_shift", x_shape), *consts])
+    imports = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in (extra or {}).items()]
+    return helper.make_model(g, opset_imports=imports)
+
+
+I64 = 8
+
+
+@pytest.mark.parametrize("m, expected", [
+    pytest.param(shifted_with_indices("Trilu", [4, 6], "", None, ["x_t"]), (0, 0), id="Trilu"),
+    pytest.param(shifted_with_indices("CenterCropPad", [4, 6], "", None, ["x_t", "s"],
+                                      consts=[numpy_helper.from_array(np.array([3, 7], np.int64), "s")]), (0, 0),
+                 id="CenterCropPad"),
+    pytest.param(shifted_with_indices("MaxUnpool", [1, 2, 3, 5], "i", [1, 2, 3, 5], ["x_t", "i"],
+                                      kernel_shape=[2, 2], strides=[2, 2]), (I64 * 2 * 3 * 5, 0), id="MaxUnpool"),
+    pytest.param(shifted_with_indices("Scatter", [3, 5], "i", [2, 5], ["x_t", "i", "u"], opset=10,
+                                      consts=[weight("u", (2, 5))]), (I64 * 2 * 5, 0), id="Scatter"),
+    pytest.param(shifted_with_indices("TensorScatter", [2, 3, 7, 5], "i", [2], ["x_t", "u", "i"], opset=24,
+                                      consts=[weight("u", (2, 3, 1, 5))]), (I64 * 2, 0), id="TensorScatter"),
+    pytest.param(shifted_with_indices("ArrayFeatureExtractor", [3, 5], "i", [2], ["x_t", "i"], domain="ai.onnx.ml",
+                                      extra={"ai.onnx.ml": 3}), (I64 * 2, 0), id="ArrayFeatureExtractor"),
+])
+def test_copying_operators_keep_their_indices_or_nothing(m, expected):
+    # the indices are int64 data: dX gathers or scatters dY at them; a crop, pad or triangle mask needs shapes only
+    assert kept(m) == expected
