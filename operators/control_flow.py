@@ -180,27 +180,34 @@ saves_nothing("SequenceConstruct", "SequenceEmpty", "SequenceAt", "SequenceErase
               "SplitToSequence", "ConcatFromSequence")
 
 
-def _body_saved(ctx: NodeContext, b, runs: int, carried: list[tuple[str, str, int]], sliced: list[tuple[str, int]],
-                what: str) -> Saved:
+def _body_saved(ctx: NodeContext, b, runs: int, carried: list[tuple[str, str, int, int]],
+                sliced: list[tuple[str, int]], what: str) -> Saved:
     """The :class:`~flopcount.saved.Saved` of ``runs`` runs of a body that keeps ``b``
     (:class:`~flopcount.saved.BodySaved`): what its nodes make and their statistics each run; a carried value
-    (``carried``: body input, body output, node input position) it keeps is the node's input in the first run and
-    the run before's output after it, counted once when the body keeps that output too; a scanned input it keeps
-    slice by slice (``sliced``: body input, node input position) is the node's whole input; activations of the
-    enclosing graph it keeps, once (an upper bound where a node there keeps the same tensor)."""
+    (``carried``: body input, body output, node input and output positions) it keeps is the node's input in the
+    first run and the run before's output after it, counted once when the body keeps that output too, whose last
+    run's value is the node's output; a scanned input it keeps slice by slice (``sliced``: body input, node input
+    position) is the node's whole input; activations of the enclosing graph it keeps, once (an upper bound where a
+    node there keeps the same tensor)."""
     inputs: list[int] = []
+    outputs: list[int] = []
     again = 0
-    for formal, out, pos in carried:
+    for formal, out, pos, out_pos in carried:
+        kept_out = out in b.outputs and runs > 0 and out_pos < len(ctx.outputs) and ctx.outputs[out_pos] is not None
+        if kept_out:  # the last run's output is the node's: kept as the node's output, not in the runs' bytes
+            outputs.append(out_pos)
+            again -= tensor_bytes(ctx.outputs[out_pos]) or 0
         if formal in b.formal:
             inputs.append(pos)
-            if out not in b.outputs and runs > 1:
+            if not kept_out and runs > 1:
                 t = ctx.inputs[pos] if pos < len(ctx.inputs) else None
                 again += (runs - 1) * (tensor_bytes(t) or 0) if t is not None else 0
     inputs += [pos for formal, pos in sliced if formal in b.formal]
-    extra = ((f"{what}, {runs} runs", runs * (b.made + b.extra) + again),) if runs * (b.made + b.extra) + again else ()
+    total = max(runs * (b.made + b.extra) + again, 0)
+    extra = ((f"{what}, {runs} runs", total),) if total else ()
     if b.outer:
         extra += (("activations of the enclosing graph the body keeps", b.outer),)
-    return Saved(tuple(sorted(set(inputs))), (), extra, b.missing)
+    return Saved(tuple(sorted(set(inputs))), tuple(outputs), extra, b.missing)
 
 
 @saves("Loop")
@@ -214,7 +221,7 @@ def loop_saved(ctx: NodeContext, *, body, **_) -> Saved:
     needs = [vi.name for k, vi in enumerate(carried_inputs) if ctx.needs_grad(2 + k)]
     pairs = [(out.name, vi.name) for out, vi in zip(body.output[1:], carried_inputs)]
     b = ctx.subgraph_saved(body, needs, pairs)
-    carried = [(vi.name, out.name, 2 + k) for k, (out, vi) in enumerate(zip(body.output[1:], carried_inputs))]
+    carried = [(vi.name, out.name, 2 + k, k) for k, (out, vi) in enumerate(zip(body.output[1:], carried_inputs))]
     return _body_saved(ctx, b, _loop_trips(ctx), carried, [], "body per iteration")
 
 
@@ -231,7 +238,7 @@ def scan_saved(ctx: NodeContext, *, body, num_scan_inputs: int, scan_input_axes=
     needs = [formal[i - offset].name for i in range(offset, len(ctx.inputs)) if ctx.needs_grad(i) and i - offset < len(formal)]
     pairs = [(out.name, vi.name) for out, vi in zip(body.output[: n_states - offset], formal[: n_states - offset])]
     b = ctx.subgraph_saved(body, needs, pairs)
-    carried = [(vi.name, out.name, offset + k) for k, (out, vi) in enumerate(pairs and zip(
+    carried = [(vi.name, out.name, offset + k, k) for k, (out, vi) in enumerate(zip(
         body.output[: n_states - offset], formal[: n_states - offset]))]
     sliced = [(formal[i - offset].name, i) for i in range(n_states, len(ctx.inputs)) if i - offset < len(formal)]
     return _body_saved(ctx, b, runs, carried, sliced, "body per step")

@@ -120,3 +120,23 @@ def test_sequence_map_keeps_each_element_run():
     # which the ledger sizes as one element (shape inference gives a sequence its element's type and shape); here
     # the n elements are the one tensor xs
     assert report.memory.ranks[0].activations_bytes == F32 * B * N * (n + 1)
+
+
+def test_a_loop_in_a_loop_keeps_what_the_unrolled_steps_keep():
+    outer_steps, inner_steps = 2, 3
+    inner = loop(inner_steps).graph.node[0]
+    inner.input[:] = ["M", "", "x_in"]
+    inner.output[:] = ["x_out"]
+    body = helper.make_graph(
+        [inner, helper.make_node("Identity", ["c_in"], ["c_out"])], "outer_body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("c_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x_in", TensorProto.FLOAT, [B, N])],
+        [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x_out", TensorProto.FLOAT, [B, N])])
+    inits = [numpy_helper.from_array(np.array(inner_steps, np.int64), "M"),
+             numpy_helper.from_array(np.array(outer_steps, np.int64), "M_outer")]
+    nested = model([helper.make_node("Loop", ["M_outer", "", "x"], ["y"], body=body)], inits)
+    steps = outer_steps * inner_steps
+    assert ledger(nested).ranks[0].activations_bytes == ledger(unrolled(steps)).ranks[0].activations_bytes == \
+        F32 * B * N * (1 + steps)
