@@ -210,7 +210,7 @@ def _layer_of(scope) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def _root(g: Graph, producer: Mapping[str, Any], name: str) -> str:
+def _root(producer: Mapping[str, Any], name: str) -> str:
     """The storage a view's output shares: back through the views (as the ledger's walk roots them)."""
     while name in producer and producer[name].op_type in VIEWS and producer[name].domain == "" and \
             producer[name].inputs and producer[name].inputs[0] is not None:
@@ -232,7 +232,7 @@ def _gathered_kv(g: Graph, scopes, leaf) -> dict[str, int]:
         for k in ks[:2]:
             x = g.nodes[k].inputs[1]
             if x is not None and x.name:
-                out[_root(g, producer, x.name)] = layer
+                out[_root(producer, x.name)] = layer
     return out
 
 
