@@ -95,6 +95,7 @@ class NodeContext(NamedTuple):
     trips: int | None = None  # trip count given for this node (``--loop-trips``), if any
     grads: tuple[bool, ...] = ()  # training: which inputs need a gradient
     backward_subgraph: Callable[..., Any] | None = None  # see subgraph_backward()
+    saved_subgraph: Callable[..., Any] | None = None  # see subgraph_saved()
 
     def needs_grad(self, i: int) -> bool:
         """Training: whether input ``i`` needs a gradient (it depends on a trainable parameter
@@ -152,6 +153,11 @@ class NodeContext(NamedTuple):
         formal inputs that need a gradient (``needs``) and, for loop-carried values, (body output,
         body input) pairs; what the body reads from enclosing scopes is known already."""
         return self.backward_subgraph(graph, needs, carried)
+
+    def subgraph_saved(self, graph: Any, needs: Any = (), carried: Any = ()) -> Any:
+        """Training, memory: what one run of a subgraph attribute keeps for its backward
+        (:class:`flopcount.saved.BodySaved`), its gradients planned as :meth:`subgraph_backward` plans them."""
+        return self.saved_subgraph(graph, needs, carried)
 
     def value(self, i: int) -> np.ndarray | None:
         """Constant value of input ``i`` when it is known without reading weights (small constants)."""

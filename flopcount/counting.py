@@ -210,20 +210,23 @@ def _count(model, options: CountOptions) -> Report:
         )
     if memory is not None:
         report = dataclasses.replace(report, memory=_memory(memory, report, index, res, training, roles, attributes,
-                                                            opsets, conv, strict, where, m, optimizer))
+                                                            opsets, conv, strict, where, m, optimizer, walk))
     lap("count")
     return dataclasses.replace(report, timings=MappingProxyType(timings))
 
 
 def _memory(settings, report: Report, index: GraphIndex, res: Resolution, training, roles: Roles, attributes,
-            opsets, conv: Convention, strict: bool, where: str, m: ModelProto, optimizer: str | None):
+            opsets, conv: Convention, strict: bool, where: str, m: ModelProto, optimizer: str | None,
+            walk: "_Traversal"):
     """The memory ledger of the counted ``report`` (:func:`flopcount.memory.ledger.account`)."""
     from .memory.ledger import account, attention_cores, recompute_units
 
     def context(n: NodeCount, flags: tuple[bool, ...]) -> NodeContext:
         return NodeContext(n.name, n.op_type, n.domain, opsets.get(n.domain, 0), n.inputs, n.outputs, conv,
-                           res.values.get, grads=flags)
+                           res.values.get, trips=walk.loop_trips.get(n.name), grads=flags,
+                           saved_subgraph=walk.subgraph_saved)
 
+    walk.stored = frozenset(stored_tensors(m.graph))
     units = recompute_units(settings.recompute, report.nodes, report.modules.nodes, lambda: attention_cores(index))
     names = {"params": roles.names(PARAMETER), "trainable": training.trainable if training is not None else frozenset(),
              "buffers": roles.names(BUFFER), "stored": frozenset(stored_tensors(m.graph))}
@@ -365,6 +368,7 @@ class _Traversal:
         self._ops: dict[tuple[str, str], _Op] = {}
         self._memo: dict[tuple, tuple] = {}  # see node()
         self._looked = False  # whether the running formula read a value or a subgraph
+        self.stored: frozenset[str] = frozenset()  # the main graph's stored tensors (see subgraph_saved())
         # training: what the scopes around the body being counted know (tensors needing a gradient,
         # floating-point initializers); the main graph's first
         self._scopes: list[tuple[frozenset[str], frozenset[str]]] = (
@@ -454,10 +458,10 @@ class _Traversal:
             self._value, self.hint, self._subgraph, trips, grads, self._subgraph_backward,
         )
 
-    def _subgraph_backward(self, g: onnx.GraphProto, seeds: Sequence[str], carried: Sequence[tuple[str, str]] = ()) -> Cost:
-        """Backward cost of one run of a subgraph whose formal inputs ``seeds`` need a gradient
-        (besides what it reads from enclosing scopes). ``carried`` pairs a body output with the
-        body input it becomes in the next iteration (Loop, Scan states): when the output needs a
+    def _body_plan(self, g: onnx.GraphProto, seeds: Sequence[str], carried: Sequence[tuple[str, str]]):
+        """(node gradients, names needing one, floating-point initializers) of one run of a subgraph whose formal
+        inputs ``seeds`` need a gradient (besides what it reads from enclosing scopes). ``carried`` pairs a body
+        output with the body input it becomes in the next iteration (Loop, Scan states): when the output needs a
         gradient, so does the input."""
         outer_need, outer_inits = self._scopes[-1] if self._scopes else (frozenset(), frozenset())
         float_inits = set(outer_inits) | {t.name for t in g.initializer if t.data_type in FLOAT_TYPES}
@@ -475,7 +479,12 @@ class _Traversal:
             if not more:
                 break
             start |= more
-        self._scopes.append((frozenset(need), frozenset(float_inits)))
+        return grads, frozenset(need), frozenset(float_inits)
+
+    def _subgraph_backward(self, g: onnx.GraphProto, seeds: Sequence[str], carried: Sequence[tuple[str, str]] = ()) -> Cost:
+        """Backward cost of one run of a subgraph (its gradients planned by :meth:`_body_plan`)."""
+        grads, need, float_inits = self._body_plan(g, seeds, carried)
+        self._scopes.append((need, float_inits))
         try:
             total = ZERO
             for i, proto in enumerate(g.node):
@@ -483,6 +492,27 @@ class _Traversal:
                     name = graph_mod.node_label(proto, i)
                     total = total + self.node(proto, i, name, self.attributes_of(proto, name), grads[i]).backward
             return total
+        finally:
+            self._scopes.pop()
+
+    def subgraph_saved(self, g: onnx.GraphProto, seeds: Sequence[str], carried: Sequence[tuple[str, str]] = ()):
+        """What one run of a subgraph keeps for its backward (:func:`flopcount.memory.bodies.body_saved`), its
+        gradients planned by :meth:`_body_plan` as its backward's are."""
+        from .memory.bodies import body_saved
+
+        grads, need, float_inits = self._body_plan(g, seeds, carried)
+        self._scopes.append((need, float_inits))
+        try:
+            run = []
+            for i, proto in enumerate(g.node):
+                if i in grads:
+                    name = graph_mod.node_label(proto, i)
+                    attrs = self.attributes_of(proto, name, force=True) or {}
+                    n = self.node(proto, i, name, attrs, grads[i])
+                    op = self._ops.get((proto.domain, proto.op_type)) or self._op(proto.domain, proto.op_type)
+                    ctx = self._context(name, op, n.op_type, n.inputs, n.outputs, self.loop_trips.get(name), grads[i])
+                    run.append((n, ctx._replace(saved_subgraph=self.subgraph_saved), attrs))
+            return body_saved(g, run, self.tensors, float_inits | self.stored, self.where)
         finally:
             self._scopes.pop()
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["NOTHING", "Saved", "element_bytes", "keeps"]
+__all__ = ["NOTHING", "BodySaved", "Saved", "element_bytes", "keeps"]
 
 #: Bytes of the statistics kept in float32 (the accumulation type of every framework's normalization kernels).
 STAT_BYTES = 4
@@ -31,10 +31,28 @@ class Saved(NamedTuple):
     inputs: tuple[int, ...] = ()  # input positions kept (an omitted optional input is skipped)
     outputs: tuple[int, ...] = ()  # output positions kept
     extra: tuple[tuple[str, int], ...] = ()  # (what, bytes) of statistics the forward computes for the backward
+    missing: tuple[tuple[str, int], ...] = ()  # (op key, nodes) without a rule inside a body (control flow)
 
     @property
     def extra_bytes(self) -> int:
         return sum(b for _, b in self.extra)
+
+
+class BodySaved(NamedTuple):
+    """What one run of a control-flow body (an If branch, a Loop, Scan or SequenceMap body) keeps for its
+    backward, by where the kept tensors live: ``made`` bytes of tensors its own nodes make (a new set each
+    run), ``extra`` bytes of its nodes' statistics (each run), ``formal`` the names of its formal inputs it keeps
+    (a loop-carried value, a scan slice), ``outer`` bytes of activations of enclosing graphs it keeps (once, not
+    per run), ``outputs`` its graph outputs whose storage it keeps, ``missing`` (op key, nodes) of its operators without a rule, ``unsized`` kept tensors of unknown
+    size (counted as 0)."""
+
+    made: int = 0
+    extra: int = 0
+    formal: frozenset[str] = frozenset()
+    outer: int = 0
+    outputs: frozenset[str] = frozenset()  # the names of its graph outputs whose storage it keeps
+    missing: tuple[tuple[str, int], ...] = ()
+    unsized: tuple[str, ...] = ()
 
 
 #: The rule of an operator whose backward needs only shapes (Add, Reshape, Concat, ReduceSum ...).

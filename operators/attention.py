@@ -26,7 +26,7 @@ from flopcount.cost import Cost
 from flopcount.masks import AttentionMask, ExecutedPairs
 from flopcount.operators.elementwise import activation
 from flopcount.registry import backward, formula, saves
-from flopcount.saved import STAT_BYTES, Saved, keeps
+from flopcount.saved import STAT_BYTES, Saved, element_bytes, keeps
 
 
 def _attention_dims(ctx: NodeContext, q_num_heads: int | None, kv_num_heads: int | None):
@@ -300,6 +300,30 @@ def linear_attention_backward(
     if g:
         flops += ctx.numel(4)  # × exp(g_t)
     return Cost(flops=flops, macs=macs)
+
+
+@saves("LinearAttention")
+def linear_attention_saved(
+    ctx: NodeContext, *, q_num_heads: int, kv_num_heads: int, update_rule: str = "gated_delta", **_
+) -> Saved:
+    """Every input given (query, key, value, past_state, decay, beta: the backward through the recurrence reads
+    each of them) and the states its backward formula takes as kept, in the query's type: S_t per token and KV
+    head (B·T·H_kv·d_k·d_v), with γ also S' = exp(g)·S_{t−1} (as many) and exp(g) (|decay|), with δ
+    u = v − S'ᵀk (B·T·H_kv·d_v)."""
+    gated = update_rule in ("gated", "gated_delta")
+    delta = update_rule in ("delta", "gated_delta")
+    b, t, hidden_q = ctx.shape(0)
+    d_k = hidden_q // q_num_heads
+    d_v = ctx.shape(2)[2] // kv_num_heads
+    states = b * t * kv_num_heads * d_k * d_v
+    e = element_bytes(ctx.inputs[0].elem_type)
+    extra = [("states S_t", e * states)]
+    if gated:
+        extra += [("decayed states S'", e * states), ("exp(g)", e * ctx.numel(4))]
+    if delta:
+        extra.append(("u = v - S'k", e * b * t * kv_num_heads * d_v))
+    return Saved(tuple(i for i in range(len(ctx.inputs)) if ctx.has_input(i)), (), tuple(extra))
+
 
 
 @formula("RotaryEmbedding", family="elementwise")

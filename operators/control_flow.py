@@ -1,12 +1,15 @@
 """Control flow: If, Loop, Scan and SequenceMap count their bodies with the same machinery,
-recursively, forward and (If, Loop, Scan) backward; sequence containers are zero-cost."""
+recursively, forward and (If, Loop, Scan) backward, and keep for the backward what their bodies' nodes keep,
+once per run; sequence containers are zero-cost."""
 
 from __future__ import annotations
 
 from flopcount.context import NodeContext
 from flopcount.cost import Bound, Breakdown, Cost
 from flopcount.errors import ShapeError, UsageError
-from flopcount.registry import backward, formula, zero_cost
+from flopcount.registry import backward, formula, saves, saves_nothing, zero_cost
+from flopcount.reporting.report import tensor_bytes
+from flopcount.saved import Saved
 
 
 def _larger(a: Cost, b: Cost) -> Cost:
@@ -172,3 +175,93 @@ zero_cost(
     family="sequence",
     reason="builds, splits or reads containers of tensors; no arithmetic",
 )  # fmt: skip
+# their gradients are moved between containers and tensors by shapes and positions only
+saves_nothing("SequenceConstruct", "SequenceEmpty", "SequenceAt", "SequenceErase", "SequenceInsert", "SequenceLength",
+              "SplitToSequence", "ConcatFromSequence")
+
+
+def _body_saved(ctx: NodeContext, b, runs: int, carried: list[tuple[str, str, int, int]],
+                sliced: list[tuple[str, int]], what: str) -> Saved:
+    """The :class:`~flopcount.saved.Saved` of ``runs`` runs of a body that keeps ``b``
+    (:class:`~flopcount.saved.BodySaved`): what its nodes make and their statistics each run; a carried value
+    (``carried``: body input, body output, node input and output positions) it keeps is the node's input in the
+    first run and the run before's output after it, counted once when the body keeps that output too, whose last
+    run's value is the node's output; a scanned input it keeps slice by slice (``sliced``: body input, node input
+    position) is the node's whole input; activations of the enclosing graph it keeps, once (an upper bound where a
+    node there keeps the same tensor)."""
+    inputs: list[int] = []
+    outputs: list[int] = []
+    again = 0
+    for formal, out, pos, out_pos in carried:
+        kept_out = out in b.outputs and runs > 0 and out_pos < len(ctx.outputs) and ctx.outputs[out_pos] is not None
+        if kept_out:  # the last run's output is the node's: kept as the node's output, not in the runs' bytes
+            outputs.append(out_pos)
+            again -= tensor_bytes(ctx.outputs[out_pos]) or 0
+        if formal in b.formal:
+            inputs.append(pos)
+            if not kept_out and runs > 1:
+                t = ctx.inputs[pos] if pos < len(ctx.inputs) else None
+                again += (runs - 1) * (tensor_bytes(t) or 0) if t is not None else 0
+    inputs += [pos for formal, pos in sliced if formal in b.formal]
+    total = max(runs * (b.made + b.extra) + again, 0)
+    extra = ((f"{what}, {runs} runs", total),) if total else ()
+    if b.outer:
+        extra += (("activations of the enclosing graph the body keeps", b.outer),)
+    return Saved(tuple(sorted(set(inputs))), tuple(outputs), extra, b.missing)
+
+
+@saves("Loop")
+def loop_saved(ctx: NodeContext, *, body, **_) -> Saved:
+    """M runs of the body's kept tensors (M as in the forward): what its nodes keep (their saved-for-backward
+    rules, each run its own tensors), each iteration's carried value where the body keeps it (the Loop's initial
+    value in the first; once when the body keeps the output it becomes too), activations of the enclosing graph
+    once. The body's gradients are planned as in the backward's later iterations (the first keeps at most as
+    much)."""
+    carried_inputs = body.input[2:]
+    needs = [vi.name for k, vi in enumerate(carried_inputs) if ctx.needs_grad(2 + k)]
+    pairs = [(out.name, vi.name) for out, vi in zip(body.output[1:], carried_inputs)]
+    b = ctx.subgraph_saved(body, needs, pairs)
+    carried = [(vi.name, out.name, 2 + k, k) for k, (out, vi) in enumerate(zip(body.output[1:], carried_inputs))]
+    return _body_saved(ctx, b, _loop_trips(ctx), carried, [], "body per iteration")
+
+
+@saves("Scan")
+def scan_saved(ctx: NodeContext, *, body, num_scan_inputs: int, scan_input_axes=None, **_) -> Saved:
+    """L runs of the body's kept tensors (L as in the forward), states as a Loop's carried values, a scan input
+    the body keeps slice by slice as the Scan's whole input."""
+    n_states = len(ctx.inputs) - num_scan_inputs
+    first = ctx.n_inputs - num_scan_inputs if ctx.opset >= 9 else n_states
+    x = ctx.shape(first)
+    runs = x[(scan_input_axes or [0])[0] % len(x)] if ctx.opset >= 9 else x[0] * x[1]
+    offset = 0 if ctx.opset >= 9 else 1
+    formal = body.input
+    needs = [formal[i - offset].name for i in range(offset, len(ctx.inputs)) if ctx.needs_grad(i) and i - offset < len(formal)]
+    pairs = [(out.name, vi.name) for out, vi in zip(body.output[: n_states - offset], formal[: n_states - offset])]
+    b = ctx.subgraph_saved(body, needs, pairs)
+    carried = [(vi.name, out.name, offset + k, k) for k, (out, vi) in enumerate(zip(
+        body.output[: n_states - offset], formal[: n_states - offset]))]
+    sliced = [(formal[i - offset].name, i) for i in range(n_states, len(ctx.inputs)) if i - offset < len(formal)]
+    return _body_saved(ctx, b, runs, carried, sliced, "body per step")
+
+
+@saves("If")
+def if_saved(ctx: NodeContext, *, then_branch, else_branch, **_) -> Saved:
+    """The branch taken when the condition is a known constant, else the branch that keeps more: an upper
+    bound, as the FLOPs."""
+    cond = ctx.value(0)
+    if cond is not None and cond.size == 1:
+        b = ctx.subgraph_saved(then_branch if bool(cond.reshape(-1)[0]) else else_branch)
+    else:
+        b = max((ctx.subgraph_saved(then_branch), ctx.subgraph_saved(else_branch)),
+                key=lambda x: x.made + x.extra + x.outer)
+    return _body_saved(ctx, b, 1, [], [], "branch")
+
+
+@saves("SequenceMap")
+def sequence_map_saved(ctx: NodeContext, *, body, **_) -> Saved:
+    """n runs of the body's kept tensors (n as in the forward); an input it keeps element by element as the
+    SequenceMap's input."""
+    n = _trips(ctx, "the length of its input sequence", None)
+    needs = [vi.name for i, vi in enumerate(body.input) if ctx.needs_grad(i)]
+    b = ctx.subgraph_saved(body, needs)
+    return _body_saved(ctx, b, n, [], [(vi.name, i) for i, vi in enumerate(body.input)], "body per element")

@@ -8,7 +8,7 @@ from flopcount.context import NodeContext
 from flopcount.cost import Cost
 from flopcount.operators.elementwise import ELEMENTWISE_BACKWARD, activation as elementwise_activation
 from flopcount.registry import backward, formula, saves, saves_nothing
-from flopcount.saved import Saved, keeps
+from flopcount.saved import Saved, element_bytes, keeps
 
 
 @formula("Conv", family="conv")
@@ -234,6 +234,19 @@ def causal_conv_with_state_backward(ctx: NodeContext, *, activation: str = "none
     if g_b and ctx.convention.count_bias:
         flops += y
     return Cost(flops=flops, macs=macs, transcendentals=transcendentals)
+
+
+@saves("CausalConvWithState")
+def causal_conv_with_state_saved(ctx: NodeContext, *, activation: str = "none", **_) -> Saved:
+    """X and past_state for dW (the window of every output reads both), W for dX; with silu/swish the
+    pre-activation z (N·C·L elements in the output's type) for its derivative, when any input needs a gradient."""
+    inputs = [1] if ctx.needs_grad(0) else []
+    if ctx.needs_grad(1):
+        inputs += [0, 3] if ctx.has_input(3) else [0]
+    extra = ()
+    if activation.lower() in ("silu", "swish") and any(ctx.needs_grad(i) for i in range(3)):
+        extra = (("pre-activation", ctx.out_numel() * element_bytes(ctx.outputs[0].elem_type)),)
+    return Saved(tuple(sorted(inputs)), (), extra)
 
 
 @saves("Conv", "ConvTranspose")

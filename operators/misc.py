@@ -59,6 +59,7 @@ zero_cost(
     family="linalg",
     reason="keeps the upper or lower triangle and zeroes the rest; a mask, no arithmetic",
 )
+saves_nothing("Trilu")  # dX is dY masked the same way: shapes and k (a small constant) only
 
 
 # --- cumulative ---------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ import numpy as np
 
 from flopcount.context import NodeContext, TensorInfo
 from flopcount.cost import Bound, Cost
-from flopcount.registry import backward, formula, shape_function, zero_cost
+from flopcount.registry import backward, formula, saves, saves_nothing, shape_function, zero_cost
+from flopcount.saved import Saved, keeps
 
 DOMAIN = "ai.onnx.ml"
 
@@ -410,6 +411,16 @@ def piecewise_constant_backward(ctx: NodeContext, **_) -> Cost:
     normalizer, imputer) have no backward formula: a training count lists them.
     """
     return Cost()
+
+
+# Piecewise constant in X (dX = 0 wherever it exists): the backward reads nothing of the forward.
+saves_nothing("Binarizer", "TreeEnsemble", "TreeEnsembleClassifier", "TreeEnsembleRegressor", domain=DOMAIN)
+
+
+@saves("ArrayFeatureExtractor", domain=DOMAIN)
+def array_feature_extractor_saved(ctx: NodeContext, **_) -> Saved:
+    """The indices Y: dX is dZ scattered back to the columns they pick."""
+    return keeps(1)
 
 
 # --- output shapes ------------------------------------------------------------------------------

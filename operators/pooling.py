@@ -163,6 +163,12 @@ zero_cost(
 )
 
 
+@saves("MaxUnpool")
+def max_unpool_saved(ctx: NodeContext, **_) -> Saved:
+    """The indices: dX is dY gathered at them."""
+    return keeps(1)
+
+
 @backward("MaxPool", "GlobalMaxPool")
 def max_pool_backward(ctx: NodeContext, **_) -> Cost:
     """FLOPs = |Y|: each dY is added into the input position its window's maximum came from."""

@@ -171,6 +171,7 @@ zero_cost(
     family="resize",
     reason="crops or zero-pads each axis around its centre; copies elements, no arithmetic",
 )
+saves_nothing("CenterCropPad")  # dX is dY padded or cropped back: shapes only
 
 
 # saved for backward: interpolation's backward scatters dY back with the same weights, from shapes and scales only

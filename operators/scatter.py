@@ -64,7 +64,13 @@ zero_cost(
 )
 
 
-@saves("ScatterElements", "ScatterND")
+@saves("ScatterElements", "ScatterND", "Scatter")
 def scatter_saved(ctx: NodeContext, **_) -> Saved:
     """The indices: dData is dY with the scattered positions cleared, dUpdates dY gathered at them."""
     return keeps(1)
+
+
+@saves("TensorScatter")
+def tensor_scatter_saved(ctx: NodeContext, **_) -> Saved:
+    """The write indices (when given): dCache is dY with the written rows cleared, dUpdate dY gathered at them."""
+    return keeps(2) if ctx.has_input(2) else keeps()

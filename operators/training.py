@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
-from flopcount.registry import backward, formula, zero_cost
+from flopcount.registry import backward, formula, saves_nothing, zero_cost
 
 DOMAIN = "ai.onnx.preview.training"
 
@@ -74,3 +74,8 @@ def optimizer_backward(ctx: NodeContext, **_) -> Cost:
     """
     return Cost()
 
+
+
+# An optimizer node is the update step, after the backward pass: nothing is differentiated through it, so its
+# backward keeps nothing (its states are the optimizer's, not activations).
+saves_nothing("Adagrad", "Momentum", "Adam", domain=DOMAIN)

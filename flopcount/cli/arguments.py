@@ -390,7 +390,7 @@ def with_parallel(report, args: argparse.Namespace):
     if report.memory is not None and not plan.is_single:
         from flopcount.memory.ranks import per_rank
 
-        report = dataclasses.replace(report, memory=per_rank(report, plan))
+        report = dataclasses.replace(report, memory=per_rank(report, plan, load))
     return report
 
 

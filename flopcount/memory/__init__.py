@@ -4,6 +4,7 @@ the contract.
 * :mod:`.ledger` the memory ledger of one step: a liveness walk over a counted report's nodes (``--memory``)
 * :mod:`.layers` the memory ledger of L identical layers, walked on the 2-layer graph with its second layer copied
 * :mod:`.ranks` the memory ledger per rank under a parallel plan (``--memory --parallel``)
+* :mod:`.bodies` what one run of a control-flow body keeps for its backward (If, Loop, Scan, SequenceMap rules)
 """
 
 __all__: list[str] = []

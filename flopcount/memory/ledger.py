@@ -65,10 +65,6 @@ class MemorySettings:
         if self.recompute.policy == "ops":
             raise UsageError(f"--recompute {self.recompute}: the memory ledger models none, full and selective so "
                              "far; choose one of those")
-        for flag, what in (("cp", "context parallelism"), ("ep", "expert parallelism")):
-            if getattr(self.plan, flag) > 1:
-                raise UsageError(f"--parallel {flag}={getattr(self.plan, flag)}: memory per rank under {what} is "
-                                 f"not modelled yet; give {flag}=1")
 
     @classmethod
     def of(cls, memory: Any) -> "MemorySettings":
@@ -214,6 +210,8 @@ def saved_by_node(nodes: Sequence[NodeCount], grads: Mapping[int, tuple[bool, ..
             missing[key] = missing.get(key, 0) + 1
             continue
         saved[n.index] = rule(make_context(n, grads[n.index]), **(attributes(n) or {}))
+        for key, count in saved[n.index].missing:  # inside a control-flow body
+            missing[key] = missing.get(key, 0) + count
     if strict and missing:
         raise UnsupportedOperatorError(
             f"{where}: no saved-for-backward rule for " + ", ".join(f"{k} ({v})" for k, v in sorted(missing.items()))

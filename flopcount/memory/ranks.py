@@ -23,7 +23,27 @@ chunk of 1/v of the rank's layers (Megatron's order; chunks taken as equal). The
 microbatch with the other in-flight microbatches' kept activations held throughout, and, with M > 1, the
 gradients accumulated from the start (a microbatch after the first).
 
-Not modelled yet (exit 2 naming the flag): ``cp``, ``ep``.
+**Context parallelism** (``cp=C``, the zigzag split of :mod:`flopcount.parallel.experts`): each CP rank holds 2
+chunks of s/(2C) tokens, so every activation (every tensor that is not stored: the graph's inputs, position
+tables and masks included) is 1/C, rounded up, except the K and V that attention reads: as the FLOPs per rank
+assume (an ``all_gather`` of K and V in each layer's forward, again only under ``full`` recompute, and a
+``reduce_scatter`` of their gradients in the backward), each CP rank gathers the whole sequence's K and V and
+keeps them for the backward; these tensors (the storages the score product and the product with V read) are whole
+over CP (``cp_kv_bytes``: the largest layer's gathered K and V on the rank, in the activations, or made again
+with its layer under ``full`` recompute; the local shard before the gather, a transient, is not counted apart). Parameters, gradients and optimizer states are
+whole on every CP rank; under ``fsdp`` they are sharded over the D·C ranks of the ``dp_cp`` group the FLOPs
+ledger's gradient collectives run on (Megatron's distributed optimizer over dp·cp).
+
+**Expert parallelism** (``ep=E``, ranks drawn from the D·C data- and context-parallel ranks as in
+:mod:`flopcount.parallel.experts`): a parameter read under a routed block's ``experts`` is 1/(T·E) (each EP rank
+holds R/E of the R experts, each split over TP as the FLOPs ledger splits it), and under ``fsdp`` 1/(D·C/E) more
+(the expert data-parallel group). The activations made under ``experts`` are the (token, expert) pairs that rank's
+experts run: E·f_r times the rank's own tokens' pairs (f_r its experts' share of the load, balanced 1/E or from
+``--expert-load``); they are not split over TP (an upper bound when tp > 1). ``alltoall_bytes``: the buffers one
+MoE layer hands to its ``all_to_all`` (the rank's T·k token vectors dispatched, its experts' E·T·k·f_r outputs
+combined, h·e bytes each, as the FLOPs ledger's payload), the largest layer's, held through the walk and so in the
+peak. One entry per (stage, TP rank, EP rank), its data- and context-parallel replicas (same figures: zigzag makes
+every CP rank's share equal) in ``replicas``.
 """
 
 from __future__ import annotations
@@ -38,7 +58,7 @@ from ..context import TensorInfo
 from ..errors import UsageError
 from ..parallel.plan import ParallelPlan
 from ..reporting.report import tensor_bytes
-from .ledger import Graph, Memory, MemorySettings, RankMemory, ledger
+from .ledger import VIEWS, Graph, Memory, MemorySettings, RankMemory, ledger
 
 __all__ = ["PlanRankMemory", "in_flight", "per_rank", "rank_rows", "RANK_HEADERS"]
 
@@ -53,8 +73,10 @@ _SEQUENCE = ("o_proj", "down_proj", "embed_tokens")  # outputs whole on every TP
 class PlanRankMemory(RankMemory):
     """One rank's :class:`~flopcount.memory.ledger.RankMemory` under a plan: its ``rank`` id and ``coords``, its pipeline
     ``stage``, its DP replicas (``replicas``, whose figures are the same), the microbatches whose activations it
-    keeps at once (``microbatches_in_flight``; ``activations_bytes`` is one microbatch's) and the FSDP all-gather
-    buffer (``allgather_bytes``, in ``peak_bytes``)."""
+    keeps at once (``microbatches_in_flight``; ``activations_bytes`` is one microbatch's), the FSDP all-gather
+    buffer (``allgather_bytes``, in ``peak_bytes``), the gathered K and V of its largest layer under cp
+    (``cp_kv_bytes``) and the all_to_all buffers of its largest MoE layer under ep
+    (``alltoall_bytes``, in ``peak_bytes``)."""
 
     rank: int = 0
     coords: Mapping[str, int] = field(default_factory=dict)
@@ -62,6 +84,8 @@ class PlanRankMemory(RankMemory):
     replicas: tuple[int, ...] = ()
     microbatches_in_flight: float = 1.0
     allgather_bytes: int = 0
+    cp_kv_bytes: int = 0
+    alltoall_bytes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -89,20 +113,22 @@ def in_flight(plan: ParallelPlan, stage: int) -> float:
     return float(min(p - stage, m))
 
 
-def per_rank(report: Any, plan: ParallelPlan) -> Memory:
+def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory:
     """``report.memory`` (a one-rank ledger with its graph: ``count(..., memory=...)``) per rank of ``plan``, one
-    entry per (stage, TP rank) with its DP replicas listed; the returned ledger's ``settings.plan`` is ``plan``."""
+    entry per (stage, TP rank, EP rank) with its data- and context-parallel replicas listed; the returned ledger's
+    ``settings.plan`` is ``plan``. ``expert_load``: the routing histogram of a MoE model
+    (:func:`flopcount.parallel.experts.load_expert_load`), balanced if None."""
+    from ..parallel import experts as px
     from ..parallel.ranks import ledger as flops_ledger, node_shares
 
     mem = report.memory
     if mem is None or mem.graph is None or mem.settings is None:
         raise UsageError("--parallel with --memory: the count has no memory ledger to split; count with --memory")
     settings = dataclasses.replace(mem.settings, plan=ParallelPlan())
-    dataclasses.replace(mem.settings, plan=plan)  # refuses cp and ep with the memory's words
     g = mem.graph
     if len(g.nodes) != len(report.nodes):
         raise UsageError("--parallel with --memory: the ledger's graph is not the report's")
-    dims = flops_ledger(report, plan, settings.recompute).dims
+    dims = flops_ledger(report, plan, settings.recompute, expert_load).dims  # checks what the degrees divide
     t, kv = plan.tp, min(plan.tp, dims["kv_heads"])
     scopes = report.modules.nodes
     rule: dict[int, str] = {}
@@ -122,6 +148,12 @@ def per_rank(report: Any, plan: ParallelPlan) -> Memory:
             chunks[k] = chunks[src] if src is not None else {0}
         prev = k
     leaf = [sc[-1].rsplit(".", 1)[-1] if sc else "" for sc in scopes]
+    expert = [px.is_expert(sc) for sc in scopes]
+    moe_layers = sorted({_layer_of(scopes[k]) for k in range(len(g.nodes)) if expert[k]} - {None})
+    load = expert_load or px.ExpertLoad(None)
+    load.check_layers(len(moe_layers))
+    fractions = {layer: load.fractions(j, report.moe.experts, plan.ep) for j, layer in enumerate(moe_layers)} \
+        if moe_layers and plan.ep > 1 else {}
 
     def act_div(k: int) -> int:
         r = rule[k]
@@ -129,53 +161,118 @@ def per_rank(report: Any, plan: ParallelPlan) -> Memory:
             return t if plan.sp else 1
         return t if r == "split" else kv if r == "kv" else 1
 
+    def param_div(k: int) -> tuple[int, int]:
+        """(TP·EP division, FSDP division) of a weight whose first reader is node k."""
+        dp_cp = plan.dp * plan.cp if plan.fsdp else 1
+        if expert[k]:
+            return t * plan.ep, max(dp_cp // plan.ep, 1)
+        return (t if leaf[k] in _TP_PARAMS else kv if leaf[k] in _KV else 1), dp_cp
+
     reader: dict[str, int] = {}
     for k, n in enumerate(g.nodes):
         for x in n.inputs:
             if x is not None and x.name in g.stored:
                 reader.setdefault(x.name, k)
+    gathered = _gathered_kv(g, scopes, leaf) if plan.cp > 1 else {}
+    top_k = report.moe.top_k if moe_layers else 0
+    vec = dims["batch"] * (dims["seq"] // plan.cp) * top_k * dims["hidden"] * dims["activation_bytes"]
     v = plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
     ranks = []
+    walked: dict[tuple, PlanRankMemory] = {}
     for s in range(plan.pp):
         mine = {c for c in range(plan.pp * v) if c % plan.pp == s}
         keep = [k for k in range(len(g.nodes)) if chunks[k] & mine]
-        for i in range(t):
-            ranks.append(_rank(report, g, mem, settings, plan, s, i, keep, act_div, reader, leaf, kv))
+        layers = {_layer_of(scopes[k]) for k in keep} & set(fractions)
+        for e in range(plan.ep):
+            share = {layer: fractions[layer][e] for layer in layers}
+
+            def scale(k: int, e=e) -> tuple[int, int]:
+                """(multiplier, divisor) of the activations node k makes on this rank."""
+                div = act_div(k) * plan.cp
+                if expert[k] and _layer_of(scopes[k]) in fractions:  # the pairs this rank's experts receive
+                    num, den = fractions[_layer_of(scopes[k])][e]
+                    return plan.ep * num, div * den
+                return 1, div
+
+            alltoall = max((vec + plan.ep * vec * num // den for num, den in share.values()), default=0)
+            for i in range(t):
+                key = (s, i, tuple(sorted(share.items())))  # EP ranks of the same load walk the same graph
+                if key not in walked:
+                    walked[key] = _rank(report, g, mem, settings, plan, s, i, keep, scale, param_div, reader,
+                                        gathered, alltoall)
+                ranks.append(_placed(walked[key], plan, s, i, e))
     return dataclasses.replace(mem, ranks=tuple(ranks), settings=dataclasses.replace(settings, plan=plan),
                                kept_by_node=MappingProxyType({}))
 
 
-def _resized(info: TensorInfo, div: int) -> TensorInfo:
+def _layer_of(scope) -> int | None:
+    found = _LAYER.search(".".join(scope))
+    return int(found.group(1)) if found else None
+
+
+def _root(producer: Mapping[str, Any], name: str) -> str:
+    """The storage a view's output shares: back through the views (as the ledger's walk roots them)."""
+    while name in producer and producer[name].op_type in VIEWS and producer[name].domain == "" and \
+            producer[name].inputs and producer[name].inputs[0] is not None:
+        name = producer[name].inputs[0].name
+    return name
+
+
+def _gathered_kv(g: Graph, scopes, leaf) -> dict[str, int]:
+    """The storages of K and V that each layer's attention reads (root name → layer): the second operand of its
+    score product and of its product with V, the first two products under ``self_attn`` itself in the layer."""
+    producer = {x.name: n for n in g.nodes for x in n.outputs if x is not None and x.name}
+    products: dict[int, list[int]] = {}
+    for k, n in enumerate(g.nodes):
+        layer = _layer_of(scopes[k])
+        if leaf[k] == "self_attn" and n.op_type in ("MatMul", "Einsum") and layer is not None and len(n.inputs) > 1:
+            products.setdefault(layer, []).append(k)
+    out: dict[str, int] = {}
+    for layer, ks in products.items():
+        for k in ks[:2]:
+            x = g.nodes[k].inputs[1]
+            if x is not None and x.name:
+                out[_root(producer, x.name)] = layer
+    return out
+
+
+def _resized(info: TensorInfo, div: int, mul: int = 1) -> TensorInfo:
+    """``info`` flattened to its share: ⌈elements · mul / div⌉."""
     n = 1
     for d in info.shape or ():
         n *= d
     if info.shape is None or tensor_bytes(info) is None:
         return info
-    return TensorInfo(info.name, info.elem_type, (-(-n // div),))
+    return TensorInfo(info.name, info.elem_type, (-(-n * mul // div),))
 
 
-def _rank(report, g: Graph, mem: Memory, settings: MemorySettings, plan: ParallelPlan, s: int, i: int, keep,
-          act_div, reader, leaf, kv) -> PlanRankMemory:
+def _rank(report, g: Graph, mem: Memory, settings: MemorySettings, plan: ParallelPlan, s: int, i: int,
+          keep, scale, param_div, reader, gathered, alltoall) -> PlanRankMemory:
     nodes = [g.nodes[k] for k in keep]
     made = {x.name: k for k in keep for x in g.nodes[k].outputs if x is not None and x.name}
     read = {x.name for n in nodes for x in n.inputs if x is not None and x.name}
-    fsdp = plan.dp if plan.fsdp else 1
     tensors: dict[str, TensorInfo] = {}
     for name in read | set(made):
         info = g.tensors.get(name) or TensorInfo(name)
         if name in g.stored:
-            lf = leaf[reader[name]] if name in reader else ""
-            div = plan.tp if lf in _TP_PARAMS else kv if lf in _KV else 1
+            div, fsdp = param_div(reader[name]) if name in reader else (1, 1)
             tensors[name] = _resized(_resized(info, div), fsdp if name in g.params else 1)
-        else:
-            tensors[name] = _resized(info, act_div(made[name]) if name in made else 1)
+        elif name in made:
+            mul, div = scale(made[name])
+            tensors[name] = _resized(info, div // plan.cp if name in gathered else div, mul)
+        else:  # the graph's inputs, what the previous stage sends: the rank's tokens
+            tensors[name] = _resized(info, plan.cp)
     for n in nodes:  # a view that keeps every element has its input's share (a weight's transpose is a weight's)
         src = n.inputs[0].name if n.inputs and n.inputs[0] is not None else None
         if n.op_type in _SAME_SIZE and src in tensors and n.outputs and n.outputs[0] is not None:
             shape = tensors[src].shape
             tensors[n.outputs[0].name] = TensorInfo(n.outputs[0].name, n.outputs[0].elem_type, shape)
-    saved = {n.index: g.saved[n.index]._replace(extra=tuple((w, -(-b // act_div(k))) for w, b in
-                                                             g.saved[n.index].extra))
+
+    def stat(k: int, b: int) -> int:
+        mul, div = scale(k)
+        return -(-b * mul // div)
+
+    saved = {n.index: g.saved[n.index]._replace(extra=tuple((w, stat(k, b)) for w, b in g.saved[n.index].extra))
              for k, n in zip(keep, nodes) if n.index in g.saved}
     received = tuple(x for x in sorted(read - set(made)) if x not in g.stored)
     inside = set(keep)
@@ -191,35 +288,51 @@ def _rank(report, g: Graph, mem: Memory, settings: MemorySettings, plan: Paralle
     if plan.fsdp:
         per_layer: dict[int, int] = {}
         for name in sub.params:
-            found = _LAYER.search(".".join(report.modules.nodes[reader[name]])) if name in reader else None
-            if found:
-                lf = leaf[reader[name]]
-                div = plan.tp if lf in _TP_PARAMS else kv if lf in _KV else 1
+            layer = _layer_of(report.modules.nodes[reader[name]]) if name in reader else None
+            if layer is not None:
                 # a weight of unknown size is already in the ledger's ``unsized`` (the one-rank walk read the
                 # same tensor), which makes the figures a stated lower bound; it adds nothing here
-                whole = tensor_bytes(_resized(g.tensors.get(name) or TensorInfo(name), div)) or 0
-                per_layer[int(found.group(1))] = per_layer.get(int(found.group(1)), 0) + whole
+                whole = tensor_bytes(_resized(g.tensors.get(name) or TensorInfo(name), param_div(reader[name])[0])) or 0
+                per_layer[layer] = per_layer.get(layer, 0) + whole
         gather = max(per_layer.values(), default=0)
+    kv_per_layer: dict[int, int] = {}
+    for name, layer in gathered.items():
+        if name in tensors:
+            kv_per_layer[layer] = kv_per_layer.get(layer, 0) + (tensor_bytes(tensors[name]) or 0)
     others = int(one.activations_bytes * (flight - 1))
-    peak = ledger(sub, mem.mode, mem.optimizer, settings, mem.missing, held=others + gather,
-                  accumulated=mem.mode == "train" and plan.microbatches > 1).ranks[0] if (others or gather or (
+    held = others + gather + alltoall
+    peak = ledger(sub, mem.mode, mem.optimizer, settings, mem.missing, held=held,
+                  accumulated=mem.mode == "train" and plan.microbatches > 1).ranks[0] if (held or (
                       plan.microbatches > 1 and mem.mode == "train")) else one
-    rank = i + plan.tp * plan.dp * s
-    coords = {"tp": i, "pp": s, "cp": 0, "ep": 0, "dp": 0}
-    replicas = tuple(i + plan.tp * (d + plan.dp * s) for d in range(plan.dp))
     return PlanRankMemory(**{**one.__dict__, "peak_bytes": peak.peak_bytes, "peak_phase": peak.peak_phase,
-                             "peak_node": peak.peak_node}, rank=rank, coords=coords, stage=s, replicas=replicas,
-                          microbatches_in_flight=flight, allgather_bytes=gather)
+                             "peak_node": peak.peak_node}, stage=s, microbatches_in_flight=flight,
+                          allgather_bytes=gather, cp_kv_bytes=max(kv_per_layer.values(), default=0),
+                          alltoall_bytes=alltoall)
+
+
+def _placed(figures: PlanRankMemory, plan: ParallelPlan, s: int, i: int, e: int) -> PlanRankMemory:
+    """``figures`` as the rank of stage s, TP rank i and EP rank e: its id (the first of its replicas), coords
+    and data- and context-parallel replicas."""
+    from ..parallel.experts import ep_coords
+
+    replicas = sorted(i + plan.tp * (c + plan.cp * (d + plan.dp * s)) for d in range(plan.dp) for c in range(plan.cp)
+                      if ep_coords(d, c, plan)[1] == e)
+    first = replicas[0]
+    coords = {"tp": i, "pp": s, "cp": (first // plan.tp) % plan.cp, "ep": e,
+              "dp": (first // (plan.tp * plan.cp)) % plan.dp}
+    return dataclasses.replace(figures, rank=first, coords=coords, replicas=tuple(replicas))
 
 
 #: Columns of :func:`rank_rows` (the text report's memory table by rank).
-RANK_HEADERS = ("ranks", "tp", "pp", "params B", "grads B", "optimizer B", "activations B / mb", "in flight",
-                "all-gather B", "peak B", "peak phase")
+RANK_HEADERS = ("ranks", "tp", "pp", "ep", "params B", "grads B", "optimizer B", "activations B / mb", "in flight",
+                "all-gather B", "all_to_all B", "peak B", "peak phase")
 
 
 def rank_rows(memory: Memory) -> list[list[str]]:
-    """One row per distinct rank of a per-rank memory ledger, its DP replicas in the first column."""
-    return [[",".join(map(str, r.replicas)), str(r.coords["tp"]), str(r.stage), f"{r.params_bytes:,}",
-             f"{r.grads_bytes:,}", f"{r.optimizer_bytes:,}", f"{r.activations_bytes:,}",
-             f"{r.microbatches_in_flight:g}", f"{r.allgather_bytes:,}", f"{r.peak_bytes:,}", r.peak_phase]
+    """One row per distinct rank of a per-rank memory ledger, its data- and context-parallel replicas in the first
+    column."""
+    return [[",".join(map(str, r.replicas)), str(r.coords["tp"]), str(r.stage), str(r.coords["ep"]),
+             f"{r.params_bytes:,}", f"{r.grads_bytes:,}", f"{r.optimizer_bytes:,}", f"{r.activations_bytes:,}",
+             f"{r.microbatches_in_flight:g}", f"{r.allgather_bytes:,}", f"{r.alltoall_bytes:,}", f"{r.peak_bytes:,}",
+             r.peak_phase]
             for r in memory.ranks if isinstance(r, PlanRankMemory)]

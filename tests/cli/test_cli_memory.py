@@ -69,10 +69,8 @@ def test_table_lines(capsys, mlp_path):
                  id="bad recompute"),
     pytest.param(["--memory", "--mode", "train", "--recompute", "Gelu"], "models none, full and selective",
                  id="ops policy not modelled"),
-    pytest.param(["--memory", "--parallel", "cp=2"], "cp=2: memory per rank under context parallelism is not "
-                 "modelled yet", id="cp not modelled"),
-    pytest.param(["--memory", "--parallel", "ep=2"], "ep=2: memory per rank under expert parallelism is not "
-                 "modelled yet", id="ep not modelled"),
+    pytest.param(["--memory", "--parallel", "cp=2"], "so no tensor-parallel rule can be applied",
+                 id="cp plan of a model without scopes"),
     pytest.param(["--memory", "--parallel", "dp=2"], "so no tensor-parallel rule can be applied",
                  id="memory plan of a model without scopes"),
 ])

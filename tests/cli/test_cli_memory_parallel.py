@@ -46,3 +46,16 @@ def test_json_ranks_and_table(capsys, llama):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "per rank under tp=2,pp=2" in out and "activations B / mb" in out and "5,7" in out
+
+
+def test_cp_ranks_in_json(capsys, llama):
+    argv = ["--hf", llama, "--input-shape", f"input_ids={B}x{S}", "--mode", "train", "--optimizer", "adamw",
+            "--memory", "--memory-device", "cpu", "--parallel", "tp=2,cp=2,dp=2,fsdp", "--format", "json"]
+    assert main(argv) == 0
+    ranks = json.loads(capsys.readouterr().out)["memory"]["ranks"]
+    # one entry per TP rank, its 2 CP × 2 DP replicas; the gathered K (scaled after its heads are repeated: one
+    # of the two heads a TP rank holds, B·S·(HEADS/2)·D) and V (one K/V head, B·S·D) of one layer, float32
+    assert [(r["coords"]["tp"], r["replicas"]) for r in ranks] == [(0, [0, 2, 4, 6]), (1, [1, 3, 5, 7])]
+    assert {r["cp_kv_bytes"] for r in ranks} == {4 * (B * S * HEADS // 2 * D + B * S * D)}
+    layer = H * H + 2 * H * D + 3 * H * FFN // 2 + 2 * H  # a layer on a TP rank of 2, as above
+    assert {r["params_bytes"] for r in ranks} == {4 * (V * H + L * layer + H) // 4}  # fsdp over dp·cp = 4

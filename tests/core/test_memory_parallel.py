@@ -98,10 +98,28 @@ def test_sp_splits_activations_and_more_microbatches_raise_the_peak(report):
     assert gpipe.peak_bytes - four.peak_bytes == 2 * four.activations_bytes  # 4 kept against 2
 
 
-@pytest.mark.parametrize("text", ["cp=2", "ep=2"])
-def test_cp_and_ep_are_refused_naming_the_flag(text):
-    with pytest.raises(UsageError, match=text.split("=")[0] + "=2"):
-        MemorySettings(plan=plan(text))
+@pytest.mark.parametrize("c", [2, 4])
+def test_cp_splits_activations_but_the_gathered_k_and_v(report, c):
+    # the K and V each layer's attention reads, gathered whole on every CP rank and kept for the backward: the
+    # exporter scales K after repeating its K/V heads (the score product reads B·HEADS·S·D), V as projected (B·S·KV·D)
+    kv = 4 * (B * HEADS * S * D + B * S * KV_HEADS * D)
+    whole = report.memory.ranks[0]
+    ranks = per_rank(report, plan(f"cp={c}")).ranks
+    assert len(ranks) == 1 and ranks[0].replicas == tuple(range(c))  # zigzag: every CP rank holds the same
+    r = ranks[0]
+    assert r.cp_kv_bytes == kv
+    assert r.activations_bytes == (whole.activations_bytes - L * kv) // c + L * kv  # the rest: s/C tokens
+    # parameters, gradients and Adam's states replicated on every CP rank
+    assert (r.params_bytes, r.grads_bytes, r.optimizer_bytes) == (
+        whole.params_bytes, whole.grads_bytes, whole.optimizer_bytes)
+
+
+def test_cp_with_fsdp_shards_over_dp_times_cp(report):
+    elements = 2 * V * H + L * layer(1) + H
+    r = per_rank(report, plan("cp=2,dp=2,fsdp")).ranks[0]
+    assert r.replicas == (0, 1, 2, 3)
+    assert r.params_bytes == r.grads_bytes == 4 * elements // 4  # 1/(dp·cp): every tensor here divides by 4
+    assert r.allgather_bytes == 4 * layer(1)
 
 
 def test_count_refuses_a_plan_and_names_the_split(tmp_path):
