@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Iterable, NoReturn
 
 import networkx as nx
@@ -24,9 +25,9 @@ SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
 @dataclass(frozen=True)
 class GraphIndex:
-    """What :func:`build_graph` reads from one graph, for every later stage; nodes are known by their index."""
+    """What :func:`build_graph` reads from one graph, for every later stage; nodes are known by their index.
+    :attr:`dag`, the networkx graph, is built when first read: only graph algorithms need it."""
 
-    dag: nx.DiGraph  #: nodes ``0..n-1``, edges labelled with the tensors they carry: for graph algorithms
     protos: Sequence[onnx.NodeProto]  #: per node: its proto (one wrapper, reused by every pass)
     names: Sequence[str]  #: per node: its name, or ``OpType_index`` where the model leaves it empty
     node_ops: Sequence[tuple[str, str]]  #: per node: ``(domain, op_type)`` as written
@@ -39,6 +40,12 @@ class GraphIndex:
     order: Sequence[int]  #: a topological order of the node indices
     bodies: Sequence[int]  #: indices of the nodes holding subgraphs (If, Loop, Scan ...)
     captured: Mapping[int, tuple[str, ...]]  #: node index → the outer tensors its subgraphs read (where they do)
+
+    @cached_property
+    def dag(self) -> nx.DiGraph:
+        """Nodes ``0..n-1`` (attributes ``proto`` and ``name``), edges labelled with the tensors they carry
+        (attribute ``tensors``, in the order the reader reads them): for graph algorithms."""
+        return _dag(self.protos, self.names, self.node_inputs, self.captured, self.producer)
 
 
 def walk_graphs(graph: onnx.GraphProto) -> Iterable[onnx.GraphProto]:
@@ -119,14 +126,9 @@ def build_graph(graph: onnx.GraphProto, where: str, outer: Iterable[str] = ()) -
         writes = [(out, idx) for idx, outs in enumerate(node_outputs) for out in outs if out]
         _explain_bad_write(protos, writes, initializers, set(declared_inputs), where)
 
-    dag = nx.DiGraph()
     outputs = tuple(o.name for o in graph.output)
-    names = [node_label(n, i) for i, n in enumerate(protos)]
+    names = [n.name or f"{n.op_type}_{i}" for i, n in enumerate(protos)]  # node_label, inlined
 
-    # The adjacency is built as plain dicts and handed to networkx in one step: adding 100k nodes
-    # and edges one by one through add_nodes_from/add_edges_from costs more than everything else here.
-    succ: dict[int, dict[int, dict]] = {i: {} for i in range(len(protos))}
-    pred: dict[int, dict[int, dict]] = {i: {} for i in range(len(protos))}
     bodies = []  # nodes with subgraph attributes
     captured: dict[int, tuple[str, ...]] = {}  # node → outer tensors its subgraphs read
     reads: list = node_inputs.copy()
@@ -139,28 +141,16 @@ def build_graph(graph: onnx.GraphProto, where: str, outer: Iterable[str] = ()) -
             if outer_reads:
                 captured[idx] = tuple(sorted(outer_reads))
                 reads[idx] = [*reads[idx], *captured[idx]]
-    get = producer.get
-    in_order = True
-    for idx, names_read in enumerate(reads):
-        incoming = pred[idx]
-        for name in names_read:
-            src = get(name)
-            if src is None:
-                if name and name not in available:  # "" is an omitted optional input
-                    node = protos[idx]
-                    raise InvalidGraphError(
-                        f"{where}: node {node_label(node, idx)!r} ({node.op_type}) reads tensor {name!r}, "
-                        "which no node produces and which is neither a graph input nor an initializer; "
-                        "the graph is incomplete: re-export it or add the missing input"
-                    )
-                continue
-            data = incoming.get(src)
-            if data is None:
-                incoming[src] = succ[src][idx] = {"tensors": [name]}
-                in_order = in_order and src < idx
-            else:
-                data["tensors"].append(name)
-    _fill(dag, ({"proto": p, "name": n} for p, n in zip(protos, names)), succ, pred)
+    # Where each read tensor comes from: a producing node's index, or -1 (graph input, initializer, outer
+    # scope, or "" for an omitted optional input). A node reading only from earlier nodes keeps the order.
+    source = dict.fromkeys(available, -1)
+    source[""] = -1
+    source.update(producer)
+    at = source.__getitem__
+    try:
+        in_order = all(max(map(at, names_read), default=-1) < idx for idx, names_read in enumerate(reads))
+    except KeyError:
+        _explain_missing_input(protos, reads, source, where)
 
     for name in outputs:
         if name not in producer and name not in available:
@@ -169,12 +159,53 @@ def build_graph(graph: onnx.GraphProto, where: str, outer: Iterable[str] = ()) -
                 "the graph is incomplete"
             )
 
-    order = list(range(len(protos))) if in_order else _topological_order(dag, where)
-    return GraphIndex(
-        dag=dag, protos=protos, names=names, node_ops=node_ops, node_inputs=node_inputs, node_outputs=node_outputs,
+    order = list(range(len(protos)))
+    index = GraphIndex(
+        protos=protos, names=names, node_ops=node_ops, node_inputs=node_inputs, node_outputs=node_outputs,
         producer=producer, inputs=tuple(n for n in declared_inputs if n not in initializers),
-        initializers=frozenset(initializers), outputs=outputs, order=order, bodies=bodies, captured=captured,
+        initializers=frozenset(initializers), outputs=outputs, order=order, bodies=bodies,
+        captured=captured,
     )
+    if not in_order:
+        order[:] = _topological_order(index.dag, where)
+    return index
+
+
+def _explain_missing_input(protos, reads, source, where) -> NoReturn:
+    """Raise the error for the first node that reads a tensor nothing provides (not in ``source``)."""
+    for idx, names_read in enumerate(reads):
+        for name in names_read:
+            if name not in source:
+                node = protos[idx]
+                raise InvalidGraphError(
+                    f"{where}: node {node_label(node, idx)!r} ({node.op_type}) reads tensor {name!r}, "
+                    "which no node produces and which is neither a graph input nor an initializer; "
+                    "the graph is incomplete: re-export it or add the missing input"
+                )
+    raise AssertionError("called without a missing input")
+
+
+def _dag(protos, names, node_inputs, captured, producer) -> nx.DiGraph:
+    """The networkx DAG of a graph read by :func:`build_graph`."""
+    # The adjacency is built as plain dicts and handed to networkx in one step: adding 100k nodes
+    # and edges one by one through add_nodes_from/add_edges_from costs more than everything else here.
+    succ: dict[int, dict[int, dict]] = {i: {} for i in range(len(protos))}
+    pred: dict[int, dict[int, dict]] = {i: {} for i in range(len(protos))}
+    get = producer.get
+    for idx, names_read in enumerate(node_inputs):
+        incoming = pred[idx]
+        for name in (*names_read, *captured[idx]) if idx in captured else names_read:
+            src = get(name)
+            if src is None:
+                continue
+            data = incoming.get(src)
+            if data is None:
+                incoming[src] = succ[src][idx] = {"tensors": [name]}
+            else:
+                data["tensors"].append(name)
+    dag = nx.DiGraph()
+    _fill(dag, ({"proto": p, "name": n} for p, n in zip(protos, names)), succ, pred)
+    return dag
 
 
 def _explain_bad_write(protos, writes, initializers, declared_inputs, where) -> NoReturn:
