@@ -36,6 +36,7 @@ class GraphIndex:
     producer: Mapping[str, int]  #: tensor → the index of the node that writes it
     inputs: tuple[str, ...]  #: the real graph inputs: declared inputs that are not initializers
     initializers: frozenset[str]  #: initializer names (dense and sparse)
+    initializer_types: Mapping[str, tuple[int, tuple[int, ...]]]  #: dense initializer → (data type, dims), read once
     outputs: tuple[str, ...]  #: the graph's output names
     order: Sequence[int]  #: a topological order of the node indices
     bodies: Sequence[int]  #: indices of the nodes holding subgraphs (If, Loop, Scan ...)
@@ -109,7 +110,8 @@ def build_graph(graph: onnx.GraphProto, where: str, outer: Iterable[str] = ()) -
     ``outer`` names tensors visible from enclosing graphs (for subgraph bodies).
     """
     protos = list(graph.node)  # one wrapper per node, reused by every later pass
-    initializers = {t.name for t in graph.initializer} | {t.values.name for t in graph.sparse_initializer}
+    initializer_types = {t.name: (t.data_type, tuple(t.dims)) for t in graph.initializer}
+    initializers = {*initializer_types, *(t.values.name for t in graph.sparse_initializer)}
     declared_inputs = [i.name for i in graph.input]
     available = set(outer) | initializers | set(declared_inputs)
 
@@ -163,7 +165,7 @@ def build_graph(graph: onnx.GraphProto, where: str, outer: Iterable[str] = ()) -
     index = GraphIndex(
         protos=protos, names=names, node_ops=node_ops, node_inputs=node_inputs, node_outputs=node_outputs,
         producer=producer, inputs=tuple(n for n in declared_inputs if n not in initializers),
-        initializers=frozenset(initializers), outputs=outputs, order=order, bodies=bodies,
+        initializers=frozenset(initializers), initializer_types=initializer_types, outputs=outputs, order=order, bodies=bodies,
         captured=captured,
     )
     if not in_order:
