@@ -316,7 +316,8 @@ _BIASES = {"Conv": 2, "ConvTranspose": 2, "QLinearConv": 8, "DeformConv": 3}
 def check_resolved(index: GraphIndex, tensors: Mapping[str, TensorInfo], values: Mapping, attributes, where: str) -> None:
     """Checks that need shapes or constant values; ``attributes`` is the per-node attribute list of
     the traversal (None for nodes whose attributes no formula reads)."""
-    protos, names = index.protos, index.names
+    protos, names, node_inputs = index.protos, index.names, index.node_inputs
+    passed: set[tuple] = set()  # the target and Reshape checks that passed, by what they read
     for i, (domain, op_type) in enumerate(index.node_ops):
         if domain not in ("", "ai.onnx"):
             continue
@@ -324,10 +325,19 @@ def check_resolved(index: GraphIndex, tensors: Mapping[str, TensorInfo], values:
             _check_conv(protos[i], names[i], tensors, attributes[i], where)
         if op_type in _WINDOWS:
             _check_window_fits(protos[i], names[i], tensors, attributes[i], where)
-        if op_type in _TARGETS:
-            _check_target(protos[i], names[i], values, where)
-        if op_type == "Reshape":
-            _check_reshape_count(protos[i], names[i], tensors, values, attributes[i], where)
+        if op_type in _TARGETS:  # reads the op type and the value of one input
+            at, inputs = _TARGETS[op_type], node_inputs[i]
+            key = (op_type, inputs[at] if len(inputs) > at else "")
+            if key not in passed:
+                _check_target(protos[i], names[i], values, where)
+                passed.add(key)
+        if op_type == "Reshape":  # reads the input's shape, the target's value and the attributes
+            inputs = node_inputs[i]
+            x = tensors.get(inputs[0]) if inputs else None
+            key = (*inputs[1:2], None if x is None else x.shape, *[a.SerializeToString() for a in protos[i].attribute])
+            if key not in passed:
+                _check_reshape_count(protos[i], names[i], tensors, values, attributes[i], where)
+                passed.add(key)
 
 
 def _check_conv(node, name, tensors, attrs, where) -> None:
