@@ -14,7 +14,6 @@ from operator import itemgetter
 from types import MappingProxyType
 from typing import Any, Collection, Mapping, NamedTuple, Sequence
 
-import networkx as nx
 import onnx
 from onnx import ModelProto
 
@@ -603,6 +602,8 @@ def _shapeless_source(index: GraphIndex, failed: int, tensors: Mapping[str, Tens
     """The error to give when node ``failed`` cannot be counted for want of a shape that an operator unknown
     to every shape inference left out: the first such node upstream (or ``failed`` itself), an operator
     whose inputs are known and whose outputs are not. None when there is none (the usual message applies)."""
+    import networkx as nx  # only here, on an error's path
+
     order = {k: n for n, k in enumerate(index.order)}
     ops, node_inputs, node_outputs = index.node_ops, index.node_inputs, index.node_outputs
     known = lambda name: not name or (tensors.get(name) is not None and tensors[name].is_static)  # noqa: E731

@@ -11,12 +11,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Iterable, NoReturn
+from typing import TYPE_CHECKING, Iterable, NoReturn
 
-import networkx as nx
 import onnx
 
 from ..errors import InvalidGraphError
+
+if TYPE_CHECKING:
+    import networkx as nx  # imported where a graph algorithm runs: a count without one never loads it
 
 
 # Standard operators with subgraph attributes; nodes of other domains are inspected too.
@@ -205,6 +207,8 @@ def _dag(protos, names, node_inputs, captured, producer) -> nx.DiGraph:
                 incoming[src] = succ[src][idx] = {"tensors": [name]}
             else:
                 data["tensors"].append(name)
+    import networkx as nx
+
     dag = nx.DiGraph()
     _fill(dag, ({"proto": p, "name": n} for p, n in zip(protos, names)), succ, pred)
     return dag
@@ -242,6 +246,8 @@ def _fill(dag: nx.DiGraph, node_data: Iterable[dict], succ: dict, pred: dict) ->
 
 
 def _topological_order(dag: nx.DiGraph, where: str) -> list[int]:
+    import networkx as nx
+
     try:
         return list(nx.topological_sort(dag))
     except nx.NetworkXUnfeasible:
