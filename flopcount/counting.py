@@ -146,8 +146,7 @@ def _count(model, options: CountOptions) -> Report:
         validate.check_graph(m, index, opsets, where)  # before any inference in this process
         protos, names = index.protos, index.names
         attributes_of = _AttributeCache(opsets, where, m.ir_version)
-        attributes = [attributes_of(p, n, op=o, arity=(len(i), len(out)), index=k) for k, (p, n, o, i, out) in
-                      enumerate(zip(protos, names, index.node_ops, index.node_inputs, index.node_outputs))]
+        attributes = attributes_of.of_graph(index)
         roles = _roles(m, opsets, trainable, frozenset(input_values or ()), where, frozen, index)
         lap("graph")
         res = resolve(shaped, index, where, inference, loop_trips=loop_trips)
@@ -439,7 +438,7 @@ class _Traversal:
             elif status == FORMULA:
                 key = op_key(op.domain, op_type)
                 self.backward_unsupported[key] = self.backward_unsupported.get(key, 0) + 1
-        if min(cost) < 0 or min(back) < 0:  # a formula term such as (n − 1) met an empty axis
+        if ctx is not None and (min(cost) < 0 or min(back) < 0):  # a formula term such as (n − 1) met an empty axis
             raise ShapeError(
                 f"{self.where}: node {name!r} ({op_type}): its {'backward ' if min(cost) >= 0 else ''}formula gives a negative "
                 f"count for inputs {', '.join(t.shape_text() for t in ins if t is not None) or '(none)'} (an empty "
@@ -568,34 +567,56 @@ class _AttributeCache:
         self._converted: dict[tuple, dict[str, Any]] = {}
         self._checked: set[tuple] = set()
 
-    def __call__(self, node: onnx.NodeProto, name: str, force: bool = False,
-                 op: tuple[str, str] | None = None, arity: tuple[int, int] | None = None,
-                 index: int = 0) -> dict[str, Any] | None:
-        """``op``: the node's (domain, op_type), when already read. ``arity`` (its numbers of inputs
-        and outputs) asks for the node to be checked against its operator schema first (once per
-        distinct node: :func:`validate.check_node`); ``index`` is its position, for messages."""
-        if op is None:
-            op = (node.domain, node.op_type)
+    def __call__(self, node: onnx.NodeProto, name: str, force: bool = False) -> dict[str, Any] | None:
+        """The attributes of ``node`` (of a subgraph body, or asked for again with ``force`` for a backward formula);
+        the main graph's nodes are read, and checked against their schemas, by :meth:`of_graph`."""
+        op = (node.domain, node.op_type)
         wanted = self._wanted.get(op)
         if wanted is None:
             rule = lookup(canonical_domain(node.domain), node.op_type)
             wanted = self._wanted[op] = rule is not None and not rule.zero_cost
-        attrs = node.attribute
-        blobs = [_blob(a) for a in attrs] if attrs and (arity is not None or wanted or force) else ()
-        if arity is not None:
-            checked = (op, arity, *blobs)
-            if checked not in self._checked:
-                self._checked.add(checked)
-                validate.check_node(node, index, (), self.opsets, self.ir_version, self.where)
         if not (wanted or force):
             if node.domain in ("", "ai.onnx") and DEFAULT_DOMAIN not in self.opsets:
                 _attributes(node, name, self.opsets, self.where)  # raises: the domain is not imported
             return None
-        key = (op, *blobs) if attrs else op
+        attrs = node.attribute
+        key = (op, *map(_blob, attrs)) if attrs else op
         values = self._converted.get(key)
         if values is None:  # first of its kind: converted and checked against the schema
             values = self._converted[key] = _attributes(node, name, self.opsets, self.where, force=True)
         return values
+
+    def of_graph(self, index: GraphIndex) -> list[dict[str, Any] | None]:
+        """What :meth:`__call__` gives for every node of the main graph ``index``, in graph order, each node first
+        checked against its operator schema (once per distinct node: :func:`validate.check_node`); one loop, as
+        this runs once per node of the largest graphs."""
+        out: list[dict[str, Any] | None] = []
+        append = out.append
+        wanted_of, checked, converted = self._wanted, self._checked, self._converted
+        undeclared = DEFAULT_DOMAIN not in self.opsets  # a default-domain node is then an error
+        for k, (node, name, op, inputs, outputs) in enumerate(
+                zip(index.protos, index.names, index.node_ops, index.node_inputs, index.node_outputs)):
+            wanted = wanted_of.get(op)
+            if wanted is None:
+                rule = lookup(canonical_domain(op[0]), op[1])
+                wanted = wanted_of[op] = rule is not None and not rule.zero_cost
+            attrs = node.attribute
+            blobs = tuple(map(_blob, attrs)) if attrs else ()
+            check = (op, (len(inputs), len(outputs)), *blobs)
+            if check not in checked:
+                checked.add(check)
+                validate.check_node(node, k, (), self.opsets, self.ir_version, self.where)
+            if not wanted:
+                if undeclared and op[0] in ("", "ai.onnx"):
+                    _attributes(node, name, self.opsets, self.where)  # raises: the domain is not imported
+                append(None)
+                continue
+            key = (op, *blobs) if attrs else op
+            values = converted.get(key)
+            if values is None:  # first of its kind: converted and checked against the schema
+                values = converted[key] = _attributes(node, name, self.opsets, self.where, force=True)
+            append(values)
+        return out
 
 
 def _shapeless_source(index: GraphIndex, failed: int, tensors: Mapping[str, TensorInfo], where: str) -> ShapeError | None:
