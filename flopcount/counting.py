@@ -235,11 +235,15 @@ def _module_scopes(index: GraphIndex, roles: Roles) -> ModuleScopes:
     """The module scope of every counted node (in traversal order) and the owner of every parameter."""
     order, protos, names, inputs = index.order, index.protos, index.names, index.node_inputs
     params = {n: roles.sizes[n] for n in roles.names(PARAMETER)}
-    first_reader: dict[str, int] = {}
-    for k, i in enumerate(order):
-        for name in inputs[i]:
-            if name in params and name not in first_reader:
-                first_reader[name] = k
+
+    def first_reader() -> dict[str, int]:  # asked for only where some node has a scope
+        found: dict[str, int] = {}
+        for k, i in enumerate(order):
+            for name in inputs[i]:
+                if name in params and name not in found:
+                    found[name] = k
+        return found
+
     metadata = [protos[i].metadata_props for i in order]
     metadata = [{p.key: p.value for p in props} if props else None for props in metadata] if any(metadata) else None
     return scopes_of([names[i] for i in order], metadata, params, first_reader)
