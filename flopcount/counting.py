@@ -331,6 +331,7 @@ def _plan(nodes, float_inits, need: set[str], tensors, opsets) -> tuple[dict[int
 
 
 _TYPE = itemgetter(slice(1, 3))  # a TensorInfo's (elem_type, shape)
+_make = tuple.__new__
 
 
 class _TensorTable(dict):
@@ -359,7 +360,9 @@ class _Traversal:
 
     def __init__(self, tensors, values, convention, opsets, hint, where, loop_trips, attributes_of, training=None):
         self.tensors = _TensorTable(tensors)
+        self._table = self.tensors.__getitem__
         self.values, self.convention = values, convention
+        self._executed = convention.executed
         self.opsets, self.hint, self.where, self.loop_trips = opsets, hint, where, loop_trips
         self.attributes_of: _AttributeCache = attributes_of
         self.nested_unsupported: dict[str, int] = {}
@@ -400,7 +403,7 @@ class _Traversal:
             kind = (proto.domain, proto.op_type)
         op_type = kind[1]
         op = self._ops.get(kind) or self._op(*kind)
-        table = self.tensors.__getitem__
+        table = self._table
         ins = tuple(map(table, proto.input if inputs is None else inputs))
         outs = tuple(map(table, proto.output if outputs is None else outputs))
         status, family = op.status, op.family
@@ -415,7 +418,7 @@ class _Traversal:
             key = known = None
             if trips is None and None not in ins and None not in outs:
                 key = (op_type, op.domain, id(attrs), grads, *map(_TYPE, ins), None, *map(_TYPE, outs),
-                       self.convention.executed and self.convention.executed.role(name))
+                       self._executed and self._executed.role(name))
                 known = self._memo.get(key)
             if known is not None:
                 cost, bound, parts = known
@@ -448,7 +451,8 @@ class _Traversal:
                 f"count for inputs {', '.join(t.shape_text() for t in ins if t is not None) or '(none)'} (an empty "
                 "tensor?); counts are never negative: please report it with the model"
             )
-        return NodeCount(idx, name, op_type, op.domain, family, status, ins, outs, cost, parts, back, bound)
+        # NodeCount(...) made as its tuple, without the Python call of a named tuple's __new__
+        return _make(NodeCount, (idx, name, op_type, op.domain, family, status, ins, outs, cost, parts, back, bound))
 
     def _context(self, name, op: _Op, op_type, ins, outs, trips, grads) -> NodeContext:
         return NodeContext(
