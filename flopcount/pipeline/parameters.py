@@ -35,6 +35,7 @@ PyTorch frontend passes the module's ``named_parameters()``), and the rule then 
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 from math import prod
 from operator import itemgetter
@@ -177,8 +178,9 @@ def _candidates(every: Mapping[str, tuple[int, tuple[int, ...]]], node_ops, node
     """The stored tensors that may be weights: not shapes or indices, and not ``excluded``."""
     # int32 tensors are shapes and indices, except a quantized product's bias (QLinearConv's B, or one
     # that DequantizeLinear turns into a float bias in QDQ graphs)
-    int_data = {inputs[p] for (domain, op), inputs in zip(node_ops, node_inputs) if (data := quantized_data(domain, op))
-                for p in range(len(inputs)) if p in data}
+    data_of = {kind: data for kind in set(node_ops) if (data := quantized_data(*kind))}  # looked up once per kind
+    int_data = {inputs[p] for kind, inputs in zip(node_ops, node_inputs) if (data := data_of.get(kind))
+                for p in range(len(inputs)) if p in data} if data_of else set()
     int_data.update(inputs[0] for (_, op), inputs in zip(node_ops, node_inputs) if op == "DequantizeLinear" and inputs)
     return {n: v for n, v in every.items()
             if (v[0] not in SHAPE_TYPES or v[0] == TensorProto.INT32 and n in int_data) and n not in excluded}
@@ -192,14 +194,15 @@ def _consumers(stored: Mapping, quantized: set[str], protos, node_ops, node_inpu
     # holding integer weights, of what may dequantize them
     through = _PASS_THROUGH | _ADDITIVE | (_DEQUANTIZING.keys() if quantized else frozenset())
     wanted = set(stored).union(*(outs for (_, op), outs in zip(node_ops, node_outputs) if op in through))
-    consumers: dict[str, list] = {}
+    uses: defaultdict[str, list] = defaultdict(list)  # no list made per use, as setdefault would
     for k, inputs in enumerate(node_inputs):
         if wanted.isdisjoint(inputs):
             continue
         view = _NodeView((*node_ops[k], inputs, node_outputs[k]))
         for i, name in enumerate(inputs):
             if name in wanted:
-                consumers.setdefault(name, []).append((view, i))
+                uses[name].append((view, i))
+    consumers: dict[str, list] = dict(uses)
     for k in bodies:  # subgraph consumers, as protos
         for a in protos[k].attribute:
             for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs:
