@@ -151,10 +151,11 @@ def build_graph(graph: onnx.GraphProto, where: str, outer: Iterable[str] = ()) -
     source[""] = -1
     source.update(producer)
     at = source.__getitem__
-    try:
-        in_order = all(max(map(at, names_read), default=-1) < idx for idx, names_read in enumerate(reads))
+    try:  # every node's reads looked up (none may be missing), then compared with its index
+        latest = [max(map(at, names_read), default=-1) for names_read in reads]
     except KeyError:
         _explain_missing_input(protos, reads, source, where)
+    in_order = all(map(int.__lt__, latest, range(len(latest))))
 
     for name in outputs:
         if name not in producer and name not in available:
