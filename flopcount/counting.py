@@ -14,7 +14,6 @@ from operator import itemgetter
 from types import MappingProxyType
 from typing import Any, Collection, Mapping, NamedTuple, Sequence
 
-import networkx as nx
 import onnx
 from onnx import ModelProto
 
@@ -147,8 +146,7 @@ def _count(model, options: CountOptions) -> Report:
         validate.check_graph(m, index, opsets, where)  # before any inference in this process
         protos, names = index.protos, index.names
         attributes_of = _AttributeCache(opsets, where, m.ir_version)
-        attributes = [attributes_of(p, n, op=o, arity=(len(i), len(out)), index=k) for k, (p, n, o, i, out) in
-                      enumerate(zip(protos, names, index.node_ops, index.node_inputs, index.node_outputs))]
+        attributes = attributes_of.of_graph(index)
         roles = _roles(m, opsets, trainable, frozenset(input_values or ()), where, frozen, index)
         lap("graph")
         res = resolve(shaped, index, where, inference, loop_trips=loop_trips)
@@ -240,11 +238,15 @@ def _module_scopes(index: GraphIndex, roles: Roles) -> ModuleScopes:
     """The module scope of every counted node (in traversal order) and the owner of every parameter."""
     order, protos, names, inputs = index.order, index.protos, index.names, index.node_inputs
     params = {n: roles.sizes[n] for n in roles.names(PARAMETER)}
-    first_reader: dict[str, int] = {}
-    for k, i in enumerate(order):
-        for name in inputs[i]:
-            if name in params and name not in first_reader:
-                first_reader[name] = k
+
+    def first_reader() -> dict[str, int]:  # asked for only where some node has a scope
+        found: dict[str, int] = {}
+        for k, i in enumerate(order):
+            for name in inputs[i]:
+                if name in params and name not in found:
+                    found[name] = k
+        return found
+
     metadata = [protos[i].metadata_props for i in order]
     metadata = [{p.key: p.value for p in props} if props else None for props in metadata] if any(metadata) else None
     return scopes_of([names[i] for i in order], metadata, params, first_reader)
@@ -332,6 +334,7 @@ def _plan(nodes, float_inits, need: set[str], tensors, opsets) -> tuple[dict[int
 
 
 _TYPE = itemgetter(slice(1, 3))  # a TensorInfo's (elem_type, shape)
+_make = tuple.__new__
 
 
 class _TensorTable(dict):
@@ -360,7 +363,9 @@ class _Traversal:
 
     def __init__(self, tensors, values, convention, opsets, hint, where, loop_trips, attributes_of, training=None):
         self.tensors = _TensorTable(tensors)
+        self._table = self.tensors.__getitem__
         self.values, self.convention = values, convention
+        self._executed = convention.executed
         self.opsets, self.hint, self.where, self.loop_trips = opsets, hint, where, loop_trips
         self.attributes_of: _AttributeCache = attributes_of
         self.nested_unsupported: dict[str, int] = {}
@@ -402,7 +407,7 @@ class _Traversal:
             kind = (proto.domain, proto.op_type)
         op_type = kind[1]
         op = self._ops.get(kind) or self._op(*kind)
-        table = self.tensors.__getitem__
+        table = self._table
         ins = tuple(map(table, proto.input if inputs is None else inputs))
         outs = tuple(map(table, proto.output if outputs is None else outputs))
         status, family = op.status, op.family
@@ -417,7 +422,7 @@ class _Traversal:
             key = known = None
             if trips is None and None not in ins and None not in outs:
                 key = (op_type, op.domain, id(attrs), grads, *map(_TYPE, ins), None, *map(_TYPE, outs),
-                       self.convention.executed and self.convention.executed.role(name))
+                       self._executed and self._executed.role(name))
                 known = self._memo.get(key)
             if known is not None:
                 cost, bound, parts = known
@@ -444,13 +449,14 @@ class _Traversal:
             elif status == FORMULA:
                 key = op_key(op.domain, op_type)
                 self.backward_unsupported[key] = self.backward_unsupported.get(key, 0) + 1
-        if min(cost) < 0 or min(back) < 0:  # a formula term such as (n − 1) met an empty axis
+        if ctx is not None and (min(cost) < 0 or min(back) < 0):  # a formula term such as (n − 1) met an empty axis
             raise ShapeError(
                 f"{self.where}: node {name!r} ({op_type}): its {'backward ' if min(cost) >= 0 else ''}formula gives a negative "
                 f"count for inputs {', '.join(t.shape_text() for t in ins if t is not None) or '(none)'} (an empty "
                 "tensor?); counts are never negative: please report it with the model"
             )
-        return NodeCount(idx, name, op_type, op.domain, family, status, ins, outs, cost, parts, back, bound)
+        # NodeCount(...) made as its tuple, without the Python call of a named tuple's __new__
+        return _make(NodeCount, (idx, name, op_type, op.domain, family, status, ins, outs, cost, parts, back, bound))
 
     def _context(self, name, op: _Op, op_type, ins, outs, trips, grads) -> NodeContext:
         return NodeContext(
@@ -599,40 +605,64 @@ class _AttributeCache:
         self._converted: dict[tuple, dict[str, Any]] = {}
         self._checked: set[tuple] = set()
 
-    def __call__(self, node: onnx.NodeProto, name: str, force: bool = False,
-                 op: tuple[str, str] | None = None, arity: tuple[int, int] | None = None,
-                 index: int = 0) -> dict[str, Any] | None:
-        """``op``: the node's (domain, op_type), when already read. ``arity`` (its numbers of inputs
-        and outputs) asks for the node to be checked against its operator schema first (once per
-        distinct node: :func:`validate.check_node`); ``index`` is its position, for messages."""
-        if op is None:
-            op = (node.domain, node.op_type)
+    def __call__(self, node: onnx.NodeProto, name: str, force: bool = False) -> dict[str, Any] | None:
+        """The attributes of ``node`` (of a subgraph body, or asked for again with ``force`` for a backward formula);
+        the main graph's nodes are read, and checked against their schemas, by :meth:`of_graph`."""
+        op = (node.domain, node.op_type)
         wanted = self._wanted.get(op)
         if wanted is None:
             rule = lookup(canonical_domain(node.domain), node.op_type)
             wanted = self._wanted[op] = rule is not None and not rule.zero_cost
-        attrs = node.attribute
-        blobs = [_blob(a) for a in attrs] if attrs and (arity is not None or wanted or force) else ()
-        if arity is not None:
-            checked = (op, arity, *blobs)
-            if checked not in self._checked:
-                self._checked.add(checked)
-                validate.check_node(node, index, (), self.opsets, self.ir_version, self.where)
         if not (wanted or force):
             if node.domain in ("", "ai.onnx") and DEFAULT_DOMAIN not in self.opsets:
                 _attributes(node, name, self.opsets, self.where)  # raises: the domain is not imported
             return None
-        key = (op, *blobs) if attrs else op
+        attrs = node.attribute
+        key = (op, *map(_blob, attrs)) if attrs else op
         values = self._converted.get(key)
         if values is None:  # first of its kind: converted and checked against the schema
             values = self._converted[key] = _attributes(node, name, self.opsets, self.where, force=True)
         return values
+
+    def of_graph(self, index: GraphIndex) -> list[dict[str, Any] | None]:
+        """What :meth:`__call__` gives for every node of the main graph ``index``, in graph order, each node first
+        checked against its operator schema (once per distinct node: :func:`validate.check_node`); one loop, as
+        this runs once per node of the largest graphs."""
+        out: list[dict[str, Any] | None] = []
+        append = out.append
+        wanted_of, checked, converted = self._wanted, self._checked, self._converted
+        undeclared = DEFAULT_DOMAIN not in self.opsets  # a default-domain node is then an error
+        for k, (node, name, op, inputs, outputs) in enumerate(
+                zip(index.protos, index.names, index.node_ops, index.node_inputs, index.node_outputs)):
+            wanted = wanted_of.get(op)
+            if wanted is None:
+                rule = lookup(canonical_domain(op[0]), op[1])
+                wanted = wanted_of[op] = rule is not None and not rule.zero_cost
+            attrs = node.attribute
+            blobs = tuple(map(_blob, attrs)) if attrs else ()
+            check = (op, (len(inputs), len(outputs)), *blobs)
+            if check not in checked:
+                checked.add(check)
+                validate.check_node(node, k, (), self.opsets, self.ir_version, self.where)
+            if not wanted:
+                if undeclared and op[0] in ("", "ai.onnx"):
+                    _attributes(node, name, self.opsets, self.where)  # raises: the domain is not imported
+                append(None)
+                continue
+            key = (op, *blobs) if attrs else op
+            values = converted.get(key)
+            if values is None:  # first of its kind: converted and checked against the schema
+                values = converted[key] = _attributes(node, name, self.opsets, self.where, force=True)
+            append(values)
+        return out
 
 
 def _shapeless_source(index: GraphIndex, failed: int, tensors: Mapping[str, TensorInfo], where: str) -> ShapeError | None:
     """The error to give when node ``failed`` cannot be counted for want of a shape that an operator unknown
     to every shape inference left out: the first such node upstream (or ``failed`` itself), an operator
     whose inputs are known and whose outputs are not. None when there is none (the usual message applies)."""
+    import networkx as nx  # only here, on an error's path
+
     order = {k: n for n, k in enumerate(index.order)}
     ops, node_inputs, node_outputs = index.node_ops, index.node_inputs, index.node_outputs
     known = lambda name: not name or (tensors.get(name) is not None and tensors[name].is_static)  # noqa: E731

@@ -357,8 +357,6 @@ def _modules_line(report: Report) -> str:
 def render(report: Report, fmt: str = "table", per_node: bool = False, by_module: int | None = None) -> str:
     """``report`` as text in ``fmt`` (:data:`FORMATS`); ``per_node`` adds every node, ``by_module`` the rows of
     each module down to that depth (:meth:`~flopcount.reporting.report.Report.by_module`)."""
-    from tabulate import tabulate  # here, not at import: `flopcount --help` reads FORMATS only
-
     if per_node:
         check_listable(report.nodes, "--per-node")
     if fmt == "json":
@@ -369,6 +367,8 @@ def render(report: Report, fmt: str = "table", per_node: bool = False, by_module
         return to_html(report, by_module, per_node)
     if fmt == "csv":
         return _csv(report, per_node, by_module)
+    from tabulate import tabulate  # here, not at import: `flopcount --help` reads FORMATS only, JSON needs none
+
     tablefmt = "github" if fmt == "markdown" else "simple"
     parts = []
     if by_module is not None:

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, NoReturn
+from functools import cached_property
+from typing import TYPE_CHECKING, Iterable, NoReturn
 
-import networkx as nx
 import onnx
 
 from ..errors import InvalidGraphError
+
+if TYPE_CHECKING:
+    import networkx as nx  # imported where a graph algorithm runs: a count without one never loads it
 
 
 # Standard operators with subgraph attributes; nodes of other domains are inspected too.
@@ -24,9 +27,9 @@ SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
 @dataclass(frozen=True)
 class GraphIndex:
-    """What :func:`build_graph` reads from one graph, for every later stage; nodes are known by their index."""
+    """What :func:`build_graph` reads from one graph, for every later stage; nodes are known by their index.
+    :attr:`dag`, the networkx graph, is built when first read: only graph algorithms need it."""
 
-    dag: nx.DiGraph  #: nodes ``0..n-1``, edges labelled with the tensors they carry: for graph algorithms
     protos: Sequence[onnx.NodeProto]  #: per node: its proto (one wrapper, reused by every pass)
     names: Sequence[str]  #: per node: its name, or ``OpType_index`` where the model leaves it empty
     node_ops: Sequence[tuple[str, str]]  #: per node: ``(domain, op_type)`` as written
@@ -35,10 +38,17 @@ class GraphIndex:
     producer: Mapping[str, int]  #: tensor → the index of the node that writes it
     inputs: tuple[str, ...]  #: the real graph inputs: declared inputs that are not initializers
     initializers: frozenset[str]  #: initializer names (dense and sparse)
+    initializer_types: Mapping[str, tuple[int, tuple[int, ...]]]  #: dense initializer → (data type, dims), read once
     outputs: tuple[str, ...]  #: the graph's output names
     order: Sequence[int]  #: a topological order of the node indices
     bodies: Sequence[int]  #: indices of the nodes holding subgraphs (If, Loop, Scan ...)
     captured: Mapping[int, tuple[str, ...]]  #: node index → the outer tensors its subgraphs read (where they do)
+
+    @cached_property
+    def dag(self) -> nx.DiGraph:
+        """Nodes ``0..n-1`` (attributes ``proto`` and ``name``), edges labelled with the tensors they carry
+        (attribute ``tensors``, in the order the reader reads them): for graph algorithms."""
+        return _dag(self.protos, self.names, self.node_inputs, self.captured, self.producer)
 
 
 def walk_graphs(graph: onnx.GraphProto) -> Iterable[onnx.GraphProto]:
@@ -102,7 +112,8 @@ def build_graph(graph: onnx.GraphProto, where: str, outer: Iterable[str] = ()) -
     ``outer`` names tensors visible from enclosing graphs (for subgraph bodies).
     """
     protos = list(graph.node)  # one wrapper per node, reused by every later pass
-    initializers = {t.name for t in graph.initializer} | {t.values.name for t in graph.sparse_initializer}
+    initializer_types = {t.name: (t.data_type, tuple(t.dims)) for t in graph.initializer}
+    initializers = {*initializer_types, *(t.values.name for t in graph.sparse_initializer)}
     declared_inputs = [i.name for i in graph.input]
     available = set(outer) | initializers | set(declared_inputs)
 
@@ -119,14 +130,9 @@ def build_graph(graph: onnx.GraphProto, where: str, outer: Iterable[str] = ()) -
         writes = [(out, idx) for idx, outs in enumerate(node_outputs) for out in outs if out]
         _explain_bad_write(protos, writes, initializers, set(declared_inputs), where)
 
-    dag = nx.DiGraph()
     outputs = tuple(o.name for o in graph.output)
-    names = [node_label(n, i) for i, n in enumerate(protos)]
+    names = [n.name or f"{n.op_type}_{i}" for i, n in enumerate(protos)]  # node_label, inlined
 
-    # The adjacency is built as plain dicts and handed to networkx in one step: adding 100k nodes
-    # and edges one by one through add_nodes_from/add_edges_from costs more than everything else here.
-    succ: dict[int, dict[int, dict]] = {i: {} for i in range(len(protos))}
-    pred: dict[int, dict[int, dict]] = {i: {} for i in range(len(protos))}
     bodies = []  # nodes with subgraph attributes
     captured: dict[int, tuple[str, ...]] = {}  # node → outer tensors its subgraphs read
     reads: list = node_inputs.copy()
@@ -139,28 +145,17 @@ def build_graph(graph: onnx.GraphProto, where: str, outer: Iterable[str] = ()) -
             if outer_reads:
                 captured[idx] = tuple(sorted(outer_reads))
                 reads[idx] = [*reads[idx], *captured[idx]]
-    get = producer.get
-    in_order = True
-    for idx, names_read in enumerate(reads):
-        incoming = pred[idx]
-        for name in names_read:
-            src = get(name)
-            if src is None:
-                if name and name not in available:  # "" is an omitted optional input
-                    node = protos[idx]
-                    raise InvalidGraphError(
-                        f"{where}: node {node_label(node, idx)!r} ({node.op_type}) reads tensor {name!r}, "
-                        "which no node produces and which is neither a graph input nor an initializer; "
-                        "the graph is incomplete: re-export it or add the missing input"
-                    )
-                continue
-            data = incoming.get(src)
-            if data is None:
-                incoming[src] = succ[src][idx] = {"tensors": [name]}
-                in_order = in_order and src < idx
-            else:
-                data["tensors"].append(name)
-    _fill(dag, ({"proto": p, "name": n} for p, n in zip(protos, names)), succ, pred)
+    # Where each read tensor comes from: a producing node's index, or -1 (graph input, initializer, outer
+    # scope, or "" for an omitted optional input). A node reading only from earlier nodes keeps the order.
+    source = dict.fromkeys(available, -1)
+    source[""] = -1
+    source.update(producer)
+    at = source.__getitem__
+    try:  # every node's reads looked up (none may be missing), then compared with its index
+        latest = [max(map(at, names_read), default=-1) for names_read in reads]
+    except KeyError:
+        _explain_missing_input(protos, reads, source, where)
+    in_order = all(map(int.__lt__, latest, range(len(latest))))
 
     for name in outputs:
         if name not in producer and name not in available:
@@ -169,12 +164,55 @@ def build_graph(graph: onnx.GraphProto, where: str, outer: Iterable[str] = ()) -
                 "the graph is incomplete"
             )
 
-    order = list(range(len(protos))) if in_order else _topological_order(dag, where)
-    return GraphIndex(
-        dag=dag, protos=protos, names=names, node_ops=node_ops, node_inputs=node_inputs, node_outputs=node_outputs,
+    order = list(range(len(protos)))
+    index = GraphIndex(
+        protos=protos, names=names, node_ops=node_ops, node_inputs=node_inputs, node_outputs=node_outputs,
         producer=producer, inputs=tuple(n for n in declared_inputs if n not in initializers),
-        initializers=frozenset(initializers), outputs=outputs, order=order, bodies=bodies, captured=captured,
+        initializers=frozenset(initializers), initializer_types=initializer_types, outputs=outputs, order=order, bodies=bodies,
+        captured=captured,
     )
+    if not in_order:
+        order[:] = _topological_order(index.dag, where)
+    return index
+
+
+def _explain_missing_input(protos, reads, source, where) -> NoReturn:
+    """Raise the error for the first node that reads a tensor nothing provides (not in ``source``)."""
+    for idx, names_read in enumerate(reads):
+        for name in names_read:
+            if name not in source:
+                node = protos[idx]
+                raise InvalidGraphError(
+                    f"{where}: node {node_label(node, idx)!r} ({node.op_type}) reads tensor {name!r}, "
+                    "which no node produces and which is neither a graph input nor an initializer; "
+                    "the graph is incomplete: re-export it or add the missing input"
+                )
+    raise AssertionError("called without a missing input")
+
+
+def _dag(protos, names, node_inputs, captured, producer) -> nx.DiGraph:
+    """The networkx DAG of a graph read by :func:`build_graph`."""
+    # The adjacency is built as plain dicts and handed to networkx in one step: adding 100k nodes
+    # and edges one by one through add_nodes_from/add_edges_from costs more than everything else here.
+    succ: dict[int, dict[int, dict]] = {i: {} for i in range(len(protos))}
+    pred: dict[int, dict[int, dict]] = {i: {} for i in range(len(protos))}
+    get = producer.get
+    for idx, names_read in enumerate(node_inputs):
+        incoming = pred[idx]
+        for name in (*names_read, *captured[idx]) if idx in captured else names_read:
+            src = get(name)
+            if src is None:
+                continue
+            data = incoming.get(src)
+            if data is None:
+                incoming[src] = succ[src][idx] = {"tensors": [name]}
+            else:
+                data["tensors"].append(name)
+    import networkx as nx
+
+    dag = nx.DiGraph()
+    _fill(dag, ({"proto": p, "name": n} for p, n in zip(protos, names)), succ, pred)
+    return dag
 
 
 def _explain_bad_write(protos, writes, initializers, declared_inputs, where) -> NoReturn:
@@ -209,6 +247,8 @@ def _fill(dag: nx.DiGraph, node_data: Iterable[dict], succ: dict, pred: dict) ->
 
 
 def _topological_order(dag: nx.DiGraph, where: str) -> list[int]:
+    import networkx as nx
+
     try:
         return list(nx.topological_sort(dag))
     except nx.NetworkXUnfeasible:

@@ -233,11 +233,14 @@ def is_index_tensor(t: TensorProto) -> bool:
     return n <= INDEX_TENSOR_ELEMENTS
 
 
+_CLEARED = (*_DATA_FIELDS, "external_data")
+_clear = TensorProto.ClearField  # unbound: no method object made per call, for every weight of the largest graphs
+
+
 def _strip_tensor(t: TensorProto) -> None:
     """Drop a tensor's data, keeping name, dims and data type."""
-    for f in _DATA_FIELDS:
-        t.ClearField(f)
-    t.ClearField("external_data")
+    for f in _CLEARED:
+        _clear(t, f)
     t.data_location = TensorProto.DEFAULT
 
 

@@ -35,8 +35,10 @@ PyTorch frontend passes the module's ``named_parameters()``), and the rule then 
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 from math import prod
+from operator import itemgetter
 from collections.abc import Collection, Mapping, Sequence
 
 import onnx
@@ -87,14 +89,20 @@ class Roles:
         return sum(self.sizes[n] for n, r in self.roles.items() if r == role)
 
 
-def stored_tensors(graph: onnx.GraphProto) -> dict[str, tuple[int, tuple[int, ...]]]:
+def stored_tensors(graph: onnx.GraphProto, index: GraphIndex | None = None) -> dict[str, tuple[int, tuple[int, ...]]]:
     """Name → (elem_type, dims) of a graph's initializers and ``Constant`` node tensors (dims read
-    from the protos, never the data)."""
-    out = {t.name: (t.data_type, tuple(t.dims)) for t in graph.initializer}
+    from the protos, never the data). ``index``: ``graph`` as :func:`flopcount.pipeline.graph.build_graph` read it,
+    whose initializer dims and node ops are not read from the protos again."""
+    if index is None:
+        out = {t.name: (t.data_type, tuple(t.dims)) for t in graph.initializer}
+        constants = (node for node in graph.node if node.op_type == "Constant")
+    else:
+        out = dict(index.initializer_types)
+        constants = (index.protos[i] for i, (_, op) in enumerate(index.node_ops) if op == "Constant")
     for sp in graph.sparse_initializer:
         out[sp.values.name] = (sp.values.data_type, tuple(sp.dims))
-    for node in graph.node:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.output) == 1:
+    for node in constants:
+        if node.domain in ("", "ai.onnx") and len(node.output) == 1:
             for a in node.attribute:
                 if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
                     out[node.output[0]] = (a.t.data_type, tuple(a.t.dims))
@@ -106,10 +114,11 @@ def stored_tensors(graph: onnx.GraphProto) -> dict[str, tuple[int, tuple[int, ..
     return out
 
 
-def subgraphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
-    """The bodies of ``graph``'s If, Loop, Scan (any graph attribute), nested ones included, outermost first."""
+def subgraphs(graph: onnx.GraphProto, nodes: Sequence[onnx.NodeProto] | None = None) -> list[onnx.GraphProto]:
+    """The bodies of ``graph``'s If, Loop, Scan (any graph attribute), nested ones included, outermost first;
+    ``nodes``: those of its nodes that may hold bodies, where known (None: all)."""
     out = []
-    for node in graph.node:
+    for node in graph.node if nodes is None else nodes:
         for a in node.attribute:
             for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs:
                 out.append(sub)
@@ -136,16 +145,20 @@ def classify(
     else:
         protos, node_ops, bodies = index.protos, index.node_ops, index.bodies
         node_inputs, node_outputs = index.node_inputs, index.node_outputs
-    graphs = [model.graph, *subgraphs(model.graph)]  # weights stored in If/Loop/Scan bodies are weights too
-    every = {n: v for g in graphs for n, v in stored_tensors(g).items()}
+    inner = subgraphs(model.graph, [protos[k] for k in bodies])  # weights stored in If/Loop/Scan bodies are weights too
+    every = stored_tensors(model.graph, index)
+    for g in inner:
+        every.update(stored_tensors(g))
     stored = _candidates(every, node_ops, node_inputs, excluded)
     quantized = {n for n, (t, _) in stored.items() if t in QUANTIZED_TYPES}
     consumers = _consumers(stored, quantized, protos, node_ops, node_inputs, node_outputs, bodies)
     dequantizing = _dequantizing(quantized, consumers, every) if quantized else {}
     rules = _RoleRules(opsets, consumers, dequantizing, _rescaled(node_ops, node_inputs, node_outputs),
                        _products(node_ops, node_outputs))
-    initializers = {t.name for g in graphs for t in g.initializer} | {
-        sp.values.name for g in graphs for sp in g.sparse_initializer}
+    initializers = set(index.initializers) if index is not None else {t.name for t in model.graph.initializer} | {
+        sp.values.name for sp in model.graph.sparse_initializer}
+    initializers.update(t.name for g in inner for t in g.initializer)
+    initializers.update(sp.values.name for g in inner for sp in g.sparse_initializer)
     roles = {name: rules.role_of(name, dims, False) for name, (_, dims) in stored.items() if name in initializers}
     # A graph that keeps its weights in initializers writes the literals of the forward code (grids,
     # ranges, anchors, scale vectors) as Constant nodes: never parameters. A graph without weight
@@ -165,8 +178,9 @@ def _candidates(every: Mapping[str, tuple[int, tuple[int, ...]]], node_ops, node
     """The stored tensors that may be weights: not shapes or indices, and not ``excluded``."""
     # int32 tensors are shapes and indices, except a quantized product's bias (QLinearConv's B, or one
     # that DequantizeLinear turns into a float bias in QDQ graphs)
-    int_data = {inputs[p] for (domain, op), inputs in zip(node_ops, node_inputs) if (data := quantized_data(domain, op))
-                for p in range(len(inputs)) if p in data}
+    data_of = {kind: data for kind in set(node_ops) if (data := quantized_data(*kind))}  # looked up once per kind
+    int_data = {inputs[p] for kind, inputs in zip(node_ops, node_inputs) if (data := data_of.get(kind))
+                for p in range(len(inputs)) if p in data} if data_of else set()
     int_data.update(inputs[0] for (_, op), inputs in zip(node_ops, node_inputs) if op == "DequantizeLinear" and inputs)
     return {n: v for n, v in every.items()
             if (v[0] not in SHAPE_TYPES or v[0] == TensorProto.INT32 and n in int_data) and n not in excluded}
@@ -180,14 +194,15 @@ def _consumers(stored: Mapping, quantized: set[str], protos, node_ops, node_inpu
     # holding integer weights, of what may dequantize them
     through = _PASS_THROUGH | _ADDITIVE | (_DEQUANTIZING.keys() if quantized else frozenset())
     wanted = set(stored).union(*(outs for (_, op), outs in zip(node_ops, node_outputs) if op in through))
-    consumers: dict[str, list] = {}
+    uses: defaultdict[str, list] = defaultdict(list)  # no list made per use, as setdefault would
     for k, inputs in enumerate(node_inputs):
         if wanted.isdisjoint(inputs):
             continue
-        view = _NodeView(*node_ops[k], inputs, node_outputs[k])
+        view = _NodeView((*node_ops[k], inputs, node_outputs[k]))
         for i, name in enumerate(inputs):
             if name in wanted:
-                consumers.setdefault(name, []).append((view, i))
+                uses[name].append((view, i))
+    consumers: dict[str, list] = dict(uses)
     for k in bodies:  # subgraph consumers, as protos
         for a in protos[k].attribute:
             for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs:
@@ -269,14 +284,16 @@ class _RoleRules:
         return PARAMETER if PARAMETER in found else BUFFER if BUFFER in found else CONSTANT
 
 
-class _NodeView:
+class _NodeView(tuple):
     """What the parameter rule reads of a node (domain, op type, input and output names), from the lists the DAG
-    already holds rather than the protobuf message."""
+    already holds rather than the protobuf message: ``_NodeView((domain, op_type, inputs, outputs))``, a tuple made
+    without a Python call, read by name."""
 
-    __slots__ = ("domain", "op_type", "input", "output")
-
-    def __init__(self, domain: str, op_type: str, inputs: tuple[str, ...], outputs: tuple[str, ...]):
-        self.domain, self.op_type, self.input, self.output = domain, op_type, inputs, outputs
+    __slots__ = ()
+    domain = property(itemgetter(0))
+    op_type = property(itemgetter(1))
+    input = property(itemgetter(2))
+    output = property(itemgetter(3))
 
 
 def _index(graph: onnx.GraphProto, consumers: dict) -> None:

@@ -44,7 +44,7 @@ def check_graph(model: onnx.ModelProto, index: GraphIndex, opsets: Mapping[str, 
             map(type, chain.from_iterable(chain(index.node_inputs, index.node_outputs)))):
         for i, node in enumerate(index.protos):
             _check_strings(node, i, (), where)
-    _check_declared(model.graph, index.bodies, where)
+    _check_declared(model.graph, index.bodies, where, index.initializer_types)
     seen: set = set()
     protos = index.protos
     for i in index.bodies:
@@ -266,12 +266,18 @@ def _check_bodies(node, index, scope, where) -> None:
                 )
 
 
-def _check_declared(g: onnx.GraphProto, bodies, where: str) -> None:
+def _check_declared(g: onnx.GraphProto, bodies, where: str, initializers: Mapping | None = None) -> None:
     """No declared dim (graph inputs and outputs, value_info, initializers) is negative; ``bodies``:
-    indices of the nodes of ``g`` with subgraphs (None: look at every node)."""
-    for t in g.initializer:
-        if any(d < 0 for d in t.dims):
-            raise InvalidGraphError(f"{where}: initializer {t.name!r} has dims {list(t.dims)}; dims cannot be negative")
+    indices of the nodes of ``g`` with subgraphs (None: look at every node); ``initializers``: the dense
+    initializers' (data type, dims) by name, where read already (None: read here)."""
+    if initializers is not None and len(initializers) != len(g.initializer):
+        initializers = None  # a name given twice: each tensor is looked at
+    dims_of = ((t.name, t.dims) for t in g.initializer) if initializers is None else (
+        (name, dims) for name, (_, dims) in initializers.items())
+    if initializers is None or min(chain.from_iterable(d for _, d in initializers.values()), default=0) < 0:
+        for name, dims in dims_of:
+            if any(d < 0 for d in dims):
+                raise InvalidGraphError(f"{where}: initializer {name!r} has dims {list(dims)}; dims cannot be negative")
     for kind, infos in (("graph output", g.output), ("value_info of tensor", g.value_info), ("graph input", g.input)):
         for vi in infos:
             t = vi.type.tensor_type if not vi.type.HasField("sequence_type") else vi.type.sequence_type.elem_type.tensor_type
@@ -310,7 +316,8 @@ _BIASES = {"Conv": 2, "ConvTranspose": 2, "QLinearConv": 8, "DeformConv": 3}
 def check_resolved(index: GraphIndex, tensors: Mapping[str, TensorInfo], values: Mapping, attributes, where: str) -> None:
     """Checks that need shapes or constant values; ``attributes`` is the per-node attribute list of
     the traversal (None for nodes whose attributes no formula reads)."""
-    protos, names = index.protos, index.names
+    protos, names, node_inputs = index.protos, index.names, index.node_inputs
+    passed: set[tuple] = set()  # the target and Reshape checks that passed, by what they read
     for i, (domain, op_type) in enumerate(index.node_ops):
         if domain not in ("", "ai.onnx"):
             continue
@@ -318,10 +325,19 @@ def check_resolved(index: GraphIndex, tensors: Mapping[str, TensorInfo], values:
             _check_conv(protos[i], names[i], tensors, attributes[i], where)
         if op_type in _WINDOWS:
             _check_window_fits(protos[i], names[i], tensors, attributes[i], where)
-        if op_type in _TARGETS:
-            _check_target(protos[i], names[i], values, where)
-        if op_type == "Reshape":
-            _check_reshape_count(protos[i], names[i], tensors, values, attributes[i], where)
+        if op_type in _TARGETS:  # reads the op type and the value of one input
+            at, inputs = _TARGETS[op_type], node_inputs[i]
+            key = (op_type, inputs[at] if len(inputs) > at else "")
+            if key not in passed:
+                _check_target(protos[i], names[i], values, where)
+                passed.add(key)
+        if op_type == "Reshape":  # reads the input's shape, the target's value and the attributes
+            inputs = node_inputs[i]
+            x = tensors.get(inputs[0]) if inputs else None
+            key = (*inputs[1:2], None if x is None else x.shape, *[a.SerializeToString() for a in protos[i].attribute])
+            if key not in passed:
+                _check_reshape_count(protos[i], names[i], tensors, values, attributes[i], where)
+                passed.add(key)
 
 
 def _check_conv(node, name, tensors, attrs, where) -> None:

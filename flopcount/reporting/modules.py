@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NamedTuple
@@ -140,10 +140,11 @@ def _name_segments(name: str) -> tuple[bool, Sequence[str]] | None:
 
 
 def scopes_of(names: Sequence[str], metadata: Sequence[Mapping[str, str] | None] | None,
-              parameters: Mapping[str, int], first_reader: Mapping[str, int]) -> ModuleScopes:
+              parameters: Mapping[str, int], first_reader: Callable[[], Mapping[str, int]]) -> ModuleScopes:
     """The scopes of a graph's nodes, from their ``names`` and ``metadata`` (one mapping or None per node,
     in graph order; None: no node has any), and which module owns each parameter (``parameters``: name →
-    elements; ``first_reader``: parameter name → index of the first node that reads it)."""
+    elements; ``first_reader()``: parameter name → index of the first node that reads it, asked for only where
+    some node has a scope and some parameter is not placed by its name)."""
     chains: list[Scope | None] = [None] * len(names)
     source = ""
     for i, meta in enumerate(metadata or ()):
@@ -174,10 +175,13 @@ def scopes_of(names: Sequence[str], metadata: Sequence[Mapping[str, str] | None]
     interned: dict[Scope, Scope] = {}
     nodes = tuple(interned.setdefault(c, c) if c else () for c in chains)
     params: dict[str, int] = {}
+    readers: Mapping[str, int] | None = None
     for name, size in parameters.items():
         owner = owners_by_name.get(name)
         if owner is None:
-            reader = first_reader.get(name)
+            if readers is None:
+                readers = first_reader()
+            reader = readers.get(name)
             chain = nodes[reader] if reader is not None else ()
             owner = chain[-1] if chain else ""
         params[owner] = params.get(owner, 0) + size

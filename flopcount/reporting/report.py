@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from operator import attrgetter
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
 
@@ -13,7 +14,7 @@ from .generation import Generation
 from .layers import RepeatedLayers
 from .modules import ModuleRow, ModuleScopes, module_rows
 from .moe import MixtureOfExperts
-from .tiled import weighted
+from .tiled import Tiled, weighted
 
 if TYPE_CHECKING:  # annotations only: the context (numpy, onnx) is not needed to hold or read a report
     from ..context import TensorInfo
@@ -130,20 +131,33 @@ def op_key(domain: str, op_type: str) -> str:
 def op_type_summaries(nodes: Iterable[NodeCount]) -> Mapping[str, OpTypeSummary]:
     """One :class:`OpTypeSummary` per operator key of ``nodes``, by FLOPs (forward and backward), largest first
     (a repeated stack's block summed once and multiplied: :func:`flopcount.reporting.tiled.weighted`)."""
-    groups: dict[str, list[tuple[NodeCount, int]]] = {}
-    for n, times in weighted(nodes):
-        key = op_key(n.domain, n.op_type)
-        group = groups.get(key)
-        if group is None:
-            groups[key] = [(n, times)]
-        else:
-            group.append((n, times))
+    plain: dict[tuple[str, str], list[NodeCount]] = {}
+    if not isinstance(nodes, Tiled):  # each node once: grouped by its (domain, op_type) read in C
+        for kind, n in zip(map(_KIND, nodes), nodes):
+            group = plain.get(kind)
+            if group is None:
+                plain[kind] = [n]
+            else:
+                group.append(n)
+    if plain and len({op_key(*kind) for kind in plain}) == len(plain):  # summed column by column
+        summed = {op_key(*k): (len(g), sum_costs(map(_COST, g)), sum_costs(map(_BACKWARD, g))) for k, g in plain.items()}
+        firsts = {op_key(*k): g[0] for k, g in plain.items()}
+    else:  # a repeated stack (or two kinds under one key): node by node, with the times each is counted
+        groups: dict[str, list[tuple[NodeCount, int]]] = {}
+        for n, times in weighted(nodes):
+            groups.setdefault(op_key(n.domain, n.op_type), []).append((n, times))
+        summed = {k: (sum(t for _, t in g), _weighted_sum(g, "cost"), _weighted_sum(g, "backward"))
+                  for k, g in groups.items()}
+        firsts = {k: g[0][0] for k, g in groups.items()}
     summaries = sorted(
-        (OpTypeSummary(g[0][0].op_type, g[0][0].domain, g[0][0].family, g[0][0].status, sum(t for _, t in g),
-                       _weighted_sum(g, "cost"), _weighted_sum(g, "backward")) for g in groups.values()),
+        (OpTypeSummary(first.op_type, first.domain, first.family, first.status, *summed[k])
+         for k, first in firsts.items()),
         key=lambda s: (-(s.cost.flops + s.backward.flops), -s.cost.int_ops, s.key),
     )
     return MappingProxyType({s.key: s for s in summaries})
+
+
+_KIND, _COST, _BACKWARD = attrgetter("domain", "op_type"), attrgetter("cost"), attrgetter("backward")
 
 
 def _weighted_sum(group: list[tuple[NodeCount, int]], field: str) -> Cost:

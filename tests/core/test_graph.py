@@ -80,3 +80,27 @@ def test_build_graph_indexes_each_node_once():
     assert sorted(index.dag.edges) == [(0, 1), (1, 2)]
     with pytest.raises(dataclasses.FrozenInstanceError):
         index.order = []
+
+
+def _relus(*pairs: tuple[str, str]) -> onnx.GraphProto:
+    """Relu nodes named by their output, each reading ``input -> output``; graph input x, output z."""
+    return helper.make_graph([helper.make_node("Relu", [i], [o], name=o) for i, o in pairs], "g",
+                             [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                             [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)])
+
+
+def test_build_graph_orders_nodes_written_out_of_order():
+    from flopcount.pipeline.graph import build_graph
+
+    index = build_graph(_relus(("y", "z"), ("x", "y")), "m.onnx")
+    assert index.order == [1, 0]
+    assert sorted(index.dag.edges(data="tensors")) == [(1, 0, ["y"])]
+
+
+def test_build_graph_finds_a_missing_input_after_nodes_out_of_order():
+    # the order check meets node 'z' (reading 'y', written after it) first; node 'w' still reads a tensor no one writes
+    from flopcount.errors import InvalidGraphError
+    from flopcount.pipeline.graph import build_graph
+
+    with pytest.raises(InvalidGraphError, match="node 'w' \\(Relu\\) reads tensor 'nowhere'"):
+        build_graph(_relus(("y", "z"), ("x", "y"), ("nowhere", "w")), "m.onnx")

@@ -81,6 +81,12 @@ def reshape_to(target, op="Reshape"):
     return model([N(op, ["x", "s"], ["y"], name="shape_op")], {"x": (2, 6)}, ["y"], [const("s", target)])
 
 
+def reshapes_sharing_target(target, second_x=(2, 7), **second_attrs):
+    """Two Reshapes reading one target: the first of input 2x6, which fits it, the second of ``second_x``."""
+    nodes = [N("Reshape", ["x", "s"], ["y"], name="fits"), N("Reshape", ["x2", "s"], ["y2"], name="second", **second_attrs)]
+    return model(nodes, {"x": (2, 6), "x2": second_x}, ["y", "y2"], [const("s", target)])
+
+
 def if_model(then_nodes, then_outputs):
     out = helper.make_graph(then_nodes, "then", [], [helper.make_tensor_value_info(o, F, None) for o in then_outputs])
     other = helper.make_graph([N("Neg", ["x"], ["e"])], "else", [], [helper.make_tensor_value_info("e", F, None)])
@@ -228,6 +234,11 @@ INVALID = [
     pytest.param(reshape_to([0, 0, 0]), [], 4, ["0 at index 2 copies a dim"], id="reshape-zero-beyond-the-input-rank"),
     pytest.param(reshape_to([3, -1]), [], 0, [], id="reshape-3-by-4"),
     pytest.param(reshape_to([0, 3, -1]), [], 0, [], id="reshape-zero-and-minus-one"),
+    # a target that fits one Reshape is checked again for another input shape, or other attributes
+    pytest.param(reshapes_sharing_target([3, 4]), [], 4, ["node 'second' (Reshape)", "'x2' 2x7 holds 14 elements",
+                                                         "[3, 4] needs 12"], id="reshape-shared-target-other-input"),
+    pytest.param(reshapes_sharing_target([0, 6], (2, 6), allowzero=1), [], 4, ["node 'second' (Reshape)",
+                 "[0, 6] needs 0"], id="reshape-shared-target-allowzero"),
     # dims and data of a kept (small) tensor disagree
     pytest.param(mismatched([0], [3]), [], 4, ["initializer 's'", "dims [0] make 0 elements", "holds 1"],
                  id="initializer-of-no-elements-with-data"),

@@ -58,3 +58,18 @@ def test_version_is_the_installed_metadata():
     assert flopcount.__version__ == version("flopcount")
     out = subprocess.run([sys.executable, "-m", "flopcount", "--version"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == f"flopcount {version('flopcount')}"
+
+
+def test_json_count_of_a_plain_graph_loads_neither_networkx_nor_tabulate(tmp_path):
+    # the DAG is built where a graph algorithm needs it (a cycle, an error's search upstream, the memory ledger's
+    # attention cores), tables are drawn only for the table formats
+    from helpers import model
+    from onnx import helper
+
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model([helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Relu", ["y"], ["z"])],
+                           {"x": (2, 3)}, ["z"]).SerializeToString())
+    code = ("import contextlib, io\nfrom flopcount.cli import main\nwith contextlib.redirect_stdout(io.StringIO()):\n"
+            f"    assert main([{str(path)!r}, '--format', 'json']) == 0")
+    loaded = _modules_after(code)
+    assert "flopcount.counting" in loaded and not loaded & {"networkx", "tabulate"}

@@ -171,8 +171,9 @@ def data_prop_bounded(model: ModelProto) -> bool:
     (:func:`resolve`) computes the small shape vectors instead."""
     g = model.graph
     for t in g.initializer:
-        if len(t.dims) == 1 and t.dims[0] > DATA_PROP_LIMIT:
-            log.debug("initializer %r has %d elements: inference without data propagation", t.name, t.dims[0])
+        dims = t.dims  # read once: this runs over every initializer of the largest graphs
+        if len(dims) == 1 and dims[0] > DATA_PROP_LIMIT:
+            log.debug("initializer %r has %d elements: inference without data propagation", t.name, dims[0])
             return False
     for vi in g.input:
         dims = vi.type.tensor_type.shape.dim

@@ -56,7 +56,8 @@ def resolve(model: ModelProto, index: GraphIndex, where: str, first: "Inference 
     values: dict[str, np.ndarray] = {}
     rounds = 1
     pending = _unresolved(index, tensors)
-    contrib = any(p.domain not in ("", "ai.onnx") for p in index.protos)
+    kinds = set(index.node_ops)  # (domain, op_type) of the top graph's nodes, read once by build_graph
+    contrib = any(domain not in ("", "ai.onnx") for domain, _ in kinds)
     for _ in range(MAX_ROUNDS):  # folding, then other-domain ops, until neither settles anything new
         folds = 1
         while pending and folds < MAX_ROUNDS:
@@ -77,7 +78,7 @@ def resolve(model: ModelProto, index: GraphIndex, where: str, first: "Inference 
         pending = _unresolved(index, tensors)
         if len(pending) == before:  # else what they settled may let shape subgraphs fold further
             break
-    if not values and any(n.op_type == "If" for n in model.graph.node):
+    if not values and any(op_type == "If" for _, op_type in kinds):
         fold_constants(model, index, tensors, values)  # an If's condition computed from constants or given values
     if not values:
         values = LazyConstants(model, index)  # each read on its first look-up
