@@ -102,9 +102,10 @@ from . import keras_rewrites as rewrites
 if TYPE_CHECKING:
     import keras
 
+    from flopcount.options import CountOptions
     from flopcount.reporting.report import Report
 
-__all__ = ["DEFAULT_BATCH", "from_keras", "import_frameworks", "load_factory", "to_onnx"]
+__all__ = ["DEFAULT_BATCH", "count_model", "from_keras", "import_frameworks", "load_factory", "to_onnx"]
 
 log = logging.getLogger(__name__)
 
@@ -187,18 +188,34 @@ def from_keras(
     UsageError
         ``model`` is not a Keras model, or ``input_shapes`` is malformed or leaves a dim open.
     """
-    from flopcount.counting import count
-
     common.check_frontend_arguments("from_keras", training=training, opset=opset, cache_dir=cache_dir)
-    common.check_count_kwargs("from_keras", count_kwargs)
-    training = common.training_flag(training, count_kwargs, log)
-    converted = to_onnx(model, input_shapes, training=training, batch=count_kwargs.get("batch"), opset=opset,
+    options, training = common.options_of("from_keras", count_kwargs, training)
+    return count_model(model, input_shapes, options, training=training, opset=opset, cache_dir=cache_dir)
+
+
+def count_model(
+    model: keras.Model,
+    input_shapes: Any,
+    options: CountOptions,
+    *,
+    training: bool | None = None,
+    opset: int | None = None,
+    cache_dir: str | os.PathLike | bool | None = None,
+) -> Report:
+    """:func:`from_keras` under the settings of ``options``: the model converted (in training with ``training``;
+    ``None`` follows ``options.mode``, at the batch ``options.batch``) and counted; ``options.trainable`` is, when
+    None, the model's trainable variables."""
+    from flopcount.counting import count_options
+
+    if training is None:
+        training = options.mode == "train"
+    converted = to_onnx(model, input_shapes, training=training, batch=options.batch, opset=opset,
                         cache_dir=cache_dir)
-    if count_kwargs.get("trainable") is None:  # the variables become initializers named by their paths
+    if options.trainable is None:  # the variables become initializers named by their paths
         names = {t.name for t in converted.graph.initializer}
         paths = [w.path for w in model.trainable_weights]
-        count_kwargs["trainable"] = paths if all(p in names for p in paths) else None
-    return count(converted, **count_kwargs)
+        options = dataclasses.replace(options, trainable=paths if all(p in names for p in paths) else None)
+    return count_options(converted, options)
 
 
 def to_onnx(

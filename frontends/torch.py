@@ -58,6 +58,7 @@ torch is imported inside the functions that need it; importing this module needs
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import io
 import logging
@@ -79,9 +80,10 @@ from .torch_errors import FRONTEND, batch_norm_size_check, exporter_line, failur
 if TYPE_CHECKING:
     import torch
 
+    from flopcount.options import CountOptions
     from flopcount.reporting.report import Report
 
-__all__ = ["CACHE_ENV", "default_cache_dir", "forward_inputs", "from_torch", "load_factory", "module_state", "to_onnx",
+__all__ = ["CACHE_ENV", "count_module", "default_cache_dir", "forward_inputs", "from_torch", "load_factory", "module_state", "to_onnx",
            "torch_leaf"]
 
 log = logging.getLogger(__name__)
@@ -162,26 +164,48 @@ def from_torch(
         ``example_inputs``, ``input_names`` or ``trainable_inputs`` are malformed, or the inputs do not fit
         ``forward()`` (the message shows what was passed).
     """
-    from flopcount.counting import count
+    options, training = common.options_of("from_torch", count_kwargs, training)
+    if trainable_inputs is not None:
+        options = dataclasses.replace(
+            options, trainable_inputs=[trainable_inputs] if isinstance(trainable_inputs, str) else trainable_inputs)
+    return count_module(module, example_inputs, options, training=training, input_names=input_names, opset=opset,
+                        cache_dir=cache_dir)
 
-    parameters = common.check_count_kwargs("from_torch", count_kwargs)
-    training = common.training_flag(training, count_kwargs, log)
 
+def count_module(
+    module: torch.nn.Module,
+    example_inputs: Any,
+    options: CountOptions,
+    *,
+    training: bool | None = None,
+    input_names: Sequence[str] | None = None,
+    opset: int | None = None,
+    cache_dir: str | os.PathLike | bool | None = None,
+) -> Report:
+    """:func:`from_torch` under the settings of ``options``: the module exported (in training with ``training``;
+    ``None`` follows ``options.mode``) and counted. ``options.batch`` re-sizes dim 0 of every example input before
+    the export; ``options.trainable_inputs`` are the inputs trained (tensors passed with ``requires_grad=True``
+    added); ``options.trainable`` is, when None, the module's trainable parameters."""
+    from flopcount.counting import count_options
+
+    if training is None:
+        training = options.mode == "train"
     torch = _import_torch()
     _check_module(torch, module)
     call = _bind(torch, module, example_inputs, input_names, _device(module))
-    batch = count_kwargs.get("batch")
+    batch = options.batch
     if batch is not None and _shared_batch(call.tensors) not in (None, batch):
         call = call.with_tensors(tuple(x[:1].expand(batch, *x.shape[1:]) for x in call.tensors))
-    trained = _trainable_inputs(call, trainable_inputs)
+    trained = _trainable_inputs(call, options.trainable_inputs)
     model = _to_onnx(torch, module, call, training=training, opset=opset, cache_dir=cache_dir)
-    if trained and (trainable_inputs or count_kwargs.get("mode") == "train"):
-        # inputs named by trainable_inputs need mode="train" (count says so); requires_grad alone is ignored otherwise
-        count_kwargs["trainable_inputs"] = trained
+    # inputs named by trainable_inputs need mode="train" (count says so); requires_grad alone is ignored otherwise
+    named = trained and (options.trainable_inputs or options.mode == "train")
+    options = dataclasses.replace(options, trainable_inputs=trained if named else None)
     unread: dict[str, int] = {}
-    if count_kwargs.get("trainable") is None:
-        count_kwargs["trainable"], unread = _trainable_initializers(module, model)
-    return _with_unread(count(model, **count_kwargs), unread)
+    if options.trainable is None:
+        trainable, unread = _trainable_initializers(module, model)
+        options = dataclasses.replace(options, trainable=trainable)
+    return _with_unread(count_options(model, options), unread)
 
 
 def to_onnx(
@@ -290,8 +314,6 @@ def _with_unread(report: Report, unread: Mapping[str, int]) -> Report:
     ones: they get no gradient) and named in its notes."""
     if not unread:
         return report
-    import dataclasses
-
     listed = ", ".join(f"{name} ({n:,})" for name, n in unread.items())
     note = (f"parameters the traced forward never reads, counted in the parameters without gradients: {listed}")
     return dataclasses.replace(report, params=report.params + sum(unread.values()), notes=(*report.notes, note))
