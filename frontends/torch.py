@@ -5,7 +5,7 @@
 >>> report.total.flops  # 2*8*64*10 for the products + 8*10 for the bias  # doctest: +SKIP
 10320
 
-The module is exported with :mod:`flopcount.models.export`'s exporters (the torch.export-based one with
+The module is exported with :mod:`flopcount.frontends.export`'s exporters (the torch.export-based one with
 BatchNormalization kept visible, then the TorchScript one), its large tensors are replaced by references to a file
 that is never written, and the graph is counted with :func:`flopcount.count`. Weights are never read by the count;
 the exporters see them only because torch traces the real module.
@@ -27,11 +27,11 @@ the exporters see them only because torch traces the real module.
 
 So ``training=True`` uses the TorchScript exporter first; where that fails, it falls back to the torch.export one
 and marks every BatchNormalization node ``training_mode=1`` (in a module put in ``train()``, every batch norm
-uses batch statistics). Inference exports try torch.export first, as :func:`flopcount.models.export.export_weightless`
+uses batch statistics). Inference exports try torch.export first, as :func:`flopcount.frontends.export.export_weightless`
 does.
 
 **Weight values.** Nothing in the export depends on them: onnxscript's optimiser runs with the weights hidden
-(``_weights_opaque`` in :mod:`flopcount.models.export`; its rule for absent Conv biases would otherwise delete real
+(``_weights_opaque`` in :mod:`flopcount.frontends.export`; its rule for absent Conv biases would otherwise delete real
 biases that are zero), and the TorchScript exporter merges only parameters that are one tensor, never two with equal
 values (:func:`_deduplicate_by_identity_only`).
 
@@ -142,7 +142,7 @@ def from_torch(
         Inputs that are trained rather than data (an embedding fed in, a soft prompt): with ``mode="train"``
         their gradients are counted, as for parameters. Tensors passed with ``requires_grad=True`` are added.
     opset : int, optional
-        ONNX opset of the default domain (default: :data:`flopcount.models.export.DEFAULT_OPSET`).
+        ONNX opset of the default domain (default: :data:`flopcount.frontends.export.DEFAULT_OPSET`).
     cache_dir : path, bool or None
         Export cache folder; ``None`` or ``True``: ``$FLOPCOUNT_CACHE`` or ``~/.cache/flopcount``;
         ``False``: no cache.
@@ -233,7 +233,7 @@ def to_onnx(
 
 
 def _to_onnx(torch, module, call: _Call, *, training: bool, opset: int | None, cache_dir, path=None) -> onnx.ModelProto:
-    from flopcount.models import export as ex
+    from . import export as ex
 
     opset = ex.DEFAULT_OPSET if opset is None else opset
 
@@ -536,7 +536,7 @@ def _shared_batch(inputs: tuple) -> int | None:
 
 def _export(module, inputs: tuple, names: list[str], training: bool, opset: int, call: _Call | None = None) -> onnx.ModelProto:
     """Export ``module`` (put in train or eval mode, then restored) to a weightless ModelProto."""
-    from flopcount.models import export as ex
+    from . import export as ex
 
     torch = _import_torch()
     call = (call or _Call(list(names), inputs, False, {}, "forward(...)")).with_tensors(inputs)
@@ -699,7 +699,7 @@ def _torchscript(torch, module, inputs, names, opset, training: bool, dynamic_ba
 
     Constant folding is off: in eval mode it would fold BatchNormalization into Conv.
     """
-    from flopcount.models.export import onnx_export
+    from .export import onnx_export
 
     buffer = io.BytesIO()
     modes = getattr(torch.onnx, "TrainingMode", None)
