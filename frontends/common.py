@@ -33,12 +33,15 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _dist_version
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import onnx
 
 from flopcount.errors import FrontendError, OutputError, UsageError, first_line
 from flopcount.output.files import atomic_path, write_atomic
+
+if TYPE_CHECKING:
+    from flopcount.options import CountOptions
 
 __all__ = [
     "CACHE_ENV",
@@ -78,7 +81,8 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def options_of(caller: str, count_kwargs: Mapping[str, Any], training: bool | None = None) -> tuple[Any, bool]:
+def options_of(caller: str, count_kwargs: Mapping[str, Any],
+               training: bool | None = None) -> tuple[CountOptions, bool]:
     """The :class:`~flopcount.options.CountOptions` a frontend's keywords make, checked at the call (before any
     export), and its training flag resolved: ``None`` follows ``mode``; a training graph (``training=True``) is
     counted with ``mode="train"`` unless ``mode`` is given.

@@ -168,8 +168,10 @@ def from_keras(
         Conversion cache folder; ``None`` or ``True``: ``$FLOPCOUNT_CACHE`` or ``~/.cache/flopcount``;
         ``False``: no cache.
     **count_kwargs
-        Passed to :func:`flopcount.count` (``convention``, ``strict``, ``batch``, ``mode``, ...). ``batch`` sets
-        dim 0 of every input before the conversion, so the graph is converted at that batch.
+        The settings of the count (``convention``, ``strict``, ``batch``, ``mode``, ...: the fields of
+        :class:`~flopcount.options.CountOptions`), made into one record and checked here, before the conversion
+        (:func:`count_model` takes the record). ``batch`` sets dim 0 of every input before the conversion, so the
+        graph is converted at that batch.
 
     Returns
     -------

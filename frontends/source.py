@@ -8,15 +8,18 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from flopcount.errors import UsageError
 from flopcount.options import CountOptions
 
-__all__ = ["GENERATION_SETTINGS", "ModelSource"]
+__all__ = ["NOT_FOR_GENERATION", "ModelSource"]
 
-#: The settings a count of ``generate()`` takes from the command line (it is inference, at the batch of its prompt).
-GENERATION_SETTINGS = ("convention", "strict", "input_values", "loop_trips", "attention", "memory", "free_ops")
+#: The settings a count of ``generate()`` leaves at their defaults: it is inference, of the prompt's ``input_ids``
+#: at the prompt's batch; every other setting (a new one too) applies to it.
+NOT_FOR_GENERATION = MappingProxyType({"input_shapes": None, "batch": None, "mode": "inference", "optimizer": None,
+                                       "trainable_inputs": None, "trainable": None, "frozen": None})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +69,7 @@ class ModelSource:
             ids = (self.inputs or {}).get("input_ids")
             ids = ids[0] if ids is not None and len(ids) == 2 and isinstance(ids[1], str) else ids  # (dims, dtype)
             batch = options.batch or (ids[0] if ids is not None else 1)
-            options = CountOptions(**{k: getattr(options, k) for k in GENERATION_SETTINGS})
+            options = dataclasses.replace(options, **NOT_FOR_GENERATION)
             if self.kind == "hf":
                 from flopcount.frontends.hf import count_config
 

@@ -147,8 +147,10 @@ def from_torch(
         Export cache folder; ``None`` or ``True``: ``$FLOPCOUNT_CACHE`` or ``~/.cache/flopcount``;
         ``False``: no cache.
     **count_kwargs
-        Passed to :func:`flopcount.count` (``convention``, ``strict``, ``batch``, ``mode``, ...). ``batch``
-        re-sizes dim 0 of every example input before the export, so the graph is exported at that batch.
+        The settings of the count (``convention``, ``strict``, ``batch``, ``mode``, ...: the fields of
+        :class:`~flopcount.options.CountOptions`), made into one record and checked here, before the export
+        (:func:`count_module` takes the record). ``batch`` re-sizes dim 0 of every example input before the export,
+        so the graph is exported at that batch.
 
     Returns
     -------
