@@ -35,7 +35,8 @@ from typing import Sequence
 from tabulate import tabulate
 
 import flopcount
-from flopcount.models import export, zoo
+from flopcount.frontends import export
+from flopcount.models import zoo
 
 GIGA = 1e9
 

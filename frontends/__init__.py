@@ -5,11 +5,14 @@
 * :mod:`.torch_errors` the PyTorch export's error messages (the operator an exporter cannot convert, batch norm)
 * :mod:`.keras` ``from_keras``: a ``keras.Model`` converted with tf2onnx, cached; :mod:`.keras_rewrites` the rewrites
   that make its graph count as its PyTorch twin's
+* :mod:`.keras_inputs` the Keras frontend's framework imports (TensorFlow, Keras 3, tf2onnx, quietly) and the inputs
+  a model is traced with
 * :mod:`.hf` ``from_hf``: a Hugging Face ``transformers`` model built from its configuration alone, then exported
 * :mod:`.repeated` a ``transformers`` model's stack of identical layers, shown identical (``--repeated-layers``)
 * :mod:`.generate` ``from_causal_lm``: ``generate()`` of a causal LM, its prefill and decode-step graphs counted
 * :mod:`.source` ``ModelSource``: a path, bytes, ModelProto, ``--torch``, ``--keras`` or ``--hf`` model, and the one
   dispatch that exports and counts it under a ``CountOptions``
+* :mod:`.export` the weightless exporter (torch.export, else TorchScript; large tensors made external references)
 * :mod:`.common` what they share: factories named ``MODULE:FACTORY``, the export cache, fingerprints
 * :mod:`.cache_entry` an export cache entry sealed with its key and input signature, and checked when read
 * :mod:`.complex` complex arithmetic as pairs of real numbers, for exports that fail on complex tensors (Llama 4)

@@ -33,12 +33,15 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _dist_version
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import onnx
 
 from flopcount.errors import FrontendError, OutputError, UsageError, first_line
 from flopcount.output.files import atomic_path, write_atomic
+
+if TYPE_CHECKING:
+    from flopcount.options import CountOptions
 
 __all__ = [
     "CACHE_ENV",
@@ -50,19 +53,18 @@ __all__ = [
     "canonical",
     "canonical_json",
     "captured_fd",
-    "check_count_kwargs",
     "check_frontend_arguments",
     "class_digest",
     "default_cache_dir",
     "dist_version",
     "load_factory",
+    "options_of",
     "parse_factory",
     "plain",
     "progress",
     "quiet",
     "read_cache",
     "shorten",
-    "training_flag",
     "without_addresses",
     "write_cache",
 ]
@@ -79,22 +81,42 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def check_count_kwargs(caller: str, count_kwargs: Mapping[str, Any]) -> Mapping[str, inspect.Parameter]:
-    """Raise TypeError, before any export, when ``count_kwargs`` are not arguments of :func:`flopcount.count`;
-    return ``count``'s parameters."""
-    from flopcount.counting import count
+def options_of(caller: str, count_kwargs: Mapping[str, Any],
+               training: bool | None = None) -> tuple[CountOptions, bool]:
+    """The :class:`~flopcount.options.CountOptions` a frontend's keywords make, checked at the call (before any
+    export), and its training flag resolved: ``None`` follows ``mode``; a training graph (``training=True``) is
+    counted with ``mode="train"`` unless ``mode`` is given.
 
-    signature = inspect.signature(count)
-    try:
-        signature.bind(None, **count_kwargs)
-    except TypeError as e:
-        names = ", ".join(list(signature.parameters)[1:])
-        raise TypeError(f"{caller}: {e}; it passes these to flopcount.count: {names}") from None
+    A keyword that is no setting of a count is a ``TypeError`` naming ``caller`` and the settings; a setting of the
+    wrong type or range is a :class:`UsageError` naming ``caller`` (or ``count``) and the argument.
+
+    >>> options_of("from_keras", {"batch": 8}, training=True)[0].mode
+    'train'
+    >>> options_of("from_keras", {"colour": "red"})
+    Traceback (most recent call last):
+    ...
+    TypeError: from_keras: got an unexpected keyword argument 'colour'; it passes these to flopcount.count: \
+input_shapes, batch, convention, strict, input_values, loop_trips, mode, optimizer, trainable_inputs, trainable, \
+frozen, attention, memory, free_ops
+    """
+    import dataclasses
+
     from flopcount.calls import check_count_arguments
+    from flopcount.options import CountOptions
 
+    names = [f.name for f in dataclasses.fields(CountOptions)]
+    unknown = [k for k in count_kwargs if k not in names]
+    if unknown:
+        raise TypeError(f"{caller}: got an unexpected keyword argument {unknown[0]!r}; it passes these to "
+                        f"flopcount.count: {', '.join(names)}")
     checked = set(inspect.signature(check_count_arguments).parameters) - {"caller"}
     check_count_arguments(caller, **{k: v for k, v in count_kwargs.items() if k in checked})
-    return signature.parameters
+    settings = dict(count_kwargs)
+    if training is None:
+        training = settings.get("mode") == "train"
+    if training:
+        settings.setdefault("mode", "train")
+    return CountOptions(**settings), bool(training)
 
 
 def _shown(value: Any) -> str:
@@ -122,21 +144,6 @@ def check_frontend_arguments(caller: str, *, training: Any = None, opset: Any = 
     if cache_dir is not None and not isinstance(cache_dir, (bool, str, os.PathLike)):
         raise UsageError(f"{caller}: cache_dir must be a folder path, True (the default folder) or False (no cache), "
                          f"got {_shown(cache_dir)}")
-
-
-def training_flag(training: bool | None, count_kwargs: dict[str, Any], log: logging.Logger) -> bool:
-    """Resolve ``training`` (None follows ``mode``); with a training graph, default ``mode`` to ``"train"`` in
-    ``count_kwargs`` (in place)."""
-    from flopcount.counting import count
-
-    if training is None:
-        training = count_kwargs.get("mode") == "train"
-    if training:
-        if "mode" in inspect.signature(count).parameters:
-            count_kwargs.setdefault("mode", "train")
-        else:  # a flopcount without training counts only the forward pass of the training graph
-            log.info("this flopcount counts no backward pass; counting the forward pass of the training graph")
-    return bool(training)
 
 
 # ---------------------------------------------------------------------------------------------------------------

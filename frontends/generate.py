@@ -21,14 +21,25 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flopcount.errors import FrontendError, UsageError
-from flopcount.reporting.generation import DecodePiece, Generation, affine_steps, check_generate, context_lengths, segments
+from flopcount.reporting.generation import (
+    DecodePiece,
+    Generation,
+    affine_steps,
+    check_generate,
+    context_lengths,
+    segments,
+)
+
+if TYPE_CHECKING:
+    from flopcount.options import CountOptions
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CacheLayout", "cache_argument", "cache_layout", "decode_step_module", "from_causal_lm"]
+__all__ = ["EXPORT_KEYWORDS", "CacheLayout", "cache_argument", "cache_layout", "count_generation", "decode_step_module",
+           "from_causal_lm"]
 
 
 def from_causal_lm(model, generate: tuple[int, int], *, batch: int = 1, cache_dir=None, breakpoints=(),
@@ -52,14 +63,36 @@ def from_causal_lm(model, generate: tuple[int, int], *, batch: int = 1, cache_di
     cache_dir, **count_kwargs
         As for :func:`flopcount.from_torch` (``convention``, ``strict`` ...); inference only.
     """
-    from .torch import from_torch
+    from . import common
 
+    export = {k: count_kwargs.pop(k) for k in EXPORT_KEYWORDS if k in count_kwargs}
+    _check_generation(generate, batch, count_kwargs.get("mode", "inference"), export.get("training"))
+    options, _ = common.options_of("from_causal_lm", count_kwargs)
+    return count_generation(model, generate, options, batch=batch, cache_dir=cache_dir, breakpoints=breakpoints,
+                            **export)
+
+
+#: The keywords of :func:`flopcount.from_torch` that shape the export rather than the count.
+EXPORT_KEYWORDS = ("training", "input_names", "opset")
+
+
+def _check_generation(generate, batch, mode, training) -> tuple[int, int]:
     prompt, new = check_generate(*generate)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise UsageError(f"generate: the batch must be a positive integer, got {batch!r}")
-    if count_kwargs.get("mode", "inference") != "inference" or count_kwargs.get("training"):
+    if mode != "inference" or training:
         raise UsageError("generate: generation is inference; leave out --mode train (mode='train')")
-    count_kwargs.pop("batch", None)
+    return prompt, new
+
+
+def count_generation(model, generate: tuple[int, int], options: CountOptions, *, batch: int = 1, cache_dir=None,
+                     breakpoints=(), training: bool | None = None, **export: Any):
+    """:func:`from_causal_lm` under the settings of ``options`` (inference; ``options.batch`` is replaced by
+    ``batch``); ``export`` (``opset``) is passed to :func:`flopcount.frontends.torch.count_module`."""
+    from .torch import count_module
+
+    prompt, new = _check_generation(generate, batch, options.mode, training)
+    options = dataclasses.replace(options, batch=batch)
     torch = _torch()
     parameters = _forward_parameters(model)
     if "input_ids" not in parameters or cache_argument(model) is None:
@@ -72,7 +105,7 @@ def from_causal_lm(model, generate: tuple[int, int], *, batch: int = 1, cache_di
         prefill_inputs["use_cache"] = False  # the cache costs nothing to return; the step graphs count its use
     if "logits_to_keep" in parameters:
         prefill_inputs["logits_to_keep"] = 1
-    report = from_torch(model, prefill_inputs, cache_dir=cache_dir, batch=batch, **count_kwargs)
+    report = count_module(model, prefill_inputs, options, cache_dir=cache_dir, **export)
     step = decode_step_module(model, layout)
     contexts = context_lengths(prompt, new)
 
@@ -80,7 +113,7 @@ def from_causal_lm(model, generate: tuple[int, int], *, batch: int = 1, cache_di
         cache = tuple(((*shape[:-2], context - 1, shape[-1]), dtype) for shape, dtype in layout.tensors)
         inputs = (((batch, 1), torch.int64), *cache)
         names = ["input_ids", *layout.names]
-        return from_torch(step, inputs, input_names=names, cache_dir=cache_dir, batch=batch, **count_kwargs).forward
+        return count_module(step, inputs, options, input_names=names, cache_dir=cache_dir, **export).forward
 
     pieces, checked = [], []
     for segment in segments(contexts, breakpoints):

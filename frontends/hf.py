@@ -15,21 +15,23 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
-import inspect
 import logging
 import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flopcount.errors import ConfigError, FrontendError, UsageError, first_line
 from flopcount.pipeline.progress import phase
 
+if TYPE_CHECKING:
+    from flopcount.options import CountOptions
+
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EXPERTS_IMPLEMENTATION", "TOKEN_INPUTS", "build_model", "config_masks", "export_branches", "from_hf",
+__all__ = ["EXPERTS_IMPLEMENTATION", "TOKEN_INPUTS", "build_model", "config_masks", "count_config", "export_branches", "from_hf",
            "hf_inputs",
            "is_causal_lm", "load_config", "load_model", "moe_blocks", "moe_summary",
            "model_class"]
@@ -90,10 +92,22 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
     FrontendError
         transformers or torch is missing, or the export failed.
     """
-    from flopcount.calls import check_count_arguments
+    from . import common
+    from .generate import EXPORT_KEYWORDS
 
-    checked = set(inspect.signature(check_count_arguments).parameters) - {"caller", "input_shapes"}
-    check_count_arguments("from_hf", **{k: v for k, v in count_kwargs.items() if k in checked})
+    export = {k: count_kwargs.pop(k) for k in EXPORT_KEYWORDS if k in count_kwargs}
+    options, training = common.options_of("from_hf", count_kwargs, export.pop("training", None))
+    return count_config(config, input_shapes, options, trust_remote_code=trust_remote_code, cache_dir=cache_dir,
+                        generate=generate, capacity_factor=capacity_factor, repeated_layers=repeated_layers,
+                        training=training, **export)
+
+
+def count_config(config: Any, input_shapes: Mapping[str, Any] | tuple | None, options: CountOptions, *,
+                 trust_remote_code: bool = False, cache_dir: str | os.PathLike | bool | None = None,
+                 generate: tuple[int, int] | None = None, capacity_factor: float | None = None,
+                 repeated_layers: str = "extend", training: bool | None = None, **export: Any):
+    """:func:`from_hf` under the settings of ``options``; ``training`` (``None`` follows ``options.mode``) and
+    ``export`` (``opset``) are those of :func:`flopcount.frontends.torch.count_module`."""
     if generate is not None:
         from flopcount.reporting.generation import check_generate
 
@@ -110,17 +124,17 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
         if not is_causal_lm(model.config):
             raise UsageError(f"{FRONTEND}: --generate is for a causal language model; {model.config.model_type} "
                              f"builds {type(model).__name__}, which does not generate; count it without --generate")
-        batch = count_kwargs.pop("batch", None) or _input_ids_batch(input_shapes) or 1
+        batch = options.batch or _input_ids_batch(input_shapes) or 1
 
         def count(m):
-            return _count_generation(m, generate, batch, cache_dir, count_kwargs)
+            return _count_generation(m, generate, batch, cache_dir, options, training, export)
 
         tokens = batch * generate[0]
     else:
         def count(m):
-            return _count(m, input_shapes, cache_dir, count_kwargs)
+            return _count(m, input_shapes, cache_dir, options, training, export)
 
-        tokens = _tokens(hf_inputs(model, input_shapes), count_kwargs.get("batch"))
+        tokens = _tokens(hf_inputs(model, input_shapes), options.batch)
     report = _count_stack(model, count, repeated_layers, trust_remote_code, loaded if probe is not None else None)
     if probe is not None and moe_blocks(model) is not None:
         log.info("%s: the mixture-of-experts summary is not formed for a model counted from a probe of %d of its "
@@ -268,32 +282,36 @@ def _count_stack(model, count, repeated_layers: str, trust_remote_code: bool, fu
     return dataclasses.replace(count(model), layers=stack if stack.path or stack.layers else None)
 
 
-def _count_generation(model, generate: tuple[int, int], batch: int, cache_dir, count_kwargs):
-    """``generate()`` of ``model`` counted by :func:`flopcount.frontends.generate.from_causal_lm`, its decode steps
-    cut at the configuration's sliding windows, with its masks for executed attention."""
-    from .generate import from_causal_lm
+def _count_generation(model, generate: tuple[int, int], batch: int, cache_dir, options: CountOptions, training,
+                      export):
+    """``generate()`` of ``model`` counted by :func:`flopcount.frontends.generate.count_generation`, its decode
+    steps cut at the configuration's sliding windows, with its masks for executed attention."""
+    from .generate import count_generation
 
     windows = [m.window for m in config_masks(model.config) or () if m is not None and m.window]
     window = getattr(model.config, "sliding_window", None)
     if isinstance(window, int) and window > 0:
         windows.append(window)  # a cache may crop at the window even where attention counts full
-    return from_causal_lm(model, generate, batch=batch, cache_dir=cache_dir, breakpoints=sorted(set(windows)),
-                          **_with_masks(model, count_kwargs))
+    return count_generation(model, generate, _with_masks(model, options), batch=batch, cache_dir=cache_dir,
+                            breakpoints=sorted(set(windows)), training=training, **export)
 
 
-def _count(model, input_shapes, cache_dir, count_kwargs):
-    """``model`` counted by :func:`flopcount.from_torch`, with its configuration's masks for executed attention."""
-    from .torch import from_torch
+def _count(model, input_shapes, cache_dir, options: CountOptions, training, export):
+    """``model`` counted by :func:`flopcount.frontends.torch.count_module`, with its configuration's masks for
+    executed attention."""
+    from .torch import count_module
 
-    return from_torch(model, hf_inputs(model, input_shapes), cache_dir=cache_dir, **_with_masks(model, count_kwargs))
+    return count_module(model, hf_inputs(model, input_shapes), _with_masks(model, options), training=training,
+                        cache_dir=cache_dir, **export)
 
 
-def _with_masks(model, count_kwargs) -> dict:
-    """``count_kwargs`` with ``attention="executed"`` given the masks of ``model``'s configuration, where it has any."""
-    kwargs = dict(count_kwargs)
-    if kwargs.get("attention") == "executed":
-        kwargs["attention"] = config_masks(model.config) or "executed"
-    return kwargs
+def _with_masks(model, options: CountOptions) -> CountOptions:
+    """``options`` with ``attention="executed"`` given the masks of ``model``'s configuration, where it has any."""
+    if isinstance(options.attention, str) and options.attention == "executed":
+        masks = config_masks(model.config)
+        if masks:
+            return dataclasses.replace(options, attention=masks)
+    return options
 
 
 def _tokens(inputs, batch) -> int | None:

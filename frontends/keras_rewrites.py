@@ -596,7 +596,7 @@ def drop_unread_constants(model: onnx.ModelProto, variables: set[str]) -> None:
 def initializers_to_constants(model: onnx.ModelProto) -> None:
     """Turn, in place, the initializers tf2onnx wrote (the constants of the traced function: BatchNormalization's
     epsilon, Dropout's rate, reshape targets) into ``Constant`` nodes, so that the initializers of the final graph
-    are the model's variables (and, from :func:`~flopcount.models.export.make_weightless`, constants of 1 KiB or
+    are the model's variables (and, from :func:`~flopcount.frontends.export.make_weightless`, constants of 1 KiB or
     more): flopcount counts initializers as parameters."""
     for graph in walk_graphs(model.graph):
         constants = [onnx.helper.make_node("Constant", [], [tensor.name], name=tensor.name, value=tensor)
@@ -611,11 +611,11 @@ def initializers_to_constants(model: onnx.ModelProto) -> None:
 
 def weights_to_initializers(model: onnx.ModelProto, variables: Sequence[Any], names: Sequence[str],
                              location: str) -> None:
-    """Make the graph inputs of the variables initializers, in place: of :data:`~flopcount.models.export.
+    """Make the graph inputs of the variables initializers, in place: of :data:`~flopcount.frontends.export.
     SIZE_THRESHOLD` bytes or more, references to ``location`` laid out after the tensors already there; smaller
     ones with their values. Floating-point variables the graph does not read are kept (they are parameters: in a
     training graph, BatchNormalization's moving statistics); other unread ones (random-generator states) dropped."""
-    from flopcount.models import export as ex
+    from . import export as ex
     from onnx import helper, numpy_helper
 
     graph = model.graph

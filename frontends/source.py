@@ -8,12 +8,18 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from flopcount.errors import UsageError
 from flopcount.options import CountOptions
 
-__all__ = ["ModelSource"]
+__all__ = ["NOT_FOR_GENERATION", "ModelSource"]
+
+#: The settings a count of ``generate()`` leaves at their defaults: it is inference, of the prompt's ``input_ids``
+#: at the prompt's batch; every other setting (a new one too) applies to it.
+NOT_FOR_GENERATION = MappingProxyType({"input_shapes": None, "batch": None, "mode": "inference", "optimizer": None,
+                                       "trainable_inputs": None, "trainable": None, "frozen": None})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,41 +65,35 @@ class ModelSource:
 
     def count(self, options: CountOptions):
         """The :class:`~flopcount.reporting.report.Report` of this model under ``options``."""
-        kw = options.keywords()
         if self.generate is not None:
             ids = (self.inputs or {}).get("input_ids")
             ids = ids[0] if ids is not None and len(ids) == 2 and isinstance(ids[1], str) else ids  # (dims, dtype)
             batch = options.batch or (ids[0] if ids is not None else 1)
-            kw = {k: kw[k] for k in ("convention", "strict", "input_values", "loop_trips", "attention", "memory",
-                                 "free_ops")
-                  if k != "memory" or kw[k] is not None}
+            options = dataclasses.replace(options, **NOT_FOR_GENERATION)
             if self.kind == "hf":
-                from flopcount.frontends.hf import from_hf
+                from flopcount.frontends.hf import count_config
 
-                return from_hf(self.model, trust_remote_code=self.trust_remote_code, generate=self.generate,
-                               batch=batch, capacity_factor=self.capacity_factor,
-                               repeated_layers=self.repeated_layers, **kw)
-            from flopcount.frontends.generate import from_causal_lm
+                return count_config(self.model, None, dataclasses.replace(options, batch=batch),
+                                    trust_remote_code=self.trust_remote_code, generate=self.generate,
+                                    capacity_factor=self.capacity_factor, repeated_layers=self.repeated_layers)
+            from flopcount.frontends.generate import count_generation
 
-            return from_causal_lm(self._factory(), self.generate, batch=batch, **kw)
-        del kw["input_shapes"]  # a framework model's inputs fix its shapes
-        training = options.mode == "train"
+            return count_generation(self._factory(), self.generate, options, batch=batch)
+        if self.kind != "onnx":  # a framework model's inputs fix its shapes
+            options = dataclasses.replace(options, input_shapes=None)
         if self.kind == "torch":
-            from flopcount.frontends.torch import from_torch
+            from flopcount.frontends.torch import count_module
 
-            return from_torch(self._factory(), dict(self.inputs or {}), training=training, **kw)
+            return count_module(self._factory(), dict(self.inputs or {}), options)
         if self.kind == "hf":
-            from flopcount.frontends.hf import from_hf
+            from flopcount.frontends.hf import count_config
 
-            return from_hf(self.model, dict(self.inputs or {}), trust_remote_code=self.trust_remote_code,
-                           capacity_factor=self.capacity_factor, repeated_layers=self.repeated_layers,
-                           training=training, **kw)
+            return count_config(self.model, dict(self.inputs or {}), options, trust_remote_code=self.trust_remote_code,
+                                capacity_factor=self.capacity_factor, repeated_layers=self.repeated_layers)
         if self.kind == "keras":
-            from flopcount.frontends.keras import from_keras
+            from flopcount.frontends.keras import count_model
 
-            if kw["trainable_inputs"] is None:
-                del kw["trainable_inputs"]
-            return from_keras(self._factory(), dict(self.inputs or {}) or None, training=training, **kw)
+            return count_model(self._factory(), dict(self.inputs or {}) or None, options)
         from flopcount.counting import count_options
 
         return count_options(self.model, options)

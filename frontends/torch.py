@@ -5,7 +5,7 @@
 >>> report.total.flops  # 2*8*64*10 for the products + 8*10 for the bias  # doctest: +SKIP
 10320
 
-The module is exported with :mod:`flopcount.models.export`'s exporters (the torch.export-based one with
+The module is exported with :mod:`flopcount.frontends.export`'s exporters (the torch.export-based one with
 BatchNormalization kept visible, then the TorchScript one), its large tensors are replaced by references to a file
 that is never written, and the graph is counted with :func:`flopcount.count`. Weights are never read by the count;
 the exporters see them only because torch traces the real module.
@@ -27,11 +27,11 @@ the exporters see them only because torch traces the real module.
 
 So ``training=True`` uses the TorchScript exporter first; where that fails, it falls back to the torch.export one
 and marks every BatchNormalization node ``training_mode=1`` (in a module put in ``train()``, every batch norm
-uses batch statistics). Inference exports try torch.export first, as :func:`flopcount.models.export.export_weightless`
+uses batch statistics). Inference exports try torch.export first, as :func:`flopcount.frontends.export.export_weightless`
 does.
 
 **Weight values.** Nothing in the export depends on them: onnxscript's optimiser runs with the weights hidden
-(``_weights_opaque`` in :mod:`flopcount.models.export`; its rule for absent Conv biases would otherwise delete real
+(``_weights_opaque`` in :mod:`flopcount.frontends.export`; its rule for absent Conv biases would otherwise delete real
 biases that are zero), and the TorchScript exporter merges only parameters that are one tensor, never two with equal
 values (:func:`_deduplicate_by_identity_only`).
 
@@ -58,6 +58,7 @@ torch is imported inside the functions that need it; importing this module needs
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import io
 import logging
@@ -79,9 +80,10 @@ from .torch_errors import FRONTEND, batch_norm_size_check, exporter_line, failur
 if TYPE_CHECKING:
     import torch
 
+    from flopcount.options import CountOptions
     from flopcount.reporting.report import Report
 
-__all__ = ["CACHE_ENV", "default_cache_dir", "forward_inputs", "from_torch", "load_factory", "module_state", "to_onnx",
+__all__ = ["CACHE_ENV", "count_module", "default_cache_dir", "forward_inputs", "from_torch", "load_factory", "module_state", "to_onnx",
            "torch_leaf"]
 
 log = logging.getLogger(__name__)
@@ -140,13 +142,15 @@ def from_torch(
         Inputs that are trained rather than data (an embedding fed in, a soft prompt): with ``mode="train"``
         their gradients are counted, as for parameters. Tensors passed with ``requires_grad=True`` are added.
     opset : int, optional
-        ONNX opset of the default domain (default: :data:`flopcount.models.export.DEFAULT_OPSET`).
+        ONNX opset of the default domain (default: :data:`flopcount.frontends.export.DEFAULT_OPSET`).
     cache_dir : path, bool or None
         Export cache folder; ``None`` or ``True``: ``$FLOPCOUNT_CACHE`` or ``~/.cache/flopcount``;
         ``False``: no cache.
     **count_kwargs
-        Passed to :func:`flopcount.count` (``convention``, ``strict``, ``batch``, ``mode``, ...). ``batch``
-        re-sizes dim 0 of every example input before the export, so the graph is exported at that batch.
+        The settings of the count (``convention``, ``strict``, ``batch``, ``mode``, ...: the fields of
+        :class:`~flopcount.options.CountOptions`), made into one record and checked here, before the export
+        (:func:`count_module` takes the record). ``batch`` re-sizes dim 0 of every example input before the export,
+        so the graph is exported at that batch.
 
     Returns
     -------
@@ -162,26 +166,48 @@ def from_torch(
         ``example_inputs``, ``input_names`` or ``trainable_inputs`` are malformed, or the inputs do not fit
         ``forward()`` (the message shows what was passed).
     """
-    from flopcount.counting import count
+    options, training = common.options_of("from_torch", count_kwargs, training)
+    if trainable_inputs is not None:
+        options = dataclasses.replace(
+            options, trainable_inputs=[trainable_inputs] if isinstance(trainable_inputs, str) else trainable_inputs)
+    return count_module(module, example_inputs, options, training=training, input_names=input_names, opset=opset,
+                        cache_dir=cache_dir)
 
-    parameters = common.check_count_kwargs("from_torch", count_kwargs)
-    training = common.training_flag(training, count_kwargs, log)
 
+def count_module(
+    module: torch.nn.Module,
+    example_inputs: Any,
+    options: CountOptions,
+    *,
+    training: bool | None = None,
+    input_names: Sequence[str] | None = None,
+    opset: int | None = None,
+    cache_dir: str | os.PathLike | bool | None = None,
+) -> Report:
+    """:func:`from_torch` under the settings of ``options``: the module exported (in training with ``training``;
+    ``None`` follows ``options.mode``) and counted. ``options.batch`` re-sizes dim 0 of every example input before
+    the export; ``options.trainable_inputs`` are the inputs trained (tensors passed with ``requires_grad=True``
+    added); ``options.trainable`` is, when None, the module's trainable parameters."""
+    from flopcount.counting import count_options
+
+    if training is None:
+        training = options.mode == "train"
     torch = _import_torch()
     _check_module(torch, module)
     call = _bind(torch, module, example_inputs, input_names, _device(module))
-    batch = count_kwargs.get("batch")
+    batch = options.batch
     if batch is not None and _shared_batch(call.tensors) not in (None, batch):
         call = call.with_tensors(tuple(x[:1].expand(batch, *x.shape[1:]) for x in call.tensors))
-    trained = _trainable_inputs(call, trainable_inputs)
+    trained = _trainable_inputs(call, options.trainable_inputs)
     model = _to_onnx(torch, module, call, training=training, opset=opset, cache_dir=cache_dir)
-    if trained and (trainable_inputs or count_kwargs.get("mode") == "train"):
-        # inputs named by trainable_inputs need mode="train" (count says so); requires_grad alone is ignored otherwise
-        count_kwargs["trainable_inputs"] = trained
+    # inputs named by trainable_inputs need mode="train" (count says so); requires_grad alone is ignored otherwise
+    named = trained and (options.trainable_inputs or options.mode == "train")
+    options = dataclasses.replace(options, trainable_inputs=trained if named else None)
     unread: dict[str, int] = {}
-    if count_kwargs.get("trainable") is None:
-        count_kwargs["trainable"], unread = _trainable_initializers(module, model)
-    return _with_unread(count(model, **count_kwargs), unread)
+    if options.trainable is None:
+        trainable, unread = _trainable_initializers(module, model)
+        options = dataclasses.replace(options, trainable=trainable)
+    return _with_unread(count_options(model, options), unread)
 
 
 def to_onnx(
@@ -209,7 +235,7 @@ def to_onnx(
 
 
 def _to_onnx(torch, module, call: _Call, *, training: bool, opset: int | None, cache_dir, path=None) -> onnx.ModelProto:
-    from flopcount.models import export as ex
+    from . import export as ex
 
     opset = ex.DEFAULT_OPSET if opset is None else opset
 
@@ -290,8 +316,6 @@ def _with_unread(report: Report, unread: Mapping[str, int]) -> Report:
     ones: they get no gradient) and named in its notes."""
     if not unread:
         return report
-    import dataclasses
-
     listed = ", ".join(f"{name} ({n:,})" for name, n in unread.items())
     note = (f"parameters the traced forward never reads, counted in the parameters without gradients: {listed}")
     return dataclasses.replace(report, params=report.params + sum(unread.values()), notes=(*report.notes, note))
@@ -514,7 +538,7 @@ def _shared_batch(inputs: tuple) -> int | None:
 
 def _export(module, inputs: tuple, names: list[str], training: bool, opset: int, call: _Call | None = None) -> onnx.ModelProto:
     """Export ``module`` (put in train or eval mode, then restored) to a weightless ModelProto."""
-    from flopcount.models import export as ex
+    from . import export as ex
 
     torch = _import_torch()
     call = (call or _Call(list(names), inputs, False, {}, "forward(...)")).with_tensors(inputs)
@@ -677,7 +701,7 @@ def _torchscript(torch, module, inputs, names, opset, training: bool, dynamic_ba
 
     Constant folding is off: in eval mode it would fold BatchNormalization into Conv.
     """
-    from flopcount.models.export import onnx_export
+    from .export import onnx_export
 
     buffer = io.BytesIO()
     modes = getattr(torch.onnx, "TrainingMode", None)

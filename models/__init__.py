@@ -1,7 +1,7 @@
 """Reference models in plain PyTorch, without weights.
 
 The models here exist to produce ONNX graphs whose FLOP counts can be checked by hand. Their weights are random
-(nothing is downloaded), and exported files carry only shapes: see :mod:`flopcount.models.export`.
+(nothing is downloaded), and exported files carry only shapes: see :mod:`flopcount.frontends.export`.
 
 * :mod:`.resnet` ResNet-50 v1.5
 * :mod:`.resnext` ResNeXt-50 32x4d
@@ -12,7 +12,8 @@ The models here exist to produce ONNX graphs whose FLOP counts can be checked by
 * :mod:`.digits` the small CNN of ``flopcount bench digits``
 * :mod:`.keras_models` reference models in Keras 3
 * :mod:`.zoo` all of them by name, with their example inputs
-* :mod:`.export` the weightless exporter and its command line
+* :mod:`.export` the command line that exports one of them weightless (``python -m flopcount.models.export``), through
+  the frontends' exporter
 
 Importing this package does not import torch; import a submodule when torch is wanted (``zoo`` imports it only when
 a model is built).

@@ -35,7 +35,7 @@ __all__ = ["resnet50_keras"]
 def resnet50_keras() -> keras.Model:
     """``keras.applications.ResNet50(weights=None, input_shape=(224, 224, 3), classes=1000)``: ResNet v1, random
     weights, inputs ``(batch, 224, 224, 3)`` (channels last)."""
-    from flopcount.frontends.keras import import_frameworks
+    from flopcount.frontends.keras_inputs import import_frameworks
 
     _, keras, _ = import_frameworks()  # quietly (TensorFlow logs on import)
     return keras.applications.ResNet50(weights=None, input_shape=(224, 224, 3), classes=1000)

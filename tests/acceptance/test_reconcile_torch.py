@@ -43,7 +43,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("onnxscript")
 
 import flopcount  # noqa: E402
-from flopcount.models import export, resnext, zoo  # noqa: E402
+from flopcount.frontends import export  # noqa: E402
+from flopcount.models import resnext, zoo  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------------------
 # Closed forms, from the architectures as published (never read back from the model code)

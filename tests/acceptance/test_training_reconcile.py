@@ -17,7 +17,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import flopcount  # noqa: E402
-from flopcount.models import export, zoo  # noqa: E402
+from flopcount.frontends import export  # noqa: E402
+from flopcount.models import zoo  # noqa: E402
 
 
 def torch_training_flops(module, inputs) -> int:

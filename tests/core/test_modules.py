@@ -149,7 +149,7 @@ def test_resnet50_modules_equal_flop_counter_mode(tmp_path, resnet_reference, ex
     if exporter == "torchscript":
         torch.onnx.export(model, (x,), path, dynamo=False, opset_version=17)
     else:  # the exporter's optimiser would fuse each BatchNormalization into its Conv under the BN's scope
-        from flopcount.models.export import no_tqdm_monitor
+        from flopcount.frontends.export import no_tqdm_monitor
 
         with no_tqdm_monitor():  # its progress bars would leave tqdm's monitor thread running in this process
             torch.onnx.export(model, (x,), path, dynamo=True, opset_version=18, optimize=False)

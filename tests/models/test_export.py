@@ -18,7 +18,8 @@ onnx = pytest.importorskip("onnx")
 
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from flopcount.models import export, resnet  # noqa: E402
+from flopcount.frontends import export  # noqa: E402
+from flopcount.models import resnet  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "resnet50-v1.5.onnx"
 WIDTHS = (64, 128, 256, 512)

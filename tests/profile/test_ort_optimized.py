@@ -274,7 +274,7 @@ def test_transformer_optimizer_dynamo_export(tmp_path, kind, fused, default_delt
     path = tmp_path / f"{kind}.onnx"
     # opset 18: Gelu is spelled out (ONNX has a Gelu operator from opset 20 on); without tqdm's monitor thread,
     # which the exporter's progress bars would leave running in this process (and with it no inference fork)
-    from flopcount.models.export import no_tqdm_monitor
+    from flopcount.frontends.export import no_tqdm_monitor
 
     with no_tqdm_monitor():
         torch.onnx.export(m.eval(), (torch.randint(0, VOCAB, (BATCH, SEQ)),), str(path), dynamo=True,
