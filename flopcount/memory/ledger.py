@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
-from ..context import NodeContext, TensorInfo
+from ..context import TensorInfo
 from ..errors import UnsupportedOperatorError, UsageError
 from ..parallel.plan import DEVICES, IMPLEMENTATIONS, ParallelPlan, Recompute, parse_recompute
 from ..registry import lookup_saved
