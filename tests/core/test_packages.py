@@ -29,3 +29,18 @@ def _named_elsewhere(doc: str) -> set[str]:
     """Modules and subpackages the docstring names in prose (measure's kept re-exports, ``:mod:`.distributed```;
     the top package's ``:mod:`flopcount.measure```)."""
     return set(re.findall(r":mod:`(?:\.|flopcount\.)(\w+)`", doc))
+
+
+def test_pyproject_installs_every_package():
+    """``pip install .`` (not only an editable install) ships every package of the source tree: each folder with an
+    ``__init__.py`` under ``flopcount/`` and the folders mapped into it is in pyproject's package list."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    setuptools = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = set()
+    for name, folder in setuptools["package-dir"].items():
+        for init in (root / folder).rglob("__init__.py"):
+            found.add(".".join([name, *init.parent.relative_to(root / folder).parts]))
+    assert set(setuptools["packages"]) == found
