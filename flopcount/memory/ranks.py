@@ -13,9 +13,12 @@ it (a node without work takes those of its module's nodes with work, else of the
   follow its outputs. Sizes are rounded up when T does not divide them.
 * **pipeline stage** s walks only its nodes: what it receives from stage s − 1 is an input of its walk, what it
   sends on an output (whose gradient arrives from stage s + 1);
-* **FSDP/ZeRO-3**: parameters, gradients and optimizer states are 1/dp (rounded up per tensor), and the
-  all-gather buffer of the largest unit, one layer's parameters on the rank gathered whole
-  (``allgather_bytes``), is held throughout.
+* **FSDP/ZeRO-3**: parameters, gradients and optimizer states are 1/dp (rounded up per tensor); the all-gather
+  buffer of the largest unit is one layer's parameters on the rank gathered whole (``allgather_bytes``). Held
+  throughout the walk: two such buffers (FSDP2 prefetches one unit ahead: the running unit and the next in the
+  forward; in the backward the next unit's gather and the running unit's gradients copied for their
+  reduce-scatter, as large) and the root's parameters (those outside the layers) whole, gathered from the root's
+  forward to the end of the backward.
 
 **Microbatches in flight** on pipeline rank p (0-based) of P with M microbatches: GPipe keeps M, 1F1B P − p
 (at most M), interleaved:v its (P − p − 1)·2 + (v − 1)·P warm-up chunk-forwards plus one, at most M·v, each a
@@ -284,23 +287,28 @@ def _rank(report, g: Graph, mem: Memory, settings: MemorySettings, plan: Paralle
                 {k: u for k, u in g.units.items() if k in indexes})
     one = ledger(sub, mem.mode, mem.optimizer, settings, mem.missing).ranks[0]
     flight = in_flight(plan, s) if mem.mode == "train" else 1.0
-    gather = 0
+    gather = in_flight_units = 0
     if plan.fsdp:
-        per_layer: dict[int, int] = {}
+        per_layer: dict[int | None, int] = {}
         for name in sub.params:
             layer = _layer_of(report.modules.nodes[reader[name]]) if name in reader else None
-            if layer is not None:
-                # a weight of unknown size is already in the ledger's ``unsized`` (the one-rank walk read the
-                # same tensor), which makes the figures a stated lower bound; it adds nothing here
-                whole = tensor_bytes(_resized(g.tensors.get(name) or TensorInfo(name), param_div(reader[name])[0])) or 0
-                per_layer[layer] = per_layer.get(layer, 0) + whole
+            # a weight of unknown size is already in the ledger's ``unsized`` (the one-rank walk read the same
+            # tensor), which makes the figures a stated lower bound; it adds nothing here
+            whole = tensor_bytes(_resized(g.tensors.get(name) or TensorInfo(name), param_div(reader[name])[0])) or 0
+            per_layer[layer] = per_layer.get(layer, 0) + whole
+        root = per_layer.pop(None, 0)
         gather = max(per_layer.values(), default=0)
+        # FSDP2 prefetches one unit ahead: the unit running and the next are gathered at once in the forward; in
+        # the backward the next unit's gather meets the running unit's gradients copied for their reduce-scatter
+        # (as large). The root's parameters (those outside the layers) are gathered whole from its forward to the
+        # end of the backward (the root is not resharded after its forward).
+        in_flight_units = 2 * gather + root
     kv_per_layer: dict[int, int] = {}
     for name, layer in gathered.items():
         if name in tensors:
             kv_per_layer[layer] = kv_per_layer.get(layer, 0) + (tensor_bytes(tensors[name]) or 0)
     others = int(one.activations_bytes * (flight - 1))
-    held = others + gather + alltoall
+    held = others + in_flight_units + alltoall
     peak = ledger(sub, mem.mode, mem.optimizer, settings, mem.missing, held=held,
                   accumulated=mem.mode == "train" and plan.microbatches > 1).ranks[0] if (held or (
                       plan.microbatches > 1 and mem.mode == "train")) else one
