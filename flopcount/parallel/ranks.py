@@ -54,7 +54,9 @@ activation element) per microbatch and Lₛ the stage's layers:
   ``interleaved:v``, from each of the rank's v chunks but the model's last (forward) and first (backward);
 * DP: ``all_reduce`` of the rank's gradients once per step (G = its parameters × their element bytes); with
   ``fsdp``, ``all_gather`` of the parameters G in the forward and again in the backward of each microbatch and
-  ``reduce_scatter`` of the gradients G once per step (gradients accumulate unsharded over the microbatches).
+  ``reduce_scatter`` of the gradients G in the backward of each microbatch (FSDP2's default: each microbatch's
+  unsharded gradients are reduce-scattered into the sharded ones, which accumulate, and freed; the memory ledger
+  holds them so, :mod:`flopcount.memory.ranks`).
 
 **Bubble.** The schedule's actions (GPipe: all forwards, then all backwards; 1F1B: P−1−p warm-up forwards, then
 one forward and one backward in turn, then the remaining backwards; interleaved 1F1B as Megatron orders it) are
@@ -668,7 +670,7 @@ def _communication(plan: ParallelPlan, d: _Dims, report: Any, per_stage: int, tr
             g, grp = params[s] * d.param_bytes, "dp_cp" if plan.cp > 1 else "dp"
             if plan.fsdp:
                 add("all_gather", grp, m * 2 * g)
-                add("reduce_scatter", grp, g)
+                add("reduce_scatter", grp, m * g)  # every microbatch, as FSDP2 by default
             else:
                 add("all_reduce", grp, g)
         out.append(tuple(Collective(k, grp, n) for (k, grp), n in c.items()))

@@ -128,3 +128,15 @@ def test_count_refuses_a_plan_and_names_the_split(tmp_path):
     # refused before the model is read: the count's ledger is one rank's, per_rank splits it
     with pytest.raises(UsageError, match="memory.ranks.per_rank"):
         flopcount.count(str(tmp_path / "absent.onnx"), memory=MemorySettings(plan=plan("tp=2")))
+
+
+def test_fsdp_accumulates_sharded_gradients_over_microbatches(report):
+    """FSDP2's default with M microbatches (as the FLOPs ledger's reduce-scatter per microbatch): each microbatch's
+    backward reduce-scatters its gradients and frees them, so a later microbatch starts with the rank's shard of
+    the gradients accumulated, never the whole gradients."""
+    whole = report.memory.ranks[0]
+    one, four = (per_rank(report, plan("dp=2,fsdp", m)).ranks[0] for m in (1, 4))
+    assert four.grads_bytes == one.grads_bytes == whole.grads_bytes // 2  # every tensor here is even
+    # the rise is at most the shard (kept whole until the last microbatch, the sync turned off, it could reach the
+    # whole gradients, twice the shard here)
+    assert one.peak_bytes < four.peak_bytes <= one.peak_bytes + one.grads_bytes < one.peak_bytes + whole.grads_bytes

@@ -320,8 +320,9 @@ def test_pp_on_gloo_equals_the_ledger(report, tmp_path, schedule):
 def _fsdp_worker(rank: int, world: int, init: str, out: str) -> None:
     """One data-parallel rank of the tiny Llama under FSDP2: each decoder layer and then the whole model (the
     embedding, final norm and head) sharded with ``fully_shard(reshard_after_forward=True)``; one step of M
-    microbatches of the rank's own batch, gradients kept unsharded (no reduce-scatter) but on the last
-    microbatch, as gradient accumulation does; FlopCounterMode counts the products, and the bytes of each
+    microbatches of the rank's own batch, FSDP2's default (no ``set_requires_gradient_sync(False)``): each
+    microbatch's gradients reduce-scattered in its backward, the rank's gradients after each its shard (their
+    bytes recorded); FlopCounterMode counts the products, and the bytes of each
     all-gather (the gathered output) and reduce-scatter (the unsharded input) FSDP2 issues are summed by wrapping
     torch.distributed's collectives it calls."""
     import torch.distributed as dist
@@ -355,19 +356,20 @@ def _fsdp_worker(rank: int, world: int, init: str, out: str) -> None:
     torch.manual_seed(1 + rank)  # each rank its own batch
     ids = torch.randint(0, V, (M, B, S))
     with FlopCounterMode(display=False) as counter:
+        grads = []
         for j in range(M):
-            model.set_requires_gradient_sync(j == M - 1)
             _loss(model(ids[j]), ids[j]).backward()
+            grads.append(sum(p.grad.to_local().numel() * p.grad.element_size() for p in model.parameters()))
     padded = sum(-(-p.shape[0] // world) * world * p[0].numel() for p in model.parameters())
     with open(f"{out}.{rank}", "w") as f:
-        json.dump({"flops": counter.get_total_flops(), "padded": padded, **moved}, f)
+        json.dump({"flops": counter.get_total_flops(), "padded": padded, "grads": grads, **moved}, f)
     dist.destroy_process_group()
 
 
 def test_fsdp2_on_gloo_equals_the_ledger(report, tmp_path):
     """Under dp=2,fsdp each rank runs the whole model on its own batch, so its products equal the ledger's; the
     bytes FSDP2 hands to all-gather (every parameter gathered in each microbatch's forward and again in its
-    backward) and to reduce-scatter (the gradients once per step) equal the ledger's ``communication``. FSDP2 pads
+    backward) and to reduce-scatter (the gradients in each microbatch's backward, FSDP2's default) equal the ledger's ``communication``. FSDP2 pads
     each parameter's first dimension to a multiple of the ranks before it shards it; every first dimension here
     (32, 16, 48, 64) is even, so the padded sizes are the parameters' own (checked) and no padding is moved."""
     p = plan("dp=2,fsdp", M)
@@ -381,7 +383,9 @@ def test_fsdp2_on_gloo_equals_the_ledger(report, tmp_path):
         assert seen[r]["padded"] == params
         comm = {(c.kind, c.group): c.bytes for c in led.ranks[r].communication}
         assert comm == {("all_gather", "dp"): seen[r]["all_gather"], ("reduce_scatter", "dp"): seen[r]["reduce_scatter"]}
-        assert seen[r]["all_gather"] == M * 2 * 4 * params and seen[r]["reduce_scatter"] == 4 * params
+        assert seen[r]["all_gather"] == M * 2 * 4 * params and seen[r]["reduce_scatter"] == M * 4 * params
+        # after every microbatch the rank holds its shard of the gradients only, as the memory ledger does
+        assert seen[r]["grads"] == [4 * params // 2] * M
 
 
 # --- expert parallelism on 2 gloo ranks: a tiny Qwen2-MoE with a fixed router ----------------------------------

@@ -131,7 +131,7 @@ def test_communication_closed_forms(report):
     assert {(c.kind, c.group): c.bytes for c in pp.ranks[0].communication} == {("send_recv", "pp"): m * A}
     assert {(c.kind, c.group): c.bytes for c in pp.ranks[1].communication} == {("send_recv", "pp"): m * A}
     fsdp = {(c.kind, c.group): c.bytes for c in ledger(report, plan("dp=2,fsdp", m)).ranks[0].communication}
-    assert fsdp == {("all_gather", "dp"): m * 2 * 4 * params, ("reduce_scatter", "dp"): 4 * params}
+    assert fsdp == {("all_gather", "dp"): m * 2 * 4 * params, ("reduce_scatter", "dp"): m * 4 * params}
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
