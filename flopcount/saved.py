@@ -32,6 +32,7 @@ class Saved(NamedTuple):
     outputs: tuple[int, ...] = ()  # output positions kept
     extra: tuple[tuple[str, int], ...] = ()  # (what, bytes) of statistics the forward computes for the backward
     missing: tuple[tuple[str, int], ...] = ()  # (op key, nodes) without a rule inside a body (control flow)
+    unsized: tuple[str, ...] = ()  # tensors kept inside a body whose size is unknown (counted as 0)
 
     @property
     def extra_bytes(self) -> int:

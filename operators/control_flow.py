@@ -207,7 +207,7 @@ def _body_saved(ctx: NodeContext, b, runs: int, carried: list[tuple[str, str, in
     extra = ((f"{what}, {runs} runs", total),) if total else ()
     if b.outer:
         extra += (("activations of the enclosing graph the body keeps", b.outer),)
-    return Saved(tuple(sorted(set(inputs))), tuple(outputs), extra, b.missing)
+    return Saved(tuple(sorted(set(inputs))), tuple(outputs), extra, b.missing, b.unsized)
 
 
 @saves("Loop")

@@ -297,6 +297,7 @@ def ledger(g: Graph, mode: str, optimizer: str | None, settings: MemorySettings,
     kept_by: dict[int, int] = {}
     activations, statistics = _forward(g, st, holds, w, kept_by)
     if training:
+        unsized.update(x for s in g.saved.values() for x in s.unsized)  # kept inside a control-flow body
         _backward(g, st, holds, w, set(g.trainable) if accumulated else set())
         w.live += temps
         w.mark("optimizer step", "")

@@ -140,3 +140,25 @@ def test_a_loop_in_a_loop_keeps_what_the_unrolled_steps_keep():
     steps = outer_steps * inner_steps
     assert ledger(nested).ranks[0].activations_bytes == ledger(unrolled(steps)).ranks[0].activations_bytes == \
         F32 * B * N * (1 + steps)
+
+
+def test_a_body_tensor_of_unknown_size_is_named(monkeypatch):
+    """A tensor a Loop's body keeps whose size is unknown counts 0 bytes and is named in ``unsized_tensors``, the
+    activations a stated lower bound. A count refuses a body whose shapes it cannot infer before memory is reached,
+    so the body's Relu output (``x_out``, kept by the Relu's backward) is made shapeless where the body's kept
+    tensors are sized (:func:`flopcount.memory.bodies.body_saved`), the rest of the count unchanged."""
+    from flopcount.context import TensorInfo
+    from flopcount.memory import bodies
+
+    real = bodies.body_saved
+
+    def shapeless(g, run, tensors, stored, where):
+        return real(g, run, {**tensors, "x_out": TensorInfo("x_out")}, stored, where)
+
+    monkeypatch.setattr(bodies, "body_saved", shapeless)
+    steps = 3
+    mem = ledger(loop(steps))
+    assert mem.unsized == ("x_out",)
+    assert mem.lower_bound and mem.as_dict()["unsized_tensors"] == ["x_out"]
+    # the Relu outputs of the 3 iterations are not counted: less than x and 3 of them, as a whole size gives
+    assert mem.ranks[0].activations_bytes < F32 * B * N * (1 + steps)
