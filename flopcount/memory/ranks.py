@@ -119,7 +119,7 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
     ``settings.plan`` is ``plan``. ``expert_load``: the routing histogram of a MoE model
     (:func:`flopcount.parallel.experts.load_expert_load`), balanced if None."""
     from ..parallel import experts as px
-    from ..parallel.ranks import ledger as flops_ledger, node_shares
+    from ..parallel.ranks import _bubble, _shares
 
     mem = report.memory
     if mem is None or mem.graph is None or mem.settings is None:
@@ -128,12 +128,14 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
     g = mem.graph
     if len(g.nodes) != len(report.nodes):
         raise UsageError("--parallel with --memory: the ledger's graph is not the report's")
-    dims = flops_ledger(report, plan, settings.recompute, expert_load).dims  # checks what the degrees divide
-    t, kv = plan.tp, min(plan.tp, dims["kv_heads"])
+    # the FLOPs ledger's shares, once: they check what the degrees divide; its schedule refuses what it does not model
+    d, shares, _, _, train, _ = _shares(report, plan, settings.recompute)
+    _bubble(plan, shares, train)
+    t, kv = plan.tp, min(plan.tp, d.kv_heads)
     scopes = report.modules.nodes
     rule: dict[int, str] = {}
     chunks: dict[int, set[int]] = {}
-    for x in node_shares(report, plan, settings.recompute):
+    for x in shares:
         if x.tp == 0:
             rule[x.index] = x.rule
             chunks.setdefault(x.index, set()).add(x.chunk)
@@ -152,6 +154,8 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
     moe_layers = sorted({_layer_of(scopes[k]) for k in range(len(g.nodes)) if expert[k]} - {None})
     load = expert_load or px.ExpertLoad(None)
     load.check_layers(len(moe_layers))
+    for j in range(len(moe_layers) if plan.ep == 1 else 0):  # refused as the FLOPs ledger refuses it
+        load.fractions(j, report.moe.experts, 1)
     fractions = {layer: load.fractions(j, report.moe.experts, plan.ep) for j, layer in enumerate(moe_layers)} \
         if moe_layers and plan.ep > 1 else {}
 
@@ -175,7 +179,7 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
                 reader.setdefault(x.name, k)
     gathered = _gathered_kv(g, scopes, leaf) if plan.cp > 1 else {}
     top_k = report.moe.top_k if moe_layers else 0
-    vec = dims["batch"] * (dims["seq"] // plan.cp) * top_k * dims["hidden"] * dims["activation_bytes"]
+    vec = d.batch * (d.seq // plan.cp) * top_k * d.hidden * d.act_bytes
     v = plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
     ranks = []
     walked: dict[tuple, PlanRankMemory] = {}
