@@ -21,7 +21,9 @@ it (a node without work takes those of its module's nodes with work, else of the
 (at most M), interleaved:v its (P − p − 1)·2 + (v − 1)·P warm-up chunk-forwards plus one, at most M·v, each a
 chunk of 1/v of the rank's layers (Megatron's order; chunks taken as equal). The rank's peak is the walk of one
 microbatch with the other in-flight microbatches' kept activations held throughout, and, with M > 1, the
-gradients accumulated from the start (a microbatch after the first).
+gradients accumulated from the start (a microbatch after the first). The held bytes are alive at every node alike, so they move the
+peak by themselves and not where it is: one walk gives the figures and the peak. TP ranks of a stage are symmetric
+(the plan refuses degrees that do not divide), so a stage is walked once per EP load and placed on each of them.
 
 **Context parallelism** (``cp=C``, the zigzag split of :mod:`flopcount.parallel.experts`): each CP rank holds 2
 chunks of s/(2C) tokens, so every activation (every tensor that is not stored: the graph's inputs, position
