@@ -17,10 +17,9 @@ No weight is read: the models are built on the meta device. This prints figures;
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
-
-import os
 
 sys.path.insert(0, os.path.dirname(__file__))
 
