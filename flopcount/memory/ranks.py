@@ -24,7 +24,9 @@ it (a node without work takes those of its module's nodes with work, else of the
 (at most M), interleaved:v its (P − p − 1)·2 + (v − 1)·P warm-up chunk-forwards plus one, at most M·v, each a
 chunk of 1/v of the rank's layers (Megatron's order; chunks taken as equal). The rank's peak is the walk of one
 microbatch with the other in-flight microbatches' kept activations held throughout, and, with M > 1, the
-gradients accumulated from the start (a microbatch after the first).
+gradients accumulated from the start (a microbatch after the first). The held bytes are alive at every node alike, so they move the
+peak by themselves and not where it is: one walk gives the figures and the peak. TP ranks of a stage are symmetric
+(the plan refuses degrees that do not divide), so a stage is walked once per EP load and placed on each of them.
 
 **Context parallelism** (``cp=C``, the zigzag split of :mod:`flopcount.parallel.experts`): each CP rank holds 2
 chunks of s/(2C) tokens, so every activation (every tensor that is not stored: the graph's inputs, position
@@ -122,7 +124,7 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
     ``settings.plan`` is ``plan``. ``expert_load``: the routing histogram of a MoE model
     (:func:`flopcount.parallel.experts.load_expert_load`), balanced if None."""
     from ..parallel import experts as px
-    from ..parallel.ranks import ledger as flops_ledger, node_shares
+    from ..parallel.ranks import _bubble, _shares
 
     mem = report.memory
     if mem is None or mem.graph is None or mem.settings is None:
@@ -131,12 +133,14 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
     g = mem.graph
     if len(g.nodes) != len(report.nodes):
         raise UsageError("--parallel with --memory: the ledger's graph is not the report's")
-    dims = flops_ledger(report, plan, settings.recompute, expert_load).dims  # checks what the degrees divide
-    t, kv = plan.tp, min(plan.tp, dims["kv_heads"])
+    # the FLOPs ledger's shares, once: they check what the degrees divide; its schedule refuses what it does not model
+    d, shares, _, _, train, _ = _shares(report, plan, settings.recompute)
+    _bubble(plan, shares, train)
+    t, kv = plan.tp, min(plan.tp, d.kv_heads)
     scopes = report.modules.nodes
     rule: dict[int, str] = {}
     chunks: dict[int, set[int]] = {}
-    for x in node_shares(report, plan, settings.recompute):
+    for x in shares:
         if x.tp == 0:
             rule[x.index] = x.rule
             chunks.setdefault(x.index, set()).add(x.chunk)
@@ -155,6 +159,8 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
     moe_layers = sorted({_layer_of(scopes[k]) for k in range(len(g.nodes)) if expert[k]} - {None})
     load = expert_load or px.ExpertLoad(None)
     load.check_layers(len(moe_layers))
+    for j in range(len(moe_layers) if plan.ep == 1 else 0):  # refused as the FLOPs ledger refuses it
+        load.fractions(j, report.moe.experts, 1)
     fractions = {layer: load.fractions(j, report.moe.experts, plan.ep) for j, layer in enumerate(moe_layers)} \
         if moe_layers and plan.ep > 1 else {}
 
@@ -178,13 +184,14 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
                 reader.setdefault(x.name, k)
     gathered = _gathered_kv(g, scopes, leaf) if plan.cp > 1 else {}
     top_k = report.moe.top_k if moe_layers else 0
-    vec = dims["batch"] * (dims["seq"] // plan.cp) * top_k * dims["hidden"] * dims["activation_bytes"]
+    vec = d.batch * (d.seq // plan.cp) * top_k * d.hidden * d.act_bytes
     v = plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
     ranks = []
     walked: dict[tuple, PlanRankMemory] = {}
     for s in range(plan.pp):
         mine = {c for c in range(plan.pp * v) if c % plan.pp == s}
         keep = [k for k in range(len(g.nodes)) if chunks[k] & mine]
+        stage = _Stage.of(g, keep)
         layers = {_layer_of(scopes[k]) for k in keep} & set(fractions)
         for e in range(plan.ep):
             share = {layer: fractions[layer][e] for layer in layers}
@@ -198,11 +205,13 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
                 return 1, div
 
             alltoall = max((vec + plan.ep * vec * num // den for num, den in share.values()), default=0)
+            # the TP ranks of a stage are symmetric (the plan refuses degrees that do not divide), and EP ranks of
+            # the same load walk the same graph: one walk per (stage, load), placed on each of them
+            key = (s, tuple(sorted(share.items())))
+            if key not in walked:
+                walked[key] = _rank(report, g, mem, settings, plan, s, stage, scale, param_div, reader, gathered,
+                                    alltoall)
             for i in range(t):
-                key = (s, i, tuple(sorted(share.items())))  # EP ranks of the same load walk the same graph
-                if key not in walked:
-                    walked[key] = _rank(report, g, mem, settings, plan, s, i, keep, scale, param_div, reader,
-                                        gathered, alltoall)
                 ranks.append(_placed(walked[key], plan, s, i, e))
     return dataclasses.replace(mem, ranks=tuple(ranks), settings=dataclasses.replace(settings, plan=plan),
                                kept_by_node=MappingProxyType({}))
@@ -249,13 +258,38 @@ def _resized(info: TensorInfo, div: int, mul: int = 1) -> TensorInfo:
     return TensorInfo(info.name, info.elem_type, (-(-n * mul // div),))
 
 
-def _rank(report, g: Graph, mem: Memory, settings: MemorySettings, plan: ParallelPlan, s: int, i: int,
-          keep, scale, param_div, reader, gathered, alltoall) -> PlanRankMemory:
+@dataclass(frozen=True)
+class _Stage:
+    """What a pipeline stage's walk reads of the graph, whatever the rank's shares: its nodes (graph positions
+    ``keep``), the tensors they make (name → position) and read, what it receives from the stage before and what
+    it sends on (a graph output, or read by a node of another stage)."""
+
+    keep: tuple[int, ...]
+    made: dict[str, int]
+    read: frozenset[str]
+    received: tuple[str, ...]
+    sent: frozenset[str]
+
+    @classmethod
+    def of(cls, g: Graph, keep: list[int]) -> "_Stage":
+        made = {x.name: k for k in keep for x in g.nodes[k].outputs if x is not None and x.name}
+        read = frozenset(x.name for k in keep for x in g.nodes[k].inputs if x is not None and x.name)
+        received = tuple(x for x in sorted(read - set(made)) if x not in g.stored)
+        if len(keep) == len(g.nodes):
+            outside: set[str] = set()
+        else:
+            inside = set(keep)
+            outside = {y.name for k, n in enumerate(g.nodes) if k not in inside for y in n.inputs if y is not None}
+        sent = frozenset(x for x in made if x in g.outputs or x in outside)
+        return cls(tuple(keep), made, read, received, sent)
+
+
+def _rank(report, g: Graph, mem: Memory, settings: MemorySettings, plan: ParallelPlan, s: int, stage: _Stage,
+          scale, param_div, reader, gathered, alltoall) -> PlanRankMemory:
+    keep, made, read = stage.keep, stage.made, stage.read
     nodes = [g.nodes[k] for k in keep]
-    made = {x.name: k for k in keep for x in g.nodes[k].outputs if x is not None and x.name}
-    read = {x.name for n in nodes for x in n.inputs if x is not None and x.name}
     tensors: dict[str, TensorInfo] = {}
-    for name in read | set(made):
+    for name in read | made.keys():
         info = g.tensors.get(name) or TensorInfo(name)
         if name in g.stored:
             div, fsdp = param_div(reader[name]) if name in reader else (1, 1)
@@ -277,15 +311,15 @@ def _rank(report, g: Graph, mem: Memory, settings: MemorySettings, plan: Paralle
 
     saved = {n.index: g.saved[n.index]._replace(extra=tuple((w, stat(k, b)) for w, b in g.saved[n.index].extra))
              for k, n in zip(keep, nodes) if n.index in g.saved}
-    received = tuple(x for x in sorted(read - set(made)) if x not in g.stored)
-    inside = set(keep)
-    outside = {y.name for k, n in enumerate(g.nodes) if k not in inside for y in n.inputs if y is not None}
-    sent = frozenset(x for x in made if x in g.outputs or x in outside)
     indexes = {n.index for n in nodes}
     sub = Graph(nodes, {k: f for k, f in g.grads.items() if k in indexes}, saved, tensors,
-                g.params & read, g.trainable & read, g.buffers & read, g.stored, received, sent,
+                g.params & read, g.trainable & read, g.buffers & read, g.stored, stage.received, stage.sent,
                 {k: u for k, u in g.units.items() if k in indexes})
-    one = ledger(sub, mem.mode, mem.optimizer, settings, mem.missing).ranks[0]
+    # one walk gives both the figures and the peak: the held bytes are alive throughout, so they add to the live
+    # total at every node alike and move the peak by themselves without moving where it is; only the gradients
+    # accumulated from the start (a microbatch after the first) change the walk
+    accumulated = mem.mode == "train" and plan.microbatches > 1
+    one = ledger(sub, mem.mode, mem.optimizer, settings, mem.missing, accumulated=accumulated).ranks[0]
     flight = in_flight(plan, s) if mem.mode == "train" else 1.0
     gather = in_flight_units = 0
     if plan.fsdp:
@@ -309,13 +343,9 @@ def _rank(report, g: Graph, mem: Memory, settings: MemorySettings, plan: Paralle
             kv_per_layer[layer] = kv_per_layer.get(layer, 0) + (tensor_bytes(tensors[name]) or 0)
     others = int(one.activations_bytes * (flight - 1))
     held = others + in_flight_units + alltoall
-    peak = ledger(sub, mem.mode, mem.optimizer, settings, mem.missing, held=held,
-                  accumulated=mem.mode == "train" and plan.microbatches > 1).ranks[0] if (held or (
-                      plan.microbatches > 1 and mem.mode == "train")) else one
-    return PlanRankMemory(**{**one.__dict__, "peak_bytes": peak.peak_bytes, "peak_phase": peak.peak_phase,
-                             "peak_node": peak.peak_node}, stage=s, microbatches_in_flight=flight,
-                          allgather_bytes=gather, cp_kv_bytes=max(kv_per_layer.values(), default=0),
-                          alltoall_bytes=alltoall)
+    return PlanRankMemory(**{**one.__dict__, "peak_bytes": one.peak_bytes + held}, stage=s,
+                          microbatches_in_flight=flight, allgather_bytes=gather,
+                          cp_kv_bytes=max(kv_per_layer.values(), default=0), alltoall_bytes=alltoall)
 
 
 def _placed(figures: PlanRankMemory, plan: ParallelPlan, s: int, i: int, e: int) -> PlanRankMemory:
