@@ -9,6 +9,15 @@ nodes keep it. A training step is modelled at steady state, as ``zero_grad(set_t
 step`` runs it: the optimizer states exist throughout, gradients from the backward on. Weights, constants and the
 graph's inputs are alive throughout; the graph's outputs from their node to the end of the step.
 
+**Experts' weights gathered per token.** A mixture-of-experts layer exported with each token's k experts run as
+one batched product (transformers' ``batched_mm``, :mod:`flopcount.frontends.hf`) gathers whole slices of the
+stacked expert weights ``[E, out, in]`` along axis 0, one per (token, expert) pair, and multiplies them. What runs
+in training is a grouped product over the resident weights (``grouped_mm``, or a loop over the experts): nothing
+of the size of T·k weight slices is allocated, kept, or made a gradient of. So a Gather/GatherND that selects whole
+slices along axis 0 of a parameter of rank 3 or more is read as a view of that parameter (no storage; a backward
+that keeps it keeps the weight), and a gradient that reaches it is the parameter's own gradient, once. An
+embedding lookup (a rank-2 table) stays a new tensor.
+
 Not modelled: the workspaces inside a kernel (a backward's own temporaries), allocator rounding and caching (the
 CPU allocator rounds nothing; CUDA's caching allocator rounds to 512 bytes and keeps freed blocks).
 """
@@ -237,6 +246,8 @@ class Graph:
     inputs: tuple[str, ...]
     outputs: frozenset[str]
     units: Mapping[int, int] = field(default_factory=dict)
+    #: outputs of the nodes that gather experts' weight slices per token (:func:`expert_gathers`)
+    gathers: frozenset[str] = frozenset()
 
 
 def _identity(n: NodeCount, g: Graph) -> bool:
@@ -249,6 +260,36 @@ def _identity(n: NodeCount, g: Graph) -> bool:
     return False
 
 
+def _expert_gather(n: NodeCount, params: frozenset[str], root: Mapping[str, str]) -> bool:
+    """Whether ``n`` gathers whole slices along axis 0 of a parameter of rank 3 or more (stacked expert weights):
+    its data is a parameter or a view of one, and its output's last r − 1 dims are the data's last r − 1."""
+    if n.op_type not in ("Gather", "GatherND") or n.domain != "" or len(n.inputs) < 2 or not n.outputs:
+        return False
+    data, out = n.inputs[0], n.outputs[0]
+    if data is None or out is None or root.get(data.name, data.name) not in params:
+        return False
+    d, o = data.shape, out.shape
+    return d is not None and o is not None and len(d) >= 3 and len(o) >= len(d) and \
+        tuple(o[len(o) - len(d) + 1:]) == tuple(d[1:]) and all(isinstance(x, int) for x in d)
+
+
+def expert_gathers(nodes: Sequence[NodeCount], params: frozenset[str]) -> frozenset[str]:
+    """The outputs of the nodes that gather experts' weight slices per token (see the module's text), found on the
+    graph's own shapes: a per-rank walk, whose tensors are flattened to their share, takes them from here."""
+    root: dict[str, str] = {}
+    found: set[str] = set()
+    for n in nodes:
+        first = n.inputs[0].name if n.inputs and n.inputs[0] is not None else ""
+        gather = _expert_gather(n, params, root)
+        if gather:
+            found.add(n.outputs[0].name)
+        view = (n.op_type in VIEWS or gather) and n.domain == "" and first
+        for t in n.outputs:
+            if t is not None and t.name:
+                root[t.name] = root.get(first, first) if view else t.name
+    return frozenset(found)
+
+
 class _Storages:
     """Storage roots of tensor names (views share their input's) and their bytes."""
 
@@ -256,12 +297,19 @@ class _Storages:
         self.g, self.unsized = g, unsized
         self.root: dict[str, str] = {}
         self._bytes: dict[str, int] = {}
+        #: names that are a parameter's expert slices gathered per token, or views of them (see the module's text)
+        self.gathered: set[str] = set()
         for n in g.nodes:
             ins = [i for i in (t.name if t is not None else "" for t in n.inputs)]
-            view = (n.op_type in VIEWS or _identity(n, g)) and n.domain == "" and ins and ins[0]
+            gather = bool(n.outputs) and n.outputs[0] is not None and n.outputs[0].name in g.gathers
+            view = (n.op_type in VIEWS or _identity(n, g) or gather) and n.domain == "" and ins and ins[0]
             for t in n.outputs:
                 if t is not None and t.name:
                     self.root[t.name] = self.root.get(ins[0], ins[0]) if view else t.name
+                    if view and (gather or ins[0] in self.gathered):
+                        self.gathered.add(t.name)
+            if gather:
+                self.gathered.add(ins[0])  # a view of the parameter that the gather reads (its transpose)
 
     def of(self, name: str) -> str:
         return self.root.get(name, name)
@@ -466,10 +514,13 @@ def _input_grads(g: Graph, st: _Storages, n: NodeCount, w: _Walk, grad_of: dict[
     for i, t in enumerate(n.inputs):
         if i >= len(flags) or not flags[i] or t is None or not t.name:
             continue
-        if t.name in g.trainable:
-            if t.name not in param_grads:
-                param_grads.add(t.name)
-                w.add(st.nbytes(t.name))
+        if t.name in g.trainable or (t.name in st.gathered and st.of(t.name) in g.trainable):
+            p = st.of(t.name)  # an expert gather's slices: the gradient is the parameter's own
+            if p not in param_grads:
+                param_grads.add(p)
+                w.add(st.nbytes(p))
+        elif t.name in st.gathered:  # slices of a parameter that is not trained: no gradient
+            continue
         elif n.op_type in VIEWS and n.op_type != "Split" and i == 0 and n.outputs and n.outputs[0] is not None \
                 and n.outputs[0].name in grad_of:
             viewed = grad_of.pop(n.outputs[0].name)
@@ -512,7 +563,8 @@ def account(nodes: Sequence[NodeCount], *, mode: str, optimizer: str | None, set
     else:
         saved, missing = {}, {}
     g = Graph(nodes, grads if mode == "train" else {}, saved, tensors, roles["params"], roles["trainable"],
-              roles["buffers"], roles["stored"], tuple(inputs), frozenset(outputs), units if mode == "train" else {})
+              roles["buffers"], roles["stored"], tuple(inputs), frozenset(outputs), units if mode == "train" else {},
+              expert_gathers(nodes, roles["params"]))
     return ledger(g, mode, optimizer, settings, missing, kv_cache_bytes)
 
 

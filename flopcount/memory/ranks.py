@@ -314,7 +314,7 @@ def _rank(report, g: Graph, mem: Memory, settings: MemorySettings, plan: Paralle
     indexes = {n.index for n in nodes}
     sub = Graph(nodes, {k: f for k, f in g.grads.items() if k in indexes}, saved, tensors,
                 g.params & read, g.trainable & read, g.buffers & read, g.stored, stage.received, stage.sent,
-                {k: u for k, u in g.units.items() if k in indexes})
+                {k: u for k, u in g.units.items() if k in indexes}, g.gathers)
     # one walk gives both the figures and the peak: the held bytes are alive throughout, so they add to the live
     # total at every node alike and move the peak by themselves without moving where it is; only the gradients
     # accumulated from the start (a microbatch after the first) change the walk

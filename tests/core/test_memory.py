@@ -154,3 +154,49 @@ def test_memory_key_only_when_asked():
     assert "memory" not in to_dict(flopcount.count(mlp()))
     doc = to_dict(flopcount.count(mlp(), memory=True))
     assert doc["memory"]["ranks"][0]["params_bytes"] == PARAMS
+
+
+E, PAIRS, OUT_F, IN_F = 3, 64, 29, 31  # experts, (token, expert) pairs, an expert's output and input features
+
+
+def experts_gathered(op: str):
+    """Stacked expert weights [E, O, I] gathered per (token, expert) pair along axis 0 (transformers' batched_mm
+    experts as exported), multiplied by each pair's input: x → MatMul w0 → Relu → Unsqueeze → MatMul(gathered, ·) →
+    ReduceSum (w0 trained, so the experts' product needs its input's gradient and keeps the gathered slices)."""
+    idx = const("idx", [[p % E] for p in range(PAIRS)]) if op == "GatherND" else const("idx", [p % E for p in range(PAIRS)])
+    gather = helper.make_node(op, ["w", "idx"], ["wg"], name="gather", **({} if op == "GatherND" else {"axis": 0}))
+    nodes = [helper.make_node("MatMul", ["x", "w0"], ["a"], name="mm0"),
+             helper.make_node("Relu", ["a"], ["h"], name="relu"),
+             helper.make_node("Unsqueeze", ["h", "axes"], ["hu"], name="unsqueeze"),
+             gather,
+             helper.make_node("MatMul", ["wg", "hu"], ["y"], name="mm"),
+             helper.make_node("ReduceSum", ["y"], ["loss"], name="loss", keepdims=0)]
+    return model(nodes, {"x": [PAIRS, IN_F]}, ["loss"],
+                 [weight("w0", (IN_F, IN_F)), weight("w", (E, OUT_F, IN_F)), idx, const("axes", [2])])
+
+
+@pytest.mark.parametrize("op", ["GatherND", "Gather"])
+def test_experts_gathered_per_token_are_the_resident_weights(op):
+    """What trains is a grouped product over the resident experts: the PAIRS weight slices are neither allocated,
+    kept for the backward, nor given a gradient of their own (they were 4·PAIRS·O·I bytes of each)."""
+    report = flopcount.count(experts_gathered(op), mode="train", memory=True)
+    r = rank(report)
+    weights = F32 * (IN_F * IN_F + E * OUT_F * IN_F)
+    hidden, slices = F32 * PAIRS * IN_F, F32 * PAIRS * OUT_F * IN_F
+    assert r.params_bytes == r.grads_bytes == weights
+    # mm0 keeps x; Relu keeps h, which the experts' product keeps too (viewed); its gathered slices are the weight
+    assert r.activations_bytes == 2 * hidden
+    # at most: weights and their gradients, x, h, a and the gradients of h, a (each PAIRS·I) and of the product's
+    # output [PAIRS, O, 1]: nothing the size of the slices
+    assert r.peak_bytes <= 2 * weights + 5 * hidden + F32 * PAIRS * OUT_F < slices
+
+
+def test_an_embedding_lookup_is_still_a_new_tensor():
+    """A rank-2 table gathered per token is the lookup's output, allocated as it is in the frameworks."""
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"], name="embed", axis=0),
+             helper.make_node("Relu", ["e"], ["h"], name="relu"),
+             helper.make_node("ReduceSum", ["h"], ["loss"], name="loss", keepdims=0)]
+    m = model(nodes, {}, ["loss"], [weight("table", (E, IN_F)), const("ids", [p % E for p in range(PAIRS)])])
+    r = rank(flopcount.count(m, mode="train", memory=True))
+    assert r.activations_bytes == F32 * PAIRS * IN_F  # Relu's output; the lookup's output e is not kept
+    assert r.peak_bytes >= F32 * PAIRS * IN_F * 2  # e and h alive together at the Relu
