@@ -26,16 +26,19 @@ a forked child while the DAG is built (see ``flopcount.pipeline.shapes.Inference
 overlaps the inference and "shapes" is what is left of it. ``--no-parallel`` (or FLOPCOUNT_PARALLEL=0)
 keeps everything in one process, for comparison.
 
-Last measured (``--floor``, 2026-11-27, python 3.11.7, onnx 1.23.2, 2 CPUs shared, load average about 5: every
-figure here is inflated by the load, the forked inference child most of all). Median of three ``--floor`` runs:
-10k nodes 2.02x the floor (runs: 2.09, 1.97, 2.02), 100k nodes 3.80x (3.96, 3.55, 3.80); targets 1.5x and 2.0x,
-still missed. Against a checkout of 7dfa8fc (before this round of speed-ups), both beside the floor in one loop (medians of 3
-whole processes each, in alternation; wall, and user+sys CPU with the forked child), three times as the round went
-on, the last at its final commit: 10k nodes 2.81x, 2.47x, 3.08x -> 1.91x, 2.11x, 2.07x wall (medians 2.81x ->
-2.07x; CPU 2.73x -> 2.14x); 100k nodes 4.02x, 4.06x, 3.87x -> 3.14x, 3.34x, 3.03x wall (medians 4.02x -> 3.14x;
-CPU 4.16x -> 3.34x). Figures are with ``.pyc`` files written, as an
-installed package has them: under ``PYTHONDONTWRITEBYTECODE=1`` each process compiles every flopcount module
-again (about 0.2 s more; the first run of the session measured 3.50x and 4.26x that way).
+Last measured 2026-11-27 06:43-06:57 UTC (python 3.11.7, onnx 1.23.2, 2 CPUs shared, load average 4 to 5: the floor
+process took 1.0-1.2 s at 10k nodes and 2.9-4.1 s at 100k, against 0.38 s and 1.64 s on a quiet machine, so every
+ratio here is inflated by the load, and by a different amount in each loop). Whole processes (``python -m flopcount
+FILE --format json``, ``.pyc`` files written), the checkout before this round (6fa8b6f), this round's commits and the
+floor in one alternating loop, twice; medians, wall and user+sys CPU (forked child included) against the floor's:
+10k nodes (5 runs each) 1.99x -> 1.95x wall, 2.00x -> 1.98x CPU (at 1879129); 2.39x -> 2.20x wall, 2.28x -> 2.24x CPU
+(at 7303b7c); 100k nodes (3 runs each) 2.89x -> 2.79x wall, 2.85x -> 2.86x CPU (at 1879129); 2.94x -> 3.85x wall,
+3.54x -> 3.74x CPU (at 7303b7c, runs of 7.0 to 11.4 s for the same code). The round's two changes (attribute keys
+serialized without asking a scalar attribute whether it is long; the memory ledger imported only under ``--memory``,
+about 15 ms a process) are within the noise of these figures; targets 1.5x and 2.0x, still missed. Earlier,
+against a checkout of 7dfa8fc: 10k nodes 2.81x -> 2.07x wall (medians of three ``--floor`` runs: 2.02x), 100k nodes
+4.02x -> 3.14x wall (``--floor``: 3.80x). Under ``PYTHONDONTWRITEBYTECODE=1`` each process compiles every
+flopcount module again (about 0.2 s more at either size).
 """
 
 from __future__ import annotations

@@ -686,8 +686,15 @@ def _shapeless_source(index: GraphIndex, failed: int, tensors: Mapping[str, Tens
 
 def _blob(a: onnx.AttributeProto) -> bytes | "_Itself":
     """What tells an attribute apart for :class:`_AttributeCache`: its bytes, or the attribute itself for a long
-    repeated one (a tree ensemble's node lists: hundreds of MB to serialize, and no other node has them)."""
-    return _Itself(a) if is_long(a) else a.SerializeToString()
+    repeated one (a tree ensemble's node lists: hundreds of MB to serialize, and no other node has them). Only an
+    attribute of a repeated type is asked whether it is long: a scalar one (most of them) is serialized at once."""
+    return _Itself(a) if a.type in _REPEATED_TYPES and is_long(a) else a.SerializeToString()
+
+
+#: Attribute types whose values may be long lists (:func:`~flopcount.context.is_long`; UNDEFINED: an old model that
+#: does not say).
+_REPEATED_TYPES = frozenset({onnx.AttributeProto.UNDEFINED, onnx.AttributeProto.INTS, onnx.AttributeProto.FLOATS,
+                             onnx.AttributeProto.STRINGS})
 
 
 #: Tree ensembles of ``ai.onnx.ml``: their shape inference reads the labels and target counts, never the node lists.

@@ -399,7 +399,6 @@ def memory_settings(args: argparse.Namespace) -> dict:
     are checked either way (exit 2 naming the bad part). The count's ledger is one rank's; :func:`with_parallel`
     splits it per rank of the plan."""
     from flopcount.errors import UsageError
-    from flopcount.memory.ledger import MemorySettings
     from flopcount.parallel.plan import ParallelPlan, parse_parallel, parse_recompute
 
     plan = parse_parallel(args.parallel, getattr(args, "microbatches", 1), getattr(args, "schedule", "1f1b")) \
@@ -418,6 +417,8 @@ def memory_settings(args: argparse.Namespace) -> dict:
         return {}
     if recompute.policy != "none" and args.mode != "train":
         raise UsageError(f"--recompute {recompute}: recompute changes training only; give --mode train")
+    from flopcount.memory.ledger import MemorySettings  # only here: a count without --memory needs no ledger
+
     MemorySettings(plan=plan)  # cp and ep: exit 2 naming the flag
     return {"memory": MemorySettings(implementation=args.optimizer_impl, device=args.memory_device,
                                      master_weights=args.master_weights, recompute=recompute)}

@@ -73,3 +73,19 @@ def test_json_count_of_a_plain_graph_loads_neither_networkx_nor_tabulate(tmp_pat
             f"    assert main([{str(path)!r}, '--format', 'json']) == 0")
     loaded = _modules_after(code)
     assert "flopcount.counting" in loaded and not loaded & {"networkx", "tabulate"}
+
+
+def test_json_count_without_memory_loads_no_memory_ledger(tmp_path):
+    # --memory and its settings are read only when asked for; with --memory the ledger is there
+    from helpers import model
+    from onnx import helper
+
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model([helper.make_node("Relu", ["x"], ["y"])], {"x": (2, 3)}, ["y"]).SerializeToString())
+    runs = {}
+    for flags in ((), ("--memory",)):
+        code = ("import contextlib, io\nfrom flopcount.cli import main\nwith contextlib.redirect_stdout(io.StringIO()):\n"
+                f"    assert main([{str(path)!r}, '--format', 'json', *{flags!r}]) == 0")
+        runs[flags] = _modules_after(code)
+    assert "flopcount.counting" in runs[()] and "flopcount.memory.ledger" not in runs[()]
+    assert "flopcount.memory.ledger" in runs[("--memory",)]
