@@ -243,6 +243,7 @@ def _count_stack(model, count, repeated_layers: str, trust_remote_code: bool, fu
     from flopcount.derived.extension import NotExtendable, extend
     from flopcount.reporting.layers import EXTENDED, RepeatedLayers
 
+    from .ahead import exporting
     from .repeated import LayerStack, layer_stack
 
     full_layers = None if full is None else full.num_hidden_layers
@@ -250,15 +251,21 @@ def _count_stack(model, count, repeated_layers: str, trust_remote_code: bool, fu
     if isinstance(stack, LayerStack) and repeated_layers == "export" and full is None:
         stack = stack.exported("--repeated-layers export: the whole model exported")
     if isinstance(stack, LayerStack):
-        counts = []
+        smalls = []
         for layers in stack.sizes:
             small = build_model(stack.config_of(model.config, layers), trust_remote_code=trust_remote_code)
             reason = stack.compare(small, layers)
             if reason is not None:
                 stack = stack.exported(reason)
                 break
-            with phase(f"the {layers}-layer model (to extend to {stack.layers} layers)"):
-                counts.append((small, count(small)))
+            smalls.append((layers, small))
+    if isinstance(stack, LayerStack):
+        counts = []
+        # the larger model's export is made ahead, in a child, while this process counts the smaller one
+        with exporting(smalls[-1][1], lambda: count(smalls[-1][1])):
+            for layers, small in smalls:
+                with phase(f"the {layers}-layer model (to extend to {stack.layers} layers)"):
+                    counts.append((small, count(small)))
     if isinstance(stack, LayerStack):
         (one, r1), (two, r2) = counts
         p1, p2, p = (sum(x.numel() for x in m.parameters()) for m in (one, two, model))

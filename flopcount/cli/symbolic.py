@@ -43,9 +43,18 @@ def has_names(args: argparse.Namespace) -> bool:
 
 def _counting(args: argparse.Namespace):
     """(model, count function or None, count keyword arguments) for the model ``args`` name."""
+    import dataclasses
+
     _, options = options_from_args(args)
-    kwargs = {k: v for k in ("convention", "mode", "optimizer", "input_values", "loop_trips", "trainable", "frozen",
-                             "free_ops") if (v := getattr(options, k)) is not None}
+    what = "--sweep" if getattr(args, "sweep", None) else "--symbolic"
+    for flag, given in (("--memory", options.memory), ("--parallel", getattr(args, "parallel", None)),
+                        ("--generate", getattr(args, "generate", None))):
+        if given:
+            raise UsageError(f"{what} with {flag}: a formula (or a sweep) is of the count's FLOPs; count one size "
+                             f"with {flag}, or leave {flag} out")
+    # every setting of the record but the shapes, which each size fills in
+    kwargs = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)
+              if f.name != "input_shapes" and getattr(options, f.name) != f.default}
     if args.torch or getattr(args, "hf", None):
         from flopcount.frontends.torch import from_torch, load_factory
 

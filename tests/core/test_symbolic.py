@@ -112,22 +112,60 @@ def test_cli_usage_errors(tmp_path, args, message):
     assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr
 
 
+def with_custom_op(tmp_path) -> str:
+    """MatMul [B, 8]·[8, 4], then an op of a custom domain that has no formula."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", 4])
+    w = helper.make_tensor("w", TensorProto.FLOAT, [8, 4], [0.0] * 32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["h"]),
+                               helper.make_node("Mark", ["h"], ["y"], domain="example.custom")],
+                              "g", [x], [y], [w], value_info=[helper.make_tensor_value_info("h", TensorProto.FLOAT,
+                                                                                            ["B", 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("example.custom", 1)])
+    onnx.save(model, tmp_path / "custom.onnx")
+    return str(tmp_path / "custom.onnx")
+
+
+def test_cli_formula_keeps_every_count_setting(tmp_path):
+    """--strict and --free-op reach each count of a formula (they used to be dropped on the way)."""
+    path = with_custom_op(tmp_path)
+    p = cli(path, "--symbolic", "--format", "json")
+    assert p.returncode == 0, p.stderr
+    assert {tuple(t["powers"]): t["coefficient"] for t in json.loads(p.stdout)["formula"]["terms"]} == {(1,): 2 * 8 * 4}
+    p = cli(path, "--symbolic", "--strict")
+    assert p.returncode == 6 and "Mark" in p.stderr and "Traceback" not in p.stderr
+    p = cli(path, "--input-shape", "x=Bx8", "--sweep", "B=1,2", "--strict", "--free-op", "example.custom:Mark")
+    assert p.returncode == 0, p.stderr
+
+
+@pytest.mark.parametrize("flags", [["--memory"], ["--parallel", "tp=2"]], ids=["memory", "parallel"])
+def test_cli_formula_refuses_what_a_formula_cannot_hold(tmp_path, flags):
+    p = cli(with_custom_op(tmp_path), "--symbolic", *flags)
+    assert p.returncode == 2 and f"--symbolic with {flags[0]}" in p.stderr and "Traceback" not in p.stderr
+
+
 def test_cli_not_a_polynomial_is_exit_5(tmp_path):
     onnx.save(strided_conv(), tmp_path / "conv.onnx")
     p = cli(str(tmp_path / "conv.onnx"), "--symbolic", "H=3")
     assert p.returncode == 5 and "not a polynomial in H" in p.stderr
 
 
-def test_hf_llama_formula(tmp_path):
+@pytest.mark.parametrize("attention", ["full", "executed"])
+def test_hf_llama_formula(tmp_path, attention):
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("torch")
     h, kv, ffn, layers, vocab = 32, 16, 48, 3, 41
     transformers.LlamaConfig(hidden_size=h, intermediate_size=ffn, num_hidden_layers=layers, num_attention_heads=2,
                              num_key_value_heads=1, vocab_size=vocab).save_pretrained(tmp_path / "llama")
     p = cli("--hf", str(tmp_path / "llama"), "--input-shape", "input_ids=1xS", "--symbolic", "S=3",
-            "--convention", "dense", "--format", "json", cwd=tmp_path)
+            "--convention", "dense", "--format", "json", "--attention", attention, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     terms = {tuple(t["powers"]): t["coefficient"] for t in json.loads(p.stdout)["formula"]["terms"]}
-    # per token: 2·(matrix parameters of the layers and the head); per sequence: 4·L·h·S² for the attention
+    # per token: 2·(matrix parameters of the layers and the head); per sequence: 4·L·h·S² for the attention, of
+    # which executed (causal) attention runs the S·(S + 1)/2 pairs on and below the diagonal: 2·L·h·S² + 2·L·h·S
     per_token = 2 * (layers * (2 * h * h + 2 * h * kv + 3 * h * ffn) + h * vocab)
-    assert terms == {(2,): 4 * layers * h, (1,): per_token}
+    if attention == "full":
+        assert terms == {(2,): 4 * layers * h, (1,): per_token}
+    else:
+        assert terms == {(2,): 2 * layers * h, (1,): per_token + 2 * layers * h}

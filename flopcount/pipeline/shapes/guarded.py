@@ -81,9 +81,9 @@ def infer(model: ModelProto, where: str, strict: bool = False, hint: bool = True
 
 def _contained_inference(model: ModelProto, strict: bool) -> tuple[str, str | bytes] | None:
     """ONNX's inference of the whole ``model`` in a forked child: ``("M", the inferred model serialized)``, or
-    ``("E", the first line of the inference error)``; None where no child may be forked (:func:`_fork_safe`) or
+    ``("E", the first line of the inference error)``; None where no child may be forked (:func:`fork_safe`) or
     it did not exit cleanly (ONNX's C++ aborting on a negative dim: the caller then guards depth by depth)."""
-    if not _fork_safe():
+    if not fork_safe():
         return None
     forked = _fork_with_pipe()
     if forked is None:
@@ -658,11 +658,12 @@ def _may_fork(model: ModelProto) -> bool:
     on import, do not matter: the child runs only ONNX's inference, writes to a pipe and exits."""
     if len(model.graph.node) < PARALLEL_MIN_NODES and not _body_at_risk(model.graph):
         return False
-    return _fork_safe()
+    return fork_safe()
 
 
-def _fork_safe() -> bool:
-    """Whether this process may fork a child that runs ONNX's inference (see :func:`_may_fork`)."""
+def fork_safe() -> bool:
+    """Whether this process may fork a child (ONNX's inference here, an export ahead in
+    :mod:`flopcount.frontends.ahead`): see :func:`_may_fork`."""
     if os.environ.get("FLOPCOUNT_PARALLEL", "1") == "0" or not sys.platform.startswith("linux"):
         return False
     if not hasattr(os, "fork") or threading.active_count() != 1:
