@@ -254,6 +254,28 @@ def test_torchrun_bench_reports_each_ranks_mfu(tmp_path):
         assert "MFU per rank" in f.read()
 
 
+def test_torchrun_bench_without_a_plan_reads_dp_from_the_process_group(tmp_path):
+    """No --parallel: the 2 ranks train data parallel, so the report carries the per-rank MFU of dp=2."""
+    out, table = str(tmp_path / "b.json"), str(tmp_path / "table.txt")
+    assert _launch(_bench_rank, [*BENCH, "-o", out], table) == [0, 0]
+    with open(out) as f:
+        doc = json.load(f)
+    run, counting = doc["runs"][0], doc["config"]["counting"]
+    whole = counting["flops_per_sample"] * counting["batch"]
+    par = run["parallel"]
+    assert (par["plan"]["dp"], par["plan"]["tp"], par["plan"]["pp"]) == (2, 1, 1)
+    times = {r["rank"]: r["step_time_s"] for r in run["per_rank"]}
+    for r in par["ranks"]:
+        assert r["coords"]["dp"] == r["rank"] and r["model_flops"] == pytest.approx(whole)
+        assert r["mfu"] == pytest.approx(whole / times[r["rank"]] / 1e9) and r["hfu"] == pytest.approx(r["mfu"])
+    slow = max(times.values())
+    assert par["conventions"]["megatron"]["mfu"] == pytest.approx(2 * whole / (2 * slow) / 1e9)
+    assert par["conventions"]["torchtitan"]["mfu"] == pytest.approx(whole / slow / 1e9)  # W·M / (tp·pp·cp·t)
+    with open(table) as f:
+        text = f.read()
+    assert "MFU per rank" in text and "HFU" in text and "megatron" in text.lower() and "torchtitan" in text.lower()
+
+
 @pytest.mark.slow  # the Meter's own refusal under two ranks is in test_two_ranks_report_each_ranks_mfu
 def test_torchrun_bench_refuses_a_plan_of_another_world_size(tmp_path, capfd):
     codes = _launch(_bench_rank, [*BENCH, "--parallel", "dp=4"], str(tmp_path / "t.txt"))
