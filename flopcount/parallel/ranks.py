@@ -67,7 +67,8 @@ and (P−1)/(v·M+P−1) interleaved.
 it updates, and ``optimizer_redundant_flops``, those another rank updates too (TP-replicated norms, K/V copies, DP
 replicas without ``fsdp``); the rules are in :mod:`flopcount.parallel.optimizer`.
 
-Not modelled yet (exit 2 naming the flag): ``--generate``; the is simulated with balanced experts (the stage durations of TP rank 0, before the EP load).
+Not modelled yet (exit 2 naming the flag): ``--generate``; the bubble is simulated with balanced experts (the stage
+durations of TP rank 0, before the EP load).
 """
 
 from __future__ import annotations
