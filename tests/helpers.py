@@ -188,16 +188,16 @@ def make_folder(root, classes=("cat", "dog", "fox"), per_class=6, size=(20, 24))
 
 
 def tiny_llama(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab: int, shape: tuple[int, int],
-               mode: str = "train"):
+               mode: str = "train", optimizer: str | None = None):
     """The counted report of a Hugging Face Llama of these sizes (no weights), one microbatch of ``shape``: the
-    model the parallel tests divide over ranks."""
+    model the parallel tests divide over ranks (with ``optimizer``, its update step too)."""
     import transformers
 
     import flopcount
 
     config = transformers.LlamaConfig(hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
                                       num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab)
-    return flopcount.from_hf(config, shape, cache_dir=False, mode=mode)
+    return flopcount.from_hf(config, shape, cache_dir=False, mode=mode, optimizer=optimizer)
 
 
 def gloo_ranks(worker, tmp_path, *args, world: int = 2) -> list:

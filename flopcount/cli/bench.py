@@ -174,6 +174,11 @@ def run(args: argparse.Namespace) -> int:
             parallel = ensemble.for_bench(cfg.workload, args.ensemble, ranks.world_size)
             if parallel is not None:
                 cfg = cfg.replace(device=ranks.device)
+            if cfg.parallel is None and args.ensemble == 1 and ranks.world_size > 1:
+                # no --parallel under torchrun/srun: the ranks of the process group train one model data parallel
+                from flopcount.parallel.plan import parse_parallel
+
+                cfg = cfg.replace(parallel=parse_parallel(f"dp={ranks.world_size}", 1, "1f1b").as_dict())
             return _run(args, module, cfg, torch, parallel, ranks)
         except RuntimeError as e:  # a collective failed: a peer that hung or died is named, anything else is ours
             failure = distributed.peer_failure(e, ranks, args.timeout)

@@ -65,8 +65,12 @@ simulated rank by rank, each action waiting for its rank and for the action it n
 ``bubble_fraction`` = 1 − busy time / (P × makespan); with equal stages it is (P−1)/(M+P−1) for GPipe and 1F1B,
 and (P−1)/(v·M+P−1) interleaved.
 
-Not modelled yet (exit 2 naming the flag): ``--generate``; the optimizer step's FLOPs are not in the ledger; the
-bubble is simulated with balanced experts (the stage durations of TP rank 0, before the EP load).
+**Optimizer step** (with ``--optimizer``): each rank's ``optimizer_flops`` once per step, for the parameter elements
+it updates, and ``optimizer_redundant_flops``, those another rank updates too (TP-replicated norms, K/V copies, DP
+replicas without ``fsdp``); the rules are in :mod:`flopcount.parallel.optimizer`.
+
+Not modelled yet (exit 2 naming the flag): ``--generate``; the bubble is simulated with balanced experts (the stage
+durations of TP rank 0, before the EP load).
 """
 
 from __future__ import annotations
@@ -117,11 +121,14 @@ class RankFlops:
     recompute_flops: int
     per_microbatch: Mapping[str, int]
     communication: tuple[Collective, ...]
+    optimizer_flops: int | None = None  # the optimizer step, once per step (:mod:`flopcount.parallel.optimizer`)
+    optimizer_redundant_flops: int | None = None  # the part of it another rank runs too
 
     def as_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "coords": dict(self.coords), "stage": self.stage,
                 "model_flops": self.model_flops, "hardware_flops": self.hardware_flops,
                 "redundant_flops": self.redundant_flops, "recompute_flops": self.recompute_flops,
+                "optimizer_flops": self.optimizer_flops, "optimizer_redundant_flops": self.optimizer_redundant_flops,
                 "per_microbatch": dict(self.per_microbatch),
                 "communication": [c.as_dict() for c in self.communication]}
 
@@ -143,10 +150,15 @@ class ParallelLedger:
     kv_rule: str
     rules: tuple[str, ...] = field(default=())
     expert_load: str | None = None  # "balanced" or the --expert-load file of a MoE model; None for a dense one
+    optimizer: str | None = None  # the counted optimizer; None with the reason in optimizer_note
+    whole_optimizer_flops: int | None = None  # the whole model's optimizer step
+    optimizer_note: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"plan": self.plan.as_dict(), "recompute": str(self.recompute), "mode": self.mode,
-                "whole_flops_per_microbatch": self.whole_flops, "dims": dict(self.dims),
+                "whole_flops_per_microbatch": self.whole_flops, "optimizer": self.optimizer,
+                "whole_optimizer_flops": self.whole_optimizer_flops, "optimizer_note": self.optimizer_note,
+                "dims": dict(self.dims),
                 "kv_heads_rule": self.kv_rule, "expert_load": self.expert_load,
                 "bubble_fraction": self.bubble_fraction,
                 "slowest_rank": self.slowest_rank, "imbalance": self.imbalance,
@@ -490,6 +502,10 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
     whole = sum(n.cost.flops + (n.backward.flops if train else 0) for n in report.nodes)
     comm = _communication(plan, d, report, per_stage, train, has_loss)
     order = ("tp", "pp", "cp", "ep", "dp")
+    from . import optimizer as po
+
+    note = po.optimizer_note(report)
+    per_element = po.per_element(report) if note is None else 0
     ranks = []
     for s in range(p):
         for dp in range(plan.dp):
@@ -507,11 +523,14 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
                     rank = i + t * (cp + c_ * (dp + plan.dp * s))
                     extra = _cp_ep_communication(plan, d, report, s, per_stage, train, recompute,
                                                  [fractions[layer][ep] for layer in experts[(s, i)]])
+                    opt = None if note else po.optimizer_elements(
+                        report, plan, d.kv_heads, d.layers, _chunks(plan), s, i, dp, cp, group, ep, _COLUMN, _ROW, _KV)
                     ranks.append(RankFlops(rank, {k: coords[k] for k in order}, s, m * model, m * (run + again),
                                            m * (run - model), m * again,
                                            {"model_flops": model, "hardware_flops": run + again,
                                             "redundant_flops": run - model, "recompute_flops": again},
-                                           comm[s] + extra))
+                                           comm[s] + extra, *((per_element * opt[0], per_element * opt[1]) if opt
+                                                              else (None, None))))
     ranks.sort(key=lambda r: r.rank)
     bubble = _bubble(plan, shares, train)
     slowest = max(ranks, key=lambda r: (r.hardware_flops, -r.rank))
@@ -523,7 +542,9 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
         "experts": report.moe.experts if moe_layers else 0, "top_k": report.moe.top_k if moe_layers else 0},
         tuple(ranks), bubble, slowest.rank, slowest.hardware_flops / mean if mean else 1.0,
         f"each TP rank holds one of the {d.kv_heads} K/V heads, copied on {kv_group} ranks" if kv_group > 1
-        else "K/V heads split over TP", expert_load=load.source if moe_layers else None)
+        else "K/V heads split over TP", expert_load=load.source if moe_layers else None,
+        optimizer=None if note else report.optimizer[0],
+        whole_optimizer_flops=None if note else report.optimizer[1].flops, optimizer_note=note)
 
 
 def _cp_ep_communication(plan: ParallelPlan, d: _Dims, report: Any, stage: int, per_stage: int, train: bool,
@@ -699,7 +720,7 @@ def _rank_params(report, d: _Dims, plan: ParallelPlan) -> list[int]:
 
 #: Columns of :func:`rank_rows` (the text report's table by rank).
 RANK_HEADERS = ("ranks", "tp", "pp", "dp", "model FLOPs", "hardware FLOPs", "redundant FLOPs", "recompute FLOPs",
-                "communication bytes")
+                "optimizer FLOPs", "communication bytes")
 
 
 def rank_rows(led: ParallelLedger) -> list[list[str]]:
@@ -708,7 +729,7 @@ def rank_rows(led: ParallelLedger) -> list[list[str]]:
     groups: dict[tuple, list[RankFlops]] = {}
     for r in led.ranks:
         key = (r.stage, r.coords["tp"], r.coords["cp"], r.coords["ep"], r.model_flops, r.hardware_flops,
-               r.recompute_flops, r.communication)
+               r.recompute_flops, r.optimizer_flops, r.optimizer_redundant_flops, r.communication)
         groups.setdefault(key, []).append(r)
     rows = []
     for (stage, tp, *_), rs in sorted(groups.items(), key=lambda kv: kv[1][0].rank):
@@ -719,8 +740,15 @@ def rank_rows(led: ParallelLedger) -> list[list[str]]:
         dp = f"{dps[0]}-{dps[-1]}" if dps == list(range(dps[0], dps[-1] + 1)) and len(dps) > 1 else \
             ",".join(map(str, dps))
         rows.append([names, str(tp), str(stage), dp, f"{r.model_flops:,}", f"{r.hardware_flops:,}",
-                     f"{r.redundant_flops:,}", f"{r.recompute_flops:,}", comm])
+                     f"{r.redundant_flops:,}", f"{r.recompute_flops:,}", _optimizer_cell(r), comm])
     return rows
+
+
+def _optimizer_cell(r: RankFlops) -> str:
+    if r.optimizer_flops is None:
+        return "-"
+    return f"{r.optimizer_flops:,}" + (f" ({r.optimizer_redundant_flops:,} redundant)"
+                                       if r.optimizer_redundant_flops else "")
 
 
 def summary_line(led: ParallelLedger) -> str:
@@ -729,4 +757,6 @@ def summary_line(led: ParallelLedger) -> str:
             f"{led.plan.microbatches} microbatch{'es' if led.plan.microbatches > 1 else ''} per DP rank; whole model "
             f"{led.whole_flops:,} FLOPs a microbatch; bubble {led.bubble_fraction:.4f}; slowest rank "
             f"{led.slowest_rank}, imbalance {led.imbalance:.4f} (max/mean hardware FLOPs); {led.kv_rule}"
-            + (f"; expert load {led.expert_load}" if led.expert_load else ""))
+            + (f"; expert load {led.expert_load}" if led.expert_load else "")
+            + (f"; optimizer {led.optimizer} {led.whole_optimizer_flops:,} FLOPs a step (whole model)"
+               if led.optimizer else f"; optimizer FLOPs: {led.optimizer_note}"))

@@ -197,3 +197,19 @@ def test_other_moe_decoders_sum_to_the_whole_count(name):
     led = ledger(r, p, expert_load=ExpertLoad([[1, 2, 3, 4] * (r.moe.experts // 4)], "test"))
     assert sum(x.model_flops for x in led.ranks) == (r.forward.flops + r.backward.flops) * 2 * p.dp
     assert {x.coords["ep"] for x in led.ranks} == {0, 1, 2, 3} and led.imbalance > 1
+
+
+
+def test_optimizer_step_over_expert_ranks_sums_to_the_whole_step():
+    import flopcount
+
+    config = transformers.Qwen2MoeConfig(
+        hidden_size=H, intermediate_size=40, moe_intermediate_size=I_MOE, shared_expert_intermediate_size=SHARED,
+        num_hidden_layers=L, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, vocab_size=V,
+        num_experts=E, num_experts_per_tok=K, decoder_sparse_step=1)
+    report = flopcount.from_hf(config, (B, S), cache_dir=False, mode="train", optimizer="sgd")
+    params = sum(report.modules.params.values())
+    for text in ("tp=2,ep=2,dp=2", "tp=2,ep=2,dp=2,fsdp", "ep=2,cp=2,dp=3,fsdp"):
+        led = ledger(report, plan(text))
+        # SGD: w -= lr·g, 2 FLOPs an element; every element updated once apart from the named redundant copies
+        assert sum(r.optimizer_flops - r.optimizer_redundant_flops for r in led.ranks) == 2 * params, text

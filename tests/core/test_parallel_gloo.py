@@ -388,6 +388,53 @@ def test_fsdp2_on_gloo_equals_the_ledger(report, tmp_path):
         assert seen[r]["grads"] == [4 * params // 2] * M
 
 
+def _adam_worker(rank: int, world: int, init: str, out: str) -> None:
+    """One rank of the tiny Llama under FSDP2 (each layer and the whole model ``fully_shard``-ed) stepping
+    ``torch.optim.Adam(foreach=False)`` once after one microbatch: the parameter elements the rank really holds
+    (its shards), the elements of Adam's two moments it keeps, and what FlopCounterMode sees around opt.step()."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    torch.manual_seed(0)
+    model = _llama()
+    for layer in model.layers.values():
+        fully_shard(layer)
+    fully_shard(model)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
+    torch.manual_seed(1 + rank)
+    ids = torch.randint(0, V, (B, S))
+    _loss(model(ids), ids).backward()
+    with FlopCounterMode(display=False) as counter:
+        opt.step()
+    held = sum(p.to_local().numel() for p in model.parameters())
+    moments = sum(st[k].to_local().numel() for st in opt.state.values() for k in ("exp_avg", "exp_avg_sq"))
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump({"held": held, "moments": moments, "counted": counter.get_total_flops()}, f)
+    dist.destroy_process_group()
+
+
+def test_adam_step_under_fsdp2_on_gloo_equals_the_ledger(tmp_path):
+    """The optimizer step per rank: torch's counter sees none of Adam's elementwise update (it counts products), so
+    the per-element count is written from Adam's update as torch documents it (torch.optim.Adam, no weight decay,
+    no amsgrad): m = b1·m + (1-b1)·g (2 mul, 1 add), v = b2·v + (1-b2)·g² (3 mul, 1 add), m̂ = m/(1-b1^t) and
+    v̂ = v/(1-b2^t) (1 div each; the scalars once per tensor), w -= lr·m̂/(sqrt(v̂)+eps) (sqrt, add, div, mul, sub);
+    and the elements each rank updates are those FSDP2 really leaves it (its shards, Adam's moments of the same
+    size), against the ledger's ``optimizer_flops`` of dp=2,fsdp."""
+    per_element = (2 + 1) + (3 + 1) + (1 + 1) + 5
+    seen = gloo_ranks(_adam_worker, tmp_path)
+    led = ledger(tiny_llama(H, L, HEADS, KV_HEADS, FFN, V, (B, S), optimizer="adam"), plan("dp=2,fsdp"))
+    params = V * H + L * (2 * H * H + 2 * H * KV_HEADS * D + 3 * H * FFN + 2 * H) + H + H * V
+    assert sum(r["held"] for r in seen) == params
+    for r in range(2):
+        assert seen[r]["counted"] == 0  # no product in Adam's step
+        assert seen[r]["moments"] == 2 * seen[r]["held"]
+        assert led.ranks[r].optimizer_flops == per_element * seen[r]["held"]
+        assert led.ranks[r].optimizer_redundant_flops == 0
+
+
 # --- expert parallelism on 2 gloo ranks: a tiny Qwen2-MoE with a fixed router ----------------------------------
 
 V_MOE, E, K, I_MOE, SHARED, L_MOE = 50, 6, 2, 24, 56, 2

@@ -346,3 +346,58 @@ def test_full_recompute_stops_at_the_last_saved_tensor(ops, again):
     nodes = [SimpleNamespace(op_type=op) for op in ["Gather", *ops, "MatMul"]]
     scopes = [("model.embed_tokens",)] + [("model.layers.0",)] * len(ops) + [("lm_head",)]
     assert _rerun_layers(nodes, scopes) == {k + 1 for k in again}
+
+
+# --- the optimizer step per rank ---------------------------------------------------------------------------------
+
+#: FLOPs per parameter element of each update, written out from its equations: SGD w -= lr·g (mul, sub); momentum
+#: v = mu·v + g, w -= lr·v; Adam m = b1·m + (1-b1)·g (3), v = b2·v + (1-b2)·g·g (4), m/(1-b1^t), v/(1-b2^t) (2),
+#: w -= lr·m̂/(sqrt(v̂)+eps) (sqrt, add, div, mul, sub: 5); AdamW adds w -= lr·wd·w (2).
+PER_ELEMENT = {"sgd": 2, "momentum": 2 + 2, "adam": 3 + 4 + 2 + 5, "adamw": 3 + 4 + 2 + 5 + 2}
+PARAMS = V * H + L * (2 * H * H + 2 * H * KV_HEADS * D + 3 * H * FFN + 2 * H) + H + H * V
+
+
+@pytest.fixture(scope="module", params=["sgd", "adamw"])  # adam: tests/core/test_parallel_gloo.py
+def trained(request):
+    return request.param, tiny_llama(H, L, HEADS, KV_HEADS, FFN, V, (B, S), optimizer=request.param)
+
+
+def test_optimizer_step_per_rank_closed_form(trained):
+    # tp=4,pp=2,dp=2: each stage holds 2 layers; on TP rank i, Q and O H·H/4 each, K and V one of the 2 K/V heads
+    # (H·KV_HEADS·D/2 each, copied on ranks 2j and 2j+1), gate/up/down H·FFN/4 each, both norms whole (2H);
+    # stage 0 adds the vocab-parallel embedding V·H/4, stage 1 the final norm H and the LM head H·V/4
+    name, report = trained
+    f = PER_ELEMENT[name]
+    layer = 2 * H * H // 4 + 2 * H * KV_HEADS * D // 2 + 3 * H * FFN // 4 + 2 * H
+    led = ledger(report, plan("tp=4,pp=2,dp=2", m=3))
+    for r in led.ranks:
+        tp, stage, dp = r.coords["tp"], r.stage, r.coords["dp"]
+        held = 2 * layer + (V * H // 4 if stage == 0 else H + H * V // 4)
+        copied = 2 * (2 * H * KV_HEADS * D // 2) * (tp % 2) + (2 * 2 * H + (H if stage == 1 else 0)) * (tp > 0)
+        assert r.optimizer_flops == f * held  # once per step: the same for m=3 as for m=1
+        assert r.optimizer_redundant_flops == f * (held if dp == 1 else copied)  # DP replica 1 repeats replica 0
+    assert led.whole_optimizer_flops == report.optimizer[1].flops == f * PARAMS
+
+
+@pytest.mark.parametrize("text", [
+    pytest.param("tp=2", id="tp2"),
+    pytest.param("tp=4,pp=2,dp=2", id="tp4-kv-copies-pp2-dp2"),
+    pytest.param("tp=4,sp,dp=3,fsdp", id="tp4-sp-dp3-fsdp-uneven"),
+    pytest.param("tp=2,cp=2,pp=2,dp=2,fsdp", id="tp2-cp2-pp2-dp2-fsdp"),
+    pytest.param("pp=2,interleaved:2", id="pp2-interleaved2"),
+])
+def test_optimizer_sum_over_ranks_is_the_whole_step_plus_redundant(trained, text):
+    name, report = trained
+    text, _, schedule = text.partition(",interleaved")
+    p = plan(text, m=4, schedule="interleaved" + schedule if schedule else "1f1b")
+    led = ledger(report, p)
+    held = sum(r.optimizer_flops for r in led.ranks)
+    assert held - sum(r.optimizer_redundant_flops for r in led.ranks) == PER_ELEMENT[name] * PARAMS
+    if p.fsdp:  # sharded over dp·cp, nothing repeats over DP: TP rank 0 runs no redundant update
+        assert all(r.optimizer_redundant_flops == 0 for r in led.ranks if r.coords["tp"] == 0)
+
+
+def test_optimizer_step_is_null_without_an_optimizer(report):
+    led = ledger(report, plan("tp=2,dp=2"))
+    assert all(r.optimizer_flops is None and r.as_dict()["optimizer_flops"] is None for r in led.ranks)
+    assert led.optimizer is None and "--optimizer" in led.as_dict()["optimizer_note"]

@@ -36,6 +36,52 @@ def llama():
     return report, transformers.LlamaForCausalLM(config)
 
 
+def _meter_hfu(**kwargs):
+    """HFU and how of a 3-step run on a hand-advanced clock (1 s a step of B samples, peak PEAK)."""
+    from flopcount.measure.machine.devices import Device, Peak
+
+    t = [100.0]
+    m = flopcount.Meter(warmup_steps=0, window_steps=3, clock=lambda: t[0], energy=False, recompute="full",
+                        peak_flops=PEAK, **kwargs)
+    for _ in range(3):
+        with m.step(samples=B):
+            t[0] += 1.0
+    r = m.result(device=Device("cpu", "test CPU", peaks={"fp32": Peak(PEAK, "test")}))
+    return r.mfu, r.hfu, r.how.get("hfu") or r.unavailable["hfu"]
+
+
+def test_full_recompute_hfu_with_a_report_is_the_ledgers_rerun(llama):
+    """recompute="full" with a counted decoder: HFU adds what the ledger reruns (checked against torch's
+    non-reentrant checkpoint in tests/core/test_parallel_gloo.py), not a whole forward: each layer stops before its
+    down projection (2·S·FFN·H a sample) and the residual add after it (S·H); the embedding, final norm, head and
+    loss are outside the checkpointed layers and do not run again."""
+    report = llama[0]
+    from flopcount.parallel.plan import ParallelPlan, parse_recompute
+    from flopcount.parallel.ranks import ledger
+
+    layer_forward = sum(n.cost.flops for n, sc in zip(report.nodes, report.modules.nodes)
+                        if any(".layers." in x for x in sc)) / B
+    rerun = layer_forward - L * (2 * S * FFN * H + S * H)
+    assert ledger(report, ParallelPlan(), parse_recompute("full")).ranks[0].recompute_flops / B == rerun
+    C, forward = report.per_sample.flops, report.forward.flops / B
+    mfu, hfu, how = _meter_hfu(report=report)
+    assert hfu == pytest.approx(mfu * (C + rerun) / C) and "non-reentrant" in how
+    assert rerun < forward  # PaLM's +1 forward overstates
+    mfu, hfu, how = _meter_hfu(flops_per_sample=C)  # only a number: no forward, no rerun known
+    assert hfu is None and "needs a counting report" in how
+
+
+def test_full_recompute_hfu_of_a_model_the_ledger_cannot_split_is_palms_extra_forward():
+    net = torch.nn.Sequential(torch.nn.Linear(12, 20), torch.nn.ReLU(), torch.nn.Linear(20, 3))
+    report = flopcount.from_torch(net, torch.zeros(B, 12), mode="train")
+    # forward per sample: 2·12·20 + 20 (bias) + 20 (ReLU) + 2·20·3 + 3 (bias)
+    forward = 2 * 12 * 20 + 20 + 20 + 2 * 20 * 3 + 3
+    assert report.forward.flops / B == forward
+    mfu, hfu, how = _meter_hfu(report=report)
+    C = report.per_sample.flops
+    assert hfu == pytest.approx(mfu * (C + forward) / C) and "PaLM" in how
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -252,6 +298,28 @@ def test_torchrun_bench_reports_each_ranks_mfu(tmp_path):
     assert par["conventions"]["maxtext"]["mfu"] is None and par["conventions"]["maxtext"]["unavailable"]
     with open(table) as f:
         assert "MFU per rank" in f.read()
+
+
+def test_torchrun_bench_without_a_plan_reads_dp_from_the_process_group(tmp_path):
+    """No --parallel: the 2 ranks train data parallel, so the report carries the per-rank MFU of dp=2."""
+    out, table = str(tmp_path / "b.json"), str(tmp_path / "table.txt")
+    assert _launch(_bench_rank, [*BENCH, "-o", out], table) == [0, 0]
+    with open(out) as f:
+        doc = json.load(f)
+    run, counting = doc["runs"][0], doc["config"]["counting"]
+    whole = counting["flops_per_sample"] * counting["batch"]
+    par = run["parallel"]
+    assert (par["plan"]["dp"], par["plan"]["tp"], par["plan"]["pp"]) == (2, 1, 1)
+    times = {r["rank"]: r["step_time_s"] for r in run["per_rank"]}
+    for r in par["ranks"]:
+        assert r["coords"]["dp"] == r["rank"] and r["model_flops"] == pytest.approx(whole)
+        assert r["mfu"] == pytest.approx(whole / times[r["rank"]] / 1e9) and r["hfu"] == pytest.approx(r["mfu"])
+    slow = max(times.values())
+    assert par["conventions"]["megatron"]["mfu"] == pytest.approx(2 * whole / (2 * slow) / 1e9)
+    assert par["conventions"]["torchtitan"]["mfu"] == pytest.approx(whole / slow / 1e9)  # W·M / (tp·pp·cp·t)
+    with open(table) as f:
+        text = f.read()
+    assert "MFU per rank" in text and "HFU" in text and "megatron" in text.lower() and "torchtitan" in text.lower()
 
 
 @pytest.mark.slow  # the Meter's own refusal under two ranks is in test_two_ranks_report_each_ranks_mfu

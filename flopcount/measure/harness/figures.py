@@ -86,6 +86,7 @@ class RunSnapshot:
     ensemble: Mapping[str, Any] | None = None
     load_per_core: float | None = None  # the machine's 1-minute load per core when the run ended (None: unknown)
     peak_load_per_core: float | None = None  # the same when the measured peak (a CPU ceiling) was measured
+    recompute_flops_per_sample: float | None = None  # recompute="full" as the ledger reruns it (None: not known)
     ended_by: str | None = None  # None: training ran to its end; else what ended it early ("SIGTERM" ...)
     parallel: Mapping[str, Any] | None = None  # MFU per rank under a plan (.rank_mfu.rank_figures)
     parallel_given: bool = False  # whether the meter was given a plan
@@ -213,13 +214,17 @@ def _utilisation(s: RunSnapshot, flops: float | None, unavailable: dict, how: di
     if s.recompute is None:
         unavailable["hfu"] = "what the run recomputes is not known: give recompute='none', 'full' or FLOPs per sample"
     elif mfu is not None and C:
-        extra = (0 if s.recompute == "none" else s.forward_flops_per_sample if s.recompute == "full"
-                 else float(s.recompute))
+        exact = s.recompute == "full" and s.recompute_flops_per_sample is not None
+        extra = (0 if s.recompute == "none" else s.recompute_flops_per_sample if exact
+                 else s.forward_flops_per_sample if s.recompute == "full" else float(s.recompute))
         if extra is None:
             unavailable["hfu"] = "recompute='full' needs a counting report (the forward FLOPs)"
         else:
             hfu = mfu * (C + extra) / C
-            how["hfu"] = f"MFU x (C + recomputed FLOPs per sample) / C, recompute={s.recompute!r}"
+            how["hfu"] = f"MFU x (C + recomputed FLOPs per sample) / C, recompute={s.recompute!r}" + (
+                ": the ledger's rerun of each layer up to its last saving op (torch's non-reentrant checkpoint)"
+                if exact else ": one extra forward per sample (PaLM's convention, Chowdhery et al. 2022, appendix B)"
+                if s.recompute == "full" else "")
     else:
         unavailable["hfu"] = unavailable.get("mfu", "no MFU")
     return mfu, hfu

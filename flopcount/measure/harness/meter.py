@@ -71,6 +71,7 @@ class _Work:
     forward_flops_per_sample: float | None = None
     optimizer_flops: float | None = None
     batch: int | None = None
+    recompute_flops_per_sample: float | None = None  # recompute="full" as the ledger reruns it (None: not known)
 
 
 class _Step:
@@ -186,8 +187,12 @@ class Meter:
     peak_flops : number, optional
         Peak FLOP/s of one device for MFU, overriding the device table (or the measured CPU ceiling).
     recompute : "none", "full" or a number, optional
-        What the run recomputes, for HFU: "full" activation checkpointing adds a forward pass per sample; a number
-        adds that many FLOPs per sample (e.g. fused attention's Q·Kᵀ recomputation). Without it HFU is None.
+        What the run recomputes, for HFU: a number adds that many FLOPs per sample (e.g. fused attention's Q·Kᵀ
+        recomputation). "full" activation checkpointing: with a counted model (``report=`` or ``model=``) of a
+        decoder the per-rank ledger recognises, the FLOPs it really reruns (each layer's forward up to its last op
+        that saves a tensor, as torch's non-reentrant checkpoint stops early); otherwise one extra forward pass per
+        sample, the published convention (Chowdhery et al. 2022, PaLM, appendix B), which overstates. The result's
+        ``how["hfu"]`` says which. Without it HFU is None.
     warmup_steps, window_steps : int
         Steps excluded at the start, and steps per timing window.
     energy : bool
@@ -682,7 +687,8 @@ class Meter:
             qualities=tuple(self._qualities), time_to_quality_s=self._ttq, target_quality=self.target_quality,
             quality_exponent=self.quality_exponent, higher_is_better=self.higher_is_better,
             flops_per_sample=work.flops_per_sample, flops_per_sample_how=work.how,
-            forward_flops_per_sample=work.forward_flops_per_sample, optimizer_flops_per_step=work.optimizer_flops, precision=precision.label, precision_how=precision.how,
+            forward_flops_per_sample=work.forward_flops_per_sample,
+            recompute_flops_per_sample=work.recompute_flops_per_sample, optimizer_flops_per_step=work.optimizer_flops, precision=precision.label, precision_how=precision.how,
             peak_flops=peak.flops_per_s, peak_source=peak.source, recompute=self._recompute,
             energy_kind=energy.kind, energy_reason=getattr(energy, "reason", ""),
             energy_min_window_s=getattr(energy, "min_window_s", 0.0), communication=communication,
@@ -704,7 +710,22 @@ class Meter:
                      ("analytic training FLOPs per sample (forward + backward) of flopcount's count, convention "
                       f"{report.convention.name}"),
                      split_work(report), report.forward.flops / report.batch, opt[1].flops if opt else None,
-                     report.batch)
+                     report.batch, self._full_recompute(report) if self._recompute == "full" else None)
+
+    @staticmethod
+    def _full_recompute(report) -> float | None:
+        """FLOPs per sample that ``recompute="full"`` reruns as the per-rank ledger counts it (each layer's forward up
+        to its last op that saves a tensor, as torch's non-reentrant checkpoint stops), or None where the ledger's
+        rules do not recognise the model (HFU then takes PaLM's one extra forward per sample)."""
+        from flopcount.errors import UsageError
+        from flopcount.parallel.plan import ParallelPlan, parse_recompute
+        from flopcount.parallel.ranks import ledger
+
+        try:
+            one = ledger(report, ParallelPlan(), parse_recompute("full"))
+        except UsageError:
+            return None
+        return one.ranks[0].recompute_flops / report.batch
 
     def _peak(self, device, parts):
         """The run's precision and the peak of one device that MFU divides by (describing the device, which on a
