@@ -8,7 +8,6 @@ import gc
 import logging
 import os
 import time
-from functools import lru_cache
 from math import prod
 from operator import itemgetter
 from types import MappingProxyType
@@ -17,7 +16,7 @@ from typing import Any, Collection, Mapping, NamedTuple, Sequence
 import onnx
 from onnx import ModelProto
 
-from .context import FLOAT_TYPES, NodeContext, TensorInfo, attribute_defaults, attribute_value, is_long
+from .context import FLOAT_TYPES, NodeContext, TensorInfo, is_long
 from .conventions import Convention, get_convention
 from .cost import ZERO, Bound, Breakdown, Cost
 from .errors import FlopcountError, InvalidGraphError, ShapeError, UnsupportedOperatorError, UsageError
@@ -26,12 +25,13 @@ from .options import OPTIMIZERS, CountOptions
 from .pipeline import graph as graph_mod
 from .pipeline import progress, validate
 from .pipeline.graph import GraphIndex
+from .pipeline.attributes import AttributeCache
 from .pipeline.graph_masks import graph_masks
 from .pipeline.loading import LoadedModel, copy_field, load, shortened
 from .pipeline.parameters import BUFFER, PARAMETER, SHAPE_TYPES, Roles, classify, stored_tensors
-from .pipeline.schema import differentiable_inputs, schema as _schema
+from .pipeline.schema import differentiable_inputs
 from .pipeline.shapes import Inference, Resolution, prepare, resolve
-from .registry import DEFAULT_DOMAIN, canonical_domain, lookup, lookup_backward, lookup_shape, straight_through
+from .registry import canonical_domain, lookup, lookup_backward, lookup_shape, straight_through
 from .reporting.modules import ModuleScopes, scopes_of
 from .reporting.report import FORMULA, UNSUPPORTED, ZERO_COST, ModelInfo, NodeCount, Report, op_key, op_type_summaries, sum_costs
 
@@ -145,7 +145,7 @@ def _count(model, options: CountOptions) -> Report:
         opsets = _opsets(m)
         validate.check_graph(m, index, opsets, where)  # before any inference in this process
         protos, names = index.protos, index.names
-        attributes_of = _AttributeCache(opsets, where, m.ir_version)
+        attributes_of = AttributeCache(opsets, where, m.ir_version)
         attributes = attributes_of.of_graph(index)
         roles = _roles(m, opsets, trainable, frozenset(input_values or ()), where, frozen, index)
         lap("graph")
@@ -367,7 +367,7 @@ class _Traversal:
         self.values, self.convention = values, convention
         self._executed = convention.executed
         self.opsets, self.hint, self.where, self.loop_trips = opsets, hint, where, loop_trips
-        self.attributes_of: _AttributeCache = attributes_of
+        self.attributes_of: AttributeCache = attributes_of
         self.nested_unsupported: dict[str, int] = {}
         self.backward_unsupported: dict[str, int] = {}
         self._ops: dict[tuple[str, str], _Op] = {}
@@ -553,110 +553,6 @@ def _opsets(m: ModelProto) -> dict[str, int]:
     return {canonical_domain(i.domain): i.version for i in m.opset_import}
 
 
-@lru_cache(maxsize=None)
-def _attribute_types(op_type: str, version: int, domain: str) -> Mapping[str, int]:
-    schema = _schema(op_type, version, domain)
-    return {} if schema is None else {name: a.type.value for name, a in schema.attributes.items()}
-
-
-@lru_cache(maxsize=None)
-def _defaults(op_type: str, version: int, domain: str) -> Mapping[str, Any]:
-    schema = _schema(op_type, version, domain)
-    return {} if schema is None else attribute_defaults(schema)
-
-
-def _attributes(node: onnx.NodeProto, name: str, opsets: Mapping[str, int], where: str, force: bool = False) -> dict[str, Any] | None:
-    """The attributes of a node with a formula as Python values, defaults filled from the schema
-    and types checked against it; None for zero-cost and unsupported nodes, whose attributes no
-    formula reads.
-    """
-    domain = canonical_domain(node.domain)
-    rule = lookup(domain, node.op_type)
-    version = opsets.get(domain)
-    if version is None and domain == DEFAULT_DOMAIN:
-        raise InvalidGraphError(f"{where}: node {name!r} ({node.op_type}) uses the default domain, which the model does not import")
-    if (rule is None or rule.zero_cost) and not force:
-        return None  # no formula reads its attributes
-    types = _attribute_types(node.op_type, version, domain) if version else {}
-    for a in node.attribute:
-        if a.type == onnx.AttributeProto.UNDEFINED:
-            raise InvalidGraphError(f"{where}: node {name!r} ({node.op_type}): attribute {a.name!r} has no type; re-export the model")
-        expected = types.get(a.name)
-        if expected is not None:
-            if a.type != expected:
-                raise InvalidGraphError(
-                    f"{where}: node {name!r} ({node.op_type}): attribute {a.name!r} is "
-                    f"{onnx.AttributeProto.AttributeType.Name(a.type)}, but the spec wants "
-                    f"{onnx.AttributeProto.AttributeType.Name(expected)}; fix the exporter or the model"
-                )
-    values = dict(_defaults(node.op_type, version, domain)) if version else {}
-    for a in node.attribute:
-        values[a.name] = attribute_value(a)
-    return values
-
-
-class _AttributeCache:
-    """:func:`_attributes` for many nodes: nodes of one op type with the same attributes (most of
-    a large graph) share one converted dict, which formulas only read."""
-
-    def __init__(self, opsets: Mapping[str, int], where: str, ir_version: int = 0) -> None:
-        self.opsets, self.where, self.ir_version = opsets, where, ir_version
-        self._wanted: dict[tuple[str, str], bool] = {}
-        self._converted: dict[tuple, dict[str, Any]] = {}
-        self._checked: set[tuple] = set()
-
-    def __call__(self, node: onnx.NodeProto, name: str, force: bool = False) -> dict[str, Any] | None:
-        """The attributes of ``node`` (of a subgraph body, or asked for again with ``force`` for a backward formula);
-        the main graph's nodes are read, and checked against their schemas, by :meth:`of_graph`."""
-        op = (node.domain, node.op_type)
-        wanted = self._wanted.get(op)
-        if wanted is None:
-            rule = lookup(canonical_domain(node.domain), node.op_type)
-            wanted = self._wanted[op] = rule is not None and not rule.zero_cost
-        if not (wanted or force):
-            if node.domain in ("", "ai.onnx") and DEFAULT_DOMAIN not in self.opsets:
-                _attributes(node, name, self.opsets, self.where)  # raises: the domain is not imported
-            return None
-        attrs = node.attribute
-        key = (op, *map(_blob, attrs)) if attrs else op
-        values = self._converted.get(key)
-        if values is None:  # first of its kind: converted and checked against the schema
-            values = self._converted[key] = _attributes(node, name, self.opsets, self.where, force=True)
-        return values
-
-    def of_graph(self, index: GraphIndex) -> list[dict[str, Any] | None]:
-        """What :meth:`__call__` gives for every node of the main graph ``index``, in graph order, each node first
-        checked against its operator schema (once per distinct node: :func:`validate.check_node`); one loop, as
-        this runs once per node of the largest graphs."""
-        out: list[dict[str, Any] | None] = []
-        append = out.append
-        wanted_of, checked, converted = self._wanted, self._checked, self._converted
-        undeclared = DEFAULT_DOMAIN not in self.opsets  # a default-domain node is then an error
-        for k, (node, name, op, inputs, outputs) in enumerate(
-                zip(index.protos, index.names, index.node_ops, index.node_inputs, index.node_outputs)):
-            wanted = wanted_of.get(op)
-            if wanted is None:
-                rule = lookup(canonical_domain(op[0]), op[1])
-                wanted = wanted_of[op] = rule is not None and not rule.zero_cost
-            attrs = node.attribute
-            blobs = tuple(map(_blob, attrs)) if attrs else ()
-            check = (op, (len(inputs), len(outputs)), *blobs)
-            if check not in checked:
-                checked.add(check)
-                validate.check_node(node, k, (), self.opsets, self.ir_version, self.where)
-            if not wanted:
-                if undeclared and op[0] in ("", "ai.onnx"):
-                    _attributes(node, name, self.opsets, self.where)  # raises: the domain is not imported
-                append(None)
-                continue
-            key = (op, *blobs) if attrs else op
-            values = converted.get(key)
-            if values is None:  # first of its kind: converted and checked against the schema
-                values = converted[key] = _attributes(node, name, self.opsets, self.where, force=True)
-            append(values)
-        return out
-
-
 def _shapeless_source(index: GraphIndex, failed: int, tensors: Mapping[str, TensorInfo], where: str) -> ShapeError | None:
     """The error to give when node ``failed`` cannot be counted for want of a shape that an operator unknown
     to every shape inference left out: the first such node upstream (or ``failed`` itself), an operator
@@ -682,19 +578,6 @@ def _shapeless_source(index: GraphIndex, failed: int, tensors: Mapping[str, Tens
                 "the model's value_info (onnxruntime.tools.symbolic_shape_infer writes them for the operators it knows)"
             )
     return None
-
-
-def _blob(a: onnx.AttributeProto) -> bytes | "_Itself":
-    """What tells an attribute apart for :class:`_AttributeCache`: its bytes, or the attribute itself for a long
-    repeated one (a tree ensemble's node lists: hundreds of MB to serialize, and no other node has them). Only an
-    attribute of a repeated type is asked whether it is long: a scalar one (most of them) is serialized at once."""
-    return _Itself(a) if a.type in _REPEATED_TYPES and is_long(a) else a.SerializeToString()
-
-
-#: Attribute types whose values may be long lists (:func:`~flopcount.context.is_long`; UNDEFINED: an old model that
-#: does not say).
-_REPEATED_TYPES = frozenset({onnx.AttributeProto.UNDEFINED, onnx.AttributeProto.INTS, onnx.AttributeProto.FLOATS,
-                             onnx.AttributeProto.STRINGS})
 
 
 #: Tree ensembles of ``ai.onnx.ml``: their shape inference reads the labels and target counts, never the node lists.
@@ -724,15 +607,6 @@ def _for_inference(model: ModelProto) -> ModelProto:
         else:
             light.graph.node.add().CopyFrom(node)
     return light
-
-
-class _Itself:
-    """A key equal only to itself that keeps ``value`` alive (protobuf messages cannot be hashed)."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any):
-        self.value = value
 
 
 def _names_matching(entries: Collection[str] | None, names: Collection[str], what: str, where: str) -> frozenset[str]:

@@ -9,6 +9,7 @@
   a model is traced with
 * :mod:`.hf` ``from_hf``: a Hugging Face ``transformers`` model built from its configuration alone, then exported
 * :mod:`.repeated` a ``transformers`` model's stack of identical layers, shown identical (``--repeated-layers``)
+* :mod:`.ahead` the larger of a stack's two small exports made ahead in a forked child while the smaller is counted
 * :mod:`.generate` ``from_causal_lm``: ``generate()`` of a causal LM, its prefill and decode-step graphs counted
 * :mod:`.source` ``ModelSource``: a path, bytes, ModelProto, ``--torch``, ``--keras`` or ``--hf`` model, and the one
   dispatch that exports and counts it under a ``CountOptions``

@@ -248,20 +248,13 @@ def _to_onnx(torch, module, call: _Call, *, training: bool, opset: int | None, c
         with phase(f"exporting {what} with torch"), _progress(f"exporting {what} with torch"):
             return _export(module, call.tensors, call.names, training, opset, call)
 
-    def produce() -> onnx.ModelProto:  # made ahead in a child where frontends/ahead.py says so
-        return produced(export_key(module, signature, training, opset), export)
+    def produce() -> onnx.ModelProto:  # made ahead in a child where frontends/ahead.py says so; the key: this export
+        return produced((id(module), repr(signature), bool(training), opset), export)
 
     return common.export_through_cache(
         cache_dir, FRONTEND, lambda: fingerprint(torch, module, call, training, opset), produce, path, log,
         signature=signature,
     )
-
-
-def export_key(module, signature, training: bool, opset: int) -> tuple:
-    """What identifies one export of ``module`` within this process (and a child forked from it): the module object,
-    the inputs' names, shapes and types, the training mode and the opset
-    (:func:`flopcount.frontends.ahead.produced`)."""
-    return id(module), repr(signature), bool(training), opset
 
 
 def load_factory(spec: str) -> torch.nn.Module:

@@ -3,6 +3,7 @@
 * :mod:`.plan` the parallel plan and recompute policy, frozen records with their parsing
 * :mod:`.ranks` FLOPs, redundant work, communication bytes and the bubble per rank under a plan (``--parallel``)
 * :mod:`.experts` the context- and expert-parallel rules (zigzag CP, EP over dp·cp, ``--expert-load``)
+* :mod:`.optimizer` the optimizer step's FLOPs per rank: the parameter elements each rank updates
 """
 
 __all__: list[str] = []

@@ -5,6 +5,7 @@ package (context, registry, masks, errors).
 * :mod:`.graph` the node DAG and its frozen :class:`~flopcount.pipeline.graph.GraphIndex`;
   :func:`~flopcount.pipeline.graph.walk_graphs`
 * :mod:`.validate` checks the graph and the resolved shapes
+* :mod:`.attributes` the nodes' attributes as values for their formulas, schema defaults filled in
 * :mod:`.shapes` shape resolution (a package: overrides, guarded inference, the numpy interpreter, bodies)
 * :mod:`.graph_masks` the attention masks a graph computes from positions, evaluated for ``--attention executed``
 * :mod:`.parameters` which stored tensors are parameters, buffers or constants
