@@ -30,7 +30,7 @@ from typing import Any
 
 from ..options import OPTIMIZERS
 
-__all__ = ["optimizer_elements", "optimizer_note"]
+__all__ = ["optimizer_elements", "optimizer_note", "parameter_rows"]
 
 _IN_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 _EXPERT = re.compile(r"\.experts(?:\.|$)")
@@ -55,23 +55,31 @@ def per_element(report: Any) -> int:
     return OPTIMIZERS[report.optimizer[0]][0]
 
 
-def optimizer_elements(report: Any, plan: Any, kv_heads: int, layers: int, chunks: int, stage: int, tp: int,
-                       dp: int, cp: int, ep_group: int, ep: int, column: tuple[str, ...], row: tuple[str, ...],
-                       kv: tuple[str, ...]) -> tuple[int, int]:
-    """(elements updated, of which redundant) on the rank at these coordinates (see the module's rules)."""
-    t, d_c = plan.tp, plan.dp * plan.cp
+def parameter_rows(report: Any, plan: Any, layers: int, chunks: int) -> dict[int, list[tuple[bool, str, int]]]:
+    """The report's parameters by module, read once for every rank: stage → (a routed expert's, its leaf name, its
+    elements) per module."""
     per_chunk = layers // (plan.pp * chunks)
-    shard = cp + plan.cp * dp  # the rank's place among the D·C data- and context-parallel ranks
-    held = redundant = 0
+    rows: dict[int, list[tuple[bool, str, int]]] = {}
     for module, n in report.modules.params.items():
         found = _IN_LAYER.search(module)
         leaf = module.rsplit(".", 1)[-1]
         s = int(found.group(1)) // per_chunk % plan.pp if found else (
             plan.pp - 1 if leaf in ("lm_head", "norm") else 0)
-        if s != stage:
-            continue
+        rows.setdefault(s, []).append((bool(_EXPERT.search(module)), leaf, n))
+    return rows
+
+
+def optimizer_elements(rows: dict[int, list[tuple[bool, str, int]]], plan: Any, kv_heads: int, stage: int, tp: int,
+                       dp: int, cp: int, ep_group: int, ep: int, column: tuple[str, ...], row: tuple[str, ...],
+                       kv: tuple[str, ...]) -> tuple[int, int]:
+    """(elements updated, of which redundant) on the rank at these coordinates (see the module's rules); ``rows``:
+    :func:`parameter_rows`."""
+    t, d_c = plan.tp, plan.dp * plan.cp
+    shard = cp + plan.cp * dp  # the rank's place among the D·C data- and context-parallel ranks
+    held = redundant = 0
+    for expert, leaf, n in rows.get(stage, ()):
         copy = False
-        if _EXPERT.search(module):
+        if expert:
             x = _split(n, t * plan.ep, tp * plan.ep + ep)
             groups, place = d_c // plan.ep, ep_group
         else:

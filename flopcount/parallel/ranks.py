@@ -506,6 +506,7 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
 
     note = po.optimizer_note(report)
     per_element = po.per_element(report) if note is None else 0
+    rows = po.parameter_rows(report, plan, d.layers, _chunks(plan)) if note is None else {}
     ranks = []
     for s in range(p):
         for dp in range(plan.dp):
@@ -524,7 +525,7 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
                     extra = _cp_ep_communication(plan, d, report, s, per_stage, train, recompute,
                                                  [fractions[layer][ep] for layer in experts[(s, i)]])
                     opt = None if note else po.optimizer_elements(
-                        report, plan, d.kv_heads, d.layers, _chunks(plan), s, i, dp, cp, group, ep, _COLUMN, _ROW, _KV)
+                        rows, plan, d.kv_heads, s, i, dp, cp, group, ep, _COLUMN, _ROW, _KV)
                     ranks.append(RankFlops(rank, {k: coords[k] for k in order}, s, m * model, m * (run + again),
                                            m * (run - model), m * again,
                                            {"model_flops": model, "hardware_flops": run + again,
