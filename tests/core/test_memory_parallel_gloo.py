@@ -202,8 +202,8 @@ def test_tp_peak_on_gloo_within_5_percent_of_mem_tracker(report, tp_seen):
     on that rank. Both peak at the start of the backward, in the LM head's: the gradients then are the head's shard
     and the final norm's (MemTracker's "Gradient" at its peak). The all_reduce of the row-parallel outputs runs in
     place (Megatron's), so it adds no buffer, and the ledger adds none. MemTracker sees what is allocated while it
-    tracks: the input batch, made before, is left out of the ledger's peak here. What remains: the ledger is 1,212
-    bytes (0.67%) above on each rank; the exported graph keeps 3,328 bytes more than torch's autograd
+    tracks: the input batch, made before, is left out of the ledger's peak here. What remains (measured with torch
+    2.13, not asserted: a residual read off both tools is no derived figure): the ledger is 1,212 bytes (0.67%) above on each rank; the exported graph keeps 3,328 bytes more than torch's autograd
     (``exported_extra(2)``: SiLU's sigmoid, rsqrt's Sqrt), and the other -2,116 bytes are in MemTracker's
     "Activation" and "Temp" at that moment (what torch's backward has freed or not yet made), not itemized."""
     ranks = per_rank(report, parse_parallel("tp=2")).ranks
@@ -214,7 +214,6 @@ def test_tp_peak_on_gloo_within_5_percent_of_mem_tracker(report, tp_seen):
         assert (r.peak_phase, r.peak_node) == ("backward", "/lm_head/MatMul")
         mine = r.peak_bytes - r.inputs_bytes
         assert abs(mine - peak["Total"]) <= 0.05 * peak["Total"]
-        assert mine - peak["Total"] == 1212
 
 
 def _fsdp_worker(rank: int, world: int, init: str, out: str) -> None:
@@ -269,8 +268,7 @@ def test_fsdp2_on_gloo_equals_fsdp_mem_tracker(report, tmp_path):
         assert peak["Unsharded Param"] == root
         assert rank.peak_phase == "backward"
         assert abs(rank.peak_bytes - peak["Total"]) <= 0.05 * peak["Total"]
-        # what remains, 11,332 bytes (3.8%) below: the walk holds the buffers above throughout, and at its peak
+        # what remains (measured with torch 2.13, not asserted), 11,332 bytes (3.8%) below: the walk holds the buffers above throughout, and at its peak
         # (the LM head's backward) its activations, their gradients and the unsharded gradients come to 11,332
         # bytes less than FSDPMemTracker's "Activation", "Temp" and "Unsharded Grad" at its own (a layer's
         # reduce-scatter, later in the backward); not itemized per op
-        assert peak["Total"] - rank.peak_bytes == 11332
