@@ -20,11 +20,11 @@ import sys
 from flopcount.errors import OutputError
 
 from .arguments import TORCH_DTYPES, add_model_source, given_model, model_source
-from .console import EXIT_INTERNAL, check_outputs, command_logging, run_guarded, write_output
+from .console import EXIT_INTERNAL, check_outputs, command_logging, exit_process, run_guarded, write_output
 from .count import build_parser
 
 __all__ = [
-    "EXIT_INTERNAL", "SUBCOMMANDS", "TORCH_DTYPES", "OutputError", "add_model_source", "build_parser",
+    "EXIT_INTERNAL", "SUBCOMMANDS", "TORCH_DTYPES", "OutputError", "add_model_source", "build_parser", "entry",
     "given_model", "main", "model_source", "run_guarded", "write_output",
 ]
 
@@ -69,3 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(e.code or 0)
     with command_logging(args.verbose):
         return run_guarded(lambda: check_outputs(args) or run(args), args.verbose)
+
+
+def entry() -> None:
+    """The ``flopcount`` console script and ``python -m flopcount``: :func:`main` on ``sys.argv``, then the process
+    ends with its code (:func:`flopcount.cli.console.exit_process`: without the interpreter's slow teardown)."""
+    exit_process(main())
