@@ -44,7 +44,9 @@ ledger's gradient collectives run on (Megatron's distributed optimizer over dp·
 holds R/E of the R experts, each split over TP as the FLOPs ledger splits it), and under ``fsdp`` 1/(D·C/E) more
 (the expert data-parallel group). The activations made under ``experts`` are the (token, expert) pairs that rank's
 experts run: E·f_r times the rank's own tokens' pairs (f_r its experts' share of the load, balanced 1/E or from
-``--expert-load``); they are not split over TP (an upper bound when tp > 1). ``alltoall_bytes``: the buffers one
+``--expert-load``); those that carry an expert's inner dimension (from the gate/up products to the down product's
+input, found by dataflow) are 1/T besides, as TP splits the experts' weights; the pairs' token vectors and the down
+products' outputs are whole on every TP rank. ``alltoall_bytes``: the buffers one
 MoE layer hands to its ``all_to_all`` (the rank's T·k token vectors dispatched, its experts' E·T·k·f_r outputs
 combined, h·e bytes each, as the FLOPs ledger's payload), the largest layer's, held through the walk and so in the
 peak. One entry per (stage, TP rank, EP rank), its data- and context-parallel replicas (same figures: zigzag makes
@@ -164,8 +166,12 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
     fractions = {layer: load.fractions(j, report.moe.experts, plan.ep) for j, layer in enumerate(moe_layers)} \
         if moe_layers and plan.ep > 1 else {}
 
+    inner = _expert_inner(g, scopes, expert) if t > 1 else frozenset()
+
     def act_div(k: int) -> int:
         r = rule[k]
+        if k in inner:
+            return t
         if leaf[k] in _SEQUENCE or r == "norm":
             return t if plan.sp else 1
         return t if r == "split" else kv if r == "kv" else 1
@@ -215,6 +221,73 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
                 ranks.append(_placed(walked[key], plan, s, i, e))
     return dataclasses.replace(mem, ranks=tuple(ranks), settings=dataclasses.replace(settings, plan=plan),
                                kept_by_node=MappingProxyType({}))
+
+
+_PRODUCTS = frozenset({"MatMul", "Gemm", "Einsum"})
+
+
+def _expert_inner(g: Graph, scopes, expert) -> frozenset[int]:
+    """The routed experts' nodes whose outputs carry an expert's inner dimension (its MLP width), which TP splits as
+    it splits the experts' weights (gate and up column-parallel, down row-parallel, as the FLOPs ledger does): per
+    MoE layer, the nodes from the products that read an expert weight first (gate/up) down to, not including, the
+    products that read one last (down), found by the graph's dataflow, not by names or sizes (a node the exporter
+    left without a module scope, such as the Split of the fused gate/up output, is followed too). The tokens' vectors
+    going in, the weights' slices and the down products' outputs (whole, partial sums, on every TP rank) are not."""
+    producer = {x.name: k for k, n in enumerate(g.nodes) for x in n.outputs if x is not None and x.name}
+    consumers: dict[str, list[int]] = {}
+    for k, n in enumerate(g.nodes):
+        for x in n.inputs:
+            if x is not None and x.name:
+                consumers.setdefault(x.name, []).append(k)
+
+    def weight(name: str) -> bool:
+        """Whether ``name`` is an expert weight, or a view or per-token gather of one."""
+        seen = 0
+        while name not in g.stored and seen < 64:
+            k = producer.get(name)
+            if k is None:
+                return False
+            n = g.nodes[k]
+            if not (n.op_type in VIEWS or name in g.gathers) or not n.inputs or n.inputs[0] is None:
+                return False
+            name, seen = n.inputs[0].name, seen + 1
+        return name in g.stored
+
+    groups: dict[int | None, list[int]] = {}
+    for k, sc in enumerate(scopes[:len(g.nodes)]):
+        if expert[k]:
+            groups.setdefault(_layer_of(sc), []).append(k)
+    inner: set[int] = set()
+    for members in groups.values():
+        group = set(members)
+        products = [k for k in members if g.nodes[k].op_type in _PRODUCTS and g.nodes[k].domain == "" and
+                    any(x is not None and weight(x.name) for x in g.nodes[k].inputs)]
+
+        def downstream(starts: list[int]) -> set[int]:
+            out, todo = set(starts), list(starts)
+            while todo:
+                for y in g.nodes[todo.pop()].outputs:
+                    for c in consumers.get(y.name, ()) if y is not None else ():
+                        if (c in group or not scopes[c]) and c not in out:
+                            out.add(c)
+                            todo.append(c)
+            return out
+
+        after = {k: downstream([k]) - {k} for k in products}
+        last = [k for k in products if not any(j in after[k] for j in products)]
+        first = [k for k in products if k not in last]
+        if not first or not last:
+            continue
+        below = downstream(first)
+        above: set[int] = set()
+        todo = [x.name for k in last for x in g.nodes[k].inputs if x is not None and not weight(x.name)]
+        while todo:
+            k = producer.get(todo.pop())
+            if k is not None and (k in group or not scopes[k]) and k not in above:
+                above.add(k)
+                todo.extend(x.name for x in g.nodes[k].inputs if x is not None and x.name)
+        inner |= (below & above) - set(last)
+    return frozenset(inner)
 
 
 def _layer_of(scope) -> int | None:

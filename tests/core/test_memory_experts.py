@@ -23,15 +23,19 @@ EXPERTS = R * 3 * H * I_MOE  # gate, up (fused) and down of every expert of one 
 DENSE = 2 * V * H + L * (2 * H * H + 2 * H * KV_HEADS * D + R * H + 2 * H) + H  # embedding, head, attention, router, norms
 
 
-@pytest.fixture(scope="module")
-def report():
+def _mixtral(width: int):
     import flopcount
 
-    config = transformers.MixtralConfig(hidden_size=H, intermediate_size=I_MOE, num_hidden_layers=L,
+    config = transformers.MixtralConfig(hidden_size=H, intermediate_size=width, num_hidden_layers=L,
                                         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, vocab_size=V,
                                         num_local_experts=R, num_experts_per_tok=K)
     return flopcount.from_hf(config, (B, S), cache_dir=False, mode="train", optimizer="adam",
                              memory=MemorySettings(device="cpu"))
+
+
+@pytest.fixture(scope="module")
+def report():
+    return _mixtral(I_MOE)
 
 
 def plan(text: str):
@@ -105,3 +109,21 @@ def test_the_cli_passes_expert_load_to_the_memory_per_rank(report, tmp_path):
     hot, cold = with_parallel(report, args).memory.ranks
     vec = B * S * K * H * 4
     assert (hot.alltoall_bytes, cold.alltoall_bytes) == (vec + 2 * vec * 4 // 6, vec + 2 * vec * 2 // 6)
+
+
+def test_tp_splits_the_experts_inner_activations(report):
+    """Mixtral's intermediate_size is only the experts' width I, so the activations that grow with I are exactly the
+    experts' inner ones. Per (token, expert) pair the fused gate/up product keeps its output (2I: the gate and up
+    halves are views of it), the graph's SiLU keeps its sigmoid (I) and its product (I), and the gated product that
+    the down projection reads (I): 5I. TP splits the experts' weights over the inner dimension (gate/up
+    column-parallel, down row-parallel), so on each TP rank these are half, and the pairs' token vectors and the down
+    products' outputs stay whole."""
+    wide = _mixtral(2 * I_MOE)
+
+    def activations(r, text):
+        return {x.activations_bytes for x in per_rank(r, plan(text)).ranks}
+
+    (base,), (wider,) = activations(report, "dp=2"), activations(wide, "dp=2")
+    assert wider - base == 4 * L * B * S * K * 5 * I_MOE
+    (base2,), (wider2,) = activations(report, "tp=2"), activations(wide, "tp=2")
+    assert wider2 - base2 == 4 * L * B * S * K * 5 * I_MOE // 2
