@@ -15,7 +15,8 @@ from flopcount.errors import FlopcountError, Interrupted
 from flopcount.output.files import check_writable, write_atomic
 
 __all__ = [
-    "EXIT_INTERNAL", "OUTPUT_OPTIONS", "check_outputs", "command_logging", "exit_process", "run_guarded", "write_output",
+    "EXIT_INTERNAL", "OUTPUT_OPTIONS", "check_outputs", "command_logging", "exit_process", "run_guarded",
+    "write_output",
 ]
 
 EXIT_INTERNAL = 1

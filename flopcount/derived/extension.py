@@ -67,12 +67,20 @@ def extend(one: Report, two: Report, layers: int, path: str, *, first: int = 0, 
         raise NotExtendable(f"the nodes of {', '.join(second)} are not what that block adds "
                             f"({step.difference(found)})")
 
+    renames: dict[tuple[str, int], str] = {}  # every pass over the tiled nodes asks the same few names again
+
     def moved(name: str, t: int) -> str:  # a name in the second block, in block 1 + t
-        for i in range(first + period, first + 2 * period):
-            renamed = _renamed(name, f"{path}.{i}", f"{path}.{i + t * period}")
-            if renamed != name:
-                return renamed
-        return name
+        key = (name, t)
+        found = renames.get(key)
+        if found is None:
+            found = name
+            for i in range(first + period, first + 2 * period):
+                renamed = _renamed(name, f"{path}.{i}", f"{path}.{i + t * period}")
+                if renamed != name:
+                    found = renamed
+                    break
+            renames[key] = found
+        return found
 
     last = inside[-1]
     wheres = [next((m for m in second if _within(scopes[j], m)), None) for j in inside]
@@ -85,10 +93,15 @@ def extend(one: Report, two: Report, layers: int, path: str, *, first: int = 0, 
         return node if node.index == position else node._replace(index=position)
 
     head, tail = range(last + 1), range(last + 1, len(two.nodes))
+    scoped: dict[tuple[int, int], tuple[str, ...]] = {}
     nodes = Tiled([two.nodes[i] for i in head], [two.nodes[j] for j in inside], k, [two.nodes[i] for i in tail],
                   copied, placed)
+
+    def scope_in(scope: tuple[str, ...], j: int, t: int) -> tuple[str, ...]:
+        return scoped.get((j, t)) or scoped.setdefault((j, t), tuple(moved(s, t) for s in scope))
+
     node_scopes = Tiled([scopes[i] for i in head], [scopes[j] for j in inside], k, [scopes[i] for i in tail],
-                        lambda scope, _j, t: tuple(moved(s, t) for s in scope))
+                        scope_in)
     origin = Tiled([(i, 0) for i in head], inside, k, [(i, 0) for i in tail], lambda j, _j, t: (j, t))
     params = TiledMapping(two.modules.params, {m: v for m, v in two.modules.params.items()
                                                if any(_within((m,), b) for b in second)}, k, moved)
