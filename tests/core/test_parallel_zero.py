@@ -80,6 +80,24 @@ def test_zero_model_states_per_rank(trained, t):
     assert one.activations_bytes == two.activations_bytes == base.activations_bytes
 
 
+@pytest.mark.parametrize("zero", ["zero1", "zero2"])
+def test_zero_shards_the_master_copy(trained, zero):
+    """With an fp32 master copy of the bf16 weights (mixed precision as Megatron and DeepSpeed keep it), the
+    moments are fp32 too: 2·4 + 4 bytes an element and a float32 step per tensor, all of it halved by ZeRO."""
+    import dataclasses
+
+    _, report = trained
+    mem = report.memory
+    master = dataclasses.replace(report, memory=dataclasses.replace(
+        mem, settings=dataclasses.replace(mem.settings, master_weights=True)))
+    e = elements(1)
+    (plain,) = per_rank(master, plan("dp=2")).ranks
+    (sharded,) = per_rank(master, plan(f"dp=2,{zero}")).ranks
+    assert plain.optimizer_bytes == (2 * 4 + 4) * e + 4 * TENSORS
+    assert sharded.optimizer_bytes == (2 * 4 + 4) * e // 2 + 4 * -(-TENSORS // 2)
+    assert sharded.params_bytes == 2 * e
+
+
 def test_zero1_peak_is_the_plain_peak_less_the_states_it_sheds(trained):
     """The held states are alive through the walk, so the peak moves by the states (and, where the peak is the
     optimizer step, the temporaries) ZeRO-1 sheds; zero2 sheds half the gradients and holds a layer's bucket (on
