@@ -25,8 +25,8 @@ H, L, HEADS, KV_HEADS, FFN, V = 32, 2, 4, 2, 48, 64
 D = H // HEADS
 B, S = 2, 8
 TENSORS = 9 * L + 3  # Q, K, V, O, gate, up, down and two norms a layer; the embedding, final norm and LM head
-#: FLOPs per parameter element of Adam's and AdamW's update (tests/core/test_parallel_ledger.py writes them out)
-PER_ELEMENT = {"adam": 14, "adamw": 16}
+#: FLOPs per parameter element of AdamW's update (tests/core/test_parallel_ledger.py writes them out)
+PER_ELEMENT = {"adamw": 16}
 
 
 def config():
@@ -181,6 +181,8 @@ def test_cli_zero1_with_and_without_memory(tmp_path, capsys):
     assert main([*common, "--memory", "--memory-device", "cpu"]) == 0
     text = capsys.readouterr().out
     assert "dp=2,zero1" in text and f"{2 * 2 * elements(1) // 2 + 4 * 11:,}" in text  # the rank's optimizer bytes
+    assert main([*common[:-1], "dp=2,zero1,fsdp"]) == 2
+    assert "zero1 and fsdp are different shardings" in capsys.readouterr().err
 
 
 # --- torch's ZeroRedundancyOptimizer (ZeRO-1) on 2 gloo ranks ---------------------------------------------------
