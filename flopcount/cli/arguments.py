@@ -358,7 +358,7 @@ def add_parallel_arguments(p: argparse.ArgumentParser, parallel_help: str | None
                    help="with --memory or --parallel, and --mode train: none (default), full (checkpoint every "
                    "numbered layer), selective (recompute the attention core), or operator types to recompute (OP,OP)")
     p.add_argument("--parallel", metavar="PLAN",
-                   help=parallel_help or "a parallel plan, tp=T,pp=P,cp=C,ep=E,dp=D[,sp][,fsdp] (degrees left out "
+                   help=parallel_help or "a parallel plan, tp=T,pp=P,cp=C,ep=E,dp=D[,sp][,fsdp|zero1|zero2] (degrees left out "
                    "are 1): FLOPs, redundant work and communication bytes per rank of a decoder, dense or MoE "
                    "(docs/parallel.md), and with --memory the memory per rank")
     if parallel_help is None:  # the count's flags (bench's plans are data-parallel: no experts to load)

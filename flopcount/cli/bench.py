@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ensemble", type=positive_int, default=1, metavar="M",
                    help="digits under torchrun/srun: train M base models (HPC AI500 V3.0 bagging), each on its own "
                    "bootstrap sample and its own P = ranks / M ranks; the report scores their averaged prediction")
-    add_parallel_arguments(p, "the run's parallel plan, tp=T,pp=P,cp=C,ep=E,dp=D[,sp][,fsdp] (degrees left out are "
+    add_parallel_arguments(p, "the run's parallel plan, tp=T,pp=P,cp=C,ep=E,dp=D[,sp][,fsdp|zero1|zero2] (degrees left out are "
                            "1; their product is the world size): the report gives each rank's MFU and HFU from its "
                            "own FLOPs, the slowest rank, and the Megatron, torchtitan and MaxText conventions "
                            "(docs/parallel.md, MFU per rank); the workloads train data parallel: dp=RANKS")

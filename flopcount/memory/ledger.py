@@ -37,7 +37,7 @@ from ..saved import Saved
 
 __all__ = [
     "IMPLEMENTATIONS", "INPUTS", "OPTIMIZER_STATES", "Graph", "Memory", "MemorySettings", "RankMemory", "account", "attention_cores", "ledger",
-    "module_activations", "optimizer_bytes", "recompute_units",
+    "module_activations", "optimizer_bytes", "recompute_units", "Shards",
 ]
 
 #: Tensors of optimizer state per parameter element: SGD none, momentum its buffer, Adam and AdamW two moments.
@@ -89,6 +89,17 @@ class MemorySettings:
         if self.implementation != "auto":
             return self.implementation
         return "foreach" if self.device == "cuda" else "single-tensor"
+
+
+@dataclass(frozen=True)
+class Shards:
+    """A rank's shares of the model states where they are smaller than its parameters: the gradients it keeps
+    (``grads``, parameter name → the share's tensor; ZeRO stage 2), the tensors its optimizer steps
+    (``optimizer``; stages 1 and 2) and Adam's step counters it keeps (``counters``; one per tensor if None)."""
+
+    grads: Mapping[str, TensorInfo] = field(default_factory=dict)
+    optimizer: Mapping[str, TensorInfo] = field(default_factory=dict)
+    counters: int | None = None
 
 
 @dataclass(frozen=True)
@@ -148,8 +159,10 @@ class Memory:
         }
 
 
-def optimizer_bytes(optimizer: str | None, tensors: Sequence[TensorInfo], settings: MemorySettings) -> tuple[int, int]:
-    """(states, step temporaries) in bytes of ``optimizer`` over the trainable ``tensors``.
+def optimizer_bytes(optimizer: str | None, tensors: Sequence[TensorInfo], settings: MemorySettings,
+                    counters: int | None = None) -> tuple[int, int]:
+    """(states, step temporaries) in bytes of ``optimizer`` over the trainable ``tensors`` (``counters``: Adam's
+    step counters, one per tensor if None; fewer where the rank steps a share of the tensors, as ZeRO's shards).
 
     States: SGD none; momentum one buffer per parameter; Adam and AdamW two moments and a float32 step counter per
     parameter tensor; in the parameter's type, or float32 with ``master_weights`` (which adds the float32 copy of
@@ -174,7 +187,7 @@ def optimizer_bytes(optimizer: str | None, tensors: Sequence[TensorInfo], settin
         states += sum(4 * n for n, t in zip(numels, tensors) if element_bits(t.elem_type) != 32)
     temps = 0
     if optimizer in ("adam", "adamw"):
-        states += _STEP_COUNTER_BYTES * len(tensors)
+        states += _STEP_COUNTER_BYTES * (len(tensors) if counters is None else counters)
         impl = settings.resolved_implementation
         temps = {"single-tensor": 2 * max(one_copy, default=0), "foreach": sum(one_copy), "fused": 0}[impl]
     return states, temps
@@ -326,18 +339,26 @@ class _Storages:
 
 
 def ledger(g: Graph, mode: str, optimizer: str | None, settings: MemorySettings, missing: Mapping[str, int],
-           kv_cache_bytes: int | None = None, held: int = 0, accumulated: bool = False) -> Memory:
+           kv_cache_bytes: int | None = None, held: int = 0, accumulated: bool = False,
+           shards: "Shards | None" = None) -> Memory:
     """The :class:`Memory` of one step of ``g`` (see the module's docstring). ``held``: bytes alive throughout
     the walk beyond the graph's own (other microbatches' kept activations, an all-gather buffer); ``accumulated``:
-    the gradients exist from the start (a microbatch after the first of a step)."""
+    the gradients exist from the start (a microbatch after the first of a step); ``shards``: the rank's shares of
+    the gradients and optimizer states where they are smaller than the parameters' (ZeRO's stages 1 and 2)."""
     unsized: set[str] = set()
     st = _Storages(g, unsized)
     size = st.nbytes
     params = sum(size(n) for n in g.params)
     trained = [g.tensors.get(n) or TensorInfo(n) for n in sorted(g.trainable)]
     training = mode == "train"
-    grads = sum(size(t.name) for t in trained) if training else 0
-    states, temps = optimizer_bytes(optimizer, trained, settings) if training else (0, 0)
+    shards = shards or Shards()
+
+    def grad_size(name: str) -> int:
+        return tensor_bytes(shards.grads[name]) or 0 if name in shards.grads else size(name)
+
+    grads = sum(grad_size(t.name) for t in trained) if training else 0
+    stepped = [shards.optimizer.get(t.name, t) for t in trained] if shards.optimizer else trained
+    states, temps = optimizer_bytes(optimizer, stepped, settings, shards.counters) if training else (0, 0)
     buffers = sum(size(n) for n in g.buffers)
     inputs = sum(size(n) for n in g.inputs)
     w = _Walk(live=params + buffers + inputs + states + held + (grads if accumulated else 0))
@@ -346,7 +367,7 @@ def ledger(g: Graph, mode: str, optimizer: str | None, settings: MemorySettings,
     activations, statistics = _forward(g, st, holds, w, kept_by)
     if training:
         unsized.update(x for s in g.saved.values() for x in s.unsized)  # kept inside a control-flow body
-        _backward(g, st, holds, w, set(g.trainable) if accumulated else set())
+        _backward(g, st, holds, w, set(g.trainable) if accumulated else set(), grad_size)
         w.live += temps
         w.mark("optimizer step", "")
     rank = RankMemory(params, buffers, grads, states, temps if optimizer else 0, inputs, activations, statistics,
@@ -447,7 +468,8 @@ def _forward(g: Graph, st: _Storages, h: _Holds, w: _Walk, kept_by: dict[int, in
     return kept + statistics, statistics
 
 
-def _backward(g: Graph, st: _Storages, h: _Holds, w: _Walk, param_grads: set[str]) -> None:
+def _backward(g: Graph, st: _Storages, h: _Holds, w: _Walk, param_grads: set[str],
+              grad_size: Callable[[str], int]) -> None:
     """Walk the backward in reverse execution order: each node's input gradients are allocated, then its output
     gradients, its statistics and what only it kept are freed; a checkpointed unit makes its kept tensors again
     when its backward starts and releases its inputs when it ends."""
@@ -491,7 +513,7 @@ def _backward(g: Graph, st: _Storages, h: _Holds, w: _Walk, param_grads: set[str
                     alive.add(r)
                     w.add(st.nbytes(r))
             w.add(unit_extra.get(u, 0))
-        _input_grads(g, st, n, w, grad_of, param_grads)
+        _input_grads(g, st, n, w, grad_of, param_grads, grad_size)
         w.mark("backward", n.name)
         for t in n.outputs:
             if t is not None and t.name in grad_of:
@@ -507,7 +529,8 @@ def _backward(g: Graph, st: _Storages, h: _Holds, w: _Walk, param_grads: set[str
                 release(r)
 
 
-def _input_grads(g: Graph, st: _Storages, n: NodeCount, w: _Walk, grad_of: dict[str, int], param_grads: set[str]) -> None:
+def _input_grads(g: Graph, st: _Storages, n: NodeCount, w: _Walk, grad_of: dict[str, int], param_grads: set[str],
+                 grad_size: Callable[[str], int]) -> None:
     """Allocate the gradients node ``n``'s backward produces: a parameter's once, kept to the step; an activation's
     once, however many consumers add to it; a view's input gradient is its output gradient, viewed."""
     flags = g.grads[n.index]
@@ -518,7 +541,7 @@ def _input_grads(g: Graph, st: _Storages, n: NodeCount, w: _Walk, grad_of: dict[
             p = st.of(t.name)  # an expert gather's slices: the gradient is the parameter's own
             if p not in param_grads:
                 param_grads.add(p)
-                w.add(st.nbytes(p))
+                w.add(grad_size(p))
         elif t.name in st.gathered:  # slices of a parameter that is not trained: no gradient
             continue
         elif n.op_type in VIEWS and n.op_type != "Split" and i == 0 and n.outputs and n.outputs[0] is not None \

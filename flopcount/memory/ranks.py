@@ -20,6 +20,18 @@ it (a node without work takes those of its module's nodes with work, else of the
   reduce-scatter, as large) and the root's parameters (those outside the layers) whole, gathered from the root's
   forward to the end of the backward.
 
+* **ZeRO** (Rajbhandari et al. 2020; ``zero1`` is its stage P_os, ``zero2`` P_os+g), over the same D·C ranks as
+  ``fsdp`` (D·C/E for a routed expert's weights): the parameters are whole on every rank (after the TP, PP and EP
+  divisions). ``zero1``: the optimizer states (the moments, the fp32 master copy under ``master_weights``) are
+  1/(D·C) of each tensor's elements, rounded up per tensor, and Adam's step counters 1/(D·C) of the tensors',
+  rounded up; so are the step's temporaries (the step runs on the shard); the gradients are whole, made in the
+  backward and kept to the step (at the backward's end the rank holds them all). ``zero2``: as ``zero1``, and the
+  gradients are 1/(D·C) per tensor, each made at its share's size in the walk; the whole gradients of one layer
+  (outside the layers, of one weight), the largest, are held through the walk as the bucket a reduce-scatter
+  reads (``gradient_bucket_bytes``). Approximate: the bucket is one layer's, where DeepSpeed's ``reduce_bucket_size``
+  sets its own, and it is held in the forward too; the all-gather of the updated parameters after the step writes
+  into the whole parameters, with no buffer of its own.
+
 **Microbatches in flight** on pipeline rank p (0-based) of P with M microbatches: GPipe keeps M, 1F1B P − p
 (at most M), interleaved:v its (P − p − 1)·2 + (v − 1)·P warm-up chunk-forwards plus one, at most M·v, each a
 chunk of 1/v of the rank's layers (Megatron's order; chunks taken as equal). The rank's peak is the walk of one
@@ -56,8 +68,10 @@ every CP rank's share equal) in ``replicas``.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
+from fractions import Fraction
 from types import MappingProxyType
 from typing import Any, Mapping
 
@@ -65,7 +79,7 @@ from ..context import TensorInfo
 from ..errors import UsageError
 from ..parallel.plan import ParallelPlan
 from ..reporting.report import tensor_bytes
-from .ledger import VIEWS, Graph, Memory, MemorySettings, RankMemory, ledger
+from .ledger import VIEWS, Graph, Memory, MemorySettings, RankMemory, Shards, ledger
 
 __all__ = ["PlanRankMemory", "in_flight", "per_rank", "rank_rows", "RANK_HEADERS"]
 
@@ -81,7 +95,8 @@ class PlanRankMemory(RankMemory):
     """One rank's :class:`~flopcount.memory.ledger.RankMemory` under a plan: its ``rank`` id and ``coords``, its pipeline
     ``stage``, its DP replicas (``replicas``, whose figures are the same), the microbatches whose activations it
     keeps at once (``microbatches_in_flight``; ``activations_bytes`` is one microbatch's), the FSDP all-gather
-    buffer (``allgather_bytes``, in ``peak_bytes``), the gathered K and V of its largest layer under cp
+    buffer (``allgather_bytes``, in ``peak_bytes``), the whole gradients of the largest layer that ``zero2``
+    reduce-scatters (``gradient_bucket_bytes``, in ``peak_bytes``), the gathered K and V of its largest layer under cp
     (``cp_kv_bytes``) and the all_to_all buffers of its largest MoE layer under ep
     (``alltoall_bytes``, in ``peak_bytes``)."""
 
@@ -91,6 +106,7 @@ class PlanRankMemory(RankMemory):
     replicas: tuple[int, ...] = ()
     microbatches_in_flight: float = 1.0
     allgather_bytes: int = 0
+    gradient_bucket_bytes: int = 0
     cp_kv_bytes: int = 0
     alltoall_bytes: int = 0
 
@@ -176,12 +192,17 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
             return t if plan.sp else 1
         return t if r == "split" else kv if r == "kv" else 1
 
+    def shard_div(k: int) -> int:
+        """The ranks a weight whose first reader is node k is sharded over by ZeRO or FSDP: the D·C data- and
+        context-parallel ranks, D·C/E for a routed expert's."""
+        return max(plan.dp * plan.cp // plan.ep, 1) if expert[k] else plan.dp * plan.cp
+
     def param_div(k: int) -> tuple[int, int]:
         """(TP·EP division, FSDP division) of a weight whose first reader is node k."""
-        dp_cp = plan.dp * plan.cp if plan.fsdp else 1
+        fsdp = shard_div(k) if plan.fsdp else 1
         if expert[k]:
-            return t * plan.ep, max(dp_cp // plan.ep, 1)
-        return (t if leaf[k] in _TP_PARAMS else kv if leaf[k] in _KV else 1), dp_cp
+            return t * plan.ep, fsdp
+        return (t if leaf[k] in _TP_PARAMS else kv if leaf[k] in _KV else 1), fsdp
 
     reader: dict[str, int] = {}
     for k, n in enumerate(g.nodes):
@@ -215,8 +236,8 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
             # the same load walk the same graph: one walk per (stage, load), placed on each of them
             key = (s, tuple(sorted(share.items())))
             if key not in walked:
-                walked[key] = _rank(report, g, mem, settings, plan, s, stage, scale, param_div, reader, gathered,
-                                    alltoall)
+                walked[key] = _rank(report, g, mem, settings, plan, s, stage, scale, param_div, shard_div, reader,
+                                    gathered, alltoall)
             for i in range(t):
                 ranks.append(_placed(walked[key], plan, s, i, e))
     return dataclasses.replace(mem, ranks=tuple(ranks), settings=dataclasses.replace(settings, plan=plan),
@@ -357,8 +378,20 @@ class _Stage:
         return cls(tuple(keep), made, read, received, sent)
 
 
+def _zero_shards(plan: ParallelPlan, trained, tensors: Mapping[str, TensorInfo], reader, shard_div) -> Shards:
+    """ZeRO's shares on a rank (see the module's docstring): 1/(D·C) of each trained tensor's elements (rounded up),
+    the optimizer's under ``zero1`` and ``zero2``, the gradients' under ``zero2``; the step counters 1/(D·C) of
+    the tensors' (rounded up)."""
+    if plan.zero_stage not in (1, 2):
+        return Shards()
+    divs = {name: shard_div(reader[name]) if name in reader else plan.dp * plan.cp for name in trained}
+    shares = {name: _resized(tensors[name], divs[name]) for name in trained}
+    counters = math.ceil(sum(Fraction(1, d) for d in divs.values()))
+    return Shards(shares if plan.zero2 else {}, shares, counters)
+
+
 def _rank(report, g: Graph, mem: Memory, settings: MemorySettings, plan: ParallelPlan, s: int, stage: _Stage,
-          scale, param_div, reader, gathered, alltoall) -> PlanRankMemory:
+          scale, param_div, shard_div, reader, gathered, alltoall) -> PlanRankMemory:
     keep, made, read = stage.keep, stage.made, stage.read
     nodes = [g.nodes[k] for k in keep]
     tensors: dict[str, TensorInfo] = {}
@@ -392,19 +425,30 @@ def _rank(report, g: Graph, mem: Memory, settings: MemorySettings, plan: Paralle
     # total at every node alike and move the peak by themselves without moving where it is; only the gradients
     # accumulated from the start (a microbatch after the first) change the walk
     accumulated = mem.mode == "train" and plan.microbatches > 1
-    one = ledger(sub, mem.mode, mem.optimizer, settings, mem.missing, accumulated=accumulated).ranks[0]
+    shards = _zero_shards(plan, sorted(sub.trainable), tensors, reader, shard_div)
+    one = ledger(sub, mem.mode, mem.optimizer, settings, mem.missing, accumulated=accumulated,
+                 shards=shards).ranks[0]
     flight = in_flight(plan, s) if mem.mode == "train" else 1.0
-    gather = in_flight_units = 0
-    if plan.fsdp:
-        per_layer: dict[int | None, int] = {}
+    gather = in_flight_units = bucket = 0
+    if plan.fsdp or (plan.zero2 and mem.mode == "train"):
+        per_layer: dict[Any, int] = {}
         for name in sub.params:
             layer = _layer_of(report.modules.nodes[reader[name]]) if name in reader else None
+            if layer is None and plan.zero2:  # outside the layers, each weight's gradient is reduced alone
+                layer = name
             # a weight of unknown size is already in the ledger's ``unsized`` (the one-rank walk read the same
             # tensor), which makes the figures a stated lower bound; it adds nothing here
             whole = tensor_bytes(_resized(g.tensors.get(name) or TensorInfo(name), param_div(reader[name])[0])) or 0
             per_layer[layer] = per_layer.get(layer, 0) + whole
         root = per_layer.pop(None, 0)
         gather = max(per_layer.values(), default=0)
+    if plan.zero2 and mem.mode == "train":
+        # ZeRO-2: a layer's gradients (outside the layers, a weight's) are made whole and reduce-scattered into the
+        # rank's shard, then freed; the largest such whole gradients (as large as their parameters) are held
+        # through the walk as the bucket
+        bucket, gather = gather, 0
+        in_flight_units = bucket
+    elif plan.fsdp:
         # FSDP2 prefetches one unit ahead: the unit running and the next are gathered at once in the forward; in
         # the backward the next unit's gather meets the running unit's gradients copied for their reduce-scatter
         # (as large). The root's parameters (those outside the layers) are gathered whole from its forward to the
@@ -417,7 +461,7 @@ def _rank(report, g: Graph, mem: Memory, settings: MemorySettings, plan: Paralle
     others = int(one.activations_bytes * (flight - 1))
     held = others + in_flight_units + alltoall
     return PlanRankMemory(**{**one.__dict__, "peak_bytes": one.peak_bytes + held}, stage=s,
-                          microbatches_in_flight=flight, allgather_bytes=gather,
+                          microbatches_in_flight=flight, allgather_bytes=gather, gradient_bucket_bytes=bucket,
                           cp_kv_bytes=max(kv_per_layer.values(), default=0), alltoall_bytes=alltoall)
 
 

@@ -12,10 +12,13 @@ report's parameters by module:
   rank of each copy group counting it as its own and the others as redundant; every other parameter (norms,
   routers, MLA's latent projections) is whole on every TP rank, TP rank 0's copy its own, the others redundant;
 * **EP**: a routed expert's parameters split 1/(T·E) over the TP and EP ranks (R/E experts on each EP rank);
-* **DP and CP**: with ``fsdp`` (FSDP/ZeRO: parameters, gradients and optimizer states sharded), each rank
-  updates 1/(D·C) of its part (a routed expert's, 1/(D·C/E): the expert data-parallel group), so nothing is
-  repeated over DP; without ``fsdp`` every data- and context-parallel replica runs the same update on the same
-  parameters, and the replicas after the first (dp = cp = 0; for experts, EP group 0) count it as redundant.
+* **DP and CP**: with the optimizer states sharded (``zero1``, ``zero2`` or ``fsdp``: ZeRO's stages 1, 2 and 3,
+  Rajbhandari et al. 2020), each rank updates 1/(D·C) of its part (a routed expert's, 1/(D·C/E): the expert
+  data-parallel group), so nothing is repeated over DP: under ``zero1`` and ``zero2`` the rank holds the whole
+  parameters and (``zero1``) the whole gradients, but steps only its shard of the optimizer states and gathers the
+  others' updated parameters after the step; without sharding every data- and context-parallel replica runs the
+  same update on the same parameters, and the replicas after the first (dp = cp = 0; for experts, EP group 0)
+  count it as redundant.
 
 A split that does not divide a parameter's elements gives the remainder to the first ranks, one each, so the sum
 over ranks of ``optimizer_flops`` − ``optimizer_redundant_flops`` is the whole model's optimizer FLOPs exactly.
@@ -92,7 +95,7 @@ def optimizer_elements(rows: dict[int, list[tuple[bool, str, int]]], plan: Any, 
                 x = _split(n, t, tp)
             else:
                 x, copy = n, tp != 0
-        if plan.fsdp:
+        if plan.zero_stage:  # zero1, zero2 and fsdp shard the optimizer states alike
             x = _split(x, groups, place)
         elif place != 0:
             copy = True

@@ -2,8 +2,8 @@
 ledger (:mod:`flopcount.memory.ledger`) and the per-rank FLOP ledger of parallel plans.
 
 A plan is plain arithmetic on degrees; nothing here knows a model. The textual forms are the ones the command line
-takes (``--parallel tp=2,pp=4,dp=8,sp,fsdp``, ``--microbatches 16``, ``--schedule interleaved:2``,
-``--recompute selective``); :func:`parse_parallel` and :func:`parse_recompute` read them and raise
+takes (``--parallel tp=2,pp=4,dp=8,sp,fsdp``, or ``zero1``/``zero2`` in place of ``fsdp``, ``--microbatches 16``,
+``--schedule interleaved:2``, ``--recompute selective``); :func:`parse_parallel` and :func:`parse_recompute` read them and raise
 :class:`~flopcount.errors.UsageError` (exit 2) naming the bad part.
 
 >>> plan = parse_parallel("tp=2,pp=4,dp=8,sp", microbatches=16, schedule="1f1b")
@@ -21,14 +21,18 @@ from typing import Any
 from ..errors import UsageError
 
 __all__ = [
-    "DEGREES", "DEVICES", "FLAGS", "IMPLEMENTATIONS", "RECOMPUTE_POLICIES", "SCHEDULES", "ParallelPlan", "Recompute", "parse_parallel",
+    "DEGREES", "DEVICES", "FLAGS", "IMPLEMENTATIONS", "RECOMPUTE_POLICIES", "SCHEDULES", "SHARDING", "ParallelPlan", "Recompute", "parse_parallel",
     "parse_recompute",
 ]
 
 #: The integer degrees of a plan: tensor, pipeline, context, expert and data parallel.
 DEGREES = ("tp", "pp", "cp", "ep", "dp")
-#: The switches of a plan: sequence parallelism (over the TP group), and FSDP/ZeRO-3 sharding over the DP group.
-FLAGS = ("sp", "fsdp")
+#: The switches of a plan: sequence parallelism (over the TP group), FSDP/ZeRO-3 sharding over the DP group, and
+#: ZeRO stages 1 (optimizer states sharded) and 2 (optimizer states and gradients sharded) over the D·C ranks of the
+#: data- and context-parallel group (Rajbhandari et al. 2020, P_os and P_os+g). At most one of fsdp, zero1, zero2.
+FLAGS = ("sp", "fsdp", "zero1", "zero2")
+#: The sharding switches, one at most per plan, and the ZeRO stage each is.
+SHARDING = {"zero1": 1, "zero2": 2, "fsdp": 3}
 #: Pipeline schedules; ``interleaved`` takes ``:v`` virtual stages per rank (default 2).
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 #: How an optimizer step may run (its temporaries differ), and the devices whose default torch picks for "auto".
@@ -42,7 +46,7 @@ RECOMPUTE_POLICIES = ("none", "full", "selective")
 class ParallelPlan:
     """A parallel layout of one training step. Degrees are at least 1; ``sp`` needs ``tp`` > 1; ``schedule`` and
     ``virtual_stages`` (interleaved only) matter with ``pp`` > 1; ``microbatches`` M is per optimizer step and,
-    under pipelining, at least ``pp``."""
+    under pipelining, at least ``pp``; at most one of ``fsdp``, ``zero1`` and ``zero2`` (:attr:`zero_stage`)."""
 
     tp: int = 1
     pp: int = 1
@@ -51,6 +55,8 @@ class ParallelPlan:
     dp: int = 1
     sp: bool = False
     fsdp: bool = False
+    zero1: bool = False
+    zero2: bool = False
     microbatches: int = 1
     schedule: str = "1f1b"
     virtual_stages: int = 1
@@ -71,9 +77,23 @@ class ParallelPlan:
                              "give tp=T with T > 1")
         if self.fsdp and self.dp == 1:
             raise UsageError("parallel plan: fsdp shards over the data-parallel group; give dp=D with D > 1")
+        sharding = [f for f in SHARDING if getattr(self, f)]
+        if len(sharding) > 1:
+            raise UsageError(f"parallel plan: {' and '.join(sharding)} are different shardings of the model "
+                             f"states; give one of {', '.join(SHARDING)}")
+        for f in ("zero1", "zero2"):
+            if getattr(self, f) and self.dp * self.cp == 1:
+                raise UsageError(f"parallel plan: {f} shards over the data- and context-parallel ranks; give "
+                                 "dp=D or cp=C with D·C > 1")
         if self.pp > 1 and self.microbatches < self.pp:
             raise UsageError(f"parallel plan: {self.microbatches} microbatches cannot fill {self.pp} pipeline "
                              f"stages; give --microbatches M with M >= {self.pp}")
+
+    @property
+    def zero_stage(self) -> int:
+        """What is sharded over the D·C data- and context-parallel ranks, as ZeRO's stages: 0 nothing, 1 the
+        optimizer states (``zero1``), 2 and the gradients (``zero2``), 3 and the parameters (``fsdp``)."""
+        return max((stage for f, stage in SHARDING.items() if getattr(self, f)), default=0)
 
     @property
     def world_size(self) -> int:
@@ -105,6 +125,8 @@ def parse_parallel(text: str, microbatches: int = 1, schedule: str = "1f1b") -> 
 
     >>> parse_parallel("dp=4,fsdp").fsdp
     True
+    >>> parse_parallel("dp=4,zero2").zero_stage
+    2
     >>> parse_parallel("tp=0")
     Traceback (most recent call last):
     ...

@@ -56,7 +56,12 @@ activation element) per microbatch and Lₛ the stage's layers:
   ``fsdp``, ``all_gather`` of the parameters G in the forward and again in the backward of each microbatch and
   ``reduce_scatter`` of the gradients G in the backward of each microbatch (FSDP2's default: each microbatch's
   unsharded gradients are reduce-scattered into the sharded ones, which accumulate, and freed; the memory ledger
-  holds them so, :mod:`flopcount.memory.ranks`).
+  holds them so, :mod:`flopcount.memory.ranks`); with ``zero1`` (ZeRO stage 1, P_os of Rajbhandari et al. 2020:
+  optimizer states sharded), the ``all_reduce`` of G once a step as without sharding, and an ``all_gather`` of the
+  updated parameters G once a step (each rank steps its shard and gathers the others'); with ``zero2`` (P_os+g:
+  gradients sharded too), ``reduce_scatter`` of the gradients G in the backward of each microbatch (as ``fsdp``,
+  FSDP2's default, so M·G a step) in place of the ``all_reduce``, and the ``all_gather`` of G once a step. The
+  group is ``dp``, or ``dp_cp`` under cp > 1.
 
 **Bubble.** The schedule's actions (GPipe: all forwards, then all backwards; 1F1B: P−1−p warm-up forwards, then
 one forward and one backward in turn, then the remaining backwards; interleaved 1F1B as Megatron orders it) are
@@ -67,7 +72,7 @@ and (P−1)/(v·M+P−1) interleaved.
 
 **Optimizer step** (with ``--optimizer``): each rank's ``optimizer_flops`` once per step, for the parameter elements
 it updates, and ``optimizer_redundant_flops``, those another rank updates too (TP-replicated norms, K/V copies, DP
-replicas without ``fsdp``); the rules are in :mod:`flopcount.parallel.optimizer`.
+replicas without ``zero1``, ``zero2`` or ``fsdp``); the rules are in :mod:`flopcount.parallel.optimizer`.
 
 Not modelled yet (exit 2 naming the flag): ``--generate``; the bubble is simulated with balanced experts (the stage
 durations of TP rank 0, before the EP load).
@@ -693,8 +698,13 @@ def _communication(plan: ParallelPlan, d: _Dims, report: Any, per_stage: int, tr
             if plan.fsdp:
                 add("all_gather", grp, m * 2 * g)
                 add("reduce_scatter", grp, m * g)  # every microbatch, as FSDP2 by default
+            elif plan.zero2:
+                add("reduce_scatter", grp, m * g)  # every microbatch, as fsdp
+                add("all_gather", grp, g)  # the updated parameters, once a step
             else:
                 add("all_reduce", grp, g)
+                if plan.zero1:
+                    add("all_gather", grp, g)
         out.append(tuple(Collective(k, grp, n) for (k, grp), n in c.items()))
     return out
 
