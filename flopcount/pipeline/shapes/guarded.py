@@ -38,6 +38,7 @@ from .tensors import (
     Collected,
     collect,
     declared_shape,
+    initializer_infos,
 )
 
 log = logging.getLogger(__name__)
@@ -537,15 +538,16 @@ class Inference:
         else:
             log.debug("%s: the inference interpreter exited with %d", self.where, done.returncode)
 
-    def collected(self) -> "Collected | None":
-        """The tensor infos of the inferred model as :func:`collect` reads them, or None when there is no report to
+    def collected(self, declared: Mapping[str, tuple[int, tuple[int, ...]]]) -> "Collected | None":
+        """The tensor infos of the inferred model as :func:`collect` reads them (``declared``: the top graph's
+        initializers, ``(data type, dims)`` by name, which the child leaves out), or None when there is no report to
         trust (no child, or it died without a word, or its report does not parse): the caller infers in-process.
         Raises :class:`ShapeError` when inference fails, or when it crashed the child (ONNX's C++ aborting on a
         malformed graph): that is never re-run in-process."""
         data = self._receive()
         if data[:1] == b"C":
             try:
-                return _from_rows(*marshal.loads(data[1:]))
+                return _from_rows(*marshal.loads(data[1:]), declared)
             except Exception as e:  # a damaged report: infer here instead
                 log.debug("%s: the inference child's report does not parse (%s)", self.where, e)
                 return None
@@ -623,7 +625,7 @@ def _report(model: ModelProto, where: str) -> bytes:
                                                               data_prop_bounded(model)))
         else:
             inferred = infer(model, where)  # a Slice at risk of a negative dim: step by step
-        return b"C" + marshal.dumps(_rows(collect(inferred)))
+        return b"C" + marshal.dumps(_rows(collect(inferred, initializers={})))  # the parent has the initializers
     except ShapeError as e:
         return b"S" + str(e).encode("utf-8", "replace")
     except Exception as e:  # InferenceError, ValidationError, or RuntimeError from C++
@@ -635,11 +637,13 @@ def _rows(collected: "Collected") -> tuple[list[tuple], list[str]]:
     return [tuple(t) for t in collected.values()], collected.odd
 
 
-def _from_rows(rows: list[tuple], odd: list[str]) -> "Collected":
-    """The inverse of :func:`_rows`."""
+def _from_rows(rows: list[tuple], odd: list[str], declared: Mapping[str, tuple[int, tuple[int, ...]]]) -> "Collected":
+    """The inverse of :func:`_rows`, for a report collected without the top graph's initializers: they come first, from
+    ``declared`` (as :func:`collect` puts them), and their declared types stand (the rows of their inputs are dropped)."""
     make = tuple.__new__
-    out = Collected({row[0]: make(TensorInfo, row) for row in rows})
-    out.odd = odd
+    out = Collected(initializer_infos(None, declared))
+    out.update({row[0]: make(TensorInfo, row) for row in rows if row[0] not in declared})
+    out.odd = [name for name in odd if name not in declared] if declared else odd
     return out
 
 
