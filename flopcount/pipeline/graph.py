@@ -112,14 +112,15 @@ def build_graph(graph: onnx.GraphProto, where: str, outer: Iterable[str] = ()) -
     ``outer`` names tensors visible from enclosing graphs (for subgraph bodies).
     """
     protos = list(graph.node)  # one wrapper per node, reused by every later pass
-    initializer_types = {t.name: (t.data_type, tuple(t.dims)) for t in graph.initializer}
+    initializer_types = {t.name: (t.data_type, tuple(t.dims[:])) for t in graph.initializer}
     initializers = {*initializer_types, *(t.values.name for t in graph.sparse_initializer)}
     declared_inputs = [i.name for i in graph.input]
     available = set(outer) | initializers | set(declared_inputs)
 
-    # Every node's input and output names, read from protobuf once; later passes use these tuples.
-    node_inputs = [tuple(n.input) for n in protos]
-    node_outputs = [tuple(n.output) for n in protos]
+    # Every node's input and output names, read from protobuf once; later passes use these tuples. A repeated field
+    # is copied by slicing it (one call into protobuf, about a third of the time of iterating it).
+    node_inputs = [tuple(n.input[:]) for n in protos]
+    node_outputs = [tuple(n.output[:]) for n in protos]
     node_ops = [(n.domain, n.op_type) for n in protos]
 
     # Checked in bulk; the node-by-node search for the culprit runs only when a check fails.

@@ -69,7 +69,7 @@ def initializer_infos(g: onnx.GraphProto | None,
     make = tuple.__new__
     if declared is not None:
         return {name: make(TensorInfo, (name, elem, dims, True)) for name, (elem, dims) in declared.items()}
-    return {t.name: make(TensorInfo, (t.name, t.data_type, tuple(t.dims), True)) for t in g.initializer}
+    return {t.name: make(TensorInfo, (t.name, t.data_type, tuple(t.dims[:]), True)) for t in g.initializer}
 
 
 def _collect_graph(g: onnx.GraphProto, out: dict[str, TensorInfo], bodies: bool = True,
