@@ -12,7 +12,9 @@ import sys
 import threading
 import warnings
 from collections.abc import Mapping, Sequence
+from functools import partial
 from math import prod
+from operator import itemgetter
 
 import numpy as np
 import onnx
@@ -640,9 +642,12 @@ def _rows(collected: "Collected") -> tuple[list[tuple], list[str]]:
 def _from_rows(rows: list[tuple], odd: list[str], declared: Mapping[str, tuple[int, tuple[int, ...]]]) -> "Collected":
     """The inverse of :func:`_rows`, for a report collected without the top graph's initializers: they come first, from
     ``declared`` (as :func:`collect` puts them), and their declared types stand (the rows of their inputs are dropped)."""
-    make = tuple.__new__
     out = Collected(initializer_infos(None, declared))
-    out.update({row[0]: make(TensorInfo, row) for row in rows if row[0] not in declared})
+    names = list(map(itemgetter(0), rows))
+    if not declared.keys().isdisjoint(names):  # an initializer's declared input (older exports)
+        rows = [row for row in rows if row[0] not in declared]
+        names = list(map(itemgetter(0), rows))
+    out.update(zip(names, map(partial(tuple.__new__, TensorInfo), rows)))  # C-level iterators: no frame per row
     out.odd = [name for name in odd if name not in declared] if declared else odd
     return out
 

@@ -4,7 +4,10 @@ shares."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
+from itertools import repeat
 from math import prod
+from operator import itemgetter
 
 import onnx
 from onnx import ModelProto, helper
@@ -67,8 +70,10 @@ def initializer_infos(g: onnx.GraphProto | None,
     """Infos of a graph's initializers (their dims and types are declared: no inference needed); ``declared``: their
     ``(data type, dims)`` by name as :func:`~flopcount.pipeline.graph.build_graph` read them (``g`` is then not read)."""
     make = tuple.__new__
-    if declared is not None:
-        return {name: make(TensorInfo, (name, elem, dims, True)) for name, (elem, dims) in declared.items()}
+    if declared is not None:  # built by C-level iterators: no Python frame per initializer
+        types = declared.values()
+        rows = zip(declared, map(itemgetter(0), types), map(itemgetter(1), types), repeat(True))
+        return dict(zip(declared, map(partial(make, TensorInfo), rows)))
     return {t.name: make(TensorInfo, (t.name, t.data_type, tuple(t.dims[:]), True)) for t in g.initializer}
 
 
