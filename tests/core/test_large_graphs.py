@@ -292,3 +292,16 @@ def test_constants_read_one_by_one_are_those_read_all_at_once():
     assert sorted(everything) == ["both", "c", "empty", "f", "k", "s"]
     np.testing.assert_array_equal(everything["both"], [7, 7])
     assert dict(interpreter.LazyConstants(m).items()).keys() == everything.keys()  # iterating reads them all
+
+
+def test_child_report_keeps_the_declared_type_of_an_initializer_listed_as_an_input():
+    # an older export lists its weight w as a graph input too, there with a symbolic first dim: the initializer's
+    # dims (8, 6) stand, in the child's report as in the in-process reading
+    nodes = [N("MatMul", ["x", "w"], ["mm"])]
+    m = model(nodes, {"x": ("N", 8), "w": ("K", 6)}, ["mm"], [weight("w", (8, 6))])
+    words = guarded._report(m, "m.onnx")
+    assert words[:1] == b"C"
+    got = guarded._from_rows(*marshal.loads(words[1:]), build_graph(m.graph, "m.onnx").initializer_types)
+    expected = tensors.collect(guarded.infer(m, "m.onnx"))
+    assert got == expected and list(got) == list(expected) and got.odd == expected.odd == []
+    assert got["w"].shape == (8, 6) and got["w"].is_static and got["mm"].shape == ("N", 6)
