@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from functools import partial
 from math import prod
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 
 import numpy as np
 import onnx
@@ -166,6 +166,9 @@ def _fork_with_pipe() -> tuple[int, int, int] | None:
     return pid, read, write
 
 
+_DIMS, _OP_TYPE = attrgetter("dims"), attrgetter("op_type")
+
+
 def data_prop_bounded(model: ModelProto) -> bool:
     """Whether ONNX's data propagation stays bounded on ``model``: no graph input or initializer of rank 1, and no
     integer Range of the top graph, holds more than :data:`DATA_PROP_LIMIT` elements. A Range's size is known from
@@ -173,17 +176,22 @@ def data_prop_bounded(model: ModelProto) -> bool:
     :func:`fold_constants` computes them. Where it is not bounded, inference runs without data propagation, and folding
     (:func:`resolve`) computes the small shape vectors instead."""
     g = model.graph
-    for t in g.initializer:
-        dims = t.dims  # read once: this runs over every initializer of the largest graphs
-        if len(dims) == 1 and dims[0] > DATA_PROP_LIMIT:
-            log.debug("initializer %r has %d elements: inference without data propagation", t.name, dims[0])
+    # the initializers' ranks, and below the nodes' op types, read by C-level loops: this runs over every
+    # initializer and node of the largest graphs (on the inference child's critical path)
+    ranks = list(map(len, map(_DIMS, g.initializer)))
+    for k in (k for k, rank in enumerate(ranks) if rank == 1) if 1 in ranks else ():
+        t = g.initializer[k]
+        if t.dims[0] > DATA_PROP_LIMIT:
+            log.debug("initializer %r has %d elements: inference without data propagation", t.name, t.dims[0])
             return False
     for vi in g.input:
         dims = vi.type.tensor_type.shape.dim
         if len(dims) == 1 and dims[0].dim_value > DATA_PROP_LIMIT:
             log.debug("input %r has %d elements: inference without data propagation", vi.name, dims[0].dim_value)
             return False
-    ranges = [i for i, n in enumerate(g.node) if n.op_type == "Range" and n.domain in ("", "ai.onnx")]
+    op_types = list(map(_OP_TYPE, g.node))
+    ranges = [i for i, op in enumerate(op_types) if op == "Range" and g.node[i].domain in ("", "ai.onnx")] \
+        if "Range" in op_types else []
     for i, (size, _) in (_range_sizes(model, ranges).items() if ranges else ()):
         if size > DATA_PROP_LIMIT:
             log.debug("Range %r has %d elements: inference without data propagation", g.node[i].name, size)

@@ -37,7 +37,7 @@ class Resolution:
 def _unresolved(index: GraphIndex, tensors: Mapping[str, TensorInfo]) -> list[str]:
     """Node outputs whose shapes are not fully known."""
     get = tensors.get
-    return [name for name in index.producer if (t := get(name)) is None or not t.is_static]
+    return [name for name in index.producer if (t := get(name)) is None or not t[3]]  # t[3]: is_static
 
 
 
