@@ -98,13 +98,20 @@ class AttributeCache:
         append = out.append
         wanted_of, checked, converted = self._wanted, self._checked, self._converted
         undeclared = DEFAULT_DOMAIN not in self.opsets  # a default-domain node is then an error
+        bare: dict[tuple, dict[str, Any] | None] = {}  # (op, arity) of nodes without attributes → what they give
         for k, (node, name, op, inputs, outputs) in enumerate(
                 zip(index.protos, index.names, index.node_ops, index.node_inputs, index.node_outputs)):
+            attrs = node.attribute
+            if not attrs:  # most nodes: checked and converted once per operator and arity
+                arity = (op, len(inputs), len(outputs))
+                values = bare.get(arity, bare)
+                if values is not bare:
+                    append(values)
+                    continue
             wanted = wanted_of.get(op)
             if wanted is None:
                 rule = lookup(canonical_domain(op[0]), op[1])
                 wanted = wanted_of[op] = rule is not None and not rule.zero_cost
-            attrs = node.attribute
             blobs = tuple(map(_blob, attrs)) if attrs else ()
             check = (op, (len(inputs), len(outputs)), *blobs)
             if check not in checked:
@@ -113,12 +120,14 @@ class AttributeCache:
             if not wanted:
                 if undeclared and op[0] in ("", "ai.onnx"):
                     node_attributes(node, name, self.opsets, self.where)  # raises: the domain is not imported
-                append(None)
-                continue
-            key = (op, *blobs) if attrs else op
-            values = converted.get(key)
-            if values is None:  # first of its kind: converted and checked against the schema
-                values = converted[key] = node_attributes(node, name, self.opsets, self.where, force=True)
+                values = None
+            else:
+                key = (op, *blobs) if attrs else op
+                values = converted.get(key)
+                if values is None:  # first of its kind: converted and checked against the schema
+                    values = converted[key] = node_attributes(node, name, self.opsets, self.where, force=True)
+            if not attrs:
+                bare[(op, len(inputs), len(outputs))] = values
             append(values)
         return out
 

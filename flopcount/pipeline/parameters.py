@@ -94,7 +94,7 @@ def stored_tensors(graph: onnx.GraphProto, index: GraphIndex | None = None) -> d
     from the protos, never the data). ``index``: ``graph`` as :func:`flopcount.pipeline.graph.build_graph` read it,
     whose initializer dims and node ops are not read from the protos again."""
     if index is None:
-        out = {t.name: (t.data_type, tuple(t.dims)) for t in graph.initializer}
+        out = {t.name: (t.data_type, tuple(t.dims[:])) for t in graph.initializer}
         constants = (node for node in graph.node if node.op_type == "Constant")
     else:
         out = dict(index.initializer_types)
@@ -140,7 +140,7 @@ def classify(
     if index is None:
         protos = list(model.graph.node)
         node_ops = [(n.domain, n.op_type) for n in protos]
-        node_inputs, node_outputs = [tuple(n.input) for n in protos], [tuple(n.output) for n in protos]
+        node_inputs, node_outputs = [tuple(n.input[:]) for n in protos], [tuple(n.output[:]) for n in protos]
         bodies: Sequence[int] = range(len(protos))  # any node may hold a subgraph
     else:
         protos, node_ops, bodies = index.protos, index.node_ops, index.bodies
@@ -195,13 +195,16 @@ def _consumers(stored: Mapping, quantized: set[str], protos, node_ops, node_inpu
     through = _PASS_THROUGH | _ADDITIVE | (_DEQUANTIZING.keys() if quantized else frozenset())
     wanted = set(stored).union(*(outs for (_, op), outs in zip(node_ops, node_outputs) if op in through))
     uses: defaultdict[str, list] = defaultdict(list)  # no list made per use, as setdefault would
-    for k, inputs in enumerate(node_inputs):
-        if wanted.isdisjoint(inputs):
+    disjoint = wanted.isdisjoint
+    for (domain, op), inputs, outputs in zip(node_ops, node_inputs, node_outputs):
+        if disjoint(inputs):
             continue
-        view = _NodeView((*node_ops[k], inputs, node_outputs[k]))
-        for i, name in enumerate(inputs):
+        view = _NodeView((domain, op, inputs, outputs))
+        i = 0
+        for name in inputs:
             if name in wanted:
                 uses[name].append((view, i))
+            i += 1
     consumers: dict[str, list] = dict(uses)
     for k in bodies:  # subgraph consumers, as protos
         for a in protos[k].attribute:
@@ -222,6 +225,7 @@ class _RoleRules:
         self.opsets, self.consumers, self.dequantizing, self.rescaled = opsets, consumers, dequantizing, rescaled
         self.products = products
         self.static: dict[tuple, str | None] = {}
+        self.shapes: dict[tuple[int, ...], tuple[bool, bool]] = {}  # dims → (single value, varies along several axes)
 
     def static_role(self, node, pos: int, single: bool, several_axes: bool, spread: bool) -> str | None:
         """The role a use gives, from the operator, the position and the tensor's dims alone."""
@@ -273,8 +277,16 @@ class _RoleRules:
         return role
 
     def role_of(self, name: str, dims: tuple[int, ...], literal: bool) -> str:
+        shape = self.shapes.get(dims)  # most weights share their dims with others
+        if shape is None:
+            shape = self.shapes[dims] = (prod(dims) <= 1, sum(d > 1 for d in dims) > 1)
+        single, several_axes = shape
+        direct = self.consumers.get(name, ())
+        if len(direct) == 1 and not self.dequantizing and not _passes(direct[0][0]):  # one use, as most weights have
+            node, pos = direct[0]
+            role = self.use_role(node, pos, single, several_axes, False)
+            return CONSTANT if role is None or role == PARAMETER and literal else role
         found: set[str] = set()
-        single, several_axes = prod(dims) <= 1, sum(d > 1 for d in dims) > 1
         for node, pos, spread in _uses(name, self.consumers, self.dequantizing):
             role = self.use_role(node, pos, single, several_axes, spread)
             if role == PARAMETER and literal:

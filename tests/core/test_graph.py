@@ -9,7 +9,8 @@ import onnx
 import pytest
 from onnx import TensorProto, external_data_helper, helper, numpy_helper
 
-from flopcount.pipeline.graph import model_tensors, walk_graphs
+from flopcount.errors import InvalidGraphError
+from flopcount.pipeline.graph import build_graph, model_tensors, walk_graphs
 
 
 def _nested_model() -> onnx.ModelProto:
@@ -104,3 +105,28 @@ def test_build_graph_finds_a_missing_input_after_nodes_out_of_order():
 
     with pytest.raises(InvalidGraphError, match="node 'w' \\(Relu\\) reads tensor 'nowhere'"):
         build_graph(_relus(("y", "z"), ("x", "y"), ("nowhere", "w")), "m.onnx")
+
+
+def _chain(nodes: list[onnx.NodeProto]) -> onnx.GraphProto:
+    return helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                             [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2])])
+
+
+def test_nodes_listed_out_of_order_are_walked_in_topological_order():
+    # z = Relu(y) listed before y = Neg(x): node 1 runs first
+    index = build_graph(_chain([helper.make_node("Relu", ["y"], ["z"]), helper.make_node("Neg", ["x"], ["y"])]), "m")
+    assert list(index.order) == [1, 0]
+
+
+def test_a_missing_input_is_found_after_nodes_out_of_order():
+    # the first read out of order (node 0 reads y, written by node 1) comes before the read of a tensor nothing writes
+    nodes = [helper.make_node("Relu", ["y"], ["z"]), helper.make_node("Neg", ["x"], ["y"]),
+             helper.make_node("Add", ["y", "ghost"], ["w"], name="adder")]
+    with pytest.raises(InvalidGraphError, match=r"^m: node 'adder' \(Add\) reads tensor 'ghost', which no node produces"):
+        build_graph(_chain(nodes), "m")
+
+
+def test_a_cycle_is_named():
+    nodes = [helper.make_node("Relu", ["y"], ["z"], name="a"), helper.make_node("Neg", ["z"], ["y"], name="b")]
+    with pytest.raises(InvalidGraphError, match=r"^m: the graph has a cycle \('a' -> 'b' -> 'a'\)"):
+        build_graph(_chain(nodes), "m")

@@ -358,7 +358,7 @@ def test_inference_child_that_aborts_is_an_error_not_a_rerun():
     m = single("Relu", {"x": (2, 3)})
     inference.model, inference.where, inference._pid, inference._fd = m, "m.onnx", pid, read
     with pytest.raises(ShapeError, match=r"^m\.onnx: ONNX shape inference crashed \(SIGABRT\) on this model"):
-        inference.collected()
+        inference.collected({})
 
 
 def test_empty_broadcast_operand_in_training_counts_zero(capsys, tmp_path):

@@ -169,7 +169,7 @@ def _answered(words: bytes) -> shapes.Inference:
 
 
 def test_child_that_dies_silently_leaves_inference_to_the_caller():
-    assert _answered(b"").collected() is None
+    assert _answered(b"").collected({}) is None
 
 
 @linux_only
@@ -186,17 +186,17 @@ def test_child_that_exits_badly_is_not_trusted():
     os.close(write)
     inference = shapes.Inference.__new__(shapes.Inference)
     inference.model, inference.where, inference._pid, inference._fd = mlp_chain(2), "m.onnx", pid, read
-    assert inference.collected() is None
+    assert inference.collected({}) is None
     assert _reaped(pid)
 
 
 def test_child_report_that_does_not_parse_leaves_inference_to_the_caller():
-    assert _answered(b"C\xff\xff\xff").collected() is None
+    assert _answered(b"C\xff\xff\xff").collected({}) is None
 
 
 def test_child_that_reports_an_error_raises_it():
     with pytest.raises(ShapeError, match=r"^m\.onnx: ONNX shape inference failed: bad news; check the input shapes"):
-        _answered(b"Ebad news").collected()
+        _answered(b"Ebad news").collected({})
 
 
 def test_child_report_holds_what_the_inferred_model_holds():
@@ -206,7 +206,8 @@ def test_child_report_holds_what_the_inferred_model_holds():
               [weight("w", (8, 6)), const("st", [0]), const("en", [0])])
     words = guarded._report(m, "m.onnx")
     assert words[:1] == b"C"
-    got = guarded._from_rows(*marshal.loads(words[1:]))
+    # the child leaves the initializers out: the parent has them, as its DAG read them
+    got = guarded._from_rows(*marshal.loads(words[1:]), build_graph(m.graph, "m.onnx").initializer_types)
     expected = tensors.collect(guarded.infer(m, "m.onnx"))
     assert got == expected and got.odd == expected.odd == ["z"]
     assert got["mm"].shape == ("N", 6) and not got["mm"].is_static and got["w"].shape == (8, 6)
@@ -291,3 +292,16 @@ def test_constants_read_one_by_one_are_those_read_all_at_once():
     assert sorted(everything) == ["both", "c", "empty", "f", "k", "s"]
     np.testing.assert_array_equal(everything["both"], [7, 7])
     assert dict(interpreter.LazyConstants(m).items()).keys() == everything.keys()  # iterating reads them all
+
+
+def test_child_report_keeps_the_declared_type_of_an_initializer_listed_as_an_input():
+    # an older export lists its weight w as a graph input too, there with a symbolic first dim: the initializer's
+    # dims (8, 6) stand, in the child's report as in the in-process reading
+    nodes = [N("MatMul", ["x", "w"], ["mm"])]
+    m = model(nodes, {"x": ("N", 8), "w": ("K", 6)}, ["mm"], [weight("w", (8, 6))])
+    words = guarded._report(m, "m.onnx")
+    assert words[:1] == b"C"
+    got = guarded._from_rows(*marshal.loads(words[1:]), build_graph(m.graph, "m.onnx").initializer_types)
+    expected = tensors.collect(guarded.infer(m, "m.onnx"))
+    assert got == expected and list(got) == list(expected) and got.odd == expected.odd == []
+    assert got["w"].shape == (8, 6) and got["w"].is_static and got["mm"].shape == ("N", 6)

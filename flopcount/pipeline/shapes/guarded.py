@@ -12,7 +12,9 @@ import sys
 import threading
 import warnings
 from collections.abc import Mapping, Sequence
+from functools import partial
 from math import prod
+from operator import attrgetter, itemgetter
 
 import numpy as np
 import onnx
@@ -38,6 +40,7 @@ from .tensors import (
     Collected,
     collect,
     declared_shape,
+    initializer_infos,
 )
 
 log = logging.getLogger(__name__)
@@ -163,6 +166,9 @@ def _fork_with_pipe() -> tuple[int, int, int] | None:
     return pid, read, write
 
 
+_DIMS, _OP_TYPE = attrgetter("dims"), attrgetter("op_type")
+
+
 def data_prop_bounded(model: ModelProto) -> bool:
     """Whether ONNX's data propagation stays bounded on ``model``: no graph input or initializer of rank 1, and no
     integer Range of the top graph, holds more than :data:`DATA_PROP_LIMIT` elements. A Range's size is known from
@@ -170,17 +176,22 @@ def data_prop_bounded(model: ModelProto) -> bool:
     :func:`fold_constants` computes them. Where it is not bounded, inference runs without data propagation, and folding
     (:func:`resolve`) computes the small shape vectors instead."""
     g = model.graph
-    for t in g.initializer:
-        dims = t.dims  # read once: this runs over every initializer of the largest graphs
-        if len(dims) == 1 and dims[0] > DATA_PROP_LIMIT:
-            log.debug("initializer %r has %d elements: inference without data propagation", t.name, dims[0])
+    # the initializers' ranks, and below the nodes' op types, read by C-level loops: this runs over every
+    # initializer and node of the largest graphs (on the inference child's critical path)
+    ranks = list(map(len, map(_DIMS, g.initializer)))
+    for k in (k for k, rank in enumerate(ranks) if rank == 1) if 1 in ranks else ():
+        t = g.initializer[k]
+        if t.dims[0] > DATA_PROP_LIMIT:
+            log.debug("initializer %r has %d elements: inference without data propagation", t.name, t.dims[0])
             return False
     for vi in g.input:
         dims = vi.type.tensor_type.shape.dim
         if len(dims) == 1 and dims[0].dim_value > DATA_PROP_LIMIT:
             log.debug("input %r has %d elements: inference without data propagation", vi.name, dims[0].dim_value)
             return False
-    ranges = [i for i, n in enumerate(g.node) if n.op_type == "Range" and n.domain in ("", "ai.onnx")]
+    op_types = list(map(_OP_TYPE, g.node))
+    ranges = [i for i, op in enumerate(op_types) if op == "Range" and g.node[i].domain in ("", "ai.onnx")] \
+        if "Range" in op_types else []
     for i, (size, _) in (_range_sizes(model, ranges).items() if ranges else ()):
         if size > DATA_PROP_LIMIT:
             log.debug("Range %r has %d elements: inference without data propagation", g.node[i].name, size)
@@ -537,15 +548,16 @@ class Inference:
         else:
             log.debug("%s: the inference interpreter exited with %d", self.where, done.returncode)
 
-    def collected(self) -> "Collected | None":
-        """The tensor infos of the inferred model as :func:`collect` reads them, or None when there is no report to
+    def collected(self, declared: Mapping[str, tuple[int, tuple[int, ...]]]) -> "Collected | None":
+        """The tensor infos of the inferred model as :func:`collect` reads them (``declared``: the top graph's
+        initializers, ``(data type, dims)`` by name, which the child leaves out), or None when there is no report to
         trust (no child, or it died without a word, or its report does not parse): the caller infers in-process.
         Raises :class:`ShapeError` when inference fails, or when it crashed the child (ONNX's C++ aborting on a
         malformed graph): that is never re-run in-process."""
         data = self._receive()
         if data[:1] == b"C":
             try:
-                return _from_rows(*marshal.loads(data[1:]))
+                return _from_rows(*marshal.loads(data[1:]), declared)
             except Exception as e:  # a damaged report: infer here instead
                 log.debug("%s: the inference child's report does not parse (%s)", self.where, e)
                 return None
@@ -623,7 +635,7 @@ def _report(model: ModelProto, where: str) -> bytes:
                                                               data_prop_bounded(model)))
         else:
             inferred = infer(model, where)  # a Slice at risk of a negative dim: step by step
-        return b"C" + marshal.dumps(_rows(collect(inferred)))
+        return b"C" + marshal.dumps(_rows(collect(inferred, initializers={})))  # the parent has the initializers
     except ShapeError as e:
         return b"S" + str(e).encode("utf-8", "replace")
     except Exception as e:  # InferenceError, ValidationError, or RuntimeError from C++
@@ -635,11 +647,16 @@ def _rows(collected: "Collected") -> tuple[list[tuple], list[str]]:
     return [tuple(t) for t in collected.values()], collected.odd
 
 
-def _from_rows(rows: list[tuple], odd: list[str]) -> "Collected":
-    """The inverse of :func:`_rows`."""
-    make = tuple.__new__
-    out = Collected({row[0]: make(TensorInfo, row) for row in rows})
-    out.odd = odd
+def _from_rows(rows: list[tuple], odd: list[str], declared: Mapping[str, tuple[int, tuple[int, ...]]]) -> "Collected":
+    """The inverse of :func:`_rows`, for a report collected without the top graph's initializers: they come first, from
+    ``declared`` (as :func:`collect` puts them), and their declared types stand (the rows of their inputs are dropped)."""
+    out = Collected(initializer_infos(None, declared))
+    names = list(map(itemgetter(0), rows))
+    if not declared.keys().isdisjoint(names):  # an initializer's declared input (older exports)
+        rows = [row for row in rows if row[0] not in declared]
+        names = list(map(itemgetter(0), rows))
+    out.update(zip(names, map(partial(tuple.__new__, TensorInfo), rows)))  # C-level iterators: no frame per row
+    out.odd = [name for name in odd if name not in declared] if declared else odd
     return out
 
 

@@ -17,7 +17,7 @@ from .bodies import infer_bodies, loop_outputs
 from .contrib import contrib_shapes
 from .guarded import Inference, check_dims, guard_needed, infer
 from .interpreter import LazyConstants, fold_constants, with_constants
-from .tensors import collect, static, value_info
+from .tensors import collect, initializer_infos, static, value_info
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class Resolution:
 def _unresolved(index: GraphIndex, tensors: Mapping[str, TensorInfo]) -> list[str]:
     """Node outputs whose shapes are not fully known."""
     get = tensors.get
-    return [name for name in index.producer if (t := get(name)) is None or not t.is_static]
+    return [name for name in index.producer if (t := get(name)) is None or not t[3]]  # t[3]: is_static
 
 
 
@@ -49,9 +49,10 @@ def resolve(model: ModelProto, index: GraphIndex, where: str, first: "Inference 
     outputs."""
     bodies = bool(index.bodies)
     guard = guard_needed(index)
-    tensors = first.collected() if first is not None else None  # the child's report, read beside the DAG
+    declared = index.initializer_types  # the top graph's initializers, as build_graph read them
+    tensors = first.collected(declared) if first is not None else None  # the child's report, read beside the DAG
     if tensors is None:
-        tensors = collect(infer(model, where, guard=guard), bodies)
+        tensors = collect(infer(model, where, guard=guard), bodies, initializer_infos(None, declared))
     check_dims(tensors, model, where)
     values: dict[str, np.ndarray] = {}
     rounds = 1

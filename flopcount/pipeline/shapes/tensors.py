@@ -4,7 +4,10 @@ shares."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
+from itertools import repeat
 from math import prod
+from operator import itemgetter
 
 import onnx
 from onnx import ModelProto, helper
@@ -62,10 +65,16 @@ def _odd(shape) -> bool:
     return bool(known) and (min(known) <= 0 or max(known) > MAX_ELEMENTS or prod(known) > MAX_ELEMENTS)
 
 
-def initializer_infos(g: onnx.GraphProto) -> dict[str, TensorInfo]:
-    """Infos of a graph's initializers (their dims and types are declared: no inference needed)."""
+def initializer_infos(g: onnx.GraphProto | None,
+                      declared: Mapping[str, tuple[int, tuple[int, ...]]] | None = None) -> dict[str, TensorInfo]:
+    """Infos of a graph's initializers (their dims and types are declared: no inference needed); ``declared``: their
+    ``(data type, dims)`` by name as :func:`~flopcount.pipeline.graph.build_graph` read them (``g`` is then not read)."""
     make = tuple.__new__
-    return {t.name: make(TensorInfo, (t.name, t.data_type, tuple(t.dims), True)) for t in g.initializer}
+    if declared is not None:  # built by C-level iterators: no Python frame per initializer
+        types = declared.values()
+        rows = zip(declared, map(itemgetter(0), types), map(itemgetter(1), types), repeat(True))
+        return dict(zip(declared, map(partial(make, TensorInfo), rows)))
+    return {t.name: make(TensorInfo, (t.name, t.data_type, tuple(t.dims[:]), True)) for t in g.initializer}
 
 
 def _collect_graph(g: onnx.GraphProto, out: dict[str, TensorInfo], bodies: bool = True,
@@ -85,16 +94,20 @@ def _collect_graph(g: onnx.GraphProto, out: dict[str, TensorInfo], bodies: bool 
     make = tuple.__new__
     decoded: dict[bytes, tuple | None] = {}
     out.update(initializer_infos(g) if initializers is None else initializers)
+    get = out.get
     for vi in (*g.input, *g.value_info, *g.output):
         name = vi.name
-        prev = out.get(name)
+        prev = get(name)
         if prev is not None and prev[3]:  # static already (an initializer's declared input)
             continue
-        ty = vi.type
-        key = ty.SerializeToString()
+        # The entry's bytes after its name (field 1, written first: tag, one-byte length, the name): its type and
+        # whatever else it holds. Serializing the whole entry costs less than reaching for its type message.
+        key = vi.SerializeToString()
+        if key[:1] == b"\n" and key[1] < 0x80:
+            key = key[2 + key[1]:]
         info = decoded.get(key, False)
         if info is False:
-            info = decoded[key] = _decode_type(ty)
+            info = decoded[key] = _decode_type(vi.type)
             if info is not None and odd is not None and _odd(info[1]):
                 decoded[key] = info = (*info, True)  # marked: a fourth field
         if info is not None:
