@@ -386,7 +386,8 @@ def with_parallel(report, args: argparse.Namespace):
 
     plan = parse_parallel(args.parallel, args.microbatches, args.schedule)
     load = load_expert_load(getattr(args, "expert_load", None))
-    report = dataclasses.replace(report, parallel=ledger(report, plan, parse_recompute(args.recompute), load))
+    if getattr(args, "generate", None) is None:  # FLOPs per rank of generation are not modelled (memory only)
+        report = dataclasses.replace(report, parallel=ledger(report, plan, parse_recompute(args.recompute), load))
     if report.memory is not None and not plan.is_single:
         from flopcount.memory.ranks import per_rank
 
@@ -404,9 +405,10 @@ def memory_settings(args: argparse.Namespace) -> dict:
     plan = parse_parallel(args.parallel, getattr(args, "microbatches", 1), getattr(args, "schedule", "1f1b")) \
         if getattr(args, "parallel", None) else ParallelPlan()
     recompute = parse_recompute(getattr(args, "recompute", None))
-    if getattr(args, "parallel", None) and getattr(args, "generate", None) is not None:
-        raise UsageError("--parallel with --generate: FLOPs per rank of generation are not modelled yet; "
-                         "count one training or inference step (leave out --generate)")
+    if getattr(args, "parallel", None) and getattr(args, "generate", None) is not None \
+            and not getattr(args, "memory", False):
+        raise UsageError("--parallel with --generate: FLOPs per rank of generation are not modelled yet; give "
+                         "--memory for the memory and KV cache per rank, or leave out --generate")
     if not getattr(args, "memory", False):
         if getattr(args, "master_weights", False):
             raise UsageError("--master-weights needs --memory")
