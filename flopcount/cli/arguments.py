@@ -360,7 +360,7 @@ def add_parallel_arguments(p: argparse.ArgumentParser, parallel_help: str | None
     p.add_argument("--parallel", metavar="PLAN",
                    help=parallel_help or "a parallel plan, tp=T,pp=P,cp=C,ep=E,dp=D[,sp][,fsdp|zero1|zero2] (degrees left out "
                    "are 1): FLOPs, redundant work and communication bytes per rank of a decoder, dense or MoE "
-                   "(docs/parallel.md), and with --memory the memory per rank")
+                   "(docs/parallel.md), and with --memory the memory per rank (with --generate: memory and KV cache only)")
     if parallel_help is None:  # the count's flags (bench's plans are data-parallel: no experts to load)
         p.add_argument("--expert-load", metavar="FILE", default=None,
                        help="with --parallel ep=E on a mixture-of-experts model: JSON tokens per routed expert, one "
