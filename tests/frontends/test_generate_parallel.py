@@ -84,3 +84,33 @@ def test_cli_generate_parallel_without_memory_points_at_memory(tmp_path):
     assert p.returncode == 2, p.stderr
     assert "FLOPs per rank of generation are not modelled yet; give --memory for the memory and KV cache per rank" \
         in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.slow
+def test_stack_of_identical_layers_splits_its_cache_over_stages():
+    """Four layers through the identical-layer extension (counted from 1 and 2): each of 2 stages holds 2 layers'
+    cache, each TP rank of tp=4 one of the 2 K/V heads (copied on 2 ranks)."""
+    config = llama_config()
+    config.num_hidden_layers = 4
+    report = flopcount.from_hf(config, generate=(P, N), batch=B, memory=True, cache_dir=False)
+    assert report.layers.method == "extended", report.layers.reason
+    assert report.memory.ranks[0].kv_cache_bytes == 2 * 4 * B * KV_HEADS * HEAD * POSITIONS * 4
+    memory = per_rank(report, parse_parallel("tp=4,pp=2", 2))
+    assert {(r.stage, r.kv_cache_bytes) for r in memory.ranks} == {(s, 2 * 2 * B * 1 * HEAD * POSITIONS * 4)
+                                                                  for s in (0, 1)}
+
+
+@pytest.mark.slow
+def test_sliding_window_layer_cache_is_split_over_tp_and_refused_over_stages():
+    """Qwen2 with a sliding window on its second layer only: the layers' caches differ (decode steps in pieces),
+    so a stage's share is not modelled (exit 2); TP still halves every layer's K/V heads."""
+    config = transformers.Qwen2Config(hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=50,
+                                      use_sliding_window=True, sliding_window=4, max_window_layers=1,
+                                      attn_implementation="eager", architectures=["Qwen2ForCausalLM"])
+    report = flopcount.from_hf(config, generate=(2, 9), memory=True, cache_dir=False)
+    assert len(report.generation.pieces) > 1
+    whole = report.memory.ranks[0].kv_cache_bytes
+    assert {r.kv_cache_bytes for r in per_rank(report, parse_parallel("tp=2", 1)).ranks} == {whole // 2}
+    with pytest.raises(UsageError, match="a sliding window crops the KV cache of some layers"):
+        per_rank(report, parse_parallel("pp=2", 2))
