@@ -63,6 +63,13 @@ MoE layer hands to its ``all_to_all`` (the rank's T·k token vectors dispatched,
 combined, h·e bytes each, as the FLOPs ledger's payload), the largest layer's, held through the walk and so in the
 peak. One entry per (stage, TP rank, EP rank), its data- and context-parallel replicas (same figures: zigzag makes
 every CP rank's share equal) in ``replicas``.
+
+**KV cache** (``--generate P:N``, ``kv_cache_bytes``: the cache after the last step, beside the peak of the
+prefill's walk as in the one-rank ledger): each rank holds the cache of its pipeline stage's layers (L/P of them),
+of its K/V heads (1/min(T, kv): a head copied on T/kv ranks when kv < T, as its K/V projections are) and of its
+share of the P + N − 1 positions under cp (1/C; cp must divide them); its DP and EP replicas the same. The layers
+are taken as holding equal caches, so a sliding window that crops some layers' caches (decode steps in more than
+one piece) is refused under pp > 1 or cp > 1.
 """
 
 from __future__ import annotations
@@ -240,8 +247,36 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
                                     gathered, alltoall)
             for i in range(t):
                 ranks.append(_placed(walked[key], plan, s, i, e))
+    cache = _kv_share(report, plan, d.layers, kv)
+    if cache is not None:
+        ranks = [dataclasses.replace(r, kv_cache_bytes=cache) for r in ranks]
     return dataclasses.replace(mem, ranks=tuple(ranks), settings=dataclasses.replace(settings, plan=plan),
                                kept_by_node=MappingProxyType({}))
+
+
+def _kv_share(report: Any, plan: ParallelPlan, layers: int, kv: int) -> int | None:
+    """The KV cache one rank holds after the last decode step (see the module's docstring); None without
+    ``--generate``. ``kv``: min(T, K/V heads)."""
+    whole = report.memory.ranks[0].kv_cache_bytes
+    generation = getattr(report, "generation", None)
+    if whole is None or generation is None:
+        return None
+    windowed = len(generation.pieces) > 1
+    if windowed and (plan.pp > 1 or plan.cp > 1):
+        raise UsageError(f"--parallel pp={plan.pp},cp={plan.cp} with --generate: a sliding window crops the KV cache "
+                         "of some layers, so the cache per stage or per sequence share is not modelled; give pp=1 "
+                         "and cp=1")
+    positions = generation.prompt_tokens + generation.new_tokens - 1
+    if positions % plan.cp:
+        raise UsageError(f"--parallel cp={plan.cp} with --generate {generation.prompt_tokens}:"
+                         f"{generation.new_tokens}: cp must divide the P + N - 1 = {positions} positions of the KV "
+                         "cache (an equal share on each CP rank); give N so that it does")
+    share, rest = divmod(whole * (layers // plan.pp), layers * kv * plan.cp)
+    if rest:
+        raise UsageError(f"--parallel tp={plan.tp},pp={plan.pp},cp={plan.cp} with --generate: the KV cache's "
+                         f"{whole} bytes do not divide into equal shares of {layers} layers, {kv} K/V head groups "
+                         f"and {plan.cp} sequence shares; this cache's layout is not modelled per rank")
+    return share
 
 
 _PRODUCTS = frozenset({"MatMul", "Gemm", "Einsum"})

@@ -275,7 +275,11 @@ def _memory_lines(m) -> list[str]:
 
         lines.append(f"  per rank under {m.settings.plan} (activations per microbatch, peak with the microbatches in "
                      "flight):")
-        lines += ["  " + x for x in tabulate(rank_rows(m), RANK_HEADERS, disable_numparse=True).splitlines()]
+        rows, headers = rank_rows(m), list(RANK_HEADERS)
+        if any(r.kv_cache_bytes is not None for r in m.ranks):  # --generate: the cache after the last step
+            headers.append("KV cache B")
+            rows = [row + [f"{r.kv_cache_bytes:,}"] for row, r in zip(rows, m.ranks)]
+        lines += ["  " + x for x in tabulate(rows, headers, disable_numparse=True).splitlines()]
     for k, r in enumerate(() if any(hasattr(r, "coords") for r in m.ranks) else m.ranks):
         parts = [f"params {b(r.params_bytes)}", f"grads {b(r.grads_bytes)}", f"optimizer {b(r.optimizer_bytes)}",
                  f"step temporaries {b(r.optimizer_temp_bytes)}", f"activations kept {b(r.activations_bytes)}",

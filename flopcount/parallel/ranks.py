@@ -74,7 +74,8 @@ and (P−1)/(v·M+P−1) interleaved.
 it updates, and ``optimizer_redundant_flops``, those another rank updates too (TP-replicated norms, K/V copies, DP
 replicas without ``zero1``, ``zero2`` or ``fsdp``); the rules are in :mod:`flopcount.parallel.optimizer`.
 
-Not modelled yet (exit 2 naming the flag): ``--generate``; the bubble is simulated with balanced experts (the stage
+Not modelled yet (exit 2 naming the flag): ``--generate`` (its memory and KV cache per rank are, in
+:mod:`flopcount.memory.ranks`); the bubble is simulated with balanced experts (the stage
 durations of TP rank 0, before the EP load).
 """
 
