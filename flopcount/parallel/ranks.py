@@ -420,8 +420,24 @@ def node_shares(report: Any, plan: ParallelPlan, recompute: Recompute | None = N
     return _shares(report, plan, recompute)[1]
 
 
+#: The last :func:`_shares` asked and its answer: ``--parallel`` with ``--memory`` asks twice for the same report (the
+#: FLOPs ledger, then the memory per rank, on a copy of the report that holds the same nodes and scopes).
+_last_shares: list[tuple] = []
+
+
 def _shares(report: Any, plan: ParallelPlan, recompute: Recompute | None):
     recompute = recompute or Recompute()
+    key = (report.nodes, report.modules.nodes, report.modules.missing, report.moe, report.mode, plan, recompute)
+    if _last_shares:  # the same node and scope lists (by identity), and the rest equal
+        last = _last_shares[0]
+        if last[0] is key[0] and last[1] is key[1] and last[2:] == key[2:]:
+            return _last_shares[1]
+    found = _shares_of(report, plan, recompute)
+    _last_shares[:] = [key, found]
+    return found
+
+
+def _shares_of(report: Any, plan: ParallelPlan, recompute: Recompute):
     where = report.model.path or report.model.graph_name or "the model"
     if recompute.policy != "none" and report.mode != "train":
         raise UsageError(f"--recompute {recompute}: recompute changes training only; give --mode train")
