@@ -354,7 +354,7 @@ def ledger(g: Graph, mode: str, optimizer: str | None, settings: MemorySettings,
     shards = shards or Shards()
 
     def grad_size(name: str) -> int:
-        return tensor_bytes(shards.grads[name]) or 0 if name in shards.grads else size(name)
+        return (tensor_bytes(shards.grads[name]) or 0) if name in shards.grads else size(name)
 
     grads = sum(grad_size(t.name) for t in trained) if training else 0
     stepped = [shards.optimizer.get(t.name, t) for t in trained] if shards.optimizer else trained
