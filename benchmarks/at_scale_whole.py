@@ -53,8 +53,23 @@ def _config_file(name: str, folder: str) -> str:
     return path
 
 
-def _seconds(argv: list[str]) -> float:
+def flopcount_dir() -> str:
+    """The folder of the flopcount package these processes import (found without importing it)."""
+    import importlib.util
+
+    return os.path.dirname(importlib.util.find_spec("flopcount").origin)
+
+
+def _env() -> dict[str, str]:
+    """The export cache off, and ``PYTHONDONTWRITEBYTECODE`` unset: an installed flopcount has its ``.pyc`` files (pip
+    writes them), so these processes read them too (the warm-up writes them) rather than compile every module."""
     env = dict(os.environ, FLOPCOUNT_CACHE="0")
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def _seconds(argv: list[str]) -> float:
+    env = _env()
     t0 = time.perf_counter()
     done = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     took = time.perf_counter() - t0
@@ -69,7 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=1)
     args = p.parse_args(argv)
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
-          f"median of {args.repeat} whole process(es) each, export cache off")
+          f"median of {args.repeat} whole process(es) each, export cache off, .pyc files written and read "
+          f"(PYTHONDONTWRITEBYTECODE unset in the children, as for an installed flopcount)")
+    # the warm-up: what pip does at install, byte-compile the package, so that no timed process compiles a module
+    subprocess.run([sys.executable, "-m", "compileall", "-q", flopcount_dir()], env=_env(), check=True)
     with tempfile.TemporaryDirectory() as folder:
         floors: dict[str, float] = {}
         for name in args.runs.split(","):

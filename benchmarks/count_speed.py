@@ -371,7 +371,7 @@ print(kb, children)
 def child_peak_mb(mode: str, path: str) -> tuple[float, float]:
     """Peak RSS (MB) of a fresh interpreter that imports onnx + flopcount and runs ``mode`` once,
     and the peak of its own largest child process (0 when it started none)."""
-    proc = subprocess.run([sys.executable, "-c", _CHILD, mode, path], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", _CHILD, mode, path], capture_output=True, text=True, env=installed_env())
     if proc.returncode != 0:
         print(f"  ! {mode} child failed: {proc.stderr.strip().splitlines()[-1:]}")
         return float("nan"), float("nan")
@@ -516,9 +516,18 @@ _FLOOR = (
 )
 
 
+def installed_env() -> dict[str, str]:
+    """This environment as an installed user's process sees it: without ``PYTHONDONTWRITEBYTECODE``, so that the
+    ``.pyc`` files pip writes at install exist here too (the first process, a warm-up, writes them); a process that
+    compiled every flopcount module from source would time a cost no installed user pays."""
+    env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
 def _run_s(argv: list[str]) -> float:
     t0 = time.perf_counter()
-    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=installed_env())
     return time.perf_counter() - t0
 
 
@@ -582,7 +591,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.floor:
         sizes = args.sizes or [10_000, 100_000]
         print(f"flopcount {flopcount.__version__}, onnx {onnx.__version__}, python {sys.version.split()[0]}, "
-              f"{os.cpu_count()} CPUs; medians of {args.repeat} whole processes each, in alternation")
+              f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; medians of {args.repeat} whole processes "
+              f"each, in alternation, after one warm-up of each; .pyc files written and read (PYTHONDONTWRITEBYTECODE "
+              f"unset in the children, as for an installed flopcount)")
         with tempfile.TemporaryDirectory(prefix="flopcount-bench-") as tmp:
             print(floor_table(sizes, args.repeat, tmp))
         return 0
@@ -591,6 +602,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tool, tool_label = onnx_tool_runner()
     print(f"flopcount {flopcount.__version__}, onnx {onnx.__version__}, python {sys.version.split()[0]}, {os.cpu_count()} CPUs")
+    print("peak-memory subprocesses run with .pyc files written and read (PYTHONDONTWRITEBYTECODE unset in them)")
     print(f"medians of {args.repeat} runs after one warm-up; {tool_label}")
     parallel = os.environ.get("FLOPCOUNT_PARALLEL", "1") != "0" and sys.platform.startswith("linux")
     print(f"shape inference in a child process for graphs of {flopcount.pipeline.shapes.PARALLEL_MIN_NODES}+ nodes: {'on' if parallel else 'off'}")
