@@ -23,7 +23,7 @@ from .errors import FlopcountError, InvalidGraphError, ShapeError, UnsupportedOp
 from .masks import executed_attention, score_products, values_structure
 from .options import OPTIMIZERS, CountOptions
 from .pipeline import graph as graph_mod
-from .pipeline import progress, validate
+from .pipeline import progress, retained, validate
 from .pipeline.graph import GraphIndex
 from .pipeline.attributes import AttributeCache
 from .pipeline.graph_masks import graph_masks
@@ -210,7 +210,10 @@ def _count(model, options: CountOptions) -> Report:
         report = dataclasses.replace(report, memory=_memory(memory, report, index, res, training, roles, attributes,
                                                             opsets, conv, strict, where, m, optimizer, walk))
     lap("count")
-    return dataclasses.replace(report, timings=MappingProxyType(timings))
+    report = dataclasses.replace(report, timings=MappingProxyType(timings))
+    # in the console's process, left for its exit rather than freed object by object here (a no-op elsewhere)
+    retained.keep(loaded, m, shaped, index, attributes_of, attributes, roles, res, walk, training, nodes, report)
+    return report
 
 
 def _memory(settings, report: Report, index: GraphIndex, res: Resolution, training, roles: Roles, attributes,

@@ -73,5 +73,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> None:
     """The ``flopcount`` console script and ``python -m flopcount``: :func:`main` on ``sys.argv``, then the process
-    ends with its code (:func:`flopcount.cli.console.exit_process`: without the interpreter's slow teardown)."""
+    ends with its code (:func:`flopcount.cli.console.exit_process`: without the interpreter's slow teardown), so
+    that a count's working state is left for that end rather than freed as the count returns
+    (:mod:`flopcount.pipeline.retained`)."""
+    from flopcount.pipeline import retained
+
+    retained.arm()
     exit_process(main())
