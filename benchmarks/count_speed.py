@@ -26,19 +26,18 @@ a forked child while the DAG is built (see ``flopcount.pipeline.shapes.Inference
 overlaps the inference and "shapes" is what is left of it. ``--no-parallel`` (or FLOPCOUNT_PARALLEL=0)
 keeps everything in one process, for comparison.
 
-Last measured 2026-11-27 09:59-10:03 UTC (python 3.11.7, onnx 1.23.2, 2 CPUs shared, load average 2 to 3: the floor
-process took 0.49-0.79 s at 10k nodes and 2.0-2.6 s at 100k). Whole processes (``python -m flopcount FILE --format
-json``, ``.pyc`` files written), the checkout before this round (f0c7a9e), this round's code and the floor in one
-alternating loop; medians, wall and user+sys CPU (forked child included) against the floor's: 10k nodes (9 runs each)
-2.03x -> 1.93x wall, 2.10x -> 1.93x CPU, but the fastest runs tie (1.00 s and 0.99 s against 0.49 s: 2.04x both);
-100k nodes (3 runs each) 3.01x -> 2.86x wall, 3.06x -> 2.97x CPU. In-process CPU of the stages at 100k (fastest of a
-few runs, this round's changes): the inference child's reading of the inferred types 0.95 s -> 0.35-0.5 s (the top
-graph's initializers left to the parent, which has them; distinct types keyed by the value entry's bytes) and its
-report 4.2 -> 2.6 MB; build_graph 1.2 s -> 0.6-0.8 s (repeated fields copied by slicing; reads checked against
-their reader by C-level iterators); parameter roles 0.95 s -> 0.66 s. On this loaded machine a serial count
-(FLOPCOUNT_PARALLEL=0) beat the forked inference at both sizes: 10k wall 0.96 s against 1.05 s (fastest of 7), 100k
-6.5 s against 6.8 s (fastest of 3); the fork costs about 0.2 s (10k) and 0.9 s (100k) more CPU, which only a free
-second core repays. Targets 1.5x and 2.0x, still missed.
+Last measured 2026-11-27 13:13-13:17 UTC (python 3.11.7, onnx 1.23.2, 2 CPUs shared, load average 5 to 6.5: the
+floor process took 1.15 s at 10k nodes and 4.0 s at 100k, against 0.38 s and 1.64 s on a quiet machine, so these
+ratios are the load's more than the code's). Whole processes with ``.pyc`` files written and read, as an installed
+flopcount has them: the children no longer inherit this machine's ``PYTHONDONTWRITEBYTECODE=1``, which made each
+compile about 15 flopcount modules (0.1-0.2 s a process; with ``.pyc``, on a quiet machine, 10k 1.48x and 100k
+2.02-2.21x). The checkout before this round (40bf384), this round's code and the floor in one alternating loop, 5 runs
+each; medians, wall and user+sys CPU against the floor's: 10k 1.81x -> 1.80x wall, 1.85x -> 1.86x CPU; 100k 3.11x ->
+3.07x wall, 3.06x -> 3.05x CPU. This round's change: a console count leaves its working state (the protobuf wrappers,
+the DAG, the shapes, the report) for the exit without teardown (``flopcount.pipeline.retained``) rather than freeing
+it object by object as the count returns: at 100k nodes, in-process CPU of a count and the freeing of its report 7.30 s
+-> 6.79 s (medians of 3, same load; timed apart, the count's locals 0.13 s and the report 0.14 s). Targets 1.5x and
+2.0x: not shown under this load.
 
 Before that, 2026-11-27 06:43-06:57 UTC (python 3.11.7, onnx 1.23.2, 2 CPUs shared, load average 4 to 5: the floor
 process took 1.0-1.2 s at 10k nodes and 2.9-4.1 s at 100k, against 0.38 s and 1.64 s on a quiet machine, so every
