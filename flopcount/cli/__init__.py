@@ -75,8 +75,10 @@ def entry() -> None:
     """The ``flopcount`` console script and ``python -m flopcount``: :func:`main` on ``sys.argv``, then the process
     ends with its code (:func:`flopcount.cli.console.exit_process`: without the interpreter's slow teardown), so
     that a count's working state is left for that end rather than freed as the count returns
-    (:mod:`flopcount.pipeline.retained`)."""
-    from flopcount.pipeline import retained
+    (:mod:`flopcount.pipeline.retained`). Only the counting command holds it: the measuring subcommands go on to run
+    the model after counting it (onnxruntime, a training loop), where the count's state would only add to the peak."""
+    if not (len(sys.argv) > 1 and sys.argv[1] in SUBCOMMANDS):
+        from flopcount.pipeline import retained
 
-    retained.arm()
+        retained.arm()
     exit_process(main())
