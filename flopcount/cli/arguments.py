@@ -360,7 +360,7 @@ def add_parallel_arguments(p: argparse.ArgumentParser, parallel_help: str | None
     p.add_argument("--parallel", metavar="PLAN",
                    help=parallel_help or "a parallel plan, tp=T,pp=P,cp=C,ep=E,dp=D[,sp][,fsdp|zero1|zero2] (degrees left out "
                    "are 1): FLOPs, redundant work and communication bytes per rank of a decoder, dense or MoE "
-                   "(docs/parallel.md), and with --memory the memory per rank (with --generate: memory and KV cache only)")
+                   "(docs/parallel.md; with --generate, the prefill and decode steps per rank), and with --memory the memory per rank")
     if parallel_help is None:  # the count's flags (bench's plans are data-parallel: no experts to load)
         p.add_argument("--expert-load", metavar="FILE", default=None,
                        help="with --parallel ep=E on a mixture-of-experts model: JSON tokens per routed expert, one "
@@ -380,14 +380,21 @@ def with_parallel(report, args: argparse.Namespace):
         return report
     import dataclasses
 
+    from flopcount.errors import UsageError
     from flopcount.parallel.experts import load_expert_load
     from flopcount.parallel.plan import parse_parallel, parse_recompute
     from flopcount.parallel.ranks import ledger
 
     plan = parse_parallel(args.parallel, args.microbatches, args.schedule)
     load = load_expert_load(getattr(args, "expert_load", None))
-    if getattr(args, "generate", None) is None:  # FLOPs per rank of generation are not modelled (memory only)
+    if getattr(args, "generate", None) is None:
         report = dataclasses.replace(report, parallel=ledger(report, plan, parse_recompute(args.recompute), load))
+    else:  # the prefill and decode steps per rank (flopcount.parallel.generation)
+        from flopcount.parallel.generation import generation_ledger
+
+        if getattr(args, "expert_load", None):
+            raise UsageError("--expert-load with --generate: expert parallelism of generation is not modelled yet")
+        report = dataclasses.replace(report, parallel=generation_ledger(report, plan))
     if report.memory is not None and not plan.is_single:
         from flopcount.memory.ranks import per_rank
 
@@ -405,10 +412,6 @@ def memory_settings(args: argparse.Namespace) -> dict:
     plan = parse_parallel(args.parallel, getattr(args, "microbatches", 1), getattr(args, "schedule", "1f1b")) \
         if getattr(args, "parallel", None) else ParallelPlan()
     recompute = parse_recompute(getattr(args, "recompute", None))
-    if getattr(args, "parallel", None) and getattr(args, "generate", None) is not None \
-            and not getattr(args, "memory", False):
-        raise UsageError("--parallel with --generate: FLOPs per rank of generation are not modelled yet; give "
-                         "--memory for the memory and KV cache per rank, or leave out --generate")
     if not getattr(args, "memory", False):
         if getattr(args, "master_weights", False):
             raise UsageError("--master-weights needs --memory")
