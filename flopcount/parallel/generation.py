@@ -54,18 +54,26 @@ each phase (``phases.prefill``, ``phases.decode``).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
-from itertools import combinations
+from itertools import combinations, pairwise
 from typing import Any
 
-from . import experts as px
 from ..cost import Cost
 from ..errors import UsageError
 from ..reporting.tiled import check_listable
+from . import experts as px
 from .plan import ParallelPlan, Recompute
-from .ranks import Collective, ParallelLedger, RankFlops, _rank_params, _shares, simulate_schedule
+from .ranks import (
+    Collective,
+    ParallelLedger,
+    RankFlops,
+    _rank_params,
+    _shares,
+    simulate_schedule,
+)
 
 __all__ = ["generation_ledger", "sum_of_max"]
 
@@ -183,8 +191,6 @@ def _node_lines(reports: Mapping[int, Any], piece: Any, where: str):
                              "position; its share per rank is not modelled")
         const.append(a._replace(cost=Cost(flops=a.cost.flops - piece.first * per)))
         slope.append(a._replace(cost=Cost(flops=per)))
-    import dataclasses
-
     return dataclasses.replace(r0, nodes=tuple(const)), dataclasses.replace(r0, nodes=tuple(slope))
 
 
@@ -226,7 +232,7 @@ def sum_of_max(lines: Sequence[tuple[int, int]], first: int, last: int) -> int:
                 cuts.add(x)
     edges = sorted(cuts)
     total = 0
-    for lo, hi in zip(edges, edges[1:]):
+    for lo, hi in pairwise(edges):
         a, b = max(lines, key=lambda ab: (ab[0] + ab[1] * lo, ab[1]))
         total += (hi - lo) * a + b * (lo + hi - 1) * (hi - lo) // 2
     return total
