@@ -386,14 +386,17 @@ def with_parallel(report, args: argparse.Namespace):
     from flopcount.parallel.ranks import ledger
 
     plan = parse_parallel(args.parallel, args.microbatches, args.schedule)
+    if getattr(args, "generate", None) is not None and getattr(args, "expert_load", None):
+        raise UsageError("--expert-load with --generate: expert parallelism of generation is not modelled yet")
     load = load_expert_load(getattr(args, "expert_load", None))
     if getattr(args, "generate", None) is None:
         report = dataclasses.replace(report, parallel=ledger(report, plan, parse_recompute(args.recompute), load))
     else:  # the prefill and decode steps per rank (flopcount.parallel.generation)
         from flopcount.parallel.generation import generation_ledger
 
-        if getattr(args, "expert_load", None):
-            raise UsageError("--expert-load with --generate: expert parallelism of generation is not modelled yet")
+        if parse_recompute(args.recompute).policy != "none":
+            raise UsageError(f"--recompute {args.recompute}: recompute changes training only; leave it out with "
+                             "--generate")
         report = dataclasses.replace(report, parallel=generation_ledger(report, plan))
     if report.memory is not None and not plan.is_single:
         from flopcount.memory.ranks import per_rank

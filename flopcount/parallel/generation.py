@@ -154,6 +154,7 @@ def _stage_sums(report: Any, plan: ParallelPlan, expected: int, what: str):
     """(dims, {(stage, TP rank): [model, executed] FLOPs}) of ``report``'s nodes under ``plan``, after checking that
     its nodes add up to ``expected`` (the generation's figure): a count whose nodes are not all listed cannot be
     shared out."""
+    check_listable(report.nodes, "--parallel", "nodes, which the ledger shares out one by one,")
     listed = sum(n.cost.flops for n in report.nodes)
     if listed != expected:
         raise UsageError(f"--parallel with --generate: the {what} graph's nodes add up to {listed:,} FLOPs, not "

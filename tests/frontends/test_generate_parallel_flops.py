@@ -209,3 +209,14 @@ def test_with_parallel_keeps_the_memory_ledger_and_adds_the_flops(report):
                               expert_load=None)
     out = with_parallel(report, args)
     assert out.parallel.generation["decode_steps"] == STEPS and out.memory is None
+
+
+@pytest.mark.parametrize("flags, message", [
+    pytest.param({"recompute": "full"}, "recompute changes training only", id="recompute"),
+    pytest.param({"expert_load": "load.json"}, "expert parallelism of generation is not modelled", id="expert-load"),
+])
+def test_with_parallel_refuses_training_flags(report, flags, message):
+    args = argparse.Namespace(**{"parallel": "tp=2", "microbatches": 1, "schedule": "1f1b", "generate": (P, N),
+                                 "recompute": None, "expert_load": None, **flags})
+    with pytest.raises(UsageError, match=message):
+        with_parallel(report, args)
