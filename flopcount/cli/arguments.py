@@ -15,7 +15,7 @@ from flopcount.errors import UsageError
 
 __all__ = [
     "TORCH_DTYPES", "InputShapes", "add_count_options", "add_memory_arguments", "add_parallel_arguments", "add_model_source",
-    "check_model_source", "count_generate", "count_hf", "count_keras", "count_source", "count_torch", "generate_spec",
+    "check_generation_flags", "check_model_source", "count_generate", "count_hf", "count_keras", "count_source", "count_torch", "generate_spec",
     "given_model", "input_shape", "input_value", "loop_trips", "model_source", "model_source_problem",
     "options_from_args", "nonneg_int",
     "memory_settings", "positive", "positive_float", "positive_int", "size_hw", "torch_inputs", "weights", "with_parallel",
@@ -386,23 +386,35 @@ def with_parallel(report, args: argparse.Namespace):
     from flopcount.parallel.ranks import ledger
 
     plan = parse_parallel(args.parallel, args.microbatches, args.schedule)
-    if getattr(args, "generate", None) is not None and getattr(args, "expert_load", None):
-        raise UsageError("--expert-load with --generate: expert parallelism of generation is not modelled yet")
+    if getattr(args, "generate", None) is not None:
+        check_generation_flags(args)
     load = load_expert_load(getattr(args, "expert_load", None))
     if getattr(args, "generate", None) is None:
         report = dataclasses.replace(report, parallel=ledger(report, plan, parse_recompute(args.recompute), load))
     else:  # the prefill and decode steps per rank (flopcount.parallel.generation)
         from flopcount.parallel.generation import generation_ledger
 
-        if parse_recompute(args.recompute).policy != "none":
-            raise UsageError(f"--recompute {args.recompute}: recompute changes training only; leave it out with "
-                             "--generate")
         report = dataclasses.replace(report, parallel=generation_ledger(report, plan))
     if report.memory is not None and not plan.is_single:
         from flopcount.memory.ranks import per_rank
 
         report = dataclasses.replace(report, memory=per_rank(report, plan, load))
     return report
+
+
+def check_generation_flags(args: argparse.Namespace) -> None:
+    """Exit 2 for the flags of ``--generate --parallel`` that generation does not take: the plan's parts not modelled
+    (:func:`flopcount.parallel.generation.check_plan`), ``--recompute`` and ``--expert-load``."""
+    from flopcount.errors import UsageError
+    from flopcount.parallel.generation import check_plan
+    from flopcount.parallel.plan import parse_parallel, parse_recompute
+
+    if getattr(args, "expert_load", None):
+        raise UsageError("--expert-load with --generate: expert parallelism of generation is not modelled yet")
+    if parse_recompute(getattr(args, "recompute", None)).policy != "none":
+        raise UsageError(f"--recompute {args.recompute}: recompute changes training only; leave it out with "
+                         "--generate")
+    check_plan(parse_parallel(args.parallel, getattr(args, "microbatches", 1), getattr(args, "schedule", "1f1b")))
 
 
 def memory_settings(args: argparse.Namespace) -> dict:
@@ -415,6 +427,8 @@ def memory_settings(args: argparse.Namespace) -> dict:
     plan = parse_parallel(args.parallel, getattr(args, "microbatches", 1), getattr(args, "schedule", "1f1b")) \
         if getattr(args, "parallel", None) else ParallelPlan()
     recompute = parse_recompute(getattr(args, "recompute", None))
+    if getattr(args, "parallel", None) and getattr(args, "generate", None) is not None:
+        check_generation_flags(args)  # before the count
     if not getattr(args, "memory", False):
         if getattr(args, "master_weights", False):
             raise UsageError("--master-weights needs --memory")

@@ -75,7 +75,7 @@ from .ranks import (
     simulate_schedule,
 )
 
-__all__ = ["generation_ledger", "sum_of_max"]
+__all__ = ["check_plan", "generation_ledger", "sum_of_max"]
 
 
 def generation_ledger(report: Any, plan: ParallelPlan) -> ParallelLedger:
@@ -85,14 +85,8 @@ def generation_ledger(report: Any, plan: ParallelPlan) -> ParallelLedger:
     where = report.model.path or report.model.graph_name or "the model"
     if gen is None:
         raise UsageError("--parallel: the report has no generation; count it with --generate P:N")
+    check_plan(plan)
     tag = f"--parallel {plan} with --generate {gen.prompt_tokens}:{gen.new_tokens}"
-    if plan.ep > 1:
-        raise UsageError(f"{tag}: expert parallelism of generation is not modelled yet; give ep=1")
-    if plan.sp:
-        raise UsageError(f"{tag}: sp splits the sequence, and a decode step has one token; leave out sp")
-    if plan.schedule == "interleaved" and plan.pp > 1:
-        raise UsageError(f"{tag}: the interleaved schedule is not modelled for generation; give --schedule gpipe "
-                         "or 1f1b")
     if gen.steps and not gen.step_reports:
         raise UsageError(f"{tag}: the decode steps' graphs were not kept with this generation record; count it "
                          "again with --generate")
@@ -144,6 +138,20 @@ def generation_ledger(report: Any, plan: ParallelPlan) -> ParallelLedger:
         f"each TP rank holds one of the {d.kv_heads} K/V heads, copied on {kv_group} ranks" if kv_group > 1
         else "K/V heads split over TP", optimizer_note="generation is inference: no optimizer step",
         generation=whole)
+
+
+def check_plan(plan: ParallelPlan) -> None:
+    """:class:`~flopcount.errors.UsageError` (exit 2) for the parts of ``plan`` not modelled for generation, before
+    anything is counted."""
+    if plan.ep > 1:
+        raise UsageError(f"--parallel ep={plan.ep} with --generate: expert parallelism of generation is not modelled "
+                         "yet; give ep=1")
+    if plan.sp:
+        raise UsageError("--parallel sp with --generate: sp splits the sequence, and a decode step has one token; "
+                         "leave out sp")
+    if plan.schedule == "interleaved" and plan.pp > 1:
+        raise UsageError("--schedule interleaved with --generate: not modelled for generation; give --schedule "
+                         "gpipe or 1f1b")
 
 
 def _phase(model: int, hardware: int) -> dict[str, int]:
