@@ -113,12 +113,14 @@ def count_generation(model, generate: tuple[int, int], options: CountOptions, *,
         cache = tuple(((*shape[:-2], context - 1, shape[-1]), dtype) for shape, dtype in layout.tensors)
         inputs = (((batch, 1), torch.int64), *cache)
         names = ["input_ids", *layout.names]
-        return count_module(step, inputs, options, input_names=names, cache_dir=cache_dir, **export).forward
+        return count_module(step, inputs, options, input_names=names, cache_dir=cache_dir, **export)
 
-    pieces, checked = [], []
+    pieces, checked, steps = [], [], []
     for segment in segments(contexts, breakpoints):
         chosen = sorted({segment[0], segment[-1], *([segment[len(segment) // 2]] if len(segment) >= 4 else [])})
-        counts = {c: count_step(c) for c in chosen}
+        reports = {c: count_step(c) for c in chosen}
+        steps += [(c, reports[c]) for c in sorted({segment[0], segment[-1]})]  # the per-rank ledger's endpoints
+        counts = {c: r.forward for c, r in reports.items()}
         try:
             constant, per_position = affine_steps(counts)
         except ValueError as e:
@@ -136,7 +138,7 @@ def count_generation(model, generate: tuple[int, int], options: CountOptions, *,
                  f"{', '.join(map(str, sorted(set(breakpoints))))}" if len(pieces) > 1 else ""))
     log.info("generate: %s", method)
     end = cache_layout(model, batch, prompt + new - 1)  # the cache as the model holds it after the last step
-    generation = Generation(batch, prompt, new, report.forward, tuple(pieces), end.bytes(), method)
+    generation = Generation(batch, prompt, new, report.forward, tuple(pieces), end.bytes(), method, tuple(steps))
     return _with(report, generation)
 
 

@@ -15,7 +15,7 @@ from flopcount.errors import UsageError
 
 __all__ = [
     "TORCH_DTYPES", "InputShapes", "add_count_options", "add_memory_arguments", "add_parallel_arguments", "add_model_source",
-    "check_model_source", "count_generate", "count_hf", "count_keras", "count_source", "count_torch", "generate_spec",
+    "check_generation_flags", "check_model_source", "count_generate", "count_hf", "count_keras", "count_source", "count_torch", "generate_spec",
     "given_model", "input_shape", "input_value", "loop_trips", "model_source", "model_source_problem",
     "options_from_args", "nonneg_int",
     "memory_settings", "positive", "positive_float", "positive_int", "size_hw", "torch_inputs", "weights", "with_parallel",
@@ -360,7 +360,7 @@ def add_parallel_arguments(p: argparse.ArgumentParser, parallel_help: str | None
     p.add_argument("--parallel", metavar="PLAN",
                    help=parallel_help or "a parallel plan, tp=T,pp=P,cp=C,ep=E,dp=D[,sp][,fsdp|zero1|zero2] (degrees left out "
                    "are 1): FLOPs, redundant work and communication bytes per rank of a decoder, dense or MoE "
-                   "(docs/parallel.md), and with --memory the memory per rank (with --generate: memory and KV cache only)")
+                   "(docs/parallel.md; with --generate, the prefill and decode steps per rank), and with --memory the memory per rank")
     if parallel_help is None:  # the count's flags (bench's plans are data-parallel: no experts to load)
         p.add_argument("--expert-load", metavar="FILE", default=None,
                        help="with --parallel ep=E on a mixture-of-experts model: JSON tokens per routed expert, one "
@@ -380,19 +380,41 @@ def with_parallel(report, args: argparse.Namespace):
         return report
     import dataclasses
 
+    from flopcount.errors import UsageError
     from flopcount.parallel.experts import load_expert_load
     from flopcount.parallel.plan import parse_parallel, parse_recompute
     from flopcount.parallel.ranks import ledger
 
     plan = parse_parallel(args.parallel, args.microbatches, args.schedule)
+    if getattr(args, "generate", None) is not None:
+        check_generation_flags(args)
     load = load_expert_load(getattr(args, "expert_load", None))
-    if getattr(args, "generate", None) is None:  # FLOPs per rank of generation are not modelled (memory only)
+    if getattr(args, "generate", None) is None:
         report = dataclasses.replace(report, parallel=ledger(report, plan, parse_recompute(args.recompute), load))
+    else:  # the prefill and decode steps per rank (flopcount.parallel.generation)
+        from flopcount.parallel.generation import generation_ledger
+
+        report = dataclasses.replace(report, parallel=generation_ledger(report, plan))
     if report.memory is not None and not plan.is_single:
         from flopcount.memory.ranks import per_rank
 
         report = dataclasses.replace(report, memory=per_rank(report, plan, load))
     return report
+
+
+def check_generation_flags(args: argparse.Namespace) -> None:
+    """Exit 2 for the flags of ``--generate --parallel`` that generation does not take: the plan's parts not modelled
+    (:func:`flopcount.parallel.generation.check_plan`), ``--recompute`` and ``--expert-load``."""
+    from flopcount.errors import UsageError
+    from flopcount.parallel.generation import check_plan
+    from flopcount.parallel.plan import parse_parallel, parse_recompute
+
+    if getattr(args, "expert_load", None):
+        raise UsageError("--expert-load with --generate: expert parallelism of generation is not modelled yet")
+    if parse_recompute(getattr(args, "recompute", None)).policy != "none":
+        raise UsageError(f"--recompute {args.recompute}: recompute changes training only; leave it out with "
+                         "--generate")
+    check_plan(parse_parallel(args.parallel, getattr(args, "microbatches", 1), getattr(args, "schedule", "1f1b")))
 
 
 def memory_settings(args: argparse.Namespace) -> dict:
@@ -405,10 +427,8 @@ def memory_settings(args: argparse.Namespace) -> dict:
     plan = parse_parallel(args.parallel, getattr(args, "microbatches", 1), getattr(args, "schedule", "1f1b")) \
         if getattr(args, "parallel", None) else ParallelPlan()
     recompute = parse_recompute(getattr(args, "recompute", None))
-    if getattr(args, "parallel", None) and getattr(args, "generate", None) is not None \
-            and not getattr(args, "memory", False):
-        raise UsageError("--parallel with --generate: FLOPs per rank of generation are not modelled yet; give "
-                         "--memory for the memory and KV cache per rank, or leave out --generate")
+    if getattr(args, "parallel", None) and getattr(args, "generate", None) is not None:
+        check_generation_flags(args)  # before the count
     if not getattr(args, "memory", False):
         if getattr(args, "master_weights", False):
             raise UsageError("--master-weights needs --memory")

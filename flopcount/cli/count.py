@@ -115,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --hf or --torch (a causal LM taking past_key_values): count generate() of N new tokens "
                    "after a P-token prompt, with a KV cache: the prefill (logits of the last position only), each "
                    "decode step and their sum, FLOPs per token and the KV cache's bytes; batch from --batch "
-                   "(default 1); the table and totals are the prefill's; with --memory --parallel, the KV cache per rank")
+                   "(default 1); the table and totals are the prefill's; with --parallel, the prefill and decode FLOPs per "
+                   "rank (docs/parallel.md), and with --memory the KV cache per rank")
     p.add_argument("--capacity-factor", type=positive_float, metavar="C",
                    help="with --hf, a mixture-of-experts model: the experts' capacity factor C (each expert takes at "
                    "most floor(C*T*k/E) of a block's T*k token-expert pairs); reports the most the routed experts "

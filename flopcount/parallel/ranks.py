@@ -74,9 +74,8 @@ and (P−1)/(v·M+P−1) interleaved.
 it updates, and ``optimizer_redundant_flops``, those another rank updates too (TP-replicated norms, K/V copies, DP
 replicas without ``zero1``, ``zero2`` or ``fsdp``); the rules are in :mod:`flopcount.parallel.optimizer`.
 
-Not modelled yet (exit 2 naming the flag): ``--generate`` (its memory and KV cache per rank are, in
-:mod:`flopcount.memory.ranks`); the bubble is simulated with balanced experts (the stage
-durations of TP rank 0, before the EP load).
+Generation (``--generate``): its own rules, :mod:`flopcount.parallel.generation`. Not modelled yet: the bubble
+with unbalanced experts (it is simulated with the stage durations of TP rank 0, before the EP load).
 """
 
 from __future__ import annotations
@@ -129,6 +128,7 @@ class RankFlops:
     communication: tuple[Collective, ...]
     optimizer_flops: int | None = None  # the optimizer step, once per step (:mod:`flopcount.parallel.optimizer`)
     optimizer_redundant_flops: int | None = None  # the part of it another rank runs too
+    phases: Mapping[str, Mapping[str, int]] | None = None  # generation: prefill and decode (model, hardware, redundant)
 
     def as_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "coords": dict(self.coords), "stage": self.stage,
@@ -136,6 +136,7 @@ class RankFlops:
                 "redundant_flops": self.redundant_flops, "recompute_flops": self.recompute_flops,
                 "optimizer_flops": self.optimizer_flops, "optimizer_redundant_flops": self.optimizer_redundant_flops,
                 "per_microbatch": dict(self.per_microbatch),
+                "phases": None if self.phases is None else {k: dict(v) for k, v in self.phases.items()},
                 "communication": [c.as_dict() for c in self.communication]}
 
 
@@ -159,9 +160,11 @@ class ParallelLedger:
     optimizer: str | None = None  # the counted optimizer; None with the reason in optimizer_note
     whole_optimizer_flops: int | None = None  # the whole model's optimizer step
     optimizer_note: str | None = None
+    generation: Mapping[str, int] | None = None  # mode "generate": the whole model's prefill and decode FLOPs
 
     def as_dict(self) -> dict[str, Any]:
         return {"plan": self.plan.as_dict(), "recompute": str(self.recompute), "mode": self.mode,
+                "generation": None if self.generation is None else dict(self.generation),
                 "whole_flops_per_microbatch": self.whole_flops, "optimizer": self.optimizer,
                 "whole_optimizer_flops": self.whole_optimizer_flops, "optimizer_note": self.optimizer_note,
                 "dims": dict(self.dims),
@@ -781,6 +784,13 @@ def _optimizer_cell(r: RankFlops) -> str:
 
 def summary_line(led: ParallelLedger) -> str:
     """The ledger's one-line summary under its table."""
+    if led.generation is not None:
+        g = led.generation
+        return (f"Parallel ({led.plan}, generate {g['prompt_tokens']}:{g['new_tokens']}): the whole generation of "
+                f"{led.plan.microbatches} microbatch{'es' if led.plan.microbatches > 1 else ''} of batch {g['batch']} "
+                f"per DP rank; whole model {g['prefill_flops']:,} FLOPs prefill + {g['decode_flops']:,} decode a "
+                f"microbatch; bubble {led.bubble_fraction:.4f}; slowest rank {led.slowest_rank}, imbalance "
+                f"{led.imbalance:.4f} (max/mean hardware FLOPs); {led.kv_rule}")
     return (f"Parallel ({led.plan}, recompute {led.recompute}, {led.mode}): per optimizer step of "
             f"{led.plan.microbatches} microbatch{'es' if led.plan.microbatches > 1 else ''} per DP rank; whole model "
             f"{led.whole_flops:,} FLOPs a microbatch; bubble {led.bubble_fraction:.4f}; slowest rank "

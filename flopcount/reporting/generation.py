@@ -148,7 +148,9 @@ class Generation:
     a run of contexts over which a step costs ``constant + c · per_position`` (one piece for attention over a
     plain KV cache; more where a sliding window crops the cache); ``decode`` sums the N−1 steps;
     ``kv_cache_bytes`` is the cache after the last step, by element type. ``method`` says how the steps were
-    counted (the contexts exported and checked).
+    counted (the contexts exported and checked). ``step_reports``: the counted report of the decode step at the
+    first and last context of each piece, ``(context, report)`` (what the FLOPs per rank of a parallel plan share
+    out node by node, :mod:`flopcount.parallel.generation`); empty when the record was built from numbers.
     """
 
     batch: int
@@ -158,6 +160,7 @@ class Generation:
     pieces: tuple[DecodePiece, ...] = ()
     kv_cache_bytes: Mapping[str, int] = field(default_factory=dict)
     method: str = ""
+    step_reports: tuple = field(default=(), compare=False, repr=False)
 
     def step(self, context: int) -> Cost:
         """The decode step whose attention spans ``context`` positions."""

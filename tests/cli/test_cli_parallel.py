@@ -71,8 +71,10 @@ def test_json_block_and_table(capsys, llama):
     pytest.param(["--parallel", "pp=2", "--microbatches", "3", "--schedule", "interleaved"],
                  "--microbatches 3: the interleaved schedule runs microbatches in groups of pp=2", id="interleaved"),
     pytest.param(["--parallel", "tp=2", "--recompute", "full"], "give --mode train", id="recompute-inference"),
-    pytest.param(["--parallel", "tp=2", "--generate", "4:2"], "--parallel with --generate: FLOPs per rank of "
-                 "generation are not modelled yet", id="generate"),
+    pytest.param(["--parallel", "tp=2,sp", "--generate", "4:2"], "--parallel sp with --generate: sp splits the "
+                 "sequence, and a decode step has one token", id="generate-sp"),
+    pytest.param(["--parallel", "tp=2", "--generate", "4:2", "--recompute", "full"], "recompute changes training "
+                 "only", id="generate-recompute"),
 ])
 def test_bad_plans_exit_2(capsys, llama, flags, message):
     assert main(["--hf", llama, "--input-shape", f"input_ids={B}x{S}", *flags]) == 2

@@ -4,8 +4,6 @@ closed form 2·L·B·kv·d·(P + N − 1)·bytes divided by the stage's layers, 
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 
 import pytest
 
@@ -77,13 +75,19 @@ def test_cp_must_divide_the_cache_positions(report):
         per_rank(odd, parse_parallel("cp=2,dp=2", 1))
 
 
-def test_cli_generate_parallel_without_memory_points_at_memory(tmp_path):
-    llama_config().save_pretrained(tmp_path)
-    p = subprocess.run([sys.executable, "-m", "flopcount", "--hf", str(tmp_path), "--generate", "4:2", "--parallel",
-                        "tp=2"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert p.returncode == 2, p.stderr
-    assert "FLOPs per rank of generation are not modelled yet; give --memory for the memory and KV cache per rank" \
-        in p.stderr and "Traceback" not in p.stderr
+def test_parallel_flags_give_the_flops_per_rank_beside_an_unchanged_memory_ledger(report):
+    """``--generate --memory --parallel``: the memory per rank is the one :func:`per_rank` gives, and the FLOPs
+    per rank of the generation come beside it (:mod:`flopcount.parallel.generation`)."""
+    from argparse import Namespace
+
+    from flopcount.cli.arguments import with_parallel
+
+    args = Namespace(parallel="tp=2,pp=2", microbatches=2, schedule="1f1b", generate=(P, N), recompute=None,
+                     expert_load=None)
+    out = with_parallel(report, args)
+    assert out.memory == per_rank(report, parse_parallel("tp=2,pp=2", 2))
+    assert out.parallel.mode == "generate"
+    assert sum(r.model_flops for r in out.parallel.ranks) == 2 * report.generation.total.flops
 
 
 @pytest.mark.slow

@@ -1,0 +1,264 @@
+"""FLOPs per rank of generation (``--generate P:N --parallel PLAN``): the prefill and the N − 1 decode steps of a
+decoder under tensor, pipeline, context and data parallelism, from the counted prefill graph and the decode step's
+graphs that :mod:`flopcount.frontends.generate` keeps (the first and last context of each piece of steps).
+
+Generation is inference: no backward, no optimizer step, no gradient collective, no recompute. The rules are the
+training ledger's (:mod:`flopcount.parallel.ranks`), applied node by node:
+
+* **prefill**: the prompt's forward, shared out by the ledger's per-layer-kind rules (projections and heads split
+  over TP, K/V heads copied when fewer than T, vocab-parallel head, replicated norms and elementwise ops counted
+  as redundant work on all but TP rank 0, position tables rebuilt on every stage); under cp each rank runs 1/C
+  of its share, as the training ledger splits the sequence (2·cp must divide P);
+* **decode**: a step at context c costs ``constant + c · per_position`` node by node (each node's line through
+  the two exported contexts of its piece; the slopes must be whole FLOPs per position); each node's constant and
+  slope are shared out by the same rules. Under cp, the one-token query cannot be split: every CP rank runs the
+  token's constant work (projections, MLP, head; counted as model work on CP rank 0 and redundant work on the
+  others), and the KV cache positions are split over the CP ranks, so that each runs 1/C of the per-position
+  work (the scores, softmax and product with V over its part of the cache; remainders to the first ranks);
+* **data**: each DP rank is a replica that generates the counted batch B of its own sequences (as in training,
+  where each DP rank runs the counted batch): the global batch is B·M·dp;
+* **microbatches**: M microbatches of the counted batch per DP rank (``--microbatches``; at least pp, as for
+  any pipelined plan), each generating P:N; a rank's FLOPs are M times one microbatch's.
+
+Not modelled (exit 2): ``ep`` > 1 (expert routing of generated tokens), ``sp`` (a decode step has one token to
+split over the sequence), the interleaved schedule.
+
+**Communication** for the whole generation (payload each rank hands to a collective, as in the training ledger),
+with A_p = B·(P/C)·h·e the prefill's activation and A_d = B·h·e a decode step's, Lₛ the stage's layers, M the
+microbatches, n = N − 1 the decode steps:
+
+* TP: ``all_reduce`` of the activation after each attention and MLP block, and after the embedding on stage 0:
+  M·((2·Lₛ + first)·A_p + n·(2·Lₛ + first)·A_d); on the last stage an ``all_gather`` of the vocab-parallel
+  logits of the last position, M·(1 + n)·B·V·e, to pick the next token;
+* PP: ``send_recv`` of the activation to the next stage, M·(A_p + n·A_d) (all stages but the last); the last
+  stage sends each new token id back to stage 0 for the next step, M·n·B·8 bytes (int64);
+* CP: the prefill's ``all_gather`` of K/V as in training, M·2·B·P·max(kv/T, 1)·d·e·Lₛ; in each decode step an
+  ``all_gather`` of every rank's partial attention output and its log-sum-exp over its part of the cache,
+  C·B·(H/T)·(d + 1)·e per layer: M·n·Lₛ·C·B·(H/T)·(d + 1)·e;
+* DP: nothing (replicas); with ``fsdp``, the ``all_gather`` of the rank's parameters G before each forward
+  (each phase of each microbatch): M·(1 + n)·G over dp (dp_cp under cp). ``zero1``/``zero2`` shard optimizer
+  states and gradients, which generation has not: no change.
+
+**Bubble.** Each phase (the prefill, then each decode step) runs the M microbatches forward through the P stages
+(the pipeline's forward-only order, :func:`flopcount.parallel.ranks.simulate_schedule`), and the next phase waits
+for the last stage's tokens. A forward-only phase of stage lengths τₛ lasts Στₛ + (M − 1)·max τₛ; a decode
+step's τₛ(c) is affine in c, and the sum over the steps of its max is exact (cut where two stages' lines cross).
+``bubble_fraction`` = 1 − busy / (P × makespan) over the whole generation, with TP rank 0's FLOPs per stage;
+(P − 1)/(M + P − 1) with equal stages. Serialising the phases is an upper bound on the bubble of a server that
+starts a microbatch's next step while the others finish theirs.
+
+**Reconcile.** Over all ranks, ``model_flops`` sums to M·dp times the report's generation total (prefill plus the
+decode steps), ``hardware_flops`` = ``model_flops`` + ``redundant_flops`` on every rank, and the same holds for
+each phase (``phases.prefill``, ``phases.decode``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+from itertools import combinations, pairwise
+from typing import Any
+
+from ..cost import Cost
+from ..errors import UsageError
+from ..reporting.tiled import check_listable
+from . import experts as px
+from .plan import ParallelPlan, Recompute
+from .ranks import (
+    Collective,
+    ParallelLedger,
+    RankFlops,
+    _rank_params,
+    _shares,
+    simulate_schedule,
+)
+
+__all__ = ["check_plan", "generation_ledger", "sum_of_max"]
+
+
+def generation_ledger(report: Any, plan: ParallelPlan) -> ParallelLedger:
+    """The per-rank ledger of ``report.generation`` under ``plan`` (see the module's rules);
+    :class:`~flopcount.errors.UsageError` (exit 2) for a plan or model that is not modelled."""
+    gen = report.generation
+    where = report.model.path or report.model.graph_name or "the model"
+    if gen is None:
+        raise UsageError("--parallel: the report has no generation; count it with --generate P:N")
+    check_plan(plan)
+    tag = f"--parallel {plan} with --generate {gen.prompt_tokens}:{gen.new_tokens}"
+    if gen.steps and not gen.step_reports:
+        raise UsageError(f"{tag}: the decode steps' graphs were not kept with this generation record; count it "
+                         "again with --generate")
+    base = ParallelPlan(tp=plan.tp, pp=plan.pp, cp=plan.cp, dp=plan.dp, microbatches=plan.microbatches,
+                        schedule=plan.schedule)  # the ledger's splits; cp kept for its prefill check (2·cp | P)
+    d, prefill = _stage_sums(report, base, gen.prefill.flops, "prefill")
+    single = ParallelPlan(tp=plan.tp, pp=plan.pp, microbatches=plan.microbatches, schedule=plan.schedule)
+    reports = dict(gen.step_reports)
+    lines = []  # per piece: (first, last, constant sums, per-position sums)
+    for piece in gen.pieces:
+        const, slope = _node_lines(reports, piece, where)
+        _, c_sums = _stage_sums(const, single, piece.constant.flops, f"decode constant of {piece.formula()}")
+        _, p_sums = _stage_sums(slope, single, piece.per_position.flops, f"decode slope of {piece.formula()}")
+        lines.append((piece.first, piece.last, c_sums, p_sums))
+    t, p, c_, m = plan.tp, plan.pp, plan.cp, plan.microbatches
+    per_stage = d.layers // p
+    ranks = []
+    for s in range(p):
+        comm = _communication(plan, d, report, s, per_stage, gen)
+        for dp in range(plan.dp):
+            for cp in range(c_):
+                for i in range(t):
+                    pm, pr = (px.cp_split(v, c_, cp) for v in prefill[(s, i)])
+                    dm = dr = 0
+                    for first, last, c_sums, p_sums in lines:
+                        n, sc = last - first + 1, (first + last) * (last - first + 1) // 2
+                        dm += n * (c_sums[(s, i)][0] if cp == 0 else 0) + sc * px.cp_split(p_sums[(s, i)][0], c_, cp)
+                        dr += n * c_sums[(s, i)][1] + sc * px.cp_split(p_sums[(s, i)][1], c_, cp)
+                    phases = {"prefill": _phase(m * pm, m * pr), "decode": _phase(m * dm, m * dr)}
+                    coords = {"tp": i, "pp": s, "cp": cp, "ep": 0, "dp": dp}
+                    rank = i + t * (cp + c_ * (dp + plan.dp * s))
+                    ranks.append(RankFlops(rank, coords, s, m * (pm + dm), m * (pr + dr), m * (pr + dr - pm - dm), 0,
+                                           {"model_flops": pm + dm, "hardware_flops": pr + dr,
+                                            "redundant_flops": pr + dr - pm - dm, "recompute_flops": 0},
+                                           comm, phases=phases))
+    ranks.sort(key=lambda r: r.rank)
+    slowest = max(ranks, key=lambda r: (r.hardware_flops, -r.rank))
+    mean = sum(r.hardware_flops for r in ranks) / len(ranks)
+    kv_group = t // d.kv_heads if d.kv_heads < t else 1
+    whole = {"batch": gen.batch, "prompt_tokens": gen.prompt_tokens, "new_tokens": gen.new_tokens,
+             "decode_steps": gen.steps, "prefill_flops": gen.prefill.flops, "decode_flops": gen.decode.flops,
+             "total_flops": gen.total.flops}
+    return ParallelLedger(
+        plan, Recompute(), "generate", gen.total.flops, {
+            "batch": d.batch, "seq": d.seq, "hidden": d.hidden, "heads": d.heads, "kv_heads": d.kv_heads,
+            "head_dim": d.head_dim, "ffn": d.ffn, "vocab": d.vocab, "layers": d.layers,
+            "activation_bytes": d.act_bytes, "param_bytes": d.param_bytes, "moe_layers": 0, "experts": 0, "top_k": 0},
+        tuple(ranks), _bubble(plan, prefill, lines), slowest.rank, slowest.hardware_flops / mean if mean else 1.0,
+        f"each TP rank holds one of the {d.kv_heads} K/V heads, copied on {kv_group} ranks" if kv_group > 1
+        else "K/V heads split over TP", optimizer_note="generation is inference: no optimizer step",
+        generation=whole)
+
+
+def check_plan(plan: ParallelPlan) -> None:
+    """:class:`~flopcount.errors.UsageError` (exit 2) for the parts of ``plan`` not modelled for generation, before
+    anything is counted."""
+    if plan.ep > 1:
+        raise UsageError(f"--parallel ep={plan.ep} with --generate: expert parallelism of generation is not modelled "
+                         "yet; give ep=1")
+    if plan.sp:
+        raise UsageError("--parallel sp with --generate: sp splits the sequence, and a decode step has one token; "
+                         "leave out sp")
+    if plan.schedule == "interleaved" and plan.pp > 1:
+        raise UsageError("--schedule interleaved with --generate: not modelled for generation; give --schedule "
+                         "gpipe or 1f1b")
+
+
+def _phase(model: int, hardware: int) -> dict[str, int]:
+    return {"model_flops": model, "hardware_flops": hardware, "redundant_flops": hardware - model}
+
+
+def _stage_sums(report: Any, plan: ParallelPlan, expected: int, what: str):
+    """(dims, {(stage, TP rank): [model, executed] FLOPs}) of ``report``'s nodes under ``plan``, after checking that
+    its nodes add up to ``expected`` (the generation's figure): a count whose nodes are not all listed cannot be
+    shared out."""
+    check_listable(report.nodes, "--parallel", "nodes, which the ledger shares out one by one,")
+    listed = sum(n.cost.flops for n in report.nodes)
+    if listed != expected:
+        raise UsageError(f"--parallel with --generate: the {what} graph's nodes add up to {listed:,} FLOPs, not "
+                         f"the {expected:,} of the count (a stack of layers extended from fewer?); FLOPs per rank "
+                         "need every node listed")
+    d, shares, *_ = _shares(report, plan, None)
+    acc = {(s, i): [0, 0] for s in range(plan.pp) for i in range(plan.tp)}
+    for x in shares:
+        a = acc[(x.stage, x.tp)]
+        a[0] += x.model_forward
+        a[1] += x.forward
+    return d, acc
+
+
+def _node_lines(reports: Mapping[int, Any], piece: Any, where: str):
+    """Two copies of the decode step's report at ``piece.first`` whose node costs are each node's constant and its
+    FLOPs per context position, from the exported contexts ``piece.first`` and ``piece.last``."""
+    if piece.first not in reports or piece.last not in reports:
+        raise UsageError(f"--parallel with --generate: the decode step at contexts {piece.first}..{piece.last} was "
+                         "not kept; count it again with --generate")
+    r0, r1 = reports[piece.first], reports[piece.last]
+    check_listable(r0.nodes, "--parallel", "nodes, which the ledger shares out one by one,")
+    check_listable(r1.nodes, "--parallel", "nodes, which the ledger shares out one by one,")
+    n0, n1 = list(r0.nodes), list(r1.nodes)
+    if len(n0) != len(n1) or any(a.op_type != b.op_type for a, b in zip(n0, n1)):
+        raise UsageError(f"--parallel with --generate: {where}'s decode step graphs at contexts {piece.first} and "
+                         f"{piece.last} differ in their nodes; FLOPs per rank of its decode steps are not modelled")
+    span = piece.last - piece.first
+    const, slope = [], []
+    for a, b in zip(n0, n1):
+        per, rest = divmod(b.cost.flops - a.cost.flops, span) if span else (0, 0)
+        if rest:
+            raise UsageError(f"--parallel with --generate: node {a.name!r} of the decode step grows by "
+                             f"{b.cost.flops - a.cost.flops} FLOPs over {span} positions, not a whole number per "
+                             "position; its share per rank is not modelled")
+        const.append(a._replace(cost=Cost(flops=a.cost.flops - piece.first * per)))
+        slope.append(a._replace(cost=Cost(flops=per)))
+    return dataclasses.replace(r0, nodes=tuple(const)), dataclasses.replace(r0, nodes=tuple(slope))
+
+
+def _communication(plan: ParallelPlan, d: Any, report: Any, s: int, per_stage: int, gen: Any) -> tuple:
+    """One rank of stage ``s``: its collectives over the whole generation (the module's closed forms)."""
+    t, p, c_, m, n = plan.tp, plan.pp, plan.cp, plan.microbatches, gen.steps
+    b, e = gen.batch, d.act_bytes
+    first, last = s == 0, s == p - 1
+    a_p, a_d = b * (gen.prompt_tokens // c_) * d.hidden * e, b * d.hidden * e
+    out = []
+    if t > 1:
+        out.append(Collective("all_reduce", "tp", m * (2 * per_stage + first) * (a_p + n * a_d)))
+        if last:
+            out.append(Collective("all_gather", "tp", m * (1 + n) * b * d.vocab * e))
+    if p > 1:
+        out.append(Collective("send_recv", "pp", m * (n * b * 8 if last else a_p + n * a_d)))
+    if c_ > 1:
+        kv = 2 * b * gen.prompt_tokens * max(d.kv_heads // t, 1) * d.head_dim * e * per_stage
+        part = n * per_stage * c_ * b * (d.heads // t) * (d.head_dim + 1) * e
+        out.append(Collective("all_gather", "cp", m * (kv + part)))
+    if plan.fsdp:
+        g = _rank_params(report, d, plan)[s] * d.param_bytes
+        out.append(Collective("all_gather", "dp_cp" if c_ > 1 else "dp", m * (1 + n) * g))
+    return tuple(x for x in out if x.bytes)
+
+
+def sum_of_max(lines: Sequence[tuple[int, int]], first: int, last: int) -> int:
+    """Σ over c = first … last of max over ``lines`` (a, b) of a + b·c, exactly: the contexts are cut where two
+    lines cross, and within each cut the same line is the highest.
+
+    >>> sum_of_max([(10, 0), (0, 2)], 1, 10)  # 10 up to c = 5, then 2·c: 5·10 + 12 + 14 + 16 + 18 + 20
+    130
+    """
+    cuts = {first, last + 1}
+    for (a1, b1), (a2, b2) in combinations(lines, 2):
+        if b1 != b2:
+            x = math.floor(Fraction(a2 - a1, b1 - b2)) + 1
+            if first < x <= last:
+                cuts.add(x)
+    edges = sorted(cuts)
+    total = 0
+    for lo, hi in pairwise(edges):
+        a, b = max(lines, key=lambda ab: (ab[0] + ab[1] * lo, ab[1]))
+        total += (hi - lo) * a + b * (lo + hi - 1) * (hi - lo) // 2
+    return total
+
+
+def _bubble(plan: ParallelPlan, prefill: Mapping, lines: Sequence) -> float:
+    """The pipeline's idle fraction over the whole generation (the module's model), TP rank 0's stage lengths."""
+    p, m = plan.pp, plan.microbatches
+    if p == 1:
+        return 0.0
+    tau = [prefill[(s, 0)][1] for s in range(p)]
+    makespan, busy = simulate_schedule("gpipe", p, m, tau, [0] * p)
+    work = sum(busy)
+    for first, last, c_sums, p_sums in lines:
+        stages = [(c_sums[(s, 0)][1], p_sums[(s, 0)][1]) for s in range(p)]
+        n, sc = last - first + 1, (first + last) * (last - first + 1) // 2
+        one = n * sum(a for a, _ in stages) + sc * sum(b for _, b in stages)  # Σ_c Σ_s τ_s(c)
+        makespan += one + (m - 1) * sum_of_max(stages, first, last)
+        work += m * one
+    return 1 - work / (p * makespan) if makespan else 0.0
