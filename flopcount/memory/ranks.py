@@ -149,7 +149,7 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
     ``settings.plan`` is ``plan``. ``expert_load``: the routing histogram of a MoE model
     (:func:`flopcount.parallel.experts.load_expert_load`), balanced if None."""
     from ..parallel import experts as px
-    from ..parallel.ranks import _bubble, _shares
+    from ..parallel.ranks import plan_shares, schedule_bubble
 
     mem = report.memory
     if mem is None or mem.graph is None or mem.settings is None:
@@ -159,8 +159,8 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
     if len(g.nodes) != len(report.nodes):
         raise UsageError("--parallel with --memory: the ledger's graph is not the report's")
     # the FLOPs ledger's shares, once: they check what the degrees divide; its schedule refuses what it does not model
-    d, shares, _, _, train, _ = _shares(report, plan, settings.recompute)
-    _bubble(plan, shares, train)
+    d, shares, _, _, train, _ = plan_shares(report, plan, settings.recompute)
+    schedule_bubble(plan, shares, train)
     t, kv = plan.tp, min(plan.tp, d.kv_heads)
     scopes = report.modules.nodes
     rule: dict[int, str] = {}

@@ -4,6 +4,7 @@
 * :mod:`.ranks` FLOPs, redundant work, communication bytes and the bubble per rank under a plan (``--parallel``)
 * :mod:`.experts` the context- and expert-parallel rules (zigzag CP, EP over dp·cp, ``--expert-load``)
 * :mod:`.optimizer` the optimizer step's FLOPs per rank: the parameter elements each rank updates
+* :mod:`.generation` FLOPs per rank of generation (``--generate P:N --parallel``): prefill and decode steps
 """
 
 __all__: list[str] = []

@@ -70,8 +70,8 @@ from .ranks import (
     Collective,
     ParallelLedger,
     RankFlops,
-    _rank_params,
-    _shares,
+    plan_shares,
+    rank_params,
     simulate_schedule,
 )
 
@@ -168,7 +168,7 @@ def _stage_sums(report: Any, plan: ParallelPlan, expected: int, what: str):
         raise UsageError(f"--parallel with --generate: the {what} graph's nodes add up to {listed:,} FLOPs, not "
                          f"the {expected:,} of the count (a stack of layers extended from fewer?); FLOPs per rank "
                          "need every node listed")
-    d, shares, *_ = _shares(report, plan, None)
+    d, shares, *_ = plan_shares(report, plan, None)
     acc = {(s, i): [0, 0] for s in range(plan.pp) for i in range(plan.tp)}
     for x in shares:
         a = acc[(x.stage, x.tp)]
@@ -221,7 +221,7 @@ def _communication(plan: ParallelPlan, d: Any, report: Any, s: int, per_stage: i
         part = n * per_stage * c_ * b * (d.heads // t) * (d.head_dim + 1) * e
         out.append(Collective("all_gather", "cp", m * (kv + part)))
     if plan.fsdp:
-        g = _rank_params(report, d, plan)[s] * d.param_bytes
+        g = rank_params(report, d, plan)[s] * d.param_bytes
         out.append(Collective("all_gather", "dp_cp" if c_ > 1 else "dp", m * (1 + n) * g))
     return tuple(x for x in out if x.bytes)
 

@@ -90,7 +90,8 @@ from ..errors import UsageError
 from ..reporting.tiled import check_listable
 from .plan import ParallelPlan, Recompute
 
-__all__ = ["Collective", "NodeShare", "ParallelLedger", "RankFlops", "ledger", "node_shares", "simulate_schedule"]
+__all__ = ["Collective", "NodeShare", "ParallelLedger", "RankFlops", "ledger", "node_shares", "plan_shares",
+           "rank_params", "schedule_bubble", "simulate_schedule"]
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)$")
 _IN_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
@@ -420,15 +421,15 @@ def node_shares(report: Any, plan: ParallelPlan, recompute: Recompute | None = N
     :func:`ledger` sums, and what ``--by-module`` rows per rank are made of. These are one whole sequence's
     shares: under cp a rank runs 1/C of each (:func:`flopcount.parallel.experts.cp_split`), and under ep the
     nodes of rule ``expert`` are redistributed over the EP group by the load (:func:`ledger` does both)."""
-    return _shares(report, plan, recompute)[1]
+    return plan_shares(report, plan, recompute)[1]
 
 
-#: The last :func:`_shares` asked and its answer: ``--parallel`` with ``--memory`` asks twice for the same report (the
-#: FLOPs ledger, then the memory per rank, on a copy of the report that holds the same nodes and scopes).
+#: The last :func:`plan_shares` asked and its answer: ``--parallel --memory`` asks twice for the same nodes and scopes.
 _last_shares: list[tuple] = []
 
 
-def _shares(report: Any, plan: ParallelPlan, recompute: Recompute | None):
+def plan_shares(report: Any, plan: ParallelPlan, recompute: Recompute | None):
+    """``(dims, shares, has_loss, per_stage, train, recompute)`` of ``report`` under ``plan``, memoized (last asked)."""
     recompute = recompute or Recompute()
     key = (report.nodes, report.modules.nodes, report.modules.missing, report.moe, report.mode, plan, recompute)
     if _last_shares:  # the same node and scope lists (by identity), and the rest equal
@@ -503,7 +504,7 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
     ``plan``; :class:`~flopcount.errors.UsageError` (exit 2) when a degree does not divide what it splits, a part
     of the plan is not modelled yet, or the model's scopes are not those of a decoder. ``expert_load``: the
     routing histogram of a MoE model (:func:`flopcount.parallel.experts.load_expert_load`), balanced if None."""
-    d, shares, has_loss, per_stage, train, recompute = _shares(report, plan, recompute)
+    d, shares, has_loss, per_stage, train, recompute = plan_shares(report, plan, recompute)
     t, p, m, c_, e_ = plan.tp, plan.pp, plan.microbatches, plan.cp, plan.ep
     load = expert_load or px.ExpertLoad(None)
     scopes = report.modules.nodes
@@ -558,7 +559,7 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
                                            comm[s] + extra, *((per_element * opt[0], per_element * opt[1]) if opt
                                                               else (None, None))))
     ranks.sort(key=lambda r: r.rank)
-    bubble = _bubble(plan, shares, train)
+    bubble = schedule_bubble(plan, shares, train)
     slowest = max(ranks, key=lambda r: (r.hardware_flops, -r.rank))
     mean = sum(r.hardware_flops for r in ranks) / len(ranks)
     return ParallelLedger(plan, recompute, report.mode, whole, {
@@ -591,7 +592,7 @@ def _cp_ep_communication(plan: ParallelPlan, d: _Dims, report: Any, stage: int, 
     return tuple(out)
 
 
-def _bubble(plan: ParallelPlan, shares: Sequence[NodeShare], train: bool) -> float:
+def schedule_bubble(plan: ParallelPlan, shares: Sequence[NodeShare], train: bool) -> float:
     """The bubble of the plan's schedule, each chunk's actions as long as its TP rank 0's FLOPs per microbatch."""
     if plan.pp == 1:
         return 0.0
@@ -689,7 +690,7 @@ def _communication(plan: ParallelPlan, d: _Dims, report: Any, per_stage: int, tr
     t, p, m = plan.tp, plan.pp, plan.microbatches
     tokens = d.batch * (d.seq // plan.cp)  # a CP rank's tokens
     a = tokens * d.hidden * d.act_bytes
-    params = _rank_params(report, d, plan)
+    params = rank_params(report, d, plan)
     out = []
     for s in range(p):
         c: dict[tuple[str, str], int] = {}
@@ -729,7 +730,7 @@ def _communication(plan: ParallelPlan, d: _Dims, report: Any, per_stage: int, tr
     return out
 
 
-def _rank_params(report, d: _Dims, plan: ParallelPlan) -> list[int]:
+def rank_params(report, d: _Dims, plan: ParallelPlan) -> list[int]:
     """Parameter elements one TP rank of each stage holds: projections, embedding and head split over TP (K/V
     projections 1/kv when copied), the rest whole."""
     per_chunk = d.layers // (plan.pp * _chunks(plan))
