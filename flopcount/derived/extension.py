@@ -142,12 +142,33 @@ def extend(one: Report, two: Report, layers: int, path: str, *, first: int = 0, 
         generation = extend_generation(one.generation, two.generation, k, layers)
         if generation.prefill != report.forward:
             raise NotExtendable("the extended prefill is not the extended report's forward pass")
+        generation = dataclasses.replace(generation, step_reports=_extend_steps(
+            one.generation.step_reports, two.generation.step_reports, layers, path, first, period))
         report = dataclasses.replace(report, generation=generation)
         if report.memory is not None:  # the ledger of the prefill, with the extended cache after the last step
             kv = sum(generation.kv_cache_bytes.values())
             report = dataclasses.replace(report, memory=dataclasses.replace(report.memory, ranks=tuple(
                 dataclasses.replace(r, kv_cache_bytes=kv) for r in report.memory.ranks)))
     return report
+
+
+def _extend_steps(one: Sequence, two: Sequence, layers: int, path: str, first: int, period: int) -> tuple:
+    """The decode steps' reports ``(context, report)`` of the smaller models extended as their whole reports are, for
+    the FLOPs per rank of generation; none where the smaller models' contexts differ or a step does not extend (the
+    generation's totals stand either way; :mod:`flopcount.parallel.generation` then says the steps were not kept)."""
+    if not one or [c for c, _ in one] != [c for c, _ in two]:
+        return ()
+    # a step's graph may be exported under a wrapper module: its stack is the scope that ends with ``path``
+    second = f"{path}.{first + period}"
+    found = {name for _, b in two for scopes in b.modules.nodes for name in scopes
+             if name == second or name.endswith("." + second)}
+    if len(found) != 1:
+        return ()
+    inner = found.pop()[: -len(f".{first + period}")]
+    try:
+        return tuple((c, extend(a, b, layers, inner, first=first, period=period)) for (c, a), (_, b) in zip(one, two))
+    except NotExtendable:
+        return ()
 
 
 def _added_outside(one: Report, two: Report, path: str, small: int, large: int) -> list[int]:

@@ -88,8 +88,9 @@ def generation_ledger(report: Any, plan: ParallelPlan) -> ParallelLedger:
     check_plan(plan)
     tag = f"--parallel {plan} with --generate {gen.prompt_tokens}:{gen.new_tokens}"
     if gen.steps and not gen.step_reports:
-        raise UsageError(f"{tag}: the decode steps' graphs were not kept with this generation record; count it "
-                         "again with --generate")
+        raise UsageError(f"{tag}: the decode steps' graphs were not kept with this generation record (made from "
+                         "numbers, or a stack whose steps did not extend); count it again with --generate, or with "
+                         "--repeated-layers export")
     base = ParallelPlan(tp=plan.tp, pp=plan.pp, cp=plan.cp, dp=plan.dp, microbatches=plan.microbatches,
                         schedule=plan.schedule)  # the ledger's splits; cp kept for its prefill check (2·cp | P)
     d, prefill = _stage_sums(report, base, gen.prefill.flops, "prefill")

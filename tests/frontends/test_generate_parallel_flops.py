@@ -220,3 +220,20 @@ def test_with_parallel_refuses_training_flags(report, flags, message):
                                  "recompute": None, "expert_load": None, **flags})
     with pytest.raises(UsageError, match=message):
         with_parallel(report, args)
+
+
+@pytest.mark.slow
+def test_a_stack_extended_from_fewer_layers_gives_the_ledger_of_the_whole_export(cache):
+    """4 identical layers are counted from exports of 1 and 2 (their decode steps' graphs extended with them): each
+    rank's FLOPs, phases and bytes equal those of the 4-layer model exported whole."""
+    config = llama_config()
+    config.num_hidden_layers = 4
+    plan = parse_parallel("tp=2,pp=2", 2, "1f1b")
+    ledgers = []
+    for how in ("extend", "export"):
+        r = flopcount.from_hf(config, generate=(P, N), batch=B, cache_dir=cache, repeated_layers=how)
+        ledgers.append(generation_ledger(r, plan))
+    extended, exported = ledgers
+    assert [(r.model_flops, r.hardware_flops, r.phases, r.communication) for r in extended.ranks] == \
+        [(r.model_flops, r.hardware_flops, r.phases, r.communication) for r in exported.ranks]
+    assert extended.bubble_fraction == exported.bubble_fraction
