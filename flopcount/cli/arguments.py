@@ -375,9 +375,17 @@ def add_parallel_arguments(p: argparse.ArgumentParser, parallel_help: str | None
 def with_parallel(report, args: argparse.Namespace):
     """``report`` with its per-rank FLOP ledger (:mod:`flopcount.parallel.ranks`) when ``--parallel`` is given, from the
     same plan and recompute flags as the memory ledger's, and its memory ledger per rank
-    (:mod:`flopcount.memory.ranks`) with ``--memory``."""
+    (:mod:`flopcount.memory.ranks`) with ``--memory``. Python's cyclic collector is paused meanwhile (the ledgers
+    make no reference cycles, and a full collection set off by their objects would rescan every object of the
+    export: :func:`flopcount.memory.ledger.without_cyclic_gc`)."""
     if not getattr(args, "parallel", None):
         return report
+    from flopcount.memory.ledger import without_cyclic_gc
+
+    return without_cyclic_gc(_with_plan)(report, args)
+
+
+def _with_plan(report, args: argparse.Namespace):
     import dataclasses
 
     from flopcount.errors import UsageError

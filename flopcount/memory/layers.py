@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 
 from ..context import TensorInfo
 from ..reporting.report import NodeCount, Report
-from .ledger import Graph, Memory, ledger
+from .ledger import Graph, Memory, ledger, without_cyclic_gc
 
 __all__ = ["Unwired", "extend_memory"]
 
@@ -40,6 +40,7 @@ def _affine_counts(a: Mapping[str, int], b: Mapping[str, int], k: int) -> dict[s
     return {key: v for key, v in out.items() if v}
 
 
+@without_cyclic_gc
 def extend_memory(one: Report, two: Report, inside: Sequence[int], block0: Sequence[int],
                   nodes: Sequence[NodeCount], origin: Sequence[tuple[int, int]], suffixes: Sequence[str],
                   k: int) -> Memory:

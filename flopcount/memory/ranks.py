@@ -75,6 +75,7 @@ one piece) is refused under pp > 1 or cp > 1.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -86,7 +87,7 @@ from ..context import TensorInfo
 from ..errors import UsageError
 from ..parallel.plan import ParallelPlan
 from ..reporting.report import tensor_bytes
-from .ledger import VIEWS, Graph, Memory, MemorySettings, RankMemory, Shards, ledger
+from .ledger import VIEWS, Graph, Memory, MemorySettings, RankMemory, Shards, ledger, without_cyclic_gc
 
 __all__ = ["PlanRankMemory", "in_flight", "per_rank", "rank_rows", "RANK_HEADERS"]
 
@@ -143,6 +144,7 @@ def in_flight(plan: ParallelPlan, stage: int) -> float:
     return float(min(p - stage, m))
 
 
+@without_cyclic_gc
 def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory:
     """``report.memory`` (a one-rank ledger with its graph: ``count(..., memory=...)``) per rank of ``plan``, one
     entry per (stage, TP rank, EP rank) with its data- and context-parallel replicas listed; the returned ledger's
@@ -162,7 +164,7 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
     d, shares, _, _, train, _ = plan_shares(report, plan, settings.recompute)
     schedule_bubble(plan, shares, train)
     t, kv = plan.tp, min(plan.tp, d.kv_heads)
-    scopes = report.modules.nodes
+    scopes = list(report.modules.nodes)  # read by position many times: a tiled stack's copies made once here
     rule: dict[int, str] = {}
     chunks: dict[int, set[int]] = {}
     for x in shares:
@@ -189,7 +191,7 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
     fractions = {layer: load.fractions(j, report.moe.experts, plan.ep) for j, layer in enumerate(moe_layers)} \
         if moe_layers and plan.ep > 1 else {}
 
-    inner = _expert_inner(g, scopes, expert) if t > 1 else frozenset()
+    inner = _expert_inner(g, scopes, expert) if t > 1 and any(expert) else frozenset()
 
     def act_div(k: int) -> int:
         r = rule[k]
@@ -226,7 +228,7 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
         mine = {c for c in range(plan.pp * v) if c % plan.pp == s}
         keep = [k for k in range(len(g.nodes)) if chunks[k] & mine]
         stage = _Stage.of(g, keep)
-        layers = {_layer_of(scopes[k]) for k in keep} & set(fractions)
+        layers = {_layer_of(scopes[k]) for k in keep} & set(fractions) if fractions else set()
         for e in range(plan.ep):
             share = {layer: fractions[layer][e] for layer in layers}
 
@@ -347,6 +349,12 @@ def _expert_inner(g: Graph, scopes, expert) -> frozenset[int]:
 
 
 def _layer_of(scope) -> int | None:
+    return _layer_in(tuple(scope))
+
+
+@functools.lru_cache(maxsize=4096)
+def _layer_in(scope: tuple[str, ...]) -> int | None:
+    """The layer number in a module scope (a few hundred distinct scopes, read once per node and stage)."""
     found = _LAYER.search(".".join(scope))
     return int(found.group(1)) if found else None
 
