@@ -388,7 +388,6 @@ def with_parallel(report, args: argparse.Namespace):
 def _with_plan(report, args: argparse.Namespace):
     import dataclasses
 
-    from flopcount.errors import UsageError
     from flopcount.parallel.experts import load_expert_load
     from flopcount.parallel.plan import parse_parallel, parse_recompute
     from flopcount.parallel.ranks import ledger

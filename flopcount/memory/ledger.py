@@ -62,6 +62,7 @@ def without_cyclic_gc(fn: Callable) -> Callable:
 
     return paused
 
+
 #: Tensors of optimizer state per parameter element: SGD none, momentum its buffer, Adam and AdamW two moments.
 OPTIMIZER_STATES: Mapping[str, int] = MappingProxyType({"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2})
 #: How an optimizer step runs: one parameter at a time, one multi-tensor kernel per operation over all parameters
