@@ -148,6 +148,8 @@ def _count(model, options: CountOptions) -> Report:
         attributes_of = AttributeCache(opsets, where, m.ir_version)
         attributes = attributes_of.of_graph(index)
         roles = _roles(m, opsets, trainable, frozenset(input_values or ()), where, frozen, index)
+        # needs the graph and the roles only: made while the inference child (if any) is still at work
+        scopes = _module_scopes(index, roles)
         lap("graph")
         res = resolve(shaped, index, where, inference, loop_trips=loop_trips)
     finally:
@@ -187,7 +189,7 @@ def _count(model, options: CountOptions) -> Report:
         nested = {k: v for k, v in nested.items() if k not in free and k.rpartition(":")[2] not in free}
     report = _report(m, path=loaded.path, res=res, nodes=nodes, conv=conv, batch=batch, strict=strict, where=where,
                      roles=roles, nested=nested)
-    report = dataclasses.replace(report, modules=_module_scopes(index, roles),
+    report = dataclasses.replace(report, modules=scopes,
                                  attention="full" if conv.executed is None else f"executed: {conv.executed.note}")
     if training is not None:
         trainable = sum(prod(res.tensors[n].shape) for n in training.trainable if res.tensors.get(n) is not None)

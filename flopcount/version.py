@@ -1,4 +1,6 @@
-"""The installed flopcount's version, read from its package metadata (``0.0.0+unknown`` in a bare source tree).
+"""The flopcount version: written here once, and read from here by the package build (pyproject.toml's
+``[tool.setuptools.dynamic]``), so that the installed package's metadata and ``__version__`` agree, and no module
+that writes a report's ``tool`` field pays for reading package metadata at run time.
 
 Kept apart from the package face so that a module writing a report's ``tool`` field needs nothing else.
 
@@ -7,11 +9,6 @@ Kept apart from the package face so that a module writing a report's ``tool`` fi
 True
 """
 
-from importlib.metadata import PackageNotFoundError, version
-
 __all__ = ["__version__"]
 
-try:
-    __version__ = version("flopcount")
-except PackageNotFoundError:  # running from a source tree
-    __version__ = "0.0.0+unknown"
+__version__ = "0.1.0"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from itertools import chain
+from itertools import chain, compress
 from functools import lru_cache
 
 import numpy as np
@@ -311,16 +311,19 @@ _WINDOWS = {"Conv": (0, 1), "ConvInteger": (0, 1), "QLinearConv": (0, 3), "Defor
             "MaxPool": (0, None), "AveragePool": (0, None), "LpPool": (0, None)}
 # Convolutions with a bias input: its index.
 _BIASES = {"Conv": 2, "ConvTranspose": 2, "QLinearConv": 8, "DeformConv": 3}
+# The standard operators check_resolved looks at.
+_CHECKED_OPS = frozenset(_CONVS) | frozenset(_WINDOWS) | frozenset(_TARGETS)
 
 
 def check_resolved(index: GraphIndex, tensors: Mapping[str, TensorInfo], values: Mapping, attributes, where: str) -> None:
     """Checks that need shapes or constant values; ``attributes`` is the per-node attribute list of
     the traversal (None for nodes whose attributes no formula reads)."""
-    protos, names, node_inputs = index.protos, index.names, index.node_inputs
+    protos, names, node_inputs, node_ops = index.protos, index.names, index.node_inputs, index.node_ops
     passed: set[tuple] = set()  # the target and Reshape checks that passed, by what they read
-    for i, (domain, op_type) in enumerate(index.node_ops):
-        if domain not in ("", "ai.onnx"):
-            continue
+    checked = {k for k in set(node_ops) if k[0] in ("", "ai.onnx") and k[1] in _CHECKED_OPS}
+    # the nodes of those kinds, picked by a C-level loop (most nodes of a large graph are none of them)
+    for i in compress(range(len(node_ops)), map(checked.__contains__, node_ops)) if checked else ():
+        op_type = node_ops[i][1]
         if op_type in _CONVS:
             _check_conv(protos[i], names[i], tensors, attributes[i], where)
         if op_type in _WINDOWS:

@@ -169,19 +169,19 @@ def _fork_with_pipe() -> tuple[int, int, int] | None:
 _DIMS, _OP_TYPE = attrgetter("dims"), attrgetter("op_type")
 
 
-def data_prop_bounded(model: ModelProto) -> bool:
+def data_prop_bounded(model: ModelProto, op_types: Sequence[str] | None = None) -> bool:
     """Whether ONNX's data propagation stays bounded on ``model``: no graph input or initializer of rank 1, and no
     integer Range of the top graph, holds more than :data:`DATA_PROP_LIMIT` elements. A Range's size is known from
     its constant inputs, or from inputs computed from declared shapes and constants (``Range(0, Size(x))``) as
     :func:`fold_constants` computes them. Where it is not bounded, inference runs without data propagation, and folding
     (:func:`resolve`) computes the small shape vectors instead."""
     g = model.graph
-    # the initializers' ranks, and below the nodes' op types, read by C-level loops: this runs over every
-    # initializer and node of the largest graphs (on the inference child's critical path)
-    ranks = list(map(len, map(_DIMS, g.initializer)))
-    for k in (k for k, rank in enumerate(ranks) if rank == 1) if 1 in ranks else ():
-        t = g.initializer[k]
-        if t.dims[0] > DATA_PROP_LIMIT:
+    # the initializers' dims, and below the nodes' op types (``op_types``, where the caller read them), read by
+    # C-level loops: this runs over every initializer and node of the largest graphs (on the inference child's
+    # critical path)
+    for k, dims in enumerate(list(map(_DIMS, g.initializer))):
+        if len(dims) == 1 and dims[0] > DATA_PROP_LIMIT:
+            t = g.initializer[k]
             log.debug("initializer %r has %d elements: inference without data propagation", t.name, t.dims[0])
             return False
     for vi in g.input:
@@ -189,7 +189,8 @@ def data_prop_bounded(model: ModelProto) -> bool:
         if len(dims) == 1 and dims[0].dim_value > DATA_PROP_LIMIT:
             log.debug("input %r has %d elements: inference without data propagation", vi.name, dims[0].dim_value)
             return False
-    op_types = list(map(_OP_TYPE, g.node))
+    if op_types is None:
+        op_types = list(map(_OP_TYPE, g.node))
     ranges = [i for i, op in enumerate(op_types) if op == "Range" and g.node[i].domain in ("", "ai.onnx")] \
         if "Range" in op_types else []
     for i, (size, _) in (_range_sizes(model, ranges).items() if ranges else ()):
@@ -250,15 +251,18 @@ def _known_range_sizes(g: onnx.GraphProto, ranges: Sequence[int], values: Mappin
             sizes[i] = (max(-((start - limit) // delta), 0), args[0].dtype)  # ceil((limit - start) / delta)
     return sizes
 
-def _guard_depths(graph: onnx.GraphProto) -> list[int] | None:
+def _guard_depths(graph: onnx.GraphProto, op_types: Sequence[str] | None = None) -> list[int] | None:
     """Per node of ``graph``: how many Slice nodes at risk lie on the longest path that ends at it
     (itself included); None when no Slice is at risk. A Slice is at risk when an operator outside
     :data:`DIM_SAFE_OPS` precedes it; a node with subgraphs counts as unsafe, and as a Slice when
     one of its bodies holds one. Paths follow ONNX's own order of inference (the order of the
     nodes), so a read of a tensor produced further down does not count: ONNX does not see its shape
     either. Inferring the nodes of depth <= d, for d = 0, 1, ..., checks every Slice's input dims
-    before a Slice sees them."""
+    before a Slice sees them. ``op_types``: the nodes' op types, where the caller read them."""
     nodes = graph.node
+    present = set(list(map(_OP_TYPE, nodes)) if op_types is None else op_types)
+    if "Slice" not in present and present.isdisjoint(SUBGRAPH_OPS):  # no Slice-like node: read nothing more
+        return None
     kinds = [_guard_kind(n) for n in nodes]
     if not any(slice_like for _, slice_like in kinds) or all(safe for safe, _ in kinds):
         return None
@@ -628,11 +632,12 @@ def _report(model: ModelProto, where: str) -> bytes:
     inferred model itself, beside the parent's DAG construction, and sends plain tuples, which the parent rebuilds
     faster than it would parse the model and read its types."""
     try:
-        if _guard_depths(model.graph) is None:
+        op_types = list(map(_OP_TYPE, model.graph.node))  # read once for both checks
+        if _guard_depths(model.graph, op_types) is None:
             from onnx.onnx_cpp2py_export import shape_inference as cpp
 
             inferred = onnx.load_from_string(cpp.infer_shapes(model.SerializeToString(), False, False,
-                                                              data_prop_bounded(model)))
+                                                              data_prop_bounded(model, op_types)))
         else:
             inferred = infer(model, where)  # a Slice at risk of a negative dim: step by step
         return b"C" + marshal.dumps(_rows(collect(inferred, initializers={})))  # the parent has the initializers

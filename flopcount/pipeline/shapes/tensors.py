@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from functools import partial
 from itertools import repeat
 from math import prod
-from operator import itemgetter
+from operator import attrgetter, itemgetter, methodcaller
 
 import onnx
 from onnx import ModelProto, helper
@@ -89,32 +89,39 @@ def _collect_graph(g: onnx.GraphProto, out: dict[str, TensorInfo], bodies: bool 
                 for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs):
                     _collect_graph(sub, out, top=False)
     odd = getattr(out, "odd", None) if top else None
-    # A large graph has a few distinct types (dtype and dims) for a great many tensors: each
-    # distinct one is decoded once, keyed by its serialized bytes.
-    make = tuple.__new__
-    decoded: dict[bytes, tuple | None] = {}
     out.update(initializer_infos(g) if initializers is None else initializers)
+    # A large graph has a few distinct types (dtype and dims) for a great many tensors: each distinct one is decoded
+    # once, keyed by its serialized bytes. Names and keys are read by C-level loops (no Python frame per entry).
+    entries = [*g.input, *g.value_info, *g.output]
+    names = list(map(_NAME, entries))
+    keys = list(map(_SERIALIZED, map(_TYPE, entries)))
+    first = dict(zip(keys, range(len(keys))))  # a key → an entry that has it
+    decoded: dict[bytes, tuple | None] = {key: _decode_type(entries[k].type) for key, k in first.items()}
+    marked = set()  # the keys of odd types (top graph only)
+    if odd is not None:
+        marked = {key for key, info in decoded.items() if info is not None and _odd(info[1])}
+    infos = list(map(decoded.__getitem__, keys))
+    make = tuple.__new__
+    if None not in decoded.values() and out.keys().isdisjoint(names) and len(set(names)) == len(names):
+        # each name once, none already read: every entry is kept, in one C-level pass
+        rows = zip(names, map(_FIRST, infos), map(_SECOND, infos), map(_THIRD, infos))
+        out.update(zip(names, map(make, repeat(TensorInfo), rows)))
+        if marked:
+            odd.extend(name for name, key in zip(names, keys) if key in marked)
+        return
     get = out.get
-    for vi in (*g.input, *g.value_info, *g.output):
-        name = vi.name
+    for name, key, info in zip(names, keys, infos):
         prev = get(name)
         if prev is not None and prev[3]:  # static already (an initializer's declared input)
             continue
-        # The entry's bytes after its name (field 1, written first: tag, one-byte length, the name): its type and
-        # whatever else it holds. Serializing the whole entry costs less than reaching for its type message.
-        key = vi.SerializeToString()
-        if key[:1] == b"\n" and key[1] < 0x80:
-            key = key[2 + key[1]:]
-        info = decoded.get(key, False)
-        if info is False:
-            info = decoded[key] = _decode_type(vi.type)
-            if info is not None and odd is not None and _odd(info[1]):
-                decoded[key] = info = (*info, True)  # marked: a fourth field
         if info is not None:
-            if len(info) == 4:
+            if key in marked:
                 odd.append(name)
-                info = info[:3]
             out[name] = make(TensorInfo, (name, *info))
+
+
+_NAME, _TYPE, _SERIALIZED = attrgetter("name"), attrgetter("type"), methodcaller("SerializeToString")
+_FIRST, _SECOND, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)
 
 
 def _decode_type(ty: onnx.TypeProto) -> tuple | None:
