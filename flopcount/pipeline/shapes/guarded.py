@@ -40,7 +40,9 @@ from .tensors import (
     Collected,
     collect,
     declared_shape,
+    from_type_table,
     initializer_infos,
+    type_table,
 )
 
 log = logging.getLogger(__name__)
@@ -503,6 +505,11 @@ class Inference:
         elif _body_at_risk(model.graph):  # containment, not speed: FLOPCOUNT_PARALLEL=0 does not turn it off
             self._spawn()
 
+    @property
+    def in_child(self) -> bool:
+        """Whether a forked child is at work on this inference (its report not yet read)."""
+        return self._fd is not None
+
     def _start(self) -> None:
         forked = _fork_with_pipe()
         if forked is None:
@@ -552,16 +559,25 @@ class Inference:
         else:
             log.debug("%s: the inference interpreter exited with %d", self.where, done.returncode)
 
-    def collected(self, declared: Mapping[str, tuple[int, tuple[int, ...]]]) -> "Collected | None":
+    def collected(self, declared: Mapping[str, tuple[int, tuple[int, ...]]],
+                  infos: Mapping[str, TensorInfo] | None = None) -> "Collected | None":
         """The tensor infos of the inferred model as :func:`collect` reads them (``declared``: the top graph's
-        initializers, ``(data type, dims)`` by name, which the child leaves out), or None when there is no report to
+        initializers, ``(data type, dims)`` by name, which the child leaves out; ``infos``: their tensor infos,
+        where the caller made them already), or None when there is no report to
         trust (no child, or it died without a word, or its report does not parse): the caller infers in-process.
         Raises :class:`ShapeError` when inference fails, or when it crashed the child (ONNX's C++ aborting on a
         malformed graph): that is never re-run in-process."""
         data = self._receive()
+        if data[:1] == b"T":
+            try:
+                return from_type_table(*marshal.loads(data[1:]),
+                                       initializer_infos(None, declared) if infos is None else infos)
+            except Exception as e:  # a damaged report: infer here instead
+                log.debug("%s: the inference child's report does not parse (%s)", self.where, e)
+                return None
         if data[:1] == b"C":
             try:
-                return _from_rows(*marshal.loads(data[1:]), declared)
+                return _from_rows(*marshal.loads(data[1:]), declared, infos)
             except Exception as e:  # a damaged report: infer here instead
                 log.debug("%s: the inference child's report does not parse (%s)", self.where, e)
                 return None
@@ -627,7 +643,9 @@ class Inference:
 
 
 def _report(model: ModelProto, where: str) -> bytes:
-    """What a child reports: b"C" + the tensor infos of the inferred model (:func:`_rows`), b"S" + a ShapeError's
+    """What a child reports: b"T" + the tensor infos of an inferred model without bodies (a table of its distinct
+    types: :func:`~flopcount.pipeline.shapes.tensors.type_table`), b"C" + those of a model with bodies
+    (:func:`_rows`), b"S" + a ShapeError's
     message (a negative dim found by the guard), or b"E" + the first line of an inference error. The child reads the
     inferred model itself, beside the parent's DAG construction, and sends plain tuples, which the parent rebuilds
     faster than it would parse the model and read its types."""
@@ -640,6 +658,8 @@ def _report(model: ModelProto, where: str) -> bytes:
                                                               data_prop_bounded(model, op_types)))
         else:
             inferred = infer(model, where)  # a Slice at risk of a negative dim: step by step
+        if set(op_types).isdisjoint(SUBGRAPH_OPS):  # no bodies: the compact table of the top graph's types
+            return b"T" + marshal.dumps(type_table(inferred.graph))
         return b"C" + marshal.dumps(_rows(collect(inferred, initializers={})))  # the parent has the initializers
     except ShapeError as e:
         return b"S" + str(e).encode("utf-8", "replace")
@@ -652,10 +672,12 @@ def _rows(collected: "Collected") -> tuple[list[tuple], list[str]]:
     return [tuple(t) for t in collected.values()], collected.odd
 
 
-def _from_rows(rows: list[tuple], odd: list[str], declared: Mapping[str, tuple[int, tuple[int, ...]]]) -> "Collected":
+def _from_rows(rows: list[tuple], odd: list[str], declared: Mapping[str, tuple[int, tuple[int, ...]]],
+               infos: Mapping[str, TensorInfo] | None = None) -> "Collected":
     """The inverse of :func:`_rows`, for a report collected without the top graph's initializers: they come first, from
-    ``declared`` (as :func:`collect` puts them), and their declared types stand (the rows of their inputs are dropped)."""
-    out = Collected(initializer_infos(None, declared))
+    ``declared`` (as :func:`collect` puts them; ``infos``: their tensor infos, where made already), and their declared
+    types stand (the rows of their inputs are dropped)."""
+    out = Collected(initializer_infos(None, declared) if infos is None else infos)
     names = list(map(itemgetter(0), rows))
     if not declared.keys().isdisjoint(names):  # an initializer's declared input (older exports)
         rows = [row for row in rows if row[0] not in declared]

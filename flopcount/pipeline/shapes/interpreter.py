@@ -47,12 +47,18 @@ class LazyConstants(Mapping):
             raise KeyError(name)
         return value
 
-    def _one(self, name: str) -> np.ndarray | None:
-        """What :func:`small_constants` gives ``name``, or None: a Constant node's value wins over an
-        initializer's, as there."""
+    def indexed(self) -> "LazyConstants":
+        """``self``, with the initializers and Constant nodes indexed by name now rather than at the first look-up
+        (for a caller with time to spare now: waiting on the inference child)."""
         if self._initializers is None:
             self._initializers = {t.name: t for t in self._model.graph.initializer}
             self._constants = _constant_nodes(self._model.graph, self._graph_index)
+        return self
+
+    def _one(self, name: str) -> np.ndarray | None:
+        """What :func:`small_constants` gives ``name``, or None: a Constant node's value wins over an
+        initializer's, as there."""
+        self.indexed()
         node = self._constants.get(name)
         value = _small_constant_node(node) if node is not None else None
         if value is None and name in self._initializers:

@@ -50,9 +50,15 @@ def resolve(model: ModelProto, index: GraphIndex, where: str, first: "Inference 
     bodies = bool(index.bodies)
     guard = guard_needed(index)
     declared = index.initializer_types  # the top graph's initializers, as build_graph read them
-    tensors = first.collected(declared) if first is not None else None  # the child's report, read beside the DAG
+    # While a child infers, what does not need its answer is made first: the initializers' infos, and the index of
+    # the small constants that the count looks up when no shape needed folding (the usual case).
+    early = first is not None and first.in_child
+    infos = initializer_infos(None, declared) if early else None
+    lazy = LazyConstants(model, index).indexed() if early else None
+    tensors = first.collected(declared, infos) if first is not None else None  # the child's report
     if tensors is None:
-        tensors = collect(infer(model, where, guard=guard), bodies, initializer_infos(None, declared))
+        tensors = collect(infer(model, where, guard=guard), bodies,
+                          initializer_infos(None, declared) if infos is None else infos)
     check_dims(tensors, model, where)
     values: dict[str, np.ndarray] = {}
     rounds = 1
@@ -82,7 +88,7 @@ def resolve(model: ModelProto, index: GraphIndex, where: str, first: "Inference 
     if not values and any(op_type == "If" for _, op_type in kinds):
         fold_constants(model, index, tensors, values)  # an If's condition computed from constants or given values
     if not values:
-        values = LazyConstants(model, index)  # each read on its first look-up
+        values = lazy if lazy is not None else LazyConstants(model, index)  # each read on its first look-up
     if bodies:
         tensors = dict(tensors)
         infer_bodies(model, model.graph, tensors, values, where)

@@ -90,13 +90,7 @@ def _collect_graph(g: onnx.GraphProto, out: dict[str, TensorInfo], bodies: bool 
                     _collect_graph(sub, out, top=False)
     odd = getattr(out, "odd", None) if top else None
     out.update(initializer_infos(g) if initializers is None else initializers)
-    # A large graph has a few distinct types (dtype and dims) for a great many tensors: each distinct one is decoded
-    # once, keyed by its serialized bytes. Names and keys are read by C-level loops (no Python frame per entry).
-    entries = [*g.input, *g.value_info, *g.output]
-    names = list(map(_NAME, entries))
-    keys = list(map(_SERIALIZED, map(_TYPE, entries)))
-    first = dict(zip(keys, range(len(keys))))  # a key → an entry that has it
-    decoded: dict[bytes, tuple | None] = {key: _decode_type(entries[k].type) for key, k in first.items()}
+    names, keys, decoded = _graph_entries(g)
     marked = set()  # the keys of odd types (top graph only)
     if odd is not None:
         marked = {key for key, info in decoded.items() if info is not None and _odd(info[1])}
@@ -118,6 +112,55 @@ def _collect_graph(g: onnx.GraphProto, out: dict[str, TensorInfo], bodies: bool 
             if key in marked:
                 odd.append(name)
             out[name] = make(TensorInfo, (name, *info))
+
+
+def _graph_entries(g: onnx.GraphProto) -> tuple[list[str], list[bytes], dict[bytes, tuple | None]]:
+    """The names of ``g``'s inputs, value infos and outputs (in that order), a key per name (its type's bytes), and the
+    decoded type (:func:`_decode_type`) of each distinct key. A large graph has a few distinct types (dtype and dims)
+    for a great many tensors: each is decoded once. Names and keys are read by C-level loops (no Python frame per
+    entry)."""
+    entries = [*g.input, *g.value_info, *g.output]
+    names = list(map(_NAME, entries))
+    keys = list(map(_SERIALIZED, map(_TYPE, entries)))
+    first = dict(zip(keys, range(len(keys))))  # a key → an entry that has it
+    return names, keys, {key: _decode_type(entries[k].type) for key, k in first.items()}
+
+
+def type_table(g: onnx.GraphProto) -> tuple[list[str], list[int], list[tuple | None], list[int]]:
+    """The tensor infos of ``g`` (its bodies aside) in a compact form for another process: the names (as
+    :func:`_graph_entries`), the position of each one's type in a table of the distinct types, the table (each
+    ``(elem_type, shape, static)``, None for a map or an optional) and the positions in it of the types with odd dims
+    (see :class:`Collected`). :func:`from_type_table` reads it back."""
+    names, keys, decoded = _graph_entries(g)
+    ids = dict(zip(decoded, range(len(decoded))))
+    odd = [ids[key] for key, info in decoded.items() if info is not None and _odd(info[1])]
+    return names, list(map(ids.__getitem__, keys)), list(decoded.values()), odd
+
+
+def from_type_table(names: list[str], ids: list[int], table: list[tuple | None], odd: list[int],
+                    initializers: Mapping[str, TensorInfo]) -> Collected:
+    """What :func:`collect` gives for a graph without bodies whose entries :func:`type_table` read, the graph's
+    ``initializers`` given: they come first, and their declared types stand (an entry of the same name is dropped)."""
+    out = Collected(initializers)
+    out.odd = []
+    if not initializers.keys().isdisjoint(names):  # an initializer's declared input (older exports)
+        kept = [k for k, name in enumerate(names) if name not in initializers]
+        names, ids = [names[k] for k in kept], [ids[k] for k in kept]
+    odd_ids = frozenset(odd)
+    if None not in table and len(set(names)) == len(names):  # each name once: every entry kept, by C-level loops
+        infos = list(map(table.__getitem__, ids))
+        rows = zip(names, map(_FIRST, infos), map(_SECOND, infos), map(_THIRD, infos))
+        out.update(zip(names, map(tuple.__new__, repeat(TensorInfo), rows)))
+        if odd_ids:
+            out.odd = [name for name, k in zip(names, ids) if k in odd_ids]
+        return out
+    for name, k in zip(names, ids):  # as _collect_graph: a later entry wins unless an earlier one is static
+        prev, info = out.get(name), table[k]
+        if info is not None and not (prev is not None and prev[3]):
+            if k in odd_ids:
+                out.odd.append(name)
+            out[name] = tuple.__new__(TensorInfo, (name, *info))
+    return out
 
 
 _NAME, _TYPE, _SERIALIZED = attrgetter("name"), attrgetter("type"), methodcaller("SerializeToString")
