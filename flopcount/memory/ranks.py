@@ -18,7 +18,10 @@ it (a node without work takes those of its module's nodes with work, else of the
   throughout the walk: two such buffers (FSDP2 prefetches one unit ahead: the running unit and the next in the
   forward; in the backward the next unit's gather and the running unit's gradients copied for their
   reduce-scatter, as large) and the root's parameters (those outside the layers) whole, gathered from the root's
-  forward to the end of the backward.
+  forward to the end of the backward. Approximate, as the buffers are not held per phase: at the LM head's
+  backward FSDP2 holds one gather (the last layer's, prefetched), at a layer's pre-backward three for a moment (the
+  gather being copied out, the parameters it fills, the reduce-scatter input of the layer after it), and a
+  layer's gradients are whole until its reduce-scatter; against FSDPMemTracker these offset (docs/memory.md).
 
 * **ZeRO** (Rajbhandari et al. 2020; ``zero1`` is its stage P_os, ``zero2`` P_os+g), over the same D·C ranks as
   ``fsdp`` (D·C/E for a routed expert's weights): the parameters are whole on every rank (after the TP, PP and EP
