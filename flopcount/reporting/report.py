@@ -10,14 +10,15 @@ from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
 
 from ..conventions import Convention
 from ..cost import Cost
-from .generation import Generation
-from .layers import RepeatedLayers
 from .modules import ModuleRow, ModuleScopes, module_rows
-from .moe import MixtureOfExperts
 from .tiled import Tiled, weighted
 
-if TYPE_CHECKING:  # annotations only: the context (numpy, onnx) is not needed to hold or read a report
+if TYPE_CHECKING:  # annotations only: the context (numpy, onnx) is not needed to hold or read a report, nor the
+    # records of what only some counts have (generation, experts, repeated layers)
     from ..context import TensorInfo
+    from .generation import Generation
+    from .layers import RepeatedLayers
+    from .moe import MixtureOfExperts
 
 # Node status values
 FORMULA = "formula"
