@@ -26,32 +26,24 @@ a forked child while the DAG is built (see ``flopcount.pipeline.shapes.Inference
 overlaps the inference and "shapes" is what is left of it. ``--no-parallel`` (or FLOPCOUNT_PARALLEL=0)
 keeps everything in one process, for comparison.
 
-Last measured 2026-11-27 13:13-13:17 UTC (python 3.11.7, onnx 1.23.2, 2 CPUs shared, load average 5 to 6.5: the
-floor process took 1.15 s at 10k nodes and 4.0 s at 100k, against 0.38 s and 1.64 s on a quiet machine, so these
-ratios are the load's more than the code's). Whole processes with ``.pyc`` files written and read, as an installed
-flopcount has them: the children no longer inherit this machine's ``PYTHONDONTWRITEBYTECODE=1``, which made each
-compile about 15 flopcount modules (0.1-0.2 s a process; with ``.pyc``, on a quiet machine, 10k 1.48x and 100k
-2.02-2.21x). The checkout before this round (40bf384), this round's code and the floor in one alternating loop, 5 runs
-each; medians, wall and user+sys CPU against the floor's: 10k 1.81x -> 1.80x wall, 1.85x -> 1.86x CPU; 100k 3.11x ->
-3.07x wall, 3.06x -> 3.05x CPU. This round's change: a console count leaves its working state (the protobuf wrappers,
-the DAG, the shapes, the report) for the exit without teardown (``flopcount.pipeline.retained``) rather than freeing
-it object by object as the count returns: at 100k nodes, in-process CPU of a count and the freeing of its report 7.30 s
--> 6.79 s (medians of 3, same load; timed apart, the count's locals 0.13 s and the report 0.14 s). Targets 1.5x and
-2.0x: not shown under this load.
+Last measured 2026-11-27 16:38-16:42 UTC (python 3.11.7, onnx 1.23.2, 2 CPUs, load average 0.5 to 1.8 from other
+jobs), ``--floor --repeat 5``, three runs: 10k nodes 1.44x, 1.35x, 1.40x (floor process 0.165-0.181 s); 100k nodes
+1.89x, 1.78x, and once 2.44x while another job's tests ran (floor 0.72-0.88 s). Targets 1.5x and 2.0x: met on the
+runs not disturbed. At the session's start, on the same machine quiet (load 0.6), the checkout before this round
+(33fe71f) measured 1.52x and 2.23x. What this round changed (whole process at 100k, timed by phase in-process):
 
-Before that, 2026-11-27 06:43-06:57 UTC (python 3.11.7, onnx 1.23.2, 2 CPUs shared, load average 4 to 5: the floor
-process took 1.0-1.2 s at 10k nodes and 2.9-4.1 s at 100k, against 0.38 s and 1.64 s on a quiet machine, so every
-ratio here is inflated by the load, and by a different amount in each loop). Whole processes (``python -m flopcount
-FILE --format json``, ``.pyc`` files written), the checkout before this round (6fa8b6f), this round's commits and the
-floor in one alternating loop, twice; medians, wall and user+sys CPU (forked child included) against the floor's:
-10k nodes (5 runs each) 1.99x -> 1.95x wall, 2.00x -> 1.98x CPU (at 1879129); 2.39x -> 2.20x wall, 2.28x -> 2.24x CPU
-(at 7303b7c); 100k nodes (3 runs each) 2.89x -> 2.79x wall, 2.85x -> 2.86x CPU (at 1879129); 2.94x -> 3.85x wall,
-3.54x -> 3.74x CPU (at 7303b7c, runs of 7.0 to 11.4 s for the same code). The round's two changes (attribute keys
-serialized without asking a scalar attribute whether it is long; the memory ledger imported only under ``--memory``,
-about 15 ms a process) are within the noise of these figures; targets 1.5x and 2.0x, still missed. Earlier,
-against a checkout of 7dfa8fc: 10k nodes 2.81x -> 2.07x wall (medians of three ``--floor`` runs: 2.02x), 100k nodes
-4.02x -> 3.14x wall (``--floor``: 3.80x). Under ``PYTHONDONTWRITEBYTECODE=1`` each process compiles every
-flopcount module again (about 0.2 s more at either size).
+* the inference child (the critical path: the parent waited 0.23 s for it) reads the op types once for its two
+  checks, and a graph without a Slice skips the guard's walk (0.06 s -> 0.03 s, with the data-propagation check);
+  it reads names and types with C-level loops and sends a table of the distinct types with an index per tensor
+  rather than a row per tensor (smaller to marshal and to read back); the parent now waits 0.02-0.1 s;
+* while the child works, the parent makes the module scopes, the initializers' tensor infos and the index of the
+  small constants (about 0.09 s taken off the path after the child's answer);
+* the console's count state is moved out of the cyclic collector's reach (``gc.freeze`` in
+  ``flopcount.pipeline.retained``): the JSON report's writing took 0.09 s, of which all but 0.005 s was full
+  collections rescanning the count's millions of objects;
+* ``check_resolved`` visits only the kinds of node it checks; ``flopcount.version`` is a literal (no package
+  metadata read: about 7 ms of imports a process), and a plain count no longer imports the generation, experts and
+  repeated-layers records.
 """
 
 from __future__ import annotations
