@@ -230,7 +230,8 @@ def _memory(settings, report: Report, index: GraphIndex, res: Resolution, traini
                            saved_subgraph=walk.subgraph_saved)
 
     walk.stored = frozenset(stored_tensors(m.graph))
-    units = recompute_units(settings.recompute, report.nodes, report.modules.nodes, lambda: attention_cores(index))
+    units = recompute_units(settings.recompute, report.nodes, report.modules.nodes, lambda: attention_cores(index),
+                            training.grads if training is not None else None)
     names = {"params": roles.names(PARAMETER), "trainable": training.trainable if training is not None else frozenset(),
              "buffers": roles.names(BUFFER), "stored": frozenset(stored_tensors(m.graph))}
     return account(report.nodes, mode=report.mode, optimizer=optimizer, settings=settings,

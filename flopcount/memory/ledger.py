@@ -28,7 +28,7 @@ import functools
 import gc
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 from ..context import TensorInfo
 from ..errors import UnsupportedOperatorError, UsageError
@@ -94,9 +94,6 @@ class MemorySettings:
         if self.device not in DEVICES:
             raise UsageError(f"memory device {self.device!r}: choose one of {', '.join(DEVICES)}")
         object.__setattr__(self, "recompute", parse_recompute(self.recompute))
-        if self.recompute.policy == "ops":
-            raise UsageError(f"--recompute {self.recompute}: the memory ledger models none, full and selective so "
-                             "far; choose one of those")
 
     @classmethod
     def of(cls, memory: Any) -> "MemorySettings":
@@ -406,7 +403,7 @@ def ledger(g: Graph, mode: str, optimizer: str | None, settings: MemorySettings,
 class _Holds:
     """Who keeps which storage for the backward: ``holders`` root → node indices whose backward reads it;
     ``recomputed`` root → the unit that makes it again in the backward; ``unit_inputs`` unit → the roots its
-    checkpoint keeps; ``first``/``last`` unit → its first and last node (forward order)."""
+    checkpoint keeps; ``first``/``last`` unit → its first and last node whose backward runs (forward order)."""
 
     holders: dict[str, set[int]] = field(default_factory=dict)
     recomputed: dict[str, int] = field(default_factory=dict)
@@ -424,8 +421,9 @@ def _holds(g: Graph, st: _Storages) -> _Holds:
             if t is not None and t.name and st.of(t.name) == t.name:
                 producer_unit[t.name] = u
         if u is not None:
-            h.first.setdefault(u, n.index)
-            h.last[u] = n.index
+            if n.index in g.grads:  # the backward reaches the unit at these nodes only
+                h.first.setdefault(u, n.index)
+                h.last[u] = n.index
             for t in n.inputs:
                 if t is not None and t.name and st.of(t.name) not in g.stored:
                     r = st.of(t.name)
@@ -580,21 +578,69 @@ def _input_grads(g: Graph, st: _Storages, n: NodeCount, w: _Walk, grad_of: dict[
 
 
 def recompute_units(policy: Recompute, nodes: Sequence[NodeCount], scopes: Sequence[tuple[str, ...]],
-                    attention_cores: Callable[[], Sequence[set[int]]]) -> dict[int, int]:
+                    attention_cores: Callable[[], Sequence[set[int]]],
+                    grads: Collection[int] | None = None) -> dict[int, int]:
     """Node index → recompute unit: ``full``, each numbered layer of the module scopes (``layers.3``,
     ``encoder.layer.0``: the blocks a checkpoint wraps), or the whole graph when it shows none; ``selective``, each
-    attention core (``attention_cores()``: the score product through softmax and dropout to the product with V)."""
+    attention core (``attention_cores()``: the score product through softmax and dropout to the product with V);
+    an operator list (``ops``), the nodes of those types, as selective activation checkpointing runs them again
+    under a checkpoint around each layer: within each numbered layer, the listed nodes connected to each other
+    through tensors (a listed node reading what another listed node of the same layer made, or a view of it) form
+    one unit, and the listed nodes outside every numbered layer are grouped by that connectivity alone. So a chain
+    of listed ops is one unit, which keeps only what it reads from outside (the saved ops' outputs, the layer's
+    input) and makes the rest again; a tensor a listed op makes and an op not listed keeps for its backward stays
+    kept. A unit none of whose nodes' backward runs (``grads``: the node indices whose backward runs, all if None;
+    a mask, a rotary table made from the positions) is dropped: it keeps nothing to make again; listed nodes whose
+    backward does not run stay in a unit with others that do (the first layer's norm of a graph input), remade
+    with them. Types the graph does not have select no node, as on the FLOPs side."""
     if policy.policy == "none":
         return {}
     if policy.policy == "selective":
         return {k: u for u, core in enumerate(attention_cores()) for k in core}
+    keys = [next((s for s in scope if s.rsplit(".", 1)[-1].isdigit()), None)
+            for scope in (scopes or [()] * len(nodes))]
+    if policy.policy == "ops":
+        units = _connected_ops(policy.ops, nodes, keys)
+        run = {u for k, u in units.items() if grads is None or k in grads}
+        return {k: u for k, u in units.items() if u in run}
     layer: dict[str, int] = {}
     units: dict[int, int] = {}
-    for n, scope in zip(nodes, scopes or [()] * len(nodes)):
-        key = next((s for s in scope if s.rsplit(".", 1)[-1].isdigit()), None)
+    for n, key in zip(nodes, keys):
         if key is not None:
             units[n.index] = layer.setdefault(key, len(layer))
     return units or {n.index: 0 for n in nodes}
+
+
+def _connected_ops(ops: frozenset[str], nodes: Sequence[NodeCount], keys: Sequence[str | None]) -> dict[int, int]:
+    """The ``ops`` units of :func:`recompute_units`: node index → unit, numbered in the order units first run;
+    ``keys[k]``: the numbered layer of ``nodes[k]`` (None outside every one)."""
+    parent: dict[int, int] = {}
+
+    def find(k: int) -> int:
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    root: dict[str, str] = {}  # tensor name → the tensor it is a view of
+    made: dict[str, int] = {}  # tensor → the listed node (position) that made it
+    for k, (n, key) in enumerate(zip(nodes, keys)):
+        ins = [t.name for t in n.inputs if t is not None and t.name]
+        if n.op_type in ops:
+            parent[k] = k
+            for x in ins:
+                p = made.get(root.get(x, x))
+                if p is not None and keys[p] == key:
+                    parent[find(p)] = find(k)
+        view = n.op_type in VIEWS and n.domain == "" and n.inputs and n.inputs[0] is not None and n.inputs[0].name
+        for t in n.outputs:
+            if t is not None and t.name:
+                if view:
+                    root[t.name] = root.get(n.inputs[0].name, n.inputs[0].name)
+                elif k in parent:
+                    made[t.name] = k
+    unit: dict[int, int] = {}
+    return {nodes[k].index: unit.setdefault(find(k), len(unit)) for k in sorted(parent)}
 
 
 def account(nodes: Sequence[NodeCount], *, mode: str, optimizer: str | None, settings: MemorySettings,

@@ -58,6 +58,17 @@ def test_table_lines(capsys, mlp_path):
     assert "Memory (train, recompute full):" in out and f"params {PARAMS:,} B" in out
 
 
+def test_operator_list_recompute(capsys, mlp_path):
+    """``--recompute Relu,Gelu``: the graph has no Gelu (nothing selected for it, as on the FLOPs side); the Relu is
+    a unit of its own, which keeps its input h (the Gemm's output) and makes nothing again that a node outside it
+    does not keep: r stays kept for the MatMul. So x, h and r, where no recompute keeps x and r."""
+    none = run_json(capsys, mlp_path, "--mode", "train", "--memory")["memory"]
+    ops = run_json(capsys, mlp_path, "--mode", "train", "--memory", "--recompute", "Relu,Gelu")["memory"]
+    x, hidden = F32 * 4 * 10, F32 * 4 * 20  # h and r are both hidden-sized
+    assert none["ranks"][0]["activations_bytes"] == x + hidden
+    assert (ops["recompute"], ops["ranks"][0]["activations_bytes"]) == ("Gelu,Relu", x + 2 * hidden)
+
+
 @pytest.mark.parametrize("argv, message", [
     pytest.param(["--memory", "--parallel", "tp=0"], "tp=0 must be a positive integer", id="zero degree"),
     pytest.param(["--memory", "--parallel", "pp=2", "--microbatches", "2", "--schedule", "zigzag"],
@@ -67,8 +78,6 @@ def test_table_lines(capsys, mlp_path):
     pytest.param(["--memory", "--recompute", "full"], "give --mode train", id="recompute in inference"),
     pytest.param(["--memory", "--mode", "train", "--recompute", "Soft max"], "none, full, selective",
                  id="bad recompute"),
-    pytest.param(["--memory", "--mode", "train", "--recompute", "Gelu"], "models none, full and selective",
-                 id="ops policy not modelled"),
     pytest.param(["--memory", "--parallel", "cp=2"], "so no tensor-parallel rule can be applied",
                  id="cp plan of a model without scopes"),
     pytest.param(["--memory", "--parallel", "dp=2"], "so no tensor-parallel rule can be applied",

@@ -58,6 +58,23 @@ def test_json_block_and_table(capsys, llama):
     assert "Parallel (tp=2,pp=2,cp=1,ep=1,dp=2 microbatches=4 schedule=gpipe, recompute full, train)" in out
 
 
+def test_operator_list_recompute_with_memory_per_rank(capsys, llama):
+    """``--parallel tp=2 --memory --recompute Softmax,Mul``: the FLOPs per rank run the listed nodes again and the
+    memory per rank keeps less than without recompute (what only the units' own nodes keep is made again), on
+    both TP ranks alike."""
+    argv = ["--hf", llama, "--input-shape", f"input_ids={B}x{S}", "--mode", "train", "--memory", "--parallel",
+            "tp=2", "--format", "json"]
+    docs = {}
+    for policy in ("none", "Softmax,Mul"):
+        assert main([*argv, "--recompute", policy]) == 0
+        docs[policy] = json.loads(capsys.readouterr().out)
+    ops, none = docs["Softmax,Mul"], docs["none"]
+    assert ops["memory"]["recompute"] == ops["parallel"]["recompute"] == "Mul,Softmax"
+    assert all(r["recompute_flops"] > 0 for r in ops["parallel"]["ranks"])
+    kept = [r["activations_bytes"] for r in ops["memory"]["ranks"]]
+    assert len(kept) == 2 and kept[0] == kept[1] < none["memory"]["ranks"][0]["activations_bytes"]
+
+
 @pytest.mark.parametrize("flags, message", [
     pytest.param(["--parallel", "tp=3"], "--parallel tp=3: tp must divide the 4 attention heads", id="tp"),
     pytest.param(["--parallel", "pp=3", "--microbatches", "3"], "--parallel pp=3: pp must divide the 4 layers",

@@ -104,7 +104,8 @@ def test_a_repeated_block_after_the_first_layers(kinds, first, period):
 
 
 @pytest.mark.parametrize("unscoped", [False, True])
-@pytest.mark.parametrize("mode,recompute", [("inference", "none"), ("train", "none"), ("train", "full")])
+@pytest.mark.parametrize("mode,recompute", [("inference", "none"), ("train", "none"), ("train", "full"),
+                                            ("train", "Relu,Neg")])
 def test_memory_ledger_is_walked_on_the_extended_graph(mode, recompute, unscoped):
     """The ledger of 7 layers from the 1- and 2-layer counts equals the 7-layer count's, field by field."""
     from flopcount.memory.ledger import MemorySettings, module_activations

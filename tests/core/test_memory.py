@@ -9,7 +9,6 @@ from onnx import TensorProto, helper
 import flopcount
 from flopcount.errors import UnsupportedOperatorError, UsageError
 from flopcount.memory.ledger import MemorySettings, optimizer_bytes
-from flopcount.parallel.plan import Recompute
 from helpers import const, model, weight
 
 N, D_IN, D_HID, D_OUT = 7, 37, 91, 23
@@ -140,12 +139,85 @@ def test_dropout_keeps_its_mask_as_bools_and_layer_norm_its_row_statistics():
 def test_settings_refuse_what_is_not_modelled_with_the_list():
     with pytest.raises(UsageError, match="single-tensor, foreach, fused"):
         MemorySettings(implementation="turbo")
-    with pytest.raises(UsageError, match="none, full and selective"):
-        MemorySettings(recompute=Recompute("ops", frozenset({"Gelu"})))
     with pytest.raises(UsageError, match="sgd, momentum, adam, adamw"):
         optimizer_bytes("lion", [], MemorySettings())
     with pytest.raises(UsageError, match="MemorySettings"):
         flopcount.count(mlp(), memory="yes")
+
+
+def silu_mlp(square: bool = False):
+    """x → MatMul W1 → h; SiLU written as Sigmoid and Mul (h·sigmoid(h)) → g → MatMul W2 → ReduceSum.
+    ``square``: x·x (a Mul whose backward does not run: x needs no gradient) in x's place."""
+    nodes = [
+        *([helper.make_node("Mul", ["x", "x"], ["sq"], name="square")] if square else []),
+        helper.make_node("MatMul", ["sq" if square else "x", "w1"], ["h"], name="mm1"),
+        helper.make_node("Sigmoid", ["h"], ["s"], name="sig"),
+        helper.make_node("Mul", ["h", "s"], ["g"], name="mul"),
+        helper.make_node("MatMul", ["g", "w2"], ["o"], name="mm2"),
+        helper.make_node("ReduceSum", ["o"], ["loss"], name="loss", keepdims=0),
+    ]
+    return model(nodes, {"x": [N, D_IN]}, ["loss"], [weight("w1", (D_IN, D_HID)), weight("w2", (D_HID, D_OUT))])
+
+
+def test_operator_list_recompute_spares_what_only_a_chain_of_listed_ops_keeps():
+    """Without recompute the ledger keeps x (for mm1), h (Mul's input), s (Sigmoid's output, Mul's input) and g
+    (mm2's input).
+    Listing Sigmoid and Mul makes them one unit (Mul reads what Sigmoid made): it keeps h, read from outside, and
+    makes s again; g stays kept, for mm2, which is not listed. Sigmoid alone keeps s for Mul: nothing spared.
+    A type the graph does not have selects nothing: the ledger of ``none``, as the FLOPs side recomputes nothing."""
+    def of(policy):
+        return rank(flopcount.count(silu_mlp(), mode="train", optimizer="sgd",
+                                    memory=MemorySettings(recompute=policy)))
+
+    none = of("none")
+    assert none.activations_bytes == X + 3 * HIDDEN
+    both = of("Sigmoid,Mul")
+    assert both.activations_bytes == X + 2 * HIDDEN
+    assert of("Sigmoid").activations_bytes == X + 3 * HIDDEN
+    absent = of("Gelu")
+    assert (absent.activations_bytes, absent.peak_bytes) == (none.activations_bytes, none.peak_bytes)
+    # x·x alone is a unit whose backward does not run: dropped (nothing of it is kept to make again); mm1 keeps
+    # x·x in x's place, and x, which only that Mul reads, is no unit's input kept for the backward
+    report = flopcount.count(silu_mlp(square=True), mode="train", optimizer="sgd",
+                             memory=MemorySettings(recompute="Sigmoid,Mul"))
+    assert "square" not in {n.name for n in report.nodes if n.index in report.memory.graph.units}
+    assert rank(report).activations_bytes == X + 2 * HIDDEN
+    # both peak at mm1's backward: the weights and their gradients, x, h's gradient and the loss's seed gradient
+    # (a float32 scalar); s, made again at the unit's backward, is freed by then
+    weights = F32 * (D_IN * D_HID + D_HID * D_OUT)
+    for r in (none, both):
+        assert (r.peak_bytes, r.peak_phase, r.peak_node) == (2 * weights + X + HIDDEN + F32, "backward", "mm1")
+
+
+def test_operator_list_units_per_layer_joined_through_tensors_and_views():
+    """Listed nodes (Sigmoid, Mul) of one numbered layer joined by what one makes and another reads, through a
+    view too, form one unit; the same chain crossing into the next layer starts a new unit; outside every layer,
+    connectivity alone: two listed nodes that do not touch are two units, a node not listed joins nothing."""
+    from flopcount.memory.ledger import recompute_units
+    from flopcount.parallel.plan import parse_recompute
+
+    nodes = [
+        helper.make_node("Sigmoid", ["x"], ["s1"], name="s1"),
+        helper.make_node("Reshape", ["s1", "shape"], ["v"], name="view"),
+        helper.make_node("Mul", ["v", "v"], ["m1"], name="m1"),
+        helper.make_node("Sigmoid", ["m1"], ["s2"], name="s2"),
+        helper.make_node("Mul", ["s2", "s2"], ["m2"], name="m2"),
+        helper.make_node("Tanh", ["m2"], ["t"], name="tanh"),
+        helper.make_node("Sigmoid", ["t"], ["s3"], name="s3"),
+        helper.make_node("Sigmoid", ["x"], ["s4"], name="s4"),
+        helper.make_node("Mul", ["s3", "s4"], ["y"], name="m3"),
+        helper.make_node("Sigmoid", ["x"], ["s5"], name="s5"),
+        helper.make_node("Add", ["y", "s5"], ["z"], name="add"),
+    ]
+    report = flopcount.count(model(nodes, {"x": [3, 4]}, ["z"], [const("shape", [3, 4])]), mode="train")
+    where = {"s1": ("layers.0",), "view": ("layers.0",), "m1": ("layers.0",), "s2": ("layers.1",),
+             "m2": ("layers.1",)}
+    scopes = [where.get(n.name, ()) for n in report.nodes]
+    units = recompute_units(parse_recompute("Sigmoid,Mul"), report.nodes, scopes, lambda: [])
+    by_name = {n.name: units.get(n.index) for n in report.nodes}
+    assert by_name == {"s1": 0, "view": None, "m1": 0, "s2": 1, "m2": 1, "tanh": None, "s3": 2, "s4": 2, "m3": 2,
+                       "s5": 3, "add": None}
+    assert recompute_units(parse_recompute("Gelu"), report.nodes, scopes, lambda: []) == {}
 
 
 def test_memory_key_only_when_asked():
