@@ -401,7 +401,7 @@ def _with_plan(report, args: argparse.Namespace):
     else:  # the prefill and decode steps per rank (flopcount.parallel.generation)
         from flopcount.parallel.generation import generation_ledger
 
-        report = dataclasses.replace(report, parallel=generation_ledger(report, plan))
+        report = dataclasses.replace(report, parallel=generation_ledger(report, plan, load))
     if report.memory is not None and not plan.is_single:
         from flopcount.memory.ranks import per_rank
 
@@ -411,13 +411,11 @@ def _with_plan(report, args: argparse.Namespace):
 
 def check_generation_flags(args: argparse.Namespace) -> None:
     """Exit 2 for the flags of ``--generate --parallel`` that generation does not take: the plan's parts not modelled
-    (:func:`flopcount.parallel.generation.check_plan`), ``--recompute`` and ``--expert-load``."""
+    (:func:`flopcount.parallel.generation.check_plan`) and ``--recompute``."""
     from flopcount.errors import UsageError
     from flopcount.parallel.generation import check_plan
     from flopcount.parallel.plan import parse_parallel, parse_recompute
 
-    if getattr(args, "expert_load", None):
-        raise UsageError("--expert-load with --generate: expert parallelism of generation is not modelled yet")
     if parse_recompute(getattr(args, "recompute", None)).policy != "none":
         raise UsageError(f"--recompute {args.recompute}: recompute changes training only; leave it out with "
                          "--generate")

@@ -48,8 +48,8 @@ from typing import Any
 
 from ..errors import UsageError
 
-__all__ = ["ExpertLoad", "cp_split", "ep_coords", "ep_divide", "is_expert", "load_expert_load", "moe_blocks",
-           "zigzag_pairs"]
+__all__ = ["ExpertLoad", "all_to_all_bytes", "cp_split", "ep_coords", "ep_divide", "ep_members", "is_expert",
+           "load_expert_load", "moe_blocks", "zigzag_pairs"]
 
 _EXPERTS = re.compile(r"(.*\.(?:mlp|block_sparse_moe))\.experts(?:\.|$)")
 
@@ -74,6 +74,22 @@ def ep_coords(dp: int, cp: int, plan: Any) -> tuple[int, int]:
     """(EP group, EP rank) of the rank at data-parallel ``dp`` and context-parallel ``cp``."""
     q = dp * plan.cp + cp
     return q // plan.ep, q % plan.ep
+
+
+def ep_members(group: int, plan: Any) -> list[int]:
+    """The CP ranks of EP group ``group``'s members, in EP rank order (their q = dp·C + cp run over the group)."""
+    return [q % plan.cp for q in range(group * plan.ep, (group + 1) * plan.ep)]
+
+
+def all_to_all_bytes(vec: int, ep: int, shares: Sequence[tuple[int, int]]) -> int:
+    """Bytes one EP rank hands to ``all_to_all`` in one forward pass over MoE layers of ``shares`` (its EP rank's
+    (numerator, denominator) of each layer's load): per layer, the ``vec`` bytes of its own (token, expert) pairs'
+    hidden vectors to dispatch, and back the outputs of the pairs its experts ran, E·vec·f_r.
+
+    >>> all_to_all_bytes(100, 2, [(1, 2), (3, 4)])  # (100 + 100) + (100 + 150)
+    450
+    """
+    return sum(vec + ep * vec * num // den for num, den in shares)
 
 
 def moe_blocks(scopes: Sequence[Sequence[str]]) -> set[str]:

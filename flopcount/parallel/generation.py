@@ -1,6 +1,6 @@
 """FLOPs per rank of generation (``--generate P:N --parallel PLAN``): the prefill and the N − 1 decode steps of a
-decoder under tensor, pipeline, context and data parallelism, from the counted prefill graph and the decode step's
-graphs that :mod:`flopcount.frontends.generate` keeps (the first and last context of each piece of steps).
+decoder under tensor, pipeline, context, expert and data parallelism, from the counted prefill graph and the decode
+step's graphs that :mod:`flopcount.frontends.generate` keeps (the first and last context of each piece of steps).
 
 Generation is inference: no backward, no optimizer step, no gradient collective, no recompute. The rules are the
 training ledger's (:mod:`flopcount.parallel.ranks`), applied node by node:
@@ -17,11 +17,21 @@ training ledger's (:mod:`flopcount.parallel.ranks`), applied node by node:
   work (the scores, softmax and product with V over its part of the cache; remainders to the first ranks);
 * **data**: each DP rank is a replica that generates the counted batch B of its own sequences (as in training,
   where each DP rank runs the counted batch): the global batch is B·M·dp;
+* **experts** (``ep=E``; a MoE model's routed experts, :mod:`flopcount.parallel.experts`): as in training, the E
+  EP ranks are drawn from the dp·C ranks of one (stage, TP rank) (:func:`~flopcount.parallel.experts.ep_coords`;
+  E must divide dp·C and the R routed experts), EP rank r holding experts r·R/E .. (r+1)·R/E − 1. In each phase
+  an EP group pools its members' tokens (the prefill's B·P/C prompt tokens of each member; in each decode step
+  the B tokens of each, which every CP rank of a replica routes, as it runs the token's constant work) and each
+  member runs the (token, expert) pairs of its experts, its share of the pooled expert work by the load
+  (:func:`~flopcount.parallel.experts.ep_divide`, per MoE layer and per phase, model and redundant work each):
+  balanced (1/E: its own tokens' work) or read from ``--expert-load FILE``, the training ledger's histogram of
+  tokens per expert, which applies to the prefill's and the decode steps' tokens alike. Within a TP group each
+  expert is split 1/T; routers are replicated over TP, shared experts split like a dense MLP, as in training;
+  every node outside the routed experts is shared out as without ``ep``;
 * **microbatches**: M microbatches of the counted batch per DP rank (``--microbatches``; at least pp, as for
   any pipelined plan), each generating P:N; a rank's FLOPs are M times one microbatch's.
 
-Not modelled (exit 2): ``ep`` > 1 (expert routing of generated tokens), ``sp`` (a decode step has one token to
-split over the sequence), the interleaved schedule.
+Not modelled (exit 2): ``sp`` (a decode step has one token to split over the sequence), the interleaved schedule.
 
 **Communication** for the whole generation (payload each rank hands to a collective, as in the training ledger),
 with A_p = B·(P/C)·h·e the prefill's activation and A_d = B·h·e a decode step's, Lₛ the stage's layers, M the
@@ -35,14 +45,20 @@ microbatches, n = N − 1 the decode steps:
 * CP: the prefill's ``all_gather`` of K/V as in training, M·2·B·P·max(kv/T, 1)·d·e·Lₛ; in each decode step an
   ``all_gather`` of every rank's partial attention output and its log-sum-exp over its part of the cache,
   C·B·(H/T)·(d + 1)·e per layer: M·n·Lₛ·C·B·(H/T)·(d + 1)·e;
+* EP: per MoE layer of the stage, forward only (no backward: not the training ledger's ×2), an ``all_to_all``
+  that dispatches the rank's tokens' k hidden vectors each and brings back the outputs of the pairs its experts
+  ran (E·f_r times as many, f_r its experts' fraction of the load; 1/E balanced), the training forward's payload
+  (:func:`~flopcount.parallel.experts.all_to_all_bytes`) for the prefill's and each step's tokens:
+  M·Σ_layers (a2a(B·(P/C)·k·h·e) + n·a2a(B·k·h·e)), a2a(v) = v + ⌊E·v·f_r⌋;
 * DP: nothing (replicas); with ``fsdp``, the ``all_gather`` of the rank's parameters G before each forward
   (each phase of each microbatch): M·(1 + n)·G over dp (dp_cp under cp). ``zero1``/``zero2`` shard optimizer
   states and gradients, which generation has not: no change.
 
 **Bubble.** Each phase (the prefill, then each decode step) runs the M microbatches forward through the P stages
 (the pipeline's forward-only order, :func:`flopcount.parallel.ranks.simulate_schedule`), and the next phase waits
-for the last stage's tokens. A forward-only phase of stage lengths τₛ lasts Στₛ + (M − 1)·max τₛ; a decode
-step's τₛ(c) is affine in c, and the sum over the steps of its max is exact (cut where two stages' lines cross).
+for the last stage's tokens (stage lengths with balanced experts, as in training). A forward-only phase of stage
+lengths τₛ lasts Στₛ + (M − 1)·max τₛ; a decode step's τₛ(c) is affine in c, and the sum over the steps of its max
+is exact (cut where two stages' lines cross).
 ``bubble_fraction`` = 1 − busy / (P × makespan) over the whole generation, with TP rank 0's FLOPs per stage;
 (P − 1)/(M + P − 1) with equal stages. Serialising the phases is an upper bound on the bubble of a server that
 starts a microbatch's next step while the others finish theirs.
@@ -70,6 +86,7 @@ from .ranks import (
     Collective,
     ParallelLedger,
     RankFlops,
+    layer_of,
     plan_shares,
     rank_params,
     simulate_schedule,
@@ -78,9 +95,10 @@ from .ranks import (
 __all__ = ["check_plan", "generation_ledger", "sum_of_max"]
 
 
-def generation_ledger(report: Any, plan: ParallelPlan) -> ParallelLedger:
+def generation_ledger(report: Any, plan: ParallelPlan, expert_load: px.ExpertLoad | None = None) -> ParallelLedger:
     """The per-rank ledger of ``report.generation`` under ``plan`` (see the module's rules);
-    :class:`~flopcount.errors.UsageError` (exit 2) for a plan or model that is not modelled."""
+    :class:`~flopcount.errors.UsageError` (exit 2) for a plan or model that is not modelled. ``expert_load``: the
+    routing histogram of a MoE model (:func:`flopcount.parallel.experts.load_expert_load`), balanced if None."""
     gen = report.generation
     where = report.model.path or report.model.graph_name or "the model"
     if gen is None:
@@ -91,24 +109,31 @@ def generation_ledger(report: Any, plan: ParallelPlan) -> ParallelLedger:
         raise UsageError(f"{tag}: the decode steps' graphs were not kept with this generation record (made from "
                          "numbers, or a stack whose steps did not extend); count it again with --generate, or with "
                          "--repeated-layers export")
-    base = ParallelPlan(tp=plan.tp, pp=plan.pp, cp=plan.cp, dp=plan.dp, microbatches=plan.microbatches,
-                        schedule=plan.schedule)  # the ledger's splits; cp kept for its prefill check (2·cp | P)
-    d, prefill = _stage_sums(report, base, gen.prefill.flops, "prefill")
+    base = ParallelPlan(tp=plan.tp, pp=plan.pp, cp=plan.cp, ep=plan.ep, dp=plan.dp, microbatches=plan.microbatches,
+                        schedule=plan.schedule)  # the ledger's splits; cp and ep kept for their checks
+    d, prefill, ex_prefill = _stage_sums(report, base, gen.prefill.flops, "prefill")
     single = ParallelPlan(tp=plan.tp, pp=plan.pp, microbatches=plan.microbatches, schedule=plan.schedule)
     reports = dict(gen.step_reports)
     lines = []  # per piece: (first, last, constant sums, per-position sums)
+    ex_lines = []  # per piece: (first, last, constant, per-position) of the routed experts per MoE layer
     for piece in gen.pieces:
-        const, slope = _node_lines(reports, piece, where)
-        _, c_sums = _stage_sums(const, single, piece.constant.flops, f"decode constant of {piece.formula()}")
-        _, p_sums = _stage_sums(slope, single, piece.per_position.flops, f"decode slope of {piece.formula()}")
+        const, slope = _node_lines(reports, piece, where, report.moe)
+        _, c_sums, c_ex = _stage_sums(const, single, piece.constant.flops, f"decode constant of {piece.formula()}")
+        _, p_sums, p_ex = _stage_sums(slope, single, piece.per_position.flops, f"decode slope of {piece.formula()}")
         lines.append((piece.first, piece.last, c_sums, p_sums))
+        ex_lines.append((piece.first, piece.last, c_ex, p_ex))
     t, p, c_, m = plan.tp, plan.pp, plan.cp, plan.microbatches
+    load = expert_load or px.ExpertLoad(None)
+    moe_layers = sorted({layer for per in ex_prefill.values() for layer in per})
+    load.check_layers(len(moe_layers))
+    fractions = {layer: load.fractions(j, report.moe.experts, plan.ep) for j, layer in enumerate(moe_layers)}
     per_stage = d.layers // p
-    ranks = []
+    ranks, comms = [], {}
     for s in range(p):
-        comm = _communication(plan, d, report, s, per_stage, gen)
         for dp in range(plan.dp):
             for cp in range(c_):
+                group, ep = px.ep_coords(dp, cp, plan)
+                members = px.ep_members(group, plan)
                 for i in range(t):
                     pm, pr = (px.cp_split(v, c_, cp) for v in prefill[(s, i)])
                     dm = dr = 0
@@ -116,9 +141,24 @@ def generation_ledger(report: Any, plan: ParallelPlan) -> ParallelLedger:
                         n, sc = last - first + 1, (first + last) * (last - first + 1) // 2
                         dm += n * (c_sums[(s, i)][0] if cp == 0 else 0) + sc * px.cp_split(p_sums[(s, i)][0], c_, cp)
                         dr += n * c_sums[(s, i)][1] + sc * px.cp_split(p_sums[(s, i)][1], c_, cp)
+                    for layer, share in ((x, fractions[x]) for x in ex_prefill[(s, i)]):
+                        # out: the expert work of the rank's own tokens (members[ep] is this rank); in: its EP
+                        # rank's part of the work the group's members pool, by the load
+                        own_p = [px.cp_split(ex_prefill[(s, i)][layer], c_, q) for q in members]
+                        own_m = [_decode_experts(ex_lines, (s, i), layer, c_, q, False) for q in members]
+                        own_r = [_decode_experts(ex_lines, (s, i), layer, c_, q, True) for q in members]
+                        got_p = px.ep_divide(own_p, share)[ep]
+                        got_m = px.ep_divide(own_m, share)[ep]
+                        got_x = px.ep_divide([r - mm for r, mm in zip(own_r, own_m)], share)[ep]
+                        pm, pr = pm - own_p[ep] + got_p, pr - own_p[ep] + got_p
+                        dm, dr = dm - own_m[ep] + got_m, dr - own_r[ep] + got_m + got_x
                     phases = {"prefill": _phase(m * pm, m * pr), "decode": _phase(m * dm, m * dr)}
-                    coords = {"tp": i, "pp": s, "cp": cp, "ep": 0, "dp": dp}
+                    coords = {"tp": i, "pp": s, "cp": cp, "ep": ep, "dp": dp}
                     rank = i + t * (cp + c_ * (dp + plan.dp * s))
+                    key = (s, tuple(fractions[layer][ep] for layer in ex_prefill[(s, i)]))
+                    if key not in comms:  # the same for the stage's ranks of one EP rank and load
+                        comms[key] = _communication(plan, d, report, s, per_stage, gen, key[1])
+                    comm = comms[key]
                     ranks.append(RankFlops(rank, coords, s, m * (pm + dm), m * (pr + dr), m * (pr + dr - pm - dm), 0,
                                            {"model_flops": pm + dm, "hardware_flops": pr + dr,
                                             "redundant_flops": pr + dr - pm - dm, "recompute_flops": 0},
@@ -134,19 +174,18 @@ def generation_ledger(report: Any, plan: ParallelPlan) -> ParallelLedger:
         plan, Recompute(), "generate", gen.total.flops, {
             "batch": d.batch, "seq": d.seq, "hidden": d.hidden, "heads": d.heads, "kv_heads": d.kv_heads,
             "head_dim": d.head_dim, "ffn": d.ffn, "vocab": d.vocab, "layers": d.layers,
-            "activation_bytes": d.act_bytes, "param_bytes": d.param_bytes, "moe_layers": 0, "experts": 0, "top_k": 0},
+            "activation_bytes": d.act_bytes, "param_bytes": d.param_bytes, "moe_layers": len(moe_layers),
+            "experts": report.moe.experts if moe_layers else 0, "top_k": report.moe.top_k if moe_layers else 0},
         tuple(ranks), _bubble(plan, prefill, lines), slowest.rank, slowest.hardware_flops / mean if mean else 1.0,
         f"each TP rank holds one of the {d.kv_heads} K/V heads, copied on {kv_group} ranks" if kv_group > 1
-        else "K/V heads split over TP", optimizer_note="generation is inference: no optimizer step",
+        else "K/V heads split over TP", expert_load=load.source if moe_layers else None,
+        optimizer_note="generation is inference: no optimizer step",
         generation=whole)
 
 
 def check_plan(plan: ParallelPlan) -> None:
     """:class:`~flopcount.errors.UsageError` (exit 2) for the parts of ``plan`` not modelled for generation, before
     anything is counted."""
-    if plan.ep > 1:
-        raise UsageError(f"--parallel ep={plan.ep} with --generate: expert parallelism of generation is not modelled "
-                         "yet; give ep=1")
     if plan.sp:
         raise UsageError("--parallel sp with --generate: sp splits the sequence, and a decode step has one token; "
                          "leave out sp")
@@ -160,9 +199,10 @@ def _phase(model: int, hardware: int) -> dict[str, int]:
 
 
 def _stage_sums(report: Any, plan: ParallelPlan, expected: int, what: str):
-    """(dims, {(stage, TP rank): [model, executed] FLOPs}) of ``report``'s nodes under ``plan``, after checking that
-    its nodes add up to ``expected`` (the generation's figure): a count whose nodes are not all listed cannot be
-    shared out."""
+    """(dims, {(stage, TP rank): [model, executed] FLOPs}, {(stage, TP rank): {MoE layer: FLOPs}}) of ``report``'s
+    nodes under ``plan``, the last the routed experts' part of the first (one sequence's, before EP), after
+    checking that its nodes add up to ``expected`` (the generation's figure): a count whose nodes are not all
+    listed cannot be shared out."""
     check_listable(report.nodes, "--parallel", "nodes, which the ledger shares out one by one,")
     listed = sum(n.cost.flops for n in report.nodes)
     if listed != expected:
@@ -171,16 +211,35 @@ def _stage_sums(report: Any, plan: ParallelPlan, expected: int, what: str):
                          "need every node listed")
     d, shares, *_ = plan_shares(report, plan, None)
     acc = {(s, i): [0, 0] for s in range(plan.pp) for i in range(plan.tp)}
+    experts: dict[tuple[int, int], dict[int, int]] = {k: {} for k in acc}
+    scopes = report.modules.nodes
     for x in shares:
         a = acc[(x.stage, x.tp)]
         a[0] += x.model_forward
         a[1] += x.forward
-    return d, acc
+        if x.rule == "expert":  # split over TP: model work = executed work
+            per = experts[(x.stage, x.tp)]
+            layer = layer_of(scopes[x.index])
+            per[layer] = per.get(layer, 0) + x.forward
+    return d, acc, experts
 
 
-def _node_lines(reports: Mapping[int, Any], piece: Any, where: str):
+def _decode_experts(ex_lines: Sequence, key: tuple[int, int], layer: int, cp: int, q: int, run: bool) -> int:
+    """The routed experts' decode work of MoE layer ``layer`` for the tokens of CP rank ``q`` on (stage, TP rank)
+    ``key``: executed (``run``; every CP rank runs the token's constant work) or model work (the constant on CP
+    rank 0 only); the per-position part split over CP as the module's rules split the cache."""
+    total = 0
+    for first, last, c_ex, p_ex in ex_lines:
+        n, sc = last - first + 1, (first + last) * (last - first + 1) // 2
+        const = c_ex[key].get(layer, 0) if run or q == 0 else 0
+        total += n * const + sc * px.cp_split(p_ex[key].get(layer, 0), cp, q)
+    return total
+
+
+def _node_lines(reports: Mapping[int, Any], piece: Any, where: str, moe: Any = None):
     """Two copies of the decode step's report at ``piece.first`` whose node costs are each node's constant and its
-    FLOPs per context position, from the exported contexts ``piece.first`` and ``piece.last``."""
+    FLOPs per context position, from the exported contexts ``piece.first`` and ``piece.last``; ``moe``: the
+    prefill's mixture-of-experts record (routed experts and top-k), which the steps' reports do not carry."""
     if piece.first not in reports or piece.last not in reports:
         raise UsageError(f"--parallel with --generate: the decode step at contexts {piece.first}..{piece.last} was "
                          "not kept; count it again with --generate")
@@ -201,11 +260,15 @@ def _node_lines(reports: Mapping[int, Any], piece: Any, where: str):
                              "position; its share per rank is not modelled")
         const.append(a._replace(cost=Cost(flops=a.cost.flops - piece.first * per)))
         slope.append(a._replace(cost=Cost(flops=per)))
-    return dataclasses.replace(r0, nodes=tuple(const)), dataclasses.replace(r0, nodes=tuple(slope))
+    moe = moe if moe is not None else r0.moe
+    return (dataclasses.replace(r0, nodes=tuple(const), moe=moe),
+            dataclasses.replace(r0, nodes=tuple(slope), moe=moe))
 
 
-def _communication(plan: ParallelPlan, d: Any, report: Any, s: int, per_stage: int, gen: Any) -> tuple:
-    """One rank of stage ``s``: its collectives over the whole generation (the module's closed forms)."""
+def _communication(plan: ParallelPlan, d: Any, report: Any, s: int, per_stage: int, gen: Any,
+                   shares: Sequence[tuple[int, int]] = ()) -> tuple:
+    """One rank of stage ``s``: its collectives over the whole generation (the module's closed forms); ``shares``:
+    its EP rank's (numerator, denominator) of the load of each MoE layer of its stage."""
     t, p, c_, m, n = plan.tp, plan.pp, plan.cp, plan.microbatches, gen.steps
     b, e = gen.batch, d.act_bytes
     first, last = s == 0, s == p - 1
@@ -221,6 +284,11 @@ def _communication(plan: ParallelPlan, d: Any, report: Any, s: int, per_stage: i
         kv = 2 * b * gen.prompt_tokens * max(d.kv_heads // t, 1) * d.head_dim * e * per_stage
         part = n * per_stage * c_ * b * (d.heads // t) * (d.head_dim + 1) * e
         out.append(Collective("all_gather", "cp", m * (kv + part)))
+    if plan.ep > 1 and shares:  # dispatch and combine, forward only, in the prefill and each decode step
+        vec = report.moe.top_k * d.hidden * e  # one token's k hidden vectors
+        prefill_tokens, step_tokens = b * (gen.prompt_tokens // c_), b
+        out.append(Collective("all_to_all", "ep", m * (px.all_to_all_bytes(prefill_tokens * vec, plan.ep, shares)
+                                                       + n * px.all_to_all_bytes(step_tokens * vec, plan.ep, shares))))
     if plan.fsdp:
         g = rank_params(report, d, plan)[s] * d.param_bytes
         out.append(Collective("all_gather", "dp_cp" if c_ > 1 else "dp", m * (1 + n) * g))

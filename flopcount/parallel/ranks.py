@@ -91,7 +91,7 @@ from ..reporting.tiled import check_listable
 from .plan import ParallelPlan, Recompute
 
 __all__ = ["Collective", "NodeShare", "ParallelLedger", "RankFlops", "ledger", "node_shares", "plan_shares",
-           "rank_params", "schedule_bubble", "simulate_schedule"]
+           "layer_of", "rank_params", "schedule_bubble", "simulate_schedule"]
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)$")
 _IN_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
@@ -184,12 +184,16 @@ def _leaf(scope: Sequence[str]) -> str:
     return scope[-1].rsplit(".", 1)[-1] if scope else ""
 
 
-def _layer(scope: Sequence[str]) -> int | None:
+def layer_of(scope: Sequence[str]) -> int | None:
+    """The index N of the ``layers.N`` module a node's scopes put it in; None outside the layers."""
     for s in scope:
         m = _LAYER.search(s)
         if m:
             return int(m.group(1))
     return None
+
+
+_layer = layer_of
 
 
 def _dim(t: Any, k: int) -> int | None:
@@ -538,7 +542,7 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
         for dp in range(plan.dp):
             for cp in range(c_):
                 group, ep = px.ep_coords(dp, cp, plan)
-                members = [q % c_ for q in range(group * e_, (group + 1) * e_)]  # the group's CP ranks
+                members = px.ep_members(group, plan)  # the group's CP ranks
                 for i in range(t):
                     model, run, again = (px.cp_split(v, c_, cp) for v in acc[(s, i)][:3])
                     for layer, (ex_run, ex_again) in experts[(s, i)].items():
@@ -587,7 +591,7 @@ def _cp_ep_communication(plan: ParallelPlan, d: _Dims, report: Any, stage: int, 
             out.append(Collective("reduce_scatter", "cp", m * kv))
     if plan.ep > 1 and shares:
         vec = d.batch * (d.seq // plan.cp) * report.moe.top_k * d.hidden * d.act_bytes  # T·k·h·e
-        sent = sum(vec + plan.ep * vec * num // den for num, den in shares)
+        sent = px.all_to_all_bytes(vec, plan.ep, shares)
         out.append(Collective("all_to_all", "ep", m * sent * (2 if train else 1)))
     return tuple(out)
 
@@ -791,7 +795,8 @@ def summary_line(led: ParallelLedger) -> str:
                 f"{led.plan.microbatches} microbatch{'es' if led.plan.microbatches > 1 else ''} of batch {g['batch']} "
                 f"per DP rank; whole model {g['prefill_flops']:,} FLOPs prefill + {g['decode_flops']:,} decode a "
                 f"microbatch; bubble {led.bubble_fraction:.4f}; slowest rank {led.slowest_rank}, imbalance "
-                f"{led.imbalance:.4f} (max/mean hardware FLOPs); {led.kv_rule}")
+                f"{led.imbalance:.4f} (max/mean hardware FLOPs); {led.kv_rule}"
+                + (f"; expert load {led.expert_load}" if led.expert_load else ""))
     return (f"Parallel ({led.plan}, recompute {led.recompute}, {led.mode}): per optimizer step of "
             f"{led.plan.microbatches} microbatch{'es' if led.plan.microbatches > 1 else ''} per DP rank; whole model "
             f"{led.whole_flops:,} FLOPs a microbatch; bubble {led.bubble_fraction:.4f}; slowest rank "

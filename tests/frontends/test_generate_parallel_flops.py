@@ -173,6 +173,7 @@ def test_tp4_copies_kv_heads(report):
     pytest.param("tp=2,sp", "a decode step has one token; leave out sp", id="sp"),
     pytest.param("cp=3", "the zigzag split needs 2·cp = 6 to divide the sequence length 8", id="cp-prompt"),
     pytest.param("pp=3", "pp must divide the 2 layers", id="pp-not-dividing-layers"),
+    pytest.param("ep=2,dp=2", "has no routed experts", id="ep-on-a-dense-model"),
 ])
 def test_bad_plans_exit_2(report, plan, message):
     with pytest.raises(UsageError, match=message):
@@ -213,7 +214,6 @@ def test_with_parallel_keeps_the_memory_ledger_and_adds_the_flops(report):
 
 @pytest.mark.parametrize("flags, message", [
     pytest.param({"recompute": "full"}, "recompute changes training only", id="recompute"),
-    pytest.param({"expert_load": "load.json"}, "expert parallelism of generation is not modelled", id="expert-load"),
 ])
 def test_with_parallel_refuses_training_flags(report, flags, message):
     args = argparse.Namespace(**{"parallel": "tp=2", "microbatches": 1, "schedule": "1f1b", "generate": (P, N),
