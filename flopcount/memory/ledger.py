@@ -32,7 +32,7 @@ from typing import Any, Callable, Collection, Mapping, Sequence
 
 from ..context import TensorInfo
 from ..errors import UnsupportedOperatorError, UsageError
-from ..parallel.plan import DEVICES, IMPLEMENTATIONS, ParallelPlan, Recompute, parse_recompute
+from ..parallel.plan import DEVICES, IMPLEMENTATIONS, ParallelPlan, Recompute, check_recompute_ops, parse_recompute
 from ..registry import lookup_saved
 from ..reporting.report import NodeCount, element_bits, op_key, tensor_bytes
 from ..saved import Saved
@@ -592,7 +592,8 @@ def recompute_units(policy: Recompute, nodes: Sequence[NodeCount], scopes: Seque
     kept. A unit none of whose nodes' backward runs (``grads``: the node indices whose backward runs, all if None;
     a mask, a rotary table made from the positions) is dropped: it keeps nothing to make again; listed nodes whose
     backward does not run stay in a unit with others that do (the first layer's norm of a graph input), remade
-    with them. Types the graph does not have select no node, as on the FLOPs side."""
+    with them. A listed type that no node has is an error (:func:`~flopcount.parallel.plan.check_recompute_ops`), as
+    on the FLOPs side."""
     if policy.policy == "none":
         return {}
     if policy.policy == "selective":
@@ -600,6 +601,7 @@ def recompute_units(policy: Recompute, nodes: Sequence[NodeCount], scopes: Seque
     keys = [next((s for s in scope if s.rsplit(".", 1)[-1].isdigit()), None)
             for scope in (scopes or [()] * len(nodes))]
     if policy.policy == "ops":
+        check_recompute_ops(policy, {n.op_type for n in nodes})
         units = _connected_ops(policy.ops, nodes, keys)
         run = {u for k, u in units.items() if grads is None or k in grads}
         return {k: u for k, u in units.items() if u in run}

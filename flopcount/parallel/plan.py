@@ -15,6 +15,7 @@ takes (``--parallel tp=2,pp=4,dp=8,sp,fsdp``, or ``zero1``/``zero2`` in place of
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -22,7 +23,7 @@ from ..errors import UsageError
 
 __all__ = [
     "DEGREES", "DEVICES", "FLAGS", "IMPLEMENTATIONS", "RECOMPUTE_POLICIES", "SCHEDULES", "SHARDING", "ParallelPlan", "Recompute", "parse_parallel",
-    "parse_recompute",
+    "check_recompute_ops", "parse_recompute",
 ]
 
 #: The integer degrees of a plan: tensor, pipeline, context, expert and data parallel.
@@ -182,6 +183,42 @@ class Recompute:
 
     def __str__(self) -> str:
         return ",".join(sorted(self.ops)) if self.policy == "ops" else self.policy
+
+
+def check_recompute_ops(recompute: Recompute, op_types: Collection[str]) -> None:
+    """:class:`~flopcount.errors.UsageError` (exit 2) for an ``ops`` policy that cannot be what was meant, given the
+    operator types of the counted graph (``op_types``): one that names no type of the graph at all (it would
+    recompute nothing, silently), or a name that is neither a type of the graph nor an ONNX operator (misspelt, in
+    lower case, or ``DOMAIN:OP`` where the graph names the op type alone). A real operator type the graph lacks
+    beside others it has is fine: a policy written for several models lists them all. The error lists the graph's
+    types.
+
+    >>> check_recompute_ops(parse_recompute("Softmax,Gelu"), {"MatMul", "Softmax"})
+    >>> check_recompute_ops(parse_recompute("Softmax,Gleu"), {"MatMul", "Softmax"})
+    Traceback (most recent call last):
+    ...
+    flopcount.errors.UsageError: --recompute Gleu,Softmax: Gleu is no ONNX operator type and no node of the graph's; \
+its operator types: MatMul, Softmax
+    """
+    if recompute.policy != "ops":
+        return
+    present = set(op_types)
+    unknown = sorted(op for op in recompute.ops if op not in present and not _onnx_operator(op))
+    listed = f"its operator types: {', '.join(sorted(present))}"
+    if unknown:
+        raise UsageError(f"--recompute {recompute}: {', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} no "
+                         f"ONNX operator type and no node of the graph's; {listed}")
+    if present.isdisjoint(recompute.ops):
+        which = "that type" if len(recompute.ops) == 1 else "those types"
+        raise UsageError(f"--recompute {recompute}: no node of the graph is of {which}, so nothing would be "
+                         f"recomputed; {listed}")
+
+
+def _onnx_operator(op_type: str) -> bool:
+    """Whether ``op_type`` is an operator of one of ONNX's own domains (any opset)."""
+    import onnx.defs
+
+    return any(onnx.defs.has(op_type, domain) for domain in ("", "ai.onnx.ml", "ai.onnx.preview.training"))
 
 
 def parse_recompute(text: str | Recompute | None) -> Recompute:

@@ -88,7 +88,7 @@ from typing import Any, NamedTuple
 from . import experts as px
 from ..errors import UsageError
 from ..reporting.tiled import check_listable
-from .plan import ParallelPlan, Recompute
+from .plan import ParallelPlan, Recompute, check_recompute_ops
 
 __all__ = ["Collective", "NodeShare", "ParallelLedger", "RankFlops", "ledger", "node_shares", "plan_shares",
            "layer_of", "rank_params", "schedule_bubble", "simulate_schedule"]
@@ -471,6 +471,8 @@ def _shares_of(report: Any, plan: ParallelPlan, recompute: Recompute):
     v = _chunks(plan)
     per_chunk = d.layers // (p * v)
     head_at = next((k for k, sc in enumerate(scopes) if _leaf(sc) == "lm_head"), len(nodes))
+    if train and recompute is not None:
+        check_recompute_ops(recompute, {n.op_type for n in nodes})
     redo = _recomputed(recompute, nodes, scopes) if train else set()
     kv_group = t // d.kv_heads if d.kv_heads < t else 1  # TP ranks that hold the same K/V head
     shares: list[NodeShare] = []

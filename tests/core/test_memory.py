@@ -164,7 +164,8 @@ def test_operator_list_recompute_spares_what_only_a_chain_of_listed_ops_keeps():
     (mm2's input).
     Listing Sigmoid and Mul makes them one unit (Mul reads what Sigmoid made): it keeps h, read from outside, and
     makes s again; g stays kept, for mm2, which is not listed. Sigmoid alone keeps s for Mul: nothing spared.
-    A type the graph does not have selects nothing: the ledger of ``none``, as the FLOPs side recomputes nothing."""
+    An ONNX type the graph does not have beside one it has selects nothing more (Sigmoid,Gelu is Sigmoid); a list
+    of none of the graph's types, or a name that is no operator type, is exit 2 naming the graph's types."""
     def of(policy):
         return rank(flopcount.count(silu_mlp(), mode="train", optimizer="sgd",
                                     memory=MemorySettings(recompute=policy)))
@@ -174,8 +175,12 @@ def test_operator_list_recompute_spares_what_only_a_chain_of_listed_ops_keeps():
     both = of("Sigmoid,Mul")
     assert both.activations_bytes == X + 2 * HIDDEN
     assert of("Sigmoid").activations_bytes == X + 3 * HIDDEN
-    absent = of("Gelu")
-    assert (absent.activations_bytes, absent.peak_bytes) == (none.activations_bytes, none.peak_bytes)
+    beside = of("Sigmoid,Gelu")
+    assert (beside.activations_bytes, beside.peak_bytes) == (of("Sigmoid").activations_bytes, of("Sigmoid").peak_bytes)
+    for policy, what in (("Gelu", "no node of the graph is of that type"), ("sigmoid", "sigmoid is no ONNX operator")):
+        with pytest.raises(UsageError, match=f"--recompute {policy}: {what}.*its operator types: MatMul, Mul, "
+                                             "ReduceSum, Sigmoid$"):
+            of(policy)
     # x·x alone is a unit whose backward does not run: dropped (nothing of it is kept to make again); mm1 keeps
     # x·x in x's place, and x, which only that Mul reads, is no unit's input kept for the backward
     report = flopcount.count(silu_mlp(square=True), mode="train", optimizer="sgd",
@@ -217,7 +222,7 @@ def test_operator_list_units_per_layer_joined_through_tensors_and_views():
     by_name = {n.name: units.get(n.index) for n in report.nodes}
     assert by_name == {"s1": 0, "view": None, "m1": 0, "s2": 1, "m2": 1, "tanh": None, "s3": 2, "s4": 2, "m3": 2,
                        "s5": 3, "add": None}
-    assert recompute_units(parse_recompute("Gelu"), report.nodes, scopes, lambda: []) == {}
+    assert recompute_units(parse_recompute("Sigmoid,Mul,Gelu"), report.nodes, scopes, lambda: []) == units
 
 
 def test_memory_key_only_when_asked():
