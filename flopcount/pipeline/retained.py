@@ -17,6 +17,7 @@ import gc
 __all__ = ["arm", "keep"]
 
 _held: list | None = None
+_frozen = False  # whether keep has frozen the collector's view of the process
 
 
 def arm() -> None:
@@ -30,7 +31,16 @@ def keep(*objects: object) -> None:
     """Hold ``objects`` (in place of those kept before) when :func:`arm` was called; otherwise nothing. Held, they
     and every other object alive now are moved out of the cyclic collector's reach (``gc.freeze``): the collections
     that the report's writing triggers then scan what it makes, not the count's millions of objects again (at 100k
-    nodes each full collection would cost tens of milliseconds)."""
+    nodes each full collection would cost tens of milliseconds). In a process that counts again (``--sweep``,
+    ``--symbolic``), what the earlier call froze is given back to the collector, the earlier state let go and one
+    full collection run before the new state is frozen, so that what each count left in reference cycles is still
+    freed."""
+    global _frozen
     if _held is not None:
+        if _frozen:
+            gc.unfreeze()
+            _held.clear()
+            gc.collect()
         _held[:] = objects
         gc.freeze()
+        _frozen = True

@@ -40,9 +40,40 @@ def test_a_count_called_from_python_keeps_nothing(monkeypatch):
 
 def test_an_armed_process_holds_the_last_count_only(monkeypatch):
     monkeypatch.setattr(retained, "_held", None)
+    monkeypatch.setattr(retained, "_frozen", False)
     retained.arm()
     assert _report_outlives_its_name()
     first = retained._held[-1]  # the report, the last object a count hands over
     flopcount.count(_matmul_model())
     assert retained._held[-1] is not first  # the earlier count's state was let go
     assert all(obj is not first for obj in retained._held)
+    gc.unfreeze()  # the rest of this test process collects as usual
+
+
+class _Cycle:
+    """An object in a reference cycle with itself: only the cyclic collector frees it."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_an_armed_count_freezes_what_is_alive_and_gives_it_back_at_the_next(monkeypatch):
+    """The held state is moved out of the cyclic collector's reach (a full collection would rescan it while the
+    report is written); the next count gives it back first, so garbage in cycles left before it is still freed."""
+    monkeypatch.setattr(retained, "_held", None)
+    monkeypatch.setattr(retained, "_frozen", False)
+    gc.collect()
+    try:
+        retained.arm()
+        cycle = _Cycle()
+        ref = weakref.ref(cycle)
+        flopcount.count(_matmul_model())  # freezes everything alive, the cycle included
+        assert gc.get_freeze_count() > 0
+        del cycle
+        gc.collect()
+        assert ref() is not None  # frozen: out of the collector's reach
+        flopcount.count(_matmul_model())  # gives the earlier state back and collects before it freezes its own
+        assert ref() is None
+    finally:
+        gc.unfreeze()  # the rest of this test process collects as usual
+
