@@ -634,7 +634,8 @@ def _connected_ops(ops: frozenset[str], nodes: Sequence[NodeCount], keys: Sequen
                 p = made.get(root.get(x, x))
                 if p is not None and keys[p] == key:
                     parent[find(p)] = find(k)
-        view = n.op_type in VIEWS and n.domain == "" and n.inputs and n.inputs[0] is not None and n.inputs[0].name
+        view = (n.op_type in VIEWS and n.domain in ("", "ai.onnx") and n.inputs and n.inputs[0] is not None
+                and n.inputs[0].name)
         for t in n.outputs:
             if t is not None and t.name:
                 if view:

@@ -193,8 +193,6 @@ def layer_of(scope: Sequence[str]) -> int | None:
     return None
 
 
-_layer = layer_of
-
 
 def _dim(t: Any, k: int) -> int | None:
     shape = getattr(t, "shape", None)
@@ -225,10 +223,10 @@ def _dims(nodes: Sequence[Any], scopes: Sequence[Sequence[str]], where: str) -> 
                          "of a dense decoder (Llama-like names) cannot be applied")
 
     def proj(leaf: str):
-        return first(lambda n, sc: _leaf(sc) == leaf and n.family in _PRODUCTS and _layer(sc) is not None,
+        return first(lambda n, sc: _leaf(sc) == leaf and n.family in _PRODUCTS and layer_of(sc) is not None,
                      f"layers.N.*.{leaf} product")
 
-    layer_ids = {_layer(sc) for sc in scopes} - {None}
+    layer_ids = {layer_of(sc) for sc in scopes} - {None}
     if not layer_ids:
         raise UsageError(f"--parallel: {where} has no layers.N module scopes, so the pipeline and tensor-parallel "
                          "rules of a dense decoder cannot be applied")
@@ -246,13 +244,13 @@ def _dims(nodes: Sequence[Any], scopes: Sequence[Sequence[str]], where: str) -> 
         for leaf in ("up_proj", "down_proj"):
             proj(leaf)
     try:  # a MoE model without dense MLPs (Mixtral) has no gate_proj outside its experts
-        gate = first(lambda n, sc: _leaf(sc) == "gate_proj" and n.family in _PRODUCTS and _layer(sc) is not None
+        gate = first(lambda n, sc: _leaf(sc) == "gate_proj" and n.family in _PRODUCTS and layer_of(sc) is not None
                      and not px.is_expert(sc), "layers.N.*.gate_proj product")
     except UsageError:
         if not moe:
             raise
         gate = None
-    score = first(lambda n, sc: n.family in _PRODUCTS and _layer(sc) is not None and _leaf(sc) == "self_attn",
+    score = first(lambda n, sc: n.family in _PRODUCTS and layer_of(sc) is not None and _leaf(sc) == "self_attn",
                   "attention score product in layers.N.self_attn")
     head = first(lambda n, sc: _leaf(sc) == "lm_head" and n.family in _PRODUCTS, "lm_head product")
     vals = {"batch": _dim(x, 0), "seq": _dim(x, -2), "hidden": _dim(x, -1), "heads": _dim(score.inputs[0], -3),
@@ -312,7 +310,7 @@ def _rule(n: Any, sc: Sequence[str], d: _Dims, after_head: bool, blocks: set[str
     """The rule of one node with work: split, kv, replicated, norm, positions, expert (see the module's list and
     :mod:`flopcount.parallel.experts`)."""
     leaf = _leaf(sc)
-    if _layer(sc) is not None:
+    if layer_of(sc) is not None:
         if px.is_expert(sc):
             return "expert"
         block = next((s for s in sc if s in blocks), None)
@@ -367,7 +365,7 @@ def _rerun_layers(nodes: Sequence[Any], scopes: Sequence[Sequence[str]]) -> set[
     its output (softmax, an activation) runs first."""
     members: dict[int, list[int]] = {}
     for k, sc in enumerate(scopes):
-        layer = _layer(sc)
+        layer = layer_of(sc)
         if layer is not None:
             members.setdefault(layer, []).append(k)
     out: set[int] = set()
@@ -390,7 +388,7 @@ def _recomputed(recompute: Recompute, nodes: Sequence[Any], scopes: Sequence[Seq
     core: set[int] = set()
     state: dict[int, int] = {}  # layer → products of the core seen
     for k, (n, sc) in enumerate(zip(nodes, scopes)):
-        layer = _layer(sc)
+        layer = layer_of(sc)
         if layer is None or _leaf(sc) != "self_attn":
             continue
         seen = state.get(layer, 0)
@@ -483,7 +481,7 @@ def _shares_of(report: Any, plan: ParallelPlan, recompute: Recompute):
             continue
         rule = _rule(n, sc, d, k > head_at, blocks)
         has_loss = has_loss or (k > head_at and not sc)
-        layer = _layer(sc)
+        layer = layer_of(sc)
         chunks = range(p) if rule == "positions" else [  # positions: each rank's first chunk rebuilds them
             layer // per_chunk if layer is not None else (p * v - 1 if k >= head_at or _leaf(sc) == "norm" else 0)]
         stages = [c % p for c in chunks]
@@ -519,7 +517,7 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
     experts: dict[tuple[int, int], dict[int, list[int]]] = {k: {} for k in acc}  # per MoE layer: run, recomputed
     for x in shares:
         if x.rule == "expert":
-            e = experts[(x.stage, x.tp)].setdefault(_layer(scopes[x.index]), [0, 0])
+            e = experts[(x.stage, x.tp)].setdefault(layer_of(scopes[x.index]), [0, 0])
             e[0] += x.forward + x.backward
             e[1] += x.recompute
             continue
@@ -528,7 +526,7 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
         a[1] += x.forward + x.backward
         a[2] += x.recompute
         a[3] += x.forward
-    moe_layers = sorted({_layer(scopes[x.index]) for x in shares if x.rule == "expert"})
+    moe_layers = sorted({layer_of(scopes[x.index]) for x in shares if x.rule == "expert"})
     load.check_layers(len(moe_layers))
     fractions = {layer: load.fractions(j, report.moe.experts, e_) for j, layer in enumerate(moe_layers)}
     whole = sum(n.cost.flops + (n.backward.flops if train else 0) for n in report.nodes)
