@@ -270,7 +270,7 @@ def test_swiglu():
 # swapped dimension cannot pass). A tensor needs a gradient when it is a trainable float initializer
 # (``weight``) fed to a differentiable input, or computed from one; graph inputs are data and need none.
 # Which inputs may get a gradient at all is the schema's say (``onnx.defs.get_schema``), checked in
-# ``tests/core/test_schema.py`` before the cases rely on it.
+# ``tests/pipeline/test_schema.py`` before the cases rely on it.
 # -----------------------------------------------------------------------------------------------------------------
 
 

@@ -1,7 +1,7 @@
 """``flopcount crosscheck``: the ncu CSV parser and metric plan, kernel attribution, the comparison, the command it
 prints, its errors, and the ``--fallback torch`` comparison on CPU.
 
-The CSV files under ``tests/ncu/data/ncu/`` are format fixtures written to ncu's documented layout, not recorded
+The CSV files under ``tests/measure/ncu/data/ncu/`` are format fixtures written to ncu's documented layout, not recorded
 measurements; every FLOP figure expected here is derived in closed form from the counter values they hold.
 """
 

@@ -25,7 +25,7 @@ H, L, HEADS, KV_HEADS, FFN, V = 32, 2, 4, 2, 48, 64
 D = H // HEADS
 B, S = 2, 8
 TENSORS = 9 * L + 3  # Q, K, V, O, gate, up, down and two norms a layer; the embedding, final norm and LM head
-#: FLOPs per parameter element of AdamW's update (tests/core/test_parallel_ledger.py writes them out)
+#: FLOPs per parameter element of AdamW's update (tests/parallel/test_parallel_ledger.py writes them out)
 PER_ELEMENT = {"adamw": 16}
 
 

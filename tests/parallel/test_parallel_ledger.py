@@ -108,7 +108,7 @@ def test_recompute_runs_the_forward_again(report):
                      if any(".layers." in s for s in sc))
     full = ledger(report, plan("dp=1"), parse_recompute("full")).ranks[0]
     # all but each layer's down projection and the residual add after it (saved input: non-reentrant checkpoint
-    # stops before them; tests/core/test_parallel_gloo.py runs it)
+    # stops before them; tests/parallel/test_parallel_gloo.py runs it)
     assert full.recompute_flops == layers_fwd - L * (2 * B * S * FFN * H + B * S * H)
     selective = ledger(report, plan("dp=1"), parse_recompute("selective")).ranks[0]
     products = L * 2 * (2 * B * HEADS * S * S * D)  # scores Q·Kᵀ and the product with V
@@ -357,7 +357,7 @@ PER_ELEMENT = {"sgd": 2, "momentum": 2 + 2, "adam": 3 + 4 + 2 + 5, "adamw": 3 + 
 PARAMS = V * H + L * (2 * H * H + 2 * H * KV_HEADS * D + 3 * H * FFN + 2 * H) + H + H * V
 
 
-@pytest.fixture(scope="module", params=["sgd", "adamw"])  # adam: tests/core/test_parallel_gloo.py
+@pytest.fixture(scope="module", params=["sgd", "adamw"])  # adam: tests/parallel/test_parallel_gloo.py
 def trained(request):
     return request.param, tiny_llama(H, L, HEADS, KV_HEADS, FFN, V, (B, S), optimizer=request.param)
 

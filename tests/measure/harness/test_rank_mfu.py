@@ -52,7 +52,7 @@ def _meter_hfu(**kwargs):
 
 def test_full_recompute_hfu_with_a_report_is_the_ledgers_rerun(llama):
     """recompute="full" with a counted decoder: HFU adds what the ledger reruns (checked against torch's
-    non-reentrant checkpoint in tests/core/test_parallel_gloo.py), not a whole forward: each layer stops before its
+    non-reentrant checkpoint in tests/parallel/test_parallel_gloo.py), not a whole forward: each layer stops before its
     down projection (2·S·FFN·H a sample) and the residual add after it (S·H); the embedding, final norm, head and
     loss are outside the checkpointed layers and do not run again."""
     report = llama[0]

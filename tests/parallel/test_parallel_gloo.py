@@ -3,7 +3,7 @@
 recompute through ``torch.utils.checkpoint`` and selective activation checkpointing, each counted by
 ``torch.utils.flop_counter.FlopCounterMode`` and compared with the ledger (flopcount.parallel.ranks) exactly.
 
-The model is the tiny Llama of tests/core/test_parallel_ledger.py (hidden H, L layers, HEADS heads of D, KV_HEADS
+The model is the tiny Llama of tests/parallel/test_parallel_ledger.py (hidden H, L layers, HEADS heads of D, KV_HEADS
 K/V heads, MLP width FFN, vocabulary V, microbatch B×S), counted once from its Hugging Face config, and written
 again here with plain modules for torch to run. What torch's counter sees, and so what is compared: it counts the
 products only (aten.mm, aten.bmm, aten.addmm; forward, and in the backward the gradients of both operands), not the
