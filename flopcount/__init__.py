@@ -36,6 +36,17 @@ Around it: :mod:`flopcount.operators` (formulas), :mod:`flopcount.frontends`, :m
 :mod:`flopcount.measure` (the measuring half), :mod:`flopcount.workloads` and :mod:`flopcount.cli`.
 """
 
+import os as _os
+
+# In a checkout, three of the package's subpackages stand beside this folder (``operators/``, ``frontends/``,
+# ``models/``: pyproject's package-dir maps them in); installed, they stand inside it. Where this folder is the
+# checkout's, its parent joins the package's search path, so ``import flopcount`` from the checkout's root (which
+# Python finds before an installed copy) is the whole package, whatever was installed and how.
+if not _os.path.isdir(_os.path.join(__path__[0], "operators")) \
+        and _os.path.isfile(_os.path.join(_os.path.dirname(__path__[0]), "operators", "__init__.py")):
+    __path__.append(_os.path.dirname(__path__[0]))
+del _os
+
 #: Public name → the module that defines it. Each is imported on first use (PEP 562), so ``import flopcount``
 #: stays light: neither torch nor the measuring half (:mod:`flopcount.measure`) nor the counting core, nor even
 #: the package metadata behind ``__version__``, is loaded until a name that needs it is read.
