@@ -63,7 +63,7 @@ from flopcount.operators.elementwise import activation as activation_cost
 from flopcount.operators.elementwise import dropout_backward, elementwise_backward
 from flopcount.operators.matmul import gemm, gemm_backward, matmul_backward
 from flopcount.operators.softmax import softmax_backward, softmax_rows
-from flopcount.registry import backward, formula, saves
+from flopcount.registry import backward, formula, saves, shape_function
 from flopcount.saved import Saved, keeps
 
 # --------------------------------------------------------------------------------------------
@@ -236,6 +236,15 @@ def bias_split_gelu(ctx: NodeContext, **_) -> Cost:
     n = ctx.numel(0)
     half = n // 2
     return ctx.convention.weighted(add=n, mul=n - half) + activation_cost(ctx.convention, "Gelu", half)
+
+
+@shape_function("BiasSplitGelu", domain=MS)
+def bias_split_gelu_shape(inputs, **_):
+    """Y (N, S, D/2) of X (N, S, D) in X's type (onnxruntime's schema)."""
+    (x,) = fused.static_shapes(inputs, 0)
+    if not x or x[-1] % 2:
+        raise ValueError(f"the last dim of X, {x[-1] if x else None}, is not even")
+    return ((fused.type_of(inputs[0]), (*x[:-1], x[-1] // 2)),)
 
 
 @formula("BiasAdd", family="elementwise", domain=MS)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from math import prod
 
+from onnx import TensorProto
+
 from flopcount.context import NodeContext
 from flopcount.cost import Cost
 from flopcount.operators import contrib_parts as fused
@@ -14,7 +16,7 @@ from flopcount.operators.contrib_parts import MS
 from flopcount.operators.elementwise import activation as activation_cost
 from flopcount.operators.layout import gather_backward
 from flopcount.operators.normalization import normalization_backward, root_mean_square, standardize
-from flopcount.registry import backward, formula, saves
+from flopcount.registry import backward, formula, saves, shape_function
 from flopcount.saved import STAT_BYTES, Saved
 
 # --------------------------------------------------------------------------------------------
@@ -76,6 +78,23 @@ def embed_layer_norm(ctx: NodeContext, **_) -> Cost:
     adds = 1 + (ctx.has_input(1) and ctx.has_input(4))
     embeddings = ctx.convention.weighted(add=tokens * d * adds)
     return embeddings + standardize(ctx.convention, tokens * d, tokens) + Cost(int_ops=tokens * fused.given(ctx, 7))
+
+
+@shape_function("EmbedLayerNormalization", domain=MS)
+def embed_layer_norm_shape(inputs, **_):
+    """output and embedding_sum (B, S, D) in the word table's type, D = word_embedding.shape[1]; mask_index (B,)
+    int32 (onnxruntime's schema), so that the operator counts without onnxruntime's inference."""
+    ids, word = fused.static_shapes(inputs, 0, 2)
+    y = (fused.type_of(inputs[2]), (*ids, word[1]))
+    return y, (TensorProto.INT32, (ids[0],)), y
+
+
+@shape_function("GroupNorm", "SkipGroupNorm", domain=MS)
+def group_norm_shape(inputs, **_):
+    """Y (and SkipGroupNorm's sum S) of X's shape and type (onnxruntime's schema)."""
+    (x,) = fused.static_shapes(inputs, 0)
+    y = (fused.type_of(inputs[0]), x)
+    return y, y
 
 
 def _group_norm(ctx: NodeContext, groups: int, activation: int, adds: int) -> Cost:

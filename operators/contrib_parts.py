@@ -4,6 +4,7 @@ operator inside a fused node, from which a fused operator's backward is summed (
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from math import prod
 
 from onnx import TensorProto
@@ -14,7 +15,7 @@ from flopcount.operators.elementwise import ELEMENTWISE, ELEMENTWISE_BACKWARD, e
 from flopcount.operators.elementwise import activation as activation_cost
 
 __all__ = ["MS", "Part", "activation", "activation_backward", "add_backward", "given", "input_info", "needs", "part",
-           "rows"]
+           "rows", "static_shapes", "type_of"]
 
 MS = "com.microsoft"
 
@@ -28,6 +29,23 @@ def activation(ctx: NodeContext, name: str, y: int) -> Cost:
     if name not in ELEMENTWISE:
         raise ValueError(f"unknown fused activation {name!r}; known: {', '.join(sorted(ELEMENTWISE))}")
     return activation_cost(ctx.convention, name, y)
+
+
+def type_of(t: TensorInfo | None, default: int = 0) -> int:
+    """A shape function's input's element type, ``default`` where it is omitted or unknown."""
+    return t.elem_type if t is not None and t.elem_type else default
+
+
+def static_shapes(inputs: Sequence[TensorInfo | None], *positions: int) -> list[tuple[int, ...]]:
+    """A shape function's inputs' static shapes at ``positions``; a ``ValueError`` where one is unknown (the shape
+    function then settles nothing)."""
+    shapes = []
+    for i in positions:
+        t = inputs[i] if i < len(inputs) else None
+        if t is None or not t.is_static:
+            raise ValueError(f"input {i} has no static shape")
+        shapes.append(t.shape)
+    return shapes
 
 
 def given(ctx: NodeContext, i: int) -> int:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from math import prod
 
 from flopcount.context import NodeContext, TensorInfo
+from flopcount.errors import ShapeError
 from flopcount.operators import contrib_parts as fused
 from flopcount.operators.contrib_parts import MS
 from flopcount.registry import lookup_saved, saves
@@ -65,6 +66,10 @@ class _Kept:
 def _between(ctx: NodeContext, what: str, shape: Sequence[int], elem_type: int | None = None) -> TensorInfo:
     """An intermediate tensor of the fused node, of its first output's element type unless given."""
     kind = elem_type if elem_type is not None else (ctx.outputs[0].elem_type if ctx.outputs else 0)
+    if shape is None:
+        raise ShapeError(f"node {ctx.name!r} ({ctx.op_type}): the shape of its {what} is unknown, so what its backward "
+                         "keeps cannot be sized; declare its outputs' shapes in the model's value_info, or install "
+                         "onnxruntime (pip install '.[ort]'), whose shape inference knows more operators")
     return TensorInfo(f"{ctx.name}/{what}", kind, tuple(shape))
 
 

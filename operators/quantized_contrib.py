@@ -48,6 +48,7 @@ from flopcount.operators.quantized import dequantize_linear, quantize_linear
 from flopcount.operators.recurrent import lstm
 from flopcount.operators.reduction import reduce
 from flopcount.operators.softmax import softmax_rows
+from flopcount.operators.contrib_parts import static_shapes, type_of
 from flopcount.registry import formula, shape_function
 
 MS = "com.microsoft"
@@ -85,20 +86,6 @@ def _float_view(ctx: NodeContext, op_type: str, inputs: Sequence[int]) -> NodeCo
 # shapes
 
 
-def _type(t: TensorInfo | None, default: int = 0) -> int:
-    return t.elem_type if t is not None and t.elem_type else default
-
-
-def _static(inputs: Sequence[TensorInfo | None], *positions: int) -> list[tuple[int, ...]]:
-    shapes = []
-    for i in positions:
-        t = inputs[i] if i < len(inputs) else None
-        if t is None or not t.is_static:
-            raise ValueError(f"input {i} has no static shape")
-        shapes.append(t.shape)
-    return shapes
-
-
 def _broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(np.broadcast_shapes(*shapes))
 
@@ -123,8 +110,8 @@ def infer_as(op_type: str, inputs: Sequence[TensorInfo | None], **attrs) -> tupl
 
 def same_as_input(inputs, **_):
     """Shape function: the shape and type of input 0."""
-    (shape,) = _static(inputs, 0)
-    return ((_type(inputs[0], UINT8), shape),)
+    (shape,) = static_shapes(inputs, 0)
+    return ((type_of(inputs[0], UINT8), shape),)
 
 
 # --------------------------------------------------------------------------------------------
@@ -138,9 +125,9 @@ def _matmul_macs(ctx: NodeContext) -> int:
 @shape_function("MatMulIntegerToFloat", "DynamicQuantizeMatMul", domain=MS)
 def matmul_to_float_shape(inputs, **_):
     """numpy matmul of A and B; the output type is that of the scale (input 2)."""
-    a, b = _static(inputs, 0, 1)
+    a, b = static_shapes(inputs, 0, 1)
     (_, shape), = infer_as("MatMul", [TensorInfo("a", FLOAT, a), TensorInfo("b", FLOAT, b)])
-    return ((_type(inputs[2], FLOAT), shape),)
+    return ((type_of(inputs[2], FLOAT), shape),)
 
 
 @formula("MatMulIntegerToFloat", family="quantized", domain=MS, quantized=(0, 1, 6))
@@ -179,13 +166,13 @@ def dynamic_quantize_matmul(ctx: NodeContext, **_) -> Cost:
 @shape_function("QGemm", domain=MS)
 def qgemm_shape(inputs, *, transA: int = 0, transB: int = 0, **_):
     """Y[M, N]; float (the type of a_scale) without y_scale, else the type of y_zero_point (uint8 when omitted)."""
-    a, b = _static(inputs, 0, 3)
+    a, b = static_shapes(inputs, 0, 3)
     m = a[1] if transA else a[0]
     n = b[0] if transB else b[1]
     if len(inputs) > 7 and inputs[7] is not None:
-        elem = _type(inputs[8], UINT8) if len(inputs) > 8 and inputs[8] is not None else UINT8
+        elem = type_of(inputs[8], UINT8) if len(inputs) > 8 and inputs[8] is not None else UINT8
     else:
-        elem = _type(inputs[1], FLOAT)
+        elem = type_of(inputs[1], FLOAT)
     return ((elem, (m, n)),)
 
 
@@ -215,10 +202,10 @@ def qgemm(ctx: NodeContext, *, transA: int = 0, **_) -> Cost:
 @shape_function("QAttention", domain=MS)
 def qattention_shape(inputs, *, num_heads: int, **_):
     """output (B, S, D) with D = weight.shape[1]/3, the type of input_scale; present (2, B, H, P + S, D/H)."""
-    x, w = _static(inputs, 0, 1)
+    x, w = static_shapes(inputs, 0, 1)
     b, s, d = x[0], x[1], w[1] // 3
     past = inputs[8].shape[3] if len(inputs) > 8 and inputs[8] is not None and inputs[8].is_static else 0
-    elem = _type(inputs[3], FLOAT)
+    elem = type_of(inputs[3], FLOAT)
     return ((elem, (b, s, d)), (elem, (2, b, num_heads, past + s, d // num_heads)))
 
 
@@ -252,8 +239,8 @@ def qattention(ctx: NodeContext, *, num_heads: int, unidirectional: int = 0, do_
 def qembed_layer_norm_shape(inputs, **_):
     """layernorm_out (B, S, D) in the type of word_embedding_scale, D = word_embedding.shape[1]; mask_index_out
     (B,) int32."""
-    ids, word = _static(inputs, 0, 2)
-    return ((_type(inputs[8], FLOAT), (*ids, word[1])), (TensorProto.INT32, (ids[0],)))
+    ids, word = static_shapes(inputs, 0, 2)
+    return ((type_of(inputs[8], FLOAT), (*ids, word[1])), (TensorProto.INT32, (ids[0],)))
 
 
 @formula("QEmbedLayerNormalization", family="normalization", domain=MS, quantized=(2, 3, 4, 5, 6))
@@ -282,10 +269,10 @@ def _lstm_hidden(w: tuple[int, ...], hidden_size: int | None) -> int:
 @shape_function("DynamicQuantizeLSTM", domain=MS)
 def dynamic_quantize_lstm_shape(inputs, *, hidden_size: int | None = None, direction: str = "forward", **_):
     """Y (S, D, B, H), Y_h and Y_c (D, B, H) as LSTM's; H = hidden_size, else W.shape[2]/4 (W is [D, I, 4H])."""
-    x, w = _static(inputs, 0, 1)
+    x, w = static_shapes(inputs, 0, 1)
     h = _lstm_hidden(w, hidden_size)
     dirs = 2 if direction == "bidirectional" else 1
-    elem = _type(inputs[0], FLOAT)
+    elem = type_of(inputs[0], FLOAT)
     return ((elem, (x[0], dirs, x[1], h)), (elem, (dirs, x[1], h)), (elem, (dirs, x[1], h)))
 
 
@@ -327,8 +314,8 @@ def dynamic_quantize_lstm(ctx: NodeContext, *, hidden_size: int | None = None, d
 @shape_function("QLinearAdd", "QLinearMul", domain=MS)
 def qlinear_binary_shape(inputs, **_):
     """C: A and B broadcast, in A's type."""
-    a, b = _static(inputs, 0, 3)
-    return ((_type(inputs[0], UINT8), _broadcast(a, b)),)
+    a, b = static_shapes(inputs, 0, 3)
+    return ((type_of(inputs[0], UINT8), _broadcast(a, b)),)
 
 
 @formula("QLinearAdd", "QLinearMul", family="quantized", domain=MS, quantized=(0, 3))
@@ -377,9 +364,9 @@ def qlinear_softmax(ctx: NodeContext, *, axis: int = -1, opset: int = 13, **_) -
 def qlinear_concat_shape(inputs, *, axis: int, **_):
     """Concat of the data inputs (positions 2, 5, 8 ...), in the type of Y_zero_point."""
     data = inputs[2::3]
-    _static(inputs, *range(2, len(inputs), 3))
+    static_shapes(inputs, *range(2, len(inputs), 3))
     (_, shape), = infer_as("Concat", [TensorInfo(t.name, FLOAT, t.shape) for t in data], axis=axis)
-    return ((_type(inputs[1], UINT8), shape),)
+    return ((type_of(inputs[1], UINT8), shape),)
 
 
 @formula("QLinearConcat", family="quantized", domain=MS, quantized=range(2, 2**31, 3))
@@ -399,8 +386,8 @@ def qlinear_concat(ctx: NodeContext, **_) -> Cost:
 @shape_function("QLinearWhere", domain=MS)
 def qlinear_where_shape(inputs, **_):
     """Z: condition, X and Y broadcast, in the type of z_zero_point."""
-    cond, x, y = _static(inputs, 0, 1, 4)
-    return ((_type(inputs[8], _type(inputs[1], UINT8)), _broadcast(cond, x, y)),)
+    cond, x, y = static_shapes(inputs, 0, 1, 4)
+    return ((type_of(inputs[8], type_of(inputs[1], UINT8)), _broadcast(cond, x, y)),)
 
 
 @formula("QLinearWhere", family="quantized", domain=MS, quantized=(1, 4))
@@ -420,12 +407,12 @@ def qlinear_where(ctx: NodeContext, **_) -> Cost:
 @shape_function("QLinearAveragePool", domain=MS)
 def qlinear_average_pool_shape(inputs, *, channels_last: int = 0, **attrs):
     """AveragePool's output shape (channels-last X and Y with ``channels_last``), in X's type."""
-    (x,) = _static(inputs, 0)
+    (x,) = static_shapes(inputs, 0)
     nchw = _to_channels_first(x) if channels_last else x
     keep = {k: v for k, v in attrs.items() if k in ("auto_pad", "ceil_mode", "count_include_pad", "kernel_shape",
                                                       "pads", "strides")}
     (_, y), = infer_as("AveragePool", [TensorInfo("x", FLOAT, nchw)], **keep)
-    return ((_type(inputs[0], UINT8), _to_channels_last(y) if channels_last else y),)
+    return ((type_of(inputs[0], UINT8), _to_channels_last(y) if channels_last else y),)
 
 
 @formula("QLinearAveragePool", family="quantized", domain=MS, quantized=(0,))
@@ -442,9 +429,9 @@ def qlinear_average_pool(ctx: NodeContext, *, kernel_shape, **_) -> Cost:
 @shape_function("QLinearGlobalAveragePool", domain=MS)
 def qlinear_global_average_pool_shape(inputs, *, channels_last: int = 0, **_):
     """(N, C, 1, ..., 1), or (N, 1, ..., 1, C) with ``channels_last``, in X's type."""
-    (x,) = _static(inputs, 0)
+    (x,) = static_shapes(inputs, 0)
     ones = (1,) * (len(x) - 2)
-    return ((_type(inputs[0], UINT8), (x[0], *ones, x[-1]) if channels_last else (x[0], x[1], *ones)),)
+    return ((type_of(inputs[0], UINT8), (x[0], *ones, x[-1]) if channels_last else (x[0], x[1], *ones)),)
 
 
 @formula("QLinearGlobalAveragePool", family="quantized", domain=MS, quantized=(0,))
@@ -460,7 +447,7 @@ def qlinear_global_average_pool(ctx: NodeContext, **_) -> Cost:
 @shape_function("QLinearReduceMean", domain=MS)
 def qlinear_reduce_mean_shape(inputs, *, axes: Sequence[int], keepdims: int = 1, **_):
     """ReduceMean's output shape over ``axes`` (``keepdims``), in the data's type."""
-    (x,) = _static(inputs, 0)
+    (x,) = static_shapes(inputs, 0)
     axes_t = TensorInfo("axes", TensorProto.INT64, (len(axes),))
     node = helper.make_node("ReduceMean", ["x", "axes"], ["y"], keepdims=keepdims)
     types = {"x": helper.make_tensor_type_proto(FLOAT, list(x)),
@@ -468,7 +455,7 @@ def qlinear_reduce_mean_shape(inputs, *, axes: Sequence[int], keepdims: int = 1,
     data = {"axes": helper.make_tensor("axes", TensorProto.INT64, [len(axes)], list(axes))}
     out = onnx.shape_inference.infer_node_outputs(onnx.defs.get_schema("ReduceMean", SHAPE_OPSET), node, types, data)
     shape = tuple(d.dim_value for d in out["y"].tensor_type.shape.dim)
-    return ((_type(inputs[0], UINT8), shape),)
+    return ((type_of(inputs[0], UINT8), shape),)
 
 
 @formula("QLinearReduceMean", family="quantized", domain=MS, quantized=(0,))
@@ -489,8 +476,8 @@ def qlinear_reduce_mean(ctx: NodeContext, **_) -> Cost:
 @shape_function("QLinearConv", domain=MS)
 def ms_qlinear_conv_shape(inputs, *, channels_last: int = 0, **attrs):
     """ONNX QLinearConv's output (X and Y channels-last with ``channels_last``; W keeps [C_out, C_in/G, k...])."""
-    (x,) = _static(inputs, 0)
-    _static(inputs, 3)
+    (x,) = static_shapes(inputs, 0)
+    static_shapes(inputs, 3)
     nchw = list(inputs)
     if channels_last:
         nchw[0] = TensorInfo(inputs[0].name, inputs[0].elem_type, _to_channels_first(x))
@@ -507,13 +494,13 @@ formula("DequantizeLinear", family="quantized", domain=MS, quantized=(0,))(dequa
 @shape_function("QuantizeLinear", domain=MS)
 def ms_quantize_linear_shape(inputs, **_):
     """x's shape, in the type of y_zero_point (uint8 when omitted)."""
-    (x,) = _static(inputs, 0)
+    (x,) = static_shapes(inputs, 0)
     given = len(inputs) > 2 and inputs[2] is not None
-    return ((_type(inputs[2], UINT8) if given else UINT8, x),)
+    return ((type_of(inputs[2], UINT8) if given else UINT8, x),)
 
 
 @shape_function("DequantizeLinear", domain=MS)
 def ms_dequantize_linear_shape(inputs, **_):
     """x's shape, in the type of x_scale."""
-    (x,) = _static(inputs, 0)
-    return ((_type(inputs[1], FLOAT), x),)
+    (x,) = static_shapes(inputs, 0)
+    return ((type_of(inputs[1], FLOAT), x),)

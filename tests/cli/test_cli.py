@@ -108,7 +108,9 @@ def test_batch_option_changes_per_sample_divisor(capsys, save):
 
 
 def test_console_script_and_module(mlp_path):
-    for cmd in (["flopcount", mlp_path], [sys.executable, "-m", "flopcount", mlp_path]):
+    # the console script pip installed beside this interpreter (a virtualenv need not be activated to be used)
+    script = os.path.join(os.path.dirname(sys.executable), "flopcount")
+    for cmd in ([script, mlp_path], [sys.executable, "-m", "flopcount", mlp_path]):
         p = subprocess.run(cmd, capture_output=True, text=True)
         assert p.returncode == 0 and f"Total FLOPs: {TOTAL:,}" in p.stdout
 

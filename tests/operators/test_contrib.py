@@ -1415,3 +1415,23 @@ def test_every_contrib_formula_has_a_backward_but_the_quantized_one():
     assert inference_only >= {"QAttention", "QGemm", "DynamicQuantizeLSTM", "MatMulIntegerToFloat"}
     assert sorted(set(missing) - inference_only) == ["MatMulNBits"]
     assert ("", "SimplifiedLayerNormalization") in BACKWARD
+
+
+@pytest.mark.parametrize("model, expected", [
+    # ids (3, 7), tables of width 13: output and embedding sum (3, 7, 13), mask_index (3,)
+    pytest.param(lambda: embed_models()[0], {"y": (3, 7, 13), "mask_index": (3,)}, id="embed-layer-norm"),
+    pytest.param(lambda: group_norm_models("GroupNorm")[0], {"y": XG}, id="group-norm"),
+    pytest.param(lambda: group_norm_models("SkipGroupNorm")[0], {"y": XG}, id="skip-group-norm"),
+    # X (3, 7, 22): the halves' product (3, 7, 11)
+    pytest.param(lambda: elementwise_models("BiasSplitGelu", [], bias=(22,))[0], {"y": (3, 7, 11)},
+                 id="bias-split-gelu"),
+])
+def test_shapes_settle_without_onnxruntime(monkeypatch, model, expected):
+    """These operators' output shapes come from the shape functions beside their formulas: the count is the same
+    where onnxruntime's symbolic inference is absent (a bare install) as where it runs."""
+    from flopcount.pipeline.shapes import contrib
+
+    monkeypatch.setattr(contrib, "_ort_symbolic", lambda *_: {})
+    report = flopcount.count(model(), mode="train", memory=True, strict=True)
+    (node,) = [n for n in report.nodes if n.domain == MS]
+    assert {t.name: t.shape for t in node.outputs if t is not None and t.name in expected} == expected
