@@ -36,16 +36,31 @@ Around it: :mod:`flopcount.operators` (formulas), :mod:`flopcount.frontends`, :m
 :mod:`flopcount.measure` (the measuring half), :mod:`flopcount.workloads` and :mod:`flopcount.cli`.
 """
 
-import os as _os
+def _checkout_subpackages() -> None:
+    """In a checkout, three of the package's subpackages stand beside this folder (``operators/``, ``frontends/``,
+    ``models/``: pyproject's package-dir maps them in); installed, they stand inside it. Where this folder is the
+    checkout's, a finder placed first answers for exactly those three from the checkout, so ``import flopcount``
+    from the checkout's root (which Python finds before an installed copy) is the whole package, whatever was
+    installed and how, and never half of it from another copy."""
+    import os
+    import sys
+    from importlib.machinery import PathFinder
 
-# In a checkout, three of the package's subpackages stand beside this folder (``operators/``, ``frontends/``,
-# ``models/``: pyproject's package-dir maps them in); installed, they stand inside it. Where this folder is the
-# checkout's, its parent joins the package's search path, so ``import flopcount`` from the checkout's root (which
-# Python finds before an installed copy) is the whole package, whatever was installed and how.
-if not _os.path.isdir(_os.path.join(__path__[0], "operators")) \
-        and _os.path.isfile(_os.path.join(_os.path.dirname(__path__[0]), "operators", "__init__.py")):
-    __path__.append(_os.path.dirname(__path__[0]))
-del _os
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    if os.path.isdir(os.path.join(here, "operators")) or not os.path.isfile(os.path.join(root, "operators", "__init__.py")):
+        return
+    names = {f"{__name__}.{sub}" for sub in ("operators", "frontends", "models")}
+
+    class CheckoutFinder:
+        @staticmethod
+        def find_spec(fullname, path=None, target=None):
+            return PathFinder.find_spec(fullname, [root]) if fullname in names else None
+
+    sys.meta_path.insert(0, CheckoutFinder)
+
+
+_checkout_subpackages()
 
 #: Public name → the module that defines it. Each is imported on first use (PEP 562), so ``import flopcount``
 #: stays light: neither torch nor the measuring half (:mod:`flopcount.measure`) nor the counting core, nor even

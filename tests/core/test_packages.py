@@ -44,3 +44,22 @@ def test_pyproject_installs_every_package():
         for init in (root / folder).rglob("__init__.py"):
             found.add(".".join([name, *init.parent.relative_to(root / folder).parts]))
     assert set(setuptools["packages"]) == found
+
+
+def test_the_checkout_is_the_whole_package_from_its_root():
+    """From the checkout's root (where the README's paths assume you stand) ``import flopcount`` finds the checkout's
+    folder before any installed copy, and its three mapped subpackages come from the same checkout, never from an
+    installed copy (a non-editable install left ``flopcount.frontends`` unimportable there)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    code = ("import flopcount, flopcount.operators, flopcount.frontends, flopcount.models;"
+            "print('\\n'.join(m.__file__ for m in (flopcount, flopcount.operators, flopcount.frontends, flopcount.models)))")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, check=True)
+    files = [Path(line) for line in out.stdout.split()]
+    assert files == [root / "flopcount" / "__init__.py", root / "operators" / "__init__.py",
+                     root / "frontends" / "__init__.py", root / "models" / "__init__.py"]
