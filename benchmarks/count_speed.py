@@ -5,6 +5,7 @@ Run from the repository root::
     python benchmarks/count_speed.py                 # 1k, 10k, 100k nodes + a ~550 MB VGG16 export
     python benchmarks/count_speed.py --quick         # 1k, 10k nodes + a ~20 MB VGG-ish export
     python benchmarks/count_speed.py --floor         # whole processes against the floor, at 10k and 100k nodes
+    python benchmarks/count_speed.py --floor --kinds transformer,gpt   # and on GPT-2's op mix
     python benchmarks/count_speed.py --sizes 1000,30000 --repeat 5
 
 Models (written to a temporary directory that is removed at exit):
@@ -13,6 +14,8 @@ Models (written to a temporary directory that is removed at exit):
   MatMul + bias Add, Reshape/Transpose head split, scores MatMul, Div, Sigmoid in place of Softmax,
   context MatMul, output projection, residual Add, a Gelu MLP), static shapes, whose weights are
   EXTERNAL initializers pointing at a file that is never written, so the .onnx files stay small;
+* with ``--kinds gpt``, graphs of GPT-2's usual op mix as its exports write it (fused QKV and a Split, Softmax,
+  exact GELU spelled as Div, Erf, Add, Mul, Mul, bias and residual Adds), external weights likewise;
 * one export with INLINE weights (torch.onnx.export of a VGG-like net when torch is importable, else
   the same net built with onnx.helper and random numpy weights), so that ``onnx.load`` has real work.
 
@@ -153,6 +156,71 @@ def transformer_graph(target_nodes: int) -> onnx.ModelProto:
     graph = helper.make_graph(
         nodes,
         f"transformer_{blocks}_blocks",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, SEQ, HIDDEN])],
+        [helper.make_tensor_value_info(out, TensorProto.FLOAT, [1, SEQ, HIDDEN])],
+        initializer=small + w.tensors,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="count_speed")
+
+
+GPT_NODES_PER_BLOCK = 30
+
+
+def gpt_graph(target_nodes: int) -> onnx.ModelProto:
+    """About ``target_nodes`` nodes of GPT-2's usual op mix, as its exports write it: LayerNormalization, one fused
+    QKV MatMul + bias Add and a Split, the head Reshapes and Transposes, Softmax, exact GELU as Div, Erf, Add, Mul,
+    Mul, bias Adds and residual Adds; ``GPT_NODES_PER_BLOCK`` per block, external (absent) weights."""
+    blocks = max(1, round((target_nodes - 1) / GPT_NODES_PER_BLOCK))
+    dh = HIDDEN // HEADS
+    w = _ExternalWeights("weights.bin")  # never written
+    small = [
+        numpy_helper.from_array(np.array([1, SEQ, HEADS, dh], np.int64), "split_heads"),
+        numpy_helper.from_array(np.array([1, SEQ, HIDDEN], np.int64), "merge_heads"),
+        numpy_helper.from_array(np.array([HIDDEN] * 3, np.int64), "qkv_split"),
+        numpy_helper.from_array(np.array(np.sqrt(dh), np.float32), "score_scale"),
+        numpy_helper.from_array(np.array(np.sqrt(2.0), np.float32), "sqrt2"),
+        numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+        numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+    ]
+    nodes: list[onnx.NodeProto] = []
+
+    def node(op: str, inputs: list[str], out: str | list[str], **attrs) -> str:
+        outs = [out] if isinstance(out, str) else out
+        nodes.append(helper.make_node(op, inputs, outs, name=outs[0], **attrs))
+        return outs[0]
+
+    def layer_norm(x: str, p: str) -> str:
+        return node("LayerNormalization", [x, w.add(f"{p}.g", (HIDDEN,)), w.add(f"{p}.b", (HIDDEN,))], p, axis=-1)
+
+    def linear(x: str, p: str, n_in: int, n_out: int) -> str:
+        y = node("MatMul", [x, w.add(f"{p}.w", (n_in, n_out))], f"{p}.mm")
+        return node("Add", [y, w.add(f"{p}.b", (n_out,))], f"{p}.out")
+
+    def heads(x: str, p: str, perm: list[int]) -> str:
+        return node("Transpose", [node("Reshape", [x, "split_heads"], f"{p}.split")], f"{p}.heads", perm=perm)
+
+    x = "input"
+    for b in range(blocks):
+        p = f"h{b}"
+        qkv = linear(layer_norm(x, f"{p}.ln_1"), f"{p}.c_attn", HIDDEN, 3 * HIDDEN)
+        node("Split", [qkv, "qkv_split"], [f"{p}.q", f"{p}.k", f"{p}.v"], axis=-1)
+        q = heads(f"{p}.q", f"{p}.q", [0, 2, 1, 3])
+        k = heads(f"{p}.k", f"{p}.k", [0, 2, 3, 1])
+        v = heads(f"{p}.v", f"{p}.v", [0, 2, 1, 3])
+        s = node("Div", [node("MatMul", [q, k], f"{p}.scores"), "score_scale"], f"{p}.scaled")
+        c = node("MatMul", [node("Softmax", [s], f"{p}.probs", axis=-1), v], f"{p}.ctx")
+        c = node("Reshape", [node("Transpose", [c], f"{p}.ctx.t", perm=[0, 2, 1, 3]), "merge_heads"], f"{p}.ctx.merged")
+        x = node("Add", [x, linear(c, f"{p}.c_proj", HIDDEN, HIDDEN)], f"{p}.res1")
+        h = linear(layer_norm(x, f"{p}.ln_2"), f"{p}.c_fc", HIDDEN, FFN)
+        e = node("Add", [node("Erf", [node("Div", [h, "sqrt2"], f"{p}.gelu.div")], f"{p}.gelu.erf"), "one"],
+                 f"{p}.gelu.add")
+        g = node("Mul", [node("Mul", [h, e], f"{p}.gelu.mul"), "half"], f"{p}.gelu")
+        x = node("Add", [x, linear(g, f"{p}.mlp.c_proj", FFN, HIDDEN)], f"{p}.res2")
+    out = layer_norm(x, "ln_f")
+
+    graph = helper.make_graph(
+        nodes,
+        f"gpt_{blocks}_blocks",
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, SEQ, HIDDEN])],
         [helper.make_tensor_value_info(out, TensorProto.FLOAT, [1, SEQ, HIDDEN])],
         initializer=small + w.tensors,
@@ -535,18 +603,26 @@ def floor_ratio(path: str, repeat: int) -> tuple[float, float]:
     return statistics.median(ours), statistics.median(base)
 
 
-def floor_table(sizes: list[int], repeat: int, tmp: str) -> str:
+#: The graph kinds of ``--floor``: each a function of the node count aimed at.
+GRAPH_KINDS: dict[str, Callable[[int], onnx.ModelProto]] = {"transformer": transformer_graph, "gpt": gpt_graph}
+
+
+def floor_table(sizes: list[int], repeat: int, tmp: str, kinds: list[str] = ("transformer",)) -> str:
     body = []
-    for n in sizes:
-        path = os.path.join(tmp, f"floor_{n}.onnx")
-        with open(path, "wb") as f:
-            f.write(transformer_graph(n).SerializeToString())
-        ours, base = floor_ratio(path, repeat)
-        target = TARGET_FLOOR.get(round(n, -3))
-        ratio = ours / base
-        verdict = "" if target is None else ("ok" if ratio <= target else "MISSED")
-        body.append([f"transformer ~{n} nodes", _fmt_s(ours), _fmt_s(base), f"{ratio:.2f}x",
-                     "" if target is None else f"<= {target}x", verdict])
+    for kind in kinds:
+        for n in sizes:
+            path = os.path.join(tmp, f"floor_{kind}_{n}.onnx")
+            model = GRAPH_KINDS[kind](n)
+            nodes, weights = len(model.graph.node), len(model.graph.initializer)
+            with open(path, "wb") as f:
+                f.write(model.SerializeToString())
+            del model
+            ours, base = floor_ratio(path, repeat)
+            target = TARGET_FLOOR.get(round(n, -3))
+            ratio = ours / base
+            verdict = "" if target is None else ("ok" if ratio <= target else "MISSED")
+            body.append([f"{kind}: {nodes} nodes, {weights} initializers", _fmt_s(ours), _fmt_s(base), f"{ratio:.2f}x",
+                         "" if target is None else f"<= {target}x", verdict])
     return tabulate(body, headers=["graph (weights absent)", "flopcount process", "floor process", "ratio", "want", ""],
                     disable_numparse=True)
 
@@ -573,6 +649,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--floor", action="store_true",
                         help="only the whole-process ratios against the floor (onnx.load + infer_shapes(data_prop=True) "
                              "in one process), at 10k and 100k nodes unless --sizes")
+    parser.add_argument("--kinds", default="transformer",
+                        help=f"with --floor: the graph kinds, joined by commas, of {', '.join(GRAPH_KINDS)} (default "
+                             "transformer)")
     parser.add_argument("--no-parallel", action="store_true", help="no shape-inference child process (FLOPCOUNT_PARALLEL=0)")
     args = parser.parse_args(argv)
     if args.no_parallel:
@@ -586,7 +665,11 @@ def main(argv: list[str] | None = None) -> int:
               f"each, in alternation, after one warm-up of each; .pyc files written and read (PYTHONDONTWRITEBYTECODE "
               f"unset in the children, as for an installed flopcount)")
         with tempfile.TemporaryDirectory(prefix="flopcount-bench-") as tmp:
-            print(floor_table(sizes, args.repeat, tmp))
+            kinds = [k for k in args.kinds.split(",") if k]
+            unknown = [k for k in kinds if k not in GRAPH_KINDS]
+            if unknown or not kinds:
+                parser.error(f"--kinds: {', '.join(unknown) or 'none given'}; choose from {', '.join(GRAPH_KINDS)}")
+            print(floor_table(sizes, args.repeat, tmp, kinds))
         return 0
     sizes = args.sizes or ([1000, 10_000] if args.quick else [1000, 10_000, 100_000])
     spec = QUICK_VGG if args.quick else FULL_VGG
