@@ -52,21 +52,74 @@ def extend(one: Report, two: Report, layers: int, path: str, *, first: int = 0, 
     blocks, rest = divmod(layers - first, period)
     if blocks < 2 or rest or first < 0:
         raise NotExtendable(f"{layers} layers are not {first} and whole blocks of {period}: nothing to extend")
-    k = blocks - 2  # copies of the second block to add to the smaller graph
+    stack = _Stack(path, first, period, blocks - 2)
+    inside = _second_block(one, two, stack)
+    nodes, node_scopes, origin, params = _tiled(two, inside, stack)
+    k = stack.copies
+    report = dataclasses.replace(
+        two,
+        forward=_affine(one.forward, two.forward, k),
+        backward=_affine(one.backward, two.backward, k),
+        params=_affine_int(one.params, two.params, k),
+        buffers=_affine_int(one.buffers, two.buffers, k),
+        trainable_params=_affine_int(one.trainable_params, two.trainable_params, k),
+        nodes=nodes,
+        by_op_type=op_type_summaries(nodes),
+        unsupported=MappingProxyType(_affine_counts(one.unsupported, two.unsupported, k)),
+        backward_unsupported=MappingProxyType(_affine_counts(one.backward_unsupported, two.backward_unsupported, k)),
+        optimizer=None if two.optimizer is None else (two.optimizer[0], _affine(one.optimizer[1], two.optimizer[1], k)),
+        modules=dataclasses.replace(two.modules, nodes=node_scopes, params=params),
+        timings=MappingProxyType({p: one.timings.get(p, 0.0) + t for p, t in two.timings.items()}),
+    )
+    _check_consistent(report)
+    if one.memory is not None or two.memory is not None:
+        report = dataclasses.replace(report, memory=_extended_memory(one, two, inside, nodes, origin, stack))
+    if one.generation is not None and two.generation is not None:
+        report = _with_generation(report, one, two, layers, stack)
+    return report
+
+
+@dataclass(frozen=True)
+class _Stack:
+    """The repeated stack being extended: its module ``path``, the ``first`` layers before the repeated blocks of
+    ``period`` layers, and the ``copies`` of the second block added to the 2-block graph."""
+
+    path: str
+    first: int
+    period: int
+    copies: int
+
+    @property
+    def second(self) -> list[str]:
+        """The module paths of the second block's layers."""
+        return [f"{self.path}.{i}" for i in range(self.first + self.period, self.first + 2 * self.period)]
+
+
+def _second_block(one: Report, two: Report, stack: _Stack) -> list[int]:
+    """The positions of the 2-block graph's nodes that its second block adds, shown to add exactly what the 1- and
+    2-block counts differ by (:class:`NotExtendable` otherwise)."""
     step = _Step.between(one, two)
-    second = [f"{path}.{i}" for i in range(first + period, first + 2 * period)]
+    second = stack.second
     scopes = two.modules.nodes
     if len(scopes) != len(two.nodes) or two.modules.missing:
         raise NotExtendable("the smaller graphs have no module scopes to find their layers in")
     inside = [i for i, scope in enumerate(scopes) if any(_within(scope, m) for m in second)]
     if not inside:
-        raise NotExtendable(f"the {first + 2 * period}-layer graph has no node in {second[0]}")
-    inside = sorted(inside + _added_outside(one, two, path, first + period, first + 2 * period))
+        raise NotExtendable(f"the {stack.first + 2 * stack.period}-layer graph has no node in {second[0]}")
+    inside = sorted(inside + _added_outside(one, two, stack.path, stack.first + stack.period,
+                                            stack.first + 2 * stack.period))
     found = _Step.of([two.nodes[i] for i in inside], sum(_params_under(two.modules.params, m) for m in second))
     if found != step:
         raise NotExtendable(f"the nodes of {', '.join(second)} are not what that block adds "
                             f"({step.difference(found)})")
+    return inside
 
+
+def _tiled(two: Report, inside: list[int], stack: _Stack) -> tuple[Tiled, Tiled, Tiled, TiledMapping]:
+    """The extended graph's nodes, their module scopes, each one's origin (position in ``two``, copy) and the
+    parameters per module, each held once with the second block's copies made when read."""
+    path, first, period, k = stack.path, stack.first, stack.period, stack.copies
+    second, scopes = stack.second, two.modules.nodes
     renames: dict[tuple[str, int], str] = {}  # every pass over the tiled nodes asks the same few names again
 
     def moved(name: str, t: int) -> str:  # a name in the second block, in block 1 + t
@@ -105,50 +158,43 @@ def extend(one: Report, two: Report, layers: int, path: str, *, first: int = 0, 
     origin = Tiled([(i, 0) for i in head], inside, k, [(i, 0) for i in tail], lambda j, _j, t: (j, t))
     params = TiledMapping(two.modules.params, {m: v for m, v in two.modules.params.items()
                                                if any(_within((m,), b) for b in second)}, k, moved)
-    report = dataclasses.replace(
-        two,
-        forward=_affine(one.forward, two.forward, k),
-        backward=_affine(one.backward, two.backward, k),
-        params=_affine_int(one.params, two.params, k),
-        buffers=_affine_int(one.buffers, two.buffers, k),
-        trainable_params=_affine_int(one.trainable_params, two.trainable_params, k),
-        nodes=nodes,
-        by_op_type=op_type_summaries(nodes),
-        unsupported=MappingProxyType(_affine_counts(one.unsupported, two.unsupported, k)),
-        backward_unsupported=MappingProxyType(_affine_counts(one.backward_unsupported, two.backward_unsupported, k)),
-        optimizer=None if two.optimizer is None else (two.optimizer[0], _affine(one.optimizer[1], two.optimizer[1], k)),
-        modules=dataclasses.replace(two.modules, nodes=node_scopes, params=params),
-        timings=MappingProxyType({p: one.timings.get(p, 0.0) + t for p, t in two.timings.items()}),
-    )
-    _check_consistent(report)
-    if one.memory is not None or two.memory is not None:
-        from ..memory.layers import Unwired, extend_memory
+    return nodes, node_scopes, origin, params
 
-        check_listable(nodes, "--memory", "nodes, which the ledger walks one by one,")
 
-        first_block = [f"{path}.{i}" for i in range(first, first + period)]
-        block0 = [i for i, scope in enumerate(scopes) if any(_within(scope, m) for m in first_block)]
-        if block0:  # with the nodes outside any layer between it and the second block (as ``inside`` has its own)
-            unscoped = [i for i in range(block0[0], inside[0])
-                        if not any(s.startswith(path + ".") for s in scopes[i]) and i not in block0]
-            block0 = sorted(block0 + unscoped)
-        suffixes = [""] + [f"@{path}.{first + (t + 1) * period}" for t in range(1, k + 1)]
-        try:
-            memory = extend_memory(one, two, inside, block0, nodes, origin, suffixes, k)
-        except Unwired as e:
-            raise NotExtendable(str(e)) from None
-        report = dataclasses.replace(report, memory=memory)
-    if one.generation is not None and two.generation is not None:
-        generation = extend_generation(one.generation, two.generation, k, layers)
-        if generation.prefill != report.forward:
-            raise NotExtendable("the extended prefill is not the extended report's forward pass")
-        generation = dataclasses.replace(generation, step_reports=_extend_steps(
-            one.generation.step_reports, two.generation.step_reports, layers, path, first, period))
-        report = dataclasses.replace(report, generation=generation)
-        if report.memory is not None:  # the ledger of the prefill, with the extended cache after the last step
-            kv = sum(generation.kv_cache_bytes.values())
-            report = dataclasses.replace(report, memory=dataclasses.replace(report.memory, ranks=tuple(
-                dataclasses.replace(r, kv_cache_bytes=kv) for r in report.memory.ranks)))
+def _extended_memory(one: Report, two: Report, inside: list[int], nodes: Tiled, origin: Tiled, stack: _Stack):
+    """The memory ledger of the extended graph (:func:`flopcount.memory.layers.extend_memory`), walked on the
+    2-block graph with its second block copied."""
+    from ..memory.layers import Unwired, extend_memory
+
+    check_listable(nodes, "--memory", "nodes, which the ledger walks one by one,")
+    path, first, period, k = stack.path, stack.first, stack.period, stack.copies
+    scopes = two.modules.nodes
+    first_block = [f"{path}.{i}" for i in range(first, first + period)]
+    block0 = [i for i, scope in enumerate(scopes) if any(_within(scope, m) for m in first_block)]
+    if block0:  # with the nodes outside any layer between it and the second block (as ``inside`` has its own)
+        unscoped = [i for i in range(block0[0], inside[0])
+                    if not any(s.startswith(path + ".") for s in scopes[i]) and i not in block0]
+        block0 = sorted(block0 + unscoped)
+    suffixes = [""] + [f"@{path}.{first + (t + 1) * period}" for t in range(1, k + 1)]
+    try:
+        return extend_memory(one, two, inside, block0, nodes, origin, suffixes, k)
+    except Unwired as e:
+        raise NotExtendable(str(e)) from None
+
+
+def _with_generation(report: Report, one: Report, two: Report, layers: int, stack: _Stack) -> Report:
+    """``report`` with the extended generation: its totals, its decode steps' reports, and the memory ledger's KV
+    cache after the last step."""
+    generation = extend_generation(one.generation, two.generation, stack.copies, layers)
+    if generation.prefill != report.forward:
+        raise NotExtendable("the extended prefill is not the extended report's forward pass")
+    generation = dataclasses.replace(generation, step_reports=_extend_steps(
+        one.generation.step_reports, two.generation.step_reports, layers, stack.path, stack.first, stack.period))
+    report = dataclasses.replace(report, generation=generation)
+    if report.memory is not None:  # the ledger of the prefill, with the extended cache after the last step
+        kv = sum(generation.kv_cache_bytes.values())
+        report = dataclasses.replace(report, memory=dataclasses.replace(report.memory, ranks=tuple(
+            dataclasses.replace(r, kv_cache_bytes=kv) for r in report.memory.ranks)))
     return report
 
 

@@ -24,7 +24,8 @@ import os
 import statistics
 import tempfile
 import time
-from typing import Mapping
+from dataclasses import dataclass
+from typing import Any, Mapping
 
 from flopcount.errors import MeasurementError, UsageError
 from flopcount.reporting.report import op_key
@@ -73,53 +74,13 @@ def profile(source, input_shapes: Mapping[str, tuple[int, ...]] | None = None, b
     if weights["synthesized"]:
         notes.append(f"{weights['synthesized']} initializers without data were synthesised (random values of their "
                      "dims and dtypes); times do not depend on the values")
-    with tempfile.TemporaryDirectory(prefix="flopcount-profile-") as tmp:
-        optimized_path = os.path.join(tmp, "optimized.onnx") if optimize != "none" else None
-        session = open_session(ort, model_bytes, provider, optimize, os.path.join(tmp, "ort"), optimized_path, threads,
-                           where)
-        plain = open_session(ort, model_bytes, provider, optimize, threads=threads, where=where)
-        # Profiled and plain runs alternate, so that both see the same machine (other load, clocks).
-        times = []
-        for k in range(warmup + runs):
-            run_session(session, feeds, where)
-            t0 = time.perf_counter()
-            run_session(plain, feeds, where)
-            if k >= warmup:
-                times.append(time.perf_counter() - t0)
-        run_time = statistics.median(times)
-        trace = session.end_profiling()
-        try:
-            with open(trace, encoding="utf-8") as f:
-                events = json.load(f)
-        except (OSError, ValueError) as e:
-            raise MeasurementError(f"onnxruntime's profile {trace} cannot be read ({e})") from None
-        groups: dict[str, list[int]]
-        executed_ops: dict[str, str]
-        if optimized_path:
-            import onnx
-
-            optimized = onnx.load(optimized_path, load_external_data=False)
-            groups = attribute(model.graph.node, names, optimized.graph)
-            executed_ops = {n.name: op_key(n.domain, n.op_type) for n in optimized.graph.node}
-            notes.append(f"graph optimisations '{optimize}': {len(optimized.graph.node)} executed nodes for "
-                         f"{len(report.nodes)} graph nodes; each row lists the graph nodes it runs")
-        else:
-            groups = {name: [i] for i, name in enumerate(names)}
-            executed_ops = {name: counted[i].op_type for i, name in enumerate(names)}
+    run = _Run(ort, model_bytes, provider, optimize, threads, where, feeds)
+    run_time, events, groups, executed_ops = _profiled(run, model, names, counted, warmup, runs, notes)
     per_run, profiled_runs, providers = parse_profile(events, warmup)
     if not per_run:
         raise MeasurementError(f"{where}: onnxruntime's profile holds no timed run; rerun with --runs 3 or more")
-
-    rows: list[NodeProfile] = []
-    for name in executed_ops:
-        members = [counted[i] for i in groups.get(name, [])]
-        samples = [r[name] for r in per_run if name in r]
-        time_s = statistics.median(samples) if samples else None
-        flops = sum(n.cost.flops for n in members)
-        nbytes = group_bytes(members) if members else None
-        dtype = ceiling_dtype(members)
-        rows.append(NodeProfile(name, executed_ops[name], tuple(n.name for n in members), flops, nbytes, time_s,
-                                bound_of(flops, nbytes, dtype, ceilings), dtype, providers.get(name, "")))
+    rows = [_row(name, op, [counted[i] for i in groups.get(name, [])], per_run, providers, ceilings)
+            for name, op in executed_ops.items()]
     executed = set(executed_ops)
     unattributed = statistics.median(sum(v for k, v in r.items() if k not in executed) for r in per_run)
     if unattributed > 0:
@@ -131,3 +92,67 @@ def profile(source, input_shapes: Mapping[str, tuple[int, ...]] | None = None, b
     return Profile(report.model.path, provider, optimize, report.batch, warmup, runs, run_time, profiled,
                    report.forward.flops, tuple(rows), by_op_type(rows, ceilings), ceilings, weights, unattributed,
                    tuple(notes), report)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What a profiled run of the model needs: onnxruntime, the serialized model, the provider, the optimisation
+    level, the threads, the model's name for messages and the inputs fed."""
+
+    ort: Any
+    model_bytes: bytes
+    provider: str
+    optimize: str
+    threads: int | None
+    where: str
+    feeds: Mapping[str, Any]
+
+
+def _profiled(run: _Run, model, names: list[str], counted: Mapping, warmup: int, runs: int, notes: list[str]):
+    """``(median run seconds, the profile's events, executed node -> graph positions, executed node -> op key)``:
+    profiled and plain runs alternate, so that both see the same machine (other load, clocks); the plain runs are
+    the timed ones."""
+    with tempfile.TemporaryDirectory(prefix="flopcount-profile-") as tmp:
+        optimized_path = os.path.join(tmp, "optimized.onnx") if run.optimize != "none" else None
+        session = open_session(run.ort, run.model_bytes, run.provider, run.optimize, os.path.join(tmp, "ort"),
+                               optimized_path, run.threads, run.where)
+        plain = open_session(run.ort, run.model_bytes, run.provider, run.optimize, threads=run.threads,
+                             where=run.where)
+        times = []
+        for k in range(warmup + runs):
+            run_session(session, run.feeds, run.where)
+            t0 = time.perf_counter()
+            run_session(plain, run.feeds, run.where)
+            if k >= warmup:
+                times.append(time.perf_counter() - t0)
+        trace = session.end_profiling()
+        try:
+            with open(trace, encoding="utf-8") as f:
+                events = json.load(f)
+        except (OSError, ValueError) as e:
+            raise MeasurementError(f"onnxruntime's profile {trace} cannot be read ({e})") from None
+        if optimized_path:
+            import onnx
+
+            optimized = onnx.load(optimized_path, load_external_data=False)
+            groups = attribute(model.graph.node, names, optimized.graph)
+            executed_ops = {n.name: op_key(n.domain, n.op_type) for n in optimized.graph.node}
+            notes.append(f"graph optimisations '{run.optimize}': {len(optimized.graph.node)} executed nodes for "
+                         f"{len(counted)} graph nodes; each row lists the graph nodes it runs")
+        else:
+            groups = {name: [i] for i, name in enumerate(names)}
+            executed_ops = {name: counted[i].op_type for i, name in enumerate(names)}
+    return statistics.median(times), events, groups, executed_ops
+
+
+def _row(name: str, op: str, members: list, per_run: list[Mapping[str, float]], providers: Mapping[str, str],
+         ceilings) -> NodeProfile:
+    """The profile's row of executed node ``name``: the graph nodes it runs, their FLOPs and bytes, its median time
+    and what bounds it."""
+    samples = [r[name] for r in per_run if name in r]
+    time_s = statistics.median(samples) if samples else None
+    flops = sum(n.cost.flops for n in members)
+    nbytes = group_bytes(members) if members else None
+    dtype = ceiling_dtype(members)
+    return NodeProfile(name, op, tuple(n.name for n in members), flops, nbytes, time_s,
+                       bound_of(flops, nbytes, dtype, ceilings), dtype, providers.get(name, ""))
