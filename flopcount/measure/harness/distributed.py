@@ -6,7 +6,7 @@ torch.distributed (NCCL on GPUs, gloo on CPUs), and a model is replicated with `
 
 Sketch::
 
-    from flopcount.measure import distributed
+    from flopcount.measure.harness import distributed
     ranks = distributed.init("cuda")          # RANK/WORLD_SIZE from torchrun, SLURM_PROCID/... from srun
     dp = distributed.DataParallel()
     model = dp.wrap(net.to(ranks.device))     # DDP, with a hook that counts the gradient bytes it all-reduces

@@ -1,6 +1,6 @@
 """Keras: :class:`MeterCallback` runs :class:`flopcount.Meter` around ``model.fit``.
 
->>> from flopcount.measure.keras import MeterCallback  # doctest: +SKIP
+>>> from flopcount.measure.harness.callbacks.keras import MeterCallback  # doctest: +SKIP
 >>> cb = MeterCallback(batch_size=64, monitor="val_accuracy", target_quality=0.95, quality_exponent=5)
 >>> model.fit(x, y, batch_size=64, epochs=10, validation_data=(xv, yv), callbacks=[cb])  # doctest: +SKIP
 >>> print(cb.meter.summary())  # doctest: +SKIP

@@ -1,6 +1,6 @@
 """PyTorch Lightning: :class:`MeterCallback` runs :class:`flopcount.Meter` around ``Trainer.fit``.
 
->>> from flopcount.measure.lightning import MeterCallback  # doctest: +SKIP
+>>> from flopcount.measure.harness.callbacks.lightning import MeterCallback  # doctest: +SKIP
 >>> trainer = lightning.Trainer(callbacks=[MeterCallback(target_quality=0.95, quality_exponent=5,
 ...                                                      monitor="val_acc")])          # doctest: +SKIP
 >>> trainer.fit(model, train_loader, val_loader); print(trainer.callbacks[0].result)  # doctest: +SKIP
