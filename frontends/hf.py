@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from flopcount.errors import ConfigError, FrontendError, UsageError, first_line
+from flopcount.limits import MAX_ELEMENTS
 from flopcount.pipeline.progress import phase
 
 if TYPE_CHECKING:
@@ -621,22 +622,18 @@ def build_model(config, *, trust_remote_code: bool = False):
     return model.eval()
 
 
-#: The most elements one tensor of a model may have (2**48): more is no model a machine holds.
-MAX_TENSOR_ELEMENTS = 2**48
-
-
 def _check_sizes(model, config) -> None:
     """A :class:`ConfigError` naming the tensor and the configuration's fields of its dims where one parameter or
-    buffer of ``model`` would hold more than :data:`MAX_TENSOR_ELEMENTS` elements."""
+    buffer of ``model`` would hold more than :data:`~flopcount.limits.MAX_ELEMENTS` elements."""
     for name, tensor in (*model.named_parameters(), *model.named_buffers()):
         elements = 1
         for d in tensor.shape:
             elements *= int(d)
-        if elements > MAX_TENSOR_ELEMENTS:
+        if elements > MAX_ELEMENTS:
             dims = " x ".join(str(int(d)) for d in tensor.shape)
             raise ConfigError(
                 f"{config.model_type}: the configuration makes {name} a tensor of {dims} = {elements:.3g} elements, "
-                f"above the limit of 2**48 = {MAX_TENSOR_ELEMENTS}{_fields_in(config, dims)}; fix the configuration")
+                f"above the limit of 2**48 = {MAX_ELEMENTS}{_fields_in(config, dims)}; fix the configuration")
 
 
 def _fields_in(config, text: str) -> str:
