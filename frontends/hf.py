@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flopcount.errors import ConfigError, FrontendError, UsageError, first_line
+from flopcount.errors import ConfigError, FrontendError, UsageError, first_line, import_framework
 from flopcount.limits import MAX_ELEMENTS
 from flopcount.pipeline.progress import phase
 
@@ -686,6 +686,6 @@ def hf_inputs(model, input_shapes) -> dict[str, Any]:
 
 def _import(name: str):
     try:
-        return __import__(name)
-    except ImportError:
+        return import_framework(name)
+    except ModuleNotFoundError:
         raise FrontendError(f"{FRONTEND}: {name} is not installed; {INSTALL_HINT}") from None

@@ -11,7 +11,7 @@ import sys
 import threading
 from typing import Iterator, NoReturn
 
-from flopcount.errors import FlopcountError, Interrupted
+from flopcount.errors import FlopcountError, Interrupted, framework_failure
 from flopcount.output.files import check_writable, write_atomic
 
 __all__ = [
@@ -85,8 +85,10 @@ def _is_terminal(stream) -> bool:
 
 
 def run_guarded(action, verbose: int) -> int:
-    """Run ``action() -> int`` turning flopcount's errors into one line on stderr and their exit codes, and any
-    other exception into one "internal error" line (the traceback with ``-vv``). Shared by every subcommand."""
+    """Run ``action() -> int`` turning flopcount's errors into one line on stderr and their exit codes, an error
+    raised while an installed framework imports into one line naming it (exit 11,
+    :func:`flopcount.errors.framework_failure`), and any other exception into one "internal error" line (the
+    traceback with ``-vv``). Shared by every subcommand."""
     try:
         return action()
     except FlopcountError as e:
@@ -99,6 +101,10 @@ def run_guarded(action, verbose: int) -> int:
         print("flopcount: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # a bug of ours: one line, not a traceback
+        failure = framework_failure(e)  # or a framework that is installed but fails to import: exit 11
+        if failure is not None:
+            print(f"flopcount: error: {failure}", file=sys.stderr)
+            return failure.exit_code
         if verbose >= 2:
             raise
         print(

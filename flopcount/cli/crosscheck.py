@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 
-from flopcount.errors import DeviceError, MeasurementError
+from flopcount.errors import DeviceError, MeasurementError, import_framework
 from flopcount.measure.ncu.parse import HALF_PACKING, read_ncu_csv
 
 from .arguments import InputShapes, check_model_source, count_source, input_shape, positive, torch_inputs
@@ -199,8 +199,8 @@ def _check_device(args) -> str:
             "without it, compare with --fallback torch"
         )
     try:
-        import torch
-    except ImportError:
+        torch = import_framework("torch")
+    except ModuleNotFoundError:
         raise DeviceError("--run needs PyTorch with CUDA to run the step; install a CUDA build of torch, or compare "
                           "an export made elsewhere with --ncu-csv FILE") from None
     if not torch.cuda.is_available():

@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from flopcount.errors import DeviceError, FrontendError, UsageError
+    from flopcount.errors import DeviceError, FrontendError, UsageError, import_framework
 
     parser = build_parser()
     try:
@@ -62,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def action() -> int:
         try:
-            import torch
-        except ImportError:
+            torch = import_framework("torch")
+        except ModuleNotFoundError:
             raise FrontendError("ncu_step: PyTorch is not installed; install a CUDA build of torch") from None
         if not torch.cuda.is_available():
             raise DeviceError("ncu_step: no CUDA device visible to PyTorch (torch.cuda.is_available() is False); "
