@@ -61,8 +61,9 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
     trust_remote_code : bool
         Allow a configuration whose classes live in its repository (``auto_map``); building it runs that code.
     generate : (P, N), optional
-        Count ``generate()`` of N new tokens after P prompt tokens (:func:`flopcount.frontends.generate.
-        from_causal_lm`): the report is the prefill's, with ``report.generation``. ``input_shapes`` may then be
+        Count ``generate()`` of N new tokens after P prompt tokens
+        (:func:`flopcount.frontends.generate.from_causal_lm`): the report is the prefill's, with
+        ``report.generation``. ``input_shapes`` may then be
         left out; the batch is ``batch``, else dim 0 of ``input_ids``, else 1. Only for a causal LM.
     capacity_factor : float, optional
         For a mixture-of-experts model: the expert capacity factor C of its router; the report's ``moe`` adds
