@@ -108,7 +108,7 @@ def test_a_huge_shape_constant_is_refused_before_inference(model, expected, tmp_
 
 def test_the_check_itself_names_the_node_without_inferring():
     from flopcount.errors import ShapeError
-    from flopcount.pipeline.shapes.guarded import check_shape_constants
+    from flopcount.pipeline.shapes.shape_constants import check_shape_constants
 
     with pytest.raises(ShapeError, match=r"^m\.onnx: node 'fill' \(ConstantOfShape\) makes tensor 'z' of more than"):
         check_shape_constants(constant_of_shape_cast(), "m.onnx")
@@ -117,6 +117,6 @@ def test_the_check_itself_names_the_node_without_inferring():
 @pytest.mark.parametrize("target", [[3, -1], [0, 3, -1], [2**24, 2**24], [2**48, 1]],
                          ids=["minus-one", "zero-copies", "2**48-exactly", "one-dim-at-the-limit"])
 def test_targets_within_the_limit_pass_the_check(target):
-    from flopcount.pipeline.shapes.guarded import check_shape_constants
+    from flopcount.pipeline.shapes.shape_constants import check_shape_constants
 
     check_shape_constants(one_op("Reshape", target), "m.onnx")  # 2**24 * 2**24 = 2**48: at the limit, not above
