@@ -54,11 +54,12 @@ def test_the_docstring_style_is_the_one_mkdocstrings_reads():
 
 
 def test_the_hook_renders_roles_and_literals_as_code():
-    sys.path.insert(0, str(ROOT))
-    try:
-        from docs_hooks import render_roles
-    finally:
-        sys.path.remove(str(ROOT))
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    render_roles = hooks.render_roles
     assert render_roles(":class:<code>~flopcount.options.CountOptions</code>") == "<code>CountOptions</code>"
     assert render_roles(":func:`flopcount.count`, ``x``") == "<code>flopcount.count</code>, <code>x</code>"
     assert render_roles("<code>```console</code>") == "<code>```console</code>"

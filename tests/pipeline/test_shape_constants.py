@@ -52,7 +52,8 @@ def one_op(op, target, constant_node=False):
     nodes = [helper.make_node(op, [*inputs, "s"], ["y"], name="big")]
     if constant_node:  # the shape made by a Constant node, not an initializer
         nodes.insert(0, helper.make_node("Constant", [], ["s"], value=_ints("v", target)))
-    return _model(nodes, {} if op == "ConstantOfShape" else {"x": [2, 6]}, [] if constant_node else [_ints("s", target)])
+    initializers = [] if constant_node else [_ints("s", target)]
+    return _model(nodes, {} if op == "ConstantOfShape" else {"x": [2, 6]}, initializers)
 
 
 def in_a_body():

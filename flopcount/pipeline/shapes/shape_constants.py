@@ -1,6 +1,6 @@
 """Shape constants checked before ONNX's inference sees them: a Reshape, Expand, ConstantOfShape or Tile whose
-constant shape asks for more elements than any tensor may hold is refused naming its node (:func:`check_shape_constants`),
-where ONNX's data propagation would first try to hold that many values."""
+constant shape asks for more elements than any tensor may hold is refused naming its node
+(:func:`check_shape_constants`), where ONNX's data propagation would first try to hold that many values."""
 
 from __future__ import annotations
 

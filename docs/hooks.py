@@ -1,7 +1,8 @@
-"""The docs site's hook (mkdocs.yml: ``hooks``): the Sphinx roles of the docstrings rendered as code.
+"""The docs site's hook (mkdocs.yml: ``hooks``; left out of the site by ``exclude_docs``): the Sphinx roles of the
+docstrings rendered as code.
 
-The package's docstrings are numpydoc, with Sphinx roles for cross-references (:class:`~flopcount.options.CountOptions`),
-the house style the networkx docs follow; mkdocstrings renders numpydoc's sections but leaves the roles as raw
+The package's docstrings are numpydoc, with Sphinx roles for cross-references
+(:class:`~flopcount.options.CountOptions`), the house style the networkx docs follow; mkdocstrings renders numpydoc's sections but leaves the roles as raw
 text. Each ``:role:`target``` on a page becomes ``target`` as code (with a leading ``~``, its last component), so
 the API page reads as the docstrings do in Python's ``help()``.
 """
