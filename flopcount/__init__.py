@@ -18,6 +18,7 @@ docs/architecture.md):
 * :mod:`.conventions` counting conventions
 * :mod:`.masks` executed attention's masks, which attention formulas consult
 * :mod:`.errors` the exception hierarchy with exit codes, and :func:`~flopcount.errors.first_line`
+* :mod:`.limits` the limits every stage shares (``MAX_ELEMENTS``: the most elements a tensor may have)
 * :mod:`.version` the installed version (``__version__``)
 
 The rooms, each a package whose ``__init__`` lists its modules, in the order their arrows run (each imports only

@@ -15,10 +15,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from .errors import UsageError
+from .limits import MAX_ELEMENTS
 
 __all__ = ["check_count_arguments"]
 
-MAX_ELEMENTS = 2**48  # the most elements a dim or a batch may have, as for shapes
 _EXAMPLE = '{"input": (8, 3, 224, 224)}'
 
 

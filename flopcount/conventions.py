@@ -155,6 +155,8 @@ CONVENTIONS: dict[str, Convention] = {
         ),
     )
 }
+"""The named conventions, by name (``default``, ``table3``, ``dense``, ``macs``, ``aiperf``: the module's docstring
+says what each counts); ``convention=`` takes a name or a :class:`Convention`."""
 
 
 def get_convention(name: str | Convention) -> Convention:

@@ -58,16 +58,16 @@ def count(
 ) -> Report:
     """Count the FLOPs of an ONNX model without reading its weights.
 
+    Every parameter but ``model`` is a setting of the count: the field of the same name of
+    :class:`~flopcount.options.CountOptions`, described (with its type) and checked there (a
+    :class:`~flopcount.errors.UsageError` naming the argument); ``count(model, **settings)`` is
+    ``count_options(model, CountOptions(**settings))``.
+
     Parameters
     ----------
     model : path, ``onnx.ModelProto``, serialized bytes or :class:`flopcount.pipeline.loading.LoadedModel`
         The model. External data files are never opened and may be absent. A ``LoadedModel`` (from
         :func:`flopcount.pipeline.loading.load_with_weights`) is counted without reading its file again, under its path.
-    input_shapes, batch, convention, strict, input_values, loop_trips, mode, optimizer, trainable_inputs, \
-trainable, frozen, attention, memory, free_ops
-        The settings of the count, each described and checked by :class:`~flopcount.options.CountOptions` (a
-        :class:`~flopcount.errors.UsageError` naming the argument); ``count(model, **settings)`` is
-        ``count_options(model, CountOptions(**settings))``.
 
     Returns
     -------

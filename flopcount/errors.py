@@ -132,3 +132,52 @@ def first_line(e: BaseException, limit: int = 300) -> str:
     lines = [line.strip() for line in _ANSI.sub("", str(e)).splitlines() if line.strip()]
     text = " ".join(lines[0].split()) if lines else type(e).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def framework_failure(error: BaseException) -> DeviceError | None:
+    """The :class:`DeviceError` (exit 11) for ``error`` where it was raised while an installed package other than
+    flopcount imported: an ``ImportError`` or ``OSError`` from its native libraries (a CUDA build of torch on a
+    machine without the CUDA libraries), a module it needs missing, or any other error of its import. The message
+    names the package (the innermost one whose import was under way) and its error; None where ``error`` arose
+    anywhere else, or is the package itself not being installed (a ``ModuleNotFoundError`` for its own name).
+
+    Every command's errors pass through it (:func:`flopcount.cli.console.run_guarded`), and so does each place that
+    imports a framework and words its absence (:func:`import_framework`)."""
+    import sys
+
+    package, tb = None, error.__traceback__
+    while tb is not None:  # a module's top-level code runs only while it is imported
+        frame = tb.tb_frame
+        top = str(frame.f_globals.get("__name__", "")).split(".")[0]
+        if frame.f_code.co_name == "<module>" and top not in ("", "__main__", "flopcount") \
+                and top not in sys.stdlib_module_names:
+            package = top
+        tb = tb.tb_next
+    if package is None:
+        return None
+    return DeviceError(f"{package} is installed but cannot be imported: {type(error).__name__}: {first_line(error)}; "
+                       f"reinstall it, in a build that suits this machine (on a machine without a GPU, a CPU build)")
+
+
+def import_framework(name: str):
+    """``importlib.import_module(name)`` for a framework flopcount uses (``torch``, ``tensorflow``, ``transformers``
+    ...): a ``ModuleNotFoundError`` where it is not installed, for the caller to word (which extra to install); a
+    :class:`DeviceError` naming it and its error where it is installed but fails to import
+    (:func:`framework_failure`).
+
+    >>> import_framework("no_such_framework")
+    Traceback (most recent call last):
+    ...
+    ModuleNotFoundError: No module named 'no_such_framework'
+    """
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except Exception as e:  # noqa: BLE001 - an import may fail in any way; each is told apart below
+        missing = isinstance(e, ModuleNotFoundError) and e.name is not None \
+            and (name == e.name or name.startswith(e.name + "."))
+        failure = None if missing else framework_failure(e)
+        if failure is not None:
+            raise failure from None
+        raise

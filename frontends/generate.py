@@ -23,7 +23,7 @@ import inspect
 import logging
 from typing import TYPE_CHECKING, Any
 
-from flopcount.errors import FrontendError, UsageError
+from flopcount.errors import FrontendError, UsageError, import_framework
 from flopcount.reporting.generation import (
     DecodePiece,
     Generation,
@@ -361,7 +361,6 @@ def _device(model):
 
 def _torch():
     try:
-        import torch
-    except ImportError:
+        return import_framework("torch")
+    except ModuleNotFoundError:
         raise FrontendError("generate: torch is not installed; pip install torch (see README)") from None
-    return torch

@@ -22,7 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flopcount.errors import ConfigError, FrontendError, UsageError, first_line
+from flopcount.errors import ConfigError, FrontendError, UsageError, first_line, import_framework
+from flopcount.limits import MAX_ELEMENTS
 from flopcount.pipeline.progress import phase
 
 if TYPE_CHECKING:
@@ -60,8 +61,9 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
     trust_remote_code : bool
         Allow a configuration whose classes live in its repository (``auto_map``); building it runs that code.
     generate : (P, N), optional
-        Count ``generate()`` of N new tokens after P prompt tokens (:func:`flopcount.frontends.generate.
-        from_causal_lm`): the report is the prefill's, with ``report.generation``. ``input_shapes`` may then be
+        Count ``generate()`` of N new tokens after P prompt tokens
+        (:func:`flopcount.frontends.generate.from_causal_lm`): the report is the prefill's, with
+        ``report.generation``. ``input_shapes`` may then be
         left out; the batch is ``batch``, else dim 0 of ``input_ids``, else 1. Only for a causal LM.
     capacity_factor : float, optional
         For a mixture-of-experts model: the expert capacity factor C of its router; the report's ``moe`` adds
@@ -621,22 +623,18 @@ def build_model(config, *, trust_remote_code: bool = False):
     return model.eval()
 
 
-#: The most elements one tensor of a model may have (2**48): more is no model a machine holds.
-MAX_TENSOR_ELEMENTS = 2**48
-
-
 def _check_sizes(model, config) -> None:
     """A :class:`ConfigError` naming the tensor and the configuration's fields of its dims where one parameter or
-    buffer of ``model`` would hold more than :data:`MAX_TENSOR_ELEMENTS` elements."""
+    buffer of ``model`` would hold more than :data:`~flopcount.limits.MAX_ELEMENTS` elements."""
     for name, tensor in (*model.named_parameters(), *model.named_buffers()):
         elements = 1
         for d in tensor.shape:
             elements *= int(d)
-        if elements > MAX_TENSOR_ELEMENTS:
+        if elements > MAX_ELEMENTS:
             dims = " x ".join(str(int(d)) for d in tensor.shape)
             raise ConfigError(
                 f"{config.model_type}: the configuration makes {name} a tensor of {dims} = {elements:.3g} elements, "
-                f"above the limit of 2**48 = {MAX_TENSOR_ELEMENTS}{_fields_in(config, dims)}; fix the configuration")
+                f"above the limit of 2**48 = {MAX_ELEMENTS}{_fields_in(config, dims)}; fix the configuration")
 
 
 def _fields_in(config, text: str) -> str:
@@ -689,6 +687,6 @@ def hf_inputs(model, input_shapes) -> dict[str, Any]:
 
 def _import(name: str):
     try:
-        return __import__(name)
-    except ImportError:
+        return import_framework(name)
+    except ModuleNotFoundError:
         raise FrontendError(f"{FRONTEND}: {name} is not installed; {INSTALL_HINT}") from None

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import inspect
 import logging
 import os
@@ -19,7 +18,7 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from flopcount.errors import FrontendError, UsageError
+from flopcount.errors import FrontendError, UsageError, import_framework
 
 from . import common
 
@@ -110,8 +109,8 @@ def tensorflow_running(label: str) -> Iterator[None]:
 
 def _import(name: str, label: str):
     try:
-        return importlib.import_module(name)
-    except ImportError:
+        return import_framework(name)
+    except ModuleNotFoundError:
         raise FrontendError(f"{FRONTEND}: {label} is not installed; {INSTALL_HINT}") from None
 
 

@@ -68,7 +68,7 @@ from typing import TYPE_CHECKING, Any
 
 import onnx
 
-from flopcount.errors import FrontendError, UsageError, first_line
+from flopcount.errors import FrontendError, UsageError, first_line, import_framework
 from flopcount.pipeline.graph import walk_graphs
 from flopcount.pipeline.progress import phase
 
@@ -329,10 +329,9 @@ def _with_unread(report: Report, unread: Mapping[str, int]) -> Report:
 
 def _import_torch():
     try:
-        import torch
-    except ImportError:
+        return import_framework("torch")
+    except ModuleNotFoundError:
         raise FrontendError(f"{FRONTEND}: PyTorch is not installed; {INSTALL_HINT}") from None
-    return torch
 
 
 def forward_inputs(module, inputs: Mapping[str, Any], device: Any = "cpu") -> dict[str, Any]:

@@ -214,3 +214,13 @@ def gloo_ranks(worker, tmp_path, *args, world: int = 2) -> list:
     mp.start_processes(worker, args=(world, f"file://{tmp_path / 'init'}", out, *args), nprocs=world, join=True,
                        start_method="fork")
     return [json.loads(open(f"{out}.{i}").read()) for i in range(world)]
+
+
+def refusal_lines(err: str) -> list[str]:
+    """The lines of a command's stderr other than its progress: each step that took two seconds or more says so
+    (``flopcount: exporting X with torch: 12.4 s``) even on a pipe (:mod:`flopcount.pipeline.progress`), before a
+    refusal that comes after it."""
+    import re
+
+    progress = re.compile(r"flopcount: (?!error: ).+: \d+\.\d s")
+    return [line for line in err.strip().splitlines() if not progress.fullmatch(line)]

@@ -71,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "1; their product is the world size): the report gives each rank's MFU and HFU from its "
                            "own FLOPs, the slowest rank, and the Megatron, torchtitan and MaxText conventions "
                            "(docs/parallel.md, MFU per rank); the workloads train data parallel: dp=RANKS")
+    # bench has no --memory and always trains: its --recompute is the plan's alone
+    next(a for a in p._actions if a.dest == "recompute").help = (
+        "with --parallel: the recompute policy of the plan's per-rank FLOPs: none (default), full (checkpoint every "
+        "numbered layer), selective (recompute the attention core), or operator types to recompute (OP,OP)")
     p.add_argument("--format", choices=("table", "json"), default="table",
                    help="stdout format (default: table); -o always writes JSON")
     p.add_argument("-o", "--output", metavar="FILE", help="write the JSON report to FILE")

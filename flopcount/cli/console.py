@@ -11,7 +11,8 @@ import sys
 import threading
 from typing import Iterator, NoReturn
 
-from flopcount.errors import FlopcountError, Interrupted
+from flopcount.errors import FlopcountError, Interrupted, framework_failure
+from flopcount.pipeline.progress import slow_step
 from flopcount.output.files import check_writable, write_atomic
 
 __all__ = [
@@ -42,8 +43,9 @@ def command_logging(verbose: int) -> Iterator[None]:
     flopcount's, and ``-vv`` does not turn on their debug output. Where nobody configured a handler for them, their
     warnings (torchao's "Failed to load ..." when transformers imports it) would reach Python's last-resort handler
     and stand beside a command's one-line error: they are shown with ``-v``, named by their logger, and held back
-    otherwise. When stderr is a terminal, the phases of long work (:mod:`flopcount.pipeline.progress`: exports, shape
-    inference, the count) are shown as ``flopcount: message`` lines with their times. Everything is put back
+    otherwise. The phases of long work (:mod:`flopcount.pipeline.progress`: exports, shape inference, the count) are
+    shown as ``flopcount: message`` lines with their times: every one when stderr is a terminal, and where it is not
+    (a pipe, a file), each step that took two seconds or more, as it ends. Everything is put back
     afterwards, so that :func:`flopcount.cli.main` called from Python leaves the process's logging as it found it."""
     logger = logging.getLogger("flopcount")
     progress = logging.getLogger("flopcount.progress")  # flopcount.pipeline.progress: phases and their times
@@ -60,7 +62,9 @@ def command_logging(verbose: int) -> Iterator[None]:
     logger.propagate = False
     logger.addHandler(handler)
     saved_progress = progress.level, progress.propagate
-    if shown:  # long work says what it is doing, on a terminal only (a pipe or a file stays silent)
+    if shown or not verbose:  # (-v on a pipe: every phase, as the INFO records of the flopcount logger)
+        if not shown:  # a pipe or a file: only the steps that took long (a fast count stays silent)
+            progress_handler.addFilter(slow_step)
         progress.setLevel(logging.INFO)
         progress.propagate = False
         progress.addHandler(progress_handler)
@@ -85,8 +89,10 @@ def _is_terminal(stream) -> bool:
 
 
 def run_guarded(action, verbose: int) -> int:
-    """Run ``action() -> int`` turning flopcount's errors into one line on stderr and their exit codes, and any
-    other exception into one "internal error" line (the traceback with ``-vv``). Shared by every subcommand."""
+    """Run ``action() -> int`` turning flopcount's errors into one line on stderr and their exit codes, an error
+    raised while an installed framework imports into one line naming it (exit 11,
+    :func:`flopcount.errors.framework_failure`), and any other exception into one "internal error" line (the
+    traceback with ``-vv``). Shared by every subcommand."""
     try:
         return action()
     except FlopcountError as e:
@@ -99,6 +105,10 @@ def run_guarded(action, verbose: int) -> int:
         print("flopcount: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # a bug of ours: one line, not a traceback
+        failure = framework_failure(e)  # or a framework that is installed but fails to import: exit 11
+        if failure is not None:
+            print(f"flopcount: error: {failure}", file=sys.stderr)
+            return failure.exit_code
         if verbose >= 2:
             raise
         print(

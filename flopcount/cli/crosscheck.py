@@ -18,8 +18,9 @@ import subprocess
 import sys
 import tempfile
 
-from flopcount.errors import DeviceError, MeasurementError
+from flopcount.errors import DeviceError, MeasurementError, import_framework
 from flopcount.measure.ncu.parse import HALF_PACKING, read_ncu_csv
+from flopcount.options import OPTIMIZERS
 
 from .arguments import InputShapes, check_model_source, count_source, input_shape, positive, torch_inputs
 from .console import write_output
@@ -79,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="counting convention of the analytic side (default: 1 MAC = 2 FLOPs)")
     p.add_argument("--mode", choices=("inference", "train"), default="inference",
                    help="train: forward, loss and backward of one step (profile a training step)")
-    p.add_argument("--optimizer", choices=("sgd", "momentum", "adam"),
+    p.add_argument("--optimizer", choices=tuple(OPTIMIZERS),
                    help="with --mode train: count (and, in the profiled step, run) this optimizer's update")
     p.add_argument("--strict", action="store_true", help="fail (exit 6) when any operator has no formula")
     what = p.add_argument_group("what to do (one of)")
@@ -199,8 +200,8 @@ def _check_device(args) -> str:
             "without it, compare with --fallback torch"
         )
     try:
-        import torch
-    except ImportError:
+        torch = import_framework("torch")
+    except ModuleNotFoundError:
         raise DeviceError("--run needs PyTorch with CUDA to run the step; install a CUDA build of torch, or compare "
                           "an export made elsewhere with --ncu-csv FILE") from None
     if not torch.cuda.is_available():

@@ -20,6 +20,7 @@ import argparse
 import sys
 
 from flopcount.measure.ncu.step import PRECISIONS, run_gemm, run_model
+from flopcount.options import OPTIMIZERS
 
 from .arguments import InputShapes, input_shape, positive
 from .console import run_guarded
@@ -37,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(input_dtypes={})
     p.add_argument("--batch", type=positive, metavar="N", help="set dim 0 of every input")
     p.add_argument("--mode", choices=("inference", "train"), default="train")
-    p.add_argument("--optimizer", choices=("sgd", "momentum", "adam"),
+    p.add_argument("--optimizer", choices=tuple(OPTIMIZERS),
                    help="train mode: also run this optimizer's step (default: none, gradients only)")
     p.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="fp32 (TF32 off), tf32 (TF32 on for cuBLAS and cuDNN), bf16 or fp16 (autocast)")
@@ -48,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from flopcount.errors import DeviceError, FrontendError, UsageError
+    from flopcount.errors import DeviceError, FrontendError, UsageError, import_framework
 
     parser = build_parser()
     try:
@@ -62,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def action() -> int:
         try:
-            import torch
-        except ImportError:
+            torch = import_framework("torch")
+        except ModuleNotFoundError:
             raise FrontendError("ncu_step: PyTorch is not installed; install a CUDA build of torch") from None
         if not torch.cuda.is_available():
             raise DeviceError("ncu_step: no CUDA device visible to PyTorch (torch.cuda.is_available() is False); "

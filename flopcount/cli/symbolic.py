@@ -13,7 +13,7 @@ from flopcount.errors import UsageError
 from .arguments import options_from_args
 from .console import write_output
 
-__all__ = ["has_names", "run_sweep", "run_symbolic", "start_sizes", "sweep_values"]
+__all__ = ["run_sweep", "run_symbolic", "start_sizes", "sweep_values"]
 
 
 def start_sizes(text: str) -> dict[str, int]:
@@ -35,10 +35,6 @@ def sweep_values(text: str) -> tuple[str, tuple[int, ...]]:
         raise argparse.ArgumentTypeError(f"expected NAME=V1,V2,... with positive integers, such as S=128,256, "
                                          f"got {text!r}")
     return name, tuple(int(v) for v in sizes)
-
-
-def has_names(args: argparse.Namespace) -> bool:
-    return any(isinstance(d, str) for _, dims in args.input_shape for d in dims)
 
 
 def _counting(args: argparse.Namespace):

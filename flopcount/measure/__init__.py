@@ -27,10 +27,8 @@ Which room to open for a figure of a bench report (``flopcount bench``, ``Meter.
 * ``config`` (the workload, its counting and scale-out settings): :mod:`flopcount.workloads` and
   :mod:`flopcount.cli.bench`
 
-Old module paths kept as thin re-exports because the README and docs name them: :mod:`.distributed`,
-:mod:`.ensemble`, :mod:`.lightning` and :mod:`.keras` (``MeterCallback``), and :mod:`.ncu_step` (the command
-``python -m flopcount.measure.ncu_step`` that ``flopcount crosscheck`` prints). ``flopcount.measure.profile`` and
-``flopcount.measure.ncu`` are now packages that re-export what those modules offered.
+One module stands beside the rooms: :mod:`.ncu_step`, the command ``python -m flopcount.measure.ncu_step`` that
+``flopcount crosscheck`` prints and runs under ncu (a door for users that hands over to :mod:`flopcount.cli.ncu_step`).
 """
 
 __all__: list[str] = []

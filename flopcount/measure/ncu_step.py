@@ -1,6 +1,6 @@
 """``python -m flopcount.measure.ncu_step``: the program ``flopcount crosscheck`` prints and runs under ncu (the
 command line docs/crosscheck.md shows). Kept at this path for that command; the program is
-:mod:`flopcount.cli.ncu_step`, the profiled step :mod:`flopcount.measure.ncu_driver`."""
+:mod:`flopcount.cli.ncu_step`, the profiled step :mod:`flopcount.measure.ncu.step`."""
 
 import sys
 

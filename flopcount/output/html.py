@@ -121,11 +121,16 @@ def default_depth(report: Report) -> int:
 
 def _totals(report: Report) -> str:
     t = report.total
-    items = [("Total FLOPs", _n(t.flops)), ("Total MACs", _n(t.macs))]
+    g = report.generation  # a generation's totals here are its prefill's; the whole generation's beside them
+    total = "Prefill total" if g is not None else "Total"
+    items = [(f"{total} FLOPs", _n(t.flops)), (f"{total} MACs", _n(t.macs))]
+    if g is not None:
+        items.append(("Generation total FLOPs (prefill and decode)", _n(g.total.flops)))
     if report.mode == "train":
         items += [("Forward FLOPs", _n(report.forward.flops)), ("Backward FLOPs", _n(report.backward.flops))]
     ps = report.per_sample
-    items += [("Per-sample FLOPs", _n(ps.flops) if ps else "none (batch 0)"), ("Batch", _n(report.batch)),
+    items += [(f"{'Per-sample prefill' if g is not None else 'Per-sample'} FLOPs", _n(ps.flops) if ps else "none (batch 0)"),
+              ("Batch", _n(report.batch)),
               ("Parameters", _n(report.params))]
     if report.mode == "train":
         items.append(("Trainable parameters", _n(report.trainable_params)))

@@ -199,6 +199,8 @@ def _summary_lines(report: Report) -> list[str]:
     ps = report.per_sample
     none = "none (the batch is 0: no sample to count per)"
     opset = m.opsets.get("", "?")
+    # a generation's table and totals are its prefill's (the whole generation's total is among its lines below)
+    total, sample = ("Prefill total", "Per-sample prefill") if report.generation is not None else ("Total", "Per-sample")
     lines = [
         f"Model: {m.path or '<in memory>'} (graph {m.graph_name!r}, opset {opset}"
         + (f", producer {m.producer}" if m.producer else "")
@@ -206,10 +208,10 @@ def _summary_lines(report: Report) -> list[str]:
         "Inputs: " + ("; ".join(f"{t.name} {_dtype(t)} {t.shape_text()}" for t in m.inputs) or "(none)"),
         f"Convention: {report.convention.name} ({report.convention.summary})",
         f"Batch: {report.batch}",
-        f"Total FLOPs: {_n(report.total.flops)} ({si(report.total.flops, 'FLOPs')})",
-        f"Total MACs: {_n(report.total.macs)} ({si(report.total.macs, 'MACs')})",
-        f"Per-sample FLOPs: {_n(ps.flops)} ({si(ps.flops, 'FLOPs')})" if ps else f"Per-sample FLOPs: {none}",
-        f"Per-sample MACs: {_n(ps.macs)} ({si(ps.macs, 'MACs')})" if ps else f"Per-sample MACs: {none}",
+        f"{total} FLOPs: {_n(report.total.flops)} ({si(report.total.flops, 'FLOPs')})",
+        f"{total} MACs: {_n(report.total.macs)} ({si(report.total.macs, 'MACs')})",
+        f"{sample} FLOPs: {_n(ps.flops)} ({si(ps.flops, 'FLOPs')})" if ps else f"{sample} FLOPs: {none}",
+        f"{sample} MACs: {_n(ps.macs)} ({si(ps.macs, 'MACs')})" if ps else f"{sample} MACs: {none}",
         f"Transcendentals: {_n(report.total.transcendentals)}; integer ops (not FLOPs): {_n(report.total.int_ops)}",
         f"Parameters: {_n(report.params)} ({si(report.params)})"
         + (f"; buffers (not trained): {_n(report.buffers)}" if report.buffers else ""),

@@ -97,7 +97,7 @@ class NodeBytes(NamedTuple):
 def node_bytes(node: "NodeCount") -> NodeBytes | None:
     """:class:`NodeBytes` of ``node``, or None when a shape or dtype of one of its tensors is not known.
 
-    >>> from .context import TensorInfo as T
+    >>> from flopcount.context import TensorInfo as T
     >>> n = NodeCount(0, "mm", "MatMul", "", "matmul", "formula", (T("a", 1, (2, 3)), T("b", 1, (3, 4))),
     ...               (T("y", 1, (2, 4)),), Cost())
     >>> node_bytes(n)  # 4·(2·3 + 3·4) read, 4·2·4 written

@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from flopcount.errors import DeviceError, UsageError
+from flopcount.errors import DeviceError, UsageError, import_framework
 
 #: The precisions a workload trains in (autocast for bf16 and fp16).
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -55,11 +55,10 @@ class Config:
 
 def torch_or_error():
     try:
-        import torch
-    except ImportError:
+        return import_framework("torch")
+    except ModuleNotFoundError:
         raise DeviceError("flopcount bench trains with PyTorch, which is not installed: pip install torch "
                           "'flopcount[measure]' (on a CPU-only machine, a CPU build of torch)") from None
-    return torch
 
 
 def torch_device(cfg: Config):

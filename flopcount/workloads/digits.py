@@ -97,7 +97,7 @@ def train(cfg: Config, report, run: int = 0, listeners: list[Callable] | None = 
 
     ``data`` replaces the bundled split (tests, ensembles), ``sampler(epoch) -> index tensor`` replaces the seeded
     shuffle of the training set (bootstrap samples of an ensemble). ``parallel`` (a
-    :class:`flopcount.measure.distributed.DataParallel` or :class:`flopcount.measure.ensemble.Ensemble`) trains
+    :class:`flopcount.measure.harness.distributed.DataParallel` or :class:`flopcount.measure.harness.ensemble.Ensemble`) trains
     data-parallel under torch.distributed: DDP over the model's ranks, each rank a shard of each epoch (of the
     model's bootstrap sample in an ensemble), the test accuracy of the models' averaged predictions, the same on
     every rank, deciding when to stop."""

@@ -173,7 +173,7 @@ def train(cfg: Config, report, run: int = 0, listeners: list[Callable] | None = 
           meter_kw=None, parallel=None):
     """Train once (seed ``cfg.seed + run``) under a meter, evaluating after every epoch; return the meter.
 
-    ``parallel`` (:class:`flopcount.measure.distributed.DataParallel`, under torchrun or srun) trains
+    ``parallel`` (:class:`flopcount.measure.harness.distributed.DataParallel`, under torchrun or srun) trains
     data-parallel: DDP over the ranks, each rank a shard of each epoch's order, the same model on every rank, whose
     accuracy on the evaluation split decides when to stop."""
     torch = torch_or_error()

@@ -75,7 +75,7 @@ def _detection_loss(torch, outputs, targets):
 def train(cfg: Config, report, run: int = 0, listeners: list[Callable] | None = None, show_progress: bool = True,
           meter_kw=None, parallel=None):
     """Train ``cfg.steps`` steps on one synthetic batch under a meter; return the meter. ``parallel`` (a
-    :class:`flopcount.measure.distributed.DataParallel`) replicates the model with DDP over the ranks."""
+    :class:`flopcount.measure.harness.distributed.DataParallel`) replicates the model with DDP over the ranks."""
     torch = torch_or_error()
     device = torch_device(cfg)
     seed_everything(cfg.seed + run)

@@ -104,6 +104,17 @@ def test_every_page_is_in_the_site_navigation():
     assert nav - pages == set(), "mkdocs.yml names a page that docs/ does not have"
 
 
+@pytest.mark.parametrize("front", ["README.md", "docs/index.md"])
+def test_the_front_doors_link_every_page(front):
+    # a new user finds every page of the site from the README and from the site's first page
+    yaml = pytest.importorskip("yaml")
+    nav = _pages_in(yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))["nav"]) - {"index.md"}
+    text = (ROOT / front).read_text(encoding="utf-8")
+    prefix = "docs/" if front == "README.md" else ""
+    linked = set(re.findall(rf"\]\({re.escape(prefix)}([\w.-]+\.md)[)#]", text))
+    assert nav - linked == set(), f"{front} does not link {sorted(nav - linked)}"
+
+
 def _missing(argv: list[str]) -> list[str]:
     needed = {m for word in argv for m in NEEDS.get(word, ())}
     return sorted(m for m in needed if importlib.util.find_spec(m) is None)

@@ -1,5 +1,5 @@
-"""Long work says what it is doing, phase by phase with its time, on stderr when stderr is a terminal; nothing
-when it is not (a pipe, a file, this test's capture)."""
+"""Long work says what it is doing, phase by phase with its time, on stderr: every phase when stderr is a
+terminal; where it is not (a pipe, a file, this test's capture), each step that took two seconds or more."""
 
 from __future__ import annotations
 
@@ -32,9 +32,44 @@ def test_a_terminal_sees_each_phase_of_a_count_with_its_time(monkeypatch, capsys
     assert "Total FLOPs" in capsys.readouterr().out  # the report itself still goes to stdout
 
 
-def test_a_pipe_sees_nothing(capsys):
+def test_a_pipe_sees_only_the_steps_over_two_seconds(capsys):
     assert main([EXAMPLE]) == 0
-    assert capsys.readouterr().err == ""
+    for line in capsys.readouterr().err.splitlines():  # a quiet machine: none (each step of this count is fast)
+        m = re.fullmatch(r"flopcount: (.+): (\d+\.\d) s", line)
+        assert m and m.group(1) in PHASES and float(m.group(2)) >= 2.0, line
+
+
+def test_a_pipe_sees_each_slow_step_as_it_ends(monkeypatch, capsys):
+    # every step of this count made to take 2.5 s by the count's clock: a pipe sees each, named, with its time
+    import itertools
+    import types
+
+    import flopcount.counting
+
+    ticks = itertools.count()  # the count's own clock only (the time module itself is left alone)
+    monkeypatch.setattr(flopcount.counting, "time", types.SimpleNamespace(perf_counter=lambda: 2.5 * next(ticks)))
+    assert main([EXAMPLE]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [f"flopcount: {p}: 2.5 s" for p in PHASES], lines
+
+
+def test_fast_steps_and_starts_stay_off_a_pipe(capsys):
+    from flopcount.cli.console import command_logging
+    from flopcount.pipeline import progress
+
+    with command_logging(0):
+        with progress.phase("a fast step"):
+            pass
+        progress.done("an export", 3.21)
+        progress.done("shape inference", 1.99)
+    assert capsys.readouterr().err == "flopcount: an export: 3.2 s\n"
+
+
+def test_verbose_on_a_pipe_shows_every_phase_as_info(capsys):
+    assert main([EXAMPLE, "-v"]) == 0
+    err = capsys.readouterr().err
+    for p in PHASES:
+        assert re.search(rf"^flopcount: INFO: {p}: \d+\.\d s$", err, re.MULTILINE), err
 
 
 def test_logging_is_put_back_after_a_command(monkeypatch):

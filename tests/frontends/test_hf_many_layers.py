@@ -11,6 +11,7 @@ pytest.importorskip("torch")
 
 from flopcount.cli import main  # noqa: E402
 from flopcount.frontends import hf  # noqa: E402
+from helpers import refusal_lines  # noqa: E402
 
 
 def small_llama(layers: int) -> dict:
@@ -138,7 +139,7 @@ def test_a_huge_stack_counts_from_the_command_line(tmp_path, capsys, monkeypatch
 def test_a_listing_of_every_layer_is_refused_in_one_line(tmp_path, capsys, monkeypatch, cache, flags):
     monkeypatch.setenv("FLOPCOUNT_CACHE", str(cache))
     code = main(["--hf", str(_config(tmp_path, 10**5)), "--input-shape", "input_ids=1x8", *flags])
-    err = capsys.readouterr().err.strip().splitlines()
+    err = refusal_lines(capsys.readouterr().err)
     assert code == 2 and len(err) == 1, err
     assert flags[0] in err[0] and "above the limit of 1,000,000" in err[0]
 

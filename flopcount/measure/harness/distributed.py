@@ -6,7 +6,7 @@ torch.distributed (NCCL on GPUs, gloo on CPUs), and a model is replicated with `
 
 Sketch::
 
-    from flopcount.measure import distributed
+    from flopcount.measure.harness import distributed
     ranks = distributed.init("cuda")          # RANK/WORLD_SIZE from torchrun, SLURM_PROCID/... from srun
     dp = distributed.DataParallel()
     model = dp.wrap(net.to(ranks.device))     # DDP, with a hook that counts the gradient bytes it all-reduces
@@ -28,7 +28,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from flopcount.errors import DeviceError, MeasurementError, UsageError
+from flopcount.errors import DeviceError, MeasurementError, UsageError, import_framework
 
 from .ranks import running_dist
 
@@ -51,10 +51,9 @@ class Ranks:
 
 def _torch():
     try:
-        import torch
-    except ImportError:
+        return import_framework("torch")
+    except ModuleNotFoundError:
         raise DeviceError("distributed training runs on PyTorch, which is not installed: pip install torch") from None
-    return torch
 
 
 def launcher() -> str | None:

@@ -3,7 +3,7 @@ each on its own process group of P ranks (M × P ranks in all), their prediction
 
 Sketch::
 
-    from flopcount.measure import distributed, ensemble
+    from flopcount.measure.harness import distributed, ensemble
     ranks = distributed.init("cuda")                     # torchrun --nproc_per_node=M*P (or srun)
     ens = ensemble.Ensemble(models=M)                    # the M process groups; this rank's model and group
     torch.manual_seed(ens.seed(0))                       # base models start from different initialisations

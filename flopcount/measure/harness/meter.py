@@ -1,14 +1,16 @@
 """``flopcount.Meter``: the HPC AI500 metrics of a real training run, measured from inside the user's own loop.
 
->>> import flopcount  # doctest: +SKIP
->>> report = flopcount.from_torch(model, (64, 3, 224, 224), mode="train")          # counted once
->>> meter = flopcount.Meter(report, target_quality=0.763, quality_exponent=5)
->>> for epoch in range(epochs):
-...     for x, y in meter.loader(train_loader):      # the first batch read starts the clock
-...         with meter.step(samples=len(x)):
-...             loss = loss_fn(model(x), y); loss.backward(); opt.step(); opt.zero_grad()
-...     meter.quality(evaluate(model))               # time-to-quality is taken here
->>> print(meter.summary()); meter.to_json("run.json")
+Sketch (the loop is the user's; docs/measuring.md runs the same loop on a small model)::
+
+    import flopcount
+    report = flopcount.from_torch(model, (64, 3, 224, 224), mode="train")          # counted once
+    meter = flopcount.Meter(report, target_quality=0.763, quality_exponent=5)
+    for epoch in range(epochs):
+        for x, y in meter.loader(train_loader):      # the first batch read starts the clock
+            with meter.step(samples=len(x)):
+                loss = loss_fn(model(x), y); loss.backward(); opt.step(); opt.zero_grad()
+        meter.quality(evaluate(model))               # time-to-quality is taken here
+    print(meter.summary()); meter.to_json("run.json")
 
 **What the meter does per step**: two stamps (``time.perf_counter`` on a CPU; two CUDA events on the current
 stream on a GPU) and a few integer updates; no synchronisation, no FLOP counting. Once per window of

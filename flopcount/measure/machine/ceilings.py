@@ -23,6 +23,8 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
+from flopcount.errors import import_framework
+
 from . import devices
 from .devices import Device
 
@@ -145,8 +147,8 @@ def cached_tf_gemm(dtype: str = "fp32") -> GemmCeiling | None:
     """TensorFlow's GEMM ceiling of ``dtype`` on this machine at its thread count, from the cache (kept until
     beaten, as :func:`cached_gemm`) or measured now; None without TensorFlow."""
     try:
-        import tensorflow as tf
-    except ImportError:
+        tf = import_framework("tensorflow")
+    except ModuleNotFoundError:
         return None
     from flopcount.frontends.common import cache_key, default_cache_dir
 
@@ -201,8 +203,8 @@ def cached_ort_gemm(threads: int | None = None) -> GemmCeiling | None:
     """onnxruntime's fp32 GEMM ceiling on ``threads`` threads, from the cache (kept until beaten, as
     :func:`cached_gemm`) or measured now; None without onnxruntime."""
     try:
-        import onnxruntime as ort
-    except ImportError:
+        ort = import_framework("onnxruntime")
+    except ModuleNotFoundError:
         return None
     from flopcount.frontends.common import cache_key, default_cache_dir
 
@@ -508,8 +510,8 @@ def cached_gemm(device: str = "cpu", dtype: str = "fp32") -> GemmCeiling | None:
     """The GEMM ceiling of ``dtype`` on this machine, from the cache or measured now (and cached); None when torch
     is not installed or the dtype cannot run here."""
     try:
-        import torch  # noqa: F401
-    except ImportError:
+        import_framework("torch")
+    except ModuleNotFoundError:
         return None
     if dtype not in CPU_GEMM_DTYPES:
         return None
@@ -540,8 +542,8 @@ def cached_memory_bandwidth(device: str = "cpu") -> BandwidthCeiling | None:
     """This CPU's copy bandwidth, from the cache or measured now (about a second) and cached like
     :func:`cached_gemm`; None without torch."""
     try:
-        import torch  # noqa: F401
-    except ImportError:
+        import_framework("torch")
+    except ModuleNotFoundError:
         return None
 
     return _cached(_cache_file("memory", device), BandwidthCeiling, lambda: measure_cpu_bandwidth(device),

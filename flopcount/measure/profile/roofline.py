@@ -13,7 +13,7 @@ byte) can attain at most ``min(compute, bandwidth × I)``, and it is bandwidth-b
   measured FLOP/s when profiled, against the machine's compute ceilings and memory bandwidth.
 
 >>> r = Roofline("single node", (Ceiling("GEMM fp32", 115e12),), (Ceiling("NVLink", 300e9),), "COI")
->>> r.ridge() / 1e3, r.attained(100) / 1e12, r.bound(100)
+>>> r.ridge(), r.attained(100) / 1e12, r.bound(100)
 (383.3333333333333, 30.0, 'bandwidth')
 """
 

@@ -13,6 +13,7 @@ The package, by job (each module imports only those listed after it):
 * :mod:`.contrib` shapes around operators of other domains (twins, registered shape functions, onnxruntime's)
 * :mod:`.bodies` shapes inside If / Loop / Scan bodies, and of Loop outputs
 * :mod:`.guarded` ONNX's inference, guarded: in a forked child or a spawned interpreter, depth by depth, dims checked
+* :mod:`.shape_constants` shape constants asking for more than 2**48 elements, refused before inference
 * :mod:`.overrides` what the user fixes first: input shapes, batch, input values
 * :mod:`.interpreter` a small numpy interpreter that folds the constant subgraphs computing shapes
 * :mod:`.tensors` tensor infos read from a model, and the limits and operator sets shared by the rest

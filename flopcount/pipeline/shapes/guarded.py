@@ -32,6 +32,7 @@ from .interpreter import (
     inline_array,
 )
 from .overrides import apply_overrides, real_inputs
+from .shape_constants import check_shape_constants
 from .tensors import (
     DIM_SAFE_OPS,
     FOLD_LIMIT,
@@ -61,9 +62,11 @@ def infer(model: ModelProto, where: str, strict: bool = False, hint: bool = True
     inference, whatever the graph's depth). Only where it crashed, a dim is wrong, or no child can be forked,
     the graph is inferred depth by depth, each depth's dims checked before a Slice of the next reads them, so
     that the error names the node that made the first wrong dim and the process never aborts."""
-    depths = _guard_depths(model.graph) if guard else None
+    op_types = list(map(_OP_TYPE, model.graph.node))  # read once for the checks and data propagation's bound
+    check_shape_constants(model, where, op_types)
+    depths = _guard_depths(model.graph, op_types) if guard else None
     if depths is None:
-        return _infer_plain(model, where, strict)
+        return _infer_plain(model, where, strict, op_types)
     whole = _contained_inference(model, strict)
     if whole is not None:
         kind, data = whole
@@ -134,10 +137,11 @@ def _contained_inference(model: ModelProto, strict: bool) -> tuple[str, str | by
     return ("M", data[1:]) if data[:1] == b"M" else ("E", data[1:].decode("utf-8", "replace"))
 
 
-def _infer_plain(model: ModelProto, where: str, strict: bool = False) -> ModelProto:
+def _infer_plain(model: ModelProto, where: str, strict: bool = False,
+                 op_types: Sequence[str] | None = None) -> ModelProto:
     try:
         return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=strict,
-                                                 data_prop=data_prop_bounded(model))
+                                                 data_prop=data_prop_bounded(model, op_types))
     except Exception as e:  # InferenceError, ValidationError, or RuntimeError from C++
         if strict:
             raise
@@ -650,7 +654,8 @@ def _report(model: ModelProto, where: str) -> bytes:
     inferred model itself, beside the parent's DAG construction, and sends plain tuples, which the parent rebuilds
     faster than it would parse the model and read its types."""
     try:
-        op_types = list(map(_OP_TYPE, model.graph.node))  # read once for both checks
+        op_types = list(map(_OP_TYPE, model.graph.node))  # read once for the three checks
+        check_shape_constants(model, where, op_types)  # before ONNX's data propagation may hold its values
         if _guard_depths(model.graph, op_types) is None:
             from onnx.onnx_cpp2py_export import shape_inference as cpp
 

@@ -13,12 +13,9 @@ import onnx
 from onnx import ModelProto, helper
 
 from ...context import TensorInfo
+from ...limits import MAX_ELEMENTS
 
 FOLD_LIMIT = 4096  # largest tensor (elements) evaluated while folding shape subgraphs
-#: Largest dim, and largest element count of any tensor, that a model or an option may give
-#: (2**48 elements: 1 PiB of float32). Above it a shape is an error, never a count; it also keeps
-#: every product of dims far inside int64, where ONNX's inference does its arithmetic.
-MAX_ELEMENTS = 2**48
 
 
 def tensor_type(vi: onnx.ValueInfoProto):

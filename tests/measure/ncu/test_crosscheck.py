@@ -317,6 +317,21 @@ def test_print_ncu_command(capsys):
     assert lines[1].startswith("# then") and "--ncu-csv step.csv" in lines[1]
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam", "adamw"])
+def test_every_counted_optimizer_reaches_the_profiled_step(optimizer, capsys):
+    # crosscheck offers each optimizer the count knows (adamw included), and the step's parser takes it
+    from flopcount.cli import ncu_step
+    from flopcount.options import OPTIMIZERS
+
+    assert optimizer in OPTIMIZERS
+    assert main(["crosscheck", "--print-ncu-command", "--torch", "pkg.nets:make", "--input-shape", "x=2x3",
+                 "--mode", "train", "--optimizer", optimizer]) == 0
+    cmd = shlex.split(capsys.readouterr().out.splitlines()[0])
+    driver = cmd[cmd.index("--log-file") + 2:]
+    assert driver[driver.index("--optimizer") + 1] == optimizer
+    assert ncu_step.build_parser().parse_args(driver[3:]).optimizer == optimizer
+
+
 def test_print_ncu_command_explicit_metrics_parse_as_planned(capsys):
     assert main(["crosscheck", "--print-ncu-command", "--explicit-metrics", "--torch", "p:f", "--input-shape",
                  "x=1x8"]) == 0

@@ -1,7 +1,7 @@
 """The meter inside training frameworks (each module imports its framework; this package imports none).
 
-* :mod:`.lightning` ``MeterCallback`` for Lightning's ``Trainer`` (public path ``flopcount.measure.lightning``)
-* :mod:`.keras` ``MeterCallback`` for Keras's ``fit`` (public path ``flopcount.measure.keras``)
+* :mod:`.lightning` ``MeterCallback`` for Lightning's ``Trainer``
+* :mod:`.keras` ``MeterCallback`` for Keras's ``fit``
 """
 
 __all__: list[str] = []

@@ -1,9 +1,11 @@
 """Keras: :class:`MeterCallback` runs :class:`flopcount.Meter` around ``model.fit``.
 
->>> from flopcount.measure.keras import MeterCallback  # doctest: +SKIP
->>> cb = MeterCallback(batch_size=64, monitor="val_accuracy", target_quality=0.95, quality_exponent=5)
->>> model.fit(x, y, batch_size=64, epochs=10, validation_data=(xv, yv), callbacks=[cb])  # doctest: +SKIP
->>> print(cb.meter.summary())  # doctest: +SKIP
+Sketch (the model and the data are the user's)::
+
+    from flopcount.measure.harness.callbacks.keras import MeterCallback
+    cb = MeterCallback(batch_size=64, monitor="val_accuracy", target_quality=0.95, quality_exponent=5)
+    model.fit(x, y, batch_size=64, epochs=10, validation_data=(xv, yv), callbacks=[cb])
+    print(cb.meter.summary())
 
 The model is counted once, when training begins, through :func:`flopcount.from_keras` in training mode at
 ``batch_size`` (unless ``flops_per_sample=`` is given). Steps are timed from ``on_train_batch_begin`` to

@@ -1,9 +1,10 @@
 """PyTorch Lightning: :class:`MeterCallback` runs :class:`flopcount.Meter` around ``Trainer.fit``.
 
->>> from flopcount.measure.lightning import MeterCallback  # doctest: +SKIP
->>> trainer = lightning.Trainer(callbacks=[MeterCallback(target_quality=0.95, quality_exponent=5,
-...                                                      monitor="val_acc")])          # doctest: +SKIP
->>> trainer.fit(model, train_loader, val_loader); print(trainer.callbacks[0].result)  # doctest: +SKIP
+Sketch (the model and the loaders are the user's)::
+
+    from flopcount.measure.harness.callbacks.lightning import MeterCallback
+    trainer = lightning.Trainer(callbacks=[MeterCallback(target_quality=0.95, quality_exponent=5, monitor="val_acc")])
+    trainer.fit(model, train_loader, val_loader); print(trainer.callbacks[0].result)
 
 The LightningModule is counted once, at ``setup("fit")``, through :func:`flopcount.from_torch` in training mode
 from its ``example_input_array`` (or ``example_inputs=``), unless ``flops_per_sample=`` is given. Steps are timed
