@@ -28,9 +28,11 @@ The rules (docs/predict.md states them for users):
   then the exposed data-parallel time, then the optimizer step (its parameter bytes read and written at the
   elementwise bandwidth: 7 bytes-per-byte for adam/adamw, 5 momentum, 3 sgd). Without a pipeline the schedule is
   M microbatches one after another. A rank's ``bubble_seconds`` = the schedule's makespan − its busy time.
-* **The interval**: the same prediction with every rate at its best and at its slowest calibrated repeat; when a
-  size lies outside the calibrated sizes, or a group has another size than the calibration's, the interval is
-  widened by :data:`WIDEN` on each side and ``extrapolated`` says what.
+* **The point and the interval**: the step is predicted with every rate at its best calibrated repeat (a busy
+  machine can only slow a repeat down, so the best is the closest to what the hardware sustains, as
+  :func:`flopcount.measure.machine.ceilings.measure_gemm` takes it), and again at the median repeats: the interval
+  is [best, median]; when a size lies outside the calibrated sizes, or a group has another size than the
+  calibration's, it is widened by :data:`WIDEN` on each side and ``extrapolated`` says what.
 * ``mfu`` = model FLOPs of the step (all ranks) / (step seconds × ranks × the profile's peak), ``hfu`` the same
   with the hardware FLOPs (recompute and redundant work included).
 """
@@ -57,7 +59,7 @@ WIDEN = 0.25
 GEMM_FAMILIES = ("matmul", "gemm", "einsum", "attention")
 REDUCTION_FAMILIES = ("reduction", "softmax", "normalization", "loss", "pooling")
 OPTIMIZER_TRAFFIC = {"adam": 7, "adamw": 7, "momentum": 5, "sgd": 3}
-_WHICH = ("best", "median", "slowest")
+_WHICH = ("best", "median")
 
 
 @dataclass(frozen=True)
@@ -194,6 +196,11 @@ def exposed_after(backward_s: float, buckets: Sequence[tuple[float, float]]) -> 
 
 
 def _message_seconds(m: Message, profile: MachineProfile, which: str, out: list[str]) -> float:
+    if not profile.collectives:
+        from flopcount.errors import UsageError
+
+        raise UsageError(f"--predict: the plan runs {m.kind} over {m.group}, and the machine profile has no "
+                         "collectives (calibrated with --ranks 1); calibrate with flopcount calibrate --ranks N")
     kind = m.kind if m.kind in profile.collectives else None
     if kind is None:
         out.append(f"{m.kind} not calibrated (counted as all_reduce)")
@@ -285,8 +292,8 @@ def predict_work(work: Work, profile: MachineProfile) -> Prediction:
         out: list[str] = []
         step, rows = _step(work.ranks, profile, work.plan, which, out)
         results[which] = (step, rows, out)
-    step, rows, extrapolated = results["median"]
-    low, high = results["best"][0], results["slowest"][0]
+    step, rows, extrapolated = results["best"]
+    low, high = step, results["median"][0]
     unique = tuple(dict.fromkeys(extrapolated))
     if unique:
         low, high = low * (1 - WIDEN), high * (1 + WIDEN)

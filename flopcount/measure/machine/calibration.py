@@ -334,6 +334,6 @@ def differences(profile: MachineProfile, here: Mapping[str, Any], ranks: int) ->
             diffs.append(f"torch {profile.torch} (here {here['torch']})")
     if profile.ranks != ranks:
         diffs.append(f"{profile.ranks} ranks (this plan runs {ranks})")
-    return None if not diffs else ("the machine profile was taken with another " + ", ".join(diffs)
+    return None if not diffs else ("the machine profile was taken with " + ", ".join(diffs)
                                    + "; its rates may not hold here: calibrate again with flopcount calibrate "
                                    f"--ranks {ranks}")
