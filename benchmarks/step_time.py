@@ -75,8 +75,8 @@ RUNS = (
 def _config(model: str):
     from transformers import GPT2Config, LlamaConfig
 
-    return LlamaConfig(**{k: v for k, v in LLAMA.items() if k not in ("model_type", "architectures")}) \
-        if model == "llama" else GPT2Config(**{k: v for k, v in GPT2.items() if k not in ("model_type", "architectures")})
+    cls, values = (LlamaConfig, LLAMA) if model == "llama" else (GPT2Config, GPT2)
+    return cls(**{k: v for k, v in values.items() if k not in ("model_type", "architectures")})
 
 
 def _build(model: str):

@@ -14,15 +14,16 @@ The rules (docs/predict.md states them for users):
   forward and backward, for each node with work.
 * **A rank's share** of a node under a plan is the ledger's (:func:`flopcount.parallel.ranks.node_shares`): its
   FLOPs, its bytes scaled by the same fraction, its effective size from its own FLOPs.
-* **Collectives**: each of the ledger's collectives per step is sent as messages of a known size: tensor-parallel
-  ones of the activation A = b·s·h·e (the loss's three small all_reduces apart), pipeline sends of A (A/T under
-  sp), and a data-parallel all_reduce in DDP's buckets (the first 1 MiB, the others 25 MiB). A message of B bytes over a group of n
-  ranks takes latency + bus_factor(n)·B / bus bandwidth (:func:`~.machine.calibration.collective_seconds`).
-  Tensor-parallel collectives are exposed (they sit between the ops that need them), half in the forward and half
-  in the backward in training; the pipeline's sends lengthen the action that sends. The data-parallel all_reduce
-  overlaps the last microbatch's backward as DDP runs it: bucket i (of K) is ready at i/K of that backward, the
-  buckets reduce one after another, and what runs past the backward's end is exposed. Other data-parallel
-  collectives (fsdp, zero1, zero2) are counted exposed (an upper bound).
+* **Collectives**: each of the ledger's collectives per step is sent as messages of a known size:
+  tensor-parallel ones of the activation A = b·s·h·e (the loss's three small all_reduces apart), pipeline sends of
+  A (A/T under sp), and a data-parallel all_reduce in DDP's buckets (the first 1 MiB, the others 25 MiB). A
+  message of B bytes over a group of n ranks takes latency + bus_factor(n)·B / bus bandwidth
+  (:func:`~.machine.calibration.collective_seconds`). Tensor-parallel collectives are exposed (they sit between
+  the ops that need them), half in the forward and half in the backward in training; the pipeline's sends
+  lengthen the action that sends. The data-parallel all_reduce overlaps the last microbatch's backward as DDP
+  runs it: each bucket is ready once the backward has produced the gradient bytes up to its end (at an even
+  pace), the buckets reduce one after another, and what runs past the backward's end is exposed. Other
+  data-parallel collectives (fsdp, zero1, zero2) are counted exposed (an upper bound).
 * **The step**: the pipeline schedule's simulation (:func:`flopcount.parallel.ranks.simulate_schedule`) with each
   chunk's forward and backward lasting the longest of its TP ranks' (compute and exposed TP time and the send),
   then the exposed data-parallel time, then the optimizer step (its parameter bytes read and written at the
@@ -46,9 +47,9 @@ from typing import Any
 
 from .machine.calibration import MachineProfile, collective_seconds, rate_at
 
-__all__ = ["BUCKET_BYTES", "FIRST_BUCKET_BYTES", "GEMM_FAMILIES", "Message", "NodeWork", "OPTIMIZER_TRAFFIC", "Prediction",
-           "REDUCTION_FAMILIES", "RankWork", "WIDEN", "Work", "exposed_after", "node_seconds", "predict",
-           "predict_work", "work_of"]
+__all__ = ["BUCKET_BYTES", "FIRST_BUCKET_BYTES", "GEMM_FAMILIES", "Message", "NodeWork", "OPTIMIZER_TRAFFIC",
+           "Prediction", "REDUCTION_FAMILIES", "RankWork", "WIDEN", "Work", "exposed_after", "node_seconds",
+           "predict", "predict_work", "work_of"]
 
 #: DDP's default gradient buckets: the first (the last layers' gradients) of 1 MiB, the others of 25 MiB
 #: (``bucket_cap_mb=25``).

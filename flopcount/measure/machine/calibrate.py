@@ -1,9 +1,9 @@
 """``flopcount calibrate``: measure this machine once into a :class:`~.calibration.MachineProfile`.
 
 The measurement runs where a training run of ``ranks`` processes would: with ``ranks`` > 1, that many processes are
-spawned on this host, join a gloo group over loopback (127.0.0.1), each on ``cores // ranks`` threads (at least 1),
-(or ``--threads``) and measure **at the same time**, so that every compute rate is the rate one rank gets while the others work beside
-it (on a CPU the ranks share the cores). In each process:
+spawned on this host, join a gloo group over loopback (127.0.0.1), each on ``cores // ranks`` threads (at least 1;
+or ``--threads``), and measure **at the same time**, so that every compute rate is the rate one rank gets while the
+others work beside it (on a CPU the ranks share the cores). In each process:
 
 * **GEMM**: square products at each size, timed by :func:`~.ceilings.measure_gemm` (the one GEMM timer), each
   size alone: its best, median and slowest repeat;
@@ -185,8 +185,8 @@ def _spawned(ranks: int, sizes: Sizes, timeout_s: float, threads: int) -> dict:
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory(prefix="flopcount-calibrate-") as out_dir:
-        ctx = mp.start_processes(measure_rank, args=(ranks, _free_port(), sizes, out_dir, threads), nprocs=ranks, join=False,
-                                 start_method="spawn")
+        ctx = mp.start_processes(measure_rank, args=(ranks, _free_port(), sizes, out_dir, threads), nprocs=ranks,
+                                 join=False, start_method="spawn")
         deadline = time.monotonic() + timeout_s
         try:
             while not ctx.join(timeout=0.5):
