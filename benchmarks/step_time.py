@@ -47,10 +47,11 @@ class Run:
     microbatches: int = 1
     schedule: str = "1f1b"
     recompute: str = "none"
+    tp: int = 1  # tensor parallel (without a pipeline): step_time_tp.TensorParallelLM
 
     @property
     def world(self) -> int:
-        return self.dp * self.pp
+        return self.dp * self.pp * self.tp
 
 
 RUNS = (
@@ -69,6 +70,10 @@ RUNS = (
     Run("pp2-1f1b-m4", "llama", 4, pp=2, microbatches=4),
     Run("pp2-1f1b-m4-recompute", "llama", 4, pp=2, microbatches=4, recompute="full"),
     Run("dp2-pp2-1f1b-m2", "llama", 4, dp=2, pp=2, microbatches=2),
+    Run("tp2", "llama", 4, tp=2),
+    Run("tp2-m2", "llama", 4, tp=2, microbatches=2),
+    Run("tp2-recompute", "llama", 4, tp=2, recompute="full"),
+    Run("tp2-dp2", "llama", 4, tp=2, dp=2),
 )
 
 
@@ -141,21 +146,29 @@ def worker(rank: int, run: Run, port: int, out: str, warmup: int, repeats: int) 
     model = _build(run.model)
     if run.recompute == "full":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    pp_rank, dp_rank = divmod(rank, run.dp)  # ranks dp-major within a stage: rank = dp + dp_size * stage
+    tp_rank = rank % run.tp  # rank = tp + T·(dp + D·stage): tp fastest, then dp, then the stage
+    pp_rank, dp_rank = divmod(rank // run.tp, run.dp)
     g = torch.Generator().manual_seed(1 + dp_rank)
     ids = [torch.randint(0, LLAMA["vocab_size"], (run.batch, SEQ), generator=g) for _ in range(run.microbatches)]
     stage = _Stage(model, pp_rank, run.pp) if run.pp > 1 else None
     params = stage.params if stage else list(model.parameters())
-    dp_group = None
-    if run.world > 1 and run.dp > 1:
-        groups = [dist.new_group([s * run.dp + d for d in range(run.dp)]) for s in range(run.pp)]
-        dp_group = groups[pp_rank]
+    dp_group, net = None, None
+    if run.world > 1 and run.dp > 1:  # every rank makes every group, in the same order
+        groups = {(s, i): dist.new_group([i + run.tp * (d + run.dp * s) for d in range(run.dp)])
+                  for s in range(run.pp) for i in range(run.tp)}
+        dp_group = groups[(pp_rank, tp_rank)]
     pp_ranks = [s * run.dp + dp_rank for s in range(run.pp)]
+    if run.tp > 1:
+        from step_time_tp import TensorParallelLM
+
+        tp_groups = [dist.new_group([i + run.tp * d for i in range(run.tp)]) for d in range(run.dp)]
+        net = TensorParallelLM(model, tp_rank, run.tp, tp_groups[dp_rank])
+        params = list(net.parameters())
     ddp = None
     if run.dp > 1 and run.pp == 1:
         from torch.nn.parallel import DistributedDataParallel
 
-        ddp = DistributedDataParallel(model, process_group=dp_group)
+        ddp = DistributedDataParallel(net or model, process_group=dp_group)
     opt = torch.optim.AdamW(params, lr=1e-4)
 
     def step():
@@ -165,11 +178,13 @@ def worker(rank: int, run: Run, port: int, out: str, warmup: int, repeats: int) 
                 flat = torch.cat([p.grad.flatten() for p in params])
                 dist.all_reduce(flat, group=dp_group)
         else:
-            net = ddp or model
             for j in range(run.microbatches):
                 ctx = ddp.no_sync() if ddp is not None and j < run.microbatches - 1 else _null()
                 with ctx:
-                    loss = _loss(net(input_ids=ids[j]).logits, ids[j]) / run.microbatches
+                    if run.tp > 1:
+                        loss = (ddp or net)(ids[j]) / run.microbatches
+                    else:
+                        loss = _loss((ddp or model)(input_ids=ids[j]).logits, ids[j]) / run.microbatches
                     loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -285,7 +300,7 @@ def _count_command(run: Run, config: str, profile: str) -> list[str]:
            "--input-shape", f"labels={run.batch}x{SEQ}:int64", "--mode", "train", "--optimizer", "adamw",
            "--predict", "--machine", profile, "--format", "json"]
     if run.model == "llama" and (run.world > 1 or run.recompute != "none"):
-        cmd += ["--parallel", f"dp={run.dp},pp={run.pp}", "--microbatches", str(run.microbatches),
+        cmd += ["--parallel", f"tp={run.tp},dp={run.dp},pp={run.pp}", "--microbatches", str(run.microbatches),
                 "--schedule", run.schedule, "--recompute", run.recompute]
     return cmd
 
