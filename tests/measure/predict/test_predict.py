@@ -202,3 +202,16 @@ def test_a_llama_ledger_products_at_the_gemm_rate():
     for row, r in zip(pred.ranks, report.parallel.ranks):
         assert row["compute_seconds"] == pytest.approx(4 * products[r.stage] / R)
     assert set(pred.ranks[0]["communication_seconds"]) == {"send_recv", "all_reduce"}
+
+
+def test_a_plan_with_collectives_needs_a_profile_with_them():
+    from flopcount.errors import UsageError
+    from flopcount.measure.machine.calibration import device_profile, profile_from_dict
+
+    doc = device_profile("H100", 2).as_dict()
+    doc["collectives"] = {}
+    bare = profile_from_dict(doc)
+    rank = RankWork(0, 0, 0, {0: (NodeWork("gemm", 1e9, 0),)}, (Message("all_reduce", "dp", 1e6, 1, 2, "dp"),),
+                    1e9, 1e9)
+    with pytest.raises(UsageError, match="no collectives"):
+        predict_work(Work((rank,), {"microbatches": 1, "pp": 1, "virtual": 1, "schedule": "1f1b"}, None), bare)
