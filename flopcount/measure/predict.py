@@ -264,7 +264,8 @@ def _step(work: Sequence[RankWork], profile: MachineProfile, plan: Mapping[str, 
         if t["dp_buckets"]:
             ar = t["comm"]["all_reduce"]
             ar["exposed"] += dp_exposed
-            ar["overlapped"] += max(0.0, sum(b[1] for b in t["dp_buckets"]) - dp_exposed)
+            hidden = sum(b[1] for b in t["dp_buckets"]) - dp_exposed
+            ar["overlapped"] += hidden if hidden > 1e-12 else 0.0  # not a rounding error's remainder
         opt = r.optimizer_bytes / rate_at(profile.compute["elementwise"], r.optimizer_bytes, which)[0] \
             if r.optimizer_bytes else 0.0
         total = makespan + dp_exposed + t["phase"]["step"] + opt
