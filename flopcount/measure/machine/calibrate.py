@@ -43,9 +43,9 @@ class Sizes:
     """What a calibration times: GEMM sizes n, elementwise bytes, message bytes (each a multiple of 4·ranks·4),
     repeats of each, and the seconds each GEMM size may take."""
 
-    gemm: tuple[int, ...] = (64, 128, 256, 512, 768)
-    elementwise: tuple[int, ...] = (16 * 1024, 256 * 1024, 4 * 2**20, 32 * 2**20)
-    messages: tuple[int, ...] = (4 * 1024, 16 * 1024, 64 * 1024, 256 * 1024, 1 * 2**20, 4 * 2**20, 16 * 2**20)
+    gemm: tuple[int, ...] = (16, 64, 128, 256, 512, 768)
+    elementwise: tuple[int, ...] = (1024, 16 * 1024, 256 * 1024, 4 * 2**20, 32 * 2**20)
+    messages: tuple[int, ...] = (1024, 4 * 1024, 16 * 1024, 64 * 1024, 256 * 1024, 1 * 2**20, 4 * 2**20, 16 * 2**20)
     repeats: int = 7
     gemm_budget_s: float = 0.6
 
@@ -238,7 +238,8 @@ def calibrate(ranks: int = 1, sizes: Sizes = DEFAULT_SIZES, timeout_s: float = 1
     collectives = {}
     for kind, rows in raw.get("collectives", {}).items():
         pts = tuple(Point(*map(float, row)) for row in rows)
-        collectives[kind] = Collective(ranks, pts, fit_segments(kind, ranks, pts))
+        n = 2 if kind == "send_recv" else ranks  # a send and its receive: two ranks, whatever the group
+        collectives[kind] = Collective(n, pts, fit_segments(kind, n, pts))
     peak = max(p.best for p in compute["gemm"])
     machine = {"cpu": cpu_name(), "cores": cpu_cores(), "threads_per_rank": raw["threads"]}
     return MachineProfile(True, "cpu", ranks, compute, overhead, collectives, peak, "fp32",
