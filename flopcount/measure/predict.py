@@ -325,7 +325,7 @@ def predict(report: Any, profile: MachineProfile) -> Prediction:
 
 
 def work_of(report: Any) -> Work:
-    """The plain numbers of ``report`` the prediction reads (:mod:`flopcount.measure.predict_work`)."""
-    from .predict_work import report_work
+    """The plain numbers of ``report`` the prediction reads (:mod:`flopcount.measure.predict_report`)."""
+    from .predict_report import report_work
 
     return report_work(report)
