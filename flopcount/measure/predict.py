@@ -308,7 +308,8 @@ def predict_work(work: Work, profile: MachineProfile) -> Prediction:
         notes.append(f"interval widened by {WIDEN:.0%} on each side: outside the calibration: " + "; ".join(unique[:3])
                      + (f" (and {len(unique) - 3} more)" if len(unique) > 3 else ""))
     if not profile.calibrated:
-        notes.append(f"profile of the {profile.device} from its datasheet (calibrated: false): best-case rates")
+        notes.append(f"profile of the {profile.device} from its datasheets (calibrated: false): best-case rates, "
+                     f"products at its dense {profile.dtype} peak")
     return Prediction(step, (low, high), work.tokens / step if work.tokens and step else None,
                       model / (step * n * profile.peak_flops_per_s) if step else math.nan,
                       hardware / (step * n * profile.peak_flops_per_s) if step else math.nan,

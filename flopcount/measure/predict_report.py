@@ -66,7 +66,7 @@ def _one_rank(report: Any) -> Work:
         for d in ints[0].shape:
             tokens *= d
     else:
-        note = "no integer (token) input: tokens per second not known"
+        note = "no integer (token) input"
     total = report.total.flops
     rank = RankWork(0, 0, 0, {0: tuple(nodes)}, (), float(total), float(total), opt)
     return Work((rank,), {"microbatches": 1, "pp": 1, "virtual": 1, "schedule": "1f1b"}, tokens, note, tuple(notes))
