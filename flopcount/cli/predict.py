@@ -101,5 +101,11 @@ def run(args: argparse.Namespace) -> int:
     from flopcount.measure.machine.calibrate import DEFAULT_SIZES, QUICK_SIZES, calibrate
 
     profile = calibrate(args.ranks, QUICK_SIZES if args.quick else DEFAULT_SIZES, threads=args.threads)
+    from flopcount.measure.predict import BUSY_LOAD
+
+    if profile.load_per_core is not None and profile.load_per_core > BUSY_LOAD:
+        log.warning("the machine was busy while it was calibrated (load %.2f per core): the profile's rates are what "
+                    "the work got then, not what the machine sustains; calibrate again when it is quiet",
+                    profile.load_per_core)
     write_output(json.dumps(profile.as_dict(), indent=1) + "\n", args.output, "machine profile")
     return 0

@@ -47,7 +47,7 @@ from typing import Any
 
 from .machine.calibration import MachineProfile, collective_seconds, rate_at
 
-__all__ = ["BUCKET_BYTES", "FIRST_BUCKET_BYTES", "GEMM_FAMILIES", "Message", "NodeWork", "OPTIMIZER_TRAFFIC",
+__all__ = ["BUCKET_BYTES", "BUSY_LOAD", "FIRST_BUCKET_BYTES", "GEMM_FAMILIES", "Message", "NodeWork", "OPTIMIZER_TRAFFIC",
            "Prediction", "REDUCTION_FAMILIES", "RankWork", "WIDEN", "Work", "exposed_after", "node_seconds",
            "predict", "predict_work", "work_of"]
 
@@ -55,6 +55,8 @@ __all__ = ["BUCKET_BYTES", "FIRST_BUCKET_BYTES", "GEMM_FAMILIES", "Message", "No
 #: (``bucket_cap_mb=25``).
 FIRST_BUCKET_BYTES = 2**20
 BUCKET_BYTES = 25 * 2**20
+#: A profile taken at a 1-minute load average per core above this was taken on a busy machine (a note says so).
+BUSY_LOAD = 1.0
 #: How much an extrapolated prediction's interval is widened on each side.
 WIDEN = 0.25
 GEMM_FAMILIES = ("matmul", "gemm", "einsum", "attention")
@@ -307,6 +309,9 @@ def predict_work(work: Work, profile: MachineProfile) -> Prediction:
     if unique:
         notes.append(f"interval widened by {WIDEN:.0%} on each side: outside the calibration: " + "; ".join(unique[:3])
                      + (f" (and {len(unique) - 3} more)" if len(unique) > 3 else ""))
+    if profile.load_per_core is not None and profile.load_per_core > BUSY_LOAD:
+        notes.append(f"the profile was taken on a busy machine (load {profile.load_per_core:.2f} per core): its "
+                     "rates are what the work got then, not what the machine sustains; calibrate again when it is quiet")
     if not profile.calibrated:
         notes.append(f"profile of the {profile.device} from its datasheets (calibrated: false): best-case rates, "
                      f"products at its dense {profile.dtype} peak")

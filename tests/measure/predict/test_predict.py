@@ -216,3 +216,13 @@ def test_a_plan_with_collectives_needs_a_profile_with_them():
                     1e9, 1e9)
     with pytest.raises(UsageError, match="no collectives"):
         predict_work(Work((rank,), {"microbatches": 1, "pp": 1, "virtual": 1, "schedule": "1f1b"}, None), bare)
+
+
+def test_a_profile_taken_on_a_busy_machine_is_noted():
+    import dataclasses
+
+    w = NodeWork("gemm", R * 0.01, 0)
+    busy = dataclasses.replace(profile(), load_per_core=3.5)
+    notes = predict_work(Work((one_rank([w]),), plan(), None), busy).notes
+    assert any("busy machine (load 3.50 per core)" in n for n in notes)
+    assert not predict_work(Work((one_rank([w]),), plan(), None), profile()).notes
