@@ -47,8 +47,8 @@ from typing import Any
 
 from .machine.calibration import MachineProfile, collective_seconds, rate_at
 
-__all__ = ["BUCKET_BYTES", "BUSY_LOAD", "FIRST_BUCKET_BYTES", "GEMM_FAMILIES", "Message", "NodeWork", "OPTIMIZER_TRAFFIC",
-           "Prediction", "REDUCTION_FAMILIES", "RankWork", "WIDEN", "Work", "exposed_after", "node_seconds",
+__all__ = ["BUCKET_BYTES", "BUSY_LOAD", "FIRST_BUCKET_BYTES", "GEMM_FAMILIES", "Message", "NodeWork",
+           "OPTIMIZER_TRAFFIC", "Prediction", "REDUCTION_FAMILIES", "RankWork", "WIDEN", "Work", "exposed_after", "node_seconds",
            "predict", "predict_work", "work_of"]
 
 #: DDP's default gradient buckets: the first (the last layers' gradients) of 1 MiB, the others of 25 MiB
@@ -311,7 +311,8 @@ def predict_work(work: Work, profile: MachineProfile) -> Prediction:
                      + (f" (and {len(unique) - 3} more)" if len(unique) > 3 else ""))
     if profile.load_per_core is not None and profile.load_per_core > BUSY_LOAD:
         notes.append(f"the profile was taken on a busy machine (load {profile.load_per_core:.2f} per core): its "
-                     "rates are what the work got then, not what the machine sustains; calibrate again when it is quiet")
+                     "rates are what the work got then, not what the machine sustains; calibrate again when it is "
+                     "quiet")
     if not profile.calibrated:
         notes.append(f"profile of the {profile.device} from its datasheets (calibrated: false): best-case rates, "
                      f"products at its dense {profile.dtype} peak")
