@@ -48,8 +48,8 @@ from typing import Any
 from .machine.calibration import MachineProfile, collective_seconds, rate_at
 
 __all__ = ["BUCKET_BYTES", "BUSY_LOAD", "FIRST_BUCKET_BYTES", "GEMM_FAMILIES", "Message", "NodeWork",
-           "OPTIMIZER_TRAFFIC", "Prediction", "REDUCTION_FAMILIES", "RankWork", "WIDEN", "Work", "exposed_after", "node_seconds",
-           "predict", "predict_work", "work_of"]
+           "OPTIMIZER_TRAFFIC", "Prediction", "REDUCTION_FAMILIES", "RankWork", "WIDEN", "Work", "exposed_after",
+           "node_seconds", "predict", "predict_work", "work_of"]
 
 #: DDP's default gradient buckets: the first (the last layers' gradients) of 1 MiB, the others of 25 MiB
 #: (``bucket_cap_mb=25``).
