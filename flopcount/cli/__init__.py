@@ -11,6 +11,7 @@ errors become one line on stderr and an exit code (:mod:`.console`).
 * :mod:`.roofline` ``flopcount roofline``: HPC-AI and per-operator rooflines
 * :mod:`.crosscheck` ``flopcount crosscheck``: the count beside Nsight Compute's counters or PyTorch's counter
 * :mod:`.predict` ``--predict`` of the counting command, and ``flopcount calibrate``: measure this machine into a profile
+* :mod:`.plan` ``flopcount plan``: every plan of a decoder on N devices, ranked by predicted throughput
 * :mod:`.ncu_step` the program ``crosscheck`` runs under ncu (``python -m flopcount.measure.ncu_step``)
 """
 
@@ -39,6 +40,7 @@ SUBCOMMANDS = {
     "roofline": "flopcount.cli.roofline",
     "crosscheck": "flopcount.cli.crosscheck",
     "calibrate": "flopcount.cli.predict",
+    "plan": "flopcount.cli.plan",
 }
 
 

@@ -59,13 +59,13 @@ def prediction_of(report, args: argparse.Namespace):
     work = work_of(report)
     ranks = len(work.ranks) if report.parallel is None else len(report.parallel.ranks)
     profile = load_profile(machine) if machine else device_profile(device, ranks)
-    diff = differences(profile, _here(), ranks) if machine else None
+    diff = differences(profile, this_machine(), ranks) if machine else None
     if diff:
         log.warning("%s", diff)
     return predict_work(work, profile)
 
 
-def _here() -> dict:
+def this_machine() -> dict:
     from flopcount.measure.machine.devices import cpu_cores, cpu_name
 
     here = {"cpu": cpu_name(), "cores": cpu_cores()}
