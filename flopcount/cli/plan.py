@@ -54,6 +54,14 @@ def run(args: argparse.Namespace) -> int:
     args.mode = "train"
     report = count_source(args)
     profile = load_profile(args.machine) if args.machine else device_profile(args.predict_device, args.devices)
+    if args.machine:
+        from flopcount.measure.machine.calibration import differences
+
+        from .predict import log, this_machine
+
+        diff = differences(profile, this_machine(), args.devices)
+        if diff:
+            log.warning("%s", diff)
     found, dropped = search(report, profile, args.devices, args.microbatch_counts)
     if not found:
         raise UsageError(f"plan: no plan of {args.devices} devices fits this model: "

@@ -9,7 +9,7 @@ import logging
 from .arguments import positive_int
 from .console import write_output
 
-__all__ = ["add_predict_arguments", "build_parser", "prediction_of", "run"]
+__all__ = ["add_predict_arguments", "build_parser", "prediction_of", "run", "this_machine"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,7 @@ def prediction_of(report, args: argparse.Namespace):
 
 
 def this_machine() -> dict:
+    """What a calibrated profile is compared with: this CPU, its cores and the torch version."""
     from flopcount.measure.machine.devices import cpu_cores, cpu_name
 
     here = {"cpu": cpu_name(), "cores": cpu_cores()}
