@@ -66,9 +66,11 @@ def run(args: argparse.Namespace) -> int:
     if not found:
         raise UsageError(f"plan: no plan of {args.devices} devices fits this model: "
                          + "; ".join(f"{n} x {why}" for why, n in dropped.most_common(3)))
+    note = ("memory per rank not checked yet: a plan shown may not fit the devices' memory (flopcount MODEL "
+            "--parallel PLAN --memory gives its peak per rank)")
     if args.format == "json":
         text = json.dumps({"devices": args.devices, "plans": [c.as_dict() for c in found],
-                           "dropped": dict(dropped)}, indent=1) + "\n"
+                           "dropped": dict(dropped), "notes": [note]}, indent=1) + "\n"
     else:
         from tabulate import tabulate
 
@@ -77,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
                 for c in found[:args.top]]
         text = tabulate(rows, ["plan", "microbatches", "schedule", "recompute", "step s", "tokens/s", "MFU"],
                         disable_numparse=True) + "\n" + f"{len(found)} plans predicted" + (
-            "; dropped: " + "; ".join(f"{n} x {why}" for why, n in dropped.most_common()) if dropped else "") + "\n"
+            "; dropped: " + "; ".join(f"{n} x {why}" for why, n in dropped.most_common()) if dropped else "") + "\n" \
+            + f"Note: {note}\n"
     write_output(text, args.output)
     return 0

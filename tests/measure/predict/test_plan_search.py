@@ -24,6 +24,7 @@ def test_plans_of_a_small_llama_on_four_devices(tmp_path, capsys):
     assert len(doc["plans"]) == 6 + 8 + 6 + 8
     # refused: tp=1,pp=4 (2 schedules x M=4 x 2 = 4) and tp=4,pp=1 (3 M x 2 = 6)
     assert sum(doc["dropped"].values()) == 4 + 6
+    assert "memory per rank not checked" in doc["notes"][0]
     rates = [p["tokens_per_second"] for p in doc["plans"]]
     assert rates == sorted(rates, reverse=True)
     best = doc["plans"][0]
