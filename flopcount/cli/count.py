@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="flopcount",
         description="Count the FLOPs of an ONNX model analytically, from its graph, without reading weights. "
-        "Measuring subcommands: flopcount bench|profile|ceilings|roofline|crosscheck|calibrate --help.",
+        "Measuring subcommands: flopcount bench|profile|ceilings|roofline|crosscheck|calibrate|plan --help.",
         epilog="Exit codes: 0 ok, 1 internal error, 2 usage, 3 unreadable model file, 4 invalid graph, "
         "5 unresolved or invalid shapes, 6 unsupported operators with --strict, 7 opset too new, 8 cannot write output, "
         "9 the --torch or --keras model cannot be exported, 10 a benchmark did not reach its target quality, "
