@@ -10,6 +10,8 @@ errors become one line on stderr and an exit code (:mod:`.console`).
 * :mod:`.ceilings` ``flopcount ceilings``: measure this machine's ceilings
 * :mod:`.roofline` ``flopcount roofline``: HPC-AI and per-operator rooflines
 * :mod:`.crosscheck` ``flopcount crosscheck``: the count beside Nsight Compute's counters or PyTorch's counter
+* :mod:`.predict` ``--predict`` of the counting command, and ``flopcount calibrate``: measure this machine into a profile
+* :mod:`.plan` ``flopcount plan``: every plan of a decoder on N devices, ranked by predicted throughput
 * :mod:`.ncu_step` the program ``crosscheck`` runs under ncu (``python -m flopcount.measure.ncu_step``)
 """
 
@@ -37,6 +39,8 @@ SUBCOMMANDS = {
     "ceilings": "flopcount.cli.ceilings",
     "roofline": "flopcount.cli.roofline",
     "crosscheck": "flopcount.cli.crosscheck",
+    "calibrate": "flopcount.cli.predict",
+    "plan": "flopcount.cli.plan",
 }
 
 

@@ -22,6 +22,7 @@ from .arguments import (
     with_parallel,
 )
 from .console import write_output
+from .predict import add_predict_arguments, prediction_of
 from .symbolic import run_sweep, run_symbolic, start_sizes, sweep_values
 
 __all__ = ["build_parser", "run"]
@@ -45,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="flopcount",
         description="Count the FLOPs of an ONNX model analytically, from its graph, without reading weights. "
-        "Measuring subcommands: flopcount bench|profile|ceilings|roofline|crosscheck --help.",
+        "Measuring subcommands: flopcount bench|profile|ceilings|roofline|crosscheck|calibrate|plan --help.",
         epilog="Exit codes: 0 ok, 1 internal error, 2 usage, 3 unreadable model file, 4 invalid graph, "
         "5 unresolved or invalid shapes, 6 unsupported operators with --strict, 7 opset too new, 8 cannot write output, "
         "9 the --torch or --keras model cannot be exported, 10 a benchmark did not reach its target quality, "
@@ -131,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sweep", type=sweep_values, metavar="NAME=V1,V2,...",
                    help="count at each size of one named dim (the others at their --symbolic start, else 2); with "
                    "--plot FILE, a chart of FLOPs against it")
+    add_predict_arguments(parser)
     p = parser.add_argument_group("output", "what is written, and where")
     p.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
     p.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
@@ -158,11 +160,12 @@ def run(args: argparse.Namespace) -> int:
 
     report = count_source(args)
     report = with_parallel(report, args)
+    prediction = prediction_of(report, args)
     if args.plot:
         from flopcount.measure.profile.roofline import plot_op_types
 
         plot_op_types(report, args.plot)
     # --depth alone asks for the module rows too; the html page has them always, as deep as fits unless --depth
     by_module = args.depth if args.format == "html" else args.depth or (1 if args.by_module else None)
-    write_output(render(report, args.format, args.per_node, by_module), args.output)
+    write_output(render(report, args.format, args.per_node, by_module, prediction), args.output)
     return 0

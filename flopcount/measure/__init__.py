@@ -8,6 +8,9 @@ run one way (``harness`` → ``machine``; ``profile`` → ``machine``; ``ncu`` s
 * :mod:`.machine` the machine: devices and their peaks, the system under test, measured ceilings
 * :mod:`.profile` per-node onnxruntime times beside counted FLOPs and bytes, and the rooflines
 * :mod:`.ncu` Nsight Compute exports parsed, and the count beside the hardware counters
+* :mod:`.predict` (with :mod:`.predict_report`) the step time per rank predicted from a count and a machine profile
+  (``--predict``; it reads :mod:`.machine`'s profile and the core's per-rank ledger); :mod:`.plan_search` every plan
+  of N devices ranked by it (``flopcount plan``)
 
 Which room to open for a figure of a bench report (``flopcount bench``, ``Meter.to_json``):
 

@@ -360,13 +360,18 @@ def _modules_line(report: Report) -> str:
     return f"Modules: scopes from {source.get(report.modules.source, report.modules.source)}"
 
 
-def render(report: Report, fmt: str = "table", per_node: bool = False, by_module: int | None = None) -> str:
+def render(report: Report, fmt: str = "table", per_node: bool = False, by_module: int | None = None,
+           prediction: Any = None) -> str:
     """``report`` as text in ``fmt`` (:data:`FORMATS`); ``per_node`` adds every node, ``by_module`` the rows of
-    each module down to that depth (:meth:`~flopcount.reporting.report.Report.by_module`)."""
+    each module down to that depth (:meth:`~flopcount.reporting.report.Report.by_module`); ``prediction`` (a
+    :class:`flopcount.measure.predict.Prediction`) its ``prediction`` object in JSON, its block in a table."""
     if per_node:
         check_listable(report.nodes, "--per-node")
     if fmt == "json":
-        return json.dumps(to_dict(report, per_node, by_module), indent=2) + "\n"
+        doc = to_dict(report, per_node, by_module)
+        if prediction is not None:
+            doc["prediction"] = prediction.as_dict()
+        return json.dumps(doc, indent=2) + "\n"
     if fmt == "html":
         from .html import to_html
 
@@ -404,6 +409,8 @@ def render(report: Report, fmt: str = "table", per_node: bool = False, by_module
         summary.append("Activations kept by module: " + "; ".join(
             f"{m} {_n(b)} B" for m, b in module_activations(report.memory, report.nodes, report.modules.nodes,
                                                             by_module)))
+    if prediction is not None:
+        summary += prediction.lines()
     if fmt == "markdown":
         summary = [f"- {line}" for line in summary]
     return "\n\n".join(parts + ["\n".join(summary)]) + "\n"

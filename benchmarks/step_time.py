@@ -1,0 +1,384 @@
+"""Predicted beside measured step time: real training runs on this CPU over gloo (1, 2 or 4 processes on this
+host) against ``flopcount --predict``, from profiles calibrated beforehand in separate processes and never fitted
+to these runs.
+
+Each run trains a small decoder built here from a configuration (``LlamaForCausalLM``, and ``GPT2LMHeadModel`` on
+one rank; random weights, nothing downloaded) with AdamW, one thread per process (the profiles are calibrated with
+``--threads 1``): one rank, data parallel (DDP, ``no_sync`` on all microbatches but the last), a 2-stage pipeline
+(GPipe and 1F1B, the stages' activations and gradients sent with gloo), and full recompute (a checkpoint around each
+decoder layer). A step is timed from a barrier to the end of the optimizer step on the slowest rank, after warm-up
+steps; the median and the spread (slowest/fastest) of the repeats are printed beside the prediction's error.
+
+    PYTHONPATH=$PWD python3 benchmarks/step_time.py            # every run (several minutes)
+    PYTHONPATH=$PWD python3 benchmarks/step_time.py --runs 1rank-llama-b4,dp2-m1 --repeats 3
+
+The CPU's cores are shared with whatever else runs: the 1-minute load average is printed beside each run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256, "intermediate_size": 688,
+         "num_attention_heads": 8, "num_key_value_heads": 8, "num_hidden_layers": 4, "vocab_size": 2048,
+         "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+GPT2 = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 256, "n_head": 8, "n_layer": 4,
+        "vocab_size": 2048, "n_positions": 512, "tie_word_embeddings": False}
+SEQ = 128
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    model: str  # "llama" or "gpt2"
+    batch: int  # a microbatch
+    dp: int = 1
+    pp: int = 1
+    microbatches: int = 1
+    schedule: str = "1f1b"
+    recompute: str = "none"
+    tp: int = 1  # tensor parallel (without a pipeline): step_time_tp.TensorParallelLM
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.pp * self.tp
+
+
+RUNS = (
+    Run("1rank-llama-b2", "llama", 2),
+    Run("1rank-llama-b4", "llama", 4),
+    Run("1rank-llama-b8", "llama", 8),
+    Run("1rank-llama-b4-recompute", "llama", 4, recompute="full"),
+    Run("1rank-gpt2-b2", "gpt2", 2),
+    Run("1rank-gpt2-b4", "gpt2", 4),
+    Run("dp2-m1", "llama", 4, dp=2),
+    Run("dp2-m2", "llama", 4, dp=2, microbatches=2),
+    Run("dp2-m1-recompute", "llama", 4, dp=2, recompute="full"),
+    Run("pp2-gpipe-m2", "llama", 4, pp=2, microbatches=2, schedule="gpipe"),
+    Run("pp2-gpipe-m4", "llama", 4, pp=2, microbatches=4, schedule="gpipe"),
+    Run("pp2-1f1b-m2", "llama", 4, pp=2, microbatches=2),
+    Run("pp2-1f1b-m4", "llama", 4, pp=2, microbatches=4),
+    Run("pp2-1f1b-m4-recompute", "llama", 4, pp=2, microbatches=4, recompute="full"),
+    Run("dp2-pp2-1f1b-m2", "llama", 4, dp=2, pp=2, microbatches=2),
+    Run("tp2", "llama", 4, tp=2),
+    Run("tp2-m2", "llama", 4, tp=2, microbatches=2),
+    Run("tp2-recompute", "llama", 4, tp=2, recompute="full"),
+    Run("tp2-dp2", "llama", 4, tp=2, dp=2),
+)
+
+
+def _config(model: str):
+    from transformers import GPT2Config, LlamaConfig
+
+    cls, values = (LlamaConfig, LLAMA) if model == "llama" else (GPT2Config, GPT2)
+    return cls(**{k: v for k, v in values.items() if k not in ("model_type", "architectures")})
+
+
+def _build(model: str):
+    import torch
+    from transformers import GPT2LMHeadModel, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    m = (LlamaForCausalLM if model == "llama" else GPT2LMHeadModel)(_config(model))
+    m.train()
+    return m
+
+
+def _loss(logits, ids):
+    import torch.nn.functional as F
+
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
+
+
+class _Stage:
+    """One pipeline stage of a Llama model: stage 0 the embedding and the first layers, the last stage the rest,
+    the final norm, the head and the loss; each stage builds its own rotary table."""
+
+    def __init__(self, model, stage: int, stages: int):
+        import torch
+
+        layers = model.model.layers
+        per = len(layers) // stages
+        self.first, self.last = stage == 0, stage == stages - 1
+        self.layers = layers[stage * per:(stage + 1) * per]
+        self.model = model
+        self.params = [p for m in ([model.model.embed_tokens] if self.first else []) + list(self.layers)
+                       + ([model.model.norm, model.lm_head] if self.last else []) for p in m.parameters()]
+        self.pos = torch.arange(SEQ).unsqueeze(0)
+
+    def forward(self, x, ids):
+        h = self.model.model.embed_tokens(ids) if self.first else x
+        pe = self.model.model.rotary_emb(h, position_ids=self.pos)
+        for layer in self.layers:
+            if self.model.is_gradient_checkpointing:
+                from torch.utils.checkpoint import checkpoint
+
+                h = checkpoint(lambda t, layer=layer: layer(t, position_embeddings=pe, position_ids=self.pos), h,
+                               use_reentrant=False)
+            else:
+                h = layer(h, position_embeddings=pe, position_ids=self.pos)
+        if self.last:
+            return _loss(self.model.lm_head(self.model.model.norm(h)), ids)
+        return h
+
+
+def worker(rank: int, run: Run, port: int, out: str, warmup: int, repeats: int) -> None:
+    """One training process: ``warmup`` then ``repeats`` timed steps; rank 0 writes the slowest rank's seconds."""
+    import torch
+
+    torch.set_num_threads(1)
+    dist = None
+    if run.world > 1:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=run.world,
+                                timeout=datetime.timedelta(seconds=120))
+    model = _build(run.model)
+    if run.recompute == "full":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    tp_rank = rank % run.tp  # rank = tp + T·(dp + D·stage): tp fastest, then dp, then the stage
+    pp_rank, dp_rank = divmod(rank // run.tp, run.dp)
+    g = torch.Generator().manual_seed(1 + dp_rank)
+    ids = [torch.randint(0, LLAMA["vocab_size"], (run.batch, SEQ), generator=g) for _ in range(run.microbatches)]
+    stage = _Stage(model, pp_rank, run.pp) if run.pp > 1 else None
+    params = stage.params if stage else list(model.parameters())
+    dp_group, net = None, None
+    if run.world > 1 and run.dp > 1:  # every rank makes every group, in the same order
+        groups = {(s, i): dist.new_group([i + run.tp * (d + run.dp * s) for d in range(run.dp)])
+                  for s in range(run.pp) for i in range(run.tp)}
+        dp_group = groups[(pp_rank, tp_rank)]
+    pp_ranks = [s * run.dp + dp_rank for s in range(run.pp)]
+    if run.tp > 1:
+        from step_time_tp import TensorParallelLM
+
+        tp_groups = [dist.new_group([i + run.tp * d for i in range(run.tp)]) for d in range(run.dp)]
+        net = TensorParallelLM(model, tp_rank, run.tp, tp_groups[dp_rank])
+        params = list(net.parameters())
+    ddp = None
+    if run.dp > 1 and run.pp == 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ddp = DistributedDataParallel(net or model, process_group=dp_group)
+    opt = torch.optim.AdamW(params, lr=1e-4)
+
+    def step():
+        if run.pp > 1:
+            _pipeline_step(stage, run, pp_rank, ids, pp_ranks)
+            if dp_group is not None:  # one all_reduce of the stage's gradients (flattened) per step
+                flat = torch.cat([p.grad.flatten() for p in params])
+                dist.all_reduce(flat, group=dp_group)
+        else:
+            for j in range(run.microbatches):
+                ctx = ddp.no_sync() if ddp is not None and j < run.microbatches - 1 else _null()
+                with ctx:
+                    if run.tp > 1:
+                        loss = (ddp or net)(ids[j]) / run.microbatches
+                    else:
+                        loss = _loss((ddp or model)(input_ids=ids[j]).logits, ids[j]) / run.microbatches
+                    loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    times, cpus = [], []
+    for k in range(warmup + repeats):
+        if dist is not None:
+            dist.barrier()
+        t0, c0 = time.perf_counter(), time.process_time()
+        step()
+        t, c = time.perf_counter() - t0, time.process_time() - c0
+        if k >= warmup:
+            times.append(t)
+            cpus.append(c)
+    per_rank = [cpus]
+    if dist is not None:
+        t = torch.tensor(times, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank of each step
+        times = t.tolist()
+        per_rank = [None] * run.world
+        dist.all_gather_object(per_rank, cpus)
+        dist.barrier()
+        dist.destroy_process_group()
+    if rank == 0:
+        with open(out, "w", encoding="utf-8") as f:
+            json.dump({"wall": times, "cpu": per_rank}, f)
+
+
+def _pipeline_step(st: _Stage, run: Run, stage: int, ids, ranks) -> None:
+    """One optimizer step's forwards and backwards of this stage, in the run's schedule (GPipe: every forward,
+    then every backward; 1F1B: P-1-p warm-up forwards, then one forward and one backward in turn); ``ranks``: the
+    global ranks of the pipeline's stages. Sends are posted without waiting (isend), receives wait."""
+    import torch
+    import torch.distributed as dist
+
+    m = run.microbatches
+    outs, ins, pending = {}, {}, []
+    nxt = ranks[stage + 1] if not st.last else None
+    prv = ranks[stage - 1] if not st.first else None
+    shape = (run.batch, SEQ, LLAMA["hidden_size"])
+
+    def fwd(j):
+        if st.first:
+            out = st.forward(None, ids[j])
+            pending.append(dist.isend(out.detach().contiguous(), nxt))
+        else:
+            x = torch.empty(shape)
+            dist.recv(x, prv)
+            x.requires_grad_(True)
+            ins[j] = x
+            out = st.forward(x, ids[j])
+        if st.last:
+            out = out / m
+        outs[j] = out
+
+    def bwd(j):
+        if st.last:
+            outs[j].backward()
+        else:
+            grad = torch.empty(shape)
+            dist.recv(grad, nxt)
+            outs[j].backward(grad)
+        if not st.first:
+            pending.append(dist.isend(ins.pop(j).grad.contiguous(), prv))
+        del outs[j]
+
+    if run.schedule == "gpipe":
+        order = [("F", j) for j in range(m)] + [("B", j) for j in range(m)]
+    else:
+        warm = min(run.pp - 1 - stage, m)
+        order = [("F", j) for j in range(warm)]
+        for j in range(warm, m):
+            order += [("F", j), ("B", j - warm)]
+        order += [("B", j) for j in range(m - warm, m)]
+    for kind, j in order:
+        (fwd if kind == "F" else bwd)(j)
+    for h in pending:
+        h.wait()
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def measure(run: Run, warmup: int, repeats: int) -> dict:
+    """``wall``: the slowest rank's seconds of each timed step of ``run``; ``cpu``: each rank's CPU seconds (user
+    and system, every thread of the process) of each step."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "times.json")
+        if run.world == 1:
+            worker(0, run, 0, out, warmup, repeats)
+        else:
+            mp.start_processes(worker, args=(run, _free_port(), out, warmup, repeats), nprocs=run.world,
+                               start_method="spawn")
+        with open(out, encoding="utf-8") as f:
+            return json.load(f)
+
+
+def _count_command(run: Run, config: str, profile: str) -> list[str]:
+    cmd = [sys.executable, "-m", "flopcount", "--hf", config, "--input-shape", f"input_ids={run.batch}x{SEQ}:int64",
+           "--input-shape", f"labels={run.batch}x{SEQ}:int64", "--mode", "train", "--optimizer", "adamw",
+           "--predict", "--machine", profile, "--format", "json"]
+    if run.model == "llama" and (run.world > 1 or run.recompute != "none"):
+        cmd += ["--parallel", f"tp={run.tp},dp={run.dp},pp={run.pp}", "--microbatches", str(run.microbatches),
+                "--schedule", run.schedule, "--recompute", run.recompute]
+    return cmd
+
+
+def predict(run: Run, folder: str, profile: str) -> dict:
+    """The count's prediction of ``run`` (a separate flopcount process)."""
+    config = os.path.join(folder, f"{run.model}.json")
+    done = subprocess.run(_count_command(run, config, profile), capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise SystemExit(f"{run.name}: flopcount failed: {done.stderr.strip().splitlines()[-1]}")
+    return json.loads(done.stdout)["prediction"]
+
+
+def calibrate(world: int, folder: str) -> str:
+    path = os.path.join(folder, f"profile-{world}.json")
+    subprocess.run([sys.executable, "-m", "flopcount", "calibrate", "--ranks", str(world), "--threads", "1", "-o",
+                    path], check=True, capture_output=True)
+    return path
+
+
+def kendall_tau(a: list[float], b: list[float]) -> float:
+    """Kendall's τ-a of two orders."""
+    n, s = len(a), 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            s += (1 if (a[i] - a[j]) * (b[i] - b[j]) > 0 else -1 if (a[i] - a[j]) * (b[i] - b[j]) < 0 else 0)
+    return 2 * s / (n * (n - 1)) if n > 1 else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", help="comma-separated run names (default: all): " + ", ".join(r.name for r in RUNS))
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--profiles", help="a folder of profile-W.json already calibrated (default: calibrate now)")
+    ap.add_argument("-o", "--output", help="write the results as JSON")
+    args = ap.parse_args(argv)
+    runs = [r for r in RUNS if not args.runs or r.name in args.runs.split(",")]
+    folder = tempfile.mkdtemp(prefix="flopcount-step-time-")
+    for name, cfg in (("llama", LLAMA), ("gpt2", GPT2)):
+        with open(os.path.join(folder, f"{name}.json"), "w", encoding="utf-8") as f:
+            json.dump(cfg, f)
+    profiles = {}
+    for w in sorted({r.world for r in runs}):  # each in its own process, before any run
+        profiles[w] = os.path.join(args.profiles, f"profile-{w}.json") if args.profiles else calibrate(w, folder)
+    rows = []
+    for run in runs:
+        pred = predict(run, folder, profiles[run.world])
+        load0 = os.getloadavg()[0]
+        got = measure(run, args.warmup, args.repeats)
+        times = got["wall"]
+        med = statistics.median(times)
+        cpu = max(statistics.median(c) for c in got["cpu"])
+        busy = max(r["compute_seconds"] + r["optimizer_seconds"] + sum(
+            v["exposed"] + v["overlapped"] for v in r["communication_seconds"].values()) for r in pred["ranks"])
+        err, cpu_err = pred["step_seconds"] / med - 1, busy / cpu - 1
+        rows.append({"run": run.name, "measured_s": med, "fastest_s": min(times), "slowest_s": max(times),
+                     "predicted_s": pred["step_seconds"], "interval": pred["interval"], "error": err,
+                     "cpu_s": cpu, "predicted_busy_s": busy, "cpu_error": cpu_err,
+                     "load": [load0, os.getloadavg()[0]]})
+        print(f"{run.name:26s} wall {med:7.4f} s (spread {max(times) / min(times) - 1:4.0%}, load "
+              f"{load0:.1f}-{os.getloadavg()[0]:.1f}) predicted {pred['step_seconds']:7.4f} s "
+              f"[{pred['interval'][0]:.3f}, {pred['interval'][1]:.3f}] error {err:+6.1%} | busy CPU {cpu:7.4f} s "
+              f"predicted {busy:7.4f} s error {cpu_err:+6.1%}", flush=True)
+    for key, what in (("error", "wall clock"), ("cpu_error", "busy CPU time")):
+        errs = [abs(r[key]) for r in rows]
+        measured = [r["measured_s" if key == "error" else "cpu_s"] for r in rows]
+        predicted = [r["predicted_s" if key == "error" else "predicted_busy_s"] for r in rows]
+        print(f"{what}: runs {len(rows)}, mean |error| {statistics.mean(errs):.1%}, worst {max(errs):.1%}, "
+              f"Kendall tau {kendall_tau(measured, predicted):.3f}")
+    errs = [abs(r["error"]) for r in rows]
+    tau = kendall_tau([r["measured_s"] for r in rows], [r["predicted_s"] for r in rows])
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            json.dump({"runs": rows, "mean_abs_error": statistics.mean(errs), "worst": max(errs), "tau": tau}, f,
+                      indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

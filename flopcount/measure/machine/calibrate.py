@@ -1,0 +1,249 @@
+"""``flopcount calibrate``: measure this machine once into a :class:`~.calibration.MachineProfile`.
+
+The measurement runs where a training run of ``ranks`` processes would: with ``ranks`` > 1, that many processes are
+spawned on this host, join a gloo group over loopback (127.0.0.1), each on ``cores // ranks`` threads (at least 1;
+or ``--threads``), and measure **at the same time**, so that every compute rate is the rate one rank gets while the
+others work beside it (on a CPU the ranks share the cores). In each process:
+
+* **GEMM**: square products at each size, timed by :func:`~.ceilings.measure_gemm` (the one GEMM timer), each
+  size alone: its best, median and slowest repeat;
+* **elementwise** (``a + b`` into ``c``: 12 bytes an element) and **reduction** (``sum(a)``: 4 bytes an element)
+  at each size, as bytes per second, timed by :func:`~.ceilings.repeat_times`;
+* **overhead**: the seconds a tiny operator costs in the forward (recorded by autograd) and in the backward, from a
+  chain of 200 additions of one element;
+* **collectives** (rank 0 records the slowest rank of each repeat): ``all_reduce``, ``all_gather``,
+  ``reduce_scatter``, ``all_to_all`` of each message size over all ``ranks`` processes, each repeat after a barrier;
+  ``send_recv`` one way, half of a round trip between ranks 0 and 1. Their fit is
+  :func:`~.calibration.fit_segments`.
+
+The whole calibration is bounded: the processes are killed and a MeasurementError (exit 12) raised once
+``timeout_s`` is spent.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+
+from flopcount.errors import MeasurementError, UsageError
+
+from .calibration import COLLECTIVES, Collective, MachineProfile, Point, fit_segments
+
+__all__ = ["DEFAULT_SIZES", "QUICK_SIZES", "Sizes", "calibrate", "measure_rank"]
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What a calibration times: GEMM sizes n, elementwise bytes, message bytes (each a multiple of 4·ranks·4),
+    repeats of each, and the seconds each GEMM size may take."""
+
+    gemm: tuple[int, ...] = (16, 64, 128, 256, 512, 768)
+    elementwise: tuple[int, ...] = (1024, 16 * 1024, 256 * 1024, 4 * 2**20, 32 * 2**20)
+    messages: tuple[int, ...] = (1024, 4 * 1024, 16 * 1024, 64 * 1024, 256 * 1024, 1 * 2**20, 4 * 2**20, 16 * 2**20)
+    repeats: int = 7
+    gemm_budget_s: float = 0.6
+
+
+DEFAULT_SIZES = Sizes()
+#: A calibration of seconds, for tests.
+QUICK_SIZES = Sizes(gemm=(32, 64), elementwise=(4096, 65536), messages=(4096, 16384, 131072, 524288), repeats=3,
+                    gemm_budget_s=0.1)
+
+
+def _stats(values: list[float], higher_is_better: bool) -> tuple[float, float, float]:
+    """(median, best, slowest) of repeats: rates (higher is better) or seconds."""
+    med = statistics.median(values)
+    return (med, max(values), min(values)) if higher_is_better else (med, min(values), max(values))
+
+
+def _compute(sizes: Sizes) -> dict:
+    """This process's GEMM, elementwise and reduction points and its per-operator overhead."""
+    import torch
+
+    from .ceilings import measure_gemm, repeat_times
+
+    out: dict = {"gemm": [], "elementwise": [], "reduction": []}
+    for n in sizes.gemm:
+        g = measure_gemm("cpu", "fp32", (n,), sizes.repeats, sizes.gemm_budget_s)
+        out["gemm"].append([n, g.median_flops_per_s, g.flops_per_s, g.min_flops_per_s])
+    start = time.perf_counter()
+    for nbytes in sizes.elementwise:
+        k = max(1, nbytes // 12)
+        a, b, c = torch.ones(k), torch.ones(k), torch.empty(k)
+        ts = repeat_times(lambda: torch.add(a, b, out=c), "cpu", sizes.repeats, start, float("inf"))
+        out["elementwise"].append([12 * k, *_stats([12 * k / t for t in ts], True)])
+        x = torch.ones(max(1, nbytes // 4))
+        ts = repeat_times(lambda: torch.sum(x), "cpu", sizes.repeats, start, float("inf"))
+        out["reduction"].append([4 * x.numel(), *_stats([4 * x.numel() / t for t in ts], True)])
+    out["overhead"] = _overhead(sizes.repeats)
+    return out
+
+
+def _overhead(repeats: int, chain: int = 200) -> dict:
+    """Seconds per tiny operator, forward (autograd recording) and backward."""
+    import torch
+
+    fwd, bwd = [], []
+    for _ in range(repeats + 1):
+        x = torch.ones(1, requires_grad=True)
+        t0 = time.perf_counter()
+        y = x
+        for _ in range(chain):
+            y = y + 1.0
+        t1 = time.perf_counter()
+        y.backward()
+        t2 = time.perf_counter()
+        fwd.append((t1 - t0) / chain)
+        bwd.append((t2 - t1) / chain)
+    return {"forward": [1, *_stats(fwd[1:], False)], "backward": [1, *_stats(bwd[1:], False)]}
+
+
+def _time_collective(kind: str, nbytes: int, rank: int, n: int, repeats: int) -> list[float]:
+    """Seconds of each repeat of one collective on this rank (send_recv: one way, half a round trip)."""
+    import torch
+    import torch.distributed as dist
+
+    k = nbytes // 4
+    full, part = torch.ones(k), torch.ones(k // n)
+    if kind == "all_reduce":
+        def op(): dist.all_reduce(full)
+    elif kind == "all_gather":
+        def op(): dist.all_gather_into_tensor(full, part)
+    elif kind == "reduce_scatter":
+        def op(): dist.reduce_scatter_tensor(part, full)
+    elif kind == "all_to_all":
+        other = torch.empty(k)
+
+        def op(): dist.all_to_all_single(other, full)
+    else:
+        def op():
+            if rank == 0:
+                dist.send(full, 1)
+                dist.recv(full, 1)
+            elif rank == 1:
+                dist.recv(full, 0)
+                dist.send(full, 0)
+    times = []
+    for j in range(repeats + 2):  # two warm-up calls
+        dist.barrier()
+        t0 = time.perf_counter()
+        op()
+        t = time.perf_counter() - t0
+        if j >= 2:
+            times.append(t / 2 if kind == "send_recv" else t)
+    return times
+
+
+def measure_rank(rank: int, n: int, port: int, sizes: Sizes, out_dir: str, threads: int) -> None:
+    """One calibrating process (spawned): join the gloo group, measure compute with the others on ``threads``
+    threads, then the collectives; rank 0 writes the result to ``out_dir/result.json``."""
+    import warnings
+
+    import torch
+
+    warnings.simplefilter("ignore", FutureWarning)  # torch's renaming of the *_into_tensor collectives
+    torch.set_num_threads(threads)
+    if n > 1:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n,
+                                timeout=datetime.timedelta(seconds=60))
+        dist.barrier()
+    result = _compute(sizes)
+    result["threads"] = torch.get_num_threads()
+    if n > 1:
+        result["collectives"] = {}
+        for kind in COLLECTIVES:
+            rows = []
+            for nbytes in sizes.messages:
+                t = torch.tensor(_time_collective(kind, nbytes - nbytes % (4 * n), rank, n, sizes.repeats),
+                                 dtype=torch.float64)
+                dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank of each repeat
+                rows.append([nbytes - nbytes % (4 * n), *_stats(t.tolist(), False)])
+            result["collectives"][kind] = rows
+        dist.barrier()
+        dist.destroy_process_group()
+    if rank == 0:
+        with open(os.path.join(out_dir, "result.json"), "w", encoding="utf-8") as f:
+            json.dump(result, f)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawned(ranks: int, sizes: Sizes, timeout_s: float, threads: int) -> dict:
+    """The result of ``ranks`` spawned calibrating processes, killed after ``timeout_s``."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="flopcount-calibrate-") as out_dir:
+        ctx = mp.start_processes(measure_rank, args=(ranks, _free_port(), sizes, out_dir, threads), nprocs=ranks,
+                                 join=False, start_method="spawn")
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not ctx.join(timeout=0.5):
+                if time.monotonic() > deadline:
+                    raise MeasurementError(f"calibrate --ranks {ranks}: not done in {timeout_s:.0f} s (a busy or "
+                                           "blocked machine); try again, or with fewer ranks")
+        except mp.ProcessRaisedException as e:
+            raise MeasurementError(f"calibrate --ranks {ranks}: a calibrating process failed: "
+                                   f"{str(e).strip().splitlines()[-1]}") from None
+        except mp.ProcessExitedException as e:
+            raise MeasurementError(f"calibrate --ranks {ranks}: a calibrating process exited ({e})") from None
+        finally:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+        with open(os.path.join(out_dir, "result.json"), encoding="utf-8") as f:
+            return json.load(f)
+
+
+def calibrate(ranks: int = 1, sizes: Sizes = DEFAULT_SIZES, timeout_s: float = 110.0,
+              threads: int | None = None) -> MachineProfile:
+    """Measure this machine with ``ranks`` processes of ``threads`` threads each (default: the cores shared out,
+    at least 1; see the module) into a calibrated profile."""
+    if ranks < 1 or ranks > 64:
+        raise UsageError(f"--ranks {ranks}: give 1 to 64 processes")
+    try:
+        import torch
+    except ImportError:
+        from flopcount.errors import DeviceError
+
+        raise DeviceError("calibrate measures through PyTorch, which is not installed: pip install torch") from None
+    from .ceilings import load_per_core
+    from .devices import cpu_cores, cpu_name
+
+    threads = threads or max(1, cpu_cores() // ranks)
+    if ranks == 1:
+        before = torch.get_num_threads()
+        with tempfile.TemporaryDirectory(prefix="flopcount-calibrate-") as out_dir:
+            try:
+                measure_rank(0, 1, 0, sizes, out_dir, threads)
+            finally:
+                torch.set_num_threads(before)
+            with open(os.path.join(out_dir, "result.json"), encoding="utf-8") as f:
+                raw = json.load(f)
+    else:
+        raw = _spawned(ranks, sizes, timeout_s, threads)
+    compute = {k: tuple(Point(*map(float, row)) for row in raw[k]) for k in ("gemm", "elementwise", "reduction")}
+    overhead = {k: Point(*map(float, raw["overhead"][k])) for k in ("forward", "backward")}
+    collectives = {}
+    for kind, rows in raw.get("collectives", {}).items():
+        pts = tuple(Point(*map(float, row)) for row in rows)
+        n = 2 if kind == "send_recv" else ranks  # a send and its receive: two ranks, whatever the group
+        collectives[kind] = Collective(n, pts, fit_segments(kind, n, pts))
+    peak = max(p.best for p in compute["gemm"])
+    machine = {"cpu": cpu_name(), "cores": cpu_cores(), "threads_per_rank": raw["threads"]}
+    return MachineProfile(True, "cpu", ranks, compute, overhead, collectives, peak, "fp32",
+                          datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                          torch.__version__, machine,
+                          ("measured by flopcount calibrate; peak_flops_per_s is the best GEMM repeat",),
+                          load_per_core())

@@ -1,0 +1,339 @@
+"""A machine profile: the rates a step-time prediction divides by, measured once by ``flopcount calibrate``
+(:mod:`flopcount.measure.machine.calibrate`) or, for a device that cannot be measured here, made from the sourced
+peak table and published bandwidths (``calibrated: false``). This module only describes, reads and checks profiles;
+it never measures.
+
+A profile holds:
+
+* ``compute``: per operator kind (``gemm``, ``conv``: FLOP/s at sizes; ``elementwise``, ``reduction``: bytes per
+  second at sizes) a list of :class:`Point`, each with the median, best and slowest repeat;
+* ``overhead``: the framework's seconds per operator in the forward and in the backward (a tiny op timed);
+* ``collectives``: per collective (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_to_all``,
+  ``send_recv``) the timed points (message bytes → seconds) and their fit, latency + bus bytes / bus bandwidth,
+  per size range (:class:`Segment`), where the bus bytes are the payload times nccl-tests' bus-bandwidth factor
+  (:data:`BUS_FACTORS`);
+* the versions, date, machine and rank count it was taken with, and whether it was measured (``calibrated``).
+
+A damaged or foreign file is refused with one line (:class:`flopcount.errors.MeasurementError`, exit 12); a profile
+taken on another machine, torch or rank count gives one warning line naming the difference (:func:`differences`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from flopcount.errors import MeasurementError, UsageError
+
+__all__ = ["BUS_FACTORS", "COLLECTIVES", "DEVICE_BANDWIDTHS", "FORMAT", "FORMAT_VERSION", "MachineProfile", "Point",
+           "Segment", "bus_factor", "collective_seconds", "device_profile", "differences", "fit_segments",
+           "load_profile", "profile_from_dict", "rate_at"]
+
+FORMAT = "flopcount-machine-profile"
+FORMAT_VERSION = 1
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+#: nccl-tests' bus-bandwidth factors (its PERFORMANCE.md): bus bytes = factor × the payload (the whole tensor of an
+#: all_reduce, the gathered output of an all_gather, the input of a reduce_scatter, the sent buffer of an
+#: all_to_all, the message of a send/recv), so that the fitted bus bandwidth is comparable to a link's whatever n.
+BUS_FACTORS = {"all_reduce": "2(n-1)/n", "all_gather": "(n-1)/n", "reduce_scatter": "(n-1)/n",
+               "all_to_all": "(n-1)/n", "send_recv": "1"}
+#: Bytes at which the collectives' fit changes range: latency-bound messages below, bandwidth-bound above.
+SPLIT_BYTES = 64 * 1024
+
+
+def bus_factor(kind: str, n: int) -> float:
+    """nccl-tests' bus-bandwidth factor of ``kind`` over ``n`` ranks (:data:`BUS_FACTORS`)."""
+    if kind == "all_reduce":
+        return 2 * (n - 1) / n
+    if kind == "send_recv":
+        return 1.0
+    return (n - 1) / n
+
+
+@dataclass(frozen=True)
+class Point:
+    """One timed size: ``size`` (n of an n×n×n GEMM, N·C·H·W of a convolution's output, bytes of an elementwise op
+    or a message) and the median, best and slowest of its repeats (a rate, or seconds for a message)."""
+
+    size: float
+    median: float
+    best: float
+    slowest: float
+
+    def as_dict(self) -> dict[str, float]:
+        return {"size": self.size, "median": self.median, "best": self.best, "slowest": self.slowest}
+
+
+@dataclass(frozen=True)
+class Segment:
+    """The fit of one size range of a collective: seconds = ``latency_s`` + bus bytes / ``bus_bytes_per_s``, for
+    payloads from ``low`` to ``high`` bytes; one fit each for the median, best and slowest times (``which``)."""
+
+    low: float
+    high: float
+    latency_s: Mapping[str, float]
+    bus_bytes_per_s: Mapping[str, float]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"from_bytes": self.low, "to_bytes": self.high, "latency_s": dict(self.latency_s),
+                "bus_bytes_per_s": dict(self.bus_bytes_per_s)}
+
+
+@dataclass(frozen=True)
+class Collective:
+    """A collective's timed points over ``ranks`` processes (0: a fit that holds for any group, from datasheets)
+    and their fit by size range."""
+
+    ranks: int
+    points: tuple[Point, ...]
+    segments: tuple[Segment, ...]
+
+    def as_dict(self, kind: str) -> dict[str, Any]:
+        return {"ranks": self.ranks, "bus_factor": BUS_FACTORS[kind], "points": [p.as_dict() for p in self.points],
+                "fit": [s.as_dict() for s in self.segments]}
+
+
+@dataclass(frozen=True)
+class MachineProfile:
+    """A machine's rates (see the module). ``peak_flops_per_s``: what MFU divides by (a CPU's best measured GEMM
+    rate; a GPU's datasheet peak of ``dtype``)."""
+
+    calibrated: bool
+    device: str
+    ranks: int
+    compute: Mapping[str, tuple[Point, ...]]
+    overhead: Mapping[str, Point]
+    collectives: Mapping[str, Collective]
+    peak_flops_per_s: float
+    dtype: str = "fp32"
+    date: str = ""
+    torch: str | None = None
+    machine: Mapping[str, Any] = field(default_factory=dict)
+    sources: tuple[str, ...] = ()
+    load_per_core: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "version": FORMAT_VERSION, "calibrated": self.calibrated, "device": self.device,
+                "dtype": self.dtype, "date": self.date, "torch": self.torch, "machine": dict(self.machine),
+                "ranks": self.ranks, "load_per_core": self.load_per_core, "peak_flops_per_s": self.peak_flops_per_s,
+                "compute": {k: [p.as_dict() for p in v] for k, v in self.compute.items()},
+                "overhead": {k: p.as_dict() for k, p in self.overhead.items()},
+                "collectives": {k: c.as_dict(k) for k, c in self.collectives.items()},
+                "sources": list(self.sources)}
+
+
+def rate_at(points: Sequence[Point], size: float, which: str = "median") -> tuple[float, bool]:
+    """The rate of ``points`` at ``size`` (``which``: median, best or slowest), interpolated linearly in log(size)
+    between the two calibrated sizes around it; outside them, the nearest one's, and True (extrapolated)."""
+    pts = sorted(points, key=lambda p: p.size)
+    if size <= pts[0].size or len(pts) == 1:
+        return getattr(pts[0], which), size < pts[0].size * 0.999
+    if size >= pts[-1].size:
+        return getattr(pts[-1], which), size > pts[-1].size * 1.001
+    for a, b in zip(pts, pts[1:]):
+        if a.size <= size <= b.size:
+            w = math.log(size / a.size) / math.log(b.size / a.size)
+            return getattr(a, which) + w * (getattr(b, which) - getattr(a, which)), False
+    raise AssertionError("unreachable: size inside the points")
+
+
+def collective_seconds(c: Collective, kind: str, payload: float, n: int, which: str = "median") -> tuple[float, bool]:
+    """Seconds of one ``kind`` of ``payload`` bytes over ``n`` ranks: latency + bus_factor(n) × payload / bus
+    bandwidth of the size range it falls in, and whether it lies outside the calibrated sizes (the nearest range's
+    fit then)."""
+    if n <= 1 or payload <= 0:
+        return 0.0, False
+    seg = next((s for s in c.segments if s.low <= payload <= s.high), None)
+    outside = seg is None
+    if seg is None:
+        seg = c.segments[0] if payload < c.segments[0].low else c.segments[-1]
+    return seg.latency_s[which] + bus_factor(kind, n) * payload / seg.bus_bytes_per_s[which], outside
+
+
+def _fit_line(xs: Sequence[float], ts: Sequence[float]) -> tuple[float, float]:
+    """Least squares of t = a + x / bw, a ≥ 0 (refitted through the origin when the intercept comes out negative)."""
+    n = len(xs)
+    mx, mt = sum(xs) / n, sum(ts) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (t - mt) for x, t in zip(xs, ts)) / sxx if sxx else 0.0
+    a = mt - slope * mx
+    if a < 0 or slope <= 0:
+        a = max(0.0, min(ts) if slope <= 0 else 0.0)
+        slope = sum(x * (t - a) for x, t in zip(xs, ts)) / sum(x * x for x in xs)
+    return a, 1 / slope if slope > 0 else math.inf
+
+
+def fit_segments(kind: str, n: int, points: Sequence[Point]) -> tuple[Segment, ...]:
+    """The fit of a collective's timed points (payload bytes → seconds) over ``n`` ranks: one segment for the
+    payloads up to :data:`SPLIT_BYTES` and one above (each needs two points; a range with fewer joins the other),
+    each a least-squares line latency + bus bytes / bus bandwidth for the median, best and slowest times."""
+    pts = sorted(points, key=lambda p: p.size)
+    small = [p for p in pts if p.size <= SPLIT_BYTES]
+    large = [p for p in pts if p.size > SPLIT_BYTES]
+    ranges = [r for r in (small, large) if len(r) >= 2] if len(small) >= 2 and len(large) >= 2 else [pts]
+    f = bus_factor(kind, n)
+    out = []
+    for k, r in enumerate(ranges):
+        lat, bw = {}, {}
+        for which in ("median", "best", "slowest"):
+            lat[which], bw[which] = _fit_line([f * p.size for p in r], [getattr(p, which) for p in r])
+        low = r[0].size if k == 0 else ranges[k - 1][-1].size
+        out.append(Segment(low, r[-1].size, lat, bw))
+    return tuple(out)
+
+
+# Published bandwidths of the devices a profile can be made for without measuring (per GPU): HBM from the product
+# datasheets; the NVLink figure is the datasheet's total bandwidth per GPU (both directions), and a collective's
+# bus bandwidth is taken as half of it (one direction), nccl-tests' busbw being per direction.
+DEVICE_BANDWIDTHS: dict[str, dict[str, Any]] = {
+    "H100 SXM": {"memory": 3.35e12, "nvlink": 900e9,
+                 "source": "NVIDIA H100 datasheet, SXM5: 3.35 TB/s HBM3, NVLink 900 GB/s"},
+    "H200 SXM": {"memory": 4.8e12, "nvlink": 900e9,
+                 "source": "NVIDIA H200 datasheet, SXM: 4.8 TB/s HBM3e, NVLink 900 GB/s"},
+    "A100 SXM": {"memory": 2.039e12, "nvlink": 600e9,
+                 "source": "NVIDIA A100 datasheet, 80GB SXM: 2,039 GB/s HBM2e, NVLink 600 GB/s"},
+    "A100": {"memory": 2.039e12, "nvlink": 600e9,
+             "source": "NVIDIA A100 datasheet, 80GB SXM: 2,039 GB/s HBM2e, NVLink 600 GB/s"},
+    "B200": {"memory": 8e12, "nvlink": 1.8e12,
+             "source": "NVIDIA HGX B200 datasheet, per GPU: 8 TB/s HBM3e, NVLink 1.8 TB/s"},
+}
+#: Latency of one collective step on NVLink assumed for an uncalibrated profile (seconds): the order of NCCL's
+#: small-message latency within a node; a profile that is not measured states it in its sources.
+_ASSUMED_LATENCY_S = 10e-6
+
+
+def device_profile(name: str, ranks: int = 8, dtype: str = "bf16") -> MachineProfile:
+    """A ``calibrated: false`` profile of a device that cannot be measured here: its dense ``dtype`` peak from the
+    sourced peak table (:mod:`flopcount.measure.machine.devices`) for every product, its datasheet HBM bandwidth for
+    elementwise work and reductions, and half its NVLink bandwidth (one direction) as the bus bandwidth of every
+    collective, with a latency of 10 µs; no framework overhead. Every figure is the best case: the interval's
+    low and high ends are the same, the prediction says it is from a datasheet."""
+    from .devices import gpu_entry
+
+    entry = gpu_entry(name)
+    known = ", ".join(sorted(DEVICE_BANDWIDTHS))
+    if entry is None or entry.key not in DEVICE_BANDWIDTHS:
+        raise UsageError(f"--device {name}: no published bandwidths recorded for it; give one of {known}, or "
+                         "calibrate the machine (flopcount calibrate) and give --machine")
+    if dtype not in entry.peaks:
+        raise UsageError(f"--device {name}: the {entry.key} has no {dtype} peak in the table; give another dtype")
+    bw = DEVICE_BANDWIDTHS[entry.key]
+    peak = entry.peaks[dtype]
+
+    def flat(v: float) -> tuple[Point, ...]:
+        return (Point(1, v, v, v),)
+
+    bus = bw["nvlink"] / 2
+    seg = Segment(0, math.inf, {w: _ASSUMED_LATENCY_S for w in ("median", "best", "slowest")},
+                  {w: bus for w in ("median", "best", "slowest")})
+    zero = Point(1, 0.0, 0.0, 0.0)
+    return MachineProfile(False, entry.key, ranks, {"gemm": flat(peak), "conv": flat(peak),
+                                                    "elementwise": flat(bw["memory"]), "reduction": flat(bw["memory"])},
+                          {"forward": zero, "backward": zero},
+                          {k: Collective(0, (), (seg,)) for k in COLLECTIVES}, peak, dtype,
+                          sources=(entry.source, bw["source"], "collective latency 10 us assumed (not measured)"))
+
+
+def _need(doc: Mapping[str, Any], key: str, kind: type | tuple, where: str) -> Any:
+    v = doc.get(key)
+    if not isinstance(v, kind) or isinstance(v, bool) and kind is not bool:
+        raise MeasurementError(f"{where}: '{key}' is missing or not a {getattr(kind, '__name__', kind)}; take the "
+                               "profile again with flopcount calibrate -o FILE")
+    return v
+
+
+def _point(d: Any, where: str) -> Point:
+    if not isinstance(d, Mapping):
+        raise MeasurementError(f"{where}: a point is not an object; take the profile again with flopcount calibrate")
+    vals = [d.get(k) for k in ("size", "median", "best", "slowest")]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 and math.isfinite(v)
+               for v in vals):
+        raise MeasurementError(f"{where}: a point needs size, median, best and slowest as numbers >= 0; take the "
+                               "profile again with flopcount calibrate")
+    return Point(*map(float, vals))
+
+
+def _segment(d: Any, where: str) -> Segment:
+    if not isinstance(d, Mapping):
+        raise MeasurementError(f"{where}: a fit is not an object")
+    try:
+        lat = {w: float(d["latency_s"][w]) for w in ("median", "best", "slowest")}
+        bw = {w: float(d["bus_bytes_per_s"][w]) for w in ("median", "best", "slowest")}
+        low, high = float(d["from_bytes"]), float(d["to_bytes"])
+    except (KeyError, TypeError, ValueError):
+        raise MeasurementError(f"{where}: a fit needs from_bytes, to_bytes, latency_s and bus_bytes_per_s (median, "
+                               "best, slowest); take the profile again with flopcount calibrate") from None
+    if any(v <= 0 for v in bw.values()) or any(v < 0 for v in lat.values()):
+        raise MeasurementError(f"{where}: a fit has a bandwidth <= 0 or a negative latency; take the profile again")
+    return Segment(low, high, lat, bw)
+
+
+def profile_from_dict(doc: Any, where: str = "profile") -> MachineProfile:
+    """A :class:`MachineProfile` from its JSON form, every field checked (a MeasurementError naming it)."""
+    if not isinstance(doc, Mapping) or doc.get("format") != FORMAT:
+        raise MeasurementError(f"{where}: not a flopcount machine profile (no \"format\": \"{FORMAT}\"); make one "
+                               "with flopcount calibrate -o FILE")
+    if doc.get("version") != FORMAT_VERSION:
+        raise MeasurementError(f"{where}: profile format version {doc.get('version')!r}, this flopcount reads "
+                               f"{FORMAT_VERSION}; take the profile again with flopcount calibrate")
+    compute = {}
+    for kind, pts in _need(doc, "compute", Mapping, where).items():
+        if not isinstance(pts, list) or not pts:
+            raise MeasurementError(f"{where}: compute.{kind} has no points; take the profile again")
+        compute[kind] = tuple(_point(p, f"{where}: compute.{kind}") for p in pts)
+    for kind in ("gemm", "elementwise"):
+        if kind not in compute:
+            raise MeasurementError(f"{where}: compute.{kind} is missing; take the profile again with flopcount "
+                                   "calibrate")
+    overhead = {k: _point(_need(doc, "overhead", Mapping, where).get(k), f"{where}: overhead.{k}")
+                for k in ("forward", "backward")}
+    collectives = {}
+    for kind, c in _need(doc, "collectives", Mapping, where).items():
+        if kind not in COLLECTIVES or not isinstance(c, Mapping) or not isinstance(c.get("fit"), list) or not c["fit"]:
+            raise MeasurementError(f"{where}: collectives.{kind} is not a known collective with a fit; take the "
+                                   "profile again")
+        collectives[kind] = Collective(int(c.get("ranks", 0)), tuple(_point(p, f"{where}: collectives.{kind}")
+                                                                     for p in c.get("points", [])),
+                                       tuple(_segment(s, f"{where}: collectives.{kind}") for s in c["fit"]))
+    peak = _need(doc, "peak_flops_per_s", (int, float), where)
+    ranks = _need(doc, "ranks", int, where)
+    if peak <= 0 or ranks < 1:
+        raise MeasurementError(f"{where}: peak_flops_per_s and ranks must be > 0; take the profile again")
+    return MachineProfile(bool(_need(doc, "calibrated", bool, where)), str(doc.get("device", "")), ranks, compute,
+                          overhead, collectives, float(peak), str(doc.get("dtype", "fp32")), str(doc.get("date", "")),
+                          doc.get("torch"), dict(doc.get("machine") or {}), tuple(doc.get("sources") or ()),
+                          doc.get("load_per_core"))
+
+
+def load_profile(path: str) -> MachineProfile:
+    """The profile in the JSON file ``path`` (a MeasurementError, exit 12, when unreadable, damaged or foreign)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except OSError as e:
+        raise MeasurementError(f"--machine {path}: cannot read it ({e.strerror or e}); make one with flopcount "
+                               "calibrate -o FILE") from None
+    except ValueError as e:
+        raise MeasurementError(f"--machine {path}: not JSON ({e}); the file is damaged, take the profile again "
+                               "with flopcount calibrate -o FILE") from None
+    return profile_from_dict(doc, f"--machine {path}")
+
+
+def differences(profile: MachineProfile, here: Mapping[str, Any], ranks: int) -> str | None:
+    """One line naming how ``profile`` differs from this machine (``here``: ``cpu``, ``cores``, ``torch``) and the
+    run's ``ranks``, or None. An uncalibrated profile describes another device by design: only its rank count."""
+    diffs = []
+    if profile.calibrated:
+        for key in ("cpu", "cores", "threads_per_rank"):
+            if key in here and profile.machine.get(key) != here[key]:
+                diffs.append(f"{key} {profile.machine.get(key)!r} (here {here[key]!r})")
+        if "torch" in here and profile.torch != here["torch"]:
+            diffs.append(f"torch {profile.torch} (here {here['torch']})")
+    if profile.ranks != ranks:
+        diffs.append(f"{profile.ranks} ranks (this plan runs {ranks})")
+    return None if not diffs else ("the machine profile was taken with " + ", ".join(diffs)
+                                   + "; its rates may not hold here: calibrate again with flopcount calibrate "
+                                   f"--ranks {ranks}")

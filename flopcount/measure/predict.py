@@ -1,0 +1,338 @@
+"""Step time, tokens per second, MFU and HFU predicted per rank from a counted report and a machine profile
+(:mod:`flopcount.measure.machine.calibration`): arithmetic on plain numbers, no loop, device or framework.
+
+The rules (docs/predict.md states them for users):
+
+* **A node's time** (one microbatch, on one rank): ``max(FLOPs / rate, bytes / bandwidth) + overhead``. The kind of
+  its operator picks the rate: products (``matmul``, ``gemm``, ``einsum``, ``attention``) the GEMM rate at the
+  product's effective size n = ∛(m·k·n) (its FLOPs / 2 per matrix of the batch), convolutions the convolution rate
+  (else the GEMM rate), and every node the elementwise bandwidth (reductions, softmax, normalisations, losses and
+  pooling the reduction bandwidth) at its bytes (inputs read and outputs written,
+  :func:`flopcount.reporting.report.node_bytes`). The backward of a node runs its backward FLOPs at the same rate
+  and moves twice its forward bytes (the gradient of each output read with the saved inputs, a gradient of each
+  input written); its recompute is its forward again. ``overhead`` is the profile's framework seconds per operator,
+  forward and backward, for each node with work.
+* **A rank's share** of a node under a plan is the ledger's (:func:`flopcount.parallel.ranks.node_shares`): its
+  FLOPs, its bytes scaled by the same fraction, its effective size from its own FLOPs.
+* **Collectives**: each of the ledger's collectives per step is sent as messages of a known size:
+  tensor-parallel ones of the activation A = b·s·h·e (the loss's three small all_reduces apart), pipeline sends of
+  A (A/T under sp), and a data-parallel all_reduce in DDP's buckets (the first 1 MiB, the others 25 MiB). A
+  message of B bytes over a group of n ranks takes latency + bus_factor(n)·B / bus bandwidth
+  (:func:`~.machine.calibration.collective_seconds`). Tensor-parallel collectives are exposed (they sit between
+  the ops that need them), half in the forward and half in the backward in training; the pipeline's sends
+  lengthen the action that sends. The data-parallel all_reduce overlaps the last microbatch's backward as DDP
+  runs it: each bucket is ready once the backward has produced the gradient bytes up to its end (at an even
+  pace), the buckets reduce one after another, and what runs past the backward's end is exposed. Other
+  data-parallel collectives (fsdp, zero1, zero2) are counted exposed (an upper bound).
+* **The step**: the pipeline schedule's simulation (:func:`flopcount.parallel.ranks.simulate_schedule`) with each
+  chunk's forward and backward lasting the longest of its TP ranks' (compute and exposed TP time and the send),
+  then the exposed data-parallel time, then the optimizer step (its parameter bytes read and written at the
+  elementwise bandwidth: 7 bytes-per-byte for adam/adamw, 5 momentum, 3 sgd). Without a pipeline the schedule is
+  M microbatches one after another. A rank's ``bubble_seconds`` = the schedule's makespan − its busy time.
+* **The point and the interval**: the step is predicted with every rate at its best calibrated repeat (a busy
+  machine can only slow a repeat down, so the best is the closest to what the hardware sustains, as
+  :func:`flopcount.measure.machine.ceilings.measure_gemm` takes it), and again at the median repeats: the interval
+  is [best, median]; when a size lies outside the calibrated sizes, or a group has another size than the
+  calibration's, it is widened by :data:`WIDEN` on each side and ``extrapolated`` says what.
+* ``mfu`` = model FLOPs of the step (all ranks) / (step seconds × ranks × the profile's peak), ``hfu`` the same
+  with the hardware FLOPs (recompute and redundant work included).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .machine.calibration import MachineProfile, collective_seconds, rate_at
+
+__all__ = ["BUCKET_BYTES", "BUSY_LOAD", "FIRST_BUCKET_BYTES", "GEMM_FAMILIES", "Message", "NodeWork",
+           "OPTIMIZER_TRAFFIC", "Prediction", "REDUCTION_FAMILIES", "RankWork", "WIDEN", "Work", "exposed_after",
+           "node_seconds", "predict", "predict_work", "work_of"]
+
+#: DDP's default gradient buckets: the first (the last layers' gradients) of 1 MiB, the others of 25 MiB
+#: (``bucket_cap_mb=25``).
+FIRST_BUCKET_BYTES = 2**20
+BUCKET_BYTES = 25 * 2**20
+#: A profile taken at a 1-minute load average per core above this was taken on a busy machine (a note says so).
+BUSY_LOAD = 1.0
+#: How much an extrapolated prediction's interval is widened on each side.
+WIDEN = 0.25
+GEMM_FAMILIES = ("matmul", "gemm", "einsum", "attention")
+REDUCTION_FAMILIES = ("reduction", "softmax", "normalization", "loss", "pooling")
+OPTIMIZER_TRAFFIC = {"adam": 7, "adamw": 7, "momentum": 5, "sgd": 3}
+_WHICH = ("best", "median")
+
+
+@dataclass(frozen=True)
+class NodeWork:
+    """One node's work on one rank per microbatch: ``kind`` gemm, conv, elementwise or reduction; ``matrices``
+    the product's batch of matrices (1 for a plain product)."""
+
+    kind: str
+    flops: float
+    bytes: float
+    backward_flops: float = 0.0
+    recompute_flops: float = 0.0
+    matrices: float = 1.0
+
+
+@dataclass(frozen=True)
+class Message:
+    """A collective a rank runs: ``count`` messages of ``bytes`` over a group of ``ranks``; ``phase`` forward,
+    backward (exposed in that action), ``dp`` (the DDP all_reduce), ``send`` (a pipeline send) or ``step`` (exposed
+    once a step)."""
+
+    kind: str
+    group: str
+    bytes: float
+    count: float
+    ranks: int
+    phase: str
+
+
+@dataclass(frozen=True)
+class RankWork:
+    """What one rank runs per microbatch (``chunks``: its nodes per model chunk) and per step."""
+
+    rank: int
+    stage: int
+    tp: int
+    chunks: Mapping[int, tuple[NodeWork, ...]]
+    messages: tuple[Message, ...]
+    model_flops: float  # per step
+    hardware_flops: float
+    optimizer_bytes: float = 0.0  # bytes the optimizer step reads and writes
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A step's prediction (see the module); ``ranks[]``: each rank's figures."""
+
+    step_seconds: float
+    interval: tuple[float, float]
+    tokens_per_second: float | None
+    mfu: float
+    hfu: float
+    critical_rank: int
+    ranks: tuple[Mapping[str, Any], ...]
+    profile: Mapping[str, Any]
+    extrapolated: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    tokens_note: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"step_seconds": self.step_seconds, "interval": list(self.interval),
+                "tokens_per_second": self.tokens_per_second,
+                **({"tokens_per_second_note": self.tokens_note} if self.tokens_note else {}),
+                "mfu": self.mfu, "hfu": self.hfu, "critical_rank": self.critical_rank,
+                "extrapolated": list(self.extrapolated), "notes": list(self.notes), "profile": dict(self.profile),
+                "ranks": [dict(r) for r in self.ranks]}
+
+    def lines(self) -> list[str]:
+        """The text report's block: the step, then the critical rank's parts, then the notes."""
+        tps = (f"{self.tokens_per_second:,.0f} tokens/s" if self.tokens_per_second is not None
+               else f"tokens/s not known ({self.tokens_note})")
+        prof = self.profile
+        made = f"calibrated {prof['date']}" if prof["calibrated"] else "from datasheets"
+        ranks = f"{prof['ranks']} rank{'s' if prof['ranks'] != 1 else ''}"
+        out = [f"Prediction ({prof['device']} profile, {made}, {ranks}): step {self.step_seconds:.4g} s "
+               f"[{self.interval[0]:.4g}, {self.interval[1]:.4g}], {tps}, MFU {self.mfu:.3f}, HFU {self.hfu:.3f}; "
+               f"critical rank {self.critical_rank}"]
+        r = next(row for row in self.ranks if row["rank"] == self.critical_rank)
+        comm = "; ".join(f"{k} {v['exposed']:.3g} s exposed, {v['overlapped']:.3g} s overlapped"
+                         for k, v in r["communication_seconds"].items()) or "none"
+        out.append(f"Rank {r['rank']}: compute {r['compute_seconds']:.4g} s, bubble {r['bubble_seconds']:.4g} s, "
+                   f"optimizer {r['optimizer_seconds']:.3g} s; communication: {comm}")
+        return out + [f"Prediction note: {n}" for n in self.notes]
+
+
+def node_seconds(w: NodeWork, profile: MachineProfile, which: str = "median") -> tuple[float, float, list[str]]:
+    """(forward, backward with recompute) seconds of one node's work, and what was extrapolated."""
+    out: list[str] = []
+
+    def rate(kind: str, size: float) -> float:
+        r, outside = rate_at(profile.compute[kind], size, which)
+        if outside:
+            out.append(f"{kind} at size {size:.4g} (calibrated {profile.compute[kind][0].size:.4g}"
+                       f"-{profile.compute[kind][-1].size:.4g})")
+        return r
+
+    def one(flops: float, nbytes: float) -> float:
+        if flops <= 0 and nbytes <= 0:
+            return 0.0
+        t = 0.0
+        if flops > 0 and w.kind in ("gemm", "conv"):
+            kind = w.kind if w.kind in profile.compute else "gemm"
+            size = (flops / 2 / w.matrices) ** (1 / 3) if kind == "gemm" else nbytes
+            t = flops / rate(kind, size)
+        mem = "reduction" if w.kind == "reduction" and "reduction" in profile.compute else "elementwise"
+        if nbytes > 0:
+            t = max(t, nbytes / rate(mem, nbytes))
+        return t
+
+    fwd = one(w.flops, w.bytes)
+    ov = profile.overhead
+    fwd_s = fwd + (getattr(ov["forward"], which) if w.flops or w.bytes else 0.0)
+    bwd_s = 0.0
+    if w.backward_flops:
+        bwd_s = one(w.backward_flops, 2 * w.bytes) + getattr(ov["backward"], which)
+    if w.recompute_flops and w.flops:
+        bwd_s += fwd * w.recompute_flops / w.flops + getattr(ov["forward"], which)
+    return fwd_s, bwd_s, out
+
+
+def exposed_after(backward_s: float, buckets: Sequence[tuple[float, float]]) -> float:
+    """Seconds the buckets' all_reduces run past the end of a backward of ``backward_s``: ``buckets`` are (bytes,
+    seconds) in the order the backward fills them, each ready once the backward has produced the gradient bytes up
+    to its end (at an even pace), each starting once it is ready and the one before is done.
+
+    >>> round(exposed_after(1.0, [(1, 0.1), (1, 0.1)]), 6)  # ready at 0.5 and 1.0: done at 0.6 and 1.1
+    0.1
+    """
+    total, filled, done = sum(b for b, _ in buckets), 0.0, 0.0
+    for b, t in buckets:
+        filled += b
+        done = max(done, backward_s * filled / total if total else backward_s) + t
+    return max(0.0, done - backward_s)
+
+
+def _message_seconds(m: Message, profile: MachineProfile, which: str, out: list[str]) -> float:
+    if not profile.collectives:
+        from flopcount.errors import UsageError
+
+        raise UsageError(f"--predict: the plan runs {m.kind} over {m.group}, and the machine profile has no "
+                         "collectives (calibrated with --ranks 1); calibrate with flopcount calibrate --ranks N")
+    kind = m.kind if m.kind in profile.collectives else None
+    if kind is None:
+        out.append(f"{m.kind} not calibrated (counted as all_reduce)")
+        kind = "all_reduce"
+    c = profile.collectives[kind]
+    t, outside = collective_seconds(c, kind, m.bytes, m.ranks, which)
+    if outside:
+        out.append(f"{m.kind} of {m.bytes:.4g} bytes (calibrated {c.segments[0].low:.4g}-{c.segments[-1].high:.4g})")
+    if c.ranks and c.ranks != m.ranks and m.ranks > 1:
+        out.append(f"{m.kind} over {m.ranks} ranks (calibrated over {c.ranks})")
+    return t * m.count
+
+
+def _rank_times(r: RankWork, profile: MachineProfile, which: str, out: list[str]) -> dict[str, Any]:
+    fwd: dict[int, float] = {}
+    bwd: dict[int, float] = {}
+    for c, nodes in r.chunks.items():
+        fwd[c] = bwd[c] = 0.0
+        for w in nodes:
+            f, b, x = node_seconds(w, profile, which)
+            fwd[c] += f
+            bwd[c] += b
+            out.extend(x)
+    comm: dict[str, dict[str, float]] = {}
+    phase_s = {"forward": 0.0, "backward": 0.0, "send_forward": 0.0, "send_backward": 0.0, "step": 0.0}
+    dp_buckets: list[float] = []
+    for m in r.messages:
+        t = _message_seconds(m, profile, which, out)
+        slot = comm.setdefault(m.kind, {"exposed": 0.0, "overlapped": 0.0})
+        if m.phase == "dp":
+            dp_buckets.extend([(m.bytes, t / m.count)] * int(m.count))
+            continue
+        slot["exposed"] += t
+        phase_s[m.phase] += t
+    return {"forward": fwd, "backward": bwd, "comm": comm, "phase": phase_s, "dp_buckets": dp_buckets,
+            "compute": sum(fwd.values()) + sum(bwd.values())}
+
+
+def _step(work: Sequence[RankWork], profile: MachineProfile, plan: Mapping[str, Any], which: str,
+          out: list[str]) -> tuple[float, list[dict[str, Any]]]:
+    from flopcount.parallel.ranks import simulate_schedule
+
+    m, p, v = plan["microbatches"], plan["pp"], plan["virtual"]
+    times = [_rank_times(r, profile, which, out) for r in work]
+    train = any(any(t["backward"].values()) for t in times)
+    tf, tb = [0.0] * (p * v), [0.0] * (p * v)
+    for r, t in zip(work, times):  # a chunk lasts its slowest TP rank's; the TP time and the send go with it
+        per = m * len(t["forward"])
+        for c in t["forward"]:
+            tf[c] = max(tf[c], t["forward"][c] + (t["phase"]["forward"] + t["phase"]["send_forward"]) / per)
+            tb[c] = max(tb[c], t["backward"][c] + (t["phase"]["backward"] + t["phase"]["send_backward"]) / per)
+    if p > 1:
+        makespan, busy = simulate_schedule(plan["schedule"], p, m, tf, tb if train else [0.0] * len(tb), v)
+    else:
+        makespan, busy = m * (tf[0] + tb[0]), [m * (tf[0] + tb[0])]
+    rows = []
+    for r, t in zip(work, times):
+        last_bwd = max((tb[c] for c in t["backward"]), default=0.0)
+        dp_exposed = exposed_after(last_bwd, t["dp_buckets"]) if t["dp_buckets"] else 0.0
+        if t["dp_buckets"]:
+            ar = t["comm"]["all_reduce"]
+            ar["exposed"] += dp_exposed
+            hidden = sum(b[1] for b in t["dp_buckets"]) - dp_exposed
+            ar["overlapped"] += hidden if hidden > 1e-12 else 0.0  # not a rounding error's remainder
+        opt = r.optimizer_bytes / rate_at(profile.compute["elementwise"], r.optimizer_bytes, which)[0] \
+            if r.optimizer_bytes else 0.0
+        total = makespan + dp_exposed + t["phase"]["step"] + opt
+        rows.append({"rank": r.rank, "step_seconds": total, "compute_seconds": m * t["compute"],
+                     "communication_seconds": t["comm"], "bubble_seconds": makespan - busy[r.stage],
+                     "optimizer_seconds": opt})
+    return max(row["step_seconds"] for row in rows), rows
+
+
+@dataclass(frozen=True)
+class Work:
+    """Everything the prediction needs of a count, as plain numbers: the ranks' work, the plan's shape
+    (``microbatches``, ``pp``, ``virtual``, ``schedule``), the tokens of a step (None with ``tokens_note``)."""
+
+    ranks: tuple[RankWork, ...]
+    plan: Mapping[str, Any]
+    tokens: float | None
+    tokens_note: str | None = None
+    notes: tuple[str, ...] = field(default=())
+
+
+def predict_work(work: Work, profile: MachineProfile) -> Prediction:
+    """The prediction of ``work`` on ``profile`` (see the module)."""
+    results = {}
+    for which in _WHICH:
+        out: list[str] = []
+        step, rows = _step(work.ranks, profile, work.plan, which, out)
+        results[which] = (step, rows, out)
+    step, rows, extrapolated = results["best"]
+    low, high = step, results["median"][0]
+    unique = tuple(dict.fromkeys(extrapolated))
+    if unique:
+        low, high = low * (1 - WIDEN), high * (1 + WIDEN)
+    n = len(work.ranks)
+    model = sum(r.model_flops for r in work.ranks)
+    hardware = sum(r.hardware_flops for r in work.ranks)
+    critical = max(rows, key=lambda row: (row["step_seconds"], -row["rank"]))["rank"]
+    notes = list(work.notes)
+    if unique:
+        notes.append(f"interval widened by {WIDEN:.0%} on each side: outside the calibration: " + "; ".join(unique[:3])
+                     + (f" (and {len(unique) - 3} more)" if len(unique) > 3 else ""))
+    if profile.load_per_core is not None and profile.load_per_core > BUSY_LOAD:
+        notes.append(f"the profile was taken on a busy machine (load {profile.load_per_core:.2f} per core): its "
+                     "rates are what the work got then, not what the machine sustains; calibrate again when it is "
+                     "quiet")
+    if not profile.calibrated:
+        notes.append(f"profile of the {profile.device} from its datasheets (calibrated: false): best-case rates, "
+                     f"products at its dense {profile.dtype} peak")
+    return Prediction(step, (low, high), work.tokens / step if work.tokens and step else None,
+                      model / (step * n * profile.peak_flops_per_s) if step else math.nan,
+                      hardware / (step * n * profile.peak_flops_per_s) if step else math.nan,
+                      critical, tuple(rows),
+                      {"device": profile.device, "calibrated": profile.calibrated, "ranks": profile.ranks,
+                       "date": profile.date, "peak_flops_per_s": profile.peak_flops_per_s},
+                      unique, tuple(notes), work.tokens_note)
+
+
+def predict(report: Any, profile: MachineProfile) -> Prediction:
+    """The prediction of a counted ``report`` (with its per-rank ledger, ``report.parallel``, or one rank) on
+    ``profile``."""
+    return predict_work(work_of(report), profile)
+
+
+def work_of(report: Any) -> Work:
+    """The plain numbers of ``report`` the prediction reads (:mod:`flopcount.measure.predict_report`)."""
+    from .predict_report import report_work
+
+    return report_work(report)

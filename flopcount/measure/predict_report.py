@@ -1,0 +1,154 @@
+"""A counted report read into the plain numbers :mod:`flopcount.measure.predict` divides: each rank's nodes per
+model chunk (its shares of the ledger, :func:`flopcount.parallel.ranks.node_shares`), its collectives as messages
+of known sizes, its FLOPs, its optimizer's bytes and the tokens of a step. The rules are the predictor's module's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flopcount.errors import UsageError
+
+from .predict import (BUCKET_BYTES, FIRST_BUCKET_BYTES, GEMM_FAMILIES, OPTIMIZER_TRAFFIC, REDUCTION_FAMILIES,
+                      Message, NodeWork, RankWork, Work)
+
+__all__ = ["report_work"]
+
+_INTEGER_TYPES = (2, 3, 4, 5, 6, 7, 12, 13)  # ONNX uint8, int8, uint16, int16, int32, int64, uint32, uint64
+
+
+def _kind(node: Any) -> str:
+    if node.family in GEMM_FAMILIES:
+        return "gemm"
+    if node.family == "conv":
+        return "conv"
+    return "reduction" if node.family in REDUCTION_FAMILIES else "elementwise"
+
+
+def _matrices(node: Any) -> float:
+    """The batch of matrices a product multiplies (the output's dims before the last two), 1 when not known."""
+    out = node.outputs[0] if node.outputs else None
+    shape = getattr(out, "shape", None)
+    if node.family not in GEMM_FAMILIES or not shape or len(shape) < 3 or not all(isinstance(d, int) for d in shape):
+        return 1.0
+    n = 1
+    for d in shape[:-2]:
+        n *= d
+    return float(n)
+
+
+def _node_work(node: Any, fwd: float, bwd: float, again: float) -> NodeWork:
+    from flopcount.reporting.report import node_bytes
+
+    whole = node.cost.flops or node.backward.flops
+    frac = (fwd or bwd) / whole if whole else 1.0
+    b = node_bytes(node)
+    matrices = _matrices(node)
+    return NodeWork(_kind(node), float(fwd), (b.total if b else 0) * frac, float(bwd), float(again),
+                    max(1.0, matrices * frac) if matrices > 1 else 1.0)
+
+
+def _one_rank(report: Any) -> Work:
+    train = report.mode == "train"
+    nodes = []
+    for n in report.nodes:
+        bwd = n.backward.flops if train else 0
+        if n.cost.flops or bwd:
+            nodes.append(_node_work(n, n.cost.flops, bwd, 0))
+    opt = 0.0
+    notes = []
+    if train and report.optimizer is not None and report.optimizer[0] in OPTIMIZER_TRAFFIC:
+        opt = report.trainable_params * 4 * OPTIMIZER_TRAFFIC[report.optimizer[0]]
+        notes.append("optimizer bytes at 4 bytes a parameter element (fp32)")
+    ints = [t for t in report.model.inputs if t.elem_type in _INTEGER_TYPES and t.is_static]
+    tokens, note = None, None
+    if ints:
+        tokens = 1.0
+        for d in ints[0].shape:
+            tokens *= d
+    else:
+        note = "no integer (token) input"
+    total = report.total.flops
+    rank = RankWork(0, 0, 0, {0: tuple(nodes)}, (), float(total), float(total), opt)
+    return Work((rank,), {"microbatches": 1, "pp": 1, "virtual": 1, "schedule": "1f1b"}, tokens, note, tuple(notes))
+
+
+def _messages(r: Any, led: Any) -> tuple[Message, ...]:
+    """The rank's collectives as messages (the predictor's rules)."""
+    plan, d = led.plan, led.dims
+    m, train = plan.microbatches, led.mode == "train"
+    a = d["batch"] * (d["seq"] // plan.cp) * d["hidden"] * d["activation_bytes"]
+    sizes = {"tp": plan.tp, "pp": 2, "dp": plan.dp, "dp_cp": plan.dp * plan.cp, "cp": plan.cp, "ep": plan.ep}
+    out = []
+    first, last = r.stage == 0, r.stage == plan.pp - 1
+    v = plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
+    for c in r.communication:
+        n = sizes[c.group]
+        if c.group == "tp":
+            calls, rest = divmod(c.bytes, a)
+            halves = ("forward", "backward") if train else ("forward",)
+            for phase in halves:
+                out.append(Message(c.kind, "tp", a, calls / len(halves), n, phase))
+            if rest:  # the loss's three small all_reduces a microbatch
+                out.append(Message(c.kind, "tp", rest / (3 * m), 3 * m, n, "forward"))
+        elif c.group == "pp":
+            msg = a // plan.tp if plan.sp else a
+            fwd_calls, bwd_calls = m * (v - last), (m * (v - first) if train else 0)
+            out.append(Message("send_recv", "pp", msg, fwd_calls, 2, "send_forward"))
+            if bwd_calls:
+                out.append(Message("send_recv", "pp", msg, bwd_calls, 2, "send_backward"))
+        elif c.group in ("dp", "dp_cp") and c.kind == "all_reduce":
+            first = min(c.bytes, FIRST_BUCKET_BYTES)
+            out.append(Message("all_reduce", c.group, first, 1, n, "dp"))
+            full, rest = divmod(c.bytes - first, BUCKET_BYTES)
+            if full:
+                out.append(Message("all_reduce", c.group, BUCKET_BYTES, full, n, "dp"))
+            if rest:
+                out.append(Message("all_reduce", c.group, rest, 1, n, "dp"))
+        elif c.group in ("dp", "dp_cp"):
+            out.append(Message(c.kind, c.group, c.bytes, 1, n, "step"))
+        else:  # cp and ep: one message a microbatch, exposed in the forward
+            out.append(Message(c.kind, c.group, c.bytes / m, m, n, "forward"))
+    return tuple(out)
+
+
+def _optimizer_bytes(r: Any, led: Any, report: Any) -> float:
+    if r.optimizer_flops is None or led.optimizer not in OPTIMIZER_TRAFFIC:
+        return 0.0
+    from flopcount.parallel.optimizer import per_element
+
+    return r.optimizer_flops / per_element(report) * led.dims["param_bytes"] * OPTIMIZER_TRAFFIC[led.optimizer]
+
+
+def _ledger_work(report: Any) -> Work:
+    from flopcount.parallel.ranks import node_shares
+
+    led = report.parallel
+    plan = led.plan
+    nodes = report.nodes
+    by_place: dict[tuple[int, int], dict[int, list[NodeWork]]] = {}
+    for x in node_shares(report, plan, led.recompute):
+        chunks = by_place.setdefault((x.stage, x.tp), {})
+        chunks.setdefault(x.chunk, []).append(_node_work(nodes[x.index], x.forward, x.backward, x.recompute))
+    ranks = []
+    for r in led.ranks:
+        chunks = {c: tuple(ws) for c, ws in by_place.get((r.stage, r.coords["tp"]), {}).items()}
+        ranks.append(RankWork(r.rank, r.stage, r.coords["tp"], chunks, _messages(r, led), float(r.model_flops),
+                              float(r.hardware_flops), _optimizer_bytes(r, led, report)))
+    d = led.dims
+    notes = []
+    if plan.cp > 1 or plan.ep > 1:
+        notes.append("cp and ep: each rank's nodes are its stage's whole-sequence shares before the cp split and the "
+                     "expert load; their collectives one message a microbatch, exposed")
+    v = plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
+    return Work(tuple(ranks), {"microbatches": plan.microbatches, "pp": plan.pp, "virtual": v,
+                               "schedule": plan.schedule},
+                float(d["batch"] * d["seq"] * plan.microbatches * plan.dp), None, tuple(notes))
+
+
+def report_work(report: Any) -> Work:
+    """The :class:`~flopcount.measure.predict.Work` of ``report``: its per-rank ledger's ranks, or one rank."""
+    if report.generation is not None:
+        raise UsageError("--predict: a --generate count is not predicted yet; predict a training or inference count")
+    if report.parallel is not None:
+        return _ledger_work(report)
+    return _one_rank(report)

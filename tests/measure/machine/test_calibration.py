@@ -1,0 +1,141 @@
+"""Machine profiles: the collectives' fit against its closed form, interpolation of rates by size, every check of a
+damaged or foreign profile (exit 12 with one line), the warning line of a profile from elsewhere, the datasheet
+profiles, and a quick calibration of two gloo processes."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from flopcount.errors import MeasurementError, UsageError
+from flopcount.measure.machine import calibration as cal
+from flopcount.measure.machine.calibration import Point
+
+
+def _line(a: float, bw: float, kind: str, n: int, sizes) -> list[Point]:
+    """Points exactly on latency a + factor·B / bw, with factor nccl-tests' for ``kind`` over ``n`` ranks."""
+    factor = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "send_recv": 1.0}[kind]
+    return [Point(b, a + factor * b / bw, a + factor * b / bw, a + factor * b / bw) for b in sizes]
+
+
+@pytest.mark.parametrize("kind, n", [("all_reduce", 4), ("all_gather", 3), ("send_recv", 2)])
+def test_fit_recovers_latency_and_bus_bandwidth(kind, n):
+    a_small, bw_small, a_large, bw_large = 40e-6, 0.5e9, 300e-6, 3e9
+    pts = _line(a_small, bw_small, kind, n, (1024, 8192, 65536)) + _line(a_large, bw_large, kind, n,
+                                                                          (262144, 1 << 20, 4 << 20))
+    small, large = cal.fit_segments(kind, n, pts)
+    assert small.latency_s["median"] == pytest.approx(a_small, rel=1e-6)
+    assert small.bus_bytes_per_s["median"] == pytest.approx(bw_small, rel=1e-6)
+    assert large.latency_s["best"] == pytest.approx(a_large, rel=1e-6)
+    assert large.bus_bytes_per_s["best"] == pytest.approx(bw_large, rel=1e-6)
+    coll = cal.Collective(n, tuple(pts), (small, large))
+    b = 2 << 20  # in the large range: latency + factor·B/bw
+    factor = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "send_recv": 1.0}[kind]
+    t, outside = cal.collective_seconds(coll, kind, b, n)
+    assert t == pytest.approx(a_large + factor * b / bw_large) and not outside
+    assert cal.collective_seconds(coll, kind, 64 << 20, n)[1]  # past the largest size: extrapolated
+    assert cal.collective_seconds(coll, kind, b, 1) == (0.0, False)  # one rank sends nothing
+
+
+def test_all_reduce_over_n_ranks_closed_form():
+    lat, bw, n, b = 1e-4, 2e9, 8, 3 << 20
+    seg = cal.Segment(0, math.inf, {"median": lat}, {"median": bw})
+    t, _ = cal.collective_seconds(cal.Collective(n, (), (seg,)), "all_reduce", b, n)
+    assert t == pytest.approx(lat + 2 * (n - 1) / n * b / bw)  # 2(n-1)/n: the bus bytes of a ring all_reduce
+
+
+def test_rate_interpolates_in_log_size():
+    pts = (Point(64, 10.0, 12.0, 8.0), Point(256, 30.0, 36.0, 24.0))
+    assert cal.rate_at(pts, 128) == (pytest.approx(20.0), False)  # log2: halfway from 64 to 256
+    assert cal.rate_at(pts, 128, "best") == (pytest.approx(24.0), False)
+    assert cal.rate_at(pts, 1024) == (30.0, True)  # beyond: the nearest, flagged
+    assert cal.rate_at(pts, 16) == (10.0, True)
+    assert cal.rate_at(pts, 64) == (10.0, False)
+
+
+def _good() -> dict:
+    return cal.device_profile("H100", 8).as_dict()
+
+
+def _damage(doc: dict, path: tuple, value) -> dict:
+    d = doc
+    for k in path[:-1]:
+        d = d[k]
+    if value is KeyError:
+        del d[path[-1]]
+    else:
+        d[path[-1]] = value
+    return doc
+
+
+@pytest.mark.parametrize("path, value, words", [
+    (("format",), "something-else", "not a flopcount machine profile"),
+    (("version",), 99, "format version 99"),
+    (("compute", "gemm"), KeyError, "compute.gemm is missing"),
+    (("compute", "gemm"), [], "compute.gemm has no points"),
+    (("compute", "elementwise", 0, "median"), -1.0, "numbers >= 0"),
+    (("overhead",), KeyError, "'overhead' is missing"),
+    (("collectives", "broadcast"), {"fit": []}, "collectives.broadcast"),
+    (("collectives", "all_reduce", "fit", 0, "bus_bytes_per_s", "median"), 0, "bandwidth <= 0"),
+    (("peak_flops_per_s",), 0, "must be > 0"),
+    (("calibrated",), "yes", "'calibrated' is missing or not a bool"),
+], ids=["foreign", "version", "no-gemm", "empty-gemm", "negative", "no-overhead", "unknown-collective",
+        "zero-bandwidth", "zero-peak", "calibrated-not-bool"])
+def test_damaged_profiles_are_refused_with_one_line(path, value, words):
+    with pytest.raises(MeasurementError) as e:
+        cal.profile_from_dict(_damage(_good(), path, value), "p.json")
+    assert words in str(e.value) and "\n" not in str(e.value) and e.value.exit_code == 12
+
+
+def test_load_profile_of_bad_files(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    for path, words in ((bad, "not JSON"), (tmp_path / "absent.json", "cannot read it")):
+        with pytest.raises(MeasurementError, match=words):
+            cal.load_profile(str(path))
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(_good()))
+    assert cal.load_profile(str(good)) == cal.device_profile("H100", 8)
+
+
+def test_a_profile_from_elsewhere_is_named_in_one_line():
+    doc = _good()
+    doc["calibrated"], doc["machine"], doc["torch"] = True, {"cpu": "X", "cores": 2}, "2.0"
+    p = cal.profile_from_dict(doc)
+    assert cal.differences(p, {"cpu": "X", "cores": 2, "torch": "2.0"}, 8) is None
+    line = cal.differences(p, {"cpu": "Y", "cores": 2, "torch": "2.1"}, 4)
+    assert "\n" not in line
+    for words in ("cpu 'X' (here 'Y')", "torch 2.0 (here 2.1)", "8 ranks (this plan runs 4)", "--ranks 4"):
+        assert words in line
+
+
+def test_datasheet_profiles():
+    from flopcount.measure.machine.devices import gpu_entry
+
+    p = cal.device_profile("A100", 16, "bf16")
+    assert not p.calibrated and p.peak_flops_per_s == gpu_entry("A100").peaks["bf16"] == 312e12
+    assert p.compute["elementwise"][0].best == 2.039e12
+    assert p.collectives["all_reduce"].segments[0].bus_bytes_per_s["best"] == 600e9 / 2
+    with pytest.raises(UsageError, match="no published bandwidths"):
+        cal.device_profile("T4")
+    with pytest.raises(UsageError, match="no fp8 peak"):
+        cal.device_profile("A100", 8, "fp8")
+
+
+def test_quick_calibration_of_two_gloo_processes():
+    pytest.importorskip("torch")
+    from flopcount.measure.machine.calibrate import QUICK_SIZES, calibrate
+
+    p = calibrate(2, QUICK_SIZES, threads=1)
+    assert p.calibrated and p.ranks == 2 and p.machine["threads_per_rank"] == 1
+    assert set(p.collectives) == set(cal.COLLECTIVES)
+    for kind, c in p.collectives.items():
+        assert [pt.size for pt in c.points] == [b - b % 8 for b in QUICK_SIZES.messages]
+        assert all(pt.best <= pt.median <= pt.slowest for pt in c.points)  # seconds
+        assert all(s.bus_bytes_per_s["median"] > 0 for s in c.segments)
+    assert [pt.size for pt in p.compute["gemm"]] == list(QUICK_SIZES.gemm)
+    assert all(pt.slowest <= pt.median <= pt.best for pt in p.compute["gemm"])  # rates
+    assert p.peak_flops_per_s == max(pt.best for pt in p.compute["gemm"])
+    assert cal.profile_from_dict(json.loads(json.dumps(p.as_dict()))) == p

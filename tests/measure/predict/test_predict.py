@@ -1,0 +1,228 @@
+"""The predictor's arithmetic against closed forms on hand-made work and profiles: a GEMM's 2·m·k·n / R, the larger
+of FLOPs and bytes, the per-operator overhead, exposed tensor-parallel time, DDP buckets overlapping the backward,
+the 1F1B pipeline's (M + P − 1)·(f + b), MFU, and the interval widened outside the calibration; then the command
+line on a one-node graph against the datasheet profile."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from helpers import single, weight
+
+from flopcount.measure.machine.calibration import Collective, MachineProfile, Point, Segment
+from flopcount.measure.predict import (Message, NodeWork, RankWork, Work, exposed_after, node_seconds,
+                                       predict_work)
+
+R = 50e9  # GEMM FLOP/s
+W = 20e9  # elementwise bytes/s
+LAT, BW = 30e-6, 1e9  # every collective: latency and bus bandwidth
+
+
+def _flat(v: float, sizes=(1.0,)) -> tuple[Point, ...]:
+    return tuple(Point(s, v, v, v) for s in sizes)
+
+
+def profile(overhead: float = 0.0, gemm_sizes=(1.0,)) -> MachineProfile:
+    seg = Segment(0, math.inf, {"median": LAT, "best": LAT}, {"median": BW, "best": BW})
+    ov = Point(1, overhead, overhead, overhead)
+    return MachineProfile(True, "cpu", 2, {"gemm": _flat(R, gemm_sizes), "elementwise": _flat(W)},
+                          {"forward": ov, "backward": ov},
+                          {k: Collective(0, (), (seg,)) for k in ("all_reduce", "send_recv")}, peak_flops_per_s=R)
+
+
+def one_rank(nodes, messages=(), m: int = 1, pp: int = 1, stage: int = 0, rank: int = 0, chunk=None) -> RankWork:
+    flops = sum(w.flops + w.backward_flops for w in nodes) * m
+    return RankWork(rank, stage, 0, {stage if chunk is None else chunk: tuple(nodes)}, tuple(messages), flops, flops)
+
+
+def plan(m=1, pp=1, schedule="1f1b") -> dict:
+    return {"microbatches": m, "pp": pp, "virtual": 1, "schedule": schedule}
+
+
+def test_one_gemm_is_2mkn_over_the_rate():
+    m, k, n = 37, 91, 23
+    w = NodeWork("gemm", 2 * m * k * n, 4 * (m * k + k * n + m * n), backward_flops=4 * m * k * n)
+    fwd, bwd, _ = node_seconds(w, profile(), "median")
+    assert fwd == pytest.approx(2 * m * k * n / R)  # 2mkn/R is above the bytes' 4(mk+kn+mn)/W here
+    assert bwd == pytest.approx(4 * m * k * n / R)
+    p = predict_work(Work((one_rank([w]),), plan(), tokens=m), profile())
+    assert p.step_seconds == pytest.approx(6 * m * k * n / R)
+    assert p.mfu == pytest.approx(1.0) and p.tokens_per_second == pytest.approx(m / p.step_seconds)
+
+
+def test_the_larger_of_flops_and_bytes_and_the_overhead():
+    nbytes = 8 << 20
+    w = NodeWork("elementwise", 1000, nbytes, backward_flops=1000)
+    fwd, bwd, _ = node_seconds(w, profile(overhead=5e-6), "median")
+    assert fwd == pytest.approx(nbytes / W + 5e-6)  # bytes dominate; the overhead once forward
+    assert bwd == pytest.approx(2 * nbytes / W + 5e-6)  # the backward moves twice the forward's bytes
+    g = NodeWork("gemm", 2 * 64 ** 3, 1 << 30)  # a product starved by its bytes
+    assert node_seconds(g, profile(), "median")[0] == pytest.approx((1 << 30) / W)
+
+
+def test_effective_size_of_a_batched_product_and_extrapolation():
+    # gemm rates at n = 64 and 256: a batch of 4 products of 128³ runs at the interpolated rate (log2 halfway)
+    p = MachineProfile(True, "cpu", 1, {"gemm": (Point(64, 10e9, 10e9, 10e9), Point(256, 30e9, 30e9, 30e9)),
+                                        "elementwise": _flat(1e15)},
+                       {"forward": Point(1, 0, 0, 0), "backward": Point(1, 0, 0, 0)}, {}, 30e9)
+    w = NodeWork("gemm", 4 * 2 * 128 ** 3, 0, matrices=4)
+    assert node_seconds(w, p, "median")[0] == pytest.approx(4 * 2 * 128 ** 3 / 20e9)
+    big = NodeWork("gemm", 2 * 1024 ** 3, 0)
+    t, _, out = node_seconds(big, p, "median")
+    assert t == pytest.approx(2 * 1024 ** 3 / 30e9) and out and "gemm at size 1024" in out[0]
+    pred = predict_work(Work((one_rank([big]),), plan(), None, "no tokens"), p)
+    assert pred.interval[0] == pytest.approx(0.75 * pred.step_seconds)  # widened by 25% and said so
+    assert pred.extrapolated and "widened" in pred.notes[0]
+    assert pred.tokens_per_second is None
+
+
+def test_exposed_after_ddp_buckets():
+    # three buckets of 1, 1 and 2 bytes over a backward of 1 s: ready at 0.25, 0.5 and 1.0
+    assert exposed_after(1.0, [(1, 0.1), (1, 0.1), (2, 0.3)]) == pytest.approx(0.3)
+    # long reductions queue up: 0.25 + 0.5 = 0.75, + 0.5 = 1.25, + 0.5 = 1.75
+    assert exposed_after(1.0, [(1, 0.5), (1, 0.5), (2, 0.5)]) == pytest.approx(0.75)
+
+
+def test_data_parallel_all_reduce_overlaps_the_backward():
+    n, b = 2, 4 << 20
+    w = NodeWork("gemm", R * 0.01, 0, backward_flops=R * 0.02)  # 10 ms forward, 20 ms backward
+    ar = LAT + 2 * (n - 1) / n * b / BW  # one bucket: ready at the backward's end, all exposed
+    msgs = [Message("all_reduce", "dp", b, 1, n, "dp")]
+    ranks = tuple(one_rank([w], msgs, rank=i) for i in range(n))
+    p = predict_work(Work(ranks, plan(), None), profile())
+    assert p.step_seconds == pytest.approx(0.03 + ar)
+    two = [Message("all_reduce", "dp", b / 2, 2, n, "dp")]  # two buckets: the first runs during the backward
+    p2 = predict_work(Work((one_rank([w], two),), plan(), None), profile())
+    half = LAT + 2 * (n - 1) / n * (b / 2) / BW
+    exposed = max(0.01 + half, 0.02) + half - 0.02
+    assert p2.step_seconds == pytest.approx(0.03 + exposed)
+    comm = p2.ranks[0]["communication_seconds"]["all_reduce"]
+    assert comm["exposed"] == pytest.approx(exposed) and comm["overlapped"] == pytest.approx(2 * half - exposed)
+
+
+def test_tensor_parallel_collectives_are_exposed():
+    t, a, m = 2, 1 << 20, 3
+    w = NodeWork("gemm", R * 0.01, 0, backward_flops=R * 0.02)
+    calls = 4  # a step's all_reduces of A, half in the forward, half in the backward
+    msgs = [Message("all_reduce", "tp", a, calls / 2, t, "forward"), Message("all_reduce", "tp", a, calls / 2, t,
+                                                                               "backward")]
+    p = predict_work(Work((one_rank([w], msgs, m=m),), plan(m), None), profile())
+    assert p.step_seconds == pytest.approx(m * 0.03 + calls * (LAT + 2 * (t - 1) / t * a / BW))
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_pipeline_of_equal_stages(schedule):
+    pp, m, f, b = 4, 8, 0.01, 0.02
+    w = NodeWork("gemm", R * f, 0, backward_flops=R * b)
+    ranks = tuple(one_rank([w], m=m, pp=pp, stage=s, rank=s) for s in range(pp))
+    p = predict_work(Work(ranks, plan(m, pp, schedule), None), profile())
+    assert p.step_seconds == pytest.approx((m + pp - 1) * (f + b))  # (M + P − 1)·(f + b)
+    assert [r["bubble_seconds"] for r in p.ranks] == pytest.approx([(pp - 1) * (f + b)] * pp)
+    assert p.mfu == pytest.approx(m / (m + pp - 1))
+
+
+def test_pipeline_sends_lengthen_the_actions():
+    pp, m, f, b, a = 2, 4, 0.01, 0.02, 1 << 20
+    w = NodeWork("gemm", R * f, 0, backward_flops=R * b)
+    send = LAT + a / BW  # send_recv: bus factor 1
+    first = one_rank([w], [Message("send_recv", "pp", a, m, 2, "send_forward")], m=m, stage=0, rank=0)
+    last = one_rank([w], [Message("send_recv", "pp", a, m, 2, "send_backward")], m=m, stage=1, rank=1)
+    p = predict_work(Work((first, last), plan(m, pp), None), profile())
+    # stage 0's forwards last f + send, stage 1's backwards b + send: 1F1B's makespan on two stages
+    from flopcount.parallel.ranks import simulate_schedule
+
+    assert p.step_seconds == pytest.approx(simulate_schedule("1f1b", 2, m, [f + send, f], [b, b + send])[0])
+
+
+def test_cli_one_matmul_against_the_h100_datasheet(save, capsys):
+    from flopcount.cli import main
+    from flopcount.measure.machine.calibration import DEVICE_BANDWIDTHS
+    from flopcount.measure.machine.devices import gpu_entry
+
+    m, k, n = 64, 4096, 4096
+    path = save(single("MatMul", {"x": (m, k)}, [weight("W", (k, n))]))
+    assert main([path, "--predict", "--device", "H100", "--format", "json"]) == 0
+    pred = json.loads(capsys.readouterr().out)["prediction"]
+    peak, hbm = gpu_entry("H100").peaks["bf16"], DEVICE_BANDWIDTHS["H100 SXM"]["memory"]
+    expected = max(2 * m * k * n / peak, 4 * (m * k + k * n + m * n) / hbm)
+    assert pred["step_seconds"] == pytest.approx(expected)
+    assert pred["mfu"] == pytest.approx(2 * m * k * n / (expected * peak))
+    assert not pred["profile"]["calibrated"] and pred["critical_rank"] == 0
+    assert main([path, "--predict", "--device", "H100"]) == 0
+    assert "Prediction (H100 SXM profile, from datasheets, 1 rank)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--predict"], "give one of --machine"),
+    (["--machine", "p.json"], "give them with --predict"),
+    (["--predict", "--device", "T4"], "no published bandwidths"),
+    (["--predict", "--device", "H100", "--format", "csv"], "give --format table, markdown or json"),
+])
+def test_cli_refuses_bad_prediction_flags(save, capsys, argv, words):
+    from flopcount.cli import main
+
+    path = save(single("Relu", {"x": (4, 4)}))
+    assert main([path, *argv]) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_cli_damaged_profile_exit_12(save, capsys, tmp_path):
+    from flopcount.cli import main
+
+    bad = tmp_path / "p.json"
+    bad.write_text("[]")
+    assert main([save(single("Relu", {"x": (4, 4)})), "--predict", "--machine", str(bad)]) == 12
+    err = capsys.readouterr().err
+    assert "not a flopcount machine profile" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_llama_ledger_products_at_the_gemm_rate():
+    """With bandwidth without limit and no overhead, each rank's compute is its products' FLOPs (forward, backward
+    and recompute, from the ledger's node shares) over the GEMM rate; the ranks are the ledger's."""
+    pytest.importorskip("transformers")
+    import dataclasses
+
+    from helpers import tiny_llama
+
+    from flopcount.measure.predict import GEMM_FAMILIES, predict
+    from flopcount.parallel.plan import parse_parallel, parse_recompute
+    from flopcount.parallel.ranks import ledger, node_shares
+
+    report = tiny_llama(32, 2, 2, 2, 64, 128, (2, 8))
+    pl, rc = parse_parallel("dp=2,pp=2", 4, "1f1b"), parse_recompute("full")
+    report = dataclasses.replace(report, parallel=ledger(report, pl, rc))
+    fast = dataclasses.replace(profile(), compute={"gemm": _flat(R), "elementwise": _flat(1e30)})
+    pred = predict(report, fast)
+    products = {}
+    for x in node_shares(report, pl, rc):
+        if report.nodes[x.index].family in GEMM_FAMILIES:
+            products[x.stage] = products.get(x.stage, 0) + x.forward + x.backward + x.recompute
+    assert [r["rank"] for r in pred.ranks] == [r.rank for r in report.parallel.ranks]
+    for row, r in zip(pred.ranks, report.parallel.ranks):
+        assert row["compute_seconds"] == pytest.approx(4 * products[r.stage] / R)
+    assert set(pred.ranks[0]["communication_seconds"]) == {"send_recv", "all_reduce"}
+
+
+def test_a_plan_with_collectives_needs_a_profile_with_them():
+    from flopcount.errors import UsageError
+    from flopcount.measure.machine.calibration import device_profile, profile_from_dict
+
+    doc = device_profile("H100", 2).as_dict()
+    doc["collectives"] = {}
+    bare = profile_from_dict(doc)
+    rank = RankWork(0, 0, 0, {0: (NodeWork("gemm", 1e9, 0),)}, (Message("all_reduce", "dp", 1e6, 1, 2, "dp"),),
+                    1e9, 1e9)
+    with pytest.raises(UsageError, match="no collectives"):
+        predict_work(Work((rank,), {"microbatches": 1, "pp": 1, "virtual": 1, "schedule": "1f1b"}, None), bare)
+
+
+def test_a_profile_taken_on_a_busy_machine_is_noted():
+    import dataclasses
+
+    w = NodeWork("gemm", R * 0.01, 0)
+    busy = dataclasses.replace(profile(), load_per_core=3.5)
+    notes = predict_work(Work((one_rank([w]),), plan(), None), busy).notes
+    assert any("busy machine (load 3.50 per core)" in n for n in notes)
+    assert not predict_work(Work((one_rank([w]),), plan(), None), profile()).notes
