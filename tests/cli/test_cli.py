@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import model, weight
+from helpers import model, refusal_lines, weight
 from onnx import helper
 
 from flopcount.cli import main
@@ -168,7 +168,7 @@ def test_other_libraries_records_are_not_labelled_flopcount(tmp_path, verbose):
         assert "thirdlib: WARNING: thirdlib: optional kernels not loaded" in err
         assert any(line.startswith("flopcount: INFO: exported Linear with") for line in err)
     else:
-        assert err == []
+        assert refusal_lines(p.stderr) == []  # an export slowed past 2 s by a busy machine says so: progress only
     assert not any("chatter" in line for line in err)
     assert json.loads(p.stdout)["total"]["flops"] == 2 * 4 * 3 * 2 + 4 * 2  # 2·N·in·out + the bias adds
 
