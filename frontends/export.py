@@ -41,8 +41,10 @@ __all__ = [
     "check_batch_agnostic",
     "export_weightless",
     "make_weightless",
+    "mark_batch_norm_training",
     "no_tqdm_monitor",
     "onnx_export",
+    "pin_batch",
     "strip_metadata",
 ]
 
@@ -241,6 +243,34 @@ def check_batch_agnostic(model: onnx.ModelProto, batch: int = 8) -> onnx.ModelPr
     resized = copy.deepcopy(model)
     _set_batch(resized, batch)
     return onnx.shape_inference.infer_shapes(resized, check_type=True, strict_mode=True, data_prop=True)
+
+
+def mark_batch_norm_training(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Set ``training_mode=1`` on every BatchNormalization (the torch.export path emits them in inference form),
+    with the running mean and variance outputs that the spec requires in training mode (read by nothing)."""
+    for graph in walk_graphs(model.graph):
+        for node in graph.node:
+            if node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx"):
+                kept = [a for a in node.attribute if a.name != "training_mode"]
+                del node.attribute[:]
+                node.attribute.extend([*kept, onnx.helper.make_attribute("training_mode", 1)])
+                if len(node.output) == 1:
+                    node.output.extend([f"{node.output[0]}/running_mean", f"{node.output[0]}/running_var"])
+    return model
+
+
+def pin_batch(model: onnx.ModelProto, batch: int) -> None:
+    """Replace, in graph inputs and outputs, the symbolic dims that inputs carry in dim 0 by ``batch``."""
+    values = (*model.graph.input, *model.graph.output)
+    symbols = set()
+    for value in model.graph.input:
+        dims = value.type.tensor_type.shape.dim
+        if dims and dims[0].dim_param:
+            symbols.add(dims[0].dim_param)
+    for value in values:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param in symbols:
+                dim.dim_value = batch
 
 
 # ---------------------------------------------------------------------------------------------------------------
