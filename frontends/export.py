@@ -41,8 +41,10 @@ __all__ = [
     "check_batch_agnostic",
     "export_weightless",
     "make_weightless",
+    "mark_batch_norm_training",
     "no_tqdm_monitor",
     "onnx_export",
+    "pin_batch",
     "strip_metadata",
 ]
 
@@ -241,6 +243,34 @@ def check_batch_agnostic(model: onnx.ModelProto, batch: int = 8) -> onnx.ModelPr
     resized = copy.deepcopy(model)
     _set_batch(resized, batch)
     return onnx.shape_inference.infer_shapes(resized, check_type=True, strict_mode=True, data_prop=True)
+
+
+def mark_batch_norm_training(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Set ``training_mode=1`` on every BatchNormalization (the torch.export path emits them in inference form),
+    with the running mean and variance outputs that the spec requires in training mode (read by nothing)."""
+    for graph in walk_graphs(model.graph):
+        for node in graph.node:
+            if node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx"):
+                kept = [a for a in node.attribute if a.name != "training_mode"]
+                del node.attribute[:]
+                node.attribute.extend([*kept, onnx.helper.make_attribute("training_mode", 1)])
+                if len(node.output) == 1:
+                    node.output.extend([f"{node.output[0]}/running_mean", f"{node.output[0]}/running_var"])
+    return model
+
+
+def pin_batch(model: onnx.ModelProto, batch: int) -> None:
+    """Replace, in graph inputs and outputs, the symbolic dims that inputs carry in dim 0 by ``batch``."""
+    values = (*model.graph.input, *model.graph.output)
+    symbols = set()
+    for value in model.graph.input:
+        dims = value.type.tensor_type.shape.dim
+        if dims and dims[0].dim_param:
+            symbols.add(dims[0].dim_param)
+    for value in values:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param in symbols:
+                dim.dim_value = batch
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -492,14 +522,38 @@ def export_weightless(
         example_inputs = (example_inputs,)
     if exporter not in ("auto", *EXPORTERS):
         raise ValueError(f"unknown exporter {exporter!r}; choose one of auto, {', '.join(EXPORTERS)}")
+    batch = _batch_of(example_inputs)
+    module = module.eval()
+    candidates = ["dynamo", "torchscript"] if exporter == "auto" else [exporter]
+    model = _export_first(module, example_inputs, input_names, output_names, opset, candidates)
+    path = Path(path)
+    model = _weightless_checked(model, type(module).__name__, batch, f"{path.stem}.weights", size_threshold)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save_model(model, path)
+    return model
+
+
+def _batch_of(example_inputs: tuple[torch.Tensor, ...]) -> int:
+    """The batch size (dimension 0) all of ``example_inputs`` share; ExportError where they disagree."""
     batches = {x.shape[0] for x in example_inputs}
     if len(batches) != 1:
         raise ExportError(f"example inputs disagree on the batch size (dimension 0): {sorted(batches)}")
     (batch,) = batches
+    return batch
 
-    module = module.eval()
-    candidates = ["dynamo", "torchscript"] if exporter == "auto" else [exporter]
-    model = None
+
+def _export_first(
+    module: torch.nn.Module,
+    example_inputs: tuple[torch.Tensor, ...],
+    input_names: Sequence[str],
+    output_names: Sequence[str],
+    opset: int,
+    candidates: Sequence[str],
+) -> onnx.ModelProto:
+    """``module`` exported by the first of the ``candidates`` exporters that succeeds; each failure but the last
+    is logged, the last raises ExportError."""
+    import torch
+
     with torch.no_grad(), no_tqdm_monitor():
         for name in candidates:
             try:
@@ -511,24 +565,26 @@ def export_weightless(
                 logger.warning("the %s exporter failed (%s); falling back to the next one", name, error)
                 continue
             logger.info("exported %s with the %s exporter", type(module).__name__, name)
-            break
-    assert model is not None
+            return model
+    raise AssertionError("no exporter candidates")
 
-    path = Path(path)
+
+def _weightless_checked(model: onnx.ModelProto, kind: str, batch: int, location: str,
+                        size_threshold: int) -> onnx.ModelProto:
+    """The exported ``model`` (of a module of class ``kind``) pinned to ``batch``, checked, made weightless (its
+    large tensors referencing ``location``) and stripped of metadata; ExportError where it does not check or shape
+    inference fails, or where a node hard-codes the batch size."""
     _set_batch(model, batch)
     try:
         # The checker wants the data of every tensor (it rejects references to a missing file): check first.
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as error:
-        raise ExportError(f"the exported graph of {type(module).__name__} does not check: {error}") from error
-    model = make_weightless(model, f"{path.stem}.weights", size_threshold=size_threshold)
+        raise ExportError(f"the exported graph of {kind} does not check: {error}") from error
+    model = make_weightless(model, location, size_threshold=size_threshold)
     strip_metadata(model)
     try:
         onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
         check_batch_agnostic(model, batch=batch + 7)
     except onnx.shape_inference.InferenceError as error:
-        raise ExportError(f"shape inference fails on the exported graph of {type(module).__name__}: {error}") from error
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save_model(model, path)
+        raise ExportError(f"shape inference fails on the exported graph of {kind}: {error}") from error
     return model

@@ -342,10 +342,29 @@ def _layer_norm_moments(view: _Patterns, negated: str, inv: str) -> _Moments | N
                     (mean, diff, square, variance, plus_eps, sqrt, reciprocal, neg), times_gamma, tuple(moves))
 
 
-def _layer_norm(view: _Patterns, add, scaled: str, shifted: str) -> _LayerNorm | None:
-    """The Keras layer norm whose output ``add`` writes as ``scaled + shifted`` (``x·inv`` and ``−mean·inv``,
-    plus ``beta`` when centered), or None."""
-    made, shapes = view.made, view.shapes
+@dataclasses.dataclass(frozen=True)
+class _Products:
+    """The two products a Keras layer norm adds (found by :func:`_layer_norm_products`): ``x·inv`` (``times_x``) and
+    ``−mean·inv`` (``times_mean``, plus ``beta`` in ``plus_beta`` when centered), the tensors they read (``x``,
+    ``inv``, ``negated`` = ``−mean``), and their moves: the Transpose to the result's layout (``out_perm``,
+    ``out_moves``) and the Reshape nodes between ``times_mean`` and the shift it reads (``shifted_read``)."""
+
+    times_x: Any
+    times_mean: Any
+    plus_beta: Any
+    beta: str | None
+    x: str
+    inv: str
+    negated: str
+    out_perm: list[int] | None
+    out_moves: list
+    shifted_read: str
+    shifted_moves: list
+
+
+def _layer_norm_products(view: _Patterns, scaled: str, shifted: str) -> _Products | None:
+    """The products ``scaled + shifted`` adds, ``x·inv`` and ``−mean·inv`` (plus ``beta`` when centered), or None."""
+    made = view.made
     moved = _layer_norm_output_moves(view, scaled, shifted)
     if moved is None:
         return None
@@ -371,26 +390,37 @@ def _layer_norm(view: _Patterns, add, scaled: str, shifted: str) -> _LayerNorm |
     inv = shared[0]
     x = next(name for name in times_x.input if name != inv)
     negated = next(name for name in times_mean.input if name != inv)
+    return _Products(times_x, times_mean, plus_beta, beta, x, inv, negated, out_perm, out_moves, shifted_read,
+                     shifted_moves)
 
-    moments = _layer_norm_moments(view, negated, inv)
-    if moments is None:
-        return None
-    mean, variance, diff, rstd, gamma, eps = (moments.mean, moments.variance, moments.diff, moments.rstd,
-                                              moments.gamma, moments.eps)
 
-    # The layouts of the moments: x, and the tensor a Transpose turned into x (a convolution's NCHW output), on
-    # which tf2onnx may compute either moment. Both reduce the same axes of x; where the transpose keeps the order
-    # of the other axes, the per-row statistics keep theirs, so Reshape nodes move them from one layout to another.
+@dataclasses.dataclass(frozen=True)
+class _Axes:
+    """The axes a Keras layer norm normalizes (found by :func:`_layer_norm_axes`): ``x``'s static shape, the
+    normalized axes as axes of ``x``, and the shape of each moment's input with its reduced axes set to 1."""
+
+    x_shape: list[int]
+    axes: list[int]
+    reduced: dict[str, list[int]]
+
+
+def _layer_norm_axes(view: _Patterns, x: str, moments: _Moments) -> _Axes | None:
+    """The axes both moments reduce, as axes of ``x``, or None where they differ or reorder the per-row statistics.
+
+    The layouts of the moments: x, and the tensor a Transpose turned into x (a convolution's NCHW output), on which
+    tf2onnx may compute either moment. Both reduce the same axes of x; where the transpose keeps the order of the
+    other axes, the per-row statistics keep theirs, so Reshape nodes move them from one layout to another."""
+    shapes = view.shapes
     x_shape = shapes.get(x)
     if not x_shape or None in x_shape:
         return None
     rank = len(x_shape)
     layouts = {x: list(range(rank))}
-    transpose = made(x, "Transpose")
+    transpose = view.made(x, "Transpose")
     if transpose is not None and _perm(transpose) is not None and len(_perm(transpose)) == rank:
         layouts[transpose.input[0]] = _perm(transpose)
     normalized, reduced = [], {}
-    for node, tensor in ((mean, mean.input[0]), (variance, diff.input[0])):
+    for node, tensor in ((moments.mean, moments.mean.input[0]), (moments.variance, moments.diff.input[0])):
         perm, axes, shape = layouts.get(tensor), _reduce_axes(view, node), shapes.get(tensor)
         if perm is None or axes is None or shape is None or [shape[p] for p in perm] != x_shape:
             return None
@@ -401,8 +431,18 @@ def _layer_norm(view: _Patterns, add, scaled: str, shifted: str) -> _LayerNorm |
     if normalized[1] != axes or any(_reorders([perm[i] for i in rows]) for tensor, perm in layouts.items()
                                     if tensor in reduced):
         return None
-    # the result's layout: the normalized axes last, in the order they have in x
-    out_perm = out_perm or list(range(rank))
+    return _Axes(x_shape, axes, reduced)
+
+
+def _layer_norm_out_perm(view: _Patterns, add, products: _Products, moments: _Moments,
+                         found: _Axes) -> list[int] | None:
+    """The permutation of ``x`` that is the result's layout (the normalized axes last, in the order they have in
+    ``x``), or None where it is not, or where a tensor between ``x`` and ``add`` has another shape than the fused
+    computation's."""
+    shapes, x_shape, axes, reduced = view.shapes, found.x_shape, found.axes, found.reduced
+    mean, diff = moments.mean, moments.diff
+    rank = len(x_shape)
+    out_perm = products.out_perm or list(range(rank))
     axis = rank - len(axes)
     out_axes = [i for i in range(rank) if out_perm[i] in axes]
     if len(out_perm) != rank or out_axes != list(range(axis, rank)) or _reorders([out_perm[i] for i in out_axes]):
@@ -410,17 +450,36 @@ def _layer_norm(view: _Patterns, add, scaled: str, shifted: str) -> _LayerNorm |
     out_shape = [x_shape[p] for p in out_perm]
     row = [1 if i in axes else d for i, d in enumerate(x_shape)]
     if (shapes.get(mean.output[0]) != reduced[mean.input[0]] or shapes.get(diff.input[1]) != reduced[diff.input[0]]
-            or shapes.get(negated) != row or shapes.get(rstd) != row or shapes.get(times_x.output[0]) != x_shape
-            or shapes.get(add.output[0]) != out_shape):
+            or shapes.get(products.negated) != row or shapes.get(moments.rstd) != row
+            or shapes.get(products.times_x.output[0]) != x_shape or shapes.get(add.output[0]) != out_shape):
         return None
-    if shifted_moves and (shapes.get(times_mean.output[0]) != row or _reorders(out_perm[:axis])
-                          or shapes.get(shifted_read) != out_shape[:axis] + [1] * (rank - axis)):
+    if products.shifted_moves and (shapes.get(products.times_mean.output[0]) != row or _reorders(out_perm[:axis])
+                                   or shapes.get(products.shifted_read) != out_shape[:axis] + [1] * (rank - axis)):
         return None
+    return out_perm
 
+
+def _layer_norm(view: _Patterns, add, scaled: str, shifted: str) -> _LayerNorm | None:
+    """The Keras layer norm whose output ``add`` writes as ``scaled + shifted`` (``x·inv`` and ``−mean·inv``,
+    plus ``beta`` when centered), or None."""
+    products = _layer_norm_products(view, scaled, shifted)
+    if products is None:
+        return None
+    moments = _layer_norm_moments(view, products.negated, products.inv)
+    if moments is None:
+        return None
+    found = _layer_norm_axes(view, products.x, moments)
+    if found is None:
+        return None
+    out_perm = _layer_norm_out_perm(view, add, products, moments, found)
+    if out_perm is None:
+        return None
+    x_shape, axes, eps = found.x_shape, found.axes, moments.eps
+    rank = len(x_shape)
     dims = [x_shape[i] for i in axes]
     broadcast = [d if i in axes else 1 for i, d in enumerate(x_shape)]
     parameters = []
-    for name in (gamma, beta):
+    for name in (moments.gamma, products.beta):
         parameter = _normalized_parameter(view, name, dims, broadcast) if name is not None else (None, [])
         if parameter is None:
             return None
@@ -429,12 +488,14 @@ def _layer_norm(view: _Patterns, add, scaled: str, shifted: str) -> _LayerNorm |
     if eps is None or eps.size != 1 or eps.dtype.kind != "f":
         return None
     removed = list({id(node): node for node in (
-        *moments.nodes, times_x, times_mean, moments.times_gamma, plus_beta, *moments.moves, *gamma_moves,
-        *beta_moves, *out_moves, *shifted_moves, add) if node is not None}.values())
+        *moments.nodes, products.times_x, products.times_mean, moments.times_gamma, products.plus_beta,
+        *moments.moves, *gamma_moves, *beta_moves, *products.out_moves, *products.shifted_moves, add)
+        if node is not None}.values())
     if not view.internal(removed, add):
         return None
     perm = None if out_perm == list(range(rank)) else out_perm
-    return _LayerNorm(x, perm, gamma, beta, axis - rank, float(eps.reshape(())), dims, eps.dtype, removed)
+    return _LayerNorm(products.x, perm, gamma, beta, -len(axes), float(eps.reshape(())), dims,
+                      eps.dtype, removed)
 
 
 def _perm(transpose) -> list[int] | None:

@@ -69,7 +69,6 @@ from typing import TYPE_CHECKING, Any
 import onnx
 
 from flopcount.errors import FrontendError, UsageError, first_line, import_framework
-from flopcount.pipeline.graph import walk_graphs
 from flopcount.pipeline.progress import phase
 
 from . import common
@@ -559,14 +558,14 @@ def _export(module, inputs: tuple, names: list[str], training: bool, opset: int,
                 f"handles, and it needs inputs that share dimension 0 (the batch); got {call.describe()}"
             )
         attempts: list[tuple[str, Callable[[], onnx.ModelProto]]] = [
-            ("dynamo", (lambda: _mark_batch_norm_training(dynamo())) if training else dynamo)
+            ("dynamo", (lambda: ex.mark_batch_norm_training(dynamo())) if training else dynamo)
         ]
     elif training:
         attempts = [
             ("torchscript", lambda: _torchscript(torch, module, inputs, names, opset, True, batch is not None))
         ]
         if batch is not None:
-            attempts.append(("dynamo", lambda: _mark_batch_norm_training(dynamo())))
+            attempts.append(("dynamo", lambda: ex.mark_batch_norm_training(dynamo())))
     elif batch is not None:
         attempts = [
             ("dynamo", dynamo),
@@ -574,6 +573,27 @@ def _export(module, inputs: tuple, names: list[str], training: bool, opset: int,
         ]
     else:
         attempts = [("torchscript", lambda: _torchscript(torch, module, inputs, names, opset, False, False))]
+    model = _traced(torch, module, call, training, batch, attempts)
+    if batch is not None:
+        ex.pin_batch(model, batch)
+    try:
+        # The checker cannot take protos over 2 GB in memory, and wants the file that external data (the weights
+        # of a meta-device module) names to exist.
+        if not meta and model.ByteSize() < onnx.checker.MAXIMUM_PROTOBUF:
+            onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as e:
+        raise FrontendError(
+            f"{FRONTEND}: the exported graph of {type(module).__name__} does not check: {first_line(e)}"
+        ) from None
+    model = ex.make_weightless(model, f"{type(module).__name__}.weights")
+    ex.strip_metadata(model)
+    return model
+
+
+def _traced(torch, module, call: _Call, training: bool, batch: int | None, attempts) -> onnx.ModelProto:
+    """The graph of the first of ``attempts`` that exports ``module`` put in train or eval mode (its modes and
+    buffers restored after); UsageError where ``forward`` refuses the inputs, else FrontendError, when none does."""
+    from . import export as ex
 
     modes = [(m, m.training) for m in module.modules()]
     buffers = [(b, b.detach().clone()) for b in module.buffers() if not b.is_meta]
@@ -610,19 +630,6 @@ def _export(module, inputs: tuple, names: list[str], training: bool, opset: int,
             "outputs of %s that are not tensors (%s) are not graph outputs; a Hugging Face cache is left out by "
             "passing use_cache=False", type(module).__name__, ", ".join(dict.fromkeys(dropped)),
         )
-    if batch is not None:
-        _pin_batch(model, batch)
-    try:
-        # The checker cannot take protos over 2 GB in memory, and wants the file that external data (the weights
-        # of a meta-device module) names to exist.
-        if not meta and model.ByteSize() < onnx.checker.MAXIMUM_PROTOBUF:
-            onnx.checker.check_model(model)
-    except onnx.checker.ValidationError as e:
-        raise FrontendError(
-            f"{FRONTEND}: the exported graph of {type(module).__name__} does not check: {first_line(e)}"
-        ) from None
-    model = ex.make_weightless(model, f"{type(module).__name__}.weights")
-    ex.strip_metadata(model)
     return model
 
 
@@ -751,34 +758,6 @@ def _deduplicate_by_identity_only(torch):
         yield
     finally:
         setattr(torch._C, name, original)
-
-
-def _mark_batch_norm_training(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Set ``training_mode=1`` on every BatchNormalization (the torch.export path emits them in inference form),
-    with the running mean and variance outputs that the spec requires in training mode (read by nothing)."""
-    for graph in walk_graphs(model.graph):
-        for node in graph.node:
-            if node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx"):
-                kept = [a for a in node.attribute if a.name != "training_mode"]
-                del node.attribute[:]
-                node.attribute.extend([*kept, onnx.helper.make_attribute("training_mode", 1)])
-                if len(node.output) == 1:
-                    node.output.extend([f"{node.output[0]}/running_mean", f"{node.output[0]}/running_var"])
-    return model
-
-
-def _pin_batch(model: onnx.ModelProto, batch: int) -> None:
-    """Replace, in graph inputs and outputs, the symbolic dims that inputs carry in dim 0 by ``batch``."""
-    values = (*model.graph.input, *model.graph.output)
-    symbols = set()
-    for value in model.graph.input:
-        dims = value.type.tensor_type.shape.dim
-        if dims and dims[0].dim_param:
-            symbols.add(dims[0].dim_param)
-    for value in values:
-        for dim in value.type.tensor_type.shape.dim:
-            if dim.dim_param in symbols:
-                dim.dim_value = batch
 
 
 def _quiet_exporters() -> contextlib.AbstractContextManager[None]:

@@ -40,58 +40,30 @@ def _share(part: int, whole: int) -> float:
 
 
 def to_dict(report: Report, per_node: bool = False, by_module: int | None = None) -> dict[str, Any]:
-    """The JSON document (see docs/json.md); ``by_module``: the depth of the module rows, if any."""
+    """The JSON document (see docs/json.md); ``by_module``: the depth of the module rows, if any.
+
+    Each section is made by a function of its own (``_json_<section>``); the optional ones are added in the order
+    the schema lists them, each where its part of the report exists."""
     from ..version import __version__
 
-    total = report.total.as_dict()
     doc: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "tool": {"name": "flopcount", "version": __version__},
-        "model": {
-            "path": report.model.path,
-            "graph_name": report.model.graph_name,
-            "ir_version": report.model.ir_version,
-            "opsets": {(d or "ai.onnx"): v for d, v in report.model.opsets.items()},
-            "producer": report.model.producer,
-            "inputs": [_tensor(t) for t in report.model.inputs],
-            "outputs": [_tensor(t) for t in report.model.outputs],
-        },
+        "model": _json_model(report),
         "convention": {"name": report.convention.name, "summary": report.convention.summary},
         "batch": report.batch,
         "mode": report.mode,
-        "total": {"flops": total["flops"], "macs": total["macs"], "params": report.params,
-                  "buffers": report.buffers,
-                  "transcendentals": total["transcendentals"], "int_ops": total["int_ops"]},
+        "total": _json_total(report),
         "per_sample": None if report.per_sample is None else report.per_sample.as_dict(),
         "forward": report.forward.as_dict(),
         "backward": report.backward.as_dict(),
-        "by_op_type": {
-            key: {
-                "op_type": s.op_type,
-                "domain": s.domain or "ai.onnx",
-                "family": s.family,
-                "status": s.status,
-                "nodes": s.nodes,
-                **s.cost.as_dict(),
-                "backward": s.backward.as_dict(),
-                "share": _share(s.cost.flops + s.backward.flops, report.total.flops),
-            }
-            for key, s in report.by_op_type.items()
-        },
+        "by_op_type": _json_by_op_type(report),
         "attention": report.attention,
         "unsupported": dict(report.unsupported),
         "upper_bounds": {key: {"nodes": k, "why": why} for key, (k, why) in report.upper_bounds.items()},
-    }  # fmt: skip
+    }
     if report.mode == "train":
-        doc["training"] = {
-            "per_sample_forward": report.forward.per(report.batch).as_dict() if report.batch else None,
-            "per_sample_backward": report.backward.per(report.batch).as_dict() if report.batch else None,
-            "three_times_forward_flops": 3 * report.forward.flops,
-            "trainable_params": report.trainable_params,
-            "backward_unsupported": dict(report.backward_unsupported),
-            "optimizer": None if report.optimizer is None else {
-                "name": report.optimizer[0], **report.optimizer[1].as_dict()},
-        }
+        doc["training"] = _json_training(report)
     if report.generation is not None:
         doc["generation"] = report.generation.as_dict()
     if report.moe is not None:
@@ -99,49 +71,119 @@ def to_dict(report: Report, per_node: bool = False, by_module: int | None = None
     if report.layers is not None:
         doc["layers"] = report.layers.as_dict()
     if report.memory is not None:
-        doc["memory"] = report.memory.as_dict()
-        if by_module is not None:
-            from ..memory.ledger import module_activations
-
-            doc["memory"]["by_module"] = [
-                {"module": m, "activations_bytes": b}
-                for m, b in module_activations(report.memory, report.nodes, report.modules.nodes, by_module)]
+        doc["memory"] = _json_memory(report, by_module)
     if report.parallel is not None:
         doc["parallel"] = report.parallel.as_dict()
     if report.notes:
         doc["notes"] = list(report.notes)
     if by_module is not None:
-        doc["module_scopes"] = {"depth": by_module, "source": report.modules.source or None,
-                                "missing": report.modules.missing or None}
-        doc["modules"] = [
-            {"module": r.module, "depth": r.depth, "parent": r.parent or None, "flops": r.flops, "macs": r.macs,
-             "params": r.params, "share": _share(r.flops, report.total.flops), "forward": r.forward.as_dict(),
-             "backward": r.backward.as_dict()}
-            for r in report.by_module(by_module)
-        ]
+        doc["module_scopes"] = _json_module_scopes(report, by_module)
+        doc["modules"] = _json_modules(report, by_module)
     if per_node:
-        check_listable(report.nodes, "--per-node")
-        scopes = report.modules.nodes
-        doc["nodes"] = [
-            {
-                "index": n.index,
-                "name": n.name,
-                "module": scopes[k][-1] if k < len(scopes) and scopes[k] else None,
-                "op_type": n.op_type,
-                "domain": n.domain or "ai.onnx",
-                "family": n.family,
-                "status": n.status,
-                "inputs": [_tensor(t) for t in n.inputs],
-                "outputs": [_tensor(t) for t in n.outputs],
-                **n.cost.as_dict(),
-                **_bytes_fields(n),
-                "backward": n.backward.as_dict(),
-                **({"parts": {label: c.as_dict() for label, c in n.parts}} if n.parts else {}),
-                **({"upper_bound": n.bound} if n.bound else {}),
-            }
-            for k, n in enumerate(report.nodes)
-        ]
+        doc["nodes"] = _json_nodes(report)
     return doc
+
+
+def _json_model(report: Report) -> dict[str, Any]:
+    """The ``model`` section: the file, its graph, opsets, producer, inputs and outputs."""
+    return {
+        "path": report.model.path,
+        "graph_name": report.model.graph_name,
+        "ir_version": report.model.ir_version,
+        "opsets": {(d or "ai.onnx"): v for d, v in report.model.opsets.items()},
+        "producer": report.model.producer,
+        "inputs": [_tensor(t) for t in report.model.inputs],
+        "outputs": [_tensor(t) for t in report.model.outputs],
+    }
+
+
+def _json_total(report: Report) -> dict[str, Any]:
+    """The ``total`` section: the FLOPs and MACs of forward + backward, the parameters and the buffers."""
+    total = report.total.as_dict()
+    return {"flops": total["flops"], "macs": total["macs"], "params": report.params, "buffers": report.buffers,
+            "transcendentals": total["transcendentals"], "int_ops": total["int_ops"]}
+
+
+def _json_by_op_type(report: Report) -> dict[str, Any]:
+    """The ``by_op_type`` section: per op type, its nodes, cost, backward and share of the total FLOPs."""
+    return {
+        key: {
+            "op_type": s.op_type,
+            "domain": s.domain or "ai.onnx",
+            "family": s.family,
+            "status": s.status,
+            "nodes": s.nodes,
+            **s.cost.as_dict(),
+            "backward": s.backward.as_dict(),
+            "share": _share(s.cost.flops + s.backward.flops, report.total.flops),
+        }
+        for key, s in report.by_op_type.items()
+    }
+
+
+def _json_training(report: Report) -> dict[str, Any]:
+    """The ``training`` section (``--mode train``): per sample, the 3× forward rule, trainables, the optimizer."""
+    return {
+        "per_sample_forward": report.forward.per(report.batch).as_dict() if report.batch else None,
+        "per_sample_backward": report.backward.per(report.batch).as_dict() if report.batch else None,
+        "three_times_forward_flops": 3 * report.forward.flops,
+        "trainable_params": report.trainable_params,
+        "backward_unsupported": dict(report.backward_unsupported),
+        "optimizer": None if report.optimizer is None else {
+            "name": report.optimizer[0], **report.optimizer[1].as_dict()},
+    }
+
+
+def _json_memory(report: Report, by_module: int | None) -> dict[str, Any]:
+    """The ``memory`` section (``--memory``), with the activations per module at depth ``by_module``, if any."""
+    memory = report.memory.as_dict()
+    if by_module is not None:
+        from ..memory.ledger import module_activations
+
+        memory["by_module"] = [
+            {"module": m, "activations_bytes": b}
+            for m, b in module_activations(report.memory, report.nodes, report.modules.nodes, by_module)]
+    return memory
+
+
+def _json_module_scopes(report: Report, by_module: int) -> dict[str, Any]:
+    """The ``module_scopes`` section (by module): the depth, and where the scopes come from."""
+    return {"depth": by_module, "source": report.modules.source or None, "missing": report.modules.missing or None}
+
+
+def _json_modules(report: Report, by_module: int) -> list[dict[str, Any]]:
+    """The ``modules`` section (by module): a row per module down to depth ``by_module``."""
+    return [
+        {"module": r.module, "depth": r.depth, "parent": r.parent or None, "flops": r.flops, "macs": r.macs,
+         "params": r.params, "share": _share(r.flops, report.total.flops), "forward": r.forward.as_dict(),
+         "backward": r.backward.as_dict()}
+        for r in report.by_module(by_module)
+    ]
+
+
+def _json_nodes(report: Report) -> list[dict[str, Any]]:
+    """The ``nodes`` section (``--per-node``): a row per node; refused where the report cannot list its nodes."""
+    check_listable(report.nodes, "--per-node")
+    scopes = report.modules.nodes
+    return [
+        {
+            "index": n.index,
+            "name": n.name,
+            "module": scopes[k][-1] if k < len(scopes) and scopes[k] else None,
+            "op_type": n.op_type,
+            "domain": n.domain or "ai.onnx",
+            "family": n.family,
+            "status": n.status,
+            "inputs": [_tensor(t) for t in n.inputs],
+            "outputs": [_tensor(t) for t in n.outputs],
+            **n.cost.as_dict(),
+            **_bytes_fields(n),
+            "backward": n.backward.as_dict(),
+            **({"parts": {label: c.as_dict() for label, c in n.parts}} if n.parts else {}),
+            **({"upper_bound": n.bound} if n.bound else {}),
+        }
+        for k, n in enumerate(report.nodes)
+    ]
 
 
 def _bytes_fields(n) -> dict[str, int | None]:

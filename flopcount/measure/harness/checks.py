@@ -20,7 +20,7 @@ from typing import Any
 
 from flopcount.errors import UsageError
 
-__all__ = ["checked_clock", "finite", "is_number", "nonneg_int", "positive_finite", "positive_int", "quality_exponent", "samples"]
+__all__ = ["checked_clock", "finite", "is_number", "meter_source", "nonneg_int", "positive_finite", "positive_int", "quality_exponent", "samples"]
 
 
 def is_number(value: Any) -> bool:
@@ -111,3 +111,23 @@ def checked_clock(where: str, clock: Any) -> Any:
         return seconds
 
     return read
+
+
+def meter_source(report: Any, flops_per_sample: Any, model: Any, example_inputs: Any) -> None:
+    """Where :class:`~.meter.Meter` learns C: exactly one of ``report`` (a :class:`~flopcount.reporting.report.Report`
+    of a training step), ``flops_per_sample``, or ``model`` with ``example_inputs``; a :class:`UsageError` otherwise."""
+    sources = [name for name, v in (("report", report), ("flops_per_sample", flops_per_sample),
+                                    ("model", model)) if v is not None]
+    if len(sources) != 1:
+        raise UsageError("Meter needs exactly one of report=, flops_per_sample= or model= (with example_inputs=) "
+                         f"to know the training FLOPs per sample; got {', '.join(sources) or 'none'}")
+    from flopcount.reporting.report import Report
+
+    if report is not None and not isinstance(report, Report):
+        raise UsageError(f"Meter: report must be a flopcount.Report (from flopcount.count or from_torch with "
+                         f"mode=\"train\"), got {type(report).__name__} {report!r:.60}")
+    if report is not None and getattr(report, "mode", "train") != "train":
+        raise UsageError("Meter: the report counts inference only; count the model with mode=\"train\" (forward "
+                         "and backward), e.g. flopcount.from_torch(model, inputs, mode=\"train\")")
+    if model is not None and example_inputs is None:
+        raise UsageError("Meter(model=...) needs example_inputs= (a tensor, a shape or a tuple of them) to count it")

@@ -222,21 +222,7 @@ class Meter:
                  peak_flops: float | None = None, recompute: str | float | None = None, warmup_steps: int = 5,
                  window_steps: int = 20, energy: bool = True, clock: Callable[[], float] | None = None,
                  energy_source=None, timeout: float | None = None, plan=None) -> None:
-        sources = [name for name, v in (("report", report), ("flops_per_sample", flops_per_sample),
-                                        ("model", model)) if v is not None]
-        if len(sources) != 1:
-            raise UsageError("Meter needs exactly one of report=, flops_per_sample= or model= (with example_inputs=) "
-                             f"to know the training FLOPs per sample; got {', '.join(sources) or 'none'}")
-        from flopcount.reporting.report import Report
-
-        if report is not None and not isinstance(report, Report):
-            raise UsageError(f"Meter: report must be a flopcount.Report (from flopcount.count or from_torch with "
-                             f"mode=\"train\"), got {type(report).__name__} {report!r:.60}")
-        if report is not None and getattr(report, "mode", "train") != "train":
-            raise UsageError("Meter: the report counts inference only; count the model with mode=\"train\" (forward "
-                             "and backward), e.g. flopcount.from_torch(model, inputs, mode=\"train\")")
-        if model is not None and example_inputs is None:
-            raise UsageError("Meter(model=...) needs example_inputs= (a tensor, a shape or a tuple of them) to count it")
+        checks.meter_source(report, flops_per_sample, model, example_inputs)
         self._plan, self._plan_recompute = checked_plan(plan, recompute, flops_per_sample)
         if self._plan is not None and isinstance(recompute, str) and recompute.lower() not in ("none", "full"):
             recompute = None  # the ledger's policy (selective, operator types); the whole-run HFU does not take it
@@ -263,6 +249,20 @@ class Meter:
         self.warmup_steps = warmup_steps
         self.window_steps = window_steps
         self._device_kind, self._device_index, self._device_how = self._resolve_device(device, model)
+        self._start_timing(device, clock, energy, energy_source)
+        self._start_run_state()
+        if model is not None:
+            self.detect_fp8(model)
+        if self._plan is not None:
+            dist = running_dist()
+            if dist is not None:
+                check_plan_world(self._plan, dist.get_world_size())
+            if report is not None:  # a model the ledger's rules cannot split is refused now, not after training
+                self._plan_ledger()
+
+    def _start_timing(self, device, clock: Callable[[], float] | None, energy: bool, energy_source) -> None:
+        """The step timer of the device, the host clock, and the energy counter (``energy_source``, none when
+        ``energy`` is False, else the device's)."""
         if clock is not None:
             clock = checks.checked_clock("Meter", clock)
         self._timer = make_timer(self._device_kind, device, clock)
@@ -273,10 +273,13 @@ class Meter:
             self._energy = energy_mod.NoEnergy("energy measurement turned off (energy=False)")
         else:
             self._energy = energy_mod.for_device(self._device_kind, self._device_index)
+
+    def _start_run_state(self) -> None:
+        """The run's counters before its first step: no window, step, sample, epoch, quality, result or listener."""
         self._step = _Step(self)
         self._window_open = False
-        self._window_target = warmup_steps if warmup_steps > 0 else window_steps
-        self._in_warmup = warmup_steps > 0
+        self._window_target = self.warmup_steps if self.warmup_steps > 0 else self.window_steps
+        self._in_warmup = self.warmup_steps > 0
         self._pending_steps = 0
         self._pending_samples = 0
         self._pending_tokens = 0
@@ -297,8 +300,6 @@ class Meter:
         self._autocast: str | None = None
         self._autocast_checks = 0
         self._fp8: str | None = None
-        if model is not None:
-            self.detect_fp8(model)
         self._result: RunResult | None = None
         self._ended_by: str | None = None  # what ended the run early (a signal, close() before stop())
         self._cut_step = False
@@ -309,12 +310,6 @@ class Meter:
         self.communication: Any = None
         self.ensemble: Any = None
         self._ledger = None
-        if self._plan is not None:
-            dist = running_dist()
-            if dist is not None:
-                check_plan_world(self._plan, dist.get_world_size())
-            if report is not None:  # a model the ledger's rules cannot split is refused now, not after training
-                self._plan_ledger()
 
     # -- the loop -------------------------------------------------------------------------------------------
 
