@@ -20,6 +20,7 @@ import argparse
 import sys
 
 from flopcount.measure.ncu.step import PRECISIONS, run_gemm, run_model
+from flopcount.options import OPTIMIZERS
 
 from .arguments import InputShapes, input_shape, positive
 from .console import run_guarded
@@ -37,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(input_dtypes={})
     p.add_argument("--batch", type=positive, metavar="N", help="set dim 0 of every input")
     p.add_argument("--mode", choices=("inference", "train"), default="train")
-    p.add_argument("--optimizer", choices=("sgd", "momentum", "adam"),
+    p.add_argument("--optimizer", choices=tuple(OPTIMIZERS),
                    help="train mode: also run this optimizer's step (default: none, gradients only)")
     p.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="fp32 (TF32 off), tf32 (TF32 on for cuBLAS and cuDNN), bf16 or fp16 (autocast)")

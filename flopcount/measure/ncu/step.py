@@ -66,6 +66,7 @@ def run_model(torch, args, device: str = "cuda") -> None:
             "sgd": lambda: torch.optim.SGD(params, lr=1e-3),
             "momentum": lambda: torch.optim.SGD(params, lr=1e-3, momentum=0.9),
             "adam": lambda: torch.optim.Adam(params, lr=1e-3),
+            "adamw": lambda: torch.optim.AdamW(params, lr=1e-3),
         }[args.optimizer]()
 
     def phase(name: str, fn):
