@@ -76,15 +76,14 @@ def count(model: str | os.PathLike | ModelProto | bytes | LoadedModel,
     >>> report.total.flops, report.total.macs   # 2 * 2*3*5, 2*3*5
     (60, 30)
     """
-    names = _SETTINGS
+    names = [f.name for f in dataclasses.fields(CountOptions)]
     unknown = [k for k in settings if k not in names]
     if unknown:
         raise TypeError(f"count() got an unexpected keyword argument {unknown[0]!r}; its settings: {', '.join(names)}")
     return count_options(model, CountOptions(input_shapes=input_shapes, **settings))
 
 
-#: The keywords of :func:`count`: the fields of :class:`CountOptions`, and its signature made from them.
-_SETTINGS = tuple(f.name for f in dataclasses.fields(CountOptions))
+# the signature of count(), as help() and the docs show it: the fields of CountOptions, each a keyword
 count.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
     inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD),
     *(inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD if f.name == "input_shapes"

@@ -78,10 +78,19 @@ class Flag:
             raise ValueError(f"{self.flag}: unknown group {self.group!r}; one of {', '.join(GROUPS)}")
 
 
-def option(default: Any = None, flag: Flag | None = None) -> Any:
-    """A field of :class:`CountOptions`: its default and, where the command line takes it, its :class:`Flag`."""
-    metadata = {"flag": flag} if flag is not None else {}
+def option(default: Any = None, flag: Flag | None = None, check: Callable[[Any], None] | None = None) -> Any:
+    """A field of :class:`CountOptions`: its default, where the command line takes it its :class:`Flag`, and its
+    ``check`` (a function of the value given that raises :class:`~flopcount.errors.UsageError` naming it), which
+    the record runs when it is made."""
+    metadata = {**({"flag": flag} if flag is not None else {}), **({"check": check} if check is not None else {})}
     return dataclasses.field(default=default, metadata=metadata)
+
+
+def _check_free_ops(free: Any) -> None:
+    if isinstance(free, (str, bytes)) or not isinstance(free, Collection) or isinstance(free, Mapping) \
+            or not all(isinstance(op, str) and op.strip(":") for op in free):
+        raise UsageError(f"count: free_ops must be a list of operator types such as ['Marker', "
+                         f"'com.example:Marker'], got {free!r}")
 
 
 def _conventions() -> list[str]:
@@ -233,7 +242,7 @@ class CountOptions:
     free_ops: Collection[str] = option((), Flag(
         "--free-op", "counting", "an operator type with no formula that costs nothing (a custom marker op), OP or "
         "DOMAIN:OP: counted as zero-cost, not unsupported (--strict then passes); repeatable", action="append",
-        metavar="OP"))
+        metavar="OP"), check=_check_free_ops)
     recompute: Any = option(None, Flag(
         "--recompute", "plan", "with --memory or --parallel, and --mode train: none (default), full (checkpoint "
         "every numbered layer), selective (recompute the attention core), or operator types to recompute (OP,OP)",
@@ -282,11 +291,9 @@ class CountOptions:
                      if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_ELEMENTS}
         if bad_trips:
             raise UsageError(f"loop_trips must be non-negative integers of at most 2**48; got {bad_trips}")
-        free = self.free_ops
-        if isinstance(free, (str, bytes)) or not isinstance(free, Collection) or isinstance(free, Mapping) \
-                or not all(isinstance(op, str) and op.strip(":") for op in free):
-            raise UsageError(f"count: free_ops must be a list of operator types such as ['Marker', "
-                             f"'com.example:Marker'], got {free!r}")
+        for field in dataclasses.fields(self):  # the checks declared with the fields
+            if "check" in field.metadata:
+                field.metadata["check"](getattr(self, field.name))
 
     def _normalize(self) -> None:
         """One spelling per setting, so that equal settings make equal records: no mapping or list left empty for

@@ -84,10 +84,9 @@ def input_value(text: str) -> tuple[str, list[int]]:
     name, sep, values = text.rpartition("=")
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"expected NAME=V1,V2,... such as axes=1,2, got {text!r}")
-    try:
-        ints = [int(v) for v in values.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"values must be integers joined by ',', got {values!r}") from None
+    ints = [_integer(v) for v in values.split(",") if v.strip()]
+    if None in ints:
+        raise argparse.ArgumentTypeError(f"values must be integers joined by ',' (digits 0-9), got {values!r}")
     if any(not -(2**63) <= v < 2**63 for v in ints):
         raise argparse.ArgumentTypeError(f"values must fit in 64-bit integers, got {values!r}")
     return name, ints
@@ -101,16 +100,21 @@ def loop_trips(text: str) -> tuple[str, int]:
     return name, positive(n)
 
 
+def _integer(text: str) -> int | None:
+    """The integer ``text`` spells in ASCII digits, else None (``int()`` reads other scripts' digits too)."""
+    try:
+        return int(text) if text.isascii() else None
+    except ValueError:
+        return None
+
+
 def positive(text: str) -> int:
     """A positive count that may size a tensor (at most 2**48)."""
     from flopcount.pipeline.shapes import MAX_ELEMENTS
 
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    v = _integer(text)
+    if v is None or v <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer (digits 0-9), got {text!r}")
     if v > MAX_ELEMENTS:
         raise argparse.ArgumentTypeError(f"must be at most 2**48 = {MAX_ELEMENTS}, got {text!r}")
     return v
@@ -118,22 +122,16 @@ def positive(text: str) -> int:
 
 def positive_int(text: str) -> int:
     """A positive count of runs, steps or samples (at most 1e9)."""
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v <= 0 or v > 10**9:
+    v = _integer(text)
+    if v is None or v <= 0 or v > 10**9:
         raise argparse.ArgumentTypeError(f"must be a positive integer (at most 1e9), got {text!r}")
     return v
 
 
 def nonneg_int(text: str) -> int:
     """An integer from 0 to 1e9 (a seed, a number of warm-up steps)."""
-    try:
-        v = int(text)
-    except ValueError:
-        v = -1
-    if v < 0 or v > 10**9:
+    v = _integer(text)
+    if v is None or v < 0 or v > 10**9:
         raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
     return v
 
