@@ -13,7 +13,7 @@ JSON file or an :class:`~flopcount.parallel.experts.ExpertLoad`.
 >>> parallel_ledger("report", "tp=2")
 Traceback (most recent call last):
 ...
-flopcount.errors.UsageError: parallel_ledger: report must be a flopcount.Report (from flopcount.count), got 'report' (str)
+flopcount.errors.UsageError: parallel_ledger: report must be a flopcount.Report, got 'report' (str)
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def _report(caller: str, report: Any):
     from .reporting.report import Report
 
     if not isinstance(report, Report):
-        raise UsageError(f"{caller}: report must be a flopcount.Report (from flopcount.count), got {described(report)}")
+        raise UsageError(f"{caller}: report must be a flopcount.Report, got {described(report)}")
     return report
 
 
