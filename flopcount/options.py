@@ -29,6 +29,7 @@ from typing import Any, Callable, Collection, Sequence
 
 from .calls import MAX_ELEMENTS, check_count_arguments, described
 from .errors import UsageError
+from .parallel.plan import DEVICES, IMPLEMENTATIONS, SCHEDULES
 
 __all__ = ["GROUPS", "MEMORY_FLAGS", "MODES", "OPTIMIZERS", "CountOptions", "Flag", "flags", "option"]
 
@@ -103,14 +104,6 @@ def _attention_modes() -> Sequence[str]:
     from .masks import ATTENTION_MODES
 
     return ATTENTION_MODES
-
-
-def _memory_choices(name: str) -> Callable[[], Sequence[str]]:
-    def choices() -> Sequence[str]:
-        from .parallel import plan
-
-        return getattr(plan, name)
-    return choices
 
 
 _WITH_PARALLEL = "with --parallel"
@@ -256,7 +249,7 @@ class CountOptions:
         "--microbatches", "plan", f"{_WITH_PARALLEL}: microbatches per optimizer step (default 1)",
         reader="positive_int", metavar="M"))
     schedule: str | None = option(None, Flag(
-        "--schedule", "plan", f"{_WITH_PARALLEL}: the pipeline schedule, one of gpipe, 1f1b, interleaved "
+        "--schedule", "plan", f"{_WITH_PARALLEL}: the pipeline schedule, one of {', '.join(SCHEDULES)} "
         "(interleaved:V for V virtual stages per rank; default 1f1b)", metavar="NAME"))
     expert_load: Any = option(None, Flag(
         "--expert-load", "plan", "with --parallel ep=E on a mixture-of-experts model: JSON tokens per routed expert, "
@@ -344,10 +337,10 @@ MEMORY_FLAGS: Mapping[str, Flag] = MappingProxyType({
     "implementation": Flag(
         "--optimizer-impl", "plan", "with --memory: how the optimizer step runs (its temporaries): single-tensor, "
         "foreach, fused; auto (default): what torch picks on --memory-device",
-        choices=_memory_choices("IMPLEMENTATIONS"), dest="optimizer_impl", default="auto"),
+        choices=IMPLEMENTATIONS, dest="optimizer_impl", default="auto"),
     "device": Flag(
         "--memory-device", "plan", "with --memory: the device the step runs on, for --optimizer-impl auto (default "
-        "cuda)", choices=_memory_choices("DEVICES"), dest="memory_device", default="cuda"),
+        "cuda)", choices=DEVICES, dest="memory_device", default="cuda"),
     "master_weights": Flag(
         "--master-weights", "plan", "with --memory: the optimizer keeps an fp32 master copy of 16-bit weights and "
         "fp32 states (mixed precision as Megatron and DeepSpeed train)", action="store_true", default=False),
