@@ -122,8 +122,9 @@ def _count(model, options: CountOptions) -> Report:
 
         memory = MemorySettings.of(memory)
         if not memory.plan.is_single:
-            raise UsageError(f"memory: a plan ({memory.plan}) is not counted; count the one-rank ledger and split it "
-                             "with flopcount.memory.ranks.per_rank(report, plan)")
+            raise UsageError(f"memory: the plan of MemorySettings ({memory.plan}) is not counted; give it as a "
+                             "setting of the count, count(..., memory=True, parallel=plan), or split a one-rank "
+                             "count with flopcount.memory_per_rank(report, plan)")
     given_mask = None
     if not isinstance(attention, str):
         attention, given_mask = "executed", attention

@@ -325,10 +325,17 @@ class CountOptions:
 
 def flags() -> dict[str, Flag]:
     """Field name → :class:`Flag` of every setting the command line takes, in the record's order; a flag's
-    ``default`` is the field's where the flag gives none and the field's is one value (not a collection)."""
-    return {f.name: f.metadata["flag"] if f.metadata["flag"].default is not None or not isinstance(
-                f.default, (str, bool, int)) else dataclasses.replace(f.metadata["flag"], default=f.default)
-            for f in dataclasses.fields(CountOptions) if "flag" in f.metadata}
+    ``default`` is the field's where the flag gives none and the field's is one value (not a collection, which an
+    ``append`` flag would extend)."""
+    out = {}
+    for field in dataclasses.fields(CountOptions):
+        flag = field.metadata.get("flag")
+        if flag is None:
+            continue
+        if flag.default is None and isinstance(field.default, (str, bool, int)):
+            flag = dataclasses.replace(flag, default=field.default)
+        out[field.name] = flag
+    return out
 
 
 #: The flags of :class:`~flopcount.memory.ledger.MemorySettings`' fields, by field name: the command line folds
