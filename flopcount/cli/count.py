@@ -7,7 +7,7 @@ import argparse
 from flopcount.options import GROUPS
 from flopcount.output.render import FORMATS, render
 
-from .arguments import SOURCE_DEFAULTS, Parser, add_options, count_source, generate_spec, positive_float, positive_int
+from .arguments import Parser, add_options, count_source, generate_spec, positive_float, positive_int
 from .console import write_output
 from .symbolic import run_sweep, run_symbolic, start_sizes, sweep_values
 
@@ -99,8 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "matplotlib)")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more diagnostics on stderr (-vv: debug)")
     p.add_argument("--version", action=_Version, help="show the version and exit")
-    parser.set_defaults(**{**SOURCE_DEFAULTS, "input_dtypes": {}, "takes_hf": True,
-                           **{k: None for k in ("hf", "generate", "symbolic", "sweep", "capacity_factor")}})
+    parser.set_defaults(input_dtypes={}, takes_hf=True)  # the model source's other flags are declared above
     return parser
 
 
