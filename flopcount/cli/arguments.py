@@ -149,11 +149,10 @@ def positive_float(text: str) -> float:
 
 def size_hw(text: str) -> tuple[int, int]:
     """``HxW`` → ``(H, W)``, both positive."""
-    parts = text.lower().split("x")
-    try:
-        h, w = (int(p) for p in parts)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected HxW such as 224x224, got {text!r}") from None
+    parts = [_integer(p) for p in text.lower().split("x")]
+    if len(parts) != 2 or None in parts:
+        raise argparse.ArgumentTypeError(f"expected HxW such as 224x224, got {text!r}")
+    h, w = parts
     if h <= 0 or w <= 0:
         raise argparse.ArgumentTypeError(f"expected positive HxW, got {text!r}")
     return h, w

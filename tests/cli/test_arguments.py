@@ -32,6 +32,13 @@ def test_input_shape(text, expected):
     pytest.param(a.positive_float, "inf", "positive number", id="float-infinite"),
     pytest.param(a.size_hw, "224", "HxW", id="size-one-dim"),
     pytest.param(a.size_hw, "0x7", "positive HxW", id="size-zero"),
+    # digits that int() reads but that are not ASCII (Arabic-Indic, superscripts) are no integers here
+    pytest.param(a.positive, "١٢", "digits 0-9", id="positive-arabic-indic"),
+    pytest.param(a.positive, "²", "digits 0-9", id="positive-superscript"),
+    pytest.param(a.positive_int, "٣", "positive integer", id="count-arabic-indic"),
+    pytest.param(a.nonneg_int, "٣", ">= 0", id="nonneg-arabic-indic"),
+    pytest.param(a.input_value, "axes=١", "digits 0-9", id="value-arabic-indic"),
+    pytest.param(a.size_hw, "٢x3", "HxW", id="size-arabic-indic"),
 ])
 def test_a_bad_word_is_one_argparse_error(convert, text, message):
     with pytest.raises(argparse.ArgumentTypeError, match=re.escape(message)):
