@@ -41,11 +41,12 @@ IMPLEMENTATIONS = ("auto", "single-tensor", "foreach", "fused")
 DEVICES = ("cuda", "cpu")
 #: The named recompute policies; any other text is a comma-separated list of operator types to recompute.
 RECOMPUTE_POLICIES = ("none", "full", "selective")
-#: The most ranks a plan may have (tp·pp·cp·dp): the ledgers list every rank, and 2**18 = 262,144 is above the
-#: largest clusters built.
-MAX_RANKS = 2**18
-#: The most forward steps of one optimizer step's pipeline schedule, pp·v·M: the schedule is simulated step by step.
-MAX_SCHEDULE_STEPS = 2**20
+#: The most ranks a plan may have (tp·pp·cp·dp): the ledgers list every rank (one per rank in the JSON), which at
+#: 2**16 = 65,536 ranks takes seconds; a larger plan is refused rather than left to run for minutes.
+MAX_RANKS = 2**16
+#: The most forward steps of one optimizer step's pipeline schedule, pp·v·M (2**18 = 262,144): the schedule is
+#: simulated step by step.
+MAX_SCHEDULE_STEPS = 2**18
 
 
 def _ascii_int(text: str) -> int | None:
@@ -83,12 +84,12 @@ class ParallelPlan:
                 raise UsageError(f"parallel plan: {name}={getattr(self, name)!r} must be True or False")
         if self.tp * self.pp * self.cp * self.dp > MAX_RANKS or self.ep > MAX_RANKS:
             raise UsageError(f"parallel plan: {self.tp * self.pp * self.cp * self.dp:,} ranks (tp·pp·cp·dp) is above "
-                             f"the limit of 2**18 = {MAX_RANKS:,}; give smaller degrees")
+                             f"the limit of 2**16 = {MAX_RANKS:,}; give smaller degrees")
         steps = self.pp * self.virtual_stages * self.microbatches
         if self.microbatches > MAX_SCHEDULE_STEPS or self.pp > 1 and steps > MAX_SCHEDULE_STEPS:
             raise UsageError(f"parallel plan: {self.microbatches:,} microbatches on {self.pp} stages "
                              f"({self.virtual_stages} per rank) make {steps:,} forward steps per optimizer step, above "
-                             f"the limit of 2**20 = {MAX_SCHEDULE_STEPS:,}; give fewer microbatches (--microbatches)")
+                             f"the limit of 2**18 = {MAX_SCHEDULE_STEPS:,}; give fewer microbatches (--microbatches)")
         if not isinstance(self.schedule, str) or self.schedule not in SCHEDULES:
             raise UsageError(f"parallel plan: unknown schedule {self.schedule!r}; choose one of: "
                              f"{', '.join(SCHEDULES)} (interleaved:V for V virtual stages per rank)")
