@@ -31,9 +31,11 @@ from .calls import MAX_ELEMENTS, check_count_arguments, described
 from .errors import UsageError
 from .parallel.plan import DEVICES, IMPLEMENTATIONS, SCHEDULES
 
-__all__ = ["GROUPS", "MEMORY_FLAGS", "MODES", "OPTIMIZERS", "CountOptions", "Flag", "flags", "option"]
+__all__ = ["ATTENTION_MODES", "GROUPS", "MEMORY_FLAGS", "MODES", "OPTIMIZERS", "CountOptions", "Flag", "flags", "option"]
 
 MODES = ("inference", "train")
+#: The named ``attention`` settings (a mask given is the third kind: :mod:`flopcount.masks`).
+ATTENTION_MODES = ("full", "executed")
 # FLOPs per trainable parameter of one update step; sqrt counted as one FLOP and one transcendental.
 OPTIMIZERS: Mapping[str, tuple[int, int, str]] = MappingProxyType({
     "sgd": (2, 0, "w -= lr*g"),
@@ -98,12 +100,6 @@ def _conventions() -> list[str]:
     from .conventions import CONVENTIONS
 
     return sorted(CONVENTIONS)
-
-
-def _attention_modes() -> Sequence[str]:
-    from .masks import ATTENTION_MODES
-
-    return ATTENTION_MODES
 
 
 _WITH_PARALLEL = "with --parallel"
@@ -227,7 +223,7 @@ class CountOptions:
         "--attention", "counting", "full (default): attention as the graph computes it, the whole score matrix "
         "masked afterwards; executed: only the (query, key) pairs a masked kernel runs, for the masks whose "
         "structure is known (the Attention op's is_causal and windows, a Trilu, or --hf's configuration: causal, "
-        "sliding windows); a mask that is data counts full, and the report says which", choices=_attention_modes))
+        "sliding windows); a mask that is data counts full, and the report says which", choices=ATTENTION_MODES))
     memory: Any = option(None, Flag(
         "--memory", "plan", "also the memory of one step per rank: weights, gradients, optimizer states and the "
         "step's temporaries, the activations the backward keeps, the peak and its phase (KV cache with --generate); "
@@ -269,7 +265,6 @@ class CountOptions:
 
     def _check_counting(self) -> None:
         from .conventions import get_convention
-        from .masks import ATTENTION_MODES
 
         get_convention(self.convention)
         if isinstance(self.attention, str) and self.attention not in ATTENTION_MODES:
