@@ -11,6 +11,7 @@ docs/architecture.md):
 * :mod:`.options` :class:`~flopcount.options.CountOptions`, every setting of a count in one frozen record, checked
   when made
 * :mod:`.calls` the checks of the Python API's arguments (a :class:`~flopcount.errors.UsageError` naming the argument)
+* :mod:`.plans` the ledgers per rank of a parallel plan: the public entry points, their arguments checked
 * :mod:`.registry` the one formula registry
 * :mod:`.context` what a formula reads: a node's tensors and attributes
 * :mod:`.cost` the frozen cost record
@@ -73,6 +74,9 @@ _LAZY = {
     "Cost": "flopcount.cost",
     "count": "flopcount.counting",
     "count_options": "flopcount.counting",
+    "parallel_ledger": "flopcount.plans",
+    "memory_per_rank": "flopcount.plans",
+    "generation_ledger": "flopcount.plans",
     "CountOptions": "flopcount.options",
     "ModelSource": "flopcount.frontends.source",
     "ConfigError": "flopcount.errors",
@@ -151,4 +155,7 @@ __all__ = [
     "from_hf",
     "from_keras",
     "from_torch",
+    "generation_ledger",
+    "memory_per_rank",
+    "parallel_ledger",
 ]

@@ -17,12 +17,13 @@ from typing import Any
 from .errors import UsageError
 from .limits import MAX_ELEMENTS
 
-__all__ = ["check_count_arguments"]
+__all__ = ["MAX_ELEMENTS", "check_count_arguments", "described"]
 
 _EXAMPLE = '{"input": (8, 3, 224, 224)}'
 
 
-def _got(value: Any) -> str:
+def described(value: Any) -> str:
+    """``value`` as an error message shows it: its repr (cut at 80 characters) and its type."""
     text = repr(value)
     text = text if len(text) <= 80 else text[:77] + "..."
     return f"{text} ({type(value).__name__})"
@@ -40,38 +41,38 @@ def check_count_arguments(caller: str = "count", *, input_shapes: Any = None, ba
     ints; ``strict`` a bool; ``input_values`` and ``loop_trips`` mappings; ``trainable_inputs``,
     ``trainable`` and ``frozen`` collections of names, not one string."""
     if batch is not None and (not _is_int(batch) or not 0 < batch <= MAX_ELEMENTS):
-        raise UsageError(f"{caller}: batch must be a positive int of at most 2**48, got {_got(batch)}")
+        raise UsageError(f"{caller}: batch must be a positive int of at most 2**48, got {described(batch)}")
     if input_shapes is not None:
         _check_shapes(caller, input_shapes)
     if not isinstance(strict, bool):
-        raise UsageError(f"{caller}: strict must be True or False, got {_got(strict)}")
+        raise UsageError(f"{caller}: strict must be True or False, got {described(strict)}")
     for name, value, example in (("input_values", input_values, '{"axes": [1, 2]}'),
                                  ("loop_trips", loop_trips, '{"generate_loop": 32}')):
         if value is not None and not isinstance(value, Mapping):
-            raise UsageError(f"{caller}: {name} must be a mapping such as {example}, got {_got(value)}")
+            raise UsageError(f"{caller}: {name} must be a mapping such as {example}, got {described(value)}")
         if value is not None and not all(isinstance(k, str) for k in value):
-            raise UsageError(f"{caller}: the keys of {name} must be names (str), got {_got(list(value))}")
+            raise UsageError(f"{caller}: the keys of {name} must be names (str), got {described(list(value))}")
     for name, value in (("trainable_inputs", trainable_inputs), ("trainable", trainable), ("frozen", frozen)):
         if value is None:
             continue
         if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__") or isinstance(value, Mapping):
             raise UsageError(f"{caller}: {name} must be a list or other collection of initializer names "
-                             f"(['embed.weight']), got {_got(value)}")
+                             f"(['embed.weight']), got {described(value)}")
         if not all(isinstance(v, str) for v in value):
-            raise UsageError(f"{caller}: {name} must hold names (str), got {_got(list(value))}")
+            raise UsageError(f"{caller}: {name} must hold names (str), got {described(list(value))}")
 
 
 def _check_shapes(caller: str, input_shapes: Any) -> None:
     if not isinstance(input_shapes, Mapping):
         raise UsageError(f"{caller}: input_shapes must be a mapping of input name to dims such as {_EXAMPLE}, "
-                         f"got {_got(input_shapes)}")
+                         f"got {described(input_shapes)}")
     for name, dims in input_shapes.items():
         if not isinstance(name, str):
-            raise UsageError(f"{caller}: input_shapes names inputs by str, got the key {_got(name)}")
+            raise UsageError(f"{caller}: input_shapes names inputs by str, got the key {described(name)}")
         if isinstance(dims, (str, bytes)) or not isinstance(dims, (tuple, list)) and type(dims).__name__ != "Size":
             raise UsageError(f"{caller}: input_shapes[{name!r}] must be a tuple of dims such as (8, 3, 224, 224), "
-                             f"got {_got(dims)}")
+                             f"got {described(dims)}")
         for i, d in enumerate(dims):
             if not _is_int(d) or not 0 < d <= MAX_ELEMENTS:
                 raise UsageError(f"{caller}: dim {i} of input_shapes[{name!r}] must be a positive int of at most "
-                                 f"2**48{_got(d)}")
+                                 f"2**48{described(d)}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import gc
+import inspect
 import logging
 import os
 import time
@@ -31,6 +32,7 @@ from .pipeline.loading import LoadedModel, copy_field, load, shortened
 from .pipeline.parameters import BUFFER, PARAMETER, SHAPE_TYPES, Roles, classify, stored_tensors
 from .pipeline.schema import differentiable_inputs
 from .pipeline.shapes import Inference, Resolution, prepare, resolve
+from .plans import with_plan
 from .registry import canonical_domain, lookup, lookup_backward, lookup_shape, straight_through
 from .reporting.modules import ModuleScopes, scopes_of
 from .reporting.report import FORMULA, UNSUPPORTED, ZERO_COST, ModelInfo, NodeCount, Report, op_key, op_type_summaries, sum_costs
@@ -39,29 +41,15 @@ log = logging.getLogger(__name__)
 
 
 
-def count(
-    model: str | os.PathLike | ModelProto | bytes | LoadedModel,
-    input_shapes: Mapping[str, Sequence[int]] | None = None,
-    batch: int | None = None,
-    convention: str | Convention = "default",
-    strict: bool = False,
-    input_values: Mapping[str, Any] | None = None,
-    loop_trips: Mapping[str, int] | None = None,
-    mode: str = "inference",
-    optimizer: str | None = None,
-    trainable_inputs: Sequence[str] | None = None,
-    trainable: Collection[str] | None = None,
-    frozen: Collection[str] | None = None,
-    attention: Any = "full",
-    memory: Any = None,
-    free_ops: Collection[str] = (),
-) -> Report:
+def count(model: str | os.PathLike | ModelProto | bytes | LoadedModel,
+          input_shapes: Mapping[str, Sequence[int]] | None = None, **settings: Any) -> Report:
     """Count the FLOPs of an ONNX model without reading its weights.
 
     Every parameter but ``model`` is a setting of the count: the field of the same name of
     :class:`~flopcount.options.CountOptions`, described (with its type) and checked there (a
     :class:`~flopcount.errors.UsageError` naming the argument); ``count(model, **settings)`` is
-    ``count_options(model, CountOptions(**settings))``.
+    ``count_options(model, CountOptions(**settings))``. With ``parallel``, the report carries the ledgers per rank
+    that ``flopcount --parallel`` prints (``report.parallel``, and ``report.memory`` per rank with ``memory``).
 
     Parameters
     ----------
@@ -85,10 +73,19 @@ def count(
     >>> report.total.flops, report.total.macs   # 2 * 2*3*5, 2*3*5
     (60, 30)
     """
-    return count_options(model, CountOptions(
-        input_shapes=input_shapes, batch=batch, convention=convention, strict=strict, input_values=input_values,
-        loop_trips=loop_trips, mode=mode, optimizer=optimizer, trainable_inputs=trainable_inputs,
-        trainable=trainable, frozen=frozen, attention=attention, memory=memory, free_ops=free_ops))
+    names = [f.name for f in dataclasses.fields(CountOptions)]
+    unknown = [k for k in settings if k not in names]
+    if unknown:
+        raise TypeError(f"count() got an unexpected keyword argument {unknown[0]!r}; its settings: {', '.join(names)}")
+    return count_options(model, CountOptions(input_shapes=input_shapes, **settings))
+
+
+# the signature of count(), as help() and the docs show it: the fields of CountOptions, each a keyword
+count.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
+    inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+    *(inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD if f.name == "input_shapes"
+                        else inspect.Parameter.KEYWORD_ONLY, default=f.default)
+      for f in dataclasses.fields(CountOptions))], return_annotation=Report)
 
 
 def count_options(model: str | os.PathLike | ModelProto | bytes | LoadedModel, options: CountOptions) -> Report:
@@ -100,10 +97,11 @@ def count_options(model: str | os.PathLike | ModelProto | bytes | LoadedModel, o
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _count(model, options)
+        report = _count(model, options)
     finally:
         if gc_was_enabled:
             gc.enable()
+    return with_plan(report, options)  # the ledgers per rank of options.parallel (flopcount.plans)
 
 
 #: The stages of a count as :mod:`flopcount.pipeline.progress` names them (keys of ``Report.timings``).
@@ -121,8 +119,9 @@ def _count(model, options: CountOptions) -> Report:
 
         memory = MemorySettings.of(memory)
         if not memory.plan.is_single:
-            raise UsageError(f"memory: a plan ({memory.plan}) is not counted; count the one-rank ledger and split it "
-                             "with flopcount.memory.ranks.per_rank(report, plan)")
+            raise UsageError(f"memory: the plan of MemorySettings ({memory.plan}) is not counted; give it as a "
+                             "setting of the count, count(..., memory=True, parallel=plan), or split a one-rank "
+                             "count with flopcount.memory_per_rank(report, plan)")
     given_mask = None
     if not isinstance(attention, str):
         attention, given_mask = "executed", attention
@@ -144,6 +143,7 @@ def _count(model, options: CountOptions) -> Report:
         index = graph_mod.build_graph(m.graph, where)
         opsets = _opsets(m)
         validate.check_graph(m, index, opsets, where)  # before any inference in this process
+        _check_loop_trips(m.graph, index, loop_trips, where)
         protos, names = index.protos, index.names
         attributes_of = AttributeCache(opsets, where, m.ir_version)
         attributes = attributes_of.of_graph(index)
@@ -553,6 +553,26 @@ def _apply(fn, ctx: NodeContext, attrs: Mapping[str, Any], where: str) -> Cost:
             f"{where}: node {ctx.name!r} ({ctx.op_type}): its inputs or attributes do not fit the operator "
             f"({type(e).__name__}: {e}); check the node against the ONNX spec"
         ) from None
+
+
+#: The operators whose trip count (or sequence length) ``loop_trips`` gives.
+_LOOPS = frozenset({"Loop", "SequenceMap"})
+
+
+def _check_loop_trips(graph: onnx.GraphProto, index: GraphIndex, loop_trips, where: str) -> None:
+    """A :class:`UsageError` for a ``loop_trips`` name that is no Loop or SequenceMap node of the graph (or of a
+    body in it): the setting would do nothing."""
+    if not loop_trips:
+        return
+    loops = {index.names[k] for k, (_, op) in enumerate(index.node_ops) if op in _LOOPS}
+    bodies = list(graph_mod.walk_graphs(graph))[1:]
+    loops |= {n.name for g in bodies for n in g.node if n.op_type in _LOOPS}
+    unknown = sorted(set(loop_trips) - loops)
+    if unknown:
+        named = f"its Loop and SequenceMap nodes: {', '.join(sorted(loops))}" if loops else \
+            "it has no Loop or SequenceMap node"
+        raise UsageError(f"{where}: --loop-trips {unknown[0]}=...: no Loop or SequenceMap node of the graph is named "
+                         f"{unknown[0]!r}, so the trip count would change nothing; {named}")
 
 
 def _opsets(m: ModelProto) -> dict[str, int]:

@@ -28,14 +28,10 @@ import logging
 
 import numpy as np
 
-__all__ = ["ATTENTION_MODES", "AttentionMask", "ExecutedAttention", "ExecutedPairs", "executed_attention",
+__all__ = ["AttentionMask", "ExecutedAttention", "ExecutedPairs", "executed_attention",
            "executed_entries", "executed_reduction", "packed_segments", "padding_lengths", "score_products", "values_structure"]
 
 log = logging.getLogger(__name__)
-
-#: ``--attention`` values.
-ATTENTION_MODES = ("full", "executed")
-
 
 @dataclass(frozen=True)
 class ExecutedPairs:

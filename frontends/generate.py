@@ -89,16 +89,21 @@ def count_generation(model, generate: tuple[int, int], options: CountOptions, *,
                      breakpoints=(), training: bool | None = None, **export: Any):
     """:func:`from_causal_lm` under the settings of ``options`` (inference; ``options.batch`` is replaced by
     ``batch``); ``export`` (``opset``) is passed to :func:`flopcount.frontends.torch.count_module`."""
+    from flopcount.plans import check_generation_plan, with_plan, without_plan
+
     from .torch import count_module
 
     prompt, new = _check_generation(generate, batch, options.mode, training)
-    options = dataclasses.replace(options, batch=batch)
+    check_generation_plan(options)
+    planned, options = options, dataclasses.replace(without_plan(options), batch=batch)
     torch = _torch()
     parameters = _forward_parameters(model)
     if "input_ids" not in parameters or cache_argument(model) is None:
         raise UsageError(f"generate: {type(model).__name__}.forward takes no input_ids and no KV cache argument "
                          f"({_cache_names_hint()}): it is not a causal LM with a KV cache; count it without --generate")
     layout = cache_layout(model, batch, prompt)  # before the prefill's export: a model without a KV cache stops here
+    _check_cache(model, layout, batch, prompt, prompt + new - 1)
+    end = cache_layout(model, batch, prompt + new - 1)  # the cache as the model holds it after the last step
     ids = ((batch, prompt), torch.int64)
     prefill_inputs: dict[str, Any] = {"input_ids": ids}
     if "use_cache" in parameters:
@@ -137,9 +142,36 @@ def count_generation(model, generate: tuple[int, int], options: CountOptions, *,
               + (f"; pieces cut at the sliding window{'s' if len(set(breakpoints)) > 1 else ''} "
                  f"{', '.join(map(str, sorted(set(breakpoints))))}" if len(pieces) > 1 else ""))
     log.info("generate: %s", method)
-    end = cache_layout(model, batch, prompt + new - 1)  # the cache as the model holds it after the last step
     generation = Generation(batch, prompt, new, report.forward, tuple(pieces), end.bytes(), method, tuple(steps))
-    return _with(report, generation)
+    return with_plan(_with(report, generation), planned)  # the plan's ledgers per rank, of the whole generation
+
+
+#: The most bytes of KV cache the last decode step's export may be given as example inputs (they are allocated).
+MAX_CACHE_BYTES = 2**35
+
+
+def _check_cache(model, layout: CacheLayout, batch: int, prompt: int, context: int) -> None:
+    """A :class:`UsageError`, before any export, where the last decode step's KV cache would not fit in memory as
+    the example inputs of its export (``--generate 8:1099511627776``): a clear line, not minutes and a failed
+    allocation. The cache after P positions (``layout``) grown to ``context`` is an upper bound (a layer with a
+    sliding window holds fewer); only above the limit is the model run again, under fake tensors, at ``context``."""
+    def grown(shape, dtype) -> int:
+        n = dtype.itemsize
+        for d in shape:
+            n *= d
+        return n * context // prompt if shape[-2] >= prompt else n
+
+    held = sum(grown(shape, dtype) for shape, dtype in layout.tensors)
+    if held <= MAX_CACHE_BYTES:
+        return
+    try:
+        held = sum(cache_layout(model, batch, context).bytes().values())
+    except FrontendError:  # a context too long for the model to run even under fake tensors: the bound stands
+        pass
+    if held > MAX_CACHE_BYTES:
+        raise UsageError(f"generate: the KV cache at context {context:,} is {held / 2**30:,.1f} GiB, which the export "
+                         f"of the last decode step holds as example inputs (at most {MAX_CACHE_BYTES // 2**30} GiB); "
+                         "give fewer tokens (--generate P:N, generate=(P, N))")
 
 
 def _with(report, generation: Generation):

@@ -119,6 +119,11 @@ def count_config(config: Any, input_shapes: Mapping[str, Any] | tuple | None, op
         raise UsageError(f"{FRONTEND}: the capacity factor must be a positive number, got {capacity_factor!r}")
     if repeated_layers not in REPEATED_LAYERS:
         raise UsageError(f"{FRONTEND}: repeated_layers is one of {', '.join(REPEATED_LAYERS)}, got {repeated_layers!r}")
+    from flopcount.plans import check_generation_plan, with_plan, without_plan
+
+    if generate is not None:
+        check_generation_plan(options)
+    planned, options = options, without_plan(options)  # the plan's ledgers: once, of the whole model (with_plan)
     loaded = load_config(config, trust_remote_code=trust_remote_code)
     layers, probe = _probe(loaded)
     model = build_model(probe if probe is not None else loaded, trust_remote_code=trust_remote_code)
@@ -152,7 +157,7 @@ def count_config(config: Any, input_shapes: Mapping[str, Any] | tuple | None, op
     if moe is None and capacity_factor is not None:
         raise UsageError(f"{FRONTEND}: --capacity-factor is for a mixture-of-experts model; {model.config.model_type} "
                          "has no routed experts")
-    return dataclasses.replace(report, moe=moe) if moe is not None else report
+    return with_plan(dataclasses.replace(report, moe=moe) if moe is not None else report, planned)
 
 
 def _to_full_stack(stack, full):

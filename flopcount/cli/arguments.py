@@ -1,24 +1,27 @@
-"""Argument types and the model source that every ``flopcount`` command shares.
+"""Argument types, the count's flags and the model source that every ``flopcount`` command shares.
 
 An argument type turns one command-line word into a value or raises :class:`argparse.ArgumentTypeError`
-(argparse then prints one usage line and exits 2). A command's model is an ``.onnx`` path, or ``--torch`` /
-``--keras`` with ``--input-shape``: :func:`add_model_source` declares it, :func:`model_source_problem` checks it,
-:func:`model_source` reads it back, :func:`count_torch` and :func:`count_keras` count it.
+(argparse then prints one usage line and exits 2). The count's flags are declared once, in
+:mod:`flopcount.options` (each setting's :class:`~flopcount.options.Flag`): :func:`add_options` adds those a command
+takes, and :func:`options_from_args` reads them back by the field's name into a
+:class:`~flopcount.options.CountOptions`, with the :class:`~flopcount.frontends.source.ModelSource` of the model a
+command was given (an ``.onnx`` path, or ``--torch`` / ``--keras`` / ``--hf`` with ``--input-shape``:
+:func:`add_model_source` declares it, :func:`model_source_problem` checks it, :func:`model_source` reads it back).
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Iterable, Mapping
 
 from flopcount.errors import UsageError
 
 __all__ = [
-    "TORCH_DTYPES", "InputShapes", "add_count_options", "add_memory_arguments", "add_parallel_arguments", "add_model_source",
-    "check_generation_flags", "check_model_source", "count_generate", "count_hf", "count_keras", "count_source", "count_torch", "generate_spec",
-    "given_model", "input_shape", "input_value", "loop_trips", "model_source", "model_source_problem",
-    "options_from_args", "nonneg_int",
-    "memory_settings", "positive", "positive_float", "positive_int", "size_hw", "torch_inputs", "weights", "with_parallel",
+    "READERS", "SOURCE_DEFAULTS", "TORCH_DTYPES", "InputShapes", "Pairs", "Parser", "add_model_source", "add_options",
+    "check_model_source", "count_source", "generate_spec", "given_model", "input_shape", "input_value",
+    "loop_trips", "model_source", "model_source_problem", "nonneg_int", "options_from_args", "positive",
+    "positive_float", "positive_int", "size_hw", "torch_inputs",
 ]
 
 #: Element types a ``--torch`` input may be given (``--input-shape input_ids=1x128:int64``): torch's dtype names.
@@ -81,10 +84,9 @@ def input_value(text: str) -> tuple[str, list[int]]:
     name, sep, values = text.rpartition("=")
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"expected NAME=V1,V2,... such as axes=1,2, got {text!r}")
-    try:
-        ints = [int(v) for v in values.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"values must be integers joined by ',', got {values!r}") from None
+    ints = [_integer(v) for v in values.split(",") if v.strip()]
+    if None in ints:
+        raise argparse.ArgumentTypeError(f"values must be integers joined by ',' (digits 0-9), got {values!r}")
     if any(not -(2**63) <= v < 2**63 for v in ints):
         raise argparse.ArgumentTypeError(f"values must fit in 64-bit integers, got {values!r}")
     return name, ints
@@ -98,16 +100,21 @@ def loop_trips(text: str) -> tuple[str, int]:
     return name, positive(n)
 
 
+def _integer(text: str) -> int | None:
+    """The integer ``text`` spells in ASCII digits, else None (``int()`` reads other scripts' digits too)."""
+    try:
+        return int(text) if text.isascii() else None
+    except ValueError:
+        return None
+
+
 def positive(text: str) -> int:
     """A positive count that may size a tensor (at most 2**48)."""
     from flopcount.pipeline.shapes import MAX_ELEMENTS
 
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    v = _integer(text)
+    if v is None or v <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer (digits 0-9), got {text!r}")
     if v > MAX_ELEMENTS:
         raise argparse.ArgumentTypeError(f"must be at most 2**48 = {MAX_ELEMENTS}, got {text!r}")
     return v
@@ -115,22 +122,16 @@ def positive(text: str) -> int:
 
 def positive_int(text: str) -> int:
     """A positive count of runs, steps or samples (at most 1e9)."""
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v <= 0 or v > 10**9:
+    v = _integer(text)
+    if v is None or v <= 0 or v > 10**9:
         raise argparse.ArgumentTypeError(f"must be a positive integer (at most 1e9), got {text!r}")
     return v
 
 
 def nonneg_int(text: str) -> int:
     """An integer from 0 to 1e9 (a seed, a number of warm-up steps)."""
-    try:
-        v = int(text)
-    except ValueError:
-        v = -1
-    if v < 0 or v > 10**9:
+    v = _integer(text)
+    if v is None or v < 0 or v > 10**9:
         raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
     return v
 
@@ -148,18 +149,92 @@ def positive_float(text: str) -> float:
 
 def size_hw(text: str) -> tuple[int, int]:
     """``HxW`` → ``(H, W)``, both positive."""
-    parts = text.lower().split("x")
-    try:
-        h, w = (int(p) for p in parts)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected HxW such as 224x224, got {text!r}") from None
+    parts = [_integer(p) for p in text.lower().split("x")]
+    if len(parts) != 2 or None in parts:
+        raise argparse.ArgumentTypeError(f"expected HxW such as 224x224, got {text!r}")
+    h, w = parts
     if h <= 0 or w <= 0:
         raise argparse.ArgumentTypeError(f"expected positive HxW, got {text!r}")
     return h, w
 
 
+class Pairs(argparse.Action):
+    """A repeatable ``NAME=VALUE`` flag whose reader gives ``(NAME, VALUE)``: gathered into a mapping (the last value
+    of a name wins)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        name, value = values
+        setattr(namespace, self.dest, {**(getattr(namespace, self.dest) or {}), name: value})
+
+
+class Parser(argparse.ArgumentParser):
+    """Every command's parser: a bad word is one line, ``flopcount: error: ...`` and where ``--help`` says the rest,
+    exit 2 (argparse's own usage block would run to 20 lines)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"flopcount: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the count's flags, from their one declaration in flopcount.options
+
+
+#: The readers a :class:`~flopcount.options.Flag` names: one command-line word → its value.
+READERS = {"positive": positive, "positive_int": positive_int, "positive_float": positive_float,
+           "input_shape": input_shape, "input_value": input_value, "loop_trips": loop_trips}
+_ACTIONS = {"input_shapes": InputShapes, "pairs": Pairs}
+
+
+def add_options(container, names: Iterable[str] | None = None, groups: Mapping[str, object] | None = None,
+                help: Mapping[str, str] | None = None) -> None:
+    """Add the flags of the settings ``names`` (fields of :class:`~flopcount.options.CountOptions`, or of
+    :class:`~flopcount.memory.ledger.MemorySettings` as ``memory.NAME``; all the record's flags when None) to
+    ``container`` (a parser or group), or to the argument group of each flag's group key in ``groups``; ``help``
+    replaces a flag's help text by name (a command that gives the setting another meaning)."""
+    from flopcount.options import MEMORY_FLAGS, flags
+
+    declared = {**flags(), **{f"memory.{k}": v for k, v in MEMORY_FLAGS.items()}}
+    for name in (names if names is not None else list(flags())):
+        flag = declared[name]
+        keywords = {"dest": flag.dest or name.removeprefix("memory."),
+                    "help": (help or {}).get(name, flag.help)}
+        if flag.action is not None:
+            keywords["action"] = _ACTIONS.get(flag.action, flag.action)
+        if flag.reader is not None:
+            keywords["type"] = READERS[flag.reader]
+        if flag.metavar is not None:
+            keywords["metavar"] = flag.metavar
+        if flag.choices is not None:
+            keywords["choices"] = flag.choices() if callable(flag.choices) else flag.choices
+        keywords["default"] = flag.default
+        target = groups[flag.group] if groups is not None else container
+        target.add_argument(flag.flag, **keywords)
+
+
+def _settings(args: argparse.Namespace) -> dict:
+    """The settings of :class:`~flopcount.options.CountOptions` a command's flags gave, by field name (a setting
+    whose flag the command does not declare keeps the record's default)."""
+    from flopcount.options import MEMORY_FLAGS, flags
+
+    values = vars(args)  # argparse's record of the flags, by name (None: not given)
+    settings = {name: values[flag.dest or name] for name, flag in flags().items()
+                if values.get(flag.dest or name) is not None and name != "input_shapes"}  # shapes: options_from_args
+    memory = {k: values[f.dest or k] for k, f in MEMORY_FLAGS.items() if (f.dest or k) in values}
+    if settings.get("memory"):
+        from flopcount.memory.ledger import MemorySettings  # only here: a count without --memory needs no ledger
+
+        settings["memory"] = MemorySettings(**memory)
+    elif memory.get("master_weights"):
+        raise UsageError("--master-weights needs --memory")
+    return settings
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the model source
+
+#: The model source's flags that only the counting command declares, and their values for the commands that don't.
+SOURCE_DEFAULTS = {"hf": None, "trust_remote_code": False, "capacity_factor": None, "repeated_layers": "extend",
+                   "generate": None, "symbolic": None, "sweep": None, "input_dtypes": {}, "takes_hf": False}
 
 
 def add_model_source(p: argparse.ArgumentParser, model_help: str) -> None:
@@ -171,14 +246,12 @@ def add_model_source(p: argparse.ArgumentParser, model_help: str) -> None:
                         help="instead of a model file, the PyTorch module FACTORY() returns, exported as for counting")
     source.add_argument("--keras", metavar="MODULE:FACTORY",
                         help="instead of a model file, the keras.Model FACTORY() returns, converted as for counting")
-    source.add_argument("--input-shape", metavar="NAME=DIMS", action=InputShapes, type=input_shape, default=[],
-                        help="fix the dims of an input, e.g. input=8x3x224x224 (repeatable); with --torch, NAME is a "
-                        "parameter of forward() and a :DTYPE suffix gives its element type")
-    p.set_defaults(input_dtypes={})
+    add_options(source, ["input_shapes"])
+    p.set_defaults(**SOURCE_DEFAULTS)
 
 
 def given_model(args: argparse.Namespace) -> bool:
-    return any(getattr(args, k, None) is not None for k in ("model", "torch", "keras"))
+    return any(value is not None for value in (args.model, args.torch, args.keras, args.hf))
 
 
 def torch_inputs(args: argparse.Namespace, batch: int | None = None) -> dict:
@@ -200,54 +273,35 @@ def model_source(args: argparse.Namespace):
 
 def options_from_args(args: argparse.Namespace):
     """The :class:`~flopcount.frontends.source.ModelSource` and :class:`~flopcount.options.CountOptions` of a command's
-    arguments, built once (a subcommand without a counting flag gets its default): a problem of
+    arguments, built once (a setting whose flag the command does not declare gets its default): a problem of
     :func:`model_source_problem` or of a setting is a :class:`UsageError` naming it."""
-    import dataclasses
-
     from flopcount.frontends.source import ModelSource
     from flopcount.options import CountOptions
 
     problem = model_source_problem(args)
     if problem:
         raise UsageError(problem)
-    kind = next((k for k in ("torch", "keras", "hf") if getattr(args, k, None) is not None), "onnx")
+    given = {"torch": args.torch, "keras": args.keras, "hf": args.hf}
+    kind = next((k for k, v in given.items() if v is not None), "onnx")
     shapes = dict(args.input_shape)
-    source = ModelSource(kind, args.model if kind == "onnx" else getattr(args, kind),
+    source = ModelSource(kind, args.model if kind == "onnx" else given[kind],
                          inputs={"onnx": None, "keras": shapes}.get(kind, torch_inputs(args)),
-                         trust_remote_code=getattr(args, "trust_remote_code", False),
-                         capacity_factor=getattr(args, "capacity_factor", None),
-                         repeated_layers=getattr(args, "repeated_layers", "extend"),
-                         generate=getattr(args, "generate", None))
+                         trust_remote_code=args.trust_remote_code, capacity_factor=args.capacity_factor,
+                         repeated_layers=args.repeated_layers, generate=args.generate)
     named = any(isinstance(d, str) for dims in shapes.values() for d in dims)  # --symbolic/--sweep fill them in
-    settings = dict(input_shapes=shapes if kind == "onnx" and not named else None, batch=getattr(args, "batch", None),
-                    convention=getattr(args, "convention", "default"), strict=getattr(args, "strict", False),
-                    input_values=dict(getattr(args, "input_value", ())), loop_trips=dict(getattr(args, "loop_trips", ())),
-                    mode=getattr(args, "mode", "inference"), optimizer=getattr(args, "optimizer", None),
-                    trainable_inputs=getattr(args, "trainable_input", None), attention=getattr(args, "attention", "full"),
-                    **weights(args), **memory_settings(args))
-    for field in dataclasses.fields(CountOptions):  # the settings whose flag the record itself declares
-        if "flag" in field.metadata and getattr(args, field.name, None) is not None:
-            settings[field.name] = getattr(args, field.name)
-    return source, CountOptions(**settings)
+    settings = _settings(args)
+    options = CountOptions(input_shapes=shapes if kind == "onnx" and not named else None, **settings)
+    if args.generate is not None:
+        from flopcount.plans import check_generation_plan
 
-
-def add_count_options(p) -> None:
-    """The flags that :class:`~flopcount.options.CountOptions` declares on its fields (``metadata["flag"]``), in
-    argument group ``p``; :func:`options_from_args` reads them back by the field's name."""
-    import dataclasses
-
-    from flopcount.options import CountOptions
-
-    for field in dataclasses.fields(CountOptions):
-        if "flag" in field.metadata:
-            keywords = {k: v for k, v in field.metadata.items() if k != "flag"}
-            p.add_argument(field.metadata["flag"], dest=field.name, **keywords)
+        check_generation_plan(options)  # before the count
+    return source, options
 
 
 def model_source_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with the model a command was given, or None: exactly one of a model path, ``--torch`` and
     ``--keras``; ``--torch`` needs ``--input-shape``; a :DTYPE suffix only with ``--torch``."""
-    hf = getattr(args, "hf", None)
+    hf = args.hf
     given = [text for text, value in ((repr(args.model), args.model), (f"--torch {args.torch}", args.torch),
                                       (f"--keras {args.keras}", args.keras), (f"--hf {hf}", hf)) if value is not None]
     if len(given) > 1:
@@ -256,14 +310,14 @@ def model_source_problem(args: argparse.Namespace) -> str | None:
         return f"give a model path, --torch or --keras, not both (got {' and '.join(given)})"
     if not given:
         return ("give the path of an .onnx model, or --torch MODULE:FACTORY, --keras MODULE:FACTORY or --hf CONFIG"
-                if hasattr(args, "hf") else
+                if args.takes_hf else
                 "give the path of an .onnx model, or --torch MODULE:FACTORY, or --keras MODULE:FACTORY")
-    if getattr(args, "capacity_factor", None) is not None and hf is None:
+    if args.capacity_factor is not None and hf is None:
         return "--capacity-factor is for a mixture-of-experts model given with --hf CONFIG"
-    generate = getattr(args, "generate", None)
+    generate = args.generate
     if generate is not None and hf is None and args.torch is None:
         return "--generate is for a causal LM given with --hf CONFIG or --torch MODULE:FACTORY"
-    if generate is not None and getattr(args, "mode", "inference") == "train":
+    if generate is not None and args.mode == "train":
         return "--generate counts inference; leave out --mode train"
     if generate is not None:
         names = [name for name, _ in args.input_shape if name != "input_ids"]
@@ -276,7 +330,7 @@ def model_source_problem(args: argparse.Namespace) -> str | None:
     names = [name for name, _ in args.input_shape]
     named = [f"{name}={'x'.join(map(str, dims))}" for name, dims in args.input_shape
              if any(isinstance(d, str) for d in dims)]
-    if named and getattr(args, "symbolic", None) is None and not getattr(args, "sweep", None):
+    if named and args.symbolic is None and not args.sweep:
         return (f"--input-shape {named[0]}: a dim given as a name is for a formula (--symbolic) or a list of sizes "
                 "(--sweep NAME=V1,V2,...); otherwise give every dim as a positive integer")
     if args.keras is not None and len(set(names)) != len(names):
@@ -299,153 +353,8 @@ def check_model_source(parser: argparse.ArgumentParser, args: argparse.Namespace
         parser.error(problem)
 
 
-def count_torch(args: argparse.Namespace):
-    """Export the module of ``--torch`` (in training mode with ``--mode train``) and count it."""
-    return count_source(args)
-
-
-def count_hf(args: argparse.Namespace):
-    """Build the transformers model of ``--hf`` on the meta device and count it."""
-    return count_source(args)
-
-
-def count_generate(args: argparse.Namespace):
-    """Count ``generate()`` of ``--generate P:N`` for the causal LM of ``--hf`` or ``--torch``."""
-    return count_source(args)
-
-
-def count_keras(args: argparse.Namespace):
-    """Convert the model of ``--keras`` (in training mode with ``--mode train``) and count it."""
-    return count_source(args)
-
-
 def count_source(args: argparse.Namespace):
-    """The report of the model of ``args`` under its settings (:func:`options_from_args`)."""
+    """The report of the model of ``args`` under its settings (:func:`options_from_args`), with the ledgers per rank
+    of its plan (the count attaches them: :func:`flopcount.plans.with_plan`)."""
     source, options = options_from_args(args)
     return source.count(options)
-
-
-def weights(args: argparse.Namespace) -> dict:
-    """``trainable=`` and ``frozen=`` of count() from ``--trainable`` and ``--frozen`` (absent when not given)."""
-    return {k: v for k in ("trainable", "frozen") if (v := getattr(args, k, None))}
-
-
-def add_memory_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags of the memory ledger and of the run's layout (``flopcount MODEL --memory ...``)."""
-    from flopcount.parallel.plan import DEVICES, IMPLEMENTATIONS
-
-    p.add_argument("--memory", action="store_true",
-                   help="also the memory of one step per rank: weights, gradients, optimizer states and the step's "
-                   "temporaries, the activations the backward keeps, the peak and its phase (KV cache with "
-                   "--generate); see docs/memory.md")
-    p.add_argument("--optimizer-impl", choices=IMPLEMENTATIONS, default="auto",
-                   help="with --memory: how the optimizer step runs (its temporaries): single-tensor, foreach, fused; "
-                   "auto (default): what torch picks on --memory-device")
-    p.add_argument("--memory-device", choices=DEVICES, default="cuda",
-                   help="with --memory: the device the step runs on, for --optimizer-impl auto (default cuda)")
-    p.add_argument("--master-weights", action="store_true",
-                   help="with --memory: the optimizer keeps an fp32 master copy of 16-bit weights and fp32 states "
-                   "(mixed precision as Megatron and DeepSpeed train)")
-    add_parallel_arguments(p)
-
-
-def add_parallel_arguments(p: argparse.ArgumentParser, parallel_help: str | None = None) -> None:
-    """The flags of a parallel plan and its recompute policy (``flopcount MODEL --parallel``, ``flopcount bench
-    --parallel``, which says what the plan gives with ``parallel_help``)."""
-    from flopcount.parallel.plan import SCHEDULES
-
-    p.add_argument("--recompute", metavar="POLICY", default=None,
-                   help="with --memory or --parallel, and --mode train: none (default), full (checkpoint every "
-                   "numbered layer), selective (recompute the attention core), or operator types to recompute (OP,OP)")
-    p.add_argument("--parallel", metavar="PLAN",
-                   help=parallel_help or "a parallel plan, tp=T,pp=P,cp=C,ep=E,dp=D[,sp][,fsdp|zero1|zero2] (degrees left out "
-                   "are 1): FLOPs, redundant work and communication bytes per rank of a decoder, dense or MoE "
-                   "(docs/parallel.md; with --generate, the prefill and decode steps per rank), and with --memory the memory per rank")
-    if parallel_help is None:  # the count's flags (bench's plans are data-parallel: no experts to load)
-        p.add_argument("--expert-load", metavar="FILE", default=None,
-                       help="with --parallel ep=E on a mixture-of-experts model: JSON tokens per routed expert, one "
-                       "list for all MoE layers or one list per MoE layer (default: balanced); see docs/parallel.md")
-    p.add_argument("--microbatches", type=positive_int, default=1, metavar="M",
-                   help="with --parallel: microbatches per optimizer step (default 1)")
-    p.add_argument("--schedule", default="1f1b", metavar="NAME",
-                   help=f"with --parallel: the pipeline schedule, one of {', '.join(SCHEDULES)} (interleaved:V for V "
-                   "virtual stages per rank; default 1f1b)")
-
-
-def with_parallel(report, args: argparse.Namespace):
-    """``report`` with its per-rank FLOP ledger (:mod:`flopcount.parallel.ranks`) when ``--parallel`` is given, from the
-    same plan and recompute flags as the memory ledger's, and its memory ledger per rank
-    (:mod:`flopcount.memory.ranks`) with ``--memory``. Python's cyclic collector is paused meanwhile (the ledgers
-    make no reference cycles, and a full collection set off by their objects would rescan every object of the
-    export: :func:`flopcount.memory.ledger.without_cyclic_gc`)."""
-    if not getattr(args, "parallel", None):
-        return report
-    from flopcount.memory.ledger import without_cyclic_gc
-
-    return without_cyclic_gc(_with_plan)(report, args)
-
-
-def _with_plan(report, args: argparse.Namespace):
-    import dataclasses
-
-    from flopcount.parallel.experts import load_expert_load
-    from flopcount.parallel.plan import parse_parallel, parse_recompute
-    from flopcount.parallel.ranks import ledger
-
-    plan = parse_parallel(args.parallel, args.microbatches, args.schedule)
-    if getattr(args, "generate", None) is not None:
-        check_generation_flags(args)
-    load = load_expert_load(getattr(args, "expert_load", None))
-    if getattr(args, "generate", None) is None:
-        report = dataclasses.replace(report, parallel=ledger(report, plan, parse_recompute(args.recompute), load))
-    else:  # the prefill and decode steps per rank (flopcount.parallel.generation)
-        from flopcount.parallel.generation import generation_ledger
-
-        report = dataclasses.replace(report, parallel=generation_ledger(report, plan, load))
-    if report.memory is not None and not plan.is_single:
-        from flopcount.memory.ranks import per_rank
-
-        report = dataclasses.replace(report, memory=per_rank(report, plan, load))
-    return report
-
-
-def check_generation_flags(args: argparse.Namespace) -> None:
-    """Exit 2 for the flags of ``--generate --parallel`` that generation does not take: the plan's parts not modelled
-    (:func:`flopcount.parallel.generation.check_plan`) and ``--recompute``."""
-    from flopcount.errors import UsageError
-    from flopcount.parallel.generation import check_plan
-    from flopcount.parallel.plan import parse_parallel, parse_recompute
-
-    if parse_recompute(getattr(args, "recompute", None)).policy != "none":
-        raise UsageError(f"--recompute {args.recompute}: recompute changes training only; leave it out with "
-                         "--generate")
-    check_plan(parse_parallel(args.parallel, getattr(args, "microbatches", 1), getattr(args, "schedule", "1f1b")))
-
-
-def memory_settings(args: argparse.Namespace) -> dict:
-    """``memory=`` of count() from the memory flags: absent without ``--memory``; the plan and recompute policy
-    are checked either way (exit 2 naming the bad part). The count's ledger is one rank's; :func:`with_parallel`
-    splits it per rank of the plan."""
-    from flopcount.errors import UsageError
-    from flopcount.parallel.plan import ParallelPlan, parse_parallel, parse_recompute
-
-    plan = parse_parallel(args.parallel, getattr(args, "microbatches", 1), getattr(args, "schedule", "1f1b")) \
-        if getattr(args, "parallel", None) else ParallelPlan()
-    recompute = parse_recompute(getattr(args, "recompute", None))
-    if getattr(args, "parallel", None) and getattr(args, "generate", None) is not None:
-        check_generation_flags(args)  # before the count
-    if not getattr(args, "memory", False):
-        if getattr(args, "master_weights", False):
-            raise UsageError("--master-weights needs --memory")
-        if getattr(args, "expert_load", None) and not getattr(args, "parallel", None):
-            raise UsageError("--expert-load needs --parallel (FLOPs per rank under expert parallelism)")
-        if getattr(args, "recompute", None) and not getattr(args, "parallel", None):
-            raise UsageError("--recompute needs --memory (the memory ledger) or --parallel (FLOPs per rank)")
-        return {}
-    if recompute.policy != "none" and args.mode != "train":
-        raise UsageError(f"--recompute {recompute}: recompute changes training only; give --mode train")
-    from flopcount.memory.ledger import MemorySettings  # only here: a count without --memory needs no ledger
-
-    MemorySettings(plan=plan)  # cp and ep: exit 2 naming the flag
-    return {"memory": MemorySettings(implementation=args.optimizer_impl, device=args.memory_device,
-                                     master_weights=args.master_weights, recompute=recompute)}

@@ -12,7 +12,7 @@ from flopcount.errors import EXIT_QUALITY_NOT_REACHED, UsageError
 
 from flopcount.measure.harness.mllog import DIVISIONS, RULESET, STATUSES
 
-from .arguments import add_parallel_arguments, nonneg_int, positive_float, positive_int, size_hw
+from .arguments import Parser, add_options, nonneg_int, positive_float, positive_int, size_hw
 from .console import write_output
 
 log = logging.getLogger(__name__)
@@ -21,7 +21,7 @@ WORKLOADS = ("digits", "image_classification", "extreme_weather")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="flopcount bench",
         description="Train a benchmark workload under flopcount's meter and report the HPC AI500 metrics: FLOPS = "
         "N x R x C, MFU, VFLOPS, time-to-quality, energy, repeat-run statistics.",
@@ -67,14 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ensemble", type=positive_int, default=1, metavar="M",
                    help="digits under torchrun/srun: train M base models (HPC AI500 V3.0 bagging), each on its own "
                    "bootstrap sample and its own P = ranks / M ranks; the report scores their averaged prediction")
-    add_parallel_arguments(p, "the run's parallel plan, tp=T,pp=P,cp=C,ep=E,dp=D[,sp][,fsdp|zero1|zero2] (degrees left out are "
-                           "1; their product is the world size): the report gives each rank's MFU and HFU from its "
-                           "own FLOPs, the slowest rank, and the Megatron, torchtitan and MaxText conventions "
-                           "(docs/parallel.md, MFU per rank); the workloads train data parallel: dp=RANKS")
-    # bench has no --memory and always trains: its --recompute is the plan's alone
-    next(a for a in p._actions if a.dest == "recompute").help = (
-        "with --parallel: the recompute policy of the plan's per-rank FLOPs: none (default), full (checkpoint every "
-        "numbered layer), selective (recompute the attention core), or operator types to recompute (OP,OP)")
+    add_options(p, ["recompute", "parallel", "microbatches", "schedule"], help={
+        "parallel": "the run's parallel plan, tp=T,pp=P,cp=C,ep=E,dp=D[,sp][,fsdp|zero1|zero2] (degrees left out are "
+        "1; their product is the world size): the report gives each rank's MFU and HFU from its own FLOPs, the "
+        "slowest rank, and the Megatron, torchtitan and MaxText conventions (docs/parallel.md, MFU per rank); the "
+        "workloads train data parallel: dp=RANKS",
+        "recompute": "with --parallel: what the run's backward recomputes, for each rank's HFU: none (default), full "
+        "(every numbered layer), selective (the attention core), or operator types (OP,OP)",
+        "microbatches": "with --parallel: microbatches per optimizer step (the workloads step one: 1)"})
     p.add_argument("--format", choices=("table", "json"), default="table",
                    help="stdout format (default: table); -o always writes JSON")
     p.add_argument("-o", "--output", metavar="FILE", help="write the JSON report to FILE")
@@ -122,12 +122,12 @@ def config_from_args(args: argparse.Namespace):
         if args.ensemble > 1:
             raise UsageError("--parallel: the ranks of --ensemble train separate base models, not one model under a "
                              "plan; give one or the other")
-        if args.microbatches != 1:
+        if args.microbatches not in (None, 1):
             raise UsageError(f"--microbatches {args.microbatches}: the bench workloads step one batch per optimizer "
                              "step (no gradient accumulation); give --microbatches 1")
-        plan = parse_parallel(args.parallel, args.microbatches, args.schedule).as_dict()
+        plan = parse_parallel(args.parallel, 1, args.schedule or "1f1b").as_dict()
         parse_recompute(args.recompute)
-    elif args.recompute is not None or args.microbatches != 1 or args.schedule != "1f1b":
+    elif args.recompute is not None or args.microbatches is not None or args.schedule is not None:
         raise UsageError("--recompute, --microbatches and --schedule describe a parallel plan: give --parallel too")
     cfg = defaults.replace(device=args.device, parallel=plan, recompute=args.recompute, precision=args.precision, batch_size=args.batch_size,
                            max_epochs=args.epochs, steps=args.steps, target_quality=args.target_quality,

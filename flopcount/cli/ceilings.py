@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 
+from .arguments import Parser
 from .console import write_output
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="flopcount ceilings",
         description="Measure this machine's ceilings through torch: GEMM and 3x3 convolution FLOP/s per dtype, "
         "memory bandwidth (a large copy) and, under torchrun with several ranks, all-reduce bus bandwidth. "

@@ -29,8 +29,9 @@ OUTPUT_OPTIONS = {"output": ("report", "-o"), "plot": ("plot", "--plot"), "mllog
 def check_outputs(args) -> None:
     """Refuse, before any work starts, every output path of ``args`` that cannot be written
     (:func:`flopcount.output.files.check_writable`: an :class:`OutputError`, exit 8, naming the path and the option)."""
+    given = vars(args)  # the command's flags by name: each command declares some of these
     for dest, (what, option) in OUTPUT_OPTIONS.items():
-        path = getattr(args, dest, None)
+        path = given.get(dest)
         if path:
             check_writable(path, what, option)
 

@@ -4,23 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from flopcount.conventions import CONVENTIONS
+from flopcount.options import GROUPS
 from flopcount.output.render import FORMATS, render
 
-from .arguments import (
-    InputShapes,
-    add_count_options,
-    add_memory_arguments,
-    count_source,
-    generate_spec,
-    input_shape,
-    input_value,
-    loop_trips,
-    positive,
-    positive_float,
-    positive_int,
-    with_parallel,
-)
+from .arguments import Parser, add_options, count_source, generate_spec, positive_float, positive_int
 from .console import write_output
 from .predict import add_predict_arguments, prediction_of
 from .symbolic import run_sweep, run_symbolic, start_sizes, sweep_values
@@ -42,8 +29,8 @@ class _Version(argparse.Action):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    # --help lists the options in four groups (p is each group in turn); parsing is the same as without them
-    parser = argparse.ArgumentParser(
+    # --help lists the options in the groups of flopcount.options.GROUPS; parsing is the same as without them
+    parser = Parser(
         prog="flopcount",
         description="Count the FLOPs of an ONNX model analytically, from its graph, without reading weights. "
         "Measuring subcommands: flopcount bench|profile|ceilings|roofline|crosscheck|calibrate|plan --help.",
@@ -53,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
         "11 a device, runtime or tool is missing, 12 a measurement cannot be made or read, "
         "13 the --hf configuration cannot be read or built.",
     )
-    p = parser.add_argument_group("model source", "an .onnx file, or a framework model exported without weights")
+    groups = {key: parser.add_argument_group(title, text) for key, (title, text) in GROUPS.items()}
+    p = groups["input"]
     p.add_argument("model", nargs="?",
                    help="path of an .onnx model (external weight files are never read and may be absent)")
     p.add_argument("--torch", metavar="MODULE:FACTORY",
@@ -74,44 +62,16 @@ def build_parser() -> argparse.ArgumentParser:
                    "one, or a Hub model id (only config.json is fetched); built on the meta device, no weights")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="with --hf: allow a configuration whose model code lives in its repository (runs that code)")
-    p = parser.add_argument_group("shapes", "the dims and values that shapes depend on")
-    p.add_argument("--input-shape", metavar="NAME=DIMS", action=InputShapes, type=input_shape, default=[],
-                   help="fix the dims of an input, e.g. input=8x3x224x224 (repeatable); with --torch, NAME is a "
-                   "parameter of forward() and a :DTYPE suffix gives its element type, e.g. input_ids=1x128:int64")
-    p.add_argument("--batch", type=positive, metavar="N",
-                   help="set dim 0 of every input not given by --input-shape; per-sample figures divide by it")
-    p.add_argument("--input-value", metavar="NAME=V1,V2", action="append", type=input_value, default=[],
-                   help="value of a small integer input that shapes depend on (axes, sizes), e.g. axes=1,2 (repeatable)")
-    p.add_argument("--loop-trips", metavar="NODE=N", action="append", type=loop_trips, default=[],
-                   help="trip count of a Loop (or sequence length of a SequenceMap) the graph does not fix (repeatable)")
-    p = parser.add_argument_group("counting", "what is counted and how")
-    p.add_argument("--mode", choices=("inference", "train"), default="inference",
-                   help="train: add the backward pass (gradients of inputs and trainable parameters)")
-    p.add_argument("--optimizer", choices=("sgd", "momentum", "adam", "adamw"),
-                   help="with --mode train: also the optimizer step's FLOPs, reported apart (and its states and "
-                   "temporaries with --memory)")
-    p.add_argument("--trainable-input", metavar="NAME", action="append", default=[],
-                   help="with --mode train: a floating-point input that is trained, not data (its gradient is "
-                   "counted, and it is updated like a parameter); repeatable")
-    p.add_argument("--trainable", metavar="PATTERN", action="append",
-                   help="with --mode train: the weights that are trained, by name or shell pattern (e.g. "
-                   "'decoder.*'; repeatable); the others are not trained (default: the framework's trainable "
-                   "parameters with --torch/--keras, else every tensor the graph uses as a weight)")
-    p.add_argument("--frozen", metavar="PATTERN", action="append",
-                   help="with --mode train: weights that are not trained, by name or shell pattern (e.g. "
-                   "'backbone.*'; repeatable): no weight gradient, no update, no backward below the first "
-                   "trained layer")
-    p.add_argument("--convention", choices=sorted(CONVENTIONS), default="default",
-                   help="counting convention: default (1 MAC = 2 FLOPs), table3 (HPC AI500 V3.0 Table 3 literally), "
-                        "aiperf (AIPerf's weighted costs), dense (products only, as torch.utils.flop_counter), macs (1 per MAC)")
-    p.add_argument("--attention", choices=("full", "executed"), default="full",
-                   help="full (default): attention as the graph computes it, the whole score matrix masked "
-                   "afterwards; executed: only the (query, key) pairs a masked kernel runs, for the masks whose "
-                   "structure is known (the Attention op's is_causal and windows, a Trilu, or --hf's configuration: "
-                   "causal, sliding windows); a mask that is data counts full, and the report says which")
-    p.add_argument("--strict", action="store_true", help="fail (exit 6) when any operator has no formula")
-    add_count_options(p)
-    add_memory_arguments(p)
+    add_options(parser, groups=groups)
+    add_options(parser, ["memory.implementation", "memory.device", "memory.master_weights"], groups=groups)
+    p = groups["counting"]
+    p.add_argument("--symbolic", nargs="?", const={}, type=start_sizes, metavar="NAME=START,...",
+                   help="the count as exact formulas in the dims given as names (--input-shape input_ids=BxS) or left "
+                   "as dim_param in the model; optionally the size each name is first counted at (default 2)")
+    p.add_argument("--sweep", type=sweep_values, metavar="NAME=V1,V2,...",
+                   help="count at each size of one named dim (the others at their --symbolic start, else 2); with "
+                   "--plot FILE, a chart of FLOPs against it")
+    p = groups["llm"]
     p.add_argument("--generate", metavar="P:N", type=generate_spec,
                    help="with --hf or --torch (a causal LM taking past_key_values): count generate() of N new tokens "
                    "after a P-token prompt, with a KV cache: the prefill (logits of the last position only), each "
@@ -126,14 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --hf: extend (default) counts a model of L >= 3 identical layers from exports of 1 and 2 "
                    "of them, extended exactly to L (seconds for an 8B model), where the layers are shown identical, "
                    "else exports the whole model; export always exports the whole model")
-    p.add_argument("--symbolic", nargs="?", const={}, type=start_sizes, metavar="NAME=START,...",
-                   help="the count as exact formulas in the dims given as names (--input-shape input_ids=BxS) or left "
-                   "as dim_param in the model; optionally the size each name is first counted at (default 2)")
-    p.add_argument("--sweep", type=sweep_values, metavar="NAME=V1,V2,...",
-                   help="count at each size of one named dim (the others at their --symbolic start, else 2); with "
-                   "--plot FILE, a chart of FLOPs against it")
     add_predict_arguments(parser)
-    p = parser.add_argument_group("output", "what is written, and where")
+    p = groups["output"]
     p.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
     p.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
     p.add_argument("--per-node", action="store_true", help="also list every node with its shapes and cost")
@@ -147,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "matplotlib)")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more diagnostics on stderr (-vv: debug)")
     p.add_argument("--version", action=_Version, help="show the version and exit")
-    parser.set_defaults(input_dtypes={})
+    parser.set_defaults(input_dtypes={}, takes_hf=True)  # the model source's other flags are declared above
     return parser
 
 
@@ -158,8 +112,7 @@ def run(args: argparse.Namespace) -> int:
     if args.symbolic is not None:
         return run_symbolic(args)
 
-    report = count_source(args)
-    report = with_parallel(report, args)
+    report = count_source(args)  # with the ledgers per rank of --parallel (the count attaches them)
     prediction = prediction_of(report, args)
     if args.plot:
         from flopcount.measure.profile.roofline import plot_op_types

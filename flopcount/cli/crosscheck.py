@@ -20,9 +20,8 @@ import tempfile
 
 from flopcount.errors import DeviceError, MeasurementError, import_framework
 from flopcount.measure.ncu.parse import HALF_PACKING, read_ncu_csv
-from flopcount.options import OPTIMIZERS
 
-from .arguments import InputShapes, check_model_source, count_source, input_shape, positive, torch_inputs
+from .arguments import SOURCE_DEFAULTS, Parser, add_options, check_model_source, count_source, positive, torch_inputs
 from .console import write_output
 
 log = logging.getLogger("flopcount.crosscheck")
@@ -39,7 +38,7 @@ PERMISSION_FIX = (
 )
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(Parser):
     """Checks the model source the way the counting command does, inside ``parse_args`` (usage errors exit 2)."""
 
     def parse_args(self, args=None, namespace=None):  # type: ignore[override]
@@ -59,8 +58,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from flopcount.conventions import CONVENTIONS
-
     p = _Parser(
         prog="flopcount crosscheck",
         description="Put flopcount's analytic FLOPs beside Nsight Compute's hardware counters, per family "
@@ -72,17 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", nargs="?", help="path of an .onnx model (for --ncu-csv; the others need --torch)")
     p.add_argument("--torch", metavar="MODULE:FACTORY",
                    help="the torch.nn.Module that FACTORY() returns; --input-shape gives forward()'s inputs by name")
-    p.add_argument("--input-shape", metavar="NAME=DIMS", action=InputShapes, type=input_shape, default=[],
-                   help="dims of an input, e.g. x=32x3x224x224 (repeatable); with --torch, NAME is a parameter of "
-                   "forward() and a :DTYPE suffix gives its element type, e.g. input_ids=1x128:int64")
-    p.add_argument("--batch", type=positive, metavar="N", help="set dim 0 of every input not given by --input-shape")
-    p.add_argument("--convention", choices=sorted(CONVENTIONS), default="default",
-                   help="counting convention of the analytic side (default: 1 MAC = 2 FLOPs)")
-    p.add_argument("--mode", choices=("inference", "train"), default="inference",
-                   help="train: forward, loss and backward of one step (profile a training step)")
-    p.add_argument("--optimizer", choices=tuple(OPTIMIZERS),
-                   help="with --mode train: count (and, in the profiled step, run) this optimizer's update")
-    p.add_argument("--strict", action="store_true", help="fail (exit 6) when any operator has no formula")
+    add_options(p, ["input_shapes", "batch", "convention", "mode", "optimizer", "strict"], help={
+        "input_shapes": "dims of an input, e.g. x=32x3x224x224 (repeatable); with --torch, NAME is a parameter of "
+        "forward() and a :DTYPE suffix gives its element type, e.g. input_ids=1x128:int64",
+        "convention": "counting convention of the analytic side (default: 1 MAC = 2 FLOPs)",
+        "mode": "train: forward, loss and backward of one step (profile a training step)",
+        "optimizer": "with --mode train: count (and, in the profiled step, run) this optimizer's update"})
     what = p.add_argument_group("what to do (one of)")
     what.add_argument("--print-ncu-command", action="store_true",
                       help="print the ncu command line that profiles one steady-state step, and stop")
@@ -112,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
     p.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more diagnostics on stderr (-vv: debug)")
-    p.set_defaults(keras=None, input_value=[], loop_trips=[], input_dtypes={}, trainable_input=[])
+    p.set_defaults(keras=None, **SOURCE_DEFAULTS)
     return p
 
 

@@ -20,26 +20,23 @@ import argparse
 import sys
 
 from flopcount.measure.ncu.step import PRECISIONS, run_gemm, run_model
-from flopcount.options import OPTIMIZERS
-
-from .arguments import InputShapes, input_shape, positive
+from .arguments import Parser, add_options, positive
 from .console import run_guarded
 
 __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m flopcount.measure.ncu_step",
-                                description="Run one profiled steady-state step of a PyTorch module on CUDA.")
+    p = Parser(prog="python -m flopcount.measure.ncu_step",
+               description="Run one profiled steady-state step of a PyTorch module on CUDA.")
     p.add_argument("--torch", metavar="MODULE:FACTORY", help="the module to train (as flopcount --torch)")
-    p.add_argument("--input-shape", metavar="NAME=DIMS[:DTYPE]", action=InputShapes, type=input_shape, default=[],
-                   help="forward() inputs by parameter name (standard-normal float32 unless :DTYPE), e.g. "
-                   "x=32x3x224x224 or input_ids=32x128:int64")
-    p.set_defaults(input_dtypes={})
-    p.add_argument("--batch", type=positive, metavar="N", help="set dim 0 of every input")
-    p.add_argument("--mode", choices=("inference", "train"), default="train")
-    p.add_argument("--optimizer", choices=tuple(OPTIMIZERS),
-                   help="train mode: also run this optimizer's step (default: none, gradients only)")
+    add_options(p, ["input_shapes", "batch", "mode", "optimizer"], help={
+        "input_shapes": "forward() inputs by parameter name (standard-normal float32 unless :DTYPE), e.g. "
+        "x=32x3x224x224 or input_ids=32x128:int64",
+        "batch": "set dim 0 of every input",
+        "mode": "train (default here: the step profiled) or inference",
+        "optimizer": "train mode: also run this optimizer's step (default: none, gradients only)"})
+    p.set_defaults(input_dtypes={}, mode="train")  # the step crosscheck profiles is a training step
     p.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="fp32 (TF32 off), tf32 (TF32 on for cuBLAS and cuDNN), bf16 or fp16 (autocast)")
     p.add_argument("--warmup", type=positive, default=3, metavar="N", help="unprofiled steps first (default 3)")

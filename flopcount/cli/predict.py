@@ -30,8 +30,8 @@ def add_predict_arguments(parser: argparse.ArgumentParser) -> None:
 def _check(args: argparse.Namespace):
     from flopcount.errors import UsageError
 
-    machine, device = getattr(args, "machine", None), getattr(args, "predict_device", None)
-    if not getattr(args, "predict", False):
+    machine, device = args.machine, args.predict_device
+    if not args.predict:
         if machine or device:
             raise UsageError("--machine/--device: give them with --predict")
         return None

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from .arguments import add_model_source, input_value, model_source, positive
+from .arguments import Parser, add_model_source, add_options, options_from_args, positive
 from .console import write_output
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="flopcount profile",
         description="Run an ONNX model with onnxruntime's profiler and report, per node and per op type, the median "
         "time, share of time beside share of FLOPs, achieved FLOP/s, bytes read and written, arithmetic intensity "
@@ -18,9 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
         "synthesised from the initializers' dims and dtypes (external data files are never opened).",
     )
     add_model_source(p, "path of an .onnx model (or give --torch or --keras)")
-    p.add_argument("--input-value", metavar="NAME=V1,V2", action="append", type=input_value, default=[],
-                   help="value of a small integer input that shapes depend on (repeatable)")
-    p.add_argument("--batch", type=positive, metavar="N", help="set dim 0 of every input not given by --input-shape")
+    add_options(p, ["input_values", "batch"])
     p.add_argument("--provider", choices=("cpu", "cuda"), default="cpu",
                    help="onnxruntime execution provider (cuda needs onnxruntime-gpu)")
     p.add_argument("--optimize", choices=("none", "basic", "extended", "all"), default="none",
@@ -46,10 +44,11 @@ def run(args: argparse.Namespace) -> int:
     from flopcount.measure.profile import profile, render
 
     ceilings = load_ceilings(args.ceilings) if args.ceilings else None
-    model, shapes = model_source(args)
-    p = profile(model, input_shapes=shapes, batch=args.batch, provider=args.provider,
+    source, options = options_from_args(args)
+    model, shapes = source.to_onnx(options.batch), dict(options.input_shapes or {})
+    p = profile(model, input_shapes=shapes, batch=options.batch, provider=args.provider,
                 optimize=args.optimize, warmup=args.warmup, runs=args.runs, ceilings=ceilings, threads=args.threads,
-                input_values=dict(args.input_value))
+                input_values=dict(options.input_values or {}))
     if args.torch or args.keras:  # an in-memory export: name it by what was given
         p = dataclasses.replace(p, model=f"--torch {args.torch}" if args.torch else f"--keras {args.keras}")
     if args.format == "html":

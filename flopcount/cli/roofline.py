@@ -7,12 +7,12 @@ import json
 
 from flopcount.errors import UsageError
 
-from .arguments import add_model_source, given_model, options_from_args, positive
+from .arguments import Parser, add_model_source, add_options, given_model, options_from_args
 from .console import write_output
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="flopcount roofline",
         description="HPC-AI roofline (HPC AI500 V2.0): flopcount roofline --ceilings c.json --run run.json places "
         "each run at its communication operation intensity (FLOPs / byte communicated) and FLOPS. Per-operator "
@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", metavar="FILE", help="a flopcount bench report (or meter.to_json run): HPC-AI roofline")
     p.add_argument("--profile", metavar="FILE", help="a flopcount profile --format json report: per-operator "
                    "roofline at measured FLOP/s")
-    p.add_argument("--batch", type=positive, metavar="N", help="with a model: dim 0 of every input")
+    add_options(p, ["batch"], help={"batch": "with a model: dim 0 of every input"})
     p.add_argument("--plot", metavar="FILE", help="draw the roofline to FILE (.png, .svg or .pdf; needs matplotlib)")
     p.add_argument("--format", choices=("table", "json"), default="table", help="text output format")
     p.add_argument("-o", "--output", metavar="FILE", help="write the text output to FILE instead of stdout")

@@ -38,20 +38,20 @@ def sweep_values(text: str) -> tuple[str, tuple[int, ...]]:
 
 
 def _counting(args: argparse.Namespace):
-    """(model, count function or None, count keyword arguments) for the model ``args`` name."""
+    """(model, count function or None, count keyword arguments, the settings) for the model ``args`` name."""
     import dataclasses
 
     _, options = options_from_args(args)
-    what = "--sweep" if getattr(args, "sweep", None) else "--symbolic"
-    for flag, given in (("--memory", options.memory), ("--parallel", getattr(args, "parallel", None)),
-                        ("--generate", getattr(args, "generate", None))):
+    what = "--sweep" if args.sweep else "--symbolic"
+    for flag, given in (("--memory", options.memory), ("--parallel", options.parallel),
+                        ("--generate", args.generate)):
         if given:
             raise UsageError(f"{what} with {flag}: a formula (or a sweep) is of the count's FLOPs; count one size "
                              f"with {flag}, or leave {flag} out")
     # every setting of the record but the shapes, which each size fills in
     kwargs = {f.name: getattr(options, f.name) for f in dataclasses.fields(options)
               if f.name != "input_shapes" and getattr(options, f.name) != f.default}
-    if args.torch or getattr(args, "hf", None):
+    if args.torch or args.hf:
         from flopcount.frontends.torch import from_torch, load_factory
 
         if args.torch:
@@ -65,17 +65,17 @@ def _counting(args: argparse.Namespace):
             def export(_module, shapes, **kw):  # 1- and 2-layer exports where the layers repeat (--repeated-layers)
                 return from_hf(module.config, shapes, trust_remote_code=args.trust_remote_code,
                                repeated_layers=args.repeated_layers, **kw)
-        dtypes = getattr(args, "input_dtypes", None) or {}
+        dtypes = args.input_dtypes
 
         def count(_model, input_shapes, **kw):  # one export per size (each kept in the export cache)
             shapes = {n: ((d, dtypes[n]) if n in dtypes else d) for n, d in input_shapes.items()}
             return export(module, shapes, training=args.mode == "train", **kw)
 
-        return module, count, kwargs
+        return module, count, kwargs, options
     if args.keras:
         raise UsageError("--symbolic and --sweep take an ONNX model, --torch or --hf; for a Keras model, count "
                          "each size with --input-shape")
-    return args.model, None, kwargs
+    return args.model, None, kwargs, options
 
 
 def _shapes(args: argparse.Namespace) -> dict[str, tuple]:
@@ -86,20 +86,20 @@ def run_symbolic(args: argparse.Namespace) -> int:
     """Print the formulas of the count in the named dims."""
     from flopcount.derived.symbolic import symbolic_count
 
-    model, count, kwargs = _counting(args)
+    model, count, kwargs, options = _counting(args)
     formula = symbolic_count(model, _shapes(args), start=args.symbolic or None, count=count, **kwargs)
-    write_output(_render(args, formula), args.output)
+    write_output(_render(args, options, formula), args.output)
     return 0
 
 
-def _render(args: argparse.Namespace, formula) -> str:
+def _render(args: argparse.Namespace, options, formula) -> str:
     from flopcount.output.render import SCHEMA_VERSION
 
     ops = {k: p for k, p in formula.by_op_type.items() if p.terms}
     if args.format == "json":
         doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "kind": "flopcount.formula",
-                               "model": args.model or args.torch or getattr(args, "hf", None),
-                               "convention": args.convention, "mode": args.mode, **formula.as_dict()}
+                               "model": args.model or args.torch or args.hf,
+                               "convention": args.convention, "mode": options.mode, **formula.as_dict()}
         doc["by_op_type"] = {k: p.as_dict() for k, p in ops.items()}
         return json.dumps(doc, indent=2) + "\n"
     if args.format == "csv":
@@ -114,7 +114,7 @@ def _render(args: argparse.Namespace, formula) -> str:
 
     names = ", ".join(formula.variables)
     lines = [f"FLOPs in {names}: {formula.flops}", f"MACs: {formula.macs}"]
-    if args.mode == "train":
+    if options.mode == "train":
         lines += [f"Forward FLOPs: {formula.forward_flops}", f"Backward FLOPs: {formula.backward_flops}"]
     lines.append(f"Degrees: {', '.join(f'{v} {d}' for v, d in formula.degrees.items())}; found from "
                  f"{len(formula.counted_at)} counts, exact at "
@@ -129,7 +129,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     from flopcount.counting import count as count_onnx
     from flopcount.derived.symbolic import DEFAULT_START
 
-    model, count, kwargs = _counting(args)
+    model, count, kwargs, _ = _counting(args)
     count = count or count_onnx
     name, sizes = args.sweep
     shapes = _shapes(args)

@@ -93,6 +93,10 @@ class MemorySettings:
                              f"{', '.join(IMPLEMENTATIONS)}")
         if self.device not in DEVICES:
             raise UsageError(f"memory device {self.device!r}: choose one of {', '.join(DEVICES)}")
+        if not isinstance(self.master_weights, bool):
+            raise UsageError(f"memory settings: master_weights must be True or False, got {self.master_weights!r}")
+        if not isinstance(self.plan, ParallelPlan):
+            raise UsageError(f"memory settings: plan must be a flopcount.ParallelPlan, got {self.plan!r}")
         object.__setattr__(self, "recompute", parse_recompute(self.recompute))
 
     @classmethod

@@ -141,15 +141,15 @@ def load_expert_load(path: str | Path | None) -> ExpertLoad:
                          "of token counts per expert, or a list of such lists per MoE layer") from None
 
     def numbers(x: Any) -> bool:
-        return isinstance(x, list) and bool(x) and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in x) and sum(x) > 0
+        return isinstance(x, list) and bool(x) and all(  # finite, at most 2**48 tokens (no Infinity, no 1e308)
+            isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 2**48 for v in x) and sum(x) > 0
 
     if numbers(data):
         return ExpertLoad([data], name)
     if isinstance(data, list) and data and all(numbers(x) for x in data):
         return ExpertLoad(data, name)
-    raise UsageError(f"--expert-load {name}: not a list of non-negative token counts per expert (not all zero), "
-                     "nor a list of such lists per MoE layer")
+    raise UsageError(f"--expert-load {name}: not a list of non-negative token counts per expert (finite, at most "
+                     "2**48, not all zero), nor a list of such lists per MoE layer")
 
 
 def ep_divide(own: Sequence[int], shares: Sequence[tuple[int, int]]) -> list[int]:

@@ -23,7 +23,7 @@ from ..errors import UsageError
 
 __all__ = [
     "DEGREES", "DEVICES", "FLAGS", "IMPLEMENTATIONS", "RECOMPUTE_POLICIES", "SCHEDULES", "SHARDING", "ParallelPlan", "Recompute", "parse_parallel",
-    "check_recompute_ops", "parse_recompute",
+    "MAX_RANKS", "MAX_SCHEDULE_STEPS", "check_recompute_ops", "parse_recompute", "parse_schedule",
 ]
 
 #: The integer degrees of a plan: tensor, pipeline, context, expert and data parallel.
@@ -41,6 +41,18 @@ IMPLEMENTATIONS = ("auto", "single-tensor", "foreach", "fused")
 DEVICES = ("cuda", "cpu")
 #: The named recompute policies; any other text is a comma-separated list of operator types to recompute.
 RECOMPUTE_POLICIES = ("none", "full", "selective")
+#: The most ranks a plan may have (tp·pp·cp·dp): the ledgers list every rank (one per rank in the JSON), which at
+#: 2**16 = 65,536 ranks takes seconds; a larger plan is refused rather than left to run for minutes.
+MAX_RANKS = 2**16
+#: The most forward steps of one optimizer step's pipeline schedule, pp·v·M (2**18 = 262,144): the schedule is
+#: simulated step by step.
+MAX_SCHEDULE_STEPS = 2**18
+
+
+def _ascii_int(text: str) -> int | None:
+    """The integer ``text`` spells in ASCII digits (``int`` would read other scripts' digits too), else None."""
+    text = text.strip()
+    return int(text) if text.isascii() and text.isdigit() else None
 
 
 @dataclass(frozen=True)
@@ -67,7 +79,18 @@ class ParallelPlan:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise UsageError(f"parallel plan: {name}={v!r} must be a positive integer")
-        if self.schedule not in SCHEDULES:
+        for name in FLAGS:
+            if not isinstance(getattr(self, name), bool):
+                raise UsageError(f"parallel plan: {name}={getattr(self, name)!r} must be True or False")
+        if self.tp * self.pp * self.cp * self.dp > MAX_RANKS or self.ep > MAX_RANKS:
+            raise UsageError(f"parallel plan: {self.tp * self.pp * self.cp * self.dp:,} ranks (tp·pp·cp·dp) is above "
+                             f"the limit of 2**16 = {MAX_RANKS:,}; give smaller degrees")
+        steps = self.pp * self.virtual_stages * self.microbatches
+        if self.microbatches > MAX_SCHEDULE_STEPS or self.pp > 1 and steps > MAX_SCHEDULE_STEPS:
+            raise UsageError(f"parallel plan: {self.microbatches:,} microbatches on {self.pp} stages "
+                             f"({self.virtual_stages} per rank) make {steps:,} forward steps per optimizer step, above "
+                             f"the limit of 2**18 = {MAX_SCHEDULE_STEPS:,}; give fewer microbatches (--microbatches)")
+        if not isinstance(self.schedule, str) or self.schedule not in SCHEDULES:
             raise UsageError(f"parallel plan: unknown schedule {self.schedule!r}; choose one of: "
                              f"{', '.join(SCHEDULES)} (interleaved:V for V virtual stages per rank)")
         if self.virtual_stages > 1 and self.schedule != "interleaved":
@@ -131,10 +154,12 @@ def parse_parallel(text: str, microbatches: int = 1, schedule: str = "1f1b") -> 
     >>> parse_parallel("tp=0")
     Traceback (most recent call last):
     ...
-    flopcount.errors.UsageError: --parallel: tp=0 must be a positive integer
+    flopcount.errors.UsageError: --parallel: tp=0 must be a positive integer (digits 0-9)
     """
+    if not isinstance(text, str) or not text.strip(" ,"):
+        raise UsageError(f"--parallel: {text!r} is no plan; give degrees and switches such as tp=2,pp=4,dp=8,sp")
     values: dict[str, Any] = {}
-    for part in (p.strip() for p in str(text).split(",")):
+    for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
         key, eq, value = part.partition("=")
@@ -144,19 +169,32 @@ def parse_parallel(text: str, microbatches: int = 1, schedule: str = "1f1b") -> 
         if key in FLAGS and not eq:
             values[key] = True
         elif key in DEGREES and eq:
-            if not value.strip().isdigit() or int(value) < 1:
-                raise UsageError(f"--parallel: {key}={value} must be a positive integer")
-            values[key] = int(value)
+            degree = _ascii_int(value)
+            if degree is None or degree < 1:
+                raise UsageError(f"--parallel: {key}={value} must be a positive integer (digits 0-9)")
+            values[key] = degree
         else:
             raise UsageError(f"--parallel: {part!r} is not a degree or a switch; give "
                              f"{', '.join(d + '=N' for d in DEGREES)} and the switches {', '.join(FLAGS)}, "
                              "e.g. --parallel tp=2,pp=4,dp=8,sp")
-    name, _, virtual = str(schedule).partition(":")
-    if virtual and (name != "interleaved" or not virtual.isdigit() or int(virtual) < 1):
-        raise UsageError(f"--schedule: {schedule!r}; choose one of: {', '.join(SCHEDULES)} "
-                         "(interleaved:V for V >= 1 virtual stages per rank)")
-    stages = int(virtual) if virtual else (2 if name == "interleaved" else 1)
+    name, stages = parse_schedule(schedule)
     return ParallelPlan(**values, microbatches=microbatches, schedule=name, virtual_stages=stages)
+
+
+def parse_schedule(text: str) -> tuple[str, int]:
+    """``--schedule gpipe|1f1b|interleaved[:V]`` → ``(schedule, virtual stages per rank)``.
+
+    >>> parse_schedule("interleaved:4"), parse_schedule("interleaved"), parse_schedule("1f1b")
+    (('interleaved', 4), ('interleaved', 2), ('1f1b', 1))
+    """
+    if not isinstance(text, str):
+        raise UsageError(f"--schedule: {text!r} is no schedule; choose one of: {', '.join(SCHEDULES)}")
+    name, colon, virtual = text.partition(":")
+    stages = _ascii_int(virtual) if colon else (2 if name == "interleaved" else 1)
+    if colon and (name != "interleaved" or stages is None or stages < 1):
+        raise UsageError(f"--schedule: {text!r}; choose one of: {', '.join(SCHEDULES)} "
+                         "(interleaved:V for V >= 1 virtual stages per rank)")
+    return name, stages
 
 
 @dataclass(frozen=True)
@@ -178,6 +216,9 @@ class Recompute:
         if self.policy not in (*RECOMPUTE_POLICIES, "ops"):
             raise UsageError(f"recompute: unknown policy {self.policy!r}; choose one of: "
                              f"{', '.join(RECOMPUTE_POLICIES)}, or a list of operator types")
+        if not isinstance(self.ops, (frozenset, set)) or not all(isinstance(op, str) for op in self.ops):
+            raise UsageError(f"recompute: ops must be a set of operator types such as {{'Softmax'}}, got {self.ops!r}")
+        object.__setattr__(self, "ops", frozenset(self.ops))
         if (self.policy == "ops") != bool(self.ops):
             raise UsageError("recompute: give operator types with the 'ops' policy, and only with it")
 
@@ -232,7 +273,10 @@ def parse_recompute(text: str | Recompute | None) -> Recompute:
         return text
     if text is None:
         return Recompute()
-    text = str(text).strip()
+    if not isinstance(text, str):
+        raise UsageError(f"--recompute: {text!r} is no policy; choose one of: {', '.join(RECOMPUTE_POLICIES)}, "
+                         "operator types such as 'Softmax,Gelu', or a flopcount.Recompute")
+    text = text.strip()
     if text.lower() in RECOMPUTE_POLICIES:
         return Recompute(text.lower())
     ops = [p.strip() for p in text.split(",") if p.strip()]

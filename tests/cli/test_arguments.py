@@ -32,6 +32,13 @@ def test_input_shape(text, expected):
     pytest.param(a.positive_float, "inf", "positive number", id="float-infinite"),
     pytest.param(a.size_hw, "224", "HxW", id="size-one-dim"),
     pytest.param(a.size_hw, "0x7", "positive HxW", id="size-zero"),
+    # digits that int() reads but that are not ASCII (Arabic-Indic, superscripts) are no integers here
+    pytest.param(a.positive, "١٢", "digits 0-9", id="positive-arabic-indic"),
+    pytest.param(a.positive, "²", "digits 0-9", id="positive-superscript"),
+    pytest.param(a.positive_int, "٣", "positive integer", id="count-arabic-indic"),
+    pytest.param(a.nonneg_int, "٣", ">= 0", id="nonneg-arabic-indic"),
+    pytest.param(a.input_value, "axes=١", "digits 0-9", id="value-arabic-indic"),
+    pytest.param(a.size_hw, "٢x3", "HxW", id="size-arabic-indic"),
 ])
 def test_a_bad_word_is_one_argparse_error(convert, text, message):
     with pytest.raises(argparse.ArgumentTypeError, match=re.escape(message)):
@@ -81,14 +88,17 @@ def test_help_groups_the_counting_options():
 
     text = build_parser().format_help()
     OPTION = r"^  (?:-\w(?: \S+)?, )?(--[\w-]+)"  # '  --format', '  -o FILE, --output'
-    titles = ["model source", "shapes", "counting", "output"]
+    titles = ["input", "shapes", "counting", "LLM", "parallel and memory", "output"]
     starts = [text.index(f"\n{t}:\n") for t in titles]
     assert starts == sorted(starts), "the groups in this order"
     sections = dict(zip(titles, (text[a:b] for a, b in zip(starts, [*starts[1:], text.index("Exit codes:")]))))
     expected = {
-        "model source": ["--torch", "--keras", "--hf", "--trust-remote-code"],
+        "input": ["--torch", "--keras", "--hf", "--trust-remote-code"],
         "shapes": ["--input-shape", "--batch", "--input-value", "--loop-trips"],
-        "counting": ["--mode", "--optimizer", "--convention", "--attention", "--strict", "--generate", "--symbolic"],
+        "counting": ["--mode", "--optimizer", "--convention", "--attention", "--strict", "--free-op", "--symbolic"],
+        "LLM": ["--generate", "--capacity-factor", "--repeated-layers"],
+        "parallel and memory": ["--memory", "--parallel", "--microbatches", "--schedule", "--recompute",
+                                "--expert-load", "--optimizer-impl", "--memory-device", "--master-weights"],
         "output": ["--format", "--output", "--per-node", "--by-module", "--depth", "--plot", "--verbose"],
     }
     for title, options in expected.items():
@@ -96,4 +106,5 @@ def test_help_groups_the_counting_options():
         assert set(options) <= listed, (title, listed)
     every = set(re.findall(OPTION, text, re.MULTILINE)) - {"--help"}
     grouped = set().union(*(re.findall(OPTION, sections[t], re.MULTILINE) for t in titles))
-    assert every == grouped, f"options outside the four groups: {every - grouped}"
+    assert every == grouped, f"options outside the six groups: {every - grouped}"
+    assert len(re.findall(r"^  --mode\b", text, re.MULTILINE)) == 1  # each flag declared once

@@ -121,3 +121,63 @@ def test_a_steady_clock_gives_positive_rates():
             pass
     result = meter.result()
     assert result.samples_per_s["per_rank"] > 0 and result.wall_s > 0
+
+
+@pytest.mark.parametrize("make, fragments", [
+    pytest.param(lambda: flopcount.ParallelPlan(sp="no"), ["sp='no' must be True or False"], id="plan-sp-str"),
+    pytest.param(lambda: flopcount.ParallelPlan(tp=2, fsdp=1), ["fsdp=1 must be True or False"], id="plan-fsdp-int"),
+    pytest.param(lambda: flopcount.ParallelPlan(tp=2.0), ["tp=2.0 must be a positive integer"], id="plan-tp-float"),
+    pytest.param(lambda: flopcount.ParallelPlan(schedule=None), ["unknown schedule None"], id="plan-schedule-none"),
+    pytest.param(lambda: flopcount.MemorySettings(master_weights="no"), ["master_weights must be True or False"],
+                 id="memory-master-weights-str"),
+    pytest.param(lambda: flopcount.MemorySettings(plan="tp=2"), ["plan must be a flopcount.ParallelPlan"],
+                 id="memory-plan-str"),
+    pytest.param(lambda: flopcount.MemorySettings(recompute=1), ["--recompute: 1 is no policy"],
+                 id="memory-recompute-int"),
+    pytest.param(lambda: flopcount.Recompute("ops", "Softmax"), ["ops must be a set of operator types"],
+                 id="recompute-ops-str"),
+])
+def test_the_plan_records_refuse_a_wrong_type_naming_it(make, fragments):
+    """Where a truthy string was taken as on (``sp="no"``, ``master_weights="no"``), the records now refuse it."""
+    with pytest.raises(UsageError) as caught:
+        make()
+    for fragment in fragments:
+        assert fragment in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("call, fragments", [
+    pytest.param(lambda r: flopcount.parallel_ledger("report", "tp=2"), ["parallel_ledger: report must be a "
+                 "flopcount.Report", "'report' (str)"], id="ledger-report-str"),
+    pytest.param(lambda r: flopcount.parallel_ledger(r, 2), ["parallel_ledger: plan must be text such as 'tp=2,pp=4'",
+                                                             "2 (int)"], id="ledger-plan-int"),
+    pytest.param(lambda r: flopcount.parallel_ledger(r, "tp=2", recompute=3), ["recompute must be text"],
+                 id="ledger-recompute-int"),
+    pytest.param(lambda r: flopcount.parallel_ledger(r, "dp=2", expert_load=[1, 2]), ["parallel_ledger: expert_load "
+                 "must be the path"], id="ledger-load-list"),
+    pytest.param(lambda r: flopcount.parallel_ledger(r, "tp=²"), ["tp=² must be a positive integer"],
+                 id="ledger-plan-superscript"),
+    pytest.param(lambda r: flopcount.memory_per_rank(r, "dp=2"), ["memory_per_rank: the report has no memory "
+                 "ledger; count it with memory=True"], id="per-rank-without-memory"),
+    pytest.param(lambda r: flopcount.generation_ledger(r, "tp=2"), ["generation_ledger: the report is no count of "
+                 "generate()"], id="generation-of-a-plain-count"),
+    pytest.param(lambda r: flopcount.parallel_ledger(r, "tp=2"), ["--parallel: g has no module scopes",
+                                                                  "no tensor-parallel rule"], id="ledger-plan-text-parsed"),
+])
+def test_the_ledger_functions_check_their_arguments(call, fragments):
+    """``parallel_ledger(report, "tp=2")`` reads the plan as --parallel does (here the Relu graph has no layers to
+    split, which the ledger says, naming the plan); a wrong type is a UsageError naming the argument, never an
+    AttributeError from inside."""
+    report = flopcount.count(relu_model(), batch=2)
+    with pytest.raises(UsageError) as caught:
+        call(report)
+    for fragment in fragments:
+        assert fragment in str(caught.value), str(caught.value)
+
+
+def test_count_takes_the_plan_and_refuses_it_where_it_would_do_nothing():
+    with pytest.raises(UsageError, match="--microbatches needs --parallel"):
+        flopcount.count(relu_model(), microbatches=4)
+    with pytest.raises(UsageError, match="parallel must be a plan"):
+        flopcount.count(relu_model(), parallel=["tp=2"])
+    with pytest.raises(UsageError, match="no tensor-parallel rule"):  # the plan reaches the ledger (no layers here)
+        flopcount.count(relu_model(), batch=2, parallel="tp=2")

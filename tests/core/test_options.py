@@ -46,6 +46,18 @@ def marked_model(with_marker: bool = True):
     pytest.param({"free_ops": "Marker"}, "free_ops must be a list of operator types", id="free-ops-str"),
     pytest.param({"free_ops": [3]}, "free_ops must be a list of operator types", id="free-ops-int"),
     pytest.param({"convention": "nope"}, "nope", id="convention"),
+    pytest.param({"parallel": 5}, "parallel must be a plan", id="parallel-int"),
+    pytest.param({"parallel": ""}, "'' is no plan", id="parallel-empty"),
+    pytest.param({"parallel": "tp=2", "microbatches": "4"}, "microbatches must be a positive int", id="microbatches-str"),
+    pytest.param({"parallel": "tp=2", "schedule": 2}, "schedule must be text", id="schedule-int"),
+    pytest.param({"microbatches": 4}, "--microbatches needs --parallel", id="microbatches-without-plan"),
+    pytest.param({"schedule": "gpipe"}, "--schedule needs --parallel", id="schedule-without-plan"),
+    pytest.param({"expert_load": "load.json"}, "--expert-load needs --parallel", id="expert-load-without-plan"),
+    pytest.param({"parallel": "ep=2,dp=2", "expert_load": 3}, "expert_load must be the path", id="expert-load-int"),
+    pytest.param({"recompute": "full", "mode": "train"}, "--recompute needs --memory", id="recompute-alone"),
+    pytest.param({"recompute": 5, "memory": True}, "recompute must be 'none'", id="recompute-int"),
+    pytest.param({"recompute": "full", "memory": True}, "give --mode train", id="recompute-inference"),
+    pytest.param({"memory": "yes"}, "memory must be True or a flopcount.MemorySettings", id="memory-str"),
 ])
 def test_the_record_refuses_a_wrong_setting_naming_it(settings, fragment):
     with pytest.raises(UsageError) as caught:
@@ -120,3 +132,80 @@ def test_free_op_on_the_command_line(save, capsys):
     capsys.readouterr()
     assert main([path, "--batch", "2", "--strict", "--free-op", "com.example:Marker", "--format", "json"]) == 0
     assert '"com.example:Marker"' in capsys.readouterr().out
+
+
+def test_the_plan_settings_make_one_plan():
+    """A plan as text or as a record, its microbatches and schedule given apart or in it: one ParallelPlan; the
+    recompute policy is the memory ledger's too."""
+    from flopcount.memory.ledger import MemorySettings
+    from flopcount.parallel.plan import ParallelPlan, Recompute
+
+    text = CountOptions(parallel="tp=2,pp=2", microbatches=4, schedule="interleaved:2")
+    record = CountOptions(parallel=ParallelPlan(tp=2, pp=2, microbatches=2), microbatches=4, schedule="interleaved:2")
+    assert text.parallel == record.parallel == ParallelPlan(tp=2, pp=2, microbatches=4, schedule="interleaved",
+                                                            virtual_stages=2)
+    assert dataclasses.replace(text, microbatches=8).parallel.microbatches == 8
+    options = CountOptions(mode="train", memory=True, recompute="selective")
+    assert options.recompute == Recompute("selective") and options.memory == MemorySettings(recompute="selective")
+    assert CountOptions(memory=True) == CountOptions(memory=MemorySettings())
+    with pytest.raises(UsageError, match="differ"):
+        CountOptions(mode="train", memory=MemorySettings(recompute="full"), recompute="selective")
+
+
+def test_a_field_declared_in_the_table_is_a_flag_a_keyword_and_a_checked_setting(monkeypatch):
+    """A new setting is one field of CountOptions (with its Flag and its check): the counting command then lists its
+    flag in its --help group and reads it back into the record, ``count()`` takes it as a keyword, and the record
+    checks it when made, with no other file touched."""
+    import flopcount.counting
+    import flopcount.options
+    from flopcount.options import Flag, option
+
+    def check(value):
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise UsageError(f"count: exclude_ops must be operator types, got {value!r}")
+
+    @dataclasses.dataclass(frozen=True)
+    class Wider(CountOptions):
+        exclude_ops: tuple = option((), Flag("--exclude-op", "counting", "an operator type left out of the count",
+                                             action="append", metavar="OP"), check=check)
+
+    monkeypatch.setattr(flopcount.options, "CountOptions", Wider)
+    monkeypatch.setattr(flopcount.counting, "CountOptions", Wider)
+    parser = build_parser()
+    text = parser.format_help()
+    counting = text[text.index("\ncounting:\n"):text.index("\nLLM:\n")]
+    assert "--exclude-op OP" in counting and "an operator type left out" in counting
+    _, options = options_from_args(parser.parse_args(["m.onnx", "--exclude-op", "Relu", "--exclude-op", "Gelu"]))
+    assert isinstance(options, Wider) and options.exclude_ops == ["Relu", "Gelu"]
+    seen = []
+    monkeypatch.setattr(flopcount.counting, "count_options", lambda model, options: seen.append(options))
+    flopcount.count(marked_model(), exclude_ops=("Marker",))
+    assert seen == [Wider(exclude_ops=("Marker",))]
+    with pytest.raises(UsageError, match="exclude_ops must be operator types"):
+        flopcount.count(marked_model(), exclude_ops="Marker")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'include_ops'"):
+        flopcount.count(marked_model(), include_ops=("Marker",))
+
+
+def test_count_takes_every_field_of_the_record_and_the_command_line_every_flag():
+    import inspect
+
+    fields = [f.name for f in dataclasses.fields(CountOptions)]
+    assert list(inspect.signature(flopcount.count).parameters)[1:] == fields
+    from flopcount.options import flags
+
+    import re
+
+    text = build_parser().format_help()
+    for name, flag in flags().items():
+        assert len(re.findall(rf"^  {flag.flag}(?=[ \n])", text, re.MULTILINE)) == 1, name
+
+
+@pytest.mark.parametrize("module", ["flopcount.options", "flopcount.calls", "flopcount.plans",
+                                    "flopcount.parallel.plan"])
+def test_docstring_examples(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0

@@ -78,13 +78,10 @@ def test_cp_must_divide_the_cache_positions(report):
 def test_parallel_flags_give_the_flops_per_rank_beside_an_unchanged_memory_ledger(report):
     """``--generate --memory --parallel``: the memory per rank is the one :func:`per_rank` gives, and the FLOPs
     per rank of the generation come beside it (:mod:`flopcount.parallel.generation`)."""
-    from argparse import Namespace
+    from flopcount.options import CountOptions
+    from flopcount.plans import with_plan
 
-    from flopcount.cli.arguments import with_parallel
-
-    args = Namespace(parallel="tp=2,pp=2", microbatches=2, schedule="1f1b", generate=(P, N), recompute=None,
-                     expert_load=None)
-    out = with_parallel(report, args)
+    out = with_plan(report, CountOptions(parallel="tp=2,pp=2", microbatches=2, schedule="1f1b"))
     assert out.memory == per_rank(report, parse_parallel("tp=2,pp=2", 2))
     assert out.parallel.mode == "generate"
     assert sum(r.model_flops for r in out.parallel.ranks) == 2 * report.generation.total.flops

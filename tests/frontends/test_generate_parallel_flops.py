@@ -4,18 +4,18 @@ position tables), of what it hands to its collectives, and the reconcile identit
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
 
 import flopcount
 from flopcount.cli import main
-from flopcount.cli.arguments import with_parallel
 from flopcount.errors import UsageError
+from flopcount.options import CountOptions
 from flopcount.parallel.generation import generation_ledger, sum_of_max
 from flopcount.parallel.plan import parse_parallel
 from flopcount.parallel.ranks import simulate_schedule
+from flopcount.plans import with_plan
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -205,21 +205,17 @@ def test_cli_table_and_json(capsys, tmp_path):
     assert "hardware FLOPs" in out and f"generate {P}:{N}" in out
 
 
-def test_with_parallel_keeps_the_memory_ledger_and_adds_the_flops(report):
-    args = argparse.Namespace(parallel="tp=2", microbatches=1, schedule="1f1b", generate=(P, N), recompute=None,
-                              expert_load=None)
-    out = with_parallel(report, args)
+def test_with_plan_keeps_the_memory_ledger_and_adds_the_flops(report):
+    out = with_plan(report, CountOptions(parallel="tp=2"))
     assert out.parallel.generation["decode_steps"] == STEPS and out.memory is None
 
 
 @pytest.mark.parametrize("flags, message", [
     pytest.param({"recompute": "full"}, "recompute changes training only", id="recompute"),
 ])
-def test_with_parallel_refuses_training_flags(report, flags, message):
-    args = argparse.Namespace(**{"parallel": "tp=2", "microbatches": 1, "schedule": "1f1b", "generate": (P, N),
-                                 "recompute": None, "expert_load": None, **flags})
+def test_with_plan_refuses_training_flags(report, flags, message):
     with pytest.raises(UsageError, match=message):
-        with_parallel(report, args)
+        with_plan(report, CountOptions(parallel="tp=2", mode="train", **flags))
 
 
 @pytest.mark.slow

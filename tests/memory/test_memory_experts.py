@@ -97,16 +97,14 @@ def test_expert_load_moves_the_pairs_to_the_loaded_rank(report):
 
 
 def test_the_cli_passes_expert_load_to_the_memory_per_rank(report, tmp_path):
-    import argparse
     import json
 
-    from flopcount.cli.arguments import with_parallel
+    from flopcount.options import CountOptions
+    from flopcount.plans import with_plan
 
     path = tmp_path / "load.json"
     path.write_text(json.dumps([3, 1, 1, 1]))
-    args = argparse.Namespace(parallel="ep=2,dp=2", microbatches=1, schedule="1f1b", expert_load=str(path),
-                              recompute=None)
-    hot, cold = with_parallel(report, args).memory.ranks
+    hot, cold = with_plan(report, CountOptions(parallel="ep=2,dp=2", expert_load=str(path))).memory.ranks
     vec = B * S * K * H * 4
     assert (hot.alltoall_bytes, cold.alltoall_bytes) == (vec + 2 * vec * 4 // 6, vec + 2 * vec * 2 // 6)
 
