@@ -237,7 +237,8 @@ def _memory(settings, report: Report, index: GraphIndex, res: Resolution, traini
     return account(report.nodes, mode=report.mode, optimizer=optimizer, settings=settings,
                    grads=training.grads if training is not None else {}, tensors=res.tensors, make_context=context,
                    attributes=lambda n: attributes[n.index], roles=names, inputs=[t.name for t in res.inputs],
-                   outputs=[o.name for o in m.graph.output], units=units, strict=strict, where=where)
+                   outputs=[o.name for o in m.graph.output], units=units, strict=strict, where=where,
+                   producer=m.producer_name)
 
 
 def _module_scopes(index: GraphIndex, roles: Roles) -> ModuleScopes:

@@ -281,6 +281,10 @@ class Graph:
     units: Mapping[int, int] = field(default_factory=dict)
     #: outputs of the nodes that gather experts' weight slices per token (:func:`expert_gathers`)
     gathers: frozenset[str] = frozenset()
+    #: outputs that are views in the framework the graph came from though the graph copies (torch's select), and
+    #: outputs of the graph's views that it copies (a reshape of an expanded tensor): :mod:`.kernels`
+    views: frozenset[str] = frozenset()
+    copies: frozenset[str] = frozenset()
 
 
 def _identity(n: NodeCount, g: Graph) -> bool:
@@ -334,8 +338,10 @@ class _Storages:
         self.gathered: set[str] = set()
         for n in g.nodes:
             ins = [i for i in (t.name if t is not None else "" for t in n.inputs)]
-            gather = bool(n.outputs) and n.outputs[0] is not None and n.outputs[0].name in g.gathers
-            view = (n.op_type in VIEWS or _identity(n, g) or gather) and n.domain == "" and ins and ins[0]
+            out = n.outputs[0].name if n.outputs and n.outputs[0] is not None else ""
+            gather = out in g.gathers
+            view = (((n.op_type in VIEWS or _identity(n, g)) and out not in g.copies) or gather or out in g.views) \
+                and n.domain == "" and ins and ins[0]
             for t in n.outputs:
                 if t is not None and t.name:
                     self.root[t.name] = self.root.get(ins[0], ins[0]) if view else t.name
@@ -650,16 +656,22 @@ def account(nodes: Sequence[NodeCount], *, mode: str, optimizer: str | None, set
             grads: Mapping[int, tuple[bool, ...]], tensors: Mapping[str, TensorInfo], make_context: Callable,
             attributes: Callable[[NodeCount], Mapping[str, Any] | None], roles: Mapping[str, frozenset[str]],
             inputs: Sequence[str], outputs: Sequence[str], units: Mapping[int, int], strict: bool, where: str,
-            kv_cache_bytes: int | None = None) -> Memory:
+            kv_cache_bytes: int | None = None, producer: str = "") -> Memory:
     """The memory ledger of a counted graph: the saved-for-backward rules applied to the nodes whose backward runs,
-    then :func:`ledger`. ``roles``: ``params``, ``trainable``, ``buffers`` and ``stored`` tensor names."""
+    read as the kernels of the framework the graph came from (``producer``, the model's producer name:
+    :mod:`.kernels`), then :func:`ledger`. ``roles``: ``params``, ``trainable``, ``buffers`` and ``stored`` tensor
+    names."""
+    from .kernels import framework_of, kernels
+
     if mode == "train":
         saved, missing = saved_by_node(nodes, grads, make_context, attributes, strict, where)
     else:
         saved, missing = {}, {}
+    k = kernels(nodes, saved, roles["stored"], framework_of(producer), settings.device)
+    saved.update(k.saved)
     g = Graph(nodes, grads if mode == "train" else {}, saved, tensors, roles["params"], roles["trainable"],
               roles["buffers"], roles["stored"], tuple(inputs), frozenset(outputs), units if mode == "train" else {},
-              expert_gathers(nodes, roles["params"]))
+              expert_gathers(nodes, roles["params"]), k.views, k.copies)
     return ledger(g, mode, optimizer, settings, missing, kv_cache_bytes)
 
 
