@@ -656,10 +656,12 @@ def account(nodes: Sequence[NodeCount], *, mode: str, optimizer: str | None, set
             grads: Mapping[int, tuple[bool, ...]], tensors: Mapping[str, TensorInfo], make_context: Callable,
             attributes: Callable[[NodeCount], Mapping[str, Any] | None], roles: Mapping[str, frozenset[str]],
             inputs: Sequence[str], outputs: Sequence[str], units: Mapping[int, int], strict: bool, where: str,
-            kv_cache_bytes: int | None = None, producer: str = "") -> Memory:
+            kv_cache_bytes: int | None = None, producer: str = "",
+            layout_attributes: Callable[[NodeCount], Mapping[str, Any] | None] = lambda n: None) -> Memory:
     """The memory ledger of a counted graph: the saved-for-backward rules applied to the nodes whose backward runs,
     read as the kernels of the framework the graph came from (``producer``, the model's producer name:
-    :mod:`.kernels`), then :func:`ledger`. ``roles``: ``params``, ``trainable``, ``buffers`` and ``stored`` tensor
+    :mod:`.kernels`; ``layout_attributes``: every node's attributes, Transpose's ``perm`` and Gather's ``axis``
+    among them), then :func:`ledger`. ``roles``: ``params``, ``trainable``, ``buffers`` and ``stored`` tensor
     names."""
     from .kernels import framework_of, kernels
 
@@ -667,7 +669,7 @@ def account(nodes: Sequence[NodeCount], *, mode: str, optimizer: str | None, set
         saved, missing = saved_by_node(nodes, grads, make_context, attributes, strict, where)
     else:
         saved, missing = {}, {}
-    k = kernels(nodes, saved, roles["stored"], framework_of(producer), settings.device)
+    k = kernels(nodes, saved, roles["stored"], framework_of(producer), settings.device, layout_attributes)
     saved.update(k.saved)
     g = Graph(nodes, grads if mode == "train" else {}, saved, tensors, roles["params"], roles["trainable"],
               roles["buffers"], roles["stored"], tuple(inputs), frozenset(outputs), units if mode == "train" else {},
