@@ -15,26 +15,11 @@ torch = pytest.importorskip("torch")
 mem_tracker = pytest.importorskip("torch.distributed._tools.mem_tracker")
 
 import flopcount  # noqa: E402
+from helpers import saved_storages  # noqa: E402
 from flopcount.memory.ledger import MemorySettings  # noqa: E402
 
 F32 = 4
 pytestmark = pytest.mark.slow
-
-
-def saved_storages(module, inputs) -> int:
-    """Bytes of the unique storages the autograd graph keeps during a forward, weights and buffers left out."""
-    stored = {t.untyped_storage().data_ptr() for t in (*module.parameters(), *module.buffers())}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        s = t.untyped_storage()
-        if s.data_ptr() not in stored:
-            seen[s.data_ptr()] = s.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        module(*inputs)
-    return sum(seen.values())
 
 
 def _tracked(module, inputs, opt):

@@ -16,7 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from helpers import gloo_ranks
+from helpers import gloo_ranks, saved_storages
 
 from flopcount.memory.ledger import MemorySettings  # noqa: E402
 from flopcount.memory.ranks import per_rank  # noqa: E402
@@ -100,22 +100,6 @@ def build(t: int, rank: int, reduce=None, copy=None, checkpoint=None):
     return Decoder()
 
 
-def saved_storages(module, x) -> int:
-    """Bytes of the unique storages the autograd graph keeps during a forward, weights left out."""
-    stored = {p.untyped_storage().data_ptr() for p in module.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        s = t.untyped_storage()
-        if s.data_ptr() not in stored:
-            seen[s.data_ptr()] = s.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        module(x)
-    return sum(seen.values())
-
-
 def _worker(rank: int, world: int, init: str, out: str) -> None:
     import torch.distributed as dist
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -148,7 +132,7 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
     module = build(world, rank, Reduce.apply, Copy.apply)
     x = torch.randn(B, S, H, requires_grad=False)
     params = sum(p.numel() * p.element_size() for p in module.parameters())
-    saved = saved_storages(module, x)
+    saved = saved_storages(module, (x,))
     opt = torch.optim.Adam(module.parameters(), foreach=False)
 
     def step():
@@ -179,7 +163,7 @@ def test_one_rank_ledger_equals_saved_storages(report):
     """The base the per-rank figures are cut from: on one rank the ledger equals torch's saved storages (the
     exported SiLU and rsqrt read as torch's kernels, :mod:`flopcount.memory.kernels`)."""
     module = build(1, 0)
-    saved = saved_storages(module, torch.randn(B, S, H))
+    saved = saved_storages(module, (torch.randn(B, S, H),))
     assert report.memory.ranks[0].activations_bytes == saved
 
 
@@ -379,7 +363,7 @@ def test_fsdp2_on_gloo_equals_fsdp_mem_tracker(report, tmp_path):
     whole = report.memory.ranks[0]
     (rank,) = per_rank(report, parse_parallel("dp=2,fsdp")).ranks
     module, x = build(1, 0), torch.randn(B, S, H)
-    saved_all, saved_layer = saved_storages(module, x), saved_storages(module.layers[0], x)  # torch's autograd
+    saved_all, saved_layer = saved_storages(module, (x,)), saved_storages(module.layers[0], (x,))  # torch's autograd
     unit, root = 4 * (4 * H * H + 3 * H * FFN + 2 * H), 4 * (V * H + H)  # a layer's parameters, the root's, whole
     act, scalar = 4 * B * S * H, 4  # a (B, S, H) float32 activation (the batch, a gradient); the loss
     shard = (L * unit + root) // 2
