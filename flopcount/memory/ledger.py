@@ -24,6 +24,7 @@ CPU allocator rounds nothing; CUDA's caching allocator rounds to 512 bytes and k
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ from ..saved import Saved
 
 __all__ = [
     "IMPLEMENTATIONS", "INPUTS", "OPTIMIZER_STATES", "Graph", "Memory", "MemorySettings", "RankMemory", "account", "attention_cores", "ledger",
-    "module_activations", "optimizer_bytes", "recompute_units", "Shards", "without_cyclic_gc",
+    "module_activations", "optimizer_bytes", "recompute_units", "Shards", "with_params", "without_cyclic_gc",
 ]
 
 
@@ -675,6 +676,19 @@ def account(nodes: Sequence[NodeCount], *, mode: str, optimizer: str | None, set
               roles["buffers"], roles["stored"], tuple(inputs), frozenset(outputs), units if mode == "train" else {},
               expert_gathers(nodes, roles["params"]), k.views, k.copies)
     return ledger(g, mode, optimizer, settings, missing, kv_cache_bytes)
+
+
+def with_params(memory: Memory, tensors: Sequence[TensorInfo]) -> Memory:
+    """``memory`` with weights that the graph never reads added to its parameters (a module's parameter the traced
+    forward does not use, such as DINOv2's ``mask_token``): held throughout the step like every weight, without a
+    gradient or optimizer states (the backward never reaches them, and torch's optimizers make states only for
+    parameters with a gradient). The walk runs again on the graph with them, so the peak includes them."""
+    g = memory.graph
+    if not tensors or g is None or memory.settings is None or len(memory.ranks) != 1:
+        return memory
+    g = dataclasses.replace(g, tensors={**g.tensors, **{t.name: t for t in tensors}},
+                            params=g.params | {t.name for t in tensors})
+    return ledger(g, memory.mode, memory.optimizer, memory.settings, memory.missing, memory.ranks[0].kv_cache_bytes)
 
 
 #: The row of :func:`module_activations` that holds the graph's inputs kept for the backward.

@@ -241,3 +241,58 @@ def test_transformers_models_equal_the_saved_storages(name, attn):
     rather than keep the projection whole."""
     module, inputs = _hf(name, attn)
     assert activations(module, inputs) == torch_step(module, inputs)
+
+
+class Unread(torch.nn.Module):
+    """A module with a parameter its forward never reads (as DINOv2's ``mask_token`` without a mask)."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(H, I)
+        self.mask_token = torch.nn.Parameter(torch.zeros(1, 7, H))
+
+    def forward(self, x):
+        return self.up(x).sum()
+
+
+def test_a_parameter_the_forward_never_reads_is_held_without_gradient_or_state():
+    """torch holds the parameter (MemTracker's "Parameter"); the backward never reaches it, so it has no
+    gradient, and Adam makes no states for it: the ledger's parameters are every parameter's bytes, its
+    gradients and states the read ones'."""
+    mem_tracker = pytest.importorskip("torch.distributed._tools.mem_tracker")
+    torch.manual_seed(0)
+    module, x = Unread(), torch.randn(B, S, H)
+    report = flopcount.from_torch(module.train(), (x,), training=True, optimizer="adam", cache_dir=False,
+                                  memory=MemorySettings(device="cpu"))
+    (rank,) = report.memory.ranks
+    read, unread = H * I + I, 7 * H
+    assert report.params == sum(p.numel() for p in module.parameters()) == read + unread
+    assert any("mask_token (56)" in note for note in report.notes)
+    opt = torch.optim.Adam(module.parameters())
+    for _ in range(2):  # the second step under the tracker, the states made by the first
+        opt.zero_grad(set_to_none=True)
+        tracker = mem_tracker.MemTracker()
+        tracker.track_external(module, opt)
+        with tracker:
+            module(x).backward()
+            opt.step()
+    after = {getattr(k, "value", k): v for k, v in tracker.get_tracker_snapshot("current")[torch.device("cpu")].items()}
+    assert rank.params_bytes == after["Parameter"] == F32 * (read + unread)
+    assert rank.grads_bytes == after["Gradient"] == F32 * read
+    assert rank.optimizer_bytes == after["Optstate"] == 2 * F32 * read + F32 * 2  # m, v; a step counter per tensor
+    assert rank.peak_bytes >= rank.params_bytes + rank.grads_bytes + rank.optimizer_bytes
+
+
+@pytest.mark.slow
+def test_dinov2_mask_token_is_counted_and_held():
+    """transformers' DINOv2 without a mask never reads ``embeddings.mask_token`` (1 × h): the parameters are still
+    torch's ``sum(p.numel())``, and the ledger holds them all (float32)."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Dinov2Config(hidden_size=24, num_hidden_layers=2, num_attention_heads=3,
+                                       intermediate_size=40, image_size=16, patch_size=4)
+    report = flopcount.from_hf(config, {"pixel_values": (2, 3, 16, 16)}, cache_dir=False, mode="train",
+                               optimizer="adam", memory=MemorySettings(device="cpu"))
+    torch_params = sum(p.numel() for p in transformers.Dinov2Model(config).parameters())
+    assert report.params == torch_params
+    assert report.memory.ranks[0].params_bytes == F32 * torch_params
+    assert any("embeddings.mask_token (24)" in note for note in report.notes)
