@@ -78,9 +78,12 @@ PATTERNS: tuple[Pattern, ...] = (
 class Kernels:
     """What :func:`kernels` finds: each node's :class:`Saved` as the kernel runs (the nodes it changes), the
     outputs that are views in the framework though the graph copies (``views``), the outputs of the graph's views
-    that the framework copies (``copies``) and how many of each kernel it found (``found``)."""
+    that the framework copies (``copies``), the nodes of fused attention kernels (``fused``) and how many of each
+    kernel it found (``found``)."""
 
     saved: Mapping[int, Saved] = field(default_factory=dict)
+    #: the nodes of attentions run as one fused kernel: nothing of theirs is made again under selective recompute
+    fused: frozenset[int] = frozenset()
     views: frozenset[str] = frozenset()
     copies: frozenset[str] = frozenset()
     found: Mapping[str, int] = field(default_factory=dict)
@@ -500,5 +503,5 @@ def kernels(nodes: Sequence[NodeCount], saved: Mapping[int, Saved], stored: froz
             copied = _matmul_copy(n, out.get(n.index, saved[n.index]), layout.matmul_copies(n))
             if copied != saved[n.index]:
                 out[n.index] = copied
-    return Kernels(MappingProxyType(out), frozenset(layout.views), frozenset(layout.copies),
+    return Kernels(MappingProxyType(out), frozenset(inside), frozenset(layout.views), frozenset(layout.copies),
                    MappingProxyType(dict(sorted(found.items()))))

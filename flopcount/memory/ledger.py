@@ -419,6 +419,11 @@ class _Holds:
     last: dict[int, int] = field(default_factory=dict)
 
 
+#: Ops whose operands after the first are shapes, axes or bounds: numbers in the framework, not tensors a checkpoint
+#: keeps.
+_SHAPE_OPERANDS = frozenset({"Reshape", "Expand", "Unsqueeze", "Squeeze", "Slice", "Tile", "Pad"})
+
+
 def _holds(g: Graph, st: _Storages) -> _Holds:
     h = _Holds()
     producer_unit: dict[str, int | None] = {}
@@ -431,8 +436,9 @@ def _holds(g: Graph, st: _Storages) -> _Holds:
             if n.index in g.grads:  # the backward reaches the unit at these nodes only
                 h.first.setdefault(u, n.index)
                 h.last[u] = n.index
-            for t in n.inputs:
-                if t is not None and t.name and st.of(t.name) not in g.stored:
+            for i, t in enumerate(n.inputs):
+                if t is not None and t.name and st.of(t.name) not in g.stored and \
+                        not (i and n.op_type in _SHAPE_OPERANDS):
                     r = st.of(t.name)
                     if producer_unit.get(r) != u:
                         h.unit_inputs.setdefault(u, set()).add(r)
@@ -672,6 +678,9 @@ def account(nodes: Sequence[NodeCount], *, mode: str, optimizer: str | None, set
         saved, missing = {}, {}
     k = kernels(nodes, saved, roles["stored"], framework_of(producer), settings.device, layout_attributes)
     saved.update(k.saved)
+    if settings.recompute.policy == "selective":  # a fused attention keeps no score matrix to make again
+        dropped = {units[i] for i in k.fused if i in units}
+        units = {i: u for i, u in units.items() if u not in dropped}
     g = Graph(nodes, grads if mode == "train" else {}, saved, tensors, roles["params"], roles["trainable"],
               roles["buffers"], roles["stored"], tuple(inputs), frozenset(outputs), units if mode == "train" else {},
               expert_gathers(nodes, roles["params"]), k.views, k.copies)
@@ -714,9 +723,15 @@ def module_activations(memory: Memory, nodes: Sequence[NodeCount], scopes: Seque
     return tuple(rows.items())
 
 
+#: Ops that carry K and V into an attention core by reshaping, or repeating grouped-query heads (Expand).
+_INTO_CORE = frozenset({"Expand", "Reshape", "Transpose", "Unsqueeze", "Squeeze"})
+
+
 def attention_cores(index: Any) -> list[set[int]]:
     """The attention cores of a graph (a :class:`~flopcount.pipeline.graph.GraphIndex`): for each eager attention, the node
-    indices from its score product through softmax (and dropout) to its product with V, both included."""
+    indices from its score product through softmax (and dropout) to its product with V, both included, and the
+    reshapes and grouped-query repeats (Expand) that only the core reads, as Megatron's core attention repeats K and
+    V inside the recomputed region (a checkpoint then keeps K and V at their own heads)."""
     import networkx as nx
 
     from ..masks import score_products
@@ -725,5 +740,14 @@ def attention_cores(index: Any) -> list[set[int]]:
     products: dict[int, dict[str, int]] = {}
     for name, (kind, j) in score_products(index.protos, index.names).items():
         products.setdefault(j, {})[kind] = at[name]
-    return [({p["scores"]} | nx.descendants(index.dag, p["scores"])) & ({p["values"]} | nx.ancestors(index.dag, p["values"]))
-            for p in products.values() if "scores" in p and "values" in p]
+    cores = [({p["scores"]} | nx.descendants(index.dag, p["scores"])) & ({p["values"]} | nx.ancestors(index.dag, p["values"]))
+             for p in products.values() if "scores" in p and "values" in p]
+    for core in cores:
+        todo = list(core)
+        while todo:
+            for p in index.dag.predecessors(todo.pop()):
+                if p not in core and index.node_ops[p][1] in _INTO_CORE and index.node_ops[p][0] in ("", "ai.onnx") \
+                        and set(index.dag.successors(p)) <= core:
+                    core.add(p)
+                    todo.append(p)
+    return cores
