@@ -52,6 +52,7 @@ class Pattern:
     name: str
     expression: tuple
     keeps: str
+    widens: bool = False  #: the root is a Cast to a wider type (a softmax asked for in float32, not one cast down)
 
 
 def _gelu_tanh() -> tuple:
@@ -61,8 +62,8 @@ def _gelu_tanh() -> tuple:
 
 
 #: torch's kernels as its TorchScript exporter writes them (``torch.onnx``'s symbolic functions), and what torch's
-#: derivative formulas keep (``tools/autograd/derivatives.yaml``): gelu, silu, mish, softplus their input; rsqrt its
-#: output.
+#: derivative formulas keep (``tools/autograd/derivatives.yaml``): gelu, silu, mish, softplus their input; rsqrt and
+#: softmax their output (a softmax asked for in float32 keeps the float32 output, which the graph makes by a Cast).
 PATTERNS: tuple[Pattern, ...] = (
     Pattern("gelu (tanh)", _gelu_tanh(), "x"),
     Pattern("gelu", ("Mul", ("Mul", "x", ("Add", ("Erf", ("Div", "x", "c")), "c")), "c"), "x"),
@@ -71,6 +72,8 @@ PATTERNS: tuple[Pattern, ...] = (
     Pattern("silu", ("Mul", "x", ("Sigmoid", "x")), "x"),
     Pattern("rsqrt", ("Div", "c", ("Sqrt", "x")), "y"),
     Pattern("rsqrt (reciprocal)", ("Reciprocal", ("Sqrt", "x")), "y"),
+    # softmax(x, dtype=float32) of a 16-bit x, as the dynamo exporter writes it: the softmax, then the cast
+    Pattern("softmax (cast)", ("Cast", ("Softmax", "x")), "y", widens=True),
 )
 
 
@@ -143,6 +146,12 @@ def _closed(ix: _Index, region: Sequence[NodeCount], root: NodeCount) -> bool:
     inside = {n.index for n in region}
     return all(ix.readers.get(t.name, set()) <= inside for n in region if n is not root
                for t in n.outputs if t is not None and t.name)
+
+
+def _widens(n: NodeCount) -> bool:
+    """Whether node ``n`` writes wider elements than it reads (a Cast from 16 to 32 bits)."""
+    a, y = n.inputs[0], n.outputs[0]
+    return a is not None and y is not None and element_bytes(y.elem_type, 0) > element_bytes(a.elem_type, 0)
 
 
 def _kept(p: Pattern, region: Sequence[NodeCount], root: NodeCount, x: str, saved: Mapping[int, Saved]
@@ -464,7 +473,8 @@ def kernels(nodes: Sequence[NodeCount], saved: Mapping[int, Saved], stored: froz
         for p in PATTERNS:
             bound: dict = {}
             region: list[NodeCount] = []
-            if not _match(ix, root.outputs[0], p.expression, bound, region) or not _closed(ix, region, root):
+            if not _match(ix, root.outputs[0], p.expression, bound, region) or not _closed(ix, region, root) \
+                    or (p.widens and not _widens(root)):
                 continue
             if any(n.index in claimed for n in region):
                 continue
