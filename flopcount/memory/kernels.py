@@ -16,12 +16,17 @@ as the graph does). The table :data:`PATTERNS` is the rule: name, expression, wh
 read as the kernel; transformers' ``gelu_new`` (a Python formula with ``torch.pow``) is not a kernel and does not
 match (the exporter writes ``Pow``, where ``F.gelu(approximate="tanh")`` gives ``x·(x·x)``).
 
-Views stay views: torch's ``select`` (``x[:, 0]``, the CLS token) is a view of x, so a tensor keeping it keeps the
-whole storage of x, where ONNX writes a Gather (a copy); and torch's ``reshape`` of an expanded tensor (the repeat
-of K and V in grouped-query attention) copies, where the graph's Expand and Reshape are views.
+Views stay views, copies stay copies: the walk follows the strides torch's tensors have (:class:`_Layout`). A select
+(``x[:, 0]``, the CLS token; ONNX writes a Gather) is a view, so a tensor keeping it keeps the whole storage of x; a
+reshape is a view where torch's ``view`` would succeed and a copy where not (the repeat of K and V in grouped-query
+attention); torch's ``matmul`` keeps a contiguous copy of a batched operand it cannot fold into three dims.
 
-On the CPU (``device="cpu"``), torch's dropout multiplies by a noise tensor in the input's type and keeps it (the
-CUDA kernel keeps a bool mask, as the Dropout rule does).
+The exporters' ``scaled_dot_product_attention`` (Q and Kᵀ each scaled by √scale, their product, softmax, the
+product with V) is torch's fused kernel where torch runs one (CUDA; the CPU without dropout): Q, K and V as it
+reads them, its output and a float32 log-sum-exp per query row; on the CPU with dropout its math path, which keeps
+what the graph's nodes keep, and the dropout's noise. On the CPU (``device="cpu"``) torch's dropout multiplies by
+a noise tensor in the input's type and keeps it (the CUDA kernel keeps a bool mask, as the Dropout rule does); a
+reduced ``nll_loss`` keeps its total weight, a scalar.
 """
 
 from __future__ import annotations
@@ -98,7 +103,7 @@ def framework_of(producer: str) -> str | None:
 
 
 class _Index:
-    """Who makes and who reads each tensor of ``nodes``, and which tensors are scalar constants."""
+    """Who makes and who reads each tensor of ``nodes``; ``stored``: weights and constants."""
 
     def __init__(self, nodes: Sequence[NodeCount], stored: frozenset[str]):
         self.producer: dict[str, NodeCount] = {}
@@ -112,18 +117,13 @@ class _Index:
                     self.readers.setdefault(t.name, set()).add(n.index)
         self.stored = stored
 
-    def scalar(self, t: TensorInfo) -> bool:
-        made = self.producer.get(t.name)
-        constant = t.name in self.stored or (made is not None and made.op_type == "Constant")
-        return constant and t.shape is not None and all(d == 1 for d in t.shape)
-
 
 def _match(ix: _Index, t: TensorInfo | None, expr, bound: dict, region: list) -> bool:
     """Whether tensor ``t`` is ``expr`` (binding ``x`` in ``bound``, the nodes matched appended to ``region``)."""
     if t is None or not t.name:
         return False
     if expr == "c":
-        return ix.scalar(t)
+        return _constant(ix, t)
     if expr == "x":
         return bound.setdefault("x", t.name) == t.name
     n = ix.producer.get(t.name)
@@ -189,6 +189,12 @@ def _heads_last(t: TensorInfo) -> tuple[int, ...]:
     return (s * h * d, d, h * d, 1)
 
 
+def _broadcast(shape: Sequence[int], strides: Sequence[int], out: Sequence[int]) -> tuple[int, ...]:
+    """The strides of a tensor of ``shape`` and ``strides`` expanded to ``out``: broadcast dims stride 0."""
+    lead = len(out) - len(shape)
+    return tuple(0 if k < lead or (shape[k - lead] == 1 and d != 1) else strides[k - lead] for k, d in enumerate(out))
+
+
 def view_strides(shape: Sequence[int], strides: Sequence[int], new: Sequence[int]) -> tuple[int, ...] | None:
     """The strides of ``new`` as a view of a tensor of ``shape`` and ``strides``, or None where no view can be
     (torch's ``reshape`` then copies): each run of dims that is contiguous within itself may be split or merged,
@@ -252,7 +258,7 @@ class _Layout:
             axis = int(attrs.get("axis", 0)) % len(a.shape)
             self.views.add(y.name)
             self.strides[y.name] = src[:axis] + src[axis + 1:]
-        elif n.op_type in _SAME_STRIDES:
+        elif n.op_type in _SAME_STRIDES or (n.op_type == "Cast" and a.elem_type == y.elem_type):
             for t in n.outputs:
                 if t is not None and t.is_static and len(t.shape) == len(src):
                     self.strides[t.name] = src
@@ -260,9 +266,7 @@ class _Layout:
             perm = [int(p) for p in attrs.get("perm", range(len(src) - 1, -1, -1))]
             self.strides[y.name] = tuple(src[p] for p in perm)
         elif n.op_type == "Expand":
-            lead = len(y.shape) - len(a.shape)
-            self.strides[y.name] = tuple(0 if k < lead or (a.shape[k - lead] == 1 and d != 1) else src[k - lead]
-                                         for k, d in enumerate(y.shape))
+            self.strides[y.name] = _broadcast(a.shape, src, y.shape)
         elif n.op_type in _RESHAPES:
             got = view_strides(a.shape, src, y.shape)
             if got is None:
@@ -288,11 +292,9 @@ class _Layout:
         for i, t in enumerate((a, b)):
             if len(t.shape) < 3:
                 continue
-            lead = len(batch) + 2 - len(t.shape)
             expanded = tuple(batch) + tuple(t.shape[-2:])
-            strides = tuple(0 if k < lead or (t.shape[k - lead] == 1 and d != 1) else self.of(t)[k - lead]
-                            for k, d in enumerate(expanded))
-            if view_strides(expanded, strides, (prod(batch), *t.shape[-2:])) is None:
+            if view_strides(expanded, _broadcast(t.shape, self.of(t), expanded),
+                            (prod(batch), *t.shape[-2:])) is None:
                 out[i] = prod(expanded)
         return out
 
@@ -313,7 +315,8 @@ _ATTENTION_CHAIN = frozenset({"Add", "Softmax", "IsNaN", "Where", "Dropout", "Ca
 
 
 def _constant(ix: _Index, t: TensorInfo | None, depth: int = 4) -> bool:
-    """Whether ``t`` is a scalar computed from constants alone (sdpa's scale: the square root of a constant, cast)."""
+    """Whether ``t`` is a scalar constant: stored, a Constant node's output, or computed from those alone (sdpa's
+    scale: the square root of a constant, cast)."""
     if t is None or not t.name or t.shape is None or any(d != 1 for d in t.shape):
         return False
     made = ix.producer.get(t.name)
@@ -455,15 +458,9 @@ def _dropout_noise(n: NodeCount, s: Saved) -> Saved:
                       + (("dropout noise (input's type, the CPU kernel)", noise),))
 
 
-def kernels(nodes: Sequence[NodeCount], saved: Mapping[int, Saved], stored: frozenset[str], framework: str | None,
-            device: str = "cuda", attributes=lambda n: None) -> Kernels:
-    """What changes when ``nodes`` are read as ``framework``'s kernels (nothing when it is None: a plain ONNX
-    file keeps what its nodes keep). ``saved``: each node's rule as written (the nodes whose backward runs);
-    ``stored``: weights and constants; ``device``: where the step runs (CPU dropout keeps its float noise);
-    ``attributes(node)``: a node's attributes (Transpose's ``perm``, Gather's ``axis``)."""
-    if framework is None:
-        return Kernels()
-    ix = _Index(nodes, stored)
+def _pointwise(nodes: Sequence[NodeCount], ix: _Index, saved: Mapping[int, Saved]
+               ) -> tuple[dict[int, Saved], dict[str, int]]:
+    """What the nodes of each :data:`PATTERNS` kernel keep, and how many of each kernel there are."""
     out: dict[int, Saved] = {}
     claimed: set[int] = set()
     found: dict[str, int] = {}
@@ -484,6 +481,33 @@ def kernels(nodes: Sequence[NodeCount], saved: Mapping[int, Saved], stored: froz
                 claimed.update(n.index for n in region)
                 found[p.name] = found.get(p.name, 0) + 1
             break
+    return out, found
+
+
+def _losses(nodes: Sequence[NodeCount], saved: Mapping[int, Saved], out: Mapping[int, Saved], attributes
+            ) -> dict[int, Saved]:
+    """A reduced loss keeps its total weight besides (a scalar of the input's type), as torch's ``nll_loss``."""
+    changed = {}
+    for n in nodes:
+        if n.op_type in _LOSSES and n.index in saved and n.inputs and n.inputs[0] is not None:
+            reduction = (attributes(n) or {}).get("reduction", b"mean")
+            if (reduction.decode() if isinstance(reduction, bytes) else reduction) != "none":
+                s = out.get(n.index, saved[n.index])
+                changed[n.index] = s._replace(extra=s.extra + (("total weight (torch's nll_loss)",
+                                                                element_bytes(n.inputs[0].elem_type)),))
+    return changed
+
+
+def kernels(nodes: Sequence[NodeCount], saved: Mapping[int, Saved], stored: frozenset[str], framework: str | None,
+            device: str = "cuda", attributes=lambda n: None) -> Kernels:
+    """What changes when ``nodes`` are read as ``framework``'s kernels (nothing when it is None: a plain ONNX
+    file keeps what its nodes keep). ``saved``: each node's rule as written (the nodes whose backward runs);
+    ``stored``: weights and constants; ``device``: where the step runs (CPU dropout keeps its float noise);
+    ``attributes(node)``: a node's attributes (Transpose's ``perm``, Gather's ``axis``)."""
+    if framework is None:
+        return Kernels()
+    ix = _Index(nodes, stored)
+    out, found = _pointwise(nodes, ix, saved)
     fused, math = _attentions(nodes, ix, saved, device)
     inside = {n.index for a in fused for n in a.nodes}
     for a in math:
@@ -493,13 +517,7 @@ def kernels(nodes: Sequence[NodeCount], saved: Mapping[int, Saved], stored: froz
             s = saved.get(n.index)
             if n.op_type == "Dropout" and s is not None and any(w.startswith("dropout mask") for w, _ in s.extra):
                 out[n.index] = _dropout_noise(n, s)
-    for n in nodes:
-        if n.op_type in _LOSSES and n.index in saved and n.inputs and n.inputs[0] is not None:
-            reduction = (attributes(n) or {}).get("reduction", b"mean")
-            if (reduction.decode() if isinstance(reduction, bytes) else reduction) != "none":
-                s = out.get(n.index, saved[n.index])
-                out[n.index] = s._replace(extra=s.extra + (("total weight (torch's nll_loss)",
-                                                            element_bytes(n.inputs[0].elem_type)),))
+    out.update(_losses(nodes, saved, out, attributes))
     # a fused kernel writes its output [B, heads, S, d] as [B, S, heads, d] transposed
     layout = _Layout(nodes, ix, attributes, {a.out.outputs[0].name: _heads_last(a.out.outputs[0]) for a in fused
                                              if a.out.outputs[0] is not None and a.out.outputs[0].is_static
