@@ -66,7 +66,8 @@ def _gelu_tanh() -> tuple:
     return ("Mul", "c", ("Mul", "x", ("Add", "c", ("Tanh", inner))))
 
 
-#: torch's kernels as its TorchScript exporter writes them (``torch.onnx``'s symbolic functions), and what torch's
+#: torch's kernels as its exporters write them (the TorchScript exporter's symbolic functions, the dynamo exporter's
+#: decompositions where they differ: it writes Gelu and Mish as one node), and what torch's
 #: derivative formulas keep (``tools/autograd/derivatives.yaml``): gelu, silu, mish, softplus their input; rsqrt and
 #: softmax their output (a softmax asked for in float32 keeps the float32 output, which the graph makes by a Cast).
 PATTERNS: tuple[Pattern, ...] = (
@@ -74,6 +75,9 @@ PATTERNS: tuple[Pattern, ...] = (
     Pattern("gelu", ("Mul", ("Mul", "x", ("Add", ("Erf", ("Div", "x", "c")), "c")), "c"), "x"),
     Pattern("mish", ("Mul", "x", ("Tanh", ("Softplus", "x"))), "x"),
     Pattern("softplus (beta)", ("Div", ("Softplus", ("Mul", "x", "c")), "c"), "x"),
+    # the dynamo exporter's softplus(beta, threshold): x where x·β > threshold, else softplus(x·β)/β
+    Pattern("softplus (beta, threshold)", ("Where", ("Greater", ("Mul", "x", "c"), "c"), "x",
+                                           ("Div", ("Softplus", ("Mul", "x", "c")), "c")), "x"),
     Pattern("silu", ("Mul", "x", ("Sigmoid", "x")), "x"),
     Pattern("rsqrt", ("Div", "c", ("Sqrt", "x")), "y"),
     Pattern("rsqrt (reciprocal)", ("Reciprocal", ("Sqrt", "x")), "y"),

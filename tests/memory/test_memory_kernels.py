@@ -75,6 +75,21 @@ def test_each_activation_keeps_what_its_kernel_keeps(act, kept):
     assert activations(module, inputs) == torch_step(module, inputs) == LINEARS + kept
 
 
+@pytest.mark.parametrize("act", [
+    pytest.param(torch.nn.GELU(), id="gelu: one Gelu node"),
+    pytest.param(torch.nn.SiLU(), id="silu: sigmoid, then the product"),
+    pytest.param(torch.nn.Mish(), id="mish: one Mish node"),
+    pytest.param(torch.nn.Softplus(beta=2.0), id="softplus beta 2: with its threshold's Where"),
+])
+def test_the_dynamo_exporters_activations_keep_what_the_kernel_keeps(act):
+    """The torch.export-based exporter writes some kernels as one node and others its own way; each keeps x."""
+    torch.manual_seed(0)
+    module, inputs = Act(act).train(), (torch.randn(B, S, H),)
+    m = torch.onnx.export(module, inputs, dynamo=True, input_names=["x"]).model_proto
+    report = flopcount.count(m, mode="train", memory=MemorySettings(device="cpu"))
+    assert report.memory.ranks[0].activations_bytes == torch_step(module, inputs) == LINEARS + ONE
+
+
 class RmsNorm(torch.nn.Module):
     def __init__(self):
         super().__init__()
