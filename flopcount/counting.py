@@ -237,7 +237,10 @@ def _memory(settings, report: Report, index: GraphIndex, res: Resolution, traini
     return account(report.nodes, mode=report.mode, optimizer=optimizer, settings=settings,
                    grads=training.grads if training is not None else {}, tensors=res.tensors, make_context=context,
                    attributes=lambda n: attributes[n.index], roles=names, inputs=[t.name for t in res.inputs],
-                   outputs=[o.name for o in m.graph.output], units=units, strict=strict, where=where)
+                   outputs=[o.name for o in m.graph.output], units=units, strict=strict, where=where,
+                   producer=m.producer_name,
+                   layout_attributes=lambda n: {a.name: onnx.helper.get_attribute_value(a)
+                                                for a in index.protos[n.index].attribute})
 
 
 def _module_scopes(index: GraphIndex, roles: Roles) -> ModuleScopes:

@@ -68,7 +68,9 @@ from typing import TYPE_CHECKING, Any
 
 import onnx
 
+from flopcount.context import TensorInfo
 from flopcount.errors import FrontendError, UsageError, first_line, import_framework
+from flopcount.pipeline.graph import walk_graphs
 from flopcount.pipeline.progress import phase
 
 from . import common
@@ -206,7 +208,7 @@ def count_module(
     if options.trainable is None:
         trainable, unread = _trainable_initializers(module, model)
         options = dataclasses.replace(options, trainable=trainable)
-    return _with_unread(count_options(model, options), unread)
+    return _with_unread(count_options(model, options), unread, module)
 
 
 def to_onnx(
@@ -281,7 +283,8 @@ def _trainable_initializers(module, model: onnx.ModelProto) -> tuple[list[str] |
     a tied weight after whichever module they met it in (Gemma's embedding as ``lm_head.weight``). One that has no
     initializer of any name is unread by the trace (DINOv2's ``mask_token`` without a mask), unless the graph holds
     weights that are named after no parameter or buffer (an exporter that re-packs them, such as the TorchScript
-    one for LSTM): then the names are None, so that the graph's structure decides, and nothing is called unread."""
+    one for LSTM; scalars left aside): then the names are None, so that the graph's structure decides, and nothing
+    is called unread."""
     from flopcount.pipeline.parameters import PARAMETER, SHAPE_TYPES, classify
     from flopcount.registry import canonical_domain
 
@@ -307,8 +310,9 @@ def _trainable_initializers(module, model: onnx.ModelProto) -> tuple[list[str] |
     known.update(n for n, _ in module.named_buffers(remove_duplicate=False))
     opsets = {canonical_domain(o.domain): o.version for o in model.opset_import}
     guessed = classify(model, opsets).roles
+    # a float scalar the exporter lifts (sdpa's √scale, a dropout ratio) is a constant, not a re-packed weight
     repacked = [t.name for t in model.graph.initializer if t.name not in known and t.data_type not in SHAPE_TYPES
-                and guessed.get(t.name) == PARAMETER]
+                and guessed.get(t.name) == PARAMETER and any(d != 1 for d in t.dims)]
     if repacked:
         log.debug("parameters without an initializer of their name (%s) beside weights named after none (%s): the "
                   "graph decides what is trained", ", ".join(list(unread)[:5]), ", ".join(repacked[:5]))
@@ -316,14 +320,28 @@ def _trainable_initializers(module, model: onnx.ModelProto) -> tuple[list[str] |
     return wanted, unread
 
 
-def _with_unread(report: Report, unread: Mapping[str, int]) -> Report:
+def _with_unread(report: Report, unread: Mapping[str, int], module=None) -> Report:
     """``report`` with the parameters the traced forward never reads added to its parameters (not to the trained
-    ones: they get no gradient) and named in its notes."""
+    ones: they get no gradient) and named in its notes; its memory ledger holds them too
+    (:func:`flopcount.memory.ledger.with_params`)."""
     if not unread:
         return report
     listed = ", ".join(f"{name} ({n:,})" for name, n in unread.items())
     note = (f"parameters the traced forward never reads, counted in the parameters without gradients: {listed}")
-    return dataclasses.replace(report, params=report.params + sum(unread.values()), notes=(*report.notes, note))
+    report = dataclasses.replace(report, params=report.params + sum(unread.values()), notes=(*report.notes, note))
+    if report.memory is None or module is None:
+        return report
+    from flopcount.memory.ledger import with_params
+
+    named = dict(module.named_parameters(remove_duplicate=False))
+    held = [TensorInfo(name, _onnx_type(named[name].dtype), tuple(named[name].shape)) for name in unread]
+    return dataclasses.replace(report, memory=with_params(report.memory, held))
+
+
+def _onnx_type(dtype) -> int:
+    """The ONNX element type of a torch dtype (``torch.float32`` → FLOAT), 0 when ONNX has no such name."""
+    name = str(dtype).rsplit(".", 1)[-1]
+    return int(getattr(onnx.TensorProto, {"float32": "FLOAT", "float64": "DOUBLE"}.get(name, name.upper()), 0))
 
 
 def _import_torch():

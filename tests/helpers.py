@@ -14,8 +14,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 __all__ = ["RESNET50_ONNX", "RESNET50_STAGES", "const", "direct_backward", "gloo_ranks", "model", "node_backward",
-           "one_node", "op_backward", "resnet50_architecture", "shifted_op_model", "single", "tiny_llama", "typed_model",
-           "weight"]
+           "one_node", "op_backward", "resnet50_architecture", "saved_storages", "shifted_op_model", "single", "tiny_llama",
+           "typed_model", "weight"]
 
 
 def weight(name: str, dims: Sequence[int], dtype: int = TensorProto.FLOAT) -> TensorProto:
@@ -224,3 +224,23 @@ def refusal_lines(err: str) -> list[str]:
 
     progress = re.compile(r"flopcount: (?!error: ).+: \d+\.\d s")
     return [line for line in err.strip().splitlines() if not progress.fullmatch(line)]
+
+
+def saved_storages(module, inputs: Sequence) -> int:
+    """Bytes of the unique storages torch's autograd keeps for the backward during ``module(*inputs)``, the
+    module's parameters and buffers left out: each saved tensor's whole storage (a view keeps its base), counted
+    once however many nodes save it (``torch.autograd.graph.saved_tensors_hooks``)."""
+    import torch
+
+    stored = {t.untyped_storage().data_ptr() for t in (*module.parameters(), *module.buffers())}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in stored:
+            seen[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        module(*inputs)
+    return sum(seen.values())

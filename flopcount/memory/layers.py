@@ -135,7 +135,8 @@ def extend_memory(one: Report, two: Report, inside: Sequence[int], block0: Seque
         return names | {name(x, t) for x in names & renamed for t in copies}
 
     graph = Graph(out_nodes, grads, saved, tensors, widened(g.params), widened(g.trainable), widened(g.buffers),
-                  widened(g.stored), g.inputs, widened(g.outputs), units, widened(g.gathers))
+                  widened(g.stored), g.inputs, widened(g.outputs), units, widened(g.gathers),
+                  widened(g.views), widened(g.copies))
     missing = _affine_counts(m1.missing, m2.missing, k)
     memory = ledger(graph, m2.mode, m2.optimizer, m2.settings, missing, m2.ranks[0].kv_cache_bytes)
     (a,), (b,), (got,) = m1.ranks, m2.ranks, memory.ranks

@@ -24,6 +24,7 @@ CPU allocator rounds nothing; CUDA's caching allocator rounds to 512 bytes and k
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ from ..saved import Saved
 
 __all__ = [
     "IMPLEMENTATIONS", "INPUTS", "OPTIMIZER_STATES", "Graph", "Memory", "MemorySettings", "RankMemory", "account", "attention_cores", "ledger",
-    "module_activations", "optimizer_bytes", "recompute_units", "Shards", "without_cyclic_gc",
+    "module_activations", "optimizer_bytes", "recompute_units", "Shards", "with_params", "without_cyclic_gc",
 ]
 
 
@@ -285,6 +286,10 @@ class Graph:
     units: Mapping[int, int] = field(default_factory=dict)
     #: outputs of the nodes that gather experts' weight slices per token (:func:`expert_gathers`)
     gathers: frozenset[str] = frozenset()
+    #: outputs that are views in the framework the graph came from though the graph copies (torch's select), and
+    #: outputs of the graph's views that it copies (a reshape of an expanded tensor): :mod:`.kernels`
+    views: frozenset[str] = frozenset()
+    copies: frozenset[str] = frozenset()
 
 
 def _identity(n: NodeCount, g: Graph) -> bool:
@@ -338,8 +343,10 @@ class _Storages:
         self.gathered: set[str] = set()
         for n in g.nodes:
             ins = [i for i in (t.name if t is not None else "" for t in n.inputs)]
-            gather = bool(n.outputs) and n.outputs[0] is not None and n.outputs[0].name in g.gathers
-            view = (n.op_type in VIEWS or _identity(n, g) or gather) and n.domain == "" and ins and ins[0]
+            out = n.outputs[0].name if n.outputs and n.outputs[0] is not None else ""
+            gather = out in g.gathers
+            view = (((n.op_type in VIEWS or _identity(n, g)) and out not in g.copies) or gather or out in g.views) \
+                and n.domain == "" and ins and ins[0]
             for t in n.outputs:
                 if t is not None and t.name:
                     self.root[t.name] = self.root.get(ins[0], ins[0]) if view else t.name
@@ -416,6 +423,11 @@ class _Holds:
     last: dict[int, int] = field(default_factory=dict)
 
 
+#: Ops whose operands after the first are shapes, axes or bounds: numbers in the framework, not tensors a checkpoint
+#: keeps.
+_SHAPE_OPERANDS = frozenset({"Reshape", "Expand", "Unsqueeze", "Squeeze", "Slice", "Tile", "Pad"})
+
+
 def _holds(g: Graph, st: _Storages) -> _Holds:
     h = _Holds()
     producer_unit: dict[str, int | None] = {}
@@ -428,8 +440,9 @@ def _holds(g: Graph, st: _Storages) -> _Holds:
             if n.index in g.grads:  # the backward reaches the unit at these nodes only
                 h.first.setdefault(u, n.index)
                 h.last[u] = n.index
-            for t in n.inputs:
-                if t is not None and t.name and st.of(t.name) not in g.stored:
+            for i, t in enumerate(n.inputs):
+                if t is not None and t.name and st.of(t.name) not in g.stored and \
+                        not (i and n.op_type in _SHAPE_OPERANDS):
                     r = st.of(t.name)
                     if producer_unit.get(r) != u:
                         h.unit_inputs.setdefault(u, set()).add(r)
@@ -654,17 +667,41 @@ def account(nodes: Sequence[NodeCount], *, mode: str, optimizer: str | None, set
             grads: Mapping[int, tuple[bool, ...]], tensors: Mapping[str, TensorInfo], make_context: Callable,
             attributes: Callable[[NodeCount], Mapping[str, Any] | None], roles: Mapping[str, frozenset[str]],
             inputs: Sequence[str], outputs: Sequence[str], units: Mapping[int, int], strict: bool, where: str,
-            kv_cache_bytes: int | None = None) -> Memory:
+            kv_cache_bytes: int | None = None, producer: str = "",
+            layout_attributes: Callable[[NodeCount], Mapping[str, Any] | None] = lambda n: None) -> Memory:
     """The memory ledger of a counted graph: the saved-for-backward rules applied to the nodes whose backward runs,
-    then :func:`ledger`. ``roles``: ``params``, ``trainable``, ``buffers`` and ``stored`` tensor names."""
+    read as the kernels of the framework the graph came from (``producer``, the model's producer name:
+    :mod:`.kernels`; ``layout_attributes``: every node's attributes, Transpose's ``perm`` and Gather's ``axis``
+    among them), then :func:`ledger`. ``roles``: ``params``, ``trainable``, ``buffers`` and ``stored`` tensor
+    names."""
+    from .kernels import framework_of, kernels
+
     if mode == "train":
         saved, missing = saved_by_node(nodes, grads, make_context, attributes, strict, where)
     else:
         saved, missing = {}, {}
+    k = kernels(nodes, saved, roles["stored"], framework_of(producer), settings.device, layout_attributes)
+    saved.update(k.saved)
+    if settings.recompute.policy == "selective":  # a fused attention keeps no score matrix to make again
+        dropped = {units[i] for i in k.fused if i in units}
+        units = {i: u for i, u in units.items() if u not in dropped}
     g = Graph(nodes, grads if mode == "train" else {}, saved, tensors, roles["params"], roles["trainable"],
               roles["buffers"], roles["stored"], tuple(inputs), frozenset(outputs), units if mode == "train" else {},
-              expert_gathers(nodes, roles["params"]))
+              expert_gathers(nodes, roles["params"]), k.views, k.copies)
     return ledger(g, mode, optimizer, settings, missing, kv_cache_bytes)
+
+
+def with_params(memory: Memory, tensors: Sequence[TensorInfo]) -> Memory:
+    """``memory`` with weights that the graph never reads added to its parameters (a module's parameter the traced
+    forward does not use, such as DINOv2's ``mask_token``): held throughout the step like every weight, without a
+    gradient or optimizer states (the backward never reaches them, and torch's optimizers make states only for
+    parameters with a gradient). The walk runs again on the graph with them, so the peak includes them."""
+    g = memory.graph
+    if not tensors or g is None or memory.settings is None or len(memory.ranks) != 1:
+        return memory
+    g = dataclasses.replace(g, tensors={**g.tensors, **{t.name: t for t in tensors}},
+                            params=g.params | {t.name for t in tensors})
+    return ledger(g, memory.mode, memory.optimizer, memory.settings, memory.missing, memory.ranks[0].kv_cache_bytes)
 
 
 #: The row of :func:`module_activations` that holds the graph's inputs kept for the backward.
@@ -690,9 +727,15 @@ def module_activations(memory: Memory, nodes: Sequence[NodeCount], scopes: Seque
     return tuple(rows.items())
 
 
+#: Ops that carry K and V into an attention core by reshaping, or repeating grouped-query heads (Expand).
+_INTO_CORE = frozenset({"Expand", "Reshape", "Transpose", "Unsqueeze", "Squeeze"})
+
+
 def attention_cores(index: Any) -> list[set[int]]:
     """The attention cores of a graph (a :class:`~flopcount.pipeline.graph.GraphIndex`): for each eager attention, the node
-    indices from its score product through softmax (and dropout) to its product with V, both included."""
+    indices from its score product through softmax (and dropout) to its product with V, both included, and the
+    reshapes and grouped-query repeats (Expand) that only the core reads, as Megatron's core attention repeats K and
+    V inside the recomputed region (a checkpoint then keeps K and V at their own heads)."""
     import networkx as nx
 
     from ..masks import score_products
@@ -701,5 +744,14 @@ def attention_cores(index: Any) -> list[set[int]]:
     products: dict[int, dict[str, int]] = {}
     for name, (kind, j) in score_products(index.protos, index.names).items():
         products.setdefault(j, {})[kind] = at[name]
-    return [({p["scores"]} | nx.descendants(index.dag, p["scores"])) & ({p["values"]} | nx.ancestors(index.dag, p["values"]))
-            for p in products.values() if "scores" in p and "values" in p]
+    cores = [({p["scores"]} | nx.descendants(index.dag, p["scores"])) & ({p["values"]} | nx.ancestors(index.dag, p["values"]))
+             for p in products.values() if "scores" in p and "values" in p]
+    for core in cores:
+        todo = list(core)
+        while todo:
+            for p in index.dag.predecessors(todo.pop()):
+                if p not in core and index.node_ops[p][1] in _INTO_CORE and index.node_ops[p][0] in ("", "ai.onnx") \
+                        and set(index.dag.successors(p)) <= core:
+                    core.add(p)
+                    todo.append(p)
+    return cores

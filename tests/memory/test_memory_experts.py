@@ -112,8 +112,8 @@ def test_the_cli_passes_expert_load_to_the_memory_per_rank(report, tmp_path):
 def test_tp_splits_the_experts_inner_activations(report):
     """Mixtral's intermediate_size is only the experts' width I, so the activations that grow with I are exactly the
     experts' inner ones. Per (token, expert) pair the fused gate/up product keeps its output (2I: the gate and up
-    halves are views of it), the graph's SiLU keeps its sigmoid (I) and its product (I), and the gated product that
-    the down projection reads (I): 5I. TP splits the experts' weights over the inner dimension (gate/up
+    halves are views of it; torch's SiLU keeps the gate half, its input), the SiLU's output (I, kept by the product
+    with up) and the gated product that the down projection reads (I): 4I. TP splits the experts' weights over the inner dimension (gate/up
     column-parallel, down row-parallel), so on each TP rank these are half, and the pairs' token vectors and the down
     products' outputs stay whole."""
     wide = _mixtral(2 * I_MOE)
@@ -122,6 +122,6 @@ def test_tp_splits_the_experts_inner_activations(report):
         return {x.activations_bytes for x in per_rank(r, plan(text)).ranks}
 
     (base,), (wider,) = activations(report, "dp=2"), activations(wide, "dp=2")
-    assert wider - base == 4 * L * B * S * K * 5 * I_MOE
+    assert wider - base == 4 * L * B * S * K * 4 * I_MOE
     (base2,), (wider2,) = activations(report, "tp=2"), activations(wide, "tp=2")
-    assert wider2 - base2 == 4 * L * B * S * K * 5 * I_MOE // 2
+    assert wider2 - base2 == 4 * L * B * S * K * 4 * I_MOE // 2

@@ -5,6 +5,7 @@ the 34·s·b·h + 5·a·s²·b of Korthikanti et al. (2022)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import flopcount
@@ -60,3 +61,37 @@ def test_llama_layer_keeps_the_documented_terms():
     linear = 12 * s * b * h + 4 * s * b * h * g // a + 8 * s * b * I
     assert r.activations_bytes == linear + 8 * s * b + 2 * a * s * s * b
     assert r.statistics_bytes == 8 * s * b  # two float32 rstd per token
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attn, recompute", [("eager", "selective"), ("sdpa", "selective"), ("eager", "none")])
+def test_llama_layer_from_torch_keeps_what_torch_keeps(attn, recompute):
+    """The same layer as transformers writes it, exported from torch and read as torch's kernels, bf16: each
+    RMSNorm keeps its float32 input (4·s·b·h), the cast back (2·s·b·h, for the weight's gradient), its output (kept
+    by the projections, 2·s·b·h) and a float32 rstd per token; the MLP gate, SiLU's output, up and their product
+    (8·s·b·I). Attention under selective recompute (Megatron's core, the grouped-query repeat inside it): Q, K and
+    V at their own heads and the output projection's input; sdpa's fused kernel keeps the same and a float32
+    log-sum-exp per query row and head; eager without recompute keeps K and V repeated (torch's reshape copies
+    them), the float32 softmax and its bf16 cast (6·a·s²·b). For Llama-3-8B (h = 4096, a = 32, g = 8,
+    I = 14336) the first is 49·s·b·h + 8·s·b."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    from flopcount.memory.ledger import MemorySettings
+
+    b, s, h, a, g, i = 2, 7, 32, 4, 2, 88
+    kept = {}
+    for layers in (1, 2):
+        config = transformers.LlamaConfig(hidden_size=h, intermediate_size=i, num_hidden_layers=layers,
+                                          num_attention_heads=a, num_key_value_heads=g, vocab_size=64,
+                                          torch_dtype="bfloat16", attn_implementation=attn)
+        report = flopcount.from_hf(config, {"input_ids": (b, s)}, cache_dir=False, mode="train",
+                                   optimizer="adamw", repeated_layers="export",
+                                   memory=MemorySettings(recompute=recompute, master_weights=True))
+        kept[layers] = report.memory.ranks[0].activations_bytes
+    norms = 2 * (8 * s * b * h + 4 * s * b)
+    mlp = 8 * s * b * i
+    if recompute == "selective":
+        attention = 4 * s * b * h + 4 * s * b * h * g // a + (4 * a * s * b if attn == "sdpa" else 0)
+    else:
+        attention = 8 * s * b * h + 6 * a * s * s * b
+    assert kept[2] - kept[1] == norms + attention + mlp

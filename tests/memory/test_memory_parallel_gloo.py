@@ -16,7 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from helpers import gloo_ranks
+from helpers import gloo_ranks, saved_storages
 
 from flopcount.memory.ledger import MemorySettings  # noqa: E402
 from flopcount.memory.ranks import per_rank  # noqa: E402
@@ -100,22 +100,6 @@ def build(t: int, rank: int, reduce=None, copy=None, checkpoint=None):
     return Decoder()
 
 
-def saved_storages(module, x) -> int:
-    """Bytes of the unique storages the autograd graph keeps during a forward, weights left out."""
-    stored = {p.untyped_storage().data_ptr() for p in module.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        s = t.untyped_storage()
-        if s.data_ptr() not in stored:
-            seen[s.data_ptr()] = s.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        module(x)
-    return sum(seen.values())
-
-
 def _worker(rank: int, world: int, init: str, out: str) -> None:
     import torch.distributed as dist
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -148,7 +132,7 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
     module = build(world, rank, Reduce.apply, Copy.apply)
     x = torch.randn(B, S, H, requires_grad=False)
     params = sum(p.numel() * p.element_size() for p in module.parameters())
-    saved = saved_storages(module, x)
+    saved = saved_storages(module, (x,))
     opt = torch.optim.Adam(module.parameters(), foreach=False)
 
     def step():
@@ -175,20 +159,12 @@ def report():
                                 cache_dir=False, memory=MemorySettings(device="cpu"))
 
 
-def exported_extra(t: int) -> int:
-    """What the exported graph keeps beyond torch's autograd on a TP rank of t, per op: SiLU is exported as
-    x·Sigmoid(x), whose Mul keeps the sigmoid's output besides x (torch's silu keeps x only), B·S·FFN/t float32 per
-    layer; rsqrt as a Sqrt and a reciprocal Div, the Div keeping the Sqrt's output besides its own (torch's rsqrt
-    keeps its output only), B·S float32 per norm of a layer (2 a layer), whole on every TP rank without sp."""
-    return L * B * S * (FFN // t) * 4 + 2 * L * B * S * 4
-
-
 def test_one_rank_ledger_equals_saved_storages(report):
-    """The base the per-rank figures are cut from: on one rank the ledger equals torch's saved storages, but for
-    the exported graph's per-op differences."""
+    """The base the per-rank figures are cut from: on one rank the ledger equals torch's saved storages (the
+    exported SiLU and rsqrt read as torch's kernels, :mod:`flopcount.memory.kernels`)."""
     module = build(1, 0)
-    saved = saved_storages(module, torch.randn(B, S, H))
-    assert report.memory.ranks[0].activations_bytes == saved + exported_extra(1)
+    saved = saved_storages(module, (torch.randn(B, S, H),))
+    assert report.memory.ranks[0].activations_bytes == saved
 
 
 #: the operator types of the exported decoder that torch's policy below runs again (all but the products)
@@ -254,9 +230,8 @@ def test_operator_list_recompute_against_selective_activation_checkpointing():
     torch keeps each region's input and its products' outputs. The ledger keeps what its units read from outside
     (the region's input and the products' outputs, but the LM head's logits, which no unit reads) and what the
     products keep for their backward, their inputs: where a listed op made one (each norm's output, the softmax's
-    probabilities, SiLU·up) the ledger keeps it, where torch's checkpoint makes it again. The exported graph's
-    SiLU and rsqrt (``exported_extra``) fall inside the units: no difference from them. The peaks of one Adam step
-    are within 5%."""
+    probabilities, SiLU·up) the ledger keeps it, where torch's checkpoint makes it again. The peaks of one Adam
+    step are within 5%."""
     import flopcount
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -306,24 +281,24 @@ def test_tp_on_gloo_equals_the_ledger(report, tp_seen):
     ranks = per_rank(report, parse_parallel("tp=2")).ranks
     for i, seen in enumerate(tp_seen):
         assert ranks[i].params_bytes == seen["params"]
-        assert ranks[i].activations_bytes == seen["saved"] + exported_extra(2)
+        assert ranks[i].activations_bytes == seen["saved"]
 
 
 def test_tp_peak_on_gloo_within_5_percent_of_mem_tracker(report, tp_seen):
     """The peak of one Adam step (after a first made the states) on each of 2 TP ranks, against torch's MemTracker
-    on that rank. Both peak at the start of the backward, in the LM head's: the gradients then are the head's shard
-    and the final norm's (MemTracker's "Gradient" at its peak). The all_reduce of the row-parallel outputs runs in
-    place (Megatron's), so it adds no buffer, and the ledger adds none. MemTracker sees what is allocated while it
-    tracks: the input batch, made before, is left out of the ledger's peak here. What remains (measured with torch
-    2.13, not asserted: a residual read off both tools is no derived figure): the ledger is 1,212 bytes (0.67%) above on each rank; the exported graph keeps 3,328 bytes more than torch's autograd
-    (``exported_extra(2)``: SiLU's sigmoid, rsqrt's Sqrt), and the other -2,116 bytes are in MemTracker's
-    "Activation" and "Temp" at that moment (what torch's backward has freed or not yet made), not itemized."""
+    on that rank, both in the backward. torch peaks at the start of the backward, in the LM head's: the gradients
+    then are the head's shard and the final norm's (MemTracker's "Gradient" at its peak). The all_reduce of the
+    row-parallel outputs runs in place (Megatron's), so it adds no buffer, and the ledger adds none. MemTracker sees
+    what is allocated while it tracks: the input batch, made before, is left out of the ledger's peak here. The
+    activations are torch's (the test above); where the ledger's peak falls in the backward (the last layer's MLP,
+    with the gradients the walk has made by then) is not asserted: a residual read off both tools is no derived
+    figure"""
     ranks = per_rank(report, parse_parallel("tp=2")).ranks
     for i, seen in enumerate(tp_seen):
         r, peak = ranks[i], seen["peak"]
         assert peak["Parameter"] == r.params_bytes  # each shard a storage of its own
         assert peak["Gradient"] == 4 * (V // 2 * H + H)  # the LM head's shard and the final norm's
-        assert (r.peak_phase, r.peak_node) == ("backward", "/lm_head/MatMul")
+        assert r.peak_phase == "backward"
         mine = r.peak_bytes - r.inputs_bytes
         assert abs(mine - peak["Total"]) <= 0.05 * peak["Total"]
 
@@ -366,7 +341,8 @@ def _fsdp_worker(rank: int, world: int, init: str, out: str) -> None:
 def test_fsdp2_on_gloo_equals_fsdp_mem_tracker(report, tmp_path):
     """FSDP2 (fully_shard per layer and at the root) on 2 gloo ranks: FSDPMemTracker's sharded parameters,
     sharded gradients and optimizer states equal the ledger's for dp=2,fsdp, byte for byte (every dim 0 here is
-    even, so FSDP2 pads nothing); the peaks are within 5%, and what differs is itemized per category and op.
+    even, so FSDP2 pads nothing); the peaks differ by what is itemized per category and op, and are within 5% once
+    gloo's copy and the tracker's reference (below) are left out.
 
     FSDPMemTracker peaks in the last layer's post-backward, at the reduce-scatter of its gradients: layer 0's
     all-gather (prefetched) and layer 1's gradients copied into the reduce-scatter's input are alive, one layer's
@@ -387,7 +363,7 @@ def test_fsdp2_on_gloo_equals_fsdp_mem_tracker(report, tmp_path):
     whole = report.memory.ranks[0]
     (rank,) = per_rank(report, parse_parallel("dp=2,fsdp")).ranks
     module, x = build(1, 0), torch.randn(B, S, H)
-    saved_all, saved_layer = saved_storages(module, x), saved_storages(module.layers[0], x)  # torch's autograd
+    saved_all, saved_layer = saved_storages(module, (x,)), saved_storages(module.layers[0], (x,))  # torch's autograd
     unit, root = 4 * (4 * H * H + 3 * H * FFN + 2 * H), 4 * (V * H + H)  # a layer's parameters, the root's, whole
     act, scalar = 4 * B * S * H, 4  # a (B, S, H) float32 activation (the batch, a gradient); the loss
     shard = (L * unit + root) // 2
@@ -411,11 +387,11 @@ def test_fsdp2_on_gloo_equals_fsdp_mem_tracker(report, tmp_path):
         assert peak["Activation"] == saved_layer + 2 * scalar  # layer 0's saved tensors, the loss, its seed
 
         # the ledger's peak: the LM head's MatMul in the backward; two buffers and the root held, all the exported
-        # graph's activations (torch's saved storages and the exported graph's extra, as in the one-rank test),
+        # graph's activations (torch's saved storages, as in the one-rank test),
         # the logits' gradient, the loss (its seed gradient freed after the sum's backward), the head weight's
         # gradient shard, its input's gradient
         assert (rank.peak_phase, rank.peak_node) == ("backward", "/lm_head/MatMul")
-        kept = saved_all + exported_extra(1)
+        kept = saved_all
         assert rank.peak_bytes == (shard + states + act + 2 * unit + root + kept + 4 * B * S * V + scalar
                                    + 4 * V * H // 2 + act)
         # so the difference, per category: torch's buffers at its peak are the ledger's two and gloo's copy, with
@@ -424,7 +400,6 @@ def test_fsdp2_on_gloo_equals_fsdp_mem_tracker(report, tmp_path):
         # gradient (the loss in each, torch's seed gradient besides)
         assert peak["Total"] - rank.peak_bytes == (gloo_copy + scattered + tracker_ref + root - 4 * V * H // 2
                                                    + saved_layer + 2 * scalar - kept - 4 * B * S * V - scalar)
-        assert abs(rank.peak_bytes - peak["Total"]) <= 0.05 * peak["Total"]
 
         # torch's peak as NCCL would see it, without gloo's copy and the tracker's reference: layer 0's
         # pre-backward, its parameters copied out of the all-gather buffer (not yet freed), layer 1's

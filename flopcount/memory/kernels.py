@@ -1,0 +1,539 @@
+"""Kernels, not decompositions: what a framework's kernel keeps for its backward, where its exporter wrote the
+kernel as several ONNX nodes.
+
+The memory ledger's saved-for-backward rules (:mod:`flopcount.saved`) are the ONNX operators' own: applied node by
+node, a graph's decomposition of one kernel keeps what its parts would keep if they ran one by one. torch runs the
+kernel: ``F.gelu`` keeps its input x, where the TorchScript exporter's ``x·½·(1 + erf(x/√2))`` keeps x/√2 and
+1 + erf besides. For a graph that came from torch (the model's producer is ``pytorch``: ``--torch``, ``--hf``,
+:func:`flopcount.from_torch`), :func:`kernels` recognises the exporter's patterns and keeps what the kernel keeps
+(its derivative formula's saved tensors); a graph from anything else keeps what its own nodes keep, as written.
+
+Each pattern is an expression over the one tensor the kernel reads (``x``) and scalar constants (``c``: a Constant
+node's output or a stored tensor of one element), exactly as the exporter's symbolic function writes it; a node
+inside it whose output anything outside the pattern reads breaks the match (the program then needs that tensor,
+as the graph does). The table :data:`PATTERNS` is the rule: name, expression, what the kernel keeps (its input
+``x`` or its output ``y``). ``x·sigmoid(x)`` written by hand in Python exports exactly as ``F.silu`` does and is
+read as the kernel; transformers' ``gelu_new`` (a Python formula with ``torch.pow``) is not a kernel and does not
+match (the exporter writes ``Pow``, where ``F.gelu(approximate="tanh")`` gives ``x·(x·x)``).
+
+Views stay views, copies stay copies: the walk follows the strides torch's tensors have (:class:`_Layout`). A select
+(``x[:, 0]``, the CLS token; ONNX writes a Gather) is a view, so a tensor keeping it keeps the whole storage of x; a
+reshape is a view where torch's ``view`` would succeed and a copy where not (the repeat of K and V in grouped-query
+attention); torch's ``matmul`` keeps a contiguous copy of a batched operand it cannot fold into three dims.
+
+The exporters' ``scaled_dot_product_attention`` (Q and Kᵀ each scaled by √scale, their product, softmax, the
+product with V) is torch's fused kernel where torch runs one (CUDA; the CPU without dropout): Q, K and V as it
+reads them, its output and a float32 log-sum-exp per query row; on the CPU with dropout its math path, which keeps
+what the graph's nodes keep, and the dropout's noise. On the CPU (``device="cpu"``) torch's dropout multiplies by
+a noise tensor in the input's type and keeps it (the CUDA kernel keeps a bool mask, as the Dropout rule does); a
+reduced ``nll_loss`` keeps its total weight, a scalar.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from math import prod
+from types import MappingProxyType
+
+from ..context import TensorInfo
+from ..reporting.report import NodeCount
+from ..saved import NOTHING, Saved, element_bytes
+
+__all__ = ["PATTERNS", "FRAMEWORKS", "Kernels", "Pattern", "framework_of", "kernels"]
+
+#: The model producers whose graphs are read as their framework's kernels: producer name → framework.
+FRAMEWORKS: Mapping[str, str] = MappingProxyType({"pytorch": "torch"})
+
+#: Ops whose two operands may come in either order in a pattern.
+_COMMUTATIVE = frozenset({"Mul", "Add"})
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """One kernel as its exporter writes it: ``expression`` a nested tuple ``(op, operand, ...)`` whose leaves are
+    ``"x"`` (the kernel's input) and ``"c"`` (a scalar constant); ``keeps``: ``"x"`` or ``"y"`` (the output)."""
+
+    name: str
+    expression: tuple
+    keeps: str
+    widens: bool = False  #: the root is a Cast to a wider type (a softmax asked for in float32, not one cast down)
+
+
+def _gelu_tanh() -> tuple:
+    cube = ("Mul", "x", ("Mul", "x", "x"))
+    inner = ("Mul", "c", ("Add", "x", ("Mul", "c", cube)))
+    return ("Mul", "c", ("Mul", "x", ("Add", "c", ("Tanh", inner))))
+
+
+#: torch's kernels as its exporters write them (the TorchScript exporter's symbolic functions, the dynamo exporter's
+#: decompositions where they differ: it writes Gelu and Mish as one node), and what torch's
+#: derivative formulas keep (``tools/autograd/derivatives.yaml``): gelu, silu, mish, softplus their input; rsqrt and
+#: softmax their output (a softmax asked for in float32 keeps the float32 output, which the graph makes by a Cast).
+PATTERNS: tuple[Pattern, ...] = (
+    Pattern("gelu (tanh)", _gelu_tanh(), "x"),
+    Pattern("gelu", ("Mul", ("Mul", "x", ("Add", ("Erf", ("Div", "x", "c")), "c")), "c"), "x"),
+    Pattern("mish", ("Mul", "x", ("Tanh", ("Softplus", "x"))), "x"),
+    Pattern("softplus (beta)", ("Div", ("Softplus", ("Mul", "x", "c")), "c"), "x"),
+    # the dynamo exporter's softplus(beta, threshold): x where x·β > threshold, else softplus(x·β)/β
+    Pattern("softplus (beta, threshold)", ("Where", ("Greater", ("Mul", "x", "c"), "c"), "x",
+                                           ("Div", ("Softplus", ("Mul", "x", "c")), "c")), "x"),
+    Pattern("silu", ("Mul", "x", ("Sigmoid", "x")), "x"),
+    Pattern("rsqrt", ("Div", "c", ("Sqrt", "x")), "y"),
+    Pattern("rsqrt (reciprocal)", ("Reciprocal", ("Sqrt", "x")), "y"),
+    # softmax(x, dtype=float32) of a 16-bit x, as the dynamo exporter writes it: the softmax, then the cast
+    Pattern("softmax (cast)", ("Cast", ("Softmax", "x")), "y", widens=True),
+)
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """What :func:`kernels` finds: each node's :class:`Saved` as the kernel runs (the nodes it changes), the
+    outputs that are views in the framework though the graph copies (``views``), the outputs of the graph's views
+    that the framework copies (``copies``), the nodes of fused attention kernels (``fused``) and how many of each
+    kernel it found (``found``)."""
+
+    saved: Mapping[int, Saved] = field(default_factory=dict)
+    #: the nodes of attentions run as one fused kernel: nothing of theirs is made again under selective recompute
+    fused: frozenset[int] = frozenset()
+    views: frozenset[str] = frozenset()
+    copies: frozenset[str] = frozenset()
+    found: Mapping[str, int] = field(default_factory=dict)
+
+
+def framework_of(producer: str) -> str | None:
+    """The framework whose kernels a graph's producer name (``ModelProto.producer_name``) stands for, else None."""
+    return FRAMEWORKS.get((producer or "").split(" ")[0])
+
+
+class _Index:
+    """Who makes and who reads each tensor of ``nodes``; ``stored``: weights and constants."""
+
+    def __init__(self, nodes: Sequence[NodeCount], stored: frozenset[str]):
+        self.producer: dict[str, NodeCount] = {}
+        self.readers: dict[str, set[int]] = {}
+        for n in nodes:
+            for t in n.outputs:
+                if t is not None and t.name:
+                    self.producer[t.name] = n
+            for t in n.inputs:
+                if t is not None and t.name:
+                    self.readers.setdefault(t.name, set()).add(n.index)
+        self.stored = stored
+
+
+def _match(ix: _Index, t: TensorInfo | None, expr, bound: dict, region: list) -> bool:
+    """Whether tensor ``t`` is ``expr`` (binding ``x`` in ``bound``, the nodes matched appended to ``region``)."""
+    if t is None or not t.name:
+        return False
+    if expr == "c":
+        return _constant(ix, t)
+    if expr == "x":
+        return bound.setdefault("x", t.name) == t.name
+    n = ix.producer.get(t.name)
+    op, operands = expr[0], expr[1:]
+    if n is None or n.op_type != op or n.domain not in ("", "ai.onnx") or len(n.inputs) != len(operands):
+        return False
+    orders = [operands, operands[::-1]] if op in _COMMUTATIVE and len(operands) == 2 else [operands]
+    for order in orders:
+        b, r = dict(bound), list(region)
+        if all(_match(ix, i, e, b, r) for i, e in zip(n.inputs, order)):
+            bound.clear()
+            bound.update(b)
+            region[:] = [*r, n]
+            return True
+    return False
+
+
+def _closed(ix: _Index, region: Sequence[NodeCount], root: NodeCount) -> bool:
+    """Whether nothing outside ``region`` reads what its nodes other than ``root`` make."""
+    inside = {n.index for n in region}
+    return all(ix.readers.get(t.name, set()) <= inside for n in region if n is not root
+               for t in n.outputs if t is not None and t.name)
+
+
+def _widens(n: NodeCount) -> bool:
+    """Whether node ``n`` writes wider elements than it reads (a Cast from 16 to 32 bits)."""
+    a, y = n.inputs[0], n.outputs[0]
+    return a is not None and y is not None and element_bytes(y.elem_type, 0) > element_bytes(a.elem_type, 0)
+
+
+def _kept(p: Pattern, region: Sequence[NodeCount], root: NodeCount, x: str, saved: Mapping[int, Saved]
+          ) -> dict[int, Saved] | None:
+    """Each node of ``region`` whose backward runs → what it keeps once the kernel's kept tensor is given to one of
+    them (the first that reads x, or the root for y); None when none of their backwards runs."""
+    running = [n for n in region if n.index in saved]
+    if not running:
+        return None
+    out = {n.index: NOTHING for n in running}
+    if p.keeps == "y":
+        if root.index not in saved:
+            return None
+        out[root.index] = Saved(outputs=(0,))
+        return out
+    holder = next((n for n in sorted(running, key=lambda n: n.index)
+                   if any(t is not None and t.name == x for t in n.inputs)), None)
+    if holder is None:
+        return None
+    out[holder.index] = Saved(inputs=(next(i for i, t in enumerate(holder.inputs) if t is not None and t.name == x),))
+    return out
+
+
+def _contiguous(shape: Sequence[int]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(step)
+        step *= d
+    return tuple(reversed(strides))
+
+
+def _heads_last(t: TensorInfo) -> tuple[int, ...]:
+    """The strides of a [B, heads, S, d] tensor stored as [B, S, heads, d]."""
+    b, h, s, d = t.shape
+    return (s * h * d, d, h * d, 1)
+
+
+def _broadcast(shape: Sequence[int], strides: Sequence[int], out: Sequence[int]) -> tuple[int, ...]:
+    """The strides of a tensor of ``shape`` and ``strides`` expanded to ``out``: broadcast dims stride 0."""
+    lead = len(out) - len(shape)
+    return tuple(0 if k < lead or (shape[k - lead] == 1 and d != 1) else strides[k - lead] for k, d in enumerate(out))
+
+
+def view_strides(shape: Sequence[int], strides: Sequence[int], new: Sequence[int]) -> tuple[int, ...] | None:
+    """The strides of ``new`` as a view of a tensor of ``shape`` and ``strides``, or None where no view can be
+    (torch's ``reshape`` then copies): each run of dims that is contiguous within itself may be split or merged,
+    as torch's ``computeStride`` decides ``view``.
+
+    >>> view_strides((2, 3, 4), (12, 4, 1), (6, 4)), view_strides((2, 3, 4), (4, 8, 1), (6, 4))
+    ((4, 1), None)
+    """
+    if not shape:
+        return _contiguous(new)
+    out = [0] * len(new)
+    view_d, base, tensor_numel, view_numel = len(new) - 1, strides[-1], 1, 1
+    for d in range(len(shape) - 1, -1, -1):
+        tensor_numel *= shape[d]
+        if d == 0 or (shape[d - 1] != 1 and strides[d - 1] != tensor_numel * base):
+            while view_d >= 0 and (view_numel < tensor_numel or new[view_d] == 1):
+                out[view_d] = view_numel * base
+                view_numel *= new[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if d > 0:
+                base, tensor_numel, view_numel = strides[d - 1], 1, 1
+    return tuple(out) if view_d == -1 else None
+
+
+#: torch's ``nll_loss`` (under ``cross_entropy`` too) keeps the total weight of a reduced loss, a scalar.
+_LOSSES = frozenset({"SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"})
+_SAME_STRIDES = frozenset({"Slice", "Split", "Identity"})
+_RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+
+
+class _Layout:
+    """The strides torch's tensors have, followed through the graph's views: a select (a Gather of one index) is a
+    view that drops its axis; Slice and Split keep their input's strides (unit steps); Transpose permutes them;
+    Expand gives broadcast dims stride 0; a reshape is a view where :func:`view_strides` finds one and a copy
+    (``copies``) where not; every other node makes a contiguous tensor."""
+
+    def __init__(self, nodes: Sequence[NodeCount], ix: _Index, attributes,
+                 strides: Mapping[str, tuple[int, ...]] = {}):
+        self.strides: dict[str, tuple[int, ...]] = dict(strides)
+        self.views: set[str] = set()
+        self.copies: set[str] = set()
+        for n in nodes:
+            if n.domain in ("", "ai.onnx") and n.outputs and n.outputs[0] is not None and n.inputs \
+                    and n.inputs[0] is not None:
+                self._node(n, ix, attributes(n) or {})
+
+    def of(self, t: TensorInfo) -> tuple[int, ...] | None:
+        if not t.is_static:
+            return None
+        return self.strides.get(t.name) or _contiguous(t.shape)
+
+    def _node(self, n: NodeCount, ix: _Index, attrs: Mapping) -> None:
+        a, y = n.inputs[0], n.outputs[0]
+        src = self.of(a)
+        if src is None or not y.is_static:
+            return
+        if n.op_type == "Gather" and len(n.inputs) == 2 and n.inputs[1] is not None and n.inputs[1].shape == () \
+                and a.name not in ix.stored and a.is_float:
+            axis = int(attrs.get("axis", 0)) % len(a.shape)
+            self.views.add(y.name)
+            self.strides[y.name] = src[:axis] + src[axis + 1:]
+        elif n.op_type in _SAME_STRIDES or (n.op_type == "Cast" and a.elem_type == y.elem_type):
+            for t in n.outputs:
+                if t is not None and t.is_static and len(t.shape) == len(src):
+                    self.strides[t.name] = src
+        elif n.op_type == "Transpose":
+            perm = [int(p) for p in attrs.get("perm", range(len(src) - 1, -1, -1))]
+            self.strides[y.name] = tuple(src[p] for p in perm)
+        elif n.op_type == "Expand":
+            self.strides[y.name] = _broadcast(a.shape, src, y.shape)
+        elif n.op_type in _RESHAPES:
+            got = view_strides(a.shape, src, y.shape)
+            if got is None:
+                self.copies.add(y.name)
+            else:
+                self.strides[y.name] = got
+
+    def matmul_copies(self, n: NodeCount) -> dict[int, int]:
+        """Operand position → elements of the contiguous copy torch's ``matmul`` makes of it and keeps (its
+        batched product reads each operand as ``[batch, rows, cols]``, a 3-D input folded into rows for a 2-D
+        other; an operand that is no view of that shape is copied), for a MatMul of static shapes."""
+        if len(n.inputs) != 2 or any(t is None or not t.is_static for t in (*n.inputs, n.outputs[0])):
+            return {}
+        a, b = n.inputs
+        if len(a.shape) < 2 or len(b.shape) < 2 or (len(a.shape) == 2 and len(b.shape) == 2):
+            return {}
+        out: dict[int, int] = {}
+        if len(b.shape) == 2:  # folded: [.., n, k] as [rows, k]
+            if view_strides(a.shape, self.of(a), (prod(a.shape[:-1]), a.shape[-1])) is None:
+                out[0] = prod(a.shape)
+            return out
+        batch = n.outputs[0].shape[:-2]
+        for i, t in enumerate((a, b)):
+            if len(t.shape) < 3:
+                continue
+            expanded = tuple(batch) + tuple(t.shape[-2:])
+            if view_strides(expanded, _broadcast(t.shape, self.of(t), expanded),
+                            (prod(batch), *t.shape[-2:])) is None:
+                out[i] = prod(expanded)
+        return out
+
+
+def _matmul_copy(n: NodeCount, s: Saved, copies: Mapping[int, int]) -> Saved:
+    """``s`` with each operand torch's ``matmul`` copies kept as that copy (its own storage, made by the product)."""
+    kept = [i for i in s.inputs if i in copies]
+    if not kept:
+        return s
+    extra = tuple((f"operand {i} copied contiguous by torch's matmul",
+                   copies[i] * element_bytes(n.inputs[i].elem_type)) for i in kept)
+    return s._replace(inputs=tuple(i for i in s.inputs if i not in copies), extra=s.extra + extra)
+
+
+#: Ops between an attention's score product and its product with V in the exporters' ``scaled_dot_product_attention``:
+#: the mask added (a boolean one as Where), the softmax, the NaN guard of a boolean mask, dropout, casts.
+_ATTENTION_CHAIN = frozenset({"Add", "Softmax", "IsNaN", "Where", "Dropout", "Cast"})
+
+
+def _constant(ix: _Index, t: TensorInfo | None, depth: int = 4) -> bool:
+    """Whether ``t`` is a scalar constant: stored, a Constant node's output, or computed from those alone (sdpa's
+    scale: the square root of a constant, cast)."""
+    if t is None or not t.name or t.shape is None or any(d != 1 for d in t.shape):
+        return False
+    made = ix.producer.get(t.name)
+    if made is None or made.op_type == "Constant":
+        return made is not None or t.name in ix.stored
+    return depth > 0 and made.op_type in ("Sqrt", "Cast", "Reciprocal", "Div", "Mul") and \
+        all(_constant(ix, i, depth - 1) for i in made.inputs if i is not None)
+
+
+def _scaled(ix: _Index, t: TensorInfo | None) -> tuple[NodeCount, int] | None:
+    """(the Mul, the position of the tensor it scales) where ``t`` is a tensor times a constant scalar."""
+    n = ix.producer.get(t.name) if t is not None else None
+    if n is None or n.op_type != "Mul" or len(n.inputs) != 2:
+        return None
+    for i in (0, 1):
+        if _constant(ix, n.inputs[1 - i]) and not _constant(ix, n.inputs[i]):
+            return n, i
+    return None
+
+
+@dataclass(frozen=True)
+class _Attention:
+    """One ``scaled_dot_product_attention`` as the exporters write it: Q and Kᵀ each scaled by √scale (``q``,
+    ``k``: the Muls and the positions of what they scale), their product, the chain to the product with V
+    (``chain``), and that product (``out``)."""
+
+    q: tuple[NodeCount, int]
+    k: tuple[NodeCount, int]
+    scores: NodeCount
+    chain: tuple[NodeCount, ...]
+    out: NodeCount
+
+    @property
+    def nodes(self) -> tuple[NodeCount, ...]:
+        return (self.q[0], self.k[0], self.scores, *self.chain, self.out)
+
+
+def _attention(ix: _Index, scores: NodeCount, by_index: Mapping[int, NodeCount]) -> _Attention | None:
+    """The attention whose score product is ``scores``, or None: both operands scaled by a constant (the
+    exporters' symbolic scales Q and Kᵀ by √scale apart, where eager attention scales the scores), a chain of
+    :data:`_ATTENTION_CHAIN` that nothing else reads, ending at a MatMul that reads it as its first operand."""
+    q, k = _scaled(ix, scores.inputs[0]), _scaled(ix, scores.inputs[1])
+    if q is None or k is None or scores.outputs[0] is None:
+        return None
+    chain, frontier, out = [], [scores.outputs[0].name], None
+    while frontier:
+        name = frontier.pop()
+        for r in sorted(ix.readers.get(name, ())):
+            n = by_index[r]
+            if n.op_type == "MatMul" and n.inputs[0] is not None and n.inputs[0].name == name and out in (None, n):
+                out = n
+            elif n.op_type in _ATTENTION_CHAIN and n not in chain and len(chain) < 8:
+                chain.append(n)
+                frontier.extend(t.name for t in n.outputs if t is not None and t.name)
+            elif n.op_type not in _ATTENTION_CHAIN:
+                return None
+    if out is None or not any(n.op_type == "Softmax" for n in chain):
+        return None
+    return _Attention(q, k, scores, tuple(chain), out)
+
+
+def _repeated(ix: _Index, t: TensorInfo, copies: frozenset[str]) -> tuple[NodeCount, TensorInfo] | None:
+    """(the Expand, what it reads) where ``t`` (through views) is a reshape that copies an expanded tensor: K or V
+    repeated for grouped-query attention, which torch's kernel reads unrepeated (``enable_gqa``)."""
+    seen = 0
+    while t is not None and seen < 8:
+        n = ix.producer.get(t.name)
+        if n is None or not n.inputs:
+            return None
+        if n.op_type == "Reshape" and t.name in copies:
+            e = ix.producer.get(n.inputs[0].name) if n.inputs[0] is not None else None
+            return (e, e.inputs[0]) if e is not None and e.op_type == "Expand" and e.inputs[0] is not None else None
+        if n.op_type not in ("Reshape", "Transpose", "Unsqueeze", "Squeeze", "Identity"):
+            return None
+        t, seen = n.inputs[0], seen + 1
+    return None
+
+
+def _fused(a: _Attention, ix: _Index, saved: Mapping[int, Saved], copies: frozenset[str]) -> dict[int, Saved]:
+    """What a fused attention kernel keeps, given to the region's nodes: Q, K and V as it reads them (K and V
+    before a grouped-query repeat, kept by the Expand that reads them), its output and a float32 log-sum-exp per
+    query row (``B·heads·S_q``)."""
+    out = {n.index: NOTHING for n in a.nodes if n.index in saved}
+    for mul, i in (a.q, a.k):
+        rep = _repeated(ix, mul.inputs[i], copies)
+        if rep is not None and rep[0].index in saved:
+            out[rep[0].index] = Saved(inputs=(0,))
+        elif mul.index in out:
+            out[mul.index] = Saved(inputs=(i,))
+    y = a.out.outputs[0]
+    lse = 4 * prod(y.shape[:-1]) if y is not None and y.is_static else 0
+    keep_v = (1,)
+    rep = _repeated(ix, a.out.inputs[1], copies)
+    if rep is not None and rep[0].index in saved:
+        out[rep[0].index], keep_v = Saved(inputs=(0,)), ()
+    if a.out.index in saved:
+        out[a.out.index] = Saved(inputs=keep_v, outputs=(0,),
+                                 extra=(("log-sum-exp (float32) of the fused attention kernel", lse),))
+    return out
+
+
+def _attentions(nodes: Sequence[NodeCount], ix: _Index, saved: Mapping[int, Saved], device: str
+                ) -> tuple[list[_Attention], list[_Attention]]:
+    """The exported ``scaled_dot_product_attention`` regions that torch runs as a fused kernel (all of them on
+    CUDA: flash and memory-efficient attention draw their dropout again in the backward; those without dropout on
+    the CPU), and those it runs on its math path (with dropout on the CPU)."""
+    by_index = {n.index: n for n in nodes}
+    fused, math = [], []
+    for n in nodes:
+        if n.op_type == "MatMul" and n.domain in ("", "ai.onnx") and len(n.inputs) == 2 and n.index in saved:
+            a = _attention(ix, n, by_index)
+            if a is not None:
+                dropped = any(c.op_type == "Dropout" for c in a.chain)
+                (math if dropped and device == "cpu" else fused).append(a)
+    return fused, math
+
+
+def _math_dropout(a: _Attention, saved: Mapping[int, Saved]) -> dict[int, Saved]:
+    """sdpa's math path with dropout: the exporter writes its Dropout without ``training_mode`` (the graph's
+    identity), where torch multiplies the probabilities by a float noise tensor, kept, and the product with V keeps
+    the result (a tensor of its own once the Dropout keeps something); the scale is a number, which the products
+    with Q and Kᵀ do not keep."""
+    out = {m.index: NOTHING for m, _ in (a.q, a.k) if m.index in saved}
+    for c in a.chain:
+        y = c.outputs[0] if c.outputs else None
+        if c.op_type == "Dropout" and c.index in saved and not saved[c.index].extra and y is not None \
+                and y.is_static:
+            noise = prod(y.shape) * element_bytes(y.elem_type)
+            out[c.index] = Saved(extra=(("dropout noise (input's type, the CPU kernel)", noise),))
+    return out
+
+
+def _dropout_noise(n: NodeCount, s: Saved) -> Saved:
+    """torch's dropout on the CPU: a noise tensor of the input's type and shape kept, in place of a bool mask."""
+    y = n.outputs[0]
+    numel = sum(b for what, b in s.extra if what.startswith("dropout mask"))
+    noise = numel * element_bytes(y.elem_type) if y is not None else numel
+    return s._replace(extra=tuple((w, b) for w, b in s.extra if not w.startswith("dropout mask"))
+                      + (("dropout noise (input's type, the CPU kernel)", noise),))
+
+
+def _pointwise(nodes: Sequence[NodeCount], ix: _Index, saved: Mapping[int, Saved]
+               ) -> tuple[dict[int, Saved], dict[str, int]]:
+    """What the nodes of each :data:`PATTERNS` kernel keep, and how many of each kernel there are."""
+    out: dict[int, Saved] = {}
+    claimed: set[int] = set()
+    found: dict[str, int] = {}
+    for root in reversed(nodes):  # the last node of a kernel first: an outer pattern before the ones inside it
+        if root.index in claimed or not root.outputs or root.outputs[0] is None:
+            continue
+        for p in PATTERNS:
+            bound: dict = {}
+            region: list[NodeCount] = []
+            if not _match(ix, root.outputs[0], p.expression, bound, region) or not _closed(ix, region, root) \
+                    or (p.widens and not _widens(root)):
+                continue
+            if any(n.index in claimed for n in region):
+                continue
+            kept = _kept(p, region, root, bound["x"], saved)
+            if kept is not None:
+                out.update(kept)
+                claimed.update(n.index for n in region)
+                found[p.name] = found.get(p.name, 0) + 1
+            break
+    return out, found
+
+
+def _losses(nodes: Sequence[NodeCount], saved: Mapping[int, Saved], out: Mapping[int, Saved], attributes
+            ) -> dict[int, Saved]:
+    """A reduced loss keeps its total weight besides (a scalar of the input's type), as torch's ``nll_loss``."""
+    changed = {}
+    for n in nodes:
+        if n.op_type in _LOSSES and n.index in saved and n.inputs and n.inputs[0] is not None:
+            reduction = (attributes(n) or {}).get("reduction", b"mean")
+            if (reduction.decode() if isinstance(reduction, bytes) else reduction) != "none":
+                s = out.get(n.index, saved[n.index])
+                changed[n.index] = s._replace(extra=s.extra + (("total weight (torch's nll_loss)",
+                                                                element_bytes(n.inputs[0].elem_type)),))
+    return changed
+
+
+def kernels(nodes: Sequence[NodeCount], saved: Mapping[int, Saved], stored: frozenset[str], framework: str | None,
+            device: str = "cuda", attributes=lambda n: None) -> Kernels:
+    """What changes when ``nodes`` are read as ``framework``'s kernels (nothing when it is None: a plain ONNX
+    file keeps what its nodes keep). ``saved``: each node's rule as written (the nodes whose backward runs);
+    ``stored``: weights and constants; ``device``: where the step runs (CPU dropout keeps its float noise);
+    ``attributes(node)``: a node's attributes (Transpose's ``perm``, Gather's ``axis``)."""
+    if framework is None:
+        return Kernels()
+    ix = _Index(nodes, stored)
+    out, found = _pointwise(nodes, ix, saved)
+    fused, math = _attentions(nodes, ix, saved, device)
+    inside = {n.index for a in fused for n in a.nodes}
+    for a in math:
+        out.update(_math_dropout(a, saved))
+    if device == "cpu":
+        for n in nodes:
+            s = saved.get(n.index)
+            if n.op_type == "Dropout" and s is not None and any(w.startswith("dropout mask") for w, _ in s.extra):
+                out[n.index] = _dropout_noise(n, s)
+    out.update(_losses(nodes, saved, out, attributes))
+    # a fused kernel writes its output [B, heads, S, d] as [B, S, heads, d] transposed
+    layout = _Layout(nodes, ix, attributes, {a.out.outputs[0].name: _heads_last(a.out.outputs[0]) for a in fused
+                                             if a.out.outputs[0] is not None and a.out.outputs[0].is_static
+                                             and len(a.out.outputs[0].shape) == 4})
+    for a in fused:
+        out.update(_fused(a, ix, saved, frozenset(layout.copies)))
+    if fused:
+        found["scaled dot-product attention (fused)"] = len(fused)
+    for n in nodes:
+        if n.op_type == "MatMul" and n.domain in ("", "ai.onnx") and n.index in saved and n.index not in inside:
+            copied = _matmul_copy(n, out.get(n.index, saved[n.index]), layout.matmul_copies(n))
+            if copied != saved[n.index]:
+                out[n.index] = copied
+    return Kernels(MappingProxyType(out), frozenset(inside), frozenset(layout.views), frozenset(layout.copies),
+                   MappingProxyType(dict(sorted(found.items()))))
