@@ -70,7 +70,6 @@ import onnx
 
 from flopcount.context import TensorInfo
 from flopcount.errors import FrontendError, UsageError, first_line, import_framework
-from flopcount.pipeline.graph import walk_graphs
 from flopcount.pipeline.progress import phase
 
 from . import common
