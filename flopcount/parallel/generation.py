@@ -82,15 +82,8 @@ from ..errors import UsageError
 from ..reporting.tiled import check_listable
 from . import experts as px
 from .plan import ParallelPlan, Recompute
-from .ranks import (
-    Collective,
-    ParallelLedger,
-    RankFlops,
-    layer_of,
-    plan_shares,
-    rank_params,
-    simulate_schedule,
-)
+from .layout import layout_of, rank_id
+from .ranks import Collective, ParallelLedger, RankFlops, plan_shares, rank_params, simulate_schedule
 
 __all__ = ["check_plan", "generation_ledger", "sum_of_max"]
 
@@ -154,7 +147,7 @@ def generation_ledger(report: Any, plan: ParallelPlan, expert_load: px.ExpertLoa
                         dm, dr = dm - own_m[ep] + got_m, dr - own_r[ep] + got_m + got_x
                     phases = {"prefill": _phase(m * pm, m * pr), "decode": _phase(m * dm, m * dr)}
                     coords = {"tp": i, "pp": s, "cp": cp, "ep": ep, "dp": dp}
-                    rank = i + t * (cp + c_ * (dp + plan.dp * s))
+                    rank = rank_id(plan, i, cp, dp, s)
                     key = (s, tuple(fractions[layer][ep] for layer in ex_prefill[(s, i)]))
                     if key not in comms:  # the same for the stage's ranks of one EP rank and load
                         comms[key] = _communication(plan, d, report, s, per_stage, gen, key[1])
@@ -166,7 +159,7 @@ def generation_ledger(report: Any, plan: ParallelPlan, expert_load: px.ExpertLoa
     ranks.sort(key=lambda r: r.rank)
     slowest = max(ranks, key=lambda r: (r.hardware_flops, -r.rank))
     mean = sum(r.hardware_flops for r in ranks) / len(ranks)
-    kv_group = t // d.kv_heads if d.kv_heads < t else 1
+    kv_group = layout_of(report, base).kv_group
     whole = {"batch": gen.batch, "prompt_tokens": gen.prompt_tokens, "new_tokens": gen.new_tokens,
              "decode_steps": gen.steps, "prefill_flops": gen.prefill.flops, "decode_flops": gen.decode.flops,
              "total_flops": gen.total.flops}
@@ -212,14 +205,14 @@ def _stage_sums(report: Any, plan: ParallelPlan, expected: int, what: str):
     d, shares, *_ = plan_shares(report, plan, None)
     acc = {(s, i): [0, 0] for s in range(plan.pp) for i in range(plan.tp)}
     experts: dict[tuple[int, int], dict[int, int]] = {k: {} for k in acc}
-    scopes = report.modules.nodes
+    layer_of = layout_of(report, plan).layer
     for x in shares:
         a = acc[(x.stage, x.tp)]
         a[0] += x.model_forward
         a[1] += x.forward
         if x.rule == "expert":  # split over TP: model work = executed work
             per = experts[(x.stage, x.tp)]
-            layer = layer_of(scopes[x.index])
+            layer = layer_of[x.index]
             per[layer] = per.get(layer, 0) + x.forward
     return d, acc, experts
 
@@ -290,7 +283,7 @@ def _communication(plan: ParallelPlan, d: Any, report: Any, s: int, per_stage: i
         out.append(Collective("all_to_all", "ep", m * (px.all_to_all_bytes(prefill_tokens * vec, plan.ep, shares)
                                                        + n * px.all_to_all_bytes(step_tokens * vec, plan.ep, shares))))
     if plan.fsdp:
-        g = rank_params(report, d, plan)[s] * d.param_bytes
+        g = rank_params(report, layout_of(report, plan))[s] * d.param_bytes
         out.append(Collective("all_gather", "dp_cp" if c_ > 1 else "dp", m * (1 + n) * g))
     return tuple(x for x in out if x.bytes)
 

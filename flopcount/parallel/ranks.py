@@ -80,7 +80,6 @@ with unbalanced experts (it is simulated with the stage durations of TP rank 0, 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -88,18 +87,12 @@ from typing import Any, NamedTuple
 from . import experts as px
 from ..errors import UsageError
 from ..reporting.tiled import check_listable
+from .layout import Dims, Layout, chunks_of, layout_of, rank_id, split, warmup
 from .plan import ParallelPlan, Recompute, check_recompute_ops
 
 __all__ = ["Collective", "NodeShare", "ParallelLedger", "RankFlops", "ledger", "node_shares", "plan_shares",
-           "layer_of", "rank_params", "schedule_bubble", "simulate_schedule"]
+           "rank_params", "schedule_bubble", "simulate_schedule"]
 
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)$")
-_IN_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
-_COLUMN = ("q_proj", "gate_proj", "up_proj", "q_b_proj", "kv_b_proj")
-_LATENT = ("q_a_proj", "kv_a_proj_with_mqa")  # MLA's down-projections: replicated over TP, as Megatron runs them
-_KV = ("k_proj", "v_proj")
-_ROW = ("o_proj", "down_proj")
-_PRODUCTS = ("matmul", "gemm", "conv", "einsum")
 
 
 @dataclass(frozen=True)
@@ -175,197 +168,23 @@ class ParallelLedger:
                 "ranks": [r.as_dict() for r in self.ranks]}
 
 
-def _split(f: int, t: int, i: int) -> int:
-    """Rank ``i``'s part of ``f`` split over ``t`` ranks: the remainder to the first ranks, one each."""
-    return f // t + (1 if i < f % t else 0)
-
-
-def _leaf(scope: Sequence[str]) -> str:
-    return scope[-1].rsplit(".", 1)[-1] if scope else ""
-
-
-def layer_of(scope: Sequence[str]) -> int | None:
-    """The index N of the ``layers.N`` module a node's scopes put it in; None outside the layers."""
-    for s in scope:
-        m = _LAYER.search(s)
-        if m:
-            return int(m.group(1))
-    return None
-
-
-
-def _dim(t: Any, k: int) -> int | None:
-    shape = getattr(t, "shape", None)
-    return shape[k] if shape and len(shape) > abs(k) - (k < 0) and isinstance(shape[k], int) else None
-
-
-@dataclass(frozen=True)
-class _Dims:
-    batch: int
-    seq: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    ffn: int
-    vocab: int
-    layers: int
-    act_bytes: int
-    param_bytes: int
-
-
-def _dims(nodes: Sequence[Any], scopes: Sequence[Sequence[str]], where: str) -> _Dims:
-    def first(pred, what: str):
-        for n, sc in zip(nodes, scopes):
-            if pred(n, sc):
-                return n
-        raise UsageError(f"--parallel: {where} has no {what} in its module scopes, so the tensor-parallel rules "
-                         "of a dense decoder (Llama-like names) cannot be applied")
-
-    def proj(leaf: str):
-        return first(lambda n, sc: _leaf(sc) == leaf and n.family in _PRODUCTS and layer_of(sc) is not None,
-                     f"layers.N.*.{leaf} product")
-
-    layer_ids = {layer_of(sc) for sc in scopes} - {None}
-    if not layer_ids:
-        raise UsageError(f"--parallel: {where} has no layers.N module scopes, so the pipeline and tensor-parallel "
-                         "rules of a dense decoder cannot be applied")
-    moe = bool(px.moe_blocks(scopes))
-    mla = any(_leaf(sc) == "kv_b_proj" for sc in scopes)  # multi-head latent attention (DeepSeek)
-    if mla:
-        k, x = proj("kv_b_proj"), proj("kv_a_proj_with_mqa").inputs[0]
-        q = proj("q_b_proj") if any(_leaf(sc) == "q_b_proj" for sc in scopes) else proj("q_proj")
-    else:
-        q, k = proj("q_proj"), proj("k_proj")
-        x = q.inputs[0]
-    for leaf in ("o_proj",) if mla else ("v_proj", "o_proj"):
-        proj(leaf)
-    if not moe:
-        for leaf in ("up_proj", "down_proj"):
-            proj(leaf)
-    try:  # a MoE model without dense MLPs (Mixtral) has no gate_proj outside its experts
-        gate = first(lambda n, sc: _leaf(sc) == "gate_proj" and n.family in _PRODUCTS and layer_of(sc) is not None
-                     and not px.is_expert(sc), "layers.N.*.gate_proj product")
-    except UsageError:
-        if not moe:
-            raise
-        gate = None
-    score = first(lambda n, sc: n.family in _PRODUCTS and layer_of(sc) is not None and _leaf(sc) == "self_attn",
-                  "attention score product in layers.N.self_attn")
-    head = first(lambda n, sc: _leaf(sc) == "lm_head" and n.family in _PRODUCTS, "lm_head product")
-    vals = {"batch": _dim(x, 0), "seq": _dim(x, -2), "hidden": _dim(x, -1), "heads": _dim(score.inputs[0], -3),
-            "head_dim": _dim(score.inputs[0], -1), "q_out": _dim(q.outputs[0], -1), "kv_out": _dim(k.outputs[0], -1),
-            "ffn": _dim(gate.outputs[0], -1) if gate is not None else 0, "vocab": _dim(head.outputs[0], -1)}
-    unknown = [k for k, v in vals.items() if v is None]
-    if unknown:
-        raise UsageError(f"--parallel: {where}: the shapes give no {', '.join(unknown)}; fix the input shapes "
-                         "(--input-shape) so that the tensor-parallel rules can be applied")
-    if mla:  # K/V up-projected per head: as many K/V heads as query heads
-        vals["kv_out"] = vals["heads"] * vals["head_dim"]
-    if vals["q_out"] != vals["heads"] * vals["head_dim"] or vals["kv_out"] % vals["head_dim"]:
-        raise UsageError(f"--parallel: {where}: q_proj/k_proj widths ({vals['q_out']}, {vals['kv_out']}) are not "
-                         f"whole heads of {vals['head_dim']}; the head-splitting rule cannot be applied")
-    from ..reporting.report import element_bits
-
-    return _Dims(vals["batch"], vals["seq"], vals["hidden"], vals["heads"], vals["kv_out"] // vals["head_dim"],
-                 vals["head_dim"], vals["ffn"], vals["vocab"], max(layer_ids) + 1,
-                 (element_bits(x.elem_type) or 32) // 8,
-                 (element_bits(q.inputs[1].elem_type if len(q.inputs) > 1 and q.inputs[1] else 1) or 32) // 8)
-
-
-def _check(plan: ParallelPlan, d: _Dims) -> None:
-    t, p, v = plan.tp, plan.pp, _chunks(plan)
-    if d.seq % (2 * plan.cp) and plan.cp > 1:
-        raise UsageError(f"--parallel cp={plan.cp}: the zigzag split needs 2·cp = {2 * plan.cp} to divide the "
-                         f"sequence length {d.seq}")
-    if plan.sp and plan.cp > 1 and (d.seq // plan.cp) % t:
-        raise UsageError(f"--parallel tp={t},cp={plan.cp},sp: tp must divide each CP rank's {d.seq // plan.cp} tokens")
-    if (plan.dp * plan.cp) % plan.ep:
-        raise UsageError(f"--parallel ep={plan.ep}: expert parallelism reuses the dp·cp = {plan.dp * plan.cp} "
-                         "data- and context-parallel ranks; ep must divide dp·cp")
-    for size, what in ((d.heads, "attention heads"), (d.ffn, "MLP width (intermediate size)"),
-                       (d.vocab, "vocabulary")):
-        if size % t:
-            raise UsageError(f"--parallel tp={t}: tp must divide the {size} {what}")
-    if d.kv_heads % t and t % d.kv_heads:
-        raise UsageError(f"--parallel tp={t}: tp must divide the {d.kv_heads} K/V heads or be a multiple of them")
-    if plan.sp and plan.cp == 1 and d.seq % t:
-        raise UsageError(f"--parallel tp={t},sp: tp must divide the sequence length {d.seq} under sp")
-    if d.layers % p:
-        raise UsageError(f"--parallel pp={p}: pp must divide the {d.layers} layers (stages of equal layers)")
-    if d.layers % (p * v):
-        raise UsageError(f"--schedule interleaved:{v}: pp·v = {p * v} must divide the {d.layers} layers "
-                         "(chunks of equal layers)")
-    if v > 1 and plan.microbatches % p:
-        raise UsageError(f"--microbatches {plan.microbatches}: the interleaved schedule runs microbatches in groups "
-                         f"of pp={p}; give a multiple of {p}")
-
-
-def _chunks(plan: ParallelPlan) -> int:
-    """Model chunks per pipeline rank: ``v`` of the interleaved schedule, else 1."""
-    return plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
-
-
-def _rule(n: Any, sc: Sequence[str], d: _Dims, after_head: bool, blocks: set[str] = frozenset()) -> str:
-    """The rule of one node with work: split, kv, replicated, norm, positions, expert (see the module's list and
-    :mod:`flopcount.parallel.experts`)."""
-    leaf = _leaf(sc)
-    if layer_of(sc) is not None:
-        if px.is_expert(sc):
-            return "expert"
-        block = next((s for s in sc if s in blocks), None)
-        if block is not None and (sc[-1] == block or sc[-1] in (block + ".gate", block + ".shared_expert_gate")):
-            return "replicated"  # the router and the block's own ops on the hidden states
-        if leaf in _COLUMN or leaf in _ROW:
-            return "split"
-        if leaf in _KV:
-            return "kv"
-        if leaf in _LATENT or (leaf.endswith("norm") and any(s.endswith(".self_attn") for s in sc)):
-            return "norm"  # MLA's latent projections and norms run whole on every TP rank
-        if any(s.endswith(".self_attn") for s in sc) and d.heads > 1 and any(
-                t is not None and t.shape and len(t.shape) >= 4 and t.shape[1] == 1 for t in n.inputs[:1]):
-            return "replicated"  # ops on one head shared by all (MLA's rotary key)
-        if any(s.endswith(".self_attn") for s in sc):
-            kv_side = d.kv_heads != d.heads and any(
-                t is not None and t.shape and len(t.shape) >= 4 and t.shape[1] == d.kv_heads for t in n.inputs[:1])
-            return "kv" if kv_side else "split"
-        if any(s.endswith((".mlp", ".block_sparse_moe")) for s in sc):
-            return "split"
-        if n.family in _PRODUCTS:
-            raise UsageError(f"--parallel: node {n.name!r} ({n.op_type} in {sc[-1]}) is a product outside the "
-                             "recognised projections and attention; no tensor-parallel rule applies to it")
-        return "norm"  # the layer's norms and residual adds: split over the sequence under sp
-    if leaf == "lm_head":
-        return "split"
-    if leaf == "rotary_emb":
-        return "positions"
-    if leaf.endswith("norm"):
-        return "norm"
-    if n.family in _PRODUCTS:
-        raise UsageError(f"--parallel: node {n.name!r} ({n.op_type} in {sc[-1] if sc else 'no module'}) is a product "
-                         "outside the recognised modules; no tensor-parallel rule applies to it")
-    if after_head and any(_dim(t, -1) == d.vocab for t in n.inputs if t is not None):
-        return "split"  # vocab-parallel loss
-    return "replicated"
-
-
 #: Ops whose backward keeps none of their tensors (sums, sign changes, moves): they save nothing for the backward.
 _KEEPS_NOTHING = frozenset(("Add", "Sub", "Neg", "Sum", "Identity", "Reshape", "Transpose", "Cast", "Squeeze",
                             "Unsqueeze", "Concat", "Split", "Slice", "Expand", "Flatten", "Shape", "Constant",
                             "ConstantOfShape"))
 #: Ops whose backward keeps their output only: run before it is saved.
 _KEEPS_OUTPUT = frozenset(("Softmax", "LogSoftmax", "Exp", "Sigmoid", "Tanh", "Relu", "Sqrt"))
+_HEADS = ("heads", "kv_heads", "shared_head")
 
 
-def _rerun_layers(nodes: Sequence[Any], scopes: Sequence[Sequence[str]]) -> set[int]:
+def _rerun_layers(nodes: Sequence[Any], layout: Layout) -> set[int]:
     """The nodes a checkpoint around each layer runs again (``--recompute full``): the layer's forward in order,
     stopping, as torch's non-reentrant checkpoint does, once every tensor its backward saved is back. The last
     op that saves anything is the cut: an op that saves its inputs (a product: the down projection's input) saves
     them before it runs, so neither it nor what follows runs again (the residual add after it); one that saves
     its output (softmax, an activation) runs first."""
     members: dict[int, list[int]] = {}
-    for k, sc in enumerate(scopes):
-        layer = layer_of(sc)
+    for k, layer in enumerate(layout.layer):
         if layer is not None:
             members.setdefault(layer, []).append(k)
     out: set[int] = set()
@@ -378,27 +197,17 @@ def _rerun_layers(nodes: Sequence[Any], scopes: Sequence[Sequence[str]]) -> set[
     return out
 
 
-def _recomputed(recompute: Recompute, nodes: Sequence[Any], scopes: Sequence[Sequence[str]]) -> set[int]:
+def _recomputed(recompute: Recompute, nodes: Sequence[Any], layout: Layout) -> set[int]:
     if recompute.policy == "none":
         return set()
     if recompute.policy == "full":
-        return _rerun_layers(nodes, scopes)
+        return _rerun_layers(nodes, layout)
     if recompute.policy == "ops":
         return {k for k, n in enumerate(nodes) if n.op_type in recompute.ops}
-    core: set[int] = set()
-    state: dict[int, int] = {}  # layer → products of the core seen
-    for k, (n, sc) in enumerate(zip(nodes, scopes)):
-        layer = layer_of(sc)
-        if layer is None or _leaf(sc) != "self_attn":
-            continue
-        seen = state.get(layer, 0)
-        if n.family in _PRODUCTS:
-            seen += 1
-            state[layer] = seen
-            if seen <= 2:
-                core.add(k)
-        elif seen == 1:
-            core.add(k)
+    core: set[int] = set()  # each layer's attention core: its heads' ops from the score product to the product with V
+    for products in layout.attention.values():
+        first, last = products[0], products[len(products) // 2] if len(products) > 1 else products[0]
+        core.update(k for k in range(first, last + 1) if layout.roles[k] in _HEADS)
     return core
 
 
@@ -443,15 +252,30 @@ def plan_shares(report: Any, plan: ParallelPlan, recompute: Recompute | None):
     return found
 
 
+def _run(fwd: int, bwd: int, rule: str, layout: Layout, i: int, first: bool) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(executed, model) (forward, backward) FLOPs of a node of ``rule`` on TP rank ``i`` (``first``: the first
+    stage that runs it)."""
+    t, kv_group = layout.plan.tp, layout.kv_group
+    if rule in ("split", "expert") or (rule == "norm" and layout.plan.sp):
+        run = (split(fwd, t, i), split(bwd, t, i))
+        return run, run
+    if rule == "kv" and kv_group > 1:
+        kv = layout.dims.kv_heads
+        run = (split(fwd, kv, i // kv_group), split(bwd, kv, i // kv_group))
+        return run, run if i % kv_group == 0 else (0, 0)
+    if rule == "kv":
+        run = (split(fwd, t, i), split(bwd, t, i))
+        return run, run
+    return (fwd, bwd), (fwd, bwd) if i == 0 and first else (0, 0)  # replicated over TP (positions: and stages)
+
+
 def _shares_of(report: Any, plan: ParallelPlan, recompute: Recompute):
     where = report.model.path or report.model.graph_name or "the model"
     if recompute.policy != "none" and report.mode != "train":
         raise UsageError(f"--recompute {recompute}: recompute changes training only; give --mode train")
-    nodes, scopes = report.nodes, report.modules.nodes
+    nodes = report.nodes
     check_listable(nodes, "--parallel", "nodes, which the ledger shares out one by one,")
-    if report.modules.missing or len(scopes) != len(nodes):
-        raise UsageError(f"--parallel: {where} has no module scopes ({report.modules.missing}), so no "
-                         "tensor-parallel rule can be applied")
+    scopes = report.modules.nodes if not report.modules.missing else ()
     blocks = px.moe_blocks(scopes)
     if plan.ep > 1 and not blocks:
         raise UsageError(f"--parallel ep={plan.ep}: {where} has no routed experts (no *.mlp.experts or "
@@ -459,47 +283,36 @@ def _shares_of(report: Any, plan: ParallelPlan, recompute: Recompute):
     if blocks and report.moe is None:
         raise UsageError(f"--parallel: {where} has expert scopes but no mixture-of-experts record; count it with "
                          "--hf so that its routed experts are known")
-    d = _dims(nodes, scopes, where)
-    _check(plan, d)
+    layout = layout_of(report, plan)
+    d = layout.dims
     if blocks and report.moe.experts % plan.ep:
         raise UsageError(f"--parallel ep={plan.ep}: ep must divide the {report.moe.experts} routed experts")
-    t, p = plan.tp, plan.pp
+    t = plan.tp
     train = report.mode == "train"
-    per_stage = d.layers // p
-    v = _chunks(plan)
-    per_chunk = d.layers // (p * v)
-    head_at = next((k for k, sc in enumerate(scopes) if _leaf(sc) == "lm_head"), len(nodes))
+    per_stage = d.layers // plan.pp if d.layers else 0
     if train and recompute is not None:
         check_recompute_ops(recompute, {n.op_type for n in nodes})
-    redo = _recomputed(recompute, nodes, scopes) if train else set()
-    kv_group = t // d.kv_heads if d.kv_heads < t else 1  # TP ranks that hold the same K/V head
+    redo = _recomputed(recompute, nodes, layout) if train else set()
     shares: list[NodeShare] = []
-    has_loss = False
-    for k, (n, sc) in enumerate(zip(nodes, scopes)):
+    for k, n in enumerate(nodes):
         fwd, bwd = n.cost.flops, n.backward.flops if train else 0
         if not fwd and not bwd:
             continue
-        rule = _rule(n, sc, d, k > head_at, blocks)
-        has_loss = has_loss or (k > head_at and not sc)
-        layer = layer_of(sc)
-        chunks = range(p) if rule == "positions" else [  # positions: each rank's first chunk rebuilds them
-            layer // per_chunk if layer is not None else (p * v - 1 if k >= head_at or _leaf(sc) == "norm" else 0)]
-        stages = [c % p for c in chunks]
+        rule = layout.rule(k)
+        whole_f, whole_b = layout.whole_part.get(k, (0, 0))
+        if not train:
+            whole_b = 0
+        chunks = layout.chunks[k]
+        stages = [c % plan.pp for c in chunks]
         for c, s in zip(chunks, stages):
             for i in range(t):
-                if rule in ("split", "expert") or (rule == "norm" and plan.sp):
-                    run = (_split(fwd, t, i), _split(bwd, t, i))
-                    own = run
-                elif rule == "kv" and kv_group > 1:
-                    run = (_split(fwd, d.kv_heads, i // kv_group), _split(bwd, d.kv_heads, i // kv_group))
-                    own = run if i % kv_group == 0 else (0, 0)
-                elif rule == "kv":
-                    run = own = (_split(fwd, t, i), _split(bwd, t, i))
-                else:  # replicated over TP (and, for positions, over the stages)
-                    run = (fwd, bwd)
-                    own = run if i == 0 and s == stages[0] else (0, 0)
+                run, own = _run(fwd - whole_f, bwd - whole_b, rule, layout, i, s == stages[0])
+                if whole_f or whole_b:  # a row-parallel Gemm's bias add: whole on each rank, after the reduction
+                    w_run, w_own = _run(whole_f, whole_b, "norm", layout, i, s == stages[0])
+                    run, own = (run[0] + w_run[0], run[1] + w_run[1]), (own[0] + w_own[0], own[1] + w_own[1])
                 shares.append(NodeShare(k, s, i, rule, own[0], own[1], run[0], run[1], run[0] if k in redo else 0, c))
-    return d, tuple(shares), has_loss, per_stage, train, recompute
+    return d, tuple(shares), layout.has_loss, per_stage, train, recompute
+
 
 
 def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
@@ -511,13 +324,13 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
     d, shares, has_loss, per_stage, train, recompute = plan_shares(report, plan, recompute)
     t, p, m, c_, e_ = plan.tp, plan.pp, plan.microbatches, plan.cp, plan.ep
     load = expert_load or px.ExpertLoad(None)
-    scopes = report.modules.nodes
-    kv_group = t // d.kv_heads if d.kv_heads < t else 1
+    layout = layout_of(report, plan)
+    kv_group = layout.kv_group
     acc = {(s, i): [0, 0, 0, 0] for s in range(p) for i in range(t)}  # model, executed, recomputed, executed fwd
     experts: dict[tuple[int, int], dict[int, list[int]]] = {k: {} for k in acc}  # per MoE layer: run, recomputed
     for x in shares:
         if x.rule == "expert":
-            e = experts[(x.stage, x.tp)].setdefault(layer_of(scopes[x.index]), [0, 0])
+            e = experts[(x.stage, x.tp)].setdefault(layout.layer[x.index], [0, 0])
             e[0] += x.forward + x.backward
             e[1] += x.recompute
             continue
@@ -526,17 +339,17 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
         a[1] += x.forward + x.backward
         a[2] += x.recompute
         a[3] += x.forward
-    moe_layers = sorted({layer_of(scopes[x.index]) for x in shares if x.rule == "expert"})
+    moe_layers = sorted({layout.layer[x.index] for x in shares if x.rule == "expert"})
     load.check_layers(len(moe_layers))
     fractions = {layer: load.fractions(j, report.moe.experts, e_) for j, layer in enumerate(moe_layers)}
     whole = sum(n.cost.flops + (n.backward.flops if train else 0) for n in report.nodes)
-    comm = _communication(plan, d, report, per_stage, train, has_loss)
+    comm = _communication(layout, report, per_stage, train, has_loss)
     order = ("tp", "pp", "cp", "ep", "dp")
     from . import optimizer as po
 
     note = po.optimizer_note(report)
     per_element = po.per_element(report) if note is None else 0
-    rows = po.parameter_rows(report, plan, d.layers, _chunks(plan)) if note is None else {}
+    rows = layout.stage_params(report.modules.params) if note is None else {}
     ranks = []
     for s in range(p):
         for dp in range(plan.dp):
@@ -551,11 +364,10 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
                         model, run = model + ex, run + ex
                         again += px.ep_divide([px.cp_split(ex_again, c_, q) for q in members], share)[ep]
                     coords = {"tp": i, "pp": s, "cp": cp, "ep": ep, "dp": dp}
-                    rank = i + t * (cp + c_ * (dp + plan.dp * s))
+                    rank = rank_id(plan, i, cp, dp, s)
                     extra = _cp_ep_communication(plan, d, report, s, per_stage, train, recompute,
                                                  [fractions[layer][ep] for layer in experts[(s, i)]])
-                    opt = None if note else po.optimizer_elements(
-                        rows, plan, d.kv_heads, s, i, dp, cp, group, ep, _COLUMN, _ROW, _KV)
+                    opt = None if note else po.optimizer_elements(rows, layout, s, i, dp, cp, group, ep)
                     ranks.append(RankFlops(rank, {k: coords[k] for k in order}, s, m * model, m * (run + again),
                                            m * (run - model), m * again,
                                            {"model_flops": model, "hardware_flops": run + again,
@@ -578,7 +390,7 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
         whole_optimizer_flops=None if note else report.optimizer[1].flops, optimizer_note=note)
 
 
-def _cp_ep_communication(plan: ParallelPlan, d: _Dims, report: Any, stage: int, per_stage: int, train: bool,
+def _cp_ep_communication(plan: ParallelPlan, d: Dims, report: Any, stage: int, per_stage: int, train: bool,
                          recompute: Recompute, shares: Sequence[tuple[int, int]]) -> tuple[Collective, ...]:
     """One rank's CP K/V collectives and EP all_to_alls per optimizer step (see
     :mod:`flopcount.parallel.experts`); ``shares``: its EP rank's share of each of its stage's MoE layers."""
@@ -600,7 +412,7 @@ def schedule_bubble(plan: ParallelPlan, shares: Sequence[NodeShare], train: bool
     """The bubble of the plan's schedule, each chunk's actions as long as its TP rank 0's FLOPs per microbatch."""
     if plan.pp == 1:
         return 0.0
-    v = _chunks(plan)
+    v = chunks_of(plan)
     tf, tb = [0.0] * (plan.pp * v), [0.0] * (plan.pp * v)
     for x in shares:
         if x.tp == 0:
@@ -629,7 +441,7 @@ def _orders(schedule: str, stages: int, microbatches: int, virtual: int, train: 
             if not train:
                 orders.append([fwd(k) for k in range(total)])
                 continue
-            warm = min((p_ - s - 1) * 2 + (v - 1) * p_, total)
+            warm = warmup(schedule, p_, m, v, s)
             order = [fwd(k) for k in range(warm)]
             for k in range(warm, total):
                 order += [fwd(k), bwd(k - warm)]
@@ -639,7 +451,7 @@ def _orders(schedule: str, stages: int, microbatches: int, virtual: int, train: 
         elif schedule == "gpipe":
             order = [("F", s, j) for j in range(m)] + [("B", s, j) for j in range(m)]
         else:  # 1f1b
-            warm = min(p_ - 1 - s, m)
+            warm = warmup(schedule, p_, m, 1, s)
             order = [("F", s, j) for j in range(warm)]
             for j in range(warm, m):
                 order += [("F", s, j), ("B", s, j - warm)]
@@ -689,12 +501,13 @@ def simulate_schedule(schedule: str, stages: int, microbatches: int, forward: Se
     return max(free), busy
 
 
-def _communication(plan: ParallelPlan, d: _Dims, report: Any, per_stage: int, train: bool, has_loss: bool):
+def _communication(layout: Layout, report: Any, per_stage: int, train: bool, has_loss: bool):
     """Per stage: the collectives of one rank of that stage per optimizer step (the module's closed forms)."""
+    plan, d = layout.plan, layout.dims
     t, p, m = plan.tp, plan.pp, plan.microbatches
     tokens = d.batch * (d.seq // plan.cp)  # a CP rank's tokens
     a = tokens * d.hidden * d.act_bytes
-    params = rank_params(report, d, plan)
+    params = rank_params(report, layout)
     out = []
     for s in range(p):
         c: dict[tuple[str, str], int] = {}
@@ -716,7 +529,7 @@ def _communication(plan: ParallelPlan, d: _Dims, report: Any, per_stage: int, tr
                 add("all_reduce", "tp", m * 3 * tokens * 4)
         if p > 1:
             act = a // t if plan.sp else a
-            v = _chunks(plan)  # each of the rank's chunks sends on, but the model's last; and back, but its first
+            v = layout.virtual  # each of the rank's chunks sends on, but the model's last; and back, but its first
             add("send_recv", "pp", m * (act * (v - last) + (act * (v - first) if train else 0)))
         if plan.dp * plan.cp > 1 and train:
             g, grp = params[s] * d.param_bytes, "dp_cp" if plan.cp > 1 else "dp"
@@ -734,23 +547,14 @@ def _communication(plan: ParallelPlan, d: _Dims, report: Any, per_stage: int, tr
     return out
 
 
-def rank_params(report, d: _Dims, plan: ParallelPlan) -> list[int]:
-    """Parameter elements one TP rank of each stage holds: projections, embedding and head split over TP (K/V
-    projections 1/kv when copied), the rest whole."""
-    per_chunk = d.layers // (plan.pp * _chunks(plan))
-    out = [0] * plan.pp
-    for module, n in report.modules.params.items():
-        found = _IN_LAYER.search(module)
-        layer = int(found.group(1)) if found else None
-        leaf = module.rsplit(".", 1)[-1]
-        s = layer // per_chunk % plan.pp if layer is not None else (plan.pp - 1 if leaf in ("lm_head", "norm") else 0)
-        if ".experts" in module:  # split over TP within each expert and over EP between experts
-            n = n // (plan.tp * plan.ep)
-        elif leaf in _COLUMN or leaf in _ROW or leaf in ("embed_tokens", "lm_head"):
-            n = n // plan.tp
-        elif leaf in _KV:
-            n = n // min(plan.tp, d.kv_heads)
-        out[s] += n
+def rank_params(report: Any, layout: Layout) -> list[int]:
+    """Parameter elements TP rank 0 of each stage holds (:meth:`flopcount.parallel.layout.Layout.elements`; a routed
+    expert's, 1/E of them over EP)."""
+    out = [0] * layout.plan.pp
+    for s, rows in layout.stage_params(report.modules.params).items():
+        for _, share, n in rows:
+            x = layout.elements(share, n, 0)[0]
+            out[s] += x // layout.plan.ep if share.role == "expert" else x
     return out
 
 

@@ -1,0 +1,732 @@
+"""The layout of a model under a parallel plan, read once from the counted graph: the one record every per-rank
+ledger reads (FLOPs, :mod:`flopcount.parallel.ranks`; the optimizer step, :mod:`flopcount.parallel.optimizer`;
+generation, :mod:`flopcount.parallel.generation`; memory, :mod:`flopcount.memory.ranks`). It holds the only copy of
+the split rules, the pipeline stages, the rank id and the schedule's warm-up.
+
+**Layers.** The repeated layers are the modules ``P.N`` of the one prefix ``P`` (``model.layers``, ``transformer.h``,
+``encoder.layer``) whose indexed children hold the most nodes; a node without a module scope takes the layer of the
+node that made its first input.
+
+**Roles, found by the graph's dataflow, not by module names.** A *weight product* is a MatMul, Gemm, Conv or Einsum
+that reads a stored floating-point tensor (directly or through views); an *activation product* reads none. In each
+layer:
+
+* the **attention** products are the activation products: a *score* product (Q·Kᵀ), whose inputs come from weight
+  products, and a *context* product (·V), whose first input comes from the scores;
+* the **column-parallel** projections are the weight products first met going back from the scores' two inputs and
+  the context's V (one fused QKV projection, or separate Q, K, V); those that feed K or V only are the **K/V
+  projections**; a weight product further back that feeds one of these (multi-head latent attention's
+  down-projections) is **latent**: replicated over TP, with the nodes between (the latent norms);
+* the **row-parallel** projection is the weight product first met going forward from the context product;
+* the **heads** are the nodes between the column projections and the row projection (rotary, scores, mask,
+  softmax, ·V): split over TP; a node whose first input is 4-D with K/V heads fewer than the query heads on its
+  second axis works on **K/V heads**; one with a single head there (MLA's rotary key) is **shared** by all heads:
+  replicated;
+* the **MLP**: of the remaining weight products, those whose output reaches another (through the activation, GELU,
+  SiLU·up, ReLU², whatever it is) are column-parallel, the ones reached row-parallel, the nodes between them its
+  **inner** ops: split;
+* a node in the module of a projection takes that projection's role (its bias add, its reshapes); in a
+  row-parallel projection's module, its outputs (the bias add, whole after the reduction) are per-token work;
+* a routed MoE block's experts (:mod:`flopcount.parallel.experts`) are **expert** work, its router and the block's
+  own ops **router** work, replicated over TP;
+* everything else in the layer (norms, residual adds, dropout) is **sequence** work: replicated over TP, split over
+  the sequence under ``sp``.
+
+Outside the layers: the **token embedding** is the Gather on a stored weight whose indices come from a model input
+(the largest, when several do): vocab-parallel; other lookups (position and token-type tables) are replicated; work
+that depends neither on the layers nor on the embedded tokens (rotary tables, masks) is a **position** table
+rebuilt on every stage; after the layers, the product whose output is as wide as the vocabulary (the token
+embedding's rows; without a token embedding, the first one wider than the hidden size) is the **vocab-parallel LM
+head** (tied to the embedding or not), the ops after it over the vocabulary (the loss) split too;
+other products after the layers (poolers, classifiers) are replicated, and the other nodes before the head (the
+final norm) sequence work.
+
+**Split rules.** Each role splits over the T ranks of a TP group one way: ``column``, ``row``, ``vocab``, heads and
+inner ops 1/T; K/V projections and heads 1/min(T, kv) (one head copied on T/kv ranks when kv < T); ``expert``
+1/T of each expert (and its share of the experts over EP); ``sequence`` whole, or 1/T of the tokens under ``sp``;
+``replicated`` whole. A parameter follows its role, except a row-parallel projection's bias: whole on every rank
+(Megatron's RowParallelLinear, torch's RowwiseParallel add it after the reduction), and likewise the FLOPs of a
+row-parallel Gemm's bias add.
+
+**Stages.** L layers in P stages (P·v chunks of L/(P·v) under ``interleaved:v``, chunk c on rank c mod P); the nodes
+before the layers on stage 0 (position tables on every stage), those after on the last.
+**Rank id.** Megatron's order, tensor parallel fastest: rank = tp + T·(cp + C·(dp + D·pp)).
+**Warm-up.** The forwards pipeline rank p runs before its first backward: GPipe all M; 1F1B min(P − 1 − p, M);
+interleaved 1F1B min((P − p − 1)·2 + (v − 1)·P, M·v) chunk-forwards (Megatron's order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import UsageError
+from . import experts as px
+from .plan import ParallelPlan
+
+__all__ = ["Dims", "Layout", "ModuleShare", "ROLE_RULES", "in_flight", "layout_of", "rank_id", "split", "warmup"]
+
+#: Each role's rule in the FLOPs ledger: split 1/T, kv 1/min(T, kv), norm (replicated, 1/T under sp), replicated,
+#: positions (rebuilt on every stage), expert.
+ROLE_RULES = {"column": "split", "row": "split", "heads": "split", "inner": "split", "vocab": "split",
+              "kv": "kv", "kv_heads": "kv", "latent": "norm", "sequence": "norm", "row_out": "norm",
+              "shared_head": "replicated", "router": "replicated", "embedding": "replicated",
+              "replicated": "replicated", "positions": "positions", "expert": "expert"}
+#: Roles whose parameters are split 1/T (K/V projections: 1/min(T, kv); experts: 1/(T·E)).
+PARAM_SPLIT = frozenset({"column", "row", "vocab", "embedding", "heads", "inner"})
+#: Roles whose outputs are whole on every TP rank and split over the sequence under sp (memory).
+SEQUENCE_ROLES = frozenset({"row", "row_out", "embedding", "sequence", "latent"})
+_PRODUCTS = ("matmul", "gemm", "conv", "einsum")
+_FLOATS = frozenset({1, 10, 11, 16})  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
+_VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose", "Cast", "Slice",
+                    "Expand"})
+_META = frozenset({"Shape", "Size"})
+
+
+def split(f: int, t: int, i: int) -> int:
+    """Rank ``i``'s part of ``f`` split over ``t`` ranks: the remainder to the first ranks, one each.
+
+    >>> [split(7, 3, i) for i in range(3)]
+    [3, 2, 2]
+    """
+    return f // t + (1 if i < f % t else 0)
+
+
+def rank_id(plan: ParallelPlan, tp: int, cp: int, dp: int, stage: int) -> int:
+    """The global rank at these coordinates, tensor parallel fastest: tp + T·(cp + C·(dp + D·pp))."""
+    return tp + plan.tp * (cp + plan.cp * (dp + plan.dp * stage))
+
+
+def warmup(schedule: str, stages: int, microbatches: int, virtual: int, stage: int) -> int:
+    """Forward actions pipeline rank ``stage`` runs before its first backward (see the module's rules).
+
+    >>> [warmup("1f1b", 4, 8, 1, s) for s in range(4)], warmup("interleaved", 4, 8, 2, 0)
+    ([3, 2, 1, 0], 10)
+    """
+    if schedule == "gpipe":
+        return microbatches
+    if schedule == "interleaved":
+        return min((stages - stage - 1) * 2 + (virtual - 1) * stages, microbatches * virtual)
+    return min(stages - 1 - stage, microbatches)
+
+
+def chunks_of(plan: ParallelPlan) -> int:
+    """Model chunks per pipeline rank: ``v`` of the interleaved schedule, else 1."""
+    return plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
+
+
+def in_flight(plan: ParallelPlan, stage: int) -> float:
+    """Microbatches whose activations pipeline rank ``stage`` keeps at once: the warm-up's forwards and the one
+    running, in microbatches (chunks / v).
+
+    >>> from flopcount.parallel.plan import parse_parallel
+    >>> [in_flight(parse_parallel("pp=4", 8), s) for s in range(4)]
+    [4.0, 3.0, 2.0, 1.0]
+    >>> in_flight(parse_parallel("pp=4", 8, "interleaved:2"), 0)  # (4·2 + 4 − 1) / 2 chunks
+    5.5
+    """
+    p, m, v = plan.pp, plan.microbatches, chunks_of(plan)
+    if p == 1:
+        return 1.0
+    if plan.schedule == "gpipe":
+        return float(m)
+    return min(warmup(plan.schedule, p, m, v, stage) + 1, m * v) / v
+
+
+@dataclass(frozen=True)
+class Dims:
+    """What the rules read off the graph's shapes (0 where the model has no such part)."""
+
+    batch: int
+    seq: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    layers: int
+    act_bytes: int
+    param_bytes: int
+
+
+@dataclass(frozen=True)
+class ModuleShare:
+    """How a module's parameters are laid out: its ``role``, its ``stage``, and the elements kept whole on every TP
+    rank whatever the role (``whole``: a row-parallel projection's bias)."""
+
+    role: str
+    stage: int
+    whole: int = 0
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The model's layout under ``plan`` (see the module's rules). Per node (by position in the report's nodes):
+    ``roles``, ``layer`` and ``chunks`` (the virtual stages that run it); ``whole_part``: (forward, backward) FLOPs of
+    a node kept whole on every TP rank (a row-parallel Gemm's bias); ``attention``: each layer's score and context
+    products; ``modules``: each parameter-owning module's :class:`ModuleShare`; ``tensors``: each stored tensor's
+    TP divisor (by the role of its first reader)."""
+
+    plan: ParallelPlan
+    dims: Dims
+    roles: tuple[str, ...]
+    layer: tuple[int | None, ...]
+    chunks: tuple[tuple[int, ...], ...]
+    whole_part: Mapping[int, tuple[int, int]]
+    attention: Mapping[int, tuple[int, ...]]
+    modules: Mapping[str, ModuleShare]
+    tensors: Mapping[str, int]
+    has_loss: bool
+    expert: tuple[bool, ...]
+    prefix: str | None = None  # the repeated layers' module prefix ("model.layers")
+
+    @property
+    def virtual(self) -> int:
+        return chunks_of(self.plan)
+
+    @property
+    def kv_group(self) -> int:
+        """TP ranks that hold the same K/V head (1 when the heads split)."""
+        kv = self.dims.kv_heads
+        return self.plan.tp // kv if kv and kv < self.plan.tp else 1
+
+    def rule(self, k: int) -> str:
+        """Node ``k``'s rule in the FLOPs ledger."""
+        return ROLE_RULES[self.roles[k]]
+
+    def divisor(self, role: str) -> int:
+        """The ranks a parameter of ``role`` is split over within its TP group (and, for a routed expert's, over EP):
+        1 when it is whole on each."""
+        t = self.plan.tp
+        if role == "expert":
+            return t * self.plan.ep
+        if role in ("kv", "kv_heads"):
+            return min(t, self.dims.kv_heads or t)
+        return t if role in PARAM_SPLIT else 1
+
+    def param_divisor(self, k: int, j: int) -> int:
+        """:meth:`divisor` of the stored tensor node ``k`` reads as its input ``j``: its role's, but whole for a
+        row-parallel Gemm's bias."""
+        if self.roles[k] == "row" and j == 2 and self.whole_part.get(k) is not None:
+            return 1
+        return self.divisor(self.roles[k])
+
+    def elements(self, share: ModuleShare, n: int, tp: int) -> tuple[int, int]:
+        """(elements, of which a copy another TP rank holds too) of a module of ``n`` parameter elements on TP rank
+        ``tp``, before EP and data-parallel sharding (a routed expert's: its 1/T; :meth:`divisor` gives the EP
+        part)."""
+        t = self.plan.tp
+        body = n - share.whole
+        if share.role == "expert":
+            return split(body, t, tp), 0
+        if share.role in ("kv", "kv_heads") and self.kv_group > 1:
+            x = split(body, self.dims.kv_heads, tp // self.kv_group)
+            return x + share.whole, (x if tp % self.kv_group else 0) + (share.whole if tp else 0)
+        if self.divisor(share.role) > 1:
+            return split(body, t, tp) + share.whole, share.whole if tp else 0
+        return n, n if tp else 0
+
+    def stage_params(self, params: Mapping[str, int]) -> dict[int, list[tuple[str, ModuleShare, int]]]:
+        """The report's parameters by stage: (module, its share, its elements)."""
+        out: dict[int, list[tuple[str, ModuleShare, int]]] = {}
+        for module, n in params.items():
+            share = self.modules.get(module) or ModuleShare("expert" if px.is_expert((module,)) else "replicated",
+                                                            self._module_stage(module))
+            out.setdefault(share.stage, []).append((module, share, n))
+        return out
+
+    def _module_stage(self, module: str) -> int:
+        layer = _index_in(module, self.prefix)[1] if self.prefix is not None else None
+        if layer is None:
+            return 0
+        return layer // (self.dims.layers // (self.plan.pp * self.virtual)) % self.plan.pp
+
+
+def _index_in(scope: str, prefix: str | None = None) -> tuple[str, int | None]:
+    """(prefix, N) of the first indexed module ``prefix.N`` in a module path (``("", None)``: none)."""
+    parts = scope.split(".")
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            p = ".".join(parts[:i])
+            if prefix is None or p == prefix:
+                return p, int(part)
+            return p, None
+    return "", None
+
+
+class _Graph:
+    """The report's nodes as a dataflow graph: producers, consumers and which tensors are weights."""
+
+    def __init__(self, nodes: Sequence[Any], inputs: Sequence[Any]):
+        self.nodes = nodes
+        self.producer: dict[str, int] = {}  # the first node that makes a tensor
+        self.producers: dict[str, list[int]] = {}  # every node that does (a stack extended by copies repeats names)
+        self.consumers: dict[str, list[int]] = {}
+        self.info: dict[str, Any] = {}
+        for k, n in enumerate(nodes):
+            for x in n.outputs:
+                if x is not None and x.name:
+                    self.producer.setdefault(x.name, k)
+                    self.producers.setdefault(x.name, []).append(k)
+            for x in n.inputs:
+                if x is not None and x.name:
+                    self.consumers.setdefault(x.name, []).append(k)
+                    self.info.setdefault(x.name, x)
+        model_inputs = {x.name for x in inputs}
+        self.stored = {name for name, x in self.info.items() if name not in self.producer and
+                       name not in model_inputs and x.elem_type in _FLOATS}
+        self.inputs = model_inputs
+        self._weight: dict[str, str | None] = {}
+
+    def weight_root(self, name: str) -> str | None:
+        """The stored tensor ``name`` is (or a view, slice or lookup of); None for an activation."""
+        if name in self._weight:
+            return self._weight[name]
+        root, seen = name, 0
+        while root not in self.stored and seen < 64:
+            k = self.producer.get(root)
+            n = self.nodes[k] if k is not None else None
+            if n is None or n.op_type not in _VIEWS or not n.inputs or n.inputs[0] is None:
+                root = None
+                break
+            root, seen = n.inputs[0].name, seen + 1
+        out = root if root in self.stored else None
+        self._weight[name] = out
+        return out
+
+    def weights(self, k: int) -> list[tuple[int, str]]:
+        """(input position, stored root) of node ``k``'s weight inputs."""
+        return [(j, r) for j, x in enumerate(self.nodes[k].inputs)
+                if x is not None and x.name and (r := self.weight_root(x.name)) is not None]
+
+    def reach(self, starts: Sequence[str], inside, stop, forward: bool) -> tuple[set[int], set[int]]:
+        """(nodes passed, stopping nodes met) from tensors ``starts``, through nodes ``inside`` accepts, stopping
+        at nodes ``stop`` accepts; backward through producers or forward through consumers."""
+        passed: set[int] = set()
+        met: set[int] = set()
+        todo = list(starts)
+        while todo:
+            name = todo.pop()
+            nxt = self.consumers.get(name, ()) if forward else (
+                self.producers.get(name, ()))
+            for k in nxt:
+                if k in passed or k in met or not inside(k):
+                    continue
+                if stop(k):
+                    met.add(k)
+                    continue
+                passed.add(k)
+                n = self.nodes[k]
+                if n.op_type in _META:
+                    continue
+                todo.extend(x.name for x in (n.outputs if forward else n.inputs) if x is not None and x.name)
+        return passed, met
+
+
+_last: list[tuple] = []
+
+
+def layout_of(report: Any, plan: ParallelPlan) -> Layout:
+    """The :class:`Layout` of ``report`` under ``plan``, memoized (the last asked); :class:`UsageError` (exit 2)
+    naming the part a plan cannot split and why."""
+    key = (report.nodes, report.modules.nodes, plan)
+    if _last and _last[0][0] is key[0] and _last[0][1] is key[1] and _last[0][2] == plan:
+        return _last[1]
+    found = _build(report, plan)
+    _last[:] = [key, found]
+    return found
+
+
+def _where(report: Any) -> str:
+    return report.model.path or report.model.graph_name or "the model"
+
+
+def _stack(scopes: Sequence[Sequence[str]]) -> str | None:
+    """The prefix P of the repeated layers ``P.N``: the one whose indexed modules hold the most nodes."""
+    counts: dict[str, int] = {}
+    for sc in scopes:
+        if sc:
+            p, n = _index_in(sc[-1])
+            if n is not None:
+                counts[p] = counts.get(p, 0) + 1
+    return max(counts, key=lambda p: (counts[p], p)) if counts else None
+
+
+def _layers(g: _Graph, scopes: Sequence[Sequence[str]], prefix: str | None) -> list[int | None]:
+    out: list[int | None] = []
+    for k, sc in enumerate(scopes):
+        if sc:
+            out.append(_index_in(sc[-1], prefix)[1] if prefix is not None else None)
+            continue
+        made = [max((q for q in g.producers.get(x.name, ()) if q < k), default=None)
+                for x in g.nodes[k].inputs if x is not None and x.name in g.producers]
+        made = [q for q in made if q is not None]
+        out.append(out[made[0]] if made else None)
+    return out
+
+
+def _block_own(sc: Sequence[str], blocks: set[str]) -> bool:
+    """Whether a node is a MoE block's router or one of the block's own ops (the sum of shared and routed)."""
+    return bool(sc) and any(sc[-1] == b or sc[-1] in (b + ".gate", b + ".shared_expert_gate") for b in blocks)
+
+
+def _width(x: Any, k: int = -1) -> int | None:
+    shape = getattr(x, "shape", None)
+    return shape[k] if shape and len(shape) >= abs(k) and isinstance(shape[k], int) else None
+
+
+@dataclass
+class _Found:
+    """What one layer's dataflow shows (filled by :func:`_layer_roles`)."""
+
+    heads: int = 0
+    head_dim: int = 0
+    kv_width: int = 0  # the K projection's output width (K and V fused: both)
+    kv_fused: str = ""  # "qkv" (one projection), "kv" (K and V in one), "latent" (MLA: up from a latent)
+    ffn: int = 0
+    weight_type: int = 0
+    unclassified: tuple[int, ...] = ()
+
+
+def _layer_roles(g: _Graph, scopes, ks: list[int], expert, blocks, roles: list[str], attention: dict,
+                 layer: int) -> _Found:
+    """Fill ``roles`` for the nodes ``ks`` of one layer (see the module's rules); what it found."""
+    nodes, found = g.nodes, _Found()
+    inset = set(ks)
+
+    def inside(k: int) -> bool:
+        return k in inset
+
+    for k in ks:
+        if expert[k]:
+            roles[k] = "expert"
+        elif _block_own(scopes[k], blocks):
+            roles[k] = "router"
+    products = [k for k in ks if nodes[k].family in _PRODUCTS and not roles[k]]
+    wprod = {k for k in products if g.weights(k)}
+    aprod = {k for k in products if k not in wprod}
+
+    def back(k: int, j: int) -> set[int]:
+        x = nodes[k].inputs[j] if len(nodes[k].inputs) > j else None
+        return g.reach([x.name], inside, lambda q: q in wprod or q in aprod, False)[1] if x is not None else set()
+
+    q_src: set[int] = set()
+    k_src: set[int] = set()
+    v_src: set[int] = set()
+    contexts = []
+    for a in sorted(aprod):
+        m0, m1 = back(a, 0), back(a, 1)
+        if m0 & aprod and m1 & wprod:
+            contexts.append(a)
+            v_src |= m1 & wprod
+        elif m0 & wprod and m1 & wprod:
+            attention.setdefault(layer, []).append(a)
+            q_src |= m0 & wprod
+            k_src |= m1 & wprod
+            if not found.heads:
+                found.heads, found.head_dim = _width(nodes[a].inputs[0], -3) or 0, _width(nodes[a].inputs[0]) or 0
+    attention.setdefault(layer, []).extend(contexts)
+    cand = q_src | k_src | v_src
+
+    def upstream(cs: set[int]) -> set[int]:
+        out: set[int] = set()
+        for c in cs:
+            for j, x in enumerate(nodes[c].inputs):
+                if x is not None and x.name and g.weight_root(x.name) is None:
+                    out |= g.reach([x.name], inside, lambda q: q in wprod, False)[1]
+        return out
+
+    latent, todo = set(), upstream(cand)
+    while todo - latent:
+        latent |= todo
+        todo = upstream(todo)
+    cand -= latent
+    for c in cand:
+        roles[c] = "column" if c in q_src else "kv"
+    kv_proj = sorted(c for c in cand if c not in q_src)
+    fused = sorted(c for c in cand if c in q_src and c in (k_src | v_src))
+    if fused:
+        found.kv_fused, found.kv_width = "qkv", _width(nodes[fused[0]].outputs[0]) or 0
+    elif kv_proj:
+        feeds_both = [c for c in kv_proj if c in k_src and c in v_src]
+        found.kv_fused = "latent" if any(c in upstream({p}) for p in kv_proj for c in latent) else (
+            "kv" if feeds_both else "")
+        found.kv_width = _width(nodes[(feeds_both or [c for c in kv_proj if c in k_src] or kv_proj)[0]].outputs[0]) or 0
+    for c in latent:
+        roles[c] = "latent"
+    rows = set()
+    for a in contexts:
+        rows |= g.reach([x.name for x in nodes[a].outputs if x is not None], inside, lambda q: q in wprod, True)[1]
+    for r in rows:
+        roles[r] = "row"
+    rest = wprod - cand - latent - rows
+    reach = {c: g.reach([x.name for x in nodes[c].outputs if x is not None], inside,
+                        lambda q: q in wprod or q in aprod, True)[1] & rest for c in rest}
+    mlp_rows = set().union(*reach.values()) if reach else set()
+    mlp_cols = {c for c, r in reach.items() if r}
+    found.unclassified = tuple(sorted((rest - mlp_rows - mlp_cols) | (mlp_rows & mlp_cols)))
+    for c in mlp_cols - mlp_rows:
+        roles[c] = "column"
+        found.ffn = found.ffn or (_width(nodes[c].outputs[0]) or 0)
+    for c in mlp_rows - mlp_cols:
+        roles[c] = "row"
+    weights = sorted(cand) + sorted(wprod)
+    if weights:
+        found.weight_type = g.info[g.weights(weights[0])[0][1]].elem_type
+    # a node in the module of one projection takes its role (a row projection's outputs: per-token work)
+    by_module: dict[str, set[str]] = {}
+    for c in wprod:
+        if roles[c] and scopes[c]:
+            by_module.setdefault(scopes[c][-1], set()).add(roles[c])
+    for k in ks:
+        own = by_module.get(scopes[k][-1]) if scopes[k] and not roles[k] else None
+        if own and len(own) == 1:
+            role = next(iter(own))
+            roles[k] = "row_out" if role == "row" else role
+    heads_region = g.reach([x.name for r in rows for x in nodes[r].inputs if x is not None and x.name and
+                            g.weight_root(x.name) is None], inside, lambda q: q in wprod, False)[0]
+    kv = _kv_heads(found)
+    for k in sorted(heads_region):
+        if not roles[k]:
+            roles[k] = _head_role(nodes[k], found.heads, kv)
+    inner = g.reach([x.name for r in mlp_rows - mlp_cols for x in nodes[r].inputs if x is not None and x.name and
+                     g.weight_root(x.name) is None], inside, lambda q: q in wprod, False)[0]
+    for k in inner:
+        if not roles[k]:
+            roles[k] = "inner"
+    for k in ks:
+        if not roles[k]:
+            roles[k] = "sequence"
+    return found
+
+
+def _kv_heads(found: _Found) -> int:
+    """K/V heads from the K projection's width (see the module's rules); 0 where it does not give whole heads."""
+    h, d, w = found.heads, found.head_dim, found.kv_width
+    if not h or not d:
+        return 0
+    if found.kv_fused == "latent":
+        return h  # multi-head latent attention: K and V up-projected per query head
+    if found.kv_fused == "qkv":
+        per, rest = divmod(w, d)
+        return (per - h) // 2 if not rest and per > h and (per - h) % 2 == 0 else 0
+    per, rest = divmod(w, 2 * d if found.kv_fused == "kv" else d)
+    return per if not rest else 0
+
+
+def _head_role(n: Any, heads: int, kv: int) -> str:
+    x = n.inputs[0] if n.inputs else None
+    shape = getattr(x, "shape", None)
+    if shape and len(shape) >= 4 and isinstance(shape[1], int):
+        if heads > 1 and shape[1] == 1:
+            return "shared_head"
+        if kv and kv != heads and shape[1] == kv:
+            return "kv_heads"
+    return "heads"
+
+
+def _outside_roles(g: _Graph, layer: Sequence[int | None], roles: list[str], hidden: int) -> tuple[set[int], bool, int]:
+    """Fill ``roles`` for the nodes outside the layers (see the module's rules); (the nodes after the layers,
+    whether a loss follows the LM head, the vocabulary)."""
+    nodes = g.nodes
+    outside = [k for k in range(len(nodes)) if layer[k] is None]
+    out_set = set(outside)
+    tail = g.reach([x.name for k, n in enumerate(nodes) if layer[k] is not None for x in n.outputs
+                    if x is not None and x.name], out_set.__contains__, lambda q: False, True)[0]
+    embeds = []
+    for k in outside:
+        n = nodes[k]
+        if n.op_type == "Gather" and k not in tail and len(n.inputs) > 1 and n.inputs[0] is not None and \
+                n.inputs[1] is not None and n.inputs[0].name in g.stored:
+            passed, _ = g.reach([n.inputs[1].name], out_set.__contains__, lambda q: False, False)
+            names = {x.name for q in passed for x in nodes[q].inputs if x is not None} | {n.inputs[1].name}
+            if names & g.inputs:
+                embeds.append(k)
+    token = max(embeds, key=lambda k: (_width(nodes[k].inputs[0], 0) or 0, -k)) if embeds else None
+    vocab = (_width(nodes[token].inputs[0], 0) or 0) if token is not None else 0
+    starts = [x.name for k in outside if k not in tail and (k == token or (nodes[k].op_type == "Gather" and
+              nodes[k].inputs and nodes[k].inputs[0] is not None and nodes[k].inputs[0].name in g.stored))
+              for x in nodes[k].outputs if x is not None] + sorted(
+        x for x in g.inputs if g.info.get(x) is not None and g.info[x].elem_type in _FLOATS)
+    stream = g.reach(starts, lambda q: q in out_set and q not in tail, lambda q: False, True)[0]
+    head = next((k for k in sorted(tail) if nodes[k].family in _PRODUCTS and g.weights(k) and (
+        _width(nodes[k].outputs[0]) == vocab if vocab else (_width(nodes[k].outputs[0]) or 0) > hidden)), None)
+    if head is not None and not vocab:
+        vocab = _width(nodes[head].outputs[0]) or 0
+    after_head = g.reach([x.name for x in nodes[head].outputs if x is not None], tail.__contains__,
+                         lambda q: False, True)[0] if head is not None else set()
+    kept = set()  # after a replicated product of the tail (a pooler, a classifier)
+    for k in sorted(tail):
+        if k != head and k not in after_head and nodes[k].family in _PRODUCTS and g.weights(k):
+            kept |= {k} | g.reach([x.name for x in nodes[k].outputs if x is not None], tail.__contains__,
+                                  lambda q: False, True)[0]
+    has_loss = False
+    for k in outside:
+        n = nodes[k]
+        if k == token:
+            roles[k] = "embedding"
+        elif k in tail:
+            if k == head:
+                roles[k] = "vocab"
+            elif k in after_head:
+                roles[k] = "vocab" if any(_width(x) == vocab for x in n.inputs if x is not None) else "replicated"
+                has_loss = has_loss or bool(n.cost.flops)
+            else:
+                roles[k] = "replicated" if k in kept else "sequence"
+        else:
+            roles[k] = "replicated" if k in stream else "positions"
+    return tail, has_loss, vocab
+
+
+def _build(report: Any, plan: ParallelPlan) -> Layout:
+    from ..reporting.report import element_bits
+    from ..reporting.tiled import check_listable
+
+    where = _where(report)
+    nodes = report.nodes
+    check_listable(nodes, "--parallel", "nodes, which the ledger shares out one by one,")
+    nodes = list(nodes)
+    scoped = not report.modules.missing and len(report.modules.nodes) == len(nodes)
+    scopes = list(report.modules.nodes) if scoped else [()] * len(nodes)
+    if not scoped and not _any_model(plan):
+        raise UsageError(f"--parallel {_degrees(plan)}: {where} has no module scopes ({report.modules.missing}), so "
+                         "its repeated layers cannot be found; a plan of dp (with fsdp, zero1 or zero2) applies to "
+                         "any model")
+    g = _Graph(nodes, report.model.inputs)
+    prefix = _stack(scopes)
+    layer = _layers(g, scopes, prefix)
+    expert = tuple(px.is_expert(sc) for sc in scopes)
+    blocks = px.moe_blocks(scopes)
+    roles = [""] * len(nodes)
+    attention: dict[int, list[int]] = {}
+    members: dict[int, list[int]] = {}
+    for k, n in enumerate(layer):
+        if n is not None:
+            members.setdefault(n, []).append(k)
+    found = {n: _layer_roles(g, scopes, ks, expert, blocks, roles, attention, n) for n, ks in sorted(members.items())}
+    stream = next((x for k in members.get(min(members), ()) if members for x in nodes[k].inputs
+                   if x is not None and x.elem_type in _FLOATS and x.shape and len(x.shape) >= 3), None) \
+        if members else None
+    tail, has_loss, vocab = _outside_roles(g, layer, roles, _width(stream) or 0)
+    for k in reversed(range(len(nodes))):  # a weight's view goes with the node that reads it
+        n = nodes[k]
+        if n.outputs and n.outputs[0] is not None and g.weight_root(n.outputs[0].name) is not None:
+            reader = min((q for q in g.consumers.get(n.outputs[0].name, ()) if q > k), default=None)
+            if reader is not None:  # the first after it (a stack extended by copies repeats the names)
+                roles[k], layer[k] = roles[reader], layer[reader]
+    first = next((f for f in found.values() if f.heads), _Found())
+    weight_type = next((f.weight_type for f in found.values() if f.weight_type), 0) or next(
+        (g.info[r].elem_type for k in range(len(nodes)) for _, r in g.weights(k)), 0)
+    dims = Dims(batch=_width(stream, 0) or report.batch, seq=_width(stream, -2) or 0, hidden=_width(stream) or 0,
+                heads=first.heads, kv_heads=_kv_heads(first), head_dim=first.head_dim,
+                ffn=next((f.ffn for f in found.values() if f.ffn), 0), vocab=vocab,
+                layers=max(members) + 1 if members else 0,
+                act_bytes=(element_bits(stream.elem_type) or 32) // 8 if stream is not None else 4,
+                param_bytes=(element_bits(weight_type) or 32) // 8)
+    _check(plan, dims, found, members, nodes, scopes, where)
+    v = chunks_of(plan)
+    per_chunk = dims.layers // (plan.pp * v) if dims.layers else 1
+    last = plan.pp * v - 1
+    chunks = tuple((layer[k] // per_chunk,) if layer[k] is not None else tuple(range(plan.pp))
+                   if roles[k] == "positions" else (last,) if roles[k] in ("vocab", "sequence") or
+                   (roles[k] == "replicated" and k in tail) else (0,) for k in range(len(nodes)))
+    f = report.convention.fc_flops_per_mac
+    whole_part = {k: (n.cost.flops - f * n.cost.macs, n.backward.flops - f * n.backward.macs)
+                  for k, n in enumerate(nodes) if roles[k] == "row" and n.op_type == "Gemm" and len(n.inputs) > 2
+                  and n.inputs[2] is not None and n.inputs[2].name}
+    layout = Layout(plan, dims, tuple(roles), tuple(layer), chunks, whole_part,
+                    {n: tuple(ks) for n, ks in attention.items() if ks}, {}, {}, has_loss, expert, prefix)
+    return _with_parameters(layout, g, scopes)
+
+
+def _any_model(plan: ParallelPlan) -> bool:
+    """Whether the plan only replicates the model over data-parallel ranks (any model takes it)."""
+    return plan.tp == plan.pp == plan.cp == plan.ep == 1
+
+
+def _degrees(plan: ParallelPlan) -> str:
+    return ",".join(f"{d}={getattr(plan, d)}" for d in ("tp", "pp", "cp", "ep") if getattr(plan, d) > 1) or "dp"
+
+
+def _check(plan: ParallelPlan, d: Dims, found: Mapping[int, _Found], members: Mapping[int, list[int]], nodes,
+           scopes, where: str) -> None:
+    """:class:`UsageError` for what the plan cannot split, one line naming the part and why."""
+    t, p, v = plan.tp, plan.pp, chunks_of(plan)
+    if _any_model(plan):
+        return
+    if not members:
+        raise UsageError(f"--parallel {_degrees(plan)}: {where} has no repeated layers (no indexed module scopes "
+                         "such as layers.N or h.N); tp, pp, cp and ep split a stack of layers, while a plan of dp "
+                         "(with fsdp, zero1 or zero2) applies to any model")
+    if t > 1 or plan.cp > 1:
+        if not d.heads:
+            raise UsageError(f"--parallel {_degrees(plan)}: {where}'s layers have no attention (no product of Q "
+                             "and K found in the graph); tensor and context parallelism split attention heads and "
+                             "sequences; give tp=1 and cp=1")
+        if not d.kv_heads:
+            raise UsageError(f"--parallel {_degrees(plan)}: {where}: the K/V projections' width is not whole heads "
+                             f"of {d.head_dim}; the head-splitting rule cannot be applied")
+    if t > 1:
+        for n, f in sorted(found.items()):
+            if f.unclassified:
+                k = f.unclassified[0]
+                sc = scopes[k][-1] if scopes[k] else "no module"
+                raise UsageError(f"--parallel tp={t}: node {nodes[k].name!r} ({nodes[k].op_type} in {sc}) is a "
+                                 "product outside the attention projections and the MLP's projections around its "
+                                 "activation; no tensor-parallel rule applies to it; give tp=1")
+            if f.kv_fused == "qkv" and d.kv_heads % t:
+                raise UsageError(f"--parallel tp={t}: the fused QKV projection of layer {n} splits whole K/V heads "
+                                 f"only when tp divides its {d.kv_heads} K/V heads")
+        for size, what in ((d.heads, "attention heads"), (d.ffn, "MLP width (intermediate size)"),
+                           (d.vocab, "vocabulary")):
+            if size % t:
+                raise UsageError(f"--parallel tp={t}: tp must divide the {size} {what}")
+        if d.kv_heads % t and t % d.kv_heads:
+            raise UsageError(f"--parallel tp={t}: tp must divide the {d.kv_heads} K/V heads or be a multiple of them")
+    if d.seq % (2 * plan.cp) and plan.cp > 1:
+        raise UsageError(f"--parallel cp={plan.cp}: the zigzag split needs 2·cp = {2 * plan.cp} to divide the "
+                         f"sequence length {d.seq}")
+    if plan.sp and plan.cp > 1 and (d.seq // plan.cp) % t:
+        raise UsageError(f"--parallel tp={t},cp={plan.cp},sp: tp must divide each CP rank's {d.seq // plan.cp} tokens")
+    if (plan.dp * plan.cp) % plan.ep:
+        raise UsageError(f"--parallel ep={plan.ep}: expert parallelism reuses the dp·cp = {plan.dp * plan.cp} "
+                         "data- and context-parallel ranks; ep must divide dp·cp")
+    if plan.sp and plan.cp == 1 and d.seq % t:
+        raise UsageError(f"--parallel tp={t},sp: tp must divide the sequence length {d.seq} under sp")
+    if d.layers % p:
+        raise UsageError(f"--parallel pp={p}: pp must divide the {d.layers} layers (stages of equal layers)")
+    if d.layers % (p * v):
+        raise UsageError(f"--schedule interleaved:{v}: pp·v = {p * v} must divide the {d.layers} layers "
+                         "(chunks of equal layers)")
+    if v > 1 and plan.microbatches % p:
+        raise UsageError(f"--microbatches {plan.microbatches}: the interleaved schedule runs microbatches in groups "
+                         f"of pp={p}; give a multiple of {p}")
+
+
+def _elements(x: Any) -> int:
+    n = 1
+    for s in getattr(x, "shape", None) or ():
+        n *= s if isinstance(s, int) else 0
+    return n
+
+
+def _with_parameters(layout: Layout, g: _Graph, scopes) -> Layout:
+    """``layout`` with its stored tensors' TP divisors and its modules' shares (see the module's rules)."""
+    tensors: dict[str, int] = {}
+    modules: dict[str, ModuleShare] = {}
+    whole: dict[str, int] = {}
+    seen: set[tuple[str, str]] = set()
+    for k in range(len(g.nodes)):
+        module = scopes[k][-1] if scopes[k] else ""
+        for j, root in g.weights(k):
+            div = layout.param_divisor(k, j)
+            tensors.setdefault(root, div)
+            if module not in modules:
+                modules[module] = ModuleShare(layout.roles[k], layout.chunks[k][0] % layout.plan.pp)
+            if (module, root) not in seen and div == 1 and layout.divisor(modules[module].role) > 1:
+                whole[module] = whole.get(module, 0) + _elements(g.info[root])
+            seen.add((module, root))
+    modules = {m: ModuleShare(s.role, s.stage, whole.get(m, 0)) for m, s in modules.items()}
+    return Layout(**{**layout.__dict__, "tensors": tensors, "modules": modules})
