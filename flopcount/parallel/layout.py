@@ -660,11 +660,11 @@ def _check(plan: ParallelPlan, d: Dims, found: Mapping[int, _Found], members: Ma
         raise UsageError(f"--parallel {_degrees(plan)}: {where} has no repeated layers (no indexed module scopes "
                          "such as layers.N or h.N); tp, pp, cp and ep split a stack of layers, while a plan of dp "
                          "(with fsdp, zero1 or zero2) applies to any model")
+    if not d.heads:
+        raise UsageError(f"--parallel {_degrees(plan)}: {where}'s repeated layers have no attention (no product of "
+                         "Q and K found in the graph); tensor, pipeline and context parallelism split a stack of "
+                         "attention layers, while a plan of dp (with fsdp, zero1 or zero2) applies to any model")
     if t > 1 or plan.cp > 1:
-        if not d.heads:
-            raise UsageError(f"--parallel {_degrees(plan)}: {where}'s layers have no attention (no product of Q "
-                             "and K found in the graph); tensor and context parallelism split attention heads and "
-                             "sequences; give tp=1 and cp=1")
         if not d.kv_heads:
             raise UsageError(f"--parallel {_degrees(plan)}: {where}: the K/V projections' width is not whole heads "
                              f"of {d.head_dim}; the head-splitting rule cannot be applied")
