@@ -339,7 +339,13 @@ def _tp_div(layout: Any, g: Graph, reader: Mapping[str, int], name: str) -> int:
 
 def _fsdp_share(info: TensorInfo, tp: int, n: int) -> TensorInfo:
     """A stored tensor's share on a rank: 1/``tp`` of its elements (rounded up), then FSDP2's shard over ``n`` ranks,
-    dim 0 padded to ⌈d0/n⌉ rows (d0 the rank's rows: dim 0, divided by ``tp`` where it divides)."""
+    dim 0 padded to ⌈d0/n⌉ rows (d0 the rank's rows: dim 0, divided by ``tp`` where it divides).
+
+    >>> _fsdp_share(TensorInfo("embedding", 1, (65, 32)), 1, 2).shape  # ⌈65/2⌉ = 33 rows of 32, not ⌈2080/2⌉
+    (1056,)
+    >>> _fsdp_share(TensorInfo("embedding", 1, (50, 32)), 2, 2).shape  # 25 rows on the TP rank: 13 of 32
+    (416,)
+    """
     local = _resized(info, tp)
     if n == 1 or local.shape is None:
         return local

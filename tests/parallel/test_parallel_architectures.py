@@ -220,3 +220,12 @@ def test_cli_plans_gpt2(tmp_path, capsys):
     ranks = out["parallel"]["ranks"]
     assert sum(r["model_flops"] for r in ranks) == out["total"]["flops"]
     assert out["parallel"]["dims"]["heads"] == HEADS and out["parallel"]["dims"]["vocab"] == V
+
+
+def test_layout_docstring_examples():
+    import doctest
+
+    import flopcount.parallel.layout
+
+    result = doctest.testmod(flopcount.parallel.layout, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
