@@ -159,7 +159,6 @@ def generation_ledger(report: Any, plan: ParallelPlan, expert_load: px.ExpertLoa
     ranks.sort(key=lambda r: r.rank)
     slowest = max(ranks, key=lambda r: (r.hardware_flops, -r.rank))
     mean = sum(r.hardware_flops for r in ranks) / len(ranks)
-    kv_group = layout_of(report, base).kv_group
     whole = {"batch": gen.batch, "prompt_tokens": gen.prompt_tokens, "new_tokens": gen.new_tokens,
              "decode_steps": gen.steps, "prefill_flops": gen.prefill.flops, "decode_flops": gen.decode.flops,
              "total_flops": gen.total.flops}
@@ -170,8 +169,7 @@ def generation_ledger(report: Any, plan: ParallelPlan, expert_load: px.ExpertLoa
             "activation_bytes": d.act_bytes, "param_bytes": d.param_bytes, "moe_layers": len(moe_layers),
             "experts": report.moe.experts if moe_layers else 0, "top_k": report.moe.top_k if moe_layers else 0},
         tuple(ranks), _bubble(plan, prefill, lines), slowest.rank, slowest.hardware_flops / mean if mean else 1.0,
-        f"each TP rank holds one of the {d.kv_heads} K/V heads, copied on {kv_group} ranks" if kv_group > 1
-        else "K/V heads split over TP", expert_load=load.source if moe_layers else None,
+        layout_of(report, base).kv_rule, expert_load=load.source if moe_layers else None,
         optimizer_note="generation is inference: no optimizer step",
         generation=whole)
 

@@ -192,6 +192,15 @@ class Layout:
         kv = self.dims.kv_heads
         return self.plan.tp // kv if kv and kv < self.plan.tp else 1
 
+    @property
+    def kv_rule(self) -> str:
+        """How the K/V heads are laid out over TP, in words."""
+        if not self.dims.heads:
+            return "no attention heads to split"
+        if self.kv_group > 1:
+            return f"each TP rank holds one of the {self.dims.kv_heads} K/V heads, copied on {self.kv_group} ranks"
+        return "K/V heads split over TP"
+
     def rule(self, k: int) -> str:
         """Node ``k``'s rule in the FLOPs ledger."""
         return ROLE_RULES[self.roles[k]]

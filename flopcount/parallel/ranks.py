@@ -1,35 +1,30 @@
 """FLOPs per rank under a parallel plan: tensor (with sequence), pipeline, context, expert and data parallelism of a
-decoder transformer, dense or mixture-of-experts, from a counted report's per-node FLOPs and module scopes. The
-context- and expert-parallel rules (zigzag split, EP ranks, routing histogram, all_to_all) are stated in
-:mod:`flopcount.parallel.experts`; MoE blocks' routed experts are split 1/T over TP and by their load over EP, their
-routers replicated over TP, shared experts split like a dense MLP. Multi-head latent attention (``q_a_proj``,
-``q_b_proj``, ``kv_a_proj_with_mqa``, ``kv_b_proj``): the up-projections are column-parallel, the latent
-down-projections and their norms replicated over TP, as are the ops on the one rotary key all heads share.
+transformer (decoder or encoder, dense or mixture-of-experts), and data parallelism of any model, from a counted
+report's per-node FLOPs. Each node's role (column- or row-parallel projection, K/V projection, heads, MLP inner op,
+vocab-parallel head, sequence work, replicated, position table, expert) and its stage come from the model's
+:class:`~flopcount.parallel.layout.Layout`, found once from the graph's dataflow (:mod:`flopcount.parallel.layout`
+states the rules). The context- and expert-parallel rules (zigzag split, EP ranks, routing histogram, all_to_all)
+are stated in :mod:`flopcount.parallel.experts`. A role's FLOPs are shared out over the T ranks of a TP group:
 
-The model is recognised by its module scopes (Llama-like names, as Hugging Face writes them): ``embed_tokens``,
-``layers.N.self_attn.{q,k,v,o}_proj``, ``layers.N.mlp.{gate,up,down}_proj``, norms (``*norm``), ``rotary_emb``,
-``lm_head``, and a loss after the head. Each node with work falls under one rule, per layer kind:
-
-* **column-parallel** (``q_proj``, ``k_proj``, ``v_proj``, ``gate_proj``, ``up_proj``) and **row-parallel**
-  (``o_proj``, ``down_proj``) projections: 1/T of the work on each TP rank;
-* **attention heads** (the rest of ``self_attn``: rotary, scores, softmax, product with V) split over TP: 1/T;
-  with GQA, when the K/V heads ``kv`` are fewer than T, each TP rank holds one K/V head, copied on T/kv ranks:
-  the K/V projections and the ops on K/V heads run ``1/kv`` of their work on every rank (the first rank of each
-  copy group counts it as model work, the others as redundant work); T must divide kv or kv must divide T;
-* **MLP inner ops** (activation, gating product) split over the FFN dimension: 1/T;
-* **vocab-parallel** LM head and the loss's ops over the vocabulary: 1/T;
-* the **embedding** is vocab-parallel, and its masked lookup runs over every token on every TP rank: replicated;
-* **norms and the other elementwise ops** (residual adds, the loss's per-token ops) run whole on every TP rank:
-  replicated, unless ``sp`` splits the norms and residual work over the sequence: 1/T;
-* **position tables** (``rotary_emb``) are rebuilt on every pipeline stage and replicated over TP.
+* ``split`` (column- and row-parallel projections, heads, MLP inner ops, the vocab-parallel head and loss): 1/T of
+  the work on each TP rank; a row-parallel Gemm's bias add runs whole on every rank, after the reduction;
+* ``kv`` (K/V projections and the ops on K/V heads): 1/T, or with K/V heads ``kv`` fewer than T, 1/kv of their
+  work on every rank (each TP rank holds one K/V head, copied on T/kv ranks; the first rank of each copy group
+  counts it as model work, the others as redundant work); T must divide kv or kv must divide T;
+* ``norm`` (sequence work: norms, residual adds; MLA's latent projections): replicated, unless ``sp`` splits it
+  over the sequence: 1/T;
+* ``replicated`` (the embedding's masked lookup, routers, ops on one head all share, poolers, the loss's per-token
+  ops): whole on every TP rank;
+* ``positions`` (position tables, masks): rebuilt on every pipeline stage and replicated over TP;
+* ``expert``: 1/T of each routed expert, and over EP by the load.
 
 Replicated work counts as ``model_flops`` on one rank (TP rank 0, pipeline stage 0) and as ``redundant_flops``
 on the others, so that the sum of ``model_flops`` over all ranks is the whole model's count times the step's
 microbatches times ``dp``, and ``hardware_flops`` = ``model_flops`` + ``redundant_flops`` + the recomputed work.
 A split that does not divide a node's FLOPs exactly gives its remainder to the first TP ranks, one FLOP each.
 
-**Pipeline.** The L layers go to P contiguous stages of L/P each (P must divide L); stage 0 carries the
-embedding, the last stage the final norm, the LM head and the loss. With ``interleaved:v``, to P·v chunks of
+**Pipeline.** The L layers go to P contiguous stages of L/P each (P must divide L); stage 0 carries what comes
+before the layers (the embedding), the last stage what comes after (the final norm, the LM head and the loss). With ``interleaved:v``, to P·v chunks of
 L/(P·v) layers, chunk c on rank c mod P (P·v must divide L, and P the microbatches).
 **Data.** Each DP rank runs M microbatches of the counted batch per optimizer step, so the global batch is b·M·dp.
 
@@ -325,7 +320,6 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
     t, p, m, c_, e_ = plan.tp, plan.pp, plan.microbatches, plan.cp, plan.ep
     load = expert_load or px.ExpertLoad(None)
     layout = layout_of(report, plan)
-    kv_group = layout.kv_group
     acc = {(s, i): [0, 0, 0, 0] for s in range(p) for i in range(t)}  # model, executed, recomputed, executed fwd
     experts: dict[tuple[int, int], dict[int, list[int]]] = {k: {} for k in acc}  # per MoE layer: run, recomputed
     for x in shares:
@@ -384,8 +378,7 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
         "activation_bytes": d.act_bytes, "param_bytes": d.param_bytes, "moe_layers": len(moe_layers),
         "experts": report.moe.experts if moe_layers else 0, "top_k": report.moe.top_k if moe_layers else 0},
         tuple(ranks), bubble, slowest.rank, slowest.hardware_flops / mean if mean else 1.0,
-        f"each TP rank holds one of the {d.kv_heads} K/V heads, copied on {kv_group} ranks" if kv_group > 1
-        else "K/V heads split over TP", expert_load=load.source if moe_layers else None,
+        layout.kv_rule, expert_load=load.source if moe_layers else None,
         optimizer=None if note else report.optimizer[0],
         whole_optimizer_flops=None if note else report.optimizer[1].flops, optimizer_note=note)
 
