@@ -181,6 +181,7 @@ class Layout:
     has_loss: bool
     expert: tuple[bool, ...]
     prefix: str | None = None  # the repeated layers' module prefix ("model.layers")
+    tied: int = 0  # elements of a weight the token embedding and the LM head share (0: none)
 
     @property
     def virtual(self) -> int:
@@ -536,9 +537,10 @@ def _head_role(n: Any, heads: int, kv: int) -> str:
     return "heads"
 
 
-def _outside_roles(g: _Graph, layer: Sequence[int | None], roles: list[str], hidden: int) -> tuple[set[int], bool, int]:
+def _outside_roles(g: _Graph, layer: Sequence[int | None], roles: list[str],
+                   hidden: int) -> tuple[set[int], bool, int, int]:
     """Fill ``roles`` for the nodes outside the layers (see the module's rules); (the nodes after the layers,
-    whether a loss follows the LM head, the vocabulary)."""
+    whether a loss follows the LM head, the vocabulary, the elements of a weight the embedding and head share)."""
     nodes = g.nodes
     outside = [k for k in range(len(nodes)) if layer[k] is None]
     out_set = set(outside)
@@ -586,7 +588,7 @@ def _outside_roles(g: _Graph, layer: Sequence[int | None], roles: list[str], hid
                 roles[k] = "replicated" if k in kept else "sequence"
         else:
             roles[k] = "replicated" if k in stream else "positions"
-    return tail, has_loss, vocab
+    return tail, has_loss, vocab, _tied(g, token, head)
 
 
 def _build(report: Any, plan: ParallelPlan) -> Layout:
@@ -618,7 +620,7 @@ def _build(report: Any, plan: ParallelPlan) -> Layout:
     stream = next((x for k in members.get(min(members), ()) if members for x in nodes[k].inputs
                    if x is not None and x.elem_type in _FLOATS and x.shape and len(x.shape) >= 3), None) \
         if members else None
-    tail, has_loss, vocab = _outside_roles(g, layer, roles, _width(stream) or 0)
+    tail, has_loss, vocab, tied = _outside_roles(g, layer, roles, _width(stream) or 0)
     for k in reversed(range(len(nodes))):  # a weight's view goes with the node that reads it
         n = nodes[k]
         if n.outputs and n.outputs[0] is not None and g.weight_root(n.outputs[0].name) is not None:
@@ -646,8 +648,16 @@ def _build(report: Any, plan: ParallelPlan) -> Layout:
                   for k, n in enumerate(nodes) if roles[k] == "row" and n.op_type == "Gemm" and len(n.inputs) > 2
                   and n.inputs[2] is not None and n.inputs[2].name}
     layout = Layout(plan, dims, tuple(roles), tuple(layer), chunks, whole_part,
-                    {n: tuple(ks) for n, ks in attention.items() if ks}, {}, {}, has_loss, expert, prefix)
+                    {n: tuple(ks) for n, ks in attention.items() if ks}, {}, {}, has_loss, expert, prefix, tied)
     return _with_parameters(layout, g, scopes)
+
+
+def _tied(g: _Graph, token: int | None, head: int | None) -> int:
+    """Elements of the weight the token embedding and the LM head both read (0 when they are not tied)."""
+    if token is None or head is None:
+        return 0
+    shared = {r for _, r in g.weights(token)} & {r for _, r in g.weights(head)}
+    return sum(_elements(g.info[r]) for r in shared)
 
 
 def _any_model(plan: ParallelPlan) -> bool:

@@ -86,7 +86,7 @@ from .layout import Dims, Layout, chunks_of, layout_of, rank_id, split, warmup
 from .plan import ParallelPlan, Recompute, check_recompute_ops
 
 __all__ = ["Collective", "NodeShare", "ParallelLedger", "RankFlops", "ledger", "node_shares", "plan_shares",
-           "rank_params", "schedule_bubble", "simulate_schedule"]
+           "param_groups", "rank_params", "schedule_bubble", "simulate_schedule"]
 
 
 
@@ -500,7 +500,7 @@ def _communication(layout: Layout, report: Any, per_stage: int, train: bool, has
     t, p, m = plan.tp, plan.pp, plan.microbatches
     tokens = d.batch * (d.seq // plan.cp)  # a CP rank's tokens
     a = tokens * d.hidden * d.act_bytes
-    params = rank_params(report, layout)
+    held = param_groups(report, layout)
     out = []
     for s in range(p):
         c: dict[tuple[str, str], int] = {}
@@ -520,35 +520,69 @@ def _communication(layout: Layout, report: Any, per_stage: int, train: bool, has
                                              + (a if last and train else 0)))
             if last and has_loss:
                 add("all_reduce", "tp", m * 3 * tokens * 4)
+            if plan.sp and train:  # the sequence-parallel weights' partial gradients, once a step
+                add("all_reduce", "tp", held[s]["sequence"] * d.param_bytes)
+            if layout.kv_group > 1 and train:  # each copy's dWk, dWv summed over the copies, once a step
+                add("all_reduce", "tp_kv", held[s]["kv"] * d.param_bytes)
         if p > 1:
             act = a // t if plan.sp else a
             v = layout.virtual  # each of the rank's chunks sends on, but the model's last; and back, but its first
             add("send_recv", "pp", m * (act * (v - last) + (act * (v - first) if train else 0)))
-        if plan.dp * plan.cp > 1 and train:
-            g, grp = params[s] * d.param_bytes, "dp_cp" if plan.cp > 1 else "dp"
-            if plan.fsdp:
-                add("all_gather", grp, m * 2 * g)
-                add("reduce_scatter", grp, m * g)  # every microbatch, as FSDP2 by default
-            elif plan.zero2:
-                add("reduce_scatter", grp, m * g)  # every microbatch, as fsdp
-                add("all_gather", grp, g)  # the updated parameters, once a step
-            else:
-                add("all_reduce", grp, g)
-                if plan.zero1:
-                    add("all_gather", grp, g)
+            if train and (first or last):  # a tied embedding's two copies, on the first and the last stage
+                add("all_reduce", "embedding", layout.tied // t * d.param_bytes)
+        if train:
+            grp = "dp_cp" if plan.cp > 1 else "dp"
+            dense, experts = held[s]["dense"] * d.param_bytes, held[s]["expert"] * d.param_bytes
+            if plan.ep == 1:
+                dense, experts = dense + experts, 0
+            for group, size, g in ((grp, plan.dp * plan.cp, dense), ("edp", plan.dp * plan.cp // plan.ep, experts)):
+                if size > 1:
+                    _data_parallel(plan, add, group, g)
         out.append(tuple(Collective(k, grp, n) for (k, grp), n in c.items()))
     return out
 
 
-def rank_params(report: Any, layout: Layout) -> list[int]:
-    """Parameter elements TP rank 0 of each stage holds (:meth:`flopcount.parallel.layout.Layout.elements`; a routed
-    expert's, 1/E of them over EP)."""
-    out = [0] * layout.plan.pp
+def _data_parallel(plan: ParallelPlan, add, group: str, g: int) -> None:
+    """The gradient collectives of ``g`` bytes of gradients over a data-parallel ``group``, per optimizer step."""
+    m = plan.microbatches
+    if plan.fsdp:
+        add("all_gather", group, m * 2 * g)
+        add("reduce_scatter", group, m * g)  # every microbatch, as FSDP2 by default
+    elif plan.zero2:
+        add("reduce_scatter", group, m * g)  # every microbatch, as fsdp
+        add("all_gather", group, g)  # the updated parameters, once a step
+    else:
+        add("all_reduce", group, g)
+        if plan.zero1:
+            add("all_gather", group, g)
+
+
+def param_groups(report: Any, layout: Layout) -> list[dict[str, int]]:
+    """Per stage, the parameter elements one of its TP ranks holds, by the group their gradients are reduced on:
+    ``dense`` (over DP), ``expert`` (a routed expert's, over its expert data-parallel group), and among the dense,
+    ``sequence`` (whole on every TP rank but partial under sp: the norms, a row-parallel projection's bias) and
+    ``kv`` (a K/V head copied on T/kv ranks)."""
+    out = [{"dense": 0, "expert": 0, "sequence": 0, "kv": 0} for _ in range(layout.plan.pp)]
     for s, rows in layout.stage_params(report.modules.params).items():
         for _, share, n in rows:
             x = layout.elements(share, n, 0)[0]
-            out[s] += x // layout.plan.ep if share.role == "expert" else x
+            if share.role == "expert":
+                out[s]["expert"] += x // layout.plan.ep
+                continue
+            out[s]["dense"] += x
+            if share.role == "sequence":
+                out[s]["sequence"] += x
+            elif share.role == "row":
+                out[s]["sequence"] += share.whole
+            elif share.role in ("kv", "kv_heads") and layout.kv_group > 1:
+                out[s]["kv"] += x
     return out
+
+
+def rank_params(report: Any, layout: Layout) -> list[int]:
+    """Parameter elements one TP rank of each stage holds (:meth:`flopcount.parallel.layout.Layout.elements`; a
+    routed expert's, 1/E of them over EP)."""
+    return [x["dense"] + x["expert"] for x in param_groups(report, layout)]
 
 
 #: Columns of :func:`rank_rows` (the text report's table by rank).

@@ -229,3 +229,15 @@ def test_layout_docstring_examples():
 
     result = doctest.testmod(flopcount.parallel.layout, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.parametrize("t", [1, 2])
+def test_tied_embedding_gradients_meet_across_the_pipeline(gpt2, t):
+    # GPT-2's LM head reads the embedding's weight: under pp the first and the last stage each hold a copy (V×H/t
+    # on a TP rank) and all-reduce its gradient once a step, as Megatron's embedding group does
+    led = ledger(gpt2, plan(f"tp={t},pp=2" if t > 1 else "pp=2", 2))
+    for r in led.ranks:
+        comm = {(c.kind, c.group): c.bytes for c in r.communication}
+        assert comm[("all_reduce", "embedding")] == V * H // t * 4
+    flat = ledger(gpt2, plan(f"tp={t}" if t > 1 else "dp=1"))
+    assert all(c.group != "embedding" for r in flat.ranks for c in r.communication)

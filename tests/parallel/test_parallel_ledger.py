@@ -126,7 +126,12 @@ def test_communication_closed_forms(report):
     # 2 all_reduces a layer forward and 2 backward, the embedding's output and the head's input gradient
     assert tp == {("all_reduce", "tp"): m * (4 * L * A + A + A)}
     sp = {(c.kind, c.group): c.bytes for c in ledger(report, plan("tp=2,sp", m)).ranks[0].communication}
-    assert sp == {("all_gather", "tp"): m * (4 * L * A + A + A), ("reduce_scatter", "tp"): m * (4 * L * A + A + A)}
+    # and once a step the norms' weights' gradients, partial under sp (each rank's tokens only): (2L + 1)·H float32
+    assert sp == {("all_gather", "tp"): m * (4 * L * A + A + A), ("reduce_scatter", "tp"): m * (4 * L * A + A + A),
+                  ("all_reduce", "tp"): (2 * L + 1) * H * 4}
+    # tp=4 over 2 K/V heads: each head's copies sum their dWk, dWv once a step, one head of D rows each, per layer
+    kv = {(c.kind, c.group): c.bytes for c in ledger(report, plan("tp=4", m)).ranks[3].communication}
+    assert kv == {("all_reduce", "tp"): m * (4 * L * A + A + A), ("all_reduce", "tp_kv"): L * 2 * D * H * 4}
     pp = ledger(report, plan("pp=2", m))
     assert {(c.kind, c.group): c.bytes for c in pp.ranks[0].communication} == {("send_recv", "pp"): m * A}
     assert {(c.kind, c.group): c.bytes for c in pp.ranks[1].communication} == {("send_recv", "pp"): m * A}
@@ -231,8 +236,15 @@ def test_experts_without_a_moe_record_are_refused(report):
 
 def test_roles_come_from_the_graph_not_the_names(report):
     # every module renamed: the projections are found by where they sit in the dataflow, so the ledger is the same
-    renamed = _rescoped(report, lambda sc: tuple(s.replace("q_proj", "a").replace("o_proj", "b").replace(
-        "gate_proj", "c").replace("down_proj", "d").replace("self_attn", "e").replace("mlp", "f") for s in sc))
+    import dataclasses
+
+    def rename(s: str) -> str:
+        return s.replace("q_proj", "a").replace("o_proj", "b").replace("gate_proj", "c").replace(
+            "down_proj", "d").replace("self_attn", "e").replace("mlp", "f")
+
+    renamed = _rescoped(report, lambda sc: tuple(rename(s) for s in sc))
+    params = {rename(k): v for k, v in report.modules.params.items()}
+    renamed = dataclasses.replace(renamed, modules=dataclasses.replace(renamed.modules, params=params))
     for text in ("tp=2", "tp=4,sp"):
         assert ledger(renamed, plan(text)).as_dict()["ranks"] == ledger(report, plan(text)).as_dict()["ranks"]
 
