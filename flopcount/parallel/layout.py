@@ -38,7 +38,8 @@ that depends neither on the layers nor on the embedded tokens (rotary tables, ma
 rebuilt on every stage; after the layers, the product whose output is as wide as the vocabulary (the token
 embedding's rows; without a token embedding, the first one wider than the hidden size) is the **vocab-parallel LM
 head** (tied to the embedding or not), the ops after it over the vocabulary (the loss) split too;
-other products after the layers (poolers, classifiers) are replicated, and the other nodes before the head (the
+a cross-entropy after it (a Softmax, LogSoftmax or loss op) is vocab-parallel (its all-reduces of the maximum, the
+sum and the target logit); other products after the layers (poolers, classifiers) are replicated, and the other nodes before the head (the
 final norm) sequence work.
 
 **Split rules.** Each role splits over the T ranks of a TP group one way: ``column``, ``row``, ``vocab``, heads and
@@ -82,6 +83,9 @@ _FLOATS = frozenset({1, 10, 11, 16})  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
 _VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose", "Cast", "Slice",
                     "Expand"})
 _META = frozenset({"Shape", "Size"})
+#: Ops of a cross-entropy over the vocabulary after the LM head: its vocab-parallel form all-reduces the logits'
+#: maximum, the sum of their exponentials and the target's logit.
+_CROSS_ENTROPY = frozenset({"Softmax", "LogSoftmax", "SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"})
 
 
 def split(f: int, t: int, i: int) -> int:
@@ -583,7 +587,7 @@ def _outside_roles(g: _Graph, layer: Sequence[int | None], roles: list[str],
                 roles[k] = "vocab"
             elif k in after_head:
                 roles[k] = "vocab" if any(_width(x) == vocab for x in n.inputs if x is not None) else "replicated"
-                has_loss = has_loss or bool(n.cost.flops)
+                has_loss = has_loss or n.op_type in _CROSS_ENTROPY
             else:
                 roles[k] = "replicated" if k in kept else "sequence"
         else:
