@@ -35,7 +35,7 @@ layer:
 Outside the layers: the **token embedding** is the Gather on a stored weight whose indices come from a model input
 (the largest, when several do): vocab-parallel; other lookups (position and token-type tables) are replicated; work
 that depends neither on the layers nor on the embedded tokens (rotary tables, masks) is a **position** table
-rebuilt on every stage; after the layers, the product whose output is as wide as the vocabulary (the token
+rebuilt on every stage (the lookups on stored tables are not); after the layers, the product whose output is as wide as the vocabulary (the token
 embedding's rows; without a token embedding, the first one wider than the hidden size) is the **vocab-parallel LM
 head** (tied to the embedding or not), the ops after it over the vocabulary (the loss) split too;
 a cross-entropy after it (a Softmax, LogSoftmax or loss op) is vocab-parallel (its all-reduces of the maximum, the
@@ -75,7 +75,7 @@ ROLE_RULES = {"column": "split", "row": "split", "heads": "split", "inner": "spl
               "shared_head": "replicated", "router": "replicated", "embedding": "replicated",
               "replicated": "replicated", "positions": "positions", "expert": "expert"}
 #: Roles whose parameters are split 1/T (K/V projections: 1/min(T, kv); experts: 1/(T·E)).
-PARAM_SPLIT = frozenset({"column", "row", "vocab", "embedding", "heads", "inner"})
+PARAM_SPLIT = frozenset({"column", "row", "vocab", "embedding", "heads", "inner", "tied"})
 #: Roles whose outputs are whole on every TP rank and split over the sequence under sp (memory).
 SEQUENCE_ROLES = frozenset({"row", "row_out", "embedding", "sequence", "latent"})
 _PRODUCTS = ("matmul", "gemm", "conv", "einsum")
@@ -235,6 +235,9 @@ class Layout:
         body = n - share.whole
         if share.role == "expert":
             return split(body, t, tp), 0
+        if share.role == "tied":  # the first stage's copy of a tied embedding: the LM head's weight again
+            x = split(body, t, tp)
+            return x, x
         if share.role in ("kv", "kv_heads") and self.kv_group > 1:
             x = split(body, self.dims.kv_heads, tp // self.kv_group)
             return x + share.whole, (x if tp % self.kv_group else 0) + (share.whole if tp else 0)
@@ -243,12 +246,15 @@ class Layout:
         return n, n if tp else 0
 
     def stage_params(self, params: Mapping[str, int]) -> dict[int, list[tuple[str, ModuleShare, int]]]:
-        """The report's parameters by stage: (module, its share, its elements)."""
+        """The report's parameters by stage: (module, its share, its elements); under pp, a tied embedding's copy
+        on the first stage besides the LM head's on the last (role ``tied``: a copy, its update redundant)."""
         out: dict[int, list[tuple[str, ModuleShare, int]]] = {}
         for module, n in params.items():
             share = self.modules.get(module) or ModuleShare("expert" if px.is_expert((module,)) else "replicated",
                                                             self._module_stage(module))
             out.setdefault(share.stage, []).append((module, share, n))
+        if self.tied and self.plan.pp > 1:  # the embedding on the first stage, tied to the head on the last
+            out.setdefault(0, []).append(("(tied embedding)", ModuleShare("tied", 0), self.tied))
         return out
 
     def _module_stage(self, module: str) -> int:
@@ -561,11 +567,11 @@ def _outside_roles(g: _Graph, layer: Sequence[int | None], roles: list[str],
                 embeds.append(k)
     token = max(embeds, key=lambda k: (_width(nodes[k].inputs[0], 0) or 0, -k)) if embeds else None
     vocab = (_width(nodes[token].inputs[0], 0) or 0) if token is not None else 0
-    starts = [x.name for k in outside if k not in tail and (k == token or (nodes[k].op_type == "Gather" and
-              nodes[k].inputs and nodes[k].inputs[0] is not None and nodes[k].inputs[0].name in g.stored))
-              for x in nodes[k].outputs if x is not None] + sorted(
+    lookups = {k for k in outside if k not in tail and nodes[k].op_type == "Gather" and nodes[k].inputs and
+               nodes[k].inputs[0] is not None and nodes[k].inputs[0].name in g.stored}
+    starts = [x.name for k in lookups for x in nodes[k].outputs if x is not None] + sorted(
         x for x in g.inputs if g.info.get(x) is not None and g.info[x].elem_type in _FLOATS)
-    stream = g.reach(starts, lambda q: q in out_set and q not in tail, lambda q: False, True)[0]
+    stream = lookups | g.reach(starts, lambda q: q in out_set and q not in tail, lambda q: False, True)[0]
     head = next((k for k in sorted(tail) if nodes[k].family in _PRODUCTS and g.weights(k) and (
         _width(nodes[k].outputs[0]) == vocab if vocab else (_width(nodes[k].outputs[0]) or 0) > hidden)), None)
     if head is not None and not vocab:

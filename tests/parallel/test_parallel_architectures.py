@@ -241,3 +241,10 @@ def test_tied_embedding_gradients_meet_across_the_pipeline(gpt2, t):
         assert comm[("all_reduce", "embedding")] == V * H // t * 4
     flat = ledger(gpt2, plan(f"tp={t}" if t > 1 else "dp=1"))
     assert all(c.group != "embedding" for r in flat.ranks for c in r.communication)
+    # the first stage's copy: in its memory and in its optimizer step (a redundant update of the head's weights)
+    mem = {r.rank: r.params_bytes for r in per_rank(gpt2, plan(f"tp={t},pp=2" if t > 1 else "pp=2", 2)).ranks}
+    for r in led.ranks:
+        assert mem[r.rank] == 4 * r.optimizer_flops // 2
+        if r.stage == 0:
+            assert r.optimizer_redundant_flops // 2 >= V * H // t
+    assert sum(r.optimizer_flops - r.optimizer_redundant_flops for r in led.ranks) == 2 * gpt2.params
