@@ -51,7 +51,8 @@ microbatches, n = N − 1 the decode steps:
   (:func:`~flopcount.parallel.experts.all_to_all_bytes`) for the prefill's and each step's tokens:
   M·Σ_layers (a2a(B·(P/C)·k·h·e) + n·a2a(B·k·h·e)), a2a(v) = v + ⌊E·v·f_r⌋;
 * DP: nothing (replicas); with ``fsdp``, the ``all_gather`` of the rank's parameters G before each forward
-  (each phase of each microbatch): M·(1 + n)·G over dp (dp_cp under cp). ``zero1``/``zero2`` shard optimizer
+  (each phase of each microbatch): M·(1 + n)·G over dp (dp_cp under cp), a routed expert's over its expert
+  data-parallel group (``edp``, dp·C/E ranks; none when that is 1). ``zero1``/``zero2`` shard optimizer
   states and gradients, which generation has not: no change.
 
 **Bubble.** Each phase (the prefill, then each decode step) runs the M microbatches forward through the P stages
@@ -83,7 +84,7 @@ from ..reporting.tiled import check_listable
 from . import experts as px
 from .plan import ParallelPlan, Recompute
 from .layout import layout_of, rank_id
-from .ranks import Collective, ParallelLedger, RankFlops, plan_shares, rank_params, simulate_schedule
+from .ranks import Collective, ParallelLedger, RankFlops, param_groups, plan_shares, simulate_schedule
 
 __all__ = ["check_plan", "generation_ledger", "sum_of_max"]
 
@@ -280,9 +281,14 @@ def _communication(plan: ParallelPlan, d: Any, report: Any, s: int, per_stage: i
         prefill_tokens, step_tokens = b * (gen.prompt_tokens // c_), b
         out.append(Collective("all_to_all", "ep", m * (px.all_to_all_bytes(prefill_tokens * vec, plan.ep, shares)
                                                        + n * px.all_to_all_bytes(step_tokens * vec, plan.ep, shares))))
-    if plan.fsdp:
-        g = rank_params(report, layout_of(report, plan))[s] * d.param_bytes
-        out.append(Collective("all_gather", "dp_cp" if c_ > 1 else "dp", m * (1 + n) * g))
+    if plan.fsdp:  # a routed expert's parameters gathered over its expert data-parallel group, as in training
+        held = param_groups(report, layout_of(report, plan))[s]
+        dense, experts = held["dense"] * d.param_bytes, held["expert"] * d.param_bytes
+        if plan.ep == 1:
+            dense, experts = dense + experts, 0
+        out.append(Collective("all_gather", "dp_cp" if c_ > 1 else "dp", m * (1 + n) * dense))
+        if plan.dp * c_ // plan.ep > 1:
+            out.append(Collective("all_gather", "edp", m * (1 + n) * experts))
     return tuple(x for x in out if x.bytes)
 
 
