@@ -410,58 +410,67 @@ class _Found:
     unclassified: tuple[int, ...] = ()
 
 
-def _layer_roles(g: _Graph, scopes, ks: list[int], expert, blocks, roles: list[str], attention: dict,
-                 layer: int) -> _Found:
-    """Fill ``roles`` for the nodes ``ks`` of one layer (see the module's rules); what it found."""
-    nodes, found = g.nodes, _Found()
-    inset = set(ks)
+class _Flow:
+    """One layer's dataflow: its weight products and activation products, traced within the layer."""
 
-    def inside(k: int) -> bool:
-        return k in inset
+    def __init__(self, g: _Graph, ks: list[int], roles: list[str]):
+        self.g, self.inset = g, set(ks)
+        products = [k for k in ks if g.nodes[k].family in _PRODUCTS and not roles[k]]
+        self.wprod = {k for k in products if g.weights(k)}
+        self.aprod = {k for k in products if k not in self.wprod}
 
-    for k in ks:
-        if expert[k]:
-            roles[k] = "expert"
-        elif _block_own(scopes[k], blocks):
-            roles[k] = "router"
-    products = [k for k in ks if nodes[k].family in _PRODUCTS and not roles[k]]
-    wprod = {k for k in products if g.weights(k)}
-    aprod = {k for k in products if k not in wprod}
+    def inside(self, k: int) -> bool:
+        return k in self.inset
 
-    def back(k: int, j: int) -> set[int]:
-        x = nodes[k].inputs[j] if len(nodes[k].inputs) > j else None
-        return g.reach([x.name], inside, lambda q: q in wprod or q in aprod, False)[1] if x is not None else set()
+    def back(self, k: int, j: int) -> set[int]:
+        """The products first met going back from node ``k``'s input ``j``."""
+        x = self.g.nodes[k].inputs[j] if len(self.g.nodes[k].inputs) > j else None
+        if x is None:
+            return set()
+        return self.g.reach([x.name], self.inside, lambda q: q in self.wprod or q in self.aprod, False)[1]
 
+    def activations(self, ks) -> list[str]:
+        return [x.name for k in ks for x in self.g.nodes[k].inputs
+                if x is not None and x.name and self.g.weight_root(x.name) is None]
+
+    def upstream(self, cs: set[int]) -> set[int]:
+        """The weight products first met going back from the activation inputs of ``cs``."""
+        return self.g.reach(self.activations(cs), self.inside, lambda q: q in self.wprod, False)[1]
+
+    def between(self, ends) -> set[int]:
+        """The nodes going back from the activation inputs of ``ends`` to the weight products."""
+        return self.g.reach(self.activations(ends), self.inside, lambda q: q in self.wprod, False)[0]
+
+    def ahead(self, k: int, stop) -> set[int]:
+        """The nodes ``stop`` accepts first met going forward from node ``k``'s outputs."""
+        return self.g.reach([x.name for x in self.g.nodes[k].outputs if x is not None], self.inside, stop, True)[1]
+
+
+def _attention_roles(flow: _Flow, roles: list[str], found: _Found, products: list[int]) -> set[int]:
+    """Mark the layer's attention projections (see the module's rules); ``products`` gets its score and context
+    products; the weight products it placed."""
+    nodes, wprod = flow.g.nodes, flow.wprod
     q_src: set[int] = set()
     k_src: set[int] = set()
     v_src: set[int] = set()
     contexts = []
-    for a in sorted(aprod):
-        m0, m1 = back(a, 0), back(a, 1)
-        if m0 & aprod and m1 & wprod:
+    for a in sorted(flow.aprod):
+        m0, m1 = flow.back(a, 0), flow.back(a, 1)
+        if m0 & flow.aprod and m1 & wprod:
             contexts.append(a)
             v_src |= m1 & wprod
         elif m0 & wprod and m1 & wprod:
-            attention.setdefault(layer, []).append(a)
+            products.append(a)
             q_src |= m0 & wprod
             k_src |= m1 & wprod
             if not found.heads:
                 found.heads, found.head_dim = _width(nodes[a].inputs[0], -3) or 0, _width(nodes[a].inputs[0]) or 0
-    attention.setdefault(layer, []).extend(contexts)
+    products.extend(contexts)
     cand = q_src | k_src | v_src
-
-    def upstream(cs: set[int]) -> set[int]:
-        out: set[int] = set()
-        for c in cs:
-            for j, x in enumerate(nodes[c].inputs):
-                if x is not None and x.name and g.weight_root(x.name) is None:
-                    out |= g.reach([x.name], inside, lambda q: q in wprod, False)[1]
-        return out
-
-    latent, todo = set(), upstream(cand)
+    latent, todo = set(), flow.upstream(cand)
     while todo - latent:
         latent |= todo
-        todo = upstream(todo)
+        todo = flow.upstream(todo)
     cand -= latent
     for c in cand:
         roles[c] = "column" if c in q_src else "kv"
@@ -471,51 +480,67 @@ def _layer_roles(g: _Graph, scopes, ks: list[int], expert, blocks, roles: list[s
         found.kv_fused, found.kv_width = "qkv", _width(nodes[fused[0]].outputs[0]) or 0
     elif kv_proj:
         feeds_both = [c for c in kv_proj if c in k_src and c in v_src]
-        found.kv_fused = "latent" if any(c in upstream({p}) for p in kv_proj for c in latent) else (
+        found.kv_fused = "latent" if any(c in flow.upstream({p}) for p in kv_proj for c in latent) else (
             "kv" if feeds_both else "")
         found.kv_width = _width(nodes[(feeds_both or [c for c in kv_proj if c in k_src] or kv_proj)[0]].outputs[0]) or 0
     for c in latent:
         roles[c] = "latent"
     rows = set()
     for a in contexts:
-        rows |= g.reach([x.name for x in nodes[a].outputs if x is not None], inside, lambda q: q in wprod, True)[1]
+        rows |= flow.ahead(a, lambda q: q in wprod)
     for r in rows:
         roles[r] = "row"
-    rest = wprod - cand - latent - rows
-    reach = {c: g.reach([x.name for x in nodes[c].outputs if x is not None], inside,
-                        lambda q: q in wprod or q in aprod, True)[1] & rest for c in rest}
-    mlp_rows = set().union(*reach.values()) if reach else set()
-    mlp_cols = {c for c, r in reach.items() if r}
-    found.unclassified = tuple(sorted((rest - mlp_rows - mlp_cols) | (mlp_rows & mlp_cols)))
-    for c in mlp_cols - mlp_rows:
+    for k in sorted(flow.between(rows)):
+        if not roles[k]:
+            roles[k] = _head_role(nodes[k], found.heads, _kv_heads(found))
+    return cand | latent | rows
+
+
+def _mlp_roles(flow: _Flow, roles: list[str], found: _Found, rest: set[int]) -> None:
+    """Mark the MLP's projections among the weight products ``rest`` and its inner ops (see the module's rules)."""
+    reach = {c: flow.ahead(c, lambda q: q in flow.wprod or q in flow.aprod) & rest for c in rest}
+    rows = set().union(*reach.values()) if reach else set()
+    cols = {c for c, r in reach.items() if r}
+    found.unclassified = tuple(sorted((rest - rows - cols) | (rows & cols)))
+    for c in sorted(cols - rows):
         roles[c] = "column"
-        found.ffn = found.ffn or (_width(nodes[c].outputs[0]) or 0)
-    for c in mlp_rows - mlp_cols:
+        found.ffn = found.ffn or (_width(flow.g.nodes[c].outputs[0]) or 0)
+    for c in rows - cols:
         roles[c] = "row"
-    weights = sorted(cand) + sorted(wprod)
+    for k in flow.between(rows - cols):
+        if not roles[k]:
+            roles[k] = "inner"
+
+
+def _layer_roles(g: _Graph, scopes, ks: list[int], expert, blocks, roles: list[str], attention: dict,
+                 layer: int) -> _Found:
+    """Fill ``roles`` for the nodes ``ks`` of one layer (see the module's rules); what it found."""
+    found = _Found()
+    for k in ks:
+        if expert[k]:
+            roles[k] = "expert"
+        elif _block_own(scopes[k], blocks):
+            roles[k] = "router"
+    flow = _Flow(g, ks, roles)
+    # a node in the module of one projection takes its role (a row projection's outputs: per-token work), before
+    # the heads and inner ops between the projections are marked
+    marked = {k: roles[k] for k in ks}
+    products: list[int] = []
+    placed = _attention_roles(flow, roles, found, products)
+    _mlp_roles(flow, roles, found, flow.wprod - placed)
+    attention[layer] = products
+    weights = sorted(placed) + sorted(flow.wprod)
     if weights:
         found.weight_type = g.info[g.weights(weights[0])[0][1]].elem_type
-    # a node in the module of one projection takes its role (a row projection's outputs: per-token work)
     by_module: dict[str, set[str]] = {}
-    for c in wprod:
+    for c in flow.wprod:
         if roles[c] and scopes[c]:
             by_module.setdefault(scopes[c][-1], set()).add(roles[c])
     for k in ks:
-        own = by_module.get(scopes[k][-1]) if scopes[k] and not roles[k] else None
+        own = by_module.get(scopes[k][-1]) if scopes[k] and not marked[k] and k not in flow.wprod else None
         if own and len(own) == 1:
             role = next(iter(own))
             roles[k] = "row_out" if role == "row" else role
-    heads_region = g.reach([x.name for r in rows for x in nodes[r].inputs if x is not None and x.name and
-                            g.weight_root(x.name) is None], inside, lambda q: q in wprod, False)[0]
-    kv = _kv_heads(found)
-    for k in sorted(heads_region):
-        if not roles[k]:
-            roles[k] = _head_role(nodes[k], found.heads, kv)
-    inner = g.reach([x.name for r in mlp_rows - mlp_cols for x in nodes[r].inputs if x is not None and x.name and
-                     g.weight_root(x.name) is None], inside, lambda q: q in wprod, False)[0]
-    for k in inner:
-        if not roles[k]:
-            roles[k] = "inner"
     for k in ks:
         if not roles[k]:
             roles[k] = "sequence"
