@@ -316,6 +316,12 @@ class _Graph:
         self._weight[name] = out
         return out
 
+    def on_weights(self, k: int) -> bool:
+        """Whether node ``k`` works on stored tensors alone (a weight's view, Gemma's 1 + weight): no activation in."""
+        names = [x.name for x in self.nodes[k].inputs if x is not None and x.name]
+        return bool(names) and any(self.weight_root(x) is not None for x in names) and all(
+            self.weight_root(x) is not None or (x not in self.producers and x not in self.inputs) for x in names)
+
     def weights(self, k: int) -> list[tuple[int, str]]:
         """(input position, stored root) of node ``k``'s weight inputs."""
         return [(j, r) for j, x in enumerate(self.nodes[k].inputs)
@@ -656,9 +662,9 @@ def _build(report: Any, plan: ParallelPlan) -> Layout:
                    if x is not None and x.elem_type in _FLOATS and x.shape and len(x.shape) >= 3), None) \
         if members else None
     tail, has_loss, vocab, tied = _outside_roles(g, layer, roles, _width(stream) or 0)
-    for k in reversed(range(len(nodes))):  # a weight's view goes with the node that reads it
+    for k in reversed(range(len(nodes))):  # a weight's view, or work on weights alone, goes with its reader
         n = nodes[k]
-        if n.outputs and n.outputs[0] is not None and g.weight_root(n.outputs[0].name) is not None:
+        if n.outputs and n.outputs[0] is not None and g.on_weights(k):
             reader = min((q for q in g.consumers.get(n.outputs[0].name, ()) if q > k), default=None)
             if reader is not None:  # the first after it (a stack extended by copies repeats the names)
                 roles[k], layer[k] = roles[reader], layer[reader]
