@@ -170,8 +170,8 @@ class Layout:
     """The model's layout under ``plan`` (see the module's rules). Per node (by position in the report's nodes):
     ``roles``, ``layer`` and ``chunks`` (the virtual stages that run it); ``whole_part``: (forward, backward) FLOPs of
     a node kept whole on every TP rank (a row-parallel Gemm's bias); ``attention``: each layer's score and context
-    products; ``modules``: each parameter-owning module's :class:`ModuleShare`; ``tensors``: each stored tensor's
-    TP divisor (by the role of its first reader)."""
+    products; ``modules``: each parameter-owning module's :class:`ModuleShare` (by the role of the first node in
+    it that reads a weight)."""
 
     plan: ParallelPlan
     dims: Dims
@@ -181,7 +181,6 @@ class Layout:
     whole_part: Mapping[int, tuple[int, int]]
     attention: Mapping[int, tuple[int, ...]]
     modules: Mapping[str, ModuleShare]
-    tensors: Mapping[str, int]
     has_loss: bool
     expert: tuple[bool, ...]
     prefix: str | None = None  # the repeated layers' module prefix ("model.layers")
@@ -689,7 +688,7 @@ def _build(report: Any, plan: ParallelPlan) -> Layout:
                   for k, n in enumerate(nodes) if roles[k] == "row" and n.op_type == "Gemm" and len(n.inputs) > 2
                   and n.inputs[2] is not None and n.inputs[2].name}
     layout = Layout(plan, dims, tuple(roles), tuple(layer), chunks, whole_part,
-                    {n: tuple(ks) for n, ks in attention.items() if ks}, {}, {}, has_loss, expert, prefix, tied)
+                    {n: tuple(ks) for n, ks in attention.items() if ks}, {}, has_loss, expert, prefix, tied)
     return _with_parameters(layout, g, scopes)
 
 
@@ -773,8 +772,7 @@ def _elements(x: Any) -> int:
 
 
 def _with_parameters(layout: Layout, g: _Graph, scopes) -> Layout:
-    """``layout`` with its stored tensors' TP divisors and its modules' shares (see the module's rules)."""
-    tensors: dict[str, int] = {}
+    """``layout`` with its modules' shares (see the module's rules)."""
     modules: dict[str, ModuleShare] = {}
     whole: dict[str, int] = {}
     seen: set[tuple[str, str]] = set()
@@ -782,11 +780,10 @@ def _with_parameters(layout: Layout, g: _Graph, scopes) -> Layout:
         module = scopes[k][-1] if scopes[k] else ""
         for j, root in g.weights(k):
             div = layout.param_divisor(k, j)
-            tensors.setdefault(root, div)
             if module not in modules:
                 modules[module] = ModuleShare(layout.roles[k], layout.chunks[k][0] % layout.plan.pp)
             if (module, root) not in seen and div == 1 and layout.divisor(modules[module].role) > 1:
                 whole[module] = whole.get(module, 0) + _elements(g.info[root])
             seen.add((module, root))
     modules = {m: ModuleShare(s.role, s.stage, whole.get(m, 0)) for m, s in modules.items()}
-    return Layout(**{**layout.__dict__, "tensors": tensors, "modules": modules})
+    return Layout(**{**layout.__dict__, "modules": modules})
