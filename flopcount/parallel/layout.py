@@ -27,8 +27,9 @@ layer:
   **inner** ops: split;
 * a node in the module of a projection takes that projection's role (its bias add, its reshapes); in a
   row-parallel projection's module, its outputs (the bias add, whole after the reduction) are per-token work;
-* a routed MoE block's experts (:mod:`flopcount.parallel.experts`) are **expert** work, its router and the block's
-  own ops **router** work, replicated over TP;
+* a routed MoE block's experts (:mod:`flopcount.parallel.experts`) are **expert** work, its router (the block's
+  ``gate``, or any weight product whose scores reach a TopK) and the block's own ops **router** work, replicated
+  over TP;
 * everything else in the layer (norms, residual adds, dropout) is **sequence** work: replicated over TP, split over
   the sequence under ``sp``.
 
@@ -58,13 +59,27 @@ interleaved 1F1B min((P − p − 1)·2 + (v − 1)·P, M·v) chunk-forwards (Me
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UsageError
 from . import experts as px
 from .plan import ParallelPlan
+from .roles import (
+    FLOATS,
+    PRODUCTS,
+    Found,
+    Graph,
+    elements,
+    index_in,
+    kv_heads,
+    layer_roles,
+    layers_of,
+    outside_roles,
+    stack_prefix,
+    width,
+)
 
 __all__ = ["Dims", "Layout", "ModuleShare", "ROLE_RULES", "in_flight", "layout_of", "rank_id", "split", "warmup"]
 
@@ -78,16 +93,6 @@ ROLE_RULES = {"column": "split", "row": "split", "heads": "split", "inner": "spl
 PARAM_SPLIT = frozenset({"column", "row", "vocab", "embedding", "heads", "inner", "tied"})
 #: Roles whose outputs are whole on every TP rank and split over the sequence under sp (memory).
 SEQUENCE_ROLES = frozenset({"row", "row_out", "embedding", "sequence", "latent"})
-_PRODUCTS = ("matmul", "gemm", "conv", "einsum")
-_FLOATS = frozenset({1, 10, 11, 16})  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
-_VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose", "Cast", "Slice",
-                    "Expand"})
-_META = frozenset({"Shape", "Size"})
-#: Ops of a cross-entropy over the vocabulary after the LM head: its vocab-parallel form all-reduces the logits'
-#: maximum, the sum of their exponentials and the target's logit.
-_CROSS_ENTROPY = frozenset({"Softmax", "LogSoftmax", "SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"})
-
-
 def split(f: int, t: int, i: int) -> int:
     """Rank ``i``'s part of ``f`` split over ``t`` ranks: the remainder to the first ranks, one each.
 
@@ -257,97 +262,10 @@ class Layout:
         return out
 
     def _module_stage(self, module: str) -> int:
-        layer = _index_in(module, self.prefix)[1] if self.prefix is not None else None
+        layer = index_in(module, self.prefix)[1] if self.prefix is not None else None
         if layer is None:
             return 0
         return layer // (self.dims.layers // (self.plan.pp * self.virtual)) % self.plan.pp
-
-
-def _index_in(scope: str, prefix: str | None = None) -> tuple[str, int | None]:
-    """(prefix, N) of the first indexed module ``prefix.N`` in a module path (``("", None)``: none)."""
-    parts = scope.split(".")
-    for i, part in enumerate(parts):
-        if part.isdigit():
-            p = ".".join(parts[:i])
-            if prefix is None or p == prefix:
-                return p, int(part)
-            return p, None
-    return "", None
-
-
-class _Graph:
-    """The report's nodes as a dataflow graph: producers, consumers and which tensors are weights."""
-
-    def __init__(self, nodes: Sequence[Any], inputs: Sequence[Any]):
-        self.nodes = nodes
-        self.producer: dict[str, int] = {}  # the first node that makes a tensor
-        self.producers: dict[str, list[int]] = {}  # every node that does (a stack extended by copies repeats names)
-        self.consumers: dict[str, list[int]] = {}
-        self.info: dict[str, Any] = {}
-        for k, n in enumerate(nodes):
-            for x in n.outputs:
-                if x is not None and x.name:
-                    self.producer.setdefault(x.name, k)
-                    self.producers.setdefault(x.name, []).append(k)
-            for x in n.inputs:
-                if x is not None and x.name:
-                    self.consumers.setdefault(x.name, []).append(k)
-                    self.info.setdefault(x.name, x)
-        model_inputs = {x.name for x in inputs}
-        self.stored = {name for name, x in self.info.items() if name not in self.producer and
-                       name not in model_inputs and x.elem_type in _FLOATS}
-        self.inputs = model_inputs
-        self._weight: dict[str, str | None] = {}
-
-    def weight_root(self, name: str) -> str | None:
-        """The stored tensor ``name`` is (or a view, slice or lookup of); None for an activation."""
-        if name in self._weight:
-            return self._weight[name]
-        root, seen = name, 0
-        while root not in self.stored and seen < 64:
-            k = self.producer.get(root)
-            n = self.nodes[k] if k is not None else None
-            if n is None or n.op_type not in _VIEWS or not n.inputs or n.inputs[0] is None:
-                root = None
-                break
-            root, seen = n.inputs[0].name, seen + 1
-        out = root if root in self.stored else None
-        self._weight[name] = out
-        return out
-
-    def on_weights(self, k: int) -> bool:
-        """Whether node ``k`` works on stored tensors alone (a weight's view, Gemma's 1 + weight): no activation in."""
-        names = [x.name for x in self.nodes[k].inputs if x is not None and x.name]
-        return bool(names) and any(self.weight_root(x) is not None for x in names) and all(
-            self.weight_root(x) is not None or (x not in self.producers and x not in self.inputs) for x in names)
-
-    def weights(self, k: int) -> list[tuple[int, str]]:
-        """(input position, stored root) of node ``k``'s weight inputs."""
-        return [(j, r) for j, x in enumerate(self.nodes[k].inputs)
-                if x is not None and x.name and (r := self.weight_root(x.name)) is not None]
-
-    def reach(self, starts: Sequence[str], inside, stop, forward: bool) -> tuple[set[int], set[int]]:
-        """(nodes passed, stopping nodes met) from tensors ``starts``, through nodes ``inside`` accepts, stopping
-        at nodes ``stop`` accepts; backward through producers or forward through consumers."""
-        passed: set[int] = set()
-        met: set[int] = set()
-        todo = list(starts)
-        while todo:
-            name = todo.pop()
-            nxt = self.consumers.get(name, ()) if forward else (
-                self.producers.get(name, ()))
-            for k in nxt:
-                if k in passed or k in met or not inside(k):
-                    continue
-                if stop(k):
-                    met.add(k)
-                    continue
-                passed.add(k)
-                n = self.nodes[k]
-                if n.op_type in _META:
-                    continue
-                todo.extend(x.name for x in (n.outputs if forward else n.inputs) if x is not None and x.name)
-        return passed, met
 
 
 _last: list[tuple] = []
@@ -368,269 +286,6 @@ def _where(report: Any) -> str:
     return report.model.path or report.model.graph_name or "the model"
 
 
-def _stack(scopes: Sequence[Sequence[str]]) -> str | None:
-    """The prefix P of the repeated layers ``P.N``: the one whose indexed modules hold the most nodes."""
-    counts: dict[str, int] = {}
-    for sc in scopes:
-        if sc:
-            p, n = _index_in(sc[-1])
-            if n is not None:
-                counts[p] = counts.get(p, 0) + 1
-    return max(counts, key=lambda p: (counts[p], p)) if counts else None
-
-
-def _layers(g: _Graph, scopes: Sequence[Sequence[str]], prefix: str | None) -> list[int | None]:
-    out: list[int | None] = []
-    for k, sc in enumerate(scopes):
-        if sc:
-            out.append(_index_in(sc[-1], prefix)[1] if prefix is not None else None)
-            continue
-        made = [max((q for q in g.producers.get(x.name, ()) if q < k), default=None)
-                for x in g.nodes[k].inputs if x is not None and x.name in g.producers]
-        made = [q for q in made if q is not None]
-        out.append(out[made[0]] if made else None)
-    return out
-
-
-def _block_own(sc: Sequence[str], blocks: set[str]) -> bool:
-    """Whether a node is a MoE block's router or one of the block's own ops (the sum of shared and routed)."""
-    return bool(sc) and any(sc[-1] == b or sc[-1] in (b + ".gate", b + ".shared_expert_gate") for b in blocks)
-
-
-def _width(x: Any, k: int = -1) -> int | None:
-    shape = getattr(x, "shape", None)
-    return shape[k] if shape and len(shape) >= abs(k) and isinstance(shape[k], int) else None
-
-
-@dataclass
-class _Found:
-    """What one layer's dataflow shows (filled by :func:`_layer_roles`)."""
-
-    heads: int = 0
-    head_dim: int = 0
-    kv_width: int = 0  # the K projection's output width (K and V fused: both)
-    kv_fused: str = ""  # "qkv" (one projection), "kv" (K and V in one), "latent" (MLA: up from a latent)
-    ffn: int = 0
-    weight_type: int = 0
-    unclassified: tuple[int, ...] = ()
-
-
-class _Flow:
-    """One layer's dataflow: its weight products and activation products, traced within the layer."""
-
-    def __init__(self, g: _Graph, ks: list[int], roles: list[str]):
-        self.g, self.inset = g, set(ks)
-        products = [k for k in ks if g.nodes[k].family in _PRODUCTS and not roles[k]]
-        self.wprod = {k for k in products if g.weights(k)}
-        self.aprod = {k for k in products if k not in self.wprod}
-
-    def inside(self, k: int) -> bool:
-        return k in self.inset
-
-    def back(self, k: int, j: int) -> set[int]:
-        """The products first met going back from node ``k``'s input ``j``."""
-        x = self.g.nodes[k].inputs[j] if len(self.g.nodes[k].inputs) > j else None
-        if x is None:
-            return set()
-        return self.g.reach([x.name], self.inside, lambda q: q in self.wprod or q in self.aprod, False)[1]
-
-    def activations(self, ks) -> list[str]:
-        return [x.name for k in ks for x in self.g.nodes[k].inputs
-                if x is not None and x.name and self.g.weight_root(x.name) is None]
-
-    def upstream(self, cs: set[int]) -> set[int]:
-        """The weight products first met going back from the activation inputs of ``cs``."""
-        return self.g.reach(self.activations(cs), self.inside, lambda q: q in self.wprod, False)[1]
-
-    def between(self, ends) -> set[int]:
-        """The nodes going back from the activation inputs of ``ends`` to the weight products."""
-        return self.g.reach(self.activations(ends), self.inside, lambda q: q in self.wprod, False)[0]
-
-    def ahead(self, k: int, stop) -> set[int]:
-        """The nodes ``stop`` accepts first met going forward from node ``k``'s outputs."""
-        return self.g.reach([x.name for x in self.g.nodes[k].outputs if x is not None], self.inside, stop, True)[1]
-
-
-def _attention_roles(flow: _Flow, roles: list[str], found: _Found, products: list[int]) -> set[int]:
-    """Mark the layer's attention projections (see the module's rules); ``products`` gets its score and context
-    products; the weight products it placed."""
-    nodes, wprod = flow.g.nodes, flow.wprod
-    q_src: set[int] = set()
-    k_src: set[int] = set()
-    v_src: set[int] = set()
-    contexts = []
-    for a in sorted(flow.aprod):
-        m0, m1 = flow.back(a, 0), flow.back(a, 1)
-        if m0 & flow.aprod and m1 & wprod:
-            contexts.append(a)
-            v_src |= m1 & wprod
-        elif m0 & wprod and m1 & wprod:
-            products.append(a)
-            q_src |= m0 & wprod
-            k_src |= m1 & wprod
-            if not found.heads:
-                found.heads, found.head_dim = _width(nodes[a].inputs[0], -3) or 0, _width(nodes[a].inputs[0]) or 0
-    products.extend(contexts)
-    cand = q_src | k_src | v_src
-    latent, todo = set(), flow.upstream(cand)
-    while todo - latent:
-        latent |= todo
-        todo = flow.upstream(todo)
-    cand -= latent
-    for c in cand:
-        roles[c] = "column" if c in q_src else "kv"
-    kv_proj = sorted(c for c in cand if c not in q_src)
-    fused = sorted(c for c in cand if c in q_src and c in (k_src | v_src))
-    if fused:
-        found.kv_fused, found.kv_width = "qkv", _width(nodes[fused[0]].outputs[0]) or 0
-    elif kv_proj:
-        feeds_both = [c for c in kv_proj if c in k_src and c in v_src]
-        found.kv_fused = "latent" if any(c in flow.upstream({p}) for p in kv_proj for c in latent) else (
-            "kv" if feeds_both else "")
-        found.kv_width = _width(nodes[(feeds_both or [c for c in kv_proj if c in k_src] or kv_proj)[0]].outputs[0]) or 0
-    for c in latent:
-        roles[c] = "latent"
-    rows = set()
-    for a in contexts:
-        rows |= flow.ahead(a, lambda q: q in wprod)
-    for r in rows:
-        roles[r] = "row"
-    for k in sorted(flow.between(rows)):
-        if not roles[k]:
-            roles[k] = _head_role(nodes[k], found.heads, _kv_heads(found))
-    return cand | latent | rows
-
-
-def _mlp_roles(flow: _Flow, roles: list[str], found: _Found, rest: set[int]) -> None:
-    """Mark the MLP's projections among the weight products ``rest`` and its inner ops (see the module's rules)."""
-    reach = {c: flow.ahead(c, lambda q: q in flow.wprod or q in flow.aprod) & rest for c in rest}
-    rows = set().union(*reach.values()) if reach else set()
-    cols = {c for c, r in reach.items() if r}
-    found.unclassified = tuple(sorted((rest - rows - cols) | (rows & cols)))
-    for c in sorted(cols - rows):
-        roles[c] = "column"
-        found.ffn = found.ffn or (_width(flow.g.nodes[c].outputs[0]) or 0)
-    for c in rows - cols:
-        roles[c] = "row"
-    for k in flow.between(rows - cols):
-        if not roles[k]:
-            roles[k] = "inner"
-
-
-def _layer_roles(g: _Graph, scopes, ks: list[int], expert, blocks, roles: list[str], attention: dict,
-                 layer: int) -> _Found:
-    """Fill ``roles`` for the nodes ``ks`` of one layer (see the module's rules); what it found."""
-    found = _Found()
-    for k in ks:
-        if expert[k]:
-            roles[k] = "expert"
-        elif _block_own(scopes[k], blocks):
-            roles[k] = "router"
-    flow = _Flow(g, ks, roles)
-    # a node in the module of one projection takes its role (a row projection's outputs: per-token work), before
-    # the heads and inner ops between the projections are marked
-    marked = {k: roles[k] for k in ks}
-    products: list[int] = []
-    placed = _attention_roles(flow, roles, found, products)
-    _mlp_roles(flow, roles, found, flow.wprod - placed)
-    attention[layer] = products
-    weights = sorted(placed) + sorted(flow.wprod)
-    if weights:
-        found.weight_type = g.info[g.weights(weights[0])[0][1]].elem_type
-    by_module: dict[str, set[str]] = {}
-    for c in flow.wprod:
-        if roles[c] and scopes[c]:
-            by_module.setdefault(scopes[c][-1], set()).add(roles[c])
-    for k in ks:
-        own = by_module.get(scopes[k][-1]) if scopes[k] and not marked[k] and k not in flow.wprod else None
-        if own and len(own) == 1:
-            role = next(iter(own))
-            roles[k] = "row_out" if role == "row" else role
-    for k in ks:
-        if not roles[k]:
-            roles[k] = "sequence"
-    return found
-
-
-def _kv_heads(found: _Found) -> int:
-    """K/V heads from the K projection's width (see the module's rules); 0 where it does not give whole heads."""
-    h, d, w = found.heads, found.head_dim, found.kv_width
-    if not h or not d:
-        return 0
-    if found.kv_fused == "latent":
-        return h  # multi-head latent attention: K and V up-projected per query head
-    if found.kv_fused == "qkv":
-        per, rest = divmod(w, d)
-        return (per - h) // 2 if not rest and per > h and (per - h) % 2 == 0 else 0
-    per, rest = divmod(w, 2 * d if found.kv_fused == "kv" else d)
-    return per if not rest else 0
-
-
-def _head_role(n: Any, heads: int, kv: int) -> str:
-    x = n.inputs[0] if n.inputs else None
-    shape = getattr(x, "shape", None)
-    if shape and len(shape) >= 4 and isinstance(shape[1], int):
-        if heads > 1 and shape[1] == 1:
-            return "shared_head"
-        if kv and kv != heads and shape[1] == kv:
-            return "kv_heads"
-    return "heads"
-
-
-def _outside_roles(g: _Graph, layer: Sequence[int | None], roles: list[str],
-                   hidden: int) -> tuple[set[int], bool, int, int]:
-    """Fill ``roles`` for the nodes outside the layers (see the module's rules); (the nodes after the layers,
-    whether a loss follows the LM head, the vocabulary, the elements of a weight the embedding and head share)."""
-    nodes = g.nodes
-    outside = [k for k in range(len(nodes)) if layer[k] is None]
-    out_set = set(outside)
-    tail = g.reach([x.name for k, n in enumerate(nodes) if layer[k] is not None for x in n.outputs
-                    if x is not None and x.name], out_set.__contains__, lambda q: False, True)[0]
-    embeds = []
-    for k in outside:
-        n = nodes[k]
-        if n.op_type == "Gather" and k not in tail and len(n.inputs) > 1 and n.inputs[0] is not None and \
-                n.inputs[1] is not None and n.inputs[0].name in g.stored:
-            passed, _ = g.reach([n.inputs[1].name], out_set.__contains__, lambda q: False, False)
-            names = {x.name for q in passed for x in nodes[q].inputs if x is not None} | {n.inputs[1].name}
-            if names & g.inputs:
-                embeds.append(k)
-    token = max(embeds, key=lambda k: (_width(nodes[k].inputs[0], 0) or 0, -k)) if embeds else None
-    vocab = (_width(nodes[token].inputs[0], 0) or 0) if token is not None else 0
-    lookups = {k for k in outside if k not in tail and nodes[k].op_type == "Gather" and nodes[k].inputs and
-               nodes[k].inputs[0] is not None and nodes[k].inputs[0].name in g.stored}
-    starts = [x.name for k in lookups for x in nodes[k].outputs if x is not None] + sorted(
-        x for x in g.inputs if g.info.get(x) is not None and g.info[x].elem_type in _FLOATS)
-    stream = lookups | g.reach(starts, lambda q: q in out_set and q not in tail, lambda q: False, True)[0]
-    head = next((k for k in sorted(tail) if nodes[k].family in _PRODUCTS and g.weights(k) and (
-        _width(nodes[k].outputs[0]) == vocab if vocab else (_width(nodes[k].outputs[0]) or 0) > hidden)), None)
-    if head is not None and not vocab:
-        vocab = _width(nodes[head].outputs[0]) or 0
-    after_head = g.reach([x.name for x in nodes[head].outputs if x is not None], tail.__contains__,
-                         lambda q: False, True)[0] if head is not None else set()
-    kept = set()  # after a replicated product of the tail (a pooler, a classifier)
-    for k in sorted(tail):
-        if k != head and k not in after_head and nodes[k].family in _PRODUCTS and g.weights(k):
-            kept |= {k} | g.reach([x.name for x in nodes[k].outputs if x is not None], tail.__contains__,
-                                  lambda q: False, True)[0]
-    has_loss = False
-    for k in outside:
-        n = nodes[k]
-        if k == token:
-            roles[k] = "embedding"
-        elif k in tail:
-            if k == head:
-                roles[k] = "vocab"
-            elif k in after_head:
-                roles[k] = "vocab" if any(_width(x) == vocab for x in n.inputs if x is not None) else "replicated"
-                has_loss = has_loss or n.op_type in _CROSS_ENTROPY
-            else:
-                roles[k] = "replicated" if k in kept else "sequence"
-        else:
-            roles[k] = "replicated" if k in stream else "positions"
-    return tail, has_loss, vocab, _tied(g, token, head)
-
-
 def _build(report: Any, plan: ParallelPlan) -> Layout:
     from ..reporting.report import element_bits
     from ..reporting.tiled import check_listable
@@ -645,9 +300,9 @@ def _build(report: Any, plan: ParallelPlan) -> Layout:
         raise UsageError(f"--parallel {_degrees(plan)}: {where} has no module scopes ({report.modules.missing}), so "
                          "its repeated layers cannot be found; a plan of dp (with fsdp, zero1 or zero2) applies to "
                          "any model")
-    g = _Graph(nodes, report.model.inputs)
-    prefix = _stack(scopes)
-    layer = _layers(g, scopes, prefix)
+    g = Graph(nodes, report.model.inputs)
+    prefix = stack_prefix(scopes)
+    layer = layers_of(g, scopes, prefix)
     expert = tuple(px.is_expert(sc) for sc in scopes)
     blocks = px.moe_blocks(scopes)
     roles = [""] * len(nodes)
@@ -656,27 +311,29 @@ def _build(report: Any, plan: ParallelPlan) -> Layout:
     for k, n in enumerate(layer):
         if n is not None:
             members.setdefault(n, []).append(k)
-    found = {n: _layer_roles(g, scopes, ks, expert, blocks, roles, attention, n) for n, ks in sorted(members.items())}
+    found = {n: layer_roles(g, scopes, ks, expert, blocks, roles, attention, n) for n, ks in sorted(members.items())}
     stream = next((x for k in members.get(min(members), ()) if members for x in nodes[k].inputs
-                   if x is not None and x.elem_type in _FLOATS and x.shape and len(x.shape) >= 3), None) \
+                   if x is not None and x.elem_type in FLOATS and x.shape and len(x.shape) >= 3), None) \
         if members else None
-    tail, has_loss, vocab, tied = _outside_roles(g, layer, roles, _width(stream) or 0)
+    tail, has_loss, vocab, tied = outside_roles(g, layer, roles, width(stream) or 0)
     for k in reversed(range(len(nodes))):  # a weight's view, or work on weights alone, goes with its reader
         n = nodes[k]
         if n.outputs and n.outputs[0] is not None and g.on_weights(k):
             reader = min((q for q in g.consumers.get(n.outputs[0].name, ()) if q > k), default=None)
             if reader is not None:  # the first after it (a stack extended by copies repeats the names)
                 roles[k], layer[k] = roles[reader], layer[reader]
-    first = next((f for f in found.values() if f.heads), _Found())
+    first = next((f for f in found.values() if f.heads), Found())
     weight_type = next((f.weight_type for f in found.values() if f.weight_type), 0) or next(
         (g.info[r].elem_type for k in range(len(nodes)) for _, r in g.weights(k)), 0)
-    dims = Dims(batch=_width(stream, 0) or report.batch, seq=_width(stream, -2) or 0, hidden=_width(stream) or 0,
-                heads=first.heads, kv_heads=_kv_heads(first), head_dim=first.head_dim,
+    dims = Dims(batch=width(stream, 0) or report.batch, seq=width(stream, -2) or 0, hidden=width(stream) or 0,
+                heads=first.heads, kv_heads=kv_heads(first), head_dim=first.head_dim,
                 ffn=next((f.ffn for f in found.values() if f.ffn), 0), vocab=vocab,
                 layers=max(members) + 1 if members else 0,
                 act_bytes=(element_bits(stream.elem_type) or 32) // 8 if stream is not None else 4,
                 param_bytes=(element_bits(weight_type) or 32) // 8)
-    _check(plan, dims, found, members, nodes, scopes, where)
+    outside_attention = next((k for k in range(len(nodes)) if layer[k] is None and nodes[k].family in PRODUCTS
+                              and not g.weights(k) and sum(x is not None for x in nodes[k].inputs) > 1), None)
+    _check(plan, dims, found, members, nodes, scopes, where, outside_attention)
     v = chunks_of(plan)
     per_chunk = dims.layers // (plan.pp * v) if dims.layers else 1
     last = plan.pp * v - 1
@@ -692,14 +349,6 @@ def _build(report: Any, plan: ParallelPlan) -> Layout:
     return _with_parameters(layout, g, scopes)
 
 
-def _tied(g: _Graph, token: int | None, head: int | None) -> int:
-    """Elements of the weight the token embedding and the LM head both read (0 when they are not tied)."""
-    if token is None or head is None:
-        return 0
-    shared = {r for _, r in g.weights(token)} & {r for _, r in g.weights(head)}
-    return sum(_elements(g.info[r]) for r in shared)
-
-
 def _any_model(plan: ParallelPlan) -> bool:
     """Whether the plan only replicates the model over data-parallel ranks (any model takes it)."""
     return plan.tp == plan.pp == plan.cp == plan.ep == 1
@@ -709,8 +358,8 @@ def _degrees(plan: ParallelPlan) -> str:
     return ",".join(f"{d}={getattr(plan, d)}" for d in ("tp", "pp", "cp", "ep") if getattr(plan, d) > 1) or "dp"
 
 
-def _check(plan: ParallelPlan, d: Dims, found: Mapping[int, _Found], members: Mapping[int, list[int]], nodes,
-           scopes, where: str) -> None:
+def _check(plan: ParallelPlan, d: Dims, found: Mapping[int, Found], members: Mapping[int, list[int]], nodes,
+           scopes, where: str, outside_attention: int | None = None) -> None:
     """:class:`UsageError` for what the plan cannot split, one line naming the part and why."""
     t, p, v = plan.tp, plan.pp, chunks_of(plan)
     if _any_model(plan):
@@ -719,6 +368,11 @@ def _check(plan: ParallelPlan, d: Dims, found: Mapping[int, _Found], members: Ma
         raise UsageError(f"--parallel {_degrees(plan)}: {where} has no repeated layers (no indexed module scopes "
                          "such as layers.N or h.N); tp, pp, cp and ep split a stack of layers, while a plan of dp "
                          "(with fsdp, zero1 or zero2) applies to any model")
+    if outside_attention is not None:
+        raise UsageError(f"--parallel {_degrees(plan)}: {where} has attention outside its repeated layers (node "
+                         f"{nodes[outside_attention].name!r} in {_scope(scopes, outside_attention)}): a second stack "
+                         "of layers, as an encoder-decoder has, is not split per rank; a plan of dp (with fsdp, zero1 "
+                         "or zero2) applies to any model")
     if not d.heads:
         raise UsageError(f"--parallel {_degrees(plan)}: {where}'s repeated layers have no attention (no product of "
                          "Q and K found in the graph); tensor, pipeline and context parallelism split a stack of "
@@ -731,8 +385,8 @@ def _check(plan: ParallelPlan, d: Dims, found: Mapping[int, _Found], members: Ma
         for n, f in sorted(found.items()):
             if f.unclassified:
                 k = f.unclassified[0]
-                sc = scopes[k][-1] if scopes[k] else "no module"
-                raise UsageError(f"--parallel tp={t}: node {nodes[k].name!r} ({nodes[k].op_type} in {sc}) is a "
+                raise UsageError(f"--parallel tp={t}: node {nodes[k].name!r} ({nodes[k].op_type} in "
+                                 f"{_scope(scopes, k)}) is a "
                                  "product outside the attention projections and the MLP's projections around its "
                                  "activation; no tensor-parallel rule applies to it; give tp=1")
             if f.kv_fused == "qkv" and d.kv_heads % t:
@@ -764,14 +418,11 @@ def _check(plan: ParallelPlan, d: Dims, found: Mapping[int, _Found], members: Ma
                          f"of pp={p}; give a multiple of {p}")
 
 
-def _elements(x: Any) -> int:
-    n = 1
-    for s in getattr(x, "shape", None) or ():
-        n *= s if isinstance(s, int) else 0
-    return n
+def _scope(scopes, k: int) -> str:
+    return scopes[k][-1] if scopes[k] else "no module"
 
 
-def _with_parameters(layout: Layout, g: _Graph, scopes) -> Layout:
+def _with_parameters(layout: Layout, g: Graph, scopes) -> Layout:
     """``layout`` with its modules' shares (see the module's rules)."""
     modules: dict[str, ModuleShare] = {}
     whole: dict[str, int] = {}
@@ -783,7 +434,7 @@ def _with_parameters(layout: Layout, g: _Graph, scopes) -> Layout:
             if module not in modules:
                 modules[module] = ModuleShare(layout.roles[k], layout.chunks[k][0] % layout.plan.pp)
             if (module, root) not in seen and div == 1 and layout.divisor(modules[module].role) > 1:
-                whole[module] = whole.get(module, 0) + _elements(g.info[root])
+                whole[module] = whole.get(module, 0) + elements(g.info[root])
             seen.add((module, root))
     modules = {m: ModuleShare(s.role, s.stage, whole.get(m, 0)) for m, s in modules.items()}
     return Layout(**{**layout.__dict__, "modules": modules})
