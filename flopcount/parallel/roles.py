@@ -79,7 +79,10 @@ class Graph:
 
     def on_weights(self, k: int) -> bool:
         """Whether node ``k`` works on stored tensors alone (a weight's view, Gemma's 1 + weight): no activation in."""
-        names = [x.name for x in self.nodes[k].inputs if x is not None and x.name]
+        n = self.nodes[k]
+        if n.op_type in _VIEWS and n.inputs and n.inputs[0] is not None and self.weight_root(n.inputs[0].name):
+            return True  # a view of a weight, whatever computes its shape (ViT's class token expanded to the batch)
+        names = [x.name for x in n.inputs if x is not None and x.name]
         return bool(names) and any(self.weight_root(x) is not None for x in names) and all(
             self.weight_root(x) is not None or (x not in self.producers and x not in self.inputs) for x in names)
 
