@@ -148,6 +148,9 @@ def test_reconcile_over_ranks(model, text, m):
     assert sum(r.optimizer_flops - r.optimizer_redundant_flops for r in led.ranks) == 2 * report.params
     mem = per_rank(report, p)
     assert {x for r in mem.ranks for x in r.replicas} == set(range(p.world_size))
+    if not p.zero_stage:  # unsharded: the memory ledger holds the elements the optimizer ledger updates
+        steps = {r.rank: r.optimizer_flops for r in led.ranks}
+        assert all(r.params_bytes == 4 * steps[x] // 2 for r in mem.ranks for x in r.replicas)
 
 
 def test_gpt2_tp_communication_closed_form(gpt2):
@@ -248,3 +251,17 @@ def test_tied_embedding_gradients_meet_across_the_pipeline(gpt2, t):
         if r.stage == 0:
             assert r.optimizer_redundant_flops // 2 >= V * H // t
     assert sum(r.optimizer_flops - r.optimizer_redundant_flops for r in led.ranks) == 2 * gpt2.params
+
+
+@pytest.mark.slow  # one more export: about 5 s
+def test_an_encoder_decoder_is_refused_by_name():
+    # T5: the layers found are one stack (the most nodes); the other stack's attention is outside them, which no
+    # rule splits per rank: one line naming its node, while a dp plan still applies
+    config = transformers.T5Config(d_model=H, d_kv=D, d_ff=FFN, num_layers=L, num_heads=HEADS, vocab_size=V,
+                                   decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    report = count(config, {"input_ids": (B, S), "decoder_input_ids": (B, S)})
+    for text in ("tp=2", "pp=2"):
+        with pytest.raises(UsageError, match=r"attention outside its repeated layers \(node '.*' in .*block\.0\."):
+            ledger(report, plan(text, 2))
+    led = ledger(report, plan("dp=2,fsdp"))
+    assert sum(r.model_flops for r in led.ranks) == 2 * (report.forward.flops + report.backward.flops)
