@@ -1,11 +1,12 @@
 """Memory per rank under a parallel plan: the liveness walk of :mod:`flopcount.memory.ledger` run again on each rank's
 part of the graph, with every tensor resized to that rank's share.
 
-Each node takes the tensor-parallel rule and the pipeline stage that :func:`flopcount.parallel.ranks.node_shares` gives
-it (a node without work takes those of its module's nodes with work, else of the node before it). On TP rank i:
+Each node takes its role and its pipeline stages from the model's :class:`~flopcount.parallel.layout.Layout` (the
+one the FLOPs and optimizer ledgers read, its parts found by their role in the graph). On TP rank i:
 
-* a **parameter** read in a column- or row-parallel projection, the vocab-parallel embedding or the LM head is
-  1/T; in a K/V projection 1/min(T, kv) (one head copied when kv < T); any other (norms) is whole on every rank;
+* a **parameter** read first in a column- or row-parallel projection, the vocab-parallel embedding or the LM head
+  is 1/T (a row-parallel Gemm's bias whole); in a K/V projection 1/min(T, kv) (one head copied when kv < T); any
+  other (norms, latent projections, position tables) is whole on every rank;
 * an **activation** made by a split node (projections' outputs, attention heads, the MLP's inner ops, the
   vocab-parallel logits) is 1/T, by a node on K/V heads 1/min(T, kv); the outputs of the row-parallel projections
   and the embedding, and those of the norms and residual adds, are whole without ``sp`` and 1/T with it (split
@@ -13,7 +14,8 @@ it (a node without work takes those of its module's nodes with work, else of the
   follow its outputs. Sizes are rounded up when T does not divide them.
 * **pipeline stage** s walks only its nodes: what it receives from stage s − 1 is an input of its walk, what it
   sends on an output (whose gradient arrives from stage s + 1);
-* **FSDP/ZeRO-3**: parameters, gradients and optimizer states are 1/dp (rounded up per tensor); the all-gather
+* **FSDP/ZeRO-3**: parameters, gradients and optimizer states are 1/dp, as FSDP2 shards them: dim 0 padded to
+  ⌈d0/dp⌉ rows on every rank (:func:`_fsdp_share`); the all-gather
   buffer of the largest unit is one layer's parameters on the rank gathered whole (``allgather_bytes``). Held
   throughout the walk: two such buffers (FSDP2 prefetches one unit ahead: the running unit and the next in the
   forward; in the backward the next unit's gather and the running unit's gradients copied for their
