@@ -4,8 +4,9 @@ generation, :mod:`flopcount.parallel.generation`; memory, :mod:`flopcount.memory
 the split rules, the pipeline stages, the rank id and the schedule's warm-up.
 
 **Layers.** The repeated layers are the modules ``P.N`` of the one prefix ``P`` (``model.layers``, ``transformer.h``,
-``encoder.layer``) whose indexed children hold the most nodes; a node without a module scope takes the layer of the
-node that made its first input.
+``encoder.layer``) whose indexed children hold the most nodes, when at least one of them holds attention (indexed
+modules without it, a Sequential's children or a CNN's stages, are no stack of layers); a node without a module
+scope takes the layer of the node that made its first input.
 
 **Roles, found by the graph's dataflow, not by module names.** A *weight product* is a MatMul, Gemm, Conv or Einsum
 that reads a stored floating-point tensor (directly or through views); an *activation product* reads none. In each
@@ -297,9 +298,9 @@ def _build(report: Any, plan: ParallelPlan) -> Layout:
     scoped = not report.modules.missing and len(report.modules.nodes) == len(nodes)
     scopes = list(report.modules.nodes) if scoped else [()] * len(nodes)
     if not scoped and not _any_model(plan):
-        raise UsageError(f"--parallel {_degrees(plan)}: {where} has no module scopes ({report.modules.missing}), so "
-                         "its repeated layers cannot be found; a plan of dp (with fsdp, zero1 or zero2) applies to "
-                         "any model")
+        raise UsageError(f"--parallel: {where} has no module scopes ({report.modules.missing}), so the repeated "
+                         f"layers {_degrees(plan)} splits cannot be found; a plan of dp (with fsdp, zero1 or zero2) "
+                         "applies to any model")
     g = Graph(nodes, report.model.inputs)
     prefix = stack_prefix(scopes)
     layer = layers_of(g, scopes, prefix)
@@ -312,6 +313,8 @@ def _build(report: Any, plan: ParallelPlan) -> Layout:
         if n is not None:
             members.setdefault(n, []).append(k)
     found = {n: layer_roles(g, scopes, ks, expert, blocks, roles, attention, n) for n, ks in sorted(members.items())}
+    if not any(f.heads for f in found.values()):  # indexed modules without attention (a Sequential, a CNN's stages)
+        layer, members, found, roles, attention = [None] * len(nodes), {}, {}, [""] * len(nodes), {}
     stream = next((x for k in members.get(min(members), ()) if members for x in nodes[k].inputs
                    if x is not None and x.elem_type in FLOATS and x.shape and len(x.shape) >= 3), None) \
         if members else None
@@ -365,9 +368,9 @@ def _check(plan: ParallelPlan, d: Dims, found: Mapping[int, Found], members: Map
     if _any_model(plan):
         return
     if not members:
-        raise UsageError(f"--parallel {_degrees(plan)}: {where} has no repeated layers (no indexed module scopes "
-                         "such as layers.N or h.N); tp, pp, cp and ep split a stack of layers, while a plan of dp "
-                         "(with fsdp, zero1 or zero2) applies to any model")
+        raise UsageError(f"--parallel {_degrees(plan)}: {where} has no repeated attention layers (indexed module "
+                         "scopes such as layers.N or h.N holding a product of Q and K); tp, pp, cp and ep split a "
+                         "stack of such layers, while a plan of dp (with fsdp, zero1 or zero2) applies to any model")
     if outside_attention is not None:
         raise UsageError(f"--parallel {_degrees(plan)}: {where} has attention outside its repeated layers (node "
                          f"{nodes[outside_attention].name!r} in {_scope(scopes, outside_attention)}): a second stack "

@@ -287,6 +287,9 @@ def _shares_of(report: Any, plan: ParallelPlan, recompute: Recompute):
     per_stage = d.layers // plan.pp if d.layers else 0
     if train and recompute is not None:
         check_recompute_ops(recompute, {n.op_type for n in nodes})
+    if train and recompute.policy in ("full", "selective") and not layout.attention:
+        raise UsageError(f"--recompute {recompute}: {where} has no repeated attention layers to checkpoint (full) "
+                         "or attention cores to run again (selective); give --recompute none or operator types")
     redo = _recomputed(recompute, nodes, layout) if train else set()
     shares: list[NodeShare] = []
     for k, n in enumerate(nodes):

@@ -15,7 +15,7 @@ from helpers import RESNET50_ONNX
 from flopcount.errors import UsageError
 from flopcount.memory.ledger import MemorySettings
 from flopcount.memory.ranks import per_rank
-from flopcount.parallel.plan import parse_parallel
+from flopcount.parallel.plan import parse_parallel, parse_recompute
 from flopcount.parallel.ranks import ledger, node_shares
 
 transformers = pytest.importorskip("transformers")
@@ -210,6 +210,9 @@ def test_a_cnn_takes_data_parallel_plans():
     for text in ("tp=2", "pp=2"):
         with pytest.raises(UsageError, match="a plan of dp .* applies to any model"):
             ledger(report, plan(text, 2))
+    # no layers to checkpoint: refused, never a silent zero
+    with pytest.raises(UsageError, match="--recompute full: .* no repeated attention layers to checkpoint"):
+        ledger(report, plan("dp=4"), parse_recompute("full"))
 
 
 def test_cli_plans_gpt2(tmp_path, capsys):
