@@ -1,11 +1,12 @@
 """Memory per rank under a parallel plan: the liveness walk of :mod:`flopcount.memory.ledger` run again on each rank's
 part of the graph, with every tensor resized to that rank's share.
 
-Each node takes the tensor-parallel rule and the pipeline stage that :func:`flopcount.parallel.ranks.node_shares` gives
-it (a node without work takes those of its module's nodes with work, else of the node before it). On TP rank i:
+Each node takes its role and its pipeline stages from the model's :class:`~flopcount.parallel.layout.Layout` (the
+one the FLOPs and optimizer ledgers read, its parts found by their role in the graph). On TP rank i:
 
-* a **parameter** read in a column- or row-parallel projection, the vocab-parallel embedding or the LM head is
-  1/T; in a K/V projection 1/min(T, kv) (one head copied when kv < T); any other (norms) is whole on every rank;
+* a **parameter** read first in a column- or row-parallel projection, the vocab-parallel embedding or the LM head
+  is 1/T (a row-parallel Gemm's bias whole); in a K/V projection 1/min(T, kv) (one head copied when kv < T); any
+  other (norms, latent projections, position tables) is whole on every rank;
 * an **activation** made by a split node (projections' outputs, attention heads, the MLP's inner ops, the
   vocab-parallel logits) is 1/T, by a node on K/V heads 1/min(T, kv); the outputs of the row-parallel projections
   and the embedding, and those of the norms and residual adds, are whole without ``sp`` and 1/T with it (split
@@ -13,7 +14,8 @@ it (a node without work takes those of its module's nodes with work, else of the
   follow its outputs. Sizes are rounded up when T does not divide them.
 * **pipeline stage** s walks only its nodes: what it receives from stage s − 1 is an input of its walk, what it
   sends on an output (whose gradient arrives from stage s + 1);
-* **FSDP/ZeRO-3**: parameters, gradients and optimizer states are 1/dp (rounded up per tensor); the all-gather
+* **FSDP/ZeRO-3**: parameters, gradients and optimizer states are 1/dp, as FSDP2 shards them: dim 0 padded to
+  ⌈d0/dp⌉ rows on every rank (:func:`_fsdp_share`); the all-gather
   buffer of the largest unit is one layer's parameters on the rank gathered whole (``allgather_bytes``). Held
   throughout the walk: two such buffers (FSDP2 prefetches one unit ahead: the running unit and the next in the
   forward; in the backward the next unit's gather and the running unit's gradients copied for their
@@ -78,9 +80,7 @@ one piece) is refused under pp > 1 or cp > 1.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-import re
 from dataclasses import dataclass, field
 from fractions import Fraction
 from types import MappingProxyType
@@ -88,17 +88,14 @@ from typing import Any, Mapping
 
 from ..context import TensorInfo
 from ..errors import UsageError
+from ..parallel.layout import ROLE_RULES, SEQUENCE_ROLES, in_flight, layout_of, rank_id
 from ..parallel.plan import ParallelPlan
 from ..reporting.report import tensor_bytes
 from .ledger import VIEWS, Graph, Memory, MemorySettings, RankMemory, Shards, ledger, without_cyclic_gc
 
 __all__ = ["PlanRankMemory", "in_flight", "per_rank", "rank_rows", "RANK_HEADERS"]
 
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
-_TP_PARAMS = ("q_proj", "gate_proj", "up_proj", "o_proj", "down_proj", "embed_tokens", "lm_head")
-_KV = ("k_proj", "v_proj")
 _SAME_SIZE = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose"})
-_SEQUENCE = ("o_proj", "down_proj", "embed_tokens")  # outputs whole on every TP rank, split over the sequence by sp
 
 
 @dataclass(frozen=True)
@@ -127,26 +124,6 @@ class PlanRankMemory(RankMemory):
         return d
 
 
-def in_flight(plan: ParallelPlan, stage: int) -> float:
-    """Microbatches whose activations pipeline rank ``stage`` keeps at once (see the module's docstring).
-
-    >>> from flopcount.parallel.plan import parse_parallel
-    >>> [in_flight(parse_parallel("pp=4", 8), s) for s in range(4)]
-    [4.0, 3.0, 2.0, 1.0]
-    >>> in_flight(parse_parallel("pp=4", 8, "interleaved:2"), 0)  # (4·2 + 4 − 1) / 2 chunks
-    5.5
-    """
-    p, m = plan.pp, plan.microbatches
-    if p == 1:
-        return 1.0
-    if plan.schedule == "gpipe":
-        return float(m)
-    if plan.schedule == "interleaved":
-        v = plan.virtual_stages
-        return min((p - stage - 1) * 2 + (v - 1) * p + 1, m * v) / v
-    return float(min(p - stage, m))
-
-
 @without_cyclic_gc
 def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory:
     """``report.memory`` (a one-rank ledger with its graph: ``count(..., memory=...)``) per rank of ``plan``, one
@@ -166,27 +143,13 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
     # the FLOPs ledger's shares, once: they check what the degrees divide; its schedule refuses what it does not model
     d, shares, _, _, train, _ = plan_shares(report, plan, settings.recompute)
     schedule_bubble(plan, shares, train)
-    t, kv = plan.tp, min(plan.tp, d.kv_heads)
-    scopes = list(report.modules.nodes)  # read by position many times: a tiled stack's copies made once here
-    rule: dict[int, str] = {}
-    chunks: dict[int, set[int]] = {}
-    for x in shares:
-        if x.tp == 0:
-            rule[x.index] = x.rule
-            chunks.setdefault(x.index, set()).add(x.chunk)
-    by_scope: dict[tuple, int] = {}
-    for k in sorted(rule):
-        by_scope.setdefault(tuple(scopes[k]), k)
-    prev = None
-    for k in range(len(g.nodes)):
-        if k not in rule:
-            src = by_scope.get(tuple(scopes[k]), prev)
-            rule[k] = rule[src] if src is not None else "replicated"
-            chunks[k] = chunks[src] if src is not None else {0}
-        prev = k
-    leaf = [sc[-1].rsplit(".", 1)[-1] if sc else "" for sc in scopes]
-    expert = [px.is_expert(sc) for sc in scopes]
-    moe_layers = sorted({_layer_of(scopes[k]) for k in range(len(g.nodes)) if expert[k]} - {None})
+    layout = layout_of(report, plan)
+    t, kv = plan.tp, min(plan.tp, d.kv_heads or plan.tp)
+    scopes = list(report.modules.nodes) if not report.modules.missing else [()] * len(g.nodes)
+    roles, layer_of = layout.roles, layout.layer
+    chunks = [set(c) for c in layout.chunks]
+    expert = layout.expert
+    moe_layers = sorted({layer_of[k] for k in range(len(g.nodes)) if expert[k]} - {None})
     load = expert_load or px.ExpertLoad(None)
     load.check_layers(len(moe_layers))
     for j in range(len(moe_layers) if plan.ep == 1 else 0):  # refused as the FLOPs ledger refuses it
@@ -194,34 +157,29 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
     fractions = {layer: load.fractions(j, report.moe.experts, plan.ep) for j, layer in enumerate(moe_layers)} \
         if moe_layers and plan.ep > 1 else {}
 
-    inner = _expert_inner(g, scopes, expert) if t > 1 and any(expert) else frozenset()
+    inner = _expert_inner(g, scopes, expert, layer_of) if t > 1 and any(expert) else frozenset()
 
     def act_div(k: int) -> int:
-        r = rule[k]
+        role = roles[k]
         if k in inner:
             return t
-        if leaf[k] in _SEQUENCE or r == "norm":
+        if role in SEQUENCE_ROLES:
             return t if plan.sp else 1
-        return t if r == "split" else kv if r == "kv" else 1
+        if role in ("kv", "kv_heads"):
+            return kv
+        return t if ROLE_RULES[role] == "split" else 1
 
     def shard_div(k: int) -> int:
         """The ranks a weight whose first reader is node k is sharded over by ZeRO or FSDP: the D·C data- and
         context-parallel ranks, D·C/E for a routed expert's."""
         return max(plan.dp * plan.cp // plan.ep, 1) if expert[k] else plan.dp * plan.cp
 
-    def param_div(k: int) -> tuple[int, int]:
-        """(TP·EP division, FSDP division) of a weight whose first reader is node k."""
-        fsdp = shard_div(k) if plan.fsdp else 1
-        if expert[k]:
-            return t * plan.ep, fsdp
-        return (t if leaf[k] in _TP_PARAMS else kv if leaf[k] in _KV else 1), fsdp
-
     reader: dict[str, int] = {}
     for k, n in enumerate(g.nodes):
         for x in n.inputs:
             if x is not None and x.name in g.stored:
                 reader.setdefault(x.name, k)
-    gathered = _gathered_kv(g, scopes, leaf) if plan.cp > 1 else {}
+    gathered = _gathered_kv(g, layout) if plan.cp > 1 else {}
     top_k = report.moe.top_k if moe_layers else 0
     vec = d.batch * (d.seq // plan.cp) * top_k * d.hidden * d.act_bytes
     v = plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
@@ -231,15 +189,15 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
         mine = {c for c in range(plan.pp * v) if c % plan.pp == s}
         keep = [k for k in range(len(g.nodes)) if chunks[k] & mine]
         stage = _Stage.of(g, keep)
-        layers = {_layer_of(scopes[k]) for k in keep} & set(fractions) if fractions else set()
+        layers = {layer_of[k] for k in keep} & set(fractions) if fractions else set()
         for e in range(plan.ep):
             share = {layer: fractions[layer][e] for layer in layers}
 
             def scale(k: int, e=e) -> tuple[int, int]:
                 """(multiplier, divisor) of the activations node k makes on this rank."""
                 div = act_div(k) * plan.cp
-                if expert[k] and _layer_of(scopes[k]) in fractions:  # the pairs this rank's experts receive
-                    num, den = fractions[_layer_of(scopes[k])][e]
+                if expert[k] and layer_of[k] in fractions:  # the pairs this rank's experts receive
+                    num, den = fractions[layer_of[k]][e]
                     return plan.ep * num, div * den
                 return 1, div
 
@@ -248,8 +206,8 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
             # the same load walk the same graph: one walk per (stage, load), placed on each of them
             key = (s, tuple(sorted(share.items())))
             if key not in walked:
-                walked[key] = _rank(report, g, mem, settings, plan, s, stage, scale, param_div, shard_div, reader,
-                                    gathered, alltoall)
+                walked[key] = _rank(layout, g, mem, settings, s, stage, scale, shard_div, reader, gathered,
+                                    alltoall)
             for i in range(t):
                 ranks.append(_placed(walked[key], plan, s, i, e))
     cache = _kv_share(report, plan, d.layers, kv)
@@ -287,7 +245,7 @@ def _kv_share(report: Any, plan: ParallelPlan, layers: int, kv: int) -> int | No
 _PRODUCTS = frozenset({"MatMul", "Gemm", "Einsum"})
 
 
-def _expert_inner(g: Graph, scopes, expert) -> frozenset[int]:
+def _expert_inner(g: Graph, scopes, expert, layer_of) -> frozenset[int]:
     """The routed experts' nodes whose outputs carry an expert's inner dimension (its MLP width), which TP splits as
     it splits the experts' weights (gate and up column-parallel, down row-parallel, as the FLOPs ledger does): per
     MoE layer, the nodes from the products that read an expert weight first (gate/up) down to, not including, the
@@ -317,7 +275,7 @@ def _expert_inner(g: Graph, scopes, expert) -> frozenset[int]:
     groups: dict[int | None, list[int]] = {}
     for k, sc in enumerate(scopes[:len(g.nodes)]):
         if expert[k]:
-            groups.setdefault(_layer_of(sc), []).append(k)
+            groups.setdefault(layer_of[k], []).append(k)
     inner: set[int] = set()
     for members in groups.values():
         group = set(members)
@@ -351,17 +309,6 @@ def _expert_inner(g: Graph, scopes, expert) -> frozenset[int]:
     return frozenset(inner)
 
 
-def _layer_of(scope) -> int | None:
-    return _layer_in(tuple(scope))
-
-
-@functools.lru_cache(maxsize=4096)
-def _layer_in(scope: tuple[str, ...]) -> int | None:
-    """The layer number in a module scope (a few hundred distinct scopes, read once per node and stage)."""
-    found = _LAYER.search(".".join(scope))
-    return int(found.group(1)) if found else None
-
-
 def _root(producer: Mapping[str, Any], name: str) -> str:
     """The storage a view's output shares: back through the views (as the ledger's walk roots them)."""
     while name in producer and producer[name].op_type in VIEWS and producer[name].domain == "" and \
@@ -370,22 +317,46 @@ def _root(producer: Mapping[str, Any], name: str) -> str:
     return name
 
 
-def _gathered_kv(g: Graph, scopes, leaf) -> dict[str, int]:
+def _gathered_kv(g: Graph, layout: Any) -> dict[str, int]:
     """The storages of K and V that each layer's attention reads (root name → layer): the second operand of its
-    score product and of its product with V, the first two products under ``self_attn`` itself in the layer."""
+    score product and of its product with V (:attr:`flopcount.parallel.layout.Layout.attention`)."""
     producer = {x.name: n for n in g.nodes for x in n.outputs if x is not None and x.name}
-    products: dict[int, list[int]] = {}
-    for k, n in enumerate(g.nodes):
-        layer = _layer_of(scopes[k])
-        if leaf[k] == "self_attn" and n.op_type in ("MatMul", "Einsum") and layer is not None and len(n.inputs) > 1:
-            products.setdefault(layer, []).append(k)
     out: dict[str, int] = {}
-    for layer, ks in products.items():
-        for k in ks[:2]:
-            x = g.nodes[k].inputs[1]
+    for layer, ks in layout.attention.items():
+        for k in ks:
+            x = g.nodes[k].inputs[1] if len(g.nodes[k].inputs) > 1 else None
             if x is not None and x.name:
                 out[_root(producer, x.name)] = layer
     return out
+
+
+def _tp_div(layout: Any, g: Graph, reader: Mapping[str, int], name: str) -> int:
+    """The TP (and EP) ranks a stored tensor is split over, by the role of the node that reads it first."""
+    k = reader.get(name)
+    if k is None:
+        return 1
+    j = next(j for j, x in enumerate(g.nodes[k].inputs) if x is not None and x.name == name)
+    return layout.param_divisor(k, j)
+
+
+def _fsdp_share(info: TensorInfo, tp: int, n: int) -> TensorInfo:
+    """A stored tensor's share on a rank: 1/``tp`` of its elements (rounded up), then FSDP2's shard over ``n`` ranks,
+    dim 0 padded to ⌈d0/n⌉ rows (d0 the rank's rows: dim 0, divided by ``tp`` where it divides).
+
+    >>> _fsdp_share(TensorInfo("embedding", 1, (65, 32)), 1, 2).shape  # ⌈65/2⌉ = 33 rows of 32, not ⌈2080/2⌉
+    (1056,)
+    >>> _fsdp_share(TensorInfo("embedding", 1, (50, 32)), 2, 2).shape  # 25 rows on the TP rank: 13 of 32
+    (416,)
+    """
+    local = _resized(info, tp)
+    if n == 1 or local.shape is None:
+        return local
+    rows = info.shape[0] if info.shape else 0
+    rows = rows // tp if tp > 1 and rows % tp == 0 else rows
+    elements = local.shape[0]
+    if not rows or elements % rows:
+        return _resized(local, n)
+    return TensorInfo(info.name, info.elem_type, (-(-rows // n) * (elements // rows),))
 
 
 def _resized(info: TensorInfo, div: int, mul: int = 1) -> TensorInfo:
@@ -436,16 +407,18 @@ def _zero_shards(plan: ParallelPlan, trained, tensors: Mapping[str, TensorInfo],
     return Shards(shares if plan.zero2 else {}, shares, counters)
 
 
-def _rank(report, g: Graph, mem: Memory, settings: MemorySettings, plan: ParallelPlan, s: int, stage: _Stage,
-          scale, param_div, shard_div, reader, gathered, alltoall) -> PlanRankMemory:
+def _rank(layout: Any, g: Graph, mem: Memory, settings: MemorySettings, s: int, stage: _Stage, scale, shard_div,
+          reader, gathered, alltoall) -> PlanRankMemory:
+    plan = layout.plan
     keep, made, read = stage.keep, stage.made, stage.read
     nodes = [g.nodes[k] for k in keep]
     tensors: dict[str, TensorInfo] = {}
     for name in read | made.keys():
         info = g.tensors.get(name) or TensorInfo(name)
         if name in g.stored:
-            div, fsdp = param_div(reader[name]) if name in reader else (1, 1)
-            tensors[name] = _resized(_resized(info, div), fsdp if name in g.params else 1)
+            div = _tp_div(layout, g, reader, name)
+            fsdp = shard_div(reader[name]) if plan.fsdp and name in reader and name in g.params else 1
+            tensors[name] = _fsdp_share(info, div, fsdp)
         elif name in made:
             mul, div = scale(made[name])
             tensors[name] = _resized(info, div // plan.cp if name in gathered else div, mul)
@@ -479,12 +452,13 @@ def _rank(report, g: Graph, mem: Memory, settings: MemorySettings, plan: Paralle
     if plan.fsdp or (plan.zero2 and mem.mode == "train"):
         per_layer: dict[Any, int] = {}
         for name in sub.params:
-            layer = _layer_of(report.modules.nodes[reader[name]]) if name in reader else None
+            layer = layout.layer[reader[name]] if name in reader else None
             if layer is None and plan.zero2:  # outside the layers, each weight's gradient is reduced alone
                 layer = name
             # a weight of unknown size is already in the ledger's ``unsized`` (the one-rank walk read the same
             # tensor), which makes the figures a stated lower bound; it adds nothing here
-            whole = tensor_bytes(_resized(g.tensors.get(name) or TensorInfo(name), param_div(reader[name])[0])) or 0
+            whole = tensor_bytes(_resized(g.tensors.get(name) or TensorInfo(name), _tp_div(layout, g, reader, name))) \
+                or 0
             per_layer[layer] = per_layer.get(layer, 0) + whole
         root = per_layer.pop(None, 0)
         gather = max(per_layer.values(), default=0)
@@ -516,7 +490,7 @@ def _placed(figures: PlanRankMemory, plan: ParallelPlan, s: int, i: int, e: int)
     and data- and context-parallel replicas."""
     from ..parallel.experts import ep_coords
 
-    replicas = sorted(i + plan.tp * (c + plan.cp * (d + plan.dp * s)) for d in range(plan.dp) for c in range(plan.cp)
+    replicas = sorted(rank_id(plan, i, c, d, s) for d in range(plan.dp) for c in range(plan.cp)
                       if ep_coords(d, c, plan)[1] == e)
     first = replicas[0]
     coords = {"tp": i, "pp": s, "cp": (first // plan.tp) % plan.cp, "ep": e,

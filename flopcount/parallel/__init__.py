@@ -1,6 +1,9 @@
 """FLOPs per rank under a parallel plan. It imports the report records (:mod:`flopcount.reporting`) and the contract.
 
 * :mod:`.plan` the parallel plan and recompute policy, frozen records with their parsing
+* :mod:`.layout` the model's layout under a plan, read once from the graph: the repeated layers and each part's role
+  (column, row, vocab, heads, sequence, replicated, expert), the split rules, stages, rank id and warm-up
+* :mod:`.roles` the parts' roles read off the graph's dataflow (attention and MLP projections, embedding, LM head)
 * :mod:`.ranks` FLOPs, redundant work, communication bytes and the bubble per rank under a plan (``--parallel``)
 * :mod:`.experts` the context- and expert-parallel rules (zigzag CP, EP over dp·cp, ``--expert-load``)
 * :mod:`.optimizer` the optimizer step's FLOPs per rank: the parameter elements each rank updates

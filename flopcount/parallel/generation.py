@@ -51,7 +51,8 @@ microbatches, n = N − 1 the decode steps:
   (:func:`~flopcount.parallel.experts.all_to_all_bytes`) for the prefill's and each step's tokens:
   M·Σ_layers (a2a(B·(P/C)·k·h·e) + n·a2a(B·k·h·e)), a2a(v) = v + ⌊E·v·f_r⌋;
 * DP: nothing (replicas); with ``fsdp``, the ``all_gather`` of the rank's parameters G before each forward
-  (each phase of each microbatch): M·(1 + n)·G over dp (dp_cp under cp). ``zero1``/``zero2`` shard optimizer
+  (each phase of each microbatch): M·(1 + n)·G over dp (dp_cp under cp), a routed expert's over its expert
+  data-parallel group (``edp``, dp·C/E ranks; none when that is 1). ``zero1``/``zero2`` shard optimizer
   states and gradients, which generation has not: no change.
 
 **Bubble.** Each phase (the prefill, then each decode step) runs the M microbatches forward through the P stages
@@ -82,15 +83,8 @@ from ..errors import UsageError
 from ..reporting.tiled import check_listable
 from . import experts as px
 from .plan import ParallelPlan, Recompute
-from .ranks import (
-    Collective,
-    ParallelLedger,
-    RankFlops,
-    layer_of,
-    plan_shares,
-    rank_params,
-    simulate_schedule,
-)
+from .layout import layout_of, rank_id
+from .ranks import Collective, ParallelLedger, RankFlops, param_groups, plan_shares, simulate_schedule
 
 __all__ = ["check_plan", "generation_ledger", "sum_of_max"]
 
@@ -154,7 +148,7 @@ def generation_ledger(report: Any, plan: ParallelPlan, expert_load: px.ExpertLoa
                         dm, dr = dm - own_m[ep] + got_m, dr - own_r[ep] + got_m + got_x
                     phases = {"prefill": _phase(m * pm, m * pr), "decode": _phase(m * dm, m * dr)}
                     coords = {"tp": i, "pp": s, "cp": cp, "ep": ep, "dp": dp}
-                    rank = i + t * (cp + c_ * (dp + plan.dp * s))
+                    rank = rank_id(plan, i, cp, dp, s)
                     key = (s, tuple(fractions[layer][ep] for layer in ex_prefill[(s, i)]))
                     if key not in comms:  # the same for the stage's ranks of one EP rank and load
                         comms[key] = _communication(plan, d, report, s, per_stage, gen, key[1])
@@ -166,7 +160,6 @@ def generation_ledger(report: Any, plan: ParallelPlan, expert_load: px.ExpertLoa
     ranks.sort(key=lambda r: r.rank)
     slowest = max(ranks, key=lambda r: (r.hardware_flops, -r.rank))
     mean = sum(r.hardware_flops for r in ranks) / len(ranks)
-    kv_group = t // d.kv_heads if d.kv_heads < t else 1
     whole = {"batch": gen.batch, "prompt_tokens": gen.prompt_tokens, "new_tokens": gen.new_tokens,
              "decode_steps": gen.steps, "prefill_flops": gen.prefill.flops, "decode_flops": gen.decode.flops,
              "total_flops": gen.total.flops}
@@ -177,8 +170,7 @@ def generation_ledger(report: Any, plan: ParallelPlan, expert_load: px.ExpertLoa
             "activation_bytes": d.act_bytes, "param_bytes": d.param_bytes, "moe_layers": len(moe_layers),
             "experts": report.moe.experts if moe_layers else 0, "top_k": report.moe.top_k if moe_layers else 0},
         tuple(ranks), _bubble(plan, prefill, lines), slowest.rank, slowest.hardware_flops / mean if mean else 1.0,
-        f"each TP rank holds one of the {d.kv_heads} K/V heads, copied on {kv_group} ranks" if kv_group > 1
-        else "K/V heads split over TP", expert_load=load.source if moe_layers else None,
+        layout_of(report, base).kv_rule, expert_load=load.source if moe_layers else None,
         optimizer_note="generation is inference: no optimizer step",
         generation=whole)
 
@@ -212,14 +204,14 @@ def _stage_sums(report: Any, plan: ParallelPlan, expected: int, what: str):
     d, shares, *_ = plan_shares(report, plan, None)
     acc = {(s, i): [0, 0] for s in range(plan.pp) for i in range(plan.tp)}
     experts: dict[tuple[int, int], dict[int, int]] = {k: {} for k in acc}
-    scopes = report.modules.nodes
+    layer_of = layout_of(report, plan).layer
     for x in shares:
         a = acc[(x.stage, x.tp)]
         a[0] += x.model_forward
         a[1] += x.forward
         if x.rule == "expert":  # split over TP: model work = executed work
             per = experts[(x.stage, x.tp)]
-            layer = layer_of(scopes[x.index])
+            layer = layer_of[x.index]
             per[layer] = per.get(layer, 0) + x.forward
     return d, acc, experts
 
@@ -289,9 +281,14 @@ def _communication(plan: ParallelPlan, d: Any, report: Any, s: int, per_stage: i
         prefill_tokens, step_tokens = b * (gen.prompt_tokens // c_), b
         out.append(Collective("all_to_all", "ep", m * (px.all_to_all_bytes(prefill_tokens * vec, plan.ep, shares)
                                                        + n * px.all_to_all_bytes(step_tokens * vec, plan.ep, shares))))
-    if plan.fsdp:
-        g = rank_params(report, d, plan)[s] * d.param_bytes
-        out.append(Collective("all_gather", "dp_cp" if c_ > 1 else "dp", m * (1 + n) * g))
+    if plan.fsdp:  # a routed expert's parameters gathered over its expert data-parallel group, as in training
+        held = param_groups(report, layout_of(report, plan))[s]
+        dense, experts = held["dense"] * d.param_bytes, held["expert"] * d.param_bytes
+        if plan.ep == 1:
+            dense, experts = dense + experts, 0
+        out.append(Collective("all_gather", "dp_cp" if c_ > 1 else "dp", m * (1 + n) * dense))
+        if plan.dp * c_ // plan.ep > 1:
+            out.append(Collective("all_gather", "edp", m * (1 + n) * experts))
     return tuple(x for x in out if x.bytes)
 
 

@@ -28,19 +28,13 @@ Without ``--optimizer`` (or in inference) the figures are null, with the reason 
 
 from __future__ import annotations
 
-import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..options import OPTIMIZERS
+from .layout import split
 
-__all__ = ["optimizer_elements", "optimizer_note", "parameter_rows"]
-
-_IN_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
-_EXPERT = re.compile(r"\.experts(?:\.|$)")
-
-
-def _split(f: int, t: int, i: int) -> int:
-    return f // t + (1 if i < f % t else 0)
+__all__ = ["optimizer_elements", "optimizer_note", "per_element"]
 
 
 def optimizer_note(report: Any) -> str | None:
@@ -58,47 +52,26 @@ def per_element(report: Any) -> int:
     return OPTIMIZERS[report.optimizer[0]][0]
 
 
-def parameter_rows(report: Any, plan: Any, layers: int, chunks: int) -> dict[int, list[tuple[bool, str, int]]]:
-    """The report's parameters by module, read once for every rank: stage → (a routed expert's, its leaf name, its
-    elements) per module."""
-    per_chunk = layers // (plan.pp * chunks)
-    rows: dict[int, list[tuple[bool, str, int]]] = {}
-    for module, n in report.modules.params.items():
-        found = _IN_LAYER.search(module)
-        leaf = module.rsplit(".", 1)[-1]
-        s = int(found.group(1)) // per_chunk % plan.pp if found else (
-            plan.pp - 1 if leaf in ("lm_head", "norm") else 0)
-        rows.setdefault(s, []).append((bool(_EXPERT.search(module)), leaf, n))
-    return rows
-
-
-def optimizer_elements(rows: dict[int, list[tuple[bool, str, int]]], plan: Any, kv_heads: int, stage: int, tp: int,
-                       dp: int, cp: int, ep_group: int, ep: int, column: tuple[str, ...], row: tuple[str, ...],
-                       kv: tuple[str, ...]) -> tuple[int, int]:
+def optimizer_elements(rows: Mapping[int, Sequence[tuple[str, Any, int]]], layout: Any, stage: int, tp: int,
+                       dp: int, cp: int, ep_group: int, ep: int) -> tuple[int, int]:
     """(elements updated, of which redundant) on the rank at these coordinates (see the module's rules); ``rows``:
-    :func:`parameter_rows`."""
-    t, d_c = plan.tp, plan.dp * plan.cp
+    :meth:`flopcount.parallel.layout.Layout.stage_params`."""
+    plan = layout.plan
+    d_c = plan.dp * plan.cp
     shard = cp + plan.cp * dp  # the rank's place among the D·C data- and context-parallel ranks
     held = redundant = 0
-    for expert, leaf, n in rows.get(stage, ()):
-        copy = False
-        if expert:
-            x = _split(n, t * plan.ep, tp * plan.ep + ep)
+    for _, share, n in rows.get(stage, ()):
+        if share.role == "expert":
+            x, copy = split(n, plan.tp * plan.ep, tp * plan.ep + ep), 0
             groups, place = d_c // plan.ep, ep_group
         else:
+            x, copy = layout.elements(share, n, tp)
             groups, place = d_c, shard
-            if leaf in column or leaf in row or leaf in ("embed_tokens", "lm_head"):
-                x = _split(n, t, tp)
-            elif leaf in kv and kv_heads < t:
-                x, copy = _split(n, kv_heads, tp // (t // kv_heads)), tp % (t // kv_heads) != 0
-            elif leaf in kv:
-                x = _split(n, t, tp)
-            else:
-                x, copy = n, tp != 0
         if plan.zero_stage:  # zero1, zero2 and fsdp shard the optimizer states alike
-            x = _split(x, groups, place)
+            own, copy = split(x - copy, groups, place), split(copy, groups, place)
+            x = own + copy
         elif place != 0:
-            copy = True
+            copy = x
         held += x
-        redundant += x if copy else 0
+        redundant += copy
     return held, redundant

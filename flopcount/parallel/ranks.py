@@ -1,35 +1,30 @@
 """FLOPs per rank under a parallel plan: tensor (with sequence), pipeline, context, expert and data parallelism of a
-decoder transformer, dense or mixture-of-experts, from a counted report's per-node FLOPs and module scopes. The
-context- and expert-parallel rules (zigzag split, EP ranks, routing histogram, all_to_all) are stated in
-:mod:`flopcount.parallel.experts`; MoE blocks' routed experts are split 1/T over TP and by their load over EP, their
-routers replicated over TP, shared experts split like a dense MLP. Multi-head latent attention (``q_a_proj``,
-``q_b_proj``, ``kv_a_proj_with_mqa``, ``kv_b_proj``): the up-projections are column-parallel, the latent
-down-projections and their norms replicated over TP, as are the ops on the one rotary key all heads share.
+transformer (decoder or encoder, dense or mixture-of-experts), and data parallelism of any model, from a counted
+report's per-node FLOPs. Each node's role (column- or row-parallel projection, K/V projection, heads, MLP inner op,
+vocab-parallel head, sequence work, replicated, position table, expert) and its stage come from the model's
+:class:`~flopcount.parallel.layout.Layout`, found once from the graph's dataflow (:mod:`flopcount.parallel.layout`
+states the rules). The context- and expert-parallel rules (zigzag split, EP ranks, routing histogram, all_to_all)
+are stated in :mod:`flopcount.parallel.experts`. A role's FLOPs are shared out over the T ranks of a TP group:
 
-The model is recognised by its module scopes (Llama-like names, as Hugging Face writes them): ``embed_tokens``,
-``layers.N.self_attn.{q,k,v,o}_proj``, ``layers.N.mlp.{gate,up,down}_proj``, norms (``*norm``), ``rotary_emb``,
-``lm_head``, and a loss after the head. Each node with work falls under one rule, per layer kind:
-
-* **column-parallel** (``q_proj``, ``k_proj``, ``v_proj``, ``gate_proj``, ``up_proj``) and **row-parallel**
-  (``o_proj``, ``down_proj``) projections: 1/T of the work on each TP rank;
-* **attention heads** (the rest of ``self_attn``: rotary, scores, softmax, product with V) split over TP: 1/T;
-  with GQA, when the K/V heads ``kv`` are fewer than T, each TP rank holds one K/V head, copied on T/kv ranks:
-  the K/V projections and the ops on K/V heads run ``1/kv`` of their work on every rank (the first rank of each
-  copy group counts it as model work, the others as redundant work); T must divide kv or kv must divide T;
-* **MLP inner ops** (activation, gating product) split over the FFN dimension: 1/T;
-* **vocab-parallel** LM head and the loss's ops over the vocabulary: 1/T;
-* the **embedding** is vocab-parallel, and its masked lookup runs over every token on every TP rank: replicated;
-* **norms and the other elementwise ops** (residual adds, the loss's per-token ops) run whole on every TP rank:
-  replicated, unless ``sp`` splits the norms and residual work over the sequence: 1/T;
-* **position tables** (``rotary_emb``) are rebuilt on every pipeline stage and replicated over TP.
+* ``split`` (column- and row-parallel projections, heads, MLP inner ops, the vocab-parallel head and loss): 1/T of
+  the work on each TP rank; a row-parallel Gemm's bias add runs whole on every rank, after the reduction;
+* ``kv`` (K/V projections and the ops on K/V heads): 1/T, or with K/V heads ``kv`` fewer than T, 1/kv of their
+  work on every rank (each TP rank holds one K/V head, copied on T/kv ranks; the first rank of each copy group
+  counts it as model work, the others as redundant work); T must divide kv or kv must divide T;
+* ``norm`` (sequence work: norms, residual adds; MLA's latent projections): replicated, unless ``sp`` splits it
+  over the sequence: 1/T;
+* ``replicated`` (the embedding's masked lookup, routers, ops on one head all share, poolers, the loss's per-token
+  ops): whole on every TP rank;
+* ``positions`` (position tables, masks): rebuilt on every pipeline stage and replicated over TP;
+* ``expert``: 1/T of each routed expert, and over EP by the load.
 
 Replicated work counts as ``model_flops`` on one rank (TP rank 0, pipeline stage 0) and as ``redundant_flops``
 on the others, so that the sum of ``model_flops`` over all ranks is the whole model's count times the step's
 microbatches times ``dp``, and ``hardware_flops`` = ``model_flops`` + ``redundant_flops`` + the recomputed work.
 A split that does not divide a node's FLOPs exactly gives its remainder to the first TP ranks, one FLOP each.
 
-**Pipeline.** The L layers go to P contiguous stages of L/P each (P must divide L); stage 0 carries the
-embedding, the last stage the final norm, the LM head and the loss. With ``interleaved:v``, to P·v chunks of
+**Pipeline.** The L layers go to P contiguous stages of L/P each (P must divide L); stage 0 carries what comes
+before the layers (the embedding), the last stage what comes after (the final norm, the LM head and the loss). With ``interleaved:v``, to P·v chunks of
 L/(P·v) layers, chunk c on rank c mod P (P·v must divide L, and P the microbatches).
 **Data.** Each DP rank runs M microbatches of the counted batch per optimizer step, so the global batch is b·M·dp.
 
@@ -80,7 +75,6 @@ with unbalanced experts (it is simulated with the stage durations of TP rank 0, 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -88,18 +82,12 @@ from typing import Any, NamedTuple
 from . import experts as px
 from ..errors import UsageError
 from ..reporting.tiled import check_listable
+from .layout import Dims, Layout, chunks_of, layout_of, rank_id, split, warmup
 from .plan import ParallelPlan, Recompute, check_recompute_ops
 
 __all__ = ["Collective", "NodeShare", "ParallelLedger", "RankFlops", "ledger", "node_shares", "plan_shares",
-           "layer_of", "rank_params", "schedule_bubble", "simulate_schedule"]
+           "param_groups", "rank_params", "schedule_bubble", "simulate_schedule"]
 
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)$")
-_IN_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
-_COLUMN = ("q_proj", "gate_proj", "up_proj", "q_b_proj", "kv_b_proj")
-_LATENT = ("q_a_proj", "kv_a_proj_with_mqa")  # MLA's down-projections: replicated over TP, as Megatron runs them
-_KV = ("k_proj", "v_proj")
-_ROW = ("o_proj", "down_proj")
-_PRODUCTS = ("matmul", "gemm", "conv", "einsum")
 
 
 @dataclass(frozen=True)
@@ -175,197 +163,23 @@ class ParallelLedger:
                 "ranks": [r.as_dict() for r in self.ranks]}
 
 
-def _split(f: int, t: int, i: int) -> int:
-    """Rank ``i``'s part of ``f`` split over ``t`` ranks: the remainder to the first ranks, one each."""
-    return f // t + (1 if i < f % t else 0)
-
-
-def _leaf(scope: Sequence[str]) -> str:
-    return scope[-1].rsplit(".", 1)[-1] if scope else ""
-
-
-def layer_of(scope: Sequence[str]) -> int | None:
-    """The index N of the ``layers.N`` module a node's scopes put it in; None outside the layers."""
-    for s in scope:
-        m = _LAYER.search(s)
-        if m:
-            return int(m.group(1))
-    return None
-
-
-
-def _dim(t: Any, k: int) -> int | None:
-    shape = getattr(t, "shape", None)
-    return shape[k] if shape and len(shape) > abs(k) - (k < 0) and isinstance(shape[k], int) else None
-
-
-@dataclass(frozen=True)
-class _Dims:
-    batch: int
-    seq: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    ffn: int
-    vocab: int
-    layers: int
-    act_bytes: int
-    param_bytes: int
-
-
-def _dims(nodes: Sequence[Any], scopes: Sequence[Sequence[str]], where: str) -> _Dims:
-    def first(pred, what: str):
-        for n, sc in zip(nodes, scopes):
-            if pred(n, sc):
-                return n
-        raise UsageError(f"--parallel: {where} has no {what} in its module scopes, so the tensor-parallel rules "
-                         "of a dense decoder (Llama-like names) cannot be applied")
-
-    def proj(leaf: str):
-        return first(lambda n, sc: _leaf(sc) == leaf and n.family in _PRODUCTS and layer_of(sc) is not None,
-                     f"layers.N.*.{leaf} product")
-
-    layer_ids = {layer_of(sc) for sc in scopes} - {None}
-    if not layer_ids:
-        raise UsageError(f"--parallel: {where} has no layers.N module scopes, so the pipeline and tensor-parallel "
-                         "rules of a dense decoder cannot be applied")
-    moe = bool(px.moe_blocks(scopes))
-    mla = any(_leaf(sc) == "kv_b_proj" for sc in scopes)  # multi-head latent attention (DeepSeek)
-    if mla:
-        k, x = proj("kv_b_proj"), proj("kv_a_proj_with_mqa").inputs[0]
-        q = proj("q_b_proj") if any(_leaf(sc) == "q_b_proj" for sc in scopes) else proj("q_proj")
-    else:
-        q, k = proj("q_proj"), proj("k_proj")
-        x = q.inputs[0]
-    for leaf in ("o_proj",) if mla else ("v_proj", "o_proj"):
-        proj(leaf)
-    if not moe:
-        for leaf in ("up_proj", "down_proj"):
-            proj(leaf)
-    try:  # a MoE model without dense MLPs (Mixtral) has no gate_proj outside its experts
-        gate = first(lambda n, sc: _leaf(sc) == "gate_proj" and n.family in _PRODUCTS and layer_of(sc) is not None
-                     and not px.is_expert(sc), "layers.N.*.gate_proj product")
-    except UsageError:
-        if not moe:
-            raise
-        gate = None
-    score = first(lambda n, sc: n.family in _PRODUCTS and layer_of(sc) is not None and _leaf(sc) == "self_attn",
-                  "attention score product in layers.N.self_attn")
-    head = first(lambda n, sc: _leaf(sc) == "lm_head" and n.family in _PRODUCTS, "lm_head product")
-    vals = {"batch": _dim(x, 0), "seq": _dim(x, -2), "hidden": _dim(x, -1), "heads": _dim(score.inputs[0], -3),
-            "head_dim": _dim(score.inputs[0], -1), "q_out": _dim(q.outputs[0], -1), "kv_out": _dim(k.outputs[0], -1),
-            "ffn": _dim(gate.outputs[0], -1) if gate is not None else 0, "vocab": _dim(head.outputs[0], -1)}
-    unknown = [k for k, v in vals.items() if v is None]
-    if unknown:
-        raise UsageError(f"--parallel: {where}: the shapes give no {', '.join(unknown)}; fix the input shapes "
-                         "(--input-shape) so that the tensor-parallel rules can be applied")
-    if mla:  # K/V up-projected per head: as many K/V heads as query heads
-        vals["kv_out"] = vals["heads"] * vals["head_dim"]
-    if vals["q_out"] != vals["heads"] * vals["head_dim"] or vals["kv_out"] % vals["head_dim"]:
-        raise UsageError(f"--parallel: {where}: q_proj/k_proj widths ({vals['q_out']}, {vals['kv_out']}) are not "
-                         f"whole heads of {vals['head_dim']}; the head-splitting rule cannot be applied")
-    from ..reporting.report import element_bits
-
-    return _Dims(vals["batch"], vals["seq"], vals["hidden"], vals["heads"], vals["kv_out"] // vals["head_dim"],
-                 vals["head_dim"], vals["ffn"], vals["vocab"], max(layer_ids) + 1,
-                 (element_bits(x.elem_type) or 32) // 8,
-                 (element_bits(q.inputs[1].elem_type if len(q.inputs) > 1 and q.inputs[1] else 1) or 32) // 8)
-
-
-def _check(plan: ParallelPlan, d: _Dims) -> None:
-    t, p, v = plan.tp, plan.pp, _chunks(plan)
-    if d.seq % (2 * plan.cp) and plan.cp > 1:
-        raise UsageError(f"--parallel cp={plan.cp}: the zigzag split needs 2·cp = {2 * plan.cp} to divide the "
-                         f"sequence length {d.seq}")
-    if plan.sp and plan.cp > 1 and (d.seq // plan.cp) % t:
-        raise UsageError(f"--parallel tp={t},cp={plan.cp},sp: tp must divide each CP rank's {d.seq // plan.cp} tokens")
-    if (plan.dp * plan.cp) % plan.ep:
-        raise UsageError(f"--parallel ep={plan.ep}: expert parallelism reuses the dp·cp = {plan.dp * plan.cp} "
-                         "data- and context-parallel ranks; ep must divide dp·cp")
-    for size, what in ((d.heads, "attention heads"), (d.ffn, "MLP width (intermediate size)"),
-                       (d.vocab, "vocabulary")):
-        if size % t:
-            raise UsageError(f"--parallel tp={t}: tp must divide the {size} {what}")
-    if d.kv_heads % t and t % d.kv_heads:
-        raise UsageError(f"--parallel tp={t}: tp must divide the {d.kv_heads} K/V heads or be a multiple of them")
-    if plan.sp and plan.cp == 1 and d.seq % t:
-        raise UsageError(f"--parallel tp={t},sp: tp must divide the sequence length {d.seq} under sp")
-    if d.layers % p:
-        raise UsageError(f"--parallel pp={p}: pp must divide the {d.layers} layers (stages of equal layers)")
-    if d.layers % (p * v):
-        raise UsageError(f"--schedule interleaved:{v}: pp·v = {p * v} must divide the {d.layers} layers "
-                         "(chunks of equal layers)")
-    if v > 1 and plan.microbatches % p:
-        raise UsageError(f"--microbatches {plan.microbatches}: the interleaved schedule runs microbatches in groups "
-                         f"of pp={p}; give a multiple of {p}")
-
-
-def _chunks(plan: ParallelPlan) -> int:
-    """Model chunks per pipeline rank: ``v`` of the interleaved schedule, else 1."""
-    return plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
-
-
-def _rule(n: Any, sc: Sequence[str], d: _Dims, after_head: bool, blocks: set[str] = frozenset()) -> str:
-    """The rule of one node with work: split, kv, replicated, norm, positions, expert (see the module's list and
-    :mod:`flopcount.parallel.experts`)."""
-    leaf = _leaf(sc)
-    if layer_of(sc) is not None:
-        if px.is_expert(sc):
-            return "expert"
-        block = next((s for s in sc if s in blocks), None)
-        if block is not None and (sc[-1] == block or sc[-1] in (block + ".gate", block + ".shared_expert_gate")):
-            return "replicated"  # the router and the block's own ops on the hidden states
-        if leaf in _COLUMN or leaf in _ROW:
-            return "split"
-        if leaf in _KV:
-            return "kv"
-        if leaf in _LATENT or (leaf.endswith("norm") and any(s.endswith(".self_attn") for s in sc)):
-            return "norm"  # MLA's latent projections and norms run whole on every TP rank
-        if any(s.endswith(".self_attn") for s in sc) and d.heads > 1 and any(
-                t is not None and t.shape and len(t.shape) >= 4 and t.shape[1] == 1 for t in n.inputs[:1]):
-            return "replicated"  # ops on one head shared by all (MLA's rotary key)
-        if any(s.endswith(".self_attn") for s in sc):
-            kv_side = d.kv_heads != d.heads and any(
-                t is not None and t.shape and len(t.shape) >= 4 and t.shape[1] == d.kv_heads for t in n.inputs[:1])
-            return "kv" if kv_side else "split"
-        if any(s.endswith((".mlp", ".block_sparse_moe")) for s in sc):
-            return "split"
-        if n.family in _PRODUCTS:
-            raise UsageError(f"--parallel: node {n.name!r} ({n.op_type} in {sc[-1]}) is a product outside the "
-                             "recognised projections and attention; no tensor-parallel rule applies to it")
-        return "norm"  # the layer's norms and residual adds: split over the sequence under sp
-    if leaf == "lm_head":
-        return "split"
-    if leaf == "rotary_emb":
-        return "positions"
-    if leaf.endswith("norm"):
-        return "norm"
-    if n.family in _PRODUCTS:
-        raise UsageError(f"--parallel: node {n.name!r} ({n.op_type} in {sc[-1] if sc else 'no module'}) is a product "
-                         "outside the recognised modules; no tensor-parallel rule applies to it")
-    if after_head and any(_dim(t, -1) == d.vocab for t in n.inputs if t is not None):
-        return "split"  # vocab-parallel loss
-    return "replicated"
-
-
 #: Ops whose backward keeps none of their tensors (sums, sign changes, moves): they save nothing for the backward.
 _KEEPS_NOTHING = frozenset(("Add", "Sub", "Neg", "Sum", "Identity", "Reshape", "Transpose", "Cast", "Squeeze",
                             "Unsqueeze", "Concat", "Split", "Slice", "Expand", "Flatten", "Shape", "Constant",
                             "ConstantOfShape"))
 #: Ops whose backward keeps their output only: run before it is saved.
 _KEEPS_OUTPUT = frozenset(("Softmax", "LogSoftmax", "Exp", "Sigmoid", "Tanh", "Relu", "Sqrt"))
+_HEADS = ("heads", "kv_heads", "shared_head")
 
 
-def _rerun_layers(nodes: Sequence[Any], scopes: Sequence[Sequence[str]]) -> set[int]:
+def _rerun_layers(nodes: Sequence[Any], layout: Layout) -> set[int]:
     """The nodes a checkpoint around each layer runs again (``--recompute full``): the layer's forward in order,
     stopping, as torch's non-reentrant checkpoint does, once every tensor its backward saved is back. The last
     op that saves anything is the cut: an op that saves its inputs (a product: the down projection's input) saves
     them before it runs, so neither it nor what follows runs again (the residual add after it); one that saves
     its output (softmax, an activation) runs first."""
     members: dict[int, list[int]] = {}
-    for k, sc in enumerate(scopes):
-        layer = layer_of(sc)
+    for k, layer in enumerate(layout.layer):
         if layer is not None:
             members.setdefault(layer, []).append(k)
     out: set[int] = set()
@@ -378,27 +192,17 @@ def _rerun_layers(nodes: Sequence[Any], scopes: Sequence[Sequence[str]]) -> set[
     return out
 
 
-def _recomputed(recompute: Recompute, nodes: Sequence[Any], scopes: Sequence[Sequence[str]]) -> set[int]:
+def _recomputed(recompute: Recompute, nodes: Sequence[Any], layout: Layout) -> set[int]:
     if recompute.policy == "none":
         return set()
     if recompute.policy == "full":
-        return _rerun_layers(nodes, scopes)
+        return _rerun_layers(nodes, layout)
     if recompute.policy == "ops":
         return {k for k, n in enumerate(nodes) if n.op_type in recompute.ops}
-    core: set[int] = set()
-    state: dict[int, int] = {}  # layer → products of the core seen
-    for k, (n, sc) in enumerate(zip(nodes, scopes)):
-        layer = layer_of(sc)
-        if layer is None or _leaf(sc) != "self_attn":
-            continue
-        seen = state.get(layer, 0)
-        if n.family in _PRODUCTS:
-            seen += 1
-            state[layer] = seen
-            if seen <= 2:
-                core.add(k)
-        elif seen == 1:
-            core.add(k)
+    core: set[int] = set()  # each layer's attention core: its heads' ops from the score product to the product with V
+    for products in layout.attention.values():
+        first, last = products[0], products[len(products) // 2] if len(products) > 1 else products[0]
+        core.update(k for k in range(first, last + 1) if layout.roles[k] in _HEADS)
     return core
 
 
@@ -443,15 +247,30 @@ def plan_shares(report: Any, plan: ParallelPlan, recompute: Recompute | None):
     return found
 
 
+def _run(fwd: int, bwd: int, rule: str, layout: Layout, i: int, first: bool) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(executed, model) (forward, backward) FLOPs of a node of ``rule`` on TP rank ``i`` (``first``: the first
+    stage that runs it)."""
+    t, kv_group = layout.plan.tp, layout.kv_group
+    if rule in ("split", "expert") or (rule == "norm" and layout.plan.sp):
+        run = (split(fwd, t, i), split(bwd, t, i))
+        return run, run
+    if rule == "kv" and kv_group > 1:
+        kv = layout.dims.kv_heads
+        run = (split(fwd, kv, i // kv_group), split(bwd, kv, i // kv_group))
+        return run, run if i % kv_group == 0 else (0, 0)
+    if rule == "kv":
+        run = (split(fwd, t, i), split(bwd, t, i))
+        return run, run
+    return (fwd, bwd), (fwd, bwd) if i == 0 and first else (0, 0)  # replicated over TP (positions: and stages)
+
+
 def _shares_of(report: Any, plan: ParallelPlan, recompute: Recompute):
     where = report.model.path or report.model.graph_name or "the model"
     if recompute.policy != "none" and report.mode != "train":
         raise UsageError(f"--recompute {recompute}: recompute changes training only; give --mode train")
-    nodes, scopes = report.nodes, report.modules.nodes
+    nodes = report.nodes
     check_listable(nodes, "--parallel", "nodes, which the ledger shares out one by one,")
-    if report.modules.missing or len(scopes) != len(nodes):
-        raise UsageError(f"--parallel: {where} has no module scopes ({report.modules.missing}), so no "
-                         "tensor-parallel rule can be applied")
+    scopes = report.modules.nodes if not report.modules.missing else ()
     blocks = px.moe_blocks(scopes)
     if plan.ep > 1 and not blocks:
         raise UsageError(f"--parallel ep={plan.ep}: {where} has no routed experts (no *.mlp.experts or "
@@ -459,47 +278,39 @@ def _shares_of(report: Any, plan: ParallelPlan, recompute: Recompute):
     if blocks and report.moe is None:
         raise UsageError(f"--parallel: {where} has expert scopes but no mixture-of-experts record; count it with "
                          "--hf so that its routed experts are known")
-    d = _dims(nodes, scopes, where)
-    _check(plan, d)
+    layout = layout_of(report, plan)
+    d = layout.dims
     if blocks and report.moe.experts % plan.ep:
         raise UsageError(f"--parallel ep={plan.ep}: ep must divide the {report.moe.experts} routed experts")
-    t, p = plan.tp, plan.pp
+    t = plan.tp
     train = report.mode == "train"
-    per_stage = d.layers // p
-    v = _chunks(plan)
-    per_chunk = d.layers // (p * v)
-    head_at = next((k for k, sc in enumerate(scopes) if _leaf(sc) == "lm_head"), len(nodes))
+    per_stage = d.layers // plan.pp if d.layers else 0
     if train and recompute is not None:
         check_recompute_ops(recompute, {n.op_type for n in nodes})
-    redo = _recomputed(recompute, nodes, scopes) if train else set()
-    kv_group = t // d.kv_heads if d.kv_heads < t else 1  # TP ranks that hold the same K/V head
+    if train and recompute.policy in ("full", "selective") and not layout.attention:
+        raise UsageError(f"--recompute {recompute}: {where} has no repeated attention layers to checkpoint (full) "
+                         "or attention cores to run again (selective); give --recompute none or operator types")
+    redo = _recomputed(recompute, nodes, layout) if train else set()
     shares: list[NodeShare] = []
-    has_loss = False
-    for k, (n, sc) in enumerate(zip(nodes, scopes)):
+    for k, n in enumerate(nodes):
         fwd, bwd = n.cost.flops, n.backward.flops if train else 0
         if not fwd and not bwd:
             continue
-        rule = _rule(n, sc, d, k > head_at, blocks)
-        has_loss = has_loss or (k > head_at and not sc)
-        layer = layer_of(sc)
-        chunks = range(p) if rule == "positions" else [  # positions: each rank's first chunk rebuilds them
-            layer // per_chunk if layer is not None else (p * v - 1 if k >= head_at or _leaf(sc) == "norm" else 0)]
-        stages = [c % p for c in chunks]
+        rule = layout.rule(k)
+        whole_f, whole_b = layout.whole_part.get(k, (0, 0))
+        if not train:
+            whole_b = 0
+        chunks = layout.chunks[k]
+        stages = [c % plan.pp for c in chunks]
         for c, s in zip(chunks, stages):
             for i in range(t):
-                if rule in ("split", "expert") or (rule == "norm" and plan.sp):
-                    run = (_split(fwd, t, i), _split(bwd, t, i))
-                    own = run
-                elif rule == "kv" and kv_group > 1:
-                    run = (_split(fwd, d.kv_heads, i // kv_group), _split(bwd, d.kv_heads, i // kv_group))
-                    own = run if i % kv_group == 0 else (0, 0)
-                elif rule == "kv":
-                    run = own = (_split(fwd, t, i), _split(bwd, t, i))
-                else:  # replicated over TP (and, for positions, over the stages)
-                    run = (fwd, bwd)
-                    own = run if i == 0 and s == stages[0] else (0, 0)
+                run, own = _run(fwd - whole_f, bwd - whole_b, rule, layout, i, s == stages[0])
+                if whole_f or whole_b:  # a row-parallel Gemm's bias add: whole on each rank, after the reduction
+                    w_run, w_own = _run(whole_f, whole_b, "norm", layout, i, s == stages[0])
+                    run, own = (run[0] + w_run[0], run[1] + w_run[1]), (own[0] + w_own[0], own[1] + w_own[1])
                 shares.append(NodeShare(k, s, i, rule, own[0], own[1], run[0], run[1], run[0] if k in redo else 0, c))
-    return d, tuple(shares), has_loss, per_stage, train, recompute
+    return d, tuple(shares), layout.has_loss, per_stage, train, recompute
+
 
 
 def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
@@ -511,13 +322,12 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
     d, shares, has_loss, per_stage, train, recompute = plan_shares(report, plan, recompute)
     t, p, m, c_, e_ = plan.tp, plan.pp, plan.microbatches, plan.cp, plan.ep
     load = expert_load or px.ExpertLoad(None)
-    scopes = report.modules.nodes
-    kv_group = t // d.kv_heads if d.kv_heads < t else 1
+    layout = layout_of(report, plan)
     acc = {(s, i): [0, 0, 0, 0] for s in range(p) for i in range(t)}  # model, executed, recomputed, executed fwd
     experts: dict[tuple[int, int], dict[int, list[int]]] = {k: {} for k in acc}  # per MoE layer: run, recomputed
     for x in shares:
         if x.rule == "expert":
-            e = experts[(x.stage, x.tp)].setdefault(layer_of(scopes[x.index]), [0, 0])
+            e = experts[(x.stage, x.tp)].setdefault(layout.layer[x.index], [0, 0])
             e[0] += x.forward + x.backward
             e[1] += x.recompute
             continue
@@ -526,17 +336,17 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
         a[1] += x.forward + x.backward
         a[2] += x.recompute
         a[3] += x.forward
-    moe_layers = sorted({layer_of(scopes[x.index]) for x in shares if x.rule == "expert"})
+    moe_layers = sorted({layout.layer[x.index] for x in shares if x.rule == "expert"})
     load.check_layers(len(moe_layers))
     fractions = {layer: load.fractions(j, report.moe.experts, e_) for j, layer in enumerate(moe_layers)}
     whole = sum(n.cost.flops + (n.backward.flops if train else 0) for n in report.nodes)
-    comm = _communication(plan, d, report, per_stage, train, has_loss)
+    comm = _communication(layout, report, per_stage, train, has_loss)
     order = ("tp", "pp", "cp", "ep", "dp")
     from . import optimizer as po
 
     note = po.optimizer_note(report)
     per_element = po.per_element(report) if note is None else 0
-    rows = po.parameter_rows(report, plan, d.layers, _chunks(plan)) if note is None else {}
+    rows = layout.stage_params(report.modules.params) if note is None else {}
     ranks = []
     for s in range(p):
         for dp in range(plan.dp):
@@ -551,11 +361,10 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
                         model, run = model + ex, run + ex
                         again += px.ep_divide([px.cp_split(ex_again, c_, q) for q in members], share)[ep]
                     coords = {"tp": i, "pp": s, "cp": cp, "ep": ep, "dp": dp}
-                    rank = i + t * (cp + c_ * (dp + plan.dp * s))
+                    rank = rank_id(plan, i, cp, dp, s)
                     extra = _cp_ep_communication(plan, d, report, s, per_stage, train, recompute,
                                                  [fractions[layer][ep] for layer in experts[(s, i)]])
-                    opt = None if note else po.optimizer_elements(
-                        rows, plan, d.kv_heads, s, i, dp, cp, group, ep, _COLUMN, _ROW, _KV)
+                    opt = None if note else po.optimizer_elements(rows, layout, s, i, dp, cp, group, ep)
                     ranks.append(RankFlops(rank, {k: coords[k] for k in order}, s, m * model, m * (run + again),
                                            m * (run - model), m * again,
                                            {"model_flops": model, "hardware_flops": run + again,
@@ -572,13 +381,12 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
         "activation_bytes": d.act_bytes, "param_bytes": d.param_bytes, "moe_layers": len(moe_layers),
         "experts": report.moe.experts if moe_layers else 0, "top_k": report.moe.top_k if moe_layers else 0},
         tuple(ranks), bubble, slowest.rank, slowest.hardware_flops / mean if mean else 1.0,
-        f"each TP rank holds one of the {d.kv_heads} K/V heads, copied on {kv_group} ranks" if kv_group > 1
-        else "K/V heads split over TP", expert_load=load.source if moe_layers else None,
+        layout.kv_rule, expert_load=load.source if moe_layers else None,
         optimizer=None if note else report.optimizer[0],
         whole_optimizer_flops=None if note else report.optimizer[1].flops, optimizer_note=note)
 
 
-def _cp_ep_communication(plan: ParallelPlan, d: _Dims, report: Any, stage: int, per_stage: int, train: bool,
+def _cp_ep_communication(plan: ParallelPlan, d: Dims, report: Any, stage: int, per_stage: int, train: bool,
                          recompute: Recompute, shares: Sequence[tuple[int, int]]) -> tuple[Collective, ...]:
     """One rank's CP K/V collectives and EP all_to_alls per optimizer step (see
     :mod:`flopcount.parallel.experts`); ``shares``: its EP rank's share of each of its stage's MoE layers."""
@@ -600,7 +408,7 @@ def schedule_bubble(plan: ParallelPlan, shares: Sequence[NodeShare], train: bool
     """The bubble of the plan's schedule, each chunk's actions as long as its TP rank 0's FLOPs per microbatch."""
     if plan.pp == 1:
         return 0.0
-    v = _chunks(plan)
+    v = chunks_of(plan)
     tf, tb = [0.0] * (plan.pp * v), [0.0] * (plan.pp * v)
     for x in shares:
         if x.tp == 0:
@@ -629,7 +437,7 @@ def _orders(schedule: str, stages: int, microbatches: int, virtual: int, train: 
             if not train:
                 orders.append([fwd(k) for k in range(total)])
                 continue
-            warm = min((p_ - s - 1) * 2 + (v - 1) * p_, total)
+            warm = warmup(schedule, p_, m, v, s)
             order = [fwd(k) for k in range(warm)]
             for k in range(warm, total):
                 order += [fwd(k), bwd(k - warm)]
@@ -639,7 +447,7 @@ def _orders(schedule: str, stages: int, microbatches: int, virtual: int, train: 
         elif schedule == "gpipe":
             order = [("F", s, j) for j in range(m)] + [("B", s, j) for j in range(m)]
         else:  # 1f1b
-            warm = min(p_ - 1 - s, m)
+            warm = warmup(schedule, p_, m, 1, s)
             order = [("F", s, j) for j in range(warm)]
             for j in range(warm, m):
                 order += [("F", s, j), ("B", s, j - warm)]
@@ -689,12 +497,13 @@ def simulate_schedule(schedule: str, stages: int, microbatches: int, forward: Se
     return max(free), busy
 
 
-def _communication(plan: ParallelPlan, d: _Dims, report: Any, per_stage: int, train: bool, has_loss: bool):
+def _communication(layout: Layout, report: Any, per_stage: int, train: bool, has_loss: bool):
     """Per stage: the collectives of one rank of that stage per optimizer step (the module's closed forms)."""
+    plan, d = layout.plan, layout.dims
     t, p, m = plan.tp, plan.pp, plan.microbatches
     tokens = d.batch * (d.seq // plan.cp)  # a CP rank's tokens
     a = tokens * d.hidden * d.act_bytes
-    params = rank_params(report, d, plan)
+    held = param_groups(report, layout)
     out = []
     for s in range(p):
         c: dict[tuple[str, str], int] = {}
@@ -714,44 +523,69 @@ def _communication(plan: ParallelPlan, d: _Dims, report: Any, per_stage: int, tr
                                              + (a if last and train else 0)))
             if last and has_loss:
                 add("all_reduce", "tp", m * 3 * tokens * 4)
+            if plan.sp and train:  # the sequence-parallel weights' partial gradients, once a step
+                add("all_reduce", "tp", held[s]["sequence"] * d.param_bytes)
+            if layout.kv_group > 1 and train:  # each copy's dWk, dWv summed over the copies, once a step
+                add("all_reduce", "tp_kv", held[s]["kv"] * d.param_bytes)
         if p > 1:
             act = a // t if plan.sp else a
-            v = _chunks(plan)  # each of the rank's chunks sends on, but the model's last; and back, but its first
+            v = layout.virtual  # each of the rank's chunks sends on, but the model's last; and back, but its first
             add("send_recv", "pp", m * (act * (v - last) + (act * (v - first) if train else 0)))
-        if plan.dp * plan.cp > 1 and train:
-            g, grp = params[s] * d.param_bytes, "dp_cp" if plan.cp > 1 else "dp"
-            if plan.fsdp:
-                add("all_gather", grp, m * 2 * g)
-                add("reduce_scatter", grp, m * g)  # every microbatch, as FSDP2 by default
-            elif plan.zero2:
-                add("reduce_scatter", grp, m * g)  # every microbatch, as fsdp
-                add("all_gather", grp, g)  # the updated parameters, once a step
-            else:
-                add("all_reduce", grp, g)
-                if plan.zero1:
-                    add("all_gather", grp, g)
+            if train and (first or last):  # a tied embedding's two copies, on the first and the last stage
+                add("all_reduce", "embedding", layout.tied // t * d.param_bytes)
+        if train:
+            grp = "dp_cp" if plan.cp > 1 else "dp"
+            dense, experts = held[s]["dense"] * d.param_bytes, held[s]["expert"] * d.param_bytes
+            if plan.ep == 1:
+                dense, experts = dense + experts, 0
+            for group, size, g in ((grp, plan.dp * plan.cp, dense), ("edp", plan.dp * plan.cp // plan.ep, experts)):
+                if size > 1:
+                    _data_parallel(plan, add, group, g)
         out.append(tuple(Collective(k, grp, n) for (k, grp), n in c.items()))
     return out
 
 
-def rank_params(report, d: _Dims, plan: ParallelPlan) -> list[int]:
-    """Parameter elements one TP rank of each stage holds: projections, embedding and head split over TP (K/V
-    projections 1/kv when copied), the rest whole."""
-    per_chunk = d.layers // (plan.pp * _chunks(plan))
-    out = [0] * plan.pp
-    for module, n in report.modules.params.items():
-        found = _IN_LAYER.search(module)
-        layer = int(found.group(1)) if found else None
-        leaf = module.rsplit(".", 1)[-1]
-        s = layer // per_chunk % plan.pp if layer is not None else (plan.pp - 1 if leaf in ("lm_head", "norm") else 0)
-        if ".experts" in module:  # split over TP within each expert and over EP between experts
-            n = n // (plan.tp * plan.ep)
-        elif leaf in _COLUMN or leaf in _ROW or leaf in ("embed_tokens", "lm_head"):
-            n = n // plan.tp
-        elif leaf in _KV:
-            n = n // min(plan.tp, d.kv_heads)
-        out[s] += n
+def _data_parallel(plan: ParallelPlan, add, group: str, g: int) -> None:
+    """The gradient collectives of ``g`` bytes of gradients over a data-parallel ``group``, per optimizer step."""
+    m = plan.microbatches
+    if plan.fsdp:
+        add("all_gather", group, m * 2 * g)
+        add("reduce_scatter", group, m * g)  # every microbatch, as FSDP2 by default
+    elif plan.zero2:
+        add("reduce_scatter", group, m * g)  # every microbatch, as fsdp
+        add("all_gather", group, g)  # the updated parameters, once a step
+    else:
+        add("all_reduce", group, g)
+        if plan.zero1:
+            add("all_gather", group, g)
+
+
+def param_groups(report: Any, layout: Layout) -> list[dict[str, int]]:
+    """Per stage, the parameter elements one of its TP ranks holds, by the group their gradients are reduced on:
+    ``dense`` (over DP), ``expert`` (a routed expert's, over its expert data-parallel group), and among the dense,
+    ``sequence`` (whole on every TP rank but partial under sp: the norms, a row-parallel projection's bias) and
+    ``kv`` (a K/V head copied on T/kv ranks)."""
+    out = [{"dense": 0, "expert": 0, "sequence": 0, "kv": 0} for _ in range(layout.plan.pp)]
+    for s, rows in layout.stage_params(report.modules.params).items():
+        for _, share, n in rows:
+            x = layout.elements(share, n, 0)[0]
+            if share.role == "expert":
+                out[s]["expert"] += x // layout.plan.ep
+                continue
+            out[s]["dense"] += x
+            if share.role == "sequence":
+                out[s]["sequence"] += x
+            elif share.role == "row":
+                out[s]["sequence"] += share.whole
+            elif share.role in ("kv", "kv_heads") and layout.kv_group > 1:
+                out[s]["kv"] += x
     return out
+
+
+def rank_params(report: Any, layout: Layout) -> list[int]:
+    """Parameter elements one TP rank of each stage holds (:meth:`flopcount.parallel.layout.Layout.elements`; a
+    routed expert's, 1/E of them over EP)."""
+    return [x["dense"] + x["expert"] for x in param_groups(report, layout)]
 
 
 #: Columns of :func:`rank_rows` (the text report's table by rank).

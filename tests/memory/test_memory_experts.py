@@ -58,10 +58,11 @@ def test_each_ep_rank_holds_its_experts_and_the_group_sums_to_the_model(report, 
 
 def test_tp_and_fsdp_split_experts_over_tp_ep_and_the_expert_data_group(report):
     # tp=2: attention projections, embedding and head 1/2 (one K/V head each), router and norms whole; experts
-    # 1/(T·E); fsdp: the dense part 1/(dp·cp) = 1/2, the experts 1/(dp·cp/ep) = 1
-    dense_tp = 2 * V * H // 2 + L * (H * H + 2 * H * D + R * H + 2 * H) + H
+    # 1/(T·E); fsdp: the dense part 1/(dp·cp) = 1/2, the experts 1/(dp·cp/ep) = 1; FSDP2 pads dim 0: the
+    # embedding's and the head's V/2 = 25 rows on a TP rank are ⌈25/2⌉ = 13 rows on each FSDP rank
+    rest = L * (H * H + 2 * H * D + R * H + 2 * H) + H
     for r in per_rank(report, plan("tp=2,ep=2,dp=2,fsdp")).ranks:
-        assert r.params_bytes == 4 * (dense_tp // 2 + L * EXPERTS // 4)
+        assert r.params_bytes == 4 * (2 * -(-V // 2 // 2) * H + rest // 2 + L * EXPERTS // 4)
 
 
 def test_balanced_load_keeps_the_rank_its_own_pairs_and_the_all_to_all_buffers(report):

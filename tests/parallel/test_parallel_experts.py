@@ -213,3 +213,17 @@ def test_optimizer_step_over_expert_ranks_sums_to_the_whole_step():
         led = ledger(report, plan(text))
         # SGD: w -= lr·g, 2 FLOPs an element; every element updated once apart from the named redundant copies
         assert sum(r.optimizer_flops - r.optimizer_redundant_flops for r in led.ranks) == 2 * params, text
+
+
+def test_expert_gradients_on_the_expert_data_parallel_group(moe):
+    # each EP rank holds E/ep experts of 3·H·I float32 elements per layer; their gradients are reduced over the
+    # dp·cp/ep ranks holding the same experts (Megatron's expert data-parallel group), the rest over dp
+    experts = L * E * 3 * H * I_MOE
+    dense = moe.params - experts
+    four = comm(ledger(moe, plan("ep=2,dp=4")).ranks[0])
+    assert four == {("all_reduce", "dp"): 4 * dense, ("all_to_all", "ep"): four[("all_to_all", "ep")],
+                    ("all_reduce", "edp"): 4 * experts // 2}
+    two = comm(ledger(moe, plan("ep=2,dp=2")).ranks[0])  # dp·cp/ep = 1: no rank shares its experts
+    assert ("all_reduce", "edp") not in two and two[("all_reduce", "dp")] == 4 * dense
+    fsdp = comm(ledger(moe, plan("ep=2,dp=4,fsdp")).ranks[0])
+    assert fsdp[("reduce_scatter", "edp")] == 4 * experts // 2 and fsdp[("reduce_scatter", "dp")] == 4 * dense

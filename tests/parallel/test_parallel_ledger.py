@@ -126,7 +126,12 @@ def test_communication_closed_forms(report):
     # 2 all_reduces a layer forward and 2 backward, the embedding's output and the head's input gradient
     assert tp == {("all_reduce", "tp"): m * (4 * L * A + A + A)}
     sp = {(c.kind, c.group): c.bytes for c in ledger(report, plan("tp=2,sp", m)).ranks[0].communication}
-    assert sp == {("all_gather", "tp"): m * (4 * L * A + A + A), ("reduce_scatter", "tp"): m * (4 * L * A + A + A)}
+    # and once a step the norms' weights' gradients, partial under sp (each rank's tokens only): (2L + 1)·H float32
+    assert sp == {("all_gather", "tp"): m * (4 * L * A + A + A), ("reduce_scatter", "tp"): m * (4 * L * A + A + A),
+                  ("all_reduce", "tp"): (2 * L + 1) * H * 4}
+    # tp=4 over 2 K/V heads: each head's copies sum their dWk, dWv once a step, one head of D rows each, per layer
+    kv = {(c.kind, c.group): c.bytes for c in ledger(report, plan("tp=4", m)).ranks[3].communication}
+    assert kv == {("all_reduce", "tp"): m * (4 * L * A + A + A), ("all_reduce", "tp_kv"): L * 2 * D * H * 4}
     pp = ledger(report, plan("pp=2", m))
     assert {(c.kind, c.group): c.bytes for c in pp.ranks[0].communication} == {("send_recv", "pp"): m * A}
     assert {(c.kind, c.group): c.bytes for c in pp.ranks[1].communication} == {("send_recv", "pp"): m * A}
@@ -229,10 +234,27 @@ def test_experts_without_a_moe_record_are_refused(report):
         ledger(moe, plan("tp=2"))
 
 
+def test_roles_come_from_the_graph_not_the_names(report):
+    # every module renamed: the projections are found by where they sit in the dataflow, so the ledger is the same
+    import dataclasses
+
+    def rename(s: str) -> str:
+        return s.replace("q_proj", "a").replace("o_proj", "b").replace("gate_proj", "c").replace(
+            "down_proj", "d").replace("self_attn", "e").replace("mlp", "f")
+
+    renamed = _rescoped(report, lambda sc: tuple(rename(s) for s in sc))
+    params = {rename(k): v for k, v in report.modules.params.items()}
+    renamed = dataclasses.replace(renamed, modules=dataclasses.replace(renamed.modules, params=params))
+    for text in ("tp=2", "tp=4,sp"):
+        assert ledger(renamed, plan(text)).as_dict()["ranks"] == ledger(report, plan(text)).as_dict()["ranks"]
+
+
 def test_a_product_outside_the_recognised_modules_is_refused(report):
-    # layer 1's O projection scoped to the layer itself: a product no rule splits
-    bad = _rescoped(report, lambda sc: sc[:-2] if sc and sc[-1] == "model.layers.1.self_attn.o_proj" else sc)
-    with pytest.raises(UsageError, match="is a product outside the recognised projections and attention"):
+    # the LM head scoped into the last layer: a product there that neither feeds attention nor sits around an MLP's
+    # activation (the final norm between is outside the layer), which no tensor-parallel rule places
+    bad = _rescoped(report, lambda sc: ("model.layers.3.lm_head",) if sc and sc[-1] == "lm_head" else sc)
+    with pytest.raises(UsageError, match=r"node '.*' \(MatMul in model.layers.3.lm_head\) is a product outside the "
+                                         "attention projections"):
         ledger(bad, plan("tp=2"))
 
 
@@ -344,8 +366,8 @@ def test_full_recompute_stops_at_the_last_saved_tensor(ops, again):
     from flopcount.parallel.ranks import _rerun_layers
 
     nodes = [SimpleNamespace(op_type=op) for op in ["Gather", *ops, "MatMul"]]
-    scopes = [("model.embed_tokens",)] + [("model.layers.0",)] * len(ops) + [("lm_head",)]
-    assert _rerun_layers(nodes, scopes) == {k + 1 for k in again}
+    layout = SimpleNamespace(layer=[None] + [0] * len(ops) + [None])  # the embedding, one layer, the LM head
+    assert _rerun_layers(nodes, layout) == {k + 1 for k in again}
 
 
 # --- the optimizer step per rank ---------------------------------------------------------------------------------

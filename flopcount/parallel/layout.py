@@ -1,0 +1,443 @@
+"""The layout of a model under a parallel plan, read once from the counted graph: the one record every per-rank
+ledger reads (FLOPs, :mod:`flopcount.parallel.ranks`; the optimizer step, :mod:`flopcount.parallel.optimizer`;
+generation, :mod:`flopcount.parallel.generation`; memory, :mod:`flopcount.memory.ranks`). It holds the only copy of
+the split rules, the pipeline stages, the rank id and the schedule's warm-up.
+
+**Layers.** The repeated layers are the modules ``P.N`` of the one prefix ``P`` (``model.layers``, ``transformer.h``,
+``encoder.layer``) whose indexed children hold the most nodes, when at least one of them holds attention (indexed
+modules without it, a Sequential's children or a CNN's stages, are no stack of layers); a node without a module
+scope takes the layer of the node that made its first input.
+
+**Roles, found by the graph's dataflow, not by module names.** A *weight product* is a MatMul, Gemm, Conv or Einsum
+that reads a stored floating-point tensor (directly or through views); an *activation product* reads none. In each
+layer:
+
+* the **attention** products are the activation products: a *score* product (Q·Kᵀ), whose inputs come from weight
+  products, and a *context* product (·V), whose first input comes from the scores;
+* the **column-parallel** projections are the weight products first met going back from the scores' two inputs and
+  the context's V (one fused QKV projection, or separate Q, K, V); those that feed K or V only are the **K/V
+  projections**; a weight product further back that feeds one of these (multi-head latent attention's
+  down-projections) is **latent**: replicated over TP, with the nodes between (the latent norms);
+* the **row-parallel** projection is the weight product first met going forward from the context product;
+* the **heads** are the nodes between the column projections and the row projection (rotary, scores, mask,
+  softmax, ·V): split over TP; a node whose first input is 4-D with K/V heads fewer than the query heads on its
+  second axis works on **K/V heads**; one with a single head there (MLA's rotary key) is **shared** by all heads:
+  replicated;
+* the **MLP**: of the remaining weight products, those whose output reaches another (through the activation, GELU,
+  SiLU·up, ReLU², whatever it is) are column-parallel, the ones reached row-parallel, the nodes between them its
+  **inner** ops: split;
+* a node in the module of a projection takes that projection's role (its bias add, its reshapes); in a
+  row-parallel projection's module, its outputs (the bias add, whole after the reduction) are per-token work;
+* a routed MoE block's experts (:mod:`flopcount.parallel.experts`) are **expert** work, its router (the block's
+  ``gate``, or any weight product whose scores reach a TopK) and the block's own ops **router** work, replicated
+  over TP;
+* everything else in the layer (norms, residual adds, dropout) is **sequence** work: replicated over TP, split over
+  the sequence under ``sp``.
+
+Outside the layers: the **token embedding** is the Gather on a stored weight whose indices come from a model input
+(the largest, when several do): vocab-parallel; other lookups (position and token-type tables) are replicated; work
+that depends neither on the layers nor on the embedded tokens (rotary tables, masks) is a **position** table
+rebuilt on every stage (the lookups on stored tables are not); after the layers, the product whose output is as wide as the vocabulary (the token
+embedding's rows; without a token embedding, the first one wider than the hidden size) is the **vocab-parallel LM
+head** (tied to the embedding or not), the ops after it over the vocabulary (the loss) split too;
+a cross-entropy after it (a Softmax, LogSoftmax or loss op) is vocab-parallel (its all-reduces of the maximum, the
+sum and the target logit); other products after the layers (poolers, classifiers) are replicated, and the other nodes before the head (the
+final norm) sequence work.
+
+**Split rules.** Each role splits over the T ranks of a TP group one way: ``column``, ``row``, ``vocab``, heads and
+inner ops 1/T; K/V projections and heads 1/min(T, kv) (one head copied on T/kv ranks when kv < T); ``expert``
+1/T of each expert (and its share of the experts over EP); ``sequence`` whole, or 1/T of the tokens under ``sp``;
+``replicated`` whole. A parameter follows its role, except a row-parallel projection's bias: whole on every rank
+(Megatron's RowParallelLinear, torch's RowwiseParallel add it after the reduction), and likewise the FLOPs of a
+row-parallel Gemm's bias add.
+
+**Stages.** L layers in P stages (P·v chunks of L/(P·v) under ``interleaved:v``, chunk c on rank c mod P); the nodes
+before the layers on stage 0 (position tables on every stage), those after on the last.
+**Rank id.** Megatron's order, tensor parallel fastest: rank = tp + T·(cp + C·(dp + D·pp)).
+**Warm-up.** The forwards pipeline rank p runs before its first backward: GPipe all M; 1F1B min(P − 1 − p, M);
+interleaved 1F1B min((P − p − 1)·2 + (v − 1)·P, M·v) chunk-forwards (Megatron's order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import UsageError
+from . import experts as px
+from .plan import ParallelPlan
+from .roles import (
+    FLOATS,
+    PRODUCTS,
+    Found,
+    Graph,
+    elements,
+    index_in,
+    kv_heads,
+    layer_roles,
+    layers_of,
+    outside_roles,
+    stack_prefix,
+    width,
+)
+
+__all__ = ["Dims", "Layout", "ModuleShare", "ROLE_RULES", "in_flight", "layout_of", "rank_id", "split", "warmup"]
+
+#: Each role's rule in the FLOPs ledger: split 1/T, kv 1/min(T, kv), norm (replicated, 1/T under sp), replicated,
+#: positions (rebuilt on every stage), expert.
+ROLE_RULES = {"column": "split", "row": "split", "heads": "split", "inner": "split", "vocab": "split",
+              "kv": "kv", "kv_heads": "kv", "latent": "norm", "sequence": "norm", "row_out": "norm",
+              "shared_head": "replicated", "router": "replicated", "embedding": "replicated",
+              "replicated": "replicated", "positions": "positions", "expert": "expert"}
+#: Roles whose parameters are split 1/T (K/V projections: 1/min(T, kv); experts: 1/(T·E)).
+PARAM_SPLIT = frozenset({"column", "row", "vocab", "embedding", "heads", "inner", "tied"})
+#: Roles whose outputs are whole on every TP rank and split over the sequence under sp (memory).
+SEQUENCE_ROLES = frozenset({"row", "row_out", "embedding", "sequence", "latent"})
+def split(f: int, t: int, i: int) -> int:
+    """Rank ``i``'s part of ``f`` split over ``t`` ranks: the remainder to the first ranks, one each.
+
+    >>> [split(7, 3, i) for i in range(3)]
+    [3, 2, 2]
+    """
+    return f // t + (1 if i < f % t else 0)
+
+
+def rank_id(plan: ParallelPlan, tp: int, cp: int, dp: int, stage: int) -> int:
+    """The global rank at these coordinates, tensor parallel fastest: tp + T·(cp + C·(dp + D·pp))."""
+    return tp + plan.tp * (cp + plan.cp * (dp + plan.dp * stage))
+
+
+def warmup(schedule: str, stages: int, microbatches: int, virtual: int, stage: int) -> int:
+    """Forward actions pipeline rank ``stage`` runs before its first backward (see the module's rules).
+
+    >>> [warmup("1f1b", 4, 8, 1, s) for s in range(4)], warmup("interleaved", 4, 8, 2, 0)
+    ([3, 2, 1, 0], 10)
+    """
+    if schedule == "gpipe":
+        return microbatches
+    if schedule == "interleaved":
+        return min((stages - stage - 1) * 2 + (virtual - 1) * stages, microbatches * virtual)
+    return min(stages - 1 - stage, microbatches)
+
+
+def chunks_of(plan: ParallelPlan) -> int:
+    """Model chunks per pipeline rank: ``v`` of the interleaved schedule, else 1."""
+    return plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
+
+
+def in_flight(plan: ParallelPlan, stage: int) -> float:
+    """Microbatches whose activations pipeline rank ``stage`` keeps at once: the warm-up's forwards and the one
+    running, in microbatches (chunks / v).
+
+    >>> from flopcount.parallel.plan import parse_parallel
+    >>> [in_flight(parse_parallel("pp=4", 8), s) for s in range(4)]
+    [4.0, 3.0, 2.0, 1.0]
+    >>> in_flight(parse_parallel("pp=4", 8, "interleaved:2"), 0)  # (4·2 + 4 − 1) / 2 chunks
+    5.5
+    """
+    p, m, v = plan.pp, plan.microbatches, chunks_of(plan)
+    if p == 1:
+        return 1.0
+    if plan.schedule == "gpipe":
+        return float(m)
+    return min(warmup(plan.schedule, p, m, v, stage) + 1, m * v) / v
+
+
+@dataclass(frozen=True)
+class Dims:
+    """What the rules read off the graph's shapes (0 where the model has no such part)."""
+
+    batch: int
+    seq: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    layers: int
+    act_bytes: int
+    param_bytes: int
+
+
+@dataclass(frozen=True)
+class ModuleShare:
+    """How a module's parameters are laid out: its ``role``, its ``stage``, and the elements kept whole on every TP
+    rank whatever the role (``whole``: a row-parallel projection's bias)."""
+
+    role: str
+    stage: int
+    whole: int = 0
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The model's layout under ``plan`` (see the module's rules). Per node (by position in the report's nodes):
+    ``roles``, ``layer`` and ``chunks`` (the virtual stages that run it); ``whole_part``: (forward, backward) FLOPs of
+    a node kept whole on every TP rank (a row-parallel Gemm's bias); ``attention``: each layer's score and context
+    products; ``modules``: each parameter-owning module's :class:`ModuleShare` (by the role of the first node in
+    it that reads a weight)."""
+
+    plan: ParallelPlan
+    dims: Dims
+    roles: tuple[str, ...]
+    layer: tuple[int | None, ...]
+    chunks: tuple[tuple[int, ...], ...]
+    whole_part: Mapping[int, tuple[int, int]]
+    attention: Mapping[int, tuple[int, ...]]
+    modules: Mapping[str, ModuleShare]
+    has_loss: bool
+    expert: tuple[bool, ...]
+    prefix: str | None = None  # the repeated layers' module prefix ("model.layers")
+    tied: int = 0  # elements of a weight the token embedding and the LM head share (0: none)
+
+    @property
+    def virtual(self) -> int:
+        return chunks_of(self.plan)
+
+    @property
+    def kv_group(self) -> int:
+        """TP ranks that hold the same K/V head (1 when the heads split)."""
+        kv = self.dims.kv_heads
+        return self.plan.tp // kv if kv and kv < self.plan.tp else 1
+
+    @property
+    def kv_rule(self) -> str:
+        """How the K/V heads are laid out over TP, in words."""
+        if not self.dims.heads:
+            return "no attention heads to split"
+        if self.kv_group > 1:
+            return f"each TP rank holds one of the {self.dims.kv_heads} K/V heads, copied on {self.kv_group} ranks"
+        return "K/V heads split over TP"
+
+    def rule(self, k: int) -> str:
+        """Node ``k``'s rule in the FLOPs ledger."""
+        return ROLE_RULES[self.roles[k]]
+
+    def divisor(self, role: str) -> int:
+        """The ranks a parameter of ``role`` is split over within its TP group (and, for a routed expert's, over EP):
+        1 when it is whole on each."""
+        t = self.plan.tp
+        if role == "expert":
+            return t * self.plan.ep
+        if role in ("kv", "kv_heads"):
+            return min(t, self.dims.kv_heads or t)
+        return t if role in PARAM_SPLIT else 1
+
+    def param_divisor(self, k: int, j: int) -> int:
+        """:meth:`divisor` of the stored tensor node ``k`` reads as its input ``j``: its role's, but whole for a
+        row-parallel Gemm's bias."""
+        if self.roles[k] == "row" and j == 2 and self.whole_part.get(k) is not None:
+            return 1
+        return self.divisor(self.roles[k])
+
+    def elements(self, share: ModuleShare, n: int, tp: int) -> tuple[int, int]:
+        """(elements, of which a copy another TP rank holds too) of a module of ``n`` parameter elements on TP rank
+        ``tp``, before EP and data-parallel sharding (a routed expert's: its 1/T; :meth:`divisor` gives the EP
+        part)."""
+        t = self.plan.tp
+        body = n - share.whole
+        if share.role == "expert":
+            return split(body, t, tp), 0
+        if share.role == "tied":  # the first stage's copy of a tied embedding: the LM head's weight again
+            x = split(body, t, tp)
+            return x, x
+        if share.role in ("kv", "kv_heads") and self.kv_group > 1:
+            x = split(body, self.dims.kv_heads, tp // self.kv_group)
+            return x + share.whole, (x if tp % self.kv_group else 0) + (share.whole if tp else 0)
+        if self.divisor(share.role) > 1:
+            return split(body, t, tp) + share.whole, share.whole if tp else 0
+        return n, n if tp else 0
+
+    def stage_params(self, params: Mapping[str, int]) -> dict[int, list[tuple[str, ModuleShare, int]]]:
+        """The report's parameters by stage: (module, its share, its elements); under pp, a tied embedding's copy
+        on the first stage besides the LM head's on the last (role ``tied``: a copy, its update redundant)."""
+        out: dict[int, list[tuple[str, ModuleShare, int]]] = {}
+        for module, n in params.items():
+            share = self.modules.get(module) or ModuleShare("expert" if px.is_expert((module,)) else "replicated",
+                                                            self._module_stage(module))
+            out.setdefault(share.stage, []).append((module, share, n))
+        if self.tied and self.plan.pp > 1:  # the embedding on the first stage, tied to the head on the last
+            out.setdefault(0, []).append(("(tied embedding)", ModuleShare("tied", 0), self.tied))
+        return out
+
+    def _module_stage(self, module: str) -> int:
+        layer = index_in(module, self.prefix)[1] if self.prefix is not None else None
+        if layer is None:
+            return 0
+        return layer // (self.dims.layers // (self.plan.pp * self.virtual)) % self.plan.pp
+
+
+_last: list[tuple] = []
+
+
+def layout_of(report: Any, plan: ParallelPlan) -> Layout:
+    """The :class:`Layout` of ``report`` under ``plan``, memoized (the last asked); :class:`UsageError` (exit 2)
+    naming the part a plan cannot split and why."""
+    key = (report.nodes, report.modules.nodes, plan)
+    if _last and _last[0][0] is key[0] and _last[0][1] is key[1] and _last[0][2] == plan:
+        return _last[1]
+    found = _build(report, plan)
+    _last[:] = [key, found]
+    return found
+
+
+def _where(report: Any) -> str:
+    return report.model.path or report.model.graph_name or "the model"
+
+
+def _build(report: Any, plan: ParallelPlan) -> Layout:
+    from ..reporting.report import element_bits
+    from ..reporting.tiled import check_listable
+
+    where = _where(report)
+    nodes = report.nodes
+    check_listable(nodes, "--parallel", "nodes, which the ledger shares out one by one,")
+    nodes = list(nodes)
+    scoped = not report.modules.missing and len(report.modules.nodes) == len(nodes)
+    scopes = list(report.modules.nodes) if scoped else [()] * len(nodes)
+    if not scoped and not _any_model(plan):
+        raise UsageError(f"--parallel: {where} has no module scopes ({report.modules.missing}), so the repeated "
+                         f"layers {_degrees(plan)} splits cannot be found; a plan of dp (with fsdp, zero1 or zero2) "
+                         "applies to any model")
+    g = Graph(nodes, report.model.inputs)
+    prefix = stack_prefix(scopes)
+    layer = layers_of(g, scopes, prefix)
+    expert = tuple(px.is_expert(sc) for sc in scopes)
+    blocks = px.moe_blocks(scopes)
+    roles = [""] * len(nodes)
+    attention: dict[int, list[int]] = {}
+    members: dict[int, list[int]] = {}
+    for k, n in enumerate(layer):
+        if n is not None:
+            members.setdefault(n, []).append(k)
+    found = {n: layer_roles(g, scopes, ks, expert, blocks, roles, attention, n) for n, ks in sorted(members.items())}
+    if not any(f.heads for f in found.values()):  # indexed modules without attention (a Sequential, a CNN's stages)
+        layer, members, found, roles, attention = [None] * len(nodes), {}, {}, [""] * len(nodes), {}
+    stream = next((x for k in members.get(min(members), ()) if members for x in nodes[k].inputs
+                   if x is not None and x.elem_type in FLOATS and x.shape and len(x.shape) >= 3), None) \
+        if members else None
+    tail, has_loss, vocab, tied = outside_roles(g, layer, roles, width(stream) or 0)
+    for k in reversed(range(len(nodes))):  # a weight's view, or work on weights alone, goes with its reader
+        n = nodes[k]
+        if n.outputs and n.outputs[0] is not None and g.on_weights(k):
+            reader = min((q for q in g.consumers.get(n.outputs[0].name, ()) if q > k), default=None)
+            if reader is not None:  # the first after it (a stack extended by copies repeats the names)
+                roles[k], layer[k] = roles[reader], layer[reader]
+    first = next((f for f in found.values() if f.heads), Found())
+    weight_type = next((f.weight_type for f in found.values() if f.weight_type), 0) or next(
+        (g.info[r].elem_type for k in range(len(nodes)) for _, r in g.weights(k)), 0)
+    dims = Dims(batch=width(stream, 0) or report.batch, seq=width(stream, -2) or 0, hidden=width(stream) or 0,
+                heads=first.heads, kv_heads=kv_heads(first), head_dim=first.head_dim,
+                ffn=next((f.ffn for f in found.values() if f.ffn), 0), vocab=vocab,
+                layers=max(members) + 1 if members else 0,
+                act_bytes=(element_bits(stream.elem_type) or 32) // 8 if stream is not None else 4,
+                param_bytes=(element_bits(weight_type) or 32) // 8)
+    outside_attention = next((k for k in range(len(nodes)) if layer[k] is None and nodes[k].family in PRODUCTS
+                              and not g.weights(k) and sum(x is not None for x in nodes[k].inputs) > 1), None)
+    _check(plan, dims, found, members, nodes, scopes, where, outside_attention)
+    v = chunks_of(plan)
+    per_chunk = dims.layers // (plan.pp * v) if dims.layers else 1
+    last = plan.pp * v - 1
+    chunks = tuple((layer[k] // per_chunk,) if layer[k] is not None else tuple(range(plan.pp))
+                   if roles[k] == "positions" else (last,) if roles[k] in ("vocab", "sequence") or
+                   (roles[k] == "replicated" and k in tail) else (0,) for k in range(len(nodes)))
+    f = report.convention.fc_flops_per_mac
+    whole_part = {k: (n.cost.flops - f * n.cost.macs, n.backward.flops - f * n.backward.macs)
+                  for k, n in enumerate(nodes) if roles[k] == "row" and n.op_type == "Gemm" and len(n.inputs) > 2
+                  and n.inputs[2] is not None and n.inputs[2].name}
+    layout = Layout(plan, dims, tuple(roles), tuple(layer), chunks, whole_part,
+                    {n: tuple(ks) for n, ks in attention.items() if ks}, {}, has_loss, expert, prefix, tied)
+    return _with_parameters(layout, g, scopes)
+
+
+def _any_model(plan: ParallelPlan) -> bool:
+    """Whether the plan only replicates the model over data-parallel ranks (any model takes it)."""
+    return plan.tp == plan.pp == plan.cp == plan.ep == 1
+
+
+def _degrees(plan: ParallelPlan) -> str:
+    return ",".join(f"{d}={getattr(plan, d)}" for d in ("tp", "pp", "cp", "ep") if getattr(plan, d) > 1) or "dp"
+
+
+def _check(plan: ParallelPlan, d: Dims, found: Mapping[int, Found], members: Mapping[int, list[int]], nodes,
+           scopes, where: str, outside_attention: int | None = None) -> None:
+    """:class:`UsageError` for what the plan cannot split, one line naming the part and why."""
+    t, p, v = plan.tp, plan.pp, chunks_of(plan)
+    if _any_model(plan):
+        return
+    if not members:
+        raise UsageError(f"--parallel {_degrees(plan)}: {where} has no repeated attention layers (indexed module "
+                         "scopes such as layers.N or h.N holding a product of Q and K); tp, pp, cp and ep split a "
+                         "stack of such layers, while a plan of dp (with fsdp, zero1 or zero2) applies to any model")
+    if outside_attention is not None:
+        raise UsageError(f"--parallel {_degrees(plan)}: {where} has attention outside its repeated layers (node "
+                         f"{nodes[outside_attention].name!r} in {_scope(scopes, outside_attention)}): a second stack "
+                         "of layers, as an encoder-decoder has, is not split per rank; a plan of dp (with fsdp, zero1 "
+                         "or zero2) applies to any model")
+    if not d.heads:
+        raise UsageError(f"--parallel {_degrees(plan)}: {where}'s repeated layers have no attention (no product of "
+                         "Q and K found in the graph); tensor, pipeline and context parallelism split a stack of "
+                         "attention layers, while a plan of dp (with fsdp, zero1 or zero2) applies to any model")
+    if t > 1 or plan.cp > 1:
+        if not d.kv_heads:
+            raise UsageError(f"--parallel {_degrees(plan)}: {where}: the K/V projections' width is not whole heads "
+                             f"of {d.head_dim}; the head-splitting rule cannot be applied")
+    if t > 1:
+        for n, f in sorted(found.items()):
+            if f.unclassified:
+                k = f.unclassified[0]
+                raise UsageError(f"--parallel tp={t}: node {nodes[k].name!r} ({nodes[k].op_type} in "
+                                 f"{_scope(scopes, k)}) is a "
+                                 "product outside the attention projections and the MLP's projections around its "
+                                 "activation; no tensor-parallel rule applies to it; give tp=1")
+            if f.kv_fused == "qkv" and d.kv_heads % t:
+                raise UsageError(f"--parallel tp={t}: the fused QKV projection of layer {n} splits whole K/V heads "
+                                 f"only when tp divides its {d.kv_heads} K/V heads")
+        for size, what in ((d.heads, "attention heads"), (d.ffn, "MLP width (intermediate size)"),
+                           (d.vocab, "vocabulary")):
+            if size % t:
+                raise UsageError(f"--parallel tp={t}: tp must divide the {size} {what}")
+        if d.kv_heads % t and t % d.kv_heads:
+            raise UsageError(f"--parallel tp={t}: tp must divide the {d.kv_heads} K/V heads or be a multiple of them")
+    if d.seq % (2 * plan.cp) and plan.cp > 1:
+        raise UsageError(f"--parallel cp={plan.cp}: the zigzag split needs 2·cp = {2 * plan.cp} to divide the "
+                         f"sequence length {d.seq}")
+    if plan.sp and plan.cp > 1 and (d.seq // plan.cp) % t:
+        raise UsageError(f"--parallel tp={t},cp={plan.cp},sp: tp must divide each CP rank's {d.seq // plan.cp} tokens")
+    if (plan.dp * plan.cp) % plan.ep:
+        raise UsageError(f"--parallel ep={plan.ep}: expert parallelism reuses the dp·cp = {plan.dp * plan.cp} "
+                         "data- and context-parallel ranks; ep must divide dp·cp")
+    if plan.sp and plan.cp == 1 and d.seq % t:
+        raise UsageError(f"--parallel tp={t},sp: tp must divide the sequence length {d.seq} under sp")
+    if d.layers % p:
+        raise UsageError(f"--parallel pp={p}: pp must divide the {d.layers} layers (stages of equal layers)")
+    if d.layers % (p * v):
+        raise UsageError(f"--schedule interleaved:{v}: pp·v = {p * v} must divide the {d.layers} layers "
+                         "(chunks of equal layers)")
+    if v > 1 and plan.microbatches % p:
+        raise UsageError(f"--microbatches {plan.microbatches}: the interleaved schedule runs microbatches in groups "
+                         f"of pp={p}; give a multiple of {p}")
+
+
+def _scope(scopes, k: int) -> str:
+    return scopes[k][-1] if scopes[k] else "no module"
+
+
+def _with_parameters(layout: Layout, g: Graph, scopes) -> Layout:
+    """``layout`` with its modules' shares (see the module's rules)."""
+    modules: dict[str, ModuleShare] = {}
+    whole: dict[str, int] = {}
+    seen: set[tuple[str, str]] = set()
+    for k in range(len(g.nodes)):
+        module = scopes[k][-1] if scopes[k] else ""
+        for j, root in g.weights(k):
+            div = layout.param_divisor(k, j)
+            if module not in modules:
+                modules[module] = ModuleShare(layout.roles[k], layout.chunks[k][0] % layout.plan.pp)
+            if (module, root) not in seen and div == 1 and layout.divisor(modules[module].role) > 1:
+                whole[module] = whole.get(module, 0) + elements(g.info[root])
+            seen.add((module, root))
+    modules = {m: ModuleShare(s.role, s.stage, whole.get(m, 0)) for m, s in modules.items()}
+    return Layout(**{**layout.__dict__, "modules": modules})
