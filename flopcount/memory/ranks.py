@@ -179,7 +179,7 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
         for x in n.inputs:
             if x is not None and x.name in g.stored:
                 reader.setdefault(x.name, k)
-    gathered = _gathered_kv(g, layout) if plan.cp > 1 else {}
+    gathered = _gathered_kv(g, layout) if plan.cp > 1 else _GatheredKV({}, {})
     top_k = report.moe.top_k if moe_layers else 0
     vec = d.batch * (d.seq // plan.cp) * top_k * d.hidden * d.act_bytes
     v = plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
@@ -309,25 +309,60 @@ def _expert_inner(g: Graph, scopes, expert, layer_of) -> frozenset[int]:
     return frozenset(inner)
 
 
-def _root(producer: Mapping[str, Any], name: str) -> str:
-    """The storage a view's output shares: back through the views (as the ledger's walk roots them)."""
-    while name in producer and producer[name].op_type in VIEWS and producer[name].domain == "" and \
-            producer[name].inputs and producer[name].inputs[0] is not None:
-        name = producer[name].inputs[0].name
+def _root(producer: Mapping[str, Any], name: str, g: Graph) -> str:
+    """The storage a view's output shares: back through the views, as the ledger's walk roots them (a view the graph
+    writes as a copy, ``g.copies``, is a storage of its own; a copy the framework makes a view, ``g.views``, is not)."""
+    while name in producer:
+        n = producer[name]
+        if n.domain != "" or not n.inputs or n.inputs[0] is None or not (
+                (n.op_type in VIEWS and name not in g.copies) or name in g.views):
+            break
+        name = n.inputs[0].name
     return name
 
 
-def _gathered_kv(g: Graph, layout: Any) -> dict[str, int]:
-    """The storages of K and V that each layer's attention reads (root name → layer): the second operand of its
-    score product and of its product with V (:attr:`flopcount.parallel.layout.Layout.attention`)."""
+#: What stands between the K and V a layer's attention kernel receives and its score and ·V products: views, copies
+#: of views (the grouped-query repeat) and the scale, each reading the whole gathered sequence under cp
+_KV_CHAIN = VIEWS | {"Mul", "Div"}
+
+
+@dataclass(frozen=True)
+class _GatheredKV:
+    """Under cp, the tensors of K and V each layer's attention reads whole (name → layer), and per layer the storages
+    among them that the ledger keeps."""
+
+    names: Mapping[str, int]
+    kept: Mapping[int, frozenset[str]]
+
+
+def _gathered_kv(g: Graph, layout: Any) -> _GatheredKV:
+    """Under cp, the tensors of K and V that each layer's attention reads whole (name → layer: back from the second
+    operand of its score product and of its product with V through :data:`_KV_CHAIN`, to the K after its rotary
+    and the V as projected; :attr:`flopcount.parallel.layout.Layout.attention`), and per layer the storages among
+    them that the ledger keeps for the backward (what the attention kernel keeps of them: the fused kernel K and V
+    before their grouped-query repeat, an eager one the repeated and scaled copies its products read)."""
     producer = {x.name: n for n in g.nodes for x in n.outputs if x is not None and x.name}
+    kept = {n.inputs[i].name for n in g.nodes if n.index in g.saved for i in g.saved[n.index].inputs
+            if i < len(n.inputs) and n.inputs[i] is not None} | \
+           {n.outputs[j].name for n in g.nodes if n.index in g.saved for j in g.saved[n.index].outputs
+            if j < len(n.outputs) and n.outputs[j] is not None}
+    kept_roots = {_root(producer, name, g) for name in kept}
     out: dict[str, int] = {}
+    roots: dict[int, set[str]] = {}
     for layer, ks in layout.attention.items():
         for k in ks:
             x = g.nodes[k].inputs[1] if len(g.nodes[k].inputs) > 1 else None
-            if x is not None and x.name:
-                out[_root(producer, x.name)] = layer
-    return out
+            name = x.name if x is not None else ""
+            while name:
+                out[name] = layer
+                root = _root(producer, name, g)
+                if root in kept_roots:
+                    roots.setdefault(layer, set()).add(root)
+                n = producer.get(name)
+                if n is None or n.domain != "" or n.op_type not in _KV_CHAIN or not n.inputs or n.inputs[0] is None:
+                    break
+                name = n.inputs[0].name
+    return _GatheredKV(out, {layer: frozenset(r) for layer, r in roots.items()})
 
 
 def _tp_div(layout: Any, g: Graph, reader: Mapping[str, int], name: str) -> int:
@@ -421,7 +456,7 @@ def _rank(layout: Any, g: Graph, mem: Memory, settings: MemorySettings, s: int, 
             tensors[name] = _fsdp_share(info, div, fsdp)
         elif name in made:
             mul, div = scale(made[name])
-            tensors[name] = _resized(info, div // plan.cp if name in gathered else div, mul)
+            tensors[name] = _resized(info, div // plan.cp if name in gathered.names else div, mul)
         else:  # the graph's inputs, what the previous stage sends: the rank's tokens
             tensors[name] = _resized(info, plan.cp)
     for n in nodes:  # a view that keeps every element has its input's share (a weight's transpose is a weight's)
@@ -439,7 +474,7 @@ def _rank(layout: Any, g: Graph, mem: Memory, settings: MemorySettings, s: int, 
     indexes = {n.index for n in nodes}
     sub = Graph(nodes, {k: f for k, f in g.grads.items() if k in indexes}, saved, tensors,
                 g.params & read, g.trainable & read, g.buffers & read, g.stored, stage.received, stage.sent,
-                {k: u for k, u in g.units.items() if k in indexes}, g.gathers)
+                {k: u for k, u in g.units.items() if k in indexes}, g.gathers, g.views, g.copies)
     # one walk gives both the figures and the peak: the held bytes are alive throughout, so they add to the live
     # total at every node alike and move the peak by themselves without moving where it is; only the gradients
     # accumulated from the start (a microbatch after the first) change the walk
@@ -474,10 +509,8 @@ def _rank(layout: Any, g: Graph, mem: Memory, settings: MemorySettings, s: int, 
         # (as large). The root's parameters (those outside the layers) are gathered whole from its forward to the
         # end of the backward (the root is not resharded after its forward).
         in_flight_units = 2 * gather + root
-    kv_per_layer: dict[int, int] = {}
-    for name, layer in gathered.items():
-        if name in tensors:
-            kv_per_layer[layer] = kv_per_layer.get(layer, 0) + (tensor_bytes(tensors[name]) or 0)
+    kv_per_layer = {layer: sum(tensor_bytes(tensors[name]) or 0 for name in names if name in tensors)
+                    for layer, names in gathered.kept.items()}
     others = int(one.activations_bytes * (flight - 1))
     held = others + in_flight_units + alltoall
     return PlanRankMemory(**{**one.__dict__, "peak_bytes": one.peak_bytes + held}, stage=s,

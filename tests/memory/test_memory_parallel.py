@@ -101,8 +101,9 @@ def test_sp_splits_activations_and_more_microbatches_raise_the_peak(report):
 @pytest.mark.parametrize("c", [2, 4])
 def test_cp_splits_activations_but_the_gathered_k_and_v(report, c):
     # the K and V each layer's attention reads, gathered whole on every CP rank and kept for the backward: the
-    # exporter scales K after repeating its K/V heads (the score product reads B·HEADS·S·D), V as projected (B·S·KV·D)
-    kv = 4 * (B * HEADS * S * D + B * S * KV_HEADS * D)
+    # fused attention kernel (sdpa, transformers' default) keeps K after its rotary and V as projected, both before
+    # the grouped-query repeat (B·S·KV·D each, float32)
+    kv = 4 * 2 * B * S * KV_HEADS * D
     whole = report.memory.ranks[0]
     ranks = per_rank(report, plan(f"cp={c}")).ranks
     assert len(ranks) == 1 and ranks[0].replicas == tuple(range(c))  # zigzag: every CP rank holds the same
@@ -126,7 +127,7 @@ def test_count_refuses_a_plan_and_names_the_split(tmp_path):
     import flopcount
 
     # refused before the model is read: the count's ledger is one rank's, per_rank splits it
-    with pytest.raises(UsageError, match="memory.ranks.per_rank"):
+    with pytest.raises(UsageError, match="memory_per_rank"):
         flopcount.count(str(tmp_path / "absent.onnx"), memory=MemorySettings(plan=plan("tp=2")))
 
 
