@@ -4,6 +4,8 @@ the contract.
 * :mod:`.ledger` the memory ledger of one step: a liveness walk over a counted report's nodes (``--memory``)
 * :mod:`.layers` the memory ledger of L identical layers, walked on the 2-layer graph with its second layer copied
 * :mod:`.ranks` the memory ledger per rank under a parallel plan (``--memory --parallel``)
+* :mod:`.kernels` what the framework's kernels keep where the exporter wrote one kernel as several nodes (GELU, SiLU,
+  rsqrt, fused attention), and torch's views and copies, applied before the ledger's walk
 * :mod:`.bodies` what one run of a control-flow body keeps for its backward (If, Loop, Scan, SequenceMap rules)
 """
 

@@ -685,6 +685,8 @@ def account(nodes: Sequence[NodeCount], *, mode: str, optimizer: str | None, set
     if settings.recompute.policy == "selective":  # a fused attention keeps no score matrix to make again
         dropped = {units[i] for i in k.fused if i in units}
         units = {i: u for i, u in units.items() if u not in dropped}
+    elif settings.recompute.policy == "ops":  # a fused attention is one kernel, no op of a list is inside it
+        units = {i: u for i, u in units.items() if i not in k.fused}
     g = Graph(nodes, grads if mode == "train" else {}, saved, tensors, roles["params"], roles["trainable"],
               roles["buffers"], roles["stored"], tuple(inputs), frozenset(outputs), units if mode == "train" else {},
               expert_gathers(nodes, roles["params"]), k.views, k.copies)

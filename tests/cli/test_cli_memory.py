@@ -73,7 +73,9 @@ def test_operator_list_recompute(capsys, mlp_path):
     pytest.param(["--memory", "--parallel", "tp=0"], "tp=0 must be a positive integer", id="zero degree"),
     pytest.param(["--memory", "--parallel", "pp=2", "--microbatches", "2", "--schedule", "zigzag"],
                  "unknown schedule 'zigzag'", id="unknown schedule"),
-    pytest.param(["--parallel", "dp=2"], "so no tensor-parallel rule can be applied", id="plan of a model without scopes"),
+    # a data-parallel plan applies to any model; one that splits layers needs them
+    pytest.param(["--parallel", "tp=2"], "so the repeated layers tp=2 splits cannot be found",
+                 id="plan of a model without scopes"),
     pytest.param(["--recompute", "full", "--mode", "train"], "--recompute needs --memory", id="recompute alone"),
     pytest.param(["--memory", "--recompute", "full"], "give --mode train", id="recompute in inference"),
     pytest.param(["--memory", "--mode", "train", "--recompute", "Soft max"], "none, full, selective",
@@ -82,9 +84,9 @@ def test_operator_list_recompute(capsys, mlp_path):
                  id="recompute of a misspelt type"),
     pytest.param(["--memory", "--mode", "train", "--recompute", "Gelu,Softmax"],
                  "no node of the graph is of those types, so nothing would be recomputed", id="recompute of absent types"),
-    pytest.param(["--memory", "--parallel", "cp=2"], "so no tensor-parallel rule can be applied",
+    pytest.param(["--memory", "--parallel", "cp=2"], "so the repeated layers cp=2 splits cannot be found",
                  id="cp plan of a model without scopes"),
-    pytest.param(["--memory", "--parallel", "dp=2"], "so no tensor-parallel rule can be applied",
+    pytest.param(["--memory", "--parallel", "tp=2"], "so the repeated layers tp=2 splits cannot be found",
                  id="memory plan of a model without scopes"),
 ])
 def test_bad_flags_exit_2_naming_the_part(capsys, mlp_path, argv, message):

@@ -53,9 +53,9 @@ def test_cp_ranks_in_json(capsys, llama):
             "--memory", "--memory-device", "cpu", "--parallel", "tp=2,cp=2,dp=2,fsdp", "--format", "json"]
     assert main(argv) == 0
     ranks = json.loads(capsys.readouterr().out)["memory"]["ranks"]
-    # one entry per TP rank, its 2 CP × 2 DP replicas; the gathered K (scaled after its heads are repeated: one
-    # of the two heads a TP rank holds, B·S·(HEADS/2)·D) and V (one K/V head, B·S·D) of one layer, float32
+    # one entry per TP rank, its 2 CP × 2 DP replicas; the gathered K and V of one layer that the fused attention
+    # kernel keeps, both before the grouped-query repeat: the one K/V head a TP rank holds, B·S·D each, float32
     assert [(r["coords"]["tp"], r["replicas"]) for r in ranks] == [(0, [0, 2, 4, 6]), (1, [1, 3, 5, 7])]
-    assert {r["cp_kv_bytes"] for r in ranks} == {4 * (B * S * HEADS // 2 * D + B * S * D)}
+    assert {r["cp_kv_bytes"] for r in ranks} == {4 * 2 * B * S * D}
     layer = H * H + 2 * H * D + 3 * H * FFN // 2 + 2 * H  # a layer on a TP rank of 2, as above
     assert {r["params_bytes"] for r in ranks} == {4 * (V * H + L * layer + H) // 4}  # fsdp over dp·cp = 4
