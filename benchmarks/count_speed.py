@@ -108,32 +108,50 @@ class _ExternalWeights:
         return name
 
 
+class _Graph:
+    """The nodes of a synthetic stack and its external weights, with the layers both graph kinds are made of."""
+
+    def __init__(self) -> None:
+        self.w = _ExternalWeights("weights.bin")  # never written
+        self.nodes: list[onnx.NodeProto] = []
+
+    def node(self, op: str, inputs: list[str], out: str | list[str], **attrs) -> str:
+        outs = [out] if isinstance(out, str) else out
+        self.nodes.append(helper.make_node(op, inputs, outs, name=outs[0], **attrs))
+        return outs[0]
+
+    def layer_norm(self, x: str, p: str) -> str:
+        w = self.w
+        return self.node("LayerNormalization", [x, w.add(f"{p}.g", (HIDDEN,)), w.add(f"{p}.b", (HIDDEN,))], p, axis=-1)
+
+    def linear(self, x: str, p: str, n_in: int, n_out: int) -> str:
+        y = self.node("MatMul", [x, self.w.add(f"{p}.w", (n_in, n_out))], f"{p}.mm")
+        return self.node("Add", [y, self.w.add(f"{p}.b", (n_out,))], f"{p}.out")
+
+    def heads(self, x: str, p: str, perm: list[int]) -> str:
+        return self.node("Transpose", [self.node("Reshape", [x, "split_heads"], f"{p}.split")], f"{p}.heads", perm=perm)
+
+    def model(self, name: str, out: str, small: list[TensorProto]) -> onnx.ModelProto:
+        graph = helper.make_graph(
+            self.nodes, name,
+            [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, SEQ, HIDDEN])],
+            [helper.make_tensor_value_info(out, TensorProto.FLOAT, [1, SEQ, HIDDEN])],
+            initializer=small + self.w.tensors,
+        )
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="count_speed")
+
+
 def transformer_graph(target_nodes: int) -> onnx.ModelProto:
     """About ``target_nodes`` nodes: ``NODES_PER_BLOCK`` per block plus one final LayerNormalization."""
     blocks = max(1, round((target_nodes - 1) / NODES_PER_BLOCK))
     dh = HIDDEN // HEADS
-    w = _ExternalWeights("weights.bin")  # never written
     small = [
         numpy_helper.from_array(np.array([1, SEQ, HEADS, dh], np.int64), "split_heads"),
         numpy_helper.from_array(np.array([1, SEQ, HIDDEN], np.int64), "merge_heads"),
         numpy_helper.from_array(np.array(np.sqrt(dh), np.float32), "score_scale"),
     ]
-    nodes: list[onnx.NodeProto] = []
-
-    def node(op: str, inputs: list[str], out: str, **attrs) -> str:
-        nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
-        return out
-
-    def layer_norm(x: str, p: str) -> str:
-        return node("LayerNormalization", [x, w.add(f"{p}.g", (HIDDEN,)), w.add(f"{p}.b", (HIDDEN,))], p, axis=-1)
-
-    def linear(x: str, p: str, n_in: int, n_out: int) -> str:
-        y = node("MatMul", [x, w.add(f"{p}.w", (n_in, n_out))], f"{p}.mm")
-        return node("Add", [y, w.add(f"{p}.b", (n_out,))], f"{p}.out")
-
-    def heads(x: str, p: str, perm: list[int]) -> str:
-        return node("Transpose", [node("Reshape", [x, "split_heads"], f"{p}.split")], f"{p}.heads", perm=perm)
-
+    g = _Graph()
+    node, layer_norm, linear, heads = g.node, g.layer_norm, g.linear, g.heads
     x = "input"
     for b in range(blocks):
         p = f"b{b}"
@@ -151,16 +169,7 @@ def transformer_graph(target_nodes: int) -> onnx.ModelProto:
         h = layer_norm(x, f"{p}.ln2")
         h = node("Gelu", [linear(h, f"{p}.fc1", HIDDEN, FFN)], f"{p}.gelu")
         x = node("Add", [x, linear(h, f"{p}.fc2", FFN, HIDDEN)], f"{p}.res2")
-    out = layer_norm(x, "final_ln")
-
-    graph = helper.make_graph(
-        nodes,
-        f"transformer_{blocks}_blocks",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, SEQ, HIDDEN])],
-        [helper.make_tensor_value_info(out, TensorProto.FLOAT, [1, SEQ, HIDDEN])],
-        initializer=small + w.tensors,
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="count_speed")
+    return g.model(f"transformer_{blocks}_blocks", layer_norm(x, "final_ln"), small)
 
 
 GPT_NODES_PER_BLOCK = 30
@@ -172,7 +181,6 @@ def gpt_graph(target_nodes: int) -> onnx.ModelProto:
     Mul, bias Adds and residual Adds; ``GPT_NODES_PER_BLOCK`` per block, external (absent) weights."""
     blocks = max(1, round((target_nodes - 1) / GPT_NODES_PER_BLOCK))
     dh = HIDDEN // HEADS
-    w = _ExternalWeights("weights.bin")  # never written
     small = [
         numpy_helper.from_array(np.array([1, SEQ, HEADS, dh], np.int64), "split_heads"),
         numpy_helper.from_array(np.array([1, SEQ, HIDDEN], np.int64), "merge_heads"),
@@ -182,23 +190,8 @@ def gpt_graph(target_nodes: int) -> onnx.ModelProto:
         numpy_helper.from_array(np.array(1.0, np.float32), "one"),
         numpy_helper.from_array(np.array(0.5, np.float32), "half"),
     ]
-    nodes: list[onnx.NodeProto] = []
-
-    def node(op: str, inputs: list[str], out: str | list[str], **attrs) -> str:
-        outs = [out] if isinstance(out, str) else out
-        nodes.append(helper.make_node(op, inputs, outs, name=outs[0], **attrs))
-        return outs[0]
-
-    def layer_norm(x: str, p: str) -> str:
-        return node("LayerNormalization", [x, w.add(f"{p}.g", (HIDDEN,)), w.add(f"{p}.b", (HIDDEN,))], p, axis=-1)
-
-    def linear(x: str, p: str, n_in: int, n_out: int) -> str:
-        y = node("MatMul", [x, w.add(f"{p}.w", (n_in, n_out))], f"{p}.mm")
-        return node("Add", [y, w.add(f"{p}.b", (n_out,))], f"{p}.out")
-
-    def heads(x: str, p: str, perm: list[int]) -> str:
-        return node("Transpose", [node("Reshape", [x, "split_heads"], f"{p}.split")], f"{p}.heads", perm=perm)
-
+    g = _Graph()
+    node, layer_norm, linear, heads = g.node, g.layer_norm, g.linear, g.heads
     x = "input"
     for b in range(blocks):
         p = f"h{b}"
@@ -214,18 +207,9 @@ def gpt_graph(target_nodes: int) -> onnx.ModelProto:
         h = linear(layer_norm(x, f"{p}.ln_2"), f"{p}.c_fc", HIDDEN, FFN)
         e = node("Add", [node("Erf", [node("Div", [h, "sqrt2"], f"{p}.gelu.div")], f"{p}.gelu.erf"), "one"],
                  f"{p}.gelu.add")
-        g = node("Mul", [node("Mul", [h, e], f"{p}.gelu.mul"), "half"], f"{p}.gelu")
-        x = node("Add", [x, linear(g, f"{p}.mlp.c_proj", FFN, HIDDEN)], f"{p}.res2")
-    out = layer_norm(x, "ln_f")
-
-    graph = helper.make_graph(
-        nodes,
-        f"gpt_{blocks}_blocks",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, SEQ, HIDDEN])],
-        [helper.make_tensor_value_info(out, TensorProto.FLOAT, [1, SEQ, HIDDEN])],
-        initializer=small + w.tensors,
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="count_speed")
+        gelu = node("Mul", [node("Mul", [h, e], f"{p}.gelu.mul"), "half"], f"{p}.gelu")
+        x = node("Add", [x, linear(gelu, f"{p}.mlp.c_proj", FFN, HIDDEN)], f"{p}.res2")
+    return g.model(f"gpt_{blocks}_blocks", layer_norm(x, "ln_f"), small)
 
 
 # --------------------------------------------------------------------------------------------
