@@ -26,7 +26,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-SETUP = re.compile(r"<!-- example(?: needs:(?P<needs>[^\n]*))?\n(?P<code>.*?)-->\s*$", re.DOTALL)
+SETUP = re.compile(r"<!-- example(?: needs:(?P<needs>[^\n]*))?\n(?P<code>(?:(?!<!--).)*?)-->\s*$", re.DOTALL)
 
 
 class Block(NamedTuple):
