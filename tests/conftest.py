@@ -74,3 +74,15 @@ def small_disk(tmp_path):
     yield _mount
     for folder in reversed(mounts):
         subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+def pytest_configure(config):
+    """No tqdm monitor thread in the test processes: a progress bar that a framework shows (an export, a model built
+    from its configuration) starts tqdm's monitor, a Python thread that lives until the process ends, and a process
+    with another Python thread never forks (:func:`flopcount.pipeline.shapes.guarded.fork_safe`), so the tests of the
+    forked inference and export ahead would depend on which test file ran before them in the same worker."""
+    try:
+        import tqdm.std
+    except ImportError:
+        return
+    tqdm.std.tqdm.monitor_interval = 0
