@@ -187,6 +187,16 @@ def make_folder(root, classes=("cat", "dog", "fox"), per_class=6, size=(20, 24))
     return root
 
 
+def llama_config(folder, hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab: int) -> str:
+    """A folder holding the ``config.json`` of a Hugging Face Llama of these sizes (for ``--hf FOLDER``), its path."""
+    import transformers
+
+    config = transformers.LlamaConfig(hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
+                                      num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab)
+    (folder / "config.json").write_text(config.to_json_string())
+    return str(folder)
+
+
 def tiny_llama(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab: int, shape: tuple[int, int],
                mode: str = "train", optimizer: str | None = None):
     """The counted report of a Hugging Face Llama of these sizes (no weights), one microbatch of ``shape``: the

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import refusal_lines
+from helpers import llama_config, refusal_lines
 
 import flopcount
 from flopcount.cli import main
@@ -26,11 +26,7 @@ ARGV = ["--mode", "train", "--optimizer", "adamw", "--memory", "--parallel", "tp
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("llama")
-    config = transformers.LlamaConfig(hidden_size=H, intermediate_size=FFN, num_hidden_layers=L,
-                                      num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, vocab_size=V)
-    (folder / "config.json").write_text(config.to_json_string())
-    return str(folder)
+    return llama_config(tmp_path_factory.mktemp("llama"), H, L, HEADS, KV_HEADS, FFN, V)
 
 
 @pytest.fixture(autouse=True)

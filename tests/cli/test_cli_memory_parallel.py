@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import llama_config
 
 from flopcount.cli import main
 
@@ -18,11 +19,7 @@ D = H // HEADS
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("llama")
-    config = transformers.LlamaConfig(hidden_size=H, intermediate_size=FFN, num_hidden_layers=L,
-                                      num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, vocab_size=V)
-    (folder / "config.json").write_text(config.to_json_string())
-    return str(folder)
+    return llama_config(tmp_path_factory.mktemp("llama"), H, L, HEADS, KV_HEADS, FFN, V)
 
 
 @pytest.fixture(autouse=True)
