@@ -346,6 +346,10 @@ MEMORY_FLAGS: Mapping[str, Flag] = MappingProxyType({
     "master_weights": Flag(
         "--master-weights", "plan", "with --memory: the optimizer keeps an fp32 master copy of 16-bit weights and "
         "fp32 states (mixed precision as Megatron and DeepSpeed train)", action="store_true", default=False),
+    "device_memory": Flag(
+        "--device-memory", "plan", "with --memory: the memory of each device, a size (80GiB, 94GB, bytes) or a "
+        "device of the peak table (H100: its datasheet's memory); the peak per rank is compared with it",
+        reader="device_memory", metavar="SIZE|DEVICE", dest="device_memory"),
 })
 
 

@@ -180,7 +180,26 @@ class Parser(argparse.ArgumentParser):
 
 
 #: The readers a :class:`~flopcount.options.Flag` names: one command-line word → its value.
-READERS = {"positive": positive, "positive_int": positive_int, "positive_float": positive_float,
+def device_memory(text: str) -> int:
+    """``--device-memory``: a size (``80GiB``, ``94GB``, bytes) or a device of the peak table, in bytes."""
+    from flopcount.errors import UsageError
+    from flopcount.measure.machine.devices import gpu_entry, memory_of
+    from flopcount.memory.sizes import parse_size
+
+    try:
+        return parse_size(text, "--device-memory")
+    except UsageError as error:
+        found = memory_of(text)
+        if found is not None:
+            return found
+        if gpu_entry(text) is not None:
+            raise argparse.ArgumentTypeError(f"{text!r} is sold with more than one memory size: give its size "
+                                             "(80GiB) or the name with it (A100-80GB)") from None
+        raise argparse.ArgumentTypeError(f"{error}; or a device of the peak table with a known memory such as H100, "
+                                         "H200, B200 or MI300X (docs/memory.md)") from None
+
+
+READERS = {"positive": positive, "device_memory": device_memory, "positive_int": positive_int, "positive_float": positive_float,
            "input_shape": input_shape, "input_value": input_value, "loop_trips": loop_trips}
 _ACTIONS = {"input_shapes": InputShapes, "pairs": Pairs}
 
@@ -224,8 +243,8 @@ def _settings(args: argparse.Namespace) -> dict:
         from flopcount.memory.ledger import MemorySettings  # only here: a count without --memory needs no ledger
 
         settings["memory"] = MemorySettings(**memory)
-    elif memory.get("master_weights"):
-        raise UsageError("--master-weights needs --memory")
+    elif memory.get("master_weights") or memory.get("device_memory") is not None:
+        raise UsageError(f"--{'master-weights' if memory.get('master_weights') else 'device-memory'} needs --memory")
     return settings
 
 

@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trust-remote-code", action="store_true",
                    help="with --hf: allow a configuration whose model code lives in its repository (runs that code)")
     add_options(parser, groups=groups)
-    add_options(parser, ["memory.implementation", "memory.device", "memory.master_weights"], groups=groups)
+    add_options(parser, ["memory.implementation", "memory.device", "memory.master_weights", "memory.device_memory"],
+                groups=groups)
     p = groups["counting"]
     p.add_argument("--symbolic", nargs="?", const={}, type=start_sizes, metavar="NAME=START,...",
                    help="the count as exact formulas in the dims given as names (--input-shape input_ids=BxS) or left "

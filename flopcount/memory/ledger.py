@@ -79,14 +79,16 @@ _STEP_COUNTER_BYTES = 4  # torch keeps Adam's step per parameter as a float32 sc
 class MemorySettings:
     """What the memory ledger models: the optimizer (from the count's ``optimizer``) and how its step runs
     (``implementation`` on ``device``), an fp32 master copy of 16-bit weights (``master_weights``, mixed precision
-    as Megatron and DeepSpeed keep it; the optimizer states are then fp32 too), the recompute policy and the
-    parallel plan."""
+    as Megatron and DeepSpeed keep it; the optimizer states are then fp32 too), the recompute policy, the
+    parallel plan, and the memory of each device (``device_memory``: bytes, or text such as ``"80GiB"``; None when
+    not given), which the peaks are compared with."""
 
     implementation: str = "auto"
     device: str = "cuda"
     master_weights: bool = False
     recompute: Recompute = field(default_factory=Recompute)
     plan: ParallelPlan = field(default_factory=ParallelPlan)
+    device_memory: int | None = None
 
     def __post_init__(self) -> None:
         if self.implementation not in IMPLEMENTATIONS:
@@ -99,6 +101,10 @@ class MemorySettings:
         if not isinstance(self.plan, ParallelPlan):
             raise UsageError(f"memory settings: plan must be a flopcount.ParallelPlan, got {self.plan!r}")
         object.__setattr__(self, "recompute", parse_recompute(self.recompute))
+        if self.device_memory is not None:
+            from .sizes import parse_size
+
+            object.__setattr__(self, "device_memory", parse_size(self.device_memory, "memory settings: device_memory"))
 
     @classmethod
     def of(cls, memory: Any) -> "MemorySettings":

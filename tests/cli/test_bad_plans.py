@@ -51,6 +51,11 @@ def relu(tmp_path):
     pytest.param(["--parallel", ""], ["--parallel: '' is no plan"], id="empty-plan"),
     pytest.param(["--parallel", " , "], ["is no plan"], id="blank-plan"),
     pytest.param(["--recompute", "full", "--mode", "train"], ["--recompute needs --memory"], id="recompute-alone"),
+    pytest.param(["--device-memory", "80GiB"], ["--device-memory needs --memory"], id="device-memory-alone"),
+    pytest.param(["--mode", "train", "--memory", "--device-memory", "A100"], ["'A100' is sold with more than one "
+                                                                             "memory size"], id="device-two-sizes"),
+    pytest.param(["--mode", "train", "--memory", "--device-memory", "lots"], ["--device-memory 'lots': give a "
+                                                                             "size such as 80GiB"], id="no-size"),
     pytest.param(["--loop-trips", "decoder_loop=3"], ["--loop-trips decoder_loop=...", "no Loop or SequenceMap",
                                                       "has no Loop"], id="loop-trips-without-loop"),
 ])

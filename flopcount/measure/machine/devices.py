@@ -176,6 +176,35 @@ NOT_IN_TABLE = {
 }
 
 
+#: Each device's memory in GB as its datasheet (the same sources as its peaks) states it, read as JEDEC memory units
+#: (1 GB of memory = 2**30 bytes: an "80GB" H100 holds 80 GiB of HBM, of which the driver keeps a little for itself).
+#: A part sold with two sizes (A100 40/80 GB, V100 16/32 GB) has none here: the size word of the driver's name
+#: ("A100-SXM4-80GB") gives it. MI250X and MI250: one graphics compute die, half the OAM's 128 GB.
+MEMORY_GB: Mapping[str, int] = {
+    "B200": 180, "H200 NVL": 141, "H200 SXM": 141, "H100 NVL": 94, "H100 PCIe": 80, "H100 SXM": 80,
+    "L40S": 48, "L40": 48, "L4": 24, "A10": 24, "T4": 16, "RTX 4090": 24, "RTX 6000 Ada": 48, "RTX A6000": 48,
+    "RTX 3090": 24, "MI300X": 192, "MI250X": 64, "MI250": 64, "TPU v4": 32, "TPU v5e": 16, "TPU v5 lite": 16,
+    "TPU v5p": 95, "TPU v5": 95, "TPU v6e": 32, "TPU v6 lite": 32,
+}
+
+
+def memory_of(name: str) -> int | None:
+    """The memory in bytes of the device called ``name`` (a driver's name or a table key): the size word of the
+    name where it has one (``"A100-SXM4-80GB"``), else the table's (:data:`MEMORY_GB`); None when neither knows.
+
+    >>> memory_of("NVIDIA H100 80GB HBM3") // 2**30, memory_of("A100-SXM4-40GB") // 2**30, memory_of("H200")
+    (80, 40, 151397597184)
+    >>> memory_of("A100") is None
+    True
+    """
+    sizes = [int(w[:-2]) for w in _words(name) if re.fullmatch(r"[0-9]+gb", w)]
+    if sizes:
+        return sizes[0] * 2**30
+    entry = gpu_entry(name)
+    gb = MEMORY_GB.get(entry.key) if entry is not None else None
+    return None if gb is None else gb * 2**30
+
+
 def _words(name: str) -> tuple[str, ...]:
     return tuple(w for w in re.split(r"[^a-z0-9]+", name.lower()) if w)
 
