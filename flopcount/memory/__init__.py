@@ -6,6 +6,7 @@ the contract.
 * :mod:`.ranks` the memory ledger per rank under a parallel plan (``--memory --parallel``)
 * :mod:`.kernels` what the framework's kernels keep where the exporter wrote one kernel as several nodes (GELU, SiLU,
   rsqrt, fused attention), and torch's views and copies, applied before the ledger's walk
+* :mod:`.sizes` a device's memory as users write it (``80GiB``, ``94GB``, bytes), for ``--device-memory``
 * :mod:`.bodies` what one run of a control-flow body keeps for its backward (If, Loop, Scan, SequenceMap rules)
 """
 
