@@ -5,7 +5,7 @@ Run from the repository root::
     python benchmarks/count_speed.py                 # 1k, 10k, 100k nodes + a ~550 MB VGG16 export
     python benchmarks/count_speed.py --quick         # 1k, 10k nodes + a ~20 MB VGG-ish export
     python benchmarks/count_speed.py --floor         # whole processes against the floor, at 10k and 100k nodes
-    python benchmarks/count_speed.py --floor --kinds transformer,gpt   # and on GPT-2's op mix
+    python benchmarks/count_speed.py --floor --kinds transformer,gpt,vit,cnn   # and GPT-2, ViT, CNN op mixes
     python benchmarks/count_speed.py --sizes 1000,30000 --repeat 5
 
 Models (written to a temporary directory that is removed at exit):
@@ -16,6 +16,9 @@ Models (written to a temporary directory that is removed at exit):
   EXTERNAL initializers pointing at a file that is never written, so the .onnx files stay small;
 * with ``--kinds gpt``, graphs of GPT-2's usual op mix as its exports write it (fused QKV and a Split, Softmax,
   exact GELU spelled as Div, Erf, Add, Mul, Mul, bias and residual Adds), external weights likewise;
+* with ``--kinds vit``, a ViT as torch.onnx writes it (Conv patch embedding, class token, position embedding,
+  separate Q/K/V projections, Softmax, exact GELU), and with ``--kinds cnn`` a residual CNN of a training-mode
+  export (Conv, BatchNormalization, Relu, Add: 6 initializers per convolution), external weights likewise;
 * one export with INLINE weights (torch.onnx.export of a VGG-like net when torch is importable, else
   the same net built with onnx.helper and random numpy weights), so that ``onnx.load`` has real work.
 
@@ -131,11 +134,12 @@ class _Graph:
     def heads(self, x: str, p: str, perm: list[int]) -> str:
         return self.node("Transpose", [self.node("Reshape", [x, "split_heads"], f"{p}.split")], f"{p}.heads", perm=perm)
 
-    def model(self, name: str, out: str, small: list[TensorProto]) -> onnx.ModelProto:
+    def model(self, name: str, out: str, small: list[TensorProto], inputs: tuple[int, ...] = (1, SEQ, HIDDEN),
+              outputs: tuple[int, ...] = (1, SEQ, HIDDEN)) -> onnx.ModelProto:
         graph = helper.make_graph(
             self.nodes, name,
-            [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, SEQ, HIDDEN])],
-            [helper.make_tensor_value_info(out, TensorProto.FLOAT, [1, SEQ, HIDDEN])],
+            [helper.make_tensor_value_info("input", TensorProto.FLOAT, list(inputs))],
+            [helper.make_tensor_value_info(out, TensorProto.FLOAT, list(outputs))],
             initializer=small + self.w.tensors,
         )
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="count_speed")
@@ -210,6 +214,80 @@ def gpt_graph(target_nodes: int) -> onnx.ModelProto:
         gelu = node("Mul", [node("Mul", [h, e], f"{p}.gelu.mul"), "half"], f"{p}.gelu")
         x = node("Add", [x, linear(gelu, f"{p}.mlp.c_proj", FFN, HIDDEN)], f"{p}.res2")
     return g.model(f"gpt_{blocks}_blocks", layer_norm(x, "ln_f"), small)
+
+
+VIT_NODES_PER_BLOCK = 34
+PATCH, IMAGE = 16, 192  # (192 / 16)² = 144 patches, and the class token
+
+
+def vit_graph(target_nodes: int) -> onnx.ModelProto:
+    """About ``target_nodes`` nodes of a ViT as torch.onnx writes it: a Conv patch embedding, its Reshape and Transpose,
+    the class token Concat and the position embedding Add, then pre-norm blocks with separate Q/K/V projections (and
+    biases), the scores scaled by a Mul, Softmax, exact GELU as Div, Erf, Add, Mul, Mul, residual Adds;
+    ``VIT_NODES_PER_BLOCK`` per block, external (absent) weights."""
+    blocks = max(1, round((target_nodes - 7) / VIT_NODES_PER_BLOCK))
+    tokens, dh = (IMAGE // PATCH) ** 2 + 1, HIDDEN // HEADS
+    small = [
+        numpy_helper.from_array(np.array([1, HIDDEN, tokens - 1], np.int64), "patch_rows"),
+        numpy_helper.from_array(np.array([1, tokens, HEADS, dh], np.int64), "split_heads"),
+        numpy_helper.from_array(np.array([1, tokens, HIDDEN], np.int64), "merge_heads"),
+        numpy_helper.from_array(np.array(1 / np.sqrt(dh), np.float32), "score_scale"),
+        numpy_helper.from_array(np.array(np.sqrt(2.0), np.float32), "sqrt2"),
+        numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+        numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+    ]
+    g = _Graph()
+    node, layer_norm, linear, heads = g.node, g.layer_norm, g.linear, g.heads
+    w = g.w
+    patches = node("Conv", ["input", w.add("patch.w", (HIDDEN, 3, PATCH, PATCH)), w.add("patch.b", (HIDDEN,))],
+                   "patch.conv", kernel_shape=[PATCH, PATCH], strides=[PATCH, PATCH])
+    x = node("Transpose", [node("Reshape", [patches, "patch_rows"], "patch.flat")], "patch.t", perm=[0, 2, 1])
+    x = node("Concat", [w.add("cls_token", (1, 1, HIDDEN)), x], "tokens", axis=1)
+    x = node("Add", [x, w.add("pos_embed", (1, tokens, HIDDEN))], "embedded")
+    for b in range(blocks):
+        p = f"blocks.{b}"
+        h = layer_norm(x, f"{p}.norm1")
+        q = heads(linear(h, f"{p}.q", HIDDEN, HIDDEN), f"{p}.q", [0, 2, 1, 3])
+        k = heads(linear(h, f"{p}.k", HIDDEN, HIDDEN), f"{p}.k", [0, 2, 3, 1])
+        v = heads(linear(h, f"{p}.v", HIDDEN, HIDDEN), f"{p}.v", [0, 2, 1, 3])
+        s = node("Mul", [node("MatMul", [q, k], f"{p}.scores"), "score_scale"], f"{p}.scaled")
+        c = node("MatMul", [node("Softmax", [s], f"{p}.probs", axis=-1), v], f"{p}.ctx")
+        c = node("Reshape", [node("Transpose", [c], f"{p}.ctx.t", perm=[0, 2, 1, 3]), "merge_heads"], f"{p}.merged")
+        x = node("Add", [x, linear(c, f"{p}.proj", HIDDEN, HIDDEN)], f"{p}.res1")
+        h = linear(layer_norm(x, f"{p}.norm2"), f"{p}.fc1", HIDDEN, FFN)
+        e = node("Add", [node("Erf", [node("Div", [h, "sqrt2"], f"{p}.gelu.div")], f"{p}.gelu.erf"), "one"],
+                 f"{p}.gelu.add")
+        gelu = node("Mul", [node("Mul", [h, e], f"{p}.gelu.mul"), "half"], f"{p}.gelu")
+        x = node("Add", [x, linear(gelu, f"{p}.fc2", FFN, HIDDEN)], f"{p}.res2")
+    out = layer_norm(x, "norm")
+    return g.model(f"vit_{blocks}_blocks", out, small, (1, 3, IMAGE, IMAGE), (1, tokens, HIDDEN))
+
+
+CNN_NODES_PER_BLOCK, CNN_CHANNELS, CNN_SIDE = 8, 64, 14
+
+
+def cnn_graph(target_nodes: int) -> onnx.ModelProto:
+    """About ``target_nodes`` nodes of a residual CNN as a training-mode torch.onnx export writes it (batch norms kept,
+    not folded): per block Conv, BatchNormalization, Relu, Conv, BatchNormalization, Add, Relu, and an Identity the
+    exporter leaves; ``CNN_NODES_PER_BLOCK`` per block, 6 initializers per convolution and its norm (external,
+    absent weights)."""
+    blocks = max(1, round((target_nodes - 3) / CNN_NODES_PER_BLOCK))
+    g = _Graph()
+    node, w, c = g.node, g.w, CNN_CHANNELS
+
+    def conv_bn(x: str, p: str, c_in: int) -> str:
+        y = node("Conv", [x, w.add(f"{p}.conv.w", (c, c_in, 3, 3))], f"{p}.conv", kernel_shape=[3, 3],
+                 pads=[1, 1, 1, 1])
+        stats = [w.add(f"{p}.bn.{k}", (c,)) for k in ("weight", "bias", "running_mean", "running_var")]
+        return node("BatchNormalization", [y, *stats], f"{p}.bn")
+
+    x = node("Relu", [conv_bn("input", "stem", 3)], "stem.relu")
+    for b in range(blocks):
+        p = f"layer.{b}"
+        h = node("Relu", [conv_bn(x, f"{p}.1", c)], f"{p}.relu1")
+        x = node("Relu", [node("Add", [conv_bn(h, f"{p}.2", c), node("Identity", [x], f"{p}.skip")], f"{p}.add")],
+                 f"{p}.relu2")
+    return g.model(f"cnn_{blocks}_blocks", x, [], (1, 3, CNN_SIDE, CNN_SIDE), (1, c, CNN_SIDE, CNN_SIDE))
 
 
 # --------------------------------------------------------------------------------------------
@@ -588,7 +666,8 @@ def floor_ratio(path: str, repeat: int) -> tuple[float, float]:
 
 
 #: The graph kinds of ``--floor``: each a function of the node count aimed at.
-GRAPH_KINDS: dict[str, Callable[[int], onnx.ModelProto]] = {"transformer": transformer_graph, "gpt": gpt_graph}
+GRAPH_KINDS: dict[str, Callable[[int], onnx.ModelProto]] = {"transformer": transformer_graph, "gpt": gpt_graph,
+                                                             "vit": vit_graph, "cnn": cnn_graph}
 
 
 def floor_table(sizes: list[int], repeat: int, tmp: str, kinds: list[str] = ("transformer",)) -> str:
