@@ -216,7 +216,7 @@ def gpt_graph(target_nodes: int) -> onnx.ModelProto:
     return g.model(f"gpt_{blocks}_blocks", layer_norm(x, "ln_f"), small)
 
 
-VIT_NODES_PER_BLOCK = 34
+VIT_NODES_PER_BLOCK = 33
 PATCH, IMAGE = 16, 192  # (192 / 16)² = 144 patches, and the class token
 
 
@@ -225,7 +225,7 @@ def vit_graph(target_nodes: int) -> onnx.ModelProto:
     the class token Concat and the position embedding Add, then pre-norm blocks with separate Q/K/V projections (and
     biases), the scores scaled by a Mul, Softmax, exact GELU as Div, Erf, Add, Mul, Mul, residual Adds;
     ``VIT_NODES_PER_BLOCK`` per block, external (absent) weights."""
-    blocks = max(1, round((target_nodes - 7) / VIT_NODES_PER_BLOCK))
+    blocks = max(1, round((target_nodes - 6) / VIT_NODES_PER_BLOCK))
     tokens, dh = (IMAGE // PATCH) ** 2 + 1, HIDDEN // HEADS
     small = [
         numpy_helper.from_array(np.array([1, HIDDEN, tokens - 1], np.int64), "patch_rows"),
