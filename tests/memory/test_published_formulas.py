@@ -76,16 +76,16 @@ def value(terms: dict, m: Shape, s: int, b: int) -> Fraction:
 
 def text(terms: dict) -> str:
     """``terms`` as the docs write them: ``4·s·b·h + 8·s·b``, or ``0``."""
-    return " + ".join(f"{c}·{k}" for k, c in terms.items() if c) or "0"
+    return " + ".join(k if c == 1 else f"{c}·{k}" for k, c in terms.items() if c) or "0"
 
 
 #: One layer's kept tensors, term by term: (tensor, in the attention core that selective recompute makes again,
 #: Korthikanti et al.'s block, Megatron-LM's SP formula, torch's GPT-2 layer (exact GELU), torch's Llama layer under
 #: selective recompute, without). F is the MLP's width: 4h in the paper's block and GPT-3, I in Llama's SwiGLU.
 TERMS = (
-    ("attention's norm: its input and output (the QKV product's input)", False,
+    ("attention's norm: its input and output, the QKV product's input", False,
      {"s·b·h": 4}, {"s·b·h": 4}, {"s·b·h": 4}, {"s·b·h": 8}, {"s·b·h": 8}),
-    ("the norms' float32 statistics (mean and rstd; RMSNorm's rstd)", False,
+    ("the norms' float32 statistics: mean and rstd, or RMSNorm's rstd", False,
      {}, {}, {"s·b": 16}, {"s·b": 8}, {"s·b": 8}),
     ("Q, K and V", False,
      {"s·b·h": 6}, {"s·b·h": 6}, {"s·b·h": 6}, {"s·b·h": 2, "s·b·h·g/a": 4}, {"s·b·h": 6}),
@@ -99,9 +99,9 @@ TERMS = (
      {"s·b·h": 2}, {"s·b·h": 2}, {"s·b·h": 2}, {"s·b·h": 2}, {"s·b·h": 2}),
     ("attention output dropout mask", False,
      {"s·b·h": 1}, {"s·b·h": 1}, {"s·b·h": 1}, {}, {}),
-    ("MLP's norm: its input and output (the MLP's input)", False,
+    ("MLP's norm: its input and output, the MLP's input", False,
      {"s·b·h": 4}, {"s·b·h": 4}, {"s·b·h": 4}, {"s·b·h": 8}, {"s·b·h": 8}),
-    ("MLP inside: GELU's input and output / gate, SiLU(gate), up, their product", False,
+    ("MLP inside: GELU's input and output / gate, SiLU of the gate, up, their product", False,
      {"s·b·h": 16}, {"s·b·F": 4}, {"s·b·h": 16}, {"s·b·F": 8}, {"s·b·F": 8}),
     ("MLP dropout mask", False,
      {"s·b·h": 1}, {"s·b·h": 1}, {"s·b·h": 1}, {}, {}),
@@ -188,6 +188,19 @@ def eager_layer(m: Shape, s: int, b: int, recompute: str) -> Fraction:
     return 34 * s * b * h + 16 * s * b + (5 * a * s * s * b if recompute == "none" else 0)
 
 
+def eager_layer_tp(m: Shape, s: int, b: int, t: int, sp: bool) -> Fraction:
+    """One of t tensor-parallel ranks' share of torch's eager layer under selective recompute, split as Megatron
+    splits it: the products' operands inside attention and the MLP 1/t (K and V 1/min(t, g)); the norms, their
+    statistics and the residual branches' dropout masks whole on every rank, or 1/t with sequence parallelism."""
+    if sp:
+        return eager_layer(m, s, b, "selective") / t
+    h, a, g = m.hidden, m.heads, m.kv_heads
+    if m.gated:
+        split = Fraction(4 * s * b * h + 8 * s * b * m.ffn, t) + Fraction(4 * s * b * h * g, a * min(t, g))
+        return 16 * s * b * h + 8 * s * b + split
+    return 10 * s * b * h + 16 * s * b + Fraction(24 * s * b * h, t)
+
+
 # -- the relations, in closed form ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("m", MODELS, ids=lambda m: m.name)
@@ -264,7 +277,8 @@ def rows_of_tp_table(m: Shape, t: int = 8) -> dict[str, list[Fraction]]:
         "Korthikanti et al., TP + SP, selective": [korthikanti(m, s, B, "selective", t, True) for s in SEQUENCES],
         "Megatron-LM, without SP": [megatron_layer(m, s, B, False, t) for s in SEQUENCES],
         "Megatron-LM, SP and selective": [megatron_layer(m, s, B, True, t) for s in SEQUENCES],
-        "torch's eager layer, selective, ÷ t": [eager_layer(m, s, B, "selective") / t for s in SEQUENCES],
+        "ledger, tp=8, selective": [eager_layer_tp(m, s, B, t, False) for s in SEQUENCES],
+        "ledger, tp=8,sp, selective": [eager_layer_tp(m, s, B, t, True) for s in SEQUENCES],
     }
 
 
@@ -273,7 +287,7 @@ def rows_of_step_table() -> dict[str, list[Fraction]]:
     return {
         "parameters, Megatron-LM's formula": [megatron_parameters(m) for m in MODELS],
         "parameters, the model": [parameters(m)[0] for m in MODELS],
-        "Megatron-LM weight and optimizer (18 bytes a parameter)": [megatron_weights_and_optimizer(m) for m in MODELS],
+        "Megatron-LM weight and optimizer": [megatron_weights_and_optimizer(m) for m in MODELS],
         "ledger weights + gradients + optimizer": [ledger_states(m) for m in MODELS],
         "Megatron-LM activations, without SP": [megatron_activations(m, 2048, B, False) for m in MODELS],
         "Megatron-LM activations, SP and selective": [megatron_activations(m, 2048, B, True) for m in MODELS],
@@ -354,32 +368,35 @@ def test_docs_step_table():
 
 # -- the ledger on the full-size layers -----------------------------------------------------------------------------
 
-def config(m: Shape, layers: int, s: int):
+def config(m: Shape, layers: int, s: int, vocab: int | None = None):
     """The transformers configuration of ``m`` with ``layers`` layers, bf16, eager attention (GPT-3 as GPT-2's
-    code with exact GELU and GPT-2's dropout of 0.1, positions for s tokens)."""
+    code with exact GELU and GPT-2's dropout of 0.1, positions for s tokens), ``vocab`` tokens (default its own)."""
     transformers = pytest.importorskip("transformers")
     common = {"torch_dtype": "bfloat16", "attn_implementation": "eager"}
     if m.gated:
         return transformers.LlamaConfig(hidden_size=m.hidden, intermediate_size=m.ffn, num_hidden_layers=layers,
                                         num_attention_heads=m.heads, num_key_value_heads=m.kv_heads,
-                                        vocab_size=m.vocab, architectures=["LlamaForCausalLM"], **common)
+                                        vocab_size=vocab or m.vocab, architectures=["LlamaForCausalLM"], **common)
     return transformers.GPT2Config(n_embd=m.hidden, n_layer=layers, n_head=m.heads, n_positions=max(s, m.positions),
-                                   vocab_size=m.vocab, activation_function="gelu",
+                                   vocab_size=vocab or m.vocab, activation_function="gelu",
                                    architectures=["GPT2LMHeadModel"], **common)
 
 
-def count_ledger(c, shape: tuple[int, int], recompute: str):
+def count_ledger(c, shape: tuple[int, int], recompute: str, plans: tuple[str, ...] = ()):
     """The one-rank ledger of configuration ``c`` on ``shape`` input ids: AdamW with fp32 master weights, on CUDA
-    (the default device: dropout keeps a bool mask)."""
+    (the default device: dropout keeps a bool mask); with ``plans``, also the first rank of each plan's ledger."""
     pytest.importorskip("torch")
     import flopcount
     from flopcount.memory.ledger import MemorySettings
+    from flopcount.parallel.plan import parse_parallel
 
     report = flopcount.from_hf(c, {"input_ids": shape}, cache_dir=False, mode="train", optimizer="adamw",
                                memory=MemorySettings(recompute=recompute, master_weights=True))
     assert not report.memory.lower_bound
     (rank,) = report.memory.ranks
-    return rank
+    if not plans:
+        return rank
+    return rank, [flopcount.memory_per_rank(report, parse_parallel(p)).ranks[0] for p in plans]
 
 
 def ledger(m: Shape, layers: int, s: int, recompute: str):
@@ -410,8 +427,16 @@ def test_tiny_gpt2_layer_is_the_papers_block(activation):
 @pytest.mark.parametrize("recompute", ["selective", "none"])
 def test_ledger_per_layer_is_the_eager_layer(m, s, recompute):
     """The full-size layer (bf16, eager attention, b = 1): the ledger's 2-layer count less its 1-layer count is the
-    eager layer's closed form exactly, the figure the docs' ledger rows print."""
-    one, two = (ledger(m, layers, s, recompute) for layers in (1, 2))
+    eager layer's closed form exactly, the figure the docs' ledger rows print; under selective recompute, so is one
+    rank's under tp=8 and tp=8,sp (the vocabulary padded to Megatron's multiple of 128, which tp divides)."""
+    plans = ("tp=8", "tp=8,sp") if recompute == "selective" else ()
+    counts = [count_ledger(config(m, layers, s, m.padded_vocab), (B, s), recompute, plans) for layers in (1, 2)]
+    if plans:
+        (one, one_tp), (two, two_tp) = counts
+        for plan, a, b in zip(plans, one_tp, two_tp):
+            assert b.activations_bytes - a.activations_bytes == eager_layer_tp(m, s, B, 8, plan.endswith("sp")), plan
+    else:
+        one, two = counts
     assert two.activations_bytes - one.activations_bytes == eager_layer(m, s, B, recompute)
 
 
