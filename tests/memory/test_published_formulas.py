@@ -5,11 +5,11 @@ Written out here as their sources state them (b sequences of s tokens, hidden h,
 width F, vocabulary V, L layers, t tensor-parallel ranks; 2-byte activations):
 
 * Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", Table 2, per layer:
-  no recompute s·b·h·(34 + 5·a·s/h), with TP s·b·h·(10 + 24/t + 5·a·s/(h·t)), with TP and SP the whole divided by t;
-  selective recompute s·b·h·(10 + 24/t), with TP and SP 34·s·b·h/t.
+  no recompute s·b·h·(34 + 5·a·s/h), with TP s·b·h·(10 + 24/t + 5·a·s/(h·t)), with TP and SP the whole
+  divided by t; selective recompute s·b·h·(10 + 24/t), with TP and SP 34·s·b·h/t.
 * Megatron-LM ``megatron/training/theoretical_memory_usage.py`` (NVIDIA/Megatron-LM at commit 00caa53a):
-  ``compute_weight_and_optimizer_memory``: 18 bytes per parameter (no distributed optimizer), the parameters by its
-  own formula; ``compute_activation_memory`` (sequence parallelism with selective recompute): s·b·h·(18 + 4·F/h)
+  ``compute_weight_and_optimizer_memory``: 18 bytes per parameter (no distributed optimizer), the parameters by
+  its own formula; ``compute_activation_memory`` (sequence parallelism with selective recompute): s·b·h·(18 + 4·F/h)
   per layer, + 8·s·b + s·b·h (the embedding's input and dropout) + 4·s·b·h·(1 + V/h) (the output layer and loss),
   all / t; ``compute_activation_memory_without_sp`` (every other case, no recompute included): s·b·h·(10 + 24/t)
   per layer, + 8·s·b + s·b·h + 2·(s·b·V/t + s·b·h), all × 1.05 (one rank: t = p = 1).
@@ -208,13 +208,14 @@ def eager_layer_tp(m: Shape, s: int, b: int, t: int, sp: bool) -> Fraction:
 def test_the_terms_sum_to_each_published_total(m, s):
     """Each column of the term table is its formula: the paper's 34·s·b·h + 5·a·s²·b (34·s·b·h without the core's
     rows, Table 2's selective row), Megatron's SP path 18 + 4·F/h, and torch's layers' closed forms."""
-    assert column(PAPER, m, s, B) == korthikanti(m, s, B, "none") == 34 * s * B * m.hidden + 5 * m.heads * s * s * B
+    paper = 34 * s * B * m.hidden + 5 * m.heads * s * s * B
+    assert column(PAPER, m, s, B) == korthikanti(m, s, B, "none") == paper
     assert column(PAPER, m, s, B, core=False) == korthikanti(m, s, B, "selective") == 34 * s * B * m.hidden
     assert column(MEGATRON_SP, m, s, B) == megatron_layer(m, s, B, sp_selective=True)
     assert megatron_layer(m, s, B, sp_selective=False) == korthikanti(m, s, B, "selective")
     eager = LLAMA_NONE if m.gated else GPT2_EAGER
     assert column(eager, m, s, B) == eager_layer(m, s, B, "none")
-    selective = (column(LLAMA_SELECTIVE, m, s, B) if m.gated else column(GPT2_EAGER, m, s, B, core=False))
+    selective = column(LLAMA_SELECTIVE, m, s, B) if m.gated else column(GPT2_EAGER, m, s, B, core=False)
     assert selective == eager_layer(m, s, B, "selective")
 
 
