@@ -404,6 +404,28 @@ def ledger(m: Shape, layers: int, s: int, recompute: str):
     return count_ledger(config(m, layers, s), (B, s), recompute)
 
 
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_the_dynamo_exporters_gelu_below_opset_20_keeps_x(approximate):
+    """Below opset 20 (the export's default is 18) the dynamo exporter writes torch's GELU as its decomposition,
+    x·(½·(1 + erf(x/√2))) or with tanh and a Pow: read as the kernel it keeps its input alone, as torch does.
+    Linear(5→11) → GELU → Linear(11→5) on [3, 7, 5] float32: the first Linear keeps x (3·7·5), GELU its input
+    (3·7·11), the second Linear GELU's output (3·7·11), 4 bytes each."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxscript")
+    import flopcount
+    from flopcount.memory.ledger import MemorySettings
+    from helpers import saved_storages
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(5, 11), torch.nn.GELU(approximate=approximate),
+                                 torch.nn.Linear(11, 5)).train()
+    x = torch.randn(3, 7, 5)
+    proto = torch.onnx.export(module, (x,), dynamo=True, opset_version=18, input_names=["x"]).model_proto
+    assert {"Erf" if approximate == "none" else "Tanh", "Mul"} <= {n.op_type for n in proto.graph.node}
+    report = flopcount.count(proto, mode="train", memory=MemorySettings(device="cpu"))
+    assert report.memory.ranks[0].activations_bytes == saved_storages(module, (x,)) == 4 * 3 * 7 * (5 + 11 + 11)
+
+
 #: a small GPT-2 of distinct odd sizes: the same closed form as the 175B layer, counted in seconds
 TINY_GPT = Shape("tiny GPT-2", 2, 40, 5, 5, 160, 64, 64, 16, False)
 
