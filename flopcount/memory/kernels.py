@@ -73,6 +73,11 @@ def _gelu_tanh() -> tuple:
 PATTERNS: tuple[Pattern, ...] = (
     Pattern("gelu (tanh)", _gelu_tanh(), "x"),
     Pattern("gelu", ("Mul", ("Mul", "x", ("Add", ("Erf", ("Div", "x", "c")), "c")), "c"), "x"),
+    # the dynamo exporter's gelu below opset 20 (its torchlib decomposition): x·(½·(1 + erf(x/√2))), and the tanh
+    # form with x³ as Pow; transformers' gelu_new multiplies ½·x first, runs as separate kernels and does not match
+    Pattern("gelu (decomposed)", ("Mul", "x", ("Mul", "c", ("Add", ("Erf", ("Div", "x", "c")), "c"))), "x"),
+    Pattern("gelu (tanh, decomposed)", ("Mul", "x", ("Mul", "c", ("Add", ("Tanh", ("Mul", "c", ("Add", "x", (
+        "Mul", "c", ("Pow", "x", "c"))))), "c"))), "x"),
     Pattern("mish", ("Mul", "x", ("Tanh", ("Softplus", "x"))), "x"),
     Pattern("softplus (beta)", ("Div", ("Softplus", ("Mul", "x", "c")), "c"), "x"),
     # the dynamo exporter's softplus(beta, threshold): x where x·β > threshold, else softplus(x·β)/β
