@@ -73,8 +73,9 @@ def test_effective_size_of_a_batched_product_and_extrapolation():
     t, _, out = node_seconds(big, p, "median")
     assert t == pytest.approx(2 * 1024 ** 3 / 30e9) and out and "gemm at size 1024" in out[0]
     pred = predict_work(Work((one_rank([big]),), plan(), None, "no tokens"), p)
-    assert pred.interval[0] == pytest.approx(0.75 * pred.step_seconds)  # widened by 25% and said so
-    assert pred.extrapolated and "widened" in pred.notes[0]
+    assert pred.interval == (None, None)  # outside the calibration: no guessed margin, and it says so
+    assert pred.extrapolated and "outside the calibration" in pred.interval_note and "gemm at size 1024" in \
+        pred.interval_note
     assert pred.tokens_per_second is None
 
 
@@ -110,6 +111,26 @@ def test_tensor_parallel_collectives_are_exposed():
                                                                                "backward")]
     p = predict_work(Work((one_rank([w], msgs, m=m),), plan(m), None), profile())
     assert p.step_seconds == pytest.approx(m * 0.03 + calls * (LAT + 2 * (t - 1) / t * a / BW))
+    assert p.interval == (pytest.approx(p.step_seconds), pytest.approx(p.step_seconds)) and p.interval_note is None
+
+
+def test_a_datasheet_profile_assumes_no_collective_latency():
+    """The H100's datasheet profile: the same work's collectives last their bus term alone (latency null, not an
+    assumed figure); the interval has no high end, and the prediction says why and how many collectives."""
+    from flopcount.measure.machine.calibration import DEVICE_BANDWIDTHS, device_profile
+    from flopcount.measure.machine.devices import gpu_entry
+
+    t, a, m = 2, 1 << 20, 3
+    peak, bus = gpu_entry("H100").peaks["bf16"], DEVICE_BANDWIDTHS["H100 SXM"]["nvlink"] / 2
+    w = NodeWork("gemm", peak * 0.01, 0, backward_flops=peak * 0.02)
+    msgs = [Message("all_reduce", "tp", a, 2, t, "forward"), Message("all_reduce", "tp", a, 2, t, "backward")]
+    p = predict_work(Work((one_rank([w], msgs, m=m),), plan(m), None), device_profile("H100", t))
+    assert p.step_seconds == pytest.approx(m * 0.03 + 4 * 2 * (t - 1) / t * a / bus)
+    assert p.interval == (pytest.approx(p.step_seconds), None)
+    assert "collective latency not known" in p.interval_note and "up to 4 collectives" in p.interval_note
+    assert "datasheet profile's rates are the best case" in p.interval_note
+    assert any("interval: " in line and "latency not known" in line for line in p.lines())
+    assert p.as_dict()["interval"][1] is None
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
@@ -150,6 +171,8 @@ def test_cli_one_matmul_against_the_h100_datasheet(save, capsys):
     assert pred["step_seconds"] == pytest.approx(expected)
     assert pred["mfu"] == pytest.approx(2 * m * k * n / (expected * peak))
     assert not pred["profile"]["calibrated"] and pred["critical_rank"] == 0
+    assert pred["interval"] == [pytest.approx(expected), None] and "best case" in pred["interval_note"]
+    assert "latency" not in pred["interval_note"]  # one rank: no collective
     assert main([path, "--predict", "--device", "H100"]) == 0
     assert "Prediction (H100 SXM profile, from datasheets, 1 rank)" in capsys.readouterr().out
 
