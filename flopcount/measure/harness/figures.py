@@ -90,6 +90,8 @@ class RunSnapshot:
     ended_by: str | None = None  # None: training ran to its end; else what ended it early ("SIGTERM" ...)
     parallel: Mapping[str, Any] | None = None  # MFU per rank under a plan (.rank_mfu.rank_figures)
     parallel_given: bool = False  # whether the meter was given a plan
+    prediction: Mapping[str, Any] | None = None  # the step predicted on machine= beside the measured one
+    machine_given: bool = False  # whether the meter was given a machine profile
 
 
 def _window_rates(windows: tuple[Window, ...] | list[Window]) -> list[float]:
@@ -330,6 +332,11 @@ def run_figures(s: RunSnapshot) -> RunResult:
     if s.parallel is None:
         unavailable["parallel"] = ("the run ended early: the ranks' step times were not gathered" if s.parallel_given
                                    else "no parallel plan given (Meter(plan=), flopcount bench --parallel)")
+    if s.prediction is None:
+        unavailable["prediction"] = ("the run ended early: the ranks' step times were not gathered" if s.machine_given
+                                     else "no machine profile given (Meter(machine=), flopcount bench --machine)")
+    elif s.prediction.get("why"):
+        unavailable["prediction"] = s.prediction["why"]
     return RunResult(
         samples=total_samples if total_samples is not None else s.samples, steps=s.steps,
         timed_samples=timed_total if timed_total is not None else sum(w.samples for w in s.windows),
@@ -344,7 +351,8 @@ def run_figures(s: RunSnapshot) -> RunResult:
         communication=s.communication, ensemble=s.ensemble, qualities=tuple(s.qualities),
         unavailable=dict(sorted(unavailable.items())), how=how, tokens_per_s=tokens_per_s,
         flops_per_token=flops_per_token, notes=_notes(s, samples_per_s) + _ended_early(s),
-        complete=s.ended_by is None, ended_by=s.ended_by or "the end of training", parallel=s.parallel)
+        complete=s.ended_by is None, ended_by=s.ended_by or "the end of training", parallel=s.parallel,
+        prediction=s.prediction)
 
 
 def _ended_early(s: RunSnapshot) -> tuple[str, ...]:

@@ -29,8 +29,9 @@ from typing import Any
 from flopcount.errors import MeasurementError, UsageError
 
 __all__ = ["BUS_FACTORS", "COLLECTIVES", "DEVICE_BANDWIDTHS", "FORMAT", "FORMAT_VERSION", "LATENCY_UNKNOWN",
-           "MachineProfile", "Point", "Segment", "bus_factor", "collective_seconds", "device_profile", "differences", "fit_segments",
-           "latency_known", "load_profile", "profile_from_dict", "rate_at", "this_machine"]
+           "MachineProfile", "Point", "Segment", "above_ceiling", "bus_factor", "collective_seconds", "device_profile",
+           "differences", "fit_segments", "latency_known", "load_profile", "profile_from_dict", "rate_at",
+           "this_machine"]
 
 FORMAT = "flopcount-machine-profile"
 FORMAT_VERSION = 1
@@ -361,6 +362,20 @@ def load_profile(path: str) -> MachineProfile:
         raise MeasurementError(f"--machine {path}: not JSON ({e}); the file is damaged, take the profile again "
                                "with flopcount calibrate -o FILE") from None
     return profile_from_dict(doc, f"--machine {path}")
+
+
+def above_ceiling(measured: float, ceiling: float, what: str, retake: str = "flopcount calibrate",
+                  unit: str = "FLOP/s") -> str | None:
+    """One line when a ``measured`` rate (FLOP/s or bytes/s) is above the ``ceiling`` it is compared with: no work
+    runs faster than the machine's ceiling, so the ceiling is stale (measured while the machine was busy, on fewer
+    threads, or at smaller sizes than the work's) and is to be taken again with ``retake``; None when it is not
+    above. ``what`` names the rate
+    ("rank 0 ran", "node Conv_3 ran")."""
+    if not (measured > ceiling > 0):
+        return None
+    return (f"{what} at {measured / 1e9:.4g} G{unit}, above the ceiling of {ceiling / 1e9:.4g} G{unit} it is "
+            f"compared with: the ceiling is stale (measured while the machine was busy, on fewer threads or at smaller "
+            f"sizes); take it again ({retake}) on a quiet machine")
 
 
 def this_machine(threads: int | None = None, device: str = "cpu") -> dict[str, Any]:
