@@ -77,7 +77,9 @@ def _messages(r: Any, led: Any) -> tuple[Message, ...]:
     plan, d = led.plan, led.dims
     m, train = plan.microbatches, led.mode == "train"
     a = d["batch"] * (d["seq"] // plan.cp) * d["hidden"] * d["activation_bytes"]
-    sizes = {"tp": plan.tp, "pp": 2, "dp": plan.dp, "dp_cp": plan.dp * plan.cp, "cp": plan.cp, "ep": plan.ep}
+    kv = d.get("kv_heads") or plan.tp
+    sizes = {"tp": plan.tp, "pp": 2, "dp": plan.dp, "dp_cp": plan.dp * plan.cp, "cp": plan.cp, "ep": plan.ep,
+             "edp": plan.dp * plan.cp // plan.ep, "embedding": 2, "tp_kv": max(1, plan.tp // kv)}
     out = []
     first, last = r.stage == 0, r.stage == plan.pp - 1
     v = plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
@@ -104,7 +106,7 @@ def _messages(r: Any, led: Any) -> tuple[Message, ...]:
                 out.append(Message("all_reduce", c.group, BUCKET_BYTES, full, n, "dp"))
             if rest:
                 out.append(Message("all_reduce", c.group, rest, 1, n, "dp"))
-        elif c.group in ("dp", "dp_cp"):
+        elif c.group in ("dp", "dp_cp", "edp", "embedding", "tp_kv"):  # once a step, exposed
             out.append(Message(c.kind, c.group, c.bytes, 1, n, "step"))
         else:  # cp and ep: one message a microbatch, exposed in the forward
             out.append(Message(c.kind, c.group, c.bytes / m, m, n, "forward"))

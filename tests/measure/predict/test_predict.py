@@ -249,3 +249,30 @@ def test_a_profile_taken_on_a_busy_machine_is_noted():
     notes = predict_work(Work((one_rank([w]),), plan(), None), busy).notes
     assert any("busy machine (load 3.50 per core)" in n for n in notes)
     assert not predict_work(Work((one_rank([w]),), plan(), None), profile()).notes
+
+
+def test_a_tied_embedding_across_the_pipeline_is_one_all_reduce_a_step():
+    """A Llama whose embedding and LM head are one tensor, on two pipeline stages: the two copies' gradients (V·H
+    elements of 4 bytes) are summed once a step between the first and the last stage, exposed: latency + bus
+    factor 2(2−1)/2 = 1 × the bytes / the bus bandwidth."""
+    pytest.importorskip("transformers")
+    import dataclasses
+
+    import transformers
+
+    import flopcount
+    from flopcount.measure.predict import predict, work_of
+    from flopcount.parallel.plan import parse_parallel
+    from flopcount.plans import parallel_ledger
+
+    h, v = 32, 128
+    config = transformers.LlamaConfig(hidden_size=h, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                      num_key_value_heads=2, vocab_size=v, tie_word_embeddings=True)
+    report = flopcount.from_hf(config, (2, 8), cache_dir=False, mode="train")
+    report = dataclasses.replace(report, parallel=parallel_ledger(report, parse_parallel("pp=2", 2, "1f1b")))
+    tied = [m for r in work_of(report).ranks for m in r.messages if m.group == "embedding"]
+    assert [(m.kind, m.bytes, m.count, m.ranks, m.phase) for m in tied] == [("all_reduce", v * h * 4, 1, 2, "step")] * 2
+    fast = dataclasses.replace(profile(), compute={"gemm": _flat(1e30), "elementwise": _flat(1e30)})
+    pred = predict(report, fast)
+    for r in pred.ranks:
+        assert r["communication_seconds"]["all_reduce"]["exposed"] == pytest.approx(LAT + v * h * 4 / BW)
