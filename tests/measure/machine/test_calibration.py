@@ -100,7 +100,7 @@ def test_damaged_profiles_are_refused_with_one_line(path, value, words):
     assert words in str(e.value) and "\n" not in str(e.value) and e.value.exit_code == 12
 
 
-def test_a_nan_written_by_json_is_refused_from_the_file(tmp_path, capsys):
+def test_a_nan_written_by_json_is_refused_from_the_file(tmp_path, capsys, save):
     """Python's json writes NaN and reads it back: the loaded file is refused all the same, exit 12 on the command
     line with one line on stderr."""
     from flopcount.cli import main
@@ -116,6 +116,13 @@ def test_a_nan_written_by_json_is_refused_from_the_file(tmp_path, capsys):
     binary.write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(MeasurementError, match="not JSON"):
         cal.load_profile(str(binary))
+    from helpers import single
+
+    model = save(single("Relu", {"x": (4, 4)}))
+    for path in (bad, binary):
+        assert main([model, "--predict", "--machine", str(path)]) == 12
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and str(path) in err[0], err
 
 
 def test_load_profile_of_bad_files(tmp_path):

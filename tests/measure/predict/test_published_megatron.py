@@ -14,7 +14,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("published_megatron", ROOT / "benchmarks" / "published_megatron.py")
+    path = ROOT / "benchmarks" / "published_megatron.py"
+    spec = importlib.util.spec_from_file_location("published_megatron", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
