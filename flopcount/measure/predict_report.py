@@ -4,6 +4,7 @@ of known sizes, its FLOPs, its optimizer's bytes and the tokens of a step. The r
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from flopcount.errors import UsageError
@@ -151,6 +152,9 @@ def report_work(report: Any) -> Work:
     """The :class:`~flopcount.measure.predict.Work` of ``report``: its per-rank ledger's ranks, or one rank."""
     if report.generation is not None:
         raise UsageError("--predict: a --generate count is not predicted yet; predict a training or inference count")
-    if report.parallel is not None:
-        return _ledger_work(report)
-    return _one_rank(report)
+    work = _ledger_work(report) if report.parallel is not None else _one_rank(report)
+    opt = report.optimizer[0] if report.optimizer is not None else None
+    if report.mode == "train" and opt not in OPTIMIZER_TRAFFIC:
+        why = "no optimizer counted (count with --optimizer)" if opt is None else f"no traffic rule for {opt}"
+        work = replace(work, notes=(*work.notes, f"the optimizer step is left out: {why}"))
+    return work

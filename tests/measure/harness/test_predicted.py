@@ -59,6 +59,9 @@ def test_meter_prints_the_prediction_beside_the_measurement(profile):
     assert pred["measured_step_s"] == r.step_time_s  # the harness's median step, one rank
     assert pred["relative_error"] == pytest.approx(expected.step_seconds / r.step_time_s - 1)
     assert "prediction" not in r.unavailable
+    # the meter's count has no optimizer (model= counts forward and backward): the prediction says it leaves it out
+    assert "the optimizer step is left out: no optimizer counted (count with --optimizer)" in \
+        pred["prediction"]["notes"]
     # the profile is this machine's, taken now: no difference to name; stale only where the run's FLOPs over its
     # measured step beat the profile's peak (a quick calibration's small products can be slower than the run's)
     rate = flopcount.from_torch(model, (x,), mode="train").total.flops / r.step_time_s
