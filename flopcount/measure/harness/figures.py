@@ -183,7 +183,8 @@ def _tokens(s: RunSnapshot, unavailable: dict, how: dict) -> tuple[dict[str, Any
 
 def _notes(s: RunSnapshot, samples_per_s: Mapping[str, Any]) -> tuple[str, ...]:
     """What the median hides: stalls (window rates apart by more than :data:`STALL_SPREAD`, or end-to-end
-    throughput below :data:`END_TO_END_SHARE` of the median), and a run measured under more load than its peak."""
+    throughput below :data:`END_TO_END_SHARE` of the median), a run measured under more load than its peak, and a
+    rank faster than its measured peak (a stale ceiling: :func:`~flopcount.measure.machine.calibration.above_ceiling`)."""
     notes = []
     lo, hi, median = samples_per_s.get("min"), samples_per_s.get("max"), samples_per_s.get("per_rank")
     if lo and hi and hi / lo > STALL_SPREAD:
@@ -199,6 +200,12 @@ def _notes(s: RunSnapshot, samples_per_s: Mapping[str, Any]) -> tuple[str, ...]:
         notes.append(f"load: the run's rate was measured at a load of {s.load_per_core:.2f} per core, its peak (the "
                      f"measured ceiling) at {s.peak_load_per_core:.2f}: other work shared the machine during the "
                      "run, so MFU understates what the run would reach alone")
+    rate = median * s.flops_per_sample if median and s.flops_per_sample else None
+    if rate and s.peak_flops and s.peak_load_per_core is not None:  # a measured ceiling, not a datasheet's
+        from ..machine.calibration import above_ceiling
+
+        notes += [n for n in (above_ceiling(rate, s.peak_flops, "a rank ran", "FLOPCOUNT_CACHE=0 measures a fresh "
+                                            "one, the cached one stays until beaten; or give peak_flops="),) if n]
     return tuple(notes)
 
 
