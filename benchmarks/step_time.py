@@ -330,6 +330,11 @@ def kendall_tau(a: list[float], b: list[float]) -> float:
     return 2 * s / (n * (n - 1)) if n > 1 else float("nan")
 
 
+
+def _end(v) -> str:
+    """An end of the predicted interval (None: not known, the prediction's interval_note says why)."""
+    return "?" if v is None else f"{v:.3f}"
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", help="comma-separated run names (default: all): " + ", ".join(r.name for r in RUNS))
@@ -363,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
                      "load": [load0, os.getloadavg()[0]]})
         print(f"{run.name:26s} wall {med:7.4f} s (spread {max(times) / min(times) - 1:4.0%}, load "
               f"{load0:.1f}-{os.getloadavg()[0]:.1f}) predicted {pred['step_seconds']:7.4f} s "
-              f"[{pred['interval'][0]:.3f}, {pred['interval'][1]:.3f}] error {err:+6.1%} | busy CPU {cpu:7.4f} s "
+              f"[{_end(pred['interval'][0])}, {_end(pred['interval'][1])}] error {err:+6.1%} | busy CPU {cpu:7.4f} s "
               f"predicted {busy:7.4f} s error {cpu_err:+6.1%}", flush=True)
     for key, what in (("error", "wall clock"), ("cpu_error", "busy CPU time")):
         errs = [abs(r[key]) for r in rows]

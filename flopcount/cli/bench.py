@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--window-steps", type=positive_int, help="steps per timing window")
     p.add_argument("--peak-flops", type=positive_float, help="peak FLOP/s of one device for MFU (overrides the "
                    "device table, or the measured CPU GEMM ceiling)")
+    p.add_argument("--machine", metavar="PROFILE.json", help="a machine profile (flopcount calibrate -o FILE): "
+                   "print the step predicted for the run beside its measurement, with the relative error "
+                   "(docs/predict.md)")
     p.add_argument("--channels-last", action="store_true", help="channels-last memory format")
     p.add_argument("--mllog", metavar="FILE", help="also write MLPerf-style :::MLLOG lines (one file per run: "
                    "FILE, or FILE with .runN before its suffix when --runs > 1)")
@@ -133,7 +136,7 @@ def config_from_args(args: argparse.Namespace):
                            max_epochs=args.epochs, steps=args.steps, target_quality=args.target_quality,
                            image_size=args.image_size, lr=args.lr, seed=args.seed, warmup_steps=args.warmup_steps,
                            window_steps=args.window_steps, peak_flops=args.peak_flops,
-                           channels_last=args.channels_last or None)
+                           channels_last=args.channels_last or None, machine=args.machine)
     return module, cfg
 
 

@@ -66,17 +66,10 @@ def prediction_of(report, args: argparse.Namespace):
 
 
 def this_machine() -> dict:
-    """What a calibrated profile is compared with: this CPU, its cores and the torch version."""
-    from flopcount.measure.machine.devices import cpu_cores, cpu_name
+    """What a calibrated profile is compared with (:func:`flopcount.measure.machine.calibration.this_machine`)."""
+    from flopcount.measure.machine.calibration import this_machine as here
 
-    here = {"cpu": cpu_name(), "cores": cpu_cores()}
-    try:
-        import torch
-
-        here["torch"] = torch.__version__
-    except ImportError:
-        pass
-    return here
+    return here()
 
 
 def build_parser() -> argparse.ArgumentParser:

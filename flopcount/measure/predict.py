@@ -32,8 +32,10 @@ The rules (docs/predict.md states them for users):
 * **The point and the interval**: the step is predicted with every rate at its best calibrated repeat (a busy
   machine can only slow a repeat down, so the best is the closest to what the hardware sustains, as
   :func:`flopcount.measure.machine.ceilings.measure_gemm` takes it), and again at the median repeats: the interval
-  is [best, median]; when a size lies outside the calibrated sizes, or a group has another size than the
-  calibration's, it is widened by :data:`WIDEN` on each side and ``extrapolated`` says what.
+  is [best, median]. An end that cannot be known is None, with ``interval_note`` saying why, never a guessed
+  margin: both ends when a size lies outside the calibrated sizes or a group has another size than the
+  calibration's (``extrapolated`` says what); the high end for a datasheet profile (best-case rates, how far below
+  them the device runs is not known) and for a profile whose collective latency is not known.
 * ``mfu`` = model FLOPs of the step (all ranks) / (step seconds × ranks × the profile's peak), ``hfu`` the same
   with the hardware FLOPs (recompute and redundant work included).
 """
@@ -45,10 +47,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .machine.calibration import MachineProfile, collective_seconds, rate_at
+from .machine.calibration import MachineProfile, collective_seconds, latency_known, rate_at
 
 __all__ = ["BUCKET_BYTES", "BUSY_LOAD", "FIRST_BUCKET_BYTES", "GEMM_FAMILIES", "Message", "NodeWork",
-           "OPTIMIZER_TRAFFIC", "Prediction", "REDUCTION_FAMILIES", "RankWork", "WIDEN", "Work", "exposed_after",
+           "OPTIMIZER_TRAFFIC", "Prediction", "REDUCTION_FAMILIES", "RankWork", "Work", "exposed_after",
            "node_seconds", "predict", "predict_work", "work_of"]
 
 #: DDP's default gradient buckets: the first (the last layers' gradients) of 1 MiB, the others of 25 MiB
@@ -57,8 +59,6 @@ FIRST_BUCKET_BYTES = 2**20
 BUCKET_BYTES = 25 * 2**20
 #: A profile taken at a 1-minute load average per core above this was taken on a busy machine (a note says so).
 BUSY_LOAD = 1.0
-#: How much an extrapolated prediction's interval is widened on each side.
-WIDEN = 0.25
 GEMM_FAMILIES = ("matmul", "gemm", "einsum", "attention")
 REDUCTION_FAMILIES = ("reduction", "softmax", "normalization", "loss", "pooling")
 OPTIMIZER_TRAFFIC = {"adam": 7, "adamw": 7, "momentum": 5, "sgd": 3}
@@ -111,7 +111,7 @@ class Prediction:
     """A step's prediction (see the module); ``ranks[]``: each rank's figures."""
 
     step_seconds: float
-    interval: tuple[float, float]
+    interval: tuple[float | None, float | None]
     tokens_per_second: float | None
     mfu: float
     hfu: float
@@ -121,9 +121,11 @@ class Prediction:
     extrapolated: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     tokens_note: str | None = None
+    interval_note: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"step_seconds": self.step_seconds, "interval": list(self.interval),
+                **({"interval_note": self.interval_note} if self.interval_note else {}),
                 "tokens_per_second": self.tokens_per_second,
                 **({"tokens_per_second_note": self.tokens_note} if self.tokens_note else {}),
                 "mfu": self.mfu, "hfu": self.hfu, "critical_rank": self.critical_rank,
@@ -137,15 +139,17 @@ class Prediction:
         prof = self.profile
         made = f"calibrated {prof['date']}" if prof["calibrated"] else "from datasheets"
         ranks = f"{prof['ranks']} rank{'s' if prof['ranks'] != 1 else ''}"
+        low, high = ("not known" if v is None else f"{v:.4g}" for v in self.interval)
         out = [f"Prediction ({prof['device']} profile, {made}, {ranks}): step {self.step_seconds:.4g} s "
-               f"[{self.interval[0]:.4g}, {self.interval[1]:.4g}], {tps}, MFU {self.mfu:.3f}, HFU {self.hfu:.3f}; "
+               f"[{low}, {high}], {tps}, MFU {self.mfu:.3f}, HFU {self.hfu:.3f}; "
                f"critical rank {self.critical_rank}"]
         r = next(row for row in self.ranks if row["rank"] == self.critical_rank)
         comm = "; ".join(f"{k} {v['exposed']:.3g} s exposed, {v['overlapped']:.3g} s overlapped"
                          for k, v in r["communication_seconds"].items()) or "none"
         out.append(f"Rank {r['rank']}: compute {r['compute_seconds']:.4g} s, bubble {r['bubble_seconds']:.4g} s, "
                    f"optimizer {r['optimizer_seconds']:.3g} s; communication: {comm}")
-        return out + [f"Prediction note: {n}" for n in self.notes]
+        notes = ([f"interval: {self.interval_note}"] if self.interval_note else []) + list(self.notes)
+        return out + [f"Prediction note: {n}" for n in notes]
 
 
 def node_seconds(w: NodeWork, profile: MachineProfile, which: str = "median") -> tuple[float, float, list[str]]:
@@ -297,32 +301,49 @@ def predict_work(work: Work, profile: MachineProfile) -> Prediction:
         step, rows = _step(work.ranks, profile, work.plan, which, out)
         results[which] = (step, rows, out)
     step, rows, extrapolated = results["best"]
-    low, high = step, results["median"][0]
     unique = tuple(dict.fromkeys(extrapolated))
-    if unique:
-        low, high = low * (1 - WIDEN), high * (1 + WIDEN)
+    (low, high), why = _interval(work, profile, (step, results["median"][0]), unique)
     n = len(work.ranks)
     model = sum(r.model_flops for r in work.ranks)
     hardware = sum(r.hardware_flops for r in work.ranks)
     critical = max(rows, key=lambda row: (row["step_seconds"], -row["rank"]))["rank"]
     notes = list(work.notes)
-    if unique:
-        notes.append(f"interval widened by {WIDEN:.0%} on each side: outside the calibration: " + "; ".join(unique[:3])
-                     + (f" (and {len(unique) - 3} more)" if len(unique) > 3 else ""))
     if profile.load_per_core is not None and profile.load_per_core > BUSY_LOAD:
         notes.append(f"the profile was taken on a busy machine (load {profile.load_per_core:.2f} per core): its "
                      "rates are what the work got then, not what the machine sustains; calibrate again when it is "
                      "quiet")
     if not profile.calibrated:
         notes.append(f"profile of the {profile.device} from its datasheets (calibrated: false): best-case rates, "
-                     f"products at its dense {profile.dtype} peak")
+                     f"products at its dense {profile.dtype} peak, no framework overhead")
     return Prediction(step, (low, high), work.tokens / step if work.tokens and step else None,
                       model / (step * n * profile.peak_flops_per_s) if step else math.nan,
                       hardware / (step * n * profile.peak_flops_per_s) if step else math.nan,
                       critical, tuple(rows),
                       {"device": profile.device, "calibrated": profile.calibrated, "ranks": profile.ranks,
                        "date": profile.date, "peak_flops_per_s": profile.peak_flops_per_s},
-                      unique, tuple(notes), work.tokens_note)
+                      unique, tuple(notes), work.tokens_note, why)
+
+
+def _interval(work: Work, profile: MachineProfile, steps: tuple[float, float],
+              extrapolated: tuple[str, ...]) -> tuple[tuple[float | None, float | None], str | None]:
+    """[best, median] step seconds, an end that cannot be known None, and why (the module's rules)."""
+    low, high = steps
+    why = []
+    if extrapolated:
+        low = high = None
+        why.append("not known: outside the calibration (the nearest calibrated rate used): "
+                   + "; ".join(extrapolated[:3]) + (f" (and {len(extrapolated) - 3} more)" if len(extrapolated) > 3
+                                                    else ""))
+    if not profile.calibrated and high is not None:
+        high = None
+        why.append("no high end: a datasheet profile's rates are the best case, and how far below them the device "
+                   "runs is not known")
+    calls = max((sum(m.count for m in r.messages if m.ranks > 1) for r in work.ranks), default=0)
+    if calls and not latency_known(profile):
+        high = None
+        why.append(f"collective latency not known: each of a rank's up to {calls:g} collectives a step is timed by "
+                   "its bytes over the bus bandwidth alone, and lasts its latency longer")
+    return (low, high), "; ".join(why) or None
 
 
 def predict(report: Any, profile: MachineProfile) -> Prediction:

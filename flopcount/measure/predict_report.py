@@ -4,6 +4,7 @@ of known sizes, its FLOPs, its optimizer's bytes and the tokens of a step. The r
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from flopcount.errors import UsageError
@@ -77,7 +78,9 @@ def _messages(r: Any, led: Any) -> tuple[Message, ...]:
     plan, d = led.plan, led.dims
     m, train = plan.microbatches, led.mode == "train"
     a = d["batch"] * (d["seq"] // plan.cp) * d["hidden"] * d["activation_bytes"]
-    sizes = {"tp": plan.tp, "pp": 2, "dp": plan.dp, "dp_cp": plan.dp * plan.cp, "cp": plan.cp, "ep": plan.ep}
+    kv = d.get("kv_heads") or plan.tp
+    sizes = {"tp": plan.tp, "pp": 2, "dp": plan.dp, "dp_cp": plan.dp * plan.cp, "cp": plan.cp, "ep": plan.ep,
+             "edp": plan.dp * plan.cp // plan.ep, "embedding": 2, "tp_kv": max(1, plan.tp // kv)}
     out = []
     first, last = r.stage == 0, r.stage == plan.pp - 1
     v = plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
@@ -104,7 +107,7 @@ def _messages(r: Any, led: Any) -> tuple[Message, ...]:
                 out.append(Message("all_reduce", c.group, BUCKET_BYTES, full, n, "dp"))
             if rest:
                 out.append(Message("all_reduce", c.group, rest, 1, n, "dp"))
-        elif c.group in ("dp", "dp_cp"):
+        elif c.group in ("dp", "dp_cp", "edp", "embedding", "tp_kv"):  # once a step, exposed
             out.append(Message(c.kind, c.group, c.bytes, 1, n, "step"))
         else:  # cp and ep: one message a microbatch, exposed in the forward
             out.append(Message(c.kind, c.group, c.bytes / m, m, n, "forward"))
@@ -149,6 +152,9 @@ def report_work(report: Any) -> Work:
     """The :class:`~flopcount.measure.predict.Work` of ``report``: its per-rank ledger's ranks, or one rank."""
     if report.generation is not None:
         raise UsageError("--predict: a --generate count is not predicted yet; predict a training or inference count")
-    if report.parallel is not None:
-        return _ledger_work(report)
-    return _one_rank(report)
+    work = _ledger_work(report) if report.parallel is not None else _one_rank(report)
+    opt = report.optimizer[0] if report.optimizer is not None else None
+    if report.mode == "train" and opt not in OPTIMIZER_TRAFFIC:
+        why = "no optimizer counted (count with --optimizer)" if opt is None else f"no traffic rule for {opt}"
+        work = replace(work, notes=(*work.notes, f"the optimizer step is left out: {why}"))
+    return work

@@ -43,6 +43,7 @@ class Config:
     extra: Mapping[str, Any] = field(default_factory=dict)
     parallel: Mapping[str, Any] | None = None  # the run's ParallelPlan as a mapping (bench --parallel)
     recompute: str = "none"  # what the run recomputes (bench --recompute)
+    machine: str | None = None  # a machine profile: the step predicted beside the measured one (bench --machine)
 
     def replace(self, **changes: Any) -> "Config":
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
@@ -134,7 +135,7 @@ def make_meter(cfg: Config, report, listeners: list[Callable] | None = None, **k
     meter = Meter(report, plan=plan, target_quality=cfg.target_quality, quality_exponent=cfg.quality_exponent,
                   device=cfg.device, precision=None if cfg.precision == "fp32" else cfg.precision,
                   peak_flops=cfg.peak_flops, recompute=cfg.recompute, warmup_steps=cfg.warmup_steps,
-                  window_steps=cfg.window_steps, **kw)
+                  window_steps=cfg.window_steps, machine=cfg.machine, **kw)
     for listener in listeners or ():
         meter.subscribe(listener)
     return meter

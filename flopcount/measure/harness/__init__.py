@@ -12,6 +12,7 @@
 * :mod:`.distributed` torchrun/srun process groups, DDP with measured gradient communication, sharded epochs
 * :mod:`.ensemble` HPC AI500 V3.0 bagging ensembles: M base models x P ranks, bootstrap samples, averaged predictions
 * :mod:`.callbacks` the meter inside Lightning's ``Trainer`` and Keras's ``fit``
+* :mod:`.predicted` the step predicted on a machine profile (``machine=``) beside the measured one
 
 The workloads that ``flopcount bench`` trains stay in :mod:`flopcount.workloads`: they build models
 (:mod:`flopcount.models`) and data sets and drive a meter, so they stand above the harness, never inside it.

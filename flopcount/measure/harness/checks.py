@@ -20,7 +20,8 @@ from typing import Any
 
 from flopcount.errors import UsageError
 
-__all__ = ["checked_clock", "finite", "is_number", "meter_source", "nonneg_int", "positive_finite", "positive_int", "quality_exponent", "samples"]
+__all__ = ["checked_clock", "finite", "is_number", "meter_machine", "meter_source", "nonneg_int", "positive_finite",
+           "positive_int", "quality_exponent", "samples"]
 
 
 def is_number(value: Any) -> bool:
@@ -131,3 +132,23 @@ def meter_source(report: Any, flops_per_sample: Any, model: Any, example_inputs:
                          "and backward), e.g. flopcount.from_torch(model, inputs, mode=\"train\")")
     if model is not None and example_inputs is None:
         raise UsageError("Meter(model=...) needs example_inputs= (a tensor, a shape or a tuple of them) to count it")
+
+
+def meter_machine(machine: Any, report: Any, model: Any):
+    """``machine=`` of the meter: None, a :class:`~flopcount.measure.machine.calibration.MachineProfile`, or the path
+    of one, read now (a damaged or foreign file: a MeasurementError, exit 12, before any training); it needs a
+    counted model (``report=`` or ``model=``) to predict."""
+    import os
+
+    from ..machine.calibration import MachineProfile, load_profile
+
+    if machine is None:
+        return None
+    if report is None and model is None:
+        raise UsageError("Meter: machine= needs a counted model (report= or model=) to predict its step")
+    if isinstance(machine, MachineProfile):
+        return machine
+    if isinstance(machine, (str, os.PathLike)):
+        return load_profile(os.fspath(machine))
+    raise UsageError(f"Meter: machine={machine!r}: expected the path of a machine profile (flopcount calibrate -o "
+                     "FILE) or a MachineProfile")

@@ -90,6 +90,8 @@ class RunSnapshot:
     ended_by: str | None = None  # None: training ran to its end; else what ended it early ("SIGTERM" ...)
     parallel: Mapping[str, Any] | None = None  # MFU per rank under a plan (.rank_mfu.rank_figures)
     parallel_given: bool = False  # whether the meter was given a plan
+    prediction: Mapping[str, Any] | None = None  # the step predicted on machine= beside the measured one
+    machine_given: bool = False  # whether the meter was given a machine profile
 
 
 def _window_rates(windows: tuple[Window, ...] | list[Window]) -> list[float]:
@@ -181,7 +183,8 @@ def _tokens(s: RunSnapshot, unavailable: dict, how: dict) -> tuple[dict[str, Any
 
 def _notes(s: RunSnapshot, samples_per_s: Mapping[str, Any]) -> tuple[str, ...]:
     """What the median hides: stalls (window rates apart by more than :data:`STALL_SPREAD`, or end-to-end
-    throughput below :data:`END_TO_END_SHARE` of the median), and a run measured under more load than its peak."""
+    throughput below :data:`END_TO_END_SHARE` of the median), a run measured under more load than its peak, and a
+    rank faster than its measured peak (a stale ceiling: :func:`~flopcount.measure.machine.calibration.above_ceiling`)."""
     notes = []
     lo, hi, median = samples_per_s.get("min"), samples_per_s.get("max"), samples_per_s.get("per_rank")
     if lo and hi and hi / lo > STALL_SPREAD:
@@ -197,6 +200,12 @@ def _notes(s: RunSnapshot, samples_per_s: Mapping[str, Any]) -> tuple[str, ...]:
         notes.append(f"load: the run's rate was measured at a load of {s.load_per_core:.2f} per core, its peak (the "
                      f"measured ceiling) at {s.peak_load_per_core:.2f}: other work shared the machine during the "
                      "run, so MFU understates what the run would reach alone")
+    rate = median * s.flops_per_sample if median and s.flops_per_sample else None
+    if rate and s.peak_flops and s.peak_load_per_core is not None:  # a measured ceiling, not a datasheet's
+        from ..machine.calibration import above_ceiling
+
+        notes += [n for n in (above_ceiling(rate, s.peak_flops, "a rank ran", "FLOPCOUNT_CACHE=0 measures a fresh "
+                                            "one, the cached one stays until beaten; or give peak_flops="),) if n]
     return tuple(notes)
 
 
@@ -330,6 +339,11 @@ def run_figures(s: RunSnapshot) -> RunResult:
     if s.parallel is None:
         unavailable["parallel"] = ("the run ended early: the ranks' step times were not gathered" if s.parallel_given
                                    else "no parallel plan given (Meter(plan=), flopcount bench --parallel)")
+    if s.prediction is None:
+        unavailable["prediction"] = ("the run ended early: the ranks' step times were not gathered" if s.machine_given
+                                     else "no machine profile given (Meter(machine=), flopcount bench --machine)")
+    elif s.prediction.get("why"):
+        unavailable["prediction"] = s.prediction["why"]
     return RunResult(
         samples=total_samples if total_samples is not None else s.samples, steps=s.steps,
         timed_samples=timed_total if timed_total is not None else sum(w.samples for w in s.windows),
@@ -344,7 +358,8 @@ def run_figures(s: RunSnapshot) -> RunResult:
         communication=s.communication, ensemble=s.ensemble, qualities=tuple(s.qualities),
         unavailable=dict(sorted(unavailable.items())), how=how, tokens_per_s=tokens_per_s,
         flops_per_token=flops_per_token, notes=_notes(s, samples_per_s) + _ended_early(s),
-        complete=s.ended_by is None, ended_by=s.ended_by or "the end of training", parallel=s.parallel)
+        complete=s.ended_by is None, ended_by=s.ended_by or "the end of training", parallel=s.parallel,
+        prediction=s.prediction)
 
 
 def _ended_early(s: RunSnapshot) -> tuple[str, ...]:

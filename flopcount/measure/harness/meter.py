@@ -47,7 +47,8 @@ from . import energy as energy_mod
 from .clocks import make_timer
 from .figures import RunSnapshot, Window, last_quality, local_figures, run_figures
 from .mfu import PRECISIONS
-from .rank_mfu import check_plan_world, checked_plan
+from .predicted import predicted_beside
+from .rank_mfu import check_plan_world, checked_plan, full_recompute_flops
 from .ranks import gather_ranks, is_writer, running_dist
 from .result import RunResult, bench_report, dumps
 
@@ -214,6 +215,9 @@ class Meter:
         Under torch.distributed: the seconds given to ``distributed.init(timeout_s=)``. A collective that fails in
         the ``with meter:`` block or when the result is gathered then holds a roll call of the ranks for the rest
         of it and ends in one :class:`~flopcount.errors.MeasurementError` naming the rank that stopped answering.
+    machine : path or MachineProfile, optional
+        A machine profile (``flopcount calibrate -o FILE``): the result's ``prediction``, the step predicted for the
+        counted model (under ``plan``) beside the measured one and their relative error (:mod:`.predicted`).
     """
 
     def __init__(self, report=None, *, flops_per_sample: float | None = None, model=None, example_inputs=None,
@@ -221,8 +225,9 @@ class Meter:
                  higher_is_better: bool = True, device=None, precision: str | None = None,
                  peak_flops: float | None = None, recompute: str | float | None = None, warmup_steps: int = 5,
                  window_steps: int = 20, energy: bool = True, clock: Callable[[], float] | None = None,
-                 energy_source=None, timeout: float | None = None, plan=None) -> None:
+                 energy_source=None, timeout: float | None = None, plan=None, machine=None) -> None:
         checks.meter_source(report, flops_per_sample, model, example_inputs)
+        self._machine = checks.meter_machine(machine, report, model)
         self._plan, self._plan_recompute = checked_plan(plan, recompute, flops_per_sample)
         if self._plan is not None and isinstance(recompute, str) and recompute.lower() not in ("none", "full"):
             recompute = None  # the ledger's policy (selective, operator types); the whole-run HFU does not take it
@@ -673,6 +678,8 @@ class Meter:
         precision, peak = self._peak(device, work.parts)
         communication, ensemble = self._attachments(work, per_rank) if self.complete else (None, None)
         parallel = self._parallel_figures(per_rank, peak) if self.complete else None
+        prediction = (predicted_beside(self.counted_report(), self._plan, self._plan_recompute, self._machine,
+                                       per_rank, self._device_kind) if self.complete and self._machine else None)
         energy = self._energy
         from ..machine.ceilings import load_per_core
 
@@ -692,7 +699,7 @@ class Meter:
             communication_attached=self.communication is not None, ensemble=ensemble,
             load_per_core=load_per_core() if self._device_kind == "cpu" else None,
             peak_load_per_core=peak.load_per_core, ended_by=self._ended_by, parallel=parallel,
-            parallel_given=self._plan is not None)
+            parallel_given=self._plan is not None, prediction=prediction, machine_given=self._machine is not None)
 
     def _counted_work(self) -> _Work:
         """C (training FLOPs per sample), how it is known, the forward FLOPs per sample, the optimizer's FLOPs per
@@ -707,22 +714,7 @@ class Meter:
                      ("analytic training FLOPs per sample (forward + backward) of flopcount's count, convention "
                       f"{report.convention.name}"),
                      split_work(report), report.forward.flops / report.batch, opt[1].flops if opt else None,
-                     report.batch, self._full_recompute(report) if self._recompute == "full" else None)
-
-    @staticmethod
-    def _full_recompute(report) -> float | None:
-        """FLOPs per sample that ``recompute="full"`` reruns as the per-rank ledger counts it (each layer's forward up
-        to its last op that saves a tensor, as torch's non-reentrant checkpoint stops), or None where the ledger's
-        rules do not recognise the model (HFU then takes PaLM's one extra forward per sample)."""
-        from flopcount.errors import UsageError
-        from flopcount.parallel.plan import ParallelPlan, parse_recompute
-        from flopcount.parallel.ranks import ledger
-
-        try:
-            one = ledger(report, ParallelPlan(), parse_recompute("full"))
-        except UsageError:
-            return None
-        return one.ranks[0].recompute_flops / report.batch
+                     report.batch, full_recompute_flops(report) if self._recompute == "full" else None)
 
     def _peak(self, device, parts):
         """The run's precision and the peak of one device that MFU divides by (describing the device, which on a

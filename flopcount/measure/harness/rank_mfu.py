@@ -41,8 +41,8 @@ from typing import Any
 
 from flopcount.errors import UsageError
 
-__all__ = ["MESH_DIMS", "RANK_ORDER", "check_plan_world", "checked_plan", "data_parallel_ledger", "plan_from_mesh",
-           "rank_figures"]
+__all__ = ["MESH_DIMS", "RANK_ORDER", "check_plan_world", "checked_plan", "data_parallel_ledger",
+           "full_recompute_flops", "plan_from_mesh", "rank_figures"]
 
 RANK_ORDER = "tp fastest, then cp, then dp, then pp (Megatron's): rank = tp + T*(cp + C*(dp + D*pp))"
 
@@ -143,6 +143,20 @@ def data_parallel_ledger(report: Any, plan: Any, recompute: Any) -> dict[str, An
             "dims": {"batch": report.batch, "seq": None}, "bubble_fraction": 0.0, "slowest_rank": 0,
             "imbalance": 1.0, "ranks": ranks,
             "rules": "data parallel: every rank runs the whole model on its own microbatches"}
+
+
+def full_recompute_flops(report: Any) -> float | None:
+    """FLOPs per sample that ``recompute="full"`` reruns as the per-rank ledger counts it (each layer's forward up
+    to its last op that saves a tensor, as torch's non-reentrant checkpoint stops), or None where the ledger's
+    rules do not recognise the model (HFU then takes PaLM's one extra forward per sample)."""
+    from flopcount.parallel.plan import ParallelPlan, parse_recompute
+    from flopcount.parallel.ranks import ledger
+
+    try:
+        one = ledger(report, ParallelPlan(), parse_recompute("full"))
+    except UsageError:
+        return None
+    return one.ranks[0].recompute_flops / report.batch
 
 
 def rank_figures(led: Mapping[str, Any], per_rank: Sequence[Mapping[str, Any]], peak: float | None,

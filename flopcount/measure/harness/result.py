@@ -80,6 +80,7 @@ class RunResult:
     complete: bool = True  # False: the run ended before its end of training (a signal, Meter.close() early)
     ended_by: str = "the end of training"  # or what ended it early: "SIGTERM", "SIGINT", an exception, close()
     parallel: Mapping[str, Any] | None = None  # under a plan: every rank's MFU/HFU, slowest rank, conventions
+    prediction: Mapping[str, Any] | None = None  # machine=: the step predicted beside the measured one, the error
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)

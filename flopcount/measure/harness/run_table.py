@@ -109,10 +109,25 @@ def parallel_lines(run: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def prediction_lines(run: Mapping[str, Any]) -> list[str]:
+    """With a machine profile: the step predicted beside the measured one and their relative error, then the
+    prediction's own lines' notes (none without a profile, or when the count could not be predicted)."""
+    pred = run.get("prediction")
+    if not pred or pred.get("predicted_step_s") is None:
+        return []
+    low, high = ("not known" if v is None else f"{v * 1e3:.3f}" for v in pred["interval"])
+    err = "n/a" if pred["relative_error"] is None else f"{pred['relative_error']:+.1%}"
+    measured = "n/a" if pred["measured_step_s"] is None else f"{pred['measured_step_s'] * 1e3:.3f} ms"
+    prof = pred["prediction"]["profile"]
+    out = ["", f"step predicted {pred['predicted_step_s'] * 1e3:.3f} ms [{low}, {high}] on the {prof['device']} "
+           f"profile, measured {measured} (the slowest rank's median): error {err}"]
+    return out + [f"prediction: {n}" for n in (*pred["notes"], *pred["prediction"]["notes"])]
+
+
 def run_table(run: RunResult | Mapping[str, Any]) -> str:
     d = run.as_dict() if isinstance(run, RunResult) else run
     text = tabulate(run_rows(d), tablefmt="simple", disable_numparse=True)
-    lines = [text, *parallel_lines(d), "", f"peak: {d['peak_source']}"]
+    lines = [text, *parallel_lines(d), *prediction_lines(d), "", f"peak: {d['peak_source']}"]
     lines += [f"note: {n}" for n in d.get("notes") or ()]
     for key, why in d["unavailable"].items():
         lines.append(f"n/a {key}: {why}")
@@ -150,6 +165,8 @@ def report_table(doc: Mapping[str, Any]) -> str:
                 tabulate(scale_out_rows(first), tablefmt="simple", disable_numparse=True)]
     if first is not None:
         out += parallel_lines(first)
+        for i, r in enumerate(runs):
+            out += [line.replace("step predicted", f"run {i}: step predicted") for line in prediction_lines(r)]
         out.append("")
         out.append(f"peak: {first['peak_source']}")
     for i, r in enumerate(runs):

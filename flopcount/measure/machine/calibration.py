@@ -28,9 +28,10 @@ from typing import Any
 
 from flopcount.errors import MeasurementError, UsageError
 
-__all__ = ["BUS_FACTORS", "COLLECTIVES", "DEVICE_BANDWIDTHS", "FORMAT", "FORMAT_VERSION", "MachineProfile", "Point",
-           "Segment", "bus_factor", "collective_seconds", "device_profile", "differences", "fit_segments",
-           "load_profile", "profile_from_dict", "rate_at"]
+__all__ = ["BUS_FACTORS", "COLLECTIVES", "DEVICE_BANDWIDTHS", "FORMAT", "FORMAT_VERSION", "LATENCY_UNKNOWN",
+           "MachineProfile", "Point", "Segment", "above_ceiling", "bus_factor", "collective_seconds", "device_profile",
+           "differences", "fit_segments", "latency_known", "load_profile", "profile_from_dict", "rate_at",
+           "this_machine"]
 
 FORMAT = "flopcount-machine-profile"
 FORMAT_VERSION = 1
@@ -70,11 +71,13 @@ class Point:
 @dataclass(frozen=True)
 class Segment:
     """The fit of one size range of a collective: seconds = ``latency_s`` + bus bytes / ``bus_bytes_per_s``, for
-    payloads from ``low`` to ``high`` bytes; one fit each for the median, best and slowest times (``which``)."""
+    payloads from ``low`` to ``high`` bytes; one fit each for the median, best and slowest times (``which``). A
+    latency of None is not known (a datasheet profile: no datasheet gives it): the time is then the bus term alone,
+    a lower bound (:func:`latency_known`)."""
 
     low: float
     high: float
-    latency_s: Mapping[str, float]
+    latency_s: Mapping[str, float | None]
     bus_bytes_per_s: Mapping[str, float]
 
     def as_dict(self) -> dict[str, Any]:
@@ -150,7 +153,12 @@ def collective_seconds(c: Collective, kind: str, payload: float, n: int, which: 
     outside = seg is None
     if seg is None:
         seg = c.segments[0] if payload < c.segments[0].low else c.segments[-1]
-    return seg.latency_s[which] + bus_factor(kind, n) * payload / seg.bus_bytes_per_s[which], outside
+    return (seg.latency_s[which] or 0.0) + bus_factor(kind, n) * payload / seg.bus_bytes_per_s[which], outside
+
+
+def latency_known(profile: "MachineProfile") -> bool:
+    """Whether every collective fit of ``profile`` has a latency (a datasheet profile's is None: not known)."""
+    return all(v is not None for c in profile.collectives.values() for s in c.segments for v in s.latency_s.values())
 
 
 def _fit_line(xs: Sequence[float], ts: Sequence[float]) -> tuple[float, float]:
@@ -200,17 +208,17 @@ DEVICE_BANDWIDTHS: dict[str, dict[str, Any]] = {
     "B200": {"memory": 8e12, "nvlink": 1.8e12,
              "source": "NVIDIA HGX B200 datasheet, per GPU: 8 TB/s HBM3e, NVLink 1.8 TB/s"},
 }
-#: Latency of one collective step on NVLink assumed for an uncalibrated profile (seconds): the order of NCCL's
-#: small-message latency within a node; a profile that is not measured states it in its sources.
-_ASSUMED_LATENCY_S = 10e-6
+#: Why an uncalibrated profile's collective latency is null: no datasheet gives it, and a figure assumed in its place
+#: would be a guess (the prediction then times each collective by its bytes alone and says so).
+LATENCY_UNKNOWN = "collective latency not known (no datasheet gives it; calibrate on the machine to measure it)"
 
 
 def device_profile(name: str, ranks: int = 8, dtype: str = "bf16") -> MachineProfile:
     """A ``calibrated: false`` profile of a device that cannot be measured here: its dense ``dtype`` peak from the
     sourced peak table (:mod:`flopcount.measure.machine.devices`) for every product, its datasheet HBM bandwidth for
     elementwise work and reductions, and half its NVLink bandwidth (one direction) as the bus bandwidth of every
-    collective, with a latency of 10 µs; no framework overhead. Every figure is the best case: the interval's
-    low and high ends are the same, the prediction says it is from a datasheet."""
+    collective, its latency null (:data:`LATENCY_UNKNOWN`); no framework overhead. Every figure is the best case:
+    the prediction's interval has no high end, and it says the profile is from datasheets."""
     from .devices import gpu_entry
 
     entry = gpu_entry(name)
@@ -227,14 +235,14 @@ def device_profile(name: str, ranks: int = 8, dtype: str = "bf16") -> MachinePro
         return (Point(1, v, v, v),)
 
     bus = bw["nvlink"] / 2
-    seg = Segment(0, math.inf, {w: _ASSUMED_LATENCY_S for w in ("median", "best", "slowest")},
+    seg = Segment(0, math.inf, {w: None for w in ("median", "best", "slowest")},
                   {w: bus for w in ("median", "best", "slowest")})
     zero = Point(1, 0.0, 0.0, 0.0)
     return MachineProfile(False, entry.key, ranks, {"gemm": flat(peak), "conv": flat(peak),
                                                     "elementwise": flat(bw["memory"]), "reduction": flat(bw["memory"])},
                           {"forward": zero, "backward": zero},
                           {k: Collective(0, (), (seg,)) for k in COLLECTIVES}, peak, dtype,
-                          sources=(entry.source, bw["source"], "collective latency 10 us assumed (not measured)"))
+                          sources=(entry.source, bw["source"], LATENCY_UNKNOWN))
 
 
 def _need(doc: Mapping[str, Any], key: str, kind: type | tuple, where: str) -> Any:
@@ -249,26 +257,37 @@ def _point(d: Any, where: str) -> Point:
     if not isinstance(d, Mapping):
         raise MeasurementError(f"{where}: a point is not an object; take the profile again with flopcount calibrate")
     vals = [d.get(k) for k in ("size", "median", "best", "slowest")]
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 and math.isfinite(v)
-               for v in vals):
+    if not all(_number(v) and v >= 0 for v in vals):
         raise MeasurementError(f"{where}: a point needs size, median, best and slowest as numbers >= 0; take the "
                                "profile again with flopcount calibrate")
     return Point(*map(float, vals))
+
+
+def _number(v: Any) -> bool:
+    """A finite number (not a bool): what every figure of a profile is."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _segment(d: Any, where: str) -> Segment:
     if not isinstance(d, Mapping):
         raise MeasurementError(f"{where}: a fit is not an object")
     try:
-        lat = {w: float(d["latency_s"][w]) for w in ("median", "best", "slowest")}
-        bw = {w: float(d["bus_bytes_per_s"][w]) for w in ("median", "best", "slowest")}
-        low, high = float(d["from_bytes"]), float(d["to_bytes"])
-    except (KeyError, TypeError, ValueError):
+        lat = {w: d["latency_s"][w] for w in ("median", "best", "slowest")}
+        bw = {w: d["bus_bytes_per_s"][w] for w in ("median", "best", "slowest")}
+        low, high = d["from_bytes"], d["to_bytes"]
+    except (KeyError, TypeError):
         raise MeasurementError(f"{where}: a fit needs from_bytes, to_bytes, latency_s and bus_bytes_per_s (median, "
                                "best, slowest); take the profile again with flopcount calibrate") from None
-    if any(v <= 0 for v in bw.values()) or any(v < 0 for v in lat.values()):
-        raise MeasurementError(f"{where}: a fit has a bandwidth <= 0 or a negative latency; take the profile again")
-    return Segment(low, high, lat, bw)
+    if not all(_number(v) and v > 0 for v in bw.values()) or \
+            not all(v is None or _number(v) and v >= 0 for v in lat.values()):
+        raise MeasurementError(f"{where}: a fit has a bandwidth that is not a number > 0 or a latency that is not a "
+                               "number >= 0 (or null: not known); take the profile again")
+    if not (_number(low) and low >= 0 and isinstance(high, (int, float)) and not isinstance(high, bool)
+            and high >= low):
+        raise MeasurementError(f"{where}: a fit's from_bytes and to_bytes are not sizes with from_bytes <= to_bytes; "
+                               "take the profile again")
+    return Segment(float(low), float(high), {w: None if v is None else float(v) for w, v in lat.items()},
+                   {w: float(v) for w, v in bw.items()})
 
 
 def profile_from_dict(doc: Any, where: str = "profile") -> MachineProfile:
@@ -284,6 +303,9 @@ def profile_from_dict(doc: Any, where: str = "profile") -> MachineProfile:
         if not isinstance(pts, list) or not pts:
             raise MeasurementError(f"{where}: compute.{kind} has no points; take the profile again")
         compute[kind] = tuple(_point(p, f"{where}: compute.{kind}") for p in pts)
+        if any(min(p.median, p.best, p.slowest) <= 0 for p in compute[kind]):
+            raise MeasurementError(f"{where}: compute.{kind} has a rate of 0 (a rate is what work is divided by); "
+                                   "take the profile again")
     for kind in ("gemm", "elementwise"):
         if kind not in compute:
             raise MeasurementError(f"{where}: compute.{kind} is missing; take the profile again with flopcount "
@@ -295,17 +317,37 @@ def profile_from_dict(doc: Any, where: str = "profile") -> MachineProfile:
         if kind not in COLLECTIVES or not isinstance(c, Mapping) or not isinstance(c.get("fit"), list) or not c["fit"]:
             raise MeasurementError(f"{where}: collectives.{kind} is not a known collective with a fit; take the "
                                    "profile again")
-        collectives[kind] = Collective(int(c.get("ranks", 0)), tuple(_point(p, f"{where}: collectives.{kind}")
+        if not isinstance(c.get("ranks", 0), int) or isinstance(c.get("ranks"), bool) or c.get("ranks", 0) < 0 \
+                or not isinstance(c.get("points", []), list):
+            raise MeasurementError(f"{where}: collectives.{kind} needs ranks (an integer >= 0) and points (a list); "
+                                   "take the profile again")
+        collectives[kind] = Collective(c.get("ranks", 0), tuple(_point(p, f"{where}: collectives.{kind}")
                                                                      for p in c.get("points", [])),
                                        tuple(_segment(s, f"{where}: collectives.{kind}") for s in c["fit"]))
     peak = _need(doc, "peak_flops_per_s", (int, float), where)
     ranks = _need(doc, "ranks", int, where)
-    if peak <= 0 or ranks < 1:
-        raise MeasurementError(f"{where}: peak_flops_per_s and ranks must be > 0; take the profile again")
+    if not _number(peak) or peak <= 0 or ranks < 1:
+        raise MeasurementError(f"{where}: peak_flops_per_s and ranks must be finite numbers > 0; take the profile "
+                               "again")
+    _check_description(doc, where)
     return MachineProfile(bool(_need(doc, "calibrated", bool, where)), str(doc.get("device", "")), ranks, compute,
                           overhead, collectives, float(peak), str(doc.get("dtype", "fp32")), str(doc.get("date", "")),
                           doc.get("torch"), dict(doc.get("machine") or {}), tuple(doc.get("sources") or ()),
                           doc.get("load_per_core"))
+
+
+def _check_description(doc: Mapping[str, Any], where: str) -> None:
+    """The profile's description fields: strings, a machine object, a list of sources, a load >= 0 or null."""
+    load = doc.get("load_per_core")
+    bad = [k for k in ("device", "dtype", "date") if not isinstance(doc.get(k, ""), str)]
+    bad += [k for k in ("torch",) if not isinstance(doc.get(k), (str, type(None)))]
+    bad += [] if isinstance(doc.get("machine") or {}, Mapping) else ["machine"]
+    bad += [] if isinstance(doc.get("sources") or [], list) else ["sources"]
+    bad += [] if load is None or _number(load) and load >= 0 else ["load_per_core"]
+    if bad:
+        raise MeasurementError(f"{where}: {', '.join(bad)} of the wrong type or value (device, dtype, date and torch "
+                               "are strings, machine an object, sources a list, load_per_core a number >= 0 or null); "
+                               "take the profile again with flopcount calibrate")
 
 
 def load_profile(path: str) -> MachineProfile:
@@ -322,11 +364,45 @@ def load_profile(path: str) -> MachineProfile:
     return profile_from_dict(doc, f"--machine {path}")
 
 
+def above_ceiling(measured: float, ceiling: float, what: str, retake: str = "flopcount calibrate",
+                  unit: str = "FLOP/s") -> str | None:
+    """One line when a ``measured`` rate (FLOP/s or bytes/s) is above the ``ceiling`` it is compared with: no work
+    runs faster than the machine's ceiling, so the ceiling is stale (measured while the machine was busy, on fewer
+    threads, or at smaller sizes than the work's) and is to be taken again with ``retake``; None when it is not
+    above. ``what`` names the rate
+    ("rank 0 ran", "node Conv_3 ran")."""
+    if not (measured > ceiling > 0):
+        return None
+    return (f"{what} at {measured / 1e9:.4g} G{unit}, above the ceiling of {ceiling / 1e9:.4g} G{unit} it is "
+            f"compared with: the ceiling is stale (measured while the machine was busy, on fewer threads or at smaller "
+            f"sizes); take it again ({retake}) on a quiet machine")
+
+
+def this_machine(threads: int | None = None, device: str = "cpu") -> dict[str, Any]:
+    """What a calibrated profile is compared with (:func:`differences`): the ``device`` a run uses, this CPU and
+    its cores, the torch version where torch is installed and, given, the run's ``threads`` per rank."""
+    from .devices import cpu_cores, cpu_name
+
+    here: dict[str, Any] = {"device": device, "cpu": cpu_name(), "cores": cpu_cores()}
+    if threads is not None:
+        here["threads_per_rank"] = threads
+    try:
+        import torch
+
+        here["torch"] = torch.__version__
+    except ImportError:
+        pass
+    return here
+
+
 def differences(profile: MachineProfile, here: Mapping[str, Any], ranks: int) -> str | None:
-    """One line naming how ``profile`` differs from this machine (``here``: ``cpu``, ``cores``, ``torch``) and the
-    run's ``ranks``, or None. An uncalibrated profile describes another device by design: only its rank count."""
+    """One line naming how ``profile`` differs from this machine (``here``, :func:`this_machine`: ``device``,
+    ``cpu``, ``cores``, ``threads_per_rank``, ``torch``) and the run's ``ranks``, or None. An uncalibrated profile
+    describes another device by design: only its rank count."""
     diffs = []
     if profile.calibrated:
+        if "device" in here and profile.device != here["device"]:
+            diffs.append(f"device {profile.device!r} (here {here['device']!r})")
         for key in ("cpu", "cores", "threads_per_rank"):
             if key in here and profile.machine.get(key) != here[key]:
                 diffs.append(f"{key} {profile.machine.get(key)!r} (here {here[key]!r})")

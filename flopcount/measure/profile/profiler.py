@@ -35,7 +35,7 @@ from .records import NodeProfile, Profile
 from .runnable import make_inputs, runnable_model
 from .session import OPTIMIZE_LEVELS, import_ort, open_session, parse_profile, run_session
 
-__all__ = ["profile"]
+__all__ = ["profile", "stale_ceiling"]
 
 
 def profile(source, input_shapes: Mapping[str, tuple[int, ...]] | None = None, batch: int | None = None,
@@ -85,6 +85,9 @@ def profile(source, input_shapes: Mapping[str, tuple[int, ...]] | None = None, b
     unattributed = statistics.median(sum(v for k, v in r.items() if k not in executed) for r in per_run)
     if unattributed > 0:
         notes.append(f"{unattributed * 1e3:.3f} ms per run in kernels that name no executed node")
+    stale = stale_ceiling(rows, ceilings)
+    if stale:
+        notes.append(stale)
     counted_flops = sum(r.flops for r in rows)
     if counted_flops != report.forward.flops:
         notes.append(f"{report.forward.flops - counted_flops:,} FLOPs belong to nodes folded away by optimisation")
@@ -92,6 +95,31 @@ def profile(source, input_shapes: Mapping[str, tuple[int, ...]] | None = None, b
     return Profile(report.model.path, provider, optimize, report.batch, warmup, runs, run_time, profiled,
                    report.forward.flops, tuple(rows), by_op_type(rows, ceilings), ceilings, weights, unattributed,
                    tuple(notes), report)
+
+
+def stale_ceiling(rows: list[NodeProfile], ceilings) -> str | None:
+    """One line when the nodes of an operator type together (their FLOPs over their summed times, as
+    ``by_op_type`` rates them) ran faster than the compute ceiling of their dtype: the ceiling is stale
+    (:func:`flopcount.measure.machine.calibration.above_ceiling`; the type furthest above it); None otherwise. Single
+    nodes are not compared: a kernel of a millisecond can run between other jobs' time slices that a ceiling's long
+    products do not escape."""
+    from flopcount.measure.machine.calibration import above_ceiling
+
+    groups: dict[str, list[NodeProfile]] = {}
+    for r in rows:
+        if r.time_s and r.flops:
+            groups.setdefault(r.op_type, []).append(r)
+    worst, ratio = None, 1.0
+    for op, rs in groups.items():
+        peak = None if ceilings is None else ceilings.compute(rs[0].dtype) or ceilings.compute("fp32")
+        rate = sum(r.flops for r in rs) / sum(r.time_s for r in rs)
+        if peak is not None and peak.value > 0 and rate / peak.value > ratio:
+            worst, ratio = (op, rs[0].dtype, rate, peak.value), rate / peak.value
+    if worst is None:
+        return None
+    op, dtype, rate, peak = worst
+    return above_ceiling(rate, peak, f"the {op} nodes ({dtype}) ran", "flopcount ceilings -o FILE, then --ceilings "
+                         "FILE")
 
 
 @dataclass(frozen=True)

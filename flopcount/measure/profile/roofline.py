@@ -20,6 +20,7 @@ byte) can attain at most ``min(compute, bandwidth × I)``, and it is bandwidth-b
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -282,6 +283,19 @@ def report_points(report) -> list[Point]:
 # text
 
 
+def stale_ceiling(roofline: Roofline, points: Sequence[Point]) -> str | None:
+    """One line when a measured point lies above the compute ceiling it is judged against (the point furthest
+    above it): the ceiling is stale (:func:`flopcount.measure.machine.calibration.above_ceiling`); None otherwise."""
+    from flopcount.measure.machine.calibration import above_ceiling
+
+    over = [(p.flops_per_s / roofline.attained(math.inf, p.compute), p) for p in points if p.flops_per_s]
+    ratio, p = max(over, key=lambda x: x[0], default=(0.0, None))
+    if p is None or ratio <= 1:
+        return None
+    return above_ceiling(p.flops_per_s, roofline.attained(math.inf, p.compute), f"{p.label} ran",
+                         "flopcount ceilings -o FILE, then --ceilings FILE")
+
+
 def describe(roofline: Roofline, points: Sequence[Point]) -> str:
     """Ceilings, ridge points and every point with its attainable FLOP/s and its bound, as text."""
     from tabulate import tabulate
@@ -315,6 +329,8 @@ def describe(roofline: Roofline, points: Sequence[Point]) -> str:
             by_bound[bound] = by_bound.get(bound, 0) + 1
         lines.append("")
         lines.append("Bound: " + ", ".join(f"{k} {v}" for k, v in sorted(by_bound.items())))
+        stale = stale_ceiling(roofline, points)
+        lines += [f"Note: {stale}"] if stale else []
     return "\n".join(lines) + "\n"
 
 
@@ -329,6 +345,7 @@ def to_dict(roofline: Roofline, points: Sequence[Point]) -> dict[str, Any]:
                     "attainable_flops_per_s": roofline.attained(p.intensity, p.compute),
                     "bound": roofline.bound(p.intensity, p.compute)}
                    for p in points],
+        "notes": [n for n in (stale_ceiling(roofline, points),) if n],
     }
 
 

@@ -135,6 +135,18 @@ def test_a_run_under_more_load_than_its_ceiling_says_so():
     assert run_figures(snapshot(load_per_core=0.3, peak_load_per_core=0.1)).notes == ()
 
 
+def test_a_rank_faster_than_its_measured_peak_shows_the_ceiling_stale():
+    """12 samples/s x C = 1000 is 12,000 FLOP/s a rank: above a measured peak of 6,000 (MFU 2), one line saying the
+    ceiling is stale; a given peak (no load recorded: not a measurement) or a peak above the rate, none."""
+    r = run_figures(snapshot(peak_flops=6000.0, peak_load_per_core=0.1))
+    assert r.mfu == pytest.approx(2.0)
+    (stale,) = [n for n in r.notes if "stale" in n]
+    assert stale.startswith("a rank ran at 1.2e-05 GFLOP/s, above the ceiling of 6e-06 GFLOP/s") and "\n" not in stale
+    assert "FLOPCOUNT_CACHE=0" in stale
+    assert not [n for n in run_figures(snapshot(peak_flops=6000.0)).notes if "stale" in n]
+    assert not [n for n in run_figures(snapshot(peak_load_per_core=0.1)).notes if "stale" in n]
+
+
 def test_full_recompute_hfu_takes_the_ledgers_rerun_when_known():
     # C = 1000, forward 400; the ledger reruns 300 FLOPs a sample (each layer stopped at its last saving op)
     exact = run_figures(snapshot(recompute_flops_per_sample=300.0))

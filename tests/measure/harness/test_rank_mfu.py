@@ -246,6 +246,72 @@ def test_two_ranks_report_each_ranks_mfu(llama, given, tmp_path):
     assert "4 ranks" in calls["mismatch"] and "process group has 2" in calls["mismatch"]
 
 
+def _this_cpu_profile():
+    """A profile of this machine's description (no difference to warn of) with round rates: GEMM 2 GFLOP/s,
+    1 GB/s elementwise, collectives 100 µs + bus bytes / 0.5 GB/s."""
+    from flopcount.measure.machine.calibration import COLLECTIVES, Collective, MachineProfile, Point, Segment
+    from flopcount.measure.machine.devices import cpu_cores, cpu_name
+
+    def flat(v):
+        return (Point(1, v, v, v), Point(1e9, v, v, v))
+
+    seg = Segment(0, 1e12, {w: 1e-4 for w in ("median", "best", "slowest")},
+                  {w: 5e8 for w in ("median", "best", "slowest")})
+    zero = Point(1, 0.0, 0.0, 0.0)
+    return MachineProfile(True, "cpu", 2, {"gemm": flat(2e9), "elementwise": flat(1e9)},
+                          {"forward": zero, "backward": zero}, {k: Collective(2, (), (seg,)) for k in COLLECTIVES},
+                          2e9, torch=torch.__version__, machine={"cpu": cpu_name(), "cores": cpu_cores(),
+                                                                 "threads_per_rank": 1})
+
+
+def _predicted_run(rank: int, report, model, profile, out: str) -> None:
+    """One rank of a real data-parallel run (DDP over gloo, the host clock) under a meter given ``profile``."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    try:
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+        meter = flopcount.Meter(report, plan="dp=2", recompute="none", machine=profile, peak_flops=PEAK,
+                                energy=False, warmup_steps=WARMUP, window_steps=WINDOW)
+        ids = torch.randint(0, V, (B, S))
+        with meter:
+            for _ in range(STEPS):
+                with meter.step(samples=B):
+                    opt.zero_grad()
+                    ddp(input_ids=ids, labels=ids).loss.backward()
+                    opt.step()
+        meter.to_json(out)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_gloo_ranks_print_the_prediction_beside_the_measurement(llama, tmp_path):
+    """Two real DDP ranks: the prediction is ``predict`` of the same count under dp=2 (its DDP all_reduce of the
+    gradients included), made here; the measurement the slowest rank's median step the harness gathered."""
+    from dataclasses import replace
+
+    from flopcount.measure.predict import predict
+    from flopcount.plans import parallel_ledger
+
+    report, model = llama
+    profile = _this_cpu_profile()
+    out = str(tmp_path / "run.json")
+    assert _launch(_predicted_run, report, model, profile, out) == [0, 0]
+    with open(out) as f:
+        run = json.load(f)["runs"][0]
+    expected = predict(replace(report, parallel=parallel_ledger(report, "dp=2")), profile)
+    pred = run["prediction"]
+    assert pred["predicted_step_s"] == pytest.approx(expected.step_seconds, rel=1e-12)
+    for got, want in zip(pred["prediction"]["ranks"], expected.ranks):
+        assert got["communication_seconds"]["all_reduce"] == pytest.approx(want["communication_seconds"]["all_reduce"])
+    assert "all_reduce" in expected.ranks[0]["communication_seconds"]  # the gradients' buckets
+    measured = max(r["step_time_s"] for r in run["per_rank"])
+    assert pred["measured_step_s"] == measured
+    assert pred["relative_error"] == pytest.approx(expected.step_seconds / measured - 1)
+    assert not any("taken with" in n for n in pred["notes"])  # this machine's description: nothing to warn of
+
+
 def test_plan_without_a_counted_model_is_refused():
     with pytest.raises(UsageError, match="plan= needs a counted model"):
         flopcount.Meter(flops_per_sample=1e6, plan="dp=2")

@@ -78,15 +78,51 @@ def _damage(doc: dict, path: tuple, value) -> dict:
     (("compute", "elementwise", 0, "median"), -1.0, "numbers >= 0"),
     (("overhead",), KeyError, "'overhead' is missing"),
     (("collectives", "broadcast"), {"fit": []}, "collectives.broadcast"),
-    (("collectives", "all_reduce", "fit", 0, "bus_bytes_per_s", "median"), 0, "bandwidth <= 0"),
-    (("peak_flops_per_s",), 0, "must be > 0"),
+    (("collectives", "all_reduce", "fit", 0, "bus_bytes_per_s", "median"), 0, "bandwidth that is not a number > 0"),
+    (("collectives", "all_reduce", "fit", 0, "bus_bytes_per_s", "best"), math.nan, "not a number > 0"),
+    (("collectives", "all_reduce", "fit", 0, "latency_s", "best"), -1e-6, "latency that is not a number >= 0"),
+    (("collectives", "all_reduce", "fit", 0, "latency_s", "best"), "1us", "latency that is not a number >= 0"),
+    (("collectives", "all_reduce", "ranks"), "eight", "needs ranks (an integer >= 0)"),
+    (("peak_flops_per_s",), 0, "must be finite numbers > 0"),
+    (("peak_flops_per_s",), math.nan, "must be finite numbers > 0"),
+    (("peak_flops_per_s",), math.inf, "must be finite numbers > 0"),
+    (("compute", "gemm", 0, "best"), 0.0, "compute.gemm has a rate of 0"),
+    (("compute", "gemm", 0, "median"), math.nan, "numbers >= 0"),
+    (("load_per_core",), "high", "load_per_core"),
+    (("machine",), ["cpu"], "machine"),
     (("calibrated",), "yes", "'calibrated' is missing or not a bool"),
 ], ids=["foreign", "version", "no-gemm", "empty-gemm", "negative", "no-overhead", "unknown-collective",
-        "zero-bandwidth", "zero-peak", "calibrated-not-bool"])
+        "zero-bandwidth", "nan-bandwidth", "negative-latency", "text-latency", "text-ranks", "zero-peak", "nan-peak",
+        "inf-peak", "zero-rate", "nan-rate", "text-load", "list-machine", "calibrated-not-bool"])
 def test_damaged_profiles_are_refused_with_one_line(path, value, words):
     with pytest.raises(MeasurementError) as e:
         cal.profile_from_dict(_damage(_good(), path, value), "p.json")
     assert words in str(e.value) and "\n" not in str(e.value) and e.value.exit_code == 12
+
+
+def test_a_nan_written_by_json_is_refused_from_the_file(tmp_path, capsys, save):
+    """Python's json writes NaN and reads it back: the loaded file is refused all the same, exit 12 on the command
+    line with one line on stderr."""
+    from flopcount.cli import main
+
+    doc = _good()
+    doc["compute"]["elementwise"][0]["best"] = math.nan
+    bad = tmp_path / "nan.json"
+    bad.write_text(json.dumps(doc))
+    assert "NaN" in bad.read_text()
+    with pytest.raises(MeasurementError, match="compute.elementwise: a point needs"):
+        cal.load_profile(str(bad))
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(MeasurementError, match="not JSON"):
+        cal.load_profile(str(binary))
+    from helpers import single
+
+    model = save(single("Relu", {"x": (4, 4)}))
+    for path in (bad, binary):
+        assert main([model, "--predict", "--machine", str(path)]) == 12
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and str(path) in err[0], err
 
 
 def test_load_profile_of_bad_files(tmp_path):
@@ -109,6 +145,14 @@ def test_a_profile_from_elsewhere_is_named_in_one_line():
     assert "\n" not in line
     for words in ("cpu 'X' (here 'Y')", "torch 2.0 (here 2.1)", "8 ranks (this plan runs 4)", "--ranks 4"):
         assert words in line
+    # the device and the run's threads per rank, when the run gives them (the meter does: it knows its threads)
+    doc["machine"]["threads_per_rank"] = 1
+    p = cal.profile_from_dict(doc)
+    line = cal.differences(p, {"device": "cuda", "cpu": "X", "cores": 2, "threads_per_rank": 2, "torch": "2.0"}, 8)
+    assert "device 'H100 SXM' (here 'cuda')" in line and "threads_per_rank 1 (here 2)" in line
+    assert "cpu" not in line.split("; ")[0].replace("device", "")  # only what differs is named
+    here = cal.this_machine(threads=3)
+    assert here["threads_per_rank"] == 3 and here["device"] == "cpu" and here["cores"] >= 1
 
 
 def test_datasheet_profiles():
@@ -118,6 +162,12 @@ def test_datasheet_profiles():
     assert not p.calibrated and p.peak_flops_per_s == gpu_entry("A100").peaks["bf16"] == 312e12
     assert p.compute["elementwise"][0].best == 2.039e12
     assert p.collectives["all_reduce"].segments[0].bus_bytes_per_s["best"] == 600e9 / 2
+    # no datasheet gives a collective's latency: null, with its reason, never an assumed figure
+    assert all(v is None for c in p.collectives.values() for s in c.segments for v in s.latency_s.values())
+    assert not cal.latency_known(p) and cal.LATENCY_UNKNOWN in p.sources
+    seconds, _ = cal.collective_seconds(p.collectives["all_reduce"], "all_reduce", 1e6, 8)
+    assert seconds == pytest.approx(2 * 7 / 8 * 1e6 / (600e9 / 2))  # the bus term alone: a lower bound
+    assert json.loads(json.dumps(p.as_dict()))["collectives"]["all_reduce"]["fit"][0]["latency_s"]["best"] is None
     with pytest.raises(UsageError, match="no published bandwidths"):
         cal.device_profile("T4")
     with pytest.raises(UsageError, match="no fp8 peak"):

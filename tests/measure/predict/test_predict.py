@@ -73,8 +73,9 @@ def test_effective_size_of_a_batched_product_and_extrapolation():
     t, _, out = node_seconds(big, p, "median")
     assert t == pytest.approx(2 * 1024 ** 3 / 30e9) and out and "gemm at size 1024" in out[0]
     pred = predict_work(Work((one_rank([big]),), plan(), None, "no tokens"), p)
-    assert pred.interval[0] == pytest.approx(0.75 * pred.step_seconds)  # widened by 25% and said so
-    assert pred.extrapolated and "widened" in pred.notes[0]
+    assert pred.interval == (None, None)  # outside the calibration: no guessed margin, and it says so
+    assert pred.extrapolated and "outside the calibration" in pred.interval_note and "gemm at size 1024" in \
+        pred.interval_note
     assert pred.tokens_per_second is None
 
 
@@ -110,6 +111,26 @@ def test_tensor_parallel_collectives_are_exposed():
                                                                                "backward")]
     p = predict_work(Work((one_rank([w], msgs, m=m),), plan(m), None), profile())
     assert p.step_seconds == pytest.approx(m * 0.03 + calls * (LAT + 2 * (t - 1) / t * a / BW))
+    assert p.interval == (pytest.approx(p.step_seconds), pytest.approx(p.step_seconds)) and p.interval_note is None
+
+
+def test_a_datasheet_profile_assumes_no_collective_latency():
+    """The H100's datasheet profile: the same work's collectives last their bus term alone (latency null, not an
+    assumed figure); the interval has no high end, and the prediction says why and how many collectives."""
+    from flopcount.measure.machine.calibration import DEVICE_BANDWIDTHS, device_profile
+    from flopcount.measure.machine.devices import gpu_entry
+
+    t, a, m = 2, 1 << 20, 3
+    peak, bus = gpu_entry("H100").peaks["bf16"], DEVICE_BANDWIDTHS["H100 SXM"]["nvlink"] / 2
+    w = NodeWork("gemm", peak * 0.01, 0, backward_flops=peak * 0.02)
+    msgs = [Message("all_reduce", "tp", a, 2, t, "forward"), Message("all_reduce", "tp", a, 2, t, "backward")]
+    p = predict_work(Work((one_rank([w], msgs, m=m),), plan(m), None), device_profile("H100", t))
+    assert p.step_seconds == pytest.approx(m * 0.03 + 4 * 2 * (t - 1) / t * a / bus)
+    assert p.interval == (pytest.approx(p.step_seconds), None)
+    assert "collective latency not known" in p.interval_note and "up to 4 collectives" in p.interval_note
+    assert "datasheet profile's rates are the best case" in p.interval_note
+    assert any("interval: " in line and "latency not known" in line for line in p.lines())
+    assert p.as_dict()["interval"][1] is None
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
@@ -150,6 +171,8 @@ def test_cli_one_matmul_against_the_h100_datasheet(save, capsys):
     assert pred["step_seconds"] == pytest.approx(expected)
     assert pred["mfu"] == pytest.approx(2 * m * k * n / (expected * peak))
     assert not pred["profile"]["calibrated"] and pred["critical_rank"] == 0
+    assert pred["interval"] == [pytest.approx(expected), None] and "best case" in pred["interval_note"]
+    assert "latency" not in pred["interval_note"]  # one rank: no collective
     assert main([path, "--predict", "--device", "H100"]) == 0
     assert "Prediction (H100 SXM profile, from datasheets, 1 rank)" in capsys.readouterr().out
 
@@ -226,3 +249,30 @@ def test_a_profile_taken_on_a_busy_machine_is_noted():
     notes = predict_work(Work((one_rank([w]),), plan(), None), busy).notes
     assert any("busy machine (load 3.50 per core)" in n for n in notes)
     assert not predict_work(Work((one_rank([w]),), plan(), None), profile()).notes
+
+
+def test_a_tied_embedding_across_the_pipeline_is_one_all_reduce_a_step():
+    """A Llama whose embedding and LM head are one tensor, on two pipeline stages: the two copies' gradients (V·H
+    elements of 4 bytes) are summed once a step between the first and the last stage, exposed: latency + bus
+    factor 2(2−1)/2 = 1 × the bytes / the bus bandwidth."""
+    pytest.importorskip("transformers")
+    import dataclasses
+
+    import transformers
+
+    import flopcount
+    from flopcount.measure.predict import predict, work_of
+    from flopcount.parallel.plan import parse_parallel
+    from flopcount.plans import parallel_ledger
+
+    h, v = 32, 128
+    config = transformers.LlamaConfig(hidden_size=h, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                      num_key_value_heads=2, vocab_size=v, tie_word_embeddings=True)
+    report = flopcount.from_hf(config, (2, 8), cache_dir=False, mode="train")
+    report = dataclasses.replace(report, parallel=parallel_ledger(report, parse_parallel("pp=2", 2, "1f1b")))
+    tied = [m for r in work_of(report).ranks for m in r.messages if m.group == "embedding"]
+    assert [(m.kind, m.bytes, m.count, m.ranks, m.phase) for m in tied] == [("all_reduce", v * h * 4, 1, 2, "step")] * 2
+    fast = dataclasses.replace(profile(), compute={"gemm": _flat(1e30), "elementwise": _flat(1e30)})
+    pred = predict(report, fast)
+    for r in pred.ranks:
+        assert r["communication_seconds"]["all_reduce"]["exposed"] == pytest.approx(LAT + v * h * 4 / BW)

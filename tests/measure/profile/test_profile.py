@@ -64,6 +64,22 @@ def test_profile_small_model_per_node_figures():
     assert p.run_time_s > 0 and p.flops == 154_882 + 851
 
 
+def test_a_node_faster_than_the_ceiling_shows_it_stale():
+    """A compute ceiling of 1 kFLOP/s, which the MatMul's 154,882 FLOPs in its measured time beat (it would take
+    155 s at that rate): the profile says in one line that the ceiling is stale and how to take it again; a ceiling
+    no operator type reaches says nothing."""
+    low = Ceilings({"kind": "cpu", "name": "test"}, {"fp32": Figure(1e3, "test")}, {}, Figure(1e9, "test"))
+    p = profile(_mlp(), warmup=1, runs=2, ceilings=low)
+    mm = next(n for n in p.nodes if n.name == "MatMul_0")
+    assert mm.flops_per_s > 1e3
+    stale = [n for n in p.notes if "stale" in n]
+    assert len(stale) == 1 and "\n" not in stale[0]
+    assert stale[0].startswith("the MatMul nodes (fp32) ran at") and "above the ceiling of 1e-06 GFLOP/s" in \
+        stale[0] and "flopcount ceilings -o FILE, then --ceilings FILE" in stale[0]
+    high = Ceilings({"kind": "cpu", "name": "test"}, {"fp32": Figure(1e18, "test")}, {}, Figure(1e9, "test"))
+    assert not [n for n in profile(_mlp(), warmup=1, runs=2, ceilings=high).notes if "stale" in n]
+
+
 def test_parse_profile_skips_warmup_and_sums_per_run():
     def run(ts, dur):
         return {"cat": "Session", "name": "model_run", "ts": ts, "dur": dur}

@@ -165,6 +165,26 @@ def test_cli_hpcai_roofline_text_and_plot(tmp_path, capsys):
     assert 'id="ceiling:' in (tmp_path / "r.svg").read_text()
 
 
+def test_a_run_above_its_compute_ceiling_shows_the_ceilings_stale(tmp_path, capsys):
+    """A run of 1 PFLOP/s over 2 ranks against ceilings whose highest compute roof, scaled to them, is far below:
+    one line saying the ceilings are stale, in the text and the JSON; the run of the test above (1 TFLOP/s) none."""
+    c = _ceilings(ranks=2, allreduce=2 * G, memory=10 * G)
+    (tmp_path / "c.json").write_text(json.dumps(c.as_dict()))
+    (tmp_path / "run.json").write_text(json.dumps(_bench([{"flops": 1.0e15, "communication": {"coi": 800.0}}])))
+    args = ["roofline", "--ceilings", str(tmp_path / "c.json"), "--run", str(tmp_path / "run.json")]
+    assert main([*args, "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    roof = max(c["flops_per_s"] for c in doc["compute"] if c["label"] == doc["points"][0]["compute_ceiling"])
+    assert roof < 1e15  # the compute roof the run is judged against
+    (note,) = doc["notes"]
+    assert "ran at 1e+06 GFLOP/s, above the ceiling of" in note and "stale" in note and "\n" not in note
+    assert main(args) == 0
+    assert "Note: " + note in capsys.readouterr().out
+    (tmp_path / "run.json").write_text(json.dumps(_bench([{"flops": 1.0e12, "communication": {"coi": 800.0}}])))
+    assert main([*args, "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["notes"] == []
+
+
 def test_cli_run_without_coi_exits_12(tmp_path, capsys):
     (tmp_path / "c.json").write_text(json.dumps(_ceilings().as_dict()))
     (tmp_path / "run.json").write_text(json.dumps(_bench([{"flops": 1.0e9}], ranks=1)))
