@@ -1,0 +1,178 @@
+"""What the gloo tests of tests/parallel share: the collectives a hand-sharded model calls, each recording the bytes
+it hands to torch.distributed by kind, and the GPT-2-like model written with Megatron-style local shards.
+
+Bytes are the payload handed to the collective, as the ledger counts them: the full tensor of an all_reduce, the
+gathered output of an all_gather, the input of a reduce_scatter, the tensor sent of a send."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+H, L, HEADS, V, P = 32, 2, 4, 64, 16
+D = H // HEADS
+B, S = 2, 8
+M = B * S  # tokens of a microbatch
+
+
+class Recorder:
+    """Collectives on one rank's process group ``group`` (None: the default one), as autograd functions over the
+    sequence axis 1 of a (batch, sequence, hidden) activation where they split it, and the bytes handed to each
+    (``moved[(kind, group name)]``)."""
+
+    def __init__(self, group=None, name: str = "tp"):
+        import torch
+        import torch.distributed as dist
+
+        self.moved: Counter = Counter()
+        rec, moved, n = self, self.moved, dist.get_world_size(group)
+
+        def note(kind: str, x) -> None:
+            moved[(kind, name)] += x.numel() * x.element_size()
+
+        def all_reduce(x):
+            x = x.clone()
+            note("all_reduce", x)
+            dist.all_reduce(x, group=group)
+            return x
+
+        def gather(x):  # along the sequence: (b, s/n, h) -> (b, s, h)
+            x = x.transpose(0, 1).contiguous()
+            y = x.new_empty(n * x.shape[0], *x.shape[1:])
+            note("all_gather", y)
+            dist.all_gather_into_tensor(y, x, group=group)
+            return y.transpose(0, 1)
+
+        def scatter(x):  # the sum over the group, each rank keeping its s/n tokens: (b, s, h) -> (b, s/n, h)
+            x = x.transpose(0, 1).contiguous()
+            y = x.new_empty(x.shape[0] // n, *x.shape[1:])
+            note("reduce_scatter", x)
+            dist.reduce_scatter_tensor(y, x, group=group)
+            return y.transpose(0, 1)
+
+        self.all_reduce, self.note = all_reduce, note
+        F = torch.autograd.Function
+
+        class Reduce(F):  # all_reduce in the forward, identity in the backward (after a row-parallel product)
+            forward = staticmethod(lambda ctx, x: all_reduce(x))
+            backward = staticmethod(lambda ctx, g: g)
+
+        class Copy(F):  # identity in the forward, all_reduce of the gradient (before a column-parallel product)
+            forward = staticmethod(lambda ctx, x: x.view_as(x))
+            backward = staticmethod(lambda ctx, g: all_reduce(g))
+
+        class Gather(F):  # sp: gather the tokens before a column-parallel product, reduce-scatter the gradient
+            forward = staticmethod(lambda ctx, x: gather(x))
+            backward = staticmethod(lambda ctx, g: scatter(g))
+
+        class Scatter(F):  # sp: reduce-scatter after a row-parallel product, gather the gradient
+            forward = staticmethod(lambda ctx, x: scatter(x))
+            backward = staticmethod(lambda ctx, g: gather(g))
+
+        rec.reduce, rec.copy, rec.gather, rec.scatter = Reduce.apply, Copy.apply, Gather.apply, Scatter.apply
+
+    def bytes(self, group: str | None = None) -> dict[str, int]:
+        """{"kind(group)": bytes} of what was handed, for JSON (only ``group``'s when given)."""
+        return {f"{k}({g})": b for (k, g), b in self.moved.items() if group is None or g == group}
+
+
+def ledger_bytes(rank, group: str | None = None) -> dict[str, int]:
+    """The same {"kind(group)": bytes} of one rank of a :class:`~flopcount.parallel.ranks.ParallelLedger`."""
+    return {f"{c.kind}({c.group})": c.bytes for c in rank.communication if group is None or c.group == group}
+
+
+def gpt2_like(t: int = 1, rank: int = 0, reduce=None, copy=None):
+    """The GPT-2-like model on TP rank ``rank`` of ``t`` (whole with t = 1): a fused QKV projection (Conv1D's
+    layout, one Gemm with its bias), GELU MLP, biases, LayerNorms, learned positions and an LM head tied to a
+    vocab-parallel embedding, its modules named ``blocks.N.mix.qkv``/``out`` and ``blocks.N.ff.up``/``down``;
+    ``reduce``/``copy``: the all_reduce of the forward and of the backward (identity on one rank)."""
+    import torch
+
+    nn = torch.nn
+    reduce = reduce or (lambda x: x)
+    copy = copy or (lambda x: x)
+    torch.manual_seed(0)
+    heads = HEADS // t
+
+    def param(x):
+        return nn.Parameter(x.contiguous())
+
+    class Projection(nn.Module):
+        """x·W + b with W as Conv1D keeps it, (in, out): column-parallel splits the outputs of each of ``blocks``
+        (Q, K, V of a fused projection), row-parallel the inputs, its bias added whole after the reduction."""
+
+        def __init__(self, n_in: int, n_out: int, row: bool, blocks: int = 1):
+            super().__init__()
+            w, b = torch.randn(n_in, n_out) * 0.1, torch.randn(n_out) * 0.1
+            self.row = row
+            if row:
+                w = w.chunk(t, 0)[rank]
+            else:
+                w = torch.cat([c.chunk(t, 1)[rank] for c in w.chunk(blocks, 1)], 1)
+                b = torch.cat([c.chunk(t, 0)[rank] for c in b.chunk(blocks, 0)], 0)
+            self.weight, self.bias = param(w), param(b)
+
+        def forward(self, x):
+            flat = x.reshape(-1, x.shape[-1])
+            if t == 1:
+                y = torch.addmm(self.bias, flat, self.weight)
+            elif self.row:
+                y = reduce(flat @ self.weight) + self.bias
+            else:
+                y = torch.addmm(self.bias, flat, self.weight)
+            return y.view(*x.shape[:-1], -1)
+
+    class Norm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight, self.bias = param(torch.ones(H)), param(torch.zeros(H))
+
+        def forward(self, x):
+            return nn.functional.layer_norm(x, (H,), self.weight, self.bias)
+
+    class Mix(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv, self.out = Projection(H, 3 * H, False, 3), Projection(H, H, True)
+
+        def forward(self, y):
+            q, k, v = (z.view(B, S, heads, D).transpose(1, 2) for z in self.qkv(y).split(heads * D, -1))
+            causal = torch.full((S, S), float("-inf")).triu(1)
+            a = torch.softmax(q @ k.transpose(-1, -2) * D ** -0.5 + causal, -1) @ v
+            return self.out(a.transpose(1, 2).reshape(B, S, heads * D))
+
+    class FeedForward(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up, self.down = Projection(H, 4 * H, False), Projection(4 * H, H, True)
+
+        def forward(self, y):
+            return self.down(nn.functional.gelu(self.up(y), approximate="tanh"))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm1, self.mix, self.norm2, self.ff = Norm(), Mix(), Norm(), FeedForward()
+
+        def forward(self, x):
+            x = x + self.mix(copy(self.norm1(x)))
+            return x + self.ff(copy(self.norm2(x)))
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tokens = param(torch.randn(V, H).chunk(t, 0)[rank])  # vocab-parallel, tied to the head
+            self.positions = param(torch.randn(P, H))
+            self.blocks = nn.ModuleList(Block() for _ in range(L))
+            self.norm = Norm()
+
+        def forward(self, ids):
+            lo = rank * (V // t)
+            outside = (ids < lo) | (ids >= lo + V // t)
+            x = nn.functional.embedding((ids - lo).masked_fill(outside, 0), self.tokens)
+            x = reduce(x.masked_fill(outside[..., None], 0)) if t > 1 else x
+            x = x + nn.functional.embedding(torch.arange(S), self.positions)
+            for block in self.blocks:
+                x = block(x)
+            return (copy(self.norm(x)) @ self.tokens.T).sum()  # this rank's V/t logits of the tied head
+
+    return Model()
