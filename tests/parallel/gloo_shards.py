@@ -17,13 +17,13 @@ M = B * S  # tokens of a microbatch
 class Recorder:
     """Collectives on one rank's process group ``group`` (None: the default one), as autograd functions over the
     sequence axis 1 of a (batch, sequence, hidden) activation where they split it, and the bytes handed to each
-    (``moved[(kind, group name)]``)."""
+    (``moved[(kind, group name)]``, shared with other recorders when given)."""
 
-    def __init__(self, group=None, name: str = "tp"):
+    def __init__(self, group=None, name: str = "tp", moved: Counter | None = None):
         import torch
         import torch.distributed as dist
 
-        self.moved: Counter = Counter()
+        self.moved: Counter = Counter() if moved is None else moved
         rec, moved, n = self, self.moved, dist.get_world_size(group)
 
         def note(kind: str, x) -> None:
@@ -68,7 +68,25 @@ class Recorder:
             forward = staticmethod(lambda ctx, x: scatter(x))
             backward = staticmethod(lambda ctx, g: gather(g))
 
+        class Exchange(F):  # ep: each row of x to the rank given by ``sent`` counts, back in the backward
+            @staticmethod
+            def forward(ctx, x, sent, received):
+                ctx.splits = (sent, received)
+                y = x.new_empty(sum(received), *x.shape[1:])
+                note("all_to_all", x)
+                dist.all_to_all_single(y, x.contiguous(), received, sent, group=group)
+                return y
+
+            @staticmethod
+            def backward(ctx, g):
+                sent, received = ctx.splits
+                dx = g.new_empty(sum(sent), *g.shape[1:])
+                note("all_to_all", g)
+                dist.all_to_all_single(dx, g.contiguous(), sent, received, group=group)
+                return dx, None, None
+
         rec.reduce, rec.copy, rec.gather, rec.scatter = Reduce.apply, Copy.apply, Gather.apply, Scatter.apply
+        rec.exchange = Exchange.apply
 
     def bytes(self, group: str | None = None) -> dict[str, int]:
         """{"kind(group)": bytes} of what was handed, for JSON (only ``group``'s when given)."""
@@ -78,6 +96,49 @@ class Recorder:
 def ledger_bytes(rank, group: str | None = None) -> dict[str, int]:
     """The same {"kind(group)": bytes} of one rank of a :class:`~flopcount.parallel.ranks.ParallelLedger`."""
     return {f"{c.kind}({c.group})": c.bytes for c in rank.communication if group is None or c.group == group}
+
+
+def tp_parts(t: int = 1, rank: int = 0, reduce=None):
+    """(Projection, Norm): the modules of the hand-sharded models on TP rank ``rank`` of ``t`` (whole with t = 1),
+    each drawing its weights from torch's generator in the same order whatever t; ``reduce``: the forward's
+    all_reduce after a row-parallel product."""
+    import torch
+
+    nn = torch.nn
+
+    def param(x):
+        return nn.Parameter(x.contiguous())
+
+    class Projection(nn.Module):
+        """x·W + b with W as Conv1D keeps it, (in, out): column-parallel splits the outputs of each of ``blocks``
+        (Q, K, V of a fused projection), row-parallel the inputs, its bias added whole after the reduction;
+        ``whole``: replicated, the same on every rank."""
+
+        def __init__(self, n_in: int, n_out: int, row: bool = False, blocks: int = 1, whole: bool = False):
+            super().__init__()
+            w, b = torch.randn(n_in, n_out) * 0.1, torch.randn(n_out) * 0.1
+            self.row = row and t > 1
+            if row:
+                w = w.chunk(t, 0)[rank]
+            elif not whole:
+                w = torch.cat([c.chunk(t, 1)[rank] for c in w.chunk(blocks, 1)], 1)
+                b = torch.cat([c.chunk(t, 0)[rank] for c in b.chunk(blocks, 0)], 0)
+            self.weight, self.bias = param(w), param(b)
+
+        def forward(self, x):
+            flat = x.reshape(-1, x.shape[-1])
+            y = reduce(flat @ self.weight) + self.bias if self.row else torch.addmm(self.bias, flat, self.weight)
+            return y.view(*x.shape[:-1], -1)
+
+    class Norm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight, self.bias = param(torch.ones(H)), param(torch.zeros(H))
+
+        def forward(self, x):
+            return nn.functional.layer_norm(x, (H,), self.weight, self.bias)
+
+    return Projection, Norm
 
 
 def gpt2_like(t: int = 1, rank: int = 0, reduce=None, copy=None):
@@ -93,41 +154,10 @@ def gpt2_like(t: int = 1, rank: int = 0, reduce=None, copy=None):
     torch.manual_seed(0)
     heads = HEADS // t
 
+    Projection, Norm = tp_parts(t, rank, reduce)
+
     def param(x):
         return nn.Parameter(x.contiguous())
-
-    class Projection(nn.Module):
-        """x·W + b with W as Conv1D keeps it, (in, out): column-parallel splits the outputs of each of ``blocks``
-        (Q, K, V of a fused projection), row-parallel the inputs, its bias added whole after the reduction."""
-
-        def __init__(self, n_in: int, n_out: int, row: bool, blocks: int = 1):
-            super().__init__()
-            w, b = torch.randn(n_in, n_out) * 0.1, torch.randn(n_out) * 0.1
-            self.row = row
-            if row:
-                w = w.chunk(t, 0)[rank]
-            else:
-                w = torch.cat([c.chunk(t, 1)[rank] for c in w.chunk(blocks, 1)], 1)
-                b = torch.cat([c.chunk(t, 0)[rank] for c in b.chunk(blocks, 0)], 0)
-            self.weight, self.bias = param(w), param(b)
-
-        def forward(self, x):
-            flat = x.reshape(-1, x.shape[-1])
-            if t == 1:
-                y = torch.addmm(self.bias, flat, self.weight)
-            elif self.row:
-                y = reduce(flat @ self.weight) + self.bias
-            else:
-                y = torch.addmm(self.bias, flat, self.weight)
-            return y.view(*x.shape[:-1], -1)
-
-    class Norm(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.weight, self.bias = param(torch.ones(H)), param(torch.zeros(H))
-
-        def forward(self, x):
-            return nn.functional.layer_norm(x, (H,), self.weight, self.bias)
 
     class Mix(nn.Module):
         def __init__(self):
@@ -165,14 +195,20 @@ def gpt2_like(t: int = 1, rank: int = 0, reduce=None, copy=None):
             self.blocks = nn.ModuleList(Block() for _ in range(L))
             self.norm = Norm()
 
-        def forward(self, ids):
+        def embed(self, ids):  # the first stage's: token and position lookups
             lo = rank * (V // t)
             outside = (ids < lo) | (ids >= lo + V // t)
             x = nn.functional.embedding((ids - lo).masked_fill(outside, 0), self.tokens)
             x = reduce(x.masked_fill(outside[..., None], 0)) if t > 1 else x
-            x = x + nn.functional.embedding(torch.arange(S), self.positions)
+            return x + nn.functional.embedding(torch.arange(S), self.positions)
+
+        def head(self, x):  # the last stage's: this rank's V/t logits of the tied head, summed
+            return (copy(self.norm(x)) @ self.tokens.T).sum()
+
+        def forward(self, ids):
+            x = self.embed(ids)
             for block in self.blocks:
                 x = block(x)
-            return (copy(self.norm(x)) @ self.tokens.T).sum()  # this rank's V/t logits of the tied head
+            return self.head(x)
 
     return Model()

@@ -1,0 +1,138 @@
+"""FLOPs, collective bytes and parameters per rank against 2 real TP ranks on gloo, for a BERT-like encoder written
+with Megatron-style local shards: token, position and token-type embeddings summed and normed (the token table
+vocab-parallel, its lookup all-reduced), post-norm layers of bidirectional attention (separate Q, K, V projections
+with biases, column-parallel) and a GELU MLP, the output projections row-parallel with their biases whole on every
+rank, and the masked-LM head: a dense transform, GELU and LayerNorm run whole on every rank, then the decoder tied to
+the vocab-parallel token table with its bias split, the gradient of its input all-reduced. Each rank's
+``FlopCounterMode`` total, the bytes it hands to each collective, and its parameter bytes equal the ledger's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from gloo_shards import B, D, H, HEADS, L, M, P, S, V, Recorder, ledger_bytes, tp_parts
+from helpers import gloo_ranks
+
+from flopcount.memory.ledger import MemorySettings
+from flopcount.memory.ranks import per_rank
+from flopcount.parallel.plan import parse_parallel
+from flopcount.parallel.ranks import ledger, node_shares
+
+torch = pytest.importorskip("torch")
+
+TYPES = 2
+
+
+def bert_like(t: int = 1, rank: int = 0, reduce=None, copy=None):
+    """The encoder on TP rank ``rank`` of ``t`` (whole with t = 1); ``reduce``/``copy``: the all_reduce of the
+    forward and of the backward (identity on one rank)."""
+    nn = torch.nn
+    reduce = reduce or (lambda x: x)
+    copy = copy or (lambda x: x)
+    torch.manual_seed(0)
+    Projection, Norm = tp_parts(t, rank, reduce)
+    heads = HEADS // t
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.query, self.key, self.value = (Projection(H, H) for _ in range(3))
+            self.output = Projection(H, H, row=True)
+
+        def forward(self, y):
+            q, k, v = (p(y).view(B, S, heads, D).transpose(1, 2) for p in (self.query, self.key, self.value))
+            a = torch.softmax(q @ k.transpose(-1, -2) * D ** -0.5, -1) @ v  # bidirectional: no mask
+            return self.output(a.transpose(1, 2).reshape(B, S, heads * D))
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attention, self.norm1 = Attention(), Norm()
+            self.intermediate, self.output, self.norm2 = Projection(H, 4 * H), Projection(4 * H, H, row=True), Norm()
+
+        def forward(self, x):
+            x = self.norm1(x + self.attention(copy(x)))
+            return self.norm2(x + self.output(nn.functional.gelu(self.intermediate(copy(x)))))
+
+    class Decoder(nn.Module):  # the bias over this rank's V/t logits
+        def __init__(self):
+            super().__init__()
+            self.bias = nn.Parameter((torch.randn(V) * 0.1).chunk(t, 0)[rank].contiguous())
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tokens = nn.Parameter(torch.randn(V, H).chunk(t, 0)[rank].contiguous())  # tied to the decoder
+            self.positions, self.types = nn.Parameter(torch.randn(P, H)), nn.Parameter(torch.randn(TYPES, H))
+            self.norm = Norm()
+            self.layers = nn.ModuleList(Layer() for _ in range(L))
+            self.transform, self.head_norm, self.decoder = Projection(H, H, whole=True), Norm(), Decoder()
+
+        def forward(self, ids, types):
+            lo = rank * (V // t)
+            outside = (ids < lo) | (ids >= lo + V // t)
+            x = nn.functional.embedding((ids - lo).masked_fill(outside, 0), self.tokens)
+            x = reduce(x.masked_fill(outside[..., None], 0)) if t > 1 else x
+            x = x + nn.functional.embedding(torch.arange(S), self.positions) + nn.functional.embedding(types,
+                                                                                                       self.types)
+            x = self.norm(x)
+            for layer in self.layers:
+                x = layer(x)
+            y = self.head_norm(nn.functional.gelu(self.transform(x)))
+            return (copy(y) @ self.tokens.T + self.decoder.bias).sum()  # this rank's V/t logits
+
+    return Model()
+
+
+def inputs():
+    torch.manual_seed(1)
+    return torch.randint(0, V, (B, S)), torch.randint(0, TYPES, (B, S))
+
+
+@pytest.fixture(scope="module")
+def report():
+    import flopcount
+
+    return flopcount.from_torch(bert_like(), inputs(), training=True, optimizer="sgd", cache_dir=False,
+                                memory=MemorySettings(device="cpu"))
+
+
+def _worker(rank: int, world: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.set_num_threads(1)  # a forked child must not wait on the parent's intra-op pool
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    rec = Recorder()
+    module = bert_like(world, rank, rec.reduce, rec.copy)
+    with FlopCounterMode(display=False) as counter:
+        module(*inputs()).backward()
+    params = sum(p.numel() * p.element_size() for p in module.parameters())
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump({"flops": counter.get_total_flops(), "bytes": rec.bytes(), "params": params}, f)
+    dist.destroy_process_group()
+
+
+def test_whole_model_is_the_one_counted(report):
+    layer = 4 * (H * H + H) + (4 * H * H + 4 * H) + (4 * H * H + H) + 2 * 2 * H
+    assert report.params == V * H + P * H + TYPES * H + 2 * H + L * layer + H * H + H + 2 * H + V
+
+
+def test_tp_on_gloo_equals_the_ledger(report, tmp_path):
+    seen = gloo_ranks(_worker, tmp_path)
+    p = parse_parallel("tp=2")
+    led = ledger(report, p)
+    mem = per_rank(report, p).ranks
+    t, a = 2, M * H * 4
+    # torch's addmm leaves out the Gemms' bias adds and their gradients' sums that the ledger counts, M·N each:
+    # split with the column-parallel projections (Q, K, V and the MLP's 4H), whole with the row-parallel ones and
+    # the head's transform, which every rank runs whole
+    bias = L * 2 * (M * 3 * H // t + M * 4 * H // t + 2 * M * H) + 2 * M * H
+    for i, rank in enumerate(seen):
+        products = sum(x.forward + x.backward for x in node_shares(report, p)
+                       if x.tp == i and report.nodes[x.index].family in ("matmul", "gemm"))
+        assert rank["flops"] == products - bias
+        # per layer 2 all_reduces in the forward, 2 in the backward; the embedding's; the head input's gradient
+        assert rank["bytes"] == ledger_bytes(led.ranks[i]) == {"all_reduce(tp)": 4 * L * a + 2 * a}
+        assert rank["params"] == mem[i].params_bytes == 4 * led.ranks[i].optimizer_flops // 2
