@@ -194,6 +194,7 @@ class Layout:
     prefix: str | None = None  # the repeated layers' module prefix ("model.layers")
     tied: int = 0  # elements of a weight the token embedding and the LM head share (0: none)
     tied_modules: tuple[str, ...] = ()  # the modules of the nodes that read that weight, in graph order
+    lookups_added: bool = False  # position or token-type tables looked up and added to the token embedding
 
     @property
     def virtual(self) -> int:
@@ -352,9 +353,12 @@ def _build(report: Any, plan: ParallelPlan) -> Layout:
     whole_part = {k: (n.cost.flops - f * n.cost.macs, n.backward.flops - f * n.backward.macs)
                   for k, n in enumerate(nodes) if roles[k] == "row" and n.op_type == "Gemm" and len(n.inputs) > 2
                   and n.inputs[2] is not None and n.inputs[2].name}
+    added = "embedding" in roles and any(
+        layer[k] is None and k not in tail and roles[k] != "embedding" and nodes[k].op_type == "Gather"
+        and any(j == 0 for j, _ in g.weights(k)) for k in range(len(nodes)))
     layout = Layout(plan, dims, tuple(roles), tuple(layer), chunks, whole_part,
                     {n: tuple(ks) for n, ks in attention.items() if ks}, {}, has_loss, expert, prefix,
-                    sum(elements(g.info[r]) for r in tied))
+                    sum(elements(g.info[r]) for r in tied), lookups_added=added)
     return _with_parameters(layout, g, scopes, tied)
 
 

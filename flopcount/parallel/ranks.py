@@ -43,7 +43,9 @@ activation element) per microbatch and Lₛ the stage's layers:
   gradient (last stage, backward); with a loss, 3·b·s·4 for its vocab-parallel max, sum and target logit;
 * TP with sp: each of those all_reduces becomes an ``all_gather`` and a ``reduce_scatter`` of A: 2·Lₛ·A each in
   the forward and again in the backward; the embedding's output is reduce-scattered (A), its gradient gathered
-  (A); the LM head's input gathered (A), its gradient reduce-scattered (A);
+  (A); the LM head's input gathered (A), its gradient reduce-scattered (A). With position or token-type tables
+  looked up and added to the token embedding, the embedding's lookup is all-reduced instead (A) and the sum split
+  over the sequence with no collective, its gradient gathered (A), as Megatron's embedding does;
 * PP: ``send_recv`` of each microbatch's activation to the next stage in the forward and its gradient to the
   previous stage in the backward, A each (A/T under sp, whose activations are split over the sequence); with
   ``interleaved:v``, from each of the rank's v chunks but the model's last (forward) and first (backward);
@@ -516,8 +518,11 @@ def _communication(layout: Layout, report: Any, per_stage: int, train: bool, has
         if t > 1:
             if plan.sp:
                 per = 2 * per_stage * a * (2 if train else 1)
+                summed = first and layout.lookups_added  # all-reduced, positions added, the rank's tokens kept
                 add("all_gather", "tp", m * (per + (a if last else 0) + (a if first and train else 0)))
-                add("reduce_scatter", "tp", m * (per + (a if first else 0) + (a if last and train else 0)))
+                add("reduce_scatter", "tp", m * (per + (a if first and not summed else 0)
+                                                 + (a if last and train else 0)))
+                add("all_reduce", "tp", m * a if summed else 0)
             else:
                 add("all_reduce", "tp", m * (2 * per_stage * a * (2 if train else 1) + (a if first else 0)
                                              + (a if last and train else 0)))

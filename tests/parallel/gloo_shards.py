@@ -68,6 +68,10 @@ class Recorder:
             forward = staticmethod(lambda ctx, x: scatter(x))
             backward = staticmethod(lambda ctx, g: gather(g))
 
+        class Split(F):  # sp: keep this rank's tokens of a whole activation, gather the gradient
+            forward = staticmethod(lambda ctx, x: x.chunk(n, 1)[dist.get_rank(group)].contiguous())
+            backward = staticmethod(lambda ctx, g: gather(g))
+
         class Exchange(F):  # ep: each row of x to the rank given by ``sent`` counts, back in the backward
             @staticmethod
             def forward(ctx, x, sent, received):
@@ -86,7 +90,7 @@ class Recorder:
                 return dx, None, None
 
         rec.reduce, rec.copy, rec.gather, rec.scatter = Reduce.apply, Copy.apply, Gather.apply, Scatter.apply
-        rec.exchange = Exchange.apply
+        rec.split, rec.exchange = Split.apply, Exchange.apply
 
     def bytes(self, group: str | None = None) -> dict[str, int]:
         """{"kind(group)": bytes} of what was handed, for JSON (only ``group``'s when given)."""
@@ -128,7 +132,7 @@ def tp_parts(t: int = 1, rank: int = 0, reduce=None):
         def forward(self, x):
             flat = x.reshape(-1, x.shape[-1])
             y = reduce(flat @ self.weight) + self.bias if self.row else torch.addmm(self.bias, flat, self.weight)
-            return y.view(*x.shape[:-1], -1)
+            return y.view(x.shape[0], -1, y.shape[-1])  # under sp a row-parallel one returns the rank's tokens
 
     class Norm(nn.Module):
         def __init__(self):
@@ -141,20 +145,30 @@ def tp_parts(t: int = 1, rank: int = 0, reduce=None):
     return Projection, Norm
 
 
-def gpt2_like(t: int = 1, rank: int = 0, reduce=None, copy=None):
+def gpt2_like(t: int = 1, rank: int = 0, rec: Recorder | None = None, sp: bool = False):
     """The GPT-2-like model on TP rank ``rank`` of ``t`` (whole with t = 1): a fused QKV projection (Conv1D's
     layout, one Gemm with its bias), GELU MLP, biases, LayerNorms, learned positions and an LM head tied to a
     vocab-parallel embedding, its modules named ``blocks.N.mix.qkv``/``out`` and ``blocks.N.ff.up``/``down``;
-    ``reduce``/``copy``: the all_reduce of the forward and of the backward (identity on one rank)."""
+    ``rec``: its collectives (none on one rank). Under ``sp`` as Megatron runs a model with learned positions:
+    the embedding's lookup all-reduced, the positions added to the whole sequence, each rank keeping its tokens;
+    the tokens gathered before each column-parallel product and reduce-scattered after each row-parallel one."""
     import torch
 
     nn = torch.nn
-    reduce = reduce or (lambda x: x)
-    copy = copy or (lambda x: x)
+
+    def same(x):
+        return x
+
+    reduce, copy, row, split = (same,) * 4 if rec is None else (rec.reduce, rec.copy, rec.reduce, same)
+    if rec is not None and sp:
+        copy, split = rec.gather, rec.split
+
+        def row(y):
+            return rec.scatter(y.view(B, S, -1)).reshape(-1, y.shape[-1])
+
     torch.manual_seed(0)
     heads = HEADS // t
-
-    Projection, Norm = tp_parts(t, rank, reduce)
+    Projection, Norm = tp_parts(t, rank, row)
 
     def param(x):
         return nn.Parameter(x.contiguous())
@@ -200,7 +214,7 @@ def gpt2_like(t: int = 1, rank: int = 0, reduce=None, copy=None):
             outside = (ids < lo) | (ids >= lo + V // t)
             x = nn.functional.embedding((ids - lo).masked_fill(outside, 0), self.tokens)
             x = reduce(x.masked_fill(outside[..., None], 0)) if t > 1 else x
-            return x + nn.functional.embedding(torch.arange(S), self.positions)
+            return split(x + nn.functional.embedding(torch.arange(S), self.positions))
 
         def head(self, x):  # the last stage's: this rank's V/t logits of the tied head, summed
             return (copy(self.norm(x)) @ self.tokens.T).sum()

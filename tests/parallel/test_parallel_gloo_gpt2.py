@@ -42,7 +42,7 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
     torch.set_num_threads(1)  # a forked child must not wait on the parent's intra-op pool
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     rec = Recorder()
-    module = gpt2_like(world, rank, rec.reduce, rec.copy)
+    module = gpt2_like(world, rank, rec)
     with FlopCounterMode(display=False) as counter:
         module(ids()).backward()
     params = sum(p.numel() * p.element_size() for p in module.parameters())

@@ -77,7 +77,7 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
     embedding = [dist.new_group([j, t + j]) for j in range(t)]  # the first and the last stage's copies
     moved: Counter = Counter()
     rec, tied = Recorder(tp[stage], "tp", moved), Recorder(embedding[i], "embedding", moved)
-    model = gpt2_like(t, i, *((rec.reduce, rec.copy) if t > 1 else ()))
+    model = gpt2_like(t, i, rec if t > 1 else None)
     with FlopCounterMode(display=False) as counter:
         _run_stage(model, stage, rank, t, moved)
     local = model.tokens.grad.flatten().tolist()

@@ -4,15 +4,20 @@ the residual stream of its S/T tokens: the norms and residual adds run on them, 
 each column-parallel product (their gradient reduce-scattered) and reduce-scattered after each row-parallel one
 (their gradient all-gathered); the vocab-parallel embedding's lookup is reduce-scattered, the LM head's input
 gathered. The norm weights, whole on every rank, see only the rank's tokens: their gradients are partial and are
-all-reduced over TP once per step (Megatron's ``_allreduce_layernorm_grads``), (2L+1)·h elements. Each rank's
-``FlopCounterMode`` total, the bytes it hands to each collective, and its parameter bytes equal the ledger's."""
+all-reduced over TP once per step (Megatron's ``_allreduce_layernorm_grads``), (2L+1)·h elements. And the
+GPT-2-like model of gloo_shards at ``tp=2,sp`` as Megatron runs a model with learned positions: the embedding's
+lookup all-reduced, the positions added to the whole sequence and each rank keeping its tokens (their gradient
+gathered); the row-parallel biases, added after the reduce-scatter to the rank's tokens, have partial gradients
+too, all-reduced with the LayerNorms' weights and biases. Each rank's ``FlopCounterMode`` total, the bytes it hands
+to each collective, and its parameter bytes equal the ledger's."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from gloo_shards import Recorder, ledger_bytes
+import gloo_shards as g2
+from gloo_shards import Recorder, gpt2_like, ledger_bytes
 from helpers import gloo_ranks
 
 from flopcount.memory.ledger import MemorySettings
@@ -167,4 +172,72 @@ def test_sp_on_gloo_equals_the_ledger(report, tmp_path):
         assert rank["bytes"] == ledger_bytes(led.ranks[i]) == {
             "all_gather(tp)": 4 * L * a + 2 * a, "reduce_scatter(tp)": 4 * L * a + 2 * a,
             "all_reduce(tp)": (2 * L + 1) * H * 4}
+        assert rank["params"] == mem[i].params_bytes == 4 * led.ranks[i].optimizer_flops // 2
+
+
+# --- the GPT-2-like model: learned positions, LayerNorms and row-parallel biases --------------------------------
+
+def gpt2_ids():
+    torch.manual_seed(1)
+    return torch.randint(0, g2.V, (g2.B, g2.S))
+
+
+def partial_grads(module) -> list[float]:
+    """The gradients sp leaves partial: the LayerNorms' weights and biases, the row-parallel projections' biases."""
+    return torch.cat([p.grad for name, p in module.named_parameters()
+                      if "norm" in name or name.endswith(("out.bias", "down.bias"))]).tolist()
+
+
+@pytest.fixture(scope="module")
+def gpt2_report():
+    import flopcount
+
+    return flopcount.from_torch(gpt2_like(), (gpt2_ids(),), training=True, optimizer="sgd", cache_dir=False,
+                                memory=MemorySettings(device="cpu"))
+
+
+def _gpt2_worker(rank: int, world: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.set_num_threads(1)  # a forked child must not wait on the parent's intra-op pool
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    rec = Recorder()
+    module = gpt2_like(world, rank, rec, sp=True)
+    with FlopCounterMode(display=False) as counter:
+        module(gpt2_ids()).backward()
+    local = partial_grads(module)
+    for name, p in module.named_parameters():
+        if "norm" in name or name.endswith(("out.bias", "down.bias")):
+            p.grad.copy_(rec.all_reduce(p.grad))
+    params = sum(p.numel() * p.element_size() for p in module.parameters())
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump({"flops": counter.get_total_flops(), "bytes": rec.bytes(), "params": params, "local": local,
+                   "summed": partial_grads(module)}, f)
+    dist.destroy_process_group()
+
+
+def test_sp_with_learned_positions_on_gloo_equals_the_ledger(gpt2_report, tmp_path):
+    report, h, n, m = gpt2_report, g2.H, g2.L, g2.M
+    whole = gpt2_like()
+    whole(gpt2_ids()).backward()
+    seen = gloo_ranks(_gpt2_worker, tmp_path)
+    p = parse_parallel("tp=2,sp")
+    led = ledger(report, p)
+    mem = per_rank(report, p).ranks
+    a = m * h * 4  # one activation, fp32
+    for i, rank in enumerate(seen):
+        assert not torch.allclose(torch.tensor(rank["local"]), torch.tensor(partial_grads(whole)), atol=1e-6)
+        assert torch.allclose(torch.tensor(rank["summed"]), torch.tensor(partial_grads(whole)), atol=1e-5)
+        # torch's addmm leaves out the Gemms' bias adds and their gradients' sums (see test_parallel_gloo_gpt2),
+        # M·N each: all 1/T here, the row-parallel ones' added to the rank's M/T tokens after the reduce-scatter
+        bias = n * 2 * (m * 3 * h // 2 + m * 4 * h // 2 + 2 * m * h // 2)
+        assert rank["flops"] == sum(x.forward + x.backward for x in node_shares(report, p) if x.tp == i and
+                                    report.nodes[x.index].family in ("matmul", "gemm")) - bias
+        # the lookup's all_reduce, and the LayerNorms' (2L+1)·2h and the row-parallel biases' 2L·h gradients;
+        # gathered: per layer 2 forward and 2 backward, the head's input, the embedding's gradient; reduce-scattered:
+        # per layer 2 and 2, the head input's gradient
+        assert rank["bytes"] == ledger_bytes(led.ranks[i]) == {
+            "all_reduce(tp)": a + ((2 * n + 1) * 2 * h + 2 * n * h) * 4,
+            "all_gather(tp)": 4 * n * a + 2 * a, "reduce_scatter(tp)": 4 * n * a + a}
         assert rank["params"] == mem[i].params_bytes == 4 * led.ranks[i].optimizer_flops // 2
