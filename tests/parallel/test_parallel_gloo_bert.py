@@ -3,7 +3,8 @@ with Megatron-style local shards: token, position and token-type embeddings summ
 vocab-parallel, its lookup all-reduced), post-norm layers of bidirectional attention (separate Q, K, V projections
 with biases, column-parallel) and a GELU MLP, the output projections row-parallel with their biases whole on every
 rank, and the masked-LM head: a dense transform, GELU and LayerNorm run whole on every rank, then the decoder tied to
-the vocab-parallel token table with its bias split, the gradient of its input all-reduced. Each rank's
+the vocab-parallel token table with its bias split, the gradient of its input all-reduced; or, in its place, a
+pooler and classifier run whole on every rank (no vocab-parallel head: no collective after the layers). Each rank's
 ``FlopCounterMode`` total, the bytes it hands to each collective, and its parameter bytes equal the ledger's."""
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ from flopcount.parallel.ranks import ledger, node_shares
 
 torch = pytest.importorskip("torch")
 
-TYPES = 2
+TYPES, LABELS = 2, 2
 
 
-def bert_like(t: int = 1, rank: int = 0, reduce=None, copy=None):
-    """The encoder on TP rank ``rank`` of ``t`` (whole with t = 1); ``reduce``/``copy``: the all_reduce of the
-    forward and of the backward (identity on one rank)."""
+def bert_like(t: int = 1, rank: int = 0, reduce=None, copy=None, head: str = "mlm"):
+    """The encoder on TP rank ``rank`` of ``t`` (whole with t = 1) with its ``head`` (``mlm`` or ``classifier``);
+    ``reduce``/``copy``: the all_reduce of the forward and of the backward (identity on one rank)."""
     nn = torch.nn
     reduce = reduce or (lambda x: x)
     copy = copy or (lambda x: x)
@@ -67,7 +68,10 @@ def bert_like(t: int = 1, rank: int = 0, reduce=None, copy=None):
             self.positions, self.types = nn.Parameter(torch.randn(P, H)), nn.Parameter(torch.randn(TYPES, H))
             self.norm = Norm()
             self.layers = nn.ModuleList(Layer() for _ in range(L))
-            self.transform, self.head_norm, self.decoder = Projection(H, H, whole=True), Norm(), Decoder()
+            if head == "mlm":
+                self.transform, self.head_norm, self.decoder = Projection(H, H, whole=True), Norm(), Decoder()
+            else:  # the first token's pooler and a classifier of 2 labels, replicated
+                self.pooler, self.classifier = Projection(H, H, whole=True), Projection(H, LABELS, whole=True)
 
         def forward(self, ids, types):
             lo = rank * (V // t)
@@ -79,6 +83,8 @@ def bert_like(t: int = 1, rank: int = 0, reduce=None, copy=None):
             x = self.norm(x)
             for layer in self.layers:
                 x = layer(x)
+            if head != "mlm":
+                return self.classifier(torch.tanh(self.pooler(x[:, 0]))).sum()
             y = self.head_norm(nn.functional.gelu(self.transform(x)))
             return (copy(y) @ self.tokens.T + self.decoder.bias).sum()  # this rank's V/t logits
 
@@ -90,22 +96,22 @@ def inputs():
     return torch.randint(0, V, (B, S)), torch.randint(0, TYPES, (B, S))
 
 
-@pytest.fixture(scope="module")
-def report():
+@pytest.fixture(scope="module", params=["mlm", "classifier"])
+def report(request):
     import flopcount
 
-    return flopcount.from_torch(bert_like(), inputs(), training=True, optimizer="sgd", cache_dir=False,
+    return request.param, flopcount.from_torch(bert_like(head=request.param), inputs(), training=True, optimizer="sgd", cache_dir=False,
                                 memory=MemorySettings(device="cpu"))
 
 
-def _worker(rank: int, world: int, init: str, out: str) -> None:
+def _worker(rank: int, world: int, init: str, out: str, head: str) -> None:
     import torch.distributed as dist
     from torch.utils.flop_counter import FlopCounterMode
 
     torch.set_num_threads(1)  # a forked child must not wait on the parent's intra-op pool
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     rec = Recorder()
-    module = bert_like(world, rank, rec.reduce, rec.copy)
+    module = bert_like(world, rank, rec.reduce, rec.copy, head)
     with FlopCounterMode(display=False) as counter:
         module(*inputs()).backward()
     params = sum(p.numel() * p.element_size() for p in module.parameters())
@@ -115,24 +121,29 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
 
 
 def test_whole_model_is_the_one_counted(report):
+    head, report = report
     layer = 4 * (H * H + H) + (4 * H * H + 4 * H) + (4 * H * H + H) + 2 * 2 * H
-    assert report.params == V * H + P * H + TYPES * H + 2 * H + L * layer + H * H + H + 2 * H + V
+    tail = H * H + H + 2 * H + V if head == "mlm" else H * H + H + H * LABELS + LABELS
+    assert report.params == V * H + P * H + TYPES * H + 2 * H + L * layer + tail
 
 
 def test_tp_on_gloo_equals_the_ledger(report, tmp_path):
-    seen = gloo_ranks(_worker, tmp_path)
+    head, report = report
+    seen = gloo_ranks(_worker, tmp_path, head)
     p = parse_parallel("tp=2")
     led = ledger(report, p)
     mem = per_rank(report, p).ranks
     t, a = 2, M * H * 4
     # torch's addmm leaves out the Gemms' bias adds and their gradients' sums that the ledger counts, M·N each:
     # split with the column-parallel projections (Q, K, V and the MLP's 4H), whole with the row-parallel ones and
-    # the head's transform, which every rank runs whole
-    bias = L * 2 * (M * 3 * H // t + M * 4 * H // t + 2 * M * H) + 2 * M * H
+    # the head's transform (or the pooler and classifier, on the B first tokens), which every rank runs whole
+    bias = L * 2 * (M * 3 * H // t + M * 4 * H // t + 2 * M * H) + (
+        2 * M * H if head == "mlm" else 2 * B * (H + LABELS))
     for i, rank in enumerate(seen):
         products = sum(x.forward + x.backward for x in node_shares(report, p)
                        if x.tp == i and report.nodes[x.index].family in ("matmul", "gemm"))
         assert rank["flops"] == products - bias
-        # per layer 2 all_reduces in the forward, 2 in the backward; the embedding's; the head input's gradient
-        assert rank["bytes"] == ledger_bytes(led.ranks[i]) == {"all_reduce(tp)": 4 * L * a + 2 * a}
+        # per layer 2 all_reduces in the forward, 2 in the backward; the embedding's; the decoder input's gradient
+        assert rank["bytes"] == ledger_bytes(led.ranks[i]) == {
+            "all_reduce(tp)": 4 * L * a + a + (a if head == "mlm" else 0)}
         assert rank["params"] == mem[i].params_bytes == 4 * led.ranks[i].optimizer_flops // 2

@@ -3,7 +3,7 @@ K/V heads, a SwiGLU MLP, an untied LM head) at ``tp=2,sp``, written with Megatro
 the residual stream of its S/T tokens: the norms and residual adds run on them, the tokens are all-gathered before
 each column-parallel product (their gradient reduce-scattered) and reduce-scattered after each row-parallel one
 (their gradient all-gathered); the vocab-parallel embedding's lookup is reduce-scattered, the LM head's input
-gathered. The norm weights, whole on every rank, see only the rank's tokens: their gradients are partial and are
+gathered, its loss a vocab-parallel cross-entropy (all_reduces of b·s maxima, target logits and sums). The norm weights, whole on every rank, see only the rank's tokens: their gradients are partial and are
 all-reduced over TP once per step (Megatron's ``_allreduce_layernorm_grads``), (2L+1)·h elements. And the
 GPT-2-like model of gloo_shards at ``tp=2,sp`` as Megatron runs a model with learned positions: the embedding's
 lookup all-reduced, the positions added to the whole sequence and each rank keeping its tokens (their gradient
@@ -107,9 +107,28 @@ def llama_like(t: int = 1, rank: int = 0, rec: Recorder | None = None):
             x = scatter(x.masked_fill(outside[..., None], 0)) if t > 1 else x
             for layer in self.layers:
                 x = layer(x)
-            return self.head(gather(self.norm(x))).sum()  # this rank's V/t logits
+            logits = self.head(gather(self.norm(x)))  # this rank's V/t logits of every token
+            if rec is None:
+                return nn.functional.cross_entropy(logits.reshape(-1, V), ids.reshape(-1))
+            return vocab_parallel_loss(logits, ids - rank * (V // t), rec)
 
     return Model()
+
+
+def vocab_parallel_loss(logits, target, rec: Recorder):
+    """The mean cross-entropy of logits split over the vocabulary, as Megatron's vocab-parallel cross-entropy runs
+    it: the all_reduces of each token's maximum logit, of its target's logit (held by one rank) and of its sum of
+    exponentials; ``target``: the token ids less this rank's first."""
+    import torch.distributed as dist
+
+    top = logits.detach().amax(-1)
+    rec.note("all_reduce", top)
+    dist.all_reduce(top, op=dist.ReduceOp.MAX)
+    shifted = logits - top[..., None]
+    mine = (target >= 0) & (target < logits.shape[-1])
+    picked = shifted.gather(-1, target.clamp(0, logits.shape[-1] - 1)[..., None])[..., 0] * mine
+    total = rec.reduce(shifted.exp().sum(-1))
+    return (torch.log(total) - rec.reduce(picked)).mean()
 
 
 def ids():
@@ -138,7 +157,8 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
     rec = Recorder()
     module = llama_like(world, rank, rec)
     with FlopCounterMode(display=False) as counter:
-        module(ids()).backward()
+        loss = module(ids())
+        loss.backward()
     local = norm_grads(module)
     for name, p in module.named_parameters():  # the partial gradients of the weights whole on every rank
         if "norm" in name:
@@ -146,7 +166,7 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
     params = sum(p.numel() * p.element_size() for p in module.parameters())
     with open(f"{out}.{rank}", "w") as f:
         json.dump({"flops": counter.get_total_flops(), "bytes": rec.bytes(), "params": params, "local": local,
-                   "summed": norm_grads(module)}, f)
+                   "summed": norm_grads(module), "loss": loss.item()}, f)
     dist.destroy_process_group()
 
 
@@ -156,13 +176,15 @@ def test_whole_model_is_the_one_counted(report):
 
 def test_sp_on_gloo_equals_the_ledger(report, tmp_path):
     whole = llama_like()
-    whole(ids()).backward()
+    loss = whole(ids())
+    loss.backward()
     seen = gloo_ranks(_worker, tmp_path)
     p = parse_parallel("tp=2,sp")
     led = ledger(report, p)
     mem = per_rank(report, p).ranks
     a = B * S * H * 4  # one activation, fp32
     for i, rank in enumerate(seen):
+        assert rank["loss"] == pytest.approx(loss.item(), rel=1e-5)  # the vocab-parallel loss is the whole one
         # the norms' gradients: partial on each rank (its tokens), the whole model's once summed over TP
         assert not torch.allclose(torch.tensor(rank["local"]), torch.tensor(norm_grads(whole)), atol=1e-6)
         assert torch.allclose(torch.tensor(rank["summed"]), torch.tensor(norm_grads(whole)), atol=1e-5)
@@ -171,7 +193,7 @@ def test_sp_on_gloo_equals_the_ledger(report, tmp_path):
                                     if x.tp == i and report.nodes[x.index].family in ("matmul", "gemm"))
         assert rank["bytes"] == ledger_bytes(led.ranks[i]) == {
             "all_gather(tp)": 4 * L * a + 2 * a, "reduce_scatter(tp)": 4 * L * a + 2 * a,
-            "all_reduce(tp)": (2 * L + 1) * H * 4}
+            "all_reduce(tp)": (2 * L + 1) * H * 4 + 3 * B * S * 4}  # the norms; the loss's max, target, sum
         assert rank["params"] == mem[i].params_bytes == 4 * led.ranks[i].optimizer_flops // 2
 
 
