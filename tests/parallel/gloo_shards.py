@@ -226,3 +226,26 @@ def gpt2_like(t: int = 1, rank: int = 0, rec: Recorder | None = None, sp: bool =
             return self.head(x)
 
     return Model()
+
+
+def count_fsdp_collectives(moved: Counter, group: str = "dp") -> None:
+    """Wrap the torch.distributed entry points FSDP2 calls (this torch's all_gather_single and
+    reduce_scatter_single, older ones' all_gather_into_tensor and reduce_scatter_tensor) so that each adds the bytes
+    it is handed to ``moved[(kind, group)]``: the gathered output of an all-gather, the unsharded input of a
+    reduce-scatter."""
+    import torch.distributed as dist
+
+    def wrap(name, kind, which):
+        run = getattr(dist, name)
+
+        def counted(*args, **kwargs):
+            t = kwargs[which] if which in kwargs else args[0 if which.startswith("output") else 1]
+            moved[(kind, group)] += t.numel() * t.element_size()
+            return run(*args, **kwargs)
+
+        setattr(dist, name, counted)
+
+    gather = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+    scatter = "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor"
+    wrap(gather, "all_gather", "output_tensor")
+    wrap(scatter, "reduce_scatter", "input")

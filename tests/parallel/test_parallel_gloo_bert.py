@@ -5,14 +5,20 @@ with biases, column-parallel) and a GELU MLP, the output projections row-paralle
 rank, and the masked-LM head: a dense transform, GELU and LayerNorm run whole on every rank, then the decoder tied to
 the vocab-parallel token table with its bias split, the gradient of its input all-reduced; or, in its place, a
 pooler and classifier run whole on every rank (no vocab-parallel head: no collective after the layers). Each rank's
-``FlopCounterMode`` total, the bytes it hands to each collective, and its parameter bytes equal the ledger's."""
+``FlopCounterMode`` total, the bytes it hands to each collective, and its parameter bytes equal the ledger's.
+
+And the encoder with its classifier under FSDP2 (``dp=2,fsdp``): FLOPs and the padded parameter bytes per rank
+equal the ledger's; its collectives differ by exactly what FSDP2 does that the ledger does not model: it hands
+them padded tensors, and by default keeps the root module's parameters unsharded from forward to backward."""
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
-from gloo_shards import B, D, H, HEADS, L, M, P, S, V, Recorder, ledger_bytes, tp_parts
+from gloo_shards import (B, D, H, HEADS, L, M, P, S, V, Recorder, count_fsdp_collectives, ledger_bytes,
+                         tp_parts)
 from helpers import gloo_ranks
 
 from flopcount.memory.ledger import MemorySettings
@@ -22,7 +28,7 @@ from flopcount.parallel.ranks import ledger, node_shares
 
 torch = pytest.importorskip("torch")
 
-TYPES, LABELS = 2, 2
+TYPES, LABELS = 2, 3  # 3 labels: FSDP2 pads the classifier's bias to 4
 
 
 def bert_like(t: int = 1, rank: int = 0, reduce=None, copy=None, head: str = "mlm"):
@@ -70,7 +76,7 @@ def bert_like(t: int = 1, rank: int = 0, reduce=None, copy=None, head: str = "ml
             self.layers = nn.ModuleList(Layer() for _ in range(L))
             if head == "mlm":
                 self.transform, self.head_norm, self.decoder = Projection(H, H, whole=True), Norm(), Decoder()
-            else:  # the first token's pooler and a classifier of 2 labels, replicated
+            else:  # the first token's pooler and a classifier of the labels, replicated
                 self.pooler, self.classifier = Projection(H, H, whole=True), Projection(H, LABELS, whole=True)
 
         def forward(self, ids, types):
@@ -147,3 +153,64 @@ def test_tp_on_gloo_equals_the_ledger(report, tmp_path):
         assert rank["bytes"] == ledger_bytes(led.ranks[i]) == {
             "all_reduce(tp)": 4 * L * a + a + (a if head == "mlm" else 0)}
         assert rank["params"] == mem[i].params_bytes == 4 * led.ranks[i].optimizer_flops // 2
+
+
+STEPS = 2  # microbatches of the FSDP2 run
+
+
+def _fsdp_worker(rank: int, world: int, init: str, out: str) -> None:
+    """One data-parallel rank of the encoder with its classifier under FSDP2 (each layer and the whole model
+    ``fully_shard``-ed), STEPS microbatches of its own batch, FSDP2's default gradient sync."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.set_num_threads(1)  # a forked child must not wait on the parent's intra-op pool
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    moved: Counter = Counter()
+    count_fsdp_collectives(moved)
+    model = bert_like(head="classifier")
+    for layer in model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    torch.manual_seed(2 + rank)  # each rank its own batch
+    batches = [(torch.randint(0, V, (B, S)), torch.randint(0, TYPES, (B, S))) for _ in range(STEPS)]
+    with FlopCounterMode(display=False) as counter:
+        for batch in batches:
+            model(*batch).backward()
+    # each parameter's shard as FSDP2 keeps it: dim 0 padded to a multiple of the ranks, ⌈d0/n⌉ rows each
+    def shard(p):
+        return -(-p.shape[0] // world) * p[0].numel() * p.element_size()
+
+    inner = {id(p) for p in model.layers.parameters()}
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump({"flops": counter.get_total_flops(), "padded": sum(shard(p) for p in model.parameters()),
+                   "padding": sum(world * shard(p) - p.numel() * p.element_size() for p in model.parameters()),
+                   "root": sum(world * shard(p) for p in model.parameters() if id(p) not in inner),
+                   "bytes": {f"{k}({g})": b for (k, g), b in moved.items()}}, f)
+    dist.destroy_process_group()
+
+
+def test_fsdp2_on_gloo_equals_the_ledger(report, tmp_path):
+    head, report = report
+    if head != "classifier":
+        pytest.skip("FSDP2 runs the classifier's encoder (a bias of 3 labels, padded)")
+    seen = gloo_ranks(_fsdp_worker, tmp_path)
+    p = parse_parallel("dp=2,fsdp", microbatches=STEPS)
+    led = ledger(report, p)
+    mem = {x: r for r in per_rank(report, p).ranks for x in r.replicas}
+    bias = L * 2 * (M * 3 * H + M * 4 * H + 2 * M * H) + 2 * B * (H + LABELS)  # whole at T = 1
+    world_padding = (2 * -(-LABELS // 2) - LABELS) * 4  # every other first dimension is even
+    products = sum(x.forward + x.backward for x in node_shares(report, p)
+                   if report.nodes[x.index].family in ("matmul", "gemm"))
+    for i, rank in enumerate(seen):
+        assert rank["flops"] == STEPS * (products - bias)
+        assert rank["padded"] == mem[i].params_bytes
+        # FSDP2 hands its collectives the padded tensors (the classifier's bias of 3 as 4); and under its default
+        # the root module (here the embeddings, pooler and classifier) stays unsharded from the forward to the
+        # backward, gathered once a microbatch where the ledger gathers every parameter twice
+        comm = ledger_bytes(led.ranks[i])
+        assert rank["padding"] == world_padding and rank["root"] > 0
+        assert rank["bytes"] == {"reduce_scatter(dp)": comm["reduce_scatter(dp)"] + STEPS * rank["padding"],
+                                 "all_gather(dp)": comm["all_gather(dp)"] + 2 * STEPS * rank["padding"]
+                                 - STEPS * rank["root"]}
