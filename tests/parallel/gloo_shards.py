@@ -72,6 +72,10 @@ class Recorder:
             forward = staticmethod(lambda ctx, x: x.chunk(n, 1)[dist.get_rank(group)].contiguous())
             backward = staticmethod(lambda ctx, g: gather(g))
 
+        class Whole(F):  # sp: gather the tokens for work every rank runs whole, keep its own tokens' gradient
+            forward = staticmethod(lambda ctx, x: gather(x))
+            backward = staticmethod(lambda ctx, g: g.chunk(n, 1)[dist.get_rank(group)].contiguous())
+
         class Exchange(F):  # ep: each row of x to the rank given by ``sent`` counts, back in the backward
             @staticmethod
             def forward(ctx, x, sent, received):
@@ -90,7 +94,7 @@ class Recorder:
                 return dx, None, None
 
         rec.reduce, rec.copy, rec.gather, rec.scatter = Reduce.apply, Copy.apply, Gather.apply, Scatter.apply
-        rec.split, rec.exchange = Split.apply, Exchange.apply
+        rec.split, rec.whole, rec.exchange = Split.apply, Whole.apply, Exchange.apply
 
     def bytes(self, group: str | None = None) -> dict[str, int]:
         """{"kind(group)": bytes} of what was handed, for JSON (only ``group``'s when given)."""

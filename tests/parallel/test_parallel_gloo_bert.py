@@ -4,7 +4,8 @@ vocab-parallel, its lookup all-reduced), post-norm layers of bidirectional atten
 with biases, column-parallel) and a GELU MLP, the output projections row-parallel with their biases whole on every
 rank, and the masked-LM head: a dense transform, GELU and LayerNorm run whole on every rank, then the decoder tied to
 the vocab-parallel token table with its bias split, the gradient of its input all-reduced; or, in its place, a
-pooler and classifier run whole on every rank (no vocab-parallel head: no collective after the layers). Each rank's
+pooler and classifier run whole on every rank (no vocab-parallel head: no collective after the layers; under sp
+the tokens gathered for them, their gradient only split). Each rank's
 ``FlopCounterMode`` total, the bytes it hands to each collective, and its parameter bytes equal the ledger's.
 
 And the encoder with its classifier under FSDP2 (``dp=2,fsdp``): FLOPs and the padded parameter bytes per rank
@@ -31,14 +32,25 @@ torch = pytest.importorskip("torch")
 TYPES, LABELS = 2, 3  # 3 labels: FSDP2 pads the classifier's bias to 4
 
 
-def bert_like(t: int = 1, rank: int = 0, reduce=None, copy=None, head: str = "mlm"):
+def bert_like(t: int = 1, rank: int = 0, rec: Recorder | None = None, head: str = "mlm", sp: bool = False):
     """The encoder on TP rank ``rank`` of ``t`` (whole with t = 1) with its ``head`` (``mlm`` or ``classifier``);
-    ``reduce``/``copy``: the all_reduce of the forward and of the backward (identity on one rank)."""
+    ``rec``: its collectives (none on one rank). Under ``sp`` (the classifier's): the embedding's lookup
+    all-reduced and, once normed, each rank keeping its tokens; the tokens gathered before each column-parallel
+    product and reduce-scattered after each row-parallel one; gathered for the classifier every rank runs whole."""
     nn = torch.nn
-    reduce = reduce or (lambda x: x)
-    copy = copy or (lambda x: x)
+
+    def same(x):
+        return x
+
+    reduce, copy, row, split, leave = (same,) * 5 if rec is None else (rec.reduce, rec.copy, rec.reduce, same, same)
+    if rec is not None and sp:
+        copy, split, leave = rec.gather, rec.split, rec.whole
+
+        def row(y):
+            return rec.scatter(y.view(B, S, -1)).reshape(-1, y.shape[-1])
+
     torch.manual_seed(0)
-    Projection, Norm = tp_parts(t, rank, reduce)
+    Projection, Norm = tp_parts(t, rank, row)
     heads = HEADS // t
 
     class Attention(nn.Module):
@@ -86,11 +98,11 @@ def bert_like(t: int = 1, rank: int = 0, reduce=None, copy=None, head: str = "ml
             x = reduce(x.masked_fill(outside[..., None], 0)) if t > 1 else x
             x = x + nn.functional.embedding(torch.arange(S), self.positions) + nn.functional.embedding(types,
                                                                                                        self.types)
-            x = self.norm(x)
+            x = split(self.norm(x))
             for layer in self.layers:
                 x = layer(x)
             if head != "mlm":
-                return self.classifier(torch.tanh(self.pooler(x[:, 0]))).sum()
+                return self.classifier(torch.tanh(self.pooler(leave(x)[:, 0]))).sum()
             y = self.head_norm(nn.functional.gelu(self.transform(x)))
             return (copy(y) @ self.tokens.T + self.decoder.bias).sum()  # this rank's V/t logits
 
@@ -120,20 +132,34 @@ def report(request):
     return request.param, counted(request.param)
 
 
-def _worker(rank: int, world: int, init: str, out: str, head: str) -> None:
+def _worker(rank: int, world: int, init: str, out: str, head: str, sp: bool = False) -> None:
     import torch.distributed as dist
     from torch.utils.flop_counter import FlopCounterMode
 
     torch.set_num_threads(1)  # a forked child must not wait on the parent's intra-op pool
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     rec = Recorder()
-    module = bert_like(world, rank, rec.reduce, rec.copy, head)
+    module = bert_like(world, rank, rec, head, sp)
     with FlopCounterMode(display=False) as counter:
         module(*inputs()).backward()
+    if sp:  # the layers' LayerNorms and row-parallel biases saw the rank's tokens only
+        local = partial_grads(module)
+        for name, p in module.named_parameters():
+            if partial(name):
+                p.grad.copy_(rec.all_reduce(p.grad))
     params = sum(p.numel() * p.element_size() for p in module.parameters())
     with open(f"{out}.{rank}", "w") as f:
-        json.dump({"flops": counter.get_total_flops(), "bytes": rec.bytes(), "params": params}, f)
+        json.dump({"flops": counter.get_total_flops(), "bytes": rec.bytes(), "params": params,
+                   **({"local": local, "summed": partial_grads(module)} if sp else {})}, f)
     dist.destroy_process_group()
+
+
+def partial(name: str) -> bool:
+    return name.startswith("layers.") and ("norm" in name or name.endswith("output.bias"))
+
+
+def partial_grads(module) -> list[float]:
+    return torch.cat([p.grad for name, p in module.named_parameters() if partial(name)]).tolist()
 
 
 def test_whole_model_is_the_one_counted(report):
@@ -162,6 +188,30 @@ def test_tp_on_gloo_equals_the_ledger(report, tmp_path):
         # per layer 2 all_reduces in the forward, 2 in the backward; the embedding's; the decoder input's gradient
         assert rank["bytes"] == ledger_bytes(led.ranks[i]) == {
             "all_reduce(tp)": 4 * L * a + a + (a if head == "mlm" else 0)}
+        assert rank["params"] == mem[i].params_bytes == 4 * led.ranks[i].optimizer_flops // 2
+
+
+def test_sp_with_a_replicated_classifier_on_gloo_equals_the_ledger(tmp_path):
+    """tp=2,sp with the classifier: no vocab-parallel head, so the tokens are gathered for it and its gradient only
+    split (no reduce-scatter after the layers); the embedding's lookup all-reduced (positions and token types added)
+    and split once normed, its gradient gathered."""
+    report = counted("classifier")
+    whole = bert_like(head="classifier")
+    whole(*inputs()).backward()
+    seen = gloo_ranks(_worker, tmp_path, "classifier", True)
+    p = parse_parallel("tp=2,sp")
+    led = ledger(report, p)
+    mem = per_rank(report, p).ranks
+    t, a = 2, M * H * 4
+    bias = L * 2 * (M * 3 * H // t + M * 4 * H // t + 2 * M * H // t) + 2 * B * (H + LABELS)
+    for i, rank in enumerate(seen):
+        assert not torch.allclose(torch.tensor(rank["local"]), torch.tensor(partial_grads(whole)), atol=1e-6)
+        assert torch.allclose(torch.tensor(rank["summed"]), torch.tensor(partial_grads(whole)), atol=1e-5)
+        assert rank["flops"] == sum(x.forward + x.backward for x in node_shares(report, p) if x.tp == i and
+                                    report.nodes[x.index].family in ("matmul", "gemm")) - bias
+        # the lookup, and the layers' LayerNorms (2·2h each) and row-parallel biases (2h) once a step
+        assert rank["bytes"] == ledger_bytes(led.ranks[i]) == {
+            "all_reduce(tp)": a + L * 6 * H * 4, "all_gather(tp)": 4 * L * a + 2 * a, "reduce_scatter(tp)": 4 * L * a}
         assert rank["params"] == mem[i].params_bytes == 4 * led.ranks[i].optimizer_flops // 2
 
 
