@@ -5,8 +5,8 @@ with biases, column-parallel) and a GELU MLP, the output projections row-paralle
 rank, and the masked-LM head: a dense transform, GELU and LayerNorm run whole on every rank, then the decoder tied to
 the vocab-parallel token table with its bias split, the gradient of its input all-reduced; or, in its place, a
 pooler and classifier run whole on every rank (no vocab-parallel head: no collective after the layers; under sp
-the tokens gathered for them, their gradient only split). Each rank's
-``FlopCounterMode`` total, the bytes it hands to each collective, and its parameter bytes equal the ledger's.
+the tokens gathered for them, their gradient only split). Each rank's ``FlopCounterMode`` total, the bytes it hands
+to each collective, and its parameter bytes equal the ledger's.
 
 And the encoder with its classifier under FSDP2 (``dp=2,fsdp``): FLOPs and the padded parameter bytes per rank
 equal the ledger's; its collectives differ by exactly what FSDP2 does that the ledger does not model: it hands
