@@ -52,7 +52,9 @@ inner ops 1/T; K/V projections and heads 1/min(T, kv) (one head copied on T/kv r
 row-parallel Gemm's bias add.
 
 **Stages.** L layers in P stages (P·v chunks of L/(P·v) under ``interleaved:v``, chunk c on rank c mod P); the nodes
-before the layers on stage 0 (position tables on every stage), those after on the last.
+before the layers on stage 0 (position tables on every stage), those after on the last. A module's parameters go to
+the stage of the node that reads them first; a weight the token embedding and the LM head share (tied) has a second
+copy on the first or the last stage, whichever the module holding it (one of its readers' modules) is not on.
 **Rank id.** Megatron's order, tensor parallel fastest: rank = tp + T·(cp + C·(dp + D·pp)).
 **Warm-up.** The forwards pipeline rank p runs before its first backward: GPipe all M; 1F1B min(P − 1 − p, M);
 interleaved 1F1B min((P − p − 1)·2 + (v − 1)·P, M·v) chunk-forwards (Megatron's order).
@@ -191,6 +193,8 @@ class Layout:
     expert: tuple[bool, ...]
     prefix: str | None = None  # the repeated layers' module prefix ("model.layers")
     tied: int = 0  # elements of a weight the token embedding and the LM head share (0: none)
+    tied_modules: tuple[str, ...] = ()  # the modules of the nodes that read that weight, in graph order
+    lookups_added: bool = False  # position or token-type tables looked up and added to the token embedding
 
     @property
     def virtual(self) -> int:
@@ -251,15 +255,17 @@ class Layout:
         return n, n if tp else 0
 
     def stage_params(self, params: Mapping[str, int]) -> dict[int, list[tuple[str, ModuleShare, int]]]:
-        """The report's parameters by stage: (module, its share, its elements); under pp, a tied embedding's copy
-        on the first stage besides the LM head's on the last (role ``tied``: a copy, its update redundant)."""
+        """The report's parameters by stage: (module, its share, its elements); under pp, a tied embedding's second
+        copy (role ``tied``: its update redundant) on the first or the last stage, whichever its module is not on."""
         out: dict[int, list[tuple[str, ModuleShare, int]]] = {}
         for module, n in params.items():
             share = self.modules.get(module) or ModuleShare("expert" if px.is_expert((module,)) else "replicated",
                                                             self._module_stage(module))
             out.setdefault(share.stage, []).append((module, share, n))
         if self.tied and self.plan.pp > 1:  # the embedding on the first stage, tied to the head on the last
-            out.setdefault(0, []).append(("(tied embedding)", ModuleShare("tied", 0), self.tied))
+            holder = next((m for m in self.tied_modules if m in params and m in self.modules), None)
+            second = self.plan.pp - 1 if holder is not None and self.modules[holder].stage == 0 else 0
+            out.setdefault(second, []).append(("(tied embedding)", ModuleShare("tied", second), self.tied))
         return out
 
     def _module_stage(self, module: str) -> int:
@@ -347,9 +353,13 @@ def _build(report: Any, plan: ParallelPlan) -> Layout:
     whole_part = {k: (n.cost.flops - f * n.cost.macs, n.backward.flops - f * n.backward.macs)
                   for k, n in enumerate(nodes) if roles[k] == "row" and n.op_type == "Gemm" and len(n.inputs) > 2
                   and n.inputs[2] is not None and n.inputs[2].name}
+    added = "embedding" in roles and any(
+        layer[k] is None and k not in tail and roles[k] != "embedding" and nodes[k].op_type == "Gather"
+        and any(j == 0 for j, _ in g.weights(k)) for k in range(len(nodes)))
     layout = Layout(plan, dims, tuple(roles), tuple(layer), chunks, whole_part,
-                    {n: tuple(ks) for n, ks in attention.items() if ks}, {}, has_loss, expert, prefix, tied)
-    return _with_parameters(layout, g, scopes)
+                    {n: tuple(ks) for n, ks in attention.items() if ks}, {}, has_loss, expert, prefix,
+                    sum(elements(g.info[r]) for r in tied), lookups_added=added)
+    return _with_parameters(layout, g, scopes, tied)
 
 
 def _any_model(plan: ParallelPlan) -> bool:
@@ -425,9 +435,10 @@ def _scope(scopes, k: int) -> str:
     return scopes[k][-1] if scopes[k] else "no module"
 
 
-def _with_parameters(layout: Layout, g: Graph, scopes) -> Layout:
-    """``layout`` with its modules' shares (see the module's rules)."""
+def _with_parameters(layout: Layout, g: Graph, scopes, tied: frozenset[str]) -> Layout:
+    """``layout`` with its modules' shares (see the module's rules) and the modules that read a tied weight."""
     modules: dict[str, ModuleShare] = {}
+    readers: list[str] = []
     whole: dict[str, int] = {}
     seen: set[tuple[str, str]] = set()
     for k in range(len(g.nodes)):
@@ -439,5 +450,7 @@ def _with_parameters(layout: Layout, g: Graph, scopes) -> Layout:
             if (module, root) not in seen and div == 1 and layout.divisor(modules[module].role) > 1:
                 whole[module] = whole.get(module, 0) + elements(g.info[root])
             seen.add((module, root))
+            if root in tied and module not in readers:
+                readers.append(module)
     modules = {m: ModuleShare(s.role, s.stage, whole.get(m, 0)) for m, s in modules.items()}
-    return Layout(**{**layout.__dict__, "modules": modules})
+    return Layout(**{**layout.__dict__, "modules": modules, "tied_modules": tuple(readers)})

@@ -39,11 +39,16 @@ reduce_scatter; bytes sent for send_recv), not the bytes on the wire. With A = b
 activation element) per microbatch and Lₛ the stage's layers:
 
 * TP without sp: ``all_reduce`` of A after each attention and MLP block in the forward and before them in the
-  backward: 4·Lₛ·A, plus A for the embedding's all_reduce (stage 0, forward) and A for the LM head's input
-  gradient (last stage, backward); with a loss, 3·b·s·4 for its vocab-parallel max, sum and target logit;
+  backward: 4·Lₛ·A, plus A for the vocab-parallel embedding's all_reduce (stage 0, forward) and A for the
+  vocab-parallel LM head's input gradient (last stage, backward), none without them (a ViT's patch embedding and
+  classifier run whole on every rank); with a loss, 3·b·s·4 for its vocab-parallel max, sum and target logit;
 * TP with sp: each of those all_reduces becomes an ``all_gather`` and a ``reduce_scatter`` of A: 2·Lₛ·A each in
   the forward and again in the backward; the embedding's output is reduce-scattered (A), its gradient gathered
-  (A); the LM head's input gathered (A), its gradient reduce-scattered (A);
+  (A), or without a vocab-parallel embedding only split, its gradient gathered (A); the LM head's input gathered
+  (A), its gradient reduce-scattered (A), or without a vocab-parallel head (a replicated classifier) only gathered
+  (A), its gradient split with no collective. With position or token-type tables
+  looked up and added to the token embedding, the embedding's lookup is all-reduced instead (A) and the sum split
+  over the sequence with no collective, its gradient gathered (A), as Megatron's embedding does;
 * PP: ``send_recv`` of each microbatch's activation to the next stage in the forward and its gradient to the
   previous stage in the backward, A each (A/T under sp, whose activations are split over the sequence); with
   ``interleaved:v``, from each of the rank's v chunks but the model's last (forward) and first (backward);
@@ -513,14 +518,20 @@ def _communication(layout: Layout, report: Any, per_stage: int, train: bool, has
                 c[(kind, group)] = c.get((kind, group), 0) + n
 
         first, last = s == 0, s == p - 1
+        # the vocab-parallel embedding's lookup and LM head (none in a ViT: its patch embedding and classifier run
+        # whole on every rank, with no collective around them)
+        embeds, head = first and "embedding" in layout.roles, last and "vocab" in layout.roles
         if t > 1:
             if plan.sp:
                 per = 2 * per_stage * a * (2 if train else 1)
+                summed = embeds and layout.lookups_added  # all-reduced, positions added, the rank's tokens kept
                 add("all_gather", "tp", m * (per + (a if last else 0) + (a if first and train else 0)))
-                add("reduce_scatter", "tp", m * (per + (a if first else 0) + (a if last and train else 0)))
+                add("reduce_scatter", "tp", m * (per + (a if embeds and not summed else 0)
+                                                 + (a if head and train else 0)))
+                add("all_reduce", "tp", m * a if summed else 0)
             else:
-                add("all_reduce", "tp", m * (2 * per_stage * a * (2 if train else 1) + (a if first else 0)
-                                             + (a if last and train else 0)))
+                add("all_reduce", "tp", m * (2 * per_stage * a * (2 if train else 1) + (a if embeds else 0)
+                                             + (a if head and train else 0)))
             if last and has_loss:
                 add("all_reduce", "tp", m * 3 * tokens * 4)
             if plan.sp and train:  # the sequence-parallel weights' partial gradients, once a step

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["FLOATS", "Found", "Graph", "PRODUCTS", "elements", "index_in", "kv_heads", "layer_roles", "layers_of",
-           "outside_roles", "stack_prefix", "tied_elements", "width"]
+           "outside_roles", "stack_prefix", "tied_weights", "width"]
 
 #: The operator families of products (a weight product reads a stored tensor, an activation product none).
 PRODUCTS = ("matmul", "gemm", "conv", "einsum")
@@ -331,9 +331,9 @@ def _head_role(n: Any, heads: int, kv: int) -> str:
 
 
 def outside_roles(g: Graph, layer: Sequence[int | None], roles: list[str],
-                   hidden: int) -> tuple[set[int], bool, int, int]:
+                   hidden: int) -> tuple[set[int], bool, int, frozenset[str]]:
     """Fill ``roles`` for the nodes outside the layers (see the module's rules); (the nodes after the layers,
-    whether a loss follows the LM head, the vocabulary, the elements of a weight the embedding and head share)."""
+    whether a loss follows the LM head, the vocabulary, the stored tensors the embedding and head share)."""
     nodes = g.nodes
     outside = [k for k in range(len(nodes)) if layer[k] is None]
     out_set = set(outside)
@@ -381,15 +381,14 @@ def outside_roles(g: Graph, layer: Sequence[int | None], roles: list[str],
                 roles[k] = "replicated" if k in kept else "sequence"
         else:
             roles[k] = "replicated" if k in stream else "positions"
-    return tail, has_loss, vocab, tied_elements(g, token, head)
+    return tail, has_loss, vocab, tied_weights(g, token, head)
 
 
-def tied_elements(g: Graph, token: int | None, head: int | None) -> int:
-    """Elements of the weight the token embedding and the LM head both read (0 when they are not tied)."""
+def tied_weights(g: Graph, token: int | None, head: int | None) -> frozenset[str]:
+    """The stored tensors the token embedding and the LM head both read (none when they are not tied)."""
     if token is None or head is None:
-        return 0
-    shared = {r for _, r in g.weights(token)} & {r for _, r in g.weights(head)}
-    return sum(elements(g.info[r]) for r in shared)
+        return frozenset()
+    return frozenset({r for _, r in g.weights(token)} & {r for _, r in g.weights(head)})
 
 
 def elements(x: Any) -> int:

@@ -14,8 +14,10 @@ gathers and elementwise ops: no product in either count."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
+from gloo_shards import count_fsdp_collectives
 from helpers import gloo_ranks, tiny_llama
 
 from flopcount.parallel.plan import parse_parallel, parse_recompute
@@ -331,23 +333,8 @@ def _fsdp_worker(rank: int, world: int, init: str, out: str) -> None:
 
     torch.set_num_threads(1)  # a forked child must not enter the parent's intra-op pool
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    moved = {"all_gather": 0, "reduce_scatter": 0}
-
-    def wrap(name, kind, which):
-        run = getattr(dist, name)
-
-        def counted(*args, **kwargs):
-            t = kwargs[which] if which in kwargs else args[0 if which.startswith("output") else 1]
-            moved[kind] += t.numel() * t.element_size()
-            return run(*args, **kwargs)
-
-        setattr(dist, name, counted)
-
-    # the entry points FSDP2 calls in this torch (older ones named all_gather_into_tensor / reduce_scatter_tensor)
-    gather = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
-    scatter = "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor"
-    wrap(gather, "all_gather", "output_tensor")
-    wrap(scatter, "reduce_scatter", "input")
+    counted: Counter = Counter()
+    count_fsdp_collectives(counted)
     torch.manual_seed(0)
     model = _llama()
     for layer in model.layers.values():
@@ -362,7 +349,8 @@ def _fsdp_worker(rank: int, world: int, init: str, out: str) -> None:
             grads.append(sum(p.grad.to_local().numel() * p.grad.element_size() for p in model.parameters()))
     padded = sum(-(-p.shape[0] // world) * world * p[0].numel() for p in model.parameters())
     with open(f"{out}.{rank}", "w") as f:
-        json.dump({"flops": counter.get_total_flops(), "padded": padded, "grads": grads, **moved}, f)
+        json.dump({"flops": counter.get_total_flops(), "padded": padded, "grads": grads,
+                   **{kind: b for (kind, _), b in counted.items()}}, f)
     dist.destroy_process_group()
 
 

@@ -1,0 +1,255 @@
+"""What the gloo tests of tests/parallel share: the collectives a hand-sharded model calls, each recording the bytes
+it hands to torch.distributed by kind, and the GPT-2-like model written with Megatron-style local shards.
+
+Bytes are the payload handed to the collective, as the ledger counts them: the full tensor of an all_reduce, the
+gathered output of an all_gather, the input of a reduce_scatter, the tensor sent of a send."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+H, L, HEADS, V, P = 32, 2, 4, 64, 16
+D = H // HEADS
+B, S = 2, 8
+M = B * S  # tokens of a microbatch
+
+
+class Recorder:
+    """Collectives on one rank's process group ``group`` (None: the default one), as autograd functions over the
+    sequence axis 1 of a (batch, sequence, hidden) activation where they split it, and the bytes handed to each
+    (``moved[(kind, group name)]``, shared with other recorders when given)."""
+
+    def __init__(self, group=None, name: str = "tp", moved: Counter | None = None):
+        import torch
+        import torch.distributed as dist
+
+        self.moved: Counter = Counter() if moved is None else moved
+        rec, moved, n = self, self.moved, dist.get_world_size(group)
+
+        def note(kind: str, x) -> None:
+            moved[(kind, name)] += x.numel() * x.element_size()
+
+        def all_reduce(x):
+            x = x.clone()
+            note("all_reduce", x)
+            dist.all_reduce(x, group=group)
+            return x
+
+        def gather(x):  # along the sequence: (b, s/n, h) -> (b, s, h)
+            x = x.transpose(0, 1).contiguous()
+            y = x.new_empty(n * x.shape[0], *x.shape[1:])
+            note("all_gather", y)
+            dist.all_gather_into_tensor(y, x, group=group)
+            return y.transpose(0, 1)
+
+        def scatter(x):  # the sum over the group, each rank keeping its s/n tokens: (b, s, h) -> (b, s/n, h)
+            x = x.transpose(0, 1).contiguous()
+            y = x.new_empty(x.shape[0] // n, *x.shape[1:])
+            note("reduce_scatter", x)
+            dist.reduce_scatter_tensor(y, x, group=group)
+            return y.transpose(0, 1)
+
+        self.all_reduce, self.note = all_reduce, note
+        F = torch.autograd.Function
+
+        class Reduce(F):  # all_reduce in the forward, identity in the backward (after a row-parallel product)
+            forward = staticmethod(lambda ctx, x: all_reduce(x))
+            backward = staticmethod(lambda ctx, g: g)
+
+        class Copy(F):  # identity in the forward, all_reduce of the gradient (before a column-parallel product)
+            forward = staticmethod(lambda ctx, x: x.view_as(x))
+            backward = staticmethod(lambda ctx, g: all_reduce(g))
+
+        class Gather(F):  # sp: gather the tokens before a column-parallel product, reduce-scatter the gradient
+            forward = staticmethod(lambda ctx, x: gather(x))
+            backward = staticmethod(lambda ctx, g: scatter(g))
+
+        class Scatter(F):  # sp: reduce-scatter after a row-parallel product, gather the gradient
+            forward = staticmethod(lambda ctx, x: scatter(x))
+            backward = staticmethod(lambda ctx, g: gather(g))
+
+        class Split(F):  # sp: keep this rank's tokens of a whole activation, gather the gradient
+            forward = staticmethod(lambda ctx, x: x.chunk(n, 1)[dist.get_rank(group)].contiguous())
+            backward = staticmethod(lambda ctx, g: gather(g))
+
+        class Whole(F):  # sp: gather the tokens for work every rank runs whole, keep its own tokens' gradient
+            forward = staticmethod(lambda ctx, x: gather(x))
+            backward = staticmethod(lambda ctx, g: g.chunk(n, 1)[dist.get_rank(group)].contiguous())
+
+        class Exchange(F):  # ep: each row of x to the rank given by ``sent`` counts, back in the backward
+            @staticmethod
+            def forward(ctx, x, sent, received):
+                ctx.splits = (sent, received)
+                y = x.new_empty(sum(received), *x.shape[1:])
+                note("all_to_all", x)
+                dist.all_to_all_single(y, x.contiguous(), received, sent, group=group)
+                return y
+
+            @staticmethod
+            def backward(ctx, g):
+                sent, received = ctx.splits
+                dx = g.new_empty(sum(sent), *g.shape[1:])
+                note("all_to_all", g)
+                dist.all_to_all_single(dx, g.contiguous(), sent, received, group=group)
+                return dx, None, None
+
+        rec.reduce, rec.copy, rec.gather, rec.scatter = Reduce.apply, Copy.apply, Gather.apply, Scatter.apply
+        rec.split, rec.whole, rec.exchange = Split.apply, Whole.apply, Exchange.apply
+
+    def bytes(self, group: str | None = None) -> dict[str, int]:
+        """{"kind(group)": bytes} of what was handed, for JSON (only ``group``'s when given)."""
+        return {f"{k}({g})": b for (k, g), b in self.moved.items() if group is None or g == group}
+
+
+def ledger_bytes(rank, group: str | None = None) -> dict[str, int]:
+    """The same {"kind(group)": bytes} of one rank of a :class:`~flopcount.parallel.ranks.ParallelLedger`."""
+    return {f"{c.kind}({c.group})": c.bytes for c in rank.communication if group is None or c.group == group}
+
+
+def tp_parts(t: int = 1, rank: int = 0, reduce=None):
+    """(Projection, Norm): the modules of the hand-sharded models on TP rank ``rank`` of ``t`` (whole with t = 1),
+    each drawing its weights from torch's generator in the same order whatever t; ``reduce``: the forward's
+    all_reduce after a row-parallel product."""
+    import torch
+
+    nn = torch.nn
+
+    def param(x):
+        return nn.Parameter(x.contiguous())
+
+    class Projection(nn.Module):
+        """x·W + b with W as Conv1D keeps it, (in, out): column-parallel splits the outputs of each of ``blocks``
+        (Q, K, V of a fused projection), row-parallel the inputs, its bias added whole after the reduction;
+        ``whole``: replicated, the same on every rank."""
+
+        def __init__(self, n_in: int, n_out: int, row: bool = False, blocks: int = 1, whole: bool = False):
+            super().__init__()
+            w, b = torch.randn(n_in, n_out) * 0.1, torch.randn(n_out) * 0.1
+            self.row = row and t > 1
+            if row:
+                w = w.chunk(t, 0)[rank]
+            elif not whole:
+                w = torch.cat([c.chunk(t, 1)[rank] for c in w.chunk(blocks, 1)], 1)
+                b = torch.cat([c.chunk(t, 0)[rank] for c in b.chunk(blocks, 0)], 0)
+            self.weight, self.bias = param(w), param(b)
+
+        def forward(self, x):
+            flat = x.reshape(-1, x.shape[-1])
+            y = reduce(flat @ self.weight) + self.bias if self.row else torch.addmm(self.bias, flat, self.weight)
+            return y.view(x.shape[0], -1, y.shape[-1])  # under sp a row-parallel one returns the rank's tokens
+
+    class Norm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight, self.bias = param(torch.ones(H)), param(torch.zeros(H))
+
+        def forward(self, x):
+            return nn.functional.layer_norm(x, (H,), self.weight, self.bias)
+
+    return Projection, Norm
+
+
+def gpt2_like(t: int = 1, rank: int = 0, rec: Recorder | None = None, sp: bool = False):
+    """The GPT-2-like model on TP rank ``rank`` of ``t`` (whole with t = 1): a fused QKV projection (Conv1D's
+    layout, one Gemm with its bias), GELU MLP, biases, LayerNorms, learned positions and an LM head tied to a
+    vocab-parallel embedding, its modules named ``blocks.N.mix.qkv``/``out`` and ``blocks.N.ff.up``/``down``;
+    ``rec``: its collectives (none on one rank). Under ``sp`` as Megatron runs a model with learned positions:
+    the embedding's lookup all-reduced, the positions added to the whole sequence, each rank keeping its tokens;
+    the tokens gathered before each column-parallel product and reduce-scattered after each row-parallel one."""
+    import torch
+
+    nn = torch.nn
+
+    def same(x):
+        return x
+
+    reduce, copy, row, split = (same,) * 4 if rec is None else (rec.reduce, rec.copy, rec.reduce, same)
+    if rec is not None and sp:
+        copy, split = rec.gather, rec.split
+
+        def row(y):
+            return rec.scatter(y.view(B, S, -1)).reshape(-1, y.shape[-1])
+
+    torch.manual_seed(0)
+    heads = HEADS // t
+    Projection, Norm = tp_parts(t, rank, row)
+
+    def param(x):
+        return nn.Parameter(x.contiguous())
+
+    class Mix(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv, self.out = Projection(H, 3 * H, False, 3), Projection(H, H, True)
+
+        def forward(self, y):
+            q, k, v = (z.view(B, S, heads, D).transpose(1, 2) for z in self.qkv(y).split(heads * D, -1))
+            causal = torch.full((S, S), float("-inf")).triu(1)
+            a = torch.softmax(q @ k.transpose(-1, -2) * D ** -0.5 + causal, -1) @ v
+            return self.out(a.transpose(1, 2).reshape(B, S, heads * D))
+
+    class FeedForward(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up, self.down = Projection(H, 4 * H, False), Projection(4 * H, H, True)
+
+        def forward(self, y):
+            return self.down(nn.functional.gelu(self.up(y), approximate="tanh"))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm1, self.mix, self.norm2, self.ff = Norm(), Mix(), Norm(), FeedForward()
+
+        def forward(self, x):
+            x = x + self.mix(copy(self.norm1(x)))
+            return x + self.ff(copy(self.norm2(x)))
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tokens = param(torch.randn(V, H).chunk(t, 0)[rank])  # vocab-parallel, tied to the head
+            self.positions = param(torch.randn(P, H))
+            self.blocks = nn.ModuleList(Block() for _ in range(L))
+            self.norm = Norm()
+
+        def embed(self, ids):  # the first stage's: token and position lookups
+            lo = rank * (V // t)
+            outside = (ids < lo) | (ids >= lo + V // t)
+            x = nn.functional.embedding((ids - lo).masked_fill(outside, 0), self.tokens)
+            x = reduce(x.masked_fill(outside[..., None], 0)) if t > 1 else x
+            return split(x + nn.functional.embedding(torch.arange(S), self.positions))
+
+        def head(self, x):  # the last stage's: this rank's V/t logits of the tied head, summed
+            return (copy(self.norm(x)) @ self.tokens.T).sum()
+
+        def forward(self, ids):
+            x = self.embed(ids)
+            for block in self.blocks:
+                x = block(x)
+            return self.head(x)
+
+    return Model()
+
+
+def count_fsdp_collectives(moved: Counter, group: str = "dp") -> None:
+    """Wrap the torch.distributed entry points FSDP2 calls (this torch's all_gather_single and
+    reduce_scatter_single, older ones' all_gather_into_tensor and reduce_scatter_tensor) so that each adds the bytes
+    it is handed to ``moved[(kind, group)]``: the gathered output of an all-gather, the unsharded input of a
+    reduce-scatter."""
+    import torch.distributed as dist
+
+    def wrap(name, kind, which):
+        run = getattr(dist, name)
+
+        def counted(*args, **kwargs):
+            t = kwargs[which] if which in kwargs else args[0 if which.startswith("output") else 1]
+            moved[(kind, group)] += t.numel() * t.element_size()
+            return run(*args, **kwargs)
+
+        setattr(dist, name, counted)
+
+    gather = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+    scatter = "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor"
+    wrap(gather, "all_gather", "output_tensor")
+    wrap(scatter, "reduce_scatter", "input")
