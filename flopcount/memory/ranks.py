@@ -560,6 +560,7 @@ class RankClass:
     ep: tuple[int, ...]
     ranks: tuple[int, ...]
     params_bytes: int
+    buffers_bytes: int
     grads_bytes: int
     optimizer_bytes: int
     activations_bytes: int
@@ -670,7 +671,7 @@ def _classes(memory: Memory, parallel: Any, device_memory: int | None) -> list[R
         flops = [most[x] for x in ranks if x in most]
         out.append(RankClass(
             stage, tuple(sorted({getattr(m, "coords", {}).get("tp", 0) for m in rs})),
-            tuple(sorted({getattr(m, "coords", {}).get("ep", 0) for m in rs})), ranks, r.params_bytes + r.buffers_bytes,
+            tuple(sorted({getattr(m, "coords", {}).get("ep", 0) for m in rs})), ranks, r.params_bytes, r.buffers_bytes,
             r.grads_bytes, r.optimizer_bytes, int(r.activations_bytes * getattr(r, "microbatches_in_flight", 1.0)),
             held, r.peak_phase, None if device_memory is None else device_memory - held, max(flops, default=None)))
     return sorted(out, key=lambda c: c.ranks[0])
