@@ -4,6 +4,7 @@ in the JSON (``memory.ranks[]`` with coords, stage and DP replicas) and as a tab
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from helpers import llama_config
@@ -40,9 +41,17 @@ def test_json_ranks_and_table(capsys, llama):
     first, last = V * H // 2 + 2 * layer, 2 * layer + H + V * H // 2  # embedding / final norm and head
     assert [r["params_bytes"] for r in ranks] == [4 * first, 4 * first, 4 * last, 4 * last]
     assert [r["microbatches_in_flight"] for r in ranks] == [2, 2, 1, 1]  # 1F1B: P − s
-    assert main(argv) == 0
-    out = capsys.readouterr().out
-    assert "per rank under tp=2,pp=2" in out and "activations B / mb" in out and "5,7" in out
+    assert main([*argv, "--device-memory", "1GiB"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    # the plan's summary first: the most a rank holds against the device, then a row per class of ranks holding
+    # the same bytes (the 2 TP ranks of a stage and their DP replicas: 4 ranks), every line short
+    most = max(r["peak_bytes"] for r in ranks)
+    stage = min(r["stage"] for r in ranks if r["peak_bytes"] == most)
+    assert out[0] == "Plan tp=2,pp=2,cp=1,ep=1,dp=2 microbatches=4 schedule=1f1b (8 ranks):"
+    assert out[1].startswith("  Memory: fits: ") and out[1].endswith(
+        f"of 1.0 GiB, {(2**30 - most) / 2**20:,.1f} MiB free (stage {stage})")  # under a GiB: in MiB
+    assert [line.split()[:3] for line in out if re.match(r"  [01] +0,1 ", line)] == [["0", "0,1", "4"], ["1", "0,1", "4"]]
+    assert max(len(line) for line in out[:out.index("")]) <= 120
 
 
 def test_cp_ranks_in_json(capsys, llama):
