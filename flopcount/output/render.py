@@ -16,10 +16,11 @@ from ..reporting.tiled import check_listable
 if TYPE_CHECKING:  # annotations only (context imports numpy and onnx; onnx is imported where a dtype is named)
     from ..context import TensorInfo
 
-SCHEMA_VERSION = 8  # 2: mode, forward, backward, training; total = forward + backward. 3: total.buffers; params
+SCHEMA_VERSION = 9  # 2: mode, forward, backward, training; total = forward + backward. 3: total.buffers; params
 # without buffers and folded constants. 4: modules and module_scopes (by module), nodes[].module. 5: generation
 # and moe. 6: layers (--hf: a stack of identical layers extended from 1 and 2, or exported whole). 7: memory (with
-# --memory), notes, and the CSV's upper_bound column. 8: parallel (with --parallel: FLOPs per rank)
+# --memory), notes, and the CSV's upper_bound column. 8: parallel (with --parallel: FLOPs per rank). 9: summary,
+# parallel.schedule, memory.device_memory_bytes and ranks[].headroom_bytes, the CSV's per-rank table
 FORMATS = ("table", "json", "csv", "markdown", "html")
 
 
