@@ -21,6 +21,7 @@ from typing import Any
 __all__ = ["plan_sections"]
 
 _LABEL, _WIDTH, _ROW = 190, 640, 22
+_OPEN_ROWS = 16  # a longer table is folded (a <details> element: no script), its picture above it
 _COLOURS = {"model": "#4f7cac", "redundant": "#c9a13b", "recompute": "#a35d9c", "params": "#4f7cac",
             "grads": "#d08c4f", "optimizer": "#7a9e5a", "activations": "#a35d9c", "F": "#4f7cac", "B": "#d08c4f"}
 
@@ -49,6 +50,14 @@ def _flops_groups(parallel: Any) -> list[list[Any]]:
     return sorted(groups.values(), key=lambda rs: rs[0].rank)
 
 
+def _ranks_label(stage: int, ranks: list[int]) -> str:
+    """A bar's label, short enough for the chart's margin: the stage and its ranks, the first few of many."""
+    listed = _span(ranks)
+    if len(listed) > 16:
+        listed = f"{len(ranks)}: {ranks[0]}, {ranks[1]}, …"
+    return f"stage {stage} · ranks {listed}"
+
+
 def flops_chart(parallel: Any) -> str:
     """FLOPs a step per set of ranks with the same work: model, redundant and recomputed, stacked."""
     groups = _flops_groups(parallel)
@@ -56,7 +65,7 @@ def flops_chart(parallel: Any) -> str:
     body = []
     for i, rs in enumerate(groups):
         r, y = rs[0], 4 + i * _ROW
-        label = f"stage {r.stage} · ranks {_span(x.rank for x in rs)}"
+        label = _ranks_label(r.stage, [x.rank for x in rs])
         x = _LABEL
         rects = []
         for key, value in (("model", r.model_flops), ("redundant", r.redundant_flops),
@@ -66,7 +75,7 @@ def flops_chart(parallel: Any) -> str:
                          f'fill="{_COLOURS[key]}"><title>{key} {value:,} FLOPs</title></rect>')
             x += w
         body.append(f'<g class="flops-bar" data-ranks="{",".join(str(x.rank) for x in rs)}">'
-                    f'<text x="{_LABEL - 6}" y="{y + 15}" text-anchor="end">{escape(label[:40])}</text>'
+                    f'<text x="{_LABEL - 6}" y="{y + 15}" text-anchor="end">{escape(label)}</text>'
                     + "".join(rects) + f'<text x="{x + 6:.1f}" y="{y + 15}">{r.hardware_flops:,}</text></g>')
     legend = _legend([("model", "model"), ("redundant", "redundant"), ("recompute", "recomputed")])
     return (f'<figure id="flops-chart"><figcaption class="note">Hardware FLOPs a step per rank: {legend}'
@@ -134,7 +143,8 @@ def schedule_chart(parallel: Any) -> str:
                     f'width="{max(w - 0.5, 0.5):.1f}" height="17" fill="{fill}" opacity="{0.65 if a.chunk >= pp else 1}">'
                     f'<title>pipeline rank {a.rank}: {"forward" if a.kind == "F" else "backward"} of microbatch '
                     f'{a.microbatch}{chunk}, {a.start:,.0f} to {a.end:,.0f}</title></rect>{text}</g>')
-    legend = _legend([("F", "forward"), ("B", "backward (with its recompute)")])
+    legend = _legend([("F", "forward"), ("B", "backward (with its recompute)")]) + (
+        "; lighter: the rank's later chunks of layers" if any(a.chunk >= pp for a in sched.actions) else "")
     return (f'<figure id="schedule-chart"><figcaption class="note">The pipeline schedule as simulated ({escape(parallel.plan.schedule)}, '
             f'{parallel.plan.microbatches} microbatches; numbers: the microbatch; bubble '
             f'{100 * parallel.bubble_fraction:.1f}%): {legend}</figcaption>'
@@ -148,7 +158,10 @@ def _table(table_id: str, headers, rows, wrapped: int | None = None) -> str:
                    for i, h in enumerate(headers))
     body = "".join("<tr>" + "".join(f'<td class="name">{escape(str(v))}</td>' if i in text else
                                     f"<td>{escape(str(v))}</td>" for i, v in enumerate(row)) + "</tr>" for row in rows)
-    return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    table = f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    if len(rows) <= _OPEN_ROWS:
+        return table
+    return f"<details><summary>{len(rows)} rows</summary>{table}</details>"
 
 
 def _summary(s: Any) -> str:
@@ -169,7 +182,7 @@ def _summary(s: Any) -> str:
         f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>" for k, v in items) + "</dl>"
     headers = ["stage", "TP ranks", "EP ranks", "ranks", "params", "grads", "optimizer", "activations", "peak",
                "free", "FLOPs a step"]
-    rows = [[c.stage, _span(c.tp), _span(c.ep), ",".join(map(str, c.ranks)), size_text(c.params_bytes),
+    rows = [[c.stage, _span(c.tp), _span(c.ep), ", ".join(map(str, c.ranks)), size_text(c.params_bytes),
              size_text(c.grads_bytes), size_text(c.optimizer_bytes), size_text(c.activations_bytes),
              size_text(c.held_bytes), "-" if c.headroom_bytes is None else size_text(c.headroom_bytes),
              "-" if c.hardware_flops is None else f"{c.hardware_flops:,}"] for c in s.classes]
@@ -189,16 +202,18 @@ def plan_sections(report: Any) -> list[str]:
     if parallel is not None:
         from ..parallel.ranks import RANK_HEADERS, rank_rows
 
-        out += ["<h2>FLOPs and communication per rank</h2>",
+        rows = [[*row[:-1], row[-1].replace(", ", "; ")] for row in rank_rows(parallel)]
+        out += ["<h2>FLOPs and communication per rank</h2>", flops_chart(parallel),
                 '<p class="note">A row per set of ranks with the same figures (FLOPs a step; bytes handed to each '
                 "collective a step, by kind and group).</p>",
-                _table("rank-table", RANK_HEADERS, rank_rows(parallel), len(RANK_HEADERS) - 1), flops_chart(parallel)]
+                _table("rank-table", RANK_HEADERS, rows, len(RANK_HEADERS) - 1)]
         if parallel.schedule is not None and parallel.schedule.actions:
             out += ["<h2>Pipeline schedule</h2>", schedule_chart(parallel)]
     if memory is not None:
         from ..memory.ranks import RANK_HEADERS as MEMORY_HEADERS, plan_summary, rank_rows as memory_rows
 
-        out.append("<h2>Memory per rank</h2>")
+        out += ["<h2>Memory per rank</h2>",
+                memory_chart(s if s is not None and s.classes else plan_summary(None, memory))]
         rows = memory_rows(memory)
         if rows:
             out.append(_table("memory-table", MEMORY_HEADERS, rows))
@@ -208,5 +223,4 @@ def plan_sections(report: Any) -> list[str]:
                                                "peak phase"],
                               [[0, f"{r.params_bytes:,}", f"{r.grads_bytes:,}", f"{r.optimizer_bytes:,}",
                                 f"{r.activations_bytes:,}", f"{r.peak_bytes:,}", r.peak_phase]]))
-        out.append(memory_chart(s if s is not None and s.classes else plan_summary(None, memory)))
     return out
