@@ -51,8 +51,8 @@ def summary_lines(s: Any, markdown: bool = False) -> list[str]:
     if s.mfu_ceiling is not None:
         lines += [f"  MFU ceiling: {100 * s.mfu_ceiling:.1f}% = model FLOPs {_flops(s.model_flops)} / ({s.world} ranks "
                   f"x a step of {_flops(s.step_flops)})",
-                  f"    at equal throughput; of the hardware FLOPs, redundant {100 * s.redundant_share:.1f}%, recompute "
-                  f"{100 * s.recompute_share:.1f}%; pipeline bubble {100 * s.bubble_fraction:.1f}%"]
+                  f"{_MORE}at equal throughput; of the hardware FLOPs, redundant {100 * s.redundant_share:.1f}%, "
+                  f"recompute {100 * s.recompute_share:.1f}%; pipeline bubble {100 * s.bubble_fraction:.1f}%"]
     if s.classes:
         name, factor = unit_of(max(c.held_bytes for c in s.classes))
 
@@ -73,8 +73,21 @@ def summary_lines(s: Any, markdown: bool = False) -> list[str]:
                      "the most held at once):")
         table = tabulate(rows, headers, tablefmt="github" if markdown else "simple", disable_numparse=True,
                          colalign=("left", "left", *(["left"] if ep else []), *("right",) * (len(headers) - 2 - ep)))
-        lines += [x if markdown else "  " + x for x in table.splitlines()]
-    return lines
+        table_lines = table.splitlines()
+    else:
+        table_lines = []
+    if markdown:  # an item per line, a continued line joined to its item, the table after a blank line
+        items: list[str] = []
+        for line in lines:
+            if line.startswith(_MORE):
+                items[-1] += " " + line.strip()
+            else:
+                items.append(f"- {line.strip()}" if line.startswith("  ") else line)
+        return items + ([""] + table_lines if table_lines else [])
+    return lines + ["  " + x for x in table_lines]
+
+
+_MORE = "    "  # a line that continues the one before it
 
 
 def rank_span(values: tuple[int, ...]) -> str:

@@ -200,9 +200,18 @@ def test_html_pictures_count_the_ledgers(counted):
         assert f'id="{table}"' in page
 
 
-def test_html_of_the_memory_alone(counted):
-    page = render(counted, "html")
+def test_the_memory_alone_in_every_format(counted):
+    """Without a plan, the one rank's peak against the device: a line of the text, the summary in JSON (no FLOPs
+    figures), a row in CSV, a bar and the device's line on the page."""
     (rank,) = counted.memory.ranks
+    line = next(x for x in render(counted, "table").splitlines() if x.startswith("  device memory: "))
+    assert line.startswith("  device memory: fits: ") and line.endswith("(stage 0)")
+    summary = json.loads(render(counted, "json"))["summary"]
+    assert (summary["held_bytes"], summary["headroom_bytes"]) == (rank.peak_bytes, DEVICE - rank.peak_bytes)
+    assert [c["ranks"] for c in summary["classes"]] == [[0]] and summary["mfu_ceiling"] is None
+    (row,) = csv.DictReader(io.StringIO(render(counted, "csv").split("\n\n")[1]))
+    assert (int(row["peak_bytes"]), int(row["headroom_bytes"])) == (rank.peak_bytes, DEVICE - rank.peak_bytes)
+    page = render(counted, "html")
     assert page.count('<g class="memory-bar"') == 1 and page.count('class="device-memory"') == 1
     assert f"<td>{rank.peak_bytes:,}</td>" in page and '<g class="action"' not in page
 
