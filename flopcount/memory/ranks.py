@@ -585,6 +585,7 @@ class PlanSummary:
 
     plan: str | None
     world: int
+    mode: str | None  # the FLOPs ledger's: train, inference or generate (its FLOPs are the whole generation's)
     device_memory_bytes: int | None
     held_bytes: int | None
     stage: int | None
@@ -629,7 +630,7 @@ def plan_summary(parallel: Any = None, memory: Memory | None = None,
     plan = str(parallel.plan) if parallel is not None else (
         str(memory.settings.plan) if memory is not None and memory.settings is not None and memory.ranks
         and isinstance(memory.ranks[0], PlanRankMemory) else None)
-    return PlanSummary(plan, world, device_memory, held, top.stage if top else None, fits, headroom,
+    return PlanSummary(plan, world, parallel.mode if parallel is not None else None, device_memory, held, top.stage if top else None, fits, headroom,
                        _verdict(top, device_memory, lower) if top else None, lower, *flops, tuple(classes))
 
 

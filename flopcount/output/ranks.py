@@ -45,12 +45,13 @@ def summary_lines(s: Any, markdown: bool = False) -> list[str]:
         lines.append(f"  Memory: {s.verdict}")
     elif s.slowest_rank is not None:
         lines.append("  Memory: not counted (add --memory, and --device-memory to compare with a device)")
+    per = "in the generation" if s.mode == "generate" else "a step"
     if s.slowest_rank is not None:
-        lines.append(f"  Slowest rank: {s.slowest_rank}, {s.slowest_hardware_flops:,} hardware FLOPs a step "
+        lines.append(f"  Slowest rank: {s.slowest_rank}, {s.slowest_hardware_flops:,} hardware FLOPs {per} "
                      f"({_flops(s.slowest_hardware_flops)})")
     if s.mfu_ceiling is not None:
         lines += [f"  MFU ceiling: {100 * s.mfu_ceiling:.1f}% = model FLOPs {_flops(s.model_flops)} / ({s.world} ranks "
-                  f"x a step of {_flops(s.step_flops)})",
+                  f"x {'the generation' if s.mode == 'generate' else 'a step'} of {_flops(s.step_flops)})",
                   f"{_MORE}at equal throughput; of the hardware FLOPs, redundant {100 * s.redundant_share:.1f}%, "
                   f"recompute {100 * s.recompute_share:.1f}%; pipeline bubble {100 * s.bubble_fraction:.1f}%"]
     if s.classes:
@@ -63,7 +64,7 @@ def summary_lines(s: Any, markdown: bool = False) -> list[str]:
         flops = any(c.hardware_flops is not None for c in s.classes)
         ep = any(c.ep != (0,) for c in s.classes)
         headers = ["stage", "TP", *(["EP"] if ep else []), "ranks", "params", "grads", "optimizer", "activations",
-                   "peak", *(["free"] if device else []), *(["FLOPs a step"] if flops else [])]
+                   "peak", *(["free"] if device else []), *([f"FLOPs {per}"] if flops else [])]
         rows = [[str(c.stage), rank_span(c.tp), *([rank_span(c.ep)] if ep else []), str(len(c.ranks)), b(c.params_bytes),
                  b(c.grads_bytes), b(c.optimizer_bytes), b(c.activations_bytes), b(c.held_bytes),
                  *([b(c.headroom_bytes)] if device else []),
