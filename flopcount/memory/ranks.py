@@ -630,7 +630,8 @@ def plan_summary(parallel: Any = None, memory: Memory | None = None,
     plan = str(parallel.plan) if parallel is not None else (
         str(memory.settings.plan) if memory is not None and memory.settings is not None and memory.ranks
         and isinstance(memory.ranks[0], PlanRankMemory) else None)
-    return PlanSummary(plan, world, parallel.mode if parallel is not None else None, device_memory, held, top.stage if top else None, fits, headroom,
+    return PlanSummary(plan, world, parallel.mode if parallel is not None else None, device_memory, held,
+                       top.stage if top else None, fits, headroom,
                        _verdict(top, device_memory, lower) if top else None, lower, *flops, tuple(classes))
 
 

@@ -139,13 +139,15 @@ def schedule_chart(parallel: Any) -> str:
         chunk = f", chunk {a.chunk // pp}" if a.chunk >= pp or parallel.plan.schedule == "interleaved" else ""
         text = f'<text x="{x + w / 2:.1f}" y="{y + 15}" text-anchor="middle" fill="#fff">{a.microbatch}</text>' \
             if w >= 14 else ""
+        opacity = 0.65 if a.chunk >= pp else 1
         body.append(f'<g class="action" data-kind="{a.kind}" data-rank="{a.rank}"><rect x="{x:.1f}" y="{y + 2}" '
-                    f'width="{max(w - 0.5, 0.5):.1f}" height="17" fill="{fill}" opacity="{0.65 if a.chunk >= pp else 1}">'
+                    f'width="{max(w - 0.5, 0.5):.1f}" height="17" fill="{fill}" opacity="{opacity}">'
                     f'<title>pipeline rank {a.rank}: {"forward" if a.kind == "F" else "backward"} of microbatch '
                     f'{a.microbatch}{chunk}, {a.start:,.0f} to {a.end:,.0f}</title></rect>{text}</g>')
     legend = _legend([("F", "forward"), ("B", "backward (with its recompute)")]) + (
         "; lighter: the rank's later chunks of layers" if any(a.chunk >= pp for a in sched.actions) else "")
-    return (f'<figure id="schedule-chart"><figcaption class="note">The pipeline schedule as simulated ({escape(parallel.plan.schedule)}, '
+    return (f'<figure id="schedule-chart"><figcaption class="note">The pipeline schedule as simulated '
+            f'({escape(parallel.plan.schedule)}, '
             f'{parallel.plan.microbatches} microbatches; numbers: the microbatch; bubble '
             f'{100 * parallel.bubble_fraction:.1f}%): {legend}</figcaption>'
             f'{_svg("Pipeline schedule", _ROW * pp + 8, body)}</figure>')

@@ -65,7 +65,8 @@ def summary_lines(s: Any, markdown: bool = False) -> list[str]:
         ep = any(c.ep != (0,) for c in s.classes)
         headers = ["stage", "TP", *(["EP"] if ep else []), "ranks", "params", "grads", "optimizer", "activations",
                    "peak", *(["free"] if device else []), *([f"FLOPs {per}"] if flops else [])]
-        rows = [[str(c.stage), rank_span(c.tp), *([rank_span(c.ep)] if ep else []), str(len(c.ranks)), b(c.params_bytes),
+        rows = [[str(c.stage), rank_span(c.tp), *([rank_span(c.ep)] if ep else []), str(len(c.ranks)),
+                 b(c.params_bytes),
                  b(c.grads_bytes), b(c.optimizer_bytes), b(c.activations_bytes), b(c.held_bytes),
                  *([b(c.headroom_bytes)] if device else []),
                  *([_flops(c.hardware_flops) if c.hardware_flops is not None else "-"] if flops else [])]

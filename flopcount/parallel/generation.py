@@ -170,7 +170,8 @@ def generation_ledger(report: Any, plan: ParallelPlan, expert_load: px.ExpertLoa
             "head_dim": d.head_dim, "ffn": d.ffn, "vocab": d.vocab, "layers": d.layers,
             "activation_bytes": d.act_bytes, "param_bytes": d.param_bytes, "moe_layers": len(moe_layers),
             "experts": report.moe.experts if moe_layers else 0, "top_k": report.moe.top_k if moe_layers else 0},
-        tuple(ranks), schedule.bubble_fraction if schedule is not None else 0.0, slowest.rank, slowest.hardware_flops / mean if mean else 1.0,
+        tuple(ranks), schedule.bubble_fraction if schedule is not None else 0.0, slowest.rank,
+        slowest.hardware_flops / mean if mean else 1.0,
         layout_of(report, base).kv_rule, expert_load=load.source if moe_layers else None,
         optimizer_note="generation is inference: no optimizer step",
         generation=whole, schedule=schedule)
