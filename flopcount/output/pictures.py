@@ -216,9 +216,12 @@ def plan_sections(report: Any) -> list[str]:
 
         out += ["<h2>Memory per rank</h2>",
                 memory_chart(s if s is not None and s.classes else plan_summary(None, memory))]
-        rows = memory_rows(memory)
+        rows, headers = memory_rows(memory), list(MEMORY_HEADERS)
+        if rows and any(r.kv_cache_bytes is not None for r in memory.ranks):  # --generate: the cache at the end
+            rows, headers = [[*row, f"{r.kv_cache_bytes:,}"] for row, r in zip(rows, memory.ranks)], \
+                [*headers, "KV cache B"]
         if rows:
-            out.append(_table("memory-table", MEMORY_HEADERS, rows))
+            out.append(_table("memory-table", headers, rows))
         else:  # one rank
             r = memory.ranks[0]
             out.append(_table("memory-table", ["rank", "params B", "grads B", "optimizer B", "activations B", "peak B",

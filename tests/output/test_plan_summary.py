@@ -58,7 +58,7 @@ def test_verdict_against_the_device(counted):
     s = plan_summary(report.parallel, report.memory)
     assert (s.device_memory_bytes, s.held_bytes, s.stage, s.fits) == (DEVICE, most, stage, True)
     assert s.headroom_bytes == DEVICE - most
-    assert s.verdict.startswith("fits: ") and f"of 1.0 MiB" in s.verdict and s.verdict.endswith(f"(stage {stage})")
+    assert s.verdict.startswith("fits: ") and "of 1.0 MiB" in s.verdict and s.verdict.endswith(f"(stage {stage})")
     over = plan_summary(report.parallel, report.memory, device_memory=most - 1024)  # a KiB short
     assert (over.fits, over.headroom_bytes) == (False, -1024)
     assert over.verdict.endswith("by 1.0 KiB") and over.verdict.startswith(f"stage {stage}: ")
