@@ -53,13 +53,15 @@ def _flops_groups(parallel: Any) -> list[list[Any]]:
 def _ranks_label(stage: int, ranks: list[int]) -> str:
     """A bar's label, short enough for the chart's margin: the stage and its ranks, the first few of many."""
     listed = _span(ranks)
-    if len(listed) > 16:
+    if len(listed) > 10:
         listed = f"{len(ranks)}: {ranks[0]}, {ranks[1]}, …"
     return f"stage {stage} · ranks {listed}"
 
 
 def flops_chart(parallel: Any) -> str:
     """FLOPs a step per set of ranks with the same work: model, redundant and recomputed, stacked."""
+    from .render import si
+
     groups = _flops_groups(parallel)
     biggest = max((r.hardware_flops for r in parallel.ranks), default=0) or 1
     body = []
@@ -76,7 +78,7 @@ def flops_chart(parallel: Any) -> str:
             x += w
         body.append(f'<g class="flops-bar" data-ranks="{",".join(str(x.rank) for x in rs)}">'
                     f'<text x="{_LABEL - 6}" y="{y + 15}" text-anchor="end">{escape(label)}</text>'
-                    + "".join(rects) + f'<text x="{x + 6:.1f}" y="{y + 15}">{r.hardware_flops:,}</text></g>')
+                    + "".join(rects) + f'<text x="{x + 6:.1f}" y="{y + 15}">{si(r.hardware_flops, "FLOPs")}</text></g>')
     legend = _legend([("model", "model"), ("redundant", "redundant"), ("recompute", "recomputed")])
     return (f'<figure id="flops-chart"><figcaption class="note">Hardware FLOPs a step per rank: {legend}'
             f'</figcaption>{_svg("FLOPs per rank", _ROW * len(groups) + 8, body)}</figure>')

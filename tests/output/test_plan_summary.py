@@ -194,8 +194,8 @@ def test_html_pictures_count_the_ledgers(counted):
     assert page.count('<g class="memory-bar"') == len({(r.stage, r.peak_bytes) for r in report.memory.ranks}) == 2
     assert page.count('<g class="action" data-kind="F"') == page.count('<g class="action" data-kind="B"') == 2 * 4
     assert page.count('class="device-memory"') == 1
-    for f in report.parallel.ranks:
-        assert f">{f.hardware_flops:,}<" in page
+    for f in report.parallel.ranks:  # in the table, and each bar's title
+        assert f">{f.hardware_flops:,}<" in page and f"<title>model {f.model_flops:,} FLOPs</title>" in page
     for table in ("plan-summary", "class-table", "rank-table", "memory-table"):
         assert f'id="{table}"' in page
 
