@@ -18,11 +18,11 @@ WIDTH = 120
 def summary(report: Any):
     """The report's :class:`~flopcount.memory.ranks.PlanSummary`, or None where it has neither a plan nor a
     device memory to compare its peak with."""
-    from ..memory.ranks import plan_summary
-
     memory = report.memory
     if report.parallel is None and (memory is None or memory.device_memory is None):
-        return None
+        return None  # and the memory ledger's modules stay unloaded
+    from ..memory.ranks import plan_summary
+
     return plan_summary(report.parallel, memory)
 
 
