@@ -201,9 +201,13 @@ def _with_generation(report: Report, one: Report, two: Report, layers: int, stac
 def _extend_steps(one: Sequence, two: Sequence, layers: int, path: str, first: int, period: int) -> tuple:
     """The decode steps' reports ``(context, report)`` of the smaller models extended as their whole reports are, for
     the FLOPs per rank of generation; none where the smaller models' contexts differ or a step does not extend (the
-    generation's totals stand either way; :mod:`flopcount.parallel.generation` then says the steps were not kept)."""
+    generation's totals stand either way; :mod:`flopcount.parallel.generation` then says the steps were not kept).
+    The steps' memory ledgers are left out: the FLOPs per rank read none of them (the generation's memory is the
+    prefill's ledger and the cache after the last step), and a step's graph, whose past keys and values come in one
+    input per layer, is no stack the ledger's walk extends."""
     if not one or [c for c, _ in one] != [c for c, _ in two]:
         return ()
+    one, two = ([(c, dataclasses.replace(r, memory=None)) for c, r in steps] for steps in (one, two))
     # a step's graph may be exported under a wrapper module: its stack is the scope that ends with ``path``
     second = f"{path}.{first + period}"
     found = {name for _, b in two for scopes in b.modules.nodes for name in scopes

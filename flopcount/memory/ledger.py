@@ -40,7 +40,7 @@ from ..saved import Saved
 
 __all__ = [
     "IMPLEMENTATIONS", "INPUTS", "OPTIMIZER_STATES", "Graph", "Memory", "MemorySettings", "RankMemory", "account", "attention_cores", "ledger",
-    "module_activations", "optimizer_bytes", "recompute_units", "Shards", "with_params", "without_cyclic_gc",
+    "held_bytes", "module_activations", "optimizer_bytes", "recompute_units", "Shards", "with_params", "without_cyclic_gc",
 ]
 
 
@@ -186,8 +186,26 @@ class Memory:
             "mode": self.mode, "optimizer": self.optimizer, "implementation": self.implementation,
             "recompute": self.recompute, "master_weights": self.master_weights,
             "lower_bound": self.lower_bound, "missing_saved_rules": dict(self.missing),
-            "unsized_tensors": list(self.unsized), "ranks": [r.as_dict() for r in self.ranks],
+            "unsized_tensors": list(self.unsized), "device_memory_bytes": self.device_memory,
+            "ranks": [{**r.as_dict(), "headroom_bytes": self.headroom(r)} for r in self.ranks],
         }
+
+    @property
+    def device_memory(self) -> int | None:
+        """The memory of each device (``--device-memory``) in bytes, None when not given."""
+        return None if self.settings is None else self.settings.device_memory
+
+    def headroom(self, rank: RankMemory) -> int | None:
+        """The device's memory less what ``rank`` holds at most (its peak, and with ``--generate`` the KV cache
+        beside it); negative when over; None without a device memory."""
+        device = self.device_memory
+        return None if device is None else device - held_bytes(rank)
+
+
+def held_bytes(rank: RankMemory) -> int:
+    """The most ``rank`` holds at once, which its device must hold: its peak, and with ``--generate`` the KV cache
+    after the last step beside it (the prefill runs without a cache: the sum bounds the two phases from above)."""
+    return rank.peak_bytes + (rank.kv_cache_bytes or 0)
 
 
 def optimizer_bytes(optimizer: str | None, tensors: Sequence[TensorInfo], settings: MemorySettings,

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import UsageError
 
-__all__ = ["UNITS", "gib", "parse_size"]
+__all__ = ["UNITS", "gib", "parse_size", "size_text", "unit_of"]
 
 #: Unit (lower case) → bytes.
 UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -49,3 +49,27 @@ def parse_size(value: Any, what: str = "device memory") -> int:
 def gib(n: int) -> str:
     """``n`` bytes in GiB, one decimal."""
     return f"{n / 2**30:,.1f} GiB"
+
+
+#: The binary units a figure is shown in, largest first.
+_SHOWN = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+
+
+def unit_of(n: int) -> tuple[str, int]:
+    """The binary unit (name, bytes) ``n`` bytes are shown in: the largest, up to GiB, of which ``n`` is at least
+    one; bytes below a KiB.
+
+    >>> unit_of(127 * 2**30), unit_of(3 * 2**20 + 1), unit_of(1000)
+    (('GiB', 1073741824), ('MiB', 1048576), ('B', 1))
+    """
+    return next(((name, f) for name, f in _SHOWN if abs(n) >= f), ("B", 1))
+
+
+def size_text(n: int, unit: tuple[str, int] | None = None) -> str:
+    """``n`` bytes with one decimal in ``unit`` (:func:`unit_of` when None).
+
+    >>> size_text(136365211648), size_text(2**20, ("GiB", 2**30)), size_text(512)
+    ('127.0 GiB', '0.0 GiB', '512 B')
+    """
+    name, f = unit or unit_of(n)
+    return f"{n:,} B" if f == 1 else f"{n / f:,.1f} {name}"

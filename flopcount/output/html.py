@@ -239,6 +239,9 @@ def to_html(report: Report, depth: int | None = None, per_node: bool = False, ti
            f"<h1>{escape(title or f'flopcount: {name}')}</h1>", f'<p class="sub">{escape(" · ".join(sub))}</p>',
            *(f'<p class="note">{escape(line)}</p>' for line in notes),
            "<h2>Totals</h2>", _totals(report)]
+    from .pictures import plan_sections
+
+    out += plan_sections(report)  # a plan's summary, its tables per rank and their pictures; the memory ledger
     out.append(f"<h2>By module (depth {depth})</h2>")
     if report.modules.missing:
         out.append(f'<p class="note" id="modules-missing">{escape(report.modules.missing)}.</p>')

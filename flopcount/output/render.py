@@ -16,10 +16,11 @@ from ..reporting.tiled import check_listable
 if TYPE_CHECKING:  # annotations only (context imports numpy and onnx; onnx is imported where a dtype is named)
     from ..context import TensorInfo
 
-SCHEMA_VERSION = 8  # 2: mode, forward, backward, training; total = forward + backward. 3: total.buffers; params
+SCHEMA_VERSION = 9  # 2: mode, forward, backward, training; total = forward + backward. 3: total.buffers; params
 # without buffers and folded constants. 4: modules and module_scopes (by module), nodes[].module. 5: generation
 # and moe. 6: layers (--hf: a stack of identical layers extended from 1 and 2, or exported whole). 7: memory (with
-# --memory), notes, and the CSV's upper_bound column. 8: parallel (with --parallel: FLOPs per rank)
+# --memory), notes, and the CSV's upper_bound column. 8: parallel (with --parallel: FLOPs per rank). 9: summary,
+# parallel.schedule, memory.device_memory_bytes and ranks[].headroom_bytes, the CSV's per-rank table
 FORMATS = ("table", "json", "csv", "markdown", "html")
 
 
@@ -74,6 +75,11 @@ def to_dict(report: Report, per_node: bool = False, by_module: int | None = None
         doc["memory"] = _json_memory(report, by_module)
     if report.parallel is not None:
         doc["parallel"] = report.parallel.as_dict()
+    from .ranks import summary
+
+    plan = summary(report)
+    if plan is not None:
+        doc["summary"] = plan.as_dict()
     if report.notes:
         doc["notes"] = list(report.notes)
     if by_module is not None:
@@ -312,18 +318,13 @@ def _memory_lines(m) -> list[str]:
     how = [m.mode] + ([f"optimizer {m.optimizer} ({m.implementation})"] if m.optimizer else []) + (
         [f"recompute {m.recompute}"] if m.mode == "train" else []) + (["fp32 master weights"] if m.master_weights else [])
     lines = [f"Memory ({', '.join(how)}):"]
-    if any(hasattr(r, "coords") for r in m.ranks):
-        from tabulate import tabulate
+    if any(hasattr(r, "coords") for r in m.ranks):  # the classes of ranks are in the plan's summary, first
+        lines.append(f"  per rank under {m.settings.plan}: in the plan's summary above, ranks that hold the same "
+                     "bytes together; every rank's bytes in JSON and CSV")
+    elif m.device_memory is not None:
+        from ..memory.ranks import plan_summary
 
-        from ..memory.ranks import RANK_HEADERS, rank_rows
-
-        lines.append(f"  per rank under {m.settings.plan} (activations per microbatch, peak with the microbatches in "
-                     "flight):")
-        rows, headers = rank_rows(m), list(RANK_HEADERS)
-        if any(r.kv_cache_bytes is not None for r in m.ranks):  # --generate: the cache after the last step
-            headers.append("KV cache B")
-            rows = [row + [f"{r.kv_cache_bytes:,}"] for row, r in zip(rows, m.ranks)]
-        lines += ["  " + x for x in tabulate(rows, headers, disable_numparse=True).splitlines()]
+        lines.append(f"  device memory: {plan_summary(None, m).verdict}")
     for k, r in enumerate(() if any(hasattr(r, "coords") for r in m.ranks) else m.ranks):
         parts = [f"params {b(r.params_bytes)}", f"grads {b(r.grads_bytes)}", f"optimizer {b(r.optimizer_bytes)}",
                  f"step temporaries {b(r.optimizer_temp_bytes)}", f"activations kept {b(r.activations_bytes)}",
@@ -424,6 +425,10 @@ def render(report: Report, fmt: str = "table", per_node: bool = False, by_module
 
     tablefmt = "github" if fmt == "markdown" else "simple"
     parts = []
+    if report.parallel is not None:  # the plan's summary first: what a planner wants to know
+        from .ranks import summary, summary_lines
+
+        parts.append("\n".join(summary_lines(summary(report), fmt == "markdown")))
     if by_module is not None:
         headers = _module_headers(report)
         # tabulate strips leading whitespace (and markdown collapses it): a dot marks each level below the top
@@ -481,4 +486,10 @@ def _csv(report: Report, per_node: bool, by_module: int | None = None) -> str:
             c = s.cost
             w.writerow([s.op_type, s.domain, s.family, s.status, s.nodes, c.flops, c.macs, c.transcendentals, c.int_ops,
                         f"{_share(c.flops, report.total.flops):.6f}", bounds[key][1] if key in bounds else ""])
+    from .ranks import rank_csv_rows
+
+    ranks = rank_csv_rows(report)
+    if ranks:  # the per-rank table after a blank line: FLOPs, communication and memory of each rank
+        w.writerow([])
+        w.writerows(ranks)
     return buf.getvalue()

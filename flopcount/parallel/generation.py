@@ -84,7 +84,7 @@ from ..reporting.tiled import check_listable
 from . import experts as px
 from .plan import ParallelPlan, Recompute
 from .layout import layout_of, rank_id
-from .ranks import Collective, ParallelLedger, RankFlops, param_groups, plan_shares, simulate_schedule
+from .ranks import Collective, ParallelLedger, RankFlops, Schedule, param_groups, plan_shares, simulate_schedule
 
 __all__ = ["check_plan", "generation_ledger", "sum_of_max"]
 
@@ -160,6 +160,7 @@ def generation_ledger(report: Any, plan: ParallelPlan, expert_load: px.ExpertLoa
     ranks.sort(key=lambda r: r.rank)
     slowest = max(ranks, key=lambda r: (r.hardware_flops, -r.rank))
     mean = sum(r.hardware_flops for r in ranks) / len(ranks)
+    schedule = _schedule(plan, prefill, lines)
     whole = {"batch": gen.batch, "prompt_tokens": gen.prompt_tokens, "new_tokens": gen.new_tokens,
              "decode_steps": gen.steps, "prefill_flops": gen.prefill.flops, "decode_flops": gen.decode.flops,
              "total_flops": gen.total.flops}
@@ -169,10 +170,11 @@ def generation_ledger(report: Any, plan: ParallelPlan, expert_load: px.ExpertLoa
             "head_dim": d.head_dim, "ffn": d.ffn, "vocab": d.vocab, "layers": d.layers,
             "activation_bytes": d.act_bytes, "param_bytes": d.param_bytes, "moe_layers": len(moe_layers),
             "experts": report.moe.experts if moe_layers else 0, "top_k": report.moe.top_k if moe_layers else 0},
-        tuple(ranks), _bubble(plan, prefill, lines), slowest.rank, slowest.hardware_flops / mean if mean else 1.0,
+        tuple(ranks), schedule.bubble_fraction if schedule is not None else 0.0, slowest.rank,
+        slowest.hardware_flops / mean if mean else 1.0,
         layout_of(report, base).kv_rule, expert_load=load.source if moe_layers else None,
         optimizer_note="generation is inference: no optimizer step",
-        generation=whole)
+        generation=whole, schedule=schedule)
 
 
 def check_plan(plan: ParallelPlan) -> None:
@@ -313,18 +315,18 @@ def sum_of_max(lines: Sequence[tuple[int, int]], first: int, last: int) -> int:
     return total
 
 
-def _bubble(plan: ParallelPlan, prefill: Mapping, lines: Sequence) -> float:
-    """The pipeline's idle fraction over the whole generation (the module's model), TP rank 0's stage lengths."""
+def _schedule(plan: ParallelPlan, prefill: Mapping, lines: Sequence) -> Schedule | None:
+    """The pipeline over the whole generation (the module's model), TP rank 0's stage lengths: its makespan and
+    each stage's busy time (no action list: the decode steps' lengths are closed forms); None without a pipeline."""
     p, m = plan.pp, plan.microbatches
     if p == 1:
-        return 0.0
+        return None
     tau = [prefill[(s, 0)][1] for s in range(p)]
     makespan, busy = simulate_schedule("gpipe", p, m, tau, [0] * p)
-    work = sum(busy)
     for first, last, c_sums, p_sums in lines:
         stages = [(c_sums[(s, 0)][1], p_sums[(s, 0)][1]) for s in range(p)]
         n, sc = last - first + 1, (first + last) * (last - first + 1) // 2
-        one = n * sum(a for a, _ in stages) + sc * sum(b for _, b in stages)  # Σ_c Σ_s τ_s(c)
-        makespan += one + (m - 1) * sum_of_max(stages, first, last)
-        work += m * one
-    return 1 - work / (p * makespan) if makespan else 0.0
+        one = [n * a + sc * b for a, b in stages]  # Σ_c τ_s(c) per stage
+        makespan += sum(one) + (m - 1) * sum_of_max(stages, first, last)
+        busy = [x + m * y for x, y in zip(busy, one)]
+    return Schedule(makespan, tuple(busy))

@@ -90,8 +90,8 @@ from ..reporting.tiled import check_listable
 from .layout import Dims, Layout, chunks_of, layout_of, rank_id, split, warmup
 from .plan import ParallelPlan, Recompute, check_recompute_ops
 
-__all__ = ["Collective", "NodeShare", "ParallelLedger", "RankFlops", "ledger", "node_shares", "plan_shares",
-           "param_groups", "rank_params", "schedule_bubble", "simulate_schedule"]
+__all__ = ["Action", "Collective", "NodeShare", "ParallelLedger", "RankFlops", "Schedule", "ledger", "node_shares",
+           "plan_shares", "param_groups", "pipeline_schedule", "rank_params", "schedule_bubble", "simulate_schedule"]
 
 
 
@@ -134,6 +134,39 @@ class RankFlops:
                 "communication": [c.as_dict() for c in self.communication]}
 
 
+class Action(NamedTuple):
+    """One action of a pipeline schedule: pipeline rank ``rank`` runs the forward (``F``) or backward (``B``) of
+    ``microbatch`` through its virtual stage ``chunk`` (c·P + p) from ``start`` to ``end`` (in FLOPs of TP rank 0
+    at equal throughput)."""
+
+    rank: int
+    kind: str
+    chunk: int
+    microbatch: int
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A simulated pipeline schedule (:func:`simulate_schedule`): the step's ``makespan``, each pipeline rank's
+    ``busy`` time, and its ``actions`` in the order they ran (none for generation's phases, whose length is a closed
+    form: :mod:`flopcount.parallel.generation`); times in FLOPs of TP rank 0 at equal throughput."""
+
+    makespan: float
+    busy: tuple[float, ...]
+    actions: tuple[Action, ...] = ()
+
+    @property
+    def bubble_fraction(self) -> float:
+        """1 − busy time / (P × makespan)."""
+        return 1 - sum(self.busy) / (len(self.busy) * self.makespan) if self.makespan else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"makespan": self.makespan, "busy": list(self.busy),
+                "actions": [a._asdict() for a in self.actions]}
+
+
 @dataclass(frozen=True)
 class ParallelLedger:
     """The per-rank ledger of a plan (see the module's rules). ``whole_flops``: the counted model's FLOPs of one
@@ -155,9 +188,11 @@ class ParallelLedger:
     whole_optimizer_flops: int | None = None  # the whole model's optimizer step
     optimizer_note: str | None = None
     generation: Mapping[str, int] | None = None  # mode "generate": the whole model's prefill and decode FLOPs
+    schedule: Schedule | None = None  # the pipeline's simulated schedule (pp > 1), whose bubble is bubble_fraction
 
     def as_dict(self) -> dict[str, Any]:
         return {"plan": self.plan.as_dict(), "recompute": str(self.recompute), "mode": self.mode,
+                "schedule": None if self.schedule is None else self.schedule.as_dict(),
                 "generation": None if self.generation is None else dict(self.generation),
                 "whole_flops_per_microbatch": self.whole_flops, "optimizer": self.optimizer,
                 "whole_optimizer_flops": self.whole_optimizer_flops, "optimizer_note": self.optimizer_note,
@@ -377,7 +412,8 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
                                            comm[s] + extra, *((per_element * opt[0], per_element * opt[1]) if opt
                                                               else (None, None))))
     ranks.sort(key=lambda r: r.rank)
-    bubble = schedule_bubble(plan, shares, train)
+    schedule = pipeline_schedule(plan, shares, train)
+    bubble = schedule.bubble_fraction if schedule is not None else 0.0
     slowest = max(ranks, key=lambda r: (r.hardware_flops, -r.rank))
     mean = sum(r.hardware_flops for r in ranks) / len(ranks)
     return ParallelLedger(plan, recompute, report.mode, whole, {
@@ -388,7 +424,7 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
         tuple(ranks), bubble, slowest.rank, slowest.hardware_flops / mean if mean else 1.0,
         layout.kv_rule, expert_load=load.source if moe_layers else None,
         optimizer=None if note else report.optimizer[0],
-        whole_optimizer_flops=None if note else report.optimizer[1].flops, optimizer_note=note)
+        whole_optimizer_flops=None if note else report.optimizer[1].flops, optimizer_note=note, schedule=schedule)
 
 
 def _cp_ep_communication(plan: ParallelPlan, d: Dims, report: Any, stage: int, per_stage: int, train: bool,
@@ -410,17 +446,23 @@ def _cp_ep_communication(plan: ParallelPlan, d: Dims, report: Any, stage: int, p
 
 
 def schedule_bubble(plan: ParallelPlan, shares: Sequence[NodeShare], train: bool) -> float:
-    """The bubble of the plan's schedule, each chunk's actions as long as its TP rank 0's FLOPs per microbatch."""
+    """The bubble of the plan's schedule (:func:`pipeline_schedule`); 0 without a pipeline."""
+    schedule = pipeline_schedule(plan, shares, train)
+    return 0.0 if schedule is None else schedule.bubble_fraction
+
+
+def pipeline_schedule(plan: ParallelPlan, shares: Sequence[NodeShare], train: bool) -> Schedule | None:
+    """The plan's schedule simulated (:func:`simulate_schedule`), each chunk's actions as long as its TP rank 0's
+    FLOPs per microbatch; None without a pipeline (pp = 1)."""
     if plan.pp == 1:
-        return 0.0
+        return None
     v = chunks_of(plan)
     tf, tb = [0.0] * (plan.pp * v), [0.0] * (plan.pp * v)
     for x in shares:
         if x.tp == 0:
             tf[x.chunk] += x.forward
             tb[x.chunk] += x.backward + x.recompute if train else 0
-    makespan, busy = simulate_schedule(plan.schedule, plan.pp, plan.microbatches, tf, tb, v)
-    return 1 - sum(busy) / (plan.pp * makespan) if makespan else 0.0
+    return _simulated(plan.schedule, plan.pp, plan.microbatches, tf, tb, v)
 
 
 def _orders(schedule: str, stages: int, microbatches: int, virtual: int, train: bool) -> list[list[tuple]]:
@@ -472,6 +514,13 @@ def simulate_schedule(schedule: str, stages: int, microbatches: int, forward: Se
     >>> simulate_schedule("1f1b", 4, 8, [1] * 4, [2] * 4)  # (M + P − 1) · (f + b), busy M · (f + b)
     (33.0, [24.0, 24.0, 24.0, 24.0])
     """
+    run = _simulated(schedule, stages, microbatches, forward, backward, virtual)
+    return run.makespan, list(run.busy)
+
+
+def _simulated(schedule: str, stages: int, microbatches: int, forward: Sequence[float], backward: Sequence[float],
+               virtual: int = 1) -> Schedule:
+    """:func:`simulate_schedule`'s run, with every action's start and end."""
     if schedule not in ("gpipe", "1f1b", "interleaved"):
         raise UsageError(f"--schedule {schedule}: not modelled yet in FLOPs per rank; give gpipe, 1f1b or "
                          "interleaved")
@@ -481,6 +530,7 @@ def simulate_schedule(schedule: str, stages: int, microbatches: int, forward: Se
     free = [0.0] * stages
     nxt = [0] * stages
     busy = [0.0] * stages
+    actions: list[Action] = []
     while any(nxt[s] < len(orders[s]) for s in range(stages)):
         moved = False
         for s in range(stages):
@@ -494,12 +544,13 @@ def simulate_schedule(schedule: str, stages: int, microbatches: int, forward: Se
             length = float(forward[vs] if kind == "F" else backward[vs])
             start = max(free[s], done[need] if need else 0.0)
             done[(kind, vs, j)] = free[s] = start + length
+            actions.append(Action(s, kind, vs, j, start, start + length))
             busy[s] += length
             nxt[s] += 1
             moved = True
         if not moved:
             raise RuntimeError("pipeline schedule deadlocked")  # an order above is wrong, not the user's input
-    return max(free), busy
+    return Schedule(max(free), tuple(busy), tuple(actions))
 
 
 def _communication(layout: Layout, report: Any, per_stage: int, train: bool, has_loss: bool):

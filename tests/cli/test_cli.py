@@ -46,7 +46,7 @@ def test_table(capsys, mlp_path):
 
 def test_json_schema(capsys, mlp_path):
     doc = json.loads(run(capsys, mlp_path, "--format", "json", "--per-node"))
-    assert doc["schema_version"] == 8
+    assert doc["schema_version"] == 9
     assert doc["mode"] == "inference" and doc["backward"]["flops"] == 0 and doc["forward"]["flops"] == TOTAL
     assert doc["tool"]["name"] == "flopcount" and doc["tool"]["version"]
     assert doc["model"]["inputs"] == [{"name": "x", "dtype": "float", "shape": [4, 10]}]

@@ -3,7 +3,10 @@ in the JSON (``memory.ranks[]`` with coords, stage and DP replicas) and as a tab
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import re
 
 import pytest
 from helpers import llama_config
@@ -40,9 +43,17 @@ def test_json_ranks_and_table(capsys, llama):
     first, last = V * H // 2 + 2 * layer, 2 * layer + H + V * H // 2  # embedding / final norm and head
     assert [r["params_bytes"] for r in ranks] == [4 * first, 4 * first, 4 * last, 4 * last]
     assert [r["microbatches_in_flight"] for r in ranks] == [2, 2, 1, 1]  # 1F1B: P − s
-    assert main(argv) == 0
-    out = capsys.readouterr().out
-    assert "per rank under tp=2,pp=2" in out and "activations B / mb" in out and "5,7" in out
+    assert main([*argv, "--device-memory", "1GiB"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    # the plan's summary first: the most a rank holds against the device, then a row per class of ranks holding
+    # the same bytes (the 2 TP ranks of a stage and their DP replicas: 4 ranks), every line short
+    most = max(r["peak_bytes"] for r in ranks)
+    stage = min(r["stage"] for r in ranks if r["peak_bytes"] == most)
+    assert out[0] == "Plan tp=2,pp=2,cp=1,ep=1,dp=2 microbatches=4 schedule=1f1b (8 ranks):"
+    assert out[1].startswith("  Memory: fits: ") and out[1].endswith(
+        f"of 1.0 GiB, {(2**30 - most) / 2**20:,.1f} MiB free (stage {stage})")  # under a GiB: in MiB
+    assert [line.split()[:3] for line in out if re.match(r"  [01] +0,1 ", line)] == [["0", "0,1", "4"], ["1", "0,1", "4"]]
+    assert max(len(line) for line in out[:out.index("")]) <= 120
 
 
 def test_cp_ranks_in_json(capsys, llama):
@@ -56,3 +67,26 @@ def test_cp_ranks_in_json(capsys, llama):
     assert {r["cp_kv_bytes"] for r in ranks} == {4 * 2 * B * S * D}
     layer = H * H + 2 * H * D + 3 * H * FFN // 2 + 2 * H  # a layer on a TP rank of 2, as above
     assert {r["params_bytes"] for r in ranks} == {4 * (V * H + L * layer + H) // 4}  # fsdp over dp·cp = 4
+
+
+def test_csv_and_html_carry_the_ranks(capsys, llama):
+    """``--format csv`` and ``--format html`` with ``--parallel --memory`` keep the per-rank tables: a CSV row per
+    rank (after the operator table and a blank line), the page's tables and pictures."""
+    argv = ["--hf", llama, "--input-shape", f"input_ids={B}x{S}", "--mode", "train", "--optimizer", "adamw",
+            "--memory", "--memory-device", "cpu", "--parallel", "tp=2,pp=2,dp=2", "--microbatches", "4",
+            "--device-memory", "1GiB"]
+    assert main([*argv, "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--format", "csv"]) == 0
+    ops, ranks = capsys.readouterr().out.split("\n\n")
+    rows = list(csv.DictReader(io.StringIO(ranks)))
+    assert [(int(r["rank"]), int(r["hardware_flops"])) for r in rows] == [
+        (r["rank"], r["hardware_flops"]) for r in doc["parallel"]["ranks"]]
+    peaks = {x: m["peak_bytes"] for m in doc["memory"]["ranks"] for x in m["replicas"]}
+    assert [int(r["peak_bytes"]) for r in rows] == [peaks[k] for k in range(8)]
+    assert [int(r["headroom_bytes"]) for r in rows] == [2**30 - peaks[k] for k in range(8)]
+    assert main([*argv, "--format", "html"]) == 0
+    page = capsys.readouterr().out
+    for table in ('id="plan-summary"', 'id="rank-table"', 'id="memory-table"', 'id="schedule-chart"'):
+        assert table in page
+    assert page.count('<g class="action"') == len(doc["parallel"]["schedule"]["actions"]) == 2 * 4 * 2

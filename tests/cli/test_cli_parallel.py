@@ -32,7 +32,7 @@ def test_json_block_and_table(capsys, llama):
             "--microbatches", "4", "--schedule", "gpipe", "--recompute", "full"]
     assert main([*argv, "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["schema_version"] == 8
+    assert doc["schema_version"] == 9
     par = doc["parallel"]
     assert par["plan"]["tp"] == 2 and par["plan"]["pp"] == 2 and par["plan"]["dp"] == 2
     assert par["plan"]["schedule"] == "gpipe" and par["recompute"] == "full"

@@ -120,7 +120,7 @@ def test_cli_generate_json_and_table(llama_folder, tmp_path):
             "--format", "json", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
-    assert doc["schema_version"] == 8
+    assert doc["schema_version"] == 9
     g = doc["generation"]
     assert (g["batch"], g["prompt_tokens"], g["new_tokens"], g["decode_steps"]) == (3, 6, 4, 3)
     assert g["prefill_flops"] == doc["total"]["flops"] == prefill_dense(3, 6)

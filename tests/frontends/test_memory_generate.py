@@ -41,3 +41,21 @@ def test_hf_stack_of_identical_layers_carries_the_ledger():
     real = transformers.LlamaForCausalLM(config)
     assert rank.params_bytes == rank.grads_bytes == 4 * sum(p.numel() for p in real.parameters())
     assert rank.optimizer_bytes == 2 * rank.params_bytes + 4 * len(list(real.parameters()))
+
+
+def test_generate_memory_and_plan_on_an_extended_stack():
+    """``--generate --memory --parallel`` on a stack extended from 1 and 2 layers (3 here): the decode steps extend
+    for the FLOPs per rank (their own memory ledgers, whose past keys and values come in one input per layer, are
+    not extended), and each TP rank holds its K/V head's share of the cache."""
+    layers, kv_heads, heads, h = 3, 2, 4, 32
+    config = transformers.LlamaConfig(hidden_size=h, intermediate_size=48, num_hidden_layers=layers,
+                                      num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=54,
+                                      architectures=["LlamaForCausalLM"])
+    report = flopcount.from_hf(config, generate=(4, 3), memory=True, parallel="tp=2", cache_dir=False)
+    assert report.layers.method == "extended", report.layers.reason
+    assert len(report.generation.step_reports) == 2  # the first and last context of the one piece of steps
+    # the whole generation's FLOPs shared out: the ranks' model FLOPs sum to it (one DP rank, one microbatch)
+    assert sum(r.model_flops for r in report.parallel.ranks) == report.generation.total.flops
+    # per TP rank, keys and values of 3 layers, of kv_heads / 2 = 1 head of h / heads = 8 wide, for the
+    # 4 + 3 − 1 = 6 positions the last step attends to, float32
+    assert [r.kv_cache_bytes for r in report.memory.ranks] == [layers * 2 * 1 * 8 * 6 * 4] * 2

@@ -45,7 +45,7 @@ def test_resnet50_parameters_are_the_framework_count_and_buffers_apart():
     assert r.params == 25_557_032  # sum(p.numel() for p in torchvision-style resnet50().parameters())
     assert r.buffers == 2 * bn_channels  # running mean and var; 25,610,152 − 25,557,032
     doc = json.loads(render(r, "json"))
-    assert doc["schema_version"] == 8
+    assert doc["schema_version"] == 9
     assert (doc["total"]["params"], doc["total"]["buffers"]) == (25_557_032, 53_120)
     assert "Parameters: 25,557,032 (25.56 M); buffers (not trained): 53,120" in render(r)
 

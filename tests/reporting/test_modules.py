@@ -174,7 +174,7 @@ def test_json_rows_and_node_modules():
 
     r = flopcount.count(graph("names"), mode="train")
     doc = json.loads(render(r, "json", per_node=True, by_module=2))
-    assert doc["schema_version"] == 8
+    assert doc["schema_version"] == 9
     assert doc["module_scopes"] == {"depth": 2, "source": "names", "missing": None}
     enc = doc["modules"][0]
     assert (enc["module"], enc["depth"], enc["parent"]) == ("enc", 1, None)
