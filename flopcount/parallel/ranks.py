@@ -28,9 +28,10 @@ before the layers (the embedding), the last stage what comes after (the final no
 L/(P·v) layers, chunk c on rank c mod P (P·v must divide L, and P the microbatches).
 **Data.** Each DP rank runs M microbatches of the counted batch per optimizer step, so the global batch is b·M·dp.
 
-**Recompute** (train only): ``full`` runs each layer's forward again up to the last op that saves a tensor for the
-backward (as torch's non-reentrant checkpoint stops: a dense layer's down projection and residual add do not run
-again); ``selective`` runs each attention core again (in each layer, the ``self_attn`` nodes from the score
+**Recompute** (train only): ``full`` runs each layer's whole forward again (Megatron's full recompute, torch's
+reentrant checkpoint); ``non-reentrant`` runs it again up to the last op that saves a tensor for the backward (as
+torch's non-reentrant checkpoint stops: a dense layer's down projection and residual add do not run again);
+``selective`` runs each attention core again (in each layer, the ``self_attn`` nodes from the score
 product through softmax to the product with V, in graph order); a list of operator types runs those nodes again.
 
 **Communication** bytes per optimizer step by collective, with the group it runs on, as the payload each rank
@@ -173,8 +174,8 @@ _HEADS = ("heads", "kv_heads", "shared_head")
 
 
 def _rerun_layers(nodes: Sequence[Any], layout: Layout) -> set[int]:
-    """The nodes a checkpoint around each layer runs again (``--recompute full``): the layer's forward in order,
-    stopping, as torch's non-reentrant checkpoint does, once every tensor its backward saved is back. The last
+    """The nodes a checkpoint around each layer runs again (``--recompute non-reentrant``): the layer's forward in
+    order, stopping, as torch's non-reentrant checkpoint does, once every tensor its backward saved is back. The last
     op that saves anything is the cut: an op that saves its inputs (a product: the down projection's input) saves
     them before it runs, so neither it nor what follows runs again (the residual add after it); one that saves
     its output (softmax, an activation) runs first."""
@@ -195,7 +196,9 @@ def _rerun_layers(nodes: Sequence[Any], layout: Layout) -> set[int]:
 def _recomputed(recompute: Recompute, nodes: Sequence[Any], layout: Layout) -> set[int]:
     if recompute.policy == "none":
         return set()
-    if recompute.policy == "full":
+    if recompute.policy == "full":  # the whole layer, as Megatron and torch's reentrant checkpoint run it
+        return {k for k, layer in enumerate(layout.layer) if layer is not None}
+    if recompute.policy == "non-reentrant":
         return _rerun_layers(nodes, layout)
     if recompute.policy == "ops":
         return {k for k, n in enumerate(nodes) if n.op_type in recompute.ops}
@@ -287,9 +290,10 @@ def _shares_of(report: Any, plan: ParallelPlan, recompute: Recompute):
     per_stage = d.layers // plan.pp if d.layers else 0
     if train and recompute is not None:
         check_recompute_ops(recompute, {n.op_type for n in nodes})
-    if train and recompute.policy in ("full", "selective") and not layout.attention:
-        raise UsageError(f"--recompute {recompute}: {where} has no repeated attention layers to checkpoint (full) "
-                         "or attention cores to run again (selective); give --recompute none or operator types")
+    if train and recompute.policy in ("full", "non-reentrant", "selective") and not layout.attention:
+        raise UsageError(f"--recompute {recompute}: {where} has no repeated attention layers to checkpoint (full, "
+                         "non-reentrant) or attention cores to run again (selective); give --recompute none or "
+                         "operator types")
     redo = _recomputed(recompute, nodes, layout) if train else set()
     shares: list[NodeShare] = []
     for k, n in enumerate(nodes):
@@ -393,7 +397,7 @@ def _cp_ep_communication(plan: ParallelPlan, d: Dims, report: Any, stage: int, p
     m, out = plan.microbatches, []
     if plan.cp > 1:
         kv = 2 * d.batch * d.seq * max(d.kv_heads // plan.tp, 1) * d.head_dim * d.act_bytes * per_stage
-        again = 2 if train and recompute.policy == "full" else 1
+        again = 2 if train and recompute.policy in ("full", "non-reentrant") else 1  # gathered again in the rerun
         out.append(Collective("all_gather", "cp", m * kv * again))
         if train:
             out.append(Collective("reduce_scatter", "cp", m * kv))

@@ -78,7 +78,7 @@ def test_operator_list_recompute(capsys, mlp_path):
                  id="plan of a model without scopes"),
     pytest.param(["--recompute", "full", "--mode", "train"], "--recompute needs --memory", id="recompute alone"),
     pytest.param(["--memory", "--recompute", "full"], "give --mode train", id="recompute in inference"),
-    pytest.param(["--memory", "--mode", "train", "--recompute", "Soft max"], "none, full, selective",
+    pytest.param(["--memory", "--mode", "train", "--recompute", "Soft max"], "none, full, non-reentrant, selective",
                  id="bad recompute"),
     pytest.param(["--memory", "--mode", "train", "--recompute", "relu"], "relu is no ONNX operator type",
                  id="recompute of a misspelt type"),

@@ -107,9 +107,11 @@ def test_recompute_runs_the_forward_again(report):
     layers_fwd = sum(n.cost.flops for n, sc in zip(report.nodes, report.modules.nodes)
                      if any(".layers." in s for s in sc))
     full = ledger(report, plan("dp=1"), parse_recompute("full")).ranks[0]
+    assert full.recompute_flops == layers_fwd  # each layer's whole forward (Megatron, torch's reentrant checkpoint)
+    early = ledger(report, plan("dp=1"), parse_recompute("non-reentrant")).ranks[0]
     # all but each layer's down projection and the residual add after it (saved input: non-reentrant checkpoint
-    # stops before them; tests/parallel/test_parallel_gloo.py runs it)
-    assert full.recompute_flops == layers_fwd - L * (2 * B * S * FFN * H + B * S * H)
+    # stops before them; tests/parallel/test_recompute_policies.py runs both)
+    assert early.recompute_flops == layers_fwd - L * (2 * B * S * FFN * H + B * S * H)
     selective = ledger(report, plan("dp=1"), parse_recompute("selective")).ranks[0]
     products = L * 2 * (2 * B * HEADS * S * S * D)  # scores Q·Kᵀ and the product with V
     assert products <= selective.recompute_flops < products + L * 10 * B * HEADS * S * S
@@ -358,7 +360,7 @@ def test_tp_on_gloo_equals_the_ledger(report, tmp_path):
     pytest.param(["MatMul", "Softmax", "Add", "Reshape"], {0, 1}, id="softmax-last: saved output, rerun"),
     pytest.param(["Add", "Neg"], set(), id="nothing-saved"),
 ])
-def test_full_recompute_stops_at_the_last_saved_tensor(ops, again):
+def test_non_reentrant_recompute_stops_at_the_last_saved_tensor(ops, again):
     # a checkpointed layer runs again until every tensor its backward saved is back (torch's non-reentrant
     # checkpoint): an op that saves its inputs saves them before it runs, one that saves its output after
     from types import SimpleNamespace

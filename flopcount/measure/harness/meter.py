@@ -191,10 +191,10 @@ class Meter:
     recompute : "none", "full" or a number, optional
         What the run recomputes, for HFU: a number adds that many FLOPs per sample (e.g. fused attention's Q·Kᵀ
         recomputation). "full" activation checkpointing: with a counted model (``report=`` or ``model=``) of a
-        decoder the per-rank ledger recognises, the FLOPs it really reruns (each layer's forward up to its last op
-        that saves a tensor, as torch's non-reentrant checkpoint stops early); otherwise one extra forward pass per
-        sample, the published convention (Chowdhery et al. 2022, PaLM, appendix B), which overstates. The result's
-        ``how["hfu"]`` says which. Without it HFU is None.
+        decoder the per-rank ledger recognises, the FLOPs it really reruns (each layer's whole forward, as
+        Megatron's full recompute and torch's reentrant checkpoint run it; not the embedding, head or loss);
+        otherwise one extra forward pass per sample, the published convention (Chowdhery et al. 2022, PaLM,
+        appendix B), which overstates. The result's ``how["hfu"]`` says which. Without it HFU is None.
     warmup_steps, window_steps : int
         Steps excluded at the start, and steps per timing window.
     energy : bool
@@ -711,8 +711,8 @@ class Meter:
 
     @staticmethod
     def _full_recompute(report) -> float | None:
-        """FLOPs per sample that ``recompute="full"`` reruns as the per-rank ledger counts it (each layer's forward up
-        to its last op that saves a tensor, as torch's non-reentrant checkpoint stops), or None where the ledger's
+        """FLOPs per sample that ``recompute="full"`` reruns as the per-rank ledger counts it (each layer's whole
+        forward, as Megatron's full recompute and torch's reentrant checkpoint run it), or None where the ledger's
         rules do not recognise the model (HFU then takes PaLM's one extra forward per sample)."""
         from flopcount.errors import UsageError
         from flopcount.parallel.plan import ParallelPlan, parse_recompute
