@@ -434,16 +434,20 @@ def _holds(g: Graph, st: _Storages, whole: bool) -> _Holds:
     """Who keeps what (:class:`_Holds`); ``whole``: each unit's rerun runs its whole forward (``full``)."""
     h = _Holds()
     producer_unit: dict[str, int | None] = {}
-    for n in g.nodes:
+    sizes: set[str] = set()  # a shape's sizes: numbers in the framework, not tensors a checkpoint keeps
+    ends = {u: pos for pos, n in enumerate(g.nodes) if (u := g.units.get(n.index)) is not None}
+    for pos, n in enumerate(g.nodes):
         u = g.units.get(n.index)
-        if whole:  # what a unit made and this node, outside it, reads: the unit's output
+        if whole:  # what a unit made and a later unit, or a node after it, reads: the unit's output
             for t in n.inputs:
                 made = producer_unit.get(st.of(t.name)) if t is not None and t.name else None
-                if made is not None and made != u:
+                if made is not None and made != u and (u is not None or pos > ends[made]):
                     h.unit_outputs.setdefault(made, set()).add(st.of(t.name))
         for t in n.outputs:
             if t is not None and t.name and st.of(t.name) == t.name:
                 producer_unit[t.name] = u
+                if n.op_type in ("Shape", "Size"):
+                    sizes.add(t.name)
         if u is not None:
             if n.index in g.grads:  # the backward reaches the unit at these nodes only
                 h.first.setdefault(u, n.index)
@@ -452,7 +456,7 @@ def _holds(g: Graph, st: _Storages, whole: bool) -> _Holds:
                 if t is not None and t.name and st.of(t.name) not in g.stored and \
                         not (i and n.op_type in _SHAPE_OPERANDS):
                     r = st.of(t.name)
-                    if producer_unit.get(r) != u:
+                    if producer_unit.get(r) != u and r not in sizes:
                         h.unit_inputs.setdefault(u, set()).add(r)
         s = g.saved.get(n.index)
         if s is None:
