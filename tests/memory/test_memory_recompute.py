@@ -5,7 +5,7 @@ ledger's ``non-reentrant``).
 
 * kept for the backward at the end of the forward: the unique storages ``saved_tensors_hooks`` catch (weights
   left out), and under a checkpoint also the tensors each layer is handed by keyword (the causal mask, the rotary
-  tables): the checkpoint keeps them in the function it runs again, which no saved-tensor hook sees. Both
+  tables, :data:`READ`): the checkpoint keeps them in the function it runs again, which no saved-tensor hook sees. Both
   checkpoints keep the same: each layer's inputs;
 * the peak (MemTracker): a reentrant rerun runs the layer's whole forward, so while the layer's backward runs its
   output exists again (B·S·H elements) where the non-reentrant rerun stops before making it."""
@@ -26,6 +26,11 @@ F32 = 4
 B, S, H, FFN, L, HEADS, KV_HEADS, V = 2, 9, 24, 40, 3, 4, 2, 61
 #: torch's checkpoint around each layer for each policy: ``use_reentrant``
 RUNS = {"none": None, "full": True, "non-reentrant": False}
+#: the keyword arguments a layer computes with: the causal mask and Llama's rotary tables (cos, sin). The position
+#: ids Llama hands each layer too are read by none of its ops (the tables are made from them before the layers),
+#: so no graph shows them inside a layer, though the checkpoint's function keeps them alive: 8·S bytes the ledger
+#: does not count (and is not compared here)
+READ = ("attention_mask", "position_embeddings")
 
 
 class Loss(torch.nn.Module):
@@ -66,9 +71,11 @@ def _kept(module, ids) -> int:
     handed: dict[int, int] = {}
 
     def hold(layer, args, kwargs):
-        for t in kwargs.values():
-            if isinstance(t, torch.Tensor):
-                handed[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        for name in READ:
+            value = kwargs.get(name)
+            for t in value if isinstance(value, tuple) else (value,):
+                if isinstance(t, torch.Tensor):
+                    handed[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
 
     layers = [m for m in module.modules() if isinstance(m, transformers.modeling_layers.GradientCheckpointingLayer)]
     hooks = [m.register_forward_pre_hook(hold, with_kwargs=True) for m in layers if m.gradient_checkpointing]
