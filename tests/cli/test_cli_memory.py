@@ -82,6 +82,11 @@ def test_operator_list_recompute(capsys, mlp_path):
                  id="bad recompute"),
     pytest.param(["--memory", "--mode", "train", "--recompute", "relu"], "relu is no ONNX operator type",
                  id="recompute of a misspelt type"),
+    pytest.param(["--memory", "--mode", "train", "--recompute", "non-reentrnt"],
+                 "'non-reentrnt'; choose one of: none, full, non-reentrant, selective", id="misspelt policy"),
+    pytest.param(["--memory", "--mode", "train", "--recompute", "reentrant"],
+                 "reentrant is no ONNX operator type and no node of the graph's; its operator types: Gemm, MatMul, "
+                 "Relu; or a policy: none, full, non-reentrant, selective", id="unknown policy"),
     pytest.param(["--memory", "--mode", "train", "--recompute", "Gelu,Softmax"],
                  "no node of the graph is of those types, so nothing would be recomputed", id="recompute of absent types"),
     pytest.param(["--memory", "--parallel", "cp=2"], "so the repeated layers cp=2 splits cannot be found",
