@@ -45,6 +45,11 @@ activation element) per microbatch and Lₛ the stage's layers:
 * TP with sp: each of those all_reduces becomes an ``all_gather`` and a ``reduce_scatter`` of A: 2·Lₛ·A each in
   the forward and again in the backward; the embedding's output is reduce-scattered (A), its gradient gathered
   (A); the LM head's input gathered (A), its gradient reduce-scattered (A);
+* TP under recompute: the forward's collectives that the rerun passes run again. ``full`` runs each layer's
+  whole forward again: 2·Lₛ·A more ``all_reduce`` (with sp, 2·Lₛ·A more ``all_gather`` and ``reduce_scatter``).
+  ``non-reentrant`` stops before the layer's last product (its down projection), so its reduction does not run
+  again: Lₛ·A more ``all_reduce`` (with sp, 2·Lₛ·A ``all_gather`` and Lₛ·A ``reduce_scatter``). ``selective``
+  and an operator list run no collective again;
 * PP: ``send_recv`` of each microbatch's activation to the next stage in the forward and its gradient to the
   previous stage in the backward, A each (A/T under sp, whose activations are split over the sequence); with
   ``interleaved:v``, from each of the rank's v chunks but the model's last (forward) and first (backward);
@@ -344,7 +349,8 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
     load.check_layers(len(moe_layers))
     fractions = {layer: load.fractions(j, report.moe.experts, e_) for j, layer in enumerate(moe_layers)}
     whole = sum(n.cost.flops + (n.backward.flops if train else 0) for n in report.nodes)
-    comm = _communication(layout, report, per_stage, train, has_loss)
+    comm = _communication(layout, report, per_stage, train, has_loss,
+                          _RERUN_TP.get(recompute.policy, (0, 0, 0)) if train else (0, 0, 0))
     order = ("tp", "pp", "cp", "ep", "dp")
     from . import optimizer as po
 
@@ -501,8 +507,15 @@ def simulate_schedule(schedule: str, stages: int, microbatches: int, forward: Se
     return max(free), busy
 
 
-def _communication(layout: Layout, report: Any, per_stage: int, train: bool, has_loss: bool):
-    """Per stage: the collectives of one rank of that stage per optimizer step (the module's closed forms)."""
+#: Per layer, the forward's TP reductions and gathers a recompute policy runs again: (all_reduce without sp;
+#: all_gather and reduce_scatter with sp). ``non-reentrant`` stops before the layer's last product.
+_RERUN_TP = {"full": (2, 2, 2), "non-reentrant": (1, 2, 1)}
+
+
+def _communication(layout: Layout, report: Any, per_stage: int, train: bool, has_loss: bool,
+                   again: tuple[int, int, int]):
+    """Per stage: the collectives of one rank of that stage per optimizer step (the module's closed forms);
+    ``again``: the recompute's TP collectives per layer (:data:`_RERUN_TP`)."""
     plan, d = layout.plan, layout.dims
     t, p, m = plan.tp, plan.pp, plan.microbatches
     tokens = d.batch * (d.seq // plan.cp)  # a CP rank's tokens
@@ -520,11 +533,13 @@ def _communication(layout: Layout, report: Any, per_stage: int, train: bool, has
         if t > 1:
             if plan.sp:
                 per = 2 * per_stage * a * (2 if train else 1)
-                add("all_gather", "tp", m * (per + (a if last else 0) + (a if first and train else 0)))
-                add("reduce_scatter", "tp", m * (per + (a if first else 0) + (a if last and train else 0)))
+                add("all_gather", "tp", m * (per + again[1] * per_stage * a + (a if last else 0)
+                                             + (a if first and train else 0)))
+                add("reduce_scatter", "tp", m * (per + again[2] * per_stage * a + (a if first else 0)
+                                                 + (a if last and train else 0)))
             else:
-                add("all_reduce", "tp", m * (2 * per_stage * a * (2 if train else 1) + (a if first else 0)
-                                             + (a if last and train else 0)))
+                add("all_reduce", "tp", m * (2 * per_stage * a * (2 if train else 1) + again[0] * per_stage * a
+                                             + (a if first else 0) + (a if last and train else 0)))
             if last and has_loss:
                 add("all_reduce", "tp", m * 3 * tokens * 4)
             if plan.sp and train:  # the sequence-parallel weights' partial gradients, once a step

@@ -262,14 +262,16 @@ def test_a_product_outside_the_recognised_modules_is_refused(report):
 
 # --- TP on 2 gloo ranks: Megatron-style local modules, counted by torch's FlopCounterMode on each rank ----------
 
-def _tp_worker(rank: int, world: int, init: str, out: str) -> None:
+def _tp_worker(rank: int, world: int, init: str, out: str, reentrant: bool | None = None) -> None:
     """One TP rank of a tiny Llama written with local shards: column-parallel Q, K, V, gate, up and LM head
     (their output features split), row-parallel O and down (their input features split, the outputs summed by
-    all_reduce), a vocab-parallel embedding, replicated RMSNorms; 2 local heads of Q and 1 of K/V on each rank."""
+    all_reduce), a vocab-parallel embedding, replicated RMSNorms; 2 local heads of Q and 1 of K/V on each rank.
+    ``reentrant``: each layer under ``torch.utils.checkpoint`` (reentrant or not; None: no checkpoint)."""
     import json
 
     import torch
     import torch.distributed as dist
+    from torch.utils.checkpoint import checkpoint
     from torch.utils.flop_counter import FlopCounterMode
 
     # A forked child must not enter the intra-op thread pool the parent may have started (earlier tests of the
@@ -325,7 +327,8 @@ def _tp_worker(rank: int, world: int, init: str, out: str) -> None:
         x = torch.nn.functional.embedding((ids - lo).masked_fill(mask, 0), embed).masked_fill(mask[..., None], 0)
         x = Reduce.apply(x)
         causal = torch.full((S, S), float("-inf")).triu(1)
-        for p in layers:
+
+        def layer(x, p):
             y = Copy.apply(rms(x))
             q = (y @ p["q"].T).view(B, S, heads, D).transpose(1, 2)
             k = (y @ p["k"].T).view(B, S, kv, D).transpose(1, 2).repeat_interleave(heads // kv, 1)
@@ -333,7 +336,13 @@ def _tp_worker(rank: int, world: int, init: str, out: str) -> None:
             a = torch.softmax(q @ k.transpose(-1, -2) / D ** 0.5 + causal, -1) @ v
             x = x + Reduce.apply(a.transpose(1, 2).reshape(B, S, heads * D) @ p["o"].T)
             y = Copy.apply(rms(x))
-            x = x + Reduce.apply((torch.nn.functional.silu(y @ p["gate"].T) * (y @ p["up"].T)) @ p["down"].T)
+            return x + Reduce.apply((torch.nn.functional.silu(y @ p["gate"].T) * (y @ p["up"].T)) @ p["down"].T)
+
+        for p in layers:
+            if reentrant is None:
+                x = layer(x, p)
+            else:
+                x = checkpoint(layer, x, p, use_reentrant=reentrant)
         logits = Copy.apply(rms(x)) @ head.T  # vocab-parallel head: this rank's V/T logits
         logits.sum().backward()
     with open(f"{out}.{rank}", "w") as f:
@@ -341,18 +350,28 @@ def _tp_worker(rank: int, world: int, init: str, out: str) -> None:
     dist.destroy_process_group()
 
 
-def test_tp_on_gloo_equals_the_ledger(report, tmp_path):
+@pytest.mark.parametrize("recompute,reentrant,again", [
+    pytest.param("none", None, 0, id="none"),
+    pytest.param("full", True, 2, id="full: both reductions again"),
+    pytest.param("non-reentrant", False, 1, id="non-reentrant: the attention's reduction again"),
+])
+def test_tp_on_gloo_equals_the_ledger(report, tmp_path, recompute, reentrant, again):
     """Each rank's products counted by FlopCounterMode (it counts matmuls only: the ledger's product nodes are what
-    it sees) and the bytes handed to all_reduce equal the ledger's per-rank figures for tp=2."""
-    p = plan("tp=2")
-    ranks = gloo_ranks(_tp_worker, tmp_path)
-    led = ledger(report, p)
+    it sees) and the bytes handed to all_reduce equal the ledger's per-rank figures for tp=2; with each layer under
+    a checkpoint, the rerun's products and its forward all_reduces too (``again`` per layer: the reentrant rerun
+    reduces both blocks' outputs again, the non-reentrant one stops before the down projection and its
+    reduction)."""
+    p, r = plan("tp=2"), parse_recompute(recompute)
+    ranks = gloo_ranks(_tp_worker, tmp_path, reentrant)
+    led = ledger(report, p, r)
+    plain = ledger(report, p)
     for i, seen in enumerate(ranks):
-        products = sum(x.forward + x.backward for x in node_shares(report, p)
+        products = sum(x.forward + x.backward + x.recompute for x in node_shares(report, p, r)
                        if x.tp == i and report.nodes[x.index].family in ("matmul", "gemm"))
         assert seen["flops"] == products
         tp_bytes = sum(c.bytes for c in led.ranks[i].communication if c.group == "tp")
-        assert seen["bytes"] == tp_bytes
+        plain_bytes = sum(c.bytes for c in plain.ranks[i].communication if c.group == "tp")
+        assert seen["bytes"] == tp_bytes == plain_bytes + again * L * B * S * H * 4
 
 
 @pytest.mark.parametrize("ops,again", [
