@@ -49,7 +49,7 @@ activation element) per microbatch and Lₛ the stage's layers:
   whole forward again: 2·Lₛ·A more ``all_reduce`` (with sp, 2·Lₛ·A more ``all_gather`` and ``reduce_scatter``).
   ``non-reentrant`` stops before the layer's last product (its down projection), so its reduction does not run
   again: Lₛ·A more ``all_reduce`` (with sp, 2·Lₛ·A ``all_gather`` and Lₛ·A ``reduce_scatter``). ``selective``
-  and an operator list run no collective again;
+  and an operator list run no collective again (an MoE layer's rerun all_to_all is not listed);
 * PP: ``send_recv`` of each microbatch's activation to the next stage in the forward and its gradient to the
   previous stage in the backward, A each (A/T under sp, whose activations are split over the sequence); with
   ``interleaved:v``, from each of the rank's v chunks but the model's last (forward) and first (backward);
