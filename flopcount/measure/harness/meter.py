@@ -208,8 +208,8 @@ class Meter:
         counted model, and the result's ``parallel`` holds every rank's MFU and HFU, the slowest rank, the
         imbalance and the conventions of Megatron, torchtitan and MaxText (:mod:`.rank_mfu`). One :meth:`step`
         is one optimizer step. Needs ``report=`` or ``model=``; under torch.distributed its world size must be the
-        process group's. ``recompute`` is then also read as the ledger's policy (none, full, selective, or
-        operator types).
+        process group's. ``recompute`` is then also read as the ledger's policy (none, full, non-reentrant,
+        selective, or operator types).
     timeout : number, optional
         Under torch.distributed: the seconds given to ``distributed.init(timeout_s=)``. A collective that fails in
         the ``with meter:`` block or when the result is gathered then holds a roll call of the ranks for the rest

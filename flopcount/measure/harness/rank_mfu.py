@@ -110,8 +110,8 @@ def checked_plan(plan, recompute, flops_per_sample):
                          "FLOPs over the ranks; flops_per_sample= gives one number, not the model's nodes")
     policy = recompute if isinstance(recompute, str) else None
     if recompute is not None and not isinstance(recompute, str):
-        raise UsageError("Meter: with plan=, recompute must be a policy (none, full, selective or operator types "
-                         f"such as 'Softmax,Gelu'), not FLOPs per sample ({recompute!r})")
+        raise UsageError("Meter: with plan=, recompute must be a policy (none, full, non-reentrant, selective or "
+                         f"operator types such as 'Softmax,Gelu'), not FLOPs per sample ({recompute!r})")
     return plan, parse_recompute(policy)
 
 
