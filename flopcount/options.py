@@ -168,8 +168,8 @@ class CountOptions:
 or a :class:`~flopcount.parallel.plan.Recompute`, optional
         With ``mode="train"`` and ``memory`` or ``parallel``: what the backward recomputes instead of keeping
         (see :mod:`flopcount.parallel.plan`): ``full`` each layer's whole forward (Megatron, torch's reentrant
-        checkpoint), ``non-reentrant`` the same up to its last saved tensor (torch's non-reentrant checkpoint). Kept as a :class:`~flopcount.parallel.plan.Recompute`; it is the
-        memory ledger's policy too.
+        checkpoint), ``non-reentrant`` the same up to its last saved tensor (torch's non-reentrant checkpoint).
+        Kept as a :class:`~flopcount.parallel.plan.Recompute`; it is the memory ledger's policy too.
     parallel : plan text (``"tp=2,pp=4,dp=8,sp"``) or a :class:`~flopcount.parallel.plan.ParallelPlan`, optional
         Also the ledger per rank of the plan (``report.parallel``: FLOPs, redundant work, communication and the
         pipeline's bubble; with ``memory``, ``report.memory`` per rank), as ``flopcount --parallel`` gives it
