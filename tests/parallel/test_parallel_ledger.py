@@ -350,6 +350,21 @@ def _tp_worker(rank: int, world: int, init: str, out: str, reentrant: bool | Non
     dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("recompute,gathers,scatters", [("full", 2, 2), ("non-reentrant", 2, 1), ("selective", 0, 0)])
+def test_sequence_parallel_collectives_a_recompute_runs_again(report, recompute, gathers, scatters):
+    # per layer and microbatch, A = B·S·H·4: each block gathers its input and scatters its output; the whole rerun
+    # runs both blocks' again, the non-reentrant one stops before the down projection and its reduce_scatter,
+    # the selective one runs the attention core again, which no collective is part of
+    p, a = plan("tp=2,sp", 2), B * S * H * 4
+
+    def comm(r):
+        return {c.kind: c.bytes for c in ledger(report, p, r).ranks[0].communication if c.group == "tp"}
+
+    base, rerun = comm(None), comm(parse_recompute(recompute))
+    assert rerun["all_gather"] - base["all_gather"] == 2 * L * gathers * a
+    assert rerun["reduce_scatter"] - base["reduce_scatter"] == 2 * L * scatters * a
+
+
 @pytest.mark.parametrize("recompute,reentrant,again", [
     pytest.param("none", None, 0, id="none"),
     pytest.param("full", True, 2, id="full: both reductions again"),
