@@ -5,8 +5,9 @@ to these runs.
 Each run trains a small decoder built here from a configuration (``LlamaForCausalLM``, and ``GPT2LMHeadModel`` on
 one rank; random weights, nothing downloaded) with AdamW, one thread per process (the profiles are calibrated with
 ``--threads 1``): one rank, data parallel (DDP, ``no_sync`` on all microbatches but the last), a 2-stage pipeline
-(GPipe and 1F1B, the stages' activations and gradients sent with gloo), and full recompute (a checkpoint around each
-decoder layer). A step is timed from a barrier to the end of the optimizer step on the slowest rank, after warm-up
+(GPipe and 1F1B, the stages' activations and gradients sent with gloo), and recompute (torch's non-reentrant
+checkpoint around each decoder layer: ``--recompute non-reentrant``). A step is timed from a barrier to the end of
+the optimizer step on the slowest rank, after warm-up
 steps; the median and the spread (slowest/fastest) of the repeats are printed beside the prediction's error.
 
     PYTHONPATH=$PWD python3 benchmarks/step_time.py            # every run (several minutes)
@@ -58,21 +59,21 @@ RUNS = (
     Run("1rank-llama-b2", "llama", 2),
     Run("1rank-llama-b4", "llama", 4),
     Run("1rank-llama-b8", "llama", 8),
-    Run("1rank-llama-b4-recompute", "llama", 4, recompute="full"),
+    Run("1rank-llama-b4-recompute", "llama", 4, recompute="non-reentrant"),
     Run("1rank-gpt2-b2", "gpt2", 2),
     Run("1rank-gpt2-b4", "gpt2", 4),
     Run("dp2-m1", "llama", 4, dp=2),
     Run("dp2-m2", "llama", 4, dp=2, microbatches=2),
-    Run("dp2-m1-recompute", "llama", 4, dp=2, recompute="full"),
+    Run("dp2-m1-recompute", "llama", 4, dp=2, recompute="non-reentrant"),
     Run("pp2-gpipe-m2", "llama", 4, pp=2, microbatches=2, schedule="gpipe"),
     Run("pp2-gpipe-m4", "llama", 4, pp=2, microbatches=4, schedule="gpipe"),
     Run("pp2-1f1b-m2", "llama", 4, pp=2, microbatches=2),
     Run("pp2-1f1b-m4", "llama", 4, pp=2, microbatches=4),
-    Run("pp2-1f1b-m4-recompute", "llama", 4, pp=2, microbatches=4, recompute="full"),
+    Run("pp2-1f1b-m4-recompute", "llama", 4, pp=2, microbatches=4, recompute="non-reentrant"),
     Run("dp2-pp2-1f1b-m2", "llama", 4, dp=2, pp=2, microbatches=2),
     Run("tp2", "llama", 4, tp=2),
     Run("tp2-m2", "llama", 4, tp=2, microbatches=2),
-    Run("tp2-recompute", "llama", 4, tp=2, recompute="full"),
+    Run("tp2-recompute", "llama", 4, tp=2, recompute="non-reentrant"),
     Run("tp2-dp2", "llama", 4, tp=2, dp=2),
 )
 
@@ -144,7 +145,7 @@ def worker(rank: int, run: Run, port: int, out: str, warmup: int, repeats: int) 
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=run.world,
                                 timeout=datetime.timedelta(seconds=120))
     model = _build(run.model)
-    if run.recompute == "full":
+    if run.recompute == "non-reentrant":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     tp_rank = rank % run.tp  # rank = tp + T·(dp + D·stage): tp fastest, then dp, then the stage
     pp_rank, dp_rank = divmod(rank // run.tp, run.dp)

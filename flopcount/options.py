@@ -164,11 +164,12 @@ class CountOptions:
         Also the memory ledger (``report.memory``): weights, gradients, optimizer states and their step's
         temporaries, the activations the backward keeps and the peak of one step (see :mod:`flopcount.memory.ledger`).
         ``True``: the default settings. Kept as :class:`~flopcount.memory.ledger.MemorySettings` (None without it).
-    recompute : ``"none"``, ``"full"``, ``"selective"``, operator types (``"Softmax,Gelu"``) or a \
-:class:`~flopcount.parallel.plan.Recompute`, optional
+    recompute : ``"none"``, ``"full"``, ``"non-reentrant"``, ``"selective"``, operator types (``"Softmax,Gelu"``) \
+or a :class:`~flopcount.parallel.plan.Recompute`, optional
         With ``mode="train"`` and ``memory`` or ``parallel``: what the backward recomputes instead of keeping
-        (see :mod:`flopcount.parallel.plan`). Kept as a :class:`~flopcount.parallel.plan.Recompute`; it is the
-        memory ledger's policy too.
+        (see :mod:`flopcount.parallel.plan`): ``full`` each layer's whole forward (Megatron, torch's reentrant
+        checkpoint), ``non-reentrant`` the same up to its last saved tensor (torch's non-reentrant checkpoint).
+        Kept as a :class:`~flopcount.parallel.plan.Recompute`; it is the memory ledger's policy too.
     parallel : plan text (``"tp=2,pp=4,dp=8,sp"``) or a :class:`~flopcount.parallel.plan.ParallelPlan`, optional
         Also the ledger per rank of the plan (``report.parallel``: FLOPs, redundant work, communication and the
         pipeline's bubble; with ``memory``, ``report.memory`` per rank), as ``flopcount --parallel`` gives it
@@ -233,8 +234,10 @@ class CountOptions:
         "DOMAIN:OP: counted as zero-cost, not unsupported (--strict then passes); repeatable", action="append",
         metavar="OP"), check=_check_free_ops)
     recompute: Any = option(None, Flag(
-        "--recompute", "plan", "with --memory or --parallel, and --mode train: none (default), full (checkpoint "
-        "every numbered layer), selective (recompute the attention core), or operator types to recompute (OP,OP)",
+        "--recompute", "plan", "with --memory or --parallel, and --mode train: none (default), full (every "
+        "numbered layer's whole forward again: Megatron, torch's reentrant checkpoint), non-reentrant (the same up "
+        "to the layer's last saved tensor: torch's non-reentrant checkpoint), selective (the attention core), or "
+        "operator types to recompute (OP,OP)",
         metavar="POLICY"))
     parallel: Any = option(None, Flag(
         "--parallel", "plan", "a parallel plan, tp=T,pp=P,cp=C,ep=E,dp=D[,sp][,fsdp|zero1|zero2] (degrees left out "
@@ -359,8 +362,8 @@ def _recompute(value: Any):
     from .parallel.plan import Recompute, parse_recompute
 
     if not isinstance(value, (str, Recompute)):
-        raise UsageError(f"count: recompute must be 'none', 'full', 'selective', operator types ('Softmax,Gelu') or "
-                         f"a flopcount.Recompute, got {described(value)}")
+        raise UsageError(f"count: recompute must be 'none', 'full', 'non-reentrant', 'selective', operator types "
+                         f"('Softmax,Gelu') or a flopcount.Recompute, got {described(value)}")
     return parse_recompute(value)
 
 

@@ -240,6 +240,11 @@ def saved_storages(module, inputs: Sequence) -> int:
     """Bytes of the unique storages torch's autograd keeps for the backward during ``module(*inputs)``, the
     module's parameters and buffers left out: each saved tensor's whole storage (a view keeps its base), counted
     once however many nodes save it (``torch.autograd.graph.saved_tensors_hooks``)."""
+    return sum(saved_storage_bytes(module, inputs).values())
+
+
+def saved_storage_bytes(module, inputs: Sequence) -> dict[int, int]:
+    """The storages of :func:`saved_storages`, each storage's address and its bytes."""
     import torch
 
     stored = {t.untyped_storage().data_ptr() for t in (*module.parameters(), *module.buffers())}
@@ -253,4 +258,4 @@ def saved_storages(module, inputs: Sequence) -> int:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         module(*inputs)
-    return sum(seen.values())
+    return seen

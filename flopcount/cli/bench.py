@@ -76,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
         "slowest rank, and the Megatron, torchtitan and MaxText conventions (docs/parallel.md, MFU per rank); the "
         "workloads train data parallel: dp=RANKS",
         "recompute": "with --parallel: what the run's backward recomputes, for each rank's HFU: none (default), full "
-        "(every numbered layer), selective (the attention core), or operator types (OP,OP)",
+        "(every numbered layer's whole forward), non-reentrant (up to each layer's last saved tensor), selective "
+        "(the attention core), or operator types (OP,OP)",
         "microbatches": "with --parallel: microbatches per optimizer step (the workloads step one: 1)"})
     p.add_argument("--format", choices=("table", "json"), default="table",
                    help="stdout format (default: table); -o always writes JSON")

@@ -417,7 +417,7 @@ def ledger(g: Graph, mode: str, optimizer: str | None, settings: MemorySettings,
     buffers = sum(size(n) for n in g.buffers)
     inputs = sum(size(n) for n in g.inputs)
     w = _Walk(live=params + buffers + inputs + states + held + (grads if accumulated else 0))
-    holds = _holds(g, st) if training else _Holds()
+    holds = _holds(g, st, settings.recompute.policy == "full") if training else _Holds()
     kept_by: dict[int, int] = {}
     activations, statistics = _forward(g, st, holds, w, kept_by)
     if training:
@@ -438,13 +438,15 @@ def ledger(g: Graph, mode: str, optimizer: str | None, settings: MemorySettings,
 class _Holds:
     """Who keeps which storage for the backward: ``holders`` root → node indices whose backward reads it;
     ``recomputed`` root → the unit that makes it again in the backward; ``unit_inputs`` unit → the roots its
-    checkpoint keeps; ``first``/``last`` unit → its first and last node whose backward runs (forward order)."""
+    checkpoint keeps; ``first``/``last`` unit → its first and last node whose backward runs (forward order);
+    ``unit_outputs`` unit → the roots it hands on, which a rerun of its whole forward (``full``) makes anew."""
 
     holders: dict[str, set[int]] = field(default_factory=dict)
     recomputed: dict[str, int] = field(default_factory=dict)
     unit_inputs: dict[int, set[str]] = field(default_factory=dict)
     first: dict[int, int] = field(default_factory=dict)
     last: dict[int, int] = field(default_factory=dict)
+    unit_outputs: dict[int, set[str]] = field(default_factory=dict)
 
 
 #: Ops whose operands after the first are shapes, axes or bounds: numbers in the framework, not tensors a checkpoint
@@ -452,14 +454,24 @@ class _Holds:
 _SHAPE_OPERANDS = frozenset({"Reshape", "Expand", "Unsqueeze", "Squeeze", "Slice", "Tile", "Pad"})
 
 
-def _holds(g: Graph, st: _Storages) -> _Holds:
+def _holds(g: Graph, st: _Storages, whole: bool) -> _Holds:
+    """Who keeps what (:class:`_Holds`); ``whole``: each unit's rerun runs its whole forward (``full``)."""
     h = _Holds()
     producer_unit: dict[str, int | None] = {}
-    for n in g.nodes:
+    sizes: set[str] = set()  # a shape's sizes: numbers in the framework, not tensors a checkpoint keeps
+    ends = {u: pos for pos, n in enumerate(g.nodes) if (u := g.units.get(n.index)) is not None}
+    for pos, n in enumerate(g.nodes):
         u = g.units.get(n.index)
+        if whole:  # what a unit made and a later unit, or a node after it, reads: the unit's output
+            for t in n.inputs:
+                made = producer_unit.get(st.of(t.name)) if t is not None and t.name else None
+                if made is not None and made != u and (u is not None or pos > ends[made]):
+                    h.unit_outputs.setdefault(made, set()).add(st.of(t.name))
         for t in n.outputs:
             if t is not None and t.name and st.of(t.name) == t.name:
                 producer_unit[t.name] = u
+                if n.op_type in ("Shape", "Size"):
+                    sizes.add(t.name)
         if u is not None:
             if n.index in g.grads:  # the backward reaches the unit at these nodes only
                 h.first.setdefault(u, n.index)
@@ -468,7 +480,7 @@ def _holds(g: Graph, st: _Storages) -> _Holds:
                 if t is not None and t.name and st.of(t.name) not in g.stored and \
                         not (i and n.op_type in _SHAPE_OPERANDS):
                     r = st.of(t.name)
-                    if producer_unit.get(r) != u:
+                    if producer_unit.get(r) != u and r not in sizes:
                         h.unit_inputs.setdefault(u, set()).add(r)
         s = g.saved.get(n.index)
         if s is None:
@@ -479,6 +491,9 @@ def _holds(g: Graph, st: _Storages) -> _Holds:
         for o in s.outputs:
             if o < len(n.outputs) and n.outputs[o] is not None and n.outputs[o].name:
                 h.holders.setdefault(st.of(n.outputs[o].name), set()).add(n.index)
+    for name in g.outputs if whole else ():
+        if producer_unit.get(st.of(name)) is not None:
+            h.unit_outputs.setdefault(producer_unit[st.of(name)], set()).add(st.of(name))
     for root in list(h.holders):
         if root in g.stored:
             del h.holders[root]  # weights and constants are no activations
@@ -553,6 +568,7 @@ def _backward(g: Graph, st: _Storages, h: _Holds, w: _Walk, param_grads: set[str
         if k in g.units:
             unit_extra[g.units[k]] = unit_extra.get(g.units[k], 0) + s.extra_bytes
     alive = {r for r in h.holders if r not in h.recomputed}.union(*h.unit_inputs.values())
+    remade_outputs = {u: sum(st.nbytes(r) for r in rs) for u, rs in h.unit_outputs.items()}
     grad_of: dict[str, int] = {}
     for n in g.nodes:  # the seed gradients of the graph's outputs that need one
         for t in n.outputs:
@@ -574,7 +590,7 @@ def _backward(g: Graph, st: _Storages, h: _Holds, w: _Walk, param_grads: set[str
                 if r not in alive:
                     alive.add(r)
                     w.add(st.nbytes(r))
-            w.add(unit_extra.get(u, 0))
+            w.add(unit_extra.get(u, 0) + remade_outputs.get(u, 0))  # a whole rerun makes the outputs anew too
         _input_grads(g, st, n, w, grad_of, param_grads, grad_size)
         w.mark("backward", n.name)
         for t in n.outputs:
@@ -586,6 +602,7 @@ def _backward(g: Graph, st: _Storages, h: _Holds, w: _Walk, param_grads: set[str
             pending[r] -= 1
             release(r)
         if u is not None and h.first.get(u) == n.index:
+            w.add(-remade_outputs.get(u, 0))
             for r in h.unit_inputs.get(u, ()):
                 unit_holds[r] -= 1
                 release(r)
@@ -621,8 +638,9 @@ def _input_grads(g: Graph, st: _Storages, n: NodeCount, w: _Walk, grad_of: dict[
 def recompute_units(policy: Recompute, nodes: Sequence[NodeCount], scopes: Sequence[tuple[str, ...]],
                     attention_cores: Callable[[], Sequence[set[int]]],
                     grads: Collection[int] | None = None) -> dict[int, int]:
-    """Node index → recompute unit: ``full``, each numbered layer of the module scopes (``layers.3``,
-    ``encoder.layer.0``: the blocks a checkpoint wraps), or the whole graph when it shows none; ``selective``, each
+    """Node index → recompute unit: ``full`` and ``non-reentrant``, each numbered layer of the module scopes
+    (``layers.3``, ``encoder.layer.0``: the blocks a checkpoint wraps), or the whole graph when it shows none (both
+    keep the same: a unit's inputs; ``full`` makes the unit's outputs again too); ``selective``, each
     attention core (``attention_cores()``: the score product through softmax and dropout to the product with V);
     an operator list (``ops``), the nodes of those types, as selective activation checkpointing runs them again
     under a checkpoint around each layer: within each numbered layer, the listed nodes connected to each other

@@ -46,13 +46,14 @@ peak by themselves and not where it is: one walk gives the figures and the peak.
 (the plan refuses degrees that do not divide), so a stage is walked once per EP load and placed on each of them.
 
 **Context parallelism** (``cp=C``, the zigzag split of :mod:`flopcount.parallel.experts`): each CP rank holds 2
-chunks of s/(2C) tokens, so every activation (every tensor that is not stored: the graph's inputs, position
-tables and masks included) is 1/C, rounded up, except the K and V that attention reads: as the FLOPs per rank
-assume (an ``all_gather`` of K and V in each layer's forward, again only under ``full`` recompute, and a
-``reduce_scatter`` of their gradients in the backward), each CP rank gathers the whole sequence's K and V and
-keeps them for the backward; these tensors (the storages the score product and the product with V read) are whole
-over CP (``cp_kv_bytes``: the largest layer's gathered K and V on the rank, in the activations, or made again
-with its layer under ``full`` recompute; the local shard before the gather, a transient, is not counted apart). Parameters, gradients and optimizer states are
+chunks of s/(2C) tokens, so every activation (every tensor that is not stored: the graph's inputs, position tables
+and masks included) is 1/C, rounded up, except the K and V that attention reads: as the FLOPs per rank assume (an
+``all_gather`` of K and V in each layer's forward, again only under ``full`` or ``non-reentrant`` recompute, and a
+``reduce_scatter`` of their gradients in the backward), each CP rank gathers the whole sequence's K and V and keeps
+them for the backward; these tensors (the storages the score product and the product with V read) are whole over CP
+(``cp_kv_bytes``: the largest layer's gathered K and V on the rank, in the activations, or made again with its layer
+under ``full`` or ``non-reentrant`` recompute; the local shard before the gather, a transient, is not counted
+apart). Parameters, gradients and optimizer states are
 whole on every CP rank; under ``fsdp`` they are sharded over the D·C ranks of the ``dp_cp`` group the FLOPs
 ledger's gradient collectives run on (Megatron's distributed optimizer over dp·cp).
 

@@ -19,9 +19,9 @@ exactly 1/C of the s(s+1)/2 pairs of the whole sequence, for every i (contiguous
 keys: 1/C again. So every node's work is split 1/C over CP (a remainder to the first CP ranks, one FLOP each).
 K/V travel by **all_gather** (as Llama 3 trains; not a ring of send_recv): in each layer's forward each rank
 gathers the K and V of the whole sequence, 2·b·s·kv_T·d·e bytes (kv_T the K/V heads of its TP rank, e the
-activation's element bytes), once more when ``full`` recompute runs the layer again, and in the backward
-reduce-scatters their gradients, the same bytes. The TP, PP and DP payloads are those of s/C tokens; gradients
-are all-reduced over the D·C ranks of the data- and context-parallel groups (group ``dp_cp``).
+activation's element bytes), once more when ``full`` or ``non-reentrant`` recompute runs the layer again, and in
+the backward reduce-scatters their gradients, the same bytes. The TP, PP and DP payloads are those of s/C tokens;
+gradients are all-reduced over the D·C ranks of the data- and context-parallel groups (group ``dp_cp``).
 
 **Expert parallelism (ep=E).** A routed MoE block (scopes ``*.mlp`` or ``*.block_sparse_moe`` holding
 ``experts``) has R routed experts; EP rank r holds experts r·R/E .. (r+1)·R/E − 1 (E must divide R). The nodes

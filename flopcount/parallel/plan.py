@@ -40,7 +40,7 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved")
 IMPLEMENTATIONS = ("auto", "single-tensor", "foreach", "fused")
 DEVICES = ("cuda", "cpu")
 #: The named recompute policies; any other text is a comma-separated list of operator types to recompute.
-RECOMPUTE_POLICIES = ("none", "full", "selective")
+RECOMPUTE_POLICIES = ("none", "full", "non-reentrant", "selective")
 #: The most ranks a plan may have (tp·pp·cp·dp): the ledgers list every rank (one per rank in the JSON), which at
 #: 2**16 = 65,536 ranks takes seconds; a larger plan is refused rather than left to run for minutes.
 MAX_RANKS = 2**16
@@ -201,9 +201,12 @@ def parse_schedule(text: str) -> tuple[str, int]:
 class Recompute:
     """What the backward pass recomputes instead of keeping from the forward.
 
-    ``policy`` is ``none`` (keep everything the backward needs), ``full`` (keep only each checkpointed block's
-    inputs and run its forward again in the backward, as ``torch.utils.checkpoint`` around every layer,
-    which stops once every tensor the backward saved is back),
+    ``policy`` is ``none`` (keep everything the backward needs), ``full`` (keep only each layer's input and run
+    the layer's whole forward again in the backward, as Megatron's full recompute and
+    ``torch.utils.checkpoint(..., use_reentrant=True)`` around every layer run it), ``non-reentrant`` (keep the
+    same, and run the layer's forward again only until every tensor its backward saved is back, as
+    ``torch.utils.checkpoint(..., use_reentrant=False)`` stops: a dense layer's down projection and the residual
+    add after it do not run again),
     ``selective`` (recompute the attention core, the score products through softmax and dropout, as Korthikanti et
     al. 2022 propose; keep the rest) or ``ops``: recompute the operator types in ``ops`` and keep the rest (the
     policy of selective activation checkpointing).
@@ -239,7 +242,7 @@ def check_recompute_ops(recompute: Recompute, op_types: Collection[str]) -> None
     Traceback (most recent call last):
     ...
     flopcount.errors.UsageError: --recompute Gleu,Softmax: Gleu is no ONNX operator type and no node of the graph's; \
-its operator types: MatMul, Softmax
+its operator types: MatMul, Softmax; or a policy: none, full, non-reentrant, selective
     """
     if recompute.policy != "ops":
         return
@@ -248,7 +251,8 @@ its operator types: MatMul, Softmax
     listed = f"its operator types: {', '.join(sorted(present))}"
     if unknown:
         raise UsageError(f"--recompute {recompute}: {', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} no "
-                         f"ONNX operator type and no node of the graph's; {listed}")
+                         f"ONNX operator type and no node of the graph's; {listed}; or a policy: "
+                         f"{', '.join(RECOMPUTE_POLICIES)}")
     if present.isdisjoint(recompute.ops):
         which = "that type" if len(recompute.ops) == 1 else "those types"
         raise UsageError(f"--recompute {recompute}: no node of the graph is of {which}, so nothing would be "
@@ -263,8 +267,8 @@ def _onnx_operator(op_type: str) -> bool:
 
 
 def parse_recompute(text: str | Recompute | None) -> Recompute:
-    """The policy of ``--recompute none|full|selective|OP[,OP...]`` (operator types as ONNX names them, e.g.
-    ``Softmax,Gelu``).
+    """The policy of ``--recompute none|full|non-reentrant|selective|OP[,OP...]`` (operator types as ONNX names
+    them, e.g. ``Softmax,Gelu``).
 
     >>> sorted(parse_recompute("Gelu,Softmax").ops)
     ['Gelu', 'Softmax']

@@ -28,9 +28,10 @@ before the layers (the embedding), the last stage what comes after (the final no
 L/(P·v) layers, chunk c on rank c mod P (P·v must divide L, and P the microbatches).
 **Data.** Each DP rank runs M microbatches of the counted batch per optimizer step, so the global batch is b·M·dp.
 
-**Recompute** (train only): ``full`` runs each layer's forward again up to the last op that saves a tensor for the
-backward (as torch's non-reentrant checkpoint stops: a dense layer's down projection and residual add do not run
-again); ``selective`` runs each attention core again (in each layer, the ``self_attn`` nodes from the score
+**Recompute** (train only): ``full`` runs each layer's whole forward again (Megatron's full recompute, torch's
+reentrant checkpoint); ``non-reentrant`` runs it again up to the last op that saves a tensor for the backward (as
+torch's non-reentrant checkpoint stops: a dense layer's down projection and residual add do not run again);
+``selective`` runs each attention core again (in each layer, the ``self_attn`` nodes from the score
 product through softmax to the product with V, in graph order); a list of operator types runs those nodes again.
 
 **Communication** bytes per optimizer step by collective, with the group it runs on, as the payload each rank
@@ -49,6 +50,11 @@ activation element) per microbatch and Lₛ the stage's layers:
   (A), its gradient split with no collective. With position or token-type tables
   looked up and added to the token embedding, the embedding's lookup is all-reduced instead (A) and the sum split
   over the sequence with no collective, its gradient gathered (A), as Megatron's embedding does;
+* TP under recompute: the forward's collectives that the rerun passes run again. ``full`` runs each layer's
+  whole forward again: 2·Lₛ·A more ``all_reduce`` (with sp, 2·Lₛ·A more ``all_gather`` and ``reduce_scatter``).
+  ``non-reentrant`` stops before the layer's last product (its down projection), so its reduction does not run
+  again: Lₛ·A more ``all_reduce`` (with sp, 2·Lₛ·A ``all_gather`` and Lₛ·A ``reduce_scatter``). ``selective``
+  and an operator list run no collective again (an MoE layer's rerun all_to_all is not listed);
 * PP: ``send_recv`` of each microbatch's activation to the next stage in the forward and its gradient to the
   previous stage in the backward, A each (A/T under sp, whose activations are split over the sequence); with
   ``interleaved:v``, from each of the rank's v chunks but the model's last (forward) and first (backward);
@@ -213,8 +219,8 @@ _HEADS = ("heads", "kv_heads", "shared_head")
 
 
 def _rerun_layers(nodes: Sequence[Any], layout: Layout) -> set[int]:
-    """The nodes a checkpoint around each layer runs again (``--recompute full``): the layer's forward in order,
-    stopping, as torch's non-reentrant checkpoint does, once every tensor its backward saved is back. The last
+    """The nodes a checkpoint around each layer runs again (``--recompute non-reentrant``): the layer's forward in
+    order, stopping, as torch's non-reentrant checkpoint does, once every tensor its backward saved is back. The last
     op that saves anything is the cut: an op that saves its inputs (a product: the down projection's input) saves
     them before it runs, so neither it nor what follows runs again (the residual add after it); one that saves
     its output (softmax, an activation) runs first."""
@@ -235,7 +241,9 @@ def _rerun_layers(nodes: Sequence[Any], layout: Layout) -> set[int]:
 def _recomputed(recompute: Recompute, nodes: Sequence[Any], layout: Layout) -> set[int]:
     if recompute.policy == "none":
         return set()
-    if recompute.policy == "full":
+    if recompute.policy == "full":  # the whole layer, as Megatron and torch's reentrant checkpoint run it
+        return {k for k, layer in enumerate(layout.layer) if layer is not None}
+    if recompute.policy == "non-reentrant":
         return _rerun_layers(nodes, layout)
     if recompute.policy == "ops":
         return {k for k, n in enumerate(nodes) if n.op_type in recompute.ops}
@@ -327,9 +335,10 @@ def _shares_of(report: Any, plan: ParallelPlan, recompute: Recompute):
     per_stage = d.layers // plan.pp if d.layers else 0
     if train and recompute is not None:
         check_recompute_ops(recompute, {n.op_type for n in nodes})
-    if train and recompute.policy in ("full", "selective") and not layout.attention:
-        raise UsageError(f"--recompute {recompute}: {where} has no repeated attention layers to checkpoint (full) "
-                         "or attention cores to run again (selective); give --recompute none or operator types")
+    if train and recompute.policy in ("full", "non-reentrant", "selective") and not layout.attention:
+        raise UsageError(f"--recompute {recompute}: {where} has no repeated attention layers to checkpoint (full, "
+                         "non-reentrant) or attention cores to run again (selective); give --recompute none or "
+                         "operator types")
     redo = _recomputed(recompute, nodes, layout) if train else set()
     shares: list[NodeShare] = []
     for k, n in enumerate(nodes):
@@ -380,7 +389,8 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
     load.check_layers(len(moe_layers))
     fractions = {layer: load.fractions(j, report.moe.experts, e_) for j, layer in enumerate(moe_layers)}
     whole = sum(n.cost.flops + (n.backward.flops if train else 0) for n in report.nodes)
-    comm = _communication(layout, report, per_stage, train, has_loss)
+    comm = _communication(layout, report, per_stage, train, has_loss,
+                          _RERUN_TP.get(recompute.policy, (0, 0, 0)) if train else (0, 0, 0))
     order = ("tp", "pp", "cp", "ep", "dp")
     from . import optimizer as po
 
@@ -434,7 +444,7 @@ def _cp_ep_communication(plan: ParallelPlan, d: Dims, report: Any, stage: int, p
     m, out = plan.microbatches, []
     if plan.cp > 1:
         kv = 2 * d.batch * d.seq * max(d.kv_heads // plan.tp, 1) * d.head_dim * d.act_bytes * per_stage
-        again = 2 if train and recompute.policy == "full" else 1
+        again = 2 if train and recompute.policy in ("full", "non-reentrant") else 1  # gathered again in the rerun
         out.append(Collective("all_gather", "cp", m * kv * again))
         if train:
             out.append(Collective("reduce_scatter", "cp", m * kv))
@@ -553,8 +563,15 @@ def _simulated(schedule: str, stages: int, microbatches: int, forward: Sequence[
     return Schedule(max(free), tuple(busy), tuple(actions))
 
 
-def _communication(layout: Layout, report: Any, per_stage: int, train: bool, has_loss: bool):
-    """Per stage: the collectives of one rank of that stage per optimizer step (the module's closed forms)."""
+#: Per layer, the forward's TP reductions and gathers a recompute policy runs again: (all_reduce without sp;
+#: all_gather and reduce_scatter with sp). ``non-reentrant`` stops before the layer's last product.
+_RERUN_TP = {"full": (2, 2, 2), "non-reentrant": (1, 2, 1)}
+
+
+def _communication(layout: Layout, report: Any, per_stage: int, train: bool, has_loss: bool,
+                   again: tuple[int, int, int]):
+    """Per stage: the collectives of one rank of that stage per optimizer step (the module's closed forms);
+    ``again``: the recompute's TP collectives per layer (:data:`_RERUN_TP`)."""
     plan, d = layout.plan, layout.dims
     t, p, m = plan.tp, plan.pp, plan.microbatches
     tokens = d.batch * (d.seq // plan.cp)  # a CP rank's tokens
@@ -576,13 +593,14 @@ def _communication(layout: Layout, report: Any, per_stage: int, train: bool, has
             if plan.sp:
                 per = 2 * per_stage * a * (2 if train else 1)
                 summed = embeds and layout.lookups_added  # all-reduced, positions added, the rank's tokens kept
-                add("all_gather", "tp", m * (per + (a if last else 0) + (a if first and train else 0)))
-                add("reduce_scatter", "tp", m * (per + (a if embeds and not summed else 0)
+                add("all_gather", "tp", m * (per + again[1] * per_stage * a + (a if last else 0)
+                                             + (a if first and train else 0)))
+                add("reduce_scatter", "tp", m * (per + again[2] * per_stage * a + (a if embeds and not summed else 0)
                                                  + (a if head and train else 0)))
                 add("all_reduce", "tp", m * a if summed else 0)
             else:
-                add("all_reduce", "tp", m * (2 * per_stage * a * (2 if train else 1) + (a if embeds else 0)
-                                             + (a if head and train else 0)))
+                add("all_reduce", "tp", m * (2 * per_stage * a * (2 if train else 1) + again[0] * per_stage * a
+                                             + (a if embeds else 0) + (a if head and train else 0)))
             if last and has_loss:
                 add("all_reduce", "tp", m * 3 * tokens * 4)
             if plan.sp and train:  # the sequence-parallel weights' partial gradients, once a step

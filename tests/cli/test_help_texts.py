@@ -31,6 +31,17 @@ def test_help_names_only_the_commands_own_flags(name, make):
     assert not foreign, f"flopcount {name} --help names flags it does not have: {sorted(foreign)}"
 
 
+@pytest.mark.parametrize("command", ["count", "bench"])
+def test_recompute_help_lists_every_policy(command):
+    from flopcount.cli import bench
+    from flopcount.parallel.plan import RECOMPUTE_POLICIES
+
+    make = build_parser if command == "count" else bench.build_parser
+    (recompute,) = [a for a in make()._actions if a.dest == "recompute"]
+    named = re.findall(r"(?:^|[:,] )([a-z-]+) \(", recompute.help)
+    assert set(RECOMPUTE_POLICIES) <= set(named) and "operator types" in recompute.help
+
+
 def test_bench_recompute_is_the_plans():
     from flopcount.cli import bench
 

@@ -179,7 +179,8 @@ def test_operator_list_recompute_spares_what_only_a_chain_of_listed_ops_keeps():
     assert (beside.activations_bytes, beside.peak_bytes) == (of("Sigmoid").activations_bytes, of("Sigmoid").peak_bytes)
     for policy, what in (("Gelu", "no node of the graph is of that type"), ("sigmoid", "sigmoid is no ONNX operator")):
         with pytest.raises(UsageError, match=f"--recompute {policy}: {what}.*its operator types: MatMul, Mul, "
-                                             "ReduceSum, Sigmoid$"):
+                                             "ReduceSum, Sigmoid(; or a policy: none, full, non-reentrant, "
+                                             "selective)?$"):
             of(policy)
     # x·x alone is a unit whose backward does not run: dropped (nothing of it is kept to make again); mm1 keeps
     # x·x in x's place, and x, which only that Mul reads, is no unit's input kept for the backward

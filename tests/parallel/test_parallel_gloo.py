@@ -137,25 +137,30 @@ def _counted(checkpoint=None) -> int:
     return counter.get_total_flops()
 
 
-def test_full_recompute_is_torch_checkpoint_per_layer(report):
-    """torch.utils.checkpoint (non-reentrant) around each decoder layer runs the layer's forward again in the
-    backward, but stops as soon as every tensor the backward saved is back: the last one is the input of the down
-    projection (saved by that product before it runs), so the down projection and the residual add after it are
-    not run again. The ledger's ``full`` policy is the same set of nodes."""
+@pytest.mark.parametrize("reentrant,policy", [(True, "full"), (False, "non-reentrant")])
+def test_layer_recompute_is_torch_checkpoint_per_layer(report, reentrant, policy):
+    """torch.utils.checkpoint around each decoder layer runs the layer's forward again in the backward: the
+    reentrant one all of it (Megatron's full recompute, the ledger's ``full``); the non-reentrant one stops as soon
+    as every tensor the backward saved is back: the last one is the input of the down projection (saved by that
+    product before it runs), so the down projection and the residual add after it are not run again (the
+    ledger's ``non-reentrant``)."""
     from torch.utils.checkpoint import checkpoint
 
     base = _counted()
-    full = _counted(lambda fn, x: checkpoint(fn, x, use_reentrant=False))
-    p, r = plan("dp=1"), parse_recompute("full")
+    rerun = _counted(lambda fn, x: checkpoint(fn, x, use_reentrant=reentrant))
+    p, r = plan("dp=1"), parse_recompute(policy)
     assert base == products(report, p, what=("forward", "backward"))
-    # per layer again: Q and O (H×H), K and V (H×KV_HEADS·D), gate and up (H×FFN), scores and product with V
-    again = L * 2 * B * S * (2 * H * H + 2 * H * KV_HEADS * D + 2 * H * FFN + 2 * HEADS * S * D)
-    assert full - base == again == products(report, p, r, what=("recompute",))
-    rank = ledger(report, p, r).ranks[0]
+    # per layer again: Q and O (H×H), K and V (H×KV_HEADS·D), gate and up (H×FFN), scores and product with V;
+    # and the down projection (FFN×H) when the whole layer runs again
     down = L * 2 * B * S * FFN * H
+    again = L * 2 * B * S * (2 * H * H + 2 * H * KV_HEADS * D + 2 * H * FFN + 2 * HEADS * S * D)
+    again += down if reentrant else 0
+    assert rerun - base == again == products(report, p, r, what=("recompute",))
+    rank = ledger(report, p, r).ranks[0]
     layers_fwd = sum(n.cost.flops for n, sc in zip(report.nodes, report.modules.nodes)
                      if any(".layers." in s for s in sc))
-    assert rank.recompute_flops == layers_fwd - down - L * B * S * H  # all of each layer but down_proj and its add
+    # the whole of each layer, or all but down_proj and its residual add
+    assert rank.recompute_flops == layers_fwd - (0 if reentrant else down + L * B * S * H)
 
 
 def _attention_core_policy(ctx, op, *args, **kwargs):

@@ -107,9 +107,11 @@ def test_recompute_runs_the_forward_again(report):
     layers_fwd = sum(n.cost.flops for n, sc in zip(report.nodes, report.modules.nodes)
                      if any(".layers." in s for s in sc))
     full = ledger(report, plan("dp=1"), parse_recompute("full")).ranks[0]
+    assert full.recompute_flops == layers_fwd  # each layer's whole forward (Megatron, torch's reentrant checkpoint)
+    early = ledger(report, plan("dp=1"), parse_recompute("non-reentrant")).ranks[0]
     # all but each layer's down projection and the residual add after it (saved input: non-reentrant checkpoint
-    # stops before them; tests/parallel/test_parallel_gloo.py runs it)
-    assert full.recompute_flops == layers_fwd - L * (2 * B * S * FFN * H + B * S * H)
+    # stops before them; tests/parallel/test_recompute_policies.py runs both)
+    assert early.recompute_flops == layers_fwd - L * (2 * B * S * FFN * H + B * S * H)
     selective = ledger(report, plan("dp=1"), parse_recompute("selective")).ranks[0]
     products = L * 2 * (2 * B * HEADS * S * S * D)  # scores Q·Kᵀ and the product with V
     assert products <= selective.recompute_flops < products + L * 10 * B * HEADS * S * S
@@ -260,14 +262,16 @@ def test_a_product_outside_the_recognised_modules_is_refused(report):
 
 # --- TP on 2 gloo ranks: Megatron-style local modules, counted by torch's FlopCounterMode on each rank ----------
 
-def _tp_worker(rank: int, world: int, init: str, out: str) -> None:
+def _tp_worker(rank: int, world: int, init: str, out: str, reentrant: bool | None = None) -> None:
     """One TP rank of a tiny Llama written with local shards: column-parallel Q, K, V, gate, up and LM head
     (their output features split), row-parallel O and down (their input features split, the outputs summed by
-    all_reduce), a vocab-parallel embedding, replicated RMSNorms; 2 local heads of Q and 1 of K/V on each rank."""
+    all_reduce), a vocab-parallel embedding, replicated RMSNorms; 2 local heads of Q and 1 of K/V on each rank.
+    ``reentrant``: each layer under ``torch.utils.checkpoint`` (reentrant or not; None: no checkpoint)."""
     import json
 
     import torch
     import torch.distributed as dist
+    from torch.utils.checkpoint import checkpoint
     from torch.utils.flop_counter import FlopCounterMode
 
     # A forked child must not enter the intra-op thread pool the parent may have started (earlier tests of the
@@ -323,7 +327,8 @@ def _tp_worker(rank: int, world: int, init: str, out: str) -> None:
         x = torch.nn.functional.embedding((ids - lo).masked_fill(mask, 0), embed).masked_fill(mask[..., None], 0)
         x = Reduce.apply(x)
         causal = torch.full((S, S), float("-inf")).triu(1)
-        for p in layers:
+
+        def layer(x, p):
             y = Copy.apply(rms(x))
             q = (y @ p["q"].T).view(B, S, heads, D).transpose(1, 2)
             k = (y @ p["k"].T).view(B, S, kv, D).transpose(1, 2).repeat_interleave(heads // kv, 1)
@@ -331,7 +336,13 @@ def _tp_worker(rank: int, world: int, init: str, out: str) -> None:
             a = torch.softmax(q @ k.transpose(-1, -2) / D ** 0.5 + causal, -1) @ v
             x = x + Reduce.apply(a.transpose(1, 2).reshape(B, S, heads * D) @ p["o"].T)
             y = Copy.apply(rms(x))
-            x = x + Reduce.apply((torch.nn.functional.silu(y @ p["gate"].T) * (y @ p["up"].T)) @ p["down"].T)
+            return x + Reduce.apply((torch.nn.functional.silu(y @ p["gate"].T) * (y @ p["up"].T)) @ p["down"].T)
+
+        for p in layers:
+            if reentrant is None:
+                x = layer(x, p)
+            else:
+                x = checkpoint(layer, x, p, use_reentrant=reentrant)
         logits = Copy.apply(rms(x)) @ head.T  # vocab-parallel head: this rank's V/T logits
         logits.sum().backward()
     with open(f"{out}.{rank}", "w") as f:
@@ -339,18 +350,43 @@ def _tp_worker(rank: int, world: int, init: str, out: str) -> None:
     dist.destroy_process_group()
 
 
-def test_tp_on_gloo_equals_the_ledger(report, tmp_path):
+@pytest.mark.parametrize("recompute,gathers,scatters", [("full", 2, 2), ("non-reentrant", 2, 1), ("selective", 0, 0)])
+def test_sequence_parallel_collectives_a_recompute_runs_again(report, recompute, gathers, scatters):
+    # per layer and microbatch, A = B·S·H·4: each block gathers its input and scatters its output; the whole rerun
+    # runs both blocks' again, the non-reentrant one stops before the down projection and its reduce_scatter,
+    # the selective one runs the attention core again, which no collective is part of
+    p, a = plan("tp=2,sp", 2), B * S * H * 4
+
+    def comm(r):
+        return {c.kind: c.bytes for c in ledger(report, p, r).ranks[0].communication if c.group == "tp"}
+
+    base, rerun = comm(None), comm(parse_recompute(recompute))
+    assert rerun["all_gather"] - base["all_gather"] == 2 * L * gathers * a
+    assert rerun["reduce_scatter"] - base["reduce_scatter"] == 2 * L * scatters * a
+
+
+@pytest.mark.parametrize("recompute,reentrant,again", [
+    pytest.param("none", None, 0, id="none"),
+    pytest.param("full", True, 2, id="full: both reductions again"),
+    pytest.param("non-reentrant", False, 1, id="non-reentrant: the attention's reduction again"),
+])
+def test_tp_on_gloo_equals_the_ledger(report, tmp_path, recompute, reentrant, again):
     """Each rank's products counted by FlopCounterMode (it counts matmuls only: the ledger's product nodes are what
-    it sees) and the bytes handed to all_reduce equal the ledger's per-rank figures for tp=2."""
-    p = plan("tp=2")
-    ranks = gloo_ranks(_tp_worker, tmp_path)
-    led = ledger(report, p)
+    it sees) and the bytes handed to all_reduce equal the ledger's per-rank figures for tp=2; with each layer under
+    a checkpoint, the rerun's products and its forward all_reduces too (``again`` per layer: the reentrant rerun
+    reduces both blocks' outputs again, the non-reentrant one stops before the down projection and its
+    reduction)."""
+    p, r = plan("tp=2"), parse_recompute(recompute)
+    ranks = gloo_ranks(_tp_worker, tmp_path, reentrant)
+    led = ledger(report, p, r)
+    plain = ledger(report, p)
     for i, seen in enumerate(ranks):
-        products = sum(x.forward + x.backward for x in node_shares(report, p)
+        products = sum(x.forward + x.backward + x.recompute for x in node_shares(report, p, r)
                        if x.tp == i and report.nodes[x.index].family in ("matmul", "gemm"))
         assert seen["flops"] == products
         tp_bytes = sum(c.bytes for c in led.ranks[i].communication if c.group == "tp")
-        assert seen["bytes"] == tp_bytes
+        plain_bytes = sum(c.bytes for c in plain.ranks[i].communication if c.group == "tp")
+        assert seen["bytes"] == tp_bytes == plain_bytes + again * L * B * S * H * 4
 
 
 @pytest.mark.parametrize("ops,again", [
@@ -358,7 +394,7 @@ def test_tp_on_gloo_equals_the_ledger(report, tmp_path):
     pytest.param(["MatMul", "Softmax", "Add", "Reshape"], {0, 1}, id="softmax-last: saved output, rerun"),
     pytest.param(["Add", "Neg"], set(), id="nothing-saved"),
 ])
-def test_full_recompute_stops_at_the_last_saved_tensor(ops, again):
+def test_non_reentrant_recompute_stops_at_the_last_saved_tensor(ops, again):
     # a checkpointed layer runs again until every tensor its backward saved is back (torch's non-reentrant
     # checkpoint): an op that saves its inputs saves them before it runs, one that saves its output after
     from types import SimpleNamespace

@@ -46,6 +46,7 @@ def test_bad_plans_name_the_part(text, kw, message):
 
 @pytest.mark.parametrize("text, policy, ops", [
     (None, "none", frozenset()), ("none", "none", frozenset()), ("FULL", "full", frozenset()),
+    ("Non-Reentrant", "non-reentrant", frozenset()),
     ("selective", "selective", frozenset()), ("Softmax, Gelu", "ops", frozenset({"Softmax", "Gelu"})),
     ("com.microsoft:FastGelu", "ops", frozenset({"com.microsoft:FastGelu"})),
 ])
@@ -55,9 +56,9 @@ def test_recompute_policies(text, policy, ops):
     assert parse_recompute(r) is r
 
 
-@pytest.mark.parametrize("text", ["", "Soft max", "all!"])
+@pytest.mark.parametrize("text", ["", "Soft max", "all!", "non-reentrnt"])
 def test_bad_recompute_lists_the_policies(text):
-    with pytest.raises(UsageError, match="none, full, selective"):
+    with pytest.raises(UsageError, match="none, full, non-reentrant, selective"):
         parse_recompute(text)
 
 

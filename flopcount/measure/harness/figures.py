@@ -231,7 +231,8 @@ def _utilisation(s: RunSnapshot, flops: float | None, unavailable: dict, how: di
         else:
             hfu = mfu * (C + extra) / C
             how["hfu"] = f"MFU x (C + recomputed FLOPs per sample) / C, recompute={s.recompute!r}" + (
-                ": the ledger's rerun of each layer up to its last saving op (torch's non-reentrant checkpoint)"
+                ": the ledger's rerun of each layer's whole forward (Megatron's full recompute, torch's reentrant "
+                "checkpoint)"
                 if exact else ": one extra forward per sample (PaLM's convention, Chowdhery et al. 2022, appendix B)"
                 if s.recompute == "full" else "")
     else:

@@ -192,10 +192,10 @@ class Meter:
     recompute : "none", "full" or a number, optional
         What the run recomputes, for HFU: a number adds that many FLOPs per sample (e.g. fused attention's Q·Kᵀ
         recomputation). "full" activation checkpointing: with a counted model (``report=`` or ``model=``) of a
-        decoder the per-rank ledger recognises, the FLOPs it really reruns (each layer's forward up to its last op
-        that saves a tensor, as torch's non-reentrant checkpoint stops early); otherwise one extra forward pass per
-        sample, the published convention (Chowdhery et al. 2022, PaLM, appendix B), which overstates. The result's
-        ``how["hfu"]`` says which. Without it HFU is None.
+        decoder the per-rank ledger recognises, the FLOPs it really reruns (each layer's whole forward, as
+        Megatron's full recompute and torch's reentrant checkpoint run it; not the embedding, head or loss);
+        otherwise one extra forward pass per sample, the published convention (Chowdhery et al. 2022, PaLM,
+        appendix B), which overstates. The result's ``how["hfu"]`` says which. Without it HFU is None.
     warmup_steps, window_steps : int
         Steps excluded at the start, and steps per timing window.
     energy : bool
@@ -209,8 +209,8 @@ class Meter:
         counted model, and the result's ``parallel`` holds every rank's MFU and HFU, the slowest rank, the
         imbalance and the conventions of Megatron, torchtitan and MaxText (:mod:`.rank_mfu`). One :meth:`step`
         is one optimizer step. Needs ``report=`` or ``model=``; under torch.distributed its world size must be the
-        process group's. ``recompute`` is then also read as the ledger's policy (none, full, selective, or
-        operator types).
+        process group's. ``recompute`` is then also read as the ledger's policy (none, full, non-reentrant,
+        selective, or operator types).
     timeout : number, optional
         Under torch.distributed: the seconds given to ``distributed.init(timeout_s=)``. A collective that fails in
         the ``with meter:`` block or when the result is gathered then holds a roll call of the ranks for the rest

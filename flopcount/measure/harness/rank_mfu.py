@@ -110,8 +110,8 @@ def checked_plan(plan, recompute, flops_per_sample):
                          "FLOPs over the ranks; flops_per_sample= gives one number, not the model's nodes")
     policy = recompute if isinstance(recompute, str) else None
     if recompute is not None and not isinstance(recompute, str):
-        raise UsageError("Meter: with plan=, recompute must be a policy (none, full, selective or operator types "
-                         f"such as 'Softmax,Gelu'), not FLOPs per sample ({recompute!r})")
+        raise UsageError("Meter: with plan=, recompute must be a policy (none, full, non-reentrant, selective or "
+                         f"operator types such as 'Softmax,Gelu'), not FLOPs per sample ({recompute!r})")
     return plan, parse_recompute(policy)
 
 
@@ -146,8 +146,8 @@ def data_parallel_ledger(report: Any, plan: Any, recompute: Any) -> dict[str, An
 
 
 def full_recompute_flops(report: Any) -> float | None:
-    """FLOPs per sample that ``recompute="full"`` reruns as the per-rank ledger counts it (each layer's forward up
-    to its last op that saves a tensor, as torch's non-reentrant checkpoint stops), or None where the ledger's
+    """FLOPs per sample that ``recompute="full"`` reruns as the per-rank ledger counts it (each layer's whole
+    forward, as Megatron's full recompute and torch's reentrant checkpoint run it), or None where the ledger's
     rules do not recognise the model (HFU then takes PaLM's one extra forward per sample)."""
     from flopcount.parallel.plan import ParallelPlan, parse_recompute
     from flopcount.parallel.ranks import ledger

@@ -148,9 +148,9 @@ def test_a_rank_faster_than_its_measured_peak_shows_the_ceiling_stale():
 
 
 def test_full_recompute_hfu_takes_the_ledgers_rerun_when_known():
-    # C = 1000, forward 400; the ledger reruns 300 FLOPs a sample (each layer stopped at its last saving op)
+    # C = 1000, forward 400; the ledger reruns 300 FLOPs a sample (each layer's whole forward, not the head)
     exact = run_figures(snapshot(recompute_flops_per_sample=300.0))
     assert exact.hfu == pytest.approx(0.25 * (1000 + 300) / 1000)
-    assert "non-reentrant" in exact.how["hfu"]
+    assert "reentrant checkpoint" in exact.how["hfu"]
     palm = run_figures(snapshot())  # nothing but the forward known: PaLM's one extra forward a sample
     assert palm.hfu == pytest.approx(0.25 * (1000 + 400) / 1000) and "PaLM" in palm.how["hfu"]

@@ -52,20 +52,19 @@ def _meter_hfu(**kwargs):
 
 def test_full_recompute_hfu_with_a_report_is_the_ledgers_rerun(llama):
     """recompute="full" with a counted decoder: HFU adds what the ledger reruns (checked against torch's
-    non-reentrant checkpoint in tests/parallel/test_parallel_gloo.py), not a whole forward: each layer stops before its
-    down projection (2·S·FFN·H a sample) and the residual add after it (S·H); the embedding, final norm, head and
-    loss are outside the checkpointed layers and do not run again."""
+    reentrant checkpoint in tests/parallel/test_recompute_policies.py), not a whole forward: each layer's forward
+    runs again; the embedding, final norm, head and loss are outside the checkpointed layers and do not run again."""
     report = llama[0]
     from flopcount.parallel.plan import ParallelPlan, parse_recompute
     from flopcount.parallel.ranks import ledger
 
     layer_forward = sum(n.cost.flops for n, sc in zip(report.nodes, report.modules.nodes)
                         if any(".layers." in x for x in sc)) / B
-    rerun = layer_forward - L * (2 * S * FFN * H + S * H)
+    rerun = layer_forward
     assert ledger(report, ParallelPlan(), parse_recompute("full")).ranks[0].recompute_flops / B == rerun
     C, forward = report.per_sample.flops, report.forward.flops / B
     mfu, hfu, how = _meter_hfu(report=report)
-    assert hfu == pytest.approx(mfu * (C + rerun) / C) and "non-reentrant" in how
+    assert hfu == pytest.approx(mfu * (C + rerun) / C) and "reentrant checkpoint" in how
     assert rerun < forward  # PaLM's +1 forward overstates
     mfu, hfu, how = _meter_hfu(flops_per_sample=C)  # only a number: no forward, no rerun known
     assert hfu is None and "needs a counting report" in how
