@@ -1,4 +1,9 @@
-"""The traversal: load → DAG → shapes → one registered formula per node → :class:`Report`."""
+"""The count: load → DAG → shapes → one registered formula per node → :class:`Report`.
+
+Each stage returns a frozen record and changes nothing it was given: :class:`_Graph` (the model read, checked and
+resolved), the gradient plan of a training count (:mod:`flopcount.pipeline.gradients`), :class:`_Forward` (the
+counted nodes), :class:`_Trained` (the backward's figures) and the memory ledger; :func:`_report` assembles the
+Report from them, once. The ledgers of a parallel plan are attached after (:func:`flopcount.plans.with_plan`)."""
 
 from __future__ import annotations
 
