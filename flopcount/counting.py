@@ -1,4 +1,9 @@
-"""The traversal: load → DAG → shapes → one registered formula per node → :class:`Report`."""
+"""The count: load → DAG → shapes → one registered formula per node → :class:`Report`.
+
+Each stage returns a frozen record and changes nothing it was given: :class:`_Graph` (the model read, checked and
+resolved), the gradient plan of a training count (:mod:`flopcount.pipeline.gradients`), :class:`_Forward` (the
+counted nodes), :class:`_Trained` (the backward's figures) and the memory ledger; :func:`_report` assembles the
+Report from them, once. The ledgers of a parallel plan are attached after (:func:`flopcount.plans.with_plan`)."""
 
 from __future__ import annotations
 
@@ -30,12 +35,13 @@ from .pipeline.attributes import AttributeCache
 from .pipeline.graph_masks import graph_masks
 from .pipeline.loading import LoadedModel, copy_field, load, shortened
 from .pipeline.parameters import BUFFER, PARAMETER, SHAPE_TYPES, Roles, classify, stored_tensors
-from .pipeline.schema import differentiable_inputs
+from .pipeline.gradients import TrainingPlan, plan_gradients, training_plan
 from .pipeline.shapes import Inference, Resolution, prepare, resolve
 from .plans import with_plan
-from .registry import canonical_domain, lookup, lookup_backward, lookup_shape, straight_through
+from .registry import canonical_domain, lookup, lookup_backward, lookup_shape
 from .reporting.modules import ModuleScopes, scopes_of
-from .reporting.report import FORMULA, UNSUPPORTED, ZERO_COST, ModelInfo, NodeCount, Report, op_key, op_type_summaries, sum_costs
+from .reporting.report import (FORMULA, UNSUPPORTED, ZERO_COST, ModelInfo, NodeCount, OpTypeSummary, Report, op_key,
+                               op_type_summaries, sum_costs)
 
 log = logging.getLogger(__name__)
 
@@ -109,34 +115,98 @@ _PHASES = {"load": "reading the model", "graph": "building and checking the grap
            "count": "counting the nodes"}
 
 
+class _Clock:
+    """The seconds of each stage of one count (``Report.timings``), each reported as it ends."""
+
+    def __init__(self) -> None:
+        self.timings: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.timings[phase] = now - self._last
+        self._last = now
+        progress.done(_PHASES[phase], self.timings[phase])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Graph:
+    """The model read, checked and resolved: what the counting stages after it read (and never change)."""
+
+    loaded: LoadedModel
+    model: ModelProto  # the model counted (prepared: its input shapes set)
+    shaped: ModelProto  # the model shape inference read (see _for_inference)
+    where: str  # the model's name in messages
+    index: GraphIndex
+    opsets: Mapping[str, int]
+    attributes_of: AttributeCache
+    attributes: Sequence[Any]  # node index → its attributes
+    roles: Roles
+    scopes: ModuleScopes
+    res: Resolution
+    hint: str  # how to fix an unresolved shape (validate.fix_hint)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Forward:
+    """The forward stage's record: the counted nodes (in traversal order) and the operators without a formula."""
+
+    nodes: tuple[NodeCount, ...]
+    by_op_type: Mapping[str, OpTypeSummary]
+    unsupported: Mapping[str, int]  # op key → nodes without a formula, subgraph bodies' included
+    walk: "_Traversal"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Trained:
+    """The backward stage's record (``mode="train"``): its figures for the report."""
+
+    plan: "TrainingPlan"
+    backward: Cost
+    backward_unsupported: Mapping[str, int]
+    trainable_params: int
+    optimizer: tuple[str, Cost] | None
+
+
 def _count(model, options: CountOptions) -> Report:
-    input_shapes, batch, strict, input_values = options.input_shapes, options.batch, options.strict, options.input_values
-    loop_trips, mode, optimizer, trainable_inputs = options.loop_trips, options.mode, options.optimizer, options.trainable_inputs
-    trainable, frozen, attention, memory = options.trainable, options.frozen, options.attention, options.memory
     conv = get_convention(options.convention)
-    if memory is not None:
-        from .memory.ledger import MemorySettings
+    memory = _memory_settings(options.memory)
+    clock = _Clock()
+    graph = _read(model, options, clock)
+    plan = _training(graph, options)
+    conv = _executed(conv, graph, options)
+    forward = _forward(graph, conv, plan, options, memory is not None)
+    trained = _trained(graph, plan, forward, options) if plan is not None else None
+    ledger = _memory(memory, graph, forward, trained, options) if memory is not None else None
+    clock.lap("count")
+    report = _report(graph, conv, forward, trained, ledger, options, clock.timings)
+    # in the console's process, left for its exit rather than freed object by object here (a no-op elsewhere)
+    retained.keep(graph, forward, plan, report)
+    return report
 
-        memory = MemorySettings.of(memory)
-        if not memory.plan.is_single:
-            raise UsageError(f"memory: the plan of MemorySettings ({memory.plan}) is not counted; give it as a "
-                             "setting of the count, count(..., memory=True, parallel=plan), or split a one-rank "
-                             "count with flopcount.memory_per_rank(report, plan)")
-    given_mask = None
-    if not isinstance(attention, str):
-        attention, given_mask = "executed", attention
-    clock = [time.perf_counter()]
-    timings: dict[str, float] = {}
 
-    def lap(phase: str) -> None:
-        clock.append(time.perf_counter())
-        timings[phase] = clock[-1] - clock[-2]
-        progress.done(_PHASES[phase], timings[phase])
+def _memory_settings(memory):
+    """The memory settings of a count (``options.memory``: None, True or a record), checked: a plan is given to the
+    count, never inside the settings."""
+    if memory is None:
+        return None
+    from .memory.ledger import MemorySettings
 
+    memory = MemorySettings.of(memory)
+    if not memory.plan.is_single:
+        raise UsageError(f"memory: the plan of MemorySettings ({memory.plan}) is not counted; give it as a "
+                         "setting of the count, count(..., memory=True, parallel=plan), or split a one-rank "
+                         "count with flopcount.memory_per_rank(report, plan)")
+    return memory
+
+
+def _read(model, options: CountOptions, clock: _Clock) -> _Graph:
+    """Load ``model``, build and check its graph, and resolve its shapes (the stages load, graph and shapes)."""
+    input_values, loop_trips = options.input_values, options.loop_trips
     loaded = load(model)
     m, where = loaded.model, loaded.path or "<model>"
-    lap("load")
-    prepare(m, input_shapes, batch, where, input_values)
+    clock.lap("load")
+    prepare(m, options.input_shapes, options.batch, where, input_values)
     shaped = _for_inference(m)
     inference = Inference(shaped, where)  # may run beside the DAG construction: see Inference
     try:
@@ -144,100 +214,129 @@ def _count(model, options: CountOptions) -> Report:
         opsets = _opsets(m)
         validate.check_graph(m, index, opsets, where)  # before any inference in this process
         _check_loop_trips(m.graph, index, loop_trips, where)
-        protos, names = index.protos, index.names
         attributes_of = AttributeCache(opsets, where, m.ir_version)
         attributes = attributes_of.of_graph(index)
-        roles = _roles(m, opsets, trainable, frozenset(input_values or ()), where, frozen, index)
+        roles = _roles(m, opsets, options.trainable, frozenset(input_values or ()), where, options.frozen, index)
         # needs the graph and the roles only: made while the inference child (if any) is still at work
         scopes = _module_scopes(index, roles)
-        lap("graph")
+        clock.lap("graph")
         res = resolve(shaped, index, where, inference, loop_trips=loop_trips)
     finally:
         inference.close()
     validate.check_resolved(index, res.tensors, res.values, attributes, where)
-    lap("shapes")
-    hint = validate.fix_hint(res.inputs, res.inference_error)
+    clock.lap("shapes")
+    return _Graph(loaded, m, shaped, where, index, opsets, attributes_of, attributes, roles, scopes, res,
+                  validate.fix_hint(res.inputs, res.inference_error))
 
-    trained_inputs = _trainable_inputs(m, res.tensors, trainable_inputs, mode, where)
-    training = (
-        _training_plan(index, res.tensors, opsets, roles.names(PARAMETER) | trained_inputs)
-        if mode == "train" else None
-    )
-    if attention == "executed":
-        padding, segments = values_structure(input_values, res.tensors, where) if given_mask is not None else (None, None)
-        evaluated = None if given_mask is not None else graph_masks(
-            protos, names, score_products(protos, names), res.tensors, res.values,
-            frozenset(i.name for i in m.graph.input), frozenset(input_values or ()))
-        conv = dataclasses.replace(conv, executed=executed_attention(protos, given_mask, names, padding, segments,
-                                                                     evaluated))
-    walk = _Traversal(res.tensors, res.values, conv, opsets, hint, where, loop_trips or {}, attributes_of, training)
-    grads = training.grads if training is not None else {}
+
+def _training(graph: _Graph, options: CountOptions) -> "TrainingPlan | None":
+    """Which nodes need a backward (``mode="train"``), or None in inference."""
+    m, res = graph.model, graph.res
+    trained_inputs = _trainable_inputs(m, res.tensors, options.trainable_inputs, options.mode, graph.where)
+    if options.mode != "train":
+        return None
+    return training_plan(graph.index, res.tensors, graph.opsets, graph.roles.names(PARAMETER) | trained_inputs)
+
+
+def _executed(conv: Convention, graph: _Graph, options: CountOptions) -> Convention:
+    """``conv`` with the attention masks that run (``options.attention``: "executed", or the masks given)."""
+    attention, given_mask = options.attention, None
+    if not isinstance(attention, str):
+        attention, given_mask = "executed", attention
+    if attention != "executed":
+        return conv
+    index, res, input_values = graph.index, graph.res, options.input_values
+    protos, names = index.protos, index.names
+    padding, segments = values_structure(input_values, res.tensors, graph.where) if given_mask is not None else (None, None)
+    evaluated = None if given_mask is not None else graph_masks(
+        protos, names, score_products(protos, names), res.tensors, res.values,
+        frozenset(i.name for i in graph.model.graph.input), frozenset(input_values or ()))
+    return dataclasses.replace(conv, executed=executed_attention(protos, given_mask, names, padding, segments, evaluated))
+
+
+def _forward(graph: _Graph, conv: Convention, plan: "TrainingPlan | None", options: CountOptions,
+             memory: bool) -> _Forward:
+    """Every node counted by its formula (and its backward under ``plan``), the operators the user declared free
+    (``options.free_ops``) made zero-cost; checked under ``options.strict``. ``memory``: whether the memory ledger
+    will read subgraph bodies' saved tensors, which need the main graph's stored tensors."""
+    index, res, where = graph.index, graph.res, graph.where
+    stored = frozenset(stored_tensors(graph.model.graph)) if memory else frozenset()
+    walk = _Traversal(graph, conv, options.loop_trips or {}, plan, stored)
+    grads = plan.grads if plan is not None else {}
+    protos, names, attributes = index.protos, index.names, graph.attributes
     node_inputs, node_outputs, node_ops = index.node_inputs, index.node_outputs, index.node_ops
     nodes = []
     for i in index.order:
         try:
-            nodes.append(walk.node(protos[i], i, names[i], attributes[i], grads.get(i, ()), node_inputs[i],
-                                   node_outputs[i], node_ops[i]))
+            nodes.append(walk.node(protos[i], i, names[i], attributes[i], grads.get(i, ()),
+                                   (node_inputs[i], node_outputs[i], node_ops[i])))
         except ShapeError as e:
             raise _shapeless_source(index, i, res.tensors, where) or e from None
-
     nested = walk.nested_unsupported
     if options.free_ops:  # unsupported operators the user declared free: zero-cost
         free = frozenset(options.free_ops)
         nodes = [n._replace(status=ZERO_COST) if n.status == UNSUPPORTED and (
             n.op_type in free or op_key(n.domain, n.op_type) in free) else n for n in nodes]
         nested = {k: v for k, v in nested.items() if k not in free and k.rpartition(":")[2] not in free}
-    report = _report(m, path=loaded.path, res=res, nodes=nodes, conv=conv, batch=batch, strict=strict, where=where,
-                     roles=roles, nested=nested)
-    report = dataclasses.replace(report, modules=scopes,
-                                 attention="full" if conv.executed is None else f"executed: {conv.executed.note}")
-    if training is not None:
-        trainable = sum(prod(res.tensors[n].shape) for n in training.trainable if res.tensors.get(n) is not None)
-        backward_unsupported = MappingProxyType(dict(sorted(walk.backward_unsupported.items())))
-        if strict and backward_unsupported:
-            raise UnsupportedOperatorError(
-                f"{where}: no backward formula for "
-                + ", ".join(f"{k} ({v})" for k, v in backward_unsupported.items())
-                + "; run without --strict to count the rest"
-            )
-        report = dataclasses.replace(
-            report,
-            mode="train",
-            backward=sum_costs(n.backward for n in nodes),
-            backward_unsupported=backward_unsupported,
-            trainable_params=trainable,
-            optimizer=(optimizer, optimizer_cost(optimizer, trainable)) if optimizer else None,
+    by_op_type = op_type_summaries(nodes)
+    return _Forward(tuple(nodes), by_op_type, _unsupported(by_op_type, nested, options.strict, where), walk)
+
+
+def _unsupported(by_op_type: Mapping[str, OpTypeSummary], nested: Mapping[str, int], strict: bool,
+                 where: str) -> Mapping[str, int]:
+    """op key → nodes without a formula, from the summaries per operator and, ``nested``, inside subgraph bodies;
+    refused when ``strict``."""
+    unsupported = {s.key: s.nodes for s in by_op_type.values() if s.status == UNSUPPORTED}
+    for key, n in nested.items():  # operators without a formula inside If/Loop/Scan bodies
+        unsupported[key] = unsupported.get(key, 0) + n
+    if unsupported:
+        log.info("%s: no formula for %s", where, ", ".join(f"{k} ({v})" for k, v in unsupported.items()))
+    if strict and unsupported:
+        raise UnsupportedOperatorError(
+            f"{where}: no formula for {len(unsupported)} operator type(s): "
+            + ", ".join(f"{k} ({v} node{'s' if v > 1 else ''})" for k, v in sorted(unsupported.items()))
+            + "; run without --strict to count the rest, or file an issue for them"
         )
-    if memory is not None:
-        report = dataclasses.replace(report, memory=_memory(memory, report, index, res, training, roles, attributes,
-                                                            opsets, conv, strict, where, m, optimizer, walk))
-    lap("count")
-    report = dataclasses.replace(report, timings=MappingProxyType(timings))
-    # in the console's process, left for its exit rather than freed object by object here (a no-op elsewhere)
-    retained.keep(loaded, m, shaped, index, attributes_of, attributes, roles, res, walk, training, nodes, report)
-    return report
+    return MappingProxyType(unsupported)
 
 
-def _memory(settings, report: Report, index: GraphIndex, res: Resolution, training, roles: Roles, attributes,
-            opsets, conv: Convention, strict: bool, where: str, m: ModelProto, optimizer: str | None,
-            walk: "_Traversal"):
-    """The memory ledger of the counted ``report`` (:func:`flopcount.memory.ledger.account`)."""
+def _trained(graph: _Graph, plan: "TrainingPlan", forward: _Forward, options: CountOptions) -> _Trained:
+    """The backward's figures of a training count; refused under ``options.strict`` when a node has no backward
+    formula."""
+    tensors, optimizer = graph.res.tensors, options.optimizer
+    trainable = sum(prod(tensors[n].shape) for n in plan.trainable if tensors.get(n) is not None)
+    backward_unsupported = MappingProxyType(dict(sorted(forward.walk.backward_unsupported.items())))
+    if options.strict and backward_unsupported:
+        raise UnsupportedOperatorError(
+            f"{graph.where}: no backward formula for "
+            + ", ".join(f"{k} ({v})" for k, v in backward_unsupported.items())
+            + "; run without --strict to count the rest"
+        )
+    return _Trained(plan, sum_costs(n.backward for n in forward.nodes), backward_unsupported, trainable,
+                    (optimizer, optimizer_cost(optimizer, trainable)) if optimizer else None)
+
+
+def _memory(settings, graph: _Graph, forward: _Forward, trained: _Trained | None, options: CountOptions):
+    """The memory ledger of the counted nodes (:func:`flopcount.memory.ledger.account`)."""
     from .memory.ledger import account, attention_cores, recompute_units
+
+    index, res, m, walk = graph.index, graph.res, graph.model, forward.walk
+    conv, opsets, attributes = walk.convention, graph.opsets, graph.attributes
+    grads = trained.plan.grads if trained is not None else None
 
     def context(n: NodeCount, flags: tuple[bool, ...]) -> NodeContext:
         return NodeContext(n.name, n.op_type, n.domain, opsets.get(n.domain, 0), n.inputs, n.outputs, conv,
                            res.values.get, trips=walk.loop_trips.get(n.name), grads=flags,
                            saved_subgraph=walk.subgraph_saved)
 
-    walk.stored = frozenset(stored_tensors(m.graph))
-    units = recompute_units(settings.recompute, report.nodes, report.modules.nodes, lambda: attention_cores(index),
-                            training.grads if training is not None else None)
-    names = {"params": roles.names(PARAMETER), "trainable": training.trainable if training is not None else frozenset(),
-             "buffers": roles.names(BUFFER), "stored": frozenset(stored_tensors(m.graph))}
-    return account(report.nodes, mode=report.mode, optimizer=optimizer, settings=settings,
-                   grads=training.grads if training is not None else {}, tensors=res.tensors, make_context=context,
+    units = recompute_units(settings.recompute, forward.nodes, graph.scopes.nodes, lambda: attention_cores(index),
+                            grads)
+    names = {"params": graph.roles.names(PARAMETER), "trainable": trained.plan.trainable if trained else frozenset(),
+             "buffers": graph.roles.names(BUFFER), "stored": walk.stored}
+    return account(forward.nodes, mode="train" if trained is not None else "inference", optimizer=options.optimizer,
+                   settings=settings, grads=grads or {}, tensors=res.tensors, make_context=context,
                    attributes=lambda n: attributes[n.index], roles=names, inputs=[t.name for t in res.inputs],
-                   outputs=[o.name for o in m.graph.output], units=units, strict=strict, where=where,
+                   outputs=[o.name for o in m.graph.output], units=units, strict=options.strict, where=graph.where,
                    producer=m.producer_name,
                    layout_attributes=lambda n: {a.name: onnx.helper.get_attribute_value(a)
                                                 for a in index.protos[n.index].attribute})
@@ -266,14 +365,6 @@ def optimizer_cost(name: str, params: int) -> Cost:
     return Cost(flops=flops * params, transcendentals=trans * params)
 
 
-@dataclasses.dataclass(frozen=True)
-class _TrainingPlan:
-    grads: Mapping[int, tuple[bool, ...]]  # node index → which inputs need a gradient
-    trainable: frozenset[str]  # initializers that are trained
-    need: frozenset[str] = frozenset()  # tensors that need a gradient (subgraph bodies read these)
-    float_inits: frozenset[str] = frozenset()  # floating-point initializers of the main graph
-
-
 def _trainable_inputs(m: ModelProto, tensors, names, mode: str, where: str) -> frozenset[str]:
     """The graph inputs ``trainable_inputs`` names, checked: floating-point inputs of the main graph."""
     if isinstance(names, str):
@@ -295,53 +386,6 @@ def _trainable_inputs(m: ModelProto, tensors, names, mode: str, where: str) -> f
     return frozenset(names)
 
 
-def _training_plan(index: GraphIndex, tensors, opsets, parameters: frozenset[str]) -> _TrainingPlan:
-    """Which tensors need gradients: the trainable ``parameters`` fed to a differentiable input
-    (see :mod:`flopcount.pipeline.parameters`) and everything computed from them through differentiable
-    inputs. A node whose outputs are all integers or bools (ArgMax, NonMaxSuppression, comparisons)
-    passes no gradient back, so it needs no backward and trains nothing, unless its backward is
-    registered ``straight_through`` (fake quantization)."""
-    float_inits = {n for n in parameters if (t := tensors.get(n)) is None or not t.elem_type or t.elem_type in FLOAT_TYPES}
-    nodes = ((i, index.node_inputs[i], index.node_outputs[i], index.node_ops[i], index.captured.get(i, ()))
-             for i in index.order)
-    need: set[str] = set()
-    grads, trainable = _plan(nodes, float_inits, need, tensors, opsets)
-    return _TrainingPlan(grads, frozenset(trainable), frozenset(need), frozenset(float_inits))
-
-
-def _plan(nodes, float_inits, need: set[str], tensors, opsets) -> tuple[dict[int, tuple[bool, ...]], set[str]]:
-    """The gradient plan of ``nodes`` (index, input names, output names, (domain, op_type), names
-    read by its subgraphs from outside) in topological order: which inputs of each node need a
-    gradient, and the initializers trained. ``need`` (tensors needing a gradient) is seeded by the
-    caller and grows."""
-    trainable: set[str] = set()
-    grads: dict[int, tuple[bool, ...]] = {}
-    for idx, inputs, outputs, (proto_domain, op_type), captured in nodes:
-        floats = []
-        for out in outputs:
-            t = tensors.get(out)
-            if out and (t is None or not t.elem_type or t.is_float or straight_through(proto_domain, op_type)):
-                floats.append(out)
-        if not floats:
-            continue
-        domain = canonical_domain(proto_domain)
-        diff = differentiable_inputs(op_type, opsets.get(domain, 0), domain, len(inputs))
-        flags = []
-        for name, ok in zip(inputs, diff):
-            if ok and name in float_inits:
-                trainable.add(name)
-                need.add(name)
-            flags.append(bool(name) and ok and name in need)
-        # weights an If/Loop/Scan body reads from outside (not node inputs) are trained through it
-        reached = [n for n in captured if n in need or n in float_inits]
-        trainable.update(n for n in reached if n in float_inits)
-        need.update(reached)
-        if any(flags) or reached:
-            grads[idx] = tuple(flags) or (False,)  # non-empty: the node's backward is due
-            need.update(floats)
-    return grads, trainable
-
-
 _TYPE = itemgetter(slice(1, 3))  # a TensorInfo's (elem_type, shape)
 _make = tuple.__new__
 
@@ -361,6 +405,7 @@ class _Op(NamedTuple):
     """What the traversal needs per (domain, op_type), looked up once per count."""
 
     domain: str  # canonical
+    op_type: str
     rule: Any  # registry Rule or None
     status: str
     family: str
@@ -370,19 +415,20 @@ class _Op(NamedTuple):
 class _Traversal:
     """Applies the registry to nodes; bodies of If/Loop/Scan recurse through :meth:`graph`."""
 
-    def __init__(self, tensors, values, convention, opsets, hint, where, loop_trips, attributes_of, training=None):
-        self.tensors = _TensorTable(tensors)
+    def __init__(self, graph: _Graph, convention: Convention, loop_trips: Mapping[str, int],
+                 training: "TrainingPlan | None" = None, stored: frozenset[str] = frozenset()):
+        self.tensors = _TensorTable(graph.res.tensors)
         self._table = self.tensors.__getitem__
-        self.values, self.convention = values, convention
+        self.values, self.convention = graph.res.values, convention
         self._executed = convention.executed
-        self.opsets, self.hint, self.where, self.loop_trips = opsets, hint, where, loop_trips
-        self.attributes_of: AttributeCache = attributes_of
+        self.opsets, self.hint, self.where, self.loop_trips = graph.opsets, graph.hint, graph.where, loop_trips
+        self.attributes_of: AttributeCache = graph.attributes_of
         self.nested_unsupported: dict[str, int] = {}
         self.backward_unsupported: dict[str, int] = {}
         self._ops: dict[tuple[str, str], _Op] = {}
         self._memo: dict[tuple, tuple] = {}  # see node()
         self._looked = False  # whether the running formula read a value or a subgraph
-        self.stored: frozenset[str] = frozenset()  # the main graph's stored tensors (see subgraph_saved())
+        self.stored = stored  # the main graph's stored tensors (see subgraph_saved()): given for the memory ledger
         # training: what the scopes around the body being counted know (tensors needing a gradient,
         # floating-point initializers); the main graph's first
         self._scopes: list[tuple[frozenset[str], frozenset[str]]] = (
@@ -401,24 +447,25 @@ class _Traversal:
         domain = canonical_domain(proto_domain)
         rule = lookup(domain, op_type)
         if rule is None:
-            op = _Op(domain, None, UNSUPPORTED, "", None)
+            op = _Op(domain, op_type, None, UNSUPPORTED, "", None)
         else:
-            op = _Op(domain, rule, ZERO_COST if rule.zero_cost else FORMULA, rule.family, lookup_backward(domain, op_type))
+            op = _Op(domain, op_type, rule, ZERO_COST if rule.zero_cost else FORMULA, rule.family, lookup_backward(domain, op_type))
         self._ops[(proto_domain, op_type)] = op
         return op
 
     def node(self, proto: onnx.NodeProto, idx: int, name: str, attrs: Mapping[str, Any] | None,
-             grads: tuple[bool, ...] = (), inputs: Sequence[str] | None = None,
-             outputs: Sequence[str] | None = None, kind: tuple[str, str] | None = None) -> NodeCount:
-        """The count of one node; ``grads``: in training, which inputs need a gradient; ``inputs``,
-        ``outputs`` and ``kind`` (domain, op_type): what was already read of ``proto``."""
-        if kind is None:
-            kind = (proto.domain, proto.op_type)
+             grads: tuple[bool, ...] = (), read: tuple | None = None) -> NodeCount:
+        """The count of one node; ``grads``: in training, which inputs need a gradient; ``read``: what was
+        already read of ``proto`` (its input names, output names and (domain, op_type)), or None."""
+        if read is None:
+            inputs, outputs, kind = proto.input, proto.output, (proto.domain, proto.op_type)
+        else:
+            inputs, outputs, kind = read
         op_type = kind[1]
         op = self._ops.get(kind) or self._op(*kind)
         table = self._table
-        ins = tuple(map(table, proto.input if inputs is None else inputs))
-        outs = tuple(map(table, proto.output if outputs is None else outputs))
+        ins = tuple(map(table, inputs))
+        outs = tuple(map(table, outputs))
         status, family = op.status, op.family
         parts: tuple = ()
         bound = ""
@@ -437,7 +484,7 @@ class _Traversal:
                 cost, bound, parts = known
             else:
                 self._looked = False
-                ctx = self._context(name, op, op_type, ins, outs, trips, grads)
+                ctx = self._context(name, op, ins, outs, trips, grads)
                 cost = _apply(op.rule.fn, ctx, attrs or {}, self.where)
                 if type(cost) is not Cost:
                     if isinstance(cost, Bound):
@@ -451,7 +498,7 @@ class _Traversal:
         if grads and op.rule is not None:
             if op.backward is not None:
                 if ctx is None:
-                    ctx = self._context(name, op, op_type, ins, outs, self.loop_trips.get(name), grads)
+                    ctx = self._context(name, op, ins, outs, self.loop_trips.get(name), grads)
                 if attrs is None:
                     attrs = self.attributes_of(proto, name, force=True)
                 back = self.convention.apply(family, _apply(op.backward, ctx, attrs or {}, self.where))
@@ -467,9 +514,9 @@ class _Traversal:
         # NodeCount(...) made as its tuple, without the Python call of a named tuple's __new__
         return _make(NodeCount, (idx, name, op_type, op.domain, family, status, ins, outs, cost, parts, back, bound))
 
-    def _context(self, name, op: _Op, op_type, ins, outs, trips, grads) -> NodeContext:
+    def _context(self, name, op: _Op, ins, outs, trips, grads) -> NodeContext:
         return NodeContext(
-            name, op_type, op.domain, self.opsets.get(op.domain, 0), ins, outs, self.convention,
+            name, op.op_type, op.domain, self.opsets.get(op.domain, 0), ins, outs, self.convention,
             self._value, self.hint, self._subgraph, trips, grads, self._subgraph_backward,
         )
 
@@ -489,7 +536,7 @@ class _Traversal:
         start = set(seeds)
         for _ in range(len(carried) + 1):  # a carried gradient can reach one more input per pass
             need = set(outer_need) | start
-            grads, _trainable = _plan(nodes, float_inits, need, self.tensors, self.opsets)
+            grads, _trainable = plan_gradients(nodes, float_inits, need, self.tensors, self.opsets)
             more = {into for out, into in carried if out in need and into not in start}
             if not more:
                 break
@@ -525,7 +572,7 @@ class _Traversal:
                     attrs = self.attributes_of(proto, name, force=True) or {}
                     n = self.node(proto, i, name, attrs, grads[i])
                     op = self._ops.get((proto.domain, proto.op_type)) or self._op(proto.domain, proto.op_type)
-                    ctx = self._context(name, op, n.op_type, n.inputs, n.outputs, self.loop_trips.get(name), grads[i])
+                    ctx = self._context(name, op, n.inputs, n.outputs, self.loop_trips.get(name), grads[i])
                     run.append((n, ctx._replace(saved_subgraph=self.subgraph_saved), attrs))
             return body_saved(g, run, self.tensors, float_inits | self.stored, self.where)
         finally:
@@ -685,45 +732,37 @@ def _roles(m: ModelProto, opsets, trainable: Collection[str] | None, given: froz
                  roles.sizes)
 
 
-def _report(m: ModelProto, *, path: str | None, res: Resolution, nodes: Sequence[NodeCount], conv: Convention,
-            batch: int | None, strict: bool, where: str, roles: Roles, nested: Mapping[str, int]) -> Report:
-    """The immutable report of the counted ``nodes`` (in traversal order); ``nested``: operator key → nodes
-    without a formula inside subgraph bodies."""
-    forward = sum_costs(n.cost for n in nodes)
-    by_op_type = op_type_summaries(nodes)
-    summaries = by_op_type.values()
-    unsupported = {s.key: s.nodes for s in summaries if s.status == UNSUPPORTED}
-    for key, n in nested.items():  # operators without a formula inside If/Loop/Scan bodies
-        unsupported[key] = unsupported.get(key, 0) + n
-    if unsupported:
-        log.info("%s: no formula for %s", where, ", ".join(f"{k} ({v})" for k, v in unsupported.items()))
-    if strict and unsupported:
-        raise UnsupportedOperatorError(
-            f"{where}: no formula for {len(unsupported)} operator type(s): "
-            + ", ".join(f"{k} ({v} node{'s' if v > 1 else ''})" for k, v in sorted(unsupported.items()))
-            + "; run without --strict to count the rest, or file an issue for them"
-        )
-
+def _report(graph: _Graph, conv: Convention, forward: _Forward, trained: _Trained | None, memory,
+            options: CountOptions, timings: Mapping[str, float]) -> Report:
+    """The immutable report of the count, made once from the stages' records."""
+    m, res, roles, batch = graph.model, graph.res, graph.roles, options.batch
     if batch is None:  # 0 for an empty first input: per-sample figures are then None
         batch = next((t.shape[0] for t in res.inputs if t.shape and isinstance(t.shape[0], int)), 1)
-
     info = ModelInfo(
-        path=path,
+        path=graph.loaded.path,
         graph_name=m.graph.name,
         ir_version=m.ir_version,
-        opsets=MappingProxyType(_opsets(m)),
+        opsets=MappingProxyType(dict(graph.opsets)),
         producer=" ".join(x for x in (m.producer_name, m.producer_version) if x),
         inputs=res.inputs,
         outputs=tuple(res.tensors.get(o.name, TensorInfo(o.name)) for o in m.graph.output),
     )
+    training = {} if trained is None else dict(
+        mode="train", backward=trained.backward, backward_unsupported=trained.backward_unsupported,
+        trainable_params=trained.trainable_params, optimizer=trained.optimizer)
     return Report(
         model=info,
         convention=conv,
         batch=batch,
-        forward=forward,
+        forward=sum_costs(n.cost for n in forward.nodes),
         params=roles.total(PARAMETER),
         buffers=roles.total(BUFFER),
-        nodes=tuple(nodes),
-        by_op_type=by_op_type,
-        unsupported=MappingProxyType(unsupported),
+        nodes=forward.nodes,
+        by_op_type=forward.by_op_type,
+        unsupported=forward.unsupported,
+        modules=graph.scopes,
+        attention="full" if conv.executed is None else f"executed: {conv.executed.note}",
+        memory=memory,
+        timings=MappingProxyType(timings),
+        **training,
     )

@@ -145,9 +145,9 @@ def _with_plan(report, options):
     if load is not None and parallel.expert_load is None:
         raise UsageError(f"--expert-load {load.source}: the model has no routed experts (no mixture-of-experts "
                          "layer), so a load would change nothing; leave it out")
-    report = dataclasses.replace(report, parallel=parallel)
-    if report.memory is not None and not plan.is_single:
+    memory = report.memory
+    if memory is not None and not plan.is_single:
         from .memory.ranks import per_rank
 
-        report = dataclasses.replace(report, memory=per_rank(report, plan, load))
-    return report
+        memory = per_rank(report, plan, load)  # (reads the one-rank ledger and the nodes, never report.parallel)
+    return dataclasses.replace(report, parallel=parallel, memory=memory)

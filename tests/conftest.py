@@ -78,9 +78,9 @@ def small_disk(tmp_path):
 
 def pytest_configure(config):
     """No tqdm monitor thread in the test processes: a progress bar that a framework shows (an export, a model built
-    from its configuration) starts tqdm's monitor, a Python thread that lives until the process ends, and a process
-    with another Python thread never forks (:func:`flopcount.pipeline.shapes.guarded.fork_safe`), so the tests of the
-    forked inference and export ahead would depend on which test file ran before them in the same worker."""
+    from its configuration) starts tqdm's monitor, a Python thread that lives until the process ends. The count stops
+    it before it forks (:func:`flopcount.pipeline.shapes.guarded.fork_safe`, tested with one in
+    tests/pipeline/test_large_graphs.py), but the tests' own forks (the gloo ranks of helpers) do not."""
     try:
         import tqdm.std
     except ImportError:

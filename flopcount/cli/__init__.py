@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         check_model_source(parser, args)
     except SystemExit as e:  # argparse has printed its message (or --help/--version)
         return int(e.code or 0)
-    with command_logging(args.verbose):
+    with command_logging(args.verbose, args.quiet):
         return run_guarded(lambda: check_outputs(args) or run(args), args.verbose)
 
 

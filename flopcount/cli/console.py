@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 import threading
+import warnings
 from typing import Iterator, NoReturn
 
 from flopcount.errors import FlopcountError, Interrupted, framework_failure
@@ -37,7 +38,7 @@ def check_outputs(args) -> None:
 
 
 @contextlib.contextmanager
-def command_logging(verbose: int) -> Iterator[None]:
+def command_logging(verbose: int, quiet: bool = False) -> Iterator[None]:
     """While a command runs, flopcount's own loggers (the ``flopcount`` hierarchy) write ``flopcount: LEVEL:
     message`` lines to stderr, at WARNING, INFO (``-v``) or DEBUG (``-vv``), and do not propagate. The root logger is
     left alone: other libraries' records (transformers', torchao's, TensorFlow's) are theirs, never labelled as
@@ -46,7 +47,9 @@ def command_logging(verbose: int) -> Iterator[None]:
     and stand beside a command's one-line error: they are shown with ``-v``, named by their logger, and held back
     otherwise. The phases of long work (:mod:`flopcount.pipeline.progress`: exports, shape inference, the count) are
     shown as ``flopcount: message`` lines with their times: every one when stderr is a terminal, and where it is not
-    (a pipe, a file), each step that took two seconds or more, as it ends. Everything is put back
+    (a pipe, a file), each step that took two seconds or more, as it ends. ``quiet`` (``-q``) leaves errors only: no
+    phase and no warning, flopcount's or another library's (``warnings.warn`` included), while the one line of a failed
+    command (:func:`run_guarded`) is printed as always. Everything is put back
     afterwards, so that :func:`flopcount.cli.main` called from Python leaves the process's logging as it found it."""
     logger = logging.getLogger("flopcount")
     progress = logging.getLogger("flopcount.progress")  # flopcount.pipeline.progress: phases and their times
@@ -59,11 +62,11 @@ def command_logging(verbose: int) -> Iterator[None]:
     others.setFormatter(logging.Formatter("%(name)s: %(levelname)s: %(message)s"))
     others.setLevel(logging.WARNING if verbose else logging.CRITICAL + 1)
     saved = logger.level, logger.propagate, logging.lastResort
-    logger.setLevel((logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)])
+    logger.setLevel(logging.ERROR if quiet else (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)])
     logger.propagate = False
     logger.addHandler(handler)
     saved_progress = progress.level, progress.propagate
-    if shown or not verbose:  # (-v on a pipe: every phase, as the INFO records of the flopcount logger)
+    if not quiet and (shown or not verbose):  # (-v on a pipe: every phase, as the INFO records of the flopcount logger)
         if not shown:  # a pipe or a file: only the steps that took long (a fast count stays silent)
             progress_handler.addFilter(slow_step)
         progress.setLevel(logging.INFO)
@@ -71,7 +74,10 @@ def command_logging(verbose: int) -> Iterator[None]:
         progress.addHandler(progress_handler)
     logging.lastResort = others
     try:
-        yield
+        with warnings.catch_warnings() if quiet else contextlib.nullcontext():
+            if quiet:
+                warnings.simplefilter("ignore")
+            yield
     finally:
         progress.removeHandler(progress_handler)
         progress.setLevel(saved_progress[0])

@@ -100,7 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "html report, as deep as fits)")
     p.add_argument("--plot", metavar="FILE", help="also draw FLOPs by op type (with --sweep: FLOPs by size) to FILE (.png, .svg or .pdf; needs "
                    "matplotlib)")
-    p.add_argument("-v", "--verbose", action="count", default=0, help="more diagnostics on stderr (-vv: debug)")
+    chatter = p.add_mutually_exclusive_group()
+    chatter.add_argument("-v", "--verbose", action="count", default=0,
+                         help="more diagnostics on stderr (-vv: debug)")
+    chatter.add_argument("-q", "--quiet", action="store_true",
+                         help="no progress lines and no warnings on stderr; errors are still shown")
     p.add_argument("--version", action=_Version, help="show the version and exit")
     parser.set_defaults(input_dtypes={}, takes_hf=True)  # the model source's other flags are declared above
     return parser

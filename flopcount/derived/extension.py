@@ -56,27 +56,31 @@ def extend(one: Report, two: Report, layers: int, path: str, *, first: int = 0, 
     inside = _second_block(one, two, stack)
     nodes, node_scopes, origin, params = _tiled(two, inside, stack)
     k = stack.copies
-    report = dataclasses.replace(
+    forward, backward = _affine(one.forward, two.forward, k), _affine(one.backward, two.backward, k)
+    by_op_type = op_type_summaries(nodes)
+    _check_consistent(by_op_type, forward, backward)
+    memory, generation = two.memory, two.generation
+    if one.memory is not None or two.memory is not None:
+        memory = _extended_memory(one, two, inside, nodes, origin, stack)
+    if one.generation is not None and two.generation is not None:
+        generation, memory = _extended_generation(forward, memory, one, two, layers, stack)
+    return dataclasses.replace(  # the report of L layers, made once
         two,
-        forward=_affine(one.forward, two.forward, k),
-        backward=_affine(one.backward, two.backward, k),
+        forward=forward,
+        backward=backward,
         params=_affine_int(one.params, two.params, k),
         buffers=_affine_int(one.buffers, two.buffers, k),
         trainable_params=_affine_int(one.trainable_params, two.trainable_params, k),
         nodes=nodes,
-        by_op_type=op_type_summaries(nodes),
+        by_op_type=by_op_type,
         unsupported=MappingProxyType(_affine_counts(one.unsupported, two.unsupported, k)),
         backward_unsupported=MappingProxyType(_affine_counts(one.backward_unsupported, two.backward_unsupported, k)),
         optimizer=None if two.optimizer is None else (two.optimizer[0], _affine(one.optimizer[1], two.optimizer[1], k)),
         modules=dataclasses.replace(two.modules, nodes=node_scopes, params=params),
         timings=MappingProxyType({p: one.timings.get(p, 0.0) + t for p, t in two.timings.items()}),
+        memory=memory,
+        generation=generation,
     )
-    _check_consistent(report)
-    if one.memory is not None or two.memory is not None:
-        report = dataclasses.replace(report, memory=_extended_memory(one, two, inside, nodes, origin, stack))
-    if one.generation is not None and two.generation is not None:
-        report = _with_generation(report, one, two, layers, stack)
-    return report
 
 
 @dataclass(frozen=True)
@@ -182,20 +186,19 @@ def _extended_memory(one: Report, two: Report, inside: list[int], nodes: Tiled, 
         raise NotExtendable(str(e)) from None
 
 
-def _with_generation(report: Report, one: Report, two: Report, layers: int, stack: _Stack) -> Report:
-    """``report`` with the extended generation: its totals, its decode steps' reports, and the memory ledger's KV
-    cache after the last step."""
+def _extended_generation(forward: Cost, memory, one: Report, two: Report, layers: int, stack: _Stack):
+    """The extended generation (its totals and its decode steps' reports) of the extended report whose forward pass
+    is ``forward``, and its memory ledger ``memory`` (or None) with the KV cache after the last step."""
     generation = extend_generation(one.generation, two.generation, stack.copies, layers)
-    if generation.prefill != report.forward:
+    if generation.prefill != forward:
         raise NotExtendable("the extended prefill is not the extended report's forward pass")
     generation = dataclasses.replace(generation, step_reports=_extend_steps(
         one.generation.step_reports, two.generation.step_reports, layers, stack.path, stack.first, stack.period))
-    report = dataclasses.replace(report, generation=generation)
-    if report.memory is not None:  # the ledger of the prefill, with the extended cache after the last step
+    if memory is not None:  # the ledger of the prefill, with the extended cache after the last step
         kv = sum(generation.kv_cache_bytes.values())
-        report = dataclasses.replace(report, memory=dataclasses.replace(report.memory, ranks=tuple(
-            dataclasses.replace(r, kv_cache_bytes=kv) for r in report.memory.ranks)))
-    return report
+        memory = dataclasses.replace(memory, ranks=tuple(dataclasses.replace(r, kv_cache_bytes=kv)
+                                                         for r in memory.ranks))
+    return generation, memory
 
 
 def _extend_steps(one: Sequence, two: Sequence, layers: int, path: str, first: int, period: int) -> tuple:
@@ -358,9 +361,9 @@ def _params_under(params: Mapping[str, int], module: str) -> int:
     return sum(v for m, v in params.items() if _within((m,), module))
 
 
-def _check_consistent(report: Report) -> None:
-    """The nodes of the extended report sum to the extended figures (a guard: :func:`extend` builds both)."""
-    forward = sum((s.cost for s in report.by_op_type.values()), Cost())
-    backward = sum((s.backward for s in report.by_op_type.values()), Cost())
-    if forward != report.forward or backward != report.backward:
+def _check_consistent(by_op_type: Mapping[str, OpTypeSummary], forward: Cost, backward: Cost) -> None:
+    """The nodes of the extended report (``by_op_type``) sum to its extended figures (a guard: :func:`extend`
+    builds both)."""
+    if (sum((s.cost for s in by_op_type.values()), Cost()) != forward
+            or sum((s.backward for s in by_op_type.values()), Cost()) != backward):
         raise NotExtendable("the copied nodes do not sum to the extended totals")

@@ -10,6 +10,7 @@ package (context, registry, masks, errors).
 * :mod:`.graph_masks` the attention masks a graph computes from positions, evaluated for ``--attention executed``
 * :mod:`.parameters` which stored tensors are parameters, buffers or constants
 * :mod:`.schema` the operator-schema queries (differentiable inputs) that several stages share
+* :mod:`.gradients` which tensors need a gradient in a training count (the gradient plan)
 * :mod:`.progress` the phases of long work, reported on a logger while they run
 * :mod:`.retained` a count's working state held until a process that ends without teardown ends
 * :mod:`.onnx_cases` ONNX's own single-node test cases, for the inventory of operators

@@ -88,17 +88,16 @@ def _check_strings(node, index, scope, where) -> None:
         )
 
 
-def check_node(node, index, scope, opsets, ir_version, where, seen=None, key=None) -> None:
+def check_node(node, index, scope, opsets, ir_version, where, seen=None) -> None:
     """One node against its schema and the window rules; ``seen`` (a set) skips nodes already
-    checked, by ``key`` (computed here when not given)."""
+    checked, by their key (domain, op type, arity and attributes other than graphs)."""
     domain = canonical_domain(node.domain)
     version = opsets.get(domain)
     if version is None or domain not in (DEFAULT_DOMAIN, "ai.onnx.ml"):
         return  # other domains: their ops are unsupported or counted by their own formulas
     if seen is not None:
-        if key is None:
-            key = (domain, node.op_type, len(node.input), len(node.output),
-                   *[a.SerializeToString() for a in node.attribute if a.type not in _GRAPH_TYPES])
+        key = (domain, node.op_type, len(node.input), len(node.output),
+               *[a.SerializeToString() for a in node.attribute if a.type not in _GRAPH_TYPES])
         if key in seen:
             return
         seen.add(key)

@@ -91,3 +91,48 @@ def test_an_export_is_a_phase_on_a_terminal(monkeypatch):
     shown = [line.rsplit("\r", 1)[-1].strip() for line in terminal.getvalue().split("\n")]
     timed = [m.group(1) for line in shown if (m := re.fullmatch(r"flopcount: (.+): \d+\.\d s", line))]
     assert timed == ["exporting Sequential with torch", *PHASES], shown
+
+
+def test_quiet_shows_no_step_even_slow_ones_on_a_terminal(monkeypatch, capsys):
+    # every step made to take 2.5 s by the count's clock, on a terminal: without -q each would be shown
+    import itertools
+    import types
+
+    import flopcount.counting
+
+    ticks = itertools.count()
+    monkeypatch.setattr(flopcount.counting, "time", types.SimpleNamespace(perf_counter=lambda: 2.5 * next(ticks)))
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main([EXAMPLE, "--quiet"]) == 0
+    assert terminal.getvalue() == ""
+    assert "Total FLOPs" in capsys.readouterr().out  # the report itself is not silenced
+
+
+def test_quiet_holds_back_warnings_but_not_errors(capsys):
+    import warnings
+
+    from flopcount.cli.console import command_logging
+
+    filters = list(warnings.filters)
+    with command_logging(0, quiet=True):
+        logging.getLogger("flopcount.pipeline").warning("a warning of ours")
+        warnings.warn("a warning of a library", UserWarning)
+        logging.getLogger("flopcount.pipeline").error("an error of ours")
+    assert capsys.readouterr().err == "flopcount: ERROR: an error of ours\n"
+    assert warnings.filters == filters  # Python's warning filters are put back
+    with command_logging(0):
+        logging.getLogger("flopcount.pipeline").warning("a warning of ours")
+    assert capsys.readouterr().err == "flopcount: WARNING: a warning of ours\n"
+
+
+def test_quiet_still_says_why_a_command_failed(tmp_path, capsys):
+    missing = tmp_path / "missing.onnx"
+    assert main([str(missing), "-q"]) == 3  # an unreadable model file
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("flopcount: error: ") and str(missing) in err[0], err
+
+
+def test_quiet_and_verbose_together_are_a_usage_error(capsys):
+    assert main([EXAMPLE, "-q", "-v"]) == 2
+    assert "not allowed with argument" in capsys.readouterr().err

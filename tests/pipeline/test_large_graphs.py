@@ -327,3 +327,39 @@ def test_child_report_keeps_the_declared_type_of_an_initializer_listed_as_an_inp
     expected = tensors.collect(guarded.infer(m, "m.onnx"))
     assert got == expected and list(got) == list(expected) and got.odd == expected.odd == []
     assert got["w"].shape == (8, 6) and got["w"].is_static and got["mm"].shape == ("N", 6)
+
+
+@linux_only
+def test_a_progress_bars_monitor_thread_does_not_keep_the_count_from_forking(forks, monkeypatch):
+    # a framework's progress bar (a download, a model's loading) starts tqdm's monitor thread, which outlives it
+    import io
+    import threading
+
+    std = pytest.importorskip("tqdm.std")
+    monkeypatch.setattr(std.tqdm, "monitor_interval", 10)  # the test processes run without it (conftest)
+    bar = std.tqdm(total=2, file=io.StringIO())
+    try:
+        monitor = std.tqdm.monitor
+        assert monitor is not None and monitor.is_alive() and threading.active_count() == 2
+        r = flopcount.count(mlp_chain(40))
+        assert forks and all(map(_reaped, forks))  # the child inference ran
+        assert r.total.flops == mlp_flops(40)
+        assert not monitor.is_alive() and threading.active_count() == 1
+        bar.update(2)  # the bar still works without it
+    finally:
+        bar.close()
+
+
+@linux_only
+def test_another_thread_still_keeps_the_count_from_forking(forks):
+    import threading
+
+    release = threading.Event()
+    other = threading.Thread(target=release.wait, daemon=True)
+    other.start()
+    try:
+        assert flopcount.count(mlp_chain(40)).total.flops == mlp_flops(40)
+        assert not forks and other.is_alive()  # inference ran in this process; the thread was left alone
+    finally:
+        release.set()
+        other.join()

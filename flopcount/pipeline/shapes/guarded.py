@@ -712,14 +712,34 @@ def _may_fork(model: ModelProto) -> bool:
 
 def fork_safe() -> bool:
     """Whether this process may fork a child (ONNX's inference here, an export ahead in
-    :mod:`flopcount.frontends.ahead`): see :func:`_may_fork`."""
+    :mod:`flopcount.frontends.ahead`): see :func:`_may_fork`. A progress bar's monitor thread, when it is the only
+    other Python thread, is stopped first (:func:`_stop_progress_monitor`)."""
     if os.environ.get("FLOPCOUNT_PARALLEL", "1") == "0" or not sys.platform.startswith("linux"):
         return False
-    if not hasattr(os, "fork") or threading.active_count() != 1:
+    if not hasattr(os, "fork") or (threading.active_count() != 1 and not _stop_progress_monitor()):
         return False
     torch = sys.modules.get("torch")
     cuda = getattr(torch, "cuda", None)
     return not (cuda is not None and getattr(cuda, "is_initialized", lambda: False)())
+
+
+def _stop_progress_monitor() -> bool:
+    """Stop tqdm's monitor thread where it is the only Python thread besides this one; whether this process then has
+    no other. A framework's progress bar (a download, a model's loading, an export) starts that monitor, a daemon
+    thread that wakes every few seconds to tune the bars and lives until the process ends, even after every bar has
+    closed; a process with it would never fork. The thread is known by what it holds, not by its name: the tqdm class
+    whose bars it watches, whose ``monitor`` it is, and its own ``exit()``, which wakes and joins it. Nothing is lost
+    by stopping it: the next bar of that class starts a new one."""
+    others = [t for t in threading.enumerate() if t is not threading.current_thread()]
+    if len(others) != 1:
+        return False
+    (thread,) = others
+    watched = getattr(thread, "tqdm_cls", None)
+    stop = getattr(thread, "exit", None)
+    if watched is None or getattr(watched, "monitor", None) is not thread or not callable(stop):
+        return False
+    stop()
+    return not thread.is_alive() and threading.active_count() == 1
 
 
 #: Ops whose inference in ONNX's C++ aborts the process (an assertion in std::clamp) when an input dim is negative.
