@@ -37,6 +37,7 @@ from ..parallel.plan import DEVICES, IMPLEMENTATIONS, ParallelPlan, Recompute, c
 from ..registry import lookup_saved
 from ..reporting.report import NodeCount, element_bits, op_key, tensor_bytes
 from ..saved import Saved
+from .sizes import parse_size
 
 __all__ = [
     "IMPLEMENTATIONS", "INPUTS", "OPTIMIZER_STATES", "Graph", "Memory", "MemorySettings", "RankMemory", "account", "attention_cores", "ledger",
@@ -102,8 +103,6 @@ class MemorySettings:
             raise UsageError(f"memory settings: plan must be a flopcount.ParallelPlan, got {self.plan!r}")
         object.__setattr__(self, "recompute", parse_recompute(self.recompute))
         if self.device_memory is not None:
-            from .sizes import parse_size
-
             object.__setattr__(self, "device_memory", parse_size(self.device_memory, "memory settings: device_memory"))
 
     @classmethod

@@ -93,16 +93,8 @@ def generation_ledger(report: Any, plan: ParallelPlan, expert_load: px.ExpertLoa
     """The per-rank ledger of ``report.generation`` under ``plan`` (see the module's rules);
     :class:`~flopcount.errors.UsageError` (exit 2) for a plan or model that is not modelled. ``expert_load``: the
     routing histogram of a MoE model (:func:`flopcount.parallel.experts.load_expert_load`), balanced if None."""
-    gen = report.generation
+    gen = _checked(report, plan)
     where = report.model.path or report.model.graph_name or "the model"
-    if gen is None:
-        raise UsageError("--parallel: the report has no generation; count it with --generate P:N")
-    check_plan(plan)
-    tag = f"--parallel {plan} with --generate {gen.prompt_tokens}:{gen.new_tokens}"
-    if gen.steps and not gen.step_reports:
-        raise UsageError(f"{tag}: the decode steps' graphs were not kept with this generation record (made from "
-                         "numbers, or a stack whose steps did not extend); count it again with --generate, or with "
-                         "--repeated-layers export")
     base = ParallelPlan(tp=plan.tp, pp=plan.pp, cp=plan.cp, ep=plan.ep, dp=plan.dp, microbatches=plan.microbatches,
                         schedule=plan.schedule)  # the ledger's splits; cp and ep kept for their checks
     d, prefill, ex_prefill = _stage_sums(report, base, gen.prefill.flops, "prefill")
@@ -175,6 +167,19 @@ def generation_ledger(report: Any, plan: ParallelPlan, expert_load: px.ExpertLoa
         layout_of(report, base).kv_rule, expert_load=load.source if moe_layers else None,
         optimizer_note="generation is inference: no optimizer step",
         generation=whole, schedule=schedule)
+
+
+def _checked(report: Any, plan: ParallelPlan) -> Any:
+    """``report.generation``, where ``plan`` can split it (:class:`~flopcount.errors.UsageError` otherwise)."""
+    gen = report.generation
+    if gen is None:
+        raise UsageError("--parallel: the report has no generation; count it with --generate P:N")
+    check_plan(plan)
+    if gen.steps and not gen.step_reports:
+        raise UsageError(f"--parallel {plan} with --generate {gen.prompt_tokens}:{gen.new_tokens}: the decode steps' "
+                         "graphs were not kept with this generation record (made from numbers, or a stack whose "
+                         "steps did not extend); count it again with --generate, or with --repeated-layers export")
+    return gen
 
 
 def check_plan(plan: ParallelPlan) -> None:
