@@ -1,6 +1,7 @@
 """A plan's ledgers in the text formats: its summary first (:func:`summary_lines`, from
-:func:`flopcount.memory.ranks.plan_summary`), and one row per rank for CSV (:func:`rank_csv`), FLOPs,
-communication and memory side by side.
+:func:`flopcount.memory.ranks.plan_summary`), the FLOPs and the communication of each class of ranks
+(:func:`rank_tables`, in units a reader compares at a glance: every figure exact in JSON and CSV), and one row per
+rank for CSV (:func:`rank_csv`), FLOPs, communication and memory side by side.
 
 Rendering returns strings; only the CLI prints. No line of the summary is wider than :data:`WIDTH` characters.
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["WIDTH", "rank_csv_rows", "rank_span", "summary", "summary_lines"]
+__all__ = ["WIDTH", "rank_csv_rows", "rank_span", "rank_tables", "summary", "summary_lines"]
 
 #: The widest line of the summary.
 WIDTH = 120
@@ -87,6 +88,47 @@ def summary_lines(s: Any, markdown: bool = False) -> list[str]:
                 items.append(f"- {line.strip()}" if line.startswith("  ") else line)
         return items + ([""] + table_lines if table_lines else [])
     return lines + ["  " + x for x in table_lines]
+
+
+def rank_tables(led: Any, markdown: bool = False) -> list[str]:
+    """Two tables of the ledger ``led`` per optimizer step, a row per class of ranks with the same figures
+    (:func:`flopcount.parallel.ranks.rank_classes`): their FLOPs (SI prefixes), and the bytes each hands to each
+    collective (one column per collective and group, in one binary unit): no line wider than :data:`WIDTH` for a
+    plan of up to 10,000 ranks a class."""
+    from tabulate import tabulate
+
+    from ..memory.sizes import unit_of
+    from ..parallel.ranks import dp_span, rank_classes
+    from .render import si
+
+    classes = rank_classes(led)
+    fmt = "github" if markdown else "simple"
+
+    def who(rs) -> list[str]:
+        return [rank_span(tuple(x.rank for x in rs)), str(rs[0].coords["tp"]), str(rs[0].stage), dp_span(rs)]
+
+    def opt(r) -> str:
+        return "-" if r.optimizer_flops is None else si(r.optimizer_flops) + (
+            f" ({si(r.optimizer_redundant_flops)} again)" if r.optimizer_redundant_flops else "")
+
+    flops = tabulate([[*who(rs), si(rs[0].model_flops), si(rs[0].hardware_flops), si(rs[0].redundant_flops),
+                       si(rs[0].recompute_flops), opt(rs[0])] for rs in classes],
+                     ["ranks", "TP", "stage", "DP", "model", "hardware", "redundant", "recompute", "optimizer"],
+                     tablefmt=fmt, disable_numparse=True, colalign=("left",) * 4 + ("right",) * 5)
+    per = "in the generation" if led.generation is not None else "a step"
+    out = [f"FLOPs per rank {per} (ranks with the same figures together; exact figures in JSON and CSV):", flops]
+    columns = list(dict.fromkeys((c.kind, c.group) for rs in classes for c in rs[0].communication))
+    if columns:
+        name, factor = unit_of(max(c.bytes for rs in classes for c in rs[0].communication))
+        rows = []
+        for rs in classes:
+            got = {(c.kind, c.group): c.bytes for c in rs[0].communication}
+            rows.append([*who(rs), *("-" if k not in got else f"{got[k] / factor:,.1f}" if factor > 1 else
+                                     f"{got[k]:,}" for k in columns)])
+        out += [f"Bytes each rank hands to each collective {per}, in {name}:",
+                tabulate(rows, ["ranks", "TP", "stage", "DP", *(f"{k}({g})" for k, g in columns)], tablefmt=fmt,
+                         disable_numparse=True, colalign=("left",) * 4 + ("right",) * len(columns))]
+    return out
 
 
 _MORE = "    "  # a line that continues the one before it

@@ -5,6 +5,8 @@ Rendering returns strings; only the CLI prints.
 
 from __future__ import annotations
 
+import textwrap
+
 import csv
 import io
 import json
@@ -319,8 +321,8 @@ def _memory_lines(m) -> list[str]:
         [f"recompute {m.recompute}"] if m.mode == "train" else []) + (["fp32 master weights"] if m.master_weights else [])
     lines = [f"Memory ({', '.join(how)}):"]
     if any(hasattr(r, "coords") for r in m.ranks):  # the classes of ranks are in the plan's summary, first
-        lines.append(f"  per rank under {m.settings.plan}: in the plan's summary above, ranks that hold the same "
-                     "bytes together; every rank's bytes in JSON and CSV")
+        lines.append("  per rank: in the plan's summary above, ranks that hold the same bytes together; every "
+                     "rank's bytes in JSON and CSV")
     elif m.device_memory is not None:
         from ..memory.ranks import plan_summary
 
@@ -441,13 +443,14 @@ def render(report: Report, fmt: str = "table", per_node: bool = False, by_module
     parts.append(tabulate(_op_rows(report), headers, tablefmt=tablefmt, disable_numparse=True,
                           colalign=("left", *("right",) * (len(headers) - 2), "left")))
     if report.parallel is not None:
-        from ..parallel.ranks import RANK_HEADERS, rank_rows, summary_line
+        from ..parallel.ranks import summary_line
+        from .ranks import rank_tables
 
-        parts.append(tabulate(rank_rows(report.parallel), RANK_HEADERS, tablefmt=tablefmt, disable_numparse=True,
-                              colalign=("left", *("right",) * 7, "left")))
+        parts.append("\n".join(rank_tables(report.parallel, fmt == "markdown")))
     summary = _summary_lines(report)
-    if report.parallel is not None:
-        summary.append(summary_line(report.parallel))
+    if report.parallel is not None:  # a long line, wrapped at its clauses' spaces (one item in Markdown)
+        summary.append(textwrap.fill(summary_line(report.parallel), 120, subsequent_indent="  ",
+                                     break_long_words=False, break_on_hyphens=False))
     if by_module is not None:
         summary.append(_modules_line(report))
     if by_module is not None and report.memory is not None:

@@ -673,24 +673,33 @@ RANK_HEADERS = ("ranks", "tp", "pp", "dp", "model FLOPs", "hardware FLOPs", "red
                 "optimizer FLOPs", "communication bytes")
 
 
-def rank_rows(led: ParallelLedger) -> list[list[str]]:
-    """One row per (stage, TP rank) of the ledger, per optimizer step, its ranks with the same figures (DP
-    replicas; under cp or ep, those of the same CP and EP rank and load) listed in the first column."""
+def rank_classes(led: ParallelLedger) -> list[tuple[RankFlops, ...]]:
+    """The ledger's ranks by (stage, TP rank), those with the same figures together (DP replicas; under cp or ep,
+    those of the same CP and EP rank and load), in the order of their first rank."""
     groups: dict[tuple, list[RankFlops]] = {}
     for r in led.ranks:
         key = (r.stage, r.coords["tp"], r.coords["cp"], r.coords["ep"], r.model_flops, r.hardware_flops,
                r.recompute_flops, r.optimizer_flops, r.optimizer_redundant_flops, r.communication)
         groups.setdefault(key, []).append(r)
+    return sorted((tuple(rs) for rs in groups.values()), key=lambda rs: rs[0].rank)
+
+
+def dp_span(rs: Sequence[RankFlops]) -> str:
+    """The DP coordinates of ranks ``rs``: ``0-3`` where consecutive, else listed."""
+    dps = sorted({x.coords["dp"] for x in rs})
+    return f"{dps[0]}-{dps[-1]}" if dps == list(range(dps[0], dps[-1] + 1)) and len(dps) > 1 else \
+        ",".join(map(str, dps))
+
+
+def rank_rows(led: ParallelLedger) -> list[list[str]]:
+    """One row per class of :func:`rank_classes`, per optimizer step, its ranks listed in the first column."""
     rows = []
-    for (stage, tp, *_), rs in sorted(groups.items(), key=lambda kv: kv[1][0].rank):
+    for rs in rank_classes(led):
         r = rs[0]
         comm = ", ".join(f"{c.kind}({c.group}) {c.bytes:,}" for c in r.communication) or "-"
-        names = ",".join(str(x.rank) for x in rs)
-        dps = sorted({x.coords["dp"] for x in rs})
-        dp = f"{dps[0]}-{dps[-1]}" if dps == list(range(dps[0], dps[-1] + 1)) and len(dps) > 1 else \
-            ",".join(map(str, dps))
-        rows.append([names, str(tp), str(stage), dp, f"{r.model_flops:,}", f"{r.hardware_flops:,}",
-                     f"{r.redundant_flops:,}", f"{r.recompute_flops:,}", _optimizer_cell(r), comm])
+        rows.append([",".join(str(x.rank) for x in rs), str(r.coords["tp"]), str(r.stage), dp_span(rs),
+                     f"{r.model_flops:,}", f"{r.hardware_flops:,}", f"{r.redundant_flops:,}",
+                     f"{r.recompute_flops:,}", _optimizer_cell(r), comm])
     return rows
 
 

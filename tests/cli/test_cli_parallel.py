@@ -53,7 +53,8 @@ def test_json_block_and_table(capsys, llama):
     assert tp == [{"kind": "all_reduce", "group": "tp", "bytes": 4 * (2 * 2 * 2 * a + 2 * 2 * a + a)}]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "ranks" in out and "hardware FLOPs" in out and "redundant FLOPs" in out
+    assert "FLOPs per rank a step" in out and "hardware" in out and "redundant" in out and "all_reduce(tp)" in out
+    assert max(len(line) for line in out.splitlines()) <= 120  # tables in classes, the long line wrapped
     assert "Parallel (tp=2,pp=2,cp=1,ep=1,dp=2 microbatches=4 schedule=gpipe, recompute full, train)" in out
 
 
