@@ -66,6 +66,11 @@ def _gelu_tanh() -> tuple:
     return ("Mul", "c", ("Mul", "x", ("Add", "c", ("Tanh", inner))))
 
 
+def _gelu_tanh_dynamo() -> tuple:
+    inner = ("Mul", "c", ("Add", "x", ("Mul", "c", ("Pow", "x", "c"))))
+    return ("Mul", "x", ("Mul", "c", ("Add", ("Tanh", inner), "c")))
+
+
 #: torch's kernels as its exporters write them (the TorchScript exporter's symbolic functions, the dynamo exporter's
 #: decompositions where they differ: it writes Gelu and Mish as one node), and what torch's
 #: derivative formulas keep (``tools/autograd/derivatives.yaml``): gelu, silu, mish, softplus their input; rsqrt and
@@ -73,6 +78,10 @@ def _gelu_tanh() -> tuple:
 PATTERNS: tuple[Pattern, ...] = (
     Pattern("gelu (tanh)", _gelu_tanh(), "x"),
     Pattern("gelu", ("Mul", ("Mul", "x", ("Add", ("Erf", ("Div", "x", "c")), "c")), "c"), "x"),
+    # the dynamo exporter's decompositions: x·(½·(1 + erf(x/√2))) and x·(½·(1 + tanh(√(2/π)·(x + 0.044715·x³))));
+    # the half multiplies the bracket, not x (transformers' gelu_new, ½·x·(1 + tanh(…)), does not match)
+    Pattern("gelu (dynamo)", ("Mul", "x", ("Mul", "c", ("Add", ("Erf", ("Div", "x", "c")), "c"))), "x"),
+    Pattern("gelu (tanh, dynamo)", _gelu_tanh_dynamo(), "x"),
     Pattern("mish", ("Mul", "x", ("Tanh", ("Softplus", "x"))), "x"),
     Pattern("softplus (beta)", ("Div", ("Softplus", ("Mul", "x", "c")), "c"), "x"),
     # the dynamo exporter's softplus(beta, threshold): x where x·β > threshold, else softplus(x·β)/β
