@@ -126,10 +126,12 @@ def grouped_mm_sort(config) -> int:
 
 
 def repeated_kv_and_mask(config) -> int:
-    """With a mask (sliding-window layers), transformers hands sdpa K and V repeated to the query heads (it asks
-    for grouped-query attention only without a mask) and torch's CPU flash kernel keeps them so, and the float32
-    mask [B, 1, S, S]: per layer 2·B·(heads − K/V heads)·S·d + B·S·S floats, where the ledger keeps K and V
-    unrepeated and no mask."""
+    """With a mask that is not purely causal (sliding-window layers), transformers repeats K and V to the query
+    heads itself (it asks sdpa for grouped-query attention only without a mask), and torch's CPU flash kernel
+    (aten._scaled_dot_product_flash_attention_for_cpu) keeps them so and the float32 mask [B, 1, S, S] it makes of
+    the boolean one: per layer 2·B·(heads − K/V heads)·S·d + B·S·S floats. The exported graph holds a mask for a
+    purely causal attention too (transformers cannot skip it while tracing), so the ledger, which cannot tell them
+    apart yet, reads every attention as the unmasked call: K and V unrepeated, no mask."""
     heads, kv = config.num_attention_heads, config.num_key_value_heads
     return config.num_hidden_layers * F32 * (2 * B * (heads - kv) * S * head_dim(config) + B * S * S)
 
