@@ -148,10 +148,30 @@ def position_ids(config) -> int:
     return 8 * S
 
 
+def decoder_length(config) -> int:
+    fam = next(p.values[0] for p in FAMILIES if p.values[0].model_type == config.model_type)
+    return fam.inputs["decoder_input_ids"][1]
+
+
+def decoder_position_ids(config) -> int:
+    """BART's decoder makes its position ids in the forward (``torch.arange`` of the decoder's length, [1, S_dec]
+    int64), which its position embedding's backward keeps; the export folds them into a constant."""
+    return 8 * decoder_length(config)
+
+
+def relative_position_buckets(config) -> int:
+    """T5 makes the relative position buckets of its first self-attention layers in the forward ([S, S] in the
+    encoder, [S_dec, S_dec] in the decoder, int64), which the bucket embedding's backward keeps; the export folds
+    them into constants."""
+    return 8 * (S * S + decoder_length(config) ** 2)
+
+
 MOE = ("aten.index, aten._grouped_mm: grouped_mm's sort of the (token, expert) pairs", grouped_mm_sort)
 MASKED = ("aten._scaled_dot_product_flash_attention_for_cpu: K, V repeated and the mask", repeated_kv_and_mask)
 COPY = ("aten.mm: sdpa's output transposed, a copy", sdpa_output_copy)
 POSITIONS = ("aten.embedding: the position ids made in the forward", position_ids)
+DECODER_POSITIONS = ("aten.embedding: the decoder's position ids made in the forward", decoder_position_ids)
+BUCKETS = ("aten.embedding: the relative position buckets made in the forward", relative_position_buckets)
 
 #: (family, attention) → what torch keeps beyond the ledger's activations (negative: less): each entry the op that
 #: keeps it and its bytes in closed form of the family's configuration.
@@ -160,6 +180,8 @@ DIFFERS: dict[tuple[str, str], tuple[tuple[str, Callable], ...]] = {
     **{(name, "sdpa"): (MASKED,) for name in ("mistral", "cohere2", "gemma3_text")},
     **{(name, "sdpa"): (COPY,) for name in ("phi3", "stablelm", "gpt_neox")},
     ("gpt2", "eager"): (POSITIONS,),
+    **{("bart", attn): (DECODER_POSITIONS,) for attn in ATTENTIONS},
+    **{("t5", attn): (BUCKETS,) for attn in ATTENTIONS},
 }
 
 
@@ -179,8 +201,6 @@ PENDING_MEMORY = {
         "falcon_h1": "torch keeps 8,352 B more than the ledger (eager): the Mamba 2 mixer's chunked scan",
         "mamba2": "torch keeps 8,352 B more than the ledger (eager): the Mamba 2 mixer's chunked scan",
         "granitemoehybrid": "torch keeps 5,776 B more than the ledger (eager): the Mamba 2 mixer and the experts",
-        "t5": "torch keeps 592 B more than the ledger (eager): the relative position bias, not yet traced",
-        "bart": "torch keeps 40 B more than the ledger (eager): not yet traced to an op",
     }.items() for attn in ATTENTIONS},
     ("falcon", "sdpa"): "torch keeps 13,472 B more than the ledger: not yet traced to an op",
     ("gpt2", "sdpa"): "with dropout torch runs sdpa's math path (aten.bmm, the softmax, the dropout's noise) where "
