@@ -231,7 +231,7 @@ def test_memory_equals_torch(fam, attn, sweep_exports):
     assert rank.grads_bytes == theirs.after["Gradient"]
     assert rank.optimizer_bytes == theirs.after["Optstate"]
     ratio = (rank.peak_bytes - rank.inputs_bytes) / theirs.peak
-    print(f"\n{fam.model_type} {attn}: activations {rank.activations_bytes} torch {theirs.saved} peak {ratio:.4f}")
+    print(f"\n{fam.model_type} {attn}: activations {rank.activations_bytes} torch {theirs.saved} peak {ratio:.6f}")
     assert abs(ratio - 1) <= 0.02, ratio
 
 
