@@ -166,11 +166,21 @@ def relative_position_buckets(config) -> int:
     return 8 * (S * S + decoder_length(config) ** 2)
 
 
+def local_masks(config) -> int:
+    """ModernBERT's local-attention layers hand sdpa a float32 sliding-window mask [B, 1, S, S], which torch's CPU
+    flash kernel (aten._scaled_dot_product_flash_attention_for_cpu) keeps; the ledger reads the attention as the
+    unmasked call (see :func:`repeated_kv_and_mask`): B·S·S floats per local layer (every layer but each
+    ``global_attn_every_n_layers``-th)."""
+    local = sum(i % config.global_attn_every_n_layers != 0 for i in range(config.num_hidden_layers))
+    return local * F32 * B * S * S
+
+
 MOE = ("aten.index, aten._grouped_mm: grouped_mm's sort of the (token, expert) pairs", grouped_mm_sort)
 MASKED = ("aten._scaled_dot_product_flash_attention_for_cpu: K, V repeated and the mask", repeated_kv_and_mask)
 COPY = ("aten.mm: sdpa's output transposed, a copy", sdpa_output_copy)
 POSITIONS = ("aten.embedding: the position ids made in the forward", position_ids)
 DECODER_POSITIONS = ("aten.embedding: the decoder's position ids made in the forward", decoder_position_ids)
+LOCAL = ("aten._scaled_dot_product_flash_attention_for_cpu: the local layers' mask", local_masks)
 BUCKETS = ("aten.embedding: the relative position buckets made in the forward", relative_position_buckets)
 
 #: (family, attention) → what torch keeps beyond the ledger's activations (negative: less): each entry the op that
@@ -182,6 +192,7 @@ DIFFERS: dict[tuple[str, str], tuple[tuple[str, Callable], ...]] = {
     ("gpt2", "eager"): (POSITIONS,),
     **{("bart", attn): (DECODER_POSITIONS,) for attn in ATTENTIONS},
     **{("t5", attn): (BUCKETS,) for attn in ATTENTIONS},
+    ("modernbert", "sdpa"): (LOCAL,),
 }
 
 
@@ -203,6 +214,9 @@ PENDING_MEMORY = {
         "granitemoehybrid": "torch keeps 5,776 B more than the ledger (eager): the Mamba 2 mixer and the experts",
     }.items() for attn in ATTENTIONS},
     ("falcon", "sdpa"): "torch keeps 13,472 B more than the ledger: not yet traced to an op",
+    **{(name, "sdpa"): "torch keeps 8,960 B more than the ledger: with dropout torch runs sdpa's math path "
+                        "(aten._scaled_dot_product_attention_math), which keeps what eager attention keeps"
+       for name in ("bert", "roberta", "electra")},
     ("gpt2", "sdpa"): "with dropout torch runs sdpa's math path (aten.bmm, the softmax, the dropout's noise) where "
                       "the ledger reads a fused kernel: 1,792 B more in torch beyond the position ids",
 }
