@@ -13,8 +13,10 @@ The loss is the sum of the model's floating-point outputs, as in the sweep (its 
 mixture-of-experts model runs its experts with transformers' ``grouped_mm`` in the real step, the grouped product
 over the resident weights that the ledger models (the count's graph gathers each token's k weight slices,
 ``batched_mm``, read as views: :mod:`flopcount.memory.ledger`). Where torch keeps what the ledger does not,
-:data:`DIFFERS` names the op and its bytes in closed form, asserted exactly. docs/architectures.md shows the column
-(checked against these tables by :func:`test_docs_table_is_the_tests_table`).
+:data:`DIFFERS` names the op and its bytes in closed form, asserted exactly; a case whose ledger is not yet torch's
+is in :data:`PENDING_MEMORY` with the op and the bytes measured, a strict expected failure (it fails the run once it
+passes, so the table cannot go stale). docs/architectures.md shows the column (checked against these tables by
+:func:`test_docs_table_is_the_tests_table`).
 """
 
 from __future__ import annotations
