@@ -177,12 +177,20 @@ def local_masks(config) -> int:
     return local * F32 * B * S * S
 
 
+def list_indices(config) -> int:
+    """Falcon's multi-query split takes K and V from the fused projection by list indexing (``fused_qkv[..., [-2],
+    :]``, ``[-1]``): torch makes a one-element int64 index for each in the forward, which aten.index's backward
+    keeps; the export folds them into constants. Two a layer, 8 bytes each."""
+    return config.num_hidden_layers * 2 * 8
+
+
 MOE = ("aten.index, aten._grouped_mm: grouped_mm's sort of the (token, expert) pairs", grouped_mm_sort)
 MASKED = ("aten._scaled_dot_product_flash_attention_for_cpu: K, V repeated and the mask", repeated_kv_and_mask)
 COPY = ("aten.mm: sdpa's output transposed, a copy", sdpa_output_copy)
 POSITIONS = ("aten.embedding: the position ids made in the forward", position_ids)
 DECODER_POSITIONS = ("aten.embedding: the decoder's position ids made in the forward", decoder_position_ids)
 LOCAL = ("aten._scaled_dot_product_flash_attention_for_cpu: the local layers' mask", local_masks)
+INDICES = ("aten.index: K's and V's list indices made in the forward", list_indices)
 BUCKETS = ("aten.embedding: the relative position buckets made in the forward", relative_position_buckets)
 
 #: (family, attention) → what torch keeps beyond the ledger's activations (negative: less): each entry the op that
@@ -195,6 +203,7 @@ DIFFERS: dict[tuple[str, str], tuple[tuple[str, Callable], ...]] = {
     **{("bart", attn): (DECODER_POSITIONS,) for attn in ATTENTIONS},
     ("t5", "eager"): (BUCKETS,),
     ("modernbert", "sdpa"): (LOCAL,),
+    ("falcon", "eager"): (INDICES,),
 }
 
 
@@ -205,7 +214,6 @@ PENDING_MEMORY = {
     **{(name, attn): why for name, why in {
         "qwen3_next": "the ledger keeps 8,241,352 B more than torch saves (eager): the gated delta rule's export "
                       "branch (forward substitution, aten.bmm) against the eager solve_triangular",
-        "falcon": "torch keeps 32 B more than the ledger (eager): not yet traced to an op",
         "granitemoe": "torch keeps 1,600 B more than the ledger (eager), 224 B beyond grouped_mm's sort: not yet traced",
         "deepseek_v3": "torch keeps 176 B more than the ledger (eager), not grouped_mm's sort (688 B): not yet traced",
         "gpt_oss": "the ledger keeps 1,088 B more than torch saves (eager): its experts' clamped SwiGLU, not yet traced",
@@ -215,7 +223,8 @@ PENDING_MEMORY = {
         "mamba2": "torch keeps 8,352 B more than the ledger (eager): the Mamba 2 mixer's chunked scan",
         "granitemoehybrid": "torch keeps 5,776 B more than the ledger (eager): the Mamba 2 mixer and the experts",
     }.items() for attn in ATTENTIONS},
-    ("falcon", "sdpa"): "torch keeps 13,472 B more than the ledger: not yet traced to an op",
+    ("falcon", "sdpa"): "torch keeps 13,472 B more than the ledger: 32 B of them the list indices (aten.index), "
+                        "the rest not yet traced",
     ("t5", "sdpa"): "torch keeps 20,482 B more than the ledger: its position bias handed to sdpa as a float mask "
                     "(aten._scaled_dot_product_attention_math), not yet traced beyond the buckets (592 B)",
     **{(name, "sdpa"): "torch keeps 8,960 B more than the ledger: with dropout torch runs sdpa's math path "
