@@ -215,13 +215,17 @@ def optimizer_bytes(optimizer: str | None, tensors: Sequence[TensorInfo], settin
     States: SGD none; momentum one buffer per parameter; Adam and AdamW two moments and a float32 step counter per
     parameter tensor; in the parameter's type, or float32 with ``master_weights`` (which adds the float32 copy of
     weights stored in fewer bits). Temporaries of the step, beyond the states (weight decay 0 for SGD and Adam):
-    Adam's and AdamW's single-tensor step makes ``sqrt(v)`` and ``sqrt(v)/c`` of one parameter at a time (twice the
-    largest), the foreach step ``sqrt(v)`` of every parameter at once (once all of them), the fused step nothing;
-    SGD's updates are in place.
+    Adam's and AdamW's single-tensor step makes ``sqrt(v)`` and ``sqrt(v)/c`` of one parameter at a time while the
+    previous parameter's quotient is still held (its loop variable is rebound only by the new one): the most of
+    the previous tensor plus twice the current one, in the order the step visits them (``tensors``' order, the
+    module's parameter order); the foreach step ``sqrt(v)`` of every parameter at once (once all of them), the
+    fused step nothing; SGD's updates are in place.
 
     >>> t = [TensorInfo("w", 1, (4, 8)), TensorInfo("b", 1, (8,))]
-    >>> optimizer_bytes("adam", t, MemorySettings(device="cpu"))  # 2·4·40 + 2·4, 2·4·32
+    >>> optimizer_bytes("adam", t, MemorySettings(device="cpu"))  # 2·4·40 + 2·4, 2·4·32 (the first, w, twice)
     (328, 256)
+    >>> optimizer_bytes("adam", t[::-1], MemorySettings(device="cpu"))[1]  # b's quotient held, then w twice: 4·(8 + 64)
+    288
     """
     if optimizer is None:
         return 0, 0
@@ -237,7 +241,8 @@ def optimizer_bytes(optimizer: str | None, tensors: Sequence[TensorInfo], settin
     if optimizer in ("adam", "adamw"):
         states += _STEP_COUNTER_BYTES * (len(tensors) if counters is None else counters)
         impl = settings.resolved_implementation
-        temps = {"single-tensor": 2 * max(one_copy, default=0), "foreach": sum(one_copy), "fused": 0}[impl]
+        single = max((2 * b + (one_copy[i - 1] if i else 0) for i, b in enumerate(one_copy)), default=0)
+        temps = {"single-tensor": single, "foreach": sum(one_copy), "fused": 0}[impl]
     return states, temps
 
 
@@ -403,7 +408,9 @@ def ledger(g: Graph, mode: str, optimizer: str | None, settings: MemorySettings,
     st = _Storages(g, unsized)
     size = st.nbytes
     params = sum(size(n) for n in g.params)
-    trained = [g.tensors.get(n) or TensorInfo(n) for n in sorted(g.trainable)]
+    # in the graph's order (its weights in the module's parameter order: the optimizer's), then any it lacks
+    trained = [t or TensorInfo(n) for n, t in g.tensors.items() if n in g.trainable] + \
+        [TensorInfo(n) for n in sorted(g.trainable - g.tensors.keys())]
     training = mode == "train"
     shards = shards or Shards()
 

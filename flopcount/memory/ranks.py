@@ -450,7 +450,8 @@ def _rank(layout: Any, g: Graph, mem: Memory, settings: MemorySettings, s: int, 
     keep, made, read = stage.keep, stage.made, stage.read
     nodes = [g.nodes[k] for k in keep]
     tensors: dict[str, TensorInfo] = {}
-    for name in read | made.keys():
+    wanted = read | made.keys()  # in the graph's order: the optimizer steps the weights in the module's
+    for name in [n for n in g.tensors if n in wanted] + sorted(wanted - g.tensors.keys()):
         info = g.tensors.get(name) or TensorInfo(name)
         if name in g.stored:
             div = _tp_div(layout, g, reader, name)

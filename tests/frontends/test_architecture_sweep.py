@@ -258,18 +258,28 @@ def qwen3_next_dead_state_update(config) -> int:
 EAGER_DIFFERS = {"qwen3_next": ("aten.bmm", qwen3_next_dead_state_update)}
 
 
-def counted(fam: Family):
-    return flopcount.from_hf(built_config(fam), fam.inputs, convention="dense", cache_dir=False, mode="train")
+@pytest.fixture(scope="session")
+def sweep_exports(tmp_path_factory):
+    """One export cache for the sweep's test files, which count the same training graphs (FLOPs here, memory in
+    test_architecture_sweep_memory.py): a family is exported once per run, shared by xdist's workers."""
+    import os
+
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "sweep-exports"
+
+
+def counted(fam: Family, exports):
+    return flopcount.from_hf(built_config(fam), fam.inputs, convention="dense", cache_dir=exports, mode="train")
 
 
 @pytest.mark.parametrize("fam", FAMILIES)
-def test_sweep_equals_torch(fam):
+def test_sweep_equals_torch(fam, sweep_exports):
     if fam.model_type in PENDING:
         with pytest.raises(FlopcountError) as e:
-            counted(fam)
+            counted(fam, sweep_exports)
         assert "\n" not in str(e.value) and e.value.exit_code != 1
         return
-    report = counted(fam)
+    report = counted(fam, sweep_exports)
     theirs = torch_figures(fam, export_branch=fam.model_type in EXPORT_BRANCH)
     if fam.model_type in EAGER_DIFFERS:
         op, closed_form = EAGER_DIFFERS[fam.model_type]

@@ -126,19 +126,27 @@ def test_parameters_per_tp_rank_closed_form_in_both_ledgers(model, t):
         assert led.ranks[i].optimizer_flops == 2 * elements(name, t)  # SGD: 2 FLOPs an element
 
 
-@pytest.mark.parametrize("text,m", [
+#: The plans (and microbatches) :func:`test_reconcile_over_ranks` checks on every model of :data:`CONFIGS`
+#: (docs/architectures.md lists them per family).
+PLANS = [
     pytest.param("tp=2", 1, id="tp2"),
     pytest.param("tp=2,sp", 2, id="tp2-sp"),
     pytest.param("pp=2", 2, id="pp2"),
     pytest.param("dp=2,fsdp", 2, id="dp2-fsdp"),
     pytest.param("tp=2,pp=2,dp=2,zero1", 2, id="tp2-pp2-dp2-zero1"),
     pytest.param("tp=4,dp=2,zero2", 1, id="tp4-dp2-zero2"),
-])
+]
+
+#: model → plan → the one line it is refused with: ViT's 17 tokens, which sp cannot split over 2 ranks.
+REFUSED = {"vit": {"tp=2,sp": "tp must divide the sequence length 17"}}
+
+
+@pytest.mark.parametrize("text,m", PLANS)
 def test_reconcile_over_ranks(model, text, m):
     name, report = model
     p = plan(text, m)
-    if name == "vit" and p.sp:  # 17 tokens: sp cannot split them over 2 ranks, and says so
-        with pytest.raises(UsageError, match="tp must divide the sequence length 17"):
+    if text in REFUSED.get(name, {}):
+        with pytest.raises(UsageError, match=REFUSED[name][text]):
             ledger(report, p)
         return
     led = ledger(report, p)
@@ -188,10 +196,14 @@ def test_mla_memory_and_flops_split_the_same_parameters():
     model = transformers.AutoModelForCausalLM.from_config(config)
     want = sum(p.numel() // 2 if any(f"{s}." in n for s in split) and ".gate." not in n else p.numel()
                for n, p in model.named_parameters())
-    mem = per_rank(report, plan("tp=2")).ranks
-    led = ledger(report, plan("tp=2")).ranks
+    mem = per_rank(report, plan(MLA_PLAN)).ranks
+    led = ledger(report, plan(MLA_PLAN)).ranks
     for i in range(2):
         assert mem[i].params_bytes // 4 == led[i].optimizer_flops // 2 == want
+
+
+#: The plan the MLA model is checked under: its parameters per rank in both ledgers.
+MLA_PLAN = "tp=2"
 
 
 def test_a_cnn_takes_data_parallel_plans():
@@ -256,6 +268,10 @@ def test_tied_embedding_gradients_meet_across_the_pipeline(gpt2, t):
     assert sum(r.optimizer_flops - r.optimizer_redundant_flops for r in led.ranks) == 2 * gpt2.params
 
 
+#: The encoder-decoder's plans: refused with the reason, and the one that applies.
+T5_REFUSED, T5_REASON, T5_APPLIES = ("tp=2", "pp=2"), "attention outside its repeated layers", "dp=2,fsdp"
+
+
 @pytest.mark.slow  # one more export: about 5 s
 def test_an_encoder_decoder_is_refused_by_name():
     # T5: the layers found are one stack (the most nodes); the other stack's attention is outside them, which no
@@ -263,8 +279,8 @@ def test_an_encoder_decoder_is_refused_by_name():
     config = transformers.T5Config(d_model=H, d_kv=D, d_ff=FFN, num_layers=L, num_heads=HEADS, vocab_size=V,
                                    decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
     report = count(config, {"input_ids": (B, S), "decoder_input_ids": (B, S)})
-    for text in ("tp=2", "pp=2"):
-        with pytest.raises(UsageError, match=r"attention outside its repeated layers \(node '.*' in .*block\.0\."):
+    for text in T5_REFUSED:
+        with pytest.raises(UsageError, match=T5_REASON + r" \(node '.*' in .*block\.0\."):
             ledger(report, plan(text, 2))
-    led = ledger(report, plan("dp=2,fsdp"))
+    led = ledger(report, plan(T5_APPLIES))
     assert sum(r.model_flops for r in led.ranks) == 2 * (report.forward.flops + report.backward.flops)
