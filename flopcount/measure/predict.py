@@ -217,13 +217,19 @@ def _message_seconds(m: Message, profile: MachineProfile, which: str, out: list[
     return t * m.count
 
 
-def _rank_times(r: RankWork, profile: MachineProfile, which: str, out: list[str]) -> dict[str, Any]:
+def _rank_times(r: RankWork, profile: MachineProfile, which: str, out: list[str],
+                memo: dict[NodeWork, tuple] | None = None) -> dict[str, Any]:
+    """A rank's seconds; ``memo``: node seconds already found (the same work on another rank or layer)."""
     fwd: dict[int, float] = {}
     bwd: dict[int, float] = {}
+    memo = {} if memo is None else memo
     for c, nodes in r.chunks.items():
         fwd[c] = bwd[c] = 0.0
         for w in nodes:
-            f, b, x = node_seconds(w, profile, which)
+            found = memo.get(w)
+            if found is None:
+                found = memo[w] = node_seconds(w, profile, which)
+            f, b, x = found
             fwd[c] += f
             bwd[c] += b
             out.extend(x)
@@ -247,7 +253,8 @@ def _step(work: Sequence[RankWork], profile: MachineProfile, plan: Mapping[str, 
     from flopcount.parallel.ranks import simulate_schedule
 
     m, p, v = plan["microbatches"], plan["pp"], plan["virtual"]
-    times = [_rank_times(r, profile, which, out) for r in work]
+    memo: dict[NodeWork, tuple] = {}
+    times = [_rank_times(r, profile, which, out, memo) for r in work]
     train = any(any(t["backward"].values()) for t in times)
     tf, tb = [0.0] * (p * v), [0.0] * (p * v)
     for r, t in zip(work, times):  # a chunk lasts its slowest TP rank's; the TP time and the send go with it

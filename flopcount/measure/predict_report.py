@@ -77,7 +77,10 @@ def _messages(r: Any, led: Any) -> tuple[Message, ...]:
     plan, d = led.plan, led.dims
     m, train = plan.microbatches, led.mode == "train"
     a = d["batch"] * (d["seq"] // plan.cp) * d["hidden"] * d["activation_bytes"]
-    sizes = {"tp": plan.tp, "pp": 2, "dp": plan.dp, "dp_cp": plan.dp * plan.cp, "cp": plan.cp, "ep": plan.ep}
+    kv = d["kv_heads"]
+    sizes = {"tp": plan.tp, "pp": 2, "dp": plan.dp, "dp_cp": plan.dp * plan.cp, "cp": plan.cp, "ep": plan.ep,
+             "edp": plan.dp * plan.cp // plan.ep, "tp_kv": plan.tp // kv if kv and kv < plan.tp else 1,
+             "embedding": 2}
     out = []
     first, last = r.stage == 0, r.stage == plan.pp - 1
     v = plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
@@ -96,7 +99,9 @@ def _messages(r: Any, led: Any) -> tuple[Message, ...]:
             out.append(Message("send_recv", "pp", msg, fwd_calls, 2, "send_forward"))
             if bwd_calls:
                 out.append(Message("send_recv", "pp", msg, bwd_calls, 2, "send_backward"))
-        elif c.group in ("dp", "dp_cp") and c.kind == "all_reduce":
+        elif c.group in ("tp_kv", "embedding"):  # a copy's gradients summed with the others', once a step
+            out.append(Message(c.kind, c.group, c.bytes, 1, n, "step"))
+        elif c.group in ("dp", "dp_cp", "edp") and c.kind == "all_reduce":
             first = min(c.bytes, FIRST_BUCKET_BYTES)
             out.append(Message("all_reduce", c.group, first, 1, n, "dp"))
             full, rest = divmod(c.bytes - first, BUCKET_BYTES)
@@ -104,7 +109,7 @@ def _messages(r: Any, led: Any) -> tuple[Message, ...]:
                 out.append(Message("all_reduce", c.group, BUCKET_BYTES, full, n, "dp"))
             if rest:
                 out.append(Message("all_reduce", c.group, rest, 1, n, "dp"))
-        elif c.group in ("dp", "dp_cp"):
+        elif c.group in ("dp", "dp_cp", "edp"):
             out.append(Message(c.kind, c.group, c.bytes, 1, n, "step"))
         else:  # cp and ep: one message a microbatch, exposed in the forward
             out.append(Message(c.kind, c.group, c.bytes / m, m, n, "forward"))
