@@ -99,11 +99,12 @@ class _Walks:
     def peak(self, c: Choice) -> int:
         """The largest per-rank peak of ``c``'s plan; the per-rank ledgers' refusal raised."""
         from flopcount.memory.ranks import per_rank
-        from flopcount.parallel.layout import in_flight
+        from flopcount.parallel.layout import in_flight, layout_of
 
         k = self.key(c)
         if k not in self.walked:
-            try:
+            try:  # what the model cannot split is refused by the layout before a policy's own count is made
+                layout_of(self.report_of(c.size, "none"), c.plan)
                 mem = per_rank(self.report_of(c.size, c.recompute), c.plan)
                 self.walked[k] = (c.plan, [(r.stage, r.peak_bytes, r.activations_bytes) for r in mem.ranks])
             except FlopcountError as e:
