@@ -139,6 +139,8 @@ def search(report_of: Callable[[int, str], Any], profile: Any, space: SpaceSetti
     ``size`` sequences with its memory ledger under that recompute policy."""
     tried, dropped = choices(space)
     total = len(tried) + sum(dropped.values())
+    # plans of the same node shares one after another: the ledgers keep the last shares asked
+    tried.sort(key=lambda c: (c.size, c.recompute, c.plan.tp, c.plan.sp, c.plan.pp, c.plan.virtual_stages))
     walks = _Walks(report_of)
     found: list[Candidate] = []
     smallest: Candidate | None = None

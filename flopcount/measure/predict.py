@@ -217,6 +217,35 @@ def _message_seconds(m: Message, profile: MachineProfile, which: str, out: list[
     return t * m.count
 
 
+#: Chunks already timed, by the identity of their node tuple (held, so that the identity is not reused), the
+#: profile's and the repeat's: a plan search times the same chunks under many plans.
+_chunks_timed: dict[tuple[int, int, str], tuple] = {}
+
+
+def _chunk_seconds(nodes: Sequence[NodeWork], profile: MachineProfile, which: str,
+                   memo: dict[NodeWork, tuple]) -> tuple[float, float, list[str]]:
+    """(forward, backward) seconds of a chunk's nodes in order, and what was extrapolated."""
+    key = (id(nodes), id(profile), which)
+    hit = _chunks_timed.get(key)
+    if hit is not None and hit[0] is nodes and hit[1] is profile:
+        return hit[2]
+    fwd = bwd = 0.0
+    notes: list[str] = []
+    for w in nodes:
+        found = memo.get(w)
+        if found is None:
+            found = memo[w] = node_seconds(w, profile, which)
+        f, b, x = found
+        fwd += f
+        bwd += b
+        notes.extend(x)
+    if len(_chunks_timed) > 4096:
+        _chunks_timed.clear()
+    if isinstance(nodes, tuple):
+        _chunks_timed[key] = (nodes, profile, (fwd, bwd, notes))
+    return fwd, bwd, notes
+
+
 def _rank_times(r: RankWork, profile: MachineProfile, which: str, out: list[str],
                 memo: dict[NodeWork, tuple] | None = None) -> dict[str, Any]:
     """A rank's seconds; ``memo``: node seconds already found (the same work on another rank or layer)."""
@@ -224,15 +253,8 @@ def _rank_times(r: RankWork, profile: MachineProfile, which: str, out: list[str]
     bwd: dict[int, float] = {}
     memo = {} if memo is None else memo
     for c, nodes in r.chunks.items():
-        fwd[c] = bwd[c] = 0.0
-        for w in nodes:
-            found = memo.get(w)
-            if found is None:
-                found = memo[w] = node_seconds(w, profile, which)
-            f, b, x = found
-            fwd[c] += f
-            bwd[c] += b
-            out.extend(x)
+        fwd[c], bwd[c], notes = _chunk_seconds(nodes, profile, which, memo)
+        out.extend(notes)
     comm: dict[str, dict[str, float]] = {}
     phase_s = {"forward": 0.0, "backward": 0.0, "send_forward": 0.0, "send_backward": 0.0, "step": 0.0}
     dp_buckets: list[float] = []

@@ -124,19 +124,33 @@ def _optimizer_bytes(r: Any, led: Any, report: Any) -> float:
     return r.optimizer_flops / per_element(report) * led.dims["param_bytes"] * OPTIMIZER_TRAFFIC[led.optimizer]
 
 
+#: The last shares read into work and their work: a plan search reads the same shares (by identity) for plans that
+#: differ only in what the shares do not read (dp, cp, M, the sharding).
+_last_places: list[tuple] = []
+
+
+def _places(nodes: Any, shares: Any) -> dict[tuple[int, int], dict[int, tuple[NodeWork, ...]]]:
+    """Each (stage, TP rank)'s work per chunk: its shares of the nodes."""
+    if _last_places and _last_places[0][0] is nodes and _last_places[0][1] is shares:
+        return _last_places[1]
+    by_place: dict[tuple[int, int], dict[int, list[NodeWork]]] = {}
+    for x in shares:
+        chunks = by_place.setdefault((x.stage, x.tp), {})
+        chunks.setdefault(x.chunk, []).append(_node_work(nodes[x.index], x.forward, x.backward, x.recompute))
+    found = {place: {c: tuple(ws) for c, ws in chunks.items()} for place, chunks in by_place.items()}
+    _last_places[:] = [(nodes, shares), found]
+    return found
+
+
 def _ledger_work(report: Any) -> Work:
     from flopcount.parallel.ranks import node_shares
 
     led = report.parallel
     plan = led.plan
-    nodes = report.nodes
-    by_place: dict[tuple[int, int], dict[int, list[NodeWork]]] = {}
-    for x in node_shares(report, plan, led.recompute):
-        chunks = by_place.setdefault((x.stage, x.tp), {})
-        chunks.setdefault(x.chunk, []).append(_node_work(nodes[x.index], x.forward, x.backward, x.recompute))
+    by_place = _places(report.nodes, node_shares(report, plan, led.recompute))
     ranks = []
     for r in led.ranks:
-        chunks = {c: tuple(ws) for c, ws in by_place.get((r.stage, r.coords["tp"]), {}).items()}
+        chunks = by_place.get((r.stage, r.coords["tp"]), {})
         ranks.append(RankWork(r.rank, r.stage, r.coords["tp"], chunks, _messages(r, led), float(r.model_flops),
                               float(r.hardware_flops), _optimizer_bytes(r, led, report)))
     d = led.dims
