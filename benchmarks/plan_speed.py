@@ -30,6 +30,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,2", help="microbatch sizes (sequences)")
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--top", type=int, default=5)
+    parser.add_argument("--profile", metavar="FILE", help="also write the search's cProfile statistics to FILE")
     a = parser.parse_args()
     import transformers
 
@@ -59,9 +60,17 @@ def main() -> None:
         dims = layout_of(first, ParallelPlan()).dims
         space = SpaceSettings(a.devices, dims.layers, False, sizes, (), a.global_batch)
         profile = device_profile("H100", a.devices)
+        import cProfile
+
+        profiler = cProfile.Profile() if a.profile else None
         start = time.perf_counter()
+        if profiler:
+            profiler.enable()
         found = search(report_of, profile, space, args.device_memory)
         searched = time.perf_counter() - start
+        if profiler:
+            profiler.disable()
+            profiler.dump_stats(a.profile)
     load = os.getloadavg()[0]
     print(f"Llama-3-70B on {a.devices} H100s ({args.device_memory / 2**30:.4g} GiB), sequences of {a.seq}, global "
           f"batch {a.global_batch}, microbatch sizes {a.sizes}")
