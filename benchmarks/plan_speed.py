@@ -30,6 +30,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,2", help="microbatch sizes (sequences)")
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--top", type=int, default=5)
+    parser.add_argument("--sample", type=int, metavar="N", help="search N plans drawn at random (seeded), not all")
     parser.add_argument("--profile", metavar="FILE", help="also write the search's cProfile statistics to FILE")
     a = parser.parse_args()
     import transformers
@@ -66,7 +67,7 @@ def main() -> None:
         start = time.perf_counter()
         if profiler:
             profiler.enable()
-        found = search(report_of, profile, space, args.device_memory)
+        found = search(report_of, profile, space, args.device_memory, a.sample)
         searched = time.perf_counter() - start
         if profiler:
             profiler.disable()

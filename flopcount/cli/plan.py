@@ -60,6 +60,7 @@ def _reports(args: argparse.Namespace):
     ledger under that recompute policy (the ledger's graph keeps what the policy recomputes), counted once, its
     node lists listed once."""
     import dataclasses
+    from types import MappingProxyType
 
     from flopcount.measure.plan_search import check_report
 
@@ -73,7 +74,8 @@ def _reports(args: argparse.Namespace):
             sized.recompute = recompute
             report = count_source(sized)
             check_report(report)
-            modules = dataclasses.replace(report.modules, nodes=tuple(report.modules.nodes))
+            modules = dataclasses.replace(report.modules, nodes=tuple(report.modules.nodes),
+                                          params=MappingProxyType(dict(report.modules.params)))
             counted[(size, recompute)] = dataclasses.replace(report, nodes=tuple(report.nodes), modules=modules)
         return counted[(size, recompute)]
 

@@ -133,11 +133,17 @@ def _predicted(report: Any, c: Choice, profile: Any) -> tuple[Any, Any]:
 
 
 def search(report_of: Callable[[int, str], Any], profile: Any, space: SpaceSettings,
-           device_memory: int | None) -> Search:
+           device_memory: int | None, sample: int | None = None) -> Search:
     """Every plan of ``space`` checked, fitted to ``device_memory`` bytes (None: not fitted) and predicted on
     ``profile``, ranked (see the module). ``report_of(size, recompute)``: the training count of one microbatch of
-    ``size`` sequences with its memory ledger under that recompute policy."""
+    ``size`` sequences with its memory ledger under that recompute policy. ``sample``: only so many of the plans,
+    drawn at random (seeded), as a benchmark times a search too long to run whole."""
     tried, dropped = choices(space)
+    if sample is not None and sample < len(tried):
+        import random
+
+        tried = random.Random(0).sample(tried, sample)
+        dropped = Counter()
     total = len(tried) + sum(dropped.values())
     # plans of the same node shares one after another: the ledgers keep the last shares asked
     tried.sort(key=lambda c: (c.size, c.recompute, c.plan.tp, c.plan.sp, c.plan.pp, c.plan.virtual_stages))

@@ -357,17 +357,19 @@ class _Structure:
     outside_attention: int | None
 
 
-#: The last report's :class:`_Structure` (by the identity of its node and scope lists): a plan search asks for many
-#: plans of one report, and the roles are its costly part.
-_last_structure: list[tuple] = []
+#: The last few reports' :class:`_Structure` (by the identity of their node and scope lists, held so that the
+#: identities are not reused): a plan search asks for many plans of a few reports (one per microbatch size and
+#: recompute policy), and the roles are the costly part.
+_structures: list[tuple] = []
+_KEPT_STRUCTURES = 8
 
 
 def _structure(report: Any) -> _Structure:
-    key = (report.nodes, report.modules.nodes)
-    if _last_structure and _last_structure[0][0] is key[0] and _last_structure[0][1] is key[1]:
-        return _last_structure[1]
+    for nodes, scopes, found in _structures:
+        if nodes is report.nodes and scopes is report.modules.nodes:
+            return found
     found = _structure_of(report)
-    _last_structure[:] = [key, found]
+    _structures[:] = [(report.nodes, report.modules.nodes, found), *_structures[:_KEPT_STRUCTURES - 1]]
     return found
 
 
