@@ -36,15 +36,21 @@ def _matrices(node: Any) -> float:
     return float(n)
 
 
-def _node_work(node: Any, fwd: float, bwd: float, again: float) -> NodeWork:
+def _node_work(node: Any, fwd: float, bwd: float, again: float, known: tuple | None = None) -> NodeWork:
+    """A node's work on a rank that runs ``fwd``, ``bwd`` and ``again`` of its FLOPs; ``known``: its
+    :func:`_node_facts`, when already read."""
+    kind, whole, total, matrices = known or _node_facts(node)
+    frac = (fwd or bwd) / whole if whole else 1.0
+    return NodeWork(kind, float(fwd), total * frac, float(bwd), float(again),
+                    max(1.0, matrices * frac) if matrices > 1 else 1.0)
+
+
+def _node_facts(node: Any) -> tuple[str, int, int, float]:
+    """(kind, whole FLOPs, bytes, matrices) of a node: what its share on any rank is scaled from."""
     from flopcount.reporting.report import node_bytes
 
-    whole = node.cost.flops or node.backward.flops
-    frac = (fwd or bwd) / whole if whole else 1.0
     b = node_bytes(node)
-    matrices = _matrices(node)
-    return NodeWork(_kind(node), float(fwd), (b.total if b else 0) * frac, float(bwd), float(again),
-                    max(1.0, matrices * frac) if matrices > 1 else 1.0)
+    return _kind(node), node.cost.flops or node.backward.flops, b.total if b else 0, _matrices(node)
 
 
 def _one_rank(report: Any) -> Work:
@@ -134,9 +140,13 @@ def _places(nodes: Any, shares: Any) -> dict[tuple[int, int], dict[int, tuple[No
     if _last_places and _last_places[0][0] is nodes and _last_places[0][1] is shares:
         return _last_places[1]
     by_place: dict[tuple[int, int], dict[int, list[NodeWork]]] = {}
+    facts: dict[int, tuple] = {}
     for x in shares:
         chunks = by_place.setdefault((x.stage, x.tp), {})
-        chunks.setdefault(x.chunk, []).append(_node_work(nodes[x.index], x.forward, x.backward, x.recompute))
+        known = facts.get(x.index)
+        if known is None:
+            known = facts[x.index] = _node_facts(nodes[x.index])
+        chunks.setdefault(x.chunk, []).append(_node_work(nodes[x.index], x.forward, x.backward, x.recompute, known))
     found = {place: {c: tuple(ws) for c, ws in chunks.items()} for place, chunks in by_place.items()}
     _last_places[:] = [(nodes, shares), found]
     return found
