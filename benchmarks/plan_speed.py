@@ -8,6 +8,7 @@ and of the search, plans per second, and the best plans.
 
     PYTHONPATH=$PWD python3 benchmarks/plan_speed.py
     PYTHONPATH=$PWD python3 benchmarks/plan_speed.py --sizes 1 --global-batch 256 --devices 64
+    PYTHONPATH=$PWD python3 benchmarks/plan_speed.py --sizes 1 --sample 150   # 150 plans drawn at random
 
 The CPU's cores are shared with whatever else runs: the 1-minute load average is printed beside the figures.
 """
@@ -76,7 +77,7 @@ def main() -> None:
     print(f"Llama-3-70B on {a.devices} H100s ({args.device_memory / 2**30:.4g} GiB), sequences of {a.seq}, global "
           f"batch {a.global_batch}, microbatch sizes {a.sizes}")
     print(f"counts: {counted:.1f} s ({len(sizes) * 3}); search: {found.tried:,} plans in {searched:.1f} s = "
-          f"{found.tried / searched:,.0f} plans/s; {len(found.plans):,} fit; load average {load:.2f}")
+          f"{found.tried / searched:,.2f} plans/s ({searched / found.tried:.3f} s a plan); {len(found.plans):,} fit; load average {load:.2f}")
     print("dropped: " + "; ".join(f"{n:,} x {why}" for why, n in found.dropped.most_common()))
     for c in found.plans[:a.top]:
         print(f"  {c.parallel:<28} {c.schedule:<14} {c.microbatch_size} x {c.microbatches:<4} {c.recompute:<9} "
