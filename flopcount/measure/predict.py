@@ -23,7 +23,9 @@ The rules (docs/predict.md states them for users):
   lengthen the action that sends. The data-parallel all_reduce overlaps the last microbatch's backward as DDP
   runs it: each bucket is ready once the backward has produced the gradient bytes up to its end (at an even
   pace), the buckets reduce one after another, and what runs past the backward's end is exposed. Other
-  data-parallel collectives (fsdp, zero1, zero2) are counted exposed (an upper bound).
+  data-parallel collectives (fsdp, zero1, zero2) are counted exposed (an upper bound), and so are the gradient
+  sums of weights held in copies (the K/V projections' copies when tp exceeds the K/V heads, a tied embedding's two
+  copies under pp), once a step.
 * **The step**: the pipeline schedule's simulation (:func:`flopcount.parallel.ranks.simulate_schedule`) with each
   chunk's forward and backward lasting the longest of its TP ranks' (compute and exposed TP time and the send),
   then the exposed data-parallel time, then the optimizer step (its parameter bytes read and written at the
@@ -221,16 +223,44 @@ def _message_seconds(m: Message, profile: MachineProfile, which: str, out: list[
     return t * m.count
 
 
-def _rank_times(r: RankWork, profile: MachineProfile, which: str, out: list[str]) -> dict[str, Any]:
+#: Chunks already timed, by the identity of their node tuple (held, so that the identity is not reused), the
+#: profile's and the repeat's: a plan search times the same chunks under many plans.
+_chunks_timed: dict[tuple[int, int, str], tuple] = {}
+
+
+def _chunk_seconds(nodes: Sequence[NodeWork], profile: MachineProfile, which: str,
+                   memo: dict[NodeWork, tuple]) -> tuple[float, float, list[str]]:
+    """(forward, backward) seconds of a chunk's nodes in order, and what was extrapolated."""
+    key = (id(nodes), id(profile), which)
+    hit = _chunks_timed.get(key)
+    if hit is not None and hit[0] is nodes and hit[1] is profile:
+        return hit[2]
+    fwd = bwd = 0.0
+    notes: list[str] = []
+    for w in nodes:
+        found = memo.get(w)
+        if found is None:
+            found = memo[w] = node_seconds(w, profile, which)
+        f, b, x = found
+        fwd += f
+        bwd += b
+        notes.extend(x)
+    if len(_chunks_timed) > 4096:
+        _chunks_timed.clear()
+    if isinstance(nodes, tuple):
+        _chunks_timed[key] = (nodes, profile, (fwd, bwd, notes))
+    return fwd, bwd, notes
+
+
+def _rank_times(r: RankWork, profile: MachineProfile, which: str, out: list[str],
+                memo: dict[NodeWork, tuple] | None = None) -> dict[str, Any]:
+    """A rank's seconds; ``memo``: node seconds already found (the same work on another rank or layer)."""
     fwd: dict[int, float] = {}
     bwd: dict[int, float] = {}
+    memo = {} if memo is None else memo
     for c, nodes in r.chunks.items():
-        fwd[c] = bwd[c] = 0.0
-        for w in nodes:
-            f, b, x = node_seconds(w, profile, which)
-            fwd[c] += f
-            bwd[c] += b
-            out.extend(x)
+        fwd[c], bwd[c], notes = _chunk_seconds(nodes, profile, which, memo)
+        out.extend(notes)
     comm: dict[str, dict[str, float]] = {}
     phase_s = {"forward": 0.0, "backward": 0.0, "send_forward": 0.0, "send_backward": 0.0, "step": 0.0}
     dp_buckets: list[float] = []
@@ -251,7 +281,8 @@ def _step(work: Sequence[RankWork], profile: MachineProfile, plan: Mapping[str, 
     from flopcount.parallel.ranks import simulate_schedule
 
     m, p, v = plan["microbatches"], plan["pp"], plan["virtual"]
-    times = [_rank_times(r, profile, which, out) for r in work]
+    memo: dict[NodeWork, tuple] = {}
+    times = [_rank_times(r, profile, which, out, memo) for r in work]
     train = any(any(t["backward"].values()) for t in times)
     tf, tb = [0.0] * (p * v), [0.0] * (p * v)
     for r, t in zip(work, times):  # a chunk lasts its slowest TP rank's; the TP time and the send go with it

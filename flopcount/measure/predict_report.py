@@ -37,15 +37,21 @@ def _matrices(node: Any) -> float:
     return float(n)
 
 
-def _node_work(node: Any, fwd: float, bwd: float, again: float) -> NodeWork:
+def _node_work(node: Any, fwd: float, bwd: float, again: float, known: tuple | None = None) -> NodeWork:
+    """A node's work on a rank that runs ``fwd``, ``bwd`` and ``again`` of its FLOPs; ``known``: its
+    :func:`_node_facts`, when already read."""
+    kind, whole, total, matrices = known or _node_facts(node)
+    frac = (fwd or bwd) / whole if whole else 1.0
+    return NodeWork(kind, float(fwd), total * frac, float(bwd), float(again),
+                    max(1.0, matrices * frac) if matrices > 1 else 1.0)
+
+
+def _node_facts(node: Any) -> tuple[str, int, int, float]:
+    """(kind, whole FLOPs, bytes, matrices) of a node: what its share on any rank is scaled from."""
     from flopcount.reporting.report import node_bytes
 
-    whole = node.cost.flops or node.backward.flops
-    frac = (fwd or bwd) / whole if whole else 1.0
     b = node_bytes(node)
-    matrices = _matrices(node)
-    return NodeWork(_kind(node), float(fwd), (b.total if b else 0) * frac, float(bwd), float(again),
-                    max(1.0, matrices * frac) if matrices > 1 else 1.0)
+    return _kind(node), node.cost.flops or node.backward.flops, b.total if b else 0, _matrices(node)
 
 
 def _one_rank(report: Any) -> Work:
@@ -78,9 +84,10 @@ def _messages(r: Any, led: Any) -> tuple[Message, ...]:
     plan, d = led.plan, led.dims
     m, train = plan.microbatches, led.mode == "train"
     a = d["batch"] * (d["seq"] // plan.cp) * d["hidden"] * d["activation_bytes"]
-    kv = d.get("kv_heads") or plan.tp
+    kv = d.get("kv_heads")
     sizes = {"tp": plan.tp, "pp": 2, "dp": plan.dp, "dp_cp": plan.dp * plan.cp, "cp": plan.cp, "ep": plan.ep,
-             "edp": plan.dp * plan.cp // plan.ep, "embedding": 2, "tp_kv": max(1, plan.tp // kv)}
+             "edp": plan.dp * plan.cp // plan.ep, "tp_kv": plan.tp // kv if kv and kv < plan.tp else 1,
+             "embedding": 2}
     out = []
     first, last = r.stage == 0, r.stage == plan.pp - 1
     v = plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
@@ -99,7 +106,9 @@ def _messages(r: Any, led: Any) -> tuple[Message, ...]:
             out.append(Message("send_recv", "pp", msg, fwd_calls, 2, "send_forward"))
             if bwd_calls:
                 out.append(Message("send_recv", "pp", msg, bwd_calls, 2, "send_backward"))
-        elif c.group in ("dp", "dp_cp") and c.kind == "all_reduce":
+        elif c.group in ("tp_kv", "embedding"):  # a copy's gradients summed with the others', once a step
+            out.append(Message(c.kind, c.group, c.bytes, 1, n, "step"))
+        elif c.group in ("dp", "dp_cp", "edp") and c.kind == "all_reduce":
             first = min(c.bytes, FIRST_BUCKET_BYTES)
             out.append(Message("all_reduce", c.group, first, 1, n, "dp"))
             full, rest = divmod(c.bytes - first, BUCKET_BYTES)
@@ -107,7 +116,7 @@ def _messages(r: Any, led: Any) -> tuple[Message, ...]:
                 out.append(Message("all_reduce", c.group, BUCKET_BYTES, full, n, "dp"))
             if rest:
                 out.append(Message("all_reduce", c.group, rest, 1, n, "dp"))
-        elif c.group in ("dp", "dp_cp", "edp", "embedding", "tp_kv"):  # once a step, exposed
+        elif c.group in ("dp", "dp_cp", "edp"):
             out.append(Message(c.kind, c.group, c.bytes, 1, n, "step"))
         else:  # cp and ep: one message a microbatch, exposed in the forward
             out.append(Message(c.kind, c.group, c.bytes / m, m, n, "forward"))
@@ -122,19 +131,37 @@ def _optimizer_bytes(r: Any, led: Any, report: Any) -> float:
     return r.optimizer_flops / per_element(report) * led.dims["param_bytes"] * OPTIMIZER_TRAFFIC[led.optimizer]
 
 
+#: The last shares read into work and their work: a plan search reads the same shares (by identity) for plans that
+#: differ only in what the shares do not read (dp, cp, M, the sharding).
+_last_places: list[tuple] = []
+
+
+def _places(nodes: Any, shares: Any) -> dict[tuple[int, int], dict[int, tuple[NodeWork, ...]]]:
+    """Each (stage, TP rank)'s work per chunk: its shares of the nodes."""
+    if _last_places and _last_places[0][0] is nodes and _last_places[0][1] is shares:
+        return _last_places[1]
+    by_place: dict[tuple[int, int], dict[int, list[NodeWork]]] = {}
+    facts: dict[int, tuple] = {}
+    for x in shares:
+        chunks = by_place.setdefault((x.stage, x.tp), {})
+        known = facts.get(x.index)
+        if known is None:
+            known = facts[x.index] = _node_facts(nodes[x.index])
+        chunks.setdefault(x.chunk, []).append(_node_work(nodes[x.index], x.forward, x.backward, x.recompute, known))
+    found = {place: {c: tuple(ws) for c, ws in chunks.items()} for place, chunks in by_place.items()}
+    _last_places[:] = [(nodes, shares), found]
+    return found
+
+
 def _ledger_work(report: Any) -> Work:
     from flopcount.parallel.ranks import node_shares
 
     led = report.parallel
     plan = led.plan
-    nodes = report.nodes
-    by_place: dict[tuple[int, int], dict[int, list[NodeWork]]] = {}
-    for x in node_shares(report, plan, led.recompute):
-        chunks = by_place.setdefault((x.stage, x.tp), {})
-        chunks.setdefault(x.chunk, []).append(_node_work(nodes[x.index], x.forward, x.backward, x.recompute))
+    by_place = _places(report.nodes, node_shares(report, plan, led.recompute))
     ranks = []
     for r in led.ranks:
-        chunks = {c: tuple(ws) for c, ws in by_place.get((r.stage, r.coords["tp"]), {}).items()}
+        chunks = by_place.get((r.stage, r.coords["tp"]), {})
         ranks.append(RankWork(r.rank, r.stage, r.coords["tp"], chunks, _messages(r, led), float(r.model_flops),
                               float(r.hardware_flops), _optimizer_bytes(r, led, report)))
     d = led.dims

@@ -293,20 +293,15 @@ def _where(report: Any) -> str:
     return report.model.path or report.model.graph_name or "the model"
 
 
-def _build(report: Any, plan: ParallelPlan) -> Layout:
+def _structure_of(report: Any) -> _Structure:
     from ..reporting.report import element_bits
     from ..reporting.tiled import check_listable
 
-    where = _where(report)
     nodes = report.nodes
     check_listable(nodes, "--parallel", "nodes, which the ledger shares out one by one,")
     nodes = list(nodes)
     scoped = not report.modules.missing and len(report.modules.nodes) == len(nodes)
     scopes = list(report.modules.nodes) if scoped else [()] * len(nodes)
-    if not scoped and not _any_model(plan):
-        raise UsageError(f"--parallel: {where} has no module scopes ({report.modules.missing}), so the repeated "
-                         f"layers {_degrees(plan)} splits cannot be found; a plan of dp (with fsdp, zero1 or zero2) "
-                         "applies to any model")
     g = Graph(nodes, report.model.inputs)
     prefix = stack_prefix(scopes)
     layer = layers_of(g, scopes, prefix)
@@ -342,7 +337,58 @@ def _build(report: Any, plan: ParallelPlan) -> Layout:
                 param_bytes=(element_bits(weight_type) or 32) // 8)
     outside_attention = next((k for k in range(len(nodes)) if layer[k] is None and nodes[k].family in PRODUCTS
                               and not g.weights(k) and sum(x is not None for x in nodes[k].inputs) > 1), None)
-    _check(plan, dims, found, members, nodes, scopes, where, outside_attention)
+    return _Structure(nodes, scopes, g, prefix, layer, expert, roles, attention, members, found, tail, has_loss,
+                      tied, dims, outside_attention)
+
+
+@dataclass(frozen=True)
+class _Structure:
+    """What :func:`_build` reads off a report whatever the plan: its nodes and scopes, the roles and layers found,
+    the dims and the node of attention outside the layers."""
+
+    nodes: list
+    scopes: list
+    g: Any
+    prefix: str | None
+    layer: list
+    expert: tuple
+    roles: list
+    attention: dict
+    members: dict
+    found: dict
+    tail: Any
+    has_loss: bool
+    tied: int
+    dims: Dims
+    outside_attention: int | None
+
+
+#: The last few reports' :class:`_Structure` (by the identity of their node and scope lists, held so that the
+#: identities are not reused): a plan search asks for many plans of a few reports (one per microbatch size and
+#: recompute policy), and the roles are the costly part.
+_structures: list[tuple] = []
+_KEPT_STRUCTURES = 8
+
+
+def _structure(report: Any) -> _Structure:
+    for nodes, scopes, found in _structures:
+        if nodes is report.nodes and scopes is report.modules.nodes:
+            return found
+    found = _structure_of(report)
+    _structures[:] = [(report.nodes, report.modules.nodes, found), *_structures[:_KEPT_STRUCTURES - 1]]
+    return found
+
+
+def _build(report: Any, plan: ParallelPlan) -> Layout:
+    where = _where(report)
+    if not _any_model(plan) and (report.modules.missing or len(report.modules.nodes) != len(report.nodes)):
+        raise UsageError(f"--parallel: {where} has no module scopes ({report.modules.missing}), so the repeated "
+                         f"layers {_degrees(plan)} splits cannot be found; a plan of dp (with fsdp, zero1 or zero2) "
+                         "applies to any model")
+    st = _structure(report)
+    nodes, scopes, g, layer, roles, dims = st.nodes, st.scopes, st.g, st.layer, st.roles, st.dims
+    attention, has_loss, expert, prefix, tied, tail = st.attention, st.has_loss, st.expert, st.prefix, st.tied, st.tail
+    _check(plan, dims, st.found, st.members, nodes, scopes, where, st.outside_attention)
     v = chunks_of(plan)
     per_chunk = dims.layers // (plan.pp * v) if dims.layers else 1
     last = plan.pp * v - 1

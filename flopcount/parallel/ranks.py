@@ -283,12 +283,16 @@ _last_shares: list[tuple] = []
 
 
 def plan_shares(report: Any, plan: ParallelPlan, recompute: Recompute | None):
-    """``(dims, shares, has_loss, per_stage, train, recompute)`` of ``report`` under ``plan``, memoized (last asked)."""
+    """``(dims, shares, has_loss, per_stage, train, recompute)`` of ``report`` under ``plan``, memoized (last asked).
+    The shares read the plan's tp, sp, pp and chunks only: a plan that differs in dp, cp, ep, M, the sharding or
+    the schedule's name has the memoized shares once its own checks pass."""
     recompute = recompute or Recompute()
-    key = (report.nodes, report.modules.nodes, report.modules.missing, report.moe, report.mode, plan, recompute)
+    key = (report.nodes, report.modules.nodes, report.modules.missing, report.moe, report.mode,
+           (plan.tp, plan.sp, plan.pp, chunks_of(plan)), recompute)
     if _last_shares:  # the same node and scope lists (by identity), and the rest equal
         last = _last_shares[0]
         if last[0] is key[0] and last[1] is key[1] and last[2:] == key[2:]:
+            _checked_layout(report, plan)
             return _last_shares[1]
     found = _shares_of(report, plan, recompute)
     _last_shares[:] = [key, found]
@@ -312,10 +316,9 @@ def _run(fwd: int, bwd: int, rule: str, layout: Layout, i: int, first: bool) -> 
     return (fwd, bwd), (fwd, bwd) if i == 0 and first else (0, 0)  # replicated over TP (positions: and stages)
 
 
-def _shares_of(report: Any, plan: ParallelPlan, recompute: Recompute):
+def _checked_layout(report: Any, plan: ParallelPlan) -> Layout:
+    """The layout of ``report`` under ``plan`` once the plan's experts are checked (:class:`UsageError`)."""
     where = report.model.path or report.model.graph_name or "the model"
-    if recompute.policy != "none" and report.mode != "train":
-        raise UsageError(f"--recompute {recompute}: recompute changes training only; give --mode train")
     nodes = report.nodes
     check_listable(nodes, "--parallel", "nodes, which the ledger shares out one by one,")
     scopes = report.modules.nodes if not report.modules.missing else ()
@@ -327,9 +330,18 @@ def _shares_of(report: Any, plan: ParallelPlan, recompute: Recompute):
         raise UsageError(f"--parallel: {where} has expert scopes but no mixture-of-experts record; count it with "
                          "--hf so that its routed experts are known")
     layout = layout_of(report, plan)
-    d = layout.dims
     if blocks and report.moe.experts % plan.ep:
         raise UsageError(f"--parallel ep={plan.ep}: ep must divide the {report.moe.experts} routed experts")
+    return layout
+
+
+def _shares_of(report: Any, plan: ParallelPlan, recompute: Recompute):
+    where = report.model.path or report.model.graph_name or "the model"
+    if recompute.policy != "none" and report.mode != "train":
+        raise UsageError(f"--recompute {recompute}: recompute changes training only; give --mode train")
+    nodes = report.nodes
+    layout = _checked_layout(report, plan)
+    d = layout.dims
     t = plan.tp
     train = report.mode == "train"
     per_stage = d.layers // plan.pp if d.layers else 0

@@ -1,5 +1,6 @@
-"""``flopcount plan``: every plan of a small Llama on 4 devices, the ones the ledger refuses counted apart, ranked
-by throughput, the best one's figures those of ``--parallel ... --predict`` for that plan."""
+"""``flopcount plan``: the plans enumerated (counts written out by hand), the ones the model cannot split and the
+ones over the device's memory dropped and counted, the rest ranked by throughput, and each plan's figures those of
+``flopcount MODEL --parallel PLAN --memory --predict`` for that plan alone."""
 
 from __future__ import annotations
 
@@ -8,34 +9,125 @@ import json
 import pytest
 
 from flopcount.cli import main
+from flopcount.measure.plan_space import FEWER, SpaceSettings, choices
+
+from helpers import llama_config
+
+_GiB = 2**30
 
 
-def test_plans_of_a_small_llama_on_four_devices(tmp_path, capsys):
+def test_the_space_of_two_devices():
+    # (tp, cp, pp, dp) of 2 devices: (1,1,1,2), (1,1,2,1), (1,2,1,1), (2,1,1,1); 3 recompute policies each.
+    # dp=2: shardings none, fsdp, zero1, zero2 (4) x M in {1, 2} = 8; pp=2 (2 layers: no interleaving): 1f1b and
+    # gpipe x M=2 (M=1 cannot fill 2 stages: 2 dropped) = 2; cp=2: none, zero1, zero2 (no fsdp without dp) x 2 M = 6;
+    # tp=2: sp off and on x 2 M = 4
+    found, dropped = choices(SpaceSettings(2, 2, False, (1,), (1, 2)))
+    assert len(found) == 3 * (8 + 2 + 6 + 4)
+    assert dropped == {FEWER: 3 * 2}
+    # 4 layers on pp=2: interleaved:2 besides (layers / pp = 2, V = 2)
+    found, _ = choices(SpaceSettings(2, 4, False, (1,), (2,)))
+    assert sum(c.plan.schedule == "interleaved" for c in found) == 3
+    assert {c.schedule for c in found if c.plan.pp == 2} == {"1f1b", "gpipe", "interleaved:2"}
+
+
+def test_the_global_batch_sets_size_and_count():
+    # B = 4 sequences: b·M·dp = 4. dp=2: b=1 -> M=2, b=2 -> M=1; dp=1: b=1 -> M=4, b=2 -> M=2
+    found, dropped = choices(SpaceSettings(2, 2, False, (1, 2), (), global_batch=4))
+    assert all(c.size * c.plan.microbatches * c.plan.dp == 4 for c in found)
+    assert len(found) == 3 * (2 * 4 + 2 * 2 + 2 * 3 + 2 * 2)
+    assert not dropped
+    # B = 2 with b = 2: dp=2 needs b·dp = 4 to divide 2; each such (plan, policy) counted
+    found, dropped = choices(SpaceSettings(2, 2, False, (2,), (), global_batch=2))
+    assert all(c.plan.dp == 1 for c in found)
+    # dp=2's four shardings; pp=2 gets M = 1 microbatch of 2, fewer than its stages (1f1b and gpipe)
+    assert dropped == {"the global batch of 2 sequences is no multiple of b·dp": 3 * 4, FEWER: 3 * 2}
+    # experts: ep over the divisors of dp·cp
+    found, _ = choices(SpaceSettings(2, 2, True, (1,), (2,)))
+    assert {c.plan.ep for c in found if c.plan.dp == 2} == {1, 2}
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
     pytest.importorskip("transformers")
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps({"model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
-                                  "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
-                                  "vocab_size": 128}))
-    common = ["--hf", str(config), "--input-shape", "input_ids=2x8:int64", "--device", "H100", "--format", "json"]
-    assert main(["plan", *common, "--devices", "4", "--microbatch-counts", "1,2,4"]) == 0
-    doc = json.loads(capsys.readouterr().out)
-    # tp must divide the 2 heads, pp the 2 layers; M >= pp; schedules 1f1b and gpipe where pp > 1; 2 recomputes:
-    # tp=1,pp=1,dp=4: 3 M x 2 = 6; tp=1,pp=2,dp=2: 2 schedules x 2 M x 2 = 8; tp=2,pp=1,dp=2: 6; tp=2,pp=2,dp=1: 8
-    assert len(doc["plans"]) == 6 + 8 + 6 + 8
-    # refused: tp=1,pp=4 (2 schedules x M=4 x 2 = 4) and tp=4,pp=1 (3 M x 2 = 6)
-    assert sum(doc["dropped"].values()) == 4 + 6
-    assert "memory per rank not checked" in doc["notes"][0]
+    folder = tmp_path_factory.mktemp("llama")
+    return ["--hf", llama_config(folder, 32, 4, 4, 2, 64, 128), "--input-shape", "input_ids=2x8:int64",
+            "--optimizer", "adamw", "--device", "H100", "--format", "json"]
+
+
+@pytest.fixture(scope="module")
+def searched(llama):
+    import io
+    from contextlib import redirect_stdout
+
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(["plan", *llama, "--devices", "4", "--device-memory", "80GiB",
+                     "--microbatch-counts", "2,4"]) == 0
+    return json.loads(out.getvalue())
+
+
+def test_plans_of_a_small_llama_on_four_devices(searched):
+    doc = searched
+    assert "notes" not in doc  # memory is checked now
+    assert len(doc["plans"]) + sum(doc["dropped"].values()) == doc["tried"]
+    # tp=4 divides the 4 heads and is a multiple of the 2 K/V heads; cp=4 needs 2·4 to divide the 8 tokens: it does
+    # 8 % 8 == 0; sp with cp=2, tp=2: 4 tokens a CP rank, divisible. Nothing over 80 GiB for this model.
+    assert "over memory" not in " ".join(doc["dropped"])
     rates = [p["tokens_per_second"] for p in doc["plans"]]
     assert rates == sorted(rates, reverse=True)
-    best = doc["plans"][0]
-    assert main(["--mode", "train", *common, "--parallel", best["parallel"], "--microbatches",
-                 str(best["microbatches"]), "--schedule", best["schedule"], "--recompute", best["recompute"],
-                 "--predict"]) == 0
-    pred = json.loads(capsys.readouterr().out)["prediction"]
-    assert pred["tokens_per_second"] == pytest.approx(best["tokens_per_second"])
-    assert pred["step_seconds"] == pytest.approx(best["step_seconds"])
+    for p in doc["plans"]:
+        assert p["headroom_bytes"] == 80 * _GiB - p["peak_bytes"]
+    seen = {(p["parallel"], p["schedule"], p["recompute"]) for p in doc["plans"]}
+    assert any("interleaved:2" == s for _, s, _ in seen) and any("sp" in x for x, _, _ in seen)
+    assert any("cp=2" in x for x, _, _ in seen) and {r for _, _, r in seen} == {"none", "selective", "full"}
 
 
-def test_plan_needs_a_profile(capsys):
-    assert main(["plan", "examples/resnet50-v1.5.onnx", "--devices", "2"]) == 2
-    assert "give one of --machine" in capsys.readouterr().err
+def _alone(llama, plan, capsys) -> dict:
+    args = ["--mode", "train", *llama, "--parallel", plan["parallel"], "--microbatches", str(plan["microbatches"]),
+            "--recompute", plan["recompute"], "--memory", "--predict"]
+    if plan["schedule"] != "-":
+        args += ["--schedule", plan["schedule"]]
+    capsys.readouterr()
+    assert main(args) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_each_plan_is_its_own_count(searched, llama, capsys):
+    """The search shares one memory walk between plans and reads one data-parallel replica a stage: a sample of
+    plans of every kind gives the peak, FLOPs and prediction of the plan counted alone."""
+    plans = searched["plans"]
+    picks = {}
+    for p in plans:
+        kind = (p["schedule"].split(":")[0], "fsdp" in p["parallel"] or "zero" in p["parallel"], "cp=" in p["parallel"],
+                "sp" in p["parallel"].split(","), p["recompute"])
+        picks.setdefault(kind, p)
+    sample = list(picks.values())[::max(1, len(picks) // 8)]
+    assert len(sample) >= 6
+    for p in sample:
+        alone = _alone(llama, p, capsys)
+        assert max(r["peak_bytes"] for r in alone["memory"]["ranks"]) == p["peak_bytes"], p
+        assert sum(r["model_flops"] for r in alone["parallel"]["ranks"]) == p["model_flops"], p
+        assert max(r["hardware_flops"] for r in alone["parallel"]["ranks"]) == p["hardware_flops"], p
+        assert alone["prediction"]["step_seconds"] == pytest.approx(p["step_seconds"], rel=1e-9), p
+        assert alone["prediction"]["mfu"] == pytest.approx(p["mfu"], rel=1e-9), p
+
+
+def test_memory_drops_plans(searched, llama, capsys):
+    peaks = sorted(p["peak_bytes"] for p in searched["plans"])
+    limit = peaks[len(peaks) // 2]
+    capsys.readouterr()
+    assert main(["plan", *llama, "--devices", "4", "--device-memory", str(limit), "--microbatch-counts", "2,4"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    over = sum(p > limit for p in peaks)
+    assert doc["dropped"]["over memory (the largest per-rank peak exceeds --device-memory)"] == over
+    assert len(doc["plans"]) == len(peaks) - over
+    assert all(p["peak_bytes"] <= limit for p in doc["plans"])
+
+
+def test_no_plan_fits(searched, llama, capsys):
+    least = min(searched["plans"], key=lambda p: p["peak_bytes"])
+    capsys.readouterr()
+    assert main(["plan", *llama, "--devices", "4", "--device-memory", "1KiB", "--microbatch-counts", "2,4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no plan of 4 devices fits" in err[0]
+    assert f"({least['peak_bytes']:,} bytes)" in err[0]
