@@ -15,8 +15,9 @@ one the FLOPs and optimizer ledgers read, its parts found by their role in the g
 * **pipeline stage** s walks only its nodes: what it receives from stage s − 1 is an input of its walk, what it
   sends on an output (whose gradient arrives from stage s + 1);
 * **FSDP/ZeRO-3**: parameters, gradients and optimizer states are 1/dp, as FSDP2 shards them: dim 0 padded to
-  ⌈d0/dp⌉ rows on every rank (:func:`_fsdp_share`); the all-gather
-  buffer of the largest unit is one layer's parameters on the rank gathered whole (``allgather_bytes``). Held
+  ⌈d0/dp⌉ rows on every rank (:func:`_fsdp_share`); the all-gather buffer of the largest unit is one layer's
+  parameters on the rank gathered whole, each padded as FSDP2's all-gather output holds it (dp shards: the bytes
+  the FLOPs ledger's ``all_gather`` moves; ``allgather_bytes``); the root's gathered parameters likewise. Held
   throughout the walk: two such buffers (FSDP2 prefetches one unit ahead: the running unit and the next in the
   forward; in the backward the next unit's gather and the running unit's gradients copied for their
   reduce-scatter, as large) and the root's parameters (those outside the layers) whole, gathered from the root's
@@ -89,7 +90,7 @@ from typing import Any, Mapping
 
 from ..context import TensorInfo
 from ..errors import UsageError
-from ..parallel.layout import ROLE_RULES, SEQUENCE_ROLES, in_flight, layout_of, rank_id
+from ..parallel.layout import ROLE_RULES, SEQUENCE_ROLES, fsdp_shard, in_flight, layout_of, rank_id
 from ..parallel.plan import ParallelPlan
 from ..reporting.report import tensor_bytes
 from .ledger import VIEWS, Graph, Memory, MemorySettings, RankMemory, Shards, held_bytes, ledger, without_cyclic_gc
@@ -377,8 +378,8 @@ def _tp_div(layout: Any, g: Graph, reader: Mapping[str, int], name: str) -> int:
 
 
 def _fsdp_share(info: TensorInfo, tp: int, n: int) -> TensorInfo:
-    """A stored tensor's share on a rank: 1/``tp`` of its elements (rounded up), then FSDP2's shard over ``n`` ranks,
-    dim 0 padded to ⌈d0/n⌉ rows (d0 the rank's rows: dim 0, divided by ``tp`` where it divides).
+    """A stored tensor's share on a rank: 1/``tp`` of its elements (rounded up), then FSDP2's shard over ``n`` ranks
+    (:func:`flopcount.parallel.layout.fsdp_shard`: dim 0 padded to ⌈d0/n⌉ rows).
 
     >>> _fsdp_share(TensorInfo("embedding", 1, (65, 32)), 1, 2).shape  # ⌈65/2⌉ = 33 rows of 32, not ⌈2080/2⌉
     (1056,)
@@ -386,14 +387,9 @@ def _fsdp_share(info: TensorInfo, tp: int, n: int) -> TensorInfo:
     (416,)
     """
     local = _resized(info, tp)
-    if n == 1 or local.shape is None:
+    if n == 1 or local.shape is None or tensor_bytes(local) is None:
         return local
-    rows = info.shape[0] if info.shape else 0
-    rows = rows // tp if tp > 1 and rows % tp == 0 else rows
-    elements = local.shape[0]
-    if not rows or elements % rows:
-        return _resized(local, n)
-    return TensorInfo(info.name, info.elem_type, (-(-rows // n) * (elements // rows),))
+    return TensorInfo(info.name, info.elem_type, (fsdp_shard(info.shape, tp, n),))
 
 
 def _resized(info: TensorInfo, div: int, mul: int = 1) -> TensorInfo:
@@ -495,8 +491,10 @@ def _rank(layout: Any, g: Graph, mem: Memory, settings: MemorySettings, s: int, 
                 layer = name
             # a weight of unknown size is already in the ledger's ``unsized`` (the one-rank walk read the same
             # tensor), which makes the figures a stated lower bound; it adds nothing here
-            whole = tensor_bytes(_resized(g.tensors.get(name) or TensorInfo(name), _tp_div(layout, g, reader, name))) \
-                or 0
+            # gathered whole, under fsdp as FSDP2's all-gather output holds it: n shards of dim 0 padded
+            n = shard_div(reader[name]) if plan.fsdp and name in reader else 1
+            whole = n * (tensor_bytes(_fsdp_share(g.tensors.get(name) or TensorInfo(name),
+                                                  _tp_div(layout, g, reader, name), n)) or 0)
             per_layer[layer] = per_layer.get(layer, 0) + whole
         root = per_layer.pop(None, 0)
         gather = max(per_layer.values(), default=0)

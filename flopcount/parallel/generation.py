@@ -290,7 +290,8 @@ def _communication(plan: ParallelPlan, d: Any, report: Any, s: int, per_stage: i
                                                        + n * px.all_to_all_bytes(step_tokens * vec, plan.ep, shares))))
     if plan.fsdp:  # a routed expert's parameters gathered over its expert data-parallel group, as in training
         held = param_groups(report, layout_of(report, plan))[s]
-        dense, experts = held["dense"] * d.param_bytes, held["expert"] * d.param_bytes
+        dense = (held["dense"] + held["padding"]) * d.param_bytes  # each parameter padded, as FSDP2 gathers it
+        experts = (held["expert"] + held["expert_padding"]) * d.param_bytes
         if plan.ep == 1:
             dense, experts = dense + experts, 0
         out.append(Collective("all_gather", "dp_cp" if c_ > 1 else "dp", m * (1 + n) * dense))

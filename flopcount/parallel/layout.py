@@ -84,7 +84,8 @@ from .roles import (
     width,
 )
 
-__all__ = ["Dims", "Layout", "ModuleShare", "ROLE_RULES", "in_flight", "layout_of", "rank_id", "split", "warmup"]
+__all__ = ["Dims", "Layout", "ModuleShare", "ROLE_RULES", "fsdp_shard", "in_flight", "layout_of", "rank_id", "split",
+           "warmup"]
 
 #: Each role's rule in the FLOPs ledger: split 1/T, kv 1/min(T, kv), norm (replicated, 1/T under sp), replicated,
 #: positions (rebuilt on every stage), expert.
@@ -103,6 +104,30 @@ def split(f: int, t: int, i: int) -> int:
     [3, 2, 2]
     """
     return f // t + (1 if i < f % t else 0)
+
+
+def fsdp_shard(shape: tuple | None, tp: int, n: int) -> int | None:
+    """Elements of one rank's shard of a parameter of ``shape`` split 1/``tp`` over TP (rounded up) and then sharded
+    by FSDP2 over ``n`` ranks: dim 0 padded to ⌈d0/n⌉ rows on every rank, d0 the TP rank's rows (dim 0 divided by
+    ``tp`` where it divides); ⌈elements/n⌉ where the TP share is not whole rows; None for an unknown shape. The
+    all-gather FSDP2 runs gathers n such shards, its reduce-scatter reads as many.
+
+    >>> fsdp_shard((65, 32), 1, 2), fsdp_shard((50, 32), 2, 2)  # ⌈65/2⌉ = 33 rows of 32; 25 rows on the TP rank: 13
+    (1056, 416)
+    """
+    if shape is None or any(not isinstance(d, int) for d in shape):
+        return None
+    whole = 1
+    for d in shape:
+        whole *= d
+    local = -(-whole // tp)
+    if n == 1:
+        return local
+    rows = shape[0] if shape else 0
+    rows = rows // tp if tp > 1 and rows % tp == 0 else rows
+    if not rows or local % rows:
+        return -(-local // n)
+    return -(-rows // n) * (local // rows)
 
 
 def rank_id(plan: ParallelPlan, tp: int, cp: int, dp: int, stage: int) -> int:
@@ -165,12 +190,15 @@ class Dims:
 
 @dataclass(frozen=True)
 class ModuleShare:
-    """How a module's parameters are laid out: its ``role``, its ``stage``, and the elements kept whole on every TP
-    rank whatever the role (``whole``: a row-parallel projection's bias)."""
+    """How a module's parameters are laid out: its ``role``, its ``stage``, the elements kept whole on every TP
+    rank whatever the role (``whole``: a row-parallel projection's bias), and under ``fsdp`` the elements FSDP2's
+    padding adds to the module's parameters gathered on a rank (``padding``: Σ n·:func:`fsdp_shard` − the TP
+    share, over its parameters; buffers and constants are not sharded)."""
 
     role: str
     stage: int
     whole: int = 0
+    padding: int = 0
 
 
 @dataclass(frozen=True)
@@ -267,6 +295,11 @@ class Layout:
             second = self.plan.pp - 1 if holder is not None and self.modules[holder].stage == 0 else 0
             out.setdefault(second, []).append(("(tied embedding)", ModuleShare("tied", second), self.tied))
         return out
+
+    def layered(self, module: str) -> bool:
+        """Whether ``module`` lies in one of the repeated layers (else it is the root's, under fsdp; all of a model
+        without such layers, a CNN, is)."""
+        return bool(self.dims.layers) and self.prefix is not None and index_in(module, self.prefix)[1] is not None
 
     def _module_stage(self, module: str) -> int:
         layer = index_in(module, self.prefix)[1] if self.prefix is not None else None
@@ -405,7 +438,7 @@ def _build(report: Any, plan: ParallelPlan) -> Layout:
     layout = Layout(plan, dims, tuple(roles), tuple(layer), chunks, whole_part,
                     {n: tuple(ks) for n, ks in attention.items() if ks}, {}, has_loss, expert, prefix,
                     sum(elements(g.info[r]) for r in tied), lookups_added=added)
-    return _with_parameters(layout, g, scopes, tied)
+    return _with_parameters(layout, g, scopes, tied, report.modules.parameters)
 
 
 def _any_model(plan: ParallelPlan) -> bool:
@@ -481,11 +514,13 @@ def _scope(scopes, k: int) -> str:
     return scopes[k][-1] if scopes[k] else "no module"
 
 
-def _with_parameters(layout: Layout, g: Graph, scopes, tied: frozenset[str]) -> Layout:
-    """``layout`` with its modules' shares (see the module's rules) and the modules that read a tied weight."""
+def _with_parameters(layout: Layout, g: Graph, scopes, tied: frozenset[str], parameters: frozenset[str]) -> Layout:
+    """``layout`` with its modules' shares (see the module's rules) and the modules that read a tied weight;
+    ``parameters``: the stored tensors that are parameters (the report's), whose FSDP2 padding a module counts."""
     modules: dict[str, ModuleShare] = {}
     readers: list[str] = []
     whole: dict[str, int] = {}
+    padding: dict[str, int] = {}
     seen: set[tuple[str, str]] = set()
     for k in range(len(g.nodes)):
         module = scopes[k][-1] if scopes[k] else ""
@@ -495,8 +530,20 @@ def _with_parameters(layout: Layout, g: Graph, scopes, tied: frozenset[str]) -> 
                 modules[module] = ModuleShare(layout.roles[k], layout.chunks[k][0] % layout.plan.pp)
             if (module, root) not in seen and div == 1 and layout.divisor(modules[module].role) > 1:
                 whole[module] = whole.get(module, 0) + elements(g.info[root])
+            if (module, root) not in seen and root in parameters and layout.plan.fsdp and \
+                    not (root in tied and readers):
+                padding[module] = padding.get(module, 0) + _padding(layout, g.info[root], div, layout.expert[k])
             seen.add((module, root))
             if root in tied and module not in readers:
                 readers.append(module)
-    modules = {m: ModuleShare(s.role, s.stage, whole.get(m, 0)) for m, s in modules.items()}
+    modules = {m: ModuleShare(s.role, s.stage, whole.get(m, 0), padding.get(m, 0)) for m, s in modules.items()}
     return Layout(**{**layout.__dict__, "modules": modules, "tied_modules": tuple(readers)})
+
+
+def _padding(layout: Layout, info: Any, div: int, expert: bool) -> int:
+    """The elements FSDP2's dim-0 padding adds to a parameter's TP share (``div``: its TP and EP divisor) gathered
+    over its data-parallel group (D·C ranks, D·C/E for a routed expert's)."""
+    plan = layout.plan
+    n = max(plan.dp * plan.cp // plan.ep, 1) if expert else plan.dp * plan.cp
+    shard = fsdp_shard(info.shape, div, n)
+    return n * shard - -(-elements(info) // div) if shard is not None else 0

@@ -627,21 +627,27 @@ def _communication(layout: Layout, report: Any, per_stage: int, train: bool, has
                 add("all_reduce", "embedding", layout.tied // t * d.param_bytes)
         if train:
             grp = "dp_cp" if plan.cp > 1 else "dp"
-            dense, experts = held[s]["dense"] * d.param_bytes, held[s]["expert"] * d.param_bytes
+            b, h = d.param_bytes, held[s]
+            dense, experts, root = h["dense"] * b, h["expert"] * b, h["root"] * b
+            if plan.fsdp:  # FSDP2 gathers and reduce-scatters each parameter padded
+                dense, experts = dense + h["padding"] * b, experts + h["expert_padding"] * b
             if plan.ep == 1:
                 dense, experts = dense + experts, 0
-            for group, size, g in ((grp, plan.dp * plan.cp, dense), ("edp", plan.dp * plan.cp // plan.ep, experts)):
+            for group, size, g, kept in ((grp, plan.dp * plan.cp, dense, root),
+                                         ("edp", plan.dp * plan.cp // plan.ep, experts, 0)):
                 if size > 1:
-                    _data_parallel(plan, add, group, g)
+                    _data_parallel(plan, add, group, g, kept)
         out.append(tuple(Collective(k, grp, n) for (k, grp), n in c.items()))
     return out
 
 
-def _data_parallel(plan: ParallelPlan, add, group: str, g: int) -> None:
-    """The gradient collectives of ``g`` bytes of gradients over a data-parallel ``group``, per optimizer step."""
+def _data_parallel(plan: ParallelPlan, add, group: str, g: int, root: int = 0) -> None:
+    """The gradient collectives of ``g`` bytes of gradients over a data-parallel ``group``, per optimizer step;
+    ``root``: the part of ``g`` that the root module holds (outside the layers), which fsdp gathers once a
+    microbatch (FSDP2 keeps the root's parameters from its forward to its backward)."""
     m = plan.microbatches
     if plan.fsdp:
-        add("all_gather", group, m * 2 * g)
+        add("all_gather", group, m * (2 * g - root))
         add("reduce_scatter", group, m * g)  # every microbatch, as FSDP2 by default
     elif plan.zero2:
         add("reduce_scatter", group, m * g)  # every microbatch, as fsdp
@@ -656,15 +662,22 @@ def param_groups(report: Any, layout: Layout) -> list[dict[str, int]]:
     """Per stage, the parameter elements one of its TP ranks holds, by the group their gradients are reduced on:
     ``dense`` (over DP), ``expert`` (a routed expert's, over its expert data-parallel group), and among the dense,
     ``sequence`` (whole on every TP rank but partial under sp: the norms, a row-parallel projection's bias) and
-    ``kv`` (a K/V head copied on T/kv ranks)."""
-    out = [{"dense": 0, "expert": 0, "sequence": 0, "kv": 0} for _ in range(layout.plan.pp)]
+    ``kv`` (a K/V head copied on T/kv ranks); under fsdp, the elements FSDP2's padding adds to the dense and the
+    expert ones gathered (``padding``, ``expert_padding``) and the dense ones of the root module, outside the
+    layers, with their padding (``root``)."""
+    keys = ("dense", "expert", "sequence", "kv", "padding", "expert_padding", "root")
+    out = [dict.fromkeys(keys, 0) for _ in range(layout.plan.pp)]
     for s, rows in layout.stage_params(report.modules.params).items():
-        for _, share, n in rows:
+        for module, share, n in rows:
             x = layout.elements(share, n, 0)[0]
             if share.role == "expert":
                 out[s]["expert"] += x // layout.plan.ep
+                out[s]["expert_padding"] += share.padding
                 continue
             out[s]["dense"] += x
+            out[s]["padding"] += share.padding
+            if not layout.layered(module):
+                out[s]["root"] += x + share.padding
             if share.role == "sequence":
                 out[s]["sequence"] += x
             elif share.role == "row":

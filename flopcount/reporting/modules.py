@@ -61,13 +61,15 @@ class ModuleScopes:
     ``nodes`` holds each counted node's scope, aligned with :attr:`flopcount.reporting.report.Report.nodes` (``()``:
     outside any module); ``params`` the parameter elements each module owns itself (not its children's);
     ``source`` where the scopes were read (``"metadata"``, ``"names"``), and ``missing`` why a graph has none
-    ("" when it has).
+    ("" when it has); ``parameters`` the names of the stored tensors that are parameters
+    (:mod:`flopcount.pipeline.parameters`' rule; buffers and constants are not).
     """
 
     nodes: tuple[Scope, ...] = ()
     params: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     source: str = ""
     missing: str = "the graph was counted without its node names"
+    parameters: frozenset[str] = frozenset()
 
 
 class ModuleRow(NamedTuple):
@@ -166,7 +168,8 @@ def scopes_of(names: Sequence[str], metadata: Sequence[Mapping[str, str] | None]
         source = ""
     if not source:
         total = sum(parameters.values())
-        return ModuleScopes(nodes=((),) * len(names), params=MappingProxyType({"": total} if total else {}), missing=(
+        return ModuleScopes(nodes=((),) * len(names), params=MappingProxyType({"": total} if total else {}),
+                            parameters=frozenset(parameters), missing=(
             "the graph has no module scopes (its nodes carry neither pkg.torch.onnx.name_scopes metadata nor "
             "path names such as /layer1/conv1/Conv); export it with module names to see them"))
     owners_by_name = _owners_by_name(parameters, chains)
@@ -185,7 +188,8 @@ def scopes_of(names: Sequence[str], metadata: Sequence[Mapping[str, str] | None]
             chain = nodes[reader] if reader is not None else ()
             owner = chain[-1] if chain else ""
         params[owner] = params.get(owner, 0) + size
-    return ModuleScopes(nodes=nodes, params=MappingProxyType(params), source=source, missing="")
+    return ModuleScopes(nodes=nodes, params=MappingProxyType(params), source=source, missing="",
+                        parameters=frozenset(parameters))
 
 
 def _common_prefix(chains: Iterable[Sequence[str]]) -> Sequence[str]:

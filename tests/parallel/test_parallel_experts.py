@@ -226,4 +226,14 @@ def test_expert_gradients_on_the_expert_data_parallel_group(moe):
     two = comm(ledger(moe, plan("ep=2,dp=2")).ranks[0])  # dp·cp/ep = 1: no rank shares its experts
     assert ("all_reduce", "edp") not in two and two[("all_reduce", "dp")] == 4 * dense
     fsdp = comm(ledger(moe, plan("ep=2,dp=4,fsdp")).ranks[0])
-    assert fsdp[("reduce_scatter", "edp")] == 4 * experts // 2 and fsdp[("reduce_scatter", "dp")] == 4 * dense
+    # FSDP2 pads each parameter's dim 0 to a multiple of its group: the stacked experts (E, 2·I, H) and (E, H, I)
+    # hold E/2 = 3 experts on an EP rank, 2 rows on each of the 2 ranks of the edp group: 4 experts' worth gathered
+    assert fsdp[("reduce_scatter", "edp")] == 4 * L * 4 * 3 * H * I_MOE
+    # over dp=4: the embedding and the LM head (V = 50 rows: 13 each, 52), each layer's router (6 rows: 2 each, 8)
+    # and shared expert's gate (1 row: 1 each, 4); every other first dimension divides by 4
+    padding = 2 * (4 * 13 - V) * H + L * ((4 * 2 - E) * H + (4 * 1 - 1) * H)
+    assert fsdp[("reduce_scatter", "dp")] == 4 * (dense + padding)
+    # the root's parameters (embedding, final norm, LM head) gathered once a microbatch, a layer's twice
+    root = 4 * (2 * 4 * 13 * H + H)
+    assert fsdp[("all_gather", "dp")] == 2 * 4 * (dense + padding) - root
+    assert fsdp[("all_gather", "edp")] == 2 * fsdp[("reduce_scatter", "edp")]

@@ -326,7 +326,8 @@ def test_pp_on_gloo_equals_the_ledger(report, tmp_path, schedule):
 
 def _fsdp_worker(rank: int, world: int, init: str, out: str) -> None:
     """One data-parallel rank of the tiny Llama under FSDP2: each decoder layer and then the whole model (the
-    embedding, final norm and head) sharded with ``fully_shard(reshard_after_forward=True)``; one step of M
+    embedding, final norm and head) sharded with ``fully_shard`` and its defaults (the root's parameters kept
+    gathered from its forward to its backward); one step of M
     microbatches of the rank's own batch, FSDP2's default (no ``set_requires_gradient_sync(False)``): each
     microbatch's gradients reduce-scattered in its backward, the rank's gradients after each its shard (their
     bytes recorded); FlopCounterMode counts the products, and the bytes of each
@@ -343,8 +344,8 @@ def _fsdp_worker(rank: int, world: int, init: str, out: str) -> None:
     torch.manual_seed(0)
     model = _llama()
     for layer in model.layers.values():
-        fully_shard(layer, reshard_after_forward=True)
-    fully_shard(model, reshard_after_forward=True)
+        fully_shard(layer)
+    fully_shard(model)
     torch.manual_seed(1 + rank)  # each rank its own batch
     ids = torch.randint(0, V, (M, B, S))
     with FlopCounterMode(display=False) as counter:
@@ -361,14 +362,16 @@ def _fsdp_worker(rank: int, world: int, init: str, out: str) -> None:
 
 def test_fsdp2_on_gloo_equals_the_ledger(report, tmp_path):
     """Under dp=2,fsdp each rank runs the whole model on its own batch, so its products equal the ledger's; the
-    bytes FSDP2 hands to all-gather (every parameter gathered in each microbatch's forward and again in its
-    backward) and to reduce-scatter (the gradients in each microbatch's backward, FSDP2's default) equal the ledger's ``communication``. FSDP2 pads
+    bytes FSDP2 hands to all-gather (a layer's parameters gathered in each microbatch's forward and again in its
+    backward, the root's once: FSDP2 keeps them from the forward to the backward) and to reduce-scatter (the
+    gradients in each microbatch's backward, FSDP2's default) equal the ledger's ``communication``. FSDP2 pads
     each parameter's first dimension to a multiple of the ranks before it shards it; every first dimension here
     (32, 16, 48, 64) is even, so the padded sizes are the parameters' own (checked) and no padding is moved."""
     p = plan("dp=2,fsdp", M)
     seen = gloo_ranks(_fsdp_worker, tmp_path)
     led = ledger(report, p)
-    params = V * H + L * (2 * H * H + 2 * H * KV_HEADS * D + 3 * H * FFN + 2 * H) + H + H * V
+    layers, root = L * (2 * H * H + 2 * H * KV_HEADS * D + 3 * H * FFN + 2 * H), V * H + H + H * V
+    params = layers + root
     for r in range(2):
         assert seen[r]["flops"] == M * products(report, p) == led.ranks[r].model_flops - M * (
             sum(x.forward + x.backward for x in node_shares(report, p)
@@ -376,7 +379,7 @@ def test_fsdp2_on_gloo_equals_the_ledger(report, tmp_path):
         assert seen[r]["padded"] == params
         comm = {(c.kind, c.group): c.bytes for c in led.ranks[r].communication}
         assert comm == {("all_gather", "dp"): seen[r]["all_gather"], ("reduce_scatter", "dp"): seen[r]["reduce_scatter"]}
-        assert seen[r]["all_gather"] == M * 2 * 4 * params and seen[r]["reduce_scatter"] == M * 4 * params
+        assert seen[r]["all_gather"] == M * 4 * (2 * layers + root) and seen[r]["reduce_scatter"] == M * 4 * params
         # after every microbatch the rank holds its shard of the gradients only, as the memory ledger does
         assert seen[r]["grads"] == [4 * params // 2] * M
 

@@ -8,9 +8,9 @@ pooler and classifier run whole on every rank (no vocab-parallel head: no collec
 the tokens gathered for them, their gradient only split). Each rank's ``FlopCounterMode`` total, the bytes it hands
 to each collective, and its parameter bytes equal the ledger's.
 
-And the encoder with its classifier under FSDP2 (``dp=2,fsdp``): FLOPs and the padded parameter bytes per rank
-equal the ledger's; its collectives differ by exactly what FSDP2 does that the ledger does not model: it hands
-them padded tensors, and by default keeps the root module's parameters unsharded from forward to backward."""
+And the encoder with its classifier under FSDP2 (``dp=2,fsdp``): FLOPs, the padded parameter bytes per rank and
+the bytes of its collectives equal the ledger's: FSDP2 hands them padded tensors, and by default keeps the root
+module's parameters unsharded from forward to backward (gathered once a microbatch, a layer's twice)."""
 
 from __future__ import annotations
 
@@ -264,11 +264,10 @@ def test_fsdp2_on_gloo_equals_the_ledger(tmp_path):
     for i, rank in enumerate(seen):
         assert rank["flops"] == STEPS * (products - bias)
         assert rank["padded"] == mem[i].params_bytes
-        # FSDP2 hands its collectives the padded tensors (the classifier's bias of 3 as 4); and under its default
-        # the root module (here the embeddings, pooler and classifier) stays unsharded from the forward to the
-        # backward, gathered once a microbatch where the ledger gathers every parameter twice
-        comm = ledger_bytes(led.ranks[i])
-        assert rank["padding"] == world_padding and rank["root"] > 0
-        assert rank["bytes"] == {"reduce_scatter(dp)": comm["reduce_scatter(dp)"] + STEPS * rank["padding"],
-                                 "all_gather(dp)": comm["all_gather(dp)"] + 2 * STEPS * rank["padding"]
-                                 - STEPS * rank["root"]}
+        # FSDP2 hands its collectives the padded tensors (the classifier's bias of 3 as 4), and under its default
+        # keeps the root module (here the embeddings, pooler and classifier) unsharded from the forward to the
+        # backward, gathered once a microbatch where a layer is gathered twice: as the ledger lists them
+        padded = 2 * rank["padded"]  # 2 ranks: the gathered tensors, padded
+        assert rank["padding"] == world_padding and 0 < rank["root"] < padded
+        assert rank["bytes"] == ledger_bytes(led.ranks[i]) == {
+            "reduce_scatter(dp)": STEPS * padded, "all_gather(dp)": STEPS * (2 * padded - rank["root"])}
