@@ -63,7 +63,7 @@ interleaved 1F1B min((P − p − 1)·2 + (v − 1)·P, M·v) chunk-forwards (Me
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import UsageError
@@ -190,15 +190,12 @@ class Dims:
 
 @dataclass(frozen=True)
 class ModuleShare:
-    """How a module's parameters are laid out: its ``role``, its ``stage``, the elements kept whole on every TP
-    rank whatever the role (``whole``: a row-parallel projection's bias), and under ``fsdp`` the elements FSDP2's
-    padding adds to the module's parameters gathered on a rank (``padding``: Σ n·:func:`fsdp_shard` − the TP
-    share, over its parameters; buffers and constants are not sharded)."""
+    """How a module's parameters are laid out: its ``role``, its ``stage``, and the elements kept whole on every TP
+    rank whatever the role (``whole``: a row-parallel projection's bias)."""
 
     role: str
     stage: int
     whole: int = 0
-    padding: int = 0
 
 
 @dataclass(frozen=True)
@@ -223,6 +220,10 @@ class Layout:
     tied: int = 0  # elements of a weight the token embedding and the LM head share (0: none)
     tied_modules: tuple[str, ...] = ()  # the modules of the nodes that read that weight, in graph order
     lookups_added: bool = False  # position or token-type tables looked up and added to the token embedding
+    # under fsdp, (stage, "layer" | "root" | "expert") → the elements FSDP2's dim-0 padding adds to one rank's
+    # parameters gathered (Σ n·fsdp_shard − the TP share; each parameter once a layer, at its first reader; buffers
+    # and constants are not sharded)
+    padding: Mapping[tuple[int, str], int] = field(default_factory=dict)
 
     @property
     def virtual(self) -> int:
@@ -515,13 +516,14 @@ def _scope(scopes, k: int) -> str:
 
 
 def _with_parameters(layout: Layout, g: Graph, scopes, tied: frozenset[str], parameters: frozenset[str]) -> Layout:
-    """``layout`` with its modules' shares (see the module's rules) and the modules that read a tied weight;
-    ``parameters``: the stored tensors that are parameters (the report's), whose FSDP2 padding a module counts."""
+    """``layout`` with its modules' shares (see the module's rules), the modules that read a tied weight and, under
+    fsdp, FSDP2's padding of the ``parameters`` (the stored tensors the report calls parameters)."""
     modules: dict[str, ModuleShare] = {}
     readers: list[str] = []
     whole: dict[str, int] = {}
-    padding: dict[str, int] = {}
+    padding: dict[tuple[int, str], int] = {}
     seen: set[tuple[str, str]] = set()
+    padded: set[tuple[int | None, str]] = set()  # (layer, parameter): a stack extended by copies repeats the names
     for k in range(len(g.nodes)):
         module = scopes[k][-1] if scopes[k] else ""
         for j, root in g.weights(k):
@@ -530,14 +532,16 @@ def _with_parameters(layout: Layout, g: Graph, scopes, tied: frozenset[str], par
                 modules[module] = ModuleShare(layout.roles[k], layout.chunks[k][0] % layout.plan.pp)
             if (module, root) not in seen and div == 1 and layout.divisor(modules[module].role) > 1:
                 whole[module] = whole.get(module, 0) + elements(g.info[root])
-            if (module, root) not in seen and root in parameters and layout.plan.fsdp and \
-                    not (root in tied and readers):
-                padding[module] = padding.get(module, 0) + _padding(layout, g.info[root], div, layout.expert[k])
             seen.add((module, root))
             if root in tied and module not in readers:
                 readers.append(module)
-    modules = {m: ModuleShare(s.role, s.stage, whole.get(m, 0), padding.get(m, 0)) for m, s in modules.items()}
-    return Layout(**{**layout.__dict__, "modules": modules, "tied_modules": tuple(readers)})
+            if layout.plan.fsdp and root in parameters and (layout.layer[k], root) not in padded:
+                padded.add((layout.layer[k], root))
+                key = (layout.chunks[k][0] % layout.plan.pp,
+                       "expert" if layout.expert[k] else "root" if layout.layer[k] is None else "layer")
+                padding[key] = padding.get(key, 0) + _padding(layout, g.info[root], div, layout.expert[k])
+    modules = {m: ModuleShare(s.role, s.stage, whole.get(m, 0)) for m, s in modules.items()}
+    return Layout(**{**layout.__dict__, "modules": modules, "tied_modules": tuple(readers), "padding": padding})
 
 
 def _padding(layout: Layout, info: Any, div: int, expert: bool) -> int:

@@ -667,17 +667,18 @@ def param_groups(report: Any, layout: Layout) -> list[dict[str, int]]:
     layers, with their padding (``root``)."""
     keys = ("dense", "expert", "sequence", "kv", "padding", "expert_padding", "root")
     out = [dict.fromkeys(keys, 0) for _ in range(layout.plan.pp)]
+    for (s, kind), n in layout.padding.items():
+        out[s]["expert_padding" if kind == "expert" else "padding"] += n
+        out[s]["root"] += n if kind == "root" else 0
     for s, rows in layout.stage_params(report.modules.params).items():
         for module, share, n in rows:
             x = layout.elements(share, n, 0)[0]
             if share.role == "expert":
                 out[s]["expert"] += x // layout.plan.ep
-                out[s]["expert_padding"] += share.padding
                 continue
             out[s]["dense"] += x
-            out[s]["padding"] += share.padding
             if not layout.layered(module):
-                out[s]["root"] += x + share.padding
+                out[s]["root"] += x
             if share.role == "sequence":
                 out[s]["sequence"] += x
             elif share.role == "row":

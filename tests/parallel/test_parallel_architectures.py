@@ -179,6 +179,14 @@ def test_fsdp2_pads_dim_0(tmp_path):
     assert padded > math.ceil(sum(p.numel() for p in model.parameters()) / 2)
     for r in per_rank(report, plan("dp=2,fsdp")).ranks:
         assert r.params_bytes == 4 * padded
+    # the collectives are handed the padded parameters (and no buffer or constant of the graph, which FSDP2 does
+    # not shard): 2 shards of each; the root's (the embeddings, the final norm) gathered once a microbatch, a
+    # layer's twice
+    root = sum(math.ceil(p.shape[0] / 2) * (p.numel() // p.shape[0])
+               for n, p in model.named_parameters() if ".h." not in n)
+    for r in ledger(report, plan("dp=2,fsdp", 3)).ranks:
+        assert {(c.kind, c.group): c.bytes for c in r.communication} == {
+            ("all_gather", "dp"): 3 * 2 * 4 * (2 * padded - root), ("reduce_scatter", "dp"): 3 * 2 * 4 * padded}
 
 
 @pytest.mark.slow  # one more export (DeepSeek-V3's MLA and 8 experts): about 10 s
