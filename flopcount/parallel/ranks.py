@@ -59,15 +59,19 @@ activation element) per microbatch and Lₛ the stage's layers:
   previous stage in the backward, A each (A/T under sp, whose activations are split over the sequence); with
   ``interleaved:v``, from each of the rank's v chunks but the model's last (forward) and first (backward);
 * DP: ``all_reduce`` of the rank's gradients once per step (G = its parameters × their element bytes); with
-  ``fsdp``, ``all_gather`` of the parameters G in the forward and again in the backward of each microbatch and
-  ``reduce_scatter`` of the gradients G in the backward of each microbatch (FSDP2's default: each microbatch's
-  unsharded gradients are reduce-scattered into the sharded ones, which accumulate, and freed; the memory ledger
-  holds them so, :mod:`flopcount.memory.ranks`); with ``zero1`` (ZeRO stage 1, P_os of Rajbhandari et al. 2020:
-  optimizer states sharded), the ``all_reduce`` of G once a step as without sharding, and an ``all_gather`` of the
-  updated parameters G once a step (each rank steps its shard and gathers the others'); with ``zero2`` (P_os+g:
-  gradients sharded too), ``reduce_scatter`` of the gradients G in the backward of each microbatch (as ``fsdp``,
-  FSDP2's default, so M·G a step) in place of the ``all_reduce``, and the ``all_gather`` of G once a step. The
-  group is ``dp``, or ``dp_cp`` under cp > 1.
+  ``fsdp``, FSDP2's convention (``fully_shard`` on each repeated layer and on the root, with its defaults), each
+  parameter padded to n·⌈d0/n⌉ rows (:func:`flopcount.parallel.layout.fsdp_shard`; buffers and constants are not
+  sharded): ``all_gather`` of a layer's parameters in the forward and again in the backward of each microbatch, of
+  the root's (outside the layers) once, the root being kept gathered from its forward to its backward, M·(2·G −
+  G_root) a step, and ``reduce_scatter`` of the gradients G in the backward of each microbatch (FSDP2's default:
+  each microbatch's unsharded gradients are reduce-scattered into the sharded ones, which accumulate, and freed;
+  the memory ledger holds them so, :mod:`flopcount.memory.ranks`); with ``zero1`` (ZeRO stage 1, P_os of
+  Rajbhandari et al. 2020: optimizer states sharded), the ``all_reduce`` of G once a step as without sharding,
+  and an ``all_gather`` of the updated parameters G once a step (each rank steps its shard and gathers the
+  others'); with ``zero2`` (P_os+g: gradients sharded too), ``reduce_scatter`` of the gradients G in the backward
+  of each microbatch (as ``fsdp``, FSDP2's default, so M·G a step) in place of the ``all_reduce``, and the
+  ``all_gather`` of G once a step (not padded: DeepSpeed's stages 1 and 2 partition one flat buffer, not each
+  parameter). The group is ``dp``, or ``dp_cp`` under cp > 1.
 
 **Bubble.** The schedule's actions (GPipe: all forwards, then all backwards; 1F1B: P−1−p warm-up forwards, then
 one forward and one backward in turn, then the remaining backwards; interleaved 1F1B as Megatron orders it) are
