@@ -328,8 +328,8 @@ def _checked_layout(report: Any, plan: ParallelPlan) -> Layout:
     scopes = report.modules.nodes if not report.modules.missing else ()
     blocks = px.moe_blocks(scopes)
     if plan.ep > 1 and not blocks:
-        raise UsageError(f"--parallel ep={plan.ep}: {where} has no routed experts (no *.mlp.experts or "
-                         "*.block_sparse_moe.experts scopes); give ep=1 for a dense model")
+        raise UsageError(f"--parallel ep={plan.ep}: {where} has no routed experts (no *.mlp.experts, "
+                         "*.block_sparse_moe.experts or *.feed_forward.experts scopes); give ep=1 for a dense model")
     if blocks and report.moe is None:
         raise UsageError(f"--parallel: {where} has expert scopes but no mixture-of-experts record; count it with "
                          "--hf so that its routed experts are known")

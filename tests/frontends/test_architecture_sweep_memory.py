@@ -263,17 +263,17 @@ def test_memory_equals_torch(fam, attn, sweep_exports):
 
 
 # docs/architectures.md's table: its family rows are the sweep's, and its memory and per-rank columns are these
-# tests' data (DIFFERS here, the plans tests/parallel/test_parallel_architectures.py checks), never written by hand.
+# tests' data (DIFFERS here, the plans tests/parallel/test_parallel_families.py checks), never written by hand.
 
 DOCS = __import__("pathlib").Path(__file__).parents[2] / "docs" / "architectures.md"
 
 
 def parallel_tests():
-    """tests/parallel/test_parallel_architectures.py, for the plans it checks per family."""
+    """tests/parallel/test_parallel_families.py, for the plans it checks and refuses per family."""
     import importlib.util
     import sys
 
-    name = "test_parallel_architectures"
+    name = "test_parallel_families"
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, DOCS.parents[1] / "tests" / "parallel" / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
@@ -296,21 +296,6 @@ def memory_cell(fam: Family, attn: str) -> str:
     return "; ".join(f"{closed(config):+,} B: {op}" for op, closed in named)
 
 
-def per_rank_cell(model_type: str) -> str:
-    """The table's per-rank cell: the plans the parallel tests check on the family (per-rank FLOPs, communication
-    and memory: exact closed forms and the reconcile identities), and those refused with their one-line reason."""
-    par = parallel_tests()
-    if model_type in par.CONFIGS:
-        refused = par.REFUSED.get(model_type, {})
-        checked = ", ".join(f"`{p.values[0]}`" for p in par.PLANS if p.values[0] not in refused)
-        return checked + "".join(f"; `{plan}` refused: {why}" for plan, why in refused.items())
-    if model_type == "deepseek_v3":
-        return f"`{par.MLA_PLAN}` (parameters per rank, both ledgers)"
-    if model_type == "t5":
-        return f"`{par.T5_APPLIES}`; " + ", ".join(f"`{p}`" for p in par.T5_REFUSED) + f" refused: {par.T5_REASON}"
-    return "not checked"
-
-
 def docs_rows() -> list[list[str]]:
     lines = DOCS.read_text(encoding="utf-8").splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("| family | kind |"))
@@ -329,7 +314,7 @@ def test_docs_table_is_the_tests_table():
     families = [p.values[0] for p in FAMILIES]
     assert [r[0] for r in rows] == [f.model_type for f in families]
     for fam, row in zip(families, rows):
-        want = [memory_cell(fam, "eager"), memory_cell(fam, "sdpa"), per_rank_cell(fam.model_type)]
+        want = [memory_cell(fam, "eager"), memory_cell(fam, "sdpa"), parallel_tests().per_rank_cell(fam.model_type)]
         assert row[6:] == want, (fam.model_type, row[6:], want)
         assert (row[5] == "exact") == fam.generate, fam.model_type
 
@@ -337,4 +322,4 @@ def test_docs_table_is_the_tests_table():
 def docs_table_cells() -> str:
     """The memory and per-rank cells of every family, as the table's last three columns (to update the page)."""
     return "\n".join(f"{f.model_type} | {memory_cell(f, 'eager')} | {memory_cell(f, 'sdpa')} | "
-                     f"{per_rank_cell(f.model_type)} |" for f in (p.values[0] for p in FAMILIES))
+                     f"{parallel_tests().per_rank_cell(f.model_type)} |" for f in (p.values[0] for p in FAMILIES))
