@@ -11,6 +11,7 @@ run one way (``harness`` → ``machine``; ``profile`` → ``machine``; ``ncu`` s
 * :mod:`.predict` (with :mod:`.predict_report`) the step time per rank predicted from a count and a machine profile
   (``--predict``; it reads :mod:`.machine`'s profile and the core's per-rank ledger); :mod:`.plan_search` every plan
   of N devices ranked by it (``flopcount plan``)
+* :mod:`.plan_space` the plans of N devices enumerated (arithmetic on the degrees), for :mod:`.plan_search`
 
 Which room to open for a figure of a bench report (``flopcount bench``, ``Meter.to_json``):
 
