@@ -92,7 +92,8 @@ from ..errors import UsageError
 from ..parallel.layout import ROLE_RULES, SEQUENCE_ROLES, in_flight, layout_of, rank_id
 from ..parallel.plan import ParallelPlan
 from ..reporting.report import tensor_bytes
-from .ledger import VIEWS, Graph, Memory, MemorySettings, RankMemory, Shards, held_bytes, ledger, without_cyclic_gc
+from .ledger import (VIEWS, Graph, Memory, MemorySettings, OnRank, RankMemory, Shards, held_bytes, ledger,
+                     without_cyclic_gc)
 
 __all__ = ["PlanRankMemory", "PlanSummary", "RankClass", "in_flight", "per_rank", "plan_summary", "rank_rows",
            "RANK_HEADERS"]
@@ -483,8 +484,8 @@ def _rank(layout: Any, g: Graph, mem: Memory, settings: MemorySettings, s: int, 
     # accumulated from the start (a microbatch after the first) change the walk
     accumulated = mem.mode == "train" and plan.microbatches > 1
     shards = _zero_shards(plan, sorted(sub.trainable), tensors, reader, shard_div)
-    one = ledger(sub, mem.mode, mem.optimizer, settings, mem.missing, accumulated=accumulated,
-                 shards=shards).ranks[0]
+    one = ledger(sub, mem.mode, mem.optimizer, settings, mem.missing,
+                 on_rank=OnRank(accumulated=accumulated, shards=shards)).ranks[0]
     flight = in_flight(plan, s) if mem.mode == "train" else 1.0
     gather = in_flight_units = bucket = 0
     if plan.fsdp or (plan.zero2 and mem.mode == "train"):

@@ -21,8 +21,6 @@ ALLOWED = {
     "measure/profile/profiler.py::profile": (54, 10),
     "measure/profile/session.py::open_session": (24, 8),
     "memory/layers.py::extend_memory": (105, 8),
-    "memory/ledger.py::ledger": (39, 9),
-    "memory/ledger.py::account": (28, 17),
     "memory/ranks.py::per_rank": (90, 3),
     "memory/ranks.py::_rank": (74, 11),
     "parallel/layout.py::_check": (58, 8),
