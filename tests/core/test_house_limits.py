@@ -20,8 +20,6 @@ ALLOWED = {
     "measure/harness/meter.py::Meter.__init__": (44, 19),
     "measure/profile/profiler.py::profile": (54, 10),
     "measure/profile/session.py::open_session": (24, 8),
-    "memory/ranks.py::per_rank": (90, 3),
-    "memory/ranks.py::_rank": (74, 11),
     "parallel/layout.py::_check": (58, 8),
     "parallel/optimizer.py::optimizer_elements": (23, 8),
     "parallel/ranks.py::_cp_ep_communication": (16, 8),
