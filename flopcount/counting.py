@@ -317,8 +317,9 @@ def _trained(graph: _Graph, plan: "TrainingPlan", forward: _Forward, options: Co
 
 
 def _memory(settings, graph: _Graph, forward: _Forward, trained: _Trained | None, options: CountOptions):
-    """The memory ledger of the counted nodes (:func:`flopcount.memory.ledger.account`)."""
-    from .memory.ledger import account, attention_cores, recompute_units
+    """The memory ledger of the counted nodes (:func:`flopcount.memory.counted.account`)."""
+    from .memory.counted import Counted, account
+    from .memory.ledger import attention_cores, recompute_units
 
     index, res, m, walk = graph.index, graph.res, graph.model, forward.walk
     conv, opsets, attributes = walk.convention, graph.opsets, graph.attributes
@@ -333,13 +334,14 @@ def _memory(settings, graph: _Graph, forward: _Forward, trained: _Trained | None
                             grads)
     names = {"params": graph.roles.names(PARAMETER), "trainable": trained.plan.trainable if trained else frozenset(),
              "buffers": graph.roles.names(BUFFER), "stored": walk.stored}
-    return account(forward.nodes, mode="train" if trained is not None else "inference", optimizer=options.optimizer,
-                   settings=settings, grads=grads or {}, tensors=res.tensors, make_context=context,
-                   attributes=lambda n: attributes[n.index], roles=names, inputs=[t.name for t in res.inputs],
-                   outputs=[o.name for o in m.graph.output], units=units, strict=options.strict, where=graph.where,
-                   producer=m.producer_name,
-                   layout_attributes=lambda n: {a.name: onnx.helper.get_attribute_value(a)
-                                                for a in index.protos[n.index].attribute})
+    counted = Counted(forward.nodes, grads=grads or {}, tensors=res.tensors, make_context=context,
+                      attributes=lambda n: attributes[n.index], roles=names, inputs=[t.name for t in res.inputs],
+                      outputs=[o.name for o in m.graph.output], units=units, strict=options.strict,
+                      where=graph.where, producer=m.producer_name,
+                      layout_attributes=lambda n: {a.name: onnx.helper.get_attribute_value(a)
+                                                   for a in index.protos[n.index].attribute})
+    return account(counted, mode="train" if trained is not None else "inference", optimizer=options.optimizer,
+                   settings=settings)
 
 
 def _module_scopes(index: GraphIndex, roles: Roles) -> ModuleScopes:

@@ -168,7 +168,7 @@ def _tiled(two: Report, inside: list[int], stack: _Stack) -> tuple[Tiled, Tiled,
 def _extended_memory(one: Report, two: Report, inside: list[int], nodes: Tiled, origin: Tiled, stack: _Stack):
     """The memory ledger of the extended graph (:func:`flopcount.memory.layers.extend_memory`), walked on the
     2-block graph with its second block copied."""
-    from ..memory.layers import Unwired, extend_memory
+    from ..memory.layers import Copies, Unwired, extend_memory
 
     check_listable(nodes, "--memory", "nodes, which the ledger walks one by one,")
     path, first, period, k = stack.path, stack.first, stack.period, stack.copies
@@ -181,7 +181,7 @@ def _extended_memory(one: Report, two: Report, inside: list[int], nodes: Tiled, 
         block0 = sorted(block0 + unscoped)
     suffixes = [""] + [f"@{path}.{first + (t + 1) * period}" for t in range(1, k + 1)]
     try:
-        return extend_memory(one, two, inside, block0, nodes, origin, suffixes, k)
+        return extend_memory(one, two, Copies(inside, block0, nodes, origin, suffixes, k))
     except Unwired as e:
         raise NotExtendable(str(e)) from None
 

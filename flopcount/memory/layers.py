@@ -14,12 +14,13 @@ before the stack (rotary tables, masks) stay shared. Recompute units inside the 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from ..context import TensorInfo
 from ..reporting.report import NodeCount, Report
 from .ledger import Graph, Memory, ledger, without_cyclic_gc
 
-__all__ = ["Unwired", "extend_memory"]
+__all__ = ["Copies", "Unwired", "extend_memory"]
 
 
 class Unwired(Exception):
@@ -40,15 +41,37 @@ def _affine_counts(a: Mapping[str, int], b: Mapping[str, int], k: int) -> dict[s
     return {key: v for key, v in out.items() if v}
 
 
+@dataclass(frozen=True)
+class Copies:
+    """How the extended report's ``nodes`` come from the 2-layer report's: ``origin``, in the same order, their
+    (position in the 2-layer report, copy) pairs: copy 0 the node itself, copy t ≥ 1 a copy of a node of the second
+    block (``inside``: its positions); ``block0``: the positions of the first block's nodes, in the order ``inside``
+    has the second's; ``suffixes[t]``: what copy t's tensor names end with; ``k``: the copies added."""
+
+    inside: Sequence[int]
+    block0: Sequence[int]
+    nodes: Sequence[NodeCount]
+    origin: Sequence[tuple[int, int]]
+    suffixes: Sequence[str]
+    k: int
+
+
+@dataclass(frozen=True)
+class _Wiring:
+    """How the copies of the second block connect: each tensor's producer (position), the tensors renamed per copy
+    (made inside the block, or weights only it reads), the first block's tensors paired with the second's
+    (:func:`_pairs`) and the first block's positions."""
+
+    producer: Mapping[str, int]
+    renamed: set[str]
+    pairs: Mapping[str, str]
+    first_block: set[int]
+
+
 @without_cyclic_gc
-def extend_memory(one: Report, two: Report, inside: Sequence[int], block0: Sequence[int],
-                  nodes: Sequence[NodeCount], origin: Sequence[tuple[int, int]], suffixes: Sequence[str],
-                  k: int) -> Memory:
-    """The :class:`~flopcount.memory.ledger.Memory` of the extended report whose ``nodes`` are, in order, ``origin``'s
-    (position in ``two``, copy) pairs: copy 0 the node of ``two`` itself, copy t ≥ 1 a copy of a node of the second
-    block (``inside``: its positions in ``two``). ``block0``: the positions of the first block's nodes, in the
-    order ``inside`` has the second's; ``suffixes[t]``: what copy t's tensor names end with. :class:`Unwired` where the 2-layer
-    graph does not show the wiring exactly."""
+def extend_memory(one: Report, two: Report, copies: Copies) -> Memory:
+    """The :class:`~flopcount.memory.ledger.Memory` of the extended report whose nodes are ``copies.nodes``
+    (:class:`Copies`). :class:`Unwired` where the 2-layer graph does not show the wiring exactly."""
     m1, m2 = one.memory, two.memory
     if m1 is None or m2 is None or m2.graph is None or m2.settings is None:
         raise Unwired("--memory: the smaller counts keep no graph for the ledger to walk")
@@ -57,6 +80,22 @@ def extend_memory(one: Report, two: Report, inside: Sequence[int], block0: Seque
         raise Unwired("--memory: the ledger's graph is not the 2-layer report's")
     if len(m2.ranks) != 1 or len(m1.ranks) != 1:
         raise Unwired("--memory: a ledger of several ranks is not extended")
+    k = copies.k
+    graph = _copied(g, copies, _wiring(g, copies.inside, copies.block0))
+    missing = _affine_counts(m1.missing, m2.missing, k)
+    memory = ledger(graph, m2.mode, m2.optimizer, m2.settings, missing, m2.ranks[0].kv_cache_bytes)
+    (a,), (b,), (got,) = m1.ranks, m2.ranks, memory.ranks
+    for field in ("params_bytes", "buffers_bytes", "grads_bytes", "optimizer_bytes", "inputs_bytes"):
+        want = _affine_int(getattr(a, field), getattr(b, field), k)
+        if getattr(got, field) != want:
+            raise Unwired(f"--memory: the walked ledger's {field} is {getattr(got, field):,}, not the "
+                                f"{want:,} that one more layer at a time gives")
+    return memory
+
+
+def _wiring(g: Graph, inside: Sequence[int], block0: Sequence[int]) -> _Wiring:
+    """How the copies of the second block (``inside``) connect (:class:`_Wiring`); :class:`Unwired` where the
+    2-layer graph does not show it exactly."""
     inside_set = set(inside)
     producer: dict[str, int] = {}
     readers: dict[str, set[int]] = {}
@@ -90,6 +129,13 @@ def extend_memory(one: Report, two: Report, inside: Sequence[int], block0: Seque
     units_out = {u for i, n in enumerate(g.nodes) if i not in inside_set and (u := g.units.get(n.index)) is not None}
     if units_in & units_out:
         raise Unwired("--memory: a recompute unit spans the second block and nodes outside it")
+    return _Wiring(producer, renamed, pairs, first_block)
+
+
+def _copied(g: Graph, copies: Copies, w: _Wiring) -> Graph:
+    """The graph of the extended report: ``g``'s nodes as ``copies`` lays them out, each copy's tensors renamed and
+    wired as ``w`` says, recompute units inside the block one per copy."""
+    suffixes, k, renamed, pairs = copies.suffixes, copies.k, w.renamed, w.pairs
 
     def name(x: str, t: int) -> str:
         return x + suffixes[t] if t and x in renamed else x
@@ -97,18 +143,18 @@ def extend_memory(one: Report, two: Report, inside: Sequence[int], block0: Seque
     def info(ti: TensorInfo | None, new: str) -> TensorInfo | None:
         return ti if ti is None or ti.name == new else TensorInfo(new, ti.elem_type, ti.shape)
 
-    last = inside[-1]
+    last = copies.inside[-1]
     fresh = max(g.units.values(), default=-1) + 1
     unit_of: dict[tuple[int, int], int] = {}
     out_nodes: list[NodeCount] = []
     grads: dict[int, tuple[bool, ...]] = {}
     saved = {}
     units: dict[int, int] = {}
-    for pos, (node, (i, t)) in enumerate(zip(nodes, origin)):
+    for pos, (node, (i, t)) in enumerate(zip(copies.nodes, copies.origin)):
         src = g.nodes[i]
         if t:
             ins = tuple(info(x, name(x.name, t) if x.name in renamed else name(pairs[x.name], t - 1)
-                             if x.name in pairs and producer.get(x.name) in first_block else x.name)
+                             if x.name in pairs and w.producer.get(x.name) in w.first_block else x.name)
                         if x is not None else None for x in src.inputs)
             outs = tuple(info(x, name(x.name, t)) if x is not None else None for x in src.outputs)
         elif i > last:  # after the stack: what the last copy made
@@ -124,28 +170,19 @@ def extend_memory(one: Report, two: Report, inside: Sequence[int], block0: Seque
         u = g.units.get(src.index)
         if u is not None:
             units[pos] = u if not t else unit_of.setdefault((u, t), fresh + len(unit_of))
-    copies = range(1, k + 1)
+    added = range(1, k + 1)
     tensors = dict(g.tensors)
     for x in renamed:
         if x in g.tensors:
-            for t in copies:
+            for t in added:
                 tensors[name(x, t)] = info(g.tensors[x], name(x, t))
 
     def widened(names: frozenset[str]) -> frozenset[str]:
-        return names | {name(x, t) for x in names & renamed for t in copies}
+        return names | {name(x, t) for x in names & renamed for t in added}
 
-    graph = Graph(out_nodes, grads, saved, tensors, widened(g.params), widened(g.trainable), widened(g.buffers),
-                  widened(g.stored), g.inputs, widened(g.outputs), units, widened(g.gathers),
-                  widened(g.views), widened(g.copies))
-    missing = _affine_counts(m1.missing, m2.missing, k)
-    memory = ledger(graph, m2.mode, m2.optimizer, m2.settings, missing, m2.ranks[0].kv_cache_bytes)
-    (a,), (b,), (got,) = m1.ranks, m2.ranks, memory.ranks
-    for field in ("params_bytes", "buffers_bytes", "grads_bytes", "optimizer_bytes", "inputs_bytes"):
-        want = _affine_int(getattr(a, field), getattr(b, field), k)
-        if getattr(got, field) != want:
-            raise Unwired(f"--memory: the walked ledger's {field} is {getattr(got, field):,}, not the "
-                                f"{want:,} that one more layer at a time gives")
-    return memory
+    return Graph(out_nodes, grads, saved, tensors, widened(g.params), widened(g.trainable), widened(g.buffers),
+                 widened(g.stored), g.inputs, widened(g.outputs), units, widened(g.gathers),
+                 widened(g.views), widened(g.copies))
 
 
 def _pairs(nodes: Sequence[NodeCount], block0: Sequence[int], block1: Sequence[int]) -> Mapping[str, str]:

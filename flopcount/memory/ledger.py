@@ -32,15 +32,14 @@ from types import MappingProxyType
 from typing import Any, Callable, Collection, Mapping, Sequence
 
 from ..context import TensorInfo
-from ..errors import UnsupportedOperatorError, UsageError
+from ..errors import UsageError
 from ..parallel.plan import DEVICES, IMPLEMENTATIONS, ParallelPlan, Recompute, check_recompute_ops, parse_recompute
-from ..registry import lookup_saved
-from ..reporting.report import NodeCount, element_bits, op_key, tensor_bytes
+from ..reporting.report import NodeCount, element_bits, tensor_bytes
 from ..saved import Saved
 from .sizes import parse_size
 
 __all__ = [
-    "IMPLEMENTATIONS", "INPUTS", "OPTIMIZER_STATES", "Graph", "Memory", "MemorySettings", "RankMemory", "account", "attention_cores", "ledger",
+    "IMPLEMENTATIONS", "INPUTS", "OPTIMIZER_STATES", "Graph", "Memory", "MemorySettings", "OnRank", "RankMemory", "attention_cores", "ledger",
     "held_bytes", "module_activations", "optimizer_bytes", "recompute_units", "Shards", "with_params", "without_cyclic_gc",
 ]
 
@@ -130,6 +129,18 @@ class Shards:
     grads: Mapping[str, TensorInfo] = field(default_factory=dict)
     optimizer: Mapping[str, TensorInfo] = field(default_factory=dict)
     counters: int | None = None
+
+
+@dataclass(frozen=True)
+class OnRank:
+    """What a rank's walk (:mod:`.ranks`) adds to the graph's own: ``held``, bytes alive throughout the walk beyond
+    the graph's own (other microbatches' kept activations, an all-gather buffer); ``accumulated``, the gradients
+    exist from the start (a microbatch after the first of a step); ``shards``, the rank's shares of the gradients
+    and optimizer states where they are smaller than the parameters' (ZeRO's stages 1 and 2)."""
+
+    held: int = 0
+    accumulated: bool = False
+    shards: Shards = field(default_factory=Shards)
 
 
 @dataclass(frozen=True)
@@ -270,31 +281,6 @@ class _Walk:
             self.peak, self.phase, self.node = self.live, phase, node
 
 
-def saved_by_node(nodes: Sequence[NodeCount], grads: Mapping[int, tuple[bool, ...]], make_context: Callable,
-                  attributes: Callable[[NodeCount], Mapping[str, Any] | None], strict: bool, where: str
-                  ) -> tuple[dict[int, Saved], dict[str, int]]:
-    """Each node's :class:`Saved` (by node index) for the nodes whose backward runs, and the op keys without a rule."""
-    saved: dict[int, Saved] = {}
-    missing: dict[str, int] = {}
-    for n in nodes:
-        if n.index not in grads:
-            continue
-        rule = lookup_saved(n.domain, n.op_type)
-        if rule is None:
-            key = op_key(n.domain, n.op_type)
-            missing[key] = missing.get(key, 0) + 1
-            continue
-        saved[n.index] = rule(make_context(n, grads[n.index]), **(attributes(n) or {}))
-        for key, count in saved[n.index].missing:  # inside a control-flow body
-            missing[key] = missing.get(key, 0) + count
-    if strict and missing:
-        raise UnsupportedOperatorError(
-            f"{where}: no saved-for-backward rule for " + ", ".join(f"{k} ({v})" for k, v in sorted(missing.items()))
-            + "; run without --strict for a lower bound of the activations"
-        )
-    return saved, dict(sorted(missing.items()))
-
-
 @dataclass(frozen=True)
 class Graph:
     """What the walk reads of a counted graph: the nodes in execution order, which inputs of each need a gradient
@@ -398,12 +384,9 @@ class _Storages:
 
 
 def ledger(g: Graph, mode: str, optimizer: str | None, settings: MemorySettings, missing: Mapping[str, int],
-           kv_cache_bytes: int | None = None, held: int = 0, accumulated: bool = False,
-           shards: "Shards | None" = None) -> Memory:
-    """The :class:`Memory` of one step of ``g`` (see the module's docstring). ``held``: bytes alive throughout
-    the walk beyond the graph's own (other microbatches' kept activations, an all-gather buffer); ``accumulated``:
-    the gradients exist from the start (a microbatch after the first of a step); ``shards``: the rank's shares of
-    the gradients and optimizer states where they are smaller than the parameters' (ZeRO's stages 1 and 2)."""
+           kv_cache_bytes: int | None = None, on_rank: OnRank | None = None) -> Memory:
+    """The :class:`Memory` of one step of ``g`` (see the module's docstring); ``on_rank``: what a rank's walk adds
+    to the graph's own (:class:`OnRank`; nothing if None)."""
     unsized: set[str] = set()
     st = _Storages(g, unsized)
     size = st.nbytes
@@ -412,7 +395,8 @@ def ledger(g: Graph, mode: str, optimizer: str | None, settings: MemorySettings,
     trained = [t or TensorInfo(n) for n, t in g.tensors.items() if n in g.trainable] + \
         [TensorInfo(n) for n in sorted(g.trainable - g.tensors.keys())]
     training = mode == "train"
-    shards = shards or Shards()
+    on_rank = on_rank or OnRank()
+    held, accumulated, shards = on_rank.held, on_rank.accumulated, on_rank.shards
 
     def grad_size(name: str) -> int:
         return (tensor_bytes(shards.grads[name]) or 0) if name in shards.grads else size(name)
@@ -709,36 +693,6 @@ def _connected_ops(ops: frozenset[str], nodes: Sequence[NodeCount], keys: Sequen
                     made[t.name] = k
     unit: dict[int, int] = {}
     return {nodes[k].index: unit.setdefault(find(k), len(unit)) for k in sorted(parent)}
-
-
-def account(nodes: Sequence[NodeCount], *, mode: str, optimizer: str | None, settings: MemorySettings,
-            grads: Mapping[int, tuple[bool, ...]], tensors: Mapping[str, TensorInfo], make_context: Callable,
-            attributes: Callable[[NodeCount], Mapping[str, Any] | None], roles: Mapping[str, frozenset[str]],
-            inputs: Sequence[str], outputs: Sequence[str], units: Mapping[int, int], strict: bool, where: str,
-            kv_cache_bytes: int | None = None, producer: str = "",
-            layout_attributes: Callable[[NodeCount], Mapping[str, Any] | None] = lambda n: None) -> Memory:
-    """The memory ledger of a counted graph: the saved-for-backward rules applied to the nodes whose backward runs,
-    read as the kernels of the framework the graph came from (``producer``, the model's producer name:
-    :mod:`.kernels`; ``layout_attributes``: every node's attributes, Transpose's ``perm`` and Gather's ``axis``
-    among them), then :func:`ledger`. ``roles``: ``params``, ``trainable``, ``buffers`` and ``stored`` tensor
-    names."""
-    from .kernels import framework_of, kernels
-
-    if mode == "train":
-        saved, missing = saved_by_node(nodes, grads, make_context, attributes, strict, where)
-    else:
-        saved, missing = {}, {}
-    k = kernels(nodes, saved, roles["stored"], framework_of(producer), settings.device, layout_attributes)
-    saved.update(k.saved)
-    if settings.recompute.policy == "selective":  # a fused attention keeps no score matrix to make again
-        dropped = {units[i] for i in k.fused if i in units}
-        units = {i: u for i, u in units.items() if u not in dropped}
-    elif settings.recompute.policy == "ops":  # a fused attention is one kernel, no op of a list is inside it
-        units = {i: u for i, u in units.items() if i not in k.fused}
-    g = Graph(nodes, grads if mode == "train" else {}, saved, tensors, roles["params"], roles["trainable"],
-              roles["buffers"], roles["stored"], tuple(inputs), frozenset(outputs), units if mode == "train" else {},
-              expert_gathers(nodes, roles["params"]), k.views, k.copies)
-    return ledger(g, mode, optimizer, settings, missing, kv_cache_bytes)
 
 
 def with_params(memory: Memory, tensors: Sequence[TensorInfo]) -> Memory:

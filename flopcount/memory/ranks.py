@@ -93,7 +93,8 @@ from ..errors import UsageError
 from ..parallel.layout import ROLE_RULES, SEQUENCE_ROLES, fsdp_shard, in_flight, layout_of, rank_id
 from ..parallel.plan import ParallelPlan
 from ..reporting.report import tensor_bytes
-from .ledger import VIEWS, Graph, Memory, MemorySettings, RankMemory, Shards, held_bytes, ledger, without_cyclic_gc
+from .ledger import (VIEWS, Graph, Memory, MemorySettings, OnRank, RankMemory, Shards, held_bytes, ledger,
+                     without_cyclic_gc)
 
 __all__ = ["PlanRankMemory", "PlanSummary", "RankClass", "in_flight", "per_rank", "plan_summary", "rank_rows",
            "RANK_HEADERS"]
@@ -133,7 +134,6 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
     entry per (stage, TP rank, EP rank) with its data- and context-parallel replicas listed; the returned ledger's
     ``settings.plan`` is ``plan``. ``expert_load``: the routing histogram of a MoE model
     (:func:`flopcount.parallel.experts.load_expert_load`), balanced if None."""
-    from ..parallel import experts as px
     from ..parallel.ranks import plan_shares, schedule_bubble
 
     mem = report.memory
@@ -147,44 +147,102 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
     d, shares, _, _, train, _ = plan_shares(report, plan, settings.recompute)
     schedule_bubble(plan, shares, train)
     layout = layout_of(report, plan)
-    t, kv = plan.tp, min(plan.tp, d.kv_heads or plan.tp)
-    scopes = list(report.modules.nodes) if not report.modules.missing else [()] * len(g.nodes)
-    roles, layer_of = layout.roles, layout.layer
-    chunks = [set(c) for c in layout.chunks]
-    expert = layout.expert
-    moe_layers = sorted({layer_of[k] for k in range(len(g.nodes)) if expert[k]} - {None})
+    kv = min(plan.tp, d.kv_heads or plan.tp)
+    moe_layers, fractions = _expert_fractions(report, g, layout, expert_load)
+    w = _PlanWalk.of(report, layout, settings, fractions, kv)
+    top_k = report.moe.top_k if moe_layers else 0
+    ranks = _walked_ranks(w, d.batch * (d.seq // plan.cp) * top_k * d.hidden * d.act_bytes)
+    cache = _kv_share(report, plan, d.layers, kv)
+    if cache is not None:
+        ranks = [dataclasses.replace(r, kv_cache_bytes=cache) for r in ranks]
+    return dataclasses.replace(mem, ranks=tuple(ranks), settings=dataclasses.replace(settings, plan=plan),
+                               kept_by_node=MappingProxyType({}))
+
+
+def _expert_fractions(report: Any, g: Graph, layout: Any, expert_load: Any) -> tuple[list, dict]:
+    """The MoE layers (in order) and, under ep, each one's (numerator, denominator) share of the load per EP rank;
+    the load refused as the FLOPs ledger refuses it."""
+    from ..parallel import experts as px
+
+    plan = layout.plan
+    moe_layers = sorted({layout.layer[k] for k in range(len(g.nodes)) if layout.expert[k]} - {None})
     load = expert_load or px.ExpertLoad(None)
     load.check_layers(len(moe_layers))
     for j in range(len(moe_layers) if plan.ep == 1 else 0):  # refused as the FLOPs ledger refuses it
         load.fractions(j, report.moe.experts, 1)
     fractions = {layer: load.fractions(j, report.moe.experts, plan.ep) for j, layer in enumerate(moe_layers)} \
         if moe_layers and plan.ep > 1 else {}
+    return moe_layers, fractions
 
-    inner = _expert_inner(g, scopes, expert, layer_of) if t > 1 and any(expert) else frozenset()
 
-    def act_div(k: int) -> int:
-        role = roles[k]
-        if k in inner:
-            return t
+@dataclass(frozen=True)
+class _PlanWalk:
+    """What each rank's walk under ``plan`` reads, whatever its stage: the model's ``layout`` and its per-node
+    ``roles``, ``layer_of`` and ``expert``, the one-rank ledger ``mem`` and its graph ``g``, the ``settings`` the
+    walks run with, each stored tensor's first reader (``reader``), the K and V gathered whole under cp
+    (``gathered``), the experts' nodes that carry their inner dimension (``inner``), each MoE layer's share of the
+    load per EP rank (``fractions``) and min(T, K/V heads) (``kv``)."""
+
+    plan: ParallelPlan
+    layout: Any
+    roles: tuple[str, ...]
+    layer_of: tuple[int | None, ...]
+    expert: tuple[bool, ...]
+    mem: Memory
+    g: Graph
+    settings: MemorySettings
+    reader: Mapping[str, int]
+    gathered: "_GatheredKV"
+    inner: frozenset[int]
+    fractions: Mapping[Any, Any]
+    kv: int
+
+    @classmethod
+    def of(cls, report: Any, layout: Any, settings: MemorySettings, fractions: Mapping[Any, Any],
+           kv: int) -> "_PlanWalk":
+        plan, mem = layout.plan, report.memory
+        g, expert, layer_of = mem.graph, layout.expert, layout.layer
+        scopes = list(report.modules.nodes) if not report.modules.missing else [()] * len(g.nodes)
+        inner = _expert_inner(g, scopes, expert, layer_of) if plan.tp > 1 and any(expert) else frozenset()
+        reader: dict[str, int] = {}
+        for k, n in enumerate(g.nodes):
+            for x in n.inputs:
+                if x is not None and x.name in g.stored:
+                    reader.setdefault(x.name, k)
+        gathered = _gathered_kv(g, layout) if plan.cp > 1 else _GatheredKV({}, {})
+        return cls(plan, layout, layout.roles, layer_of, expert, mem, g, settings, reader, gathered, inner, fractions,
+                   kv)
+
+    def act_div(self, k: int) -> int:
+        plan, role = self.plan, self.roles[k]
+        if k in self.inner:
+            return plan.tp
         if role in SEQUENCE_ROLES:
-            return t if plan.sp else 1
+            return plan.tp if plan.sp else 1
         if role in ("kv", "kv_heads"):
-            return kv
-        return t if ROLE_RULES[role] == "split" else 1
+            return self.kv
+        return plan.tp if ROLE_RULES[role] == "split" else 1
 
-    def shard_div(k: int) -> int:
+    def shard_div(self, k: int) -> int:
         """The ranks a weight whose first reader is node k is sharded over by ZeRO or FSDP: the D·C data- and
         context-parallel ranks, D·C/E for a routed expert's."""
-        return max(plan.dp * plan.cp // plan.ep, 1) if expert[k] else plan.dp * plan.cp
+        plan = self.plan
+        return max(plan.dp * plan.cp // plan.ep, 1) if self.expert[k] else plan.dp * plan.cp
 
-    reader: dict[str, int] = {}
-    for k, n in enumerate(g.nodes):
-        for x in n.inputs:
-            if x is not None and x.name in g.stored:
-                reader.setdefault(x.name, k)
-    gathered = _gathered_kv(g, layout) if plan.cp > 1 else _GatheredKV({}, {})
-    top_k = report.moe.top_k if moe_layers else 0
-    vec = d.batch * (d.seq // plan.cp) * top_k * d.hidden * d.act_bytes
+    def scale(self, k: int, e: int) -> tuple[int, int]:
+        """(multiplier, divisor) of the activations node k makes on EP rank e."""
+        div = self.act_div(k) * self.plan.cp
+        if self.expert[k] and self.layer_of[k] in self.fractions:  # the pairs this rank's experts receive
+            num, den = self.fractions[self.layer_of[k]][e]
+            return self.plan.ep * num, div * den
+        return 1, div
+
+
+def _walked_ranks(w: _PlanWalk, vec: int) -> list[PlanRankMemory]:
+    """Every (stage, TP rank, EP rank)'s figures, in that order; ``vec``: the bytes of the rank's token vectors one
+    MoE layer dispatches to its all_to_all."""
+    plan, g, fractions = w.plan, w.g, w.fractions
+    chunks = [set(c) for c in w.layout.chunks]
     v = plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
     ranks = []
     walked: dict[tuple, PlanRankMemory] = {}
@@ -192,32 +250,18 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
         mine = {c for c in range(plan.pp * v) if c % plan.pp == s}
         keep = [k for k in range(len(g.nodes)) if chunks[k] & mine]
         stage = _Stage.of(g, keep)
-        layers = {layer_of[k] for k in keep} & set(fractions) if fractions else set()
+        layers = {w.layer_of[k] for k in keep} & set(fractions) if fractions else set()
         for e in range(plan.ep):
             share = {layer: fractions[layer][e] for layer in layers}
-
-            def scale(k: int, e=e) -> tuple[int, int]:
-                """(multiplier, divisor) of the activations node k makes on this rank."""
-                div = act_div(k) * plan.cp
-                if expert[k] and layer_of[k] in fractions:  # the pairs this rank's experts receive
-                    num, den = fractions[layer_of[k]][e]
-                    return plan.ep * num, div * den
-                return 1, div
-
             alltoall = max((vec + plan.ep * vec * num // den for num, den in share.values()), default=0)
             # the TP ranks of a stage are symmetric (the plan refuses degrees that do not divide), and EP ranks of
             # the same load walk the same graph: one walk per (stage, load), placed on each of them
             key = (s, tuple(sorted(share.items())))
             if key not in walked:
-                walked[key] = _rank(layout, g, mem, settings, s, stage, scale, shard_div, reader, gathered,
-                                    alltoall)
-            for i in range(t):
+                walked[key] = _rank(w, s, e, stage, alltoall)
+            for i in range(plan.tp):
                 ranks.append(_placed(walked[key], plan, s, i, e))
-    cache = _kv_share(report, plan, d.layers, kv)
-    if cache is not None:
-        ranks = [dataclasses.replace(r, kv_cache_bytes=cache) for r in ranks]
-    return dataclasses.replace(mem, ranks=tuple(ranks), settings=dataclasses.replace(settings, plan=plan),
-                               kept_by_node=MappingProxyType({}))
+    return ranks
 
 
 def _kv_share(report: Any, plan: ParallelPlan, layers: int, kv: int) -> int | None:
@@ -440,9 +484,11 @@ def _zero_shards(plan: ParallelPlan, trained, tensors: Mapping[str, TensorInfo],
     return Shards(shares if plan.zero2 else {}, shares, counters)
 
 
-def _rank(layout: Any, g: Graph, mem: Memory, settings: MemorySettings, s: int, stage: _Stage, scale, shard_div,
-          reader, gathered, alltoall) -> PlanRankMemory:
-    plan = layout.plan
+def _rank(w: _PlanWalk, s: int, e: int, stage: _Stage, alltoall: int) -> PlanRankMemory:
+    """The figures of the ranks of stage ``s`` (its walk ``stage``) and EP rank ``e``, whose all_to_all buffers are
+    ``alltoall`` bytes."""
+    layout, g, mem, settings, reader, gathered = w.layout, w.g, w.mem, w.settings, w.reader, w.gathered
+    plan, shard_div = layout.plan, w.shard_div
     keep, made, read = stage.keep, stage.made, stage.read
     nodes = [g.nodes[k] for k in keep]
     tensors: dict[str, TensorInfo] = {}
@@ -454,7 +500,7 @@ def _rank(layout: Any, g: Graph, mem: Memory, settings: MemorySettings, s: int, 
             fsdp = shard_div(reader[name]) if plan.fsdp and name in reader and name in g.params else 1
             tensors[name] = _fsdp_share(info, div, fsdp)
         elif name in made:
-            mul, div = scale(made[name])
+            mul, div = w.scale(made[name], e)
             tensors[name] = _resized(info, div // plan.cp if name in gathered.names else div, mul)
         else:  # the graph's inputs, what the previous stage sends: the rank's tokens
             tensors[name] = _resized(info, plan.cp)
@@ -465,7 +511,7 @@ def _rank(layout: Any, g: Graph, mem: Memory, settings: MemorySettings, s: int, 
             tensors[n.outputs[0].name] = TensorInfo(n.outputs[0].name, n.outputs[0].elem_type, shape)
 
     def stat(k: int, b: int) -> int:
-        mul, div = scale(k)
+        mul, div = w.scale(k, e)
         return -(-b * mul // div)
 
     saved = {n.index: g.saved[n.index]._replace(extra=tuple((w, stat(k, b)) for w, b in g.saved[n.index].extra))
@@ -479,8 +525,8 @@ def _rank(layout: Any, g: Graph, mem: Memory, settings: MemorySettings, s: int, 
     # accumulated from the start (a microbatch after the first) change the walk
     accumulated = mem.mode == "train" and plan.microbatches > 1
     shards = _zero_shards(plan, sorted(sub.trainable), tensors, reader, shard_div)
-    one = ledger(sub, mem.mode, mem.optimizer, settings, mem.missing, accumulated=accumulated,
-                 shards=shards).ranks[0]
+    one = ledger(sub, mem.mode, mem.optimizer, settings, mem.missing,
+                 on_rank=OnRank(accumulated=accumulated, shards=shards)).ranks[0]
     flight = in_flight(plan, s) if mem.mode == "train" else 1.0
     gather = in_flight_units = bucket = 0
     if plan.fsdp or (plan.zero2 and mem.mode == "train"):

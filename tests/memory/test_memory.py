@@ -110,10 +110,10 @@ def test_backward_peak_when_gradients_outgrow_the_optimizer_step():
 
 def test_an_operator_without_a_rule_makes_a_lower_bound_and_strict_refuses(monkeypatch):
     # every operator with a backward has a rule today: Binarizer's is taken away for this test
-    import flopcount.memory.ledger as ledger_module
+    import flopcount.memory.counted as counted_module
 
-    real = ledger_module.lookup_saved
-    monkeypatch.setattr(ledger_module, "lookup_saved", lambda d, o: None if o == "Binarizer" else real(d, o))
+    real = counted_module.lookup_saved
+    monkeypatch.setattr(counted_module, "lookup_saved", lambda d, o: None if o == "Binarizer" else real(d, o))
     nodes = [helper.make_node("Add", ["x", "shift"], ["xt"], name="shift"),
              helper.make_node("Binarizer", ["xt"], ["y"], name="binarize", domain="ai.onnx.ml", threshold=0.5)]
     m = model(nodes, {"x": [2, 3]}, ["y"], [weight("shift", (2, 3))], extra_opsets={"ai.onnx.ml": 3})
