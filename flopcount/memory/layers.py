@@ -172,10 +172,9 @@ def _copied(g: Graph, copies: Copies, w: _Wiring) -> Graph:
             units[pos] = u if not t else unit_of.setdefault((u, t), fresh + len(unit_of))
     added = range(1, k + 1)
     tensors = dict(g.tensors)
-    for x in renamed:
-        if x in g.tensors:
-            for t in added:
-                tensors[name(x, t)] = info(g.tensors[x], name(x, t))
+    for t in added:  # copy by copy, each in the graph's order (never a set's: the order is the optimizer's)
+        for x in [x for x in g.tensors if x in renamed]:
+            tensors[name(x, t)] = info(g.tensors[x], name(x, t))
 
     def widened(names: frozenset[str]) -> frozenset[str]:
         return names | {name(x, t) for x in names & renamed for t in added}
