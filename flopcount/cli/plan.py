@@ -149,12 +149,15 @@ def _json(args: argparse.Namespace, found) -> str:
 def _table(args: argparse.Namespace, found) -> str:
     from tabulate import tabulate
 
+    from flopcount.memory.sizes import size_text
+
     rows = [[c.parallel, c.schedule, f"{c.microbatch_size} x {c.microbatches}", c.recompute,
              f"{c.step_seconds:.4g}", "-" if c.tokens_per_second is None else f"{c.tokens_per_second:,.0f}",
-             f"{c.mfu:.3f}", f"{c.peak_bytes / _GiB:.2f}", f"{c.headroom_bytes / _GiB:.2f}"]
+             f"{c.mfu:.3f}", size_text(c.peak_bytes), size_text(c.headroom_bytes)]
             for c in found.plans[:args.top]]
     text = tabulate(rows, ["plan", "schedule", "microbatches (size x count)", "recompute", "step s", "tokens/s",
-                           "MFU", "peak GiB", "headroom GiB"], disable_numparse=True)
+                           "MFU", "peak", "headroom"], disable_numparse=True,
+                    colalign=("left",) * 4 + ("right",) * 5)
     dropped = "; ".join(f"{n} x {why}" for why, n in found.dropped.most_common())
     return (text + f"\n{len(found.plans)} of {found.tried} plans fit {args.device_memory / _GiB:.4g} GiB a device"
             + (f"; dropped: {dropped}" if dropped else "") + "\n")

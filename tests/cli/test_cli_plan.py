@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from flopcount.cli import main
@@ -49,3 +51,18 @@ def test_devices_no_plan_fills(tmp_path, capsys):
                  "3", "--device-memory", "80GiB", "--global-batch", "2", "--microbatch-sizes", "1"]) == 2
     line = _one_line(capsys)
     assert "no plan of this model fills 3 devices" in line and "b·dp" in line
+
+
+def test_small_sizes_in_their_own_unit(tmp_path, capsys):
+    """A tiny Llama's peak is a few hundred KiB: the table shows it in KiB (not "0.00 GiB"), the headroom of
+    80 GiB in GiB, each as the plan's bytes in JSON divided by 2**10 or 2**30."""
+    pytest.importorskip("transformers")
+    args = ["plan", "--hf", llama_config(tmp_path, 32, 2, 2, 2, 64, 128), "--input-shape", "input_ids=2x8:int64",
+            "--device", "H100", "--devices", "1", "--device-memory", "80GiB", "--microbatch-counts", "1"]
+    assert main([*args, "--format", "json"]) == 0
+    plans = json.loads(capsys.readouterr().out)["plans"]
+    assert main(args) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith(plans[0]["parallel"])]
+    assert len(rows) == len(plans) == 3 and all(2**10 <= p["peak_bytes"] < 2**20 for p in plans)
+    for row, p in zip(rows, plans):
+        assert row[-4:] == [f"{p['peak_bytes'] / 2**10:,.1f}", "KiB", f"{p['headroom_bytes'] / 2**30:,.1f}", "GiB"]
