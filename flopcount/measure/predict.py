@@ -52,7 +52,7 @@ from typing import Any
 from .machine.calibration import MachineProfile, collective_seconds, latency_known, rate_at
 
 __all__ = ["BUCKET_BYTES", "BUSY_LOAD", "FIRST_BUCKET_BYTES", "GEMM_FAMILIES", "Message", "NodeWork",
-           "OPTIMIZER_TRAFFIC", "Prediction", "REDUCTION_FAMILIES", "RankWork", "Work", "exposed_after",
+           "OPTIMIZER_TRAFFIC", "Prediction", "REDUCTION_FAMILIES", "RankWork", "Timeline", "Work", "exposed_after",
            "node_seconds", "predict", "predict_work", "work_of"]
 
 #: DDP's default gradient buckets: the first (the last layers' gradients) of 1 MiB, the others of 25 MiB
@@ -65,6 +65,7 @@ GEMM_FAMILIES = ("matmul", "gemm", "einsum", "attention")
 REDUCTION_FAMILIES = ("reduction", "softmax", "normalization", "loss", "pooling")
 OPTIMIZER_TRAFFIC = {"adam": 7, "adamw": 7, "momentum": 5, "sgd": 3}
 _WHICH = ("best", "median")
+_PARTS = ("compute_seconds", "collective_seconds", "send_seconds")
 
 
 @dataclass(frozen=True)
@@ -109,8 +110,26 @@ class RankWork:
 
 
 @dataclass(frozen=True)
+class Timeline:
+    """The pipeline schedule of the point's step (:func:`flopcount.parallel.ranks.simulated_schedule` with the
+    predicted durations) in seconds: its ``makespan`` and ``actions`` (:class:`flopcount.parallel.ranks.Action`:
+    pipeline rank, ``F`` or ``B``, virtual stage, microbatch, start, end); ``parts[c]``: the forward's and the
+    backward's (compute, exposed collectives, send) seconds of virtual stage c, those of the rank whose action
+    lasts longest (the action's length is their sum)."""
+
+    makespan: float
+    actions: tuple[Any, ...]
+    parts: tuple[tuple[tuple[float, float, float], tuple[float, float, float]], ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"makespan": self.makespan, "actions": [a._asdict() for a in self.actions],
+                "parts": [{"forward": dict(zip(_PARTS, f)), "backward": dict(zip(_PARTS, b))} for f, b in self.parts]}
+
+
+@dataclass(frozen=True)
 class Prediction:
-    """A step's prediction (see the module); ``ranks[]``: each rank's figures."""
+    """A step's prediction (see the module); ``ranks[]``: each rank's figures; ``timeline``: the pipeline's
+    schedule in seconds (None without a pipeline)."""
 
     step_seconds: float
     interval: tuple[float | None, float | None]
@@ -124,6 +143,7 @@ class Prediction:
     notes: tuple[str, ...] = ()
     tokens_note: str | None = None
     interval_note: str | None = None
+    timeline: Timeline | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"step_seconds": self.step_seconds, "interval": list(self.interval),
@@ -132,7 +152,8 @@ class Prediction:
                 **({"tokens_per_second_note": self.tokens_note} if self.tokens_note else {}),
                 "mfu": self.mfu, "hfu": self.hfu, "critical_rank": self.critical_rank,
                 "extrapolated": list(self.extrapolated), "notes": list(self.notes), "profile": dict(self.profile),
-                "ranks": [dict(r) for r in self.ranks]}
+                "ranks": [dict(r) for r in self.ranks],
+                "schedule": None if self.timeline is None else self.timeline.as_dict()}
 
     def lines(self) -> list[str]:
         """The text report's block: the step, then the critical rank's parts, then the notes."""
@@ -277,21 +298,29 @@ def _rank_times(r: RankWork, profile: MachineProfile, which: str, out: list[str]
 
 
 def _step(work: Sequence[RankWork], profile: MachineProfile, plan: Mapping[str, Any], which: str,
-          out: list[str]) -> tuple[float, list[dict[str, Any]]]:
-    from flopcount.parallel.ranks import simulate_schedule
+          out: list[str]) -> tuple[float, list[dict[str, Any]], Timeline | None]:
+    from flopcount.parallel.ranks import simulated_schedule
 
     m, p, v = plan["microbatches"], plan["pp"], plan["virtual"]
     memo: dict[NodeWork, tuple] = {}
     times = [_rank_times(r, profile, which, out, memo) for r in work]
     train = any(any(t["backward"].values()) for t in times)
     tf, tb = [0.0] * (p * v), [0.0] * (p * v)
+    parts = [[(0.0, 0.0, 0.0)] * 2 for _ in range(p * v)]  # the longest action's (compute, collectives, send)
     for r, t in zip(work, times):  # a chunk lasts its slowest TP rank's; the TP time and the send go with it
-        per = m * len(t["forward"])
+        per, ph = m * len(t["forward"]), t["phase"]
         for c in t["forward"]:
-            tf[c] = max(tf[c], t["forward"][c] + (t["phase"]["forward"] + t["phase"]["send_forward"]) / per)
-            tb[c] = max(tb[c], t["backward"][c] + (t["phase"]["backward"] + t["phase"]["send_backward"]) / per)
+            f = t["forward"][c] + (ph["forward"] + ph["send_forward"]) / per
+            b = t["backward"][c] + (ph["backward"] + ph["send_backward"]) / per
+            if f > tf[c]:
+                tf[c], parts[c][0] = f, (t["forward"][c], ph["forward"] / per, ph["send_forward"] / per)
+            if b > tb[c]:
+                tb[c], parts[c][1] = b, (t["backward"][c], ph["backward"] / per, ph["send_backward"] / per)
+    timeline = None
     if p > 1:
-        makespan, busy = simulate_schedule(plan["schedule"], p, m, tf, tb if train else [0.0] * len(tb), v)
+        run = simulated_schedule(plan["schedule"], p, m, tf, tb if train else [0.0] * len(tb), v)
+        makespan, busy = run.makespan, run.busy
+        timeline = Timeline(makespan, run.actions, tuple((f, b if train else (0.0, 0.0, 0.0)) for f, b in parts))
     else:
         makespan, busy = m * (tf[0] + tb[0]), [m * (tf[0] + tb[0])]
     rows = []
@@ -309,7 +338,7 @@ def _step(work: Sequence[RankWork], profile: MachineProfile, plan: Mapping[str, 
         rows.append({"rank": r.rank, "step_seconds": total, "compute_seconds": m * t["compute"],
                      "communication_seconds": t["comm"], "bubble_seconds": makespan - busy[r.stage],
                      "optimizer_seconds": opt})
-    return max(row["step_seconds"] for row in rows), rows
+    return max(row["step_seconds"] for row in rows), rows, timeline
 
 
 @dataclass(frozen=True)
@@ -329,9 +358,9 @@ def predict_work(work: Work, profile: MachineProfile) -> Prediction:
     results = {}
     for which in _WHICH:
         out: list[str] = []
-        step, rows = _step(work.ranks, profile, work.plan, which, out)
-        results[which] = (step, rows, out)
-    step, rows, extrapolated = results["best"]
+        step, rows, timeline = _step(work.ranks, profile, work.plan, which, out)
+        results[which] = (step, rows, out, timeline)
+    step, rows, extrapolated, timeline = results["best"]
     unique = tuple(dict.fromkeys(extrapolated))
     (low, high), why = _interval(work, profile, (step, results["median"][0]), unique)
     n = len(work.ranks)
@@ -352,7 +381,7 @@ def predict_work(work: Work, profile: MachineProfile) -> Prediction:
                       critical, tuple(rows),
                       {"device": profile.device, "calibrated": profile.calibrated, "ranks": profile.ranks,
                        "date": profile.date, "peak_flops_per_s": profile.peak_flops_per_s},
-                      unique, tuple(notes), work.tokens_note, why)
+                      unique, tuple(notes), work.tokens_note, why, timeline)
 
 
 def _interval(work: Work, profile: MachineProfile, steps: tuple[float, float],

@@ -101,7 +101,8 @@ from .layout import Dims, Layout, chunks_of, layout_of, rank_id, split, warmup
 from .plan import ParallelPlan, Recompute, check_recompute_ops
 
 __all__ = ["Action", "Collective", "NodeShare", "ParallelLedger", "RankFlops", "Schedule", "ledger", "node_shares",
-           "plan_shares", "param_groups", "pipeline_schedule", "rank_params", "schedule_bubble", "simulate_schedule"]
+           "plan_shares", "param_groups", "pipeline_schedule", "rank_params", "schedule_bubble", "simulate_schedule",
+           "simulated_schedule"]
 
 
 
@@ -488,7 +489,7 @@ def pipeline_schedule(plan: ParallelPlan, shares: Sequence[NodeShare], train: bo
         if x.tp == 0:
             tf[x.chunk] += x.forward
             tb[x.chunk] += x.backward + x.recompute if train else 0
-    return _simulated(plan.schedule, plan.pp, plan.microbatches, tf, tb, v)
+    return simulated_schedule(plan.schedule, plan.pp, plan.microbatches, tf, tb, v)
 
 
 def _orders(schedule: str, stages: int, microbatches: int, virtual: int, train: bool) -> list[list[tuple]]:
@@ -540,13 +541,13 @@ def simulate_schedule(schedule: str, stages: int, microbatches: int, forward: Se
     >>> simulate_schedule("1f1b", 4, 8, [1] * 4, [2] * 4)  # (M + P − 1) · (f + b), busy M · (f + b)
     (33.0, [24.0, 24.0, 24.0, 24.0])
     """
-    run = _simulated(schedule, stages, microbatches, forward, backward, virtual)
+    run = simulated_schedule(schedule, stages, microbatches, forward, backward, virtual)
     return run.makespan, list(run.busy)
 
 
-def _simulated(schedule: str, stages: int, microbatches: int, forward: Sequence[float], backward: Sequence[float],
-               virtual: int = 1) -> Schedule:
-    """:func:`simulate_schedule`'s run, with every action's start and end."""
+def simulated_schedule(schedule: str, stages: int, microbatches: int, forward: Sequence[float],
+                       backward: Sequence[float], virtual: int = 1) -> Schedule:
+    """:func:`simulate_schedule`'s run, with every action's start and end (a :class:`Schedule`)."""
     if schedule not in ("gpipe", "1f1b", "interleaved"):
         raise UsageError(f"--schedule {schedule}: not modelled yet in FLOPs per rank; give gpipe, 1f1b or "
                          "interleaved")

@@ -157,6 +157,36 @@ def test_pipeline_sends_lengthen_the_actions():
     assert p.step_seconds == pytest.approx(simulate_schedule("1f1b", 2, m, [f + send, f], [b, b + send])[0])
 
 
+def test_the_timeline_holds_each_action_in_seconds():
+    """The pipeline's actions at their predicted start and end: 1F1B on two stages, stage 0's forwards f + send,
+    stage 1's backwards b + send; each action's parts (compute, collectives, send) add up to its length."""
+    pp, m, f, b, a = 2, 4, 0.01, 0.02, 1 << 20
+    w = NodeWork("gemm", R * f, 0, backward_flops=R * b)
+    send = LAT + a / BW
+    first = one_rank([w], [Message("send_recv", "pp", a, m, 2, "send_forward")], m=m, stage=0, rank=0)
+    last = one_rank([w], [Message("send_recv", "pp", a, m, 2, "send_backward")], m=m, stage=1, rank=1)
+    t = predict_work(Work((first, last), plan(m, pp), None), profile()).timeline
+    flat = [x for stage in t.parts for action in stage for x in action]
+    assert flat == pytest.approx([f, 0, send, b, 0, 0, f, 0, 0, b, 0, send])
+    fs, bs = [f + send, f], [b, b + send]
+    # 1F1B, two stages: stage 0 runs F0 F1 B0 F2 B1 F3 B2 B3, stage 1 runs F0 B0 F1 B1 ...; stage 1's F_j starts
+    # when stage 0's F_j ends, stage 0's B_j when stage 1's B_j ends
+    ends = {}
+    for x in sorted(t.actions, key=lambda x: x.start):
+        assert x.end - x.start == pytest.approx((fs if x.kind == "F" else bs)[x.rank])
+        ends[(x.kind, x.rank, x.microbatch)] = x.end
+    assert len(t.actions) == 2 * pp * m
+    for j in range(m):
+        one = next(x for x in t.actions if (x.kind, x.rank, x.microbatch) == ("F", 1, j))
+        zero = next(x for x in t.actions if (x.kind, x.rank, x.microbatch) == ("B", 0, j))
+        assert one.start >= ends[("F", 0, j)] - 1e-12 and zero.start >= ends[("B", 1, j)] - 1e-12
+    assert ends[("F", 1, 0)] == pytest.approx(f + send + f)  # the first forward on each stage, back to back
+    assert t.makespan == pytest.approx(max(ends.values()))
+    doc = predict_work(Work((first, last), plan(m, pp), None), profile()).as_dict()["schedule"]
+    assert len(doc["actions"]) == 16 and doc["parts"][0]["forward"]["send_seconds"] == pytest.approx(send)
+    assert predict_work(Work((one_rank([w], m=m),), plan(m), None), profile()).as_dict()["schedule"] is None
+
+
 def test_cli_one_matmul_against_the_h100_datasheet(save, capsys):
     from flopcount.cli import main
     from flopcount.measure.machine.calibration import DEVICE_BANDWIDTHS
