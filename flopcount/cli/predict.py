@@ -40,9 +40,9 @@ def _check(args: argparse.Namespace):
                          "--device NAME")
     if args.sweep or args.symbolic is not None:
         raise UsageError("--predict: predicts one count; leave out --symbolic and --sweep")
-    if args.format in ("csv", "html"):
-        raise UsageError(f"--predict: the prediction is written in the table, markdown and JSON reports, not in "
-                         f"--format {args.format}; give --format table, markdown or json")
+    if args.format == "csv":
+        raise UsageError("--predict: the prediction is written in the table, markdown, JSON and HTML reports, not "
+                         "in --format csv; give --format table, markdown, json or html")
     return machine, device
 
 

@@ -4,7 +4,8 @@ adds what a reader can do with them (collapse a module's children, sort a table 
 
 Sections: the totals; the module tree (FLOPs, MACs, share with a bar, parameters, and in train mode forward and
 backward) when the graph has module scopes; charts of FLOPs by module and by operator type; the operator-type
-table; unsupported operators and upper bounds; every node with ``per_node``. ``extra_columns`` lets a caller that
+table; unsupported operators and upper bounds; every node with ``per_node``; with a prediction, each rank's
+predicted step and the pipeline's schedule in seconds. ``extra_columns`` lets a caller that
 measured something per module (``flopcount profile``) add its columns to the module table.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from html import escape
+from typing import Any
 
 from ..errors import UsageError
 from ..reporting.modules import OUTSIDE, OWN, ModuleRow
@@ -222,10 +224,12 @@ def _node_table(report: Report) -> str:
 
 
 def to_html(report: Report, depth: int | None = None, per_node: bool = False, title: str | None = None,
-            extra_columns: Mapping[str, Callable[[ModuleRow], str]] | None = None, notes: Sequence[str] = ()) -> str:
+            extra_columns: Mapping[str, Callable[[ModuleRow], str]] | None = None, notes: Sequence[str] = (),
+            prediction: Any = None) -> str:
     """``report`` as a self-contained HTML page (see the module docstring); ``depth``: the module tree's depth
     (None: :func:`default_depth`); ``extra_columns``: header → function giving a module row's cell (HTML);
-    ``notes``: lines shown under the title."""
+    ``notes``: lines shown under the title; ``prediction``: a :class:`flopcount.measure.predict.Prediction` of the
+    count, drawn after the plan (:func:`flopcount.output.pictures.prediction_sections`)."""
     m = report.model
     name = m.path or m.graph_name or "model"
     depth = default_depth(report) if depth is None else depth
@@ -239,9 +243,11 @@ def to_html(report: Report, depth: int | None = None, per_node: bool = False, ti
            f"<h1>{escape(title or f'flopcount: {name}')}</h1>", f'<p class="sub">{escape(" · ".join(sub))}</p>',
            *(f'<p class="note">{escape(line)}</p>' for line in notes),
            "<h2>Totals</h2>", _totals(report)]
-    from .pictures import plan_sections
+    from .pictures import plan_sections, prediction_sections
 
     out += plan_sections(report)  # a plan's summary, its tables per rank and their pictures; the memory ledger
+    if prediction is not None:  # each rank's predicted step and the pipeline's schedule in seconds
+        out += prediction_sections(prediction, None if report.parallel is None else report.parallel.plan)
     out.append(f"<h2>By module (depth {depth})</h2>")
     if report.modules.missing:
         out.append(f'<p class="note" id="modules-missing">{escape(report.modules.missing)}.</p>')

@@ -7,10 +7,19 @@ three pictures drawn as inline SVG (nothing fetched, no script):
   parameters, gradients, optimizer states and the activations of every microbatch in flight stacked, the peak as a
   tick, and the device's memory as a line when one is given;
 * **the pipeline schedule**: each pipeline rank's forwards and backwards as the simulation of the FLOPs ledger ran
-  them (:attr:`flopcount.parallel.ranks.ParallelLedger.schedule`), one rectangle per action.
+  them (:attr:`flopcount.parallel.ranks.ParallelLedger.schedule`), one rectangle per action;
+
+and, with a prediction (:class:`flopcount.measure.predict.Prediction`, read by its fields), two more:
+
+* **each rank's predicted step**: a bar per set of ranks with the same figures, compute, each collective's exposed
+  seconds, the bubble, the optimizer step and any wait for the slowest rank of the stage stacked on a time axis in
+  seconds, the critical rank in bold with the interval's known ends (an end not known is not drawn; the caption
+  says why);
+* **the predicted pipeline schedule**: each action at its predicted start, split into compute, exposed collectives
+  and the send to the next stage, the rest of each pipeline rank's row idle.
 
 Every element a reader counts carries a class (``flops-bar``, ``memory-bar``, ``action``) so that a test can count
-them against the ledger.
+them against the ledger (``rank-time``, ``predicted-action`` against the prediction).
 """
 
 from __future__ import annotations
@@ -50,12 +59,15 @@ def _flops_groups(parallel: Any) -> list[list[Any]]:
     return sorted(groups.values(), key=lambda rs: rs[0].rank)
 
 
+def _listed(ranks: list[int]) -> str:
+    """Ranks, short enough for a chart's margin: the first few of many."""
+    listed = _span(ranks)
+    return f"{len(ranks)}: {ranks[0]}, {ranks[1]}, …" if len(listed) > 10 else listed
+
+
 def _ranks_label(stage: int, ranks: list[int]) -> str:
     """A bar's label, short enough for the chart's margin: the stage and its ranks, the first few of many."""
-    listed = _span(ranks)
-    if len(listed) > 10:
-        listed = f"{len(ranks)}: {ranks[0]}, {ranks[1]}, …"
-    return f"stage {stage} · ranks {listed}"
+    return f"stage {stage} · ranks {_listed(ranks)}"
 
 
 def flops_chart(parallel: Any) -> str:
@@ -230,4 +242,204 @@ def plan_sections(report: Any) -> list[str]:
                                                "peak phase"],
                               [[0, f"{r.params_bytes:,}", f"{r.grads_bytes:,}", f"{r.optimizer_bytes:,}",
                                 f"{r.activations_bytes:,}", f"{r.peak_bytes:,}", r.peak_phase]]))
+    return out
+
+
+# ---- the predicted step (flopcount.measure.predict.Prediction, read by its fields: the output room does not
+# import the measuring half)
+
+_TIME_COLOURS = {"compute": "#4f7cac", "bubble": "#d8dee4", "optimizer": "#7a9e5a", "wait": "#9aa4ae",
+                 "collectives": "#c0392b", "send": "#16a085", "all_reduce": "#c0392b", "all_gather": "#e67e22",
+                 "reduce_scatter": "#d35400", "all_to_all": "#8e44ad", "send_recv": "#16a085"}
+_OTHER_COLLECTIVE = "#7f6a5a"
+#: Of a rank's step, seconds left after its parts below this share are a rounding error's, not a wait.
+_ROUNDING = 1e-9
+
+
+def seconds_text(s: float) -> str:
+    """Seconds with three significant digits in the unit that reads best.
+
+    >>> seconds_text(0.01234), seconds_text(2.5), seconds_text(3e-7), seconds_text(0)
+    ('12.3 ms', '2.5 s', '300 ns', '0 s')
+    """
+    if s == 0:
+        return "0 s"
+    for factor, unit in ((1, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns")):
+        if abs(s) >= factor or unit == "ns":
+            return f"{s / factor:.3g} {unit}"
+    raise AssertionError("unreachable")
+
+
+def _ticks(span: float) -> list[float]:
+    """Round seconds from 0 to ``span``: a step of 1, 2 or 5 times a power of ten, four to ten ticks."""
+    import math
+
+    if span <= 0:
+        return [0.0]
+    base = 10 ** math.floor(math.log10(span / 5))
+    step = next(k * base for k in (1, 2, 5, 10) if span / (k * base) <= 10)
+    return [i * step for i in range(int(span / step + 1e-9) + 1)]
+
+
+def _axis(y: int, span: float) -> str:
+    """A time axis in seconds under the rows, from 0 to ``span`` over the chart's width."""
+    parts = [f'<line x1="{_LABEL}" x2="{_LABEL + _WIDTH}" y1="{y}" y2="{y}" stroke="#57606a"/>']
+    for t in _ticks(span):
+        x = _LABEL + _WIDTH * t / span
+        parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y}" y2="{y + 4}" stroke="#57606a"/>'
+                     f'<text x="{x:.1f}" y="{y + 16}" text-anchor="middle">{seconds_text(t) if t else "0"}</text>')
+    return f'<g class="time-axis">{"".join(parts)}</g>'
+
+
+def _time_legend(keys: list[tuple[str, str]]) -> str:
+    return " ".join(f'<span style="display:inline-block;width:10px;height:10px;background:'
+                    f'{_TIME_COLOURS.get(k, _OTHER_COLLECTIVE)}"></span> {escape(label)}' for k, label in keys)
+
+
+def _rank_parts(row: Any) -> list[tuple[str, str, float]]:
+    """A rank's step in parts (class, label, seconds): compute, each collective's exposed time, the bubble, the
+    optimizer step, and what is left of the step: the wait for the slowest rank of its stage."""
+    parts = [("compute", "compute", row["compute_seconds"])]
+    parts += [(f"exposed {kind}", f"{kind} exposed", v["exposed"])
+              for kind, v in sorted(row["communication_seconds"].items())]
+    parts += [("bubble", "bubble", row["bubble_seconds"]), ("optimizer", "optimizer step", row["optimizer_seconds"])]
+    left = row["step_seconds"] - sum(p[2] for p in parts)
+    if left > _ROUNDING * row["step_seconds"]:
+        parts.append(("wait", "waiting for the slowest rank of its stage", left))
+    return parts
+
+
+def _interval_marks(prediction: Any, y: int, span: float) -> str:
+    """The interval's known ends as ticks on the critical rank's bar, joined when both are known; an end that is
+    not known is not drawn."""
+    low, high = prediction.interval
+    out = []
+    for name, v in (("low", low), ("high", high)):
+        if v is not None:
+            x = _LABEL + _WIDTH * v / span
+            out.append(f'<line class="interval-{name}" x1="{x:.1f}" x2="{x:.1f}" y1="{y}" y2="{y + 21}" '
+                       f'stroke="#1d232a" stroke-width="2"><title>interval {name} end {seconds_text(v)}</title></line>')
+    if low is not None and high is not None:
+        a, b = (_LABEL + _WIDTH * v / span for v in (low, high))
+        out.append(f'<line class="interval" x1="{a:.1f}" x2="{b:.1f}" y1="{y + 10.5}" y2="{y + 10.5}" '
+                   f'stroke="#1d232a" stroke-width="1.5"/>')
+    return "".join(out)
+
+
+def _interval_text(prediction: Any) -> str:
+    """The interval in words, an end not known said so and why (the prediction's note)."""
+    ends = ", ".join("not known" if v is None else seconds_text(v) for v in prediction.interval)
+    why = " (why: the interval's note above)" if None in prediction.interval else ""
+    return f"interval [{ends}]{why}"
+
+
+def prediction_chart(prediction: Any) -> str:
+    """Each rank's predicted step as a bar (ranks with the same figures share one): compute, each collective's
+    exposed seconds, the bubble, the optimizer step; the critical rank marked, the interval's known ends on it."""
+    groups: dict[tuple, list[Any]] = {}
+    for row in prediction.ranks:
+        groups.setdefault((*_rank_parts(row), row["step_seconds"]), []).append(row)
+    rows = sorted(groups.values(), key=lambda g: g[0]["rank"])
+    known = [v for v in prediction.interval if v is not None]
+    span = max([prediction.step_seconds, *known]) or 1.0
+    body, seen = [], {}
+    for i, g in enumerate(rows):
+        y, x = 4 + i * _ROW, _LABEL
+        ranks = [r["rank"] for r in g]
+        critical = prediction.critical_rank in ranks
+        rects = []
+        for cls, label, v in _rank_parts(g[0]):
+            key = cls.split()[-1]
+            w = _WIDTH * v / span
+            if v > 0:
+                seen.setdefault(key, label)
+            rects.append(f'<rect class="{cls}" data-seconds="{v!r}" x="{x:.1f}" y="{y + 3}" width="{w:.1f}" '
+                         f'height="15" fill="{_TIME_COLOURS.get(key, _OTHER_COLLECTIVE)}">'
+                         f'<title>{escape(label)} {seconds_text(v)}</title></rect>')
+            x += w
+        mark, after = "", x
+        if critical:
+            mark = _interval_marks(prediction, y, span)
+            after = max([x, *(_LABEL + _WIDTH * v / span for v in known)])
+        weight = ' font-weight="bold"' if critical else ""
+        body.append(f'<g class="rank-time{" critical" if critical else ""}" data-ranks="{",".join(map(str, ranks))}" '
+                    f'data-step="{g[0]["step_seconds"]!r}"><text x="{_LABEL - 6}" y="{y + 15}" text-anchor="end"'
+                    f'{weight}>{"ranks" if len(ranks) > 1 else "rank"} {escape(_listed(ranks))}</text>'
+                    + "".join(rects) + mark
+                    + f'<text x="{after + 6:.1f}" y="{y + 15}"{weight}>{seconds_text(g[0]["step_seconds"])}'
+                    f'{" critical" if critical else ""}</text></g>')
+    height = 4 + _ROW * len(rows)
+    body.append(_axis(height + 2, span))
+    legend = _time_legend(list(seen.items()))
+    return (f'<figure id="prediction-chart"><figcaption class="note">Each rank\'s predicted step '
+            f'({seconds_text(prediction.step_seconds)}; the critical rank {prediction.critical_rank} in bold; '
+            f'{escape(_interval_text(prediction))}; black ticks: its known ends): {legend}</figcaption>'
+            f'{_svg("Predicted step per rank", height + 26, body)}</figure>')
+
+
+def _action_parts(a: Any, parts: Any, x: float, scale: float, y: int) -> str:
+    """An action's rectangles from its start: compute (its kind's colour), exposed collectives, the send."""
+    out = []
+    for cls, v in zip(("compute", "collectives", "send"), parts[0 if a.kind == "F" else 1]):
+        if v <= 0:
+            continue
+        w = scale * v
+        fill = _COLOURS[a.kind] if cls == "compute" else _TIME_COLOURS[cls]
+        out.append(f'<rect class="{cls}" data-seconds="{v!r}" x="{x:.1f}" y="{y + 2}" width="{max(w - 0.5, 0.5):.1f}" '
+                   f'height="17" fill="{fill}"/>')
+        x += w
+    return "".join(out)
+
+
+def timeline_chart(prediction: Any, plan: Any = None) -> str:
+    """The pipeline's predicted schedule (:attr:`flopcount.measure.predict.Prediction.timeline`): a row per
+    pipeline rank over the makespan in seconds, each action at its start, split into compute, exposed collectives
+    and the send, the rest of the row idle."""
+    t = prediction.timeline
+    span = t.makespan or 1.0
+    pp = 1 + max(a.rank for a in t.actions)
+    body = []
+    for p in range(pp):
+        y = 4 + p * _ROW
+        busy = sum(a.end - a.start for a in t.actions if a.rank == p)
+        body.append(f'<text x="{_LABEL - 6}" y="{y + 15}" text-anchor="end">pipeline rank {p}</text>'
+                    f'<rect class="idle" data-seconds="{t.makespan - busy!r}" x="{_LABEL}" y="{y + 2}" '
+                    f'width="{_WIDTH}" height="17" fill="{_TIME_COLOURS["bubble"]}"><title>pipeline rank {p}: idle '
+                    f'{seconds_text(t.makespan - busy)} of {seconds_text(t.makespan)}</title></rect>')
+    for a in t.actions:
+        y, x = 4 + a.rank * _ROW, _LABEL + _WIDTH * a.start / span
+        f = t.parts[a.chunk][0 if a.kind == "F" else 1]
+        chunk = f", chunk {a.chunk // pp}" if a.chunk >= pp else ""
+        w = _WIDTH * (a.end - a.start) / span
+        number = f'<text x="{x + w / 2:.1f}" y="{y + 15}" text-anchor="middle" fill="#fff">{a.microbatch}</text>' \
+            if w >= 14 else ""
+        body.append(f'<g class="predicted-action" data-kind="{a.kind}" data-rank="{a.rank}" data-start="{a.start!r}" '
+                    f'data-end="{a.end!r}" opacity="{0.65 if a.chunk >= pp else 1}"><title>pipeline rank {a.rank}: '
+                    f'{"forward" if a.kind == "F" else "backward"} of microbatch {a.microbatch}{chunk}, '
+                    f'{seconds_text(a.start)} to {seconds_text(a.end)}: compute {seconds_text(f[0])}, collectives '
+                    f'{seconds_text(f[1])}, send {seconds_text(f[2])}</title>'
+                    + _action_parts(a, t.parts[a.chunk], x, _WIDTH / span, y) + number + "</g>")
+    height = 4 + _ROW * pp
+    body.append(_axis(height + 2, span))
+    shape = f"{escape(plan.schedule)}, {plan.microbatches} microbatches; " if plan is not None else ""
+    after = prediction.step_seconds - t.makespan
+    legend = _legend([("F", "forward"), ("B", "backward (with its recompute)")]) + " " + _time_legend(
+        [("collectives", "exposed collectives"), ("send", "send to the next stage"), ("bubble", "idle")])
+    if any(a.chunk >= pp for a in t.actions):
+        legend += "; lighter: the rank's later chunks of layers"
+    return (f'<figure id="timeline-chart"><figcaption class="note">The pipeline schedule as predicted ({shape}'
+            f'numbers: the microbatch; makespan {seconds_text(t.makespan)}; the critical rank\'s step goes on '
+            f'{seconds_text(after)} after it: '
+            f'the data-parallel reduction\'s exposed time, the collectives once a step and the optimizer step): '
+            f'{legend}</figcaption>{_svg("Predicted pipeline schedule", height + 26, body)}</figure>')
+
+
+def prediction_sections(prediction: Any, plan: Any = None) -> list[str]:
+    """The HTML of a prediction: its lines, each rank's step and, with a pipeline, its schedule in seconds;
+    ``plan``: the plan's :class:`~flopcount.parallel.plan.ParallelPlan` (None: one rank)."""
+    out = ["<h2>Predicted step</h2>",
+           '<ul class="plain" id="prediction">' + "".join(f"<li>{escape(x)}</li>" for x in prediction.lines())
+           + "</ul>", prediction_chart(prediction)]
+    if prediction.timeline is not None and prediction.timeline.actions:
+        out.append(timeline_chart(prediction, plan))
     return out

@@ -409,7 +409,8 @@ def render(report: Report, fmt: str = "table", per_node: bool = False, by_module
            prediction: Any = None) -> str:
     """``report`` as text in ``fmt`` (:data:`FORMATS`); ``per_node`` adds every node, ``by_module`` the rows of
     each module down to that depth (:meth:`~flopcount.reporting.report.Report.by_module`); ``prediction`` (a
-    :class:`flopcount.measure.predict.Prediction`) its ``prediction`` object in JSON, its block in a table."""
+    :class:`flopcount.measure.predict.Prediction`) its ``prediction`` object in JSON, its block in a table, its
+    pictures in HTML."""
     if per_node:
         check_listable(report.nodes, "--per-node")
     if fmt == "json":
@@ -420,7 +421,7 @@ def render(report: Report, fmt: str = "table", per_node: bool = False, by_module
     if fmt == "html":
         from .html import to_html
 
-        return to_html(report, by_module, per_node)
+        return to_html(report, by_module, per_node, prediction=prediction)
     if fmt == "csv":
         return _csv(report, per_node, by_module)
     from tabulate import tabulate  # here, not at import: `flopcount --help` reads FORMATS only, JSON needs none

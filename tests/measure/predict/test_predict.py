@@ -211,7 +211,7 @@ def test_cli_one_matmul_against_the_h100_datasheet(save, capsys):
     (["--predict"], "give one of --machine"),
     (["--machine", "p.json"], "give them with --predict"),
     (["--predict", "--device", "T4"], "no published bandwidths"),
-    (["--predict", "--device", "H100", "--format", "csv"], "give --format table, markdown or json"),
+    (["--predict", "--device", "H100", "--format", "csv"], "give --format table, markdown, json or html"),
 ])
 def test_cli_refuses_bad_prediction_flags(save, capsys, argv, words):
     from flopcount.cli import main
