@@ -423,8 +423,10 @@ def timeline_chart(prediction: Any, plan: Any = None) -> str:
     body.append(_axis(height + 2, span))
     shape = f"{escape(plan.schedule)}, {plan.microbatches} microbatches; " if plan is not None else ""
     after = prediction.step_seconds - t.makespan
+    drawn = [k for i, k in enumerate(("collectives", "send"), 1) if any(x[i] > 0 for pair in t.parts for x in pair)]
     legend = _legend([("F", "forward"), ("B", "backward (with its recompute)")]) + " " + _time_legend(
-        [("collectives", "exposed collectives"), ("send", "send to the next stage"), ("bubble", "idle")])
+        [(k, label) for k, label in (("collectives", "exposed collectives"), ("send", "send to the next stage"))
+         if k in drawn] + [("bubble", "idle")])
     if any(a.chunk >= pp for a in t.actions):
         legend += "; lighter: the rank's later chunks of layers"
     return (f'<figure id="timeline-chart"><figcaption class="note">The pipeline schedule as predicted ({shape}'
