@@ -205,3 +205,19 @@ def test_the_pictures_in_a_real_browser(counted, tmp_path):
         shot = out / f"prediction-{name}.png"
         _browser(tmp_path / f"shot-{name}", "--window-size=1280,2600", f"--screenshot={shot}", path.as_uri())
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_command_writes_the_pictures(tmp_path):
+    """``--predict --format html -o``: the page of a pipelined plan with both pictures, its action count the
+    1F1B schedule's 2 stages × 4 microbatches × (forward, backward)."""
+    from helpers import llama_config
+
+    from flopcount.cli import main
+
+    out = tmp_path / "report.html"
+    assert main(["--hf", llama_config(tmp_path, 32, 4, 4, 2, 64, 128), "--input-shape", "input_ids=2x8:int64",
+                 "--mode", "train", "--parallel", "pp=2", "--microbatches", "4", "--predict", "--device", "H100",
+                 "--format", "html", "-o", str(out)]) == 0
+    svg = _parsed(out.read_text())
+    assert len([g for g in svg.groups if g[0]["class"] == "predicted-action"]) == 2 * 4 * 2
+    assert set(svg.axes) == {"prediction-chart", "timeline-chart"}
