@@ -259,3 +259,32 @@ def saved_storage_bytes(module, inputs: Sequence) -> dict[int, int]:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         module(*inputs)
     return seen
+
+
+# --- a real browser (headless Chromium), for the HTML pages' tests -------------------------------------------------
+
+def chromium() -> str | None:
+    """The headless browser's executable here, or None (Debian: apt-get install -y chromium)."""
+    import shutil
+
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+#: The skip mark of a test that needs the browser.
+needs_chromium = pytest.mark.skipif(chromium() is None,
+                                    reason="no headless Chromium here (Debian: apt-get install -y chromium)")
+
+
+def browser(profile, *args: str):
+    """Headless Chromium run with a fresh profile folder and ``args``; its completed process (DOM on stdout, the
+    page's console on stderr)."""
+    import subprocess
+
+    cmd = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--enable-logging=stderr",
+           "--v=0", f"--user-data-dir={profile}", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def console_errors(stderr: str) -> list[str]:
+    """The page's console messages at error level, as the browser logs them on stderr."""
+    return [line for line in stderr.splitlines() if "CONSOLE" in line and ("Uncaught" in line or "ERROR" in line)]

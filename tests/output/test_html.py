@@ -4,8 +4,6 @@ and in a real browser (headless Chromium, where it is installed)."""
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import flopcount
 from flopcount.output.html import DEFAULT_MAX_ROWS, to_html
+from helpers import browser, needs_chromium
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "resnet50-v1.5.onnx"
 F = TensorProto.FLOAT
@@ -63,19 +62,10 @@ def test_ten_thousand_nodes_stay_under_two_megabytes():
     assert len(to_html(r, depth=3).encode()) < 8 * 2**20  # asked for, every block is listed
 
 
-def _chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
-
-def _browser(profile: Path, *args: str) -> str:
-    cmd = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-           f"--user-data-dir={profile}", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
-
-
-@pytest.mark.skipif(_chromium() is None, reason="no headless Chromium here (Debian: apt-get install -y chromium)")
+@needs_chromium
 @pytest.mark.parametrize("script", ["on", "off"])
-def test_example_report_in_a_real_browser(tmp_path, script):
+def test_example_report_in_a_realbrowser(tmp_path, script):
     page = tmp_path / "report.html"
     r = flopcount.count(str(EXAMPLE))
     html = to_html(r, depth=2)
@@ -83,7 +73,7 @@ def test_example_report_in_a_real_browser(tmp_path, script):
         html = re.sub(r"<script>.*?</script>", "", html, flags=re.S)
         assert "<script" not in html
     page.write_text(html)
-    dom = _browser(tmp_path / "profile", "--dump-dom", page.as_uri())
+    dom = browser(tmp_path / "profile", "--dump-dom", page.as_uri()).stdout
     text = re.sub(r"<[^>]+>", " ", dom)
     assert f"{r.total.flops:,}" in text  # 8,206,518,248
     for module in ("conv1", "layer1", "layer4.2", "fc"):
@@ -92,7 +82,7 @@ def test_example_report_in_a_real_browser(tmp_path, script):
     assert dom.count('class="toggle"') == (4 if script == "on" else 0)
 
 
-@pytest.mark.skipif(_chromium() is None, reason="no headless Chromium here (Debian: apt-get install -y chromium)")
+@needs_chromium
 def test_example_report_screenshot(tmp_path):
     """A screenshot of the bundled example's page, kept where FLOPCOUNT_TEST_ARTIFACTS points (CI sets it)."""
     import os
@@ -102,6 +92,6 @@ def test_example_report_screenshot(tmp_path):
     page = tmp_path / "report.html"
     page.write_text(to_html(flopcount.count(str(EXAMPLE), mode="train")))
     shot = out / "resnet50-report.png"
-    _browser(tmp_path / "profile", "--window-size=1280,1800", f"--screenshot={shot}", page.as_uri())
+    browser(tmp_path / "profile", "--window-size=1280,1800", f"--screenshot={shot}", page.as_uri())
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000  # a real picture, not a blank page

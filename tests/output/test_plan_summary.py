@@ -12,8 +12,6 @@ import dataclasses
 import io
 import json
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,7 @@ from flopcount.memory.ranks import plan_summary
 from flopcount.output.render import render
 from flopcount.parallel.plan import parse_parallel
 from flopcount.plans import memory_per_rank, parallel_ledger
+from helpers import browser, console_errors, needs_chromium
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("torch")
@@ -216,23 +215,9 @@ def test_the_memory_alone_in_every_format(counted):
     assert f"<td>{rank.peak_bytes:,}</td>" in page and '<g class="action"' not in page
 
 
-def _chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
-
-def _browser(profile: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--enable-logging=stderr",
-           "--v=0", f"--user-data-dir={profile}", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-
-
-def _console_errors(stderr: str) -> list[str]:
-    """The page's console messages at error level, as the browser logs them on stderr."""
-    return [line for line in stderr.splitlines() if "CONSOLE" in line and ("Uncaught" in line or "ERROR" in line)]
-
-
-@pytest.mark.skipif(_chromium() is None, reason="no headless Chromium here (Debian: apt-get install -y chromium)")
-def test_html_plan_in_a_real_browser(counted, tmp_path):
+@needs_chromium
+def test_html_plan_in_a_realbrowser(counted, tmp_path):
     """The page of a pipelined plan drawn by Chromium: the pictures' elements in the DOM it builds, no console
     error (a page with one is caught, so the check can fail), and a screenshot kept where FLOPCOUNT_TEST_ARTIFACTS
     points."""
@@ -241,17 +226,17 @@ def test_html_plan_in_a_real_browser(counted, tmp_path):
     report = planned(counted, "tp=2,pp=2,dp=2", 4)
     page = tmp_path / "plan.html"
     page.write_text(render(report, "html"))
-    run = _browser(tmp_path / "profile", "--dump-dom", page.as_uri())
-    assert not _console_errors(run.stderr), run.stderr
+    run = browser(tmp_path / "profile", "--dump-dom", page.as_uri())
+    assert not console_errors(run.stderr), run.stderr
     dom = run.stdout
     assert dom.count('class="flops-bar"') == _flops_bars(report)
     assert dom.count('class="memory-bar"') == 2 and dom.count('class="action"') == len(report.parallel.schedule.actions)
     broken = tmp_path / "broken.html"
     broken.write_text(page.read_text().replace("</body>", "<script>undefinedFunction()</script></body>"))
-    assert _console_errors(_browser(tmp_path / "profile2", "--dump-dom", broken.as_uri()).stderr)
+    assert console_errors(browser(tmp_path / "profile2", "--dump-dom", broken.as_uri()).stderr)
     out = Path(os.environ.get("FLOPCOUNT_TEST_ARTIFACTS") or tmp_path)
     out.mkdir(parents=True, exist_ok=True)
     shot = out / "plan-report.png"
-    _browser(tmp_path / "profile3", "--window-size=1280,2000", f"--screenshot={shot}", page.as_uri())
+    browser(tmp_path / "profile3", "--window-size=1280,2000", f"--screenshot={shot}", page.as_uri())
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000

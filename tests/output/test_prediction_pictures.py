@@ -22,7 +22,7 @@ from flopcount.output.render import render
 from flopcount.parallel.plan import parse_parallel
 from flopcount.plans import parallel_ledger
 
-from test_plan_summary import _browser, _chromium, _console_errors
+from helpers import browser, console_errors, needs_chromium
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("torch")
@@ -187,8 +187,8 @@ def test_the_pictures_draw_the_prediction(counted, name, parallel, microbatches,
         assert doc["interval"][1] is None and "not known]" in page and "no high end" in page
 
 
-@pytest.mark.skipif(_chromium() is None, reason="no headless Chromium here (Debian: apt-get install -y chromium)")
-def test_the_pictures_in_a_real_browser(counted, tmp_path):
+@needs_chromium
+def test_the_pictures_in_a_realbrowser(counted, tmp_path):
     """Chromium builds the same elements from each page (its DOM, dumped), logs no console error, and draws them
     (a screenshot per page, kept where FLOPCOUNT_TEST_ARTIFACTS points)."""
     out = Path(os.environ.get("FLOPCOUNT_TEST_ARTIFACTS") or tmp_path)
@@ -197,13 +197,13 @@ def test_the_pictures_in_a_real_browser(counted, tmp_path):
         page, doc = _case(counted, parallel, microbatches, profile)
         path = tmp_path / f"{name}.html"
         path.write_text(page)
-        run = _browser(tmp_path / f"profile-{name}", "--dump-dom", path.as_uri())
-        assert not _console_errors(run.stderr), run.stderr
+        run = browser(tmp_path / f"profile-{name}", "--dump-dom", path.as_uri())
+        assert not console_errors(run.stderr), run.stderr
         svg = _parsed(run.stdout)
         _check_ranks(svg, doc)
         _check_actions(svg, doc)
         shot = out / f"prediction-{name}.png"
-        _browser(tmp_path / f"shot-{name}", "--window-size=1280,2600", f"--screenshot={shot}", path.as_uri())
+        browser(tmp_path / f"shot-{name}", "--window-size=1280,2600", f"--screenshot={shot}", path.as_uri())
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
