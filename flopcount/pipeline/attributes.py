@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 import onnx
 
-from ..context import attribute_defaults, attribute_value, is_long
+from ..context import LONG_ATTRIBUTE, attribute_defaults, attribute_value, is_long
 from ..errors import InvalidGraphError
 from ..registry import DEFAULT_DOMAIN, canonical_domain, lookup
 from . import validate
@@ -84,7 +84,7 @@ class AttributeCache:
                 node_attributes(node, name, self.opsets, self.where)  # raises: the domain is not imported
             return None
         attrs = node.attribute
-        key = (op, *map(_blob, attrs)) if attrs else op
+        key = (op, *_blobs(node, attrs)) if attrs else op
         values = self._converted.get(key)
         if values is None:  # first of its kind: converted and checked against the schema
             values = self._converted[key] = node_attributes(node, name, self.opsets, self.where, force=True)
@@ -112,7 +112,7 @@ class AttributeCache:
             if wanted is None:
                 rule = lookup(canonical_domain(op[0]), op[1])
                 wanted = wanted_of[op] = rule is not None and not rule.zero_cost
-            blobs = tuple(map(_blob, attrs)) if attrs else ()
+            blobs = _blobs(node, attrs) if attrs else ()
             check = (op, (len(inputs), len(outputs)), *blobs)
             if check not in checked:
                 checked.add(check)
@@ -130,6 +130,18 @@ class AttributeCache:
                 bare[(op, len(inputs), len(outputs))] = values
             append(values)
         return out
+
+
+def _blobs(node: onnx.NodeProto, attrs) -> tuple:
+    """:func:`_blob` of each attribute of ``node``. A node of at most :data:`~flopcount.context.LONG_ATTRIBUTE`
+    bytes holds no long attribute (each repeated value takes a byte at least), so that its attributes are serialized
+    by one C-level loop, without asking each whether it is long."""
+    if node.ByteSize() <= LONG_ATTRIBUTE:
+        return tuple(map(_SERIALIZE, attrs))
+    return tuple(map(_blob, attrs))
+
+
+_SERIALIZE = onnx.AttributeProto.SerializeToString
 
 
 def _blob(a: onnx.AttributeProto) -> bytes | "_Itself":

@@ -319,14 +319,24 @@ def check_resolved(index: GraphIndex, tensors: Mapping[str, TensorInfo], values:
     the traversal (None for nodes whose attributes no formula reads)."""
     protos, names, node_inputs, node_ops = index.protos, index.names, index.node_inputs, index.node_ops
     passed: set[tuple] = set()  # the target and Reshape checks that passed, by what they read
+    windows: set[tuple] = set()  # the convolution and window checks that passed, by what they read
     checked = {k for k in set(node_ops) if k[0] in ("", "ai.onnx") and k[1] in _CHECKED_OPS}
+    get = tensors.get
     # the nodes of those kinds, picked by a C-level loop (most nodes of a large graph are none of them)
     for i in compress(range(len(node_ops)), map(checked.__contains__, node_ops)) if checked else ():
         op_type = node_ops[i][1]
-        if op_type in _CONVS:
-            _check_conv(protos[i], names[i], tensors, attributes[i], where)
-        if op_type in _WINDOWS:
-            _check_window_fits(protos[i], names[i], tensors, attributes[i], where)
+        if op_type in _CONVS or op_type in _WINDOWS:
+            # the window checks read the op type, the attributes (one shared dict per distinct set, or None) and
+            # the inputs' shapes: the nodes alike (the layers of a deep network) are checked once
+            attrs = attributes[i]
+            key = (op_type, id(attrs) if attrs is not None else -1 - i,
+                   *[None if (t := get(n)) is None else t[2] for n in node_inputs[i]])
+            if key not in windows:
+                if op_type in _CONVS:
+                    _check_conv(protos[i], names[i], tensors, attrs, where)
+                if op_type in _WINDOWS:
+                    _check_window_fits(protos[i], names[i], tensors, attrs, where)
+                windows.add(key)
         if op_type in _TARGETS:  # reads the op type and the value of one input
             at, inputs = _TARGETS[op_type], node_inputs[i]
             key = (op_type, inputs[at] if len(inputs) > at else "")

@@ -187,6 +187,11 @@ INVALID = [
     pytest.param(conv(kernel_shape=[5, 5]), [], 4, ["kernel_shape=[5, 5] contradicts weight 'W' 4x3x3x3"],
                  id="conv-kernel-shape-contradicts-weight"),
     pytest.param(conv(w=(4, 3, 3)), [], 4, ["weight 'W' is 4x3x3", "same rank"], id="conv-weight-rank"),
+    # nodes alike are checked once: a second Conv with the same attributes is checked again on other shapes
+    pytest.param(model([N("Conv", ["x", "W1"], ["a"], name="c1", pads=[1, 1, 1, 1]),
+                        N("Conv", ["a", "W2"], ["y"], name="c2", pads=[1, 1, 1, 1])], {"x": (1, 3, 8, 8)}, ["y"],
+                       [weight("W1", (4, 3, 3, 3)), weight("W2", (4, 5, 3, 3))]), [], 4,
+                 ["node 'c2'", "weight 'W2' 4x5x3x3", "(5 x 1 vs 4)"], id="conv-alike-on-other-shapes"),
     pytest.param(conv(group="2"), [], 4, ["node 'conv'", "attribute 'group' is STRING, but the spec wants INT"], id="attribute-of-wrong-type"),
     pytest.param(single("LeakyRelu", {"x": (2, 3)}, alpha=[1.0, 2.0]), [], 4, ["attribute 'alpha' is FLOATS, but the spec wants FLOAT"],
                  id="zero-cost-op-attribute-of-wrong-type"),
