@@ -101,7 +101,7 @@ frozen, attention, memory, free_ops, recompute, parallel, microbatches, schedule
     """
     import dataclasses
 
-    from flopcount.calls import check_count_arguments
+    from flopcount.calls import CountArguments, check_count_arguments
     from flopcount.options import CountOptions
 
     names = [f.name for f in dataclasses.fields(CountOptions)]
@@ -109,8 +109,8 @@ frozen, attention, memory, free_ops, recompute, parallel, microbatches, schedule
     if unknown:
         raise TypeError(f"{caller}: got an unexpected keyword argument {unknown[0]!r}; it passes these to "
                         f"flopcount.count: {', '.join(names)}")
-    checked = set(inspect.signature(check_count_arguments).parameters) - {"caller"}
-    check_count_arguments(caller, **{k: v for k, v in count_kwargs.items() if k in checked})
+    checked = {f.name for f in dataclasses.fields(CountArguments)}
+    check_count_arguments(CountArguments(**{k: v for k, v in count_kwargs.items() if k in checked}), caller)
     settings = dict(count_kwargs)
     if training is None:
         training = settings.get("mode") == "train"
