@@ -23,8 +23,6 @@ ALLOWED = {
     "parallel/optimizer.py::optimizer_elements": (23, 8),
     "parallel/ranks.py::_cp_ep_communication": (16, 8),
     "parallel/roles.py::layer_roles": (37, 8),
-    "pipeline/graph_masks.py::graph_masks": (64, 8),
-    "pipeline/graph_masks.py::_graph_mask": (15, 8),
     "workloads/common.py::train_epochs": (11, 10),
     "workloads/common.py::_epochs": (23, 11),
     "workloads/digits.py::train": (40, 10),
