@@ -41,14 +41,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from flopcount.measure.machine.ceilings import load_ceilings
-    from flopcount.measure.profile import profile, render
+    from flopcount.measure.profile import ProfileSettings, profile, render
 
     ceilings = load_ceilings(args.ceilings) if args.ceilings else None
     source, options = options_from_args(args)
     model, shapes = source.to_onnx(options.batch), dict(options.input_shapes or {})
-    p = profile(model, input_shapes=shapes, batch=options.batch, provider=args.provider,
-                optimize=args.optimize, warmup=args.warmup, runs=args.runs, ceilings=ceilings, threads=args.threads,
-                input_values=dict(options.input_values or {}))
+    settings = ProfileSettings(input_shapes=shapes, batch=options.batch, input_values=dict(options.input_values or {}),
+                               provider=args.provider, optimize=args.optimize, warmup=args.warmup, runs=args.runs,
+                               threads=args.threads)
+    p = profile(model, settings, ceilings=ceilings)
     if args.torch or args.keras:  # an in-memory export: name it by what was given
         p = dataclasses.replace(p, model=f"--torch {args.torch}" if args.torch else f"--keras {args.keras}")
     if args.format == "html":
