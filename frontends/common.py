@@ -644,7 +644,11 @@ def write_cache(path: Path, model: onnx.ModelProto, log: logging.Logger) -> None
 @contextlib.contextmanager
 def progress(label: str, *, delay: float, log: logging.Logger, stream: TextIO | None = None) -> Iterator[None]:
     """While the body runs longer than ``delay`` seconds: a one-line spinner on ``stream`` (default: stderr) when
-    it is a terminal, else one INFO record on ``log``."""
+    it is a terminal, else one INFO record on ``log``; nothing where ``log`` shows errors only (the command line's
+    ``--quiet``)."""
+    if not log.isEnabledFor(logging.WARNING):
+        yield
+        return
     stream = sys.stderr if stream is None else stream
     done = threading.Event()
     start = time.perf_counter()

@@ -14,7 +14,7 @@ from flopcount.errors import EXIT_QUALITY_NOT_REACHED, UsageError
 
 from flopcount.measure.harness.mllog import DIVISIONS, RULESET, STATUSES
 
-from .arguments import Parser, add_options, nonneg_int, positive_float, positive_int, size_hw
+from .arguments import Parser, add_options, add_verbosity, nonneg_int, positive_float, positive_int, size_hw
 from .console import write_output
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "with a line naming the rank that stopped answering (default 600)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (they are off when stderr is not "
                    "a terminal)")
-    p.add_argument("-v", "--verbose", action="count", default=0, help="more diagnostics on stderr")
+    add_verbosity(p)
     return p
 
 
@@ -276,7 +276,7 @@ def _run(args: argparse.Namespace, module, cfg, torch, parallel, ranks) -> int:
     report = module.count(cfg)
     from flopcount.measure.harness.ranks import is_writer
 
-    show = not args.no_progress and is_writer()
+    show = not args.no_progress and not args.quiet and is_writer()
     submission = submission_of(args, cfg) if args.mllog else None
     samples = module.mllog_fields(cfg) if args.mllog else {}
     runs = _Runs()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from .arguments import Parser, add_model_source, add_options, options_from_args, positive
+from .arguments import Parser, add_model_source, add_options, add_verbosity, options_from_args, positive
 from .console import write_output
 
 
@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--depth", type=positive, metavar="N", help="depth of the html page's module tree (default: as deep "
                    "as fits)")
     p.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
-    p.add_argument("-v", "--verbose", action="count", default=0, help="more diagnostics on stderr")
+    add_verbosity(p)
     return p
 
 
