@@ -125,7 +125,7 @@ class _NoBar:
         pass
 
 
-def make_meter(cfg: Config, report, listeners: list[Callable] | None = None, **kw):
+def make_meter(cfg: Config, report, listeners: tuple[Callable, ...] = ()):
     """The meter a workload trains under: its FLOPs from ``report``, the configuration's target, warm-up, windows,
     peak and precision (autocast runs inside the steps, so the precision is stated, not sampled)."""
     from flopcount.measure.harness.meter import Meter
@@ -135,8 +135,8 @@ def make_meter(cfg: Config, report, listeners: list[Callable] | None = None, **k
     meter = Meter(report, plan=plan, target_quality=cfg.target_quality, quality_exponent=cfg.quality_exponent,
                   device=cfg.device, precision=None if cfg.precision == "fp32" else cfg.precision,
                   peak_flops=cfg.peak_flops, recompute=cfg.recompute, warmup_steps=cfg.warmup_steps,
-                  window_steps=cfg.window_steps, machine=cfg.machine, **kw)
-    for listener in listeners or ():
+                  window_steps=cfg.window_steps, machine=cfg.machine)
+    for listener in listeners:
         meter.subscribe(listener)
     return meter
 
