@@ -155,6 +155,14 @@ class _Graph:
         y = self.node("MatMul", [x, self.w.add(f"{p}.w", (n_in, n_out))], f"{p}.mm")
         return self.node("Add", [y, self.w.add(f"{p}.b", (n_out,))], f"{p}.out")
 
+    def erf_gelu(self, h: str, p: str) -> str:
+        """Exact GELU as exports spell it, h·(1 + erf(h/√2))·½: Div, Erf, Add, Mul, Mul (its constants:
+        :func:`gelu_constants`)."""
+        node = self.node
+        e = node("Add", [node("Erf", [node("Div", [h, "sqrt2"], f"{p}.gelu.div")], f"{p}.gelu.erf"), "one"],
+                 f"{p}.gelu.add")
+        return node("Mul", [node("Mul", [h, e], f"{p}.gelu.mul"), "half"], f"{p}.gelu")
+
     def heads(self, x: str, p: str, perm: list[int]) -> str:
         return self.node("Transpose", [self.node("Reshape", [x, "split_heads"], f"{p}.split")], f"{p}.heads", perm=perm)
 
@@ -167,6 +175,13 @@ class _Graph:
             initializer=small + self.w.tensors,
         )
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="count_speed")
+
+
+def gelu_constants() -> list[TensorProto]:
+    """The small initializers :meth:`_Graph.erf_gelu` reads: √2, 1 and ½."""
+    return [numpy_helper.from_array(np.array(np.sqrt(2.0), np.float32), "sqrt2"),
+            numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+            numpy_helper.from_array(np.array(0.5, np.float32), "half")]
 
 
 def transformer_graph(target_nodes: int) -> onnx.ModelProto:
@@ -214,9 +229,7 @@ def gpt_graph(target_nodes: int) -> onnx.ModelProto:
         numpy_helper.from_array(np.array([1, SEQ, HIDDEN], np.int64), "merge_heads"),
         numpy_helper.from_array(np.array([HIDDEN] * 3, np.int64), "qkv_split"),
         numpy_helper.from_array(np.array(np.sqrt(dh), np.float32), "score_scale"),
-        numpy_helper.from_array(np.array(np.sqrt(2.0), np.float32), "sqrt2"),
-        numpy_helper.from_array(np.array(1.0, np.float32), "one"),
-        numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+        *gelu_constants(),
     ]
     g = _Graph()
     node, layer_norm, linear, heads = g.node, g.layer_norm, g.linear, g.heads
@@ -233,9 +246,7 @@ def gpt_graph(target_nodes: int) -> onnx.ModelProto:
         c = node("Reshape", [node("Transpose", [c], f"{p}.ctx.t", perm=[0, 2, 1, 3]), "merge_heads"], f"{p}.ctx.merged")
         x = node("Add", [x, linear(c, f"{p}.c_proj", HIDDEN, HIDDEN)], f"{p}.res1")
         h = linear(layer_norm(x, f"{p}.ln_2"), f"{p}.c_fc", HIDDEN, FFN)
-        e = node("Add", [node("Erf", [node("Div", [h, "sqrt2"], f"{p}.gelu.div")], f"{p}.gelu.erf"), "one"],
-                 f"{p}.gelu.add")
-        gelu = node("Mul", [node("Mul", [h, e], f"{p}.gelu.mul"), "half"], f"{p}.gelu")
+        gelu = g.erf_gelu(h, p)
         x = node("Add", [x, linear(gelu, f"{p}.mlp.c_proj", FFN, HIDDEN)], f"{p}.res2")
     return g.model(f"gpt_{blocks}_blocks", layer_norm(x, "ln_f"), small)
 
@@ -256,9 +267,7 @@ def vit_graph(target_nodes: int) -> onnx.ModelProto:
         numpy_helper.from_array(np.array([1, tokens, HEADS, dh], np.int64), "split_heads"),
         numpy_helper.from_array(np.array([1, tokens, HIDDEN], np.int64), "merge_heads"),
         numpy_helper.from_array(np.array(1 / np.sqrt(dh), np.float32), "score_scale"),
-        numpy_helper.from_array(np.array(np.sqrt(2.0), np.float32), "sqrt2"),
-        numpy_helper.from_array(np.array(1.0, np.float32), "one"),
-        numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+        *gelu_constants(),
     ]
     g = _Graph()
     node, layer_norm, linear, heads = g.node, g.layer_norm, g.linear, g.heads
@@ -279,9 +288,7 @@ def vit_graph(target_nodes: int) -> onnx.ModelProto:
         c = node("Reshape", [node("Transpose", [c], f"{p}.ctx.t", perm=[0, 2, 1, 3]), "merge_heads"], f"{p}.merged")
         x = node("Add", [x, linear(c, f"{p}.proj", HIDDEN, HIDDEN)], f"{p}.res1")
         h = linear(layer_norm(x, f"{p}.norm2"), f"{p}.fc1", HIDDEN, FFN)
-        e = node("Add", [node("Erf", [node("Div", [h, "sqrt2"], f"{p}.gelu.div")], f"{p}.gelu.erf"), "one"],
-                 f"{p}.gelu.add")
-        gelu = node("Mul", [node("Mul", [h, e], f"{p}.gelu.mul"), "half"], f"{p}.gelu")
+        gelu = g.erf_gelu(h, p)
         x = node("Add", [x, linear(gelu, f"{p}.fc2", FFN, HIDDEN)], f"{p}.res2")
     out = layer_norm(x, "norm")
     return g.model(f"vit_{blocks}_blocks", out, small, (1, 3, IMAGE, IMAGE), (1, tokens, HIDDEN))

@@ -2,8 +2,8 @@
 :class:`~flopcount.errors.UsageError` naming it, what it got and what it takes, before any work (a raw
 ``TypeError`` from deep inside, or a silently wrong count, otherwise).
 
->>> check_count_arguments(input_shapes={"input": (1, 3, 224, 224)}, batch=1)
->>> check_count_arguments(batch=1.5)
+>>> check_count_arguments(CountArguments(input_shapes={"input": (1, 3, 224, 224)}, batch=1))
+>>> check_count_arguments(CountArguments(batch=1.5))
 Traceback (most recent call last):
 ...
 flopcount.errors.UsageError: count: batch must be a positive int of at most 2**48, got 1.5 (float)
@@ -12,12 +12,13 @@ flopcount.errors.UsageError: count: batch must be a positive int of at most 2**4
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import UsageError
 from .limits import MAX_ELEMENTS
 
-__all__ = ["MAX_ELEMENTS", "check_count_arguments", "described"]
+__all__ = ["MAX_ELEMENTS", "CountArguments", "check_count_arguments", "described"]
 
 _EXAMPLE = '{"input": (8, 3, 224, 224)}'
 
@@ -33,26 +34,41 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) or type(value).__name__ in ("int64", "int32")
 
 
-def check_count_arguments(caller: str = "count", *, input_shapes: Any = None, batch: Any = None,
-                          strict: Any = False, input_values: Any = None, loop_trips: Any = None,
-                          trainable_inputs: Any = None, trainable: Any = None, frozen: Any = None) -> None:
-    """Refuse, naming it, an argument of :func:`flopcount.count` (or of a frontend that passes it on) of the wrong
-    type or range: ``batch`` a positive int; ``input_shapes`` a mapping of input name to a sequence of positive
-    ints; ``strict`` a bool; ``input_values`` and ``loop_trips`` mappings; ``trainable_inputs``,
+@dataclass(frozen=True)
+class CountArguments:
+    """The arguments of :func:`flopcount.count` checked at the call, as they were given (of any type: refusing the
+    wrong ones is :func:`check_count_arguments`'s job)."""
+
+    input_shapes: Any = None
+    batch: Any = None
+    strict: Any = False
+    input_values: Any = None
+    loop_trips: Any = None
+    trainable_inputs: Any = None
+    trainable: Any = None
+    frozen: Any = None
+
+
+def check_count_arguments(given: CountArguments, caller: str = "count") -> None:
+    """Refuse, naming it, an argument of :func:`flopcount.count` (or of a frontend that passes it on, ``caller``) of
+    the wrong type or range: ``batch`` a positive int; ``input_shapes`` a mapping of input name to a sequence of
+    positive ints; ``strict`` a bool; ``input_values`` and ``loop_trips`` mappings; ``trainable_inputs``,
     ``trainable`` and ``frozen`` collections of names, not one string."""
+    batch, strict = given.batch, given.strict
     if batch is not None and (not _is_int(batch) or not 0 < batch <= MAX_ELEMENTS):
         raise UsageError(f"{caller}: batch must be a positive int of at most 2**48, got {described(batch)}")
-    if input_shapes is not None:
-        _check_shapes(caller, input_shapes)
+    if given.input_shapes is not None:
+        _check_shapes(caller, given.input_shapes)
     if not isinstance(strict, bool):
         raise UsageError(f"{caller}: strict must be True or False, got {described(strict)}")
-    for name, value, example in (("input_values", input_values, '{"axes": [1, 2]}'),
-                                 ("loop_trips", loop_trips, '{"generate_loop": 32}')):
+    for name, value, example in (("input_values", given.input_values, '{"axes": [1, 2]}'),
+                                 ("loop_trips", given.loop_trips, '{"generate_loop": 32}')):
         if value is not None and not isinstance(value, Mapping):
             raise UsageError(f"{caller}: {name} must be a mapping such as {example}, got {described(value)}")
         if value is not None and not all(isinstance(k, str) for k in value):
             raise UsageError(f"{caller}: the keys of {name} must be names (str), got {described(list(value))}")
-    for name, value in (("trainable_inputs", trainable_inputs), ("trainable", trainable), ("frozen", frozen)):
+    for name in ("trainable_inputs", "trainable", "frozen"):
+        value = getattr(given, name)
         if value is None:
             continue
         if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__") or isinstance(value, Mapping):

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Callable, Collection, Sequence
 
-from .calls import MAX_ELEMENTS, check_count_arguments, described
+from .calls import MAX_ELEMENTS, CountArguments, check_count_arguments, described
 from .errors import UsageError
 from .parallel.plan import DEVICES, IMPLEMENTATIONS, SCHEDULES
 
@@ -256,9 +256,8 @@ or a :class:`~flopcount.parallel.plan.Recompute`, optional
         metavar="FILE"))
 
     def __post_init__(self) -> None:
-        check_count_arguments(input_shapes=self.input_shapes, batch=self.batch, strict=self.strict,
-                              input_values=self.input_values, loop_trips=self.loop_trips,
-                              trainable_inputs=self.trainable_inputs, trainable=self.trainable, frozen=self.frozen)
+        checked = {f.name: getattr(self, f.name) for f in dataclasses.fields(CountArguments)}
+        check_count_arguments(CountArguments(**checked))
         self._check_counting()
         self._check_given()
         self._normalize()

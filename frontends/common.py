@@ -101,7 +101,7 @@ frozen, attention, memory, free_ops, recompute, parallel, microbatches, schedule
     """
     import dataclasses
 
-    from flopcount.calls import check_count_arguments
+    from flopcount.calls import CountArguments, check_count_arguments
     from flopcount.options import CountOptions
 
     names = [f.name for f in dataclasses.fields(CountOptions)]
@@ -109,8 +109,8 @@ frozen, attention, memory, free_ops, recompute, parallel, microbatches, schedule
     if unknown:
         raise TypeError(f"{caller}: got an unexpected keyword argument {unknown[0]!r}; it passes these to "
                         f"flopcount.count: {', '.join(names)}")
-    checked = set(inspect.signature(check_count_arguments).parameters) - {"caller"}
-    check_count_arguments(caller, **{k: v for k, v in count_kwargs.items() if k in checked})
+    checked = {f.name for f in dataclasses.fields(CountArguments)}
+    check_count_arguments(CountArguments(**{k: v for k, v in count_kwargs.items() if k in checked}), caller)
     settings = dict(count_kwargs)
     if training is None:
         training = settings.get("mode") == "train"
@@ -644,7 +644,11 @@ def write_cache(path: Path, model: onnx.ModelProto, log: logging.Logger) -> None
 @contextlib.contextmanager
 def progress(label: str, *, delay: float, log: logging.Logger, stream: TextIO | None = None) -> Iterator[None]:
     """While the body runs longer than ``delay`` seconds: a one-line spinner on ``stream`` (default: stderr) when
-    it is a terminal, else one INFO record on ``log``."""
+    it is a terminal, else one INFO record on ``log``; nothing where ``log`` shows errors only (the command line's
+    ``--quiet``)."""
+    if not log.isEnabledFor(logging.WARNING):
+        yield
+        return
     stream = sys.stderr if stream is None else stream
     done = threading.Event()
     start = time.perf_counter()

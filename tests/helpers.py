@@ -13,8 +13,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["RESNET50_ONNX", "RESNET50_STAGES", "const", "direct_backward", "gloo_ranks", "model", "node_backward",
-           "one_node", "op_backward", "resnet50_architecture", "saved_storages", "shifted_op_model", "single", "tiny_llama",
+__all__ = ["RESNET50_ONNX", "RESNET50_STAGES", "const", "direct_backward", "gloo_ranks", "hidden_state_loss", "model",
+           "node_backward", "one_node", "op_backward", "resnet50_architecture", "saved_storages", "shifted_op_model", "single", "tiny_llama",
            "typed_model", "weight"]
 
 
@@ -234,6 +234,22 @@ def refusal_lines(err: str) -> list[str]:
 
     progress = re.compile(r"flopcount: (?!error: ).+: \d+\.\d s")
     return [line for line in err.strip().splitlines() if not progress.fullmatch(line)]
+
+
+def hidden_state_loss(model):
+    """A transformers ``model`` (its ``.model``) as a module of one input, the token ids, whose output is the model's
+    last hidden state summed: the loss whose backward needs nothing kept."""
+    import torch
+
+    class Loss(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.model = inner
+
+        def forward(self, ids):
+            return self.model(input_ids=ids).last_hidden_state.sum()
+
+    return Loss(model)
 
 
 def saved_storages(module, inputs: Sequence) -> int:

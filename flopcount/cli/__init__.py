@@ -53,8 +53,8 @@ def _subcommand(name: str, argv: list[str]) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse has printed its message (or --help)
         return int(e.code or 0)
-    verbose = args.verbose  # every subcommand declares -v
-    with command_logging(verbose):
+    verbose = args.verbose  # every subcommand declares -v and -q (arguments.add_verbosity)
+    with command_logging(verbose, args.quiet):
         return run_guarded(lambda: check_outputs(args) or module.run(args), verbose)
 
 

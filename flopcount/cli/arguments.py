@@ -19,7 +19,7 @@ from flopcount.errors import UsageError
 
 __all__ = [
     "READERS", "SOURCE_DEFAULTS", "TORCH_DTYPES", "InputShapes", "Pairs", "Parser", "add_model_source", "add_options",
-    "check_model_source", "count_source", "generate_spec", "given_model", "input_shape", "input_value",
+    "add_verbosity", "check_model_source", "count_source", "generate_spec", "given_model", "input_shape", "input_value",
     "loop_trips", "model_source", "model_source_problem", "nonneg_int", "options_from_args", "positive",
     "positive_float", "positive_int", "size_hw", "torch_inputs",
 ]
@@ -202,6 +202,16 @@ def device_memory(text: str) -> int:
 READERS = {"positive": positive, "device_memory": device_memory, "positive_int": positive_int, "positive_float": positive_float,
            "input_shape": input_shape, "input_value": input_value, "loop_trips": loop_trips}
 _ACTIONS = {"input_shapes": InputShapes, "pairs": Pairs}
+
+
+def add_verbosity(container) -> None:
+    """``-v``/``--verbose`` (more diagnostics on stderr; ``-vv`` debug) and ``-q``/``--quiet`` (no progress lines,
+    bars or warnings on stderr; errors are still shown), one or the other: every command's flags of what it says
+    on stderr (:func:`flopcount.cli.console.command_logging` reads them)."""
+    chatter = container.add_mutually_exclusive_group()
+    chatter.add_argument("-v", "--verbose", action="count", default=0, help="more diagnostics on stderr (-vv: debug)")
+    chatter.add_argument("-q", "--quiet", action="store_true",
+                         help="no progress lines, bars or warnings on stderr; errors are still shown")
 
 
 def add_options(container, names: Iterable[str] | None = None, groups: Mapping[str, object] | None = None,

@@ -4,15 +4,17 @@ HPC AI500 metrics of every run and their repeat-run statistics (JSON schema: :mo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
+from typing import Any
 
 from flopcount.errors import EXIT_QUALITY_NOT_REACHED, UsageError
 
 from flopcount.measure.harness.mllog import DIVISIONS, RULESET, STATUSES
 
-from .arguments import Parser, add_options, nonneg_int, positive_float, positive_int, size_hw
+from .arguments import Parser, add_options, add_verbosity, nonneg_int, positive_float, positive_int, size_hw
 from .console import write_output
 
 log = logging.getLogger(__name__)
@@ -87,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "with a line naming the rank that stopped answering (default 600)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (they are off when stderr is not "
                    "a terminal)")
-    p.add_argument("-v", "--verbose", action="count", default=0, help="more diagnostics on stderr")
+    add_verbosity(p)
     return p
 
 
@@ -209,24 +211,42 @@ class _Runs:
         self.device = None
 
 
-def _one_run(args, module, cfg, report, parallel, ranks, i: int, runs: _Runs, show: bool, mllog) -> None:
+@dataclasses.dataclass(frozen=True)
+class _Bench:
+    """What every run of one bench command shares: its flags, the workload's module and configuration, the count
+    of its training step, the data-parallel layout (None: one process) and the ranks, whether progress shows, and
+    the MLPerf submission and sample fields of its logs (``--mllog``)."""
+
+    args: argparse.Namespace
+    module: Any
+    cfg: Any
+    report: Any
+    parallel: Any
+    ranks: Any
+    show: bool
+    mllog: tuple
+
+
+def _one_run(bench: _Bench, i: int, runs: _Runs) -> None:
     """Train run ``i`` and record its result in ``runs``; a signal during it records the run so far, and the
     signal, in ``runs`` (the caller stops there)."""
     from flopcount.errors import Interrupted, OutputError
     from flopcount.measure.harness.ranks import is_writer
+    from flopcount.workloads.common import Run
 
+    args, cfg = bench.args, bench.cfg
     writer = None
     if args.mllog and is_writer():
         from flopcount.measure.harness.mllog import MLLogWriter
 
-        submission, samples = mllog
+        submission, samples = bench.mllog
         writer = MLLogWriter(mllog_path(args.mllog, i, args.runs))
-        writer.init(submission, {"global_batch_size": cfg.batch_size * ranks.world_size, "seed": cfg.seed + i,
+        writer.init(submission, {"global_batch_size": cfg.batch_size * bench.ranks.world_size, "seed": cfg.seed + i,
                                  "opt_name": cfg.optimizer, "opt_base_learning_rate": cfg.lr, **samples})
     try:
         try:
-            meter = module.train(cfg, report, run=i, listeners=[writer.on_event] if writer else None,
-                                 show_progress=show, parallel=parallel)
+            meter = bench.module.train(cfg, bench.report, Run(i, (writer.on_event,) if writer else (), bench.show,
+                                                             bench.parallel))
         except Interrupted as e:
             meter = e.meter
             runs.signal = e
@@ -256,12 +276,13 @@ def _run(args: argparse.Namespace, module, cfg, torch, parallel, ranks) -> int:
     report = module.count(cfg)
     from flopcount.measure.harness.ranks import is_writer
 
-    show = not args.no_progress and is_writer()
+    show = not args.no_progress and not args.quiet and is_writer()
     submission = submission_of(args, cfg) if args.mllog else None
     samples = module.mllog_fields(cfg) if args.mllog else {}
     runs = _Runs()
+    bench = _Bench(args, module, cfg, report, parallel, ranks, show, (submission, samples))
     for i in range(args.runs):
-        _one_run(args, module, cfg, report, parallel, ranks, i, runs, show, (submission, samples))
+        _one_run(bench, i, runs)
         if runs.interrupted is not None:
             break
         result = runs.results[-1]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .arguments import Parser
+from .arguments import Parser, add_verbosity
 from .console import write_output
 
 
@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="small sizes, few repeats: seconds (tests, a first look)")
     p.add_argument("--format", choices=("json", "table"), default="json", help="output format (default: json)")
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout (rank 0 only)")
-    p.add_argument("-v", "--verbose", action="count", default=0, help="more diagnostics on stderr")
+    add_verbosity(p)
     return p
 
 

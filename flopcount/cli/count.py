@@ -7,7 +7,7 @@ import argparse
 from flopcount.options import GROUPS
 from flopcount.output.render import FORMATS, render
 
-from .arguments import Parser, add_options, count_source, generate_spec, positive_float, positive_int
+from .arguments import Parser, add_options, add_verbosity, count_source, generate_spec, positive_float, positive_int
 from .console import write_output
 from .predict import add_predict_arguments, prediction_of
 from .symbolic import run_sweep, run_symbolic, start_sizes, sweep_values
@@ -100,11 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "html report, as deep as fits)")
     p.add_argument("--plot", metavar="FILE", help="also draw FLOPs by op type (with --sweep: FLOPs by size) to FILE (.png, .svg or .pdf; needs "
                    "matplotlib)")
-    chatter = p.add_mutually_exclusive_group()
-    chatter.add_argument("-v", "--verbose", action="count", default=0,
-                         help="more diagnostics on stderr (-vv: debug)")
-    chatter.add_argument("-q", "--quiet", action="store_true",
-                         help="no progress lines and no warnings on stderr; errors are still shown")
+    add_verbosity(p)
     p.add_argument("--version", action=_Version, help="show the version and exit")
     parser.set_defaults(input_dtypes={}, takes_hf=True)  # the model source's other flags are declared above
     return parser

@@ -21,7 +21,8 @@ import tempfile
 from flopcount.errors import DeviceError, MeasurementError, import_framework
 from flopcount.measure.ncu.parse import HALF_PACKING, read_ncu_csv
 
-from .arguments import SOURCE_DEFAULTS, Parser, add_options, check_model_source, count_source, positive, torch_inputs
+from .arguments import (SOURCE_DEFAULTS, Parser, add_options, add_verbosity, check_model_source, count_source, positive,
+                        torch_inputs)
 from .console import write_output
 
 log = logging.getLogger("flopcount.crosscheck")
@@ -103,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="--run: the calibration GEMM is N×N×N (default 4096)")
     p.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
     p.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
-    p.add_argument("-v", "--verbose", action="count", default=0, help="more diagnostics on stderr (-vv: debug)")
+    add_verbosity(p)
     p.set_defaults(keras=None, **SOURCE_DEFAULTS)
     return p
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from .arguments import positive_int
+from .arguments import add_verbosity, positive_int
 from .console import write_output
 
 __all__ = ["add_predict_arguments", "build_parser", "prediction_of", "run", "this_machine"]
@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "the runs to predict should use as many")
     p.add_argument("--quick", action="store_true", help="small sizes, few repeats: seconds (tests, a first look)")
     p.add_argument("-o", "--output", metavar="PROFILE.json", help="write the profile to FILE instead of stdout")
-    p.add_argument("-v", "--verbose", action="count", default=0, help="more diagnostics on stderr")
+    add_verbosity(p)
     return p
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from .arguments import Parser, add_model_source, add_options, options_from_args, positive
+from .arguments import Parser, add_model_source, add_options, add_verbosity, options_from_args, positive
 from .console import write_output
 
 
@@ -35,20 +35,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--depth", type=positive, metavar="N", help="depth of the html page's module tree (default: as deep "
                    "as fits)")
     p.add_argument("-o", "--output", metavar="FILE", help="write the report to FILE instead of stdout")
-    p.add_argument("-v", "--verbose", action="count", default=0, help="more diagnostics on stderr")
+    add_verbosity(p)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     from flopcount.measure.machine.ceilings import load_ceilings
-    from flopcount.measure.profile import profile, render
+    from flopcount.measure.profile import ProfileSettings, profile, render
 
     ceilings = load_ceilings(args.ceilings) if args.ceilings else None
     source, options = options_from_args(args)
     model, shapes = source.to_onnx(options.batch), dict(options.input_shapes or {})
-    p = profile(model, input_shapes=shapes, batch=options.batch, provider=args.provider,
-                optimize=args.optimize, warmup=args.warmup, runs=args.runs, ceilings=ceilings, threads=args.threads,
-                input_values=dict(options.input_values or {}))
+    settings = ProfileSettings(input_shapes=shapes, batch=options.batch, input_values=dict(options.input_values or {}),
+                               provider=args.provider, optimize=args.optimize, warmup=args.warmup, runs=args.runs,
+                               threads=args.threads)
+    p = profile(model, settings, ceilings=ceilings)
     if args.torch or args.keras:  # an in-memory export: name it by what was given
         p = dataclasses.replace(p, model=f"--torch {args.torch}" if args.torch else f"--keras {args.keras}")
     if args.format == "html":

@@ -7,7 +7,7 @@ import json
 
 from flopcount.errors import UsageError
 
-from .arguments import Parser, add_model_source, add_options, given_model, options_from_args
+from .arguments import Parser, add_model_source, add_options, add_verbosity, given_model, options_from_args
 from .console import write_output
 
 
@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="FILE", help="draw the roofline to FILE (.png, .svg or .pdf; needs matplotlib)")
     p.add_argument("--format", choices=("table", "json"), default="table", help="text output format")
     p.add_argument("-o", "--output", metavar="FILE", help="write the text output to FILE instead of stdout")
-    p.add_argument("-v", "--verbose", action="count", default=0, help="more diagnostics on stderr")
+    add_verbosity(p)
     return p
 
 

@@ -625,7 +625,7 @@ def _without_padded_queries(lo: np.ndarray, kept: np.ndarray, attention_mask, t:
 
 
 def graph_masks(protos, names, nodes: Mapping[str, tuple[str, int]], tensors: Mapping, values: Mapping,
-                inputs: frozenset, given: frozenset = frozenset(), limit: int | None = None):
+                inputs: frozenset, given: frozenset = frozenset()):
     """The masks of a graph's attentions: ``(eager, operators)``. ``eager``: the mask of each eager attention
     (``nodes``: :func:`flopcount.masks.score_products`), in graph order; ``operators``: node name → the mask of each
     ONNX Attention node with an ``attn_mask`` input (a boolean keeps its true entries, a number its entries above
@@ -639,7 +639,7 @@ def graph_masks(protos, names, nodes: Mapping[str, tuple[str, int]], tensors: Ma
             consumers.setdefault(i, []).append(n)
     names = list(names) if names is not None else [n.name for n in protos]
     by_name = dict(zip(names, protos))
-    ev = _Evaluator(producer, tensors, values, inputs, EVAL_LIMIT if limit is None else limit)
+    ev = _Evaluator(producer, tensors, values, inputs, EVAL_LIMIT)
     eager = []
     for name, (role, _) in sorted(nodes.items(), key=lambda kv: kv[1][1]):
         if role != "scores":
@@ -658,13 +658,13 @@ def graph_masks(protos, names, nodes: Mapping[str, tuple[str, int]], tensors: Ma
                     if r is not None:
                         rows = r if rows is None else _and(rows, r)
             except _Apart:  # rows that keep keys apart: counted from the array where it is of moderate size
-                eager.append(_dense_mask(ev, terms, shape, given, values))
+                eager.append(_dense_mask(ev, terms, shape, given))
                 continue
             if rows is None:
                 eager.append(GraphMask(np.full((1, shape[-2]), shape[-1], np.int64), shape[-1],
                                        AttentionMask(source="the graph (no mask)"), "the graph (no mask)"))
                 continue
-            eager.append(_graph_mask(ev, *row_bounds(rows, shape), shape, [t for _, t, _ in terms], given, values))
+            eager.append(_graph_mask(ev, *row_bounds(rows, shape), shape, [t for _, t, _ in terms], given))
         except NotStructure as e:
             eager.append(e)
         except (ValueError, TypeError, IndexError, ArithmeticError) as e:
@@ -682,7 +682,7 @@ def graph_masks(protos, names, nodes: Mapping[str, tuple[str, int]], tensors: Ma
             shape = (b, 1, s_q, m.shape[-1])  # the scores, per head
             rows = mask_rows(ev(node.input[3]), shape)
             operators[name] = (None if rows is None else
-                               _graph_mask(ev, *row_bounds(rows, shape), shape, [node.input[3]], given, values))
+                               _graph_mask(ev, *row_bounds(rows, shape), shape, [node.input[3]], given))
         except NotStructure as e:
             operators[name] = e
         except (ValueError, TypeError, IndexError, ArithmeticError) as e:
@@ -690,7 +690,7 @@ def graph_masks(protos, names, nodes: Mapping[str, tuple[str, int]], tensors: Ma
     return eager, operators
 
 
-def _dense_mask(ev: "_Evaluator", terms, shape, given: frozenset, values: Mapping) -> GraphMask:
+def _dense_mask(ev: "_Evaluator", terms, shape, given: frozenset) -> GraphMask:
     if prod(shape[-2:]) > _ARRAY_LIMIT:
         raise NotStructure("a mask row that keeps keys apart (not one interval), over too many entries to count")
     kept = None
@@ -699,17 +699,16 @@ def _dense_mask(ev: "_Evaluator", terms, shape, given: frozenset, values: Mappin
         if k is not None:
             kept = k if kept is None else kept & k
     counts = _dense_counts(kept, shape)
-    return _graph_mask(ev, np.zeros_like(counts), counts, shape, [t for _, t, _ in terms], given, values,
-                       recognised=False)
+    return _graph_mask(ev, np.zeros_like(counts), counts, shape, [t for _, t, _ in terms], given, recognised=False)
 
 
 def _graph_mask(ev: "_Evaluator", lo: np.ndarray, kept: np.ndarray, shape, tensors, given: frozenset,
-                values: Mapping, recognised: bool = True) -> GraphMask:
+                recognised: bool = True) -> GraphMask:
     """The :class:`GraphMask` of rows that keep ``kept`` keys from ``lo`` on ([B or 1, S_q] arrays), computed from
-    ``tensors``."""
+    ``tensors`` (the given values are the evaluator's)."""
     read = set().union(*(ev.ancestors(t) for t in tensors))
     if "attention_mask" in read & given:
-        lo, kept = _without_padded_queries(lo, kept, values.get("attention_mask"), shape[-1])
+        lo, kept = _without_padded_queries(lo, kept, ev.values.get("attention_mask"), shape[-1])
     source = "a Trilu in the graph" if "Trilu" in read else "position comparisons in the graph"
     used = sorted(read & given)
     if used:

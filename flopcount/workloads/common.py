@@ -125,7 +125,7 @@ class _NoBar:
         pass
 
 
-def make_meter(cfg: Config, report, listeners: list[Callable] | None = None, **kw):
+def make_meter(cfg: Config, report, listeners: tuple[Callable, ...] = ()):
     """The meter a workload trains under: its FLOPs from ``report``, the configuration's target, warm-up, windows,
     peak and precision (autocast runs inside the steps, so the precision is stated, not sampled)."""
     from flopcount.measure.harness.meter import Meter
@@ -135,8 +135,8 @@ def make_meter(cfg: Config, report, listeners: list[Callable] | None = None, **k
     meter = Meter(report, plan=plan, target_quality=cfg.target_quality, quality_exponent=cfg.quality_exponent,
                   device=cfg.device, precision=None if cfg.precision == "fp32" else cfg.precision,
                   peak_flops=cfg.peak_flops, recompute=cfg.recompute, warmup_steps=cfg.warmup_steps,
-                  window_steps=cfg.window_steps, machine=cfg.machine, **kw)
-    for listener in listeners or ():
+                  window_steps=cfg.window_steps, machine=cfg.machine)
+    for listener in listeners:
         meter.subscribe(listener)
     return meter
 
@@ -152,38 +152,64 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def train_epochs(cfg: Config, meter, model, opt, loss_fn, xtr, ytr, order: Callable[[int], Any],
-                 evaluate: Callable[[], float], bar) -> None:
-    """The benchmarks' epoch loop: each epoch's batches, taken in ``order(epoch)`` (a permutation of the training
-    rows) through the meter's loader, one timed step a batch (in ``cfg``'s autocast, channels-last where asked),
-    then ``evaluate()`` as the epoch's quality; it stops once the meter's target is reached, and stops the meter."""
-    import torch
+@dataclass(frozen=True)
+class Run:
+    """One training run of a workload as the bench command asks for it: its number ``index`` (seeded
+    ``cfg.seed + index``), the meter's event listeners, whether a progress bar may show, and the data-parallel
+    layout (a :class:`~flopcount.measure.harness.distributed.DataParallel` or
+    :class:`~flopcount.measure.harness.ensemble.Ensemble` under torch.distributed; None: one process)."""
 
-    device = xtr.device
+    index: int = 0
+    listeners: tuple[Callable, ...] = ()
+    show_progress: bool = True
+    parallel: Any = None
+
+
+@dataclass(frozen=True)
+class EpochLoop:
+    """What :func:`train_epochs` trains: the model, its optimizer and loss, the training rows and labels, their
+    order in each epoch (``order(epoch)``, a permutation of the rows), the evaluation that gives each epoch's
+    quality (``evaluate() -> float``), and the progress bar."""
+
+    model: Any
+    opt: Any
+    loss_fn: Callable
+    xtr: Any
+    ytr: Any
+    order: Callable[[int], Any]
+    evaluate: Callable[[], float]
+    bar: Any
+
+
+def train_epochs(cfg: Config, meter, loop: EpochLoop) -> None:
+    """The benchmarks' epoch loop: each epoch's batches, taken in ``loop.order(epoch)`` through the meter's loader,
+    one timed step a batch (in ``cfg``'s autocast, channels-last where asked), then ``loop.evaluate()`` as the
+    epoch's quality; it stops once the meter's target is reached, and stops the meter."""
     with meter:  # a signal closes the run (run_stop aborted) and goes on to the caller
-        _epochs(cfg, meter, model, opt, loss_fn, xtr, ytr, order, evaluate, bar, device)
-    bar.close()
+        _epochs(cfg, meter, loop)
+    loop.bar.close()
 
 
-def _epochs(cfg: Config, meter, model, opt, loss_fn, xtr, ytr, order, evaluate, bar, device) -> None:
+def _epochs(cfg: Config, meter, loop: EpochLoop) -> None:
     import torch
 
+    device, xtr, ytr, bar = loop.xtr.device, loop.xtr, loop.ytr, loop.bar
     for epoch in range(1, cfg.max_epochs + 1):
-        rows = order(epoch)
+        rows = loop.order(epoch)
         batches = ((xtr[idx], ytr[idx]) for idx in (rows[i:i + cfg.batch_size].to(device)
                                                     for i in range(0, len(rows), cfg.batch_size)))
         for x, y in meter.loader(batches):
             if cfg.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
             with meter.step(samples=len(x)):
-                opt.zero_grad(set_to_none=True)
+                loop.opt.zero_grad(set_to_none=True)
                 with autocast(cfg):
-                    loss = loss_fn(model(x), y)
+                    loss = loop.loss_fn(loop.model(x), y)
                 loss.backward()
-                opt.step()
+                loop.opt.step()
             bar.update()
         with meter.evaluating(epoch):
-            acc = evaluate()
+            acc = loop.evaluate()
             meter.quality(acc, epoch=epoch)
         bar.set_postfix_str(f"epoch {epoch} accuracy {acc:.4f}")
         if meter.reached():

@@ -13,10 +13,8 @@ forward and backward per sample; the optimizer's update is reported apart.
 
 from __future__ import annotations
 
-from typing import Callable
-
-from .common import (Config, counting_optimizer, make_meter, optimizer, progress, seed_everything, train_epochs,
-                     torch_device, torch_or_error)
+from .common import (Config, EpochLoop, Run, counting_optimizer, make_meter, optimizer, progress, seed_everything,
+                     torch_device, torch_or_error, train_epochs)
 
 DEFAULTS = Config(workload="digits", data="sklearn.datasets.load_digits", batch_size=32, max_epochs=30,
                   optimizer="adam", lr=3e-3, momentum=0.0, target_quality=0.95, quality_exponent=5,
@@ -91,34 +89,32 @@ def accuracy(model, x, y, batch: int = 512) -> float:
     return correct / len(x)
 
 
-def train(cfg: Config, report, run: int = 0, listeners: list[Callable] | None = None, show_progress: bool = True,
-          device_description=None, data=None, sampler=None, meter_kw=None, parallel=None):
-    """Train once (seed ``cfg.seed + run``) under a meter; return the meter (its result is formed by the caller).
+def train(cfg: Config, report, run: Run = Run()):
+    """Train once (seed ``cfg.seed + run.index``) under a meter; return the meter (its result is formed by the
+    caller).
 
-    ``data`` replaces the bundled split (tests, ensembles), ``sampler(epoch) -> index tensor`` replaces the seeded
-    shuffle of the training set (bootstrap samples of an ensemble). ``parallel`` (a
-    :class:`flopcount.measure.harness.distributed.DataParallel` or :class:`flopcount.measure.harness.ensemble.Ensemble`) trains
-    data-parallel under torch.distributed: DDP over the model's ranks, each rank a shard of each epoch (of the
-    model's bootstrap sample in an ensemble), the test accuracy of the models' averaged predictions, the same on
-    every rank, deciding when to stop."""
+    ``run.parallel`` (a :class:`flopcount.measure.harness.distributed.DataParallel` or
+    :class:`flopcount.measure.harness.ensemble.Ensemble`) trains data-parallel under torch.distributed: DDP over the
+    model's ranks, each rank a shard of each epoch (of the model's bootstrap sample in an ensemble), the test
+    accuracy of the models' averaged predictions, the same on every rank, deciding when to stop."""
     torch = torch_or_error()
     device = torch_device(cfg)
-    seed_everything(cfg.seed + run)
-    xtr, ytr, xte, yte = data if data is not None else load_data(device)
+    seed, parallel = cfg.seed + run.index, run.parallel
+    seed_everything(seed)
+    xtr, ytr, xte, yte = load_data(device)
     if parallel is not None:
-        torch.manual_seed(parallel.seed(cfg.seed + run))
+        torch.manual_seed(parallel.seed(seed))
     net = build_model(cfg).to(device)
     model = parallel.wrap(net) if parallel is not None else net
-    if parallel is not None and sampler is None:
-        sampler = parallel.sampler(len(xtr), cfg.seed + run)
+    sampler = parallel.sampler(len(xtr), seed) if parallel is not None else None
     opt = optimizer(cfg, model.parameters())
     loss_fn = torch.nn.CrossEntropyLoss()
-    meter = make_meter(cfg, report, listeners, **(meter_kw or {}))
+    meter = make_meter(cfg, report, run.listeners)
     if parallel is not None:
         meter.communication, meter.ensemble = parallel.counter, parallel
-    gen = torch.Generator().manual_seed(cfg.seed + run)
+    gen = torch.Generator().manual_seed(seed)
     steps_per_epoch = -(-len(xtr) // cfg.batch_size)
-    bar = progress(steps_per_epoch * cfg.max_epochs, f"digits run {run}", show_progress)
+    bar = progress(steps_per_epoch * cfg.max_epochs, f"digits run {run.index}", run.show_progress)
     model.train()
 
     def evaluate() -> float:
@@ -126,8 +122,7 @@ def train(cfg: Config, report, run: int = 0, listeners: list[Callable] | None = 
             return accuracy(net, xte, yte)
         return parallel.evaluate(probabilities(net, xte), yte)[1]
 
-    train_epochs(cfg, meter, model, opt, loss_fn, xtr, ytr,
-                 lambda epoch: sampler(epoch) if sampler is not None else torch.randperm(len(xtr), generator=gen),
-                 evaluate, bar)
+    order = sampler if sampler is not None else (lambda epoch: torch.randperm(len(xtr), generator=gen))
+    train_epochs(cfg, meter, EpochLoop(model, opt, loss_fn, xtr, ytr, order, evaluate, bar))
     meter.model = net
     return meter

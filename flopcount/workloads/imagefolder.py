@@ -21,12 +21,11 @@ import functools
 import os
 import random
 from dataclasses import dataclass
-from typing import Callable
 
 from flopcount.errors import DeviceError, UsageError
 
-from .common import (Config, counting_optimizer, make_meter, optimizer, progress, seed_everything, train_epochs,
-                     torch_device, torch_or_error)
+from .common import (Config, EpochLoop, Run, counting_optimizer, make_meter, optimizer, progress, seed_everything,
+                     torch_device, torch_or_error, train_epochs)
 
 DEFAULTS = Config(workload="image_classification", batch_size=32, max_epochs=30, optimizer="sgd", lr=0.1,
                   momentum=0.9, target_quality=0.763, quality_exponent=5,
@@ -169,11 +168,10 @@ def accuracy(model, x, y, batch: int = 64) -> float:
     return (probabilities(model, x, batch).argmax(1) == y).float().mean().item()
 
 
-def train(cfg: Config, report, run: int = 0, listeners: list[Callable] | None = None, show_progress: bool = True,
-          meter_kw=None, parallel=None):
-    """Train once (seed ``cfg.seed + run``) under a meter, evaluating after every epoch; return the meter.
+def train(cfg: Config, report, run: Run = Run()):
+    """Train once (seed ``cfg.seed + run.index``) under a meter, evaluating after every epoch; return the meter.
 
-    ``parallel`` (:class:`flopcount.measure.harness.distributed.DataParallel`, under torchrun or srun) trains
+    ``run.parallel`` (:class:`flopcount.measure.harness.distributed.DataParallel`, under torchrun or srun) trains
     data-parallel: DDP over the ranks, each rank a shard of each epoch's order, the same model on every rank, whose
     accuracy on the evaluation split decides when to stop."""
     torch = torch_or_error()
@@ -181,18 +179,19 @@ def train(cfg: Config, report, run: int = 0, listeners: list[Callable] | None = 
     folder = scan(cfg.data)
     xtr, ytr = (t.to(device) for t in load(folder.train, tuple(cfg.image_size)))
     xev, yev = (t.to(device) for t in load(folder.eval, tuple(cfg.image_size)))
-    seed_everything(cfg.seed + run)
+    seed, parallel = cfg.seed + run.index, run.parallel
+    seed_everything(seed)
     if parallel is not None:
-        torch.manual_seed(parallel.seed(cfg.seed + run))
+        torch.manual_seed(parallel.seed(seed))
     net = build_model(cfg, len(folder.classes)).to(device).train()
     model = parallel.wrap(net) if parallel is not None else net
     opt = optimizer(cfg, model.parameters())
     loss_fn = torch.nn.CrossEntropyLoss()
-    meter = make_meter(cfg, report, listeners, **(meter_kw or {}))
-    gen = torch.Generator().manual_seed(cfg.seed + run)
+    meter = make_meter(cfg, report, run.listeners)
+    gen = torch.Generator().manual_seed(seed)
     if parallel is not None:
         meter.communication, meter.ensemble = parallel.counter, parallel
-        order = parallel.sampler(len(xtr), cfg.seed + run)
+        order = parallel.sampler(len(xtr), seed)
     else:
         order = lambda epoch: torch.randperm(len(xtr), generator=gen)  # noqa: E731
 
@@ -201,7 +200,8 @@ def train(cfg: Config, report, run: int = 0, listeners: list[Callable] | None = 
             return accuracy(net, xev, yev)
         return parallel.evaluate(probabilities(net, xev), yev)[1]
 
-    bar = progress(-(-len(xtr) // cfg.batch_size) * cfg.max_epochs, f"image_classification run {run}", show_progress)
-    train_epochs(cfg, meter, model, opt, loss_fn, xtr, ytr, order, evaluate, bar)
+    bar = progress(-(-len(xtr) // cfg.batch_size) * cfg.max_epochs, f"image_classification run {run.index}",
+                   run.show_progress)
+    train_epochs(cfg, meter, EpochLoop(model, opt, loss_fn, xtr, ytr, order, evaluate, bar))
     meter.model = net
     return meter

@@ -9,9 +9,7 @@ downloaded by flopcount; a user's own loop with :class:`flopcount.Meter` measure
 
 from __future__ import annotations
 
-from typing import Callable
-
-from .common import (Config, autocast, counting_optimizer, grad_scaler, make_meter, optimizer, progress,
+from .common import (Config, Run, autocast, counting_optimizer, grad_scaler, make_meter, optimizer, progress,
                      seed_everything, torch_device, torch_or_error)
 
 IMAGE_CLASSIFICATION = Config(workload="image_classification", batch_size=8, steps=30, optimizer="sgd", lr=0.1,
@@ -72,13 +70,13 @@ def _detection_loss(torch, outputs, targets):
             + F.binary_cross_entropy_with_logits(rpn_logits, objectness) + F.smooth_l1_loss(rpn_deltas, rpn_boxes))
 
 
-def train(cfg: Config, report, run: int = 0, listeners: list[Callable] | None = None, show_progress: bool = True,
-          meter_kw=None, parallel=None):
-    """Train ``cfg.steps`` steps on one synthetic batch under a meter; return the meter. ``parallel`` (a
+def train(cfg: Config, report, run: Run = Run()):
+    """Train ``cfg.steps`` steps on one synthetic batch under a meter; return the meter. ``run.parallel`` (a
     :class:`flopcount.measure.harness.distributed.DataParallel`) replicates the model with DDP over the ranks."""
     torch = torch_or_error()
     device = torch_device(cfg)
-    seed_everything(cfg.seed + run)
+    parallel = run.parallel
+    seed_everything(cfg.seed + run.index)
     detector = cfg.workload == "extreme_weather"
     model = (_detector(cfg) if detector else _classifier(cfg)).to(device).train()
     x = torch.randn(*_inputs(cfg, 16 if detector else 3), device=device)
@@ -99,10 +97,10 @@ def train(cfg: Config, report, run: int = 0, listeners: list[Callable] | None = 
         model = parallel.wrap(model)
     opt = optimizer(cfg, model.parameters())
     scaler = grad_scaler(cfg)
-    meter = make_meter(cfg, report, listeners, **(meter_kw or {}))
+    meter = make_meter(cfg, report, run.listeners)
     if parallel is not None:
         meter.communication = parallel.counter
-    bar = progress(cfg.steps, f"{cfg.workload} run {run}", show_progress)
+    bar = progress(cfg.steps, f"{cfg.workload} run {run.index}", run.show_progress)
     with meter:  # a signal closes the run (run_stop aborted) and goes on to the caller
         meter.start()
         for _ in range(cfg.steps):

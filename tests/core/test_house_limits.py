@@ -14,21 +14,11 @@ MAX_FUNCTION_LINES, MAX_FILE_LINES, MAX_PARAMETERS = 80, 800, 7
 
 #: "path::qualified name" → (lines, parameters) today, for the functions over a limit (to be split with records).
 ALLOWED = {
-    "calls.py::check_count_arguments": (27, 9),
-    "cli/bench.py::_one_run": (34, 10),
-    "measure/harness/meter.py::check_arguments": (40, 12),
-    "measure/harness/meter.py::Meter.__init__": (44, 19),
-    "measure/profile/profiler.py::profile": (54, 10),
-    "measure/profile/session.py::open_session": (24, 8),
+    "measure/harness/meter.py::Meter.__init__": (34, 19),  # its keyword arguments are the user API
     "parallel/layout.py::_check": (58, 8),
     "parallel/optimizer.py::optimizer_elements": (23, 8),
     "parallel/ranks.py::_cp_ep_communication": (16, 8),
     "parallel/roles.py::layer_roles": (37, 8),
-    "pipeline/graph_masks.py::graph_masks": (64, 8),
-    "pipeline/graph_masks.py::_graph_mask": (15, 8),
-    "workloads/common.py::train_epochs": (11, 10),
-    "workloads/common.py::_epochs": (23, 11),
-    "workloads/digits.py::train": (40, 10),
 }
 #: module path → lines today, for the modules over the limit.
 ALLOWED_FILES: dict[str, int] = {}

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 mem_tracker = pytest.importorskip("torch.distributed._tools.mem_tracker")
 
 import flopcount  # noqa: E402
-from helpers import saved_storages  # noqa: E402
+from helpers import hidden_state_loss, saved_storages  # noqa: E402
 from flopcount.memory.ledger import MemorySettings  # noqa: E402
 
 F32 = 4
@@ -115,17 +115,6 @@ def test_cnn_conv_batch_norm_max_pool():
     check_model_states(rank, module, inputs, buffers_left_out=8)
 
 
-class Loss(torch.nn.Module):
-    """A transformers model's last hidden state summed: the loss whose backward needs nothing kept."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids):
-        return self.model(input_ids=ids).last_hidden_state.sum()
-
-
 B, S, H, I, L = 2, 9, 24, 40, 2  # batch, sequence, hidden, intermediate, layers
 
 
@@ -135,7 +124,8 @@ def test_bert_tiny():
     a = 3
     config = transformers.BertConfig(vocab_size=61, hidden_size=H, num_hidden_layers=L, num_attention_heads=a,
                                      intermediate_size=I, max_position_embeddings=32, attn_implementation="eager")
-    module, inputs = Loss(transformers.BertModel(config, add_pooling_layer=False)), (torch.randint(0, 61, (B, S)),)
+    module = hidden_state_loss(transformers.BertModel(config, add_pooling_layer=False))
+    inputs = (torch.randint(0, 61, (B, S)),)
     rank = ledger(module, inputs)
     # the exporter's GELU (x·½·(1 + erf(x/√2))) read as torch's gelu, which keeps x; CPU dropout keeps its float
     # noise (flopcount.memory.kernels)
@@ -152,7 +142,7 @@ def test_llama_tiny_gqa():
     config = transformers.LlamaConfig(vocab_size=61, hidden_size=H, num_hidden_layers=L, num_attention_heads=heads,
                                       num_key_value_heads=kv_heads, intermediate_size=I, max_position_embeddings=32,
                                       attn_implementation="eager")
-    module, inputs = Loss(transformers.LlamaModel(config)), (torch.randint(0, 61, (B, S)),)
+    module, inputs = hidden_state_loss(transformers.LlamaModel(config)), (torch.randint(0, 61, (B, S)),)
     rank = ledger(module, inputs)
     # the exporter's rsqrt (Sqrt, then a division) and SiLU (x·sigmoid(x)) read as torch's kernels, which keep
     # their output and input; repeat_kv's reshape of the expanded K and V a copy, as torch's

@@ -272,6 +272,18 @@ def test_spinner_on_a_terminal_during_a_slow_export(monkeypatch):
     assert text.endswith("\r")  # the line is wiped when the export ends
 
 
+def test_no_spinner_under_quiet(monkeypatch):
+    from flopcount.cli.console import command_logging
+
+    terminal = FakeTerminal()
+    monkeypatch.setattr(frontend, "_PROGRESS_DELAY_S", 0.05)
+    monkeypatch.setattr(frontend, "_export", slow_export)
+    monkeypatch.setattr(sys, "stderr", terminal)
+    with command_logging(0, quiet=True):  # the command line's -q
+        frontend.to_onnx(nn.Linear(3, 5), (1, 3), cache_dir=False)
+    assert terminal.getvalue() == ""
+
+
 def test_progress_is_one_log_line_off_a_terminal(monkeypatch, caplog):
     monkeypatch.setattr(frontend, "_PROGRESS_DELAY_S", 0.05)
     monkeypatch.setattr(frontend, "_export", slow_export)

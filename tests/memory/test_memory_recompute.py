@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 mem_tracker = pytest.importorskip("torch.distributed._tools.mem_tracker")
 
 import flopcount  # noqa: E402
-from helpers import saved_storage_bytes  # noqa: E402
+from helpers import hidden_state_loss, saved_storage_bytes  # noqa: E402
 from flopcount.memory.ledger import MemorySettings  # noqa: E402
 
 F32 = 4
@@ -31,17 +31,6 @@ RUNS = {"none": None, "full": True, "non-reentrant": False}
 #: so no graph shows them inside a layer, though the checkpoint's function keeps them alive: 8·S bytes the ledger
 #: does not count (and is not compared here)
 READ = ("attention_mask", "position_embeddings")
-
-
-class Loss(torch.nn.Module):
-    """A transformers model's last hidden state summed: the loss whose backward needs nothing kept."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids):
-        return self.model(input_ids=ids).last_hidden_state.sum()
 
 
 def _llama():
@@ -58,7 +47,7 @@ def _gpt2():
 
 def _module(make, policy: str):
     torch.manual_seed(0)
-    module = Loss(make()).train()
+    module = hidden_state_loss(make()).train()
     module.model.config.use_cache = False
     if RUNS[policy] is not None:
         module.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": RUNS[policy]})

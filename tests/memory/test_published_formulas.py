@@ -325,23 +325,16 @@ def per_sbh(x: Fraction, m: Shape, s: int) -> str:
     return f"{float(x) / (s * B * m.hidden):.3f}"
 
 
+@pytest.mark.parametrize("heading, rows_of", [
+    pytest.param("{}, per layer", rows_of_layer_table, id="per-layer"),
+    pytest.param("{}, one of 8 tensor-parallel ranks", rows_of_tp_table, id="tensor-parallel"),
+])
 @pytest.mark.parametrize("m", MODELS, ids=lambda m: m.name)
-def test_docs_per_layer_table(m):
-    """Each row: the formula's text, then bytes and bytes ÷ s·b·h at s = 2048 and 4096 (bytes rounded down where
-    Megatron's ratio leaves a fraction)."""
-    docs = table_after(f"### {m.name}, per layer")
-    expected = rows_of_layer_table(m)
-    assert list(docs) == list(expected)
-    for label, values in expected.items():
-        cells = docs[label][1:]
-        assert [number(c) for c in cells[0::2]] == [int(v) for v in values], label
-        assert cells[1::2] == [per_sbh(v, m, s) for v, s in zip(values, SEQUENCES)], label
-
-
-@pytest.mark.parametrize("m", MODELS, ids=lambda m: m.name)
-def test_docs_tensor_parallel_table(m):
-    docs = table_after(f"### {m.name}, one of 8 tensor-parallel ranks")
-    expected = rows_of_tp_table(m)
+def test_docs_layer_tables(m, heading, rows_of):
+    """Each row of the per-layer table and of one tensor-parallel rank's (t = 8): the formula's text, then bytes and
+    bytes ÷ s·b·h at s = 2048 and 4096 (bytes rounded down where Megatron's ratio leaves a fraction)."""
+    docs = table_after("### " + heading.format(m.name))
+    expected = rows_of(m)
     assert list(docs) == list(expected)
     for label, values in expected.items():
         cells = docs[label][1:]

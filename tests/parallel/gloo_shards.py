@@ -1,5 +1,6 @@
 """What the gloo tests of tests/parallel share: the collectives a hand-sharded model calls, each recording the bytes
-it hands to torch.distributed by kind, and the GPT-2-like model written with Megatron-style local shards.
+it hands to torch.distributed by kind, the pieces the hand-sharded models repeat (an RMSNorm, a vocab-parallel
+embedding's lookup), and the GPT-2-like model written with Megatron-style local shards.
 
 Bytes are the payload handed to the collective, as the ledger counts them: the full tensor of an all_reduce, the
 gathered output of an all_gather, the input of a reduce_scatter, the tensor sent of a send."""
@@ -104,6 +105,37 @@ class Recorder:
 def ledger_bytes(rank, group: str | None = None) -> dict[str, int]:
     """The same {"kind(group)": bytes} of one rank of a :class:`~flopcount.parallel.ranks.ParallelLedger`."""
     return {f"{c.kind}({c.group})": c.bytes for c in rank.communication if group is None or c.group == group}
+
+
+def rms_norm(width: int, noisy: bool = False):
+    """The RMSNorm module class of Llama-like models (x·rsqrt(mean(x²) + 1e-6)·w over the last axis of ``width``),
+    its weight ones, or with ``noisy`` 1 + 0.1·N(0, 1) drawn from torch's generator as each one is made."""
+    import torch
+
+    nn = torch.nn
+
+    class Norm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(1 + 0.1 * torch.randn(width) if noisy else torch.ones(width))
+
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+    return Norm
+
+
+def vocab_lookup(ids, tokens, rank: int, t: int, reduce):
+    """The embedding of ``ids`` on TP rank ``rank`` of ``t`` holding the rows ``tokens`` (its V/t of a
+    vocab-parallel table), as Megatron looks it up: ids outside them read row 0 and are zeroed, and ``reduce`` (the
+    group's sum) adds the ranks' parts when t > 1."""
+    import torch
+
+    n = tokens.shape[0]
+    lo = rank * n
+    outside = (ids < lo) | (ids >= lo + n)
+    x = torch.nn.functional.embedding((ids - lo).masked_fill(outside, 0), tokens)
+    return reduce(x.masked_fill(outside[..., None], 0)) if t > 1 else x
 
 
 def tp_parts(t: int = 1, rank: int = 0, reduce=None):
@@ -214,10 +246,7 @@ def gpt2_like(t: int = 1, rank: int = 0, rec: Recorder | None = None, sp: bool =
             self.norm = Norm()
 
         def embed(self, ids):  # the first stage's: token and position lookups
-            lo = rank * (V // t)
-            outside = (ids < lo) | (ids >= lo + V // t)
-            x = nn.functional.embedding((ids - lo).masked_fill(outside, 0), self.tokens)
-            x = reduce(x.masked_fill(outside[..., None], 0)) if t > 1 else x
+            x = vocab_lookup(ids, self.tokens, rank, t, reduce)
             return split(x + nn.functional.embedding(torch.arange(S), self.positions))
 
         def head(self, x):  # the last stage's: this rank's V/t logits of the tied head, summed

@@ -17,7 +17,7 @@ import json
 from collections import Counter
 
 import pytest
-from gloo_shards import count_fsdp_collectives
+from gloo_shards import count_fsdp_collectives, rms_norm
 from helpers import gloo_ranks, tiny_llama
 
 from flopcount.parallel.plan import parse_parallel, parse_recompute
@@ -54,13 +54,7 @@ def _modules():
     causal softmax attention, RMSNorm, SwiGLU MLP, residual adds), the embedding, the final norm and LM head."""
     nn = torch.nn
 
-    class Norm(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.weight = nn.Parameter(torch.ones(H))
-
-        def forward(self, x):
-            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+    Norm = rms_norm(H)
 
     class Layer(nn.Module):
         def __init__(self, mlp=None):

@@ -19,7 +19,7 @@ from collections import Counter
 
 import pytest
 from gloo_shards import (B, D, H, HEADS, L, M, P, S, V, Recorder, count_fsdp_collectives, ledger_bytes,
-                         tp_parts)
+                         tp_parts, vocab_lookup)
 from helpers import gloo_ranks
 
 from flopcount.memory.ledger import MemorySettings
@@ -92,10 +92,7 @@ def bert_like(t: int = 1, rank: int = 0, rec: Recorder | None = None, head: str 
                 self.pooler, self.classifier = Projection(H, H, whole=True), Projection(H, LABELS, whole=True)
 
         def forward(self, ids, types):
-            lo = rank * (V // t)
-            outside = (ids < lo) | (ids >= lo + V // t)
-            x = nn.functional.embedding((ids - lo).masked_fill(outside, 0), self.tokens)
-            x = reduce(x.masked_fill(outside[..., None], 0)) if t > 1 else x
+            x = vocab_lookup(ids, self.tokens, rank, t, reduce)
             x = x + nn.functional.embedding(torch.arange(S), self.positions) + nn.functional.embedding(types,
                                                                                                        self.types)
             x = split(self.norm(x))

@@ -13,7 +13,7 @@ import json
 from collections import Counter
 
 import pytest
-from gloo_shards import Recorder, ledger_bytes
+from gloo_shards import Recorder, ledger_bytes, rms_norm
 from helpers import gloo_ranks
 
 from flopcount.memory.ledger import MemorySettings
@@ -48,13 +48,7 @@ def mixtral(ep: int, rec: Recorder | None = None):
     sent = [sum(1 for e, _ in pairs if e // PER == r) for r in range(EP)]
     came = torch.tensor([e for _ in range(EP) for e, _ in pairs if e // PER == ep])
 
-    class Norm(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.weight = nn.Parameter(torch.ones(H))
-
-        def forward(self, x):
-            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+    Norm = rms_norm(H)
 
     class Experts(nn.Module):
         def __init__(self):

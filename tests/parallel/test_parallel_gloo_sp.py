@@ -17,7 +17,7 @@ import json
 
 import pytest
 import gloo_shards as g2
-from gloo_shards import Recorder, gpt2_like, ledger_bytes
+from gloo_shards import Recorder, gpt2_like, ledger_bytes, rms_norm, vocab_lookup
 from helpers import gloo_ranks
 
 from flopcount.memory.ledger import MemorySettings
@@ -54,13 +54,7 @@ def llama_like(t: int = 1, rank: int = 0, rec: Recorder | None = None):
     def row(n_in: int):  # the input columns split
         return Proj((torch.randn(H, n_in) * 0.1).chunk(t, 1)[rank])
 
-    class Norm(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.weight = nn.Parameter(1 + 0.1 * torch.randn(H))
-
-        def forward(self, x):
-            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+    Norm = rms_norm(H, noisy=True)
 
     class Attention(nn.Module):
         def __init__(self):
@@ -101,10 +95,7 @@ def llama_like(t: int = 1, rank: int = 0, rec: Recorder | None = None):
             self.norm, self.head = Norm(), column(V)
 
         def forward(self, ids):
-            lo = rank * (V // t)
-            outside = (ids < lo) | (ids >= lo + V // t)
-            x = nn.functional.embedding((ids - lo).masked_fill(outside, 0), self.tokens)
-            x = scatter(x.masked_fill(outside[..., None], 0)) if t > 1 else x
+            x = vocab_lookup(ids, self.tokens, rank, t, scatter)
             for layer in self.layers:
                 x = layer(x)
             logits = self.head(gather(self.norm(x)))  # this rank's V/t logits of every token

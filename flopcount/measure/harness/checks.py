@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import math
 import operator
+from dataclasses import dataclass, replace
 from typing import Any
 
 from flopcount.errors import UsageError
 
-__all__ = ["checked_clock", "finite", "is_number", "meter_machine", "meter_source", "nonneg_int", "positive_finite",
-           "positive_int", "quality_exponent", "samples"]
+from .mfu import PRECISIONS
+
+__all__ = ["MeterArguments", "checked_clock", "finite", "is_number", "meter_arguments", "meter_machine", "meter_source",
+           "nonneg_int", "positive_finite", "positive_int", "quality_exponent", "samples"]
 
 
 def is_number(value: Any) -> bool:
@@ -152,3 +155,69 @@ def meter_machine(machine: Any, report: Any, model: Any):
         return load_profile(os.fspath(machine))
     raise UsageError(f"Meter: machine={machine!r}: expected the path of a machine profile (flopcount calibrate -o "
                      "FILE) or a MachineProfile")
+
+
+@dataclass(frozen=True)
+class MeterArguments:
+    """The :class:`Meter` arguments :func:`check_arguments` checks, as they were given (of any type: refusing the
+    wrong ones is :func:`meter_arguments`' job), with the meter's defaults."""
+
+    flops_per_sample: Any = None
+    target_quality: Any = None
+    quality_exponent: Any = None
+    higher_is_better: Any = True
+    precision: Any = None
+    peak_flops: Any = None
+    recompute: Any = None
+    warmup_steps: Any = 5
+    window_steps: Any = 20
+    energy: Any = True
+    clock: Any = None
+
+
+def meter_arguments(where: str, given: MeterArguments) -> MeterArguments:
+    """The meter's arguments checked (a :class:`UsageError` naming the argument and its allowed range) and
+    normalised; ``where`` names the caller (``Meter``, a framework callback) in the message."""
+    flops_per_sample, target_quality, exponent = given.flops_per_sample, given.target_quality, given.quality_exponent
+    higher_is_better, peak_flops = given.higher_is_better, given.peak_flops
+    if flops_per_sample is not None:
+        flops_per_sample = positive_finite(where, "flops_per_sample", flops_per_sample)
+    warmup_steps = nonneg_int(where, "warmup_steps", given.warmup_steps)
+    window_steps = positive_int(where, "window_steps", given.window_steps)
+    if target_quality is not None and exponent is None:
+        raise UsageError(f"{where}: target_quality needs quality_exponent (HPC AI500: 5 for image classification, "
+                         "10 for extreme weather analytics)")
+    if target_quality is not None:
+        target_quality = finite(where, "target_quality", target_quality)
+        if higher_is_better and target_quality <= 0:
+            raise UsageError(f"{where}: target_quality must be > 0 for a quality where higher is better (VFLOPS "
+                             f"divides by it), got {target_quality!r}")
+    if exponent is not None:
+        exponent = quality_exponent(where, exponent)
+    if not isinstance(higher_is_better, bool):
+        raise UsageError(f"{where}: higher_is_better must be True or False, got {higher_is_better!r}")
+    if peak_flops is not None:
+        peak_flops = positive_finite(where, "peak_flops", peak_flops)
+    if given.precision is not None and given.precision not in PRECISIONS:
+        raise UsageError(f"{where}: precision must be one of {', '.join(PRECISIONS)}, got {given.precision!r}")
+    recompute = _checked_recompute(where, given.recompute)
+    if not isinstance(given.energy, bool):
+        raise UsageError(f"{where}: energy must be True or False, got {given.energy!r}")
+    if given.clock is not None and not callable(given.clock):
+        raise UsageError(f"{where}: clock must be a zero-argument callable returning seconds, got {given.clock!r}")
+    return replace(given, flops_per_sample=flops_per_sample, target_quality=target_quality,
+                   quality_exponent=exponent, peak_flops=peak_flops, recompute=recompute,
+                   warmup_steps=warmup_steps, window_steps=window_steps)
+
+
+def _checked_recompute(where: str, recompute: Any) -> Any:
+    """``recompute`` as the meter takes it: None, "none", "full" or FLOPs per sample (a float)."""
+    if isinstance(recompute, str):
+        if recompute not in ("none", "full"):
+            raise UsageError(f"{where}: recompute={recompute!r}: expected 'none', 'full' or FLOPs per sample")
+    elif recompute is not None:
+        if not is_number(recompute) or not math.isfinite(float(recompute)) or float(recompute) < 0:
+            raise UsageError(f"{where}: recompute must be 'none', 'full' or a finite number of FLOPs per sample "
+                             f">= 0, got {recompute!r}")
+        recompute = float(recompute)
+    return recompute

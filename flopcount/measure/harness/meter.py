@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -46,7 +45,6 @@ from . import checks
 from . import energy as energy_mod
 from .clocks import make_timer
 from .figures import RunSnapshot, Window, last_quality, local_figures, run_figures
-from .mfu import PRECISIONS
 from .predicted import predicted_beside
 from .rank_mfu import check_plan_world, checked_plan, full_recompute_flops
 from .ranks import gather_ranks, is_writer, running_dist
@@ -109,51 +107,10 @@ class _Step:
         return False
 
 
-def check_arguments(where: str, *, flops_per_sample=None, target_quality=None, quality_exponent=None,
-                    higher_is_better=True, precision=None, peak_flops=None, recompute=None, warmup_steps=5,
-                    window_steps=20, energy=True, clock=None) -> dict[str, Any]:
-    """The meter's arguments checked (a :class:`UsageError` naming the argument and its allowed range) and
-    normalised; ``where`` names the caller (``Meter``, a framework callback) in the message."""
-    if flops_per_sample is not None:
-        flops_per_sample = checks.positive_finite(where, "flops_per_sample", flops_per_sample)
-    warmup_steps = checks.nonneg_int(where, "warmup_steps", warmup_steps)
-    window_steps = checks.positive_int(where, "window_steps", window_steps)
-    if target_quality is not None and quality_exponent is None:
-        raise UsageError(f"{where}: target_quality needs quality_exponent (HPC AI500: 5 for image classification, "
-                         "10 for extreme weather analytics)")
-    if target_quality is not None:
-        target_quality = checks.finite(where, "target_quality", target_quality)
-        if higher_is_better and target_quality <= 0:
-            raise UsageError(f"{where}: target_quality must be > 0 for a quality where higher is better (VFLOPS "
-                             f"divides by it), got {target_quality!r}")
-    if quality_exponent is not None:
-        quality_exponent = checks.quality_exponent(where, quality_exponent)
-    if not isinstance(higher_is_better, bool):
-        raise UsageError(f"{where}: higher_is_better must be True or False, got {higher_is_better!r}")
-    if peak_flops is not None:
-        peak_flops = checks.positive_finite(where, "peak_flops", peak_flops)
-    if precision is not None and precision not in PRECISIONS:
-        raise UsageError(f"{where}: precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    if isinstance(recompute, str):
-        if recompute not in ("none", "full"):
-            raise UsageError(f"{where}: recompute={recompute!r}: expected 'none', 'full' or FLOPs per sample")
-    elif recompute is not None:
-        if not checks.is_number(recompute) or not math.isfinite(float(recompute)) or float(recompute) < 0:
-            raise UsageError(f"{where}: recompute must be 'none', 'full' or a finite number of FLOPs per sample "
-                             f">= 0, got {recompute!r}")
-        recompute = float(recompute)
-    if not isinstance(energy, bool):
-        raise UsageError(f"{where}: energy must be True or False, got {energy!r}")
-    if clock is not None and not callable(clock):
-        raise UsageError(f"{where}: clock must be a zero-argument callable returning seconds, got {clock!r}")
-    return {"flops_per_sample": flops_per_sample, "target_quality": target_quality,
-            "quality_exponent": quality_exponent, "peak_flops": peak_flops, "recompute": recompute,
-            "warmup_steps": warmup_steps, "window_steps": window_steps}
-
-
 def check_meter_kwargs(where: str, kwargs: Mapping[str, Any]) -> None:
     """The :class:`Meter` keyword arguments a framework callback passes on, checked when the callback is made (an
-    unknown name, or a value :func:`check_arguments` refuses, is a :class:`UsageError`)."""
+    unknown name, or a value :func:`.checks.meter_arguments` refuses, is a :class:`UsageError`)."""
+    import dataclasses
     import inspect
 
     known = set(inspect.signature(Meter).parameters) - {"report", "model", "example_inputs", "flops_per_sample"}
@@ -161,8 +118,8 @@ def check_meter_kwargs(where: str, kwargs: Mapping[str, Any]) -> None:
     if unknown:
         raise UsageError(f"{where}: unknown Meter argument(s) {', '.join(unknown)}; expected some of "
                          f"{', '.join(sorted(known))}")
-    checkable = set(inspect.signature(check_arguments).parameters) - {"where"}
-    check_arguments(where, **{k: v for k, v in kwargs.items() if k in checkable})
+    checkable = {f.name for f in dataclasses.fields(checks.MeterArguments)}
+    checks.meter_arguments(where, checks.MeterArguments(**{k: v for k, v in kwargs.items() if k in checkable}))
 
 
 class Meter:
@@ -231,28 +188,18 @@ class Meter:
         self._plan, self._plan_recompute = checked_plan(plan, recompute, flops_per_sample)
         if self._plan is not None and isinstance(recompute, str) and recompute.lower() not in ("none", "full"):
             recompute = None  # the ledger's policy (selective, operator types); the whole-run HFU does not take it
-        checked = check_arguments("Meter", flops_per_sample=flops_per_sample, target_quality=target_quality,
-                                  quality_exponent=quality_exponent, higher_is_better=higher_is_better,
-                                  precision=precision, peak_flops=peak_flops, recompute=recompute,
-                                  warmup_steps=warmup_steps, window_steps=window_steps, energy=energy, clock=clock)
-        flops_per_sample, target_quality, quality_exponent = (checked["flops_per_sample"], checked["target_quality"],
-                                                              checked["quality_exponent"])
-        peak_flops, recompute = checked["peak_flops"], checked["recompute"]
+        checked = checks.meter_arguments("Meter", checks.MeterArguments(
+            flops_per_sample, target_quality, quality_exponent, higher_is_better, precision, peak_flops, recompute,
+            warmup_steps, window_steps, energy, clock))
         self._timeout = None if timeout is None else checks.positive_finite("Meter", "timeout", timeout)
-        warmup_steps, window_steps = checked["warmup_steps"], checked["window_steps"]
-        self._report = report
-        self._flops_per_sample = flops_per_sample
-        self._model = model
-        self._example_inputs = example_inputs
-        self.target_quality = target_quality
-        self.quality_exponent = quality_exponent
+        self._report, self._model, self._example_inputs = report, model, example_inputs
+        self._flops_per_sample = checked.flops_per_sample
+        self.target_quality, self.quality_exponent = checked.target_quality, checked.quality_exponent
         self.higher_is_better = higher_is_better
-        self._precision_given = precision
-        self._peak_given = peak_flops
+        self._precision_given, self._peak_given = precision, checked.peak_flops
         self._device = None
-        self._recompute = recompute
-        self.warmup_steps = warmup_steps
-        self.window_steps = window_steps
+        self._recompute = checked.recompute
+        self.warmup_steps, self.window_steps = checked.warmup_steps, checked.window_steps
         self._device_kind, self._device_index, self._device_how = self._resolve_device(device, model)
         self._start_timing(device, clock, energy, energy_source)
         self._start_run_state()

@@ -10,10 +10,10 @@
 """
 
 from .attribution import attribute, bound_of
-from .profiler import profile
+from .profiler import ProfileSettings, profile
 from .records import PROFILE_SCHEMA_VERSION, NodeProfile, OpTypeProfile, Profile, render, to_dict
 from .runnable import make_inputs, runnable_model
 from .session import OPTIMIZE_LEVELS, PROVIDERS, parse_profile
 
 __all__ = ["OPTIMIZE_LEVELS", "PROFILE_SCHEMA_VERSION", "PROVIDERS", "NodeProfile", "OpTypeProfile", "Profile",
-           "attribute", "bound_of", "make_inputs", "parse_profile", "profile", "render", "runnable_model", "to_dict"]
+           "ProfileSettings", "attribute", "bound_of", "make_inputs", "parse_profile", "profile", "render", "runnable_model", "to_dict"]

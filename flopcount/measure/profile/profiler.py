@@ -33,15 +33,31 @@ from flopcount.reporting.report import op_key
 from .attribution import attribute, bound_of, by_op_type, ceiling_dtype, group_bytes
 from .records import NodeProfile, Profile
 from .runnable import make_inputs, runnable_model
-from .session import OPTIMIZE_LEVELS, import_ort, open_session, parse_profile, run_session
+from .session import OPTIMIZE_LEVELS, SessionSpec, import_ort, open_session, parse_profile, run_session
 
-__all__ = ["profile", "stale_ceiling"]
+__all__ = ["ProfileSettings", "profile", "stale_ceiling"]
 
 
-def profile(source, input_shapes: Mapping[str, tuple[int, ...]] | None = None, batch: int | None = None,
-            provider: str = "cpu", optimize: str = "none", warmup: int = 2, runs: int = 5, ceilings=None,
-            threads: int | None = None, input_values: Mapping[str, list[int]] | None = None) -> Profile:
-    """Count ``source`` (a path or ModelProto), run it with onnxruntime's profiler and return a :class:`Profile`.
+@dataclass(frozen=True)
+class ProfileSettings:
+    """How :func:`profile` counts and runs a model: the input shapes, batch and input values it is counted at (as
+    :func:`flopcount.count` takes them), onnxruntime's execution provider (``"cpu"`` or ``"cuda"``), its graph
+    optimisation level (one of :data:`~.session.OPTIMIZE_LEVELS`), the untimed warm-up runs, the timed runs and
+    the intra-op threads (None: onnxruntime's own)."""
+
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None
+    batch: int | None = None
+    input_values: Mapping[str, list[int]] | None = None
+    provider: str = "cpu"
+    optimize: str = "none"
+    warmup: int = 2
+    runs: int = 5
+    threads: int | None = None
+
+
+def profile(source, settings: ProfileSettings = ProfileSettings(), ceilings=None) -> Profile:
+    """Count ``source`` (a path or ModelProto), run it with onnxruntime's profiler as ``settings`` say and return a
+    :class:`Profile`.
 
     ``ceilings`` (a :class:`~flopcount.measure.machine.ceilings.Ceilings`) decide compute/memory bound; None measures
     this CPU's (cached) GEMM and copy ceilings, the GEMM of onnxruntime itself on the profile's threads (its kernels
@@ -50,13 +66,15 @@ def profile(source, input_shapes: Mapping[str, tuple[int, ...]] | None = None, b
     from flopcount import count
     from flopcount.pipeline.loading import load_with_weights
 
+    provider, optimize, warmup, runs = settings.provider, settings.optimize, settings.warmup, settings.runs
     if optimize not in OPTIMIZE_LEVELS:
         raise UsageError(f"--optimize {optimize!r}: expected one of {', '.join(OPTIMIZE_LEVELS)}")
     if warmup < 0 or runs < 1:
         raise UsageError(f"--warmup must be >= 0 and --runs >= 1 (got {warmup} and {runs})")
     ort = import_ort(provider)
     loaded = load_with_weights(source)  # read once: counted without its weights, run with them
-    report = count(loaded, input_shapes=dict(input_shapes or {}), batch=batch, input_values=dict(input_values or {}))
+    report = count(loaded, input_shapes=dict(settings.input_shapes or {}), batch=settings.batch,
+                   input_values=dict(settings.input_values or {}))
     where = report.model.path or "<model>"
     model, names, weights = runnable_model(loaded, report)
     counted = {n.index: n for n in report.nodes}  # graph position -> its count (names repeat; positions do not)
@@ -64,7 +82,7 @@ def profile(source, input_shapes: Mapping[str, tuple[int, ...]] | None = None, b
     if ceilings is None:  # this CPU's, with onnxruntime's own GEMM as the compute ceiling for a CPU profile
         from flopcount.measure.machine.ceilings import cached_ort_gemm, default_ceilings
 
-        ceilings = default_ceilings(cached_ort_gemm(threads) if provider == "cpu" else None)
+        ceilings = default_ceilings(cached_ort_gemm(settings.threads) if provider == "cpu" else None)
     try:
         model_bytes = model.SerializeToString()
     except ValueError:  # protobuf's 2 GB limit
@@ -74,7 +92,7 @@ def profile(source, input_shapes: Mapping[str, tuple[int, ...]] | None = None, b
     if weights["synthesized"]:
         notes.append(f"{weights['synthesized']} initializers without data were synthesised (random values of their "
                      "dims and dtypes); times do not depend on the values")
-    run = _Run(ort, model_bytes, provider, optimize, threads, where, feeds)
+    run = _Run(SessionSpec(ort, model_bytes, provider, optimize, settings.threads, where), feeds)
     run_time, events, groups, executed_ops = _profiled(run, model, names, counted, warmup, runs, notes)
     per_run, profiled_runs, providers = parse_profile(events, warmup)
     if not per_run:
@@ -124,15 +142,10 @@ def stale_ceiling(rows: list[NodeProfile], ceilings) -> str | None:
 
 @dataclass(frozen=True)
 class _Run:
-    """What a profiled run of the model needs: onnxruntime, the serialized model, the provider, the optimisation
-    level, the threads, the model's name for messages and the inputs fed."""
+    """What a profiled run of the model needs: the sessions' onnxruntime, model, provider, optimisation level,
+    threads and name for messages, and the inputs fed."""
 
-    ort: Any
-    model_bytes: bytes
-    provider: str
-    optimize: str
-    threads: int | None
-    where: str
+    session: SessionSpec
     feeds: Mapping[str, Any]
 
 
@@ -141,16 +154,15 @@ def _profiled(run: _Run, model, names: list[str], counted: Mapping, warmup: int,
     profiled and plain runs alternate, so that both see the same machine (other load, clocks); the plain runs are
     the timed ones."""
     with tempfile.TemporaryDirectory(prefix="flopcount-profile-") as tmp:
-        optimized_path = os.path.join(tmp, "optimized.onnx") if run.optimize != "none" else None
-        session = open_session(run.ort, run.model_bytes, run.provider, run.optimize, os.path.join(tmp, "ort"),
-                               optimized_path, run.threads, run.where)
-        plain = open_session(run.ort, run.model_bytes, run.provider, run.optimize, threads=run.threads,
-                             where=run.where)
+        spec, where = run.session, run.session.where
+        optimized_path = os.path.join(tmp, "optimized.onnx") if spec.optimize != "none" else None
+        session = open_session(spec, os.path.join(tmp, "ort"), optimized_path)
+        plain = open_session(spec)
         times = []
         for k in range(warmup + runs):
-            run_session(session, run.feeds, run.where)
+            run_session(session, run.feeds, where)
             t0 = time.perf_counter()
-            run_session(plain, run.feeds, run.where)
+            run_session(plain, run.feeds, where)
             if k >= warmup:
                 times.append(time.perf_counter() - t0)
         trace = session.end_profiling()
@@ -165,7 +177,7 @@ def _profiled(run: _Run, model, names: list[str], counted: Mapping, warmup: int,
             optimized = onnx.load(optimized_path, load_external_data=False)
             groups = attribute(model.graph.node, names, optimized.graph)
             executed_ops = {n.name: op_key(n.domain, n.op_type) for n in optimized.graph.node}
-            notes.append(f"graph optimisations '{run.optimize}': {len(optimized.graph.node)} executed nodes for "
+            notes.append(f"graph optimisations '{spec.optimize}': {len(optimized.graph.node)} executed nodes for "
                          f"{len(counted)} graph nodes; each row lists the graph nodes it runs")
         else:
             groups = {name: [i] for i, name in enumerate(names)}

@@ -3,9 +3,13 @@ and the per-node times of its profiler's trace."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from flopcount.errors import DeviceError, MeasurementError, UsageError, first_line
 
-__all__ = ["OPTIMIZE_LEVELS", "PROVIDERS", "import_ort", "open_session", "parse_profile", "run_session"]
+__all__ = ["OPTIMIZE_LEVELS", "PROVIDERS", "SessionSpec", "import_ort", "open_session", "parse_profile",
+           "run_session"]
 
 OPTIMIZE_LEVELS = ("none", "basic", "extended", "all")
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -26,8 +30,24 @@ def import_ort(provider: str):
     return ort
 
 
-def open_session(ort, model_bytes: bytes, provider: str, optimize: str, profile_prefix: str | None = None,
-             optimized_path: str | None = None, threads: int | None = None, where: str = "<model>"):
+@dataclass(frozen=True)
+class SessionSpec:
+    """What an onnxruntime session is opened on: the module (:func:`import_ort`), the serialized model, the
+    execution provider, the optimisation level (one of :data:`OPTIMIZE_LEVELS`), the intra-op threads (None:
+    onnxruntime's own) and the model's name for messages."""
+
+    ort: Any
+    model_bytes: bytes
+    provider: str
+    optimize: str
+    threads: int | None = None
+    where: str = "<model>"
+
+
+def open_session(spec: SessionSpec, profile_prefix: str | None = None, optimized_path: str | None = None):
+    """A session of ``spec``; with ``profile_prefix`` its profiler on (traces named from it), with
+    ``optimized_path`` the optimised graph written there."""
+    ort, optimize, threads = spec.ort, spec.optimize, spec.threads
     so = ort.SessionOptions()
     so.graph_optimization_level = {
         "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -47,9 +67,9 @@ def open_session(ort, model_bytes: bytes, provider: str, optimize: str, profile_
     if optimized_path:
         so.optimized_model_filepath = optimized_path
     try:
-        return ort.InferenceSession(model_bytes, so, providers=[PROVIDERS[provider]])
+        return ort.InferenceSession(spec.model_bytes, so, providers=[PROVIDERS[spec.provider]])
     except Exception as e:  # onnxruntime raises its own exception types
-        raise MeasurementError(f"{where}: onnxruntime cannot load the model: {first_line(e)}") from None
+        raise MeasurementError(f"{spec.where}: onnxruntime cannot load the model: {first_line(e)}") from None
 
 
 def run_session(session, feeds, where: str):

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 import flopcount
 from flopcount.cli import main
 from flopcount.measure.machine.ceilings import Ceilings, Figure
-from flopcount.measure.profile import parse_profile, profile, runnable_model
+from flopcount.measure.profile import ProfileSettings, parse_profile, profile, runnable_model
 
 from helpers import const, model, weight
 
@@ -48,7 +48,7 @@ def test_runnable_model_synthesises_missing_weights_and_keeps_the_rest():
 
 
 def test_profile_small_model_per_node_figures():
-    p = profile(_mlp(), warmup=1, runs=3, ceilings=CEILINGS)
+    p = profile(_mlp(), ProfileSettings(warmup=1, runs=3), ceilings=CEILINGS)
     by_name = {n.name: n for n in p.nodes}
     mm = by_name["MatMul_0"]
     assert mm.flops == 2 * 37 * 91 * 23  # 154,882
@@ -69,7 +69,7 @@ def test_a_node_faster_than_the_ceiling_shows_it_stale():
     155 s at that rate): the profile says in one line that the ceiling is stale and how to take it again; a ceiling
     no operator type reaches says nothing."""
     low = Ceilings({"kind": "cpu", "name": "test"}, {"fp32": Figure(1e3, "test")}, {}, Figure(1e9, "test"))
-    p = profile(_mlp(), warmup=1, runs=2, ceilings=low)
+    p = profile(_mlp(), ProfileSettings(warmup=1, runs=2), ceilings=low)
     mm = next(n for n in p.nodes if n.name == "MatMul_0")
     assert mm.flops_per_s > 1e3
     stale = [n for n in p.notes if "stale" in n]
@@ -77,7 +77,7 @@ def test_a_node_faster_than_the_ceiling_shows_it_stale():
     assert stale[0].startswith("the MatMul nodes (fp32) ran at") and "above the ceiling of 1e-06 GFLOP/s" in \
         stale[0] and "flopcount ceilings -o FILE, then --ceilings FILE" in stale[0]
     high = Ceilings({"kind": "cpu", "name": "test"}, {"fp32": Figure(1e18, "test")}, {}, Figure(1e9, "test"))
-    assert not [n for n in profile(_mlp(), warmup=1, runs=2, ceilings=high).notes if "stale" in n]
+    assert not [n for n in profile(_mlp(), ProfileSettings(warmup=1, runs=2), ceilings=high).notes if "stale" in n]
 
 
 def test_parse_profile_skips_warmup_and_sums_per_run():
@@ -105,7 +105,7 @@ def _conv_bn_relu() -> onnx.ModelProto:
 def test_optimized_graph_attributes_fused_nodes():
     m = _conv_bn_relu()
     report = flopcount.count(m)
-    p = profile(m, optimize="basic", warmup=1, runs=2, ceilings=CEILINGS)
+    p = profile(m, ProfileSettings(optimize="basic", warmup=1, runs=2), ceilings=CEILINGS)
     covered = sorted(name for n in p.nodes for name in n.covers)
     assert covered == ["bn", "conv", "relu"]  # every graph node is in exactly one executed node
     assert sum(n.flops for n in p.nodes) == report.total.flops
@@ -250,7 +250,7 @@ def test_residual_add_and_relu_fused_into_a_convolution_belong_to_it():
     input), not by the next convolution, which merely reads their result."""
     m = _residual_block()
     report = flopcount.count(m)
-    p = profile(m, optimize="all", warmup=1, runs=2, ceilings=CEILINGS)
+    p = profile(m, ProfileSettings(optimize="all", warmup=1, runs=2), ceilings=CEILINGS)
     owner = {name: n.name for n in p.nodes for name in n.covers}
     assert sorted(owner) == ["add", "conv0", "conv1", "conv2", "relu", "relu0"]
     assert sum(n.flops for n in p.nodes) == report.total.flops
@@ -266,7 +266,7 @@ def test_product_fused_into_a_gemm_between_reshapes_belongs_to_the_gemm():
              helper.make_node("Relu", ["a"], ["y"], name="relu")]
     m = model(nodes, {"x": [2, 4, 8]}, ["y"], [weight("w", [8, 16]), weight("b", [16])])
     report = flopcount.count(m)
-    p = profile(m, optimize="all", warmup=1, runs=2, ceilings=CEILINGS)
+    p = profile(m, ProfileSettings(optimize="all", warmup=1, runs=2), ceilings=CEILINGS)
     by_name = {n.name: n for n in p.nodes}
     owner = {name: n.name for n in p.nodes for name in n.covers}
     assert sorted(owner) == ["add", "mm", "relu"]
@@ -286,7 +286,7 @@ def test_op_type_bytes_leave_out_executed_nodes_that_run_no_graph_node():
              helper.make_node("Reshape", ["a", "shape"], ["r"], name="reshape"),
              helper.make_node("Relu", ["r"], ["y"], name="relu")]
     m = model(nodes, {"x": [2, 4, 8]}, ["y"], [weight("w", [8, 16]), weight("b", [16]), const("shape", [8, 16])])
-    p = profile(m, optimize="all", warmup=1, runs=2, ceilings=CEILINGS)
+    p = profile(m, ProfileSettings(optimize="all", warmup=1, runs=2), ceilings=CEILINGS)
     owner = {name: n for n in p.nodes for name in n.covers}
     reshapes = [n for n in p.nodes if n.op_type == "Reshape"]
     # this onnxruntime inserts a Reshape before the Gemm and merges the one after it with the graph's Reshape
@@ -309,7 +309,7 @@ def test_profile_reads_the_model_file_once(tmp_path, monkeypatch):
     real_read, real_load = flopcount.pipeline.loading._read, onnx.load
     monkeypatch.setattr(flopcount.pipeline.loading, "_read", lambda p: reads.append(p) or real_read(p))
     monkeypatch.setattr(onnx, "load", lambda p, *a, **k: reads.append(p) or real_load(p, *a, **k))
-    p = profile(str(path), warmup=1, runs=2, ceilings=CEILINGS)
+    p = profile(str(path), ProfileSettings(warmup=1, runs=2), ceilings=CEILINGS)
     assert reads == [str(path)]
     assert p.model == str(path) and p.report.model.path == str(path)
     assert p.weights == {"from_model": 2, "synthesized": 0}  # the file's own W and shape, read in that one pass

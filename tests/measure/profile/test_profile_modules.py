@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 pytest.importorskip("onnxruntime")
 
-from flopcount.measure.profile import profile  # noqa: E402
+from flopcount.measure.profile import ProfileSettings, profile  # noqa: E402
 from flopcount.measure.profile.modules import module_times, profile_html  # noqa: E402
 
 F = TensorProto.FLOAT
@@ -33,14 +33,14 @@ def block_model() -> onnx.ModelProto:
 
 
 def test_unfused_nodes_time_their_own_modules():
-    p = profile(block_model(), optimize="none", warmup=1, runs=3)
+    p = profile(block_model(), ProfileSettings(optimize="none", warmup=1, runs=3))
     times = module_times(p)
     assert set(times) == {("blk", "blk.a"), ("blk", "blk.b"), ("head",)}
     assert sum(times.values()) == pytest.approx(sum(r.time_s for r in p.nodes if r.time_s))
 
 
 def test_a_kernel_fused_across_sibling_modules_times_their_parent():
-    p = profile(block_model(), optimize="all", warmup=1, runs=3)
+    p = profile(block_model(), ProfileSettings(optimize="all", warmup=1, runs=3))
     fused = [r for r in p.nodes if len(r.covers) > 1]
     assert fused and set(fused[0].covers) == {"/blk/a/MatMul", "/blk/b/Add"}
     times = module_times(p)
@@ -48,7 +48,7 @@ def test_a_kernel_fused_across_sibling_modules_times_their_parent():
 
 
 def test_page_shows_time_per_module():
-    p = profile(block_model(), optimize="none", warmup=1, runs=3)
+    p = profile(block_model(), ProfileSettings(optimize="none", warmup=1, runs=3))
     page = profile_html(p, depth=2)
     assert "time (ms)" in page and "share of time" in page and "GFLOP/s" in page
     row = re.search(r'<tr data-depth="2"[^>]*><td class="name"[^>]*>blk\.a</td>(.*?)</tr>', page).group(1)
