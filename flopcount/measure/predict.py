@@ -10,8 +10,10 @@ The rules (docs/predict.md states them for users):
   pooling the reduction bandwidth) at its bytes (inputs read and outputs written,
   :func:`flopcount.reporting.report.node_bytes`). The backward of a node runs its backward FLOPs at the same rate
   and moves twice its forward bytes (the gradient of each output read with the saved inputs, a gradient of each
-  input written); its recompute is its forward again. ``overhead`` is the profile's framework seconds per operator,
-  forward and backward, for each node with work.
+  input written); its recompute is its forward again. Attention products (two activations over a batch of
+  matrices, or a fused attention operator) run at the profile's fused attention rates where calibrated.
+  ``overhead`` (added, not a floor) is the profile's framework seconds per operator: the forward's once for a node
+  with work, the backward's per backward kernel (:func:`backward_kernels`), the forward's again when recomputed.
 * **A rank's share** of a node under a plan is the ledger's (:func:`flopcount.parallel.ranks.node_shares`): its
   FLOPs, its bytes scaled by the same fraction, its effective size from its own FLOPs.
 * **Collectives**: each of the ledger's collectives per step is sent as messages of a known size:
@@ -28,9 +30,10 @@ The rules (docs/predict.md states them for users):
   copies under pp), once a step.
 * **The step**: the pipeline schedule's simulation (:func:`flopcount.parallel.ranks.simulate_schedule`) with each
   chunk's forward and backward lasting the longest of its TP ranks' (compute and exposed TP time and the send),
-  then the exposed data-parallel time, then the optimizer step (its parameter bytes read and written at the
-  elementwise bandwidth: 7 bytes-per-byte for adam/adamw, 5 momentum, 3 sgd). Without a pipeline the schedule is
-  M microbatches one after another. A rank's ``bubble_seconds`` = the schedule's makespan − its busy time.
+  then the exposed data-parallel time, then the optimizer step (:func:`optimizer_seconds`: the profile's timing of
+  the optimizer per parameter tensor and per element at the tensor's size; without it, its parameter bytes read
+  and written at the elementwise bandwidth: 7 bytes-per-byte for adam/adamw, 5 momentum, 3 sgd). Without a
+  pipeline the schedule is M microbatches one after another. A rank's ``bubble_seconds`` = the schedule's makespan − its busy time.
 * **The point and the interval**: the step is predicted with every rate at its best calibrated repeat (a busy
   machine can only slow a repeat down, so the best is the closest to what the hardware sustains, as
   :func:`flopcount.measure.machine.ceilings.measure_gemm` takes it), and again at the median repeats: the interval
