@@ -366,11 +366,13 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"run": run.name, "measured_s": med, "fastest_s": min(times), "slowest_s": max(times),
                      "predicted_s": pred["step_seconds"], "interval": pred["interval"], "error": err,
                      "cpu_s": cpu, "predicted_busy_s": busy, "cpu_error": cpu_err,
+                     "predicted_overhead_s": max(r.get("overhead_seconds", 0.0) for r in pred["ranks"]),
                      "load": [load0, os.getloadavg()[0]]})
         print(f"{run.name:26s} wall {med:7.4f} s (spread {max(times) / min(times) - 1:4.0%}, load "
               f"{load0:.1f}-{os.getloadavg()[0]:.1f}) predicted {pred['step_seconds']:7.4f} s "
               f"[{_end(pred['interval'][0])}, {_end(pred['interval'][1])}] error {err:+6.1%} | busy CPU {cpu:7.4f} s "
-              f"predicted {busy:7.4f} s error {cpu_err:+6.1%}", flush=True)
+              f"predicted {busy:7.4f} s error {cpu_err:+6.1%} (framework overhead "
+              f"{rows[-1]['predicted_overhead_s']:.4f} s of it)", flush=True)
     for key, what in (("error", "wall clock"), ("cpu_error", "busy CPU time")):
         errs = [abs(r[key]) for r in rows]
         measured = [r["measured_s" if key == "error" else "cpu_s"] for r in rows]
