@@ -33,7 +33,8 @@ The rules (docs/predict.md states them for users):
   then the exposed data-parallel time, then the optimizer step (:func:`optimizer_seconds`: the profile's timing of
   the optimizer per parameter tensor and per element at the tensor's size; without it, its parameter bytes read
   and written at the elementwise bandwidth: 7 bytes-per-byte for adam/adamw, 5 momentum, 3 sgd). Without a
-  pipeline the schedule is M microbatches one after another. A rank's ``bubble_seconds`` = the schedule's makespan − its busy time.
+  pipeline the schedule is M microbatches one after another. A rank's ``bubble_seconds`` = the schedule's makespan
+  − its busy time.
 * **The point and the interval**: the step is predicted with every rate at its best calibrated repeat (a busy
   machine can only slow a repeat down, so the best is the closest to what the hardware sustains, as
   :func:`flopcount.measure.machine.ceilings.measure_gemm` takes it), and again at the median repeats: the interval

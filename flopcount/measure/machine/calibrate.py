@@ -351,7 +351,7 @@ def calibrate(ranks: int = 1, sizes: Sizes = DEFAULT_SIZES, timeout_s: float = 1
     return MachineProfile(True, "cpu", ranks, compute, overhead, collectives, peak, "fp32",
                           datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                           torch.__version__, machine,
-                          ("measured by flopcount calibrate; peak_flops_per_s is the best GEMM repeat with its operands in cache "
-                           "(compute.gemm_in_cache); compute.gemm times each product with its operands out of the "
+                          ("measured by flopcount calibrate; peak_flops_per_s is the best GEMM repeat with its operands "
+                           "in cache (compute.gemm_in_cache); compute.gemm times each product with its operands out of the "
                            "last-level cache, as a step's products find their weights",),
                           load_per_core(), optimizers)

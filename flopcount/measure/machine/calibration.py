@@ -34,7 +34,8 @@ from typing import Any
 from flopcount.errors import MeasurementError, UsageError
 
 __all__ = ["BUS_FACTORS", "COLLECTIVES", "DEVICE_BANDWIDTHS", "FORMAT", "FORMAT_VERSION", "LATENCY_UNKNOWN",
-           "MachineProfile", "OPTIMIZERS_TIMED", "OptimizerCost", "Point", "Segment", "above_ceiling", "bus_factor", "collective_seconds", "device_profile",
+           "MachineProfile", "OPTIMIZERS_TIMED", "OptimizerCost", "Point", "Segment", "above_ceiling", "bus_factor",
+           "collective_seconds", "device_profile",
            "differences", "fit_segments", "latency_known", "load_profile", "profile_from_dict", "rate_at",
            "this_machine"]
 
