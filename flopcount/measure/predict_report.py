@@ -72,7 +72,8 @@ def _one_rank(report: Any) -> Work:
     notes = []
     if train and report.optimizer is not None and report.optimizer[0] in OPTIMIZER_TRAFFIC:
         opt = report.trainable_params * 4 * OPTIMIZER_TRAFFIC[report.optimizer[0]]
-        notes.append("optimizer bytes at 4 bytes a parameter element (fp32)")
+        notes.append("optimizer bytes (its traffic, where the profile has no timing of it) at 4 bytes a parameter "
+                     "element (fp32)")
     ints = [t for t in report.model.inputs if t.elem_type in _INTEGER_TYPES and t.is_static]
     tokens, note = None, None
     if ints:
