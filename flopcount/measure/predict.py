@@ -10,8 +10,10 @@ The rules (docs/predict.md states them for users):
   pooling the reduction bandwidth) at its bytes (inputs read and outputs written,
   :func:`flopcount.reporting.report.node_bytes`). The backward of a node runs its backward FLOPs at the same rate
   and moves twice its forward bytes (the gradient of each output read with the saved inputs, a gradient of each
-  input written); its recompute is its forward again. ``overhead`` is the profile's framework seconds per operator,
-  forward and backward, for each node with work.
+  input written); its recompute is its forward again. Attention products (two activations over a batch of
+  matrices, or a fused attention operator) run at the profile's fused attention rates where calibrated.
+  ``overhead`` (added, not a floor) is the profile's framework seconds per operator: the forward's once for a node
+  with work, the backward's per backward kernel (:func:`backward_kernels`), the forward's again when recomputed.
 * **A rank's share** of a node under a plan is the ledger's (:func:`flopcount.parallel.ranks.node_shares`): its
   FLOPs, its bytes scaled by the same fraction, its effective size from its own FLOPs.
 * **Collectives**: each of the ledger's collectives per step is sent as messages of a known size:
@@ -28,9 +30,11 @@ The rules (docs/predict.md states them for users):
   copies under pp), once a step.
 * **The step**: the pipeline schedule's simulation (:func:`flopcount.parallel.ranks.simulate_schedule`) with each
   chunk's forward and backward lasting the longest of its TP ranks' (compute and exposed TP time and the send),
-  then the exposed data-parallel time, then the optimizer step (its parameter bytes read and written at the
-  elementwise bandwidth: 7 bytes-per-byte for adam/adamw, 5 momentum, 3 sgd). Without a pipeline the schedule is
-  M microbatches one after another. A rank's ``bubble_seconds`` = the schedule's makespan − its busy time.
+  then the exposed data-parallel time, then the optimizer step (:func:`optimizer_seconds`: the profile's timing of
+  the optimizer per parameter tensor and per element at the tensor's size; without it, its parameter bytes read
+  and written at the elementwise bandwidth: 7 bytes-per-byte for adam/adamw, 5 momentum, 3 sgd). Without a
+  pipeline the schedule is M microbatches one after another. A rank's ``bubble_seconds`` = the schedule's makespan
+  − its busy time.
 * **The point and the interval**: the step is predicted with every rate at its best calibrated repeat (a busy
   machine can only slow a repeat down, so the best is the closest to what the hardware sustains, as
   :func:`flopcount.measure.machine.ceilings.measure_gemm` takes it), and again at the median repeats: the interval
@@ -70,8 +74,9 @@ _PARTS = ("compute_seconds", "collective_seconds", "send_seconds")
 
 @dataclass(frozen=True)
 class NodeWork:
-    """One node's work on one rank per microbatch: ``kind`` gemm, conv, elementwise or reduction; ``matrices``
-    the product's batch of matrices (1 for a plain product)."""
+    """One node's work on one rank per microbatch: ``kind`` gemm, attention (a product of two activations: Q·Kᵀ,
+    probs·V), conv, elementwise or reduction; ``matrices`` the product's batch of matrices (1 for a plain product);
+    ``backward_kernels`` the kernels its backward runs (:func:`backward_kernels`)."""
 
     kind: str
     flops: float
@@ -79,6 +84,21 @@ class NodeWork:
     backward_flops: float = 0.0
     recompute_flops: float = 0.0
     matrices: float = 1.0
+    backward_kernels: float = 1.0
+
+
+def backward_kernels(forward_macs: float, backward_macs: float, backward_flops: float) -> float:
+    """The kernels a node's backward runs, from the counting's backward rule: a product's backward multiplies
+    once per operand that needs a gradient, each product the forward's MACs (``MatMul``: dA = dY·Bᵀ, dB = Aᵀ·dY),
+    so its products are its backward MACs / its forward MACs; any other node with backward work runs one; none
+    without.
+
+    >>> backward_kernels(100, 200, 400), backward_kernels(0, 0, 5), backward_kernels(0, 0, 0)
+    (2, 1, 0)
+    """
+    if not backward_flops:
+        return 0
+    return max(1, round(backward_macs / forward_macs)) if forward_macs and backward_macs else 1
 
 
 @dataclass(frozen=True)
@@ -107,6 +127,8 @@ class RankWork:
     model_flops: float  # per step
     hardware_flops: float
     optimizer_bytes: float = 0.0  # bytes the optimizer step reads and writes
+    optimizer: str | None = None  # its name (``--optimizer``), None without one
+    optimizer_tensors: tuple[tuple[float, float], ...] = ()  # (parameter tensors, their elements) per module held
 
 
 @dataclass(frozen=True)
@@ -170,7 +192,8 @@ class Prediction:
         comm = "; ".join(f"{k} {v['exposed']:.3g} s exposed, {v['overlapped']:.3g} s overlapped"
                          for k, v in r["communication_seconds"].items()) or "none"
         out.append(f"Rank {r['rank']}: compute {r['compute_seconds']:.4g} s, bubble {r['bubble_seconds']:.4g} s, "
-                   f"optimizer {r['optimizer_seconds']:.3g} s; communication: {comm}")
+                   f"optimizer {r['optimizer_seconds']:.3g} s, framework overhead {r['overhead_seconds']:.3g} s "
+                   f"(within compute and optimizer); communication: {comm}")
         notes = ([f"interval: {self.interval_note}"] if self.interval_note else []) + list(self.notes)
         return out + [f"Prediction note: {n}" for n in notes]
 
@@ -179,20 +202,21 @@ def node_seconds(w: NodeWork, profile: MachineProfile, which: str = "median") ->
     """(forward, backward with recompute) seconds of one node's work, and what was extrapolated."""
     out: list[str] = []
 
-    def rate(kind: str, size: float) -> float:
+    def rate(kind: str, size: float) -> float:  # a kind the profile lacks is timed as the one it falls back to
         r, outside = rate_at(profile.compute[kind], size, which)
         if outside:
             out.append(f"{kind} at size {size:.4g} (calibrated {profile.compute[kind][0].size:.4g}"
                        f"-{profile.compute[kind][-1].size:.4g})")
         return r
 
-    def one(flops: float, nbytes: float) -> float:
+    def one(flops: float, nbytes: float, backward: bool = False) -> float:
         if flops <= 0 and nbytes <= 0:
             return 0.0
         t = 0.0
-        if flops > 0 and w.kind in ("gemm", "conv"):
-            kind = w.kind if w.kind in profile.compute else "gemm"
-            size = (flops / 2 / w.matrices) ** (1 / 3) if kind == "gemm" else nbytes
+        if flops > 0 and w.kind in ("gemm", "conv", "attention"):
+            kind = _product_kind(w.kind, backward, profile)
+            products = max(1.0, w.backward_kernels) if backward else 1.0  # each of the forward's MACs
+            size = nbytes if kind == "conv" else (flops / 2 / products / w.matrices) ** (1 / 3)
             t = flops / rate(kind, size)
         mem = "reduction" if w.kind == "reduction" and "reduction" in profile.compute else "elementwise"
         if nbytes > 0:
@@ -200,14 +224,44 @@ def node_seconds(w: NodeWork, profile: MachineProfile, which: str = "median") ->
         return t
 
     fwd = one(w.flops, w.bytes)
-    ov = profile.overhead
-    fwd_s = fwd + (getattr(ov["forward"], which) if w.flops or w.bytes else 0.0)
-    bwd_s = 0.0
-    if w.backward_flops:
-        bwd_s = one(w.backward_flops, 2 * w.bytes) + getattr(ov["backward"], which)
+    ov_f, ov_b = node_overhead(w, profile, which)
+    bwd_s = one(w.backward_flops, 2 * w.bytes, True) if w.backward_flops else 0.0
     if w.recompute_flops and w.flops:
-        bwd_s += fwd * w.recompute_flops / w.flops + getattr(ov["forward"], which)
-    return fwd_s, bwd_s, out
+        bwd_s += fwd * w.recompute_flops / w.flops
+    return fwd + ov_f, bwd_s + ov_b, out
+
+
+def _product_kind(kind: str, backward: bool, profile: MachineProfile) -> str:
+    """The profile's rate a product is timed at: attention products at the fused attention's (its backward's in
+    the backward) where calibrated, convolutions at the convolution's, else the GEMM rate."""
+    if kind == "attention":
+        kind = "attention_backward" if backward else "attention"
+    return kind if kind in profile.compute else "gemm"
+
+
+def node_overhead(w: NodeWork, profile: MachineProfile, which: str = "median") -> tuple[float, float]:
+    """(forward, backward with recompute) framework seconds of a node: the profile's forward overhead once for a
+    node with work, its backward overhead per backward kernel, and the forward's again when it is recomputed."""
+    ov = profile.overhead
+    fwd = getattr(ov["forward"], which) if w.flops or w.bytes else 0.0
+    bwd = getattr(ov["backward"], which) * w.backward_kernels if w.backward_flops else 0.0
+    return fwd, bwd + (fwd if w.recompute_flops and w.flops else 0.0)
+
+
+def optimizer_seconds(r: RankWork, profile: MachineProfile, which: str = "median") -> tuple[float, float]:
+    """(seconds, of which per-tensor overhead) of the rank's optimizer step: with the profile's timing of its
+    optimizer, each parameter tensor's per-tensor cost plus its elements at the per-element cost of a tensor of its
+    size (interpolated in log(size) between the timed sizes; the nearest outside them); without, its bytes read and
+    written at the elementwise bandwidth (no per-tensor cost)."""
+    cost = (profile.optimizers or {}).get(r.optimizer) if r.optimizer else None
+    if cost is not None and r.optimizer_tensors:
+        tensors = sum(n for n, _ in r.optimizer_tensors)
+        per_tensor = getattr(cost.per_tensor_s, which) * tensors
+        return per_tensor + sum(e * rate_at(cost.per_element_s, e / n, which)[0]
+                                for n, e in r.optimizer_tensors if n and e), per_tensor
+    if not r.optimizer_bytes:
+        return 0.0, 0.0
+    return r.optimizer_bytes / rate_at(profile.compute["elementwise"], r.optimizer_bytes, which)[0], 0.0
 
 
 def exposed_after(backward_s: float, buckets: Sequence[tuple[float, float]]) -> float:
@@ -250,27 +304,29 @@ _chunks_timed: dict[tuple[int, int, str], tuple] = {}
 
 
 def _chunk_seconds(nodes: Sequence[NodeWork], profile: MachineProfile, which: str,
-                   memo: dict[NodeWork, tuple]) -> tuple[float, float, list[str]]:
-    """(forward, backward) seconds of a chunk's nodes in order, and what was extrapolated."""
+                   memo: dict[NodeWork, tuple]) -> tuple[float, float, list[str], float]:
+    """(forward, backward) seconds of a chunk's nodes in order, what was extrapolated, and the framework overhead
+    within those seconds."""
     key = (id(nodes), id(profile), which)
     hit = _chunks_timed.get(key)
     if hit is not None and hit[0] is nodes and hit[1] is profile:
         return hit[2]
-    fwd = bwd = 0.0
+    fwd = bwd = ov = 0.0
     notes: list[str] = []
     for w in nodes:
         found = memo.get(w)
         if found is None:
-            found = memo[w] = node_seconds(w, profile, which)
-        f, b, x = found
+            found = memo[w] = (*node_seconds(w, profile, which), sum(node_overhead(w, profile, which)))
+        f, b, x, o = found
         fwd += f
         bwd += b
+        ov += o
         notes.extend(x)
     if len(_chunks_timed) > 4096:
         _chunks_timed.clear()
     if isinstance(nodes, tuple):
-        _chunks_timed[key] = (nodes, profile, (fwd, bwd, notes))
-    return fwd, bwd, notes
+        _chunks_timed[key] = (nodes, profile, (fwd, bwd, notes, ov))
+    return fwd, bwd, notes, ov
 
 
 def _rank_times(r: RankWork, profile: MachineProfile, which: str, out: list[str],
@@ -279,8 +335,10 @@ def _rank_times(r: RankWork, profile: MachineProfile, which: str, out: list[str]
     fwd: dict[int, float] = {}
     bwd: dict[int, float] = {}
     memo = {} if memo is None else memo
+    overhead = 0.0
     for c, nodes in r.chunks.items():
-        fwd[c], bwd[c], notes = _chunk_seconds(nodes, profile, which, memo)
+        fwd[c], bwd[c], notes, ov = _chunk_seconds(nodes, profile, which, memo)
+        overhead += ov
         out.extend(notes)
     comm: dict[str, dict[str, float]] = {}
     phase_s = {"forward": 0.0, "backward": 0.0, "send_forward": 0.0, "send_backward": 0.0, "step": 0.0}
@@ -294,7 +352,7 @@ def _rank_times(r: RankWork, profile: MachineProfile, which: str, out: list[str]
         slot["exposed"] += t
         phase_s[m.phase] += t
     return {"forward": fwd, "backward": bwd, "comm": comm, "phase": phase_s, "dp_buckets": dp_buckets,
-            "compute": sum(fwd.values()) + sum(bwd.values())}
+            "compute": sum(fwd.values()) + sum(bwd.values()), "overhead": overhead}
 
 
 def _step(work: Sequence[RankWork], profile: MachineProfile, plan: Mapping[str, Any], which: str,
@@ -332,12 +390,11 @@ def _step(work: Sequence[RankWork], profile: MachineProfile, plan: Mapping[str, 
             ar["exposed"] += dp_exposed
             hidden = sum(b[1] for b in t["dp_buckets"]) - dp_exposed
             ar["overlapped"] += hidden if hidden > 1e-12 else 0.0  # not a rounding error's remainder
-        opt = r.optimizer_bytes / rate_at(profile.compute["elementwise"], r.optimizer_bytes, which)[0] \
-            if r.optimizer_bytes else 0.0
+        opt, opt_overhead = optimizer_seconds(r, profile, which)
         total = makespan + dp_exposed + t["phase"]["step"] + opt
         rows.append({"rank": r.rank, "step_seconds": total, "compute_seconds": m * t["compute"],
                      "communication_seconds": t["comm"], "bubble_seconds": makespan - busy[r.stage],
-                     "optimizer_seconds": opt})
+                     "optimizer_seconds": opt, "overhead_seconds": m * t["overhead"] + opt_overhead})
     return max(row["step_seconds"] for row in rows), rows, timeline
 
 
@@ -372,6 +429,7 @@ def predict_work(work: Work, profile: MachineProfile) -> Prediction:
         notes.append(f"the profile was taken on a busy machine (load {profile.load_per_core:.2f} per core): its "
                      "rates are what the work got then, not what the machine sustains; calibrate again when it is "
                      "quiet")
+    notes += _missing_calibrations(work, profile)
     if not profile.calibrated:
         notes.append(f"profile of the {profile.device} from its datasheets (calibrated: false): best-case rates, "
                      f"products at its dense {profile.dtype} peak, no framework overhead")
@@ -382,6 +440,23 @@ def predict_work(work: Work, profile: MachineProfile) -> Prediction:
                       {"device": profile.device, "calibrated": profile.calibrated, "ranks": profile.ranks,
                        "date": profile.date, "peak_flops_per_s": profile.peak_flops_per_s},
                       unique, tuple(notes), work.tokens_note, why, timeline)
+
+
+def _missing_calibrations(work: Work, profile: MachineProfile) -> list[str]:
+    """A note for each part of the step a calibrated profile taken before it was measured leaves out."""
+    if not profile.calibrated:
+        return []
+    out = []
+    names = sorted({r.optimizer for r in work.ranks if r.optimizer and r.optimizer_tensors})
+    if names and not all(n in (profile.optimizers or {}) for n in names):
+        out.append(f"the profile has no timing of the {', '.join(names)} step (taken before calibrate measured "
+                   "optimizers): the step is its bytes at the elementwise bandwidth and its per-tensor cost is left "
+                   "out; calibrate again to include it")
+    if "attention" not in profile.compute and any(w.kind == "attention" for r in work.ranks
+                                                   for nodes in r.chunks.values() for w in nodes):
+        out.append("the profile has no timing of fused attention (taken before calibrate measured it): attention "
+                   "products at the GEMM rate; calibrate again to include it")
+    return out
 
 
 def _interval(work: Work, profile: MachineProfile, steps: tuple[float, float],

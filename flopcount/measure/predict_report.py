@@ -10,14 +10,19 @@ from typing import Any
 from flopcount.errors import UsageError
 
 from .predict import (BUCKET_BYTES, FIRST_BUCKET_BYTES, GEMM_FAMILIES, OPTIMIZER_TRAFFIC, REDUCTION_FAMILIES,
-                      Message, NodeWork, RankWork, Work)
+                      Message, NodeWork, RankWork, Work, backward_kernels)
 
 __all__ = ["report_work"]
 
 _INTEGER_TYPES = (2, 3, 4, 5, 6, 7, 12, 13)  # ONNX uint8, int8, uint16, int16, int32, int64, uint32, uint64
 
 
-def _kind(node: Any) -> str:
+def _kind(node: Any, params: frozenset[str]) -> str:
+    """A product of two activations over a batch of matrices (both inputs of rank 3 or more, neither a parameter
+    in ``params``: an eager attention's Q·Kᵀ and probs·V) and a fused attention operator are ``attention``."""
+    if node.family == "attention" or node.family in GEMM_FAMILIES and len(node.inputs) == 2 and all(
+            t is not None and t.name not in params and len(t.shape or ()) >= 3 for t in node.inputs):
+        return "attention"
     if node.family in GEMM_FAMILIES:
         return "gemm"
     if node.family == "conv":
@@ -37,21 +42,23 @@ def _matrices(node: Any) -> float:
     return float(n)
 
 
-def _node_work(node: Any, fwd: float, bwd: float, again: float, known: tuple | None = None) -> NodeWork:
+def _node_work(node: Any, fwd: float, bwd: float, again: float, known: tuple) -> NodeWork:
     """A node's work on a rank that runs ``fwd``, ``bwd`` and ``again`` of its FLOPs; ``known``: its
-    :func:`_node_facts`, when already read."""
-    kind, whole, total, matrices = known or _node_facts(node)
+    :func:`_node_facts`."""
+    kind, whole, total, matrices, kernels = known
     frac = (fwd or bwd) / whole if whole else 1.0
     return NodeWork(kind, float(fwd), total * frac, float(bwd), float(again),
-                    max(1.0, matrices * frac) if matrices > 1 else 1.0)
+                    max(1.0, matrices * frac) if matrices > 1 else 1.0, kernels if bwd else 0)
 
 
-def _node_facts(node: Any) -> tuple[str, int, int, float]:
-    """(kind, whole FLOPs, bytes, matrices) of a node: what its share on any rank is scaled from."""
+def _node_facts(node: Any, params: frozenset[str]) -> tuple[str, int, int, float, float]:
+    """(kind, whole FLOPs, bytes, matrices, backward kernels) of a node (``params``: the model's parameter names):
+    what its share on any rank is scaled from."""
     from flopcount.reporting.report import node_bytes
 
     b = node_bytes(node)
-    return _kind(node), node.cost.flops or node.backward.flops, b.total if b else 0, _matrices(node)
+    return (_kind(node, params), node.cost.flops or node.backward.flops, b.total if b else 0, _matrices(node),
+            backward_kernels(node.cost.macs, node.backward.macs, node.backward.flops))
 
 
 def _one_rank(report: Any) -> Work:
@@ -60,12 +67,13 @@ def _one_rank(report: Any) -> Work:
     for n in report.nodes:
         bwd = n.backward.flops if train else 0
         if n.cost.flops or bwd:
-            nodes.append(_node_work(n, n.cost.flops, bwd, 0))
+            nodes.append(_node_work(n, n.cost.flops, bwd, 0, _node_facts(n, report.modules.parameters)))
     opt = 0.0
     notes = []
     if train and report.optimizer is not None and report.optimizer[0] in OPTIMIZER_TRAFFIC:
         opt = report.trainable_params * 4 * OPTIMIZER_TRAFFIC[report.optimizer[0]]
-        notes.append("optimizer bytes at 4 bytes a parameter element (fp32)")
+        notes.append("optimizer bytes (its traffic, where the profile has no timing of it) at 4 bytes a parameter "
+                     "element (fp32)")
     ints = [t for t in report.model.inputs if t.elem_type in _INTEGER_TYPES and t.is_static]
     tokens, note = None, None
     if ints:
@@ -75,7 +83,10 @@ def _one_rank(report: Any) -> Work:
     else:
         note = "no integer (token) input"
     total = report.total.flops
-    rank = RankWork(0, 0, 0, {0: tuple(nodes)}, (), float(total), float(total), opt)
+    name = report.optimizer[0] if train and report.optimizer is not None else None
+    tensors = _module_tensors(report)
+    held = tuple((tensors(m), float(n)) for m, n in report.modules.params.items() if n) if name else ()
+    rank = RankWork(0, 0, 0, {0: tuple(nodes)}, (), float(total), float(total), opt, name, held)
     return Work((rank,), {"microbatches": 1, "pp": 1, "virtual": 1, "schedule": "1f1b"}, tokens, note, tuple(notes))
 
 
@@ -123,6 +134,43 @@ def _messages(r: Any, led: Any) -> tuple[Message, ...]:
     return tuple(out)
 
 
+def _module_tensors(report: Any) -> Any:
+    """The parameter tensors of a module (by its path): its parameters' names (``module.leaf``) counted; a layer
+    of a stack extended past the exported ones (``--hf`` extend) has its first layer's count; a module of
+    parameter elements with no name found, one."""
+    counts: dict[str, int] = {}
+    for name in report.modules.parameters:
+        module = name.rpartition(".")[0]
+        counts[module] = counts.get(module, 0) + 1
+    path = report.layers.path + "." if report.layers is not None and report.layers.path else None
+
+    def tensors(module: str) -> int:
+        if module in counts:
+            return counts[module]
+        if path and module.startswith(path):
+            rest = module[len(path):].partition(".")[2]
+            return counts.get(path + "0" + ("." + rest if rest else ""), 1)
+        return 1
+
+    return tensors
+
+
+def _optimizer_tensors(r: Any, report: Any) -> tuple[tuple[float, float], ...]:
+    """(tensors, elements) of each module of the rank's stage: the module's elements scaled by the rank's share
+    of its stage's parameter elements (its optimizer elements over the stage's: the tensor-parallel split and the
+    sharding), its tensors whole (a shard of a tensor is one tensor to the optimizer)."""
+    from flopcount.parallel.layout import layout_of
+    from flopcount.parallel.optimizer import per_element
+
+    if r.optimizer_flops is None:
+        return ()
+    rows = layout_of(report, report.parallel.plan).stage_params(report.modules.params).get(r.stage, [])
+    stage = sum(n for _, _, n in rows)
+    frac = r.optimizer_flops / per_element(report) / stage if stage else 0.0
+    tensors = _module_tensors(report)
+    return tuple((tensors(m), n * frac) for m, _, n in rows if n * frac > 0)
+
+
 def _optimizer_bytes(r: Any, led: Any, report: Any) -> float:
     if r.optimizer_flops is None or led.optimizer not in OPTIMIZER_TRAFFIC:
         return 0.0
@@ -136,7 +184,7 @@ def _optimizer_bytes(r: Any, led: Any, report: Any) -> float:
 _last_places: list[tuple] = []
 
 
-def _places(nodes: Any, shares: Any) -> dict[tuple[int, int], dict[int, tuple[NodeWork, ...]]]:
+def _places(nodes: Any, shares: Any, params: frozenset[str]) -> dict[tuple[int, int], dict[int, tuple[NodeWork, ...]]]:
     """Each (stage, TP rank)'s work per chunk: its shares of the nodes."""
     if _last_places and _last_places[0][0] is nodes and _last_places[0][1] is shares:
         return _last_places[1]
@@ -146,7 +194,7 @@ def _places(nodes: Any, shares: Any) -> dict[tuple[int, int], dict[int, tuple[No
         chunks = by_place.setdefault((x.stage, x.tp), {})
         known = facts.get(x.index)
         if known is None:
-            known = facts[x.index] = _node_facts(nodes[x.index])
+            known = facts[x.index] = _node_facts(nodes[x.index], params)
         chunks.setdefault(x.chunk, []).append(_node_work(nodes[x.index], x.forward, x.backward, x.recompute, known))
     found = {place: {c: tuple(ws) for c, ws in chunks.items()} for place, chunks in by_place.items()}
     _last_places[:] = [(nodes, shares), found]
@@ -158,12 +206,14 @@ def _ledger_work(report: Any) -> Work:
 
     led = report.parallel
     plan = led.plan
-    by_place = _places(report.nodes, node_shares(report, plan, led.recompute))
+    by_place = _places(report.nodes, node_shares(report, plan, led.recompute), report.modules.parameters)
     ranks = []
     for r in led.ranks:
         chunks = by_place.get((r.stage, r.coords["tp"]), {})
         ranks.append(RankWork(r.rank, r.stage, r.coords["tp"], chunks, _messages(r, led), float(r.model_flops),
-                              float(r.hardware_flops), _optimizer_bytes(r, led, report)))
+                              float(r.hardware_flops), _optimizer_bytes(r, led, report),
+                              led.optimizer if r.optimizer_flops is not None else None,
+                              _optimizer_tensors(r, report)))
     d = led.dims
     notes = []
     if plan.cp > 1 or plan.ep > 1:

@@ -6,11 +6,21 @@ or ``--threads``), and measure **at the same time**, so that every compute rate 
 others work beside it (on a CPU the ranks share the cores). In each process:
 
 * **GEMM**: square products at each size, timed by :func:`~.ceilings.measure_gemm` (the one GEMM timer), each
-  size alone: its best, median and slowest repeat;
+  size alone: its best, median and slowest repeat (``gemm_in_cache``: the peak is its best); and again with a
+  64 MiB buffer written before each repeat, so that the operands come from memory as a training step's products
+  find their weights (``gemm``, the rate products are predicted at);
 * **elementwise** (``a + b`` into ``c``: 12 bytes an element) and **reduction** (``sum(a)``: 4 bytes an element)
   at each size, as bytes per second, timed by :func:`~.ceilings.repeat_times`;
 * **overhead**: the seconds a tiny operator costs in the forward (recorded by autograd) and in the backward, from a
   chain of 200 additions of one element;
+* **attention**: torch's fused attention (``scaled_dot_product_attention``, causal, the kernel a decoder's attention
+  runs) over a batch of 16 heads at each (sequence, head size), forward and forward + backward, as FLOP/s of the
+  full attention's products (forward 4·B·S²·D, backward twice that: the count's ``--attention full``), at the
+  effective size ∛(S²·D) of one product;
+* **optimizers**: each optimizer's step (torch's own, its implementation as torch picks it on this device) over
+  64 one-element tensors (seconds per tensor) and over one tensor of each of 2^12, 2^16, 2^18 and 2^20 elements
+  (seconds per element at that size, less the per-tensor cost: a step's temporaries of a large tensor are fresh
+  memory, whose first touch costs far more per element than a small one's);
 * **collectives** (rank 0 records the slowest rank of each repeat): ``all_reduce``, ``all_gather``,
   ``reduce_scatter``, ``all_to_all`` of each message size over all ``ranks`` processes, each repeat after a barrier;
   ``send_recv`` one way, half of a round trip between ranks 0 and 1. Their fit is
@@ -33,7 +43,7 @@ from dataclasses import dataclass
 
 from flopcount.errors import MeasurementError, UsageError
 
-from .calibration import COLLECTIVES, Collective, MachineProfile, Point, fit_segments
+from .calibration import COLLECTIVES, OPTIMIZERS_TIMED, Collective, MachineProfile, OptimizerCost, Point, fit_segments
 
 __all__ = ["DEFAULT_SIZES", "QUICK_SIZES", "Sizes", "calibrate", "measure_rank"]
 
@@ -48,12 +58,14 @@ class Sizes:
     messages: tuple[int, ...] = (1024, 4 * 1024, 16 * 1024, 64 * 1024, 256 * 1024, 1 * 2**20, 4 * 2**20, 16 * 2**20)
     repeats: int = 7
     gemm_budget_s: float = 0.6
+    attention: tuple[tuple[int, int], ...] = ((64, 32), (128, 32), (256, 64), (512, 64))  # (sequence, head size)
+    optimizer_elements: tuple[int, ...] = (2**12, 2**16, 2**18, 2**20)
 
 
 DEFAULT_SIZES = Sizes()
 #: A calibration of seconds, for tests.
 QUICK_SIZES = Sizes(gemm=(32, 64), elementwise=(4096, 65536), messages=(4096, 16384, 131072, 524288), repeats=3,
-                    gemm_budget_s=0.1)
+                    gemm_budget_s=0.1, attention=((32, 16), (64, 16)), optimizer_elements=(2**10, 2**14))
 
 
 def _stats(values: list[float], higher_is_better: bool) -> tuple[float, float, float]:
@@ -68,10 +80,11 @@ def _compute(sizes: Sizes) -> dict:
 
     from .ceilings import measure_gemm, repeat_times
 
-    out: dict = {"gemm": [], "elementwise": [], "reduction": []}
+    out: dict = {"gemm_in_cache": [], "elementwise": [], "reduction": []}
     for n in sizes.gemm:
         g = measure_gemm("cpu", "fp32", (n,), sizes.repeats, sizes.gemm_budget_s)
-        out["gemm"].append([n, g.median_flops_per_s, g.flops_per_s, g.min_flops_per_s])
+        out["gemm_in_cache"].append([n, g.median_flops_per_s, g.flops_per_s, g.min_flops_per_s])
+    out["gemm"] = _gemm_out_of_cache(sizes)
     start = time.perf_counter()
     for nbytes in sizes.elementwise:
         k = max(1, nbytes // 12)
@@ -82,6 +95,95 @@ def _compute(sizes: Sizes) -> dict:
         ts = repeat_times(lambda: torch.sum(x), "cpu", sizes.repeats, start, float("inf"))
         out["reduction"].append([4 * x.numel(), *_stats([4 * x.numel() / t for t in ts], True)])
     out["overhead"] = _overhead(sizes.repeats)
+    out["attention"], out["attention_backward"] = _attention(sizes)
+    out["optimizers"] = _optimizers(sizes.repeats, sizes.optimizer_elements)
+    return out
+
+
+def _gemm_out_of_cache(sizes: Sizes, flush_bytes: int = 64 * 2**20) -> list:
+    """[n, median, best, slowest] FLOP/s of n×n×n products, each repeat after writing ``flush_bytes`` (more than
+    a server CPU's last-level cache) so that its operands come from memory, as a training step's products find
+    their weights (last touched a step before) and most of their activations."""
+    import torch
+
+    flush = torch.zeros(flush_bytes // 4)
+    out = []
+    for n in sizes.gemm:
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        rates = []
+        for j in range(sizes.repeats + 1):  # one warm-up product
+            flush.add_(1.0)
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            t = time.perf_counter() - t0
+            if j:
+                rates.append(2.0 * n**3 / t)
+        out.append([n, *_stats(rates, True)])
+    return out
+
+
+def _attention(sizes: Sizes, heads: int = 16) -> tuple[list, list]:
+    """Forward and backward points of torch's fused causal attention: [size, median, best, slowest] FLOP/s, the
+    size ∛(S²·D) of one of its products, the FLOPs the full attention's products (forward 4·H·S²·D, backward
+    twice)."""
+    import torch
+    import torch.nn.functional as F
+
+    from .ceilings import repeat_times
+
+    fwd, bwd = [], []
+    start = time.perf_counter()
+    for s, d in sizes.attention:
+        q, k, v = (torch.randn(1, heads, s, d, requires_grad=True) for _ in range(3))
+        flops = 4.0 * heads * s * s * d
+        ts_f = repeat_times(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), "cpu", sizes.repeats,
+                            start, float("inf"))
+
+        def both():
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            o.backward(torch.ones_like(o))
+
+        ts_b = repeat_times(both, "cpu", sizes.repeats, start, float("inf"))
+        f_med = statistics.median(ts_f)
+        size = (s * s * d) ** (1 / 3)
+        fwd.append([size, *_stats([flops / t for t in ts_f], True)])
+        # the backward alone: each forward + backward repeat less the forward's median
+        bwd.append([size, *_stats([2 * flops / max(t - f_med, 1e-9) for t in ts_b], True)])
+    return fwd, bwd
+
+
+def _optimizers(repeats: int, elements: tuple[int, ...], tensors: int = 64) -> dict:
+    """Each optimizer's step: seconds per parameter tensor (over ``tensors`` one-element tensors) and per element
+    at each size of ``elements`` (over one tensor of that size, less the per-tensor median), as [size, median,
+    best, slowest]; and whether torch picked its multi-tensor (foreach) implementation."""
+    import torch
+    from torch.optim.optimizer import _default_to_fused_or_foreach
+
+    make = {"sgd": lambda ps: torch.optim.SGD(ps, lr=1e-3),
+            "momentum": lambda ps: torch.optim.SGD(ps, lr=1e-3, momentum=0.9),
+            "adam": lambda ps: torch.optim.Adam(ps, lr=1e-3), "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-3)}
+
+    def steps(name: str, sizes: tuple[int, ...]) -> list[float]:
+        ps = [torch.randn(n, requires_grad=True) for n in sizes]
+        for p in ps:
+            p.grad = torch.randn_like(p)
+        opt, ts = make[name](ps), []
+        for j in range(repeats + 2):  # two warm-up steps (the states are made at the first)
+            t0 = time.perf_counter()
+            opt.step()
+            if j >= 2:
+                ts.append(time.perf_counter() - t0)
+        return ts
+
+    out = {}
+    for name in OPTIMIZERS_TIMED:
+        per_tensor = [t / tensors for t in steps(name, (1,) * tensors)]
+        mid = statistics.median(per_tensor)
+        per_element = [[n, *_stats([max(t - mid, 1e-12) / n for t in steps(name, (n,))], False)] for n in elements]
+        foreach = bool(_default_to_fused_or_foreach([torch.zeros(1, requires_grad=True)], differentiable=False,
+                                                    use_fused=False)[1])
+        out[name] = {"per_tensor_s": [1, *_stats(per_tensor, False)], "per_element_s": per_element,
+                     "foreach": foreach}
     return out
 
 
@@ -233,17 +335,23 @@ def calibrate(ranks: int = 1, sizes: Sizes = DEFAULT_SIZES, timeout_s: float = 1
                 raw = json.load(f)
     else:
         raw = _spawned(ranks, sizes, timeout_s, threads)
-    compute = {k: tuple(Point(*map(float, row)) for row in raw[k]) for k in ("gemm", "elementwise", "reduction")}
+    compute = {k: tuple(Point(*map(float, row)) for row in raw[k])
+               for k in ("gemm", "gemm_in_cache", "elementwise", "reduction", "attention", "attention_backward")}
+    optimizers = {k: OptimizerCost(Point(*map(float, o["per_tensor_s"])),
+                                   tuple(Point(*map(float, row)) for row in o["per_element_s"]), o["foreach"])
+                  for k, o in raw["optimizers"].items()}
     overhead = {k: Point(*map(float, raw["overhead"][k])) for k in ("forward", "backward")}
     collectives = {}
     for kind, rows in raw.get("collectives", {}).items():
         pts = tuple(Point(*map(float, row)) for row in rows)
         n = 2 if kind == "send_recv" else ranks  # a send and its receive: two ranks, whatever the group
         collectives[kind] = Collective(n, pts, fit_segments(kind, n, pts))
-    peak = max(p.best for p in compute["gemm"])
+    peak = max(p.best for p in compute["gemm_in_cache"])
     machine = {"cpu": cpu_name(), "cores": cpu_cores(), "threads_per_rank": raw["threads"]}
     return MachineProfile(True, "cpu", ranks, compute, overhead, collectives, peak, "fp32",
                           datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                           torch.__version__, machine,
-                          ("measured by flopcount calibrate; peak_flops_per_s is the best GEMM repeat",),
-                          load_per_core())
+                          ("measured by flopcount calibrate; peak_flops_per_s is the best GEMM repeat with its operands "
+                           "in cache (compute.gemm_in_cache); compute.gemm times each product with its operands out of the "
+                           "last-level cache, as a step's products find their weights",),
+                          load_per_core(), optimizers)

@@ -8,6 +8,11 @@ A profile holds:
 * ``compute``: per operator kind (``gemm``, ``conv``: FLOP/s at sizes; ``elementwise``, ``reduction``: bytes per
   second at sizes) a list of :class:`Point`, each with the median, best and slowest repeat;
 * ``overhead``: the framework's seconds per operator in the forward and in the backward (a tiny op timed);
+* ``optimizers`` (null in a profile taken before it was measured): per optimizer (``sgd``, ``momentum``, ``adam``,
+  ``adamw``) the seconds its step costs per parameter tensor (``per_tensor_s``: a step over one-element tensors, a
+  :class:`Point`) and per parameter element at tensor sizes (``per_element_s``: points, a step over one tensor of
+  each size less its per-tensor cost), and whether torch ran its multi-tensor (``foreach``) implementation
+  (:class:`OptimizerCost`);
 * ``collectives``: per collective (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_to_all``,
   ``send_recv``) the timed points (message bytes → seconds) and their fit, latency + bus bytes / bus bandwidth,
   per size range (:class:`Segment`), where the bus bytes are the payload times nccl-tests' bus-bandwidth factor
@@ -29,13 +34,16 @@ from typing import Any
 from flopcount.errors import MeasurementError, UsageError
 
 __all__ = ["BUS_FACTORS", "COLLECTIVES", "DEVICE_BANDWIDTHS", "FORMAT", "FORMAT_VERSION", "LATENCY_UNKNOWN",
-           "MachineProfile", "Point", "Segment", "above_ceiling", "bus_factor", "collective_seconds", "device_profile",
+           "MachineProfile", "OPTIMIZERS_TIMED", "OptimizerCost", "Point", "Segment", "above_ceiling", "bus_factor",
+           "collective_seconds", "device_profile",
            "differences", "fit_segments", "latency_known", "load_profile", "profile_from_dict", "rate_at",
            "this_machine"]
 
 FORMAT = "flopcount-machine-profile"
 FORMAT_VERSION = 1
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+#: The optimizers whose step a calibration times (the names ``--optimizer`` takes).
+OPTIMIZERS_TIMED = ("sgd", "momentum", "adam", "adamw")
 #: nccl-tests' bus-bandwidth factors (its PERFORMANCE.md): bus bytes = factor × the payload (the whole tensor of an
 #: all_reduce, the gathered output of an all_gather, the input of a reduce_scatter, the sent buffer of an
 #: all_to_all, the message of a send/recv), so that the fitted bus bandwidth is comparable to a link's whatever n.
@@ -100,6 +108,21 @@ class Collective:
 
 
 @dataclass(frozen=True)
+class OptimizerCost:
+    """An optimizer's step as timed on the machine: seconds per parameter tensor (a :class:`Point`) and per
+    parameter element at tensor sizes (points: ``size`` the elements of the tensor it was timed on), and whether
+    torch ran its multi-tensor implementation (``foreach``) there."""
+
+    per_tensor_s: Point
+    per_element_s: tuple[Point, ...]
+    foreach: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"per_tensor_s": self.per_tensor_s.as_dict(), "per_element_s": [p.as_dict() for p in self.per_element_s],
+                "foreach": self.foreach}
+
+
+@dataclass(frozen=True)
 class MachineProfile:
     """A machine's rates (see the module). ``peak_flops_per_s``: what MFU divides by (a CPU's best measured GEMM
     rate; a GPU's datasheet peak of ``dtype``)."""
@@ -117,6 +140,7 @@ class MachineProfile:
     machine: Mapping[str, Any] = field(default_factory=dict)
     sources: tuple[str, ...] = ()
     load_per_core: float | None = None
+    optimizers: Mapping[str, OptimizerCost] | None = None  # None: not measured (a profile taken before it was)
 
     def as_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": FORMAT_VERSION, "calibrated": self.calibrated, "device": self.device,
@@ -125,6 +149,7 @@ class MachineProfile:
                 "compute": {k: [p.as_dict() for p in v] for k, v in self.compute.items()},
                 "overhead": {k: p.as_dict() for k, p in self.overhead.items()},
                 "collectives": {k: c.as_dict(k) for k, c in self.collectives.items()},
+                "optimizers": None if self.optimizers is None else {k: o.as_dict() for k, o in self.optimizers.items()},
                 "sources": list(self.sources)}
 
 
@@ -333,7 +358,30 @@ def profile_from_dict(doc: Any, where: str = "profile") -> MachineProfile:
     return MachineProfile(bool(_need(doc, "calibrated", bool, where)), str(doc.get("device", "")), ranks, compute,
                           overhead, collectives, float(peak), str(doc.get("dtype", "fp32")), str(doc.get("date", "")),
                           doc.get("torch"), dict(doc.get("machine") or {}), tuple(doc.get("sources") or ()),
-                          doc.get("load_per_core"))
+                          doc.get("load_per_core"), _optimizers(doc.get("optimizers"), where))
+
+
+def _optimizers(d: Any, where: str) -> dict[str, OptimizerCost] | None:
+    """The ``optimizers`` field: None when absent or null (not measured), else each optimizer's costs checked."""
+    if d is None:
+        return None
+    if not isinstance(d, Mapping):
+        raise MeasurementError(f"{where}: 'optimizers' is not an object (or null); take the profile again with "
+                               "flopcount calibrate")
+    out = {}
+    for name, o in d.items():
+        if name not in OPTIMIZERS_TIMED or not isinstance(o, Mapping) or not isinstance(o.get("foreach"), bool):
+            raise MeasurementError(f"{where}: optimizers.{name} is not one of {', '.join(OPTIMIZERS_TIMED)} with "
+                                   "per_tensor_s, per_element_s and foreach (true or false); take the profile again")
+        if not isinstance(o.get("per_element_s"), list) or not o["per_element_s"]:
+            raise MeasurementError(f"{where}: optimizers.{name}.per_element_s has no points; take the profile again")
+        tensor = _point(o.get("per_tensor_s"), f"{where}: optimizers.{name}.per_tensor_s")
+        element = tuple(_point(p, f"{where}: optimizers.{name}.per_element_s") for p in o["per_element_s"])
+        if min(min(p.median, p.best, p.slowest) for p in (tensor, *element)) <= 0:
+            raise MeasurementError(f"{where}: optimizers.{name} has a time of 0 (a step over a tensor and over its "
+                                   "elements takes time); take the profile again")
+        out[name] = OptimizerCost(tensor, element, o["foreach"])
+    return out
 
 
 def _check_description(doc: Mapping[str, Any], where: str) -> None:

@@ -187,5 +187,6 @@ def test_quick_calibration_of_two_gloo_processes():
         assert all(s.bus_bytes_per_s["median"] > 0 for s in c.segments)
     assert [pt.size for pt in p.compute["gemm"]] == list(QUICK_SIZES.gemm)
     assert all(pt.slowest <= pt.median <= pt.best for pt in p.compute["gemm"])  # rates
-    assert p.peak_flops_per_s == max(pt.best for pt in p.compute["gemm"])
+    assert [pt.size for pt in p.compute["gemm_in_cache"]] == list(QUICK_SIZES.gemm)
+    assert p.peak_flops_per_s == max(pt.best for pt in p.compute["gemm_in_cache"])  # the peak: operands in cache
     assert cal.profile_from_dict(json.loads(json.dumps(p.as_dict()))) == p

@@ -1,0 +1,79 @@
+"""The profile's optimizer timing and fused attention: a profile with them reads back equal, one taken before they
+were measured loads with ``optimizers`` null, every damaged figure is refused with one line (exit 12), and a quick
+calibration measures them at the sizes asked (the attention's effective size ∛(S²·D) written out)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from flopcount.errors import MeasurementError
+from flopcount.measure.machine import calibration as cal
+
+
+def _with_optimizers() -> dict:
+    doc = cal.device_profile("H100", 8).as_dict()
+    point = {"size": 1, "median": 2e-5, "best": 1.5e-5, "slowest": 3e-5}
+    doc["optimizers"] = {"adamw": {"per_tensor_s": dict(point),
+                                   "per_element_s": [{"size": 4096, "median": 2e-9, "best": 1e-9, "slowest": 3e-9}],
+                                   "foreach": False}}
+    return doc
+
+
+def test_optimizers_read_back_and_absent_is_null():
+    doc = _with_optimizers()
+    p = cal.profile_from_dict(doc)
+    adamw = p.optimizers["adamw"]
+    assert adamw.per_tensor_s.best == 1.5e-5 and adamw.per_element_s[0].size == 4096 and adamw.foreach is False
+    assert cal.profile_from_dict(json.loads(json.dumps(p.as_dict()))) == p
+    del doc["optimizers"]
+    assert cal.profile_from_dict(doc).optimizers is None
+    doc["optimizers"] = None
+    assert cal.profile_from_dict(doc).optimizers is None
+
+
+@pytest.mark.parametrize("path, value, words", [
+    ((), [], "'optimizers' is not an object"),
+    (("adamw", "foreach"), "yes", "optimizers.adamw is not one of"),
+    (("adagrad",), None, "optimizers.adagrad is not one of"),
+    (("adamw", "per_element_s"), [], "per_element_s has no points"),
+    (("adamw", "per_tensor_s", "best"), 0.0, "has a time of 0"),
+    (("adamw", "per_tensor_s", "median"), math.nan, "numbers >= 0"),
+    (("adamw", "per_element_s", 0, "slowest"), -1e-9, "numbers >= 0"),
+    (("adamw", "per_element_s", 0, "best"), 0, "has a time of 0"),
+], ids=["not-object", "foreach-text", "unknown", "no-points", "zero-tensor", "nan", "negative", "zero-element"])
+def test_damaged_optimizer_timing_is_refused_with_one_line(path, value, words):
+    doc = _with_optimizers()
+    if not path:
+        doc["optimizers"] = value
+    else:
+        d = doc["optimizers"]
+        for k in path[:-1]:
+            d = d[k]
+        d[path[-1]] = value
+    with pytest.raises(MeasurementError) as e:
+        cal.profile_from_dict(doc, "p.json")
+    assert words in str(e.value) and "\n" not in str(e.value) and e.value.exit_code == 12
+
+
+def test_quick_calibration_times_attention_and_optimizers():
+    torch = pytest.importorskip("torch")
+    from torch.optim.optimizer import _default_to_fused_or_foreach
+
+    from flopcount.measure.machine.calibrate import QUICK_SIZES, calibrate
+
+    p = calibrate(1, QUICK_SIZES, threads=1)
+    sizes = [(s * s * d) ** (1 / 3) for s, d in QUICK_SIZES.attention]
+    for kind in ("attention", "attention_backward"):
+        assert [pt.size for pt in p.compute[kind]] == pytest.approx(sizes)
+        assert all(0 < pt.slowest <= pt.median <= pt.best for pt in p.compute[kind])  # rates
+    foreach = _default_to_fused_or_foreach([torch.zeros(1, requires_grad=True)], differentiable=False,
+                                           use_fused=False)[1]
+    assert set(p.optimizers) == set(cal.OPTIMIZERS_TIMED)
+    for o in p.optimizers.values():
+        assert o.foreach is bool(foreach)
+        assert 0 < o.per_tensor_s.best <= o.per_tensor_s.median <= o.per_tensor_s.slowest  # seconds
+        assert [pt.size for pt in o.per_element_s] == list(QUICK_SIZES.optimizer_elements)
+    assert cal.profile_from_dict(json.loads(json.dumps(p.as_dict()))) == p
