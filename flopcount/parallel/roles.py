@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FLOATS", "Found", "Graph", "MIXERS", "PRODUCTS", "elements", "index_in", "kv_heads", "layer_roles", "layers_of",
-           "outside_roles", "stack_prefix", "tied_weights", "width"]
+__all__ = ["FLOATS", "Found", "Graph", "MIXERS", "PRODUCTS", "elements", "index_in", "kv_heads", "layer_roles",
+           "layers_of", "outside_roles", "stack_prefix", "tied_weights", "width"]
 
 #: The operator families of products (a weight product reads a stored tensor, an activation product none).
 PRODUCTS = ("matmul", "gemm", "conv", "einsum")
