@@ -1,8 +1,9 @@
 """The roles of a model's parts, read off its counted graph's dataflow (not its module names): the repeated layers,
-in each the attention's projections (column-parallel, K/V, latent), its row-parallel projection and heads, the
-MLP's projections around its activation and its inner ops, routers; outside the layers the token embedding, the
-position tables, the LM head (tied or not) and the loss. :mod:`flopcount.parallel.layout` states the rules and
-builds its :class:`~flopcount.parallel.layout.Layout` from what these functions find."""
+in each a sequence mixer (Mamba, gated delta rule, short convolution), the attention's projections (column-parallel,
+K/V, latent), its row-parallel projection and heads, the MLP's projections around its activation and its inner ops,
+routers; outside the layers the token embedding, the position tables, the LM head (tied or not) and the loss.
+:mod:`flopcount.parallel.layout` states the rules and builds its :class:`~flopcount.parallel.layout.Layout` from
+what these functions find."""
 
 from __future__ import annotations
 
