@@ -214,14 +214,17 @@ def _short_conv(g: Graph, k: int) -> bool:
     """Whether node ``k`` is a depthwise 1-D convolution over the sequence: a Conv of a weight ``(C, 1, K)`` on an
     input of C channels ``(N, C, S)``."""
     n = g.nodes[k]
-    w = getattr(n.inputs[1], "shape", None) if n.op_type == "Conv" and len(n.inputs) > 1 else None
-    x = getattr(n.inputs[0], "shape", None)
+    if n.op_type != "Conv" or len(n.inputs) < 2:
+        return False
+    w, x = getattr(n.inputs[1], "shape", None), getattr(n.inputs[0], "shape", None)
     return bool(w) and len(w) == 3 and w[1] == 1 and bool(x) and len(x) == 3 and x[1] == w[0]
 
 
 def _mixer_roles(g: Graph, ks: list[int], roles: list[str], found: Found) -> None:
     """Mark the layer's state-space or linear-attention mixer ``mixer`` and name its kind in ``found`` (see
     :mod:`flopcount.parallel.layout`'s rules)."""
+    if not any(_short_conv(g, k) for k in ks):
+        return
     flow = _Flow(g, ks, roles)
     convs = {k for k in flow.wprod if _short_conv(g, k)}
     ins = set().union(*(flow.back(c, 0) & flow.wprod for c in convs)) if convs else set()
