@@ -412,6 +412,14 @@ def _gathered_kv(g: Graph, layout: Any) -> _GatheredKV:
     return _GatheredKV(out, {layer: frozenset(r) for layer, r in roots.items()})
 
 
+def _unread(g: Graph, reader: Mapping[str, int], plan: ParallelPlan) -> dict[str, TensorInfo]:
+    """The parameters no node reads, in the graph's order, with their share on a rank: those the one-rank ledger
+    holds without a gradient (:func:`flopcount.memory.ledger.with_params`, DINOv2's ``mask_token``), whole on every
+    TP rank (no split rule reads them), FSDP2's shard of them over the D·C ranks under fsdp."""
+    n = plan.dp * plan.cp if plan.fsdp else 1
+    return {name: _fsdp_share(g.tensors[name], 1, n) for name in g.tensors if name in g.params and name not in reader}
+
+
 def _tp_div(layout: Any, g: Graph, reader: Mapping[str, int], name: str) -> int:
     """The TP (and EP) ranks a stored tensor is split over, by the role of the node that reads it first."""
     k = reader.get(name)
@@ -491,7 +499,7 @@ def _rank(w: _PlanWalk, s: int, e: int, stage: _Stage, alltoall: int) -> PlanRan
     plan, shard_div = layout.plan, w.shard_div
     keep, made, read = stage.keep, stage.made, stage.read
     nodes = [g.nodes[k] for k in keep]
-    tensors: dict[str, TensorInfo] = {}
+    tensors: dict[str, TensorInfo] = dict(unread := _unread(g, reader, plan) if s == 0 else {})  # on the first stage
     wanted = read | made.keys()  # in the graph's order: the optimizer steps the weights in the module's
     for name in [n for n in g.tensors if n in wanted] + sorted(wanted - g.tensors.keys()):
         info = g.tensors.get(name) or TensorInfo(name)
@@ -518,7 +526,8 @@ def _rank(w: _PlanWalk, s: int, e: int, stage: _Stage, alltoall: int) -> PlanRan
              for k, n in zip(keep, nodes) if n.index in g.saved}
     indexes = {n.index for n in nodes}
     sub = Graph(nodes, {k: f for k, f in g.grads.items() if k in indexes}, saved, tensors,
-                g.params & read, g.trainable & read, g.buffers & read, g.stored, stage.received, stage.sent,
+                g.params & (read | unread.keys()), g.trainable & read, g.buffers & read, g.stored, stage.received,
+                stage.sent,
                 {k: u for k, u in g.units.items() if k in indexes}, g.gathers, g.views, g.copies)
     # one walk gives both the figures and the peak: the held bytes are alive throughout, so they add to the live
     # total at every node alike and move the peak by themselves without moving where it is; only the gradients
@@ -538,7 +547,7 @@ def _rank(w: _PlanWalk, s: int, e: int, stage: _Stage, alltoall: int) -> PlanRan
             # a weight of unknown size is already in the ledger's ``unsized`` (the one-rank walk read the same
             # tensor), which makes the figures a stated lower bound; it adds nothing here
             # gathered whole, under fsdp as FSDP2's all-gather output holds it: n shards of dim 0 padded
-            n = shard_div(reader[name]) if plan.fsdp and name in reader else 1
+            n = (shard_div(reader[name]) if name in reader else plan.dp * plan.cp) if plan.fsdp else 1
             whole = n * (tensor_bytes(_fsdp_share(g.tensors.get(name) or TensorInfo(name),
                                                   _tp_div(layout, g, reader, name), n)) or 0)
             per_layer[layer] = per_layer.get(layer, 0) + whole

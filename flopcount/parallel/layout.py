@@ -12,6 +12,15 @@ scope takes the layer of the node that made its first input.
 that reads a stored floating-point tensor (directly or through views); an *activation product* reads none. In each
 layer:
 
+* a **mixer** (state-space or linear attention) is found first: a depthwise 1-D convolution over the sequence (a
+  Conv of a weight ``(C, 1, K)`` on C channels), the weight products first met going back from its input (the
+  in-projection), the first weight products met going forward from its output that map back to the width the
+  in-projection reads (the out-projection), and every node between them (further in-projections met going back
+  from the out-projection, the scan, the gated norm): role ``mixer``. Its kind: a **Mamba** mixer (a selective
+  scan: Mamba's, Mamba 2's) when it holds a running state (a CumSum, Scan or Loop) or an activation product, a
+  **gated delta rule** mixer when, moreover, the convolution's output is L2-normalised (a ReduceSum, ReduceL2 or
+  LpNormalization) before its first product (its queries and keys), else a **short-convolution** mixer (LFM2's
+  gated convolution). Its products are no attention's or MLP's;
 * the **attention** products are the activation products: a *score* product (Q·Kᵀ), whose inputs come from weight
   products, and a *context* product (·V), whose first input comes from the scores;
 * the **column-parallel** projections are the weight products first met going back from the scores' two inputs and
@@ -47,7 +56,11 @@ final norm) sequence work.
 **Split rules.** Each role splits over the T ranks of a TP group one way: ``column``, ``row``, ``vocab``, heads and
 inner ops 1/T; K/V projections and heads 1/min(T, kv) (one head copied on T/kv ranks when kv < T); ``expert``
 1/T of each expert (and its share of the experts over EP); ``sequence`` whole, or 1/T of the tokens under ``sp``;
-``replicated`` whole. A parameter follows its role, except a row-parallel projection's bias: whole on every rank
+``replicated`` whole; a ``mixer`` is not split over TP or the sequence: a plan with tp or cp above 1 is refused
+naming it (Megatron's MambaMixer splits a Mamba 2 mixer's heads and its groups of B and C over TP, which the ledger
+does not model yet; a mixer's state runs from token to token, which no framework splits over the sequence: Megatron's
+MambaContextParallel instead swaps the sequence split for a split of the heads by all-to-all, not modeled either).
+A parameter follows its role, except a row-parallel projection's bias: whole on every rank
 (Megatron's RowParallelLinear, torch's RowwiseParallel add it after the reduction), and likewise the FLOPs of a
 row-parallel Gemm's bias add.
 
@@ -71,6 +84,7 @@ from . import experts as px
 from .plan import ParallelPlan
 from .roles import (
     FLOATS,
+    MIXERS,
     PRODUCTS,
     Found,
     Graph,
@@ -92,7 +106,7 @@ __all__ = ["Dims", "Layout", "ModuleShare", "ROLE_RULES", "fsdp_shard", "in_flig
 ROLE_RULES = {"column": "split", "row": "split", "heads": "split", "inner": "split", "vocab": "split",
               "kv": "kv", "kv_heads": "kv", "latent": "norm", "sequence": "norm", "row_out": "norm",
               "shared_head": "replicated", "router": "replicated", "embedding": "replicated",
-              "replicated": "replicated", "positions": "positions", "expert": "expert"}
+              "replicated": "replicated", "positions": "positions", "expert": "expert", "mixer": "replicated"}
 #: Roles whose parameters are split 1/T (K/V projections: 1/min(T, kv); experts: 1/(T·E)).
 PARAM_SPLIT = frozenset({"column", "row", "vocab", "embedding", "heads", "inner", "tied"})
 #: Roles whose outputs are whole on every TP rank and split over the sequence under sp (memory).
@@ -348,7 +362,8 @@ def _structure_of(report: Any) -> _Structure:
         if n is not None:
             members.setdefault(n, []).append(k)
     found = {n: layer_roles(g, scopes, ks, expert, blocks, roles, attention, n) for n, ks in sorted(members.items())}
-    if not any(f.heads for f in found.values()):  # indexed modules without attention (a Sequential, a CNN's stages)
+    if not any(f.heads or f.mixer for f in found.values()):  # indexed modules without attention or a mixer (a
+        # Sequential, a CNN's stages)
         layer, members, found, roles, attention = [None] * len(nodes), {}, {}, [""] * len(nodes), {}
     stream = next((x for k in members.get(min(members), ()) if members for x in nodes[k].inputs
                    if x is not None and x.elem_type in FLOATS and x.shape and len(x.shape) >= 3), None) \
@@ -466,7 +481,10 @@ def _check(plan: ParallelPlan, d: Dims, found: Mapping[int, Found], members: Map
                          f"{nodes[outside_attention].name!r} in {_scope(scopes, outside_attention)}): a second stack "
                          "of layers, as an encoder-decoder has, is not split per rank; a plan of dp (with fsdp, zero1 "
                          "or zero2) applies to any model")
-    if not d.heads:
+    mixer = next(((n, f.mixer) for n, f in sorted(found.items()) if f.mixer), None)
+    if mixer is not None and (t > 1 or plan.cp > 1):
+        raise UsageError(_mixer_refused(plan, *mixer))
+    if not d.heads and mixer is None:
         raise UsageError(f"--parallel {_degrees(plan)}: {where}'s repeated layers have no attention (no product of "
                          "Q and K found in the graph); tensor, pipeline and context parallelism split a stack of "
                          "attention layers, while a plan of dp (with fsdp, zero1 or zero2) applies to any model")
@@ -509,6 +527,20 @@ def _check(plan: ParallelPlan, d: Dims, found: Mapping[int, Found], members: Map
     if v > 1 and plan.microbatches % p:
         raise UsageError(f"--microbatches {plan.microbatches}: the interleaved schedule runs microbatches in groups "
                          f"of pp={p}; give a multiple of {p}")
+
+
+def _mixer_refused(plan: ParallelPlan, layer: int, kind: str) -> str:
+    """The one line refusing a plan that would split layer ``layer``'s mixer of ``kind`` (see the module's rules)."""
+    if plan.cp > 1:
+        why = ("each token reads the tokens before it, which lie on another rank" if kind == "short_conv" else
+               "its state runs from each token to the next, and no framework splits the scan itself over the "
+               "sequence (Megatron's MambaContextParallel swaps to a split of the heads by all-to-all instead, "
+               "which the ledger does not model)")
+        return f"--parallel cp={plan.cp}: layer {layer}'s {MIXERS[kind]} cannot be split over the sequence: {why}; " \
+               "give cp=1"
+    how = ("Megatron's MambaMixer splits a Mamba 2 mixer's heads and its groups of B and C over TP, which the ledger "
+           "does not model yet" if kind == "mamba" else "no tensor-parallel rule for it is modeled")
+    return f"--parallel tp={plan.tp}: layer {layer}'s {MIXERS[kind]} is not split over TP: {how}; give tp=1"
 
 
 def _scope(scopes, k: int) -> str:

@@ -1,8 +1,9 @@
 """The roles of a model's parts, read off its counted graph's dataflow (not its module names): the repeated layers,
-in each the attention's projections (column-parallel, K/V, latent), its row-parallel projection and heads, the
-MLP's projections around its activation and its inner ops, routers; outside the layers the token embedding, the
-position tables, the LM head (tied or not) and the loss. :mod:`flopcount.parallel.layout` states the rules and
-builds its :class:`~flopcount.parallel.layout.Layout` from what these functions find."""
+in each a sequence mixer (Mamba, gated delta rule, short convolution), the attention's projections (column-parallel,
+K/V, latent), its row-parallel projection and heads, the MLP's projections around its activation and its inner ops,
+routers; outside the layers the token embedding, the position tables, the LM head (tied or not) and the loss.
+:mod:`flopcount.parallel.layout` states the rules and builds its :class:`~flopcount.parallel.layout.Layout` from
+what these functions find."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FLOATS", "Found", "Graph", "PRODUCTS", "elements", "index_in", "kv_heads", "layer_roles", "layers_of",
-           "outside_roles", "stack_prefix", "tied_weights", "width"]
+__all__ = ["FLOATS", "Found", "Graph", "MIXERS", "PRODUCTS", "elements", "index_in", "kv_heads", "layer_roles",
+           "layers_of", "outside_roles", "stack_prefix", "tied_weights", "width"]
 
 #: The operator families of products (a weight product reads a stored tensor, an activation product none).
 PRODUCTS = ("matmul", "gemm", "conv", "einsum")
@@ -23,6 +24,14 @@ _META = frozenset({"Shape", "Size"})
 #: Ops of a cross-entropy over the vocabulary after the LM head: its vocab-parallel form all-reduces the logits'
 #: maximum, the sum of their exponentials and the target's logit.
 _CROSS_ENTROPY = frozenset({"Softmax", "LogSoftmax", "SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"})
+#: The kinds of sequence mixer :func:`layer_roles` tells apart, each with the words a refusal names it by.
+MIXERS = {"mamba": "Mamba mixer (a selective scan over the sequence)",
+          "delta": "gated delta rule mixer (linear attention: a recurrence over the sequence)",
+          "short_conv": "short-convolution mixer (a gated causal convolution over the sequence)"}
+#: Ops of a running state over the sequence (a chunked scan's cumulative decay, a loop).
+_SCANS = frozenset({"CumSum", "Scan", "Loop"})
+#: Ops of an L2 norm over the last axis (the gated delta rule's normalised queries and keys).
+_L2 = frozenset({"ReduceSum", "ReduceSumSquare", "ReduceL2", "LpNormalization"})
 
 
 def index_in(scope: str, prefix: str | None = None) -> tuple[str, int | None]:
@@ -162,6 +171,7 @@ class Found:
     ffn: int = 0
     weight_type: int = 0
     unclassified: tuple[int, ...] = ()
+    mixer: str = ""  # the layer's state-space or linear-attention mixer: one of MIXERS' keys ("": none)
 
 
 class _Flow:
@@ -198,6 +208,47 @@ class _Flow:
     def ahead(self, k: int, stop) -> set[int]:
         """The nodes ``stop`` accepts first met going forward from node ``k``'s outputs."""
         return self.g.reach([x.name for x in self.g.nodes[k].outputs if x is not None], self.inside, stop, True)[1]
+
+
+def _short_conv(g: Graph, k: int) -> bool:
+    """Whether node ``k`` is a depthwise 1-D convolution over the sequence: a Conv of a weight ``(C, 1, K)`` on an
+    input of C channels ``(N, C, S)``."""
+    n = g.nodes[k]
+    if n.op_type != "Conv" or len(n.inputs) < 2:
+        return False
+    w, x = getattr(n.inputs[1], "shape", None), getattr(n.inputs[0], "shape", None)
+    return bool(w) and len(w) == 3 and w[1] == 1 and bool(x) and len(x) == 3 and x[1] == w[0]
+
+
+def _mixer_roles(g: Graph, ks: list[int], roles: list[str], found: Found) -> None:
+    """Mark the layer's state-space or linear-attention mixer ``mixer`` and name its kind in ``found`` (see
+    :mod:`flopcount.parallel.layout`'s rules)."""
+    if not any(_short_conv(g, k) for k in ks):
+        return
+    flow = _Flow(g, ks, roles)
+    convs = {k for k in flow.wprod if _short_conv(g, k)}
+    ins = set().union(*(flow.back(c, 0) & flow.wprod for c in convs)) if convs else set()
+    reads = flow.activations(sorted(ins)[:1])
+    hidden = width(g.info.get(reads[0])) if reads else None
+    if not hidden:
+        return
+    outs = set().union(*(flow.ahead(c, lambda q: q in flow.wprod and q not in convs and
+                                    width(g.nodes[q].outputs[0]) == hidden) for c in convs))
+    if not outs:
+        return
+    after = g.reach([x.name for k in ins for x in g.nodes[k].outputs if x is not None], flow.inside,
+                    outs.__contains__, True)[0]
+    passed, met = g.reach(flow.activations(sorted(outs)), flow.inside, lambda q: q in flow.wprod and q not in after,
+                          False)
+    mixer = passed | met | outs
+    for k in mixer:
+        roles[k] = "mixer"
+    first = set().union(*(g.reach([x.name for x in g.nodes[c].outputs if x is not None], mixer.__contains__,
+                                  lambda q: g.nodes[q].family in PRODUCTS, True)[0] for c in convs))
+    if any(g.nodes[k].op_type in _SCANS or (g.nodes[k].family in PRODUCTS and not g.weights(k)) for k in mixer):
+        found.mixer = "delta" if any(g.nodes[k].op_type in _L2 for k in first) else "mamba"
+    else:
+        found.mixer = "short_conv"
 
 
 def _attention_roles(flow: _Flow, roles: list[str], found: Found, products: list[int]) -> set[int]:
@@ -275,6 +326,7 @@ def layer_roles(g: Graph, scopes, ks: list[int], expert, blocks, roles: list[str
             roles[k] = "expert"
         elif _block_own(scopes[k], blocks):
             roles[k] = "router"
+    _mixer_roles(g, ks, roles, found)
     flow = _Flow(g, ks, roles)
     routers = {c for c in flow.wprod if any(g.nodes[q].op_type == "TopK" for q in flow.ahead(
         c, lambda q: q in flow.wprod or g.nodes[q].op_type == "TopK"))}  # a MoE router: its scores pick experts

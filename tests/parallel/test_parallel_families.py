@@ -10,7 +10,8 @@ families), asserting the reconcile identities of docs/parallel.md exactly (:func
   ``sum(p.numel() for p in model.parameters())`` (SGD: 2 FLOPs an element);
 * every rank has a memory row; unsharded, a rank's parameter bytes == the elements its optimizer updates × 4;
   under zero the parameters stay whole on every rank, under fsdp each rank holds FSDP2's shard of every parameter
-  (dim 0 padded to ⌈d0/n⌉ rows), both from torch's parameter shapes.
+  (dim 0 padded to ⌈d0/n⌉ rows), both from torch's parameter shapes; a parameter the forward never reads (torch's
+  elements less the trained ones: DINOv2's ``mask_token``) is held whole on each rank of the first stage.
 
 A plan the ledger refuses for a family is in :data:`REFUSED` with its reason (``ep`` on a dense
 family: :data:`NO_EXPERTS`): the test asserts the refusal is one
@@ -48,14 +49,21 @@ PLANS = (("tp=2", 1), ("tp=2,sp", 2), ("pp=2", 2), ("cp=2", 1), ("dp=2,fsdp", 2)
 EP_PLAN = ("dp=2,ep=2", 1)
 
 _GQA_FUSED = "the fused QKV projection of layer 0 splits whole K/V heads only when tp divides its 1 K/V heads"
-# the Mamba mixers' projections are taken for attention's: this line does not yet name the mixer (the layout's
-# state-space rules are issue 38's first item)
-_MIXER = "the K/V projections' width is not whole heads of 8; the head-splitting rule cannot be applied"
+#: Each sequence mixer of the hybrids, as a refusal names it: a plan with tp or cp above 1 is refused on layer 0's.
+_MAMBA = "Mamba mixer (a selective scan over the sequence)"
+_DELTA = "gated delta rule mixer (linear attention: a recurrence over the sequence)"
+_SHORT_CONV = "short-convolution mixer (a gated causal convolution over the sequence)"
+_RECURRENCE = "its state runs from each token to the next"
 _STACKS = "has attention outside its repeated layers (node 'node_matmul' in encoder.{}): a second stack of layers"
 _IMAGE_SEQ = {"tp=2,sp": "tp must divide the sequence length 17 under sp",  # 16 patches and the class token
               "cp=2": "the zigzag split needs 2·cp = 4 to divide the sequence length 17"}
-_OUTSIDE = ") is a product outside the attention projections and the MLP's projections around it"
 _SPLITS = ("tp=2", "tp=2,sp", "cp=2")
+
+def _mixer(kind: str, why: str) -> dict[str, str]:
+    """The refusals of a hybrid whose layer 0 holds a sequence mixer of ``kind``: tp (with or without sp), cp."""
+    return {**dict.fromkeys(_SPLITS[:2], f"layer 0's {kind} is not split over TP"),
+            "cp=2": f"layer 0's {kind} cannot be split over the sequence: {why}"}
+
 
 #: Why a dense family refuses ``ep`` (not in its per-rank cell: the plan does not apply).
 NO_EXPERTS = "has no routed experts"
@@ -63,21 +71,19 @@ NO_EXPERTS = "has no routed experts"
 #: family → plan → the one line it is refused with (a part the plan cannot split, and why).
 REFUSED: dict[str, dict[str, str]] = {
     "falcon": {"tp=2": _GQA_FUSED, "tp=2,sp": _GQA_FUSED},
-    "qwen3_next": dict.fromkeys(_SPLITS[:2], "node 'node_matmul_5' (MatMul in model.layers.0.linear_attn" + _OUTSIDE),
-    "lfm2": dict.fromkeys(_SPLITS[:2], "node 'node_Conv_383' (Conv in model.layers.0.conv" + _OUTSIDE),
-    **{name: dict.fromkeys(_SPLITS, _MIXER) for name in ("jamba", "bamba", "falcon_h1", "mamba2", "granitemoehybrid")},
+    **{name: _mixer(kind, why) for name, kind, why in (
+        ("qwen3_next", _DELTA, _RECURRENCE),
+        ("lfm2", _SHORT_CONV, "each token reads the tokens before it, which lie on another rank"),
+        *((name, _MAMBA, _RECURRENCE) for name in ("jamba", "bamba", "falcon_h1", "mamba2", "granitemoehybrid")))},
     "t5": dict.fromkeys(("tp=2", "tp=2,sp", "pp=2", "cp=2"), _STACKS.format("block.0.layer.0.SelfAttention")),
     "bart": dict.fromkeys(("tp=2", "tp=2,sp", "pp=2", "cp=2"), _STACKS.format("layers.0.self_attn")),
     "vit": _IMAGE_SEQ,
     "dinov2": _IMAGE_SEQ,
 }
 
-_UNREAD = ("the memory ledger's parameters per rank leave out the never-read mask_token that torch holds: 64 elements, "
-           "256 B less on each rank")
-
 #: family → plan → a figure the ledgers do not yet give exactly, with the difference: strict expected failures (the
 #: run fails once it passes, so the table cannot go stale).
-PENDING: dict[str, dict[str, str]] = {"dinov2": dict.fromkeys(("dp=2,fsdp", "dp=2,zero1"), _UNREAD)}
+PENDING: dict[str, dict[str, str]] = {}
 
 
 def is_moe(fam: Family) -> bool:
@@ -131,13 +137,14 @@ def assert_reconciles(report, parameters: list, text: str, m: int) -> None:
     mem = per_rank(report, p)
     assert {x for r in mem.ranks for x in r.replicas} == set(range(p.world_size))
     steps = {r.rank: r.optimizer_flops for r in led.ranks}
+    unread = elements - report.trainable_params  # no gradient: never read (DINOv2's mask_token), held on stage 0
     for r in mem.ranks:
         if p.fsdp:
             assert r.params_bytes == F32 * fsdp_shard(parameters, p.dp)
         elif p.zero_stage:
             assert r.params_bytes == F32 * elements
         else:
-            assert all(r.params_bytes == F32 * steps[x] // 2 for x in r.replicas)
+            assert all(r.params_bytes == F32 * (steps[x] // 2 + (unread if r.stage == 0 else 0)) for x in r.replicas)
 
 
 @pytest.mark.parametrize("index", range(len(PLANS) + 1), ids=[t for t, _ in PLANS] + ["ep"])
