@@ -86,7 +86,7 @@ import math
 from dataclasses import dataclass, field
 from fractions import Fraction
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from ..context import TensorInfo
 from ..errors import UsageError
@@ -94,10 +94,10 @@ from ..parallel.layout import ROLE_RULES, SEQUENCE_ROLES, fsdp_shard, in_flight,
 from ..parallel.plan import ParallelPlan
 from ..reporting.report import tensor_bytes
 from .ledger import (VIEWS, Graph, Memory, MemorySettings, OnRank, RankMemory, Shards, held_bytes, ledger,
-                     without_cyclic_gc)
+                     optimizer_bytes, without_cyclic_gc)
 
-__all__ = ["PlanRankMemory", "PlanSummary", "RankClass", "in_flight", "per_rank", "plan_summary", "rank_rows",
-           "RANK_HEADERS"]
+__all__ = ["PlanRankMemory", "PlanSummary", "RankClass", "StageStates", "in_flight", "per_rank", "plan_summary",
+           "rank_rows", "stage_states", "RANK_HEADERS"]
 
 _SAME_SIZE = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose"})
 
@@ -134,6 +134,24 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
     entry per (stage, TP rank, EP rank) with its data- and context-parallel replicas listed; the returned ledger's
     ``settings.plan`` is ``plan``. ``expert_load``: the routing histogram of a MoE model
     (:func:`flopcount.parallel.experts.load_expert_load`), balanced if None."""
+    w, d, moe_layers = _prepared(report, plan, expert_load)
+    top_k = report.moe.top_k if moe_layers else 0
+    ranks = _walked_ranks(w, d.batch * (d.seq // plan.cp) * top_k * d.hidden * d.act_bytes)
+    cache = _kv_share(report, plan, d.layers, w.kv)
+    if cache is not None:
+        ranks = [dataclasses.replace(r, kv_cache_bytes=cache) for r in ranks]
+    return dataclasses.replace(w.mem, ranks=tuple(ranks), settings=dataclasses.replace(w.settings, plan=plan),
+                               kept_by_node=MappingProxyType({}))
+
+
+#: The last :func:`_prepared` asked (report by identity, plan, load) and its answer: a search asks twice a plan.
+_last_prepared: list[tuple] = []
+
+
+def _prepared(report: Any, plan: ParallelPlan, expert_load: Any) -> tuple["_PlanWalk", Any, list]:
+    """:func:`per_rank`'s checks in its order, and (its walks' shared part, the dims, the MoE layers); memoized."""
+    if _last_prepared and _last_prepared[0][0] is report and _last_prepared[0][1:] == (plan, expert_load):
+        return _last_prepared[1]
     from ..parallel.ranks import plan_shares, schedule_bubble
 
     mem = report.memory
@@ -149,14 +167,9 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
     layout = layout_of(report, plan)
     kv = min(plan.tp, d.kv_heads or plan.tp)
     moe_layers, fractions = _expert_fractions(report, g, layout, expert_load)
-    w = _PlanWalk.of(report, layout, settings, fractions, kv)
-    top_k = report.moe.top_k if moe_layers else 0
-    ranks = _walked_ranks(w, d.batch * (d.seq // plan.cp) * top_k * d.hidden * d.act_bytes)
-    cache = _kv_share(report, plan, d.layers, kv)
-    if cache is not None:
-        ranks = [dataclasses.replace(r, kv_cache_bytes=cache) for r in ranks]
-    return dataclasses.replace(mem, ranks=tuple(ranks), settings=dataclasses.replace(settings, plan=plan),
-                               kept_by_node=MappingProxyType({}))
+    _last_prepared[:] = [(report, plan, expert_load), (_PlanWalk.of(report, layout, settings, fractions, kv), d,
+                                                       moe_layers)]
+    return _last_prepared[1]
 
 
 def _expert_fractions(report: Any, g: Graph, layout: Any, expert_load: Any) -> tuple[list, dict]:
@@ -229,6 +242,12 @@ class _PlanWalk:
         plan = self.plan
         return max(plan.dp * plan.cp // plan.ep, 1) if self.expert[k] else plan.dp * plan.cp
 
+    def stored_share(self, name: str) -> TensorInfo:
+        """A stored tensor's share on the rank: over TP (and EP) by its first reader's role, a parameter's over FSDP."""
+        n = self.shard_div(self.reader[name]) if self.plan.fsdp and name in self.reader and name in self.g.params else 1
+        info = self.g.tensors.get(name) or TensorInfo(name)
+        return _fsdp_share(info, _tp_div(self.layout, self.g, self.reader, name), n)
+
     def scale(self, k: int, e: int) -> tuple[int, int]:
         """(multiplier, divisor) of the activations node k makes on EP rank e."""
         div = self.act_div(k) * self.plan.cp
@@ -262,6 +281,39 @@ def _walked_ranks(w: _PlanWalk, vec: int) -> list[PlanRankMemory]:
             for i in range(plan.tp):
                 ranks.append(_placed(walked[key], plan, s, i, e))
     return ranks
+
+
+class StageStates(NamedTuple):
+    """A stage rank's bytes from its walk's start (at its shares; grads accumulated, M > 1) and zero2's bucket."""
+
+    params: int
+    states: int
+    grads: int
+    bucket: int
+
+
+@without_cyclic_gc
+def stage_states(report: Any, plan: ParallelPlan, expert_load: Any = None) -> list[StageStates]:
+    """Per pipeline stage, :class:`StageStates` of its ranks under ``plan`` without their walks (:func:`per_rank`'s
+    refusals raised alike): the walk's peak adds to params + states + grads."""
+    w, _, _ = _prepared(report, plan, expert_load)
+    g, mem = w.g, w.mem
+    read: list[set[str]] = [set() for _ in range(plan.pp)]
+    for k, n in enumerate(g.nodes):
+        names = {x.name for x in n.inputs if x is not None and (x.name in g.params or x.name in g.trainable)}
+        for c in w.layout.chunks[k] if names else ():
+            read[c % plan.pp] |= names
+    training, out = mem.mode == "train", []
+    for names in read:
+        tensors = {name: w.stored_share(name) for name in names}
+        trained = sorted(g.trainable & names) if training else []
+        shards = _zero_shards(plan, trained, tensors, w.reader, w.shard_div)
+        states, _ = optimizer_bytes(mem.optimizer, [shards.optimizer.get(n, tensors[n]) for n in trained],
+                                    w.settings, shards.counters)
+        grads = sum(tensor_bytes(shards.grads.get(n, tensors[n])) or 0 for n in trained) if plan.microbatches > 1 else 0
+        out.append(StageStates(sum(tensor_bytes(tensors[n]) or 0 for n in g.params & names), states, grads,
+                               _units(w, g.params & names)[0] if plan.zero2 and training else 0))
+    return out
 
 
 def _kv_share(report: Any, plan: ParallelPlan, layers: int, kv: int) -> int | None:
@@ -496,9 +548,7 @@ def _rank(w: _PlanWalk, s: int, e: int, stage: _Stage, alltoall: int) -> PlanRan
     for name in [n for n in g.tensors if n in wanted] + sorted(wanted - g.tensors.keys()):
         info = g.tensors.get(name) or TensorInfo(name)
         if name in g.stored:
-            div = _tp_div(layout, g, reader, name)
-            fsdp = shard_div(reader[name]) if plan.fsdp and name in reader and name in g.params else 1
-            tensors[name] = _fsdp_share(info, div, fsdp)
+            tensors[name] = w.stored_share(name)
         elif name in made:
             mul, div = w.scale(made[name], e)
             tensors[name] = _resized(info, div // plan.cp if name in gathered.names else div, mul)
@@ -530,20 +580,7 @@ def _rank(w: _PlanWalk, s: int, e: int, stage: _Stage, alltoall: int) -> PlanRan
     flight = in_flight(plan, s) if mem.mode == "train" else 1.0
     gather = in_flight_units = bucket = 0
     if plan.fsdp or (plan.zero2 and mem.mode == "train"):
-        per_layer: dict[Any, int] = {}
-        for name in sub.params:
-            layer = layout.layer[reader[name]] if name in reader else None
-            if layer is None and plan.zero2:  # outside the layers, each weight's gradient is reduced alone
-                layer = name
-            # a weight of unknown size is already in the ledger's ``unsized`` (the one-rank walk read the same
-            # tensor), which makes the figures a stated lower bound; it adds nothing here
-            # gathered whole, under fsdp as FSDP2's all-gather output holds it: n shards of dim 0 padded
-            n = shard_div(reader[name]) if plan.fsdp and name in reader else 1
-            whole = n * (tensor_bytes(_fsdp_share(g.tensors.get(name) or TensorInfo(name),
-                                                  _tp_div(layout, g, reader, name), n)) or 0)
-            per_layer[layer] = per_layer.get(layer, 0) + whole
-        root = per_layer.pop(None, 0)
-        gather = max(per_layer.values(), default=0)
+        gather, root = _units(w, sub.params)
     if plan.zero2 and mem.mode == "train":
         # ZeRO-2: a layer's gradients (outside the layers, a weight's) are made whole and reduce-scattered into the
         # rank's shard, then freed; the largest such whole gradients (as large as their parameters) are held
@@ -563,6 +600,25 @@ def _rank(w: _PlanWalk, s: int, e: int, stage: _Stage, alltoall: int) -> PlanRan
     return PlanRankMemory(**{**one.__dict__, "peak_bytes": one.peak_bytes + held}, stage=s,
                           microbatches_in_flight=flight, allgather_bytes=gather, gradient_bucket_bytes=bucket,
                           cp_kv_bytes=max(kv_per_layer.values(), default=0), alltoall_bytes=alltoall)
+
+
+def _units(w: _PlanWalk, params) -> tuple[int, int]:
+    """(the largest layer's parameters gathered whole, the root's: those outside the layers) of a rank whose walk
+    reads ``params``; under ``zero2`` each weight outside the layers is a unit of its own."""
+    layout, reader, plan = w.layout, w.reader, w.plan
+    per_layer: dict[Any, int] = {}
+    for name in params:
+        layer = layout.layer[reader[name]] if name in reader else None
+        if layer is None and plan.zero2:  # outside the layers, each weight's gradient is reduced alone
+            layer = name
+        # a weight of unknown size is already in the ledger's ``unsized`` (the one-rank walk read the same
+        # tensor), which makes the figures a stated lower bound; it adds nothing here
+        # gathered whole, under fsdp as FSDP2's all-gather output holds it: n shards of dim 0 padded
+        n = w.shard_div(reader[name]) if plan.fsdp and name in reader else 1
+        whole = n * (tensor_bytes(w.stored_share(name)) or 0)
+        per_layer[layer] = per_layer.get(layer, 0) + whole
+    root = per_layer.pop(None, 0)
+    return max(per_layer.values(), default=0), root
 
 
 def _placed(figures: PlanRankMemory, plan: ParallelPlan, s: int, i: int, e: int) -> PlanRankMemory:
