@@ -8,9 +8,10 @@ and of the search, plans per second, and the best plans.
 
     PYTHONPATH=$PWD python3 benchmarks/plan_speed.py
     PYTHONPATH=$PWD python3 benchmarks/plan_speed.py --sizes 1 --global-batch 256 --devices 64
-    PYTHONPATH=$PWD python3 benchmarks/plan_speed.py --sizes 1 --sample 150   # 150 plans drawn at random
+    PYTHONPATH=$PWD python3 benchmarks/plan_speed.py --sizes 1 --sample 300   # whole groups of plans, 300 or more
 
-The CPU's cores are shared with whatever else runs: the 1-minute load average is printed beside the figures.
+The CPU's cores are shared with whatever else runs: the 1-minute load average is printed beside the figures, and
+the search's CPU seconds (this process's, which a busy machine stretches less than the wall-clock seconds).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,2", help="microbatch sizes (sequences)")
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--top", type=int, default=5)
-    parser.add_argument("--sample", type=int, metavar="N", help="search N plans drawn at random (seeded), not all")
+    parser.add_argument("--sample", type=int, metavar="N", help="search at least N plans, whole groups of the same "
+                        "node shares drawn at random (seeded), not all")
     parser.add_argument("--profile", metavar="FILE", help="also write the search's cProfile statistics to FILE")
     a = parser.parse_args()
     import transformers

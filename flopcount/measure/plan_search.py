@@ -192,17 +192,14 @@ def search(report_of: Callable[[int, str], Any], profile: Any, space: SpaceSetti
            device_memory: int | None, sample: int | None = None) -> Search:
     """Every plan of ``space`` checked, fitted to ``device_memory`` bytes (None: not fitted) and predicted on
     ``profile``, ranked (see the module). ``report_of(size, recompute)``: the training count of one microbatch of
-    ``size`` sequences with its memory ledger under that recompute policy. ``sample``: only so many of the plans,
-    drawn at random (seeded), as a benchmark times a search too long to run whole."""
+    ``size`` sequences with its memory ledger under that recompute policy. ``sample``: only at least so many of the plans,
+    whole groups of the same node shares drawn at random, as a benchmark times a search too long to run whole."""
     tried, dropped = choices(space)
     if sample is not None and sample < len(tried):
-        import random
-
-        tried = random.Random(0).sample(tried, sample)
-        dropped = Counter()
+        tried, dropped = _sampled(tried, sample), Counter()
     total = len(tried) + sum(dropped.values())
     # plans of the same node shares one after another: the ledgers keep the last shares asked
-    tried.sort(key=lambda c: (c.size, c.recompute, c.plan.tp, c.plan.sp, c.plan.pp, c.plan.virtual_stages))
+    tried.sort(key=_shares)
     walks = _Walks(report_of)
     found: list[Candidate] = []
     smallest: Candidate | None = None
@@ -234,6 +231,29 @@ def search(report_of: Callable[[int, str], Any], profile: Any, space: SpaceSetti
                                sum(r.model_flops for r in led.ranks), max(r.hardware_flops for r in led.ranks)))
     found.sort(key=lambda x: (-(x.tokens_per_second or 0.0), -(x.mfu or 0.0), x.parallel, x.microbatches))
     return Search(found, dropped, smallest, total)
+
+
+def _shares(c: Choice) -> tuple:
+    """What a plan's node shares read: the search runs plans of the same shares one after another."""
+    return c.size, c.recompute, c.plan.tp, c.plan.sp, c.plan.pp, c.plan.virtual_stages
+
+
+def _sampled(tried: list[Choice], sample: int) -> list[Choice]:
+    """At least ``sample`` plans: every plan of groups of the same node shares drawn at random (seeded), whole, so
+    that what the search shares between plans is shared as in the whole search."""
+    import random
+
+    groups: dict[tuple, list[Choice]] = {}
+    for c in tried:
+        groups.setdefault(_shares(c), []).append(c)
+    keys = list(groups)
+    random.Random(0).shuffle(keys)
+    out: list[Choice] = []
+    for k in keys:
+        if len(out) >= sample:
+            break
+        out += groups[k]
+    return out
 
 
 def check_report(report: Any) -> None:
