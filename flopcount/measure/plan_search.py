@@ -24,8 +24,12 @@ What is shared between plans, exactly:
 * a plan's data- and context-parallel replicas run the same work (the ledger lists them with equal figures), so the
   prediction reads one of them per (stage, TP rank) and each node's seconds once per distinct share; only its point
   (the best repeats: step, tokens per second, MFU) is predicted, which is all the ranking reads;
-* a plan whose key is not walked yet has a floor first (:func:`flopcount.memory.ranks.peak_floor`: the most a rank
-  holds in parameters, optimizer states and accumulated gradients, at the walk's own shares, which its peak adds
+* a ``zero1`` plan, and a ``zero2`` plan of M > 1, walks as its plan without ZeRO does but from a start larger by
+  the difference of its optimizer states and gradients (:func:`flopcount.memory.ranks.stage_states`), with zero2's
+  bucket held: its peak is that walk's so moved, where that walk's peak is not at the optimizer step (whose
+  temporaries the shards make smaller);
+* a plan whose key is not walked yet has a floor first (the most a rank holds in parameters, optimizer states and
+  accumulated gradients at the walk's own shares, :func:`flopcount.memory.ranks.stage_states`, which its peak adds
   to): a floor over the device's memory and not below the least peak over memory found before it drops the plan
   over memory without its walks; it can be neither a plan that fits nor a smaller ``smallest`` (the first plan of
   the least peak is kept, as without the floor).
@@ -192,8 +196,9 @@ def search(report_of: Callable[[int, str], Any], profile: Any, space: SpaceSetti
            device_memory: int | None, sample: int | None = None) -> Search:
     """Every plan of ``space`` checked, fitted to ``device_memory`` bytes (None: not fitted) and predicted on
     ``profile``, ranked (see the module). ``report_of(size, recompute)``: the training count of one microbatch of
-    ``size`` sequences with its memory ledger under that recompute policy. ``sample``: only at least so many of the plans,
-    whole groups of the same node shares drawn at random, as a benchmark times a search too long to run whole."""
+    ``size`` sequences with its memory ledger under that recompute policy. ``sample``: only so many plans or a few
+    more, whole groups of the same node shares drawn at random, as a benchmark times a search too long to run
+    whole."""
     tried, dropped = choices(space)
     if sample is not None and sample < len(tried):
         tried, dropped = _sampled(tried, sample), Counter()
