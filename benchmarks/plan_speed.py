@@ -8,9 +8,10 @@ and of the search, plans per second, and the best plans.
 
     PYTHONPATH=$PWD python3 benchmarks/plan_speed.py
     PYTHONPATH=$PWD python3 benchmarks/plan_speed.py --sizes 1 --global-batch 256 --devices 64
-    PYTHONPATH=$PWD python3 benchmarks/plan_speed.py --sizes 1 --sample 150   # 150 plans drawn at random
+    PYTHONPATH=$PWD python3 benchmarks/plan_speed.py --sizes 1 --sample 300   # whole groups of plans, 300 or more
 
-The CPU's cores are shared with whatever else runs: the 1-minute load average is printed beside the figures.
+The CPU's cores are shared with whatever else runs: the 1-minute load average is printed beside the figures, and
+the search's CPU seconds (this process's, which a busy machine stretches less than the wall-clock seconds).
 """
 
 from __future__ import annotations
@@ -31,12 +32,13 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,2", help="microbatch sizes (sequences)")
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--top", type=int, default=5)
-    parser.add_argument("--sample", type=int, metavar="N", help="search N plans drawn at random (seeded), not all")
+    parser.add_argument("--sample", type=int, metavar="N", help="search at least N plans, whole groups of the same "
+                        "node shares drawn at random (seeded), not all")
     parser.add_argument("--profile", metavar="FILE", help="also write the search's cProfile statistics to FILE")
     a = parser.parse_args()
     import transformers
 
-    from flopcount.cli.plan import _reports, build_parser
+    from flopcount.cli.plan import build_parser, reports
     from flopcount.measure.machine.calibration import device_profile
     from flopcount.measure.plan_search import search
     from flopcount.measure.plan_space import RECOMPUTES, SpaceSettings
@@ -52,7 +54,7 @@ def main() -> None:
                                           "--optimizer", "adamw", "--device", "H100", "--devices", str(a.devices),
                                           "--device-memory", "H100"])
         args.mode, args.memory = "train", True
-        report_of = _reports(args)
+        report_of = reports(args)
         start = time.perf_counter()
         for size in sizes:
             for policy in RECOMPUTES:
@@ -65,11 +67,11 @@ def main() -> None:
         import cProfile
 
         profiler = cProfile.Profile() if a.profile else None
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         if profiler:
             profiler.enable()
         found = search(report_of, profile, space, args.device_memory, a.sample)
-        searched = time.perf_counter() - start
+        searched, cpu = time.perf_counter() - start, time.process_time() - cpu
         if profiler:
             profiler.disable()
             profiler.dump_stats(a.profile)
@@ -77,7 +79,8 @@ def main() -> None:
     print(f"Llama-3-70B on {a.devices} H100s ({args.device_memory / 2**30:.4g} GiB), sequences of {a.seq}, global "
           f"batch {a.global_batch}, microbatch sizes {a.sizes}")
     print(f"counts: {counted:.1f} s ({len(sizes) * 3}); search: {found.tried:,} plans in {searched:.1f} s = "
-          f"{found.tried / searched:,.2f} plans/s ({searched / found.tried:.3f} s a plan); {len(found.plans):,} fit; load average {load:.2f}")
+          f"{found.tried / searched:,.2f} plans/s ({searched / found.tried:.3f} s a plan; CPU {cpu:.1f} s); "
+          f"{len(found.plans):,} fit; load average {load:.2f}")
     print("dropped: " + "; ".join(f"{n:,} x {why}" for why, n in found.dropped.most_common()))
     for c in found.plans[:a.top]:
         print(f"  {c.parallel:<28} {c.schedule:<14} {c.microbatch_size} x {c.microbatches:<4} {c.recompute:<9} "

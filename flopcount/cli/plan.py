@@ -11,7 +11,7 @@ import json
 from .arguments import positive_int
 from .console import write_output
 
-__all__ = ["build_parser", "run"]
+__all__ = ["build_parser", "reports", "run"]
 
 _GiB = 2**30
 
@@ -55,7 +55,7 @@ def _sized(args: argparse.Namespace, size: int) -> argparse.Namespace:
     return out
 
 
-def _reports(args: argparse.Namespace):
+def reports(args: argparse.Namespace):
     """``report_of(size, recompute)``: the training count of one microbatch of ``size`` sequences with its memory
     ledger under that recompute policy (the ledger's graph keeps what the policy recomputes), counted once, its
     node lists listed once."""
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     given = {name: shape[0] for name, shape in args.input_shape if shape}
     sizes = tuple(args.microbatch_sizes or sorted(set(given.values())) or [args.batch or 1])
     check_space(sizes, args.global_batch)
-    report_of = _reports(args)
+    report_of = reports(args)
     first = report_of(sizes[0])
     dims = layout_of(first, ParallelPlan()).dims
     profile = load_profile(args.machine) if args.machine else device_profile(args.predict_device, args.devices)

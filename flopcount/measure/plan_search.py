@@ -22,7 +22,17 @@ What is shared between plans, exactly:
   with the other in-flight microbatches' activations held for its own schedule
   (:func:`flopcount.parallel.layout.in_flight`), as the per-rank ledger adds them;
 * a plan's data- and context-parallel replicas run the same work (the ledger lists them with equal figures), so the
-  prediction reads one of them per (stage, TP rank) and each node's seconds once per distinct share.
+  prediction reads one of them per (stage, TP rank) and each node's seconds once per distinct share; only its point
+  (the best repeats: step, tokens per second, MFU) is predicted, which is all the ranking reads;
+* a ``zero1`` plan, and a ``zero2`` plan of M > 1, walks as its plan without ZeRO does but from a start larger by
+  the difference of its optimizer states and gradients (:func:`flopcount.memory.ranks.stage_states`), with zero2's
+  bucket held: its peak is that walk's so moved, where that walk's peak is not at the optimizer step (whose
+  temporaries the shards make smaller);
+* a plan whose key is not walked yet has a floor first (the most a rank holds in parameters, optimizer states and
+  accumulated gradients at the walk's own shares, :func:`flopcount.memory.ranks.stage_states`, which its peak adds
+  to): a floor over the device's memory and not below the least peak over memory found before it drops the plan
+  over memory without its walks; it can be neither a plan that fits nor a smaller ``smallest`` (the first plan of
+  the least peak is kept, as without the floor).
 """
 
 from __future__ import annotations
@@ -87,6 +97,7 @@ class _Walks:
     def __init__(self, report_of: Callable[[int, str], Any]):
         self.report_of = report_of
         self.walked: dict[tuple, Any] = {}
+        self.states: dict[tuple, list] = {}
 
     @staticmethod
     def key(c: Choice) -> tuple:
@@ -96,63 +107,115 @@ class _Walks:
         return (c.size, c.recompute, p.tp, p.sp, p.cp, p.ep, p.pp, v, p.zero_stage, shards, p.microbatches > 1,
                 p.microbatches % p.pp == 0 if v > 1 else True)
 
+    def floor(self, c: Choice) -> int | None:
+        """A lower bound of ``c``'s largest per-rank peak without a walk (its ranks' parameters, optimizer states
+        and accumulated gradients: :func:`flopcount.memory.ranks.stage_states`), the refusals raised; None when
+        its key is walked (its peak is known)."""
+        if self.key(c) in self.walked:
+            return None
+        return max(s.params + s.states + s.grads for s in self._states(c))
+
     def peak(self, c: Choice) -> int:
         """The largest per-rank peak of ``c``'s plan; the per-rank ledgers' refusal raised."""
+        from flopcount.parallel.layout import in_flight
+
+        found = self._shared(c) or self._walk(c)
+        if isinstance(found, Exception):
+            raise found
+        walked_plan, ranks, _ = found
+        return max(peak - int(act * (in_flight(walked_plan, s) - 1)) + int(act * (in_flight(c.plan, s) - 1))
+                   for s, peak, act, _ in ranks)
+
+    def _states(self, c: Choice) -> list:
+        """``c``'s stages' states (they read nothing its key does not), refused as its walk would be."""
+        from flopcount.memory.ranks import stage_states
+        from flopcount.parallel.layout import layout_of
+
+        k = self.key(c)
+        if k not in self.states:
+            layout_of(self.report_of(c.size, "none"), c.plan)  # refused by the layout first, as by the walk
+            self.states[k] = stage_states(self.report_of(c.size, c.recompute), c.plan)
+        return self.states[k]
+
+    def _walk(self, c: Choice) -> Any:
+        """``c``'s key's walk: (the plan walked, (stage, peak, activations, peak phase) per rank, its stages'
+        states or None), or the refusal."""
         from flopcount.memory.ranks import per_rank
-        from flopcount.parallel.layout import in_flight, layout_of
+        from flopcount.parallel.layout import layout_of
 
         k = self.key(c)
         if k not in self.walked:
             try:  # what the model cannot split is refused by the layout before a policy's own count is made
                 layout_of(self.report_of(c.size, "none"), c.plan)
                 mem = per_rank(self.report_of(c.size, c.recompute), c.plan)
-                self.walked[k] = (c.plan, [(r.stage, r.peak_bytes, r.activations_bytes) for r in mem.ranks])
+                self.walked[k] = (c.plan, [(r.stage, r.peak_bytes, r.activations_bytes, r.peak_phase)
+                                           for r in mem.ranks], None)
             except FlopcountError as e:
                 self.walked[k] = e
-        found = self.walked[k]
-        if isinstance(found, Exception):
-            raise found
-        walked_plan, ranks = found
-        return max(peak - int(act * (in_flight(walked_plan, s) - 1)) + int(act * (in_flight(c.plan, s) - 1))
-                   for s, peak, act in ranks)
+        return self.walked[k]
+
+    def _shared(self, c: Choice) -> Any:
+        """A ``zero1`` plan's, or a ``zero2`` plan's of M > 1, walk found from its plan without ZeRO's: the same
+        walk (the parameters whole, gradients accumulated from the start or whole) from a start larger by its
+        optimizer states' and gradients' difference, with zero2's bucket held, where that walk's peak is not at
+        the optimizer step (whose temporaries the shards change); None where not."""
+        p = c.plan
+        if not p.zero_stage or p.fsdp or (p.zero2 and p.microbatches == 1) or self.key(c) in self.walked:
+            return None
+        whole = Choice(dataclasses.replace(p, zero1=False, zero2=False), c.recompute, c.size)
+        found = self._walk(whole)
+        if isinstance(found, Exception) or any(phase == "optimizer step" for *_, phase in found[1]):
+            return None
+        if found[2] is None:
+            found = self.walked[self.key(whole)] = (*found[:2], self._states(whole))
+        plan, ranks, before = found
+        mine = self._states(c)
+        shifted = [(s, peak + mine[s].states - before[s].states + mine[s].grads - before[s].grads + mine[s].bucket,
+                    act, phase) for s, peak, act, phase in ranks]
+        self.walked[self.key(c)] = (plan, shifted, mine)
+        return self.walked[self.key(c)]
 
 
-def _predicted(report: Any, c: Choice, profile: Any) -> tuple[Any, Any]:
-    """(ledger, prediction) of ``c``; the prediction reads one data-parallel replica per (stage, TP rank, CP
-    rank) where the replicas are equal (no expert parallelism: an EP rank is drawn from the data-parallel ranks)."""
+def _predicted(report: Any, c: Choice, profile: Any) -> tuple[Any, tuple]:
+    """(ledger, (step seconds, tokens per second, MFU) predicted) of ``c``; the prediction reads one data-parallel
+    replica per (stage, TP rank, CP rank) where the replicas are equal (no expert parallelism: an EP rank is drawn
+    from the data-parallel ranks), and its point only (:func:`flopcount.measure.predict.predict_point`)."""
     from flopcount.parallel.plan import parse_recompute
     from flopcount.parallel.ranks import ledger
 
-    from .predict import predict
+    from .predict import predict_point, work_of
 
     led = ledger(report, c.plan, parse_recompute(c.recompute))
     shown = led
     if c.plan.ep == 1 and c.plan.dp > 1:
         shown = dataclasses.replace(led, ranks=tuple(r for r in led.ranks if r.coords["dp"] == 0))
-    return led, predict(dataclasses.replace(report, parallel=shown), profile)
+    return led, predict_point(work_of(dataclasses.replace(report, parallel=shown)), profile)
 
 
 def search(report_of: Callable[[int, str], Any], profile: Any, space: SpaceSettings,
            device_memory: int | None, sample: int | None = None) -> Search:
     """Every plan of ``space`` checked, fitted to ``device_memory`` bytes (None: not fitted) and predicted on
     ``profile``, ranked (see the module). ``report_of(size, recompute)``: the training count of one microbatch of
-    ``size`` sequences with its memory ledger under that recompute policy. ``sample``: only so many of the plans,
-    drawn at random (seeded), as a benchmark times a search too long to run whole."""
+    ``size`` sequences with its memory ledger under that recompute policy. ``sample``: only so many plans or a few
+    more, whole groups of the same node shares drawn at random, as a benchmark times a search too long to run
+    whole."""
     tried, dropped = choices(space)
     if sample is not None and sample < len(tried):
-        import random
-
-        tried = random.Random(0).sample(tried, sample)
-        dropped = Counter()
+        tried, dropped = _sampled(tried, sample), Counter()
     total = len(tried) + sum(dropped.values())
     # plans of the same node shares one after another: the ledgers keep the last shares asked
-    tried.sort(key=lambda c: (c.size, c.recompute, c.plan.tp, c.plan.sp, c.plan.pp, c.plan.virtual_stages))
+    tried.sort(key=_shares)
     walks = _Walks(report_of)
     found: list[Candidate] = []
     smallest: Candidate | None = None
     for c in tried:
         p = c.plan
         try:
+            # over memory by its floor alone, and not below the least peak over memory found before it: not walked
+            floor = walks.floor(c) if device_memory is not None and smallest is not None else None
+            if floor is not None and floor > device_memory and floor >= smallest.peak_bytes:
+                dropped[OVER_MEMORY] += 1
+                continue
             peak = walks.peak(c)
         except FlopcountError as e:
             dropped[reason(e)] += 1
@@ -168,12 +231,34 @@ def search(report_of: Callable[[int, str], Any], profile: Any, space: SpaceSetti
         except FlopcountError as e:
             dropped[reason(e)] += 1
             continue
-        found.append(Candidate(c.text, c.schedule, c.size, p.microbatches, c.recompute, pred.step_seconds,
-                               pred.tokens_per_second, pred.mfu, peak,
+        found.append(Candidate(c.text, c.schedule, c.size, p.microbatches, c.recompute, *pred, peak,
                                None if device_memory is None else device_memory - peak,
                                sum(r.model_flops for r in led.ranks), max(r.hardware_flops for r in led.ranks)))
     found.sort(key=lambda x: (-(x.tokens_per_second or 0.0), -(x.mfu or 0.0), x.parallel, x.microbatches))
     return Search(found, dropped, smallest, total)
+
+
+def _shares(c: Choice) -> tuple:
+    """What a plan's node shares read: the search runs plans of the same shares one after another."""
+    return c.size, c.recompute, c.plan.tp, c.plan.sp, c.plan.pp, c.plan.virtual_stages
+
+
+def _sampled(tried: list[Choice], sample: int) -> list[Choice]:
+    """At least ``sample`` plans: every plan of groups of the same node shares drawn at random (seeded), whole, so
+    that what the search shares between plans is shared as in the whole search."""
+    import random
+
+    groups: dict[tuple, list[Choice]] = {}
+    for c in tried:
+        groups.setdefault(_shares(c), []).append(c)
+    keys = list(groups)
+    random.Random(0).shuffle(keys)
+    out: list[Choice] = []
+    for k in keys:
+        if len(out) >= sample:
+            break
+        out += groups[k]
+    return out
 
 
 def check_report(report: Any) -> None:

@@ -57,7 +57,7 @@ from .machine.calibration import MachineProfile, collective_seconds, latency_kno
 
 __all__ = ["BUCKET_BYTES", "BUSY_LOAD", "FIRST_BUCKET_BYTES", "GEMM_FAMILIES", "Message", "NodeWork",
            "OPTIMIZER_TRAFFIC", "Prediction", "REDUCTION_FAMILIES", "RankWork", "Timeline", "Work", "exposed_after",
-           "node_seconds", "predict", "predict_work", "work_of"]
+           "node_seconds", "predict", "predict_point", "predict_work", "work_of"]
 
 #: DDP's default gradient buckets: the first (the last layers' gradients) of 1 MiB, the others of 25 MiB
 #: (``bucket_cap_mb=25``).
@@ -420,9 +420,6 @@ def predict_work(work: Work, profile: MachineProfile) -> Prediction:
     step, rows, extrapolated, timeline = results["best"]
     unique = tuple(dict.fromkeys(extrapolated))
     (low, high), why = _interval(work, profile, (step, results["median"][0]), unique)
-    n = len(work.ranks)
-    model = sum(r.model_flops for r in work.ranks)
-    hardware = sum(r.hardware_flops for r in work.ranks)
     critical = max(rows, key=lambda row: (row["step_seconds"], -row["rank"]))["rank"]
     notes = list(work.notes)
     if profile.load_per_core is not None and profile.load_per_core > BUSY_LOAD:
@@ -433,10 +430,7 @@ def predict_work(work: Work, profile: MachineProfile) -> Prediction:
     if not profile.calibrated:
         notes.append(f"profile of the {profile.device} from its datasheets (calibrated: false): best-case rates, "
                      f"products at its dense {profile.dtype} peak, no framework overhead")
-    return Prediction(step, (low, high), work.tokens / step if work.tokens and step else None,
-                      model / (step * n * profile.peak_flops_per_s) if step else math.nan,
-                      hardware / (step * n * profile.peak_flops_per_s) if step else math.nan,
-                      critical, tuple(rows),
+    return Prediction(step, (low, high), *_rates(work, profile, step), critical, tuple(rows),
                       {"device": profile.device, "calibrated": profile.calibrated, "ranks": profile.ranks,
                        "date": profile.date, "peak_flops_per_s": profile.peak_flops_per_s},
                       unique, tuple(notes), work.tokens_note, why, timeline)
@@ -457,6 +451,23 @@ def _missing_calibrations(work: Work, profile: MachineProfile) -> list[str]:
         out.append("the profile has no timing of fused attention (taken before calibrate measured it): attention "
                    "products at the GEMM rate; calibrate again to include it")
     return out
+
+
+def _rates(work: Work, profile: MachineProfile, step: float) -> tuple[float | None, float, float]:
+    """(tokens per second, MFU, HFU) of ``work`` in a step of ``step`` seconds."""
+    n = len(work.ranks)
+    model = sum(r.model_flops for r in work.ranks)
+    hardware = sum(r.hardware_flops for r in work.ranks)
+    return (work.tokens / step if work.tokens and step else None,
+            model / (step * n * profile.peak_flops_per_s) if step else math.nan,
+            hardware / (step * n * profile.peak_flops_per_s) if step else math.nan)
+
+
+def predict_point(work: Work, profile: MachineProfile) -> tuple[float, float | None, float]:
+    """(step seconds, tokens per second, MFU) of :func:`predict_work`'s point, at the best repeats, without its
+    interval (the median repeats) or its rows: what a plan search ranks by."""
+    step, _ = _step(work.ranks, profile, work.plan, "best", [])
+    return step, *_rates(work, profile, step)[:2]
 
 
 def _interval(work: Work, profile: MachineProfile, steps: tuple[float, float],

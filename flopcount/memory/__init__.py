@@ -5,6 +5,8 @@ the contract.
 * :mod:`.counted` what a count hands the ledger, and its saved-for-backward rules applied before the walk
 * :mod:`.layers` the memory ledger of L identical layers, walked on the 2-layer graph with its second layer copied
 * :mod:`.ranks` the memory ledger per rank under a parallel plan (``--memory --parallel``)
+* :mod:`.summary` a plan's summary from its ledgers: the verdict against the device's memory, the MFU ceiling, the
+  ranks grouped by the bytes they hold
 * :mod:`.kernels` what the framework's kernels keep where the exporter wrote one kernel as several nodes (GELU, SiLU,
   rsqrt, fused attention), and torch's views and copies, applied before the ledger's walk
 * :mod:`.sizes` a device's memory as users write it (``80GiB``, ``94GB``, bytes), for ``--device-memory``

@@ -86,18 +86,17 @@ import math
 from dataclasses import dataclass, field
 from fractions import Fraction
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from ..context import TensorInfo
 from ..errors import UsageError
 from ..parallel.layout import ROLE_RULES, SEQUENCE_ROLES, fsdp_shard, in_flight, layout_of, rank_id
 from ..parallel.plan import ParallelPlan
 from ..reporting.report import tensor_bytes
-from .ledger import (VIEWS, Graph, Memory, MemorySettings, OnRank, RankMemory, Shards, held_bytes, ledger,
-                     without_cyclic_gc)
+from .ledger import (VIEWS, Graph, Memory, MemorySettings, OnRank, RankMemory, Shards, ledger,
+                     optimizer_bytes, without_cyclic_gc)
 
-__all__ = ["PlanRankMemory", "PlanSummary", "RankClass", "in_flight", "per_rank", "plan_summary", "rank_rows",
-           "RANK_HEADERS"]
+__all__ = ["PlanRankMemory", "StageStates", "in_flight", "per_rank", "rank_rows", "stage_states", "RANK_HEADERS"]
 
 _SAME_SIZE = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose"})
 
@@ -134,7 +133,25 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
     entry per (stage, TP rank, EP rank) with its data- and context-parallel replicas listed; the returned ledger's
     ``settings.plan`` is ``plan``. ``expert_load``: the routing histogram of a MoE model
     (:func:`flopcount.parallel.experts.load_expert_load`), balanced if None."""
-    from ..parallel.ranks import plan_shares, schedule_bubble
+    w, d, moe_layers = _prepared(report, plan, expert_load)
+    top_k = report.moe.top_k if moe_layers else 0
+    ranks = _walked_ranks(w, d.batch * (d.seq // plan.cp) * top_k * d.hidden * d.act_bytes)
+    cache = _kv_share(report, plan, d.layers, w.kv)
+    if cache is not None:
+        ranks = [dataclasses.replace(r, kv_cache_bytes=cache) for r in ranks]
+    return dataclasses.replace(w.mem, ranks=tuple(ranks), settings=dataclasses.replace(w.settings, plan=plan),
+                               kept_by_node=MappingProxyType({}))
+
+
+#: The last :func:`_prepared` asked (report by identity, plan, load) and its answer: a search asks twice a plan.
+_last_prepared: list[tuple] = []
+
+
+def _prepared(report: Any, plan: ParallelPlan, expert_load: Any) -> tuple["_PlanWalk", Any, list]:
+    """:func:`per_rank`'s checks in its order, and (its walks' shared part, the dims, the MoE layers); memoized."""
+    if _last_prepared and _last_prepared[0][0] is report and _last_prepared[0][1:] == (plan, expert_load):
+        return _last_prepared[1]
+    from ..parallel.ranks import plan_shares
 
     mem = report.memory
     if mem is None or mem.graph is None or mem.settings is None:
@@ -143,20 +160,15 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
     g = mem.graph
     if len(g.nodes) != len(report.nodes):
         raise UsageError("--parallel with --memory: the ledger's graph is not the report's")
-    # the FLOPs ledger's shares, once: they check what the degrees divide; its schedule refuses what it does not model
-    d, shares, _, _, train, _ = plan_shares(report, plan, settings.recompute)
-    schedule_bubble(plan, shares, train)
+    # the FLOPs ledger's shares, once: they check what the degrees divide (the plan record refuses a schedule the
+    # ledgers do not simulate)
+    d = plan_shares(report, plan, settings.recompute)[0]
     layout = layout_of(report, plan)
     kv = min(plan.tp, d.kv_heads or plan.tp)
     moe_layers, fractions = _expert_fractions(report, g, layout, expert_load)
-    w = _PlanWalk.of(report, layout, settings, fractions, kv)
-    top_k = report.moe.top_k if moe_layers else 0
-    ranks = _walked_ranks(w, d.batch * (d.seq // plan.cp) * top_k * d.hidden * d.act_bytes)
-    cache = _kv_share(report, plan, d.layers, kv)
-    if cache is not None:
-        ranks = [dataclasses.replace(r, kv_cache_bytes=cache) for r in ranks]
-    return dataclasses.replace(mem, ranks=tuple(ranks), settings=dataclasses.replace(settings, plan=plan),
-                               kept_by_node=MappingProxyType({}))
+    _last_prepared[:] = [(report, plan, expert_load), (_PlanWalk.of(report, layout, settings, fractions, kv), d,
+                                                       moe_layers)]
+    return _last_prepared[1]
 
 
 def _expert_fractions(report: Any, g: Graph, layout: Any, expert_load: Any) -> tuple[list, dict]:
@@ -229,6 +241,12 @@ class _PlanWalk:
         plan = self.plan
         return max(plan.dp * plan.cp // plan.ep, 1) if self.expert[k] else plan.dp * plan.cp
 
+    def stored_share(self, name: str) -> TensorInfo:
+        """A stored tensor's share on the rank: over TP (and EP) by its first reader's role, a parameter's over FSDP."""
+        n = self.shard_div(self.reader[name]) if self.plan.fsdp and name in self.reader and name in self.g.params else 1
+        info = self.g.tensors.get(name) or TensorInfo(name)
+        return _fsdp_share(info, _tp_div(self.layout, self.g, self.reader, name), n)
+
     def scale(self, k: int, e: int) -> tuple[int, int]:
         """(multiplier, divisor) of the activations node k makes on EP rank e."""
         div = self.act_div(k) * self.plan.cp
@@ -262,6 +280,39 @@ def _walked_ranks(w: _PlanWalk, vec: int) -> list[PlanRankMemory]:
             for i in range(plan.tp):
                 ranks.append(_placed(walked[key], plan, s, i, e))
     return ranks
+
+
+class StageStates(NamedTuple):
+    """A stage rank's bytes from its walk's start (at its shares; grads accumulated, M > 1) and zero2's bucket."""
+
+    params: int
+    states: int
+    grads: int
+    bucket: int
+
+
+@without_cyclic_gc
+def stage_states(report: Any, plan: ParallelPlan, expert_load: Any = None) -> list[StageStates]:
+    """Per pipeline stage, :class:`StageStates` of its ranks under ``plan`` without their walks (:func:`per_rank`'s
+    refusals raised alike): the walk's peak adds to params + states + grads."""
+    w, _, _ = _prepared(report, plan, expert_load)
+    g, mem = w.g, w.mem
+    read: list[set[str]] = [set() for _ in range(plan.pp)]
+    for k, n in enumerate(g.nodes):
+        names = {x.name for x in n.inputs if x is not None and (x.name in g.params or x.name in g.trainable)}
+        for c in w.layout.chunks[k] if names else ():
+            read[c % plan.pp] |= names
+    training, out = mem.mode == "train", []
+    for names in read:
+        tensors = {name: w.stored_share(name) for name in names}
+        trained = sorted(g.trainable & names) if training else []
+        shards = _zero_shards(plan, trained, tensors, w.reader, w.shard_div)
+        states, _ = optimizer_bytes(mem.optimizer, [shards.optimizer.get(n, tensors[n]) for n in trained],
+                                    w.settings, shards.counters)
+        grads = sum(tensor_bytes(shards.grads.get(n, tensors[n])) or 0 for n in trained) if plan.microbatches > 1 else 0
+        out.append(StageStates(sum(tensor_bytes(tensors[n]) or 0 for n in g.params & names), states, grads,
+                               _units(w, g.params & names)[0] if plan.zero2 and training else 0))
+    return out
 
 
 def _kv_share(report: Any, plan: ParallelPlan, layers: int, kv: int) -> int | None:
@@ -504,9 +555,7 @@ def _rank(w: _PlanWalk, s: int, e: int, stage: _Stage, alltoall: int) -> PlanRan
     for name in [n for n in g.tensors if n in wanted] + sorted(wanted - g.tensors.keys()):
         info = g.tensors.get(name) or TensorInfo(name)
         if name in g.stored:
-            div = _tp_div(layout, g, reader, name)
-            fsdp = shard_div(reader[name]) if plan.fsdp and name in reader and name in g.params else 1
-            tensors[name] = _fsdp_share(info, div, fsdp)
+            tensors[name] = w.stored_share(name)
         elif name in made:
             mul, div = w.scale(made[name], e)
             tensors[name] = _resized(info, div // plan.cp if name in gathered.names else div, mul)
@@ -539,20 +588,7 @@ def _rank(w: _PlanWalk, s: int, e: int, stage: _Stage, alltoall: int) -> PlanRan
     flight = in_flight(plan, s) if mem.mode == "train" else 1.0
     gather = in_flight_units = bucket = 0
     if plan.fsdp or (plan.zero2 and mem.mode == "train"):
-        per_layer: dict[Any, int] = {}
-        for name in sub.params:
-            layer = layout.layer[reader[name]] if name in reader else None
-            if layer is None and plan.zero2:  # outside the layers, each weight's gradient is reduced alone
-                layer = name
-            # a weight of unknown size is already in the ledger's ``unsized`` (the one-rank walk read the same
-            # tensor), which makes the figures a stated lower bound; it adds nothing here
-            # gathered whole, under fsdp as FSDP2's all-gather output holds it: n shards of dim 0 padded
-            n = (shard_div(reader[name]) if name in reader else plan.dp * plan.cp) if plan.fsdp else 1
-            whole = n * (tensor_bytes(_fsdp_share(g.tensors.get(name) or TensorInfo(name),
-                                                  _tp_div(layout, g, reader, name), n)) or 0)
-            per_layer[layer] = per_layer.get(layer, 0) + whole
-        root = per_layer.pop(None, 0)
-        gather = max(per_layer.values(), default=0)
+        gather, root = _units(w, sub.params)
     if plan.zero2 and mem.mode == "train":
         # ZeRO-2: a layer's gradients (outside the layers, a weight's) are made whole and reduce-scattered into the
         # rank's shard, then freed; the largest such whole gradients (as large as their parameters) are held
@@ -572,6 +608,26 @@ def _rank(w: _PlanWalk, s: int, e: int, stage: _Stage, alltoall: int) -> PlanRan
     return PlanRankMemory(**{**one.__dict__, "peak_bytes": one.peak_bytes + held}, stage=s,
                           microbatches_in_flight=flight, allgather_bytes=gather, gradient_bucket_bytes=bucket,
                           cp_kv_bytes=max(kv_per_layer.values(), default=0), alltoall_bytes=alltoall)
+
+
+def _units(w: _PlanWalk, params) -> tuple[int, int]:
+    """(the largest layer's parameters gathered whole, the root's: those outside the layers) of a rank whose walk
+    reads ``params``; under ``zero2`` each weight outside the layers is a unit of its own."""
+    layout, reader, plan = w.layout, w.reader, w.plan
+    per_layer: dict[Any, int] = {}
+    for name in params:
+        layer = layout.layer[reader[name]] if name in reader else None
+        if layer is None and plan.zero2:  # outside the layers, each weight's gradient is reduced alone
+            layer = name
+        # a weight of unknown size is already in the ledger's ``unsized`` (the one-rank walk read the same
+        # tensor), which makes the figures a stated lower bound; it adds nothing here
+        # gathered whole, under fsdp as FSDP2's all-gather output holds it: n shards of dim 0 padded
+        n = (w.shard_div(reader[name]) if name in reader else plan.dp * plan.cp) if plan.fsdp else 1
+        whole = n * (tensor_bytes(_fsdp_share(w.g.tensors.get(name) or TensorInfo(name),
+                                              _tp_div(layout, w.g, reader, name), n)) or 0)
+        per_layer[layer] = per_layer.get(layer, 0) + whole
+    root = per_layer.pop(None, 0)
+    return max(per_layer.values(), default=0), root
 
 
 def _placed(figures: PlanRankMemory, plan: ParallelPlan, s: int, i: int, e: int) -> PlanRankMemory:
@@ -600,152 +656,3 @@ def rank_rows(memory: Memory) -> list[list[str]]:
              f"{r.microbatches_in_flight:g}", f"{r.allgather_bytes:,}", f"{r.alltoall_bytes:,}", f"{r.peak_bytes:,}",
              r.peak_phase]
             for r in memory.ranks if isinstance(r, PlanRankMemory)]
-
-
-@dataclass(frozen=True)
-class RankClass:
-    """Ranks of one pipeline ``stage`` that hold the same bytes (the TP and EP ranks ``tp`` and ``ep`` of the stage,
-    with their data- and context-parallel replicas: ``ranks``). ``activations_bytes``: kept for the backward by all
-    the microbatches in flight; ``held_bytes``: the peak, and with ``--generate`` the KV cache beside it;
-    ``headroom_bytes``: the device's memory less ``held_bytes`` (negative: over it; None without a device memory);
-    ``hardware_flops``: the most of its ranks run per step (None without the FLOPs ledger)."""
-
-    stage: int
-    tp: tuple[int, ...]
-    ep: tuple[int, ...]
-    ranks: tuple[int, ...]
-    params_bytes: int
-    buffers_bytes: int
-    grads_bytes: int
-    optimizer_bytes: int
-    activations_bytes: int
-    held_bytes: int
-    peak_phase: str
-    headroom_bytes: int | None
-    hardware_flops: int | None
-
-    def as_dict(self) -> dict[str, Any]:
-        d = dict(self.__dict__)
-        d.update(tp=list(self.tp), ep=list(self.ep), ranks=list(self.ranks), count=len(self.ranks))
-        return d
-
-
-@dataclass(frozen=True)
-class PlanSummary:
-    """The answer a planner wants from a plan's ledgers (:func:`plan_summary`): the most bytes a rank holds
-    (``held_bytes``, on ``stage``) against the device's memory, with the ``verdict`` (``fits``: True, False, or None
-    where it cannot be known: no device memory, or a lower bound within it), the slowest rank's hardware FLOPs per
-    step, the ceiling on MFU that the bubble, redundant and recomputed work leave (``mfu_ceiling``: ``model_flops``
-    / (``world`` × ``step_flops``), docs/parallel.md), and the ranks grouped by the bytes they hold (``classes``)."""
-
-    plan: str | None
-    world: int
-    mode: str | None  # the FLOPs ledger's: train, inference or generate (its FLOPs are the whole generation's)
-    device_memory_bytes: int | None
-    held_bytes: int | None
-    stage: int | None
-    fits: bool | None
-    headroom_bytes: int | None
-    verdict: str | None
-    lower_bound: bool
-    slowest_rank: int | None
-    slowest_hardware_flops: int | None
-    model_flops: int | None
-    step_flops: float | None
-    mfu_ceiling: float | None
-    bubble_fraction: float | None
-    redundant_share: float | None
-    recompute_share: float | None
-    classes: tuple[RankClass, ...]
-
-    def as_dict(self) -> dict[str, Any]:
-        d = dict(self.__dict__)
-        d["classes"] = [c.as_dict() for c in self.classes]
-        return d
-
-
-def plan_summary(parallel: Any = None, memory: Memory | None = None,
-                 device_memory: int | None = None) -> PlanSummary:
-    """The summary of a plan's ledgers (see :class:`PlanSummary`): ``parallel`` its FLOPs ledger
-    (:class:`flopcount.parallel.ranks.ParallelLedger`) and ``memory`` its memory ledger per rank
-    (:func:`per_rank`, or the one-rank ledger without a plan), either None when not counted; ``device_memory``
-    in bytes, the memory settings' when None."""
-    if device_memory is None and memory is not None and memory.settings is not None:
-        device_memory = memory.settings.device_memory
-    flops = _flops_figures(parallel)
-    classes = _classes(memory, parallel, device_memory) if memory is not None else ()
-    world = len(parallel.ranks) if parallel is not None else sum(len(c.ranks) for c in classes)
-    top = max(classes, key=lambda c: (c.held_bytes, -c.stage), default=None)
-    held = top.held_bytes if top else None
-    lower = bool(memory is not None and memory.lower_bound)
-    fits = headroom = None
-    if top is not None and device_memory is not None:
-        headroom = device_memory - held
-        fits = False if headroom < 0 else (None if lower else True)
-    plan = str(parallel.plan) if parallel is not None else (
-        str(memory.settings.plan) if memory is not None and memory.settings is not None and memory.ranks
-        and isinstance(memory.ranks[0], PlanRankMemory) else None)
-    return PlanSummary(plan, world, parallel.mode if parallel is not None else None, device_memory, held,
-                       top.stage if top else None, fits, headroom,
-                       _verdict(top, device_memory, lower) if top else None, lower, *flops, tuple(classes))
-
-
-def _flops_figures(parallel: Any) -> tuple:
-    """(slowest rank, its hardware FLOPs, model FLOPs, step FLOPs, MFU ceiling, bubble, redundant share, recompute
-    share) of a FLOPs ledger; Nones without one. The step lasts, in FLOPs at equal throughput, the most any rank's
-    hardware FLOPs stretch to with its pipeline rank's idle time in the simulated schedule: H · makespan / busy."""
-    if parallel is None or not parallel.ranks:
-        return (None,) * 8
-    sched = parallel.schedule
-
-    def stretched(r) -> float:
-        if sched is None or not sched.busy[r.stage]:
-            return float(r.hardware_flops)
-        return r.hardware_flops * sched.makespan / sched.busy[r.stage]
-
-    slowest = next(r for r in parallel.ranks if r.rank == parallel.slowest_rank)
-    model = sum(r.model_flops for r in parallel.ranks)
-    hardware = sum(r.hardware_flops for r in parallel.ranks)
-    step = max(stretched(r) for r in parallel.ranks)
-    ceiling = model / (len(parallel.ranks) * step) if step else None
-    return (slowest.rank, slowest.hardware_flops, model, step, ceiling, parallel.bubble_fraction,
-            sum(r.redundant_flops for r in parallel.ranks) / hardware if hardware else 0.0,
-            sum(r.recompute_flops for r in parallel.ranks) / hardware if hardware else 0.0)
-
-
-def _classes(memory: Memory, parallel: Any, device_memory: int | None) -> list[RankClass]:
-    """The ledger's ranks grouped by stage and the bytes they hold, in the order of their first rank."""
-    most = {r.rank: r.hardware_flops for r in parallel.ranks} if parallel is not None else {}
-    groups: dict[tuple, list[RankMemory]] = {}
-    for r in memory.ranks:
-        figures = {k: v for k, v in r.__dict__.items() if k not in ("rank", "coords", "replicas")}
-        groups.setdefault((getattr(r, "stage", 0), tuple(sorted(figures.items()))), []).append(r)
-    out = []
-    for (stage, _), rs in groups.items():
-        r = rs[0]
-        ranks = tuple(sorted(x for m in rs for x in (getattr(m, "replicas", ()) or (getattr(m, "rank", 0),))))
-        held = held_bytes(r)
-        flops = [most[x] for x in ranks if x in most]
-        out.append(RankClass(
-            stage, tuple(sorted({getattr(m, "coords", {}).get("tp", 0) for m in rs})),
-            tuple(sorted({getattr(m, "coords", {}).get("ep", 0) for m in rs})), ranks, r.params_bytes, r.buffers_bytes,
-            r.grads_bytes, r.optimizer_bytes, int(r.activations_bytes * getattr(r, "microbatches_in_flight", 1.0)),
-            held, r.peak_phase, None if device_memory is None else device_memory - held, max(flops, default=None)))
-    return sorted(out, key=lambda c: c.ranks[0])
-
-
-def _verdict(top: RankClass, device_memory: int | None, lower: bool) -> str:
-    """One line: the most a rank holds against the device's memory."""
-    from .sizes import size_text
-
-    where = f"stage {top.stage}"
-    if device_memory is None:
-        return f"{where}: {size_text(top.held_bytes)} at most; no device memory given (--device-memory)"
-    if top.held_bytes > device_memory:
-        return (f"{where}: {size_text(top.held_bytes)}, over {size_text(device_memory)} by "
-                f"{size_text(top.held_bytes - device_memory)}" + (" (at least: a lower bound)" if lower else ""))
-    if lower:
-        return (f"unknown: at least {size_text(top.held_bytes)} of {size_text(device_memory)} on {where} (a lower "
-                "bound: some activations are not counted)")
-    return (f"fits: {size_text(top.held_bytes)} of {size_text(device_memory)}, "
-            f"{size_text(device_memory - top.held_bytes)} free ({where})")

@@ -3,7 +3,7 @@ three pictures drawn as inline SVG (nothing fetched, no script):
 
 * **FLOPs per rank**: a bar per set of ranks with the same work (stage and FLOPs), model, redundant and recomputed
   FLOPs a step stacked;
-* **memory per rank**: a bar per class of ranks that hold the same bytes (:func:`flopcount.memory.ranks.plan_summary`),
+* **memory per rank**: a bar per class of ranks that hold the same bytes (:func:`flopcount.memory.summary.plan_summary`),
   parameters, gradients, optimizer states and the activations of every microbatch in flight stacked, the peak as a
   tick, and the device's memory as a line when one is given;
 * **the pipeline schedule**: each pipeline rank's forwards and backwards as the simulation of the FLOPs ledger ran
@@ -226,7 +226,8 @@ def plan_sections(report: Any) -> list[str]:
         if parallel.schedule is not None and parallel.schedule.actions:
             out += ["<h2>Pipeline schedule</h2>", schedule_chart(parallel)]
     if memory is not None:
-        from ..memory.ranks import RANK_HEADERS as MEMORY_HEADERS, plan_summary, rank_rows as memory_rows
+        from ..memory.ranks import RANK_HEADERS as MEMORY_HEADERS, rank_rows as memory_rows
+        from ..memory.summary import plan_summary
 
         out += ["<h2>Memory per rank</h2>",
                 memory_chart(s if s is not None and s.classes else plan_summary(None, memory))]

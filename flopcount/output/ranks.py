@@ -1,5 +1,5 @@
 """A plan's ledgers in the text formats: its summary first (:func:`summary_lines`, from
-:func:`flopcount.memory.ranks.plan_summary`), the FLOPs and the communication of each class of ranks
+:func:`flopcount.memory.summary.plan_summary`), the FLOPs and the communication of each class of ranks
 (:func:`rank_tables`, in units a reader compares at a glance: every figure exact in JSON and CSV), and one row per
 rank for CSV (:func:`rank_csv`), FLOPs, communication and memory side by side.
 
@@ -17,12 +17,12 @@ WIDTH = 120
 
 
 def summary(report: Any):
-    """The report's :class:`~flopcount.memory.ranks.PlanSummary`, or None where it has neither a plan nor a
+    """The report's :class:`~flopcount.memory.summary.PlanSummary`, or None where it has neither a plan nor a
     device memory to compare its peak with."""
     memory = report.memory
     if report.parallel is None and (memory is None or memory.device_memory is None):
         return None  # and the memory ledger's modules stay unloaded
-    from ..memory.ranks import plan_summary
+    from ..memory.summary import plan_summary
 
     return plan_summary(report.parallel, memory)
 
@@ -34,7 +34,7 @@ def _flops(n: float) -> str:
 
 
 def summary_lines(s: Any, markdown: bool = False) -> list[str]:
-    """The summary ``s`` (a :class:`~flopcount.memory.ranks.PlanSummary`) as lines: the plan, the memory's
+    """The summary ``s`` (a :class:`~flopcount.memory.summary.PlanSummary`) as lines: the plan, the memory's
     verdict, the slowest rank, the MFU ceiling, then the table of rank classes (a GitHub table with ``markdown``)."""
     from tabulate import tabulate
 

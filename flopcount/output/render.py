@@ -324,7 +324,7 @@ def _memory_lines(m) -> list[str]:
         lines.append("  per rank: in the plan's summary above, ranks that hold the same bytes together; every "
                      "rank's bytes in JSON and CSV")
     elif m.device_memory is not None:
-        from ..memory.ranks import plan_summary
+        from ..memory.summary import plan_summary
 
         lines.append(f"  device memory: {plan_summary(None, m).verdict}")
     for k, r in enumerate(() if any(hasattr(r, "coords") for r in m.ranks) else m.ranks):

@@ -327,13 +327,14 @@ _last: list[tuple] = []
 
 
 def layout_of(report: Any, plan: ParallelPlan) -> Layout:
-    """The :class:`Layout` of ``report`` under ``plan``, memoized (the last asked); :class:`UsageError` (exit 2)
-    naming the part a plan cannot split and why."""
-    key = (report.nodes, report.modules.nodes, plan)
-    if _last and _last[0][0] is key[0] and _last[0][1] is key[1] and _last[0][2] == plan:
-        return _last[1]
+    """The :class:`Layout` of ``report`` under ``plan``, memoized (the last four asked: a plan search asks of the
+    counts of two recompute policies in turn); :class:`UsageError` (exit 2) naming the part a plan cannot split and
+    why."""
+    for (nodes, scopes, asked), found in _last:
+        if nodes is report.nodes and scopes is report.modules.nodes and asked == plan:
+            return found
     found = _build(report, plan)
-    _last[:] = [key, found]
+    _last[:] = [*_last[-3:], ((report.nodes, report.modules.nodes, plan), found)]
     return found
 
 

@@ -545,12 +545,30 @@ def simulate_schedule(schedule: str, stages: int, microbatches: int, forward: Se
     return run.makespan, list(run.busy)
 
 
+#: The last schedules simulated, by their arguments: the memory and FLOPs ledgers of one plan simulate the same
+#: schedule, and a plan search many plans of the same chunks.
+_simulated_last: dict[tuple, Schedule] = {}
+
+
 def simulated_schedule(schedule: str, stages: int, microbatches: int, forward: Sequence[float],
                        backward: Sequence[float], virtual: int = 1) -> Schedule:
     """:func:`simulate_schedule`'s run, with every action's start and end (a :class:`Schedule`)."""
     if schedule not in ("gpipe", "1f1b", "interleaved"):
         raise UsageError(f"--schedule {schedule}: not modelled yet in FLOPs per rank; give gpipe, 1f1b or "
                          "interleaved")
+    key = (schedule, stages, microbatches, tuple(forward), tuple(backward), virtual)
+    found = _simulated_last.get(key)
+    if found is None:
+        if len(_simulated_last) >= 16:
+            _simulated_last.clear()
+        found = _simulated_last[key] = _run_schedule(schedule, stages, microbatches, key[3], key[4], virtual)
+    return found
+
+
+def _run_schedule(schedule: str, stages: int, microbatches: int, forward: Sequence[float],
+                  backward: Sequence[float], virtual: int) -> Schedule:
+    """The simulation itself: in turn, each pipeline rank runs the next action of its order once what it needs is
+    done."""
     last = stages * virtual - 1
     orders = _orders(schedule, stages, microbatches, virtual, any(backward))
     done: dict[tuple[str, int, int], float] = {}

@@ -1,4 +1,4 @@
-"""A plan's summary (flopcount.memory.ranks.plan_summary) and its ledgers in every format: the most a rank holds
+"""A plan's summary (flopcount.memory.summary.plan_summary) and its ledgers in every format: the most a rank holds
 against the device's memory, the slowest rank, the MFU ceiling, the classes of ranks that hold the same bytes; the
 per-rank tables in text, JSON, CSV, Markdown and HTML, and the HTML page's pictures, also in a real browser.
 
@@ -18,7 +18,7 @@ import pytest
 
 import flopcount
 from flopcount.memory.ledger import MemorySettings
-from flopcount.memory.ranks import plan_summary
+from flopcount.memory.summary import plan_summary
 from flopcount.output.render import render
 from flopcount.parallel.plan import parse_parallel
 from flopcount.plans import memory_per_rank, parallel_ledger

@@ -131,3 +131,45 @@ def test_no_plan_fits(searched, llama, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no plan of 4 devices fits" in err[0]
     assert f"({least['peak_bytes']:,} bytes)" in err[0]
+
+
+def test_each_peak_and_floor_is_the_walks(llama):
+    """On every plan of 4 devices (M = 1 and 2): the peak the search gives, which shares walks between plans and
+    takes a ZeRO plan's from the walk without ZeRO, is the largest of per_rank's; and the states the search's floor
+    is made of (stage_states: parameters, optimizer states, with M > 1 accumulated gradients, and zero2's bucket)
+    are per_rank's own figures, so the floor is at most the peak; a plan the model cannot split refused by both."""
+    from flopcount.cli.plan import build_parser, reports
+    from flopcount.errors import FlopcountError
+    from flopcount.measure.machine.calibration import device_profile
+    from flopcount.measure.plan_search import search
+    from flopcount.memory.ranks import per_rank, stage_states
+
+    # 64 tokens: the activations, not the optimizer step's temporaries, make most peaks (a ZeRO plan's is then found
+    # from the walk without ZeRO)
+    args = build_parser().parse_args(["--hf", llama[1], "--input-shape", "input_ids=2x64:int64", *llama[4:],
+                                      "--devices", "4", "--device-memory", "80GiB"])
+    args.mode, args.memory = "train", True
+    report_of = reports(args)
+    space = SpaceSettings(4, 2, False, (2,), (1, 2))
+    peaks = {}
+    for c in choices(space)[0]:
+        report = report_of(c.size, c.recompute)
+        try:
+            ranks = per_rank(report, c.plan).ranks
+        except FlopcountError as e:
+            with pytest.raises(FlopcountError, match=str(e).split(": ")[-1][:40]):
+                stage_states(report, c.plan)
+            continue
+        states = stage_states(report, c.plan)
+        for r in ranks:
+            s = states[r.stage]
+            assert (s.params, s.states, s.grads, s.bucket) == (
+                r.params_bytes, r.optimizer_bytes, r.grads_bytes if c.plan.microbatches > 1 else 0,
+                r.gradient_bucket_bytes), c.text
+        assert max(s.params + s.states + s.grads for s in states) <= max(r.peak_bytes for r in ranks)
+        peaks[(c.text, c.schedule, c.plan.microbatches, c.recompute)] = max(r.peak_bytes for r in ranks)
+    found = search(report_of, device_profile("H100", 4), space, None)
+    assert len(peaks) > 100 and len(found.plans) == len(peaks)
+    assert sum("zero" in p.parallel for p in found.plans) > 30
+    for p in found.plans:
+        assert p.peak_bytes == peaks[(p.parallel, p.schedule, p.microbatches, p.recompute)], p
