@@ -431,7 +431,7 @@ def _attentions(nodes: Sequence[NodeCount], ix: _Index, saved: Mapping[int, Save
                 ) -> tuple[list[_Attention], list[_Attention]]:
     """The exported ``scaled_dot_product_attention`` regions that torch runs as a fused kernel (all of them on
     CUDA: flash and memory-efficient attention draw their dropout again in the backward; those without dropout on
-    the CPU), and those it runs on its math path (with dropout on the CPU)."""
+    the CPU), and those it runs on its math path (with dropout on the CPU; K or V broadcast over Q's heads)."""
     by_index = {n.index: n for n in nodes}
     fused, math = [], []
     for n in nodes:
@@ -439,23 +439,45 @@ def _attentions(nodes: Sequence[NodeCount], ix: _Index, saved: Mapping[int, Save
             a = _attention(ix, n, by_index)
             if a is not None:
                 dropped = any(c.op_type == "Dropout" for c in a.chain)
-                (math if dropped and device == "cpu" else fused).append(a)
+                (math if (dropped and device == "cpu") or _broadcast_heads(a) else fused).append(a)
     return fused, math
 
 
-def _math_dropout(a: _Attention, saved: Mapping[int, Saved]) -> dict[int, Saved]:
-    """sdpa's math path with dropout: the exporter writes its Dropout without ``training_mode`` (the graph's
-    identity), where torch multiplies the probabilities by a float noise tensor, kept, and the product with V keeps
-    the result (a tensor of its own once the Dropout keeps something); the scale is a number, which the products
-    with Q and Kᵀ do not keep."""
+def _broadcast_heads(a: _Attention) -> bool:
+    """Whether the attention's products broadcast K or V over Q's heads (multi-query K and V of one head handed to
+    sdpa as they are, without ``enable_gqa``): torch's fused kernels need as many heads in K and V as in Q, or a
+    grouped-query call (which the exporters write as a repeat), so torch runs its math path."""
+    q, k, v = a.scores.inputs[0], a.scores.inputs[1], a.out.inputs[1]
+    if any(t is None or not t.is_static or len(t.shape) < 3 for t in (q, k, v)):
+        return False
+    return k.shape[-3] != q.shape[-3] or v.shape[-3] != q.shape[-3]
+
+
+def _math(a: _Attention, saved: Mapping[int, Saved]) -> dict[int, Saved]:
+    """sdpa's math path (``aten._scaled_dot_product_attention_math``): the products keep what the graph's MatMuls
+    keep (the scaled Q and Kᵀ, the probabilities and V, each as torch's ``matmul`` reads it: a K or V broadcast
+    over Q's heads is copied); the scale is a number, which the products with Q and Kᵀ do not keep. With dropout
+    torch multiplies the probabilities by a float noise tensor, kept, and the product with V keeps the result. Its
+    softmax is ``_safe_softmax``, which keeps its output alone: the graph's NaN guard (IsNaN, Where: see
+    :func:`_nan_guard`) and the mask added before it (a float mask, a boolean one as Where) keep nothing."""
     out = {m.index: NOTHING for m, _ in (a.q, a.k) if m.index in saved}
     for c in a.chain:
         y = c.outputs[0] if c.outputs else None
-        if c.op_type == "Dropout" and c.index in saved and not saved[c.index].extra and y is not None \
-                and y.is_static:
+        if c.op_type == "Dropout" and c.index in saved and y is not None and y.is_static:
             noise = prod(y.shape) * element_bytes(y.elem_type)
             out[c.index] = Saved(extra=(("dropout noise (input's type, the CPU kernel)", noise),))
+        elif c.op_type != "Softmax" and c.index in saved:
+            out[c.index] = NOTHING
     return out
+
+
+def _nan_guard(a: _Attention) -> set[str]:
+    """The outputs of the NaN guard the exporters write after the softmax (``Where(IsNaN(p), 0, p)``): on sdpa's
+    math path torch runs ``_safe_softmax``, one kernel whose output is the softmax's own, so the guard's tensors are
+    that storage (the walk reads them as views: its IsNaN of the softmax, its Where of the IsNaN)."""
+    nan = {c.outputs[0].name for c in a.chain if c.op_type == "IsNaN" and c.outputs and c.outputs[0] is not None}
+    return nan | {c.outputs[0].name for c in a.chain if c.op_type == "Where" and c.inputs and c.inputs[0] is not None
+                  and c.inputs[0].name in nan and c.outputs and c.outputs[0] is not None}
 
 
 def _dropout_noise(n: NodeCount, s: Saved) -> Saved:
@@ -519,8 +541,10 @@ def kernels(nodes: Sequence[NodeCount], saved: Mapping[int, Saved], stored: froz
     out, found = _pointwise(nodes, ix, saved)
     fused, math = _attentions(nodes, ix, saved, device)
     inside = {n.index for a in fused for n in a.nodes}
+    guards: set[str] = set()
     for a in math:
-        out.update(_math_dropout(a, saved))
+        out.update(_math(a, saved))
+        guards.update(_nan_guard(a))
     if device == "cpu":
         for n in nodes:
             s = saved.get(n.index)
@@ -540,5 +564,5 @@ def kernels(nodes: Sequence[NodeCount], saved: Mapping[int, Saved], stored: froz
             copied = _matmul_copy(n, out.get(n.index, saved[n.index]), layout.matmul_copies(n))
             if copied != saved[n.index]:
                 out[n.index] = copied
-    return Kernels(MappingProxyType(out), frozenset(inside), frozenset(layout.views), frozenset(layout.copies),
-                   MappingProxyType(dict(sorted(found.items()))))
+    return Kernels(MappingProxyType(out), frozenset(inside), frozenset(layout.views | guards),
+                   frozenset(layout.copies), MappingProxyType(dict(sorted(found.items()))))

@@ -168,6 +168,14 @@ def relative_position_buckets(config) -> int:
     return 8 * (S * S + decoder_length(config) ** 2)
 
 
+def decoder_causal_masks(config) -> int:
+    """T5 under sdpa hands its position bias to sdpa as a float mask made per decoder self-attention layer
+    (transformers' ``create_position_bias_mask``): ``torch.where`` of a boolean causal mask [1, 1, S_dec, S_dec]
+    built in the forward from ``torch.arange``, which aten.where's backward keeps; the export folds it into a
+    constant. One a decoder layer, a byte per element."""
+    return config.num_decoder_layers * decoder_length(config) ** 2
+
+
 def local_masks(config) -> int:
     """ModernBERT's local-attention layers hand sdpa a float32 sliding-window mask [B, 1, S, S], which torch's CPU
     flash kernel (aten._scaled_dot_product_flash_attention_for_cpu) keeps; the ledger reads the attention as the
@@ -192,6 +200,7 @@ DECODER_POSITIONS = ("aten.embedding: the decoder's position ids made in the for
 LOCAL = ("aten._scaled_dot_product_flash_attention_for_cpu: the local layers' mask", local_masks)
 INDICES = ("aten.index: K's and V's list indices made in the forward", list_indices)
 BUCKETS = ("aten.embedding: the relative position buckets made in the forward", relative_position_buckets)
+CAUSAL = ("aten.where: the decoder's causal masks made in the forward", decoder_causal_masks)
 
 #: (family, attention) → what torch keeps beyond the ledger's activations (negative: less): each entry the op that
 #: keeps it and its bytes in closed form of the family's configuration.
@@ -199,11 +208,12 @@ DIFFERS: dict[tuple[str, str], tuple[tuple[str, Callable], ...]] = {
     **{(name, attn): (MOE,) for name in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe") for attn in ATTENTIONS},
     **{(name, "sdpa"): (MASKED,) for name in ("mistral", "cohere2", "gemma3_text")},
     **{(name, "sdpa"): (COPY,) for name in ("phi3", "stablelm", "gpt_neox")},
-    ("gpt2", "eager"): (POSITIONS,),
+    **{("gpt2", attn): (POSITIONS,) for attn in ATTENTIONS},
     **{("bart", attn): (DECODER_POSITIONS,) for attn in ATTENTIONS},
     ("t5", "eager"): (BUCKETS,),
+    ("t5", "sdpa"): (BUCKETS, CAUSAL),
     ("modernbert", "sdpa"): (LOCAL,),
-    ("falcon", "eager"): (INDICES,),
+    **{("falcon", attn): (INDICES,) for attn in ATTENTIONS},
 }
 
 
@@ -223,15 +233,6 @@ PENDING_MEMORY = {
         "mamba2": "torch keeps 8,352 B more than the ledger (eager): the Mamba 2 mixer's chunked scan",
         "granitemoehybrid": "torch keeps 5,776 B more than the ledger (eager): the Mamba 2 mixer and the experts",
     }.items() for attn in ATTENTIONS},
-    ("falcon", "sdpa"): "torch keeps 13,472 B more than the ledger: 32 B of them the list indices (aten.index), "
-                        "the rest not yet traced",
-    ("t5", "sdpa"): "torch keeps 20,482 B more than the ledger: its position bias handed to sdpa as a float mask "
-                    "(aten._scaled_dot_product_attention_math), not yet traced beyond the buckets (592 B)",
-    **{(name, "sdpa"): "torch keeps 8,960 B more than the ledger: with dropout torch runs sdpa's math path "
-                        "(aten._scaled_dot_product_attention_math), which keeps what eager attention keeps"
-       for name in ("bert", "roberta", "electra")},
-    ("gpt2", "sdpa"): "with dropout torch runs sdpa's math path (aten.bmm, the softmax, the dropout's noise) where "
-                      "the ledger reads a fused kernel: 1,792 B more in torch beyond the position ids",
 }
 
 
