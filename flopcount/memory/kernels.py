@@ -323,15 +323,20 @@ def _matmul_copy(n: NodeCount, s: Saved, copies: Mapping[int, int]) -> Saved:
 _ATTENTION_CHAIN = frozenset({"Add", "Softmax", "IsNaN", "Where", "Dropout", "Cast"})
 
 
-def _constant(ix: _Index, t: TensorInfo | None, depth: int = 4) -> bool:
-    """Whether ``t`` is a scalar constant: stored, a Constant node's output, or computed from those alone (sdpa's
-    scale: the square root of a constant, cast)."""
-    if t is None or not t.name or t.shape is None or any(d != 1 for d in t.shape):
+def _constant(ix: _Index, t: TensorInfo | None, depth: int = 6) -> bool:
+    """Whether ``t`` is a scalar constant: stored, a Constant node's output, or computed from those and the shapes
+    of static tensors alone (sdpa's scale: the square root of a constant, cast; the TorchScript exporter's
+    ``1/√d`` of Q's last dim sliced from its Shape, a number in torch)."""
+    if t is None or not t.name or t.shape is None:
         return False
     made = ix.producer.get(t.name)
+    if made is not None and made.op_type == "Shape":
+        return bool(made.inputs) and made.inputs[0] is not None and made.inputs[0].is_static
+    if any(d != 1 for d in t.shape):
+        return False
     if made is None or made.op_type == "Constant":
         return made is not None or t.name in ix.stored
-    return depth > 0 and made.op_type in ("Sqrt", "Cast", "Reciprocal", "Div", "Mul") and \
+    return depth > 0 and made.op_type in ("Sqrt", "Cast", "Reciprocal", "Div", "Mul", "Slice", "Gather") and \
         all(_constant(ix, i, depth - 1) for i in made.inputs if i is not None)
 
 
