@@ -25,6 +25,7 @@ import dataclasses
 from typing import Callable
 
 import pytest
+from helpers import saving
 from test_architecture_sweep import (  # noqa: F401 - sweep_exports is a fixture
     B, FAMILIES, PENDING, S, Family, built_config, float_outputs, real_model, sweep_exports)
 
@@ -81,31 +82,23 @@ def real_step(fam: Family, attn: str) -> Step:
         model.config._experts_implementation = "grouped_mm"  # read by the experts at each call
     inputs = forward_inputs(model, hf_inputs(model, fam.inputs))
     opt = torch.optim.AdamW(model.parameters())
-    stored = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
-    seen: dict[int, int] = {}
 
-    def pack(t):
-        s = t.untyped_storage()
-        if s.data_ptr() not in stored:
-            seen[s.data_ptr()] = s.nbytes()
-        return t
-
-    def step():
+    def step() -> int:
         opt.zero_grad(set_to_none=True)
-        seen.clear()
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with saving(model) as seen:
             outputs = float_outputs(model(**inputs))
         sum(t.sum() for t in outputs).backward()
         opt.step()
+        return sum(seen.values())
 
     step()  # makes AdamW's states: the tracked step is the steady state
     tracker = mem_tracker.MemTracker()
     tracker.track_external(model, opt)
     with tracker:
-        step()
+        saved = step()
     cpu = torch.device("cpu")
     named = {getattr(k, "value", k): v for k, v in tracker.get_tracker_snapshot("current")[cpu].items()}
-    return Step(sum(seen.values()), named, tracker.get_tracker_snapshot("peak")[cpu]["Total"])
+    return Step(saved, named, tracker.get_tracker_snapshot("peak")[cpu]["Total"])
 
 
 def head_dim(config) -> int:
