@@ -192,10 +192,14 @@ def _contiguous(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def _heads_last(t: TensorInfo) -> tuple[int, ...]:
-    """The strides of a [B, heads, S, d] tensor stored as [B, S, heads, d]."""
-    b, h, s, d = t.shape
-    return (s * h * d, d, h * d, 1)
+def _dense_like(shape: Sequence[int], strides: Sequence[int]) -> tuple[int, ...]:
+    """The strides of a new dense tensor of ``shape`` laid out in the order of ``strides`` (the largest stride
+    outermost, ties in dim order), as torch's TensorIterator and its empty_like allocate an output."""
+    out, step = [0] * len(shape), 1
+    for k in reversed(sorted(range(len(shape)), key=lambda k: -strides[k])):
+        out[k] = step
+        step *= shape[k]
+    return tuple(out)
 
 
 def _broadcast(shape: Sequence[int], strides: Sequence[int], out: Sequence[int]) -> tuple[int, ...]:
@@ -236,15 +240,23 @@ _SAME_STRIDES = frozenset({"Slice", "Split", "Identity"})
 _RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 
 
+#: Elementwise ops, whose output torch lays out in the order of its first operand of the output's shape.
+_ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Neg", "Cast", "Sigmoid", "Tanh", "Relu", "Erf", "Exp", "Sqrt",
+                          "Reciprocal", "Pow", "Abs", "Sin", "Cos"})
+
+
 class _Layout:
     """The strides torch's tensors have, followed through the graph's views: a select (a Gather of one index) is a
     view that drops its axis; Slice and Split keep their input's strides (unit steps); Transpose permutes them;
     Expand gives broadcast dims stride 0; a reshape is a view where :func:`view_strides` finds one and a copy
-    (``copies``) where not; every other node makes a contiguous tensor."""
+    (``copies``) where not; an elementwise op makes a dense tensor in the order of its first operand of its shape
+    (TensorIterator's rule: a rotary embedding of a transposed Q stays transposed); ``like`` (output → tensor): a
+    fused attention's output, laid out as its Q (the CPU flash kernel's output follows Q's layout); every other
+    node makes a contiguous tensor (Concat among them: a partial rotary's ``cat`` makes Q contiguous)."""
 
-    def __init__(self, nodes: Sequence[NodeCount], ix: _Index, attributes,
-                 strides: Mapping[str, tuple[int, ...]] = {}):
-        self.strides: dict[str, tuple[int, ...]] = dict(strides)
+    def __init__(self, nodes: Sequence[NodeCount], ix: _Index, attributes, like: Mapping[str, TensorInfo] = {}):
+        self.strides: dict[str, tuple[int, ...]] = {}
+        self.like = like
         self.views: set[str] = set()
         self.copies: set[str] = set()
         for n in nodes:
@@ -262,7 +274,11 @@ class _Layout:
         src = self.of(a)
         if src is None or not y.is_static:
             return
-        if n.op_type == "Gather" and len(n.inputs) == 2 and n.inputs[1] is not None and n.inputs[1].shape == () \
+        if y.name in self.like:
+            q = self.of(self.like[y.name])
+            if q is not None and len(q) == len(y.shape):
+                self.strides[y.name] = _dense_like(y.shape, q)
+        elif n.op_type == "Gather" and len(n.inputs) == 2 and n.inputs[1] is not None and n.inputs[1].shape == () \
                 and a.name not in ix.stored and a.is_float:
             axis = int(attrs.get("axis", 0)) % len(a.shape)
             self.views.add(y.name)
@@ -282,6 +298,11 @@ class _Layout:
                 self.copies.add(y.name)
             else:
                 self.strides[y.name] = got
+        elif n.op_type in _ELEMENTWISE:
+            full = next((t for t in n.inputs if t is not None and t.is_static and t.shape == y.shape), None)
+            order = self.of(full) if full is not None else None
+            if order is not None:
+                self.strides[y.name] = _dense_like(y.shape, order)
 
     def matmul_copies(self, n: NodeCount) -> dict[int, int]:
         """Operand position → elements of the contiguous copy torch's ``matmul`` makes of it and keeps (its
@@ -556,10 +577,9 @@ def kernels(nodes: Sequence[NodeCount], saved: Mapping[int, Saved], stored: froz
             if n.op_type == "Dropout" and s is not None and any(w.startswith("dropout mask") for w, _ in s.extra):
                 out[n.index] = _dropout_noise(n, s)
     out.update(_losses(nodes, saved, out, attributes))
-    # a fused kernel writes its output [B, heads, S, d] as [B, S, heads, d] transposed
-    layout = _Layout(nodes, ix, attributes, {a.out.outputs[0].name: _heads_last(a.out.outputs[0]) for a in fused
-                                             if a.out.outputs[0] is not None and a.out.outputs[0].is_static
-                                             and len(a.out.outputs[0].shape) == 4})
+    # a fused kernel writes its output in Q's layout ([B, S, heads, d] transposed where Q is so)
+    layout = _Layout(nodes, ix, attributes, {a.out.outputs[0].name: a.q[0].inputs[a.q[1]] for a in fused
+                                             if a.out.outputs[0] is not None and a.out.outputs[0].is_static})
     for a in fused:
         out.update(_fused(a, ix, saved, frozenset(layout.copies)))
     if fused:

@@ -132,8 +132,11 @@ def repeated_kv_and_mask(config) -> int:
 
 
 def sdpa_output_copy(config) -> int:
-    """The output projection's input: sdpa's output [B, heads, S, d] transposed to [B, S, heads·d], a copy in torch
-    that aten.mm keeps, which the ledger reads as a view of the kept sdpa output: B·S·heads·d floats a layer."""
+    """Phi-3's rotary embedding concatenates the rotated part with the part it leaves (``torch.cat``, empty here:
+    the whole head is rotated), which makes Q contiguous [B, heads, S, d]; torch's CPU flash kernel writes its output
+    in Q's layout, so the output projection's input (the output transposed to [B, S, heads·d]) is a copy that
+    aten.mm keeps. The export drops the concatenation with an empty tensor, so the ledger sees Q transposed and
+    reads that input as a view of the kept sdpa output: B·S·heads·d floats a layer."""
     return config.num_hidden_layers * F32 * B * S * config.num_attention_heads * head_dim(config)
 
 
@@ -187,7 +190,8 @@ def list_indices(config) -> int:
 
 MOE = ("aten.index, aten._grouped_mm: grouped_mm's sort of the (token, expert) pairs", grouped_mm_sort)
 MASKED = ("aten._scaled_dot_product_flash_attention_for_cpu: K, V repeated and the mask", repeated_kv_and_mask)
-COPY = ("aten.mm: sdpa's output transposed, a copy", sdpa_output_copy)
+COPY = ("aten.mm: sdpa's output transposed, a copy (Q made contiguous by a cat the export drops)",
+        sdpa_output_copy)
 POSITIONS = ("aten.embedding: the position ids made in the forward", position_ids)
 DECODER_POSITIONS = ("aten.embedding: the decoder's position ids made in the forward", decoder_position_ids)
 LOCAL = ("aten._scaled_dot_product_flash_attention_for_cpu: the local layers' mask", local_masks)
@@ -200,7 +204,7 @@ CAUSAL = ("aten.where: the decoder's causal masks made in the forward", decoder_
 DIFFERS: dict[tuple[str, str], tuple[tuple[str, Callable], ...]] = {
     **{(name, attn): (MOE,) for name in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe") for attn in ATTENTIONS},
     **{(name, "sdpa"): (MASKED,) for name in ("mistral", "cohere2", "gemma3_text")},
-    **{(name, "sdpa"): (COPY,) for name in ("phi3", "stablelm", "gpt_neox")},
+    ("phi3", "sdpa"): (COPY,),
     **{("gpt2", attn): (POSITIONS,) for attn in ATTENTIONS},
     **{("bart", attn): (DECODER_POSITIONS,) for attn in ATTENTIONS},
     ("t5", "eager"): (BUCKETS,),
