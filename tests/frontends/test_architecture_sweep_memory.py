@@ -129,6 +129,15 @@ def grouped_mm_sort(config) -> int:
     return sum(3 * pairs * 8 + 4 * m.num_experts for m in experts(config))
 
 
+def sorted_routing_weights(config) -> int:
+    """``grouped_mm`` multiplies each (token, expert) pair's output by its routing weight in the sorted order
+    (``sample_weights[perm]``, a copy of T·k floats), which aten.mul's backward keeps. The count's batched graph
+    weights by the routing weights themselves: where they are the top-k values (Mixtral: the softmax before the
+    top-k) they are kept in the copy's place; GraniteMoE's softmax comes after the top-k, and its output, which the
+    weighting reads, is kept by the softmax already. T·k floats a MoE block beyond the sort."""
+    return len(experts(config)) * F32 * B * S * config.num_experts_per_tok
+
+
 def repeated_kv_and_mask(config) -> int:
     """With a mask that is not purely causal (sliding-window layers), transformers repeats K and V to the query
     heads itself (it asks sdpa for grouped-query attention only without a mask), and torch's CPU flash kernel
@@ -198,6 +207,7 @@ def list_indices(config) -> int:
 
 
 MOE = ("aten.index, aten._grouped_mm: grouped_mm's sort of the (token, expert) pairs", grouped_mm_sort)
+WEIGHTS = ("aten.mul: grouped_mm's routing weights in the sorted order, a copy", sorted_routing_weights)
 MASKED = ("aten._scaled_dot_product_flash_attention_for_cpu: K, V repeated and the mask", repeated_kv_and_mask)
 COPY = ("aten.mm: sdpa's output transposed, a copy (Q made contiguous by a cat the export drops)",
         sdpa_output_copy)
@@ -212,6 +222,7 @@ CAUSAL = ("aten.where: the decoder's causal masks made in the forward", decoder_
 #: keeps it and its bytes in closed form of the family's configuration.
 DIFFERS: dict[tuple[str, str], tuple[tuple[str, Callable], ...]] = {
     **{(name, attn): (MOE,) for name in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe") for attn in ATTENTIONS},
+    **{("granitemoe", attn): (MOE, WEIGHTS) for attn in ATTENTIONS},
     **{(name, "sdpa"): (MASKED,) for name in ("mistral", "cohere2", "gemma3_text")},
     ("phi3", "sdpa"): (COPY,),
     **{("gpt2", attn): (POSITIONS,) for attn in ATTENTIONS},
@@ -230,7 +241,6 @@ PENDING_MEMORY = {
     **{(name, attn): why for name, why in {
         "qwen3_next": "the ledger keeps 8,241,352 B more than torch saves (eager): the gated delta rule's export "
                       "branch (forward substitution, aten.bmm) against the eager solve_triangular",
-        "granitemoe": "torch keeps 1,600 B more than the ledger (eager), 224 B beyond grouped_mm's sort: not yet traced",
         "deepseek_v3": "torch keeps 176 B more than the ledger (eager), not grouped_mm's sort (688 B): not yet traced",
         "gpt_oss": "the ledger keeps 1,088 B more than torch saves (eager): its experts' clamped SwiGLU, not yet traced",
         "jamba": "torch keeps 7,080 B more than the ledger (eager): the Mamba mixer's scan, not yet traced",
