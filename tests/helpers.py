@@ -15,8 +15,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 __all__ = ["RESNET50_ONNX", "RESNET50_STAGES", "const", "direct_backward", "gloo_ranks", "model", "node_backward",
-           "one_node", "op_backward", "resnet50_architecture", "saved_storages", "saving", "shifted_op_model", "single", "tiny_llama",
-           "typed_model", "weight"]
+           "one_node", "op_backward", "resnet50_architecture", "saved_storages", "saving", "shifted_op_model", "single",
+           "tiny_llama", "typed_model", "weight"]
 
 
 def weight(name: str, dims: Sequence[int], dtype: int = TensorProto.FLOAT) -> TensorProto:

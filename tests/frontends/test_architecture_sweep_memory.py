@@ -241,7 +241,10 @@ PENDING_MEMORY = {
     **{(name, attn): why for name, why in {
         "qwen3_next": "the ledger keeps 8,241,352 B more than torch saves (eager): the gated delta rule's export "
                       "branch (forward substitution, aten.bmm) against the eager solve_triangular",
-        "deepseek_v3": "torch keeps 176 B more than the ledger (eager), not grouped_mm's sort (688 B): not yet traced",
+        "deepseek_v3": "torch keeps 176 B more than the ledger (eager) beyond grouped_mm's sort (688 B): the ledger's "
+                       "ScatterND keeps 4 int64 index vectors [16] from Range (512 B; MLA's slice writes, which keep "
+                       "nothing in torch), and its group-limited router keeps the group top-k's tensors where torch "
+                       "keeps the gathered sigmoid scores, their normalisation and the sorted weights: not yet traced",
         "gpt_oss": "the ledger keeps 1,088 B more than torch saves (eager): its experts' clamped SwiGLU, not yet traced",
         "jamba": "torch keeps 7,080 B more than the ledger (eager): the Mamba mixer's scan, not yet traced",
         "bamba": "torch keeps 4,176 B more than the ledger (eager): the Mamba 2 mixer's chunked scan, not yet traced",

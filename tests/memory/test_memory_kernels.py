@@ -314,8 +314,8 @@ def test_dinov2_mask_token_is_counted_and_held():
 
 
 class Attend(torch.nn.Module):
-    """x → Q (4 heads of d) and K, V (``kv`` heads) → sdpa (``dropout_p`` p) → sum; K and V of one head are handed to
-    sdpa as they are (multi-query, no ``enable_gqa``)."""
+    """x → Q (4 heads of 2) and K, V (``kv`` heads) → sdpa (``dropout_p`` p) → sum; K and V of one head are handed
+    to sdpa as they are (multi-query, no ``enable_gqa``)."""
 
     def __init__(self, kv: int, p: float):
         super().__init__()
