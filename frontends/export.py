@@ -341,6 +341,7 @@ def export_dynamo(
     )
     model = program.model
     origins = _layout_origins(model.graph)
+    _attention_dropout_training(model.graph)
     with _weights_opaque(model):
         onnxscript.optimizer.fold_constants(model)
         model = onnxscript.rewriter.rewrite(
@@ -359,6 +360,22 @@ def export_dynamo(
     LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
     _reference_meta_tensors(model, f"{type(module).__name__}.weights")
     return serde.serialize_model(model)
+
+
+def _attention_dropout_training(graph: Any) -> None:
+    """Give each Dropout without a ``training_mode`` input a constant-true one: onnxscript writes
+    ``scaled_dot_product_attention``'s ``dropout_p`` as such a Dropout (the graph's identity, which its optimiser
+    deletes), where torch draws that dropout whenever ``dropout_p`` is not 0 (sdpa takes no training flag); every
+    other Dropout the exporter writes has its flag."""
+    import onnx_ir as ir
+
+    for node in list(graph):
+        if node.op_type == "Dropout" and node.domain in ("", "ai.onnx") and len(node.inputs) == 2 \
+                and node.inputs[1] is not None:
+            flag = ir.node("Constant", [], attributes={"value": ir.tensor(True)})
+            graph.insert_before(node, flag)
+            node.resize_inputs(3)
+            node.replace_input_with(2, flag.outputs[0])
 
 
 def _is_meta(tensor: Any) -> bool:

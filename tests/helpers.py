@@ -4,17 +4,19 @@ weights."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from math import prod
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["RESNET50_ONNX", "RESNET50_STAGES", "const", "direct_backward", "gloo_ranks", "hidden_state_loss", "model",
-           "node_backward", "one_node", "op_backward", "resnet50_architecture", "saved_storages", "shifted_op_model", "single", "tiny_llama",
+__all__ = ["RESNET50_ONNX", "RESNET50_STAGES", "browser", "chromium", "console_errors", "const", "direct_backward",
+           "gloo_ranks", "hidden_state_loss", "model", "needs_chromium", "node_backward", "one_node", "op_backward",
+           "resnet50_architecture", "saved_storages", "saving", "shifted_op_model", "single", "tiny_llama",
            "typed_model", "weight"]
 
 
@@ -261,6 +263,16 @@ def saved_storages(module, inputs: Sequence) -> int:
 
 def saved_storage_bytes(module, inputs: Sequence) -> dict[int, int]:
     """The storages of :func:`saved_storages`, each storage's address and its bytes."""
+    with saving(module) as seen:
+        module(*inputs)
+    return seen
+
+
+@contextlib.contextmanager
+def saving(module) -> Iterator[dict[int, int]]:
+    """The storages torch's autograd keeps for the backward while the block runs (``module``'s parameters and
+    buffers left out), each storage's address and its bytes: :func:`saved_storage_bytes` for a call of one's own
+    (keyword inputs, a loss made of the outputs)."""
     import torch
 
     stored = {t.untyped_storage().data_ptr() for t in (*module.parameters(), *module.buffers())}
@@ -273,8 +285,8 @@ def saved_storage_bytes(module, inputs: Sequence) -> dict[int, int]:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        module(*inputs)
-    return seen
+        yield seen
+
 
 
 # --- a real browser (headless Chromium), for the HTML pages' tests -------------------------------------------------

@@ -192,10 +192,14 @@ def _contiguous(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def _heads_last(t: TensorInfo) -> tuple[int, ...]:
-    """The strides of a [B, heads, S, d] tensor stored as [B, S, heads, d]."""
-    b, h, s, d = t.shape
-    return (s * h * d, d, h * d, 1)
+def _dense_like(shape: Sequence[int], strides: Sequence[int]) -> tuple[int, ...]:
+    """The strides of a new dense tensor of ``shape`` laid out in the order of ``strides`` (the largest stride
+    outermost, ties in dim order), as torch's TensorIterator and its empty_like allocate an output."""
+    out, step = [0] * len(shape), 1
+    for k in reversed(sorted(range(len(shape)), key=lambda k: -strides[k])):
+        out[k] = step
+        step *= shape[k]
+    return tuple(out)
 
 
 def _broadcast(shape: Sequence[int], strides: Sequence[int], out: Sequence[int]) -> tuple[int, ...]:
@@ -236,15 +240,23 @@ _SAME_STRIDES = frozenset({"Slice", "Split", "Identity"})
 _RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 
 
+#: Elementwise ops, whose output torch lays out in the order of its first operand of the output's shape.
+_ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Neg", "Cast", "Sigmoid", "Tanh", "Relu", "Erf", "Exp", "Sqrt",
+                          "Reciprocal", "Pow", "Abs", "Sin", "Cos"})
+
+
 class _Layout:
     """The strides torch's tensors have, followed through the graph's views: a select (a Gather of one index) is a
     view that drops its axis; Slice and Split keep their input's strides (unit steps); Transpose permutes them;
     Expand gives broadcast dims stride 0; a reshape is a view where :func:`view_strides` finds one and a copy
-    (``copies``) where not; every other node makes a contiguous tensor."""
+    (``copies``) where not; an elementwise op makes a dense tensor in the order of its first operand of its shape
+    (TensorIterator's rule: a rotary embedding of a transposed Q stays transposed); ``like`` (output → tensor): a
+    fused attention's output, laid out as its Q (the CPU flash kernel's output follows Q's layout); every other
+    node makes a contiguous tensor (Concat among them: a partial rotary's ``cat`` makes Q contiguous)."""
 
-    def __init__(self, nodes: Sequence[NodeCount], ix: _Index, attributes,
-                 strides: Mapping[str, tuple[int, ...]] = {}):
-        self.strides: dict[str, tuple[int, ...]] = dict(strides)
+    def __init__(self, nodes: Sequence[NodeCount], ix: _Index, attributes, like: Mapping[str, TensorInfo] = {}):
+        self.strides: dict[str, tuple[int, ...]] = {}
+        self.like = like
         self.views: set[str] = set()
         self.copies: set[str] = set()
         for n in nodes:
@@ -262,7 +274,11 @@ class _Layout:
         src = self.of(a)
         if src is None or not y.is_static:
             return
-        if n.op_type == "Gather" and len(n.inputs) == 2 and n.inputs[1] is not None and n.inputs[1].shape == () \
+        if y.name in self.like:
+            q = self.of(self.like[y.name])
+            if q is not None and len(q) == len(y.shape):
+                self.strides[y.name] = _dense_like(y.shape, q)
+        elif n.op_type == "Gather" and len(n.inputs) == 2 and n.inputs[1] is not None and n.inputs[1].shape == () \
                 and a.name not in ix.stored and a.is_float:
             axis = int(attrs.get("axis", 0)) % len(a.shape)
             self.views.add(y.name)
@@ -282,6 +298,11 @@ class _Layout:
                 self.copies.add(y.name)
             else:
                 self.strides[y.name] = got
+        elif n.op_type in _ELEMENTWISE:
+            full = next((t for t in n.inputs if t is not None and t.is_static and t.shape == y.shape), None)
+            order = self.of(full) if full is not None else None
+            if order is not None:
+                self.strides[y.name] = _dense_like(y.shape, order)
 
     def matmul_copies(self, n: NodeCount) -> dict[int, int]:
         """Operand position → elements of the contiguous copy torch's ``matmul`` makes of it and keeps (its
@@ -323,15 +344,20 @@ def _matmul_copy(n: NodeCount, s: Saved, copies: Mapping[int, int]) -> Saved:
 _ATTENTION_CHAIN = frozenset({"Add", "Softmax", "IsNaN", "Where", "Dropout", "Cast"})
 
 
-def _constant(ix: _Index, t: TensorInfo | None, depth: int = 4) -> bool:
-    """Whether ``t`` is a scalar constant: stored, a Constant node's output, or computed from those alone (sdpa's
-    scale: the square root of a constant, cast)."""
-    if t is None or not t.name or t.shape is None or any(d != 1 for d in t.shape):
+def _constant(ix: _Index, t: TensorInfo | None, depth: int = 6) -> bool:
+    """Whether ``t`` is a scalar constant: stored, a Constant node's output, or computed from those and the shapes
+    of static tensors alone (sdpa's scale: the square root of a constant, cast; the TorchScript exporter's
+    ``1/√d`` of Q's last dim sliced from its Shape, a number in torch)."""
+    if t is None or not t.name or t.shape is None:
         return False
     made = ix.producer.get(t.name)
+    if made is not None and made.op_type == "Shape":
+        return bool(made.inputs) and made.inputs[0] is not None and made.inputs[0].is_static
+    if any(d != 1 for d in t.shape):
+        return False
     if made is None or made.op_type == "Constant":
         return made is not None or t.name in ix.stored
-    return depth > 0 and made.op_type in ("Sqrt", "Cast", "Reciprocal", "Div", "Mul") and \
+    return depth > 0 and made.op_type in ("Sqrt", "Cast", "Reciprocal", "Div", "Mul", "Slice", "Gather") and \
         all(_constant(ix, i, depth - 1) for i in made.inputs if i is not None)
 
 
@@ -431,7 +457,7 @@ def _attentions(nodes: Sequence[NodeCount], ix: _Index, saved: Mapping[int, Save
                 ) -> tuple[list[_Attention], list[_Attention]]:
     """The exported ``scaled_dot_product_attention`` regions that torch runs as a fused kernel (all of them on
     CUDA: flash and memory-efficient attention draw their dropout again in the backward; those without dropout on
-    the CPU), and those it runs on its math path (with dropout on the CPU)."""
+    the CPU), and those it runs on its math path (with dropout on the CPU; K or V broadcast over Q's heads)."""
     by_index = {n.index: n for n in nodes}
     fused, math = [], []
     for n in nodes:
@@ -439,23 +465,45 @@ def _attentions(nodes: Sequence[NodeCount], ix: _Index, saved: Mapping[int, Save
             a = _attention(ix, n, by_index)
             if a is not None:
                 dropped = any(c.op_type == "Dropout" for c in a.chain)
-                (math if dropped and device == "cpu" else fused).append(a)
+                (math if (dropped and device == "cpu") or _broadcast_heads(a) else fused).append(a)
     return fused, math
 
 
-def _math_dropout(a: _Attention, saved: Mapping[int, Saved]) -> dict[int, Saved]:
-    """sdpa's math path with dropout: the exporter writes its Dropout without ``training_mode`` (the graph's
-    identity), where torch multiplies the probabilities by a float noise tensor, kept, and the product with V keeps
-    the result (a tensor of its own once the Dropout keeps something); the scale is a number, which the products
-    with Q and Kᵀ do not keep."""
+def _broadcast_heads(a: _Attention) -> bool:
+    """Whether the attention's products broadcast K or V over Q's heads (multi-query K and V of one head handed to
+    sdpa as they are, without ``enable_gqa``): torch's fused kernels need as many heads in K and V as in Q, or a
+    grouped-query call (which the exporters write as a repeat), so torch runs its math path."""
+    q, k, v = a.scores.inputs[0], a.scores.inputs[1], a.out.inputs[1]
+    if any(t is None or not t.is_static or len(t.shape) < 3 for t in (q, k, v)):
+        return False
+    return k.shape[-3] != q.shape[-3] or v.shape[-3] != q.shape[-3]
+
+
+def _math(a: _Attention, saved: Mapping[int, Saved]) -> dict[int, Saved]:
+    """sdpa's math path (``aten._scaled_dot_product_attention_math``): the products keep what the graph's MatMuls
+    keep (the scaled Q and Kᵀ, the probabilities and V, each as torch's ``matmul`` reads it: a K or V broadcast
+    over Q's heads is copied); the scale is a number, which the products with Q and Kᵀ do not keep. With dropout
+    torch multiplies the probabilities by a float noise tensor, kept, and the product with V keeps the result. Its
+    softmax is ``_safe_softmax``, which keeps its output alone: the graph's NaN guard (IsNaN, Where: see
+    :func:`_nan_guard`) and the mask added before it (a float mask, a boolean one as Where) keep nothing."""
     out = {m.index: NOTHING for m, _ in (a.q, a.k) if m.index in saved}
     for c in a.chain:
         y = c.outputs[0] if c.outputs else None
-        if c.op_type == "Dropout" and c.index in saved and not saved[c.index].extra and y is not None \
-                and y.is_static:
+        if c.op_type == "Dropout" and c.index in saved and y is not None and y.is_static:
             noise = prod(y.shape) * element_bytes(y.elem_type)
             out[c.index] = Saved(extra=(("dropout noise (input's type, the CPU kernel)", noise),))
+        elif c.op_type != "Softmax" and c.index in saved:
+            out[c.index] = NOTHING
     return out
+
+
+def _nan_guard(a: _Attention) -> set[str]:
+    """The outputs of the NaN guard the exporters write after the softmax (``Where(IsNaN(p), 0, p)``): on sdpa's
+    math path torch runs ``_safe_softmax``, one kernel whose output is the softmax's own, so the guard's tensors are
+    that storage (the walk reads them as views: its IsNaN of the softmax, its Where of the IsNaN)."""
+    nan = {c.outputs[0].name for c in a.chain if c.op_type == "IsNaN" and c.outputs and c.outputs[0] is not None}
+    return nan | {c.outputs[0].name for c in a.chain if c.op_type == "Where" and c.inputs and c.inputs[0] is not None
+                  and c.inputs[0].name in nan and c.outputs and c.outputs[0] is not None}
 
 
 def _dropout_noise(n: NodeCount, s: Saved) -> Saved:
@@ -519,18 +567,19 @@ def kernels(nodes: Sequence[NodeCount], saved: Mapping[int, Saved], stored: froz
     out, found = _pointwise(nodes, ix, saved)
     fused, math = _attentions(nodes, ix, saved, device)
     inside = {n.index for a in fused for n in a.nodes}
+    guards: set[str] = set()
     for a in math:
-        out.update(_math_dropout(a, saved))
+        out.update(_math(a, saved))
+        guards.update(_nan_guard(a))
     if device == "cpu":
         for n in nodes:
             s = saved.get(n.index)
             if n.op_type == "Dropout" and s is not None and any(w.startswith("dropout mask") for w, _ in s.extra):
                 out[n.index] = _dropout_noise(n, s)
     out.update(_losses(nodes, saved, out, attributes))
-    # a fused kernel writes its output [B, heads, S, d] as [B, S, heads, d] transposed
-    layout = _Layout(nodes, ix, attributes, {a.out.outputs[0].name: _heads_last(a.out.outputs[0]) for a in fused
-                                             if a.out.outputs[0] is not None and a.out.outputs[0].is_static
-                                             and len(a.out.outputs[0].shape) == 4})
+    # a fused kernel writes its output in Q's layout ([B, S, heads, d] transposed where Q is so)
+    layout = _Layout(nodes, ix, attributes, {a.out.outputs[0].name: a.q[0].inputs[a.q[1]] for a in fused
+                                             if a.out.outputs[0] is not None and a.out.outputs[0].is_static})
     for a in fused:
         out.update(_fused(a, ix, saved, frozenset(layout.copies)))
     if fused:
@@ -540,5 +589,5 @@ def kernels(nodes: Sequence[NodeCount], saved: Mapping[int, Saved], stored: froz
             copied = _matmul_copy(n, out.get(n.index, saved[n.index]), layout.matmul_copies(n))
             if copied != saved[n.index]:
                 out[n.index] = copied
-    return Kernels(MappingProxyType(out), frozenset(inside), frozenset(layout.views), frozenset(layout.copies),
-                   MappingProxyType(dict(sorted(found.items()))))
+    return Kernels(MappingProxyType(out), frozenset(inside), frozenset(layout.views | guards),
+                   frozenset(layout.copies), MappingProxyType(dict(sorted(found.items()))))

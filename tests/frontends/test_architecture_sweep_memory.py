@@ -22,9 +22,11 @@ passes, so the table cannot go stale). docs/architectures.md shows the column (c
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable
 
 import pytest
+from helpers import saving
 from test_architecture_sweep import (  # noqa: F401 - sweep_exports is a fixture
     B, FAMILIES, PENDING, S, Family, built_config, float_outputs, real_model, sweep_exports)
 
@@ -41,8 +43,16 @@ ATTENTIONS = ("eager", "sdpa")
 
 
 def supports_sdpa(fam: Family) -> bool:
+    """Whether the family's model supports sdpa (its model built on the meta device once per family: collection and
+    the docs' table ask)."""
+    return _supports_sdpa(fam.model_type)
+
+
+@functools.cache
+def _supports_sdpa(model_type: str) -> bool:
     from flopcount.frontends.hf import build_model
 
+    fam = next(p.values[0] for p in FAMILIES if p.values[0].model_type == model_type)
     return bool(getattr(build_model(built_config(fam)), "_supports_sdpa", False))
 
 
@@ -81,31 +91,23 @@ def real_step(fam: Family, attn: str) -> Step:
         model.config._experts_implementation = "grouped_mm"  # read by the experts at each call
     inputs = forward_inputs(model, hf_inputs(model, fam.inputs))
     opt = torch.optim.AdamW(model.parameters())
-    stored = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
-    seen: dict[int, int] = {}
 
-    def pack(t):
-        s = t.untyped_storage()
-        if s.data_ptr() not in stored:
-            seen[s.data_ptr()] = s.nbytes()
-        return t
-
-    def step():
+    def step() -> int:
         opt.zero_grad(set_to_none=True)
-        seen.clear()
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with saving(model) as seen:
             outputs = float_outputs(model(**inputs))
         sum(t.sum() for t in outputs).backward()
         opt.step()
+        return sum(seen.values())
 
     step()  # makes AdamW's states: the tracked step is the steady state
     tracker = mem_tracker.MemTracker()
     tracker.track_external(model, opt)
     with tracker:
-        step()
+        saved = step()
     cpu = torch.device("cpu")
     named = {getattr(k, "value", k): v for k, v in tracker.get_tracker_snapshot("current")[cpu].items()}
-    return Step(sum(seen.values()), named, tracker.get_tracker_snapshot("peak")[cpu]["Total"])
+    return Step(saved, named, tracker.get_tracker_snapshot("peak")[cpu]["Total"])
 
 
 def head_dim(config) -> int:
@@ -127,6 +129,15 @@ def grouped_mm_sort(config) -> int:
     return sum(3 * pairs * 8 + 4 * m.num_experts for m in experts(config))
 
 
+def sorted_routing_weights(config) -> int:
+    """``grouped_mm`` multiplies each (token, expert) pair's output by its routing weight in the sorted order
+    (``sample_weights[perm]``, a copy of T·k floats), which aten.mul's backward keeps. The count's batched graph
+    weights by the routing weights themselves: where they are the top-k values (Mixtral: the softmax before the
+    top-k) they are kept in the copy's place; GraniteMoE's softmax comes after the top-k, and its output, which the
+    weighting reads, is kept by the softmax already. T·k floats a MoE block beyond the sort."""
+    return len(experts(config)) * F32 * B * S * config.num_experts_per_tok
+
+
 def repeated_kv_and_mask(config) -> int:
     """With a mask that is not purely causal (sliding-window layers), transformers repeats K and V to the query
     heads itself (it asks sdpa for grouped-query attention only without a mask), and torch's CPU flash kernel
@@ -139,8 +150,11 @@ def repeated_kv_and_mask(config) -> int:
 
 
 def sdpa_output_copy(config) -> int:
-    """The output projection's input: sdpa's output [B, heads, S, d] transposed to [B, S, heads·d], a copy in torch
-    that aten.mm keeps, which the ledger reads as a view of the kept sdpa output: B·S·heads·d floats a layer."""
+    """Phi-3's rotary embedding concatenates the rotated part with the part it leaves (``torch.cat``, empty here:
+    the whole head is rotated), which makes Q contiguous [B, heads, S, d]; torch's CPU flash kernel writes its output
+    in Q's layout, so the output projection's input (the output transposed to [B, S, heads·d]) is a copy that
+    aten.mm keeps. The export drops the concatenation with an empty tensor, so the ledger sees Q transposed and
+    reads that input as a view of the kept sdpa output: B·S·heads·d floats a layer."""
     return config.num_hidden_layers * F32 * B * S * config.num_attention_heads * head_dim(config)
 
 
@@ -168,6 +182,14 @@ def relative_position_buckets(config) -> int:
     return 8 * (S * S + decoder_length(config) ** 2)
 
 
+def decoder_causal_masks(config) -> int:
+    """T5 under sdpa hands its position bias to sdpa as a float mask made per decoder self-attention layer
+    (transformers' ``create_position_bias_mask``): ``torch.where`` of a boolean causal mask [1, 1, S_dec, S_dec]
+    built in the forward from ``torch.arange``, which aten.where's backward keeps; the export folds it into a
+    constant. One a decoder layer, a byte per element."""
+    return config.num_decoder_layers * decoder_length(config) ** 2
+
+
 def local_masks(config) -> int:
     """ModernBERT's local-attention layers hand sdpa a float32 sliding-window mask [B, 1, S, S], which torch's CPU
     flash kernel (aten._scaled_dot_product_flash_attention_for_cpu) keeps; the ledger reads the attention as the
@@ -185,25 +207,30 @@ def list_indices(config) -> int:
 
 
 MOE = ("aten.index, aten._grouped_mm: grouped_mm's sort of the (token, expert) pairs", grouped_mm_sort)
+WEIGHTS = ("aten.mul: grouped_mm's routing weights in the sorted order, a copy", sorted_routing_weights)
 MASKED = ("aten._scaled_dot_product_flash_attention_for_cpu: K, V repeated and the mask", repeated_kv_and_mask)
-COPY = ("aten.mm: sdpa's output transposed, a copy", sdpa_output_copy)
+COPY = ("aten.mm: sdpa's output transposed, a copy (Q made contiguous by a cat the export drops)",
+        sdpa_output_copy)
 POSITIONS = ("aten.embedding: the position ids made in the forward", position_ids)
 DECODER_POSITIONS = ("aten.embedding: the decoder's position ids made in the forward", decoder_position_ids)
 LOCAL = ("aten._scaled_dot_product_flash_attention_for_cpu: the local layers' mask", local_masks)
 INDICES = ("aten.index: K's and V's list indices made in the forward", list_indices)
 BUCKETS = ("aten.embedding: the relative position buckets made in the forward", relative_position_buckets)
+CAUSAL = ("aten.where: the decoder's causal masks made in the forward", decoder_causal_masks)
 
 #: (family, attention) → what torch keeps beyond the ledger's activations (negative: less): each entry the op that
 #: keeps it and its bytes in closed form of the family's configuration.
 DIFFERS: dict[tuple[str, str], tuple[tuple[str, Callable], ...]] = {
     **{(name, attn): (MOE,) for name in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe") for attn in ATTENTIONS},
+    **{("granitemoe", attn): (MOE, WEIGHTS) for attn in ATTENTIONS},
     **{(name, "sdpa"): (MASKED,) for name in ("mistral", "cohere2", "gemma3_text")},
-    **{(name, "sdpa"): (COPY,) for name in ("phi3", "stablelm", "gpt_neox")},
-    ("gpt2", "eager"): (POSITIONS,),
+    ("phi3", "sdpa"): (COPY,),
+    **{("gpt2", attn): (POSITIONS,) for attn in ATTENTIONS},
     **{("bart", attn): (DECODER_POSITIONS,) for attn in ATTENTIONS},
     ("t5", "eager"): (BUCKETS,),
+    ("t5", "sdpa"): (BUCKETS, CAUSAL),
     ("modernbert", "sdpa"): (LOCAL,),
-    ("falcon", "eager"): (INDICES,),
+    **{("falcon", attn): (INDICES,) for attn in ATTENTIONS},
 }
 
 
@@ -214,8 +241,10 @@ PENDING_MEMORY = {
     **{(name, attn): why for name, why in {
         "qwen3_next": "the ledger keeps 8,241,352 B more than torch saves (eager): the gated delta rule's export "
                       "branch (forward substitution, aten.bmm) against the eager solve_triangular",
-        "granitemoe": "torch keeps 1,600 B more than the ledger (eager), 224 B beyond grouped_mm's sort: not yet traced",
-        "deepseek_v3": "torch keeps 176 B more than the ledger (eager), not grouped_mm's sort (688 B): not yet traced",
+        "deepseek_v3": "torch keeps 176 B more than the ledger (eager) beyond grouped_mm's sort (688 B): the ledger's "
+                       "ScatterND keeps 4 int64 index vectors [16] from Range (512 B; MLA's slice writes, which keep "
+                       "nothing in torch), and its group-limited router keeps the group top-k's tensors where torch "
+                       "keeps the gathered sigmoid scores, their normalisation and the sorted weights: not yet traced",
         "gpt_oss": "the ledger keeps 1,088 B more than torch saves (eager): its experts' clamped SwiGLU, not yet traced",
         "jamba": "torch keeps 7,080 B more than the ledger (eager): the Mamba mixer's scan, not yet traced",
         "bamba": "torch keeps 4,176 B more than the ledger (eager): the Mamba 2 mixer's chunked scan, not yet traced",
@@ -223,15 +252,6 @@ PENDING_MEMORY = {
         "mamba2": "torch keeps 8,352 B more than the ledger (eager): the Mamba 2 mixer's chunked scan",
         "granitemoehybrid": "torch keeps 5,776 B more than the ledger (eager): the Mamba 2 mixer and the experts",
     }.items() for attn in ATTENTIONS},
-    ("falcon", "sdpa"): "torch keeps 13,472 B more than the ledger: 32 B of them the list indices (aten.index), "
-                        "the rest not yet traced",
-    ("t5", "sdpa"): "torch keeps 20,482 B more than the ledger: its position bias handed to sdpa as a float mask "
-                    "(aten._scaled_dot_product_attention_math), not yet traced beyond the buckets (592 B)",
-    **{(name, "sdpa"): "torch keeps 8,960 B more than the ledger: with dropout torch runs sdpa's math path "
-                        "(aten._scaled_dot_product_attention_math), which keeps what eager attention keeps"
-       for name in ("bert", "roberta", "electra")},
-    ("gpt2", "sdpa"): "with dropout torch runs sdpa's math path (aten.bmm, the softmax, the dropout's noise) where "
-                      "the ledger reads a fused kernel: 1,792 B more in torch beyond the position ids",
 }
 
 
