@@ -431,7 +431,7 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
                     rank = rank_id(plan, i, cp, dp, s)
                     extra = _cp_ep_communication(plan, d, report, per_stage, train, recompute,
                                                  [fractions[layer][ep] for layer in experts[(s, i)]])
-                    opt = None if note else po.optimizer_elements(rows, layout, s, i, dp, cp, group, ep)
+                    opt = None if note else po.optimizer_elements(rows, layout, po.RankCoords(s, i, dp, cp, group, ep))
                     ranks.append(RankFlops(rank, {k: coords[k] for k in order}, s, m * model, m * (run + again),
                                            m * (run - model), m * again,
                                            {"model_flops": model, "hardware_flops": run + again,
