@@ -88,6 +88,7 @@ from .roles import (
     PRODUCTS,
     Found,
     Graph,
+    Scoped,
     elements,
     index_in,
     kv_heads,
@@ -362,7 +363,8 @@ def _structure_of(report: Any) -> _Structure:
     for k, n in enumerate(layer):
         if n is not None:
             members.setdefault(n, []).append(k)
-    found = {n: layer_roles(g, scopes, ks, expert, blocks, roles, attention, n) for n, ks in sorted(members.items())}
+    scoped = Scoped(g, scopes, expert, blocks)
+    found = {n: layer_roles(scoped, ks, roles, attention, n) for n, ks in sorted(members.items())}
     if not any(f.heads or f.mixer for f in found.values()):  # indexed modules without attention or a mixer (a
         # Sequential, a CNN's stages)
         layer, members, found, roles, attention = [None] * len(nodes), {}, {}, [""] * len(nodes), {}
