@@ -88,6 +88,7 @@ from .roles import (
     PRODUCTS,
     Found,
     Graph,
+    Scoped,
     elements,
     index_in,
     kv_heads,
@@ -362,7 +363,8 @@ def _structure_of(report: Any) -> _Structure:
     for k, n in enumerate(layer):
         if n is not None:
             members.setdefault(n, []).append(k)
-    found = {n: layer_roles(g, scopes, ks, expert, blocks, roles, attention, n) for n, ks in sorted(members.items())}
+    scoped = Scoped(g, scopes, expert, blocks)
+    found = {n: layer_roles(scoped, ks, roles, attention, n) for n, ks in sorted(members.items())}
     if not any(f.heads or f.mixer for f in found.values()):  # indexed modules without attention or a mixer (a
         # Sequential, a CNN's stages)
         layer, members, found, roles, attention = [None] * len(nodes), {}, {}, [""] * len(nodes), {}
@@ -438,7 +440,7 @@ def _build(report: Any, plan: ParallelPlan) -> Layout:
     st = _structure(report)
     nodes, scopes, g, layer, roles, dims = st.nodes, st.scopes, st.g, st.layer, st.roles, st.dims
     attention, has_loss, expert, prefix, tied, tail = st.attention, st.has_loss, st.expert, st.prefix, st.tied, st.tail
-    _check(plan, dims, st.found, st.members, nodes, scopes, where, st.outside_attention)
+    _check(plan, st, where)
     v = chunks_of(plan)
     per_chunk = dims.layers // (plan.pp * v) if dims.layers else 1
     last = plan.pp * v - 1
@@ -467,9 +469,10 @@ def _degrees(plan: ParallelPlan) -> str:
     return ",".join(f"{d}={getattr(plan, d)}" for d in ("tp", "pp", "cp", "ep") if getattr(plan, d) > 1) or "dp"
 
 
-def _check(plan: ParallelPlan, d: Dims, found: Mapping[int, Found], members: Mapping[int, list[int]], nodes,
-           scopes, where: str, outside_attention: int | None = None) -> None:
+def _check(plan: ParallelPlan, st: _Structure, where: str) -> None:
     """:class:`UsageError` for what the plan cannot split, one line naming the part and why."""
+    d, found, members, nodes, scopes = st.dims, st.found, st.members, st.nodes, st.scopes
+    outside_attention = st.outside_attention
     t, p, v = plan.tp, plan.pp, chunks_of(plan)
     if _any_model(plan):
         return

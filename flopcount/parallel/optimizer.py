@@ -29,12 +29,25 @@ Without ``--optimizer`` (or in inference) the figures are null, with the reason 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..options import OPTIMIZERS
 from .layout import split
 
-__all__ = ["optimizer_elements", "optimizer_note", "per_element"]
+__all__ = ["RankCoords", "optimizer_elements", "optimizer_note", "per_element"]
+
+
+@dataclass(frozen=True)
+class RankCoords:
+    """A rank's coordinates: its pipeline ``stage``, its TP, DP and CP ranks, its EP group and its EP rank."""
+
+    stage: int
+    tp: int
+    dp: int
+    cp: int
+    ep_group: int
+    ep: int
 
 
 def optimizer_note(report: Any) -> str | None:
@@ -52,10 +65,11 @@ def per_element(report: Any) -> int:
     return OPTIMIZERS[report.optimizer[0]][0]
 
 
-def optimizer_elements(rows: Mapping[int, Sequence[tuple[str, Any, int]]], layout: Any, stage: int, tp: int,
-                       dp: int, cp: int, ep_group: int, ep: int) -> tuple[int, int]:
-    """(elements updated, of which redundant) on the rank at these coordinates (see the module's rules); ``rows``:
+def optimizer_elements(rows: Mapping[int, Sequence[tuple[str, Any, int]]], layout: Any,
+                       at: RankCoords) -> tuple[int, int]:
+    """(elements updated, of which redundant) on the rank at coordinates ``at`` (see the module's rules); ``rows``:
     :meth:`flopcount.parallel.layout.Layout.stage_params`."""
+    stage, tp, dp, cp, ep_group, ep = at.stage, at.tp, at.dp, at.cp, at.ep_group, at.ep
     plan = layout.plan
     d_c = plan.dp * plan.cp
     shard = cp + plan.cp * dp  # the rank's place among the D·C data- and context-parallel ranks

@@ -429,9 +429,9 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
                         again += px.ep_divide([px.cp_split(ex_again, c_, q) for q in members], share)[ep]
                     coords = {"tp": i, "pp": s, "cp": cp, "ep": ep, "dp": dp}
                     rank = rank_id(plan, i, cp, dp, s)
-                    extra = _cp_ep_communication(plan, d, report, s, per_stage, train, recompute,
+                    extra = _cp_ep_communication(plan, d, report, per_stage, train, recompute,
                                                  [fractions[layer][ep] for layer in experts[(s, i)]])
-                    opt = None if note else po.optimizer_elements(rows, layout, s, i, dp, cp, group, ep)
+                    opt = None if note else po.optimizer_elements(rows, layout, po.RankCoords(s, i, dp, cp, group, ep))
                     ranks.append(RankFlops(rank, {k: coords[k] for k in order}, s, m * model, m * (run + again),
                                            m * (run - model), m * again,
                                            {"model_flops": model, "hardware_flops": run + again,
@@ -454,7 +454,7 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
         whole_optimizer_flops=None if note else report.optimizer[1].flops, optimizer_note=note, schedule=schedule)
 
 
-def _cp_ep_communication(plan: ParallelPlan, d: Dims, report: Any, stage: int, per_stage: int, train: bool,
+def _cp_ep_communication(plan: ParallelPlan, d: Dims, report: Any, per_stage: int, train: bool,
                          recompute: Recompute, shares: Sequence[tuple[int, int]]) -> tuple[Collective, ...]:
     """One rank's CP K/V collectives and EP all_to_alls per optimizer step (see
     :mod:`flopcount.parallel.experts`); ``shares``: its EP rank's share of each of its stage's MoE layers."""

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FLOATS", "Found", "Graph", "MIXERS", "PRODUCTS", "elements", "index_in", "kv_heads", "layer_roles",
-           "layers_of", "outside_roles", "stack_prefix", "tied_weights", "width"]
+__all__ = ["FLOATS", "Found", "Graph", "MIXERS", "PRODUCTS", "Scoped", "elements", "index_in", "kv_heads",
+           "layer_roles", "layers_of", "outside_roles", "stack_prefix", "tied_weights", "width"]
 
 #: The operator families of products (a weight product reads a stored tensor, an activation product none).
 PRODUCTS = ("matmul", "gemm", "conv", "einsum")
@@ -174,6 +174,17 @@ class Found:
     mixer: str = ""  # the layer's state-space or linear-attention mixer: one of MIXERS' keys ("": none)
 
 
+@dataclass(frozen=True)
+class Scoped:
+    """The graph and what its nodes' module scopes tell :func:`layer_roles`: each node's ``scopes``, whether it is
+    inside a block's routed experts (``expert``) and the routed MoE blocks' module paths (``blocks``)."""
+
+    g: Graph
+    scopes: Sequence[Sequence[str]]
+    expert: Sequence[bool]
+    blocks: set[str]
+
+
 class _Flow:
     """One layer's dataflow: its weight products and activation products, traced within the layer."""
 
@@ -317,9 +328,9 @@ def _mlp_roles(flow: _Flow, roles: list[str], found: Found, rest: set[int]) -> N
             roles[k] = "inner"
 
 
-def layer_roles(g: Graph, scopes, ks: list[int], expert, blocks, roles: list[str], attention: dict,
-                 layer: int) -> Found:
+def layer_roles(at: Scoped, ks: list[int], roles: list[str], attention: dict, layer: int) -> Found:
     """Fill ``roles`` for the nodes ``ks`` of one layer (see the module's rules); what it found."""
+    g, scopes, expert, blocks = at.g, at.scopes, at.expert, at.blocks
     found = Found()
     for k in ks:
         if expert[k]:
