@@ -466,7 +466,7 @@ def _rates(work: Work, profile: MachineProfile, step: float) -> tuple[float | No
 def predict_point(work: Work, profile: MachineProfile) -> tuple[float, float | None, float]:
     """(step seconds, tokens per second, MFU) of :func:`predict_work`'s point, at the best repeats, without its
     interval (the median repeats) or its rows: what a plan search ranks by."""
-    step, _ = _step(work.ranks, profile, work.plan, "best", [])
+    step, _, _ = _step(work.ranks, profile, work.plan, "best", [])
     return step, *_rates(work, profile, step)[:2]
 
 
