@@ -13,7 +13,7 @@ from . import common
 
 log = logging.getLogger(__name__.removesuffix("_cache"))  # the torch frontend's logger: the records are its exports
 
-CACHE_FORMAT = 4  # bump when the export pipeline changes what it writes (4: sealed entries)
+CACHE_FORMAT = 5  # bump when the export pipeline changes what it writes (4: sealed entries; 5: sdpa's dropout kept)
 
 def fingerprint(torch, module, call, training: bool, opset: int) -> str | None:
     """Hash of everything the exported graph depends on except weight values; None (do not cache) where some
