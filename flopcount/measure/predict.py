@@ -191,8 +191,10 @@ class Prediction:
         r = next(row for row in self.ranks if row["rank"] == self.critical_rank)
         comm = "; ".join(f"{k} {v['exposed']:.3g} s exposed, {v['overlapped']:.3g} s overlapped"
                          for k, v in r["communication_seconds"].items()) or "none"
+        ov = r["overhead_seconds"]
+        ov = "not known (datasheet profile)" if ov is None else f"{ov:.3g} s"
         out.append(f"Rank {r['rank']}: compute {r['compute_seconds']:.4g} s, bubble {r['bubble_seconds']:.4g} s, "
-                   f"optimizer {r['optimizer_seconds']:.3g} s, framework overhead {r['overhead_seconds']:.3g} s "
+                   f"optimizer {r['optimizer_seconds']:.3g} s, framework overhead {ov} "
                    f"(within compute and optimizer); communication: {comm}")
         notes = ([f"interval: {self.interval_note}"] if self.interval_note else []) + list(self.notes)
         return out + [f"Prediction note: {n}" for n in notes]
@@ -394,7 +396,9 @@ def _step(work: Sequence[RankWork], profile: MachineProfile, plan: Mapping[str, 
         total = makespan + dp_exposed + t["phase"]["step"] + opt
         rows.append({"rank": r.rank, "step_seconds": total, "compute_seconds": m * t["compute"],
                      "communication_seconds": t["comm"], "bubble_seconds": makespan - busy[r.stage],
-                     "optimizer_seconds": opt, "overhead_seconds": m * t["overhead"] + opt_overhead})
+                     "optimizer_seconds": opt,
+                     # a datasheet profile measures no overhead: not known, not zero
+                     "overhead_seconds": m * t["overhead"] + opt_overhead if profile.calibrated else None})
     return max(row["step_seconds"] for row in rows), rows, timeline
 
 

@@ -111,3 +111,13 @@ def test_attention_products_at_the_fused_attentions_rates():
     p = predict_work(Work((RankWork(0, 0, 0, {0: (w,)}, (), 0.0, 0.0),),
                           {"microbatches": 1, "pp": 1, "virtual": 1, "schedule": "1f1b"}, None), profile())
     assert any("no timing of fused attention" in n for n in p.notes)
+
+
+def test_a_datasheet_profile_measures_no_overhead_so_it_is_null():
+    from flopcount.measure.machine.calibration import device_profile
+
+    p = predict(_mlp(), device_profile("H100", ranks=1, dtype="fp32"))
+    assert all(row["overhead_seconds"] is None for row in p.ranks)  # not measured: null, never 0
+    assert "framework overhead not known (datasheet profile)" in "\n".join(p.lines())
+    # the same graph on a calibrated profile has its overhead: the null is the datasheet's, not the graph's
+    assert predict(_mlp(), profile()).ranks[0]["overhead_seconds"] > 0
