@@ -36,6 +36,25 @@ dense MLPs: split over TP. Per MoE layer and microbatch, each rank hands ``all_t
 hidden vectors to dispatch (T its tokens, k the experts per token), and back the outputs of the pairs its experts
 ran, E·T·k·f_r of them (f_r its experts' fraction of the load; T·k balanced), h·e bytes each; in the backward the
 same two again, reversed.
+
+**Recompute.** A rerun of an MoE layer's forward in the backward (``full``, ``non-reentrant``) runs its collectives
+again where it passes them: the dispatch (its ``all_to_all`` of the rank's T·k vectors, and the counts below) when
+it runs one of the layer's expert nodes, whose first ops read the dispatched tokens; the combine (the ``all_to_all``
+of the E·T·k·f_r outputs) when it runs a node of the layer after the experts' last product, which reads the combined
+outputs; the router when it runs the router's nodes. ``full`` reruns the whole layer: all three.
+
+**The router's statistics** (Megatron-Core's ``TopKRouter`` and ``MoEAlltoAllTokenDispatcher``), R token counts
+per MoE layer, int64 (8 bytes each, the sum of a boolean routing map):
+
+* under ep, before each dispatch the rank gathers every rank's counts of the tensor- and expert-parallel group
+  (T·E ranks, group ``tp_ep``) to size its all_to_all: an ``all_gather`` of T·E·R·8 bytes per MoE layer and
+  forward pass, once more when the rerun dispatches again;
+* in training with an auxiliary load-balancing loss (``aux_loss``, with ``--moe-aux-loss-coeff`` above 0, as the
+  published MoE recipes set it), when the sequence is split over TP and CP ranks (T·C > 1), the counts are summed
+  over that group (group ``tp_cp``) so that the loss sees the whole sequence: an ``all_reduce`` of R·8 bytes per
+  MoE layer and microbatch. Megatron computes the loss only while autograd records (``torch.is_grad_enabled()``):
+  under ``full`` (a reentrant checkpoint, whose first forward runs without grad) only in the rerun, so once; under
+  ``non-reentrant`` (whose first forward and rerun both record) twice when the rerun reaches the router.
 """
 
 from __future__ import annotations
@@ -44,11 +63,11 @@ import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import UsageError
 
-__all__ = ["ExpertLoad", "all_to_all_bytes", "cp_split", "ep_coords", "ep_divide", "ep_members", "is_expert",
+__all__ = ["COUNT_BYTES", "ExpertLoad", "Rerun", "all_to_all_bytes", "cp_split", "exchange_bytes", "ep_coords", "ep_divide", "ep_members", "is_expert",
            "load_expert_load", "moe_blocks", "zigzag_pairs"]
 
 _EXPERTS = re.compile(r"(.*\.(?:mlp|block_sparse_moe|feed_forward))\.experts(?:\.|$)")
@@ -90,6 +109,31 @@ def all_to_all_bytes(vec: int, ep: int, shares: Sequence[tuple[int, int]]) -> in
     450
     """
     return sum(vec + ep * vec * num // den for num, den in shares)
+
+
+#: Bytes of one token count of the router's statistics: int64, as the sum of a boolean routing map gives it.
+COUNT_BYTES = 8
+
+
+class Rerun(NamedTuple):
+    """What a recompute's rerun of one MoE layer runs again (see the module's rules): its ``dispatch``, its
+    ``combine``, its ``router``."""
+
+    dispatch: bool = False
+    combine: bool = False
+    router: bool = False
+
+
+def exchange_bytes(vec: int, ep: int, share: tuple[int, int], dispatches: int, combines: int) -> int:
+    """Bytes one EP rank hands to ``all_to_all`` over one MoE layer's ``dispatches`` passes of ``vec`` bytes (its own
+    pairs' vectors: a forward's dispatch, or a backward's combine) and ``combines`` passes of E·vec·f_r (the pairs
+    its experts ran: a forward's combine, or a backward's dispatch), ``share`` = f_r as (numerator, denominator).
+
+    >>> exchange_bytes(100, 2, (3, 4), 3, 2)  # 3·100 + 2·150
+    600
+    """
+    num, den = share
+    return dispatches * vec + combines * (ep * vec * num // den)
 
 
 def moe_blocks(scopes: Sequence[Sequence[str]]) -> set[str]:

@@ -54,7 +54,8 @@ activation element) per microbatch and Lₛ the stage's layers:
   whole forward again: 2·Lₛ·A more ``all_reduce`` (with sp, 2·Lₛ·A more ``all_gather`` and ``reduce_scatter``).
   ``non-reentrant`` stops before the layer's last product (its down projection), so its reduction does not run
   again: Lₛ·A more ``all_reduce`` (with sp, 2·Lₛ·A ``all_gather`` and Lₛ·A ``reduce_scatter``). ``selective``
-  and an operator list run no collective again (an MoE layer's rerun all_to_all is not listed);
+  and an operator list run no collective again (an MoE layer's rerun dispatch, combine and router statistics:
+  :mod:`flopcount.parallel.experts`);
 * PP: ``send_recv`` of each microbatch's activation to the next stage in the forward and its gradient to the
   previous stage in the backward, A each (A/T under sp, whose activations are split over the sequence); with
   ``interleaved:v``, from each of the rank's v chunks but the model's last (forward) and first (backward);
@@ -405,6 +406,7 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
     moe_layers = sorted({layout.layer[x.index] for x in shares if x.rule == "expert"})
     load.check_layers(len(moe_layers))
     fractions = {layer: load.fractions(j, report.moe.experts, e_) for j, layer in enumerate(moe_layers)}
+    reruns = _moe_reruns(_recomputed(recompute, report.nodes, layout), layout, report.nodes) if train else {}
     whole = sum(n.cost.flops + (n.backward.flops if train else 0) for n in report.nodes)
     comm = _communication(layout, report, per_stage, train, has_loss,
                           _RERUN_TP.get(recompute.policy, (0, 0, 0)) if train else (0, 0, 0))
@@ -430,7 +432,8 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
                     coords = {"tp": i, "pp": s, "cp": cp, "ep": ep, "dp": dp}
                     rank = rank_id(plan, i, cp, dp, s)
                     extra = _cp_ep_communication(plan, d, report, per_stage, train, recompute,
-                                                 [fractions[layer][ep] for layer in experts[(s, i)]])
+                                                 [(fractions[layer][ep], reruns.get(layer, px.Rerun()))
+                                                  for layer in experts[(s, i)]])
                     opt = None if note else po.optimizer_elements(rows, layout, po.RankCoords(s, i, dp, cp, group, ep))
                     ranks.append(RankFlops(rank, {k: coords[k] for k in order}, s, m * model, m * (run + again),
                                            m * (run - model), m * again,
@@ -454,10 +457,29 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
         whole_optimizer_flops=None if note else report.optimizer[1].flops, optimizer_note=note, schedule=schedule)
 
 
+def _moe_reruns(redo: set[int], layout: Layout, nodes: Sequence[Any]) -> dict[int, px.Rerun]:
+    """Per MoE layer, what the recompute's rerun (the nodes ``redo``) runs again of its dispatch, combine and router
+    (:mod:`flopcount.parallel.experts`' rules)."""
+    out: dict[int, px.Rerun] = {}
+    if not redo:
+        return out
+    last: dict[int, int] = {}  # each MoE layer's last expert product
+    for k, layer in enumerate(layout.layer):
+        if layer is not None and layout.expert[k] and nodes[k].family in ("matmul", "gemm", "einsum"):
+            last[layer] = k
+    for layer, end in last.items():
+        ks = [k for k in redo if layout.layer[k] == layer]
+        out[layer] = px.Rerun(any(layout.expert[k] for k in ks), any(k > end for k in ks),
+                              any(layout.roles[k] == "router" and k < end for k in ks))
+    return out
+
+
 def _cp_ep_communication(plan: ParallelPlan, d: Dims, report: Any, per_stage: int, train: bool,
-                         recompute: Recompute, shares: Sequence[tuple[int, int]]) -> tuple[Collective, ...]:
-    """One rank's CP K/V collectives and EP all_to_alls per optimizer step (see
-    :mod:`flopcount.parallel.experts`); ``shares``: its EP rank's share of each of its stage's MoE layers."""
+                         recompute: Recompute, moe: Sequence[tuple[tuple[int, int], px.Rerun]]
+                         ) -> tuple[Collective, ...]:
+    """One rank's CP K/V collectives, EP all_to_alls and router statistics per optimizer step (see
+    :mod:`flopcount.parallel.experts`); ``moe``: per MoE layer of its stage, its EP rank's share of the load and
+    what the recompute runs again."""
     m, out = plan.microbatches, []
     if plan.cp > 1:
         kv = 2 * d.batch * d.seq * max(d.kv_heads // plan.tp, 1) * d.head_dim * d.act_bytes * per_stage
@@ -465,10 +487,19 @@ def _cp_ep_communication(plan: ParallelPlan, d: Dims, report: Any, per_stage: in
         out.append(Collective("all_gather", "cp", m * kv * again))
         if train:
             out.append(Collective("reduce_scatter", "cp", m * kv))
-    if plan.ep > 1 and shares:
+    counts = report.moe.experts * px.COUNT_BYTES if moe else 0  # R int64 token counts
+    if plan.ep > 1 and moe:
         vec = d.batch * (d.seq // plan.cp) * report.moe.top_k * d.hidden * d.act_bytes  # T·k·h·e
-        sent = px.all_to_all_bytes(vec, plan.ep, shares)
-        out.append(Collective("all_to_all", "ep", m * sent * (2 if train else 1)))
+        back = 1 if train else 0  # the backward's combine and dispatch
+        sent = sum(px.exchange_bytes(vec, plan.ep, share, 1 + back + again.dispatch, 1 + back + again.combine)
+                   for share, again in moe)
+        out.append(Collective("all_to_all", "ep", m * sent))
+        out.append(Collective("all_gather", "tp_ep", m * plan.tp * plan.ep * counts * sum(
+            1 + again.dispatch for _, again in moe)))
+    if train and plan.tp * plan.cp > 1 and moe:  # the auxiliary loss's counts over the split sequence
+        twice = recompute.policy == "non-reentrant"  # recorded in the forward and in the rerun (full: the rerun)
+        out.append(Collective("all_reduce", "tp_cp", m * counts * sum(
+            1 + (twice and again.router) for _, again in moe)))
     return tuple(out)
 
 
