@@ -274,7 +274,8 @@ def _communication(plan: ParallelPlan, d: Any, report: Any, s: int, per_stage: i
     a_p, a_d = b * (gen.prompt_tokens // c_) * d.hidden * e, b * d.hidden * e
     out = []
     if t > 1:
-        out.append(Collective("all_reduce", "tp", m * (2 * per_stage + first) * (a_p + n * a_d)))
+        blocks = layout_of(report, plan).stage_blocks(s)  # 2·Lₛ: attention and MLP; a Mamba 2 mixer's one more
+        out.append(Collective("all_reduce", "tp", m * (blocks + first) * (a_p + n * a_d)))
         if last:
             out.append(Collective("all_gather", "tp", m * (1 + n) * b * d.vocab * e))
     if p > 1:

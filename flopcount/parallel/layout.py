@@ -16,11 +16,16 @@ layer:
   Conv of a weight ``(C, 1, K)`` on C channels), the weight products first met going back from its input (the
   in-projection), the first weight products met going forward from its output that map back to the width the
   in-projection reads (the out-projection), and every node between them (further in-projections met going back
-  from the out-projection, the scan, the gated norm): role ``mixer``. Its kind: a **Mamba** mixer (a selective
-  scan: Mamba's, Mamba 2's) when it holds a running state (a CumSum, Scan or Loop) or an activation product, a
+  from the out-projection, the scan, the gated norm): role ``mixer``, its out-projection ``row``. Its kind: a
+  **Mamba** mixer (a selective scan: Mamba's, Mamba 2's) when it holds a running state (a CumSum, Scan or Loop) or an activation product, a
   **gated delta rule** mixer when, moreover, the convolution's output is L2-normalised (a ReduceSum, ReduceL2 or
   LpNormalization) before its first product (its queries and keys), else a **short-convolution** mixer (LFM2's
-  gated convolution). Its products are no attention's or MLP's;
+  gated convolution). A Mamba mixer is a **Mamba 2** mixer when its in-projections are wider than z (the
+  out-projection's input, d_inner) and the convolved channels (x, B and C): the rest are its **heads** (one dt
+  each), d_inner a multiple of them; its **groups** of B and C are those of its gated norm (the variance, a
+  ReduceMean, over the last axis of (…, groups, d_inner/groups); one without such groups), 2·groups dividing the
+  convolved channels beyond d_inner. Else (Mamba 1's in-projection is z and x alone) it has no heads. A mixer's
+  products are no attention's or MLP's;
 * the **attention** products are the activation products: a *score* product (Q·Kᵀ), whose inputs come from weight
   products, and a *context* product (·V), whose first input comes from the scores;
 * the **column-parallel** projections are the weight products first met going back from the scores' two inputs and
@@ -56,10 +61,14 @@ final norm) sequence work.
 **Split rules.** Each role splits over the T ranks of a TP group one way: ``column``, ``row``, ``vocab``, heads and
 inner ops 1/T; K/V projections and heads 1/min(T, kv) (one head copied on T/kv ranks when kv < T); ``expert``
 1/T of each expert (and its share of the experts over EP); ``sequence`` whole, or 1/T of the tokens under ``sp``;
-``replicated`` whole; a ``mixer`` is not split over TP or the sequence: a plan with tp or cp above 1 is refused
-naming it (Megatron's MambaMixer splits a Mamba 2 mixer's heads and its groups of B and C over TP, which the ledger
-does not model yet; a mixer's state runs from token to token, which no framework splits over the sequence: Megatron's
-MambaContextParallel instead swaps the sequence split for a split of the heads by all-to-all, not modeled either).
+``replicated`` whole; a **Mamba 2** ``mixer`` 1/T, as Megatron's MambaMixer splits it: each TP rank holds heads/T
+heads and groups/T groups of B and C (T must divide both): the in-projection column-parallel (its z, x, B, C and dt
+of those heads and groups), the convolution, the scan, A, D, dt's bias and the gated norm (in groups, no collective)
+on them, the out-projection row-parallel (``row``); its layer's reductions are one more block's (see
+:mod:`flopcount.parallel.ranks`). Any other mixer (gated delta rule, short convolution, Mamba 1) is not split over
+TP, and no mixer over the sequence: such a plan is refused naming it (a mixer's state runs from token to token,
+which no framework splits over the sequence: Megatron's MambaContextParallel instead swaps the sequence split for a
+split of the heads by all-to-all, not modeled).
 A parameter follows its role, except a row-parallel projection's bias: whole on every rank
 (Megatron's RowParallelLinear, torch's RowwiseParallel add it after the reduction), and likewise the FLOPs of a
 row-parallel Gemm's bias add.
@@ -75,6 +84,7 @@ interleaved 1F1B min((P − p − 1)·2 + (v − 1)·P, M·v) chunk-forwards (Me
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -107,9 +117,9 @@ __all__ = ["Dims", "Layout", "ModuleShare", "ROLE_RULES", "fsdp_shard", "in_flig
 ROLE_RULES = {"column": "split", "row": "split", "heads": "split", "inner": "split", "vocab": "split",
               "kv": "kv", "kv_heads": "kv", "latent": "norm", "sequence": "norm", "row_out": "norm",
               "shared_head": "replicated", "router": "replicated", "embedding": "replicated",
-              "replicated": "replicated", "positions": "positions", "expert": "expert", "mixer": "replicated"}
+              "replicated": "replicated", "positions": "positions", "expert": "expert", "mixer": "split"}
 #: Roles whose parameters are split 1/T (K/V projections: 1/min(T, kv); experts: 1/(T·E)).
-PARAM_SPLIT = frozenset({"column", "row", "vocab", "embedding", "heads", "inner", "tied"})
+PARAM_SPLIT = frozenset({"column", "row", "vocab", "embedding", "heads", "inner", "tied", "mixer"})
 #: Roles whose outputs are whole on every TP rank and split over the sequence under sp (memory).
 SEQUENCE_ROLES = frozenset({"row", "row_out", "embedding", "sequence", "latent"})
 def split(f: int, t: int, i: int) -> int:
@@ -239,10 +249,17 @@ class Layout:
     # parameters gathered (Σ n·fsdp_shard − the TP share; each parameter once a layer, at its first reader; buffers
     # and constants are not sharded)
     padding: Mapping[tuple[int, str], int] = field(default_factory=dict)
+    # each layer's blocks that end in a TP reduction: attention, MLP (dense or MoE), a Mamba 2 mixer
+    blocks: tuple[int, ...] = ()
 
     @property
     def virtual(self) -> int:
         return chunks_of(self.plan)
+
+    def stage_blocks(self, stage: int) -> int:
+        """The blocks ending in a TP reduction of the layers pipeline rank ``stage`` runs (its chunks')."""
+        per_chunk = max(len(self.blocks) // (self.plan.pp * self.virtual), 1)
+        return sum(b for n, b in enumerate(self.blocks) if n // per_chunk % self.plan.pp == stage)
 
     @property
     def kv_group(self) -> int:
@@ -456,8 +473,19 @@ def _build(report: Any, plan: ParallelPlan) -> Layout:
         and any(j == 0 for j, _ in g.weights(k)) for k in range(len(nodes)))
     layout = Layout(plan, dims, tuple(roles), tuple(layer), chunks, whole_part,
                     {n: tuple(ks) for n, ks in attention.items() if ks}, {}, has_loss, expert, prefix,
-                    sum(elements(g.info[r]) for r in tied), lookups_added=added)
+                    sum(elements(g.info[r]) for r in tied), lookups_added=added, blocks=_blocks(st))
     return _with_parameters(layout, g, scopes, tied, report.modules.parameters)
+
+
+def _blocks(st: _Structure) -> tuple[int, ...]:
+    """Each layer's blocks ending in a TP reduction: attention and MLP (dense or MoE), 2; a layer with a mixer, the
+    mixer, and its attention and MLP where it has them."""
+    out = []
+    for n in range(st.dims.layers):
+        f = st.found.get(n, Found())
+        mlp = bool(f.ffn) or any(st.expert[k] for k in st.members.get(n, ()))
+        out.append(1 + bool(f.heads) + mlp if f.mixer else 2)
+    return tuple(out)
 
 
 def _any_model(plan: ParallelPlan) -> bool:
@@ -486,13 +514,14 @@ def _check(plan: ParallelPlan, st: _Structure, where: str) -> None:
                          "of layers, as an encoder-decoder has, is not split per rank; a plan of dp (with fsdp, zero1 "
                          "or zero2) applies to any model")
     mixer = next(((n, f.mixer) for n, f in sorted(found.items()) if f.mixer), None)
-    if mixer is not None and (t > 1 or plan.cp > 1):
-        raise UsageError(_mixer_refused(plan, *mixer))
+    for n, f in sorted(found.items()):
+        if f.mixer and (plan.cp > 1 or t > 1 and (not f.mixer_groups or f.mixer_heads % t or f.mixer_groups % t)):
+            raise UsageError(_mixer_refused(plan, n, f))
     if not d.heads and mixer is None:
         raise UsageError(f"--parallel {_degrees(plan)}: {where}'s repeated layers have no attention (no product of "
                          "Q and K found in the graph); tensor, pipeline and context parallelism split a stack of "
                          "attention layers, while a plan of dp (with fsdp, zero1 or zero2) applies to any model")
-    if t > 1 or plan.cp > 1:
+    if (t > 1 or plan.cp > 1) and d.heads:
         if not d.kv_heads:
             raise UsageError(f"--parallel {_degrees(plan)}: {where}: the K/V projections' width is not whole heads "
                              f"of {d.head_dim}; the head-splitting rule cannot be applied")
@@ -533,8 +562,9 @@ def _check(plan: ParallelPlan, st: _Structure, where: str) -> None:
                          f"of pp={p}; give a multiple of {p}")
 
 
-def _mixer_refused(plan: ParallelPlan, layer: int, kind: str) -> str:
-    """The one line refusing a plan that would split layer ``layer``'s mixer of ``kind`` (see the module's rules)."""
+def _mixer_refused(plan: ParallelPlan, layer: int, found: Found) -> str:
+    """The one line refusing a plan that would split layer ``layer``'s mixer (see the module's rules)."""
+    kind = found.mixer
     if plan.cp > 1:
         why = ("each token reads the tokens before it, which lie on another rank" if kind == "short_conv" else
                "its state runs from each token to the next, and no framework splits the scan itself over the "
@@ -542,8 +572,15 @@ def _mixer_refused(plan: ParallelPlan, layer: int, kind: str) -> str:
                "which the ledger does not model)")
         return f"--parallel cp={plan.cp}: layer {layer}'s {MIXERS[kind]} cannot be split over the sequence: {why}; " \
                "give cp=1"
-    how = ("Megatron's MambaMixer splits a Mamba 2 mixer's heads and its groups of B and C over TP, which the ledger "
-           "does not model yet" if kind == "mamba" else "no tensor-parallel rule for it is modeled")
+    if kind == "mamba" and found.mixer_heads:
+        how = (f"Megatron's MambaMixer splits its {found.mixer_heads} heads and its {found.mixer_groups} "
+               f"group{'s' if found.mixer_groups > 1 else ''} of B and C over TP, and tp must divide both; give "
+               f"tp={math.gcd(found.mixer_heads, found.mixer_groups)} or a divisor of it")
+        return f"--parallel tp={plan.tp}: layer {layer}'s {MIXERS[kind]} is not split over TP: {how}"
+    else:
+        how = ("it has no heads to split (Mamba 1's selective scan runs per channel), and no framework's "
+               "tensor-parallel rule for it is modeled" if kind == "mamba" else
+               "no tensor-parallel rule for it is modeled")
     return f"--parallel tp={plan.tp}: layer {layer}'s {MIXERS[kind]} is not split over TP: {how}; give tp=1"
 
 

@@ -409,7 +409,7 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
     reruns = _moe_reruns(_recomputed(recompute, report.nodes, layout), layout, report.nodes) if train else {}
     whole = sum(n.cost.flops + (n.backward.flops if train else 0) for n in report.nodes)
     comm = _communication(layout, report, per_stage, train, has_loss,
-                          _RERUN_TP.get(recompute.policy, (0, 0, 0)) if train else (0, 0, 0))
+                          _RERUN_TP.get(recompute.policy) if train else None)
     order = ("tp", "pp", "cp", "ep", "dp")
     from . import optimizer as po
 
@@ -629,15 +629,17 @@ def _run_schedule(schedule: str, stages: int, microbatches: int, forward: Sequen
     return Schedule(max(free), tuple(busy), tuple(actions))
 
 
-#: Per layer, the forward's TP reductions and gathers a recompute policy runs again: (all_reduce without sp;
-#: all_gather and reduce_scatter with sp). ``non-reentrant`` stops before the layer's last product.
-_RERUN_TP = {"full": (2, 2, 2), "non-reentrant": (1, 2, 1)}
+#: Per layer, the forward's TP reductions and gathers a recompute policy does not run again, of one per block:
+#: (all_reduce without sp; all_gather and reduce_scatter with sp). ``non-reentrant`` stops before the layer's last
+#: product (the reduction after it).
+_RERUN_TP = {"full": (0, 0, 0), "non-reentrant": (1, 0, 1)}
 
 
 def _communication(layout: Layout, report: Any, per_stage: int, train: bool, has_loss: bool,
-                   again: tuple[int, int, int]):
+                   skipped: tuple[int, int, int] | None):
     """Per stage: the collectives of one rank of that stage per optimizer step (the module's closed forms);
-    ``again``: the recompute's TP collectives per layer (:data:`_RERUN_TP`)."""
+    ``skipped``: of the recompute's rerun, the TP collectives per layer it does not run again (:data:`_RERUN_TP`;
+    None: no rerun)."""
     plan, d = layout.plan, layout.dims
     t, p, m = plan.tp, plan.pp, plan.microbatches
     tokens = d.batch * (d.seq // plan.cp)  # a CP rank's tokens
@@ -652,20 +654,21 @@ def _communication(layout: Layout, report: Any, per_stage: int, train: bool, has
                 c[(kind, group)] = c.get((kind, group), 0) + n
 
         first, last = s == 0, s == p - 1
+        blocks = layout.stage_blocks(s)  # each ends in a reduction: Lₛ attention and Lₛ MLP blocks, or a mixer
+        again = (0, 0, 0) if skipped is None else tuple(blocks - x * per_stage for x in skipped)
         # the vocab-parallel embedding's lookup and LM head (none in a ViT: its patch embedding and classifier run
         # whole on every rank, with no collective around them)
         embeds, head = first and "embedding" in layout.roles, last and "vocab" in layout.roles
         if t > 1:
             if plan.sp:
-                per = 2 * per_stage * a * (2 if train else 1)
+                per = blocks * a * (2 if train else 1)
                 summed = embeds and layout.lookups_added  # all-reduced, positions added, the rank's tokens kept
-                add("all_gather", "tp", m * (per + again[1] * per_stage * a + (a if last else 0)
-                                             + (a if first and train else 0)))
-                add("reduce_scatter", "tp", m * (per + again[2] * per_stage * a + (a if embeds and not summed else 0)
+                add("all_gather", "tp", m * (per + again[1] * a + (a if last else 0) + (a if first and train else 0)))
+                add("reduce_scatter", "tp", m * (per + again[2] * a + (a if embeds and not summed else 0)
                                                  + (a if head and train else 0)))
                 add("all_reduce", "tp", m * a if summed else 0)
             else:
-                add("all_reduce", "tp", m * (2 * per_stage * a * (2 if train else 1) + again[0] * per_stage * a
+                add("all_reduce", "tp", m * (blocks * a * (2 if train else 1) + again[0] * a
                                              + (a if embeds else 0) + (a if head and train else 0)))
             if last and has_loss:
                 add("all_reduce", "tp", m * 3 * tokens * 4)

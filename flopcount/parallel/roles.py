@@ -30,6 +30,8 @@ MIXERS = {"mamba": "Mamba mixer (a selective scan over the sequence)",
           "short_conv": "short-convolution mixer (a gated causal convolution over the sequence)"}
 #: Ops of a running state over the sequence (a chunked scan's cumulative decay, a loop).
 _SCANS = frozenset({"CumSum", "Scan", "Loop"})
+#: Ops of a norm's variance over the last axis (a Mamba 2 mixer's gated norm, in groups).
+_VARIANCE = frozenset({"ReduceMean", "ReduceSumSquare"})
 #: Ops of an L2 norm over the last axis (the gated delta rule's normalised queries and keys).
 _L2 = frozenset({"ReduceSum", "ReduceSumSquare", "ReduceL2", "LpNormalization"})
 
@@ -172,6 +174,8 @@ class Found:
     weight_type: int = 0
     unclassified: tuple[int, ...] = ()
     mixer: str = ""  # the layer's state-space or linear-attention mixer: one of MIXERS' keys ("": none)
+    mixer_heads: int = 0  # a Mamba 2 mixer's heads and groups of B and C (0: a mixer without heads, Mamba 1's)
+    mixer_groups: int = 0
 
 
 @dataclass(frozen=True)
@@ -253,13 +257,34 @@ def _mixer_roles(g: Graph, ks: list[int], roles: list[str], found: Found) -> Non
                           False)
     mixer = passed | met | outs
     for k in mixer:
-        roles[k] = "mixer"
+        roles[k] = "row" if k in outs else "mixer"
     first = set().union(*(g.reach([x.name for x in g.nodes[c].outputs if x is not None], mixer.__contains__,
                                   lambda q: g.nodes[q].family in PRODUCTS, True)[0] for c in convs))
     if any(g.nodes[k].op_type in _SCANS or (g.nodes[k].family in PRODUCTS and not g.weights(k)) for k in mixer):
         found.mixer = "delta" if any(g.nodes[k].op_type in _L2 for k in first) else "mamba"
     else:
         found.mixer = "short_conv"
+    if found.mixer == "mamba":
+        found.mixer_heads, found.mixer_groups = _mamba2_heads(g, mixer, ins, convs, outs)
+
+
+def _mamba2_heads(g: Graph, mixer: set[int], ins: set[int], convs: set[int], outs: set[int]) -> tuple[int, int]:
+    """(heads, groups of B and C) of a Mamba 2 mixer (see :mod:`flopcount.parallel.layout`'s rules); (0, 0) for a
+    mixer without heads (Mamba 1's: its in-projection as wide as z and the convolved x)."""
+    reads = [x for x in g.nodes[min(outs)].inputs if x is not None and x.name and g.weight_root(x.name) is None]
+    inner = width(reads[0]) if reads else None  # the out-projection's input: z's width, d_inner
+    channels = sum(width(g.nodes[c].inputs[1], 0) or 0 for c in convs)
+    heads = sum(width(g.nodes[k].outputs[0]) or 0 for k in ins) - (inner or 0) - channels
+    if not inner or heads <= 0 or inner % heads:
+        return 0, 0
+    groups = 1  # the gated norm's groups: the variance over the last axis of (..., groups, inner / groups)
+    for k in mixer:
+        x = g.nodes[k].inputs[0] if g.nodes[k].op_type in _VARIANCE and g.nodes[k].inputs else None
+        shape = getattr(x, "shape", None)
+        if shape and len(shape) >= 2 and isinstance(shape[-1], int) and isinstance(shape[-2], int) \
+                and shape[-1] * shape[-2] == inner:
+            groups = shape[-2]
+    return (heads, groups) if (channels - inner) % (2 * groups) == 0 else (0, 0)
 
 
 def _attention_roles(flow: _Flow, roles: list[str], found: Found, products: list[int]) -> set[int]:

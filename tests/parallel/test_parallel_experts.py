@@ -222,7 +222,8 @@ def test_expert_gradients_on_the_expert_data_parallel_group(moe):
     dense = moe.params - experts
     four = comm(ledger(moe, plan("ep=2,dp=4")).ranks[0])
     assert four == {("all_reduce", "dp"): 4 * dense, ("all_to_all", "ep"): four[("all_to_all", "ep")],
-                    ("all_reduce", "edp"): 4 * experts // 2}
+                    ("all_reduce", "edp"): 4 * experts // 2,
+                    ("all_gather", "tp_ep"): L * 2 * E * 8}  # each layer's int64 counts per expert of the 2 EP ranks
     two = comm(ledger(moe, plan("ep=2,dp=2")).ranks[0])  # dp·cp/ep = 1: no rank shares its experts
     assert ("all_reduce", "edp") not in two and two[("all_reduce", "dp")] == 4 * dense
     fsdp = comm(ledger(moe, plan("ep=2,dp=4,fsdp")).ranks[0])
