@@ -575,7 +575,8 @@ def _mixer_refused(plan: ParallelPlan, layer: int, found: Found) -> str:
     if kind == "mamba" and found.mixer_heads:
         how = (f"Megatron's MambaMixer splits its {found.mixer_heads} heads and its {found.mixer_groups} "
                f"group{'s' if found.mixer_groups > 1 else ''} of B and C over TP, and tp must divide both; give "
-               f"tp={math.gcd(found.mixer_heads, found.mixer_groups)} or a divisor of it")
+               + ("tp=1" if math.gcd(found.mixer_heads, found.mixer_groups) == 1 else
+                  f"tp={math.gcd(found.mixer_heads, found.mixer_groups)} or a divisor of it"))
         return f"--parallel tp={plan.tp}: layer {layer}'s {MIXERS[kind]} is not split over TP: {how}"
     else:
         how = ("it has no heads to split (Mamba 1's selective scan runs per channel), and no framework's "

@@ -271,3 +271,18 @@ def test_a_tp_that_does_not_divide_the_groups_is_refused(mamba2):
     assert str(e.value).startswith("--parallel tp=4: layer 0's Mamba mixer (a selective scan over the sequence) is "
                                    "not split over TP: Megatron's MambaMixer splits its 4 heads and its 2 groups of "
                                    "B and C over TP, and tp must divide both; give tp=2")
+
+
+@pytest.mark.parametrize("text, m", [("tp=2", 1), ("tp=2,sp", 2)])
+def test_a_hugging_face_mamba2_of_two_groups_reconciles_under_tp(text, m):
+    """Mamba 2 as transformers builds it (a chunked scan, 4 heads, 2 groups): tp=2 splits it, with the reconcile
+    identities (model FLOPs summing to the whole, parameters to torch's, memory rows per rank)."""
+    transformers = pytest.importorskip("transformers")
+    import flopcount
+    from flopcount.frontends.hf import build_model
+
+    config = transformers.Mamba2Config(hidden_size=64, num_hidden_layers=2, vocab_size=128, num_heads=4, head_dim=32,
+                                       n_groups=2, state_size=8, chunk_size=8, expand=2)
+    report = flopcount.from_hf(config, (2, 8), cache_dir=False, mode="train", optimizer="sgd", convention="dense",
+                               memory=MemorySettings(device="cpu"))
+    assert_reconciles(report, list(build_model(config).parameters()), text, m)
