@@ -406,7 +406,8 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
     moe_layers = sorted({layout.layer[x.index] for x in shares if x.rule == "expert"})
     load.check_layers(len(moe_layers))
     fractions = {layer: load.fractions(j, report.moe.experts, e_) for j, layer in enumerate(moe_layers)}
-    reruns = _moe_reruns(_recomputed(recompute, report.nodes, layout), layout, report.nodes) if train else {}
+    reruns = _moe_reruns(_recomputed(recompute, report.nodes, layout), layout, report.nodes) \
+        if train and recompute.policy in _RERUN_TP else {}  # a layer's forward again, its collectives with it
     whole = sum(n.cost.flops + (n.backward.flops if train else 0) for n in report.nodes)
     comm = _communication(layout, report, per_stage, train, has_loss,
                           _RERUN_TP.get(recompute.policy) if train else None)

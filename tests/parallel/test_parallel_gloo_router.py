@@ -161,3 +161,15 @@ def test_no_statistics_without_their_groups(report):
     led = ledger(report, parse_parallel("dp=2,ep=2", microbatches=M))
     assert ledger_bytes(led.ranks[0], "tp_cp") == {}
     assert ledger_bytes(led.ranks[0], "tp_ep") == {"all_gather(tp_ep)": M * L * EP * E * 8}
+
+
+@pytest.mark.parametrize("policy", ["selective", "MatMul,Softmax"])
+def test_recomputed_operators_send_nothing_again(report, policy):
+    """Selective recompute and an operator list run single ops again (their products among them), not a layer's
+    forward: no dispatch, combine or router statistics again."""
+    plan = parse_parallel(f"cp={CP},ep={EP}", microbatches=M)
+    plain = ledger(report, plan).ranks[0]
+    again = ledger(report, plan, parse_recompute(policy)).ranks[0]
+    assert again.recompute_flops > 0
+    assert {k: b for g in GROUPS for k, b in ledger_bytes(again, g).items()} == \
+        {k: b for g in GROUPS for k, b in ledger_bytes(plain, g).items()}
