@@ -67,8 +67,8 @@ from typing import Any, NamedTuple
 
 from ..errors import UsageError
 
-__all__ = ["COUNT_BYTES", "ExpertLoad", "Rerun", "all_to_all_bytes", "cp_split", "exchange_bytes", "ep_coords", "ep_divide", "ep_members", "is_expert",
-           "load_expert_load", "moe_blocks", "zigzag_pairs"]
+__all__ = ["COUNT_BYTES", "ExpertLoad", "Rerun", "all_to_all_bytes", "cp_split", "exchange_bytes", "ep_coords",
+           "ep_divide", "ep_members", "is_expert", "load_expert_load", "moe_blocks", "zigzag_pairs"]
 
 _EXPERTS = re.compile(r"(.*\.(?:mlp|block_sparse_moe|feed_forward))\.experts(?:\.|$)")
 

@@ -17,10 +17,10 @@ layer:
   in-projection), the first weight products met going forward from its output that map back to the width the
   in-projection reads (the out-projection), and every node between them (further in-projections met going back
   from the out-projection, the scan, the gated norm): role ``mixer``, its out-projection ``row``. Its kind: a
-  **Mamba** mixer (a selective scan: Mamba's, Mamba 2's) when it holds a running state (a CumSum, Scan or Loop) or an activation product, a
-  **gated delta rule** mixer when, moreover, the convolution's output is L2-normalised (a ReduceSum, ReduceL2 or
-  LpNormalization) before its first product (its queries and keys), else a **short-convolution** mixer (LFM2's
-  gated convolution). A Mamba mixer is a **Mamba 2** mixer when its in-projections are wider than z (the
+  **Mamba** mixer (a selective scan: Mamba's, Mamba 2's) when it holds a running state (a CumSum, Scan or Loop) or
+  an activation product, a **gated delta rule** mixer when, moreover, the convolution's output is L2-normalised (a
+  ReduceSum, ReduceL2 or LpNormalization) before its first product (its queries and keys), else a
+  **short-convolution** mixer (LFM2's gated convolution). A Mamba mixer is a **Mamba 2** mixer when its in-projections are wider than z (the
   out-projection's input, d_inner) and the convolved channels (x, B and C): the rest are its **heads** (one dt
   each), d_inner a multiple of them; its **groups** of B and C are those of its gated norm (the variance, a
   ReduceMean, over the last axis of (…, groups, d_inner/groups); one without such groups), 2·groups dividing the
@@ -578,10 +578,8 @@ def _mixer_refused(plan: ParallelPlan, layer: int, found: Found) -> str:
                + ("tp=1" if math.gcd(found.mixer_heads, found.mixer_groups) == 1 else
                   f"tp={math.gcd(found.mixer_heads, found.mixer_groups)} or a divisor of it"))
         return f"--parallel tp={plan.tp}: layer {layer}'s {MIXERS[kind]} is not split over TP: {how}"
-    else:
-        how = ("it has no heads to split (Mamba 1's selective scan runs per channel), and no framework's "
-               "tensor-parallel rule for it is modeled" if kind == "mamba" else
-               "no tensor-parallel rule for it is modeled")
+    how = ("it has no heads to split (Mamba 1's selective scan runs per channel), and no framework's tensor-parallel "
+           "rule for it is modeled" if kind == "mamba" else "no tensor-parallel rule for it is modeled")
     return f"--parallel tp={plan.tp}: layer {layer}'s {MIXERS[kind]} is not split over TP: {how}; give tp=1"
 
 
