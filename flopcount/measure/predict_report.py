@@ -97,8 +97,8 @@ def _messages(r: Any, led: Any) -> tuple[Message, ...]:
     a = d["batch"] * (d["seq"] // plan.cp) * d["hidden"] * d["activation_bytes"]
     kv = d.get("kv_heads")
     sizes = {"tp": plan.tp, "pp": 2, "dp": plan.dp, "dp_cp": plan.dp * plan.cp, "cp": plan.cp, "ep": plan.ep,
-             "edp": plan.dp * plan.cp // plan.ep, "tp_kv": plan.tp // kv if kv and kv < plan.tp else 1,
-             "embedding": 2}
+             "edp": plan.dp * plan.cp // plan.ep, "tp_ep": plan.tp * plan.ep, "tp_cp": plan.tp * plan.cp,
+             "tp_kv": plan.tp // kv if kv and kv < plan.tp else 1, "embedding": 2}
     out = []
     first, last = r.stage == 0, r.stage == plan.pp - 1
     v = plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1

@@ -306,3 +306,32 @@ def test_a_tied_embedding_across_the_pipeline_is_one_all_reduce_a_step():
     pred = predict(report, fast)
     for r in pred.ranks:
         assert r["communication_seconds"]["all_reduce"]["exposed"] == pytest.approx(LAT + v * h * 4 / BW)
+
+
+def test_the_routers_counts_are_messages_over_tp_times_ep():
+    """A Mixtral-like model under ``dp=2,ep=2``: the router's token counts, gathered before each dispatch over the
+    T·E ranks of group ``tp_ep`` (R int64 numbers per rank and MoE layer, L layers, M microbatches), become one
+    message a microbatch among 2 ranks, and the prediction prices them."""
+    pytest.importorskip("transformers")
+    import dataclasses
+
+    import transformers
+
+    import flopcount
+    from flopcount.measure.predict import predict, work_of
+    from flopcount.parallel.plan import parse_parallel
+    from flopcount.plans import parallel_ledger
+
+    layers, experts, m = 2, 4, 2
+    config = transformers.MixtralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                                        num_attention_heads=2, num_key_value_heads=2, vocab_size=128,
+                                        num_local_experts=experts, num_experts_per_tok=2)
+    report = flopcount.from_hf(config, (2, 8), cache_dir=False, mode="train")
+    plan = parse_parallel("dp=2,ep=2", m, "1f1b")
+    report = dataclasses.replace(report, parallel=parallel_ledger(report, plan))
+    for r in work_of(report).ranks:
+        gathers = [x for x in r.messages if x.group == "tp_ep"]
+        assert [(x.kind, x.bytes * x.count, x.count, x.ranks) for x in gathers] == [
+            ("all_gather", m * 2 * layers * experts * 8, m, 2)]
+    fast = dataclasses.replace(profile(), compute={"gemm": _flat(1e30), "elementwise": _flat(1e30)})
+    assert all(r["communication_seconds"]["all_gather"]["exposed"] > 0 for r in predict(report, fast).ranks)
