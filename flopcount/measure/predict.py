@@ -20,7 +20,9 @@ The rules (docs/predict.md states them for users):
   tensor-parallel ones of the activation A = b·s·h·e (the loss's three small all_reduces apart), pipeline sends of
   A (A/T under sp), and a data-parallel all_reduce in DDP's buckets (the first 1 MiB, the others 25 MiB). A
   message of B bytes over a group of n ranks takes latency + bus_factor(n)·B / bus bandwidth
-  (:func:`~.machine.calibration.collective_seconds`). Tensor-parallel collectives are exposed (they sit between
+  (:func:`~.machine.calibration.collective_seconds`), from the profile's collectives timed in a step (each call
+  after a burst of compute, ``collectives_in_step``) where it has them, else from those timed in a tight loop (a
+  note says what that leaves out). Tensor-parallel collectives are exposed (they sit between
   the ops that need them), half in the forward and half in the backward in training; the pipeline's sends
   lengthen the action that sends. The data-parallel all_reduce overlaps the last microbatch's backward as DDP
   runs it: each bucket is ready once the backward has produced the gradient bytes up to its end (at an even
@@ -287,11 +289,12 @@ def _message_seconds(m: Message, profile: MachineProfile, which: str, out: list[
 
         raise UsageError(f"--predict: the plan runs {m.kind} over {m.group}, and the machine profile has no "
                          "collectives (calibrated with --ranks 1); calibrate with flopcount calibrate --ranks N")
-    kind = m.kind if m.kind in profile.collectives else None
+    timed = profile.collectives_in_step or profile.collectives  # as a step runs them, where measured
+    kind = m.kind if m.kind in timed else None
     if kind is None:
         out.append(f"{m.kind} not calibrated (counted as all_reduce)")
         kind = "all_reduce"
-    c = profile.collectives[kind]
+    c = timed[kind]
     t, outside = collective_seconds(c, kind, m.bytes, m.ranks, which)
     if outside:
         out.append(f"{m.kind} of {m.bytes:.4g} bytes (calibrated {c.segments[0].low:.4g}-{c.segments[-1].high:.4g})")
@@ -450,6 +453,11 @@ def _missing_calibrations(work: Work, profile: MachineProfile) -> list[str]:
         out.append(f"the profile has no timing of the {', '.join(names)} step (taken before calibrate measured "
                    "optimizers): the step is its bytes at the elementwise bandwidth and its per-tensor cost is left "
                    "out; calibrate again to include it")
+    if profile.collectives_in_step is None and profile.collectives and any(
+            m.ranks > 1 for r in work.ranks for m in r.messages):
+        out.append("the profile has no timing of collectives in a step (taken before calibrate measured it): each "
+                   "collective at its tight-loop time, which leaves out what a call costs between compute (its "
+                   "buffers out of cache, gloo's threads idle); calibrate again to include it")
     if "attention" not in profile.compute and any(w.kind == "attention" for r in work.ranks
                                                    for nodes in r.chunks.values() for w in nodes):
         out.append("the profile has no timing of fused attention (taken before calibrate measured it): attention "

@@ -17,6 +17,10 @@ A profile holds:
   ``send_recv``) the timed points (message bytes → seconds) and their fit, latency + bus bytes / bus bandwidth,
   per size range (:class:`Segment`), where the bus bytes are the payload times nccl-tests' bus-bandwidth factor
   (:data:`BUS_FACTORS`);
+* ``collectives_in_step`` (null in a profile taken before it was measured, and in a datasheet profile): the same
+  collectives timed as a step runs them, each call after a burst of compute that evicts the caches (the larger of
+  its wall-clock seconds and the CPU seconds of every thread of the process), as points and their fit: what a
+  prediction prices a step's collectives at where present;
 * the versions, date, machine and rank count it was taken with, and whether it was measured (``calibrated``).
 
 A damaged or foreign file is refused with one line (:class:`flopcount.errors.MeasurementError`, exit 12); a profile
@@ -141,6 +145,7 @@ class MachineProfile:
     sources: tuple[str, ...] = ()
     load_per_core: float | None = None
     optimizers: Mapping[str, OptimizerCost] | None = None  # None: not measured (a profile taken before it was)
+    collectives_in_step: Mapping[str, Collective] | None = None  # None: not measured (taken before it was)
 
     def as_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": FORMAT_VERSION, "calibrated": self.calibrated, "device": self.device,
@@ -150,6 +155,8 @@ class MachineProfile:
                 "overhead": {k: p.as_dict() for k, p in self.overhead.items()},
                 "collectives": {k: c.as_dict(k) for k, c in self.collectives.items()},
                 "optimizers": None if self.optimizers is None else {k: o.as_dict() for k, o in self.optimizers.items()},
+                "collectives_in_step": None if self.collectives_in_step is None
+                else {k: c.as_dict(k) for k, c in self.collectives_in_step.items()},
                 "sources": list(self.sources)}
 
 
@@ -337,18 +344,11 @@ def profile_from_dict(doc: Any, where: str = "profile") -> MachineProfile:
                                    "calibrate")
     overhead = {k: _point(_need(doc, "overhead", Mapping, where).get(k), f"{where}: overhead.{k}")
                 for k in ("forward", "backward")}
-    collectives = {}
-    for kind, c in _need(doc, "collectives", Mapping, where).items():
-        if kind not in COLLECTIVES or not isinstance(c, Mapping) or not isinstance(c.get("fit"), list) or not c["fit"]:
-            raise MeasurementError(f"{where}: collectives.{kind} is not a known collective with a fit; take the "
-                                   "profile again")
-        if not isinstance(c.get("ranks", 0), int) or isinstance(c.get("ranks"), bool) or c.get("ranks", 0) < 0 \
-                or not isinstance(c.get("points", []), list):
-            raise MeasurementError(f"{where}: collectives.{kind} needs ranks (an integer >= 0) and points (a list); "
-                                   "take the profile again")
-        collectives[kind] = Collective(c.get("ranks", 0), tuple(_point(p, f"{where}: collectives.{kind}")
-                                                                     for p in c.get("points", [])),
-                                       tuple(_segment(s, f"{where}: collectives.{kind}") for s in c["fit"]))
+    collectives = _collectives(_need(doc, "collectives", Mapping, where), where, "collectives")
+    in_step = doc.get("collectives_in_step")
+    if in_step is not None and not isinstance(in_step, Mapping):
+        raise MeasurementError(f"{where}: 'collectives_in_step' is not an object (or null); take the profile again "
+                               "with flopcount calibrate")
     peak = _need(doc, "peak_flops_per_s", (int, float), where)
     ranks = _need(doc, "ranks", int, where)
     if not _number(peak) or peak <= 0 or ranks < 1:
@@ -358,7 +358,25 @@ def profile_from_dict(doc: Any, where: str = "profile") -> MachineProfile:
     return MachineProfile(bool(_need(doc, "calibrated", bool, where)), str(doc.get("device", "")), ranks, compute,
                           overhead, collectives, float(peak), str(doc.get("dtype", "fp32")), str(doc.get("date", "")),
                           doc.get("torch"), dict(doc.get("machine") or {}), tuple(doc.get("sources") or ()),
-                          doc.get("load_per_core"), _optimizers(doc.get("optimizers"), where))
+                          doc.get("load_per_core"), _optimizers(doc.get("optimizers"), where),
+                          None if in_step is None else _collectives(in_step, where, "collectives_in_step"))
+
+
+def _collectives(d: Mapping[str, Any], where: str, key: str) -> dict[str, Collective]:
+    """The collectives of the field ``key``, each checked."""
+    out = {}
+    for kind, c in d.items():
+        if kind not in COLLECTIVES or not isinstance(c, Mapping) or not isinstance(c.get("fit"), list) or not c["fit"]:
+            raise MeasurementError(f"{where}: {key}.{kind} is not a known collective with a fit; take the "
+                                   "profile again")
+        if not isinstance(c.get("ranks", 0), int) or isinstance(c.get("ranks"), bool) or c.get("ranks", 0) < 0 \
+                or not isinstance(c.get("points", []), list):
+            raise MeasurementError(f"{where}: {key}.{kind} needs ranks (an integer >= 0) and points (a list); "
+                                   "take the profile again")
+        out[kind] = Collective(c.get("ranks", 0), tuple(_point(p, f"{where}: {key}.{kind}")
+                                                        for p in c.get("points", [])),
+                               tuple(_segment(s, f"{where}: {key}.{kind}") for s in c["fit"]))
+    return out
 
 
 def _optimizers(d: Any, where: str) -> dict[str, OptimizerCost] | None:

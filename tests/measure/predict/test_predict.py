@@ -306,3 +306,26 @@ def test_a_tied_embedding_across_the_pipeline_is_one_all_reduce_a_step():
     pred = predict(report, fast)
     for r in pred.ranks:
         assert r["communication_seconds"]["all_reduce"]["exposed"] == pytest.approx(LAT + v * h * 4 / BW)
+
+
+def test_collectives_are_priced_as_timed_in_a_step_where_the_profile_has_them():
+    """A profile with collectives timed in a step (latency and bandwidth of their own) prices the same exposed
+    all_reduces at those: latency + 2(n-1)/n·A / bandwidth of the in-step fit; one taken before they were measured
+    prices them at the tight loop's and says what that leaves out."""
+    import dataclasses
+
+    t, a, calls = 2, 1 << 20, 4
+    lat_s, bw_s = 3 * LAT, BW / 2  # in a step: slower than the tight loop's LAT, BW
+    seg = Segment(0, math.inf, {"median": lat_s, "best": lat_s}, {"median": bw_s, "best": bw_s})
+    in_step = dataclasses.replace(profile(), collectives_in_step={"all_reduce": Collective(2, (), (seg,))})
+    w = NodeWork("gemm", R * 0.01, 0, backward_flops=R * 0.02)
+    msgs = [Message("all_reduce", "tp", a, calls / 2, t, phase) for phase in ("forward", "backward")]
+    work = Work((one_rank([w], msgs),), plan(), None)
+    p = predict_work(work, in_step)
+    assert p.step_seconds == pytest.approx(0.03 + calls * (lat_s + 2 * (t - 1) / t * a / bw_s))
+    assert not any("in a step" in n for n in p.notes)
+    old = predict_work(work, profile())
+    assert old.step_seconds == pytest.approx(0.03 + calls * (LAT + 2 * (t - 1) / t * a / BW))
+    assert any("no timing of collectives in a step" in n for n in old.notes)
+    alone = predict_work(Work((one_rank([w]),), plan(), None), profile())  # no collective: nothing left out
+    assert not any("in a step" in n for n in alone.notes)
