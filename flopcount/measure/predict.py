@@ -11,7 +11,9 @@ The rules (docs/predict.md states them for users):
   :func:`flopcount.reporting.report.node_bytes`). The backward of a node runs its backward FLOPs at the same rate
   and moves twice its forward bytes (the gradient of each output read with the saved inputs, a gradient of each
   input written); its recompute is its forward again. Attention products (two activations over a batch of
-  matrices, or a fused attention operator) run at the profile's fused attention rates where calibrated.
+  matrices, or a fused attention operator) run at the profile's fused attention rates where calibrated. A
+  training Dropout's forward runs its FLOPs (one per element) at the profile's dropout rate (elements per second
+  of torch's dropout) where calibrated, or its bytes if slower; its backward (a multiply by the mask) by its bytes.
   ``overhead`` (added, not a floor) is the profile's framework seconds per operator: the forward's once for a node
   with work, the backward's per backward kernel (:func:`backward_kernels`), the forward's again when recomputed.
 * **A rank's share** of a node under a plan is the ledger's (:func:`flopcount.parallel.ranks.node_shares`): its
@@ -77,7 +79,7 @@ _PARTS = ("compute_seconds", "collective_seconds", "send_seconds")
 @dataclass(frozen=True)
 class NodeWork:
     """One node's work on one rank per microbatch: ``kind`` gemm, attention (a product of two activations: Q·Kᵀ,
-    probs·V), conv, elementwise or reduction; ``matrices`` the product's batch of matrices (1 for a plain product);
+    probs·V), conv, dropout (a training Dropout), elementwise or reduction; ``matrices`` the product's batch of matrices (1 for a plain product);
     ``backward_kernels`` the kernels its backward runs (:func:`backward_kernels`)."""
 
     kind: str
@@ -217,6 +219,8 @@ def node_seconds(w: NodeWork, profile: MachineProfile, which: str = "median") ->
         if flops <= 0 and nbytes <= 0:
             return 0.0
         t = 0.0
+        if flops > 0 and w.kind == "dropout" and not backward and "dropout" in profile.compute:
+            t = flops / rate("dropout", flops)  # its FLOPs: one per element (the mask drawn, the scale)
         if flops > 0 and w.kind in ("gemm", "conv", "attention"):
             kind = _product_kind(w.kind, backward, profile)
             products = max(1.0, w.backward_kernels) if backward else 1.0  # each of the forward's MACs
@@ -458,6 +462,11 @@ def _missing_calibrations(work: Work, profile: MachineProfile) -> list[str]:
         out.append("the profile has no timing of collectives in a step (taken before calibrate measured it): each "
                    "collective at its tight-loop time, which leaves out what a call costs between compute (its "
                    "buffers out of cache, gloo's threads idle); calibrate again to include it")
+    if "dropout" not in profile.compute and any(w.kind == "dropout" and w.flops for r in work.ranks
+                                                 for nodes in r.chunks.values() for w in nodes):
+        out.append("the profile has no timing of dropout (taken before calibrate measured it): a Dropout's mask "
+                   "drawn at the elementwise rate, far faster than torch's CPU dropout draws it; calibrate again to "
+                   "include it")
     if "attention" not in profile.compute and any(w.kind == "attention" for r in work.ranks
                                                    for nodes in r.chunks.values() for w in nodes):
         out.append("the profile has no timing of fused attention (taken before calibrate measured it): attention "

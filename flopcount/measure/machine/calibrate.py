@@ -11,6 +11,9 @@ others work beside it (on a CPU the ranks share the cores). In each process:
   find their weights (``gemm``, the rate products are predicted at);
 * **elementwise** (``a + b`` into ``c``: 12 bytes an element) and **reduction** (``sum(a)``: 4 bytes an element)
   at each size, as bytes per second, timed by :func:`~.ceilings.repeat_times`;
+* **dropout**: torch's dropout (``F.dropout``, p = 0.1, training) of a float32 tensor of each elementwise size / 4
+  elements, as elements per second (the count's FLOPs of a training Dropout: one per element): on a CPU it draws
+  its random mask far slower than an elementwise operator moves its bytes;
 * **overhead**: the seconds a tiny operator costs in the forward (recorded by autograd) and in the backward, from a
   chain of 200 additions of one element;
 * **attention**: torch's fused attention (``scaled_dot_product_attention``, causal, the kernel a decoder's attention
@@ -100,6 +103,12 @@ def _compute(sizes: Sizes) -> dict:
         x = torch.ones(max(1, nbytes // 4))
         ts = repeat_times(lambda: torch.sum(x), "cpu", sizes.repeats, start, float("inf"))
         out["reduction"].append([4 * x.numel(), *_stats([4 * x.numel() / t for t in ts], True)])
+    out["dropout"] = []
+    for nbytes in sizes.elementwise:
+        x = torch.randn(max(1, nbytes // 4))
+        ts = repeat_times(lambda: torch.nn.functional.dropout(x, 0.1, True), "cpu", sizes.repeats, start,
+                          float("inf"))
+        out["dropout"].append([x.numel(), *_stats([x.numel() / t for t in ts], True)])
     out["overhead"] = _overhead(sizes.repeats)
     out["attention"], out["attention_backward"] = _attention(sizes)
     out["optimizers"] = _optimizers(sizes.repeats, sizes.optimizer_elements)
@@ -373,7 +382,8 @@ def calibrate(ranks: int = 1, sizes: Sizes = DEFAULT_SIZES, timeout_s: float = 1
     else:
         raw = _spawned(ranks, sizes, timeout_s, threads)
     compute = {k: tuple(Point(*map(float, row)) for row in raw[k])
-               for k in ("gemm", "gemm_in_cache", "elementwise", "reduction", "attention", "attention_backward")}
+               for k in ("gemm", "gemm_in_cache", "elementwise", "reduction", "attention", "attention_backward",
+                         "dropout")}
     optimizers = {k: OptimizerCost(Point(*map(float, o["per_tensor_s"])),
                                    tuple(Point(*map(float, row)) for row in o["per_element_s"]), o["foreach"])
                   for k, o in raw["optimizers"].items()}

@@ -329,3 +329,23 @@ def test_collectives_are_priced_as_timed_in_a_step_where_the_profile_has_them():
     assert any("no timing of collectives in a step" in n for n in old.notes)
     alone = predict_work(Work((one_rank([w]),), plan(), None), profile())  # no collective: nothing left out
     assert not any("in a step" in n for n in alone.notes)
+
+
+def test_a_training_dropout_runs_at_the_dropout_rate_where_calibrated():
+    """A Dropout of E elements (its FLOPs, one per element) and B bytes: its forward max(E / D, B / W) at the
+    profile's dropout rate D, its backward its 2·B bytes at W; a profile without the rate times the forward by its
+    bytes and says what that leaves out."""
+    import dataclasses
+
+    e, d = 1 << 20, 2e8  # elements; dropout elements/s
+    b = 9 * e  # read 4, written 4, the mask 1 a element
+    w = NodeWork("dropout", e, b, backward_flops=e)
+    with_rate = dataclasses.replace(profile(), compute={**profile().compute, "dropout": _flat(d)})
+    fwd, bwd, _ = node_seconds(w, with_rate)
+    assert fwd == pytest.approx(max(e / d, b / W)) and bwd == pytest.approx(2 * b / W)
+    p = predict_work(Work((one_rank([w]),), plan(), None), with_rate)
+    assert p.step_seconds == pytest.approx(e / d + 2 * b / W) and not p.notes
+    fwd0, _, _ = node_seconds(w, profile())
+    assert fwd0 == pytest.approx(b / W)
+    assert any("no timing of dropout" in n for n in predict_work(Work((one_rank([w]),), plan(), None),
+                                                                  profile()).notes)
