@@ -194,22 +194,27 @@ def latency_known(profile: "MachineProfile") -> bool:
 
 
 def _fit_line(xs: Sequence[float], ts: Sequence[float]) -> tuple[float, float]:
-    """Least squares of t = a + x / bw, a ≥ 0 (refitted through the origin when the intercept comes out negative)."""
-    n = len(xs)
-    mx, mt = sum(xs) / n, sum(ts) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (t - mt) for x, t in zip(xs, ts)) / sxx if sxx else 0.0
+    """Least squares of t = a + x / bw in relative error (each point weighted by 1/t², so that a range's small
+    messages count as much as its large ones: unweighted, the largest message's seconds decide the line, and a
+    message a tenth its size is off by half), a ≥ 0 (refitted through the origin when the intercept comes out
+    negative)."""
+    ws = [1 / max(t, 1e-12) ** 2 for t in ts]
+    sw = sum(ws)
+    mx, mt = sum(w * x for w, x in zip(ws, xs)) / sw, sum(w * t for w, t in zip(ws, ts)) / sw
+    sxx = sum(w * (x - mx) ** 2 for w, x in zip(ws, xs))
+    slope = sum(w * (x - mx) * (t - mt) for w, x, t in zip(ws, xs, ts)) / sxx if sxx else 0.0
     a = mt - slope * mx
     if a < 0 or slope <= 0:
         a = max(0.0, min(ts) if slope <= 0 else 0.0)
-        slope = sum(x * (t - a) for x, t in zip(xs, ts)) / sum(x * x for x in xs)
+        slope = sum(w * x * (t - a) for w, x, t in zip(ws, xs, ts)) / sum(w * x * x for w, x in zip(ws, xs))
     return a, 1 / slope if slope > 0 else math.inf
 
 
 def fit_segments(kind: str, n: int, points: Sequence[Point]) -> tuple[Segment, ...]:
     """The fit of a collective's timed points (payload bytes → seconds) over ``n`` ranks: one segment for the
     payloads up to :data:`SPLIT_BYTES` and one above (each needs two points; a range with fewer joins the other),
-    each a least-squares line latency + bus bytes / bus bandwidth for the median, best and slowest times."""
+    each a least-squares line (in relative error) latency + bus bytes / bus bandwidth for the median, best and
+    slowest times."""
     pts = sorted(points, key=lambda p: p.size)
     small = [p for p in pts if p.size <= SPLIT_BYTES]
     large = [p for p in pts if p.size > SPLIT_BYTES]
