@@ -201,7 +201,8 @@ def test_the_fit_weighs_each_message_by_its_relative_error():
     ts = [100e-6 + b / 1e9 for b in sizes]
     ts[-1] *= 0.8
     pts = [Point(b, t, t, t) for b, t in zip(sizes, ts)]
-    small, seg = cal.fit_segments("send_recv", 2, [Point(1024, 1e-4, 1e-4, 1e-4), Point(4096, 1e-4, 1e-4, 1e-4), *pts])
+    tiny = [Point(b, 1e-4, 1e-4, 1e-4) for b in (1024, 4096)]  # the range up to 64 KiB, fitted apart
+    _, seg = cal.fit_segments("send_recv", 2, [*tiny, *pts])
     slope, intercept = np.polyfit(sizes, ts, 1, w=[1 / t for t in ts])
     assert seg.latency_s["best"] == pytest.approx(intercept, rel=1e-6)
     assert seg.bus_bytes_per_s["best"] == pytest.approx(1 / slope, rel=1e-6)
