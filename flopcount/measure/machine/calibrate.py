@@ -31,9 +31,10 @@ others work beside it (on a CPU the ranks share the cores). In each process:
 * **collectives in a step** (``collectives_in_step``): the same calls and sizes, each repeat after a barrier and
   a burst of compute as a step runs between its collectives (a 16 MiB buffer written, which evicts the caches
   the call's buffers and gloo's state were in, then four 256×256 products, during which gloo's threads go idle),
-  timed as the larger of the call's wall-clock seconds and the CPU seconds of the whole process over it (every
-  thread: gloo reduces and moves the bytes on threads of its own). In a tight loop the same call finds its
-  buffers in cache and gloo's threads awake, and costs a half to a third of that.
+  timed as the larger of its wall-clock seconds and the CPU seconds of the whole process over it (every thread:
+  gloo reduces and moves the bytes on threads of its own); by the CPU seconds alone where the ranks' threads
+  outnumber the cores (the wall clock then holds the other ranks' turns on the cores). In a tight loop the same
+  call finds its buffers in cache and gloo's threads awake.
 
 The whole calibration is bounded: the processes are killed and a MeasurementError (exit 12) raised once
 ``timeout_s`` is spent.
@@ -221,10 +222,12 @@ def _overhead(repeats: int, chain: int = 200) -> dict:
     return {"forward": [1, *_stats(fwd[1:], False)], "backward": [1, *_stats(bwd[1:], False)]}
 
 
-def _time_collective(kind: str, nbytes: int, rank: int, n: int, repeats: int, burst=None) -> list[float]:
+def _time_collective(kind: str, nbytes: int, rank: int, n: int, repeats: int, burst=None,
+                     cpu_only: bool = False) -> list[float]:
     """Seconds of each repeat of one collective on this rank (send_recv: one way, half a round trip); with
-    ``burst`` (a function), each repeat after running it and timed as the larger of the wall-clock seconds and the
-    process's CPU seconds (every thread) of the call: a collective in a step (see the module)."""
+    ``burst`` (a function), each repeat after running it and timed as the larger of the wall-clock seconds and
+    the process's CPU seconds (every thread) over the call, the CPU seconds alone with ``cpu_only``: a collective
+    in a step (see the module)."""
     import torch
     import torch.distributed as dist
 
@@ -257,7 +260,7 @@ def _time_collective(kind: str, nbytes: int, rank: int, n: int, repeats: int, bu
         op()
         t = time.perf_counter() - t0
         if burst is not None:
-            t = max(t, time.process_time() - c0)
+            t = time.process_time() - c0 if cpu_only else max(t, time.process_time() - c0)
         if j >= 2:
             times.append(t / 2 if kind == "send_recv" else t)
     return times
@@ -277,9 +280,13 @@ def _compute_burst():
     return burst
 
 
-def _collectives(rank: int, n: int, sizes: Sizes, burst) -> dict:
+def _collectives(rank: int, n: int, sizes: Sizes, burst, threads: int = 1) -> dict:
     """[bytes, median, best, slowest] seconds of each collective at each message size, the slowest rank of each
-    repeat; ``burst``: run before each repeat (a collective in a step), or None (a tight loop)."""
+    repeat; ``burst``: run before each repeat (a collective in a step: by its CPU seconds alone where the ``n``
+    ranks of ``threads`` threads outnumber the cores), or None (a tight loop)."""
+    from .devices import cpu_cores
+
+    cpu_only = n * threads > cpu_cores()
     import torch
     import torch.distributed as dist
 
@@ -287,8 +294,8 @@ def _collectives(rank: int, n: int, sizes: Sizes, burst) -> dict:
     for kind in COLLECTIVES:
         rows = []
         for nbytes in sizes.messages:
-            t = torch.tensor(_time_collective(kind, nbytes - nbytes % (4 * n), rank, n, sizes.repeats, burst),
-                             dtype=torch.float64)
+            t = torch.tensor(_time_collective(kind, nbytes - nbytes % (4 * n), rank, n, sizes.repeats, burst,
+                                              cpu_only), dtype=torch.float64)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank of each repeat
             rows.append([nbytes - nbytes % (4 * n), *_stats(t.tolist(), False)])
         out[kind] = rows
@@ -314,7 +321,7 @@ def measure_rank(rank: int, n: int, port: int, sizes: Sizes, out_dir: str, threa
     result["threads"] = torch.get_num_threads()
     if n > 1:
         result["collectives"] = _collectives(rank, n, sizes, None)
-        result["collectives_in_step"] = _collectives(rank, n, sizes, _compute_burst())
+        result["collectives_in_step"] = _collectives(rank, n, sizes, _compute_burst(), threads)
         dist.barrier()
         dist.destroy_process_group()
     if rank == 0:

@@ -19,8 +19,9 @@ A profile holds:
   (:data:`BUS_FACTORS`);
 * ``collectives_in_step`` (null in a profile taken before it was measured, and in a datasheet profile): the same
   collectives timed as a step runs them, each call after a burst of compute that evicts the caches (the larger of
-  its wall-clock seconds and the CPU seconds of every thread of the process), as points and their fit: what a
-  prediction prices a step's collectives at where present;
+  its wall-clock seconds and the CPU seconds of every thread of the process, the CPU seconds alone where the
+  ranks' threads outnumber the cores), as points and their fit: what a prediction prices a step's collectives at
+  where present;
 * the versions, date, machine and rank count it was taken with, and whether it was measured (``calibrated``).
 
 A damaged or foreign file is refused with one line (:class:`flopcount.errors.MeasurementError`, exit 12); a profile
