@@ -79,8 +79,9 @@ _PARTS = ("compute_seconds", "collective_seconds", "send_seconds")
 @dataclass(frozen=True)
 class NodeWork:
     """One node's work on one rank per microbatch: ``kind`` gemm, attention (a product of two activations: Q·Kᵀ,
-    probs·V), conv, dropout (a training Dropout), elementwise or reduction; ``matrices`` the product's batch of matrices (1 for a plain product);
-    ``backward_kernels`` the kernels its backward runs (:func:`backward_kernels`)."""
+    probs·V), conv, dropout (a training Dropout), elementwise or reduction; ``matrices`` the product's batch of
+    matrices (1 for a plain product); ``backward_kernels`` the kernels its backward runs
+    (:func:`backward_kernels`)."""
 
     kind: str
     flops: float
