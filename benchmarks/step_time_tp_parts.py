@@ -156,10 +156,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"collectives: step CPU - compute alone {real['step'] - alone['step']:.4f} s; inside the all_reduce calls "
           f"{sum(c[3] for c in real['collectives']):.4f} s; predicted {comm:.4f} s")
     ar = profile.collectives["all_reduce"]
+    in_step = (profile.collectives_in_step or {}).get("all_reduce")
     for phase, nbytes, calls, cpu, caller in real["collectives"]:
         best = collective_seconds(ar, "all_reduce", nbytes, TP, "best")[0]
+        step_best = "not measured" if in_step is None else \
+            f"{collective_seconds(in_step, 'all_reduce', nbytes, TP, 'best')[0] * 1e3:.3f} ms"
         print(f"  {phase:8s} {calls:3.0f} x {nbytes:7d} B: CPU {cpu / calls * 1e3:.3f} ms a call (the calling "
-              f"thread's {caller / calls * 1e3:.3f}); the profile's all_reduce {best * 1e3:.3f} ms (best)")
+              f"thread's {caller / calls * 1e3:.3f}); the profile's all_reduce {best * 1e3:.3f} ms in a tight loop, "
+              f"{step_best} in a step (best)")
     got = want = 0.0
     for m, k, n, calls, cpu in alone["products"]:
         rate = rate_at(profile.compute["gemm"], (m * k * n) ** (1 / 3), "best")[0]

@@ -11,7 +11,9 @@ The rules (docs/predict.md states them for users):
   :func:`flopcount.reporting.report.node_bytes`). The backward of a node runs its backward FLOPs at the same rate
   and moves twice its forward bytes (the gradient of each output read with the saved inputs, a gradient of each
   input written); its recompute is its forward again. Attention products (two activations over a batch of
-  matrices, or a fused attention operator) run at the profile's fused attention rates where calibrated.
+  matrices, or a fused attention operator) run at the profile's fused attention rates where calibrated. A
+  training Dropout's forward runs its FLOPs (one per element) at the profile's dropout rate (elements per second
+  of torch's dropout) where calibrated, or its bytes if slower; its backward (a multiply by the mask) by its bytes.
   ``overhead`` (added, not a floor) is the profile's framework seconds per operator: the forward's once for a node
   with work, the backward's per backward kernel (:func:`backward_kernels`), the forward's again when recomputed.
 * **A rank's share** of a node under a plan is the ledger's (:func:`flopcount.parallel.ranks.node_shares`): its
@@ -20,7 +22,9 @@ The rules (docs/predict.md states them for users):
   tensor-parallel ones of the activation A = b·s·h·e (the loss's three small all_reduces apart), pipeline sends of
   A (A/T under sp), and a data-parallel all_reduce in DDP's buckets (the first 1 MiB, the others 25 MiB). A
   message of B bytes over a group of n ranks takes latency + bus_factor(n)·B / bus bandwidth
-  (:func:`~.machine.calibration.collective_seconds`). Tensor-parallel collectives are exposed (they sit between
+  (:func:`~.machine.calibration.collective_seconds`), from the profile's collectives timed in a step (each call
+  after a burst of compute, ``collectives_in_step``) where it has them, else from those timed in a tight loop (a
+  note says what that leaves out). Tensor-parallel collectives are exposed (they sit between
   the ops that need them), half in the forward and half in the backward in training; the pipeline's sends
   lengthen the action that sends. The data-parallel all_reduce overlaps the last microbatch's backward as DDP
   runs it: each bucket is ready once the backward has produced the gradient bytes up to its end (at an even
@@ -75,8 +79,9 @@ _PARTS = ("compute_seconds", "collective_seconds", "send_seconds")
 @dataclass(frozen=True)
 class NodeWork:
     """One node's work on one rank per microbatch: ``kind`` gemm, attention (a product of two activations: Q·Kᵀ,
-    probs·V), conv, elementwise or reduction; ``matrices`` the product's batch of matrices (1 for a plain product);
-    ``backward_kernels`` the kernels its backward runs (:func:`backward_kernels`)."""
+    probs·V), conv, dropout (a training Dropout), elementwise or reduction; ``matrices`` the product's batch of
+    matrices (1 for a plain product); ``backward_kernels`` the kernels its backward runs
+    (:func:`backward_kernels`)."""
 
     kind: str
     flops: float
@@ -215,6 +220,8 @@ def node_seconds(w: NodeWork, profile: MachineProfile, which: str = "median") ->
         if flops <= 0 and nbytes <= 0:
             return 0.0
         t = 0.0
+        if flops > 0 and w.kind == "dropout" and not backward and "dropout" in profile.compute:
+            t = flops / rate("dropout", flops)  # its FLOPs: one per element (the mask drawn, the scale)
         if flops > 0 and w.kind in ("gemm", "conv", "attention"):
             kind = _product_kind(w.kind, backward, profile)
             products = max(1.0, w.backward_kernels) if backward else 1.0  # each of the forward's MACs
@@ -287,11 +294,12 @@ def _message_seconds(m: Message, profile: MachineProfile, which: str, out: list[
 
         raise UsageError(f"--predict: the plan runs {m.kind} over {m.group}, and the machine profile has no "
                          "collectives (calibrated with --ranks 1); calibrate with flopcount calibrate --ranks N")
-    kind = m.kind if m.kind in profile.collectives else None
+    timed = profile.collectives_in_step or profile.collectives  # as a step runs them, where measured
+    kind = m.kind if m.kind in timed else None
     if kind is None:
         out.append(f"{m.kind} not calibrated (counted as all_reduce)")
         kind = "all_reduce"
-    c = profile.collectives[kind]
+    c = timed[kind]
     t, outside = collective_seconds(c, kind, m.bytes, m.ranks, which)
     if outside:
         out.append(f"{m.kind} of {m.bytes:.4g} bytes (calibrated {c.segments[0].low:.4g}-{c.segments[-1].high:.4g})")
@@ -450,6 +458,16 @@ def _missing_calibrations(work: Work, profile: MachineProfile) -> list[str]:
         out.append(f"the profile has no timing of the {', '.join(names)} step (taken before calibrate measured "
                    "optimizers): the step is its bytes at the elementwise bandwidth and its per-tensor cost is left "
                    "out; calibrate again to include it")
+    if profile.collectives_in_step is None and profile.collectives and any(
+            m.ranks > 1 for r in work.ranks for m in r.messages):
+        out.append("the profile has no timing of collectives in a step (taken before calibrate measured it): each "
+                   "collective at its tight-loop time, which leaves out what a call costs between compute (its "
+                   "buffers out of cache, gloo's threads idle); calibrate again to include it")
+    if "dropout" not in profile.compute and any(w.kind == "dropout" and w.flops for r in work.ranks
+                                                 for nodes in r.chunks.values() for w in nodes):
+        out.append("the profile has no timing of dropout (taken before calibrate measured it): a Dropout's mask "
+                   "drawn at the elementwise rate, far faster than torch's CPU dropout draws it; calibrate again to "
+                   "include it")
     if "attention" not in profile.compute and any(w.kind == "attention" for r in work.ranks
                                                    for nodes in r.chunks.values() for w in nodes):
         out.append("the profile has no timing of fused attention (taken before calibrate measured it): attention "

@@ -11,6 +11,9 @@ others work beside it (on a CPU the ranks share the cores). In each process:
   find their weights (``gemm``, the rate products are predicted at);
 * **elementwise** (``a + b`` into ``c``: 12 bytes an element) and **reduction** (``sum(a)``: 4 bytes an element)
   at each size, as bytes per second, timed by :func:`~.ceilings.repeat_times`;
+* **dropout**: torch's dropout (``F.dropout``, p = 0.1, training) of a float32 tensor of each elementwise size / 4
+  elements, as elements per second (the count's FLOPs of a training Dropout: one per element): on a CPU it draws
+  its random mask far slower than an elementwise operator moves its bytes;
 * **overhead**: the seconds a tiny operator costs in the forward (recorded by autograd) and in the backward, from a
   chain of 200 additions of one element;
 * **attention**: torch's fused attention (``scaled_dot_product_attention``, causal, the kernel a decoder's attention
@@ -24,7 +27,14 @@ others work beside it (on a CPU the ranks share the cores). In each process:
 * **collectives** (rank 0 records the slowest rank of each repeat): ``all_reduce``, ``all_gather``,
   ``reduce_scatter``, ``all_to_all`` of each message size over all ``ranks`` processes, each repeat after a barrier;
   ``send_recv`` one way, half of a round trip between ranks 0 and 1. Their fit is
-  :func:`~.calibration.fit_segments`.
+  :func:`~.calibration.fit_segments`;
+* **collectives in a step** (``collectives_in_step``): the same calls and sizes, each repeat after a barrier and
+  a burst of compute as a step runs between its collectives (a 16 MiB buffer written, which evicts the caches
+  the call's buffers and gloo's state were in, then four 256×256 products, during which gloo's threads go idle),
+  timed as the larger of its wall-clock seconds and the CPU seconds of the whole process over it (every thread:
+  gloo reduces and moves the bytes on threads of its own); by the CPU seconds alone where the ranks' threads
+  outnumber the cores (the wall clock then holds the other ranks' turns on the cores). In a tight loop the same
+  call finds its buffers in cache and gloo's threads awake.
 
 The whole calibration is bounded: the processes are killed and a MeasurementError (exit 12) raised once
 ``timeout_s`` is spent.
@@ -94,6 +104,12 @@ def _compute(sizes: Sizes) -> dict:
         x = torch.ones(max(1, nbytes // 4))
         ts = repeat_times(lambda: torch.sum(x), "cpu", sizes.repeats, start, float("inf"))
         out["reduction"].append([4 * x.numel(), *_stats([4 * x.numel() / t for t in ts], True)])
+    out["dropout"] = []
+    for nbytes in sizes.elementwise:
+        x = torch.randn(max(1, nbytes // 4))
+        ts = repeat_times(lambda: torch.nn.functional.dropout(x, 0.1, True), "cpu", sizes.repeats, start,
+                          float("inf"))
+        out["dropout"].append([x.numel(), *_stats([x.numel() / t for t in ts], True)])
     out["overhead"] = _overhead(sizes.repeats)
     out["attention"], out["attention_backward"] = _attention(sizes)
     out["optimizers"] = _optimizers(sizes.repeats, sizes.optimizer_elements)
@@ -206,8 +222,12 @@ def _overhead(repeats: int, chain: int = 200) -> dict:
     return {"forward": [1, *_stats(fwd[1:], False)], "backward": [1, *_stats(bwd[1:], False)]}
 
 
-def _time_collective(kind: str, nbytes: int, rank: int, n: int, repeats: int) -> list[float]:
-    """Seconds of each repeat of one collective on this rank (send_recv: one way, half a round trip)."""
+def _time_collective(kind: str, nbytes: int, rank: int, n: int, repeats: int, burst=None,
+                     cpu_only: bool = False) -> list[float]:
+    """Seconds of each repeat of one collective on this rank (send_recv: one way, half a round trip); with
+    ``burst`` (a function), each repeat after running it and timed as the larger of the wall-clock seconds and
+    the process's CPU seconds (every thread) over the call, the CPU seconds alone with ``cpu_only``: a collective
+    in a step (see the module)."""
     import torch
     import torch.distributed as dist
 
@@ -234,12 +254,52 @@ def _time_collective(kind: str, nbytes: int, rank: int, n: int, repeats: int) ->
     times = []
     for j in range(repeats + 2):  # two warm-up calls
         dist.barrier()
-        t0 = time.perf_counter()
+        if burst is not None:
+            burst()
+        c0, t0 = time.process_time(), time.perf_counter()
         op()
         t = time.perf_counter() - t0
+        if burst is not None:
+            t = time.process_time() - c0 if cpu_only else max(t, time.process_time() - c0)
         if j >= 2:
             times.append(t / 2 if kind == "send_recv" else t)
     return times
+
+
+def _compute_burst():
+    """What a collective in a step follows: a 16 MiB buffer written (the caches evicted), then four 256×256
+    products (see the module)."""
+    import torch
+
+    flush, a, b = torch.zeros(4 * 2**20), torch.randn(256, 256), torch.randn(256, 256)
+
+    def burst():
+        flush.add_(1.0)
+        for _ in range(4):
+            torch.mm(a, b)
+    return burst
+
+
+def _collectives(rank: int, n: int, sizes: Sizes, burst, threads: int = 1) -> dict:
+    """[bytes, median, best, slowest] seconds of each collective at each message size, the slowest rank of each
+    repeat; ``burst``: run before each repeat (a collective in a step: by its CPU seconds alone where the ``n``
+    ranks of ``threads`` threads outnumber the cores), or None (a tight loop)."""
+    from .devices import cpu_cores
+
+    cpu_only = n * threads > cpu_cores()
+    import torch
+    import torch.distributed as dist
+
+    out = {}
+    for kind in COLLECTIVES:
+        rows = []
+        for nbytes in sizes.messages:
+            t = torch.tensor(_time_collective(kind, nbytes - nbytes % (4 * n), rank, n, sizes.repeats, burst,
+                                              cpu_only), dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank of each repeat
+            rows.append([nbytes - nbytes % (4 * n), *_stats(t.tolist(), False)])
+        out[kind] = rows
+    return out
 
 
 def measure_rank(rank: int, n: int, port: int, sizes: Sizes, out_dir: str, threads: int) -> None:
@@ -260,15 +320,8 @@ def measure_rank(rank: int, n: int, port: int, sizes: Sizes, out_dir: str, threa
     result = _compute(sizes)
     result["threads"] = torch.get_num_threads()
     if n > 1:
-        result["collectives"] = {}
-        for kind in COLLECTIVES:
-            rows = []
-            for nbytes in sizes.messages:
-                t = torch.tensor(_time_collective(kind, nbytes - nbytes % (4 * n), rank, n, sizes.repeats),
-                                 dtype=torch.float64)
-                dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank of each repeat
-                rows.append([nbytes - nbytes % (4 * n), *_stats(t.tolist(), False)])
-            result["collectives"][kind] = rows
+        result["collectives"] = _collectives(rank, n, sizes, None)
+        result["collectives_in_step"] = _collectives(rank, n, sizes, _compute_burst(), threads)
         dist.barrier()
         dist.destroy_process_group()
     if rank == 0:
@@ -336,16 +389,14 @@ def calibrate(ranks: int = 1, sizes: Sizes = DEFAULT_SIZES, timeout_s: float = 1
     else:
         raw = _spawned(ranks, sizes, timeout_s, threads)
     compute = {k: tuple(Point(*map(float, row)) for row in raw[k])
-               for k in ("gemm", "gemm_in_cache", "elementwise", "reduction", "attention", "attention_backward")}
+               for k in ("gemm", "gemm_in_cache", "elementwise", "reduction", "attention", "attention_backward",
+                         "dropout")}
     optimizers = {k: OptimizerCost(Point(*map(float, o["per_tensor_s"])),
                                    tuple(Point(*map(float, row)) for row in o["per_element_s"]), o["foreach"])
                   for k, o in raw["optimizers"].items()}
     overhead = {k: Point(*map(float, raw["overhead"][k])) for k in ("forward", "backward")}
-    collectives = {}
-    for kind, rows in raw.get("collectives", {}).items():
-        pts = tuple(Point(*map(float, row)) for row in rows)
-        n = 2 if kind == "send_recv" else ranks  # a send and its receive: two ranks, whatever the group
-        collectives[kind] = Collective(n, pts, fit_segments(kind, n, pts))
+    collectives, in_step = ({kind: _fitted(kind, ranks, rows) for kind, rows in raw.get(key, {}).items()}
+                            for key in ("collectives", "collectives_in_step"))
     peak = max(p.best for p in compute["gemm_in_cache"])
     machine = {"cpu": cpu_name(), "cores": cpu_cores(), "threads_per_rank": raw["threads"]}
     return MachineProfile(True, "cpu", ranks, compute, overhead, collectives, peak, "fp32",
@@ -354,4 +405,11 @@ def calibrate(ranks: int = 1, sizes: Sizes = DEFAULT_SIZES, timeout_s: float = 1
                           ("measured by flopcount calibrate; peak_flops_per_s is the best GEMM repeat with its operands "
                            "in cache (compute.gemm_in_cache); compute.gemm times each product with its operands out of the "
                            "last-level cache, as a step's products find their weights",),
-                          load_per_core(), optimizers)
+                          load_per_core(), optimizers, in_step or None)
+
+
+def _fitted(kind: str, ranks: int, rows: list) -> Collective:
+    """A collective's timed rows as points and their fit."""
+    pts = tuple(Point(*map(float, row)) for row in rows)
+    n = 2 if kind == "send_recv" else ranks  # a send and its receive: two ranks, whatever the group
+    return Collective(n, pts, fit_segments(kind, n, pts))

@@ -17,6 +17,11 @@ A profile holds:
   ``send_recv``) the timed points (message bytes → seconds) and their fit, latency + bus bytes / bus bandwidth,
   per size range (:class:`Segment`), where the bus bytes are the payload times nccl-tests' bus-bandwidth factor
   (:data:`BUS_FACTORS`);
+* ``collectives_in_step`` (null in a profile taken before it was measured, and in a datasheet profile): the same
+  collectives timed as a step runs them, each call after a burst of compute that evicts the caches (the larger of
+  its wall-clock seconds and the CPU seconds of every thread of the process, the CPU seconds alone where the
+  ranks' threads outnumber the cores), as points and their fit: what a prediction prices a step's collectives at
+  where present;
 * the versions, date, machine and rank count it was taken with, and whether it was measured (``calibrated``).
 
 A damaged or foreign file is refused with one line (:class:`flopcount.errors.MeasurementError`, exit 12); a profile
@@ -141,6 +146,7 @@ class MachineProfile:
     sources: tuple[str, ...] = ()
     load_per_core: float | None = None
     optimizers: Mapping[str, OptimizerCost] | None = None  # None: not measured (a profile taken before it was)
+    collectives_in_step: Mapping[str, Collective] | None = None  # None: not measured (taken before it was)
 
     def as_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": FORMAT_VERSION, "calibrated": self.calibrated, "device": self.device,
@@ -150,6 +156,8 @@ class MachineProfile:
                 "overhead": {k: p.as_dict() for k, p in self.overhead.items()},
                 "collectives": {k: c.as_dict(k) for k, c in self.collectives.items()},
                 "optimizers": None if self.optimizers is None else {k: o.as_dict() for k, o in self.optimizers.items()},
+                "collectives_in_step": None if self.collectives_in_step is None
+                else {k: c.as_dict(k) for k, c in self.collectives_in_step.items()},
                 "sources": list(self.sources)}
 
 
@@ -187,22 +195,27 @@ def latency_known(profile: "MachineProfile") -> bool:
 
 
 def _fit_line(xs: Sequence[float], ts: Sequence[float]) -> tuple[float, float]:
-    """Least squares of t = a + x / bw, a ≥ 0 (refitted through the origin when the intercept comes out negative)."""
-    n = len(xs)
-    mx, mt = sum(xs) / n, sum(ts) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (t - mt) for x, t in zip(xs, ts)) / sxx if sxx else 0.0
+    """Least squares of t = a + x / bw in relative error (each point weighted by 1/t², so that a range's small
+    messages count as much as its large ones: unweighted, the largest message's seconds decide the line, and a
+    message a tenth its size is off by half), a ≥ 0 (refitted through the origin when the intercept comes out
+    negative)."""
+    ws = [1 / max(t, 1e-12) ** 2 for t in ts]
+    sw = sum(ws)
+    mx, mt = sum(w * x for w, x in zip(ws, xs)) / sw, sum(w * t for w, t in zip(ws, ts)) / sw
+    sxx = sum(w * (x - mx) ** 2 for w, x in zip(ws, xs))
+    slope = sum(w * (x - mx) * (t - mt) for w, x, t in zip(ws, xs, ts)) / sxx if sxx else 0.0
     a = mt - slope * mx
     if a < 0 or slope <= 0:
         a = max(0.0, min(ts) if slope <= 0 else 0.0)
-        slope = sum(x * (t - a) for x, t in zip(xs, ts)) / sum(x * x for x in xs)
+        slope = sum(w * x * (t - a) for w, x, t in zip(ws, xs, ts)) / sum(w * x * x for w, x in zip(ws, xs))
     return a, 1 / slope if slope > 0 else math.inf
 
 
 def fit_segments(kind: str, n: int, points: Sequence[Point]) -> tuple[Segment, ...]:
     """The fit of a collective's timed points (payload bytes → seconds) over ``n`` ranks: one segment for the
     payloads up to :data:`SPLIT_BYTES` and one above (each needs two points; a range with fewer joins the other),
-    each a least-squares line latency + bus bytes / bus bandwidth for the median, best and slowest times."""
+    each a least-squares line (in relative error) latency + bus bytes / bus bandwidth for the median, best and
+    slowest times."""
     pts = sorted(points, key=lambda p: p.size)
     small = [p for p in pts if p.size <= SPLIT_BYTES]
     large = [p for p in pts if p.size > SPLIT_BYTES]
@@ -337,18 +350,11 @@ def profile_from_dict(doc: Any, where: str = "profile") -> MachineProfile:
                                    "calibrate")
     overhead = {k: _point(_need(doc, "overhead", Mapping, where).get(k), f"{where}: overhead.{k}")
                 for k in ("forward", "backward")}
-    collectives = {}
-    for kind, c in _need(doc, "collectives", Mapping, where).items():
-        if kind not in COLLECTIVES or not isinstance(c, Mapping) or not isinstance(c.get("fit"), list) or not c["fit"]:
-            raise MeasurementError(f"{where}: collectives.{kind} is not a known collective with a fit; take the "
-                                   "profile again")
-        if not isinstance(c.get("ranks", 0), int) or isinstance(c.get("ranks"), bool) or c.get("ranks", 0) < 0 \
-                or not isinstance(c.get("points", []), list):
-            raise MeasurementError(f"{where}: collectives.{kind} needs ranks (an integer >= 0) and points (a list); "
-                                   "take the profile again")
-        collectives[kind] = Collective(c.get("ranks", 0), tuple(_point(p, f"{where}: collectives.{kind}")
-                                                                     for p in c.get("points", [])),
-                                       tuple(_segment(s, f"{where}: collectives.{kind}") for s in c["fit"]))
+    collectives = _collectives(_need(doc, "collectives", Mapping, where), where, "collectives")
+    in_step = doc.get("collectives_in_step")
+    if in_step is not None and not isinstance(in_step, Mapping):
+        raise MeasurementError(f"{where}: 'collectives_in_step' is not an object (or null); take the profile again "
+                               "with flopcount calibrate")
     peak = _need(doc, "peak_flops_per_s", (int, float), where)
     ranks = _need(doc, "ranks", int, where)
     if not _number(peak) or peak <= 0 or ranks < 1:
@@ -358,7 +364,25 @@ def profile_from_dict(doc: Any, where: str = "profile") -> MachineProfile:
     return MachineProfile(bool(_need(doc, "calibrated", bool, where)), str(doc.get("device", "")), ranks, compute,
                           overhead, collectives, float(peak), str(doc.get("dtype", "fp32")), str(doc.get("date", "")),
                           doc.get("torch"), dict(doc.get("machine") or {}), tuple(doc.get("sources") or ()),
-                          doc.get("load_per_core"), _optimizers(doc.get("optimizers"), where))
+                          doc.get("load_per_core"), _optimizers(doc.get("optimizers"), where),
+                          None if in_step is None else _collectives(in_step, where, "collectives_in_step"))
+
+
+def _collectives(d: Mapping[str, Any], where: str, key: str) -> dict[str, Collective]:
+    """The collectives of the field ``key``, each checked."""
+    out = {}
+    for kind, c in d.items():
+        if kind not in COLLECTIVES or not isinstance(c, Mapping) or not isinstance(c.get("fit"), list) or not c["fit"]:
+            raise MeasurementError(f"{where}: {key}.{kind} is not a known collective with a fit; take the "
+                                   "profile again")
+        if not isinstance(c.get("ranks", 0), int) or isinstance(c.get("ranks"), bool) or c.get("ranks", 0) < 0 \
+                or not isinstance(c.get("points", []), list):
+            raise MeasurementError(f"{where}: {key}.{kind} needs ranks (an integer >= 0) and points (a list); "
+                                   "take the profile again")
+        out[kind] = Collective(c.get("ranks", 0), tuple(_point(p, f"{where}: {key}.{kind}")
+                                                        for p in c.get("points", [])),
+                               tuple(_segment(s, f"{where}: {key}.{kind}") for s in c["fit"]))
+    return out
 
 
 def _optimizers(d: Any, where: str) -> dict[str, OptimizerCost] | None:

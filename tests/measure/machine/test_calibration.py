@@ -190,3 +190,24 @@ def test_quick_calibration_of_two_gloo_processes():
     assert [pt.size for pt in p.compute["gemm_in_cache"]] == list(QUICK_SIZES.gemm)
     assert p.peak_flops_per_s == max(pt.best for pt in p.compute["gemm_in_cache"])  # the peak: operands in cache
     assert cal.profile_from_dict(json.loads(json.dumps(p.as_dict()))) == p
+
+
+def test_the_fit_weighs_each_message_by_its_relative_error():
+    """Points off a line (a large message's time 20% under it, as a noisy repeat gives): the fit is numpy's weighted
+    least squares of t against x with weights 1/t (its residuals divided by t: the relative error), so that the
+    small messages of a range are not sacrificed to its largest."""
+    np = pytest.importorskip("numpy")
+    sizes = [131072, 262144, 1 << 20, 4 << 20, 16 << 20]
+    ts = [100e-6 + b / 1e9 for b in sizes]
+    ts[-1] *= 0.8
+    pts = [Point(b, t, t, t) for b, t in zip(sizes, ts)]
+    tiny = [Point(b, 1e-4, 1e-4, 1e-4) for b in (1024, 4096)]  # the range up to 64 KiB, fitted apart
+    _, seg = cal.fit_segments("send_recv", 2, [*tiny, *pts])
+    slope, intercept = np.polyfit(sizes, ts, 1, w=[1 / t for t in ts])
+    assert seg.latency_s["best"] == pytest.approx(intercept, rel=1e-6)
+    assert seg.bus_bytes_per_s["best"] == pytest.approx(1 / slope, rel=1e-6)
+    fitted = [cal.collective_seconds(cal.Collective(2, tuple(pts), (seg,)), "send_recv", b, 2, "best")[0]
+              for b in sizes]
+    assert abs(fitted[1] / ts[1] - 1) < 0.1  # 256 KiB within 10%: an unweighted line misses it by far more
+    unweighted = np.polyfit(sizes, ts, 1)
+    assert abs(np.polyval(unweighted, sizes[1]) / ts[1] - 1) > abs(fitted[1] / ts[1] - 1)

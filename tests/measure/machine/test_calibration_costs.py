@@ -1,6 +1,7 @@
 """The profile's optimizer timing and fused attention: a profile with them reads back equal, one taken before they
 were measured loads with ``optimizers`` null, every damaged figure is refused with one line (exit 12), and a quick
-calibration measures them at the sizes asked (the attention's effective size ∛(S²·D) written out)."""
+calibration measures them at the sizes asked (the attention's effective size ∛(S²·D) written out), and torch's
+dropout at the rate the test finds for the same call."""
 
 from __future__ import annotations
 
@@ -76,4 +77,18 @@ def test_quick_calibration_times_attention_and_optimizers():
         assert o.foreach is bool(foreach)
         assert 0 < o.per_tensor_s.best <= o.per_tensor_s.median <= o.per_tensor_s.slowest  # seconds
         assert [pt.size for pt in o.per_element_s] == list(QUICK_SIZES.optimizer_elements)
+    # torch's dropout, timed here too at the largest size: the calibrated rate (elements/s) is that of the same call
+    n = QUICK_SIZES.elementwise[-1] // 4
+    assert [pt.size for pt in p.compute["dropout"]] == [b // 4 for b in QUICK_SIZES.elementwise]
+    x = torch.randn(n)
+    fastest = min(_seconds(lambda: torch.nn.functional.dropout(x, 0.1, True)) for _ in range(7))
+    assert n / fastest / 3 <= p.compute["dropout"][-1].best <= 3 * n / fastest
     assert cal.profile_from_dict(json.loads(json.dumps(p.as_dict()))) == p
+
+
+def _seconds(fn) -> float:
+    import time
+
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0

@@ -335,3 +335,46 @@ def test_the_routers_counts_are_messages_over_tp_times_ep():
             ("all_gather", m * 2 * layers * experts * 8, m, 2)]
     fast = dataclasses.replace(profile(), compute={"gemm": _flat(1e30), "elementwise": _flat(1e30)})
     assert all(r["communication_seconds"]["all_gather"]["exposed"] > 0 for r in predict(report, fast).ranks)
+
+
+def test_collectives_are_priced_as_timed_in_a_step_where_the_profile_has_them():
+    """A profile with collectives timed in a step (latency and bandwidth of their own) prices the same exposed
+    all_reduces at those: latency + 2(n-1)/n·A / bandwidth of the in-step fit; one taken before they were measured
+    prices them at the tight loop's and says what that leaves out."""
+    import dataclasses
+
+    t, a, calls = 2, 1 << 20, 4
+    lat_s, bw_s = 3 * LAT, BW / 2  # in a step: slower than the tight loop's LAT, BW
+    seg = Segment(0, math.inf, {"median": lat_s, "best": lat_s}, {"median": bw_s, "best": bw_s})
+    in_step = dataclasses.replace(profile(), collectives_in_step={"all_reduce": Collective(2, (), (seg,))})
+    w = NodeWork("gemm", R * 0.01, 0, backward_flops=R * 0.02)
+    msgs = [Message("all_reduce", "tp", a, calls / 2, t, phase) for phase in ("forward", "backward")]
+    work = Work((one_rank([w], msgs),), plan(), None)
+    p = predict_work(work, in_step)
+    assert p.step_seconds == pytest.approx(0.03 + calls * (lat_s + 2 * (t - 1) / t * a / bw_s))
+    assert not any("in a step" in n for n in p.notes)
+    old = predict_work(work, profile())
+    assert old.step_seconds == pytest.approx(0.03 + calls * (LAT + 2 * (t - 1) / t * a / BW))
+    assert any("no timing of collectives in a step" in n for n in old.notes)
+    alone = predict_work(Work((one_rank([w]),), plan(), None), profile())  # no collective: nothing left out
+    assert not any("in a step" in n for n in alone.notes)
+
+
+def test_a_training_dropout_runs_at_the_dropout_rate_where_calibrated():
+    """A Dropout of E elements (its FLOPs, one per element) and B bytes: its forward max(E / D, B / W) at the
+    profile's dropout rate D, its backward its 2·B bytes at W; a profile without the rate times the forward by its
+    bytes and says what that leaves out."""
+    import dataclasses
+
+    e, d = 1 << 20, 2e8  # elements; dropout elements/s
+    b = 9 * e  # read 4, written 4, the mask 1 a element
+    w = NodeWork("dropout", e, b, backward_flops=e)
+    with_rate = dataclasses.replace(profile(), compute={**profile().compute, "dropout": _flat(d)})
+    fwd, bwd, _ = node_seconds(w, with_rate)
+    assert fwd == pytest.approx(max(e / d, b / W)) and bwd == pytest.approx(2 * b / W)
+    p = predict_work(Work((one_rank([w]),), plan(), None), with_rate)
+    assert p.step_seconds == pytest.approx(e / d + 2 * b / W) and not p.notes
+    fwd0, _, _ = node_seconds(w, profile())
+    assert fwd0 == pytest.approx(b / W)
+    assert any("no timing of dropout" in n for n in predict_work(Work((one_rank([w]),), plan(), None),
+                                                                  profile()).notes)
