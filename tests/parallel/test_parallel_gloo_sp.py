@@ -8,8 +8,10 @@ all-reduced over TP once per step (Megatron's ``_allreduce_layernorm_grads``), (
 GPT-2-like model of gloo_shards at ``tp=2,sp`` as Megatron runs a model with learned positions: the embedding's
 lookup all-reduced, the positions added to the whole sequence and each rank keeping its tokens (their gradient
 gathered); the row-parallel biases, added after the reduce-scatter to the rank's tokens, have partial gradients
-too, all-reduced with the LayerNorms' weights and biases. Each rank's ``FlopCounterMode`` total, the bytes it hands
-to each collective, and its parameter bytes equal the ledger's."""
+too, all-reduced with the LayerNorms' weights and biases. Under recompute (each Llama layer under
+torch.utils.checkpoint, reentrant for ``--recompute full``, non-reentrant for ``--recompute non-reentrant``) the
+rerun forward gathers and reduce-scatters again where it passes them. Each rank's ``FlopCounterMode`` total, the
+bytes it hands to each collective, and its parameter bytes equal the ledger's."""
 
 from __future__ import annotations
 
@@ -32,9 +34,9 @@ D = H // HEADS
 B, S = 2, 8
 
 
-def llama_like(t: int = 1, rank: int = 0, rec: Recorder | None = None):
+def llama_like(t: int = 1, rank: int = 0, rec: Recorder | None = None, checkpoint=None):
     """The model on TP rank ``rank`` of ``t`` under sp (whole with t = 1): ``rec``'s gather and scatter around
-    the products and the embedding."""
+    the products and the embedding; ``checkpoint(fn, x)`` wraps each layer's call."""
     nn = torch.nn
     torch.manual_seed(0)
     gather = rec.gather if rec else (lambda x: x)
@@ -97,7 +99,7 @@ def llama_like(t: int = 1, rank: int = 0, rec: Recorder | None = None):
         def forward(self, ids):
             x = vocab_lookup(ids, self.tokens, rank, t, scatter)
             for layer in self.layers:
-                x = layer(x)
+                x = checkpoint(layer, x) if checkpoint else layer(x)
             logits = self.head(gather(self.norm(x)))  # this rank's V/t logits of every token
             if rec is None:
                 return nn.functional.cross_entropy(logits.reshape(-1, V), ids.reshape(-1))
@@ -186,6 +188,51 @@ def test_sp_on_gloo_equals_the_ledger(report, tmp_path):
             "all_gather(tp)": 4 * L * a + 2 * a, "reduce_scatter(tp)": 4 * L * a + 2 * a,
             "all_reduce(tp)": (2 * L + 1) * H * 4 + 3 * B * S * 4}  # the norms; the loss's max, target, sum
         assert rank["params"] == mem[i].params_bytes == 4 * led.ranks[i].optimizer_flops // 2
+
+
+# --- recompute: the rerun forward's gathers and reduce-scatters ------------------------------------------------
+
+def _recompute_worker(rank: int, world: int, init: str, out: str, policy: str) -> None:
+    """Each layer under torch.utils.checkpoint: reentrant (``full``, the whole forward again, as Megatron's full
+    recompute) or non-reentrant (stopping once every tensor the backward saved is back)."""
+    import torch.distributed as dist
+    from torch.utils.checkpoint import checkpoint
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.set_num_threads(1)  # a forked child must not wait on the parent's intra-op pool
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    rec = Recorder()
+    module = llama_like(world, rank, rec, lambda fn, x: checkpoint(fn, x, use_reentrant=policy == "full"))
+    with FlopCounterMode(display=False) as counter:
+        module(ids()).backward()
+    for name, p in module.named_parameters():  # the norms' partial gradients, as without recompute
+        if "norm" in name:
+            p.grad.copy_(rec.all_reduce(p.grad))
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump({"flops": counter.get_total_flops(), "bytes": rec.bytes()}, f)
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("policy,again", [("full", (2, 2)), ("non-reentrant", (2, 1))])
+def test_sp_recompute_on_gloo_reruns_the_layers_collectives(report, tmp_path, policy, again):
+    """The rerun forward runs its sequence-parallel collectives again, as Megatron's full recompute does (its
+    checkpointed layer's forward, gathers and reduce-scatters included, runs again before the backward): per layer
+    ``again`` = (all_gathers, reduce_scatters) of A more. The reentrant checkpoint reruns the whole layer (2 and
+    2); the non-reentrant one stops once the down projection's input is back, before the product and the
+    reduce-scatter after it (2 and 1). The backward's collectives are the same as without recompute."""
+    from flopcount.parallel.plan import parse_recompute
+
+    seen = gloo_ranks(_recompute_worker, tmp_path, policy)
+    p, r = parse_parallel("tp=2,sp"), parse_recompute(policy)
+    led = ledger(report, p, r)
+    a = B * S * H * 4  # one activation, fp32
+    gathered, scattered = again
+    for i, rank in enumerate(seen):
+        assert rank["bytes"] == ledger_bytes(led.ranks[i]) == {
+            "all_gather(tp)": (4 + gathered) * L * a + 2 * a, "reduce_scatter(tp)": (4 + scattered) * L * a + 2 * a,
+            "all_reduce(tp)": (2 * L + 1) * H * 4 + 3 * B * S * 4}
+        assert rank["flops"] == sum(x.forward + x.backward + x.recompute for x in node_shares(report, p, r)
+                                    if x.tp == i and report.nodes[x.index].family in ("matmul", "gemm"))
 
 
 # --- the GPT-2-like model: learned positions, LayerNorms and row-parallel biases --------------------------------
