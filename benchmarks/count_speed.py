@@ -677,15 +677,22 @@ def installed_env() -> dict[str, str]:
     return env
 
 
-def _run_s(argv: list[str]) -> float:
+def _run_s(argv: list[str]) -> tuple[float, float]:
+    """Wall seconds of a whole process, and its CPU seconds (user + system, its waited-for children included: the
+    inference child of a count)."""
     t0 = time.perf_counter()
-    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=installed_env())
-    return time.perf_counter() - t0
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=installed_env())
+    _, status, usage = os.wait4(process.pid, 0)
+    wall = time.perf_counter() - t0
+    if os.waitstatus_to_exitcode(status):
+        raise subprocess.CalledProcessError(os.waitstatus_to_exitcode(status), argv)
+    return wall, usage.ru_utime + usage.ru_stime
 
 
-def floor_ratio(path: str, repeat: int) -> tuple[float, float]:
-    """Median seconds of a whole ``flopcount FILE --format json`` process and of the floor process (``onnx.load`` plus
-    ``infer_shapes(data_prop=True)``, nothing else), run in alternation after one warm-up of each."""
+def floor_ratio(path: str, repeat: int) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Median (wall, CPU) seconds of a whole ``flopcount FILE --format json`` process and of the floor process
+    (``onnx.load`` plus ``infer_shapes(data_prop=True)``, nothing else), run in alternation after one warm-up of
+    each."""
     count = [sys.executable, "-m", "flopcount", path, "--format", "json"]
     floor = [sys.executable, "-c", _FLOOR, path]
     _run_s(count), _run_s(floor)
@@ -693,7 +700,8 @@ def floor_ratio(path: str, repeat: int) -> tuple[float, float]:
     for _ in range(repeat):
         ours.append(_run_s(count))
         base.append(_run_s(floor))
-    return statistics.median(ours), statistics.median(base)
+    medians = lambda runs: tuple(statistics.median(r[k] for r in runs) for k in (0, 1))  # noqa: E731
+    return medians(ours), medians(base)
 
 
 #: The graph kinds of ``--floor``: each a function of the node count aimed at.
@@ -711,14 +719,15 @@ def floor_table(sizes: list[int], repeat: int, tmp: str, kinds: list[str] = ("tr
             with open(path, "wb") as f:
                 f.write(model.SerializeToString())
             del model
-            ours, base = floor_ratio(path, repeat)
+            (ours, ours_cpu), (base, base_cpu) = floor_ratio(path, repeat)
             target = TARGET_FLOOR.get(round(n, -3))
-            ratio = ours / base
+            ratio, cpu_ratio = ours / base, ours_cpu / base_cpu
             verdict = "" if target is None else ("ok" if ratio <= target else "MISSED")
             body.append([f"{kind}: {nodes} nodes, {weights} initializers", _fmt_s(ours), _fmt_s(base), f"{ratio:.2f}x",
+                         f"{ours_cpu:.2f} / {base_cpu:.2f} s", f"{cpu_ratio:.2f}x",
                          "" if target is None else f"<= {target}x", verdict])
-    return tabulate(body, headers=["graph (weights absent)", "flopcount process", "floor process", "ratio", "want", ""],
-                    disable_numparse=True)
+    return tabulate(body, headers=["graph (weights absent)", "flopcount process", "floor process", "ratio",
+                                   "CPU (ours / floor)", "CPU ratio", "want", ""], disable_numparse=True)
 
 
 # --------------------------------------------------------------------------------------------
