@@ -18,7 +18,8 @@ The key (:func:`recipe_key`, the one rule) is the SHA-256 of:
   without importing them) and Python's;
 * the export cache format (:data:`~flopcount.frontends.torch_cache.CACHE_FORMAT`) and the recipe's
   (:data:`RECIPE_FORMAT`);
-* the source files of the frontends and of the parameter classification, which decide what a recipe holds.
+* the source files of the frontends, of the parameter classification and of the shared limits, which decide what a
+  recipe holds and what a configuration may ask for.
 
 No recipe is read for a Hub id, a configuration object, a configuration whose classes live in its folder
 (``auto_map``), ``generate`` or ``capacity_factor``, or attention given as masks; none is written for a
@@ -137,11 +138,13 @@ def _config_text(config: Any) -> str | None:
 
 @functools.cache
 def _sources_digest() -> str:
-    """SHA-256 of the frontends' source files and the parameter classification's, in name order."""
+    """SHA-256 of the frontends' source files, the parameter classification's and the shared limits', in name
+    order."""
+    from flopcount import limits
     from flopcount.pipeline import parameters
 
     digest = hashlib.sha256()
-    for path in [*sorted(Path(__file__).parent.glob("*.py")), Path(parameters.__file__)]:
+    for path in [*sorted(Path(__file__).parent.glob("*.py")), Path(parameters.__file__), Path(limits.__file__)]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 

@@ -143,6 +143,9 @@ def test_the_key_changes_with_the_configuration_the_call_the_versions_and_the_fo
     monkeypatch.undo()
     monkeypatch.setattr(hf_cache, "RECIPE_FORMAT", hf_cache.RECIPE_FORMAT + 1)
     changed["recipe format"] = _key(folder)
+    monkeypatch.undo()
+    monkeypatch.setattr(hf_cache, "_sources_digest", lambda: "0" * 64)  # an edited frontend
+    changed["sources"] = _key(folder)
     assert all(k is not None and k != key for k in changed.values()), changed
     assert len(set(changed.values())) == len(changed)
 
