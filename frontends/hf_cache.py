@@ -49,7 +49,7 @@ from .torch_cache import CACHE_FORMAT
 
 log = logging.getLogger(__name__.removesuffix("_cache"))  # the hf frontend's logger
 
-__all__ = ["RECIPE_FORMAT", "Recipe", "read_recipe", "recipe_key", "write_recipe"]
+__all__ = ["RECIPE_FORMAT", "Recipe", "RecipeCall", "read_recipe", "recipe_key", "recipe_path", "write_recipe"]
 
 #: Version of the recipe's layout; bump when what a recipe holds, or how it is read, changes.
 RECIPE_FORMAT = 1
