@@ -56,10 +56,11 @@ The Llama-3-8B training count with a warm export cache (``benchmarks/llm_count.p
 repeat), same day and load: 12.8 s wall (target 5 s), but 3.96 s of CPU (user 3.41 + system 0.55), nearly all of it
 importing torch and transformers (14.8 of the 15.8 s a profiled run spends); with the cache off 42.4 s.
 
-Measured 2026-11-29 17:13-17:24 UTC (same machine, load average 5.8 to 10.5 from other jobs: walls 5 to 10 times the
-CPU times), ``--floor --kinds transformer,gpt,vit,cnn --repeat 3``, the CPU ratio this benchmark now prints beside
-the wall ratio: 10k nodes 1.58x, 1.50x, 1.55x, 1.71x (floor 0.25-0.28 s of CPU); 100k nodes 2.57x, 2.55x, 2.42x,
-2.31x (floor 0.93-1.67 s). Not met (1.5x and 2.0x), as before; the counting core was not changed in this round. In
+Measured 2026-11-29 17:13-17:46 UTC (same machine, load average 5.8 to 10.8 from other jobs: walls 3 to 10 times
+the CPU times), ``--floor --kinds transformer,gpt,vit,cnn --repeat 3``, three runs, the CPU ratio this benchmark now
+prints beside the wall ratio (transformer, GPT, ViT, CNN): 10k nodes 1.57-1.58x, 1.50-1.66x, 1.53-1.60x,
+1.71-1.76x (floor 0.25-0.28 s of CPU); 100k nodes 2.55-2.65x, 2.45-2.55x, 2.40-2.49x, 2.31-2.48x (floor 0.93-1.67
+s). Not met (1.5x and 2.0x), as before; the counting core was not changed in this round. In
 process (FLOPCOUNT_PARALLEL=0, CPU), GPT at 100k: build_graph 0.30 s, parameters.classify 0.27 s (of which
 ``_consumers`` 0.12), the per-node count 0.24-0.28 s, attributes 0.10, check_resolved 0.07, strip_weight_data 0.05,
 module scopes 0.05, of 2.2-2.4 s in all (inference about 0.75); the brief's figures for these (0.9 s for classify
