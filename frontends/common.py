@@ -57,6 +57,7 @@ __all__ = [
     "class_digest",
     "default_cache_dir",
     "dist_version",
+    "entry_path",
     "load_factory",
     "options_of",
     "parse_factory",
@@ -573,7 +574,7 @@ def export_through_cache(
     and the model is exported again and stored over it."""
     folder = cache_folder(cache_dir)
     digest = key() if folder is not None else None
-    cached = folder / f"{frontend}-{digest[:40]}.onnx" if digest is not None else None
+    cached = entry_path(folder, frontend, digest) if digest is not None else None
     model = read_cache(cached, log, digest, signature) if cached is not None else None
     if model is None:
         model = produce()
@@ -584,6 +585,11 @@ def export_through_cache(
         with atomic_path(path, "ONNX model") as tmp:
             onnx.save_model(model, tmp)
     return model
+
+
+def entry_path(folder: Path, frontend: str, key: str) -> Path:
+    """Where the cache entry of ``frontend``'s export under ``key`` lies in the cache folder ``folder``."""
+    return folder / f"{frontend}-{key[:40]}.onnx"
 
 
 def _store(path: Path, model: onnx.ModelProto, digest: str, signature: Any, log: logging.Logger) -> None:
@@ -620,12 +626,12 @@ def read_cache(path: Path, log: logging.Logger, key: str, signature: Any) -> onn
     return model
 
 
-def write_cache(path: Path, model: onnx.ModelProto, log: logging.Logger) -> None:
-    """Write ``model`` to ``path`` whole (:func:`flopcount.output.files.write_atomic`: a concurrent reader sees the old
+def write_cache(path: Path, model: onnx.ModelProto | bytes, log: logging.Logger) -> None:
+    """Write ``model`` (or bytes) to ``path`` whole (:func:`flopcount.output.files.write_atomic`: a concurrent reader sees the old
     entry or the whole new one, never a part); a folder that cannot be written is a warning, not an error."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, model.SerializeToString(), "export cache entry")
+        write_atomic(path, model if isinstance(model, bytes) else model.SerializeToString(), "export cache entry")
     except (OSError, OutputError) as e:
         log.warning(
             "cannot write the export cache %s (%s); set %s or cache_dir= to a writable folder, or disable it with "

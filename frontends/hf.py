@@ -124,9 +124,28 @@ def count_config(config: Any, input_shapes: Mapping[str, Any] | tuple | None, op
     if generate is not None:
         check_generation_plan(options)
     planned, options = options, without_plan(options)  # the plan's ledgers: once, of the whole model (with_plan)
-    loaded = load_config(config, trust_remote_code=trust_remote_code)
+    from . import common, hf_cache
+
+    call = hf_cache.RecipeCall(config, input_shapes, options, training, export, repeated_layers, trust_remote_code)
+    folder = common.cache_folder(cache_dir)
+    key = hf_cache.recipe_key(call) if folder is not None and generate is None and capacity_factor is None else None
+    recipe = hf_cache.read_recipe(folder, key) if key is not None else None
+    report = _served(recipe, folder, options) if recipe is not None else None
+    if report is None:
+        recipe = hf_cache.Recipe()
+        report = _count_built(call, cache_dir, generate, capacity_factor, recipe)
+        if key is not None:
+            hf_cache.write_recipe(folder, key, recipe)
+    return with_plan(report, planned)
+
+
+def _count_built(call, cache_dir, generate: tuple[int, int] | None, capacity_factor: float | None, recipe):
+    """The count of :func:`count_config` (without its plan) made from the model built from its configuration;
+    ``recipe`` (:class:`flopcount.frontends.hf_cache.Recipe`) is filled with what it took from the model."""
+    options, input_shapes, training, export = call.options, call.input_shapes, call.training, call.export
+    loaded = load_config(call.config, trust_remote_code=call.trust_remote_code)
     layers, probe = _probe(loaded)
-    model = build_model(probe if probe is not None else loaded, trust_remote_code=trust_remote_code)
+    model = build_model(probe if probe is not None else loaded, trust_remote_code=call.trust_remote_code)
     if generate is not None:
         if not is_causal_lm(model.config):
             raise UsageError(f"{FRONTEND}: --generate is for a causal language model; {model.config.model_type} "
@@ -139,25 +158,60 @@ def count_config(config: Any, input_shapes: Mapping[str, Any] | tuple | None, op
         tokens = batch * generate[0]
     else:
         def count(m):
-            return _count(m, input_shapes, cache_dir, options, training, export)
+            return _count(m, input_shapes, cache_dir, options, training, export, recipe)
 
         tokens = _tokens(hf_inputs(model, input_shapes), options.batch)
-    report = _count_stack(model, count, repeated_layers, trust_remote_code, loaded if probe is not None else None)
+    report = _count_stack(model, count, call.repeated_layers, call.trust_remote_code,
+                          loaded if probe is not None else None, recipe)
     if probe is not None and moe_blocks(model) is not None:
         log.info("%s: the mixture-of-experts summary is not formed for a model counted from a probe of %d of its "
                  "%d layers", FRONTEND, probe.num_hidden_layers, layers)
         tokens = None
-    branches = export_branches(model)
-    if branches:
-        report = dataclasses.replace(report, notes=(*report.notes, (
-            f"transformers' modelling code ({', '.join(branches)}) asks whether it is being exported; the count is "
-            "of what it computes under export, which may differ from an eager run (docs/architectures.md gives the "
-            "families where it does, and by how much)")))
+    recipe.branches = list(export_branches(model))
+    report = _with_branches(report, recipe.branches)
     moe = moe_summary(model, report, tokens, capacity_factor) if tokens else None
     if moe is None and capacity_factor is not None:
         raise UsageError(f"{FRONTEND}: --capacity-factor is for a mixture-of-experts model; {model.config.model_type} "
                          "has no routed experts")
-    return with_plan(dataclasses.replace(report, moe=moe) if moe is not None else report, planned)
+    recipe.sound = recipe.sound and moe is None
+    return dataclasses.replace(report, moe=moe) if moe is not None else report
+
+
+def _with_branches(report, branches):
+    """``report`` with a note naming the ``branches`` of transformers' code that ask whether it is exported."""
+    if not branches:
+        return report
+    return dataclasses.replace(report, notes=(*report.notes, (
+        f"transformers' modelling code ({', '.join(branches)}) asks whether it is being exported; the count is "
+        "of what it computes under export, which may differ from an eager run (docs/architectures.md gives the "
+        "families where it does, and by how much)")))
+
+
+def _served(recipe, folder, options: CountOptions):
+    """The count a recipe (:mod:`flopcount.frontends.hf_cache`) describes, its exports taken from the cache in
+    ``folder``; None where one of them is not served (the count is then made from the configuration)."""
+    from flopcount.derived.extension import NotExtendable, extend
+    from flopcount.reporting.layers import EXTENDED, RepeatedLayers
+
+    from .common import entry_path, read_cache
+    from .exported import count_exported
+    from .torch_errors import FRONTEND as TORCH
+
+    models = [read_cache(entry_path(folder, TORCH, e.key), log, e.key, e.signature) for e in recipe.counts]
+    if any(m is None for m in models):
+        return None
+    reports = [count_exported(m, e, options) for m, e in zip(models, recipe.counts)]
+    if recipe.stack is None:
+        report = dataclasses.replace(reports[0], layers=recipe.layers)
+    else:
+        layers, path, first, period, summary = recipe.stack
+        try:
+            report = extend(reports[0], reports[1], layers, path, first=first, period=period)
+        except NotExtendable:
+            return None
+        report = dataclasses.replace(report, layers=RepeatedLayers(path, layers, EXTENDED, summary))
+    log.info("%s: counted from the export cache, without building the model", FRONTEND)
+    return _with_branches(report, recipe.branches)
 
 
 def _to_full_stack(stack, full):
@@ -240,7 +294,7 @@ def _integers(value: Any, depth: int = 0):
             yield from _integers(v, depth + 1)
 
 
-def _count_stack(model, count, repeated_layers: str, trust_remote_code: bool, full=None):
+def _count_stack(model, count, repeated_layers: str, trust_remote_code: bool, full=None, recipe=None):
     """``count(model)`` (a report), from ``count`` of its 1- and 2-layer versions where its layers are shown
     identical (and ``repeated_layers`` is ``extend``), else of the whole model; ``report.layers`` says which.
 
@@ -286,6 +340,9 @@ def _count_stack(model, count, repeated_layers: str, trust_remote_code: bool, fu
         except NotExtendable as e:
             stack = stack.exported(str(e))
         else:
+            if recipe is not None:
+                recipe.counts[:] = recipe.counts[-2:]
+                recipe.stack = [stack.layers, stack.path, stack.first, stack.period, stack.summary()]
             return dataclasses.replace(report, layers=RepeatedLayers(stack.path, stack.layers, EXTENDED,
                                                                      stack.summary()))
     if full is not None:
@@ -293,7 +350,10 @@ def _count_stack(model, count, repeated_layers: str, trust_remote_code: bool, fu
                           f"{MAX_BUILT_LAYERS} layers exported whole, and its layers cannot be counted from a probe "
                           f"of {model.config.num_hidden_layers}: {stack.reason}; fix num_hidden_layers")
     log.info("%s: the whole model exported: %s", FRONTEND, stack.reason)
-    return dataclasses.replace(count(model), layers=stack if stack.path or stack.layers else None)
+    report = dataclasses.replace(count(model), layers=stack if stack.path or stack.layers else None)
+    if recipe is not None:
+        recipe.counts[:], recipe.layers = recipe.counts[-1:], report.layers
+    return report
 
 
 def _count_generation(model, generate: tuple[int, int], batch: int, cache_dir, options: CountOptions, training,
@@ -310,13 +370,19 @@ def _count_generation(model, generate: tuple[int, int], batch: int, cache_dir, o
                             breakpoints=sorted(set(windows)), training=training, **export)
 
 
-def _count(model, input_shapes, cache_dir, options: CountOptions, training, export):
+def _count(model, input_shapes, cache_dir, options: CountOptions, training, export, recipe=None):
     """``model`` counted by :func:`flopcount.frontends.torch.count_module`, with its configuration's masks for
-    executed attention."""
-    from .torch import count_module
+    executed attention; what the count took from the model is added to ``recipe``."""
+    from .exported import count_exported
+    from .torch import export_module
 
-    return count_module(model, hf_inputs(model, input_shapes), _with_masks(model, options), training=training,
-                        cache_dir=cache_dir, **export)
+    masked = _with_masks(model, options)
+    onnx_model, exported = export_module(model, hf_inputs(model, input_shapes), masked, training=training,
+                                         cache_dir=cache_dir, **export)
+    if recipe is not None:
+        recipe.counts.append(exported)
+        recipe.sound = recipe.sound and masked is options
+    return count_exported(onnx_model, exported, masked)
 
 
 def _with_masks(model, options: CountOptions) -> CountOptions:

@@ -68,7 +68,6 @@ from typing import TYPE_CHECKING, Any
 
 import onnx
 
-from flopcount.context import TensorInfo
 from flopcount.errors import FrontendError, UsageError, first_line, import_framework
 from flopcount.pipeline.progress import phase
 
@@ -82,6 +81,8 @@ if TYPE_CHECKING:
 
     from flopcount.options import CountOptions
     from flopcount.reporting.report import Report
+
+    from .exported import Exported
 
 __all__ = ["CACHE_ENV", "count_module", "default_cache_dir", "forward_inputs", "from_torch", "load_factory", "module_state", "to_onnx",
            "torch_leaf"]
@@ -188,7 +189,19 @@ def count_module(
     ``None`` follows ``options.mode``) and counted. ``options.batch`` re-sizes dim 0 of every example input before
     the export; ``options.trainable_inputs`` are the inputs trained (tensors passed with ``requires_grad=True``
     added); ``options.trainable`` is, when None, the module's trainable parameters."""
-    from flopcount.counting import count_options
+    from .exported import count_exported
+
+    model, exported = export_module(module, example_inputs, options, training=training, input_names=input_names,
+                                    opset=opset, cache_dir=cache_dir)
+    return count_exported(model, exported, options)
+
+
+def export_module(module: torch.nn.Module, example_inputs: Any, options: CountOptions, *,
+                  training: bool | None = None, input_names: Sequence[str] | None = None, opset: int | None = None,
+                  cache_dir: str | os.PathLike | bool | None = None) -> tuple[onnx.ModelProto, Exported]:
+    """The export :func:`count_module` counts, and what its count takes from ``module``
+    (:class:`~flopcount.frontends.exported.Exported`)."""
+    from .exported import GIVEN, Exported, onnx_type
 
     if training is None:
         training = options.mode == "train"
@@ -199,15 +212,17 @@ def count_module(
     if batch is not None and _shared_batch(call.tensors) not in (None, batch):
         call = call.with_tensors(tuple(x[:1].expand(batch, *x.shape[1:]) for x in call.tensors))
     trained = _trainable_inputs(call, options.trainable_inputs)
-    model = _to_onnx(torch, module, call, training=training, opset=opset, cache_dir=cache_dir)
+    model, key = _to_onnx(torch, module, call, training=training, opset=opset, cache_dir=cache_dir)
     # inputs named by trainable_inputs need mode="train" (count says so); requires_grad alone is ignored otherwise
     named = trained and (options.trainable_inputs or options.mode == "train")
-    options = dataclasses.replace(options, trainable_inputs=trained if named else None)
-    unread: dict[str, int] = {}
+    trainable, unread = GIVEN, {}
     if options.trainable is None:
         trainable, unread = _trainable_initializers(module, model)
-        options = dataclasses.replace(options, trainable=trainable)
-    return _with_unread(count_options(model, options), unread, module)
+    parameters = dict(module.named_parameters(remove_duplicate=False)) if unread else {}
+    return model, Exported(
+        key=key, signature=_signature(call), trainable_inputs=trained if named else None, trainable=trainable,
+        unread=tuple((name, n, onnx_type(parameters[name].dtype), tuple(parameters[name].shape))
+                     for name, n in unread.items()))
 
 
 def to_onnx(
@@ -231,17 +246,25 @@ def to_onnx(
     torch = _import_torch()
     _check_module(torch, module)
     call = _bind(torch, module, example_inputs, input_names, _device(module))
-    return _to_onnx(torch, module, call, training=training, opset=opset, cache_dir=cache_dir, path=path)
+    return _to_onnx(torch, module, call, training=training, opset=opset, cache_dir=cache_dir, path=path)[0]
 
 
-def _to_onnx(torch, module, call: _Call, *, training: bool, opset: int | None, cache_dir, path=None) -> onnx.ModelProto:
+def _signature(call: _Call) -> list:
+    """The graph inputs' names, shapes and element types, as a cache entry records them."""
+    return [[n, list(x.shape), str(x.dtype)] for n, x in zip(call.names, call.tensors)]
+
+
+def _to_onnx(torch, module, call: _Call, *, training: bool, opset: int | None, cache_dir,
+             path=None) -> tuple[onnx.ModelProto, str | None]:
+    """The export of ``module`` called as ``call`` (from the cache where it holds it), and its cache key (None where
+    no cache is used or the module has no sound key)."""
     from . import export as ex
 
     opset = ex.DEFAULT_OPSET if opset is None else opset
 
     from .ahead import produced
 
-    signature = [[n, list(x.shape), str(x.dtype)] for n, x in zip(call.names, call.tensors)]
+    signature = _signature(call)
 
     def export() -> onnx.ModelProto:
         what = f"{type(module).__name__}{' (training)' if training else ''}"
@@ -251,10 +274,14 @@ def _to_onnx(torch, module, call: _Call, *, training: bool, opset: int | None, c
     def produce() -> onnx.ModelProto:  # made ahead in a child where frontends/ahead.py says so; the key: this export
         return produced((id(module), repr(signature), bool(training), opset), export)
 
-    return common.export_through_cache(
-        cache_dir, FRONTEND, lambda: fingerprint(torch, module, call, training, opset), produce, path, log,
-        signature=signature,
-    )
+    keys: list[str | None] = []
+
+    def key() -> str | None:  # called only where a cache folder is in use
+        keys.append(fingerprint(torch, module, call, training, opset))
+        return keys[-1]
+
+    model = common.export_through_cache(cache_dir, FRONTEND, key, produce, path, log, signature=signature)
+    return model, (keys[0] if keys else None)
 
 
 def load_factory(spec: str) -> torch.nn.Module:
@@ -317,30 +344,6 @@ def _trainable_initializers(module, model: onnx.ModelProto) -> tuple[list[str] |
                   "graph decides what is trained", ", ".join(list(unread)[:5]), ", ".join(repacked[:5]))
         return None, {}
     return wanted, unread
-
-
-def _with_unread(report: Report, unread: Mapping[str, int], module=None) -> Report:
-    """``report`` with the parameters the traced forward never reads added to its parameters (not to the trained
-    ones: they get no gradient) and named in its notes; its memory ledger holds them too
-    (:func:`flopcount.memory.ledger.with_params`)."""
-    if not unread:
-        return report
-    listed = ", ".join(f"{name} ({n:,})" for name, n in unread.items())
-    note = (f"parameters the traced forward never reads, counted in the parameters without gradients: {listed}")
-    report = dataclasses.replace(report, params=report.params + sum(unread.values()), notes=(*report.notes, note))
-    if report.memory is None or module is None:
-        return report
-    from flopcount.memory.ledger import with_params
-
-    named = dict(module.named_parameters(remove_duplicate=False))
-    held = [TensorInfo(name, _onnx_type(named[name].dtype), tuple(named[name].shape)) for name in unread]
-    return dataclasses.replace(report, memory=with_params(report.memory, held))
-
-
-def _onnx_type(dtype) -> int:
-    """The ONNX element type of a torch dtype (``torch.float32`` → FLOAT), 0 when ONNX has no such name."""
-    name = str(dtype).rsplit(".", 1)[-1]
-    return int(getattr(onnx.TensorProto, {"float32": "FLOAT", "float64": "DOUBLE"}.get(name, name.upper()), 0))
 
 
 def _import_torch():
