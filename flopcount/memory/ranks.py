@@ -216,12 +216,17 @@ class _PlanWalk:
         g, expert, layer_of = mem.graph, layout.expert, layout.layer
         scopes = list(report.modules.nodes) if not report.modules.missing else [()] * len(g.nodes)
         inner = _expert_inner(g, scopes, expert, layer_of) if plan.tp > 1 and any(expert) else frozenset()
-        reader: dict[str, int] = {}
-        for k, n in enumerate(g.nodes):
-            for x in n.inputs:
-                if x is not None and x.name in g.stored:
-                    reader.setdefault(x.name, k)
-        gathered = _gathered_kv(g, layout) if plan.cp > 1 else _GatheredKV({}, {})
+        memo = _memo(g)
+        if memo.reader is None:
+            memo.reader = {}
+            for k, n in enumerate(g.nodes):
+                for x in n.inputs:
+                    if x is not None and x.name in g.stored:
+                        memo.reader.setdefault(x.name, k)
+        reader = memo.reader
+        if plan.cp > 1 and memo.gathered is None:  # the layers' attention products are the model's
+            memo.gathered = _gathered_kv(g, layout)
+        gathered = memo.gathered if plan.cp > 1 else _GatheredKV({}, {})
         return cls(plan, layout, layout.roles, layer_of, expert, mem, g, settings, reader, gathered, inner, fractions,
                    kv)
 
@@ -510,11 +515,13 @@ def _resized(info: TensorInfo, div: int, mul: int = 1) -> TensorInfo:
 
 @dataclass
 class _GraphMemo:
-    """What the walks of one graph under any plan share: each stage's :class:`_Stage` and its tensors in the walk's
-    order (by its nodes), and each tensor's share on a rank (:func:`_sizes_key`: stored, made by the stage, or
-    received), found the first time a walk asks."""
+    """What the walks of one graph under any plan share: each stored tensor's first reader, the K and V gathered
+    under cp, each stage's :class:`_Stage` and its tensors in the walk's order (by its nodes), and each tensor's
+    share on a rank (:func:`_sizes_key`: stored, made by the stage, or received), found the first time asked."""
 
     graph: Graph
+    reader: dict[str, int] | None = None
+    gathered: "_GatheredKV | None" = None
     stages: dict[tuple[int, ...], "_Stage"] = field(default_factory=dict)
     names: dict[tuple[int, ...], list[str]] = field(default_factory=dict)
     sizes: dict[tuple, tuple[dict, dict, dict]] = field(default_factory=dict)

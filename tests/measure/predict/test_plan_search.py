@@ -176,9 +176,10 @@ def test_each_peak_and_floor_is_the_walks(llama):
 
 
 def _alone_figures(report, c, profile):
-    """A plan's figures from the per-rank ledgers run on their own, on a copy of the count whose graph is a new object
-    (nothing a search found for the graph before is read): (largest peak, model FLOPs, busiest rank's hardware FLOPs,
-    step seconds, tokens per second, MFU); the refusal's message where the ledgers refuse it."""
+    """A plan's figures from the per-rank ledgers run on their own, on a copy of the count whose node and scope
+    lists and graph are new objects (nothing found for the count's before, layouts, shares, walks, is read): (largest
+    peak, model FLOPs, busiest rank's hardware FLOPs, step seconds, tokens per second, MFU); the refusal's message
+    where the ledgers refuse it."""
     import dataclasses
 
     from flopcount.errors import FlopcountError
@@ -187,8 +188,9 @@ def _alone_figures(report, c, profile):
     from flopcount.parallel.plan import parse_recompute
     from flopcount.parallel.ranks import ledger
 
-    fresh = dataclasses.replace(report, memory=dataclasses.replace(report.memory,
-                                                                   graph=dataclasses.replace(report.memory.graph)))
+    modules = dataclasses.replace(report.modules, nodes=tuple(list(report.modules.nodes)))
+    fresh = dataclasses.replace(report, nodes=tuple(list(report.nodes)), modules=modules, memory=dataclasses.replace(
+        report.memory, graph=dataclasses.replace(report.memory.graph)))
     try:
         peak = max(r.peak_bytes for r in per_rank(fresh, c.plan).ranks)
         led = ledger(fresh, c.plan, parse_recompute(c.recompute))
@@ -200,8 +202,8 @@ def _alone_figures(report, c, profile):
 
 
 def test_every_plan_of_eight_devices_is_its_ledgers(llama):
-    """On every plan of a 2-layer Llama on 8 devices (M = 2 and 4, 16 tokens: cp up to 8, tp refused at 8 by the
-    heads), the figures the search gives, which it shares between plans (walks, sizes, stages, replicas), are the
+    """On every plan of a 4-layer Llama on 8 devices (M = 2 and 4, 16 tokens: cp up to 8, tp refused at 8 by the
+    heads, interleaved:2 on pp=2), the figures the search gives, which it shares between plans (walks, sizes, stages, replicas), are the
     per-rank ledgers' of the plan run alone: the peak and the FLOPs exactly, the predicted point to rounding; the
     plans the ledgers refuse are those the search drops; with the device memory at the median peak, the plans over
     it are dropped (the floor's plans among them) and the least peak over it is kept."""
@@ -213,7 +215,7 @@ def test_every_plan_of_eight_devices_is_its_ledgers(llama):
                                       "--devices", "8", "--device-memory", "80GiB"])
     args.mode, args.memory = "train", True
     report_of, profile = reports(args), device_profile("H100", 8)
-    space = SpaceSettings(8, 2, False, (2,), (2, 4))
+    space = SpaceSettings(8, 4, False, (2,), (2, 4))
     tried, dropped = choices(space)
     alone = {(c.text, c.schedule, c.plan.microbatches, c.recompute): _alone_figures(report_of(2, c.recompute), c,
                                                                                      profile) for c in tried}
