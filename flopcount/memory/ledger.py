@@ -136,11 +136,15 @@ class OnRank:
     """What a rank's walk (:mod:`.ranks`) adds to the graph's own: ``held``, bytes alive throughout the walk beyond
     the graph's own (other microbatches' kept activations, an all-gather buffer); ``accumulated``, the gradients
     exist from the start (a microbatch after the first of a step); ``shards``, the rank's shares of the gradients
-    and optimizer states where they are smaller than the parameters' (ZeRO's stages 1 and 2)."""
+    and optimizer states where they are smaller than the parameters' (ZeRO's stages 1 and 2); ``structure``, a dict
+    the caller keeps per graph structure, in which the walk leaves what it finds of it (the storage roots, who keeps
+    what) for the next walk of a graph of the same nodes, gradients, saved-for-backward records, recompute units and
+    stored tensors, sized otherwise (None: found anew)."""
 
     held: int = 0
     accumulated: bool = False
     shards: Shards = field(default_factory=Shards)
+    structure: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -349,12 +353,21 @@ def expert_gathers(nodes: Sequence[NodeCount], params: frozenset[str]) -> frozen
 class _Storages:
     """Storage roots of tensor names (views share their input's) and their bytes."""
 
-    def __init__(self, g: Graph, unsized: set[str]):
+    def __init__(self, g: Graph, unsized: set[str], structure: dict | None = None):
         self.g, self.unsized = g, unsized
-        self.root: dict[str, str] = {}
         self._bytes: dict[str, int] = {}
+        if structure is not None and "roots" in structure:  # the same graph structure walked before
+            self.root, self.gathered = structure["roots"]
+            return
+        self.root: dict[str, str] = {}
         #: names that are a parameter's expert slices gathered per token, or views of them (see the module's text)
         self.gathered: set[str] = set()
+        self._find_roots()
+        if structure is not None:
+            structure["roots"] = (self.root, self.gathered)
+
+    def _find_roots(self) -> None:
+        g = self.g
         for n in g.nodes:
             ins = [i for i in (t.name if t is not None else "" for t in n.inputs)]
             out = n.outputs[0].name if n.outputs and n.outputs[0] is not None else ""
@@ -388,7 +401,8 @@ def ledger(g: Graph, mode: str, optimizer: str | None, settings: MemorySettings,
     """The :class:`Memory` of one step of ``g`` (see the module's docstring); ``on_rank``: what a rank's walk adds
     to the graph's own (:class:`OnRank`; nothing if None)."""
     unsized: set[str] = set()
-    st = _Storages(g, unsized)
+    structure = on_rank.structure if on_rank is not None else None
+    st = _Storages(g, unsized, structure)
     size = st.nbytes
     params = sum(size(n) for n in g.params)
     # in the graph's order (its weights in the module's parameter order: the optimizer's), then any it lacks
@@ -407,7 +421,13 @@ def ledger(g: Graph, mode: str, optimizer: str | None, settings: MemorySettings,
     buffers = sum(size(n) for n in g.buffers)
     inputs = sum(size(n) for n in g.inputs)
     w = _Walk(live=params + buffers + inputs + states + held + (grads if accumulated else 0))
-    holds = _holds(g, st, settings.recompute.policy == "full") if training else _Holds()
+    whole = settings.recompute.policy == "full"
+    if structure is not None and ("holds", whole, training) in structure:
+        holds = structure[("holds", whole, training)]
+    else:
+        holds = _holds(g, st, whole) if training else _Holds()
+        if structure is not None:
+            structure[("holds", whole, training)] = holds
     kept_by: dict[int, int] = {}
     activations, statistics = _forward(g, st, holds, w, kept_by)
     if training:

@@ -516,8 +516,9 @@ def _resized(info: TensorInfo, div: int, mul: int = 1) -> TensorInfo:
 @dataclass
 class _GraphMemo:
     """What the walks of one graph under any plan share: each stored tensor's first reader, the K and V gathered
-    under cp, each stage's :class:`_Stage` and its tensors in the walk's order (by its nodes), and each tensor's
-    share on a rank (:func:`_sizes_key`: stored, made by the stage, or received), found the first time asked."""
+    under cp, each stage's :class:`_Stage` and its tensors in the walk's order (by its nodes), each tensor's share
+    on a rank (:func:`_sizes_key`: stored, made by the stage, or received) and each stage's walk structure
+    (:class:`~flopcount.memory.ledger.OnRank`'s ``structure``), found the first time asked."""
 
     graph: Graph
     reader: dict[str, int] | None = None
@@ -525,6 +526,7 @@ class _GraphMemo:
     stages: dict[tuple[int, ...], "_Stage"] = field(default_factory=dict)
     names: dict[tuple[int, ...], list[str]] = field(default_factory=dict)
     sizes: dict[tuple, tuple[dict, dict, dict]] = field(default_factory=dict)
+    walks: dict[tuple, dict] = field(default_factory=dict)
 
 
 #: The :class:`_GraphMemo` of the last graphs walked (a plan search walks the counts of three recompute policies).
@@ -640,8 +642,10 @@ def _rank(w: _PlanWalk, s: int, e: int, stage: _Stage, alltoall: int) -> PlanRan
     # accumulated from the start (a microbatch after the first) change the walk
     accumulated = mem.mode == "train" and plan.microbatches > 1
     shards = _zero_shards(plan, sorted(sub.trainable), tensors, reader, shard_div)
+    # the walk's structure (storage roots, who keeps what) is the stage's nodes' whatever the sizes: found once
+    structure = memo.walks.setdefault((stage.keep, s == 0), {})
     one = ledger(sub, mem.mode, mem.optimizer, settings, mem.missing,
-                 on_rank=OnRank(accumulated=accumulated, shards=shards)).ranks[0]
+                 on_rank=OnRank(accumulated=accumulated, shards=shards, structure=structure)).ranks[0]
     flight = in_flight(plan, s) if mem.mode == "train" else 1.0
     gather = in_flight_units = bucket = 0
     if plan.fsdp or (plan.zero2 and mem.mode == "train"):
