@@ -529,17 +529,28 @@ class _GraphMemo:
     walks: dict[tuple, dict] = field(default_factory=dict)
 
 
-#: The :class:`_GraphMemo` of the last graphs walked (a plan search walks the counts of three recompute policies).
+#: The :class:`_GraphMemo` of the last two graphs walked (a plan search walks each count's plans in turn).
 _memos: list[_GraphMemo] = []
+#: The shares a :class:`_GraphMemo` keeps (the last asked: a plan search runs the plans of the same tp and sp in turn)
+_KEPT_SIZES = 16
 
 
 def _memo(g: Graph) -> _GraphMemo:
-    """``g``'s :class:`_GraphMemo` (by identity; the last four graphs kept)."""
+    """``g``'s :class:`_GraphMemo` (by identity)."""
     for m in _memos:
         if m.graph is g:
             return m
-    _memos[:] = [*_memos[-3:], _GraphMemo(g)]
+    _memos[:] = [*_memos[-1:], _GraphMemo(g)]
     return _memos[-1]
+
+
+def _sizes(memo: _GraphMemo, key: tuple) -> tuple[dict, dict, dict]:
+    """``memo``'s shares of ``key`` (:func:`_sizes_key`), the oldest dropped past :data:`_KEPT_SIZES`."""
+    if key not in memo.sizes:
+        if len(memo.sizes) >= _KEPT_SIZES:
+            del memo.sizes[next(iter(memo.sizes))]
+        memo.sizes[key] = ({}, {}, {})
+    return memo.sizes[key]
 
 
 def _sizes_key(w: "_PlanWalk", e: int) -> tuple:
@@ -606,7 +617,7 @@ def _rank(w: _PlanWalk, s: int, e: int, stage: _Stage, alltoall: int) -> PlanRan
     memo = _memo(g)
     if stage.keep not in memo.names:
         memo.names[stage.keep] = stage.names(g)
-    sizes = memo.sizes.setdefault(_sizes_key(w, e), ({}, {}, {}))  # stored, made, received: name → share
+    sizes = _sizes(memo, _sizes_key(w, e))  # stored, made, received: name → share
     for name in memo.names[stage.keep]:
         if name in g.stored:
             found = sizes[0].get(name) or sizes[0].setdefault(name, w.stored_share(name))
