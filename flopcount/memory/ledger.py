@@ -428,8 +428,13 @@ def ledger(g: Graph, mode: str, optimizer: str | None, settings: MemorySettings,
         holds = _holds(g, st, whole) if training else _Holds()
         if structure is not None:
             structure[("holds", whole, training)] = holds
+    steps = structure.get(("forward", whole, training)) if structure is not None else None
+    if steps is None:
+        steps = _forward_steps(g, st, holds)
+        if structure is not None:
+            structure[("forward", whole, training)] = steps
     kept_by: dict[int, int] = {}
-    activations, statistics = _forward(g, st, holds, w, kept_by)
+    activations, statistics = _forward(g, st, w, kept_by, steps)
     if training:
         unsized.update(x for s in g.saved.values() for x in s.unsized)  # kept inside a control-flow body
         _backward(g, st, holds, w, set(g.trainable) if accumulated else set(), grad_size)
@@ -514,11 +519,11 @@ def _holds(g: Graph, st: _Storages, whole: bool) -> _Holds:
     return h
 
 
-def _forward(g: Graph, st: _Storages, h: _Holds, w: _Walk, kept_by: dict[int, int]) -> tuple[int, int]:
-    """Walk the forward: allocate each node's outputs, free what nothing reads or keeps any more; return the bytes
-    kept for the backward at its end (whole tensors and statistics together) and the statistics among them.
-    ``kept_by`` gets the bytes kept per node index: a tensor under the node that made it (-1: a graph input),
-    statistics under the node that keeps them."""
+def _forward_steps(g: Graph, st: _Storages, h: _Holds) -> tuple[list[tuple[tuple[str, ...], tuple[str, ...]]],
+                                                                 list[tuple[str, int]]]:
+    """What the forward walk does at each node, whatever the tensors' sizes: (the storages it allocates, those it
+    frees after it: what nothing reads or keeps any more) per node, and the storages kept for the backward at its
+    end with the node that made each (-1: a graph input)."""
     last_use: dict[str, int] = {}
     for pos, n in enumerate(g.nodes):
         for t in n.inputs:
@@ -527,12 +532,30 @@ def _forward(g: Graph, st: _Storages, h: _Holds, w: _Walk, kept_by: dict[int, in
     held = {r for r in h.holders if r not in h.recomputed}.union(*h.unit_inputs.values())
     persistent = g.stored | {st.of(n) for n in g.inputs} | {st.of(n) for n in g.outputs}
     allocated: set[str] = set()
-    statistics = 0
+    steps = []
     for pos, n in enumerate(g.nodes):
-        for t in n.outputs:
-            if t is not None and t.name and st.of(t.name) == t.name and t.name not in g.stored:
-                w.add(st.nbytes(t.name))
-                allocated.add(t.name)
+        made = tuple(t.name for t in n.outputs
+                     if t is not None and t.name and st.of(t.name) == t.name and t.name not in g.stored)
+        allocated.update(made)
+        names = [t.name for t in (*n.inputs, *n.outputs) if t is not None and t.name]
+        freed = tuple(r for r in {st.of(x) for x in names}
+                      if r in allocated and last_use.get(r, -1) <= pos and r not in held and r not in persistent)
+        allocated.difference_update(freed)
+        steps.append((made, freed))
+    producer = {t.name: n.index for n in g.nodes for t in n.outputs if t is not None and t.name}
+    return steps, [(r, producer.get(r, -1)) for r in held - g.stored]
+
+
+def _forward(g: Graph, st: _Storages, w: _Walk, kept_by: dict[int, int], steps: tuple) -> tuple[int, int]:
+    """Walk the forward (:func:`_forward_steps`): allocate each node's outputs, free what nothing reads or keeps any
+    more; return the bytes kept for the backward at its end (whole tensors and statistics together) and the
+    statistics among them. ``kept_by`` gets the bytes kept per node index: a tensor under the node that made it
+    (-1: a graph input), statistics under the node that keeps them."""
+    per_node, kept_at_end = steps
+    statistics = 0
+    for n, (made, freed) in zip(g.nodes, per_node):
+        for name in made:
+            w.add(st.nbytes(name))
         extra = g.saved[n.index].extra_bytes if n.index in g.saved else 0
         w.add(extra)
         w.mark("forward", n.name)
@@ -541,16 +564,11 @@ def _forward(g: Graph, st: _Storages, h: _Holds, w: _Walk, kept_by: dict[int, in
         elif extra:
             statistics += extra
             kept_by[n.index] = kept_by.get(n.index, 0) + extra
-        names = [t.name for t in (*n.inputs, *n.outputs) if t is not None and t.name]
-        for r in {st.of(x) for x in names}:
-            if r in allocated and last_use.get(r, -1) <= pos and r not in held and r not in persistent:
-                w.add(-st.nbytes(r))
-                allocated.discard(r)
-    producer = {t.name: n.index for n in g.nodes for t in n.outputs if t is not None and t.name}
+        for r in freed:
+            w.add(-st.nbytes(r))
     kept = 0
-    for r in held - g.stored:
+    for r, k in kept_at_end:
         kept += st.nbytes(r)
-        k = producer.get(r, -1)
         kept_by[k] = kept_by.get(k, 0) + st.nbytes(r)
     return kept + statistics, statistics
 
