@@ -5,7 +5,7 @@ of known sizes, its FLOPs, its optimizer's bytes and the tokens of a step. The r
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 from flopcount.errors import UsageError
 
@@ -158,19 +158,19 @@ def _module_tensors(report: Any) -> Any:
     return tensors
 
 
-def _optimizer_tensors(r: Any, report: Any) -> tuple[tuple[float, float], ...]:
+def _optimizer_tensors(r: Any, report: Any, stages: Any,
+                       tensors: Callable[[str], int]) -> tuple[tuple[float, float], ...]:
     """(tensors, elements) of each module of the rank's stage: the module's elements scaled by the rank's share
     of its stage's parameter elements (its optimizer elements over the stage's: the tensor-parallel split and the
-    sharding), its tensors whole (a shard of a tensor is one tensor to the optimizer)."""
-    from flopcount.parallel.layout import layout_of
+    sharding), its tensors whole (a shard of a tensor is one tensor to the optimizer). ``stages``: the plan's
+    :meth:`~flopcount.parallel.layout.Layout.stage_params`; ``tensors``: :func:`_module_tensors`."""
     from flopcount.parallel.optimizer import per_element
 
     if r.optimizer_flops is None:
         return ()
-    rows = layout_of(report, report.parallel.plan).stage_params(report.modules.params).get(r.stage, [])
+    rows = stages.get(r.stage, [])
     stage = sum(n for _, _, n in rows)
     frac = r.optimizer_flops / per_element(report) / stage if stage else 0.0
-    tensors = _module_tensors(report)
     return tuple((tensors(m), n * frac) for m, _, n in rows if n * frac > 0)
 
 
@@ -205,18 +205,22 @@ def _places(nodes: Any, shares: Any, params: frozenset[str]) -> dict[tuple[int, 
 
 
 def _ledger_work(report: Any) -> Work:
+    from flopcount.parallel.layout import layout_of
     from flopcount.parallel.ranks import node_shares
 
     led = report.parallel
     plan = led.plan
     by_place = _places(report.nodes, node_shares(report, plan, led.recompute), report.modules.parameters)
+    stepped = any(r.optimizer_flops is not None for r in led.ranks)  # each rank's optimizer step reads these
+    stages = layout_of(report, plan).stage_params(report.modules.params) if stepped else {}
+    tensors = _module_tensors(report)
     ranks = []
     for r in led.ranks:
         chunks = by_place.get((r.stage, r.coords["tp"]), {})
         ranks.append(RankWork(r.rank, r.stage, r.coords["tp"], chunks, _messages(r, led), float(r.model_flops),
                               float(r.hardware_flops), _optimizer_bytes(r, led, report),
                               led.optimizer if r.optimizer_flops is not None else None,
-                              _optimizer_tensors(r, report)))
+                              _optimizer_tensors(r, report, stages, tensors)))
     d = led.dims
     notes = []
     if plan.cp > 1 or plan.ep > 1:

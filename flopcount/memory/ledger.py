@@ -136,11 +136,15 @@ class OnRank:
     """What a rank's walk (:mod:`.ranks`) adds to the graph's own: ``held``, bytes alive throughout the walk beyond
     the graph's own (other microbatches' kept activations, an all-gather buffer); ``accumulated``, the gradients
     exist from the start (a microbatch after the first of a step); ``shards``, the rank's shares of the gradients
-    and optimizer states where they are smaller than the parameters' (ZeRO's stages 1 and 2)."""
+    and optimizer states where they are smaller than the parameters' (ZeRO's stages 1 and 2); ``structure``, a dict
+    the caller keeps per graph structure, in which the walk leaves what it finds of it (the storage roots, who keeps
+    what) for the next walk of a graph of the same nodes, gradients, saved-for-backward records, recompute units and
+    stored tensors, sized otherwise (None: found anew)."""
 
     held: int = 0
     accumulated: bool = False
     shards: Shards = field(default_factory=Shards)
+    structure: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -349,12 +353,21 @@ def expert_gathers(nodes: Sequence[NodeCount], params: frozenset[str]) -> frozen
 class _Storages:
     """Storage roots of tensor names (views share their input's) and their bytes."""
 
-    def __init__(self, g: Graph, unsized: set[str]):
+    def __init__(self, g: Graph, unsized: set[str], structure: dict | None = None):
         self.g, self.unsized = g, unsized
-        self.root: dict[str, str] = {}
         self._bytes: dict[str, int] = {}
+        if structure is not None and "roots" in structure:  # the same graph structure walked before
+            self.root, self.gathered = structure["roots"]
+            return
+        self.root: dict[str, str] = {}
         #: names that are a parameter's expert slices gathered per token, or views of them (see the module's text)
         self.gathered: set[str] = set()
+        self._find_roots()
+        if structure is not None:
+            structure["roots"] = (self.root, self.gathered)
+
+    def _find_roots(self) -> None:
+        g = self.g
         for n in g.nodes:
             ins = [i for i in (t.name if t is not None else "" for t in n.inputs)]
             out = n.outputs[0].name if n.outputs and n.outputs[0] is not None else ""
@@ -388,7 +401,8 @@ def ledger(g: Graph, mode: str, optimizer: str | None, settings: MemorySettings,
     """The :class:`Memory` of one step of ``g`` (see the module's docstring); ``on_rank``: what a rank's walk adds
     to the graph's own (:class:`OnRank`; nothing if None)."""
     unsized: set[str] = set()
-    st = _Storages(g, unsized)
+    structure = on_rank.structure if on_rank is not None else None
+    st = _Storages(g, unsized, structure)
     size = st.nbytes
     params = sum(size(n) for n in g.params)
     # in the graph's order (its weights in the module's parameter order: the optimizer's), then any it lacks
@@ -407,9 +421,20 @@ def ledger(g: Graph, mode: str, optimizer: str | None, settings: MemorySettings,
     buffers = sum(size(n) for n in g.buffers)
     inputs = sum(size(n) for n in g.inputs)
     w = _Walk(live=params + buffers + inputs + states + held + (grads if accumulated else 0))
-    holds = _holds(g, st, settings.recompute.policy == "full") if training else _Holds()
+    whole = settings.recompute.policy == "full"
+    if structure is not None and ("holds", whole, training) in structure:
+        holds = structure[("holds", whole, training)]
+    else:
+        holds = _holds(g, st, whole) if training else _Holds()
+        if structure is not None:
+            structure[("holds", whole, training)] = holds
+    steps = structure.get(("forward", whole, training)) if structure is not None else None
+    if steps is None:
+        steps = _forward_steps(g, st, holds)
+        if structure is not None:
+            structure[("forward", whole, training)] = steps
     kept_by: dict[int, int] = {}
-    activations, statistics = _forward(g, st, holds, w, kept_by)
+    activations, statistics = _forward(g, st, w, kept_by, steps)
     if training:
         unsized.update(x for s in g.saved.values() for x in s.unsized)  # kept inside a control-flow body
         _backward(g, st, holds, w, set(g.trainable) if accumulated else set(), grad_size)
@@ -494,11 +519,11 @@ def _holds(g: Graph, st: _Storages, whole: bool) -> _Holds:
     return h
 
 
-def _forward(g: Graph, st: _Storages, h: _Holds, w: _Walk, kept_by: dict[int, int]) -> tuple[int, int]:
-    """Walk the forward: allocate each node's outputs, free what nothing reads or keeps any more; return the bytes
-    kept for the backward at its end (whole tensors and statistics together) and the statistics among them.
-    ``kept_by`` gets the bytes kept per node index: a tensor under the node that made it (-1: a graph input),
-    statistics under the node that keeps them."""
+def _forward_steps(g: Graph, st: _Storages, h: _Holds) -> tuple[list[tuple[tuple[str, ...], tuple[str, ...]]],
+                                                                 list[tuple[str, int]]]:
+    """What the forward walk does at each node, whatever the tensors' sizes: (the storages it allocates, those it
+    frees after it: what nothing reads or keeps any more) per node, and the storages kept for the backward at its
+    end with the node that made each (-1: a graph input)."""
     last_use: dict[str, int] = {}
     for pos, n in enumerate(g.nodes):
         for t in n.inputs:
@@ -507,12 +532,30 @@ def _forward(g: Graph, st: _Storages, h: _Holds, w: _Walk, kept_by: dict[int, in
     held = {r for r in h.holders if r not in h.recomputed}.union(*h.unit_inputs.values())
     persistent = g.stored | {st.of(n) for n in g.inputs} | {st.of(n) for n in g.outputs}
     allocated: set[str] = set()
-    statistics = 0
+    steps = []
     for pos, n in enumerate(g.nodes):
-        for t in n.outputs:
-            if t is not None and t.name and st.of(t.name) == t.name and t.name not in g.stored:
-                w.add(st.nbytes(t.name))
-                allocated.add(t.name)
+        made = tuple(t.name for t in n.outputs
+                     if t is not None and t.name and st.of(t.name) == t.name and t.name not in g.stored)
+        allocated.update(made)
+        names = [t.name for t in (*n.inputs, *n.outputs) if t is not None and t.name]
+        freed = tuple(r for r in {st.of(x) for x in names}
+                      if r in allocated and last_use.get(r, -1) <= pos and r not in held and r not in persistent)
+        allocated.difference_update(freed)
+        steps.append((made, freed))
+    producer = {t.name: n.index for n in g.nodes for t in n.outputs if t is not None and t.name}
+    return steps, [(r, producer.get(r, -1)) for r in held - g.stored]
+
+
+def _forward(g: Graph, st: _Storages, w: _Walk, kept_by: dict[int, int], steps: tuple) -> tuple[int, int]:
+    """Walk the forward (:func:`_forward_steps`): allocate each node's outputs, free what nothing reads or keeps any
+    more; return the bytes kept for the backward at its end (whole tensors and statistics together) and the
+    statistics among them. ``kept_by`` gets the bytes kept per node index: a tensor under the node that made it
+    (-1: a graph input), statistics under the node that keeps them."""
+    per_node, kept_at_end = steps
+    statistics = 0
+    for n, (made, freed) in zip(g.nodes, per_node):
+        for name in made:
+            w.add(st.nbytes(name))
         extra = g.saved[n.index].extra_bytes if n.index in g.saved else 0
         w.add(extra)
         w.mark("forward", n.name)
@@ -521,16 +564,11 @@ def _forward(g: Graph, st: _Storages, h: _Holds, w: _Walk, kept_by: dict[int, in
         elif extra:
             statistics += extra
             kept_by[n.index] = kept_by.get(n.index, 0) + extra
-        names = [t.name for t in (*n.inputs, *n.outputs) if t is not None and t.name]
-        for r in {st.of(x) for x in names}:
-            if r in allocated and last_use.get(r, -1) <= pos and r not in held and r not in persistent:
-                w.add(-st.nbytes(r))
-                allocated.discard(r)
-    producer = {t.name: n.index for n in g.nodes for t in n.outputs if t is not None and t.name}
+        for r in freed:
+            w.add(-st.nbytes(r))
     kept = 0
-    for r in held - g.stored:
+    for r, k in kept_at_end:
         kept += st.nbytes(r)
-        k = producer.get(r, -1)
         kept_by[k] = kept_by.get(k, 0) + st.nbytes(r)
     return kept + statistics, statistics
 

@@ -216,12 +216,17 @@ class _PlanWalk:
         g, expert, layer_of = mem.graph, layout.expert, layout.layer
         scopes = list(report.modules.nodes) if not report.modules.missing else [()] * len(g.nodes)
         inner = _expert_inner(g, scopes, expert, layer_of) if plan.tp > 1 and any(expert) else frozenset()
-        reader: dict[str, int] = {}
-        for k, n in enumerate(g.nodes):
-            for x in n.inputs:
-                if x is not None and x.name in g.stored:
-                    reader.setdefault(x.name, k)
-        gathered = _gathered_kv(g, layout) if plan.cp > 1 else _GatheredKV({}, {})
+        memo = _memo(g)
+        if memo.reader is None:
+            memo.reader = {}
+            for k, n in enumerate(g.nodes):
+                for x in n.inputs:
+                    if x is not None and x.name in g.stored:
+                        memo.reader.setdefault(x.name, k)
+        reader = memo.reader
+        if plan.cp > 1 and memo.gathered is None:  # the layers' attention products are the model's
+            memo.gathered = _gathered_kv(g, layout)
+        gathered = memo.gathered if plan.cp > 1 else _GatheredKV({}, {})
         return cls(plan, layout, layout.roles, layer_of, expert, mem, g, settings, reader, gathered, inner, fractions,
                    kv)
 
@@ -264,10 +269,13 @@ def _walked_ranks(w: _PlanWalk, vec: int) -> list[PlanRankMemory]:
     v = plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
     ranks = []
     walked: dict[tuple, PlanRankMemory] = {}
+    memo = _memo(g)
     for s in range(plan.pp):
         mine = {c for c in range(plan.pp * v) if c % plan.pp == s}
-        keep = [k for k in range(len(g.nodes)) if chunks[k] & mine]
-        stage = _Stage.of(g, keep)
+        keep = tuple(k for k in range(len(g.nodes)) if chunks[k] & mine)
+        if keep not in memo.stages:
+            memo.stages[keep] = _Stage.of(g, list(keep))
+        stage = memo.stages[keep]
         layers = {w.layer_of[k] for k in keep} & set(fractions) if fractions else set()
         for e in range(plan.ep):
             share = {layer: fractions[layer][e] for layer in layers}
@@ -505,6 +513,55 @@ def _resized(info: TensorInfo, div: int, mul: int = 1) -> TensorInfo:
     return TensorInfo(info.name, info.elem_type, (-(-n * mul // div),))
 
 
+@dataclass
+class _GraphMemo:
+    """What the walks of one graph under any plan share: each stored tensor's first reader, the K and V gathered
+    under cp, each stage's :class:`_Stage` and its tensors in the walk's order (by its nodes), each tensor's share
+    on a rank (:func:`_sizes_key`: stored, made by the stage, or received) and each stage's walk structure
+    (:class:`~flopcount.memory.ledger.OnRank`'s ``structure``), found the first time asked."""
+
+    graph: Graph
+    reader: dict[str, int] | None = None
+    gathered: "_GatheredKV | None" = None
+    stages: dict[tuple[int, ...], "_Stage"] = field(default_factory=dict)
+    names: dict[tuple[int, ...], list[str]] = field(default_factory=dict)
+    sizes: dict[tuple, tuple[dict, dict, dict]] = field(default_factory=dict)
+    walks: dict[tuple, dict] = field(default_factory=dict)
+
+
+#: The :class:`_GraphMemo` of the last two graphs walked (a plan search walks each count's plans in turn).
+_memos: list[_GraphMemo] = []
+#: The shares a :class:`_GraphMemo` keeps (the last asked: a plan search runs the plans of the same tp and sp in turn)
+_KEPT_SIZES = 16
+
+
+def _memo(g: Graph) -> _GraphMemo:
+    """``g``'s :class:`_GraphMemo` (by identity)."""
+    for m in _memos:
+        if m.graph is g:
+            return m
+    _memos[:] = [*_memos[-1:], _GraphMemo(g)]
+    return _memos[-1]
+
+
+def _sizes(memo: _GraphMemo, key: tuple) -> tuple[dict, dict, dict]:
+    """``memo``'s shares of ``key`` (:func:`_sizes_key`), the oldest dropped past :data:`_KEPT_SIZES`."""
+    if key not in memo.sizes:
+        if len(memo.sizes) >= _KEPT_SIZES:
+            del memo.sizes[next(iter(memo.sizes))]
+        memo.sizes[key] = ({}, {}, {})
+    return memo.sizes[key]
+
+
+def _sizes_key(w: "_PlanWalk", e: int) -> tuple:
+    """Everything a tensor's share on EP rank ``e`` of ``w``'s plan reads besides the graph (the layout's roles,
+    layers and attention are the model's): tp (and K/V heads, the experts' inner nodes), sp, cp (the gathered K and
+    V), ep, the FSDP shards and this EP rank's share of each MoE layer's load."""
+    p = w.plan
+    return (p.tp, p.sp, p.cp, p.ep, p.dp * p.cp if p.fsdp else 0, w.kv,
+            tuple(sorted((layer, shares[e]) for layer, shares in w.fractions.items())))
+
+
 @dataclass(frozen=True)
 class _Stage:
     """What a pipeline stage's walk reads of the graph, whatever the rank's shares: its nodes (graph positions
@@ -516,6 +573,12 @@ class _Stage:
     read: frozenset[str]
     received: tuple[str, ...]
     sent: frozenset[str]
+
+    def names(self, g: Graph) -> list[str]:
+        """The tensors the stage reads or makes in the graph's order (the optimizer steps the weights in the
+        module's), then those the graph does not list."""
+        wanted = self.read | self.made.keys()
+        return [n for n in g.tensors if n in wanted] + sorted(wanted - g.tensors.keys())
 
     @classmethod
     def of(cls, g: Graph, keep: list[int]) -> "_Stage":
@@ -551,16 +614,23 @@ def _rank(w: _PlanWalk, s: int, e: int, stage: _Stage, alltoall: int) -> PlanRan
     keep, made, read = stage.keep, stage.made, stage.read
     nodes = [g.nodes[k] for k in keep]
     tensors: dict[str, TensorInfo] = dict(unread := _unread(g, reader, plan) if s == 0 else {})  # on the first stage
-    wanted = read | made.keys()  # in the graph's order: the optimizer steps the weights in the module's
-    for name in [n for n in g.tensors if n in wanted] + sorted(wanted - g.tensors.keys()):
-        info = g.tensors.get(name) or TensorInfo(name)
+    memo = _memo(g)
+    if stage.keep not in memo.names:
+        memo.names[stage.keep] = stage.names(g)
+    sizes = _sizes(memo, _sizes_key(w, e))  # stored, made, received: name → share
+    for name in memo.names[stage.keep]:
         if name in g.stored:
-            tensors[name] = w.stored_share(name)
+            found = sizes[0].get(name) or sizes[0].setdefault(name, w.stored_share(name))
         elif name in made:
-            mul, div = w.scale(made[name], e)
-            tensors[name] = _resized(info, div // plan.cp if name in gathered.names else div, mul)
+            found = sizes[1].get(name)
+            if found is None:
+                mul, div = w.scale(made[name], e)
+                info = g.tensors.get(name) or TensorInfo(name)
+                found = sizes[1][name] = _resized(info, div // plan.cp if name in gathered.names else div, mul)
         else:  # the graph's inputs, what the previous stage sends: the rank's tokens
-            tensors[name] = _resized(info, plan.cp)
+            found = sizes[2].get(name) or sizes[2].setdefault(name, _resized(g.tensors.get(name) or TensorInfo(name),
+                                                                               plan.cp))
+        tensors[name] = found
     for n in nodes:  # a view that keeps every element has its input's share (a weight's transpose is a weight's)
         src = n.inputs[0].name if n.inputs and n.inputs[0] is not None else None
         if n.op_type in _SAME_SIZE and src in tensors and n.outputs and n.outputs[0] is not None:
@@ -583,8 +653,10 @@ def _rank(w: _PlanWalk, s: int, e: int, stage: _Stage, alltoall: int) -> PlanRan
     # accumulated from the start (a microbatch after the first) change the walk
     accumulated = mem.mode == "train" and plan.microbatches > 1
     shards = _zero_shards(plan, sorted(sub.trainable), tensors, reader, shard_div)
+    # the walk's structure (storage roots, who keeps what) is the stage's nodes' whatever the sizes: found once
+    structure = memo.walks.setdefault((stage.keep, s == 0), {})
     one = ledger(sub, mem.mode, mem.optimizer, settings, mem.missing,
-                 on_rank=OnRank(accumulated=accumulated, shards=shards)).ranks[0]
+                 on_rank=OnRank(accumulated=accumulated, shards=shards, structure=structure)).ranks[0]
     flight = in_flight(plan, s) if mem.mode == "train" else 1.0
     gather = in_flight_units = bucket = 0
     if plan.fsdp or (plan.zero2 and mem.mode == "train"):

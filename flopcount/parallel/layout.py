@@ -455,9 +455,27 @@ def _build(report: Any, plan: ParallelPlan) -> Layout:
                          f"layers {_degrees(plan)} splits cannot be found; a plan of dp (with fsdp, zero1 or zero2) "
                          "applies to any model")
     st = _structure(report)
+    _check(plan, st, where)
+    # what the layout reads of the plan past its checks: a plan that differs in nothing of it has the layout built
+    key = (report.nodes, report.modules.nodes, plan.tp, plan.ep, plan.pp, chunks_of(plan),
+           plan.dp * plan.cp if plan.fsdp else 0)
+    for asked, found in _built:
+        if asked[0] is key[0] and asked[1] is key[1] and asked[2:] == key[2:]:
+            return Layout(**{**found.__dict__, "plan": plan})
+    found = _laid(report, plan, st)
+    _built[:] = [*_built[-7:], (key, found)]
+    return found
+
+
+#: The last eight layouts :func:`_laid` built, by what they read of the plan (the node and scope lists by identity).
+_built: list[tuple] = []
+
+
+def _laid(report: Any, plan: ParallelPlan, st: _Structure) -> Layout:
+    """The layout of a plan :func:`_check` passed: its chunks, modules' shares and FSDP's padding, which read the
+    plan's tp, ep, pp and chunks and, under fsdp, its D·C."""
     nodes, scopes, g, layer, roles, dims = st.nodes, st.scopes, st.g, st.layer, st.roles, st.dims
     attention, has_loss, expert, prefix, tied, tail = st.attention, st.has_loss, st.expert, st.prefix, st.tied, st.tail
-    _check(plan, st, where)
     v = chunks_of(plan)
     per_chunk = dims.layers // (plan.pp * v) if dims.layers else 1
     last = plan.pp * v - 1

@@ -74,6 +74,7 @@ def optimizer_elements(rows: Mapping[int, Sequence[tuple[str, Any, int]]], layou
     d_c = plan.dp * plan.cp
     shard = cp + plan.cp * dp  # the rank's place among the D·C data- and context-parallel ranks
     held = redundant = 0
+    sharded = plan.zero_stage  # zero1, zero2 and fsdp shard the optimizer states alike
     for _, share, n in rows.get(stage, ()):
         if share.role == "expert":
             x, copy = split(n, plan.tp * plan.ep, tp * plan.ep + ep), 0
@@ -81,7 +82,7 @@ def optimizer_elements(rows: Mapping[int, Sequence[tuple[str, Any, int]]], layou
         else:
             x, copy = layout.elements(share, n, tp)
             groups, place = d_c, shard
-        if plan.zero_stage:  # zero1, zero2 and fsdp shard the optimizer states alike
+        if sharded:
             own, copy = split(x - copy, groups, place), split(copy, groups, place)
             x = own + copy
         elif place != 0:

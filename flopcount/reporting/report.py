@@ -46,12 +46,23 @@ class NodeCount(NamedTuple):
 _SUB_BYTE_BITS = {name: 4 for name in ("INT4", "UINT4", "FLOAT4E2M1")}
 
 
+#: :func:`element_bits` of each element type asked (a per-rank walk sizes millions of tensors of a few types).
+_BITS: dict[int, int | None] = {}
+
+
 def element_bits(elem_type: int) -> int | None:
-    """Storage bits of one element of ONNX type ``elem_type``; None when unknown (0, strings).
+    """Storage bits of one element of ONNX type ``elem_type``; None when unknown (0, strings); memoized.
 
     >>> element_bits(1), element_bits(10), element_bits(7)
     (32, 16, 64)
     """
+    if elem_type in _BITS:
+        return _BITS[elem_type]
+    _BITS[elem_type] = bits = _element_bits(elem_type)
+    return bits
+
+
+def _element_bits(elem_type: int) -> int | None:
     import onnx
 
     if not elem_type or elem_type == onnx.TensorProto.STRING:

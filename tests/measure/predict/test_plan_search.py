@@ -173,3 +173,64 @@ def test_each_peak_and_floor_is_the_walks(llama):
     assert sum("zero" in p.parallel for p in found.plans) > 30
     for p in found.plans:
         assert p.peak_bytes == peaks[(p.parallel, p.schedule, p.microbatches, p.recompute)], p
+
+
+def _alone_figures(report, c, profile):
+    """A plan's figures from the per-rank ledgers run on their own, on a copy of the count whose node and scope
+    lists and graph are new objects (nothing found for the count's before, layouts, shares, walks, is read): (largest
+    peak, model FLOPs, busiest rank's hardware FLOPs, step seconds, tokens per second, MFU); the refusal's message
+    where the ledgers refuse it."""
+    import dataclasses
+
+    from flopcount.errors import FlopcountError
+    from flopcount.measure.predict import predict_work, work_of
+    from flopcount.memory.ranks import per_rank
+    from flopcount.parallel.plan import parse_recompute
+    from flopcount.parallel.ranks import ledger
+
+    modules = dataclasses.replace(report.modules, nodes=tuple(list(report.modules.nodes)))
+    fresh = dataclasses.replace(report, nodes=tuple(list(report.nodes)), modules=modules, memory=dataclasses.replace(
+        report.memory, graph=dataclasses.replace(report.memory.graph)))
+    try:
+        peak = max(r.peak_bytes for r in per_rank(fresh, c.plan).ranks)
+        led = ledger(fresh, c.plan, parse_recompute(c.recompute))
+    except FlopcountError as e:
+        return str(e)
+    point = predict_work(work_of(dataclasses.replace(fresh, parallel=led)), profile)
+    return (peak, sum(r.model_flops for r in led.ranks), max(r.hardware_flops for r in led.ranks),
+            point.step_seconds, point.tokens_per_second, point.mfu)
+
+
+def test_every_plan_of_eight_devices_is_its_ledgers(llama):
+    """On every plan of a 4-layer Llama on 8 devices (M = 2 and 4, 16 tokens: cp up to 8, tp refused at 8 by the
+    heads, interleaved:2 on pp=2), the figures the search gives, which it shares between plans (walks, sizes, stages, replicas), are the
+    per-rank ledgers' of the plan run alone: the peak and the FLOPs exactly, the predicted point to rounding; the
+    plans the ledgers refuse are those the search drops; with the device memory at the median peak, the plans over
+    it are dropped (the floor's plans among them) and the least peak over it is kept."""
+    from flopcount.cli.plan import build_parser, reports
+    from flopcount.measure.machine.calibration import device_profile
+    from flopcount.measure.plan_search import OVER_MEMORY, search
+
+    args = build_parser().parse_args(["--hf", llama[1], "--input-shape", "input_ids=2x16:int64", *llama[4:],
+                                      "--devices", "8", "--device-memory", "80GiB"])
+    args.mode, args.memory = "train", True
+    report_of, profile = reports(args), device_profile("H100", 8)
+    space = SpaceSettings(8, 4, False, (2,), (2, 4))
+    tried, dropped = choices(space)
+    alone = {(c.text, c.schedule, c.plan.microbatches, c.recompute): _alone_figures(report_of(2, c.recompute), c,
+                                                                                     profile) for c in tried}
+    fit = {k: f for k, f in alone.items() if not isinstance(f, str)}
+    found = search(report_of, profile, space, None)
+    assert len(fit) > 300 and found.tried == len(tried) + sum(dropped.values())
+    assert sorted((p.parallel, p.schedule, p.microbatches, p.recompute) for p in found.plans) == sorted(fit)
+    for p in found.plans:
+        peak, model, hardware, step, rate, mfu = fit[(p.parallel, p.schedule, p.microbatches, p.recompute)]
+        assert (p.peak_bytes, p.model_flops, p.hardware_flops) == (peak, model, hardware), p
+        assert p.step_seconds == pytest.approx(step, rel=1e-9) and p.mfu == pytest.approx(mfu, rel=1e-9), p
+        assert p.tokens_per_second == pytest.approx(rate, rel=1e-9), p
+    limit = sorted(f[0] for f in fit.values())[len(fit) // 2]
+    found = search(report_of, profile, space, limit)
+    assert sorted((p.parallel, p.schedule, p.microbatches, p.recompute) for p in found.plans) == \
+        sorted(k for k, f in fit.items() if f[0] <= limit)
+    assert found.dropped[OVER_MEMORY] == sum(f[0] > limit for f in fit.values())
+    assert found.smallest.peak_bytes == min(f[0] for f in fit.values() if f[0] > limit)
