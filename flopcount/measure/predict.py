@@ -32,7 +32,7 @@ The rules (docs/predict.md states them for users):
   data-parallel collectives (fsdp, zero1, zero2) are counted exposed (an upper bound), and so are the gradient
   sums of weights held in copies (the K/V projections' copies when tp exceeds the K/V heads, a tied embedding's two
   copies under pp), once a step.
-* **The step**: the pipeline schedule's simulation (:func:`flopcount.parallel.ranks.simulate_schedule`) with each
+* **The step**: the pipeline schedule's simulation (:func:`flopcount.parallel.schedules.simulate_schedule`) with each
   chunk's forward and backward lasting the longest of its TP ranks' (compute and exposed TP time and the send),
   then the exposed data-parallel time, then the optimizer step (:func:`optimizer_seconds`: the profile's timing of
   the optimizer per parameter tensor and per element at the tensor's size; without it, its parameter bytes read
@@ -138,8 +138,8 @@ class RankWork:
 
 @dataclass(frozen=True)
 class Timeline:
-    """The pipeline schedule of the point's step (:func:`flopcount.parallel.ranks.simulated_schedule` with the
-    predicted durations) in seconds: its ``makespan`` and ``actions`` (:class:`flopcount.parallel.ranks.Action`:
+    """The pipeline schedule of the point's step (:func:`flopcount.parallel.schedules.simulated_schedule` with the
+    predicted durations) in seconds: its ``makespan`` and ``actions`` (:class:`flopcount.parallel.schedules.Action`:
     pipeline rank, ``F`` or ``B``, virtual stage, microbatch, start, end); ``parts[c]``: the forward's and the
     backward's (compute, exposed collectives, send) seconds of virtual stage c, those of the rank whose action
     lasts longest (the action's length is their sum)."""
@@ -367,7 +367,7 @@ def _rank_times(r: RankWork, profile: MachineProfile, which: str, out: list[str]
 
 def _step(work: Sequence[RankWork], profile: MachineProfile, plan: Mapping[str, Any], which: str,
           out: list[str]) -> tuple[float, list[dict[str, Any]], Timeline | None]:
-    from flopcount.parallel.ranks import simulated_schedule
+    from flopcount.parallel.schedules import simulated_schedule
 
     m, p, v = plan["microbatches"], plan["pp"], plan["virtual"]
     memo: dict[NodeWork, tuple] = {}

@@ -5,6 +5,7 @@
   (column, row, vocab, heads, sequence, replicated, expert), the split rules, stages, rank id and warm-up
 * :mod:`.roles` the parts' roles read off the graph's dataflow (attention and MLP projections, embedding, LM head)
 * :mod:`.ranks` FLOPs, redundant work, communication bytes and the bubble per rank under a plan (``--parallel``)
+* :mod:`.schedules` the pipeline schedules simulated action by action (GPipe, 1F1B, interleaved 1F1B)
 * :mod:`.experts` the context- and expert-parallel rules (zigzag CP, EP over dp·cp, ``--expert-load``)
 * :mod:`.optimizer` the optimizer step's FLOPs per rank: the parameter elements each rank updates
 * :mod:`.generation` FLOPs per rank of generation (``--generate P:N --parallel``): prefill and decode steps

@@ -56,7 +56,7 @@ microbatches, n = N − 1 the decode steps:
   states and gradients, which generation has not: no change.
 
 **Bubble.** Each phase (the prefill, then each decode step) runs the M microbatches forward through the P stages
-(the pipeline's forward-only order, :func:`flopcount.parallel.ranks.simulate_schedule`), and the next phase waits
+(the pipeline's forward-only order, :func:`flopcount.parallel.schedules.simulate_schedule`), and the next phase waits
 for the last stage's tokens (stage lengths with balanced experts, as in training). A forward-only phase of stage
 lengths τₛ lasts Στₛ + (M − 1)·max τₛ; a decode step's τₛ(c) is affine in c, and the sum over the steps of its max
 is exact (cut where two stages' lines cross).
@@ -84,7 +84,8 @@ from ..reporting.tiled import check_listable
 from . import experts as px
 from .plan import ParallelPlan, Recompute
 from .layout import layout_of, rank_id
-from .ranks import Collective, ParallelLedger, RankFlops, Schedule, param_groups, plan_shares, simulate_schedule
+from .ranks import Collective, ParallelLedger, RankFlops, param_groups, plan_shares
+from .schedules import Schedule, simulate_schedule
 
 __all__ = ["check_plan", "generation_ledger", "sum_of_max"]
 

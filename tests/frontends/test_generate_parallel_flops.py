@@ -14,7 +14,7 @@ from flopcount.errors import UsageError
 from flopcount.options import CountOptions
 from flopcount.parallel.generation import generation_ledger, sum_of_max
 from flopcount.parallel.plan import parse_parallel
-from flopcount.parallel.ranks import simulate_schedule
+from flopcount.parallel.schedules import simulate_schedule
 from flopcount.plans import with_plan
 
 transformers = pytest.importorskip("transformers")

@@ -10,7 +10,8 @@ from helpers import gloo_ranks, tiny_llama
 
 from flopcount.errors import UsageError
 from flopcount.parallel.plan import parse_parallel, parse_recompute
-from flopcount.parallel.ranks import ledger, node_shares, simulate_schedule
+from flopcount.parallel.ranks import ledger, node_shares
+from flopcount.parallel.schedules import simulate_schedule
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("torch")

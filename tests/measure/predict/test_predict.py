@@ -152,7 +152,7 @@ def test_pipeline_sends_lengthen_the_actions():
     last = one_rank([w], [Message("send_recv", "pp", a, m, 2, "send_backward")], m=m, stage=1, rank=1)
     p = predict_work(Work((first, last), plan(m, pp), None), profile())
     # stage 0's forwards last f + send, stage 1's backwards b + send: 1F1B's makespan on two stages
-    from flopcount.parallel.ranks import simulate_schedule
+    from flopcount.parallel.schedules import simulate_schedule
 
     assert p.step_seconds == pytest.approx(simulate_schedule("1f1b", 2, m, [f + send, f], [b, b + send])[0])
 
