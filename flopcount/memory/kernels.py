@@ -112,7 +112,8 @@ def framework_of(producer: str) -> str | None:
 
 
 class _Index:
-    """Who makes and who reads each tensor of ``nodes``; ``stored``: weights and constants."""
+    """Who makes and who reads each tensor of ``nodes``; ``stored``: weights and constants. A CastLike reads its
+    second operand's type alone (onnxscript's functions cast their constants so), not its data."""
 
     def __init__(self, nodes: Sequence[NodeCount], stored: frozenset[str]):
         self.producer: dict[str, NodeCount] = {}
@@ -121,7 +122,7 @@ class _Index:
             for t in n.outputs:
                 if t is not None and t.name:
                     self.producer[t.name] = n
-            for t in n.inputs:
+            for t in n.inputs[:1] if n.op_type == "CastLike" else n.inputs:
                 if t is not None and t.name:
                     self.readers.setdefault(t.name, set()).add(n.index)
         self.stored = stored
@@ -298,6 +299,18 @@ class _Layout:
                 self.copies.add(y.name)
             else:
                 self.strides[y.name] = got
+        elif n.op_type == "Pad" and _mode(attrs) == "constant" and _channels_last(a.shape, src):
+            order = (1, *range(len(src) - 1, 1, -1), 0)  # C, then W, H (D), N: innermost first
+            strides, step = [0] * len(src), 1
+            for d in order:
+                strides[d], step = step, step * y.shape[d]
+            self.strides[y.name] = tuple(strides)
+        elif n.op_type == "Einsum" and (groups := _einsum_groups(n, attrs)) is not None:
+            _, out, sizes, (lro, lo, _, ro), _ = groups  # bmm's [lro, lo, ro] product, viewed in the output's order
+            step, strides = 1, {}
+            for c in reversed((*lro, *lo, *ro)):
+                strides[c], step = step, step * sizes[c]
+            self.strides[y.name] = tuple(strides[c] for c in out)
         elif n.op_type in _ELEMENTWISE:
             full = next((t for t in n.inputs if t is not None and t.is_static and t.shape == y.shape), None)
             order = self.of(full) if full is not None else None
@@ -329,12 +342,83 @@ class _Layout:
         return out
 
 
-def _matmul_copy(n: NodeCount, s: Saved, copies: Mapping[int, int]) -> Saved:
-    """``s`` with each operand torch's ``matmul`` copies kept as that copy (its own storage, made by the product)."""
+    def einsum_copies(self, n: NodeCount, attrs: Mapping) -> dict[int, int]:
+        """Operand position → elements of the contiguous copy torch's two-operand ``einsum`` makes of it and keeps:
+        its ``bmm`` reads the left operand as ``[lro, lo, summed]`` and the right as ``[lro, summed, ro]``
+        (:func:`_einsum_groups`); an operand whose strides allow no such view is copied."""
+        groups = _einsum_groups(n, attrs)
+        if groups is None:
+            return {}
+        terms, _, sizes, (lro, lo, summed, ro), sides = groups
+        out: dict[int, int] = {}
+        for i, group in zip(sides, ((lro, lo, summed), (lro, summed, ro))):
+            t, shape, strides = terms[i], n.inputs[i].shape, self.of(n.inputs[i])
+            dims = [t.index(c) for g in group for c in g if c in t and shape[t.index(c)] != 1]
+            folded = tuple(prod(sizes[c] for c in g) for g in group)
+            if view_strides(tuple(shape[d] for d in dims), tuple(strides[d] for d in dims), folded) is None:
+                out[i] = prod(shape)
+        return out
+
+
+def _mode(attrs: Mapping) -> str:
+    mode = attrs.get("mode", b"constant")
+    return mode.decode() if isinstance(mode, bytes) else str(mode)
+
+
+def _channels_last(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """Whether torch reads a 4-D (5-D) tensor of ``shape`` and ``strides`` as channels-last (its
+    ``suggest_memory_format``, ``is_channels_last_strides_2d``/``_3d``): the strides grow from C through W, H (D) to
+    N, a size-1 dim not widening the next bound, C's stride not 0, N's not equal to C's."""
+    if len(shape) not in (4, 5) or len(strides) != len(shape) or strides[1] == 0:
+        return False
+    least = 0
+    for d in (1, *range(len(shape) - 1, 1, -1), 0):
+        if shape[d] == 0 or strides[d] < least or (d == 0 and least == strides[1]):
+            return False
+        least = strides[d] * (shape[d] if shape[d] > 1 else 1)
+    return True
+
+
+def _einsum_groups(n: NodeCount, attrs: Mapping) -> tuple | None:
+    """How torch's ``einsum`` runs an Einsum of two operands as one ``bmm`` (``sumproduct_pair``): (the operands'
+    terms, the output's, each letter's size, the letters in its four groups, the operands' positions as its left
+    and right), or None where it runs otherwise or the equation is not plain (one-operand sums first, a product
+    without a sum, an ellipsis, a repeated letter, an implicit output: the node is kept as written).
+
+    The groups: ``lro`` the output's letters of size ≠ 1 in both operands, ``lo`` those in the left only, ``ro``
+    the output's others, each in the output's order, and ``summed`` the contracted letters, capitals first, then
+    in alphabetical order (torch's order of labels); a contracted letter of size 1 in both is one more ``ro`` dim,
+    after the output's. torch swaps the operands (and ``lo`` with ``ro``) where every ``ro`` dim comes before every
+    ``lo`` dim, so that the product is laid out as the output."""
+    eq = attrs.get("equation", b"")
+    eq = (eq.decode() if isinstance(eq, bytes) else str(eq)).replace(" ", "")
+    lhs, arrow, out = eq.partition("->")
+    terms = lhs.split(",")
+    if not arrow or "." in eq or len(terms) != 2 or len(n.inputs) != 2 or n.outputs[0] is None \
+            or any(t is None or not t.is_static for t in n.inputs) or any(len(set(t)) != len(t) for t in terms) \
+            or any(len(t) != len(i.shape) for t, i in zip(terms, n.inputs)):
+        return None
+    size = [dict(zip(t, i.shape)) for t, i in zip(terms, n.inputs)]
+    sizes = {c: max(s.get(c, 1) for s in size) for c in (*terms[0], *terms[1])}
+    contracted = sorted({c for c in terms[0] + terms[1] if c not in out}, key=lambda c: (c.islower(), c))
+    summed = tuple(c for c in contracted if sizes[c] != 1)
+    if not summed or any(size[0].get(c, 1) == 1 or size[1].get(c, 1) == 1 for c in summed):
+        return None  # a product without a sum (torch multiplies), or a letter summed in one operand first
+    lro = tuple(c for c in out if size[0].get(c, 1) != 1 and size[1].get(c, 1) != 1)
+    lo = tuple(c for c in out if size[0].get(c, 1) != 1 and c not in lro)
+    ro = tuple(c for c in out if c not in lro and c not in lo)
+    if lo and ro and len(summed) == len(contracted) and out.index(ro[-1]) < out.index(lo[0]):
+        return terms, out, sizes, (lro, ro, summed, lo), (1, 0)
+    return terms, out, sizes, (lro, lo, summed, ro), (0, 1)
+
+
+def _matmul_copy(n: NodeCount, s: Saved, copies: Mapping[int, int], what: str = "torch's matmul") -> Saved:
+    """``s`` with each operand torch's ``matmul`` (or ``what``) copies kept as that copy (its own storage, made by
+    the product)."""
     kept = [i for i in s.inputs if i in copies]
     if not kept:
         return s
-    extra = tuple((f"operand {i} copied contiguous by torch's matmul",
+    extra = tuple((f"operand {i} copied contiguous by {what}",
                    copies[i] * element_bytes(n.inputs[i].elem_type)) for i in kept)
     return s._replace(inputs=tuple(i for i in s.inputs if i not in copies), extra=s.extra + extra)
 
@@ -357,6 +441,8 @@ def _constant(ix: _Index, t: TensorInfo | None, depth: int = 6) -> bool:
         return False
     if made is None or made.op_type == "Constant":
         return made is not None or t.name in ix.stored
+    if made.op_type == "CastLike":  # a constant cast to another tensor's type (onnxscript's functions)
+        return depth > 0 and bool(made.inputs) and _constant(ix, made.inputs[0], depth - 1)
     return depth > 0 and made.op_type in ("Sqrt", "Cast", "Reciprocal", "Div", "Mul", "Slice", "Gather") and \
         all(_constant(ix, i, depth - 1) for i in made.inputs if i is not None)
 
@@ -587,6 +673,11 @@ def kernels(nodes: Sequence[NodeCount], saved: Mapping[int, Saved], stored: froz
     for n in nodes:
         if n.op_type == "MatMul" and n.domain in ("", "ai.onnx") and n.index in saved and n.index not in inside:
             copied = _matmul_copy(n, out.get(n.index, saved[n.index]), layout.matmul_copies(n))
+            if copied != saved[n.index]:
+                out[n.index] = copied
+        elif n.op_type == "Einsum" and n.domain in ("", "ai.onnx") and n.index in saved:
+            copied = _matmul_copy(n, out.get(n.index, saved[n.index]), layout.einsum_copies(n, attributes(n) or {}),
+                                  "torch's einsum")
             if copied != saved[n.index]:
                 out[n.index] = copied
     return Kernels(MappingProxyType(out), frozenset(inside), frozenset(layout.views | guards),
