@@ -83,6 +83,8 @@ PATTERNS: tuple[Pattern, ...] = (
     # the dynamo exporter's softplus(beta, threshold): x where x·β > threshold, else softplus(x·β)/β
     Pattern("softplus (beta, threshold)", ("Where", ("Greater", ("Mul", "x", "c"), "c"), "x",
                                            ("Div", ("Softplus", ("Mul", "x", "c")), "c")), "x"),
+    # the same with β = 1, its product and quotient by β folded away by the exporter's optimizer
+    Pattern("softplus (threshold)", ("Where", ("Greater", "x", "c"), "x", ("Softplus", "x")), "x"),
     Pattern("silu", ("Mul", "x", ("Sigmoid", "x")), "x"),
     Pattern("rsqrt", ("Div", "c", ("Sqrt", "x")), "y"),
     Pattern("rsqrt (reciprocal)", ("Reciprocal", ("Sqrt", "x")), "y"),

@@ -80,6 +80,8 @@ def test_each_activation_keeps_what_its_kernel_keeps(act, kept):
     pytest.param(torch.nn.SiLU(), id="silu: sigmoid, then the product"),
     pytest.param(torch.nn.Mish(), id="mish: one Mish node"),
     pytest.param(torch.nn.Softplus(beta=2.0), id="softplus beta 2: with its threshold's Where"),
+    # its constants cast by CastLike to the type of the tensors they meet (which reads their type, not their data)
+    pytest.param(torch.nn.Softplus(), id="softplus: its constants cast like x"),
 ])
 def test_the_dynamo_exporters_activations_keep_what_the_kernel_keeps(act):
     """The torch.export-based exporter writes some kernels as one node and others its own way; each keeps x."""
