@@ -19,7 +19,8 @@ match (the exporter writes ``Pow``, where ``F.gelu(approximate="tanh")`` gives `
 Views stay views, copies stay copies: the walk follows the strides torch's tensors have (:class:`_Layout`). A select
 (``x[:, 0]``, the CLS token; ONNX writes a Gather) is a view, so a tensor keeping it keeps the whole storage of x; a
 reshape is a view where torch's ``view`` would succeed and a copy where not (the repeat of K and V in grouped-query
-attention); torch's ``matmul`` keeps a contiguous copy of a batched operand it cannot fold into three dims.
+attention); torch's ``matmul`` keeps a contiguous copy of a batched operand it cannot fold into three dims, and
+its two-operand ``einsum`` (one ``bmm``, :func:`_einsum_groups`) a copy of each operand it cannot read as a view.
 
 The exporters' ``scaled_dot_product_attention`` (Q and Kᵀ each scaled by √scale, their product, softmax, the
 product with V) is torch's fused kernel where torch runs one (CUDA; the CPU without dropout): Q, K and V as it
@@ -254,7 +255,8 @@ class _Layout:
     Expand gives broadcast dims stride 0; a reshape is a view where :func:`view_strides` finds one and a copy
     (``copies``) where not; an elementwise op makes a dense tensor in the order of its first operand of its shape
     (TensorIterator's rule: a rotary embedding of a transposed Q stays transposed); ``like`` (output → tensor): a
-    fused attention's output, laid out as its Q (the CPU flash kernel's output follows Q's layout); every other
+    fused attention's output, laid out as its Q (the CPU flash kernel's output follows Q's layout); a constant Pad
+    of a channels-last tensor is channels-last; an Einsum's output is laid out as its ``bmm`` product; every other
     node makes a contiguous tensor (Concat among them: a partial rotary's ``cat`` makes Q contiguous)."""
 
     def __init__(self, nodes: Sequence[NodeCount], ix: _Index, attributes, like: Mapping[str, TensorInfo] = {}):

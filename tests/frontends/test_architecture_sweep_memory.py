@@ -293,7 +293,12 @@ PENDING_MEMORY = {
         "jamba": "the activations are torch's with DIFFERS' two named (grouped_mm's sort, the scan's initial "
                  "state), but the ledger's peak is 2.8% below MemTracker's (0.9719, eager): the Mamba mixer's "
                  "recurrent scan's backward, not yet traced",
-        "gpt_oss": "the ledger keeps 1,088 B more than torch saves (eager): its experts' clamped SwiGLU, not yet traced",
+        "gpt_oss": "the ledger keeps 1,088 B more than torch saves (eager): beyond grouped_mm's sort and sorted "
+                   "routing weights (as MOE and WEIGHTS name them, 800 B a MoE block), the attention sinks' "
+                   "max(dim=-1): torch's max.dim keeps its int64 indices [B, heads, S, 1] (448 B a layer), the "
+                   "ledger's ReduceMax its input, the logits concatenated with the sinks [B, heads, S, S + 1] (1,792 "
+                   "B a layer); the exported ReduceMax cannot tell max.dim from amax (which keeps its input and "
+                   "output) by its semantics",
     }.items() for attn in ATTENTIONS},
 }
 
