@@ -631,6 +631,26 @@ def _pointwise(nodes: Sequence[NodeCount], ix: _Index, saved: Mapping[int, Saved
     return out, found
 
 
+#: Ops through which a slice write's positions reach its ScatterND (the dynamo exporter's ``slice_scatter``).
+_POSITION_VIEWS = frozenset({"Unsqueeze", "Slice", "Reshape", "Squeeze", "Cast"})
+
+
+def _slice_writes(nodes: Sequence[NodeCount], ix: _Index, saved: Mapping[int, Saved]) -> dict[int, Saved]:
+    """A slice assignment (``x[..., a:b] = y``) is a copy into a view of x in torch, whose backward keeps nothing
+    (its bounds are numbers); the dynamo exporter writes it as a ScatterND whose indices are the slice's positions,
+    a Range of constants and static shapes (sliced, unsqueezed). Such a ScatterND keeps nothing."""
+    out = {}
+    for n in nodes:
+        if n.op_type != "ScatterND" or n.index not in saved or len(n.inputs) < 3 or n.inputs[1] is None:
+            continue
+        made, seen = ix.producer.get(n.inputs[1].name), 0
+        while made is not None and made.op_type in _POSITION_VIEWS and made.inputs and seen < 8:
+            made, seen = (ix.producer.get(made.inputs[0].name) if made.inputs[0] is not None else None), seen + 1
+        if made is not None and made.op_type == "Range" and all(_constant(ix, i) for i in made.inputs):
+            out[n.index] = NOTHING
+    return out
+
+
 def _losses(nodes: Sequence[NodeCount], saved: Mapping[int, Saved], out: Mapping[int, Saved], attributes
             ) -> dict[int, Saved]:
     """A reduced loss keeps its total weight besides (a scalar of the input's type), as torch's ``nll_loss``."""
@@ -666,6 +686,7 @@ def kernels(nodes: Sequence[NodeCount], saved: Mapping[int, Saved], stored: froz
             s = saved.get(n.index)
             if n.op_type == "Dropout" and s is not None and any(w.startswith("dropout mask") for w, _ in s.extra):
                 out[n.index] = _dropout_noise(n, s)
+    out.update(_slice_writes(nodes, ix, saved))
     out.update(_losses(nodes, saved, out, attributes))
     # a fused kernel writes its output in Q's layout ([B, S, heads, d] transposed where Q is so)
     layout = _Layout(nodes, ix, attributes, {a.out.outputs[0].name: a.q[0].inputs[a.q[1]] for a in fused
