@@ -297,7 +297,11 @@ DIFFERS: dict[tuple[str, str], tuple[tuple[str, Callable], ...]] = {
 PENDING_MEMORY = {
     **{(name, attn): why for name, why in {
         "qwen3_next": "the ledger keeps 8,241,352 B more than torch saves (eager): the gated delta rule's export "
-                      "branch (forward substitution, aten.bmm) against the eager solve_triangular",
+                      "branch (forward substitution, aten.bmm) against the eager solve_triangular; against the "
+                      "export's branch run eagerly (test_architecture_sweep.exporting) torch keeps 3,956,312 B and "
+                      "the ledger 9,369,816: each of the substitution's 63 row writes is a whole [B, heads, 64, 64] "
+                      "ScatterND output in the graph (131,072 B, kept), where torch writes the rows in place and "
+                      "keeps slices of them",
         "jamba": "the activations are torch's with DIFFERS' two named (grouped_mm's sort, the scan's initial "
                  "state), but the ledger's peak is 59,400 B (2.8%) below MemTracker's (eager: 2,051,316 for "
                  "2,110,716), in the backward of the recurrent scan's selects (the ledger's peak node): torch's "
