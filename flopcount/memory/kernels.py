@@ -365,6 +365,7 @@ class _Layout:
 
 
 def _mode(attrs: Mapping) -> str:
+    """A Pad's mode (``constant`` unless its attributes say otherwise)."""
     mode = attrs.get("mode", b"constant")
     return mode.decode() if isinstance(mode, bytes) else str(mode)
 
