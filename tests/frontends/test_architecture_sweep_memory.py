@@ -295,12 +295,11 @@ DIFFERS: dict[tuple[str, str], tuple[tuple[str, Callable], ...]] = {
 #: is fixed.
 PENDING_MEMORY = {
     **{(name, attn): why for name, why in {
-        "qwen3_next": "the ledger keeps 8,241,352 B more than torch saves (eager): the gated delta rule's export "
+        "qwen3_next": "the ledger keeps 8,241,792 B more than torch saves (eager): the gated delta rule's export "
                       "branch (forward substitution, aten.bmm) against the eager solve_triangular; against the "
-                      "export's branch run eagerly (test_architecture_sweep.exporting) torch keeps 3,956,312 B and "
-                      "the ledger 9,369,816: each of the substitution's 63 row writes is a whole [B, heads, 64, 64] "
-                      "ScatterND output in the graph (131,072 B, kept), where torch writes the rows in place and "
-                      "keeps slices of them",
+                      "export's branch run eagerly (test_architecture_sweep.exporting) the ledger still keeps more: "
+                      "each of the substitution's 63 row writes is a whole [B, heads, 64, 64] ScatterND output in "
+                      "the graph (131,072 B, kept), where torch writes the rows in place",
         "deepseek_v3": "torch keeps 72 B more than the ledger (eager and sdpa): grouped_mm's sort (688 B), less "
                        "616 B the ledger keeps and torch frees before the forward ends: the group-limited router's "
                        "top-k indices [T, groups, 2] and [T, 1] (int64) and its bool mask [T, experts], on a branch "
