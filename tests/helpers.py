@@ -264,28 +264,36 @@ def saved_storages(module, inputs: Sequence) -> int:
 def saved_storage_bytes(module, inputs: Sequence) -> dict[int, int]:
     """The storages of :func:`saved_storages`, each storage's address and its bytes."""
     with saving(module) as seen:
-        module(*inputs)
+        out = module(*inputs)  # held: the graph, and what it keeps, lives to the block's end
+    del out
     return seen
 
 
 @contextlib.contextmanager
 def saving(module) -> Iterator[dict[int, int]]:
     """The storages torch's autograd keeps for the backward while the block runs (``module``'s parameters and
-    buffers left out), each storage's address and its bytes: :func:`saved_storage_bytes` for a call of one's own
-    (keyword inputs, a loss made of the outputs)."""
+    buffers left out), each storage's address and its bytes, filled when the block ends: :func:`saved_storage_bytes`
+    for a call of one's own (keyword inputs, a loss made of the outputs). A storage counts where a tensor saved in
+    it is still kept when the block ends: one saved by a node torch has freed by then (a branch whose outputs reach
+    no loss, as a router's top-k of which only the indices are read on) is not kept, and its address may be taken
+    again by another storage."""
+    import weakref
+
     import torch
 
     stored = {t.untyped_storage().data_ptr() for t in (*module.parameters(), *module.buffers())}
     seen: dict[int, int] = {}
+    packed: list = []
 
     def pack(t):
         s = t.untyped_storage()
         if s.data_ptr() not in stored:
-            seen[s.data_ptr()] = s.nbytes()
+            packed.append((s.data_ptr(), s.nbytes(), weakref.ref(t)))
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         yield seen
+    seen.update((ptr, nbytes) for ptr, nbytes, ref in packed if ref() is not None)
 
 
 

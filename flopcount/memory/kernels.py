@@ -19,7 +19,8 @@ match (the exporter writes ``Pow``, where ``F.gelu(approximate="tanh")`` gives `
 Views stay views, copies stay copies: the walk follows the strides torch's tensors have (:class:`_Layout`). A select
 (``x[:, 0]``, the CLS token; ONNX writes a Gather) is a view, so a tensor keeping it keeps the whole storage of x; a
 reshape is a view where torch's ``view`` would succeed and a copy where not (the repeat of K and V in grouped-query
-attention); torch's ``matmul`` keeps a contiguous copy of a batched operand it cannot fold into three dims.
+attention); torch's ``matmul`` keeps a contiguous copy of a batched operand it cannot fold into three dims, and
+its two-operand ``einsum`` (one ``bmm``, :func:`_einsum_groups`) a copy of each operand it cannot read as a view.
 
 The exporters' ``scaled_dot_product_attention`` (Q and Kᵀ each scaled by √scale, their product, softmax, the
 product with V) is torch's fused kernel where torch runs one (CUDA; the CPU without dropout): Q, K and V as it
@@ -83,6 +84,8 @@ PATTERNS: tuple[Pattern, ...] = (
     # the dynamo exporter's softplus(beta, threshold): x where x·β > threshold, else softplus(x·β)/β
     Pattern("softplus (beta, threshold)", ("Where", ("Greater", ("Mul", "x", "c"), "c"), "x",
                                            ("Div", ("Softplus", ("Mul", "x", "c")), "c")), "x"),
+    # the same with β = 1, its product and quotient by β folded away by the exporter's optimizer
+    Pattern("softplus (threshold)", ("Where", ("Greater", "x", "c"), "x", ("Softplus", "x")), "x"),
     Pattern("silu", ("Mul", "x", ("Sigmoid", "x")), "x"),
     Pattern("rsqrt", ("Div", "c", ("Sqrt", "x")), "y"),
     Pattern("rsqrt (reciprocal)", ("Reciprocal", ("Sqrt", "x")), "y"),
@@ -112,7 +115,8 @@ def framework_of(producer: str) -> str | None:
 
 
 class _Index:
-    """Who makes and who reads each tensor of ``nodes``; ``stored``: weights and constants."""
+    """Who makes and who reads each tensor of ``nodes``; ``stored``: weights and constants. A CastLike reads its
+    second operand's type alone (onnxscript's functions cast their constants so), not its data."""
 
     def __init__(self, nodes: Sequence[NodeCount], stored: frozenset[str]):
         self.producer: dict[str, NodeCount] = {}
@@ -121,7 +125,7 @@ class _Index:
             for t in n.outputs:
                 if t is not None and t.name:
                     self.producer[t.name] = n
-            for t in n.inputs:
+            for t in n.inputs[:1] if n.op_type == "CastLike" else n.inputs:
                 if t is not None and t.name:
                     self.readers.setdefault(t.name, set()).add(n.index)
         self.stored = stored
@@ -251,7 +255,8 @@ class _Layout:
     Expand gives broadcast dims stride 0; a reshape is a view where :func:`view_strides` finds one and a copy
     (``copies``) where not; an elementwise op makes a dense tensor in the order of its first operand of its shape
     (TensorIterator's rule: a rotary embedding of a transposed Q stays transposed); ``like`` (output → tensor): a
-    fused attention's output, laid out as its Q (the CPU flash kernel's output follows Q's layout); every other
+    fused attention's output, laid out as its Q (the CPU flash kernel's output follows Q's layout); a constant Pad
+    of a channels-last tensor is channels-last; an Einsum's output is laid out as its ``bmm`` product; every other
     node makes a contiguous tensor (Concat among them: a partial rotary's ``cat`` makes Q contiguous)."""
 
     def __init__(self, nodes: Sequence[NodeCount], ix: _Index, attributes, like: Mapping[str, TensorInfo] = {}):
@@ -298,6 +303,18 @@ class _Layout:
                 self.copies.add(y.name)
             else:
                 self.strides[y.name] = got
+        elif n.op_type == "Pad" and _mode(attrs) == "constant" and _channels_last(a.shape, src):
+            order = (1, *range(len(src) - 1, 1, -1), 0)  # C, then W, H (D), N: innermost first
+            strides, step = [0] * len(src), 1
+            for d in order:
+                strides[d], step = step, step * y.shape[d]
+            self.strides[y.name] = tuple(strides)
+        elif n.op_type == "Einsum" and (groups := _einsum_groups(n, attrs)) is not None:
+            _, out, sizes, (lro, lo, _, ro), _ = groups  # bmm's [lro, lo, ro] product, viewed in the output's order
+            step, strides = 1, {}
+            for c in reversed((*lro, *lo, *ro)):
+                strides[c], step = step, step * sizes[c]
+            self.strides[y.name] = tuple(strides[c] for c in out)
         elif n.op_type in _ELEMENTWISE:
             full = next((t for t in n.inputs if t is not None and t.is_static and t.shape == y.shape), None)
             order = self.of(full) if full is not None else None
@@ -329,12 +346,84 @@ class _Layout:
         return out
 
 
-def _matmul_copy(n: NodeCount, s: Saved, copies: Mapping[int, int]) -> Saved:
-    """``s`` with each operand torch's ``matmul`` copies kept as that copy (its own storage, made by the product)."""
+    def einsum_copies(self, n: NodeCount, attrs: Mapping) -> dict[int, int]:
+        """Operand position → elements of the contiguous copy torch's two-operand ``einsum`` makes of it and keeps:
+        its ``bmm`` reads the left operand as ``[lro, lo, summed]`` and the right as ``[lro, summed, ro]``
+        (:func:`_einsum_groups`); an operand whose strides allow no such view is copied."""
+        groups = _einsum_groups(n, attrs)
+        if groups is None:
+            return {}
+        terms, _, sizes, (lro, lo, summed, ro), sides = groups
+        out: dict[int, int] = {}
+        for i, group in zip(sides, ((lro, lo, summed), (lro, summed, ro))):
+            t, shape, strides = terms[i], n.inputs[i].shape, self.of(n.inputs[i])
+            dims = [t.index(c) for g in group for c in g if c in t and shape[t.index(c)] != 1]
+            folded = tuple(prod(sizes[c] for c in g) for g in group)
+            if view_strides(tuple(shape[d] for d in dims), tuple(strides[d] for d in dims), folded) is None:
+                out[i] = prod(shape)
+        return out
+
+
+def _mode(attrs: Mapping) -> str:
+    """A Pad's mode (``constant`` unless its attributes say otherwise)."""
+    mode = attrs.get("mode", b"constant")
+    return mode.decode() if isinstance(mode, bytes) else str(mode)
+
+
+def _channels_last(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """Whether torch reads a 4-D (5-D) tensor of ``shape`` and ``strides`` as channels-last (its
+    ``suggest_memory_format``, ``is_channels_last_strides_2d``/``_3d``): the strides grow from C through W, H (D) to
+    N, a size-1 dim not widening the next bound, C's stride not 0, N's not equal to C's."""
+    if len(shape) not in (4, 5) or len(strides) != len(shape) or strides[1] == 0:
+        return False
+    least = 0
+    for d in (1, *range(len(shape) - 1, 1, -1), 0):
+        if shape[d] == 0 or strides[d] < least or (d == 0 and least == strides[1]):
+            return False
+        least = strides[d] * (shape[d] if shape[d] > 1 else 1)
+    return True
+
+
+def _einsum_groups(n: NodeCount, attrs: Mapping) -> tuple | None:
+    """How torch's ``einsum`` runs an Einsum of two operands as one ``bmm`` (``sumproduct_pair``): (the operands'
+    terms, the output's, each letter's size, the letters in its four groups, the operands' positions as its left
+    and right), or None where it runs otherwise or the equation is not plain (one-operand sums first, a product
+    without a sum, an ellipsis, a repeated letter, an implicit output: the node is kept as written).
+
+    The groups: ``lro`` the output's letters of size ≠ 1 in both operands, ``lo`` those in the left only, ``ro``
+    the output's others, each in the output's order, and ``summed`` the contracted letters, capitals first, then
+    in alphabetical order (torch's order of labels); a contracted letter of size 1 in both is one more ``ro`` dim,
+    after the output's. torch swaps the operands (and ``lo`` with ``ro``) where every ``ro`` dim comes before every
+    ``lo`` dim, so that the product is laid out as the output."""
+    eq = attrs.get("equation", b"")
+    eq = (eq.decode() if isinstance(eq, bytes) else str(eq)).replace(" ", "")
+    lhs, arrow, out = eq.partition("->")
+    terms = lhs.split(",")
+    if not arrow or "." in eq or len(terms) != 2 or len(n.inputs) != 2 or n.outputs[0] is None \
+            or any(t is None or not t.is_static for t in n.inputs) or any(len(set(t)) != len(t) for t in terms) \
+            or any(len(t) != len(i.shape) for t, i in zip(terms, n.inputs)):
+        return None
+    size = [dict(zip(t, i.shape)) for t, i in zip(terms, n.inputs)]
+    sizes = {c: max(s.get(c, 1) for s in size) for c in (*terms[0], *terms[1])}
+    contracted = sorted({c for c in terms[0] + terms[1] if c not in out}, key=lambda c: (c.islower(), c))
+    summed = tuple(c for c in contracted if sizes[c] != 1)
+    if not summed or any(size[0].get(c, 1) == 1 or size[1].get(c, 1) == 1 for c in summed):
+        return None  # a product without a sum (torch multiplies), or a letter summed in one operand first
+    lro = tuple(c for c in out if size[0].get(c, 1) != 1 and size[1].get(c, 1) != 1)
+    lo = tuple(c for c in out if size[0].get(c, 1) != 1 and c not in lro)
+    ro = tuple(c for c in out if c not in lro and c not in lo)
+    if lo and ro and len(summed) == len(contracted) and out.index(ro[-1]) < out.index(lo[0]):
+        return terms, out, sizes, (lro, ro, summed, lo), (1, 0)
+    return terms, out, sizes, (lro, lo, summed, ro), (0, 1)
+
+
+def _matmul_copy(n: NodeCount, s: Saved, copies: Mapping[int, int], what: str = "torch's matmul") -> Saved:
+    """``s`` with each operand torch's ``matmul`` (or ``what``) copies kept as that copy (its own storage, made by
+    the product)."""
     kept = [i for i in s.inputs if i in copies]
     if not kept:
         return s
-    extra = tuple((f"operand {i} copied contiguous by torch's matmul",
+    extra = tuple((f"operand {i} copied contiguous by {what}",
                    copies[i] * element_bytes(n.inputs[i].elem_type)) for i in kept)
     return s._replace(inputs=tuple(i for i in s.inputs if i not in copies), extra=s.extra + extra)
 
@@ -357,6 +446,8 @@ def _constant(ix: _Index, t: TensorInfo | None, depth: int = 6) -> bool:
         return False
     if made is None or made.op_type == "Constant":
         return made is not None or t.name in ix.stored
+    if made.op_type == "CastLike":  # a constant cast to another tensor's type (onnxscript's functions)
+        return depth > 0 and bool(made.inputs) and _constant(ix, made.inputs[0], depth - 1)
     return depth > 0 and made.op_type in ("Sqrt", "Cast", "Reciprocal", "Div", "Mul", "Slice", "Gather") and \
         all(_constant(ix, i, depth - 1) for i in made.inputs if i is not None)
 
@@ -541,6 +632,26 @@ def _pointwise(nodes: Sequence[NodeCount], ix: _Index, saved: Mapping[int, Saved
     return out, found
 
 
+#: Ops through which a slice write's positions reach its ScatterND (the dynamo exporter's ``slice_scatter``).
+_POSITION_VIEWS = frozenset({"Unsqueeze", "Slice", "Reshape", "Squeeze", "Cast"})
+
+
+def _slice_writes(nodes: Sequence[NodeCount], ix: _Index, saved: Mapping[int, Saved]) -> dict[int, Saved]:
+    """A slice assignment (``x[..., a:b] = y``) is a copy into a view of x in torch, whose backward keeps nothing
+    (its bounds are numbers); the dynamo exporter writes it as a ScatterND whose indices are the slice's positions,
+    a Range of constants and static shapes (sliced, unsqueezed). Such a ScatterND keeps nothing."""
+    out = {}
+    for n in nodes:
+        if n.op_type != "ScatterND" or n.index not in saved or len(n.inputs) < 3 or n.inputs[1] is None:
+            continue
+        made, seen = ix.producer.get(n.inputs[1].name), 0
+        while made is not None and made.op_type in _POSITION_VIEWS and made.inputs and seen < 8:
+            made, seen = (ix.producer.get(made.inputs[0].name) if made.inputs[0] is not None else None), seen + 1
+        if made is not None and made.op_type == "Range" and all(_constant(ix, i) for i in made.inputs):
+            out[n.index] = NOTHING
+    return out
+
+
 def _losses(nodes: Sequence[NodeCount], saved: Mapping[int, Saved], out: Mapping[int, Saved], attributes
             ) -> dict[int, Saved]:
     """A reduced loss keeps its total weight besides (a scalar of the input's type), as torch's ``nll_loss``."""
@@ -576,6 +687,7 @@ def kernels(nodes: Sequence[NodeCount], saved: Mapping[int, Saved], stored: froz
             s = saved.get(n.index)
             if n.op_type == "Dropout" and s is not None and any(w.startswith("dropout mask") for w, _ in s.extra):
                 out[n.index] = _dropout_noise(n, s)
+    out.update(_slice_writes(nodes, ix, saved))
     out.update(_losses(nodes, saved, out, attributes))
     # a fused kernel writes its output in Q's layout ([B, S, heads, d] transposed where Q is so)
     layout = _Layout(nodes, ix, attributes, {a.out.outputs[0].name: a.q[0].inputs[a.q[1]] for a in fused
@@ -587,6 +699,11 @@ def kernels(nodes: Sequence[NodeCount], saved: Mapping[int, Saved], stored: froz
     for n in nodes:
         if n.op_type == "MatMul" and n.domain in ("", "ai.onnx") and n.index in saved and n.index not in inside:
             copied = _matmul_copy(n, out.get(n.index, saved[n.index]), layout.matmul_copies(n))
+            if copied != saved[n.index]:
+                out[n.index] = copied
+        elif n.op_type == "Einsum" and n.domain in ("", "ai.onnx") and n.index in saved:
+            copied = _matmul_copy(n, out.get(n.index, saved[n.index]), layout.einsum_copies(n, attributes(n) or {}),
+                                  "torch's einsum")
             if copied != saved[n.index]:
                 out[n.index] = copied
     return Kernels(MappingProxyType(out), frozenset(inside), frozenset(layout.views | guards),

@@ -206,6 +206,53 @@ def list_indices(config) -> int:
     return config.num_hidden_layers * 2 * 8
 
 
+def scan_mixers(config) -> list:
+    """The family's Mamba 2 mixers (the modules that run the chunked scan: a ``chunk_size``), built on the meta
+    device."""
+    from flopcount.frontends.hf import build_model
+
+    return [m for m in build_model(config).modules() if hasattr(m, "chunk_size") and hasattr(m, "head_dim")]
+
+
+def chunks(m) -> int:
+    return -(-S // m.chunk_size)
+
+
+def segment_sum_masks(config) -> int:
+    """The Mamba 2 scan's ``segment_sum`` masks the sum with ``~tril(ones(n, n))`` twice (below the diagonal, then
+    on it), made in the forward, which aten.masked_fill's backward keeps; the export folds them into constants. It
+    runs on the chunk's positions (n = chunk_size) and on the chunks' boundaries (n = chunks + 1): per mixer
+    2·(chunk_size² + (chunks + 1)²) bool bytes."""
+    return sum(2 * (m.chunk_size ** 2 + (chunks(m) + 1) ** 2) for m in scan_mixers(config))
+
+
+def padded_scan_output(config) -> int:
+    """The scan makes its output contiguous (``(Y_diag + Y_off).contiguous()``, a copy the export drops: the
+    einsums' products are laid out as their batched products), then cuts the padding off (a slice); the gated
+    norm's product (aten.mul) keeps it through a view of the padded storage, where the ledger keeps the reshape of
+    the slice as a copy of the unpadded length: per mixer B·(chunks·chunk_size − S)·heads·head_dim floats."""
+    return sum(F32 * B * (chunks(m) * m.chunk_size - S) * m.num_heads * m.head_dim for m in scan_mixers(config))
+
+
+def initial_scan_state(config) -> int:
+    """The Mamba (1) mixer's recurrent scan starts from ``torch.zeros(B, intermediate, state)`` made in the forward;
+    its first step's product ``discrete_A[..., 0] * ssm_state`` keeps it (aten.mul's backward, for discrete_A's
+    gradient); the export folds the zeros into a constant: per mixer B·intermediate·state floats."""
+    from flopcount.frontends.hf import build_model
+
+    return sum(F32 * B * m.intermediate_size * m.ssm_state_size for m in build_model(config).modules()
+               if hasattr(m, "ssm_state_size") and not hasattr(m, "chunk_size"))
+
+
+def sinks_max(config) -> int:
+    """GPT-OSS subtracts the row maximum of the logits concatenated with the attention sinks, ``.max(dim=-1,
+    keepdim=True).values``: torch's ``max.dim`` keeps its int64 indices [B, heads, S, 1]; the export writes it as
+    ReduceMax, which is also ``amax``'s node (keeping its input and output), and the ledger's ReduceMax keeps its
+    input, the concatenated logits [B, heads, S, S + 1] floats (the graph cannot say which torch ran). Per layer
+    B·heads·S·(8 − 4·(S + 1)) bytes, less in torch."""
+    return config.num_hidden_layers * B * config.num_attention_heads * S * (8 - F32 * (S + 1))
+
+
 MOE = ("aten.index, aten._grouped_mm: grouped_mm's sort of the (token, expert) pairs", grouped_mm_sort)
 WEIGHTS = ("aten.mul: grouped_mm's routing weights in the sorted order, a copy", sorted_routing_weights)
 MASKED = ("aten._scaled_dot_product_flash_attention_for_cpu: K, V repeated and the mask", repeated_kv_and_mask)
@@ -215,6 +262,11 @@ POSITIONS = ("aten.embedding: the position ids made in the forward", position_id
 DECODER_POSITIONS = ("aten.embedding: the decoder's position ids made in the forward", decoder_position_ids)
 LOCAL = ("aten._scaled_dot_product_flash_attention_for_cpu: the local layers' mask", local_masks)
 INDICES = ("aten.index: K's and V's list indices made in the forward", list_indices)
+MASKS = ("aten.masked_fill: the Mamba 2 scan's segment_sum masks made in the forward", segment_sum_masks)
+PADDED = ("aten.mul: the Mamba 2 scan's padded output, made contiguous by a copy the export drops",
+          padded_scan_output)
+ZEROS = ("aten.mul: the Mamba scan's initial state made in the forward", initial_scan_state)
+SINKS = ("aten.max.dim: the sinks' row maximum keeps int64 indices, the exported ReduceMax its input", sinks_max)
 BUCKETS = ("aten.embedding: the relative position buckets made in the forward", relative_position_buckets)
 CAUSAL = ("aten.where: the decoder's causal masks made in the forward", decoder_causal_masks)
 
@@ -231,6 +283,10 @@ DIFFERS: dict[tuple[str, str], tuple[tuple[str, Callable], ...]] = {
     ("t5", "sdpa"): (BUCKETS, CAUSAL),
     ("modernbert", "sdpa"): (LOCAL,),
     **{("falcon", attn): (INDICES,) for attn in ATTENTIONS},
+    **{(name, attn): (MASKS, PADDED) for name in ("mamba2", "bamba", "falcon_h1") for attn in ATTENTIONS},
+    **{("granitemoehybrid", attn): (MOE, WEIGHTS, MASKS, PADDED) for attn in ATTENTIONS},
+    **{("jamba", attn): (MOE, ZEROS) for attn in ATTENTIONS},
+    ("gpt_oss", "eager"): (MOE, WEIGHTS, SINKS),
 }
 
 
@@ -239,18 +295,21 @@ DIFFERS: dict[tuple[str, str], tuple[tuple[str, Callable], ...]] = {
 #: is fixed.
 PENDING_MEMORY = {
     **{(name, attn): why for name, why in {
-        "qwen3_next": "the ledger keeps 8,241,352 B more than torch saves (eager): the gated delta rule's export "
-                      "branch (forward substitution, aten.bmm) against the eager solve_triangular",
-        "deepseek_v3": "torch keeps 176 B more than the ledger (eager) beyond grouped_mm's sort (688 B): the ledger's "
-                       "ScatterND keeps 4 int64 index vectors [16] from Range (512 B; MLA's slice writes, which keep "
-                       "nothing in torch), and its group-limited router keeps the group top-k's tensors where torch "
-                       "keeps the gathered sigmoid scores, their normalisation and the sorted weights: not yet traced",
-        "gpt_oss": "the ledger keeps 1,088 B more than torch saves (eager): its experts' clamped SwiGLU, not yet traced",
-        "jamba": "torch keeps 7,080 B more than the ledger (eager): the Mamba mixer's scan, not yet traced",
-        "bamba": "torch keeps 4,176 B more than the ledger (eager): the Mamba 2 mixer's chunked scan, not yet traced",
-        "falcon_h1": "torch keeps 8,352 B more than the ledger (eager): the Mamba 2 mixer's chunked scan",
-        "mamba2": "torch keeps 8,352 B more than the ledger (eager): the Mamba 2 mixer's chunked scan",
-        "granitemoehybrid": "torch keeps 5,776 B more than the ledger (eager): the Mamba 2 mixer and the experts",
+        "qwen3_next": "the ledger keeps 8,241,792 B more than torch saves (eager): the gated delta rule's export "
+                      "branch (forward substitution, aten.bmm) against the eager solve_triangular; against the "
+                      "export's branch run eagerly (test_architecture_sweep.exporting) the ledger still keeps more: "
+                      "each of the substitution's 63 row writes is a whole [B, heads, 64, 64] ScatterND output in "
+                      "the graph (131,072 B, kept), where torch writes the rows in place",
+        "deepseek_v3": "torch keeps 72 B more than the ledger (eager and sdpa): grouped_mm's sort (688 B), less "
+                       "616 B the ledger keeps and torch frees before the forward ends: the group-limited router's "
+                       "top-k indices [T, groups, 2] and [T, 1] (int64) and its bool mask [T, experts], on a branch "
+                       "of which only the top-k's indices are read on (no gradient reaches it)",
+        "jamba": "the activations are torch's with DIFFERS' two named (grouped_mm's sort, the scan's initial "
+                 "state), but the ledger's peak is 59,400 B (2.8%) below MemTracker's (eager: 2,051,316 for "
+                 "2,110,716), in the backward of the recurrent scan's selects (the ledger's peak node): torch's "
+                 "select_backward makes a whole [B, intermediate, S, state] gradient per step (57,344 B) that "
+                 "exists until it is added into the one before, where the ledger allocates an activation's "
+                 "gradient once however many consumers add to it: not yet modelled",
     }.items() for attn in ATTENTIONS},
 }
 

@@ -80,6 +80,8 @@ def test_each_activation_keeps_what_its_kernel_keeps(act, kept):
     pytest.param(torch.nn.SiLU(), id="silu: sigmoid, then the product"),
     pytest.param(torch.nn.Mish(), id="mish: one Mish node"),
     pytest.param(torch.nn.Softplus(beta=2.0), id="softplus beta 2: with its threshold's Where"),
+    # its constants cast by CastLike to the type of the tensors they meet (which reads their type, not their data)
+    pytest.param(torch.nn.Softplus(), id="softplus: its constants cast like x"),
 ])
 def test_the_dynamo_exporters_activations_keep_what_the_kernel_keeps(act):
     """The torch.export-based exporter writes some kernels as one node and others its own way; each keeps x."""
@@ -88,6 +90,37 @@ def test_the_dynamo_exporters_activations_keep_what_the_kernel_keeps(act):
     m = torch.onnx.export(module, inputs, dynamo=True, input_names=["x"]).model_proto
     report = flopcount.count(m, mode="train", memory=MemorySettings(device="cpu"))
     assert report.memory.ranks[0].activations_bytes == torch_step(module, inputs) == LINEARS + ONE
+
+
+class SliceWrite(torch.nn.Module):
+    """Two slice assignments into a new tensor (as DeepSeek-V3's attention joins the halves of its heads): the
+    halves of Linear(x) swapped, then Linear → sum."""
+
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(H, I), torch.nn.Linear(I, H)
+
+    def forward(self, x):
+        h = self.up(x)
+        y = h.new_empty(h.shape)
+        y[..., :I // 2] = h[..., I // 2:]
+        y[..., I // 2:] = h[..., :I // 2]
+        return self.down(y).sum()
+
+
+def test_a_slice_assignment_keeps_nothing():
+    """torch copies into a view of y and keeps nothing for it (the slice's bounds are numbers); the dynamo exporter
+    writes each assignment as a ScatterND whose indices are the slice's positions (a Range of bounds that are
+    shapes, with the batch symbolic as :func:`flopcount.from_hf` exports), which keep nothing either: the two
+    Linears' inputs alone."""
+    torch.manual_seed(0)
+    module, inputs = SliceWrite().train(), (torch.randn(B, S, H),)
+    from flopcount.frontends.export import export_dynamo
+
+    m = export_dynamo(module, inputs, ["x"], ["loss"], 18)  # as from_hf exports: a symbolic batch
+    assert any(n.op_type == "ScatterND" for n in m.graph.node)
+    report = flopcount.count(m, mode="train", batch=B, memory=MemorySettings(device="cpu"))
+    assert report.memory.ranks[0].activations_bytes == torch_step(module, inputs) == LINEARS
 
 
 class RmsNorm(torch.nn.Module):
