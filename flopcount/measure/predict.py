@@ -475,8 +475,8 @@ def _missing_calibrations(work: Work, profile: MachineProfile) -> list[str]:
         out.append("the profile has no timing of dropout (taken before calibrate measured it): a Dropout's mask "
                    "drawn at the elementwise rate, far faster than torch's CPU dropout draws it; calibrate again to "
                    "include it")
-    if "elementwise_fresh" not in profile.compute and any(w.kind in ("elementwise", "reduction") for r in work.ranks
-                                                          for nodes in r.chunks.values() for w in nodes):
+    if profile.calibrated and "elementwise_fresh" not in profile.compute and any(
+            w.kind in ("elementwise", "reduction") for r in work.ranks for nodes in r.chunks.values() for w in nodes):
         out.append("the profile has no timing of elementwise work into fresh memory (taken before calibrate "
                    "measured it): every elementwise operator and reduction at the rate into a reused buffer, which "
                    "leaves out the first touch of a large new output's pages; calibrate again to include it")
