@@ -14,6 +14,9 @@ The rules (docs/predict.md states them for users):
   matrices, or a fused attention operator) run at the profile's fused attention rates where calibrated. A
   training Dropout's forward runs its FLOPs (one per element) at the profile's dropout rate (elements per second
   of torch's dropout) where calibrated, or its bytes if slower; its backward (a multiply by the mask) by its bytes.
+  An elementwise node or reduction whose bytes (forward, or the backward's twice those) are at least
+  :func:`~.machine.calibration.fresh_from` of the profile writes its output into new memory: its bytes run at the
+  profile's ``elementwise_fresh`` rate where that is slower.
   ``overhead`` (added, not a floor) is the profile's framework seconds per operator: the forward's once for a node
   with work, the backward's per backward kernel (:func:`backward_kernels`), the forward's again when recomputed.
 * **A rank's share** of a node under a plan is the ledger's (:func:`flopcount.parallel.ranks.node_shares`): its
@@ -57,7 +60,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .machine.calibration import MachineProfile, collective_seconds, latency_known, rate_at
+from .machine.calibration import MachineProfile, collective_seconds, fresh_from, latency_known, rate_at
 
 __all__ = ["BUCKET_BYTES", "BUSY_LOAD", "FIRST_BUCKET_BYTES", "GEMM_FAMILIES", "Message", "NodeWork",
            "OPTIMIZER_TRAFFIC", "Prediction", "REDUCTION_FAMILIES", "RankWork", "Timeline", "Work", "exposed_after",
@@ -230,7 +233,11 @@ def node_seconds(w: NodeWork, profile: MachineProfile, which: str = "median") ->
         mem = "reduction" if w.kind == "reduction" and "reduction" in profile.compute else "elementwise"
         if nbytes > 0:
             t = max(t, nbytes / rate(mem, nbytes))
+        if nbytes > 0 and w.kind in ("elementwise", "reduction") and fresh is not None and nbytes >= fresh:
+            t = max(t, nbytes / rate("elementwise_fresh", nbytes))  # its output is new memory
         return t
+
+    fresh = fresh_from(profile)
 
     fwd = one(w.flops, w.bytes)
     ov_f, ov_b = node_overhead(w, profile, which)
@@ -468,6 +475,11 @@ def _missing_calibrations(work: Work, profile: MachineProfile) -> list[str]:
         out.append("the profile has no timing of dropout (taken before calibrate measured it): a Dropout's mask "
                    "drawn at the elementwise rate, far faster than torch's CPU dropout draws it; calibrate again to "
                    "include it")
+    if profile.calibrated and "elementwise_fresh" not in profile.compute and any(
+            w.kind in ("elementwise", "reduction") for r in work.ranks for nodes in r.chunks.values() for w in nodes):
+        out.append("the profile has no timing of elementwise work into fresh memory (taken before calibrate "
+                   "measured it): every elementwise operator and reduction at the rate into a reused buffer, which "
+                   "leaves out the first touch of a large new output's pages; calibrate again to include it")
     if "attention" not in profile.compute and any(w.kind == "attention" for r in work.ranks
                                                    for nodes in r.chunks.values() for w in nodes):
         out.append("the profile has no timing of fused attention (taken before calibrate measured it): attention "

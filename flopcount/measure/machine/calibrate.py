@@ -11,6 +11,12 @@ others work beside it (on a CPU the ranks share the cores). In each process:
   find their weights (``gemm``, the rate products are predicted at);
 * **elementwise** (``a + b`` into ``c``: 12 bytes an element) and **reduction** (``sum(a)``: 4 bytes an element)
   at each size, as bytes per second, timed by :func:`~.ceilings.repeat_times`;
+* **elementwise into fresh memory** (``elementwise_fresh``): ``a + b`` at the same sizes and bytes, its output a
+  new tensor each call, every output kept until the repeat ends (up to 64 MiB or 512 outputs: a forward keeps its
+  activations for the backward), then all freed; a repeat's rate is its bytes over its seconds. Memory a step
+  takes beyond what the process holds is new pages from the system (torch's CPU allocator keeps no cache, the C
+  library maps a large block afresh and gives a freed heap top back), whose first touch costs more than moving
+  the bytes; a reused buffer (``elementwise``) never pays it;
 * **dropout**: torch's dropout (``F.dropout``, p = 0.1, training) of a float32 tensor of each elementwise size / 4
   elements, as elements per second (the count's FLOPs of a training Dropout: one per element): on a CPU it draws
   its random mask far slower than an elementwise operator moves its bytes;
@@ -101,6 +107,7 @@ def _compute(sizes: Sizes) -> dict:
         a, b, c = torch.ones(k), torch.ones(k), torch.empty(k)
         ts = repeat_times(lambda: torch.add(a, b, out=c), "cpu", sizes.repeats, start, float("inf"))
         out["elementwise"].append([12 * k, *_stats([12 * k / t for t in ts], True)])
+        out.setdefault("elementwise_fresh", []).append([12 * k, *_stats(_fresh_rates(a, b, sizes.repeats), True)])
         x = torch.ones(max(1, nbytes // 4))
         ts = repeat_times(lambda: torch.sum(x), "cpu", sizes.repeats, start, float("inf"))
         out["reduction"].append([4 * x.numel(), *_stats([4 * x.numel() / t for t in ts], True)])
@@ -114,6 +121,24 @@ def _compute(sizes: Sizes) -> dict:
     out["attention"], out["attention_backward"] = _attention(sizes)
     out["optimizers"] = _optimizers(sizes.repeats, sizes.optimizer_elements)
     return out
+
+
+def _fresh_rates(a, b, repeats: int, held_bytes: int = 64 * 2**20, most: int = 512) -> list[float]:
+    """Bytes per second of ``a + b`` into a new output each call, the outputs kept (up to ``held_bytes`` of them,
+    at most ``most``) until the repeat ends, as a forward keeps its activations: one rate per repeat."""
+    import torch
+
+    calls = max(1, min(most, held_bytes // (4 * a.numel())))
+    rates = []
+    for _ in range(repeats):
+        kept = []
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            kept.append(torch.add(a, b))
+        t = time.perf_counter() - t0
+        del kept
+        rates.append(12 * a.numel() * calls / t)
+    return rates
 
 
 def _gemm_out_of_cache(sizes: Sizes, flush_bytes: int = 64 * 2**20) -> list:
@@ -390,7 +415,7 @@ def calibrate(ranks: int = 1, sizes: Sizes = DEFAULT_SIZES, timeout_s: float = 1
         raw = _spawned(ranks, sizes, timeout_s, threads)
     compute = {k: tuple(Point(*map(float, row)) for row in raw[k])
                for k in ("gemm", "gemm_in_cache", "elementwise", "reduction", "attention", "attention_backward",
-                         "dropout")}
+                         "dropout", "elementwise_fresh")}
     optimizers = {k: OptimizerCost(Point(*map(float, o["per_tensor_s"])),
                                    tuple(Point(*map(float, row)) for row in o["per_element_s"]), o["foreach"])
                   for k, o in raw["optimizers"].items()}

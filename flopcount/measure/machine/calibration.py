@@ -7,6 +7,9 @@ A profile holds:
 
 * ``compute``: per operator kind (``gemm``, ``conv``: FLOP/s at sizes; ``elementwise``, ``reduction``: bytes per
   second at sizes) a list of :class:`Point`, each with the median, best and slowest repeat;
+* ``compute.elementwise_fresh`` (absent in a profile taken before it was measured): ``a + b`` into a new output
+  each call, bytes per second at the elementwise sizes; from :func:`fresh_from` on, an operator's output is fresh
+  memory that costs more than the reused buffer ``elementwise`` times;
 * ``overhead``: the framework's seconds per operator in the forward and in the backward (a tiny op timed);
 * ``optimizers`` (null in a profile taken before it was measured): per optimizer (``sgd``, ``momentum``, ``adam``,
   ``adamw``) the seconds its step costs per parameter tensor (``per_tensor_s``: a step over one-element tensors, a
@@ -40,7 +43,7 @@ from flopcount.errors import MeasurementError, UsageError
 
 __all__ = ["BUS_FACTORS", "COLLECTIVES", "DEVICE_BANDWIDTHS", "FORMAT", "FORMAT_VERSION", "LATENCY_UNKNOWN",
            "MachineProfile", "OPTIMIZERS_TIMED", "OptimizerCost", "Point", "Segment", "above_ceiling", "bus_factor",
-           "collective_seconds", "device_profile",
+           "collective_seconds", "device_profile", "fresh_from",
            "differences", "fit_segments", "latency_known", "load_profile", "profile_from_dict", "rate_at",
            "this_machine"]
 
@@ -174,6 +177,20 @@ def rate_at(points: Sequence[Point], size: float, which: str = "median") -> tupl
             w = math.log(size / a.size) / math.log(b.size / a.size)
             return getattr(a, which) + w * (getattr(b, which) - getattr(a, which)), False
     raise AssertionError("unreachable: size inside the points")
+
+
+def fresh_from(profile: "MachineProfile") -> float | None:
+    """The bytes from which an elementwise operator writing a new output runs at the profile's fresh rate: the
+    smallest calibrated size at which, and at every larger one, ``elementwise_fresh``'s median is below the slowest
+    repeat of ``elementwise`` (into a reused buffer) at that size; None where the profile has no fresh timing or no
+    such size (the fresh output then costs nothing more)."""
+    fresh = sorted(profile.compute.get("elementwise_fresh", ()), key=lambda p: p.size)
+    found = None
+    for p in reversed(fresh):
+        if p.median >= rate_at(profile.compute["elementwise"], p.size, "slowest")[0]:
+            break
+        found = p.size
+    return found
 
 
 def collective_seconds(c: Collective, kind: str, payload: float, n: int, which: str = "median") -> tuple[float, bool]:

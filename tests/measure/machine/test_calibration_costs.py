@@ -83,6 +83,9 @@ def test_quick_calibration_times_attention_and_optimizers():
     x = torch.randn(n)
     fastest = min(_seconds(lambda: torch.nn.functional.dropout(x, 0.1, True)) for _ in range(7))
     assert n / fastest / 3 <= p.compute["dropout"][-1].best <= 3 * n / fastest
+    # elementwise work into fresh memory, timed at the elementwise sizes, as rates
+    assert [pt.size for pt in p.compute["elementwise_fresh"]] == [pt.size for pt in p.compute["elementwise"]]
+    assert all(0 < pt.slowest <= pt.median <= pt.best for pt in p.compute["elementwise_fresh"])
     assert cal.profile_from_dict(json.loads(json.dumps(p.as_dict()))) == p
 
 

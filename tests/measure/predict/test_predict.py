@@ -378,3 +378,28 @@ def test_a_training_dropout_runs_at_the_dropout_rate_where_calibrated():
     assert fwd0 == pytest.approx(b / W)
     assert any("no timing of dropout" in n for n in predict_work(Work((one_rank([w]),), plan(), None),
                                                                   profile()).notes)
+
+
+def test_an_elementwise_node_at_or_above_fresh_from_runs_at_the_fresh_rate():
+    """Reused rate W at every size; the fresh rate F = W/4 from S = 2^20 bytes (W below it, so fresh_from is S):
+    an elementwise node of B ≥ S bytes runs B / F forward and 2·B / F backward, one of B < S bytes (and its
+    backward of 2·B ≥ S) B / W and 2·B / F; a reduction likewise; a profile without the fresh rate times them at W
+    and says what that leaves out."""
+    import dataclasses
+
+    s, f = float(1 << 20), W / 4
+    fresh = (Point(1.0, W, W, W), Point(s / 2, W, W, W), Point(s, f, f, f), Point(64 * s, f, f, f))
+    p = dataclasses.replace(profile(), compute={**profile().compute, "elementwise": _flat(W, (1.0, s / 2, s, 64 * s)),
+                                                "elementwise_fresh": fresh})
+    big, small = 3 * s, 0.6 * s
+    for kind in ("elementwise", "reduction"):
+        fwd, bwd, _ = node_seconds(NodeWork(kind, big / 12, big, backward_flops=big / 12), p)
+        assert fwd == pytest.approx(big / f) and bwd == pytest.approx(2 * big / f)
+        fwd, bwd, _ = node_seconds(NodeWork(kind, small / 12, small, backward_flops=small / 12), p)
+        assert fwd == pytest.approx(small / W) and bwd == pytest.approx(2 * small / f)
+    w = NodeWork("elementwise", big / 12, big)
+    assert predict_work(Work((one_rank([w]),), plan(), None), p).step_seconds == pytest.approx(big / f)
+    old = predict_work(Work((one_rank([w]),), plan(), None), profile())
+    assert old.step_seconds == pytest.approx(big / W)
+    assert any("no timing of elementwise work into fresh memory" in n for n in old.notes)
+    assert not any("fresh memory" in n for n in predict_work(Work((one_rank([w]),), plan(), None), p).notes)

@@ -1,0 +1,106 @@
+"""The profile's elementwise work into fresh memory (``compute.elementwise_fresh``): a profile with it reads back
+equal, one taken before it was measured loads without it, a damaged one is refused with one line (exit 12), the
+size the fresh rate applies from (``fresh_from``) follows its rule written out here, and the calibration's timing
+is that of the same calls timed by the test."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from flopcount.errors import MeasurementError
+from flopcount.measure.machine import calibration as cal
+
+
+def _point(size: float, median: float, slowest: float | None = None) -> dict:
+    return {"size": size, "median": median, "best": median * 1.1, "slowest": median if slowest is None else slowest}
+
+
+def _doc(reused: list[dict], fresh: list[dict] | None) -> dict:
+    doc = cal.device_profile("H100", 8).as_dict()
+    doc["compute"]["elementwise"] = reused
+    if fresh is not None:
+        doc["compute"]["elementwise_fresh"] = fresh
+    return doc
+
+
+REUSED = [_point(s, 100e9, 90e9) for s in (1e3, 1e4, 1e5, 1e6, 1e7)]
+
+
+def test_fresh_timing_reads_back_and_absent_is_none():
+    doc = _doc(REUSED, [_point(s, 50e9) for s in (1e3, 1e7)])
+    p = cal.profile_from_dict(doc)
+    assert [pt.size for pt in p.compute["elementwise_fresh"]] == [1e3, 1e7]
+    assert cal.profile_from_dict(json.loads(json.dumps(p.as_dict()))) == p
+    old = cal.profile_from_dict(_doc(REUSED, None))
+    assert "elementwise_fresh" not in old.compute and cal.fresh_from(old) is None
+
+
+@pytest.mark.parametrize("value, words", [
+    ([], "compute.elementwise_fresh has no points"),
+    ([_point(1e3, 0.0)], "compute.elementwise_fresh has a rate of 0"),
+    ([{"size": 1e3, "median": math.nan, "best": 1.0, "slowest": 1.0}], "numbers >= 0"),
+    ("fast", "compute.elementwise_fresh has no points"),
+], ids=["no-points", "zero-rate", "nan", "text"])
+def test_damaged_fresh_timing_is_refused_with_one_line(value, words):
+    with pytest.raises(MeasurementError) as e:
+        cal.profile_from_dict(_doc(REUSED, value), "p.json")
+    assert words in str(e.value) and "\n" not in str(e.value) and e.value.exit_code == 12
+
+
+@pytest.mark.parametrize("fresh, expected", [
+    # below the reused rate's slowest repeat (90e9) from 1e5 on: the fresh rate applies from 1e5
+    ([(1e3, 95e9), (1e4, 91e9), (1e5, 60e9), (1e6, 30e9), (1e7, 10e9)], 1e5),
+    # slower at 1e4 but not at 1e5: only from the size after which every larger one is slower
+    ([(1e3, 95e9), (1e4, 50e9), (1e5, 95e9), (1e6, 30e9), (1e7, 10e9)], 1e6),
+    ([(1e3, 95e9), (1e7, 91e9)], None),  # never slower: no size
+    ([(1e3, 20e9), (1e7, 10e9)], 1e3),  # slower everywhere
+], ids=["from-1e5", "last-run", "never", "everywhere"])
+def test_fresh_from_is_the_smallest_size_from_which_fresh_is_slower(fresh, expected):
+    p = cal.profile_from_dict(_doc(REUSED, [_point(s, r) for s, r in fresh]))
+    assert cal.fresh_from(p) == expected
+
+
+def test_the_fresh_rate_is_the_bytes_of_the_outputs_kept_over_their_seconds(monkeypatch):
+    """``_fresh_rates`` of n elements: each repeat makes min(most, held_bytes / 4n) new outputs of a + b (12 bytes
+    an element moved each) and keeps them; on a clock that advances 1 ms a reading, its rate is those bytes / 1 ms.
+    The outputs are a + b."""
+    torch = pytest.importorskip("torch")
+    from flopcount.measure.machine import calibrate as cb
+
+    clock = iter(range(10**6))
+    monkeypatch.setattr(cb.time, "perf_counter", lambda: next(clock) * 1e-3)
+    n = 1000
+    a, b = torch.ones(n), torch.full((n,), 2.0)
+    made = []
+    real_add = torch.add
+    monkeypatch.setattr(torch, "add", lambda x, y: made.append(real_add(x, y)) or made[-1])
+    assert cb._fresh_rates(a, b, 3, held_bytes=40 * 4 * n) == pytest.approx([12 * n * 40 / 1e-3] * 3)
+    assert cb._fresh_rates(a, b, 2, held_bytes=10**9, most=7) == pytest.approx([12 * n * 7 / 1e-3] * 2)
+    assert len(made) == 3 * 40 + 2 * 7 and all(bool((t == 3).all()) for t in made)
+
+
+def test_new_outputs_are_never_faster_than_a_reused_one():
+    """Measured: writing into new memory costs at least what writing into a reused buffer does, so every repeat of
+    the fresh rate is below twice the best of 50 rates the test times for ``torch.add(a, b, out=c)`` at the same size."""
+    torch = pytest.importorskip("torch")
+    import time
+
+    from flopcount.measure.machine.calibrate import _fresh_rates
+
+    n = 2**18
+    a, b, c = torch.ones(n), torch.ones(n), torch.empty(n)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as a calibration runs
+    try:
+        reused = []
+        for _ in range(50):
+            t0 = time.perf_counter()
+            torch.add(a, b, out=c)
+            reused.append(12 * n / (time.perf_counter() - t0))
+        rates = _fresh_rates(a, b, 5, held_bytes=64 * 4 * n)
+    finally:
+        torch.set_num_threads(threads)
+    assert len(rates) == 5 and all(0 < r < 2 * max(reused) for r in rates), (rates, max(reused))
