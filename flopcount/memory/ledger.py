@@ -578,7 +578,8 @@ def _backward(g: Graph, st: _Storages, h: _Holds, accumulated: bool) -> Tape:
         if k in g.units:
             unit_extra.setdefault(g.units[k], []).append(k)
     alive = {r for r in h.holders if r not in h.recomputed}.union(*h.unit_inputs.values())
-    w.touched.update(r for rs in h.unit_outputs.values() for r in rs)
+    for r in sorted(r for rs in h.unit_outputs.values() for r in rs):
+        w.term("bytes", r)  # sized whether or not the unit's backward runs
     grad_of: dict[str, str] = {}  # a gradient alive → the name whose bytes it has
     for n in g.nodes:  # the seed gradients of the graph's outputs that need one
         for t in n.outputs:

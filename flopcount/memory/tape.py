@@ -11,6 +11,7 @@ live bytes at every mark, the same peak and the same place, as the walk.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Callable, Mapping
 
 __all__ = ["Tape", "Walk"]
@@ -35,47 +36,55 @@ class Walk:
 
 
 class Tape:
-    """Per stretch between marks: the names whose bytes are added and freed, the parameters whose gradient is
-    made (a rank's gradient share), the node indices whose statistics are added and freed, and the node the
-    stretch ends at (None: the end of the walk, no mark). ``touched``: names whose size the walk read without
-    adding them (read again on replay, so an unknown size is reported alike)."""
+    """The walk's terms (a name's bytes, a parameter's gradient share, a node's statistics: ``terms``, each read
+    once on replay, so a name of unknown size is reported alike) and, per stretch between marks, the indexes of
+    the terms it adds and of those it frees, and the nodes of the marks, in order (the last stretch runs to the
+    walk's end, unmarked)."""
 
     def __init__(self, phase: str):
         self.phase = phase
-        self.stretches: list[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[int, ...],
-                                   tuple[int, ...], str | None]] = []
-        self.touched: set[str] = set()
-        self._open()
+        self.terms: list[tuple[str, str | int]] = []
+        self.stretches: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+        self.nodes: list[str] = []
+        self._index: dict[tuple[str, str | int], int] = {}
+        self._plus: list[int] = []
+        self._minus: list[int] = []
 
-    def _open(self) -> None:
-        self._plus: list[str] = []
-        self._minus: list[str] = []
-        self._grads: list[str] = []
-        self._extra: list[int] = []
-        self._freed: list[int] = []
+    def term(self, kind: str, key: str | int) -> int:
+        """The index of the term: ``kind`` "bytes" of a name, "grad" of a parameter, "extra" of a node index."""
+        i = self._index.get((kind, key))
+        if i is None:
+            i = self._index[(kind, key)] = len(self.terms)
+            self.terms.append((kind, key))
+        return i
 
     def add(self, name: str, sign: int = 1) -> None:
-        (self._plus if sign > 0 else self._minus).append(name)
+        (self._plus if sign > 0 else self._minus).append(self.term("bytes", name))
 
     def grad(self, param: str) -> None:
-        self._grads.append(param)
+        self._plus.append(self.term("grad", param))
 
     def extra(self, node: int, sign: int = 1) -> None:
-        (self._extra if sign > 0 else self._freed).append(node)
+        (self._plus if sign > 0 else self._minus).append(self.term("extra", node))
 
     def mark(self, node: str | None) -> None:
-        self.stretches.append((tuple(self._plus), tuple(self._minus), tuple(self._grads), tuple(self._extra),
-                               tuple(self._freed), node))
-        self._open()
+        """End the stretch at a mark at ``node`` (None: the walk's end)."""
+        self.stretches.append((tuple(self._plus), tuple(self._minus)))
+        self._plus, self._minus = [], []
+        if node is not None:
+            self.nodes.append(node)
 
     def replay(self, w: Walk, nbytes: Callable[[str], int], grad_size: Callable[[str], int],
                extra: Mapping[int, int]) -> None:
         """Walk again on these sizes: ``nbytes`` of a name, ``grad_size`` of a parameter's gradient, ``extra``
-        node index → its statistics' bytes."""
-        for name in self.touched:
-            nbytes(name)
-        for plus, minus, grads, more, freed, node in self.stretches:
-            w.live += sum(map(nbytes, plus)) - sum(map(nbytes, minus)) + sum(map(grad_size, grads)) + \
-                sum(extra[k] for k in more) - sum(extra[k] for k in freed)
-            if node is not None:
-                w.mark(self.phase, node)
+        node index → its statistics' bytes. The peak is the walk's: the most alive at a mark if more than
+        ``w``'s peak, at the first mark it is reached."""
+        of = {"bytes": nbytes, "grad": grad_size, "extra": extra.__getitem__}
+        get = [of[kind](key) for kind, key in self.terms].__getitem__
+        lives = list(accumulate((sum(map(get, plus)) - sum(map(get, minus)) for plus, minus in self.stretches),
+                                initial=w.live))
+        marked = lives[1:len(self.nodes) + 1]
+        top = max(marked, default=w.peak)
+        if top > w.peak:
+            w.peak, w.phase, w.node = top, self.phase, self.nodes[marked.index(top)]
+        w.live = lives[-1]
