@@ -412,12 +412,13 @@ def ledger(g: Graph, mode: str, optimizer: str | None, settings: MemorySettings,
     steps = found.get(("forward", whole, training)) or \
         found.setdefault(("forward", whole, training), _forward_steps(g, st, holds))
     kept_by: dict[int, int] = {}
-    activations, statistics = _forward(g, st, w, kept_by, steps)
+    extra = {k: s.extra_bytes for k, s in g.saved.items()}
+    activations, statistics = _forward(g, st, w, kept_by, steps, extra)
     if training:
         unsized.update(x for s in g.saved.values() for x in s.unsized)  # kept inside a control-flow body
         tape = found.get(("backward", whole, accumulated)) or \
             found.setdefault(("backward", whole, accumulated), _backward(g, st, holds, accumulated))
-        tape.replay(w, size, grad_size, {k: s.extra_bytes for k, s in g.saved.items()})
+        tape.replay(w, size, grad_size, extra)
         w.live += temps
         w.mark("optimizer step", "")
     rank = RankMemory(params, buffers, grads, states, temps if optimizer else 0, inputs, activations, statistics,
@@ -499,11 +500,11 @@ def _holds(g: Graph, st: _Storages, whole: bool) -> _Holds:
     return h
 
 
-def _forward_steps(g: Graph, st: _Storages, h: _Holds) -> tuple[list[tuple[tuple[str, ...], tuple[str, ...]]],
-                                                                 list[tuple[str, int]]]:
-    """What the forward walk does at each node, whatever the tensors' sizes: (the storages it allocates, those it
-    frees after it: what nothing reads or keeps any more) per node, and the storages kept for the backward at its
-    end with the node that made each (-1: a graph input)."""
+def _forward_steps(g: Graph, st: _Storages, h: _Holds) -> tuple[Tape, list[tuple[str, int]]]:
+    """The forward walk, recorded apart from the sizes (:class:`.tape.Tape`): each node's outputs allocated with its
+    statistics, marked, then its statistics freed if its unit makes them again in the backward and the storages
+    freed that nothing reads or keeps any more; and the storages kept for the backward at its end with the node
+    that made each (-1: a graph input)."""
     last_use: dict[str, int] = {}
     for pos, n in enumerate(g.nodes):
         for t in n.inputs:
@@ -512,7 +513,7 @@ def _forward_steps(g: Graph, st: _Storages, h: _Holds) -> tuple[list[tuple[tuple
     held = {r for r in h.holders if r not in h.recomputed}.union(*h.unit_inputs.values())
     persistent = g.stored | {st.of(n) for n in g.inputs} | {st.of(n) for n in g.outputs}
     allocated: set[str] = set()
-    steps = []
+    w = Tape("forward")
     for pos, n in enumerate(g.nodes):
         made = tuple(t.name for t in n.outputs
                      if t is not None and t.name and st.of(t.name) == t.name and t.name not in g.stored)
@@ -521,31 +522,33 @@ def _forward_steps(g: Graph, st: _Storages, h: _Holds) -> tuple[list[tuple[tuple
         freed = tuple(r for r in {st.of(x) for x in names}
                       if r in allocated and last_use.get(r, -1) <= pos and r not in held and r not in persistent)
         allocated.difference_update(freed)
-        steps.append((made, freed))
-    producer = {t.name: n.index for n in g.nodes for t in n.outputs if t is not None and t.name}
-    return steps, [(r, producer.get(r, -1)) for r in held - g.stored]
-
-
-def _forward(g: Graph, st: _Storages, w: Walk, kept_by: dict[int, int], steps: tuple) -> tuple[int, int]:
-    """Walk the forward (:func:`_forward_steps`): allocate each node's outputs, free what nothing reads or keeps any
-    more; return the bytes kept for the backward at its end (whole tensors and statistics together) and the
-    statistics among them. ``kept_by`` gets the bytes kept per node index: a tensor under the node that made it
-    (-1: a graph input), statistics under the node that keeps them."""
-    per_node, kept_at_end = steps
-    statistics = 0
-    for n, (made, freed) in zip(g.nodes, per_node):
         for name in made:
-            w.add(st.nbytes(name))
-        extra = g.saved[n.index].extra_bytes if n.index in g.saved else 0
-        w.add(extra)
-        w.mark("forward", n.name)
-        if n.index in g.units:
-            w.add(-extra)  # recomputed in the backward
-        elif extra:
-            statistics += extra
-            kept_by[n.index] = kept_by.get(n.index, 0) + extra
+            w.add(name)
+        if n.index in g.saved:
+            w.extra(n.index)
+        w.mark(n.name)
+        if n.index in g.saved and n.index in g.units:
+            w.extra(n.index, -1)  # recomputed in the backward
         for r in freed:
-            w.add(-st.nbytes(r))
+            w.add(r, -1)
+    w.mark(None)
+    producer = {t.name: n.index for n in g.nodes for t in n.outputs if t is not None and t.name}
+    return w, [(r, producer.get(r, -1)) for r in held - g.stored]
+
+
+def _forward(g: Graph, st: _Storages, w: Walk, kept_by: dict[int, int], steps: tuple,
+             extra: Mapping[int, int]) -> tuple[int, int]:
+    """Walk the forward (:func:`_forward_steps`) at these sizes (``extra``: node index → its statistics' bytes);
+    return the bytes kept for the backward at its end (whole tensors and statistics together) and the statistics
+    among them. ``kept_by`` gets the bytes kept per node index: a tensor under the node that made it (-1: a graph
+    input), statistics under the node that keeps them."""
+    tape, kept_at_end = steps
+    tape.replay(w, st.nbytes, st.nbytes, extra)
+    statistics = 0
+    for n in g.nodes:
+        if n.index not in g.units and extra.get(n.index):
+            statistics += extra[n.index]
+            kept_by[n.index] = kept_by.get(n.index, 0) + extra[n.index]
     kept = 0
     for r, k in kept_at_end:
         kept += st.nbytes(r)
