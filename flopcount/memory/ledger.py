@@ -37,6 +37,7 @@ from ..parallel.plan import DEVICES, IMPLEMENTATIONS, ParallelPlan, Recompute, c
 from ..reporting.report import NodeCount, element_bits, tensor_bytes
 from ..saved import Saved
 from .sizes import parse_size
+from .tape import Tape, Walk
 
 __all__ = [
     "IMPLEMENTATIONS", "INPUTS", "OPTIMIZER_STATES", "Graph", "Memory", "MemorySettings", "OnRank", "RankMemory", "attention_cores", "ledger",
@@ -268,23 +269,6 @@ def _numel(t: TensorInfo) -> int:
     return n
 
 
-@dataclass
-class _Walk:
-    """The running tally of the liveness walk."""
-
-    live: int = 0
-    peak: int = 0
-    phase: str = "forward"
-    node: str = ""
-
-    def add(self, nbytes: int) -> None:
-        self.live += nbytes
-
-    def mark(self, phase: str, node: str) -> None:
-        if self.live > self.peak:
-            self.peak, self.phase, self.node = self.live, phase, node
-
-
 @dataclass(frozen=True)
 class Graph:
     """What the walk reads of a counted graph: the nodes in execution order, which inputs of each need a gradient
@@ -420,24 +404,21 @@ def ledger(g: Graph, mode: str, optimizer: str | None, settings: MemorySettings,
     states, temps = optimizer_bytes(optimizer, stepped, settings, shards.counters) if training else (0, 0)
     buffers = sum(size(n) for n in g.buffers)
     inputs = sum(size(n) for n in g.inputs)
-    w = _Walk(live=params + buffers + inputs + states + held + (grads if accumulated else 0))
+    w = Walk(live=params + buffers + inputs + states + held + (grads if accumulated else 0))
     whole = settings.recompute.policy == "full"
-    if structure is not None and ("holds", whole, training) in structure:
-        holds = structure[("holds", whole, training)]
-    else:
-        holds = _holds(g, st, whole) if training else _Holds()
-        if structure is not None:
-            structure[("holds", whole, training)] = holds
-    steps = structure.get(("forward", whole, training)) if structure is not None else None
-    if steps is None:
-        steps = _forward_steps(g, st, holds)
-        if structure is not None:
-            structure[("forward", whole, training)] = steps
+    found = structure if structure is not None else {}  # what the walk finds of the structure, kept there
+    holds = found.get(("holds", whole, training)) or \
+        found.setdefault(("holds", whole, training), _holds(g, st, whole) if training else _Holds())
+    steps = found.get(("forward", whole, training)) or \
+        found.setdefault(("forward", whole, training), _forward_steps(g, st, holds))
     kept_by: dict[int, int] = {}
-    activations, statistics = _forward(g, st, w, kept_by, steps)
+    extra = {k: s.extra_bytes for k, s in g.saved.items()}
+    activations, statistics = _forward(g, st, w, kept_by, steps, extra)
     if training:
         unsized.update(x for s in g.saved.values() for x in s.unsized)  # kept inside a control-flow body
-        _backward(g, st, holds, w, set(g.trainable) if accumulated else set(), grad_size)
+        tape = found.get(("backward", whole, accumulated)) or \
+            found.setdefault(("backward", whole, accumulated), _backward(g, st, holds, accumulated))
+        tape.replay(w, size, grad_size, extra)
         w.live += temps
         w.mark("optimizer step", "")
     rank = RankMemory(params, buffers, grads, states, temps if optimizer else 0, inputs, activations, statistics,
@@ -519,11 +500,11 @@ def _holds(g: Graph, st: _Storages, whole: bool) -> _Holds:
     return h
 
 
-def _forward_steps(g: Graph, st: _Storages, h: _Holds) -> tuple[list[tuple[tuple[str, ...], tuple[str, ...]]],
-                                                                 list[tuple[str, int]]]:
-    """What the forward walk does at each node, whatever the tensors' sizes: (the storages it allocates, those it
-    frees after it: what nothing reads or keeps any more) per node, and the storages kept for the backward at its
-    end with the node that made each (-1: a graph input)."""
+def _forward_steps(g: Graph, st: _Storages, h: _Holds) -> tuple[Tape, list[tuple[str, int]]]:
+    """The forward walk, recorded apart from the sizes (:class:`.tape.Tape`): each node's outputs allocated with its
+    statistics, marked, then its statistics freed if its unit makes them again in the backward and the storages
+    freed that nothing reads or keeps any more; and the storages kept for the backward at its end with the node
+    that made each (-1: a graph input)."""
     last_use: dict[str, int] = {}
     for pos, n in enumerate(g.nodes):
         for t in n.inputs:
@@ -532,7 +513,7 @@ def _forward_steps(g: Graph, st: _Storages, h: _Holds) -> tuple[list[tuple[tuple
     held = {r for r in h.holders if r not in h.recomputed}.union(*h.unit_inputs.values())
     persistent = g.stored | {st.of(n) for n in g.inputs} | {st.of(n) for n in g.outputs}
     allocated: set[str] = set()
-    steps = []
+    w = Tape("forward")
     for pos, n in enumerate(g.nodes):
         made = tuple(t.name for t in n.outputs
                      if t is not None and t.name and st.of(t.name) == t.name and t.name not in g.stored)
@@ -541,31 +522,33 @@ def _forward_steps(g: Graph, st: _Storages, h: _Holds) -> tuple[list[tuple[tuple
         freed = tuple(r for r in {st.of(x) for x in names}
                       if r in allocated and last_use.get(r, -1) <= pos and r not in held and r not in persistent)
         allocated.difference_update(freed)
-        steps.append((made, freed))
-    producer = {t.name: n.index for n in g.nodes for t in n.outputs if t is not None and t.name}
-    return steps, [(r, producer.get(r, -1)) for r in held - g.stored]
-
-
-def _forward(g: Graph, st: _Storages, w: _Walk, kept_by: dict[int, int], steps: tuple) -> tuple[int, int]:
-    """Walk the forward (:func:`_forward_steps`): allocate each node's outputs, free what nothing reads or keeps any
-    more; return the bytes kept for the backward at its end (whole tensors and statistics together) and the
-    statistics among them. ``kept_by`` gets the bytes kept per node index: a tensor under the node that made it
-    (-1: a graph input), statistics under the node that keeps them."""
-    per_node, kept_at_end = steps
-    statistics = 0
-    for n, (made, freed) in zip(g.nodes, per_node):
         for name in made:
-            w.add(st.nbytes(name))
-        extra = g.saved[n.index].extra_bytes if n.index in g.saved else 0
-        w.add(extra)
-        w.mark("forward", n.name)
-        if n.index in g.units:
-            w.add(-extra)  # recomputed in the backward
-        elif extra:
-            statistics += extra
-            kept_by[n.index] = kept_by.get(n.index, 0) + extra
+            w.add(name)
+        if n.index in g.saved:
+            w.extra(n.index)
+        w.mark(n.name)
+        if n.index in g.saved and n.index in g.units:
+            w.extra(n.index, -1)  # recomputed in the backward
         for r in freed:
-            w.add(-st.nbytes(r))
+            w.add(r, -1)
+    w.mark(None)
+    producer = {t.name: n.index for n in g.nodes for t in n.outputs if t is not None and t.name}
+    return w, [(r, producer.get(r, -1)) for r in held - g.stored]
+
+
+def _forward(g: Graph, st: _Storages, w: Walk, kept_by: dict[int, int], steps: tuple,
+             extra: Mapping[int, int]) -> tuple[int, int]:
+    """Walk the forward (:func:`_forward_steps`) at these sizes (``extra``: node index → its statistics' bytes);
+    return the bytes kept for the backward at its end (whole tensors and statistics together) and the statistics
+    among them. ``kept_by`` gets the bytes kept per node index: a tensor under the node that made it (-1: a graph
+    input), statistics under the node that keeps them."""
+    tape, kept_at_end = steps
+    tape.replay(w, st.nbytes, st.nbytes, extra)
+    statistics = 0
+    for n in g.nodes:
+        if n.index not in g.units and extra.get(n.index):
+            statistics += extra[n.index]
+            kept_by[n.index] = kept_by.get(n.index, 0) + extra[n.index]
     kept = 0
     for r, k in kept_at_end:
         kept += st.nbytes(r)
@@ -573,11 +556,13 @@ def _forward(g: Graph, st: _Storages, w: _Walk, kept_by: dict[int, int], steps: 
     return kept + statistics, statistics
 
 
-def _backward(g: Graph, st: _Storages, h: _Holds, w: _Walk, param_grads: set[str],
-              grad_size: Callable[[str], int]) -> None:
-    """Walk the backward in reverse execution order: each node's input gradients are allocated, then its output
-    gradients, its statistics and what only it kept are freed; a checkpointed unit makes its kept tensors again
-    when its backward starts and releases its inputs when it ends."""
+def _backward(g: Graph, st: _Storages, h: _Holds, accumulated: bool) -> Tape:
+    """The backward walk in reverse execution order, recorded apart from the sizes (:class:`.tape.Tape`): each
+    node's input gradients are allocated, then its output gradients, its statistics and what only it kept are
+    freed; a checkpointed unit makes its kept tensors again when its backward starts and releases its inputs when
+    it ends. ``accumulated``: the parameters' gradients exist from the start."""
+    w = Tape("backward")
+    param_grads = set(g.trainable) if accumulated else set()
     persistent = g.stored | {st.of(n) for n in g.inputs} | {st.of(n) for n in g.outputs}
     pending = {r: len(k) for r, k in h.holders.items()}  # holders whose backward has not run
     kept_by: dict[int, list[str]] = {}
@@ -591,23 +576,24 @@ def _backward(g: Graph, st: _Storages, h: _Holds, w: _Walk, param_grads: set[str
     remade: dict[int, list[str]] = {}
     for r, u in h.recomputed.items():
         remade.setdefault(u, []).append(r)
-    unit_extra: dict[int, int] = {}
-    for k, s in g.saved.items():
+    unit_extra: dict[int, list[int]] = {}
+    for k in g.saved:
         if k in g.units:
-            unit_extra[g.units[k]] = unit_extra.get(g.units[k], 0) + s.extra_bytes
+            unit_extra.setdefault(g.units[k], []).append(k)
     alive = {r for r in h.holders if r not in h.recomputed}.union(*h.unit_inputs.values())
-    remade_outputs = {u: sum(st.nbytes(r) for r in rs) for u, rs in h.unit_outputs.items()}
-    grad_of: dict[str, int] = {}
+    for r in sorted(r for rs in h.unit_outputs.values() for r in rs):
+        w.term("bytes", r)  # sized whether or not the unit's backward runs
+    grad_of: dict[str, str] = {}  # a gradient alive → the name whose bytes it has
     for n in g.nodes:  # the seed gradients of the graph's outputs that need one
         for t in n.outputs:
             if n.index in g.grads and t is not None and t.name in g.outputs and t.is_float:
-                grad_of[t.name] = st.nbytes(t.name)
-                w.add(grad_of[t.name])
+                grad_of[t.name] = t.name
+                w.add(t.name)
 
     def release(r: str) -> None:
         if r in alive and not pending.get(r) and not unit_holds.get(r) and r not in persistent:
             alive.discard(r)
-            w.add(-st.nbytes(r))
+            w.add(r, -1)
 
     for n in reversed(g.nodes):
         if n.index not in g.grads:
@@ -617,27 +603,33 @@ def _backward(g: Graph, st: _Storages, h: _Holds, w: _Walk, param_grads: set[str
             for r in remade.get(u, ()):
                 if r not in alive:
                     alive.add(r)
-                    w.add(st.nbytes(r))
-            w.add(unit_extra.get(u, 0) + remade_outputs.get(u, 0))  # a whole rerun makes the outputs anew too
-        _input_grads(g, st, n, w, grad_of, param_grads, grad_size)
-        w.mark("backward", n.name)
+                    w.add(r)
+            for k in unit_extra.get(u, ()):
+                w.extra(k)
+            for r in h.unit_outputs.get(u, ()):  # a whole rerun makes the outputs anew too
+                w.add(r)
+        _input_grads(g, st, n, w, grad_of, param_grads)
+        w.mark(n.name)
         for t in n.outputs:
             if t is not None and t.name in grad_of:
-                w.add(-grad_of.pop(t.name))
+                w.add(grad_of.pop(t.name), -1)
         if n.index in g.saved:
-            w.add(-g.saved[n.index].extra_bytes)
+            w.extra(n.index, -1)
         for r in kept_by.get(n.index, ()):
             pending[r] -= 1
             release(r)
         if u is not None and h.first.get(u) == n.index:
-            w.add(-remade_outputs.get(u, 0))
+            for r in h.unit_outputs.get(u, ()):
+                w.add(r, -1)
             for r in h.unit_inputs.get(u, ()):
                 unit_holds[r] -= 1
                 release(r)
+    w.mark(None)
+    return w
 
 
-def _input_grads(g: Graph, st: _Storages, n: NodeCount, w: _Walk, grad_of: dict[str, int], param_grads: set[str],
-                 grad_size: Callable[[str], int]) -> None:
+def _input_grads(g: Graph, st: _Storages, n: NodeCount, w: Tape, grad_of: dict[str, str],
+                 param_grads: set[str]) -> None:
     """Allocate the gradients node ``n``'s backward produces: a parameter's once, kept to the step; an activation's
     once, however many consumers add to it; a view's input gradient is its output gradient, viewed."""
     flags = g.grads[n.index]
@@ -648,19 +640,19 @@ def _input_grads(g: Graph, st: _Storages, n: NodeCount, w: _Walk, grad_of: dict[
             p = st.of(t.name)  # an expert gather's slices: the gradient is the parameter's own
             if p not in param_grads:
                 param_grads.add(p)
-                w.add(grad_size(p))
+                w.grad(p)
         elif t.name in st.gathered:  # slices of a parameter that is not trained: no gradient
             continue
         elif n.op_type in VIEWS and n.op_type != "Split" and i == 0 and n.outputs and n.outputs[0] is not None \
                 and n.outputs[0].name in grad_of:
             viewed = grad_of.pop(n.outputs[0].name)
             if t.name in grad_of:  # added into the gradient another consumer made
-                w.add(-viewed)
+                w.add(viewed, -1)
             else:
                 grad_of[t.name] = viewed
         elif t.name not in grad_of:
-            grad_of[t.name] = st.nbytes(t.name)
-            w.add(grad_of[t.name])
+            grad_of[t.name] = t.name
+            w.add(t.name)
 
 
 def recompute_units(policy: Recompute, nodes: Sequence[NodeCount], scopes: Sequence[tuple[str, ...]],

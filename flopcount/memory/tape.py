@@ -1,0 +1,90 @@
+"""A liveness walk's record apart from the sizes: what it adds and frees between two of its marks, by name, so that
+a rank's next walk of the same nodes sums its own sizes without deciding again what lives and dies.
+
+The backward walk (:func:`flopcount.memory.ledger.ledger`) decides from the graph's structure alone which tensors,
+gradients and statistics are alive at each node; only their bytes differ between ranks of the same stage. Recorded
+once on a :class:`Tape`, it is replayed on each rank's sizes (:meth:`Tape.replay`): between two marks only the
+sum of what was added and freed matters, since the peak is read at the marks alone, so the replay gives the same
+live bytes at every mark, the same peak and the same place, as the walk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import Callable, Mapping
+
+__all__ = ["Tape", "Walk"]
+
+
+@dataclass
+class Walk:
+    """The running tally of a liveness walk: the bytes alive, and the most alive at a mark so far, with its
+    phase and node."""
+
+    live: int = 0
+    peak: int = 0
+    phase: str = "forward"
+    node: str = ""
+
+    def add(self, nbytes: int) -> None:
+        self.live += nbytes
+
+    def mark(self, phase: str, node: str) -> None:
+        if self.live > self.peak:
+            self.peak, self.phase, self.node = self.live, phase, node
+
+
+class Tape:
+    """The walk's terms (a name's bytes, a parameter's gradient share, a node's statistics: ``terms``, each read
+    once on replay, so a name of unknown size is reported alike) and, per stretch between marks, the indexes of
+    the terms it adds and of those it frees, and the nodes of the marks, in order (the last stretch runs to the
+    walk's end, unmarked)."""
+
+    def __init__(self, phase: str):
+        self.phase = phase
+        self.terms: list[tuple[str, str | int]] = []
+        self.stretches: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+        self.nodes: list[str] = []
+        self._index: dict[tuple[str, str | int], int] = {}
+        self._plus: list[int] = []
+        self._minus: list[int] = []
+
+    def term(self, kind: str, key: str | int) -> int:
+        """The index of the term: ``kind`` "bytes" of a name, "grad" of a parameter, "extra" of a node index."""
+        i = self._index.get((kind, key))
+        if i is None:
+            i = self._index[(kind, key)] = len(self.terms)
+            self.terms.append((kind, key))
+        return i
+
+    def add(self, name: str, sign: int = 1) -> None:
+        (self._plus if sign > 0 else self._minus).append(self.term("bytes", name))
+
+    def grad(self, param: str) -> None:
+        self._plus.append(self.term("grad", param))
+
+    def extra(self, node: int, sign: int = 1) -> None:
+        (self._plus if sign > 0 else self._minus).append(self.term("extra", node))
+
+    def mark(self, node: str | None) -> None:
+        """End the stretch at a mark at ``node`` (None: the walk's end)."""
+        self.stretches.append((tuple(self._plus), tuple(self._minus)))
+        self._plus, self._minus = [], []
+        if node is not None:
+            self.nodes.append(node)
+
+    def replay(self, w: Walk, nbytes: Callable[[str], int], grad_size: Callable[[str], int],
+               extra: Mapping[int, int]) -> None:
+        """Walk again on these sizes: ``nbytes`` of a name, ``grad_size`` of a parameter's gradient, ``extra``
+        node index → its statistics' bytes. The peak is the walk's: the most alive at a mark if more than
+        ``w``'s peak, at the first mark it is reached."""
+        of = {"bytes": nbytes, "grad": grad_size, "extra": extra.__getitem__}
+        get = [of[kind](key) for kind, key in self.terms].__getitem__
+        lives = list(accumulate((sum(map(get, plus)) - sum(map(get, minus)) for plus, minus in self.stretches),
+                                initial=w.live))
+        marked = lives[1:len(self.nodes) + 1]
+        top = max(marked, default=w.peak)
+        if top > w.peak:
+            w.peak, w.phase, w.node = top, self.phase, self.nodes[marked.index(top)]
+        w.live = lives[-1]
