@@ -2,6 +2,8 @@
 the contract.
 
 * :mod:`.ledger` the memory ledger of one step: a liveness walk over a counted report's nodes (``--memory``)
+* :mod:`.tape` a liveness walk's record apart from the sizes, replayed at each rank's sizes (a plan search's
+  ranks of one stage)
 * :mod:`.counted` what a count hands the ledger, and its saved-for-backward rules applied before the walk
 * :mod:`.layers` the memory ledger of L identical layers, walked on the 2-layer graph with its second layer copied
 * :mod:`.ranks` the memory ledger per rank under a parallel plan (``--memory --parallel``)
