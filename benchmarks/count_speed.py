@@ -32,6 +32,13 @@ a forked child while the DAG is built (see ``flopcount.pipeline.shapes.Inference
 overlaps the inference and "shapes" is what is left of it. ``--no-parallel`` (or FLOPCOUNT_PARALLEL=0)
 keeps everything in one process, for comparison.
 
+Last measured 2026-11-29 18:26-18:27 UTC on the same machine quiet (load average 0.3 to 1.1), ``--floor --kinds
+transformer,gpt,vit,cnn --repeat 3``, two runs, wall ratios (transformer, GPT, ViT, CNN): 10k nodes 1.43-1.50x,
+1.36-1.43x, 1.35-1.44x, 1.37-1.42x (floor 0.18-0.23 s); 100k nodes 1.82-1.85x, 1.77-1.79x, 1.65-1.80x, 1.54-1.59x
+(floor 0.80-1.44 s): the targets (1.5x and 2.0x) met on every kind. CPU ratios 1.35-1.52x at 10k and 2.26-2.55x at
+100k (the inference child runs beside the parent). ``benchmarks/llm_count.py --skip-export`` at 18:27: the cached
+repeat 0.3 s (target 5 s), peak RSS 70 MB, equal counts; cache off 6.6 s. Earlier figures, under load:
+
 Last measured 2026-11-29 14:10-14:30 UTC (python 3.11.7, onnx 1.23.2, 2 CPUs shared with other jobs: load average
 8.6 to 11.5 throughout, so that the inference child gained nothing from running beside the parent and wall times
 varied by 2x between runs of the same process). ``--floor --kinds transformer,gpt,vit,cnn --repeat 3``, one run:
