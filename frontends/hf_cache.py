@@ -14,8 +14,9 @@ The key (:func:`recipe_key`, the one rule) is the SHA-256 of:
 * the configuration: the bytes of its ``config.json`` (a path), or its canonical JSON (a dict);
 * the call: the input shapes, ``training``, ``opset``, ``repeated_layers``, ``trust_remote_code`` and the settings
   the frontend reads before counting (``mode``, ``batch``, ``trainable_inputs``, ``trainable``, ``attention``);
-* the installed versions of torch, transformers, onnx, onnxscript and flopcount (their package metadata, read
-  without importing them) and Python's;
+* the installed versions of transformers and of the distributions an export depends on
+  (:data:`~flopcount.frontends.torch_cache.EXPORT_DISTRIBUTIONS`: torch, onnx, onnxscript, onnx-ir, flopcount; their
+  package metadata, read without importing them) and Python's;
 * the export cache format (:data:`~flopcount.frontends.torch_cache.CACHE_FORMAT`) and the recipe's
   (:data:`RECIPE_FORMAT`);
 * the source files of the frontends, of the parameter classification and of the shared limits, which decide what a
@@ -45,7 +46,7 @@ from flopcount.reporting.layers import RepeatedLayers
 
 from . import common
 from .exported import Exported
-from .torch_cache import CACHE_FORMAT
+from .torch_cache import CACHE_FORMAT, EXPORT_DISTRIBUTIONS
 
 log = logging.getLogger(__name__.removesuffix("_cache"))  # the hf frontend's logger
 
@@ -53,8 +54,8 @@ __all__ = ["RECIPE_FORMAT", "Recipe", "RecipeCall", "read_recipe", "recipe_key",
 
 #: Version of the recipe's layout; bump when what a recipe holds, or how it is read, changes.
 RECIPE_FORMAT = 1
-#: The distributions whose installed versions the key holds.
-VERSIONED = ("torch", "transformers", "onnx", "onnxscript", "flopcount")
+#: The distributions whose installed versions the key holds: an export's, and transformers.
+VERSIONED = (*EXPORT_DISTRIBUTIONS, "transformers")
 #: The settings of a count the frontend reads before counting (the rest apply to the count of each export).
 READ_SETTINGS = ("mode", "batch", "trainable_inputs", "trainable", "attention")
 

@@ -7,13 +7,15 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-import onnx
-
 from . import common
 
 log = logging.getLogger(__name__.removesuffix("_cache"))  # the torch frontend's logger: the records are its exports
 
 CACHE_FORMAT = 5  # bump when the export pipeline changes what it writes (4: sealed entries; 5: sdpa's dropout kept)
+#: The distributions an export depends on, whose installed versions (package metadata) every export key holds: the
+#: exporter (torch), the graph's library and the exporter's passes (onnx, onnxscript and its IR, onnx-ir), this
+#: package.
+EXPORT_DISTRIBUTIONS = ("torch", "onnx", "onnxscript", "onnx-ir", "flopcount")
 
 def fingerprint(torch, module, call, training: bool, opset: int) -> str | None:
     """Hash of everything the exported graph depends on except weight values; None (do not cache) where some
@@ -28,12 +30,7 @@ def fingerprint(torch, module, call, training: bool, opset: int) -> str | None:
         return None
     document = {
         "format": CACHE_FORMAT,
-        "versions": {
-            "torch": torch.__version__,
-            "onnx": onnx.__version__,
-            "onnxscript": common.dist_version("onnxscript"),
-            "flopcount": common.dist_version("flopcount"),
-        },
+        "versions": {name: common.dist_version(name) for name in EXPORT_DISTRIBUTIONS},
         "module": common.without_addresses(repr(module)),
         "modules": modules,
         "parameters": [[n, list(p.shape), str(p.dtype), p.is_meta] for n, p in module.named_parameters()],

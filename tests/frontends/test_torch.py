@@ -219,6 +219,19 @@ def test_cache_key_sees_structure_not_values(cache):
     assert key(nn.Dropout(0.1)) != key(nn.Dropout(0.2))
 
 
+@pytest.mark.parametrize("distribution", ["torch", "onnx", "onnxscript", "onnx-ir", "flopcount"])
+def test_cache_key_sees_each_installed_version_an_export_depends_on(cache, monkeypatch, distribution):
+    """An upgrade of the exporter, of the graph's library, of the exporter's passes (onnxscript and the IR it
+    rewrites graphs with, onnx-ir) or of this package misses the cache."""
+    from flopcount.frontends import common
+
+    key = lambda: frontend.fingerprint(torch, nn.Linear(4, 6), frontend._bind(torch, nn.Linear(4, 6),
+                                                                               torch.zeros(1, 4), None, None), False, 18)
+    before, real = key(), common.dist_version
+    monkeypatch.setattr(common, "dist_version", lambda d: "0.0.1" if d == distribution else real(d))
+    assert key() != before
+
+
 @pytest.mark.parametrize("cache_dir", [False, "off-env"], ids=["cache_dir=False", "FLOPCOUNT_CACHE=off"])
 def test_cache_disabled(cache, fake_exports, monkeypatch, cache_dir):
     if cache_dir == "off-env":
