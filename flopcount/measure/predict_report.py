@@ -98,15 +98,11 @@ def _messages(r: Any, led: Any) -> tuple[Message, ...]:
     plan, d = led.plan, led.dims
     m, train = plan.microbatches, led.mode == "train"
     a = d["batch"] * (d["seq"] // plan.cp) * d["hidden"] * d["activation_bytes"]
-    kv = d.get("kv_heads")
-    sizes = {"tp": plan.tp, "pp": 2, "dp": plan.dp, "dp_cp": plan.dp * plan.cp, "cp": plan.cp, "ep": plan.ep,
-             "edp": plan.dp * plan.cp // plan.ep, "tp_ep": plan.tp * plan.ep, "tp_cp": plan.tp * plan.cp,
-             "tp_kv": plan.tp // kv if kv and kv < plan.tp else 1, "embedding": 2}
     out = []
     first, last = r.stage == 0, r.stage == plan.pp - 1
     v = plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
     for c in r.communication:
-        n = sizes[c.group]
+        n = plan.group_ranks(c.group, d.get("kv_heads"))
         if c.group == "tp":
             calls, rest = divmod(c.bytes, a)
             halves = ("forward", "backward") if train else ("forward",)

@@ -134,6 +134,24 @@ class ParallelPlan:
         """Whether the plan is one rank holding everything."""
         return self.world_size == 1 and self.ep == 1
 
+    def group_ranks(self, group: str, kv_heads: int | None = None) -> int:
+        """The ranks of the group a collective of the per-rank ledger runs on (JSON ``communication[].group``):
+        ``tp`` T; ``pp`` 2 (a send between neighbouring stages); ``embedding`` 2 (a tied embedding's copies on the
+        first and last stage); ``cp`` C; ``ep`` E; ``dp`` D; ``dp_cp`` D·C; ``edp`` D·C/E (an expert's data-parallel
+        copies); ``tp_ep`` T·E (the router's counts); ``tp_cp`` T·C (the auxiliary loss's); ``tp_kv`` T/K, the copies
+        of a K/V head where the model's ``kv_heads`` K are fewer than T (else 1).
+
+        >>> plan = ParallelPlan(tp=4, dp=4, ep=2)
+        >>> [plan.group_ranks(g, kv_heads=2) for g in ("tp", "edp", "tp_ep", "tp_kv")]
+        [4, 2, 8, 2]
+        """
+        sizes = {"tp": self.tp, "pp": 2, "embedding": 2, "cp": self.cp, "ep": self.ep, "dp": self.dp,
+                 "dp_cp": self.dp * self.cp, "edp": self.dp * self.cp // self.ep, "tp_ep": self.tp * self.ep,
+                 "tp_cp": self.tp * self.cp, "tp_kv": self.tp // kv_heads if kv_heads and kv_heads < self.tp else 1}
+        if group not in sizes:
+            raise ValueError(f"no communication group {group!r}; the ledger's groups are {', '.join(sizes)}")
+        return sizes[group]
+
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 

@@ -552,9 +552,8 @@ def _communication(layout: Layout, report: Any, per_stage: int, train: bool, has
                 dense, experts = dense + h["padding"] * b, experts + h["expert_padding"] * b
             if plan.ep == 1:
                 dense, experts = dense + experts, 0
-            for group, size, g, kept in ((grp, plan.dp * plan.cp, dense, root),
-                                         ("edp", plan.dp * plan.cp // plan.ep, experts, 0)):
-                if size > 1:
+            for group, g, kept in ((grp, dense, root), ("edp", experts, 0)):
+                if plan.group_ranks(group) > 1:
                     _data_parallel(plan, add, group, g, kept)
         out.append(tuple(Collective(k, grp, n) for (k, grp), n in c.items()))
     return out
