@@ -10,7 +10,9 @@ Each point is counted by flopcount (a GPT-2 of the point's hidden size, heads an
 configuration in bf16, one microbatch of 1 × 2048 tokens, the stack of layers counted from its 1- and 2-layer
 exports and extended exactly) under the point's plan (tp, pp, dp = GPUs / (tp·pp), B / dp microbatches, the 1F1B
 schedule, full recompute, Adam) and predicted on the ``--device A100`` profile (datasheet: 312 TFLOP/s bf16, 2,039
-GB/s HBM, 300 GB/s NVLink bus; collective latency not known, no framework overhead). Table 1 does not give the
+GB/s HBM, 300 GB/s NVLink bus inside a node of 8 GPUs and, for a group across nodes, each GPU's 200 Gb/s
+HDR InfiniBand adapter (25 GB/s), as Selene's DGX A100 nodes had them; collective latency not known, no framework
+overhead). Table 1 does not give the
 microbatch size nor whether the interleaved schedule ran: 1 and 1F1B are taken for every point (stated, not
 fitted). The predicted throughput is F / (predicted step × GPUs), the measured F / (measured step × GPUs), so the
 error is that of the step time.
@@ -59,8 +61,8 @@ def paper_flops(batch: int, layers: int, hidden: int) -> float:
 
 
 def scaled(profile, eta: float):
-    """``profile`` with every rate (products, memory, collective bus bandwidth) × ``eta``; its peak (what MFU
-    divides by) unchanged."""
+    """``profile`` with every rate (products, memory, collective bus bandwidth, the network's adapters) × ``eta``;
+    its peak (what MFU divides by) unchanged."""
     from flopcount.measure.machine.calibration import Collective, Point, Segment
 
     def pts(points):
@@ -69,9 +71,10 @@ def scaled(profile, eta: float):
     def seg(s):
         return Segment(s.low, s.high, s.latency_s, {k: v * eta for k, v in s.bus_bytes_per_s.items()})
 
+    network = profile.network and dataclasses.replace(profile.network, bytes_per_s=profile.network.bytes_per_s * eta)
     return dataclasses.replace(profile, compute={k: pts(v) for k, v in profile.compute.items()},
                                collectives={k: Collective(c.ranks, c.points, tuple(seg(s) for s in c.segments))
-                                            for k, c in profile.collectives.items()})
+                                            for k, c in profile.collectives.items()}, network=network)
 
 
 def work_of_point(row: Sequence[float]):

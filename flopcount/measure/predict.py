@@ -121,6 +121,7 @@ class Message:
     count: float
     ranks: int
     phase: str
+    stride: int = 1  # the rank ids' distance between the group's neighbouring members (ParallelPlan.group_stride)
 
 
 @dataclass(frozen=True)
@@ -307,7 +308,8 @@ def _message_seconds(m: Message, profile: MachineProfile, which: str, out: list[
         out.append(f"{m.kind} not calibrated (counted as all_reduce)")
         kind = "all_reduce"
     c = timed[kind]
-    t, outside = collective_seconds(c, kind, m.bytes, m.ranks, which)
+    cap = profile.network.bus_cap(m.ranks, m.stride) if profile.network is not None else None
+    t, outside = collective_seconds(c, kind, m.bytes, m.ranks, which, cap)
     if outside:
         out.append(f"{m.kind} of {m.bytes:.4g} bytes (calibrated {c.segments[0].low:.4g}-{c.segments[-1].high:.4g})")
     if c.ranks and c.ranks != m.ranks and m.ranks > 1:

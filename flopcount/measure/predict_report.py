@@ -130,7 +130,7 @@ def _messages(r: Any, led: Any) -> tuple[Message, ...]:
             out.append(Message(c.kind, c.group, c.bytes, 1, n, "step"))
         else:  # cp and ep: one message a microbatch, exposed in the forward
             out.append(Message(c.kind, c.group, c.bytes / m, m, n, "forward"))
-    return tuple(out)
+    return tuple(replace(x, stride=plan.group_stride(x.group)) for x in out)
 
 
 def _module_tensors(report: Any) -> Any:

@@ -152,6 +152,24 @@ class ParallelPlan:
             raise ValueError(f"no communication group {group!r}; the ledger's groups are {', '.join(sizes)}")
         return sizes[group]
 
+    def group_stride(self, group: str, kv_heads: int | None = None) -> int:
+        """The distance between the global rank ids of neighbouring members of a :meth:`group_ranks` group, in the
+        rank order of :func:`flopcount.parallel.layout.rank_id` (tensor parallel fastest, then cp, dp, pp; the
+        expert groups as Megatron lays them out, tp then ep then the expert data-parallel ranks): ``tp``, ``tp_ep``,
+        ``tp_cp`` and ``tp_kv`` 1; ``cp``, ``dp_cp`` and ``ep`` T; ``dp`` T·C; ``edp`` T·E; ``pp`` T·C·D (the next
+        stage); ``embedding`` T·C·D·(P − 1) (the first and the last stage).
+
+        >>> plan = ParallelPlan(tp=8, pp=4, dp=2, microbatches=4)
+        >>> [plan.group_stride(g) for g in ("tp", "dp", "pp", "embedding")]
+        [1, 8, 16, 48]
+        """
+        t, c, d, p = self.tp, self.cp, self.dp, self.pp
+        strides = {"tp": 1, "tp_ep": 1, "tp_cp": 1, "tp_kv": 1, "cp": t, "dp_cp": t, "ep": t, "dp": t * c,
+                   "edp": t * self.ep, "pp": t * c * d, "embedding": t * c * d * max(p - 1, 1)}
+        if group not in strides:
+            raise ValueError(f"no communication group {group!r}; the ledger's groups are {', '.join(strides)}")
+        return strides[group]
+
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 

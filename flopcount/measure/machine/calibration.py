@@ -25,6 +25,8 @@ A profile holds:
   its wall-clock seconds and the CPU seconds of every thread of the process, the CPU seconds alone where the
   ranks' threads outnumber the cores), as points and their fit: what a prediction prices a step's collectives at
   where present;
+* ``network`` (a datasheet profile's only; null otherwise, every rank on this machine): the devices a node holds
+  and each one's network adapter bandwidth (:class:`Network`), which caps a collective whose group spans nodes;
 * the versions, date, machine and rank count it was taken with, and whether it was measured (``calibrated``).
 
 A damaged or foreign file is refused with one line (:class:`flopcount.errors.MeasurementError`, exit 12); a profile
@@ -33,6 +35,7 @@ taken on another machine, torch or rank count gives one warning line naming the 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -42,7 +45,8 @@ from typing import Any
 from flopcount.errors import MeasurementError, UsageError
 
 __all__ = ["BUS_FACTORS", "COLLECTIVES", "DEVICE_BANDWIDTHS", "FORMAT", "FORMAT_VERSION", "LATENCY_UNKNOWN",
-           "MachineProfile", "OPTIMIZERS_TIMED", "OptimizerCost", "Point", "Segment", "above_ceiling", "bus_factor",
+           "MachineProfile", "Network", "OPTIMIZERS_TIMED", "OptimizerCost", "Point", "Segment", "above_ceiling",
+           "bus_factor",
            "collective_seconds", "device_profile", "fresh_from",
            "differences", "fit_segments", "latency_known", "load_profile", "profile_from_dict", "rate_at",
            "this_machine"]
@@ -116,6 +120,43 @@ class Collective:
 
 
 @dataclass(frozen=True)
+class Network:
+    """How a datasheet system joins its devices beyond one node: ``devices`` per node (joined by NVLink inside it),
+    each with its own network adapter of ``bytes_per_s`` in one direction, as the system's datasheet gives them
+    (``source``). A calibrated profile has none: its ranks share this machine."""
+
+    devices: int
+    bytes_per_s: float
+    source: str
+
+    def bus_cap(self, ranks: int, stride: int) -> float | None:
+        """The most bus bandwidth a collective over ``ranks`` ranks ``stride`` apart (global rank ids r, r + stride,
+        ...; the group of rank 0) reaches when they span several nodes: m x the adapter's bandwidth, m the fewest
+        of its ranks on one of its nodes (a ring leaves each node through the adapters of its ranks there, one ring
+        per adapter); None when the group lies in one node.
+
+        >>> net = Network(8, 25e9, "")
+        >>> net.bus_cap(8, 1), net.bus_cap(16, 1) / 1e9, net.bus_cap(32, 8) / 1e9, net.bus_cap(2, 64) / 1e9
+        (None, 200.0, 25.0, 25.0)
+        """
+        return _bus_cap(self.devices, self.bytes_per_s, ranks, stride)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"devices_per_node": self.devices, "bytes_per_s": self.bytes_per_s, "source": self.source}
+
+
+@functools.lru_cache(maxsize=4096)
+def _bus_cap(devices: int, bytes_per_s: float, ranks: int, stride: int) -> float | None:
+    per_node: dict[int, int] = {}
+    for i in range(ranks):
+        node = i * stride // devices
+        per_node[node] = per_node.get(node, 0) + 1
+    if len(per_node) <= 1:
+        return None
+    return min(per_node.values()) * bytes_per_s
+
+
+@dataclass(frozen=True)
 class OptimizerCost:
     """An optimizer's step as timed on the machine: seconds per parameter tensor (a :class:`Point`) and per
     parameter element at tensor sizes (points: ``size`` the elements of the tensor it was timed on), and whether
@@ -150,6 +191,7 @@ class MachineProfile:
     load_per_core: float | None = None
     optimizers: Mapping[str, OptimizerCost] | None = None  # None: not measured (a profile taken before it was)
     collectives_in_step: Mapping[str, Collective] | None = None  # None: not measured (taken before it was)
+    network: Network | None = None  # a datasheet system's nodes and adapters; None: every rank on one node
 
     def as_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": FORMAT_VERSION, "calibrated": self.calibrated, "device": self.device,
@@ -161,6 +203,7 @@ class MachineProfile:
                 "optimizers": None if self.optimizers is None else {k: o.as_dict() for k, o in self.optimizers.items()},
                 "collectives_in_step": None if self.collectives_in_step is None
                 else {k: c.as_dict(k) for k, c in self.collectives_in_step.items()},
+                "network": None if self.network is None else self.network.as_dict(),
                 "sources": list(self.sources)}
 
 
@@ -193,17 +236,19 @@ def fresh_from(profile: "MachineProfile") -> float | None:
     return found
 
 
-def collective_seconds(c: Collective, kind: str, payload: float, n: int, which: str = "median") -> tuple[float, bool]:
+def collective_seconds(c: Collective, kind: str, payload: float, n: int, which: str = "median",
+                       bus_cap: float | None = None) -> tuple[float, bool]:
     """Seconds of one ``kind`` of ``payload`` bytes over ``n`` ranks: latency + bus_factor(n) × payload / bus
-    bandwidth of the size range it falls in, and whether it lies outside the calibrated sizes (the nearest range's
-    fit then)."""
+    bandwidth of the size range it falls in (at most ``bus_cap``: the network's, for a group across nodes), and
+    whether it lies outside the calibrated sizes (the nearest range's fit then)."""
     if n <= 1 or payload <= 0:
         return 0.0, False
     seg = next((s for s in c.segments if s.low <= payload <= s.high), None)
     outside = seg is None
     if seg is None:
         seg = c.segments[0] if payload < c.segments[0].low else c.segments[-1]
-    return (seg.latency_s[which] or 0.0) + bus_factor(kind, n) * payload / seg.bus_bytes_per_s[which], outside
+    bus = seg.bus_bytes_per_s[which] if bus_cap is None else min(seg.bus_bytes_per_s[which], bus_cap)
+    return (seg.latency_s[which] or 0.0) + bus_factor(kind, n) * payload / bus, outside
 
 
 def latency_known(profile: "MachineProfile") -> bool:
@@ -251,16 +296,24 @@ def fit_segments(kind: str, n: int, points: Sequence[Point]) -> tuple[Segment, .
 # Published bandwidths of the devices a profile can be made for without measuring (per GPU): HBM from the product
 # datasheets; the NVLink figure is the datasheet's total bandwidth per GPU (both directions), and a collective's
 # bus bandwidth is taken as half of it (one direction), nccl-tests' busbw being per direction.
+#: Beyond one node, the DGX system of each part: 8 GPUs a node, each with its own single-port network adapter
+#: (``network``: its bandwidth in one direction, bytes/s), from the DGX datasheets.
+_DGX_A100 = ("NVIDIA DGX A100 datasheet: 8 GPUs a node, 8 single-port ConnectX-6 adapters of 200 Gb/s HDR "
+             "InfiniBand for compute (25 GB/s a GPU)")
+_DGX_H100 = ("NVIDIA DGX H100/H200 datasheet: 8 GPUs a node, 8 single-port ConnectX-7 adapters of 400 Gb/s "
+             "InfiniBand/Ethernet for compute (50 GB/s a GPU)")
+_DGX_B200 = ("NVIDIA DGX B200 datasheet: 8 GPUs a node, 8 single-port ConnectX-7 adapters of 400 Gb/s "
+             "InfiniBand/Ethernet for compute (50 GB/s a GPU)")
 DEVICE_BANDWIDTHS: dict[str, dict[str, Any]] = {
-    "H100 SXM": {"memory": 3.35e12, "nvlink": 900e9,
+    "H100 SXM": {"memory": 3.35e12, "nvlink": 900e9, "node": 8, "network": 50e9, "network_source": _DGX_H100,
                  "source": "NVIDIA H100 datasheet, SXM5: 3.35 TB/s HBM3, NVLink 900 GB/s"},
-    "H200 SXM": {"memory": 4.8e12, "nvlink": 900e9,
+    "H200 SXM": {"memory": 4.8e12, "nvlink": 900e9, "node": 8, "network": 50e9, "network_source": _DGX_H100,
                  "source": "NVIDIA H200 datasheet, SXM: 4.8 TB/s HBM3e, NVLink 900 GB/s"},
-    "A100 SXM": {"memory": 2.039e12, "nvlink": 600e9,
+    "A100 SXM": {"memory": 2.039e12, "nvlink": 600e9, "node": 8, "network": 25e9, "network_source": _DGX_A100,
                  "source": "NVIDIA A100 datasheet, 80GB SXM: 2,039 GB/s HBM2e, NVLink 600 GB/s"},
-    "A100": {"memory": 2.039e12, "nvlink": 600e9,
+    "A100": {"memory": 2.039e12, "nvlink": 600e9, "node": 8, "network": 25e9, "network_source": _DGX_A100,
              "source": "NVIDIA A100 datasheet, 80GB SXM: 2,039 GB/s HBM2e, NVLink 600 GB/s"},
-    "B200": {"memory": 8e12, "nvlink": 1.8e12,
+    "B200": {"memory": 8e12, "nvlink": 1.8e12, "node": 8, "network": 50e9, "network_source": _DGX_B200,
              "source": "NVIDIA HGX B200 datasheet, per GPU: 8 TB/s HBM3e, NVLink 1.8 TB/s"},
 }
 #: Why an uncalibrated profile's collective latency is null: no datasheet gives it, and a figure assumed in its place
@@ -272,8 +325,10 @@ def device_profile(name: str, ranks: int = 8, dtype: str = "bf16") -> MachinePro
     """A ``calibrated: false`` profile of a device that cannot be measured here: its dense ``dtype`` peak from the
     sourced peak table (:mod:`flopcount.measure.machine.devices`) for every product, its datasheet HBM bandwidth for
     elementwise work and reductions, and half its NVLink bandwidth (one direction) as the bus bandwidth of every
-    collective, its latency null (:data:`LATENCY_UNKNOWN`); no framework overhead. Every figure is the best case:
-    the prediction's interval has no high end, and it says the profile is from datasheets."""
+    collective, its latency null (:data:`LATENCY_UNKNOWN`); no framework overhead. Beyond a node (8 GPUs, the
+    part's DGX system) a collective's bus bandwidth is at most the network adapters' (:class:`Network`). Every
+    figure is the best case: the prediction's interval has no high end, and it says the profile is from
+    datasheets."""
     from .devices import gpu_entry
 
     entry = gpu_entry(name)
@@ -297,7 +352,8 @@ def device_profile(name: str, ranks: int = 8, dtype: str = "bf16") -> MachinePro
                                                     "elementwise": flat(bw["memory"]), "reduction": flat(bw["memory"])},
                           {"forward": zero, "backward": zero},
                           {k: Collective(0, (), (seg,)) for k in COLLECTIVES}, peak, dtype,
-                          sources=(entry.source, bw["source"], LATENCY_UNKNOWN))
+                          sources=(entry.source, bw["source"], bw["network_source"], LATENCY_UNKNOWN),
+                          network=Network(bw["node"], bw["network"], bw["network_source"]))
 
 
 def _need(doc: Mapping[str, Any], key: str, kind: type | tuple, where: str) -> Any:
@@ -378,11 +434,26 @@ def profile_from_dict(doc: Any, where: str = "profile") -> MachineProfile:
         raise MeasurementError(f"{where}: peak_flops_per_s and ranks must be finite numbers > 0; take the profile "
                                "again")
     _check_description(doc, where)
+    network = _network(doc.get("network"), where)
     return MachineProfile(bool(_need(doc, "calibrated", bool, where)), str(doc.get("device", "")), ranks, compute,
                           overhead, collectives, float(peak), str(doc.get("dtype", "fp32")), str(doc.get("date", "")),
                           doc.get("torch"), dict(doc.get("machine") or {}), tuple(doc.get("sources") or ()),
                           doc.get("load_per_core"), _optimizers(doc.get("optimizers"), where),
-                          None if in_step is None else _collectives(in_step, where, "collectives_in_step"))
+                          None if in_step is None else _collectives(in_step, where, "collectives_in_step"),
+                          network)
+
+
+def _network(d: Any, where: str) -> Network | None:
+    """The ``network`` field: None when absent or null (every rank on one node), else checked."""
+    if d is None:
+        return None
+    ok = isinstance(d, Mapping) and isinstance(d.get("devices_per_node"), int) \
+        and not isinstance(d.get("devices_per_node"), bool) and d["devices_per_node"] >= 1 \
+        and _number(d.get("bytes_per_s")) and d["bytes_per_s"] > 0
+    if not ok:
+        raise MeasurementError(f"{where}: 'network' needs devices_per_node (an integer >= 1) and bytes_per_s (a "
+                               "number > 0), or null; take the profile again")
+    return Network(d["devices_per_node"], float(d["bytes_per_s"]), str(d.get("source", "")))
 
 
 def _collectives(d: Mapping[str, Any], where: str, key: str) -> dict[str, Collective]:
