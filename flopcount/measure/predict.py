@@ -27,7 +27,9 @@ The rules (docs/predict.md states them for users):
   message of B bytes over a group of n ranks takes latency + bus_factor(n)·B / bus bandwidth
   (:func:`~.machine.calibration.collective_seconds`), from the profile's collectives timed in a step (each call
   after a burst of compute, ``collectives_in_step``) where it has them, else from those timed in a tight loop (a
-  note says what that leaves out). Tensor-parallel collectives are exposed (they sit between
+  note says what that leaves out). On a datasheet profile of a system of nodes (``network``), a group whose ranks
+  span nodes (its rank stride from :meth:`~flopcount.parallel.plan.ParallelPlan.group_stride`) runs at most at
+  m × a network adapter's bandwidth, m the fewest of its ranks on one node. Tensor-parallel collectives are exposed (they sit between
   the ops that need them), half in the forward and half in the backward in training; the pipeline's sends
   lengthen the action that sends. The data-parallel all_reduce overlaps the last microbatch's backward as DDP
   runs it: each bucket is ready once the backward has produced the gradient bytes up to its end (at an even

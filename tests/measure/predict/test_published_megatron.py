@@ -51,8 +51,14 @@ def test_every_rate_times_eta_divides_the_step_by_eta():
                                      dtype="bfloat16")
     report = flopcount.from_hf(config, (1, 64), cache_dir=False, mode="train", optimizer="adam", recompute="full",
                                parallel="tp=2,pp=2,dp=2", microbatches=4)
-    work, base = work_of(report), device_profile("A100", 8)
+    import dataclasses
+
+    # nodes of 2 GPUs, so that the data-parallel and pipeline groups cross nodes and the network's cap is scaled too
+    a100 = device_profile("A100", 8)
+    base = dataclasses.replace(a100, network=dataclasses.replace(a100.network, devices=2))
+    work = work_of(report)
     step = predict_work(work, base).step_seconds
+    assert step > predict_work(work, dataclasses.replace(base, network=None)).step_seconds  # the cap binds
     for eta in (0.5, 0.37):
         slow = m.scaled(base, eta)
         assert slow.peak_flops_per_s == base.peak_flops_per_s
