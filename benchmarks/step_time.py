@@ -5,7 +5,8 @@ to these runs.
 Each run trains a small decoder built here from a configuration (``LlamaForCausalLM``, and ``GPT2LMHeadModel`` on
 one rank; random weights, nothing downloaded) with AdamW, one thread per process (the profiles are calibrated with
 ``--threads 1``): one rank, data parallel (DDP, ``no_sync`` on all microbatches but the last), a 2-stage pipeline
-(GPipe and 1F1B, the stages' activations and gradients sent with gloo), and recompute (torch's non-reentrant
+(GPipe and 1F1B, the stages' activations and gradients sent with gloo), FSDP2 (``fully_shard`` on each decoder
+layer, then the root, its default gradient sync), and recompute (torch's non-reentrant
 checkpoint around each decoder layer: ``--recompute non-reentrant``). A step is timed from a barrier to the end of
 the optimizer step on the slowest rank, after warm-up
 steps; the median and the spread (slowest/fastest) of the repeats are printed beside the prediction's error.
@@ -52,6 +53,7 @@ class Run:
     schedule: str = "1f1b"
     recompute: str = "none"
     tp: int = 1  # tensor parallel (without a pipeline): step_time_tp.TensorParallelLM
+    fsdp: bool = False  # data parallel with FSDP2 (fully_shard on each decoder layer, then the root)
 
     @property
     def world(self) -> int:
@@ -78,6 +80,8 @@ RUNS = (
     Run("tp2-m2", "llama", 4, tp=2, microbatches=2),
     Run("tp2-recompute", "llama", 4, tp=2, recompute="non-reentrant"),
     Run("tp2-dp2", "llama", 4, tp=2, dp=2),
+    Run("dp2-fsdp-m1", "llama", 4, dp=2, fsdp=True),
+    Run("dp2-fsdp-m2", "llama", 4, dp=2, microbatches=2, fsdp=True),
 )
 
 
@@ -169,7 +173,14 @@ def worker(rank: int, run: Run, port: int, out: str, warmup: int, repeats: int) 
         net = TensorParallelLM(model, tp_rank, run.tp, tp_groups[dp_rank])
         params = list(net.parameters())
     ddp = None
-    if run.dp > 1 and run.pp == 1:
+    if run.fsdp:  # FSDP2 as torchtitan applies it; its default gradient sync reduce-scatters every microbatch
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=_mesh(dp_group))
+        fully_shard(model, mesh=_mesh(dp_group))
+        params = list(model.parameters())
+    elif run.dp > 1 and run.pp == 1:
         from torch.nn.parallel import DistributedDataParallel
 
         ddp = DistributedDataParallel(net or model, process_group=dp_group)
@@ -269,6 +280,16 @@ def _pipeline_step(st: _Stage, run: Run, stage: int, ids, ranks) -> None:
         h.wait()
 
 
+def _mesh(group):
+    """A one-dimensional device mesh over the CPU ranks of ``group`` (FSDP2's data-parallel mesh)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if group is not None:
+        return DeviceMesh.from_group(group, "cpu")
+    return DeviceMesh("cpu", list(range(dist.get_world_size())))
+
+
 class _null:
     def __enter__(self):
         return self
@@ -304,7 +325,8 @@ def _count_command(run: Run, config: str, profile: str) -> list[str]:
            "--input-shape", f"labels={run.batch}x{SEQ}:int64", "--mode", "train", "--optimizer", "adamw",
            "--predict", "--machine", profile, "--format", "json"]
     if run.model == "llama" and (run.world > 1 or run.recompute != "none"):
-        cmd += ["--parallel", f"tp={run.tp},dp={run.dp},pp={run.pp}", "--microbatches", str(run.microbatches),
+        cmd += ["--parallel", f"tp={run.tp},dp={run.dp},pp={run.pp}" + (",fsdp" if run.fsdp else ""),
+                "--microbatches", str(run.microbatches),
                 "--schedule", run.schedule, "--recompute", run.recompute]
     return cmd
 

@@ -34,7 +34,9 @@ The rules (docs/predict.md states them for users):
   lengthen the action that sends. The data-parallel all_reduce overlaps the last microbatch's backward as DDP
   runs it: each bucket is ready once the backward has produced the gradient bytes up to its end (at an even
   pace), the buckets reduce one after another, and what runs past the backward's end is exposed. Other
-  data-parallel collectives (fsdp, zero1, zero2) are counted exposed (an upper bound), and so are the gradient
+  data-parallel collectives (fsdp, zero1, zero2) are counted exposed (an upper bound; fsdp's as FSDP2's calls, a
+  layer's gather each way and the root's once, a reduce-scatter a layer and the root's, every microbatch, each of
+  the average size), and so are the gradient
   sums of weights held in copies (the K/V projections' copies when tp exceeds the K/V heads, a tied embedding's two
   copies under pp), once a step.
 * **The step**: the pipeline schedule's simulation (:func:`flopcount.parallel.schedules.simulate_schedule`) with each

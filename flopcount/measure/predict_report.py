@@ -126,6 +126,12 @@ def _messages(r: Any, led: Any) -> tuple[Message, ...]:
                 out.append(Message("all_reduce", c.group, BUCKET_BYTES, full, n, "dp"))
             if rest:
                 out.append(Message("all_reduce", c.group, rest, 1, n, "dp"))
+        elif c.group in ("dp", "dp_cp") and plan.fsdp and c.kind in ("all_gather", "reduce_scatter"):
+            # FSDP2's calls: each layer's parameters gathered before its forward and again before its backward, the
+            # root's once, every microbatch; each layer's gradients and the root's reduce-scattered every microbatch
+            layers = max(d.get("layers", 0) // (plan.pp * v), 1) * v  # the rank's layers (its chunks')
+            calls = m * (2 * layers + 1 if c.kind == "all_gather" and train else layers + 1)
+            out.append(Message(c.kind, c.group, c.bytes / calls, calls, n, "step"))
         elif c.group in ("dp", "dp_cp", "edp"):
             out.append(Message(c.kind, c.group, c.bytes, 1, n, "step"))
         else:  # cp and ep: one message a microbatch, exposed in the forward
