@@ -6,7 +6,8 @@ Each run trains a small decoder built here from a configuration (``LlamaForCausa
 one rank; random weights, nothing downloaded) with AdamW, one thread per process (the profiles are calibrated with
 ``--threads 1``): one rank, data parallel (DDP, ``no_sync`` on all microbatches but the last), a 2-stage pipeline
 (GPipe and 1F1B, the stages' activations and gradients sent with gloo), FSDP2 (``fully_shard`` on each decoder
-layer, then the root, its default gradient sync), and recompute (torch's non-reentrant
+layer, then the root, its default gradient sync), tensor parallelism with and without sequence parallelism
+(``step_time_tp``), and recompute (torch's non-reentrant
 checkpoint around each decoder layer: ``--recompute non-reentrant``). A step is timed from a barrier to the end of
 the optimizer step on the slowest rank, after warm-up
 steps; the median and the spread (slowest/fastest) of the repeats are printed beside the prediction's error.
@@ -54,6 +55,7 @@ class Run:
     recompute: str = "none"
     tp: int = 1  # tensor parallel (without a pipeline): step_time_tp.TensorParallelLM
     fsdp: bool = False  # data parallel with FSDP2 (fully_shard on each decoder layer, then the root)
+    sp: bool = False  # sequence parallelism beside tp (step_time_tp.TensorParallelLM's sp)
 
     @property
     def world(self) -> int:
@@ -80,6 +82,7 @@ RUNS = (
     Run("tp2-m2", "llama", 4, tp=2, microbatches=2),
     Run("tp2-recompute", "llama", 4, tp=2, recompute="non-reentrant"),
     Run("tp2-dp2", "llama", 4, tp=2, dp=2),
+    Run("tp2-sp", "llama", 4, tp=2, sp=True),
     Run("dp2-fsdp-m1", "llama", 4, dp=2, fsdp=True),
     Run("dp2-fsdp-m2", "llama", 4, dp=2, microbatches=2, fsdp=True),
 )
@@ -170,7 +173,7 @@ def worker(rank: int, run: Run, port: int, out: str, warmup: int, repeats: int) 
         from step_time_tp import TensorParallelLM
 
         tp_groups = [dist.new_group([i + run.tp * d for i in range(run.tp)]) for d in range(run.dp)]
-        net = TensorParallelLM(model, tp_rank, run.tp, tp_groups[dp_rank])
+        net = TensorParallelLM(model, tp_rank, run.tp, tp_groups[dp_rank], sp=run.sp)
         params = list(net.parameters())
     ddp = None
     if run.fsdp:  # FSDP2 as torchtitan applies it; its default gradient sync reduce-scatters every microbatch
@@ -201,6 +204,8 @@ def worker(rank: int, run: Run, port: int, out: str, warmup: int, repeats: int) 
                     else:
                         loss = _loss((ddp or model)(input_ids=ids[j]).logits, ids[j]) / run.microbatches
                     loss.backward()
+            if net is not None:
+                net.reduce_norm_grads()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
@@ -325,7 +330,8 @@ def _count_command(run: Run, config: str, profile: str) -> list[str]:
            "--input-shape", f"labels={run.batch}x{SEQ}:int64", "--mode", "train", "--optimizer", "adamw",
            "--predict", "--machine", profile, "--format", "json"]
     if run.model == "llama" and (run.world > 1 or run.recompute != "none"):
-        cmd += ["--parallel", f"tp={run.tp},dp={run.dp},pp={run.pp}" + (",fsdp" if run.fsdp else ""),
+        cmd += ["--parallel", f"tp={run.tp},dp={run.dp},pp={run.pp}" + (",fsdp" if run.fsdp else "")
+                + (",sp" if run.sp else ""),
                 "--microbatches", str(run.microbatches),
                 "--schedule", run.schedule, "--recompute", run.recompute]
     return cmd

@@ -3,7 +3,14 @@ docs/parallel.md counts it: q/k/v, gate and up projections split by columns, o a
 attention and MLP block's input copied (its gradient all-reduced in the backward) and its output all-reduced in
 the forward; the embedding and the LM head split over the vocabulary (the lookup masked and all-reduced, the head's
 input gradient all-reduced), and the loss computed on the vocabulary shards with three all_reduces (max, sum of
-exponentials, target logit)."""
+exponentials, target logit).
+
+With ``sp`` (sequence parallelism, as Megatron-LM runs it and docs/parallel.md counts ``sp``): between the blocks
+each rank holds 1/T of the tokens (the norms and residual adds on them); a block's input is all-gathered over the
+sequence (its gradient reduce-scattered) and its output reduce-scattered (its gradient all-gathered); the
+embedding's output is reduce-scattered, and the final hidden states all-gathered before the LM head. The gathered
+input is kept for the backward (torch's rule, ``sp=torch``). The tensors are batch-first, so each gather and
+scatter moves the sequence axis to the front and back (copies torch's own SequenceParallel makes too)."""
 
 from __future__ import annotations
 
@@ -69,6 +76,48 @@ class _VocabLoss(torch.autograd.Function):
         return grad * (g / len(idx)), None, None, None
 
 
+class _Gather(torch.autograd.Function):
+    """All-gather over the sequence (axis 1) forward; reduce-scatter of the gradient over it backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _gather(x, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _scatter(g, ctx.group), None
+
+
+class _Scatter(torch.autograd.Function):
+    """Reduce-scatter over the sequence (axis 1) forward; all-gather of the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _scatter(x, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _gather(g, ctx.group), None
+
+
+def _gather(x, group):
+    t = dist.get_world_size(group)
+    s = x.transpose(0, 1).contiguous()
+    out = s.new_empty((s.shape[0] * t, *s.shape[1:]))
+    dist.all_gather_into_tensor(out, s, group=group)
+    return out.transpose(0, 1).contiguous()
+
+
+def _scatter(x, group):
+    t = dist.get_world_size(group)
+    s = x.transpose(0, 1).contiguous()
+    out = s.new_empty((s.shape[0] // t, *s.shape[1:]))
+    dist.reduce_scatter_tensor(out, s, group=group)
+    return out.transpose(0, 1).contiguous()
+
+
 def _cols(lin: nn.Linear, i: int, t: int) -> nn.Linear:
     w = lin.weight.detach().chunk(t, 0)[i]
     new = nn.Linear(w.shape[1], w.shape[0], bias=False)
@@ -84,42 +133,44 @@ def _rows(lin: nn.Linear, i: int, t: int) -> nn.Linear:
 
 
 class _Attention(nn.Module):
-    def __init__(self, inner, group):
+    def __init__(self, inner, group, sp: bool = False):
         super().__init__()
         self.inner, self.group = inner, group
+        self.enter, self.leave = (_Gather, _Scatter) if sp else (_Copy, _Reduce)
 
     def forward(self, hidden_states, **kw):
-        out, w = self.inner(_Copy.apply(hidden_states, self.group), **kw)
-        return _Reduce.apply(out, self.group), w
+        out, w = self.inner(self.enter.apply(hidden_states, self.group), **kw)
+        return self.leave.apply(out, self.group), w
 
 
 class _Block(nn.Module):
-    def __init__(self, inner, group):
+    def __init__(self, inner, group, sp: bool = False):
         super().__init__()
         self.inner, self.group = inner, group
+        self.enter, self.leave = (_Gather, _Scatter) if sp else (_Copy, _Reduce)
 
     def forward(self, x):
-        return _Reduce.apply(self.inner(_Copy.apply(x, self.group)), self.group)
+        return self.leave.apply(self.inner(self.enter.apply(x, self.group)), self.group)
 
 
 class _Embedding(nn.Module):
-    def __init__(self, emb: nn.Embedding, i: int, t: int, group):
+    def __init__(self, emb: nn.Embedding, i: int, t: int, group, sp: bool = False):
         super().__init__()
         w = emb.weight.detach().chunk(t, 0)[i]
         self.weight = nn.Parameter(w.clone())
-        self.lo, self.group = i * w.shape[0], group
+        self.lo, self.group, self.leave = i * w.shape[0], group, _Scatter if sp else _Reduce
 
     def forward(self, ids):
         local = ids - self.lo
         outside = (local < 0) | (local >= self.weight.shape[0])
         e = F.embedding(local.masked_fill(outside, 0), self.weight) * (~outside)[..., None]
-        return _Reduce.apply(e, self.group)
+        return self.leave.apply(e, self.group)
 
 
 class TensorParallelLM(nn.Module):
     """TP rank ``i`` of ``t`` of a ``LlamaForCausalLM``; ``forward(ids)`` gives the mean next-token loss."""
 
-    def __init__(self, model, i: int, t: int, group):
+    def __init__(self, model, i: int, t: int, group, sp: bool = False):
         super().__init__()
         for layer in model.model.layers:
             a, mlp = layer.self_attn, layer.mlp
@@ -127,12 +178,28 @@ class TensorParallelLM(nn.Module):
             a.o_proj = _rows(a.o_proj, i, t)
             mlp.gate_proj, mlp.up_proj = _cols(mlp.gate_proj, i, t), _cols(mlp.up_proj, i, t)
             mlp.down_proj = _rows(mlp.down_proj, i, t)
-            layer.self_attn, layer.mlp = _Attention(a, group), _Block(mlp, group)
-        model.model.embed_tokens = _Embedding(model.model.embed_tokens, i, t, group)
+            layer.self_attn, layer.mlp = _Attention(a, group, sp), _Block(mlp, group, sp)
+        model.model.embed_tokens = _Embedding(model.model.embed_tokens, i, t, group, sp)
         model.lm_head = _cols(model.lm_head, i, t)
-        self.model, self.group, self.lo = model, group, i * model.lm_head.weight.shape[0]
+        self.model, self.group, self.lo, self.sp = model, group, i * model.lm_head.weight.shape[0], sp
+
+    def reduce_norm_grads(self) -> None:
+        """Under sp, sum the norms' weight gradients over the group, once a step (each rank's come from its tokens
+        alone: Megatron's all-reduce of the layer-norm gradients, (2L + 1)·h elements in one message)."""
+        if not self.sp:
+            return
+        norms = [p for n, p in self.model.named_parameters() if n.endswith("norm.weight") and p.grad is not None]
+        flat = torch.cat([p.grad.flatten() for p in norms])
+        dist.all_reduce(flat, group=self.group)
+        for p, g in zip(norms, flat.split([p.numel() for p in norms])):
+            p.grad.copy_(g.view_as(p))
 
     def forward(self, ids):
-        h = self.model.model(input_ids=ids).last_hidden_state
-        logits = self.model.lm_head(_Copy.apply(h, self.group))
+        if self.sp:  # the rotary table and the causal mask over the whole sequence, not the rank's tokens
+            pos = torch.arange(ids.shape[1]).unsqueeze(0)
+            h = self.model.model(input_ids=ids, position_ids=pos).last_hidden_state
+            logits = self.model.lm_head(_Gather.apply(h, self.group))
+        else:
+            h = self.model.model(input_ids=ids).last_hidden_state
+            logits = self.model.lm_head(_Copy.apply(h, self.group))
         return _VocabLoss.apply(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten(), self.lo, self.group)
