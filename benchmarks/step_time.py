@@ -40,13 +40,20 @@ LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_s
 # than an elementwise operator moves its bytes).
 GPT2 = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 256, "n_head": 8, "n_layer": 4,
         "vocab_size": 2048, "n_positions": 512, "tie_word_embeddings": False}
+# A Mixtral-like MoE decoder: 4 experts a layer, 2 per token (transformers' grouped experts); its router's
+# auxiliary loss off, as the model's configuration has it by default.
+MIXTRAL = {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "hidden_size": 256,
+           "intermediate_size": 344, "num_attention_heads": 8, "num_key_value_heads": 8, "num_hidden_layers": 4,
+           "num_local_experts": 4, "num_experts_per_tok": 2, "vocab_size": 2048, "max_position_embeddings": 512,
+           "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+MODELS = {"llama": LLAMA, "gpt2": GPT2, "mixtral": MIXTRAL}
 SEQ = 128
 
 
 @dataclass(frozen=True)
 class Run:
     name: str
-    model: str  # "llama" or "gpt2"
+    model: str  # "llama", "gpt2" or "mixtral"
     batch: int  # a microbatch
     dp: int = 1
     pp: int = 1
@@ -85,22 +92,20 @@ RUNS = (
     Run("tp2-sp", "llama", 4, tp=2, sp=True),
     Run("dp2-fsdp-m1", "llama", 4, dp=2, fsdp=True),
     Run("dp2-fsdp-m2", "llama", 4, dp=2, microbatches=2, fsdp=True),
+    Run("1rank-mixtral-b4", "mixtral", 4),
+    Run("dp2-mixtral", "mixtral", 4, dp=2),
 )
-
-
-def _config(model: str):
-    from transformers import GPT2Config, LlamaConfig
-
-    cls, values = (LlamaConfig, LLAMA) if model == "llama" else (GPT2Config, GPT2)
-    return cls(**{k: v for k, v in values.items() if k not in ("model_type", "architectures")})
 
 
 def _build(model: str):
     import torch
-    from transformers import GPT2LMHeadModel, LlamaForCausalLM
+    import transformers
 
+    values = MODELS[model]
+    config = transformers.AutoConfig.for_model(values["model_type"], **{
+        k: v for k, v in values.items() if k not in ("model_type", "architectures")})
     torch.manual_seed(0)
-    m = (LlamaForCausalLM if model == "llama" else GPT2LMHeadModel)(_config(model))
+    m = getattr(transformers, values["architectures"][0])(config)
     m.train()
     return m
 
@@ -329,7 +334,7 @@ def _count_command(run: Run, config: str, profile: str) -> list[str]:
     cmd = [sys.executable, "-m", "flopcount", "--hf", config, "--input-shape", f"input_ids={run.batch}x{SEQ}:int64",
            "--input-shape", f"labels={run.batch}x{SEQ}:int64", "--mode", "train", "--optimizer", "adamw",
            "--predict", "--machine", profile, "--format", "json"]
-    if run.model == "llama" and (run.world > 1 or run.recompute != "none"):
+    if run.world > 1 or run.recompute != "none":
         cmd += ["--parallel", f"tp={run.tp},dp={run.dp},pp={run.pp}" + (",fsdp" if run.fsdp else "")
                 + (",sp" if run.sp else ""),
                 "--microbatches", str(run.microbatches),
@@ -403,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     runs = [r for r in RUNS if not args.runs or r.name in args.runs.split(",")]
     folder = tempfile.mkdtemp(prefix="flopcount-step-time-")
-    for name, cfg in (("llama", LLAMA), ("gpt2", GPT2)):
+    for name, cfg in MODELS.items():
         with open(os.path.join(folder, f"{name}.json"), "w", encoding="utf-8") as f:
             json.dump(cfg, f)
     profiles = {}

@@ -54,23 +54,60 @@ def _node_work(node: Any, fwd: float, bwd: float, again: float, known: tuple) ->
                     max(1.0, matrices * frac) if matrices > 1 else 1.0, kernels if bwd else 0)
 
 
-def _node_facts(node: Any, params: frozenset[str]) -> tuple[str, int, int, float, float]:
-    """(kind, whole FLOPs, bytes, matrices, backward kernels) of a node (``params``: the model's parameter names):
-    what its share on any rank is scaled from."""
-    from flopcount.reporting.report import node_bytes
+def _node_facts(node: Any, params: frozenset[str], gathered: Any) -> tuple[str, int, int, float, float]:
+    """(kind, whole FLOPs, bytes, matrices, backward kernels) of a node (``params``: the model's parameter names;
+    ``gathered``: :func:`_gathered`): what its share on any rank is scaled from. Experts' weights gathered per
+    token are run as the framework runs them, a grouped product over the resident weights: the gather and its views
+    are no work (nor their backward's sum into the weight's gradient, which the grouped product's own reduction
+    over the tokens makes); a product reading them reads the parameter once, as E products of its tokens (E the
+    parameter's leading dimension, the experts)."""
+    from flopcount.reporting.report import node_bytes, tensor_bytes
 
+    out = node.outputs[0].name if node.outputs and node.outputs[0] is not None else ""
+    if out in gathered:
+        return "elementwise", 0, 0, 1.0, 0
     b = node_bytes(node)
-    return (_kind(node, params), node.cost.flops or node.backward.flops, b.total if b else 0, _matrices(node),
+    total, matrices = (b.total if b else 0), _matrices(node)
+    read = {t.name: t for t in node.inputs if t is not None and t.name in gathered}
+    for t in read.values():
+        weight = gathered.info.get(gathered[t.name][0])
+        total -= tensor_bytes(t) or 0
+        if weight is not None:
+            total += tensor_bytes(weight) or 0
+            matrices = float(weight.shape[0]) if weight.shape and isinstance(weight.shape[0], int) else matrices
+    kind = "gemm" if read and node.family in GEMM_FAMILIES else _kind(node, params)  # weights, not activations
+    return (kind, node.cost.flops or node.backward.flops, total, matrices,
             backward_kernels(node.cost.macs, node.backward.macs, node.backward.flops))
+
+
+class _Gathered(dict):
+    """:func:`~flopcount.memory.ledger.gathered_experts` of a report, with ``info``: each parameter's tensor."""
+
+    info: dict
+
+
+def _gathered(report: Any) -> _Gathered:
+    """The report's tensors of experts' weights gathered per token (and their views), each with its parameter."""
+    from flopcount.memory.ledger import gathered_experts
+
+    found = _Gathered(gathered_experts(report.nodes, report.modules.parameters))
+    found.info = {}
+    wanted = {p for p, _ in found.values()}
+    for n in report.nodes if wanted else ():
+        for t in n.inputs:
+            if t is not None and t.name in wanted:
+                found.info.setdefault(t.name, t)
+    return found
 
 
 def _one_rank(report: Any) -> Work:
     train = report.mode == "train"
     nodes = []
+    gathered = _gathered(report)
     for n in report.nodes:
         bwd = n.backward.flops if train else 0
         if n.cost.flops or bwd:
-            nodes.append(_node_work(n, n.cost.flops, bwd, 0, _node_facts(n, report.modules.parameters)))
+            nodes.append(_node_work(n, n.cost.flops, bwd, 0, _node_facts(n, report.modules.parameters, gathered)))
     opt = 0.0
     notes = []
     if train and report.optimizer is not None and report.optimizer[0] in OPTIMIZER_TRAFFIC:
@@ -189,8 +226,9 @@ def _optimizer_bytes(r: Any, led: Any, report: Any) -> float:
 _last_places: list[tuple] = []
 
 
-def _places(nodes: Any, shares: Any, params: frozenset[str]) -> dict[tuple[int, int], dict[int, tuple[NodeWork, ...]]]:
-    """Each (stage, TP rank)'s work per chunk: its shares of the nodes."""
+def _places(nodes: Any, shares: Any, params: frozenset[str],
+            gathered: Any) -> dict[tuple[int, int], dict[int, tuple[NodeWork, ...]]]:
+    """Each (stage, TP rank)'s work per chunk: its shares of the nodes (``gathered``: :func:`_gathered`)."""
     if _last_places and _last_places[0][0] is nodes and _last_places[0][1] is shares:
         return _last_places[1]
     by_place: dict[tuple[int, int], dict[int, list[NodeWork]]] = {}
@@ -199,7 +237,7 @@ def _places(nodes: Any, shares: Any, params: frozenset[str]) -> dict[tuple[int, 
         chunks = by_place.setdefault((x.stage, x.tp), {})
         known = facts.get(x.index)
         if known is None:
-            known = facts[x.index] = _node_facts(nodes[x.index], params)
+            known = facts[x.index] = _node_facts(nodes[x.index], params, gathered)
         chunks.setdefault(x.chunk, []).append(_node_work(nodes[x.index], x.forward, x.backward, x.recompute, known))
     found = {place: {c: tuple(ws) for c, ws in chunks.items()} for place, chunks in by_place.items()}
     _last_places[:] = [(nodes, shares), found]
@@ -212,7 +250,8 @@ def _ledger_work(report: Any) -> Work:
 
     led = report.parallel
     plan = led.plan
-    by_place = _places(report.nodes, node_shares(report, plan, led.recompute), report.modules.parameters)
+    by_place = _places(report.nodes, node_shares(report, plan, led.recompute), report.modules.parameters,
+                       _gathered(report))
     stepped = any(r.optimizer_flops is not None for r in led.ranks)  # each rank's optimizer step reads these
     stages = layout_of(report, plan).stage_params(report.modules.params) if stepped else {}
     tensors = _module_tensors(report)

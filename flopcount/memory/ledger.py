@@ -320,18 +320,26 @@ def _expert_gather(n: NodeCount, params: frozenset[str], root: Mapping[str, str]
 def expert_gathers(nodes: Sequence[NodeCount], params: frozenset[str]) -> frozenset[str]:
     """The outputs of the nodes that gather experts' weight slices per token (see the module's text), found on the
     graph's own shapes: a per-rank walk, whose tensors are flattened to their share, takes them from here."""
+    return frozenset(name for name, (_, gather) in gathered_experts(nodes, params).items() if gather)
+
+
+def gathered_experts(nodes: Sequence[NodeCount], params: frozenset[str]) -> dict[str, tuple[str, bool]]:
+    """Each tensor that holds experts' weight slices gathered per token, or is a view of one: (the parameter they
+    are gathered from, whether its node is the gather itself). A grouped product reads that parameter in their
+    place (see the module's text); the step-time prediction prices them so (:mod:`flopcount.measure.predict`)."""
     root: dict[str, str] = {}
-    found: set[str] = set()
+    found: dict[str, tuple[str, bool]] = {}
     for n in nodes:
         first = n.inputs[0].name if n.inputs and n.inputs[0] is not None else ""
         gather = _expert_gather(n, params, root)
-        if gather:
-            found.add(n.outputs[0].name)
         view = (n.op_type in VIEWS or gather) and n.domain == "" and first
         for t in n.outputs:
             if t is not None and t.name:
                 root[t.name] = root.get(first, first) if view else t.name
-    return frozenset(found)
+        out = n.outputs[0].name if n.outputs and n.outputs[0] is not None else ""
+        if out and (gather or view and first in found):
+            found[out] = (root[out], gather)
+    return found
 
 
 class _Storages:
