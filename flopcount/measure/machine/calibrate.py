@@ -40,7 +40,10 @@ others work beside it (on a CPU the ranks share the cores). In each process:
   timed as the larger of its wall-clock seconds and the CPU seconds of the whole process over it (every thread:
   gloo reduces and moves the bytes on threads of its own); by the CPU seconds alone where the ranks' threads
   outnumber the cores (the wall clock then holds the other ranks' turns on the cores). In a tight loop the same
-  call finds its buffers in cache and gloo's threads awake.
+  call finds its buffers in cache and gloo's threads awake. A call's cost there is heavy-tailed (most calls near
+  the median, a few costing ten times more: gloo's event-loop thread burning the CPU while a peer is late), so
+  each size is timed ``in_step_repeats`` times and its point records the mean and the 90th percentile of the
+  calls beside the median, best and slowest (:func:`tail_stats`).
 
 The whole calibration is bounded: the processes are killed and a MeasurementError (exit 12) raised once
 ``timeout_s`` is spent.
@@ -61,13 +64,14 @@ from flopcount.errors import MeasurementError, UsageError
 
 from .calibration import COLLECTIVES, OPTIMIZERS_TIMED, Collective, MachineProfile, OptimizerCost, Point, fit_segments
 
-__all__ = ["DEFAULT_SIZES", "QUICK_SIZES", "Sizes", "calibrate", "measure_rank"]
+__all__ = ["DEFAULT_SIZES", "QUICK_SIZES", "Sizes", "calibrate", "measure_rank", "tail_stats"]
 
 
 @dataclass(frozen=True)
 class Sizes:
     """What a calibration times: GEMM sizes n, elementwise bytes, message bytes (each a multiple of 4·ranks·4),
-    repeats of each, and the seconds each GEMM size may take."""
+    repeats of each (of each collective in a step: ``in_step_repeats``, enough to see its tail), and the seconds
+    each GEMM size may take."""
 
     gemm: tuple[int, ...] = (16, 64, 128, 256, 512, 768)
     elementwise: tuple[int, ...] = (1024, 16 * 1024, 256 * 1024, 4 * 2**20, 32 * 2**20)
@@ -76,18 +80,30 @@ class Sizes:
     gemm_budget_s: float = 0.6
     attention: tuple[tuple[int, int], ...] = ((64, 32), (128, 32), (256, 64), (512, 64))  # (sequence, head size)
     optimizer_elements: tuple[int, ...] = (2**12, 2**16, 2**18, 2**20)
+    in_step_repeats: int = 40
 
 
 DEFAULT_SIZES = Sizes()
 #: A calibration of seconds, for tests.
 QUICK_SIZES = Sizes(gemm=(32, 64), elementwise=(4096, 65536), messages=(4096, 16384, 131072, 524288), repeats=3,
-                    gemm_budget_s=0.1, attention=((32, 16), (64, 16)), optimizer_elements=(2**10, 2**14))
+                    gemm_budget_s=0.1, attention=((32, 16), (64, 16)), optimizer_elements=(2**10, 2**14),
+                    in_step_repeats=10)
 
 
 def _stats(values: list[float], higher_is_better: bool) -> tuple[float, float, float]:
     """(median, best, slowest) of repeats: rates (higher is better) or seconds."""
     med = statistics.median(values)
     return (med, max(values), min(values)) if higher_is_better else (med, min(values), max(values))
+
+
+def tail_stats(seconds: list[float]) -> tuple[float, float]:
+    """(mean, 90th percentile) of calls' seconds; the percentile by nearest rank: the ⌈0.9·n⌉-th smallest.
+
+    >>> tail_stats([1.0] * 9 + [11.0])
+    (2.0, 1.0)
+    """
+    ordered = sorted(seconds)
+    return statistics.fmean(ordered), ordered[-(-9 * len(ordered) // 10) - 1]
 
 
 def _compute(sizes: Sizes) -> dict:
@@ -308,7 +324,8 @@ def _compute_burst():
 def _collectives(rank: int, n: int, sizes: Sizes, burst, threads: int = 1) -> dict:
     """[bytes, median, best, slowest] seconds of each collective at each message size, the slowest rank of each
     repeat; ``burst``: run before each repeat (a collective in a step: by its CPU seconds alone where the ``n``
-    ranks of ``threads`` threads outnumber the cores), or None (a tight loop)."""
+    ranks of ``threads`` threads outnumber the cores, ``sizes.in_step_repeats`` repeats, and the mean and p90
+    after the slowest), or None (a tight loop)."""
     from .devices import cpu_cores
 
     cpu_only = n * threads > cpu_cores()
@@ -319,10 +336,12 @@ def _collectives(rank: int, n: int, sizes: Sizes, burst, threads: int = 1) -> di
     for kind in COLLECTIVES:
         rows = []
         for nbytes in sizes.messages:
-            t = torch.tensor(_time_collective(kind, nbytes - nbytes % (4 * n), rank, n, sizes.repeats, burst,
+            repeats = sizes.repeats if burst is None else sizes.in_step_repeats
+            t = torch.tensor(_time_collective(kind, nbytes - nbytes % (4 * n), rank, n, repeats, burst,
                                               cpu_only), dtype=torch.float64)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank of each repeat
-            rows.append([nbytes - nbytes % (4 * n), *_stats(t.tolist(), False)])
+            rows.append([nbytes - nbytes % (4 * n), *_stats(t.tolist(), False),
+                         *(tail_stats(t.tolist()) if burst is not None else ())])
         out[kind] = rows
     return out
 
