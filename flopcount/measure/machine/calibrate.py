@@ -38,8 +38,10 @@ others work beside it (on a CPU the ranks share the cores). In each process:
   a burst of compute as a step runs between its collectives (a 16 MiB buffer written, which evicts the caches
   the call's buffers and gloo's state were in, then four 256×256 products, during which gloo's threads go idle),
   timed as the larger of its wall-clock seconds and the CPU seconds of the whole process over it (every thread:
-  gloo reduces and moves the bytes on threads of its own); by the CPU seconds alone where the ranks' threads
-  outnumber the cores (the wall clock then holds the other ranks' turns on the cores). In a tight loop the same
+  gloo reduces and moves the bytes on threads of its own); by the CPU seconds alone where the ranks' threads, with
+  the machine's other load when the calibration began (its 1-minute load average), outnumber the cores (the wall
+  clock then holds the other ranks' and processes' turns on the cores; the profile's
+  ``machine.collectives_in_step_clock`` says which: ``cpu`` or ``wall_or_cpu``). In a tight loop the same
   call finds its buffers in cache and gloo's threads awake. A call's cost there is heavy-tailed (most calls near
   the median, a few costing ten times more: gloo's event-loop thread burning the CPU while a peer is late), so
   each size is timed ``in_step_repeats`` times and its point records the mean and the 90th percentile of the
@@ -321,14 +323,10 @@ def _compute_burst():
     return burst
 
 
-def _collectives(rank: int, n: int, sizes: Sizes, burst, threads: int = 1) -> dict:
+def _collectives(rank: int, n: int, sizes: Sizes, burst, cpu_only: bool = False) -> dict:
     """[bytes, median, best, slowest] seconds of each collective at each message size, the slowest rank of each
-    repeat; ``burst``: run before each repeat (a collective in a step: by its CPU seconds alone where the ``n``
-    ranks of ``threads`` threads outnumber the cores, ``sizes.in_step_repeats`` repeats, and the mean and p90
-    after the slowest), or None (a tight loop)."""
-    from .devices import cpu_cores
-
-    cpu_only = n * threads > cpu_cores()
+    repeat; ``burst``: run before each repeat (a collective in a step: by its CPU seconds alone with ``cpu_only``,
+    ``sizes.in_step_repeats`` repeats, and the mean and p90 after the slowest), or None (a tight loop)."""
     import torch
     import torch.distributed as dist
 
@@ -346,9 +344,11 @@ def _collectives(rank: int, n: int, sizes: Sizes, burst, threads: int = 1) -> di
     return out
 
 
-def measure_rank(rank: int, n: int, port: int, sizes: Sizes, out_dir: str, threads: int) -> None:
+def measure_rank(rank: int, n: int, port: int, sizes: Sizes, out_dir: str, threads: int, others: float = 0.0) -> None:
     """One calibrating process (spawned): join the gloo group, measure compute with the others on ``threads``
-    threads, then the collectives; rank 0 writes the result to ``out_dir/result.json``."""
+    threads, then the collectives (in a step by the CPU seconds alone where the ranks' threads and ``others``, the
+    machine's load when the calibration began, outnumber the cores); rank 0 writes the result to
+    ``out_dir/result.json``."""
     import warnings
 
     import torch
@@ -365,7 +365,11 @@ def measure_rank(rank: int, n: int, port: int, sizes: Sizes, out_dir: str, threa
     result["threads"] = torch.get_num_threads()
     if n > 1:
         result["collectives"] = _collectives(rank, n, sizes, None)
-        result["collectives_in_step"] = _collectives(rank, n, sizes, _compute_burst(), threads)
+        from .devices import cpu_cores
+
+        cpu_only = n * threads + others > cpu_cores()
+        result["collectives_in_step"] = _collectives(rank, n, sizes, _compute_burst(), cpu_only)
+        result["collectives_in_step_clock"] = "cpu" if cpu_only else "wall_or_cpu"
         dist.barrier()
         dist.destroy_process_group()
     if rank == 0:
@@ -383,9 +387,13 @@ def _spawned(ranks: int, sizes: Sizes, timeout_s: float, threads: int) -> dict:
     """The result of ``ranks`` spawned calibrating processes, killed after ``timeout_s``."""
     import torch.multiprocessing as mp
 
+    from .ceilings import load_per_core
+    from .devices import cpu_cores
+
+    others = (load_per_core() or 0.0) * cpu_cores()  # the machine's load before the calibration's processes
     with tempfile.TemporaryDirectory(prefix="flopcount-calibrate-") as out_dir:
-        ctx = mp.start_processes(measure_rank, args=(ranks, _free_port(), sizes, out_dir, threads), nprocs=ranks,
-                                 join=False, start_method="spawn")
+        ctx = mp.start_processes(measure_rank, args=(ranks, _free_port(), sizes, out_dir, threads, others),
+                                 nprocs=ranks, join=False, start_method="spawn")
         deadline = time.monotonic() + timeout_s
         try:
             while not ctx.join(timeout=0.5):
@@ -442,7 +450,9 @@ def calibrate(ranks: int = 1, sizes: Sizes = DEFAULT_SIZES, timeout_s: float = 1
     collectives, in_step = ({kind: _fitted(kind, ranks, rows) for kind, rows in raw.get(key, {}).items()}
                             for key in ("collectives", "collectives_in_step"))
     peak = max(p.best for p in compute["gemm_in_cache"])
-    machine = {"cpu": cpu_name(), "cores": cpu_cores(), "threads_per_rank": raw["threads"]}
+    machine = {"cpu": cpu_name(), "cores": cpu_cores(), "threads_per_rank": raw["threads"],
+               **({"collectives_in_step_clock": raw["collectives_in_step_clock"]}
+                  if "collectives_in_step_clock" in raw else {})}
     return MachineProfile(True, "cpu", ranks, compute, overhead, collectives, peak, "fp32",
                           datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                           torch.__version__, machine,
