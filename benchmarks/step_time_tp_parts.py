@@ -3,7 +3,8 @@
 by parts beside the prediction's parts from a profile calibrated beforehand:
 
 * the step's CPU seconds (user and system, every thread of the process), and the CPU seconds inside its all_reduce
-  calls by phase (forward, backward) and size, each against the profile's seconds for that message;
+  calls by phase (forward, backward) and size, each against the profile's seconds for that message; the calls'
+  median, mean and 90th percentile (all phases and sizes together) beside the profile's in a step;
 * the same rank's step alone in one process with every all_reduce doing nothing (its compute), and the CPU seconds
   of its matrix products in that step by shape, against the profile's GEMM rate at each product's size.
 
@@ -42,13 +43,16 @@ class _Collectives:
         self.dist, self.real, self.ReduceOp = dist, real, dist.ReduceOp
         self.phase, self.calls = "forward", collections.Counter()
         self.cpu, self.caller = collections.Counter(), collections.Counter()
+        self.each: list[float] = []  # every call's CPU seconds
 
     def all_reduce(self, t, *args, **kwargs):
         c, own = time.process_time(), time.thread_time()
         if self.real:
             self.dist.all_reduce(t, *args, **kwargs)
         key = (self.phase, t.numel() * t.element_size())
-        self.cpu[key] += time.process_time() - c
+        spent = time.process_time() - c
+        self.cpu[key] += spent
+        self.each.append(spent)
         self.caller[key] += time.thread_time() - own
         self.calls[key] += 1
 
@@ -91,7 +95,7 @@ def _rank(rank: int, real: bool, steps: int) -> dict:
         if real:
             coll.dist.barrier()
         step()
-    coll.cpu.clear(), coll.caller.clear(), coll.calls.clear()
+    coll.cpu.clear(), coll.caller.clear(), coll.calls.clear(), coll.each.clear()
     cpus = []
     for _ in range(steps):
         if real:
@@ -100,7 +104,8 @@ def _rank(rank: int, real: bool, steps: int) -> dict:
         step()
         cpus.append(time.process_time() - c)
     found = {"step": statistics.median(cpus), "collectives": [
-        [*k, coll.calls[k] / steps, v / steps, coll.caller[k] / steps] for k, v in sorted(coll.cpu.items())]}
+        [*k, coll.calls[k] / steps, v / steps, coll.caller[k] / steps] for k, v in sorted(coll.cpu.items())],
+        "each": coll.each}
     if not real:  # a separate pass: the dispatch mode's own cost stays out of the step's seconds
         with Products():
             for _ in range(steps):
@@ -155,15 +160,22 @@ def main(argv: list[str] | None = None) -> int:
           f"{pred['compute_seconds'] + pred['optimizer_seconds']:.4f} s")
     print(f"collectives: step CPU - compute alone {real['step'] - alone['step']:.4f} s; inside the all_reduce calls "
           f"{sum(c[3] for c in real['collectives']):.4f} s; predicted {comm:.4f} s")
+    if real["each"]:
+        from flopcount.measure.machine.calibrate import tail_stats
+
+        mean, p90 = tail_stats(real["each"])
+        print(f"  each all_reduce call's CPU ({len(real['each'])} calls): median "
+              f"{statistics.median(real['each']) * 1e3:.3f} ms, mean {mean * 1e3:.3f} ms, p90 {p90 * 1e3:.3f} ms")
     ar = profile.collectives["all_reduce"]
     in_step = (profile.collectives_in_step or {}).get("all_reduce")
     for phase, nbytes, calls, cpu, caller in real["collectives"]:
         best = collective_seconds(ar, "all_reduce", nbytes, TP, "best")[0]
-        step_best = "not measured" if in_step is None else \
-            f"{collective_seconds(in_step, 'all_reduce', nbytes, TP, 'best')[0] * 1e3:.3f} ms"
+        step_best = "not measured" if in_step is None else ", ".join(
+            f"{w} {collective_seconds(in_step, 'all_reduce', nbytes, TP, w)[0] * 1e3:.3f}"
+            for w in ("best", "median", "mean", "p90") if w in in_step.segments[0].latency_s) + " ms"
         print(f"  {phase:8s} {calls:3.0f} x {nbytes:7d} B: CPU {cpu / calls * 1e3:.3f} ms a call (the calling "
               f"thread's {caller / calls * 1e3:.3f}); the profile's all_reduce {best * 1e3:.3f} ms in a tight loop, "
-              f"{step_best} in a step (best)")
+              f"{step_best} in a step")
     got = want = 0.0
     for m, k, n, calls, cpu in alone["products"]:
         rate = rate_at(profile.compute["gemm"], (m * k * n) ** (1 / 3), "best")[0]

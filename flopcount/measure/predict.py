@@ -27,9 +27,12 @@ The rules (docs/predict.md states them for users):
   message of B bytes over a group of n ranks takes latency + bus_factor(n)·B / bus bandwidth
   (:func:`~.machine.calibration.collective_seconds`), from the profile's collectives timed in a step (each call
   after a burst of compute, ``collectives_in_step``) where it has them, else from those timed in a tight loop (a
-  note says what that leaves out). On a datasheet profile of a system of nodes (``network``), a group whose ranks
-  span nodes (its rank stride from :meth:`~flopcount.parallel.plan.ParallelPlan.group_stride`) runs at most at
-  m × a network adapter's bandwidth, m the fewest of its ranks on one node. Tensor-parallel collectives are exposed (they sit between
+  note says what that leaves out). A collective timed in a step with the mean of its calls recorded
+  (:func:`~.machine.calibration.tail_fits`) is priced at that mean at both ends of the interval, whatever the
+  repeat: a call's cost is heavy-tailed, and a step's total of many calls sees the mean, not the median or the
+  best. On a datasheet profile of a system of nodes (``network``), a group whose ranks span nodes (its rank stride
+  from :meth:`~flopcount.parallel.plan.ParallelPlan.group_stride`) runs at most at m × a network adapter's
+  bandwidth, m the fewest of its ranks on one node. Tensor-parallel collectives are exposed (they sit between
   the ops that need them), half in the forward and half in the backward in training; the pipeline's sends
   lengthen the action that sends. The data-parallel all_reduce overlaps the last microbatch's backward as DDP
   runs it: each bucket is ready once the backward has produced the gradient bytes up to its end (at an even
@@ -49,7 +52,8 @@ The rules (docs/predict.md states them for users):
 * **The point and the interval**: the step is predicted with every rate at its best calibrated repeat (a busy
   machine can only slow a repeat down, so the best is the closest to what the hardware sustains, as
   :func:`flopcount.measure.machine.ceilings.measure_gemm` takes it), and again at the median repeats: the interval
-  is [best, median]. An end that cannot be known is None, with ``interval_note`` saying why, never a guessed
+  is [best, median], its high end widened by the tail of the collectives timed in a step
+  (:func:`tail_seconds`). An end that cannot be known is None, with ``interval_note`` saying why, never a guessed
   margin: both ends when a size lies outside the calibrated sizes or a group has another size than the
   calibration's (``extrapolated`` says what); the high end for a datasheet profile (best-case rates, how far below
   them the device runs is not known) and for a profile whose collective latency is not known.
@@ -64,11 +68,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .machine.calibration import MachineProfile, collective_seconds, fresh_from, latency_known, rate_at
+from .machine.calibration import MachineProfile, collective_seconds, fresh_from, latency_known, rate_at, tail_fits
 
 __all__ = ["BUCKET_BYTES", "BUSY_LOAD", "FIRST_BUCKET_BYTES", "GEMM_FAMILIES", "Message", "NodeWork",
            "OPTIMIZER_TRAFFIC", "Prediction", "REDUCTION_FAMILIES", "RankWork", "Timeline", "Work", "exposed_after",
-           "node_seconds", "predict", "predict_point", "predict_work", "work_of"]
+           "node_seconds", "predict", "predict_point", "predict_work", "tail_seconds", "work_of"]
 
 #: DDP's default gradient buckets: the first (the last layers' gradients) of 1 MiB, the others of 25 MiB
 #: (``bucket_cap_mb=25``).
@@ -300,7 +304,8 @@ def exposed_after(backward_s: float, buckets: Sequence[tuple[float, float]]) -> 
     return max(0.0, done - backward_s)
 
 
-def _message_seconds(m: Message, profile: MachineProfile, which: str, out: list[str]) -> float:
+def _timed(m: Message, profile: MachineProfile, out: list[str]) -> tuple[str, Any]:
+    """The kind a message is priced as and its timing: as a step runs it where measured, else in a tight loop."""
     if not profile.collectives:
         from flopcount.errors import UsageError
 
@@ -311,7 +316,29 @@ def _message_seconds(m: Message, profile: MachineProfile, which: str, out: list[
     if kind is None:
         out.append(f"{m.kind} not calibrated (counted as all_reduce)")
         kind = "all_reduce"
-    c = timed[kind]
+    return kind, timed[kind]
+
+
+def tail_seconds(r: RankWork, profile: MachineProfile) -> float:
+    """How far the rank's collectives of a step may run past their mean: √(Σ count · (p90 − mean)²) over its
+    messages timed in a step with their tail recorded (each call's p90 and mean at its size, p90 below the mean
+    counted 0): the 90th percentile of a sum of independent calls above its mean, were each call normally
+    distributed (σ = (p90 − mean) / 1.2816); a heavy tail's σ is smaller than that, so it is the wider bound."""
+    total = 0.0
+    for m in r.messages:
+        if m.ranks <= 1 or not profile.collectives_in_step:
+            continue
+        kind, c = _timed(m, profile, [])
+        if c is profile.collectives_in_step.get(kind) and tail_fits(c):
+            p90, mean = (collective_seconds(c, kind, m.bytes, m.ranks, w)[0] for w in ("p90", "mean"))
+            total += m.count * max(0.0, p90 - mean) ** 2
+    return math.sqrt(total)
+
+
+def _message_seconds(m: Message, profile: MachineProfile, which: str, out: list[str]) -> float:
+    kind, c = _timed(m, profile, out)
+    if c is (profile.collectives_in_step or {}).get(kind) and tail_fits(c):
+        which = "mean"  # what a step's total of many calls sees (the module)
     cap = profile.network.bus_cap(m.ranks, m.stride) if profile.network is not None else None
     t, outside = collective_seconds(c, kind, m.bytes, m.ranks, which, cap)
     if outside:
@@ -444,7 +471,9 @@ def predict_work(work: Work, profile: MachineProfile) -> Prediction:
         results[which] = (step, rows, out, timeline)
     step, rows, extrapolated, timeline = results["best"]
     unique = tuple(dict.fromkeys(extrapolated))
-    (low, high), why = _interval(work, profile, (step, results["median"][0]), unique)
+    tails = {r.rank: tail_seconds(r, profile) for r in work.ranks}
+    widened = max(row["step_seconds"] + tails[row["rank"]] for row in results["median"][1])
+    (low, high), why = _interval(work, profile, (step, widened), unique)
     critical = max(rows, key=lambda row: (row["step_seconds"], -row["rank"]))["rank"]
     notes = list(work.notes)
     if profile.load_per_core is not None and profile.load_per_core > BUSY_LOAD:
@@ -471,11 +500,17 @@ def _missing_calibrations(work: Work, profile: MachineProfile) -> list[str]:
         out.append(f"the profile has no timing of the {', '.join(names)} step (taken before calibrate measured "
                    "optimizers): the step is its bytes at the elementwise bandwidth and its per-tensor cost is left "
                    "out; calibrate again to include it")
-    if profile.collectives_in_step is None and profile.collectives and any(
-            m.ranks > 1 for r in work.ranks for m in r.messages):
+    collectives = any(m.ranks > 1 for r in work.ranks for m in r.messages)
+    if profile.collectives_in_step is None and profile.collectives and collectives:
         out.append("the profile has no timing of collectives in a step (taken before calibrate measured it): each "
                    "collective at its tight-loop time, which leaves out what a call costs between compute (its "
                    "buffers out of cache, gloo's threads idle); calibrate again to include it")
+    elif profile.collectives_in_step and collectives and not all(
+            tail_fits(c) for c in profile.collectives_in_step.values()):
+        out.append("the profile's collectives in a step have no mean or 90th percentile of their calls (taken "
+                   "before calibrate recorded them): each collective at its best and median repeat, which leaves out "
+                   "the heavy tail of a call's cost in a step, and the interval is not widened by it; calibrate "
+                   "again to include it")
     if "dropout" not in profile.compute and any(w.kind == "dropout" and w.flops for r in work.ranks
                                                  for nodes in r.chunks.values() for w in nodes):
         out.append("the profile has no timing of dropout (taken before calibrate measured it): a Dropout's mask "

@@ -38,9 +38,15 @@ others work beside it (on a CPU the ranks share the cores). In each process:
   a burst of compute as a step runs between its collectives (a 16 MiB buffer written, which evicts the caches
   the call's buffers and gloo's state were in, then four 256×256 products, during which gloo's threads go idle),
   timed as the larger of its wall-clock seconds and the CPU seconds of the whole process over it (every thread:
-  gloo reduces and moves the bytes on threads of its own); by the CPU seconds alone where the ranks' threads
-  outnumber the cores (the wall clock then holds the other ranks' turns on the cores). In a tight loop the same
-  call finds its buffers in cache and gloo's threads awake.
+  gloo reduces and moves the bytes on threads of its own); by the CPU seconds alone where the ranks' threads, with
+  the machine's other load when the calibration began (its 1-minute load average), outnumber the cores (the wall
+  clock then holds the other ranks' and processes' turns on the cores; the profile's
+  ``machine.collectives_in_step_clock`` says which: ``cpu`` or ``wall_or_cpu``). In a tight loop the same
+  call finds its buffers in cache and gloo's threads awake. A call's cost there is heavy-tailed (most calls near
+  the median, a few costing ten times more: gloo's event-loop thread burning the CPU while a peer is late), so
+  each size is timed ``in_step_repeats`` (40) times, or at least ``in_step_least`` (12) once the size has taken
+  ``in_step_budget_s`` (0.3 s: the ranks agree at each repeat's barrier), and its point records the mean and the
+  90th percentile of the calls beside the median, best and slowest (:func:`tail_stats`).
 
 The whole calibration is bounded: the processes are killed and a MeasurementError (exit 12) raised once
 ``timeout_s`` is spent.
@@ -61,13 +67,14 @@ from flopcount.errors import MeasurementError, UsageError
 
 from .calibration import COLLECTIVES, OPTIMIZERS_TIMED, Collective, MachineProfile, OptimizerCost, Point, fit_segments
 
-__all__ = ["DEFAULT_SIZES", "QUICK_SIZES", "Sizes", "calibrate", "measure_rank"]
+__all__ = ["DEFAULT_SIZES", "QUICK_SIZES", "Sizes", "calibrate", "measure_rank", "tail_stats"]
 
 
 @dataclass(frozen=True)
 class Sizes:
     """What a calibration times: GEMM sizes n, elementwise bytes, message bytes (each a multiple of 4·ranks·4),
-    repeats of each, and the seconds each GEMM size may take."""
+    repeats of each (of each collective in a step: ``in_step_repeats``, enough to see its tail, or at least
+    ``in_step_least`` once it has taken ``in_step_budget_s``), and the seconds each GEMM size may take."""
 
     gemm: tuple[int, ...] = (16, 64, 128, 256, 512, 768)
     elementwise: tuple[int, ...] = (1024, 16 * 1024, 256 * 1024, 4 * 2**20, 32 * 2**20)
@@ -76,18 +83,32 @@ class Sizes:
     gemm_budget_s: float = 0.6
     attention: tuple[tuple[int, int], ...] = ((64, 32), (128, 32), (256, 64), (512, 64))  # (sequence, head size)
     optimizer_elements: tuple[int, ...] = (2**12, 2**16, 2**18, 2**20)
+    in_step_repeats: int = 40  # at most; at least in_step_least once a size has taken in_step_budget_s
+    in_step_least: int = 12
+    in_step_budget_s: float = 0.3
 
 
 DEFAULT_SIZES = Sizes()
 #: A calibration of seconds, for tests.
 QUICK_SIZES = Sizes(gemm=(32, 64), elementwise=(4096, 65536), messages=(4096, 16384, 131072, 524288), repeats=3,
-                    gemm_budget_s=0.1, attention=((32, 16), (64, 16)), optimizer_elements=(2**10, 2**14))
+                    gemm_budget_s=0.1, attention=((32, 16), (64, 16)), optimizer_elements=(2**10, 2**14),
+                    in_step_repeats=10, in_step_least=10, in_step_budget_s=0.1)
 
 
 def _stats(values: list[float], higher_is_better: bool) -> tuple[float, float, float]:
     """(median, best, slowest) of repeats: rates (higher is better) or seconds."""
     med = statistics.median(values)
     return (med, max(values), min(values)) if higher_is_better else (med, min(values), max(values))
+
+
+def tail_stats(seconds: list[float]) -> tuple[float, float]:
+    """(mean, 90th percentile) of calls' seconds; the percentile by nearest rank: the ⌈0.9·n⌉-th smallest.
+
+    >>> tail_stats([1.0] * 9 + [11.0])
+    (2.0, 1.0)
+    """
+    ordered = sorted(seconds)
+    return statistics.fmean(ordered), ordered[-(-9 * len(ordered) // 10) - 1]
 
 
 def _compute(sizes: Sizes) -> dict:
@@ -247,12 +268,24 @@ def _overhead(repeats: int, chain: int = 200) -> dict:
     return {"forward": [1, *_stats(fwd[1:], False)], "backward": [1, *_stats(bwd[1:], False)]}
 
 
-def _time_collective(kind: str, nbytes: int, rank: int, n: int, repeats: int, burst=None,
-                     cpu_only: bool = False) -> list[float]:
+@dataclass(frozen=True)
+class _InStep:
+    """How a collective in a step is timed: after ``burst`` (a function), by the CPU seconds alone with
+    ``cpu_only``, and its repeats stopped, all ranks agreeing, once at least ``least`` are done and a rank has spent
+    ``budget_s`` on them."""
+
+    burst: object
+    cpu_only: bool
+    least: int
+    budget_s: float
+
+
+def _time_collective(kind: str, nbytes: int, rank: int, n: int, repeats: int,
+                     in_step: _InStep | None = None) -> list[float]:
     """Seconds of each repeat of one collective on this rank (send_recv: one way, half a round trip); with
-    ``burst`` (a function), each repeat after running it and timed as the larger of the wall-clock seconds and
-    the process's CPU seconds (every thread) over the call, the CPU seconds alone with ``cpu_only``: a collective
-    in a step (see the module)."""
+    ``in_step``, each repeat after its burst and timed as the larger of the wall-clock seconds and the process's
+    CPU seconds (every thread) over the call, the CPU seconds alone with its ``cpu_only``: a collective in a step
+    (see the module), at most ``repeats`` and, past its budget, at least its ``least``."""
     import torch
     import torch.distributed as dist
 
@@ -276,16 +309,22 @@ def _time_collective(kind: str, nbytes: int, rank: int, n: int, repeats: int, bu
             elif rank == 1:
                 dist.recv(full, 0)
                 dist.send(full, 0)
-    times = []
+    times, start = [], time.perf_counter()
     for j in range(repeats + 2):  # two warm-up calls
-        dist.barrier()
-        if burst is not None:
-            burst()
+        if in_step is None:
+            dist.barrier()
+        else:  # a barrier that also agrees to stop: past the budget on any rank, with enough repeats
+            stop = torch.tensor([float(len(times) >= in_step.least
+                                       and time.perf_counter() - start > in_step.budget_s)])
+            dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+            if stop.item():
+                break
+            in_step.burst()
         c0, t0 = time.process_time(), time.perf_counter()
         op()
         t = time.perf_counter() - t0
-        if burst is not None:
-            t = time.process_time() - c0 if cpu_only else max(t, time.process_time() - c0)
+        if in_step is not None:
+            t = time.process_time() - c0 if in_step.cpu_only else max(t, time.process_time() - c0)
         if j >= 2:
             times.append(t / 2 if kind == "send_recv" else t)
     return times
@@ -305,13 +344,10 @@ def _compute_burst():
     return burst
 
 
-def _collectives(rank: int, n: int, sizes: Sizes, burst, threads: int = 1) -> dict:
+def _collectives(rank: int, n: int, sizes: Sizes, in_step: _InStep | None = None) -> dict:
     """[bytes, median, best, slowest] seconds of each collective at each message size, the slowest rank of each
-    repeat; ``burst``: run before each repeat (a collective in a step: by its CPU seconds alone where the ``n``
-    ranks of ``threads`` threads outnumber the cores), or None (a tight loop)."""
-    from .devices import cpu_cores
-
-    cpu_only = n * threads > cpu_cores()
+    repeat; with ``in_step`` as a step runs them (up to ``sizes.in_step_repeats`` repeats, and the mean and p90
+    after the slowest), else in a tight loop."""
     import torch
     import torch.distributed as dist
 
@@ -319,17 +355,21 @@ def _collectives(rank: int, n: int, sizes: Sizes, burst, threads: int = 1) -> di
     for kind in COLLECTIVES:
         rows = []
         for nbytes in sizes.messages:
-            t = torch.tensor(_time_collective(kind, nbytes - nbytes % (4 * n), rank, n, sizes.repeats, burst,
-                                              cpu_only), dtype=torch.float64)
+            repeats = sizes.repeats if in_step is None else sizes.in_step_repeats
+            t = torch.tensor(_time_collective(kind, nbytes - nbytes % (4 * n), rank, n, repeats, in_step),
+                             dtype=torch.float64)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank of each repeat
-            rows.append([nbytes - nbytes % (4 * n), *_stats(t.tolist(), False)])
+            rows.append([nbytes - nbytes % (4 * n), *_stats(t.tolist(), False),
+                         *(tail_stats(t.tolist()) if in_step is not None else ())])
         out[kind] = rows
     return out
 
 
-def measure_rank(rank: int, n: int, port: int, sizes: Sizes, out_dir: str, threads: int) -> None:
+def measure_rank(rank: int, n: int, port: int, sizes: Sizes, out_dir: str, threads: int, others: float = 0.0) -> None:
     """One calibrating process (spawned): join the gloo group, measure compute with the others on ``threads``
-    threads, then the collectives; rank 0 writes the result to ``out_dir/result.json``."""
+    threads, then the collectives (in a step by the CPU seconds alone where the ranks' threads and ``others``, the
+    machine's load when the calibration began, outnumber the cores); rank 0 writes the result to
+    ``out_dir/result.json``."""
     import warnings
 
     import torch
@@ -345,8 +385,13 @@ def measure_rank(rank: int, n: int, port: int, sizes: Sizes, out_dir: str, threa
     result = _compute(sizes)
     result["threads"] = torch.get_num_threads()
     if n > 1:
-        result["collectives"] = _collectives(rank, n, sizes, None)
-        result["collectives_in_step"] = _collectives(rank, n, sizes, _compute_burst(), threads)
+        result["collectives"] = _collectives(rank, n, sizes)
+        from .devices import cpu_cores
+
+        cpu_only = n * threads + others > cpu_cores()
+        in_step = _InStep(_compute_burst(), cpu_only, sizes.in_step_least, sizes.in_step_budget_s)
+        result["collectives_in_step"] = _collectives(rank, n, sizes, in_step)
+        result["collectives_in_step_clock"] = "cpu" if cpu_only else "wall_or_cpu"
         dist.barrier()
         dist.destroy_process_group()
     if rank == 0:
@@ -364,9 +409,13 @@ def _spawned(ranks: int, sizes: Sizes, timeout_s: float, threads: int) -> dict:
     """The result of ``ranks`` spawned calibrating processes, killed after ``timeout_s``."""
     import torch.multiprocessing as mp
 
+    from .ceilings import load_per_core
+    from .devices import cpu_cores
+
+    others = (load_per_core() or 0.0) * cpu_cores()  # the machine's load before the calibration's processes
     with tempfile.TemporaryDirectory(prefix="flopcount-calibrate-") as out_dir:
-        ctx = mp.start_processes(measure_rank, args=(ranks, _free_port(), sizes, out_dir, threads), nprocs=ranks,
-                                 join=False, start_method="spawn")
+        ctx = mp.start_processes(measure_rank, args=(ranks, _free_port(), sizes, out_dir, threads, others),
+                                 nprocs=ranks, join=False, start_method="spawn")
         deadline = time.monotonic() + timeout_s
         try:
             while not ctx.join(timeout=0.5):
@@ -423,7 +472,9 @@ def calibrate(ranks: int = 1, sizes: Sizes = DEFAULT_SIZES, timeout_s: float = 1
     collectives, in_step = ({kind: _fitted(kind, ranks, rows) for kind, rows in raw.get(key, {}).items()}
                             for key in ("collectives", "collectives_in_step"))
     peak = max(p.best for p in compute["gemm_in_cache"])
-    machine = {"cpu": cpu_name(), "cores": cpu_cores(), "threads_per_rank": raw["threads"]}
+    machine = {"cpu": cpu_name(), "cores": cpu_cores(), "threads_per_rank": raw["threads"],
+               **({"collectives_in_step_clock": raw["collectives_in_step_clock"]}
+                  if "collectives_in_step_clock" in raw else {})}
     return MachineProfile(True, "cpu", ranks, compute, overhead, collectives, peak, "fp32",
                           datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                           torch.__version__, machine,

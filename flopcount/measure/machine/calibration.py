@@ -24,7 +24,9 @@ A profile holds:
   collectives timed as a step runs them, each call after a burst of compute that evicts the caches (the larger of
   its wall-clock seconds and the CPU seconds of every thread of the process, the CPU seconds alone where the
   ranks' threads outnumber the cores), as points and their fit: what a prediction prices a step's collectives at
-  where present;
+  where present. Each of its points also has the ``mean`` and the 90th percentile (``p90``) of its calls (absent in
+  a profile taken before calibrate recorded them), fitted as the median is: a call's cost there is heavy-tailed,
+  and a step's total sees the mean (:func:`tail_fits`);
 * ``network`` (a datasheet profile's only; null otherwise, every rank on this machine): the devices a node holds
   and each one's network adapter bandwidth (:class:`Network`), which caps a collective whose group spans nodes;
 * the versions, date, machine and rank count it was taken with, and whether it was measured (``calibrated``).
@@ -45,11 +47,10 @@ from typing import Any
 from flopcount.errors import MeasurementError, UsageError
 
 __all__ = ["BUS_FACTORS", "COLLECTIVES", "DEVICE_BANDWIDTHS", "FORMAT", "FORMAT_VERSION", "LATENCY_UNKNOWN",
-           "MachineProfile", "Network", "OPTIMIZERS_TIMED", "OptimizerCost", "Point", "Segment", "above_ceiling",
-           "bus_factor",
-           "collective_seconds", "device_profile", "fresh_from",
+           "MachineProfile", "Network", "OPTIMIZERS_TIMED", "OptimizerCost", "Point", "Segment", "TAIL",
+           "above_ceiling", "bus_factor", "collective_seconds", "device_profile", "fresh_from",
            "differences", "fit_segments", "latency_known", "load_profile", "profile_from_dict", "rate_at",
-           "this_machine"]
+           "tail_fits", "this_machine"]
 
 FORMAT = "flopcount-machine-profile"
 FORMAT_VERSION = 1
@@ -61,6 +62,9 @@ OPTIMIZERS_TIMED = ("sgd", "momentum", "adam", "adamw")
 #: all_to_all, the message of a send/recv), so that the fitted bus bandwidth is comparable to a link's whatever n.
 BUS_FACTORS = {"all_reduce": "2(n-1)/n", "all_gather": "(n-1)/n", "reduce_scatter": "(n-1)/n",
                "all_to_all": "(n-1)/n", "send_recv": "1"}
+#: The statistics of a point's calls beyond its median, best and slowest, where timed (``collectives_in_step``):
+#: their mean and 90th percentile.
+TAIL = ("mean", "p90")
 #: Bytes at which the collectives' fit changes range: latency-bound messages below, bandwidth-bound above.
 SPLIT_BYTES = 64 * 1024
 
@@ -77,21 +81,26 @@ def bus_factor(kind: str, n: int) -> float:
 @dataclass(frozen=True)
 class Point:
     """One timed size: ``size`` (n of an n×n×n GEMM, N·C·H·W of a convolution's output, bytes of an elementwise op
-    or a message) and the median, best and slowest of its repeats (a rate, or seconds for a message)."""
+    or a message) and the median, best and slowest of its repeats (a rate, or seconds for a message); ``mean`` and
+    ``p90`` (the 90th percentile) where they were recorded (a collective in a step), else None."""
 
     size: float
     median: float
     best: float
     slowest: float
+    mean: float | None = None
+    p90: float | None = None
 
     def as_dict(self) -> dict[str, float]:
-        return {"size": self.size, "median": self.median, "best": self.best, "slowest": self.slowest}
+        return {"size": self.size, "median": self.median, "best": self.best, "slowest": self.slowest,
+                **{k: getattr(self, k) for k in TAIL if getattr(self, k) is not None}}
 
 
 @dataclass(frozen=True)
 class Segment:
     """The fit of one size range of a collective: seconds = ``latency_s`` + bus bytes / ``bus_bytes_per_s``, for
-    payloads from ``low`` to ``high`` bytes; one fit each for the median, best and slowest times (``which``). A
+    payloads from ``low`` to ``high`` bytes; one fit each for the median, best and slowest times (``which``), and
+    for the mean and p90 where its points have them (:func:`tail_fits`). A
     latency of None is not known (a datasheet profile: no datasheet gives it): the time is then the bus term alone,
     a lower bound (:func:`latency_known`)."""
 
@@ -251,6 +260,12 @@ def collective_seconds(c: Collective, kind: str, payload: float, n: int, which: 
     return (seg.latency_s[which] or 0.0) + bus_factor(kind, n) * payload / bus, outside
 
 
+def tail_fits(c: Collective) -> bool:
+    """Whether every fit of ``c`` has the mean and the p90 of its calls (:data:`TAIL`): a collective timed in a
+    step by a calibration that recorded them."""
+    return all(w in s.latency_s and w in s.bus_bytes_per_s for s in c.segments for w in TAIL)
+
+
 def latency_known(profile: "MachineProfile") -> bool:
     """Whether every collective fit of ``profile`` has a latency (a datasheet profile's is None: not known)."""
     return all(v is not None for c in profile.collectives.values() for s in c.segments for v in s.latency_s.values())
@@ -277,16 +292,18 @@ def fit_segments(kind: str, n: int, points: Sequence[Point]) -> tuple[Segment, .
     """The fit of a collective's timed points (payload bytes → seconds) over ``n`` ranks: one segment for the
     payloads up to :data:`SPLIT_BYTES` and one above (each needs two points; a range with fewer joins the other),
     each a least-squares line (in relative error) latency + bus bytes / bus bandwidth for the median, best and
-    slowest times."""
+    slowest times, and for the mean and p90 where every point has them."""
     pts = sorted(points, key=lambda p: p.size)
     small = [p for p in pts if p.size <= SPLIT_BYTES]
     large = [p for p in pts if p.size > SPLIT_BYTES]
     ranges = [r for r in (small, large) if len(r) >= 2] if len(small) >= 2 and len(large) >= 2 else [pts]
     f = bus_factor(kind, n)
+    whiches = ("median", "best", "slowest") + (TAIL if pts and all(p.mean is not None and p.p90 is not None
+                                                                    for p in pts) else ())
     out = []
     for k, r in enumerate(ranges):
         lat, bw = {}, {}
-        for which in ("median", "best", "slowest"):
+        for which in whiches:
             lat[which], bw[which] = _fit_line([f * p.size for p in r], [getattr(p, which) for p in r])
         low = r[0].size if k == 0 else ranges[k - 1][-1].size
         out.append(Segment(low, r[-1].size, lat, bw))
@@ -371,7 +388,11 @@ def _point(d: Any, where: str) -> Point:
     if not all(_number(v) and v >= 0 for v in vals):
         raise MeasurementError(f"{where}: a point needs size, median, best and slowest as numbers >= 0; take the "
                                "profile again with flopcount calibrate")
-    return Point(*map(float, vals))
+    tail = [d.get(k) for k in TAIL]
+    if not all(v is None or _number(v) and v >= 0 for v in tail):
+        raise MeasurementError(f"{where}: a point's mean and p90 are numbers >= 0 where given; take the profile "
+                               "again with flopcount calibrate")
+    return Point(*map(float, vals), *(None if v is None else float(v) for v in tail))
 
 
 def _number(v: Any) -> bool:
@@ -386,9 +407,13 @@ def _segment(d: Any, where: str) -> Segment:
         lat = {w: d["latency_s"][w] for w in ("median", "best", "slowest")}
         bw = {w: d["bus_bytes_per_s"][w] for w in ("median", "best", "slowest")}
         low, high = d["from_bytes"], d["to_bytes"]
+        if any(w in d["latency_s"] or w in d["bus_bytes_per_s"] for w in TAIL):  # recorded: both fits of both
+            lat.update({w: d["latency_s"][w] for w in TAIL})
+            bw.update({w: d["bus_bytes_per_s"][w] for w in TAIL})
     except (KeyError, TypeError):
         raise MeasurementError(f"{where}: a fit needs from_bytes, to_bytes, latency_s and bus_bytes_per_s (median, "
-                               "best, slowest); take the profile again with flopcount calibrate") from None
+                               "best, slowest; mean and p90 both or neither); take the profile again with flopcount "
+                               "calibrate") from None
     if not all(_number(v) and v > 0 for v in bw.values()) or \
             not all(v is None or _number(v) and v >= 0 for v in lat.values()):
         raise MeasurementError(f"{where}: a fit has a bandwidth that is not a number > 0 or a latency that is not a "

@@ -111,6 +111,9 @@ def test_a_collective_in_a_step_costs_at_least_its_tight_loop(tmp_path):
     in_step = p.collectives_in_step["all_reduce"]
     assert [pt.size for pt in in_step.points] == list(sizes)
     assert all(pt.best <= pt.median <= pt.slowest for pt in in_step.points)
+    # each size timed enough to see its tail: the mean and the 90th percentile of its calls between the extremes
+    assert all(pt.best <= pt.mean <= pt.slowest and pt.median <= pt.p90 <= pt.slowest for pt in in_step.points)
+    assert cal.tail_fits(in_step) and not cal.tail_fits(p.collectives["all_reduce"])
     # the median in a step against the fastest tight-loop call, the same size (cores: one each, or shared)
     got = [pt.median / tight[int(pt.size)] for pt in in_step.points]
     assert statistics.median(got) >= 1.0, (got, cpu_cores())
