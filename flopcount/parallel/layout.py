@@ -6,7 +6,10 @@ the split rules, the pipeline stages, the rank id and the schedule's warm-up.
 **Layers.** The repeated layers are the modules ``P.N`` of the one prefix ``P`` (``model.layers``, ``transformer.h``,
 ``encoder.layer``) whose indexed children hold the most nodes, when at least one of them holds attention (indexed
 modules without it, a Sequential's children or a CNN's stages, are no stack of layers); a node without a module
-scope takes the layer of the node that made its first input.
+scope takes the layer of the node that made its first input. Where the indexed modules of two or more prefixes hold
+attention (an activation product), as an **encoder-decoder**'s encoder and decoder do, each is a stack, in the order
+of its first node, its layers numbered after those of the stack before it (the encoder's 0 … Lₑ − 1, the decoder's
+Lₑ …); the nodes between them (the encoder's final norm) are outside the layers.
 
 **Roles, found by the graph's dataflow, not by module names.** A *weight product* is a MatMul, Gemm, Conv or Einsum
 that reads a stored floating-point tensor (directly or through views); an *activation product* reads none. In each
@@ -32,11 +35,19 @@ layer:
   the context's V (one fused QKV projection, or separate Q, K, V); those that feed K or V only are the **K/V
   projections**; a weight product further back that feeds one of these (multi-head latent attention's
   down-projections) is **latent**: replicated over TP, with the nodes between (the latent norms);
+* an attention is a **cross-attention** when its K projections read a tensor made outside the layer that its Q
+  projections do not read (the encoder's output, in a decoder layer): its K/V projections are column-parallel on
+  that tensor, whose gradient each of them all-reduces over TP in the backward (A_e, its tokens', per layer;
+  gathered in the forward and reduce-scattered in the backward under ``sp``), as each decoder layer's K/V
+  ``ColumnParallelLinear`` of Megatron's T5 does; a weight product met going back from a projection through a
+  row-parallel one (the self-attention's, before the cross-attention's Q) is no latent;
 * the **row-parallel** projection is the weight product first met going forward from the context product;
 * the **heads** are the nodes between the column projections and the row projection (rotary, scores, mask,
   softmax, ·V): split over TP; a node whose first input is 4-D with K/V heads fewer than the query heads on its
   second axis works on **K/V heads**; one with a single head there (MLA's rotary key) is **shared** by all heads:
-  replicated;
+  replicated; a lookup on a stored table among them (T5's relative position bias, an Embedding of (buckets, heads)
+  in each stack's layer 0) is split by heads too: each rank holds and looks up its heads' columns, as torch's
+  ``ColwiseParallel`` shards an ``nn.Embedding`` on dim 1, its output on the last axis;
 * the **MLP**: of the remaining weight products, those whose output reaches another (through the activation, GELU,
   SiLU·up, ReLU², whatever it is) are column-parallel, the ones reached row-parallel, the nodes between them its
   **inner** ops: split;
@@ -49,7 +60,8 @@ layer:
   the sequence under ``sp``.
 
 Outside the layers: the **token embedding** is the Gather on a stored weight whose indices come from a model input
-(the largest, when several do): vocab-parallel; other lookups (position and token-type tables) are replicated; work
+(the largest, when several do), and any other such Gather on the same table (an encoder-decoder's two lookups):
+vocab-parallel; other lookups (position and token-type tables) are replicated; work
 that depends neither on the layers nor on the embedded tokens (rotary tables, masks) is a **position** table
 rebuilt on every stage (the lookups on stored tables are not); after the layers, the product whose output is as wide as the vocabulary (the token
 embedding's rows; without a token embedding, the first one wider than the hidden size) is the **vocab-parallel LM
@@ -73,6 +85,15 @@ A parameter follows its role, except a row-parallel projection's bias: whole on 
 (Megatron's RowParallelLinear, torch's RowwiseParallel add it after the reduction), and likewise the FLOPs of a
 row-parallel Gemm's bias add.
 
+**Blocks.** Each layer's blocks that end in a TP reduction: its attentions (two in a decoder layer: self- and
+cross-attention) and its MLP, or a mixer and its attention and MLP where it has them; each block reduces its
+layer's stream (its row-parallel projections' tokens), and the layer's column-parallel inputs are those blocks' and
+its cross-attention's K/V input (:meth:`Layout.stage_tp`; the collectives: :mod:`flopcount.parallel.ranks`).
+**Encoder-decoders** take ``tp`` (``sp`` where tp divides each stack's sequence) and any data-parallel plan;
+``pp`` is refused, every decoder layer's cross-attention reading the encoder's output (a pipeline must carry it to
+each decoder stage in its messages, as Megatron's encoder-decoder pipeline does, and T5's position bias made in
+each stack's layer 0 is read by all its layers: not modeled), and ``cp``, each decoder rank's cross-attention
+reading the whole encoder output's K and V (not modeled).
 **Stages.** L layers in P stages (P·v chunks of L/(P·v) under ``interleaved:v``, chunk c on rank c mod P); the nodes
 before the layers on stage 0 (position tables on every stage), those after on the last. A module's parameters go to
 the stage of the node that reads them first; a weight the token embedding and the LM head share (tied) has a second

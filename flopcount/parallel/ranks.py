@@ -42,7 +42,11 @@ activation element) per microbatch and Lₛ the stage's layers:
 * TP without sp: ``all_reduce`` of A after each attention and MLP block in the forward and before them in the
   backward: 4·Lₛ·A, plus A for the vocab-parallel embedding's all_reduce (stage 0, forward) and A for the
   vocab-parallel LM head's input gradient (last stage, backward), none without them (a ViT's patch embedding and
-  classifier run whole on every rank); with a loss, 3·b·s·4 for its vocab-parallel max, sum and target logit;
+  classifier run whole on every rank); with a loss, 3·b·s·4 for its vocab-parallel max, sum and target logit.
+  Per block of a layer, A of that layer's stream (an encoder-decoder's encoder layers b·s_e·h·e, its decoder
+  layers b·s_d·h·e, with three blocks each: self-attention, cross-attention, MLP), and A_e more in the backward for
+  a cross-attention's K/V input (the encoder's output); A for each vocab-parallel lookup (the encoder's and the
+  decoder's), the decoder's stream's for the head and the loss (:meth:`~flopcount.parallel.layout.Layout.stage_tp`);
 * TP with sp: each of those all_reduces becomes an ``all_gather`` and a ``reduce_scatter`` of A: 2·Lₛ·A each in
   the forward and again in the backward; the embedding's output is reduce-scattered (A), its gradient gathered
   (A), or without a vocab-parallel embedding only split, its gradient gathered (A); the LM head's input gathered
