@@ -536,7 +536,8 @@ def _communication(layout: Layout, report: Any, per_stage: int, train: bool, has
                 add("all_gather", "tp", m * (cols + (rows if train else 0) + again[1] + (o_ if last else 0)
                                              + (e_ if first and train else 0)))
                 add("reduce_scatter", "tp", m * (rows + (cols if train else 0) + again[2]
-                                                 + (e_ if embeds and not summed else 0) + (o_ if head and train else 0)))
+                                                 + (o_ if head and train else 0)
+                                                 + (e_ if embeds and not summed else 0)))
                 add("all_reduce", "tp", m * e_ if summed else 0)
             else:
                 add("all_reduce", "tp", m * (rows + (cols if train else 0) + again[0]

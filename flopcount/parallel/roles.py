@@ -492,7 +492,8 @@ def outside_roles(g: Graph, layer: Sequence[int | None], roles: list[str],
     token = max(embeds, key=lambda k: (width(nodes[k].inputs[0], 0) or 0, -k)) if embeds else None
     vocab = (width(nodes[token].inputs[0], 0) or 0) if token is not None else 0
     # the token lookups on that table (an encoder-decoder's encoder and decoder share it)
-    tokens = {k for k in embeds if nodes[k].inputs[0].name == nodes[token].inputs[0].name} if token is not None else set()
+    table = nodes[token].inputs[0].name if token is not None else None
+    tokens = {k for k in embeds if nodes[k].inputs[0].name == table}
     lookups = {k for k in outside if k not in tail and nodes[k].op_type == "Gather" and nodes[k].inputs and
                nodes[k].inputs[0] is not None and nodes[k].inputs[0].name in g.stored}
     starts = [x.name for k in lookups for x in nodes[k].outputs if x is not None] + sorted(

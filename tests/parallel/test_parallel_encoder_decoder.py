@@ -65,9 +65,10 @@ def plan(text: str, m: int = 1):
 
 def products(t: int) -> int:
     """Forward FLOPs of the products (MatMul) on one of t TP ranks, 2 a multiply-add, all split 1/t: per encoder
-    layer of B·SE tokens Q, K, V, O (H×H) and the MLP's two (H×FFN), scores and context (B·HEADS·SE·SE·D each); per
-    decoder layer of B·SD tokens the self-attention's four, the cross-attention's Q and O on the decoder's tokens and
-    its K and V on the encoder's B·SE, the MLP's two, self scores and context (SD×SD) and cross (SD×SE)."""
+    layer of B·SE tokens Q, K, V, O (H×H) and the MLP's two (H×FFN), scores and context (B·HEADS·SE·SE·D
+    each); per decoder layer of B·SD tokens the self-attention's four, the cross-attention's Q and O on the
+    decoder's tokens and its K and V on the encoder's B·SE, the MLP's two, self scores and context (SD×SD) and
+    cross (SD×SE)."""
     me, md = B * SE, B * SD
     encoder = 4 * 2 * me * H * H + 2 * 2 * me * H * FFN + 2 * 2 * B * HEADS * SE * SE * D
     decoder = (6 * 2 * md * H * H + 2 * 2 * me * H * H + 2 * 2 * md * H * FFN + 2 * 2 * B * HEADS * SD * SD * D
@@ -184,3 +185,33 @@ def test_sp_refused_on_a_decoder_sequence_tp_does_not_divide():
     report = count("bart", sd=5)
     with pytest.raises(UsageError, match=r"tp must divide the sequence length 5 of layer 2 \(decoder.layers\)"):
         ledger(report, plan("tp=2,sp"))
+
+
+def torch_shard_products(t: int) -> int:
+    """FlopCounterMode's products (forward and backward) of one TP rank's shard of the T5 above, run for real: T5's
+    heads (HEADS/t, each of D) and MLP width (FFN/t) are settings of their own, so the shard is the same T5 with
+    HEADS/t heads (its Q, K, V H×(HEADS/t)·D, O back to H, the bias table's HEADS/t columns) and d_ff FFN/t; the
+    lookups and norms make no products."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    config = transformers.T5Config(d_model=H, d_kv=D, d_ff=FFN // t, num_layers=L, num_heads=HEADS // t,
+                                   vocab_size=V, relative_attention_num_buckets=BUCKETS, decoder_start_token_id=0,
+                                   pad_token_id=0, eos_token_id=1)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    shard = transformers.T5Model(config).train()
+    ids, dec = torch.randint(0, V, (B, SE)), torch.randint(0, V, (B, SD))
+    with FlopCounterMode(display=False) as counter:
+        out = shard(input_ids=ids, decoder_input_ids=dec)
+        (out.last_hidden_state.sum() + out.encoder_last_hidden_state.sum()).backward()
+    return sum(n for op, n in counter.get_flop_counts()["Global"].items() if str(op) in ("aten.mm", "aten.bmm"))
+
+
+@pytest.mark.parametrize("t", [2, 4])
+def test_t5_rank_products_equal_a_real_run_of_its_shard(t):
+    report = count("t5")
+    shares = node_shares(report, plan(f"tp={t}"))
+    for i in range(t):
+        got = sum(x.forward + x.backward for x in shares
+                  if x.tp == i and report.nodes[x.index].family in ("matmul", "gemm"))
+        assert got == torch_shard_products(t)
