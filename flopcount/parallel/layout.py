@@ -93,7 +93,8 @@ its cross-attention's K/V input (:meth:`Layout.stage_tp`; the collectives: :mod:
 ``pp`` is refused, every decoder layer's cross-attention reading the encoder's output (a pipeline must carry it to
 each decoder stage in its messages, as Megatron's encoder-decoder pipeline does, and T5's position bias made in
 each stack's layer 0 is read by all its layers: not modeled), and ``cp``, each decoder rank's cross-attention
-reading the whole encoder output's K and V (not modeled).
+reading the whole encoder output's K and V (not modeled); stacks without cross-attention (one reading another's
+output) are refused ``pp`` and ``cp`` alike.
 **Stages.** L layers in P stages (P·v chunks of L/(P·v) under ``interleaved:v``, chunk c on rank c mod P); the nodes
 before the layers on stage 0 (position tables on every stage), those after on the last. A module's parameters go to
 the stage of the node that reads them first; a weight the token embedding and the LM head share (tied) has a second
@@ -655,9 +656,13 @@ def _stack_name(st: _Structure, layer: int) -> str:
 
 
 def _check_stacks(plan: ParallelPlan, st: _Structure, where: str) -> None:
-    """:class:`UsageError` for a plan an encoder-decoder (two stacks of layers, see the module's rules) cannot take:
-    pp and cp, each with its reason."""
+    """:class:`UsageError` for a plan a model of two or more stacks of layers (an encoder-decoder, see the module's
+    rules) cannot take: pp and cp, each with its reason."""
     names = " and ".join(p for p, _ in st.stacks)
+    if not any(f.cross for f in st.found.values()) and (plan.pp > 1 or plan.cp > 1):
+        raise UsageError(f"--parallel {_degrees(plan)}: {where} has {len(st.stacks)} stacks of layers ({names}), "
+                         "one reading another's output; pipeline and context parallelism of more than one stack are "
+                         "not modeled; give pp=1 and cp=1")
     if plan.pp > 1:
         raise UsageError(f"--parallel pp={plan.pp}: {where}'s {names} layers are an encoder-decoder: every decoder "
                          "layer's cross-attention reads the encoder's output, which a pipeline carries to each decoder "
