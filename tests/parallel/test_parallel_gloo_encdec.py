@@ -4,7 +4,8 @@ lookup all-reduced), post-norm encoder layers (self-attention, a GELU MLP) on SE
 tokens (self-attention, cross-attention, MLP), the Q, K, V and MLP-up projections column-parallel (identity forward,
 gradient all-reduced: Megatron's ``copy_to_tensor_model_parallel_region``), the cross-attention's K and V reading
 the encoder's output through their own such copy, as Megatron's T5 ``key_value`` ``ColumnParallelLinear`` does, the
-output and MLP-down projections row-parallel (all-reduced in the forward); no biases. Each rank's
+output and MLP-down projections row-parallel (all-reduced in the forward); no biases; and the same under ``sp``
+(each all-reduce a reduce-scatter and an all-gather, the norms' partial gradients summed once a step). Each rank's
 ``FlopCounterMode`` total, the bytes it hands to each collective and its parameter bytes equal the ledger's, and the
 bytes the closed form written here."""
 
@@ -28,15 +29,19 @@ D = H // HEADS
 B, SE, SD = 2, 8, 6  # batch, encoder tokens, decoder tokens
 
 
-def encoder_decoder(t: int = 1, rank: int = 0, rec: Recorder | None = None):
+def encoder_decoder(t: int = 1, rank: int = 0, rec: Recorder | None = None, sp: bool = False):
     """The model on TP rank ``rank`` of ``t`` (whole with t = 1), its weights drawn in the same order whatever t;
-    ``rec``: its collectives (none on one rank)."""
+    ``rec``: its collectives (none on one rank). Under ``sp`` each stream is split over the sequence: the lookups
+    reduce-scattered, the tokens gathered before each column-parallel product (the cross-attention's K and V gather
+    the encoder's output) and reduce-scattered after each row-parallel one, the decoder's output gathered."""
     nn = torch.nn
 
     def same(x):
         return x
 
-    reduce, copy = (same, same) if rec is None else (rec.reduce, rec.copy)
+    reduce, copy, leave = (same, same, same) if rec is None else (rec.reduce, rec.copy, same)
+    if rec is not None and sp:
+        reduce, copy, leave = rec.scatter, rec.gather, rec.whole
     torch.manual_seed(0)
     heads = HEADS // t
 
@@ -125,7 +130,7 @@ def encoder_decoder(t: int = 1, rank: int = 0, rec: Recorder | None = None):
             x = self.lookup(decoder_ids)
             for layer in self.decoder:
                 x = layer(x, memory)
-            return x.sum()
+            return leave(x).sum()
 
     return Model()
 
@@ -143,16 +148,19 @@ def report():
                                 memory=MemorySettings(device="cpu"))
 
 
-def _worker(rank: int, world: int, init: str, out: str) -> None:
+def _worker(rank: int, world: int, init: str, out: str, sp: bool) -> None:
     import torch.distributed as dist
     from torch.utils.flop_counter import FlopCounterMode
 
     torch.set_num_threads(1)  # a forked child must not wait on the parent's intra-op pool
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     rec = Recorder()
-    module = encoder_decoder(world, rank, rec)
+    module = encoder_decoder(world, rank, rec, sp)
     with FlopCounterMode(display=False) as counter:
         module(*inputs()).backward()
+    for name, p in module.named_parameters() if sp else ():  # the norms saw the rank's tokens only: summed
+        if "norm" in name:
+            p.grad.copy_(rec.all_reduce(p.grad))
     params = sum(p.numel() * p.element_size() for p in module.parameters())
     with open(f"{out}.{rank}", "w") as f:
         json.dump({"flops": counter.get_total_flops(), "bytes": rec.bytes(), "params": params}, f)
@@ -168,18 +176,25 @@ def test_the_counted_model_has_two_stacks_and_cross_attention(report):
     assert report.params == V * H + L * (4 * H * H + 2 * H * FFN + 2 * H) + L * (8 * H * H + 2 * H * FFN + 3 * H)
 
 
-def test_tp_on_gloo_equals_the_ledger(report, tmp_path):
-    seen = gloo_ranks(_worker, tmp_path)
-    p = parse_parallel("tp=2")
+@pytest.mark.parametrize("sp", [False, True], ids=["tp", "sp"])
+def test_tp_on_gloo_equals_the_ledger(report, tmp_path, sp):
+    seen = gloo_ranks(_worker, tmp_path, sp)
+    p = parse_parallel("tp=2,sp" if sp else "tp=2")
     led = ledger(report, p)
     mem = per_rank(report, p).ranks
     ae, ad = B * SE * H * 4, B * SD * H * 4  # an encoder's and a decoder's activation, fp32
+    rows = L * 2 * ae + L * 3 * ad  # after the row-parallel products, per block of each layer's stream
+    cols = rows + L * ae  # before the column-parallel ones: and each cross-attention's K/V input
+    if sp:  # each all_reduce of a block a gather and a reduce-scatter; the lookups', the output gathered, the norms
+        want = {"all_gather(tp)": cols + rows + ad + ae + ad, "reduce_scatter(tp)": rows + cols + ae + ad,
+                "all_reduce(tp)": (2 * L + 3 * L) * H * 4}
+    else:
+        # per encoder layer 2 all_reduces in the forward and 2 in the backward; per decoder layer 3 and 3, and the
+        # cross-attention's K/V input (the encoder's output) in the backward; the two lookups
+        want = {"all_reduce(tp)": rows + cols + ae + ad}
     for i, rank in enumerate(seen):
         products = sum(x.forward + x.backward for x in node_shares(report, p)
                        if x.tp == i and report.nodes[x.index].family in ("matmul", "gemm"))
         assert rank["flops"] == products
-        # per encoder layer 2 all_reduces in the forward and 2 in the backward; per decoder layer 3 and 3, and the
-        # cross-attention's K/V input (the encoder's output) in the backward; the two lookups
-        assert rank["bytes"] == ledger_bytes(led.ranks[i]) == {
-            "all_reduce(tp)": L * 4 * ae + L * (6 * ad + ae) + ae + ad}
+        assert rank["bytes"] == ledger_bytes(led.ranks[i]) == want
         assert rank["params"] == mem[i].params_bytes == 4 * led.ranks[i].optimizer_flops // 2
