@@ -215,3 +215,18 @@ def test_t5_rank_products_equal_a_real_run_of_its_shard(t):
         got = sum(x.forward + x.backward for x in shares
                   if x.tp == i and report.nodes[x.index].family in ("matmul", "gemm"))
         assert got == torch_shard_products(t)
+
+
+@pytest.mark.parametrize("policy", ["full", "non-reentrant"])
+def test_recompute_reruns_each_stacks_reductions(model, policy):
+    # the rerun passes each block's reduction again (B·SE tokens an encoder block, B·SD a decoder one); torch's
+    # non-reentrant checkpoint stops before each layer's last product (the MLP's down projection), so that
+    # block's reduction, the layer's own tokens, does not run again
+    from flopcount.parallel.plan import parse_recompute
+
+    _, report = model
+    unit = B * H * F32
+    again = L * 2 * SE + L * 3 * SD - (L * SE + L * SD if policy == "non-reentrant" else 0)
+    base = ledger(report, plan("tp=2")).ranks[0].communication
+    rerun = ledger(report, plan("tp=2"), parse_recompute(policy)).ranks[0].communication
+    assert rerun[0].kind == base[0].kind == "all_reduce" and rerun[0].bytes - base[0].bytes == unit * again
