@@ -181,6 +181,7 @@ def test_pipeline_and_context_parallelism_refused_by_name(model, text, reason):
     assert "\n" not in str(e.value) and e.value.exit_code == 2 and reason in str(e.value)
 
 
+@pytest.mark.slow  # one more export: about 7 s
 def test_sp_refused_on_a_decoder_sequence_tp_does_not_divide():
     report = count("bart", sd=5)
     with pytest.raises(UsageError, match=r"tp must divide the sequence length 5 of layer 2 \(decoder.layers\)"):
