@@ -6,7 +6,10 @@ the split rules, the pipeline stages, the rank id and the schedule's warm-up.
 **Layers.** The repeated layers are the modules ``P.N`` of the one prefix ``P`` (``model.layers``, ``transformer.h``,
 ``encoder.layer``) whose indexed children hold the most nodes, when at least one of them holds attention (indexed
 modules without it, a Sequential's children or a CNN's stages, are no stack of layers); a node without a module
-scope takes the layer of the node that made its first input.
+scope takes the layer of the node that made its first input. Where the indexed modules of two or more prefixes hold
+attention (an activation product), as an **encoder-decoder**'s encoder and decoder do, each is a stack, in the order
+of its first node, its layers numbered after those of the stack before it (the encoder's 0 … Lₑ − 1, the decoder's
+Lₑ …); the nodes between them (the encoder's final norm) are outside the layers.
 
 **Roles, found by the graph's dataflow, not by module names.** A *weight product* is a MatMul, Gemm, Conv or Einsum
 that reads a stored floating-point tensor (directly or through views); an *activation product* reads none. In each
@@ -32,11 +35,19 @@ layer:
   the context's V (one fused QKV projection, or separate Q, K, V); those that feed K or V only are the **K/V
   projections**; a weight product further back that feeds one of these (multi-head latent attention's
   down-projections) is **latent**: replicated over TP, with the nodes between (the latent norms);
+* an attention is a **cross-attention** when its K projections read a tensor made outside the layer that its Q
+  projections do not read (the encoder's output, in a decoder layer): its K/V projections are column-parallel on
+  that tensor, whose gradient each of them all-reduces over TP in the backward (A_e, its tokens', per layer;
+  gathered in the forward and reduce-scattered in the backward under ``sp``), as each decoder layer's K/V
+  ``ColumnParallelLinear`` of Megatron's T5 does; a weight product met going back from a projection through a
+  row-parallel one (the self-attention's, before the cross-attention's Q) is no latent;
 * the **row-parallel** projection is the weight product first met going forward from the context product;
 * the **heads** are the nodes between the column projections and the row projection (rotary, scores, mask,
   softmax, ·V): split over TP; a node whose first input is 4-D with K/V heads fewer than the query heads on its
   second axis works on **K/V heads**; one with a single head there (MLA's rotary key) is **shared** by all heads:
-  replicated;
+  replicated; a lookup on a stored table among them (T5's relative position bias, an Embedding of (buckets, heads)
+  in each stack's layer 0) is split by heads too: each rank holds and looks up its heads' columns, as torch's
+  ``ColwiseParallel`` shards an ``nn.Embedding`` on dim 1, its output on the last axis;
 * the **MLP**: of the remaining weight products, those whose output reaches another (through the activation, GELU,
   SiLU·up, ReLU², whatever it is) are column-parallel, the ones reached row-parallel, the nodes between them its
   **inner** ops: split;
@@ -49,7 +60,8 @@ layer:
   the sequence under ``sp``.
 
 Outside the layers: the **token embedding** is the Gather on a stored weight whose indices come from a model input
-(the largest, when several do): vocab-parallel; other lookups (position and token-type tables) are replicated; work
+(the largest, when several do), and any other such Gather on the same table (an encoder-decoder's two lookups):
+vocab-parallel; other lookups (position and token-type tables) are replicated; work
 that depends neither on the layers nor on the embedded tokens (rotary tables, masks) is a **position** table
 rebuilt on every stage (the lookups on stored tables are not); after the layers, the product whose output is as wide as the vocabulary (the token
 embedding's rows; without a token embedding, the first one wider than the hidden size) is the **vocab-parallel LM
@@ -73,6 +85,16 @@ A parameter follows its role, except a row-parallel projection's bias: whole on 
 (Megatron's RowParallelLinear, torch's RowwiseParallel add it after the reduction), and likewise the FLOPs of a
 row-parallel Gemm's bias add.
 
+**Blocks.** Each layer's blocks that end in a TP reduction: its attentions (two in a decoder layer: self- and
+cross-attention) and its MLP, or a mixer and its attention and MLP where it has them; each block reduces its
+layer's stream (its row-parallel projections' tokens), and the layer's column-parallel inputs are those blocks' and
+its cross-attention's K/V input (:meth:`Layout.stage_tp`; the collectives: :mod:`flopcount.parallel.ranks`).
+**Encoder-decoders** take ``tp`` (``sp`` where tp divides each stack's sequence) and any data-parallel plan;
+``pp`` is refused, every decoder layer's cross-attention reading the encoder's output (a pipeline must carry it to
+each decoder stage in its messages, as Megatron's encoder-decoder pipeline does, and T5's position bias made in
+each stack's layer 0 is read by all its layers: not modeled), and ``cp``, each decoder rank's cross-attention
+reading the whole encoder output's K and V (not modeled); stacks without cross-attention (one reading another's
+output) are refused ``pp`` and ``cp`` alike.
 **Stages.** L layers in P stages (P·v chunks of L/(P·v) under ``interleaved:v``, chunk c on rank c mod P); the nodes
 before the layers on stage 0 (position tables on every stage), those after on the last. A module's parameters go to
 the stage of the node that reads them first; a weight the token embedding and the LM head share (tied) has a second
@@ -100,12 +122,12 @@ from .roles import (
     Graph,
     Scoped,
     elements,
-    index_in,
     kv_heads,
     layer_roles,
     layers_of,
     outside_roles,
-    stack_prefix,
+    stack_layer,
+    stacks_of,
     width,
 )
 
@@ -241,7 +263,9 @@ class Layout:
     modules: Mapping[str, ModuleShare]
     has_loss: bool
     expert: tuple[bool, ...]
-    prefix: str | None = None  # the repeated layers' module prefix ("model.layers")
+    # the stacks of repeated layers: (module prefix, "model.layers", the index its layer 0 takes); an
+    # encoder-decoder's two, the decoder's numbered after the encoder's
+    stacks: tuple[tuple[str, int], ...] = ()
     tied: int = 0  # elements of a weight the token embedding and the LM head share (0: none)
     tied_modules: tuple[str, ...] = ()  # the modules of the nodes that read that weight, in graph order
     lookups_added: bool = False  # position or token-type tables looked up and added to the token embedding
@@ -251,10 +275,25 @@ class Layout:
     padding: Mapping[tuple[int, str], int] = field(default_factory=dict)
     # each layer's blocks that end in a TP reduction: attention, MLP (dense or MoE), a Mamba 2 mixer
     blocks: tuple[int, ...] = ()
+    # each layer's tokens in a sequence (its stream's length: an encoder's and a decoder's differ) and the tokens its
+    # cross-attention's K/V projections read from the other stack (0: none)
+    seqs: tuple[int, ...] = ()
+    cross: tuple[int, ...] = ()
+    embedded: int = 0  # the tokens in a sequence of the token-embedding lookups (the encoder's and the decoder's)
+    out_seq: int = 0  # the tokens in a sequence of the stream after the layers (the decoder's)
 
     @property
     def virtual(self) -> int:
         return chunks_of(self.plan)
+
+    def stage_tp(self, stage: int) -> tuple[int, int, int]:
+        """Of the layers pipeline rank ``stage`` runs, in tokens of a sequence: (the tokens reduced after its
+        row-parallel projections, a block's stream each; the tokens into its column-parallel projections, reduced in
+        the backward: those and the cross-attention's from the other stack; the layers' own tokens)."""
+        per_chunk = max(len(self.blocks) // (self.plan.pp * self.virtual), 1)
+        mine = [n for n in range(len(self.blocks)) if n // per_chunk % self.plan.pp == stage]
+        rows = sum(self.blocks[n] * self.seqs[n] for n in mine)
+        return rows, rows + sum(self.cross[n] for n in mine), sum(self.seqs[n] for n in mine)
 
     def stage_blocks(self, stage: int) -> int:
         """The blocks ending in a TP reduction of the layers pipeline rank ``stage`` runs (its chunks')."""
@@ -332,10 +371,10 @@ class Layout:
     def layered(self, module: str) -> bool:
         """Whether ``module`` lies in one of the repeated layers (else it is the root's, under fsdp; all of a model
         without such layers, a CNN, is)."""
-        return bool(self.dims.layers) and self.prefix is not None and index_in(module, self.prefix)[1] is not None
+        return bool(self.dims.layers) and stack_layer(module, self.stacks) is not None
 
     def _module_stage(self, module: str) -> int:
-        layer = index_in(module, self.prefix)[1] if self.prefix is not None else None
+        layer = stack_layer(module, self.stacks)
         if layer is None:
             return 0
         return layer // (self.dims.layers // (self.plan.pp * self.virtual)) % self.plan.pp
@@ -370,8 +409,8 @@ def _structure_of(report: Any) -> _Structure:
     scoped = not report.modules.missing and len(report.modules.nodes) == len(nodes)
     scopes = list(report.modules.nodes) if scoped else [()] * len(nodes)
     g = Graph(nodes, report.model.inputs)
-    prefix = stack_prefix(scopes)
-    layer = layers_of(g, scopes, prefix)
+    stacks = stacks_of(g, scopes)
+    layer = layers_of(g, scopes, stacks)
     expert = tuple(px.is_expert(sc) for sc in scopes)
     blocks = px.moe_blocks(scopes)
     roles = [""] * len(nodes)
@@ -406,7 +445,7 @@ def _structure_of(report: Any) -> _Structure:
                 param_bytes=(element_bits(weight_type) or 32) // 8)
     outside_attention = next((k for k in range(len(nodes)) if layer[k] is None and nodes[k].family in PRODUCTS
                               and not g.weights(k) and sum(x is not None for x in nodes[k].inputs) > 1), None)
-    return _Structure(nodes, scopes, g, prefix, layer, expert, roles, attention, members, found, tail, has_loss,
+    return _Structure(nodes, scopes, g, stacks, layer, expert, roles, attention, members, found, tail, has_loss,
                       tied, dims, outside_attention)
 
 
@@ -418,7 +457,7 @@ class _Structure:
     nodes: list
     scopes: list
     g: Any
-    prefix: str | None
+    stacks: tuple
     layer: list
     expert: tuple
     roles: list
@@ -475,7 +514,7 @@ def _laid(report: Any, plan: ParallelPlan, st: _Structure) -> Layout:
     """The layout of a plan :func:`_check` passed: its chunks, modules' shares and FSDP's padding, which read the
     plan's tp, ep, pp and chunks and, under fsdp, its D·C."""
     nodes, scopes, g, layer, roles, dims = st.nodes, st.scopes, st.g, st.layer, st.roles, st.dims
-    attention, has_loss, expert, prefix, tied, tail = st.attention, st.has_loss, st.expert, st.prefix, st.tied, st.tail
+    attention, has_loss, expert, stacks, tied, tail = st.attention, st.has_loss, st.expert, st.stacks, st.tied, st.tail
     v = chunks_of(plan)
     per_chunk = dims.layers // (plan.pp * v) if dims.layers else 1
     last = plan.pp * v - 1
@@ -490,20 +529,42 @@ def _laid(report: Any, plan: ParallelPlan, st: _Structure) -> Layout:
         layer[k] is None and k not in tail and roles[k] != "embedding" and nodes[k].op_type == "Gather"
         and any(j == 0 for j, _ in g.weights(k)) for k in range(len(nodes)))
     layout = Layout(plan, dims, tuple(roles), tuple(layer), chunks, whole_part,
-                    {n: tuple(ks) for n, ks in attention.items() if ks}, {}, has_loss, expert, prefix,
-                    sum(elements(g.info[r]) for r in tied), lookups_added=added, blocks=_blocks(st))
+                    {n: tuple(ks) for n, ks in attention.items() if ks}, {}, has_loss, expert, stacks,
+                    sum(elements(g.info[r]) for r in tied), lookups_added=added, blocks=_blocks(st),
+                    **_tokens(st))
     return _with_parameters(layout, g, scopes, tied, report.modules.parameters)
 
 
 def _blocks(st: _Structure) -> tuple[int, ...]:
-    """Each layer's blocks ending in a TP reduction: attention and MLP (dense or MoE), 2; a layer with a mixer, the
-    mixer, and its attention and MLP where it has them."""
+    """Each layer's blocks ending in a TP reduction: attention and MLP (dense or MoE), 2, and one more for each
+    further attention (a decoder's cross-attention); a layer with a mixer, the mixer, and its attention and MLP where
+    it has them."""
     out = []
     for n in range(st.dims.layers):
         f = st.found.get(n, Found())
         mlp = bool(f.ffn) or any(st.expert[k] for k in st.members.get(n, ()))
-        out.append(1 + bool(f.heads) + mlp if f.mixer else 2)
+        out.append(1 + bool(f.heads) + mlp if f.mixer else 2 + max(f.attentions - 1, 0))
     return tuple(out)
+
+
+def _tokens(st: _Structure) -> dict[str, Any]:
+    """:class:`Layout`'s token counts in a sequence: each layer's stream (the row-parallel projections' outputs), the
+    cross-attention's reads from the other stack, the token-embedding lookups and the stream after the layers."""
+    d, nodes = st.dims, st.nodes
+    batch = d.batch or 1
+
+    def seq_of(k: int) -> int:
+        x = nodes[k].outputs[0] if nodes[k].outputs else None
+        w = width(x)
+        return elements(x) // w // batch if w else d.seq
+
+    seqs = []
+    for n in range(d.layers):
+        rows = [k for k in st.members.get(n, ()) if st.roles[k] == "row" and nodes[k].family in PRODUCTS]
+        seqs.append(seq_of(rows[0]) if rows else d.seq)
+    cross = tuple(st.found.get(n, Found()).cross // batch for n in range(d.layers))
+    embedded = sum(seq_of(k) for k in range(len(nodes)) if st.roles[k] == "embedding") or d.seq
+    return {"seqs": tuple(seqs), "cross": cross, "embedded": embedded, "out_seq": seqs[-1] if seqs else d.seq}
 
 
 def _any_model(plan: ParallelPlan) -> bool:
@@ -528,9 +589,10 @@ def _check(plan: ParallelPlan, st: _Structure, where: str) -> None:
                          "stack of such layers, while a plan of dp (with fsdp, zero1 or zero2) applies to any model")
     if outside_attention is not None:
         raise UsageError(f"--parallel {_degrees(plan)}: {where} has attention outside its repeated layers (node "
-                         f"{nodes[outside_attention].name!r} in {_scope(scopes, outside_attention)}): a second stack "
-                         "of layers, as an encoder-decoder has, is not split per rank; a plan of dp (with fsdp, zero1 "
-                         "or zero2) applies to any model")
+                         f"{nodes[outside_attention].name!r} in {_scope(scopes, outside_attention)}), which no rule "
+                         "splits per rank; a plan of dp (with fsdp, zero1 or zero2) applies to any model")
+    if len(st.stacks) > 1:
+        _check_stacks(plan, st, where)
     mixer = next(((n, f.mixer) for n, f in sorted(found.items()) if f.mixer), None)
     for n, f in sorted(found.items()):
         if f.mixer and (plan.cp > 1 or t > 1 and (not f.mixer_groups or f.mixer_heads % t or f.mixer_groups % t)):
@@ -555,7 +617,9 @@ def _check(plan: ParallelPlan, st: _Structure, where: str) -> None:
                 raise UsageError(f"--parallel tp={t}: the fused QKV projection of layer {n} splits whole K/V heads "
                                  f"only when tp divides its {d.kv_heads} K/V heads")
         for size, what in ((d.heads, "attention heads"), (d.ffn, "MLP width (intermediate size)"),
-                           (d.vocab, "vocabulary")):
+                           (d.vocab, "vocabulary"), *((f.heads, f"attention heads of layer {n}") for n, f in
+                                                      sorted(found.items())),
+                           *((f.ffn, f"MLP width of layer {n}") for n, f in sorted(found.items()))):
             if size % t:
                 raise UsageError(f"--parallel tp={t}: tp must divide the {size} {what}")
         if d.kv_heads % t and t % d.kv_heads:
@@ -570,6 +634,12 @@ def _check(plan: ParallelPlan, st: _Structure, where: str) -> None:
                          "data- and context-parallel ranks; ep must divide dp·cp")
     if plan.sp and plan.cp == 1 and d.seq % t:
         raise UsageError(f"--parallel tp={t},sp: tp must divide the sequence length {d.seq} under sp")
+    if plan.sp and len(st.stacks) > 1:
+        seqs = _tokens(st)["seqs"]
+        n = next((n for n, s in enumerate(seqs) if s % t), None)
+        if n is not None:
+            raise UsageError(f"--parallel tp={t},sp: tp must divide the sequence length {seqs[n]} of layer {n} "
+                             f"({_stack_name(st, n)}) under sp")
     if d.layers % p:
         raise UsageError(f"--parallel pp={p}: pp must divide the {d.layers} layers (stages of equal layers)")
     if d.layers % (p * v):
@@ -578,6 +648,29 @@ def _check(plan: ParallelPlan, st: _Structure, where: str) -> None:
     if v > 1 and plan.microbatches % p:
         raise UsageError(f"--microbatches {plan.microbatches}: the interleaved schedule runs microbatches in groups "
                          f"of pp={p}; give a multiple of {p}")
+
+
+def _stack_name(st: _Structure, layer: int) -> str:
+    """The module prefix of the stack that ``layer`` (numbered over all stacks) lies in."""
+    return next(p for p, offset in reversed(st.stacks) if layer >= offset)
+
+
+def _check_stacks(plan: ParallelPlan, st: _Structure, where: str) -> None:
+    """:class:`UsageError` for a plan a model of two or more stacks of layers (an encoder-decoder, see the module's
+    rules) cannot take: pp and cp, each with its reason."""
+    names = " and ".join(p for p, _ in st.stacks)
+    if not any(f.cross for f in st.found.values()) and (plan.pp > 1 or plan.cp > 1):
+        raise UsageError(f"--parallel {_degrees(plan)}: {where} has {len(st.stacks)} stacks of layers ({names}), "
+                         "one reading another's output; pipeline and context parallelism of more than one stack are "
+                         "not modeled; give pp=1 and cp=1")
+    if plan.pp > 1:
+        raise UsageError(f"--parallel pp={plan.pp}: {where}'s {names} layers are an encoder-decoder: every decoder "
+                         "layer's cross-attention reads the encoder's output, which a pipeline carries to each decoder "
+                         "stage in its messages (Megatron's encoder-decoder pipeline), not modeled; give pp=1")
+    if plan.cp > 1:
+        raise UsageError(f"--parallel cp={plan.cp}: {where}'s {names} layers are an encoder-decoder: each decoder "
+                         "rank's cross-attention reads the whole encoder output's K and V, whose split over the "
+                         "sequence is not modeled; give cp=1")
 
 
 def _mixer_refused(plan: ParallelPlan, layer: int, found: Found) -> str:
@@ -620,7 +713,8 @@ def _with_parameters(layout: Layout, g: Graph, scopes, tied: frozenset[str], par
             div = layout.param_divisor(k, j)
             if module not in modules:
                 modules[module] = ModuleShare(layout.roles[k], layout.chunks[k][0] % layout.plan.pp)
-            if (module, root) not in seen and div == 1 and layout.divisor(modules[module].role) > 1:
+            if (module, root) not in seen and div == 1 and layout.divisor(modules[module].role) > 1 \
+                    and root in parameters:  # a parameter kept whole (a row-parallel bias), not a constant
                 whole[module] = whole.get(module, 0) + elements(g.info[root])
             seen.add((module, root))
             if root in tied and module not in readers:

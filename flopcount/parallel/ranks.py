@@ -42,7 +42,11 @@ activation element) per microbatch and Lₛ the stage's layers:
 * TP without sp: ``all_reduce`` of A after each attention and MLP block in the forward and before them in the
   backward: 4·Lₛ·A, plus A for the vocab-parallel embedding's all_reduce (stage 0, forward) and A for the
   vocab-parallel LM head's input gradient (last stage, backward), none without them (a ViT's patch embedding and
-  classifier run whole on every rank); with a loss, 3·b·s·4 for its vocab-parallel max, sum and target logit;
+  classifier run whole on every rank); with a loss, 3·b·s·4 for its vocab-parallel max, sum and target logit.
+  Per block of a layer, A of that layer's stream (an encoder-decoder's encoder layers b·s_e·h·e, its decoder
+  layers b·s_d·h·e, with three blocks each: self-attention, cross-attention, MLP), and A_e more in the backward for
+  a cross-attention's K/V input (the encoder's output); A for each vocab-parallel lookup (the encoder's and the
+  decoder's), the decoder's stream's for the head and the loss (:meth:`~flopcount.parallel.layout.Layout.stage_tp`);
 * TP with sp: each of those all_reduces becomes an ``all_gather`` and a ``reduce_scatter`` of A: 2·Lₛ·A each in
   the forward and again in the backward; the embedding's output is reduce-scattered (A), its gradient gathered
   (A), or without a vocab-parallel embedding only split, its gradient gathered (A); the LM head's input gathered
@@ -221,9 +225,10 @@ def _recomputed(recompute: Recompute, nodes: Sequence[Any], layout: Layout) -> s
     if recompute.policy == "ops":
         return {k for k, n in enumerate(nodes) if n.op_type in recompute.ops}
     core: set[int] = set()  # each layer's attention core: its heads' ops from the score product to the product with V
-    for products in layout.attention.values():
-        first, last = products[0], products[len(products) // 2] if len(products) > 1 else products[0]
-        core.update(k for k in range(first, last + 1) if layout.roles[k] in _HEADS)
+    for products in layout.attention.values():  # its score products, then its context products, in pairs
+        half = max(len(products) // 2, 1)
+        for first, last in zip(products[:half], products[-half:]):
+            core.update(k for k in range(first, last + 1) if layout.roles[k] in _HEADS)
     return core
 
 
@@ -516,24 +521,29 @@ def _communication(layout: Layout, report: Any, per_stage: int, train: bool, has
                 c[(kind, group)] = c.get((kind, group), 0) + n
 
         first, last = s == 0, s == p - 1
-        blocks = layout.stage_blocks(s)  # each ends in a reduction: Lₛ attention and Lₛ MLP blocks, or a mixer
-        again = (0, 0, 0) if skipped is None else tuple(blocks - x * per_stage for x in skipped)
+        # bytes into the row-parallel projections' reductions (a block's stream each: Lₛ attention and Lₛ MLP
+        # blocks, a mixer, a cross-attention), into the column-parallel ones (those, and a cross-attention's K/V
+        # reading the encoder's output), and of the layers' own streams
+        rows, cols, own = (_act(d, plan, n) for n in layout.stage_tp(s))
+        again = (0, 0, 0) if skipped is None else tuple(x - y * own for x, y in zip((rows, cols, rows), skipped))
+        e_, o_ = _act(d, plan, layout.embedded), _act(d, plan, layout.out_seq)  # the embeddings', the output's
         # the vocab-parallel embedding's lookup and LM head (none in a ViT: its patch embedding and classifier run
         # whole on every rank, with no collective around them)
         embeds, head = first and "embedding" in layout.roles, last and "vocab" in layout.roles
         if t > 1:
             if plan.sp:
-                per = blocks * a * (2 if train else 1)
                 summed = embeds and layout.lookups_added  # all-reduced, positions added, the rank's tokens kept
-                add("all_gather", "tp", m * (per + again[1] * a + (a if last else 0) + (a if first and train else 0)))
-                add("reduce_scatter", "tp", m * (per + again[2] * a + (a if embeds and not summed else 0)
-                                                 + (a if head and train else 0)))
-                add("all_reduce", "tp", m * a if summed else 0)
+                add("all_gather", "tp", m * (cols + (rows if train else 0) + again[1] + (o_ if last else 0)
+                                             + (e_ if first and train else 0)))
+                add("reduce_scatter", "tp", m * (rows + (cols if train else 0) + again[2]
+                                                 + (o_ if head and train else 0)
+                                                 + (e_ if embeds and not summed else 0)))
+                add("all_reduce", "tp", m * e_ if summed else 0)
             else:
-                add("all_reduce", "tp", m * (blocks * a * (2 if train else 1) + again[0] * a
-                                             + (a if embeds else 0) + (a if head and train else 0)))
+                add("all_reduce", "tp", m * (rows + (cols if train else 0) + again[0]
+                                             + (e_ if embeds else 0) + (o_ if head and train else 0)))
             if last and has_loss:
-                add("all_reduce", "tp", m * 3 * tokens * 4)
+                add("all_reduce", "tp", m * 3 * d.batch * (layout.out_seq // plan.cp) * 4)
             if plan.sp and train:  # the sequence-parallel weights' partial gradients, once a step
                 add("all_reduce", "tp", held[s]["sequence"] * d.param_bytes)
             if layout.kv_group > 1 and train:  # each copy's dWk, dWv summed over the copies, once a step
@@ -557,6 +567,11 @@ def _communication(layout: Layout, report: Any, per_stage: int, train: bool, has
                     _data_parallel(plan, add, group, g, kept)
         out.append(tuple(Collective(k, grp, n) for (k, grp), n in c.items()))
     return out
+
+
+def _act(d: Dims, plan: ParallelPlan, seq: int) -> int:
+    """Bytes of the activations of ``seq`` tokens of each sequence of the batch on a CP rank (its 1/C)."""
+    return d.batch * (seq // plan.cp) * d.hidden * d.act_bytes
 
 
 def _data_parallel(plan: ParallelPlan, add, group: str, g: int, root: int = 0) -> None:

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["FLOATS", "Found", "Graph", "MIXERS", "PRODUCTS", "Scoped", "elements", "index_in", "kv_heads",
-           "layer_roles", "layers_of", "outside_roles", "stack_prefix", "tied_weights", "width"]
+           "layer_roles", "layers_of", "outside_roles", "stack_layer", "stack_prefix", "stacks_of", "tied_weights",
+           "width"]
 
 #: The operator families of products (a weight product reads a stored tensor, an activation product none).
 PRODUCTS = ("matmul", "gemm", "conv", "einsum")
@@ -139,11 +140,47 @@ def stack_prefix(scopes: Sequence[Sequence[str]]) -> str | None:
     return max(counts, key=lambda p: (counts[p], p)) if counts else None
 
 
-def layers_of(g: Graph, scopes: Sequence[Sequence[str]], prefix: str | None) -> list[int | None]:
+def stacks_of(g: Graph, scopes: Sequence[Sequence[str]]) -> tuple[tuple[str, int], ...]:
+    """The stacks of repeated layers, each as (prefix P of its modules ``P.N``, the index its layer 0 takes): those
+    whose indexed modules hold attention (an activation product of two activations: an encoder-decoder's encoder and
+    decoder), in the order of their first node, each numbered after the one before; else the one of
+    :func:`stack_prefix`."""
+    first: dict[str, int] = {}
+    size: dict[str, int] = {}
+    attended: set[str] = set()
+    for k, sc in enumerate(scopes):
+        p, n = index_in(sc[-1]) if sc else ("", None)
+        if n is None:
+            continue
+        first.setdefault(p, k)
+        size[p] = max(size.get(p, 0), n + 1)
+        node = g.nodes[k]
+        if node.family in PRODUCTS and not g.weights(k) and sum(x is not None for x in node.inputs) > 1:
+            attended.add(p)
+    if len(attended) < 2:
+        prefix = stack_prefix(scopes)
+        return ((prefix, 0),) if prefix is not None else ()
+    out, offset = [], 0
+    for p in sorted(attended, key=first.__getitem__):
+        out.append((p, offset))
+        offset += size[p]
+    return tuple(out)
+
+
+def stack_layer(module: str, stacks: Sequence[tuple[str, int]]) -> int | None:
+    """The layer (numbered over all ``stacks``) that a module path lies in; None outside them."""
+    for prefix, offset in stacks:
+        n = index_in(module, prefix)[1]
+        if n is not None:
+            return offset + n
+    return None
+
+
+def layers_of(g: Graph, scopes: Sequence[Sequence[str]], stacks: Sequence[tuple[str, int]]) -> list[int | None]:
     out: list[int | None] = []
     for k, sc in enumerate(scopes):
         if sc:
-            out.append(index_in(sc[-1], prefix)[1] if prefix is not None else None)
+            out.append(stack_layer(sc[-1], stacks))
             continue
         made = [max((q for q in g.producers.get(x.name, ()) if q < k), default=None)
                 for x in g.nodes[k].inputs if x is not None and x.name in g.producers]
@@ -176,6 +213,8 @@ class Found:
     mixer: str = ""  # the layer's state-space or linear-attention mixer: one of MIXERS' keys ("": none)
     mixer_heads: int = 0  # a Mamba 2 mixer's heads and groups of B and C (0: a mixer without heads, Mamba 1's)
     mixer_groups: int = 0
+    attentions: int = 0  # the layer's attention blocks (its context products: a decoder's self- and cross-attention)
+    cross: int = 0  # the tokens (elements / width) cross-attention's K/V projections read from outside the layer
 
 
 @dataclass(frozen=True)
@@ -304,14 +343,19 @@ def _attention_roles(flow: _Flow, roles: list[str], found: Found, products: list
             products.append(a)
             q_src |= m0 & wprod
             k_src |= m1 & wprod
+            found.cross += _cross_tokens(flow, m0 & wprod, m1 & wprod)
             if not found.heads:
                 found.heads, found.head_dim = width(nodes[a].inputs[0], -3) or 0, width(nodes[a].inputs[0]) or 0
     products.extend(contexts)
+    found.attentions = len(contexts)
     cand = q_src | k_src | v_src
-    latent, todo = set(), flow.upstream(cand)
+    rows = set()  # the row-parallel projections: no latent (a cross-attention's Q reads the self-attention's)
+    for a in contexts:
+        rows |= flow.ahead(a, lambda q: q in wprod)
+    latent, todo = set(), flow.upstream(cand) - rows
     while todo - latent:
         latent |= todo
-        todo = flow.upstream(todo)
+        todo = flow.upstream(todo) - rows
     cand -= latent
     for c in cand:
         roles[c] = "column" if c in q_src else "kv"
@@ -326,15 +370,24 @@ def _attention_roles(flow: _Flow, roles: list[str], found: Found, products: list
         found.kv_width = width(nodes[(feeds_both or [c for c in kv_proj if c in k_src] or kv_proj)[0]].outputs[0]) or 0
     for c in latent:
         roles[c] = "latent"
-    rows = set()
-    for a in contexts:
-        rows |= flow.ahead(a, lambda q: q in wprod)
     for r in rows:
         roles[r] = "row"
     for k in sorted(flow.between(rows)):
         if not roles[k]:
             roles[k] = _head_role(nodes[k], found.heads, kv_heads(found))
     return cand | latent | rows
+
+
+def _cross_tokens(flow: _Flow, q: set[int], k: set[int]) -> int:
+    """The tokens (elements / width) of what the K projections ``k`` read from outside the layer and the Q
+    projections ``q`` do not: a cross-attention's other stream (an encoder's output); 0 for self-attention."""
+    g, theirs = flow.g, set(flow.activations(sorted(q)))
+    out = 0
+    for name in dict.fromkeys(flow.activations(sorted(k))):
+        info = g.info.get(name)
+        if name not in theirs and g.producer.get(name) not in flow.inset and width(info):
+            out += elements(info) // width(info)
+    return out
 
 
 def _mlp_roles(flow: _Flow, roles: list[str], found: Found, rest: set[int]) -> None:
@@ -438,6 +491,9 @@ def outside_roles(g: Graph, layer: Sequence[int | None], roles: list[str],
                 embeds.append(k)
     token = max(embeds, key=lambda k: (width(nodes[k].inputs[0], 0) or 0, -k)) if embeds else None
     vocab = (width(nodes[token].inputs[0], 0) or 0) if token is not None else 0
+    # the token lookups on that table (an encoder-decoder's encoder and decoder share it)
+    table = nodes[token].inputs[0].name if token is not None else None
+    tokens = {k for k in embeds if nodes[k].inputs[0].name == table}
     lookups = {k for k in outside if k not in tail and nodes[k].op_type == "Gather" and nodes[k].inputs and
                nodes[k].inputs[0] is not None and nodes[k].inputs[0].name in g.stored}
     starts = [x.name for k in lookups for x in nodes[k].outputs if x is not None] + sorted(
@@ -457,7 +513,7 @@ def outside_roles(g: Graph, layer: Sequence[int | None], roles: list[str],
     has_loss = False
     for k in outside:
         n = nodes[k]
-        if k == token:
+        if k in tokens:
             roles[k] = "embedding"
         elif k in tail:
             if k == head:

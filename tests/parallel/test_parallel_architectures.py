@@ -276,21 +276,3 @@ def test_tied_embedding_gradients_meet_across_the_pipeline(gpt2, t):
         if r.stage == 0:
             assert r.optimizer_redundant_flops // 2 >= V * H // t
     assert sum(r.optimizer_flops - r.optimizer_redundant_flops for r in led.ranks) == 2 * gpt2.params
-
-
-#: The encoder-decoder's plans: refused with the reason, and the one that applies.
-T5_REFUSED, T5_REASON, T5_APPLIES = ("tp=2", "pp=2"), "attention outside its repeated layers", "dp=2,fsdp"
-
-
-@pytest.mark.slow  # one more export: about 5 s
-def test_an_encoder_decoder_is_refused_by_name():
-    # T5: the layers found are one stack (the most nodes); the other stack's attention is outside them, which no
-    # rule splits per rank: one line naming its node, while a dp plan still applies
-    config = transformers.T5Config(d_model=H, d_kv=D, d_ff=FFN, num_layers=L, num_heads=HEADS, vocab_size=V,
-                                   decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
-    report = count(config, {"input_ids": (B, S), "decoder_input_ids": (B, S)})
-    for text in T5_REFUSED:
-        with pytest.raises(UsageError, match=T5_REASON + r" \(node '.*' in .*block\.0\."):
-            ledger(report, plan(text, 2))
-    led = ledger(report, plan(T5_APPLIES))
-    assert sum(r.model_flops for r in led.ranks) == 2 * (report.forward.flops + report.backward.flops)

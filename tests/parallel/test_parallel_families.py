@@ -54,7 +54,11 @@ _MAMBA = "Mamba mixer (a selective scan over the sequence)"
 _DELTA = "gated delta rule mixer (linear attention: a recurrence over the sequence)"
 _SHORT_CONV = "short-convolution mixer (a gated causal convolution over the sequence)"
 _RECURRENCE = "its state runs from each token to the next"
-_STACKS = "has attention outside its repeated layers (node 'node_matmul' in encoder.{}): a second stack of layers"
+#: An encoder-decoder's refusals: the encoder's output read by every decoder layer's cross-attention.
+_PIPELINE = "every decoder layer's cross-attention reads the encoder's output, which a pipeline carries to each " \
+    "decoder stage in its messages (Megatron's encoder-decoder pipeline), not modeled"
+_CONTEXT = "each decoder rank's cross-attention reads the whole encoder output's K and V, whose split over the " \
+    "sequence is not modeled"
 _IMAGE_SEQ = {"tp=2,sp": "tp must divide the sequence length 17 under sp",  # 16 patches and the class token
               "cp=2": "the zigzag split needs 2·cp = 4 to divide the sequence length 17"}
 _SPLITS = ("tp=2", "tp=2,sp", "cp=2")
@@ -75,8 +79,8 @@ REFUSED: dict[str, dict[str, str]] = {
         ("qwen3_next", _DELTA, _RECURRENCE),
         ("lfm2", _SHORT_CONV, "each token reads the tokens before it, which lie on another rank"),
         *((name, _MAMBA, _RECURRENCE) for name in ("jamba", "bamba", "falcon_h1", "mamba2", "granitemoehybrid")))},
-    "t5": dict.fromkeys(("tp=2", "tp=2,sp", "pp=2", "cp=2"), _STACKS.format("block.0.layer.0.SelfAttention")),
-    "bart": dict.fromkeys(("tp=2", "tp=2,sp", "pp=2", "cp=2"), _STACKS.format("layers.0.self_attn")),
+    "t5": {"pp=2": _PIPELINE, "cp=2": _CONTEXT},
+    "bart": {"pp=2": _PIPELINE, "cp=2": _CONTEXT},
     "vit": _IMAGE_SEQ,
     "dinov2": _IMAGE_SEQ,
 }
