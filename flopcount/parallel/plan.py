@@ -142,8 +142,8 @@ class ParallelPlan:
         of a K/V head where the model's ``kv_heads`` K are fewer than T (else 1).
 
         >>> plan = ParallelPlan(tp=4, dp=4, ep=2)
-        >>> [plan.group_ranks(g, kv_heads=2) for g in ("tp", "edp", "tp_ep", "tp_kv")]
-        [4, 2, 8, 2]
+        >>> tuple(plan.group_ranks(g, kv_heads=2) for g in ("tp", "edp", "tp_ep", "tp_kv"))
+        (4, 2, 8, 2)
         """
         sizes = {"tp": self.tp, "pp": 2, "embedding": 2, "cp": self.cp, "ep": self.ep, "dp": self.dp,
                  "dp_cp": self.dp * self.cp, "edp": self.dp * self.cp // self.ep, "tp_ep": self.tp * self.ep,
@@ -160,8 +160,8 @@ class ParallelPlan:
         stage); ``embedding`` T·C·D·(P − 1) (the first and the last stage).
 
         >>> plan = ParallelPlan(tp=8, pp=4, dp=2, microbatches=4)
-        >>> [plan.group_stride(g) for g in ("tp", "dp", "pp", "embedding")]
-        [1, 8, 16, 48]
+        >>> tuple(plan.group_stride(g) for g in ("tp", "dp", "pp", "embedding"))
+        (1, 8, 16, 48)
         """
         t, c, d, p = self.tp, self.cp, self.dp, self.pp
         strides = {"tp": 1, "tp_ep": 1, "tp_cp": 1, "tp_kv": 1, "cp": t, "dp_cp": t, "ep": t, "dp": t * c,
