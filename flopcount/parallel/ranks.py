@@ -49,7 +49,10 @@ activation element) per microbatch and Lₛ the stage's layers:
   (A), its gradient reduce-scattered (A), or without a vocab-parallel head (a replicated classifier) only gathered
   (A), its gradient split with no collective. With position or token-type tables
   looked up and added to the token embedding, the embedding's lookup is all-reduced instead (A) and the sum split
-  over the sequence with no collective, its gradient gathered (A), as Megatron's embedding does;
+  over the sequence with no collective, its gradient gathered (A), as Megatron's embedding does. Under
+  ``sp=megatron`` each gathered input (:mod:`flopcount.parallel.layout`: what a column-parallel, K/V or mixer
+  product or the LM head reads, A for a Llama's Q/K/V, MLP and head inputs) is all-gathered again in the backward:
+  2·Lₛ·A + A more ``all_gather`` (the head's on the last stage);
 * TP under recompute: the forward's collectives that the rerun passes run again. ``full`` runs each layer's
   whole forward again: 2·Lₛ·A more ``all_reduce`` (with sp, 2·Lₛ·A more ``all_gather`` and ``reduce_scatter``).
   ``non-reentrant`` stops before the layer's last product (its down projection), so its reduction does not run
@@ -525,7 +528,8 @@ def _communication(layout: Layout, report: Any, per_stage: int, train: bool, has
             if plan.sp:
                 per = blocks * a * (2 if train else 1)
                 summed = embeds and layout.lookups_added  # all-reduced, positions added, the rank's tokens kept
-                add("all_gather", "tp", m * (per + again[1] * a + (a if last else 0) + (a if first and train else 0)))
+                add("all_gather", "tp", m * (per + again[1] * a + (a if last else 0) + (a if first and train else 0)
+                                             + (layout.sp_regathered(s) if train else 0)))  # sp=megatron's
                 add("reduce_scatter", "tp", m * (per + again[2] * a + (a if embeds and not summed else 0)
                                                  + (a if head and train else 0)))
                 add("all_reduce", "tp", m * a if summed else 0)
