@@ -465,7 +465,7 @@ def _cp_ep_communication(plan: ParallelPlan, d: Dims, report: Any, per_stage: in
         sent = sum(px.exchange_bytes(vec, plan.ep, share, 1 + back + again.dispatch, 1 + back + again.combine)
                    for share, again in moe)
         out.append(Collective("all_to_all", "ep", m * sent))
-        out.append(Collective("all_gather", "tp_ep", m * plan.tp * plan.ep * counts * sum(
+        out.append(Collective("all_gather", "tp_ep", m * px.counts_gathered(plan, report.moe.experts) * sum(
             1 + again.dispatch for _, again in moe)))
     if train and plan.tp * plan.cp > 1 and moe:  # the auxiliary loss's counts over the split sequence
         twice = recompute.policy == "non-reentrant"  # recorded in the forward and in the rerun (full: the rerun)
