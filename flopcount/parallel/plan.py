@@ -157,8 +157,8 @@ class ParallelPlan:
         of a K/V head where the model's ``kv_heads`` K are fewer than T (else 1).
 
         >>> plan = ParallelPlan(tp=4, dp=4, ep=2)
-        >>> [plan.group_ranks(g, kv_heads=2) for g in ("tp", "edp", "tp_ep", "tp_kv")]
-        [4, 2, 8, 2]
+        >>> tuple(plan.group_ranks(g, kv_heads=2) for g in ("tp", "edp", "tp_ep", "tp_kv"))
+        (4, 2, 8, 2)
         """
         sizes = {"tp": self.tp, "pp": 2, "embedding": 2, "cp": self.cp, "ep": self.ep, "dp": self.dp,
                  "dp_cp": self.dp * self.cp, "edp": self.dp * self.cp // self.ep, "tp_ep": self.tp * self.ep,
