@@ -107,7 +107,8 @@ class ParallelPlan:
             raise UsageError(f"parallel plan: {self.virtual_stages} virtual stages need schedule 'interleaved', "
                              f"not {self.schedule!r}")
         if not isinstance(self.sp_style, str) or self.sp_style not in SP_STYLES:
-            raise UsageError(f"parallel plan: unknown sp_style {self.sp_style!r}; choose one of: {', '.join(SP_STYLES)}")
+            raise UsageError(f"parallel plan: unknown sp_style {self.sp_style!r}; choose one of: "
+                             f"{', '.join(SP_STYLES)}")
         if self.sp_style != "torch" and not self.sp:
             raise UsageError(f"parallel plan: sp_style={self.sp_style!r} is how sp keeps its gathered inputs; give "
                              "sp=True with it")

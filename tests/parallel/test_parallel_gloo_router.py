@@ -209,7 +209,8 @@ def test_generation_gathers_the_counts_and_runs_no_auxiliary_loss(tmp_path):
 
     config = transformers.MixtralConfig(hidden_size=H, intermediate_size=I, num_hidden_layers=L,
                                         num_attention_heads=HEADS, num_key_value_heads=KV, vocab_size=V,
-                                        num_local_experts=E, num_experts_per_tok=K, architectures=["MixtralForCausalLM"])
+                                        num_local_experts=E, num_experts_per_tok=K,
+                                        architectures=["MixtralForCausalLM"])
     report = flopcount.from_hf(config, generate=(P, N), batch=B, cache_dir=False)
     led = generation_ledger(report, parse_parallel(f"cp={CP},ep={EP}", microbatches=M))
     seen = gloo_ranks(_inference_worker, tmp_path)

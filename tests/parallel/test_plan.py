@@ -23,8 +23,8 @@ def test_sp_names_how_the_gathered_inputs_are_kept():
     assert plan.sp and plan.sp_style == "megatron" and plan.as_dict()["sp_style"] == "megatron"
     assert str(plan) == "tp=2,pp=1,cp=1,ep=1,dp=1,sp=megatron microbatches=1 schedule=1f1b"
     assert parse_parallel(str(plan).split()[0]) == plan
-    for bad, message in (({"sp_style": "megatron"}, "give sp=True with it"), ({"sp": True, "sp_style": 1},
-                                                                               "unknown sp_style 1")):
+    for bad, message in (({"sp_style": "megatron"}, "give sp=True with it"),
+                         ({"sp": True, "sp_style": 1}, "unknown sp_style 1")):
         with pytest.raises(UsageError, match=message):
             ParallelPlan(tp=2, **bad)
 
