@@ -59,15 +59,16 @@ sum and the target logit); other products after the layers (poolers, classifiers
 final norm) sequence work.
 
 **Split rules.** Each role splits over the T ranks of a TP group one way: ``column``, ``row``, ``vocab``, heads and
-inner ops 1/T; K/V projections and heads 1/min(T, kv) (one head copied on T/kv ranks when kv < T); ``expert``
-1/T of each expert (and its share of the experts over EP); ``sequence`` whole, or 1/T of the tokens under ``sp``;
+inner ops 1/T; K/V projections and heads 1/min(T, kv) (one head copied on T/kv ranks when kv < T); ``expert`` 1/T of
+each expert (and its share of the experts over EP); ``sequence`` whole, or 1/T of the tokens under ``sp``;
 ``replicated`` whole; the **gathered inputs** under ``sp``: a tensor a sequence-work node makes (split over the
 sequence) and a column-parallel, K/V, vocab-parallel or mixer product reads is all-gathered over TP before it, once
 however many such products read it; under ``sp=torch`` the rank keeps it gathered, whole, for the weights'
 gradients, under ``sp=megatron`` only its own tokens (1/T), all-gathered again in the backward; a **Mamba 2**
 ``mixer`` 1/T, as Megatron's MambaMixer splits it: each TP rank holds heads/T heads and groups/T groups of B and C
 (T must divide both): the in-projection column-parallel (its z, x, B, C and dt of those heads and groups), the
-convolution, the scan, A, D, dt's bias and the gated norm (in groups, no collective) on them, the out-projection row-parallel (``row``); its layer's reductions are one more block's (see
+convolution, the scan, A, D, dt's bias and the gated norm (in groups, no collective) on them, the out-projection
+row-parallel (``row``); its layer's reductions are one more block's (see
 :mod:`flopcount.parallel.ranks`). Any other mixer (gated delta rule, short convolution, Mamba 1) is not split over
 TP, and no mixer over the sequence: such a plan is refused naming it (a mixer's state runs from token to token,
 which no framework splits over the sequence: Megatron's MambaContextParallel instead swaps the sequence split for a
