@@ -240,8 +240,8 @@ or a :class:`~flopcount.parallel.plan.Recompute`, optional
         "operator types to recompute (OP,OP)",
         metavar="POLICY"))
     parallel: Any = option(None, Flag(
-        "--parallel", "plan", "a parallel plan, tp=T,pp=P,cp=C,ep=E,dp=D[,sp][,fsdp|zero1|zero2] (degrees left out "
-        "are 1): FLOPs, redundant work and communication bytes per rank of a decoder, dense or MoE "
+        "--parallel", "plan", "a parallel plan, tp=T,pp=P,cp=C,ep=E,dp=D[,sp[=torch|megatron]][,fsdp|zero1|zero2] "
+        "(degrees left out are 1): FLOPs, redundant work and communication bytes per rank of a decoder, dense or MoE "
         "(docs/parallel.md; with --generate, the prefill and decode steps per rank), and with --memory the memory "
         "per rank", metavar="PLAN"))
     microbatches: int | None = option(None, Flag(

@@ -10,7 +10,9 @@ one the FLOPs and optimizer ledgers read, its parts found by their role in the g
 * an **activation** made by a split node (projections' outputs, attention heads, the MLP's inner ops, the
   vocab-parallel logits) is 1/T, by a node on K/V heads 1/min(T, kv); the outputs of the row-parallel projections
   and the embedding, and those of the norms and residual adds, are whole without ``sp`` and 1/T with it (split
-  over the sequence); the rest (the loss's per-token ops, position tables) is whole. Statistics kept by a node
+  over the sequence), but a gathered input under ``sp=torch`` (:mod:`flopcount.parallel.layout`: one a
+  column-parallel product reads, kept all-gathered for its weight's gradient) is whole (``sp=megatron`` keeps the
+  rank's tokens, 1/T); the rest (the loss's per-token ops, position tables) is whole. Statistics kept by a node
   follow its outputs. Sizes are rounded up when T does not divide them.
 * **pipeline stage** s walks only its nodes: what it receives from stage s − 1 is an input of its walk, what it
   sends on an output (whose gradient arrives from stage s + 1);
@@ -527,6 +529,7 @@ class _GraphMemo:
     names: dict[tuple[int, ...], list[str]] = field(default_factory=dict)
     sizes: dict[tuple, tuple[dict, dict, dict]] = field(default_factory=dict)
     walks: dict[tuple, dict] = field(default_factory=dict)
+    sp_whole: frozenset[str] | None = None  # sp=torch's gathered inputs and the storages they view
 
 
 #: The :class:`_GraphMemo` of the last two graphs walked (a plan search walks each count's plans in turn).
@@ -558,7 +561,7 @@ def _sizes_key(w: "_PlanWalk", e: int) -> tuple:
     layers and attention are the model's): tp (and K/V heads, the experts' inner nodes), sp, cp (the gathered K and
     V), ep, the FSDP shards and this EP rank's share of each MoE layer's load."""
     p = w.plan
-    return (p.tp, p.sp, p.cp, p.ep, p.dp * p.cp if p.fsdp else 0, w.kv,
+    return (p.tp, p.sp, p.sp_style, p.cp, p.ep, p.dp * p.cp if p.fsdp else 0, w.kv,
             tuple(sorted((layer, shares[e]) for layer, shares in w.fractions.items())))
 
 
@@ -618,6 +621,7 @@ def _rank(w: _PlanWalk, s: int, e: int, stage: _Stage, alltoall: int) -> PlanRan
     if stage.keep not in memo.names:
         memo.names[stage.keep] = stage.names(g)
     sizes = _sizes(memo, _sizes_key(w, e))  # stored, made, received: name → share
+    kept_whole = _kept_whole(w)  # sp=torch's gathered inputs
     for name in memo.names[stage.keep]:
         if name in g.stored:
             found = sizes[0].get(name) or sizes[0].setdefault(name, w.stored_share(name))
@@ -626,7 +630,8 @@ def _rank(w: _PlanWalk, s: int, e: int, stage: _Stage, alltoall: int) -> PlanRan
             if found is None:
                 mul, div = w.scale(made[name], e)
                 info = g.tensors.get(name) or TensorInfo(name)
-                found = sizes[1][name] = _resized(info, div // plan.cp if name in gathered.names else div, mul)
+                whole = plan.cp if name in gathered.names else plan.tp if name in kept_whole else 1
+                found = sizes[1][name] = _resized(info, div // whole, mul)
         else:  # the graph's inputs, what the previous stage sends: the rank's tokens
             found = sizes[2].get(name) or sizes[2].setdefault(name, _resized(g.tensors.get(name) or TensorInfo(name),
                                                                                plan.cp))
@@ -680,6 +685,19 @@ def _rank(w: _PlanWalk, s: int, e: int, stage: _Stage, alltoall: int) -> PlanRan
     return PlanRankMemory(**{**one.__dict__, "peak_bytes": one.peak_bytes + held}, stage=s,
                           microbatches_in_flight=flight, allgather_bytes=gather, gradient_bucket_bytes=bucket,
                           cp_kv_bytes=max(kv_per_layer.values(), default=0), alltoall_bytes=alltoall)
+
+
+def _kept_whole(w: _PlanWalk) -> frozenset[str]:
+    """The tensors a rank keeps whole over TP under ``sp=torch`` (the layout's gathered inputs, by their names in the
+    memory graph, and the storages they are views of); none under any other plan."""
+    if not w.layout.sp_kept_whole:
+        return frozenset()
+    memo = _memo(w.g)
+    if memo.sp_whole is None:
+        producer = {x.name: n for n in w.g.nodes for x in n.outputs if x is not None and x.name}
+        names = {w.g.nodes[k].outputs[j].name for k, j in w.layout.sp_kept_whole}
+        memo.sp_whole = frozenset(names | {_root(producer, name, w.g) for name in names})
+    return memo.sp_whole
 
 
 def _units(w: _PlanWalk, params) -> tuple[int, int]:

@@ -115,6 +115,18 @@ def all_to_all_bytes(vec: int, ep: int, shares: Sequence[tuple[int, int]]) -> in
 COUNT_BYTES = 8
 
 
+def counts_gathered(plan: Any, experts: int) -> int:
+    """Bytes of the router's counts one rank all-gathers before one MoE layer's dispatch, in each forward pass that
+    dispatches (training, its rerun, generation's prefill and decode steps alike): the R counts of each of the T·E
+    ranks of group ``tp_ep``, int64; 0 without expert parallelism (no dispatch).
+
+    >>> from flopcount.parallel.plan import ParallelPlan
+    >>> counts_gathered(ParallelPlan(tp=2, dp=2, ep=2), 8), counts_gathered(ParallelPlan(tp=2), 8)  # 2·2·8·8
+    (256, 0)
+    """
+    return plan.tp * plan.ep * experts * COUNT_BYTES if plan.ep > 1 else 0
+
+
 class Rerun(NamedTuple):
     """What a recompute's rerun of one MoE layer runs again (see the module's rules): its ``dispatch``, its
     ``combine``, its ``router``."""

@@ -49,7 +49,11 @@ microbatches, n = N − 1 the decode steps:
   that dispatches the rank's tokens' k hidden vectors each and brings back the outputs of the pairs its experts
   ran (E·f_r times as many, f_r its experts' fraction of the load; 1/E balanced), the training forward's payload
   (:func:`~flopcount.parallel.experts.all_to_all_bytes`) for the prefill's and each step's tokens:
-  M·Σ_layers (a2a(B·(P/C)·k·h·e) + n·a2a(B·k·h·e)), a2a(v) = v + ⌊E·v·f_r⌋;
+  M·Σ_layers (a2a(B·(P/C)·k·h·e) + n·a2a(B·k·h·e)), a2a(v) = v + ⌊E·v·f_r⌋; and before each dispatch the
+  router's statistics as in training (:mod:`flopcount.parallel.experts`): an ``all_gather`` (group ``tp_ep``) of
+  the R int64 token counts per expert of each of the T·E ranks, M·(1 + n)·Lₛ·T·E·R·8 over the stage's MoE layers
+  (the routing runs in every forward); the auxiliary loss's ``all_reduce`` over ``tp_cp`` is training's only
+  (Megatron computes it only in training with autograd recording), none here;
 * DP: nothing (replicas); with ``fsdp``, the ``all_gather`` of the rank's parameters G before each forward
   (each phase of each microbatch): M·(1 + n)·G over dp (dp_cp under cp), a routed expert's over its expert
   data-parallel group (``edp``, dp·C/E ranks; none when that is 1). ``zero1``/``zero2`` shard optimizer
@@ -290,6 +294,9 @@ def _communication(plan: ParallelPlan, d: Any, report: Any, s: int, per_stage: i
         prefill_tokens, step_tokens = b * (gen.prompt_tokens // c_), b
         out.append(Collective("all_to_all", "ep", m * (px.all_to_all_bytes(prefill_tokens * vec, plan.ep, shares)
                                                        + n * px.all_to_all_bytes(step_tokens * vec, plan.ep, shares))))
+        # the router's counts gathered before each dispatch; no auxiliary loss (training only)
+        out.append(Collective("all_gather", "tp_ep", m * (1 + n) * len(shares) * px.counts_gathered(
+            plan, report.moe.experts)))
     if plan.fsdp:  # a routed expert's parameters gathered over its expert data-parallel group, as in training
         held = param_groups(report, layout_of(report, plan))[s]
         dense = (held["dense"] + held["padding"]) * d.param_bytes  # each parameter padded, as FSDP2 gathers it

@@ -71,12 +71,16 @@ sum and the target logit); other products after the layers (poolers, classifiers
 final norm) sequence work.
 
 **Split rules.** Each role splits over the T ranks of a TP group one way: ``column``, ``row``, ``vocab``, heads and
-inner ops 1/T; K/V projections and heads 1/min(T, kv) (one head copied on T/kv ranks when kv < T); ``expert``
-1/T of each expert (and its share of the experts over EP); ``sequence`` whole, or 1/T of the tokens under ``sp``;
-``replicated`` whole; a **Mamba 2** ``mixer`` 1/T, as Megatron's MambaMixer splits it: each TP rank holds heads/T
-heads and groups/T groups of B and C (T must divide both): the in-projection column-parallel (its z, x, B, C and dt
-of those heads and groups), the convolution, the scan, A, D, dt's bias and the gated norm (in groups, no collective)
-on them, the out-projection row-parallel (``row``); its layer's reductions are one more block's (see
+inner ops 1/T; K/V projections and heads 1/min(T, kv) (one head copied on T/kv ranks when kv < T); ``expert`` 1/T of
+each expert (and its share of the experts over EP); ``sequence`` whole, or 1/T of the tokens under ``sp``;
+``replicated`` whole; the **gathered inputs** under ``sp``: a tensor a sequence-work node makes (split over the
+sequence) and a column-parallel, K/V, vocab-parallel or mixer product reads is all-gathered over TP before it, once
+however many such products read it; under ``sp=torch`` the rank keeps it gathered, whole, for the weights'
+gradients, under ``sp=megatron`` only its own tokens (1/T), all-gathered again in the backward; a **Mamba 2**
+``mixer`` 1/T, as Megatron's MambaMixer splits it: each TP rank holds heads/T heads and groups/T groups of B and C
+(T must divide both): the in-projection column-parallel (its z, x, B, C and dt of those heads and groups), the
+convolution, the scan, A, D, dt's bias and the gated norm (in groups, no collective) on them, the out-projection
+row-parallel (``row``); its layer's reductions are one more block's (see
 :mod:`flopcount.parallel.ranks`). Any other mixer (gated delta rule, short convolution, Mamba 1) is not split over
 TP, and no mixer over the sequence: such a plan is refused naming it (a mixer's state runs from token to token,
 which no framework splits over the sequence: Megatron's MambaContextParallel instead swaps the sequence split for a
@@ -144,6 +148,8 @@ ROLE_RULES = {"column": "split", "row": "split", "heads": "split", "inner": "spl
 PARAM_SPLIT = frozenset({"column", "row", "vocab", "embedding", "heads", "inner", "tied", "mixer"})
 #: Roles whose outputs are whole on every TP rank and split over the sequence under sp (memory).
 SEQUENCE_ROLES = frozenset({"row", "row_out", "embedding", "sequence", "latent"})
+#: Roles of the products whose input sp all-gathers over TP when a sequence-work node made it (the gathered inputs).
+GATHERING_ROLES = frozenset({"column", "kv", "vocab", "mixer"})
 def split(f: int, t: int, i: int) -> int:
     """Rank ``i``'s part of ``f`` split over ``t`` ranks: the remainder to the first ranks, one each.
 
@@ -281,6 +287,10 @@ class Layout:
     cross: tuple[int, ...] = ()
     embedded: int = 0  # the tokens in a sequence of the token-embedding lookups (the encoder's and the decoder's)
     out_seq: int = 0  # the tokens in a sequence of the stream after the layers (the decoder's)
+    # the gathered inputs under sp (see the module's rules): (node, output position) → (the virtual stage that
+    # makes it, its bytes over the whole sequence of one microbatch); by node, as a stack extended by copies
+    # repeats the tensors' names
+    sp_inputs: Mapping[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
 
     @property
     def virtual(self) -> int:
@@ -299,6 +309,19 @@ class Layout:
         """The blocks ending in a TP reduction of the layers pipeline rank ``stage`` runs (its chunks')."""
         per_chunk = max(len(self.blocks) // (self.plan.pp * self.virtual), 1)
         return sum(b for n, b in enumerate(self.blocks) if n // per_chunk % self.plan.pp == stage)
+
+    @property
+    def sp_kept_whole(self) -> frozenset[tuple[int, int]]:
+        """The gathered inputs a rank keeps whole over TP for the backward: all of them under ``sp=torch``, none
+        without sp or under ``sp=megatron`` (which keeps the rank's tokens)."""
+        return frozenset(self.sp_inputs) if self.plan.sp and self.plan.sp_style == "torch" else frozenset()
+
+    def sp_regathered(self, stage: int) -> int:
+        """Bytes per microbatch pipeline rank ``stage`` all-gathers again in the backward under ``sp=megatron``:
+        its gathered inputs, each over the rank's share of the sequence under cp (0 in any other plan)."""
+        if not self.plan.sp or self.plan.sp_style != "megatron":
+            return 0
+        return sum(b // self.plan.cp for c, b in self.sp_inputs.values() if c % self.plan.pp == stage)
 
     @property
     def kv_group(self) -> int:
@@ -531,7 +554,8 @@ def _laid(report: Any, plan: ParallelPlan, st: _Structure) -> Layout:
     layout = Layout(plan, dims, tuple(roles), tuple(layer), chunks, whole_part,
                     {n: tuple(ks) for n, ks in attention.items() if ks}, {}, has_loss, expert, stacks,
                     sum(elements(g.info[r]) for r in tied), lookups_added=added, blocks=_blocks(st),
-                    **_tokens(st))
+                    **_tokens(st),
+                    sp_inputs={(k, j): (chunks[k][0], b) for (k, j), b in _sp_inputs(g, roles).items()})
     return _with_parameters(layout, g, scopes, tied, report.modules.parameters)
 
 
@@ -565,6 +589,30 @@ def _tokens(st: _Structure) -> dict[str, Any]:
     cross = tuple(st.found.get(n, Found()).cross // batch for n in range(d.layers))
     embedded = sum(seq_of(k) for k in range(len(nodes)) if st.roles[k] == "embedding") or d.seq
     return {"seqs": tuple(seqs), "cross": cross, "embedded": embedded, "out_seq": seqs[-1] if seqs else d.seq}
+
+
+def _sp_inputs(g: Graph, roles) -> dict[tuple[int, int], int]:
+    """The gathered inputs under sp (see the module's rules): (node, output position) → its bytes."""
+    from ..reporting.report import element_bits
+
+    out = {}
+    for k, n in enumerate(g.nodes):
+        if roles[k] not in SEQUENCE_ROLES:
+            continue
+        for j, x in enumerate(n.outputs):
+            if x is None or not x.name:
+                continue
+            # this copy's readers, up to the node that makes the name again (a stack extended by copies)
+            again = _next_maker(g, x.name, k)
+            if any(roles[q] in GATHERING_ROLES for q in g.consumers.get(x.name, ()) if k < q < again):
+                info = g.info.get(x.name, x)
+                out[(k, j)] = elements(info) * ((element_bits(info.elem_type) or 32) // 8)
+    return out
+
+
+def _next_maker(g: Graph, name: str, k: int) -> int:
+    """The next node after ``k`` that makes ``name`` again (a stack extended by copies), else past the last."""
+    return min((q for q in g.producers.get(name, ()) if q > k), default=len(g.nodes))
 
 
 def _any_model(plan: ParallelPlan) -> bool:

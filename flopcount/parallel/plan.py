@@ -22,7 +22,8 @@ from typing import Any
 from ..errors import UsageError
 
 __all__ = [
-    "DEGREES", "DEVICES", "FLAGS", "IMPLEMENTATIONS", "RECOMPUTE_POLICIES", "SCHEDULES", "SHARDING", "ParallelPlan", "Recompute", "parse_parallel",
+    "DEGREES", "DEVICES", "FLAGS", "IMPLEMENTATIONS", "RECOMPUTE_POLICIES", "SCHEDULES", "SHARDING", "SP_STYLES",
+    "ParallelPlan", "Recompute", "parse_parallel",
     "MAX_RANKS", "MAX_SCHEDULE_STEPS", "check_recompute_ops", "parse_recompute", "parse_schedule",
 ]
 
@@ -32,6 +33,12 @@ DEGREES = ("tp", "pp", "cp", "ep", "dp")
 #: ZeRO stages 1 (optimizer states sharded) and 2 (optimizer states and gradients sharded) over the D·C ranks of the
 #: data- and context-parallel group (Rajbhandari et al. 2020, P_os and P_os+g). At most one of fsdp, zero1, zero2.
 FLAGS = ("sp", "fsdp", "zero1", "zero2")
+#: How sequence parallelism's column-parallel products keep their gathered input for the backward (``sp=STYLE``;
+#: ``sp`` alone is ``torch``): ``torch`` keeps the all-gathered tokens (A per product's input) until the weight's
+#: gradient, as autograd does with a gather run before the product (torch's ``SequenceParallel`` and
+#: ``ColwiseParallel``); ``megatron`` keeps only the rank's tokens (A/T) and all-gathers them again in the backward,
+#: as Megatron-LM's ``ColumnParallelLinear`` under ``sequence_parallel`` does.
+SP_STYLES = ("torch", "megatron")
 #: The sharding switches, one at most per plan, and the ZeRO stage each is.
 SHARDING = {"zero1": 1, "zero2": 2, "fsdp": 3}
 #: Pipeline schedules; ``interleaved`` takes ``:v`` virtual stages per rank (default 2).
@@ -59,7 +66,9 @@ def _ascii_int(text: str) -> int | None:
 class ParallelPlan:
     """A parallel layout of one training step. Degrees are at least 1; ``sp`` needs ``tp`` > 1; ``schedule`` and
     ``virtual_stages`` (interleaved only) matter with ``pp`` > 1; ``microbatches`` M is per optimizer step and,
-    under pipelining, at least ``pp``; at most one of ``fsdp``, ``zero1`` and ``zero2`` (:attr:`zero_stage`)."""
+    under pipelining, at least ``pp``; at most one of ``fsdp``, ``zero1`` and ``zero2`` (:attr:`zero_stage`);
+    ``sp_style`` (one of :data:`SP_STYLES`) is how sp keeps a column-parallel product's gathered input, other than
+    ``torch`` only with ``sp``."""
 
     tp: int = 1
     pp: int = 1
@@ -73,6 +82,7 @@ class ParallelPlan:
     microbatches: int = 1
     schedule: str = "1f1b"
     virtual_stages: int = 1
+    sp_style: str = "torch"
 
     def __post_init__(self) -> None:
         for name in (*DEGREES, "microbatches", "virtual_stages"):
@@ -96,6 +106,12 @@ class ParallelPlan:
         if self.virtual_stages > 1 and self.schedule != "interleaved":
             raise UsageError(f"parallel plan: {self.virtual_stages} virtual stages need schedule 'interleaved', "
                              f"not {self.schedule!r}")
+        if not isinstance(self.sp_style, str) or self.sp_style not in SP_STYLES:
+            raise UsageError(f"parallel plan: unknown sp_style {self.sp_style!r}; choose one of: "
+                             f"{', '.join(SP_STYLES)}")
+        if self.sp_style != "torch" and not self.sp:
+            raise UsageError(f"parallel plan: sp_style={self.sp_style!r} is how sp keeps its gathered inputs; give "
+                             "sp=True with it")
         if self.sp and self.tp == 1:
             raise UsageError("parallel plan: sp (sequence parallelism) splits over the tensor-parallel group; "
                              "give tp=T with T > 1")
@@ -174,17 +190,21 @@ class ParallelPlan:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def __str__(self) -> str:
-        parts = [f"{d}={getattr(self, d)}" for d in DEGREES] + [f for f in FLAGS if getattr(self, f)]
+        parts = [f"{d}={getattr(self, d)}" for d in DEGREES] + [
+            f"sp={self.sp_style}" if f == "sp" and self.sp_style != "torch" else f for f in FLAGS if getattr(self, f)]
         schedule = self.schedule + (f":{self.virtual_stages}" if self.schedule == "interleaved" else "")
         return ",".join(parts) + f" microbatches={self.microbatches} schedule={schedule}"
 
 
 def parse_parallel(text: str, microbatches: int = 1, schedule: str = "1f1b") -> ParallelPlan:
     """The plan of ``--parallel tp=2,pp=4,dp=8,sp,fsdp`` with ``--microbatches`` and ``--schedule`` (``gpipe``,
-    ``1f1b``, ``interleaved[:V]``). Degrees left out are 1.
+    ``1f1b``, ``interleaved[:V]``). Degrees left out are 1; ``sp=STYLE`` names how sp keeps its gathered inputs
+    (:data:`SP_STYLES`; ``sp`` is ``sp=torch``).
 
     >>> parse_parallel("dp=4,fsdp").fsdp
     True
+    >>> parse_parallel("tp=2,sp=megatron").sp_style
+    'megatron'
     >>> parse_parallel("dp=4,zero2").zero_stage
     2
     >>> parse_parallel("tp=0")
@@ -204,6 +224,12 @@ def parse_parallel(text: str, microbatches: int = 1, schedule: str = "1f1b") -> 
             raise UsageError(f"--parallel: {key} is given twice in {text!r}")
         if key in FLAGS and not eq:
             values[key] = True
+        elif key == "sp":
+            style = value.strip().lower()
+            if style not in SP_STYLES:
+                raise UsageError(f"--parallel: {part!r}: sp takes one of {', '.join(SP_STYLES)} (how a column-parallel "
+                                 "product keeps its gathered input), or nothing (sp=torch)")
+            values["sp"], values["sp_style"] = True, style
         elif key in DEGREES and eq:
             degree = _ascii_int(value)
             if degree is None or degree < 1:
@@ -211,7 +237,8 @@ def parse_parallel(text: str, microbatches: int = 1, schedule: str = "1f1b") -> 
             values[key] = degree
         else:
             raise UsageError(f"--parallel: {part!r} is not a degree or a switch; give "
-                             f"{', '.join(d + '=N' for d in DEGREES)} and the switches {', '.join(FLAGS)}, "
+                             f"{', '.join(d + '=N' for d in DEGREES)} and the switches {', '.join(FLAGS)} "
+                             f"(sp={'|'.join(SP_STYLES)} naming how sp keeps its gathered inputs), "
                              "e.g. --parallel tp=2,pp=4,dp=8,sp")
     name, stages = parse_schedule(schedule)
     return ParallelPlan(**values, microbatches=microbatches, schedule=name, virtual_stages=stages)

@@ -53,7 +53,10 @@ activation element) per microbatch and Lₛ the stage's layers:
   (A), its gradient reduce-scattered (A), or without a vocab-parallel head (a replicated classifier) only gathered
   (A), its gradient split with no collective. With position or token-type tables
   looked up and added to the token embedding, the embedding's lookup is all-reduced instead (A) and the sum split
-  over the sequence with no collective, its gradient gathered (A), as Megatron's embedding does;
+  over the sequence with no collective, its gradient gathered (A), as Megatron's embedding does. Under
+  ``sp=megatron`` each gathered input (:mod:`flopcount.parallel.layout`: what a column-parallel, K/V or mixer
+  product or the LM head reads, A for a Llama's Q/K/V, MLP and head inputs) is all-gathered again in the backward:
+  2·Lₛ·A + A more ``all_gather`` (the head's on the last stage);
 * TP under recompute: the forward's collectives that the rerun passes run again. ``full`` runs each layer's
   whole forward again: 2·Lₛ·A more ``all_reduce`` (with sp, 2·Lₛ·A more ``all_gather`` and ``reduce_scatter``).
   ``non-reentrant`` stops before the layer's last product (its down projection), so its reduction does not run
@@ -467,7 +470,7 @@ def _cp_ep_communication(plan: ParallelPlan, d: Dims, report: Any, per_stage: in
         sent = sum(px.exchange_bytes(vec, plan.ep, share, 1 + back + again.dispatch, 1 + back + again.combine)
                    for share, again in moe)
         out.append(Collective("all_to_all", "ep", m * sent))
-        out.append(Collective("all_gather", "tp_ep", m * plan.tp * plan.ep * counts * sum(
+        out.append(Collective("all_gather", "tp_ep", m * px.counts_gathered(plan, report.moe.experts) * sum(
             1 + again.dispatch for _, again in moe)))
     if train and plan.tp * plan.cp > 1 and moe:  # the auxiliary loss's counts over the split sequence
         twice = recompute.policy == "non-reentrant"  # recorded in the forward and in the rerun (full: the rerun)
@@ -534,7 +537,8 @@ def _communication(layout: Layout, report: Any, per_stage: int, train: bool, has
             if plan.sp:
                 summed = embeds and layout.lookups_added  # all-reduced, positions added, the rank's tokens kept
                 add("all_gather", "tp", m * (cols + (rows if train else 0) + again[1] + (o_ if last else 0)
-                                             + (e_ if first and train else 0)))
+                                             + (e_ if first and train else 0)
+                                             + (layout.sp_regathered(s) if train else 0)))  # sp=megatron's
                 add("reduce_scatter", "tp", m * (rows + (cols if train else 0) + again[2]
                                                  + (o_ if head and train else 0)
                                                  + (e_ if embeds and not summed else 0)))

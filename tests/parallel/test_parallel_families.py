@@ -9,7 +9,8 @@ families), asserting the reconcile identities of docs/parallel.md exactly (:func
 * the parameter elements each rank's optimizer updates, less its redundant copies, summed over the ranks == torch's
   ``sum(p.numel() for p in model.parameters())`` (SGD: 2 FLOPs an element);
 * every rank has a memory row; unsharded, a rank's parameter bytes == the elements its optimizer updates × 4;
-  under zero the parameters stay whole on every rank, under fsdp each rank holds FSDP2's shard of every parameter
+  under zero the parameters stay whole on every rank (the gradients accumulated over the microbatches whole under
+  zero1, 1/dp of each tensor rounded up under zero2), under fsdp each rank holds FSDP2's shard of every parameter
   (dim 0 padded to ⌈d0/n⌉ rows), both from torch's parameter shapes; a parameter the forward never reads (torch's
   elements less the trained ones: DINOv2's ``mask_token``) is held whole on each rank of the first stage.
 
@@ -43,8 +44,10 @@ F32 = 4
 #: Tokens of a sequence: the sweep's 7 is odd, which sp (tp=2) and cp=2's zigzag split (2·cp = 4) cannot divide.
 SEQ = 8
 
-#: The plans each family is checked under, with their microbatches.
-PLANS = (("tp=2", 1), ("tp=2,sp", 2), ("pp=2", 2), ("cp=2", 1), ("dp=2,fsdp", 2), ("dp=2,zero1", 2))
+#: The plans each family is checked under, with their microbatches; a schedule other than 1f1b follows the plan
+#: as the command line takes it (``pp=2 --schedule gpipe``; the sweep's 2 layers leave interleaved no 2 chunks).
+PLANS = (("tp=2", 1), ("tp=2,sp", 2), ("tp=2,sp=megatron", 2), ("pp=2", 2), ("pp=2 --schedule gpipe", 2),
+         ("cp=2", 1), ("dp=2,fsdp", 2), ("dp=2,zero1", 2), ("dp=2,zero2", 2))
 #: The expert-parallel plan, on the mixture-of-experts families only (:func:`plans_of`).
 EP_PLAN = ("dp=2,ep=2", 1)
 
@@ -59,13 +62,14 @@ _PIPELINE = "every decoder layer's cross-attention reads the encoder's output, w
     "decoder stage in its messages (Megatron's encoder-decoder pipeline), not modeled"
 _CONTEXT = "each decoder rank's cross-attention reads the whole encoder output's K and V, whose split over the " \
     "sequence is not modeled"
-_IMAGE_SEQ = {"tp=2,sp": "tp must divide the sequence length 17 under sp",  # 16 patches and the class token
+_IMAGE_SEQ = {**dict.fromkeys(("tp=2,sp", "tp=2,sp=megatron"),  # 16 patches and the class token
+                               "tp must divide the sequence length 17 under sp"),
               "cp=2": "the zigzag split needs 2·cp = 4 to divide the sequence length 17"}
-_SPLITS = ("tp=2", "tp=2,sp", "cp=2")
+_TP = ("tp=2", "tp=2,sp", "tp=2,sp=megatron")
 
 def _mixer(kind: str, why: str) -> dict[str, str]:
     """The refusals of a hybrid whose layer 0 holds a sequence mixer of ``kind``: tp (with or without sp), cp."""
-    return {**dict.fromkeys(_SPLITS[:2], f"layer 0's {kind} is not split over TP"),
+    return {**dict.fromkeys(_TP, f"layer 0's {kind} is not split over TP"),
             "cp=2": f"layer 0's {kind} cannot be split over the sequence: {why}"}
 
 
@@ -74,13 +78,13 @@ NO_EXPERTS = "has no routed experts"
 
 #: family → plan → the one line it is refused with (a part the plan cannot split, and why).
 REFUSED: dict[str, dict[str, str]] = {
-    "falcon": {"tp=2": _GQA_FUSED, "tp=2,sp": _GQA_FUSED},
+    "falcon": dict.fromkeys(_TP, _GQA_FUSED),
     **{name: _mixer(kind, why) for name, kind, why in (
         ("qwen3_next", _DELTA, _RECURRENCE),
         ("lfm2", _SHORT_CONV, "each token reads the tokens before it, which lie on another rank"),
         *((name, _MAMBA, _RECURRENCE) for name in ("jamba", "bamba", "falcon_h1", "mamba2", "granitemoehybrid")))},
-    "t5": {"pp=2": _PIPELINE, "cp=2": _CONTEXT},
-    "bart": {"pp=2": _PIPELINE, "cp=2": _CONTEXT},
+    "t5": {**dict.fromkeys(("pp=2", "pp=2 --schedule gpipe"), _PIPELINE), "cp=2": _CONTEXT},
+    "bart": {**dict.fromkeys(("pp=2", "pp=2 --schedule gpipe"), _PIPELINE), "cp=2": _CONTEXT},
     "vit": _IMAGE_SEQ,
     "dinov2": _IMAGE_SEQ,
 }
@@ -127,9 +131,15 @@ def fsdp_shard(parameters: list, n: int) -> int:
     return sum(math.ceil(rows(p) / n) * (p.numel() // rows(p)) for p in parameters)
 
 
+def plan_of(text: str, m: int):
+    """The plan of a :data:`PLANS` entry: ``--parallel`` text, with ``--schedule NAME`` after it where given."""
+    degrees, _, schedule = text.partition(" --schedule ")
+    return parse_parallel(degrees, microbatches=m, schedule=schedule or "1f1b")
+
+
 def assert_reconciles(report, parameters: list, text: str, m: int) -> None:
     """The reconcile identities of one plan on one counted model (the module's docstring lists them)."""
-    p = parse_parallel(text, microbatches=m)
+    p = plan_of(text, m)
     led = ledger(report, p)
     whole = report.forward.flops + report.backward.flops
     assert sum(r.model_flops for r in led.ranks) == whole * m * p.dp
@@ -147,6 +157,9 @@ def assert_reconciles(report, parameters: list, text: str, m: int) -> None:
             assert r.params_bytes == F32 * fsdp_shard(parameters, p.dp)
         elif p.zero_stage:
             assert r.params_bytes == F32 * elements
+            if not unread:  # the gradients, accumulated over the 2 microbatches: whole (zero1), or 1/dp of each
+                # tensor's elements rounded up (zero2), from torch's parameter shapes
+                assert r.grads_bytes == F32 * sum(-(-x.numel() // (p.dp if p.zero2 else 1)) for x in parameters)
         else:
             assert all(r.params_bytes == F32 * (steps[x] // 2 + (unread if r.stage == 0 else 0)) for x in r.replicas)
 
@@ -159,7 +172,7 @@ def test_family_plans_reconcile(family, index, request):
     reason = REFUSED.get(fam.model_type, {}).get(text) if is_moe(fam) or text != EP_PLAN[0] else NO_EXPERTS
     if reason is not None:
         with pytest.raises(UsageError) as e:
-            ledger(report, parse_parallel(text, microbatches=m))
+            ledger(report, plan_of(text, m))
         assert "\n" not in str(e.value) and e.value.exit_code == 2 and reason in str(e.value)
         return
     if text in PENDING.get(fam.model_type, {}):

@@ -173,3 +173,47 @@ def test_recomputed_operators_send_nothing_again(report, policy):
     assert again.recompute_flops > 0
     assert {k: b for g in GROUPS for k, b in ledger_bytes(again, g).items()} == \
         {k: b for g in GROUPS for k, b in ledger_bytes(plain, g).items()}
+
+
+# --- generation: the routing runs in every forward, the auxiliary loss in none ---------------------------------
+
+P, N = S, 3  # the prompt (B·P/C = T tokens a rank in the prefill) and N new tokens: the prefill, N − 1 decode steps
+
+
+def _inference_worker(rank: int, world: int, init: str, out: str) -> None:
+    """The same MoE blocks run as inference runs them (``torch.no_grad``): M microbatches of the prefill and the
+    N − 1 decode steps, each a forward that routes and dispatches."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)  # a forked child must not wait on the parent's intra-op pool
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    moved: Counter = Counter()
+    run = moe_stack(rank % EP, moved, "none")
+    torch.manual_seed(1 + rank)
+    with torch.no_grad():
+        for _ in range(M * N):
+            run(torch.randn(T, H))
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump({f"{k}({g})": b for (k, g), b in moved.items() if g != "ep"}, f)
+    dist.destroy_process_group()
+
+
+def test_generation_gathers_the_counts_and_runs_no_auxiliary_loss(tmp_path):
+    """``--generate P:N --parallel cp=2,ep=2``: without autograd recording no auxiliary loss runs (no ``tp_cp``
+    all_reduce), while every forward routes and gathers the T·E ranks' counts before its dispatch: the generation
+    ledger's ``tp_ep`` all_gather, M·N·L·EP·E·8 bytes (the prefill and N − 1 decode steps). The counts' size does
+    not depend on the tokens, so each forward here routes the prefill's T tokens; the ``all_to_all`` payloads of
+    the decode steps' B tokens are checked against closed forms in tests/frontends/test_generate_parallel_experts.py."""
+    import flopcount
+    from flopcount.parallel.generation import generation_ledger
+
+    config = transformers.MixtralConfig(hidden_size=H, intermediate_size=I, num_hidden_layers=L,
+                                        num_attention_heads=HEADS, num_key_value_heads=KV, vocab_size=V,
+                                        num_local_experts=E, num_experts_per_tok=K,
+                                        architectures=["MixtralForCausalLM"])
+    report = flopcount.from_hf(config, generate=(P, N), batch=B, cache_dir=False)
+    led = generation_ledger(report, parse_parallel(f"cp={CP},ep={EP}", microbatches=M))
+    seen = gloo_ranks(_inference_worker, tmp_path)
+    for rank, r in enumerate(seen):
+        mine = {k: b for g in ("tp_ep", "tp_cp") for k, b in ledger_bytes(led.ranks[rank], g).items()}
+        assert r == mine == {"all_gather(tp_ep)": M * N * L * EP * E * 8}

@@ -34,13 +34,23 @@ D = H // HEADS
 B, S = 2, 8
 
 
-def llama_like(t: int = 1, rank: int = 0, rec: Recorder | None = None, checkpoint=None):
+def llama_like(t: int = 1, rank: int = 0, rec: Recorder | None = None, checkpoint=None, megatron: bool = False):
     """The model on TP rank ``rank`` of ``t`` under sp (whole with t = 1): ``rec``'s gather and scatter around
-    the products and the embedding; ``checkpoint(fn, x)`` wraps each layer's call."""
+    the products and the embedding; ``checkpoint(fn, x)`` wraps each layer's call. Each block's column-parallel
+    products (Q, K, V; gate, up; the LM head) read its input gathered once; with ``megatron``, through
+    :func:`megatron_column` (the rank's tokens kept, gathered again in the backward), else gathered before them
+    and kept so by autograd."""
     nn = torch.nn
     torch.manual_seed(0)
     gather = rec.gather if rec else (lambda x: x)
     scatter = rec.scatter if rec else (lambda x: x)
+
+    def columns(y, *projections):  # the products of a block's input y (the rank's tokens under sp)
+        if megatron and rec is not None:
+            return megatron_column(rec)(y, *(p.weight for p in projections))
+        y = gather(y).contiguous()  # in the layout torch's gather along the sequence gives (DTensor's Shard(1) to
+        # Replicate): one storage the products' inputs are views of, kept once
+        return tuple(p(y) for p in projections)
 
     class Proj(nn.Module):  # y·Wᵀ, W in nn.Linear's layout, one module per projection
         def __init__(self, w):
@@ -65,9 +75,10 @@ def llama_like(t: int = 1, rank: int = 0, rec: Recorder | None = None, checkpoin
 
         def forward(self, y):
             b, s = y.shape[:2]
-            q = self.q(y).view(b, s, HEADS // t, D).transpose(1, 2)
-            k, v = (w(y).view(b, s, KV // t, D).transpose(1, 2).repeat_interleave(HEADS // KV, 1)
-                    for w in (self.k, self.v))
+            q, k, v = columns(y, self.q, self.k, self.v)
+            s = q.shape[1]  # the whole sequence
+            q = q.view(b, s, HEADS // t, D).transpose(1, 2)
+            k, v = (w.view(b, s, KV // t, D).transpose(1, 2).repeat_interleave(HEADS // KV, 1) for w in (k, v))
             causal = torch.full((s, s), float("-inf")).triu(1)
             a = torch.softmax(q @ k.transpose(-1, -2) * D ** -0.5 + causal, -1) @ v
             return self.o(a.transpose(1, 2).reshape(b, s, H // t))
@@ -78,7 +89,8 @@ def llama_like(t: int = 1, rank: int = 0, rec: Recorder | None = None, checkpoin
             self.gate, self.up, self.down = column(FFN), column(FFN), row(FFN)
 
         def forward(self, y):
-            return self.down(nn.functional.silu(self.gate(y)) * self.up(y))
+            gate, up = columns(y, self.gate, self.up)
+            return self.down(nn.functional.silu(gate) * up)
 
     class Layer(nn.Module):
         def __init__(self):
@@ -86,8 +98,8 @@ def llama_like(t: int = 1, rank: int = 0, rec: Recorder | None = None, checkpoin
             self.norm1, self.attn, self.norm2, self.mlp = Norm(), Attention(), Norm(), Mlp()
 
         def forward(self, x):
-            x = x + scatter(self.attn(gather(self.norm1(x))))
-            return x + scatter(self.mlp(gather(self.norm2(x))))
+            x = x + scatter(self.attn(self.norm1(x)))
+            return x + scatter(self.mlp(self.norm2(x)))
 
     class Model(nn.Module):
         def __init__(self):
@@ -100,12 +112,37 @@ def llama_like(t: int = 1, rank: int = 0, rec: Recorder | None = None, checkpoin
             x = vocab_lookup(ids, self.tokens, rank, t, scatter)
             for layer in self.layers:
                 x = checkpoint(layer, x) if checkpoint else layer(x)
-            logits = self.head(gather(self.norm(x)))  # this rank's V/t logits of every token
+            logits, = columns(self.norm(x), self.head)  # this rank's V/t logits of every token
             if rec is None:
                 return nn.functional.cross_entropy(logits.reshape(-1, V), ids.reshape(-1))
             return vocab_parallel_loss(logits, ids - rank * (V // t), rec)
 
     return Model()
+
+
+def megatron_column(rec: Recorder):
+    """A block's column-parallel products y·Wᵢᵀ of the rank's tokens y (b, s/T, h) as Megatron-LM's
+    ``ColumnParallelLinear`` under ``sequence_parallel`` runs them (``LinearWithGradAccumulationAndAsyncCommunication``,
+    one fused weight per block: QKV, gate and up, the LM head): the tokens all-gathered in the forward, only the
+    rank's kept for the backward, all-gathered again there for the weights' gradients, the input's gradient
+    reduce-scattered; ``.apply``."""
+    class Column(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, y, *weights):
+            ctx.save_for_backward(y, *weights)
+            whole = rec.gather(y)  # autograd is off in a Function's forward: the collective alone
+            return tuple(whole @ w.T for w in weights)
+
+        @staticmethod
+        def backward(ctx, *grads):
+            y, *weights = ctx.saved_tensors
+            whole = rec.gather(y)  # again: only the rank's tokens were kept
+            flat = whole.reshape(-1, whole.shape[-1])
+            dweights = [g.reshape(-1, g.shape[-1]).T @ flat for g in grads]
+            dwhole = sum(g @ w for g, w in zip(grads, weights))
+            return (rec.scatter(dwhole), *dweights)
+
+    return Column.apply
 
 
 def vocab_parallel_loss(logits, target, rec: Recorder):
@@ -301,3 +338,58 @@ def test_sp_with_learned_positions_on_gloo_equals_the_ledger(gpt2_report, tmp_pa
             "all_reduce(tp)": a + ((2 * n + 1) * 2 * h + 2 * n * h) * 4,
             "all_gather(tp)": 4 * n * a + 2 * a, "reduce_scatter(tp)": 4 * n * a + a}
         assert rank["params"] == mem[i].params_bytes == 4 * led.ranks[i].optimizer_flops // 2
+
+
+# --- sp=megatron: the column-parallel products' inputs gathered again in the backward ---------------------------
+
+def _style_worker(rank: int, world: int, init: str, out: str, megatron: bool) -> None:
+    """The Llama-like model at tp=2,sp with each block's column-parallel products as torch's autograd keeps them
+    (the gathered input) or as Megatron's column-parallel linear does (:func:`megatron_column`): the bytes handed to
+    each collective, the storages autograd keeps (``saved_tensors_hooks``), the FLOPs and the gradients."""
+    import torch.distributed as dist
+    from torch.utils.flop_counter import FlopCounterMode
+    from helpers import saving
+
+    torch.set_num_threads(1)  # a forked child must not wait on the parent's intra-op pool
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    rec = Recorder()
+    module = llama_like(world, rank, rec, megatron=megatron)
+    with FlopCounterMode(display=False) as counter:
+        with saving(module) as kept:
+            loss = module(ids())
+        loss.backward()
+    for name, p in module.named_parameters():
+        if "norm" in name:
+            p.grad.copy_(rec.all_reduce(p.grad))
+    grads = torch.cat([p.grad.flatten() for p in module.parameters()]).tolist()
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump({"flops": counter.get_total_flops(), "bytes": rec.bytes(), "saved": sum(kept.values()),
+                   "grads": grads, "loss": loss.item()}, f)
+    dist.destroy_process_group()
+
+
+def test_sp_megatron_on_gloo_regathers_and_keeps_the_ranks_tokens(report, tmp_path):
+    """``sp=megatron`` against a hand-written Megatron-style column-parallel linear (a custom autograd Function that
+    keeps the rank's tokens and all-gathers them again in its backward), ``sp`` (= ``sp=torch``) against the gather
+    run before the products, whose output autograd keeps: the same loss, gradients and FLOPs; Megatron's all-gathers
+    A more per gathered input and microbatch (Q/K/V's and the MLP's of each layer, the LM head's: 2L + 1), and keeps
+    A/T of each in place of A."""
+    (tmp_path / "torch").mkdir(), (tmp_path / "megatron").mkdir()  # a group's rendezvous file each
+    kept_whole = gloo_ranks(_style_worker, tmp_path / "torch", False)
+    regathered = gloo_ranks(_style_worker, tmp_path / "megatron", True)
+    a, t = B * S * H * 4, 2  # one activation, fp32
+    collectives = {"all_gather(tp)": 4 * L * a + 2 * a, "reduce_scatter(tp)": 4 * L * a + 2 * a,
+                   "all_reduce(tp)": (2 * L + 1) * H * 4 + 3 * B * S * 4}
+    torch_plan, megatron_plan = parse_parallel("tp=2,sp"), parse_parallel("tp=2,sp=megatron")
+    assert torch_plan == parse_parallel("tp=2,sp=torch") and megatron_plan.sp_style == "megatron"
+    assert str(megatron_plan).startswith("tp=2,pp=1,cp=1,ep=1,dp=1,sp=megatron")
+    for i, (mine, theirs) in enumerate(zip(kept_whole, regathered)):
+        assert theirs["loss"] == pytest.approx(mine["loss"], rel=1e-6)
+        assert torch.allclose(torch.tensor(theirs["grads"]), torch.tensor(mine["grads"]), atol=1e-5)
+        assert theirs["flops"] == mine["flops"]
+        assert mine["bytes"] == ledger_bytes(ledger(report, torch_plan).ranks[i]) == collectives
+        assert theirs["bytes"] == ledger_bytes(ledger(report, megatron_plan).ranks[i]) == {
+            **collectives, "all_gather(tp)": collectives["all_gather(tp)"] + (2 * L + 1) * a}
+        kept = per_rank(report, torch_plan).ranks[i], per_rank(report, megatron_plan).ranks[i]
+        assert mine["saved"] - theirs["saved"] == kept[0].activations_bytes - kept[1].activations_bytes \
+            == (2 * L + 1) * (a - a // t)

@@ -463,3 +463,27 @@ def test_optimizer_step_is_null_without_an_optimizer(report):
     led = ledger(report, plan("tp=2,dp=2"))
     assert all(r.optimizer_flops is None and r.as_dict()["optimizer_flops"] is None for r in led.ranks)
     assert led.optimizer is None and "--optimizer" in led.as_dict()["optimizer_note"]
+
+
+def test_sp_megatron_gathers_each_column_input_again_per_stage():
+    """A Hugging Face Llama of 4 layers (counted from its 1-layer export, the stack extended by copies that repeat
+    the tensors' names) at tp=2,pp=2 with 2 microbatches: ``sp=megatron`` all-gathers in the backward each input
+    of the Q/K/V and the MLP products (2 a layer) and the LM head's (last stage), A each a microbatch, which
+    ``sp`` keeps gathered instead: the rank keeps A/T of each in place of A. The rest is the same."""
+    import flopcount
+    from flopcount.memory.ledger import MemorySettings
+    from flopcount.memory.ranks import per_rank as memory_per_rank
+
+    config = transformers.LlamaConfig(hidden_size=H, intermediate_size=FFN, num_hidden_layers=L,
+                                      num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, vocab_size=V)
+    report = flopcount.from_hf(config, (B, S), cache_dir=False, mode="train", memory=MemorySettings(device="cpu"))
+    kept, again = plan("tp=2,pp=2,sp", 2), plan("tp=2,pp=2,sp=megatron", 2)
+    leds = ledger(report, kept), ledger(report, again)
+    mems = memory_per_rank(report, kept).ranks, memory_per_rank(report, again).ranks
+    for rank in range(4):
+        stage = rank // 2
+        inputs = L + stage  # 2 per layer of the stage's L/2, and the head's on the last stage
+        one, two = ({(c.kind, c.group): c.bytes for c in led.ranks[rank].communication} for led in leds)
+        assert two == {**one, ("all_gather", "tp"): one[("all_gather", "tp")] + 2 * inputs * A}
+        assert leds[1].ranks[rank].hardware_flops == leds[0].ranks[rank].hardware_flops
+        assert mems[0][rank].activations_bytes - mems[1][rank].activations_bytes == inputs * (A - A // 2)

@@ -17,6 +17,18 @@ def test_a_full_plan():
     assert parse_parallel("pp=2", microbatches=2, schedule="interleaved").virtual_stages == 2
 
 
+def test_sp_names_how_the_gathered_inputs_are_kept():
+    assert parse_parallel("tp=2,sp").sp_style == parse_parallel("tp=2,SP=Torch").sp_style == "torch"
+    plan = parse_parallel("tp=2,sp=megatron")
+    assert plan.sp and plan.sp_style == "megatron" and plan.as_dict()["sp_style"] == "megatron"
+    assert str(plan) == "tp=2,pp=1,cp=1,ep=1,dp=1,sp=megatron microbatches=1 schedule=1f1b"
+    assert parse_parallel(str(plan).split()[0]) == plan
+    for bad, message in (({"sp_style": "megatron"}, "give sp=True with it"),
+                         ({"sp": True, "sp_style": 1}, "unknown sp_style 1")):
+        with pytest.raises(UsageError, match=message):
+            ParallelPlan(tp=2, **bad)
+
+
 def test_degrees_left_out_are_one_and_the_plan_is_frozen():
     plan = parse_parallel("dp=4")
     assert (plan.tp, plan.pp, plan.cp, plan.ep) == (1, 1, 1, 1) and not plan.is_single
@@ -31,6 +43,9 @@ def test_degrees_left_out_are_one_and_the_plan_is_frozen():
     pytest.param("tq=2", {}, "'tq=2' is not a degree or a switch", id="unknown degree"),
     pytest.param("tp=2,tp=4", {}, "tp is given twice", id="twice"),
     pytest.param("sp", {}, "sp .* give tp=T with T > 1", id="sp without tp"),
+    pytest.param("sp=megatron", {}, "sp .* give tp=T with T > 1", id="sp=megatron without tp"),
+    pytest.param("tp=2,sp=nemo", {}, "'sp=nemo': sp takes one of torch, megatron", id="unknown sp style"),
+    pytest.param("tp=2,sp,sp=megatron", {}, "sp is given twice", id="sp twice"),
     pytest.param("fsdp", {}, "fsdp shards over the data-parallel group", id="fsdp without dp"),
     pytest.param("pp=4", {"microbatches": 2}, "2 microbatches cannot fill 4 pipeline stages", id="few microbatches"),
     pytest.param("pp=2", {"microbatches": 2, "schedule": "zigzag"}, "unknown schedule 'zigzag'.*gpipe, 1f1b, "
