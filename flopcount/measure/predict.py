@@ -59,8 +59,8 @@ The rules (docs/predict.md states them for users):
   is [best, median], its high end widened by the tail of the collectives timed in a step
   (:func:`tail_seconds`). An end that cannot be known is None, with ``interval_note`` saying why, never a guessed
   margin: both ends when a size lies outside the calibrated sizes or a group has a size the calibration did not
-  time its collective at (``extrapolated`` says what); the high end for a datasheet profile (best-case rates, how far below
-  them the device runs is not known) and for a profile whose collective latency is not known.
+  time its collective at (``extrapolated`` says what); the high end for a datasheet profile (best-case rates, how
+  far below them the device runs is not known) and for a profile whose collective latency is not known.
 * ``mfu`` = model FLOPs of the step (all ranks) / (step seconds × ranks × the profile's peak), ``hfu`` the same
   with the hardware FLOPs (recompute and redundant work included).
 """

@@ -73,3 +73,28 @@ def test_a_damaged_group_timing_is_refused_with_one_line(change, words):
     with pytest.raises(MeasurementError) as e:
         cal.profile_from_dict(doc, "p.json")
     assert words in str(e.value) and "\n" not in str(e.value) and e.value.exit_code == 12
+
+
+@pytest.mark.slow
+def test_a_4_rank_calibration_times_groups_of_2_side_by_side():
+    """A quick calibration of 4 gloo processes (about 40 s on 2 busy cores) times the in-step all_reduce,
+    all_gather and reduce_scatter over groups of 2 (ranks 0-1 and 2-3 at the same time), each at every message
+    size rounded to the group's 4·2 bytes, with the tail of its calls; an all_reduce over a pair costs less than
+    over all 4 processes (a ring of 2 moves each byte once, one of 4 three times, and has a third of the steps)."""
+    pytest.importorskip("torch")
+    from flopcount.measure.machine.calibrate import QUICK_SIZES, calibrate
+
+    p = calibrate(4, QUICK_SIZES, threads=1)
+    assert set(p.collectives_in_step_groups) == {2}
+    pair = p.collectives_in_step_groups[2]
+    assert set(pair) == {"all_reduce", "all_gather", "reduce_scatter"}
+    for c in pair.values():
+        assert c.ranks == 2 and [pt.size for pt in c.points] == [b - b % 8 for b in QUICK_SIZES.messages]
+        assert all(pt.best <= pt.mean <= pt.slowest and pt.median <= pt.p90 <= pt.slowest for pt in c.points)
+        assert cal.tail_fits(c)
+    world = p.collectives_in_step["all_reduce"]
+    assert [pt.size for pt in world.points] == [pt.size for pt in pair["all_reduce"].points]  # multiples of 16
+    ratios = sorted(a.mean / b.mean for a, b in zip(pair["all_reduce"].points, world.points))
+    assert ratios[len(ratios) // 2] < 1.0, ratios
+    assert 0 < p.machine["collectives_in_step_groups_s"] < 30
+    assert cal.profile_from_dict(json.loads(json.dumps(p.as_dict()))) == p
