@@ -27,7 +27,11 @@ The rules (docs/predict.md states them for users):
   message of B bytes over a group of n ranks takes latency + bus_factor(n)·B / bus bandwidth
   (:func:`~.machine.calibration.collective_seconds`), from the profile's collectives timed in a step (each call
   after a burst of compute, ``collectives_in_step``) where it has them, else from those timed in a tight loop (a
-  note says what that leaves out). A collective timed in a step with the mean of its calls recorded
+  note says what that leaves out); over a group of the message's size where the profile timed its collective
+  in a step over groups of that size (``collectives_in_step_groups``: groups smaller than the calibration's ranks,
+  side by side, :func:`~.machine.calibration.group_timing`), whatever the group's rank stride, else over all
+  the calibration's ranks (a group size it was not timed at widens the interval to unknown, and says so). A
+  collective timed in a step with the mean of its calls recorded
   (:func:`~.machine.calibration.tail_fits`) is priced at that mean at both ends of the interval, whatever the
   repeat: a call's cost is heavy-tailed, and a step's total of many calls sees the mean, not the median or the
   best. On a datasheet profile of a system of nodes (``network``), a group whose ranks span nodes (its rank stride
@@ -54,9 +58,9 @@ The rules (docs/predict.md states them for users):
   :func:`flopcount.measure.machine.ceilings.measure_gemm` takes it), and again at the median repeats: the interval
   is [best, median], its high end widened by the tail of the collectives timed in a step
   (:func:`tail_seconds`). An end that cannot be known is None, with ``interval_note`` saying why, never a guessed
-  margin: both ends when a size lies outside the calibrated sizes or a group has another size than the
-  calibration's (``extrapolated`` says what); the high end for a datasheet profile (best-case rates, how far below
-  them the device runs is not known) and for a profile whose collective latency is not known.
+  margin: both ends when a size lies outside the calibrated sizes or a group has a size the calibration did not
+  time its collective at (``extrapolated`` says what); the high end for a datasheet profile (best-case rates, how
+  far below them the device runs is not known) and for a profile whose collective latency is not known.
 * ``mfu`` = model FLOPs of the step (all ranks) / (step seconds × ranks × the profile's peak), ``hfu`` the same
   with the hardware FLOPs (recompute and redundant work included).
 """
@@ -68,7 +72,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .machine.calibration import MachineProfile, collective_seconds, fresh_from, latency_known, rate_at, tail_fits
+from .machine.calibration import (MachineProfile, collective_seconds, fresh_from, group_timing, latency_known, rate_at,
+                                  tail_fits)
 
 __all__ = ["BUCKET_BYTES", "BUSY_LOAD", "FIRST_BUCKET_BYTES", "GEMM_FAMILIES", "Message", "NodeWork",
            "OPTIMIZER_TRAFFIC", "Prediction", "REDUCTION_FAMILIES", "RankWork", "Timeline", "Work", "exposed_after",
@@ -304,19 +309,24 @@ def exposed_after(backward_s: float, buckets: Sequence[tuple[float, float]]) -> 
     return max(0.0, done - backward_s)
 
 
-def _timed(m: Message, profile: MachineProfile, out: list[str]) -> tuple[str, Any]:
-    """The kind a message is priced as and its timing: as a step runs it where measured, else in a tight loop."""
+def _timed(m: Message, profile: MachineProfile, out: list[str]) -> tuple[str, Any, bool]:
+    """The kind a message is priced as, its timing, and whether that was timed in a step: over groups of the
+    message's size as a step runs them where measured (``collectives_in_step_groups``), else over all the
+    calibration's ranks as a step runs them, else in a tight loop."""
     if not profile.collectives:
         from flopcount.errors import UsageError
 
         raise UsageError(f"--predict: the plan runs {m.kind} over {m.group}, and the machine profile has no "
                          "collectives (calibrated with --ranks 1); calibrate with flopcount calibrate --ranks N")
+    grouped = group_timing(profile, m.kind, m.ranks)
+    if grouped is not None:
+        return m.kind, grouped, True
     timed = profile.collectives_in_step or profile.collectives  # as a step runs them, where measured
     kind = m.kind if m.kind in timed else None
     if kind is None:
         out.append(f"{m.kind} not calibrated (counted as all_reduce)")
         kind = "all_reduce"
-    return kind, timed[kind]
+    return kind, timed[kind], timed is profile.collectives_in_step
 
 
 def tail_seconds(r: RankWork, profile: MachineProfile) -> float:
@@ -326,18 +336,18 @@ def tail_seconds(r: RankWork, profile: MachineProfile) -> float:
     distributed (σ = (p90 − mean) / 1.2816); a heavy tail's σ is smaller than that, so it is the wider bound."""
     total = 0.0
     for m in r.messages:
-        if m.ranks <= 1 or not profile.collectives_in_step:
+        if m.ranks <= 1 or not (profile.collectives_in_step or profile.collectives_in_step_groups):
             continue
-        kind, c = _timed(m, profile, [])
-        if c is profile.collectives_in_step.get(kind) and tail_fits(c):
+        kind, c, in_step = _timed(m, profile, [])
+        if in_step and tail_fits(c):
             p90, mean = (collective_seconds(c, kind, m.bytes, m.ranks, w)[0] for w in ("p90", "mean"))
             total += m.count * max(0.0, p90 - mean) ** 2
     return math.sqrt(total)
 
 
 def _message_seconds(m: Message, profile: MachineProfile, which: str, out: list[str]) -> float:
-    kind, c = _timed(m, profile, out)
-    if c is (profile.collectives_in_step or {}).get(kind) and tail_fits(c):
+    kind, c, in_step = _timed(m, profile, out)
+    if in_step and tail_fits(c):
         which = "mean"  # what a step's total of many calls sees (the module)
     cap = profile.network.bus_cap(m.ranks, m.stride) if profile.network is not None else None
     t, outside = collective_seconds(c, kind, m.bytes, m.ranks, which, cap)

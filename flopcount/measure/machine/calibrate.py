@@ -46,7 +46,16 @@ others work beside it (on a CPU the ranks share the cores). In each process:
   the median, a few costing ten times more: gloo's event-loop thread burning the CPU while a peer is late), so
   each size is timed ``in_step_repeats`` (40) times, or at least ``in_step_least`` (12) once the size has taken
   ``in_step_budget_s`` (0.3 s: the ranks agree at each repeat's barrier), and its point records the mean and the
-  90th percentile of the calls beside the median, best and slowest (:func:`tail_stats`).
+  90th percentile of the calls beside the median, best and slowest (:func:`tail_stats`);
+* **collectives in a step over smaller groups** (``collectives_in_step_groups``, with ``ranks`` ≥ 4): for each
+  group size g from 2 to below ``ranks`` that divides it (:func:`group_sizes`: the tensor- or data-parallel groups
+  a plan on these ranks can make), the ranks split into groups of g (0 to g-1, g to 2g-1, ...; each made by
+  every rank, in the same order, with ``dist.new_group``), every group timing its own calls at the same time, as
+  a step runs its groups' collectives side by side: ``all_reduce``, ``all_gather`` and ``reduce_scatter``
+  (``Sizes.group_kinds``: what a step's groups run) at the same sizes, timed in a step as above, each size
+  stopped once at least ``in_step_least`` repeats are done and it has taken ``group_budget_s`` (0.15 s), the
+  slowest rank of all the groups recorded. A 2-rank group's call on a machine of fewer cores than ranks costs
+  far less than a call over all the processes, which is what a plan's smaller groups pay.
 
 The whole calibration is bounded: the processes are killed and a MeasurementError (exit 12) raised once
 ``timeout_s`` is spent.
@@ -67,14 +76,15 @@ from flopcount.errors import MeasurementError, UsageError
 
 from .calibration import COLLECTIVES, OPTIMIZERS_TIMED, Collective, MachineProfile, OptimizerCost, Point, fit_segments
 
-__all__ = ["DEFAULT_SIZES", "QUICK_SIZES", "Sizes", "calibrate", "measure_rank", "tail_stats"]
+__all__ = ["DEFAULT_SIZES", "QUICK_SIZES", "Sizes", "calibrate", "group_sizes", "measure_rank", "tail_stats"]
 
 
 @dataclass(frozen=True)
 class Sizes:
     """What a calibration times: GEMM sizes n, elementwise bytes, message bytes (each a multiple of 4·ranks·4),
     repeats of each (of each collective in a step: ``in_step_repeats``, enough to see its tail, or at least
-    ``in_step_least`` once it has taken ``in_step_budget_s``), and the seconds each GEMM size may take."""
+    ``in_step_least`` once it has taken ``in_step_budget_s``; ``group_budget_s`` over smaller groups, of the
+    ``group_kinds`` only), and the seconds each GEMM size may take."""
 
     gemm: tuple[int, ...] = (16, 64, 128, 256, 512, 768)
     elementwise: tuple[int, ...] = (1024, 16 * 1024, 256 * 1024, 4 * 2**20, 32 * 2**20)
@@ -86,13 +96,25 @@ class Sizes:
     in_step_repeats: int = 40  # at most; at least in_step_least once a size has taken in_step_budget_s
     in_step_least: int = 12
     in_step_budget_s: float = 0.3
+    group_kinds: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter")
+    group_budget_s: float = 0.15
 
 
 DEFAULT_SIZES = Sizes()
 #: A calibration of seconds, for tests.
 QUICK_SIZES = Sizes(gemm=(32, 64), elementwise=(4096, 65536), messages=(4096, 16384, 131072, 524288), repeats=3,
                     gemm_budget_s=0.1, attention=((32, 16), (64, 16)), optimizer_elements=(2**10, 2**14),
-                    in_step_repeats=10, in_step_least=10, in_step_budget_s=0.1)
+                    in_step_repeats=10, in_step_least=10, in_step_budget_s=0.1, group_budget_s=0.1)
+
+
+def group_sizes(ranks: int) -> tuple[int, ...]:
+    """The smaller group sizes a calibration of ``ranks`` times its collectives in a step over: each g from 2 to
+    below ``ranks`` that divides it (none below 4 ranks).
+
+    >>> group_sizes(2), group_sizes(4), group_sizes(8), group_sizes(12)
+    ((), (2,), (2, 4), (2, 3, 4, 6))
+    """
+    return tuple(g for g in range(2, ranks) if ranks % g == 0)
 
 
 def _stats(values: list[float], higher_is_better: bool) -> tuple[float, float, float]:
@@ -281,22 +303,23 @@ class _InStep:
 
 
 def _time_collective(kind: str, nbytes: int, rank: int, n: int, repeats: int,
-                     in_step: _InStep | None = None) -> list[float]:
+                     in_step: _InStep | None = None, group=None) -> list[float]:
     """Seconds of each repeat of one collective on this rank (send_recv: one way, half a round trip); with
     ``in_step``, each repeat after its burst and timed as the larger of the wall-clock seconds and the process's
     CPU seconds (every thread) over the call, the CPU seconds alone with its ``cpu_only``: a collective in a step
-    (see the module), at most ``repeats`` and, past its budget, at least its ``least``."""
+    (see the module), at most ``repeats`` and, past its budget, at least its ``least``; over ``group`` (of ``n``
+    ranks; None: all of them), all the ranks agreeing when to stop."""
     import torch
     import torch.distributed as dist
 
     k = nbytes // 4
     full, part = torch.ones(k), torch.ones(k // n)
     if kind == "all_reduce":
-        def op(): dist.all_reduce(full)
+        def op(): dist.all_reduce(full, group=group)
     elif kind == "all_gather":
-        def op(): dist.all_gather_into_tensor(full, part)
+        def op(): dist.all_gather_into_tensor(full, part, group=group)
     elif kind == "reduce_scatter":
-        def op(): dist.reduce_scatter_tensor(part, full)
+        def op(): dist.reduce_scatter_tensor(part, full, group=group)
     elif kind == "all_to_all":
         other = torch.empty(k)
 
@@ -344,19 +367,20 @@ def _compute_burst():
     return burst
 
 
-def _collectives(rank: int, n: int, sizes: Sizes, in_step: _InStep | None = None) -> dict:
-    """[bytes, median, best, slowest] seconds of each collective at each message size, the slowest rank of each
+def _collectives(rank: int, n: int, sizes: Sizes, in_step: _InStep | None = None, group=None,
+                 kinds: tuple[str, ...] = COLLECTIVES) -> dict:
+    """[bytes, median, best, slowest] seconds of each of ``kinds`` at each message size, the slowest rank of each
     repeat; with ``in_step`` as a step runs them (up to ``sizes.in_step_repeats`` repeats, and the mean and p90
-    after the slowest), else in a tight loop."""
+    after the slowest), else in a tight loop; over ``group`` (this rank's group of ``n``; None: all the ranks)."""
     import torch
     import torch.distributed as dist
 
     out = {}
-    for kind in COLLECTIVES:
+    for kind in kinds:
         rows = []
         for nbytes in sizes.messages:
             repeats = sizes.repeats if in_step is None else sizes.in_step_repeats
-            t = torch.tensor(_time_collective(kind, nbytes - nbytes % (4 * n), rank, n, repeats, in_step),
+            t = torch.tensor(_time_collective(kind, nbytes - nbytes % (4 * n), rank, n, repeats, in_step, group),
                              dtype=torch.float64)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank of each repeat
             rows.append([nbytes - nbytes % (4 * n), *_stats(t.tolist(), False),
@@ -392,11 +416,30 @@ def measure_rank(rank: int, n: int, port: int, sizes: Sizes, out_dir: str, threa
         in_step = _InStep(_compute_burst(), cpu_only, sizes.in_step_least, sizes.in_step_budget_s)
         result["collectives_in_step"] = _collectives(rank, n, sizes, in_step)
         result["collectives_in_step_clock"] = "cpu" if cpu_only else "wall_or_cpu"
+        start = time.perf_counter()
+        result["collectives_in_step_groups"] = _in_groups(rank, n, sizes, in_step)
+        result["collectives_in_step_groups_s"] = round(time.perf_counter() - start, 2)
         dist.barrier()
         dist.destroy_process_group()
     if rank == 0:
         with open(os.path.join(out_dir, "result.json"), "w", encoding="utf-8") as f:
             json.dump(result, f)
+
+
+def _in_groups(rank: int, n: int, sizes: Sizes, in_step: _InStep) -> dict:
+    """Each of :func:`group_sizes` of ``n`` ranks → ``sizes.group_kinds`` timed in a step over the groups of that
+    size side by side, this rank's group its own (each group made by every rank, in the same order), within
+    ``sizes.group_budget_s`` a size (see the module)."""
+    import dataclasses
+
+    import torch.distributed as dist
+
+    out = {}
+    for g in group_sizes(n):
+        groups = [dist.new_group(list(range(first, first + g))) for first in range(0, n, g)]
+        timing = dataclasses.replace(in_step, budget_s=sizes.group_budget_s)
+        out[str(g)] = _collectives(rank, g, sizes, timing, groups[rank // g], sizes.group_kinds)
+    return out
 
 
 def _free_port() -> int:
@@ -471,17 +514,18 @@ def calibrate(ranks: int = 1, sizes: Sizes = DEFAULT_SIZES, timeout_s: float = 1
     overhead = {k: Point(*map(float, raw["overhead"][k])) for k in ("forward", "backward")}
     collectives, in_step = ({kind: _fitted(kind, ranks, rows) for kind, rows in raw.get(key, {}).items()}
                             for key in ("collectives", "collectives_in_step"))
+    groups = {int(g): {kind: _fitted(kind, int(g), rows) for kind, rows in kinds.items()}
+              for g, kinds in raw.get("collectives_in_step_groups", {}).items()}
     peak = max(p.best for p in compute["gemm_in_cache"])
     machine = {"cpu": cpu_name(), "cores": cpu_cores(), "threads_per_rank": raw["threads"],
-               **({"collectives_in_step_clock": raw["collectives_in_step_clock"]}
-                  if "collectives_in_step_clock" in raw else {})}
+               **{k: raw[k] for k in ("collectives_in_step_clock", "collectives_in_step_groups_s") if k in raw}}
     return MachineProfile(True, "cpu", ranks, compute, overhead, collectives, peak, "fp32",
                           datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                           torch.__version__, machine,
                           ("measured by flopcount calibrate; peak_flops_per_s is the best GEMM repeat with its operands "
                            "in cache (compute.gemm_in_cache); compute.gemm times each product with its operands out of the "
                            "last-level cache, as a step's products find their weights",),
-                          load_per_core(), optimizers, in_step or None)
+                          load_per_core(), optimizers, in_step or None, collectives_in_step_groups=groups or None)
 
 
 def _fitted(kind: str, ranks: int, rows: list) -> Collective:

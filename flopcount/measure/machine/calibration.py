@@ -27,6 +27,12 @@ A profile holds:
   where present. Each of its points also has the ``mean`` and the 90th percentile (``p90``) of its calls (absent in
   a profile taken before calibrate recorded them), fitted as the median is: a call's cost there is heavy-tailed,
   and a step's total sees the mean (:func:`tail_fits`);
+* ``collectives_in_step_groups`` (null in a profile of fewer than 4 ranks, in one taken before it was measured,
+  and in a datasheet profile): per group size g (a JSON key, the integer as text) smaller than the profile's
+  ranks that divides them (``2`` of a 4-rank profile), the ``all_reduce``, ``all_gather`` and ``reduce_scatter``
+  timed in a step as ``collectives_in_step`` are, over groups of g ranks (ranks 0 to g-1, g to 2g-1, ...) all
+  running at the same time, as a plan's tensor- or data-parallel groups do: each collective's ``ranks`` is g.
+  A message over a group of that size is priced from them (:func:`group_timing`);
 * ``network`` (a datasheet profile's only; null otherwise, every rank on this machine): the devices a node holds
   and each one's network adapter bandwidth (:class:`Network`), which caps a collective whose group spans nodes;
 * the versions, date, machine and rank count it was taken with, and whether it was measured (``calibrated``).
@@ -49,8 +55,8 @@ from flopcount.errors import MeasurementError, UsageError
 __all__ = ["BUS_FACTORS", "COLLECTIVES", "DEVICE_BANDWIDTHS", "FORMAT", "FORMAT_VERSION", "LATENCY_UNKNOWN",
            "MachineProfile", "Network", "OPTIMIZERS_TIMED", "OptimizerCost", "Point", "Segment", "TAIL",
            "above_ceiling", "bus_factor", "collective_seconds", "device_profile", "fresh_from",
-           "differences", "fit_segments", "latency_known", "load_profile", "profile_from_dict", "rate_at",
-           "tail_fits", "this_machine"]
+           "differences", "fit_segments", "group_timing", "latency_known", "load_profile", "profile_from_dict",
+           "rate_at", "tail_fits", "this_machine"]
 
 FORMAT = "flopcount-machine-profile"
 FORMAT_VERSION = 1
@@ -201,6 +207,8 @@ class MachineProfile:
     optimizers: Mapping[str, OptimizerCost] | None = None  # None: not measured (a profile taken before it was)
     collectives_in_step: Mapping[str, Collective] | None = None  # None: not measured (taken before it was)
     network: Network | None = None  # a datasheet system's nodes and adapters; None: every rank on one node
+    #: group size → collectives timed in a step over groups of that size; None: not measured
+    collectives_in_step_groups: Mapping[int, Mapping[str, Collective]] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": FORMAT_VERSION, "calibrated": self.calibrated, "device": self.device,
@@ -213,6 +221,9 @@ class MachineProfile:
                 "collectives_in_step": None if self.collectives_in_step is None
                 else {k: c.as_dict(k) for k, c in self.collectives_in_step.items()},
                 "network": None if self.network is None else self.network.as_dict(),
+                "collectives_in_step_groups": None if self.collectives_in_step_groups is None
+                else {str(g): {k: c.as_dict(k) for k, c in cs.items()}
+                      for g, cs in sorted(self.collectives_in_step_groups.items())},
                 "sources": list(self.sources)}
 
 
@@ -258,6 +269,12 @@ def collective_seconds(c: Collective, kind: str, payload: float, n: int, which: 
         seg = c.segments[0] if payload < c.segments[0].low else c.segments[-1]
     bus = seg.bus_bytes_per_s[which] if bus_cap is None else min(seg.bus_bytes_per_s[which], bus_cap)
     return (seg.latency_s[which] or 0.0) + bus_factor(kind, n) * payload / bus, outside
+
+
+def group_timing(profile: "MachineProfile", kind: str, ranks: int) -> Collective | None:
+    """The profile's ``kind`` timed in a step over groups of ``ranks`` ranks (``collectives_in_step_groups``),
+    where it has it; else None."""
+    return ((profile.collectives_in_step_groups or {}).get(ranks) or {}).get(kind)
 
 
 def tail_fits(c: Collective) -> bool:
@@ -465,7 +482,30 @@ def profile_from_dict(doc: Any, where: str = "profile") -> MachineProfile:
                           doc.get("torch"), dict(doc.get("machine") or {}), tuple(doc.get("sources") or ()),
                           doc.get("load_per_core"), _optimizers(doc.get("optimizers"), where),
                           None if in_step is None else _collectives(in_step, where, "collectives_in_step"),
-                          network)
+                          network, _groups(doc.get("collectives_in_step_groups"), ranks, where))
+
+
+def _groups(d: Any, ranks: int, where: str) -> dict[int, dict[str, Collective]] | None:
+    """The ``collectives_in_step_groups`` field: None when absent or null (not measured), else each group size
+    (an integer from 2 to below the profile's ``ranks`` that divides them) and its collectives, each over that
+    many ranks, checked."""
+    if d is None:
+        return None
+    if not isinstance(d, Mapping):
+        raise MeasurementError(f"{where}: 'collectives_in_step_groups' is not an object (or null); take the profile "
+                               "again with flopcount calibrate")
+    out = {}
+    for key, cs in d.items():
+        g = int(key) if isinstance(key, str) and key.isdecimal() else 0
+        if not 2 <= g < ranks or ranks % g or not isinstance(cs, Mapping):
+            raise MeasurementError(f"{where}: collectives_in_step_groups.{key} is not a group size (an integer from 2 "
+                                   f"to below the profile's {ranks} ranks that divides them) with its collectives; "
+                                   "take the profile again with flopcount calibrate")
+        out[g] = _collectives(cs, where, f"collectives_in_step_groups.{key}")
+        if any(c.ranks != g for c in out[g].values()):
+            raise MeasurementError(f"{where}: collectives_in_step_groups.{key} has a collective whose ranks is not "
+                                   f"{g}; take the profile again with flopcount calibrate")
+    return out
 
 
 def _network(d: Any, where: str) -> Network | None:
