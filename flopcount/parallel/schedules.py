@@ -6,7 +6,8 @@ same simulation."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, NamedTuple
 
 from ..errors import UsageError
@@ -32,11 +33,18 @@ class Action(NamedTuple):
 class Schedule:
     """A simulated pipeline schedule (:func:`simulate_schedule`): the step's ``makespan``, each pipeline rank's
     ``busy`` time, and its ``actions`` in the order they ran (none for generation's phases, whose length is a closed
-    form: :mod:`flopcount.parallel.generation`); times in FLOPs of TP rank 0 at equal throughput."""
+    form: :mod:`flopcount.parallel.generation`); times in FLOPs of TP rank 0 at equal throughput. ``run``: the
+    simulation's arguments, whose actions are listed when first read (a plan search reads the makespan and the busy
+    times alone)."""
 
     makespan: float
     busy: tuple[float, ...]
-    actions: tuple[Action, ...] = ()
+    run: tuple = field(default=(), repr=False, compare=False)
+
+    @cached_property
+    def actions(self) -> tuple[Action, ...]:
+        """Every action in the order the simulation ran them (:func:`_run_schedule`)."""
+        return _run_schedule(*self.run)[2] if self.run else ()
 
     @property
     def bubble_fraction(self) -> float:
@@ -117,14 +125,85 @@ def simulated_schedule(schedule: str, stages: int, microbatches: int, forward: S
     if found is None:
         if len(_simulated_last) >= 16:
             _simulated_last.clear()
-        found = _simulated_last[key] = _run_schedule(schedule, stages, microbatches, key[3], key[4], virtual)
+        makespan, busy = _timed(*_steps(schedule, stages, microbatches, virtual, any(backward)), key[3], key[4])
+        found = _simulated_last[key] = Schedule(makespan, busy, key[:3] + (key[3], key[4], virtual))
     return found
 
 
+#: The last orders encoded (:func:`_steps`), by the schedule's shape: plans of the same shape and other lengths.
+_steps_last: dict[tuple, tuple] = {}
+
+
+def _steps(schedule: str, stages: int, microbatches: int, virtual: int, train: bool) -> tuple[int, tuple]:
+    """(J, each pipeline rank's order (:func:`_orders`) as ``(action, the action it needs or -1, length)``
+    numbers): action (virtual stage · J + microbatch) · 2 + (1 for a backward), J one more than the largest
+    microbatch ordered (an interleaved order of M < P names microbatches up to P − 1), length 2 · virtual stage +
+    (1 for a backward) into :func:`_timed`'s lengths."""
+    key = (schedule, stages, microbatches, virtual, train)
+    found = _steps_last.get(key)
+    if found is not None:
+        return found
+    last, orders = stages * virtual - 1, _orders(schedule, stages, microbatches, virtual, train)
+    m = 1 + max((j for order in orders for _, _, j in order), default=0)
+    out = []
+    for order in orders:
+        steps = []
+        for kind, vs, j in order:
+            if kind == "F":
+                steps.append(((vs * m + j) * 2, ((vs - 1) * m + j) * 2 if vs > 0 else -1, 2 * vs))
+            else:
+                steps.append(((vs * m + j) * 2 + 1, ((vs + 1) * m + j) * 2 + 1 if vs < last else (vs * m + j) * 2,
+                              2 * vs + 1))
+        out.append(steps)
+    if len(_steps_last) >= 8:
+        _steps_last.clear()
+    found = _steps_last[key] = (m, tuple(out))
+    return found
+
+
+def _timed(stride: int, steps: tuple[list[tuple], ...], forward: Sequence[float], backward: Sequence[float]
+           ) -> tuple[float, tuple[float, ...]]:
+    """(makespan, busy per pipeline rank) of :func:`_steps`' orders at these lengths: each rank runs as far as what
+    it needs is done, in turn. Each action's start and end are :func:`_run_schedule`'s, the same sums of the same
+    terms (an action's times depend only on those of its rank's previous action and of the action it needs, not on
+    the turn it is run in), and each rank's busy time the same sum in the same order."""
+    lengths = [0.0] * (2 * len(forward))
+    lengths[0::2], lengths[1::2] = map(float, forward), map(float, backward)
+    done: list[float | None] = [None] * (len(lengths) * stride)
+    stages = len(steps)
+    free, busy, nxt = [0.0] * stages, [0.0] * stages, [0] * stages
+    left = sum(len(s) for s in steps)
+    while left:
+        moved = 0
+        for s in range(stages):
+            order, i, t, b = steps[s], nxt[s], free[s], busy[s]
+            n = len(order)
+            while i < n:
+                action, need, li = order[i]
+                if need >= 0:
+                    d = done[need]
+                    if d is None:
+                        break
+                    if d > t:
+                        t = d
+                length = lengths[li]
+                t += length
+                done[action] = t
+                b += length
+                i += 1
+            moved += i - nxt[s]
+            nxt[s], free[s], busy[s] = i, t, b
+        if not moved:
+            raise RuntimeError("pipeline schedule deadlocked")  # an order above is wrong, not the user's input
+        left -= moved
+    return max(free), tuple(busy)
+
+
 def _run_schedule(schedule: str, stages: int, microbatches: int, forward: Sequence[float],
-                  backward: Sequence[float], virtual: int) -> Schedule:
-    """The simulation itself: in turn, each pipeline rank runs the next action of its order once what it needs is
-    done."""
+                  backward: Sequence[float], virtual: int) -> tuple[float, tuple[float, ...], tuple[Action, ...]]:
+    """The simulation itself, action by action (the reference :func:`_timed` is checked against, and the actions'
+    list): in turn, each pipeline rank runs the next action of its order once what it needs is done; (makespan,
+    busy per rank, actions)."""
     last = stages * virtual - 1
     orders = _orders(schedule, stages, microbatches, virtual, any(backward))
     done: dict[tuple[str, int, int], float] = {}
@@ -151,4 +230,4 @@ def _run_schedule(schedule: str, stages: int, microbatches: int, forward: Sequen
             moved = True
         if not moved:
             raise RuntimeError("pipeline schedule deadlocked")  # an order above is wrong, not the user's input
-    return Schedule(max(free), tuple(busy), tuple(actions))
+    return max(free), tuple(busy), tuple(actions)
