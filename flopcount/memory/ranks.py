@@ -304,15 +304,17 @@ def stage_states(report: Any, plan: ParallelPlan, expert_load: Any = None) -> li
     """Per pipeline stage, :class:`StageStates` of its ranks under ``plan`` without their walks (:func:`per_rank`'s
     refusals raised alike): the walk's peak adds to params + states + grads."""
     w, _, _ = _prepared(report, plan, expert_load)
-    g, mem = w.g, w.mem
+    g, mem, memo = w.g, w.mem, _memo(w.g)
+    if memo.held is None:  # each node's parameters and trained tensors, the graph's
+        memo.held = [(k, frozenset(names)) for k, n in enumerate(g.nodes) if (names := {
+            x.name for x in n.inputs if x is not None and (x.name in g.params or x.name in g.trainable)})]
     read: list[set[str]] = [set() for _ in range(plan.pp)]
-    for k, n in enumerate(g.nodes):
-        names = {x.name for x in n.inputs if x is not None and (x.name in g.params or x.name in g.trainable)}
-        for c in w.layout.chunks[k] if names else ():
+    for k, names in memo.held:
+        for c in w.layout.chunks[k]:
             read[c % plan.pp] |= names
-    training, out = mem.mode == "train", []
+    training, out, stored = mem.mode == "train", [], _stored(w)
     for names in read:
-        tensors = {name: w.stored_share(name) for name in names}
+        tensors = {name: stored.get(name) or stored.setdefault(name, w.stored_share(name)) for name in names}
         trained = sorted(g.trainable & names) if training else []
         shards = _zero_shards(plan, trained, tensors, w.reader, w.shard_div)
         states, _ = optimizer_bytes(mem.optimizer, [shards.optimizer.get(n, tensors[n]) for n in trained],
@@ -527,6 +529,8 @@ class _GraphMemo:
     names: dict[tuple[int, ...], list[str]] = field(default_factory=dict)
     sizes: dict[tuple, tuple[dict, dict, dict]] = field(default_factory=dict)
     walks: dict[tuple, dict] = field(default_factory=dict)
+    stored: dict[tuple, dict] = field(default_factory=dict)
+    held: list[tuple[int, frozenset[str]]] | None = None
 
 
 #: The :class:`_GraphMemo` of the last two graphs walked (a plan search walks each count's plans in turn).
@@ -551,6 +555,16 @@ def _sizes(memo: _GraphMemo, key: tuple) -> tuple[dict, dict, dict]:
             del memo.sizes[next(iter(memo.sizes))]
         memo.sizes[key] = ({}, {}, {})
     return memo.sizes[key]
+
+
+def _stored(w: "_PlanWalk") -> dict[str, TensorInfo]:
+    """The stored tensors' shares on a rank of ``w``'s plan (:meth:`_PlanWalk.stored_share`), as found: they read
+    tp (and the K/V heads it splits), ep and the FSDP shards only, whatever the stage or EP rank."""
+    p, stored = w.plan, _memo(w.g).stored
+    key = (p.tp, p.ep, p.dp * p.cp if p.fsdp else 0)
+    if key not in stored and len(stored) >= 4 * _KEPT_SIZES:
+        del stored[next(iter(stored))]
+    return stored.setdefault(key, {})
 
 
 def _sizes_key(w: "_PlanWalk", e: int) -> tuple:
@@ -618,9 +632,10 @@ def _rank(w: _PlanWalk, s: int, e: int, stage: _Stage, alltoall: int) -> PlanRan
     if stage.keep not in memo.names:
         memo.names[stage.keep] = stage.names(g)
     sizes = _sizes(memo, _sizes_key(w, e))  # stored, made, received: name → share
+    stored = _stored(w)
     for name in memo.names[stage.keep]:
         if name in g.stored:
-            found = sizes[0].get(name) or sizes[0].setdefault(name, w.stored_share(name))
+            found = stored.get(name) or stored.setdefault(name, w.stored_share(name))
         elif name in made:
             found = sizes[1].get(name)
             if found is None:
