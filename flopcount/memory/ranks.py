@@ -519,8 +519,9 @@ def _resized(info: TensorInfo, div: int, mul: int = 1) -> TensorInfo:
 class _GraphMemo:
     """What the walks of one graph under any plan share: each stored tensor's first reader, the K and V gathered
     under cp, each stage's :class:`_Stage` and its tensors in the walk's order (by its nodes), each tensor's share
-    on a rank (:func:`_sizes_key`: stored, made by the stage, or received) and each stage's walk structure
-    (:class:`~flopcount.memory.ledger.OnRank`'s ``structure``), found the first time asked."""
+    on a rank (stored: :func:`_stored`; made by the stage, received, and the nodes' statistics: :func:`_sizes_key`),
+    each stage's walk structure (:class:`~flopcount.memory.ledger.OnRank`'s ``structure``) and each node's
+    parameters and trained tensors (``held``), found the first time asked."""
 
     graph: Graph
     reader: dict[str, int] | None = None
@@ -568,11 +569,12 @@ def _stored(w: "_PlanWalk") -> dict[str, TensorInfo]:
 
 
 def _sizes_key(w: "_PlanWalk", e: int) -> tuple:
-    """Everything a tensor's share on EP rank ``e`` of ``w``'s plan reads besides the graph (the layout's roles,
-    layers and attention are the model's): tp (and K/V heads, the experts' inner nodes), sp, cp (the gathered K and
-    V), ep, the FSDP shards and this EP rank's share of each MoE layer's load."""
+    """Everything the share of a tensor a stage makes or receives (and of a node's statistics) on EP rank ``e`` of
+    ``w``'s plan reads besides the graph (the layout's roles, layers and attention are the model's): tp (and K/V
+    heads, the experts' inner nodes), sp, cp (the gathered K and V), ep and this EP rank's share of each MoE layer's
+    load; not the FSDP shards, which only the stored tensors' read (:func:`_stored`)."""
     p = w.plan
-    return (p.tp, p.sp, p.cp, p.ep, p.dp * p.cp if p.fsdp else 0, w.kv,
+    return (p.tp, p.sp, p.cp, p.ep, w.kv,
             tuple(sorted((layer, shares[e]) for layer, shares in w.fractions.items())))
 
 
@@ -631,7 +633,7 @@ def _rank(w: _PlanWalk, s: int, e: int, stage: _Stage, alltoall: int) -> PlanRan
     memo = _memo(g)
     if stage.keep not in memo.names:
         memo.names[stage.keep] = stage.names(g)
-    sizes = _sizes(memo, _sizes_key(w, e))  # stored, made, received: name → share
+    sizes = _sizes(memo, _sizes_key(w, e))  # statistics (position → saved), made, received (name → share)
     stored = _stored(w)
     for name in memo.names[stage.keep]:
         if name in g.stored:
@@ -656,8 +658,14 @@ def _rank(w: _PlanWalk, s: int, e: int, stage: _Stage, alltoall: int) -> PlanRan
         mul, div = w.scale(k, e)
         return -(-b * mul // div)
 
-    saved = {n.index: g.saved[n.index]._replace(extra=tuple((w, stat(k, b)) for w, b in g.saved[n.index].extra))
-             for k, n in zip(keep, nodes) if n.index in g.saved}
+    saved = {}
+    for k, n in zip(keep, nodes):
+        if n.index in g.saved:
+            found = sizes[0].get(k)
+            if found is None:
+                found = sizes[0][k] = g.saved[n.index]._replace(
+                    extra=tuple((w, stat(k, b)) for w, b in g.saved[n.index].extra))
+            saved[n.index] = found
     indexes = {n.index for n in nodes}
     sub = Graph(nodes, {k: f for k, f in g.grads.items() if k in indexes}, saved, tensors,
                 g.params & (read | unread.keys()), g.trainable & read, g.buffers & read, g.stored, stage.received,
