@@ -155,7 +155,7 @@ def _steps(schedule: str, stages: int, microbatches: int, virtual: int, train: b
                 steps.append(((vs * m + j) * 2 + 1, ((vs + 1) * m + j) * 2 + 1 if vs < last else (vs * m + j) * 2,
                               2 * vs + 1))
         out.append(steps)
-    if len(_steps_last) >= 32:
+    if len(_steps_last) >= 64:
         _steps_last.clear()
     found = _steps_last[key] = (m, tuple(out))
     return found
