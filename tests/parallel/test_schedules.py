@@ -51,3 +51,13 @@ def test_closed_forms(p, m):
         v = 2
         run = simulated_schedule("interleaved", p, m, [f / v] * (p * v), [b / v] * (p * v), v)
         assert run.makespan == pytest.approx((m + (p - 1) / v) * (f + b))
+
+
+@pytest.mark.parametrize("schedule,p,v,m,train,seed", list(_cases()))
+def test_numbered_orders_are_the_orders(schedule, p, v, m, train, seed):
+    """The orders :func:`_timed` runs, as numbers, are :func:`_orders`' (kind, virtual stage, microbatch)."""
+    from flopcount.parallel.schedules import _orders, _steps
+
+    stride, steps = _steps(schedule, p, m, v, train)
+    decoded = [[("B" if a & 1 else "F", (a >> 1) // stride, (a >> 1) % stride) for a in order] for order in steps]
+    assert decoded == _orders(schedule, p, m, v, train)
