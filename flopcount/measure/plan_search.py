@@ -25,9 +25,10 @@ What is shared between plans, exactly:
   the same chunks) or M. One walk per such key serves every plan that shares it: a plan's rank peak is the walk's
   with the other in-flight microbatches' activations held for its own schedule
   (:func:`flopcount.parallel.layout.in_flight`), as the per-rank ledger adds them;
-* a plan's data- and context-parallel replicas run the same work (the ledger lists them with equal figures), so the
-  prediction reads one of them per (stage, TP rank) and each node's seconds once per distinct share; only its point
-  (the best repeats: step, tokens per second, MFU) is predicted, which is all the ranking reads;
+* a plan's data- and context-parallel replicas run the same work (the ledger lists them with equal figures), so
+  without expert parallelism the FLOPs ledger lists data-parallel rank 0's ranks alone and the prediction reads
+  them, each node's seconds once per distinct share; only its point (the best repeats: step, tokens per second,
+  MFU) is predicted, which is all the ranking reads;
 * a ``zero1`` plan, and a ``zero2`` plan of M > 1, walks as its plan without ZeRO does but from a start larger by
   the difference of its optimizer states and gradients (:func:`flopcount.memory.ranks.stage_states`), with zero2's
   bucket held: its peak is that walk's so moved, where that walk's peak is not at the optimizer step (whose
@@ -180,20 +181,21 @@ class _Walks:
         return self.walked[self.key(c)]
 
 
-def _predicted(report: Any, c: Choice, profile: Any) -> tuple[Any, tuple]:
-    """(ledger, (step seconds, tokens per second, MFU) predicted) of ``c``; the prediction reads one data-parallel
-    replica per (stage, TP rank, CP rank) where the replicas are equal (no expert parallelism: an EP rank is drawn
-    from the data-parallel ranks), and its point only (:func:`flopcount.measure.predict.predict_point`)."""
+def _predicted(report: Any, c: Choice, profile: Any) -> tuple[tuple[int, int], tuple]:
+    """((the step's model FLOPs, all ranks; the busiest rank's hardware FLOPs), (step seconds, tokens per second,
+    MFU) predicted) of ``c``. Without expert parallelism (where an EP rank is drawn from the data-parallel ranks)
+    the data-parallel replicas run the same FLOPs and collectives: the ledger lists those of data-parallel rank 0
+    (:func:`flopcount.parallel.ranks.ledger`'s ``replicas``), the prediction reads them, and the model FLOPs are
+    theirs D times. Only the point is predicted (:func:`flopcount.measure.predict.predict_point`)."""
     from flopcount.parallel.plan import parse_recompute
     from flopcount.parallel.ranks import ledger
 
     from .predict import predict_point, work_of
 
-    led = ledger(report, c.plan, parse_recompute(c.recompute))
-    shown = led
-    if c.plan.ep == 1 and c.plan.dp > 1:
-        shown = dataclasses.replace(led, ranks=tuple(r for r in led.ranks if r.coords["dp"] == 0))
-    return led, predict_point(work_of(dataclasses.replace(report, parallel=shown)), profile)
+    led = ledger(report, c.plan, parse_recompute(c.recompute), replicas=c.plan.ep > 1)
+    times = 1 if c.plan.ep > 1 else c.plan.dp
+    flops = (times * sum(r.model_flops for r in led.ranks), max(r.hardware_flops for r in led.ranks))
+    return flops, predict_point(work_of(dataclasses.replace(report, parallel=led)), profile)
 
 
 def search(report_of: Callable[[int, str], Any], profile: Any, space: SpaceSettings,
@@ -231,13 +233,12 @@ def search(report_of: Callable[[int, str], Any], profile: Any, space: SpaceSetti
                                      None)
             continue
         try:
-            led, pred = _predicted(report_of(c.size, c.recompute), c, profile)
+            flops, pred = _predicted(report_of(c.size, c.recompute), c, profile)
         except FlopcountError as e:
             dropped[reason(e)] += 1
             continue
         found.append(Candidate(c.text, c.schedule, c.size, p.microbatches, c.recompute, *pred, peak,
-                               None if device_memory is None else device_memory - peak,
-                               sum(r.model_flops for r in led.ranks), max(r.hardware_flops for r in led.ranks)))
+                               None if device_memory is None else device_memory - peak, *flops))
     found.sort(key=lambda x: (-(x.tokens_per_second or 0.0), -(x.mfu or 0.0), x.parallel, x.microbatches))
     return Search(found, dropped, smallest, total)
 

@@ -416,7 +416,7 @@ def _rank_times(r: RankWork, profile: MachineProfile, which: str, out: list[str]
 
 
 def _step(work: Sequence[RankWork], profile: MachineProfile, plan: Mapping[str, Any], which: str,
-          out: list[str]) -> tuple[float, list[dict[str, Any]], Timeline | None]:
+          out: list[str], drawn: bool = True) -> tuple[float, list[dict[str, Any]], Timeline | None]:
     from flopcount.parallel.schedules import simulated_schedule
 
     m, p, v = plan["microbatches"], plan["pp"], plan["virtual"]
@@ -438,7 +438,8 @@ def _step(work: Sequence[RankWork], profile: MachineProfile, plan: Mapping[str, 
     if p > 1:
         run = simulated_schedule(plan["schedule"], p, m, tf, tb if train else [0.0] * len(tb), v)
         makespan, busy = run.makespan, run.busy
-        timeline = Timeline(makespan, run.actions, tuple((f, b if train else (0.0, 0.0, 0.0)) for f, b in parts))
+        if drawn:  # the actions listed (not for a point alone)
+            timeline = Timeline(makespan, run.actions, tuple((f, b if train else (0.0, 0.0, 0.0)) for f, b in parts))
     else:
         makespan, busy = m * (tf[0] + tb[0]), [m * (tf[0] + tb[0])]
     rows = []
@@ -551,7 +552,7 @@ def _rates(work: Work, profile: MachineProfile, step: float) -> tuple[float | No
 def predict_point(work: Work, profile: MachineProfile) -> tuple[float, float | None, float]:
     """(step seconds, tokens per second, MFU) of :func:`predict_work`'s point, at the best repeats, without its
     interval (the median repeats) or its rows: what a plan search ranks by."""
-    step, _, _ = _step(work.ranks, profile, work.plan, "best", [])
+    step, _, _ = _step(work.ranks, profile, work.plan, "best", [], drawn=False)
     return step, *_rates(work, profile, step)[:2]
 
 

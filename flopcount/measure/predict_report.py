@@ -213,6 +213,19 @@ def _optimizer_tensors(r: Any, report: Any, stages: Any,
     return tuple((tensors(m), n * frac) for m, _, n in rows if n * frac > 0)
 
 
+def _memoized(tensors: Callable[[str], int]) -> Callable[[str], int]:
+    """``tensors`` (:func:`_module_tensors`) found once per module: each rank of a stage reads its modules again."""
+    found: dict[str, int] = {}
+
+    def once(module: str) -> int:
+        n = found.get(module)
+        if n is None:
+            n = found[module] = tensors(module)
+        return n
+
+    return once
+
+
 def _optimizer_bytes(r: Any, led: Any, report: Any) -> float:
     if r.optimizer_flops is None or led.optimizer not in OPTIMIZER_TRAFFIC:
         return 0.0
@@ -254,7 +267,7 @@ def _ledger_work(report: Any) -> Work:
                        _gathered(report))
     stepped = any(r.optimizer_flops is not None for r in led.ranks)  # each rank's optimizer step reads these
     stages = layout_of(report, plan).stage_params(report.modules.params) if stepped else {}
-    tensors = _module_tensors(report)
+    tensors = _memoized(_module_tensors(report))
     ranks = []
     for r in led.ranks:
         chunks = by_place.get((r.stage, r.coords["tp"]), {})

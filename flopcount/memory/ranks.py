@@ -306,15 +306,17 @@ def stage_states(report: Any, plan: ParallelPlan, expert_load: Any = None) -> li
     """Per pipeline stage, :class:`StageStates` of its ranks under ``plan`` without their walks (:func:`per_rank`'s
     refusals raised alike): the walk's peak adds to params + states + grads."""
     w, _, _ = _prepared(report, plan, expert_load)
-    g, mem = w.g, w.mem
+    g, mem, memo = w.g, w.mem, _memo(w.g)
+    if memo.held is None:  # each node's parameters and trained tensors, the graph's
+        memo.held = [(k, frozenset(names)) for k, n in enumerate(g.nodes) if (names := {
+            x.name for x in n.inputs if x is not None and (x.name in g.params or x.name in g.trainable)})]
     read: list[set[str]] = [set() for _ in range(plan.pp)]
-    for k, n in enumerate(g.nodes):
-        names = {x.name for x in n.inputs if x is not None and (x.name in g.params or x.name in g.trainable)}
-        for c in w.layout.chunks[k] if names else ():
+    for k, names in memo.held:
+        for c in w.layout.chunks[k]:
             read[c % plan.pp] |= names
-    training, out = mem.mode == "train", []
+    training, out, stored = mem.mode == "train", [], _stored(w)
     for names in read:
-        tensors = {name: w.stored_share(name) for name in names}
+        tensors = {name: stored.get(name) or stored.setdefault(name, w.stored_share(name)) for name in names}
         trained = sorted(g.trainable & names) if training else []
         shards = _zero_shards(plan, trained, tensors, w.reader, w.shard_div)
         states, _ = optimizer_bytes(mem.optimizer, [shards.optimizer.get(n, tensors[n]) for n in trained],
@@ -519,8 +521,9 @@ def _resized(info: TensorInfo, div: int, mul: int = 1) -> TensorInfo:
 class _GraphMemo:
     """What the walks of one graph under any plan share: each stored tensor's first reader, the K and V gathered
     under cp, each stage's :class:`_Stage` and its tensors in the walk's order (by its nodes), each tensor's share
-    on a rank (:func:`_sizes_key`: stored, made by the stage, or received) and each stage's walk structure
-    (:class:`~flopcount.memory.ledger.OnRank`'s ``structure``), found the first time asked."""
+    on a rank (stored: :func:`_stored`; made by the stage, received, and the nodes' statistics: :func:`_sizes_key`),
+    each stage's walk structure (:class:`~flopcount.memory.ledger.OnRank`'s ``structure``) and each node's
+    parameters and trained tensors (``held``), found the first time asked."""
 
     graph: Graph
     reader: dict[str, int] | None = None
@@ -530,6 +533,8 @@ class _GraphMemo:
     sizes: dict[tuple, tuple[dict, dict, dict]] = field(default_factory=dict)
     walks: dict[tuple, dict] = field(default_factory=dict)
     sp_whole: frozenset[str] | None = None  # sp=torch's gathered inputs and the storages they view
+    stored: dict[tuple, dict] = field(default_factory=dict)
+    held: list[tuple[int, frozenset[str]]] | None = None
 
 
 #: The :class:`_GraphMemo` of the last two graphs walked (a plan search walks each count's plans in turn).
@@ -556,12 +561,23 @@ def _sizes(memo: _GraphMemo, key: tuple) -> tuple[dict, dict, dict]:
     return memo.sizes[key]
 
 
+def _stored(w: "_PlanWalk") -> dict[str, TensorInfo]:
+    """The stored tensors' shares on a rank of ``w``'s plan (:meth:`_PlanWalk.stored_share`), as found: they read
+    tp (and the K/V heads it splits), ep and the FSDP shards only, whatever the stage or EP rank."""
+    p, stored = w.plan, _memo(w.g).stored
+    key = (p.tp, p.ep, p.dp * p.cp if p.fsdp else 0)
+    if key not in stored and len(stored) >= 4 * _KEPT_SIZES:
+        del stored[next(iter(stored))]
+    return stored.setdefault(key, {})
+
+
 def _sizes_key(w: "_PlanWalk", e: int) -> tuple:
-    """Everything a tensor's share on EP rank ``e`` of ``w``'s plan reads besides the graph (the layout's roles,
-    layers and attention are the model's): tp (and K/V heads, the experts' inner nodes), sp, cp (the gathered K and
-    V), ep, the FSDP shards and this EP rank's share of each MoE layer's load."""
+    """Everything the share of a tensor a stage makes or receives (and of a node's statistics) on EP rank ``e`` of
+    ``w``'s plan reads besides the graph (the layout's roles, layers and attention are the model's): tp (and K/V
+    heads, the experts' inner nodes), sp, cp (the gathered K and V), ep and this EP rank's share of each MoE layer's
+    load; not the FSDP shards, which only the stored tensors' read (:func:`_stored`)."""
     p = w.plan
-    return (p.tp, p.sp, p.sp_style, p.cp, p.ep, p.dp * p.cp if p.fsdp else 0, w.kv,
+    return (p.tp, p.sp, p.sp_style, p.cp, p.ep, w.kv,
             tuple(sorted((layer, shares[e]) for layer, shares in w.fractions.items())))
 
 
@@ -609,22 +625,21 @@ def _zero_shards(plan: ParallelPlan, trained, tensors: Mapping[str, TensorInfo],
     return Shards(shares if plan.zero2 else {}, shares, counters)
 
 
-def _rank(w: _PlanWalk, s: int, e: int, stage: _Stage, alltoall: int) -> PlanRankMemory:
-    """The figures of the ranks of stage ``s`` (its walk ``stage``) and EP rank ``e``, whose all_to_all buffers are
-    ``alltoall`` bytes."""
-    layout, g, mem, settings, reader, gathered = w.layout, w.g, w.mem, w.settings, w.reader, w.gathered
-    plan, shard_div = layout.plan, w.shard_div
-    keep, made, read = stage.keep, stage.made, stage.read
-    nodes = [g.nodes[k] for k in keep]
-    tensors: dict[str, TensorInfo] = dict(unread := _unread(g, reader, plan) if s == 0 else {})  # on the first stage
+def _stage_tensors(w: _PlanWalk, e: int, stage: _Stage, nodes: list, sizes: tuple,
+                   unread: Mapping[str, TensorInfo]) -> dict[str, TensorInfo]:
+    """Each tensor of ``stage``'s walk on EP rank ``e`` of ``w``'s plan at its share on the rank: the stored tensors'
+    (:func:`_stored`), what the stage makes and receives (``sizes``: :func:`_sizes`), the first stage's unread
+    parameters (``unread``) whole, and a view that keeps every element at its input's share."""
+    g, plan, gathered, made = w.g, w.layout.plan, w.gathered, stage.made
+    tensors: dict[str, TensorInfo] = dict(unread)
     memo = _memo(g)
     if stage.keep not in memo.names:
         memo.names[stage.keep] = stage.names(g)
-    sizes = _sizes(memo, _sizes_key(w, e))  # stored, made, received: name → share
+    stored = _stored(w)
     kept_whole = _kept_whole(w)  # sp=torch's gathered inputs
     for name in memo.names[stage.keep]:
         if name in g.stored:
-            found = sizes[0].get(name) or sizes[0].setdefault(name, w.stored_share(name))
+            found = stored.get(name) or stored.setdefault(name, w.stored_share(name))
         elif name in made:
             found = sizes[1].get(name)
             if found is None:
@@ -641,13 +656,33 @@ def _rank(w: _PlanWalk, s: int, e: int, stage: _Stage, alltoall: int) -> PlanRan
         if n.op_type in _SAME_SIZE and src in tensors and n.outputs and n.outputs[0] is not None:
             shape = tensors[src].shape
             tensors[n.outputs[0].name] = TensorInfo(n.outputs[0].name, n.outputs[0].elem_type, shape)
+    return tensors
+
+
+def _rank(w: _PlanWalk, s: int, e: int, stage: _Stage, alltoall: int) -> PlanRankMemory:
+    """The figures of the ranks of stage ``s`` (its walk ``stage``) and EP rank ``e``, whose all_to_all buffers are
+    ``alltoall`` bytes."""
+    layout, g, mem, settings, reader, gathered = w.layout, w.g, w.mem, w.settings, w.reader, w.gathered
+    plan, shard_div = layout.plan, w.shard_div
+    keep, read = stage.keep, stage.read
+    nodes = [g.nodes[k] for k in keep]
+    unread = _unread(g, reader, plan) if s == 0 else {}  # on the first stage
+    memo = _memo(g)
+    sizes = _sizes(memo, _sizes_key(w, e))  # statistics (position → saved), made, received (name → share)
+    tensors = _stage_tensors(w, e, stage, nodes, sizes, unread)
 
     def stat(k: int, b: int) -> int:
         mul, div = w.scale(k, e)
         return -(-b * mul // div)
 
-    saved = {n.index: g.saved[n.index]._replace(extra=tuple((w, stat(k, b)) for w, b in g.saved[n.index].extra))
-             for k, n in zip(keep, nodes) if n.index in g.saved}
+    saved = {}
+    for k, n in zip(keep, nodes):
+        if n.index in g.saved:
+            found = sizes[0].get(k)
+            if found is None:
+                found = sizes[0][k] = g.saved[n.index]._replace(
+                    extra=tuple((w, stat(k, b)) for w, b in g.saved[n.index].extra))
+            saved[n.index] = found
     indexes = {n.index for n in nodes}
     sub = Graph(nodes, {k: f for k, f in g.grads.items() if k in indexes}, saved, tensors,
                 g.params & (read | unread.keys()), g.trainable & read, g.buffers & read, g.stored, stage.received,

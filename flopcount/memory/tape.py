@@ -49,6 +49,7 @@ class Tape:
         self._index: dict[tuple[str, str | int], int] = {}
         self._plus: list[int] = []
         self._minus: list[int] = []
+        self._flat: _Flat | None = None
 
     def term(self, kind: str, key: str | int) -> int:
         """The index of the term: ``kind`` "bytes" of a name, "grad" of a parameter, "extra" of a node index."""
@@ -56,6 +57,7 @@ class Tape:
         if i is None:
             i = self._index[(kind, key)] = len(self.terms)
             self.terms.append((kind, key))
+            self._flat = None
         return i
 
     def add(self, name: str, sign: int = 1) -> None:
@@ -71,6 +73,7 @@ class Tape:
         """End the stretch at a mark at ``node`` (None: the walk's end)."""
         self.stretches.append((tuple(self._plus), tuple(self._minus)))
         self._plus, self._minus = [], []
+        self._flat = None
         if node is not None:
             self.nodes.append(node)
 
@@ -78,7 +81,27 @@ class Tape:
                extra: Mapping[int, int]) -> None:
         """Walk again on these sizes: ``nbytes`` of a name, ``grad_size`` of a parameter's gradient, ``extra``
         node index → its statistics' bytes. The peak is the walk's: the most alive at a mark if more than
-        ``w``'s peak, at the first mark it is reached."""
+        ``w``'s peak, at the first mark it is reached. The bytes alive after each stretch are the start's plus
+        what every stretch up to it added, less what they freed (:class:`_Flat`'s running sums): integers, so
+        the same as stretch by stretch (:meth:`replay_stepwise`)."""
+        flat = self._flat or self._flattened()
+        values = list(map(nbytes, flat.keys[0]))
+        values += map(grad_size, flat.keys[1])
+        values += map(extra.__getitem__, flat.keys[2])
+        added = list(accumulate(map(values.__getitem__, flat.plus), initial=0))
+        freed = list(accumulate(map(values.__getitem__, flat.minus), initial=0))
+        start = w.live
+        marked = [start + added[a] - freed[b] for a, b in zip(flat.plus_ends[:len(self.nodes)],
+                                                              flat.minus_ends[:len(self.nodes)])]
+        top = max(marked, default=w.peak)
+        if top > w.peak:
+            w.peak, w.phase, w.node = top, self.phase, self.nodes[marked.index(top)]
+        w.live = start + added[-1] - freed[-1]
+
+    def replay_stepwise(self, w: Walk, nbytes: Callable[[str], int], grad_size: Callable[[str], int],
+                        extra: Mapping[int, int]) -> None:
+        """:meth:`replay` stretch by stretch: each stretch's sum added to the bytes alive in turn (the reference
+        :meth:`replay` is checked against)."""
         of = {"bytes": nbytes, "grad": grad_size, "extra": extra.__getitem__}
         get = [of[kind](key) for kind, key in self.terms].__getitem__
         lives = list(accumulate((sum(map(get, plus)) - sum(map(get, minus)) for plus, minus in self.stretches),
@@ -88,3 +111,36 @@ class Tape:
         if top > w.peak:
             w.peak, w.phase, w.node = top, self.phase, self.nodes[marked.index(top)]
         w.live = lives[-1]
+
+    def _flattened(self) -> "_Flat":
+        """The record as :class:`_Flat` (found at the first replay; a term or mark after it finds it again)."""
+        kinds = ("bytes", "grad", "extra")
+        order = sorted(range(len(self.terms)), key=lambda i: kinds.index(self.terms[i][0]))  # stable: by kind
+        place = [0] * len(self.terms)
+        for new, old in enumerate(order):
+            place[old] = new
+        keys = tuple([self.terms[i][1] for i in order if self.terms[i][0] == kind] for kind in kinds)
+        plus: list[int] = []
+        minus: list[int] = []
+        plus_ends: list[int] = []
+        minus_ends: list[int] = []
+        for p, m in self.stretches:
+            plus += (place[i] for i in p)
+            minus += (place[i] for i in m)
+            plus_ends.append(len(plus))
+            minus_ends.append(len(minus))
+        self._flat = _Flat(keys, plus, minus, plus_ends, minus_ends)
+        return self._flat
+
+
+@dataclass(frozen=True)
+class _Flat:
+    """A :class:`Tape` flattened for its replay: the terms' keys by kind (bytes, grad, extra; their values listed
+    in that order), every stretch's added and freed terms one after another (as places in that list), and after
+    each stretch how many of each have been."""
+
+    keys: tuple[list, list, list]
+    plus: list[int]
+    minus: list[int]
+    plus_ends: list[int]
+    minus_ends: list[int]

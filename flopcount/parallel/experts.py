@@ -148,9 +148,19 @@ def exchange_bytes(vec: int, ep: int, share: tuple[int, int], dispatches: int, c
     return dispatches * vec + combines * (ep * vec * num // den)
 
 
+#: The last scopes :func:`moe_blocks` read (a tuple, by identity: a report's, which a plan search checks once a plan)
+#: and their blocks.
+_last_blocks: list = []
+
+
 def moe_blocks(scopes: Sequence[Sequence[str]]) -> set[str]:
     """The module paths of the routed MoE blocks: the parents of ``experts`` scopes."""
-    return {m.group(1) for sc in scopes for s in sc for m in [_EXPERTS.match(s)] if m}
+    if _last_blocks and _last_blocks[0] is scopes:
+        return set(_last_blocks[1])
+    found = {m.group(1) for sc in scopes for s in sc for m in [_EXPERTS.match(s)] if m}
+    if isinstance(scopes, tuple):  # not changed once made
+        _last_blocks[:] = [scopes, frozenset(found)]
+    return found
 
 
 def is_expert(scope: Sequence[str]) -> bool:

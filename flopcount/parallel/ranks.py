@@ -356,11 +356,13 @@ def _shares_of(report: Any, plan: ParallelPlan, recompute: Recompute):
 
 
 def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
-           expert_load: px.ExpertLoad | None = None) -> ParallelLedger:
+           expert_load: px.ExpertLoad | None = None, replicas: bool = True) -> ParallelLedger:
     """The per-rank ledger of ``report`` (a counted :class:`~flopcount.reporting.report.Report` of one microbatch) under
     ``plan``; :class:`~flopcount.errors.UsageError` (exit 2) when a degree does not divide what it splits, a part
     of the plan is not modelled yet, or the model's scopes are not those of a decoder. ``expert_load``: the
-    routing histogram of a MoE model (:func:`flopcount.parallel.experts.load_expert_load`), balanced if None."""
+    routing histogram of a MoE model (:func:`flopcount.parallel.experts.load_expert_load`), balanced if None.
+    ``replicas=False``: without expert parallelism, the ranks of data-parallel rank 0 only (the others run the
+    same FLOPs and collectives; a plan search reads one of them)."""
     d, shares, has_loss, per_stage, train, recompute = plan_shares(report, plan, recompute)
     t, p, m, c_, e_ = plan.tp, plan.pp, plan.microbatches, plan.cp, plan.ep
     load = expert_load or px.ExpertLoad(None)
@@ -394,7 +396,7 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
     rows = layout.stage_params(report.modules.params) if note is None else {}
     ranks = []
     for s in range(p):
-        for dp in range(plan.dp):
+        for dp in range(plan.dp if replicas or e_ > 1 else 1):
             for cp in range(c_):
                 group, ep = px.ep_coords(dp, cp, plan)
                 members = px.ep_members(group, plan)  # the group's CP ranks

@@ -92,6 +92,24 @@ def test_sum_over_ranks_is_the_whole_count(report, text, m, recompute):
         assert all(r.redundant_flops > 0 for r in led.ranks if r.coords["tp"] > 0)  # norms, embedding
 
 
+@pytest.mark.parametrize("text, m, recompute", [
+    pytest.param("dp=4", 2, "none", id="dp4"),
+    pytest.param("tp=2,pp=2,dp=2,zero2", 4, "selective", id="tp2-pp2-dp2-zero2"),
+    pytest.param("tp=2,sp,dp=3,fsdp", 2, "full", id="tp2-sp-dp3-fsdp"),
+    pytest.param("cp=2,dp=3,zero1", 3, "none", id="cp2-dp3-zero1"),
+])
+def test_data_parallel_rank_0_alone(report, text, m, recompute):
+    """``replicas=False`` (what a plan search reads): the ranks of data-parallel rank 0 of the whole ledger, the same
+    figures and collectives, and the whole ledger's model FLOPs D times theirs."""
+    p = plan(text, m, "gpipe" if "pp" in text else "1f1b")
+    whole = ledger(report, p, parse_recompute(recompute))
+    alone = ledger(report, p, parse_recompute(recompute), replicas=False)
+    assert alone.ranks == tuple(r for r in whole.ranks if r.coords["dp"] == 0)
+    assert len(alone.ranks) * p.dp == len(whole.ranks)
+    assert p.dp * sum(r.model_flops for r in alone.ranks) == sum(r.model_flops for r in whole.ranks)
+    assert max(r.hardware_flops for r in alone.ranks) == max(r.hardware_flops for r in whole.ranks)
+
+
 def test_sequence_parallel_splits_the_norms(report):
     scopes = report.modules.nodes
     norms = sum(n.cost.flops for n, sc in zip(report.nodes, scopes) if sc and sc[-1].endswith("norm"))
