@@ -273,7 +273,8 @@ CAUSAL = ("aten.where: the decoder's causal masks made in the forward", decoder_
 #: (family, attention) → what torch keeps beyond the ledger's activations (negative: less): each entry the op that
 #: keeps it and its bytes in closed form of the family's configuration.
 DIFFERS: dict[tuple[str, str], tuple[tuple[str, Callable], ...]] = {
-    **{(name, attn): (MOE,) for name in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe") for attn in ATTENTIONS},
+    **{(name, attn): (MOE,) for name in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3")
+       for attn in ATTENTIONS},
     **{("granitemoe", attn): (MOE, WEIGHTS) for attn in ATTENTIONS},
     **{(name, "sdpa"): (MASKED,) for name in ("mistral", "cohere2", "gemma3_text")},
     ("phi3", "sdpa"): (COPY,),
@@ -300,10 +301,6 @@ PENDING_MEMORY = {
                       "export's branch run eagerly (test_architecture_sweep.exporting) the ledger still keeps more: "
                       "each of the substitution's 63 row writes is a whole [B, heads, 64, 64] ScatterND output in "
                       "the graph (131,072 B, kept), where torch writes the rows in place",
-        "deepseek_v3": "torch keeps 72 B more than the ledger (eager and sdpa): grouped_mm's sort (688 B), less "
-                       "616 B the ledger keeps and torch frees before the forward ends: the group-limited router's "
-                       "top-k indices [T, groups, 2] and [T, 1] (int64) and its bool mask [T, experts], on a branch "
-                       "of which only the top-k's indices are read on (no gradient reaches it)",
         "jamba": "the activations are torch's with DIFFERS' two named (grouped_mm's sort, the scan's initial "
                  "state), but the ledger's peak is 59,400 B (2.8%) below MemTracker's (eager: 2,051,316 for "
                  "2,110,716), in the backward of the recurrent scan's selects (the ledger's peak node): torch's "
