@@ -584,11 +584,14 @@ def _backward(g: Graph, st: _Storages, h: _Holds, accumulated: bool) -> Tape:
     for r in sorted(r for rs in h.unit_outputs.values() for r in rs):
         w.term("bytes", r)  # sized whether or not the unit's backward runs
     grad_of: dict[str, str] = {}  # a gradient alive → the name whose bytes it has
+    held = set()  # a scalar output's seed gradient: torch.autograd.backward holds it until the backward returns
     for n in g.nodes:  # the seed gradients of the graph's outputs that need one
         for t in n.outputs:
             if n.index in g.grads and t is not None and t.name in g.outputs and t.is_float:
                 grad_of[t.name] = t.name
                 w.add(t.name)
+                if t.shape is not None and not any(d != 1 for d in t.shape):
+                    held.add(t.name)
 
     def release(r: str) -> None:
         if r in alive and not pending.get(r) and not unit_holds.get(r) and r not in persistent:
@@ -608,11 +611,20 @@ def _backward(g: Graph, st: _Storages, h: _Holds, accumulated: bool) -> Tape:
                 w.extra(k)
             for r in h.unit_outputs.get(u, ()):  # a whole rerun makes the outputs anew too
                 w.add(r)
-        _input_grads(g, st, n, w, grad_of, param_grads)
+        sums = _input_grads(g, st, n, w, grad_of, param_grads)
         w.mark(n.name)
         for t in n.outputs:
-            if t is not None and t.name in grad_of:
+            if t is not None and t.name in grad_of and grad_of[t.name] not in held:
                 w.add(grad_of.pop(t.name), -1)
+        if sums:  # torch's engine adds each into the gradient made before, out of place
+            for into, given, counted in sums:
+                if not counted:
+                    w.add(given)
+                w.add(into)
+            w.mark(n.name)
+            for into, given, _counted in sums:
+                w.add(into, -1)
+                w.add(given, -1)
         if n.index in g.saved:
             w.extra(n.index, -1)
         for r in kept_by.get(n.index, ()):
@@ -624,15 +636,24 @@ def _backward(g: Graph, st: _Storages, h: _Holds, accumulated: bool) -> Tape:
             for r in h.unit_inputs.get(u, ()):
                 unit_holds[r] -= 1
                 release(r)
+    for r in held:
+        w.add(r, -1)
     w.mark(None)
     return w
 
 
 def _input_grads(g: Graph, st: _Storages, n: NodeCount, w: Tape, grad_of: dict[str, str],
-                 param_grads: set[str]) -> None:
+                 param_grads: set[str]) -> list[tuple[str, str, bool]]:
     """Allocate the gradients node ``n``'s backward produces: a parameter's once, kept to the step; an activation's
-    once, however many consumers add to it; a view's input gradient is its output gradient, viewed."""
+    once, however many consumers add to it; a view's input gradient is its output gradient, viewed. Return the
+    gradients to add into one another consumer made before, each (the bytes' name of that one, of the one given,
+    whether the one given is on the walk already): torch's engine adds them after the node's backward has returned
+    (its output gradients freed) as ``old + new``, a third tensor, then frees the two. The one given is a new
+    tensor made by the node's backward (alive at its mark), the output's gradient itself where the backward passes
+    it on (:func:`_passes_gradient`: freed with the output's gradients, so counted again), or a view's output
+    gradient, viewed."""
     flags = g.grads[n.index]
+    sums = []
     for i, t in enumerate(n.inputs):
         if i >= len(flags) or not flags[i] or t is None or not t.name:
             continue
@@ -647,12 +668,28 @@ def _input_grads(g: Graph, st: _Storages, n: NodeCount, w: Tape, grad_of: dict[s
                 and n.outputs[0].name in grad_of:
             viewed = grad_of.pop(n.outputs[0].name)
             if t.name in grad_of:  # added into the gradient another consumer made
-                w.add(viewed, -1)
+                sums.append((grad_of[t.name], viewed, True))
             else:
                 grad_of[t.name] = viewed
         elif t.name not in grad_of:
             grad_of[t.name] = t.name
             w.add(t.name)
+        elif _passes_gradient(n, i):
+            sums.append((grad_of[t.name], t.name, False))
+        else:
+            sums.append((grad_of[t.name], t.name, True))
+            w.add(t.name)
+    return sums
+
+
+def _passes_gradient(n: NodeCount, i: int) -> bool:
+    """Whether input ``i``'s gradient from ``n``'s backward is the output's gradient itself (no new tensor): an
+    Add's input of the output's shape, a Sub's first (torch's add and sub backward return the gradient as given)."""
+    if n.domain != "" or not n.outputs or n.outputs[0] is None or (n.op_type, i) not in (("Add", 0), ("Add", 1),
+                                                                                       ("Sub", 0)):
+        return False
+    t = n.inputs[i]
+    return t is not None and t.shape is not None and tuple(t.shape) == tuple(n.outputs[0].shape or ())
 
 
 def recompute_units(policy: Recompute, nodes: Sequence[NodeCount], scopes: Sequence[tuple[str, ...]],

@@ -301,12 +301,6 @@ PENDING_MEMORY = {
                       "export's branch run eagerly (test_architecture_sweep.exporting) the ledger still keeps more: "
                       "each of the substitution's 63 row writes is a whole [B, heads, 64, 64] ScatterND output in "
                       "the graph (131,072 B, kept), where torch writes the rows in place",
-        "jamba": "the activations are torch's with DIFFERS' two named (grouped_mm's sort, the scan's initial "
-                 "state), but the ledger's peak is 59,400 B (2.8%) below MemTracker's (eager: 2,051,316 for "
-                 "2,110,716), in the backward of the recurrent scan's selects (the ledger's peak node): torch's "
-                 "select_backward makes a whole [B, intermediate, S, state] gradient per step (57,344 B) that "
-                 "exists until it is added into the one before, where the ledger allocates an activation's "
-                 "gradient once however many consumers add to it: not yet modelled",
     }.items() for attn in ATTENTIONS},
 }
 
