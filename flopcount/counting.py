@@ -319,7 +319,7 @@ def _trained(graph: _Graph, plan: "TrainingPlan", forward: _Forward, options: Co
 def _memory(settings, graph: _Graph, forward: _Forward, trained: _Trained | None, options: CountOptions):
     """The memory ledger of the counted nodes (:func:`flopcount.memory.counted.account`)."""
     from .memory.counted import Counted, account
-    from .memory.ledger import attention_cores, recompute_units
+    from .memory.units import attention_cores, recompute_units
 
     index, res, m, walk = graph.index, graph.res, graph.model, forward.walk
     conv, opsets, attributes = walk.convention, graph.opsets, graph.attributes

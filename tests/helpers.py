@@ -276,7 +276,9 @@ def saving(module) -> Iterator[dict[int, int]]:
     for a call of one's own (keyword inputs, a loss made of the outputs). A storage counts where a tensor saved in
     it is still kept when the block ends: one saved by a node torch has freed by then (a branch whose outputs reach
     no loss, as a router's top-k of which only the indices are read on) is not kept, and its address may be taken
-    again by another storage."""
+    again by another storage. What is packed is the tensor detached (the same storage): a node that saves its own
+    output would otherwise hold the output's Python tensor, which holds the node (a reference cycle that keeps a
+    dead branch's exp alive past the forward, where torch alone frees it)."""
     import weakref
 
     import torch
@@ -288,6 +290,7 @@ def saving(module) -> Iterator[dict[int, int]]:
     def pack(t):
         s = t.untyped_storage()
         if s.data_ptr() not in stored:
+            t = t.detach()
             packed.append((s.data_ptr(), s.nbytes(), weakref.ref(t)))
         return t
 

@@ -2,6 +2,7 @@
 the contract.
 
 * :mod:`.ledger` the memory ledger of one step: a liveness walk over a counted report's nodes (``--memory``)
+* :mod:`.units` the recompute units: which nodes a policy runs again, grouped as a checkpoint wraps them
 * :mod:`.tape` a liveness walk's record apart from the sizes, replayed at each rank's sizes (a plan search's
   ranks of one stage)
 * :mod:`.counted` what a count hands the ledger, and its saved-for-backward rules applied before the walk

@@ -652,6 +652,56 @@ def _slice_writes(nodes: Sequence[NodeCount], ix: _Index, saved: Mapping[int, Sa
     return out
 
 
+#: The exporters' writes into a slice or an element of a tensor (``x[..., i, :i] = y``, ``x[idx] = y``): one node
+#: whose output is its data input written, which torch writes in place.
+_WRITES = frozenset({"ScatterND", "ScatterElements"})
+#: Views of a tensor as the walk reads them (:data:`flopcount.memory.ledger.VIEWS`, without Expand: an expanded
+#: tensor is read whole).
+_VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose", "Slice", "Split"})
+
+
+def _written_over(nodes: Sequence[NodeCount], ix: _Index, saved: Mapping[int, Saved], views: set[str],
+                  copies: set[str]) -> set[str]:
+    """The kept views of a tensor that is written in place afterwards: copies in torch. A write into a slice of x
+    (``x[..., i, :i] = y``) is in place in torch, where the exporter writes a Scatter whose data input is x as it
+    was; a view of that x which a backward keeps cannot be a view in the program that ran (autograd refuses a saved
+    tensor whose storage was written after it was saved), so the program copied it (``x[..., i, :i].clone()``, a
+    copy the exporter drops): it keeps its own elements, not x's storage. ``views``, ``copies``: the layout's
+    (:class:`_Layout`), updated; returns the names made copies."""
+    written = {n.inputs[0].name for n in nodes if n.op_type in _WRITES and n.domain in ("", "ai.onnx") and n.inputs
+               and n.inputs[0] is not None}
+    made: set[str] = set()
+    if not written:
+        return made
+    for n in nodes:
+        s = saved.get(n.index)
+        if s is None:
+            continue
+        kept = [n.inputs[i] for i in s.inputs if i < len(n.inputs)] + [n.outputs[i] for i in s.outputs
+                                                                         if i < len(n.outputs)]
+        for t in kept:
+            if t is None or not t.name or not _is_view(ix, t, views, copies):
+                continue
+            seen, chain = t, 0
+            while _is_view(ix, seen, views, copies) and chain < 64:
+                seen, chain = ix.producer[seen.name].inputs[0], chain + 1
+                if seen is None or seen.name in written:
+                    break
+            if seen is not None and seen.name in written:
+                made.add(t.name)
+    views.difference_update(made)
+    copies.update(made)
+    return made
+
+
+def _is_view(ix: _Index, t: TensorInfo, views: set[str], copies: set[str]) -> bool:
+    """Whether ``t`` is a view of its producer's first input in torch (see :class:`_Layout`)."""
+    n = ix.producer.get(t.name)
+    if n is None or not n.inputs or n.inputs[0] is None or n.domain not in ("", "ai.onnx"):
+        return False
+    return t.name in views or (n.op_type in _VIEW_OPS and t.name not in copies)
+
+
 def _losses(nodes: Sequence[NodeCount], saved: Mapping[int, Saved], out: Mapping[int, Saved], attributes
             ) -> dict[int, Saved]:
     """A reduced loss keeps its total weight besides (a scalar of the input's type), as torch's ``nll_loss``."""
@@ -692,6 +742,8 @@ def kernels(nodes: Sequence[NodeCount], saved: Mapping[int, Saved], stored: froz
     # a fused kernel writes its output in Q's layout ([B, S, heads, d] transposed where Q is so)
     layout = _Layout(nodes, ix, attributes, {a.out.outputs[0].name: a.q[0].inputs[a.q[1]] for a in fused
                                              if a.out.outputs[0] is not None and a.out.outputs[0].is_static})
+    if made := _written_over(nodes, ix, saved, layout.views, layout.copies):
+        found["a kept view of a tensor written after (a copy)"] = len(made)
     for a in fused:
         out.update(_fused(a, ix, saved, frozenset(layout.copies)))
     if fused:

@@ -29,19 +29,19 @@ import functools
 import gc
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Collection, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..context import TensorInfo
 from ..errors import UsageError
-from ..parallel.plan import DEVICES, IMPLEMENTATIONS, ParallelPlan, Recompute, check_recompute_ops, parse_recompute
+from ..parallel.plan import DEVICES, IMPLEMENTATIONS, ParallelPlan, Recompute, parse_recompute
 from ..reporting.report import NodeCount, element_bits, tensor_bytes
 from ..saved import Saved
 from .sizes import parse_size
 from .tape import Tape, Walk
 
 __all__ = [
-    "IMPLEMENTATIONS", "INPUTS", "OPTIMIZER_STATES", "Graph", "Memory", "MemorySettings", "OnRank", "RankMemory", "attention_cores", "ledger",
-    "held_bytes", "module_activations", "optimizer_bytes", "recompute_units", "Shards", "with_params", "without_cyclic_gc",
+    "IMPLEMENTATIONS", "INPUTS", "OPTIMIZER_STATES", "Graph", "Memory", "MemorySettings", "OnRank", "RankMemory", "ledger",
+    "held_bytes", "module_activations", "optimizer_bytes", "Shards", "with_params", "without_cyclic_gc",
 ]
 
 
@@ -591,12 +591,7 @@ def _backward(g: Graph, st: _Storages, h: _Holds, accumulated: bool) -> Tape:
     alive = {r for r in h.holders if r not in h.recomputed}.union(*h.unit_inputs.values())
     for r in sorted(r for rs in h.unit_outputs.values() for r in rs):
         w.term("bytes", r)  # sized whether or not the unit's backward runs
-    grad_of: dict[str, str] = {}  # a gradient alive → the name whose bytes it has
-    for n in g.nodes:  # the seed gradients of the graph's outputs that need one
-        for t in n.outputs:
-            if n.index in g.grads and t is not None and t.name in g.outputs and t.is_float:
-                grad_of[t.name] = t.name
-                w.add(t.name)
+    grad_of, held = _seed_gradients(g, w)
 
     def release(r: str) -> None:
         if r in alive and not pending.get(r) and not unit_holds.get(r) and r not in persistent:
@@ -616,11 +611,12 @@ def _backward(g: Graph, st: _Storages, h: _Holds, accumulated: bool) -> Tape:
                 w.extra(k)
             for r in h.unit_outputs.get(u, ()):  # a whole rerun makes the outputs anew too
                 w.add(r)
-        _input_grads(g, st, n, w, grad_of, param_grads)
+        sums = _input_grads(g, st, n, w, grad_of, param_grads)
         w.mark(n.name)
         for t in n.outputs:
-            if t is not None and t.name in grad_of:
+            if t is not None and t.name in grad_of and grad_of[t.name] not in held:
                 w.add(grad_of.pop(t.name), -1)
+        _add_into(w, sums, n.name)
         if n.index in g.saved:
             w.extra(n.index, -1)
         for r in kept_by.get(n.index, ()):
@@ -632,15 +628,54 @@ def _backward(g: Graph, st: _Storages, h: _Holds, accumulated: bool) -> Tape:
             for r in h.unit_inputs.get(u, ()):
                 unit_holds[r] -= 1
                 release(r)
+    for r in held:
+        w.add(r, -1)
     w.mark(None)
     return w
 
 
+def _seed_gradients(g: Graph, w: Tape) -> tuple[dict[str, str], set[str]]:
+    """The seed gradients of the graph's outputs that need one, allocated: (a gradient alive → the name whose bytes
+    it has, the scalar outputs' seeds, which torch.autograd.backward holds until the backward returns)."""
+    grad_of: dict[str, str] = {}
+    held = set()
+    for n in g.nodes:
+        for t in n.outputs:
+            if n.index in g.grads and t is not None and t.name in g.outputs and t.is_float:
+                grad_of[t.name] = t.name
+                w.add(t.name)
+                if t.shape is not None and not any(d != 1 for d in t.shape):
+                    held.add(t.name)
+    return grad_of, held
+
+
+def _add_into(w: Tape, sums: list[tuple[str, str, bool]], name: str) -> None:
+    """torch's engine adds each gradient given into the one made before (:func:`_input_grads`), out of place: the
+    two and their sum alive at once at node ``name``'s second mark, then the two freed."""
+    if not sums:
+        return
+    for into, given, counted in sums:
+        if not counted:
+            w.add(given)
+        w.add(into)
+    w.mark(name)
+    for into, given, _counted in sums:
+        w.add(into, -1)
+        w.add(given, -1)
+
+
 def _input_grads(g: Graph, st: _Storages, n: NodeCount, w: Tape, grad_of: dict[str, str],
-                 param_grads: set[str]) -> None:
+                 param_grads: set[str]) -> list[tuple[str, str, bool]]:
     """Allocate the gradients node ``n``'s backward produces: a parameter's once, kept to the step; an activation's
-    once, however many consumers add to it; a view's input gradient is its output gradient, viewed."""
+    once, however many consumers add to it; a view's input gradient is its output gradient, viewed. Return the
+    gradients to add into one another consumer made before, each (the bytes' name of that one, of the one given,
+    whether the one given is on the walk already): torch's engine adds them after the node's backward has returned
+    (its output gradients freed) as ``old + new``, a third tensor, then frees the two. The one given is a new
+    tensor made by the node's backward (alive at its mark), the output's gradient itself where the backward passes
+    it on (:func:`_passes_gradient`: freed with the output's gradients, so counted again), or a view's output
+    gradient, viewed."""
     flags = g.grads[n.index]
+    sums = []
     for i, t in enumerate(n.inputs):
         if i >= len(flags) or not flags[i] or t is None or not t.name:
             continue
@@ -655,82 +690,28 @@ def _input_grads(g: Graph, st: _Storages, n: NodeCount, w: Tape, grad_of: dict[s
                 and n.outputs[0].name in grad_of:
             viewed = grad_of.pop(n.outputs[0].name)
             if t.name in grad_of:  # added into the gradient another consumer made
-                w.add(viewed, -1)
+                sums.append((grad_of[t.name], viewed, True))
             else:
                 grad_of[t.name] = viewed
         elif t.name not in grad_of:
             grad_of[t.name] = t.name
             w.add(t.name)
+        elif _passes_gradient(n, i):
+            sums.append((grad_of[t.name], t.name, False))
+        else:
+            sums.append((grad_of[t.name], t.name, True))
+            w.add(t.name)
+    return sums
 
 
-def recompute_units(policy: Recompute, nodes: Sequence[NodeCount], scopes: Sequence[tuple[str, ...]],
-                    attention_cores: Callable[[], Sequence[set[int]]],
-                    grads: Collection[int] | None = None) -> dict[int, int]:
-    """Node index → recompute unit: ``full`` and ``non-reentrant``, each numbered layer of the module scopes
-    (``layers.3``, ``encoder.layer.0``: the blocks a checkpoint wraps), or the whole graph when it shows none (both
-    keep the same: a unit's inputs; ``full`` makes the unit's outputs again too); ``selective``, each
-    attention core (``attention_cores()``: the score product through softmax and dropout to the product with V);
-    an operator list (``ops``), the nodes of those types, as selective activation checkpointing runs them again
-    under a checkpoint around each layer: within each numbered layer, the listed nodes connected to each other
-    through tensors (a listed node reading what another listed node of the same layer made, or a view of it) form
-    one unit, and the listed nodes outside every numbered layer are grouped by that connectivity alone. So a chain
-    of listed ops is one unit, which keeps only what it reads from outside (the saved ops' outputs, the layer's
-    input) and makes the rest again; a tensor a listed op makes and an op not listed keeps for its backward stays
-    kept. A unit none of whose nodes' backward runs (``grads``: the node indices whose backward runs, all if None;
-    a mask, a rotary table made from the positions) is dropped: it keeps nothing to make again; listed nodes whose
-    backward does not run stay in a unit with others that do (the first layer's norm of a graph input), remade
-    with them. A listed type that no node has is an error (:func:`~flopcount.parallel.plan.check_recompute_ops`), as
-    on the FLOPs side."""
-    if policy.policy == "none":
-        return {}
-    if policy.policy == "selective":
-        return {k: u for u, core in enumerate(attention_cores()) for k in core}
-    keys = [next((s for s in scope if s.rsplit(".", 1)[-1].isdigit()), None)
-            for scope in (scopes or [()] * len(nodes))]
-    if policy.policy == "ops":
-        check_recompute_ops(policy, {n.op_type for n in nodes})
-        units = _connected_ops(policy.ops, nodes, keys)
-        run = {u for k, u in units.items() if grads is None or k in grads}
-        return {k: u for k, u in units.items() if u in run}
-    layer: dict[str, int] = {}
-    units: dict[int, int] = {}
-    for n, key in zip(nodes, keys):
-        if key is not None:
-            units[n.index] = layer.setdefault(key, len(layer))
-    return units or {n.index: 0 for n in nodes}
-
-
-def _connected_ops(ops: frozenset[str], nodes: Sequence[NodeCount], keys: Sequence[str | None]) -> dict[int, int]:
-    """The ``ops`` units of :func:`recompute_units`: node index → unit, numbered in the order units first run;
-    ``keys[k]``: the numbered layer of ``nodes[k]`` (None outside every one)."""
-    parent: dict[int, int] = {}
-
-    def find(k: int) -> int:
-        while parent[k] != k:
-            parent[k] = parent[parent[k]]
-            k = parent[k]
-        return k
-
-    root: dict[str, str] = {}  # tensor name → the tensor it is a view of
-    made: dict[str, int] = {}  # tensor → the listed node (position) that made it
-    for k, (n, key) in enumerate(zip(nodes, keys)):
-        ins = [t.name for t in n.inputs if t is not None and t.name]
-        if n.op_type in ops:
-            parent[k] = k
-            for x in ins:
-                p = made.get(root.get(x, x))
-                if p is not None and keys[p] == key:
-                    parent[find(p)] = find(k)
-        view = (n.op_type in VIEWS and n.domain in ("", "ai.onnx") and n.inputs and n.inputs[0] is not None
-                and n.inputs[0].name)
-        for t in n.outputs:
-            if t is not None and t.name:
-                if view:
-                    root[t.name] = root.get(n.inputs[0].name, n.inputs[0].name)
-                elif k in parent:
-                    made[t.name] = k
-    unit: dict[int, int] = {}
-    return {nodes[k].index: unit.setdefault(find(k), len(unit)) for k in sorted(parent)}
+def _passes_gradient(n: NodeCount, i: int) -> bool:
+    """Whether input ``i``'s gradient from ``n``'s backward is the output's gradient itself (no new tensor): an
+    Add's input of the output's shape, a Sub's first (torch's add and sub backward return the gradient as given)."""
+    if n.domain != "" or not n.outputs or n.outputs[0] is None or (n.op_type, i) not in (("Add", 0), ("Add", 1),
+                                                                                       ("Sub", 0)):
+        return False
+    t = n.inputs[i]
+    return t is not None and t.shape is not None and tuple(t.shape) == tuple(n.outputs[0].shape or ())
 
 
 def with_params(memory: Memory, tensors: Sequence[TensorInfo]) -> Memory:
@@ -767,33 +748,3 @@ def module_activations(memory: Memory, nodes: Sequence[NodeCount], scopes: Seque
         key = INPUTS if idx < 0 else chain[-1] if chain else OUTSIDE
         rows[key] = rows.get(key, 0) + memory.kept_by_node[idx]
     return tuple(rows.items())
-
-
-#: Ops that carry K and V into an attention core by reshaping, or repeating grouped-query heads (Expand).
-_INTO_CORE = frozenset({"Expand", "Reshape", "Transpose", "Unsqueeze", "Squeeze"})
-
-
-def attention_cores(index: Any) -> list[set[int]]:
-    """The attention cores of a graph (a :class:`~flopcount.pipeline.graph.GraphIndex`): for each eager attention, the node
-    indices from its score product through softmax (and dropout) to its product with V, both included, and the
-    reshapes and grouped-query repeats (Expand) that only the core reads, as Megatron's core attention repeats K and
-    V inside the recomputed region (a checkpoint then keeps K and V at their own heads)."""
-    import networkx as nx
-
-    from ..masks import score_products
-
-    at = {name: i for i, name in enumerate(index.names)}
-    products: dict[int, dict[str, int]] = {}
-    for name, (kind, j) in score_products(index.protos, index.names).items():
-        products.setdefault(j, {})[kind] = at[name]
-    cores = [({p["scores"]} | nx.descendants(index.dag, p["scores"])) & ({p["values"]} | nx.ancestors(index.dag, p["values"]))
-             for p in products.values() if "scores" in p and "values" in p]
-    for core in cores:
-        todo = list(core)
-        while todo:
-            for p in index.dag.predecessors(todo.pop()):
-                if p not in core and index.node_ops[p][1] in _INTO_CORE and index.node_ops[p][0] in ("", "ai.onnx") \
-                        and set(index.dag.successors(p)) <= core:
-                    core.add(p)
-                    todo.append(p)
-    return cores

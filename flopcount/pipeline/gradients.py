@@ -4,7 +4,7 @@ its trainable parameters through the differentiable inputs of each node (:mod:`f
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+from typing import Collection, Mapping
 
 from ..context import FLOAT_TYPES
 from ..registry import canonical_domain, straight_through
@@ -33,7 +33,36 @@ def training_plan(index: GraphIndex, tensors, opsets, parameters: frozenset[str]
              for i in index.order)
     need: set[str] = set()
     grads, trainable = plan_gradients(nodes, float_inits, need, tensors, opsets)
+    grads = reaching_outputs(index, grads, need)
     return TrainingPlan(grads, frozenset(trainable), frozenset(need), frozenset(float_inits))
+
+
+def reaching_outputs(index: GraphIndex, grads: dict[int, tuple[bool, ...]],
+                     need: Collection[str]) -> dict[int, tuple[bool, ...]]:
+    """The nodes of ``grads`` whose backward runs: those with an output that a graph output is computed from
+    through nodes whose backward runs and their inputs that need a gradient (walked from the graph's outputs back).
+    A branch of which only integers are read on (the indices of a TopK whose values nothing reads, a router's
+    group-limited mask) has its gradient graph freed by the framework as soon as its outputs die in the forward:
+    what its backward would keep is never kept, and its backward never runs. ``grads`` itself when no output is
+    reached at all (a graph whose outputs all are integers: nothing to walk from).
+
+    >>> from flopcount.pipeline.graph import build_graph
+    >>> import onnx.helper as h
+    >>> g = h.make_graph([h.make_node("Relu", ["x"], ["y"]), h.make_node("TopK", ["x", "k"], ["v", "i"])], "g",
+    ...                  [], [h.make_empty_tensor_value_info("y"), h.make_empty_tensor_value_info("i")])
+    >>> reaching_outputs(build_graph(g, "g", ["x", "k"]), {0: (True,), 1: (True, False)}, {"x", "y", "v"})
+    {0: (True,)}
+    """
+    reached = {name for name in index.outputs if name in need}
+    kept: set[int] = set()
+    for i in reversed(index.order):
+        flags = grads.get(i)
+        if flags is None or not any(out in reached for out in index.node_outputs[i] if out):
+            continue
+        kept.add(i)
+        reached.update(name for name, ok in zip(index.node_inputs[i], flags) if ok)
+        reached.update(index.captured.get(i, ()))
+    return {i: flags for i, flags in grads.items() if i in kept} if kept else grads
 
 
 def plan_gradients(nodes, float_inits, need: set[str], tensors, opsets) -> tuple[dict[int, tuple[bool, ...]], set[str]]:

@@ -12,7 +12,9 @@ attention and, where the family supports it, sdpa:
 The loss is the sum of the model's floating-point outputs, as in the sweep (its backward keeps nothing). A
 mixture-of-experts model runs its experts with transformers' ``grouped_mm`` in the real step, the grouped product
 over the resident weights that the ledger models (the count's graph gathers each token's k weight slices,
-``batched_mm``, read as views: :mod:`flopcount.memory.ledger`). Where torch keeps what the ledger does not,
+``batched_mm``, read as views: :mod:`flopcount.memory.ledger`). A family whose modelling code takes another branch
+under export (:data:`test_architecture_sweep.EXPORT_BRANCH`) runs its real step on the export's branch, as the
+FLOP sweep does. Where torch keeps what the ledger does not,
 :data:`DIFFERS` names the op and its bytes in closed form, asserted exactly; a case whose ledger is not yet torch's
 is in :data:`PENDING_MEMORY` with the op and the bytes measured, a strict expected failure (it fails the run once it
 passes, so the table cannot go stale). docs/architectures.md shows the column (checked against these tables by
@@ -21,6 +23,7 @@ passes, so the table cannot go stale). docs/architectures.md shows the column (c
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Callable
@@ -28,7 +31,7 @@ from typing import Callable
 import pytest
 from helpers import saving
 from test_architecture_sweep import (  # noqa: F401 - sweep_exports is a fixture
-    B, FAMILIES, PENDING, S, Family, built_config, float_outputs, real_model, sweep_exports)
+    B, EXPORT_BRANCH, FAMILIES, PENDING, S, Family, built_config, exporting, float_outputs, real_model, sweep_exports)
 
 import flopcount
 
@@ -100,11 +103,13 @@ def real_step(fam: Family, attn: str) -> Step:
         opt.step()
         return sum(seen.values())
 
-    step()  # makes AdamW's states: the tracked step is the steady state
-    tracker = mem_tracker.MemTracker()
-    tracker.track_external(model, opt)
-    with tracker:
-        saved = step()
+    branch = exporting(model) if fam.model_type in EXPORT_BRANCH else contextlib.nullcontext()
+    with branch:  # the modelling code on the branch the export took, where it takes another eagerly
+        step()  # makes AdamW's states: the tracked step is the steady state
+        tracker = mem_tracker.MemTracker()
+        tracker.track_external(model, opt)
+        with tracker:
+            saved = step()
     cpu = torch.device("cpu")
     named = {getattr(k, "value", k): v for k, v in tracker.get_tracker_snapshot("current")[cpu].items()}
     return Step(saved, named, tracker.get_tracker_snapshot("peak")[cpu]["Total"])
@@ -253,6 +258,26 @@ def sinks_max(config) -> int:
     return config.num_hidden_layers * B * config.num_attention_heads * S * (8 - F32 * (S + 1))
 
 
+def linear_attention_layers(config) -> int:
+    return sum(kind == "linear_attention" for kind in config.layer_types)
+
+
+def initial_delta_state(config) -> int:
+    """Qwen3-Next's chunked gated delta rule starts its recurrent state from ``torch.zeros(B, value heads, key
+    dim, value dim)`` made in the forward, which the first chunk's products with it keep (aten.bmm's backward, the
+    state read as [B·heads, dk, dv], a view); the export folds the zeros into a constant: per linear-attention layer
+    B·heads·dk·dv floats."""
+    return linear_attention_layers(config) * F32 * B * config.linear_num_value_heads * config.linear_key_head_dim \
+        * config.linear_value_head_dim
+
+
+def strictly_upper_mask(config) -> int:
+    """The gated delta rule masks its pairwise decays with ``torch.ones(C, C, dtype=bool).triu(1)`` made in the
+    forward (C = 64, its chunk), which aten.masked_fill's backward keeps; the export folds it into a constant: per
+    linear-attention layer C² bool bytes."""
+    return linear_attention_layers(config) * 64 * 64
+
+
 MOE = ("aten.index, aten._grouped_mm: grouped_mm's sort of the (token, expert) pairs", grouped_mm_sort)
 WEIGHTS = ("aten.mul: grouped_mm's routing weights in the sorted order, a copy", sorted_routing_weights)
 MASKED = ("aten._scaled_dot_product_flash_attention_for_cpu: K, V repeated and the mask", repeated_kv_and_mask)
@@ -269,11 +294,14 @@ ZEROS = ("aten.mul: the Mamba scan's initial state made in the forward", initial
 SINKS = ("aten.max.dim: the sinks' row maximum keeps int64 indices, the exported ReduceMax its input", sinks_max)
 BUCKETS = ("aten.embedding: the relative position buckets made in the forward", relative_position_buckets)
 CAUSAL = ("aten.where: the decoder's causal masks made in the forward", decoder_causal_masks)
+DELTA_STATE = ("aten.bmm: the gated delta rule's initial state made in the forward", initial_delta_state)
+DELTA_MASK = ("aten.masked_fill: the gated delta rule's chunk mask made in the forward", strictly_upper_mask)
 
 #: (family, attention) → what torch keeps beyond the ledger's activations (negative: less): each entry the op that
 #: keeps it and its bytes in closed form of the family's configuration.
 DIFFERS: dict[tuple[str, str], tuple[tuple[str, Callable], ...]] = {
-    **{(name, attn): (MOE,) for name in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe") for attn in ATTENTIONS},
+    **{(name, attn): (MOE,) for name in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3")
+       for attn in ATTENTIONS},
     **{("granitemoe", attn): (MOE, WEIGHTS) for attn in ATTENTIONS},
     **{(name, "sdpa"): (MASKED,) for name in ("mistral", "cohere2", "gemma3_text")},
     ("phi3", "sdpa"): (COPY,),
@@ -287,31 +315,14 @@ DIFFERS: dict[tuple[str, str], tuple[tuple[str, Callable], ...]] = {
     **{("granitemoehybrid", attn): (MOE, WEIGHTS, MASKS, PADDED) for attn in ATTENTIONS},
     **{("jamba", attn): (MOE, ZEROS) for attn in ATTENTIONS},
     ("gpt_oss", "eager"): (MOE, WEIGHTS, SINKS),
+    **{("qwen3_next", attn): (MOE, DELTA_STATE, DELTA_MASK) for attn in ATTENTIONS},
 }
 
 
 #: (family, attention) whose ledger is not yet torch's, with the op and the bytes measured (torch's saved storages
 #: less the ledger's activations, on this sweep's sizes): their test is a strict expected failure until the ledger
 #: is fixed.
-PENDING_MEMORY = {
-    **{(name, attn): why for name, why in {
-        "qwen3_next": "the ledger keeps 8,241,792 B more than torch saves (eager): the gated delta rule's export "
-                      "branch (forward substitution, aten.bmm) against the eager solve_triangular; against the "
-                      "export's branch run eagerly (test_architecture_sweep.exporting) the ledger still keeps more: "
-                      "each of the substitution's 63 row writes is a whole [B, heads, 64, 64] ScatterND output in "
-                      "the graph (131,072 B, kept), where torch writes the rows in place",
-        "deepseek_v3": "torch keeps 72 B more than the ledger (eager and sdpa): grouped_mm's sort (688 B), less "
-                       "616 B the ledger keeps and torch frees before the forward ends: the group-limited router's "
-                       "top-k indices [T, groups, 2] and [T, 1] (int64) and its bool mask [T, experts], on a branch "
-                       "of which only the top-k's indices are read on (no gradient reaches it)",
-        "jamba": "the activations are torch's with DIFFERS' two named (grouped_mm's sort, the scan's initial "
-                 "state), but the ledger's peak is 59,400 B (2.8%) below MemTracker's (eager: 2,051,316 for "
-                 "2,110,716), in the backward of the recurrent scan's selects (the ledger's peak node): torch's "
-                 "select_backward makes a whole [B, intermediate, S, state] gradient per step (57,344 B) that "
-                 "exists until it is added into the one before, where the ledger allocates an activation's "
-                 "gradient once however many consumers add to it: not yet modelled",
-    }.items() for attn in ATTENTIONS},
-}
+PENDING_MEMORY: dict[tuple[str, str], str] = {}
 
 
 def cases():

@@ -123,6 +123,43 @@ def test_a_slice_assignment_keeps_nothing():
     assert report.memory.ranks[0].activations_bytes == torch_step(module, inputs) == LINEARS
 
 
+class Substitution(torch.nn.Module):
+    """Forward substitution written in place, as Qwen3-Next's gated delta rule builds its inverse: each row of the
+    [B, S, S] system Linear(x)·Linear(x)ᵀ (strictly lower) is cloned with the block above it, and the row written
+    back; then a product with Linear(x) and a sum."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(H, I)
+
+    def forward(self, x):
+        h = self.up(x)
+        system = (h @ h.transpose(-1, -2)).tril(-1)
+        for i in range(1, S):
+            row = system[..., i, :i].clone()
+            sub = system[..., :i, :i].clone()
+            system[..., i, :i] = row + (row.unsqueeze(-1) * sub).sum(-2)
+        return (system @ h).sum()
+
+
+def test_a_kept_view_of_a_tensor_written_after_is_a_copy():
+    """torch keeps each step's clones (row [B, i] and block [B, i, i], for the product's gradient), not the
+    system they were read from: the dynamo exporter writes the rows as Scatters and drops the clones, and the
+    ledger reads the kept slices as copies. Kept besides: x (the Linear's), h (the two products'), the final
+    system (the last product's; the tril keeps nothing)."""
+    torch.manual_seed(0)
+    module, inputs = Substitution().train(), (torch.randn(B, S, H),)
+    from flopcount.frontends.export import export_dynamo
+
+    m = export_dynamo(module, inputs, ["x"], ["loss"], 18)
+    assert any(n.op_type in ("ScatterND", "ScatterElements") for n in m.graph.node)
+    clones = sum(F32 * B * (i + i * i) for i in range(1, S))
+    kept = F32 * B * S * (H + I) + F32 * B * S * S + clones
+    report = flopcount.count(m, mode="train", batch=B, memory=MemorySettings(device="cpu"))
+    assert torch_step(module, inputs) == kept
+    assert report.memory.ranks[0].activations_bytes == kept
+
+
 class RmsNorm(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -388,18 +388,18 @@ def test_fsdp2_on_gloo_equals_fsdp_mem_tracker(report, tmp_path):
 
         # the ledger's peak: the LM head's MatMul in the backward; two buffers and the root held, all the exported
         # graph's activations (torch's saved storages, as in the one-rank test),
-        # the logits' gradient, the loss (its seed gradient freed after the sum's backward), the head weight's
-        # gradient shard, its input's gradient
+        # the logits' gradient, the loss and its seed gradient (held until the backward returns, as torch does),
+        # the head weight's gradient shard, its input's gradient
         assert (rank.peak_phase, rank.peak_node) == ("backward", "/lm_head/MatMul")
         kept = saved_all
-        assert rank.peak_bytes == (shard + states + act + 2 * unit + root + kept + 4 * B * S * V + scalar
+        assert rank.peak_bytes == (shard + states + act + 2 * unit + root + kept + 4 * B * S * V + 2 * scalar
                                    + 4 * V * H // 2 + act)
         # so the difference, per category: torch's buffers at its peak are the ledger's two and gloo's copy, with
         # the scatter's output and the tracker's reference; its root gradients are whole where the ledger has made
         # the head's shard; its activations are layer 0's where the ledger keeps both layers' and the logits'
-        # gradient (the loss in each, torch's seed gradient besides)
+        # gradient (the loss and its seed gradient in each)
         assert peak["Total"] - rank.peak_bytes == (gloo_copy + scattered + tracker_ref + root - 4 * V * H // 2
-                                                   + saved_layer + 2 * scalar - kept - 4 * B * S * V - scalar)
+                                                   + saved_layer - kept - 4 * B * S * V)
 
         # torch's peak as NCCL would see it, without gloo's copy and the tracker's reference: layer 0's
         # pre-backward, its parameters copied out of the all-gather buffer (not yet freed), layer 1's
