@@ -310,6 +310,11 @@ def _hf(name, attn):
                                           num_attention_heads=4, num_key_value_heads=2, intermediate_size=i,
                                           max_position_embeddings=32, attn_implementation=attn)
         return Loss(transformers.LlamaModel(config), "input_ids"), ids
+    if name == "mistral":  # a sliding window of 4 over 9 tokens: a mask sdpa is handed
+        config = transformers.MistralConfig(vocab_size=61, hidden_size=h, num_hidden_layers=layers,
+                                            num_attention_heads=4, num_key_value_heads=2, intermediate_size=i,
+                                            max_position_embeddings=32, sliding_window=4, attn_implementation=attn)
+        return Loss(transformers.MistralModel(config), "input_ids"), ids
     config = transformers.ViTConfig(image_size=16, patch_size=4, hidden_size=h, num_hidden_layers=layers,
                                     num_attention_heads=3, intermediate_size=i, attn_implementation=attn)
     return Loss(transformers.ViTModel(config), "pixel_values"), (torch.randn(b, 3, 16, 16),)
@@ -317,10 +322,11 @@ def _hf(name, attn):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
-@pytest.mark.parametrize("name", ["bert", "gpt2", "llama", "vit"])
+@pytest.mark.parametrize("name", ["bert", "gpt2", "llama", "mistral", "vit"])
 def test_transformers_models_equal_the_saved_storages(name, attn):
     """sdpa on the CPU: the fused kernel where no dropout is asked for (Llama, ViT: Q, K and V as it reads them,
-    K and V unrepeated, its output, a float32 log-sum-exp per query row), the math path with dropout (BERT, GPT-2:
+    K and V unrepeated, its output, a float32 log-sum-exp per query row; Mistral's sliding window, a mask handed
+    to the kernel: K and V repeated and the mask converted to float32), the math path with dropout (BERT, GPT-2:
     the scaled Q and Kᵀ, the softmax output, the float noise and the dropped probabilities). GPT-2's ``gelu_new``
     is a formula, kept part by part, and its Q and K are views of one fused projection, which torch's matmul copies
     rather than keep the projection whole."""
