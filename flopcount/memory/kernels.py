@@ -24,7 +24,8 @@ its two-operand ``einsum`` (one ``bmm``, :func:`_einsum_groups`) a copy of each 
 
 The exporters' ``scaled_dot_product_attention`` (Q and Kᵀ each scaled by √scale, their product, softmax, the
 product with V) is torch's fused kernel where torch runs one (CUDA; the CPU without dropout): Q, K and V as it
-reads them, its output and a float32 log-sum-exp per query row; on the CPU with dropout its math path, which keeps
+reads them, its output, a float32 log-sum-exp per query row and the mask it is handed, where the program hands it
+one (:mod:`.handed_masks`); on the CPU with dropout its math path, which keeps
 what the graph's nodes keep, and the dropout's noise. On the CPU (``device="cpu"``) torch's dropout multiplies by
 a noise tensor in the input's type and keeps it (the CUDA kernel keeps a bool mask, as the Dropout rule does); a
 reduced ``nll_loss`` keeps its total weight, a scalar.
