@@ -334,6 +334,7 @@ def _memory(settings, graph: _Graph, forward: _Forward, trained: _Trained | None
                             grads)
     names = {"params": graph.roles.names(PARAMETER), "trainable": trained.plan.trainable if trained else frozenset(),
              "buffers": graph.roles.names(BUFFER), "stored": walk.stored}
+
     def masks() -> dict:  # each attention's mask, evaluated: whether the program hands its fused kernel a mask
         found = score_products(index.protos, index.names)
         eager, _ = graph_masks(index.protos, index.names, found, res.tensors, res.values,
