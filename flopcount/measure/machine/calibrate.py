@@ -88,7 +88,8 @@ class Sizes:
 
     gemm: tuple[int, ...] = (16, 64, 128, 256, 512, 768)
     elementwise: tuple[int, ...] = (1024, 16 * 1024, 256 * 1024, 4 * 2**20, 32 * 2**20)
-    messages: tuple[int, ...] = (1024, 4 * 1024, 16 * 1024, 64 * 1024, 256 * 1024, 1 * 2**20, 4 * 2**20, 16 * 2**20)
+    messages: tuple[int, ...] = (1024, 4 * 1024, 16 * 1024, 64 * 1024, 256 * 1024, 1 * 2**20, 4 * 2**20, 16 * 2**20,
+                                 32 * 2**20)  # DDP's 25 MiB buckets inside the calibrated sizes
     repeats: int = 7
     gemm_budget_s: float = 0.6
     attention: tuple[tuple[int, int], ...] = ((64, 32), (128, 32), (256, 64), (512, 64))  # (sequence, head size)
