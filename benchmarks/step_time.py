@@ -7,10 +7,11 @@ one rank; random weights, nothing downloaded) with AdamW, one thread per process
 ``--threads 1``): one rank, data parallel (DDP, ``no_sync`` on all microbatches but the last), a 2-stage pipeline
 (GPipe and 1F1B, the stages' activations and gradients sent with gloo), FSDP2 (``fully_shard`` on each decoder
 layer, then the root, its default gradient sync), tensor parallelism with and without sequence parallelism
-(``step_time_tp``), and recompute (torch's non-reentrant
-checkpoint around each decoder layer: ``--recompute non-reentrant``). A step is timed from a barrier to the end of
-the optimizer step on the slowest rank, after warm-up
-steps; the median and the spread (slowest/fastest) of the repeats are printed beside the prediction's error.
+(``step_time_tp``), expert parallelism of a Mixtral over its data-parallel ranks (``step_time_ep``: the run's
+routing recorded and given to the prediction as ``--expert-load``, the one prediction made after its run), and
+recompute (torch's non-reentrant checkpoint around each decoder layer: ``--recompute non-reentrant``). A step is
+timed from a barrier to the end of the optimizer step on the slowest rank, after warm-up steps; the median and the
+spread (slowest/fastest) of the repeats are printed beside the prediction's error.
 
     PYTHONPATH=$PWD python3 benchmarks/step_time.py            # every run (several minutes)
     PYTHONPATH=$PWD python3 benchmarks/step_time.py --runs 1rank-llama-b4,dp2-m1 --repeats 3

@@ -1,14 +1,14 @@
-"""Expert parallelism of a Hugging Face Mixtral for ``step_time.py``, as docs/parallel.md counts ``ep=E`` (Megatron-Core's
-router and all-to-all dispatcher): the E ranks of an EP group are its data-parallel ranks, each with its own batch;
-EP rank r holds experts r·R/E .. (r+1)·R/E − 1 of every MoE layer (R routed experts), the router (``gate``) whole on
-every rank. In each MoE layer's forward a rank routes its own tokens (top-k of the router's scores), gathers every
-rank's int64 token counts per expert over the group (``all_gather``, E·R·8 bytes) to size what it receives, sends
-each (token, expert) pair's hidden vector to the rank holding that expert (``all_to_all``: its T·k vectors,
-T its tokens), runs its experts on the pairs it received (transformers' own experts forward, the grouped product of
-the model's configuration), sends the outputs back (``all_to_all``: the pairs its experts ran), and weights and
-sums them into its tokens; the backward runs the two ``all_to_all`` again, reversed. The experts' gradients stay on
-their rank (each expert has dp·cp/ep = 1 copy here); the dense gradients are all-reduced over the data-parallel
-ranks by DDP, the experts' parameters left out of its buckets.
+"""Expert parallelism of a Hugging Face Mixtral for ``step_time.py``, as docs/parallel.md counts ``ep=E``
+(Megatron-Core's router and all-to-all dispatcher): the E ranks of an EP group are its data-parallel ranks, each
+with its own batch; EP rank r holds experts r·R/E .. (r+1)·R/E − 1 of every MoE layer (R routed experts), the
+router (``gate``) whole on every rank. In each MoE layer's forward a rank routes its own tokens (top-k of the
+router's scores), gathers every rank's int64 token counts per expert over the group (``all_gather``, E·R·8 bytes)
+to size what it receives, sends each (token, expert) pair's hidden vector to the rank holding that expert
+(``all_to_all``: its T·k vectors, T its tokens), runs its experts on the pairs it received (transformers' own
+experts forward, the grouped product of the model's configuration), sends the outputs back (``all_to_all``: the
+pairs its experts ran), and weights and sums them into its tokens; the backward runs the two ``all_to_all`` again,
+reversed. The experts' gradients stay on their rank (each expert has dp·cp/ep = 1 copy here); the dense gradients
+are all-reduced over the data-parallel ranks by DDP, the experts' parameters left out of its buckets.
 
 Each layer's token counts per expert (the whole group's, from the gathered counts) are added up while ``record`` is
 on: the routing of the real run, which the prediction is given as ``--expert-load``."""
