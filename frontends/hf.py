@@ -626,8 +626,10 @@ def _fetch_config(repo_id: str) -> Path:
 
 def is_causal_lm(config) -> bool:
     """Whether ``config`` is a causal language model: its ``architectures`` name a ``...ForCausalLM`` class, or
-    (without them) transformers has a causal-LM head for its ``model_type`` and it is not a masked-LM encoder
-    (BERT has a decoder variant, but a BERT configuration is an encoder unless ``is_decoder`` is set)."""
+    (without them) transformers has a causal-LM head for its ``model_type`` and it is neither a masked-LM encoder
+    (BERT has a decoder variant, but a BERT configuration is an encoder unless ``is_decoder`` is set) nor an
+    encoder-decoder (``is_encoder_decoder``: Whisper's, Pegasus's causal-LM class is their decoder alone, which
+    drops the encoder and takes no ``input_features``)."""
     _import("transformers")
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
@@ -640,6 +642,8 @@ def is_causal_lm(config) -> bool:
     auto_map = getattr(config, "auto_map", None) or {}
     if auto_map:
         return "AutoModelForCausalLM" in auto_map
+    if getattr(config, "is_encoder_decoder", False) is True:
+        return False
     return config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and (
         config.model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES or bool(getattr(config, "is_decoder", False)))
 
