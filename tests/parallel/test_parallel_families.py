@@ -85,6 +85,7 @@ REFUSED: dict[str, dict[str, str]] = {
         *((name, _MAMBA, _RECURRENCE) for name in ("jamba", "bamba", "falcon_h1", "mamba2", "granitemoehybrid")))},
     "t5": {**dict.fromkeys(("pp=2", "pp=2 --schedule gpipe"), _PIPELINE), "cp=2": _CONTEXT},
     "bart": {**dict.fromkeys(("pp=2", "pp=2 --schedule gpipe"), _PIPELINE), "cp=2": _CONTEXT},
+    "whisper": {**dict.fromkeys(("pp=2", "pp=2 --schedule gpipe"), _PIPELINE), "cp=2": _CONTEXT},
     "vit": _IMAGE_SEQ,
     "dinov2": _IMAGE_SEQ,
 }
