@@ -56,7 +56,8 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
         A ``config.json`` path, a folder holding one, a Hub model id (only its ``config.json`` is fetched), the
         parsed JSON, or a configuration object.
     input_shapes : mapping of input name to shape, or a shape
-        The inputs of ``forward``: ``{"input_ids": (1, 2048)}``; a bare shape is ``input_ids``. Token inputs
+        The inputs of ``forward``: ``{"input_ids": (1, 2048)}``; a bare shape is the model's main input
+        (``main_input_name``: ``input_ids`` for a language model). Token inputs
         (:data:`TOKEN_INPUTS`) are int64, others float32.
     trust_remote_code : bool
         Allow a configuration whose classes live in its repository (``auto_map``); building it runs that code.
@@ -740,13 +741,16 @@ def _quiet_imports():
 
 def hf_inputs(model, input_shapes) -> dict[str, Any]:
     """The example inputs of :func:`flopcount.from_torch` for ``model``: each shape with its dtype (token inputs
-    int64, others float32; a ``(shape, dtype)`` given stays), and ``use_cache=False`` where ``forward`` takes it."""
+    int64, others float32; a ``(shape, dtype)`` given stays), and ``use_cache=False`` where ``forward`` takes it.
+    A bare shape is the model's main input (its ``main_input_name``: ``input_ids`` for a language model,
+    ``pixel_values`` for a ViT, ``input_features`` for Whisper)."""
     torch = _import("torch")
+    main = getattr(model, "main_input_name", None) or "input_ids"
     if input_shapes is None:
-        raise UsageError(f"{FRONTEND}: give the input shapes, e.g. --input-shape input_ids=1x2048 "
-                         "(input_shapes={'input_ids': (1, 2048)})")
+        raise UsageError(f"{FRONTEND}: give the input shapes, e.g. --input-shape {main}=1x2048 "
+                         f"(input_shapes={{'{main}': (1, 2048)}})")
     if not isinstance(input_shapes, Mapping):
-        input_shapes = {"input_ids": input_shapes}
+        input_shapes = {main: input_shapes}
     inputs: dict[str, Any] = {}
     for name, shape in input_shapes.items():
         if isinstance(shape, tuple) and len(shape) == 2 and not isinstance(shape[1], int):
