@@ -181,6 +181,29 @@ def test_family_plans_reconcile(family, index, request):
     assert_reconciles(report, parameters, text, m)
 
 
+def test_whisper_front_end_is_replicated_over_tp(sweep_exports):  # noqa: F811 - the sweep's fixture
+    """Whisper's convolutional front end (two 1-D convolutions of width K = 3 over the F mel frames, the second of
+    stride 2, before the encoder's layers) is replicated over TP, with and without sp: each TP rank runs it whole,
+    rank 0's as model work and rank 1's as redundant work, which is all of rank 1's redundant work (the dense
+    convention counts no FLOPs for the norms and sums sp splits). In closed form, per microbatch: the first
+    convolution 2·B·F·M·K·d forward and once more for its weight's gradient (the features need none), the second
+    2·B·(F/2)·d·K·d forward and twice more (its input's and its weight's gradients)."""
+    import flopcount
+    from flopcount.parallel.ranks import node_shares
+
+    fam = next(p.values[0] for p in FAMILIES if p.values[0].model_type == "whisper")
+    report = flopcount.from_hf(built_config(fam), inputs_of(fam), convention="dense", cache_dir=sweep_exports,
+                               mode="train", optimizer="sgd", memory=MemorySettings(device="cpu"))
+    (b, mels, frames), d = fam.inputs["input_features"], fam.settings["d_model"]
+    front = 2 * (2 * b * frames * mels * 3 * d) + 3 * (2 * b * (frames // 2) * d * 3 * d)
+    for text in _TP:
+        m = dict(PLANS)[text]
+        led = ledger(report, plan_of(text, m))
+        assert [r.redundant_flops for r in led.ranks] == [0, m * front], text
+        convs = [s for s in node_shares(report, plan_of(text, m)) if report.nodes[s.index].op_type == "Conv"]
+        assert len(convs) == 4 and all(s.rule == "replicated" for s in convs), text  # 2 convolutions × 2 ranks
+
+
 def per_rank_cell(model_type: str) -> str:
     """docs/architectures.md's per-rank cell of a family: the plans whose identities hold exactly, then those refused
     with their reason."""
