@@ -11,8 +11,9 @@ families), asserting the reconcile identities of docs/parallel.md exactly (:func
 * every rank has a memory row; unsharded, a rank's parameter bytes == the elements its optimizer updates × 4;
   under zero the parameters stay whole on every rank (the gradients accumulated over the microbatches whole under
   zero1, 1/dp of each tensor rounded up under zero2), under fsdp each rank holds FSDP2's shard of every parameter
-  (dim 0 padded to ⌈d0/n⌉ rows), both from torch's parameter shapes; a parameter the forward never reads (torch's
-  elements less the trained ones: DINOv2's ``mask_token``) is held whole on each rank of the first stage.
+  (dim 0 padded to ⌈d0/n⌉ rows), both from torch's parameter shapes; a parameter without a gradient (torch's
+  elements less the trained ones: DINOv2's ``mask_token``, never read; Whisper's frozen positions) is held whole
+  on each rank of the first stage.
 
 A plan the ledger refuses for a family is in :data:`REFUSED` with its reason (``ep`` on a dense
 family: :data:`NO_EXPERTS`): the test asserts the refusal is one
@@ -152,7 +153,8 @@ def assert_reconciles(report, parameters: list, text: str, m: int) -> None:
     mem = per_rank(report, p)
     assert {x for r in mem.ranks for x in r.replicas} == set(range(p.world_size))
     steps = {r.rank: r.optimizer_flops for r in led.ranks}
-    unread = elements - report.trainable_params  # no gradient: never read (DINOv2's mask_token), held on stage 0
+    # no gradient: never read (DINOv2's mask_token) or frozen (Whisper's positions), held whole on stage 0
+    unread = elements - report.trainable_params
     for r in mem.ranks:
         if p.fsdp:
             assert r.params_bytes == F32 * fsdp_shard(parameters, p.dp)
