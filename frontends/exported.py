@@ -82,16 +82,31 @@ def count_exported(model: onnx.ModelProto, exported: Exported, options: CountOpt
     options = dataclasses.replace(options, trainable_inputs=exported.trainable_inputs)
     if exported.trainable != GIVEN:
         options = dataclasses.replace(options, trainable=exported.trainable)
-    return _with_untrained(count_options(model, options), exported.unread, exported.frozen)
+    return _with_untrained(count_options(model, options), exported.unread, _frozen(model, exported.frozen))
+
+
+def _frozen(model: onnx.ModelProto, frozen: tuple[tuple[str, int], ...]) -> tuple[tuple, ...]:
+    """Each frozen parameter's initializer as (name, elements, ONNX element type, shape, whether the count holds it
+    as a buffer): the graph's rule calls it a parameter, which the count, told the trained ones, makes a buffer
+    (Whisper's position table, added to activations); else the rule called it a constant, counted nowhere."""
+    if not frozen:
+        return ()
+    from flopcount.pipeline.parameters import PARAMETER, classify
+    from flopcount.registry import canonical_domain
+
+    roles = classify(model, {canonical_domain(o.domain): o.version for o in model.opset_import}).roles
+    stored = {t.name: t for t in model.graph.initializer}
+    return tuple((name, n, stored[name].data_type, tuple(stored[name].dims), roles.get(name) == PARAMETER)
+                 for name, n in frozen)
 
 
 def _with_untrained(report: Report, unread: tuple[tuple[str, int, int, tuple[int, ...]], ...],
-                    frozen: tuple[tuple[str, int], ...]) -> Report:
+                    frozen: tuple[tuple, ...]) -> Report:
     """``report`` with the module's parameters that get no gradient counted in its parameters (not in the trained
-    ones) and named in its notes: those the traced forward never reads, added, and the frozen ones the graph holds,
-    which the graph's rule (told the trained parameters) calls buffers, moved from the buffers; its memory ledger
-    holds them as parameters too (:func:`flopcount.memory.ledger.with_params`), as torch's ``parameters()`` (and
-    MemTracker) has them."""
+    ones) and named in its notes: those the traced forward never reads added, and the frozen ones the graph holds
+    (:func:`_frozen`) moved from the buffers where the count holds them there; its memory ledger holds them as
+    parameters too (:func:`flopcount.memory.ledger.with_params`), as torch's ``parameters()`` (and MemTracker) has
+    them."""
     if not unread and not frozen:
         return report
     from flopcount.context import TensorInfo
@@ -101,16 +116,14 @@ def _with_untrained(report: Report, unread: tuple[tuple[str, int, int, tuple[int
               f"{listed(unread)}",) if unread else ()) + \
         ((f"frozen parameters (no gradient), counted in the parameters, not the buffers: {listed(frozen)}",)
          if frozen else ())
-    moved = sum(n for _, n in frozen)
-    report = dataclasses.replace(report, params=report.params + sum(n for _, n, _, _ in unread) + moved,
-                                 buffers=report.buffers - moved, notes=(*report.notes, *notes))
-    if report.memory is None or report.memory.graph is None:
+    report = dataclasses.replace(report, params=report.params + sum(item[1] for item in (*unread, *frozen)),
+                                 buffers=report.buffers - sum(item[1] for item in frozen if item[4]),
+                                 notes=(*report.notes, *notes))
+    if report.memory is None:
         return report
     from flopcount.memory.ledger import with_params
 
-    tensors = report.memory.graph.tensors
-    held = [TensorInfo(name, element_type, shape) for name, _, element_type, shape in unread] + \
-        [tensors.get(name) or TensorInfo(name) for name, _ in frozen]
+    held = [TensorInfo(item[0], item[2], item[3]) for item in (*unread, *frozen)]
     return dataclasses.replace(report, memory=with_params(report.memory, held))
 
 

@@ -85,3 +85,24 @@ def test_a_frozen_parameter_is_a_parameter_without_gradient():
     (rank,) = r.memory.ranks
     assert rank.params_bytes == 4 * (D * D + D + S * D) and rank.buffers_bytes == 0
     assert rank.grads_bytes == 4 * (D * D + D)
+
+
+class FrozenWindow(torch.nn.Module):
+    """A fixed window over (position, feature) held as a frozen parameter that scales a trained projection's output:
+    a factor varying along two axes, which the graph's rule calls a constant (as a rotary table)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(D, D)
+        self.window = torch.nn.Parameter(torch.ones(S, D), requires_grad=False)
+
+    def forward(self, x):
+        return self.proj(x) * self.window
+
+
+def test_a_frozen_parameter_the_rule_calls_a_constant_is_a_parameter_too():
+    with torch.device("meta"):
+        module = FrozenWindow()
+    r = flopcount.from_torch(module, {"x": (B, S, D)}, mode="train", cache_dir=False)
+    assert r.params == sum(p.numel() for p in module.parameters()) == D * D + D + S * D
+    assert r.trainable_params == D * D + D and r.buffers == 0
