@@ -44,6 +44,9 @@ class Exported:
         where the options named them.
     unread : tuple of (name, elements, ONNX element type, shape)
         The trainable parameters the traced forward never reads.
+    frozen : tuple of (name, elements)
+        The module's parameters that take no gradient (``requires_grad`` off: Whisper's sinusoidal position
+        embedding), by the name of the initializer that holds them.
     """
 
     key: str | None
@@ -51,6 +54,7 @@ class Exported:
     trainable_inputs: list[str] | None
     trainable: list[str] | None | str
     unread: tuple[tuple[str, int, int, tuple[int, ...]], ...] = ()
+    frozen: tuple[tuple[str, int], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -67,6 +71,7 @@ class Exported:
             trainable=trainable if trainable == GIVEN else names(trainable),
             unread=tuple((str(n), int(k), int(t), tuple(int(d) for d in dims))
                          for n, k, t, dims in document["unread"]),
+            frozen=tuple((str(n), int(k)) for n, k in document["frozen"]),
         )
 
 
@@ -77,26 +82,48 @@ def count_exported(model: onnx.ModelProto, exported: Exported, options: CountOpt
     options = dataclasses.replace(options, trainable_inputs=exported.trainable_inputs)
     if exported.trainable != GIVEN:
         options = dataclasses.replace(options, trainable=exported.trainable)
-    return _with_unread(count_options(model, options), exported.unread)
+    return _with_untrained(count_options(model, options), exported.unread, _frozen(model, exported.frozen))
 
 
-def _with_unread(report: Report, unread: tuple[tuple[str, int, int, tuple[int, ...]], ...]) -> Report:
-    """``report`` with the parameters the traced forward never reads added to its parameters (not to the trained
-    ones: they get no gradient) and named in its notes; its memory ledger holds them too
-    (:func:`flopcount.memory.ledger.with_params`)."""
-    if not unread:
+def _frozen(model: onnx.ModelProto, frozen: tuple[tuple[str, int], ...]) -> tuple[tuple, ...]:
+    """Each frozen parameter's initializer as (name, elements, ONNX element type, shape, whether the count holds it
+    as a buffer): the graph's rule calls it a parameter, which the count, told the trained ones, makes a buffer
+    (Whisper's position table, added to activations); else the rule called it a constant, counted nowhere."""
+    if not frozen:
+        return ()
+    from flopcount.pipeline.parameters import PARAMETER, classify
+    from flopcount.registry import canonical_domain
+
+    roles = classify(model, {canonical_domain(o.domain): o.version for o in model.opset_import}).roles
+    stored = {t.name: t for t in model.graph.initializer}
+    return tuple((name, n, stored[name].data_type, tuple(stored[name].dims), roles.get(name) == PARAMETER)
+                 for name, n in frozen)
+
+
+def _with_untrained(report: Report, unread: tuple[tuple[str, int, int, tuple[int, ...]], ...],
+                    frozen: tuple[tuple, ...]) -> Report:
+    """``report`` with the module's parameters that get no gradient counted in its parameters (not in the trained
+    ones) and named in its notes: those the traced forward never reads added, and the frozen ones the graph holds
+    (:func:`_frozen`) moved from the buffers where the count holds them there; its memory ledger holds them as
+    parameters too (:func:`flopcount.memory.ledger.with_params`), as torch's ``parameters()`` (and MemTracker) has
+    them."""
+    if not unread and not frozen:
         return report
     from flopcount.context import TensorInfo
 
-    listed = ", ".join(f"{name} ({n:,})" for name, n, _, _ in unread)
-    note = (f"parameters the traced forward never reads, counted in the parameters without gradients: {listed}")
-    report = dataclasses.replace(report, params=report.params + sum(n for _, n, _, _ in unread),
-                                 notes=(*report.notes, note))
+    listed = lambda items: ", ".join(f"{item[0]} ({item[1]:,})" for item in items)  # noqa: E731
+    notes = ((f"parameters the traced forward never reads, counted in the parameters without gradients: "
+              f"{listed(unread)}",) if unread else ()) + \
+        ((f"frozen parameters (no gradient), counted in the parameters, not the buffers: {listed(frozen)}",)
+         if frozen else ())
+    report = dataclasses.replace(report, params=report.params + sum(item[1] for item in (*unread, *frozen)),
+                                 buffers=report.buffers - sum(item[1] for item in frozen if item[4]),
+                                 notes=(*report.notes, *notes))
     if report.memory is None:
         return report
     from flopcount.memory.ledger import with_params
 
-    held = [TensorInfo(name, element_type, shape) for name, _, element_type, shape in unread]
+    held = [TensorInfo(item[0], item[2], item[3]) for item in (*unread, *frozen)]
     return dataclasses.replace(report, memory=with_params(report.memory, held))
 
 

@@ -56,7 +56,8 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
         A ``config.json`` path, a folder holding one, a Hub model id (only its ``config.json`` is fetched), the
         parsed JSON, or a configuration object.
     input_shapes : mapping of input name to shape, or a shape
-        The inputs of ``forward``: ``{"input_ids": (1, 2048)}``; a bare shape is ``input_ids``. Token inputs
+        The inputs of ``forward``: ``{"input_ids": (1, 2048)}``; a bare shape is the model's main input
+        (``main_input_name``: ``input_ids`` for a language model). Token inputs
         (:data:`TOKEN_INPUTS`) are int64, others float32.
     trust_remote_code : bool
         Allow a configuration whose classes live in its repository (``auto_map``); building it runs that code.
@@ -644,8 +645,10 @@ def _fetch_config(repo_id: str) -> Path:
 
 def is_causal_lm(config) -> bool:
     """Whether ``config`` is a causal language model: its ``architectures`` name a ``...ForCausalLM`` class, or
-    (without them) transformers has a causal-LM head for its ``model_type`` and it is not a masked-LM encoder
-    (BERT has a decoder variant, but a BERT configuration is an encoder unless ``is_decoder`` is set)."""
+    (without them) transformers has a causal-LM head for its ``model_type`` and it is neither a masked-LM encoder
+    (BERT has a decoder variant, but a BERT configuration is an encoder unless ``is_decoder`` is set) nor an
+    encoder-decoder (``is_encoder_decoder``: Whisper's, Pegasus's causal-LM class is their decoder alone, which
+    drops the encoder and takes no ``input_features``)."""
     _import("transformers")
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
@@ -658,6 +661,8 @@ def is_causal_lm(config) -> bool:
     auto_map = getattr(config, "auto_map", None) or {}
     if auto_map:
         return "AutoModelForCausalLM" in auto_map
+    if getattr(config, "is_encoder_decoder", False) is True:
+        return False
     return config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and (
         config.model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES or bool(getattr(config, "is_decoder", False)))
 
@@ -754,13 +759,16 @@ def _quiet_imports():
 
 def hf_inputs(model, input_shapes) -> dict[str, Any]:
     """The example inputs of :func:`flopcount.from_torch` for ``model``: each shape with its dtype (token inputs
-    int64, others float32; a ``(shape, dtype)`` given stays), and ``use_cache=False`` where ``forward`` takes it."""
+    int64, others float32; a ``(shape, dtype)`` given stays), and ``use_cache=False`` where ``forward`` takes it.
+    A bare shape is the model's main input (its ``main_input_name``: ``input_ids`` for a language model,
+    ``pixel_values`` for a ViT, ``input_features`` for Whisper)."""
     torch = _import("torch")
+    main = getattr(model, "main_input_name", None) or "input_ids"
     if input_shapes is None:
-        raise UsageError(f"{FRONTEND}: give the input shapes, e.g. --input-shape input_ids=1x2048 "
-                         "(input_shapes={'input_ids': (1, 2048)})")
+        raise UsageError(f"{FRONTEND}: give the input shapes, e.g. --input-shape {main}=1x2048 "
+                         f"(input_shapes={{'{main}': (1, 2048)}})")
     if not isinstance(input_shapes, Mapping):
-        input_shapes = {"input_ids": input_shapes}
+        input_shapes = {main: input_shapes}
     inputs: dict[str, Any] = {}
     for name, shape in input_shapes.items():
         if isinstance(shape, tuple) and len(shape) == 2 and not isinstance(shape[1], int):

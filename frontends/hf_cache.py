@@ -53,7 +53,7 @@ log = logging.getLogger(__name__.removesuffix("_cache"))  # the hf frontend's lo
 __all__ = ["RECIPE_FORMAT", "Recipe", "RecipeCall", "read_recipe", "recipe_key", "recipe_path", "write_recipe"]
 
 #: Version of the recipe's layout; bump when what a recipe holds, or how it is read, changes.
-RECIPE_FORMAT = 1
+RECIPE_FORMAT = 2
 #: The distributions whose installed versions the key holds: an export's, and transformers.
 VERSIONED = (*EXPORT_DISTRIBUTIONS, "transformers")
 #: The settings of a count the frontend reads before counting (the rest apply to the count of each export).

@@ -215,14 +215,14 @@ def export_module(module: torch.nn.Module, example_inputs: Any, options: CountOp
     model, key = _to_onnx(torch, module, call, training=training, opset=opset, cache_dir=cache_dir)
     # inputs named by trainable_inputs need mode="train" (count says so); requires_grad alone is ignored otherwise
     named = trained and (options.trainable_inputs or options.mode == "train")
-    trainable, unread = GIVEN, {}
+    trainable, unread, frozen = GIVEN, {}, {}
     if options.trainable is None:
-        trainable, unread = _trainable_initializers(module, model)
+        trainable, unread, frozen = _trainable_initializers(module, model)
     parameters = dict(module.named_parameters(remove_duplicate=False)) if unread else {}
     return model, Exported(
         key=key, signature=_signature(call), trainable_inputs=trained if named else None, trainable=trainable,
         unread=tuple((name, n, onnx_type(parameters[name].dtype), tuple(parameters[name].shape))
-                     for name, n in unread.items()))
+                     for name, n in unread.items()), frozen=tuple(frozen.items()))
 
 
 def to_onnx(
@@ -301,16 +301,18 @@ def load_factory(spec: str) -> torch.nn.Module:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _trainable_initializers(module, model: onnx.ModelProto) -> tuple[list[str] | None, dict[str, int]]:
-    """The initializers of ``model`` that are ``module``'s trainable parameters (``requires_grad``), by name, and the
-    trainable parameters the traced forward never reads (name → elements).
+def _trainable_initializers(module, model: onnx.ModelProto) -> tuple[list[str] | None, dict[str, int],
+                                                                     dict[str, int]]:
+    """The initializers of ``model`` that are ``module``'s trainable parameters (``requires_grad``), by name, the
+    trainable parameters the traced forward never reads, and the initializers that hold its frozen parameters
+    (``requires_grad`` off: Whisper's sinusoidal position embedding; both name → elements).
 
     A parameter is found under any of its names (``named_parameters(remove_duplicate=False)``): the exporters name
     a tied weight after whichever module they met it in (Gemma's embedding as ``lm_head.weight``). One that has no
     initializer of any name is unread by the trace (DINOv2's ``mask_token`` without a mask), unless the graph holds
     weights that are named after no parameter or buffer (an exporter that re-packs them, such as the TorchScript
     one for LSTM; scalars left aside): then the names are None, so that the graph's structure decides, and nothing
-    is called unread."""
+    is called unread nor frozen."""
     from flopcount.pipeline.parameters import PARAMETER, SHAPE_TYPES, classify
     from flopcount.registry import canonical_domain
 
@@ -320,18 +322,20 @@ def _trainable_initializers(module, model: onnx.ModelProto) -> tuple[list[str] |
     for name, p in module.named_parameters(remove_duplicate=False):
         aliases.setdefault(id(p), []).append(name)
         tensors[id(p)] = p
-    wanted, unread = [], {}
+    wanted, unread, frozen = [], {}, {}
     for key, every in aliases.items():
         p = tensors[key]
-        if not p.requires_grad or p.numel() == 0:
-            continue
         found = next((n for n in every if n in names), None)
-        if found is None:
+        if p.numel() == 0 or (not p.requires_grad and found is None):
+            continue
+        if not p.requires_grad:
+            frozen[found] = int(p.numel())
+        elif found is None:
             unread[every[0]] = int(p.numel())
         else:
             wanted.append(found)
     if not unread:
-        return wanted, {}
+        return wanted, {}, frozen
     known = {n for n, _ in module.named_parameters(remove_duplicate=False)}
     known.update(n for n, _ in module.named_buffers(remove_duplicate=False))
     opsets = {canonical_domain(o.domain): o.version for o in model.opset_import}
@@ -342,8 +346,8 @@ def _trainable_initializers(module, model: onnx.ModelProto) -> tuple[list[str] |
     if repacked:
         log.debug("parameters without an initializer of their name (%s) beside weights named after none (%s): the "
                   "graph decides what is trained", ", ".join(list(unread)[:5]), ", ".join(repacked[:5]))
-        return None, {}
-    return wanted, unread
+        return None, {}, {}
+    return wanted, unread, frozen
 
 
 def _import_torch():

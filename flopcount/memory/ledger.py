@@ -715,15 +715,18 @@ def _passes_gradient(n: NodeCount, i: int) -> bool:
 
 
 def with_params(memory: Memory, tensors: Sequence[TensorInfo]) -> Memory:
-    """``memory`` with weights that the graph never reads added to its parameters (a module's parameter the traced
-    forward does not use, such as DINOv2's ``mask_token``): held throughout the step like every weight, without a
-    gradient or optimizer states (the backward never reaches them, and torch's optimizers make states only for
-    parameters with a gradient). The walk runs again on the graph with them, so the peak includes them."""
+    """``memory`` with a module's weights that take no gradient counted in its parameters: one the graph never reads
+    (a module's parameter the traced forward does not use, such as DINOv2's ``mask_token``) added, a frozen one the
+    graph holds as a buffer (Whisper's sinusoidal position embedding) moved from the buffers. They are held
+    throughout the step like every weight, without a gradient or optimizer states (the backward never reaches
+    them, and torch's optimizers make states only for parameters with a gradient). The walk runs again on the
+    graph with them, so the peak includes them."""
     g = memory.graph
     if not tensors or g is None or memory.settings is None or len(memory.ranks) != 1:
         return memory
+    names = {t.name for t in tensors}
     g = dataclasses.replace(g, tensors={**g.tensors, **{t.name: t for t in tensors}},
-                            params=g.params | {t.name for t in tensors})
+                            params=g.params | names, buffers=g.buffers - names)
     return ledger(g, memory.mode, memory.optimizer, memory.settings, memory.missing, memory.ranks[0].kv_cache_bytes)
 
 

@@ -41,6 +41,9 @@ ENCODER = dict(hidden_size=H, intermediate_size=FFN, num_hidden_layers=LAYERS, n
 VISION = dict(hidden_size=H, intermediate_size=FFN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
               image_size=32, patch_size=8, num_channels=3)
 MOE = dict(num_experts_per_tok=2)
+#: Whisper's log-mel input: its mel bins, and its frames (2·max_source_positions: the front end's second
+#: convolution has stride 2, and the encoder takes exactly that many frames)
+MELS, FRAMES = 16, 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +127,11 @@ FAMILIES = [
            encoder_attention_heads=HEADS, decoder_attention_heads=HEADS, encoder_ffn_dim=FFN, decoder_ffn_dim=FFN,
            vocab_size=VOCAB, max_position_embeddings=32, **TOKENS,
            inputs={"input_ids": (B, S), "decoder_input_ids": (B, 5)}),
+    family("whisper", "encoder-decoder (audio, convolutional front end)", d_model=H, encoder_layers=LAYERS,
+           decoder_layers=LAYERS, encoder_attention_heads=HEADS, decoder_attention_heads=HEADS, encoder_ffn_dim=FFN,
+           decoder_ffn_dim=FFN, vocab_size=VOCAB, num_mel_bins=MELS, max_source_positions=FRAMES // 2,
+           max_target_positions=32, decoder_start_token_id=1, **TOKENS,
+           inputs={"input_features": (B, MELS, FRAMES), "decoder_input_ids": (B, 5)}),
     # vision, and the text towers of multimodal models
     family("vit", "vision encoder", VISION, inputs={"pixel_values": (B, 3, 32, 32)}),
     family("dinov2", "vision encoder", VISION, inputs={"pixel_values": (B, 3, 32, 32)}),

@@ -108,11 +108,30 @@ def real_step(fam: Family, attn: str) -> Step:
         step()  # makes AdamW's states: the tracked step is the steady state
         tracker = mem_tracker.MemTracker()
         tracker.track_external(model, opt)
-        with tracker:
+        with tracker, frozen_hooks(model):
             saved = step()
     cpu = torch.device("cpu")
     named = {getattr(k, "value", k): v for k, v in tracker.get_tracker_snapshot("current")[cpu].items()}
     return Step(saved, named, tracker.get_tracker_snapshot("peak")[cpu]["Total"])
+
+
+@contextlib.contextmanager
+def frozen_hooks(model):
+    """MemTracker registers a gradient hook on every parameter a module's forward meets, which torch refuses on a
+    parameter without ``requires_grad`` (Whisper's sinusoidal position embedding): for those only, a hook that is
+    never called (no gradient ever reaches them) is registered as a handle that holds nothing."""
+    from collections import OrderedDict
+
+    from torch.utils.hooks import RemovableHandle
+
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    for p in frozen:
+        p.register_hook = p.register_post_accumulate_grad_hook = lambda hook: RemovableHandle(OrderedDict())
+    try:
+        yield
+    finally:
+        for p in frozen:
+            del p.register_hook, p.register_post_accumulate_grad_hook
 
 
 def head_dim(config) -> int:
@@ -182,6 +201,16 @@ def decoder_causal_masks(config) -> int:
     built in the forward from ``torch.arange``, which aten.where's backward keeps; the export folds it into a
     constant. One a decoder layer, a byte per element."""
     return config.num_decoder_layers * decoder_length(config) ** 2
+
+
+def query_layout_copies(config) -> int:
+    """Whisper makes Q contiguous as [B, heads, S, d] (``.transpose(1, 2).contiguous()``, which the export drops: ONNX
+    has no layout), so torch's CPU flash kernel writes each attention's output in that layout and the output
+    projection's input (the output transposed to [B, S, heads·d]) is a copy that aten.mm keeps, as Phi-3's
+    (:func:`sdpa_output_copy`): B·S_q·d_model floats per attention, the encoder's self-attentions on its S frames
+    (max_source_positions), the decoder's self- and cross-attentions on its S_dec tokens."""
+    return F32 * B * config.d_model * (config.encoder_layers * config.max_source_positions
+                                        + 2 * config.decoder_layers * decoder_length(config))
 
 
 def list_indices(config) -> int:
@@ -272,6 +301,8 @@ ZEROS = ("aten.mul: the Mamba scan's initial state made in the forward", initial
 SINKS = ("aten.max.dim: the sinks' row maximum keeps int64 indices, the exported ReduceMax its input", sinks_max)
 BUCKETS = ("aten.embedding: the relative position buckets made in the forward", relative_position_buckets)
 CAUSAL = ("aten.where: the decoder's causal masks made in the forward", decoder_causal_masks)
+LAYOUT = ("aten.mm: sdpa's output transposed, a copy (Q made contiguous, which the export drops)",
+          query_layout_copies)
 DELTA_STATE = ("aten.bmm: the gated delta rule's initial state made in the forward", initial_delta_state)
 DELTA_MASK = ("aten.masked_fill: the gated delta rule's chunk mask made in the forward", strictly_upper_mask)
 
@@ -286,6 +317,7 @@ DIFFERS: dict[tuple[str, str], tuple[tuple[str, Callable], ...]] = {
     **{("bart", attn): (DECODER_POSITIONS,) for attn in ATTENTIONS},
     ("t5", "eager"): (BUCKETS,),
     ("t5", "sdpa"): (BUCKETS, CAUSAL),
+    ("whisper", "sdpa"): (LAYOUT,),
     **{("falcon", attn): (INDICES,) for attn in ATTENTIONS},
     **{(name, attn): (MASKS, PADDED) for name in ("mamba2", "bamba", "falcon_h1") for attn in ATTENTIONS},
     **{("granitemoehybrid", attn): (MOE, WEIGHTS, MASKS, PADDED) for attn in ATTENTIONS},

@@ -47,6 +47,24 @@ def test_a_bare_shape_is_input_ids(llama_folder):
     assert r.total.flops == llama_dense_flops(7)
 
 
+def test_an_encoder_decoder_builds_the_whole_model_and_a_bare_shape_is_its_main_input():
+    """A Whisper configuration without ``architectures`` builds WhisperModel (its causal-LM class is the decoder
+    alone, which takes no ``input_features``), and a bare shape is its ``main_input_name``, ``input_features``: the
+    forward's front end then meets it (transformers refuses the missing decoder input, one line)."""
+    from flopcount.frontends.hf import build_model, is_causal_lm
+
+    cfg = transformers.WhisperConfig(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                                     decoder_attention_heads=2, encoder_ffn_dim=48, decoder_ffn_dim=48, vocab_size=50,
+                                     num_mel_bins=8, max_source_positions=4, pad_token_id=0, bos_token_id=1,
+                                     eos_token_id=2, decoder_start_token_id=1)
+    assert not is_causal_lm(cfg) and type(build_model(cfg)).__name__ == "WhisperModel"
+    r = flopcount.from_hf(cfg, {"input_features": (1, 8, 8), "decoder_input_ids": (1, 3)}, cache_dir=False)
+    assert r.params == sum(p.numel() for p in transformers.WhisperModel(cfg).parameters())
+    with pytest.raises(UsageError) as e:
+        flopcount.from_hf(cfg, (1, 8, 8), cache_dir=False)
+    assert "passed input_features: float32[1, 8, 8]" in str(e.value) and "\n" not in str(e.value)
+
+
 @pytest.mark.parametrize("architectures, cls", [
     pytest.param(None, "BertModel", id="no-architectures"),
     pytest.param(["BertForMaskedLM"], "BertForMaskedLM", id="masked-lm"),

@@ -54,3 +54,55 @@ def test_a_fixed_table_gets_no_gradient(counted):
     mul = next(n for n in r.nodes if n.op_type == "Mul")
     assert mul.backward.flops == B * S * D
     assert r.forward.flops >= products and r.backward.flops >= 2 * products
+
+
+class FrozenPositions(torch.nn.Module):
+    """A fixed position table held as a parameter without ``requires_grad`` (as Whisper's sinusoidal positions)
+    added to a trained projection's output."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(D, D)
+        self.positions = torch.nn.Embedding(S, D)
+        self.positions.requires_grad_(False)
+
+    def forward(self, x):
+        return self.proj(x) + self.positions.weight
+
+
+def test_a_frozen_parameter_is_a_parameter_without_gradient():
+    """torch's ``parameters()`` lists the frozen table, its backward gives it no gradient, and MemTracker files it
+    under "Parameter": the count's parameters and memory hold it so, not as a buffer, and name it."""
+    from flopcount.memory.ledger import MemorySettings
+
+    with torch.device("meta"):
+        module = FrozenPositions()
+    r = flopcount.from_torch(module, {"x": (B, S, D)}, mode="train", optimizer="sgd", cache_dir=False,
+                             memory=MemorySettings(device="cpu"))
+    assert r.params == sum(p.numel() for p in module.parameters()) == D * D + D + S * D
+    assert r.trainable_params == D * D + D and r.buffers == 0
+    assert any("positions.weight (80)" in note and "frozen" in note for note in r.notes)
+    (rank,) = r.memory.ranks
+    assert rank.params_bytes == 4 * (D * D + D + S * D) and rank.buffers_bytes == 0
+    assert rank.grads_bytes == 4 * (D * D + D)
+
+
+class FrozenWindow(torch.nn.Module):
+    """A fixed window over (position, feature) held as a frozen parameter that scales a trained projection's output:
+    a factor varying along two axes, which the graph's rule calls a constant (as a rotary table)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(D, D)
+        self.window = torch.nn.Parameter(torch.ones(S, D), requires_grad=False)
+
+    def forward(self, x):
+        return self.proj(x) * self.window
+
+
+def test_a_frozen_parameter_the_rule_calls_a_constant_is_a_parameter_too():
+    with torch.device("meta"):
+        module = FrozenWindow()
+    r = flopcount.from_torch(module, {"x": (B, S, D)}, mode="train", cache_dir=False)
+    assert r.params == sum(p.numel() for p in module.parameters()) == D * D + D + S * D
+    assert r.trainable_params == D * D + D and r.buffers == 0

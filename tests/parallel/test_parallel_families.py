@@ -11,8 +11,9 @@ families), asserting the reconcile identities of docs/parallel.md exactly (:func
 * every rank has a memory row; unsharded, a rank's parameter bytes == the elements its optimizer updates × 4;
   under zero the parameters stay whole on every rank (the gradients accumulated over the microbatches whole under
   zero1, 1/dp of each tensor rounded up under zero2), under fsdp each rank holds FSDP2's shard of every parameter
-  (dim 0 padded to ⌈d0/n⌉ rows), both from torch's parameter shapes; a parameter the forward never reads (torch's
-  elements less the trained ones: DINOv2's ``mask_token``) is held whole on each rank of the first stage.
+  (dim 0 padded to ⌈d0/n⌉ rows), both from torch's parameter shapes; a parameter without a gradient (torch's
+  elements less the trained ones: DINOv2's ``mask_token``, never read; Whisper's frozen positions) is held whole
+  on each rank of the first stage.
 
 A plan the ledger refuses for a family is in :data:`REFUSED` with its reason (``ep`` on a dense
 family: :data:`NO_EXPERTS`): the test asserts the refusal is one
@@ -85,6 +86,7 @@ REFUSED: dict[str, dict[str, str]] = {
         *((name, _MAMBA, _RECURRENCE) for name in ("jamba", "bamba", "falcon_h1", "mamba2", "granitemoehybrid")))},
     "t5": {**dict.fromkeys(("pp=2", "pp=2 --schedule gpipe"), _PIPELINE), "cp=2": _CONTEXT},
     "bart": {**dict.fromkeys(("pp=2", "pp=2 --schedule gpipe"), _PIPELINE), "cp=2": _CONTEXT},
+    "whisper": {**dict.fromkeys(("pp=2", "pp=2 --schedule gpipe"), _PIPELINE), "cp=2": _CONTEXT},
     "vit": _IMAGE_SEQ,
     "dinov2": _IMAGE_SEQ,
 }
@@ -151,7 +153,8 @@ def assert_reconciles(report, parameters: list, text: str, m: int) -> None:
     mem = per_rank(report, p)
     assert {x for r in mem.ranks for x in r.replicas} == set(range(p.world_size))
     steps = {r.rank: r.optimizer_flops for r in led.ranks}
-    unread = elements - report.trainable_params  # no gradient: never read (DINOv2's mask_token), held on stage 0
+    # no gradient: never read (DINOv2's mask_token) or frozen (Whisper's positions), held whole on stage 0
+    unread = elements - report.trainable_params
     for r in mem.ranks:
         if p.fsdp:
             assert r.params_bytes == F32 * fsdp_shard(parameters, p.dp)
@@ -178,6 +181,29 @@ def test_family_plans_reconcile(family, index, request):
     if text in PENDING.get(fam.model_type, {}):
         request.applymarker(pytest.mark.xfail(strict=True, reason=PENDING[fam.model_type][text]))
     assert_reconciles(report, parameters, text, m)
+
+
+def test_whisper_front_end_is_replicated_over_tp(sweep_exports):  # noqa: F811 - the sweep's fixture
+    """Whisper's convolutional front end (two 1-D convolutions of width K = 3 over the F mel frames, the second of
+    stride 2, before the encoder's layers) is replicated over TP, with and without sp: each TP rank runs it whole,
+    rank 0's as model work and rank 1's as redundant work, which is all of rank 1's redundant work (the dense
+    convention counts no FLOPs for the norms and sums sp splits). In closed form, per microbatch: the first
+    convolution 2·B·F·M·K·d forward and once more for its weight's gradient (the features need none), the second
+    2·B·(F/2)·d·K·d forward and twice more (its input's and its weight's gradients)."""
+    import flopcount
+    from flopcount.parallel.ranks import node_shares
+
+    fam = next(p.values[0] for p in FAMILIES if p.values[0].model_type == "whisper")
+    report = flopcount.from_hf(built_config(fam), inputs_of(fam), convention="dense", cache_dir=sweep_exports,
+                               mode="train", optimizer="sgd", memory=MemorySettings(device="cpu"))
+    (b, mels, frames), d = fam.inputs["input_features"], fam.settings["d_model"]
+    front = 2 * (2 * b * frames * mels * 3 * d) + 3 * (2 * b * (frames // 2) * d * 3 * d)
+    for text in _TP:
+        m = dict(PLANS)[text]
+        led = ledger(report, plan_of(text, m))
+        assert [r.redundant_flops for r in led.ranks] == [0, m * front], text
+        convs = [s for s in node_shares(report, plan_of(text, m)) if report.nodes[s.index].op_type == "Conv"]
+        assert len(convs) == 4 and all(s.rule == "replicated" for s in convs), text  # 2 convolutions × 2 ranks
 
 
 def per_rank_cell(model_type: str) -> str:
