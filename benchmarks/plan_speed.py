@@ -34,6 +34,8 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=5)
     parser.add_argument("--sample", type=int, metavar="N", help="search at least N plans, whole groups of the same "
                         "node shares drawn at random (seeded), not all")
+    parser.add_argument("--json", metavar="FILE", help="also write every plan that fits, the dropped counts and the "
+                        "least peak over memory to FILE (JSON), to compare two versions' figures exactly")
     parser.add_argument("--profile", metavar="FILE", help="also write the search's cProfile statistics to FILE")
     a = parser.parse_args()
     import transformers
@@ -76,6 +78,13 @@ def main() -> None:
             profiler.disable()
             profiler.dump_stats(a.profile)
     load = os.getloadavg()[0]
+    if a.json:
+        import json
+
+        with open(a.json, "w") as f:
+            json.dump({"plans": [c.as_dict() for c in found.plans], "dropped": dict(found.dropped),
+                       "smallest": found.smallest.as_dict() if found.smallest else None, "tried": found.tried}, f,
+                      indent=1)
     print(f"Llama-3-70B on {a.devices} H100s ({args.device_memory / 2**30:.4g} GiB), sequences of {a.seq}, global "
           f"batch {a.global_batch}, microbatch sizes {a.sizes}")
     print(f"counts: {counted:.1f} s ({len(sizes) * 3}); search: {found.tried:,} plans in {searched:.1f} s = "

@@ -208,31 +208,34 @@ def _module_tensors(report: Any) -> Any:
     return tensors
 
 
-def _optimizer_tensors(r: Any, report: Any, stages: Any,
-                       tensors: Callable[[str], int]) -> tuple[tuple[float, float], ...]:
+def _optimizer_tensors(r: Any, report: Any,
+                       tensors: Callable[[int], tuple[list[tuple[int, int]], int]]) -> tuple[tuple[float, float], ...]:
     """(tensors, elements) of each module of the rank's stage: the module's elements scaled by the rank's share
     of its stage's parameter elements (its optimizer elements over the stage's: the tensor-parallel split and the
-    sharding), its tensors whole (a shard of a tensor is one tensor to the optimizer). ``stages``: the plan's
-    :meth:`~flopcount.parallel.layout.Layout.stage_params`; ``tensors``: :func:`_module_tensors`."""
+    sharding), its tensors whole (a shard of a tensor is one tensor to the optimizer). ``tensors``: a stage's
+    (tensors, elements) per module and its elements (:func:`_stage_tensors`)."""
     from flopcount.parallel.optimizer import per_element
 
     if r.optimizer_flops is None:
         return ()
-    rows = stages.get(r.stage, [])
-    stage = sum(n for _, _, n in rows)
+    rows, stage = tensors(r.stage)
     frac = r.optimizer_flops / per_element(report) / stage if stage else 0.0
-    return tuple((tensors(m), n * frac) for m, _, n in rows if n * frac > 0)
+    return tuple((t, n * frac) for t, n in rows if n * frac > 0)
 
 
-def _memoized(tensors: Callable[[str], int]) -> Callable[[str], int]:
-    """``tensors`` (:func:`_module_tensors`) found once per module: each rank of a stage reads its modules again."""
-    found: dict[str, int] = {}
+def _stage_tensors(stages: Any,
+                   tensors: Callable[[str], int]) -> Callable[[int], tuple[list[tuple[int, int]], int]]:
+    """A stage's (tensors (:func:`_module_tensors`), elements) per module of the plan's
+    :meth:`~flopcount.parallel.layout.Layout.stage_params` ``stages``, and its elements, found once per stage: each
+    rank of a stage reads them again."""
+    found: dict[int, tuple[list[tuple[int, int]], int]] = {}
 
-    def once(module: str) -> int:
-        n = found.get(module)
-        if n is None:
-            n = found[module] = tensors(module)
-        return n
+    def once(stage: int) -> tuple[list[tuple[int, int]], int]:
+        got = found.get(stage)
+        if got is None:
+            rows = stages.get(stage, [])
+            got = found[stage] = ([(tensors(m), n) for m, _, n in rows], sum(n for _, _, n in rows))
+        return got
 
     return once
 
@@ -299,14 +302,14 @@ def _ledger_work(report: Any) -> Work:
                        _gathered(report))
     stepped = any(r.optimizer_flops is not None for r in led.ranks)  # each rank's optimizer step reads these
     stages = layout_of(report, plan).stage_params(report.modules.params) if stepped else {}
-    tensors = _memoized(_module_tensors(report))
+    tensors = _stage_tensors(stages, _module_tensors(report))
     ranks = []
     for r in led.ranks:
         chunks = by_place.get((r.stage, r.coords["tp"]), {})
         ranks.append(RankWork(r.rank, r.stage, r.coords["tp"], chunks, _messages(r, led), float(r.model_flops),
                               float(r.hardware_flops), _optimizer_bytes(r, led, report),
                               led.optimizer if r.optimizer_flops is not None else None,
-                              _optimizer_tensors(r, report, stages, tensors)))
+                              _optimizer_tensors(r, report, tensors)))
     d = led.dims
     notes = []
     if plan.cp > 1 or plan.ep > 1:
