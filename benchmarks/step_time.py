@@ -7,10 +7,11 @@ one rank; random weights, nothing downloaded) with AdamW, one thread per process
 ``--threads 1``): one rank, data parallel (DDP, ``no_sync`` on all microbatches but the last), a 2-stage pipeline
 (GPipe and 1F1B, the stages' activations and gradients sent with gloo), FSDP2 (``fully_shard`` on each decoder
 layer, then the root, its default gradient sync), tensor parallelism with and without sequence parallelism
-(``step_time_tp``), and recompute (torch's non-reentrant
-checkpoint around each decoder layer: ``--recompute non-reentrant``). A step is timed from a barrier to the end of
-the optimizer step on the slowest rank, after warm-up
-steps; the median and the spread (slowest/fastest) of the repeats are printed beside the prediction's error.
+(``step_time_tp``), expert parallelism of a Mixtral over its data-parallel ranks (``step_time_ep``: the run's
+routing recorded and given to the prediction as ``--expert-load``, the one prediction made after its run), and
+recompute (torch's non-reentrant checkpoint around each decoder layer: ``--recompute non-reentrant``). A step is
+timed from a barrier to the end of the optimizer step on the slowest rank, after warm-up steps; the median and the
+spread (slowest/fastest) of the repeats are printed beside the prediction's error.
 
     PYTHONPATH=$PWD python3 benchmarks/step_time.py            # every run (several minutes)
     PYTHONPATH=$PWD python3 benchmarks/step_time.py --runs 1rank-llama-b4,dp2-m1 --repeats 3
@@ -63,6 +64,7 @@ class Run:
     tp: int = 1  # tensor parallel (without a pipeline): step_time_tp.TensorParallelLM
     fsdp: bool = False  # data parallel with FSDP2 (fully_shard on each decoder layer, then the root)
     sp: bool = False  # sequence parallelism beside tp (step_time_tp.TensorParallelLM's sp)
+    ep: int = 1  # expert parallelism over the dp ranks (step_time_ep.ExpertParallelMoe; a Mixtral, without tp or pp)
 
     @property
     def world(self) -> int:
@@ -94,6 +96,7 @@ RUNS = (
     Run("dp2-fsdp-m2", "llama", 4, dp=2, microbatches=2, fsdp=True),
     Run("1rank-mixtral-b4", "mixtral", 4),
     Run("dp2-mixtral", "mixtral", 4, dp=2),
+    Run("ep2-mixtral", "mixtral", 4, dp=2, ep=2),
 )
 
 
@@ -180,7 +183,16 @@ def worker(rank: int, run: Run, port: int, out: str, warmup: int, repeats: int) 
         tp_groups = [dist.new_group([i + run.tp * d for i in range(run.tp)]) for d in range(run.dp)]
         net = TensorParallelLM(model, tp_rank, run.tp, tp_groups[dp_rank], sp=run.sp)
         params = list(net.parameters())
-    ddp = None
+    ddp, moe = None, []
+    if run.ep > 1:  # the EP groups are the dp ranks in runs of ep; the experts' gradients stay on their rank
+        from step_time_ep import expert_names, expert_parallel
+
+        ep_groups = [dist.new_group(list(range(g, g + run.ep))) for g in range(0, run.dp, run.ep)]
+        moe = expert_parallel(model, rank % run.ep, run.ep, ep_groups[rank // run.ep])
+        from torch.nn.parallel import DistributedDataParallel
+
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, expert_names(model))
+        params = list(model.parameters())
     if run.fsdp:  # FSDP2 as torchtitan applies it; its default gradient sync reduce-scatters every microbatch
         from torch.distributed.fsdp import fully_shard
 
@@ -216,6 +228,8 @@ def worker(rank: int, run: Run, port: int, out: str, warmup: int, repeats: int) 
 
     times, cpus = [], []
     for k in range(warmup + repeats):
+        for block in moe:  # the routing of the timed steps
+            block.record = k >= warmup
         if dist is not None:
             dist.barrier()
         t0, c0 = time.perf_counter(), time.process_time()
@@ -234,8 +248,9 @@ def worker(rank: int, run: Run, port: int, out: str, warmup: int, repeats: int) 
         dist.barrier()
         dist.destroy_process_group()
     if rank == 0:
-        with open(out, "w", encoding="utf-8") as f:
-            json.dump({"wall": times, "cpu": per_rank}, f)
+        with open(out, "w", encoding="utf-8") as f:  # expert_load: each MoE layer's tokens per expert a microbatch
+            json.dump({"wall": times, "cpu": per_rank,
+                       "expert_load": [(b.counts / (repeats * run.microbatches)).tolist() for b in moe] or None}, f)
 
 
 def _pipeline_step(st: _Stage, run: Run, stage: int, ids, ranks) -> None:
@@ -330,22 +345,30 @@ def measure(run: Run, warmup: int, repeats: int) -> dict:
             return json.load(f)
 
 
-def _count_command(run: Run, config: str, profile: str) -> list[str]:
+def _count_command(run: Run, config: str, profile: str, expert_load: str | None = None) -> list[str]:
     cmd = [sys.executable, "-m", "flopcount", "--hf", config, "--input-shape", f"input_ids={run.batch}x{SEQ}:int64",
            "--input-shape", f"labels={run.batch}x{SEQ}:int64", "--mode", "train", "--optimizer", "adamw",
            "--predict", "--machine", profile, "--format", "json"]
     if run.world > 1 or run.recompute != "none":
         cmd += ["--parallel", f"tp={run.tp},dp={run.dp},pp={run.pp}" + (",fsdp" if run.fsdp else "")
-                + (",sp" if run.sp else ""),
+                + (",sp" if run.sp else "") + (f",ep={run.ep}" if run.ep > 1 else ""),
                 "--microbatches", str(run.microbatches),
                 "--schedule", run.schedule, "--recompute", run.recompute]
+    if expert_load is not None:
+        cmd += ["--expert-load", expert_load]
     return cmd
 
 
-def predict(run: Run, folder: str, profile: str) -> dict:
-    """The count's prediction of ``run`` (a separate flopcount process)."""
+def predict(run: Run, folder: str, profile: str, expert_load: list | None = None) -> dict:
+    """The count's prediction of ``run`` (a separate flopcount process); ``expert_load``: each MoE layer's tokens
+    per routed expert in the real run (its ``measure``), given as ``--expert-load``."""
     config = os.path.join(folder, f"{run.model}.json")
-    done = subprocess.run(_count_command(run, config, profile), capture_output=True, text=True, check=False)
+    load = None
+    if expert_load is not None:
+        load = os.path.join(folder, f"{run.name}-expert-load.json")
+        with open(load, "w", encoding="utf-8") as f:
+            json.dump(expert_load, f)
+    done = subprocess.run(_count_command(run, config, profile, load), capture_output=True, text=True, check=False)
     if done.returncode:
         raise SystemExit(f"{run.name}: flopcount failed: {done.stderr.strip().splitlines()[-1]}")
     return json.loads(done.stdout)["prediction"]
@@ -416,9 +439,10 @@ def main(argv: list[str] | None = None) -> int:
         profiles[w] = os.path.join(args.profiles, f"profile-{w}.json") if args.profiles else calibrate(w, folder)
     rows = []
     for run in runs:
-        pred = predict(run, folder, profiles[run.world])
         load0 = os.getloadavg()[0]
         got = measure(run, args.warmup, args.repeats)
+        load1 = os.getloadavg()[0]
+        pred = predict(run, folder, profiles[run.world], got.get("expert_load"))  # the run's routing under ep
         times = got["wall"]
         med = statistics.median(times)
         cpu = max(statistics.median(c) for c in got["cpu"])
@@ -429,9 +453,9 @@ def main(argv: list[str] | None = None) -> int:
                      "predicted_s": pred["step_seconds"], "interval": pred["interval"], "error": err,
                      "cpu_s": cpu, "predicted_busy_s": busy, "cpu_error": cpu_err,
                      "predicted_overhead_s": max(r.get("overhead_seconds", 0.0) for r in pred["ranks"]),
-                     "load": [load0, os.getloadavg()[0]]})
+                     "load": [load0, load1]})
         print(f"{run.name:26s} wall {med:7.4f} s (spread {max(times) / min(times) - 1:4.0%}, load "
-              f"{load0:.1f}-{os.getloadavg()[0]:.1f}) predicted {pred['step_seconds']:7.4f} s "
+              f"{load0:.1f}-{load1:.1f}) predicted {pred['step_seconds']:7.4f} s "
               f"[{_end(pred['interval'][0])}, {_end(pred['interval'][1])}] error {err:+6.1%} | busy CPU {cpu:7.4f} s "
               f"predicted {busy:7.4f} s error {cpu_err:+6.1%} (framework overhead "
               f"{rows[-1]['predicted_overhead_s']:.4f} s of it)", flush=True)

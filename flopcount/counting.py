@@ -334,10 +334,18 @@ def _memory(settings, graph: _Graph, forward: _Forward, trained: _Trained | None
                             grads)
     names = {"params": graph.roles.names(PARAMETER), "trainable": trained.plan.trainable if trained else frozenset(),
              "buffers": graph.roles.names(BUFFER), "stored": walk.stored}
+
+    def masks() -> dict:  # each attention's mask, evaluated: whether the program hands its fused kernel a mask
+        found = score_products(index.protos, index.names)
+        eager, _ = graph_masks(index.protos, index.names, found, res.tensors, res.values,
+                               frozenset(i.name for i in m.graph.input), frozenset(options.input_values or ()))
+        return dict(zip(sorted((n for n, (role, _) in found.items() if role == "scores"), key=lambda n: found[n][1]),
+                        eager))
+
     counted = Counted(forward.nodes, grads=grads or {}, tensors=res.tensors, make_context=context,
                       attributes=lambda n: attributes[n.index], roles=names, inputs=[t.name for t in res.inputs],
                       outputs=[o.name for o in m.graph.output], units=units, strict=options.strict,
-                      where=graph.where, producer=m.producer_name,
+                      where=graph.where, producer=m.producer_name, masks=masks,
                       layout_attributes=lambda n: {a.name: onnx.helper.get_attribute_value(a)
                                                    for a in index.protos[n.index].attribute})
     return account(counted, mode="train" if trained is not None else "inference", optimizer=options.optimizer,

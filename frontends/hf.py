@@ -362,6 +362,7 @@ def _count_generation(model, generate: tuple[int, int], batch: int, cache_dir, o
     steps cut at the configuration's sliding windows, with its masks for executed attention."""
     from .generate import count_generation
 
+    _check_attention(model)
     windows = [m.window for m in config_masks(model.config) or () if m is not None and m.window]
     window = getattr(model.config, "sliding_window", None)
     if isinstance(window, int) and window > 0:
@@ -376,6 +377,7 @@ def _count(model, input_shapes, cache_dir, options: CountOptions, training, expo
     from .exported import count_exported
     from .torch import export_module
 
+    _check_attention(model)
     masked = _with_masks(model, options)
     onnx_model, exported = export_module(model, hf_inputs(model, input_shapes), masked, training=training,
                                          cache_dir=cache_dir, **export)
@@ -383,6 +385,22 @@ def _count(model, input_shapes, cache_dir, options: CountOptions, training, expo
         recipe.counts.append(exported)
         recipe.sound = recipe.sound and masked is options
     return count_exported(onnx_model, exported, masked)
+
+
+#: The attention implementations the exporter cannot write, and why (the model built, before its export).
+UNEXPORTABLE_ATTENTION = {
+    "flex_attention": "torch's FlexAttention runs on a real device only, not on the meta device the weightless "
+                      "export builds on, and the ONNX exporter has no function for its block mask (a stable sort) "
+                      "even on the CPU; count the model with attn_implementation 'sdpa' or 'eager'",
+}
+
+
+def _check_attention(model) -> None:
+    """A :class:`FrontendError` where ``model`` runs an attention implementation the exporter cannot write."""
+    attn = getattr(model.config, "_attn_implementation", None)
+    if attn in UNEXPORTABLE_ATTENTION:
+        raise FrontendError(f"{FRONTEND}: {type(model).__name__} with attn_implementation {attn!r} cannot be "
+                            f"exported to ONNX: {UNEXPORTABLE_ATTENTION[attn]}")
 
 
 def _with_masks(model, options: CountOptions) -> CountOptions:

@@ -182,9 +182,32 @@ def _messages(r: Any, led: Any) -> tuple[Message, ...]:
             out.append(Message(c.kind, c.group, c.bytes / calls, calls, n, "step"))
         elif c.group in ("dp", "dp_cp", "edp"):
             out.append(Message(c.kind, c.group, c.bytes, 1, n, "step"))
-        else:  # cp and ep: one message a microbatch, exposed in the forward
+        elif c.group in ("ep", "tp_ep"):
+            out.extend(_expert_messages(c, r, led, n, v))
+        else:  # cp: one message a microbatch, exposed in the forward
             out.append(Message(c.kind, c.group, c.bytes / m, m, n, "forward"))
     return tuple(replace(x, stride=plan.group_stride(x.group)) for x in out)
+
+
+def _expert_messages(c: Any, r: Any, led: Any, n: int, v: int) -> list[Message]:
+    """The calls of the rank's MoE layers (the rules of :mod:`flopcount.parallel.experts`): before each dispatch an
+    ``all_gather`` of the router's counts (``tp_ep``: a call of :func:`~flopcount.parallel.experts.counts_gathered`
+    bytes each, so the calls are the ledger's bytes over that); each dispatch and each combine an ``all_to_all``
+    (``ep``): two calls a dispatch, and two again a layer and microbatch in the backward, each call the average of
+    the ledger's bytes over them. The forward's L·M dispatches (L the MoE layers of the rank's chunks) are exposed in
+    the forward; the backward's calls and a recompute's rerun (the dispatches past L·M) in the backward."""
+    from flopcount.parallel.experts import counts_gathered
+
+    plan, d, m = led.plan, led.dims, led.plan.microbatches
+    each = counts_gathered(plan, d["experts"])
+    gathers = sum(x.bytes for x in r.communication if x.group == "tp_ep" and x.kind == "all_gather") / each
+    layers = min(m * max(d["moe_layers"] // (plan.pp * v), 1) * v, gathers)  # the forward's dispatches a step
+    if c.group == "tp_ep":
+        return [Message(c.kind, c.group, each, calls, n, phase)
+                for calls, phase in ((layers, "forward"), (gathers - layers, "backward")) if calls > 0]
+    calls = {"forward": 2 * layers, "backward": 2 * (gathers - layers) + (2 * layers if led.mode == "train" else 0)}
+    per = c.bytes / sum(calls.values())
+    return [Message(c.kind, c.group, per, k, n, phase) for phase, k in calls.items() if k > 0]
 
 
 def _module_tensors(report: Any) -> Any:
@@ -314,7 +337,8 @@ def _ledger_work(report: Any) -> Work:
     notes = []
     if plan.cp > 1 or plan.ep > 1:
         notes.append("cp and ep: each rank's nodes are its stage's whole-sequence shares before the cp split and the "
-                     "expert load; their collectives one message a microbatch, exposed")
+                     "expert load; cp's collectives one message a microbatch, ep's a call per dispatch and combine, "
+                     "exposed")
     v = plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
     return Work(tuple(ranks), {"microbatches": plan.microbatches, "pp": plan.pp, "virtual": v,
                                "schedule": plan.schedule},

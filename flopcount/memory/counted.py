@@ -21,6 +21,10 @@ def _no_attributes(n: NodeCount) -> Mapping[str, Any] | None:
     return None
 
 
+def _no_masks() -> Mapping[str, Any]:
+    return {}
+
+
 @dataclass(frozen=True)
 class Counted:
     """What the ledger reads of a counted graph: its ``nodes`` in execution order, which inputs of each need a
@@ -29,8 +33,9 @@ class Counted:
     saved-for-backward rule, the stored tensors by role (``roles``: ``params``, ``trainable``, ``buffers`` and
     ``stored`` tensor names), the graph's inputs and outputs, the recompute units (node index → unit), whether a
     missing rule is refused (``strict``, the message naming ``where``), the model's producer name (``producer``:
-    whose kernels the graph is read as) and every node's attributes (``layout_attributes``: Transpose's ``perm``
-    and Gather's ``axis`` among them)."""
+    whose kernels the graph is read as), every node's attributes (``layout_attributes``: Transpose's ``perm``
+    and Gather's ``axis`` among them) and the masks of its attentions, evaluated (``masks()``: score product's
+    node name → :class:`~flopcount.pipeline.graph_masks.GraphMask`, or why it is not structure)."""
 
     nodes: Sequence[NodeCount]
     grads: Mapping[int, tuple[bool, ...]]
@@ -45,6 +50,7 @@ class Counted:
     where: str
     producer: str = ""
     layout_attributes: Callable[[NodeCount], Mapping[str, Any] | None] = _no_attributes
+    masks: Callable[[], Mapping[str, Any]] = _no_masks
 
 
 def account(c: Counted, *, mode: str, optimizer: str | None, settings: MemorySettings,
@@ -59,7 +65,8 @@ def account(c: Counted, *, mode: str, optimizer: str | None, settings: MemorySet
         saved, missing = saved_by_node(c)
     else:
         saved, missing = {}, {}
-    k = kernels(nodes, saved, roles["stored"], framework_of(c.producer), settings.device, c.layout_attributes)
+    k = kernels(nodes, saved, roles["stored"], framework_of(c.producer), settings.device, c.layout_attributes,
+                c.masks)
     saved.update(k.saved)
     if settings.recompute.policy == "selective":  # a fused attention keeps no score matrix to make again
         dropped = {units[i] for i in k.fused if i in units}

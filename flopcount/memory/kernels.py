@@ -24,7 +24,8 @@ its two-operand ``einsum`` (one ``bmm``, :func:`_einsum_groups`) a copy of each 
 
 The exporters' ``scaled_dot_product_attention`` (Q and Kᵀ each scaled by √scale, their product, softmax, the
 product with V) is torch's fused kernel where torch runs one (CUDA; the CPU without dropout): Q, K and V as it
-reads them, its output and a float32 log-sum-exp per query row; on the CPU with dropout its math path, which keeps
+reads them, its output, a float32 log-sum-exp per query row and the mask it is handed, where the program hands it
+one (:mod:`.handed_masks`); on the CPU with dropout its math path, which keeps
 what the graph's nodes keep, and the dropout's noise. On the CPU (``device="cpu"``) torch's dropout multiplies by
 a noise tensor in the input's type and keeps it (the CUDA kernel keeps a bool mask, as the Dropout rule does); a
 reduced ``nll_loss`` keeps its total weight, a scalar.
@@ -40,6 +41,7 @@ from types import MappingProxyType
 from ..context import TensorInfo
 from ..reporting.report import NodeCount
 from ..saved import NOTHING, Saved, element_bytes
+from .handed_masks import handed, kept_mask
 
 __all__ = ["PATTERNS", "FRAMEWORKS", "Kernels", "Pattern", "framework_of", "kernels"]
 
@@ -521,13 +523,16 @@ def _repeated(ix: _Index, t: TensorInfo, copies: frozenset[str]) -> tuple[NodeCo
     return None
 
 
-def _fused(a: _Attention, ix: _Index, saved: Mapping[int, Saved], copies: frozenset[str]) -> dict[int, Saved]:
+def _fused(a: _Attention, ix: _Index, saved: Mapping[int, Saved], copies: frozenset[str], masked: bool
+           ) -> dict[int, Saved]:
     """What a fused attention kernel keeps, given to the region's nodes: Q, K and V as it reads them (K and V
-    before a grouped-query repeat, kept by the Expand that reads them), its output and a float32 log-sum-exp per
-    query row (``B·heads·S_q``)."""
+    before a grouped-query repeat, kept by the Expand that reads them; repeated where the kernel is ``masked``,
+    and the mask: :mod:`.handed_masks`), its output and a float32 log-sum-exp per query row (``B·heads·S_q``)."""
     out = {n.index: NOTHING for n in a.nodes if n.index in saved}
+    if masked:
+        out.update(kept_mask(a.chain, a.scores.outputs[0].name, saved))
     for mul, i in (a.q, a.k):
-        rep = _repeated(ix, mul.inputs[i], copies)
+        rep = None if masked else _repeated(ix, mul.inputs[i], copies)
         if rep is not None and rep[0].index in saved:
             out[rep[0].index] = Saved(inputs=(0,))
         elif mul.index in out:
@@ -535,7 +540,7 @@ def _fused(a: _Attention, ix: _Index, saved: Mapping[int, Saved], copies: frozen
     y = a.out.outputs[0]
     lse = 4 * prod(y.shape[:-1]) if y is not None and y.is_static else 0
     keep_v = (1,)
-    rep = _repeated(ix, a.out.inputs[1], copies)
+    rep = None if masked else _repeated(ix, a.out.inputs[1], copies)
     if rep is not None and rep[0].index in saved:
         out[rep[0].index], keep_v = Saved(inputs=(0,)), ()
     if a.out.index in saved:
@@ -717,11 +722,12 @@ def _losses(nodes: Sequence[NodeCount], saved: Mapping[int, Saved], out: Mapping
 
 
 def kernels(nodes: Sequence[NodeCount], saved: Mapping[int, Saved], stored: frozenset[str], framework: str | None,
-            device: str = "cuda", attributes=lambda n: None) -> Kernels:
+            device: str = "cuda", attributes=lambda n: None, masks=dict) -> Kernels:
     """What changes when ``nodes`` are read as ``framework``'s kernels (nothing when it is None: a plain ONNX
     file keeps what its nodes keep). ``saved``: each node's rule as written (the nodes whose backward runs);
     ``stored``: weights and constants; ``device``: where the step runs (CPU dropout keeps its float noise);
-    ``attributes(node)``: a node's attributes (Transpose's ``perm``, Gather's ``axis``)."""
+    ``attributes(node)``: a node's attributes (Transpose's ``perm``, Gather's ``axis``); ``masks()``: the
+    attentions' masks evaluated, by score product (:func:`.handed_masks.handed`; a mask not there is not handed)."""
     if framework is None:
         return Kernels()
     ix = _Index(nodes, stored)
@@ -744,8 +750,10 @@ def kernels(nodes: Sequence[NodeCount], saved: Mapping[int, Saved], stored: froz
                                              if a.out.outputs[0] is not None and a.out.outputs[0].is_static})
     if made := _written_over(nodes, ix, saved, layout.views, layout.copies):
         found["a kept view of a tensor written after (a copy)"] = len(made)
+    evaluated = masks() if fused else {}
     for a in fused:
-        out.update(_fused(a, ix, saved, frozenset(layout.copies)))
+        masked = a.scores.name in evaluated and handed(evaluated[a.scores.name])
+        out.update(_fused(a, ix, saved, frozenset(layout.copies), masked))
     if fused:
         found["scaled dot-product attention (fused)"] = len(fused)
     for n in nodes:

@@ -143,17 +143,6 @@ def sorted_routing_weights(config) -> int:
     return len(experts(config)) * F32 * B * S * config.num_experts_per_tok
 
 
-def repeated_kv_and_mask(config) -> int:
-    """With a mask that is not purely causal (sliding-window layers), transformers repeats K and V to the query
-    heads itself (it asks sdpa for grouped-query attention only without a mask), and torch's CPU flash kernel
-    (aten._scaled_dot_product_flash_attention_for_cpu) keeps them so and the float32 mask [B, 1, S, S] it makes of
-    the boolean one: per layer 2·B·(heads − K/V heads)·S·d + B·S·S floats. The exported graph holds a mask for a
-    purely causal attention too (transformers cannot skip it while tracing), so the ledger, which cannot tell them
-    apart yet, reads every attention as the unmasked call: K and V unrepeated, no mask."""
-    heads, kv = config.num_attention_heads, config.num_key_value_heads
-    return config.num_hidden_layers * F32 * (2 * B * (heads - kv) * S * head_dim(config) + B * S * S)
-
-
 def sdpa_output_copy(config) -> int:
     """Phi-3's rotary embedding concatenates the rotated part with the part it leaves (``torch.cat``, empty here:
     the whole head is rotated), which makes Q contiguous [B, heads, S, d]; torch's CPU flash kernel writes its output
@@ -193,15 +182,6 @@ def decoder_causal_masks(config) -> int:
     built in the forward from ``torch.arange``, which aten.where's backward keeps; the export folds it into a
     constant. One a decoder layer, a byte per element."""
     return config.num_decoder_layers * decoder_length(config) ** 2
-
-
-def local_masks(config) -> int:
-    """ModernBERT's local-attention layers hand sdpa a float32 sliding-window mask [B, 1, S, S], which torch's CPU
-    flash kernel (aten._scaled_dot_product_flash_attention_for_cpu) keeps; the ledger reads the attention as the
-    unmasked call (see :func:`repeated_kv_and_mask`): B·S·S floats per local layer (every layer but each
-    ``global_attn_every_n_layers``-th)."""
-    local = sum(i % config.global_attn_every_n_layers != 0 for i in range(config.num_hidden_layers))
-    return local * F32 * B * S * S
 
 
 def list_indices(config) -> int:
@@ -280,12 +260,10 @@ def strictly_upper_mask(config) -> int:
 
 MOE = ("aten.index, aten._grouped_mm: grouped_mm's sort of the (token, expert) pairs", grouped_mm_sort)
 WEIGHTS = ("aten.mul: grouped_mm's routing weights in the sorted order, a copy", sorted_routing_weights)
-MASKED = ("aten._scaled_dot_product_flash_attention_for_cpu: K, V repeated and the mask", repeated_kv_and_mask)
 COPY = ("aten.mm: sdpa's output transposed, a copy (Q made contiguous by a cat the export drops)",
         sdpa_output_copy)
 POSITIONS = ("aten.embedding: the position ids made in the forward", position_ids)
 DECODER_POSITIONS = ("aten.embedding: the decoder's position ids made in the forward", decoder_position_ids)
-LOCAL = ("aten._scaled_dot_product_flash_attention_for_cpu: the local layers' mask", local_masks)
 INDICES = ("aten.index: K's and V's list indices made in the forward", list_indices)
 MASKS = ("aten.masked_fill: the Mamba 2 scan's segment_sum masks made in the forward", segment_sum_masks)
 PADDED = ("aten.mul: the Mamba 2 scan's padded output, made contiguous by a copy the export drops",
@@ -303,13 +281,11 @@ DIFFERS: dict[tuple[str, str], tuple[tuple[str, Callable], ...]] = {
     **{(name, attn): (MOE,) for name in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3")
        for attn in ATTENTIONS},
     **{("granitemoe", attn): (MOE, WEIGHTS) for attn in ATTENTIONS},
-    **{(name, "sdpa"): (MASKED,) for name in ("mistral", "cohere2", "gemma3_text")},
     ("phi3", "sdpa"): (COPY,),
     **{("gpt2", attn): (POSITIONS,) for attn in ATTENTIONS},
     **{("bart", attn): (DECODER_POSITIONS,) for attn in ATTENTIONS},
     ("t5", "eager"): (BUCKETS,),
     ("t5", "sdpa"): (BUCKETS, CAUSAL),
-    ("modernbert", "sdpa"): (LOCAL,),
     **{("falcon", attn): (INDICES,) for attn in ATTENTIONS},
     **{(name, attn): (MASKS, PADDED) for name in ("mamba2", "bamba", "falcon_h1") for attn in ATTENTIONS},
     **{("granitemoehybrid", attn): (MOE, WEIGHTS, MASKS, PADDED) for attn in ATTENTIONS},
@@ -350,6 +326,42 @@ def test_memory_equals_torch(fam, attn, sweep_exports):
     ratio = (rank.peak_bytes - rank.inputs_bytes) / theirs.peak
     print(f"\n{fam.model_type} {attn}: activations {rank.activations_bytes} torch {theirs.saved} peak {ratio:.6f}")
     assert abs(ratio - 1) <= 0.02, ratio
+
+
+@functools.cache
+def supports_flex(model_type: str) -> bool:
+    """Whether the family's model supports flex attention (``_supports_flex_attn``, built on the meta device)."""
+    from flopcount.frontends.hf import build_model
+
+    fam = next(p.values[0] for p in FAMILIES if p.values[0].model_type == model_type)
+    return bool(getattr(build_model(built_config(fam)), "_supports_flex_attn", False))
+
+
+FLEX = [p for p in FAMILIES if p.values[0].model_type not in PENDING and supports_flex(p.values[0].model_type)]
+
+
+@pytest.mark.parametrize("fam", FLEX)
+def test_flex_attention_is_refused_in_one_line(fam):
+    """A model under flex attention cannot be exported (torch's FlexAttention does not run on the meta device, and
+    the ONNX exporter has no function for its block mask): refused in one line with a flopcount exit code, before
+    any export is tried."""
+    from flopcount.errors import FrontendError
+
+    with pytest.raises(FrontendError) as e:
+        flopcount.from_hf(config_of(fam, "flex_attention"), fam.inputs, convention="dense", mode="train",
+                          optimizer="adamw", memory=True)
+    assert "\n" not in str(e.value) and e.value.exit_code == 9
+    assert "attn_implementation 'flex_attention' cannot be exported to ONNX" in str(e.value)
+
+
+def test_flex_attention_has_no_cpu_backward_in_torch():
+    """Nor is there a real CPU step to hold the ledger against: torch's FlexAttention refuses a backward on the CPU
+    (eager and compiled alike). When torch gains one, this fails: the sweep's memory column then wants flex."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    q, k = torch.randn(B, 4, S, 16, requires_grad=True), torch.randn(B, 2, S, 16, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="backward on CPU"):
+        flex_attention(q, k, k, enable_gqa=True)
 
 
 # docs/architectures.md's table: its family rows are the sweep's, and its memory and per-rank columns are these

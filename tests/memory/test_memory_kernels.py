@@ -310,6 +310,11 @@ def _hf(name, attn):
                                           num_attention_heads=4, num_key_value_heads=2, intermediate_size=i,
                                           max_position_embeddings=32, attn_implementation=attn)
         return Loss(transformers.LlamaModel(config), "input_ids"), ids
+    if name == "mistral":  # a sliding window of 4 over 9 tokens: a mask sdpa is handed
+        config = transformers.MistralConfig(vocab_size=61, hidden_size=h, num_hidden_layers=layers,
+                                            num_attention_heads=4, num_key_value_heads=2, intermediate_size=i,
+                                            max_position_embeddings=32, sliding_window=4, attn_implementation=attn)
+        return Loss(transformers.MistralModel(config), "input_ids"), ids
     config = transformers.ViTConfig(image_size=16, patch_size=4, hidden_size=h, num_hidden_layers=layers,
                                     num_attention_heads=3, intermediate_size=i, attn_implementation=attn)
     return Loss(transformers.ViTModel(config), "pixel_values"), (torch.randn(b, 3, 16, 16),)
@@ -317,10 +322,11 @@ def _hf(name, attn):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
-@pytest.mark.parametrize("name", ["bert", "gpt2", "llama", "vit"])
+@pytest.mark.parametrize("name", ["bert", "gpt2", "llama", "mistral", "vit"])
 def test_transformers_models_equal_the_saved_storages(name, attn):
     """sdpa on the CPU: the fused kernel where no dropout is asked for (Llama, ViT: Q, K and V as it reads them,
-    K and V unrepeated, its output, a float32 log-sum-exp per query row), the math path with dropout (BERT, GPT-2:
+    K and V unrepeated, its output, a float32 log-sum-exp per query row; Mistral's sliding window, a mask handed
+    to the kernel: K and V repeated and the mask converted to float32), the math path with dropout (BERT, GPT-2:
     the scaled Q and Kᵀ, the softmax output, the float noise and the dropped probabilities). GPT-2's ``gelu_new``
     is a formula, kept part by part, and its Q and K are views of one fused projection, which torch's matmul copies
     rather than keep the projection whole."""
@@ -425,3 +431,37 @@ def test_sdpa_dropout_survives_the_dynamo_export():
     report = flopcount.count(m, mode="train", batch=B, memory=MemorySettings(device="cpu"))
     want = F32 * (B * S * H + 3 * B * 4 * S * 2 + 3 * B * 4 * S * S)
     assert report.memory.ranks[0].activations_bytes == torch_step(module, inputs) == want
+
+
+class Grouped(torch.nn.Module):
+    """x → Q (4 heads of 2) and K, V (2 heads) → sdpa → sum: ``is_causal`` with ``enable_gqa`` (no mask, K and V
+    at their own heads), or K and V repeated to Q's heads and a boolean window mask of 2 keys made of positions."""
+
+    def __init__(self, masked: bool):
+        super().__init__()
+        self.masked = masked
+        self.q, self.k, self.v = (torch.nn.Linear(H, n * 2, bias=False) for n in (4, 2, 2))
+
+    def forward(self, x):
+        def heads(t, n):
+            return t.unflatten(-1, (n, 2)).transpose(1, 2)
+
+        q, k, v = heads(self.q(x), 4), heads(self.k(x), 2), heads(self.v(x), 2)
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        if not self.masked:
+            return sdpa(q, k, v, is_causal=True, enable_gqa=True).sum()
+        i = torch.arange(x.shape[1])
+        window = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - 2)
+        return sdpa(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), attn_mask=window).sum()
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_sdpa_keeps_the_mask_it_is_handed(masked):
+    """Both graphs hold a mask (the exporter writes is_causal as one); the causal one is no mask to the kernel:
+    x (B·S·H), Q and the output (B·4·S·2 each), K and V at their 2 heads (B·2·S·2 each), the log-sum-exp (B·4·S).
+    The window is handed to it: K and V repeated to 4 heads, and the mask converted to float32 (S·S)."""
+    torch.manual_seed(0)
+    module, inputs = Grouped(masked), (torch.randn(B, S, H),)
+    kv = 2 * B * (4 if masked else 2) * S * 2
+    want = F32 * (B * S * H + 2 * B * 4 * S * 2 + kv + B * 4 * S + (S * S if masked else 0))
+    assert activations(module, inputs) == torch_step(module, inputs) == want

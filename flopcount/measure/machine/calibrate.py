@@ -76,19 +76,24 @@ from flopcount.errors import MeasurementError, UsageError
 
 from .calibration import COLLECTIVES, OPTIMIZERS_TIMED, Collective, MachineProfile, OptimizerCost, Point, fit_segments
 
-__all__ = ["DEFAULT_SIZES", "QUICK_SIZES", "Sizes", "calibrate", "group_sizes", "measure_rank", "tail_stats"]
+__all__ = ["DEFAULT_SIZES", "QUICK_SIZES", "Sizes", "calibrate", "group_sizes", "measure_rank", "message_sizes",
+           "tail_stats"]
 
 
 @dataclass(frozen=True)
 class Sizes:
-    """What a calibration times: GEMM sizes n, elementwise bytes, message bytes (each a multiple of 4·ranks·4),
+    """What a calibration times: GEMM sizes n, elementwise bytes, message bytes (each rounded down to a multiple of
+    4·ranks bytes, a size that rounds to 0 left out: :func:`message_sizes`),
     repeats of each (of each collective in a step: ``in_step_repeats``, enough to see its tail, or at least
     ``in_step_least`` once it has taken ``in_step_budget_s``; ``group_budget_s`` over smaller groups, of the
     ``group_kinds`` only), and the seconds each GEMM size may take."""
 
     gemm: tuple[int, ...] = (16, 64, 128, 256, 512, 768)
     elementwise: tuple[int, ...] = (1024, 16 * 1024, 256 * 1024, 4 * 2**20, 32 * 2**20)
-    messages: tuple[int, ...] = (1024, 4 * 1024, 16 * 1024, 64 * 1024, 256 * 1024, 1 * 2**20, 4 * 2**20, 16 * 2**20)
+    # from 64 bytes (an MoE router's counts per expert, gathered before each dispatch) to 32 MiB (DDP's 25 MiB
+    # buckets inside the calibrated sizes)
+    messages: tuple[int, ...] = (64, 1024, 4 * 1024, 16 * 1024, 64 * 1024, 256 * 1024, 1 * 2**20, 4 * 2**20,
+                                 16 * 2**20, 32 * 2**20)
     repeats: int = 7
     gemm_budget_s: float = 0.6
     attention: tuple[tuple[int, int], ...] = ((64, 32), (128, 32), (256, 64), (512, 64))  # (sequence, head size)
@@ -105,6 +110,16 @@ DEFAULT_SIZES = Sizes()
 QUICK_SIZES = Sizes(gemm=(32, 64), elementwise=(4096, 65536), messages=(4096, 16384, 131072, 524288), repeats=3,
                     gemm_budget_s=0.1, attention=((32, 16), (64, 16)), optimizer_elements=(2**10, 2**14),
                     in_step_repeats=10, in_step_least=10, in_step_budget_s=0.1, group_budget_s=0.1)
+
+
+def message_sizes(messages: tuple[int, ...], ranks: int) -> tuple[int, ...]:
+    """The message bytes timed over ``ranks``: each rounded down to a multiple of 4·ranks (float32 elements that
+    split evenly over the ranks), those that round to 0 left out.
+
+    >>> message_sizes((64, 1024), 2), message_sizes((64, 1024), 3), message_sizes((64, 1024), 32)
+    ((64, 1024), (60, 1020), (1024,))
+    """
+    return tuple(b - b % (4 * ranks) for b in messages if b >= 4 * ranks)
 
 
 def group_sizes(ranks: int) -> tuple[int, ...]:
@@ -378,12 +393,11 @@ def _collectives(rank: int, n: int, sizes: Sizes, in_step: _InStep | None = None
     out = {}
     for kind in kinds:
         rows = []
-        for nbytes in sizes.messages:
+        for nbytes in message_sizes(sizes.messages, n):
             repeats = sizes.repeats if in_step is None else sizes.in_step_repeats
-            t = torch.tensor(_time_collective(kind, nbytes - nbytes % (4 * n), rank, n, repeats, in_step, group),
-                             dtype=torch.float64)
+            t = torch.tensor(_time_collective(kind, nbytes, rank, n, repeats, in_step, group), dtype=torch.float64)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank of each repeat
-            rows.append([nbytes - nbytes % (4 * n), *_stats(t.tolist(), False),
+            rows.append([nbytes, *_stats(t.tolist(), False),
                          *(tail_stats(t.tolist()) if in_step is not None else ())])
         out[kind] = rows
     return out

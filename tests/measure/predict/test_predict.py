@@ -310,8 +310,8 @@ def test_a_tied_embedding_across_the_pipeline_is_one_all_reduce_a_step():
 
 def test_the_routers_counts_are_messages_over_tp_times_ep():
     """A Mixtral-like model under ``dp=2,ep=2``: the router's token counts, gathered before each dispatch over the
-    T·E ranks of group ``tp_ep`` (R int64 numbers per rank and MoE layer, L layers, M microbatches), become one
-    message a microbatch among 2 ranks, and the prediction prices them."""
+    T·E ranks of group ``tp_ep`` (R int64 numbers per rank and MoE layer, L layers, M microbatches), become a
+    message a layer and microbatch among 2 ranks, and the prediction prices them."""
     pytest.importorskip("transformers")
     import dataclasses
 
@@ -332,7 +332,7 @@ def test_the_routers_counts_are_messages_over_tp_times_ep():
     for r in work_of(report).ranks:
         gathers = [x for x in r.messages if x.group == "tp_ep"]
         assert [(x.kind, x.bytes * x.count, x.count, x.ranks) for x in gathers] == [
-            ("all_gather", m * 2 * layers * experts * 8, m, 2)]
+            ("all_gather", m * 2 * layers * experts * 8, m * layers, 2)]
     fast = dataclasses.replace(profile(), compute={"gemm": _flat(1e30), "elementwise": _flat(1e30)})
     assert all(r["communication_seconds"]["all_gather"]["exposed"] > 0 for r in predict(report, fast).ranks)
 

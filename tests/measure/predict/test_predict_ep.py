@@ -1,0 +1,104 @@
+"""Expert parallelism's collectives as the predictor prices them: a call per dispatch and per combine (``all_to_all``,
+group ``ep``) and a gather of the router's counts before each dispatch (``all_gather``, group ``tp_ep``), as
+``benchmarks/step_time_ep.py`` runs them on gloo; against closed forms written here on a Mixtral-like model
+(L MoE layers, R experts, k a token, M microbatches of b×s tokens, hidden h, fp32) under ``dp=2,ep=2``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+
+from flopcount.measure.machine.calibration import Collective, MachineProfile, Point, Segment
+
+L, R, K, H, B, S, M = 2, 4, 2, 32, 2, 8, 2
+VEC = B * S * K * H * 4  # a rank's (token, expert) pairs' hidden vectors: what one dispatch sends
+COUNTS = 2 * R * 8  # the router's int64 counts per expert of the 2 ranks of tp_ep
+LAT, BW = 40e-6, 2e9  # every collective's latency and bus bandwidth
+
+
+def _profile() -> MachineProfile:
+    seg = Segment(0, math.inf, {"median": LAT, "best": LAT}, {"median": BW, "best": BW})
+    fast = (Point(1, 1e30, 1e30, 1e30),)
+    zero = Point(1, 0.0, 0.0, 0.0)
+    return MachineProfile(True, "cpu", 2, {"gemm": fast, "elementwise": fast}, {"forward": zero, "backward": zero},
+                          {k: Collective(0, (), (seg,)) for k in ("all_to_all", "all_gather", "all_reduce")},
+                          peak_flops_per_s=1e30)
+
+
+@pytest.fixture(scope="module")
+def report():
+    pytest.importorskip("transformers")
+    import transformers
+
+    import flopcount
+
+    config = transformers.MixtralConfig(hidden_size=H, intermediate_size=64, num_hidden_layers=L,
+                                        num_attention_heads=2, num_key_value_heads=2, vocab_size=128,
+                                        num_local_experts=R, num_experts_per_tok=K)
+    return flopcount.from_hf(config, (B, S), cache_dir=False, mode="train")
+
+
+def _work(report, recompute=None, load=None):
+    from flopcount.measure.predict import work_of
+    from flopcount.parallel.plan import parse_parallel
+    from flopcount.plans import parallel_ledger
+
+    led = parallel_ledger(report, parse_parallel("dp=2,ep=2", M, "1f1b"), recompute, load)
+    return work_of(dataclasses.replace(report, parallel=led))
+
+
+def _calls(rank, group):
+    return sorted((x.kind, x.phase, x.count, x.bytes, x.ranks) for x in rank.messages if x.group == group)
+
+
+def test_a_balanced_step_is_four_calls_a_layer_and_microbatch(report):
+    """Balanced, every call moves one rank's pairs: the forward's dispatch and combine, the backward's two again
+    (M·L·2 calls in each phase, VEC bytes each); one gather of the counts before each forward dispatch."""
+    for r in _work(report).ranks:
+        assert _calls(r, "ep") == [("all_to_all", "backward", M * L * 2, VEC, 2),
+                                   ("all_to_all", "forward", M * L * 2, VEC, 2)]
+        assert _calls(r, "tp_ep") == [("all_gather", "forward", M * L, COUNTS, 2)]
+
+
+def test_a_recomputed_layer_dispatches_and_combines_again_in_the_backward(report):
+    """``--recompute full`` reruns each MoE layer's forward in the backward: its dispatch (and gather) and its
+    combine again, 6 all_to_all calls a layer and microbatch, 4 of them in the backward."""
+    from flopcount.parallel.plan import parse_recompute
+
+    for r in _work(report, parse_recompute("full")).ranks:
+        assert _calls(r, "ep") == [("all_to_all", "backward", M * L * 4, VEC, 2),
+                                   ("all_to_all", "forward", M * L * 2, VEC, 2)]
+        assert _calls(r, "tp_ep") == [("all_gather", "backward", M * L, COUNTS, 2),
+                                      ("all_gather", "forward", M * L, COUNTS, 2)]
+
+
+def test_an_uneven_load_keeps_the_ledgers_bytes_over_the_same_calls(report, tmp_path):
+    """With ``--expert-load``: rank r's combine returns the pairs its experts ran, 2·VEC·f_r (f_r its experts' share
+    of the layer's pairs); the calls stay four a layer and microbatch, each the average of the rank's bytes."""
+    from flopcount.parallel.experts import load_expert_load
+
+    load = tmp_path / "load.json"
+    load.write_text(json.dumps([[1, 1, 1, 1], [5, 1, 1, 1]]))
+    shares = [[2 / 4, 2 / 4], [6 / 8, 2 / 8]]  # each layer's share of each rank's experts
+    for rank, r in enumerate(_work(report, load=load_expert_load(load)).ranks):
+        total = M * sum(2 * VEC + 2 * 2 * VEC * f[rank] for f in shares)  # dispatch and combine, both ways
+        assert [(x.phase, x.count) for x in r.messages if x.group == "ep"] == [("forward", M * L * 2),
+                                                                                ("backward", M * L * 2)]
+        assert sum(x.bytes * x.count for x in r.messages if x.group == "ep") == pytest.approx(total)
+
+
+def test_each_call_pays_its_latency(report):
+    """Priced from a profile of one latency and bus bandwidth for every collective: the step's all_to_all is its
+    calls' latencies and its bytes' bus time ((n−1)/n of them over 2 ranks), exposed."""
+    from flopcount.measure.predict import predict_work
+
+    pred = predict_work(_work(report), _profile())
+    calls = M * L * 4
+    for r in pred.ranks:
+        a2a = r["communication_seconds"]["all_to_all"]
+        assert a2a["exposed"] == pytest.approx(calls * LAT + calls * VEC / 2 / BW)
+        assert a2a["overlapped"] == 0
+        assert r["communication_seconds"]["all_gather"]["exposed"] == pytest.approx(M * L * (LAT + COUNTS / 2 / BW))
