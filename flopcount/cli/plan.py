@@ -76,7 +76,14 @@ def reports(args: argparse.Namespace):
             check_report(report)
             modules = dataclasses.replace(report.modules, nodes=tuple(report.modules.nodes),
                                           params=MappingProxyType(dict(report.modules.params)))
-            counted[(size, recompute)] = dataclasses.replace(report, nodes=tuple(report.nodes), modules=modules)
+            nodes = tuple(report.nodes)
+            # the policies' counts differ in their memory ledgers alone: the same node and scope lists (compared,
+            # then shared) let every ledger's memo of a list serve each policy's plans
+            same = next((r for (z, _), r in counted.items() if z == size and r.nodes == nodes
+                         and r.modules == modules), None)
+            if same is not None:
+                nodes, modules = same.nodes, same.modules
+            counted[(size, recompute)] = dataclasses.replace(report, nodes=nodes, modules=modules)
         return counted[(size, recompute)]
 
     return report_of

@@ -209,17 +209,20 @@ def search(report_of: Callable[[int, str], Any], profile: Any, space: SpaceSetti
     if sample is not None and sample < len(tried):
         tried, dropped = _sampled(tried, sample), Counter()
     total = len(tried) + sum(dropped.values())
-    # plans of the same node shares one after another: the ledgers keep the last shares asked
+    # each plan's place in the order of the answer (ties of throughput, and the least peak, go to the first);
+    # the plans of the same node shares, each recompute policy in turn, walked one after another: the ledgers keep
+    # the last shares asked, and the layouts read no policy
     tried.sort(key=_shares)
     walks = _Walks(report_of)
-    found: list[Candidate] = []
+    found: list[tuple[int, Candidate]] = []
     smallest: Candidate | None = None
-    for c in tried:
+    least = (0, -1)  # the least peak over memory and its plan's place
+    for i, c in sorted(enumerate(tried), key=lambda x: _walked_order(x[1])):
         p = c.plan
         try:
             # over memory by its floor alone, and not below the least peak over memory found before it: not walked
             floor = walks.floor(c) if device_memory is not None and smallest is not None else None
-            if floor is not None and floor > device_memory and floor >= smallest.peak_bytes:
+            if floor is not None and floor > device_memory and (floor, i) > least:
                 dropped[OVER_MEMORY] += 1
                 continue
             peak = walks.peak(c)
@@ -228,24 +231,32 @@ def search(report_of: Callable[[int, str], Any], profile: Any, space: SpaceSetti
             continue
         if device_memory is not None and peak > device_memory:
             dropped[OVER_MEMORY] += 1
-            if smallest is None or peak < smallest.peak_bytes:
+            if smallest is None or (peak, i) < least:
                 smallest = Candidate(c.text, c.schedule, c.size, p.microbatches, c.recompute, None, None, None, peak,
                                      None)
+                least = (peak, i)
             continue
         try:
             flops, pred = _predicted(report_of(c.size, c.recompute), c, profile)
         except FlopcountError as e:
             dropped[reason(e)] += 1
             continue
-        found.append(Candidate(c.text, c.schedule, c.size, p.microbatches, c.recompute, *pred, peak,
-                               None if device_memory is None else device_memory - peak, *flops))
-    found.sort(key=lambda x: (-(x.tokens_per_second or 0.0), -(x.mfu or 0.0), x.parallel, x.microbatches))
-    return Search(found, dropped, smallest, total)
+        found.append((i, Candidate(c.text, c.schedule, c.size, p.microbatches, c.recompute, *pred, peak,
+                                   None if device_memory is None else device_memory - peak, *flops)))
+    found.sort(key=lambda x: (-(x[1].tokens_per_second or 0.0), -(x[1].mfu or 0.0), x[1].parallel,
+                              x[1].microbatches, x[0]))
+    return Search([x for _, x in found], dropped, smallest, total)
 
 
 def _shares(c: Choice) -> tuple:
-    """What a plan's node shares read: the search runs plans of the same shares one after another."""
+    """What a plan's node shares read: the search's answer lists plans in this order (ties to the first)."""
     return c.size, c.recompute, c.plan.tp, c.plan.sp, c.plan.pp, c.plan.virtual_stages
+
+
+def _walked_order(c: Choice) -> tuple:
+    """The order the search walks plans in: those of the same node shares one after another, each recompute policy
+    in turn (the counts of the policies share their node lists, and so their layouts)."""
+    return c.size, c.plan.tp, c.plan.sp, c.plan.pp, c.plan.virtual_stages, c.recompute
 
 
 def _sampled(tried: list[Choice], sample: int) -> list[Choice]:

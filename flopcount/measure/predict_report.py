@@ -276,6 +276,11 @@ def _optimizer_bytes(r: Any, led: Any, report: Any) -> float:
 _last_places: list[tuple] = []
 
 
+#: The last node list's (with its parameter names and gathered experts, by identity) :func:`_node_facts` found, by
+#: node: the plans of a search read the same nodes at other shares.
+_last_facts: list[Any] = []
+
+
 def _originals(nodes: Any) -> tuple[Callable[[int], int], Callable[[int], Any]]:
     """(the key of node ``k``'s facts, the node of a key) of ``nodes``: a renamed copy of a repeated stack's layer
     past the exported ones (:class:`~flopcount.reporting.tiled.Tiled`) has its block node's key (negative) and
@@ -301,7 +306,10 @@ def _places(nodes: Any, shares: Any, params: frozenset[str],
     if _last_places and _last_places[0][0] is nodes and _last_places[0][1] is shares:
         return _last_places[1]
     by_place: dict[tuple[int, int], dict[int, list[NodeWork]]] = {}
-    facts: dict[int, tuple] = {}
+    if not (_last_facts and _last_facts[0][0] is nodes and _last_facts[0][1] is params
+            and _last_facts[0][2] is gathered):
+        _last_facts[:] = [(nodes, params, gathered), {}]
+    facts: dict[int, tuple] = _last_facts[1]
     key, node = _originals(nodes)
     for x in shares:
         chunks = by_place.setdefault((x.stage, x.tp), {})

@@ -550,8 +550,10 @@ class _GraphMemo:
     stage_reads: dict[tuple, list] = field(default_factory=dict)
 
 
-#: The :class:`_GraphMemo` of the last two graphs walked (a plan search walks each count's plans in turn).
+#: The :class:`_GraphMemo` of the last four graphs walked (a plan search walks the plans of each node shares under
+#: each recompute policy, one count's graph each, in turn).
 _memos: list[_GraphMemo] = []
+_KEPT_MEMOS = 4
 #: The shares a :class:`_GraphMemo` keeps (the last asked: a plan search runs the plans of the same tp and sp in turn)
 _KEPT_SIZES = 16
 
@@ -561,7 +563,7 @@ def _memo(g: Graph) -> _GraphMemo:
     for m in _memos:
         if m.graph is g:
             return m
-    _memos[:] = [*_memos[-1:], _GraphMemo(g)]
+    _memos[:] = [*_memos[1 - _KEPT_MEMOS:], _GraphMemo(g)]
     return _memos[-1]
 
 
