@@ -35,9 +35,14 @@ What is shared between plans, exactly:
   temporaries the shards make smaller);
 * a plan whose key is not walked yet has a floor first (the most a rank holds in parameters, optimizer states and
   accumulated gradients at the walk's own shares, :func:`flopcount.memory.ranks.stage_states`, which its peak adds
-  to): a floor over the device's memory and not below the least peak over memory found before it drops the plan
-  over memory without its walks; it can be neither a plan that fits nor a smaller ``smallest`` (the first plan of
-  the least peak is kept, as without the floor).
+  to): a floor over the device's memory and above the least peak over memory its process found before it (with
+  its place in the answer's order, ties to the first) drops the plan over memory without its walks; it can be
+  neither a plan that fits nor a smaller ``smallest`` (the first plan of the least peak is kept, as without the
+  floor);
+* the recompute policies' counts share their node lists (``flopcount plan``'s counts do), so the plans of the
+  same node shares are walked policy after policy, reading the same layouts; the groups of such plans are shared
+  out to worker processes (``jobs``), each keeping its memos from group to group, and the answer is the same
+  whatever their number.
 """
 
 from __future__ import annotations
@@ -103,6 +108,8 @@ class _Walks:
         self.report_of = report_of
         self.walked: dict[tuple, Any] = {}
         self.states: dict[tuple, list] = {}
+        # the least peak over memory these walks found: (peak, the plan's place in the answer, the plan)
+        self.least: tuple[int, int, Candidate] | None = None
 
     @staticmethod
     def key(c: Choice) -> tuple:
@@ -199,12 +206,13 @@ def _predicted(report: Any, c: Choice, profile: Any) -> tuple[tuple[int, int], t
 
 
 def search(report_of: Callable[[int, str], Any], profile: Any, space: SpaceSettings,
-           device_memory: int | None, sample: int | None = None) -> Search:
+           device_memory: int | None, sample: int | None = None, jobs: int = 1) -> Search:
     """Every plan of ``space`` checked, fitted to ``device_memory`` bytes (None: not fitted) and predicted on
     ``profile``, ranked (see the module). ``report_of(size, recompute)``: the training count of one microbatch of
     ``size`` sequences with its memory ledger under that recompute policy. ``sample``: only so many plans or a few
     more, whole groups of the same node shares drawn at random, as a benchmark times a search too long to run
-    whole."""
+    whole. ``jobs``: worker processes the groups of plans of the same node shares are shared out to (forked, where
+    the platform forks; the answer is the same whatever the number)."""
     tried, dropped = choices(space)
     if sample is not None and sample < len(tried):
         tried, dropped = _sampled(tried, sample), Counter()
@@ -213,39 +221,116 @@ def search(report_of: Callable[[int, str], Any], profile: Any, space: SpaceSetti
     # the plans of the same node shares, each recompute policy in turn, walked one after another: the ledgers keep
     # the last shares asked, and the layouts read no policy
     tried.sort(key=_shares)
-    walks = _Walks(report_of)
-    found: list[tuple[int, Candidate]] = []
-    smallest: Candidate | None = None
-    least = (0, -1)  # the least peak over memory and its plan's place
+    groups: dict[tuple, list[int]] = {}
     for i, c in sorted(enumerate(tried), key=lambda x: _walked_order(x[1])):
+        groups.setdefault(_walked_order(c)[:-1], []).append(i)
+    parts = [_Part(ix) for ix in groups.values()]
+    found: list[tuple[int, Candidate]] = []
+    least: tuple[int, int, Candidate] | None = None
+    for part in _run_parts(_Job(report_of, profile, tried, device_memory), parts, jobs):
+        found += part.found
+        dropped += part.dropped
+        if part.least is not None and (least is None or part.least[:2] < least[:2]):
+            least = part.least
+    found.sort(key=lambda x: (-(x[1].tokens_per_second or 0.0), -(x[1].mfu or 0.0), x[1].parallel,
+                              x[1].microbatches, x[0]))
+    return Search([x for _, x in found], dropped, None if least is None else least[2], total)
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What every part of a search reads: the counts, the profile, the plans (in the answer's order) and the memory."""
+
+    report_of: Callable[[int, str], Any]
+    profile: Any
+    tried: list[Choice]
+    device_memory: int | None
+
+
+@dataclass(frozen=True)
+class _Part:
+    """The places (in the answer's order) of one group of plans of the same node shares, in the order walked."""
+
+    places: list[int]
+
+
+@dataclass(frozen=True)
+class _Done:
+    """A part searched: its plans that fit (each with its place), its dropped counts and the least peak over memory
+    its process found so far (peak, place, plan), None when none was over."""
+
+    found: list[tuple[int, Candidate]]
+    dropped: Counter
+    least: tuple[int, int, Candidate] | None
+
+
+#: The search the forked workers run parts of (set before they fork; each has its own ledgers' memos).
+_forked: list[Any] = []
+
+
+def _run_parts(job: _Job, parts: list[_Part], jobs: int) -> list[_Done]:
+    """Each part searched, in worker processes when ``jobs`` > 1 and the platform forks (else here), their walks'
+    memos kept from part to part in each; the counts made here first, so that each worker has them."""
+    import multiprocessing
+
+    if jobs <= 1 or len(parts) <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        walks = _Walks(job.report_of)
+        return [_search_part(job, part, walks) for part in parts]
+    for size, recompute in dict.fromkeys((c.size, c.recompute) for c in job.tried):
+        try:
+            job.report_of(size, recompute)
+        except FlopcountError:  # refused per plan in the part, as without workers
+            pass
+    _forked[:] = [job, None]
+    try:
+        with multiprocessing.get_context("fork").Pool(min(jobs, len(parts))) as pool:
+            return list(pool.imap(_forked_part, parts))
+    finally:
+        _forked.clear()
+
+
+def _forked_part(part: _Part) -> _Done:
+    """``part`` of the search a worker was forked with, its walks' memos kept for its next part."""
+    job, walks = _forked
+    if walks is None:
+        walks = _forked[1] = _Walks(job.report_of)
+    return _search_part(job, part, walks)
+
+
+def _search_part(job: _Job, part: _Part, walks: _Walks) -> _Done:
+    """The plans of ``part`` checked, fitted and predicted (see :func:`search`). A plan whose floor is over memory
+    and above the least peak over memory found before it by ``walks`` (this process's, kept from part to part) is
+    dropped unwalked: it can be neither a plan that fits nor the least peak of the whole search."""
+    found: list[tuple[int, Candidate]] = []
+    dropped: Counter = Counter()
+    for i in part.places:
+        c = job.tried[i]
         p = c.plan
+        least = walks.least
         try:
             # over memory by its floor alone, and not below the least peak over memory found before it: not walked
-            floor = walks.floor(c) if device_memory is not None and smallest is not None else None
-            if floor is not None and floor > device_memory and (floor, i) > least:
+            floor = walks.floor(c) if job.device_memory is not None and least is not None else None
+            if floor is not None and floor > job.device_memory and (floor, i) > least[:2]:
                 dropped[OVER_MEMORY] += 1
                 continue
             peak = walks.peak(c)
         except FlopcountError as e:
             dropped[reason(e)] += 1
             continue
-        if device_memory is not None and peak > device_memory:
+        if job.device_memory is not None and peak > job.device_memory:
             dropped[OVER_MEMORY] += 1
-            if smallest is None or (peak, i) < least:
-                smallest = Candidate(c.text, c.schedule, c.size, p.microbatches, c.recompute, None, None, None, peak,
-                                     None)
-                least = (peak, i)
+            if least is None or (peak, i) < least[:2]:
+                walks.least = (peak, i, Candidate(c.text, c.schedule, c.size, p.microbatches, c.recompute, None,
+                                                  None, None, peak, None))
             continue
         try:
-            flops, pred = _predicted(report_of(c.size, c.recompute), c, profile)
+            flops, pred = _predicted(job.report_of(c.size, c.recompute), c, job.profile)
         except FlopcountError as e:
             dropped[reason(e)] += 1
             continue
         found.append((i, Candidate(c.text, c.schedule, c.size, p.microbatches, c.recompute, *pred, peak,
-                                   None if device_memory is None else device_memory - peak, *flops)))
-    found.sort(key=lambda x: (-(x[1].tokens_per_second or 0.0), -(x[1].mfu or 0.0), x[1].parallel,
-                              x[1].microbatches, x[0]))
-    return Search([x for _, x in found], dropped, smallest, total)
+                                   None if job.device_memory is None else job.device_memory - peak, *flops)))
+    return _Done(found, dropped, walks.least)
 
 
 def _shares(c: Choice) -> tuple:

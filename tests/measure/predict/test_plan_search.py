@@ -124,6 +124,23 @@ def test_memory_drops_plans(searched, llama, capsys):
     assert all(p["peak_bytes"] <= limit for p in doc["plans"])
 
 
+@pytest.mark.parametrize("limit", ["median", "1KiB"])
+def test_worker_processes_give_the_same_answer(searched, llama, capsys, limit):
+    # the plans that fit, their order (ties included), the dropped counts and the least peak over memory: the same
+    # searched in this process as by three workers, with plans over memory dropped on their floors in each
+    peaks = sorted(p["peak_bytes"] for p in searched["plans"])
+    memory = str(peaks[len(peaks) // 2]) if limit == "median" else limit
+    answers = []
+    for jobs in ("1", "3"):
+        capsys.readouterr()
+        code = main(["plan", *llama, "--devices", "4", "--device-memory", memory, "--microbatch-counts", "2,4",
+                     "--jobs", jobs])
+        out = capsys.readouterr()
+        answers.append((code, out.out, out.err))
+    assert answers[0] == answers[1]
+    assert answers[0][0] == (0 if limit == "median" else 2)
+
+
 def test_no_plan_fits(searched, llama, capsys):
     least = min(searched["plans"], key=lambda p: p["peak_bytes"])
     capsys.readouterr()
