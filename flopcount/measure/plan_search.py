@@ -35,7 +35,9 @@ What is shared between plans, exactly:
   temporaries the shards make smaller);
 * a plan whose key is not walked yet has a floor first (the most a rank holds in parameters, optimizer states and
   accumulated gradients at the walk's own shares, :func:`flopcount.memory.ranks.stage_states`, which its peak adds
-  to): a floor over the device's memory and above the least peak over memory its process found before it (with
+  to; with the activations each rank keeps at the end of a microbatch's forward, its in-flight microbatches' held
+  besides, once a plan of the same kept activations is walked: they read tp, sp, cp, ep, pp, the chunks, the
+  recompute policy, the microbatch size and the FSDP shards, not dp, ZeRO or M): a floor over the device's memory and above the least peak over memory its process found before it (with
   its place in the answer's order, ties to the first) drops the plan over memory without its walks; it can be
   neither a plan that fits nor a smaller ``smallest`` (the first plan of the least peak is kept, as without the
   floor);
@@ -108,6 +110,7 @@ class _Walks:
         self.report_of = report_of
         self.walked: dict[tuple, Any] = {}
         self.states: dict[tuple, list] = {}
+        self.kept: dict[tuple, list[tuple[int, int]]] = {}  # (stage, kept activations) per rank, by kept_key
         # the least peak over memory these walks found: (peak, the plan's place in the answer, the plan)
         self.least: tuple[int, int, Candidate] | None = None
 
@@ -119,13 +122,27 @@ class _Walks:
         return (c.size, c.recompute, p.tp, p.sp, p.cp, p.ep, p.pp, v, p.zero_stage, shards, p.microbatches > 1,
                 p.microbatches % p.pp == 0 if v > 1 else True)
 
+    @staticmethod
+    def kept_key(c: Choice) -> tuple:
+        """What a plan's ranks' kept activations (one microbatch's, at the end of its forward) read: not dp without
+        FSDP, the sharding's states and gradients, or M."""
+        p = c.plan
+        v = p.virtual_stages if p.schedule == "interleaved" else 1
+        return c.size, c.recompute, p.tp, p.sp, p.cp, p.ep, p.pp, v, p.dp * p.cp if p.fsdp else 0
+
     def floor(self, c: Choice) -> int | None:
-        """A lower bound of ``c``'s largest per-rank peak without a walk (its ranks' parameters, optimizer states
-        and accumulated gradients: :func:`flopcount.memory.ranks.stage_states`), the refusals raised; None when
-        its key is walked (its peak is known)."""
+        """A lower bound of ``c``'s largest per-rank peak without a walk, the refusals raised; None when its key is
+        walked (its peak is known). Its ranks' parameters, optimizer states and accumulated gradients
+        (:func:`flopcount.memory.ranks.stage_states`), held throughout the walk, and where a plan of the same
+        kept activations was walked, those too: all alive at the end of the forward, each other microbatch's in
+        flight held besides, as the per-rank ledger adds them."""
+        from flopcount.parallel.layout import in_flight
+
         if self.key(c) in self.walked:
             return None
-        return max(s.params + s.states + s.grads for s in self._states(c))
+        base = [s.params + s.states + s.grads for s in self._states(c)]
+        kept = self.kept.get(self.kept_key(c), ())
+        return max([*base, *(base[s] + act + int(act * (in_flight(c.plan, s) - 1)) for s, act in kept)])
 
     def peak(self, c: Choice) -> int:
         """The largest per-rank peak of ``c``'s plan; the per-rank ledgers' refusal raised."""
@@ -160,6 +177,7 @@ class _Walks:
             try:  # what the model cannot split is refused by the layout before a policy's own count is made
                 layout_of(self.report_of(c.size, "none"), c.plan)
                 mem = per_rank(self.report_of(c.size, c.recompute), c.plan)
+                self.kept.setdefault(self.kept_key(c), [(r.stage, r.activations_bytes) for r in mem.ranks])
                 self.walked[k] = (c.plan, [(r.stage, r.peak_bytes, r.activations_bytes, r.peak_phase)
                                            for r in mem.ranks], None)
             except FlopcountError as e:
