@@ -277,7 +277,8 @@ _last_places: list[tuple] = []
 
 
 #: The last node list's (with its parameter names and gathered experts, by identity) :func:`_node_facts` found, by
-#: node: the plans of a search read the same nodes at other shares.
+#: node, those facts by value, and the works made of them: the plans of a search read the same nodes at other
+#: shares.
 _last_facts: list[Any] = []
 
 
@@ -308,16 +309,25 @@ def _places(nodes: Any, shares: Any, params: frozenset[str],
     by_place: dict[tuple[int, int], dict[int, list[NodeWork]]] = {}
     if not (_last_facts and _last_facts[0][0] is nodes and _last_facts[0][1] is params
             and _last_facts[0][2] is gathered):
-        _last_facts[:] = [(nodes, params, gathered), {}]
+        _last_facts[:] = [(nodes, params, gathered), {}, {}, {}]
+    # each node's facts, one object for equal facts (the layers' nodes), and each work made once for its facts
+    # and FLOPs (a layer's node at its share on a rank is another layer's)
     facts: dict[int, tuple] = _last_facts[1]
+    equal: dict[tuple, tuple] = _last_facts[2]
+    works: dict[tuple, NodeWork] = _last_facts[3]
     key, node = _originals(nodes)
     for x in shares:
         chunks = by_place.setdefault((x.stage, x.tp), {})
         k = key(x.index)
         known = facts.get(k)
         if known is None:
-            known = facts[k] = _node_facts(node(k), params, gathered)
-        chunks.setdefault(x.chunk, []).append(_node_work(known, x.forward, x.backward, x.recompute))
+            known = _node_facts(node(k), params, gathered)
+            known = facts[k] = equal.setdefault(known, known)
+        asked = (id(known), x.forward, x.backward, x.recompute)
+        work = works.get(asked)
+        if work is None:
+            work = works[asked] = _node_work(known, x.forward, x.backward, x.recompute)
+        chunks.setdefault(x.chunk, []).append(work)
     found = {place: {c: tuple(ws) for c, ws in chunks.items()} for place, chunks in by_place.items()}
     _last_places[:] = [(nodes, shares), found]
     return found
