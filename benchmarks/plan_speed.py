@@ -25,6 +25,14 @@ LLAMA3_70B = {"hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layer
               "num_key_value_heads": 8, "vocab_size": 128256}
 
 
+def _children_cpu() -> float:
+    """CPU seconds of the worker processes this process has waited for."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, default=64)
@@ -34,6 +42,9 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=5)
     parser.add_argument("--sample", type=int, metavar="N", help="search at least N plans, whole groups of the same "
                         "node shares drawn at random (seeded), not all")
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes (flopcount plan --jobs; default 1)")
+    parser.add_argument("--json", metavar="FILE", help="also write every plan that fits, the dropped counts and the "
+                        "least peak over memory to FILE (JSON), to compare two versions' figures exactly")
     parser.add_argument("--profile", metavar="FILE", help="also write the search's cProfile statistics to FILE")
     a = parser.parse_args()
     import transformers
@@ -67,20 +78,27 @@ def main() -> None:
         import cProfile
 
         profiler = cProfile.Profile() if a.profile else None
-        start, cpu = time.perf_counter(), time.process_time()
+        start, cpu = time.perf_counter(), time.process_time() - _children_cpu()
         if profiler:
             profiler.enable()
-        found = search(report_of, profile, space, args.device_memory, a.sample)
-        searched, cpu = time.perf_counter() - start, time.process_time() - cpu
+        found = search(report_of, profile, space, args.device_memory, a.sample, a.jobs)
+        searched, cpu = time.perf_counter() - start, time.process_time() - cpu + _children_cpu()
         if profiler:
             profiler.disable()
             profiler.dump_stats(a.profile)
     load = os.getloadavg()[0]
+    if a.json:
+        import json
+
+        with open(a.json, "w") as f:
+            json.dump({"plans": [c.as_dict() for c in found.plans], "dropped": dict(found.dropped),
+                       "smallest": found.smallest.as_dict() if found.smallest else None, "tried": found.tried}, f,
+                      indent=1)
     print(f"Llama-3-70B on {a.devices} H100s ({args.device_memory / 2**30:.4g} GiB), sequences of {a.seq}, global "
           f"batch {a.global_batch}, microbatch sizes {a.sizes}")
     print(f"counts: {counted:.1f} s ({len(sizes) * 3}); search: {found.tried:,} plans in {searched:.1f} s = "
           f"{found.tried / searched:,.2f} plans/s ({searched / found.tried:.3f} s a plan; CPU {cpu:.1f} s); "
-          f"{len(found.plans):,} fit; load average {load:.2f}")
+          f"{len(found.plans):,} fit; {a.jobs} job(s); load average {load:.2f}")
     print("dropped: " + "; ".join(f"{n:,} x {why}" for why, n in found.dropped.most_common()))
     for c in found.plans[:a.top]:
         print(f"  {c.parallel:<28} {c.schedule:<14} {c.microbatch_size} x {c.microbatches:<4} {c.recompute:<9} "

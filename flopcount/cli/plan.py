@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--microbatch-counts", type=_counts, default=[1, 2, 4, 8], metavar="M1,M2,...",
                    help="microbatch counts to try without --global-batch (default 1,2,4,8; those below pp left out)")
     p.add_argument("--top", type=positive_int, default=10, metavar="K", help="plans shown (default 10)")
+    p.add_argument("--jobs", type=positive_int, metavar="N",
+                   help="worker processes the search runs on, forked where the platform forks (default: the CPUs "
+                   "this process may use); the answer is the same whatever N")
     return parser
 
 
@@ -76,7 +79,14 @@ def reports(args: argparse.Namespace):
             check_report(report)
             modules = dataclasses.replace(report.modules, nodes=tuple(report.modules.nodes),
                                           params=MappingProxyType(dict(report.modules.params)))
-            counted[(size, recompute)] = dataclasses.replace(report, nodes=tuple(report.nodes), modules=modules)
+            nodes = tuple(report.nodes)
+            # the policies' counts differ in their memory ledgers alone: the same node and scope lists (compared,
+            # then shared) let every ledger's memo of a list serve each policy's plans
+            same = next((r for (z, _), r in counted.items() if z == size and r.nodes == nodes
+                         and r.modules == modules), None)
+            if same is not None:
+                nodes, modules = same.nodes, same.modules
+            counted[(size, recompute)] = dataclasses.replace(report, nodes=nodes, modules=modules)
         return counted[(size, recompute)]
 
     return report_of
@@ -119,11 +129,21 @@ def run(args: argparse.Namespace) -> int:
             log.warning("%s", diff)
     space = SpaceSettings(args.devices, dims.layers, first.moe is not None and first.moe.experts > 1, sizes,
                           tuple(args.microbatch_counts), args.global_batch)
-    found = search(report_of, profile, space, args.device_memory)
+    found = search(report_of, profile, space, args.device_memory, jobs=args.jobs or _usable_cpus())
     if not found.plans:
         raise UsageError(_none_fits(args, found))
     write_output(_json(args, found) if args.format == "json" else _table(args, found), args.output)
     return 0
+
+
+def _usable_cpus() -> int:
+    """The CPUs this process may run on."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on every platform
+        return os.cpu_count() or 1
 
 
 def _none_fits(args: argparse.Namespace, found) -> str:

@@ -35,9 +35,16 @@ What is shared between plans, exactly:
   temporaries the shards make smaller);
 * a plan whose key is not walked yet has a floor first (the most a rank holds in parameters, optimizer states and
   accumulated gradients at the walk's own shares, :func:`flopcount.memory.ranks.stage_states`, which its peak adds
-  to): a floor over the device's memory and not below the least peak over memory found before it drops the plan
-  over memory without its walks; it can be neither a plan that fits nor a smaller ``smallest`` (the first plan of
-  the least peak is kept, as without the floor).
+  to; with the activations each rank keeps at the end of a microbatch's forward, its in-flight microbatches' held
+  besides, once a plan of the same kept activations is walked: they read tp, sp, cp, ep, pp, the chunks, the
+  recompute policy, the microbatch size and the FSDP shards, not dp, ZeRO or M): a floor over the device's memory and above the least peak over memory its process found before it (with
+  its place in the answer's order, ties to the first) drops the plan over memory without its walks; it can be
+  neither a plan that fits nor a smaller ``smallest`` (the first plan of the least peak is kept, as without the
+  floor);
+* the recompute policies' counts share their node lists (``flopcount plan``'s counts do), so the plans of the
+  same node shares are walked policy after policy, reading the same layouts; the groups of such plans are shared
+  out to worker processes (``jobs``), each keeping its memos from group to group, and the answer is the same
+  whatever their number.
 """
 
 from __future__ import annotations
@@ -103,6 +110,9 @@ class _Walks:
         self.report_of = report_of
         self.walked: dict[tuple, Any] = {}
         self.states: dict[tuple, list] = {}
+        self.kept: dict[tuple, list[tuple[int, int]]] = {}  # (stage, kept activations) per rank, by kept_key
+        # the least peak over memory these walks found: (peak, the plan's place in the answer, the plan)
+        self.least: tuple[int, int, Candidate] | None = None
 
     @staticmethod
     def key(c: Choice) -> tuple:
@@ -112,13 +122,27 @@ class _Walks:
         return (c.size, c.recompute, p.tp, p.sp, p.cp, p.ep, p.pp, v, p.zero_stage, shards, p.microbatches > 1,
                 p.microbatches % p.pp == 0 if v > 1 else True)
 
+    @staticmethod
+    def kept_key(c: Choice) -> tuple:
+        """What a plan's ranks' kept activations (one microbatch's, at the end of its forward) read: not dp without
+        FSDP, the sharding's states and gradients, or M."""
+        p = c.plan
+        v = p.virtual_stages if p.schedule == "interleaved" else 1
+        return c.size, c.recompute, p.tp, p.sp, p.cp, p.ep, p.pp, v, p.dp * p.cp if p.fsdp else 0
+
     def floor(self, c: Choice) -> int | None:
-        """A lower bound of ``c``'s largest per-rank peak without a walk (its ranks' parameters, optimizer states
-        and accumulated gradients: :func:`flopcount.memory.ranks.stage_states`), the refusals raised; None when
-        its key is walked (its peak is known)."""
+        """A lower bound of ``c``'s largest per-rank peak without a walk, the refusals raised; None when its key is
+        walked (its peak is known). Its ranks' parameters, optimizer states and accumulated gradients
+        (:func:`flopcount.memory.ranks.stage_states`), held throughout the walk, and where a plan of the same
+        kept activations was walked, those too: all alive at the end of the forward, each other microbatch's in
+        flight held besides, as the per-rank ledger adds them."""
+        from flopcount.parallel.layout import in_flight
+
         if self.key(c) in self.walked:
             return None
-        return max(s.params + s.states + s.grads for s in self._states(c))
+        base = [s.params + s.states + s.grads for s in self._states(c)]
+        kept = self.kept.get(self.kept_key(c), ())
+        return max([*base, *(base[s] + act + int(act * (in_flight(c.plan, s) - 1)) for s, act in kept)])
 
     def peak(self, c: Choice) -> int:
         """The largest per-rank peak of ``c``'s plan; the per-rank ledgers' refusal raised."""
@@ -153,6 +177,7 @@ class _Walks:
             try:  # what the model cannot split is refused by the layout before a policy's own count is made
                 layout_of(self.report_of(c.size, "none"), c.plan)
                 mem = per_rank(self.report_of(c.size, c.recompute), c.plan)
+                self.kept.setdefault(self.kept_key(c), [(r.stage, r.activations_bytes) for r in mem.ranks])
                 self.walked[k] = (c.plan, [(r.stage, r.peak_bytes, r.activations_bytes, r.peak_phase)
                                            for r in mem.ranks], None)
             except FlopcountError as e:
@@ -199,53 +224,142 @@ def _predicted(report: Any, c: Choice, profile: Any) -> tuple[tuple[int, int], t
 
 
 def search(report_of: Callable[[int, str], Any], profile: Any, space: SpaceSettings,
-           device_memory: int | None, sample: int | None = None) -> Search:
+           device_memory: int | None, sample: int | None = None, jobs: int = 1) -> Search:
     """Every plan of ``space`` checked, fitted to ``device_memory`` bytes (None: not fitted) and predicted on
     ``profile``, ranked (see the module). ``report_of(size, recompute)``: the training count of one microbatch of
     ``size`` sequences with its memory ledger under that recompute policy. ``sample``: only so many plans or a few
     more, whole groups of the same node shares drawn at random, as a benchmark times a search too long to run
-    whole."""
+    whole. ``jobs``: worker processes the groups of plans of the same node shares are shared out to (forked, where
+    the platform forks; the answer is the same whatever the number)."""
     tried, dropped = choices(space)
     if sample is not None and sample < len(tried):
         tried, dropped = _sampled(tried, sample), Counter()
     total = len(tried) + sum(dropped.values())
-    # plans of the same node shares one after another: the ledgers keep the last shares asked
+    # each plan's place in the order of the answer (ties of throughput, and the least peak, go to the first);
+    # the plans of the same node shares, each recompute policy in turn, walked one after another: the ledgers keep
+    # the last shares asked, and the layouts read no policy
     tried.sort(key=_shares)
-    walks = _Walks(report_of)
-    found: list[Candidate] = []
-    smallest: Candidate | None = None
-    for c in tried:
+    groups: dict[tuple, list[int]] = {}
+    for i, c in sorted(enumerate(tried), key=lambda x: _walked_order(x[1])):
+        groups.setdefault(_walked_order(c)[:-1], []).append(i)
+    parts = [_Part(ix) for ix in groups.values()]
+    found: list[tuple[int, Candidate]] = []
+    least: tuple[int, int, Candidate] | None = None
+    for part in _run_parts(_Job(report_of, profile, tried, device_memory), parts, jobs):
+        found += part.found
+        dropped += part.dropped
+        if part.least is not None and (least is None or part.least[:2] < least[:2]):
+            least = part.least
+    found.sort(key=lambda x: (-(x[1].tokens_per_second or 0.0), -(x[1].mfu or 0.0), x[1].parallel,
+                              x[1].microbatches, x[0]))
+    return Search([x for _, x in found], dropped, None if least is None else least[2], total)
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What every part of a search reads: the counts, the profile, the plans (in the answer's order) and the memory."""
+
+    report_of: Callable[[int, str], Any]
+    profile: Any
+    tried: list[Choice]
+    device_memory: int | None
+
+
+@dataclass(frozen=True)
+class _Part:
+    """The places (in the answer's order) of one group of plans of the same node shares, in the order walked."""
+
+    places: list[int]
+
+
+@dataclass(frozen=True)
+class _Done:
+    """A part searched: its plans that fit (each with its place), its dropped counts and the least peak over memory
+    its process found so far (peak, place, plan), None when none was over."""
+
+    found: list[tuple[int, Candidate]]
+    dropped: Counter
+    least: tuple[int, int, Candidate] | None
+
+
+#: The search the forked workers run parts of (set before they fork; each has its own ledgers' memos).
+_forked: list[Any] = []
+
+
+def _run_parts(job: _Job, parts: list[_Part], jobs: int) -> list[_Done]:
+    """Each part searched, in worker processes when ``jobs`` > 1 and the platform forks (else here), their walks'
+    memos kept from part to part in each; the counts made here first, so that each worker has them."""
+    import multiprocessing
+
+    if jobs <= 1 or len(parts) <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        walks = _Walks(job.report_of)
+        return [_search_part(job, part, walks) for part in parts]
+    for size, recompute in dict.fromkeys((c.size, c.recompute) for c in job.tried):
+        try:
+            job.report_of(size, recompute)
+        except FlopcountError:  # refused per plan in the part, as without workers
+            pass
+    _forked[:] = [job, None]
+    try:
+        with multiprocessing.get_context("fork").Pool(min(jobs, len(parts))) as pool:
+            return list(pool.imap(_forked_part, parts))
+    finally:
+        _forked.clear()
+
+
+def _forked_part(part: _Part) -> _Done:
+    """``part`` of the search a worker was forked with, its walks' memos kept for its next part."""
+    job, walks = _forked
+    if walks is None:
+        walks = _forked[1] = _Walks(job.report_of)
+    return _search_part(job, part, walks)
+
+
+def _search_part(job: _Job, part: _Part, walks: _Walks) -> _Done:
+    """The plans of ``part`` checked, fitted and predicted (see :func:`search`). A plan whose floor is over memory
+    and above the least peak over memory found before it by ``walks`` (this process's, kept from part to part) is
+    dropped unwalked: it can be neither a plan that fits nor the least peak of the whole search."""
+    found: list[tuple[int, Candidate]] = []
+    dropped: Counter = Counter()
+    for i in part.places:
+        c = job.tried[i]
         p = c.plan
+        least = walks.least
         try:
             # over memory by its floor alone, and not below the least peak over memory found before it: not walked
-            floor = walks.floor(c) if device_memory is not None and smallest is not None else None
-            if floor is not None and floor > device_memory and floor >= smallest.peak_bytes:
+            floor = walks.floor(c) if job.device_memory is not None and least is not None else None
+            if floor is not None and floor > job.device_memory and (floor, i) > least[:2]:
                 dropped[OVER_MEMORY] += 1
                 continue
             peak = walks.peak(c)
         except FlopcountError as e:
             dropped[reason(e)] += 1
             continue
-        if device_memory is not None and peak > device_memory:
+        if job.device_memory is not None and peak > job.device_memory:
             dropped[OVER_MEMORY] += 1
-            if smallest is None or peak < smallest.peak_bytes:
-                smallest = Candidate(c.text, c.schedule, c.size, p.microbatches, c.recompute, None, None, None, peak,
-                                     None)
+            if least is None or (peak, i) < least[:2]:
+                walks.least = (peak, i, Candidate(c.text, c.schedule, c.size, p.microbatches, c.recompute, None,
+                                                  None, None, peak, None))
             continue
         try:
-            flops, pred = _predicted(report_of(c.size, c.recompute), c, profile)
+            flops, pred = _predicted(job.report_of(c.size, c.recompute), c, job.profile)
         except FlopcountError as e:
             dropped[reason(e)] += 1
             continue
-        found.append(Candidate(c.text, c.schedule, c.size, p.microbatches, c.recompute, *pred, peak,
-                               None if device_memory is None else device_memory - peak, *flops))
-    found.sort(key=lambda x: (-(x.tokens_per_second or 0.0), -(x.mfu or 0.0), x.parallel, x.microbatches))
-    return Search(found, dropped, smallest, total)
+        found.append((i, Candidate(c.text, c.schedule, c.size, p.microbatches, c.recompute, *pred, peak,
+                                   None if job.device_memory is None else job.device_memory - peak, *flops)))
+    return _Done(found, dropped, walks.least)
 
 
 def _shares(c: Choice) -> tuple:
-    """What a plan's node shares read: the search runs plans of the same shares one after another."""
+    """What a plan's node shares read: the search's answer lists plans in this order (ties to the first)."""
     return c.size, c.recompute, c.plan.tp, c.plan.sp, c.plan.pp, c.plan.virtual_stages
+
+
+def _walked_order(c: Choice) -> tuple:
+    """The order the search walks plans in: those of the same node shares one after another, each recompute policy
+    in turn (the counts of the policies share their node lists, and so their layouts)."""
+    return c.size, c.plan.tp, c.plan.sp, c.plan.pp, c.plan.virtual_stages, c.recompute
 
 
 def _sampled(tried: list[Choice], sample: int) -> list[Choice]:

@@ -4,8 +4,8 @@ of known sizes, its FLOPs, its optimizer's bytes and the tokens of a step. The r
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any, Callable
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping
 
 from flopcount.errors import UsageError
 
@@ -45,7 +45,7 @@ def _matrices(node: Any) -> float:
     return float(n)
 
 
-def _node_work(node: Any, fwd: float, bwd: float, again: float, known: tuple) -> NodeWork:
+def _node_work(known: tuple, fwd: float, bwd: float, again: float) -> NodeWork:
     """A node's work on a rank that runs ``fwd``, ``bwd`` and ``again`` of its FLOPs; ``known``: its
     :func:`_node_facts`."""
     kind, whole, total, matrices, kernels = known
@@ -64,13 +64,13 @@ def _node_facts(node: Any, params: frozenset[str], gathered: Any) -> tuple[str, 
     from flopcount.reporting.report import node_bytes, tensor_bytes
 
     out = node.outputs[0].name if node.outputs and node.outputs[0] is not None else ""
-    if out in gathered:
+    if out in gathered.tensors:
         return "elementwise", 0, 0, 1.0, 0
     b = node_bytes(node)
     total, matrices = (b.total if b else 0), _matrices(node)
-    read = {t.name: t for t in node.inputs if t is not None and t.name in gathered}
+    read = {t.name: t for t in node.inputs if t is not None and t.name in gathered.tensors}
     for t in read.values():
-        weight = gathered.info.get(gathered[t.name][0])
+        weight = gathered.info.get(gathered.tensors[t.name][0])
         total -= tensor_bytes(t) or 0
         if weight is not None:
             total += tensor_bytes(weight) or 0
@@ -80,23 +80,34 @@ def _node_facts(node: Any, params: frozenset[str], gathered: Any) -> tuple[str, 
             backward_kernels(node.cost.macs, node.backward.macs, node.backward.flops))
 
 
-class _Gathered(dict):
-    """:func:`~flopcount.memory.ledger.gathered_experts` of a report, with ``info``: each parameter's tensor."""
+@dataclass(frozen=True)
+class _Gathered:
+    """The tensors of experts' weights gathered per token (and their views) of a report, each with its parameter
+    (:func:`~flopcount.memory.ledger.gathered_experts`), and ``info``: each such parameter's tensor."""
 
-    info: dict
+    tensors: Mapping[str, tuple]
+    info: Mapping[str, Any]
+
+
+#: The last report's nodes (by identity) and their :class:`_Gathered`: a plan search reads the same nodes per plan.
+_last_gathered: list[tuple] = []
 
 
 def _gathered(report: Any) -> _Gathered:
-    """The report's tensors of experts' weights gathered per token (and their views), each with its parameter."""
+    """The report's :class:`_Gathered`, found once per node list."""
     from flopcount.memory.ledger import gathered_experts
 
-    found = _Gathered(gathered_experts(report.nodes, report.modules.parameters))
-    found.info = {}
-    wanted = {p for p, _ in found.values()}
+    if _last_gathered and _last_gathered[0][0] is report.nodes and _last_gathered[0][1] is report.modules.parameters:
+        return _last_gathered[1]
+    tensors = gathered_experts(report.nodes, report.modules.parameters)
+    info: dict[str, Any] = {}
+    wanted = {p for p, _ in tensors.values()}
     for n in report.nodes if wanted else ():
         for t in n.inputs:
             if t is not None and t.name in wanted:
-                found.info.setdefault(t.name, t)
+                info.setdefault(t.name, t)
+    found = _Gathered(tensors, info)
+    _last_gathered[:] = [(report.nodes, report.modules.parameters), found]
     return found
 
 
@@ -107,7 +118,7 @@ def _one_rank(report: Any) -> Work:
     for n in report.nodes:
         bwd = n.backward.flops if train else 0
         if n.cost.flops or bwd:
-            nodes.append(_node_work(n, n.cost.flops, bwd, 0, _node_facts(n, report.modules.parameters, gathered)))
+            nodes.append(_node_work(_node_facts(n, report.modules.parameters, gathered), n.cost.flops, bwd, 0))
     opt = 0.0
     notes = []
     if train and report.optimizer is not None and report.optimizer[0] in OPTIMIZER_TRAFFIC:
@@ -220,31 +231,34 @@ def _module_tensors(report: Any) -> Any:
     return tensors
 
 
-def _optimizer_tensors(r: Any, report: Any, stages: Any,
-                       tensors: Callable[[str], int]) -> tuple[tuple[float, float], ...]:
+def _optimizer_tensors(r: Any, report: Any,
+                       tensors: Callable[[int], tuple[list[tuple[int, int]], int]]) -> tuple[tuple[float, float], ...]:
     """(tensors, elements) of each module of the rank's stage: the module's elements scaled by the rank's share
     of its stage's parameter elements (its optimizer elements over the stage's: the tensor-parallel split and the
-    sharding), its tensors whole (a shard of a tensor is one tensor to the optimizer). ``stages``: the plan's
-    :meth:`~flopcount.parallel.layout.Layout.stage_params`; ``tensors``: :func:`_module_tensors`."""
+    sharding), its tensors whole (a shard of a tensor is one tensor to the optimizer). ``tensors``: a stage's
+    (tensors, elements) per module and its elements (:func:`_stage_tensors`)."""
     from flopcount.parallel.optimizer import per_element
 
     if r.optimizer_flops is None:
         return ()
-    rows = stages.get(r.stage, [])
-    stage = sum(n for _, _, n in rows)
+    rows, stage = tensors(r.stage)
     frac = r.optimizer_flops / per_element(report) / stage if stage else 0.0
-    return tuple((tensors(m), n * frac) for m, _, n in rows if n * frac > 0)
+    return tuple((t, n * frac) for t, n in rows if n * frac > 0)
 
 
-def _memoized(tensors: Callable[[str], int]) -> Callable[[str], int]:
-    """``tensors`` (:func:`_module_tensors`) found once per module: each rank of a stage reads its modules again."""
-    found: dict[str, int] = {}
+def _stage_tensors(stages: Any,
+                   tensors: Callable[[str], int]) -> Callable[[int], tuple[list[tuple[int, int]], int]]:
+    """A stage's (tensors (:func:`_module_tensors`), elements) per module of the plan's
+    :meth:`~flopcount.parallel.layout.Layout.stage_params` ``stages``, and its elements, found once per stage: each
+    rank of a stage reads them again."""
+    found: dict[int, tuple[list[tuple[int, int]], int]] = {}
 
-    def once(module: str) -> int:
-        n = found.get(module)
-        if n is None:
-            n = found[module] = tensors(module)
-        return n
+    def once(stage: int) -> tuple[list[tuple[int, int]], int]:
+        got = found.get(stage)
+        if got is None:
+            rows = stages.get(stage, [])
+            got = found[stage] = ([(tensors(m), n) for m, _, n in rows], sum(n for _, _, n in rows))
+        return got
 
     return once
 
@@ -262,19 +276,58 @@ def _optimizer_bytes(r: Any, led: Any, report: Any) -> float:
 _last_places: list[tuple] = []
 
 
+#: The last node list's (with its parameter names and gathered experts, by identity) :func:`_node_facts` found, by
+#: node, those facts by value, and the works made of them: the plans of a search read the same nodes at other
+#: shares.
+_last_facts: list[Any] = []
+
+
+def _originals(nodes: Any) -> tuple[Callable[[int], int], Callable[[int], Any]]:
+    """(the key of node ``k``'s facts, the node of a key) of ``nodes``: a renamed copy of a repeated stack's layer
+    past the exported ones (:class:`~flopcount.reporting.tiled.Tiled`) has its block node's key (negative) and
+    facts, any other node its index. :func:`_node_facts` reads no name but to ask whether a tensor is a parameter
+    or a gathered expert weight, which a copy's tensors (its original's names) are where its original's are; the
+    copy is not made."""
+    from flopcount.reporting.tiled import Tiled
+
+    if not isinstance(nodes, Tiled) or not nodes.copies or not nodes.block:
+        return (lambda k: k), nodes.__getitem__
+    h, b, block = len(nodes.head), len(nodes.block), nodes.block
+    end = h + b * nodes.copies
+
+    def key(k: int) -> int:
+        return -1 - (k - h) % b if h <= k < end else k
+
+    return key, (lambda k: block[-1 - k] if k < 0 else nodes[k])
+
+
 def _places(nodes: Any, shares: Any, params: frozenset[str],
             gathered: Any) -> dict[tuple[int, int], dict[int, tuple[NodeWork, ...]]]:
     """Each (stage, TP rank)'s work per chunk: its shares of the nodes (``gathered``: :func:`_gathered`)."""
     if _last_places and _last_places[0][0] is nodes and _last_places[0][1] is shares:
         return _last_places[1]
     by_place: dict[tuple[int, int], dict[int, list[NodeWork]]] = {}
-    facts: dict[int, tuple] = {}
+    if not (_last_facts and _last_facts[0][0] is nodes and _last_facts[0][1] is params
+            and _last_facts[0][2] is gathered):
+        _last_facts[:] = [(nodes, params, gathered), {}, {}, {}]
+    # each node's facts, one object for equal facts (the layers' nodes), and each work made once for its facts
+    # and FLOPs (a layer's node at its share on a rank is another layer's)
+    facts: dict[int, tuple] = _last_facts[1]
+    equal: dict[tuple, tuple] = _last_facts[2]
+    works: dict[tuple, NodeWork] = _last_facts[3]
+    key, node = _originals(nodes)
     for x in shares:
         chunks = by_place.setdefault((x.stage, x.tp), {})
-        known = facts.get(x.index)
+        k = key(x.index)
+        known = facts.get(k)
         if known is None:
-            known = facts[x.index] = _node_facts(nodes[x.index], params, gathered)
-        chunks.setdefault(x.chunk, []).append(_node_work(nodes[x.index], x.forward, x.backward, x.recompute, known))
+            known = _node_facts(node(k), params, gathered)
+            known = facts[k] = equal.setdefault(known, known)
+        asked = (id(known), x.forward, x.backward, x.recompute)
+        work = works.get(asked)
+        if work is None:
+            work = works[asked] = _node_work(known, x.forward, x.backward, x.recompute)
+        chunks.setdefault(x.chunk, []).append(work)
     found = {place: {c: tuple(ws) for c, ws in chunks.items()} for place, chunks in by_place.items()}
     _last_places[:] = [(nodes, shares), found]
     return found
@@ -290,14 +343,14 @@ def _ledger_work(report: Any) -> Work:
                        _gathered(report))
     stepped = any(r.optimizer_flops is not None for r in led.ranks)  # each rank's optimizer step reads these
     stages = layout_of(report, plan).stage_params(report.modules.params) if stepped else {}
-    tensors = _memoized(_module_tensors(report))
+    tensors = _stage_tensors(stages, _module_tensors(report))
     ranks = []
     for r in led.ranks:
         chunks = by_place.get((r.stage, r.coords["tp"]), {})
         ranks.append(RankWork(r.rank, r.stage, r.coords["tp"], chunks, _messages(r, led), float(r.model_flops),
                               float(r.hardware_flops), _optimizer_bytes(r, led, report),
                               led.optimizer if r.optimizer_flops is not None else None,
-                              _optimizer_tensors(r, report, stages, tensors)))
+                              _optimizer_tensors(r, report, tensors)))
     d = led.dims
     notes = []
     if plan.cp > 1 or plan.ep > 1:

@@ -310,21 +310,33 @@ def stage_states(report: Any, plan: ParallelPlan, expert_load: Any = None) -> li
     if memo.held is None:  # each node's parameters and trained tensors, the graph's
         memo.held = [(k, frozenset(names)) for k, n in enumerate(g.nodes) if (names := {
             x.name for x in n.inputs if x is not None and (x.name in g.params or x.name in g.trainable)})]
-    read: list[set[str]] = [set() for _ in range(plan.pp)]
-    for k, names in memo.held:
-        for c in w.layout.chunks[k]:
-            read[c % plan.pp] |= names
     training, out, stored = mem.mode == "train", [], _stored(w)
-    for names in read:
+    for names, trained, params in _stage_reads(w, memo):
         tensors = {name: stored.get(name) or stored.setdefault(name, w.stored_share(name)) for name in names}
-        trained = sorted(g.trainable & names) if training else []
+        trained = trained if training else []
         shards = _zero_shards(plan, trained, tensors, w.reader, w.shard_div)
         states, _ = optimizer_bytes(mem.optimizer, [shards.optimizer.get(n, tensors[n]) for n in trained],
                                     w.settings, shards.counters)
         grads = sum(tensor_bytes(shards.grads.get(n, tensors[n])) or 0 for n in trained) if plan.microbatches > 1 else 0
-        out.append(StageStates(sum(tensor_bytes(tensors[n]) or 0 for n in g.params & names), states, grads,
-                               _units(w, g.params & names)[0] if plan.zero2 and training else 0))
+        out.append(StageStates(sum(tensor_bytes(tensors[n]) or 0 for n in params), states, grads,
+                               _units(w, params)[0] if plan.zero2 and training else 0))
     return out
+
+
+def _stage_reads(w: "_PlanWalk", memo: _GraphMemo) -> list[tuple[set[str], list[str], frozenset[str]]]:
+    """Per pipeline stage of ``w``'s plan, the parameters and trained tensors its nodes read, those trained
+    (sorted) and those parameters: they read the layout's chunks alone (its pp and chunks), found once per chunks."""
+    g, chunks, pp = w.g, w.layout.chunks, w.plan.pp
+    key = (pp, chunks)
+    found = memo.stage_reads.get(key)
+    if found is None:
+        read: list[set[str]] = [set() for _ in range(pp)]
+        for k, names in memo.held:
+            for c in chunks[k]:
+                read[c % pp] |= names
+        found = memo.stage_reads[key] = [(names, sorted(g.trainable & names), frozenset(g.params & names))
+                                         for names in read]
+    return found
 
 
 def _kv_share(report: Any, plan: ParallelPlan, layers: int, kv: int) -> int | None:
@@ -523,7 +535,7 @@ class _GraphMemo:
     under cp, each stage's :class:`_Stage` and its tensors in the walk's order (by its nodes), each tensor's share
     on a rank (stored: :func:`_stored`; made by the stage, received, and the nodes' statistics: :func:`_sizes_key`),
     each stage's walk structure (:class:`~flopcount.memory.ledger.OnRank`'s ``structure``) and each node's
-    parameters and trained tensors (``held``), found the first time asked."""
+    parameters and trained tensors (``held``) and each stage's (``stage_reads``), found the first time asked."""
 
     graph: Graph
     reader: dict[str, int] | None = None
@@ -535,10 +547,13 @@ class _GraphMemo:
     sp_whole: frozenset[str] | None = None  # sp=torch's gathered inputs and the storages they view
     stored: dict[tuple, dict] = field(default_factory=dict)
     held: list[tuple[int, frozenset[str]]] | None = None
+    stage_reads: dict[tuple, list] = field(default_factory=dict)
 
 
-#: The :class:`_GraphMemo` of the last two graphs walked (a plan search walks each count's plans in turn).
+#: The :class:`_GraphMemo` of the last four graphs walked (a plan search walks the plans of each node shares under
+#: each recompute policy, one count's graph each, in turn).
 _memos: list[_GraphMemo] = []
+_KEPT_MEMOS = 4
 #: The shares a :class:`_GraphMemo` keeps (the last asked: a plan search runs the plans of the same tp and sp in turn)
 _KEPT_SIZES = 16
 
@@ -548,7 +563,7 @@ def _memo(g: Graph) -> _GraphMemo:
     for m in _memos:
         if m.graph is g:
             return m
-    _memos[:] = [*_memos[-1:], _GraphMemo(g)]
+    _memos[:] = [*_memos[1 - _KEPT_MEMOS:], _GraphMemo(g)]
     return _memos[-1]
 
 

@@ -379,7 +379,18 @@ class Layout:
 
     def stage_params(self, params: Mapping[str, int]) -> dict[int, list[tuple[str, ModuleShare, int]]]:
         """The report's parameters by stage: (module, its share, its elements); under pp, a tied embedding's second
-        copy (role ``tied``: its update redundant) on the first or the last stage, whichever its module is not on."""
+        copy (role ``tied``: its update redundant) on the first or the last stage, whichever its module is not on.
+        Memoized (the last few asked: the layouts of plans of the same modules' shares read the same); not to be
+        changed."""
+        key = (self.modules, params, self.tied, self.plan.pp, self.virtual, self.dims.layers, self.stacks)
+        for asked, found in _staged:
+            if asked[0] is key[0] and asked[1] is key[1] and asked[2:] == key[2:]:
+                return found
+        found = self._stage_params(params)
+        _staged[:] = [*_staged[-3:], (key, found)]
+        return found
+
+    def _stage_params(self, params: Mapping[str, int]) -> dict[int, list[tuple[str, ModuleShare, int]]]:
         out: dict[int, list[tuple[str, ModuleShare, int]]] = {}
         for module, n in params.items():
             share = self.modules.get(module) or ModuleShare("expert" if px.is_expert((module,)) else "replicated",
@@ -404,6 +415,8 @@ class Layout:
 
 
 _last: list[tuple] = []
+#: The last few :meth:`Layout.stage_params` asked (the modules' shares and the parameters by identity) and found.
+_staged: list[tuple] = []
 
 
 def layout_of(report: Any, plan: ParallelPlan) -> Layout:

@@ -367,25 +367,12 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
     t, p, m, c_, e_ = plan.tp, plan.pp, plan.microbatches, plan.cp, plan.ep
     load = expert_load or px.ExpertLoad(None)
     layout = layout_of(report, plan)
-    acc = {(s, i): [0, 0, 0, 0] for s in range(p) for i in range(t)}  # model, executed, recomputed, executed fwd
-    experts: dict[tuple[int, int], dict[int, list[int]]] = {k: {} for k in acc}  # per MoE layer: run, recomputed
-    for x in shares:
-        if x.rule == "expert":
-            e = experts[(x.stage, x.tp)].setdefault(layout.layer[x.index], [0, 0])
-            e[0] += x.forward + x.backward
-            e[1] += x.recompute
-            continue
-        a = acc[(x.stage, x.tp)]
-        a[0] += x.model_forward + x.model_backward
-        a[1] += x.forward + x.backward
-        a[2] += x.recompute
-        a[3] += x.forward
-    moe_layers = sorted({layout.layer[x.index] for x in shares if x.rule == "expert"})
+    acc, experts, moe_layers = _summed(shares, layout, p, t)
     load.check_layers(len(moe_layers))
     fractions = {layer: load.fractions(j, report.moe.experts, e_) for j, layer in enumerate(moe_layers)}
     reruns = _moe_reruns(_recomputed(recompute, report.nodes, layout), layout, report.nodes) \
         if train and recompute.policy in _RERUN_TP else {}  # a layer's forward again, its collectives with it
-    whole = sum(n.cost.flops + (n.backward.flops if train else 0) for n in report.nodes)
+    whole = _whole(report.nodes, train)
     comm = _communication(layout, report, per_stage, train, has_loss,
                           _RERUN_TP.get(recompute.policy) if train else None)
     order = ("tp", "pp", "cp", "ep", "dp")
@@ -433,6 +420,49 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
         layout.kv_rule, expert_load=load.source if moe_layers else None,
         optimizer=None if note else report.optimizer[0],
         whole_optimizer_flops=None if note else report.optimizer[1].flops, optimizer_note=note, schedule=schedule)
+
+
+#: The last shares summed (by identity) and their sums: a plan search asks again for the shares of plans that differ
+#: in what the shares do not read.
+_last_sums: list[tuple] = []
+
+
+def _summed(shares: Sequence[NodeShare], layout: Layout, p: int, t: int) -> tuple[dict, dict, list[int]]:
+    """Per (stage, TP rank), its shares' sums but the experts' (model, executed, recomputed, executed forward),
+    its experts' per MoE layer (run, recomputed), and the MoE layers in order; memoized (the last shares asked), not
+    to be changed."""
+    if _last_sums and _last_sums[0] is shares:
+        return _last_sums[1]
+    acc = {(s, i): [0, 0, 0, 0] for s in range(p) for i in range(t)}  # model, executed, recomputed, executed fwd
+    experts: dict[tuple[int, int], dict[int, list[int]]] = {k: {} for k in acc}  # per MoE layer: run, recomputed
+    for x in shares:
+        if x.rule == "expert":
+            e = experts[(x.stage, x.tp)].setdefault(layout.layer[x.index], [0, 0])
+            e[0] += x.forward + x.backward
+            e[1] += x.recompute
+            continue
+        a = acc[(x.stage, x.tp)]
+        a[0] += x.model_forward + x.model_backward
+        a[1] += x.forward + x.backward
+        a[2] += x.recompute
+        a[3] += x.forward
+    found = (acc, experts, sorted({layout.layer[x.index] for x in shares if x.rule == "expert"}))
+    _last_sums[:] = [shares, found]
+    return found
+
+
+#: The last node list's (by identity) whole FLOPs, forward only and with the backward.
+_last_whole: list[Any] = []
+
+
+def _whole(nodes: Sequence[Any], train: bool) -> int:
+    """The FLOPs of ``nodes``, with their backward when ``train``; memoized (the last node list asked)."""
+    if not (_last_whole and _last_whole[0] is nodes):
+        _last_whole[:] = [nodes, {}]
+    found = _last_whole[1]
+    if train not in found:
+        found[train] = sum(n.cost.flops + (n.backward.flops if train else 0) for n in nodes)
+    return found[train]
 
 
 def _moe_reruns(redo: set[int], layout: Layout, nodes: Sequence[Any]) -> dict[int, px.Rerun]:

@@ -124,6 +124,23 @@ def test_memory_drops_plans(searched, llama, capsys):
     assert all(p["peak_bytes"] <= limit for p in doc["plans"])
 
 
+@pytest.mark.parametrize("limit", ["median", "1KiB"])
+def test_worker_processes_give_the_same_answer(searched, llama, capsys, limit):
+    # the plans that fit, their order (ties included), the dropped counts and the least peak over memory: the same
+    # searched in this process as by three workers, with plans over memory dropped on their floors in each
+    peaks = sorted(p["peak_bytes"] for p in searched["plans"])
+    memory = str(peaks[len(peaks) // 2]) if limit == "median" else limit
+    answers = []
+    for jobs in ("1", "3"):
+        capsys.readouterr()
+        code = main(["plan", *llama, "--devices", "4", "--device-memory", memory, "--microbatch-counts", "2,4",
+                     "--jobs", jobs])
+        out = capsys.readouterr()
+        answers.append((code, out.out, out.err))
+    assert answers[0] == answers[1]
+    assert answers[0][0] == (0 if limit == "median" else 2)
+
+
 def test_no_plan_fits(searched, llama, capsys):
     least = min(searched["plans"], key=lambda p: p["peak_bytes"])
     capsys.readouterr()
@@ -137,13 +154,16 @@ def test_each_peak_and_floor_is_the_walks(llama):
     """On every plan of 4 devices (M = 1 and 2): the peak the search gives, which shares walks between plans and
     takes a ZeRO plan's from the walk without ZeRO, is the largest of per_rank's; and the states the search's floor
     is made of (stage_states: parameters, optimizer states, with M > 1 accumulated gradients, and zero2's bucket)
-    are per_rank's own figures, so the floor is at most the peak; a plan the model cannot split refused by both."""
+    are per_rank's own figures, so the floor is at most the peak, also with the kept activations of any plan that
+    keeps the same; a plan the model cannot split refused by both."""
     from flopcount.cli.plan import build_parser, reports
     from flopcount.errors import FlopcountError
     from flopcount.measure.machine.calibration import device_profile
     from flopcount.measure.plan_search import search
     from flopcount.memory.ranks import per_rank, stage_states
+    from flopcount.parallel.layout import in_flight
 
+    kept = {}
     # 64 tokens: the activations, not the optimizer step's temporaries, make most peaks (a ZeRO plan's is then found
     # from the walk without ZeRO)
     args = build_parser().parse_args(["--hf", llama[1], "--input-shape", "input_ids=2x64:int64", *llama[4:],
@@ -167,7 +187,20 @@ def test_each_peak_and_floor_is_the_walks(llama):
                 r.params_bytes, r.optimizer_bytes, r.grads_bytes if c.plan.microbatches > 1 else 0,
                 r.gradient_bucket_bytes), c.text
         assert max(s.params + s.states + s.grads for s in states) <= max(r.peak_bytes for r in ranks)
+        # with the kept activations, the other microbatches' in flight besides: still at most each rank's peak,
+        # and the kept activations the same for every plan that differs only in dp, ZeRO or M
+        for r in ranks:
+            s = states[r.stage]
+            act = r.activations_bytes
+            assert s.params + s.states + s.grads + act + int(act * (in_flight(c.plan, r.stage) - 1)) <= r.peak_bytes
+        p = c.plan  # all the kept activations read (docs/predict.md): not dp without FSDP, ZeRO or M
+        same = (c.size, c.recompute, p.tp, p.sp, p.cp, p.ep, p.pp, p.virtual_stages if p.schedule == "interleaved"
+                else 1, p.dp * p.cp if p.fsdp else 0)
+        kept.setdefault(same, []).append((c.text, [(r.stage, r.activations_bytes) for r in ranks]))
         peaks[(c.text, c.schedule, c.plan.microbatches, c.recompute)] = max(r.peak_bytes for r in ranks)
+    assert max(len(v) for v in kept.values()) > 4
+    for same in kept.values():
+        assert all(acts == same[0][1] for _, acts in same), same
     found = search(report_of, device_profile("H100", 4), space, None)
     assert len(peaks) > 100 and len(found.plans) == len(peaks)
     assert sum("zero" in p.parallel for p in found.plans) > 30
