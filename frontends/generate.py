@@ -429,14 +429,13 @@ def count_seq2seq_generation(model, generate: tuple[int, int], options: CountOpt
     there, once), with ``report.generation`` (``encoder_decoder``) whose N − 1 decode steps each run one token over
     the decoder's own cache of c − 1 positions and the cached cross-attention keys and values, exported with both
     caches and the encoder's output as graph inputs and counted as :func:`count_generation` counts a causal LM's."""
+    from flopcount.plans import check_generation_plan, with_plan, without_plan
+
     from .torch import count_module
 
     prompt, new = _check_generation(generate, batch, options.mode, training)
-    if options.parallel is not None:
-        raise UsageError(f"--parallel {options.parallel} with --generate: the per-rank ledgers of generation are of a "
-                         f"decoder-only model; {type(model).__name__} is an encoder-decoder (its cross-attention cache "
-                         "and encoder are not shared out yet); count it without --parallel")
-    options = dataclasses.replace(options, batch=batch)
+    check_generation_plan(options)
+    planned, options = options, dataclasses.replace(without_plan(options), batch=batch)
     torch = _torch()
     parameters = _forward_parameters(model)
     missing = [n for n in ("input_ids", "decoder_input_ids", "encoder_outputs") if n not in parameters]
@@ -464,7 +463,7 @@ def count_seq2seq_generation(model, generate: tuple[int, int], options: CountOpt
     pieces, steps, method = decode_pieces(range(2, new + 1), (), count_step)
     log.info("generate: %s", method)
     generation = Generation(batch, prompt, new, report.forward, pieces, end, method, steps, encoder_decoder=True)
-    return _with(report, generation)
+    return with_plan(_with(report, generation), planned)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -151,9 +151,9 @@ def _count_built(call, cache_dir, generate: tuple[int, int] | None, capacity_fac
     model = build_model(probe if probe is not None else loaded, trust_remote_code=call.trust_remote_code)
     if generate is not None:
         if not is_causal_lm(model.config) and not _is_seq2seq_lm(model):
-            raise UsageError(f"{FRONTEND}: --generate is for a causal language model or an encoder-decoder with a "
-                             f"language-model head; {model.config.model_type} builds {type(model).__name__}, which "
-                             "does not generate; count it without --generate")
+            raise UsageError(f"{FRONTEND}: --generate is for a causal language model; {model.config.model_type} "
+                             f"builds {type(model).__name__}, which does not generate (nor is it an encoder-decoder "
+                             "with a language-model head); count it without --generate")
         batch = options.batch or _input_ids_batch(input_shapes) or 1
 
         def count(m):
@@ -675,15 +675,19 @@ def is_causal_lm(config) -> bool:
 
 def seq2seq_config(config):
     """``config`` to build for ``--generate``: an encoder-decoder configuration that names no ``architectures`` is
-    given the class transformers' ``AutoModelForSeq2SeqLM`` builds for its ``model_type`` (T5, BART: their
-    ``...ForConditionalGeneration``, the model with a language-model head that ``generate()`` runs), on a copy;
-    any other configuration is returned as it is."""
+    given the class transformers' ``AutoModelForSeq2SeqLM`` (else ``AutoModelForSpeechSeq2Seq``) builds for its
+    ``model_type`` (T5, BART, Whisper: their ``...ForConditionalGeneration``, the model with a language-model head
+    that ``generate()`` runs), on a copy; any other configuration is returned as it is."""
     if getattr(config, "is_encoder_decoder", False) is not True or getattr(config, "architectures", None):
         return config
     _import("transformers")
-    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES,
+    )
 
-    name = MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
+    name = (MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
+            or MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES.get(config.model_type))
     if not isinstance(name, str):
         return config
     import copy
