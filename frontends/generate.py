@@ -1,5 +1,6 @@
 """Generation counted from the graphs of a causal LM (``--generate P:N``, ``from_hf(..., generate=(P, N))``,
-:func:`from_causal_lm` for any PyTorch causal LM whose ``forward`` takes a KV cache).
+:func:`from_causal_lm` for any PyTorch causal LM whose ``forward`` takes a KV cache), and of an encoder-decoder LM
+(T5, BART: :func:`count_seq2seq_generation`, the same way with its encoder and cross-attention cache).
 
 Two kinds of graph are exported and counted exactly, as :func:`flopcount.from_torch` counts any module:
 
@@ -461,6 +462,9 @@ def count_seq2seq_generation(model, generate: tuple[int, int], options: CountOpt
         return count_module(step, inputs, options, input_names=names, cache_dir=cache_dir, **export)
 
     pieces, steps, method = decode_pieces(range(2, new + 1), (), count_step)
+    method = (f"an encoder-decoder: the prefill is its encoder and its decoder over the start token, the decode steps "
+              f"run over the decoder's own cache (the context c) and the cached cross-attention keys and values of "
+              f"the {prompt} prompt positions; {method}")
     log.info("generate: %s", method)
     generation = Generation(batch, prompt, new, report.forward, pieces, end, method, steps, encoder_decoder=True)
     return with_plan(_with(report, generation), planned)

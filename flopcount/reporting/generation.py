@@ -251,5 +251,4 @@ class Generation:
             "total": self.total.as_dict(),
             "kv_cache_bytes": dict(self.kv_cache_bytes),
             "method": self.method,
-            "encoder_decoder": self.encoder_decoder,
         }

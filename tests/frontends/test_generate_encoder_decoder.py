@@ -123,7 +123,8 @@ def test_cli_generate_of_t5_json_and_table(tmp_path):
     assert p.returncode == 0, p.stderr
     g = json.loads(p.stdout)["generation"]
     total, _, calls, held = real_generate("t5", 4, 3, 1)
-    assert g["encoder_decoder"] is True and g["total_flops"] == total and g["kv_cache_bytes"] == {"float32": held}
+    assert g["method"].startswith("an encoder-decoder: ")
+    assert g["total_flops"] == total and g["kv_cache_bytes"] == {"float32": held}
     steps = g["decode_flops_per_step"]
     assert (steps["first_context"], steps["first"], steps["last_context"], steps["last"]) == (2, calls[1], 3, calls[2])
     text = subprocess.run(run, capture_output=True, text=True, timeout=300, cwd=tmp_path)
