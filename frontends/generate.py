@@ -40,7 +40,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = ["EXPORT_KEYWORDS", "CacheLayout", "Seq2SeqLayout", "cache_argument", "cache_layout", "count_generation",
-           "count_seq2seq_generation", "decode_pieces", "decode_step_module", "from_causal_lm", "layout_of",
+           "count_seq2seq_generation", "decode_pieces", "decode_step_module", "from_causal_lm", "is_encoder_decoder",
+           "layout_of",
            "rebuild_cache", "seq2seq_layout", "seq2seq_step_module"]
 
 
@@ -95,6 +96,9 @@ def count_generation(model, generate: tuple[int, int], options: CountOptions, *,
 
     from .torch import count_module
 
+    if is_encoder_decoder(model):
+        return count_seq2seq_generation(model, generate, options, batch=batch, cache_dir=cache_dir, training=training,
+                                        **export)
     prompt, new = _check_generation(generate, batch, options.mode, training)
     check_generation_plan(options)
     planned, options = options, dataclasses.replace(without_plan(options), batch=batch)
@@ -419,6 +423,13 @@ def _torch():
         return import_framework("torch")
     except ModuleNotFoundError:
         raise FrontendError("generate: torch is not installed; pip install torch (see README)") from None
+
+
+def is_encoder_decoder(model) -> bool:
+    """Whether ``generate()`` of ``model`` runs an encoder and then a decoder: its ``forward`` takes what
+    transformers' generation passes an encoder-decoder's decoder, ``encoder_outputs`` and ``decoder_input_ids``."""
+    parameters = _forward_parameters(model)
+    return "encoder_outputs" in parameters and "decoder_input_ids" in parameters
 
 
 def count_seq2seq_generation(model, generate: tuple[int, int], options: CountOptions, *, batch: int = 1,

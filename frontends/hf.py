@@ -362,14 +362,12 @@ def _count_stack(model, count, repeated_layers: str, trust_remote_code: bool, fu
 
 def _count_generation(model, generate: tuple[int, int], batch: int, cache_dir, options: CountOptions, training,
                       export):
-    """``generate()`` of ``model`` counted by :func:`flopcount.frontends.generate.count_generation`, its decode
-    steps cut at the configuration's sliding windows, with its masks for executed attention."""
-    from .generate import count_generation, count_seq2seq_generation
+    """``generate()`` of ``model`` counted by :func:`flopcount.frontends.generate.count_generation` (an
+    encoder-decoder's too), its decode steps cut at the configuration's sliding windows, with its masks for executed
+    attention."""
+    from .generate import count_generation
 
     _check_attention(model)
-    if _is_seq2seq_lm(model):
-        return count_seq2seq_generation(model, generate, _with_masks(model, options), batch=batch,
-                                        cache_dir=cache_dir, training=training, **export)
     windows = [m.window for m in config_masks(model.config) or () if m is not None and m.window]
     window = getattr(model.config, "sliding_window", None)
     if isinstance(window, int) and window > 0:
@@ -698,10 +696,11 @@ def seq2seq_config(config):
 
 
 def _is_seq2seq_lm(model) -> bool:
-    """Whether ``model`` is an encoder-decoder that generates (``can_generate()``, with ``get_encoder``)."""
+    """Whether ``model`` is an encoder-decoder that generates (``can_generate()``)."""
+    from .generate import is_encoder_decoder
+
     can = getattr(model, "can_generate", None)
-    return (getattr(model.config, "is_encoder_decoder", False) is True and callable(can) and bool(can())
-            and callable(getattr(model, "get_encoder", None)))
+    return is_encoder_decoder(model) and callable(can) and bool(can())
 
 
 def model_class(config, *, trust_remote_code: bool = False):

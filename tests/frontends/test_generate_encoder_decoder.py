@@ -74,7 +74,8 @@ def real_generate(name: str, p: int, n: int, b: int):
 
 
 @pytest.mark.parametrize("name", ["t5", "bart"])
-@pytest.mark.parametrize("p, n, b", [pytest.param(4, 3, 1, id="P4-N3"), pytest.param(5, 4, 2, id="P5-N4-B2", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("p, n, b", [pytest.param(4, 3, 1, id="P4-N3"),
+                                     pytest.param(5, 4, 2, id="P5-N4-B2", marks=pytest.mark.slow)])
 def test_generate_equals_flop_counter_over_a_real_generate(name, p, n, b):
     g = flopcount.from_hf(eager(name), generate=(p, n), batch=b, convention="dense", cache_dir=False).generation
     total, encoder, calls, held = real_generate(name, p, n, b)
@@ -133,3 +134,13 @@ def test_cli_generate_of_t5_json_and_table(tmp_path):
     assert "KV cache at the end (3 positions, and 4 cross-attention positions)" in text.stdout
     bad = subprocess.run([*run, "--parallel", "tp=2"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "encoder-decoder" in bad.stderr
+
+
+@pytest.mark.slow
+def test_from_causal_lm_takes_an_encoder_decoder_module():
+    """``from_causal_lm`` (``--torch``) of a T5 module built on the meta device counts the same generation."""
+    with torch.device("meta"):
+        model = transformers.T5ForConditionalGeneration(eager("t5"))
+    g = flopcount.from_causal_lm(model, (4, 3), convention="dense", cache_dir=False).generation
+    total, encoder, calls, held = real_generate("t5", 4, 3, 1)
+    assert (g.total.flops, g.prefill.flops, g.step(3).flops) == (total, encoder + calls[0], calls[2])
