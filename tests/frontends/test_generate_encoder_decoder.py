@@ -75,7 +75,8 @@ def real_generate(name: str, p: int, n: int, b: int):
 
 @pytest.mark.parametrize("name", ["t5", "bart"])
 @pytest.mark.parametrize("p, n, b", [pytest.param(4, 3, 1, id="P4-N3"),
-                                     pytest.param(5, 4, 2, id="P5-N4-B2", marks=pytest.mark.slow)])
+                                     pytest.param(5, 4, 2, id="P5-N4-B2", marks=pytest.mark.slow),
+                                     pytest.param(3, 1, 1, id="P3-N1-prefill-only", marks=pytest.mark.slow)])
 def test_generate_equals_flop_counter_over_a_real_generate(name, p, n, b):
     g = flopcount.from_hf(eager(name), generate=(p, n), batch=b, convention="dense", cache_dir=False).generation
     total, encoder, calls, held = real_generate(name, p, n, b)
