@@ -54,8 +54,9 @@ def from_causal_lm(model, generate: tuple[int, int], *, batch: int = 1, cache_di
     ----------
     model : torch.nn.Module
         A causal LM whose ``forward`` takes ``input_ids`` and a KV cache (:func:`cache_argument`) and returns
-        logits (a transformers ``...ForCausalLM``, or any module with that interface); on the meta device it costs
-        no memory.
+        logits (a transformers ``...ForCausalLM``, or any module with that interface), or an encoder-decoder LM
+        whose ``forward`` also takes ``encoder_outputs`` and ``decoder_input_ids`` (T5, BART:
+        :func:`count_seq2seq_generation`); on the meta device it costs no memory.
     generate : (P, N)
         Prompt tokens and new tokens, both at least 1.
     batch : int
@@ -457,7 +458,7 @@ def count_seq2seq_generation(model, generate: tuple[int, int], options: CountOpt
                          "encoder of another input (audio features, pixels) is not counted yet")
     layout = seq2seq_layout(model, batch, prompt)
     own, cross = layout.own.bytes(), layout.cross.bytes()  # one position of the decoder's own; the P of the prompt
-    end = {k: own.get(k, 0) * new + cross.get(k, 0) for k in {**own, **cross}}  # after the last step
+    end = {k: own.get(k, 0) * new + cross.get(k, 0) for k in dict.fromkeys([*own, *cross])}  # after the last step
     _check_held(sum(end.values()), new)
     ids = ((batch, prompt), torch.int64)
     prefill_inputs: dict[str, Any] = {"input_ids": ids, "decoder_input_ids": ((batch, 1), torch.int64)}
