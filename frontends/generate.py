@@ -1,5 +1,6 @@
 """Generation counted from the graphs of a causal LM (``--generate P:N``, ``from_hf(..., generate=(P, N))``,
-:func:`from_causal_lm` for any PyTorch causal LM whose ``forward`` takes a KV cache).
+:func:`from_causal_lm` for any PyTorch causal LM whose ``forward`` takes a KV cache), and of an encoder-decoder LM
+(T5, BART: :func:`count_seq2seq_generation`, the same way with its encoder and cross-attention cache).
 
 Two kinds of graph are exported and counted exactly, as :func:`flopcount.from_torch` counts any module:
 
@@ -38,8 +39,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EXPORT_KEYWORDS", "CacheLayout", "cache_argument", "cache_layout", "count_generation", "decode_step_module",
-           "from_causal_lm"]
+__all__ = ["EXPORT_KEYWORDS", "CacheLayout", "Seq2SeqLayout", "cache_argument", "cache_layout", "count_generation",
+           "count_seq2seq_generation", "decode_pieces", "decode_step_module", "from_causal_lm", "is_encoder_decoder",
+           "layout_of",
+           "rebuild_cache", "seq2seq_layout", "seq2seq_step_module"]
 
 
 def from_causal_lm(model, generate: tuple[int, int], *, batch: int = 1, cache_dir=None, breakpoints=(),
@@ -51,8 +54,9 @@ def from_causal_lm(model, generate: tuple[int, int], *, batch: int = 1, cache_di
     ----------
     model : torch.nn.Module
         A causal LM whose ``forward`` takes ``input_ids`` and a KV cache (:func:`cache_argument`) and returns
-        logits (a transformers ``...ForCausalLM``, or any module with that interface); on the meta device it costs
-        no memory.
+        logits (a transformers ``...ForCausalLM``, or any module with that interface), or an encoder-decoder LM
+        whose ``forward`` also takes ``encoder_outputs`` and ``decoder_input_ids`` (T5, BART:
+        :func:`count_seq2seq_generation`); on the meta device it costs no memory.
     generate : (P, N)
         Prompt tokens and new tokens, both at least 1.
     batch : int
@@ -93,6 +97,9 @@ def count_generation(model, generate: tuple[int, int], options: CountOptions, *,
 
     from .torch import count_module
 
+    if is_encoder_decoder(model):
+        return count_seq2seq_generation(model, generate, options, batch=batch, cache_dir=cache_dir, training=training,
+                                        **export)
     prompt, new = _check_generation(generate, batch, options.mode, training)
     check_generation_plan(options)
     planned, options = options, dataclasses.replace(without_plan(options), batch=batch)
@@ -120,6 +127,17 @@ def count_generation(model, generate: tuple[int, int], options: CountOptions, *,
         names = ["input_ids", *layout.names]
         return count_module(step, inputs, options, input_names=names, cache_dir=cache_dir, **export)
 
+    pieces, steps, method = decode_pieces(contexts, breakpoints, count_step)
+    log.info("generate: %s", method)
+    generation = Generation(batch, prompt, new, report.forward, pieces, end.bytes(), method, steps)
+    return with_plan(_with(report, generation), planned)  # the plan's ledgers per rank, of the whole generation
+
+
+def decode_pieces(contexts: range, breakpoints, count_step) -> tuple[tuple[DecodePiece, ...], tuple, str]:
+    """``(pieces, steps, method)`` of the decode steps at ``contexts``, cut at ``breakpoints``
+    (:func:`flopcount.reporting.generation.segments`): ``count_step(c)``, the report of the step at context c, is
+    taken at each piece's first and last contexts and, with four or more steps, checked at a third between them;
+    ``steps`` holds ``(context, report)`` at each piece's ends; ``method`` says how, in words."""
     pieces, checked, steps = [], [], []
     for segment in segments(contexts, breakpoints):
         chosen = sorted({segment[0], segment[-1], *([segment[len(segment) // 2]] if len(segment) >= 4 else [])})
@@ -141,9 +159,7 @@ def count_generation(model, generate: tuple[int, int], options: CountOptions, *,
               + (f", its line checked at {', '.join(map(str, checked))}" if checked else "")
               + (f"; pieces cut at the sliding window{'s' if len(set(breakpoints)) > 1 else ''} "
                  f"{', '.join(map(str, sorted(set(breakpoints))))}" if len(pieces) > 1 else ""))
-    log.info("generate: %s", method)
-    generation = Generation(batch, prompt, new, report.forward, tuple(pieces), end.bytes(), method, tuple(steps))
-    return with_plan(_with(report, generation), planned)  # the plan's ledgers per rank, of the whole generation
+    return tuple(pieces), tuple(steps), method
 
 
 #: The most bytes of KV cache the last decode step's export may be given as example inputs (they are allocated).
@@ -168,6 +184,10 @@ def _check_cache(model, layout: CacheLayout, batch: int, prompt: int, context: i
         held = sum(cache_layout(model, batch, context).bytes().values())
     except FrontendError:  # a context too long for the model to run even under fake tensors: the bound stands
         pass
+    _check_held(held, context)
+
+
+def _check_held(held: int, context: int) -> None:
     if held > MAX_CACHE_BYTES:
         raise UsageError(f"generate: the KV cache at context {context:,} is {held / 2**30:,.1f} GiB, which the export "
                          f"of the last decode step holds as example inputs (at most {MAX_CACHE_BYTES // 2**30} GiB); "
@@ -220,7 +240,14 @@ def cache_layout(model, batch: int, prompt: int) -> CacheLayout:
     except Exception as e:  # noqa: BLE001 - the model's own code may raise anything
         raise FrontendError(f"generate: {type(model).__name__} cannot run {prompt} prompt tokens to show its KV "
                             f"cache: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
-    cache = _output_cache(out, cache_argument(model))
+    return layout_of(model, _output_cache(out, cache_argument(model)), prompt)
+
+
+def layout_of(model, cache, positions: int, prefix: str = "past") -> CacheLayout:
+    """The :class:`CacheLayout` of ``cache`` (a transformers ``DynamicCache`` or a tuple of (key, value) per
+    layer) holding ``positions`` positions (fewer on a layer with a sliding window), its inputs named
+    ``{prefix}_key_{i}``, ``{prefix}_value_{i}``; a :class:`UsageError` for another kind of cache."""
+    torch = _torch()
     layers = getattr(cache, "layers", None)
     if layers is not None and all(isinstance(getattr(layer, "keys", None), torch.Tensor)
                                   and isinstance(getattr(layer, "values", None), torch.Tensor) for layer in layers):
@@ -229,16 +256,16 @@ def cache_layout(model, batch: int, prompt: int) -> CacheLayout:
         pairs, kind = [tuple(p) for p in cache], "tuple"
     else:
         raise UsageError(f"generate: {type(model).__name__} returns no KV cache ({_cache_names_hint()}) from its "
-                         "forward, or one of another kind than keys and values per layer; it is not a causal LM that "
+                         "forward, or one of another kind than keys and values per layer; it is not a model that "
                          "generate() runs with a KV cache")
     names, tensors = [], []
     for i, pair in enumerate(pairs):
         for which, t in zip(("key", "value"), pair):
-            if t is None or t.dim() < 3 or not 0 < t.shape[-2] <= prompt:
-                raise UsageError(f"generate: layer {i}'s cached {which}s do not hold the {prompt} prompt positions "
+            if t is None or t.dim() < 3 or not 0 < t.shape[-2] <= positions:
+                raise UsageError(f"generate: layer {i}'s cached {which}s do not hold the {positions} positions "
                                  f"on axis -2 (shape {None if t is None else tuple(t.shape)}); this cache is not "
                                  "supported")
-            names.append(f"past_{which}_{i}")
+            names.append(f"{prefix}_{which}_{i}")
             tensors.append((tuple(t.shape), t.dtype))
     return CacheLayout(tuple(names), tuple(tensors), kind)
 
@@ -259,7 +286,7 @@ def decode_step_module(model, layout: CacheLayout):
             self.lm = lm
 
         def forward(self, input_ids, *cache):
-            past = _rebuild_cache(self.lm, layout.kind, cache)
+            past = rebuild_cache(self.lm, layout.kind, cache)
             n = cache[0].shape[-2]
             kwargs = dict(extra)
             position = torch.arange(n, n + input_ids.shape[1], device=input_ids.device)
@@ -275,7 +302,8 @@ def decode_step_module(model, layout: CacheLayout):
     return DecodeStep(model)
 
 
-def _rebuild_cache(model, kind: str, cache: tuple):
+def rebuild_cache(model, kind: str, cache: tuple):
+    """The model's cache object from the flat tensors (key, value per layer) of a :class:`CacheLayout` of ``kind``."""
     pairs = [(cache[i], cache[i + 1]) for i in range(0, len(cache), 2)]
     if kind == "tuple":
         return tuple(pairs)
@@ -396,3 +424,128 @@ def _torch():
         return import_framework("torch")
     except ModuleNotFoundError:
         raise FrontendError("generate: torch is not installed; pip install torch (see README)") from None
+
+
+def is_encoder_decoder(model) -> bool:
+    """Whether ``generate()`` of ``model`` runs an encoder and then a decoder: its ``forward`` takes what
+    transformers' generation passes an encoder-decoder's decoder, ``encoder_outputs`` and ``decoder_input_ids``."""
+    parameters = _forward_parameters(model)
+    return "encoder_outputs" in parameters and "decoder_input_ids" in parameters
+
+
+def count_seq2seq_generation(model, generate: tuple[int, int], options: CountOptions, *, batch: int = 1,
+                             cache_dir=None, training: bool | None = None, **export: Any):
+    """``generate()`` of an encoder-decoder LM (T5, BART: ``forward`` takes ``input_ids``, ``decoder_input_ids``,
+    ``encoder_outputs`` and an ``EncoderDecoderCache``) as transformers runs it: the report of its prefill, the
+    encoder over the P prompt tokens and the decoder over its start token (one graph, the model's forward with
+    ``decoder_input_ids`` of one token: the cross-attention keys and values of the encoder's output are computed
+    there, once), with ``report.generation`` (``encoder_decoder``) whose N − 1 decode steps each run one token over
+    the decoder's own cache of c − 1 positions and the cached cross-attention keys and values, exported with both
+    caches and the encoder's output as graph inputs and counted as :func:`count_generation` counts a causal LM's."""
+    from flopcount.plans import check_generation_plan, with_plan, without_plan
+
+    from .torch import count_module
+
+    prompt, new = _check_generation(generate, batch, options.mode, training)
+    check_generation_plan(options)
+    planned, options = options, dataclasses.replace(without_plan(options), batch=batch)
+    torch = _torch()
+    parameters = _forward_parameters(model)
+    missing = [n for n in ("input_ids", "decoder_input_ids", "encoder_outputs") if n not in parameters]
+    if missing or cache_argument(model) is None:
+        raise UsageError(f"generate: {type(model).__name__}.forward takes no {' and no '.join(missing or ['cache'])}: "
+                         "--generate P:N counts an encoder-decoder over a prompt of P token ids (input_ids); an "
+                         "encoder of another input (audio features, pixels) is not counted yet")
+    layout = seq2seq_layout(model, batch, prompt)
+    own, cross = layout.own.bytes(), layout.cross.bytes()  # one position of the decoder's own; the P of the prompt
+    end = {k: own.get(k, 0) * new + cross.get(k, 0) for k in dict.fromkeys([*own, *cross])}  # after the last step
+    _check_held(sum(end.values()), new)
+    ids = ((batch, prompt), torch.int64)
+    prefill_inputs: dict[str, Any] = {"input_ids": ids, "decoder_input_ids": ((batch, 1), torch.int64)}
+    if "use_cache" in parameters:
+        prefill_inputs["use_cache"] = False  # the cache costs nothing to return; the step graphs count its use
+    report = count_module(model, prefill_inputs, options, cache_dir=cache_dir, **export)
+    step = seq2seq_step_module(model, layout)
+
+    def count_step(context: int):
+        own = tuple(((*shape[:-2], context - 1, shape[-1]), dtype) for shape, dtype in layout.own.tensors)
+        inputs = (((batch, 1), torch.int64), layout.encoded, *own, *layout.cross.tensors)
+        names = ["decoder_input_ids", "encoder_hidden_states", *layout.own.names, *layout.cross.names]
+        return count_module(step, inputs, options, input_names=names, cache_dir=cache_dir, **export)
+
+    pieces, steps, method = decode_pieces(range(2, new + 1), (), count_step)
+    method = (f"an encoder-decoder: the prefill is its encoder and its decoder over the start token, the decode steps "
+              f"run over the decoder's own cache (the context c) and the cached cross-attention keys and values of "
+              f"the {prompt} prompt positions; {method}")
+    log.info("generate: %s", method)
+    generation = Generation(batch, prompt, new, report.forward, pieces, end, method, steps, encoder_decoder=True)
+    return with_plan(_with(report, generation), planned)
+
+
+@dataclasses.dataclass(frozen=True)
+class Seq2SeqLayout:
+    """What an encoder-decoder's decode step takes besides its token: the encoder's output ``(shape, dtype)``,
+    the decoder's own cache after one position (``own``) and the cross-attention cache of the P prompt positions
+    (``cross``), each a :class:`CacheLayout`."""
+
+    encoded: tuple
+    own: CacheLayout
+    cross: CacheLayout
+
+
+def seq2seq_layout(model, batch: int, prompt: int) -> Seq2SeqLayout:
+    """The caches ``model`` returns after P prompt tokens and the decoder's first token, found under fake tensors
+    (nothing allocated): its ``EncoderDecoderCache``'s self-attention and cross-attention caches."""
+    torch = _torch()
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
+            ids = torch.zeros(batch, prompt, dtype=torch.int64, device=_device(model))
+            out = model(input_ids=ids, decoder_input_ids=ids[:, :1], use_cache=True)
+    except Exception as e:  # noqa: BLE001 - the model's own code may raise anything
+        raise FrontendError(f"generate: {type(model).__name__} cannot run {prompt} prompt tokens to show its caches: "
+                            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+    cache = _output_cache(out, cache_argument(model))
+    own, cross = (getattr(cache, name, None) for name in ("self_attention_cache", "cross_attention_cache"))
+    encoded = getattr(out, "encoder_last_hidden_state", None)
+    if own is None or cross is None or not isinstance(encoded, torch.Tensor):
+        raise UsageError(f"generate: {type(model).__name__} returns no encoder output and no cache of self-attention "
+                         "and cross-attention keys and values (transformers' EncoderDecoderCache); it is not an "
+                         "encoder-decoder that generate() runs with a KV cache")
+    layout = Seq2SeqLayout((tuple(encoded.shape), encoded.dtype), layout_of(model, own, 1),
+                           layout_of(model, cross, prompt, prefix="cross"))
+    if layout.own.kind != "dynamic" or layout.cross.kind != "dynamic":
+        raise UsageError(f"generate: {type(model).__name__}'s encoder-decoder cache holds tuples, not transformers' "
+                         "DynamicCache per attention; this cache is not supported")
+    return layout
+
+
+def seq2seq_step_module(model, layout: Seq2SeqLayout):
+    """A module whose ``forward(decoder_input_ids, encoder_hidden_states, *own, *cross)`` runs one decode step of
+    the encoder-decoder ``model``: one token per sequence over its own cache of L positions and the cached
+    cross-attention keys and values (an ``EncoderDecoderCache`` whose cross-attention layers are filled, so the
+    model reuses them as ``generate()`` does), logits of that token."""
+    torch = _torch()
+    from transformers import EncoderDecoderCache
+    from transformers.modeling_outputs import BaseModelOutput
+
+    argument = cache_argument(model)
+    extra = {"use_cache": True} if "use_cache" in _forward_parameters(model) else {}
+    split = len(layout.own.names)
+
+    class DecodeStep(torch.nn.Module):
+        def __init__(self, lm):
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, decoder_input_ids, encoder_hidden_states, *cache):
+            own = rebuild_cache(self.lm, layout.own.kind, cache[:split])
+            cross = rebuild_cache(self.lm, layout.cross.kind, cache[split:])
+            encoded = BaseModelOutput(last_hidden_state=encoder_hidden_states)
+            kwargs = {**extra, argument: EncoderDecoderCache(own, cross)}
+            out = self.lm(encoder_outputs=encoded, decoder_input_ids=decoder_input_ids, **kwargs)
+            return out.logits if hasattr(out, "logits") else out[0]
+
+    DecodeStep.__name__ = DecodeStep.__qualname__ = f"{type(model).__name__}DecodeStep"
+    return DecodeStep(model)

@@ -145,12 +145,15 @@ def _count_built(call, cache_dir, generate: tuple[int, int] | None, capacity_fac
     ``recipe`` (:class:`flopcount.frontends.hf_cache.Recipe`) is filled with what it took from the model."""
     options, input_shapes, training, export = call.options, call.input_shapes, call.training, call.export
     loaded = load_config(call.config, trust_remote_code=call.trust_remote_code)
+    if generate is not None:
+        loaded = seq2seq_config(loaded)
     layers, probe = _probe(loaded)
     model = build_model(probe if probe is not None else loaded, trust_remote_code=call.trust_remote_code)
     if generate is not None:
-        if not is_causal_lm(model.config):
+        if not is_causal_lm(model.config) and not _is_seq2seq_lm(model):
             raise UsageError(f"{FRONTEND}: --generate is for a causal language model; {model.config.model_type} "
-                             f"builds {type(model).__name__}, which does not generate; count it without --generate")
+                             f"builds {type(model).__name__}, which does not generate (nor is it an encoder-decoder "
+                             "with a language-model head); count it without --generate")
         batch = options.batch or _input_ids_batch(input_shapes) or 1
 
         def count(m):
@@ -359,8 +362,9 @@ def _count_stack(model, count, repeated_layers: str, trust_remote_code: bool, fu
 
 def _count_generation(model, generate: tuple[int, int], batch: int, cache_dir, options: CountOptions, training,
                       export):
-    """``generate()`` of ``model`` counted by :func:`flopcount.frontends.generate.count_generation`, its decode
-    steps cut at the configuration's sliding windows, with its masks for executed attention."""
+    """``generate()`` of ``model`` counted by :func:`flopcount.frontends.generate.count_generation` (an
+    encoder-decoder's too), its decode steps cut at the configuration's sliding windows, with its masks for executed
+    attention."""
     from .generate import count_generation
 
     _check_attention(model)
@@ -665,6 +669,38 @@ def is_causal_lm(config) -> bool:
         return False
     return config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and (
         config.model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES or bool(getattr(config, "is_decoder", False)))
+
+
+def seq2seq_config(config):
+    """``config`` to build for ``--generate``: an encoder-decoder configuration that names no ``architectures`` is
+    given the class transformers' ``AutoModelForSeq2SeqLM`` (else ``AutoModelForSpeechSeq2Seq``) builds for its
+    ``model_type`` (T5, BART, Whisper: their ``...ForConditionalGeneration``, the model with a language-model head
+    that ``generate()`` runs), on a copy; any other configuration is returned as it is."""
+    if getattr(config, "is_encoder_decoder", False) is not True or getattr(config, "architectures", None):
+        return config
+    _import("transformers")
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES,
+    )
+
+    name = (MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
+            or MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES.get(config.model_type))
+    if not isinstance(name, str):
+        return config
+    import copy
+
+    config = copy.deepcopy(config)
+    config.architectures = [name]
+    return config
+
+
+def _is_seq2seq_lm(model) -> bool:
+    """Whether ``model`` is an encoder-decoder that generates (``can_generate()``)."""
+    from .generate import is_encoder_decoder
+
+    can = getattr(model, "can_generate", None)
+    return is_encoder_decoder(model) and callable(can) and bool(can())
 
 
 def model_class(config, *, trust_remote_code: bool = False):

@@ -269,7 +269,8 @@ def extend_generation(one: Generation, two: Generation, copies: int, layers: int
         raise NotExtendable("the prefill costs less with 2 layers than with 1")
     cache = _affine_counts(one.kv_cache_bytes, two.kv_cache_bytes, k)
     return Generation(two.batch, two.prompt_tokens, two.new_tokens, _affine(one.prefill, two.prefill, k),
-                      tuple(pieces), cache, f"{two.method}; on the smaller models, extended to {layers} layers")
+                      tuple(pieces), cache, f"{two.method}; on the smaller models, extended to {layers} layers",
+                      encoder_decoder=two.encoder_decoder)
 
 
 @dataclass(frozen=True)

@@ -363,21 +363,24 @@ def _generation_lines(g) -> list[str]:
     def figure(flops) -> str:
         return f"{_n(flops)} ({si(flops, 'FLOPs')})"
 
+    prefill = ("the encoder, and the decoder over its start token" if g.encoder_decoder else
+               "logits of the last position only")
     lines = [
         f"Generation: batch {g.batch}, {g.prompt_tokens} prompt tokens, {g.new_tokens} new tokens "
         "(the table and totals above are the prefill's)",
-        f"Prefill FLOPs (logits of the last position only): {figure(g.prefill.flops)}",
+        f"Prefill FLOPs ({prefill}): {figure(g.prefill.flops)}",
     ]
     if g.steps:
         lines += [
-            f"Decode step FLOPs: first (context {g.prompt_tokens + 1}) {figure(g.first_step.flops)}, last (context "
-            f"{g.prompt_tokens + g.steps}) {figure(g.last_step.flops)}; at context c: {g.formula()}",
+            f"Decode step FLOPs: first (context {g.first_context}) {figure(g.first_step.flops)}, last (context "
+            f"{g.first_context + g.steps - 1}) {figure(g.last_step.flops)}; at context c: {g.formula()}",
             f"Decode FLOPs ({g.steps} step{'s' if g.steps > 1 else ''}): {figure(g.decode.flops)}",
         ]
     per_token = g.flops_per_token
     lines += [
         f"Generation total FLOPs: {figure(g.total.flops)}; per generated token: {si(per_token, 'FLOPs')}",
-        f"KV cache at the end ({g.prompt_tokens + g.new_tokens - 1} positions): "
+        f"KV cache at the end ({g.cache_positions} positions"
+        + (f", and {g.prompt_tokens} cross-attention positions" if g.encoder_decoder else "") + "): "
         + (", ".join(f"{_n(b)} bytes {dtype}" for dtype, b in g.kv_cache_bytes.items()) or "none"),
         f"Decode counted from: {g.method}",
     ]

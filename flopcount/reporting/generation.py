@@ -15,6 +15,11 @@ The cost of a decode step is affine in its context length c for attention over a
 The decode total is therefore ``(N−1)·constant + per_position · Σ_{j=1}^{N−1} (P + j)``, exactly. Where a
 sliding window of w keys crops the cache, the step is affine on each side of c = w: the contexts are cut
 there (:func:`segments`) and each piece has its own line.
+
+An encoder-decoder's ``generate()`` runs its encoder once over the prompt and the decoder's first step over its
+start token (together the prefill); decode step j runs over the decoder's own cache of j positions (context
+j + 1) and the cross-attention keys and values cached at the first step: affine in c the same way
+(:attr:`Generation.encoder_decoder`).
 """
 
 from __future__ import annotations
@@ -151,6 +156,12 @@ class Generation:
     counted (the contexts exported and checked). ``step_reports``: the counted report of the decode step at the
     first and last context of each piece, ``(context, report)`` (what the FLOPs per rank of a parallel plan share
     out node by node, :mod:`flopcount.parallel.generation`); empty when the record was built from numbers.
+
+    ``encoder_decoder``: the run of an encoder-decoder (T5, BART). Its prefill is the encoder over the P prompt
+    tokens and the decoder's first step over its start token (which computes and caches the cross-attention keys
+    and values of the encoder's output); decode step j then runs generated token j over the decoder's own cache,
+    so its context is j + 1 (:attr:`first_context` is 2), the P cross-attended positions a constant of the step;
+    the cache after the last step holds N decoder positions and the P cross-attention positions per layer.
     """
 
     batch: int
@@ -161,6 +172,18 @@ class Generation:
     kv_cache_bytes: Mapping[str, int] = field(default_factory=dict)
     method: str = ""
     step_reports: tuple = field(default=(), compare=False, repr=False)
+    encoder_decoder: bool = False
+
+    @property
+    def first_context(self) -> int:
+        """The context of the first decode step: P + 1, or 2 for an encoder-decoder (its decoder's own positions)."""
+        return 2 if self.encoder_decoder else self.prompt_tokens + 1
+
+    @property
+    def cache_positions(self) -> int:
+        """The positions the self-attention cache holds after the last step: P + N − 1, or N for an
+        encoder-decoder (whose cross-attention cache holds the P prompt positions beside them)."""
+        return self.new_tokens if self.encoder_decoder else self.prompt_tokens + self.new_tokens - 1
 
     def step(self, context: int) -> Cost:
         """The decode step whose attention spans ``context`` positions."""
@@ -176,13 +199,13 @@ class Generation:
 
     @property
     def first_step(self) -> Cost | None:
-        """The first decode step (context P + 1); None when N = 1."""
-        return self.step(self.prompt_tokens + 1) if self.steps else None
+        """The first decode step (context :attr:`first_context`); None when N = 1."""
+        return self.step(self.first_context) if self.steps else None
 
     @property
     def last_step(self) -> Cost | None:
-        """The last decode step (context P + N − 1); None when N = 1."""
-        return self.step(self.prompt_tokens + self.steps) if self.steps else None
+        """The last decode step (context :attr:`first_context` + N − 2); None when N = 1."""
+        return self.step(self.first_context + self.steps - 1) if self.steps else None
 
     @property
     def decode(self) -> Cost:
@@ -213,9 +236,9 @@ class Generation:
             "prefill_flops": self.prefill.flops,
             "decode_flops_per_step": {
                 "first": None if first is None else first.flops,
-                "first_context": self.prompt_tokens + 1 if self.steps else None,
+                "first_context": self.first_context if self.steps else None,
                 "last": None if last is None else last.flops,
-                "last_context": self.prompt_tokens + self.steps if self.steps else None,
+                "last_context": self.first_context + self.steps - 1 if self.steps else None,
                 "formula": self.formula() if self.pieces else None,
                 "pieces": [p.as_dict() for p in self.pieces],
             },
