@@ -94,10 +94,12 @@ def real_step(fam: Family, attn: str) -> Step:
         model.config._experts_implementation = "grouped_mm"  # read by the experts at each call
     inputs = forward_inputs(model, hf_inputs(model, fam.inputs))
     saved: list[int] = []  # each step's saved storages' bytes
+    outputs: list = []  # the step's outputs, held through its backward and optimizer step
 
     def loss():
+        outputs.clear()
         with saving(model) as seen:
-            outputs = float_outputs(model(**inputs))
+            outputs.extend(float_outputs(model(**inputs)))
         saved.append(sum(seen.values()))
         return sum(t.sum() for t in outputs)
 
