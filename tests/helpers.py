@@ -5,9 +5,10 @@ weights."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from math import prod
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -17,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 __all__ = ["RESNET50_ONNX", "RESNET50_STAGES", "browser", "chromium", "console_errors", "const", "direct_backward",
            "gloo_ranks", "hidden_state_loss", "model", "needs_chromium", "node_backward", "one_node", "op_backward",
            "resnet50_architecture", "saved_storages", "saving", "shifted_op_model", "single", "tiny_llama",
-           "typed_model", "weight"]
+           "tracked_step", "typed_model", "weight"]
 
 
 def weight(name: str, dims: Sequence[int], dtype: int = TensorProto.FLOAT) -> TensorProto:
@@ -298,6 +299,78 @@ def saving(module) -> Iterator[dict[int, int]]:
         yield seen
     seen.update((ptr, nbytes) for ptr, nbytes, ref in packed if ref() is not None)
 
+
+
+@dataclasses.dataclass(frozen=True)
+class Tracked:
+    """MemTracker's figures of one training step on the CPU, each a category's bytes by its name ("Parameter",
+    "Buffer", "Gradient", "Activation", "Temp", "Optstate", "Other" and "Total"): at the step's peak, when the step
+    ends (the optimizer alive: its states counted) and when the tracked module's forward first returns (None where
+    the step never called the module itself)."""
+
+    at_peak: Mapping[str, int]
+    after: Mapping[str, int]
+    after_forward: Mapping[str, int] | None
+
+    @property
+    def peak(self) -> int:
+        """The peak's total bytes."""
+        return self.at_peak["Total"]
+
+
+def tracked_step(module, loss: Callable, optimizer: Callable) -> Tracked:
+    """torch's ``MemTracker`` (``torch.distributed._tools.mem_tracker``) on one training step of ``module`` on the
+    CPU: the gradients set to None, ``loss()`` (the forward, its scalar loss returned) and its backward, then the
+    step of ``optimizer(module.parameters())`` (``torch.optim.Adam``, or a ``functools.partial`` of one). A first
+    step, untracked, makes the optimizer's states: the tracked second step is the steady state. MemTracker sees
+    what is allocated while it tracks: what was made before (the input batch) is in none of its figures.
+
+    MemTracker registers a gradient hook on every parameter a module's forward meets, which torch refuses on a
+    parameter without ``requires_grad`` (Whisper's sinusoidal position embedding): for those only, while the step
+    is tracked, a hook that is never called (no gradient ever reaches them) is registered as a handle that holds
+    nothing."""
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker, _ModState
+
+    opt = optimizer(module.parameters())
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss().backward()
+        opt.step()
+
+    step()
+    tracker = MemTracker()
+    tracker.track_external(module, opt)
+    with tracker, _frozen_hooks(module):
+        step()
+    cpu = torch.device("cpu")
+
+    def named(snapshot) -> dict[str, int]:
+        return {getattr(k, "value", k): v for k, v in snapshot[cpu].items()}
+
+    stats = tracker.memory_tracking.get(module)
+    forwards = stats.snapshots.get(_ModState.POST_FW) if stats is not None else None
+    return Tracked(named(tracker.get_tracker_snapshot("peak")), named(tracker.get_tracker_snapshot("current")),
+                   named(forwards[0]) if forwards else None)
+
+
+@contextlib.contextmanager
+def _frozen_hooks(module):
+    """:func:`tracked_step`'s gradient hooks on ``module``'s parameters without ``requires_grad``: handles that
+    hold nothing, while the block runs."""
+    from collections import OrderedDict
+
+    from torch.utils.hooks import RemovableHandle
+
+    frozen = [p for p in module.parameters() if not p.requires_grad]
+    for p in frozen:
+        p.register_hook = p.register_post_accumulate_grad_hook = lambda hook: RemovableHandle(OrderedDict())
+    try:
+        yield
+    finally:
+        for p in frozen:
+            del p.register_hook, p.register_post_accumulate_grad_hook
 
 
 # --- a real browser (headless Chromium), for the HTML pages' tests -------------------------------------------------

@@ -29,7 +29,7 @@ import functools
 from typing import Callable
 
 import pytest
-from helpers import saving
+from helpers import saving, tracked_step
 from test_architecture_sweep import (  # noqa: F401 - sweep_exports is a fixture
     B, EXPORT_BRANCH, FAMILIES, PENDING, S, Family, built_config, exporting, float_outputs, real_model, sweep_exports)
 
@@ -37,7 +37,7 @@ import flopcount
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
-mem_tracker = pytest.importorskip("torch.distributed._tools.mem_tracker")
+pytest.importorskip("torch.distributed._tools.mem_tracker")
 
 pytestmark = pytest.mark.slow
 
@@ -93,45 +93,20 @@ def real_step(fam: Family, attn: str) -> Step:
     if getattr(model.config, "_experts_implementation", None) is not None:
         model.config._experts_implementation = "grouped_mm"  # read by the experts at each call
     inputs = forward_inputs(model, hf_inputs(model, fam.inputs))
-    opt = torch.optim.AdamW(model.parameters())
+    saved: list[int] = []  # each step's saved storages' bytes
+    outputs: list = []  # the step's outputs, held through its backward and optimizer step
 
-    def step() -> int:
-        opt.zero_grad(set_to_none=True)
+    def loss():
+        outputs.clear()
         with saving(model) as seen:
-            outputs = float_outputs(model(**inputs))
-        sum(t.sum() for t in outputs).backward()
-        opt.step()
-        return sum(seen.values())
+            outputs.extend(float_outputs(model(**inputs)))
+        saved.append(sum(seen.values()))
+        return sum(t.sum() for t in outputs)
 
     branch = exporting(model) if fam.model_type in EXPORT_BRANCH else contextlib.nullcontext()
     with branch:  # the modelling code on the branch the export took, where it takes another eagerly
-        step()  # makes AdamW's states: the tracked step is the steady state
-        tracker = mem_tracker.MemTracker()
-        tracker.track_external(model, opt)
-        with tracker, frozen_hooks(model):
-            saved = step()
-    cpu = torch.device("cpu")
-    named = {getattr(k, "value", k): v for k, v in tracker.get_tracker_snapshot("current")[cpu].items()}
-    return Step(saved, named, tracker.get_tracker_snapshot("peak")[cpu]["Total"])
-
-
-@contextlib.contextmanager
-def frozen_hooks(model):
-    """MemTracker registers a gradient hook on every parameter a module's forward meets, which torch refuses on a
-    parameter without ``requires_grad`` (Whisper's sinusoidal position embedding): for those only, a hook that is
-    never called (no gradient ever reaches them) is registered as a handle that holds nothing."""
-    from collections import OrderedDict
-
-    from torch.utils.hooks import RemovableHandle
-
-    frozen = [p for p in model.parameters() if not p.requires_grad]
-    for p in frozen:
-        p.register_hook = p.register_post_accumulate_grad_hook = lambda hook: RemovableHandle(OrderedDict())
-    try:
-        yield
-    finally:
-        for p in frozen:
-            del p.register_hook, p.register_post_accumulate_grad_hook
+        tracked = tracked_step(model, loss, torch.optim.AdamW)  # its first step makes AdamW's states
+    return Step(saved[-1], tracked.after, tracked.peak)
 
 
 def head_dim(config) -> int:

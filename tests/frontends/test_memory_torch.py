@@ -9,47 +9,19 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 torch = pytest.importorskip("torch")
-mem_tracker = pytest.importorskip("torch.distributed._tools.mem_tracker")
+pytest.importorskip("torch.distributed._tools.mem_tracker")
 
 import flopcount  # noqa: E402
-from helpers import hidden_state_loss, saved_storages  # noqa: E402
+from helpers import hidden_state_loss, saved_storages, tracked_step  # noqa: E402
 from flopcount.memory.ledger import MemorySettings  # noqa: E402
 
 F32 = 4
 pytestmark = pytest.mark.slow
-
-
-def _tracked(module, inputs, opt):
-    """The MemTracker of one step of ``opt`` on ``module``, taken after a first step made the optimizer's states.
-    The caller keeps ``opt`` alive while it reads the tracker: its "current" snapshot counts the live states."""
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        module(*inputs).backward()
-        opt.step()
-
-    step()
-    tracker = mem_tracker.MemTracker()
-    tracker.track_external(module, opt)
-    with tracker:
-        step()
-    return tracker
-
-
-def tracked_step(module, inputs):
-    """One Adam step (after a first one made the states) under MemTracker: its category bytes at the peak and after
-    the step."""
-    opt = torch.optim.Adam(module.parameters())
-    tracker = _tracked(module, inputs, opt)
-    cpu = torch.device("cpu")
-
-    def named(snap):
-        return {getattr(k, "value", k): v for k, v in snap[cpu].items()}
-
-    return named(tracker.get_tracker_snapshot("peak")), named(tracker.get_tracker_snapshot("current"))
 
 
 def ledger(module, inputs):
@@ -62,7 +34,9 @@ def ledger(module, inputs):
 
 
 def check_model_states(rank, module, inputs, buffers_left_out: int = 0):
-    peak, after = tracked_step(module, inputs)
+    # one Adam step under MemTracker (after a first one made the states): its category bytes at the peak and after
+    tracked = tracked_step(module, lambda: module(*inputs), torch.optim.Adam)
+    peak, after = tracked.at_peak, tracked.after
     assert rank.params_bytes == after["Parameter"]
     assert rank.grads_bytes == after["Gradient"]
     assert rank.optimizer_bytes == after["Optstate"]  # Adam's m, v and a float32 step per parameter tensor
@@ -181,12 +155,8 @@ class Stack(torch.nn.Module):
 
 def after_forward_and_peak(module, inputs) -> tuple[int, int]:
     """MemTracker's activation bytes when the forward returns, and the peak, of one SGD step after a first."""
-    opt = torch.optim.SGD(module.parameters(), lr=0.1)
-    tracker = _tracked(module, inputs, opt)
-    cpu = torch.device("cpu")
-    post = tracker.memory_tracking[module].snapshots[mem_tracker._ModState.POST_FW][0][cpu]
-    activations = next(v for k, v in post.items() if getattr(k, "value", k) == "Activation")
-    return activations, tracker.get_tracker_snapshot("peak")[cpu]["Total"]
+    tracked = tracked_step(module, lambda: module(*inputs), functools.partial(torch.optim.SGD, lr=0.1))
+    return tracked.after_forward["Activation"], tracked.peak
 
 
 def test_non_reentrant_recompute_against_torch_checkpoint():

@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
-mem_tracker = pytest.importorskip("torch.distributed._tools.mem_tracker")
+pytest.importorskip("torch.distributed._tools.mem_tracker")
 
 import flopcount  # noqa: E402
 from flopcount.memory.ledger import MemorySettings  # noqa: E402
-from helpers import saved_storages  # noqa: E402
+from helpers import saved_storages, tracked_step  # noqa: E402
 
 F32 = 4
 T, E, H, GROUPS = 6, 8, 5, 4  # tokens, experts, hidden, expert groups: distinct
@@ -73,23 +73,6 @@ class Scan(torch.nn.Module):
         return state.sum()
 
 
-def tracked_peak(module, inputs) -> int:
-    """MemTracker's peak of one SGD step of ``module`` (after a first)."""
-    opt = torch.optim.SGD(module.parameters())
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        module(*inputs).backward()
-        opt.step()
-
-    step()
-    tracker = mem_tracker.MemTracker()
-    tracker.track_external(module, opt)
-    with tracker:
-        step()
-    return tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
-
-
 @pytest.mark.parametrize("steps", [3, 6])
 def test_each_select_of_a_scan_adds_a_whole_gradient_out_of_place(steps):
     """The peak is in the selects' backward: the gradient of ``u`` the later steps made, the one this select made
@@ -98,4 +81,5 @@ def test_each_select_of_a_scan_adds_a_whole_gradient_out_of_place(steps):
     module = Scan().train()
     rank = rank_of(module, (x,))
     assert rank.peak_phase == "backward"
-    assert rank.peak_bytes - rank.inputs_bytes == tracked_peak(module, (x,))
+    # MemTracker's peak of one SGD step (after a first)
+    assert rank.peak_bytes - rank.inputs_bytes == tracked_step(module, lambda: module(x), torch.optim.SGD).peak

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 import flopcount  # noqa: E402
 from flopcount.memory.kernels import PATTERNS, framework_of, view_strides  # noqa: E402
 from flopcount.memory.ledger import MemorySettings  # noqa: E402
-from helpers import saved_storages  # noqa: E402
+from helpers import saved_storages, tracked_step  # noqa: E402
 
 F32 = 4
 B, S, H, I = 3, 5, 8, 12  # noqa: E741 - batch, sequence, hidden, inner width: distinct, so no swap can pass
@@ -350,7 +350,7 @@ def test_a_parameter_the_forward_never_reads_is_held_without_gradient_or_state()
     """torch holds the parameter (MemTracker's "Parameter"); the backward never reaches it, so it has no
     gradient, and Adam makes no states for it: the ledger's parameters are every parameter's bytes, its
     gradients and states the read ones'."""
-    mem_tracker = pytest.importorskip("torch.distributed._tools.mem_tracker")
+    pytest.importorskip("torch.distributed._tools.mem_tracker")
     torch.manual_seed(0)
     module, x = Unread(), torch.randn(B, S, H)
     report = flopcount.from_torch(module.train(), (x,), training=True, optimizer="adam", cache_dir=False,
@@ -359,15 +359,8 @@ def test_a_parameter_the_forward_never_reads_is_held_without_gradient_or_state()
     read, unread = H * I + I, 7 * H
     assert report.params == sum(p.numel() for p in module.parameters()) == read + unread
     assert any("mask_token (56)" in note for note in report.notes)
-    opt = torch.optim.Adam(module.parameters())
-    for _ in range(2):  # the second step under the tracker, the states made by the first
-        opt.zero_grad(set_to_none=True)
-        tracker = mem_tracker.MemTracker()
-        tracker.track_external(module, opt)
-        with tracker:
-            module(x).backward()
-            opt.step()
-    after = {getattr(k, "value", k): v for k, v in tracker.get_tracker_snapshot("current")[torch.device("cpu")].items()}
+    # the second step under the tracker, the states made by the first
+    after = tracked_step(module, lambda: module(x), torch.optim.Adam).after
     assert rank.params_bytes == after["Parameter"] == F32 * (read + unread)
     assert rank.grads_bytes == after["Gradient"] == F32 * read
     assert rank.optimizer_bytes == after["Optstate"] == 2 * F32 * read + F32 * 2  # m, v; a step counter per tensor

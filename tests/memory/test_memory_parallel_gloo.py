@@ -10,13 +10,14 @@ forms, their difference per op, the peak within 5%."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from helpers import gloo_ranks, saved_storages
+from helpers import gloo_ranks, saved_storages, tracked_step
 
 from flopcount.memory.ledger import MemorySettings  # noqa: E402
 from flopcount.memory.ranks import per_rank  # noqa: E402
@@ -102,7 +103,6 @@ def build(t: int, rank: int, reduce=None, copy=None, checkpoint=None):
 
 def _worker(rank: int, world: int, init: str, out: str) -> None:
     import torch.distributed as dist
-    from torch.distributed._tools.mem_tracker import MemTracker
 
     torch.set_num_threads(1)  # a forked child must not wait on the parent's intra-op pool
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
@@ -133,21 +133,10 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
     x = torch.randn(B, S, H, requires_grad=False)
     params = sum(p.numel() * p.element_size() for p in module.parameters())
     saved = saved_storages(module, (x,))
-    opt = torch.optim.Adam(module.parameters(), foreach=False)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        module(x).backward()
-        opt.step()
-
-    step()  # the first step makes the optimizer's states
-    tracker = MemTracker()
-    tracker.track_external(module, opt)
-    with tracker:
-        step()
-    peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]
+    # its first step makes the optimizer's states
+    peak = tracked_step(module, lambda: module(x), functools.partial(torch.optim.Adam, foreach=False)).at_peak
     with open(f"{out}.{rank}", "w") as f:
-        json.dump({"params": params, "saved": saved, "peak": {str(getattr(k, "value", k)): v for k, v in peak.items()}}, f)
+        json.dump({"params": params, "saved": saved, "peak": peak}, f)
     dist.destroy_process_group()
 
 
@@ -233,7 +222,6 @@ def test_operator_list_recompute_against_selective_activation_checkpointing():
     probabilities, SiLU·up) the ledger keeps it, where torch's checkpoint makes it again. The peaks of one Adam
     step are within 5%."""
     import flopcount
-    from torch.distributed._tools.mem_tracker import MemTracker
 
     report = flopcount.from_torch(build(1, 0), (torch.randn(B, S, H),), training=True, optimizer="adam",
                                   cache_dir=False, memory=MemorySettings(device="cpu", recompute=RECOMPUTED))
@@ -254,19 +242,7 @@ def test_operator_list_recompute_against_selective_activation_checkpointing():
     ledger_only = L * (2 * tokens * H + B * HEADS * S * S + tokens * FFN) + tokens * H
     assert rank.activations_bytes == kept + f32 * (ledger_only - tokens * V)
 
-    opt = torch.optim.Adam(module.parameters(), foreach=False)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        forward(x)[0].backward()
-        opt.step()
-
-    step()
-    tracker = MemTracker()
-    tracker.track_external(module, opt)
-    with tracker:
-        step()
-    peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+    peak = tracked_step(module, lambda: forward(x)[0], functools.partial(torch.optim.Adam, foreach=False)).peak
     # MemTracker sees what is allocated while it tracks: the input batch was made before
     assert abs(rank.peak_bytes - rank.inputs_bytes - peak) <= 0.05 * peak
 

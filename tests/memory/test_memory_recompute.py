@@ -12,14 +12,16 @@ ledger's ``non-reentrant``).
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-mem_tracker = pytest.importorskip("torch.distributed._tools.mem_tracker")
+pytest.importorskip("torch.distributed._tools.mem_tracker")
 
 import flopcount  # noqa: E402
-from helpers import hidden_state_loss, saved_storage_bytes  # noqa: E402
+from helpers import hidden_state_loss, saved_storage_bytes, tracked_step  # noqa: E402
 from flopcount.memory.ledger import MemorySettings  # noqa: E402
 
 F32 = 4
@@ -76,19 +78,7 @@ def _kept(module, ids) -> int:
 
 def _peak(module, ids) -> int:
     """MemTracker's peak of one SGD step, after a first."""
-    opt = torch.optim.SGD(module.parameters(), lr=0.1)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        module(ids).backward()
-        opt.step()
-
-    step()
-    tracker = mem_tracker.MemTracker()
-    tracker.track_external(module, opt)
-    with tracker:
-        step()
-    return tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+    return tracked_step(module, lambda: module(ids), functools.partial(torch.optim.SGD, lr=0.1)).peak
 
 
 @pytest.mark.slow
