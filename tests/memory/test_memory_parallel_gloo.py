@@ -320,7 +320,8 @@ def test_fsdp2_on_gloo_equals_fsdp_mem_tracker(report, tmp_path):
     even, so FSDP2 pads nothing); the peaks differ by what is itemized per category and op, and are within 5% once
     gloo's copy and the tracker's reference (below) are left out.
 
-    FSDPMemTracker peaks in the last layer's post-backward, at the reduce-scatter of its gradients: layer 0's
+    FSDPMemTracker peaks (most runs; gloo's thread timing moves the peak to two other moments in some, checked
+    below) in the last layer's post-backward, at the reduce-scatter of its gradients: layer 0's
     all-gather (prefetched) and layer 1's gradients copied into the reduce-scatter's input are alive, one layer's
     parameters whole each, with the root's parameters whole (final norm, LM head: the root is not resharded).
     Two of its items are no model's: gloo's reduce-scatter works on a copy of its whole input (it all-reduces the
@@ -352,15 +353,27 @@ def test_fsdp2_on_gloo_equals_fsdp_mem_tracker(report, tmp_path):
         assert rank.optimizer_bytes == seen["OptState"] == states
         assert rank.allgather_bytes == unit
 
-        # FSDPMemTracker's peak: layer 1's post-backward, its reduce-scatter
+        # FSDPMemTracker's peak is one of three moments, as gloo's threads order its reduce-scatter against the
+        # all-gathers (it varies run to run): layer 1's post-backward, its reduce-scatter (the common one); layer
+        # 0's pre-backward while that reduce-scatter still runs (gloo's copy alive as its parameters are copied out
+        # of the all-gather buffer); or the end of layer 1's forward, where a backward whose copies were freed
+        # early peaks lower. The first two are checked category by category, the third by what is steady.
         gloo_copy, tracker_ref, scattered = unit, 4 * H * FFN, unit // 2
         assert (peak["Sharded Param"], peak["OptState"], peak["Inputs"]) == (shard, states, act)
-        assert peak["All Gather"] == peak["Reduce Scatter"] == unit  # layer 0's gather, layer 1's gradients
-        assert peak["Unsharded Param"] == root
-        assert peak["Sharded Grad"] == 0  # the reduce-scatter's output is not yet layer 1's sharded gradient
-        assert peak["Unsharded Grad"] == tracker_ref
-        assert peak["Temp"] == gloo_copy + scattered + root + act  # root: the final norm's and LM head's gradients
-        assert peak["Activation"] == saved_layer + 2 * scalar  # layer 0's saved tensors, the loss, its seed
+        at_scatter = (peak["Unsharded Param"], peak["Unsharded Grad"]) == (root, tracker_ref)
+        late = (peak["Unsharded Param"], peak["Sharded Grad"], peak["Reduce Scatter"]) == (root + unit, scattered,
+                                                                                           unit)
+        if at_scatter or late:
+            assert peak["All Gather"] == peak["Reduce Scatter"] == unit  # layer 0's gather, layer 1's gradients
+            assert peak["Activation"] == saved_layer + 2 * scalar  # layer 0's saved tensors, the loss, its seed
+        if late:  # layer 0's parameters whole beside the root's, layer 1's gradient shard made, gloo's copy alive
+            assert peak["Unsharded Grad"] == 0 and peak["Temp"] == gloo_copy + root + act
+        elif at_scatter:
+            assert peak["Sharded Grad"] == 0  # the reduce-scatter's output is not yet layer 1's sharded gradient
+            assert peak["Temp"] == gloo_copy + scattered + root + act  # root: the final norm's and LM head's grads
+        else:  # the forward's end: layer 1's parameters gathered beside the root's, no gradient yet
+            assert (peak["Unsharded Param"], peak["All Gather"], peak["Reduce Scatter"]) == (root + unit, unit, 0)
+            assert peak["Sharded Grad"] == peak["Unsharded Grad"] == 0
 
         # the ledger's peak: the LM head's MatMul in the backward; two buffers and the root held, all the exported
         # graph's activations (torch's saved storages, as in the one-rank test),
@@ -374,8 +387,10 @@ def test_fsdp2_on_gloo_equals_fsdp_mem_tracker(report, tmp_path):
         # the scatter's output and the tracker's reference; its root gradients are whole where the ledger has made
         # the head's shard; its activations are layer 0's where the ledger keeps both layers' and the logits'
         # gradient (the loss and its seed gradient in each)
-        assert peak["Total"] - rank.peak_bytes == (gloo_copy + scattered + tracker_ref + root - 4 * V * H // 2
-                                                   + saved_layer - kept - 4 * B * S * V)
+        if at_scatter or late:
+            assert peak["Total"] - rank.peak_bytes == (gloo_copy + scattered + root - 4 * V * H // 2
+                                                       + saved_layer - kept - 4 * B * S * V
+                                                       + (unit if late else tracker_ref))
 
         # torch's peak as NCCL would see it, without gloo's copy and the tracker's reference: layer 0's
         # pre-backward, its parameters copied out of the all-gather buffer (not yet freed), layer 1's
@@ -383,7 +398,9 @@ def test_fsdp2_on_gloo_equals_fsdp_mem_tracker(report, tmp_path):
         # and the root's gradients
         assert (first["Unsharded Param"], first["All Gather"], first["Reduce Scatter"]) == (root + unit, unit, unit)
         assert (first["Sharded Grad"], first["Unsharded Grad"]) == (scattered, 0)
-        assert (first["Temp"], first["Activation"]) == (act + root, saved_layer + 2 * scalar)
+        copy = first["Temp"] - act - root  # gloo's copy, where its reduce-scatter was still running
+        assert copy in (0, gloo_copy)
+        assert (first["Temp"], first["Activation"]) == (act + root + copy, saved_layer + 2 * scalar)
         assert first["Total"] == (shard + states + act + root + 3 * unit + scattered + saved_layer + 2 * scalar
-                                  + act + root)
-        assert abs(rank.peak_bytes - first["Total"]) <= 0.05 * first["Total"]
+                                  + act + root + copy)
+        assert abs(rank.peak_bytes - (first["Total"] - copy)) <= 0.05 * (first["Total"] - copy)
