@@ -400,3 +400,18 @@ def browser(profile, *args: str):
 def console_errors(stderr: str) -> list[str]:
     """The page's console messages at error level, as the browser logs them on stderr."""
     return [line for line in stderr.splitlines() if "CONSOLE" in line and ("Uncaught" in line or "ERROR" in line)]
+
+
+def collectives_profile(kinds: Sequence[str], latency: float, bandwidth: float):
+    """A calibrated 2-rank CPU profile whose compute takes no time (GEMM and elementwise at 10^30 per second, no
+    framework overhead) and whose collectives ``kinds`` each cost ``latency`` plus their bytes over ``bandwidth`` at
+    every size: a step's seconds are then its collectives' alone, in closed form."""
+    import math
+
+    from flopcount.measure.machine.calibration import Collective, MachineProfile, Point, Segment
+
+    seg = Segment(0, math.inf, {"median": latency, "best": latency}, {"median": bandwidth, "best": bandwidth})
+    fast = (Point(1, 1e30, 1e30, 1e30),)
+    zero = Point(1, 0.0, 0.0, 0.0)
+    return MachineProfile(True, "cpu", 2, {"gemm": fast, "elementwise": fast}, {"forward": zero, "backward": zero},
+                          {k: Collective(0, (), (seg,)) for k in kinds}, peak_flops_per_s=1e30)

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 
 import pytest
 
-from flopcount.measure.machine.calibration import Collective, MachineProfile, Point, Segment
+from helpers import collectives_profile
+
 
 L, R, K, H, B, S, M = 2, 4, 2, 32, 2, 8, 2
 VEC = B * S * K * H * 4  # a rank's (token, expert) pairs' hidden vectors: what one dispatch sends
@@ -19,13 +19,8 @@ COUNTS = 2 * R * 8  # the router's int64 counts per expert of the 2 ranks of tp_
 LAT, BW = 40e-6, 2e9  # every collective's latency and bus bandwidth
 
 
-def _profile() -> MachineProfile:
-    seg = Segment(0, math.inf, {"median": LAT, "best": LAT}, {"median": BW, "best": BW})
-    fast = (Point(1, 1e30, 1e30, 1e30),)
-    zero = Point(1, 0.0, 0.0, 0.0)
-    return MachineProfile(True, "cpu", 2, {"gemm": fast, "elementwise": fast}, {"forward": zero, "backward": zero},
-                          {k: Collective(0, (), (seg,)) for k in ("all_to_all", "all_gather", "all_reduce")},
-                          peak_flops_per_s=1e30)
+def _profile():
+    return collectives_profile(("all_to_all", "all_gather", "all_reduce"), LAT, BW)
 
 
 @pytest.fixture(scope="module")

@@ -5,22 +5,16 @@ the ledger's bytes between them, and each is priced with its latency."""
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import pytest
 
-from flopcount.measure.machine.calibration import Collective, MachineProfile, Point, Segment
+from helpers import collectives_profile
 
 LAT, BW = 40e-6, 2e9
 
 
-def _profile() -> MachineProfile:
-    seg = Segment(0, math.inf, {"median": LAT, "best": LAT}, {"median": BW, "best": BW})
-    fast = (Point(1, 1e30, 1e30, 1e30),)
-    zero = Point(1, 0.0, 0.0, 0.0)
-    return MachineProfile(True, "cpu", 2, {"gemm": fast, "elementwise": fast}, {"forward": zero, "backward": zero},
-                          {k: Collective(0, (), (seg,)) for k in ("all_gather", "reduce_scatter", "all_reduce")},
-                          peak_flops_per_s=1e30)
+def _profile():
+    return collectives_profile(("all_gather", "reduce_scatter", "all_reduce"), LAT, BW)
 
 
 def test_fsdp_is_a_call_per_layer_and_the_roots():
