@@ -184,8 +184,8 @@ def _messages(r: Any, led: Any) -> tuple[Message, ...]:
             out.append(Message(c.kind, c.group, c.bytes, 1, n, "step"))
         elif c.group in ("ep", "tp_ep"):
             out.extend(_expert_messages(c, r, led, n, v))
-        else:  # cp: one message a microbatch, exposed in the forward
-            out.append(Message(c.kind, c.group, c.bytes / m, m, n, "forward"))
+        else:  # cp's K/V and tp_cp's router counts
+            out.extend(_context_messages(c, r, led, n, v))
     return tuple(replace(x, stride=plan.group_stride(x.group)) for x in out)
 
 
@@ -208,6 +208,33 @@ def _expert_messages(c: Any, r: Any, led: Any, n: int, v: int) -> list[Message]:
     calls = {"forward": 2 * layers, "backward": 2 * (gathers - layers) + (2 * layers if led.mode == "train" else 0)}
     per = c.bytes / sum(calls.values())
     return [Message(c.kind, c.group, per, k, n, phase) for phase, k in calls.items() if k > 0]
+
+
+def _context_messages(c: Any, r: Any, led: Any, n: int, v: int) -> list[Message]:
+    """The calls of context parallelism (the rules of :mod:`flopcount.parallel.experts`): in each attention layer's
+    forward an ``all_gather`` of its K and V (group ``cp``), and in its backward a ``reduce_scatter`` of their
+    gradients, the same bytes a call, so a call is the ledger's ``reduce_scatter`` bytes over the forward's L·M
+    layers (L the layers of the rank's chunks) and the gathers are the ledger's ``all_gather`` bytes over that: the
+    first L·M exposed in the forward, those of a recompute's rerun past them in the backward. Without a backward
+    (inference) the L·M gathers are the ledger's bytes over them. The auxiliary loss's counts (``tp_cp``): an
+    ``all_reduce`` of R·8 bytes (:data:`~flopcount.parallel.experts.COUNT_BYTES`) per MoE layer and pass that
+    records it, the first L·M (L the MoE layers of the rank's chunks) in the forward, a rerun's in the backward
+    (all of them under ``full``, whose forward records none)."""
+    from flopcount.parallel.experts import COUNT_BYTES
+
+    plan, d, m = led.plan, led.dims, led.plan.microbatches
+    if c.group == "tp_cp":  # under full recompute recorded only in the rerun (the forward runs without grad)
+        each = d["experts"] * COUNT_BYTES
+        layers = 0 if led.recompute.policy == "full" else m * max(d["moe_layers"] // (plan.pp * v), 1) * v
+    else:
+        layers = m * max(d.get("layers", 0) // (plan.pp * v), 1) * v
+        scattered = sum(x.bytes for x in r.communication if x.group == "cp" and x.kind == "reduce_scatter")
+        each = scattered / layers if scattered else c.bytes / layers
+    calls = round(c.bytes / each) if each else 0
+    if c.kind == "reduce_scatter":
+        return [Message(c.kind, c.group, each, calls, n, "backward")] if calls else []
+    return [Message(c.kind, c.group, each, k, n, phase)
+            for k, phase in ((min(layers, calls), "forward"), (calls - min(layers, calls), "backward")) if k > 0]
 
 
 def _module_tensors(report: Any) -> Any:
@@ -355,7 +382,7 @@ def _ledger_work(report: Any) -> Work:
     notes = []
     if plan.cp > 1 or plan.ep > 1:
         notes.append("cp and ep: each rank's nodes are its stage's whole-sequence shares before the cp split and the "
-                     "expert load; cp's collectives one message a microbatch, ep's a call per dispatch and combine, "
+                     "expert load; cp's collectives a call per layer, ep's a call per dispatch and combine, "
                      "exposed")
     v = plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
     return Work(tuple(ranks), {"microbatches": plan.microbatches, "pp": plan.pp, "virtual": v,
