@@ -36,12 +36,12 @@ def report():
     return flopcount.from_hf(config, (B, S), cache_dir=False, mode="train")
 
 
-def _work(report, recompute=None, load=None):
+def _work(report, recompute=None, load=None, plan="dp=2,ep=2"):
     from flopcount.measure.predict import work_of
     from flopcount.parallel.plan import parse_parallel
     from flopcount.plans import parallel_ledger
 
-    led = parallel_ledger(report, parse_parallel("dp=2,ep=2", M, "1f1b"), recompute, load)
+    led = parallel_ledger(report, parse_parallel(plan, M, "1f1b"), recompute, load)
     return work_of(dataclasses.replace(report, parallel=led))
 
 
@@ -97,3 +97,16 @@ def test_each_call_pays_its_latency(report):
         assert a2a["exposed"] == pytest.approx(calls * LAT + calls * VEC / 2 / BW)
         assert a2a["overlapped"] == 0
         assert r["communication_seconds"]["all_gather"]["exposed"] == pytest.approx(M * L * (LAT + COUNTS / 2 / BW))
+
+
+@pytest.mark.parametrize("policy, forward, backward", [(None, 1, 0), ("non-reentrant", 1, 1), ("full", 0, 1)])
+def test_the_auxiliary_losss_counts_are_a_call_a_layer_and_pass(report, policy, forward, backward):
+    """``cp=2,ep=2``: the sequence split over 2 CP ranks, each MoE layer's R int64 counts all-reduced over them
+    (``tp_cp``) in each pass that records the auxiliary loss: the forward's, and a non-reentrant rerun's in the
+    backward; ``full`` records only in the rerun."""
+    from flopcount.parallel.plan import parse_recompute
+
+    recompute = parse_recompute(policy) if policy else None
+    for r in _work(report, recompute, plan="cp=2,ep=2").ranks:
+        assert _calls(r, "tp_cp") == sorted([("all_reduce", phase, k * M * L, R * 8, 2) for phase, k in
+                                             (("forward", forward), ("backward", backward)) if k])
