@@ -360,20 +360,91 @@ def _places(nodes: Any, shares: Any, params: frozenset[str],
     return found
 
 
+#: The last shares (by identity) and, per (stage, TP rank) and chunk, the places of its experts' works in the
+#: chunk's tuple (:func:`_places`' order: the shares' own) with their layer.
+_last_experts: list[tuple] = []
+
+
+def _loaded(report: Any, shares: Any, led: Any) -> Callable[[Mapping[int, tuple], Any], Mapping[int, tuple]]:
+    """A rank's chunks (its place's, :func:`_places`) with each routed expert's work at the rank's share of the
+    load: under ep with ``--expert-load``, the nodes of rule ``expert`` of MoE layer l scaled by E·f_r,l (f_r,l the
+    ledger's share of the layer's pairs for the rank's experts, :attr:`~flopcount.parallel.ranks.ParallelLedger.
+    expert_shares`), which balanced (f = 1/E) leaves as its place's: the rank's own tokens' pairs. The same
+    chunks for ranks of the same place and EP rank (one tuple each, which the predictor times once)."""
+    from flopcount.parallel.layout import layout_of
+
+    if not led.expert_shares:
+        return lambda chunks, r: chunks
+    if not (_last_experts and _last_experts[0][0] is shares):
+        layer = layout_of(report, led.plan).layer
+        found: dict[tuple[int, int], dict[int, list[tuple[int, int]]]] = {}
+        sizes: dict[tuple[int, int, int], int] = {}
+        for x in shares:
+            at = (x.stage, x.tp, x.chunk)
+            k = sizes[at] = sizes.get(at, -1) + 1
+            if x.rule == "expert":
+                found.setdefault((x.stage, x.tp), {}).setdefault(x.chunk, []).append((k, layer[x.index]))
+        _last_experts[:] = [(shares,), found]
+    experts, e = _last_experts[1], led.plan.ep
+    made: dict[tuple, Mapping[int, tuple]] = {}
+
+    def chunks_of(chunks: Mapping[int, tuple], r: Any) -> Mapping[int, tuple]:
+        place = (r.stage, r.coords["tp"])
+        key = (place, r.coords["ep"])
+        if key not in made:
+            out = dict(chunks)
+            for c, at in experts.get(place, {}).items():
+                factors = tuple(e * num / den for num, den in (led.expert_shares[layer][r.coords["ep"]]
+                                                               for _, layer in at))
+                out[c] = _scaled_chunk(out[c], tuple(k for k, _ in at), factors)
+            made[key] = out
+        return made[key]
+
+    return chunks_of
+
+
+#: Chunks already scaled by the load (:func:`_scaled_chunk`), by the identity of the place's chunk (held, so that
+#: the identity is not reused) and the factors: the plans of a search with the same shares and load get the same
+#: tuples, which the predictor times once.
+_scaled_chunks: dict[tuple[int, tuple, tuple], tuple] = {}
+
+
+def _scaled_chunk(works: tuple, at: tuple[int, ...], factors: tuple[float, ...]) -> tuple:
+    """``works`` with the work at each place of ``at`` scaled by its factor (:func:`_scaled`)."""
+    key = (id(works), at, factors)
+    hit = _scaled_chunks.get(key)
+    if hit is not None and hit[0] is works:
+        return hit[1]
+    out = list(works)
+    for k, f in zip(at, factors):
+        out[k] = _scaled(out[k], f)
+    if len(_scaled_chunks) > 4096:
+        _scaled_chunks.clear()
+    _scaled_chunks[key] = (works, tuple(out))
+    return _scaled_chunks[key][1]
+
+
+def _scaled(w: NodeWork, f: float) -> NodeWork:
+    """``w`` run over ``f`` times its tokens: its FLOPs and bytes times ``f``, its matrices (the experts) the same."""
+    return replace(w, flops=w.flops * f, bytes=w.bytes * f, backward_flops=w.backward_flops * f,
+                   recompute_flops=w.recompute_flops * f)
+
+
 def _ledger_work(report: Any) -> Work:
     from flopcount.parallel.layout import layout_of
     from flopcount.parallel.ranks import node_shares
 
     led = report.parallel
     plan = led.plan
-    by_place = _places(report.nodes, node_shares(report, plan, led.recompute), report.modules.parameters,
-                       _gathered(report))
+    shares = node_shares(report, plan, led.recompute)
+    by_place = _places(report.nodes, shares, report.modules.parameters, _gathered(report))
+    loaded = _loaded(report, shares, led)
     stepped = any(r.optimizer_flops is not None for r in led.ranks)  # each rank's optimizer step reads these
     stages = layout_of(report, plan).stage_params(report.modules.params) if stepped else {}
     tensors = _stage_tensors(stages, _module_tensors(report))
     ranks = []
     for r in led.ranks:
-        chunks = by_place.get((r.stage, r.coords["tp"]), {})
+        chunks = loaded(by_place.get((r.stage, r.coords["tp"]), {}), r)
         ranks.append(RankWork(r.rank, r.stage, r.coords["tp"], chunks, _messages(r, led), float(r.model_flops),
                               float(r.hardware_flops), _optimizer_bytes(r, led, report),
                               led.optimizer if r.optimizer_flops is not None else None,
@@ -381,9 +452,9 @@ def _ledger_work(report: Any) -> Work:
     d = led.dims
     notes = []
     if plan.cp > 1 or plan.ep > 1:
-        notes.append("cp and ep: each rank's nodes are its stage's whole-sequence shares before the cp split and the "
-                     "expert load; cp's collectives a call per layer, ep's a call per dispatch and combine, "
-                     "exposed")
+        notes.append("cp and ep: each rank's nodes are its stage's whole-sequence shares before the cp split, its "
+                     "experts' at its share of the load; cp's collectives a call per layer, ep's a call per dispatch "
+                     "and combine, exposed")
     v = plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
     return Work(tuple(ranks), {"microbatches": plan.microbatches, "pp": plan.pp, "virtual": v,
                                "schedule": plan.schedule},
