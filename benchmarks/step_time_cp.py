@@ -81,6 +81,17 @@ def context_parallel(model, rank: int, cp: int, group, seq: int) -> torch.Tensor
     return zigzag(seq, cp, rank)
 
 
+def _llama_config():
+    """The benchmark's Llama (``step_time.LLAMA``) as a transformers configuration."""
+    import transformers
+
+    import step_time
+
+    values = step_time.LLAMA
+    return transformers.AutoConfig.for_model(values["model_type"], **{
+        k: v for k, v in values.items() if k not in ("model_type", "architectures")})
+
+
 def _timed_worker(rank: int, port: int, steps: int) -> None:
     """One of 2 CP ranks of the benchmark's Llama: 2 warm-up steps, then ``steps`` whose calls are timed; rank 0
     prints every rank's (kind, wall seconds, CPU seconds, payload bytes) per call as JSON."""
@@ -92,8 +103,12 @@ def _timed_worker(rank: int, port: int, steps: int) -> None:
     real = dist
     torch.set_num_threads(1)
     real.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    import transformers
+
     b, seq = 4, step_time.SEQ
-    model = step_time._build("llama")
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(_llama_config())
+    model.train()
     pos = context_parallel(model, rank, 2, None, seq)
     ids = torch.randint(0, step_time.LLAMA["vocab_size"], (b, seq), generator=torch.Generator().manual_seed(1))
     calls: list = []
@@ -152,8 +167,6 @@ def main() -> None:
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     seen = json.loads([line for line in got.stdout.splitlines() if line.startswith("{")][-1])
 
-    import transformers
-
     import flopcount
     import step_time
     from flopcount.measure.machine.calibration import load_profile
@@ -161,10 +174,7 @@ def main() -> None:
     from flopcount.parallel.plan import parse_parallel
     from flopcount.plans import parallel_ledger
 
-    values = step_time.LLAMA
-    config = transformers.AutoConfig.for_model(values["model_type"], **{
-        k: v for k, v in values.items() if k not in ("model_type", "architectures")})
-    report = flopcount.from_hf(config, (4, step_time.SEQ), cache_dir=False, mode="train")
+    report = flopcount.from_hf(_llama_config(), (4, step_time.SEQ), cache_dir=False, mode="train")
     work = work_of(dataclasses.replace(report, parallel=parallel_ledger(report, parse_parallel("cp=2"))))
     pred = predict_work(work, load_profile(args.profile))
     n = seen["steps"]
