@@ -368,9 +368,9 @@ _last_experts: list[tuple] = []
 def _loaded(report: Any, shares: Any, led: Any) -> Callable[[Mapping[int, tuple], Any], Mapping[int, tuple]]:
     """A rank's chunks (its place's, :func:`_places`) with each routed expert's work at the rank's share of the
     load: under ep with ``--expert-load``, the nodes of rule ``expert`` of MoE layer l scaled by E·f_r,l (f_r,l the
-    ledger's share of the layer's pairs for the rank's experts, :attr:`~flopcount.parallel.ranks.ParallelLedger.
-    expert_shares`), which balanced (f = 1/E) leaves as its place's: the rank's own tokens' pairs. The same
-    chunks for ranks of the same place and EP rank (one tuple each, which the predictor times once)."""
+    ledger's share of the layer's pairs for the rank's experts, its ``expert_shares``), which balanced (f = 1/E)
+    leaves as its place's: the rank's own tokens' pairs. The same chunks for ranks of the same place and EP rank
+    (one tuple each, which the predictor times once)."""
     from flopcount.parallel.layout import layout_of
 
     if not led.expert_shares:
