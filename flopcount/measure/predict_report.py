@@ -184,8 +184,8 @@ def _messages(r: Any, led: Any) -> tuple[Message, ...]:
             out.append(Message(c.kind, c.group, c.bytes, 1, n, "step"))
         elif c.group in ("ep", "tp_ep"):
             out.extend(_expert_messages(c, r, led, n, v))
-        else:  # cp: one message a microbatch, exposed in the forward
-            out.append(Message(c.kind, c.group, c.bytes / m, m, n, "forward"))
+        else:  # cp's K/V and tp_cp's router counts
+            out.extend(_context_messages(c, r, led, n, v))
     return tuple(replace(x, stride=plan.group_stride(x.group)) for x in out)
 
 
@@ -208,6 +208,33 @@ def _expert_messages(c: Any, r: Any, led: Any, n: int, v: int) -> list[Message]:
     calls = {"forward": 2 * layers, "backward": 2 * (gathers - layers) + (2 * layers if led.mode == "train" else 0)}
     per = c.bytes / sum(calls.values())
     return [Message(c.kind, c.group, per, k, n, phase) for phase, k in calls.items() if k > 0]
+
+
+def _context_messages(c: Any, r: Any, led: Any, n: int, v: int) -> list[Message]:
+    """The calls of context parallelism (the rules of :mod:`flopcount.parallel.experts`): in each attention layer's
+    forward an ``all_gather`` of its K and V (group ``cp``), and in its backward a ``reduce_scatter`` of their
+    gradients, the same bytes a call, so a call is the ledger's ``reduce_scatter`` bytes over the forward's L·M
+    layers (L the layers of the rank's chunks) and the gathers are the ledger's ``all_gather`` bytes over that: the
+    first L·M exposed in the forward, those of a recompute's rerun past them in the backward. Without a backward
+    (inference) the L·M gathers are the ledger's bytes over them. The auxiliary loss's counts (``tp_cp``): an
+    ``all_reduce`` of R·8 bytes (:data:`~flopcount.parallel.experts.COUNT_BYTES`) per MoE layer and pass that
+    records it, the first L·M (L the MoE layers of the rank's chunks) in the forward, a rerun's in the backward
+    (all of them under ``full``, whose forward records none)."""
+    from flopcount.parallel.experts import COUNT_BYTES
+
+    plan, d, m = led.plan, led.dims, led.plan.microbatches
+    if c.group == "tp_cp":  # under full recompute recorded only in the rerun (the forward runs without grad)
+        each = d["experts"] * COUNT_BYTES
+        layers = 0 if led.recompute.policy == "full" else m * max(d["moe_layers"] // (plan.pp * v), 1) * v
+    else:
+        layers = m * max(d.get("layers", 0) // (plan.pp * v), 1) * v
+        scattered = sum(x.bytes for x in r.communication if x.group == "cp" and x.kind == "reduce_scatter")
+        each = scattered / layers if scattered else c.bytes / layers
+    calls = round(c.bytes / each) if each else 0
+    if c.kind == "reduce_scatter":
+        return [Message(c.kind, c.group, each, calls, n, "backward")] if calls else []
+    return [Message(c.kind, c.group, each, k, n, phase)
+            for k, phase in ((min(layers, calls), "forward"), (calls - min(layers, calls), "backward")) if k > 0]
 
 
 def _module_tensors(report: Any) -> Any:
@@ -333,20 +360,91 @@ def _places(nodes: Any, shares: Any, params: frozenset[str],
     return found
 
 
+#: The last shares (by identity) and, per (stage, TP rank) and chunk, the places of its experts' works in the
+#: chunk's tuple (:func:`_places`' order: the shares' own) with their layer.
+_last_experts: list[tuple] = []
+
+
+def _loaded(report: Any, shares: Any, led: Any) -> Callable[[Mapping[int, tuple], Any], Mapping[int, tuple]]:
+    """A rank's chunks (its place's, :func:`_places`) with each routed expert's work at the rank's share of the
+    load: under ep with ``--expert-load``, the nodes of rule ``expert`` of MoE layer l scaled by E·f_r,l (f_r,l the
+    ledger's share of the layer's pairs for the rank's experts, its ``expert_shares``), which balanced (f = 1/E)
+    leaves as its place's: the rank's own tokens' pairs. The same chunks for ranks of the same place and EP rank
+    (one tuple each, which the predictor times once)."""
+    from flopcount.parallel.layout import layout_of
+
+    if not led.expert_shares:
+        return lambda chunks, r: chunks
+    if not (_last_experts and _last_experts[0][0] is shares):
+        layer = layout_of(report, led.plan).layer
+        found: dict[tuple[int, int], dict[int, list[tuple[int, int]]]] = {}
+        sizes: dict[tuple[int, int, int], int] = {}
+        for x in shares:
+            at = (x.stage, x.tp, x.chunk)
+            k = sizes[at] = sizes.get(at, -1) + 1
+            if x.rule == "expert":
+                found.setdefault((x.stage, x.tp), {}).setdefault(x.chunk, []).append((k, layer[x.index]))
+        _last_experts[:] = [(shares,), found]
+    experts, e = _last_experts[1], led.plan.ep
+    made: dict[tuple, Mapping[int, tuple]] = {}
+
+    def chunks_of(chunks: Mapping[int, tuple], r: Any) -> Mapping[int, tuple]:
+        place = (r.stage, r.coords["tp"])
+        key = (place, r.coords["ep"])
+        if key not in made:
+            out = dict(chunks)
+            for c, at in experts.get(place, {}).items():
+                factors = tuple(e * num / den for num, den in (led.expert_shares[layer][r.coords["ep"]]
+                                                               for _, layer in at))
+                out[c] = _scaled_chunk(out[c], tuple(k for k, _ in at), factors)
+            made[key] = out
+        return made[key]
+
+    return chunks_of
+
+
+#: Chunks already scaled by the load (:func:`_scaled_chunk`), by the identity of the place's chunk (held, so that
+#: the identity is not reused) and the factors: the plans of a search with the same shares and load get the same
+#: tuples, which the predictor times once.
+_scaled_chunks: dict[tuple[int, tuple, tuple], tuple] = {}
+
+
+def _scaled_chunk(works: tuple, at: tuple[int, ...], factors: tuple[float, ...]) -> tuple:
+    """``works`` with the work at each place of ``at`` scaled by its factor (:func:`_scaled`)."""
+    key = (id(works), at, factors)
+    hit = _scaled_chunks.get(key)
+    if hit is not None and hit[0] is works:
+        return hit[1]
+    out = list(works)
+    for k, f in zip(at, factors):
+        out[k] = _scaled(out[k], f)
+    if len(_scaled_chunks) > 4096:
+        _scaled_chunks.clear()
+    _scaled_chunks[key] = (works, tuple(out))
+    return _scaled_chunks[key][1]
+
+
+def _scaled(w: NodeWork, f: float) -> NodeWork:
+    """``w`` run over ``f`` times its tokens: its FLOPs and bytes times ``f``, its matrices (the experts) the same."""
+    return replace(w, flops=w.flops * f, bytes=w.bytes * f, backward_flops=w.backward_flops * f,
+                   recompute_flops=w.recompute_flops * f)
+
+
 def _ledger_work(report: Any) -> Work:
     from flopcount.parallel.layout import layout_of
     from flopcount.parallel.ranks import node_shares
 
     led = report.parallel
     plan = led.plan
-    by_place = _places(report.nodes, node_shares(report, plan, led.recompute), report.modules.parameters,
-                       _gathered(report))
+    shares = node_shares(report, plan, led.recompute)
+    by_place = _places(report.nodes, shares, report.modules.parameters, _gathered(report))
+    loaded = _loaded(report, shares, led)
     stepped = any(r.optimizer_flops is not None for r in led.ranks)  # each rank's optimizer step reads these
     stages = layout_of(report, plan).stage_params(report.modules.params) if stepped else {}
     tensors = _stage_tensors(stages, _module_tensors(report))
     ranks = []
     for r in led.ranks:
-        chunks = by_place.get((r.stage, r.coords["tp"]), {})
+        chunks = loaded(by_place.get((r.stage, r.coords["tp"]), {}), r)
         ranks.append(RankWork(r.rank, r.stage, r.coords["tp"], chunks, _messages(r, led), float(r.model_flops),
                               float(r.hardware_flops), _optimizer_bytes(r, led, report),
                               led.optimizer if r.optimizer_flops is not None else None,
@@ -354,9 +452,9 @@ def _ledger_work(report: Any) -> Work:
     d = led.dims
     notes = []
     if plan.cp > 1 or plan.ep > 1:
-        notes.append("cp and ep: each rank's nodes are its stage's whole-sequence shares before the cp split and the "
-                     "expert load; cp's collectives one message a microbatch, ep's a call per dispatch and combine, "
-                     "exposed")
+        notes.append("cp and ep: each rank's nodes are its stage's whole-sequence shares before the cp split, its "
+                     "experts' at its share of the load; cp's collectives a call per layer, ep's a call per dispatch "
+                     "and combine, exposed")
     v = plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
     return Work(tuple(ranks), {"microbatches": plan.microbatches, "pp": plan.pp, "virtual": v,
                                "schedule": plan.schedule},

@@ -170,6 +170,8 @@ class ParallelLedger:
     kv_rule: str
     rules: tuple[str, ...] = field(default=())
     expert_load: str | None = None  # "balanced" or the --expert-load file of a MoE model; None for a dense one
+    # under ep with --expert-load: each MoE layer's (by its layer index) share of the load per EP rank, (num, den)
+    expert_shares: Mapping[int, tuple[tuple[int, int], ...]] | None = field(default=None, compare=False)
     optimizer: str | None = None  # the counted optimizer; None with the reason in optimizer_note
     whole_optimizer_flops: int | None = None  # the whole model's optimizer step
     optimizer_note: str | None = None
@@ -418,6 +420,7 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
         "experts": report.moe.experts if moe_layers else 0, "top_k": report.moe.top_k if moe_layers else 0},
         tuple(ranks), bubble, slowest.rank, slowest.hardware_flops / mean if mean else 1.0,
         layout.kv_rule, expert_load=load.source if moe_layers else None,
+        expert_shares={k: tuple(v) for k, v in fractions.items()} if load.per_layer is not None and e_ > 1 else None,
         optimizer=None if note else report.optimizer[0],
         whole_optimizer_flops=None if note else report.optimizer[1].flops, optimizer_note=note, schedule=schedule)
 

@@ -13,7 +13,7 @@ import pytest
 from helpers import collectives_profile
 
 
-L, R, K, H, B, S, M = 2, 4, 2, 32, 2, 8, 2
+L, R, K, H, I, B, S, M = 2, 4, 2, 32, 64, 2, 8, 2
 VEC = B * S * K * H * 4  # a rank's (token, expert) pairs' hidden vectors: what one dispatch sends
 COUNTS = 2 * R * 8  # the router's int64 counts per expert of the 2 ranks of tp_ep
 LAT, BW = 40e-6, 2e9  # every collective's latency and bus bandwidth
@@ -30,18 +30,18 @@ def report():
 
     import flopcount
 
-    config = transformers.MixtralConfig(hidden_size=H, intermediate_size=64, num_hidden_layers=L,
+    config = transformers.MixtralConfig(hidden_size=H, intermediate_size=I, num_hidden_layers=L,
                                         num_attention_heads=2, num_key_value_heads=2, vocab_size=128,
                                         num_local_experts=R, num_experts_per_tok=K)
     return flopcount.from_hf(config, (B, S), cache_dir=False, mode="train")
 
 
-def _work(report, recompute=None, load=None):
+def _work(report, recompute=None, load=None, plan="dp=2,ep=2"):
     from flopcount.measure.predict import work_of
     from flopcount.parallel.plan import parse_parallel
     from flopcount.plans import parallel_ledger
 
-    led = parallel_ledger(report, parse_parallel("dp=2,ep=2", M, "1f1b"), recompute, load)
+    led = parallel_ledger(report, parse_parallel(plan, M, "1f1b"), recompute, load)
     return work_of(dataclasses.replace(report, parallel=led))
 
 
@@ -97,3 +97,41 @@ def test_each_call_pays_its_latency(report):
         assert a2a["exposed"] == pytest.approx(calls * LAT + calls * VEC / 2 / BW)
         assert a2a["overlapped"] == 0
         assert r["communication_seconds"]["all_gather"]["exposed"] == pytest.approx(M * L * (LAT + COUNTS / 2 / BW))
+
+
+@pytest.mark.parametrize("policy, forward, backward", [(None, 1, 0), ("non-reentrant", 1, 1), ("full", 0, 1)])
+def test_the_auxiliary_losss_counts_are_a_call_a_layer_and_pass(report, policy, forward, backward):
+    """``cp=2,ep=2``: the sequence split over 2 CP ranks, each MoE layer's R int64 counts all-reduced over them
+    (``tp_cp``) in each pass that records the auxiliary loss: the forward's, and a non-reentrant rerun's in the
+    backward; ``full`` records only in the rerun."""
+    from flopcount.parallel.plan import parse_recompute
+
+    recompute = parse_recompute(policy) if policy else None
+    for r in _work(report, recompute, plan="cp=2,ep=2").ranks:
+        assert _calls(r, "tp_cp") == sorted([("all_reduce", phase, k * M * L, R * 8, 2) for phase, k in
+                                             (("forward", forward), ("backward", backward)) if k])
+
+
+def _grouped_flops(rank) -> float:
+    """A rank's FLOPs (forward and backward, a microbatch) of its experts' grouped products (products of R
+    matrices, one an expert: gate_up and down)."""
+    return sum(w.flops + w.backward_flops for nodes in rank.chunks.values() for w in nodes
+               if w.kind == "gemm" and w.matrices == R)
+
+
+def test_an_uneven_load_runs_each_ranks_experts_on_their_pairs(report, tmp_path):
+    """With ``--expert-load``, rank r's experts run the pairs routed to them, E·f_r of its own B·S·K a layer (f_r its
+    experts' share of the layer's pairs): a pair's gate_up product 2·H·2I FLOPs and down 2·I·H forward, twice that
+    backward (the input's and the weight's gradients), 18·H·I a pair. Balanced, each rank runs its own B·S·K."""
+    from flopcount.parallel.experts import load_expert_load
+
+    load = tmp_path / "load.json"
+    load.write_text(json.dumps([[1, 1, 1, 1], [5, 1, 1, 1]]))
+    ran = [[2 * 2 / 4, 2 * 6 / 8], [2 * 2 / 4, 2 * 2 / 8]]  # E·f_r of each layer: rank 0 the busiest
+    work = _work(report, load=load_expert_load(load))
+    for rank, r in enumerate(work.ranks):
+        assert _grouped_flops(r) == pytest.approx(sum(18 * H * I * B * S * K * x for x in ran[rank]))
+        assert sum(w.flops + w.backward_flops for nodes in r.chunks.values() for w in nodes) == pytest.approx(
+            r.hardware_flops / M)  # all its nodes: the ledger's rank, a microbatch
+    for r in _work(report).ranks:
+        assert _grouped_flops(r) == pytest.approx(L * 18 * H * I * B * S * K)
