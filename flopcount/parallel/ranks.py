@@ -587,7 +587,8 @@ def _communication(layout: Layout, report: Any, per_stage: int, train: bool, has
         if p > 1:
             act = a // t if plan.sp else a
             v = layout.virtual  # each of the rank's chunks sends on, but the model's last; and back, but its first
-            add("send_recv", "pp", m * (act * (v - last) + (act * (v - first) if train else 0)))
+            add("send_recv", "pp", m * (layout.sent(s, train) if layout.messages else  # an encoder-decoder's
+                                        act * (v - last) + (act * (v - first) if train else 0)))
             if train and (first or last):  # a tied embedding's two copies, on the first and the last stage
                 add("all_reduce", "embedding", layout.tied // t * d.param_bytes)
         if train:

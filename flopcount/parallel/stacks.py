@@ -1,0 +1,129 @@
+"""A model of two or more stacks of layers (an **encoder-decoder**: the encoder's layers, then the decoder's, each
+decoder layer's cross-attention reading the encoder's output) under a plan: what it takes, where the nodes between
+its stacks run, and what a pipeline sends between its stages. :mod:`flopcount.parallel.layout` reads these rules.
+
+**Plans.** ``tp`` (``sp`` where tp divides each stack's sequence), ``pp`` (each schedule) and any data-parallel plan;
+``cp`` is refused, each decoder rank's cross-attention reading the whole encoder output's K and V (not modeled);
+stacks without cross-attention (one reading another's output) are refused ``pp`` and ``cp`` alike.
+
+**Stages.** The layers of all stacks in order (the encoder's 0 … Lₑ − 1, the decoder's Lₑ …) are split in P stages
+(P·v chunks under ``interleaved:v``) as a single stack's are. The nodes between two stacks (the encoder's final norm,
+the decoder's embedding ops: its position lookup on its table, its scaling, its norm) run on the chunk of the last layer before
+them, as a pipeline split at the decoder's first layer runs them (``torch.distributed.pipelining``'s split point at
+``decoder.block.0``: what comes before it goes to the stage before); the token-embedding lookups stay on stage 0
+with their table (the encoder's and the decoder's read one table), position tables and masks are rebuilt on every
+stage.
+
+**Messages.** What crosses a stage boundary is sent, as a pipeline split at a point sends it: each tensor made on
+virtual stage c and read on a later one (up to its last reader) is sent by each virtual stage from c on, and its
+gradient back (a floating-point tensor's; an integer one has none): the stream, and on every stage after the
+encoder's last layer also the encoder's output, read by every decoder layer's cross-attention (Megatron's
+encoder-decoder pipeline sends it with the decoder's hidden state, and its gradient back); the decoder's looked-up
+tokens from stage 0 to the stage of its first ops; T5's relative position bias, made in each stack's layer 0 (from
+that layer's table) and read by all its layers, carried in the messages to the stack's later stages (a pipeline split
+inside a stack sends it, as HF's T5 blocks pass it from each to the next; no stage rebuilds it from a table it does
+not hold). The model's inputs are read on each stage that needs them (each stage's data loader gives them), so
+they are not sent. On a TP rank a message is its maker's share: a sequence-work tensor (the stream, the encoder's
+output) whole, 1/T under ``sp``; one split over TP (the heads' position bias) 1/T, 1/min(T, kv) on K/V heads; any
+other whole. A single stack's message, the stream alone, is the closed form of :mod:`flopcount.parallel.ranks`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from ..errors import UsageError
+from .roles import FLOATS, Graph, elements
+
+__all__ = ["Message", "between_layers", "check_stacks", "message_share", "messages", "stage_sent"]
+
+
+class Message(NamedTuple):
+    """A tensor a pipeline sends: made on virtual stage ``made``, last read on virtual stage ``read`` (each virtual
+    stage from ``made`` to ``read`` − 1 sends it on) by the node at position ``node`` of the graph, its ``bytes``
+    over one microbatch whole, and whether its gradient is sent back (``grad``: a floating-point tensor)."""
+
+    name: str
+    node: int
+    made: int
+    read: int
+    bytes: int
+    grad: bool
+
+
+def check_stacks(plan: Any, stacks: Sequence[tuple[str, int]], cross: bool, where: str, degrees: str) -> None:
+    """:class:`UsageError` for a plan a model of two or more ``stacks`` cannot take (see the module's rules); ``cross``:
+    whether a layer's cross-attention reads another stack's output."""
+    names = " and ".join(p for p, _ in stacks)
+    if not cross and (plan.pp > 1 or plan.cp > 1):
+        raise UsageError(f"--parallel {degrees}: {where} has {len(stacks)} stacks of layers ({names}), one reading "
+                         "another's output; pipeline and context parallelism of more than one stack are not "
+                         "modeled; give pp=1 and cp=1")
+    if plan.cp > 1:
+        raise UsageError(f"--parallel cp={plan.cp}: {where}'s {names} layers are an encoder-decoder: each decoder "
+                         "rank's cross-attention reads the whole encoder output's K and V, whose split over the "
+                         "sequence is not modeled; give cp=1")
+
+
+def between_layers(g: Graph, layer: Sequence[int | None], roles: Sequence[str]) -> dict[int, int]:
+    """The nodes outside the layers between two stacks, each with the layer before it in the graph (whose chunk runs
+    it); the token-embedding lookups and the position tables rebuilt on every stage left out, but not a lookup on a
+    stored table among them (Whisper's decoder positions: its table is held where it is looked up)."""
+    inside = [k for k, n in enumerate(layer) if n is not None]
+    out: dict[int, int] = {}
+    before = None
+    for k in range(inside[0], inside[-1]) if inside else ():
+        if layer[k] is not None:
+            before = layer[k]
+        elif before is not None and (roles[k] not in ("embedding", "positions") or
+                                     roles[k] == "positions" and g.weights(k)):
+            out[k] = before
+    return out
+
+
+def messages(g: Graph, chunks: Sequence[tuple[int, ...]]) -> tuple[Message, ...]:
+    """Every tensor that crosses a virtual stage's boundary (see the module's rules), in the graph's order."""
+    from ..reporting.report import element_bits
+
+    out = []
+    for k, n in enumerate(g.nodes):
+        if len(chunks[k]) != 1:  # rebuilt on every stage
+            continue
+        for x in n.outputs:
+            if x is None or not x.name or g.weight_root(x.name):
+                continue
+            again = min((q for q in g.producers.get(x.name, ()) if q > k), default=len(g.nodes))
+            read = max((chunks[q][0] for q in g.consumers.get(x.name, ()) if k < q < again and len(chunks[q]) == 1),
+                       default=chunks[k][0])
+            if read > chunks[k][0]:
+                info = g.info.get(x.name, x)
+                size = elements(info) * ((element_bits(info.elem_type) or 32) // 8)
+                out.append(Message(x.name, k, chunks[k][0], read, size, info.elem_type in FLOATS))
+    return tuple(out)
+
+
+def message_share(message: Message, rule: str, plan: Any, kv_heads: int, sequence: bool) -> int:
+    """Bytes of ``message`` on one TP rank of ``plan`` (see the module's rules): ``rule``, its maker's rule in the FLOPs
+    ledger; ``sequence``, whether its maker's output is sequence work (split over the sequence under sp)."""
+    t = plan.tp
+    if sequence:
+        return -(-message.bytes // t) if plan.sp else message.bytes
+    if rule == "split" or rule == "norm" and plan.sp:
+        return -(-message.bytes // t)
+    if rule == "kv":
+        return -(-message.bytes // min(t, kv_heads or t))
+    return message.bytes
+
+
+def stage_sent(found: Sequence[Message], shares: Sequence[int], stage: int, pp: int, virtual: int,
+               train: bool) -> int:
+    """Bytes one TP rank of pipeline rank ``stage`` sends per microbatch: on each of its virtual stages c the messages
+    that cross c's boundary forward (made at or before c, read after it), and in the backward the gradients of those
+    it received (crossing c − 1's); ``shares``: each message's bytes on the rank."""
+    out = 0
+    for c in range(stage, pp * virtual, pp):
+        out += sum(b for x, b in zip(found, shares) if x.made <= c < x.read)
+        if train and c:
+            out += sum(b for x, b in zip(found, shares) if x.grad and x.made <= c - 1 < x.read)
+    return out
