@@ -561,7 +561,7 @@ def _laid(report: Any, plan: ParallelPlan, st: _Structure) -> Layout:
     v = chunks_of(plan)
     per_chunk = dims.layers // (plan.pp * v) if dims.layers else 1
     last = plan.pp * v - 1
-    between = ps.between_layers(g, layer, roles) if len(stacks) > 1 else {}  # the encoder's final norm ...
+    between = ps.between_layers(g, layer, roles, report.modules.parameters) if len(stacks) > 1 else {}
     chunks = tuple((layer[k] // per_chunk,) if layer[k] is not None else (between[k] // per_chunk,)
                    if k in between else tuple(range(plan.pp)) if roles[k] == "positions" else (last,)
                    if roles[k] in ("vocab", "sequence") or (roles[k] == "replicated" and k in tail) else (0,)

@@ -66,10 +66,12 @@ def check_stacks(plan: Any, stacks: Sequence[tuple[str, int]], cross: bool, wher
                          "sequence is not modeled; give cp=1")
 
 
-def between_layers(g: Graph, layer: Sequence[int | None], roles: Sequence[str]) -> dict[int, int]:
+def between_layers(g: Graph, layer: Sequence[int | None], roles: Sequence[str], parameters: frozenset[str]
+                   ) -> dict[int, int]:
     """The nodes outside the layers between two stacks, each with the layer before it in the graph (whose chunk runs
-    it); the token-embedding lookups and the position tables rebuilt on every stage left out, but not a lookup on a
-    stored table among them (Whisper's decoder positions: its table is held where it is looked up)."""
+    it); the token-embedding lookups and the position tables rebuilt on every stage left out, but not a node among
+    them that reads one of the ``parameters`` (Whisper's decoder positions: its table is held where it is looked
+    up)."""
     inside = [k for k, n in enumerate(layer) if n is not None]
     out: dict[int, int] = {}
     before = None
@@ -77,7 +79,7 @@ def between_layers(g: Graph, layer: Sequence[int | None], roles: Sequence[str]) 
         if layer[k] is not None:
             before = layer[k]
         elif before is not None and (roles[k] not in ("embedding", "positions") or
-                                     roles[k] == "positions" and g.weights(k)):
+                                     roles[k] == "positions" and any(r in parameters for _, r in g.weights(k))):
             out[k] = before
     return out
 
