@@ -300,7 +300,7 @@ class Layout:
         """Bytes one TP rank of pipeline rank ``stage`` sends per microbatch of :attr:`messages` (forward, and the
         gradients back when ``train``)."""
         shares = [ps.message_share(x, self.rule(x.node), self.plan, self.dims.kv_heads,
-                                   self.roles[x.node] in SEQUENCE_ROLES) for x in self.messages]
+                                   self.roles[x.node] in SEQUENCE_ROLES | {"replicated"}) for x in self.messages]
         return ps.stage_sent(self.messages, shares, stage, self.plan.pp, self.virtual, train)
 
     def stage_tp(self, stage: int) -> tuple[int, int, int]:

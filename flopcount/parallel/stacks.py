@@ -23,9 +23,10 @@ tokens from stage 0 to the stage of its first ops; T5's relative position bias, 
 that layer's table) and read by all its layers, carried in the messages to the stack's later stages (a pipeline split
 inside a stack sends it, as HF's T5 blocks pass it from each to the next; no stage rebuilds it from a table it does
 not hold). The model's inputs are read on each stage that needs them (each stage's data loader gives them), so
-they are not sent. On a TP rank a message is its maker's share: a sequence-work tensor (the stream, the encoder's
-output) whole, 1/T under ``sp``; one split over TP (the heads' position bias) 1/T, 1/min(T, kv) on K/V heads; any
-other whole. A single stack's message, the stream alone, is the closed form of :mod:`flopcount.parallel.ranks`.
+they are not sent. On a TP rank a message is its maker's share: one of sequence work or replicated work (the stream, the
+encoder's output, the decoder's embedded tokens) whole, 1/T under ``sp`` (split over the sequence between stages, as
+Megatron's pipeline sends it under sp); one split over TP (the heads' position bias) 1/T, 1/min(T, kv) on K/V heads;
+any other whole. A single stack's message, the stream alone, is the closed form of :mod:`flopcount.parallel.ranks`.
 """
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ def messages(g: Graph, chunks: Sequence[tuple[int, ...]]) -> tuple[Message, ...]
 
 def message_share(message: Message, rule: str, plan: Any, kv_heads: int, sequence: bool) -> int:
     """Bytes of ``message`` on one TP rank of ``plan`` (see the module's rules): ``rule``, its maker's rule in the FLOPs
-    ledger; ``sequence``, whether its maker's output is sequence work (split over the sequence under sp)."""
+    ledger; ``sequence``, whether its maker's output is sequence or replicated work (split over the sequence under
+    sp)."""
     t = plan.tp
     if sequence:
         return -(-message.bytes // t) if plan.sp else message.bytes
