@@ -8,8 +8,8 @@ stacks without cross-attention (one reading another's output) are refused ``pp``
 
 **Stages.** The layers of all stacks in order (the encoder's 0 … Lₑ − 1, the decoder's Lₑ …) are split in P stages
 (P·v chunks under ``interleaved:v``) as a single stack's are. The nodes between two stacks (the encoder's final norm,
-the decoder's embedding ops: its position lookup on its table, its scaling, its norm) run on the chunk of the last layer before
-them, as a pipeline split at the decoder's first layer runs them (``torch.distributed.pipelining``'s split point at
+the decoder's embedding ops: its position lookup on its table, its scaling, its norm) run on the chunk of the last
+layer before them, as a pipeline split at the decoder's first layer runs them (``torch.distributed.pipelining``'s split point at
 ``decoder.block.0``: what comes before it goes to the stage before); the token-embedding lookups stay on stage 0
 with their table (the encoder's and the decoder's read one table), position tables and masks are rebuilt on every
 stage.

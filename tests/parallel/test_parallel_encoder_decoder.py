@@ -191,7 +191,8 @@ def test_pipeline_stages_run_their_layers(model, text, schedule, stages):
     encoder, decoder = layer_products()
     for s, layers in enumerate(stages):
         for i in range(p.tp):
-            got = sum(x.forward for x in shares if x.stage == s and x.tp == i and report.nodes[x.index].op_type == "MatMul")
+            got = sum(x.forward for x in shares
+                      if x.stage == s and x.tp == i and report.nodes[x.index].op_type == "MatMul")
             assert got == sum(encoder if c == "e" else decoder for c in layers) // p.tp, (s, i)
     led = ledger(report, p)
     assert sum(r.model_flops for r in led.ranks) == 4 * (report.forward.flops + report.backward.flops)
