@@ -296,12 +296,17 @@ class Layout:
     def virtual(self) -> int:
         return chunks_of(self.plan)
 
+    def message_divisors(self) -> dict[str, int]:
+        """Each of :attr:`messages`' TP divisor (:func:`flopcount.parallel.stacks.message_divisor`), by name."""
+        return {x.name: ps.message_divisor(self.rule(x.node), self.plan, self.dims.kv_heads, self.roles[x.node]
+                                           in SEQUENCE_ROLES | {"replicated"}) for x in self.messages}
+
     def sent(self, stage: int, train: bool) -> int:
         """Bytes one TP rank of pipeline rank ``stage`` sends per microbatch of :attr:`messages` (forward, and the
         gradients back when ``train``)."""
-        shares = [ps.message_share(x, self.rule(x.node), self.plan, self.dims.kv_heads,
-                                   self.roles[x.node] in SEQUENCE_ROLES | {"replicated"}) for x in self.messages]
-        return ps.stage_sent(self.messages, shares, stage, self.plan.pp, self.virtual, train)
+        div = self.message_divisors()
+        return ps.stage_sent(self.messages, [-(-x.bytes // div[x.name]) for x in self.messages], stage, self.plan.pp,
+                             self.virtual, train)
 
     def stage_tp(self, stage: int) -> tuple[int, int, int]:
         """Of the layers pipeline rank ``stage`` runs, in tokens of a sequence: (the tokens reduced after its

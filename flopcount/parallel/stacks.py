@@ -9,8 +9,8 @@ stacks without cross-attention (one reading another's output) are refused ``pp``
 **Stages.** The layers of all stacks in order (the encoder's 0 … Lₑ − 1, the decoder's Lₑ …) are split in P stages
 (P·v chunks under ``interleaved:v``) as a single stack's are. The nodes between two stacks (the encoder's final norm,
 the decoder's embedding ops: its position lookup on its table, its scaling, its norm) run on the chunk of the last
-layer before them, as a pipeline split at the decoder's first layer runs them (``torch.distributed.pipelining``'s split point at
-``decoder.block.0``: what comes before it goes to the stage before); the token-embedding lookups stay on stage 0
+layer before them, as a pipeline split at the decoder's first layer runs them (``torch.distributed.pipelining``'s
+split point at ``decoder.block.0``: what comes before it goes to the stage before); the token-embedding lookups stay on stage 0
 with their table (the encoder's and the decoder's read one table), position tables and masks are rebuilt on every
 stage.
 
@@ -23,7 +23,8 @@ tokens from stage 0 to the stage of its first ops; T5's relative position bias, 
 that layer's table) and read by all its layers, carried in the messages to the stack's later stages (a pipeline split
 inside a stack sends it, as HF's T5 blocks pass it from each to the next; no stage rebuilds it from a table it does
 not hold). The model's inputs are read on each stage that needs them (each stage's data loader gives them), so
-they are not sent. On a TP rank a message is its maker's share: one of sequence work or replicated work (the stream, the
+they are not sent. A stage's memory walk receives the messages at the same share (:mod:`flopcount.memory.ranks`).
+On a TP rank a message is its maker's share: one of sequence work or replicated work (the stream, the
 encoder's output, the decoder's embedded tokens) whole, 1/T under ``sp`` (split over the sequence between stages, as
 Megatron's pipeline sends it under sp); one split over TP (the heads' position bias) 1/T, 1/min(T, kv) on K/V heads;
 any other whole. A single stack's message, the stream alone, is the closed form of :mod:`flopcount.parallel.ranks`.
@@ -37,7 +38,7 @@ from typing import Any, NamedTuple
 from ..errors import UsageError
 from .roles import FLOATS, Graph, elements
 
-__all__ = ["Message", "between_layers", "check_stacks", "message_share", "messages", "stage_sent"]
+__all__ = ["Message", "between_layers", "check_stacks", "message_divisor", "messages", "stage_sent"]
 
 
 class Message(NamedTuple):
@@ -106,18 +107,17 @@ def messages(g: Graph, chunks: Sequence[tuple[int, ...]]) -> tuple[Message, ...]
     return tuple(out)
 
 
-def message_share(message: Message, rule: str, plan: Any, kv_heads: int, sequence: bool) -> int:
-    """Bytes of ``message`` on one TP rank of ``plan`` (see the module's rules): ``rule``, its maker's rule in the FLOPs
-    ledger; ``sequence``, whether its maker's output is sequence or replicated work (split over the sequence under
-    sp)."""
+def message_divisor(rule: str, plan: Any, kv_heads: int, sequence: bool) -> int:
+    """The TP ranks a message is split over (see the module's rules): ``rule``, its maker's rule in the FLOPs ledger;
+    ``sequence``, whether its maker's output is sequence or replicated work (split over the sequence under sp)."""
     t = plan.tp
     if sequence:
-        return -(-message.bytes // t) if plan.sp else message.bytes
+        return t if plan.sp else 1
     if rule == "split" or rule == "norm" and plan.sp:
-        return -(-message.bytes // t)
+        return t
     if rule == "kv":
-        return -(-message.bytes // min(t, kv_heads or t))
-    return message.bytes
+        return min(t, kv_heads or t)
+    return 1
 
 
 def stage_sent(found: Sequence[Message], shares: Sequence[int], stage: int, pp: int, virtual: int,
