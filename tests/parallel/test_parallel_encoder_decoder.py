@@ -213,16 +213,19 @@ def boundaries(name: str, stages: int, t: int = 1, sp: bool = False) -> list[int
     return [stream(SE) + bias(SE) + stream(SD), stream(SE) + stream(SD), stream(SD) + stream(SE) + bias(SD)]
 
 
-@pytest.mark.parametrize("text", ["pp=2", "pp=4", "tp=2,pp=4", "tp=2,sp,pp=2", "tp=2,sp,pp=4"])
+@pytest.mark.parametrize("text", ["pp=2", "pp=4", "tp=2,pp=4", "tp=2,sp,pp=2", "tp=2,sp,pp=4",
+                                  "pp=2 --schedule interleaved:2"])
 def test_pipeline_messages_closed_form(model, text):
-    """Each stage sends what crosses its boundary forward and the gradients of what crossed the one before (every
-    message is floating point), M times a step."""
+    """Each (virtual) stage sends what crosses its boundary forward and the gradients of what crossed the one before
+    (every message is floating point), M times a step; interleaved, rank p runs chunks p and p + P (4 chunks of one
+    layer: the boundaries of pp=4)."""
     name, report = model
-    p = parse_parallel(text, microbatches=4)
-    cut = boundaries(name, p.pp, p.tp, p.sp)
+    degrees, _, schedule = text.partition(" --schedule ")
+    p = parse_parallel(degrees, microbatches=4, schedule=schedule or "1f1b")
+    chunks = p.pp * (p.virtual_stages if schedule else 1)
+    cut = boundaries(name, chunks, p.tp, p.sp)
     for r in ledger(report, p).ranks:
-        s = r.stage
-        want = (cut[s] if s < p.pp - 1 else 0) + (cut[s - 1] if s else 0)
+        want = sum((cut[c] if c < chunks - 1 else 0) + (cut[c - 1] if c else 0) for c in range(r.stage, chunks, p.pp))
         assert [c.bytes for c in r.communication if c.group == "pp"] == [4 * want], (text, r.rank)
 
 
