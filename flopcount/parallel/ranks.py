@@ -65,7 +65,8 @@ activation element) per microbatch and Lₛ the stage's layers:
   :mod:`flopcount.parallel.experts`);
 * PP: ``send_recv`` of each microbatch's activation to the next stage in the forward and its gradient to the
   previous stage in the backward, A each (A/T under sp, whose activations are split over the sequence); with
-  ``interleaved:v``, from each of the rank's v chunks but the model's last (forward) and first (backward);
+  ``interleaved:v``, from each of the rank's v chunks but the model's last (forward) and first (backward); an
+  encoder-decoder's, what crosses each boundary (the encoder's output too: :mod:`flopcount.parallel.stacks`);
 * DP: ``all_reduce`` of the rank's gradients once per step (G = its parameters × their element bytes); with
   ``fsdp``, FSDP2's convention (``fully_shard`` on each repeated layer and on the root, with its defaults), each
   parameter padded to n·⌈d0/n⌉ rows (:func:`flopcount.parallel.layout.fsdp_shard`; buffers and constants are not
