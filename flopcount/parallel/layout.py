@@ -296,6 +296,12 @@ class Layout:
     def virtual(self) -> int:
         return chunks_of(self.plan)
 
+    def kv_tokens(self, stage: int) -> int:
+        """Tokens of a sequence whose K and V the attentions of pipeline rank ``stage``'s layers read: each layer's own,
+        and a cross-attention's of the other stack (what cp all-gathers)."""
+        rows, cols, own = self.stage_tp(stage)
+        return own + cols - rows
+
     def message_divisors(self) -> dict[str, int]:
         """Each of :attr:`messages`' TP divisor (:func:`flopcount.parallel.stacks.message_divisor`), by name."""
         return {x.name: ps.message_divisor(self.rule(x.node), self.plan, self.dims.kv_heads, self.roles[x.node]
@@ -710,12 +716,8 @@ def _check(plan: ParallelPlan, st: _Structure, where: str) -> None:
                          "data- and context-parallel ranks; ep must divide dp·cp")
     if plan.sp and plan.cp == 1 and d.seq % t:
         raise UsageError(f"--parallel tp={t},sp: tp must divide the sequence length {d.seq} under sp")
-    if plan.sp and len(st.stacks) > 1:
-        seqs = _tokens(st)["seqs"]
-        n = next((n for n, s in enumerate(seqs) if s % t), None)
-        if n is not None:
-            raise UsageError(f"--parallel tp={t},sp: tp must divide the sequence length {seqs[n]} of layer {n} "
-                             f"({_stack_name(st, n)}) under sp")
+    if len(st.stacks) > 1 and (plan.sp or plan.cp > 1):
+        ps.check_sequences(plan, _tokens(st)["seqs"], lambda n: _stack_name(st, n))
     if d.layers % p:
         raise UsageError(f"--parallel pp={p}: pp must divide the {d.layers} layers (stages of equal layers)")
     if d.layers % (p * v):

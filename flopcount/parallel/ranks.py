@@ -397,7 +397,7 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
                         again += px.ep_divide([px.cp_split(ex_again, c_, q) for q in members], share)[ep]
                     coords = {"tp": i, "pp": s, "cp": cp, "ep": ep, "dp": dp}
                     rank = rank_id(plan, i, cp, dp, s)
-                    extra = _cp_ep_communication(plan, d, report, per_stage, train, recompute,
+                    extra = _cp_ep_communication(plan, d, report, layout.kv_tokens(s), train, recompute,
                                                  [(fractions[layer][ep], reruns.get(layer, px.Rerun()))
                                                   for layer in experts[(s, i)]])
                     opt = None if note else po.optimizer_elements(rows, layout, po.RankCoords(s, i, dp, cp, group, ep))
@@ -483,7 +483,7 @@ def _moe_reruns(redo: set[int], layout: Layout, nodes: Sequence[Any]) -> dict[in
     return out
 
 
-def _cp_ep_communication(plan: ParallelPlan, d: Dims, report: Any, per_stage: int, train: bool,
+def _cp_ep_communication(plan: ParallelPlan, d: Dims, report: Any, kv_tokens: int, train: bool,
                          recompute: Recompute, moe: Sequence[tuple[tuple[int, int], px.Rerun]]
                          ) -> tuple[Collective, ...]:
     """One rank's CP K/V collectives, EP all_to_alls and router statistics per optimizer step (see
@@ -491,7 +491,7 @@ def _cp_ep_communication(plan: ParallelPlan, d: Dims, report: Any, per_stage: in
     what the recompute runs again."""
     m, out = plan.microbatches, []
     if plan.cp > 1:
-        kv = 2 * d.batch * d.seq * max(d.kv_heads // plan.tp, 1) * d.head_dim * d.act_bytes * per_stage
+        kv = 2 * d.batch * kv_tokens * max(d.kv_heads // plan.tp, 1) * d.head_dim * d.act_bytes
         again = 2 if train and recompute.policy in ("full", "non-reentrant") else 1  # gathered again in the rerun
         out.append(Collective("all_gather", "cp", m * kv * again))
         if train:

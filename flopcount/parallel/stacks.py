@@ -2,9 +2,14 @@
 decoder layer's cross-attention reading the encoder's output) under a plan: what it takes, where the nodes between
 its stacks run, and what a pipeline sends between its stages. :mod:`flopcount.parallel.layout` reads these rules.
 
-**Plans.** ``tp`` (``sp`` where tp divides each stack's sequence), ``pp`` (each schedule) and any data-parallel plan;
-``cp`` is refused, each decoder rank's cross-attention reading the whole encoder output's K and V (not modeled);
-stacks without cross-attention (one reading another's output) are refused ``pp`` and ``cp`` alike.
+**Plans.** ``tp`` (``sp`` where tp divides each stack's sequence), ``pp`` (each schedule), ``cp`` (where 2·cp
+divides each stack's sequence) and any data-parallel plan; stacks without cross-attention (one reading another's
+output) are refused ``pp`` and ``cp``. Under ``cp`` each stack's sequence is split in the zigzag of
+:mod:`flopcount.parallel.experts`: a CP rank holds its chunks of the encoder's tokens and of the decoder's, and each
+attention all-gathers the K and V it reads over CP, a cross-attention the whole encoder output's (the K/V
+projections run on the rank's encoder tokens, as a self-attention's on its own): every node's work is 1/C (a
+cross-attention's s_d/C queries meet all s_e keys), and per decoder layer the K and V of s_d + s_e tokens are
+gathered, their gradients reduce-scattered.
 
 **Stages.** The layers of all stacks in order (the encoder's 0 … Lₑ − 1, the decoder's Lₑ …) are split in P stages
 (P·v chunks under ``interleaved:v``) as a single stack's are. The nodes between two stacks (the encoder's final norm,
@@ -32,13 +37,13 @@ any other whole. A single stack's message, the stream alone, is the closed form 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from ..errors import UsageError
 from .roles import FLOATS, Graph, elements
 
-__all__ = ["Message", "between_layers", "check_stacks", "message_divisor", "messages", "stage_sent"]
+__all__ = ["Message", "between_layers", "check_sequences", "check_stacks", "message_divisor", "messages", "stage_sent"]
 
 
 class Message(NamedTuple):
@@ -62,10 +67,21 @@ def check_stacks(plan: Any, stacks: Sequence[tuple[str, int]], cross: bool, wher
         raise UsageError(f"--parallel {degrees}: {where} has {len(stacks)} stacks of layers ({names}), one reading "
                          "another's output; pipeline and context parallelism of more than one stack are not "
                          "modeled; give pp=1 and cp=1")
-    if plan.cp > 1:
-        raise UsageError(f"--parallel cp={plan.cp}: {where}'s {names} layers are an encoder-decoder: each decoder "
-                         "rank's cross-attention reads the whole encoder output's K and V, whose split over the "
-                         "sequence is not modeled; give cp=1")
+
+
+def check_sequences(plan: Any, seqs: Sequence[int], stack_of: Callable[[int], str]) -> None:
+    """:class:`UsageError` naming the first layer (of the stack ``stack_of`` names) whose tokens in a sequence
+    (``seqs``: an encoder's and a decoder's differ) the zigzag split of cp or the sequence split of sp cannot
+    divide."""
+    t, c = plan.tp, plan.cp
+    for n, s in enumerate(seqs):
+        if c > 1 and s % (2 * c):
+            raise UsageError(f"--parallel cp={c}: the zigzag split needs 2·cp = {2 * c} to divide the sequence length "
+                             f"{s} of layer {n} ({stack_of(n)})")
+        if plan.sp and (s // c) % t:
+            what = f"the sequence length {s}" if c == 1 else f"each CP rank's {s // c} tokens"
+            raise UsageError(f"--parallel tp={t},{'cp=' + str(c) + ',' if c > 1 else ''}sp: tp must divide {what} "
+                             f"of layer {n} ({stack_of(n)}) under sp")
 
 
 def between_layers(g: Graph, layer: Sequence[int | None], roles: Sequence[str], parameters: frozenset[str]

@@ -4,7 +4,8 @@ heads, the cross-attention's K/V projections column-parallel on the encoder's ou
 blocks ending in a TP reduction, and T5's relative position bias table split by heads. Each figure is checked against
 a closed form written here from the configuration (and the parameters torch itself lists). Under pipeline
 parallelism both stacks' layers are split in stages, and each stage sends what crosses its boundary (the stream, the
-encoder's output, T5's position bias), in closed form; context parallelism is refused by name."""
+encoder's output, T5's position bias), and under context parallelism each attention gathers the K and V it reads
+(a cross-attention the encoder's), in closed form."""
 
 from __future__ import annotations
 
@@ -229,13 +230,35 @@ def test_pipeline_messages_closed_form(model, text):
         assert [c.bytes for c in r.communication if c.group == "pp"] == [4 * want], (text, r.rank)
 
 
-@pytest.mark.parametrize("text, reason", [
-    ("cp=2", "each decoder rank's cross-attention reads the whole encoder output's K and V")])
-def test_context_parallelism_refused_by_name(model, text, reason):
+def test_cp_refused_on_a_decoder_sequence_the_zigzag_does_not_divide(model):
+    # the decoder's SD = 6 tokens: 2·cp = 4 does not divide them (the encoder's SE = 8 it does)
     _, report = model
     with pytest.raises(UsageError) as e:
-        ledger(report, plan(text, 2))
-    assert "\n" not in str(e.value) and e.value.exit_code == 2 and reason in str(e.value)
+        ledger(report, plan("cp=2", 2))
+    assert "\n" not in str(e.value) and e.value.exit_code == 2
+    assert f"the zigzag split needs 2·cp = 4 to divide the sequence length {SD} of layer {L} (decoder." in str(e.value)
+
+
+@pytest.mark.slow  # one more export per model: about 7 s each
+@pytest.mark.parametrize("text", ["cp=2", "tp=2,cp=2", "cp=2,pp=2"])
+def test_cp_kv_collectives_closed_form(model, text):
+    """Under cp each attention gathers the K and V it reads over the CP ranks and reduce-scatters their gradients:
+    per encoder layer those of its SE tokens, per decoder layer those of its own and the encoder's (its
+    cross-attention's), 2·B·S·(HEADS/T)·D·4 bytes for S tokens (fp32); a decoder of SE tokens too, which 2·cp
+    divides. Every rank runs 1/C of its stage's work."""
+    name, _ = model
+    report = count(name, sd=SE)
+    p = parse_parallel(text, microbatches=2)
+    led = ledger(report, p)
+    unit = 2 * B * (HEADS // p.tp) * D * F32
+    stages = [L * SE + L * 2 * SE] if p.pp == 1 else [L * SE, L * 2 * SE]  # tokens whose K and V a stage gathers
+    for r in led.ranks:
+        got = {c.kind: c.bytes for c in r.communication if c.group == "cp"}
+        assert got == {"all_gather": 2 * unit * stages[r.stage], "reduce_scatter": 2 * unit * stages[r.stage]}
+        peer = next(x for x in led.ranks if x.stage == r.stage and x.coords["tp"] == r.coords["tp"] and x is not r)
+        assert abs(r.model_flops - peer.model_flops) <= 2  # the remainder of a split to the first rank
+    assert sum(r.model_flops for r in led.ranks) == 2 * (report.forward.flops + report.backward.flops)
+    assert {x for r in per_rank(report, p).ranks for x in r.replicas} == set(range(p.world_size))
 
 
 @pytest.mark.slow  # one more export: about 7 s
