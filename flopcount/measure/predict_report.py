@@ -158,9 +158,10 @@ def _messages(r: Any, led: Any) -> tuple[Message, ...]:
                 out.append(Message(c.kind, "tp", a, calls / len(halves), n, phase))
             if rest:  # the loss's three small all_reduces a microbatch
                 out.append(Message(c.kind, "tp", rest / (3 * m), 3 * m, n, "forward"))
-        elif c.group == "pp":
-            msg = a // plan.tp if plan.sp else a
+        elif c.group == "pp":  # the ledger's bytes over its messages (an encoder-decoder's differ: their mean)
             fwd_calls, bwd_calls = m * (v - last), (m * (v - first) if train else 0)
+            msg = c.bytes // (fwd_calls + bwd_calls) if c.bytes % (fwd_calls + bwd_calls) == 0 else \
+                c.bytes / (fwd_calls + bwd_calls)
             out.append(Message("send_recv", "pp", msg, fwd_calls, 2, "send_forward"))
             if bwd_calls:
                 out.append(Message("send_recv", "pp", msg, bwd_calls, 2, "send_backward"))

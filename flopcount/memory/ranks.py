@@ -662,9 +662,10 @@ def _stage_tensors(w: _PlanWalk, e: int, stage: _Stage, nodes: list, sizes: tupl
                 info = g.tensors.get(name) or TensorInfo(name)
                 whole = plan.cp if name in gathered.names else plan.tp if name in kept_whole else 1
                 found = sizes[1][name] = _resized(info, div // whole, mul)
-        else:  # the graph's inputs, what the previous stage sends: the rank's tokens
+        else:  # the graph's inputs, what the previous stage sends: the rank's tokens (an encoder-decoder's messages
+            # at their TP share, as the FLOPs ledger sends them)
             found = sizes[2].get(name) or sizes[2].setdefault(name, _resized(g.tensors.get(name) or TensorInfo(name),
-                                                                               plan.cp))
+                                        plan.cp * w.layout.message_divisors().get(name, 1)))
         tensors[name] = found
     for n in nodes:  # a view that keeps every element has its input's share (a weight's transpose is a weight's)
         src = n.inputs[0].name if n.inputs and n.inputs[0] is not None else None

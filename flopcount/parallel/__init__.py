@@ -3,6 +3,8 @@
 * :mod:`.plan` the parallel plan and recompute policy, frozen records with their parsing
 * :mod:`.layout` the model's layout under a plan, read once from the graph: the repeated layers and each part's role
   (column, row, vocab, heads, sequence, replicated, expert), the split rules, stages, rank id and warm-up
+* :mod:`.stacks` a model of two or more stacks (an encoder-decoder): its plans, where the nodes between its stacks
+  run, and what a pipeline sends between its stages
 * :mod:`.roles` the parts' roles read off the graph's dataflow (attention and MLP projections, embedding, LM head)
 * :mod:`.ranks` FLOPs, redundant work, communication bytes and the bubble per rank under a plan (``--parallel``)
 * :mod:`.schedules` the pipeline schedules simulated action by action (GPipe, 1F1B, interleaved 1F1B)

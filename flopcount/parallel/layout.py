@@ -93,12 +93,8 @@ row-parallel Gemm's bias add.
 cross-attention) and its MLP, or a mixer and its attention and MLP where it has them; each block reduces its
 layer's stream (its row-parallel projections' tokens), and the layer's column-parallel inputs are those blocks' and
 its cross-attention's K/V input (:meth:`Layout.stage_tp`; the collectives: :mod:`flopcount.parallel.ranks`).
-**Encoder-decoders** take ``tp`` (``sp`` where tp divides each stack's sequence) and any data-parallel plan;
-``pp`` is refused, every decoder layer's cross-attention reading the encoder's output (a pipeline must carry it to
-each decoder stage in its messages, as Megatron's encoder-decoder pipeline does, and T5's position bias made in
-each stack's layer 0 is read by all its layers: not modeled), and ``cp``, each decoder rank's cross-attention
-reading the whole encoder output's K and V (not modeled); stacks without cross-attention (one reading another's
-output) are refused ``pp`` and ``cp`` alike.
+**Encoder-decoders**: the plans they take, where the nodes between the stacks run and what a pipeline sends between
+their stages, :mod:`flopcount.parallel.stacks`.
 **Stages.** L layers in P stages (P·v chunks of L/(P·v) under ``interleaved:v``, chunk c on rank c mod P); the nodes
 before the layers on stage 0 (position tables on every stage), those after on the last. A module's parameters go to
 the stage of the node that reads them first; a weight the token embedding and the LM head share (tied) has a second
@@ -117,6 +113,7 @@ from typing import Any
 
 from ..errors import UsageError
 from . import experts as px
+from . import stacks as ps
 from .plan import ParallelPlan
 from .roles import (
     FLOATS,
@@ -291,10 +288,31 @@ class Layout:
     # makes it, its bytes over the whole sequence of one microbatch); by node, as a stack extended by copies
     # repeats the tensors' names
     sp_inputs: Mapping[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+    # what a pipeline of more than one stack sends between its virtual stages (:mod:`flopcount.parallel.stacks`);
+    # empty for one stack, whose message is the stream's closed form
+    messages: tuple[ps.Message, ...] = ()
 
     @property
     def virtual(self) -> int:
         return chunks_of(self.plan)
+
+    def kv_tokens(self, stage: int) -> int:
+        """Tokens of a sequence whose K and V the attentions of pipeline rank ``stage``'s layers read: each layer's own,
+        and a cross-attention's of the other stack (what cp all-gathers)."""
+        rows, cols, own = self.stage_tp(stage)
+        return own + cols - rows
+
+    def message_divisors(self) -> dict[str, int]:
+        """Each of :attr:`messages`' TP divisor (:func:`flopcount.parallel.stacks.message_divisor`), by name."""
+        return {x.name: ps.message_divisor(self.rule(x.node), self.plan, self.dims.kv_heads, self.roles[x.node]
+                                           in SEQUENCE_ROLES | {"replicated"}) for x in self.messages}
+
+    def sent(self, stage: int, train: bool) -> int:
+        """Bytes one TP rank of pipeline rank ``stage`` sends per microbatch of :attr:`messages` (forward, and the
+        gradients back when ``train``)."""
+        div = self.message_divisors()
+        return ps.stage_sent(self.messages, [-(-x.bytes // div[x.name]) for x in self.messages], stage, self.plan.pp,
+                             self.virtual, train)
 
     def stage_tp(self, stage: int) -> tuple[int, int, int]:
         """Of the layers pipeline rank ``stage`` runs, in tokens of a sequence: (the tokens reduced after its
@@ -554,9 +572,11 @@ def _laid(report: Any, plan: ParallelPlan, st: _Structure) -> Layout:
     v = chunks_of(plan)
     per_chunk = dims.layers // (plan.pp * v) if dims.layers else 1
     last = plan.pp * v - 1
-    chunks = tuple((layer[k] // per_chunk,) if layer[k] is not None else tuple(range(plan.pp))
-                   if roles[k] == "positions" else (last,) if roles[k] in ("vocab", "sequence") or
-                   (roles[k] == "replicated" and k in tail) else (0,) for k in range(len(nodes)))
+    between = ps.between_layers(g, layer, roles, report.modules.parameters) if len(stacks) > 1 else {}
+    chunks = tuple((layer[k] // per_chunk,) if layer[k] is not None else (between[k] // per_chunk,)
+                   if k in between else tuple(range(plan.pp)) if roles[k] == "positions" else (last,)
+                   if roles[k] in ("vocab", "sequence") or (roles[k] == "replicated" and k in tail) else (0,)
+                   for k in range(len(nodes)))
     f = report.convention.fc_flops_per_mac
     whole_part = {k: (n.cost.flops - f * n.cost.macs, n.backward.flops - f * n.backward.macs)
                   for k, n in enumerate(nodes) if roles[k] == "row" and n.op_type == "Gemm" and len(n.inputs) > 2
@@ -568,7 +588,8 @@ def _laid(report: Any, plan: ParallelPlan, st: _Structure) -> Layout:
                     {n: tuple(ks) for n, ks in attention.items() if ks}, {}, has_loss, expert, stacks,
                     sum(elements(g.info[r]) for r in tied), lookups_added=added, blocks=_blocks(st),
                     **_tokens(st),
-                    sp_inputs={(k, j): (chunks[k][0], b) for (k, j), b in _sp_inputs(g, roles).items()})
+                    sp_inputs={(k, j): (chunks[k][0], b) for (k, j), b in _sp_inputs(g, roles).items()},
+                    messages=ps.messages(g, chunks) if len(stacks) > 1 and plan.pp > 1 else ())
     return _with_parameters(layout, g, scopes, tied, report.modules.parameters)
 
 
@@ -653,7 +674,7 @@ def _check(plan: ParallelPlan, st: _Structure, where: str) -> None:
                          f"{nodes[outside_attention].name!r} in {_scope(scopes, outside_attention)}), which no rule "
                          "splits per rank; a plan of dp (with fsdp, zero1 or zero2) applies to any model")
     if len(st.stacks) > 1:
-        _check_stacks(plan, st, where)
+        ps.check_stacks(plan, st.stacks, any(f.cross for f in found.values()), where, _degrees(plan))
     mixer = next(((n, f.mixer) for n, f in sorted(found.items()) if f.mixer), None)
     for n, f in sorted(found.items()):
         if f.mixer and (plan.cp > 1 or t > 1 and (not f.mixer_groups or f.mixer_heads % t or f.mixer_groups % t)):
@@ -695,12 +716,8 @@ def _check(plan: ParallelPlan, st: _Structure, where: str) -> None:
                          "data- and context-parallel ranks; ep must divide dp·cp")
     if plan.sp and plan.cp == 1 and d.seq % t:
         raise UsageError(f"--parallel tp={t},sp: tp must divide the sequence length {d.seq} under sp")
-    if plan.sp and len(st.stacks) > 1:
-        seqs = _tokens(st)["seqs"]
-        n = next((n for n, s in enumerate(seqs) if s % t), None)
-        if n is not None:
-            raise UsageError(f"--parallel tp={t},sp: tp must divide the sequence length {seqs[n]} of layer {n} "
-                             f"({_stack_name(st, n)}) under sp")
+    if len(st.stacks) > 1 and (plan.sp or plan.cp > 1):
+        ps.check_sequences(plan, _tokens(st)["seqs"], lambda n: _stack_name(st, n))
     if d.layers % p:
         raise UsageError(f"--parallel pp={p}: pp must divide the {d.layers} layers (stages of equal layers)")
     if d.layers % (p * v):
@@ -714,24 +731,6 @@ def _check(plan: ParallelPlan, st: _Structure, where: str) -> None:
 def _stack_name(st: _Structure, layer: int) -> str:
     """The module prefix of the stack that ``layer`` (numbered over all stacks) lies in."""
     return next(p for p, offset in reversed(st.stacks) if layer >= offset)
-
-
-def _check_stacks(plan: ParallelPlan, st: _Structure, where: str) -> None:
-    """:class:`UsageError` for a plan a model of two or more stacks of layers (an encoder-decoder, see the module's
-    rules) cannot take: pp and cp, each with its reason."""
-    names = " and ".join(p for p, _ in st.stacks)
-    if not any(f.cross for f in st.found.values()) and (plan.pp > 1 or plan.cp > 1):
-        raise UsageError(f"--parallel {_degrees(plan)}: {where} has {len(st.stacks)} stacks of layers ({names}), "
-                         "one reading another's output; pipeline and context parallelism of more than one stack are "
-                         "not modeled; give pp=1 and cp=1")
-    if plan.pp > 1:
-        raise UsageError(f"--parallel pp={plan.pp}: {where}'s {names} layers are an encoder-decoder: every decoder "
-                         "layer's cross-attention reads the encoder's output, which a pipeline carries to each decoder "
-                         "stage in its messages (Megatron's encoder-decoder pipeline), not modeled; give pp=1")
-    if plan.cp > 1:
-        raise UsageError(f"--parallel cp={plan.cp}: {where}'s {names} layers are an encoder-decoder: each decoder "
-                         "rank's cross-attention reads the whole encoder output's K and V, whose split over the "
-                         "sequence is not modeled; give cp=1")
 
 
 def _mixer_refused(plan: ParallelPlan, layer: int, found: Found) -> str:

@@ -65,7 +65,8 @@ activation element) per microbatch and Lₛ the stage's layers:
   :mod:`flopcount.parallel.experts`);
 * PP: ``send_recv`` of each microbatch's activation to the next stage in the forward and its gradient to the
   previous stage in the backward, A each (A/T under sp, whose activations are split over the sequence); with
-  ``interleaved:v``, from each of the rank's v chunks but the model's last (forward) and first (backward);
+  ``interleaved:v``, from each of the rank's v chunks but the model's last (forward) and first (backward); an
+  encoder-decoder's, what crosses each boundary (the encoder's output too: :mod:`flopcount.parallel.stacks`);
 * DP: ``all_reduce`` of the rank's gradients once per step (G = its parameters × their element bytes); with
   ``fsdp``, FSDP2's convention (``fully_shard`` on each repeated layer and on the root, with its defaults), each
   parameter padded to n·⌈d0/n⌉ rows (:func:`flopcount.parallel.layout.fsdp_shard`; buffers and constants are not
@@ -398,7 +399,7 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
                         again += px.ep_divide([px.cp_split(ex_again, c_, q) for q in members], share)[ep]
                     coords = {"tp": i, "pp": s, "cp": cp, "ep": ep, "dp": dp}
                     rank = rank_id(plan, i, cp, dp, s)
-                    extra = _cp_ep_communication(plan, d, report, per_stage, train, recompute,
+                    extra = _cp_ep_communication(plan, d, report, layout.kv_tokens(s), train, recompute,
                                                  [(fractions[layer][ep], reruns.get(layer, px.Rerun()))
                                                   for layer in experts[(s, i)]])
                     opt = None if note else po.optimizer_elements(rows, layout, po.RankCoords(s, i, dp, cp, group, ep))
@@ -485,7 +486,7 @@ def _moe_reruns(redo: set[int], layout: Layout, nodes: Sequence[Any]) -> dict[in
     return out
 
 
-def _cp_ep_communication(plan: ParallelPlan, d: Dims, report: Any, per_stage: int, train: bool,
+def _cp_ep_communication(plan: ParallelPlan, d: Dims, report: Any, kv_tokens: int, train: bool,
                          recompute: Recompute, moe: Sequence[tuple[tuple[int, int], px.Rerun]]
                          ) -> tuple[Collective, ...]:
     """One rank's CP K/V collectives, EP all_to_alls and router statistics per optimizer step (see
@@ -493,7 +494,7 @@ def _cp_ep_communication(plan: ParallelPlan, d: Dims, report: Any, per_stage: in
     what the recompute runs again."""
     m, out = plan.microbatches, []
     if plan.cp > 1:
-        kv = 2 * d.batch * d.seq * max(d.kv_heads // plan.tp, 1) * d.head_dim * d.act_bytes * per_stage
+        kv = 2 * d.batch * kv_tokens * max(d.kv_heads // plan.tp, 1) * d.head_dim * d.act_bytes
         again = 2 if train and recompute.policy in ("full", "non-reentrant") else 1  # gathered again in the rerun
         out.append(Collective("all_gather", "cp", m * kv * again))
         if train:
@@ -590,7 +591,8 @@ def _communication(layout: Layout, report: Any, per_stage: int, train: bool, has
         if p > 1:
             act = a // t if plan.sp else a
             v = layout.virtual  # each of the rank's chunks sends on, but the model's last; and back, but its first
-            add("send_recv", "pp", m * (act * (v - last) + (act * (v - first) if train else 0)))
+            add("send_recv", "pp", m * (layout.sent(s, train) if layout.messages else  # an encoder-decoder's
+                                        act * (v - last) + (act * (v - first) if train else 0)))
             if train and (first or last):  # a tied embedding's two copies, on the first and the last stage
                 add("all_reduce", "embedding", layout.tied // t * d.param_bytes)
         if train:

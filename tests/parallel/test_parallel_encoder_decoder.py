@@ -2,8 +2,10 @@
 position bias, no biases) under tensor parallelism: both stacks' layers found, self- and cross-attention split by
 heads, the cross-attention's K/V projections column-parallel on the encoder's output, each decoder layer's three
 blocks ending in a TP reduction, and T5's relative position bias table split by heads. Each figure is checked against
-a closed form written here from the configuration (and the parameters torch itself lists); pipeline and context
-parallelism are refused by name."""
+a closed form written here from the configuration (and the parameters torch itself lists). Under pipeline
+parallelism both stacks' layers are split in stages, and each stage sends what crosses its boundary (the stream, the
+encoder's output, T5's position bias), and under context parallelism each attention gathers the K and V it reads
+(a cross-attention the encoder's), in closed form."""
 
 from __future__ import annotations
 
@@ -69,11 +71,16 @@ def products(t: int) -> int:
     each); per decoder layer of B·SD tokens the self-attention's four, the cross-attention's Q and O on the
     decoder's tokens and its K and V on the encoder's B·SE, the MLP's two, self scores and context (SD×SD) and
     cross (SD×SE)."""
+    return L * sum(layer_products()) // t
+
+
+def layer_products() -> tuple[int, int]:
+    """:func:`products`' terms of one encoder layer and of one decoder layer, on one rank."""
     me, md = B * SE, B * SD
     encoder = 4 * 2 * me * H * H + 2 * 2 * me * H * FFN + 2 * 2 * B * HEADS * SE * SE * D
     decoder = (6 * 2 * md * H * H + 2 * 2 * me * H * H + 2 * 2 * md * H * FFN + 2 * 2 * B * HEADS * SD * SD * D
                + 2 * 2 * B * HEADS * SD * SE * D)
-    return L * (encoder + decoder) // t
+    return encoder, decoder
 
 
 def bart_elements(t: int) -> int:
@@ -171,14 +178,87 @@ def test_relative_position_bias_split_by_heads():
     assert layout.stacks == (("encoder.block", 0), ("decoder.block", L))
 
 
-@pytest.mark.parametrize("text, reason", [
-    ("pp=2", "every decoder layer's cross-attention reads the encoder's output"),
-    ("cp=2", "each decoder rank's cross-attention reads the whole encoder output's K and V")])
-def test_pipeline_and_context_parallelism_refused_by_name(model, text, reason):
+@pytest.mark.parametrize("text, schedule, stages", [
+    ("pp=2", "1f1b", ("e" * L, "d" * L)), ("pp=2", "gpipe", ("e" * L, "d" * L)), ("pp=4", "1f1b", ("e", "e", "d", "d")),
+    ("tp=2,pp=2", "1f1b", ("e" * L, "d" * L)), ("pp=2", "interleaved:2", ("ed", "ed"))],
+    ids=["pp=2", "pp=2-gpipe", "pp=4", "tp=2,pp=2", "pp=2-interleaved:2"])
+def test_pipeline_stages_run_their_layers(model, text, schedule, stages):
+    """Both stacks' layers in order (the encoder's, then the decoder's) in P stages (P·v chunks of one layer each,
+    chunk c on rank c mod P, interleaved): each TP rank of a stage runs its layers' products (1/T each), and the
+    model FLOPs of all ranks add up to the whole model's of the step's microbatches."""
+    _, report = model
+    p = parse_parallel(text, microbatches=4, schedule=schedule)
+    shares = node_shares(report, p)
+    encoder, decoder = layer_products()
+    for s, layers in enumerate(stages):
+        for i in range(p.tp):
+            got = sum(x.forward for x in shares
+                      if x.stage == s and x.tp == i and report.nodes[x.index].op_type == "MatMul")
+            assert got == sum(encoder if c == "e" else decoder for c in layers) // p.tp, (s, i)
+    led = ledger(report, p)
+    assert sum(r.model_flops for r in led.ranks) == 4 * (report.forward.flops + report.backward.flops)
+    assert led.schedule is not None and 0 < led.bubble_fraction < 1
+
+
+def boundaries(name: str, stages: int, t: int = 1, sp: bool = False) -> list[int]:
+    """Bytes crossing each stage boundary per microbatch, forward (fp32), on one of t TP ranks: the stream (B·SE·H in
+    the encoder, B·SD·H in the decoder; 1/t under sp); the encoder's output (B·SE·H) from its last layer on; the
+    decoder's looked-up tokens (B·SD·H) from stage 0, where its table is, to its embedding's ops, which run with the
+    encoder's last layer; T5's position bias (HEADS × S × S, as transformers makes it in each stack's layer 0 before the
+    mask is added; 1/t: split by heads) inside a stack. Two stacks of L = 2 layers: 2 stages (one boundary, between
+    the stacks) or 4 (one layer each)."""
+    stream = lambda s: B * s * H * F32 // (t if sp else 1)  # noqa: E731
+    bias = (lambda s: HEADS * s * s * F32 // t) if name == "t5" else (lambda s: 0)  # noqa: E731
+    if stages == 2:
+        return [stream(SE) + stream(SD)]
+    return [stream(SE) + bias(SE) + stream(SD), stream(SE) + stream(SD), stream(SD) + stream(SE) + bias(SD)]
+
+
+@pytest.mark.parametrize("text", ["pp=2", "pp=4", "tp=2,pp=4", "tp=2,sp,pp=2", "tp=2,sp,pp=4",
+                                  "pp=2 --schedule interleaved:2"])
+def test_pipeline_messages_closed_form(model, text):
+    """Each (virtual) stage sends what crosses its boundary forward and the gradients of what crossed the one before
+    (every message is floating point), M times a step; interleaved, rank p runs chunks p and p + P (4 chunks of one
+    layer: the boundaries of pp=4)."""
+    name, report = model
+    degrees, _, schedule = text.partition(" --schedule ")
+    p = parse_parallel(degrees, microbatches=4, schedule=schedule or "1f1b")
+    chunks = p.pp * (p.virtual_stages if schedule else 1)
+    cut = boundaries(name, chunks, p.tp, p.sp)
+    for r in ledger(report, p).ranks:
+        want = sum((cut[c] if c < chunks - 1 else 0) + (cut[c - 1] if c else 0) for c in range(r.stage, chunks, p.pp))
+        assert [c.bytes for c in r.communication if c.group == "pp"] == [4 * want], (text, r.rank)
+
+
+def test_cp_refused_on_a_decoder_sequence_the_zigzag_does_not_divide(model):
+    # the decoder's SD = 6 tokens: 2·cp = 4 does not divide them (the encoder's SE = 8 it does)
     _, report = model
     with pytest.raises(UsageError) as e:
-        ledger(report, plan(text, 2))
-    assert "\n" not in str(e.value) and e.value.exit_code == 2 and reason in str(e.value)
+        ledger(report, plan("cp=2", 2))
+    assert "\n" not in str(e.value) and e.value.exit_code == 2
+    assert f"the zigzag split needs 2·cp = 4 to divide the sequence length {SD} of layer {L} (decoder." in str(e.value)
+
+
+@pytest.mark.slow  # one more export per model: about 7 s each
+@pytest.mark.parametrize("text", ["cp=2", "tp=2,cp=2", "cp=2,pp=2"])
+def test_cp_kv_collectives_closed_form(model, text):
+    """Under cp each attention gathers the K and V it reads over the CP ranks and reduce-scatters their gradients:
+    per encoder layer those of its SE tokens, per decoder layer those of its own and the encoder's (its
+    cross-attention's), 2·B·S·(HEADS/T)·D·4 bytes for S tokens (fp32); a decoder of SE tokens too, which 2·cp
+    divides. Every rank runs 1/C of its stage's work."""
+    name, _ = model
+    report = count(name, sd=SE)
+    p = parse_parallel(text, microbatches=2)
+    led = ledger(report, p)
+    unit = 2 * B * (HEADS // p.tp) * D * F32
+    stages = [L * SE + L * 2 * SE] if p.pp == 1 else [L * SE, L * 2 * SE]  # tokens whose K and V a stage gathers
+    for r in led.ranks:
+        got = {c.kind: c.bytes for c in r.communication if c.group == "cp"}
+        assert got == {"all_gather": 2 * unit * stages[r.stage], "reduce_scatter": 2 * unit * stages[r.stage]}
+        peer = next(x for x in led.ranks if x.stage == r.stage and x.coords["tp"] == r.coords["tp"] and x is not r)
+        assert abs(r.model_flops - peer.model_flops) <= 2  # the remainder of a split to the first rank
+    assert sum(r.model_flops for r in led.ranks) == 2 * (report.forward.flops + report.backward.flops)
+    assert {x for r in per_rank(report, p).ranks for x in r.replicas} == set(range(p.world_size))
 
 
 @pytest.mark.slow  # one more export: about 7 s

@@ -58,11 +58,6 @@ _MAMBA = "Mamba mixer (a selective scan over the sequence)"
 _DELTA = "gated delta rule mixer (linear attention: a recurrence over the sequence)"
 _SHORT_CONV = "short-convolution mixer (a gated causal convolution over the sequence)"
 _RECURRENCE = "its state runs from each token to the next"
-#: An encoder-decoder's refusals: the encoder's output read by every decoder layer's cross-attention.
-_PIPELINE = "every decoder layer's cross-attention reads the encoder's output, which a pipeline carries to each " \
-    "decoder stage in its messages (Megatron's encoder-decoder pipeline), not modeled"
-_CONTEXT = "each decoder rank's cross-attention reads the whole encoder output's K and V, whose split over the " \
-    "sequence is not modeled"
 _IMAGE_SEQ = {**dict.fromkeys(("tp=2,sp", "tp=2,sp=megatron"),  # 16 patches and the class token
                                "tp must divide the sequence length 17 under sp"),
               "cp=2": "the zigzag split needs 2·cp = 4 to divide the sequence length 17"}
@@ -84,9 +79,6 @@ REFUSED: dict[str, dict[str, str]] = {
         ("qwen3_next", _DELTA, _RECURRENCE),
         ("lfm2", _SHORT_CONV, "each token reads the tokens before it, which lie on another rank"),
         *((name, _MAMBA, _RECURRENCE) for name in ("jamba", "bamba", "falcon_h1", "mamba2", "granitemoehybrid")))},
-    "t5": {**dict.fromkeys(("pp=2", "pp=2 --schedule gpipe"), _PIPELINE), "cp=2": _CONTEXT},
-    "bart": {**dict.fromkeys(("pp=2", "pp=2 --schedule gpipe"), _PIPELINE), "cp=2": _CONTEXT},
-    "whisper": {**dict.fromkeys(("pp=2", "pp=2 --schedule gpipe"), _PIPELINE), "cp=2": _CONTEXT},
     "vit": _IMAGE_SEQ,
     "dinov2": _IMAGE_SEQ,
 }
