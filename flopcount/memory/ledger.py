@@ -567,7 +567,9 @@ def _forward(g: Graph, st: _Storages, w: Walk, kept_by: dict[int, int], steps: t
 def _backward(g: Graph, st: _Storages, h: _Holds, accumulated: bool) -> Tape:
     """The backward walk in reverse execution order, recorded apart from the sizes (:class:`.tape.Tape`): each
     node's input gradients are allocated, then its output gradients, its statistics and what only it kept are
-    freed; a checkpointed unit makes its kept tensors again when its backward starts and releases its inputs when
+    freed, and then the gradients it gives are added into those other consumers made (:func:`_add_into`): torch's
+    engine releases a node's saved tensors (``release_variables``) as soon as its backward returns, before it adds
+    the node's outputs into the next nodes' input buffers; a checkpointed unit makes its kept tensors again when its backward starts and releases its inputs when
     it ends. ``accumulated``: the parameters' gradients exist from the start."""
     w = Tape("backward")
     param_grads = set(g.trainable) if accumulated else set()
@@ -616,12 +618,12 @@ def _backward(g: Graph, st: _Storages, h: _Holds, accumulated: bool) -> Tape:
         for t in n.outputs:
             if t is not None and t.name in grad_of and grad_of[t.name] not in held:
                 w.add(grad_of.pop(t.name), -1)
-        _add_into(w, sums, n.name)
-        if n.index in g.saved:
+        if n.index in g.saved:  # released before its gradients are added in (see the docstring)
             w.extra(n.index, -1)
         for r in kept_by.get(n.index, ()):
             pending[r] -= 1
             release(r)
+        _add_into(w, sums, n.name)
         if u is not None and h.first.get(u) == n.index:
             for r in h.unit_outputs.get(u, ()):
                 w.add(r, -1)
@@ -651,7 +653,8 @@ def _seed_gradients(g: Graph, w: Tape) -> tuple[dict[str, str], set[str]]:
 
 def _add_into(w: Tape, sums: list[tuple[str, str, bool]], name: str) -> None:
     """torch's engine adds each gradient given into the one made before (:func:`_input_grads`), out of place: the
-    two and their sum alive at once at node ``name``'s second mark, then the two freed."""
+    two and their sum alive at once at node ``name``'s second mark (the node's own saved tensors released by then),
+    then the two freed."""
     if not sums:
         return
     for into, given, counted in sums:

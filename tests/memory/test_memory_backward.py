@@ -83,3 +83,34 @@ def test_each_select_of_a_scan_adds_a_whole_gradient_out_of_place(steps):
     assert rank.peak_phase == "backward"
     # MemTracker's peak of one SGD step (after a first)
     assert rank.peak_bytes - rank.inputs_bytes == tracked_step(module, lambda: module(x), torch.optim.SGD).peak
+
+
+N = 32  # rows of the shared activation
+
+
+class Shared(torch.nn.Module):
+    """One activation ``y = x·w`` ([N, H]) read by two products, each of which keeps it for its weight's gradient
+    and gives it a whole [N, H] gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(H))
+        self.a = torch.nn.Linear(H, 1, bias=False)
+        self.b = torch.nn.Linear(H, 1, bias=False)
+
+    def forward(self, x):
+        y = x * self.w
+        return (self.a(y) + self.b(y)).pow(2).sum()
+
+
+def test_a_node_releases_what_it_kept_before_its_gradient_is_added():
+    """torch's engine releases a node's saved tensors as soon as its backward returns, before it adds the gradient
+    it gives into the one another consumer made: when the first product's backward (the last to run) has made the
+    second gradient of ``y``, y is freed (no backward keeps it any more) before ``old + new`` is made. So the peak
+    is at that product's backward, y and the two gradients alive (3·N·H floats besides the weights, the small
+    gradients and x), not at the sum, where y would make it 4·N·H."""
+    x = torch.randn(N, H)
+    module = Shared().train()
+    rank = rank_of(module, (x,))
+    assert rank.peak_phase == "backward" and rank.peak_node.endswith("/a/MatMul")
+    assert rank.peak_bytes - rank.inputs_bytes == tracked_step(module, lambda: module(x), torch.optim.SGD).peak
