@@ -139,10 +139,6 @@ def _with_plan(report, options):
     plan, load = options.parallel, options.expert_load
     if report.generation is not None:
         check_generation_plan(options)
-        if report.generation.encoder_decoder:
-            raise UsageError(f"--parallel {plan} with --generate: the per-rank ledgers of generation are of a "
-                             "decoder-only model; this is an encoder-decoder, whose encoder and cross-attention cache "
-                             "are not shared out over ranks yet; count it without --parallel")
         parallel = per_step(report, plan, load)
     else:
         parallel = ledger(report, plan, options.recompute, load)

@@ -180,6 +180,10 @@ def _checked(report: Any, plan: ParallelPlan) -> Any:
     if gen is None:
         raise UsageError("--parallel: the report has no generation; count it with --generate P:N")
     check_plan(plan)
+    if gen.encoder_decoder and (plan.pp > 1 or plan.cp > 1):
+        raise UsageError(f"--parallel {plan} with --generate of an encoder-decoder: its generation is modelled under "
+                         "tp and data parallelism (each decoder stage and each sequence share would need the "
+                         "encoder's output or its cross-attention keys and values whole); give pp=1 and cp=1")
     if gen.steps and not gen.step_reports:
         raise UsageError(f"--parallel {plan} with --generate {gen.prompt_tokens}:{gen.new_tokens}: the decode steps' "
                          "graphs were not kept with this generation record (made from numbers, or a stack whose "
@@ -279,8 +283,8 @@ def _communication(plan: ParallelPlan, d: Any, report: Any, s: int, per_stage: i
     a_p, a_d = b * (gen.prompt_tokens // c_) * d.hidden * e, b * d.hidden * e
     out = []
     if t > 1:
-        blocks = layout_of(report, plan).stage_blocks(s)  # 2·Lₛ: attention and MLP; a Mamba 2 mixer's one more
-        out.append(Collective("all_reduce", "tp", m * (blocks + first) * (a_p + n * a_d)))
+        prefill_tokens, step_tokens = _reduced_tokens(report, plan, s, gen)
+        out.append(Collective("all_reduce", "tp", m * b * d.hidden * e * (prefill_tokens + n * step_tokens)))
         if last:
             out.append(Collective("all_gather", "tp", m * (1 + n) * b * d.vocab * e))
     if p > 1:
@@ -307,6 +311,22 @@ def _communication(plan: ParallelPlan, d: Any, report: Any, s: int, per_stage: i
         if plan.dp * c_ // plan.ep > 1:
             out.append(Collective("all_gather", "edp", m * (1 + n) * experts))
     return tuple(x for x in out if x.bytes)
+
+
+def _reduced_tokens(report: Any, plan: ParallelPlan, s: int, gen: Any) -> tuple[int, int]:
+    """The tokens of a sequence whose activations stage ``s``'s TP all-reduces (after each block of its layers, and
+    after the vocab-parallel lookups on stage 0): in the prefill (over a CP rank's share) and in one decode step."""
+    layout, first = layout_of(report, plan), s == 0
+    if not gen.encoder_decoder:
+        blocks = layout.stage_blocks(s)  # 2·Lₛ: attention and MLP; a Mamba 2 mixer's one more
+        return (blocks + first) * (gen.prompt_tokens // plan.cp), blocks + first
+    # each block of a layer reduces its stack's stream (the encoder's P tokens, the decoder's one) and each lookup
+    # its tokens, read from the layouts of the prefill and of a decode step (the decoder's layers alone)
+    prefill = layout.stage_tp(s)[0] + first * layout.embedded
+    if not gen.step_reports:
+        return prefill, 0
+    step = layout_of(gen.step_reports[0][1], ParallelPlan(tp=plan.tp))
+    return prefill, step.stage_tp(0)[0] + first * step.embedded
 
 
 def sum_of_max(lines: Sequence[tuple[int, int]], first: int, last: int) -> int:
