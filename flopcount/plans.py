@@ -120,16 +120,17 @@ def without_plan(options: Any):
                                recompute=None)
 
 
-def check_generation_plan(options: Any) -> None:
+def check_generation_plan(options: Any, encoder_decoder: bool = False) -> None:
     """Refuse the settings of a plan that a count of ``generate()`` does not take: recompute (training only) and
-    the plan's parts not modelled (:func:`flopcount.parallel.generation.check_plan`)."""
+    the plan's parts not modelled (:func:`flopcount.parallel.generation.check_plan`; ``encoder_decoder``: of an
+    encoder-decoder's generation)."""
     from .parallel.generation import check_plan
 
     if options.recompute is not None and options.recompute.policy != "none":
         raise UsageError(f"--recompute {options.recompute}: recompute changes training only; leave it out with "
                          "--generate")
     if options.parallel is not None:
-        check_plan(options.parallel)
+        check_plan(options.parallel, encoder_decoder)
 
 
 def _with_plan(report, options):

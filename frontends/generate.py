@@ -447,7 +447,7 @@ def count_seq2seq_generation(model, generate: tuple[int, int], options: CountOpt
     from .torch import count_module
 
     prompt, new = _check_generation(generate, batch, options.mode, training)
-    check_generation_plan(options)
+    check_generation_plan(options, encoder_decoder=True)
     planned, options = options, dataclasses.replace(without_plan(options), batch=batch)
     torch = _torch()
     parameters = _forward_parameters(model)

@@ -101,9 +101,9 @@ def test_the_cross_attention_keys_and_values_are_computed_once():
     assert g.prefill.flops - g.step(2).flops == encoder + projections - one_key
 
 
-def test_an_encoder_decoder_under_a_plan_or_of_audio_is_refused_with_one_line(tmp_path):
-    with pytest.raises(UsageError, match="this is an encoder-decoder, .* count it without --parallel"):
-        flopcount.from_hf(eager("t5"), generate=(4, 2), parallel="tp=2", cache_dir=False)
+def test_an_encoder_decoder_under_cp_or_of_audio_is_refused_with_one_line(tmp_path):
+    with pytest.raises(UsageError, match="cp=2,.* with --generate of an encoder-decoder: .* give pp=1 and cp=1"):
+        flopcount.from_hf(eager("t5"), generate=(4, 2), parallel="tp=2,cp=2", cache_dir=False)
     whisper = transformers.WhisperConfig(d_model=H, encoder_layers=1, decoder_layers=1, encoder_attention_heads=HEADS,
                                          decoder_attention_heads=HEADS, encoder_ffn_dim=FFN, decoder_ffn_dim=FFN,
                                          vocab_size=VOCAB, num_mel_bins=16, max_source_positions=8,
@@ -133,8 +133,36 @@ def test_cli_generate_of_t5_json_and_table(tmp_path):
     assert text.returncode == 0, text.stderr
     assert "Prefill FLOPs (the encoder, and the decoder over its start token)" in text.stdout
     assert "KV cache at the end (3 positions, and 4 cross-attention positions)" in text.stdout
-    bad = subprocess.run([*run, "--parallel", "tp=2"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    bad = subprocess.run([*run, "--parallel", "pp=2", "--microbatches", "2"], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path)
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "encoder-decoder" in bad.stderr
+
+
+def test_cli_generate_of_bart_under_tp_and_dp_per_rank(tmp_path):
+    """``--generate --parallel tp=2,dp=2 --memory`` of BART: each rank's FLOPs are half the whole generation's (its
+    DP replica generating its own batch), the TP group all-reduces the encoder's lookup and 2 blocks a layer over the
+    P prompt tokens, the decoder's lookup and 3 blocks a layer (self-attention, cross-attention, MLP) over one token
+    in the prefill and in each decode step, and each rank holds the K and V of its heads: N positions of its own and
+    the P cross-attended ones in each decoder layer."""
+    folder = tmp_path / "bart"
+    folder.mkdir()
+    (folder / "config.json").write_text(bart_config().to_json_string())
+    p, n, b = 4, 3, 2
+    run = subprocess.run([sys.executable, "-m", "flopcount", "--hf", str(folder), "--generate", f"{p}:{n}",
+                          "--batch", str(b), "--parallel", "tp=2,dp=2", "--memory", "--format", "json"],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(run.stdout)
+    total = doc["generation"]["total_flops"]
+    ranks = doc["parallel"]["ranks"]
+    assert len(ranks) == 4 and sum(r["model_flops"] for r in ranks) == 2 * total
+    a = b * H * 4  # one token's activation over the batch, fp32
+    tokens = (1 + 2 * LAYERS) * p + (1 + 3 * LAYERS) + (n - 1) * (1 + 3 * LAYERS)
+    for r in ranks:
+        assert {(c["kind"], c["group"]): c["bytes"] for c in r["communication"]} == {
+            ("all_reduce", "tp"): a * tokens, ("all_gather", "tp"): n * b * VOCAB * 4}
+    head = H // HEADS
+    assert {m["kv_cache_bytes"] for m in doc["memory"]["ranks"]} == {2 * LAYERS * b * (HEADS // 2) * head * (n + p) * 4}
 
 
 @pytest.mark.slow
