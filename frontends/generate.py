@@ -1,6 +1,7 @@
 """Generation counted from the graphs of a causal LM (``--generate P:N``, ``from_hf(..., generate=(P, N))``,
 :func:`from_causal_lm` for any PyTorch causal LM whose ``forward`` takes a KV cache), and of an encoder-decoder LM
-(T5, BART: :func:`count_seq2seq_generation`, the same way with its encoder and cross-attention cache).
+(T5, BART, and Whisper over audio features: :func:`count_seq2seq_generation`, the same way with its encoder and
+cross-attention cache).
 
 Two kinds of graph are exported and counted exactly, as :func:`flopcount.from_torch` counts any module:
 
@@ -437,8 +438,9 @@ def is_encoder_decoder(model) -> bool:
 def count_seq2seq_generation(model, generate: tuple[int, int], options: CountOptions, *, batch: int = 1,
                              cache_dir=None, training: bool | None = None, **export: Any):
     """``generate()`` of an encoder-decoder LM (T5, BART: ``forward`` takes ``input_ids``, ``decoder_input_ids``,
-    ``encoder_outputs`` and an ``EncoderDecoderCache``) as transformers runs it: the report of its prefill, the
-    encoder over the P prompt tokens and the decoder over its start token (one graph, the model's forward with
+    ``encoder_outputs`` and an ``EncoderDecoderCache``; Whisper, ``input_features`` in place of the ids:
+    :func:`_encoder_input`) as transformers runs it: the report of its prefill, the
+    encoder over the P prompt tokens (or audio positions) and the decoder over its start token (one graph, the model's forward with
     ``decoder_input_ids`` of one token: the cross-attention keys and values of the encoder's output are computed
     there, once), with ``report.generation`` (``encoder_decoder``) whose N − 1 decode steps each run one token over
     the decoder's own cache of c − 1 positions and the cached cross-attention keys and values, exported with both
