@@ -439,8 +439,8 @@ def count_seq2seq_generation(model, generate: tuple[int, int], options: CountOpt
                              cache_dir=None, training: bool | None = None, **export: Any):
     """``generate()`` of an encoder-decoder LM (T5, BART: ``forward`` takes ``input_ids``, ``decoder_input_ids``,
     ``encoder_outputs`` and an ``EncoderDecoderCache``; Whisper, ``input_features`` in place of the ids:
-    :func:`_encoder_input`) as transformers runs it: the report of its prefill, the
-    encoder over the P prompt tokens (or audio positions) and the decoder over its start token (one graph, the model's forward with
+    :func:`_encoder_input`) as transformers runs it: the report of its prefill, the encoder over the P prompt tokens
+    (or audio positions) and the decoder over its start token (one graph, the model's forward with
     ``decoder_input_ids`` of one token: the cross-attention keys and values of the encoder's output are computed
     there, once), with ``report.generation`` (``encoder_decoder``) whose N − 1 decode steps each run one token over
     the decoder's own cache of c − 1 positions and the cached cross-attention keys and values, exported with both

@@ -48,8 +48,9 @@ microbatches, n = N − 1 the decode steps:
 * TP: ``all_reduce`` of the activation after each attention and MLP block, and after the embedding on stage 0:
   M·((2·Lₛ + first)·A_p + n·(2·Lₛ + first)·A_d); an encoder-decoder's per each stack's stream, from the layouts of
   the prefill and of a decode step: M·B·h·e·((2·Lₑ + 1)·P + (3·L_d + 1)·(1 + n)) (the encoder's lookup and blocks
-  over the prompt, the decoder's lookup and self-attention, cross-attention and MLP blocks over one token); on the last stage an ``all_gather`` of the vocab-parallel
-  logits of the last position, M·(1 + n)·B·V·e, to pick the next token;
+  over the prompt, the decoder's lookup and self-attention, cross-attention and MLP blocks over one token; no
+  lookup term for an encoder without one, Whisper's convolutional front end, replicated); on the last stage an
+  ``all_gather`` of the vocab-parallel logits of the last position, M·(1 + n)·B·V·e, to pick the next token;
 * PP: ``send_recv`` of the activation to the next stage, M·(A_p + n·A_d) (all stages but the last); the last
   stage sends each new token id back to stage 0 for the next step, M·n·B·8 bytes (int64);
 * CP: the prefill's ``all_gather`` of K/V as in training, M·2·B·P·max(kv/T, 1)·d·e·Lₛ; in each decode step an
