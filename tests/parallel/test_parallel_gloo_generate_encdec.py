@@ -8,9 +8,9 @@ cross-attention keys and values of this rank's heads, cached; then N − 1 decod
 decoder's own cache and the cached cross-attention keys and values. The vocab-parallel lookups and each attention
 and MLP block's output are all-reduced; the head's logits, this rank's V/T, are all-gathered for every rank to pick
 the same next token. Each rank's logits equal the whole model's (transformers' forward over the generated
-sequence); the bytes it hands to each collective, its ``FlopCounterMode`` products in each phase and the bytes of
-the caches it holds at the end equal the generation ledger's and the memory ledger's, and the closed forms
-written here."""
+sequence); the bytes it hands to each collective, its ``FlopCounterMode`` products in each phase, the bytes of the
+caches it holds at the end and of its parameters equal the generation ledger's and the memory ledger's, and the
+closed forms written here."""
 
 from __future__ import annotations
 
@@ -61,6 +61,8 @@ def shards(model, t: int, rank: int) -> dict:
     rows, cols = (lambda w: w.chunk(t, 0)[rank]), (lambda w: w.chunk(t, 1)[rank])
     out = {"tokens": rows(sd["shared.weight"]), "head": rows(sd["lm_head.weight"]),
            "e.final": sd["encoder.final_layer_norm.weight"], "d.final": sd["decoder.final_layer_norm.weight"]}
+    for stack in ("encoder", "decoder"):  # the relative position bias table (buckets, heads): this rank's heads
+        out[f"{stack[0]}.bias"] = cols(sd[f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"])
     for stack, blocks in (("encoder", ("SelfAttention", "DenseReluDense")),
                           ("decoder", ("SelfAttention", "EncDecAttention", "DenseReluDense"))):
         for i in range(L):
@@ -85,7 +87,6 @@ class Rank:
         self.model, self.w, self.t, self.rank = model, w, t, rank
         self.reduce = rec.all_reduce if t > 1 else (lambda x: x)
         self.gather = rec.gather
-        self.heads = slice(rank * HEADS // t, (rank + 1) * HEADS // t)
 
     def norm(self, z, name: str):
         eps = self.model.config.layer_norm_epsilon
@@ -103,13 +104,19 @@ class Rank:
         return x + self.reduce(torch.relu(y @ self.w[f"{pre}wi"].T) @ self.w[f"{pre}wo"].T)
 
     def bias(self, stack, s: int, keys: int, past: int = 0):
-        # the relative position bias of this rank's heads: the table's columns of its heads, looked up
-        whole = stack.block[0].layer[0].SelfAttention.compute_bias(s, keys, past_seen_tokens=past)
-        return whole[:, self.heads]
+        """The relative position bias of this rank's heads (1, heads/t, s, keys): T5's buckets of the positions'
+        distances, looked up in the rank's columns of the table."""
+        attn = self.model.get_encoder() if stack == "e" else self.model.get_decoder()
+        attn = attn.block[0].layer[0].SelfAttention
+        distance = torch.arange(keys)[None, :] - (torch.arange(s)[:, None] + past)
+        buckets = attn._relative_position_bucket(distance, bidirectional=not attn.is_decoder,
+                                                 num_buckets=attn.relative_attention_num_buckets,
+                                                 max_distance=attn.relative_attention_max_distance)
+        return torch.nn.functional.embedding(buckets, self.w[f"{stack}.bias"]).permute(2, 0, 1)[None]
 
     def encode(self, ids):
         x = vocab_lookup(ids, self.w["tokens"], self.rank, self.t, self.reduce)
-        bias = self.bias(self.model.encoder, P, P)
+        bias = self.bias("e", P, P)
         for i in range(L):
             y = self.norm(x, f"e{i}.norm0")
             x = x + self.attend(*(self.project(y, f"e{i}.{n}") for n in "qkv"), bias, f"e{i}.o")
@@ -120,7 +127,7 @@ class Rank:
         """One decoder call of one token over ``past`` cached positions: K and V appended to ``own``; the
         cross-attention's K and V projected from ``memory`` into ``cross`` (the first call) or read from it."""
         x = vocab_lookup(ids, self.w["tokens"], self.rank, self.t, self.reduce)
-        bias = self.bias(self.model.decoder, 1, past + 1, past)
+        bias = self.bias("d", 1, past + 1, past)
         for i in range(L):
             pre = f"d{i}."
             y = self.norm(x, f"{pre}norm0")
@@ -161,8 +168,10 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
             logits.append(last.tolist())
             seq = torch.cat([seq, last.argmax(-1, keepdim=True)], 1)
     held = sum(z.numel() * z.element_size() for pair in own + cross for z in pair)
+    unique = {z.data_ptr(): z.numel() * z.element_size() for z in me.w.values()}  # a tied table and head once
     with open(f"{out}.{rank}", "w") as f:
-        json.dump({"bytes": rec.bytes(), "flops": flops, "logits": logits, "seq": seq.tolist(), "held": held}, f)
+        json.dump({"bytes": rec.bytes(), "flops": flops, "logits": logits, "seq": seq.tolist(), "held": held,
+                   "params": sum(unique.values())}, f)
     dist.destroy_process_group()
 
 
@@ -197,3 +206,4 @@ def test_tp_generation_of_t5_on_gloo_equals_the_ledgers(report, tmp_path):
         assert decode == [products(steps[c], plan, i) for c in range(2, N + 1)]
         # K and V of this rank's heads in each decoder layer: N positions of its own, the P cross-attended ones
         assert rank["held"] == mem[i].kv_cache_bytes == 2 * L * B * (HEADS // 2) * D * (N + P) * 4
+        assert rank["params"] == mem[i].params_bytes
