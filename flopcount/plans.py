@@ -120,16 +120,17 @@ def without_plan(options: Any):
                                recompute=None)
 
 
-def check_generation_plan(options: Any) -> None:
+def check_generation_plan(options: Any, encoder_decoder: bool = False) -> None:
     """Refuse the settings of a plan that a count of ``generate()`` does not take: recompute (training only) and
-    the plan's parts not modelled (:func:`flopcount.parallel.generation.check_plan`)."""
+    the plan's parts not modelled (:func:`flopcount.parallel.generation.check_plan`; ``encoder_decoder``: of an
+    encoder-decoder's generation)."""
     from .parallel.generation import check_plan
 
     if options.recompute is not None and options.recompute.policy != "none":
         raise UsageError(f"--recompute {options.recompute}: recompute changes training only; leave it out with "
                          "--generate")
     if options.parallel is not None:
-        check_plan(options.parallel)
+        check_plan(options.parallel, encoder_decoder)
 
 
 def _with_plan(report, options):
@@ -139,10 +140,6 @@ def _with_plan(report, options):
     plan, load = options.parallel, options.expert_load
     if report.generation is not None:
         check_generation_plan(options)
-        if report.generation.encoder_decoder:
-            raise UsageError(f"--parallel {plan} with --generate: the per-rank ledgers of generation are of a "
-                             "decoder-only model; this is an encoder-decoder, whose encoder and cross-attention cache "
-                             "are not shared out over ranks yet; count it without --parallel")
         parallel = per_step(report, plan, load)
     else:
         parallel = ledger(report, plan, options.recompute, load)

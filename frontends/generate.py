@@ -1,6 +1,7 @@
 """Generation counted from the graphs of a causal LM (``--generate P:N``, ``from_hf(..., generate=(P, N))``,
 :func:`from_causal_lm` for any PyTorch causal LM whose ``forward`` takes a KV cache), and of an encoder-decoder LM
-(T5, BART: :func:`count_seq2seq_generation`, the same way with its encoder and cross-attention cache).
+(T5, BART, and Whisper over audio features: :func:`count_seq2seq_generation`, the same way with its encoder and
+cross-attention cache).
 
 Two kinds of graph are exported and counted exactly, as :func:`flopcount.from_torch` counts any module:
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import math
 from typing import TYPE_CHECKING, Any
 
 from flopcount.errors import FrontendError, UsageError, import_framework
@@ -436,8 +438,9 @@ def is_encoder_decoder(model) -> bool:
 def count_seq2seq_generation(model, generate: tuple[int, int], options: CountOptions, *, batch: int = 1,
                              cache_dir=None, training: bool | None = None, **export: Any):
     """``generate()`` of an encoder-decoder LM (T5, BART: ``forward`` takes ``input_ids``, ``decoder_input_ids``,
-    ``encoder_outputs`` and an ``EncoderDecoderCache``) as transformers runs it: the report of its prefill, the
-    encoder over the P prompt tokens and the decoder over its start token (one graph, the model's forward with
+    ``encoder_outputs`` and an ``EncoderDecoderCache``; Whisper, ``input_features`` in place of the ids:
+    :func:`_encoder_input`) as transformers runs it: the report of its prefill, the encoder over the P prompt tokens
+    (or audio positions) and the decoder over its start token (one graph, the model's forward with
     ``decoder_input_ids`` of one token: the cross-attention keys and values of the encoder's output are computed
     there, once), with ``report.generation`` (``encoder_decoder``) whose N − 1 decode steps each run one token over
     the decoder's own cache of c − 1 positions and the cached cross-attention keys and values, exported with both
@@ -447,21 +450,20 @@ def count_seq2seq_generation(model, generate: tuple[int, int], options: CountOpt
     from .torch import count_module
 
     prompt, new = _check_generation(generate, batch, options.mode, training)
-    check_generation_plan(options)
+    check_generation_plan(options, encoder_decoder=True)
     planned, options = options, dataclasses.replace(without_plan(options), batch=batch)
     torch = _torch()
     parameters = _forward_parameters(model)
-    missing = [n for n in ("input_ids", "decoder_input_ids", "encoder_outputs") if n not in parameters]
+    missing = [n for n in ("decoder_input_ids", "encoder_outputs") if n not in parameters]
     if missing or cache_argument(model) is None:
         raise UsageError(f"generate: {type(model).__name__}.forward takes no {' and no '.join(missing or ['cache'])}: "
-                         "--generate P:N counts an encoder-decoder over a prompt of P token ids (input_ids); an "
-                         "encoder of another input (audio features, pixels) is not counted yet")
-    layout = seq2seq_layout(model, batch, prompt)
+                         "it is not an encoder-decoder that generate() runs with a KV cache")
+    source = _encoder_input(model, batch, prompt, parameters)
+    layout = seq2seq_layout(model, batch, prompt, source)
     own, cross = layout.own.bytes(), layout.cross.bytes()  # one position of the decoder's own; the P of the prompt
     end = {k: own.get(k, 0) * new + cross.get(k, 0) for k in dict.fromkeys([*own, *cross])}  # after the last step
     _check_held(sum(end.values()), new)
-    ids = ((batch, prompt), torch.int64)
-    prefill_inputs: dict[str, Any] = {"input_ids": ids, "decoder_input_ids": ((batch, 1), torch.int64)}
+    prefill_inputs: dict[str, Any] = {source[0]: source[1], "decoder_input_ids": ((batch, 1), torch.int64)}
     if "use_cache" in parameters:
         prefill_inputs["use_cache"] = False  # the cache costs nothing to return; the step graphs count its use
     report = count_module(model, prefill_inputs, options, cache_dir=cache_dir, **export)
@@ -474,9 +476,10 @@ def count_seq2seq_generation(model, generate: tuple[int, int], options: CountOpt
         return count_module(step, inputs, options, input_names=names, cache_dir=cache_dir, **export)
 
     pieces, steps, method = decode_pieces(range(2, new + 1), (), count_step)
+    what = "prompt" if source[0] == "input_ids" else "audio"
     method = (f"an encoder-decoder: the prefill is its encoder and its decoder over the start token, the decode steps "
               f"run over the decoder's own cache (the context c) and the cached cross-attention keys and values of "
-              f"the {prompt} prompt positions; {method}")
+              f"the {prompt} {what} positions; {method}")
     log.info("generate: %s", method)
     generation = Generation(batch, prompt, new, report.forward, pieces, end, method, steps, encoder_decoder=True)
     return with_plan(_with(report, generation), planned)
@@ -493,16 +496,44 @@ class Seq2SeqLayout:
     cross: CacheLayout
 
 
-def seq2seq_layout(model, batch: int, prompt: int) -> Seq2SeqLayout:
-    """The caches ``model`` returns after P prompt tokens and the decoder's first token, found under fake tensors
-    (nothing allocated): its ``EncoderDecoderCache``'s self-attention and cross-attention caches."""
+def _encoder_input(model, batch: int, prompt: int, parameters) -> tuple[str, tuple]:
+    """The encoder's input in an encoder-decoder's prefill, ``(name, (shape, dtype))``: P token ids
+    (``input_ids``), or audio features (``input_features``, Whisper: mel bins × frames, its encoder's 1-D
+    convolutions reducing the frames by their strides to the ``max_source_positions`` positions its decoder's
+    cross-attention reads, which P must be)."""
+    torch = _torch()
+    if "input_ids" in parameters:
+        return "input_ids", ((batch, prompt), torch.int64)
+    config = getattr(model, "config", None)
+    bins, positions = getattr(config, "num_mel_bins", None), getattr(config, "max_source_positions", None)
+    encoder = model.get_encoder() if callable(getattr(model, "get_encoder", None)) else None
+    if "input_features" not in parameters or not isinstance(bins, int) or not isinstance(positions, int) or (
+            encoder is None):
+        raise UsageError(f"generate: {type(model).__name__}.forward takes no input_ids and no input_features of "
+                         "an audio encoder (num_mel_bins, max_source_positions in its configuration): --generate P:N "
+                         "counts an encoder-decoder over P token ids or audio positions; this encoder's input is not "
+                         "counted")
+    stride = math.prod(m.stride[0] for m in encoder.modules() if isinstance(m, torch.nn.Conv1d))
+    if prompt != positions:
+        raise UsageError(f"--generate {prompt}:N: {type(model).__name__}'s encoder reads audio features "
+                         f"(input_features of {bins} mel bins x {positions * stride} frames) and gives {positions} "
+                         f"positions, which the decoder's cross-attention reads; give P = {positions}")
+    return "input_features", ((batch, bins, positions * stride), next(model.parameters()).dtype)
+
+
+def seq2seq_layout(model, batch: int, prompt: int, source: tuple | None = None) -> Seq2SeqLayout:
+    """The caches ``model`` returns after P prompt tokens (or its encoder's ``source``, ``(name, (shape, dtype))``:
+    :func:`_encoder_input`) and the decoder's first token, found under fake tensors (nothing allocated): its
+    ``EncoderDecoderCache``'s self-attention and cross-attention caches."""
     torch = _torch()
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    name, (shape, dtype) = source or ("input_ids", ((batch, prompt), torch.int64))
     try:
         with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
-            ids = torch.zeros(batch, prompt, dtype=torch.int64, device=_device(model))
-            out = model(input_ids=ids, decoder_input_ids=ids[:, :1], use_cache=True)
+            start = torch.zeros(batch, 1, dtype=torch.int64, device=_device(model))
+            encoded = torch.zeros(shape, dtype=dtype, device=_device(model))
+            out = model(**{name: encoded}, decoder_input_ids=start, use_cache=True)
     except Exception as e:  # noqa: BLE001 - the model's own code may raise anything
         raise FrontendError(f"generate: {type(model).__name__} cannot run {prompt} prompt tokens to show its caches: "
                             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None

@@ -31,15 +31,26 @@ training ledger's (:mod:`flopcount.parallel.ranks`), applied node by node:
 * **microbatches**: M microbatches of the counted batch per DP rank (``--microbatches``; at least pp, as for
   any pipelined plan), each generating P:N; a rank's FLOPs are M times one microbatch's.
 
-Not modelled (exit 2): ``sp`` (a decode step has one token to split over the sequence), the interleaved schedule.
+**Encoder-decoders** (T5, BART; ``generation.encoder_decoder``): the prefill graph is the encoder over the P prompt
+tokens and the decoder over its start token (its cross-attentions' K/V projections read the encoder's output), a
+decode step's graph the decoder alone, its cross-attention reading K and V from the cache (graph inputs): both are
+shared out by the same rules (:mod:`flopcount.parallel.roles` takes an attention over cached K and V as an
+attention), under tp and the data-parallel plans.
+
+Not modelled (exit 2): ``sp`` (a decode step has one token to split over the sequence), the interleaved schedule,
+an encoder-decoder's ``pp`` and ``cp`` (a decoder stage or a share of the sequence would need the encoder's output,
+or its cross-attention K and V, whole).
 
 **Communication** for the whole generation (payload each rank hands to a collective, as in the training ledger),
 with A_p = B·(P/C)·h·e the prefill's activation and A_d = B·h·e a decode step's, Lₛ the stage's layers, M the
 microbatches, n = N − 1 the decode steps:
 
 * TP: ``all_reduce`` of the activation after each attention and MLP block, and after the embedding on stage 0:
-  M·((2·Lₛ + first)·A_p + n·(2·Lₛ + first)·A_d); on the last stage an ``all_gather`` of the vocab-parallel
-  logits of the last position, M·(1 + n)·B·V·e, to pick the next token;
+  M·((2·Lₛ + first)·A_p + n·(2·Lₛ + first)·A_d); an encoder-decoder's per each stack's stream, from the layouts of
+  the prefill and of a decode step: M·B·h·e·((2·Lₑ + 1)·P + (3·L_d + 1)·(1 + n)) (the encoder's lookup and blocks
+  over the prompt, the decoder's lookup and self-attention, cross-attention and MLP blocks over one token; no
+  lookup term for an encoder without one, Whisper's convolutional front end, replicated); on the last stage an
+  ``all_gather`` of the vocab-parallel logits of the last position, M·(1 + n)·B·V·e, to pick the next token;
 * PP: ``send_recv`` of the activation to the next stage, M·(A_p + n·A_d) (all stages but the last); the last
   stage sends each new token id back to stage 0 for the next step, M·n·B·8 bytes (int64);
 * CP: the prefill's ``all_gather`` of K/V as in training, M·2·B·P·max(kv/T, 1)·d·e·Lₛ; in each decode step an
@@ -179,7 +190,7 @@ def _checked(report: Any, plan: ParallelPlan) -> Any:
     gen = report.generation
     if gen is None:
         raise UsageError("--parallel: the report has no generation; count it with --generate P:N")
-    check_plan(plan)
+    check_plan(plan, gen.encoder_decoder)
     if gen.steps and not gen.step_reports:
         raise UsageError(f"--parallel {plan} with --generate {gen.prompt_tokens}:{gen.new_tokens}: the decode steps' "
                          "graphs were not kept with this generation record (made from numbers, or a stack whose "
@@ -187,9 +198,13 @@ def _checked(report: Any, plan: ParallelPlan) -> Any:
     return gen
 
 
-def check_plan(plan: ParallelPlan) -> None:
+def check_plan(plan: ParallelPlan, encoder_decoder: bool = False) -> None:
     """:class:`~flopcount.errors.UsageError` (exit 2) for the parts of ``plan`` not modelled for generation, before
-    anything is counted."""
+    anything is counted; ``encoder_decoder``: of an encoder-decoder's generation."""
+    if encoder_decoder and (plan.pp > 1 or plan.cp > 1):
+        raise UsageError(f"--parallel {plan} with --generate of an encoder-decoder: its generation is modelled under "
+                         "tp and data parallelism (a decoder stage or a share of the sequence would need the "
+                         "encoder's output, or its cross-attention keys and values, whole); give pp=1 and cp=1")
     if plan.sp:
         raise UsageError("--parallel sp with --generate: sp splits the sequence, and a decode step has one token; "
                          "leave out sp")
@@ -279,8 +294,8 @@ def _communication(plan: ParallelPlan, d: Any, report: Any, s: int, per_stage: i
     a_p, a_d = b * (gen.prompt_tokens // c_) * d.hidden * e, b * d.hidden * e
     out = []
     if t > 1:
-        blocks = layout_of(report, plan).stage_blocks(s)  # 2·Lₛ: attention and MLP; a Mamba 2 mixer's one more
-        out.append(Collective("all_reduce", "tp", m * (blocks + first) * (a_p + n * a_d)))
+        prefill_tokens, step_tokens = _reduced_tokens(report, plan, s, gen)
+        out.append(Collective("all_reduce", "tp", m * b * d.hidden * e * (prefill_tokens + n * step_tokens)))
         if last:
             out.append(Collective("all_gather", "tp", m * (1 + n) * b * d.vocab * e))
     if p > 1:
@@ -307,6 +322,22 @@ def _communication(plan: ParallelPlan, d: Any, report: Any, s: int, per_stage: i
         if plan.dp * c_ // plan.ep > 1:
             out.append(Collective("all_gather", "edp", m * (1 + n) * experts))
     return tuple(x for x in out if x.bytes)
+
+
+def _reduced_tokens(report: Any, plan: ParallelPlan, s: int, gen: Any) -> tuple[int, int]:
+    """The tokens of a sequence whose activations stage ``s``'s TP all-reduces (after each block of its layers, and
+    after the vocab-parallel lookups on stage 0): in the prefill (over a CP rank's share) and in one decode step."""
+    layout, first = layout_of(report, plan), s == 0
+    if not gen.encoder_decoder:
+        blocks = layout.stage_blocks(s)  # 2·Lₛ: attention and MLP; a Mamba 2 mixer's one more
+        return (blocks + first) * (gen.prompt_tokens // plan.cp), blocks + first
+    # each block of a layer reduces its stack's stream (the encoder's P tokens, the decoder's one) and each lookup
+    # its tokens, read from the layouts of the prefill and of a decode step (the decoder's layers alone)
+    prefill = layout.stage_tp(s)[0] + first * layout.embedded
+    if not gen.step_reports:
+        return prefill, 0
+    step = layout_of(gen.step_reports[0][1], ParallelPlan(tp=plan.tp))
+    return prefill, step.stage_tp(0)[0] + first * step.embedded
 
 
 def sum_of_max(lines: Sequence[tuple[int, int]], first: int, last: int) -> int:

@@ -30,7 +30,8 @@ layer:
   convolved channels beyond d_inner. Else (Mamba 1's in-projection is z and x alone) it has no heads. A mixer's
   products are no attention's or MLP's;
 * the **attention** products are the activation products: a *score* product (Q·Kᵀ), whose inputs come from weight
-  products, and a *context* product (·V), whose first input comes from the scores;
+  products, and a *context* product (·V), whose first input comes from the scores; their K or V may instead be the
+  graph's inputs, reached through no product (a decode step's cross-attention over its cached keys and values);
 * the **column-parallel** projections are the weight products first met going back from the scores' two inputs and
   the context's V (one fused QKV projection, or separate Q, K, V); those that feed K or V only are the **K/V
   projections**; a weight product further back that feeds one of these (multi-head latent attention's

@@ -247,6 +247,16 @@ class _Flow:
             return set()
         return self.g.reach([x.name], self.inside, lambda q: q in self.wprod or q in self.aprod, False)[1]
 
+    def cached(self, k: int, j: int) -> bool:
+        """Whether node ``k``'s input ``j`` is the graph's input (a decode step's cached keys or values), through
+        the layer's nodes with no product on the way."""
+        x = self.g.nodes[k].inputs[j] if len(self.g.nodes[k].inputs) > j else None
+        if x is None:
+            return False
+        passed, met = self.g.reach([x.name], self.inside, lambda q: q in self.wprod or q in self.aprod, False)
+        names = {x.name} | {y.name for q in passed for y in self.g.nodes[q].inputs if y is not None and y.name}
+        return not met and bool(names & self.g.inputs)
+
     def activations(self, ks) -> list[str]:
         return [x.name for k in ks for x in self.g.nodes[k].inputs
                 if x is not None and x.name and self.g.weight_root(x.name) is None]
@@ -336,10 +346,11 @@ def _attention_roles(flow: _Flow, roles: list[str], found: Found, products: list
     contexts = []
     for a in sorted(flow.aprod):
         m0, m1 = flow.back(a, 0), flow.back(a, 1)
-        if m0 & flow.aprod and m1 & wprod:
+        kv = m1 & wprod or flow.cached(a, 1)  # K or V projected in the layer, or read from the cache alone
+        if m0 & flow.aprod and kv:
             contexts.append(a)
             v_src |= m1 & wprod
-        elif m0 & wprod and m1 & wprod:
+        elif m0 & wprod and kv:
             products.append(a)
             q_src |= m0 & wprod
             k_src |= m1 & wprod

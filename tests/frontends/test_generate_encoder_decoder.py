@@ -33,7 +33,18 @@ def bart_config(**extra):
                                    bos_token_id=1, eos_token_id=2, **extra)
 
 
-CONFIGS = {"t5": t5_config, "bart": bart_config}
+BINS, POSITIONS = 16, 8  # Whisper's mel bins, and the positions its encoder gives (of 2·8 frames)
+
+
+def whisper_config(**extra):
+    return transformers.WhisperConfig(d_model=H, encoder_layers=LAYERS, decoder_layers=LAYERS,
+                                      encoder_attention_heads=HEADS, decoder_attention_heads=HEADS,
+                                      encoder_ffn_dim=FFN, decoder_ffn_dim=FFN, vocab_size=VOCAB, num_mel_bins=BINS,
+                                      max_source_positions=POSITIONS, max_target_positions=32,
+                                      decoder_start_token_id=1, pad_token_id=0, bos_token_id=1, eos_token_id=2, **extra)
+
+
+CONFIGS = {"t5": t5_config, "bart": bart_config, "whisper": whisper_config}
 
 
 def eager(name: str):
@@ -48,7 +59,9 @@ def real_generate(name: str, p: int, n: int, b: int):
     from torch.utils.flop_counter import FlopCounterMode
 
     torch.manual_seed(0)
-    model = transformers.AutoModelForSeq2SeqLM.from_config(eager(name)).eval()
+    build = transformers.WhisperForConditionalGeneration if name == "whisper" else (
+        transformers.AutoModelForSeq2SeqLM.from_config)
+    model = build(eager(name)).eval()
     encoder, forward, calls = model.get_encoder(), model.forward, []
 
     def counted(function, into):
@@ -62,10 +75,14 @@ def real_generate(name: str, p: int, n: int, b: int):
     encoded: list[int] = []
     model.forward = counted(forward, calls)
     encoder.forward = counted(encoder.forward, encoded)
-    ids = torch.randint(3, VOCAB, (b, p))
+    if name == "whisper":  # audio: P positions of the encoder's output from 2·P frames of mel features
+        source = {"input_features": torch.randn(b, BINS, 2 * p)}
+    else:
+        ids = torch.randint(3, VOCAB, (b, p))
+        source = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     with FlopCounterMode(display=False) as whole, torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                             do_sample=False, return_dict_in_generate=True)
+        out = model.generate(**source, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                             return_dict_in_generate=True)
     assert out.sequences.shape == (b, n + 1)  # the start token and N new ones
     cache = out.past_key_values
     held = sum(t.numel() * t.element_size() for part in (cache.self_attention_cache, cache.cross_attention_cache)
@@ -88,6 +105,32 @@ def test_generate_equals_flop_counter_over_a_real_generate(name, p, n, b):
     assert g.kv_cache_bytes == {"float32": held}
 
 
+def test_whisper_generate_of_audio_equals_flop_counter_and_per_rank():
+    """Whisper's ``generate()``: the encoder over the audio features (its convolutions, then its layers over P
+    positions), the decoder over its start token, then N − 1 decode steps over both caches, equal FlopCounterMode
+    over a real ``generate()`` of the same tiny model; under ``tp=2,dp=2`` each rank's share: the model work sums to
+    the two replicas' total, the TP group all-reduces 2 blocks a layer of the encoder over the P positions (its
+    convolutional front end runs whole on every rank: no lookup to reduce) and the decoder's lookup and 3 blocks a
+    layer over one token in each phase, and each rank holds the K and V of its heads of both caches."""
+    p, n, b = POSITIONS, 3, 2
+    report = flopcount.from_hf(eager("whisper"), generate=(p, n), batch=b, convention="dense", cache_dir=False,
+                               parallel="tp=2,dp=2", memory=True)
+    g = report.generation
+    total, encoder, calls, held = real_generate("whisper", p, n, b)
+    assert g.encoder_decoder and len(calls) == n
+    assert g.prefill.flops == encoder + calls[0]
+    assert [g.step(c).flops for c in range(2, n + 1)] == calls[1:]
+    assert g.total.flops == total and g.kv_cache_bytes == {"float32": held}
+    ranks, a = report.parallel.ranks, b * H * 4  # one token's activation over the batch, fp32
+    assert len(ranks) == 4 and sum(r.model_flops for r in ranks) == 2 * total
+    tokens = 2 * LAYERS * p + n * (1 + 3 * LAYERS)
+    for r in ranks:
+        assert {(c.kind, c.group): c.bytes for c in r.communication} == {
+            ("all_reduce", "tp"): a * tokens, ("all_gather", "tp"): n * b * VOCAB * 4}
+    assert {m.kv_cache_bytes for m in report.memory.ranks} == {held // 2} == {
+        2 * LAYERS * b * (HEADS // 2) * (H // HEADS) * (n + p) * 4}
+
+
 def test_the_cross_attention_keys_and_values_are_computed_once():
     """The first decoder call projects the encoder's P positions to keys and values in every layer's
     cross-attention, 2 · (2·B·P·H·H) FLOPs a layer, and the later calls read them from the cache: the first call
@@ -101,15 +144,15 @@ def test_the_cross_attention_keys_and_values_are_computed_once():
     assert g.prefill.flops - g.step(2).flops == encoder + projections - one_key
 
 
-def test_an_encoder_decoder_under_a_plan_or_of_audio_is_refused_with_one_line(tmp_path):
-    with pytest.raises(UsageError, match="this is an encoder-decoder, .* count it without --parallel"):
-        flopcount.from_hf(eager("t5"), generate=(4, 2), parallel="tp=2", cache_dir=False)
+def test_an_encoder_decoder_under_cp_or_audio_of_another_length_is_refused_with_one_line(tmp_path):
+    with pytest.raises(UsageError, match="cp=2,.* with --generate of an encoder-decoder: .* give pp=1 and cp=1"):
+        flopcount.from_hf(eager("t5"), generate=(4, 2), parallel="tp=2,cp=2", cache_dir=False)
     whisper = transformers.WhisperConfig(d_model=H, encoder_layers=1, decoder_layers=1, encoder_attention_heads=HEADS,
                                          decoder_attention_heads=HEADS, encoder_ffn_dim=FFN, decoder_ffn_dim=FFN,
                                          vocab_size=VOCAB, num_mel_bins=16, max_source_positions=8,
                                          max_target_positions=32, decoder_start_token_id=1, pad_token_id=0,
                                          bos_token_id=1, eos_token_id=2)
-    with pytest.raises(UsageError, match="takes no input_ids: .* not counted yet"):
+    with pytest.raises(UsageError, match=r"--generate 4:N: .* gives 8 positions, .*; give P = 8$"):
         flopcount.from_hf(whisper, generate=(4, 2), cache_dir=False)
     headless = t5_config(architectures=["T5Model"])
     with pytest.raises(UsageError, match="T5Model, which does not generate"):
@@ -133,8 +176,36 @@ def test_cli_generate_of_t5_json_and_table(tmp_path):
     assert text.returncode == 0, text.stderr
     assert "Prefill FLOPs (the encoder, and the decoder over its start token)" in text.stdout
     assert "KV cache at the end (3 positions, and 4 cross-attention positions)" in text.stdout
-    bad = subprocess.run([*run, "--parallel", "tp=2"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    bad = subprocess.run([*run, "--parallel", "pp=2", "--microbatches", "2"], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path)
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "encoder-decoder" in bad.stderr
+
+
+def test_cli_generate_of_bart_under_tp_and_dp_per_rank(tmp_path):
+    """``--generate --parallel tp=2,dp=2 --memory`` of BART: each rank's FLOPs are half the whole generation's (its
+    DP replica generating its own batch), the TP group all-reduces the encoder's lookup and 2 blocks a layer over the
+    P prompt tokens, the decoder's lookup and 3 blocks a layer (self-attention, cross-attention, MLP) over one token
+    in the prefill and in each decode step, and each rank holds the K and V of its heads: N positions of its own and
+    the P cross-attended ones in each decoder layer."""
+    folder = tmp_path / "bart"
+    folder.mkdir()
+    (folder / "config.json").write_text(bart_config().to_json_string())
+    p, n, b = 4, 3, 2
+    run = subprocess.run([sys.executable, "-m", "flopcount", "--hf", str(folder), "--generate", f"{p}:{n}",
+                          "--batch", str(b), "--parallel", "tp=2,dp=2", "--memory", "--format", "json"],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(run.stdout)
+    total = doc["generation"]["total_flops"]
+    ranks = doc["parallel"]["ranks"]
+    assert len(ranks) == 4 and sum(r["model_flops"] for r in ranks) == 2 * total
+    a = b * H * 4  # one token's activation over the batch, fp32
+    tokens = (1 + 2 * LAYERS) * p + (1 + 3 * LAYERS) + (n - 1) * (1 + 3 * LAYERS)
+    for r in ranks:
+        assert {(c["kind"], c["group"]): c["bytes"] for c in r["communication"]} == {
+            ("all_reduce", "tp"): a * tokens, ("all_gather", "tp"): n * b * VOCAB * 4}
+    head = H // HEADS
+    assert {m["kv_cache_bytes"] for m in doc["memory"]["ranks"]} == {2 * LAYERS * b * (HEADS // 2) * head * (n + p) * 4}
 
 
 @pytest.mark.slow
