@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from flopcount.errors import FlopcountError, UsageError
+from flopcount.memory.ledger import without_cyclic_gc
 
 from .plan_space import Choice, SpaceSettings, choices, reason
 
@@ -315,10 +316,13 @@ def _forked_part(part: _Part) -> _Done:
     return _search_part(job, part, walks)
 
 
+@without_cyclic_gc
 def _search_part(job: _Job, part: _Part, walks: _Walks) -> _Done:
     """The plans of ``part`` checked, fitted and predicted (see :func:`search`). A plan whose floor is over memory
     and above the least peak over memory found before it by ``walks`` (this process's, kept from part to part) is
-    dropped unwalked: it can be neither a plan that fits nor the least peak of the whole search."""
+    dropped unwalked: it can be neither a plan that fits nor the least peak of the whole search. Python's cyclic
+    collector is paused through the part (as through a walk): each full collection would rescan the counts' and
+    the memos' millions of objects; it runs again between parts."""
     found: list[tuple[int, Candidate]] = []
     dropped: Counter = Counter()
     for i in part.places:

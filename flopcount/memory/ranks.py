@@ -275,9 +275,9 @@ def _walked_ranks(w: _PlanWalk, vec: int) -> list[PlanRankMemory]:
     keeps = memo.keeps.get((plan.pp, v, w.layout.chunks))
     if keeps is None:  # each stage's nodes: they read the layout's chunks, pp and v alone
         chunks = [set(c) for c in w.layout.chunks]
+        mine = [{c for c in range(plan.pp * v) if c % plan.pp == s} for s in range(plan.pp)]
         keeps = memo.keeps[(plan.pp, v, w.layout.chunks)] = [
-            tuple(k for k in range(len(g.nodes)) if chunks[k] & {c for c in range(plan.pp * v) if c % plan.pp == s})
-            for s in range(plan.pp)]
+            tuple(k for k in range(len(g.nodes)) if chunks[k] & mine[s]) for s in range(plan.pp)]
     for s, keep in enumerate(keeps):
         if keep not in memo.stages:
             memo.stages[keep] = _Stage.of(g, list(keep))
