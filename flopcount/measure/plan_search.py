@@ -25,6 +25,11 @@ What is shared between plans, exactly:
   the same chunks) or M. One walk per such key serves every plan that shares it: a plan's rank peak is the walk's
   with the other in-flight microbatches' activations held for its own schedule
   (:func:`flopcount.parallel.layout.in_flight`), as the per-rank ledger adds them;
+* a stage's graph at a rank's shares reads the stage's nodes, whether it is the first, the shares of what it makes
+  and receives (tp, sp, cp, ep, the EP rank's load) and of the stored tensors (tp, ep, FSDP shards): it is built once
+  for the walks that share these, with its ZeRO shards and units, and its forward and backward walked from no bytes
+  alive are kept beside it (per ZeRO-2 gradient shards, the backward per accumulation): a walk of another key on it
+  (another ZeRO start, M) is the kept one moved by its start (:class:`flopcount.memory.tape.Replayed`);
 * a plan's data- and context-parallel replicas run the same work (the ledger lists them with equal figures), so
   without expert parallelism the FLOPs ledger lists data-parallel rank 0's ranks alone and the prediction reads
   them, each node's seconds once per distinct share; only its point (the best repeats: step, tokens per second,
@@ -44,7 +49,8 @@ What is shared between plans, exactly:
 * the recompute policies' counts share their node lists (``flopcount plan``'s counts do), so the plans of the
   same node shares are walked policy after policy, reading the same layouts; the groups of such plans are shared
   out to worker processes (``jobs``), each keeping its memos from group to group, and the answer is the same
-  whatever their number.
+  whatever their number; Python's cyclic collector is paused through each group (its full collections rescanned
+  the counts' and the memos' objects) and runs between groups.
 """
 
 from __future__ import annotations
