@@ -143,13 +143,15 @@ class OnRank:
     stored tensors, sized otherwise (None: found anew); ``sizes``, a dict the caller keeps per graph (the same
     :class:`Graph`, its tensors sized alike) and gradients' shards, in which the walk leaves the tensors' bytes and
     its replays from no bytes alive (:class:`.tape.Replayed`, with the unsized names they read) for the next walk
-    of them, whose start alone differs (None: walked anew)."""
+    of them, whose start alone differs (None: walked anew); ``forward``, such a dict for the forward alone, kept
+    per graph whose forward reads the same sizes (None: ``sizes``)."""
 
     held: int = 0
     accumulated: bool = False
     shards: Shards = field(default_factory=Shards)
     structure: dict | None = None
     sizes: dict | None = None
+    forward: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -431,7 +433,8 @@ def ledger(g: Graph, mode: str, optimizer: str | None, settings: MemorySettings,
         extra = {k: s.extra_bytes for k, s in g.saved.items()}
         if memo is not None:
             memo["extra"] = extra
-    forward = _replayed(memo, ("forward", whole, training), st, lambda: _forward(g, st, steps, extra))
+    ahead = on_rank.forward if on_rank.forward is not None else memo
+    forward = _replayed(ahead, ("forward", whole, training), st, lambda: _forward(g, st, steps, extra))
     forward[0].apply(w)
     activations, statistics, kept = forward[1:]
     kept_by.update(kept)

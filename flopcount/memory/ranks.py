@@ -95,9 +95,9 @@ from ..errors import UsageError
 from ..parallel.layout import ROLE_RULES, SEQUENCE_ROLES, fsdp_shard, in_flight, layout_of, rank_id
 from ..parallel.plan import ParallelPlan
 from ..reporting.report import tensor_bytes
-from .expert_inner import expert_inner
-from .ledger import (VIEWS, Graph, Memory, MemorySettings, OnRank, RankMemory, Shards, ledger,
-                     optimizer_bytes, without_cyclic_gc)
+from .ledger import (Graph, Memory, MemorySettings, OnRank, RankMemory, Shards, ledger, optimizer_bytes,
+                     without_cyclic_gc)
+from .rank_graph import GatheredKV, expert_inner, gathered_kv, storage_root
 
 __all__ = ["PlanRankMemory", "StageStates", "in_flight", "per_rank", "rank_rows", "stage_states", "RANK_HEADERS"]
 
@@ -207,7 +207,7 @@ class _PlanWalk:
     g: Graph
     settings: MemorySettings
     reader: Mapping[str, int]
-    gathered: "_GatheredKV"
+    gathered: "GatheredKV"
     inner: frozenset[int]
     fractions: Mapping[Any, Any]
     kv: int
@@ -228,8 +228,8 @@ class _PlanWalk:
                         memo.reader.setdefault(x.name, k)
         reader = memo.reader
         if plan.cp > 1 and memo.gathered is None:  # the layers' attention products are the model's
-            memo.gathered = _gathered_kv(g, layout)
-        gathered = memo.gathered if plan.cp > 1 else _GatheredKV({}, {})
+            memo.gathered = gathered_kv(g, layout)
+        gathered = memo.gathered if plan.cp > 1 else GatheredKV({}, {})
         return cls(plan, layout, layout.roles, layer_of, expert, mem, g, settings, reader, gathered, inner, fractions,
                    kv)
 
@@ -368,62 +368,6 @@ def _kv_share(report: Any, plan: ParallelPlan, layers: int, kv: int) -> int | No
     return share
 
 
-def _root(producer: Mapping[str, Any], name: str, g: Graph) -> str:
-    """The storage a view's output shares: back through the views, as the ledger's walk roots them (a view the graph
-    writes as a copy, ``g.copies``, is a storage of its own; a copy the framework makes a view, ``g.views``, is not)."""
-    while name in producer:
-        n = producer[name]
-        if n.domain != "" or not n.inputs or n.inputs[0] is None or not (
-                (n.op_type in VIEWS and name not in g.copies) or name in g.views):
-            break
-        name = n.inputs[0].name
-    return name
-
-
-#: What stands between the K and V a layer's attention kernel receives and its score and ·V products: views, copies
-#: of views (the grouped-query repeat) and the scale, each reading the whole gathered sequence under cp
-_KV_CHAIN = VIEWS | {"Mul", "Div"}
-
-
-@dataclass(frozen=True)
-class _GatheredKV:
-    """Under cp, the tensors of K and V each layer's attention reads whole (name → layer), and per layer the storages
-    among them that the ledger keeps."""
-
-    names: Mapping[str, int]
-    kept: Mapping[int, frozenset[str]]
-
-
-def _gathered_kv(g: Graph, layout: Any) -> _GatheredKV:
-    """Under cp, the tensors of K and V that each layer's attention reads whole (name → layer: back from the second
-    operand of its score product and of its product with V through :data:`_KV_CHAIN`, to the K after its rotary
-    and the V as projected; :attr:`flopcount.parallel.layout.Layout.attention`), and per layer the storages among
-    them that the ledger keeps for the backward (what the attention kernel keeps of them: the fused kernel K and V
-    before their grouped-query repeat, an eager one the repeated and scaled copies its products read)."""
-    producer = {x.name: n for n in g.nodes for x in n.outputs if x is not None and x.name}
-    kept = {n.inputs[i].name for n in g.nodes if n.index in g.saved for i in g.saved[n.index].inputs
-            if i < len(n.inputs) and n.inputs[i] is not None} | \
-           {n.outputs[j].name for n in g.nodes if n.index in g.saved for j in g.saved[n.index].outputs
-            if j < len(n.outputs) and n.outputs[j] is not None}
-    kept_roots = {_root(producer, name, g) for name in kept}
-    out: dict[str, int] = {}
-    roots: dict[int, set[str]] = {}
-    for layer, ks in layout.attention.items():
-        for k in ks:
-            x = g.nodes[k].inputs[1] if len(g.nodes[k].inputs) > 1 else None
-            name = x.name if x is not None else ""
-            while name:
-                out[name] = layer
-                root = _root(producer, name, g)
-                if root in kept_roots:
-                    roots.setdefault(layer, set()).add(root)
-                n = producer.get(name)
-                if n is None or n.domain != "" or n.op_type not in _KV_CHAIN or not n.inputs or n.inputs[0] is None:
-                    break
-                name = n.inputs[0].name
-    return _GatheredKV(out, {layer: frozenset(r) for layer, r in roots.items()})
-
-
 def _unread(g: Graph, reader: Mapping[str, int], plan: ParallelPlan) -> dict[str, TensorInfo]:
     """The parameters no node reads, in the graph's order, with their share on a rank: those the one-rank ledger
     holds without a gradient (:func:`flopcount.memory.ledger.with_params`, DINOv2's ``mask_token``), whole on every
@@ -478,7 +422,7 @@ class _GraphMemo:
 
     graph: Graph
     reader: dict[str, int] | None = None
-    gathered: "_GatheredKV | None" = None
+    gathered: "GatheredKV | None" = None
     stages: dict[tuple[int, ...], "_Stage"] = field(default_factory=dict)
     names: dict[tuple[int, ...], tuple[list, list, list, list, list]] = field(default_factory=dict)
     sizes: dict[tuple, tuple[dict, dict, dict]] = field(default_factory=dict)
@@ -489,6 +433,7 @@ class _GraphMemo:
     stage_reads: dict[tuple, list] = field(default_factory=dict)
     graphs: dict[tuple, "_StageGraph"] = field(default_factory=dict)
     keeps: dict[tuple, list[tuple[int, ...]]] = field(default_factory=dict)
+    forwards: dict[tuple, dict] = field(default_factory=dict)
 
 
 #: The :class:`_GraphMemo` of the last four graphs walked (a plan search walks the plans of each node shares under
@@ -633,6 +578,7 @@ class _StageGraph:
     sub: Graph
     tensors: dict[str, TensorInfo]
     cp_kv: int
+    forward: dict | None  # its forward's memo, shared by the graphs of the same storages' sizes (OnRank's)
     shards: dict[tuple, Shards] = field(default_factory=dict)
     units: dict[tuple, tuple[int, int]] = field(default_factory=dict)
     sizes: dict[int, dict] = field(default_factory=dict)
@@ -675,8 +621,30 @@ def _stage_graph(w: _PlanWalk, s: int, e: int, stage: _Stage) -> _StageGraph:
                     for layer, names in w.gathered.kept.items()}
     if len(memo.graphs) >= 4 * _KEPT_SIZES:
         del memo.graphs[next(iter(memo.graphs))]
-    found = memo.graphs[key] = _StageGraph(sub, tensors, max(kv_per_layer.values(), default=0))
+    # the forward walks the storages the stage makes: sized alike whatever the stored tensors' shares, unless a
+    # view of a stored tensor is a storage of its own (a copy), sized as its input's share
+    forward = None
+    if _views_of_stored_free(g, nodes, unread):
+        if key[:3] not in memo.forwards and len(memo.forwards) >= 4 * _KEPT_SIZES:
+            del memo.forwards[next(iter(memo.forwards))]
+        forward = memo.forwards.setdefault(key[:3], {})
+    found = memo.graphs[key] = _StageGraph(sub, tensors, max(kv_per_layer.values(), default=0), forward)
     return found
+
+
+def _views_of_stored_free(g: Graph, nodes: list, unread: Mapping[str, TensorInfo]) -> bool:
+    """Whether no view in ``nodes`` that keeps every element (sized as its input) of a stored tensor, or of such a
+    view, is a storage of its own (a copy, or a node outside the standard domain): the walk's storages are then
+    those the stage makes and receives, whatever the stored tensors' shares."""
+    stored: set[str] = set()
+    for n in nodes:
+        if n.op_type in _SAME_SIZE and n.inputs and n.inputs[0] is not None and n.outputs and \
+                n.outputs[0] is not None and (n.inputs[0].name in g.stored or n.inputs[0].name in unread or
+                                              n.inputs[0].name in stored):
+            if n.domain != "" or n.outputs[0].name in g.copies:
+                return False
+            stored.add(n.outputs[0].name)
+    return True
 
 
 def _rank(w: _PlanWalk, s: int, e: int, stage: _Stage, alltoall: int) -> PlanRankMemory:
@@ -700,7 +668,8 @@ def _rank(w: _PlanWalk, s: int, e: int, stage: _Stage, alltoall: int) -> PlanRan
     structure = memo.walks.setdefault((stage.keep, s == 0), {})
     sizes = part.sizes.setdefault(plan.dp * plan.cp if plan.zero2 else 0, {})
     one = ledger(sub, mem.mode, mem.optimizer, settings, mem.missing,
-                 on_rank=OnRank(accumulated=accumulated, shards=shards, structure=structure, sizes=sizes)).ranks[0]
+                 on_rank=OnRank(accumulated=accumulated, shards=shards, structure=structure, sizes=sizes,
+                                forward=part.forward)).ranks[0]
     flight = in_flight(plan, s) if mem.mode == "train" else 1.0
     gather = in_flight_units = bucket = 0
     if plan.fsdp or (plan.zero2 and mem.mode == "train"):
@@ -734,7 +703,7 @@ def _kept_whole(w: _PlanWalk) -> frozenset[str]:
     if memo.sp_whole is None:
         producer = {x.name: n for n in w.g.nodes for x in n.outputs if x is not None and x.name}
         names = {w.g.nodes[k].outputs[j].name for k, j in w.layout.sp_kept_whole}
-        memo.sp_whole = frozenset(names | {_root(producer, name, w.g) for name in names})
+        memo.sp_whole = frozenset(names | {storage_root(producer, name, w.g) for name in names})
     return memo.sp_whole
 
 
