@@ -29,7 +29,9 @@ What is shared between plans, exactly:
   and receives (tp, sp, cp, ep, the EP rank's load) and of the stored tensors (tp, ep, FSDP shards): it is built once
   for the walks that share these, with its ZeRO shards and units, and its forward and backward walked from no bytes
   alive are kept beside it (per ZeRO-2 gradient shards, the backward per accumulation): a walk of another key on it
-  (another ZeRO start, M) is the kept one moved by its start (:class:`flopcount.memory.tape.Replayed`);
+  (another ZeRO start, M) is the kept one moved by its start (:class:`flopcount.memory.tape.Replayed`); the forward,
+  which reads only the storages the stage makes and receives, is shared by its graphs of other stored shares (fsdp)
+  too, unless a view of a stored tensor is a storage of its own;
 * a plan's data- and context-parallel replicas run the same work (the ledger lists them with equal figures), so
   without expert parallelism the FLOPs ledger lists data-parallel rank 0's ranks alone and the prediction reads
   them, each node's seconds once per distinct share; only its point (the best repeats: step, tokens per second,
