@@ -25,6 +25,13 @@ What is shared between plans, exactly:
   the same chunks) or M. One walk per such key serves every plan that shares it: a plan's rank peak is the walk's
   with the other in-flight microbatches' activations held for its own schedule
   (:func:`flopcount.parallel.layout.in_flight`), as the per-rank ledger adds them;
+* a stage's graph at a rank's shares reads the stage's nodes, whether it is the first, the shares of what it makes
+  and receives (tp, sp, cp, ep, the EP rank's load) and of the stored tensors (tp, ep, FSDP shards): it is built once
+  for the walks that share these, with its ZeRO shards and units, and its forward and backward walked from no bytes
+  alive are kept beside it (per ZeRO-2 gradient shards, the backward per accumulation): a walk of another key on it
+  (another ZeRO start, M) is the kept one moved by its start (:class:`flopcount.memory.tape.Replayed`); the forward,
+  which reads only the storages the stage makes and receives, is shared by its graphs of other stored shares (fsdp)
+  too, unless a view of a stored tensor is a storage of its own;
 * a plan's data- and context-parallel replicas run the same work (the ledger lists them with equal figures), so
   without expert parallelism the FLOPs ledger lists data-parallel rank 0's ranks alone and the prediction reads
   them, each node's seconds once per distinct share; only its point (the best repeats: step, tokens per second,
@@ -44,7 +51,8 @@ What is shared between plans, exactly:
 * the recompute policies' counts share their node lists (``flopcount plan``'s counts do), so the plans of the
   same node shares are walked policy after policy, reading the same layouts; the groups of such plans are shared
   out to worker processes (``jobs``), each keeping its memos from group to group, and the answer is the same
-  whatever their number.
+  whatever their number; Python's cyclic collector is paused through each group (its full collections rescanned
+  the counts' and the memos' objects) and runs between groups.
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from flopcount.errors import FlopcountError, UsageError
+from flopcount.memory.ledger import without_cyclic_gc
 
 from .plan_space import Choice, SpaceSettings, choices, reason
 
@@ -315,10 +324,13 @@ def _forked_part(part: _Part) -> _Done:
     return _search_part(job, part, walks)
 
 
+@without_cyclic_gc
 def _search_part(job: _Job, part: _Part, walks: _Walks) -> _Done:
     """The plans of ``part`` checked, fitted and predicted (see :func:`search`). A plan whose floor is over memory
     and above the least peak over memory found before it by ``walks`` (this process's, kept from part to part) is
-    dropped unwalked: it can be neither a plan that fits nor the least peak of the whole search."""
+    dropped unwalked: it can be neither a plan that fits nor the least peak of the whole search. Python's cyclic
+    collector is paused through the part (as through a walk): each full collection would rescan the counts' and
+    the memos' millions of objects; it runs again between parts."""
     found: list[tuple[int, Candidate]] = []
     dropped: Counter = Counter()
     for i in part.places:

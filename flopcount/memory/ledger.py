@@ -140,12 +140,18 @@ class OnRank:
     and optimizer states where they are smaller than the parameters' (ZeRO's stages 1 and 2); ``structure``, a dict
     the caller keeps per graph structure, in which the walk leaves what it finds of it (the storage roots, who keeps
     what) for the next walk of a graph of the same nodes, gradients, saved-for-backward records, recompute units and
-    stored tensors, sized otherwise (None: found anew)."""
+    stored tensors, sized otherwise (None: found anew); ``sizes``, a dict the caller keeps per graph (the same
+    :class:`Graph`, its tensors sized alike) and gradients' shards, in which the walk leaves the tensors' bytes and
+    its replays from no bytes alive (:class:`.tape.Replayed`, with the unsized names they read) for the next walk
+    of them, whose start alone differs (None: walked anew); ``forward``, such a dict for the forward alone, kept
+    per graph whose forward reads the same sizes (None: ``sizes``)."""
 
     held: int = 0
     accumulated: bool = False
     shards: Shards = field(default_factory=Shards)
     structure: dict | None = None
+    sizes: dict | None = None
+    forward: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -345,9 +351,9 @@ def gathered_experts(nodes: Sequence[NodeCount], params: frozenset[str]) -> dict
 class _Storages:
     """Storage roots of tensor names (views share their input's) and their bytes."""
 
-    def __init__(self, g: Graph, unsized: set[str], structure: dict | None = None):
+    def __init__(self, g: Graph, unsized: set[str], structure: dict | None = None, sizes: dict | None = None):
         self.g, self.unsized = g, unsized
-        self._bytes: dict[str, int] = {}
+        self._bytes: dict[str, int] = {} if sizes is None else sizes.setdefault("bytes", {})  # the sized alone
         if structure is not None and "roots" in structure:  # the same graph structure walked before
             self.root, self.gathered = structure["roots"]
             return
@@ -378,12 +384,13 @@ class _Storages:
         return self.root.get(name, name)
 
     def nbytes(self, name: str) -> int:
+        """``name``'s bytes, 0 for one of unknown size, which each read adds to ``unsized``."""
         b = self._bytes.get(name)
         if b is None:
             b = tensor_bytes(self.g.tensors.get(name) or TensorInfo(name))
             if b is None:
                 self.unsized.add(name)
-                b = 0
+                return 0
             self._bytes[name] = b
         return b
 
@@ -394,7 +401,8 @@ def ledger(g: Graph, mode: str, optimizer: str | None, settings: MemorySettings,
     to the graph's own (:class:`OnRank`; nothing if None)."""
     unsized: set[str] = set()
     structure = on_rank.structure if on_rank is not None else None
-    st = _Storages(g, unsized, structure)
+    memo = on_rank.sizes if on_rank is not None else None
+    st = _Storages(g, unsized, structure, memo)
     size = st.nbytes
     params = sum(size(n) for n in g.params)
     # in the graph's order (its weights in the module's parameter order: the optimizer's), then any it lacks
@@ -420,13 +428,22 @@ def ledger(g: Graph, mode: str, optimizer: str | None, settings: MemorySettings,
     steps = found.get(("forward", whole, training)) or \
         found.setdefault(("forward", whole, training), _forward_steps(g, st, holds))
     kept_by: dict[int, int] = {}
-    extra = {k: s.extra_bytes for k, s in g.saved.items()}
-    activations, statistics = _forward(g, st, w, kept_by, steps, extra)
+    extra = memo.get("extra") if memo is not None else None
+    if extra is None:
+        extra = {k: s.extra_bytes for k, s in g.saved.items()}
+        if memo is not None:
+            memo["extra"] = extra
+    ahead = on_rank.forward if on_rank.forward is not None else memo
+    forward = _replayed(ahead, ("forward", whole, training), st, lambda: _forward(g, st, steps, extra))
+    forward[0].apply(w)
+    activations, statistics, kept = forward[1:]
+    kept_by.update(kept)
     if training:
         unsized.update(x for s in g.saved.values() for x in s.unsized)  # kept inside a control-flow body
         tape = found.get(("backward", whole, accumulated)) or \
             found.setdefault(("backward", whole, accumulated), _backward(g, st, holds, accumulated))
-        tape.replay(w, size, grad_size, extra)
+        _replayed(memo, ("backward", whole, accumulated), st,
+                  lambda: (tape.replayed(size, grad_size, extra),))[0].apply(w)
         w.live += temps
         w.mark("optimizer step", "")
     rank = RankMemory(params, buffers, grads, states, temps if optimizer else 0, inputs, activations, statistics,
@@ -544,14 +561,31 @@ def _forward_steps(g: Graph, st: _Storages, h: _Holds) -> tuple[Tape, list[tuple
     return w, [(r, producer.get(r, -1)) for r in held - g.stored]
 
 
-def _forward(g: Graph, st: _Storages, w: Walk, kept_by: dict[int, int], steps: tuple,
-             extra: Mapping[int, int]) -> tuple[int, int]:
-    """Walk the forward (:func:`_forward_steps`) at these sizes (``extra``: node index → its statistics' bytes);
-    return the bytes kept for the backward at its end (whole tensors and statistics together) and the statistics
-    among them. ``kept_by`` gets the bytes kept per node index: a tensor under the node that made it (-1: a graph
-    input), statistics under the node that keeps them."""
+def _replayed(memo: dict | None, key: tuple, st: _Storages, walked: Callable[[], tuple]) -> tuple:
+    """``walked()`` (a replay from no bytes alive and what else it finds at these sizes), kept in ``memo`` under
+    ``key`` for the next walk of the same sizes (see :class:`OnRank`); the names of unknown size it reads are
+    added to ``st.unsized`` each time, as a walk anew adds them."""
+    if memo is None:
+        return walked()
+    found = memo.get(key)
+    if found is None:
+        outer, st.unsized = st.unsized, set()
+        try:
+            found = memo[key] = (walked(), frozenset(st.unsized))
+        finally:
+            st.unsized = outer
+    st.unsized.update(found[1])
+    return found[0]
+
+
+def _forward(g: Graph, st: _Storages, steps: tuple, extra: Mapping[int, int]) -> tuple:
+    """The forward (:func:`_forward_steps`) at these sizes (``extra``: node index → its statistics' bytes): its
+    walk from no bytes alive (:class:`.tape.Replayed`), the bytes kept for the backward at its end (whole tensors
+    and statistics together), the statistics among them, and the bytes kept per node index: a tensor under the
+    node that made it (-1: a graph input), statistics under the node that keeps them."""
     tape, kept_at_end = steps
-    tape.replay(w, st.nbytes, st.nbytes, extra)
+    replayed = tape.replayed(st.nbytes, st.nbytes, extra)
+    kept_by: dict[int, int] = {}
     statistics = 0
     for n in g.nodes:
         if n.index not in g.units and extra.get(n.index):
@@ -561,7 +595,7 @@ def _forward(g: Graph, st: _Storages, w: Walk, kept_by: dict[int, int], steps: t
     for r, k in kept_at_end:
         kept += st.nbytes(r)
         kept_by[k] = kept_by.get(k, 0) + st.nbytes(r)
-    return kept + statistics, statistics
+    return replayed, kept + statistics, statistics, kept_by
 
 
 def _backward(g: Graph, st: _Storages, h: _Holds, accumulated: bool) -> Tape:

@@ -95,8 +95,9 @@ from ..errors import UsageError
 from ..parallel.layout import ROLE_RULES, SEQUENCE_ROLES, fsdp_shard, in_flight, layout_of, rank_id
 from ..parallel.plan import ParallelPlan
 from ..reporting.report import tensor_bytes
-from .ledger import (VIEWS, Graph, Memory, MemorySettings, OnRank, RankMemory, Shards, ledger,
-                     optimizer_bytes, without_cyclic_gc)
+from .ledger import (Graph, Memory, MemorySettings, OnRank, RankMemory, Shards, ledger, optimizer_bytes,
+                     without_cyclic_gc)
+from .rank_graph import GatheredKV, expert_inner, gathered_kv, storage_root
 
 __all__ = ["PlanRankMemory", "StageStates", "in_flight", "per_rank", "rank_rows", "stage_states", "RANK_HEADERS"]
 
@@ -206,7 +207,7 @@ class _PlanWalk:
     g: Graph
     settings: MemorySettings
     reader: Mapping[str, int]
-    gathered: "_GatheredKV"
+    gathered: "GatheredKV"
     inner: frozenset[int]
     fractions: Mapping[Any, Any]
     kv: int
@@ -217,7 +218,7 @@ class _PlanWalk:
         plan, mem = layout.plan, report.memory
         g, expert, layer_of = mem.graph, layout.expert, layout.layer
         scopes = list(report.modules.nodes) if not report.modules.missing else [()] * len(g.nodes)
-        inner = _expert_inner(g, scopes, expert, layer_of) if plan.tp > 1 and any(expert) else frozenset()
+        inner = expert_inner(g, scopes, expert, layer_of) if plan.tp > 1 and any(expert) else frozenset()
         memo = _memo(g)
         if memo.reader is None:
             memo.reader = {}
@@ -227,8 +228,8 @@ class _PlanWalk:
                         memo.reader.setdefault(x.name, k)
         reader = memo.reader
         if plan.cp > 1 and memo.gathered is None:  # the layers' attention products are the model's
-            memo.gathered = _gathered_kv(g, layout)
-        gathered = memo.gathered if plan.cp > 1 else _GatheredKV({}, {})
+            memo.gathered = gathered_kv(g, layout)
+        gathered = memo.gathered if plan.cp > 1 else GatheredKV({}, {})
         return cls(plan, layout, layout.roles, layer_of, expert, mem, g, settings, reader, gathered, inner, fractions,
                    kv)
 
@@ -267,14 +268,17 @@ def _walked_ranks(w: _PlanWalk, vec: int) -> list[PlanRankMemory]:
     """Every (stage, TP rank, EP rank)'s figures, in that order; ``vec``: the bytes of the rank's token vectors one
     MoE layer dispatches to its all_to_all."""
     plan, g, fractions = w.plan, w.g, w.fractions
-    chunks = [set(c) for c in w.layout.chunks]
     v = plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
     ranks = []
     walked: dict[tuple, PlanRankMemory] = {}
     memo = _memo(g)
-    for s in range(plan.pp):
-        mine = {c for c in range(plan.pp * v) if c % plan.pp == s}
-        keep = tuple(k for k in range(len(g.nodes)) if chunks[k] & mine)
+    keeps = memo.keeps.get((plan.pp, v, w.layout.chunks))
+    if keeps is None:  # each stage's nodes: they read the layout's chunks, pp and v alone
+        chunks = [set(c) for c in w.layout.chunks]
+        mine = [{c for c in range(plan.pp * v) if c % plan.pp == s} for s in range(plan.pp)]
+        keeps = memo.keeps[(plan.pp, v, w.layout.chunks)] = [
+            tuple(k for k in range(len(g.nodes)) if chunks[k] & mine[s]) for s in range(plan.pp)]
+    for s, keep in enumerate(keeps):
         if keep not in memo.stages:
             memo.stages[keep] = _Stage.of(g, list(keep))
         stage = memo.stages[keep]
@@ -364,129 +368,6 @@ def _kv_share(report: Any, plan: ParallelPlan, layers: int, kv: int) -> int | No
     return share
 
 
-_PRODUCTS = frozenset({"MatMul", "Gemm", "Einsum"})
-
-
-def _expert_inner(g: Graph, scopes, expert, layer_of) -> frozenset[int]:
-    """The routed experts' nodes whose outputs carry an expert's inner dimension (its MLP width), which TP splits as
-    it splits the experts' weights (gate and up column-parallel, down row-parallel, as the FLOPs ledger does): per
-    MoE layer, the nodes from the products that read an expert weight first (gate/up) down to, not including, the
-    products that read one last (down), found by the graph's dataflow, not by names or sizes (a node the exporter
-    left without a module scope, such as the Split of the fused gate/up output, is followed too). The tokens' vectors
-    going in, the weights' slices and the down products' outputs (whole, partial sums, on every TP rank) are not."""
-    producer = {x.name: k for k, n in enumerate(g.nodes) for x in n.outputs if x is not None and x.name}
-    consumers: dict[str, list[int]] = {}
-    for k, n in enumerate(g.nodes):
-        for x in n.inputs:
-            if x is not None and x.name:
-                consumers.setdefault(x.name, []).append(k)
-
-    def weight(name: str) -> bool:
-        """Whether ``name`` is an expert weight, or a view or per-token gather of one."""
-        seen = 0
-        while name not in g.stored and seen < 64:
-            k = producer.get(name)
-            if k is None:
-                return False
-            n = g.nodes[k]
-            if not (n.op_type in VIEWS or name in g.gathers) or not n.inputs or n.inputs[0] is None:
-                return False
-            name, seen = n.inputs[0].name, seen + 1
-        return name in g.stored
-
-    groups: dict[int | None, list[int]] = {}
-    for k, sc in enumerate(scopes[:len(g.nodes)]):
-        if expert[k]:
-            groups.setdefault(layer_of[k], []).append(k)
-    inner: set[int] = set()
-    for members in groups.values():
-        group = set(members)
-        products = [k for k in members if g.nodes[k].op_type in _PRODUCTS and g.nodes[k].domain == "" and
-                    any(x is not None and weight(x.name) for x in g.nodes[k].inputs)]
-
-        def downstream(starts: list[int]) -> set[int]:
-            out, todo = set(starts), list(starts)
-            while todo:
-                for y in g.nodes[todo.pop()].outputs:
-                    for c in consumers.get(y.name, ()) if y is not None else ():
-                        if (c in group or not scopes[c]) and c not in out:
-                            out.add(c)
-                            todo.append(c)
-            return out
-
-        after = {k: downstream([k]) - {k} for k in products}
-        last = [k for k in products if not any(j in after[k] for j in products)]
-        first = [k for k in products if k not in last]
-        if not first or not last:
-            continue
-        below = downstream(first)
-        above: set[int] = set()
-        todo = [x.name for k in last for x in g.nodes[k].inputs if x is not None and not weight(x.name)]
-        while todo:
-            k = producer.get(todo.pop())
-            if k is not None and (k in group or not scopes[k]) and k not in above:
-                above.add(k)
-                todo.extend(x.name for x in g.nodes[k].inputs if x is not None and x.name)
-        inner |= (below & above) - set(last)
-    return frozenset(inner)
-
-
-def _root(producer: Mapping[str, Any], name: str, g: Graph) -> str:
-    """The storage a view's output shares: back through the views, as the ledger's walk roots them (a view the graph
-    writes as a copy, ``g.copies``, is a storage of its own; a copy the framework makes a view, ``g.views``, is not)."""
-    while name in producer:
-        n = producer[name]
-        if n.domain != "" or not n.inputs or n.inputs[0] is None or not (
-                (n.op_type in VIEWS and name not in g.copies) or name in g.views):
-            break
-        name = n.inputs[0].name
-    return name
-
-
-#: What stands between the K and V a layer's attention kernel receives and its score and ·V products: views, copies
-#: of views (the grouped-query repeat) and the scale, each reading the whole gathered sequence under cp
-_KV_CHAIN = VIEWS | {"Mul", "Div"}
-
-
-@dataclass(frozen=True)
-class _GatheredKV:
-    """Under cp, the tensors of K and V each layer's attention reads whole (name → layer), and per layer the storages
-    among them that the ledger keeps."""
-
-    names: Mapping[str, int]
-    kept: Mapping[int, frozenset[str]]
-
-
-def _gathered_kv(g: Graph, layout: Any) -> _GatheredKV:
-    """Under cp, the tensors of K and V that each layer's attention reads whole (name → layer: back from the second
-    operand of its score product and of its product with V through :data:`_KV_CHAIN`, to the K after its rotary
-    and the V as projected; :attr:`flopcount.parallel.layout.Layout.attention`), and per layer the storages among
-    them that the ledger keeps for the backward (what the attention kernel keeps of them: the fused kernel K and V
-    before their grouped-query repeat, an eager one the repeated and scaled copies its products read)."""
-    producer = {x.name: n for n in g.nodes for x in n.outputs if x is not None and x.name}
-    kept = {n.inputs[i].name for n in g.nodes if n.index in g.saved for i in g.saved[n.index].inputs
-            if i < len(n.inputs) and n.inputs[i] is not None} | \
-           {n.outputs[j].name for n in g.nodes if n.index in g.saved for j in g.saved[n.index].outputs
-            if j < len(n.outputs) and n.outputs[j] is not None}
-    kept_roots = {_root(producer, name, g) for name in kept}
-    out: dict[str, int] = {}
-    roots: dict[int, set[str]] = {}
-    for layer, ks in layout.attention.items():
-        for k in ks:
-            x = g.nodes[k].inputs[1] if len(g.nodes[k].inputs) > 1 else None
-            name = x.name if x is not None else ""
-            while name:
-                out[name] = layer
-                root = _root(producer, name, g)
-                if root in kept_roots:
-                    roots.setdefault(layer, set()).add(root)
-                n = producer.get(name)
-                if n is None or n.domain != "" or n.op_type not in _KV_CHAIN or not n.inputs or n.inputs[0] is None:
-                    break
-                name = n.inputs[0].name
-    return _GatheredKV(out, {layer: frozenset(r) for layer, r in roots.items()})
-
-
 def _unread(g: Graph, reader: Mapping[str, int], plan: ParallelPlan) -> dict[str, TensorInfo]:
     """The parameters no node reads, in the graph's order, with their share on a rank: those the one-rank ledger
     holds without a gradient (:func:`flopcount.memory.ledger.with_params`, DINOv2's ``mask_token``), whole on every
@@ -534,20 +415,25 @@ class _GraphMemo:
     """What the walks of one graph under any plan share: each stored tensor's first reader, the K and V gathered
     under cp, each stage's :class:`_Stage` and its tensors in the walk's order (by its nodes), each tensor's share
     on a rank (stored: :func:`_stored`; made by the stage, received, and the nodes' statistics: :func:`_sizes_key`),
-    each stage's walk structure (:class:`~flopcount.memory.ledger.OnRank`'s ``structure``) and each node's
-    parameters and trained tensors (``held``) and each stage's (``stage_reads``), found the first time asked."""
+    each stage's walk structure (:class:`~flopcount.memory.ledger.OnRank`'s ``structure``), each node's
+    parameters and trained tensors (``held``) and each stage's (``stage_reads``), each stage's nodes by the
+    layout's chunks (``keeps``) and each stage's graph at a rank's shares (``graphs``: :class:`_StageGraph`), found
+    the first time asked."""
 
     graph: Graph
     reader: dict[str, int] | None = None
-    gathered: "_GatheredKV | None" = None
+    gathered: "GatheredKV | None" = None
     stages: dict[tuple[int, ...], "_Stage"] = field(default_factory=dict)
-    names: dict[tuple[int, ...], list[str]] = field(default_factory=dict)
+    names: dict[tuple[int, ...], tuple[list, list, list, list, list]] = field(default_factory=dict)
     sizes: dict[tuple, tuple[dict, dict, dict]] = field(default_factory=dict)
     walks: dict[tuple, dict] = field(default_factory=dict)
     sp_whole: frozenset[str] | None = None  # sp=torch's gathered inputs and the storages they view
     stored: dict[tuple, dict] = field(default_factory=dict)
     held: list[tuple[int, frozenset[str]]] | None = None
     stage_reads: dict[tuple, list] = field(default_factory=dict)
+    graphs: dict[tuple, "_StageGraph"] = field(default_factory=dict)
+    keeps: dict[tuple, list[tuple[int, ...]]] = field(default_factory=dict)
+    forwards: dict[tuple, dict] = field(default_factory=dict)
 
 
 #: The :class:`_GraphMemo` of the last four graphs walked (a plan search walks the plans of each node shares under
@@ -642,48 +528,76 @@ def _zero_shards(plan: ParallelPlan, trained, tensors: Mapping[str, TensorInfo],
 
 def _stage_tensors(w: _PlanWalk, e: int, stage: _Stage, nodes: list, sizes: tuple,
                    unread: Mapping[str, TensorInfo]) -> dict[str, TensorInfo]:
-    """Each tensor of ``stage``'s walk on EP rank ``e`` of ``w``'s plan at its share on the rank: the stored tensors'
-    (:func:`_stored`), what the stage makes and receives (``sizes``: :func:`_sizes`), the first stage's unread
-    parameters (``unread``) whole, and a view that keeps every element at its input's share."""
+    """Each tensor of ``stage``'s walk on EP rank ``e`` of ``w``'s plan at its share on the rank: the first stage's
+    unread parameters (``unread``) whole, the stored tensors' (:func:`_stored`; in the graph's order, the
+    optimizer's), what the stage makes and what it receives (``sizes``: :func:`_sizes`), and a view that keeps
+    every element at its input's share."""
     g, plan, gathered, made = w.g, w.layout.plan, w.gathered, stage.made
     tensors: dict[str, TensorInfo] = dict(unread)
     memo = _memo(g)
-    if stage.keep not in memo.names:
-        memo.names[stage.keep] = stage.names(g)
+    if stage.keep not in memo.names:  # the stage's tensors in the walk's order, and by kind
+        names = stage.names(g)
+        memo.names[stage.keep] = (names, [n for n in names if n in g.stored],
+                                  [n for n in names if n not in g.stored and n in made],
+                                  [n for n in names if n not in g.stored and n not in made],
+                                  [(n.inputs[0].name, n.outputs[0].name, n.outputs[0].elem_type) for n in nodes
+                                   if n.op_type in _SAME_SIZE and n.inputs and n.inputs[0] is not None and n.outputs
+                                   and n.outputs[0] is not None])
+    names, stored_names, made_names, received, views = memo.names[stage.keep]
     stored = _stored(w)
+    for name in stored_names:
+        if name not in stored:
+            stored[name] = w.stored_share(name)
     kept_whole = _kept_whole(w)  # sp=torch's gathered inputs
-    for name in memo.names[stage.keep]:
-        if name in g.stored:
-            found = stored.get(name) or stored.setdefault(name, w.stored_share(name))
-        elif name in made:
-            found = sizes[1].get(name)
-            if found is None:
-                mul, div = w.scale(made[name], e)
-                info = g.tensors.get(name) or TensorInfo(name)
-                whole = plan.cp if name in gathered.names else plan.tp if name in kept_whole else 1
-                found = sizes[1][name] = _resized(info, div // whole, mul)
-        else:  # the graph's inputs, what the previous stage sends: the rank's tokens (an encoder-decoder's messages
-            # at their TP share, as the FLOPs ledger sends them)
-            found = sizes[2].get(name) or sizes[2].setdefault(name, _resized(g.tensors.get(name) or TensorInfo(name),
-                                        plan.cp * w.layout.message_divisors().get(name, 1)))
-        tensors[name] = found
-    for n in nodes:  # a view that keeps every element has its input's share (a weight's transpose is a weight's)
-        src = n.inputs[0].name if n.inputs and n.inputs[0] is not None else None
-        if n.op_type in _SAME_SIZE and src in tensors and n.outputs and n.outputs[0] is not None:
-            shape = tensors[src].shape
-            tensors[n.outputs[0].name] = TensorInfo(n.outputs[0].name, n.outputs[0].elem_type, shape)
+    for name in made_names:
+        if name not in sizes[1]:
+            mul, div = w.scale(made[name], e)
+            info = g.tensors.get(name) or TensorInfo(name)
+            whole = plan.cp if name in gathered.names else plan.tp if name in kept_whole else 1
+            sizes[1][name] = _resized(info, div // whole, mul)
+    for name in received:  # the graph's inputs, what the previous stage sends: the rank's tokens (an
+        if name not in sizes[2]:  # encoder-decoder's messages at their TP share, as the FLOPs ledger sends them)
+            sizes[2][name] = _resized(g.tensors.get(name) or TensorInfo(name),
+                                      plan.cp * w.layout.message_divisors().get(name, 1))
+    share = dict(zip(stored_names, map(stored.__getitem__, stored_names)))
+    share.update(zip(made_names, map(sizes[1].__getitem__, made_names)))
+    share.update(zip(received, map(sizes[2].__getitem__, received)))
+    tensors.update(zip(names, map(share.__getitem__, names)))
+    for src, out, elem_type in views:  # a view that keeps every element has its input's share (a weight's
+        if src in tensors:  # transpose is a weight's)
+            tensors[out] = TensorInfo(out, elem_type, tensors[src].shape)
     return tensors
 
 
-def _rank(w: _PlanWalk, s: int, e: int, stage: _Stage, alltoall: int) -> PlanRankMemory:
-    """The figures of the ranks of stage ``s`` (its walk ``stage``) and EP rank ``e``, whose all_to_all buffers are
-    ``alltoall`` bytes."""
-    layout, g, mem, settings, reader, gathered = w.layout, w.g, w.mem, w.settings, w.reader, w.gathered
-    plan, shard_div = layout.plan, w.shard_div
+@dataclass
+class _StageGraph:
+    """A stage's graph at a rank's shares (``sub``, its ``tensors``) and what else reads only them: the most
+    gathered K and V of a layer under cp (``cp_kv``), and by what reads more (the sharding), the ZeRO shards
+    (``shards``), the FSDP or ZeRO-2 units (``units``) and the walk's sizes memo (``sizes``:
+    :class:`~flopcount.memory.ledger.OnRank`'s)."""
+
+    sub: Graph
+    tensors: dict[str, TensorInfo]
+    cp_kv: int
+    forward: dict | None  # its forward's memo, shared by the graphs of the same storages' sizes (OnRank's)
+    shards: dict[tuple, Shards] = field(default_factory=dict)
+    units: dict[tuple, tuple[int, int]] = field(default_factory=dict)
+    sizes: dict[int, dict] = field(default_factory=dict)
+
+
+def _stage_graph(w: _PlanWalk, s: int, e: int, stage: _Stage) -> _StageGraph:
+    """Stage ``s``'s graph on EP rank ``e`` of ``w``'s plan: it reads the stage's nodes, whether it is the first
+    (the unread parameters), the shares of what it makes and receives (:func:`_sizes_key`) and of the stored
+    tensors (:func:`_stored`'s key), so the plans of the same share it (made once, the oldest dropped past
+    :data:`_KEPT_SIZES` times 4)."""
+    g, plan, memo = w.g, w.plan, _memo(w.g)
+    key = (stage.keep, s == 0, _sizes_key(w, e), (plan.tp, plan.ep, plan.dp * plan.cp if plan.fsdp else 0))
+    found = memo.graphs.get(key)
+    if found is not None:
+        return found
     keep, read = stage.keep, stage.read
     nodes = [g.nodes[k] for k in keep]
-    unread = _unread(g, reader, plan) if s == 0 else {}  # on the first stage
-    memo = _memo(g)
+    unread = _unread(g, w.reader, plan) if s == 0 else {}  # on the first stage
     sizes = _sizes(memo, _sizes_key(w, e))  # statistics (position → saved), made, received (name → share)
     tensors = _stage_tensors(w, e, stage, nodes, sizes, unread)
 
@@ -694,29 +608,74 @@ def _rank(w: _PlanWalk, s: int, e: int, stage: _Stage, alltoall: int) -> PlanRan
     saved = {}
     for k, n in zip(keep, nodes):
         if n.index in g.saved:
-            found = sizes[0].get(k)
-            if found is None:
-                found = sizes[0][k] = g.saved[n.index]._replace(
+            found_saved = sizes[0].get(k)
+            if found_saved is None:
+                found_saved = sizes[0][k] = g.saved[n.index]._replace(
                     extra=tuple((w, stat(k, b)) for w, b in g.saved[n.index].extra))
-            saved[n.index] = found
+            saved[n.index] = found_saved
     indexes = {n.index for n in nodes}
     sub = Graph(nodes, {k: f for k, f in g.grads.items() if k in indexes}, saved, tensors,
                 g.params & (read | unread.keys()), g.trainable & read, g.buffers & read, g.stored, stage.received,
                 stage.sent,
                 {k: u for k, u in g.units.items() if k in indexes}, g.gathers, g.views, g.copies)
+    kv_per_layer = {layer: sum(tensor_bytes(tensors[name]) or 0 for name in names if name in tensors)
+                    for layer, names in w.gathered.kept.items()}
+    if len(memo.graphs) >= 4 * _KEPT_SIZES:
+        del memo.graphs[next(iter(memo.graphs))]
+    # the forward walks the storages the stage makes: sized alike whatever the stored tensors' shares, unless a
+    # view of a stored tensor is a storage of its own (a copy), sized as its input's share
+    forward = None
+    if _views_of_stored_free(g, nodes, unread):
+        if key[:3] not in memo.forwards and len(memo.forwards) >= 4 * _KEPT_SIZES:
+            del memo.forwards[next(iter(memo.forwards))]
+        forward = memo.forwards.setdefault(key[:3], {})
+    found = memo.graphs[key] = _StageGraph(sub, tensors, max(kv_per_layer.values(), default=0), forward)
+    return found
+
+
+def _views_of_stored_free(g: Graph, nodes: list, unread: Mapping[str, TensorInfo]) -> bool:
+    """Whether no view in ``nodes`` that keeps every element (sized as its input) of a stored tensor, or of such a
+    view, is a storage of its own (a copy, or a node outside the standard domain): the walk's storages are then
+    those the stage makes and receives, whatever the stored tensors' shares."""
+    stored: set[str] = set()
+    for n in nodes:
+        if n.op_type in _SAME_SIZE and n.inputs and n.inputs[0] is not None and n.outputs and \
+                n.outputs[0] is not None and (n.inputs[0].name in g.stored or n.inputs[0].name in unread or
+                                              n.inputs[0].name in stored):
+            if n.domain != "" or n.outputs[0].name in g.copies:
+                return False
+            stored.add(n.outputs[0].name)
+    return True
+
+
+def _rank(w: _PlanWalk, s: int, e: int, stage: _Stage, alltoall: int) -> PlanRankMemory:
+    """The figures of the ranks of stage ``s`` (its walk ``stage``) and EP rank ``e``, whose all_to_all buffers are
+    ``alltoall`` bytes."""
+    g, mem, settings = w.g, w.mem, w.settings
+    plan = w.plan
+    memo = _memo(g)
+    part = _stage_graph(w, s, e, stage)
+    sub, tensors = part.sub, part.tensors
     # one walk gives both the figures and the peak: the held bytes are alive throughout, so they add to the live
     # total at every node alike and move the peak by themselves without moving where it is; only the gradients
     # accumulated from the start (a microbatch after the first) change the walk
     accumulated = mem.mode == "train" and plan.microbatches > 1
-    shards = _zero_shards(plan, sorted(sub.trainable), tensors, reader, shard_div)
-    # the walk's structure (storage roots, who keeps what) is the stage's nodes' whatever the sizes: found once
+    shards = part.shards.get((plan.zero_stage, plan.dp * plan.cp))
+    if shards is None:
+        shards = part.shards[(plan.zero_stage, plan.dp * plan.cp)] = _zero_shards(
+            plan, sorted(sub.trainable), tensors, w.reader, w.shard_div)
+    # the walk's structure (storage roots, who keeps what) is the stage's nodes' whatever the sizes: found once; its
+    # replays at these sizes, once per gradients' shards (ZeRO-2's)
     structure = memo.walks.setdefault((stage.keep, s == 0), {})
+    sizes = part.sizes.setdefault(plan.dp * plan.cp if plan.zero2 else 0, {})
     one = ledger(sub, mem.mode, mem.optimizer, settings, mem.missing,
-                 on_rank=OnRank(accumulated=accumulated, shards=shards, structure=structure)).ranks[0]
+                 on_rank=OnRank(accumulated=accumulated, shards=shards, structure=structure, sizes=sizes,
+                                forward=part.forward)).ranks[0]
     flight = in_flight(plan, s) if mem.mode == "train" else 1.0
     gather = in_flight_units = bucket = 0
     if plan.fsdp or (plan.zero2 and mem.mode == "train"):
-        gather, root = _units(w, sub.params)
+        units = (plan.fsdp, plan.zero2)
+        gather, root = part.units.get(units) or part.units.setdefault(units, _units(w, sub.params))
     if plan.zero2 and mem.mode == "train":
         # ZeRO-2: a layer's gradients (outside the layers, a weight's) are made whole and reduce-scattered into the
         # rank's shard, then freed; the largest such whole gradients (as large as their parameters) are held
@@ -729,13 +688,11 @@ def _rank(w: _PlanWalk, s: int, e: int, stage: _Stage, alltoall: int) -> PlanRan
         # (as large). The root's parameters (those outside the layers) are gathered whole from its forward to the
         # end of the backward (the root is not resharded after its forward).
         in_flight_units = 2 * gather + root
-    kv_per_layer = {layer: sum(tensor_bytes(tensors[name]) or 0 for name in names if name in tensors)
-                    for layer, names in gathered.kept.items()}
     others = int(one.activations_bytes * (flight - 1))
     held = others + in_flight_units + alltoall
     return PlanRankMemory(**{**one.__dict__, "peak_bytes": one.peak_bytes + held}, stage=s,
                           microbatches_in_flight=flight, allgather_bytes=gather, gradient_bucket_bytes=bucket,
-                          cp_kv_bytes=max(kv_per_layer.values(), default=0), alltoall_bytes=alltoall)
+                          cp_kv_bytes=part.cp_kv, alltoall_bytes=alltoall)
 
 
 def _kept_whole(w: _PlanWalk) -> frozenset[str]:
@@ -747,7 +704,7 @@ def _kept_whole(w: _PlanWalk) -> frozenset[str]:
     if memo.sp_whole is None:
         producer = {x.name: n for n in w.g.nodes for x in n.outputs if x is not None and x.name}
         names = {w.g.nodes[k].outputs[j].name for k, j in w.layout.sp_kept_whole}
-        memo.sp_whole = frozenset(names | {_root(producer, name, w.g) for name in names})
+        memo.sp_whole = frozenset(names | {storage_root(producer, name, w.g) for name in names})
     return memo.sp_whole
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Callable, Mapping
+from typing import Callable, Mapping, NamedTuple
 
-__all__ = ["Tape", "Walk"]
+__all__ = ["Replayed", "Tape", "Walk"]
 
 
 @dataclass
@@ -33,6 +33,24 @@ class Walk:
     def mark(self, phase: str, node: str) -> None:
         if self.live > self.peak:
             self.peak, self.phase, self.node = self.live, phase, node
+
+
+class Replayed(NamedTuple):
+    """A tape's walk from no bytes alive: the most alive at a mark (None without marks), its phase and its first
+    node, and the bytes alive at the end. The walk from any start is this one moved by the start, the same
+    integers added: the most at a mark and where it first is, and the end, move by the start alone."""
+
+    top: int | None
+    phase: str
+    node: str
+    end: int
+
+    def apply(self, w: Walk) -> None:
+        """The walk from ``w``'s bytes alive: its peak if more than ``w``'s peak, the bytes alive at its end."""
+        start = w.live
+        if self.top is not None and start + self.top > w.peak:
+            w.peak, w.phase, w.node = start + self.top, self.phase, self.node
+        w.live = start + self.end
 
 
 class Tape:
@@ -81,22 +99,25 @@ class Tape:
                extra: Mapping[int, int]) -> None:
         """Walk again on these sizes: ``nbytes`` of a name, ``grad_size`` of a parameter's gradient, ``extra``
         node index → its statistics' bytes. The peak is the walk's: the most alive at a mark if more than
-        ``w``'s peak, at the first mark it is reached. The bytes alive after each stretch are the start's plus
-        what every stretch up to it added, less what they freed (:class:`_Flat`'s running sums): integers, so
-        the same as stretch by stretch (:meth:`replay_stepwise`)."""
+        ``w``'s peak, at the first mark it is reached (:meth:`replayed` applied to ``w``)."""
+        self.replayed(nbytes, grad_size, extra).apply(w)
+
+    def replayed(self, nbytes: Callable[[str], int], grad_size: Callable[[str], int],
+                 extra: Mapping[int, int]) -> "Replayed":
+        """The walk on these sizes from no bytes alive (see :meth:`replay`), as :class:`Replayed`: the bytes
+        alive after each stretch are what every stretch up to it added, less what they freed (:class:`_Flat`'s
+        running sums): integers, so the same as stretch by stretch (:meth:`replay_stepwise`)."""
         flat = self._flat or self._flattened()
         values = list(map(nbytes, flat.keys[0]))
         values += map(grad_size, flat.keys[1])
         values += map(extra.__getitem__, flat.keys[2])
         added = list(accumulate(map(values.__getitem__, flat.plus), initial=0))
         freed = list(accumulate(map(values.__getitem__, flat.minus), initial=0))
-        start = w.live
-        marked = [start + added[a] - freed[b] for a, b in zip(flat.plus_ends[:len(self.nodes)],
-                                                              flat.minus_ends[:len(self.nodes)])]
-        top = max(marked, default=w.peak)
-        if top > w.peak:
-            w.peak, w.phase, w.node = top, self.phase, self.nodes[marked.index(top)]
-        w.live = start + added[-1] - freed[-1]
+        marked = [added[a] - freed[b] for a, b in zip(flat.plus_ends[:len(self.nodes)],
+                                                      flat.minus_ends[:len(self.nodes)])]
+        top = max(marked, default=None)
+        node = self.nodes[marked.index(top)] if marked else ""
+        return Replayed(top, self.phase, node, added[-1] - freed[-1])
 
     def replay_stepwise(self, w: Walk, nbytes: Callable[[str], int], grad_size: Callable[[str], int],
                         extra: Mapping[int, int]) -> None:

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from flopcount.memory.tape import Tape, Walk
+from flopcount.memory.tape import Replayed, Tape, Walk
 
 
 def _record(rng: random.Random) -> Tape:
@@ -45,6 +45,34 @@ def test_running_sums_are_the_stepwise_replay(seed):
     tape.replay(fast, sizes.__getitem__, grads.__getitem__, extra)
     tape.replay_stepwise(slow, sizes.__getitem__, grads.__getitem__, extra)
     assert fast == slow
+
+
+def stepwise_replayed(tape: Tape, nbytes, grad_size, extra) -> Replayed:
+    """:meth:`Tape.replayed` from :meth:`Tape.replay_stepwise`: the walk from no bytes alive, stretch by stretch,
+    its peak below any mark's at first (None where no mark raised it)."""
+    below = -(2**80)
+    w = Walk(live=0, peak=below)
+    tape.replay_stepwise(w, nbytes, grad_size, extra)
+    return Replayed(None if w.peak == below else w.peak, w.phase if w.peak != below else tape.phase, w.node, w.live)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_replay_from_any_start_is_the_one_from_none_moved(seed):
+    """The walk from a start (and a peak so far) is the walk from no bytes alive moved by the start: the same peak,
+    phase, node and end as the stepwise replay from that start."""
+    rng = random.Random(seed)
+    tape = _record(rng)
+    sizes = {f"t{i}": rng.choice((0, 1, 7, 2**40 + i)) for i in range(12)}
+    grads = {f"w{i}": rng.randrange(1000) for i in range(5)}
+    extra = {k: rng.randrange(50) for k in range(6)}
+    once = tape.replayed(sizes.__getitem__, grads.__getitem__, extra)
+    assert once == stepwise_replayed(tape, sizes.__getitem__, grads.__getitem__, extra)
+    for _ in range(4):
+        start = Walk(live=rng.randrange(100), peak=rng.choice((0, 150, 10**15)))
+        moved, slow = Walk(**start.__dict__), Walk(**start.__dict__)
+        once.apply(moved)
+        tape.replay_stepwise(slow, sizes.__getitem__, grads.__getitem__, extra)
+        assert moved == slow
 
 
 def test_a_term_after_a_replay_is_read():
@@ -92,7 +120,7 @@ def test_every_rank_is_the_stepwise_walks(trained, monkeypatch, text, m, schedul
 
     plan = parse_parallel(text, microbatches=m, schedule=schedule)
     fast = per_rank(fresh(), plan).ranks
-    monkeypatch.setattr(Tape, "replay", Tape.replay_stepwise)
+    monkeypatch.setattr(Tape, "replayed", stepwise_replayed)
     slow = per_rank(fresh(), plan).ranks
     assert [r.as_dict() for r in fast] == [r.as_dict() for r in slow]
     assert len(fast) == plan.tp * plan.pp * plan.ep
