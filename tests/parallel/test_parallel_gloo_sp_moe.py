@@ -162,8 +162,8 @@ def test_sp_megatron_moe_on_gloo_against_the_ledger(report, tmp_path):
     the gathered tokens), the outputs of both reduce-scattered (their gradients gathered); the LM head's input
     gathered twice, the embedding's lookup reduce-scattered: 5L·A + 3A gathered, 4L·A + 2A reduce-scattered, A more
     all-gather than ``sp`` (= ``sp=torch``) per gathered input kept as the rank's tokens: one per layer here (its
-    Q/K/V's; not its MoE block's) and the head's. The products' FLOPs equal the ledger's but the router's: Megatron's reads the rank's S/T tokens, the
-    ledger runs it whole on every TP rank."""
+    Q/K/V's; not its MoE block's) and the head's. The products' FLOPs equal the ledger's but the router's:
+    Megatron's reads the rank's S/T tokens, the ledger runs it whole on every TP rank."""
     seen = gloo_ranks(_worker, tmp_path)
     p = parse_parallel("tp=2,sp=megatron")
     led = ledger(report, p)
