@@ -1,0 +1,110 @@
+"""Megatron's sequence parallelism on multi-head latent attention, against 2 real TP ranks on gloo: a DeepSeek-V3-like
+model of dense layers (MLA, a SwiGLU MLP, RMSNorms, an untied LM head) at ``tp=2,sp=megatron``, written with
+Megatron-style local shards; the bytes each rank hands to each collective. The attention as Megatron-Core's
+``MLASelfAttention`` runs it under sp with plain down projections: the down projections (Q's to the q latent, K/V's
+to the kv latent and the shared rotary key k_pe) and the latents' norms on the rank's S/T tokens; the up projections
+column-parallel (Megatron's ``ColumnParallelLinear``: each normed latent all-gathered, the rank's tokens kept and
+gathered again in the backward, the gradient reduce-scattered); k_pe all-gathered by
+``gather_from_sequence_parallel_region`` (kept gathered, its gradient reduce-scattered); the output projection
+row-parallel, reduce-scattered. So a layer's attention gathers its latents, (q_lora + kv_lora + rope)·b·s·e, where
+a Llama's gathers its hidden input A. The MLP, the LM head and the embedding as in test_parallel_gloo_sp."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from gloo_shards import Recorder, ledger_bytes, rms_norm, vocab_lookup
+from helpers import gloo_ranks
+from test_parallel_gloo_sp import megatron_column
+
+from flopcount.parallel.plan import parse_parallel
+from flopcount.parallel.ranks import ledger
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+H, HEADS, V, B, S, L, FFN = 32, 4, 64, 2, 8, 2, 40
+QL, KL, R, NOPE, VD = 16, 8, 4, 8, 8  # q_lora_rank, kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim
+
+
+def _worker(rank: int, world: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)  # a forked child must not wait on the parent's intra-op pool
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    rec, t = Recorder(), world
+    column, heads = megatron_column(rec), HEADS // t
+    torch.manual_seed(0)
+
+    def param(*shape):
+        return torch.nn.Parameter(torch.randn(*shape) * 0.1)
+
+    def layer(x):  # x: the rank's tokens (B, S/T, H)
+        q_down, kv_down, o = param(QL, H), param(KL + R, H), param(H, heads * VD)
+        q_up, kv_up = param(heads * (NOPE + R), QL), param(heads * (NOPE + VD), KL)
+        gate, up, down = param(FFN // t, H), param(FFN // t, H), param(H, FFN // t)
+        y = rms_norm(H)()(x)
+        q, = column(rms_norm(QL)()(y @ q_down.T), q_up)
+        latent, k_pe = (y @ kv_down.T).split([KL, R], -1)
+        kv, = column(rms_norm(KL)()(latent), kv_up)
+        k_pe = rec.gather(k_pe.contiguous())
+        q = q.view(B, S, heads, NOPE + R).transpose(1, 2)
+        kv = kv.view(B, S, heads, NOPE + VD).transpose(1, 2)
+        k = torch.cat([kv[..., :NOPE], k_pe[:, None].expand(B, heads, S, R)], -1)
+        causal = torch.full((S, S), float("-inf")).triu(1)
+        a = torch.softmax(q @ k.transpose(-1, -2) * (NOPE + R) ** -0.5 + causal, -1) @ kv[..., NOPE:]
+        x = x + rec.scatter(a.transpose(1, 2).reshape(B, S, heads * VD) @ o.T)
+        g, u = column(rms_norm(H)()(x), gate, up)
+        return x + rec.scatter((torch.nn.functional.silu(g) * u) @ down.T)
+
+    torch.manual_seed(1)
+    ids = torch.randint(0, V, (B, S))
+    x = vocab_lookup(ids, param(V // t, H), rank, t, rec.scatter)
+    for _ in range(L):
+        x = layer(x)
+    logits, = column(rms_norm(H)()(x), param(V // t, H))
+    logits.sum().backward()
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(rec.bytes(), f)
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def report():
+    import flopcount
+
+    config = transformers.DeepseekV3Config(
+        hidden_size=H, intermediate_size=FFN, moe_intermediate_size=16, num_hidden_layers=L, first_k_dense_replace=L,
+        num_attention_heads=HEADS, num_key_value_heads=HEADS, vocab_size=V, n_routed_experts=4, num_experts_per_tok=2,
+        n_shared_experts=1, n_group=2, topk_group=1, q_lora_rank=QL, kv_lora_rank=KL, qk_rope_head_dim=R,
+        qk_nope_head_dim=NOPE, v_head_dim=VD)
+    return flopcount.from_hf(config, (B, S), cache_dir=False, mode="train")
+
+
+@pytest.fixture(scope="module")
+def seen(tmp_path_factory):
+    return gloo_ranks(_worker, tmp_path_factory.mktemp("mla"))
+
+
+A, LATENTS = B * S * H * 4, B * S * (QL + KL + R) * 4  # one activation; a layer's gathered latents, fp32
+
+
+def test_sp_megatron_mla_on_gloo(seen, report):
+    """Per layer: the latents gathered (forward) and their gradients reduce-scattered, the q and kv latents gathered
+    again in the backward (Megatron's column-parallel up projections; with the MLP's input and the head's, what
+    the ledger gathers again under sp=megatron, and rightly: k_pe is kept gathered), the attention's and the MLP's
+    outputs reduce-scattered and their gradients gathered, the MLP's input gathered twice; the head's input twice,
+    the embedding's lookup reduce-scattered."""
+    regathered = B * S * (QL + KL) * 4
+    sp, megatron = (ledger_bytes(ledger(report, parse_parallel(p)).ranks[0]) for p in ("tp=2,sp", "tp=2,sp=megatron"))
+    assert megatron["all_gather(tp)"] - sp["all_gather(tp)"] == L * (regathered + A) + A
+    for r in seen:
+        assert r == {"all_gather(tp)": L * (LATENTS + regathered + 4 * A) + 3 * A,
+                     "reduce_scatter(tp)": L * (LATENTS + 3 * A) + 2 * A}
+
+
+@pytest.mark.xfail(strict=True, reason="the ledger gathers a hidden input A per MLA layer under sp, not its latents")
+def test_sp_megatron_mla_ledger_equals_the_run(seen, report):
+    listed = ledger_bytes(ledger(report, parse_parallel("tp=2,sp=megatron")).ranks[0])
+    assert {k: v for k, v in listed.items() if k != "all_reduce(tp)"} == seen[0]

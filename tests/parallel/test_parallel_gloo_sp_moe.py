@@ -1,0 +1,188 @@
+"""Megatron's sequence parallelism on an MoE, against 2 real TP ranks on gloo: a tiny Mixtral (4 routed experts, 2
+per token, no shared expert) at ``tp=2,sp=megatron``, written with Megatron-style local shards. Attention and the
+LM head as in test_parallel_gloo_sp (the column-parallel inputs all-gathered, only the rank's tokens kept and
+gathered again in the backward; the row-parallel outputs reduce-scattered). The MoE block as Megatron-Core's router
+and all-gather token dispatcher run it under TP with sp (``MoEAllGatherTokenDispatcher``, group ``tp_ep`` = TP here):
+the router on the rank's S/T tokens; its routing map (no grad) and probabilities all-gathered over the group, then
+the hidden states (``gather_from_sequence_parallel_region``: all-gather in the forward, reduce-scatter of the
+gradient), the experts split over TP (expert tensor parallelism = T) keeping their own inputs, so nothing is
+gathered again in the backward; the outputs reduce-scattered back to the rank's tokens (the gradient all-gathered).
+The router's weight, like the norms', carries ``sequence_parallel``: its partial gradient is all-reduced over TP
+once a step. Each rank's ``FlopCounterMode`` total and the bytes it hands to each collective are compared with the
+ledger's; the routing map, the probabilities and the router's gradient go to recorders of their own (``route``,
+``router``), which the ledger does not list."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+from gloo_shards import Recorder, ledger_bytes, rms_norm, vocab_lookup
+from helpers import gloo_ranks
+from test_parallel_gloo_sp import megatron_column
+
+from flopcount.parallel.plan import parse_parallel
+from flopcount.parallel.ranks import ledger, node_shares
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+H, L, HEADS, KV, V, E, K, I = 32, 2, 4, 2, 64, 4, 2, 24
+D = H // HEADS
+B, S = 2, 8
+TOKENS = B * S
+
+
+def route() -> list[tuple[int, int]]:
+    """The 2 experts of token t (b·S + s): t mod 4 and t + 1 mod 4, so each expert receives TOKENS·K/E pairs."""
+    return [(t % E, (t + 1) % E) for t in range(TOKENS)]
+
+
+def mixtral(t: int, rank: int, rec: Recorder, routed: Recorder):
+    """The model on TP rank ``rank`` of ``t`` under ``sp=megatron``: ``rec`` the hidden states' collectives,
+    ``routed`` the routing map's and probabilities'."""
+    nn = torch.nn
+    torch.manual_seed(0)
+    column = megatron_column(rec)
+    pairs = sorted((e, tok) for tok, chosen in enumerate(route()) for e in chosen)  # by expert
+    tokens, experts = torch.tensor([tok for _, tok in pairs]), torch.tensor([e for e, _ in pairs])
+    routing = torch.zeros(B, S, E, dtype=torch.uint8)  # the boolean routing map, one byte an entry
+    routing.view(TOKENS, E)[tokens, experts] = 1
+    mine = routing.chunk(t, 1)[rank].contiguous()  # the rank's tokens' rows
+    Norm = rms_norm(H)
+
+    def split(w, axis):
+        return nn.Parameter(w.chunk(t, axis)[rank].contiguous())
+
+    class Moe(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate = nn.Linear(H, E, bias=False)  # whole on every rank
+            gate, up, down = torch.randn(E, I, H) * 0.1, torch.randn(E, I, H) * 0.1, torch.randn(E, H, I) * 0.1
+            self.gate_up = nn.Parameter(torch.cat([split(gate, 1), split(up, 1)], 1))  # column-parallel
+            self.down = split(down, 2)  # row-parallel
+
+        def forward(self, y):  # y: the rank's tokens (B, S/T, H)
+            probs = torch.softmax(self.gate(y), -1)  # the router on the rank's tokens
+            with torch.no_grad():
+                whole_map = routing_gather(mine)
+            assert torch.equal(whole_map, routing)
+            weights = routed.gather(probs).reshape(TOKENS, E)[tokens, experts]
+            x = rec.gather(y).reshape(TOKENS, H)
+            out = torch.zeros(len(pairs), H)
+            for e in range(E):
+                rows = (experts == e).nonzero()[:, 0]
+                g, u = (x[tokens[rows]] @ self.gate_up[e].T).chunk(2, -1)
+                out = out.index_put((rows,), (nn.functional.silu(g) * u) @ self.down[e].T)
+            partial = torch.zeros(TOKENS, H).index_add(0, tokens, out * weights[:, None])
+            return rec.scatter(partial.view(B, S, H))  # the sum over TP, each rank keeping its tokens
+
+    def routing_gather(local):
+        import torch.distributed as dist
+
+        x = local.transpose(0, 1).contiguous()
+        whole = x.new_empty(t * x.shape[0], *x.shape[1:])
+        routed.note("all_gather", whole)
+        dist.all_gather_into_tensor(whole, x)
+        return whole.transpose(0, 1)
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.input_norm, self.post_norm = Norm(), Norm()
+            self.q, self.k, self.v = split(torch.randn(H, H) * 0.1, 0), *(split(torch.randn(KV * D, H) * 0.1, 0)
+                                                                           for _ in range(2))
+            self.o = split(torch.randn(H, H) * 0.1, 1)
+            self.mlp = Moe()
+
+        def forward(self, x):
+            q, k, v = column(self.input_norm(x), self.q, self.k, self.v)
+            q = q.view(B, S, HEADS // t, D).transpose(1, 2)
+            k, v = (w.view(B, S, KV // t, D).transpose(1, 2).repeat_interleave(HEADS // KV, 1) for w in (k, v))
+            causal = torch.full((S, S), float("-inf")).triu(1)
+            a = torch.softmax(q @ k.transpose(-1, -2) * D ** -0.5 + causal, -1) @ v
+            x = x + rec.scatter(a.transpose(1, 2).reshape(B, S, H // t) @ self.o.T)
+            return x + self.mlp(self.post_norm(x))
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tokens = split(torch.randn(V, H), 0)  # vocab-parallel
+            self.layers = nn.ModuleList(Layer() for _ in range(L))
+            self.norm, self.head = Norm(), split(torch.randn(V, H) * 0.1, 0)
+
+        def forward(self, ids):
+            x = vocab_lookup(ids, self.tokens, rank, t, rec.scatter)
+            for layer in self.layers:
+                x = layer(x)
+            logits, = column(self.norm(x), self.head)  # this rank's V/t logits of every token
+            return logits.sum()
+
+    return Model()
+
+
+def _worker(rank: int, world: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.set_num_threads(1)  # a forked child must not wait on the parent's intra-op pool
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    moved: Counter = Counter()
+    rec, routed, router = (Recorder(None, name, moved) for name in ("tp", "route", "router"))
+    model = mixtral(world, rank, rec, routed)
+    torch.manual_seed(1)
+    ids = torch.randint(0, V, (B, S))
+    with FlopCounterMode(display=False) as counter:
+        model(ids).backward()
+    for name, p in model.named_parameters():  # the partial gradients of the weights sp leaves whole
+        if "norm" in name:
+            p.grad.copy_(rec.all_reduce(p.grad))
+        elif name.endswith("mlp.gate.weight"):
+            p.grad.copy_(router.all_reduce(p.grad))
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump({"flops": counter.get_total_flops(), "tp": rec.bytes("tp"), "route": rec.bytes("route"),
+                   "router": rec.bytes("router")}, f)
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def report():
+    import flopcount
+
+    config = transformers.MixtralConfig(hidden_size=H, intermediate_size=I, num_hidden_layers=L,
+                                        num_attention_heads=HEADS, num_key_value_heads=KV, vocab_size=V,
+                                        num_local_experts=E, num_experts_per_tok=K)
+    return flopcount.from_hf(config, (B, S), cache_dir=False, mode="train")
+
+
+def test_sp_megatron_moe_on_gloo_against_the_ledger(report, tmp_path):
+    """The hidden states' collectives equal the ledger's: per layer, attention's input all-gathered in the forward
+    and again in the backward (A each), the MoE block's once (its gradient reduce-scattered, the experts keeping
+    the gathered tokens), the outputs of both reduce-scattered (their gradients gathered); the LM head's input
+    gathered twice, the embedding's lookup reduce-scattered: 5L·A + 3A gathered, 4L·A + 2A reduce-scattered, A more
+    all-gather than ``sp`` (= ``sp=torch``) per gathered input kept as the rank's tokens: one per layer here (its
+    Q/K/V's; not its MoE block's) and the head's. The products' FLOPs equal the ledger's but the router's:
+    Megatron's reads the rank's S/T tokens, the ledger runs it whole on every TP rank."""
+    seen = gloo_ranks(_worker, tmp_path)
+    p = parse_parallel("tp=2,sp=megatron")
+    led = ledger(report, p)
+    t, a = 2, TOKENS * H * 4  # one activation, fp32
+    products = [x for x in node_shares(report, p) if report.nodes[x.index].family in ("matmul", "gemm")]
+    for i, r in enumerate(seen):
+        listed = ledger_bytes(led.ranks[i])
+        # the auxiliary loss's counts (test_parallel_gloo_router runs them); this run has no auxiliary loss
+        assert listed.pop("all_reduce(tp_cp)") == L * E * 8
+        assert r["tp"] == listed == {"all_gather(tp)": 5 * L * a + 3 * a, "reduce_scatter(tp)": 4 * L * a + 2 * a,
+                                     "all_reduce(tp)": (2 * L + 1) * H * 4}  # the norms' partial gradients
+        assert listed["all_gather(tp)"] - ledger_bytes(ledger(report, parse_parallel("tp=2,sp")).ranks[i])[
+            "all_gather(tp)"] == (2 * L + 1) * a - L * a  # no regather of the MoE block's input
+        # not in the ledger: the dispatcher's routing map (1 byte an entry, no grad) and probabilities (fp32,
+        # their gradient reduce-scattered), and the router weight's partial gradient
+        assert r["route"] == {"all_gather(route)": L * (TOKENS * E + TOKENS * E * 4),
+                              "reduce_scatter(route)": L * TOKENS * E * 4}
+        assert r["router"] == {"all_reduce(router)": L * E * H * 4}
+        router = [x for x in products if x.tp == i and x.rule == "replicated"]
+        assert sum(x.forward + x.backward for x in router) == L * 6 * TOKENS * H * E  # whole on each rank
+        assert r["flops"] == sum(x.forward + x.backward for x in products if x.tp == i and x.rule != "replicated") \
+            + L * 6 * (TOKENS // t) * H * E  # Megatron's router: the rank's tokens
