@@ -75,7 +75,7 @@ def optimizer_elements(rows: Mapping[int, Sequence[tuple[str, Any, int]]], layou
     shard = cp + plan.cp * dp  # the rank's place among the D·C data- and context-parallel ranks
     held = redundant = 0
     sharded = plan.zero_stage  # zero1, zero2 and fsdp shard the optimizer states alike
-    for _, share, n in rows.get(stage, ()):
+    for (share, n), times in _distinct(rows.get(stage, ())):
         if share.role == "expert":
             x, copy = split(n, plan.tp * plan.ep, tp * plan.ep + ep), 0
             groups, place = d_c // plan.ep, ep_group
@@ -87,6 +87,25 @@ def optimizer_elements(rows: Mapping[int, Sequence[tuple[str, Any, int]]], layou
             x = own + copy
         elif place != 0:
             copy = x
-        held += x
-        redundant += copy
+        held += x * times
+        redundant += copy * times
     return held, redundant
+
+
+#: The last stages' modules counted by :func:`_distinct` (each list by identity, held) and their counts.
+_counted: list[tuple] = []
+
+
+def _distinct(rows: Sequence[tuple[str, Any, int]]) -> tuple[tuple[tuple[Any, int], int], ...]:
+    """Each (share, elements) of a stage's modules ``rows`` with the number of modules of it, in the order first
+    met: a rank holds the same of each such module (the layers' modules are alike), and its elements are their sum
+    (of integers, the same in any order)."""
+    for held, found in _counted:
+        if held is rows:
+            return found
+    counts: dict[tuple[Any, int], int] = {}
+    for _, share, n in rows:
+        counts[(share, n)] = counts.get((share, n), 0) + 1
+    found = tuple(counts.items())
+    _counted[:] = [*_counted[-15:], (rows, found)]
+    return found
