@@ -658,27 +658,36 @@ def param_groups(report: Any, layout: Layout) -> list[dict[str, int]]:
     ``kv`` (a K/V head copied on T/kv ranks); under fsdp, the elements FSDP2's padding adds to the dense and the
     expert ones gathered (``padding``, ``expert_padding``) and the dense ones of the root module, outside the
     layers, with their padding (``root``)."""
+    from . import optimizer as po
+
     keys = ("dense", "expert", "sequence", "kv", "padding", "expert_padding", "root")
     out = [dict.fromkeys(keys, 0) for _ in range(layout.plan.pp)]
     for (s, kind), n in layout.padding.items():
         out[s]["expert_padding" if kind == "expert" else "padding"] += n
         out[s]["root"] += n if kind == "root" else 0
     for s, rows in layout.stage_params(report.modules.params).items():
-        for module, share, n in rows:
+        for (share, n, layered), times in po.module_kinds(rows, layout):
             x = layout.elements(share, n, 0)[0]
             if share.role == "expert":
-                out[s]["expert"] += x // layout.plan.ep
+                out[s]["expert"] += x // layout.plan.ep * times
                 continue
-            out[s]["dense"] += x
-            if not layout.layered(module):
-                out[s]["root"] += x
+            out[s]["dense"] += x * times
+            if not layered:
+                out[s]["root"] += x * times
             if share.role == "sequence":
-                out[s]["sequence"] += x
+                out[s]["sequence"] += x * times
             elif share.role == "row":
-                out[s]["sequence"] += share.whole
+                out[s]["sequence"] += share.whole * times
             elif share.role in ("kv", "kv_heads") and layout.kv_group > 1:
-                out[s]["kv"] += x
+                out[s]["kv"] += x * times
     return out
+    counts: dict[tuple[Any, int, bool], int] = {}
+    for module, share, n in rows:
+        kind = (share, n, layout.layered(module))
+        counts[kind] = counts.get(kind, 0) + 1
+    found = tuple(counts.items())
+    _kinds[:] = [*_kinds[-15:], (rows, asked, found)]
+    return found
 
 
 def rank_params(report: Any, layout: Layout) -> list[int]:

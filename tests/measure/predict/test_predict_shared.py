@@ -2,8 +2,9 @@
 once per node and share, a chunk's works held as one tuple per content and timed once, a stage's optimizer tensors
 once per share, the ledger's node shares once per node's figures and its optimizer elements once per what they
 read) is what each plan finds alone, on a count whose node lists, scopes and parameters are new objects (nothing
-found before is read), to the bit; and a rank's compute seconds are its nodes' seconds summed chunk by chunk in
-order, each node timed on its own."""
+found before is read), to the bit; a rank's compute seconds are its nodes' seconds summed chunk by chunk in order,
+each node timed on its own; and a rank's optimizer elements and its stage's data-parallel gradient bytes (summed
+once per kind of module) are the sums over its stage's modules one by one."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def _alone(report):
 
 
 def _predicted(report, text, m, schedule, recompute, profile):
-    """(the ledger's ranks, the prediction's work, its point) as a plan search predicts a plan."""
+    """(the ledger, the prediction's work, its point) as a plan search predicts a plan."""
     from flopcount.measure.predict import predict_point, work_of
     from flopcount.parallel.plan import parse_parallel, parse_recompute
     from flopcount.parallel.ranks import ledger
@@ -38,7 +39,7 @@ def _predicted(report, text, m, schedule, recompute, profile):
     plan = parse_parallel(text, m, schedule)
     led = ledger(report, plan, parse_recompute(recompute), replicas=plan.ep > 1)
     work = work_of(dataclasses.replace(report, parallel=led))
-    return led.ranks, work, predict_point(work, profile)
+    return led, work, predict_point(work, profile)
 
 
 def _compute_seconds(work, profile):
@@ -71,7 +72,7 @@ def _optimizer_elements(report, plan, ranks):
     out = []
     for r in ranks:
         held = redundant = 0
-        place = r.coords["cp"] + plan.cp * r.coords["dp"]
+        place = r.coords["cp"] + plan.cp * r.coords["dp"]  # the rank's place among the D·C ranks
         for _, share, n in rows.get(r.stage, ()):
             x, copy = layout.elements(share, n, r.coords["tp"])
             if plan.zero_stage:
@@ -85,21 +86,43 @@ def _optimizer_elements(report, plan, ranks):
     return out
 
 
+def _gradient_bytes(report, plan, led):
+    """Each stage's gradient bytes reduced over the data-parallel ranks a step (ZeRO-2: a microbatch), module by
+    module: what TP rank 0 holds of each (Layout.elements) at the parameters' bytes."""
+    from flopcount.parallel.layout import layout_of
+
+    layout = layout_of(report, plan)
+    rows = layout.stage_params(report.modules.params)
+    return [led.dims["param_bytes"] * sum(layout.elements(share, n, 0)[0] for _, share, n in rows.get(s, ()))
+            for s in range(plan.pp)]
+
+
+def _check_elements(report, plan, led):
+    """The ledger's optimizer FLOPs and data-parallel gradient bytes per rank are the module-by-module sums."""
+    from flopcount.parallel.optimizer import per_element
+
+    each = per_element(report)
+    assert [(r.optimizer_flops, r.optimizer_redundant_flops) for r in led.ranks] == [
+        (each * x, each * y) for x, y in _optimizer_elements(report, plan, led.ranks)]
+    if plan.dp * plan.cp > 1 and not plan.fsdp:
+        kind, times = ("reduce_scatter", plan.microbatches) if plan.zero2 else ("all_reduce", 1)
+        found = {r.stage: [c.bytes for c in r.communication if c.kind == kind and c.group in ("dp", "dp_cp")]
+                 for r in led.ranks}
+        assert [found[s] for s in range(plan.pp)] == [[times * g] for g in _gradient_bytes(report, plan, led)]
+
+
 def _check(report, plans, profile):
     from flopcount.measure.predict import predict_work
+    from flopcount.parallel.plan import parse_parallel
 
     shared_chunks = 0
     for text, m, schedule, recompute in plans:
-        ranks, work, point = _predicted(report, text, m, schedule, recompute, profile)
+        led, work, point = _predicted(report, text, m, schedule, recompute, profile)
         alone = _predicted(_alone(report), text, m, schedule, recompute, profile)
-        assert ranks == alone[0], text
+        ranks = led.ranks
+        assert ranks == alone[0].ranks, text
         if report.moe is None:
-            from flopcount.parallel.optimizer import per_element
-            from flopcount.parallel.plan import parse_parallel
-
-            each = per_element(report)
-            assert [(r.optimizer_flops, r.optimizer_redundant_flops) for r in ranks] == [
-                (each * x, each * y) for x, y in _optimizer_elements(report, parse_parallel(text, m, schedule), ranks)]
+            _check_elements(report, parse_parallel(text, m, schedule), led)
         assert work == alone[1], text
         assert point == alone[2], text
         assert [row["compute_seconds"] for row in predict_work(work, profile).ranks] == \
