@@ -36,6 +36,14 @@ What is shared between plans, exactly:
   without expert parallelism the FLOPs ledger lists data-parallel rank 0's ranks alone and the prediction reads
   them, each node's seconds once per distinct share; only its point (the best repeats: step, tokens per second,
   MFU) is predicted, which is all the ranking reads;
+* a prediction's work is found once per what it reads: a node's share on a TP rank once per the node's FLOPs, rule
+  and first stage (the layers' nodes alike: :func:`flopcount.parallel.ranks.node_shares`), a node's work once per
+  its facts and share, a chunk's works one tuple per content (the TP ranks of an even split, the stages of equal
+  layers, the plans of the same node shares: other dp, sharding, M or schedule's name), timed once, its nodes'
+  seconds summed in their order (:mod:`flopcount.measure.predict_report`); a rank's optimizer elements and a
+  stage's parameter groups summed once per kind of module (:func:`flopcount.parallel.optimizer.module_kinds`;
+  integers: in any order) and a rank's optimizer tensors once per stage and optimizer FLOPs; the pipeline's chunk lengths in FLOPs once per node shares. The figures are those of
+  the plan predicted alone, to the bit;
 * a ``zero1`` plan, and a ``zero2`` plan of M > 1, walks as its plan without ZeRO does but from a start larger by
   the difference of its optimizer states and gradients (:func:`flopcount.memory.ranks.stage_states`), with zero2's
   bucket held: its peak is that walk's so moved, where that walk's peak is not at the optimizer step (whose

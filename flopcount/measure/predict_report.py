@@ -264,21 +264,38 @@ def _optimizer_tensors(r: Any, report: Any,
     """(tensors, elements) of each module of the rank's stage: the module's elements scaled by the rank's share
     of its stage's parameter elements (its optimizer elements over the stage's: the tensor-parallel split and the
     sharding), its tensors whole (a shard of a tensor is one tensor to the optimizer). ``tensors``: a stage's
-    (tensors, elements) per module and its elements (:func:`_stage_tensors`)."""
+    (tensors, elements) per module and its elements (:func:`_stage_tensors`). Found once per stage and optimizer
+    FLOPs of the stages asked (:func:`_stage_tensors`' memo): the ranks of a stage, and the plans of the same
+    stages, mostly hold the same share."""
     from flopcount.parallel.optimizer import per_element
 
     if r.optimizer_flops is None:
         return ()
-    rows, stage = tensors(r.stage)
-    frac = r.optimizer_flops / per_element(report) / stage if stage else 0.0
-    return tuple((t, n * frac) for t, n in rows if n * frac > 0)
+    held = _last_tensors[2] if _last_tensors and _last_tensors[1] is tensors else {}
+    key = (r.stage, r.optimizer_flops)
+    found = held.get(key)
+    if found is None:
+        rows, stage = tensors(r.stage)
+        frac = r.optimizer_flops / per_element(report) / stage if stage else 0.0
+        found = held[key] = tuple((t, n * frac) for t, n in rows if n * frac > 0)
+    return found
 
 
-def _stage_tensors(stages: Any,
-                   tensors: Callable[[str], int]) -> Callable[[int], tuple[list[tuple[int, int]], int]]:
+#: The last stages' parameters asked of :func:`_stage_tensors` (by identity, with the report's parameter names and
+#: optimizer), its answer, and the ranks' optimizer tensors found of them (:func:`_optimizer_tensors`).
+_last_tensors: list[Any] = []
+
+
+def _stage_tensors(stages: Any, report: Any) -> Callable[[int], tuple[list[tuple[int, int]], int]]:
     """A stage's (tensors (:func:`_module_tensors`), elements) per module of the plan's
     :meth:`~flopcount.parallel.layout.Layout.stage_params` ``stages``, and its elements, found once per stage: each
-    rank of a stage reads them again."""
+    rank of a stage reads them again, and so do the plans of the same stages (the last asked)."""
+    key = (stages, report.modules.parameters, report.layers.path if report.layers is not None else None,
+           report.optimizer)
+    if _last_tensors and _last_tensors[0][0] is stages and _last_tensors[0][1] is key[1] \
+            and _last_tensors[0][2:] == key[2:]:
+        return _last_tensors[1]
+    tensors = _module_tensors(report)
     found: dict[int, tuple[list[tuple[int, int]], int]] = {}
 
     def once(stage: int) -> tuple[list[tuple[int, int]], int]:
@@ -288,6 +305,7 @@ def _stage_tensors(stages: Any,
             got = found[stage] = ([(tensors(m), n) for m, _, n in rows], sum(n for _, _, n in rows))
         return got
 
+    _last_tensors[:] = [key, once, {}]
     return once
 
 
@@ -305,8 +323,8 @@ _last_places: list[tuple] = []
 
 
 #: The last node list's (with its parameter names and gathered experts, by identity) :func:`_node_facts` found, by
-#: node, those facts by value, and the works made of them: the plans of a search read the same nodes at other
-#: shares.
+#: node, those facts by value, the works made of them (by the facts and by the node), and the chunks' tuples made of
+#: those works (by the works): the plans of a search read the same nodes at other shares.
 _last_facts: list[Any] = []
 
 
@@ -331,34 +349,55 @@ def _originals(nodes: Any) -> tuple[Callable[[int], int], Callable[[int], Any]]:
 
 def _places(nodes: Any, shares: Any, params: frozenset[str],
             gathered: Any) -> dict[tuple[int, int], dict[int, tuple[NodeWork, ...]]]:
-    """Each (stage, TP rank)'s work per chunk: its shares of the nodes (``gathered``: :func:`_gathered`)."""
+    """Each (stage, TP rank)'s work per chunk: its shares of the nodes (``gathered``: :func:`_gathered`). A chunk
+    whose works are another's (the same objects in the same order: the TP ranks of an even split, the middle stages
+    of equal layers, a plan of other shares with the same chunk) is that chunk's tuple, which the predictor times
+    once (:func:`flopcount.measure.predict._chunk_seconds`)."""
     if _last_places and _last_places[0][0] is nodes and _last_places[0][1] is shares:
         return _last_places[1]
-    by_place: dict[tuple[int, int], dict[int, list[NodeWork]]] = {}
     if not (_last_facts and _last_facts[0][0] is nodes and _last_facts[0][1] is params
             and _last_facts[0][2] is gathered):
-        _last_facts[:] = [(nodes, params, gathered), {}, {}, {}]
-    # each node's facts, one object for equal facts (the layers' nodes), and each work made once for its facts
-    # and FLOPs (a layer's node at its share on a rank is another layer's)
+        _last_facts[:] = [(nodes, params, gathered), {}, {}, {}, {}, {}]
+    # each node's facts, one object for equal facts (the layers' nodes), each work made once for its facts and
+    # FLOPs (a layer's node at its share on a rank is another layer's), found again by the node's key and FLOPs;
+    # and each chunk's tuple once for its works
     facts: dict[int, tuple] = _last_facts[1]
     equal: dict[tuple, tuple] = _last_facts[2]
     works: dict[tuple, NodeWork] = _last_facts[3]
+    by_node: dict[tuple, NodeWork] = _last_facts[4]
+    chunk_of: dict[tuple, tuple[NodeWork, ...]] = _last_facts[5]
     key, node = _originals(nodes)
-    for x in shares:
-        chunks = by_place.setdefault((x.stage, x.tp), {})
-        k = key(x.index)
-        known = facts.get(k)
-        if known is None:
-            known = _node_facts(node(k), params, gathered)
-            known = facts[k] = equal.setdefault(known, known)
-        asked = (id(known), x.forward, x.backward, x.recompute)
-        work = works.get(asked)
+    lists: dict[tuple[int, int, int], list[NodeWork]] = {}  # by (stage, TP rank, chunk), in the order first seen
+    for index, stage, tp, _, _, _, fwd, bwd, again, chunk in shares:
+        k = key(index)
+        asked = (k, fwd, bwd, again)
+        work = by_node.get(asked)
         if work is None:
-            work = works[asked] = _node_work(known, x.forward, x.backward, x.recompute)
-        chunks.setdefault(x.chunk, []).append(work)
-    found = {place: {c: tuple(ws) for c, ws in chunks.items()} for place, chunks in by_place.items()}
-    _last_places[:] = [(nodes, shares), found]
-    return found
+            known = facts.get(k)
+            if known is None:
+                known = _node_facts(node(k), params, gathered)
+                known = facts[k] = equal.setdefault(known, known)
+            same = (id(known), fwd, bwd, again)
+            work = works.get(same)
+            if work is None:
+                work = works[same] = _node_work(known, fwd, bwd, again)
+            by_node[asked] = work
+        place = (stage, tp, chunk)
+        found = lists.get(place)
+        if found is None:
+            found = lists[place] = []
+        found.append(work)
+    by_place: dict[tuple[int, int], dict[int, tuple[NodeWork, ...]]] = {}
+    for (stage, tp, chunk), ws in lists.items():
+        ids = tuple(map(id, ws))  # the works are held (``works``): equal ids, the same works
+        one = chunk_of.get(ids)
+        if one is None:
+            if len(chunk_of) >= 2048:
+                chunk_of.clear()
+            one = chunk_of[ids] = tuple(ws)
+        by_place.setdefault((stage, tp), {})[chunk] = one
+    _last_places[:] = [(nodes, shares), by_place]
+    return by_place
 
 
 #: The last shares (by identity) and, per (stage, TP rank) and chunk, the places of its experts' works in the
@@ -442,7 +481,7 @@ def _ledger_work(report: Any) -> Work:
     loaded = _loaded(report, shares, led)
     stepped = any(r.optimizer_flops is not None for r in led.ranks)  # each rank's optimizer step reads these
     stages = layout_of(report, plan).stage_params(report.modules.params) if stepped else {}
-    tensors = _stage_tensors(stages, _module_tensors(report))
+    tensors = _stage_tensors(stages, report)
     ranks = []
     for r in led.ranks:
         chunks = loaded(by_place.get((r.stage, r.coords["tp"]), {}), r)

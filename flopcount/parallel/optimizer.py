@@ -35,7 +35,7 @@ from typing import Any
 from ..options import OPTIMIZERS
 from .layout import split
 
-__all__ = ["RankCoords", "optimizer_elements", "optimizer_note", "per_element"]
+__all__ = ["RankCoords", "module_kinds", "optimizer_elements", "optimizer_note", "per_element"]
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def optimizer_elements(rows: Mapping[int, Sequence[tuple[str, Any, int]]], layou
     shard = cp + plan.cp * dp  # the rank's place among the D·C data- and context-parallel ranks
     held = redundant = 0
     sharded = plan.zero_stage  # zero1, zero2 and fsdp shard the optimizer states alike
-    for _, share, n in rows.get(stage, ()):
+    for (share, n, _), times in module_kinds(rows.get(stage, ()), layout):
         if share.role == "expert":
             x, copy = split(n, plan.tp * plan.ep, tp * plan.ep + ep), 0
             groups, place = d_c // plan.ep, ep_group
@@ -87,6 +87,28 @@ def optimizer_elements(rows: Mapping[int, Sequence[tuple[str, Any, int]]], layou
             x = own + copy
         elif place != 0:
             copy = x
-        held += x
-        redundant += copy
+        held += x * times
+        redundant += copy * times
     return held, redundant
+
+
+#: The last stages' modules counted by :func:`module_kinds` (each list by identity, held, with what it read).
+_kinds: list[tuple] = []
+
+
+def module_kinds(rows: Sequence[tuple[str, Any, int]], layout: Any) -> tuple[tuple[tuple[Any, int, bool], int], ...]:
+    """Each (share, elements, whether in the repeated layers: :meth:`~flopcount.parallel.layout.Layout.layered`) of
+    a stage's modules ``rows`` (:meth:`~flopcount.parallel.layout.Layout.stage_params`) with the number of modules
+    of it, in the order first met: the layers' modules are alike, and a rank's elements of them are the sum over
+    them (of integers, the same in any order) of what it holds of each."""
+    asked = (layout.dims.layers, layout.stacks)
+    for held, was, found in _kinds:
+        if held is rows and was == asked:
+            return found
+    counts: dict[tuple[Any, int, bool], int] = {}
+    for module, share, n in rows:
+        kind = (share, n, layout.layered(module))
+        counts[kind] = counts.get(kind, 0) + 1
+    found = tuple(counts.items())
+    _kinds[:] = [*_kinds[-15:], (rows, asked, found)]
+    return found

@@ -337,6 +337,7 @@ def _shares_of(report: Any, plan: ParallelPlan, recompute: Recompute):
                          "operator types")
     redo = _recomputed(recompute, nodes, layout) if train else set()
     shares: list[NodeShare] = []
+    per_tp: dict[tuple, list[tuple[int, int, int, int]]] = {}  # a node's TP ranks' shares, by what they read
     for k, n in enumerate(nodes):
         fwd, bwd = n.cost.flops, n.backward.flops if train else 0
         if not fwd and not bwd:
@@ -347,14 +348,27 @@ def _shares_of(report: Any, plan: ParallelPlan, recompute: Recompute):
             whole_b = 0
         chunks = layout.chunks[k]
         stages = [c % plan.pp for c in chunks]
+        again = k in redo
         for c, s in zip(chunks, stages):
-            for i in range(t):
-                run, own = _run(fwd - whole_f, bwd - whole_b, rule, layout, i, s == stages[0])
-                if whole_f or whole_b:  # a row-parallel Gemm's bias add: whole on each rank, after the reduction
-                    w_run, w_own = _run(whole_f, whole_b, "norm", layout, i, s == stages[0])
-                    run, own = (run[0] + w_run[0], run[1] + w_run[1]), (own[0] + w_own[0], own[1] + w_own[1])
-                shares.append(NodeShare(k, s, i, rule, own[0], own[1], run[0], run[1], run[0] if k in redo else 0, c))
+            asked = (fwd, bwd, whole_f, whole_b, rule, s == stages[0])
+            rows = per_tp.get(asked)
+            if rows is None:
+                rows = per_tp[asked] = [_tp_share(asked, layout, i) for i in range(t)]
+            for i, (model_f, model_b, run_f, run_b) in enumerate(rows):
+                shares.append(NodeShare(k, s, i, rule, model_f, model_b, run_f, run_b, run_f if again else 0, c))
     return d, tuple(shares), layout.has_loss, per_stage, train, recompute
+
+
+def _tp_share(asked: tuple, layout: Layout, i: int) -> tuple[int, int, int, int]:
+    """(model forward, model backward, executed forward, executed backward) FLOPs on TP rank ``i`` of a node of
+    ``asked`` = (forward, backward, their parts whole on each rank, rule, whether the stage is the first that runs
+    it): the same for every node of the same (a layer's node and the other layers')."""
+    fwd, bwd, whole_f, whole_b, rule, first = asked
+    run, own = _run(fwd - whole_f, bwd - whole_b, rule, layout, i, first)
+    if whole_f or whole_b:  # a row-parallel Gemm's bias add: whole on each rank, after the reduction
+        w_run, w_own = _run(whole_f, whole_b, "norm", layout, i, first)
+        run, own = (run[0] + w_run[0], run[1] + w_run[1]), (own[0] + w_own[0], own[1] + w_own[1])
+    return own[0], own[1], run[0], run[1]
 
 
 
@@ -439,17 +453,17 @@ def _summed(shares: Sequence[NodeShare], layout: Layout, p: int, t: int) -> tupl
         return _last_sums[1]
     acc = {(s, i): [0, 0, 0, 0] for s in range(p) for i in range(t)}  # model, executed, recomputed, executed fwd
     experts: dict[tuple[int, int], dict[int, list[int]]] = {k: {} for k in acc}  # per MoE layer: run, recomputed
-    for x in shares:
-        if x.rule == "expert":
-            e = experts[(x.stage, x.tp)].setdefault(layout.layer[x.index], [0, 0])
-            e[0] += x.forward + x.backward
-            e[1] += x.recompute
+    for index, stage, tp, rule, model_f, model_b, fwd, bwd, again, _ in shares:
+        if rule == "expert":
+            e = experts[(stage, tp)].setdefault(layout.layer[index], [0, 0])
+            e[0] += fwd + bwd
+            e[1] += again
             continue
-        a = acc[(x.stage, x.tp)]
-        a[0] += x.model_forward + x.model_backward
-        a[1] += x.forward + x.backward
-        a[2] += x.recompute
-        a[3] += x.forward
+        a = acc[(stage, tp)]
+        a[0] += model_f + model_b
+        a[1] += fwd + bwd
+        a[2] += again
+        a[3] += fwd
     found = (acc, experts, sorted({layout.layer[x.index] for x in shares if x.rule == "expert"}))
     _last_sums[:] = [shares, found]
     return found
@@ -527,12 +541,22 @@ def pipeline_schedule(plan: ParallelPlan, shares: Sequence[NodeShare], train: bo
     if plan.pp == 1:
         return None
     v = chunks_of(plan)
-    tf, tb = [0.0] * (plan.pp * v), [0.0] * (plan.pp * v)
-    for x in shares:
-        if x.tp == 0:
-            tf[x.chunk] += x.forward
-            tb[x.chunk] += x.backward + x.recompute if train else 0
+    asked = (plan.pp * v, train)
+    if _last_lengths and _last_lengths[0] is shares and _last_lengths[1] == asked:
+        tf, tb = _last_lengths[2]
+    else:
+        tf, tb = [0.0] * (plan.pp * v), [0.0] * (plan.pp * v)
+        for x in shares:
+            if x.tp == 0:
+                tf[x.chunk] += x.forward
+                tb[x.chunk] += x.backward + x.recompute if train else 0
+        _last_lengths[:] = [shares, asked, (tf, tb)]
     return simulated_schedule(plan.schedule, plan.pp, plan.microbatches, tf, tb, v)
+
+
+#: The last shares (by identity) whose chunks' lengths :func:`pipeline_schedule` summed, and those lengths: the plans
+#: of the same shares (another sharding, M or schedule's name) have the same.
+_last_lengths: list[Any] = []
 
 
 #: Per layer, the forward's TP reductions and gathers a recompute policy does not run again, of one per block:
@@ -639,27 +663,36 @@ def param_groups(report: Any, layout: Layout) -> list[dict[str, int]]:
     ``kv`` (a K/V head copied on T/kv ranks); under fsdp, the elements FSDP2's padding adds to the dense and the
     expert ones gathered (``padding``, ``expert_padding``) and the dense ones of the root module, outside the
     layers, with their padding (``root``)."""
+    from . import optimizer as po
+
     keys = ("dense", "expert", "sequence", "kv", "padding", "expert_padding", "root")
     out = [dict.fromkeys(keys, 0) for _ in range(layout.plan.pp)]
     for (s, kind), n in layout.padding.items():
         out[s]["expert_padding" if kind == "expert" else "padding"] += n
         out[s]["root"] += n if kind == "root" else 0
     for s, rows in layout.stage_params(report.modules.params).items():
-        for module, share, n in rows:
+        for (share, n, layered), times in po.module_kinds(rows, layout):
             x = layout.elements(share, n, 0)[0]
             if share.role == "expert":
-                out[s]["expert"] += x // layout.plan.ep
+                out[s]["expert"] += x // layout.plan.ep * times
                 continue
-            out[s]["dense"] += x
-            if not layout.layered(module):
-                out[s]["root"] += x
+            out[s]["dense"] += x * times
+            if not layered:
+                out[s]["root"] += x * times
             if share.role == "sequence":
-                out[s]["sequence"] += x
+                out[s]["sequence"] += x * times
             elif share.role == "row":
-                out[s]["sequence"] += share.whole
+                out[s]["sequence"] += share.whole * times
             elif share.role in ("kv", "kv_heads") and layout.kv_group > 1:
-                out[s]["kv"] += x
+                out[s]["kv"] += x * times
     return out
+    counts: dict[tuple[Any, int, bool], int] = {}
+    for module, share, n in rows:
+        kind = (share, n, layout.layered(module))
+        counts[kind] = counts.get(kind, 0) + 1
+    found = tuple(counts.items())
+    _kinds[:] = [*_kinds[-15:], (rows, asked, found)]
+    return found
 
 
 def rank_params(report: Any, layout: Layout) -> list[int]:
