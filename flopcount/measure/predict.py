@@ -97,7 +97,8 @@ class NodeWork:
     """One node's work on one rank per microbatch: ``kind`` gemm, attention (a product of two activations: Q·Kᵀ,
     probs·V), conv, dropout (a training Dropout), elementwise or reduction; ``matrices`` the product's batch of
     matrices (1 for a plain product); ``backward_kernels`` the kernels its backward runs
-    (:func:`backward_kernels`)."""
+    (:func:`backward_kernels`); ``whole_bytes`` the part of ``bytes`` a split of the sequence over context-parallel
+    ranks leaves whole on each (its parameters, and the K and V an attention reads: they are gathered)."""
 
     kind: str
     flops: float
@@ -106,6 +107,7 @@ class NodeWork:
     recompute_flops: float = 0.0
     matrices: float = 1.0
     backward_kernels: float = 1.0
+    whole_bytes: float = 0.0
 
 
 def backward_kernels(forward_macs: float, backward_macs: float, backward_flops: float) -> float:

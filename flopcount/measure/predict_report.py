@@ -48,14 +48,16 @@ def _matrices(node: Any) -> float:
 def _node_work(known: tuple, fwd: float, bwd: float, again: float) -> NodeWork:
     """A node's work on a rank that runs ``fwd``, ``bwd`` and ``again`` of its FLOPs; ``known``: its
     :func:`_node_facts`."""
-    kind, whole, total, matrices, kernels = known
+    kind, whole, total, matrices, kernels, kept = known
     frac = (fwd or bwd) / whole if whole else 1.0
     return NodeWork(kind, float(fwd), total * frac, float(bwd), float(again),
-                    max(1.0, matrices * frac) if matrices > 1 else 1.0, kernels if bwd else 0)
+                    max(1.0, matrices * frac) if matrices > 1 else 1.0, kernels if bwd else 0, kept * frac)
 
 
-def _node_facts(node: Any, params: frozenset[str], gathered: Any) -> tuple[str, int, int, float, float]:
-    """(kind, whole FLOPs, bytes, matrices, backward kernels) of a node (``params``: the model's parameter names;
+def _node_facts(node: Any, params: frozenset[str], gathered: Any,
+                stored: Callable[[str], Any] | None = None) -> tuple[str, int, int, float, float, int]:
+    """(kind, whole FLOPs, bytes, matrices, backward kernels, bytes a split of the sequence leaves whole: its
+    parameters', and under an attention its inputs after the queries, the K and V gathered whole) of a node (``params``: the model's parameter names;
     ``gathered``: :func:`_gathered`): what its share on any rank is scaled from. Experts' weights gathered per
     token are run as the framework runs them, a grouped product over the resident weights: the gather and its views
     are no work (nor their backward's sum into the weight's gradient, which the grouped product's own reduction
@@ -65,7 +67,7 @@ def _node_facts(node: Any, params: frozenset[str], gathered: Any) -> tuple[str, 
 
     out = node.outputs[0].name if node.outputs and node.outputs[0] is not None else ""
     if out in gathered.tensors:
-        return "elementwise", 0, 0, 1.0, 0
+        return "elementwise", 0, 0, 1.0, 0, 0
     b = node_bytes(node)
     total, matrices = (b.total if b else 0), _matrices(node)
     read = {t.name: t for t in node.inputs if t is not None and t.name in gathered.tensors}
@@ -76,8 +78,12 @@ def _node_facts(node: Any, params: frozenset[str], gathered: Any) -> tuple[str, 
             total += tensor_bytes(weight) or 0
             matrices = float(weight.shape[0]) if weight.shape and isinstance(weight.shape[0], int) else matrices
     kind = "gemm" if read and node.family in GEMM_FAMILIES else _kind(node, params)  # weights, not activations
+    kept = sum(tensor_bytes(gathered.info.get(gathered.tensors[t.name][0], t)) or 0 if t.name in read
+               else tensor_bytes(t) or 0
+               for i, t in enumerate(node.inputs) if t is not None
+               and (t.name in read or kind == "attention" and i > 0 or stored is not None and stored(t.name)))
     return (kind, node.cost.flops or node.backward.flops, total, matrices,
-            backward_kernels(node.cost.macs, node.backward.macs, node.backward.flops))
+            backward_kernels(node.cost.macs, node.backward.macs, node.backward.flops), min(kept, total))
 
 
 @dataclass(frozen=True)
@@ -347,9 +353,10 @@ def _originals(nodes: Any) -> tuple[Callable[[int], int], Callable[[int], Any]]:
     return key, (lambda k: block[-1 - k] if k < 0 else nodes[k])
 
 
-def _places(nodes: Any, shares: Any, params: frozenset[str],
-            gathered: Any) -> dict[tuple[int, int], dict[int, tuple[NodeWork, ...]]]:
-    """Each (stage, TP rank)'s work per chunk: its shares of the nodes (``gathered``: :func:`_gathered`). A chunk
+def _places(nodes: Any, shares: Any, params: frozenset[str], gathered: Any,
+            inputs: Any = ()) -> dict[tuple[int, int], dict[int, tuple[NodeWork, ...]]]:
+    """Each (stage, TP rank)'s work per chunk: its shares of the nodes (``gathered``: :func:`_gathered`; ``inputs``:
+    the graph's, which are not weights). A chunk
     whose works are another's (the same objects in the same order: the TP ranks of an even split, the middle stages
     of equal layers, a plan of other shares with the same chunk) is that chunk's tuple, which the predictor times
     once (:func:`flopcount.measure.predict._chunk_seconds`)."""
@@ -357,7 +364,9 @@ def _places(nodes: Any, shares: Any, params: frozenset[str],
         return _last_places[1]
     if not (_last_facts and _last_facts[0][0] is nodes and _last_facts[0][1] is params
             and _last_facts[0][2] is gathered):
-        _last_facts[:] = [(nodes, params, gathered), {}, {}, {}, {}, {}]
+        from flopcount.parallel.roles import Graph
+
+        _last_facts[:] = [(nodes, params, gathered), {}, {}, {}, {}, {}, Graph(list(nodes), inputs).weight_root]
     # each node's facts, one object for equal facts (the layers' nodes), each work made once for its facts and
     # FLOPs (a layer's node at its share on a rank is another layer's), found again by the node's key and FLOPs;
     # and each chunk's tuple once for its works
@@ -375,7 +384,7 @@ def _places(nodes: Any, shares: Any, params: frozenset[str],
         if work is None:
             known = facts.get(k)
             if known is None:
-                known = _node_facts(node(k), params, gathered)
+                known = _node_facts(node(k), params, gathered, _last_facts[6])
                 known = facts[k] = equal.setdefault(known, known)
             same = (id(known), fwd, bwd, again)
             work = works.get(same)
@@ -470,6 +479,30 @@ def _scaled(w: NodeWork, f: float) -> NodeWork:
                    recompute_flops=w.recompute_flops * f)
 
 
+#: Chunks split over the sequence (:func:`_split_context`), by the identity of the place's chunk (held) and C.
+_context_chunks: dict[tuple[int, int], tuple] = {}
+
+
+def _split_context(chunks: Mapping[int, tuple], cp: int) -> Mapping[int, tuple]:
+    """A rank's chunks under context parallelism of ``cp`` ranks: each node's FLOPs (forward, backward, a
+    recompute's) 1/C (the ledger's split, :func:`flopcount.parallel.experts.cp_split`, here unrounded), its bytes
+    1/C but for its ``whole_bytes`` (parameters, the gathered K and V an attention reads), its matrices as many
+    (each 1/C of the rows). The same tuple for the same chunk, which the predictor times once."""
+    if cp == 1:
+        return chunks
+    out = {}
+    for c, works in chunks.items():
+        hit = _context_chunks.get((id(works), cp))
+        if hit is None or hit[0] is not works:
+            if len(_context_chunks) > 4096:
+                _context_chunks.clear()
+            hit = _context_chunks[(id(works), cp)] = (works, tuple(replace(
+                w, flops=w.flops / cp, bytes=(w.bytes - w.whole_bytes) / cp + w.whole_bytes,
+                backward_flops=w.backward_flops / cp, recompute_flops=w.recompute_flops / cp) for w in works))
+        out[c] = hit[1]
+    return out
+
+
 def _ledger_work(report: Any) -> Work:
     from flopcount.parallel.layout import layout_of
     from flopcount.parallel.ranks import node_shares
@@ -477,14 +510,14 @@ def _ledger_work(report: Any) -> Work:
     led = report.parallel
     plan = led.plan
     shares = node_shares(report, plan, led.recompute)
-    by_place = _places(report.nodes, shares, report.modules.parameters, _gathered(report))
+    by_place = _places(report.nodes, shares, report.modules.parameters, _gathered(report), report.model.inputs)
     loaded = _loaded(report, shares, led)
     stepped = any(r.optimizer_flops is not None for r in led.ranks)  # each rank's optimizer step reads these
     stages = layout_of(report, plan).stage_params(report.modules.params) if stepped else {}
     tensors = _stage_tensors(stages, report)
     ranks = []
     for r in led.ranks:
-        chunks = loaded(by_place.get((r.stage, r.coords["tp"]), {}), r)
+        chunks = loaded(_split_context(by_place.get((r.stage, r.coords["tp"]), {}), plan.cp), r)
         ranks.append(RankWork(r.rank, r.stage, r.coords["tp"], chunks, _messages(r, led), float(r.model_flops),
                               float(r.hardware_flops), _optimizer_bytes(r, led, report),
                               led.optimizer if r.optimizer_flops is not None else None,
@@ -492,9 +525,9 @@ def _ledger_work(report: Any) -> Work:
     d = led.dims
     notes = []
     if plan.cp > 1 or plan.ep > 1:
-        notes.append("cp and ep: each rank's nodes are its stage's whole-sequence shares before the cp split, its "
-                     "experts' at its share of the load; cp's collectives a call per layer, ep's a call per dispatch "
-                     "and combine, exposed")
+        notes.append("cp and ep: each rank's nodes are its stage's shares at 1/C of the sequence (the parameters and "
+                     "the gathered K and V read whole), its experts' at its share of the load; cp's collectives a "
+                     "call per layer, ep's a call per dispatch and combine, exposed")
     v = plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
     return Work(tuple(ranks), {"microbatches": plan.microbatches, "pp": plan.pp, "virtual": v,
                                "schedule": plan.schedule},

@@ -89,3 +89,35 @@ def test_each_call_pays_its_latency(report):
         for kind in ("all_gather", "reduce_scatter"):
             assert r["communication_seconds"][kind]["exposed"] == pytest.approx(M * L * (LAT + KV_BYTES / 2 / BW))
             assert r["communication_seconds"][kind]["overlapped"] == 0
+
+
+def _node_flops(rank) -> float:
+    return sum(w.flops + w.backward_flops + w.recompute_flops for nodes in rank.chunks.values() for w in nodes)
+
+
+@pytest.mark.parametrize("plan, policy", [("cp=2", None), ("cp=2", "full"), ("tp=2,cp=2", None),
+                                          ("pp=2,cp=2", "non-reentrant"), ("dp=2,cp=2", None)])
+def test_a_ranks_nodes_run_its_part_of_the_sequence(report, plan, policy):
+    """Under cp a rank's nodes run 1/C of its stage's work: their FLOPs (forward, backward, a rerun's) are the
+    ledger's hardware FLOPs of the rank a microbatch (which rounds each node's to whole FLOPs, at most one a node
+    off), and C times fewer than the same plan's without cp."""
+    from flopcount.parallel.plan import parse_recompute
+
+    recompute = parse_recompute(policy) if policy else None
+    work, led = _work(report, plan, recompute)
+    whole, _ = _work(report, plan.replace("cp=2", "cp=1"), recompute)
+    by_place = {(r.stage, r.tp): _node_flops(r) for r in whole.ranks}
+    for r, listed in zip(work.ranks, led.ranks):
+        nodes = sum(len(ws) for ws in r.chunks.values())
+        assert abs(_node_flops(r) - listed.hardware_flops / M) <= nodes
+        assert _node_flops(r) == pytest.approx(by_place[(r.stage, r.tp)] / 2)
+
+
+def test_a_product_reads_its_weight_whole_and_half_its_tokens(report):
+    """The bytes of a rank's node under cp=2: its activations' half, its parameter whole. The q projection: x
+    [B, S, H] in, [B, S, H] out, the weight H·H, fp32; on a CP rank B·S/2 tokens."""
+    work, _ = _work(report)
+    q = B * S // 2 * H * 4 * 2 + H * H * 4
+    ws = [w for nodes in work.ranks[0].chunks.values() for w in nodes if w.kind == "gemm" and w.whole_bytes == H * H * 4]
+    assert ws and all(w.bytes == q for w in ws if w.flops == 2 * B * S // 2 * H * H)
+    assert any(w.flops == 2 * B * S // 2 * H * H for w in ws)
