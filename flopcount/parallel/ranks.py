@@ -57,6 +57,10 @@ activation element) per microbatch and Lₛ the stage's layers:
   ``sp=megatron`` each gathered input (:mod:`flopcount.parallel.layout`: what a column-parallel, K/V or mixer
   product or the LM head reads, A for a Llama's Q/K/V, MLP and head inputs) is all-gathered again in the backward:
   2·Lₛ·A + A more ``all_gather`` (the head's on the last stage);
+* TP in a layer of multi-head latent attention, with or without sp: its column-parallel up projections read the
+  latents (:meth:`~flopcount.parallel.layout.Layout.stage_tp`), b·s·(q_lora + kv_lora + rope)·e, which take
+  the place of the attention's A among the column-parallel inputs above, as Megatron's ``MLASelfAttention`` runs
+  the down projections and the latents' norms on the rank's tokens;
 * TP under recompute: the forward's collectives that the rerun passes run again. ``full`` runs each layer's
   whole forward again: 2·Lₛ·A more ``all_reduce`` (with sp, 2·Lₛ·A more ``all_gather`` and ``reduce_scatter``).
   ``non-reentrant`` stops before the layer's last product (its down projection), so its reduction does not run
@@ -563,7 +567,9 @@ def _communication(layout: Layout, report: Any, per_stage: int, train: bool, has
         # bytes into the row-parallel projections' reductions (a block's stream each: Lₛ attention and Lₛ MLP
         # blocks, a mixer, a cross-attention), into the column-parallel ones (those, and a cross-attention's K/V
         # reading the encoder's output), and of the layers' own streams
-        rows, cols, own = (_act(d, plan, n) for n in layout.stage_tp(s))
+        rows, cols, own, swapped, latent = layout.stage_tp(s)  # an MLA layer's latents in place of its attention's A
+        rows, cols, own = _act(d, plan, rows), _act(d, plan, cols) - _act(d, plan, swapped), _act(d, plan, own)
+        cols += d.batch * (latent // plan.cp) * d.act_bytes
         again = (0, 0, 0) if skipped is None else tuple(x - y * own for x, y in zip((rows, cols, rows), skipped))
         e_, o_ = _act(d, plan, layout.embedded), _act(d, plan, layout.out_seq)  # the embeddings', the output's
         # the vocab-parallel embedding's lookup and LM head (none in a ViT: its patch embedding and classifier run
@@ -653,7 +659,7 @@ def param_groups(report: Any, layout: Layout) -> list[dict[str, int]]:
             out[s]["dense"] += x
             if not layout.layered(module):
                 out[s]["root"] += x
-            if share.role == "sequence":
+            if share.role in ("sequence", "latent"):  # on the rank's tokens under sp
                 out[s]["sequence"] += x
             elif share.role == "row":
                 out[s]["sequence"] += share.whole
