@@ -56,7 +56,7 @@ layer:
   row-parallel projection's module, its outputs (the bias add, whole after the reduction) are per-token work;
 * a routed MoE block's experts (:mod:`flopcount.parallel.experts`) are **expert** work, its router (the block's
   ``gate``, or any weight product whose scores reach a TopK) and the block's own ops **router** work, replicated
-  over TP;
+  over TP, split over the sequence under ``sp`` (on the rank's tokens, as Megatron's router);
 * everything else in the layer (norms, residual adds, dropout) is **sequence** work: replicated over TP, split over
   the sequence under ``sp``.
 
@@ -140,7 +140,7 @@ __all__ = ["Dims", "Layout", "ModuleShare", "ROLE_RULES", "fsdp_shard", "in_flig
 #: positions (rebuilt on every stage), expert.
 ROLE_RULES = {"column": "split", "row": "split", "heads": "split", "inner": "split", "vocab": "split",
               "kv": "kv", "kv_heads": "kv", "latent": "norm", "sequence": "norm", "row_out": "norm",
-              "shared_head": "replicated", "router": "replicated", "embedding": "replicated",
+              "shared_head": "replicated", "router": "norm", "embedding": "replicated",
               "replicated": "replicated", "positions": "positions", "expert": "expert", "mixer": "split"}
 #: Roles whose parameters are split 1/T (K/V projections: 1/min(T, kv); experts: 1/(T·E)).
 PARAM_SPLIT = frozenset({"column", "row", "vocab", "embedding", "heads", "inner", "tied", "mixer"})

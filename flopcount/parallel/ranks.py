@@ -11,9 +11,9 @@ are stated in :mod:`flopcount.parallel.experts`. A role's FLOPs are shared out o
 * ``kv`` (K/V projections and the ops on K/V heads): 1/T, or with K/V heads ``kv`` fewer than T, 1/kv of their
   work on every rank (each TP rank holds one K/V head, copied on T/kv ranks; the first rank of each copy group
   counts it as model work, the others as redundant work); T must divide kv or kv must divide T;
-* ``norm`` (sequence work: norms, residual adds; MLA's latent projections): replicated, unless ``sp`` splits it
-  over the sequence: 1/T;
-* ``replicated`` (the embedding's masked lookup, routers, ops on one head all share, poolers, the loss's per-token
+* ``norm`` (sequence work: norms, residual adds; MLA's latent projections; MoE routers, on the rank's tokens as
+  Megatron's router): replicated, unless ``sp`` splits it over the sequence: 1/T;
+* ``replicated`` (the embedding's masked lookup, ops on one head all share, poolers, the loss's per-token
   ops): whole on every TP rank;
 * ``positions`` (position tables, masks): rebuilt on every pipeline stage and replicated over TP;
 * ``expert``: 1/T of each routed expert, and over EP by the load.
@@ -641,7 +641,8 @@ def _data_parallel(plan: ParallelPlan, add, group: str, g: int, root: int = 0) -
 def param_groups(report: Any, layout: Layout) -> list[dict[str, int]]:
     """Per stage, the parameter elements one of its TP ranks holds, by the group their gradients are reduced on:
     ``dense`` (over DP), ``expert`` (a routed expert's, over its expert data-parallel group), and among the dense,
-    ``sequence`` (whole on every TP rank but partial under sp: the norms, a row-parallel projection's bias) and
+    ``sequence`` (whole on every TP rank but partial under sp: the norms, a row-parallel projection's bias, MLA's
+    down projections, the routers) and
     ``kv`` (a K/V head copied on T/kv ranks); under fsdp, the elements FSDP2's padding adds to the dense and the
     expert ones gathered (``padding``, ``expert_padding``) and the dense ones of the root module, outside the
     layers, with their padding (``root``)."""
@@ -659,7 +660,7 @@ def param_groups(report: Any, layout: Layout) -> list[dict[str, int]]:
             out[s]["dense"] += x
             if not layout.layered(module):
                 out[s]["root"] += x
-            if share.role in ("sequence", "latent"):  # on the rank's tokens under sp
+            if share.role in ("sequence", "latent", "router"):  # on the rank's tokens under sp
                 out[s]["sequence"] += x
             elif share.role == "row":
                 out[s]["sequence"] += share.whole
