@@ -7,7 +7,8 @@ column-parallel (Megatron's ``ColumnParallelLinear``: each normed latent all-gat
 gathered again in the backward, the gradient reduce-scattered); k_pe all-gathered by
 ``gather_from_sequence_parallel_region`` (kept gathered, its gradient reduce-scattered); the output projection
 row-parallel, reduce-scattered. So a layer's attention gathers its latents, (q_lora + kv_lora + rope)·b·s·e, where
-a Llama's gathers its hidden input A. The MLP, the LM head and the embedding as in test_parallel_gloo_sp."""
+a Llama's gathers its hidden input A. The MLP, the LM head and the embedding as in test_parallel_gloo_sp. The same
+model at ``tp=2`` without sp all-reduces, in the backward, the latents' gradients where a Llama all-reduces A's."""
 
 from __future__ import annotations
 
