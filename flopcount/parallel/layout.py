@@ -56,7 +56,7 @@ layer:
   row-parallel projection's module, its outputs (the bias add, whole after the reduction) are per-token work;
 * a routed MoE block's experts (:mod:`flopcount.parallel.experts`) are **expert** work, its router (the block's
   ``gate``, or any weight product whose scores reach a TopK) and the block's own ops **router** work, replicated
-  over TP;
+  over TP, split over the sequence under ``sp`` (on the rank's tokens, as Megatron's router);
 * everything else in the layer (norms, residual adds, dropout) is **sequence** work: replicated over TP, split over
   the sequence under ``sp``.
 
@@ -140,7 +140,7 @@ __all__ = ["Dims", "Layout", "ModuleShare", "ROLE_RULES", "fsdp_shard", "in_flig
 #: positions (rebuilt on every stage), expert.
 ROLE_RULES = {"column": "split", "row": "split", "heads": "split", "inner": "split", "vocab": "split",
               "kv": "kv", "kv_heads": "kv", "latent": "norm", "sequence": "norm", "row_out": "norm",
-              "shared_head": "replicated", "router": "replicated", "embedding": "replicated",
+              "shared_head": "replicated", "router": "norm", "embedding": "replicated",
               "replicated": "replicated", "positions": "positions", "expert": "expert", "mixer": "split"}
 #: Roles whose parameters are split 1/T (K/V projections: 1/min(T, kv); experts: 1/(T·E)).
 PARAM_SPLIT = frozenset({"column", "row", "vocab", "embedding", "heads", "inner", "tied", "mixer"})
@@ -283,6 +283,7 @@ class Layout:
     # cross-attention's K/V projections read from the other stack (0: none)
     seqs: tuple[int, ...] = ()
     cross: tuple[int, ...] = ()
+    latents: tuple[int, ...] = ()  # each layer's MLA latents its heads read (Found.latents), elements in a sequence
     embedded: int = 0  # the tokens in a sequence of the token-embedding lookups (the encoder's and the decoder's)
     out_seq: int = 0  # the tokens in a sequence of the stream after the layers (the decoder's)
     # the gathered inputs under sp (see the module's rules): (node, output position) → (the virtual stage that
@@ -300,7 +301,7 @@ class Layout:
     def kv_tokens(self, stage: int) -> int:
         """Tokens of a sequence whose K and V the attentions of pipeline rank ``stage``'s layers read: each layer's own,
         and a cross-attention's of the other stack (what cp all-gathers)."""
-        rows, cols, own = self.stage_tp(stage)
+        rows, cols, own = self.stage_tp(stage)[:3]
         return own + cols - rows
 
     def message_divisors(self) -> dict[str, int]:
@@ -315,14 +316,16 @@ class Layout:
         return ps.stage_sent(self.messages, [-(-x.bytes // div[x.name]) for x in self.messages], stage, self.plan.pp,
                              self.virtual, train)
 
-    def stage_tp(self, stage: int) -> tuple[int, int, int]:
+    def stage_tp(self, stage: int) -> tuple[int, int, int, int, int]:
         """Of the layers pipeline rank ``stage`` runs, in tokens of a sequence: (the tokens reduced after its
         row-parallel projections, a block's stream each; the tokens into its column-parallel projections, reduced in
-        the backward: those and the cross-attention's from the other stack; the layers' own tokens)."""
+        the backward: those and the cross-attention's from the other stack; the layers' own tokens; the MLA layers'
+        own, whose attention reads its latents in place of its input; those latents' elements in a sequence)."""
         per_chunk = max(len(self.blocks) // (self.plan.pp * self.virtual), 1)
         mine = [n for n in range(len(self.blocks)) if n // per_chunk % self.plan.pp == stage]
-        rows = sum(self.blocks[n] * self.seqs[n] for n in mine)
-        return rows, rows + sum(self.cross[n] for n in mine), sum(self.seqs[n] for n in mine)
+        rows, mla = sum(self.blocks[n] * self.seqs[n] for n in mine), [n for n in mine if self.latents[n:n + 1] > (0,)]
+        return (rows, rows + sum(self.cross[n] for n in mine), sum(self.seqs[n] for n in mine),
+                sum(self.seqs[n] for n in mla), sum(self.latents[n] for n in mla))
 
     def stage_blocks(self, stage: int) -> int:
         """The blocks ending in a TP reduction of the layers pipeline rank ``stage`` runs (its chunks')."""
@@ -622,8 +625,10 @@ def _tokens(st: _Structure) -> dict[str, Any]:
         rows = [k for k in st.members.get(n, ()) if st.roles[k] == "row" and nodes[k].family in PRODUCTS]
         seqs.append(seq_of(rows[0]) if rows else d.seq)
     cross = tuple(st.found.get(n, Found()).cross // batch for n in range(d.layers))
+    latent = tuple(st.found.get(n, Found()).latents // batch for n in range(d.layers))
     embedded = sum(seq_of(k) for k in range(len(nodes)) if st.roles[k] == "embedding") or d.seq
-    return {"seqs": tuple(seqs), "cross": cross, "embedded": embedded, "out_seq": seqs[-1] if seqs else d.seq}
+    return {"seqs": tuple(seqs), "cross": cross, "latents": latent, "embedded": embedded,
+            "out_seq": seqs[-1] if seqs else d.seq}
 
 
 def _sp_inputs(g: Graph, roles) -> dict[tuple[int, int], int]:
@@ -638,16 +643,11 @@ def _sp_inputs(g: Graph, roles) -> dict[tuple[int, int], int]:
             if x is None or not x.name:
                 continue
             # this copy's readers, up to the node that makes the name again (a stack extended by copies)
-            again = _next_maker(g, x.name, k)
+            again = g.next_maker(x.name, k)
             if any(roles[q] in GATHERING_ROLES for q in g.consumers.get(x.name, ()) if k < q < again):
                 info = g.info.get(x.name, x)
                 out[(k, j)] = elements(info) * ((element_bits(info.elem_type) or 32) // 8)
     return out
-
-
-def _next_maker(g: Graph, name: str, k: int) -> int:
-    """The next node after ``k`` that makes ``name`` again (a stack extended by copies), else past the last."""
-    return min((q for q in g.producers.get(name, ()) if q > k), default=len(g.nodes))
 
 
 def _any_model(plan: ParallelPlan) -> bool:

@@ -11,9 +11,9 @@ are stated in :mod:`flopcount.parallel.experts`. A role's FLOPs are shared out o
 * ``kv`` (K/V projections and the ops on K/V heads): 1/T, or with K/V heads ``kv`` fewer than T, 1/kv of their
   work on every rank (each TP rank holds one K/V head, copied on T/kv ranks; the first rank of each copy group
   counts it as model work, the others as redundant work); T must divide kv or kv must divide T;
-* ``norm`` (sequence work: norms, residual adds; MLA's latent projections): replicated, unless ``sp`` splits it
-  over the sequence: 1/T;
-* ``replicated`` (the embedding's masked lookup, routers, ops on one head all share, poolers, the loss's per-token
+* ``norm`` (sequence work: norms, residual adds; MLA's latent projections; MoE routers, on the rank's tokens as
+  Megatron's router): replicated, unless ``sp`` splits it over the sequence: 1/T;
+* ``replicated`` (the embedding's masked lookup, ops on one head all share, poolers, the loss's per-token
   ops): whole on every TP rank;
 * ``positions`` (position tables, masks): rebuilt on every pipeline stage and replicated over TP;
 * ``expert``: 1/T of each routed expert, and over EP by the load.
@@ -57,6 +57,10 @@ activation element) per microbatch and Lₛ the stage's layers:
   ``sp=megatron`` each gathered input (:mod:`flopcount.parallel.layout`: what a column-parallel, K/V or mixer
   product or the LM head reads, A for a Llama's Q/K/V, MLP and head inputs) is all-gathered again in the backward:
   2·Lₛ·A + A more ``all_gather`` (the head's on the last stage);
+* TP in a layer of multi-head latent attention, with or without sp: its column-parallel up projections read the
+  latents (:meth:`~flopcount.parallel.layout.Layout.stage_tp`), b·s·(q_lora + kv_lora + rope)·e, which take
+  the place of the attention's A among the column-parallel inputs above, as Megatron's ``MLASelfAttention`` runs
+  the down projections and the latents' norms on the rank's tokens;
 * TP under recompute: the forward's collectives that the rerun passes run again. ``full`` runs each layer's
   whole forward again: 2·Lₛ·A more ``all_reduce`` (with sp, 2·Lₛ·A more ``all_gather`` and ``reduce_scatter``).
   ``non-reentrant`` stops before the layer's last product (its down projection), so its reduction does not run
@@ -587,7 +591,9 @@ def _communication(layout: Layout, report: Any, per_stage: int, train: bool, has
         # bytes into the row-parallel projections' reductions (a block's stream each: Lₛ attention and Lₛ MLP
         # blocks, a mixer, a cross-attention), into the column-parallel ones (those, and a cross-attention's K/V
         # reading the encoder's output), and of the layers' own streams
-        rows, cols, own = (_act(d, plan, n) for n in layout.stage_tp(s))
+        rows, cols, own, swapped, latent = layout.stage_tp(s)  # an MLA layer's latents in place of its attention's A
+        rows, cols, own = _act(d, plan, rows), _act(d, plan, cols) - _act(d, plan, swapped), _act(d, plan, own)
+        cols += d.batch * (latent // plan.cp) * d.act_bytes
         again = (0, 0, 0) if skipped is None else tuple(x - y * own for x, y in zip((rows, cols, rows), skipped))
         e_, o_ = _act(d, plan, layout.embedded), _act(d, plan, layout.out_seq)  # the embeddings', the output's
         # the vocab-parallel embedding's lookup and LM head (none in a ViT: its patch embedding and classifier run
@@ -659,7 +665,8 @@ def _data_parallel(plan: ParallelPlan, add, group: str, g: int, root: int = 0) -
 def param_groups(report: Any, layout: Layout) -> list[dict[str, int]]:
     """Per stage, the parameter elements one of its TP ranks holds, by the group their gradients are reduced on:
     ``dense`` (over DP), ``expert`` (a routed expert's, over its expert data-parallel group), and among the dense,
-    ``sequence`` (whole on every TP rank but partial under sp: the norms, a row-parallel projection's bias) and
+    ``sequence`` (whole on every TP rank but partial under sp: the norms, a row-parallel projection's bias, MLA's
+    down projections, the routers) and
     ``kv`` (a K/V head copied on T/kv ranks); under fsdp, the elements FSDP2's padding adds to the dense and the
     expert ones gathered (``padding``, ``expert_padding``) and the dense ones of the root module, outside the
     layers, with their padding (``root``)."""
@@ -679,20 +686,13 @@ def param_groups(report: Any, layout: Layout) -> list[dict[str, int]]:
             out[s]["dense"] += x * times
             if not layered:
                 out[s]["root"] += x * times
-            if share.role == "sequence":
+            if share.role in ("sequence", "latent", "router"):  # on the rank's tokens under sp
                 out[s]["sequence"] += x * times
             elif share.role == "row":
                 out[s]["sequence"] += share.whole * times
             elif share.role in ("kv", "kv_heads") and layout.kv_group > 1:
                 out[s]["kv"] += x * times
     return out
-    counts: dict[tuple[Any, int, bool], int] = {}
-    for module, share, n in rows:
-        kind = (share, n, layout.layered(module))
-        counts[kind] = counts.get(kind, 0) + 1
-    found = tuple(counts.items())
-    _kinds[:] = [*_kinds[-15:], (rows, asked, found)]
-    return found
 
 
 def rank_params(report: Any, layout: Layout) -> list[int]:

@@ -73,6 +73,10 @@ class Graph:
         self.inputs = model_inputs
         self._weight: dict[str, str | None] = {}
 
+    def next_maker(self, name: str, k: int) -> int:
+        """The next node after ``k`` that makes ``name`` again (a stack extended by copies), else past the last."""
+        return min((q for q in self.producers.get(name, ()) if q > k), default=len(self.nodes))
+
     def weight_root(self, name: str) -> str | None:
         """The stored tensor ``name`` is (or a view, slice or lookup of); None for an activation."""
         if name in self._weight:
@@ -215,6 +219,7 @@ class Found:
     mixer_groups: int = 0
     attentions: int = 0  # the layer's attention blocks (its context products: a decoder's self- and cross-attention)
     cross: int = 0  # the tokens (elements / width) cross-attention's K/V projections read from outside the layer
+    latents: int = 0  # the elements multi-head latent attention's up projections and heads read (_latents)
 
 
 @dataclass(frozen=True)
@@ -454,7 +459,24 @@ def layer_roles(at: Scoped, ks: list[int], roles: list[str], attention: dict, la
     for k in ks:
         if not roles[k]:
             roles[k] = "sequence"
+    found.latents = _latents(g, ks, roles) if found.kv_fused == "latent" else 0
     return found
+
+
+def _latents(g: Graph, ks: Sequence[int], roles: Sequence[str]) -> int:
+    """Elements of what a multi-head latent attention's up projections and heads read, made over the sequence (the
+    rank's tokens under sp): its latent products' outputs (the q latent, the kv latent with the shared rotary key;
+    their norms keep the width) and a hidden input that one of its column-parallel projections reads as well
+    (DeepSeek-V2-Lite's Q projection, without a q latent), each once; ``ks``: one layer's nodes."""
+    ks = set(ks)
+    out = [x for k in ks if roles[k] == "latent" and g.nodes[k].family in PRODUCTS for x in g.nodes[k].outputs[:1]]
+    for k in ks:
+        if roles[k] == "latent" and g.nodes[k].family in PRODUCTS:
+            for x in g.nodes[k].inputs[:1]:
+                readers = g.consumers.get(x.name, ()) if x is not None else ()
+                if any(roles[q] in ("column", "kv") and g.nodes[q].family in PRODUCTS for q in readers):
+                    out.append(x)
+    return sum(elements(g.info.get(x.name, x)) for x in {x.name: x for x in out if x is not None}.values())
 
 
 def kv_heads(found: Found) -> int:

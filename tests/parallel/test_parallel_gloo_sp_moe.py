@@ -9,8 +9,8 @@ gradient), the experts split over TP (expert tensor parallelism = T) keeping the
 gathered again in the backward; the outputs reduce-scattered back to the rank's tokens (the gradient all-gathered).
 The router's weight, like the norms', carries ``sequence_parallel``: its partial gradient is all-reduced over TP
 once a step. Each rank's ``FlopCounterMode`` total and the bytes it hands to each collective are compared with the
-ledger's; the routing map, the probabilities and the router's gradient go to recorders of their own (``route``,
-``router``), which the ledger does not list."""
+ledger's; the routing map and the probabilities go to a recorder of their own (``route``), which the ledger does not
+list."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from gloo_shards import Recorder, ledger_bytes, rms_norm, vocab_lookup
 from helpers import gloo_ranks
 from test_parallel_gloo_sp import megatron_column
 
+from flopcount.parallel.layout import layout_of
 from flopcount.parallel.plan import parse_parallel
 from flopcount.parallel.ranks import ledger, node_shares
 
@@ -129,20 +130,17 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
     torch.set_num_threads(1)  # a forked child must not wait on the parent's intra-op pool
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     moved: Counter = Counter()
-    rec, routed, router = (Recorder(None, name, moved) for name in ("tp", "route", "router"))
+    rec, routed = (Recorder(None, name, moved) for name in ("tp", "route"))
     model = mixtral(world, rank, rec, routed)
     torch.manual_seed(1)
     ids = torch.randint(0, V, (B, S))
     with FlopCounterMode(display=False) as counter:
         model(ids).backward()
     for name, p in model.named_parameters():  # the partial gradients of the weights sp leaves whole
-        if "norm" in name:
+        if "norm" in name or name.endswith("mlp.gate.weight"):
             p.grad.copy_(rec.all_reduce(p.grad))
-        elif name.endswith("mlp.gate.weight"):
-            p.grad.copy_(router.all_reduce(p.grad))
     with open(f"{out}.{rank}", "w") as f:
-        json.dump({"flops": counter.get_total_flops(), "tp": rec.bytes("tp"), "route": rec.bytes("route"),
-                   "router": rec.bytes("router")}, f)
+        json.dump({"flops": counter.get_total_flops(), "tp": rec.bytes("tp"), "route": rec.bytes("route")}, f)
     dist.destroy_process_group()
 
 
@@ -162,27 +160,27 @@ def test_sp_megatron_moe_on_gloo_against_the_ledger(report, tmp_path):
     the gathered tokens), the outputs of both reduce-scattered (their gradients gathered); the LM head's input
     gathered twice, the embedding's lookup reduce-scattered: 5L·A + 3A gathered, 4L·A + 2A reduce-scattered, A more
     all-gather than ``sp`` (= ``sp=torch``) per gathered input kept as the rank's tokens: one per layer here (its
-    Q/K/V's; not its MoE block's) and the head's. The products' FLOPs equal the ledger's but the router's:
-    Megatron's reads the rank's S/T tokens, the ledger runs it whole on every TP rank."""
+    Q/K/V's; not its MoE block's) and the head's. The products' FLOPs equal the ledger's, the router's of the rank's
+    S/T tokens; its weight's partial gradient all-reduced with the norms'."""
     seen = gloo_ranks(_worker, tmp_path)
     p = parse_parallel("tp=2,sp=megatron")
     led = ledger(report, p)
     t, a = 2, TOKENS * H * 4  # one activation, fp32
     products = [x for x in node_shares(report, p) if report.nodes[x.index].family in ("matmul", "gemm")]
+    roles = layout_of(report, p).roles
     for i, r in enumerate(seen):
         listed = ledger_bytes(led.ranks[i])
         # the auxiliary loss's counts (test_parallel_gloo_router runs them); this run has no auxiliary loss
         assert listed.pop("all_reduce(tp_cp)") == L * E * 8
         assert r["tp"] == listed == {"all_gather(tp)": 5 * L * a + 3 * a, "reduce_scatter(tp)": 4 * L * a + 2 * a,
-                                     "all_reduce(tp)": (2 * L + 1) * H * 4}  # the norms' partial gradients
+                                     # the partial gradients of the norms and the routers
+                                     "all_reduce(tp)": (2 * L + 1) * H * 4 + L * E * H * 4}
         assert listed["all_gather(tp)"] - ledger_bytes(ledger(report, parse_parallel("tp=2,sp")).ranks[i])[
             "all_gather(tp)"] == (2 * L + 1) * a - L * a  # no regather of the MoE block's input
         # not in the ledger: the dispatcher's routing map (1 byte an entry, no grad) and probabilities (fp32,
-        # their gradient reduce-scattered), and the router weight's partial gradient
+        # their gradient reduce-scattered)
         assert r["route"] == {"all_gather(route)": L * (TOKENS * E + TOKENS * E * 4),
                               "reduce_scatter(route)": L * TOKENS * E * 4}
-        assert r["router"] == {"all_reduce(router)": L * E * H * 4}
-        router = [x for x in products if x.tp == i and x.rule == "replicated"]
-        assert sum(x.forward + x.backward for x in router) == L * 6 * TOKENS * H * E  # whole on each rank
-        assert r["flops"] == sum(x.forward + x.backward for x in products if x.tp == i and x.rule != "replicated") \
-            + L * 6 * (TOKENS // t) * H * E  # Megatron's router: the rank's tokens
+        router = [x for x in products if x.tp == i and roles[x.index] == "router"]
+        assert sum(x.forward + x.backward for x in router) == L * 6 * (TOKENS // t) * H * E  # the rank's tokens
+        assert r["flops"] == sum(x.forward + x.backward for x in products if x.tp == i)
