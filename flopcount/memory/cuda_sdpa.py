@@ -13,16 +13,23 @@ which the H200 measurement of docs/memory.md confirms):
 - memory-efficient (``can_use_mem_efficient_attention``): fp32 too, a mask allowed, as many heads in K and V as in
   Q, Q and K of one head size, Q's and V's head sizes multiples of 4 (fp32) or 8 (fp16, bf16)
   (``minimum_gemm_alignment``). It keeps the log-sum-exp padded to 32 query rows, B·heads·32·⌈S_q/32⌉ float32,
-  the mask it is handed, and its philox seed and offset.
+  the mask it is handed, and its philox seed and offset. A mask whose rows are not a multiple of 8 elements is
+  padded to one first (``preprocess_mask``, ``pad_bias<8>`` in torch's ``attention.cpp``): a copy, kept in its
+  place.
 - the math path otherwise: what eager attention keeps (:func:`flopcount.memory.kernels.kernels` reads it).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from math import ceil
+from math import ceil, prod
 
-__all__ = ["SdpaCall", "cuda_kernel", "FLASH", "EFFICIENT", "MATH", "SEED_OFFSET", "lse_bytes", "padded_head"]
+from ..reporting.report import NodeCount
+from ..saved import Saved, element_bytes
+
+__all__ = ["SdpaCall", "cuda_kernel", "FLASH", "EFFICIENT", "MATH", "SEED_OFFSET", "lse_bytes", "padded_head",
+           "padded_masks"]
 
 FLASH, EFFICIENT, MATH = "flash", "memory-efficient", "math"
 
@@ -72,3 +79,23 @@ def lse_bytes(kernel: str, rows: tuple[int, ...]) -> int:
 def padded_head(head: int) -> int:
     """The head size flash runs at: ``head`` padded to a multiple of 8."""
     return 8 * ceil(head / 8)
+
+
+def padded_masks(kept: Mapping[int, Saved], chain: Sequence[NodeCount]) -> dict[int, Saved]:
+    """``kept`` (what :func:`.handed_masks.kept_mask` gives the chain's nodes) with the memory-efficient kernel's
+    padding of each mask: the columns that make its rows a multiple of 8 elements, in the mask's kept type (an
+    Add's mask operand as given; a Where's condition converted to the scores' type)."""
+    out = dict(kept)
+    for n in chain:
+        s = kept.get(n.index)
+        y = n.outputs[0] if n.outputs else None
+        masks = [n.inputs[i] for i in s.inputs] if s is not None and s.inputs else \
+            [n.inputs[0]] if s is not None and s.extra and n.inputs else []
+        for t in masks:
+            if t is not None and t.is_static and t.shape and t.shape[-1] % 8 and y is not None:
+                cols = 8 * ceil(t.shape[-1] / 8) - t.shape[-1]
+                pad = prod(t.shape[:-1]) * cols * element_bytes(t.elem_type if s.inputs else y.elem_type)
+                s = s._replace(extra=s.extra + (("the mask padded to rows of 8 (memory-efficient kernel)", pad),))
+        if s is not None:
+            out[n.index] = s
+    return out

@@ -41,7 +41,8 @@ from types import MappingProxyType
 from ..context import TensorInfo
 from ..reporting.report import NodeCount
 from ..saved import NOTHING, Saved, element_bytes
-from .cuda_sdpa import FLASH, MATH, SEED_OFFSET, SdpaCall, cuda_kernel, lse_bytes, padded_head
+from .cuda_sdpa import (EFFICIENT, FLASH, MATH, SEED_OFFSET, SdpaCall, cuda_kernel, lse_bytes, padded_head,
+                        padded_masks)
 from .handed_masks import handed, kept_mask
 
 __all__ = ["PATTERNS", "FRAMEWORKS", "Kernels", "Pattern", "framework_of", "kernels"]
@@ -532,7 +533,8 @@ def _fused(a: _Attention, ix: _Index, saved: Mapping[int, Saved], copies: frozen
     on CUDA (``kernel``: :mod:`.cuda_sdpa`) its log-sum-exp, philox seed and offset, and flash's padded heads."""
     out = {n.index: NOTHING for n in a.nodes if n.index in saved}
     if masked:
-        out.update(kept_mask(a.chain, a.scores.outputs[0].name, saved))
+        kept = kept_mask(a.chain, a.scores.outputs[0].name, saved)
+        out.update(padded_masks(kept, a.chain) if kernel == EFFICIENT else kept)
     y = a.out.outputs[0]
     head = y.shape[-1] if y is not None and y.is_static else 0
     pad = kernel == FLASH and head % 8 != 0
@@ -542,9 +544,8 @@ def _fused(a: _Attention, ix: _Index, saved: Mapping[int, Saved], copies: frozen
         if node.index in out or node is not mul:
             out[node.index] = _padded(node.inputs[j], head) if pad else Saved(inputs=(j,))
     lse = lse_bytes(kernel or FLASH, y.shape[:-1]) if head else 0
-    extra = (("log-sum-exp (float32) of the fused attention kernel", lse),)
-    if kernel is not None:
-        extra += (("philox seed and offset of the fused attention kernel", SEED_OFFSET),)
+    extra = (("log-sum-exp (float32) of the fused attention kernel", lse),) + \
+        ((("philox seed and offset of the fused attention kernel", SEED_OFFSET),) if kernel else ())
     if pad:
         extra += _padded(y, head, padded_head(head) - head).extra
     if a.out.index in saved:

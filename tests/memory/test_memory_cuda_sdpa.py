@@ -44,14 +44,14 @@ class Attend(torch.nn.Module):
         return sdpa(q, k.repeat_interleave(r, 1), v.repeat_interleave(r, 1), attn_mask=window).sum()
 
 
-def ledger(module, dtype, device="cuda") -> int:
+def ledger(module, dtype, device="cuda", s=S) -> int:
     """The ledger's activations of one training step of ``module`` in ``dtype``: exported by the TorchScript
     exporter in float32, by the torch.export frontend in bf16 (the TorchScript exporter writes a bf16 sdpa with
     casts inside it, which is no kernel's pattern)."""
     from flopcount.frontends.export import export_dynamo
 
     torch.manual_seed(0)
-    module, x = module.to(dtype).train(), torch.randn(B, S, H, dtype=dtype)
+    module, x = module.to(dtype).train(), torch.randn(B, s, H, dtype=dtype)
     settings = MemorySettings(device=device)
     if dtype == torch.float32:
         report = flopcount.from_torch(module, (x,), training=True, optimizer="sgd", cache_dir=False, memory=settings)
@@ -74,11 +74,14 @@ def test_the_dispatcher_order_and_checks():
     assert call(_F32, 8, head_v=6) == call(masked=True, grouped=True) == call(0) == MATH
 
 
-def test_fp32_masked_is_the_memory_efficient_kernel():
-    """x (B·S·H), Q, K and V repeated to 4 heads and the output (B·4·S·8 each), the window converted to float32
-    (S·S), the log-sum-exp padded to 32 rows (B·4·32·⌈S/32⌉ float32) and the philox seed and offset."""
-    want = F32 * (B * S * H + 4 * B * 4 * S * 8 + S * S + B * 4 * 32 * math.ceil(S / 32)) + SEED_OFFSET
-    assert ledger(Attend(2, 8, True), torch.float32) == want
+@pytest.mark.parametrize("s", [S, 7])
+def test_fp32_masked_is_the_memory_efficient_kernel(s):
+    """x (B·s·H), Q, K and V repeated to 4 heads and the output (B·4·s·8 each), the window converted to float32
+    (s·s; at s = 7 its rows padded to 8 columns, a copy: s·8), the log-sum-exp padded to 32 rows
+    (B·4·32·⌈s/32⌉ float32) and the philox seed and offset."""
+    mask = s * 8 * math.ceil(s / 8)
+    want = F32 * (B * s * H + 4 * B * 4 * s * 8 + mask + B * 4 * 32 * math.ceil(s / 32)) + SEED_OFFSET
+    assert ledger(Attend(2, 8, True), torch.float32, s=s) == want
 
 
 def test_bf16_unmasked_equal_heads_is_flash():
@@ -106,15 +109,15 @@ def test_fp32_grouped_unmasked_is_the_math_path():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kv, head, masked, dtype", [(2, 8, True, "float32"), (4, 8, False, "bfloat16"),
-                                                     (2, 8, False, "float32"), (4, 8, True, "float32"),
-                                                     (4, 4, False, "bfloat16")])
-def test_the_ledger_equals_the_storages_torch_saves_on_cuda(kv, head, masked, dtype):
+@pytest.mark.parametrize("kv, head, masked, dtype, s", [(2, 8, True, "float32", S), (2, 8, True, "float32", 7),
+                                                        (4, 8, False, "bfloat16", S), (2, 8, False, "float32", S),
+                                                        (4, 8, True, "float32", S), (4, 4, False, "bfloat16", S)])
+def test_the_ledger_equals_the_storages_torch_saves_on_cuda(kv, head, masked, dtype, s):
     """The storages torch's autograd keeps for one forward on a CUDA device equal the ledger's reading."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     dt = getattr(torch, dtype)
     torch.manual_seed(0)
     module = Attend(kv, head, masked).to(dt).cuda().train()
-    kept = saved_storages(module, (torch.randn(B, S, H, dtype=dt, device="cuda"),))
-    assert ledger(Attend(kv, head, masked), dt) == kept
+    kept = saved_storages(module, (torch.randn(B, s, H, dtype=dt, device="cuda"),))
+    assert ledger(Attend(kv, head, masked), dt, s=s) == kept
