@@ -41,6 +41,8 @@ from types import MappingProxyType
 from ..context import TensorInfo
 from ..reporting.report import NodeCount
 from ..saved import NOTHING, Saved, element_bytes
+from .cuda_sdpa import (EFFICIENT, FLASH, MATH, SEED_OFFSET, SdpaCall, cuda_kernel, lse_bytes, padded_head,
+                        padded_masks)
 from .handed_masks import handed, kept_mask
 
 __all__ = ["PATTERNS", "FRAMEWORKS", "Kernels", "Pattern", "framework_of", "kernels"]
@@ -523,30 +525,41 @@ def _repeated(ix: _Index, t: TensorInfo, copies: frozenset[str]) -> tuple[NodeCo
     return None
 
 
-def _fused(a: _Attention, ix: _Index, saved: Mapping[int, Saved], copies: frozenset[str], masked: bool
-           ) -> dict[int, Saved]:
+def _fused(a: _Attention, ix: _Index, saved: Mapping[int, Saved], copies: frozenset[str], masked: bool,
+           kernel: str | None = None) -> dict[int, Saved]:
     """What a fused attention kernel keeps, given to the region's nodes: Q, K and V as it reads them (K and V
     before a grouped-query repeat, kept by the Expand that reads them; repeated where the kernel is ``masked``,
-    and the mask: :mod:`.handed_masks`), its output and a float32 log-sum-exp per query row (``B·heads·S_q``)."""
+    and the mask: :mod:`.handed_masks`), its output and a float32 log-sum-exp per query row (``B·heads·S_q``);
+    on CUDA (``kernel``: :mod:`.cuda_sdpa`) its log-sum-exp, philox seed and offset, and flash's padded heads."""
     out = {n.index: NOTHING for n in a.nodes if n.index in saved}
     if masked:
-        out.update(kept_mask(a.chain, a.scores.outputs[0].name, saved))
-    for mul, i in (a.q, a.k):
-        rep = None if masked else _repeated(ix, mul.inputs[i], copies)
-        if rep is not None and rep[0].index in saved:
-            out[rep[0].index] = Saved(inputs=(0,))
-        elif mul.index in out:
-            out[mul.index] = Saved(inputs=(i,))
+        kept = kept_mask(a.chain, a.scores.outputs[0].name, saved)
+        out.update(padded_masks(kept, a.chain) if kernel == EFFICIENT else kept)
     y = a.out.outputs[0]
-    lse = 4 * prod(y.shape[:-1]) if y is not None and y.is_static else 0
-    keep_v = (1,)
-    rep = None if masked else _repeated(ix, a.out.inputs[1], copies)
-    if rep is not None and rep[0].index in saved:
-        out[rep[0].index], keep_v = Saved(inputs=(0,)), ()
+    head = y.shape[-1] if y is not None and y.is_static else 0
+    pad = kernel == FLASH and head % 8 != 0
+    for mul, i in (a.q, a.k, (a.out, 1)):
+        rep = None if masked else _repeated(ix, mul.inputs[i], copies)
+        node, j = (rep[0], 0) if rep is not None and rep[0].index in saved else (mul, i)
+        if node.index in out or node is not mul:
+            out[node.index] = _padded(node.inputs[j], head) if pad else Saved(inputs=(j,))
+    lse = lse_bytes(kernel or FLASH, y.shape[:-1]) if head else 0
+    extra = (("log-sum-exp (float32) of the fused attention kernel", lse),) + \
+        ((("philox seed and offset of the fused attention kernel", SEED_OFFSET),) if kernel else ())
+    if pad:
+        extra += _padded(y, head, padded_head(head) - head).extra
     if a.out.index in saved:
-        out[a.out.index] = Saved(inputs=keep_v, outputs=(0,),
-                                 extra=(("log-sum-exp (float32) of the fused attention kernel", lse),))
+        s = out.get(a.out.index, NOTHING)
+        out[a.out.index] = Saved(inputs=s.inputs, outputs=(0,), extra=s.extra + extra)
     return out
+
+
+def _padded(t: TensorInfo, head: int, width: int = 0) -> Saved:
+    """A copy of Q, K or V (or its output's padding, ``width`` columns) at flash's head size (torch pads the head
+    size to a multiple of 8 before the kernel, ``pad_last_dim``)."""
+    numel = prod(t.shape) // head if t.is_static and head else 0
+    return Saved(extra=(("Q, K or V padded to flash's head size (a copy)",
+                         numel * (width or padded_head(head)) * element_bytes(t.elem_type)),))
 
 
 def _attentions(nodes: Sequence[NodeCount], ix: _Index, saved: Mapping[int, Saved], device: str
@@ -575,7 +588,17 @@ def _broadcast_heads(a: _Attention) -> bool:
     return k.shape[-3] != q.shape[-3] or v.shape[-3] != q.shape[-3]
 
 
-def _math(a: _Attention, saved: Mapping[int, Saved]) -> dict[int, Saved]:
+def _cuda(a: _Attention, ix: _Index, masked: bool) -> str:
+    """The kernel torch's CUDA dispatcher runs for the attention (:func:`.cuda_sdpa.cuda_kernel`): K and V are
+    grouped where the program hands them unrepeated (no mask: the exporter's repeat of them, a copy)."""
+    q, v = a.scores.inputs[0], a.out.inputs[1]
+    if q is None or v is None or not q.shape or not v.shape:
+        return MATH
+    grouped = not masked and any(_repeated(ix, t, frozenset(ix.producer)) for t in (a.k[0].inputs[a.k[1]], v))
+    return cuda_kernel(SdpaCall(q.elem_type, q.shape[-1], q.shape[-1], v.shape[-1], masked, grouped))
+
+
+def _math(a: _Attention, saved: Mapping[int, Saved], device: str = "cpu") -> dict[int, Saved]:
     """sdpa's math path (``aten._scaled_dot_product_attention_math``): the products keep what the graph's MatMuls
     keep (the scaled Q and Kᵀ, the probabilities and V, each as torch's ``matmul`` reads it: a K or V broadcast
     over Q's heads is copied); the scale is a number, which the products with Q and Kᵀ do not keep. With dropout
@@ -585,6 +608,8 @@ def _math(a: _Attention, saved: Mapping[int, Saved]) -> dict[int, Saved]:
     out = {m.index: NOTHING for m, _ in (a.q, a.k) if m.index in saved}
     for c in a.chain:
         y = c.outputs[0] if c.outputs else None
+        if c.op_type == "Dropout" and device != "cpu":
+            continue  # CUDA's native_dropout keeps a bool mask, as the Dropout rule does
         if c.op_type == "Dropout" and c.index in saved and y is not None and y.is_static:
             noise = prod(y.shape) * element_bytes(y.elem_type)
             out[c.index] = Saved(extra=(("dropout noise (input's type, the CPU kernel)", noise),))
@@ -733,10 +758,15 @@ def kernels(nodes: Sequence[NodeCount], saved: Mapping[int, Saved], stored: froz
     ix = _Index(nodes, stored)
     out, found = _pointwise(nodes, ix, saved)
     fused, math = _attentions(nodes, ix, saved, device)
+    evaluated = masks() if fused else {}
+    chosen = {a.out.index: _cuda(a, ix, a.scores.name in evaluated and handed(evaluated[a.scores.name]))
+              for a in fused} if device == "cuda" else {}
+    math += [a for a in fused if chosen.get(a.out.index) == MATH]
+    fused = [a for a in fused if chosen.get(a.out.index) != MATH]
     inside = {n.index for a in fused for n in a.nodes}
     guards: set[str] = set()
     for a in math:
-        out.update(_math(a, saved))
+        out.update(_math(a, saved, device))
         guards.update(_nan_guard(a))
     if device == "cpu":
         for n in nodes:
@@ -750,10 +780,9 @@ def kernels(nodes: Sequence[NodeCount], saved: Mapping[int, Saved], stored: froz
                                              if a.out.outputs[0] is not None and a.out.outputs[0].is_static})
     if made := _written_over(nodes, ix, saved, layout.views, layout.copies):
         found["a kept view of a tensor written after (a copy)"] = len(made)
-    evaluated = masks() if fused else {}
     for a in fused:
         masked = a.scores.name in evaluated and handed(evaluated[a.scores.name])
-        out.update(_fused(a, ix, saved, frozenset(layout.copies), masked))
+        out.update(_fused(a, ix, saved, frozenset(layout.copies), masked, chosen.get(a.out.index)))
     if fused:
         found["scaled dot-product attention (fused)"] = len(fused)
     for n in nodes:

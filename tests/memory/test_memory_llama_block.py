@@ -70,8 +70,8 @@ def test_llama_layer_from_torch_keeps_what_torch_keeps(attn, recompute):
     RMSNorm keeps its float32 input (4·s·b·h), the cast back (2·s·b·h, for the weight's gradient), its output (kept
     by the projections, 2·s·b·h) and a float32 rstd per token; the MLP gate, SiLU's output, up and their product
     (8·s·b·I). Attention under selective recompute (Megatron's core, the grouped-query repeat inside it): Q, K and
-    V at their own heads and the output projection's input; sdpa's fused kernel keeps the same and a float32
-    log-sum-exp per query row and head; eager without recompute keeps K and V repeated (torch's reshape copies
+    V at their own heads and the output projection's input; sdpa's fused kernel (flash on CUDA) keeps the same, a
+    float32 log-sum-exp per query row and head and its philox seed and offset (two int64); eager without recompute keeps K and V repeated (torch's reshape copies
     them), the float32 softmax and its bf16 cast (6·a·s²·b). For Llama-3-8B (h = 4096, a = 32, g = 8,
     I = 14336) the first is 49·s·b·h + 8·s·b."""
     transformers = pytest.importorskip("transformers")
@@ -91,7 +91,7 @@ def test_llama_layer_from_torch_keeps_what_torch_keeps(attn, recompute):
     norms = 2 * (8 * s * b * h + 4 * s * b)
     mlp = 8 * s * b * i
     if recompute == "selective":
-        attention = 4 * s * b * h + 4 * s * b * h * g // a + (4 * a * s * b if attn == "sdpa" else 0)
+        attention = 4 * s * b * h + 4 * s * b * h * g // a + (4 * a * s * b + 16 if attn == "sdpa" else 0)
     else:
         attention = 8 * s * b * h + 6 * a * s * s * b
     assert kept[2] - kept[1] == norms + attention + mlp
