@@ -14,6 +14,8 @@ the contract.
   ranks grouped by the bytes they hold
 * :mod:`.kernels` what the framework's kernels keep where the exporter wrote one kernel as several nodes (GELU, SiLU,
   rsqrt, fused attention), and torch's views and copies, applied before the ledger's walk
+* :mod:`.cuda_sdpa` which kernel torch's CUDA dispatcher runs for a fused attention (flash, memory-efficient or
+  math), and what it keeps besides Q, K, V and its output (``--memory-device cuda``)
 * :mod:`.handed_masks` whether a fused attention kernel is handed the graph's mask, and what it keeps of it
 * :mod:`.sizes` a device's memory as users write it (``80GiB``, ``94GB``, bytes), for ``--device-memory``
 * :mod:`.bodies` what one run of a control-flow body keeps for its backward (If, Loop, Scan, SequenceMap rules)
