@@ -135,3 +135,19 @@ def test_an_uneven_load_runs_each_ranks_experts_on_their_pairs(report, tmp_path)
             r.hardware_flops / M)  # all its nodes: the ledger's rank, a microbatch
     for r in _work(report).ranks:
         assert _grouped_flops(r) == pytest.approx(L * 18 * H * I * B * S * K)
+
+
+@pytest.mark.parametrize("plan", ["cp=2,ep=2", "dp=2,cp=2,ep=4"])
+def test_under_cp_and_an_uneven_load_a_ranks_nodes_are_the_ledgers(report, tmp_path, plan):
+    """With the sequence split over CP ranks and an uneven load, a rank's nodes run 1/C of its stage's work and its
+    experts E·f_r of its group's pairs: their FLOPs are the ledger's hardware FLOPs of the rank, a microbatch (two
+    ways of splitting, each on its own: the predictor scales the nodes, the ledger splits each node's FLOPs)."""
+    from flopcount.parallel.experts import load_expert_load
+
+    load = tmp_path / "load.json"
+    load.write_text(json.dumps([[1, 1, 1, 1], [5, 1, 1, 1]]))
+    work = _work(report, load=load_expert_load(load), plan=plan)
+    flops = [sum(w.flops + w.backward_flops for nodes in r.chunks.values() for w in nodes) for r in work.ranks]
+    assert len(set(flops)) > 1  # the load is uneven: the busiest rank runs more
+    for r, f in zip(work.ranks, flops):
+        assert f == pytest.approx(r.hardware_flops / M)
