@@ -213,6 +213,17 @@ def tiny_llama(hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vo
     return flopcount.from_hf(config, shape, cache_dir=False, mode=mode, optimizer=optimizer)
 
 
+def mixtral_config(hidden: int, ffn: int, layers: int, heads: int, kv_heads: int, vocab: int, experts: int,
+                   top_k: int, **extra):
+    """A Hugging Face Mixtral configuration of these sizes (no weights): the MoE the parallel and predictor tests
+    divide over ranks (``extra``: any other field of the configuration)."""
+    import transformers
+
+    return transformers.MixtralConfig(hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
+                                      num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab,
+                                      num_local_experts=experts, num_experts_per_tok=top_k, **extra)
+
+
 def gloo_ranks(worker, tmp_path, *args, world: int = 2) -> list:
     """Run ``worker(rank, world, init, out, *args)`` on ``world`` forked processes (a gloo group joins through a
     file under ``tmp_path``); each writes its JSON to ``f"{out}.{rank}"``; their results in rank order. Fork, not

@@ -20,12 +20,12 @@ from collections import Counter
 
 import pytest
 from gloo_shards import Recorder, ledger_bytes, rms_norm
-from helpers import gloo_ranks
+from helpers import gloo_ranks, mixtral_config
 
 from flopcount.parallel.plan import parse_parallel, parse_recompute
 from flopcount.parallel.ranks import ledger
 
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
 H, L, HEADS, KV, V, E, K, I = 32, 2, 4, 2, 64, 4, 2, 24
@@ -131,9 +131,7 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
 def report():
     import flopcount
 
-    config = transformers.MixtralConfig(hidden_size=H, intermediate_size=I, num_hidden_layers=L,
-                                        num_attention_heads=HEADS, num_key_value_heads=KV, vocab_size=V,
-                                        num_local_experts=E, num_experts_per_tok=K)
+    config = mixtral_config(H, I, L, HEADS, KV, V, E, K)
     return flopcount.from_hf(config, (B, S), cache_dir=False, mode="train")
 
 
@@ -207,10 +205,7 @@ def test_generation_gathers_the_counts_and_runs_no_auxiliary_loss(tmp_path):
     import flopcount
     from flopcount.parallel.generation import generation_ledger
 
-    config = transformers.MixtralConfig(hidden_size=H, intermediate_size=I, num_hidden_layers=L,
-                                        num_attention_heads=HEADS, num_key_value_heads=KV, vocab_size=V,
-                                        num_local_experts=E, num_experts_per_tok=K,
-                                        architectures=["MixtralForCausalLM"])
+    config = mixtral_config(H, I, L, HEADS, KV, V, E, K, architectures=["MixtralForCausalLM"])
     report = flopcount.from_hf(config, generate=(P, N), batch=B, cache_dir=False)
     led = generation_ledger(report, parse_parallel(f"cp={CP},ep={EP}", microbatches=M))
     seen = gloo_ranks(_inference_worker, tmp_path)

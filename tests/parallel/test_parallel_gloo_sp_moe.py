@@ -19,14 +19,14 @@ from collections import Counter
 
 import pytest
 from gloo_shards import Recorder, ledger_bytes, rms_norm, vocab_lookup
-from helpers import gloo_ranks
+from helpers import gloo_ranks, mixtral_config
 from test_parallel_gloo_sp import megatron_column
 
 from flopcount.parallel.layout import layout_of
 from flopcount.parallel.plan import parse_parallel
 from flopcount.parallel.ranks import ledger, node_shares
 
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
 H, L, HEADS, KV, V, E, K, I = 32, 2, 4, 2, 64, 4, 2, 24
@@ -148,9 +148,7 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
 def report():
     import flopcount
 
-    config = transformers.MixtralConfig(hidden_size=H, intermediate_size=I, num_hidden_layers=L,
-                                        num_attention_heads=HEADS, num_key_value_heads=KV, vocab_size=V,
-                                        num_local_experts=E, num_experts_per_tok=K)
+    config = mixtral_config(H, I, L, HEADS, KV, V, E, K)
     return flopcount.from_hf(config, (B, S), cache_dir=False, mode="train")
 
 

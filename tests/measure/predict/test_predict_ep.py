@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from helpers import collectives_profile
+from helpers import collectives_profile, mixtral_config
 
 
 L, R, K, H, I, B, S, M = 2, 4, 2, 32, 64, 2, 8, 2
@@ -26,13 +26,9 @@ def _profile():
 @pytest.fixture(scope="module")
 def report():
     pytest.importorskip("transformers")
-    import transformers
-
     import flopcount
 
-    config = transformers.MixtralConfig(hidden_size=H, intermediate_size=I, num_hidden_layers=L,
-                                        num_attention_heads=2, num_key_value_heads=2, vocab_size=128,
-                                        num_local_experts=R, num_experts_per_tok=K)
+    config = mixtral_config(H, I, L, 2, 2, 128, R, K)
     return flopcount.from_hf(config, (B, S), cache_dir=False, mode="train")
 
 
