@@ -42,8 +42,8 @@ What is shared between plans, exactly:
   layers, the plans of the same node shares: other dp, sharding, M or schedule's name), timed once, its nodes'
   seconds summed in their order (:mod:`flopcount.measure.predict_report`); a rank's optimizer elements and a
   stage's parameter groups summed once per kind of module (:func:`flopcount.parallel.optimizer.module_kinds`;
-  integers: in any order) and a rank's optimizer tensors once per stage and optimizer FLOPs; the pipeline's chunk lengths in FLOPs once per node shares. The figures are those of
-  the plan predicted alone, to the bit;
+  integers: in any order) and a rank's optimizer tensors once per stage and optimizer FLOPs; the pipeline's chunk
+  lengths in FLOPs once per node shares. The figures are those of the plan predicted alone, to the bit;
 * a ``zero1`` plan, and a ``zero2`` plan of M > 1, walks as its plan without ZeRO does but from a start larger by
   the difference of its optimizer states and gradients (:func:`flopcount.memory.ranks.stage_states`), with zero2's
   bucket held: its peak is that walk's so moved, where that walk's peak is not at the optimizer step (whose

@@ -57,8 +57,9 @@ def _node_work(known: tuple, fwd: float, bwd: float, again: float) -> NodeWork:
 def _node_facts(node: Any, params: frozenset[str], gathered: Any,
                 stored: Callable[[str], Any] | None = None) -> tuple[str, int, int, float, float, int]:
     """(kind, whole FLOPs, bytes, matrices, backward kernels, bytes a split of the sequence leaves whole: its
-    parameters', and under an attention its inputs after the queries, the K and V gathered whole) of a node (``params``: the model's parameter names;
-    ``gathered``: :func:`_gathered`): what its share on any rank is scaled from. Experts' weights gathered per
+    parameters' and their views' (``stored`` tells one by its name; without it, its gathered experts' alone), and
+    under an attention its inputs after the queries, the K and V gathered whole) of a node (``params``: the
+    model's parameter names; ``gathered``: :func:`_gathered`): what its share on any rank is scaled from. Experts' weights gathered per
     token are run as the framework runs them, a grouped product over the resident weights: the gather and its views
     are no work (nor their backward's sum into the weight's gradient, which the grouped product's own reduction
     over the tokens makes); a product reading them reads the parameter once, as E products of its tokens (E the
