@@ -130,9 +130,13 @@ def _cp_loss(model, ids, pos):
 
     b = ids.shape[0]
     logits = model(input_ids=ids[:, pos], position_ids=pos[None].expand(b, -1)).logits
+    return F.cross_entropy(logits.flatten(0, 1).float(), cp_labels(ids, pos).flatten(), ignore_index=-100)
+
+
+def cp_labels(ids, pos):
+    """The next token of the whole sequence ``ids`` after each position of ``pos``; -100 (ignored) after the last."""
     nxt = pos + 1
-    labels = ids[:, nxt.clamp(max=SEQ - 1)].masked_fill(nxt[None] >= SEQ, -100)
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+    return ids[:, nxt.clamp(max=ids.shape[1] - 1)].masked_fill(nxt[None] >= ids.shape[1], -100)
 
 
 class _Stage:
