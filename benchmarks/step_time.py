@@ -8,8 +8,9 @@ one rank; random weights, nothing downloaded) with AdamW, one thread per process
 (GPipe and 1F1B, the stages' activations and gradients sent with gloo), FSDP2 (``fully_shard`` on each decoder
 layer, then the root, its default gradient sync), tensor parallelism with and without sequence parallelism
 (``step_time_tp``), expert parallelism of a Mixtral over its data-parallel ranks (``step_time_ep``: the run's
-routing recorded and given to the prediction as ``--expert-load``, the one prediction made after its run), and
-recompute (torch's non-reentrant checkpoint around each decoder layer: ``--recompute non-reentrant``). A step is
+routing recorded and given to the prediction as ``--expert-load``, the one prediction made after its run), context
+parallelism of a Llama over 2 ranks (``step_time_cp``: each rank its zigzag half of every sequence, the K and V
+gathered per layer, DDP over the CP ranks), and recompute (torch's non-reentrant checkpoint around each decoder layer: ``--recompute non-reentrant``). A step is
 timed from a barrier to the end of the optimizer step on the slowest rank, after warm-up steps; the median and the
 spread (slowest/fastest) of the repeats are printed beside the prediction's error.
 
@@ -65,10 +66,11 @@ class Run:
     fsdp: bool = False  # data parallel with FSDP2 (fully_shard on each decoder layer, then the root)
     sp: bool = False  # sequence parallelism beside tp (step_time_tp.TensorParallelLM's sp)
     ep: int = 1  # expert parallelism over the dp ranks (step_time_ep.ExpertParallelMoe; a Mixtral, without tp or pp)
+    cp: int = 1  # context parallelism (step_time_cp's zigzag; a Llama, without dp, tp or pp)
 
     @property
     def world(self) -> int:
-        return self.dp * self.pp * self.tp
+        return self.dp * self.pp * self.tp * self.cp
 
 
 RUNS = (
@@ -97,6 +99,8 @@ RUNS = (
     Run("1rank-mixtral-b4", "mixtral", 4),
     Run("dp2-mixtral", "mixtral", 4, dp=2),
     Run("ep2-mixtral", "mixtral", 4, dp=2, ep=2),
+    Run("cp2", "llama", 4, cp=2),
+    Run("cp2-recompute", "llama", 4, cp=2, recompute="non-reentrant"),
 )
 
 
@@ -117,6 +121,22 @@ def _loss(logits, ids):
     import torch.nn.functional as F
 
     return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
+
+
+def _cp_loss(model, ids, pos):
+    """The loss of a CP rank's tokens (positions ``pos`` of each sequence, step_time_cp's zigzag): each predicts
+    the next token of the whole sequence, the sequence's last none."""
+    import torch.nn.functional as F
+
+    b = ids.shape[0]
+    logits = model(input_ids=ids[:, pos], position_ids=pos[None].expand(b, -1)).logits
+    return F.cross_entropy(logits.flatten(0, 1).float(), cp_labels(ids, pos).flatten(), ignore_index=-100)
+
+
+def cp_labels(ids, pos):
+    """The next token of the whole sequence ``ids`` after each position of ``pos``; -100 (ignored) after the last."""
+    nxt = pos + 1
+    return ids[:, nxt.clamp(max=ids.shape[1] - 1)].masked_fill(nxt[None] >= ids.shape[1], -100)
 
 
 class _Stage:
@@ -170,6 +190,11 @@ def worker(rank: int, run: Run, port: int, out: str, warmup: int, repeats: int) 
     g = torch.Generator().manual_seed(1 + dp_rank)
     ids = [torch.randint(0, LLAMA["vocab_size"], (run.batch, SEQ), generator=g) for _ in range(run.microbatches)]
     stage = _Stage(model, pp_rank, run.pp) if run.pp > 1 else None
+    pos = None
+    if run.cp > 1:  # the rank's zigzag tokens of each sequence; DDP's all_reduce over the CP ranks (dp_cp)
+        from step_time_cp import context_parallel
+
+        pos = context_parallel(model, rank, run.cp, None, SEQ)
     params = stage.params if stage else list(model.parameters())
     dp_group, net = None, None
     if run.world > 1 and run.dp > 1:  # every rank makes every group, in the same order
@@ -200,7 +225,7 @@ def worker(rank: int, run: Run, port: int, out: str, warmup: int, repeats: int) 
             fully_shard(layer, mesh=_mesh(dp_group))
         fully_shard(model, mesh=_mesh(dp_group))
         params = list(model.parameters())
-    elif run.dp > 1 and run.pp == 1:
+    elif (run.dp > 1 or run.cp > 1) and run.pp == 1:
         from torch.nn.parallel import DistributedDataParallel
 
         ddp = DistributedDataParallel(net or model, process_group=dp_group)
@@ -218,6 +243,8 @@ def worker(rank: int, run: Run, port: int, out: str, warmup: int, repeats: int) 
                 with ctx:
                     if run.tp > 1:
                         loss = (ddp or net)(ids[j]) / run.microbatches
+                    elif pos is not None:
+                        loss = _cp_loss(ddp or model, ids[j], pos) / run.microbatches
                     else:
                         loss = _loss((ddp or model)(input_ids=ids[j]).logits, ids[j]) / run.microbatches
                     loss.backward()
@@ -351,7 +378,8 @@ def _count_command(run: Run, config: str, profile: str, expert_load: str | None 
            "--predict", "--machine", profile, "--format", "json"]
     if run.world > 1 or run.recompute != "none":
         cmd += ["--parallel", f"tp={run.tp},dp={run.dp},pp={run.pp}" + (",fsdp" if run.fsdp else "")
-                + (",sp" if run.sp else "") + (f",ep={run.ep}" if run.ep > 1 else ""),
+                + (",sp" if run.sp else "") + (f",ep={run.ep}" if run.ep > 1 else "")
+                + (f",cp={run.cp}" if run.cp > 1 else ""),
                 "--microbatches", str(run.microbatches),
                 "--schedule", run.schedule, "--recompute", run.recompute]
     if expert_load is not None:

@@ -417,26 +417,36 @@ _last_experts: list[tuple] = []
 
 def _loaded(report: Any, shares: Any, led: Any) -> Callable[[Mapping[int, tuple], Any], Mapping[int, tuple]]:
     """A rank's chunks (its place's, :func:`_places`) with each routed expert's work at the rank's share of the
-    load: under ep with ``--expert-load``, the nodes of rule ``expert`` of MoE layer l scaled by E·f_r,l (f_r,l the
-    ledger's share of the layer's pairs for the rank's experts, its ``expert_shares``), which balanced (f = 1/E)
-    leaves as its place's: the rank's own tokens' pairs. The same chunks for ranks of the same place and EP rank
-    (one tuple each, which the predictor times once)."""
+    load: under ep, the nodes of rule ``expert`` of MoE layer l scaled by E·f_r,l (f_r,l the ledger's share of the
+    layer's pairs for the rank's experts, its ``expert_shares`` with ``--expert-load``; balanced, f = 1/E, which
+    leaves them the rank's own tokens' pairs), their weights read whole (:func:`_scaled`); a grouped product over
+    the experts' gathered weights (:func:`_node_facts`) runs the rank's R/E experts alone: its matrices and the
+    weight bytes it reads 1/E of the parameter's. The same chunks for ranks of the same place and EP rank (one
+    tuple each, which the predictor times once)."""
     from flopcount.parallel.layout import layout_of
 
-    if not led.expert_shares:
+    if led.plan.ep == 1:
         return lambda chunks, r: chunks
     if not (_last_experts and _last_experts[0][0] is shares):
         layer = layout_of(report, led.plan).layer
-        found: dict[tuple[int, int], dict[int, list[tuple[int, int]]]] = {}
+        gathered, (key, node) = _gathered(report), _originals(report.nodes)
+        found: dict[tuple[int, int], dict[int, list[tuple[int, int, bool]]]] = {}
         sizes: dict[tuple[int, int, int], int] = {}
         for x in shares:
             at = (x.stage, x.tp, x.chunk)
             k = sizes[at] = sizes.get(at, -1) + 1
             if x.rule == "expert":
-                found.setdefault((x.stage, x.tp), {}).setdefault(x.chunk, []).append((k, layer[x.index]))
+                grouped = any(t is not None and t.name in gathered.tensors for t in node(key(x.index)).inputs)
+                found.setdefault((x.stage, x.tp), {}).setdefault(x.chunk, []).append((k, layer[x.index], grouped))
         _last_experts[:] = [(shares,), found]
     experts, e = _last_experts[1], led.plan.ep
     made: dict[tuple, Mapping[int, tuple]] = {}
+
+    def load(layer: int, rank: int) -> float:  # E·f_r,l: 1 balanced
+        if not led.expert_shares:
+            return 1.0
+        num, den = led.expert_shares[layer][rank]
+        return e * num / den
 
     def chunks_of(chunks: Mapping[int, tuple], r: Any) -> Mapping[int, tuple]:
         place = (r.stage, r.coords["tp"])
@@ -444,9 +454,8 @@ def _loaded(report: Any, shares: Any, led: Any) -> Callable[[Mapping[int, tuple]
         if key not in made:
             out = dict(chunks)
             for c, at in experts.get(place, {}).items():
-                factors = tuple(e * num / den for num, den in (led.expert_shares[layer][r.coords["ep"]]
-                                                               for _, layer in at))
-                out[c] = _scaled_chunk(out[c], tuple(k for k, _ in at), factors)
+                factors = tuple((load(layer, r.coords["ep"]), e if grouped else 1) for _, layer, grouped in at)
+                out[c] = _scaled_chunk(out[c], tuple(k for k, _, _ in at), factors)
             made[key] = out
         return made[key]
 
@@ -459,25 +468,29 @@ def _loaded(report: Any, shares: Any, led: Any) -> Callable[[Mapping[int, tuple]
 _scaled_chunks: dict[tuple[int, tuple, tuple], tuple] = {}
 
 
-def _scaled_chunk(works: tuple, at: tuple[int, ...], factors: tuple[float, ...]) -> tuple:
-    """``works`` with the work at each place of ``at`` scaled by its factor (:func:`_scaled`)."""
+def _scaled_chunk(works: tuple, at: tuple[int, ...], factors: tuple[tuple[float, int], ...]) -> tuple:
+    """``works`` with the work at each place of ``at`` scaled by its (factor, experts' split) (:func:`_scaled`)."""
     key = (id(works), at, factors)
     hit = _scaled_chunks.get(key)
     if hit is not None and hit[0] is works:
         return hit[1]
     out = list(works)
-    for k, f in zip(at, factors):
-        out[k] = _scaled(out[k], f)
+    for k, (f, split) in zip(at, factors):
+        out[k] = _scaled(out[k], f, split)
     if len(_scaled_chunks) > 4096:
         _scaled_chunks.clear()
     _scaled_chunks[key] = (works, tuple(out))
     return _scaled_chunks[key][1]
 
 
-def _scaled(w: NodeWork, f: float) -> NodeWork:
-    """``w`` run over ``f`` times its tokens: its FLOPs and bytes times ``f``, its matrices (the experts) the same."""
-    return replace(w, flops=w.flops * f, bytes=w.bytes * f, backward_flops=w.backward_flops * f,
-                   recompute_flops=w.recompute_flops * f)
+def _scaled(w: NodeWork, f: float, split: int = 1) -> NodeWork:
+    """``w`` run over ``f`` times its tokens: its FLOPs and the bytes of its activations times ``f``, the bytes of
+    its weights (``whole_bytes``: an expert's weights are read once whatever its load) 1/``split`` (a grouped
+    product's share of the experts, whose matrices are 1/``split`` too), unscaled by the load."""
+    whole = w.whole_bytes / split
+    return replace(w, flops=w.flops * f, bytes=(w.bytes - w.whole_bytes) * f + whole,
+                   backward_flops=w.backward_flops * f, recompute_flops=w.recompute_flops * f,
+                   matrices=max(1.0, w.matrices / split), whole_bytes=whole)
 
 
 #: Chunks split over the sequence (:func:`_split_context`), by the identity of the place's chunk (held) and C.

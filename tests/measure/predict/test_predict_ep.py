@@ -13,7 +13,7 @@ import pytest
 from helpers import collectives_profile, mixtral_config
 
 
-L, R, K, H, I, B, S, M = 2, 4, 2, 32, 64, 2, 8, 2
+L, R, K, H, I, B, S, M = 2, 4, 2, 32, 64, 3, 8, 2
 VEC = B * S * K * H * 4  # a rank's (token, expert) pairs' hidden vectors: what one dispatch sends
 COUNTS = 2 * R * 8  # the router's int64 counts per expert of the 2 ranks of tp_ep
 LAT, BW = 40e-6, 2e9  # every collective's latency and bus bandwidth
@@ -108,11 +108,15 @@ def test_the_auxiliary_losss_counts_are_a_call_a_layer_and_pass(report, policy, 
                                              (("forward", forward), ("backward", backward)) if k])
 
 
+def _grouped(rank) -> list:
+    """A rank's works of its experts' grouped products (gate_up and down): products of its R/2 experts' matrices,
+    one an expert (the rank holds R/2 of the R under ep=2)."""
+    return [w for nodes in rank.chunks.values() for w in nodes if w.kind == "gemm" and w.matrices == R // 2]
+
+
 def _grouped_flops(rank) -> float:
-    """A rank's FLOPs (forward and backward, a microbatch) of its experts' grouped products (products of R
-    matrices, one an expert: gate_up and down)."""
-    return sum(w.flops + w.backward_flops for nodes in rank.chunks.values() for w in nodes
-               if w.kind == "gemm" and w.matrices == R)
+    """A rank's FLOPs (forward and backward, a microbatch) of its experts' grouped products."""
+    return sum(w.flops + w.backward_flops for w in _grouped(rank))
 
 
 def test_an_uneven_load_runs_each_ranks_experts_on_their_pairs(report, tmp_path):
@@ -147,3 +151,23 @@ def test_under_cp_and_an_uneven_load_a_ranks_nodes_are_the_ledgers(report, tmp_p
     assert len(set(flops)) > 1  # the load is uneven: the busiest rank runs more
     for r, f in zip(work.ranks, flops):
         assert f == pytest.approx(r.hardware_flops / M)
+
+
+@pytest.mark.parametrize("uneven", [False, True])
+def test_an_experts_bytes_are_its_pairs_at_the_load_and_its_weights_once(report, tmp_path, uneven):
+    """A grouped product reads its rank's R/2 experts' weights once whatever their load (gate_up: (R/2)·2I·H, down:
+    (R/2)·I·H elements) and moves the vectors of the pairs its experts run, E·f_r of its own B·S·K a layer (its
+    input and its output: gate_up H in and 2I out a pair, down I in and H out), fp32."""
+    from flopcount.parallel.experts import load_expert_load
+
+    load = tmp_path / "load.json"
+    load.write_text(json.dumps([[1, 1, 1, 1], [5, 1, 1, 1]]))
+    ran = [[2 * 2 / 4, 2 * 6 / 8], [2 * 2 / 4, 2 * 2 / 8]] if uneven else [[1, 1], [1, 1]]
+    work = _work(report, load=load_expert_load(load) if uneven else None)
+    for rank, r in enumerate(work.ranks):
+        pairs = [B * S * K * x for x in ran[rank]]
+        want = sorted([4 * (p * (H + 2 * I) + R // 2 * 2 * I * H) for p in pairs]
+                      + [4 * (p * (I + H) + R // 2 * I * H) for p in pairs])
+        assert sorted(w.bytes for w in _grouped(r)) == pytest.approx(want)
+        assert sorted(w.whole_bytes for w in _grouped(r)) == sorted([4 * R // 2 * 2 * I * H] * L
+                                                                    + [4 * R // 2 * I * H] * L)

@@ -121,3 +121,23 @@ def test_the_benchmarks_context_parallel_step_is_the_predictors(tmp_path):
             assert sent == want, (policy, rank)
             listed = {c.kind: c.bytes for c in led.ranks[rank].communication if c.group == "cp"}
             assert listed == {"all_gather": (1 + again) * L * KV_BYTES, "reduce_scatter": L * KV_BYTES}
+
+
+def test_the_benchmarks_cp_labels_are_the_whole_sequences_next_tokens():
+    """``step_time.py``'s cp runs: over both ranks' zigzag positions, each label is the next token of the whole
+    sequence, written here as ids[:, p + 1], and the sequence's last position (on rank 0, whose second chunk ends
+    it) is ignored (-100): the ranks' losses together are the whole sequence's."""
+    sys.path.insert(0, BENCHMARKS)
+    import step_time
+    import step_time_cp
+
+    ids = torch.randint(0, V, (B, S), generator=torch.Generator().manual_seed(0))
+    seen = {}
+    for rank in range(CP):
+        pos = step_time_cp.zigzag(S, CP, rank)
+        for j, p in enumerate(pos.tolist()):
+            seen[p] = step_time.cp_labels(ids, pos)[:, j]
+    assert sorted(seen) == list(range(S))
+    for p in range(S - 1):
+        assert seen[p].tolist() == ids[:, p + 1].tolist()
+    assert seen[S - 1].tolist() == [-100] * B
