@@ -211,3 +211,19 @@ def test_eager_run_drops_tokens_over_capacity(report):
     dropped, kept = expert_products(1)
     assert all(k <= B * E < t for k, t in zip(kept, MOE_TOKENS))  # each expert at most 1 token of a sequence
     assert dropped == pair * sum(kept) < graph
+
+
+def test_top1_router_is_replicated_over_tp(report):
+    """Under tp the router (found by the ArgMax its scores reach: Switch has no TopK) runs whole on every TP rank,
+    2·T·h·R a MoE layer forward on each (T its stack's tokens), and the experts 1/T: 2·2·T·h·d_ff/T a layer."""
+    from flopcount.parallel.ranks import node_shares
+
+    shares = node_shares(report, parse_parallel("tp=2,dp=2,ep=2"))
+    scopes = report.modules.nodes
+    router = [x for x in shares if any(s.endswith(".router.classifier") for s in scopes[x.index])]
+    assert sorted((x.tp, x.forward) for x in router) == sorted(
+        (i, 2 * t * H * E) for i in range(2) for t in MOE_TOKENS)
+    assert {x.rule for x in router} == {"norm"}  # replicated over TP, on the rank's tokens under sp
+    experts = [x for x in shares if x.rule == "expert" and report.nodes[x.index].family == "matmul"]
+    for i in range(2):
+        assert sum(x.forward for x in experts if x.tp == i) == sum(2 * 2 * t * H * FF // 2 for t in MOE_TOKENS)
