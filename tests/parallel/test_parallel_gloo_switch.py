@@ -227,3 +227,14 @@ def test_top1_router_is_replicated_over_tp(report):
     experts = [x for x in shares if x.rule == "expert" and report.nodes[x.index].family == "matmul"]
     for i in range(2):
         assert sum(x.forward for x in experts if x.tp == i) == sum(2 * 2 * t * H * FF // 2 for t in MOE_TOKENS)
+
+
+def test_expert_gradients_on_their_expert_data_parallel_group(report):
+    """At dp=4,ep=2 each expert is held by dp·cp/ep = 2 ranks: its gradient is all-reduced over that group (``edp``),
+    the rest over the 4 data-parallel ranks (test_parallel_gloo_edp.py runs that group for real)."""
+    led = ledger(report, parse_parallel("dp=4,ep=2"))
+    experts = 2 * PER * 2 * H * FF  # a rank's experts' elements
+    for r in led.ranks:
+        listed = ledger_bytes(r)
+        assert listed["all_reduce(edp)"] == F32 * experts
+        assert listed["all_reduce(dp)"] == F32 * (report.params - 2 * E * 2 * H * FF)
