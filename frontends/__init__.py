@@ -10,6 +10,7 @@
 * :mod:`.hf` ``from_hf``: a Hugging Face ``transformers`` model built from its configuration alone, then exported
 * :mod:`.hf_cache` the recipe that serves a repeated ``--hf`` count from the export cache without importing torch or
   transformers (its key: the configuration file, the call, the installed versions)
+* :mod:`.hf_experts` experts kept as one module each (SwitchTransformers') run as one batched top-1 product
 * :mod:`.exported` what the count of an export takes from its module, as a plain record, and that count
 * :mod:`.repeated` a ``transformers`` model's stack of identical layers, shown identical (``--repeated-layers``)
 * :mod:`.ahead` the larger of a stack's two small exports made ahead in a forked child while the smaller is counted

@@ -26,6 +26,8 @@ from flopcount.errors import ConfigError, FrontendError, UsageError, first_line,
 from flopcount.limits import MAX_ELEMENTS
 from flopcount.pipeline.progress import phase
 
+from . import hf_experts
+
 if TYPE_CHECKING:
     from flopcount.options import CountOptions
 
@@ -83,7 +85,8 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
     A mixture-of-experts model (Mixtral, Qwen-MoE, DeepSeek) is built with transformers' ``batched_mm``
     experts: every token's k experts run as one batched product, so the graph counts the router, exactly k
     routed experts per token and the shared experts, and ``report.moe`` gives ``params`` and
-    ``active_params`` (:func:`moe_blocks`).
+    ``active_params`` (:func:`moe_blocks`). SwitchTransformers' experts, one module each, run as one batched top-1
+    product too (:mod:`flopcount.frontends.hf_experts`).
 
     Raises
     ------
@@ -481,7 +484,8 @@ def moe_blocks(model):
     for name, module in model.named_modules():
         stacked = [p for _, p in module.named_parameters(recurse=False) if p.dim() == 3]
         e = getattr(module, "num_experts", None)
-        if not stacked or not isinstance(e, int) or any(p.shape[0] != e for p in stacked):
+        if not hf_experts.expert_modules(module) and (
+                not stacked or not isinstance(e, int) or any(p.shape[0] != e for p in stacked)):
             continue
         paths.append(name)
         experts.add(e)
@@ -507,7 +511,7 @@ def moe_summary(model, report, tokens: int, capacity_factor: float | None = None
     if found is None:
         return None
     paths, experts, per_expert, shared = found
-    top_k = getattr(model.config, "num_experts_per_tok", None) or getattr(model.config, "moe_topk", None)
+    top_k = hf_experts.top_k(model)
     if not top_k:
         return None
     inside = set(paths)
@@ -750,6 +754,7 @@ def build_model(config, *, trust_remote_code: bool = False):
         raise ConfigError(f"{config.model_type}: transformers cannot build a model of this configuration: "
                           f"{one_line(e)}{_fields_in(config, str(e))}") from None
     _check_sizes(model, config)
+    hf_experts.batch_experts(model)
     return model.eval()
 
 

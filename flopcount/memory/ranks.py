@@ -138,7 +138,7 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
     (:func:`flopcount.parallel.experts.load_expert_load`), balanced if None."""
     w, d, moe_layers = _prepared(report, plan, expert_load)
     top_k = report.moe.top_k if moe_layers else 0
-    ranks = _walked_ranks(w, d.batch * (d.seq // plan.cp) * top_k * d.hidden * d.act_bytes)
+    ranks = _walked_ranks(w, d.batch * top_k * d.hidden * d.act_bytes)
     cache = _kv_share(report, plan, d.layers, w.kv)
     if cache is not None:
         ranks = [dataclasses.replace(r, kv_cache_bytes=cache) for r in ranks]
@@ -266,7 +266,8 @@ class _PlanWalk:
 
 def _walked_ranks(w: _PlanWalk, vec: int) -> list[PlanRankMemory]:
     """Every (stage, TP rank, EP rank)'s figures, in that order; ``vec``: the bytes of the rank's token vectors one
-    MoE layer dispatches to its all_to_all."""
+    MoE layer dispatches to its all_to_all, per token of a sequence (times the layer's own: an encoder's and a
+    decoder's differ)."""
     plan, g, fractions = w.plan, w.g, w.fractions
     v = plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
     ranks = []
@@ -285,7 +286,8 @@ def _walked_ranks(w: _PlanWalk, vec: int) -> list[PlanRankMemory]:
         layers = {w.layer_of[k] for k in keep} & set(fractions) if fractions else set()
         for e in range(plan.ep):
             share = {layer: fractions[layer][e] for layer in layers}
-            alltoall = max((vec + plan.ep * vec * num // den for num, den in share.values()), default=0)
+            alltoall = max((x + plan.ep * x * num // den for layer, (num, den) in share.items()
+                            for x in [vec * (w.layout.seqs[layer] // plan.cp)]), default=0)
             # the TP ranks of a stage are symmetric (the plan refuses degrees that do not divide), and EP ranks of
             # the same load walk the same graph: one walk per (stage, load), placed on each of them
             key = (s, tuple(sorted(share.items())))

@@ -418,8 +418,8 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
                     coords = {"tp": i, "pp": s, "cp": cp, "ep": ep, "dp": dp}
                     rank = rank_id(plan, i, cp, dp, s)
                     extra = _cp_ep_communication(plan, d, report, layout.kv_tokens(s), train, recompute,
-                                                 [(fractions[layer][ep], reruns.get(layer, px.Rerun()))
-                                                  for layer in experts[(s, i)]])
+                                                 [(fractions[layer][ep], reruns.get(layer, px.Rerun()),
+                                                   layout.seqs[layer]) for layer in experts[(s, i)]])
                     opt = None if note else po.optimizer_elements(rows, layout, po.RankCoords(s, i, dp, cp, group, ep))
                     ranks.append(RankFlops(rank, {k: coords[k] for k in order}, s, m * model, m * (run + again),
                                            m * (run - model), m * again,
@@ -505,11 +505,11 @@ def _moe_reruns(redo: set[int], layout: Layout, nodes: Sequence[Any]) -> dict[in
 
 
 def _cp_ep_communication(plan: ParallelPlan, d: Dims, report: Any, kv_tokens: int, train: bool,
-                         recompute: Recompute, moe: Sequence[tuple[tuple[int, int], px.Rerun]]
+                         recompute: Recompute, moe: Sequence[tuple[tuple[int, int], px.Rerun, int]]
                          ) -> tuple[Collective, ...]:
     """One rank's CP K/V collectives, EP all_to_alls and router statistics per optimizer step (see
     :mod:`flopcount.parallel.experts`); ``moe``: per MoE layer of its stage, its EP rank's share of the load and
-    what the recompute runs again."""
+    what the recompute runs again, and its tokens in a sequence (an encoder's and a decoder's differ)."""
     m, out = plan.microbatches, []
     if plan.cp > 1:
         kv = 2 * d.batch * kv_tokens * max(d.kv_heads // plan.tp, 1) * d.head_dim * d.act_bytes
@@ -519,17 +519,17 @@ def _cp_ep_communication(plan: ParallelPlan, d: Dims, report: Any, kv_tokens: in
             out.append(Collective("reduce_scatter", "cp", m * kv))
     counts = report.moe.experts * px.COUNT_BYTES if moe else 0  # R int64 token counts
     if plan.ep > 1 and moe:
-        vec = d.batch * (d.seq // plan.cp) * report.moe.top_k * d.hidden * d.act_bytes  # T·k·h·e
         back = 1 if train else 0  # the backward's combine and dispatch
-        sent = sum(px.exchange_bytes(vec, plan.ep, share, 1 + back + again.dispatch, 1 + back + again.combine)
-                   for share, again in moe)
+        vec = d.batch * report.moe.top_k * d.hidden * d.act_bytes  # T·k·h·e of one token in a sequence
+        sent = sum(px.exchange_bytes(vec * (seq // plan.cp), plan.ep, share, 1 + back + again.dispatch,
+                                     1 + back + again.combine) for share, again, seq in moe)
         out.append(Collective("all_to_all", "ep", m * sent))
         out.append(Collective("all_gather", "tp_ep", m * px.counts_gathered(plan, report.moe.experts) * sum(
-            1 + again.dispatch for _, again in moe)))
+            1 + again.dispatch for _, again, _ in moe)))
     if train and plan.tp * plan.cp > 1 and moe:  # the auxiliary loss's counts over the split sequence
         twice = recompute.policy == "non-reentrant"  # recorded in the forward and in the rerun (full: the rerun)
         out.append(Collective("all_reduce", "tp_cp", m * counts * sum(
-            1 + (twice and again.router) for _, again in moe)))
+            1 + (twice and again.router) for _, again, _ in moe)))
     return tuple(out)
 
 

@@ -422,6 +422,10 @@ def _mlp_roles(flow: _Flow, roles: list[str], found: Found, rest: set[int]) -> N
             roles[k] = "inner"
 
 
+#: The ops by which a MoE router's scores pick each token's experts: top-k, or the top-1 of an argmax (Switch).
+_PICKS = ("TopK", "ArgMax")
+
+
 def layer_roles(at: Scoped, ks: list[int], roles: list[str], attention: dict, layer: int) -> Found:
     """Fill ``roles`` for the nodes ``ks`` of one layer (see the module's rules); what it found."""
     g, scopes, expert, blocks = at.g, at.scopes, at.expert, at.blocks
@@ -433,8 +437,8 @@ def layer_roles(at: Scoped, ks: list[int], roles: list[str], attention: dict, la
             roles[k] = "router"
     _mixer_roles(g, ks, roles, found)
     flow = _Flow(g, ks, roles)
-    routers = {c for c in flow.wprod if any(g.nodes[q].op_type == "TopK" for q in flow.ahead(
-        c, lambda q: q in flow.wprod or g.nodes[q].op_type == "TopK"))}  # a MoE router: its scores pick experts
+    routers = {c for c in flow.wprod if any(g.nodes[q].op_type in _PICKS for q in flow.ahead(
+        c, lambda q: q in flow.wprod or g.nodes[q].op_type in _PICKS))}  # a MoE router: its scores pick experts
     for c in routers:
         roles[c] = "router"
     # a node in the module of one projection takes its role (a row projection's outputs: per-token work), before

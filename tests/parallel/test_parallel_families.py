@@ -30,7 +30,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "frontends"))
-from test_architecture_sweep import FAMILIES, Family, built_config, sweep_exports  # noqa: E402,F401 - a fixture
+from test_architecture_sweep import (  # noqa: E402,F401 - a fixture
+    B, FAMILIES, FFN, HEADS, LAYERS, VOCAB, H, Family, built_config, sweep_exports)
+from test_architecture_sweep import family as sweep_family  # noqa: E402
 
 from flopcount.errors import UsageError  # noqa: E402
 from flopcount.memory.ledger import MemorySettings  # noqa: E402
@@ -88,9 +90,18 @@ REFUSED: dict[str, dict[str, str]] = {
 PENDING: dict[str, dict[str, str]] = {}
 
 
+#: Families checked here beside the sweep's: a Switch-style encoder-decoder (top-1 router, a MoE layer in each
+#: stack; its encoder builds its padding mask only outside an export, so the mask is an input).
+EXTRA = [sweep_family("switch_transformers", "MoE encoder-decoder (top-1)", d_model=H, d_kv=16, d_ff=FFN,
+                      num_layers=LAYERS, num_decoder_layers=LAYERS, num_heads=HEADS, vocab_size=VOCAB, num_experts=4,
+                      num_sparse_encoder_layers=1, num_sparse_decoder_layers=1, router_jitter_noise=0.0,
+                      decoder_start_token_id=0, inputs={"input_ids": (B, SEQ), "attention_mask": (B, SEQ),
+                                                        "decoder_input_ids": (B, SEQ)})]
+
+
 def is_moe(fam: Family) -> bool:
-    """A family with routed experts: the sweep gives it ``num_experts_per_tok``."""
-    return "num_experts_per_tok" in fam.settings
+    """A family with routed experts: the sweep gives it ``num_experts_per_tok`` (Switch, top-1: ``num_experts``)."""
+    return "num_experts_per_tok" in fam.settings or fam.model_type == "switch_transformers"
 
 
 def plans_of(fam: Family) -> tuple[tuple[str, int], ...]:
@@ -109,7 +120,7 @@ def torch_parameters(fam: Family) -> list:
     return list(build_model(built_config(fam)).parameters())
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
+@pytest.fixture(scope="module", params=FAMILIES + EXTRA)
 def family(request, sweep_exports):  # noqa: F811 - the sweep's fixture
     import flopcount
 
