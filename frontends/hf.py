@@ -387,8 +387,14 @@ def _count(model, input_shapes, cache_dir, options: CountOptions, training, expo
 
     _check_attention(model)
     masked = _with_masks(model, options)
-    onnx_model, exported = export_module(model, hf_inputs(model, input_shapes), masked, training=training,
-                                         cache_dir=cache_dir, **export)
+    inputs = hf_inputs(model, input_shapes)
+    try:
+        onnx_model, exported = export_module(model, inputs, masked, training=training, cache_dir=cache_dir, **export)
+    except FrontendError:
+        filled = _with_ones_mask(model, inputs)
+        if filled is None:
+            raise
+        onnx_model, exported = export_module(model, filled, masked, training=training, cache_dir=cache_dir, **export)
     if recipe is not None:
         recipe.counts.append(exported)
         recipe.sound = recipe.sound and masked is options
@@ -401,6 +407,23 @@ UNEXPORTABLE_ATTENTION = {
                       "export builds on, and the ONNX exporter has no function for its block mask (a stable sort) "
                       "even on the CPU; count the model with attn_implementation 'sdpa' or 'eager'",
 }
+
+
+def _with_ones_mask(model, inputs: dict[str, Any]) -> dict[str, Any] | None:
+    """``inputs`` with ``attention_mask`` of ``input_ids``' shape added, where ``model``'s forward takes one and
+    none was given; None otherwise. Without a mask transformers' eager forward makes one of ones (every token
+    attended), which some models (SwitchTransformers' encoder) skip while traced and then index None: the export
+    with that mask of ones given is the same program the eager forward runs."""
+    import inspect
+
+    if "attention_mask" in inputs or "input_ids" not in inputs:
+        return None
+    if "attention_mask" not in inspect.signature(model.forward).parameters:
+        return None
+    shape = inputs["input_ids"][0] if isinstance(inputs["input_ids"], tuple) else None
+    if shape is None or len(shape) != 2:
+        return None
+    return {**inputs, "attention_mask": inputs["input_ids"]}
 
 
 def _check_attention(model) -> None:
