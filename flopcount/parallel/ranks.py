@@ -61,6 +61,10 @@ activation element) per microbatch and Lₛ the stage's layers:
   latents (:meth:`~flopcount.parallel.layout.Layout.stage_tp`), b·s·(q_lora + kv_lora + rope)·e, which take
   the place of the attention's A among the column-parallel inputs above, as Megatron's ``MLASelfAttention`` runs
   the down projections and the latents' norms on the rank's tokens;
+* TP with sp on an MoE without ep: each MoE layer's routing map and probabilities all-gathered over TP (group
+  ``tp_ep``, T ranks) in the forward, b·s·R·(1 + 4) bytes, and the probabilities' gradient reduce-scattered in the
+  backward, b·s·R·4, as Megatron-Core's all-gather token dispatcher runs them
+  (:func:`~flopcount.parallel.experts.routing_gathered`; once more in a rerun that dispatches again);
 * TP under recompute: the forward's collectives that the rerun passes run again. ``full`` runs each layer's
   whole forward again: 2·Lₛ·A more ``all_reduce`` (with sp, 2·Lₛ·A more ``all_gather`` and ``reduce_scatter``).
   ``non-reentrant`` stops before the layer's last product (its down projection), so its reduction does not run
@@ -507,8 +511,10 @@ def _moe_reruns(redo: set[int], layout: Layout, nodes: Sequence[Any]) -> dict[in
 def _cp_ep_communication(plan: ParallelPlan, d: Dims, report: Any, kv_tokens: int, train: bool,
                          recompute: Recompute, moe: Sequence[tuple[tuple[int, int], px.Rerun]]
                          ) -> tuple[Collective, ...]:
-    """One rank's CP K/V collectives, EP all_to_alls and router statistics per optimizer step (see
-    :mod:`flopcount.parallel.experts`); ``moe``: per MoE layer of its stage, its EP rank's share of the load and
+    """One rank's CP K/V collectives, EP all_to_alls, router statistics and routing gathers per optimizer step (see
+    :mod:`flopcount.parallel.experts`); under sp without ep, each MoE layer's routing map and probabilities
+  all-gathered over TP (group ``tp_ep``) in the forward and the probabilities' gradient reduce-scattered in the
+  backward, as the all-gather dispatcher runs them (:func:`~flopcount.parallel.experts.routing_gathered`); ``moe``: per MoE layer of its stage, its EP rank's share of the load and
     what the recompute runs again."""
     m, out = plan.microbatches, []
     if plan.cp > 1:
@@ -526,6 +532,12 @@ def _cp_ep_communication(plan: ParallelPlan, d: Dims, report: Any, kv_tokens: in
         out.append(Collective("all_to_all", "ep", m * sent))
         out.append(Collective("all_gather", "tp_ep", m * px.counts_gathered(plan, report.moe.experts) * sum(
             1 + again.dispatch for _, again in moe)))
+    gathered, scattered = px.routing_gathered(plan, d.batch * (d.seq // plan.cp), report.moe.experts) if moe \
+        else (0, 0)
+    if gathered:  # the all-gather dispatcher's routing map and probabilities, over TP
+        out.append(Collective("all_gather", "tp_ep", m * gathered * sum(1 + again.dispatch for _, again in moe)))
+        if train:
+            out.append(Collective("reduce_scatter", "tp_ep", m * scattered * len(moe)))
     if train and plan.tp * plan.cp > 1 and moe:  # the auxiliary loss's counts over the split sequence
         twice = recompute.policy == "non-reentrant"  # recorded in the forward and in the rerun (full: the rerun)
         out.append(Collective("all_reduce", "tp_cp", m * counts * sum(

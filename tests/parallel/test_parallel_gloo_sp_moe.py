@@ -9,8 +9,8 @@ gradient), the experts split over TP (expert tensor parallelism = T) keeping the
 gathered again in the backward; the outputs reduce-scattered back to the rank's tokens (the gradient all-gathered).
 The router's weight, like the norms', carries ``sequence_parallel``: its partial gradient is all-reduced over TP
 once a step. Each rank's ``FlopCounterMode`` total and the bytes it hands to each collective are compared with the
-ledger's; the routing map and the probabilities go to a recorder of their own (``route``), which the ledger does not
-list."""
+ledger's; the routing map and the probabilities go to a recorder of their own (``route``), compared with the ledger's
+group ``tp_ep``."""
 
 from __future__ import annotations
 
@@ -170,15 +170,17 @@ def test_sp_megatron_moe_on_gloo_against_the_ledger(report, tmp_path):
         listed = ledger_bytes(led.ranks[i])
         # the auxiliary loss's counts (test_parallel_gloo_router runs them); this run has no auxiliary loss
         assert listed.pop("all_reduce(tp_cp)") == L * E * 8
+        # the dispatcher's routing map (1 byte an entry, no grad) and probabilities (fp32, their gradient
+        # reduce-scattered), over the TP×EP group (TP here)
+        assert r["route"] == {"all_gather(route)": L * (TOKENS * E + TOKENS * E * 4),
+                              "reduce_scatter(route)": L * TOKENS * E * 4}
+        assert r["route"] == {k.replace("(tp_ep)", "(route)"): listed.pop(k)
+                              for k in ("all_gather(tp_ep)", "reduce_scatter(tp_ep)")}
         assert r["tp"] == listed == {"all_gather(tp)": 5 * L * a + 3 * a, "reduce_scatter(tp)": 4 * L * a + 2 * a,
                                      # the partial gradients of the norms and the routers
                                      "all_reduce(tp)": (2 * L + 1) * H * 4 + L * E * H * 4}
         assert listed["all_gather(tp)"] - ledger_bytes(ledger(report, parse_parallel("tp=2,sp")).ranks[i])[
             "all_gather(tp)"] == (2 * L + 1) * a - L * a  # no regather of the MoE block's input
-        # not in the ledger: the dispatcher's routing map (1 byte an entry, no grad) and probabilities (fp32,
-        # their gradient reduce-scattered)
-        assert r["route"] == {"all_gather(route)": L * (TOKENS * E + TOKENS * E * 4),
-                              "reduce_scatter(route)": L * TOKENS * E * 4}
         router = [x for x in products if x.tp == i and roles[x.index] == "router"]
         assert sum(x.forward + x.backward for x in router) == L * 6 * (TOKENS // t) * H * E  # the rank's tokens
         assert r["flops"] == sum(x.forward + x.backward for x in products if x.tp == i)
