@@ -78,8 +78,8 @@ from typing import Any, NamedTuple
 
 from ..errors import UsageError
 
-__all__ = ["COUNT_BYTES", "ExpertLoad", "PROB_BYTES", "Rerun", "all_to_all_bytes", "cp_split", "exchange_bytes", "ep_coords",
-           "ep_divide", "ep_members", "is_expert", "load_expert_load", "moe_blocks", "routing_gathered",
+__all__ = ["COUNT_BYTES", "ExpertLoad", "PROB_BYTES", "Rerun", "all_to_all_bytes", "cp_split", "exchange_bytes",
+           "ep_coords", "ep_divide", "ep_members", "is_expert", "load_expert_load", "moe_blocks", "routing_gathered",
            "zigzag_pairs"]
 
 _EXPERTS = re.compile(r"(.*\.(?:mlp|block_sparse_moe|feed_forward))\.experts(?:\.|$)")

@@ -512,9 +512,7 @@ def _cp_ep_communication(plan: ParallelPlan, d: Dims, report: Any, kv_tokens: in
                          recompute: Recompute, moe: Sequence[tuple[tuple[int, int], px.Rerun]]
                          ) -> tuple[Collective, ...]:
     """One rank's CP K/V collectives, EP all_to_alls, router statistics and routing gathers per optimizer step (see
-    :mod:`flopcount.parallel.experts`); under sp without ep, each MoE layer's routing map and probabilities
-  all-gathered over TP (group ``tp_ep``) in the forward and the probabilities' gradient reduce-scattered in the
-  backward, as the all-gather dispatcher runs them (:func:`~flopcount.parallel.experts.routing_gathered`); ``moe``: per MoE layer of its stage, its EP rank's share of the load and
+    :mod:`flopcount.parallel.experts`); ``moe``: per MoE layer of its stage, its EP rank's share of the load and
     what the recompute runs again."""
     m, out = plan.microbatches, []
     if plan.cp > 1:
