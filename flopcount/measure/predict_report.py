@@ -190,6 +190,8 @@ def _messages(r: Any, led: Any) -> tuple[Message, ...]:
             out.append(Message(c.kind, c.group, c.bytes / calls, calls, n, "step"))
         elif c.group in ("dp", "dp_cp", "edp"):
             out.append(Message(c.kind, c.group, c.bytes, 1, n, "step"))
+        elif c.group == "tp_ep" and plan.ep == 1:  # the all-gather dispatcher's routing map and probabilities
+            out.extend(_routing_messages(c, led, n, v))
         elif c.group in ("ep", "tp_ep"):
             out.extend(_expert_messages(c, r, led, n, v))
         else:  # cp's K/V and tp_cp's router counts
@@ -216,6 +218,24 @@ def _expert_messages(c: Any, r: Any, led: Any, n: int, v: int) -> list[Message]:
     calls = {"forward": 2 * layers, "backward": 2 * (gathers - layers) + (2 * layers if led.mode == "train" else 0)}
     per = c.bytes / sum(calls.values())
     return [Message(c.kind, c.group, per, k, n, phase) for phase, k in calls.items() if k > 0]
+
+
+def _routing_messages(c: Any, led: Any, n: int, v: int) -> list[Message]:
+    """The calls of the all-gather dispatcher's routing (the rules of :mod:`flopcount.parallel.experts`): an
+    ``all_gather`` of the routing map and probabilities before each MoE layer's dispatch, a call of
+    :func:`~flopcount.parallel.experts.routing_gathered` bytes, the first L·M (L the MoE layers of the rank's chunks)
+    in the forward, a recompute's rerun past them in the backward; a ``reduce_scatter`` of the probabilities'
+    gradient a layer and microbatch in the backward."""
+    from flopcount.parallel.experts import routing_gathered
+
+    plan, d = led.plan, led.dims
+    gathered, scattered = routing_gathered(plan, d["batch"] * (d["seq"] // plan.cp), d["experts"])
+    if c.kind == "reduce_scatter":
+        return [Message(c.kind, c.group, scattered, c.bytes / scattered, n, "backward")]
+    layers = plan.microbatches * max(d["moe_layers"] // (plan.pp * v), 1) * v
+    calls = c.bytes / gathered
+    return [Message(c.kind, c.group, gathered, k, n, phase)
+            for k, phase in ((min(layers, calls), "forward"), (calls - min(layers, calls), "backward")) if k > 0]
 
 
 def _context_messages(c: Any, r: Any, led: Any, n: int, v: int) -> list[Message]:

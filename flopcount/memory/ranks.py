@@ -10,7 +10,8 @@ one the FLOPs and optimizer ledgers read, its parts found by their role in the g
 * an **activation** made by a split node (projections' outputs, attention heads, the MLP's inner ops, the
   vocab-parallel logits) is 1/T, by a node on K/V heads 1/min(T, kv); the outputs of the row-parallel projections
   and the embedding, and those of the norms and residual adds, are whole without ``sp`` and 1/T with it (split
-  over the sequence), but a gathered input under ``sp=torch`` (:mod:`flopcount.parallel.layout`: one a
+  over the sequence; a router's and MLA's latents' too: the layout's ``SEQUENCE_ROLES``), but a gathered input
+  under ``sp=torch`` (:mod:`flopcount.parallel.layout`: one a
   column-parallel product reads, kept all-gathered for its weight's gradient) is whole (``sp=megatron`` keeps the
   rank's tokens, 1/T); the rest (the loss's per-token ops, position tables) is whole. Statistics kept by a node
   follow its outputs. Sizes are rounded up when T does not divide them.

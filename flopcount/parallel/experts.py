@@ -55,6 +55,17 @@ per MoE layer, int64 (8 bytes each, the sum of a boolean routing map):
   MoE layer and microbatch. Megatron computes the loss only while autograd records (``torch.is_grad_enabled()``):
   under ``full`` (a reentrant checkpoint, whose first forward runs without grad) only in the rerun, so once; under
   ``non-reentrant`` (whose first forward and rerun both record) twice when the rerun reaches the router.
+
+**The all-gather dispatcher's routing** (Megatron-Core's ``MoEAllGatherTokenDispatcher``, its default): under TP
+with ``sp`` and without expert parallelism (T > 1, E = 1) the router runs on the rank's s/T tokens, and before the
+dispatch its routing map (a boolean a (token, expert), no gradient) and its probabilities (fp32,
+:data:`PROB_BYTES`) are all-gathered over the group ``tp_ep`` (T·E ranks: the TP group here), so that every rank
+sees the routes of the whole sequence: an ``all_gather`` of b·s_C·R·(1 + 4) bytes per MoE layer and forward pass
+(s_C the CP rank's tokens of a sequence), once more when a recompute's rerun dispatches again; in the backward the
+probabilities' gradient is reduce-scattered back to the rank's tokens, b·s_C·R·4 bytes per MoE layer and
+microbatch (:func:`routing_gathered`). Under ``ep`` > 1 the ledger runs the all-to-all dispatcher above instead,
+whose probabilities travel with the dispatched tokens: no routing gather is listed; without ``sp`` every TP rank
+routes the whole sequence itself: none either.
 """
 
 from __future__ import annotations
@@ -67,8 +78,9 @@ from typing import Any, NamedTuple
 
 from ..errors import UsageError
 
-__all__ = ["COUNT_BYTES", "ExpertLoad", "Rerun", "all_to_all_bytes", "cp_split", "exchange_bytes", "ep_coords",
-           "ep_divide", "ep_members", "is_expert", "load_expert_load", "moe_blocks", "zigzag_pairs"]
+__all__ = ["COUNT_BYTES", "ExpertLoad", "PROB_BYTES", "Rerun", "all_to_all_bytes", "cp_split", "exchange_bytes",
+           "ep_coords", "ep_divide", "ep_members", "is_expert", "load_expert_load", "moe_blocks", "routing_gathered",
+           "zigzag_pairs"]
 
 _EXPERTS = re.compile(r"(.*\.(?:mlp|block_sparse_moe|feed_forward))\.experts(?:\.|$)")
 
@@ -125,6 +137,25 @@ def counts_gathered(plan: Any, experts: int) -> int:
     (256, 0)
     """
     return plan.tp * plan.ep * experts * COUNT_BYTES if plan.ep > 1 else 0
+
+
+#: Bytes of one routing probability the all-gather dispatcher gathers: fp32, as the transformers MoE models compute
+#: their router's softmax (``dtype=torch.float``) and Megatron-Core's router with ``moe_router_dtype="fp32"``.
+PROB_BYTES = 4
+
+
+def routing_gathered(plan: Any, tokens: int, experts: int) -> tuple[int, int]:
+    """(all-gathered, reduce-scattered) bytes of one MoE layer's routing under the all-gather dispatcher (see the
+    module's rules), per forward pass and per backward: ``tokens`` the CP rank's tokens of the batch (b·s_C, the
+    TP group's together), ``experts`` R; (0, 0) where that dispatcher gathers no routing (T = 1, no ``sp``, E > 1).
+
+    >>> from flopcount.parallel.plan import ParallelPlan
+    >>> routing_gathered(ParallelPlan(tp=2, sp=True), 16, 4), routing_gathered(ParallelPlan(tp=2), 16, 4)
+    ((320, 256), (0, 0))
+    """
+    if plan.tp == 1 or not plan.sp or plan.ep > 1:
+        return 0, 0
+    return tokens * experts * (1 + PROB_BYTES), tokens * experts * PROB_BYTES
 
 
 class Rerun(NamedTuple):

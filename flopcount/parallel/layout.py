@@ -144,8 +144,8 @@ ROLE_RULES = {"column": "split", "row": "split", "heads": "split", "inner": "spl
               "replicated": "replicated", "positions": "positions", "expert": "expert", "mixer": "split"}
 #: Roles whose parameters are split 1/T (K/V projections: 1/min(T, kv); experts: 1/(T·E)).
 PARAM_SPLIT = frozenset({"column", "row", "vocab", "embedding", "heads", "inner", "tied", "mixer"})
-#: Roles whose outputs are whole on every TP rank and split over the sequence under sp (memory).
-SEQUENCE_ROLES = frozenset({"row", "row_out", "embedding", "sequence", "latent"})
+#: Roles whose outputs are whole on every TP rank, split over the sequence under sp (memory): row, embedding, rule norm.
+SEQUENCE_ROLES = frozenset({"row", "embedding"} | {role for role, rule in ROLE_RULES.items() if rule == "norm"})
 #: Roles of the products whose input sp all-gathers over TP when a sequence-work node made it (the gathered inputs).
 GATHERING_ROLES = frozenset({"column", "kv", "vocab", "mixer"})
 def split(f: int, t: int, i: int) -> int:

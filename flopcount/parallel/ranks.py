@@ -61,6 +61,10 @@ activation element) per microbatch and Lₛ the stage's layers:
   latents (:meth:`~flopcount.parallel.layout.Layout.stage_tp`), b·s·(q_lora + kv_lora + rope)·e, which take
   the place of the attention's A among the column-parallel inputs above, as Megatron's ``MLASelfAttention`` runs
   the down projections and the latents' norms on the rank's tokens;
+* TP with sp on an MoE without ep: each MoE layer's routing map and probabilities all-gathered over TP (group
+  ``tp_ep``, T ranks) in the forward, b·s·R·(1 + 4) bytes, and the probabilities' gradient reduce-scattered in the
+  backward, b·s·R·4, as Megatron-Core's all-gather token dispatcher runs them
+  (:func:`~flopcount.parallel.experts.routing_gathered`; once more in a rerun that dispatches again);
 * TP under recompute: the forward's collectives that the rerun passes run again. ``full`` runs each layer's
   whole forward again: 2·Lₛ·A more ``all_reduce`` (with sp, 2·Lₛ·A more ``all_gather`` and ``reduce_scatter``).
   ``non-reentrant`` stops before the layer's last product (its down projection), so its reduction does not run
@@ -507,7 +511,7 @@ def _moe_reruns(redo: set[int], layout: Layout, nodes: Sequence[Any]) -> dict[in
 def _cp_ep_communication(plan: ParallelPlan, d: Dims, report: Any, kv_tokens: int, train: bool,
                          recompute: Recompute, moe: Sequence[tuple[tuple[int, int], px.Rerun, int]]
                          ) -> tuple[Collective, ...]:
-    """One rank's CP K/V collectives, EP all_to_alls and router statistics per optimizer step (see
+    """One rank's CP K/V collectives, EP all_to_alls, router statistics and routing gathers per optimizer step (see
     :mod:`flopcount.parallel.experts`); ``moe``: per MoE layer of its stage, its EP rank's share of the load and
     what the recompute runs again, and its tokens in a sequence (an encoder's and a decoder's differ)."""
     m, out = plan.microbatches, []
@@ -526,6 +530,12 @@ def _cp_ep_communication(plan: ParallelPlan, d: Dims, report: Any, kv_tokens: in
         out.append(Collective("all_to_all", "ep", m * sent))
         out.append(Collective("all_gather", "tp_ep", m * px.counts_gathered(plan, report.moe.experts) * sum(
             1 + again.dispatch for _, again, _ in moe)))
+    routing = [(px.routing_gathered(plan, d.batch * (seq // plan.cp), report.moe.experts), again)
+               for _, again, seq in moe]  # each MoE layer's own tokens (an encoder's and a decoder's differ)
+    if any(g for (g, _), _ in routing):  # the all-gather dispatcher's routing map and probabilities, over TP
+        out.append(Collective("all_gather", "tp_ep", m * sum(g * (1 + again.dispatch) for (g, _), again in routing)))
+        if train:
+            out.append(Collective("reduce_scatter", "tp_ep", m * sum(r for (_, r), _ in routing)))
     if train and plan.tp * plan.cp > 1 and moe:  # the auxiliary loss's counts over the split sequence
         twice = recompute.policy == "non-reentrant"  # recorded in the forward and in the rerun (full: the rerun)
         out.append(Collective("all_reduce", "tp_cp", m * counts * sum(

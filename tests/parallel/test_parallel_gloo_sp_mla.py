@@ -29,16 +29,18 @@ H, HEADS, V, B, S, L, FFN = 32, 4, 64, 2, 8, 2, 40
 QL, KL, R, NOPE, VD = 16, 8, 4, 8, 8  # q_lora_rank, kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim
 
 
-def _worker(rank: int, world: int, init: str, out: str, sp: bool) -> None:
+def _worker(rank: int, world: int, init: str, out: str, sp: bool, ql: int = QL, kl: int = KL) -> None:
     """Under ``sp`` as the module says; without it, each block's input copied to the column-parallel up projections
     (the latents', and k_pe's, gradient all-reduced in the backward, partial over the rank's heads) and the
     row-parallel outputs all-reduced. Under ``sp`` the weights that run on the rank's tokens (the norms and the down
-    projections) have their partial gradients all-reduced once the backward is done."""
+    projections) have their partial gradients all-reduced once the backward is done. ``ql``, ``kl``: the q and kv
+    latents' widths. Writes the bytes by collective and those of the storages autograd keeps for the backward."""
     import torch.distributed as dist
+    from helpers import saving
 
     torch.set_num_threads(1)  # a forked child must not wait on the parent's intra-op pool
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    rec, t, partial = Recorder(), world, []
+    rec, t, partial, made = Recorder(), world, [], []
     heads = HEADS // t
     if sp:
         column, gathered, reduced = megatron_column(rec), rec.gather, rec.scatter
@@ -50,22 +52,24 @@ def _worker(rank: int, world: int, init: str, out: str, sp: bool) -> None:
     torch.manual_seed(0)
 
     def param(*shape):
-        return torch.nn.Parameter(torch.randn(*shape) * 0.1)
+        made.append(torch.nn.Parameter(torch.randn(*shape) * 0.1))
+        return made[-1]
 
     def norm(width):
         n = rms_norm(width)()
         partial.extend(n.parameters())
+        made.extend(n.parameters())
         return n
 
     def layer(x):  # x: the rank's tokens (B, S/T, H) under sp, all of them without
-        q_down, kv_down, o = param(QL, H), param(KL + R, H), param(H, heads * VD)
-        q_up, kv_up = param(heads * (NOPE + R), QL), param(heads * (NOPE + VD), KL)
+        q_down, kv_down, o = param(ql, H), param(kl + R, H), param(H, heads * VD)
+        q_up, kv_up = param(heads * (NOPE + R), ql), param(heads * (NOPE + VD), kl)
         gate, up, down = param(FFN // t, H), param(FFN // t, H), param(H, FFN // t)
         partial.extend((q_down, kv_down))
         y = norm(H)(x)
-        q, = column(norm(QL)(y @ q_down.T), q_up)
-        latent, k_pe = (y @ kv_down.T).split([KL, R], -1)
-        kv, = column(norm(KL)(latent), kv_up)
+        q, = column(norm(ql)(y @ q_down.T), q_up)
+        latent, k_pe = (y @ kv_down.T).split([kl, R], -1)
+        kv, = column(norm(kl)(latent), kv_up)
         k_pe = gathered(k_pe.contiguous())
         q = q.view(B, S, heads, NOPE + R).transpose(1, 2)
         kv = kv.view(B, S, heads, NOPE + VD).transpose(1, 2)
@@ -78,33 +82,39 @@ def _worker(rank: int, world: int, init: str, out: str, sp: bool) -> None:
 
     torch.manual_seed(1)
     ids = torch.randint(0, V, (B, S))
-    x = vocab_lookup(ids, param(V // t, H), rank, t, reduced)
-    for _ in range(L):
-        x = layer(x)
-    logits, = column(norm(H)(x), param(V // t, H))
+    with saving(torch.nn.Module()) as saved:  # the weights, made in the forward, left out below
+        x = vocab_lookup(ids, param(V // t, H), rank, t, reduced)
+        for _ in range(L):
+            x = layer(x)
+        logits, = column(norm(H)(x), param(V // t, H))
     logits.sum().backward()
     for p in partial if sp else ():
         rec.all_reduce(p.grad)
     with open(f"{out}.{rank}", "w") as f:
-        json.dump(rec.bytes(), f)
+        weights = {w.untyped_storage().data_ptr() for w in made}
+        json.dump({"bytes": rec.bytes(), "saved": sum(n for at, n in saved.items() if at not in weights)}, f)
     dist.destroy_process_group()
 
 
-@pytest.fixture(scope="module")
-def report():
+def _report(ql: int = QL, kl: int = KL, **options):
     import flopcount
 
     config = transformers.DeepseekV3Config(
         hidden_size=H, intermediate_size=FFN, moe_intermediate_size=16, num_hidden_layers=L, first_k_dense_replace=L,
         num_attention_heads=HEADS, num_key_value_heads=HEADS, vocab_size=V, n_routed_experts=4, num_experts_per_tok=2,
-        n_shared_experts=1, n_group=2, topk_group=1, q_lora_rank=QL, kv_lora_rank=KL, qk_rope_head_dim=R,
+        n_shared_experts=1, n_group=2, topk_group=1, q_lora_rank=ql, kv_lora_rank=kl, qk_rope_head_dim=R,
         qk_nope_head_dim=NOPE, v_head_dim=VD)
-    return flopcount.from_hf(config, (B, S), cache_dir=False, mode="train")
+    return flopcount.from_hf(config, (B, S), cache_dir=False, mode="train", **options)
+
+
+@pytest.fixture(scope="module")
+def report():
+    return _report()
 
 
 @pytest.fixture(scope="module")
 def seen(tmp_path_factory):
-    return gloo_ranks(_worker, tmp_path_factory.mktemp("mla"), True)
+    return [r["bytes"] for r in gloo_ranks(_worker, tmp_path_factory.mktemp("mla"), True)]
 
 
 A, LATENTS = B * S * H * 4, B * S * (QL + KL + R) * 4  # one activation; a layer's gathered latents, fp32
@@ -136,6 +146,29 @@ def test_tp_mla_ledger_equals_the_run(report, tmp_path):
     """Without sp: per layer the attention's and the MLP's outputs all-reduced (A each), the latents' gradients
     (q, kv and k_pe's, each partial over the rank's heads) and the MLP input's all-reduced in the backward; the
     embedding's lookup and the head input's gradient: the latents' where a Llama's layer all-reduces A."""
-    seen = gloo_ranks(_worker, tmp_path, False)
+    seen = [r["bytes"] for r in gloo_ranks(_worker, tmp_path, False)]
     assert seen == [{"all_reduce(tp)": L * (3 * A + LATENTS) + 2 * A}] * 2
     assert [ledger_bytes(r) for r in ledger(report, parse_parallel("tp=2")).ranks] == seen
+
+
+def test_mla_latents_per_rank_on_gloo_against_the_memory_ledger(tmp_path):
+    """The latents per rank: from (q_lora, kv_lora) to twice them, each rank's storages kept for the backward grow by
+    three tensors of the latents' width per token and layer (the down projection's output that the norm's square
+    reads, the normed latent before its weight, and the normed latent the up projection reads), on the rank's S/T
+    tokens under ``sp=megatron`` (the down projections and norms run on them; the up projection keeps the rank's
+    tokens and gathers them again in its backward) and on all S tokens without sp (the latents whole on every rank);
+    so do the memory ledger's activations of that rank. Not compared here: what does not grow with the latents
+    (the gathered rotary key k_pe, which both keep whole under sp, the heads, the MLP)."""
+    from flopcount.memory.ledger import MemorySettings
+    from flopcount.memory.ranks import per_rank
+
+    t, grown = 2, 3 * L * B * S * (QL + KL) * 4  # the whole batch's three latents of the added width, fp32
+    reports = [_report(ql, kl, memory=MemorySettings(device="cpu")) for ql, kl in ((QL, KL), (2 * QL, 2 * KL))]
+    for sp, plan, share in ((True, "tp=2,sp=megatron", grown // t), (False, "tp=2", grown)):
+        runs = []
+        for ql, kl in ((QL, KL), (2 * QL, 2 * KL)):
+            (tmp_path / f"{sp}{ql}").mkdir()
+            runs.append(gloo_ranks(_worker, tmp_path / f"{sp}{ql}", sp, ql, kl))
+        assert [b["saved"] - a["saved"] for a, b in zip(*runs)] == [share] * t
+        led = [per_rank(rep, parse_parallel(plan, microbatches=1)).ranks for rep in reports]
+        assert [b.activations_bytes - a.activations_bytes for a, b in zip(*led)] == [share] * t
