@@ -167,7 +167,10 @@ def _count_built(call, cache_dir, generate: tuple[int, int] | None, capacity_fac
         def count(m):
             return _count(m, input_shapes, cache_dir, options, training, export, recipe)
 
-        tokens = _tokens(hf_inputs(model, input_shapes), options.batch)
+        inputs = hf_inputs(model, input_shapes)
+        tokens = _tokens(inputs, options.batch)
+        if tokens and getattr(model.config, "is_encoder_decoder", False):
+            tokens = _stack_tokens(model, tokens, _tokens(inputs, options.batch, DECODER_TOKEN_INPUTS))
     report = _count_stack(model, count, call.repeated_layers, call.trust_remote_code,
                           loaded if probe is not None else None, recipe)
     if probe is not None and moe_blocks(model) is not None:
@@ -443,9 +446,13 @@ def _with_masks(model, options: CountOptions) -> CountOptions:
     return options
 
 
-def _tokens(inputs, batch) -> int | None:
-    """B·S of the token input (``input_ids``, else ``inputs_embeds``' first two dims)."""
-    for name in ("input_ids", "inputs_embeds"):
+DECODER_TOKEN_INPUTS = ("decoder_input_ids", "decoder_inputs_embeds", "labels")  # an encoder-decoder's decoder's
+
+
+def _tokens(inputs, batch, names=("input_ids", "inputs_embeds")) -> int | None:
+    """B·S of the token input (the first of ``names`` given: ``input_ids``, else ``inputs_embeds``' first two
+    dims)."""
+    for name in names:
         if name in inputs:
             shape = inputs[name][0]
             b = batch or shape[0]
@@ -525,9 +532,25 @@ def moe_blocks(model):
     return tuple(paths), experts.pop(), per_expert.pop(), shared
 
 
-def moe_summary(model, report, tokens: int, capacity_factor: float | None = None):
-    """The :class:`flopcount.reporting.moe.MixtureOfExperts` of ``model`` counted in ``report`` over ``tokens`` tokens per
-    block, or None for a model without routed experts."""
+def _stack_tokens(model, encoder: int, decoder: int | None) -> Any:
+    """The tokens of an encoder-decoder's MoE blocks for :func:`moe_summary`: ``encoder`` (B·S_enc) outside its
+    decoder, ``decoder`` (B·S_dec, from ``decoder_input_ids``, ``decoder_inputs_embeds`` or ``labels``) in it,
+    as a function of a block's path; None where the decoder's tokens or its module are not known (the summary
+    is then not formed rather than given the encoder's tokens)."""
+    get = getattr(model, "get_decoder", None)
+    stack = get() if callable(get) else None
+    prefix = next((name for name, m in model.named_modules() if m is stack and name), None)
+    if decoder is None or prefix is None:
+        log.info("%s: the mixture-of-experts summary is not formed: the tokens of the decoder's blocks are not "
+                 "known (give decoder_input_ids)", FRONTEND)
+        return None
+    return lambda path: decoder if path.startswith(prefix + ".") else encoder
+
+
+def moe_summary(model, report, tokens, capacity_factor: float | None = None):
+    """The :class:`flopcount.reporting.moe.MixtureOfExperts` of ``model`` counted in ``report`` over ``tokens``
+    tokens per block (an int, or a function of a block's path giving its own: :func:`_stack_tokens`), or None for a
+    model without routed experts."""
     from flopcount.reporting.moe import MixtureOfExperts
 
     found = moe_blocks(model)
@@ -541,6 +564,9 @@ def moe_summary(model, report, tokens: int, capacity_factor: float | None = None
     scopes = report.modules.nodes
     routed = sum(n.cost.flops for k, n in enumerate(report.nodes)
                  if k < len(scopes) and inside.intersection(scopes[k]))
+    if callable(tokens):
+        each = tuple(tokens(path) for path in paths)
+        tokens = each[0] if len(set(each)) == 1 else each
     return MixtureOfExperts(len(paths), experts, int(top_k), per_expert, shared,
                             sum(p.numel() for p in model.parameters()), tokens, routed, capacity_factor)
 

@@ -345,17 +345,22 @@ def _memory_lines(m) -> list[str]:
 
 
 def _moe_lines(m) -> list[str]:
+    groups = {t: m.block_tokens.count(t) for t in m.block_tokens}  # blocks by their tokens (encoder, decoder)
+    each = f"{m.block_tokens[0] if m.block_tokens else 0} tokens: {m.pairs} (token, expert) pairs per block" \
+        if m.uniform else "; ".join(f"{k} block{'s' if k > 1 else ''} of {t} tokens: {t * m.top_k} (token, expert) "
+                                    "pairs each" for t, k in groups.items())
     lines = [
         f"Mixture of experts: {m.layers} block{'s' if m.layers > 1 else ''} of {m.experts} routed experts, "
-        f"{m.top_k} per token ({m.tokens} tokens: {m.pairs} (token, expert) pairs per block); routed experts' "
-        f"FLOPs {_n(m.routed_flops)}",
+        f"{m.top_k} per token ({each}); routed experts' FLOPs {_n(m.routed_flops)}",
         f"Active parameters per token: {_n(m.active_params)} of {_n(m.params)} ({si(m.active_params)}; shared "
         f"experts {_n(m.shared_params)})",
     ]
     if m.capacity_factor is not None:
-        lines.append(f"Capacity factor {m.capacity_factor:g}: at most {m.capacity_pairs} of {m.pairs} pairs per block "
-                     f"run, routed experts' FLOPs at most {_n(m.routed_flops_at_capacity)} (drops depend on the "
-                     "routing; the totals count no drop)")
+        caps = dict(zip(m.block_tokens, m.block_capacity_pairs))
+        runs = f"{m.capacity_pairs} of {m.pairs} pairs per block" if m.uniform else ", ".join(
+            f"{caps[t]} of {t * m.top_k} pairs in a block of {t} tokens" for t in groups)
+        lines.append(f"Capacity factor {m.capacity_factor:g}: at most {runs} run, routed experts' FLOPs at most "
+                     f"{_n(m.routed_flops_at_capacity)} (drops depend on the routing; the totals count no drop)")
     return lines
 
 

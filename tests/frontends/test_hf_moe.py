@@ -140,3 +140,42 @@ def test_cli_moe_lines_and_json(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "flopcount", "model.onnx", "--capacity-factor", "1"],
                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert bad.returncode == 2 and "--capacity-factor is for a mixture-of-experts model" in bad.stderr
+
+
+def test_encoder_decoder_blocks_route_their_own_tokens(tmp_path):
+    """An encoder-decoder (SwitchTransformers, top-1 over 4 experts, one MoE block in each stack): the encoder's
+    block routes B·S_enc tokens, the decoder's B·S_dec; the pairs (T·k) and the capacity bound (min(T·k,
+    E·min(⌊C·T·k/E⌋, T))) are each block's own, in the record, the text and the JSON."""
+    import json
+
+    b, s_enc, s_dec, experts, k, c = 2, 8, 6, 4, 1, 0.5
+    transformers.SwitchTransformersConfig(
+        vocab_size=64, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=2, num_heads=4,
+        num_experts=experts, num_sparse_encoder_layers=1, num_sparse_decoder_layers=1, expert_capacity=8,
+        router_jitter_noise=0.0).save_pretrained(tmp_path)
+    enc, dec = b * s_enc, b * s_dec  # 16 and 12 tokens
+    cap = [min(t * k, experts * min(int(c * t * k / experts), t)) for t in (enc, dec)]  # 4·2 = 8 and 4·1 = 4
+    args = [sys.executable, "-m", "flopcount", "--hf", str(tmp_path), "--input-shape", f"input_ids={b}x{s_enc}",
+            "--input-shape", f"decoder_input_ids={b}x{s_dec}", "--mode", "train", "--capacity-factor", str(c),
+            "--format", "json"]
+    p = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    moe = json.loads(p.stdout)["moe"]
+    assert (moe["layers"], moe["experts"], moe["top_k"]) == (2, experts, k)
+    assert moe["blocks"] == [{"tokens": enc, "pairs": enc * k, "capacity_pairs": cap[0]},
+                             {"tokens": dec, "pairs": dec * k, "capacity_pairs": cap[1]}]
+    assert moe["tokens"] is moe["pairs_per_layer"] is moe["capacity_pairs_per_layer"] is None  # they differ
+    # every pair costs the same: the bound keeps (8 + 4) of the 28 pairs' work
+    assert moe["routed_expert_flops_at_capacity"] == moe["routed_expert_flops"] * sum(cap) // ((enc + dec) * k)
+    p = subprocess.run(args[:-2], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    text = " ".join(p.stdout.split())
+    assert f"1 block of {enc} tokens: {enc * k} (token, expert) pairs each; 1 block of {dec} tokens: {dec * k}" in text
+    assert f"at most {cap[0]} of {enc * k} pairs in a block of {enc} tokens, {cap[1]} of {dec * k} pairs" in text
+
+def test_decoder_only_blocks_keep_one_token_count():
+    m = MixtureOfExperts(3, 6, 2, 1, 0, 10, 12, 300, capacity_factor=0.5)
+    assert m.block_tokens == (12, 12, 12) and m.pairs == 24 and m.capacity_pairs == 12  # ⌊0.5·24/6⌋ = 2 each
+    assert m.as_dict()["tokens"] == 12 and m.as_dict()["blocks"][1] == {"tokens": 12, "pairs": 24, "capacity_pairs": 12}
+    with pytest.raises(ValueError, match="one count per block"):
+        MixtureOfExperts(3, 6, 2, 1, 0, 10, (12, 6), 300)
