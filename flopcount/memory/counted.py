@@ -1,10 +1,11 @@
 """The memory ledger of a counted graph (``--memory``): what the count hands the ledger (:class:`Counted`), the
 saved-for-backward rules applied to the nodes whose backward runs, read as the kernels of the framework the graph
-came from (:mod:`.kernels`), then the liveness walk (:func:`flopcount.memory.ledger.ledger`)."""
+came from (:mod:`.kernels`; a 16-bit graph the TorchScript exporter's sdpa promoted to float32 read at torch's
+types, :mod:`.promoted`), then the liveness walk (:func:`flopcount.memory.ledger.ledger`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from ..context import TensorInfo
@@ -59,7 +60,10 @@ def account(c: Counted, *, mode: str, optimizer: str | None, settings: MemorySet
     backward runs, read as the kernels of the framework the graph came from (``c.producer``: :mod:`.kernels`),
     then :func:`~flopcount.memory.ledger.ledger`."""
     from .kernels import framework_of, kernels
+    from .promoted import retyped
 
+    if framework_of(c.producer) == "torch":  # the TorchScript exporter's 16-bit sdpa promoted to float32: torch's types
+        c = replace(c, **dict(zip(("nodes", "tensors"), retyped(c.nodes, c.tensors))))
     nodes, roles, units = c.nodes, c.roles, c.units
     if mode == "train":
         saved, missing = saved_by_node(c)
