@@ -9,7 +9,8 @@ the model. torch runs none of it: it converts the boolean mask to the query's ty
 the query's type, and the layers after it stay 16-bit. :func:`torch_types` reads the graph as torch runs it:
 
 * the seed: a mask added to a 16-bit score product cast up, made by a Where of two scalar constants, is of the
-  score product's type (the mask torch's kernel makes);
+  score product's type (the mask torch's kernel makes); so is such a mask added to scores the promotion made
+  float32 in the graph and torch holds 16-bit (the next layer's attention);
 * a float32 tensor a node makes from a tensor torch holds in a 16-bit type h, where each other float operand is
   h in torch too or a scalar (which does not promote a tensor in torch), is h;
 * a Cast of an h tensor up to float32 read by such a node beside an h tensor is the exporter's promotion, not the
@@ -71,10 +72,14 @@ def _seeds(nodes: Sequence[NodeCount], producer: Mapping[str, NodeCount]) -> dic
             cast, mask = producer.get(n.inputs[i].name), producer.get(n.inputs[1 - i].name)
             if cast is not None and cast.op_type == "Cast" and cast.inputs and cast.inputs[0] is not None \
                     and cast.inputs[0].elem_type in _HALF and n.inputs[i].elem_type == _F32 \
-                    and n.inputs[1 - i].elem_type == _F32 and mask is not None and mask.op_type == "Where" \
-                    and len(mask.inputs) == 3 and all(_scalar(t) for t in mask.inputs[1:]):
+                    and n.inputs[1 - i].elem_type == _F32 and _mask(mask):
                 typed[n.inputs[1 - i].name] = cast.inputs[0].elem_type
     return typed
+
+
+def _mask(n: NodeCount | None) -> bool:
+    """Whether ``n`` is the exporter's float mask: a Where of two scalar constants."""
+    return n is not None and n.op_type == "Where" and len(n.inputs) == 3 and all(_scalar(t) for t in n.inputs[1:])
 
 
 def _scalar(t: TensorInfo | None) -> bool:
@@ -85,9 +90,11 @@ def _spread(nodes: Sequence[NodeCount], producer: Mapping[str, NodeCount], typed
     """One pass in the graph's order: the float32 outputs of the nodes that read a retyped tensor and no float32
     one of torch's own; the promotion Casts beside them. Whether anything changed."""
     changed = False
+    softmaxed = {t.name for n in nodes if n.op_type == "Softmax" for t in n.inputs if t is not None}
     for n in nodes:
         if n.op_type in _CASTS:
             continue
+        scores = n.op_type == "Add" and any(t is not None and t.name in softmaxed for t in n.outputs)
         floats = [t for t in n.inputs if t is not None and t.name and (t.elem_type == _F32 or t.name in typed)]
         half = {typed[t.name] for t in floats if t.name in typed}
         if len(half) != 1:
@@ -98,8 +105,9 @@ def _spread(nodes: Sequence[NodeCount], producer: Mapping[str, NodeCount], typed
             if t.name in typed or _scalar(t):
                 continue
             cast = producer.get(t.name)
-            if cast is None or cast.op_type != "Cast" or not cast.inputs or cast.inputs[0] is None or \
-                    typed.get(cast.inputs[0].name, cast.inputs[0].elem_type) != h:
+            if not (scores and _mask(cast)) and (cast is None or cast.op_type != "Cast" or not cast.inputs or
+                                                 cast.inputs[0] is None or
+                                                 typed.get(cast.inputs[0].name, cast.inputs[0].elem_type) != h):
                 break  # a float32 tensor of torch's own: torch promotes too
             promoted.append(t.name)
         else:
