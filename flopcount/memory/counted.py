@@ -59,6 +59,7 @@ def account(c: Counted, *, mode: str, optimizer: str | None, settings: MemorySet
     """The memory ledger of the counted graph ``c``: the saved-for-backward rules applied to the nodes whose
     backward runs, read as the kernels of the framework the graph came from (``c.producer``: :mod:`.kernels`),
     then :func:`~flopcount.memory.ledger.ledger`."""
+    from .cpu_norms import cpu_statistics
     from .kernels import framework_of, kernels
     from .promoted import retyped
 
@@ -72,6 +73,8 @@ def account(c: Counted, *, mode: str, optimizer: str | None, settings: MemorySet
     k = kernels(nodes, saved, roles["stored"], framework_of(c.producer), settings.device, c.layout_attributes,
                 c.masks)
     saved.update(k.saved)
+    if settings.device == "cpu" and framework_of(c.producer) == "torch":  # 16-bit layer norms' statistics
+        saved.update(cpu_statistics(nodes, saved))
     if settings.recompute.policy == "selective":  # a fused attention keeps no score matrix to make again
         dropped = {units[i] for i in k.fused if i in units}
         units = {i: u for i, u in units.items() if u not in dropped}
