@@ -17,6 +17,10 @@ the contract.
 * :mod:`.cuda_sdpa` which kernel torch's CUDA dispatcher runs for a fused attention (flash, memory-efficient or
   math), and what it keeps besides Q, K, V and its output (``--memory-device cuda``)
 * :mod:`.handed_masks` whether a fused attention kernel is handed the graph's mask, and what it keeps of it
+* :mod:`.math_sdpa` sdpa's math path of a 16-bit query: what it keeps, in float32
+* :mod:`.cpu_norms` torch's CPU layer norm of a 16-bit input: its statistics in the input's type
+* :mod:`.promoted` the types torch's tensors have where the TorchScript exporter's sdpa promoted a 16-bit graph
+  to float32
 * :mod:`.sizes` a device's memory as users write it (``80GiB``, ``94GB``, bytes), for ``--device-memory``
 * :mod:`.bodies` what one run of a control-flow body keeps for its backward (If, Loop, Scan, SequenceMap rules)
 """

@@ -1,10 +1,11 @@
 """The memory ledger of a counted graph (``--memory``): what the count hands the ledger (:class:`Counted`), the
 saved-for-backward rules applied to the nodes whose backward runs, read as the kernels of the framework the graph
-came from (:mod:`.kernels`), then the liveness walk (:func:`flopcount.memory.ledger.ledger`)."""
+came from (:mod:`.kernels`; a 16-bit graph the TorchScript exporter's sdpa promoted to float32 read at torch's
+types, :mod:`.promoted`), then the liveness walk (:func:`flopcount.memory.ledger.ledger`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from ..context import TensorInfo
@@ -58,8 +59,12 @@ def account(c: Counted, *, mode: str, optimizer: str | None, settings: MemorySet
     """The memory ledger of the counted graph ``c``: the saved-for-backward rules applied to the nodes whose
     backward runs, read as the kernels of the framework the graph came from (``c.producer``: :mod:`.kernels`),
     then :func:`~flopcount.memory.ledger.ledger`."""
+    from .cpu_norms import cpu_statistics
     from .kernels import framework_of, kernels
+    from .promoted import retyped
 
+    if framework_of(c.producer) == "torch":  # the TorchScript exporter's 16-bit sdpa promoted to float32: torch's types
+        c = replace(c, **dict(zip(("nodes", "tensors"), retyped(c.nodes, c.tensors))))
     nodes, roles, units = c.nodes, c.roles, c.units
     if mode == "train":
         saved, missing = saved_by_node(c)
@@ -68,6 +73,8 @@ def account(c: Counted, *, mode: str, optimizer: str | None, settings: MemorySet
     k = kernels(nodes, saved, roles["stored"], framework_of(c.producer), settings.device, c.layout_attributes,
                 c.masks)
     saved.update(k.saved)
+    if settings.device == "cpu" and framework_of(c.producer) == "torch":  # 16-bit layer norms' statistics
+        saved.update(cpu_statistics(nodes, saved))
     if settings.recompute.policy == "selective":  # a fused attention keeps no score matrix to make again
         dropped = {units[i] for i in k.fused if i in units}
         units = {i: u for i, u in units.items() if u not in dropped}

@@ -21,15 +21,13 @@ which the H200 measurement of docs/memory.md confirms):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from math import ceil, prod
 
-from ..reporting.report import NodeCount
-from ..saved import Saved, element_bytes
 
 __all__ = ["SdpaCall", "cuda_kernel", "FLASH", "EFFICIENT", "MATH", "SEED_OFFSET", "lse_bytes", "padded_head",
-           "padded_masks"]
+           "mask_padding"]
 
 FLASH, EFFICIENT, MATH = "flash", "memory-efficient", "math"
 
@@ -81,21 +79,9 @@ def padded_head(head: int) -> int:
     return 8 * ceil(head / 8)
 
 
-def padded_masks(kept: Mapping[int, Saved], chain: Sequence[NodeCount]) -> dict[int, Saved]:
-    """``kept`` (what :func:`.handed_masks.kept_mask` gives the chain's nodes) with the memory-efficient kernel's
-    padding of each mask: the columns that make its rows a multiple of 8 elements, in the mask's kept type (an
-    Add's mask operand as given; a Where's condition converted to the scores' type)."""
-    out = dict(kept)
-    for n in chain:
-        s = kept.get(n.index)
-        y = n.outputs[0] if n.outputs else None
-        masks = [n.inputs[i] for i in s.inputs] if s is not None and s.inputs else \
-            [n.inputs[0]] if s is not None and s.extra and n.inputs else []
-        for t in masks:
-            if t is not None and t.is_static and t.shape and t.shape[-1] % 8 and y is not None:
-                cols = 8 * ceil(t.shape[-1] / 8) - t.shape[-1]
-                pad = prod(t.shape[:-1]) * cols * element_bytes(t.elem_type if s.inputs else y.elem_type)
-                s = s._replace(extra=s.extra + (("the mask padded to rows of 8 (memory-efficient kernel)", pad),))
-        if s is not None:
-            out[n.index] = s
-    return out
+def mask_padding(shape: Sequence[int], elem_bytes: int) -> int:
+    """The bytes the memory-efficient kernel's copy of a mask of ``shape`` (kept in a type of ``elem_bytes``) adds:
+    the columns that make its rows a multiple of 8 elements (``pad_bias<8>``); none where they are already."""
+    if not shape or shape[-1] % 8 == 0:
+        return 0
+    return prod(shape[:-1]) * (8 * ceil(shape[-1] / 8) - shape[-1]) * elem_bytes

@@ -12,7 +12,9 @@ without a mask), and torch's kernel keeps them so and the mask, a boolean one co
 (:mod:`flopcount.pipeline.graph_masks`), says which: a mask recognised as one of the dropped kinds is not handed;
 one that is not structure (it reads data: a position bias, padding values not given) or keeps keys apart (a
 symmetric local window) is. A program that hands sdpa an explicit causal mask keeps it, which the graph cannot
-tell from is_causal: the ledger reads it as not handed.
+tell from is_causal: the ledger reads it as not handed. A handed mask the export folded into a stored tensor (a
+window of positions alone, with its conversion) is the float mask the kernel makes of the boolean one at each call,
+an activation; a float buffer of the module would export alike.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ from collections.abc import Mapping, Sequence
 from math import prod
 from typing import Any
 
+from ..context import TensorInfo
 from ..reporting.report import NodeCount
 from ..saved import Saved, element_bytes
+from .cuda_sdpa import mask_padding
 
 __all__ = ["handed", "kept_mask"]
 
@@ -38,11 +42,16 @@ def handed(mask: Any) -> bool:
     return structure.causal and mask.kept.shape[-1] != mask.t  # causal, fewer queries than keys: a mask
 
 
-def kept_mask(chain: Sequence[NodeCount], scores: str, saved: Mapping[int, Saved]) -> dict[int, Saved]:
+def kept_mask(chain: Sequence[NodeCount], scores: str, saved: Mapping[int, Saved], stored: frozenset[str] = frozenset(),
+              padded: bool = False) -> dict[int, Saved]:
     """What a fused kernel keeps of the mask handed to it, given to the chain's node that applies it: an Add's mask
     operand (a float mask as given, or the exporter's conversion of a boolean one, Where(mask, 0, −inf), made per
     call as torch's kernel makes it); a Where selecting the scores by a boolean condition keeps the float mask
-    torch makes of it (the condition's shape, in the scores' type)."""
+    torch makes of it (the condition's shape, in the scores' type). A mask operand the export folded into a stored
+    constant (``stored``: a boolean mask made in the forward from positions alone, converted and folded) is the
+    float mask torch's kernel makes of it at each call, an activation of its bytes. ``padded``: the
+    memory-efficient kernel's copy of each mask whose rows are not a multiple of 8 elements
+    (:func:`.cuda_sdpa.mask_padding`)."""
     out: dict[int, Saved] = {}
     tensor = scores
     for n in chain:
@@ -50,11 +59,29 @@ def kept_mask(chain: Sequence[NodeCount], scores: str, saved: Mapping[int, Saved
         if tensor not in names or n.op_type == "Softmax":
             continue
         y = n.outputs[0] if n.outputs else None
+        mask, s = None, None
         if n.op_type == "Add" and n.index in saved:
-            out[n.index] = Saved(inputs=tuple(i for i, name in enumerate(names) if name != tensor))
+            given = [i for i, name in enumerate(names) if name != tensor]
+            folded = [i for i in given if names[i] in stored and n.inputs[i].is_static]
+            s = Saved(inputs=tuple(i for i in given if i not in folded))
+            for i in folded:
+                mask = n.inputs[i]
+                s = s._replace(extra=s.extra + (("the mask made in the forward, converted to the scores' type per "
+                                                 "call (the fused kernel; the export folded it)", _bytes(mask)),))
+            mask = n.inputs[given[0]] if given and mask is None else mask
         elif n.op_type == "Where" and n.index in saved and n.inputs[0] is not None and n.inputs[0].is_static \
                 and y is not None:
-            converted = prod(n.inputs[0].shape) * element_bytes(y.elem_type)
-            out[n.index] = Saved(extra=(("the mask converted to the scores' type (the fused kernel)", converted),))
+            mask = n.inputs[0]
+            converted = prod(mask.shape) * element_bytes(y.elem_type)
+            s = Saved(extra=(("the mask converted to the scores' type (the fused kernel)", converted),))
+        if s is not None:
+            pad = mask_padding(mask.shape, element_bytes(y.elem_type if y is not None else mask.elem_type)) \
+                if padded and mask is not None and mask.is_static else 0
+            out[n.index] = s._replace(extra=s.extra + (
+                (("the mask padded to rows of 8 (memory-efficient kernel)", pad),) if pad else ()))
         tensor = y.name if y is not None else tensor
     return out
+
+
+def _bytes(t: TensorInfo) -> int:
+    return prod(t.shape) * element_bytes(t.elem_type)

@@ -41,9 +41,9 @@ from types import MappingProxyType
 from ..context import TensorInfo
 from ..reporting.report import NodeCount
 from ..saved import NOTHING, Saved, element_bytes
-from .cuda_sdpa import (EFFICIENT, FLASH, MATH, SEED_OFFSET, SdpaCall, cuda_kernel, lse_bytes, padded_head,
-                        padded_masks)
+from .cuda_sdpa import EFFICIENT, FLASH, MATH, SEED_OFFSET, SdpaCall, cuda_kernel, lse_bytes, padded_head
 from .handed_masks import handed, kept_mask
+from .math_sdpa import upcast
 
 __all__ = ["PATTERNS", "FRAMEWORKS", "Kernels", "Pattern", "framework_of", "kernels"]
 
@@ -437,7 +437,7 @@ def _matmul_copy(n: NodeCount, s: Saved, copies: Mapping[int, int], what: str = 
 _ATTENTION_CHAIN = frozenset({"Add", "Softmax", "IsNaN", "Where", "Dropout", "Cast"})
 
 
-def _constant(ix: _Index, t: TensorInfo | None, depth: int = 6) -> bool:
+def _constant(ix: _Index, t: TensorInfo | None, depth: int = 8) -> bool:
     """Whether ``t`` is a scalar constant: stored, a Constant node's output, or computed from those and the shapes
     of static tensors alone (sdpa's scale: the square root of a constant, cast; the TorchScript exporter's
     ``1/√d`` of Q's last dim sliced from its Shape, a number in torch)."""
@@ -533,8 +533,7 @@ def _fused(a: _Attention, ix: _Index, saved: Mapping[int, Saved], copies: frozen
     on CUDA (``kernel``: :mod:`.cuda_sdpa`) its log-sum-exp, philox seed and offset, and flash's padded heads."""
     out = {n.index: NOTHING for n in a.nodes if n.index in saved}
     if masked:
-        kept = kept_mask(a.chain, a.scores.outputs[0].name, saved)
-        out.update(padded_masks(kept, a.chain) if kernel == EFFICIENT else kept)
+        out.update(kept_mask(a.chain, a.scores.outputs[0].name, saved, ix.stored, kernel == EFFICIENT))
     y = a.out.outputs[0]
     head = y.shape[-1] if y is not None and y.is_static else 0
     pad = kernel == FLASH and head % 8 != 0
@@ -795,5 +794,6 @@ def kernels(nodes: Sequence[NodeCount], saved: Mapping[int, Saved], stored: froz
                                   "torch's einsum")
             if copied != saved[n.index]:
                 out[n.index] = copied
+    out.update(upcast([a.nodes for a in math], out, saved))  # 16-bit: the math path runs in float32
     return Kernels(MappingProxyType(out), frozenset(inside), frozenset(layout.views | guards),
                    frozenset(layout.copies), MappingProxyType(dict(sorted(found.items()))))
