@@ -47,7 +47,7 @@ class Attend(torch.nn.Module):
 def ledger(module, dtype, device="cuda", s=S) -> int:
     """The ledger's activations of one training step of ``module`` in ``dtype``: exported by the TorchScript
     exporter in float32, by the torch.export frontend in bf16 (the TorchScript exporter writes a bf16 sdpa with
-    casts inside it, which is no kernel's pattern)."""
+    casts inside it, which flopcount.memory.promoted reads at torch's types; either export gives the same figures)."""
     from flopcount.frontends.export import export_dynamo
 
     torch.manual_seed(0)
