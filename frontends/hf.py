@@ -85,8 +85,8 @@ def from_hf(config: Any, input_shapes: Mapping[str, Any] | tuple | None = None, 
     A mixture-of-experts model (Mixtral, Qwen-MoE, DeepSeek) is built with transformers' ``batched_mm``
     experts: every token's k experts run as one batched product, so the graph counts the router, exactly k
     routed experts per token and the shared experts, and ``report.moe`` gives ``params`` and
-    ``active_params`` (:func:`moe_blocks`). SwitchTransformers' experts, one module each, run as one batched top-1
-    product too (:mod:`flopcount.frontends.hf_experts`).
+    ``active_params`` (:func:`moe_blocks`). SwitchTransformers' and NLLB-MoE's experts, one module each, run as
+    one batched top-k product too (:mod:`flopcount.frontends.hf_experts`).
 
     Raises
     ------
