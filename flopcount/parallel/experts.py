@@ -23,8 +23,8 @@ activation's element bytes), once more when ``full`` or ``non-reentrant`` recomp
 the backward reduce-scatters their gradients, the same bytes. The TP, PP and DP payloads are those of s/C tokens;
 gradients are all-reduced over the D·C ranks of the data- and context-parallel groups (group ``dp_cp``).
 
-**Expert parallelism (ep=E).** A routed MoE block (scopes ``*.mlp``, ``*.block_sparse_moe`` or ``*.feed_forward``
-holding ``experts``) has R routed experts; EP rank r holds experts r·R/E .. (r+1)·R/E − 1 (E must divide R). The
+**Expert parallelism (ep=E).** A routed MoE block (scopes ``*.mlp``, ``*.block_sparse_moe``, ``*.feed_forward``
+or ``*.ffn`` holding ``experts``) has R routed experts; EP rank r holds experts r·R/E .. (r+1)·R/E − 1 (E must divide R). The
 nodes under ``experts`` are each (token, expert) pair's work; each EP group's ranks route their own tokens, and the
 pairs go to the ranks holding their experts, so the group's expert work (the sum of its members' own shares) is
 divided among its ranks in proportion to the tokens their experts receive: balanced (top-k tokens spread evenly,
@@ -82,7 +82,7 @@ __all__ = ["COUNT_BYTES", "ExpertLoad", "PROB_BYTES", "Rerun", "all_to_all_bytes
            "ep_coords", "ep_divide", "ep_members", "is_expert", "load_expert_load", "moe_blocks", "routing_gathered",
            "zigzag_pairs"]
 
-_EXPERTS = re.compile(r"(.*\.(?:mlp|block_sparse_moe|feed_forward))\.experts(?:\.|$)")
+_EXPERTS = re.compile(r"(.*\.(?:mlp|block_sparse_moe|feed_forward|ffn))\.experts(?:\.|$)")
 
 
 def zigzag_pairs(seq: int, cp: int, rank: int) -> int:

@@ -317,7 +317,8 @@ def _checked_layout(report: Any, plan: ParallelPlan) -> Layout:
     blocks = px.moe_blocks(scopes)
     if plan.ep > 1 and not blocks:
         raise UsageError(f"--parallel ep={plan.ep}: {where} has no routed experts (no *.mlp.experts, "
-                         "*.block_sparse_moe.experts or *.feed_forward.experts scopes); give ep=1 for a dense model")
+                         "*.block_sparse_moe.experts, *.feed_forward.experts or *.ffn.experts scopes); give ep=1 for a "
+                         "dense model")
     if blocks and report.moe is None:
         raise UsageError(f"--parallel: {where} has expert scopes but no mixture-of-experts record; count it with "
                          "--hf so that its routed experts are known")

@@ -124,9 +124,6 @@ def test_batched_experts_compute_top2_routing(training):
     torch.testing.assert_close(got, torch.zeros_like(want) if training else want * (1 - p))
 
 
-@pytest.mark.xfail(raises=UsageError, strict=True,
-                   reason="the ledger finds routed experts under *.mlp, *.block_sparse_moe or *.feed_forward scopes "
-                          "(flopcount.parallel.experts); NLLB-MoE's are under *.ffn.experts")
 def test_ep_splits_the_experts(report):
     """``dp=2,ep=2``: each rank holds E/ep experts of each MoE layer and every dense parameter."""
     from flopcount.memory.ranks import per_rank
