@@ -85,6 +85,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from fractions import Fraction
 from types import MappingProxyType
@@ -314,16 +315,25 @@ def stage_states(report: Any, plan: ParallelPlan, expert_load: Any = None) -> li
     if memo.held is None:  # each node's parameters and trained tensors, the graph's
         memo.held = [(k, frozenset(names)) for k, n in enumerate(g.nodes) if (names := {
             x.name for x in n.inputs if x is not None and (x.name in g.params or x.name in g.trainable)})]
+    # what they read of the plan: the stages' nodes (pp, the chunks), the stored shares (tp, ep, the FSDP shards),
+    # the D·C ranks ZeRO shards over and whether gradients accumulate; the graph's mode and optimizer its own
+    key = (plan.pp, w.layout.chunks, plan.tp, plan.ep, plan.fsdp, plan.dp * plan.cp, plan.zero_stage,
+           plan.microbatches > 1)
+    if key in memo.states:
+        return list(memo.states[key])
     training, out, stored = mem.mode == "train", [], _stored(w)
     for names, trained, params in _stage_reads(w, memo):
         tensors = {name: stored.get(name) or stored.setdefault(name, w.stored_share(name)) for name in names}
         trained = trained if training else []
-        shards = _zero_shards(plan, trained, tensors, w.reader, w.shard_div)
+        shards = _zero_shards(w, trained, tensors)
         states, _ = optimizer_bytes(mem.optimizer, [shards.optimizer.get(n, tensors[n]) for n in trained],
                                     w.settings, shards.counters)
         grads = sum(tensor_bytes(shards.grads.get(n, tensors[n])) or 0 for n in trained) if plan.microbatches > 1 else 0
         out.append(StageStates(sum(tensor_bytes(tensors[n]) or 0 for n in params), states, grads,
                                _units(w, params)[0] if plan.zero2 and training else 0))
+    if len(memo.states) >= 4 * _KEPT_SIZES:
+        del memo.states[next(iter(memo.states))]
+    memo.states[key] = tuple(out)
     return out
 
 
@@ -434,6 +444,8 @@ class _GraphMemo:
     graphs: dict[tuple, "_StageGraph"] = field(default_factory=dict)
     keeps: dict[tuple, list[tuple[int, ...]]] = field(default_factory=dict)
     forwards: dict[tuple, dict] = field(default_factory=dict)
+    zero: dict[tuple, dict] = field(default_factory=dict)  # ZeRO's shares of stored tensors (:func:`_zero_memo`)
+    states: dict[tuple, list] = field(default_factory=dict)  # :func:`stage_states`' answers by what they read
 
 
 #: The :class:`_GraphMemo` of the last four graphs walked (a plan search walks the plans of each node shares under
@@ -514,16 +526,37 @@ class _Stage:
         return cls(tuple(keep), made, read, received, sent)
 
 
-def _zero_shards(plan: ParallelPlan, trained, tensors: Mapping[str, TensorInfo], reader, shard_div) -> Shards:
-    """ZeRO's shares on a rank (see the module's docstring): 1/(D·C) of each trained tensor's elements (rounded up),
-    the optimizer's under ``zero1`` and ``zero2``, the gradients' under ``zero2``; the step counters 1/(D·C) of
-    the tensors' (rounded up)."""
+def _zero_shards(w: "_PlanWalk", trained, tensors: Mapping[str, TensorInfo]) -> Shards:
+    """ZeRO's shares on a rank of ``w``'s plan (see the module's docstring): 1/(D·C) of each trained tensor's
+    elements (rounded up), the optimizer's under ``zero1`` and ``zero2``, the gradients' under ``zero2``; the step
+    counters 1/(D·C) of the tensors' (rounded up). A stored tensor's share (``tensors``' is :func:`_stored`'s) is
+    found once per the stored shares' key and D·C (:func:`_zero_memo`)."""
+    plan, reader, g = w.plan, w.reader, w.g
     if plan.zero_stage not in (1, 2):
         return Shards()
-    divs = {name: shard_div(reader[name]) if name in reader else plan.dp * plan.cp for name in trained}
-    shares = {name: _resized(tensors[name], divs[name]) for name in trained}
-    counters = math.ceil(sum(Fraction(1, d) for d in divs.values()))
+    divs = {name: w.shard_div(reader[name]) if name in reader else plan.dp * plan.cp for name in trained}
+    memo = _zero_memo(w)
+    shares = {}
+    for name in trained:
+        share = memo.get(name) if name in g.stored else None
+        if share is None:
+            share = _resized(tensors[name], divs[name])
+            if name in g.stored:
+                memo[name] = share
+        shares[name] = share
+    per_div = Counter(divs.values())  # Σ 1/d over the tensors, exactly: Σ (tensors of d)/d
+    counters = math.ceil(sum(Fraction(n, d) for d, n in per_div.items()))
     return Shards(shares if plan.zero2 else {}, shares, counters)
+
+
+def _zero_memo(w: "_PlanWalk") -> dict[str, TensorInfo]:
+    """The ZeRO shares of the stored tensors on a rank of ``w``'s plan, as found: they read the stored shares
+    (:func:`_stored`'s key) and the D·C ranks (and ep: a routed expert's D·C/E) they are sharded over."""
+    p, zero = w.plan, _memo(w.g).zero
+    key = (p.tp, p.ep, p.dp * p.cp if p.fsdp else 0, p.dp * p.cp)
+    if key not in zero and len(zero) >= 4 * _KEPT_SIZES:
+        del zero[next(iter(zero))]
+    return zero.setdefault(key, {})
 
 
 def _stage_tensors(w: _PlanWalk, e: int, stage: _Stage, nodes: list, sizes: tuple,
@@ -663,7 +696,7 @@ def _rank(w: _PlanWalk, s: int, e: int, stage: _Stage, alltoall: int) -> PlanRan
     shards = part.shards.get((plan.zero_stage, plan.dp * plan.cp))
     if shards is None:
         shards = part.shards[(plan.zero_stage, plan.dp * plan.cp)] = _zero_shards(
-            plan, sorted(sub.trainable), tensors, w.reader, w.shard_div)
+            w, sorted(sub.trainable), tensors)
     # the walk's structure (storage roots, who keeps what) is the stage's nodes' whatever the sizes: found once; its
     # replays at these sizes, once per gradients' shards (ZeRO-2's)
     structure = memo.walks.setdefault((stage.keep, s == 0), {})
@@ -711,7 +744,7 @@ def _kept_whole(w: _PlanWalk) -> frozenset[str]:
 def _units(w: _PlanWalk, params) -> tuple[int, int]:
     """(the largest layer's parameters gathered whole, the root's: those outside the layers) of a rank whose walk
     reads ``params``; under ``zero2`` each weight outside the layers is a unit of its own."""
-    layout, reader, plan = w.layout, w.reader, w.plan
+    layout, reader, plan, stored = w.layout, w.reader, w.plan, _stored(w)
     per_layer: dict[Any, int] = {}
     for name in params:
         layer = layout.layer[reader[name]] if name in reader else None
@@ -721,8 +754,11 @@ def _units(w: _PlanWalk, params) -> tuple[int, int]:
         # tensor), which makes the figures a stated lower bound; it adds nothing here
         # gathered whole, under fsdp as FSDP2's all-gather output holds it: n shards of dim 0 padded
         n = (w.shard_div(reader[name]) if name in reader else plan.dp * plan.cp) if plan.fsdp else 1
-        whole = n * (tensor_bytes(_fsdp_share(w.g.tensors.get(name) or TensorInfo(name),
-                                              _tp_div(layout, w.g, reader, name), n)) or 0)
+        if name in reader:  # a parameter read: its stored share on the rank (:meth:`_PlanWalk.stored_share`)
+            share = stored.get(name) or stored.setdefault(name, w.stored_share(name))
+        else:
+            share = _fsdp_share(w.g.tensors.get(name) or TensorInfo(name), _tp_div(layout, w.g, reader, name), n)
+        whole = n * (tensor_bytes(share) or 0)
         per_layer[layer] = per_layer.get(layer, 0) + whole
     root = per_layer.pop(None, 0)
     return max(per_layer.values(), default=0), root
