@@ -262,7 +262,7 @@ def search(report_of: Callable[[int, str], Any], profile: Any, space: SpaceSetti
     parts = [_Part(ix) for ix in groups.values()]
     found: list[tuple[int, Candidate]] = []
     least: tuple[int, int, Candidate] | None = None
-    for part in _run_parts(_Job(report_of, profile, tried, device_memory), parts, jobs):
+    for part in _frozen_run(_Job(report_of, profile, tried, device_memory), parts, jobs):
         found += part.found
         dropped += part.dropped
         if part.least is not None and (least is None or part.least[:2] < least[:2]):
@@ -303,6 +303,21 @@ class _Done:
 _forked: list[Any] = []
 
 
+def _frozen_run(job: _Job, parts: list[_Part], jobs: int) -> list[_Done]:
+    """:func:`_run_parts` with the objects made before it (the counts', the libraries') out of the cyclic
+    collector's reach (``gc.freeze``) until it returns, and after each part what the part made (the walks' memos,
+    kept for the next parts): they live on, and each collection the collector would run between parts would scan
+    them all again. Reference counting frees what the parts drop; what only the collector frees (reference cycles)
+    is collected after the search (``gc.unfreeze``: what was frozen is the collector's again)."""
+    import gc
+
+    gc.freeze()
+    try:
+        return _run_parts(job, parts, jobs)
+    finally:
+        gc.unfreeze()
+
+
 def _run_parts(job: _Job, parts: list[_Part], jobs: int) -> list[_Done]:
     """Each part searched, in worker processes when ``jobs`` > 1 and the platform forks (else here), their walks'
     memos kept from part to part in each; the counts made here first, so that each worker has them."""
@@ -310,7 +325,7 @@ def _run_parts(job: _Job, parts: list[_Part], jobs: int) -> list[_Done]:
 
     if jobs <= 1 or len(parts) <= 1 or "fork" not in multiprocessing.get_all_start_methods():
         walks = _Walks(job.report_of)
-        return [_search_part(job, part, walks) for part in parts]
+        return [_frozen_part(job, part, walks) for part in parts]
     for size, recompute in dict.fromkeys((c.size, c.recompute) for c in job.tried):
         try:
             job.report_of(size, recompute)
@@ -329,7 +344,16 @@ def _forked_part(part: _Part) -> _Done:
     job, walks = _forked
     if walks is None:
         walks = _forked[1] = _Walks(job.report_of)
-    return _search_part(job, part, walks)
+    return _frozen_part(job, part, walks)
+
+
+def _frozen_part(job: _Job, part: _Part, walks: _Walks) -> _Done:
+    """:func:`_search_part`, and what it left alive frozen (see :func:`_frozen_run`)."""
+    import gc
+
+    done = _search_part(job, part, walks)
+    gc.freeze()
+    return done
 
 
 @without_cyclic_gc

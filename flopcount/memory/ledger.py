@@ -353,7 +353,7 @@ class _Storages:
 
     def __init__(self, g: Graph, unsized: set[str], structure: dict | None = None, sizes: dict | None = None):
         self.g, self.unsized = g, unsized
-        self._bytes: dict[str, int] = {} if sizes is None else sizes.setdefault("bytes", {})  # the sized alone
+        self._bytes: dict[str, int] = {} if sizes is None else sizes.setdefault("bytes", {})  # None: unsized
         if structure is not None and "roots" in structure:  # the same graph structure walked before
             self.root, self.gathered = structure["roots"]
             return
