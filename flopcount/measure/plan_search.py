@@ -60,7 +60,8 @@ What is shared between plans, exactly:
   same node shares are walked policy after policy, reading the same layouts; the groups of such plans are shared
   out to worker processes (``jobs``), each keeping its memos from group to group, and the answer is the same
   whatever their number; Python's cyclic collector is paused through each group (its full collections rescanned
-  the counts' and the memos' objects) and runs between groups.
+  the counts' and the memos' objects), and what lived before the search and what each group leaves (the memos) is
+  frozen out of its reach (``gc.freeze``) until the search returns: between groups it has little to scan.
 """
 
 from __future__ import annotations
@@ -348,11 +349,18 @@ def _forked_part(part: _Part) -> _Done:
 
 
 def _frozen_part(job: _Job, part: _Part, walks: _Walks) -> _Done:
-    """:func:`_search_part`, and what it left alive frozen (see :func:`_frozen_run`)."""
+    """:func:`_search_part`, and what it left alive frozen before the collector runs again (see
+    :func:`_frozen_run`)."""
     import gc
 
-    done = _search_part(job, part, walks)
-    gc.freeze()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        done = _search_part(job, part, walks)
+        gc.freeze()
+    finally:
+        if was_enabled:
+            gc.enable()
     return done
 
 

@@ -457,19 +457,20 @@ class _Stage:
 def _zero_shards(w: "_PlanWalk", trained, tensors: Mapping[str, TensorInfo]) -> Shards:
     """ZeRO's shares on a rank of ``w``'s plan (see the module's docstring): 1/(D·C) of each trained tensor's
     elements (rounded up), the optimizer's under ``zero1`` and ``zero2``, the gradients' under ``zero2``; the step
-    counters 1/(D·C) of the tensors' (rounded up). A stored tensor's share (``tensors``' is :func:`stored_of`'s) is
-    found once per the stored shares' key and D·C (:func:`zero_memo`)."""
-    plan, reader, g = w.plan, w.reader, w.g
+    counters 1/(D·C) of the tensors' (rounded up). The share of a tensor ``tensors`` holds at its stored share
+    (:func:`stored_of`'s) is found once per the stored shares' key and D·C (:func:`zero_memo`)."""
+    plan, reader = w.plan, w.reader
     if plan.zero_stage not in (1, 2):
         return Shards()
     divs = {name: w.shard_div(reader[name]) if name in reader else plan.dp * plan.cp for name in trained}
-    memo = zero_memo(w)
+    memo, stored = zero_memo(w), stored_of(w)
     shares = {}
     for name in trained:
-        share = memo.get(name) if name in g.stored else None
+        kept = tensors[name] is stored.get(name)
+        share = memo.get(name) if kept else None
         if share is None:
             share = _resized(tensors[name], divs[name])
-            if name in g.stored:
+            if kept:
                 memo[name] = share
         shares[name] = share
     per_div = Counter(divs.values())  # Σ 1/d over the tensors, exactly: Σ (tensors of d)/d
