@@ -66,8 +66,9 @@ def memo_of(g: Graph) -> GraphMemo:
 
 class Shares(NamedTuple):
     """The shares of one :func:`sizes_key` on a rank: each node's statistics (graph position → its saved record at
-    the share), each tensor a stage makes and each it receives (name → its share), and their bytes (the
-    statistics' per position, the tensors' per name; None: of unknown size)."""
+    the share), each tensor a stage makes and each it receives (name → its share), their bytes (the statistics'
+    per position, the tensors' per name; None: of unknown size), and per stage's nodes its statistics (node index →
+    the saved record, and → its bytes)."""
 
     saved: dict[int, Any]
     made: dict[str, TensorInfo]
@@ -75,6 +76,7 @@ class Shares(NamedTuple):
     saved_bytes: dict[int, int]
     made_bytes: dict[str, int | None]
     received_bytes: dict[str, int | None]
+    stages: dict[tuple[int, ...], tuple[dict, dict]]
 
 
 def sizes_of(memo: GraphMemo, key: tuple) -> Shares:
@@ -82,7 +84,7 @@ def sizes_of(memo: GraphMemo, key: tuple) -> Shares:
     if key not in memo.sizes:
         if len(memo.sizes) >= KEPT_SIZES:
             del memo.sizes[next(iter(memo.sizes))]
-        memo.sizes[key] = Shares({}, {}, {}, {}, {}, {})
+        memo.sizes[key] = Shares({}, {}, {}, {}, {}, {}, {})
     return memo.sizes[key]
 
 

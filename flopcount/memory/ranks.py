@@ -571,15 +571,17 @@ def _stage_graph(w: _PlanWalk, s: int, e: int, stage: _Stage) -> _StageGraph:
         mul, div = w.scale(k, e)
         return -(-b * mul // div)
 
-    saved, extra = {}, {}
-    for k, n in zip(keep, nodes):
-        if n.index in g.saved:
-            found_saved = sizes.saved.get(k)
-            if found_saved is None:
-                found_saved = sizes.saved[k] = g.saved[n.index]._replace(
-                    extra=tuple((w, stat(k, b)) for w, b in g.saved[n.index].extra))
-                sizes.saved_bytes[k] = found_saved.extra_bytes
-            saved[n.index], extra[n.index] = found_saved, sizes.saved_bytes[k]
+    if keep not in sizes.stages:  # the stage's statistics at these shares: node index → saved record, → bytes
+        saved, extra = sizes.stages[keep] = {}, {}
+        for k, n in zip(keep, nodes):
+            if n.index in g.saved:
+                found_saved = sizes.saved.get(k)
+                if found_saved is None:
+                    found_saved = sizes.saved[k] = g.saved[n.index]._replace(
+                        extra=tuple((w, stat(k, b)) for w, b in g.saved[n.index].extra))
+                    sizes.saved_bytes[k] = found_saved.extra_bytes
+                saved[n.index], extra[n.index] = found_saved, sizes.saved_bytes[k]
+    saved, extra = sizes.stages[keep]
     sub = Graph(nodes, parts.grads, saved, tensors, parts.params, parts.trainable, parts.buffers, g.stored,
                 stage.received, stage.sent, parts.units, g.gathers, g.views, g.copies)
     kv_per_layer = {layer: sum(tensor_bytes(tensors[name]) or 0 for name in names if name in tensors)
