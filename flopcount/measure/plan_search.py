@@ -275,12 +275,14 @@ def search(report_of: Callable[[int, str], Any], profile: Any, space: SpaceSetti
 
 @dataclass(frozen=True)
 class _Job:
-    """What every part of a search reads: the counts, the profile, the plans (in the answer's order) and the memory."""
+    """What every part of a search reads: the counts, the profile, the plans (in the answer's order) and the memory;
+    whether what a part leaves is frozen (:func:`_frozen_run`)."""
 
     report_of: Callable[[int, str], Any]
     profile: Any
     tried: list[Choice]
     device_memory: int | None
+    freeze: bool = True
 
 
 @dataclass(frozen=True)
@@ -309,9 +311,12 @@ def _frozen_run(job: _Job, parts: list[_Part], jobs: int) -> list[_Done]:
     collector's reach (``gc.freeze``) until it returns, and after each part what the part made (the walks' memos,
     kept for the next parts): they live on, and each collection the collector would run between parts would scan
     them all again. Reference counting frees what the parts drop; what only the collector frees (reference cycles)
-    is collected after the search (``gc.unfreeze``: what was frozen is the collector's again)."""
+    is collected after the search (``gc.unfreeze``: what was frozen is the collector's again). Where the caller has
+    frozen objects of its own, nothing is frozen (unfreezing would give the collector theirs too)."""
     import gc
 
+    if gc.get_freeze_count():
+        return _run_parts(dataclasses.replace(job, freeze=False), parts, jobs)
     gc.freeze()
     try:
         return _run_parts(job, parts, jobs)
@@ -357,7 +362,8 @@ def _frozen_part(job: _Job, part: _Part, walks: _Walks) -> _Done:
     gc.disable()
     try:
         done = _search_part(job, part, walks)
-        gc.freeze()
+        if job.freeze:
+            gc.freeze()
     finally:
         if was_enabled:
             gc.enable()
