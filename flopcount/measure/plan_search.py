@@ -60,7 +60,8 @@ What is shared between plans, exactly:
   same node shares are walked policy after policy, reading the same layouts; the groups of such plans are shared
   out to worker processes (``jobs``), each keeping its memos from group to group, and the answer is the same
   whatever their number; Python's cyclic collector is paused through each group (its full collections rescanned
-  the counts' and the memos' objects) and runs between groups.
+  the counts' and the memos' objects), and what lived before the search and what each group leaves (the memos) is
+  frozen out of its reach (``gc.freeze``) until the search returns: between groups it has little to scan.
 """
 
 from __future__ import annotations
@@ -262,7 +263,7 @@ def search(report_of: Callable[[int, str], Any], profile: Any, space: SpaceSetti
     parts = [_Part(ix) for ix in groups.values()]
     found: list[tuple[int, Candidate]] = []
     least: tuple[int, int, Candidate] | None = None
-    for part in _run_parts(_Job(report_of, profile, tried, device_memory), parts, jobs):
+    for part in _frozen_run(_Job(report_of, profile, tried, device_memory), parts, jobs):
         found += part.found
         dropped += part.dropped
         if part.least is not None and (least is None or part.least[:2] < least[:2]):
@@ -274,12 +275,14 @@ def search(report_of: Callable[[int, str], Any], profile: Any, space: SpaceSetti
 
 @dataclass(frozen=True)
 class _Job:
-    """What every part of a search reads: the counts, the profile, the plans (in the answer's order) and the memory."""
+    """What every part of a search reads: the counts, the profile, the plans (in the answer's order) and the memory;
+    whether what a part leaves is frozen (:func:`_frozen_run`)."""
 
     report_of: Callable[[int, str], Any]
     profile: Any
     tried: list[Choice]
     device_memory: int | None
+    freeze: bool = True
 
 
 @dataclass(frozen=True)
@@ -303,6 +306,24 @@ class _Done:
 _forked: list[Any] = []
 
 
+def _frozen_run(job: _Job, parts: list[_Part], jobs: int) -> list[_Done]:
+    """:func:`_run_parts` with the objects made before it (the counts', the libraries') out of the cyclic
+    collector's reach (``gc.freeze``) until it returns, and after each part what the part made (the walks' memos,
+    kept for the next parts): they live on, and each collection the collector would run between parts would scan
+    them all again. Reference counting frees what the parts drop; what only the collector frees (reference cycles)
+    is collected after the search (``gc.unfreeze``: what was frozen is the collector's again). Where the caller has
+    frozen objects of its own, nothing is frozen (unfreezing would give the collector theirs too)."""
+    import gc
+
+    if gc.get_freeze_count():
+        return _run_parts(dataclasses.replace(job, freeze=False), parts, jobs)
+    gc.freeze()
+    try:
+        return _run_parts(job, parts, jobs)
+    finally:
+        gc.unfreeze()
+
+
 def _run_parts(job: _Job, parts: list[_Part], jobs: int) -> list[_Done]:
     """Each part searched, in worker processes when ``jobs`` > 1 and the platform forks (else here), their walks'
     memos kept from part to part in each; the counts made here first, so that each worker has them."""
@@ -310,7 +331,7 @@ def _run_parts(job: _Job, parts: list[_Part], jobs: int) -> list[_Done]:
 
     if jobs <= 1 or len(parts) <= 1 or "fork" not in multiprocessing.get_all_start_methods():
         walks = _Walks(job.report_of)
-        return [_search_part(job, part, walks) for part in parts]
+        return [_frozen_part(job, part, walks) for part in parts]
     for size, recompute in dict.fromkeys((c.size, c.recompute) for c in job.tried):
         try:
             job.report_of(size, recompute)
@@ -329,7 +350,24 @@ def _forked_part(part: _Part) -> _Done:
     job, walks = _forked
     if walks is None:
         walks = _forked[1] = _Walks(job.report_of)
-    return _search_part(job, part, walks)
+    return _frozen_part(job, part, walks)
+
+
+def _frozen_part(job: _Job, part: _Part, walks: _Walks) -> _Done:
+    """:func:`_search_part`, and what it left alive frozen before the collector runs again (see
+    :func:`_frozen_run`)."""
+    import gc
+
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        done = _search_part(job, part, walks)
+        if job.freeze:
+            gc.freeze()
+    finally:
+        if was_enabled:
+            gc.enable()
+    return done
 
 
 @without_cyclic_gc

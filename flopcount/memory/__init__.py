@@ -8,6 +8,7 @@ the contract.
 * :mod:`.counted` what a count hands the ledger, and its saved-for-backward rules applied before the walk
 * :mod:`.layers` the memory ledger of L identical layers, walked on the 2-layer graph with its second layer copied
 * :mod:`.ranks` the memory ledger per rank under a parallel plan (``--memory --parallel``)
+* :mod:`.rank_memo` what the per-rank walks of one graph keep for the next plan, and the keys of a rank's shares
 * :mod:`.rank_graph` what a rank's walk finds once in a graph: the experts' nodes that carry their inner dimension
   (split over TP), the K and V gathered whole under cp, the storage a view shares
 * :mod:`.summary` a plan's summary from its ledgers: the verdict against the device's memory, the MFU ceiling, the

@@ -353,7 +353,7 @@ class _Storages:
 
     def __init__(self, g: Graph, unsized: set[str], structure: dict | None = None, sizes: dict | None = None):
         self.g, self.unsized = g, unsized
-        self._bytes: dict[str, int] = {} if sizes is None else sizes.setdefault("bytes", {})  # the sized alone
+        self._bytes: dict[str, int] = {} if sizes is None else sizes.setdefault("bytes", {})  # None: unsized
         if structure is not None and "roots" in structure:  # the same graph structure walked before
             self.root, self.gathered = structure["roots"]
             return
@@ -478,6 +478,7 @@ _SHAPE_OPERANDS = frozenset({"Reshape", "Expand", "Unsqueeze", "Squeeze", "Slice
 def _holds(g: Graph, st: _Storages, whole: bool) -> _Holds:
     """Who keeps what (:class:`_Holds`); ``whole``: each unit's rerun runs its whole forward (``full``)."""
     h = _Holds()
+    of = st.root.get  # st.of, called as of(name, name)
     producer_unit: dict[str, int | None] = {}
     sizes: set[str] = set()  # a shape's sizes: numbers in the framework, not tensors a checkpoint keeps
     ends = {u: pos for pos, n in enumerate(g.nodes) if (u := g.units.get(n.index)) is not None}
@@ -485,11 +486,11 @@ def _holds(g: Graph, st: _Storages, whole: bool) -> _Holds:
         u = g.units.get(n.index)
         if whole:  # what a unit made and a later unit, or a node after it, reads: the unit's output
             for t in n.inputs:
-                made = producer_unit.get(st.of(t.name)) if t is not None and t.name else None
+                made = producer_unit.get(of(t.name, t.name)) if t is not None and t.name else None
                 if made is not None and made != u and (u is not None or pos > ends[made]):
-                    h.unit_outputs.setdefault(made, set()).add(st.of(t.name))
+                    h.unit_outputs.setdefault(made, set()).add(of(t.name, t.name))
         for t in n.outputs:
-            if t is not None and t.name and st.of(t.name) == t.name:
+            if t is not None and t.name and of(t.name, t.name) == t.name:
                 producer_unit[t.name] = u
                 if n.op_type in ("Shape", "Size"):
                     sizes.add(t.name)
@@ -498,9 +499,9 @@ def _holds(g: Graph, st: _Storages, whole: bool) -> _Holds:
                 h.first.setdefault(u, n.index)
                 h.last[u] = n.index
             for i, t in enumerate(n.inputs):
-                if t is not None and t.name and st.of(t.name) not in g.stored and \
+                if t is not None and t.name and of(t.name, t.name) not in g.stored and \
                         not (i and n.op_type in _SHAPE_OPERANDS):
-                    r = st.of(t.name)
+                    r = of(t.name, t.name)
                     if producer_unit.get(r) != u and r not in sizes:
                         h.unit_inputs.setdefault(u, set()).add(r)
         s = g.saved.get(n.index)
@@ -530,21 +531,22 @@ def _forward_steps(g: Graph, st: _Storages, h: _Holds) -> tuple[Tape, list[tuple
     statistics, marked, then its statistics freed if its unit makes them again in the backward and the storages
     freed that nothing reads or keeps any more; and the storages kept for the backward at its end with the node
     that made each (-1: a graph input)."""
+    of = st.root.get  # st.of, called as of(name, name)
     last_use: dict[str, int] = {}
     for pos, n in enumerate(g.nodes):
         for t in n.inputs:
             if t is not None and t.name:
-                last_use[st.of(t.name)] = pos
+                last_use[of(t.name, t.name)] = pos
     held = {r for r in h.holders if r not in h.recomputed}.union(*h.unit_inputs.values())
-    persistent = g.stored | {st.of(n) for n in g.inputs} | {st.of(n) for n in g.outputs}
+    persistent = g.stored | {of(n, n) for n in g.inputs} | {of(n, n) for n in g.outputs}
     allocated: set[str] = set()
     w = Tape("forward")
     for pos, n in enumerate(g.nodes):
         made = tuple(t.name for t in n.outputs
-                     if t is not None and t.name and st.of(t.name) == t.name and t.name not in g.stored)
+                     if t is not None and t.name and of(t.name, t.name) == t.name and t.name not in g.stored)
         allocated.update(made)
         names = [t.name for t in (*n.inputs, *n.outputs) if t is not None and t.name]
-        freed = tuple(r for r in {st.of(x) for x in names}
+        freed = tuple(r for r in {of(x, x) for x in names}
                       if r in allocated and last_use.get(r, -1) <= pos and r not in held and r not in persistent)
         allocated.difference_update(freed)
         for name in made:

@@ -86,6 +86,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from fractions import Fraction
 from types import MappingProxyType
@@ -99,6 +100,8 @@ from ..reporting.report import tensor_bytes
 from .ledger import (Graph, Memory, MemorySettings, OnRank, RankMemory, Shards, ledger, optimizer_bytes,
                      without_cyclic_gc)
 from .rank_graph import GatheredKV, expert_inner, gathered_kv, storage_root
+from .rank_memo import (KEPT_SIZES, GraphMemo, Shares, memo_of, sizes_key, sizes_of, stored_bytes_of, stored_of,
+                        zero_memo)
 
 __all__ = ["PlanRankMemory", "StageStates", "in_flight", "per_rank", "rank_rows", "stage_states", "RANK_HEADERS"]
 
@@ -220,7 +223,7 @@ class _PlanWalk:
         g, expert, layer_of = mem.graph, layout.expert, layout.layer
         scopes = list(report.modules.nodes) if not report.modules.missing else [()] * len(g.nodes)
         inner = expert_inner(g, scopes, expert, layer_of) if plan.tp > 1 and any(expert) else frozenset()
-        memo = _memo(g)
+        memo = memo_of(g)
         if memo.reader is None:
             memo.reader = {}
             for k, n in enumerate(g.nodes):
@@ -273,7 +276,7 @@ def _walked_ranks(w: _PlanWalk, vec: int) -> list[PlanRankMemory]:
     v = plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
     ranks = []
     walked: dict[tuple, PlanRankMemory] = {}
-    memo = _memo(g)
+    memo = memo_of(g)
     keeps = memo.keeps.get((plan.pp, v, w.layout.chunks))
     if keeps is None:  # each stage's nodes: they read the layout's chunks, pp and v alone
         chunks = [set(c) for c in w.layout.chunks]
@@ -313,24 +316,33 @@ def stage_states(report: Any, plan: ParallelPlan, expert_load: Any = None) -> li
     """Per pipeline stage, :class:`StageStates` of its ranks under ``plan`` without their walks (:func:`per_rank`'s
     refusals raised alike): the walk's peak adds to params + states + grads."""
     w, _, _ = _prepared(report, plan, expert_load)
-    g, mem, memo = w.g, w.mem, _memo(w.g)
+    g, mem, memo = w.g, w.mem, memo_of(w.g)
     if memo.held is None:  # each node's parameters and trained tensors, the graph's
         memo.held = [(k, frozenset(names)) for k, n in enumerate(g.nodes) if (names := {
             x.name for x in n.inputs if x is not None and (x.name in g.params or x.name in g.trainable)})]
-    training, out, stored = mem.mode == "train", [], _stored(w)
+    # what they read of the plan: the stages' nodes (pp, the chunks), the stored shares (tp, ep, the FSDP shards),
+    # the D·C ranks ZeRO shards over and whether gradients accumulate; the graph's mode and optimizer its own
+    key = (plan.pp, w.layout.chunks, plan.tp, plan.ep, plan.fsdp, plan.dp * plan.cp, plan.zero_stage,
+           plan.microbatches > 1)
+    if key in memo.states:
+        return list(memo.states[key])
+    training, out, stored = mem.mode == "train", [], stored_of(w)
     for names, trained, params in _stage_reads(w, memo):
         tensors = {name: stored.get(name) or stored.setdefault(name, w.stored_share(name)) for name in names}
         trained = trained if training else []
-        shards = _zero_shards(plan, trained, tensors, w.reader, w.shard_div)
+        shards = _zero_shards(w, trained, tensors)
         states, _ = optimizer_bytes(mem.optimizer, [shards.optimizer.get(n, tensors[n]) for n in trained],
                                     w.settings, shards.counters)
         grads = sum(tensor_bytes(shards.grads.get(n, tensors[n])) or 0 for n in trained) if plan.microbatches > 1 else 0
         out.append(StageStates(sum(tensor_bytes(tensors[n]) or 0 for n in params), states, grads,
                                _units(w, params)[0] if plan.zero2 and training else 0))
+    if len(memo.states) >= 4 * KEPT_SIZES:
+        del memo.states[next(iter(memo.states))]
+    memo.states[key] = tuple(out)
     return out
 
 
-def _stage_reads(w: "_PlanWalk", memo: _GraphMemo) -> list[tuple[set[str], list[str], frozenset[str]]]:
+def _stage_reads(w: "_PlanWalk", memo: GraphMemo) -> list[tuple[set[str], list[str], frozenset[str]]]:
     """Per pipeline stage of ``w``'s plan, the parameters and trained tensors its nodes read, those trained
     (sorted) and those parameters: they read the layout's chunks alone (its pp and chunks), found once per chunks."""
     g, chunks, pp = w.g, w.layout.chunks, w.plan.pp
@@ -413,78 +425,6 @@ def _resized(info: TensorInfo, div: int, mul: int = 1) -> TensorInfo:
     return TensorInfo(info.name, info.elem_type, (-(-n * mul // div),))
 
 
-@dataclass
-class _GraphMemo:
-    """What the walks of one graph under any plan share: each stored tensor's first reader, the K and V gathered
-    under cp, each stage's :class:`_Stage` and its tensors in the walk's order (by its nodes), each tensor's share
-    on a rank (stored: :func:`_stored`; made by the stage, received, and the nodes' statistics: :func:`_sizes_key`),
-    each stage's walk structure (:class:`~flopcount.memory.ledger.OnRank`'s ``structure``), each node's
-    parameters and trained tensors (``held``) and each stage's (``stage_reads``), each stage's nodes by the
-    layout's chunks (``keeps``) and each stage's graph at a rank's shares (``graphs``: :class:`_StageGraph`), found
-    the first time asked."""
-
-    graph: Graph
-    reader: dict[str, int] | None = None
-    gathered: "GatheredKV | None" = None
-    stages: dict[tuple[int, ...], "_Stage"] = field(default_factory=dict)
-    names: dict[tuple[int, ...], tuple[list, list, list, list, list]] = field(default_factory=dict)
-    sizes: dict[tuple, tuple[dict, dict, dict]] = field(default_factory=dict)
-    walks: dict[tuple, dict] = field(default_factory=dict)
-    sp_whole: frozenset[str] | None = None  # sp=torch's gathered inputs and the storages they view
-    stored: dict[tuple, dict] = field(default_factory=dict)
-    held: list[tuple[int, frozenset[str]]] | None = None
-    stage_reads: dict[tuple, list] = field(default_factory=dict)
-    graphs: dict[tuple, "_StageGraph"] = field(default_factory=dict)
-    keeps: dict[tuple, list[tuple[int, ...]]] = field(default_factory=dict)
-    forwards: dict[tuple, dict] = field(default_factory=dict)
-
-
-#: The :class:`_GraphMemo` of the last four graphs walked (a plan search walks the plans of each node shares under
-#: each recompute policy, one count's graph each, in turn).
-_memos: list[_GraphMemo] = []
-_KEPT_MEMOS = 4
-#: The shares a :class:`_GraphMemo` keeps (the last asked: a plan search runs the plans of the same tp and sp in turn)
-_KEPT_SIZES = 16
-
-
-def _memo(g: Graph) -> _GraphMemo:
-    """``g``'s :class:`_GraphMemo` (by identity)."""
-    for m in _memos:
-        if m.graph is g:
-            return m
-    _memos[:] = [*_memos[1 - _KEPT_MEMOS:], _GraphMemo(g)]
-    return _memos[-1]
-
-
-def _sizes(memo: _GraphMemo, key: tuple) -> tuple[dict, dict, dict]:
-    """``memo``'s shares of ``key`` (:func:`_sizes_key`), the oldest dropped past :data:`_KEPT_SIZES`."""
-    if key not in memo.sizes:
-        if len(memo.sizes) >= _KEPT_SIZES:
-            del memo.sizes[next(iter(memo.sizes))]
-        memo.sizes[key] = ({}, {}, {})
-    return memo.sizes[key]
-
-
-def _stored(w: "_PlanWalk") -> dict[str, TensorInfo]:
-    """The stored tensors' shares on a rank of ``w``'s plan (:meth:`_PlanWalk.stored_share`), as found: they read
-    tp (and the K/V heads it splits), ep and the FSDP shards only, whatever the stage or EP rank."""
-    p, stored = w.plan, _memo(w.g).stored
-    key = (p.tp, p.ep, p.dp * p.cp if p.fsdp else 0)
-    if key not in stored and len(stored) >= 4 * _KEPT_SIZES:
-        del stored[next(iter(stored))]
-    return stored.setdefault(key, {})
-
-
-def _sizes_key(w: "_PlanWalk", e: int) -> tuple:
-    """Everything the share of a tensor a stage makes or receives (and of a node's statistics) on EP rank ``e`` of
-    ``w``'s plan reads besides the graph (the layout's roles, layers and attention are the model's): tp (and K/V
-    heads, the experts' inner nodes), sp, cp (the gathered K and V), ep and this EP rank's share of each MoE layer's
-    load; not the FSDP shards, which only the stored tensors' read (:func:`_stored`)."""
-    p = w.plan
-    return (p.tp, p.sp, p.sp_style, p.cp, p.ep, w.kv,
-            tuple(sorted((layer, shares[e]) for layer, shares in w.fractions.items())))
-
-
 @dataclass(frozen=True)
 class _Stage:
     """What a pipeline stage's walk reads of the graph, whatever the rank's shares: its nodes (graph positions
@@ -517,27 +457,40 @@ class _Stage:
         return cls(tuple(keep), made, read, received, sent)
 
 
-def _zero_shards(plan: ParallelPlan, trained, tensors: Mapping[str, TensorInfo], reader, shard_div) -> Shards:
-    """ZeRO's shares on a rank (see the module's docstring): 1/(D·C) of each trained tensor's elements (rounded up),
-    the optimizer's under ``zero1`` and ``zero2``, the gradients' under ``zero2``; the step counters 1/(D·C) of
-    the tensors' (rounded up)."""
+def _zero_shards(w: "_PlanWalk", trained, tensors: Mapping[str, TensorInfo]) -> Shards:
+    """ZeRO's shares on a rank of ``w``'s plan (see the module's docstring): 1/(D·C) of each trained tensor's
+    elements (rounded up), the optimizer's under ``zero1`` and ``zero2``, the gradients' under ``zero2``; the step
+    counters 1/(D·C) of the tensors' (rounded up). The share of a tensor ``tensors`` holds at its stored share
+    (:func:`stored_of`'s) is found once per the stored shares' key and D·C (:func:`zero_memo`)."""
+    plan, reader = w.plan, w.reader
     if plan.zero_stage not in (1, 2):
         return Shards()
-    divs = {name: shard_div(reader[name]) if name in reader else plan.dp * plan.cp for name in trained}
-    shares = {name: _resized(tensors[name], divs[name]) for name in trained}
-    counters = math.ceil(sum(Fraction(1, d) for d in divs.values()))
+    divs = {name: w.shard_div(reader[name]) if name in reader else plan.dp * plan.cp for name in trained}
+    memo, stored = zero_memo(w), stored_of(w)
+    shares = {}
+    for name in trained:
+        kept = tensors[name] is stored.get(name)
+        share = memo.get(name) if kept else None
+        if share is None:
+            share = _resized(tensors[name], divs[name])
+            if kept:
+                memo[name] = share
+        shares[name] = share
+    per_div = Counter(divs.values())  # Σ 1/d over the tensors, exactly: Σ (tensors of d)/d
+    counters = math.ceil(sum(Fraction(n, d) for d, n in per_div.items()))
     return Shards(shares if plan.zero2 else {}, shares, counters)
 
 
-def _stage_tensors(w: _PlanWalk, e: int, stage: _Stage, nodes: list, sizes: tuple,
-                   unread: Mapping[str, TensorInfo]) -> dict[str, TensorInfo]:
+def _stage_tensors(w: _PlanWalk, e: int, stage: _Stage, nodes: list, sizes: Shares,
+                   unread: Mapping[str, TensorInfo]) -> tuple[dict[str, TensorInfo], dict[str, int | None]]:
     """Each tensor of ``stage``'s walk on EP rank ``e`` of ``w``'s plan at its share on the rank: the first stage's
-    unread parameters (``unread``) whole, the stored tensors' (:func:`_stored`; in the graph's order, the
-    optimizer's), what the stage makes and what it receives (``sizes``: :func:`_sizes`), and a view that keeps
-    every element at its input's share."""
+    unread parameters (``unread``) whole, the stored tensors' (:func:`stored_of`; in the graph's order, the
+    optimizer's), what the stage makes and what it receives (``sizes``: :func:`sizes_of`), and a view that keeps
+    every element at its input's share; and the bytes of the stored, made and received ones, found once per their
+    share's key (None: of unknown size; a view's and an unread parameter's left to the walk to find)."""
     g, plan, gathered, made = w.g, w.layout.plan, w.gathered, stage.made
     tensors: dict[str, TensorInfo] = dict(unread)
-    memo = _memo(g)
+    memo = memo_of(g)
     if stage.keep not in memo.names:  # the stage's tensors in the walk's order, and by kind
         names = stage.names(g)
         memo.names[stage.keep] = (names, [n for n in names if n in g.stored],
@@ -547,29 +500,37 @@ def _stage_tensors(w: _PlanWalk, e: int, stage: _Stage, nodes: list, sizes: tupl
                                    if n.op_type in _SAME_SIZE and n.inputs and n.inputs[0] is not None and n.outputs
                                    and n.outputs[0] is not None])
     names, stored_names, made_names, received, views = memo.names[stage.keep]
-    stored = _stored(w)
+    stored, stored_bytes = stored_of(w), stored_bytes_of(w)
     for name in stored_names:
         if name not in stored:
             stored[name] = w.stored_share(name)
+        if name not in stored_bytes:
+            stored_bytes[name] = tensor_bytes(stored[name])
     kept_whole = _kept_whole(w)  # sp=torch's gathered inputs
     for name in made_names:
-        if name not in sizes[1]:
+        if name not in sizes.made:
             mul, div = w.scale(made[name], e)
             info = g.tensors.get(name) or TensorInfo(name)
             whole = plan.cp if name in gathered.names else plan.tp if name in kept_whole else 1
-            sizes[1][name] = _resized(info, div // whole, mul)
+            sizes.made[name] = _resized(info, div // whole, mul)
+            sizes.made_bytes[name] = tensor_bytes(sizes.made[name])
     for name in received:  # the graph's inputs, what the previous stage sends: the rank's tokens (an
-        if name not in sizes[2]:  # encoder-decoder's messages at their TP share, as the FLOPs ledger sends them)
-            sizes[2][name] = _resized(g.tensors.get(name) or TensorInfo(name),
-                                      plan.cp * w.layout.message_divisors().get(name, 1))
+        if name not in sizes.received:  # encoder-decoder's messages at their TP share, as the FLOPs ledger sends them)
+            sizes.received[name] = _resized(g.tensors.get(name) or TensorInfo(name),
+                                            plan.cp * w.layout.message_divisors().get(name, 1))
+            sizes.received_bytes[name] = tensor_bytes(sizes.received[name])
     share = dict(zip(stored_names, map(stored.__getitem__, stored_names)))
-    share.update(zip(made_names, map(sizes[1].__getitem__, made_names)))
-    share.update(zip(received, map(sizes[2].__getitem__, received)))
+    share.update(zip(made_names, map(sizes.made.__getitem__, made_names)))
+    share.update(zip(received, map(sizes.received.__getitem__, received)))
     tensors.update(zip(names, map(share.__getitem__, names)))
+    nbytes = dict(zip(stored_names, map(stored_bytes.__getitem__, stored_names)))
+    nbytes.update(zip(made_names, map(sizes.made_bytes.__getitem__, made_names)))
+    nbytes.update(zip(received, map(sizes.received_bytes.__getitem__, received)))
     for src, out, elem_type in views:  # a view that keeps every element has its input's share (a weight's
         if src in tensors:  # transpose is a weight's)
             tensors[out] = TensorInfo(out, elem_type, tensors[src].shape)
-    return tensors
+            nbytes.pop(out, None)
+    return tensors, nbytes
 
 
 @dataclass
@@ -583,6 +544,8 @@ class _StageGraph:
     tensors: dict[str, TensorInfo]
     cp_kv: int
     forward: dict | None  # its forward's memo, shared by the graphs of the same storages' sizes (OnRank's)
+    # the tensors' bytes and the statistics' (OnRank's ``sizes`` entries, the same whatever the gradients' shards)
+    seeds: dict[str, dict]
     shards: dict[tuple, Shards] = field(default_factory=dict)
     units: dict[tuple, tuple[int, int]] = field(default_factory=dict)
     sizes: dict[int, dict] = field(default_factory=dict)
@@ -590,50 +553,79 @@ class _StageGraph:
 
 def _stage_graph(w: _PlanWalk, s: int, e: int, stage: _Stage) -> _StageGraph:
     """Stage ``s``'s graph on EP rank ``e`` of ``w``'s plan: it reads the stage's nodes, whether it is the first
-    (the unread parameters), the shares of what it makes and receives (:func:`_sizes_key`) and of the stored
-    tensors (:func:`_stored`'s key), so the plans of the same share it (made once, the oldest dropped past
-    :data:`_KEPT_SIZES` times 4)."""
-    g, plan, memo = w.g, w.plan, _memo(w.g)
-    key = (stage.keep, s == 0, _sizes_key(w, e), (plan.tp, plan.ep, plan.dp * plan.cp if plan.fsdp else 0))
+    (the unread parameters), the shares of what it makes and receives (:func:`sizes_key`) and of the stored
+    tensors (:func:`stored_of`'s key), so the plans of the same share it (made once, the oldest dropped past
+    :data:`KEPT_SIZES` times 4)."""
+    g, plan, memo = w.g, w.plan, memo_of(w.g)
+    key = (stage.keep, s == 0, sizes_key(w, e), (plan.tp, plan.ep, plan.dp * plan.cp if plan.fsdp else 0))
     found = memo.graphs.get(key)
     if found is not None:
         return found
-    keep, read = stage.keep, stage.read
-    nodes = [g.nodes[k] for k in keep]
+    keep = stage.keep
     unread = _unread(g, w.reader, plan) if s == 0 else {}  # on the first stage
-    sizes = _sizes(memo, _sizes_key(w, e))  # statistics (position → saved), made, received (name → share)
-    tensors = _stage_tensors(w, e, stage, nodes, sizes, unread)
+    parts = memo.parts.get((keep, s == 0))
+    if parts is None:
+        parts = memo.parts[(keep, s == 0)] = _SubParts.of(g, stage, unread)
+    nodes = parts.nodes
+    sizes = sizes_of(memo, sizes_key(w, e))  # statistics (position → saved), made, received (name → share)
+    tensors, nbytes = _stage_tensors(w, e, stage, nodes, sizes, unread)
 
     def stat(k: int, b: int) -> int:
         mul, div = w.scale(k, e)
         return -(-b * mul // div)
 
-    saved = {}
-    for k, n in zip(keep, nodes):
-        if n.index in g.saved:
-            found_saved = sizes[0].get(k)
-            if found_saved is None:
-                found_saved = sizes[0][k] = g.saved[n.index]._replace(
-                    extra=tuple((w, stat(k, b)) for w, b in g.saved[n.index].extra))
-            saved[n.index] = found_saved
-    indexes = {n.index for n in nodes}
-    sub = Graph(nodes, {k: f for k, f in g.grads.items() if k in indexes}, saved, tensors,
-                g.params & (read | unread.keys()), g.trainable & read, g.buffers & read, g.stored, stage.received,
-                stage.sent,
-                {k: u for k, u in g.units.items() if k in indexes}, g.gathers, g.views, g.copies)
+    if keep not in sizes.stages:  # the stage's statistics at these shares: node index → saved record, → bytes
+        saved, extra = sizes.stages[keep] = {}, {}
+        for k, n in zip(keep, nodes):
+            if n.index in g.saved:
+                found_saved = sizes.saved.get(k)
+                if found_saved is None:
+                    found_saved = sizes.saved[k] = g.saved[n.index]._replace(
+                        extra=tuple((w, stat(k, b)) for w, b in g.saved[n.index].extra))
+                    sizes.saved_bytes[k] = found_saved.extra_bytes
+                saved[n.index], extra[n.index] = found_saved, sizes.saved_bytes[k]
+    saved, extra = sizes.stages[keep]
+    sub = Graph(nodes, parts.grads, saved, tensors, parts.params, parts.trainable, parts.buffers, g.stored,
+                stage.received, stage.sent, parts.units, g.gathers, g.views, g.copies)
     kv_per_layer = {layer: sum(tensor_bytes(tensors[name]) or 0 for name in names if name in tensors)
                     for layer, names in w.gathered.kept.items()}
-    if len(memo.graphs) >= 4 * _KEPT_SIZES:
+    if len(memo.graphs) >= 4 * KEPT_SIZES:
         del memo.graphs[next(iter(memo.graphs))]
     # the forward walks the storages the stage makes: sized alike whatever the stored tensors' shares, unless a
     # view of a stored tensor is a storage of its own (a copy), sized as its input's share
     forward = None
-    if _views_of_stored_free(g, nodes, unread):
-        if key[:3] not in memo.forwards and len(memo.forwards) >= 4 * _KEPT_SIZES:
+    if parts.views_of_stored_free:
+        if key[:3] not in memo.forwards and len(memo.forwards) >= 4 * KEPT_SIZES:
             del memo.forwards[next(iter(memo.forwards))]
         forward = memo.forwards.setdefault(key[:3], {})
-    found = memo.graphs[key] = _StageGraph(sub, tensors, max(kv_per_layer.values(), default=0), forward)
+    found = memo.graphs[key] = _StageGraph(sub, tensors, max(kv_per_layer.values(), default=0), forward,
+                                           {"bytes": nbytes, "extra": extra})
     return found
+
+
+class _SubParts(NamedTuple):
+    """What a stage's graph (:func:`_stage_graph`) reads of the graph whatever the rank's shares, found once per
+    stage's nodes and whether it is the first (its unread parameters): its nodes, their gradients' flags and
+    recompute units, the parameters, trained tensors and buffers it reads (and the first stage's unread
+    parameters), and :func:`_views_of_stored_free`."""
+
+    nodes: list
+    grads: dict[int, tuple[bool, ...]]
+    units: dict[int, int]
+    params: frozenset[str]
+    trainable: frozenset[str]
+    buffers: frozenset[str]
+    views_of_stored_free: bool
+
+    @classmethod
+    def of(cls, g: Graph, stage: _Stage, unread: Mapping[str, TensorInfo]) -> "_SubParts":
+        nodes = [g.nodes[k] for k in stage.keep]
+        indexes = {n.index for n in nodes}
+        read = stage.read
+        return cls(nodes, {k: f for k, f in g.grads.items() if k in indexes}, {k: u for k, u in g.units.items()
+                                                                              if k in indexes},
+                   g.params & (read | unread.keys()), g.trainable & read, g.buffers & read,
+                   _views_of_stored_free(g, nodes, unread))
 
 
 def _views_of_stored_free(g: Graph, nodes: list, unread: Mapping[str, TensorInfo]) -> bool:
@@ -656,7 +648,7 @@ def _rank(w: _PlanWalk, s: int, e: int, stage: _Stage, alltoall: int) -> PlanRan
     ``alltoall`` bytes."""
     g, mem, settings = w.g, w.mem, w.settings
     plan = w.plan
-    memo = _memo(g)
+    memo = memo_of(g)
     part = _stage_graph(w, s, e, stage)
     sub, tensors = part.sub, part.tensors
     # one walk gives both the figures and the peak: the held bytes are alive throughout, so they add to the live
@@ -666,11 +658,13 @@ def _rank(w: _PlanWalk, s: int, e: int, stage: _Stage, alltoall: int) -> PlanRan
     shards = part.shards.get((plan.zero_stage, plan.dp * plan.cp))
     if shards is None:
         shards = part.shards[(plan.zero_stage, plan.dp * plan.cp)] = _zero_shards(
-            plan, sorted(sub.trainable), tensors, w.reader, w.shard_div)
+            w, sorted(sub.trainable), tensors)
     # the walk's structure (storage roots, who keeps what) is the stage's nodes' whatever the sizes: found once; its
     # replays at these sizes, once per gradients' shards (ZeRO-2's)
     structure = memo.walks.setdefault((stage.keep, s == 0), {})
-    sizes = part.sizes.setdefault(plan.dp * plan.cp if plan.zero2 else 0, {})
+    sizes = part.sizes.get(plan.dp * plan.cp if plan.zero2 else 0)
+    if sizes is None:
+        sizes = part.sizes[plan.dp * plan.cp if plan.zero2 else 0] = dict(part.seeds)
     one = ledger(sub, mem.mode, mem.optimizer, settings, mem.missing,
                  on_rank=OnRank(accumulated=accumulated, shards=shards, structure=structure, sizes=sizes,
                                 forward=part.forward)).ranks[0]
@@ -703,7 +697,7 @@ def _kept_whole(w: _PlanWalk) -> frozenset[str]:
     memory graph, and the storages they are views of); none under any other plan."""
     if not w.layout.sp_kept_whole:
         return frozenset()
-    memo = _memo(w.g)
+    memo = memo_of(w.g)
     if memo.sp_whole is None:
         producer = {x.name: n for n in w.g.nodes for x in n.outputs if x is not None and x.name}
         names = {w.g.nodes[k].outputs[j].name for k, j in w.layout.sp_kept_whole}
@@ -714,7 +708,7 @@ def _kept_whole(w: _PlanWalk) -> frozenset[str]:
 def _units(w: _PlanWalk, params) -> tuple[int, int]:
     """(the largest layer's parameters gathered whole, the root's: those outside the layers) of a rank whose walk
     reads ``params``; under ``zero2`` each weight outside the layers is a unit of its own."""
-    layout, reader, plan = w.layout, w.reader, w.plan
+    layout, reader, plan, stored = w.layout, w.reader, w.plan, stored_of(w)
     per_layer: dict[Any, int] = {}
     for name in params:
         layer = layout.layer[reader[name]] if name in reader else None
@@ -724,8 +718,11 @@ def _units(w: _PlanWalk, params) -> tuple[int, int]:
         # tensor), which makes the figures a stated lower bound; it adds nothing here
         # gathered whole, under fsdp as FSDP2's all-gather output holds it: n shards of dim 0 padded
         n = (w.shard_div(reader[name]) if name in reader else plan.dp * plan.cp) if plan.fsdp else 1
-        whole = n * (tensor_bytes(_fsdp_share(w.g.tensors.get(name) or TensorInfo(name),
-                                              _tp_div(layout, w.g, reader, name), n)) or 0)
+        if name in reader:  # a parameter read: its stored share on the rank (:meth:`_PlanWalk.stored_share`)
+            share = stored.get(name) or stored.setdefault(name, w.stored_share(name))
+        else:
+            share = _fsdp_share(w.g.tensors.get(name) or TensorInfo(name), _tp_div(layout, w.g, reader, name), n)
+        whole = n * (tensor_bytes(share) or 0)
         per_layer[layer] = per_layer.get(layer, 0) + whole
     root = per_layer.pop(None, 0)
     return max(per_layer.values(), default=0), root
