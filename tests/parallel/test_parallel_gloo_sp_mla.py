@@ -8,7 +8,9 @@ gathered again in the backward, the gradient reduce-scattered); k_pe all-gathere
 ``gather_from_sequence_parallel_region`` (kept gathered, its gradient reduce-scattered); the output projection
 row-parallel, reduce-scattered. So a layer's attention gathers its latents, (q_lora + kv_lora + rope)·b·s·e, where
 a Llama's gathers its hidden input A. The MLP, the LM head and the embedding as in test_parallel_gloo_sp. The same
-model at ``tp=2`` without sp all-reduces, in the backward, the latents' gradients where a Llama all-reduces A's."""
+model at ``tp=2`` without sp all-reduces, in the backward, the latents' gradients where a Llama all-reduces A's.
+Each call's kind and bytes by phase (forward, backward, once a step) against the step-time predictor's TP messages,
+here and on test_parallel_gloo_sp's Llama-like model."""
 
 from __future__ import annotations
 
@@ -221,3 +223,40 @@ def test_mla_latents_per_rank_on_gloo_against_the_memory_ledger(tmp_path):
         assert [b["saved"] - a["saved"] for a, b in zip(*runs)] == [share] * t
         led = [per_rank(rep, parse_parallel(plan, microbatches=1)).ranks for rep in reports]
         assert [b.activations_bytes - a.activations_bytes for a, b in zip(*led)] == [share] * t
+
+
+def _llama_worker(rank: int, world: int, init: str, out: str) -> None:
+    """test_parallel_gloo_sp's Llama-like model at ``tp=2,sp`` (its vocab-parallel loss included): each call's kind
+    and bytes by phase, the norms' partial gradients summed in one flattened all_reduce once the backward is done."""
+    import torch.distributed as dist
+    from test_parallel_gloo_sp import ids, llama_like
+
+    torch.set_num_threads(1)  # a forked child must not wait on the parent's intra-op pool
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    rec = Recorder()
+    module = llama_like(world, rank, rec)
+    loss = module(ids())
+    forward = len(rec.calls)
+    loss.backward()
+    backward = len(rec.calls)
+    rec.all_reduce(torch.cat([p.grad.reshape(-1) for name, p in module.named_parameters() if "norm" in name]))
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump({"calls": phased(rec.calls, forward, backward)}, f)
+    dist.destroy_process_group()
+
+
+def test_llama_sp_calls_equal_the_run(tmp_path):
+    """A dense Llama-like model at ``tp=2,sp``: per layer two reduce-scatters (A) in the forward and two gathers of
+    each block's input, the embedding's reduce-scatter, the head's input gathered and the loss's three all_reduces
+    of b·s·4 (its max, target logit and sum); the backward mirrors them; the norms' gradients once a step."""
+    import flopcount
+    from test_parallel_gloo_sp import H as H_, L as L_, ids, llama_like
+
+    report = flopcount.from_torch(llama_like(), (ids(),), training=True, cache_dir=False)
+    runs = gloo_ranks(_llama_worker, tmp_path)
+    a = B * S * H_ * 4
+    assert recorded(runs[0])["forward"] == Counter(
+        [("reduce_scatter", a)] * (2 * L_ + 1) + [("all_gather", a)] * (2 * L_ + 1) + [("all_reduce", B * S * 4)] * 3)
+    assert recorded(runs[0])["step"] == Counter([("all_reduce", (2 * L_ + 1) * H_ * 4)])
+    for i, run in enumerate(runs):
+        assert predicted_calls(report, "tp=2,sp", i) == recorded(run)
