@@ -22,6 +22,7 @@ loss's three ``all_reduce`` of b·s·4 (forward). Once a step (phase ``step``): 
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, NamedTuple
 
 __all__ = ["Call", "tp_calls"]
@@ -37,16 +38,15 @@ class Call(NamedTuple):
     phase: str
 
 
-def _layer_calls(layout: Any, n: int) -> tuple[tuple[int, ...], tuple[int, ...], int]:
-    """Layer ``n``'s (row-parallel reductions' bytes, column-parallel inputs' bytes, its stream's A) per microbatch."""
+def _layer_calls(layout: Any, kind: tuple) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A layer's (row-parallel reductions' bytes, column-parallel inputs' bytes) per microbatch; ``kind``: its
+    (stream's tokens, blocks, cross-attention's tokens, latents' elements by tensor) in a sequence."""
     d, cp = layout.dims, layout.plan.cp
-    a = d.batch * (layout.seqs[n] // cp) * d.hidden * d.act_bytes
-    parts = layout.latent_parts[n] if n < len(layout.latent_parts) else ()
-    rows = (a,) * layout.blocks[n]
-    cross = (d.batch * (layout.cross[n] // cp) * d.hidden * d.act_bytes,) if layout.cross[n] else ()
+    seq, blocks, cross, parts = kind
+    a = d.batch * (seq // cp) * d.hidden * d.act_bytes
     latents = tuple(d.batch * (p // cp) * d.act_bytes for p in parts)
-    cols = (a,) * (layout.blocks[n] - (1 if latents else 0)) + cross + latents
-    return rows, cols, a
+    other = (d.batch * (cross // cp) * d.hidden * d.act_bytes,) if cross else ()
+    return (a,) * blocks, (a,) * (blocks - (1 if latents else 0)) + other + latents
 
 
 def tp_calls(layout: Any, stage: int, train: bool, has_loss: bool, skipped: tuple[int, int, int] | None,
@@ -64,20 +64,22 @@ def tp_calls(layout: Any, stage: int, train: bool, has_loss: bool, skipped: tupl
                 out[(kind, x, phase)] = out.get((kind, x, phase), 0) + times
 
     row, col = ("reduce_scatter", "all_gather") if sp else ("all_reduce", "all_reduce")
-    for n in layout.stage_layers(stage):
-        rows, cols, a = _layer_calls(layout, n)
-        add(row, rows, "forward")
+    parts = layout.latent_parts or ((),) * len(layout.blocks)
+    kinds = Counter((layout.seqs[n], layout.blocks[n], layout.cross[n], parts[n]) for n in layout.stage_layers(stage))
+    for kind, k in kinds.items():  # the layers alike once (a plan search asks for many plans)
+        rows, cols = _layer_calls(layout, kind)
+        add(row, rows, "forward", k)
         if sp:
-            add(col, cols, "forward")
+            add(col, cols, "forward", k)
         if train:
-            add(row, cols, "backward")
+            add(row, cols, "backward", k)
             if sp:  # the reductions' gradients: gathered under sp, none without
-                add(col, rows, "backward")
+                add(col, rows, "backward", k)
         if skipped is not None:  # the rerun: the forward's calls again, but the last ``skipped`` reductions
             kept = (skipped[2], skipped[1]) if sp else (skipped[0], 0)
-            add(row, rows[kept[0]:], "backward")
+            add(row, rows[kept[0]:], "backward", k)
             if sp:
-                add(col, cols[kept[1]:], "backward")
+                add(col, cols[kept[1]:], "backward", k)
     first, last = stage == 0, stage == plan.pp - 1
     e_ = d.batch * (layout.embedded // plan.cp) * d.hidden * d.act_bytes
     o_ = d.batch * (layout.out_seq // plan.cp) * d.hidden * d.act_bytes

@@ -36,7 +36,8 @@ product through softmax to the product with V, in graph order); a list of operat
 
 **Communication** bytes per optimizer step by collective, with the group it runs on, as the payload each rank
 hands to the collective (the full tensor of an all_reduce, the gathered tensor of an all_gather, the input of a
-reduce_scatter; bytes sent for send_recv), not the bytes on the wire. With A = b·s·h·e (e the bytes of an
+reduce_scatter; bytes sent for send_recv), not the bytes on the wire; a TP collective's, the sum of its calls
+(:mod:`flopcount.parallel.calls_tp`: each call's size, count and phase). With A = b·s·h·e (e the bytes of an
 activation element) per microbatch and Lₛ the stage's layers:
 
 * TP without sp: ``all_reduce`` of A after each attention and MLP block in the forward and before them in the
