@@ -83,6 +83,8 @@ def tp_calls(layout: Any, stage: int, train: bool, has_loss: bool, skipped: tupl
     first, last = stage == 0, stage == plan.pp - 1
     e_ = d.batch * (layout.embedded // plan.cp) * d.hidden * d.act_bytes
     o_ = d.batch * (layout.out_seq // plan.cp) * d.hidden * d.act_bytes
+    # the vocab-parallel embedding's lookup and LM head (none in a ViT: its patch embedding and classifier run whole
+    # on every rank, with no collective around them)
     embeds, head = first and "embedding" in layout.roles, last and "vocab" in layout.roles
     if sp:
         summed = embeds and layout.lookups_added  # all-reduced, positions added, the rank's tokens kept
