@@ -152,19 +152,13 @@ def _messages(r: Any, led: Any) -> tuple[Message, ...]:
     """The rank's collectives as messages (the predictor's rules)."""
     plan, d = led.plan, led.dims
     m, train = plan.microbatches, led.mode == "train"
-    a = d["batch"] * (d["seq"] // plan.cp) * d["hidden"] * d["activation_bytes"]
     out = []
     first, last = r.stage == 0, r.stage == plan.pp - 1
     v = plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
     for c in r.communication:
         n = plan.group_ranks(c.group, d.get("kv_heads"))
-        if c.group == "tp":
-            calls, rest = divmod(c.bytes, a)
-            halves = ("forward", "backward") if train else ("forward",)
-            for phase in halves:
-                out.append(Message(c.kind, "tp", a, calls / len(halves), n, phase))
-            if rest:  # the loss's three small all_reduces a microbatch
-                out.append(Message(c.kind, "tp", rest / (3 * m), 3 * m, n, "forward"))
+        if c.group == "tp":  # the ledger's calls (flopcount.parallel.calls_tp), whose bytes sum to its total
+            out.extend(Message(c.kind, "tp", x.bytes, x.count, n, x.phase) for x in c.calls)
         elif c.group == "pp":  # the ledger's bytes over its messages (an encoder-decoder's differ: their mean)
             fwd_calls, bwd_calls = m * (v - last), (m * (v - first) if train else 0)
             msg = c.bytes // (fwd_calls + bwd_calls) if c.bytes % (fwd_calls + bwd_calls) == 0 else \

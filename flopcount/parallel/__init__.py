@@ -7,6 +7,7 @@
   run, and what a pipeline sends between its stages
 * :mod:`.roles` the parts' roles read off the graph's dataflow (attention and MLP projections, embedding, LM head)
 * :mod:`.ranks` FLOPs, redundant work, communication bytes and the bubble per rank under a plan (``--parallel``)
+* :mod:`.calls_tp` tensor parallelism's collectives as calls (size, count, phase), the ledger's TP bytes their sums
 * :mod:`.schedules` the pipeline schedules simulated action by action (GPipe, 1F1B, interleaved 1F1B)
 * :mod:`.experts` the context- and expert-parallel rules (zigzag CP, EP over dp·cp, ``--expert-load``)
 * :mod:`.optimizer` the optimizer step's FLOPs per rank: the parameter elements each rank updates

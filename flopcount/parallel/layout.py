@@ -284,6 +284,7 @@ class Layout:
     seqs: tuple[int, ...] = ()
     cross: tuple[int, ...] = ()
     latents: tuple[int, ...] = ()  # each layer's MLA latents its heads read (Found.latents), elements in a sequence
+    latent_parts: tuple[tuple[int, ...], ...] = ()  # those by tensor (Found.latent_parts), each gathered on its own
     embedded: int = 0  # the tokens in a sequence of the token-embedding lookups (the encoder's and the decoder's)
     out_seq: int = 0  # the tokens in a sequence of the stream after the layers (the decoder's)
     # the gathered inputs under sp (see the module's rules): (node, output position) → (the virtual stage that
@@ -321,11 +322,15 @@ class Layout:
         row-parallel projections, a block's stream each; the tokens into its column-parallel projections, reduced in
         the backward: those and the cross-attention's from the other stack; the layers' own tokens; the MLA layers'
         own, whose attention reads its latents in place of its input; those latents' elements in a sequence)."""
-        per_chunk = max(len(self.blocks) // (self.plan.pp * self.virtual), 1)
-        mine = [n for n in range(len(self.blocks)) if n // per_chunk % self.plan.pp == stage]
+        mine = self.stage_layers(stage)
         rows, mla = sum(self.blocks[n] * self.seqs[n] for n in mine), [n for n in mine if self.latents[n:n + 1] > (0,)]
         return (rows, rows + sum(self.cross[n] for n in mine), sum(self.seqs[n] for n in mine),
                 sum(self.seqs[n] for n in mla), sum(self.latents[n] for n in mla))
+
+    def stage_layers(self, stage: int) -> list[int]:
+        """The layers pipeline rank ``stage`` runs (its chunks')."""
+        per_chunk = max(len(self.blocks) // (self.plan.pp * self.virtual), 1)
+        return [n for n in range(len(self.blocks)) if n // per_chunk % self.plan.pp == stage]
 
     def stage_blocks(self, stage: int) -> int:
         """The blocks ending in a TP reduction of the layers pipeline rank ``stage`` runs (its chunks')."""
@@ -338,12 +343,13 @@ class Layout:
         without sp or under ``sp=megatron`` (which keeps the rank's tokens)."""
         return frozenset(self.sp_inputs) if self.plan.sp and self.plan.sp_style == "torch" else frozenset()
 
-    def sp_regathered(self, stage: int) -> int:
-        """Bytes per microbatch pipeline rank ``stage`` all-gathers again in the backward under ``sp=megatron``:
-        its gathered inputs, each over the rank's share of the sequence under cp (0 in any other plan)."""
+    def sp_regathered(self, stage: int) -> tuple[int, ...]:
+        """The calls' bytes per microbatch pipeline rank ``stage`` all-gathers again in the backward under
+        ``sp=megatron``: its gathered inputs, each over the rank's share of the sequence under cp (none in any other
+        plan)."""
         if not self.plan.sp or self.plan.sp_style != "megatron":
-            return 0
-        return sum(b // self.plan.cp for c, b in self.sp_inputs.values() if c % self.plan.pp == stage)
+            return ()
+        return tuple(b // self.plan.cp for c, b in self.sp_inputs.values() if c % self.plan.pp == stage)
 
     @property
     def kv_group(self) -> int:
@@ -626,8 +632,9 @@ def _tokens(st: _Structure) -> dict[str, Any]:
         seqs.append(seq_of(rows[0]) if rows else d.seq)
     cross = tuple(st.found.get(n, Found()).cross // batch for n in range(d.layers))
     latent = tuple(st.found.get(n, Found()).latents // batch for n in range(d.layers))
+    parts = tuple(tuple(x // batch for x in st.found.get(n, Found()).latent_parts) for n in range(d.layers))
     embedded = sum(seq_of(k) for k in range(len(nodes)) if st.roles[k] == "embedding") or d.seq
-    return {"seqs": tuple(seqs), "cross": cross, "latents": latent, "embedded": embedded,
+    return {"seqs": tuple(seqs), "cross": cross, "latents": latent, "latent_parts": parts, "embedded": embedded,
             "out_seq": seqs[-1] if seqs else d.seq}
 
 

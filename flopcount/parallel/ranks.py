@@ -36,7 +36,8 @@ product through softmax to the product with V, in graph order); a list of operat
 
 **Communication** bytes per optimizer step by collective, with the group it runs on, as the payload each rank
 hands to the collective (the full tensor of an all_reduce, the gathered tensor of an all_gather, the input of a
-reduce_scatter; bytes sent for send_recv), not the bytes on the wire. With A = b·s·h·e (e the bytes of an
+reduce_scatter; bytes sent for send_recv), not the bytes on the wire; a TP collective's, the sum of its calls
+(:mod:`flopcount.parallel.calls_tp`: each call's size, count and phase). With A = b·s·h·e (e the bytes of an
 activation element) per microbatch and Lₛ the stage's layers:
 
 * TP without sp: ``all_reduce`` of A after each attention and MLP block in the forward and before them in the
@@ -112,6 +113,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from . import experts as px
+from .calls_tp import Call, tp_calls
 from ..errors import UsageError
 from ..reporting.tiled import check_listable
 from .layout import Dims, Layout, chunks_of, layout_of, rank_id, split
@@ -130,6 +132,7 @@ class Collective:
     kind: str  # all_reduce, all_gather, reduce_scatter, send_recv
     group: str  # tp, pp, dp
     bytes: int
+    calls: tuple[Call, ...] = field(default=(), compare=False)  # group tp: the calls whose sum bytes is (calls_tp)
 
     def as_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "group": self.group, "bytes": self.bytes}
@@ -599,36 +602,11 @@ def _communication(layout: Layout, report: Any, per_stage: int, train: bool, has
                 c[(kind, group)] = c.get((kind, group), 0) + n
 
         first, last = s == 0, s == p - 1
-        # bytes into the row-parallel projections' reductions (a block's stream each: Lₛ attention and Lₛ MLP
-        # blocks, a mixer, a cross-attention), into the column-parallel ones (those, and a cross-attention's K/V
-        # reading the encoder's output), and of the layers' own streams
-        rows, cols, own, swapped, latent = layout.stage_tp(s)  # an MLA layer's latents in place of its attention's A
-        rows, cols, own = _act(d, plan, rows), _act(d, plan, cols) - _act(d, plan, swapped), _act(d, plan, own)
-        cols += d.batch * (latent // plan.cp) * d.act_bytes
-        again = (0, 0, 0) if skipped is None else tuple(x - y * own for x, y in zip((rows, cols, rows), skipped))
-        e_, o_ = _act(d, plan, layout.embedded), _act(d, plan, layout.out_seq)  # the embeddings', the output's
-        # the vocab-parallel embedding's lookup and LM head (none in a ViT: its patch embedding and classifier run
-        # whole on every rank, with no collective around them)
-        embeds, head = first and "embedding" in layout.roles, last and "vocab" in layout.roles
-        if t > 1:
-            if plan.sp:
-                summed = embeds and layout.lookups_added  # all-reduced, positions added, the rank's tokens kept
-                add("all_gather", "tp", m * (cols + (rows if train else 0) + again[1] + (o_ if last else 0)
-                                             + (e_ if first and train else 0)
-                                             + (layout.sp_regathered(s) if train else 0)))  # sp=megatron's
-                add("reduce_scatter", "tp", m * (rows + (cols if train else 0) + again[2]
-                                                 + (o_ if head and train else 0)
-                                                 + (e_ if embeds and not summed else 0)))
-                add("all_reduce", "tp", m * e_ if summed else 0)
-            else:
-                add("all_reduce", "tp", m * (rows + (cols if train else 0) + again[0]
-                                             + (e_ if embeds else 0) + (o_ if head and train else 0)))
-            if last and has_loss:
-                add("all_reduce", "tp", m * 3 * d.batch * (layout.out_seq // plan.cp) * 4)
-            if plan.sp and train:  # the sequence-parallel weights' partial gradients, once a step
-                add("all_reduce", "tp", held[s]["sequence"] * d.param_bytes)
-            if layout.kv_group > 1 and train:  # each copy's dWk, dWv summed over the copies, once a step
-                add("all_reduce", "tp_kv", held[s]["kv"] * d.param_bytes)
+        calls = tp_calls(layout, s, train, has_loss, skipped, held[s]["sequence"] * d.param_bytes) if t > 1 else ()
+        for x in calls:
+            add(x.kind, "tp", x.bytes * x.count)
+        if t > 1 and layout.kv_group > 1 and train:  # each copy's dWk, dWv summed over the copies, once a step
+            add("all_reduce", "tp_kv", held[s]["kv"] * d.param_bytes)
         if p > 1:
             act = a // t if plan.sp else a
             v = layout.virtual  # each of the rank's chunks sends on, but the model's last; and back, but its first
@@ -647,13 +625,9 @@ def _communication(layout: Layout, report: Any, per_stage: int, train: bool, has
             for group, g, kept in ((grp, dense, root), ("edp", experts, 0)):
                 if plan.group_ranks(group) > 1:
                     _data_parallel(plan, add, group, g, kept)
-        out.append(tuple(Collective(k, grp, n) for (k, grp), n in c.items()))
+        out.append(tuple(Collective(k, grp, n, tuple(x for x in calls if x.kind == k) if grp == "tp" else ())
+                         for (k, grp), n in c.items()))
     return out
-
-
-def _act(d: Dims, plan: ParallelPlan, seq: int) -> int:
-    """Bytes of the activations of ``seq`` tokens of each sequence of the batch on a CP rank (its 1/C)."""
-    return d.batch * (seq // plan.cp) * d.hidden * d.act_bytes
 
 
 def _data_parallel(plan: ParallelPlan, add, group: str, g: int, root: int = 0) -> None:

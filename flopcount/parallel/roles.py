@@ -220,6 +220,7 @@ class Found:
     attentions: int = 0  # the layer's attention blocks (its context products: a decoder's self- and cross-attention)
     cross: int = 0  # the tokens (elements / width) cross-attention's K/V projections read from outside the layer
     latents: int = 0  # the elements multi-head latent attention's up projections and heads read (_latents)
+    latent_parts: tuple[int, ...] = ()  # those elements by tensor, each gathered on its own (_latents)
 
 
 @dataclass(frozen=True)
@@ -463,24 +464,31 @@ def layer_roles(at: Scoped, ks: list[int], roles: list[str], attention: dict, la
     for k in ks:
         if not roles[k]:
             roles[k] = "sequence"
-    found.latents = _latents(g, ks, roles) if found.kv_fused == "latent" else 0
+    found.latent_parts = _latents(g, ks, roles) if found.kv_fused == "latent" else ()
+    found.latents = sum(found.latent_parts)
     return found
 
 
-def _latents(g: Graph, ks: Sequence[int], roles: Sequence[str]) -> int:
+def _latents(g: Graph, ks: Sequence[int], roles: Sequence[str]) -> tuple[int, ...]:
     """Elements of what a multi-head latent attention's up projections and heads read, made over the sequence (the
-    rank's tokens under sp): its latent products' outputs (the q latent, the kv latent with the shared rotary key;
-    their norms keep the width) and a hidden input that one of its column-parallel projections reads as well
-    (DeepSeek-V2-Lite's Q projection, without a q latent), each once; ``ks``: one layer's nodes."""
+    rank's tokens under sp), by tensor: its latent products' outputs (the q latent, the kv latent with the shared
+    rotary key, or each part of it where a Split alone reads it: the kv latent and the rotary key, each gathered on
+    its own; their norms keep the width) and a hidden input that one of its column-parallel projections reads as
+    well (DeepSeek-V2-Lite's Q projection, without a q latent), each once; ``ks``: one layer's nodes."""
     ks = set(ks)
-    out = [x for k in ks if roles[k] == "latent" and g.nodes[k].family in PRODUCTS for x in g.nodes[k].outputs[:1]]
+    out = []
+    for k in sorted(ks):
+        for x in g.nodes[k].outputs[:1] if roles[k] == "latent" and g.nodes[k].family in PRODUCTS else ():
+            readers = g.consumers.get(x.name, ()) if x is not None else ()
+            split = len(readers) == 1 and g.nodes[readers[0]].op_type == "Split"
+            out.extend(g.nodes[readers[0]].outputs if split else (x,))
     for k in ks:
         if roles[k] == "latent" and g.nodes[k].family in PRODUCTS:
             for x in g.nodes[k].inputs[:1]:
                 readers = g.consumers.get(x.name, ()) if x is not None else ()
                 if any(roles[q] in ("column", "kv") and g.nodes[q].family in PRODUCTS for q in readers):
                     out.append(x)
-    return sum(elements(g.info.get(x.name, x)) for x in {x.name: x for x in out if x is not None}.values())
+    return tuple(elements(g.info.get(x.name, x)) for x in {x.name: x for x in out if x is not None}.values())
 
 
 def kv_heads(found: Found) -> int:

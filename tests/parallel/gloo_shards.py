@@ -25,10 +25,12 @@ class Recorder:
         import torch.distributed as dist
 
         self.moved: Counter = Counter() if moved is None else moved
+        self.calls: list[tuple[str, int]] = []  # each call's (kind, bytes), in the order they ran
         rec, moved, n = self, self.moved, dist.get_world_size(group)
 
         def note(kind: str, x) -> None:
             moved[(kind, name)] += x.numel() * x.element_size()
+            rec.calls.append((kind, x.numel() * x.element_size()))
 
         def all_reduce(x):
             x = x.clone()

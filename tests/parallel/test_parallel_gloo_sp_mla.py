@@ -8,11 +8,15 @@ gathered again in the backward, the gradient reduce-scattered); k_pe all-gathere
 ``gather_from_sequence_parallel_region`` (kept gathered, its gradient reduce-scattered); the output projection
 row-parallel, reduce-scattered. So a layer's attention gathers its latents, (q_lora + kv_lora + rope)·b·s·e, where
 a Llama's gathers its hidden input A. The MLP, the LM head and the embedding as in test_parallel_gloo_sp. The same
-model at ``tp=2`` without sp all-reduces, in the backward, the latents' gradients where a Llama all-reduces A's."""
+model at ``tp=2`` without sp all-reduces, in the backward, the latents' gradients where a Llama all-reduces A's.
+Each call's kind and bytes by phase (forward, backward, once a step) against the step-time predictor's TP messages,
+here and on test_parallel_gloo_sp's Llama-like model."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections import Counter
 
 import pytest
 from gloo_shards import Recorder, ledger_bytes, rms_norm, vocab_lookup
@@ -87,13 +91,39 @@ def _worker(rank: int, world: int, init: str, out: str, sp: bool, ql: int = QL, 
         for _ in range(L):
             x = layer(x)
         logits, = column(norm(H)(x), param(V // t, H))
+    forward = len(rec.calls)
     logits.sum().backward()
-    for p in partial if sp else ():
-        rec.all_reduce(p.grad)
+    backward = len(rec.calls)
+    if sp:  # one all_reduce of them all, flattened, as Megatron sums the sequence-parallel weights' gradients
+        rec.all_reduce(torch.cat([p.grad.reshape(-1) for p in partial]))
     with open(f"{out}.{rank}", "w") as f:
         weights = {w.untyped_storage().data_ptr() for w in made}
-        json.dump({"bytes": rec.bytes(), "saved": sum(n for at, n in saved.items() if at not in weights)}, f)
+        json.dump({"bytes": rec.bytes(), "saved": sum(n for at, n in saved.items() if at not in weights),
+                   "calls": phased(rec.calls, forward, backward)}, f)
     dist.destroy_process_group()
+
+
+def phased(calls: list, forward: int, backward: int) -> dict[str, list]:
+    """A rank's recorded calls (kind, bytes) by phase: the first ``forward`` in the forward, those up to
+    ``backward`` in the backward, the rest once the backward is done (``step``)."""
+    return {"forward": calls[:forward], "backward": calls[forward:backward], "step": calls[backward:]}
+
+
+def predicted_calls(report, plan: str, rank: int) -> dict[str, Counter]:
+    """The step-time predictor's TP messages of ``rank`` under ``plan``, as (kind, bytes) multisets by phase."""
+    from flopcount.measure.predict_report import report_work
+
+    work = report_work(dataclasses.replace(report, parallel=ledger(report, parse_parallel(plan))))
+    out: dict[str, Counter] = {"forward": Counter(), "backward": Counter(), "step": Counter()}
+    for m in work.ranks[rank].messages:
+        if m.group == "tp":
+            assert m.count == int(m.count)
+            out[m.phase][(m.kind, int(m.bytes))] += int(m.count)
+    return out
+
+
+def recorded(run: dict) -> dict[str, Counter]:
+    return {phase: Counter((kind, n) for kind, n in calls) for phase, calls in run["calls"].items()}
 
 
 def _report(ql: int = QL, kl: int = KL, **options):
@@ -113,8 +143,13 @@ def report():
 
 
 @pytest.fixture(scope="module")
-def seen(tmp_path_factory):
-    return [r["bytes"] for r in gloo_ranks(_worker, tmp_path_factory.mktemp("mla"), True)]
+def runs(tmp_path_factory):
+    return gloo_ranks(_worker, tmp_path_factory.mktemp("mla"), True)
+
+
+@pytest.fixture(scope="module")
+def seen(runs):
+    return [r["bytes"] for r in runs]
 
 
 A, LATENTS = B * S * H * 4, B * S * (QL + KL + R) * 4  # one activation; a layer's gathered latents, fp32
@@ -146,9 +181,25 @@ def test_tp_mla_ledger_equals_the_run(report, tmp_path):
     """Without sp: per layer the attention's and the MLP's outputs all-reduced (A each), the latents' gradients
     (q, kv and k_pe's, each partial over the rank's heads) and the MLP input's all-reduced in the backward; the
     embedding's lookup and the head input's gradient: the latents' where a Llama's layer all-reduces A."""
-    seen = [r["bytes"] for r in gloo_ranks(_worker, tmp_path, False)]
+    runs = gloo_ranks(_worker, tmp_path, False)
+    seen = [r["bytes"] for r in runs]
     assert seen == [{"all_reduce(tp)": L * (3 * A + LATENTS) + 2 * A}] * 2
     assert [ledger_bytes(r) for r in ledger(report, parse_parallel("tp=2")).ranks] == seen
+    # the calls: a layer's two reductions (A each) and the embedding's in the forward; in the backward the MLP
+    # input's and the head input's gradients (A each) and each latent's (q latent, kv latent, k_pe: b·s·width·4)
+    latents = [("all_reduce", B * S * w * 4) for w in (QL, KL, R)]
+    assert recorded(runs[0])["backward"] == Counter([("all_reduce", A)] * (L + 1) + latents * L)
+    for i, run in enumerate(runs):
+        assert predicted_calls(report, "tp=2", i) == recorded(run)
+
+
+def test_sp_megatron_mla_calls_equal_the_run(runs, report):
+    """The predictor's TP calls of each rank, by phase, are those the run makes: the latents gathered each on its
+    own (q latent, kv latent, k_pe), the sequence-parallel weights' gradients summed once a step."""
+    assert recorded(runs[0])["step"] == Counter([("all_reduce", PARTIAL)])
+    assert recorded(runs[0])["forward"][("all_gather", B * S * R * 4)] == L
+    for i, run in enumerate(runs):
+        assert predicted_calls(report, "tp=2,sp=megatron", i) == recorded(run)
 
 
 def test_mla_latents_per_rank_on_gloo_against_the_memory_ledger(tmp_path):
@@ -172,3 +223,40 @@ def test_mla_latents_per_rank_on_gloo_against_the_memory_ledger(tmp_path):
         assert [b["saved"] - a["saved"] for a, b in zip(*runs)] == [share] * t
         led = [per_rank(rep, parse_parallel(plan, microbatches=1)).ranks for rep in reports]
         assert [b.activations_bytes - a.activations_bytes for a, b in zip(*led)] == [share] * t
+
+
+def _llama_worker(rank: int, world: int, init: str, out: str) -> None:
+    """test_parallel_gloo_sp's Llama-like model at ``tp=2,sp`` (its vocab-parallel loss included): each call's kind
+    and bytes by phase, the norms' partial gradients summed in one flattened all_reduce once the backward is done."""
+    import torch.distributed as dist
+    from test_parallel_gloo_sp import ids, llama_like
+
+    torch.set_num_threads(1)  # a forked child must not wait on the parent's intra-op pool
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    rec = Recorder()
+    module = llama_like(world, rank, rec)
+    loss = module(ids())
+    forward = len(rec.calls)
+    loss.backward()
+    backward = len(rec.calls)
+    rec.all_reduce(torch.cat([p.grad.reshape(-1) for name, p in module.named_parameters() if "norm" in name]))
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump({"calls": phased(rec.calls, forward, backward)}, f)
+    dist.destroy_process_group()
+
+
+def test_llama_sp_calls_equal_the_run(tmp_path):
+    """A dense Llama-like model at ``tp=2,sp``: per layer two reduce-scatters (A) in the forward and two gathers of
+    each block's input, the embedding's reduce-scatter, the head's input gathered and the loss's three all_reduces
+    of b·s·4 (its max, target logit and sum); the backward mirrors them; the norms' gradients once a step."""
+    import flopcount
+    from test_parallel_gloo_sp import H as H_, L as L_, ids, llama_like
+
+    report = flopcount.from_torch(llama_like(), (ids(),), training=True, cache_dir=False)
+    runs = gloo_ranks(_llama_worker, tmp_path)
+    a = B * S * H_ * 4
+    assert recorded(runs[0])["forward"] == Counter(
+        [("reduce_scatter", a)] * (2 * L_ + 1) + [("all_gather", a)] * (2 * L_ + 1) + [("all_reduce", B * S * 4)] * 3)
+    assert recorded(runs[0])["step"] == Counter([("all_reduce", (2 * L_ + 1) * H_ * 4)])
+    for i, run in enumerate(runs):
+        assert predicted_calls(report, "tp=2,sp", i) == recorded(run)
