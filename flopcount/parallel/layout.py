@@ -116,22 +116,8 @@ from ..errors import UsageError
 from . import experts as px
 from . import stacks as ps
 from .plan import ParallelPlan
-from .roles import (
-    FLOATS,
-    MIXERS,
-    PRODUCTS,
-    Found,
-    Graph,
-    Scoped,
-    elements,
-    kv_heads,
-    layer_roles,
-    layers_of,
-    outside_roles,
-    stack_layer,
-    stacks_of,
-    width,
-)
+from .roles import (FLOATS, MIXERS, PRODUCTS, Found, Graph, Scoped, elements, kv_heads, layer_roles, layers_of,
+                    outside_roles, stack_layer, stacks_of, width)
 
 __all__ = ["Dims", "Layout", "ModuleShare", "ROLE_RULES", "fsdp_shard", "in_flight", "layout_of", "rank_id", "split",
            "warmup"]
@@ -334,8 +320,7 @@ class Layout:
 
     def stage_blocks(self, stage: int) -> int:
         """The blocks ending in a TP reduction of the layers pipeline rank ``stage`` runs (its chunks')."""
-        per_chunk = max(len(self.blocks) // (self.plan.pp * self.virtual), 1)
-        return sum(b for n, b in enumerate(self.blocks) if n // per_chunk % self.plan.pp == stage)
+        return sum(self.blocks[n] for n in self.stage_layers(stage))
 
     @property
     def sp_kept_whole(self) -> frozenset[tuple[int, int]]:
