@@ -174,10 +174,10 @@ def _count_built(call, cache_dir, generate: tuple[int, int] | None, capacity_fac
     with hf_training.every_layer(model, options.mode == "train" if training is None else training) as drops:
         report = _count_stack(model, count, call.repeated_layers, call.trust_remote_code,
                               loaded if probe is not None else None, recipe)
-    note = hf_training.layer_drop_note(drops)
-    if note is not None:  # the recipe holds no notes: a count with one is made again, not served
+    notes = hf_training.training_notes(drops)
+    if notes:  # the recipe holds no notes: a count with them is made again, not served
         recipe.sound = False
-        report = dataclasses.replace(report, notes=(*report.notes, note))
+        report = dataclasses.replace(report, notes=(*report.notes, *notes))
     if probe is not None and moe_blocks(model) is not None:
         log.info("%s: the mixture-of-experts summary is not formed for a model counted from a probe of %d of its "
                  "%d layers", FRONTEND, probe.num_hidden_layers, layers)

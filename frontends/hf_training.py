@@ -7,9 +7,12 @@
 * Layer drop: a stack whose ``forward`` reads a ``layerdrop`` probability p > 0 skips each of its layers with
   probability p in training (``torch.rand([]) < p``), a branch on a random value that no export can hold.
   :func:`every_layer` sets p to 0 for the export, so the count is of the step that runs every layer, and
-  :func:`layer_drop_note` says that the expected step runs (1 - p) of those layers' work. The stacks are found from
+  :func:`training_notes` says that the expected step runs (1 - p) of those layers' work. The stacks are found from
   the modules (a ``self.layerdrop`` or ``self.config.layerdrop`` that ``forward`` reads and that is a float > 0),
   not from a list of models.
+* SpecAugment: a module whose class reads ``mask_time_prob`` or ``mask_feature_prob`` > 0 (wav2vec2's
+  ``_mask_hidden_states``) draws the masked positions in numpy at the traced batch, a constant that would fix the
+  graph's batch; :func:`every_layer` sets them to 0 too, and the note says the mask's select is not counted.
 """
 
 from __future__ import annotations
@@ -21,16 +24,19 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-#: ``self.layerdrop`` or ``self.<attribute>.layerdrop`` (``self.config.layerdrop``) read in a ``forward``'s source.
-_READ = re.compile(r"\bself\.((?:\w+\.)?)layerdrop\b")
+#: The probabilities set to 0 for a training export, each with whether it is read anywhere in the module's class
+#: (SpecAugment's, in ``_mask_hidden_states``) rather than in its ``forward`` (layer drop's); read as ``self.NAME`` or
+#: ``self.<attribute>.NAME`` (``self.config.layerdrop``).
+_SETTLED = (("layerdrop", False), ("mask_time_prob", True), ("mask_feature_prob", True))
 
 
 @dataclasses.dataclass(frozen=True)
-class LayerDrop:
-    """A stack (``path`` in the model, its class ``kind``) whose layers are dropped with probability ``p``."""
+class Settled:
+    """A probability ``attribute`` = ``p`` that the module at ``path`` (its class ``kind``) reads in training."""
 
     path: str
     kind: str
+    attribute: str
     p: float
 
 
@@ -47,53 +53,65 @@ def on_meta(model) -> None:
 
 
 @contextlib.contextmanager
-def every_layer(model, training: bool) -> Iterator[list[LayerDrop]]:
-    """Meanwhile, where ``training``, every layer-drop probability of ``model`` is 0 (restored after); yields the
-    stacks that drop layers (none outside training)."""
-    found: list[LayerDrop] = []
-    saved: dict[int, tuple[Any, float]] = {}
+def every_layer(model, training: bool) -> Iterator[list[Settled]]:
+    """Meanwhile, where ``training``, every layer-drop and SpecAugment probability of ``model`` is 0 (restored
+    after); yields what was set (nothing outside training)."""
+    found: list[Settled] = []
+    saved: dict[tuple[int, str], tuple[Any, str, float]] = {}
     if training:
         for path, module in model.named_modules():
-            for holder in _holders(module):
-                p = getattr(holder, "layerdrop", None)
-                if isinstance(p, float) and p > 0:
-                    found.append(LayerDrop(path or type(module).__name__, type(module).__name__, p))
-                    saved.setdefault(id(holder), (holder, p))
+            for attribute, whole in _SETTLED:
+                for holder in _holders(module, attribute, whole):
+                    p = getattr(holder, attribute, None)
+                    if isinstance(p, float) and p > 0:
+                        found.append(Settled(path or type(module).__name__, type(module).__name__, attribute, p))
+                        saved.setdefault((id(holder), attribute), (holder, attribute, p))
     try:
-        for holder, _ in saved.values():
-            holder.layerdrop = 0.0
+        for holder, attribute, _ in saved.values():
+            setattr(holder, attribute, 0.0)
         yield found
     finally:
-        for holder, p in saved.values():
-            holder.layerdrop = p
+        for holder, attribute, p in saved.values():
+            setattr(holder, attribute, p)
 
 
-def layer_drop_note(drops: list[LayerDrop]) -> str | None:
-    """The report's note on the layer drop of ``drops``; None where there is none."""
-    if not drops:
-        return None
-    stacks = ", ".join(f"{d.path} ({d.kind}) p = {d.p:g}" for d in drops)
-    return (f"layer drop: in training, {stacks} skip(s) each of its layers with probability p; the count is of the "
-            "step that runs every layer, and the expected step runs (1 - p) of those layers' work")
+def training_notes(settled: list[Settled]) -> list[str]:
+    """The report's notes on what :func:`every_layer` set to 0 for the export."""
+    notes = []
+    drops = [s for s in settled if s.attribute == "layerdrop"]
+    if drops:
+        stacks = ", ".join(f"{d.path} ({d.kind}) p = {d.p:g}" for d in drops)
+        notes.append(f"layer drop: in training, {stacks} skip(s) each of its layers with probability p; the count is "
+                     "of the step that runs every layer, and the expected step runs (1 - p) of those layers' work")
+    masks = [s for s in settled if s.attribute != "layerdrop"]
+    if masks:
+        where = ", ".join(f"{m.path} ({m.kind}) {m.attribute} = {m.p:g}" for m in masks)
+        notes.append(f"SpecAugment: in training, {where} set(s) a random fraction of the hidden states to a learned "
+                     "vector (time) or to 0 (features), positions drawn in numpy, which no export can hold; the count "
+                     "is of the step without the mask: its select (one an element) and the vector's gradient are not "
+                     "counted")
+    return notes
 
 
-def _holders(module) -> list[Any]:
-    """The objects whose ``layerdrop`` the ``forward`` of ``module`` reads (the module, its configuration)."""
+def _holders(module, attribute: str, whole: bool) -> list[Any]:
+    """The objects whose ``attribute`` the code of ``module`` reads (``forward``'s, or its class's where
+    ``whole``): the module, its configuration."""
     holders = []
-    for attribute in dict.fromkeys(_READ.findall(_source(type(module)))):
-        holder = getattr(module, attribute[:-1], None) if attribute else module
+    read = re.compile(rf"\bself\.((?:\w+\.)?){attribute}\b")
+    for path in dict.fromkeys(read.findall(_source(type(module), whole))):
+        holder = getattr(module, path[:-1], None) if path else module
         if holder is not None:
             holders.append(holder)
     return holders
 
 
-_SOURCES: dict[type, str] = {}
+_SOURCES: dict[tuple[type, bool], str] = {}
 
 
-def _source(cls: type) -> str:
-    if cls not in _SOURCES:
+def _source(cls: type, whole: bool) -> str:
+    if (cls, whole) not in _SOURCES:
         try:
-            _SOURCES[cls] = inspect.getsource(cls.forward)
-        except (OSError, TypeError, AttributeError):  # a builtin or generated forward: no source, no layer drop read
-            _SOURCES[cls] = ""
-    return _SOURCES[cls]
+            _SOURCES[cls, whole] = inspect.getsource(cls if whole else cls.forward)
+        except (OSError, TypeError, AttributeError):  # builtin or generated code: no source, nothing read
+            _SOURCES[cls, whole] = ""
+    return _SOURCES[cls, whole]
