@@ -171,7 +171,9 @@ def _count_built(call, cache_dir, generate: tuple[int, int] | None, capacity_fac
         tokens = _tokens(inputs, options.batch)
         if tokens and getattr(model.config, "is_encoder_decoder", False):
             tokens = _stack_tokens(model, tokens, _tokens(inputs, options.batch, DECODER_TOKEN_INPUTS))
-    with hf_training.every_layer(model, options.mode == "train" if training is None else training) as drops:
+    train = options.mode == "train" if training is None else training
+    count = hf_training.settled(count, train)  # the 1- and 2-layer models of a stack too
+    with hf_training.every_layer(model, train) as drops:
         report = _count_stack(model, count, call.repeated_layers, call.trust_remote_code,
                               loaded if probe is not None else None, recipe)
     notes = hf_training.training_notes(drops)

@@ -21,7 +21,7 @@ import contextlib
 import dataclasses
 import inspect
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 #: The probabilities set to 0 for a training export, each with whether it is read anywhere in the module's class
@@ -32,7 +32,8 @@ _SETTLED = (("layerdrop", False), ("mask_time_prob", True), ("mask_feature_prob"
 
 @dataclasses.dataclass(frozen=True)
 class Settled:
-    """A probability ``attribute`` = ``p`` that the module at ``path`` (its class ``kind``) reads in training."""
+    """A probability ``attribute`` = ``p`` that the module at ``path`` (its class ``kind``; "" for the model itself)
+    reads in training."""
 
     path: str
     kind: str
@@ -64,7 +65,7 @@ def every_layer(model, training: bool) -> Iterator[list[Settled]]:
                 for holder in _holders(module, attribute, whole):
                     p = getattr(holder, attribute, None)
                     if isinstance(p, float) and p > 0:
-                        found.append(Settled(path or type(module).__name__, type(module).__name__, attribute, p))
+                        found.append(Settled(path, type(module).__name__, attribute, p))
                         saved.setdefault((id(holder), attribute), (holder, attribute, p))
     try:
         for holder, attribute, _ in saved.values():
@@ -75,17 +76,26 @@ def every_layer(model, training: bool) -> Iterator[list[Settled]]:
             setattr(holder, attribute, p)
 
 
+def settled(count: Callable[[Any], Any], training: bool) -> Callable[[Any], Any]:
+    """``count`` (of a model) made under :func:`every_layer` of the model it is given."""
+    def count_settled(model):
+        with every_layer(model, training):
+            return count(model)
+
+    return count_settled
+
+
 def training_notes(settled: list[Settled]) -> list[str]:
     """The report's notes on what :func:`every_layer` set to 0 for the export."""
     notes = []
     drops = [s for s in settled if s.attribute == "layerdrop"]
     if drops:
-        stacks = ", ".join(f"{d.path} ({d.kind}) p = {d.p:g}" for d in drops)
+        stacks = ", ".join(f"{d.path or 'the model'} ({d.kind}) p = {d.p:g}" for d in drops)
         notes.append(f"layer drop: in training, {stacks} skip(s) each of its layers with probability p; the count is "
                      "of the step that runs every layer, and the expected step runs (1 - p) of those layers' work")
     masks = [s for s in settled if s.attribute != "layerdrop"]
     if masks:
-        where = ", ".join(f"{m.path} ({m.kind}) {m.attribute} = {m.p:g}" for m in masks)
+        where = ", ".join(f"{m.path or 'the model'} ({m.kind}) {m.attribute} = {m.p:g}" for m in masks)
         notes.append(f"SpecAugment: in training, {where} set(s) a random fraction of the hidden states to a learned "
                      "vector (time) or to 0 (features), positions drawn in numpy, which no export can hold; the count "
                      "is of the step without the mask: its select (one an element) and the vector's gradient are not "

@@ -72,7 +72,7 @@ def test_counts_with_default_spec_augment_and_layer_drop(saved, mode):
     notes = [n for n in report.notes if n.startswith(("layer drop", "SpecAugment"))]
     if mode == "train":
         assert len(notes) == 2 and "encoder" in notes[0] and "p = 0.1" in notes[0] and "(1 - p)" in notes[0]
-        assert "mask_time_prob = 0.05" in notes[1]
+        assert f"the model ({name.replace('Config', 'Model')}) mask_time_prob = 0.05" in notes[1]
     else:
         assert notes == []
 
@@ -86,7 +86,7 @@ def test_layer_drop_is_restored_after_the_count(saved):
     with hf_training.every_layer(model, True) as drops:
         assert (model.config.layerdrop, model.config.mask_time_prob) == (0.0, 0.0)
     assert (model.config.layerdrop, model.config.mask_time_prob) == (0.1, 0.05)
-    assert [(d.path, d.attribute, d.p) for d in drops] == [(name.replace("Config", "Model"), "mask_time_prob", 0.05), ("encoder", "layerdrop", 0.1)]
+    assert [(d.path, d.attribute, d.p) for d in drops] == [("", "mask_time_prob", 0.05), ("encoder", "layerdrop", 0.1)]
     assert all(p.is_meta for p in model.parameters())  # masked_spec_embed too, made with torch.Tensor(n)
 
 
@@ -105,3 +105,19 @@ def test_nllb_moe_counts_in_training_with_its_default_layer_drop(tmp_path):
     assert report.params == sum(p.numel() for p in transformers.NllbMoeModel(c).parameters())
     notes = [n for n in report.notes if n.startswith("layer drop")]
     assert len(notes) == 1 and "encoder" in notes[0] and "decoder" in notes[0] and "p = 0.05" in notes[0]
+
+
+def test_a_stack_counted_from_its_small_exports_drops_no_layer():
+    """OPT's decoder reads its own ``self.layerdrop`` (set from the configuration when built): the 1- and 2-layer
+    models the count is extended from are exported with every layer too."""
+    import flopcount
+    from flopcount.reporting.layers import EXTENDED
+
+    c = transformers.OPTConfig(vocab_size=64, hidden_size=32, num_hidden_layers=4, ffn_dim=64, num_attention_heads=4,
+                               max_position_embeddings=32, word_embed_proj_dim=32, layerdrop=0.1)
+    report = flopcount.from_hf(c, {"input_ids": (1, 8)}, cache_dir=False, mode="train")
+    assert report.layers.method == EXTENDED and report.layers.layers == 4
+    assert report.params == sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(c).parameters())
+    assert [n for n in report.notes if n.startswith("layer drop")] == [
+        "layer drop: in training, model.decoder (OPTDecoder) p = 0.1 skip(s) each of its layers with probability p; "
+        "the count is of the step that runs every layer, and the expected step runs (1 - p) of those layers' work"]
