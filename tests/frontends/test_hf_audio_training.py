@@ -1,4 +1,4 @@
-"""wav2vec2-family models (Hubert, Wav2Vec2) with their default SpecAugment (``mask_time_prob`` 0.05) and layer drop
+"""wav2vec2-family models (Hubert, Wav2Vec2, Data2VecAudio) with their default SpecAugment (``mask_time_prob`` 0.05) and layer drop
 (``layerdrop`` 0.1) count in inference and in training (:mod:`flopcount.frontends.hf_training`): their products
 and convolutions equal torch's FlopCounterMode over the eager model's forward, their parameters the eager
 model's, and a training count says that layer drop p runs (1 - p) of the stack's work in the expected step and that
@@ -15,7 +15,8 @@ torch = pytest.importorskip("torch")
 SAMPLES = 1600  # audio samples: 319 frames after the first convolution (kernel 10, stride 5), 159 after the second
 SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, conv_dim=(16, 16),
              conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4)
-FAMILIES = {"HubertConfig": transformers.HubertConfig, "Wav2Vec2Config": transformers.Wav2Vec2Config}
+FAMILIES = {"HubertConfig": transformers.HubertConfig, "Wav2Vec2Config": transformers.Wav2Vec2Config,
+            "Data2VecAudioConfig": transformers.Data2VecAudioConfig}  # its 16 positional convolutions: affine-free norms
 
 
 def config(name: str):
