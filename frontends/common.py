@@ -775,3 +775,12 @@ def shorten(text: str, limit: int = 300) -> str:
     """``text`` on one line, cut to ``limit`` characters."""
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def one_value(tensor: onnx.TensorProto) -> bool:
+    """Whether ``tensor`` is stored in the graph (not an external reference) and holds one value throughout: a
+    constant an exporter made (the ones of an affine-free LayerNorm's scale), never a weight of a meta module."""
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        return False
+    values = onnx.numpy_helper.to_array(tensor)
+    return values.size > 0 and bool((values == values.flat[0]).all())

@@ -340,9 +340,9 @@ def _trainable_initializers(module, model: onnx.ModelProto) -> tuple[list[str] |
     known.update(n for n, _ in module.named_buffers(remove_duplicate=False))
     opsets = {canonical_domain(o.domain): o.version for o in model.opset_import}
     guessed = classify(model, opsets).roles
-    # a float scalar the exporter lifts (sdpa's √scale, a dropout ratio) is a constant, not a re-packed weight
+    # a lifted float scalar (sdpa's √scale) or one-valued tensor (an affine-free LayerNorm's ones) is no weight
     repacked = [t.name for t in model.graph.initializer if t.name not in known and t.data_type not in SHAPE_TYPES
-                and guessed.get(t.name) == PARAMETER and any(d != 1 for d in t.dims)]
+                and guessed.get(t.name) == PARAMETER and any(d != 1 for d in t.dims) and not common.one_value(t)]
     if repacked:
         log.debug("parameters without an initializer of their name (%s) beside weights named after none (%s): the "
                   "graph decides what is trained", ", ".join(list(unread)[:5]), ", ".join(repacked[:5]))
