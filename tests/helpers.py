@@ -426,3 +426,33 @@ def collectives_profile(kinds: Sequence[str], latency: float, bandwidth: float):
     zero = Point(1, 0.0, 0.0, 0.0)
     return MachineProfile(True, "cpu", 2, {"gemm": fast, "elementwise": fast}, {"forward": zero, "backward": zero},
                           {k: Collective(0, (), (seg,)) for k in kinds}, peak_flops_per_s=1e30)
+
+
+def products_only(report):
+    """``report`` with every node but the products (MatMul, Gemm: what FlopCounterMode counts) made free."""
+    def free(n):
+        return n._replace(cost=n.cost._replace(flops=0), backward=n.backward._replace(flops=0))
+
+    return dataclasses.replace(report, nodes=tuple(n if n.family in ("matmul", "gemm") else free(n)
+                                                   for n in report.nodes))
+
+
+def sdpa_attend(kv: int, p: float, hidden: int):
+    """A module: x (``hidden`` wide) → Q (4 heads of 2) and K, V (``kv`` heads) → sdpa (``dropout_p`` p) → sum. K
+    and V of fewer heads are handed to sdpa as they are (multi-query, no ``enable_gqa``)."""
+    import torch
+
+    class Attend(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.kv, self.p = kv, p
+            self.q, self.k, self.v = (torch.nn.Linear(hidden, n * 2, bias=False) for n in (4, kv, kv))
+
+        def forward(self, x):
+            def heads(t, n):
+                return t.unflatten(-1, (n, 2)).transpose(1, 2)
+
+            q, k, v = heads(self.q(x), 4), heads(self.k(x), self.kv), heads(self.v(x), self.kv)
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=self.p).sum()
+
+    return Attend()

@@ -10,9 +10,8 @@ be compared (the batched product runs the pairs a capacity drops too: the module
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
+from helpers import products_only
 
 from flopcount.errors import UsageError
 
@@ -64,15 +63,6 @@ def report(saved):
     inputs = {"input_ids": (B, SE), "decoder_input_ids": (B, SD)}
     return flopcount.from_hf(saved, inputs, cache_dir=False, mode="train", optimizer="sgd",
                              memory=MemorySettings(device="cpu"))
-
-
-def products_only(report):
-    """``report`` with every node but the products (MatMul, Gemm: what FlopCounterMode counts) made free."""
-    def free(n):
-        return n._replace(cost=n.cost._replace(flops=0), backward=n.backward._replace(flops=0))
-
-    return dataclasses.replace(report, nodes=tuple(n if n.family in ("matmul", "gemm") else free(n)
-                                                   for n in report.nodes))
 
 
 def test_nllb_moe_is_counted_top2_with_its_moe_layers(report):

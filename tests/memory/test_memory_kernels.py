@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 import flopcount  # noqa: E402
 from flopcount.memory.kernels import PATTERNS, framework_of, view_strides  # noqa: E402
 from flopcount.memory.ledger import MemorySettings  # noqa: E402
-from helpers import saved_storages, tracked_step  # noqa: E402
+from helpers import saved_storages, sdpa_attend, tracked_step  # noqa: E402
 
 F32 = 4
 B, S, H, I = 3, 5, 8, 12  # noqa: E741 - batch, sequence, hidden, inner width: distinct, so no swap can pass
@@ -382,30 +382,13 @@ def test_dinov2_mask_token_is_counted_and_held():
     assert any("embeddings.mask_token (24)" in note for note in report.notes)
 
 
-class Attend(torch.nn.Module):
-    """x → Q (4 heads of 2) and K, V (``kv`` heads) → sdpa (``dropout_p`` p) → sum; K and V of one head are handed
-    to sdpa as they are (multi-query, no ``enable_gqa``)."""
-
-    def __init__(self, kv: int, p: float):
-        super().__init__()
-        self.kv, self.p = kv, p
-        self.q, self.k, self.v = (torch.nn.Linear(H, n * 2, bias=False) for n in (4, kv, kv))
-
-    def forward(self, x):
-        def heads(t, n):
-            return t.unflatten(-1, (n, 2)).transpose(1, 2)
-
-        q, k, v = heads(self.q(x), 4), heads(self.k(x), self.kv), heads(self.v(x), self.kv)
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=self.p).sum()
-
-
 def test_sdpa_of_multi_query_k_and_v_is_the_math_path():
     """K and V of 1 head beside Q's 4: torch's fused kernels need as many heads, so it runs the math path: the
     projections keep x (B·S·H); the product with Kᵀ keeps the scaled Q (B·4·S·2) and Kᵀ copied to Q's heads
     (B·4·2·S); the product with V the softmax's output (B·4·S·S) and V copied to Q's heads (B·4·S·2). The fused
     reading would keep Q, K, V, its output and a log-sum-exp instead."""
     torch.manual_seed(0)
-    module, inputs = Attend(1, 0.0), (torch.randn(B, S, H),)
+    module, inputs = sdpa_attend(1, 0.0, H), (torch.randn(B, S, H),)
     want = F32 * (B * S * H + 3 * B * 4 * S * 2 + B * 4 * S * S)
     assert activations(module, inputs) == torch_step(module, inputs) == want
 
@@ -418,7 +401,7 @@ def test_sdpa_dropout_survives_the_dynamo_export():
     from flopcount.frontends.export import export_dynamo
 
     torch.manual_seed(0)
-    module, inputs = Attend(4, 0.25).train(), (torch.randn(B, S, H),)
+    module, inputs = sdpa_attend(4, 0.25, H).train(), (torch.randn(B, S, H),)
     m = export_dynamo(module, inputs, ["x"], ["y"], 18)
     assert sum(n.op_type == "Dropout" for n in m.graph.node) == 1
     report = flopcount.count(m, mode="train", batch=B, memory=MemorySettings(device="cpu"))

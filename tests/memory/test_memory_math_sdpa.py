@@ -11,26 +11,10 @@ torch = pytest.importorskip("torch")
 import flopcount  # noqa: E402
 from flopcount.frontends.export import export_dynamo  # noqa: E402
 from flopcount.memory.ledger import MemorySettings  # noqa: E402
-from helpers import saved_storages  # noqa: E402
+from helpers import saved_storages, sdpa_attend  # noqa: E402
 
 B, S, H = 3, 5, 8  # batch, sequence, hidden
 BF16, F32 = 2, 4
-
-
-class Attend(torch.nn.Module):
-    """x → Q (4 heads of 2) and K, V (``kv`` heads) → sdpa (``dropout_p`` p) → sum."""
-
-    def __init__(self, kv: int, p: float):
-        super().__init__()
-        self.kv, self.p = kv, p
-        self.q, self.k, self.v = (torch.nn.Linear(H, n * 2, bias=False) for n in (4, kv, kv))
-
-    def forward(self, x):
-        def heads(t, n):
-            return t.unflatten(-1, (n, 2)).transpose(1, 2)
-
-        q, k, v = heads(self.q(x), 4), heads(self.k(x), self.kv), heads(self.v(x), self.kv)
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=self.p).sum()
 
 
 def ledgers(module, x) -> tuple[int, int]:
@@ -50,7 +34,7 @@ def test_bf16_math_path_keeps_float32(kv, p):
     copied to Q's 4 heads; B·4·S·2 each) and the softmax's output (B·4·S·S), with dropout also its float noise and
     the dropped probabilities (B·4·S·S each)."""
     torch.manual_seed(0)
-    module, x = Attend(kv, p).to(torch.bfloat16).train(), torch.randn(B, S, H, dtype=torch.bfloat16)
+    module, x = sdpa_attend(kv, p, H).to(torch.bfloat16).train(), torch.randn(B, S, H, dtype=torch.bfloat16)
     scores = (3 if p else 1) * B * 4 * S * S
     want = BF16 * B * S * H + F32 * (3 * B * 4 * S * 2 + scores)
     assert ledgers(module, x) == (want, want)
@@ -61,7 +45,7 @@ def test_bf16_fused_kernel_keeps_its_own_type():
     """No dropout and as many K and V heads as Q's: the CPU's fused kernel, which keeps Q, K, V and its output in
     bf16 (B·4·S·2 each) and a float32 log-sum-exp per query row (B·4·S); nothing is widened."""
     torch.manual_seed(0)
-    module, x = Attend(4, 0.0).to(torch.bfloat16).train(), torch.randn(B, S, H, dtype=torch.bfloat16)
+    module, x = sdpa_attend(4, 0.0, H).to(torch.bfloat16).train(), torch.randn(B, S, H, dtype=torch.bfloat16)
     want = BF16 * (B * S * H + 4 * B * 4 * S * 2) + F32 * B * 4 * S
     assert ledgers(module, x) == (want, want)
     assert saved_storages(module, (x,)) == want

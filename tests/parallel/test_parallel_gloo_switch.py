@@ -17,13 +17,12 @@ transformers' eager forward drops a token over capacity (it runs no expert for i
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections import Counter
 
 import pytest
 from gloo_shards import Recorder, ledger_bytes
-from helpers import gloo_ranks
+from helpers import gloo_ranks, products_only
 
 from flopcount.memory.ledger import MemorySettings
 from flopcount.memory.ranks import per_rank
@@ -133,15 +132,6 @@ def report():
     inputs = {"input_ids": (B, SE), "attention_mask": (B, SE), "decoder_input_ids": (B, SD)}
     return flopcount.from_hf(config(), inputs, cache_dir=False, mode="train", optimizer="sgd",
                              memory=MemorySettings(device="cpu"))
-
-
-def products_only(report):
-    """``report`` with every node but the products (MatMul, Gemm: what FlopCounterMode counts) made free."""
-    def free(n):
-        return n._replace(cost=n.cost._replace(flops=0), backward=n.backward._replace(flops=0))
-
-    return dataclasses.replace(report, nodes=tuple(n if n.family in ("matmul", "gemm") else free(n)
-                                                   for n in report.nodes))
 
 
 def test_switch_is_counted_top1_with_its_moe_layers(report):
