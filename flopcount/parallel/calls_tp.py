@@ -14,8 +14,8 @@ Per layer of the stage (``M`` times a step), with A_n = b·s_n·h·e of that lay
 * a recompute's rerun: the forward's calls again, in the backward, less the layer's last reduction under
   ``non-reentrant``.
 
-Once per microbatch: the embedding's lookup (forward), the LM head's input (gathered in the forward under sp) and its
-gradient (backward), sp's gathered inputs gathered again in the backward under ``sp=megatron`` (one call each), the
+Once per microbatch: each token-embedding lookup (forward; an encoder-decoder's two, a call each), the LM head's
+input (gathered in the forward under sp) and its gradient (backward), sp's gathered inputs gathered again in the backward under ``sp=megatron`` (one call each), the
 loss's three ``all_reduce`` of b·s·4 (forward). Once a step (phase ``step``): sp weights' partial gradients, one
 ``all_reduce`` of them all (Megatron flattens them into one buffer).
 """
@@ -81,7 +81,7 @@ def tp_calls(layout: Any, stage: int, train: bool, has_loss: bool, skipped: tupl
             if sp:
                 add(col, cols[kept[1]:], "backward", k)
     first, last = stage == 0, stage == plan.pp - 1
-    e_ = d.batch * (layout.embedded // plan.cp) * d.hidden * d.act_bytes
+    e_ = tuple(d.batch * (n // plan.cp) * d.hidden * d.act_bytes for n in layout.lookups)  # a call each
     o_ = d.batch * (layout.out_seq // plan.cp) * d.hidden * d.act_bytes
     # the vocab-parallel embedding's lookup and LM head (none in a ViT: its patch embedding and classifier run whole
     # on every rank, with no collective around them)
@@ -89,13 +89,13 @@ def tp_calls(layout: Any, stage: int, train: bool, has_loss: bool, skipped: tupl
     if sp:
         summed = embeds and layout.lookups_added  # all-reduced, positions added, the rank's tokens kept
         add("all_gather", (o_ if last else 0,), "forward")
-        add("all_gather", (e_ if first and train else 0,), "backward")
+        add("all_gather", e_ if first and train else (), "backward")
         add("all_gather", layout.sp_regathered(stage) if train else (), "backward")  # sp=megatron's
         add("reduce_scatter", (o_ if head and train else 0,), "backward")
-        add("reduce_scatter", (e_ if embeds and not summed else 0,), "forward")
-        add("all_reduce", (e_ if summed else 0,), "forward")
+        add("reduce_scatter", e_ if embeds and not summed else (), "forward")
+        add("all_reduce", e_ if summed else (), "forward")
     else:
-        add("all_reduce", (e_ if embeds else 0,), "forward")
+        add("all_reduce", e_ if embeds else (), "forward")
         add("all_reduce", (o_ if head and train else 0,), "backward")
     if last and has_loss:  # the vocab-parallel loss's max, sum and target logit
         add("all_reduce", (d.batch * (layout.out_seq // plan.cp) * 4,), "forward", 3)

@@ -272,6 +272,7 @@ class Layout:
     latents: tuple[int, ...] = ()  # each layer's MLA latents its heads read (Found.latents), elements in a sequence
     latent_parts: tuple[tuple[int, ...], ...] = ()  # those by tensor (Found.latent_parts), each gathered on its own
     embedded: int = 0  # the tokens in a sequence of the token-embedding lookups (the encoder's and the decoder's)
+    lookups: tuple[int, ...] = ()  # those of each lookup, one TP call each (an encoder-decoder's two)
     out_seq: int = 0  # the tokens in a sequence of the stream after the layers (the decoder's)
     # the gathered inputs under sp (see the module's rules): (node, output position) → (the virtual stage that
     # makes it, its bytes over the whole sequence of one microbatch); by node, as a stack extended by copies
@@ -618,9 +619,9 @@ def _tokens(st: _Structure) -> dict[str, Any]:
     cross = tuple(st.found.get(n, Found()).cross // batch for n in range(d.layers))
     latent = tuple(st.found.get(n, Found()).latents // batch for n in range(d.layers))
     parts = tuple(tuple(x // batch for x in st.found.get(n, Found()).latent_parts) for n in range(d.layers))
-    embedded = sum(seq_of(k) for k in range(len(nodes)) if st.roles[k] == "embedding") or d.seq
-    return {"seqs": tuple(seqs), "cross": cross, "latents": latent, "latent_parts": parts, "embedded": embedded,
-            "out_seq": seqs[-1] if seqs else d.seq}
+    lookups = tuple(seq_of(k) for k in range(len(nodes)) if st.roles[k] == "embedding") or (d.seq,)
+    return {"seqs": tuple(seqs), "cross": cross, "latents": latent, "latent_parts": parts, "embedded": sum(lookups),
+            "lookups": lookups, "out_seq": seqs[-1] if seqs else d.seq}
 
 
 def _sp_inputs(g: Graph, roles) -> dict[tuple[int, int], int]:

@@ -7,7 +7,11 @@ gathered output of an all_gather, the input of a reduce_scatter, the tensor sent
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
+
+from flopcount.parallel.plan import parse_parallel
+from flopcount.parallel.ranks import ledger
 
 H, L, HEADS, V, P = 32, 2, 4, 64, 16
 D = H // HEADS
@@ -284,3 +288,26 @@ def count_fsdp_collectives(moved: Counter, group: str = "dp") -> None:
     scatter = "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor"
     wrap(gather, "all_gather", "output_tensor")
     wrap(scatter, "reduce_scatter", "input")
+
+
+def phased(calls: list, forward: int, backward: int) -> dict[str, list]:
+    """A rank's recorded calls (kind, bytes) by phase: the first ``forward`` in the forward, those up to
+    ``backward`` in the backward, the rest once the backward is done (``step``)."""
+    return {"forward": calls[:forward], "backward": calls[forward:backward], "step": calls[backward:]}
+
+
+def predicted_calls(report, plan: str, rank: int) -> dict[str, Counter]:
+    """The step-time predictor's TP messages of ``rank`` under ``plan``, as (kind, bytes) multisets by phase."""
+    from flopcount.measure.predict_report import report_work
+
+    work = report_work(dataclasses.replace(report, parallel=ledger(report, parse_parallel(plan))))
+    out: dict[str, Counter] = {"forward": Counter(), "backward": Counter(), "step": Counter()}
+    for m in work.ranks[rank].messages:
+        if m.group == "tp":
+            assert m.count == int(m.count)
+            out[m.phase][(m.kind, int(m.bytes))] += int(m.count)
+    return out
+
+
+def recorded(run: dict) -> dict[str, Counter]:
+    return {phase: Counter((kind, n) for kind, n in calls) for phase, calls in run["calls"].items()}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from gloo_shards import Recorder, ledger_bytes
+from gloo_shards import Recorder, ledger_bytes, phased, predicted_calls, recorded
 from helpers import gloo_ranks
 
 from flopcount.memory.ledger import MemorySettings
@@ -157,13 +157,19 @@ def _worker(rank: int, world: int, init: str, out: str, sp: bool) -> None:
     rec = Recorder()
     module = encoder_decoder(world, rank, rec, sp)
     with FlopCounterMode(display=False) as counter:
-        module(*inputs()).backward()
-    for name, p in module.named_parameters() if sp else ():  # the norms saw the rank's tokens only: summed
-        if "norm" in name:
-            p.grad.copy_(rec.all_reduce(p.grad))
+        loss = module(*inputs())
+        forward = len(rec.calls)
+        loss.backward()
+    backward = len(rec.calls)
+    norms = [p.grad for name, p in module.named_parameters() if sp and "norm" in name]
+    if norms:  # the norms saw the rank's tokens only: summed, in one flattened call as Megatron makes it
+        flat = rec.all_reduce(torch.cat([g.reshape(-1) for g in norms]))
+        for g, part in zip(norms, flat.split([g.numel() for g in norms])):
+            g.copy_(part.view_as(g))
     params = sum(p.numel() * p.element_size() for p in module.parameters())
     with open(f"{out}.{rank}", "w") as f:
-        json.dump({"flops": counter.get_total_flops(), "bytes": rec.bytes(), "params": params}, f)
+        json.dump({"flops": counter.get_total_flops(), "bytes": rec.bytes(), "params": params,
+                   "calls": phased(rec.calls, forward, backward)}, f)
     dist.destroy_process_group()
 
 
@@ -179,7 +185,8 @@ def test_the_counted_model_has_two_stacks_and_cross_attention(report):
 @pytest.mark.parametrize("sp", [False, True], ids=["tp", "sp"])
 def test_tp_on_gloo_equals_the_ledger(report, tmp_path, sp):
     seen = gloo_ranks(_worker, tmp_path, sp)
-    p = parse_parallel("tp=2,sp" if sp else "tp=2")
+    plan = "tp=2,sp" if sp else "tp=2"
+    p = parse_parallel(plan)
     led = ledger(report, p)
     mem = per_rank(report, p).ranks
     ae, ad = B * SE * H * 4, B * SD * H * 4  # an encoder's and a decoder's activation, fp32
@@ -198,3 +205,6 @@ def test_tp_on_gloo_equals_the_ledger(report, tmp_path, sp):
         assert rank["flops"] == products
         assert rank["bytes"] == ledger_bytes(led.ranks[i]) == want
         assert rank["params"] == mem[i].params_bytes == 4 * led.ranks[i].optimizer_flops // 2
+        # each call by phase as the step-time predictor prices it: the encoder's and the decoder's lookups a call
+        # each (ae and ad), not one of their sum
+        assert predicted_calls(report, plan, i) == recorded(rank)

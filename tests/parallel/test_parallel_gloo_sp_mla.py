@@ -14,12 +14,11 @@ here and on test_parallel_gloo_sp's Llama-like model."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections import Counter
 
 import pytest
-from gloo_shards import Recorder, ledger_bytes, rms_norm, vocab_lookup
+from gloo_shards import Recorder, ledger_bytes, phased, predicted_calls, recorded, rms_norm, vocab_lookup
 from helpers import gloo_ranks
 from test_parallel_gloo_sp import megatron_column
 
@@ -101,29 +100,6 @@ def _worker(rank: int, world: int, init: str, out: str, sp: bool, ql: int = QL, 
         json.dump({"bytes": rec.bytes(), "saved": sum(n for at, n in saved.items() if at not in weights),
                    "calls": phased(rec.calls, forward, backward)}, f)
     dist.destroy_process_group()
-
-
-def phased(calls: list, forward: int, backward: int) -> dict[str, list]:
-    """A rank's recorded calls (kind, bytes) by phase: the first ``forward`` in the forward, those up to
-    ``backward`` in the backward, the rest once the backward is done (``step``)."""
-    return {"forward": calls[:forward], "backward": calls[forward:backward], "step": calls[backward:]}
-
-
-def predicted_calls(report, plan: str, rank: int) -> dict[str, Counter]:
-    """The step-time predictor's TP messages of ``rank`` under ``plan``, as (kind, bytes) multisets by phase."""
-    from flopcount.measure.predict_report import report_work
-
-    work = report_work(dataclasses.replace(report, parallel=ledger(report, parse_parallel(plan))))
-    out: dict[str, Counter] = {"forward": Counter(), "backward": Counter(), "step": Counter()}
-    for m in work.ranks[rank].messages:
-        if m.group == "tp":
-            assert m.count == int(m.count)
-            out[m.phase][(m.kind, int(m.bytes))] += int(m.count)
-    return out
-
-
-def recorded(run: dict) -> dict[str, Counter]:
-    return {phase: Counter((kind, n) for kind, n in calls) for phase, calls in run["calls"].items()}
 
 
 def _report(ql: int = QL, kl: int = KL, **options):
