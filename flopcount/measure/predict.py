@@ -61,6 +61,13 @@ The rules (docs/predict.md states them for users):
   margin: both ends when a size lies outside the calibrated sizes or a group has a size the calibration did not
   time its collective at (``extrapolated`` says what); the high end for a datasheet profile (best-case rates, how
   far below them the device runs is not known) and for a profile whose collective latency is not known.
+* **Ranks sharing a CPU's cores**: on a calibrated CPU profile every rank of the plan runs as a process of
+  ``threads_per_rank`` threads on the profile's machine (``machine.cores`` cores; the plan's ranks the ``world`` of
+  the work's plan, the listed ranks standing for the others where a plan search lists data-parallel rank 0's).
+  Where the ranks' threads outnumber the cores, the cores run every rank's busy seconds (compute, optimizer step and
+  collectives, exposed and overlapped) in turn: the step lasts at least their sum × u / cores, u = min(threads,
+  cores) the cores a rank's rates were timed on
+  (:func:`shared_cores_seconds`), and a note says so. A GPU's ranks each have their device: no such floor.
 * ``mfu`` = model FLOPs of the step (all ranks) / (step seconds × ranks × the profile's peak), ``hfu`` the same
   with the hardware FLOPs (recompute and redundant work included).
 """
@@ -76,8 +83,9 @@ from .machine.calibration import (MachineProfile, collective_seconds, fresh_from
                                   tail_fits)
 
 __all__ = ["BUCKET_BYTES", "BUSY_LOAD", "FIRST_BUCKET_BYTES", "GEMM_FAMILIES", "Message", "NodeWork",
-           "OPTIMIZER_TRAFFIC", "Prediction", "REDUCTION_FAMILIES", "RankWork", "Timeline", "Work", "exposed_after",
-           "node_seconds", "predict", "predict_point", "predict_work", "tail_seconds", "work_of"]
+           "OPTIMIZER_TRAFFIC", "Prediction", "REDUCTION_FAMILIES", "RankWork", "Timeline", "Work", "busy_seconds",
+           "exposed_after", "node_seconds", "predict", "predict_point", "predict_work", "shared_cores_seconds",
+           "tail_seconds", "work_of"]
 
 #: DDP's default gradient buckets: the first (the last layers' gradients) of 1 MiB, the others of 25 MiB
 #: (``bucket_cap_mb=25``).
@@ -460,7 +468,26 @@ def _step(work: Sequence[RankWork], profile: MachineProfile, plan: Mapping[str, 
                      "optimizer_seconds": opt,
                      # a datasheet profile measures no overhead: not known, not zero
                      "overhead_seconds": m * t["overhead"] + opt_overhead if profile.calibrated else None})
-    return max(row["step_seconds"] for row in rows), rows, timeline
+    return max(max(row["step_seconds"] for row in rows), shared_cores_seconds(rows, profile, plan)), rows, timeline
+
+
+def busy_seconds(row: Mapping[str, Any]) -> float:
+    """A predicted rank's busy seconds a step (one of :class:`Prediction`'s ``ranks``): its compute, its optimizer
+    step and its collectives, exposed and overlapped (its bubble and waits are not busy)."""
+    comm = sum(v["exposed"] + v["overlapped"] for v in row["communication_seconds"].values())
+    return row["compute_seconds"] + row["optimizer_seconds"] + comm
+
+
+def shared_cores_seconds(rows: Sequence[Mapping[str, Any]], profile: MachineProfile, plan: Mapping[str, Any]) -> float:
+    """The least a step lasts when the plan's ranks share the cores of a calibrated CPU profile's machine (the
+    module's rules): Σ busy × min(threads per rank, cores) / cores over the plan's ``world`` ranks (the listed ``rows`` standing
+    for them, each as often); 0 where their threads do not outnumber the cores, or the profile is not a CPU's."""
+    cores, threads = profile.machine.get("cores"), profile.machine.get("threads_per_rank")
+    if not (profile.calibrated and profile.device == "cpu" and cores and threads and rows):
+        return 0.0
+    used = min(threads, cores)  # a rank's rates were timed on these (more threads than cores run on the cores)
+    world = plan.get("world", len(rows))
+    return 0.0 if world * used <= cores else sum(busy_seconds(r) for r in rows) * (world / len(rows)) * used / cores
 
 
 @dataclass(frozen=True)
@@ -485,7 +512,7 @@ def predict_work(work: Work, profile: MachineProfile) -> Prediction:
     step, rows, extrapolated, timeline = results["best"]
     unique = tuple(dict.fromkeys(extrapolated))
     tails = {r.rank: tail_seconds(r, profile) for r in work.ranks}
-    widened = max(row["step_seconds"] + tails[row["rank"]] for row in results["median"][1])
+    widened = max(results["median"][0], *(row["step_seconds"] + tails[row["rank"]] for row in results["median"][1]))
     (low, high), why = _interval(work, profile, (step, widened), unique)
     critical = max(rows, key=lambda row: (row["step_seconds"], -row["rank"]))["rank"]
     notes = list(work.notes)
@@ -493,6 +520,11 @@ def predict_work(work: Work, profile: MachineProfile) -> Prediction:
         notes.append(f"the profile was taken on a busy machine (load {profile.load_per_core:.2f} per core): its "
                      "rates are what the work got then, not what the machine sustains; calibrate again when it is "
                      "quiet")
+    shared = shared_cores_seconds(rows, profile, work.plan)
+    if shared and shared >= max(row["step_seconds"] for row in rows):
+        notes.append(f"the plan's {work.plan.get('world', len(rows))} ranks of {profile.machine['threads_per_rank']} "
+                     f"thread(s) share the machine's {profile.machine['cores']} cores: the step lasts their busy "
+                     f"seconds over the cores, {shared:.4g} s, longer than the slowest rank's own")
     notes += _missing_calibrations(work, profile)
     if not profile.calibrated:
         notes.append(f"profile of the {profile.device} from its datasheets (calibrated: false): best-case rates, "

@@ -558,7 +558,7 @@ def _ledger_work(report: Any) -> Work:
                      "call per layer, ep's a call per dispatch and combine, exposed")
     v = plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
     return Work(tuple(ranks), {"microbatches": plan.microbatches, "pp": plan.pp, "virtual": v,
-                               "schedule": plan.schedule},
+                               "schedule": plan.schedule, "world": plan.tp * plan.pp * plan.cp * plan.dp},
                 float(d["batch"] * d["seq"] * plan.microbatches * plan.dp), None, tuple(notes))
 
 
