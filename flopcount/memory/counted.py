@@ -13,7 +13,7 @@ from ..errors import UnsupportedOperatorError
 from ..registry import lookup_saved
 from ..reporting.report import NodeCount, op_key
 from ..saved import Saved
-from .experts import expert_gathers, parameter_stacks
+from .experts import expert_gathers, gathered_stacks
 from .ledger import Graph, Memory, MemorySettings, ledger
 
 __all__ = ["Counted", "account", "saved_by_node"]
@@ -67,7 +67,7 @@ def account(c: Counted, *, mode: str, optimizer: str | None, settings: MemorySet
     if framework_of(c.producer) == "torch":  # the TorchScript exporter's 16-bit sdpa promoted to float32: torch's types
         c = replace(c, **dict(zip(("nodes", "tensors"), retyped(c.nodes, c.tensors))))
     nodes, roles, units = c.nodes, c.roles, c.units
-    stored = roles["stored"] | parameter_stacks(nodes, roles["params"])  # stacks: the parameters' own storage
+    stored = roles["stored"] | gathered_stacks(nodes, roles["params"])  # the parameters' own storage
     if mode == "train":
         saved, missing = saved_by_node(c)
     else:

@@ -9,9 +9,10 @@ product over the resident weights (``grouped_mm``, or transformers' loop over th
 view of the parameter): nothing of the size of T·k weight slices, nor a stack of the experts' weights, is allocated,
 kept, or made a gradient of. So:
 
-* a **stack of parameters** (:func:`parameter_stacks`: a Concat along a new axis 0 of the parameters each
-  unsqueezed there, as the exporters write ``torch.stack``) is a stored tensor, the parameters' own storage: never
-  allocated, no activation where a node keeps it, no gradient of its own (each parameter's gradient is its own);
+* a **stack of parameters** (a Concat along a new axis 0 of the parameters each unsqueezed there, as the
+  exporters write ``torch.stack``) that such slices are gathered from (:func:`gathered_stacks`) is a stored tensor,
+  the parameters' own storage: never allocated, no activation where a node keeps it, no gradient of its own (each
+  parameter's gradient is its own); a stack nothing gathers experts from is the copy torch's ``stack`` makes;
 * a Gather/GatherND that selects whole slices along axis 0 of a parameter of rank 3 or more, or of such a stack, or
   of a view of either (:func:`expert_gathers`), is a view of that weight: no storage; a backward that keeps it keeps
   the weight, and a gradient that reaches it is the parameter's own, once.
@@ -26,16 +27,16 @@ from typing import Mapping, Sequence
 from ..reporting.report import NodeCount
 from .ledger import VIEWS
 
-__all__ = ["expert_gathers", "gathered_experts", "parameter_stacks"]
+__all__ = ["expert_gathers", "gathered_experts", "gathered_stacks"]
 
 
 def _root(root: Mapping[str, str], name: str) -> str:
     return root.get(name, name)
 
 
-def parameter_stacks(nodes: Sequence[NodeCount], params: frozenset[str]) -> frozenset[str]:
-    """The outputs of the nodes that stack parameters (see the module's text): a Concat of two or more inputs, each
-    a parameter (or a view of one) of shape ``[1, *d]``, into ``[inputs, *d]``, d the parameters' shape."""
+def _stacks(nodes: Sequence[NodeCount], params: frozenset[str]) -> frozenset[str]:
+    """The outputs of the nodes that stack parameters: a Concat of two or more inputs, each a parameter (or a view
+    of one) of shape ``[1, *d]``, into ``[inputs, *d]``, d the parameters' shape."""
     root: dict[str, str] = {}
     shape = {t.name: t.shape for n in nodes for t in n.inputs if t is not None and t.name in params}
     found = set()
@@ -56,6 +57,11 @@ def parameter_stacks(nodes: Sequence[NodeCount], params: frozenset[str]) -> froz
     return frozenset(found)
 
 
+def gathered_stacks(nodes: Sequence[NodeCount], params: frozenset[str]) -> frozenset[str]:
+    """The stacks of parameters that experts' weight slices are gathered from (see the module's text)."""
+    return frozenset(weight for weight, _ in gathered_experts(nodes, params).values()) - params
+
+
 def _expert_gather(n: NodeCount, weights: frozenset[str], root: Mapping[str, str]) -> bool:
     """Whether ``n`` gathers whole slices along axis 0 of a weight of rank 3 or more (a parameter, or a stack of
     them): its data is such a weight or a view of one, and its output's last r − 1 dims are the data's last r − 1."""
@@ -71,7 +77,7 @@ def _expert_gather(n: NodeCount, weights: frozenset[str], root: Mapping[str, str
 
 def expert_gathers(nodes: Sequence[NodeCount], weights: frozenset[str]) -> frozenset[str]:
     """The outputs of the nodes that gather experts' weight slices per token from ``weights`` (the parameters and
-    :func:`parameter_stacks`; see the module's text), found on the graph's own shapes: a per-rank walk, whose tensors
+    their stacks; see the module's text), found on the graph's own shapes: a per-rank walk, whose tensors
     are flattened to their share, takes them from here."""
     return frozenset(name for name, (_, gather) in gathered_experts(nodes, weights).items() if gather)
 
@@ -81,7 +87,7 @@ def gathered_experts(nodes: Sequence[NodeCount], weights: frozenset[str]) -> dic
     gathered from, whether its node is the gather itself); ``weights``: the parameters (a stack of them is found
     here). A grouped product reads that weight in their place (see the module's text); the step-time prediction
     prices them so (:mod:`flopcount.measure.predict`)."""
-    weights = weights | parameter_stacks(nodes, weights)
+    weights = weights | _stacks(nodes, weights)
     root: dict[str, str] = {}
     found: dict[str, tuple[str, bool]] = {}
     for n in nodes:
