@@ -10,8 +10,9 @@
 * :mod:`.hf` ``from_hf``: a Hugging Face ``transformers`` model built from its configuration alone, then exported
 * :mod:`.hf_cache` the recipe that serves a repeated ``--hf`` count from the export cache without importing torch or
   transformers (its key: the configuration file, the call, the installed versions)
-* :mod:`.hf_training` what a ``transformers`` model does only in training, settled before its export (layer drop
-  and SpecAugment set to 0, with the report's notes; parameters made off the meta device moved onto it)
+* :mod:`.train_export` what a torch model (``--hf``'s, ``--torch``'s) does only in training, settled before its
+  export (layer drop and SpecAugment set to 0, with the report's notes; parameters made off the meta device moved
+  onto it)
 * :mod:`.hf_experts` experts kept as one module each (SwitchTransformers') run as one batched top-1 product
 * :mod:`.exported` what the count of an export takes from its module, as a plain record, and that count
 * :mod:`.repeated` a ``transformers`` model's stack of identical layers, shown identical (``--repeated-layers``)

@@ -26,7 +26,7 @@ from flopcount.errors import ConfigError, FrontendError, UsageError, first_line,
 from flopcount.limits import MAX_ELEMENTS
 from flopcount.pipeline.progress import phase
 
-from . import hf_experts, hf_training
+from . import hf_experts, train_export
 
 if TYPE_CHECKING:
     from flopcount.options import CountOptions
@@ -172,14 +172,13 @@ def _count_built(call, cache_dir, generate: tuple[int, int] | None, capacity_fac
         if tokens and getattr(model.config, "is_encoder_decoder", False):
             tokens = _stack_tokens(model, tokens, _tokens(inputs, options.batch, DECODER_TOKEN_INPUTS))
     train = options.mode == "train" if training is None else training
-    count = hf_training.settled(count, train)  # the 1- and 2-layer models of a stack too
-    with hf_training.every_layer(model, train) as drops:
+    count = train_export.settled(count, train)  # the 1- and 2-layer models of a stack too
+    with train_export.every_layer(model, train) as drops:
         report = _count_stack(model, count, call.repeated_layers, call.trust_remote_code,
                               loaded if probe is not None else None, recipe)
-    notes = hf_training.training_notes(drops)
-    if notes:  # the recipe holds no notes: a count with them is made again, not served
+    if drops:  # the recipe holds no notes: a count with them is made again, not served
         recipe.sound = False
-        report = dataclasses.replace(report, notes=(*report.notes, *notes))
+        report = train_export.with_notes(report, drops)
     if probe is not None and moe_blocks(model) is not None:
         log.info("%s: the mixture-of-experts summary is not formed for a model counted from a probe of %d of its "
                  "%d layers", FRONTEND, probe.num_hidden_layers, layers)
@@ -810,7 +809,7 @@ def build_model(config, *, trust_remote_code: bool = False):
         raise ConfigError(f"{config.model_type}: transformers cannot build a model of this configuration: "
                           f"{one_line(e)}{_fields_in(config, str(e))}") from None
     _check_sizes(model, config)
-    hf_training.on_meta(model)
+    train_export.on_meta(model)
     hf_experts.batch_experts(model)
     return model.eval()
 

@@ -84,8 +84,7 @@ if TYPE_CHECKING:
 
     from .exported import Exported
 
-__all__ = ["CACHE_ENV", "count_module", "default_cache_dir", "forward_inputs", "from_torch", "load_factory", "module_state", "to_onnx",
-           "torch_leaf"]
+__all__ = ["CACHE_ENV", "count_module", "default_cache_dir", "forward_inputs", "from_torch", "load_factory", "module_state", "to_onnx", "torch_leaf"]
 
 log = logging.getLogger(__name__)
 
@@ -185,15 +184,17 @@ def count_module(
     opset: int | None = None,
     cache_dir: str | os.PathLike | bool | None = None,
 ) -> Report:
-    """:func:`from_torch` under the settings of ``options``: the module exported (in training with ``training``;
-    ``None`` follows ``options.mode``) and counted. ``options.batch`` re-sizes dim 0 of every example input before
-    the export; ``options.trainable_inputs`` are the inputs trained (tensors passed with ``requires_grad=True``
-    added); ``options.trainable`` is, when None, the module's trainable parameters."""
+    """:func:`from_torch` under ``options``: the module exported (in training with ``training``, None following
+    ``options.mode``; layer drop off, with a note: :mod:`.train_export`) and counted. ``options.batch`` re-sizes dim 0
+    of the example inputs before the export; ``options.trainable_inputs`` are the inputs trained (tensors passed with
+    ``requires_grad=True`` added); ``options.trainable`` is, when None, the module's trainable parameters."""
     from .exported import count_exported
+    from .train_export import every_layer, with_notes
 
-    model, exported = export_module(module, example_inputs, options, training=training, input_names=input_names,
-                                    opset=opset, cache_dir=cache_dir)
-    return count_exported(model, exported, options)
+    with every_layer(module, options.mode == "train" if training is None else training) as drops:
+        model, exported = export_module(module, example_inputs, options, training=training, input_names=input_names,
+                                        opset=opset, cache_dir=cache_dir)
+    return with_notes(count_exported(model, exported, options), drops)
 
 
 def export_module(module: torch.nn.Module, example_inputs: Any, options: CountOptions, *,
@@ -301,8 +302,7 @@ def load_factory(spec: str) -> torch.nn.Module:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _trainable_initializers(module, model: onnx.ModelProto) -> tuple[list[str] | None, dict[str, int],
-                                                                     dict[str, int]]:
+def _trainable_initializers(module, model: onnx.ModelProto) -> tuple[list[str] | None, dict[str, int], dict[str, int]]:
     """The initializers of ``model`` that are ``module``'s trainable parameters (``requires_grad``), by name, the
     trainable parameters the traced forward never reads, and the initializers that hold its frozen parameters
     (``requires_grad`` off: Whisper's sinusoidal position embedding; both name → elements).

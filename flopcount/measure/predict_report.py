@@ -90,7 +90,7 @@ def _node_facts(node: Any, params: frozenset[str], gathered: Any,
 @dataclass(frozen=True)
 class _Gathered:
     """The tensors of experts' weights gathered per token (and their views) of a report, each with its parameter
-    (:func:`~flopcount.memory.ledger.gathered_experts`), and ``info``: each such parameter's tensor."""
+    (:func:`~flopcount.memory.experts.gathered_experts`), and ``info``: each such parameter's tensor."""
 
     tensors: Mapping[str, tuple]
     info: Mapping[str, Any]
@@ -102,7 +102,7 @@ _last_gathered: list[tuple] = []
 
 def _gathered(report: Any) -> _Gathered:
     """The report's :class:`_Gathered`, found once per node list."""
-    from flopcount.memory.ledger import gathered_experts
+    from flopcount.memory.experts import gathered_experts
 
     if _last_gathered and _last_gathered[0][0] is report.nodes and _last_gathered[0][1] is report.modules.parameters:
         return _last_gathered[1]

@@ -6,6 +6,8 @@ the contract.
 * :mod:`.tape` a liveness walk's record apart from the sizes, replayed at each rank's sizes (a plan search's
   ranks of one stage)
 * :mod:`.counted` what a count hands the ledger, and its saved-for-backward rules applied before the walk
+* :mod:`.experts` experts' weights stacked and gathered per token (a batched product's), read as the resident
+  weights they are in the program that trains: no activations, each parameter's gradient its own
 * :mod:`.layers` the memory ledger of L identical layers, walked on the 2-layer graph with its second layer copied
 * :mod:`.ranks` the memory ledger per rank under a parallel plan (``--memory --parallel``)
 * :mod:`.rank_memo` what the per-rank walks of one graph keep for the next plan, and the keys of a rank's shares

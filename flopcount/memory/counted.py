@@ -13,7 +13,8 @@ from ..errors import UnsupportedOperatorError
 from ..registry import lookup_saved
 from ..reporting.report import NodeCount, op_key
 from ..saved import Saved
-from .ledger import Graph, Memory, MemorySettings, expert_gathers, ledger
+from .experts import expert_gathers, gathered_stacks
+from .ledger import Graph, Memory, MemorySettings, ledger
 
 __all__ = ["Counted", "account", "saved_by_node"]
 
@@ -66,11 +67,12 @@ def account(c: Counted, *, mode: str, optimizer: str | None, settings: MemorySet
     if framework_of(c.producer) == "torch":  # the TorchScript exporter's 16-bit sdpa promoted to float32: torch's types
         c = replace(c, **dict(zip(("nodes", "tensors"), retyped(c.nodes, c.tensors))))
     nodes, roles, units = c.nodes, c.roles, c.units
+    stored = roles["stored"] | gathered_stacks(nodes, roles["params"])  # the parameters' own storage
     if mode == "train":
         saved, missing = saved_by_node(c)
     else:
         saved, missing = {}, {}
-    k = kernels(nodes, saved, roles["stored"], framework_of(c.producer), settings.device, c.layout_attributes,
+    k = kernels(nodes, saved, stored, framework_of(c.producer), settings.device, c.layout_attributes,
                 c.masks)
     saved.update(k.saved)
     if settings.device == "cpu" and framework_of(c.producer) == "torch":  # 16-bit layer norms' statistics
@@ -81,7 +83,7 @@ def account(c: Counted, *, mode: str, optimizer: str | None, settings: MemorySet
     elif settings.recompute.policy == "ops":  # a fused attention is one kernel, no op of a list is inside it
         units = {i: u for i, u in units.items() if i not in k.fused}
     g = Graph(nodes, c.grads if mode == "train" else {}, saved, c.tensors, roles["params"], roles["trainable"],
-              roles["buffers"], roles["stored"], tuple(c.inputs), frozenset(c.outputs),
+              roles["buffers"], stored, tuple(c.inputs), frozenset(c.outputs),
               units if mode == "train" else {}, expert_gathers(nodes, roles["params"]), k.views, k.copies)
     return ledger(g, mode, optimizer, settings, missing, kv_cache_bytes)
 

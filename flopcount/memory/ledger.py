@@ -9,14 +9,8 @@ nodes keep it. A training step is modelled at steady state, as ``zero_grad(set_t
 step`` runs it: the optimizer states exist throughout, gradients from the backward on. Weights, constants and the
 graph's inputs are alive throughout; the graph's outputs from their node to the end of the step.
 
-**Experts' weights gathered per token.** A mixture-of-experts layer exported with each token's k experts run as
-one batched product (transformers' ``batched_mm``, :mod:`flopcount.frontends.hf`) gathers whole slices of the
-stacked expert weights ``[E, out, in]`` along axis 0, one per (token, expert) pair, and multiplies them. What runs
-in training is a grouped product over the resident weights (``grouped_mm``, or a loop over the experts): nothing
-of the size of T·k weight slices is allocated, kept, or made a gradient of. So a Gather/GatherND that selects whole
-slices along axis 0 of a parameter of rank 3 or more is read as a view of that parameter (no storage; a backward
-that keeps it keeps the weight), and a gradient that reaches it is the parameter's own gradient, once. An
-embedding lookup (a rank-2 table) stays a new tensor.
+**Experts' weights gathered per token** (:mod:`.experts`) are views of the experts' parameters: no storage; a
+backward that keeps them keeps the weight, and a gradient that reaches them is the parameter's own, once.
 
 Not modelled: the workspaces inside a kernel (a backward's own temporaries), allocator rounding and caching (the
 CPU allocator rounds nothing; CUDA's caching allocator rounds to 512 bytes and keeps freed blocks).
@@ -292,7 +286,7 @@ class Graph:
     inputs: tuple[str, ...]
     outputs: frozenset[str]
     units: Mapping[int, int] = field(default_factory=dict)
-    #: outputs of the nodes that gather experts' weight slices per token (:func:`expert_gathers`)
+    #: outputs of the nodes that gather experts' weight slices per token (:func:`.experts.expert_gathers`)
     gathers: frozenset[str] = frozenset()
     #: outputs that are views in the framework the graph came from though the graph copies (torch's select), and
     #: outputs of the graph's views that it copies (a reshape of an expanded tensor): :mod:`.kernels`
@@ -308,44 +302,6 @@ def _identity(n: NodeCount, g: Graph) -> bool:
     if n.op_type in ("Cast", "CastLike") and n.inputs and n.outputs and n.inputs[0] is not None:
         return n.outputs[0] is not None and n.inputs[0].elem_type == n.outputs[0].elem_type != 0
     return False
-
-
-def _expert_gather(n: NodeCount, params: frozenset[str], root: Mapping[str, str]) -> bool:
-    """Whether ``n`` gathers whole slices along axis 0 of a parameter of rank 3 or more (stacked expert weights):
-    its data is a parameter or a view of one, and its output's last r − 1 dims are the data's last r − 1."""
-    if n.op_type not in ("Gather", "GatherND") or n.domain != "" or len(n.inputs) < 2 or not n.outputs:
-        return False
-    data, out = n.inputs[0], n.outputs[0]
-    if data is None or out is None or root.get(data.name, data.name) not in params:
-        return False
-    d, o = data.shape, out.shape
-    return d is not None and o is not None and len(d) >= 3 and len(o) >= len(d) and \
-        tuple(o[len(o) - len(d) + 1:]) == tuple(d[1:]) and all(isinstance(x, int) for x in d)
-
-
-def expert_gathers(nodes: Sequence[NodeCount], params: frozenset[str]) -> frozenset[str]:
-    """The outputs of the nodes that gather experts' weight slices per token (see the module's text), found on the
-    graph's own shapes: a per-rank walk, whose tensors are flattened to their share, takes them from here."""
-    return frozenset(name for name, (_, gather) in gathered_experts(nodes, params).items() if gather)
-
-
-def gathered_experts(nodes: Sequence[NodeCount], params: frozenset[str]) -> dict[str, tuple[str, bool]]:
-    """Each tensor that holds experts' weight slices gathered per token, or is a view of one: (the parameter they
-    are gathered from, whether its node is the gather itself). A grouped product reads that parameter in their
-    place (see the module's text); the step-time prediction prices them so (:mod:`flopcount.measure.predict`)."""
-    root: dict[str, str] = {}
-    found: dict[str, tuple[str, bool]] = {}
-    for n in nodes:
-        first = n.inputs[0].name if n.inputs and n.inputs[0] is not None else ""
-        gather = _expert_gather(n, params, root)
-        view = (n.op_type in VIEWS or gather) and n.domain == "" and first
-        for t in n.outputs:
-            if t is not None and t.name:
-                root[t.name] = root.get(first, first) if view else t.name
-        out = n.outputs[0].name if n.outputs and n.outputs[0] is not None else ""
-        if out and (gather or view and first in found):
-            found[out] = (root[out], gather)
-    return found
 
 
 class _Storages:
@@ -379,6 +335,8 @@ class _Storages:
                         self.gathered.add(t.name)
             if gather:
                 self.gathered.add(ins[0])  # a view of the parameter that the gather reads (its transpose)
+            elif out in g.stored and ins:  # a stack of parameters (:mod:`.experts`): each one's gradient its own
+                self.gathered.update((out, *ins))
 
     def of(self, name: str) -> str:
         return self.root.get(name, name)

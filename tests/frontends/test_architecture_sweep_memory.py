@@ -12,7 +12,7 @@ attention and, where the family supports it, sdpa:
 The loss is the sum of the model's floating-point outputs, as in the sweep (its backward keeps nothing). A
 mixture-of-experts model runs its experts with transformers' ``grouped_mm`` in the real step, the grouped product
 over the resident weights that the ledger models (the count's graph gathers each token's k weight slices,
-``batched_mm``, read as views: :mod:`flopcount.memory.ledger`). A family whose modelling code takes another branch
+``batched_mm``, read as views: :mod:`flopcount.memory.experts`). A family whose modelling code takes another branch
 under export (:data:`test_architecture_sweep.EXPORT_BRANCH`) runs its real step on the export's branch, as the
 FLOP sweep does. Where torch keeps what the ledger does not,
 :data:`DIFFERS` names the op and its bytes in closed form, asserted exactly; a case whose ledger is not yet torch's

@@ -1,5 +1,5 @@
 """wav2vec2-family models (Hubert, Wav2Vec2, Data2VecAudio) with their default SpecAugment (``mask_time_prob`` 0.05) and layer drop
-(``layerdrop`` 0.1) count in inference and in training (:mod:`flopcount.frontends.hf_training`): their products
+(``layerdrop`` 0.1) count in inference and in training (:mod:`flopcount.frontends.train_export`): their products
 and convolutions equal torch's FlopCounterMode over the eager model's forward, their parameters the eager
 model's, and a training count says that layer drop p runs (1 - p) of the stack's work in the expected step and that
 SpecAugment's mask is left out (its positions, drawn in numpy at the traced batch, would fix the graph's batch).
@@ -80,11 +80,11 @@ def test_counts_with_default_spec_augment_and_layer_drop(saved, mode):
 
 def test_layer_drop_is_restored_after_the_count(saved):
     """The configuration's layer drop and SpecAugment probability are 0 only while the model is exported."""
-    from flopcount.frontends import hf, hf_training
+    from flopcount.frontends import hf, train_export
 
     name, where = saved
     model = hf.build_model(hf.load_config(where))
-    with hf_training.every_layer(model, True) as drops:
+    with train_export.every_layer(model, True) as drops:
         assert (model.config.layerdrop, model.config.mask_time_prob) == (0.0, 0.0)
     assert (model.config.layerdrop, model.config.mask_time_prob) == (0.1, 0.05)
     assert [(d.path, d.attribute, d.p) for d in drops] == [("", "mask_time_prob", 0.05), ("encoder", "layerdrop", 0.1)]

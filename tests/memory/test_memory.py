@@ -271,6 +271,47 @@ def test_experts_gathered_per_token_are_the_resident_weights(op):
     assert r.peak_bytes <= 2 * weights + 5 * hidden + F32 * PAIRS * OUT_F < slices
 
 
+def test_experts_stacked_then_gathered_are_the_resident_weights():
+    """Experts kept as one 2-D weight each, stacked (``torch.stack``: each unsqueezed on a new axis 0, concatenated
+    there) and gathered per pair, as the batched product of per-expert modules exports: neither the stack nor the
+    PAIRS slices are allocated, kept or given a gradient; each expert's gradient is its own weight's."""
+    idx = const("idx", [[p % E] for p in range(PAIRS)])
+    experts = [weight(f"e{e}", (OUT_F, IN_F)) for e in range(E)]
+    nodes = [helper.make_node("MatMul", ["x", "w0"], ["a"], name="mm0"),
+             helper.make_node("Relu", ["a"], ["h"], name="relu"),
+             helper.make_node("Unsqueeze", ["h", "axes"], ["hu"], name="unsqueeze"),
+             *[helper.make_node("Unsqueeze", [f"e{e}", "first"], [f"u{e}"], name=f"u{e}") for e in range(E)],
+             helper.make_node("Concat", [f"u{e}" for e in range(E)], ["stack"], name="stack", axis=0),
+             helper.make_node("GatherND", ["stack", "idx"], ["wg"], name="gather"),
+             helper.make_node("MatMul", ["wg", "hu"], ["y"], name="mm"),
+             helper.make_node("ReduceSum", ["y"], ["loss"], name="loss", keepdims=0)]
+    m = model(nodes, {"x": [PAIRS, IN_F]}, ["loss"],
+              [weight("w0", (IN_F, IN_F)), *experts, idx, const("axes", [2]), const("first", [0])])
+    r = rank(flopcount.count(m, mode="train", memory=True))
+    hidden, slices = F32 * PAIRS * IN_F, F32 * PAIRS * OUT_F * IN_F
+    weights = F32 * (IN_F * IN_F + E * OUT_F * IN_F)
+    assert r.params_bytes == r.grads_bytes == weights
+    assert r.activations_bytes == 2 * hidden  # x (mm0) and h (Relu, and the experts' product, viewed)
+    # at most: weights and their gradients, x, h, a, the gradients of h and a, and of the product's output
+    assert r.peak_bytes <= 2 * weights + 5 * hidden + F32 * PAIRS * OUT_F < slices
+
+
+def test_a_stack_no_experts_are_gathered_from_is_a_copy():
+    """``torch.stack`` of parameters that a product keeps whole (no slices gathered per token) is the copy torch
+    makes: E·O·I floats of activations beside x and h."""
+    nodes = [helper.make_node("MatMul", ["x", "w0"], ["a"], name="mm0"),
+             helper.make_node("Relu", ["a"], ["h"], name="relu"),
+             helper.make_node("Unsqueeze", ["h", "axes"], ["hu"], name="unsqueeze"),
+             *[helper.make_node("Unsqueeze", [f"e{e}", "first"], [f"u{e}"], name=f"u{e}") for e in range(E)],
+             helper.make_node("Concat", [f"u{e}" for e in range(E)], ["stack"], name="stack", axis=0),
+             helper.make_node("MatMul", ["stack", "hu"], ["y"], name="mm"),
+             helper.make_node("ReduceSum", ["y"], ["loss"], name="loss", keepdims=0)]
+    m = model(nodes, {"x": [E, IN_F]}, ["loss"], [weight("w0", (IN_F, IN_F)),
+              *[weight(f"e{e}", (OUT_F, IN_F)) for e in range(E)], const("axes", [2]), const("first", [0])])
+    r = rank(flopcount.count(m, mode="train", memory=True))
+    assert r.activations_bytes == 2 * F32 * E * IN_F + F32 * E * OUT_F * IN_F
+
+
 def test_an_embedding_lookup_is_still_a_new_tensor():
     """A rank-2 table gathered per token is the lookup's output, allocated as it is in the frameworks."""
     nodes = [helper.make_node("Gather", ["table", "ids"], ["e"], name="embed", axis=0),

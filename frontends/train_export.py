@@ -1,4 +1,5 @@
-"""What a ``transformers`` model built weightlessly does differently in training, settled before its export.
+"""What a torch model does differently in training, settled before its export: a ``transformers`` model built
+weightlessly (``--hf``, :mod:`.hf`) and a module of one's own (``--torch``, ``from_torch``: :mod:`.torch`) alike.
 
 * Parameters the modelling code makes off the meta device: wav2vec2-family models (Hubert, Wav2Vec2,
   Data2VecAudio) make SpecAugment's learned mask vector ``masked_spec_embed`` with the legacy ``torch.Tensor(n)``
@@ -9,7 +10,8 @@
   :func:`every_layer` sets p to 0 for the export, so the count is of the step that runs every layer, and
   :func:`training_notes` says that the expected step runs (1 - p) of those layers' work. The stacks are found from
   the modules (a ``self.layerdrop`` or ``self.config.layerdrop`` that ``forward`` reads and that is a float > 0),
-  not from a list of models.
+  not from a list of models, so a hand-built stack that reads its own ``self.layerdrop`` is settled as transformers'
+  are.
 * SpecAugment: a module whose class reads ``mask_time_prob`` or ``mask_feature_prob`` > 0 (wav2vec2's
   ``_mask_hidden_states``) draws the masked positions in numpy at the traced batch, a constant that would fix the
   graph's batch; :func:`every_layer` sets them to 0 too, and the note says the mask's select is not counted.
@@ -101,6 +103,14 @@ def training_notes(settled: list[Settled]) -> list[str]:
                      "is of the step without the mask: its select (one an element) and the vector's gradient are not "
                      "counted")
     return notes
+
+
+def with_notes(report, settled: list[Settled]):
+    """``report`` with :func:`training_notes` of ``settled`` added to its notes (``report`` itself where nothing was
+    settled)."""
+    if not settled:
+        return report
+    return dataclasses.replace(report, notes=(*report.notes, *training_notes(settled)))
 
 
 def _holders(module, attribute: str, whole: bool) -> list[Any]:
