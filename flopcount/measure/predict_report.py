@@ -223,7 +223,7 @@ def _routing_messages(c: Any, led: Any, n: int, v: int) -> list[Message]:
     from flopcount.parallel.experts import routing_gathered
 
     plan, d = led.plan, led.dims
-    gathered, scattered = routing_gathered(plan, d["batch"] * (d["seq"] // plan.cp), d["experts"])
+    gathered, scattered = routing_gathered(plan, d["batch"] * (d["seq"] // plan.cp), d["experts"], d["prob_bytes"])
     if c.kind == "reduce_scatter":
         return [Message(c.kind, c.group, scattered, c.bytes / scattered, n, "backward")]
     layers = plan.microbatches * max(d["moe_layers"] // (plan.pp * v), 1) * v
