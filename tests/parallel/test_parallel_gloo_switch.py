@@ -61,12 +61,19 @@ def step(model, ids, dec) -> None:
     (out.last_hidden_state.sum() + out.encoder_last_hidden_state.sum()).backward()
 
 
-def expert_parallel(model, ep: int, group, rec: Recorder, counts_rec: Recorder, counts: list) -> None:
+def expert_parallel(model, ep: int, group, rec: Recorder, counts_rec: Recorder, counts: list,
+                    tp: tuple[int, int, Recorder] | None = None) -> None:
     """Keep EP rank ``ep``'s experts of each MoE layer of ``model`` and run them expert-parallel (module docstring);
-    ``counts``: each MoE layer's tokens per expert on this rank, in the order the layers run."""
+    ``counts``: each MoE layer's tokens per expert on this rank, in the order the layers run; ``group`` the tensor-
+    and expert-parallel group the counts are gathered over (None: the default one; its ranks in (EP, TP) order).
+    ``tp``: (TP rank, T, the TP group's recorder) to split each kept expert over TP as a dense MLP is split (``wi``
+    column-parallel: its rows; ``wo`` row-parallel: its columns), the tokens' gradient all-reduced over TP before
+    the experts and their partial outputs all-reduced after the combine."""
     import torch.distributed as dist
 
     mine = range(ep * PER, (ep + 1) * PER)
+    tp_rank, t, tp_rec = tp or (0, 1, None)
+    copy, reduce = (tp_rec.copy, tp_rec.reduce) if tp_rec is not None else (lambda x: x, lambda x: x)
 
     def forward(self, hidden, selected, weights):
         chosen = selected.reshape(hidden.shape[0], E)
@@ -75,19 +82,19 @@ def expert_parallel(model, ep: int, group, rec: Recorder, counts_rec: Recorder, 
         order = ids.argsort(stable=True)  # by expert, so by the rank holding it
         mine_count = chosen.sum(0).to(torch.int64)
         counts.append(mine_count.tolist())
-        every = mine_count.new_empty(EP * E)
+        every = mine_count.new_empty(dist.get_world_size(group) * E)  # the T·E ranks' counts
         counts_rec.note("all_gather", every)
         dist.all_gather_into_tensor(every, mine_count, group=group)
-        every = every.view(EP, E)
+        every = every.view(EP, t, E)[:, tp_rank]  # the counts of this TP rank's EP group, in EP rank order
         sent = [int(mine_count[r * PER:(r + 1) * PER].sum()) for r in range(EP)]
         received = [int(every[q, ep * PER:(ep + 1) * PER].sum()) for q in range(EP)]
         which = torch.tensor([e for q in range(EP) for e in mine for _ in range(int(every[q, e]))])
-        x = rec.exchange(hidden[order], sent, received)
+        x = rec.exchange(copy(hidden[order]), sent, received)
         out = torch.zeros_like(x)
         for e in mine:
             rows = (which == e).nonzero()[:, 0]
             out = out.index_put((rows,), self[f"expert_{e}"](x[rows]))
-        back = rec.exchange(out, received, sent)
+        back = reduce(rec.exchange(out, received, sent))
         return torch.zeros_like(hidden).index_add(0, order, back) * weights.reshape(-1, 1)
 
     import types
@@ -97,6 +104,10 @@ def expert_parallel(model, ep: int, group, rec: Recorder, counts_rec: Recorder, 
             for e in range(E):
                 if e not in mine:
                     del module[f"expert_{e}"]
+                elif t > 1:
+                    ff = module[f"expert_{e}"]
+                    ff.wi.weight = torch.nn.Parameter(ff.wi.weight.detach().chunk(t, 0)[tp_rank].contiguous())
+                    ff.wo.weight = torch.nn.Parameter(ff.wo.weight.detach().chunk(t, 1)[tp_rank].contiguous())
             module.forward = types.MethodType(forward, module)
 
 
