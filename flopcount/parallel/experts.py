@@ -33,15 +33,29 @@ such lists, one per MoE layer in order. Within a TP group the experts are split 
 parallelism = T: 1/T of every expert's work). The router (``gate``) and the ops of the MoE block itself (shared
 expert gate, the sum of shared and routed outputs) run whole on every TP rank: replicated. Shared experts are
 dense MLPs: split over TP. Per MoE layer and microbatch, each rank hands ``all_to_all`` its T·k (token, expert)
-hidden vectors to dispatch (T its tokens, k the experts per token), and back the outputs of the pairs its experts
-ran, E·T·k·f_r of them (f_r its experts' fraction of the load; T·k balanced), h·e bytes each; in the backward the
-same two again, reversed.
+hidden vectors to dispatch (T its tokens, k the experts per token), h·e bytes each, and with them their T·k routing
+probabilities (p bytes each, below), which the rank holding the expert applies to its output; and back the outputs
+of the pairs its experts ran, E·T·k·f_r of them (f_r its experts' fraction of the load; T·k balanced), h·e bytes
+each; in the backward the same two again, reversed, and the gradient of the E·T·k·f_r probabilities it received
+back to the ranks that routed them (:func:`exchange_bytes`, once for the vectors and once for the probabilities).
+
+**Which dispatcher.** Under ep > 1 the ledger runs Megatron-Core's all-to-all token dispatcher
+(``MoEAlltoAllTokenDispatcher``, ``--moe-token-dispatcher-type alltoall``) as above: the routing map stays on the
+rank that routed (only its counts travel, below); the tokens and their probabilities go by ``all_to_all`` over the
+EP group, the probabilities to be applied by the experts' rank (as Megatron-Core has applied them in the experts'
+activation since its r0.13 release). Megatron-Core's all-gather dispatcher (``MoEAllGatherTokenDispatcher``, its
+default) runs under ep > 1 too, differently: it all-gathers the routing map, the probabilities and the hidden states
+of the T·E ranks of ``tp_ep`` and reduce-scatters the outputs over them, with no ``all_to_all``; the ledger does not
+model that choice under ep > 1 (under ep = 1 it runs the all-gather dispatcher, below). Under T > 1 Megatron's
+all-to-all dispatcher exchanges the pairs of each TP rank's own tokens and then all-gathers the pairs received over
+the expert-TP group; the ledger instead gathers the MoE block's input over TP as it gathers a dense MLP's (the TP
+rules, :mod:`flopcount.parallel.ranks`) and has each TP rank exchange the pairs of all of its tokens.
 
 **Recompute.** A rerun of an MoE layer's forward in the backward (``full``, ``non-reentrant``) runs its collectives
-again where it passes them: the dispatch (its ``all_to_all`` of the rank's T·k vectors, and the counts below) when
-it runs one of the layer's expert nodes, whose first ops read the dispatched tokens; the combine (the ``all_to_all``
-of the E·T·k·f_r outputs) when it runs a node of the layer after the experts' last product, which reads the combined
-outputs; the router when it runs the router's nodes. ``full`` reruns the whole layer: all three.
+again where it passes them: the dispatch (its ``all_to_all`` of the rank's T·k vectors and probabilities, and the
+counts) when it runs one of the layer's expert nodes, whose first ops read the dispatched tokens; the combine (the
+``all_to_all`` of the E·T·k·f_r outputs) when it runs a node of the layer after the experts' last product, which reads
+the combined outputs; the router when it runs the router's nodes. ``full`` reruns the whole layer: all three.
 
 **The router's statistics** (Megatron-Core's ``TopKRouter`` and ``MoEAlltoAllTokenDispatcher``), R token counts
 per MoE layer, int64 (8 bytes each, the sum of a boolean routing map):
@@ -64,8 +78,8 @@ the whole sequence: an ``all_gather`` of b·s_C·R·(1 + p) bytes per MoE layer 
 tokens of a sequence), once more when a recompute's rerun dispatches again; in the backward the probabilities'
 gradient is reduce-scattered back to the rank's tokens, b·s_C·R·p bytes per MoE layer and
 microbatch (:func:`routing_gathered`). Under ``ep`` > 1 the ledger runs the all-to-all dispatcher above instead,
-whose probabilities travel with the dispatched tokens: no routing gather is listed; without ``sp`` every TP rank
-routes the whole sequence itself: none either.
+whose routing map stays on the rank and whose probabilities travel with the dispatched tokens: no routing gather is
+listed; without ``sp`` every TP rank routes the whole sequence itself: none either.
 
 **The probabilities' dtype** p follows the model: the element of the routing weights its router hands on, read off
 the graph as the first floating-point tensor an expert node reads that descends, in its layer, from the router's
@@ -207,6 +221,8 @@ def exchange_bytes(vec: int, ep: int, share: tuple[int, int], dispatches: int, c
     """Bytes one EP rank hands to ``all_to_all`` over one MoE layer's ``dispatches`` passes of ``vec`` bytes (its own
     pairs' vectors: a forward's dispatch, or a backward's combine) and ``combines`` passes of E·vec·f_r (the pairs
     its experts ran: a forward's combine, or a backward's dispatch), ``share`` = f_r as (numerator, denominator).
+    With ``vec`` the bytes of its pairs' probabilities, ``dispatches`` counts the dispatches and ``combines`` the
+    backward's return of their gradient (the combine carries none).
 
     >>> exchange_bytes(100, 2, (3, 4), 3, 2)  # 3·100 + 2·150
     600

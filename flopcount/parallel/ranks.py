@@ -530,8 +530,11 @@ def _cp_ep_communication(plan: ParallelPlan, d: Dims, report: Any, kv_tokens: in
     if plan.ep > 1 and moe:
         back = 1 if train else 0  # the backward's combine and dispatch
         vec = d.batch * report.moe.top_k * d.hidden * d.act_bytes  # T·k·h·e of one token in a sequence
+        probs = d.batch * report.moe.top_k * d.prob_bytes  # T·k·p: its pairs' probabilities, with the dispatch
         sent = sum(px.exchange_bytes(vec * (seq // plan.cp), plan.ep, share, 1 + back + again.dispatch,
-                                     1 + back + again.combine) for share, again, seq in moe)
+                                     1 + back + again.combine)
+                   + px.exchange_bytes(probs * (seq // plan.cp), plan.ep, share, 1 + again.dispatch, back)
+                   for share, again, seq in moe)
         out.append(Collective("all_to_all", "ep", m * sent))
         out.append(Collective("all_gather", "tp_ep", m * px.counts_gathered(plan, report.moe.experts) * sum(
             1 + again.dispatch for _, again, _ in moe)))

@@ -1,19 +1,20 @@
-"""Tensor and expert parallelism of Switch Transformers' MoE layers on 4 real gloo ranks at ``tp=2,dp=2,ep=2``
-(rank = tp + 2·dp; EP rank = dp; the EP groups {0, 2} and {1, 3} join the ranks of one TP rank). Each rank runs
-transformers' own model (same weights everywhere) on its data-parallel rank's batch, its MoE layers as
-test_parallel_gloo_switch runs them (the router the model's own, its EP rank's 2 of the 4 experts, the tokens moved by
-``all_to_all_single`` within its EP group, the counts gathered over the 4 ranks of the tensor- and expert-parallel
-group), each kept expert split over TP as a dense MLP (``wi`` column-parallel, ``wo`` row-parallel: 1/T of every
-expert's work), the tokens' gradient all-reduced over TP before the experts and their partial outputs after the
-combine. Without ``sp`` every TP rank holds the whole sequence, so it routes and dispatches all of its tokens; the
-router runs whole on every TP rank. In training the auxiliary loss's counts (int64) are all-reduced over the TP group
-(``tp_cp``), as the ledger lists them.
+"""Tensor and expert parallelism of Switch Transformers' MoE layers on 4 real gloo ranks at ``tp=2,dp=2,ep=2`` (rank =
+tp + 2·dp; EP rank = dp; the EP groups {0, 2} and {1, 3} join the ranks of one TP rank). Each rank runs transformers'
+own model (same weights everywhere) on its data-parallel rank's batch, its MoE layers as test_parallel_gloo_switch
+runs them (the router the model's own, its EP rank's 2 of the 4 experts, the tokens moved by ``all_to_all_single``
+within its EP group, the counts gathered over the 4 ranks of the tensor- and expert-parallel group), each kept expert
+split over TP as a dense MLP (``wi`` column-parallel, ``wo`` row-parallel: 1/T of every expert's work), the gradient
+of the pairs received all-reduced over TP and the experts' partial outputs before they are weighed by their
+probabilities (sent with the tokens) and sent back. Without ``sp`` every TP rank holds the whole sequence, so it
+routes and dispatches all of its tokens; the router runs whole on every TP rank. In training the auxiliary loss's
+counts (int64) are all-reduced over the TP group (``tp_cp``), as the ledger lists them.
 
 The layers outside the MoE blocks run whole (unsplit) here: the comparison is of the MoE blocks, whose
 ``FlopCounterMode`` counts (forward and backward, by module) on each rank equal the ledger's shares of the blocks'
 products on that rank (the rest of the report made free), and whose collectives in groups ``ep``, ``tp_ep`` and
-``tp_cp`` equal the ledger's; their TP all-reduces equal the closed form: a block's tokens × h × 4 in the forward and
-again in the backward."""
+``tp_cp`` equal the ledger's; their TP all-reduces equal the closed form: the pairs its experts ran × h × 4 in the
+forward and again in the backward (the ledger's TP rules reduce a block's own tokens instead, as a dense MLP's:
+equal when the load is balanced)."""
 
 from __future__ import annotations
 
@@ -124,9 +125,10 @@ def test_tp_ep_moe_layers_on_gloo_equal_the_ledger(report, tmp_path):
         received = [sum(layer[e] for e in range(dp * E // EP, (dp + 1) * E // EP)) for layer in load.per_layer]
         mine = {k: b for g in groups for k, b in ledger_bytes(led.ranks[rank], g).items()}
         assert {k: b for k, b in r["bytes"].items() if not k.endswith("(tp)")} == mine == {
-            # per MoE layer, forward and backward: its own tokens out and back, its experts' pairs in and back
-            "all_to_all(ep)": sum(2 * (t + n) * H * F32 for t, n in zip(MOE_TOKENS, received)),
+            # per MoE layer, forward and backward: its own tokens out and back, its experts' pairs in and back; its
+            # tokens' probabilities out, and the gradient of those its experts received back
+            "all_to_all(ep)": sum(2 * (t + n) * H * F32 + (t + n) * F32 for t, n in zip(MOE_TOKENS, received)),
             "all_gather(tp_ep)": 2 * TP * EP * E * 8,  # each MoE layer's counts of the 4 ranks, int64
             "all_reduce(tp_cp)": 2 * E * 8}  # each MoE layer's counts summed over TP, once (no recompute)
-        # each MoE layer's experts' partial outputs summed over TP, and its tokens' gradient
-        assert r["bytes"]["all_reduce(tp)"] == sum(2 * t * H * F32 for t in MOE_TOKENS)
+        # each MoE layer's experts' partial outputs summed over TP, and the gradient of the pairs they received
+        assert r["bytes"]["all_reduce(tp)"] == sum(2 * n * H * F32 for n in received)
