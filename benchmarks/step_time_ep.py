@@ -4,11 +4,12 @@ with its own batch; EP rank r holds experts r·R/E .. (r+1)·R/E − 1 of every 
 router (``gate``) whole on every rank. In each MoE layer's forward a rank routes its own tokens (top-k of the
 router's scores), gathers every rank's int64 token counts per expert over the group (``all_gather``, E·R·8 bytes)
 to size what it receives, sends each (token, expert) pair's hidden vector to the rank holding that expert
-(``all_to_all``: its T·k vectors, T its tokens), runs its experts on the pairs it received (transformers' own
-experts forward, the grouped product of the model's configuration), sends the outputs back (``all_to_all``: the
-pairs its experts ran), and weights and sums them into its tokens; the backward runs the two ``all_to_all`` again,
-reversed. The experts' gradients stay on their rank (each expert has dp·cp/ep = 1 copy here); the dense gradients
-are all-reduced over the data-parallel ranks by DDP, the experts' parameters left out of its buckets.
+(``all_to_all``: its T·k vectors, T its tokens) and the pair's routing weight with it (``all_to_all``: T·k
+probabilities), runs its experts on the pairs it received, weighted (transformers' own experts forward, the grouped
+product of the model's configuration), sends the outputs back (``all_to_all``: the pairs its experts ran), and sums
+them into its tokens; the backward runs the three ``all_to_all`` again, reversed (the weights' gradient back to the
+ranks that routed them). The experts' gradients stay on their rank (each expert has dp·cp/ep = 1 copy here); the dense
+gradients are all-reduced over the data-parallel ranks by DDP, the experts' parameters left out of its buckets.
 
 Each layer's token counts per expert (the whole group's, from the gathered counts) are added up while ``record`` is
 on: the routing of the real run, which the prediction is given as ``--expert-load``."""
@@ -74,8 +75,9 @@ class ExpertParallelMoe(nn.Module):
         received = mine.sum(1).tolist()
         which = torch.cat([torch.repeat_interleave(torch.arange(self.per), mine[r]) for r in range(self.ep)])
         y = _Exchange.apply(x[tokens], sent, received, self.group)
-        out = self.experts(y, which[:, None], y.new_ones(len(which), 1))
-        done = _Exchange.apply(out, received, sent, self.group) * weights.reshape(-1)[order, None]
+        w = _Exchange.apply(weights.reshape(-1)[order, None], sent, received, self.group)  # the pairs' weights
+        out = self.experts(y, which[:, None], w)
+        done = _Exchange.apply(out, received, sent, self.group)
         return x.new_zeros(x.shape).index_add(0, tokens, done).view(b, s, h)
 
 

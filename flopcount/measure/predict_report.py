@@ -196,10 +196,11 @@ def _messages(r: Any, led: Any) -> tuple[Message, ...]:
 def _expert_messages(c: Any, r: Any, led: Any, n: int, v: int) -> list[Message]:
     """The calls of the rank's MoE layers (the rules of :mod:`flopcount.parallel.experts`): before each dispatch an
     ``all_gather`` of the router's counts (``tp_ep``: a call of :func:`~flopcount.parallel.experts.counts_gathered`
-    bytes each, so the calls are the ledger's bytes over that); each dispatch and each combine an ``all_to_all``
-    (``ep``): two calls a dispatch, and two again a layer and microbatch in the backward, each call the average of
-    the ledger's bytes over them. The forward's L·M dispatches (L the MoE layers of the rank's chunks) are exposed in
-    the forward; the backward's calls and a recompute's rerun (the dispatches past L·M) in the backward."""
+    bytes each, so the calls are the ledger's bytes over that); each dispatch two ``all_to_all`` (``ep``: the tokens
+    and their probabilities) and each combine one: three calls a dispatch, and three again a layer and microbatch in
+    the backward, each call the average of the ledger's bytes over them. The forward's L·M dispatches (L the MoE
+    layers of the rank's chunks) are exposed in the forward; the backward's calls and a recompute's rerun (the
+    dispatches past L·M) in the backward."""
     from flopcount.parallel.experts import counts_gathered
 
     plan, d, m = led.plan, led.dims, led.plan.microbatches
@@ -209,7 +210,7 @@ def _expert_messages(c: Any, r: Any, led: Any, n: int, v: int) -> list[Message]:
     if c.group == "tp_ep":
         return [Message(c.kind, c.group, each, calls, n, phase)
                 for calls, phase in ((layers, "forward"), (gathers - layers, "backward")) if calls > 0]
-    calls = {"forward": 2 * layers, "backward": 2 * (gathers - layers) + (2 * layers if led.mode == "train" else 0)}
+    calls = {"forward": 3 * layers, "backward": 3 * (gathers - layers) + (3 * layers if led.mode == "train" else 0)}
     per = c.bytes / sum(calls.values())
     return [Message(c.kind, c.group, per, k, n, phase) for phase, k in calls.items() if k > 0]
 
@@ -223,7 +224,7 @@ def _routing_messages(c: Any, led: Any, n: int, v: int) -> list[Message]:
     from flopcount.parallel.experts import routing_gathered
 
     plan, d = led.plan, led.dims
-    gathered, scattered = routing_gathered(plan, d["batch"] * (d["seq"] // plan.cp), d["experts"])
+    gathered, scattered = routing_gathered(plan, d["batch"] * (d["seq"] // plan.cp), d["experts"], d["prob_bytes"])
     if c.kind == "reduce_scatter":
         return [Message(c.kind, c.group, scattered, c.bytes / scattered, n, "backward")]
     layers = plan.microbatches * max(d["moe_layers"] // (plan.pp * v), 1) * v

@@ -69,9 +69,10 @@ experts run: E·f_r times the rank's own tokens' pairs (f_r its experts' share o
 ``--expert-load``); those that carry an expert's inner dimension (from the gate/up products to the down product's
 input, found by dataflow) are 1/T besides, as TP splits the experts' weights; the pairs' token vectors and the down
 products' outputs are whole on every TP rank. ``alltoall_bytes``: the buffers one
-MoE layer hands to its ``all_to_all`` (the rank's T·k token vectors dispatched, its experts' E·T·k·f_r outputs
-combined, h·e bytes each, as the FLOPs ledger's payload), the largest layer's, held through the walk and so in the
-peak. One entry per (stage, TP rank, EP rank), its data- and context-parallel replicas (same figures: zigzag makes
+MoE layer hands to its ``all_to_all`` (the rank's T·k token vectors dispatched with their probabilities, its experts'
+E·T·k·f_r pairs received and their outputs combined, h·e + p bytes each: the FLOPs ledger's payload with the
+probabilities received, :mod:`flopcount.parallel.experts`), the largest layer's, held through the walk and so in
+the peak. One entry per (stage, TP rank, EP rank), its data- and context-parallel replicas (same figures: zigzag makes
 every CP rank's share equal) in ``replicas``.
 
 **KV cache** (``--generate P:N``, ``kv_cache_bytes``: the cache after the last step, beside the peak of the
@@ -94,6 +95,7 @@ from typing import Any, Mapping, NamedTuple
 
 from ..context import TensorInfo
 from ..errors import UsageError
+from ..parallel.experts import all_to_all_bytes
 from ..parallel.layout import ROLE_RULES, SEQUENCE_ROLES, fsdp_shard, in_flight, layout_of, rank_id
 from ..parallel.plan import ParallelPlan
 from ..reporting.report import tensor_bytes
@@ -142,7 +144,7 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
     (:func:`flopcount.parallel.experts.load_expert_load`), balanced if None."""
     w, d, moe_layers = _prepared(report, plan, expert_load)
     top_k = report.moe.top_k if moe_layers else 0
-    ranks = _walked_ranks(w, d.batch * top_k * d.hidden * d.act_bytes)
+    ranks = _walked_ranks(w, d.batch * top_k * (d.hidden * d.act_bytes + d.prob_bytes))  # vectors and probabilities
     cache = _kv_share(report, plan, d.layers, w.kv)
     if cache is not None:
         ranks = [dataclasses.replace(r, kv_cache_bytes=cache) for r in ranks]
@@ -269,9 +271,9 @@ class _PlanWalk:
 
 
 def _walked_ranks(w: _PlanWalk, vec: int) -> list[PlanRankMemory]:
-    """Every (stage, TP rank, EP rank)'s figures, in that order; ``vec``: the bytes of the rank's token vectors one
-    MoE layer dispatches to its all_to_all, per token of a sequence (times the layer's own: an encoder's and a
-    decoder's differ)."""
+    """Every (stage, TP rank, EP rank)'s figures, in that order; ``vec``: the bytes of the rank's token vectors and
+    their probabilities one MoE layer dispatches to its all_to_all, per token of a sequence (times the layer's own:
+    an encoder's and a decoder's differ)."""
     plan, g, fractions = w.plan, w.g, w.fractions
     v = plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
     ranks = []
@@ -290,8 +292,8 @@ def _walked_ranks(w: _PlanWalk, vec: int) -> list[PlanRankMemory]:
         layers = {w.layer_of[k] for k in keep} & set(fractions) if fractions else set()
         for e in range(plan.ep):
             share = {layer: fractions[layer][e] for layer in layers}
-            alltoall = max((x + plan.ep * x * num // den for layer, (num, den) in share.items()
-                            for x in [vec * (w.layout.seqs[layer] // plan.cp)]), default=0)
+            alltoall = max((all_to_all_bytes(vec * (w.layout.seqs[layer] // plan.cp), plan.ep, [part])
+                            for layer, part in share.items()), default=0)
             # the TP ranks of a stage are symmetric (the plan refuses degrees that do not divide), and EP ranks of
             # the same load walk the same graph: one walk per (stage, load), placed on each of them
             key = (s, tuple(sorted(share.items())))

@@ -33,15 +33,29 @@ such lists, one per MoE layer in order. Within a TP group the experts are split 
 parallelism = T: 1/T of every expert's work). The router (``gate``) and the ops of the MoE block itself (shared
 expert gate, the sum of shared and routed outputs) run whole on every TP rank: replicated. Shared experts are
 dense MLPs: split over TP. Per MoE layer and microbatch, each rank hands ``all_to_all`` its T·k (token, expert)
-hidden vectors to dispatch (T its tokens, k the experts per token), and back the outputs of the pairs its experts
-ran, E·T·k·f_r of them (f_r its experts' fraction of the load; T·k balanced), h·e bytes each; in the backward the
-same two again, reversed.
+hidden vectors to dispatch (T its tokens, k the experts per token), h·e bytes each, and with them their T·k routing
+probabilities (p bytes each, below), which the rank holding the expert applies to its output; and back the outputs
+of the pairs its experts ran, E·T·k·f_r of them (f_r its experts' fraction of the load; T·k balanced), h·e bytes
+each; in the backward the same two again, reversed, and the gradient of the E·T·k·f_r probabilities it received
+back to the ranks that routed them (:func:`exchange_bytes`, once for the vectors and once for the probabilities).
+
+**Which dispatcher.** Under ep > 1 the ledger runs Megatron-Core's all-to-all token dispatcher
+(``MoEAlltoAllTokenDispatcher``, ``--moe-token-dispatcher-type alltoall``) as above: the routing map stays on the
+rank that routed (only its counts travel, below); the tokens and their probabilities go by ``all_to_all`` over the
+EP group, the probabilities to be applied by the experts' rank (as Megatron-Core has applied them in the experts'
+activation since its r0.13 release). Megatron-Core's all-gather dispatcher (``MoEAllGatherTokenDispatcher``, its
+default) runs under ep > 1 too, differently: it all-gathers the routing map, the probabilities and the hidden states
+of the T·E ranks of ``tp_ep`` and reduce-scatters the outputs over them, with no ``all_to_all``; the ledger does not
+model that choice under ep > 1 (under ep = 1 it runs the all-gather dispatcher, below). Under T > 1 Megatron's
+all-to-all dispatcher exchanges the pairs of each TP rank's own tokens and then all-gathers the pairs received over
+the expert-TP group; the ledger instead gathers the MoE block's input over TP as it gathers a dense MLP's (the TP
+rules, :mod:`flopcount.parallel.ranks`) and has each TP rank exchange the pairs of all of its tokens.
 
 **Recompute.** A rerun of an MoE layer's forward in the backward (``full``, ``non-reentrant``) runs its collectives
-again where it passes them: the dispatch (its ``all_to_all`` of the rank's T·k vectors, and the counts below) when
-it runs one of the layer's expert nodes, whose first ops read the dispatched tokens; the combine (the ``all_to_all``
-of the E·T·k·f_r outputs) when it runs a node of the layer after the experts' last product, which reads the combined
-outputs; the router when it runs the router's nodes. ``full`` reruns the whole layer: all three.
+again where it passes them: the dispatch (its ``all_to_all`` of the rank's T·k vectors and probabilities, and the
+counts) when it runs one of the layer's expert nodes, whose first ops read the dispatched tokens; the combine (the
+``all_to_all`` of the E·T·k·f_r outputs) when it runs a node of the layer after the experts' last product, which reads
+the combined outputs; the router when it runs the router's nodes. ``full`` reruns the whole layer: all three.
 
 **The router's statistics** (Megatron-Core's ``TopKRouter`` and ``MoEAlltoAllTokenDispatcher``), R token counts
 per MoE layer, int64 (8 bytes each, the sum of a boolean routing map):
@@ -58,14 +72,21 @@ per MoE layer, int64 (8 bytes each, the sum of a boolean routing map):
 
 **The all-gather dispatcher's routing** (Megatron-Core's ``MoEAllGatherTokenDispatcher``, its default): under TP
 with ``sp`` and without expert parallelism (T > 1, E = 1) the router runs on the rank's s/T tokens, and before the
-dispatch its routing map (a boolean a (token, expert), no gradient) and its probabilities (fp32,
-:data:`PROB_BYTES`) are all-gathered over the group ``tp_ep`` (T·E ranks: the TP group here), so that every rank
-sees the routes of the whole sequence: an ``all_gather`` of b·s_C·R·(1 + 4) bytes per MoE layer and forward pass
-(s_C the CP rank's tokens of a sequence), once more when a recompute's rerun dispatches again; in the backward the
-probabilities' gradient is reduce-scattered back to the rank's tokens, b·s_C·R·4 bytes per MoE layer and
+dispatch its routing map (a boolean a (token, expert), no gradient) and its probabilities (p bytes each, below)
+are all-gathered over the group ``tp_ep`` (T·E ranks: the TP group here), so that every rank sees the routes of
+the whole sequence: an ``all_gather`` of b·s_C·R·(1 + p) bytes per MoE layer and forward pass (s_C the CP rank's
+tokens of a sequence), once more when a recompute's rerun dispatches again; in the backward the probabilities'
+gradient is reduce-scattered back to the rank's tokens, b·s_C·R·p bytes per MoE layer and
 microbatch (:func:`routing_gathered`). Under ``ep`` > 1 the ledger runs the all-to-all dispatcher above instead,
-whose probabilities travel with the dispatched tokens: no routing gather is listed; without ``sp`` every TP rank
-routes the whole sequence itself: none either.
+whose routing map stays on the rank and whose probabilities travel with the dispatched tokens: no routing gather is
+listed; without ``sp`` every TP rank routes the whole sequence itself: none either.
+
+**The probabilities' dtype** p follows the model: the element of the routing weights its router hands on, read off
+the graph as the first floating-point tensor an expert node reads that descends, in its layer, from the router's
+product (:func:`prob_bytes`). transformers' routers differ: Mixtral's softmax runs on ``float()`` logits and
+DeepSeek-V3's sigmoid on fp32 logits, so their weights are fp32 whatever the model's dtype; Qwen3-MoE's top-k
+weights are cast back to the logits' dtype and Switch's probabilities (a softmax in ``router_dtype``) to its input's,
+so theirs are the model's (2 bytes in a bf16 model). Where no expert reads such a tensor, fp32 (:data:`PROB_BYTES`).
 """
 
 from __future__ import annotations
@@ -79,8 +100,8 @@ from typing import Any, NamedTuple
 from ..errors import UsageError
 
 __all__ = ["COUNT_BYTES", "ExpertLoad", "PROB_BYTES", "Rerun", "all_to_all_bytes", "cp_split", "exchange_bytes",
-           "ep_coords", "ep_divide", "ep_members", "is_expert", "load_expert_load", "moe_blocks", "routing_gathered",
-           "zigzag_pairs"]
+           "ep_coords", "ep_divide", "ep_members", "is_expert", "load_expert_load", "moe_blocks", "prob_bytes",
+           "routing_gathered", "zigzag_pairs"]
 
 _EXPERTS = re.compile(r"(.*\.(?:mlp|block_sparse_moe|feed_forward|ffn))\.experts(?:\.|$)")
 
@@ -139,23 +160,52 @@ def counts_gathered(plan: Any, experts: int) -> int:
     return plan.tp * plan.ep * experts * COUNT_BYTES if plan.ep > 1 else 0
 
 
-#: Bytes of one routing probability the all-gather dispatcher gathers: fp32, as the transformers MoE models compute
-#: their router's softmax (``dtype=torch.float``) and Megatron-Core's router with ``moe_router_dtype="fp32"``.
+#: Bytes of one routing probability where the graph shows none (no expert reads a weight of the router's): fp32.
 PROB_BYTES = 4
 
 
-def routing_gathered(plan: Any, tokens: int, experts: int) -> tuple[int, int]:
+def prob_bytes(g: Any, layer: Sequence[int | None], roles: Sequence[str], expert: Sequence[bool]) -> int:
+    """Bytes of one routing probability (see the module's rules): the element of the first floating-point tensor
+    an expert node reads that descends, within its layer, from a router's product; :data:`PROB_BYTES` where none
+    does. ``g`` the :class:`~flopcount.parallel.roles.Graph`, per node its ``layer``, ``roles`` and ``expert``."""
+    from ..reporting.report import element_bits
+    from .roles import FLOATS, PRODUCTS
+
+    nodes = g.nodes
+    for k, n in enumerate(nodes):
+        if roles[k] != "router" or n.family not in PRODUCTS or not g.weights(k) or layer[k] is None:
+            continue
+        seen, todo = set(), [x.name for x in n.outputs if x is not None and x.name]
+        while todo:
+            name = todo.pop(0)
+            for q in g.consumers.get(name, ()):
+                if q <= k or layer[q] != layer[k]:
+                    continue
+                if expert[q]:
+                    info = g.info[name]
+                    if info.elem_type in FLOATS:
+                        return (element_bits(info.elem_type) or 32) // 8
+                elif q not in seen:
+                    seen.add(q)
+                    todo.extend(x.name for x in nodes[q].outputs if x is not None and x.name)
+    return PROB_BYTES
+
+
+def routing_gathered(plan: Any, tokens: int, experts: int, prob: int = PROB_BYTES) -> tuple[int, int]:
     """(all-gathered, reduce-scattered) bytes of one MoE layer's routing under the all-gather dispatcher (see the
     module's rules), per forward pass and per backward: ``tokens`` the CP rank's tokens of the batch (b·s_C, the
-    TP group's together), ``experts`` R; (0, 0) where that dispatcher gathers no routing (T = 1, no ``sp``, E > 1).
+    TP group's together), ``experts`` R, ``prob`` the bytes of one probability (:func:`prob_bytes`); (0, 0) where
+    that dispatcher gathers no routing (T = 1, no ``sp``, E > 1).
 
     >>> from flopcount.parallel.plan import ParallelPlan
-    >>> routing_gathered(ParallelPlan(tp=2, sp=True), 16, 4), routing_gathered(ParallelPlan(tp=2), 16, 4)
-    ((320, 256), (0, 0))
+    >>> routing_gathered(ParallelPlan(tp=2, sp=True), 16, 4), routing_gathered(ParallelPlan(tp=2, sp=True), 16, 4, 2)
+    ((320, 256), (192, 128))
+    >>> routing_gathered(ParallelPlan(tp=2), 16, 4)
+    (0, 0)
     """
     if plan.tp == 1 or not plan.sp or plan.ep > 1:
         return 0, 0
-    return tokens * experts * (1 + PROB_BYTES), tokens * experts * PROB_BYTES
+    return tokens * experts * (1 + prob), tokens * experts * prob
 
 
 class Rerun(NamedTuple):
@@ -171,6 +221,8 @@ def exchange_bytes(vec: int, ep: int, share: tuple[int, int], dispatches: int, c
     """Bytes one EP rank hands to ``all_to_all`` over one MoE layer's ``dispatches`` passes of ``vec`` bytes (its own
     pairs' vectors: a forward's dispatch, or a backward's combine) and ``combines`` passes of E·vec·f_r (the pairs
     its experts ran: a forward's combine, or a backward's dispatch), ``share`` = f_r as (numerator, denominator).
+    With ``vec`` the bytes of its pairs' probabilities, ``dispatches`` counts the dispatches and ``combines`` the
+    backward's return of their gradient (the combine carries none).
 
     >>> exchange_bytes(100, 2, (3, 4), 3, 2)  # 3·100 + 2·150
     600

@@ -57,10 +57,11 @@ microbatches, n = N − 1 the decode steps:
   ``all_gather`` of every rank's partial attention output and its log-sum-exp over its part of the cache,
   C·B·(H/T)·(d + 1)·e per layer: M·n·Lₛ·C·B·(H/T)·(d + 1)·e;
 * EP: per MoE layer of the stage, forward only (no backward: not the training ledger's ×2), an ``all_to_all``
-  that dispatches the rank's tokens' k hidden vectors each and brings back the outputs of the pairs its experts
-  ran (E·f_r times as many, f_r its experts' fraction of the load; 1/E balanced), the training forward's payload
-  (:func:`~flopcount.parallel.experts.all_to_all_bytes`) for the prefill's and each step's tokens:
-  M·Σ_layers (a2a(B·(P/C)·k·h·e) + n·a2a(B·k·h·e)), a2a(v) = v + ⌊E·v·f_r⌋; and before each dispatch the
+  that dispatches the rank's tokens' k hidden vectors each, with their k routing probabilities (p bytes each), and
+  brings back the outputs of the pairs its experts ran (E·f_r times as many, f_r its experts' fraction of the load;
+  1/E balanced), the training forward's payload (:func:`~flopcount.parallel.experts.all_to_all_bytes`) for the
+  prefill's and each step's tokens: M·Σ_layers (a2a(B·(P/C)·k·h·e) + n·a2a(B·k·h·e) + (B·P/C + n·B)·k·p),
+  a2a(v) = v + ⌊E·v·f_r⌋; and before each dispatch the
   router's statistics as in training (:mod:`flopcount.parallel.experts`): an ``all_gather`` (group ``tp_ep``) of
   the R int64 token counts per expert of each of the T·E ranks, M·(1 + n)·Lₛ·T·E·R·8 over the stage's MoE layers
   (the routing runs in every forward); the auxiliary loss's ``all_reduce`` over ``tp_cp`` is training's only
@@ -177,7 +178,8 @@ def generation_ledger(report: Any, plan: ParallelPlan, expert_load: px.ExpertLoa
             "batch": d.batch, "seq": d.seq, "hidden": d.hidden, "heads": d.heads, "kv_heads": d.kv_heads,
             "head_dim": d.head_dim, "ffn": d.ffn, "vocab": d.vocab, "layers": d.layers,
             "activation_bytes": d.act_bytes, "param_bytes": d.param_bytes, "moe_layers": len(moe_layers),
-            "experts": report.moe.experts if moe_layers else 0, "top_k": report.moe.top_k if moe_layers else 0},
+            "experts": report.moe.experts if moe_layers else 0, "top_k": report.moe.top_k if moe_layers else 0,
+            "prob_bytes": d.prob_bytes},
         tuple(ranks), schedule.bubble_fraction if schedule is not None else 0.0, slowest.rank,
         slowest.hardware_flops / mean if mean else 1.0,
         layout_of(report, base).kv_rule, expert_load=load.source if moe_layers else None,
@@ -307,8 +309,10 @@ def _communication(plan: ParallelPlan, d: Any, report: Any, s: int, per_stage: i
     if plan.ep > 1 and shares:  # dispatch and combine, forward only, in the prefill and each decode step
         vec = report.moe.top_k * d.hidden * e  # one token's k hidden vectors
         prefill_tokens, step_tokens = b * (gen.prompt_tokens // c_), b
+        probs = len(shares) * report.moe.top_k * d.prob_bytes  # its pairs' probabilities, with each dispatch
         out.append(Collective("all_to_all", "ep", m * (px.all_to_all_bytes(prefill_tokens * vec, plan.ep, shares)
-                                                       + n * px.all_to_all_bytes(step_tokens * vec, plan.ep, shares))))
+                                                       + n * px.all_to_all_bytes(step_tokens * vec, plan.ep, shares)
+                                                       + (prefill_tokens + n * step_tokens) * probs)))
         # the router's counts gathered before each dispatch; no auxiliary loss (training only)
         out.append(Collective("all_gather", "tp_ep", m * (1 + n) * len(shares) * px.counts_gathered(
             plan, report.moe.experts)))

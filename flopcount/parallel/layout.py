@@ -223,6 +223,7 @@ class Dims:
     layers: int
     act_bytes: int
     param_bytes: int
+    prob_bytes: int = px.PROB_BYTES  # one routing probability (:func:`~flopcount.parallel.experts.prob_bytes`)
 
 
 @dataclass(frozen=True)
@@ -492,7 +493,7 @@ def _structure_of(report: Any) -> _Structure:
                 ffn=next((f.ffn for f in found.values() if f.ffn), 0), vocab=vocab,
                 layers=max(members) + 1 if members else 0,
                 act_bytes=(element_bits(stream.elem_type) or 32) // 8 if stream is not None else 4,
-                param_bytes=(element_bits(weight_type) or 32) // 8)
+                param_bytes=(element_bits(weight_type) or 32) // 8, prob_bytes=px.prob_bytes(g, layer, roles, expert))
     outside_attention = next((k for k in range(len(nodes)) if layer[k] is None and nodes[k].family in PRODUCTS
                               and not g.weights(k) and sum(x is not None for x in nodes[k].inputs) > 1), None)
     return _Structure(nodes, scopes, g, stacks, layer, expert, roles, attention, members, found, tail, has_loss,

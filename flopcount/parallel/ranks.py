@@ -63,9 +63,9 @@ activation element) per microbatch and Lₛ the stage's layers:
   the place of the attention's A among the column-parallel inputs above, as Megatron's ``MLASelfAttention`` runs
   the down projections and the latents' norms on the rank's tokens;
 * TP with sp on an MoE without ep: each MoE layer's routing map and probabilities all-gathered over TP (group
-  ``tp_ep``, T ranks) in the forward, b·s·R·(1 + 4) bytes, and the probabilities' gradient reduce-scattered in the
-  backward, b·s·R·4, as Megatron-Core's all-gather token dispatcher runs them
-  (:func:`~flopcount.parallel.experts.routing_gathered`; once more in a rerun that dispatches again);
+  ``tp_ep``, T ranks) in the forward, b·s·R·(1 + p) bytes (p a probability's, the model's router's dtype), and the
+  probabilities' gradient reduce-scattered in the backward, b·s·R·p, as Megatron-Core's all-gather token
+  dispatcher runs them (:func:`~flopcount.parallel.experts.routing_gathered`; once more in a rerun that dispatches again);
 * TP under recompute: the forward's collectives that the rerun passes run again. ``full`` runs each layer's
   whole forward again: 2·Lₛ·A more ``all_reduce`` (with sp, 2·Lₛ·A more ``all_gather`` and ``reduce_scatter``).
   ``non-reentrant`` stops before the layer's last product (its down projection), so its reduction does not run
@@ -444,7 +444,8 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
         "batch": d.batch, "seq": d.seq, "hidden": d.hidden, "heads": d.heads, "kv_heads": d.kv_heads,
         "head_dim": d.head_dim, "ffn": d.ffn, "vocab": d.vocab, "layers": d.layers,
         "activation_bytes": d.act_bytes, "param_bytes": d.param_bytes, "moe_layers": len(moe_layers),
-        "experts": report.moe.experts if moe_layers else 0, "top_k": report.moe.top_k if moe_layers else 0},
+        "experts": report.moe.experts if moe_layers else 0, "top_k": report.moe.top_k if moe_layers else 0,
+        "prob_bytes": d.prob_bytes},
         tuple(ranks), bubble, slowest.rank, slowest.hardware_flops / mean if mean else 1.0,
         layout.kv_rule, expert_load=load.source if moe_layers else None,
         expert_shares={k: tuple(v) for k, v in fractions.items()} if load.per_layer is not None and e_ > 1 else None,
@@ -529,12 +530,15 @@ def _cp_ep_communication(plan: ParallelPlan, d: Dims, report: Any, kv_tokens: in
     if plan.ep > 1 and moe:
         back = 1 if train else 0  # the backward's combine and dispatch
         vec = d.batch * report.moe.top_k * d.hidden * d.act_bytes  # T·k·h·e of one token in a sequence
+        probs = d.batch * report.moe.top_k * d.prob_bytes  # T·k·p: its pairs' probabilities, with the dispatch
         sent = sum(px.exchange_bytes(vec * (seq // plan.cp), plan.ep, share, 1 + back + again.dispatch,
-                                     1 + back + again.combine) for share, again, seq in moe)
+                                     1 + back + again.combine)
+                   + px.exchange_bytes(probs * (seq // plan.cp), plan.ep, share, 1 + again.dispatch, back)
+                   for share, again, seq in moe)
         out.append(Collective("all_to_all", "ep", m * sent))
         out.append(Collective("all_gather", "tp_ep", m * px.counts_gathered(plan, report.moe.experts) * sum(
             1 + again.dispatch for _, again, _ in moe)))
-    routing = [(px.routing_gathered(plan, d.batch * (seq // plan.cp), report.moe.experts), again)
+    routing = [(px.routing_gathered(plan, d.batch * (seq // plan.cp), report.moe.experts, d.prob_bytes), again)
                for _, again, seq in moe]  # each MoE layer's own tokens (an encoder's and a decoder's differ)
     if any(g for (g, _), _ in routing):  # the all-gather dispatcher's routing map and probabilities, over TP
         out.append(Collective("all_gather", "tp_ep", m * sum(g * (1 + again.dispatch) for (g, _), again in routing)))

@@ -132,12 +132,14 @@ def test_all_to_all_bytes(report, text, m):
         led = generation_ledger(report, plan, load)
         for r in led.ranks:
             f = 1 / plan.ep if load is None else fraction(r.coords["ep"], plan.ep)
-            # per MoE layer, forward only: dispatch the rank's tokens' K hidden vectors, get back the outputs of
-            # the pairs its experts ran (E × its own pairs × f); the prefill's B·P/C tokens, then B in each step
+            # per MoE layer, forward only: dispatch the rank's tokens' K hidden vectors and their K probabilities
+            # (float32: Qwen2-MoE's top-k weights in its logits' dtype), get back the outputs of the pairs its
+            # experts ran (E × its own pairs × f); the prefill's B·P/C tokens, then B in each step
             prefill = B * (P // plan.cp) * K * H * E
             step = B * K * H * E
+            probs = (B * (P // plan.cp) + STEPS * B) * K * 4
             expected = m * layers * (prefill + round(plan.ep * prefill * f)
-                                     + STEPS * (step + round(plan.ep * step * f)))
+                                     + STEPS * (step + round(plan.ep * step * f)) + probs)
             got = [c.bytes for c in r.communication if c.kind == "all_to_all"]
             assert got == [expected] and all(c.group == "ep" for c in r.communication if c.kind == "all_to_all")
 

@@ -67,10 +67,10 @@ def test_tp_and_fsdp_split_experts_over_tp_ep_and_the_expert_data_group(report):
 
 def test_balanced_load_keeps_the_rank_its_own_pairs_and_the_all_to_all_buffers(report):
     whole = report.memory.ranks[0]
-    vec = B * S * K * H * 4  # the rank's T·k token vectors, float32
+    vec = B * S * K * (H + 1) * 4  # the rank's T·k token vectors and their probabilities, float32
     for r in per_rank(report, plan("ep=2,dp=2")).ranks:
         assert r.activations_bytes == whole.activations_bytes  # E·(1/E) of the group's pairs: its own count
-        assert r.alltoall_bytes == vec + 2 * vec // 2  # dispatched, and the outputs of the pairs its experts ran
+        assert r.alltoall_bytes == vec + 2 * vec // 2  # dispatched, and the pairs its experts ran
         assert r.peak_bytes <= whole.peak_bytes  # half the experts' states, one layer's buffers more
     c2 = per_rank(report, plan("ep=4,dp=2,cp=2")).ranks
     assert {r.alltoall_bytes for r in c2} == {vec // 2 + 4 * (vec // 2) // 4}  # s/C tokens a rank
@@ -92,7 +92,7 @@ def test_expert_load_moves_the_pairs_to_the_loaded_rank(report):
     # E·f_r of the rank's own pairs: 2·4/6 = 4/3 and 2·2/6 = 2/3 (each tensor rounded up to a whole element)
     assert abs(hot.activations_bytes - (whole.activations_bytes + experts // 3)) <= 4 * 64
     assert abs(cold.activations_bytes - (whole.activations_bytes - experts // 3)) <= 4 * 64
-    vec = B * S * K * H * 4
+    vec = B * S * K * (H + 1) * 4  # the vectors and their probabilities
     assert (hot.alltoall_bytes, cold.alltoall_bytes) == (vec + 2 * vec * 4 // 6, vec + 2 * vec * 2 // 6)
     assert hot.peak_bytes > cold.peak_bytes
 
@@ -106,7 +106,7 @@ def test_the_cli_passes_expert_load_to_the_memory_per_rank(report, tmp_path):
     path = tmp_path / "load.json"
     path.write_text(json.dumps([3, 1, 1, 1]))
     hot, cold = with_plan(report, CountOptions(parallel="ep=2,dp=2", expert_load=str(path))).memory.ranks
-    vec = B * S * K * H * 4
+    vec = B * S * K * (H + 1) * 4  # the vectors and their probabilities
     assert (hot.alltoall_bytes, cold.alltoall_bytes) == (vec + 2 * vec * 4 // 6, vec + 2 * vec * 2 // 6)
 
 

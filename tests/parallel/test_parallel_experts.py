@@ -115,13 +115,18 @@ def test_expert_load_moves_the_experts_work(moe):
 def test_all_to_all_bytes(moe):
     m = 3
     vec = T * K * H * 4  # the T·K hidden vectors of a microbatch, float32
+    probs = T * K * 4  # their probabilities, float32 (the model's routing weights)
     balanced = ledger(moe, plan("dp=2,ep=2", m)).ranks[0]
-    # per MoE layer: dispatch and combine in the forward, both again in the backward
-    assert comm(balanced)[("all_to_all", "ep")] == m * L * 4 * vec
+    # per MoE layer: dispatch (the vectors and their probabilities) and combine in the forward, both again in the
+    # backward (the probabilities' gradient)
+    assert comm(balanced)[("all_to_all", "ep")] == m * L * (4 * vec + 2 * probs)
     led = ledger(moe, plan("dp=2,ep=2", m), expert_load=ExpertLoad([[1, 1, 1, 2, 2, 5]], "x"))
-    # combine: the outputs of the pairs its experts ran, 2·T·K·(3/12) for rank 0, 2·T·K·(9/12) for rank 1
-    assert comm(led.ranks[0])[("all_to_all", "ep")] == m * L * 2 * (vec + 2 * vec * 3 // 12)
-    assert comm(led.ranks[1])[("all_to_all", "ep")] == m * L * 2 * (vec + 2 * vec * 9 // 12)
+    # combine: the outputs of the pairs its experts ran, 2·T·K·(3/12) for rank 0, 2·T·K·(9/12) for rank 1, and back
+    # the gradient of those pairs' probabilities
+    assert comm(led.ranks[0])[("all_to_all", "ep")] == m * L * (2 * (vec + 2 * vec * 3 // 12)
+                                                                + probs + 2 * probs * 3 // 12)
+    assert comm(led.ranks[1])[("all_to_all", "ep")] == m * L * (2 * (vec + 2 * vec * 9 // 12)
+                                                                + probs + 2 * probs * 9 // 12)
 
 
 def test_expert_load_one_list_per_layer(moe):

@@ -450,8 +450,9 @@ def _ep_worker(rank: int, world: int, init: str, out: str) -> None:
     """One rank of ep=2, dp=2: its own batch, the whole attention and shared expert, routed experts E/2 on each
     rank (0..2 on rank 0, 3..5 on rank 1). Each MoE layer computes the router's logits (a product), takes the
     experts of the fixed table above, sends each (token, expert) pair's hidden vector to the rank holding the
-    expert (all_to_all_single), runs each local expert's SwiGLU on the pairs it received, and sends the outputs
-    back; the backward sends the gradients the other way. FlopCounterMode counts the products; the bytes each
+    expert (all_to_all_single) with the pair's probability, runs each local expert's SwiGLU on the pairs it
+    received, weighs its outputs by their probabilities, and sends them back; the backward sends the gradients the
+    other way. FlopCounterMode counts the products; the bytes each
     all_to_all is handed (its input) are summed."""
     import torch.distributed as dist
     from torch.utils.flop_counter import FlopCounterMode
@@ -507,13 +508,14 @@ def _ep_worker(rank: int, world: int, init: str, out: str) -> None:
                                                               if e // per == rank)]
             received = [sum(1 for chosen in tables[src] for e in chosen if e // per == rank) for src in range(world)]
             got = Exchange.apply(x[tokens], sent, received)
+            w = Exchange.apply(weights[:, None], sent, received)  # the pairs' probabilities, with their tokens
             came = torch.tensor(came)
             done = torch.zeros_like(got)
             for j, expert in enumerate(self.experts):
                 mask = came == rank * per + j
                 done = done.index_put((mask.nonzero()[:, 0],), run(expert, got[mask]))
-            back = Exchange.apply(done, received, sent)
-            routed = torch.zeros_like(x).index_add(0, tokens, back * weights[:, None])
+            back = Exchange.apply(done * w, received, sent)
+            routed = torch.zeros_like(x).index_add(0, tokens, back)
             shared = run(self.shared, x) * torch.sigmoid(self.shared_gate(x))
             return (routed + shared).reshape(b, s, H)
 
@@ -538,8 +540,8 @@ def test_ep_on_gloo_equals_the_ledger(tmp_path):
     """Under ep=2, dp=2 with the fixed router's histogram as --expert-load, each rank's products equal the
     ledger's: its attention, router, shared expert and head on its own tokens, and of the group's routed-expert
     products the share its experts received (24 of the 64 pairs on rank 0, 40 on rank 1); and the bytes it hands
-    to all_to_all equal the ledger's (dispatch T·k vectors, combine the outputs of the pairs it ran, each again
-    in the backward)."""
+    to all_to_all equal the ledger's (dispatch T·k vectors and their probabilities, combine the outputs of the pairs
+    it ran, each again in the backward)."""
     import flopcount
     from flopcount.parallel.experts import ExpertLoad, ep_divide
 

@@ -73,10 +73,11 @@ def mixtral(ep: int, rec: Recorder | None = None):
             x = y.reshape(T, H)
             weights = torch.softmax(self.gate(x), -1)[tokens, experts]
             if rec is None:
-                done = self.experts(x[tokens], experts)
-            else:
-                done = rec.exchange(self.experts(rec.exchange(x[tokens], sent, sent), came), sent, sent)
-            return torch.zeros_like(x).index_add(0, tokens, done * weights[:, None]).view(B, S, H)
+                done = self.experts(x[tokens], experts) * weights[:, None]
+            else:  # the probabilities travel with the tokens and weigh the experts' outputs where they run
+                w = rec.exchange(weights[:, None], sent, sent)
+                done = rec.exchange(self.experts(rec.exchange(x[tokens], sent, sent), came) * w, sent, sent)
+            return torch.zeros_like(x).index_add(0, tokens, done).view(B, S, H)
 
     class Layer(nn.Module):
         def __init__(self):
@@ -179,5 +180,6 @@ def test_ep_with_expert_data_parallel_group_on_gloo_equals_the_ledger(report, tm
         assert listed.pop("all_gather(tp_ep)") == M * L * EP * E * 8
         assert r["bytes"] == listed == {
             "all_reduce(dp)": r["params"] - 4 * experts, "all_reduce(edp)": 4 * experts,
-            "all_to_all(ep)": M * L * 2 * 2 * T * K * H * 4}  # each layer's dispatch and combine, both ways
+            # each layer's dispatch and combine, both ways, and the pairs' fp32 probabilities out and their gradient
+            "all_to_all(ep)": M * L * (2 * 2 * T * K * H * 4 + 2 * T * K * 4)}
         assert r["params"] == mem[rank].params_bytes == 4 * led.ranks[rank].optimizer_flops // 2

@@ -4,9 +4,10 @@ experts, 2 per token) at ``cp=2,ep=2``, each rank holding its half of the sequen
 (token, expert) pairs per expert (int64) gathered over the tensor- and expert-parallel group before the dispatch
 (here both ranks) to size what each rank receives; in training the auxiliary load-balancing loss, computed only while
 autograd records, its counts summed over the tensor- and context-parallel group (here both ranks) so that it sees
-the whole sequence; the pairs moved by all_to_all_single there and back. Each layer runs plain, under a reentrant
-checkpoint (``--recompute full``: its first forward without grad, the loss only in the rerun) and under a
-non-reentrant one (``--recompute non-reentrant``: both record). The bytes each rank hands to each of these
+the whole sequence; the pairs moved by all_to_all_single there and back, their probabilities (fp32) sent with them and
+applied to the experts' outputs on the rank that runs them (their gradient sent back in the backward). Each layer runs
+plain, under a reentrant checkpoint (``--recompute full``: its first forward without grad, the loss only in the rerun)
+and under a non-reentrant one (``--recompute non-reentrant``: both record). The bytes each rank hands to each of these
 collectives equal the ledger's rows of groups ``tp_ep``, ``tp_cp`` and ``ep``, and closed forms written here.
 
 Only the MoE blocks run here (a norm and the block, no attention): the collectives of the router and the dispatcher
@@ -83,12 +84,13 @@ def moe_stack(ep: int, moved: Counter, policy: str):
             came = torch.cat([torch.repeat_interleave(torch.tensor(list(mine)), every[r, ep * PER:(ep + 1) * PER])
                               for r in range(EP)])
             y = rec.exchange(x[tokens], sent, got)
+            w = rec.exchange(probs[tokens, experts][:, None], sent, got)  # the pairs' probabilities, with them
             out = torch.zeros_like(y)
             for j, e in enumerate(mine):
                 rows = (came == e).nonzero()[:, 0]
                 g, u = (y[rows] @ self.up[j].T).chunk(2, -1)
                 out = out.index_put((rows,), (nn.functional.silu(g) * u) @ self.down[j].T)
-            done = rec.exchange(out, got, sent) * probs[tokens, experts][:, None]
+            done = rec.exchange(out * w, got, sent)  # weighed where the experts ran
             return torch.zeros_like(x).index_add(0, tokens, done)
 
     class Block(nn.Module):
@@ -138,6 +140,7 @@ def report():
 def test_router_statistics_and_reruns_on_gloo_equal_the_ledger(report, tmp_path):
     seen = gloo_ranks(_worker, tmp_path)
     vec = T * K * H * 4  # a rank's pairs' vectors, balanced: what it dispatches and what its experts send back
+    probs = T * K * 4  # their fp32 probabilities, balanced: what it dispatches and the gradient it sends back
     gathered, summed = EP * E * 8, E * 8  # int64 counts of every rank of the group; the rank's, summed
     expected = {  # per layer and microbatch: (all_to_all passes, dispatches, auxiliary losses)
         "none": (4, 1, 1),  # dispatch and combine, both again in the backward; the loss in the forward
@@ -148,7 +151,8 @@ def test_router_statistics_and_reruns_on_gloo_equal_the_ledger(report, tmp_path)
         led = ledger(report, parse_parallel(f"cp={CP},ep={EP}", microbatches=M), parse_recompute(policy))
         for rank, r in enumerate(seen):
             mine = {k: b for g in GROUPS for k, b in ledger_bytes(led.ranks[rank], g).items()}
-            assert r[policy] == mine == {"all_to_all(ep)": M * L * passes * vec,
+            # the probabilities with each dispatch, and their gradient back once
+            assert r[policy] == mine == {"all_to_all(ep)": M * L * (passes * vec + (dispatches + 1) * probs),
                                          "all_gather(tp_ep)": M * L * dispatches * gathered,
                                          "all_reduce(tp_cp)": M * L * losses * summed}, (policy, rank)
 

@@ -3,12 +3,12 @@ capacity, routed experts in every other layer of the encoder and of the decoder)
 ``dp=2,ep=2``. Each rank runs transformers' own model (same weights on both) on its own batch, holding only its 2 of
 the 4 experts of each MoE layer; its experts' forward is replaced by an expert-parallel one: the rank's token counts
 per expert all-gathered over the EP group (int64, to size the exchange), each token's hidden vector sent by
-``all_to_all_single`` to the rank holding its expert, the experts run on what arrives, the outputs sent back. After
-the step the dense gradients are all-reduced over the 2 data-parallel ranks; each expert is held by dp·cp/ep = 1
-rank, so its gradient is summed over no one. The router is the model's own, so the load is whatever it routes: each
-rank records its tokens per expert and MoE layer, and the ledger is given their sum over the EP group as
-``--expert-load``. Each rank's ``FlopCounterMode`` total, the bytes it hands to each collective and group, and its
-parameter bytes equal the ledger's.
+``all_to_all_single`` to the rank holding its expert with its routing probability, the experts run on what arrives,
+their outputs weighed there and sent back. After the step the dense gradients are all-reduced over the 2 data-parallel
+ranks; each expert is held by dp·cp/ep = 1 rank, so its gradient is summed over no one. The router is the model's own,
+so the load is whatever it routes: each rank records its tokens per expert and MoE layer, and the ledger is given
+their sum over the EP group as ``--expert-load``. Each rank's ``FlopCounterMode`` total, the bytes it hands to each
+collective and group, and its parameter bytes equal the ledger's.
 
 The router's jitter is 0 (it multiplies the router's input by uniform noise in training: another draw on each run)
 and the capacity (``expert_capacity``, per expert and sequence) is the encoder's sequence, so no token is dropped:
@@ -61,12 +61,19 @@ def step(model, ids, dec) -> None:
     (out.last_hidden_state.sum() + out.encoder_last_hidden_state.sum()).backward()
 
 
-def expert_parallel(model, ep: int, group, rec: Recorder, counts_rec: Recorder, counts: list) -> None:
+def expert_parallel(model, ep: int, group, rec: Recorder, counts_rec: Recorder, counts: list,
+                    tp: tuple[int, int, Recorder] | None = None) -> None:
     """Keep EP rank ``ep``'s experts of each MoE layer of ``model`` and run them expert-parallel (module docstring);
-    ``counts``: each MoE layer's tokens per expert on this rank, in the order the layers run."""
+    ``counts``: each MoE layer's tokens per expert on this rank, in the order the layers run; ``group`` the tensor-
+    and expert-parallel group the counts are gathered over (None: the default one; its ranks in (EP, TP) order).
+    ``tp``: (TP rank, T, the TP group's recorder) to split each kept expert over TP as a dense MLP is split (``wi``
+    column-parallel: its rows; ``wo`` row-parallel: its columns), the gradient of the pairs received all-reduced
+    over TP and the experts' partial outputs all-reduced before they are weighed and sent back."""
     import torch.distributed as dist
 
     mine = range(ep * PER, (ep + 1) * PER)
+    tp_rank, t, tp_rec = tp or (0, 1, None)
+    copy, reduce = (tp_rec.copy, tp_rec.reduce) if tp_rec is not None else (lambda x: x, lambda x: x)
 
     def forward(self, hidden, selected, weights):
         chosen = selected.reshape(hidden.shape[0], E)
@@ -75,20 +82,21 @@ def expert_parallel(model, ep: int, group, rec: Recorder, counts_rec: Recorder, 
         order = ids.argsort(stable=True)  # by expert, so by the rank holding it
         mine_count = chosen.sum(0).to(torch.int64)
         counts.append(mine_count.tolist())
-        every = mine_count.new_empty(EP * E)
+        every = mine_count.new_empty(dist.get_world_size(group) * E)  # the T·E ranks' counts
         counts_rec.note("all_gather", every)
         dist.all_gather_into_tensor(every, mine_count, group=group)
-        every = every.view(EP, E)
+        every = every.view(EP, t, E)[:, tp_rank]  # the counts of this TP rank's EP group, in EP rank order
         sent = [int(mine_count[r * PER:(r + 1) * PER].sum()) for r in range(EP)]
         received = [int(every[q, ep * PER:(ep + 1) * PER].sum()) for q in range(EP)]
         which = torch.tensor([e for q in range(EP) for e in mine for _ in range(int(every[q, e]))])
-        x = rec.exchange(hidden[order], sent, received)
+        x = copy(rec.exchange(hidden[order], sent, received))
+        w = rec.exchange(weights.reshape(-1, 1)[order], sent, received)  # the pairs' probabilities, with them
         out = torch.zeros_like(x)
         for e in mine:
             rows = (which == e).nonzero()[:, 0]
             out = out.index_put((rows,), self[f"expert_{e}"](x[rows]))
-        back = rec.exchange(out, received, sent)
-        return torch.zeros_like(hidden).index_add(0, order, back) * weights.reshape(-1, 1)
+        back = rec.exchange(reduce(out) * w, received, sent)  # weighed where the experts ran
+        return torch.zeros_like(hidden).index_add(0, order, back)
 
     import types
 
@@ -97,6 +105,10 @@ def expert_parallel(model, ep: int, group, rec: Recorder, counts_rec: Recorder, 
             for e in range(E):
                 if e not in mine:
                     del module[f"expert_{e}"]
+                elif t > 1:
+                    ff = module[f"expert_{e}"]
+                    ff.wi.weight = torch.nn.Parameter(ff.wi.weight.detach().chunk(t, 0)[tp_rank].contiguous())
+                    ff.wo.weight = torch.nn.Parameter(ff.wo.weight.detach().chunk(t, 1)[tp_rank].contiguous())
             module.forward = types.MethodType(forward, module)
 
 
@@ -167,11 +179,13 @@ def test_ep_on_gloo_equals_the_ledger(report, tmp_path):
         assert r["params"] == F32 * (report.params - 2 * E * 2 * H * FF + experts) == mem[rank].params_bytes
         assert r["bytes"] == ledger_bytes(led.ranks[rank]) == {
             "all_reduce(dp)": r["params"] - F32 * experts,
-            # per MoE layer, forward and backward: its own tokens out and back, its experts' pairs in and back
-            "all_to_all(ep)": sum(2 * (t + n) * H * F32 for t, n in zip(MOE_TOKENS, received)),
+            # per MoE layer, forward and backward: its own tokens out and back, its experts' pairs in and back; its
+            # tokens' probabilities out, and the gradient of those its experts received back
+            "all_to_all(ep)": sum(2 * (t + n) * H * F32 + (t + n) * F32 for t, n in zip(MOE_TOKENS, received)),
             "all_gather(tp_ep)": 2 * EP * E * 8}  # each MoE layer's counts of both ranks, int64
-        # the all_to_all buffers of its largest MoE layer: its own tokens' vectors and its experts' pairs
-        assert mem[rank].alltoall_bytes == max((t + n) * H * F32 for t, n in zip(MOE_TOKENS, received))
+        # the all_to_all buffers of its largest MoE layer: its own tokens' vectors and its experts' pairs, each with
+        # its probability
+        assert mem[rank].alltoall_bytes == max((t + n) * (H + 1) * F32 for t, n in zip(MOE_TOKENS, received))
 
 
 def test_eager_run_drops_tokens_over_capacity(report):

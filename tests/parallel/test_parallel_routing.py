@@ -66,3 +66,39 @@ def test_inference_gathers_with_no_backward():
 
     report = flopcount.from_hf(mixtral_config(H, I, L, HEADS, KV, V, R, K), (B, S), cache_dir=False)
     assert _routing(report, "tp=2,sp")[0] == {"all_gather(tp_ep)": M * L * (MAP + PROBS)}
+
+
+def _router_weight_bytes(kind: str, config) -> int:
+    """Bytes of one routing weight as transformers' router of ``config`` hands them on, in its dtype: its scores'
+    element size from a real run of the router module (its top-k weights, which the experts' outputs are scaled by)."""
+    import importlib
+
+    import torch
+
+    module = importlib.import_module(f"transformers.models.{kind}.modeling_{kind}")
+    router = getattr(module, {"mixtral": "MixtralTopKRouter", "qwen3_moe": "Qwen3MoeTopKRouter"}[kind])(config)
+    torch.nn.init.normal_(router.weight)
+    _, scores, _ = router.to(torch.bfloat16)(torch.randn(B * S, H, dtype=torch.bfloat16))
+    return scores.element_size()
+
+
+@pytest.mark.parametrize("kind", ["mixtral", "qwen3_moe"])
+def test_probabilities_in_the_dtype_the_router_hands_on(kind):
+    """In a bf16 model Mixtral's router hands on fp32 weights (its softmax on ``float()`` logits, not cast back) and
+    Qwen3-MoE's bf16 ones (its top-k weights cast back to the logits' dtype): the gathered probabilities are
+    b·s·R of that size, as a real run of each router gives it."""
+    import flopcount
+    import transformers
+
+    if kind == "mixtral":
+        config = mixtral_config(H, I, L, HEADS, KV, V, R, K, torch_dtype="bfloat16")
+    else:
+        config = transformers.Qwen3MoeConfig(hidden_size=H, intermediate_size=I, moe_intermediate_size=I,
+                                             num_hidden_layers=L, num_attention_heads=HEADS, num_key_value_heads=KV,
+                                             head_dim=H // HEADS, vocab_size=V, num_experts=R, num_experts_per_tok=K,
+                                             torch_dtype="bfloat16")
+    p = _router_weight_bytes(kind, config)
+    assert p == {"mixtral": 4, "qwen3_moe": 2}[kind]
+    report = flopcount.from_hf(config, (B, S), cache_dir=False, mode="train")
+    assert _routing(report, "tp=2,sp")[0] == {"all_gather(tp_ep)": M * L * (MAP + B * S * R * p),
+                                              "reduce_scatter(tp_ep)": M * L * B * S * R * p}

@@ -1,7 +1,8 @@
-"""Expert parallelism's collectives as the predictor prices them: a call per dispatch and per combine (``all_to_all``,
-group ``ep``) and a gather of the router's counts before each dispatch (``all_gather``, group ``tp_ep``), as
-``benchmarks/step_time_ep.py`` runs them on gloo; against closed forms written here on a Mixtral-like model
-(L MoE layers, R experts, k a token, M microbatches of b×s tokens, hidden h, fp32) under ``dp=2,ep=2``."""
+"""Expert parallelism's collectives as the predictor prices them: two calls per dispatch (the tokens and their
+probabilities) and one per combine (``all_to_all``, group ``ep``) and a gather of the router's counts before each
+dispatch (``all_gather``, group ``tp_ep``), as ``benchmarks/step_time_ep.py`` runs them on gloo; against closed forms
+written here on a Mixtral-like model (L MoE layers, R experts, k a token, M microbatches of b×s tokens, hidden h,
+fp32) under ``dp=2,ep=2``."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from helpers import collectives_profile, mixtral_config
 
 L, R, K, H, I, B, S, M = 2, 4, 2, 32, 64, 3, 8, 2
 VEC = B * S * K * H * 4  # a rank's (token, expert) pairs' hidden vectors: what one dispatch sends
+PROBS = B * S * K * 4  # their routing probabilities (fp32, Mixtral's), sent with them
+CALL = (2 * VEC + PROBS) / 3  # balanced, a phase's three calls a layer: the vectors both ways and the probabilities
 COUNTS = 2 * R * 8  # the router's int64 counts per expert of the 2 ranks of tp_ep
 LAT, BW = 40e-6, 2e9  # every collective's latency and bus bandwidth
 
@@ -45,39 +48,45 @@ def _calls(rank, group):
     return sorted((x.kind, x.phase, x.count, x.bytes, x.ranks) for x in rank.messages if x.group == group)
 
 
-def test_a_balanced_step_is_four_calls_a_layer_and_microbatch(report):
-    """Balanced, every call moves one rank's pairs: the forward's dispatch and combine, the backward's two again
-    (M·L·2 calls in each phase, VEC bytes each); one gather of the counts before each forward dispatch."""
+def test_a_balanced_step_is_six_calls_a_layer_and_microbatch(report):
+    """Balanced, the forward's dispatch (the vectors and the probabilities) and combine, the backward's three again
+    (the probabilities' gradient): M·L·3 calls in each phase, each the average of their bytes, VEC + VEC + PROBS;
+    one gather of the counts before each forward dispatch."""
     for r in _work(report).ranks:
-        assert _calls(r, "ep") == [("all_to_all", "backward", M * L * 2, VEC, 2),
-                                   ("all_to_all", "forward", M * L * 2, VEC, 2)]
+        assert _calls(r, "ep") == [("all_to_all", "backward", M * L * 3, CALL, 2),
+                                   ("all_to_all", "forward", M * L * 3, CALL, 2)]
         assert _calls(r, "tp_ep") == [("all_gather", "forward", M * L, COUNTS, 2)]
 
 
 def test_a_recomputed_layer_dispatches_and_combines_again_in_the_backward(report):
     """``--recompute full`` reruns each MoE layer's forward in the backward: its dispatch (and gather) and its
-    combine again, 6 all_to_all calls a layer and microbatch, 4 of them in the backward."""
+    combine again, 9 all_to_all calls a layer and microbatch, 6 of them in the backward: the vectors 3 times each way,
+    the probabilities out twice (the rerun's dispatch sends them again) and their gradient back once, so each call
+    the average, (6·VEC + 3·PROBS)/9 bytes."""
     from flopcount.parallel.plan import parse_recompute
 
     for r in _work(report, parse_recompute("full")).ranks:
-        assert _calls(r, "ep") == [("all_to_all", "backward", M * L * 4, VEC, 2),
-                                   ("all_to_all", "forward", M * L * 2, VEC, 2)]
+        each = (6 * VEC + 3 * PROBS) / 9
+        assert _calls(r, "ep") == [("all_to_all", "backward", M * L * 6, each, 2),
+                                   ("all_to_all", "forward", M * L * 3, each, 2)]
         assert _calls(r, "tp_ep") == [("all_gather", "backward", M * L, COUNTS, 2),
                                       ("all_gather", "forward", M * L, COUNTS, 2)]
 
 
 def test_an_uneven_load_keeps_the_ledgers_bytes_over_the_same_calls(report, tmp_path):
     """With ``--expert-load``: rank r's combine returns the pairs its experts ran, 2·VEC·f_r (f_r its experts' share
-    of the layer's pairs); the calls stay four a layer and microbatch, each the average of the rank's bytes."""
+    of the layer's pairs), and the probabilities' gradient 2·PROBS·f_r; the calls stay six a layer and microbatch,
+    each the average of the rank's bytes."""
     from flopcount.parallel.experts import load_expert_load
 
     load = tmp_path / "load.json"
     load.write_text(json.dumps([[1, 1, 1, 1], [5, 1, 1, 1]]))
     shares = [[2 / 4, 2 / 4], [6 / 8, 2 / 8]]  # each layer's share of each rank's experts
     for rank, r in enumerate(_work(report, load=load_expert_load(load)).ranks):
-        total = M * sum(2 * VEC + 2 * 2 * VEC * f[rank] for f in shares)  # dispatch and combine, both ways
-        assert [(x.phase, x.count) for x in r.messages if x.group == "ep"] == [("forward", M * L * 2),
-                                                                                ("backward", M * L * 2)]
+        total = M * sum(2 * VEC + 2 * 2 * VEC * f[rank] + PROBS + 2 * PROBS * f[rank]  # dispatch and combine,
+                        for f in shares)  # both ways, and the probabilities out and their gradient back
+        assert [(x.phase, x.count) for x in r.messages if x.group == "ep"] == [("forward", M * L * 3),
+                                                                                ("backward", M * L * 3)]
         assert sum(x.bytes * x.count for x in r.messages if x.group == "ep") == pytest.approx(total)
 
 
@@ -87,10 +96,10 @@ def test_each_call_pays_its_latency(report):
     from flopcount.measure.predict import predict_work
 
     pred = predict_work(_work(report), _profile())
-    calls = M * L * 4
+    calls = M * L * 6
     for r in pred.ranks:
         a2a = r["communication_seconds"]["all_to_all"]
-        assert a2a["exposed"] == pytest.approx(calls * LAT + calls * VEC / 2 / BW)
+        assert a2a["exposed"] == pytest.approx(calls * LAT + M * L * 2 * (2 * VEC + PROBS) / 2 / BW)
         assert a2a["overlapped"] == 0
         assert r["communication_seconds"]["all_gather"]["exposed"] == pytest.approx(M * L * (LAT + COUNTS / 2 / BW))
 

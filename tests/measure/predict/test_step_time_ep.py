@@ -106,7 +106,9 @@ def test_the_benchmarks_expert_parallel_step_is_the_ledgers(tmp_path):
     vec = B * S * K * H * 4  # a rank's own pairs' hidden vectors, fp32
     for rank, r in enumerate(seen):
         ran = [sum(c[rank * E // EP:(rank + 1) * E // EP]) for c in counts]  # the pairs its experts ran, a layer
-        assert r["moved"] == {  # dispatch and combine, both again in the backward; the counts before each dispatch
-            "all_to_all(ep)": sum(2 * vec + 2 * n * H * 4 for n in ran), "all_gather(tp_ep)": L * EP * E * 8}
+        assert r["moved"] == {  # dispatch (the vectors and their fp32 probabilities) and combine, both again in the
+            # backward (the probabilities' gradient from the pairs its experts ran); the counts before each dispatch
+            "all_to_all(ep)": sum(2 * vec + 2 * n * H * 4 + B * S * K * 4 + n * 4 for n in ran),
+            "all_gather(tp_ep)": L * EP * E * 8}
         listed = {f"{c.kind}({c.group})": c.bytes for c in led.ranks[rank].communication if c.group in ("ep", "tp_ep")}
         assert listed == r["moved"]
