@@ -38,8 +38,11 @@ shared out by the same rules (:mod:`flopcount.parallel.roles` takes an attention
 attention), under tp and the data-parallel plans.
 
 Not modelled (exit 2): ``sp`` (a decode step has one token to split over the sequence), the interleaved schedule,
-an encoder-decoder's ``pp`` and ``cp`` (a decoder stage or a share of the sequence would need the encoder's output,
-or its cross-attention K and V, whole).
+an encoder-decoder's ``pp`` (a decoder stage would need the encoder's output, or its cross-attention K and V, whole)
+and ``cp`` (the decoder runs one token a sequence in the prefill and in each decode step, which the zigzag split of
+each stack's sequence cannot split, 2·cp dividing it; a split of the decoder's own and cross-attention caches over
+cp instead, as a decoder-only model's decode steps split theirs, is no rule of the training ledger's encoder-decoder
+plans to follow).
 
 **Communication** for the whole generation (payload each rank hands to a collective, as in the training ledger),
 with A_p = B·(P/C)·h·e the prefill's activation and A_d = B·h·e a decode step's, Lₛ the stage's layers, M the
@@ -201,10 +204,15 @@ def _checked(report: Any, plan: ParallelPlan) -> Any:
 def check_plan(plan: ParallelPlan, encoder_decoder: bool = False) -> None:
     """:class:`~flopcount.errors.UsageError` (exit 2) for the parts of ``plan`` not modelled for generation, before
     anything is counted; ``encoder_decoder``: of an encoder-decoder's generation."""
-    if encoder_decoder and (plan.pp > 1 or plan.cp > 1):
+    if encoder_decoder and plan.cp > 1:
+        raise UsageError(f"--parallel {plan} with --generate of an encoder-decoder: cp is not modelled for its "
+                         "generation: the decoder runs one token a sequence in the prefill and in each decode step, "
+                         "which the zigzag split of each stack's sequence (2·cp dividing it) cannot split, and no "
+                         "rule splits the decoder's own and cross-attention caches over cp instead; give cp=1")
+    if encoder_decoder and plan.pp > 1:
         raise UsageError(f"--parallel {plan} with --generate of an encoder-decoder: its generation is modelled under "
-                         "tp and data parallelism (a decoder stage or a share of the sequence would need the "
-                         "encoder's output, or its cross-attention keys and values, whole); give pp=1 and cp=1")
+                         "tp and data parallelism (a decoder stage would need the encoder's output, or its "
+                         "cross-attention keys and values, whole); give pp=1")
     if plan.sp:
         raise UsageError("--parallel sp with --generate: sp splits the sequence, and a decode step has one token; "
                          "leave out sp")

@@ -145,7 +145,8 @@ def test_the_cross_attention_keys_and_values_are_computed_once():
 
 
 def test_an_encoder_decoder_under_cp_or_audio_of_another_length_is_refused_with_one_line(tmp_path):
-    with pytest.raises(UsageError, match="cp=2,.* with --generate of an encoder-decoder: .* give pp=1 and cp=1"):
+    with pytest.raises(UsageError, match="cp=2,.* with --generate of an encoder-decoder: cp is not modelled .* one "
+                       "token a sequence .* zigzag split .*; give cp=1$"):
         flopcount.from_hf(eager("t5"), generate=(4, 2), parallel="tp=2,cp=2", cache_dir=False)
     whisper = transformers.WhisperConfig(d_model=H, encoder_layers=1, decoder_layers=1, encoder_attention_heads=HEADS,
                                          decoder_attention_heads=HEADS, encoder_ffn_dim=FFN, decoder_ffn_dim=FFN,
