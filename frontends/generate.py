@@ -466,7 +466,15 @@ def count_seq2seq_generation(model, generate: tuple[int, int], options: CountOpt
     prefill_inputs: dict[str, Any] = {source[0]: source[1], "decoder_input_ids": ((batch, 1), torch.int64)}
     if "use_cache" in parameters:
         prefill_inputs["use_cache"] = False  # the cache costs nothing to return; the step graphs count its use
-    report = count_module(model, prefill_inputs, options, cache_dir=cache_dir, **export)
+    try:
+        report = count_module(model, prefill_inputs, options, cache_dir=cache_dir, **export)
+    except FrontendError:  # the encoder's mask of ones, as generate() hands it (SwitchTransformers' traced encoder)
+        from .hf import with_ones_mask
+
+        filled = with_ones_mask(model, prefill_inputs)
+        if filled is None:
+            raise
+        report = count_module(model, filled, options, cache_dir=cache_dir, **export)
     step = seq2seq_step_module(model, layout)
 
     def count_step(context: int):
@@ -489,11 +497,13 @@ def count_seq2seq_generation(model, generate: tuple[int, int], options: CountOpt
 class Seq2SeqLayout:
     """What an encoder-decoder's decode step takes besides its token: the encoder's output ``(shape, dtype)``,
     the decoder's own cache after one position (``own``) and the cross-attention cache of the P prompt positions
-    (``cross``), each a :class:`CacheLayout`."""
+    (``cross``), each a :class:`CacheLayout`; ``output``: the class of the encoder's output, which the model's
+    forward takes back as ``encoder_outputs`` (a mixture-of-experts encoder's carries its router logits)."""
 
     encoded: tuple
     own: CacheLayout
     cross: CacheLayout
+    output: Any = None
 
 
 def _encoder_input(model, batch: int, prompt: int, parameters) -> tuple[str, tuple]:
@@ -524,7 +534,9 @@ def _encoder_input(model, batch: int, prompt: int, parameters) -> tuple[str, tup
 def seq2seq_layout(model, batch: int, prompt: int, source: tuple | None = None) -> Seq2SeqLayout:
     """The caches ``model`` returns after P prompt tokens (or its encoder's ``source``, ``(name, (shape, dtype))``:
     :func:`_encoder_input`) and the decoder's first token, found under fake tensors (nothing allocated): its
-    ``EncoderDecoderCache``'s self-attention and cross-attention caches."""
+    ``EncoderDecoderCache``'s self-attention and cross-attention caches. The encoder runs first and the model on its
+    output, as ``generate()`` runs them (SwitchTransformers' encoder refuses the ``use_cache`` of a forward over
+    both)."""
     torch = _torch()
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -533,7 +545,8 @@ def seq2seq_layout(model, batch: int, prompt: int, source: tuple | None = None) 
         with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
             start = torch.zeros(batch, 1, dtype=torch.int64, device=_device(model))
             encoded = torch.zeros(shape, dtype=dtype, device=_device(model))
-            out = model(**{name: encoded}, decoder_input_ids=start, use_cache=True)
+            source_out = model.get_encoder()(**{name: encoded})
+            out = model(encoder_outputs=source_out, decoder_input_ids=start, use_cache=True)
     except Exception as e:  # noqa: BLE001 - the model's own code may raise anything
         raise FrontendError(f"generate: {type(model).__name__} cannot run {prompt} prompt tokens to show its caches: "
                             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
@@ -545,7 +558,7 @@ def seq2seq_layout(model, batch: int, prompt: int, source: tuple | None = None) 
                          "and cross-attention keys and values (transformers' EncoderDecoderCache); it is not an "
                          "encoder-decoder that generate() runs with a KV cache")
     layout = Seq2SeqLayout((tuple(encoded.shape), encoded.dtype), layout_of(model, own, 1),
-                           layout_of(model, cross, prompt, prefix="cross"))
+                           layout_of(model, cross, prompt, prefix="cross"), type(source_out))
     if layout.own.kind != "dynamic" or layout.cross.kind != "dynamic":
         raise UsageError(f"generate: {type(model).__name__}'s encoder-decoder cache holds tuples, not transformers' "
                          "DynamicCache per attention; this cache is not supported")
@@ -559,7 +572,7 @@ def seq2seq_step_module(model, layout: Seq2SeqLayout):
     model reuses them as ``generate()`` does), logits of that token."""
     torch = _torch()
     from transformers import EncoderDecoderCache
-    from transformers.modeling_outputs import BaseModelOutput
+    from transformers.modeling_outputs import BaseModelOutput, ModelOutput
 
     argument = cache_argument(model)
     extra = {"use_cache": True} if "use_cache" in _forward_parameters(model) else {}
@@ -573,7 +586,8 @@ def seq2seq_step_module(model, layout: Seq2SeqLayout):
         def forward(self, decoder_input_ids, encoder_hidden_states, *cache):
             own = rebuild_cache(self.lm, layout.own.kind, cache[:split])
             cross = rebuild_cache(self.lm, layout.cross.kind, cache[split:])
-            encoded = BaseModelOutput(last_hidden_state=encoder_hidden_states)
+            encoded = (layout.output if isinstance(layout.output, type) and issubclass(layout.output, ModelOutput)
+                       else BaseModelOutput)(last_hidden_state=encoder_hidden_states)
             kwargs = {**extra, argument: EncoderDecoderCache(own, cross)}
             out = self.lm(encoder_outputs=encoded, decoder_input_ids=decoder_input_ids, **kwargs)
             return out.logits if hasattr(out, "logits") else out[0]

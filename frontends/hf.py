@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["EXPERTS_IMPLEMENTATION", "TOKEN_INPUTS", "build_model", "config_masks", "count_config", "export_branches", "from_hf",
            "hf_inputs",
-           "is_causal_lm", "load_config", "load_model", "moe_blocks", "moe_summary",
+           "is_causal_lm", "with_ones_mask", "load_config", "load_model", "moe_blocks", "moe_summary",
            "model_class"]
 
 FRONTEND = "--hf"
@@ -163,6 +163,8 @@ def _count_built(call, cache_dir, generate: tuple[int, int] | None, capacity_fac
             return _count_generation(m, generate, batch, cache_dir, options, training, export)
 
         tokens = batch * generate[0]
+        if _is_seq2seq_lm(model):  # the prefill's: the encoder's blocks over the prompt, the decoder's its start token
+            tokens = _stack_tokens(model, tokens, batch)
     else:
         def count(m):
             return _count(m, input_shapes, cache_dir, options, training, export, recipe)
@@ -400,7 +402,7 @@ def _count(model, input_shapes, cache_dir, options: CountOptions, training, expo
     try:
         onnx_model, exported = export_module(model, inputs, masked, training=training, cache_dir=cache_dir, **export)
     except FrontendError:
-        filled = _with_ones_mask(model, inputs)
+        filled = with_ones_mask(model, inputs)
         if filled is None:
             raise
         onnx_model, exported = export_module(model, filled, masked, training=training, cache_dir=cache_dir, **export)
@@ -418,7 +420,7 @@ UNEXPORTABLE_ATTENTION = {
 }
 
 
-def _with_ones_mask(model, inputs: dict[str, Any]) -> dict[str, Any] | None:
+def with_ones_mask(model, inputs: dict[str, Any]) -> dict[str, Any] | None:
     """``inputs`` with ``attention_mask`` of ``input_ids``' shape added, where ``model``'s forward takes one and
     none was given; None otherwise. Without a mask transformers' eager forward makes one of ones (every token
     attended), which some models (SwitchTransformers' encoder) skip while traced and then index None: the export

@@ -76,7 +76,8 @@ the peak. One entry per (stage, TP rank, EP rank), its data- and context-paralle
 every CP rank's share equal) in ``replicas``.
 
 **KV cache** (``--generate P:N``, ``kv_cache_bytes``: the cache after the last step, beside the peak of the
-prefill's walk as in the one-rank ledger): each rank holds the cache of its pipeline stage's layers (L/P of them),
+prefill's walk as in the one-rank ledger): each rank holds the cache of its pipeline stage's layers (L/P of them; an
+encoder-decoder's, the decoder's layers on its stage, each holding its own and its cross-attention's cache),
 of its K/V heads (1/min(T, kv): a head copied on T/kv ranks when kv < T, as its K/V projections are) and of its
 share of the P + N − 1 positions under cp (1/C; cp must divide them); its DP and EP replicas the same. The layers
 are taken as holding equal caches, so a sliding window that crops some layers' caches (decode steps in more than
@@ -145,9 +146,9 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
     w, d, moe_layers = _prepared(report, plan, expert_load)
     top_k = report.moe.top_k if moe_layers else 0
     ranks = _walked_ranks(w, d.batch * top_k * (d.hidden * d.act_bytes + d.prob_bytes))  # vectors and probabilities
-    cache = _kv_share(report, plan, d.layers, w.kv)
+    cache = _kv_share(report, plan, w.layout, w.kv)
     if cache is not None:
-        ranks = [dataclasses.replace(r, kv_cache_bytes=cache) for r in ranks]
+        ranks = [dataclasses.replace(r, kv_cache_bytes=cache[r.coords["pp"]]) for r in ranks]
     return dataclasses.replace(w.mem, ranks=tuple(ranks), settings=dataclasses.replace(w.settings, plan=plan),
                                kept_by_node=MappingProxyType({}))
 
@@ -360,9 +361,9 @@ def _stage_reads(w: "_PlanWalk", memo: GraphMemo) -> list[tuple[set[str], list[s
     return found
 
 
-def _kv_share(report: Any, plan: ParallelPlan, layers: int, kv: int) -> int | None:
-    """The KV cache one rank holds after the last decode step (see the module's docstring); None without
-    ``--generate``. ``kv``: min(T, K/V heads)."""
+def _kv_share(report: Any, plan: ParallelPlan, layout: Any, kv: int) -> list[int] | None:
+    """The KV cache one rank of each stage holds after the last decode step (see the module's docstring); None
+    without ``--generate``. ``kv``: min(T, K/V heads)."""
     whole = report.memory.ranks[0].kv_cache_bytes
     generation = getattr(report, "generation", None)
     if whole is None or generation is None:
@@ -377,12 +378,17 @@ def _kv_share(report: Any, plan: ParallelPlan, layers: int, kv: int) -> int | No
         raise UsageError(f"--parallel cp={plan.cp} with --generate {generation.prompt_tokens}:"
                          f"{generation.new_tokens}: cp must divide the P + N - 1 = {positions} positions of the KV "
                          "cache (an equal share on each CP rank); give N so that it does")
-    share, rest = divmod(whole * (layers // plan.pp), layers * kv * plan.cp)
-    if rest:
-        raise UsageError(f"--parallel tp={plan.tp},pp={plan.pp},cp={plan.cp} with --generate: the KV cache's "
-                         f"{whole} bytes do not divide into equal shares of {layers} layers, {kv} K/V head groups "
-                         f"and {plan.cp} sequence shares; this cache's layout is not modelled per rank")
-    return share
+    first = layout.stacks[-1][1] if generation.encoder_decoder else 0  # an encoder-decoder's decoder layers cache
+    layers = layout.dims.layers - first
+    out = []
+    for s in range(plan.pp):
+        share, rest = divmod(whole * sum(n >= first for n in layout.stage_layers(s)), layers * kv * plan.cp)
+        if rest:
+            raise UsageError(f"--parallel tp={plan.tp},pp={plan.pp},cp={plan.cp} with --generate: the KV cache's "
+                             f"{whole} bytes do not divide into equal shares of {layers} layers, {kv} K/V head groups "
+                             f"and {plan.cp} sequence shares; this cache's layout is not modelled per rank")
+        out.append(share)
+    return out
 
 
 def _unread(g: Graph, reader: Mapping[str, int], plan: ParallelPlan) -> dict[str, TensorInfo]:

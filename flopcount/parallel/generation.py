@@ -35,11 +35,22 @@ training ledger's (:mod:`flopcount.parallel.ranks`), applied node by node:
 tokens and the decoder over its start token (its cross-attentions' K/V projections read the encoder's output), a
 decode step's graph the decoder alone, its cross-attention reading K and V from the cache (graph inputs): both are
 shared out by the same rules (:mod:`flopcount.parallel.roles` takes an attention over cached K and V as an
-attention), under tp and the data-parallel plans.
+attention), under tp, pp and the data-parallel plans. Under ``pp`` the stages are the training ledger's
+(:mod:`flopcount.parallel.stacks`): the model's layers in order, the encoder's then the decoder's, in P stages of
+equal layers, as a pipeline split at layers runs them. The prefill runs its graph on them, each stage sending on
+what crosses its boundary (the stacks' messages, forward only): the encoder's output to each stage after the
+encoder's last layer up to the last one whose cross-attention reads it, the stream, the decoder's looked-up tokens
+from stage 0. A decode step's graph holds the decoder's layers alone: each runs on its stage in the whole model
+(``within`` of :func:`~flopcount.parallel.layout.layout_of`), the nodes before its first layer where the prefill runs
+them, its cross-attention reading K and V from its stage's cache, filled in the prefill, so the encoder's output is
+not sent again; a stage of encoder layers alone runs only what is rebuilt on every stage (and, on stage 0, the
+decoder's token lookup, whose table it holds).
 
 Not modelled (exit 2): ``sp`` (a decode step has one token to split over the sequence), the interleaved schedule,
-an encoder-decoder's ``pp`` and ``cp`` (a decoder stage or a share of the sequence would need the encoder's output,
-or its cross-attention K and V, whole).
+an encoder-decoder's ``cp`` (the decoder runs one token a sequence in the prefill and in each decode step, which the
+zigzag split of each stack's sequence cannot split, 2·cp dividing it; a split of the decoder's own and
+cross-attention caches over cp instead, as a decoder-only model's decode steps split theirs, is no rule of the
+training ledger's encoder-decoder plans to follow).
 
 **Communication** for the whole generation (payload each rank hands to a collective, as in the training ledger),
 with A_p = B·(P/C)·h·e the prefill's activation and A_d = B·h·e a decode step's, Lₛ the stage's layers, M the
@@ -52,7 +63,11 @@ microbatches, n = N − 1 the decode steps:
   lookup term for an encoder without one, Whisper's convolutional front end, replicated); on the last stage an
   ``all_gather`` of the vocab-parallel logits of the last position, M·(1 + n)·B·V·e, to pick the next token;
 * PP: ``send_recv`` of the activation to the next stage, M·(A_p + n·A_d) (all stages but the last); the last
-  stage sends each new token id back to stage 0 for the next step, M·n·B·8 bytes (int64);
+  stage sends each new token id back to stage 0 for the next step, M·n·B·8 bytes (int64); an encoder-decoder's
+  stages send the messages of the prefill's graph and of each decode step's (a step's bytes affine in its context
+  through the two exported contexts of its piece: T5's position bias over the decoder's cache grows with it), one
+  microbatch's each, M times: split at the decoder's first layer, M·B·h·e·(P + 1 + n) from the stage before it (the
+  encoder's output and the start token's lookup, then one token's lookup a step) and the token ids back;
 * CP: the prefill's ``all_gather`` of K/V as in training, M·2·B·P·max(kv/T, 1)·d·e·Lₛ; in each decode step an
   ``all_gather`` of every rank's partial attention output and its log-sum-exp over its part of the cache,
   C·B·(H/T)·(d + 1)·e per layer: M·n·Lₛ·C·B·(H/T)·(d + 1)·e;
@@ -117,12 +132,15 @@ def generation_ledger(report: Any, plan: ParallelPlan, expert_load: px.ExpertLoa
     d, prefill, ex_prefill = _stage_sums(report, base, gen.prefill.flops, "prefill")
     single = ParallelPlan(tp=plan.tp, pp=plan.pp, microbatches=plan.microbatches, schedule=plan.schedule)
     reports = dict(gen.step_reports)
+    within = _decoder_within(report, base, gen)
     lines = []  # per piece: (first, last, constant sums, per-position sums)
     ex_lines = []  # per piece: (first, last, constant, per-position) of the routed experts per MoE layer
     for piece in gen.pieces:
         const, slope = _node_lines(reports, piece, where, report.moe)
-        _, c_sums, c_ex = _stage_sums(const, single, piece.constant.flops, f"decode constant of {piece.formula()}")
-        _, p_sums, p_ex = _stage_sums(slope, single, piece.per_position.flops, f"decode slope of {piece.formula()}")
+        _, c_sums, c_ex = _stage_sums(const, single, piece.constant.flops, f"decode constant of {piece.formula()}",
+                                      within)
+        _, p_sums, p_ex = _stage_sums(slope, single, piece.per_position.flops, f"decode slope of {piece.formula()}",
+                                      within)
         lines.append((piece.first, piece.last, c_sums, p_sums))
         ex_lines.append((piece.first, piece.last, c_ex, p_ex))
     t, p, c_, m = plan.tp, plan.pp, plan.cp, plan.microbatches
@@ -130,7 +148,6 @@ def generation_ledger(report: Any, plan: ParallelPlan, expert_load: px.ExpertLoa
     moe_layers = sorted({layer for per in ex_prefill.values() for layer in per})
     load.check_layers(len(moe_layers))
     fractions = {layer: load.fractions(j, report.moe.experts, plan.ep) for j, layer in enumerate(moe_layers)}
-    per_stage = d.layers // p
     ranks, comms = [], {}
     for s in range(p):
         for dp in range(plan.dp):
@@ -160,7 +177,7 @@ def generation_ledger(report: Any, plan: ParallelPlan, expert_load: px.ExpertLoa
                     rank = rank_id(plan, i, cp, dp, s)
                     key = (s, tuple(fractions[layer][ep] for layer in ex_prefill[(s, i)]))
                     if key not in comms:  # the same for the stage's ranks of one EP rank and load
-                        comms[key] = _communication(plan, d, report, s, per_stage, gen, key[1])
+                        comms[key] = _communication(plan, d, report, s, gen, key[1], within)
                     comm = comms[key]
                     ranks.append(RankFlops(rank, coords, s, m * (pm + dm), m * (pr + dr), m * (pr + dr - pm - dm), 0,
                                            {"model_flops": pm + dm, "hardware_flops": pr + dr,
@@ -203,10 +220,11 @@ def _checked(report: Any, plan: ParallelPlan) -> Any:
 def check_plan(plan: ParallelPlan, encoder_decoder: bool = False) -> None:
     """:class:`~flopcount.errors.UsageError` (exit 2) for the parts of ``plan`` not modelled for generation, before
     anything is counted; ``encoder_decoder``: of an encoder-decoder's generation."""
-    if encoder_decoder and (plan.pp > 1 or plan.cp > 1):
-        raise UsageError(f"--parallel {plan} with --generate of an encoder-decoder: its generation is modelled under "
-                         "tp and data parallelism (a decoder stage or a share of the sequence would need the "
-                         "encoder's output, or its cross-attention keys and values, whole); give pp=1 and cp=1")
+    if encoder_decoder and plan.cp > 1:
+        raise UsageError(f"--parallel {plan} with --generate of an encoder-decoder: cp is not modelled for its "
+                         "generation: the decoder runs one token a sequence in the prefill and in each decode step, "
+                         "which the zigzag split of each stack's sequence (2·cp dividing it) cannot split, and no "
+                         "rule splits the decoder's own and cross-attention caches over cp instead; give cp=1")
     if plan.sp:
         raise UsageError("--parallel sp with --generate: sp splits the sequence, and a decode step has one token; "
                          "leave out sp")
@@ -219,28 +237,29 @@ def _phase(model: int, hardware: int) -> dict[str, int]:
     return {"model_flops": model, "hardware_flops": hardware, "redundant_flops": hardware - model}
 
 
-def _stage_sums(report: Any, plan: ParallelPlan, expected: int, what: str):
+def _stage_sums(report: Any, plan: ParallelPlan, expected: int, what: str, within: tuple[int, int] | None = None):
     """(dims, {(stage, TP rank): [model, executed] FLOPs}, {(stage, TP rank): {MoE layer: FLOPs}}) of ``report``'s
-    nodes under ``plan``, the last the routed experts' part of the first (one sequence's, before EP), after
-    checking that its nodes add up to ``expected`` (the generation's figure): a count whose nodes are not all
-    listed cannot be shared out."""
+    nodes under ``plan``, the last the routed experts' part of the first (one sequence's, before EP; the MoE layers
+    numbered in the whole model), after checking that its nodes add up to ``expected`` (the generation's figure): a
+    count whose nodes are not all listed cannot be shared out. ``within``: an encoder-decoder's decode step, the
+    decoder's layers (:func:`_decoder_within`)."""
     check_listable(report.nodes, "--parallel", "nodes, which the ledger shares out one by one,")
     listed = sum(n.cost.flops for n in report.nodes)
     if listed != expected:
         raise UsageError(f"--parallel with --generate: the {what} graph's nodes add up to {listed:,} FLOPs, not "
                          f"the {expected:,} of the count (a stack of layers extended from fewer?); FLOPs per rank "
                          "need every node listed")
-    d, shares, *_ = plan_shares(report, plan, None)
+    d, shares, *_ = plan_shares(report, plan, None, within)
     acc = {(s, i): [0, 0] for s in range(plan.pp) for i in range(plan.tp)}
     experts: dict[tuple[int, int], dict[int, int]] = {k: {} for k in acc}
-    layer_of = layout_of(report, plan).layer
+    layer_of, first = layout_of(report, plan, within).layer, within[0] if within else 0
     for x in shares:
         a = acc[(x.stage, x.tp)]
         a[0] += x.model_forward
         a[1] += x.forward
         if x.rule == "expert":  # split over TP: model work = executed work
             per = experts[(x.stage, x.tp)]
-            layer = layer_of[x.index]
+            layer = first + layer_of[x.index]
             per[layer] = per.get(layer, 0) + x.forward
     return d, acc, experts
 
@@ -286,22 +305,24 @@ def _node_lines(reports: Mapping[int, Any], piece: Any, where: str, moe: Any = N
             dataclasses.replace(r0, nodes=tuple(slope), moe=moe))
 
 
-def _communication(plan: ParallelPlan, d: Any, report: Any, s: int, per_stage: int, gen: Any,
-                   shares: Sequence[tuple[int, int]] = ()) -> tuple:
+def _communication(plan: ParallelPlan, d: Any, report: Any, s: int, gen: Any,
+                   shares: Sequence[tuple[int, int]] = (), within: tuple[int, int] | None = None) -> tuple:
     """One rank of stage ``s``: its collectives over the whole generation (the module's closed forms); ``shares``:
-    its EP rank's (numerator, denominator) of the load of each MoE layer of its stage."""
+    its EP rank's (numerator, denominator) of the load of each MoE layer of its stage; ``within``: an
+    encoder-decoder's decode step's layers (:func:`_decoder_within`)."""
     t, p, c_, m, n = plan.tp, plan.pp, plan.cp, plan.microbatches, gen.steps
-    b, e = gen.batch, d.act_bytes
+    b, e, per_stage = gen.batch, d.act_bytes, d.layers // p
     first, last = s == 0, s == p - 1
     a_p, a_d = b * (gen.prompt_tokens // c_) * d.hidden * e, b * d.hidden * e
     out = []
     if t > 1:
-        prefill_tokens, step_tokens = _reduced_tokens(report, plan, s, gen)
+        prefill_tokens, step_tokens = _reduced_tokens(report, plan, s, gen, within)
         out.append(Collective("all_reduce", "tp", m * b * d.hidden * e * (prefill_tokens + n * step_tokens)))
         if last:
             out.append(Collective("all_gather", "tp", m * (1 + n) * b * d.vocab * e))
-    if p > 1:
-        out.append(Collective("send_recv", "pp", m * (n * b * 8 if last else a_p + n * a_d)))
+    if p > 1:  # the last stage sends each new token id back to stage 0
+        sent = _stacks_sent(report, plan, s, gen, within) if within else 0 if last else a_p + n * a_d
+        out.append(Collective("send_recv", "pp", m * (sent + (n * b * 8 if last else 0))))
     if c_ > 1:
         kv = 2 * b * gen.prompt_tokens * max(d.kv_heads // t, 1) * d.head_dim * e * per_stage
         part = n * per_stage * c_ * b * (d.heads // t) * (d.head_dim + 1) * e
@@ -328,7 +349,39 @@ def _communication(plan: ParallelPlan, d: Any, report: Any, s: int, per_stage: i
     return tuple(x for x in out if x.bytes)
 
 
-def _reduced_tokens(report: Any, plan: ParallelPlan, s: int, gen: Any) -> tuple[int, int]:
+def _decoder_within(report: Any, plan: ParallelPlan, gen: Any) -> tuple[int, int] | None:
+    """An encoder-decoder's decode step's layers in the whole model (:func:`~flopcount.parallel.layout.layout_of`'s
+    ``within``): the decoder's, numbered after the encoder's, of the prefill's layers; None for a decoder alone."""
+    if not gen.encoder_decoder:
+        return None
+    layout = layout_of(report, plan)
+    first, layers = layout.stacks[-1][1], layout.dims.layers
+    steps = {layout_of(r, ParallelPlan(tp=plan.tp)).dims.layers for _, r in gen.step_reports}
+    if steps - {layers - first}:
+        raise UsageError(f"--parallel {plan} with --generate: the decode step's graph holds {sorted(steps)} layers, "
+                         f"not the decoder's {layers - first} of the prefill's {layers}; its stages are not known")
+    return first, layers
+
+
+def _stacks_sent(report: Any, plan: ParallelPlan, s: int, gen: Any, within: tuple[int, int]) -> int:
+    """Bytes one TP rank of stage ``s`` sends forward over one microbatch's generation of an encoder-decoder: what
+    crosses its stage boundary in the prefill and in each decode step (:mod:`flopcount.parallel.stacks`), each
+    step's affine in its context through the two exported contexts of its piece."""
+    out, reports = layout_of(report, plan).sent(s, False), dict(gen.step_reports)
+    for piece in gen.pieces:
+        a, b = (layout_of(reports[c], plan, within).sent(s, False) for c in (piece.first, piece.last))
+        span = piece.last - piece.first
+        per, rest = divmod(b - a, span) if span else (0, 0)
+        if rest:
+            raise UsageError(f"--parallel {plan} with --generate: what stage {s} sends grows by {b - a} bytes over "
+                             f"{span} positions, not a whole number per position; its messages are not modelled")
+        n, sc = span + 1, (piece.first + piece.last) * (span + 1) // 2
+        out += n * (a - piece.first * per) + sc * per
+    return out
+
+
+def _reduced_tokens(report: Any, plan: ParallelPlan, s: int, gen: Any,
+                    within: tuple[int, int] | None = None) -> tuple[int, int]:
     """The tokens of a sequence whose activations stage ``s``'s TP all-reduces (after each block of its layers, and
     after the vocab-parallel lookups on stage 0): in the prefill (over a CP rank's share) and in one decode step."""
     layout, first = layout_of(report, plan), s == 0
@@ -340,8 +393,9 @@ def _reduced_tokens(report: Any, plan: ParallelPlan, s: int, gen: Any) -> tuple[
     prefill = layout.stage_tp(s)[0] + first * layout.embedded
     if not gen.step_reports:
         return prefill, 0
-    step = layout_of(gen.step_reports[0][1], ParallelPlan(tp=plan.tp))
-    return prefill, step.stage_tp(0)[0] + first * step.embedded
+    step = layout_of(gen.step_reports[0][1], ParallelPlan(tp=plan.tp, pp=plan.pp, microbatches=plan.microbatches),
+                     within)
+    return prefill, step.stage_tp(s)[0] + first * step.embedded
 
 
 def sum_of_max(lines: Sequence[tuple[int, int]], first: int, last: int) -> int:

@@ -97,7 +97,8 @@ its cross-attention's K/V input (:meth:`Layout.stage_tp`; the collectives: :mod:
 **Encoder-decoders**: the plans they take, where the nodes between the stacks run and what a pipeline sends between
 their stages, :mod:`flopcount.parallel.stacks`.
 **Stages.** L layers in P stages (P·v chunks of L/(P·v) under ``interleaved:v``, chunk c on rank c mod P); the nodes
-before the layers on stage 0 (position tables on every stage), those after on the last. A module's parameters go to
+before the layers on stage 0 (position tables on every stage), those after on the last; a graph of some of a model's
+layers (an encoder-decoder's decode step: the decoder's) runs each on its stage in the whole model. A module's parameters go to
 the stage of the node that reads them first; a weight the token embedding and the LM head share (tied) has a second
 copy on the first or the last stage, whichever the module holding it (one of its readers' modules) is not on.
 **Rank id.** Megatron's order, tensor parallel fastest: rank = tp + T·(cp + C·(dp + D·pp)).
@@ -107,7 +108,6 @@ interleaved 1F1B min((P − p − 1)·2 + (v − 1)·P, M·v) chunk-forwards (Me
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,7 +116,7 @@ from ..errors import UsageError
 from . import experts as px
 from . import stacks as ps
 from .plan import ParallelPlan
-from .roles import (FLOATS, MIXERS, PRODUCTS, Found, Graph, Scoped, elements, kv_heads, layer_roles, layers_of,
+from .roles import (FLOATS, PRODUCTS, Found, Graph, Scoped, elements, kv_heads, layer_roles, layers_of, mixer_refused,
                     outside_roles, stack_layer, stacks_of, width)
 
 __all__ = ["Dims", "Layout", "ModuleShare", "ROLE_RULES", "fsdp_shard", "in_flight", "layout_of", "rank_id", "split",
@@ -282,6 +282,12 @@ class Layout:
     # what a pipeline of more than one stack sends between its virtual stages (:mod:`flopcount.parallel.stacks`);
     # empty for one stack, whose message is the stream's closed form
     messages: tuple[ps.Message, ...] = ()
+    within: tuple[int, int] | None = None  # a graph of some of a model's layers: :func:`layout_of`'s
+
+    @property
+    def _per_chunk(self) -> tuple[int, int]:  # (this graph's layer 0 in the whole model, its layers in a chunk)
+        first, layers = self.within or (0, len(self.blocks))
+        return first, max(layers // (self.plan.pp * self.virtual), 1)
 
     @property
     def virtual(self) -> int:
@@ -317,8 +323,8 @@ class Layout:
 
     def stage_layers(self, stage: int) -> list[int]:
         """The layers pipeline rank ``stage`` runs (its chunks')."""
-        per_chunk = max(len(self.blocks) // (self.plan.pp * self.virtual), 1)
-        return [n for n in range(len(self.blocks)) if n // per_chunk % self.plan.pp == stage]
+        first, per_chunk = self._per_chunk
+        return [n for n in range(len(self.blocks)) if (first + n) // per_chunk % self.plan.pp == stage]
 
     def stage_blocks(self, stage: int) -> int:
         """The blocks ending in a TP reduction of the layers pipeline rank ``stage`` runs (its chunks')."""
@@ -426,7 +432,8 @@ class Layout:
         layer = stack_layer(module, self.stacks)
         if layer is None:
             return 0
-        return layer // (self.dims.layers // (self.plan.pp * self.virtual)) % self.plan.pp
+        first, per_chunk = self._per_chunk
+        return (first + layer) // per_chunk % self.plan.pp
 
 
 _last: list[tuple] = []
@@ -434,15 +441,16 @@ _last: list[tuple] = []
 _staged: list[tuple] = []
 
 
-def layout_of(report: Any, plan: ParallelPlan) -> Layout:
+def layout_of(report: Any, plan: ParallelPlan, within: tuple[int, int] | None = None) -> Layout:
     """The :class:`Layout` of ``report`` under ``plan``, memoized (the last four asked: a plan search asks of the
     counts of two recompute policies in turn); :class:`UsageError` (exit 2) naming the part a plan cannot split and
-    why."""
+    why. ``within``: ``report`` holds some of a model's layers, its layer 0 the whole model's layer ``within[0]`` of
+    ``within[1]`` (the stages split the whole model's; see the module's rules)."""
     for (nodes, scopes, asked), found in _last:
-        if nodes is report.nodes and scopes is report.modules.nodes and asked == plan:
+        if nodes is report.nodes and scopes is report.modules.nodes and asked == (plan, within):
             return found
-    found = _build(report, plan)
-    _last[:] = [*_last[-3:], ((report.nodes, report.modules.nodes, plan), found)]
+    found = _build(report, plan, within)
+    _last[:] = [*_last[-3:], ((report.nodes, report.modules.nodes, (plan, within)), found)]
     return found
 
 
@@ -538,21 +546,21 @@ def _structure(report: Any) -> _Structure:
     return found
 
 
-def _build(report: Any, plan: ParallelPlan) -> Layout:
+def _build(report: Any, plan: ParallelPlan, within: tuple[int, int] | None) -> Layout:
     where = _where(report)
     if not _any_model(plan) and (report.modules.missing or len(report.modules.nodes) != len(report.nodes)):
         raise UsageError(f"--parallel: {where} has no module scopes ({report.modules.missing}), so the repeated "
                          f"layers {_degrees(plan)} splits cannot be found; a plan of dp (with fsdp, zero1 or zero2) "
                          "applies to any model")
     st = _structure(report)
-    _check(plan, st, where)
+    _check(plan, st, where, within)
     # what the layout reads of the plan past its checks: a plan that differs in nothing of it has the layout built
     key = (report.nodes, report.modules.nodes, plan.tp, plan.ep, plan.pp, chunks_of(plan),
-           plan.dp * plan.cp if plan.fsdp else 0)
+           plan.dp * plan.cp if plan.fsdp else 0, within)
     for asked, found in _built:
         if asked[0] is key[0] and asked[1] is key[1] and asked[2:] == key[2:]:
             return Layout(**{**found.__dict__, "plan": plan})
-    found = _laid(report, plan, st)
+    found = _laid(report, plan, st, within)
     _built[:] = [*_built[-7:], (key, found)]
     return found
 
@@ -561,16 +569,18 @@ def _build(report: Any, plan: ParallelPlan) -> Layout:
 _built: list[tuple] = []
 
 
-def _laid(report: Any, plan: ParallelPlan, st: _Structure) -> Layout:
+def _laid(report: Any, plan: ParallelPlan, st: _Structure, within: tuple[int, int] | None) -> Layout:
     """The layout of a plan :func:`_check` passed: its chunks, modules' shares and FSDP's padding, which read the
-    plan's tp, ep, pp and chunks and, under fsdp, its D·C."""
+    plan's tp, ep, pp and chunks and, under fsdp, its D·C; ``within``: :func:`layout_of`'s."""
     nodes, scopes, g, layer, roles, dims = st.nodes, st.scopes, st.g, st.layer, st.roles, st.dims
     attention, has_loss, expert, stacks, tied, tail = st.attention, st.has_loss, st.expert, st.stacks, st.tied, st.tail
     v = chunks_of(plan)
-    per_chunk = dims.layers // (plan.pp * v) if dims.layers else 1
+    first, layers = within or (0, dims.layers)
+    per_chunk = layers // (plan.pp * v) if layers else 1
     last = plan.pp * v - 1
-    between = ps.between_layers(g, layer, roles, report.modules.parameters) if len(stacks) > 1 else {}
-    chunks = tuple((layer[k] // per_chunk,) if layer[k] is not None else (between[k] // per_chunk,)
+    between = ps.between_layers(g, layer, roles, report.modules.parameters, -1 if first else None) \
+        if len(stacks) > 1 or first else {}
+    chunks = tuple(((first + layer[k]) // per_chunk,) if layer[k] is not None else ((first + between[k]) // per_chunk,)
                    if k in between else tuple(range(plan.pp)) if roles[k] == "positions" else (last,)
                    if roles[k] in ("vocab", "sequence") or (roles[k] == "replicated" and k in tail) else (0,)
                    for k in range(len(nodes)))
@@ -586,7 +596,8 @@ def _laid(report: Any, plan: ParallelPlan, st: _Structure) -> Layout:
                     sum(elements(g.info[r]) for r in tied), lookups_added=added, blocks=_blocks(st),
                     **_tokens(st),
                     sp_inputs={(k, j): (chunks[k][0], b) for (k, j), b in _sp_inputs(g, roles).items()},
-                    messages=ps.messages(g, chunks) if len(stacks) > 1 and plan.pp > 1 else ())
+                    messages=ps.messages(g, chunks) if (len(stacks) > 1 or within) and plan.pp > 1 else (),
+                    within=within)
     return _with_parameters(layout, g, scopes, tied, report.modules.parameters)
 
 
@@ -653,8 +664,9 @@ def _degrees(plan: ParallelPlan) -> str:
     return ",".join(f"{d}={getattr(plan, d)}" for d in ("tp", "pp", "cp", "ep") if getattr(plan, d) > 1) or "dp"
 
 
-def _check(plan: ParallelPlan, st: _Structure, where: str) -> None:
-    """:class:`UsageError` for what the plan cannot split, one line naming the part and why."""
+def _check(plan: ParallelPlan, st: _Structure, where: str, within: tuple[int, int] | None = None) -> None:
+    """:class:`UsageError` for what the plan cannot split, one line naming the part and why; ``within``: a graph of
+    some of a model's layers (:func:`layout_of`), whose stages the whole model's checks have passed."""
     d, found, members, nodes, scopes = st.dims, st.found, st.members, st.nodes, st.scopes
     outside_attention = st.outside_attention
     t, p, v = plan.tp, plan.pp, chunks_of(plan)
@@ -673,7 +685,7 @@ def _check(plan: ParallelPlan, st: _Structure, where: str) -> None:
     mixer = next(((n, f.mixer) for n, f in sorted(found.items()) if f.mixer), None)
     for n, f in sorted(found.items()):
         if f.mixer and (plan.cp > 1 or t > 1 and (not f.mixer_groups or f.mixer_heads % t or f.mixer_groups % t)):
-            raise UsageError(_mixer_refused(plan, n, f))
+            raise UsageError(mixer_refused(plan, n, f))
     if not d.heads and mixer is None:
         raise UsageError(f"--parallel {_degrees(plan)}: {where}'s repeated layers have no attention (no product of "
                          "Q and K found in the graph); tensor, pipeline and context parallelism split a stack of "
@@ -713,10 +725,11 @@ def _check(plan: ParallelPlan, st: _Structure, where: str) -> None:
         raise UsageError(f"--parallel tp={t},sp: tp must divide the sequence length {d.seq} under sp")
     if len(st.stacks) > 1 and (plan.sp or plan.cp > 1):
         ps.check_sequences(plan, _tokens(st)["seqs"], lambda n: _stack_name(st, n))
-    if d.layers % p:
-        raise UsageError(f"--parallel pp={p}: pp must divide the {d.layers} layers (stages of equal layers)")
-    if d.layers % (p * v):
-        raise UsageError(f"--schedule interleaved:{v}: pp·v = {p * v} must divide the {d.layers} layers "
+    layers = d.layers if within is None else within[1]
+    if layers % p:
+        raise UsageError(f"--parallel pp={p}: pp must divide the {layers} layers (stages of equal layers)")
+    if layers % (p * v):
+        raise UsageError(f"--schedule interleaved:{v}: pp·v = {p * v} must divide the {layers} layers "
                          "(chunks of equal layers)")
     if v > 1 and plan.microbatches % p:
         raise UsageError(f"--microbatches {plan.microbatches}: the interleaved schedule runs microbatches in groups "
@@ -726,27 +739,6 @@ def _check(plan: ParallelPlan, st: _Structure, where: str) -> None:
 def _stack_name(st: _Structure, layer: int) -> str:
     """The module prefix of the stack that ``layer`` (numbered over all stacks) lies in."""
     return next(p for p, offset in reversed(st.stacks) if layer >= offset)
-
-
-def _mixer_refused(plan: ParallelPlan, layer: int, found: Found) -> str:
-    """The one line refusing a plan that would split layer ``layer``'s mixer (see the module's rules)."""
-    kind = found.mixer
-    if plan.cp > 1:
-        why = ("each token reads the tokens before it, which lie on another rank" if kind == "short_conv" else
-               "its state runs from each token to the next, and no framework splits the scan itself over the "
-               "sequence (Megatron's MambaContextParallel swaps to a split of the heads by all-to-all instead, "
-               "which the ledger does not model)")
-        return f"--parallel cp={plan.cp}: layer {layer}'s {MIXERS[kind]} cannot be split over the sequence: {why}; " \
-               "give cp=1"
-    if kind == "mamba" and found.mixer_heads:
-        how = (f"Megatron's MambaMixer splits its {found.mixer_heads} heads and its {found.mixer_groups} "
-               f"group{'s' if found.mixer_groups > 1 else ''} of B and C over TP, and tp must divide both; give "
-               + ("tp=1" if math.gcd(found.mixer_heads, found.mixer_groups) == 1 else
-                  f"tp={math.gcd(found.mixer_heads, found.mixer_groups)} or a divisor of it"))
-        return f"--parallel tp={plan.tp}: layer {layer}'s {MIXERS[kind]} is not split over TP: {how}"
-    how = ("it has no heads to split (Mamba 1's selective scan runs per channel), and no framework's tensor-parallel "
-           "rule for it is modeled" if kind == "mamba" else "no tensor-parallel rule for it is modeled")
-    return f"--parallel tp={plan.tp}: layer {layer}'s {MIXERS[kind]} is not split over TP: {how}; give tp=1"
 
 
 def _scope(scopes, k: int) -> str:

@@ -277,19 +277,20 @@ def node_shares(report: Any, plan: ParallelPlan, recompute: Recompute | None = N
 _last_shares: list[tuple] = []
 
 
-def plan_shares(report: Any, plan: ParallelPlan, recompute: Recompute | None):
+def plan_shares(report: Any, plan: ParallelPlan, recompute: Recompute | None, within: tuple[int, int] | None = None):
     """``(dims, shares, has_loss, per_stage, train, recompute)`` of ``report`` under ``plan``, memoized (last asked).
     The shares read the plan's tp, sp, pp and chunks only: a plan that differs in dp, cp, ep, M, the sharding or
-    the schedule's name has the memoized shares once its own checks pass."""
+    the schedule's name has the memoized shares once its own checks pass. ``within``: ``report`` holds some of a
+    model's layers (:func:`~flopcount.parallel.layout.layout_of`)."""
     recompute = recompute or Recompute()
     key = (report.nodes, report.modules.nodes, report.modules.missing, report.moe, report.mode,
-           (plan.tp, plan.sp, plan.pp, chunks_of(plan)), recompute)
+           (plan.tp, plan.sp, plan.pp, chunks_of(plan)), recompute, within)
     if _last_shares:  # the same node and scope lists (by identity), and the rest equal
         last = _last_shares[0]
         if last[0] is key[0] and last[1] is key[1] and last[2:] == key[2:]:
-            _checked_layout(report, plan)
+            _checked_layout(report, plan, within)
             return _last_shares[1]
-    found = _shares_of(report, plan, recompute)
+    found = _shares_of(report, plan, recompute, within)
     _last_shares[:] = [key, found]
     return found
 
@@ -311,7 +312,7 @@ def _run(fwd: int, bwd: int, rule: str, layout: Layout, i: int, first: bool) -> 
     return (fwd, bwd), (fwd, bwd) if i == 0 and first else (0, 0)  # replicated over TP (positions: and stages)
 
 
-def _checked_layout(report: Any, plan: ParallelPlan) -> Layout:
+def _checked_layout(report: Any, plan: ParallelPlan, within: tuple[int, int] | None = None) -> Layout:
     """The layout of ``report`` under ``plan`` once the plan's experts are checked (:class:`UsageError`)."""
     where = report.model.path or report.model.graph_name or "the model"
     nodes = report.nodes
@@ -325,18 +326,18 @@ def _checked_layout(report: Any, plan: ParallelPlan) -> Layout:
     if blocks and report.moe is None:
         raise UsageError(f"--parallel: {where} has expert scopes but no mixture-of-experts record; count it with "
                          "--hf so that its routed experts are known")
-    layout = layout_of(report, plan)
+    layout = layout_of(report, plan, within)
     if blocks and report.moe.experts % plan.ep:
         raise UsageError(f"--parallel ep={plan.ep}: ep must divide the {report.moe.experts} routed experts")
     return layout
 
 
-def _shares_of(report: Any, plan: ParallelPlan, recompute: Recompute):
+def _shares_of(report: Any, plan: ParallelPlan, recompute: Recompute, within: tuple[int, int] | None = None):
     where = report.model.path or report.model.graph_name or "the model"
     if recompute.policy != "none" and report.mode != "train":
         raise UsageError(f"--recompute {recompute}: recompute changes training only; give --mode train")
     nodes = report.nodes
-    layout = _checked_layout(report, plan)
+    layout = _checked_layout(report, plan, within)
     d = layout.dims
     t = plan.tp
     train = report.mode == "train"

@@ -7,13 +7,14 @@ what these functions find."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["FLOATS", "Found", "Graph", "MIXERS", "PRODUCTS", "Scoped", "elements", "index_in", "kv_heads",
-           "layer_roles", "layers_of", "outside_roles", "stack_layer", "stack_prefix", "stacks_of", "tied_weights",
-           "width"]
+           "layer_roles", "layers_of", "mixer_refused", "outside_roles", "stack_layer", "stack_prefix", "stacks_of",
+           "tied_weights", "width"]
 
 #: The operator families of products (a weight product reads a stored tensor, an activation product none).
 PRODUCTS = ("matmul", "gemm", "conv", "einsum")
@@ -585,3 +586,24 @@ def elements(x: Any) -> int:
     for s in getattr(x, "shape", None) or ():
         n *= s if isinstance(s, int) else 0
     return n
+
+
+def mixer_refused(plan: Any, layer: int, found: Found) -> str:
+    """The one line refusing a plan that would split layer ``layer``'s mixer (see the module's rules)."""
+    kind = found.mixer
+    if plan.cp > 1:
+        why = ("each token reads the tokens before it, which lie on another rank" if kind == "short_conv" else
+               "its state runs from each token to the next, and no framework splits the scan itself over the "
+               "sequence (Megatron's MambaContextParallel swaps to a split of the heads by all-to-all instead, "
+               "which the ledger does not model)")
+        return f"--parallel cp={plan.cp}: layer {layer}'s {MIXERS[kind]} cannot be split over the sequence: {why}; " \
+               "give cp=1"
+    if kind == "mamba" and found.mixer_heads:
+        how = (f"Megatron's MambaMixer splits its {found.mixer_heads} heads and its {found.mixer_groups} "
+               f"group{'s' if found.mixer_groups > 1 else ''} of B and C over TP, and tp must divide both; give "
+               + ("tp=1" if math.gcd(found.mixer_heads, found.mixer_groups) == 1 else
+                  f"tp={math.gcd(found.mixer_heads, found.mixer_groups)} or a divisor of it"))
+        return f"--parallel tp={plan.tp}: layer {layer}'s {MIXERS[kind]} is not split over TP: {how}"
+    how = ("it has no heads to split (Mamba 1's selective scan runs per channel), and no framework's tensor-parallel "
+           "rule for it is modeled" if kind == "mamba" else "no tensor-parallel rule for it is modeled")
+    return f"--parallel tp={plan.tp}: layer {layer}'s {MIXERS[kind]} is not split over TP: {how}; give tp=1"

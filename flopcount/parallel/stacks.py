@@ -17,7 +17,9 @@ the decoder's embedding ops: its position lookup on its table, its scaling, its 
 layer before them, as a pipeline split at the decoder's first layer runs them (``torch.distributed.pipelining``'s
 split point at ``decoder.block.0``: what comes before it goes to the stage before); the token-embedding lookups stay on stage 0
 with their table (the encoder's and the decoder's read one table), position tables and masks are rebuilt on every
-stage.
+stage. A graph of the decoder alone (a decode step of generation) runs each of its layers on that layer's stage in
+the whole model, and the nodes before its first layer with the encoder's last (``before`` of
+:func:`between_layers`); what crosses a stage boundary in it is sent as in the whole model.
 
 **Messages.** What crosses a stage boundary is sent, as a pipeline split at a point sends it: each tensor made on
 virtual stage c and read on a later one (up to its last reader) is sent by each virtual stage from c on, and its
@@ -84,16 +86,16 @@ def check_sequences(plan: Any, seqs: Sequence[int], stack_of: Callable[[int], st
                              f"of layer {n} ({stack_of(n)}) under sp")
 
 
-def between_layers(g: Graph, layer: Sequence[int | None], roles: Sequence[str], parameters: frozenset[str]
-                   ) -> dict[int, int]:
+def between_layers(g: Graph, layer: Sequence[int | None], roles: Sequence[str], parameters: frozenset[str],
+                   before: int | None = None) -> dict[int, int]:
     """The nodes outside the layers between two stacks, each with the layer before it in the graph (whose chunk runs
     it); the token-embedding lookups and the position tables rebuilt on every stage left out, but not a node among
     them that reads one of the ``parameters`` (Whisper's decoder positions: its table is held where it is looked
-    up)."""
+    up). ``before``: the layer before the graph's first (a graph of a model's later stack alone, an encoder-decoder's
+    decode step), whose chunk runs the nodes before the graph's first layer as well."""
     inside = [k for k, n in enumerate(layer) if n is not None]
     out: dict[int, int] = {}
-    before = None
-    for k in range(inside[0], inside[-1]) if inside else ():
+    for k in range(0 if before is not None else inside[0], inside[-1]) if inside else ():
         if layer[k] is not None:
             before = layer[k]
         elif before is not None and (roles[k] not in ("embedding", "positions") or

@@ -173,6 +173,29 @@ def test_encoder_decoder_blocks_route_their_own_tokens(tmp_path):
     assert f"1 block of {enc} tokens: {enc * k} (token, expert) pairs each; 1 block of {dec} tokens: {dec * k}" in text
     assert f"at most {cap[0]} of {enc * k} pairs in a block of {enc} tokens, {cap[1]} of {dec * k} pairs" in text
 
+def test_encoder_decoder_blocks_under_generate_route_the_prefills_tokens():
+    """``--generate P:N`` of an encoder-decoder (SwitchTransformers, one MoE block in each stack, top-1 over 4
+    experts): the summary is the prefill's, whose encoder block routes the B·P prompt tokens and whose decoder block
+    the B start tokens, each block's pairs its own (T·k); the experts' products in the prefill's graph are
+    2·2·h·d_ff a pair (wi and wo of the expert each pair visits)."""
+    b, p, h, ff, k = 2, 6, 32, 48, 1
+    config = transformers.SwitchTransformersConfig(
+        vocab_size=64, d_model=h, d_kv=8, d_ff=ff, num_layers=1, num_decoder_layers=1, num_heads=4, num_experts=4,
+        num_sparse_encoder_layers=1, num_sparse_decoder_layers=1, expert_capacity=64, router_jitter_noise=0.0,
+        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    report = flopcount.from_hf(config, generate=(p, 2), batch=b, cache_dir=False)
+    moe = report.moe.as_dict()
+    assert (moe["layers"], moe["experts"], moe["top_k"]) == (2, 4, k)
+    assert moe["blocks"] == [{"tokens": b * p, "pairs": b * p * k, "capacity_pairs": None},
+                             {"tokens": b, "pairs": b * k, "capacity_pairs": None}]
+    assert moe["tokens"] is moe["pairs_per_layer"] is None  # the blocks route different tokens
+    scopes = report.modules.nodes
+    products = sum(n.cost.flops for j, n in enumerate(report.nodes)
+                   if n.family in ("matmul", "gemm") and any(".mlp.experts" in x for x in scopes[j]))
+    assert products == 2 * 2 * h * ff * (b * p + b) * k
+    assert report.generation.encoder_decoder and report.generation.prefill.flops == report.forward.flops
+
+
 def test_decoder_only_blocks_keep_one_token_count():
     m = MixtureOfExperts(3, 6, 2, 1, 0, 10, 12, 300, capacity_factor=0.5)
     assert m.block_tokens == (12, 12, 12) and m.pairs == 24 and m.capacity_pairs == 12  # ⌊0.5·24/6⌋ = 2 each
