@@ -121,6 +121,15 @@ from .schedules import Schedule, simulate_schedule
 __all__ = ["check_plan", "generation_ledger", "sum_of_max"]
 
 
+def _dims(d: Any, moe: Any, moe_layers: int) -> dict[str, int]:
+    """The ledger's ``dims`` of a generation: the model's sizes, and its MoE layers' experts (none: 0)."""
+    return {"batch": d.batch, "seq": d.seq, "hidden": d.hidden, "heads": d.heads, "kv_heads": d.kv_heads,
+            "head_dim": d.head_dim, "ffn": d.ffn, "vocab": d.vocab, "layers": d.layers,
+            "activation_bytes": d.act_bytes, "param_bytes": d.param_bytes, "moe_layers": moe_layers,
+            "experts": moe.experts if moe_layers else 0, "top_k": moe.top_k if moe_layers else 0,
+            "prob_bytes": d.prob_bytes}
+
+
 def generation_ledger(report: Any, plan: ParallelPlan, expert_load: px.ExpertLoad | None = None) -> ParallelLedger:
     """The per-rank ledger of ``report.generation`` under ``plan`` (see the module's rules);
     :class:`~flopcount.errors.UsageError` (exit 2) for a plan or model that is not modelled. ``expert_load``: the
@@ -191,13 +200,7 @@ def generation_ledger(report: Any, plan: ParallelPlan, expert_load: px.ExpertLoa
              "decode_steps": gen.steps, "prefill_flops": gen.prefill.flops, "decode_flops": gen.decode.flops,
              "total_flops": gen.total.flops}
     return ParallelLedger(
-        plan, Recompute(), "generate", gen.total.flops, {
-            "batch": d.batch, "seq": d.seq, "hidden": d.hidden, "heads": d.heads, "kv_heads": d.kv_heads,
-            "head_dim": d.head_dim, "ffn": d.ffn, "vocab": d.vocab, "layers": d.layers,
-            "activation_bytes": d.act_bytes, "param_bytes": d.param_bytes, "moe_layers": len(moe_layers),
-            "experts": report.moe.experts if moe_layers else 0, "top_k": report.moe.top_k if moe_layers else 0,
-            "prob_bytes": d.prob_bytes},
-        tuple(ranks), schedule.bubble_fraction if schedule is not None else 0.0, slowest.rank,
+        plan, Recompute(), "generate", gen.total.flops, _dims(d, report.moe, len(moe_layers)), tuple(ranks), schedule.bubble_fraction if schedule is not None else 0.0, slowest.rank,
         slowest.hardware_flops / mean if mean else 1.0,
         layout_of(report, base).kv_rule, expert_load=load.source if moe_layers else None,
         optimizer_note="generation is inference: no optimizer step",
