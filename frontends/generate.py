@@ -314,6 +314,8 @@ def rebuild_cache(model, kind: str, cache: tuple):
     config = getattr(model, "config", None)
     takes_config = "config" in _parameters(DynamicCache.__init__)
     past = DynamicCache(config=config) if config is not None and takes_config else DynamicCache()
+    if len(getattr(past, "layers", pairs)) < len(pairs):  # sized by the encoder's layers (T5 with fewer than the
+        past = DynamicCache()  # decoder's: transformers' own generate() fails there): each layer made as filled
     for i, (k, v) in enumerate(pairs):
         past.update(k, v, i)
     return past

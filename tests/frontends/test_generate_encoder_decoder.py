@@ -53,15 +53,19 @@ def eager(name: str):
     return config
 
 
-def real_generate(name: str, p: int, n: int, b: int):
+def real_generate(name: str, p: int, n: int, b: int, config=None):
     """FlopCounterMode over a real greedy ``generate()`` of exactly N new tokens: ``(total, encoder, [decoder call
-    FLOPs in order], cache bytes)``, each decoder call (the model's forward) and the encoder counted apart."""
+    FLOPs in order], cache bytes)``, each decoder call (the model's forward) and the encoder counted apart; a
+    ``config`` given is run with caches whose layers are made as they are filled (transformers sizes the caches it
+    makes by the encoder's layers)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     torch.manual_seed(0)
     build = transformers.WhisperForConditionalGeneration if name == "whisper" else (
         transformers.AutoModelForSeq2SeqLM.from_config)
-    model = build(eager(name)).eval()
+    model = build(config or eager(name)).eval()
+    past = {} if config is None else {"past_key_values": transformers.EncoderDecoderCache(
+        transformers.DynamicCache(), transformers.DynamicCache())}
     encoder, forward, calls = model.get_encoder(), model.forward, []
 
     def counted(function, into):
@@ -82,7 +86,7 @@ def real_generate(name: str, p: int, n: int, b: int):
         source = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     with FlopCounterMode(display=False) as whole, torch.no_grad():
         out = model.generate(**source, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                             return_dict_in_generate=True)
+                             return_dict_in_generate=True, **past)
     assert out.sequences.shape == (b, n + 1)  # the start token and N new ones
     cache = out.past_key_values
     held = sum(t.numel() * t.element_size() for part in (cache.self_attention_cache, cache.cross_attention_cache)
@@ -103,6 +107,20 @@ def test_generate_equals_flop_counter_over_a_real_generate(name, p, n, b):
     assert [g.step(c).flops for c in range(2, n + 1)] == calls[1:]
     assert g.total.flops == total
     assert g.kv_cache_bytes == {"float32": held}
+
+
+def test_t5_with_more_decoder_layers_than_encoder_layers():
+    """T5 of 2 encoder and 3 decoder layers: the decode step's cache is rebuilt with a layer each (sized by the
+    config, it would have the encoder's 2, and the third layer's update fails, as in transformers' own generate()):
+    the count equals a real generate() over caches made as they are filled."""
+    config = t5_config(num_decoder_layers=LAYERS + 1)
+    config._attn_implementation = "eager"
+    p, n, b = 4, 3, 1
+    g = flopcount.from_hf(config, generate=(p, n), batch=b, convention="dense", cache_dir=False).generation
+    total, encoder, calls, held = real_generate("t5", p, n, b, config)
+    assert g.prefill.flops == encoder + calls[0]
+    assert [g.step(c).flops for c in range(2, n + 1)] == calls[1:]
+    assert g.total.flops == total and g.kv_cache_bytes == {"float32": held}
 
 
 def test_whisper_generate_of_audio_equals_flop_counter_and_per_rank():
