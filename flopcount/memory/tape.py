@@ -79,13 +79,15 @@ class Tape:
         return i
 
     def add(self, name: str, sign: int = 1) -> None:
-        (self._plus if sign > 0 else self._minus).append(self.term("bytes", name))
+        i = self._index.get(("bytes", name))
+        (self._plus if sign > 0 else self._minus).append(self.term("bytes", name) if i is None else i)
 
     def grad(self, param: str) -> None:
         self._plus.append(self.term("grad", param))
 
     def extra(self, node: int, sign: int = 1) -> None:
-        (self._plus if sign > 0 else self._minus).append(self.term("extra", node))
+        i = self._index.get(("extra", node))
+        (self._plus if sign > 0 else self._minus).append(self.term("extra", node) if i is None else i)
 
     def mark(self, node: str | None) -> None:
         """End the stretch at a mark at ``node`` (None: the walk's end)."""
@@ -145,9 +147,10 @@ class Tape:
         minus: list[int] = []
         plus_ends: list[int] = []
         minus_ends: list[int] = []
+        at = place.__getitem__
         for p, m in self.stretches:
-            plus += (place[i] for i in p)
-            minus += (place[i] for i in m)
+            plus += map(at, p)
+            minus += map(at, m)
             plus_ends.append(len(plus))
             minus_ends.append(len(minus))
         self._flat = _Flat(keys, plus, minus, plus_ends, minus_ends)
