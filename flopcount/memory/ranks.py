@@ -427,7 +427,7 @@ _SIZED: dict[tuple, tuple] = {}
 
 def _sized(info: TensorInfo, div: int, mul: int = 1) -> tuple[TensorInfo, int | None]:
     """:func:`_resized` and its bytes (None: of unknown size, ``info`` itself)."""
-    key = (info.shape, info.elem_type, div, mul)
+    key = (info.shape if info.shape.__class__ is not list else tuple(info.shape), info.elem_type, div, mul)
     found = _SIZED.get(key)
     if found is None:
         if len(_SIZED) >= 4096:
@@ -626,13 +626,17 @@ _SCALED: dict[tuple, tuple] = {}
 
 def _scaled(record: Any, mul: int, div: int) -> tuple[Any, int]:
     """A node's saved ``record`` with its statistics at a rank's share (each ⌈bytes · mul / div⌉), and their bytes."""
-    key = (record, mul, div)
-    found = _SCALED.get(key)
+    try:
+        key, found = (record, mul, div), _SCALED.get((record, mul, div))
+    except TypeError:  # a record of lists: found anew
+        key, found = None, None
     if found is None:
         if len(_SCALED) >= 4096:
             _SCALED.clear()
         scaled = record._replace(extra=tuple((what, -(-b * mul // div)) for what, b in record.extra))
-        found = _SCALED[key] = (scaled, scaled.extra_bytes)
+        found = (scaled, scaled.extra_bytes)
+        if key is not None:
+            _SCALED[key] = found
     return found
 
 

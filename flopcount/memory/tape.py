@@ -105,12 +105,18 @@ class Tape:
         self.replayed(nbytes, grad_size, extra).apply(w)
 
     def replayed(self, nbytes: Callable[[str], int], grad_size: Callable[[str], int],
-                 extra: Mapping[int, int]) -> "Replayed":
+                 extra: Mapping[int, int], known: Mapping[str, int | None] | None = None) -> "Replayed":
         """The walk on these sizes from no bytes alive (see :meth:`replay`), as :class:`Replayed`: the bytes
         alive after each stretch are what every stretch up to it added, less what they freed (:class:`_Flat`'s
-        running sums): integers, so the same as stretch by stretch (:meth:`replay_stepwise`)."""
+        running sums): integers, so the same as stretch by stretch (:meth:`replay_stepwise`). ``known``: names
+        whose ``nbytes`` is already known (read from it; ``nbytes`` asked of the others and of a None there)."""
         flat = self._flat or self._flattened()
-        values = list(map(nbytes, flat.keys[0]))
+        if known is None:
+            values = list(map(nbytes, flat.keys[0]))
+        else:
+            values = list(map(known.get, flat.keys[0]))
+            if None in values:
+                values = [nbytes(name) if b is None else b for name, b in zip(flat.keys[0], values)]
         values += map(grad_size, flat.keys[1])
         values += map(extra.__getitem__, flat.keys[2])
         added = list(accumulate(map(values.__getitem__, flat.plus), initial=0))
