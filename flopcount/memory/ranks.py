@@ -625,7 +625,8 @@ _SCALED: dict[tuple, tuple] = {}
 
 
 def _scaled(record: Any, mul: int, div: int) -> tuple[Any, int]:
-    """A node's saved ``record`` with its statistics at a rank's share (each ⌈bytes · mul / div⌉), and their bytes."""
+    """A node's saved ``record`` with its statistics at a rank's share (each ⌈bytes · mul / div⌉), and their
+    bytes."""
     try:
         key, found = (record, mul, div), _SCALED.get((record, mul, div))
     except TypeError:  # a record of lists: found anew

@@ -66,7 +66,7 @@ class _Unkept(dict):
 def _unkept(monkeypatch) -> None:
     """The module-wide memos of :mod:`flopcount.memory.ranks` (the shares by shape, the statistics by record)
     keeping nothing, so that a walk finds each share itself."""
-    import flopcount.memory.ranks as ranks
+    from flopcount.memory import ranks
 
     monkeypatch.setattr(ranks, "_SIZED", _Unkept())
     monkeypatch.setattr(ranks, "_SCALED", _Unkept())
@@ -90,7 +90,8 @@ def test_a_share_is_its_own_whatever_was_sized_before():
 
 
 def test_statistics_scaled_are_their_own_whatever_was_scaled_before():
-    """A node's statistics at a rank's share, each ⌈bytes · mul / div⌉, asked after equal records at other shares."""
+    """A node's statistics at a rank's share, each ⌈bytes · mul / div⌉, asked after equal records at other
+    shares."""
     from flopcount.memory.ranks import _scaled
     from flopcount.saved import Saved
 
