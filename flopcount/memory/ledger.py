@@ -341,6 +341,11 @@ class _Storages:
     def of(self, name: str) -> str:
         return self.root.get(name, name)
 
+    @property
+    def known(self) -> Mapping[str, int | None]:
+        """The bytes :meth:`nbytes` has found or was handed, by name (None: to be found again)."""
+        return self._bytes
+
     def nbytes(self, name: str) -> int:
         """``name``'s bytes, 0 for one of unknown size, which each read adds to ``unsized``."""
         b = self._bytes.get(name)
@@ -401,7 +406,7 @@ def ledger(g: Graph, mode: str, optimizer: str | None, settings: MemorySettings,
         tape = found.get(("backward", whole, accumulated)) or \
             found.setdefault(("backward", whole, accumulated), _backward(g, st, holds, accumulated))
         _replayed(memo, ("backward", whole, accumulated), st,
-                  lambda: (tape.replayed(size, grad_size, extra),))[0].apply(w)
+                  lambda: (tape.replayed(size, grad_size, extra, st.known),))[0].apply(w)
         w.live += temps
         w.mark("optimizer step", "")
     rank = RankMemory(params, buffers, grads, states, temps if optimizer else 0, inputs, activations, statistics,
@@ -544,7 +549,7 @@ def _forward(g: Graph, st: _Storages, steps: tuple, extra: Mapping[int, int]) ->
     and statistics together), the statistics among them, and the bytes kept per node index: a tensor under the
     node that made it (-1: a graph input), statistics under the node that keeps them."""
     tape, kept_at_end = steps
-    replayed = tape.replayed(st.nbytes, st.nbytes, extra)
+    replayed = tape.replayed(st.nbytes, st.nbytes, extra, st.known)
     kept_by: dict[int, int] = {}
     statistics = 0
     for n in g.nodes:

@@ -31,7 +31,8 @@ class GraphMemo:
     reader: dict[str, int] | None = None
     gathered: "GatheredKV | None" = None
     stages: dict[tuple[int, ...], Any] = field(default_factory=dict)
-    names: dict[tuple[int, ...], tuple[list, list, list, list, list]] = field(default_factory=dict)
+    # per stage's nodes: its names, those stored, made and received, its views, and the three kinds' sets
+    names: dict[tuple[int, ...], tuple] = field(default_factory=dict)
     sizes: dict[tuple, "Shares"] = field(default_factory=dict)
     walks: dict[tuple, dict] = field(default_factory=dict)
     sp_whole: frozenset[str] | None = None  # sp=torch's gathered inputs and the storages they view

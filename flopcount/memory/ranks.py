@@ -425,12 +425,32 @@ def _fsdp_share(info: TensorInfo, tp: int, n: int) -> TensorInfo:
 
 def _resized(info: TensorInfo, div: int, mul: int = 1) -> TensorInfo:
     """``info`` flattened to its share: ⌈elements · mul / div⌉."""
-    n = 1
-    for d in info.shape or ():
-        n *= d
-    if info.shape is None or tensor_bytes(info) is None:
-        return info
-    return TensorInfo(info.name, info.elem_type, (-(-n * mul // div),))
+    return _sized(info, div, mul)[0]
+
+
+#: :func:`_sized`'s share shapes and bytes by what they read (shape, element type, divisor, multiplier): the layers
+#: of a stack hold tensors of the same few shapes, found once (emptied past 4,096)
+_SIZED: dict[tuple, tuple] = {}
+
+
+def _sized(info: TensorInfo, div: int, mul: int = 1) -> tuple[TensorInfo, int | None]:
+    """:func:`_resized` and its bytes (None: of unknown size, ``info`` itself)."""
+    key = (info.shape if info.shape.__class__ is not list else tuple(info.shape), info.elem_type, div, mul)
+    found = _SIZED.get(key)
+    if found is None:
+        if len(_SIZED) >= 4096:
+            _SIZED.clear()
+        n = 1
+        for d in info.shape or ():
+            n *= d
+        if info.shape is None or tensor_bytes(info) is None:
+            found = _SIZED[key] = (None, None)
+        else:
+            shape = (-(-n * mul // div),)
+            found = _SIZED[key] = (shape, tensor_bytes(TensorInfo("", info.elem_type, shape)))
+    if found[0] is None:
+        return info, None
+    return TensorInfo(info.name, info.elem_type, found[0]), found[1]
 
 
 @dataclass(frozen=True)
@@ -507,26 +527,29 @@ def _stage_tensors(w: _PlanWalk, e: int, stage: _Stage, nodes: list, sizes: Shar
                                   [(n.inputs[0].name, n.outputs[0].name, n.outputs[0].elem_type) for n in nodes
                                    if n.op_type in _SAME_SIZE and n.inputs and n.inputs[0] is not None and n.outputs
                                    and n.outputs[0] is not None])
-    names, stored_names, made_names, received, views = memo.names[stage.keep]
+        memo.names[stage.keep] += tuple(map(frozenset, memo.names[stage.keep][1:4]))
+    names, stored_names, made_names, received, views, *kinds = memo.names[stage.keep]
     stored, stored_bytes = stored_of(w), stored_bytes_of(w)
-    for name in stored_names:
+    # each share found once per its key: a name of each kind looked at only while one is missing (a name's bytes
+    # are found with its share, so the bytes hold every stored share found here)
+    for name in stored_names if not stored_bytes.keys() >= kinds[0] else ():
         if name not in stored:
             stored[name] = w.stored_share(name)
         if name not in stored_bytes:
             stored_bytes[name] = tensor_bytes(stored[name])
     kept_whole = _kept_whole(w)  # sp=torch's gathered inputs
-    for name in made_names:
+    for name in made_names if not sizes.made.keys() >= kinds[1] else ():
         if name not in sizes.made:
             mul, div = w.scale(made[name], e)
             info = g.tensors.get(name) or TensorInfo(name)
             whole = plan.cp if name in gathered.names else plan.tp if name in kept_whole else 1
-            sizes.made[name] = _resized(info, div // whole, mul)
-            sizes.made_bytes[name] = tensor_bytes(sizes.made[name])
-    for name in received:  # the graph's inputs, what the previous stage sends: the rank's tokens (an
-        if name not in sizes.received:  # encoder-decoder's messages at their TP share, as the FLOPs ledger sends them)
-            sizes.received[name] = _resized(g.tensors.get(name) or TensorInfo(name),
-                                            plan.cp * w.layout.message_divisors().get(name, 1))
-            sizes.received_bytes[name] = tensor_bytes(sizes.received[name])
+            sizes.made[name], sizes.made_bytes[name] = _sized(info, div // whole, mul)
+    # the graph's inputs, what the previous stage sends: the rank's tokens (an encoder-decoder's messages at their
+    # TP share, as the FLOPs ledger sends them)
+    for name in received if not sizes.received.keys() >= kinds[2] else ():
+        if name not in sizes.received:
+            sizes.received[name], sizes.received_bytes[name] = _sized(
+                g.tensors.get(name) or TensorInfo(name), plan.cp * w.layout.message_divisors().get(name, 1))
     share = dict(zip(stored_names, map(stored.__getitem__, stored_names)))
     share.update(zip(made_names, map(sizes.made.__getitem__, made_names)))
     share.update(zip(received, map(sizes.received.__getitem__, received)))
@@ -577,20 +600,14 @@ def _stage_graph(w: _PlanWalk, s: int, e: int, stage: _Stage) -> _StageGraph:
     nodes = parts.nodes
     sizes = sizes_of(memo, sizes_key(w, e))  # statistics (position → saved), made, received (name → share)
     tensors, nbytes = _stage_tensors(w, e, stage, nodes, sizes, unread)
-
-    def stat(k: int, b: int) -> int:
-        mul, div = w.scale(k, e)
-        return -(-b * mul // div)
-
     if keep not in sizes.stages:  # the stage's statistics at these shares: node index → saved record, → bytes
         saved, extra = sizes.stages[keep] = {}, {}
         for k, n in zip(keep, nodes):
             if n.index in g.saved:
                 found_saved = sizes.saved.get(k)
                 if found_saved is None:
-                    found_saved = sizes.saved[k] = g.saved[n.index]._replace(
-                        extra=tuple((w, stat(k, b)) for w, b in g.saved[n.index].extra))
-                    sizes.saved_bytes[k] = found_saved.extra_bytes
+                    found_saved, sizes.saved_bytes[k] = _scaled(g.saved[n.index], *w.scale(k, e))
+                    sizes.saved[k] = found_saved
                 saved[n.index], extra[n.index] = found_saved, sizes.saved_bytes[k]
     saved, extra = sizes.stages[keep]
     sub = Graph(nodes, parts.grads, saved, tensors, parts.params, parts.trainable, parts.buffers, g.stored,
@@ -608,6 +625,27 @@ def _stage_graph(w: _PlanWalk, s: int, e: int, stage: _Stage) -> _StageGraph:
         forward = memo.forwards.setdefault(key[:3], {})
     found = memo.graphs[key] = _StageGraph(sub, tensors, max(kv_per_layer.values(), default=0), forward,
                                            {"bytes": nbytes, "extra": extra})
+    return found
+
+
+#: :func:`_scaled`'s answers by what they read (the layers' nodes keep equal records; emptied past 4,096)
+_SCALED: dict[tuple, tuple] = {}
+
+
+def _scaled(record: Any, mul: int, div: int) -> tuple[Any, int]:
+    """A node's saved ``record`` with its statistics at a rank's share (each ⌈bytes · mul / div⌉), and their
+    bytes."""
+    try:
+        key, found = (record, mul, div), _SCALED.get((record, mul, div))
+    except TypeError:  # a record of lists: found anew
+        key, found = None, None
+    if found is None:
+        if len(_SCALED) >= 4096:
+            _SCALED.clear()
+        scaled = record._replace(extra=tuple((what, -(-b * mul // div)) for what, b in record.extra))
+        found = (scaled, scaled.extra_bytes)
+        if key is not None:
+            _SCALED[key] = found
     return found
 
 

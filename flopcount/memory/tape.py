@@ -79,13 +79,15 @@ class Tape:
         return i
 
     def add(self, name: str, sign: int = 1) -> None:
-        (self._plus if sign > 0 else self._minus).append(self.term("bytes", name))
+        i = self._index.get(("bytes", name))
+        (self._plus if sign > 0 else self._minus).append(self.term("bytes", name) if i is None else i)
 
     def grad(self, param: str) -> None:
         self._plus.append(self.term("grad", param))
 
     def extra(self, node: int, sign: int = 1) -> None:
-        (self._plus if sign > 0 else self._minus).append(self.term("extra", node))
+        i = self._index.get(("extra", node))
+        (self._plus if sign > 0 else self._minus).append(self.term("extra", node) if i is None else i)
 
     def mark(self, node: str | None) -> None:
         """End the stretch at a mark at ``node`` (None: the walk's end)."""
@@ -103,12 +105,18 @@ class Tape:
         self.replayed(nbytes, grad_size, extra).apply(w)
 
     def replayed(self, nbytes: Callable[[str], int], grad_size: Callable[[str], int],
-                 extra: Mapping[int, int]) -> "Replayed":
+                 extra: Mapping[int, int], known: Mapping[str, int | None] | None = None) -> "Replayed":
         """The walk on these sizes from no bytes alive (see :meth:`replay`), as :class:`Replayed`: the bytes
         alive after each stretch are what every stretch up to it added, less what they freed (:class:`_Flat`'s
-        running sums): integers, so the same as stretch by stretch (:meth:`replay_stepwise`)."""
+        running sums): integers, so the same as stretch by stretch (:meth:`replay_stepwise`). ``known``: names
+        whose ``nbytes`` is already known (read from it; ``nbytes`` asked of the others and of a None there)."""
         flat = self._flat or self._flattened()
-        values = list(map(nbytes, flat.keys[0]))
+        if known is None:
+            values = list(map(nbytes, flat.keys[0]))
+        else:
+            values = list(map(known.get, flat.keys[0]))
+            if None in values:
+                values = [nbytes(name) if b is None else b for name, b in zip(flat.keys[0], values)]
         values += map(grad_size, flat.keys[1])
         values += map(extra.__getitem__, flat.keys[2])
         added = list(accumulate(map(values.__getitem__, flat.plus), initial=0))
@@ -145,9 +153,10 @@ class Tape:
         minus: list[int] = []
         plus_ends: list[int] = []
         minus_ends: list[int] = []
+        at = place.__getitem__
         for p, m in self.stretches:
-            plus += (place[i] for i in p)
-            minus += (place[i] for i in m)
+            plus += map(at, p)
+            minus += map(at, m)
             plus_ends.append(len(plus))
             minus_ends.append(len(minus))
         self._flat = _Flat(keys, plus, minus, plus_ends, minus_ends)

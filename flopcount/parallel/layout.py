@@ -108,6 +108,7 @@ interleaved 1F1B min((P − p − 1)·2 + (v − 1)·P, M·v) chunk-forwards (Me
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -529,6 +530,11 @@ class _Structure:
     dims: Dims
     outside_attention: int | None
 
+    @functools.cached_property
+    def sp_bytes(self) -> dict[tuple[int, int], int]:
+        """:func:`_sp_inputs` of the graph: they read no plan."""
+        return _sp_inputs(self.g, self.roles)
+
 
 #: The last few reports' :class:`_Structure` (by the identity of their node and scope lists, held so that the
 #: identities are not reused): a plan search asks for many plans of a few reports (one per microbatch size and
@@ -595,7 +601,7 @@ def _laid(report: Any, plan: ParallelPlan, st: _Structure, within: tuple[int, in
                     {n: tuple(ks) for n, ks in attention.items() if ks}, {}, has_loss, expert, stacks,
                     sum(elements(g.info[r]) for r in tied), lookups_added=added, blocks=_blocks(st),
                     **_tokens(st),
-                    sp_inputs={(k, j): (chunks[k][0], b) for (k, j), b in _sp_inputs(g, roles).items()},
+                    sp_inputs={(k, j): (chunks[k][0], b) for (k, j), b in st.sp_bytes.items()},
                     messages=ps.messages(g, chunks) if (len(stacks) > 1 or within) and plan.pp > 1 else (),
                     within=within)
     return _with_parameters(layout, g, scopes, tied, report.modules.parameters)

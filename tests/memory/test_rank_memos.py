@@ -45,6 +45,7 @@ def test_plans_walked_in_turn_are_each_walked_alone(trained, monkeypatch):
     warm = [per_rank(trained, plan).ranks for plan in plans]
     again = [per_rank(trained, plan).ranks for plan in plans]  # every part found in the memos
     monkeypatch.setattr(Tape, "replayed", stepwise_replayed)
+    _unkept(monkeypatch)
     for plan, fast, faster in zip(plans, warm, again):
         mem = dataclasses.replace(trained.memory, graph=dataclasses.replace(trained.memory.graph))
         alone = per_rank(dataclasses.replace(trained, memory=mem), plan).ranks
@@ -53,3 +54,49 @@ def test_plans_walked_in_turn_are_each_walked_alone(trained, monkeypatch):
     # the plans differ: the memos are not read across what changes a rank's figures
     peaks = {plan: tuple(r.peak_bytes for r in ranks) for plan, ranks in zip(plans, warm)}
     assert len(set(peaks.values())) > len(plans) // 2
+
+
+class _Unkept(dict):
+    """A memo that keeps nothing: every answer found anew."""
+
+    def __setitem__(self, key, value) -> None:
+        pass
+
+
+def _unkept(monkeypatch) -> None:
+    """The module-wide memos of :mod:`flopcount.memory.ranks` (the shares by shape, the statistics by record)
+    keeping nothing, so that a walk finds each share itself."""
+    from flopcount.memory import ranks
+
+    monkeypatch.setattr(ranks, "_SIZED", _Unkept())
+    monkeypatch.setattr(ranks, "_SCALED", _Unkept())
+
+
+def test_a_share_is_its_own_whatever_was_sized_before():
+    """A tensor's share (⌈elements · mul / div⌉ elements, flattened) and bytes, written out, asked after tensors of
+    the same shape and other names, types, divisors or multipliers: each its own name, type and size."""
+    from flopcount.context import TensorInfo
+    from flopcount.memory.ranks import _resized, _sized
+
+    asked = [(TensorInfo("a", 1, (3, 5, 7)), 2, 1, 53, 212), (TensorInfo("b", 1, (3, 5, 7)), 2, 1, 53, 212),
+             (TensorInfo("c", 10, (3, 5, 7)), 2, 1, 53, 106), (TensorInfo("d", 1, (3, 5, 7)), 4, 1, 27, 108),
+             (TensorInfo("e", 1, (3, 5, 7)), 4, 3, 79, 316), (TensorInfo("f", 7, (3, 5, 7)), 1, 1, 105, 840)]
+    for info, div, mul, elements, nbytes in asked * 2:
+        share, found = _sized(info, div, mul)
+        assert share == TensorInfo(info.name, info.elem_type, (elements,)) and found == nbytes
+        assert _resized(info, div, mul) == share
+    for info in (TensorInfo("g", 1, (3, "N")), TensorInfo("h", 0, (3, 5, 7)), TensorInfo("i", 1)):
+        assert _sized(info, 2) == (info, None)  # of unknown size: itself
+
+
+def test_statistics_scaled_are_their_own_whatever_was_scaled_before():
+    """A node's statistics at a rank's share, each ⌈bytes · mul / div⌉, asked after equal records at other
+    shares."""
+    from flopcount.memory.ranks import _scaled
+    from flopcount.saved import Saved
+
+    record = Saved(inputs=(0,), extra=(("mask", 10), ("stats", 7)))
+    for mul, div, extra in [(1, 2, (5, 4)), (1, 4, (3, 2)), (3, 4, (8, 6)), (1, 1, (10, 7))] * 2:
+        scaled, nbytes = _scaled(Saved(inputs=(0,), extra=record.extra), mul, div)
+        assert scaled == Saved(inputs=(0,), extra=(("mask", extra[0]), ("stats", extra[1]))) and nbytes == sum(extra)
+    assert _scaled(Saved(inputs=(1,), extra=record.extra), 1, 2)[0].inputs == (1,)

@@ -47,9 +47,10 @@ def test_running_sums_are_the_stepwise_replay(seed):
     assert fast == slow
 
 
-def stepwise_replayed(tape: Tape, nbytes, grad_size, extra) -> Replayed:
+def stepwise_replayed(tape: Tape, nbytes, grad_size, extra, known=None) -> Replayed:
     """:meth:`Tape.replayed` from :meth:`Tape.replay_stepwise`: the walk from no bytes alive, stretch by stretch,
-    its peak below any mark's at first (None where no mark raised it)."""
+    its peak below any mark's at first (None where no mark raised it); every size asked of ``nbytes`` (``known``
+    unread)."""
     below = -(2**80)
     w = Walk(live=0, peak=below)
     tape.replay_stepwise(w, nbytes, grad_size, extra)
@@ -73,6 +74,27 @@ def test_a_replay_from_any_start_is_the_one_from_none_moved(seed):
         once.apply(moved)
         tape.replay_stepwise(slow, sizes.__getitem__, grads.__getitem__, extra)
         assert moved == slow
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_sizes_known_are_read_as_asked(seed):
+    """A replay reading the names' bytes from ``known`` (some there, some None, some absent: asked of ``nbytes``)
+    is the one asking every name of ``nbytes``, and asks it of those not known alone."""
+    rng = random.Random(seed)
+    tape = _record(rng)
+    sizes = {f"t{i}": rng.choice((0, 1, 7, 2**40 + i)) for i in range(12)}
+    grads = {f"w{i}": rng.randrange(1000) for i in range(5)}
+    extra = {k: rng.randrange(50) for k in range(6)}
+    known = {name: rng.choice((b, None)) for name, b in sizes.items() if rng.random() < 0.7}
+    asked = []
+
+    def nbytes(name: str) -> int:
+        asked.append(name)
+        return sizes[name]
+
+    assert tape.replayed(nbytes, grads.__getitem__, extra, known) == \
+        stepwise_replayed(tape, sizes.__getitem__, grads.__getitem__, extra)
+    assert not {name for name in asked if known.get(name) is not None}
 
 
 def test_a_term_after_a_replay_is_read():
