@@ -1,6 +1,8 @@
 """How fast ``flopcount plan`` searches: Llama-3-70B (hidden 8192, 80 layers, 64 heads, 8 K/V heads, intermediate
 28672, vocabulary 128256; a configuration written here, no weights) on 64 H100s of 80 GiB, sequences of 4096
-tokens, a global batch of 512 sequences, microbatches of 1 and 2 sequences.
+tokens, a global batch of 512 sequences, microbatches of 1 and 2 sequences; trained as such a model is, in bf16 with
+float32 master weights (``--master-weights``; ``--dtype float32`` counts it in float32 throughout, the configuration
+of the figures in docs/predict.md before 2026-11-30 09:20 UTC).
 
 The model is counted once per microbatch size and recompute policy from exports of 1 and 2 layers (``--repeated-layers extend``); the
 search then checks, fits and predicts every plan. Printed: the plans tried, those that fit, the seconds of the counts
@@ -46,6 +48,8 @@ def main() -> None:
     parser.add_argument("--json", metavar="FILE", help="also write every plan that fits, the dropped counts and the "
                         "least peak over memory to FILE (JSON), to compare two versions' figures exactly")
     parser.add_argument("--profile", metavar="FILE", help="also write the search's cProfile statistics to FILE")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                        help="the model's dtype (bfloat16: with float32 master weights)")
     a = parser.parse_args()
     import transformers
 
@@ -58,12 +62,13 @@ def main() -> None:
 
     sizes = tuple(int(s) for s in a.sizes.split(","))
     with tempfile.TemporaryDirectory() as folder:
-        config = transformers.LlamaConfig(**LLAMA3_70B)
+        config = transformers.LlamaConfig(**LLAMA3_70B, **({"torch_dtype": a.dtype} if a.dtype != "float32" else {}))
         with open(os.path.join(folder, "config.json"), "w") as f:
             f.write(config.to_json_string())
         args = build_parser().parse_args(["--hf", folder, "--input-shape", f"input_ids={sizes[0]}x{a.seq}:int64",
                                           "--optimizer", "adamw", "--device", "H100", "--devices", str(a.devices),
-                                          "--device-memory", "H100"])
+                                          "--device-memory", "H100",
+                                          *(["--master-weights"] if a.dtype != "float32" else [])])
         args.mode, args.memory = "train", True
         report_of = reports(args)
         start = time.perf_counter()
@@ -94,7 +99,7 @@ def main() -> None:
             json.dump({"plans": [c.as_dict() for c in found.plans], "dropped": dict(found.dropped),
                        "smallest": found.smallest.as_dict() if found.smallest else None, "tried": found.tried}, f,
                       indent=1)
-    print(f"Llama-3-70B on {a.devices} H100s ({args.device_memory / 2**30:.4g} GiB), sequences of {a.seq}, global "
+    print(f"Llama-3-70B ({a.dtype}) on {a.devices} H100s ({args.device_memory / 2**30:.4g} GiB), sequences of {a.seq}, global "
           f"batch {a.global_batch}, microbatch sizes {a.sizes}")
     print(f"counts: {counted:.1f} s ({len(sizes) * 3}); search: {found.tried:,} plans in {searched:.1f} s = "
           f"{found.tried / searched:,.2f} plans/s ({searched / found.tried:.3f} s a plan; CPU {cpu:.1f} s); "

@@ -106,7 +106,7 @@ from .rank_graph import GatheredKV, expert_inner, gathered_kv, storage_root
 from .rank_memo import (KEPT_SIZES, GraphMemo, Shares, memo_of, sizes_key, sizes_of, stored_bytes_of, stored_of,
                         zero_memo)
 
-__all__ = ["PlanRankMemory", "StageStates", "in_flight", "per_rank", "rank_rows", "stage_states", "RANK_HEADERS"]
+__all__ = ["PlanRankMemory", "StageStates", "in_flight", "per_rank", "stage_states"]
 
 _SAME_SIZE = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Transpose"})
 
@@ -785,18 +785,3 @@ def _placed(figures: PlanRankMemory, plan: ParallelPlan, s: int, i: int, e: int)
     coords = {"tp": i, "pp": s, "cp": (first // plan.tp) % plan.cp, "ep": e,
               "dp": (first // (plan.tp * plan.cp)) % plan.dp}
     return dataclasses.replace(figures, rank=first, coords=coords, replicas=tuple(replicas))
-
-
-#: Columns of :func:`rank_rows` (the text report's memory table by rank).
-RANK_HEADERS = ("ranks", "tp", "pp", "ep", "params B", "grads B", "optimizer B", "activations B / mb", "in flight",
-                "all-gather B", "all_to_all B", "peak B", "peak phase")
-
-
-def rank_rows(memory: Memory) -> list[list[str]]:
-    """One row per distinct rank of a per-rank memory ledger, its data- and context-parallel replicas in the first
-    column."""
-    return [[",".join(map(str, r.replicas)), str(r.coords["tp"]), str(r.stage), str(r.coords["ep"]),
-             f"{r.params_bytes:,}", f"{r.grads_bytes:,}", f"{r.optimizer_bytes:,}", f"{r.activations_bytes:,}",
-             f"{r.microbatches_in_flight:g}", f"{r.allgather_bytes:,}", f"{r.alltoall_bytes:,}", f"{r.peak_bytes:,}",
-             r.peak_phase]
-            for r in memory.ranks if isinstance(r, PlanRankMemory)]

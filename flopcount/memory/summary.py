@@ -1,6 +1,7 @@
 """A plan's summary from its ledgers (:func:`plan_summary`): the most bytes a rank holds against the device's memory,
 with its verdict, the slowest rank's FLOPs, the ceiling on MFU the bubble, redundant and recomputed work leave, and
-the ranks grouped by the bytes they hold (docs/parallel.md, "The plan's summary")."""
+the ranks grouped by the bytes they hold (docs/parallel.md, "The plan's summary"); and the text report's memory table
+by rank (:func:`rank_rows`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 from .ledger import Memory, RankMemory, held_bytes
 from .ranks import PlanRankMemory
 
-__all__ = ["PlanSummary", "RankClass", "plan_summary"]
+__all__ = ["PlanSummary", "RANK_HEADERS", "RankClass", "plan_summary", "rank_rows"]
 
 
 @dataclass(frozen=True)
@@ -160,3 +161,18 @@ def _verdict(top: RankClass, device_memory: int | None, lower: bool) -> str:
                 "bound: some activations are not counted)")
     return (f"fits: {size_text(top.held_bytes)} of {size_text(device_memory)}, "
             f"{size_text(device_memory - top.held_bytes)} free ({where})")
+
+
+#: Columns of :func:`rank_rows` (the text report's memory table by rank).
+RANK_HEADERS = ("ranks", "tp", "pp", "ep", "params B", "grads B", "optimizer B", "activations B / mb", "in flight",
+                "all-gather B", "all_to_all B", "peak B", "peak phase")
+
+
+def rank_rows(memory: Memory) -> list[list[str]]:
+    """One row per distinct rank of a per-rank memory ledger, its data- and context-parallel replicas in the first
+    column."""
+    return [[",".join(map(str, r.replicas)), str(r.coords["tp"]), str(r.stage), str(r.coords["ep"]),
+             f"{r.params_bytes:,}", f"{r.grads_bytes:,}", f"{r.optimizer_bytes:,}", f"{r.activations_bytes:,}",
+             f"{r.microbatches_in_flight:g}", f"{r.allgather_bytes:,}", f"{r.alltoall_bytes:,}", f"{r.peak_bytes:,}",
+             r.peak_phase]
+            for r in memory.ranks if isinstance(r, PlanRankMemory)]

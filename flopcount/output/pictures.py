@@ -226,7 +226,7 @@ def plan_sections(report: Any) -> list[str]:
         if parallel.schedule is not None and parallel.schedule.actions:
             out += ["<h2>Pipeline schedule</h2>", schedule_chart(parallel)]
     if memory is not None:
-        from ..memory.ranks import RANK_HEADERS as MEMORY_HEADERS, rank_rows as memory_rows
+        from ..memory.summary import RANK_HEADERS as MEMORY_HEADERS, rank_rows as memory_rows
         from ..memory.summary import plan_summary
 
         out += ["<h2>Memory per rank</h2>",
