@@ -556,7 +556,7 @@ def _ledger_work(report: Any) -> Work:
     if plan.cp > 1 or plan.ep > 1:
         notes.append("cp and ep: each rank's nodes are its stage's shares at 1/C of the sequence (the parameters and "
                      "the gathered K and V read whole), its experts' at its share of the load; cp's collectives a "
-                     "call per layer, ep's a call per dispatch and combine, exposed")
+                     "call per layer, ep's a call per dispatch, its probabilities and the combine, exposed")
     v = plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
     return Work(tuple(ranks), {"microbatches": plan.microbatches, "pp": plan.pp, "virtual": v,
                                "schedule": plan.schedule, "world": plan.tp * plan.pp * plan.cp * plan.dp},
