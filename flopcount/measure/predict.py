@@ -480,8 +480,9 @@ def busy_seconds(row: Mapping[str, Any]) -> float:
 
 def shared_cores_seconds(rows: Sequence[Mapping[str, Any]], profile: MachineProfile, plan: Mapping[str, Any]) -> float:
     """The least a step lasts when the plan's ranks share the cores of a calibrated CPU profile's machine (the
-    module's rules): Σ busy × min(threads per rank, cores) / cores over the plan's ``world`` ranks (the listed ``rows`` standing
-    for them, each as often); 0 where their threads do not outnumber the cores, or the profile is not a CPU's."""
+    module's rules): Σ busy × min(threads per rank, cores) / cores over the plan's ``world`` ranks (the listed
+    ``rows`` standing for them, each as often); 0 where their threads do not outnumber the cores, or the profile is
+    not a CPU's."""
     cores, threads = profile.machine.get("cores"), profile.machine.get("threads_per_rank")
     if not (profile.calibrated and profile.device == "cpu" and cores and threads and rows):
         return 0.0

@@ -15,9 +15,10 @@ Per layer of the stage (``M`` times a step), with A_n = b·s_n·h·e of that lay
   ``non-reentrant``.
 
 Once per microbatch: each token-embedding lookup (forward; an encoder-decoder's two, a call each), the LM head's
-input (gathered in the forward under sp) and its gradient (backward), sp's gathered inputs gathered again in the backward under ``sp=megatron`` (one call each), the
-loss's three ``all_reduce`` of b·s·4 (forward). Once a step (phase ``step``): sp weights' partial gradients, one
-``all_reduce`` of them all (Megatron flattens them into one buffer).
+input (gathered in the forward under sp) and its gradient (backward), sp's gathered inputs gathered again in the
+backward under ``sp=megatron`` (one call each), the loss's three ``all_reduce`` of b·s·4 (forward). Once a step
+(phase ``step``): sp weights' partial gradients, one ``all_reduce`` of them all (Megatron flattens them into one
+buffer).
 """
 
 from __future__ import annotations

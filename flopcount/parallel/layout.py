@@ -273,8 +273,9 @@ class Layout:
     cross: tuple[int, ...] = ()
     latents: tuple[int, ...] = ()  # each layer's MLA latents its heads read (Found.latents), elements in a sequence
     latent_parts: tuple[tuple[int, ...], ...] = ()  # those by tensor (Found.latent_parts), each gathered on its own
-    embedded: int = 0  # the tokens in a sequence of the token-embedding lookups (the encoder's and the decoder's)
-    lookups: tuple[int, ...] = ()  # those of each lookup, one TP call each (an encoder-decoder's two)
+    # the tokens in a sequence of each token-embedding lookup (an encoder-decoder's two: the encoder's, the
+    # decoder's), one TP call each
+    lookups: tuple[int, ...] = ()
     out_seq: int = 0  # the tokens in a sequence of the stream after the layers (the decoder's)
     # the gathered inputs under sp (see the module's rules): (node, output position) → (the virtual stage that
     # makes it, its bytes over the whole sequence of one microbatch); by node, as a stack extended by copies
@@ -289,6 +290,11 @@ class Layout:
     def _per_chunk(self) -> tuple[int, int]:  # (this graph's layer 0 in the whole model, its layers in a chunk)
         first, layers = self.within or (0, len(self.blocks))
         return first, max(layers // (self.plan.pp * self.virtual), 1)
+
+    @property
+    def embedded(self) -> int:
+        """The tokens in a sequence of the token-embedding lookups, all of them."""
+        return sum(self.lookups)
 
     @property
     def virtual(self) -> int:
@@ -638,8 +644,7 @@ def _tokens(st: _Structure) -> dict[str, Any]:
     latent = tuple(st.found.get(n, Found()).latents // batch for n in range(d.layers))
     parts = tuple(tuple(x // batch for x in st.found.get(n, Found()).latent_parts) for n in range(d.layers))
     lookups = tuple(seq_of(k) for k in range(len(nodes)) if st.roles[k] == "embedding") or (d.seq,)
-    return {"seqs": tuple(seqs), "cross": cross, "latents": latent, "latent_parts": parts, "embedded": sum(lookups),
-            "lookups": lookups, "out_seq": seqs[-1] if seqs else d.seq}
+    return {"seqs": tuple(seqs), "cross": cross, "latents": latent, "latent_parts": parts, "lookups": lookups, "out_seq": seqs[-1] if seqs else d.seq}
 
 
 def _sp_inputs(g: Graph, roles) -> dict[tuple[int, int], int]:
