@@ -79,7 +79,9 @@ every CP rank's share equal) in ``replicas``.
 prefill's walk as in the one-rank ledger): each rank holds the cache of its pipeline stage's layers (L/P of them; an
 encoder-decoder's, the decoder's layers on its stage, each holding its own and its cross-attention's cache),
 of its K/V heads (1/min(T, kv): a head copied on T/kv ranks when kv < T, as its K/V projections are) and of its
-share of the P + N − 1 positions under cp (1/C; cp must divide them); its DP and EP replicas the same. The layers
+share of the P + N − 1 positions under cp (1/C; cp must divide them), for each of its M microbatches (each phase runs
+them all, :mod:`flopcount.parallel.generation`: every microbatch's cache lives until the last step); its DP and EP
+replicas the same. The layers
 are taken as holding equal caches, so a sliding window that crops some layers' caches (decode steps in more than
 one piece) is refused under pp > 1 or cp > 1.
 """
@@ -362,8 +364,8 @@ def _stage_reads(w: "_PlanWalk", memo: GraphMemo) -> list[tuple[set[str], list[s
 
 
 def _kv_share(report: Any, plan: ParallelPlan, layout: Any, kv: int) -> list[int] | None:
-    """The KV cache one rank of each stage holds after the last decode step (see the module's docstring); None
-    without ``--generate``. ``kv``: min(T, K/V heads)."""
+    """The KV cache one rank of each stage holds after the last decode step, its M microbatches' (see the module's
+    docstring); None without ``--generate``. ``kv``: min(T, K/V heads)."""
     whole = report.memory.ranks[0].kv_cache_bytes
     generation = getattr(report, "generation", None)
     if whole is None or generation is None:
@@ -387,7 +389,7 @@ def _kv_share(report: Any, plan: ParallelPlan, layout: Any, kv: int) -> list[int
             raise UsageError(f"--parallel tp={plan.tp},pp={plan.pp},cp={plan.cp} with --generate: the KV cache's "
                              f"{whole} bytes do not divide into equal shares of {layers} layers, {kv} K/V head groups "
                              f"and {plan.cp} sequence shares; this cache's layout is not modelled per rank")
-        out.append(share)
+        out.append(share * plan.microbatches)
     return out
 
 

@@ -1,5 +1,6 @@
 """``--generate P:N --memory --parallel PLAN``: the KV cache after the last step, per rank of the plan, against the
-closed form 2·L·B·kv·d·(P + N − 1)·bytes divided by the stage's layers, the K/V heads and the sequence share."""
+closed form 2·L·B·kv·d·(P + N − 1)·bytes divided by the stage's layers, the K/V heads and the sequence share, for each
+of the M microbatches (each phase runs them all: every microbatch's cache lives until the last step)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ HEAD = H // HEADS  # 16
 B, P, N = 3, 8, 5
 POSITIONS = P + N - 1  # what the last step attends to: the cache after it
 WHOLE = 2 * LAYERS * B * KV_HEADS * HEAD * POSITIONS * 4  # keys and values of every layer, float32
+M = 3  # microbatches of B sequences: each rank holds each one's cache
 
 
 def llama_config():
@@ -47,16 +49,17 @@ def test_one_rank_cache_is_the_closed_form(report):
     pytest.param("tp=2,pp=2,cp=2,dp=2,fsdp", 1, 1, 2, id="tp2-pp2-cp2-dp2-fsdp"),
 ])
 def test_cache_per_rank_is_its_layers_heads_and_positions(report, plan, layers, heads, cp):
-    p = parse_parallel(plan, 2)
+    p = parse_parallel(plan, M)
     memory = per_rank(report, p)
-    expected = 2 * layers * B * heads * HEAD * (POSITIONS // cp) * 4
+    expected = M * 2 * layers * B * heads * HEAD * (POSITIONS // cp) * 4
     assert {r.kv_cache_bytes for r in memory.ranks} == {expected}
-    # identity: over one DP replica, the ranks that own their K/V heads (not the copies) hold the whole cache
+    # identity: over one DP replica, the ranks that own their K/V heads (not the copies) hold the whole cache of
+    # each microbatch
     group = p.tp // KV_HEADS if KV_HEADS < p.tp else 1
     replica = sum(r.kv_cache_bytes * len(r.replicas) // p.dp for r in memory.ranks if r.coords["tp"] % group == 0)
-    assert replica == WHOLE
+    assert replica == M * WHOLE
     copies = sum(r.kv_cache_bytes * len(r.replicas) // p.dp for r in memory.ranks if r.coords["tp"] % group)
-    assert copies == WHOLE * (group - 1)
+    assert copies == M * WHOLE * (group - 1)
 
 
 def test_peak_is_the_prefill_walk_with_the_cache_beside_it(report):
@@ -90,14 +93,14 @@ def test_parallel_flags_give_the_flops_per_rank_beside_an_unchanged_memory_ledge
 @pytest.mark.slow
 def test_stack_of_identical_layers_splits_its_cache_over_stages():
     """Four layers through the identical-layer extension (counted from 1 and 2): each of 2 stages holds 2 layers'
-    cache, each TP rank of tp=4 one of the 2 K/V heads (copied on 2 ranks)."""
+    cache of each of its 2 microbatches, each TP rank of tp=4 one of the 2 K/V heads (copied on 2 ranks)."""
     config = llama_config()
     config.num_hidden_layers = 4
     report = flopcount.from_hf(config, generate=(P, N), batch=B, memory=True, cache_dir=False)
     assert report.layers.method == "extended", report.layers.reason
     assert report.memory.ranks[0].kv_cache_bytes == 2 * 4 * B * KV_HEADS * HEAD * POSITIONS * 4
     memory = per_rank(report, parse_parallel("tp=4,pp=2", 2))
-    assert {(r.stage, r.kv_cache_bytes) for r in memory.ranks} == {(s, 2 * 2 * B * 1 * HEAD * POSITIONS * 4)
+    assert {(r.stage, r.kv_cache_bytes) for r in memory.ranks} == {(s, 2 * 2 * 2 * B * 1 * HEAD * POSITIONS * 4)
                                                                   for s in (0, 1)}
 
 

@@ -16,7 +16,7 @@ and, in the prefill, their cross-attention keys and values of the encoder's outp
 Stage 1's logits equal the whole model's (transformers' forward over the generated sequence), the tokens are their
 greedy picks; each rank's ``FlopCounterMode`` products in each phase equal the
 ledger's share of the products of that phase's graph on its stage, its phases' sum its FLOPs in the ledger, and the
-bytes it sends the ledger's ``send_recv``, and the bytes of the caches it holds at the end (one microbatch's) the
+bytes it sends the ledger's ``send_recv``, and the bytes of the caches it holds at the end (its M microbatches') the
 memory ledger's, each equal to the closed forms written here."""
 
 from __future__ import annotations
@@ -144,8 +144,9 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
                     token = torch.empty(B, 1, dtype=torch.int64)
                     dist.recv(token, 1)
                     seqs[j] = torch.cat([seqs[j], token], 1)
-    cache = states[0]["cache"]  # one microbatch's: each of the stage's decoder layers' own and cross-attention's
-    held = sum(z.numel() * z.element_size() for c in (cache.self_attention_cache, cache.cross_attention_cache)
+    # every microbatch's cache, all alive at the end: each of the stage's decoder layers' own and cross-attention's
+    held = sum(z.numel() * z.element_size() for state in states
+               for c in (state["cache"].self_attention_cache, state["cache"].cross_attention_cache)
                for layer in c.layers if getattr(layer, "keys", None) is not None for z in (layer.keys, layer.values))
     with open(f"{out}.{rank}", "w") as f:
         json.dump({"sent": sent, "flops": flops, "seqs": [s.tolist() for s in seqs], "logits": logits,
@@ -182,5 +183,6 @@ def test_pp_generation_of_bart_on_gloo_equals_the_ledger(report, tmp_path):
         decode = [products(steps[c], stage, within) for c in range(2, N + 1)]
         assert all(f == [prefill, *decode] for f in rank["flops"]), (rank["flops"], prefill, decode)
         assert decode[0] > 0  # both stages run decoder layers in each decode step
-        # K and V of the stage's decoder layers (1 on stage 0, 2 on stage 1): N positions of its own, P cross-attended
-        assert rank["held"] == report.memory.ranks[stage].kv_cache_bytes == (1 + stage) * 2 * B * H * (N + P) * 4
+        # K and V of the stage's decoder layers (1 on stage 0, 2 on stage 1): N positions of its own, P cross-attended,
+        # for each of the M microbatches
+        assert rank["held"] == report.memory.ranks[stage].kv_cache_bytes == M * (1 + stage) * 2 * B * H * (N + P) * 4
