@@ -76,10 +76,12 @@ microbatches, n = N − 1 the decode steps:
   brings back the outputs of the pairs its experts ran (E·f_r times as many, f_r its experts' fraction of the load;
   1/E balanced), the training forward's payload (:func:`~flopcount.parallel.experts.all_to_all_bytes`) for the
   prefill's and each step's tokens: M·Σ_layers (a2a(B·(P/C)·k·h·e) + n·a2a(B·k·h·e) + (B·P/C + n·B)·k·p),
-  a2a(v) = v + ⌊E·v·f_r⌋; and before each dispatch the
+  a2a(v) = v + ⌊E·v·f_r⌋ (an encoder-decoder's encoder layers route the B·P prompt tokens in the prefill alone,
+  its decoder layers the B start tokens in the prefill and B in each step: :func:`_routed_tokens`); and before each
+  dispatch the
   router's statistics as in training (:mod:`flopcount.parallel.experts`): an ``all_gather`` (group ``tp_ep``) of
-  the R int64 token counts per expert of each of the T·E ranks, M·(1 + n)·Lₛ·T·E·R·8 over the stage's MoE layers
-  (the routing runs in every forward); the auxiliary loss's ``all_reduce`` over ``tp_cp`` is training's only
+  the R int64 token counts per expert of each of the T·E ranks in each phase that runs a MoE layer of the stage,
+  M·(1 + n)·Lₛ·T·E·R·8 for a decoder (the routing runs in every forward); the auxiliary loss's ``all_reduce`` over ``tp_cp`` is training's only
   (Megatron computes it only in training with autograd recording), none here;
 * DP: nothing (replicas); with ``fsdp``, the ``all_gather`` of the rank's parameters G before each forward
   (each phase of each microbatch): M·(1 + n)·G over dp (dp_cp under cp), a routed expert's over its expert
@@ -184,7 +186,7 @@ def generation_ledger(report: Any, plan: ParallelPlan, expert_load: px.ExpertLoa
                     phases = {"prefill": _phase(m * pm, m * pr), "decode": _phase(m * dm, m * dr)}
                     coords = {"tp": i, "pp": s, "cp": cp, "ep": ep, "dp": dp}
                     rank = rank_id(plan, i, cp, dp, s)
-                    key = (s, tuple(fractions[layer][ep] for layer in ex_prefill[(s, i)]))
+                    key = (s, tuple((layer, fractions[layer][ep]) for layer in ex_prefill[(s, i)]))
                     if key not in comms:  # the same for the stage's ranks of one EP rank and load
                         comms[key] = _communication(plan, d, report, s, gen, key[1], within)
                     comm = comms[key]
@@ -309,9 +311,9 @@ def _node_lines(reports: Mapping[int, Any], piece: Any, where: str, moe: Any = N
 
 
 def _communication(plan: ParallelPlan, d: Any, report: Any, s: int, gen: Any,
-                   shares: Sequence[tuple[int, int]] = (), within: tuple[int, int] | None = None) -> tuple:
-    """One rank of stage ``s``: its collectives over the whole generation (the module's closed forms); ``shares``:
-    its EP rank's (numerator, denominator) of the load of each MoE layer of its stage; ``within``: an
+                   moe: Sequence[tuple[int, tuple[int, int]]] = (), within: tuple[int, int] | None = None) -> tuple:
+    """One rank of stage ``s``: its collectives over the whole generation (the module's closed forms); ``moe``:
+    each MoE layer of its stage and its EP rank's (numerator, denominator) of the layer's load; ``within``: an
     encoder-decoder's decode step's layers (:func:`_decoder_within`)."""
     t, p, c_, m, n = plan.tp, plan.pp, plan.cp, plan.microbatches, gen.steps
     b, e, per_stage = gen.batch, d.act_bytes, d.layers // p
@@ -330,16 +332,19 @@ def _communication(plan: ParallelPlan, d: Any, report: Any, s: int, gen: Any,
         kv = 2 * b * gen.prompt_tokens * max(d.kv_heads // t, 1) * d.head_dim * e * per_stage
         part = n * per_stage * c_ * b * (d.heads // t) * (d.head_dim + 1) * e
         out.append(Collective("all_gather", "cp", m * (kv + part)))
-    if plan.ep > 1 and shares:  # dispatch and combine, forward only, in the prefill and each decode step
-        vec = report.moe.top_k * d.hidden * e  # one token's k hidden vectors
-        prefill_tokens, step_tokens = b * (gen.prompt_tokens // c_), b
-        probs = len(shares) * report.moe.top_k * d.prob_bytes  # its pairs' probabilities, with each dispatch
-        out.append(Collective("all_to_all", "ep", m * (px.all_to_all_bytes(prefill_tokens * vec, plan.ep, shares)
-                                                       + n * px.all_to_all_bytes(step_tokens * vec, plan.ep, shares)
-                                                       + (prefill_tokens + n * step_tokens) * probs)))
+    if plan.ep > 1 and moe:  # dispatch and combine, forward only, in each phase that runs the layer
+        k = report.moe.top_k
+        vec = k * d.hidden * e  # one token's k hidden vectors
+        sent = passes = 0
+        for layer, share in moe:
+            pre, step = _routed_tokens(gen, layer, within, b, c_)
+            sent += (px.all_to_all_bytes(pre * vec, plan.ep, [share]) + n * px.all_to_all_bytes(step * vec, plan.ep,
+                                                                                              [share])
+                     + (pre + n * step) * k * d.prob_bytes)  # its pairs' probabilities, with each dispatch
+            passes += (pre > 0) + n * (step > 0)
+        out.append(Collective("all_to_all", "ep", m * sent))
         # the router's counts gathered before each dispatch; no auxiliary loss (training only)
-        out.append(Collective("all_gather", "tp_ep", m * (1 + n) * len(shares) * px.counts_gathered(
-            plan, report.moe.experts)))
+        out.append(Collective("all_gather", "tp_ep", m * passes * px.counts_gathered(plan, report.moe.experts)))
     if plan.fsdp:  # a routed expert's parameters gathered over its expert data-parallel group, as in training
         held = param_groups(report, layout_of(report, plan))[s]
         dense = (held["dense"] + held["padding"]) * d.param_bytes  # each parameter padded, as FSDP2 gathers it
@@ -350,6 +355,16 @@ def _communication(plan: ParallelPlan, d: Any, report: Any, s: int, gen: Any,
         if plan.dp * c_ // plan.ep > 1:
             out.append(Collective("all_gather", "edp", m * (1 + n) * experts))
     return tuple(x for x in out if x.bytes)
+
+
+def _routed_tokens(gen: Any, layer: int, within: tuple[int, int] | None, b: int, c_: int) -> tuple[int, int]:
+    """The tokens MoE layer ``layer`` routes on one rank (prefill, each decode step): a decoder's B·P/C prompt tokens
+    and its B new ones; an encoder-decoder's encoder layer the B·P prompt tokens in the prefill alone (a decode step
+    runs the decoder), its decoder layer the B start tokens, then the B new ones (``within``: the decoder's
+    layers)."""
+    if within is None:
+        return b * (gen.prompt_tokens // c_), b
+    return (b * gen.prompt_tokens, 0) if layer < within[0] else (b, b)
 
 
 def _decoder_within(report: Any, plan: ParallelPlan, gen: Any) -> tuple[int, int] | None:
