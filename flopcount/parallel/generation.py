@@ -317,7 +317,7 @@ def _communication(plan: ParallelPlan, d: Any, report: Any, s: int, gen: Any,
     encoder-decoder's decode step's layers (:func:`_decoder_within`)."""
     t, p, c_, m, n = plan.tp, plan.pp, plan.cp, plan.microbatches, gen.steps
     b, e, per_stage = gen.batch, d.act_bytes, d.layers // p
-    first, last = s == 0, s == p - 1
+    last = s == p - 1
     a_p, a_d = b * (gen.prompt_tokens // c_) * d.hidden * e, b * d.hidden * e
     out = []
     if t > 1:

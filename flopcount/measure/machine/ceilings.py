@@ -167,7 +167,6 @@ def measure_ort_gemm(dtype: str = "fp32", threads: int | None = None, sizes: tup
     the ceiling an onnxruntime profile is judged against (onnxruntime's kernels and torch's differ in speed on the
     same core)."""
     import numpy as np
-    import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
