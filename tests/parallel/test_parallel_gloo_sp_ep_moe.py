@@ -13,7 +13,8 @@ The routing is fixed and uneven, the same on every rank: each of a rank's 8 toke
 experts 1-3 in turn (8, 3, 3, 2 pairs), so EP rank 0 (experts 0, 1) receives 11 pairs from each EP rank and EP rank
 1 (experts 2, 3) 5, given to the ledger as ``--expert-load``. Each rank's ``FlopCounterMode`` total, the bytes it
 hands to each collective by group (``tp``, ``etp``, ``ep``, ``tp_ep``, ``tp_cp``) and the calls by phase the
-step-time predictor prices equal the ledger's."""
+step-time predictor prices equal the ledger's, and the memory ledger's ``all_to_all`` buffers are those the rank
+hands that collective."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from gloo_shards import Recorder, ledger_bytes, phased, predicted_calls, recorde
 from helpers import gloo_ranks, mixtral_config, products_only
 from test_parallel_gloo_sp import megatron_column
 
+from flopcount.memory.ranks import per_rank
 from flopcount.parallel.experts import ExpertLoad
 from flopcount.parallel.plan import parse_parallel
 from flopcount.parallel.ranks import ledger
@@ -172,8 +174,10 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
 @pytest.fixture(scope="module")
 def report():
     import flopcount
+    from flopcount.memory.ledger import MemorySettings
 
-    return flopcount.from_hf(mixtral_config(H, I, L, HEADS, KV, V, E, K), (B, S), cache_dir=False, mode="train")
+    return flopcount.from_hf(mixtral_config(H, I, L, HEADS, KV, V, E, K), (B, S), cache_dir=False, mode="train",
+                             memory=MemorySettings(device="cpu"))
 
 
 def _predicted(report, led, rank: int) -> Counter:
@@ -191,6 +195,7 @@ def test_tp_sp_ep_moe_on_gloo_equals_the_ledger(report, tmp_path):
     p = parse_parallel(PLAN)
     led = ledger(report, p, expert_load=expert_load)
     flops = ledger(products_only(report), p, expert_load=expert_load)
+    mem = {x: r for r in per_rank(report, p, expert_load).ranks for x in r.replicas}
     a = B * S * H * 4  # one activation, fp32
     own = OWN * K  # the pairs a rank dispatches
     for rank, r in enumerate(seen):
@@ -212,6 +217,9 @@ def test_tp_sp_ep_moe_on_gloo_equals_the_ledger(report, tmp_path):
             # reduce-scattered (their gradient gathered)
             "all_gather(etp)": L * gathered * (2 * H * 4 + 4), "reduce_scatter(etp)": L * gathered * (2 * H * 4 + 4),
             "all_gather(tp_ep)": L * TP * EP * E * 8, "all_reduce(tp_cp)": L * E * 8}
+        # the memory ledger's all_to_all buffers: the vectors and probabilities the rank hands it, its own pairs
+        # and those its experts receive
+        assert mem[rank].alltoall_bytes == (own + got) * (H + 1) * 4
         assert predicted_calls(report, PLAN, rank) == recorded({"calls": r["calls"]["tp"]})
         calls = Counter()
         for name, phases in r["calls"].items():
