@@ -62,17 +62,17 @@ whole on every CP rank; under ``fsdp`` they are sharded over the D·C ranks of t
 ledger's gradient collectives run on (Megatron's distributed optimizer over dp·cp).
 
 **Expert parallelism** (``ep=E``, ranks drawn from the D·C data- and context-parallel ranks as in
-:mod:`flopcount.parallel.experts`): a parameter read under a routed block's ``experts`` is 1/(T·E) (each EP rank
-holds R/E of the R experts, each split over TP as the FLOPs ledger splits it), and under ``fsdp`` 1/(D·C/E) more
-(the expert data-parallel group). The activations made under ``experts`` are the (token, expert) pairs that rank's
-experts run: E·f_r times the rank's own tokens' pairs (f_r its experts' share of the load, balanced 1/E or from
-``--expert-load``); those that carry an expert's inner dimension (from the gate/up products to the down product's
-input, found by dataflow) are 1/T besides, as TP splits the experts' weights; the pairs' token vectors and the down
-products' outputs are whole on every TP rank. ``alltoall_bytes``: the buffers one
-MoE layer hands to its ``all_to_all`` (the T·k token vectors of the T tokens the rank routes, its s/T under ``sp``,
-dispatched with their probabilities, its experts' E·T·k·f_r pairs received and their outputs combined, h·e + p bytes each: the FLOPs ledger's payload with the
-probabilities received, :mod:`flopcount.parallel.experts`), the largest layer's, held through the walk and so in
-the peak. One entry per (stage, TP rank, EP rank), its data- and context-parallel replicas (same figures: zigzag makes
+:mod:`flopcount.parallel.experts`): a parameter read under a routed block's ``experts`` is 1/(T·E) (each EP rank holds
+R/E of the R experts, each split over TP as the FLOPs ledger splits it), and under ``fsdp`` 1/(D·C/E) more (the expert
+data-parallel group). The activations made under ``experts`` are the (token, expert) pairs that rank's experts run:
+E·f_r times the rank's own tokens' pairs (f_r its experts' share of the load, balanced 1/E or from ``--expert-load``);
+those that carry an expert's inner dimension (from the gate/up products to the down product's input, found by
+dataflow) are 1/T besides, as TP splits the experts' weights; the pairs' token vectors and the down products' outputs
+are whole on every TP rank. ``alltoall_bytes``: the buffers one MoE layer hands to its ``all_to_all`` (the T·k token
+vectors of the T tokens the rank routes, its s/T under ``sp``, dispatched with their probabilities, its experts'
+E·T·k·f_r pairs received and their outputs combined, h·e + p bytes each: the FLOPs ledger's payload with the
+probabilities received, :mod:`flopcount.parallel.experts`), the largest layer's, held through the walk and so in the
+peak. One entry per (stage, TP rank, EP rank), its data- and context-parallel replicas (same figures: zigzag makes
 every CP rank's share equal) in ``replicas``.
 
 **KV cache** (``--generate P:N``, ``kv_cache_bytes``: the cache after the last step, beside the peak of the
