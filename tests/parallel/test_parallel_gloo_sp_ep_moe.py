@@ -14,7 +14,8 @@ experts 1-3 in turn (8, 3, 3, 2 pairs), so EP rank 0 (experts 0, 1) receives 11 
 1 (experts 2, 3) 5, given to the ledger as ``--expert-load``. Each rank's ``FlopCounterMode`` total, the bytes it
 hands to each collective by group (``tp``, ``etp``, ``ep``, ``tp_ep``, ``tp_cp``) and the calls by phase the
 step-time predictor prices equal the ledger's, and the memory ledger's ``all_to_all`` buffers are those the rank
-hands that collective."""
+hands that collective; run again with each layer under a non-reentrant checkpoint, its bytes equal the ledger's under
+``--recompute non-reentrant``."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from test_parallel_gloo_sp import megatron_column
 
 from flopcount.memory.ranks import per_rank
 from flopcount.parallel.experts import ExpertLoad
-from flopcount.parallel.plan import parse_parallel
+from flopcount.parallel.plan import parse_parallel, parse_recompute
 from flopcount.parallel.ranks import ledger
 
 pytest.importorskip("transformers")
@@ -55,8 +56,9 @@ def load() -> list[int]:
     return [sum(e in chosen for chosen in route()) for e in range(E)]
 
 
-def mixtral(tp: int, dp: int, recs: dict):
-    """The model on TP rank ``tp`` and EP rank ``dp`` under ``sp=megatron``; ``recs``: the recorders by group."""
+def mixtral(tp: int, dp: int, recs: dict, rerun: bool = False):
+    """The model on TP rank ``tp`` and EP rank ``dp`` under ``sp=megatron``; ``recs``: the recorders by group;
+    ``rerun``: each layer under a non-reentrant checkpoint (``--recompute non-reentrant``)."""
     nn, dist = torch.nn, torch.distributed
     torch.manual_seed(0)
     rec, ep, etp = recs["tp"], recs["ep"], recs["etp"]
@@ -133,26 +135,21 @@ def mixtral(tp: int, dp: int, recs: dict):
         def forward(self, ids):
             x = vocab_lookup(ids, self.tokens, tp, TP, rec.scatter)
             for layer in self.layers:
-                x = layer(x)
+                x = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False) if rerun else layer(x)
             logits, = column(self.norm(x), self.head)  # this rank's V/t logits of every token
             return logits.sum()
 
     return Model()
 
 
-def _worker(rank: int, world: int, init: str, out: str) -> None:
-    import torch.distributed as dist
+def _step(tp: int, dp: int, groups: dict, rerun: bool) -> dict:
+    """One training step of the model on this rank: its FLOPs, the bytes it hands each collective by group and its
+    calls by phase."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    torch.set_num_threads(1)  # a forked child must not wait on the parent's intra-op pool
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    tp, dp = rank % TP, rank // TP
-    tp_groups = [dist.new_group([d * TP + i for i in range(TP)]) for d in range(DP)]  # every rank makes every group
-    ep_groups = [dist.new_group([d * TP + i for d in range(DP)]) for i in range(TP)]
     moved: Counter = Counter()
-    on = {"tp": tp_groups[dp], "etp": tp_groups[dp], "tp_cp": tp_groups[dp], "ep": ep_groups[tp], "tp_ep": None}
-    recs = {name: Recorder(group, name, moved) for name, group in on.items()}
-    model = mixtral(tp, dp, recs)
+    recs = {name: Recorder(group, name, moved) for name, group in groups.items()}
+    model = mixtral(tp, dp, recs, rerun)
     torch.manual_seed(1 + dp)  # each data-parallel rank its own batch
     ids = torch.randint(0, V, (B, S))
     with FlopCounterMode(display=False) as counter:
@@ -164,10 +161,22 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
     flat = recs["tp"].all_reduce(torch.cat([g.reshape(-1) for g in partial]))  # one flattened call, as Megatron
     for g, part in zip(partial, flat.split([g.numel() for g in partial])):
         g.copy_(part.view_as(g))
-    calls = {name: phased(r.calls, forward[name], backward[name]) for name, r in recs.items()}
+    return {"flops": counter.get_total_flops(), "bytes": {f"{k}({g})": b for (k, g), b in moved.items()},
+            "calls": {name: phased(r.calls, forward[name], backward[name]) for name, r in recs.items()}}
+
+
+def _worker(rank: int, world: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)  # a forked child must not wait on the parent's intra-op pool
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    tp, dp = rank % TP, rank // TP
+    tp_groups = [dist.new_group([d * TP + i for i in range(TP)]) for d in range(DP)]  # every rank makes every group
+    ep_groups = [dist.new_group([d * TP + i for d in range(DP)]) for i in range(TP)]
+    groups = {"tp": tp_groups[dp], "etp": tp_groups[dp], "tp_cp": tp_groups[dp], "ep": ep_groups[tp], "tp_ep": None}
+    seen = {policy: _step(tp, dp, groups, policy != "none") for policy in ("none", "non-reentrant")}
     with open(f"{out}.{rank}", "w") as f:
-        json.dump({"flops": counter.get_total_flops(), "bytes": {f"{k}({g})": b for (k, g), b in moved.items()},
-                   "calls": calls}, f)
+        json.dump(seen, f)
     dist.destroy_process_group()
 
 
@@ -190,22 +199,28 @@ def _predicted(report, led, rank: int) -> Counter:
 
 
 def test_tp_sp_ep_moe_on_gloo_equals_the_ledger(report, tmp_path):
+    """Plain, and with each layer under a non-reentrant checkpoint, whose rerun runs to the layer's last saved
+    tensor (the combine's index, after the experts): attention's gather and reduce-scatter again (the layer ends in
+    the dispatched MoE block, whose reduction is no TP one), the counts, the dispatch with the etp gathers, the
+    combine with the etp reduce-scatter, the auxiliary loss's counts (autograd records in both passes)."""
     seen = gloo_ranks(_worker, tmp_path, world=TP * DP)
     expert_load = ExpertLoad([load()])
     p = parse_parallel(PLAN)
     led = ledger(report, p, expert_load=expert_load)
+    again = ledger(report, p, parse_recompute("non-reentrant"), expert_load)
     flops = ledger(products_only(report), p, expert_load=expert_load)
     mem = {x: r for r in per_rank(report, p, expert_load).ranks for x in r.replicas}
     a = B * S * H * 4  # one activation, fp32
     own = OWN * K  # the pairs a rank dispatches
-    for rank, r in enumerate(seen):
+    for rank, both in enumerate(seen):
+        r, rerun = both["none"], both["non-reentrant"]
         tp, dp = rank % TP, rank // TP
         assert led.ranks[rank].coords == {"tp": tp, "pp": 0, "cp": 0, "ep": dp, "dp": dp}
         assert r["flops"] == flops.ranks[rank].hardware_flops
         got = EP * sum(load()[e] for e in range(dp * PER, (dp + 1) * PER))  # the pairs its experts receive
         gathered = TP * got  # and its TP group's, gathered
         listed = {k: b for g in GROUPS for k, b in ledger_bytes(led.ranks[rank], g).items()}
-        assert r["bytes"] == listed == {
+        plain = {
             # attention per layer (its input gathered, again in the backward; its output reduce-scattered), the
             # embedding's lookup and the LM head's input; no MoE block over TP
             "all_gather(tp)": 3 * L * a + 3 * a, "reduce_scatter(tp)": 2 * L * a + 2 * a,
@@ -217,6 +232,12 @@ def test_tp_sp_ep_moe_on_gloo_equals_the_ledger(report, tmp_path):
             # reduce-scattered (their gradient gathered)
             "all_gather(etp)": L * gathered * (2 * H * 4 + 4), "reduce_scatter(etp)": L * gathered * (2 * H * 4 + 4),
             "all_gather(tp_ep)": L * TP * EP * E * 8, "all_reduce(tp_cp)": L * E * 8}
+        assert r["bytes"] == listed == plain
+        rerun_listed = {k: b for g in GROUPS for k, b in ledger_bytes(again.ranks[rank], g).items()}
+        assert rerun["bytes"] == rerun_listed == {k: b + L * {
+            "all_gather(tp)": a, "reduce_scatter(tp)": a, "all_to_all(ep)": (own + got) * H * 4 + own * 4,
+            "all_gather(etp)": gathered * (H * 4 + 4), "reduce_scatter(etp)": gathered * H * 4,
+            "all_gather(tp_ep)": TP * EP * E * 8, "all_reduce(tp_cp)": E * 8}.get(k, 0) for k, b in plain.items()}
         # the memory ledger's all_to_all buffers: the vectors and probabilities the rank hands it, its own pairs
         # and those its experts receive
         assert mem[rank].alltoall_bytes == (own + got) * (H + 1) * 4
