@@ -209,6 +209,7 @@ def test_tp_sp_ep_moe_on_gloo_equals_the_ledger(report, tmp_path):
     led = ledger(report, p, expert_load=expert_load)
     again = ledger(report, p, parse_recompute("non-reentrant"), expert_load)
     flops = ledger(products_only(report), p, expert_load=expert_load)
+    flops_again = ledger(products_only(report), p, parse_recompute("non-reentrant"), expert_load)
     mem = {x: r for r in per_rank(report, p, expert_load).ranks for x in r.replicas}
     a = B * S * H * 4  # one activation, fp32
     own = OWN * K  # the pairs a rank dispatches
@@ -217,6 +218,7 @@ def test_tp_sp_ep_moe_on_gloo_equals_the_ledger(report, tmp_path):
         tp, dp = rank % TP, rank // TP
         assert led.ranks[rank].coords == {"tp": tp, "pp": 0, "cp": 0, "ep": dp, "dp": dp}
         assert r["flops"] == flops.ranks[rank].hardware_flops
+        assert rerun["flops"] == flops_again.ranks[rank].hardware_flops  # each layer's products again
         got = EP * sum(load()[e] for e in range(dp * PER, (dp + 1) * PER))  # the pairs its experts receive
         gathered = TP * got  # and its TP group's, gathered
         listed = {k: b for g in GROUPS for k, b in ledger_bytes(led.ranks[rank], g).items()}
