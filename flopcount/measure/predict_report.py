@@ -186,7 +186,7 @@ def _messages(r: Any, led: Any) -> tuple[Message, ...]:
             out.append(Message(c.kind, c.group, c.bytes, 1, n, "step"))
         elif c.group == "tp_ep" and plan.ep == 1:  # the all-gather dispatcher's routing map and probabilities
             out.extend(_routing_messages(c, led, n, v))
-        elif c.group in ("ep", "tp_ep"):
+        elif c.group in ("ep", "tp_ep", "etp"):
             out.extend(_expert_messages(c, r, led, n, v))
         else:  # cp's K/V and tp_cp's router counts
             out.extend(_context_messages(c, r, led, n, v))
@@ -198,9 +198,11 @@ def _expert_messages(c: Any, r: Any, led: Any, n: int, v: int) -> list[Message]:
     ``all_gather`` of the router's counts (``tp_ep``: a call of :func:`~flopcount.parallel.experts.counts_gathered`
     bytes each, so the calls are the ledger's bytes over that); each dispatch two ``all_to_all`` (``ep``: the tokens
     and their probabilities) and each combine one: three calls a dispatch, and three again a layer and microbatch in
-    the backward, each call the average of the ledger's bytes over them. The forward's L·M dispatches (L the MoE
-    layers of the rank's chunks) are exposed in the forward; the backward's calls and a recompute's rerun (the
-    dispatches past L·M) in the backward."""
+    the backward, each call the average of the ledger's bytes over them. Under tp, sp and ep (group ``etp``) each
+    dispatch two ``all_gather`` (the pairs received and their probabilities) and each combine one ``reduce_scatter``
+    (the outputs), and in the backward a layer and microbatch one ``all_gather`` and two ``reduce_scatter``. The
+    forward's L·M dispatches (L the MoE layers of the rank's chunks) are exposed in the forward; the backward's calls
+    and a recompute's rerun (the dispatches past L·M, each with a combine) in the backward."""
     from flopcount.parallel.experts import counts_gathered
 
     plan, d, m = led.plan, led.dims, led.plan.microbatches
@@ -210,7 +212,12 @@ def _expert_messages(c: Any, r: Any, led: Any, n: int, v: int) -> list[Message]:
     if c.group == "tp_ep":
         return [Message(c.kind, c.group, each, calls, n, phase)
                 for calls, phase in ((layers, "forward"), (gathers - layers, "backward")) if calls > 0]
-    calls = {"forward": 3 * layers, "backward": 3 * (gathers - layers) + (3 * layers if led.mode == "train" else 0)}
+    back = layers if led.mode == "train" else 0
+    if c.group == "etp":  # this kind's calls in a layer's forward (dispatch and combine) and in its backward
+        fwd, bwd = (2, 1) if c.kind == "all_gather" else (1, 2)
+        calls = {"forward": fwd * layers, "backward": fwd * (gathers - layers) + bwd * back}
+    else:
+        calls = {"forward": 3 * layers, "backward": 3 * (gathers - layers) + 3 * back}
     per = c.bytes / sum(calls.values())
     return [Message(c.kind, c.group, per, k, n, phase) for phase, k in calls.items() if k > 0]
 

@@ -62,17 +62,17 @@ whole on every CP rank; under ``fsdp`` they are sharded over the D·C ranks of t
 ledger's gradient collectives run on (Megatron's distributed optimizer over dp·cp).
 
 **Expert parallelism** (``ep=E``, ranks drawn from the D·C data- and context-parallel ranks as in
-:mod:`flopcount.parallel.experts`): a parameter read under a routed block's ``experts`` is 1/(T·E) (each EP rank
-holds R/E of the R experts, each split over TP as the FLOPs ledger splits it), and under ``fsdp`` 1/(D·C/E) more
-(the expert data-parallel group). The activations made under ``experts`` are the (token, expert) pairs that rank's
-experts run: E·f_r times the rank's own tokens' pairs (f_r its experts' share of the load, balanced 1/E or from
-``--expert-load``); those that carry an expert's inner dimension (from the gate/up products to the down product's
-input, found by dataflow) are 1/T besides, as TP splits the experts' weights; the pairs' token vectors and the down
-products' outputs are whole on every TP rank. ``alltoall_bytes``: the buffers one
-MoE layer hands to its ``all_to_all`` (the rank's T·k token vectors dispatched with their probabilities, its experts'
+:mod:`flopcount.parallel.experts`): a parameter read under a routed block's ``experts`` is 1/(T·E) (each EP rank holds
+R/E of the R experts, each split over TP as the FLOPs ledger splits it), and under ``fsdp`` 1/(D·C/E) more (the expert
+data-parallel group). The activations made under ``experts`` are the (token, expert) pairs that rank's experts run:
+E·f_r times the rank's own tokens' pairs (f_r its experts' share of the load, balanced 1/E or from ``--expert-load``);
+those that carry an expert's inner dimension (from the gate/up products to the down product's input, found by
+dataflow) are 1/T besides, as TP splits the experts' weights; the pairs' token vectors and the down products' outputs
+are whole on every TP rank. ``alltoall_bytes``: the buffers one MoE layer hands to its ``all_to_all`` (the T·k token
+vectors of the T tokens the rank routes, its s/T under ``sp``, dispatched with their probabilities, its experts'
 E·T·k·f_r pairs received and their outputs combined, h·e + p bytes each: the FLOPs ledger's payload with the
-probabilities received, :mod:`flopcount.parallel.experts`), the largest layer's, held through the walk and so in
-the peak. One entry per (stage, TP rank, EP rank), its data- and context-parallel replicas (same figures: zigzag makes
+probabilities received, :mod:`flopcount.parallel.experts`), the largest layer's, held through the walk and so in the
+peak. One entry per (stage, TP rank, EP rank), its data- and context-parallel replicas (same figures: zigzag makes
 every CP rank's share equal) in ``replicas``.
 
 **KV cache** (``--generate P:N``, ``kv_cache_bytes``: the cache after the last step, beside the peak of the
@@ -98,7 +98,7 @@ from typing import Any, Mapping, NamedTuple
 
 from ..context import TensorInfo
 from ..errors import UsageError
-from ..parallel.experts import all_to_all_bytes
+from ..parallel.experts import all_to_all_bytes, routing_ranks
 from ..parallel.layout import ROLE_RULES, SEQUENCE_ROLES, fsdp_shard, in_flight, layout_of, rank_id
 from ..parallel.plan import ParallelPlan
 from ..reporting.report import tensor_bytes
@@ -295,7 +295,8 @@ def _walked_ranks(w: _PlanWalk, vec: int) -> list[PlanRankMemory]:
         layers = {w.layer_of[k] for k in keep} & set(fractions) if fractions else set()
         for e in range(plan.ep):
             share = {layer: fractions[layer][e] for layer in layers}
-            alltoall = max((all_to_all_bytes(vec * (w.layout.seqs[layer] // plan.cp), plan.ep, [part])
+            alltoall = max((all_to_all_bytes(vec * (w.layout.seqs[layer] // plan.cp // routing_ranks(plan)), plan.ep,
+                                             [part])
                             for layer, part in share.items()), default=0)
             # the TP ranks of a stage are symmetric (the plan refuses degrees that do not divide), and EP ranks of
             # the same load walk the same graph: one walk per (stage, load), placed on each of them

@@ -12,7 +12,8 @@ Per layer of the stage (``M`` times a step), with A_n = b·s_n·h·e of that lay
   latent (:class:`~flopcount.parallel.roles.Found` ``latent_parts``: the q latent, the kv latent and the shared
   rotary key, each b·s·width·e);
 * a recompute's rerun: the forward's calls again, in the backward, less the layer's last reduction under
-  ``non-reentrant``.
+  ``non-reentrant`` (none where the layer ends in an MoE block the all-to-all dispatcher runs under tp, sp and ep:
+  no TP block, :class:`~flopcount.parallel.layout.Layout` ``dispatched``).
 
 Once per microbatch: each token-embedding lookup (forward; an encoder-decoder's two, a call each), the LM head's
 input (gathered in the forward under sp) and its gradient (backward), sp's gathered inputs gathered again in the
@@ -66,9 +67,11 @@ def tp_calls(layout: Any, stage: int, train: bool, has_loss: bool, skipped: tupl
 
     row, col = ("reduce_scatter", "all_gather") if sp else ("all_reduce", "all_reduce")
     parts = layout.latent_parts or ((),) * len(layout.blocks)
-    kinds = Counter((layout.seqs[n], layout.blocks[n], layout.cross[n], parts[n]) for n in layout.stage_layers(stage))
+    dispatched = layout.dispatched or (False,) * len(layout.blocks)
+    kinds = Counter((layout.seqs[n], layout.blocks[n], layout.cross[n], parts[n], dispatched[n])
+                    for n in layout.stage_layers(stage))
     for kind, k in kinds.items():  # the layers alike once (a plan search asks for many plans)
-        rows, cols = _layer_calls(layout, kind)
+        rows, cols = _layer_calls(layout, kind[:4])
         add(row, rows, "forward", k)
         if sp:
             add(col, cols, "forward", k)
@@ -78,6 +81,7 @@ def tp_calls(layout: Any, stage: int, train: bool, has_loss: bool, skipped: tupl
                 add(col, rows, "backward", k)
         if skipped is not None:  # the rerun: the forward's calls again, but the last ``skipped`` reductions
             kept = (skipped[2], skipped[1]) if sp else (skipped[0], 0)
+            kept = (0, kept[1]) if kind[4] else kept  # a dispatched MoE block last: no TP reduction skipped
             add(row, rows[kept[0]:], "backward", k)
             if sp:
                 add(col, cols[kept[1]:], "backward", k)

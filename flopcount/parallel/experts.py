@@ -31,25 +31,42 @@ divided among its ranks in proportion to the tokens their experts receive: balan
 1/E each) or read from ``--expert-load FILE``: JSON, a list of R token counts for all MoE layers, or a list of
 such lists, one per MoE layer in order. Within a TP group the experts are split like a dense MLP (expert tensor
 parallelism = T: 1/T of every expert's work). The router (``gate``) and the ops of the MoE block itself (shared
-expert gate, the sum of shared and routed outputs) run whole on every TP rank: replicated. Shared experts are
-dense MLPs: split over TP. Per MoE layer and microbatch, each rank hands ``all_to_all`` its T·k (token, expert)
-hidden vectors to dispatch (T its tokens, k the experts per token), h·e bytes each, and with them their T·k routing
+expert gate, the sum of shared and routed outputs) run whole on every TP rank: replicated (under ``sp`` on the
+rank's s/T tokens). Shared experts are dense MLPs: split over TP. Per MoE layer and microbatch, each rank hands
+``all_to_all`` its T·k (token, expert) hidden vectors to dispatch (T the tokens it routes: b·s_C, or its b·s_C/T
+under ``sp``, :func:`routing_ranks`; k the experts per token), h·e bytes each, and with them their T·k routing
 probabilities (p bytes each, below), which the rank holding the expert applies to its output; and back the outputs
 of the pairs its experts ran, E·T·k·f_r of them (f_r its experts' fraction of the load; T·k balanced), h·e bytes
 each; in the backward the same two again, reversed, and the gradient of the E·T·k·f_r probabilities it received
 back to the ranks that routed them (:func:`exchange_bytes`, once for the vectors and once for the probabilities).
 
 **Which dispatcher.** Under ep > 1 the ledger runs Megatron-Core's all-to-all token dispatcher
-(``MoEAlltoAllTokenDispatcher``, ``--moe-token-dispatcher-type alltoall``) as above: the routing map stays on the
-rank that routed (only its counts travel, below); the tokens and their probabilities go by ``all_to_all`` over the
-EP group, the probabilities to be applied by the experts' rank (as Megatron-Core has applied them in the experts'
+(``MoEAlltoAllTokenDispatcher``, ``--moe-token-dispatcher-type alltoall``) as above: the routing map stays on the rank
+that routed (only its counts travel, below); the tokens and their probabilities go by ``all_to_all`` over the EP
+group, the probabilities to be applied by the experts' rank (as Megatron-Core has applied them in the experts'
 activation since its r0.13 release). Megatron-Core's all-gather dispatcher (``MoEAllGatherTokenDispatcher``, its
 default) runs under ep > 1 too, differently: it all-gathers the routing map, the probabilities and the hidden states
 of the T·E ranks of ``tp_ep`` and reduce-scatters the outputs over them, with no ``all_to_all``; the ledger does not
-model that choice under ep > 1 (under ep = 1 it runs the all-gather dispatcher, below). Under T > 1 Megatron's
-all-to-all dispatcher exchanges the pairs of each TP rank's own tokens and then all-gathers the pairs received over
-the expert-TP group; the ledger instead gathers the MoE block's input over TP as it gathers a dense MLP's (the TP
-rules, :mod:`flopcount.parallel.ranks`) and has each TP rank exchange the pairs of all of its tokens.
+model that choice under ep > 1 (under ep = 1 it runs the all-gather dispatcher, below).
+
+**Tensor and expert parallelism** (T > 1, E > 1). With ``sp``, which Megatron-Core requires here (its
+``TransformerConfig`` refuses expert and tensor parallelism without sequence parallelism), the ledger runs the
+dispatcher as Megatron-Core does: the router on the rank's s/T tokens; each TP rank dispatches the pairs of its own
+b·s_C/T tokens (the T of the rules above) over its EP group; the pairs it receives, n = E·T·k·f_r, and their
+probabilities are all-gathered over the expert-tensor-parallel group (``etp``: the T ranks of its TP group, expert TP
+being TP), the received counts as split sizes (``gather_from_sequence_parallel_region``; their gradients
+reduce-scattered in the backward); the experts run split over TP on the T·n pairs gathered (1/T of their work: the
+FLOPs of 1/T of each expert on the group's pairs, as above); their outputs are reduce-scattered over ``etp``
+(``reduce_scatter_to_sequence_parallel_region``, in the probabilities' dtype, to which Megatron-Core casts them; their
+gradient all-gathered in the backward) and sent back by ``all_to_all``. Per MoE layer and microbatch, of G = T·n pairs
+(:func:`expert_tp_gathered`): ``all_gather`` G·(h·e + p) in the forward and G·h·p in the backward, ``reduce_scatter``
+G·h·p in the forward and G·(h·e + p) in the backward, a rerun's dispatch gathering and its combine reduce-scattering
+again. So an MoE block of routed experts alone is no TP block (nothing of it gathered or reduce-scattered over ``tp``:
+:mod:`flopcount.parallel.layout`'s blocks); a shared expert keeps its own, as Megatron-Core's ``SharedExpertMLP`` (a
+dense MLP under sp). Without ``sp`` the ledger keeps its own model of the plan Megatron-Core refuses: every TP rank
+holds the whole sequence, routes it (the router replicated) and dispatches the pairs of all of its tokens (T times the
+``all_to_all`` bytes of sp), the experts' partial outputs summed with the layer's TP block as a dense MLP's;
+generation, which takes no ``sp``, runs this rule.
 
 **Recompute.** A rerun of an MoE layer's forward in the backward (``full``, ``non-reentrant``) runs its collectives
 again where it passes them: the dispatch (its ``all_to_all`` of the rank's T·k vectors and probabilities, and the
@@ -100,8 +117,8 @@ from typing import Any, NamedTuple
 from ..errors import UsageError
 
 __all__ = ["COUNT_BYTES", "ExpertLoad", "PROB_BYTES", "Rerun", "all_to_all_bytes", "cp_split", "exchange_bytes",
-           "ep_coords", "ep_divide", "ep_members", "is_expert", "load_expert_load", "moe_blocks", "prob_bytes",
-           "routing_gathered", "zigzag_pairs"]
+           "ep_coords", "ep_divide", "ep_members", "expert_tp_gathered", "is_expert", "load_expert_load", "moe_blocks",
+           "prob_bytes", "routing_gathered", "routing_ranks", "zigzag_pairs"]
 
 _EXPERTS = re.compile(r"(.*\.(?:mlp|block_sparse_moe|feed_forward|ffn))\.experts(?:\.|$)")
 
@@ -131,6 +148,36 @@ def ep_coords(dp: int, cp: int, plan: Any) -> tuple[int, int]:
 def ep_members(group: int, plan: Any) -> list[int]:
     """The CP ranks of EP group ``group``'s members, in EP rank order (their q = dp·C + cp run over the group)."""
     return [q % plan.cp for q in range(group * plan.ep, (group + 1) * plan.ep)]
+
+
+def routing_ranks(plan: Any) -> int:
+    """The TP ranks that share out the tokens of a sequence each rank routes and dispatches (see the module's rules):
+    T under ``sp`` (each TP rank its s/T tokens), else 1 (every TP rank all of its tokens).
+
+    >>> from flopcount.parallel.plan import ParallelPlan
+    >>> routing_ranks(ParallelPlan(tp=2, dp=2, ep=2, sp=True)), routing_ranks(ParallelPlan(tp=2, dp=2, ep=2))
+    (2, 1)
+    """
+    return plan.tp if plan.sp else 1
+
+
+def expert_tp_gathered(plan: Any, vec: int, share: tuple[int, int]) -> int:
+    """Bytes one rank's expert-tensor-parallel group (group ``etp``, its T TP ranks) gathers of one MoE layer's
+    pairs under the all-to-all dispatcher with ``sp`` (see the module's rules): each of its T ranks receives the
+    pairs of its experts, E·vec·f_r (``vec`` the bytes of the pairs it dispatched, ``share`` = f_r as (numerator,
+    denominator)), and the group gathers the T ranks' together; 0 where nothing is gathered (T = 1, no ``sp``,
+    E = 1).
+
+    >>> from flopcount.parallel.plan import ParallelPlan
+    >>> expert_tp_gathered(ParallelPlan(tp=2, dp=2, ep=2, sp=True), 100, (3, 4))  # T · (E·100·3/4)
+    300
+    >>> expert_tp_gathered(ParallelPlan(tp=2, dp=2, ep=2), 100, (3, 4))
+    0
+    """
+    if plan.tp == 1 or not plan.sp or plan.ep == 1:
+        return 0
+    num, den = share
+    return plan.tp * (plan.ep * vec * num // den)
 
 
 def all_to_all_bytes(vec: int, ep: int, shares: Sequence[tuple[int, int]]) -> int:

@@ -72,7 +72,8 @@ microbatches, n = N − 1 the decode steps:
   ``all_gather`` of every rank's partial attention output and its log-sum-exp over its part of the cache,
   C·B·(H/T)·(d + 1)·e per layer: M·n·Lₛ·C·B·(H/T)·(d + 1)·e;
 * EP: per MoE layer of the stage, forward only (no backward: not the training ledger's ×2), an ``all_to_all``
-  that dispatches the rank's tokens' k hidden vectors each, with their k routing probabilities (p bytes each), and
+  that dispatches the rank's tokens' k hidden vectors each (every TP rank all of its tokens: the rule without
+  ``sp``, :mod:`flopcount.parallel.experts`), with their k routing probabilities (p bytes each), and
   brings back the outputs of the pairs its experts ran (E·f_r times as many, f_r its experts' fraction of the load;
   1/E balanced), the training forward's payload (:func:`~flopcount.parallel.experts.all_to_all_bytes`) for the
   prefill's and each step's tokens: M·Σ_layers (a2a(B·(P/C)·k·h·e) + n·a2a(B·k·h·e) + (B·P/C + n·B)·k·p),

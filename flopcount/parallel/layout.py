@@ -91,9 +91,11 @@ A parameter follows its role, except a row-parallel projection's bias: whole on 
 row-parallel Gemm's bias add.
 
 **Blocks.** Each layer's blocks that end in a TP reduction: its attentions (two in a decoder layer: self- and
-cross-attention) and its MLP, or a mixer and its attention and MLP where it has them; each block reduces its
-layer's stream (its row-parallel projections' tokens), and the layer's column-parallel inputs are those blocks' and
-its cross-attention's K/V input (:meth:`Layout.stage_tp`; the collectives: :mod:`flopcount.parallel.ranks`).
+cross-attention) and its MLP (not an MoE block of routed experts alone under tp, sp and ep, whose pairs the all-to-all
+dispatcher gathers over expert-TP: :mod:`flopcount.parallel.experts`), or a mixer and its attention and MLP where it
+has them; each block reduces its layer's stream (its row-parallel projections' tokens), and the layer's
+column-parallel inputs are those blocks' and its cross-attention's K/V input (:meth:`Layout.stage_tp`; the
+collectives: :mod:`flopcount.parallel.ranks`).
 **Encoder-decoders**: the plans they take, where the nodes between the stacks run and what a pipeline sends between
 their stages, :mod:`flopcount.parallel.stacks`.
 **Stages.** L layers in P stages (P·v chunks of L/(P·v) under ``interleaved:v``, chunk c on rank c mod P); the nodes
@@ -267,6 +269,7 @@ class Layout:
     padding: Mapping[tuple[int, str], int] = field(default_factory=dict)
     # each layer's blocks that end in a TP reduction: attention, MLP (dense or MoE), a Mamba 2 mixer
     blocks: tuple[int, ...] = ()
+    dispatched: tuple[bool, ...] = ()  # each layer whose MoE block is no TP block (:func:`_blocks`)
     # each layer's tokens in a sequence (its stream's length: an encoder's and a decoder's differ) and the tokens its
     # cross-attention's K/V projections read from the other stack (0: none)
     seqs: tuple[int, ...] = ()
@@ -461,10 +464,6 @@ def layout_of(report: Any, plan: ParallelPlan, within: tuple[int, int] | None = 
     return found
 
 
-def _where(report: Any) -> str:
-    return report.model.path or report.model.graph_name or "the model"
-
-
 def _structure_of(report: Any) -> _Structure:
     from ..reporting.report import element_bits
     from ..reporting.tiled import check_listable
@@ -559,7 +558,7 @@ def _structure(report: Any) -> _Structure:
 
 
 def _build(report: Any, plan: ParallelPlan, within: tuple[int, int] | None) -> Layout:
-    where = _where(report)
+    where = report.model.path or report.model.graph_name or "the model"
     if not _any_model(plan) and (report.modules.missing or len(report.modules.nodes) != len(report.nodes)):
         raise UsageError(f"--parallel: {where} has no module scopes ({report.modules.missing}), so the repeated "
                          f"layers {_degrees(plan)} splits cannot be found; a plan of dp (with fsdp, zero1 or zero2) "
@@ -568,7 +567,7 @@ def _build(report: Any, plan: ParallelPlan, within: tuple[int, int] | None) -> L
     _check(plan, st, where, within)
     # what the layout reads of the plan past its checks: a plan that differs in nothing of it has the layout built
     key = (report.nodes, report.modules.nodes, plan.tp, plan.ep, plan.pp, chunks_of(plan),
-           plan.dp * plan.cp if plan.fsdp else 0, within)
+           plan.dp * plan.cp if plan.fsdp else 0, within, plan.sp and plan.ep > 1)
     for asked, found in _built:
         if asked[0] is key[0] and asked[1] is key[1] and asked[2:] == key[2:]:
             return Layout(**{**found.__dict__, "plan": plan})
@@ -583,7 +582,8 @@ _built: list[tuple] = []
 
 def _laid(report: Any, plan: ParallelPlan, st: _Structure, within: tuple[int, int] | None) -> Layout:
     """The layout of a plan :func:`_check` passed: its chunks, modules' shares and FSDP's padding, which read the
-    plan's tp, ep, pp and chunks and, under fsdp, its D·C; ``within``: :func:`layout_of`'s."""
+    plan's tp, ep, pp and chunks and, under fsdp, its D·C, and its blocks, which read sp under ep; ``within``:
+    :func:`layout_of`'s."""
     nodes, scopes, g, layer, roles, dims = st.nodes, st.scopes, st.g, st.layer, st.roles, st.dims
     attention, has_loss, expert, stacks, tied, tail = st.attention, st.has_loss, st.expert, st.stacks, st.tied, st.tail
     v = chunks_of(plan)
@@ -605,7 +605,7 @@ def _laid(report: Any, plan: ParallelPlan, st: _Structure, within: tuple[int, in
         and any(j == 0 for j, _ in g.weights(k)) for k in range(len(nodes)))
     layout = Layout(plan, dims, tuple(roles), tuple(layer), chunks, whole_part,
                     {n: tuple(ks) for n, ks in attention.items() if ks}, {}, has_loss, expert, stacks,
-                    sum(elements(g.info[r]) for r in tied), lookups_added=added, blocks=_blocks(st),
+                    sum(elements(g.info[r]) for r in tied), lookups_added=added, **_blocks(st, plan),
                     **_tokens(st),
                     sp_inputs={(k, j): (chunks[k][0], b) for (k, j), b in st.sp_bytes.items()},
                     messages=ps.messages(g, chunks) if (len(stacks) > 1 or within) and plan.pp > 1 else (),
@@ -613,16 +613,19 @@ def _laid(report: Any, plan: ParallelPlan, st: _Structure, within: tuple[int, in
     return _with_parameters(layout, g, scopes, tied, report.modules.parameters)
 
 
-def _blocks(st: _Structure) -> tuple[int, ...]:
-    """Each layer's blocks ending in a TP reduction: attention and MLP (dense or MoE), 2, and one more for each
-    further attention (a decoder's cross-attention); a layer with a mixer, the mixer, and its attention and MLP where
-    it has them."""
-    out = []
+def _blocks(st: _Structure, plan: ParallelPlan) -> dict[str, tuple]:
+    """:class:`Layout`'s ``blocks`` (see the module's rules: attention and MLP, 2, one more a further attention; with
+    a mixer, it and its attention and MLP where it has them) and ``dispatched``, the layers whose MoE block (routed
+    experts alone: no dense MLP or shared expert) the all-to-all dispatcher runs, less one block, under tp, sp, ep."""
+    out, dispatched = [], []
     for n in range(st.dims.layers):
         f = st.found.get(n, Found())
-        mlp = bool(f.ffn) or any(st.expert[k] for k in st.members.get(n, ()))
-        out.append(1 + bool(f.heads) + mlp if f.mixer else 2 + max(f.attentions - 1, 0))
-    return tuple(out)
+        routed = any(st.expert[k] for k in st.members.get(n, ()))
+        alone = routed and not f.ffn and plan.tp > 1 and plan.sp and plan.ep > 1
+        mlp = bool(f.ffn) or routed
+        out.append(1 + bool(f.heads) + mlp - alone if f.mixer else 2 - alone + max(f.attentions - 1, 0))
+        dispatched.append(alone)
+    return {"blocks": tuple(out), "dispatched": tuple(dispatched)}
 
 
 def _tokens(st: _Structure) -> dict[str, Any]:
@@ -666,8 +669,7 @@ def _sp_inputs(g: Graph, roles) -> dict[tuple[int, int], int]:
     return out
 
 
-def _any_model(plan: ParallelPlan) -> bool:
-    """Whether the plan only replicates the model over data-parallel ranks (any model takes it)."""
+def _any_model(plan: ParallelPlan) -> bool:  # whether the plan only replicates the model over DP (any model)
     return plan.tp == plan.pp == plan.cp == plan.ep == 1
 
 
@@ -752,7 +754,7 @@ def _stack_name(st: _Structure, layer: int) -> str:
     return next(p for p, offset in reversed(st.stacks) if layer >= offset)
 
 
-def _scope(scopes, k: int) -> str:
+def _scope(scopes, k: int) -> str:  # the innermost module of node k
     return scopes[k][-1] if scopes[k] else "no module"
 
 

@@ -154,8 +154,9 @@ class ParallelPlan:
         """The ranks of the group a collective of the per-rank ledger runs on (JSON ``communication[].group``):
         ``tp`` T; ``pp`` 2 (a send between neighbouring stages); ``embedding`` 2 (a tied embedding's copies on the
         first and last stage); ``cp`` C; ``ep`` E; ``dp`` D; ``dp_cp`` D·C; ``edp`` D·C/E (an expert's data-parallel
-        copies); ``tp_ep`` T·E (the router's counts); ``tp_cp`` T·C (the auxiliary loss's); ``tp_kv`` T/K, the copies
-        of a K/V head where the model's ``kv_heads`` K are fewer than T (else 1).
+        copies); ``tp_ep`` T·E (the router's counts); ``etp`` T (expert tensor parallelism: the TP ranks that gather
+        the pairs their MoE layers receive, under sp); ``tp_cp`` T·C (the auxiliary loss's); ``tp_kv`` T/K, the
+        copies of a K/V head where the model's ``kv_heads`` K are fewer than T (else 1).
 
         >>> plan = ParallelPlan(tp=4, dp=4, ep=2)
         >>> tuple(plan.group_ranks(g, kv_heads=2) for g in ("tp", "edp", "tp_ep", "tp_kv"))
@@ -163,7 +164,8 @@ class ParallelPlan:
         """
         sizes = {"tp": self.tp, "pp": 2, "embedding": 2, "cp": self.cp, "ep": self.ep, "dp": self.dp,
                  "dp_cp": self.dp * self.cp, "edp": self.dp * self.cp // self.ep, "tp_ep": self.tp * self.ep,
-                 "tp_cp": self.tp * self.cp, "tp_kv": self.tp // kv_heads if kv_heads and kv_heads < self.tp else 1}
+                 "etp": self.tp, "tp_cp": self.tp * self.cp,
+                 "tp_kv": self.tp // kv_heads if kv_heads and kv_heads < self.tp else 1}
         if group not in sizes:
             raise ValueError(f"no communication group {group!r}; the ledger's groups are {', '.join(sizes)}")
         return sizes[group]
@@ -172,15 +174,15 @@ class ParallelPlan:
         """The distance between the global rank ids of neighbouring members of a :meth:`group_ranks` group, in the
         rank order of :func:`flopcount.parallel.layout.rank_id` (tensor parallel fastest, then cp, dp, pp; the
         expert groups as Megatron lays them out, tp then ep then the expert data-parallel ranks): ``tp``, ``tp_ep``,
-        ``tp_cp`` and ``tp_kv`` 1; ``cp``, ``dp_cp`` and ``ep`` T; ``dp`` T·C; ``edp`` T·E; ``pp`` T·C·D (the next
-        stage); ``embedding`` T·C·D·(P − 1) (the first and the last stage).
+        ``etp``, ``tp_cp`` and ``tp_kv`` 1; ``cp``, ``dp_cp`` and ``ep`` T; ``dp`` T·C; ``edp`` T·E; ``pp`` T·C·D (the
+        next stage); ``embedding`` T·C·D·(P − 1) (the first and the last stage).
 
         >>> plan = ParallelPlan(tp=8, pp=4, dp=2, microbatches=4)
         >>> tuple(plan.group_stride(g) for g in ("tp", "dp", "pp", "embedding"))
         (1, 8, 16, 48)
         """
         t, c, d, p = self.tp, self.cp, self.dp, self.pp
-        strides = {"tp": 1, "tp_ep": 1, "tp_cp": 1, "tp_kv": 1, "cp": t, "dp_cp": t, "ep": t, "dp": t * c,
+        strides = {"tp": 1, "tp_ep": 1, "etp": 1, "tp_cp": 1, "tp_kv": 1, "cp": t, "dp_cp": t, "ep": t, "dp": t * c,
                    "edp": t * self.ep, "pp": t * c * d, "embedding": t * c * d * max(p - 1, 1)}
         if group not in strides:
             raise ValueError(f"no communication group {group!r}; the ledger's groups are {', '.join(strides)}")

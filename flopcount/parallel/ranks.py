@@ -66,6 +66,9 @@ activation element) per microbatch and Lₛ the stage's layers:
   ``tp_ep``, T ranks) in the forward, b·s·R·(1 + p) bytes (p a probability's, the model's router's dtype), and the
   probabilities' gradient reduce-scattered in the backward, b·s·R·p, as Megatron-Core's all-gather token
   dispatcher runs them (:func:`~flopcount.parallel.experts.routing_gathered`; once more in a rerun that dispatches again);
+* TP with sp on an MoE under ep: each MoE layer's pairs received all-gathered over expert-TP (group ``etp``, T
+  ranks) with their probabilities and their outputs reduce-scattered there, and no TP block for an MoE of routed
+  experts alone, as Megatron-Core's all-to-all dispatcher runs them (:mod:`flopcount.parallel.experts`);
 * TP under recompute: the forward's collectives that the rerun passes run again. ``full`` runs each layer's
   whole forward again: 2·Lₛ·A more ``all_reduce`` (with sp, 2·Lₛ·A more ``all_gather`` and ``reduce_scatter``).
   ``non-reentrant`` stops before the layer's last product (its down projection), so its reduction does not run
@@ -530,15 +533,25 @@ def _cp_ep_communication(plan: ParallelPlan, d: Dims, report: Any, kv_tokens: in
     counts = report.moe.experts * px.COUNT_BYTES if moe else 0  # R int64 token counts
     if plan.ep > 1 and moe:
         back = 1 if train else 0  # the backward's combine and dispatch
-        vec = d.batch * report.moe.top_k * d.hidden * d.act_bytes  # T·k·h·e of one token in a sequence
-        probs = d.batch * report.moe.top_k * d.prob_bytes  # T·k·p: its pairs' probabilities, with the dispatch
-        sent = sum(px.exchange_bytes(vec * (seq // plan.cp), plan.ep, share, 1 + back + again.dispatch,
+        pair = d.batch * report.moe.top_k  # b·k pairs of one token in a sequence
+        own = [seq // plan.cp // px.routing_ranks(plan) for _, _, seq in moe]  # the tokens the rank dispatches
+        sent = sum(px.exchange_bytes(pair * d.hidden * d.act_bytes * n, plan.ep, share, 1 + back + again.dispatch,
                                      1 + back + again.combine)
-                   + px.exchange_bytes(probs * (seq // plan.cp), plan.ep, share, 1 + again.dispatch, back)
-                   for share, again, seq in moe)
+                   + px.exchange_bytes(pair * d.prob_bytes * n, plan.ep, share, 1 + again.dispatch, back)
+                   for (share, again, _), n in zip(moe, own))  # the vectors; their probabilities, with them
         out.append(Collective("all_to_all", "ep", m * sent))
         out.append(Collective("all_gather", "tp_ep", m * px.counts_gathered(plan, report.moe.experts) * sum(
             1 + again.dispatch for _, again, _ in moe)))
+        # the pairs received gathered over expert-TP with their probabilities (reduce-scattered back in the
+        # backward) and the outputs reduce-scattered in the probabilities' dtype (gathered back)
+        ins = [(px.expert_tp_gathered(plan, pair * (d.hidden * d.act_bytes + d.prob_bytes) * n, share),
+                px.expert_tp_gathered(plan, pair * d.hidden * d.prob_bytes * n, share), again)
+               for (share, again, _), n in zip(moe, own)]
+        if any(g for g, _, _ in ins):
+            out.append(Collective("all_gather", "etp", m * sum((1 + again.dispatch) * g + back * o
+                                                               for g, o, again in ins)))
+            out.append(Collective("reduce_scatter", "etp", m * sum((1 + again.combine) * o + back * g
+                                                                   for g, o, again in ins)))
     routing = [(px.routing_gathered(plan, d.batch * (seq // plan.cp), report.moe.experts, d.prob_bytes), again)
                for _, again, seq in moe]  # each MoE layer's own tokens (an encoder's and a decoder's differ)
     if any(g for (g, _), _ in routing):  # the all-gather dispatcher's routing map and probabilities, over TP

@@ -129,6 +129,25 @@ def test_all_to_all_bytes(moe):
                                                                 + probs + 2 * probs * 9 // 12)
 
 
+def test_tp_sp_ep_dispatch_own_tokens_and_gather_over_expert_tp(moe):
+    """tp=2,sp,ep=2 (Megatron-Core's all-to-all dispatcher under TP with sp): each TP rank dispatches its own T/2
+    tokens' pairs (half the all_to_all of tp=2 without sp), the G = T·K pairs its TP group receives (balanced) are
+    all-gathered over etp with their probabilities and their outputs reduce-scattered there; the shared expert, a
+    dense MLP, keeps the MoE block's TP gather and reduce-scatter (the same tp bytes as under ep=1)."""
+    m, t = 2, 2
+    vec, probs = T * K * H * 4, T * K * 4  # a microbatch's pairs' vectors and probabilities, float32
+    sp = ledger(moe, plan("tp=2,sp,dp=2,ep=2", m))
+    whole = ledger(moe, plan("tp=2,dp=2,ep=2", m))
+    dense = ledger(moe, plan("tp=2,sp,dp=2", m))
+    g = T * K  # the pairs a TP group receives: E·(T/t)·K·(1/E) each, t of them
+    for r, w, d in zip(sp.ranks, whole.ranks, dense.ranks):
+        c = comm(r)
+        assert c[("all_to_all", "ep")] == m * L * (4 * vec + 2 * probs) // t == comm(w)[("all_to_all", "ep")] // t
+        assert c[("all_gather", "etp")] == c[("reduce_scatter", "etp")] == m * L * g * (2 * H * 4 + 4)
+        assert {k: b for k, b in c.items() if k[1] == "tp"} == {k: b for k, b in comm(d).items() if k[1] == "tp"}
+        assert ("all_gather", "etp") not in comm(w)
+
+
 def test_expert_load_one_list_per_layer(moe):
     per_layer = ExpertLoad([[1, 1, 1, 0, 0, 0], [0, 0, 0, 1, 1, 1]], "two.json")
     r0, r1 = ledger(moe, plan("dp=2,ep=2"), expert_load=per_layer).ranks

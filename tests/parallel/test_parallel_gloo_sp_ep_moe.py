@@ -1,0 +1,253 @@
+"""Tensor, sequence and expert parallelism of an MoE on 4 real gloo ranks: a tiny Mixtral (4 routed experts, 2 per
+token, no shared expert) at ``tp=2,sp=megatron,dp=2,ep=2`` (rank = tp + 2·dp; EP rank = dp: the EP groups {0, 2}
+and {1, 3} join the ranks of one TP rank; the TP groups {0, 1} and {2, 3}), written with Megatron-style local
+shards. Attention and the LM head as in test_parallel_gloo_sp_moe. The MoE block as Megatron-Core's router and
+all-to-all token dispatcher run it under TP with sp (``MoEAlltoAllTokenDispatcher``): the router on the rank's S/T
+tokens; the counts of its pairs per expert (int64) gathered over the tensor- and expert-parallel group (the 4 ranks)
+and, for the auxiliary loss, summed over the TP group; its own pairs and their probabilities sent by
+``all_to_all_single`` within its EP group; the pairs received and their probabilities all-gathered over the
+expert-tensor-parallel group (its TP group: ``gather_from_sequence_parallel_region``, the gradient reduce-scattered);
+each expert split over TP (gate and up column-parallel, down row-parallel) on all the gathered pairs, the
+probabilities applied there; the outputs reduce-scattered over that group (the gradient all-gathered) and sent back.
+The routing is fixed and uneven, the same on every rank: each of a rank's 8 tokens goes to expert 0 and to one of
+experts 1-3 in turn (8, 3, 3, 2 pairs), so EP rank 0 (experts 0, 1) receives 11 pairs from each EP rank and EP rank
+1 (experts 2, 3) 5, given to the ledger as ``--expert-load``. Each rank's ``FlopCounterMode`` total, the bytes it
+hands to each collective by group (``tp``, ``etp``, ``ep``, ``tp_ep``, ``tp_cp``) and the calls by phase the
+step-time predictor prices equal the ledger's, and the memory ledger's ``all_to_all`` buffers are those the rank
+hands that collective; run again with each layer under a non-reentrant checkpoint, its bytes equal the ledger's under
+``--recompute non-reentrant``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+
+import pytest
+from gloo_shards import Recorder, ledger_bytes, phased, predicted_calls, recorded, rms_norm, vocab_lookup
+from helpers import gloo_ranks, mixtral_config, products_only
+from test_parallel_gloo_sp import megatron_column
+
+from flopcount.memory.ranks import per_rank
+from flopcount.parallel.experts import ExpertLoad
+from flopcount.parallel.plan import parse_parallel, parse_recompute
+from flopcount.parallel.ranks import ledger
+
+pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+H, L, HEADS, KV, V, E, K, I = 32, 2, 4, 2, 64, 4, 2, 24
+D = H // HEADS
+B, S = 2, 8
+TP = DP = EP = 2
+PER = E // EP  # experts an EP rank holds
+OWN = B * S // TP  # the tokens a rank routes
+PLAN = "tp=2,sp=megatron,dp=2,ep=2"
+GROUPS = ("tp", "etp", "ep", "tp_ep", "tp_cp")
+
+
+def route() -> list[tuple[int, int]]:
+    """The 2 experts of each of a rank's tokens: expert 0 and one of experts 1-3 in turn."""
+    return [(0, 1 + t % 3) for t in range(OWN)]
+
+
+def load() -> list[int]:
+    """The pairs each expert receives from each rank (8, 3, 3, 2)."""
+    return [sum(e in chosen for chosen in route()) for e in range(E)]
+
+
+def mixtral(tp: int, dp: int, recs: dict, rerun: bool = False):
+    """The model on TP rank ``tp`` and EP rank ``dp`` under ``sp=megatron``; ``recs``: the recorders by group;
+    ``rerun``: each layer under a non-reentrant checkpoint (``--recompute non-reentrant``)."""
+    nn, dist = torch.nn, torch.distributed
+    torch.manual_seed(0)
+    rec, ep, etp = recs["tp"], recs["ep"], recs["etp"]
+    column = megatron_column(rec)
+    mine = list(range(dp * PER, (dp + 1) * PER))
+    pairs = sorted((x, tok) for tok, chosen in enumerate(route()) for x in chosen)  # by expert
+    tokens, experts = torch.tensor([tok for _, tok in pairs]), torch.tensor([x for x, _ in pairs])
+    local = torch.zeros(OWN, E, dtype=torch.bool)
+    local[tokens, experts] = True
+    Norm = rms_norm(H)
+
+    def split(w, axis):
+        return nn.Parameter(w.chunk(TP, axis)[tp].contiguous())
+
+    def counts_gathered(counts):  # every rank's counts per expert, over the 4 ranks of tp_ep (rank = tp + 2·dp)
+        out = counts.new_empty(TP * EP * E)
+        recs["tp_ep"].note("all_gather", out)
+        dist.all_gather_into_tensor(out, counts)
+        return out.view(EP, TP, E)[:, tp]  # what each rank of the EP group sends to each expert
+
+    class Moe(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate = nn.Linear(H, E, bias=False)  # whole on every rank
+            gate, up, down = torch.randn(E, I, H) * 0.1, torch.randn(E, I, H) * 0.1, torch.randn(E, H, I) * 0.1
+            self.gate_up = nn.Parameter(torch.cat([split(gate[mine], 1), split(up[mine], 1)], 1))  # column
+            self.down = split(down[mine], 2)  # row-parallel
+
+        def forward(self, y):  # y: the rank's tokens (B, S/T, H)
+            flat = y.reshape(OWN, H)
+            probs = torch.softmax(self.gate(flat), -1)  # the router on the rank's tokens
+            counts = local.sum(0)  # int64
+            recs["tp_cp"].all_reduce(counts)  # the auxiliary loss's counts over the split sequence
+            every = counts_gathered(counts)
+            sent = [int(counts[r * PER:(r + 1) * PER].sum()) for r in range(EP)]
+            got = [int(every[r, mine].sum()) for r in range(EP)]
+            came = torch.cat([torch.repeat_interleave(torch.tensor(mine), every[r, mine]) for r in range(EP)])
+            x = etp.gather(ep.exchange(flat[tokens], sent, got)[None])[0]  # the TP group's pairs received
+            w = etp.gather(ep.exchange(probs[tokens, experts][:, None], sent, got)[None])[0]
+            came = came.repeat(TP)  # the same routes on every TP rank
+            out = torch.zeros(len(came), H)
+            for j, e in enumerate(mine):
+                rows = (came == e).nonzero()[:, 0]
+                g, u = (x[rows] @ self.gate_up[j].T).chunk(2, -1)
+                out = out.index_put((rows,), (nn.functional.silu(g) * u * w[rows]) @ self.down[j].T)
+            done = ep.exchange(etp.scatter(out[None])[0], got, sent)  # summed over TP, back to the senders
+            return torch.zeros(OWN, H).index_add(0, tokens, done).view(B, S // TP, H)
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.input_norm, self.post_norm = Norm(), Norm()
+            self.q, self.k, self.v = split(torch.randn(H, H) * 0.1, 0), *(split(torch.randn(KV * D, H) * 0.1, 0)
+                                                                           for _ in range(2))
+            self.o = split(torch.randn(H, H) * 0.1, 1)
+            self.mlp = Moe()
+
+        def forward(self, x):
+            q, k, v = column(self.input_norm(x), self.q, self.k, self.v)
+            q = q.view(B, S, HEADS // TP, D).transpose(1, 2)
+            k, v = (z.view(B, S, KV // TP, D).transpose(1, 2).repeat_interleave(HEADS // KV, 1) for z in (k, v))
+            causal = torch.full((S, S), float("-inf")).triu(1)
+            a = torch.softmax(q @ k.transpose(-1, -2) * D ** -0.5 + causal, -1) @ v
+            x = x + rec.scatter(a.transpose(1, 2).reshape(B, S, H // TP) @ self.o.T)
+            return x + self.mlp(self.post_norm(x))
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tokens = split(torch.randn(V, H), 0)  # vocab-parallel
+            self.layers = nn.ModuleList(Layer() for _ in range(L))
+            self.norm, self.head = Norm(), split(torch.randn(V, H) * 0.1, 0)
+
+        def forward(self, ids):
+            x = vocab_lookup(ids, self.tokens, tp, TP, rec.scatter)
+            for layer in self.layers:
+                x = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False) if rerun else layer(x)
+            logits, = column(self.norm(x), self.head)  # this rank's V/t logits of every token
+            return logits.sum()
+
+    return Model()
+
+
+def _step(tp: int, dp: int, groups: dict, rerun: bool) -> dict:
+    """One training step of the model on this rank: its FLOPs, the bytes it hands each collective by group and its
+    calls by phase."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    moved: Counter = Counter()
+    recs = {name: Recorder(group, name, moved) for name, group in groups.items()}
+    model = mixtral(tp, dp, recs, rerun)
+    torch.manual_seed(1 + dp)  # each data-parallel rank its own batch
+    ids = torch.randint(0, V, (B, S))
+    with FlopCounterMode(display=False) as counter:
+        loss = model(ids)
+        forward = {name: len(r.calls) for name, r in recs.items()}
+        loss.backward()
+    backward = {name: len(r.calls) for name, r in recs.items()}
+    partial = [p.grad for name, p in model.named_parameters() if "norm" in name or name.endswith("mlp.gate.weight")]
+    flat = recs["tp"].all_reduce(torch.cat([g.reshape(-1) for g in partial]))  # one flattened call, as Megatron
+    for g, part in zip(partial, flat.split([g.numel() for g in partial])):
+        g.copy_(part.view_as(g))
+    return {"flops": counter.get_total_flops(), "bytes": {f"{k}({g})": b for (k, g), b in moved.items()},
+            "calls": {name: phased(r.calls, forward[name], backward[name]) for name, r in recs.items()}}
+
+
+def _worker(rank: int, world: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)  # a forked child must not wait on the parent's intra-op pool
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    tp, dp = rank % TP, rank // TP
+    tp_groups = [dist.new_group([d * TP + i for i in range(TP)]) for d in range(DP)]  # every rank makes every group
+    ep_groups = [dist.new_group([d * TP + i for d in range(DP)]) for i in range(TP)]
+    groups = {"tp": tp_groups[dp], "etp": tp_groups[dp], "tp_cp": tp_groups[dp], "ep": ep_groups[tp], "tp_ep": None}
+    seen = {policy: _step(tp, dp, groups, policy != "none") for policy in ("none", "non-reentrant")}
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(seen, f)
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def report():
+    import flopcount
+    from flopcount.memory.ledger import MemorySettings
+
+    return flopcount.from_hf(mixtral_config(H, I, L, HEADS, KV, V, E, K), (B, S), cache_dir=False, mode="train",
+                             memory=MemorySettings(device="cpu"))
+
+
+def _predicted(report, led, rank: int) -> Counter:
+    """The step-time predictor's calls of ``rank`` outside ``tp``, (kind, group, phase) → count."""
+    from flopcount.measure.predict_report import report_work
+
+    work = report_work(dataclasses.replace(report, parallel=led))
+    return Counter({(m.kind, m.group, m.phase): m.count for m in work.ranks[rank].messages
+                    if m.group in GROUPS and m.group != "tp"})
+
+
+def test_tp_sp_ep_moe_on_gloo_equals_the_ledger(report, tmp_path):
+    """Plain, and with each layer under a non-reentrant checkpoint, whose rerun runs to the layer's last saved
+    tensor (the combine's index, after the experts): attention's gather and reduce-scatter again (the layer ends in
+    the dispatched MoE block, whose reduction is no TP one), the counts, the dispatch with the etp gathers, the
+    combine with the etp reduce-scatter, the auxiliary loss's counts (autograd records in both passes)."""
+    seen = gloo_ranks(_worker, tmp_path, world=TP * DP)
+    expert_load = ExpertLoad([load()])
+    p = parse_parallel(PLAN)
+    led = ledger(report, p, expert_load=expert_load)
+    again = ledger(report, p, parse_recompute("non-reentrant"), expert_load)
+    flops = ledger(products_only(report), p, expert_load=expert_load)
+    flops_again = ledger(products_only(report), p, parse_recompute("non-reentrant"), expert_load)
+    mem = {x: r for r in per_rank(report, p, expert_load).ranks for x in r.replicas}
+    a = B * S * H * 4  # one activation, fp32
+    own = OWN * K  # the pairs a rank dispatches
+    for rank, both in enumerate(seen):
+        r, rerun = both["none"], both["non-reentrant"]
+        tp, dp = rank % TP, rank // TP
+        assert led.ranks[rank].coords == {"tp": tp, "pp": 0, "cp": 0, "ep": dp, "dp": dp}
+        assert r["flops"] == flops.ranks[rank].hardware_flops
+        assert rerun["flops"] == flops_again.ranks[rank].hardware_flops  # each layer's products again
+        got = EP * sum(load()[e] for e in range(dp * PER, (dp + 1) * PER))  # the pairs its experts receive
+        gathered = TP * got  # and its TP group's, gathered
+        listed = {k: b for g in GROUPS for k, b in ledger_bytes(led.ranks[rank], g).items()}
+        plain = {
+            # attention per layer (its input gathered, again in the backward; its output reduce-scattered), the
+            # embedding's lookup and the LM head's input; no MoE block over TP
+            "all_gather(tp)": 3 * L * a + 3 * a, "reduce_scatter(tp)": 2 * L * a + 2 * a,
+            "all_reduce(tp)": (2 * L + 1) * H * 4 + L * E * H * 4,  # the norms' and routers' partial gradients
+            # per MoE layer, forward and backward: its own pairs out and back, those its experts ran in and back,
+            # its pairs' probabilities out and the gradient of those received back
+            "all_to_all(ep)": L * (2 * (own + got) * H * 4 + (own + got) * 4),
+            # the pairs received and their probabilities gathered (their gradients reduce-scattered), the outputs
+            # reduce-scattered (their gradient gathered)
+            "all_gather(etp)": L * gathered * (2 * H * 4 + 4), "reduce_scatter(etp)": L * gathered * (2 * H * 4 + 4),
+            "all_gather(tp_ep)": L * TP * EP * E * 8, "all_reduce(tp_cp)": L * E * 8}
+        assert r["bytes"] == listed == plain
+        rerun_listed = {k: b for g in GROUPS for k, b in ledger_bytes(again.ranks[rank], g).items()}
+        assert rerun["bytes"] == rerun_listed == {k: b + L * {
+            "all_gather(tp)": a, "reduce_scatter(tp)": a, "all_to_all(ep)": (own + got) * H * 4 + own * 4,
+            "all_gather(etp)": gathered * (H * 4 + 4), "reduce_scatter(etp)": gathered * H * 4,
+            "all_gather(tp_ep)": TP * EP * E * 8, "all_reduce(tp_cp)": E * 8}.get(k, 0) for k, b in plain.items()}
+        # the memory ledger's all_to_all buffers: the vectors and probabilities the rank hands it, its own pairs
+        # and those its experts receive
+        assert mem[rank].alltoall_bytes == (own + got) * (H + 1) * 4
+        assert predicted_calls(report, PLAN, rank) == recorded({"calls": r["calls"]["tp"]})
+        calls = Counter()
+        for name, phases in r["calls"].items():
+            for phase, made in phases.items():
+                for kind, _ in made:
+                    if name != "tp":
+                        calls[(kind, name, phase)] += 1
+        assert _predicted(report, led, rank) == calls
