@@ -72,15 +72,16 @@ generation, which takes no ``sp``, runs this rule.
 
 **Recompute.** A rerun of an MoE layer's forward in the backward (``full``, ``non-reentrant``) runs its collectives
 again where it passes them: the dispatch (its ``all_to_all`` of the rank's T·k vectors and probabilities, and the
-counts) when it runs one of the layer's expert nodes, whose first ops read the dispatched tokens; the combine (the
-``all_to_all`` of the E·T·k·f_r outputs) when it runs a node of the layer after the experts' last product, which reads
-the combined outputs; the router when it runs the router's nodes. ``full`` reruns the whole layer: all three.
+counts; the all-gather dispatcher's gathers) when it runs one of the layer's expert nodes, whose first ops read the
+dispatched tokens; the combine (the ``all_to_all`` of the E·T·k·f_r outputs; the all-gather dispatcher's reduce-scatter)
+when it runs a node of the layer after the experts' last product, which reads the combined outputs; the router when it
+runs the router's nodes. ``full`` reruns the whole layer: all three.
 
 **The router's statistics** (Megatron-Core's ``TopKRouter`` and ``MoEAlltoAllTokenDispatcher``), R token counts
 per MoE layer, int64 (8 bytes each, the sum of a boolean routing map):
 
-* under ep, before each dispatch the rank gathers every rank's counts of the tensor- and expert-parallel group
-  (T·E ranks, group ``tp_ep``) to size its all_to_all: an ``all_gather`` of T·E·R·8 bytes per MoE layer and
+* under the all-to-all dispatcher with T·E > 1, before each dispatch the rank gathers every rank's counts of the
+  tensor- and expert-parallel group (T·E ranks, group ``tp_ep``) to size its all_to_all (:func:`counts_gathered`): an ``all_gather`` of T·E·R·8 bytes per MoE layer and
   forward pass, once more when the rerun dispatches again;
 * in training with an auxiliary load-balancing loss (``aux_loss``, with ``--moe-aux-loss-coeff`` above 0, as the
   published MoE recipes set it), when the sequence is split over TP and CP ranks (T·C > 1), the counts are summed
