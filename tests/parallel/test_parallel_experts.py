@@ -321,3 +321,19 @@ def test_the_all_gather_dispatcher_under_tp_and_ep_needs_sp(moe):
                                          "modelled") as caught:
         ledger(moe, _with("tp=2,dp=2,ep=2", "allgather"))
     assert "\n" not in str(caught.value)
+
+
+def test_the_command_line_names_the_dispatcher(moe, tmp_path, capsys):
+    """``--token-dispatcher allgather`` gives the ledger of the plan that names it, and its JSON plan says so."""
+    from flopcount.cli import main
+
+    transformers.Qwen2MoeConfig(
+        hidden_size=H, intermediate_size=40, moe_intermediate_size=I_MOE, shared_expert_intermediate_size=SHARED,
+        num_hidden_layers=L, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, vocab_size=V,
+        num_experts=E, num_experts_per_tok=K, decoder_sparse_step=1).save_pretrained(tmp_path)
+    assert main(["--hf", str(tmp_path), "--input-shape", f"input_ids={B}x{S}", "--mode", "train", "--parallel",
+                 "dp=2,ep=2", "--token-dispatcher", "allgather", "--format", "json"]) == 0
+    par = json.loads(capsys.readouterr().out)["parallel"]
+    assert par["plan"]["token_dispatcher"] == "allgather"
+    assert par["ranks"] == ledger(moe, _with("dp=2,ep=2", "allgather")).as_dict()["ranks"]
+    assert not any(c["kind"] == "all_to_all" for r in par["ranks"] for c in r["communication"])
