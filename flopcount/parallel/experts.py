@@ -74,7 +74,10 @@ generation, which takes no ``sp``, runs this rule.
 again where it passes them: the dispatch (its ``all_to_all`` of the rank's T·k vectors and probabilities, and the
 counts; the all-gather dispatcher's gathers) when it runs one of the layer's expert nodes, whose first ops read the
 dispatched tokens; the combine (the ``all_to_all`` of the E·T·k·f_r outputs; the all-gather dispatcher's reduce-scatter)
-when it runs a node of the layer after the experts' last product, which reads the combined outputs; the router when it
+when it runs a node of the layer after the experts' last product, which reads the combined outputs (the all-gather
+dispatcher's, whose unpermuting precedes its reduce-scatter, when it runs a node of the layer after the MoE block:
+:func:`block_ends`; so not under ``non-reentrant``, whose rerun stops before the residual add, which keeps
+nothing); the router when it
 runs the router's nodes. ``full`` reruns the whole layer: all three.
 
 **The router's statistics** (Megatron-Core's ``TopKRouter`` and ``MoEAlltoAllTokenDispatcher``), R token counts
@@ -135,7 +138,7 @@ from ..errors import UsageError
 
 __all__ = ["COUNT_BYTES", "AllGatherCalls", "ExpertLoad", "PROB_BYTES", "Rerun", "all_to_all_bytes",
            "allgather_calls", "cp_split", "dispatch_buffers", "dispatcher", "exchange_bytes", "ep_coords", "ep_divide",
-           "ep_members", "expert_tp_gathered", "is_expert", "load_expert_load", "moe_blocks", "no_tp_block",
+           "ep_members", "expert_tp_gathered", "block_ends", "is_expert", "load_expert_load", "moe_blocks", "no_tp_block",
            "prob_bytes", "routing_gathered", "routing_ranks", "zigzag_pairs"]
 
 _EXPERTS = re.compile(r"(.*\.(?:mlp|block_sparse_moe|feed_forward|ffn))\.experts(?:\.|$)")
@@ -396,6 +399,17 @@ def moe_blocks(scopes: Sequence[Sequence[str]]) -> set[str]:
     if isinstance(scopes, tuple):  # not changed once made
         _last_blocks[:] = [scopes, frozenset(found)]
     return found
+
+
+def block_ends(scopes: Sequence[Sequence[str]], layer: Sequence[int | None]) -> dict[int, int]:
+    """Per layer (``layer``: each node's), the last node inside its routed MoE block (:func:`moe_blocks`): the
+    all-gather dispatcher's combine reduce-scatters the block's output, after it (see the module's rules)."""
+    blocks, out = moe_blocks(scopes), {}
+    for k, sc in enumerate(scopes):
+        if layer[k] is not None and any(s[:i] in blocks for s in sc for i in [len(s)] + [
+                j for j, ch in enumerate(s) if ch == "."]):
+            out[layer[k]] = k
+    return out
 
 
 def is_expert(scope: Sequence[str]) -> bool:

@@ -406,8 +406,9 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
     acc, experts, moe_layers = _summed(shares, layout, p, t)
     load.check_layers(len(moe_layers))
     fractions = {layer: load.fractions(j, report.moe.experts, e_) for j, layer in enumerate(moe_layers)}
-    reruns = _moe_reruns(_recomputed(recompute, report.nodes, layout), layout, report.nodes) \
-        if train and recompute.policy in _RERUN_TP else {}  # a layer's forward again, its collectives with it
+    reruns = _moe_reruns(_recomputed(recompute, report.nodes, layout), layout, report.nodes,
+                         px.block_ends(() if report.modules.missing else report.modules.nodes, layout.layer)
+                         if px.dispatcher(plan) == "allgather" else None) if train and recompute.policy in _RERUN_TP else {}  # its collectives with it
     whole = _whole(report.nodes, train)
     comm = _communication(layout, report, per_stage, train, has_loss,
                           _RERUN_TP.get(recompute.policy) if train else None)
@@ -503,9 +504,11 @@ def _whole(nodes: Sequence[Any], train: bool) -> int:
     return found[train]
 
 
-def _moe_reruns(redo: set[int], layout: Layout, nodes: Sequence[Any]) -> dict[int, px.Rerun]:
+def _moe_reruns(redo: set[int], layout: Layout, nodes: Sequence[Any], ends: Mapping[int, int] | None = None
+                ) -> dict[int, px.Rerun]:
     """Per MoE layer, what the recompute's rerun (the nodes ``redo``) runs again of its dispatch, combine and router
-    (:mod:`flopcount.parallel.experts`' rules)."""
+    (:mod:`flopcount.parallel.experts`' rules); ``ends``: under the all-gather dispatcher, each layer's last node of
+    its MoE block, after which its combine runs."""
     out: dict[int, px.Rerun] = {}
     if not redo:
         return out
@@ -515,7 +518,8 @@ def _moe_reruns(redo: set[int], layout: Layout, nodes: Sequence[Any]) -> dict[in
             last[layer] = k
     for layer, end in last.items():
         ks = [k for k in redo if layout.layer[k] == layer]
-        out[layer] = px.Rerun(any(layout.expert[k] for k in ks), any(k > end for k in ks),
+        after = end if ends is None else ends.get(layer, end)
+        out[layer] = px.Rerun(any(layout.expert[k] for k in ks), any(k > after for k in ks),
                               any(layout.roles[k] == "router" and k < end for k in ks))
     return out
 
