@@ -29,7 +29,7 @@ from typing import Any, Callable, Collection, Sequence
 
 from .calls import MAX_ELEMENTS, CountArguments, check_count_arguments, described
 from .errors import UsageError
-from .parallel.plan import DEVICES, IMPLEMENTATIONS, SCHEDULES
+from .parallel.plan import DEVICES, DISPATCHERS, IMPLEMENTATIONS, SCHEDULES
 
 __all__ = ["ATTENTION_MODES", "GROUPS", "MEMORY_FLAGS", "MODES", "OPTIMIZERS", "CountOptions", "Flag", "flags", "option"]
 
@@ -181,6 +181,10 @@ or a :class:`~flopcount.parallel.plan.Recompute`, optional
     expert_load : path of a JSON file, or a :class:`~flopcount.parallel.experts.ExpertLoad`, optional
         With ``parallel`` on a mixture-of-experts model: tokens per routed expert (default: balanced). Read when
         the record is made; on a model without routed experts it is an error (it would do nothing).
+    token_dispatcher : ``"alltoall"`` or ``"allgather"``, optional
+        With ``parallel`` on a mixture-of-experts model: Megatron-Core's token dispatcher the ledgers run
+        (``--moe-token-dispatcher-type``; see :mod:`flopcount.parallel.experts`); default: ``allgather`` under
+        ep = 1, ``alltoall`` under ep > 1. Sets the plan's; on a model without routed experts it is an error.
     """
 
     input_shapes: Mapping[str, Sequence[int]] | None = option(None, Flag(
@@ -254,6 +258,11 @@ or a :class:`~flopcount.parallel.plan.Recompute`, optional
         "--expert-load", "plan", "with --parallel ep=E on a mixture-of-experts model: JSON tokens per routed expert, "
         "one list for all MoE layers or one list per MoE layer (default: balanced); see docs/parallel.md",
         metavar="FILE"))
+    token_dispatcher: str | None = option(None, Flag(
+        "--token-dispatcher", "plan", "with --parallel on a mixture-of-experts model: Megatron-Core's token "
+        "dispatcher, alltoall (tokens sent over the EP group) or allgather (tokens gathered over the T·E ranks of "
+        "tp_ep); default allgather under ep=1, alltoall under ep>1; see docs/parallel.md",
+        choices=DISPATCHERS))
 
     def __post_init__(self) -> None:
         checked = {f.name: getattr(self, f.name) for f in dataclasses.fields(CountArguments)}
@@ -301,13 +310,14 @@ or a :class:`~flopcount.parallel.plan.Recompute`, optional
         object.__setattr__(self, "free_ops", tuple(dict.fromkeys(self.free_ops)))
         object.__setattr__(self, "recompute", _recompute(self.recompute))
         object.__setattr__(self, "memory", _memory(self.memory, self.recompute))
-        object.__setattr__(self, "parallel", _plan(self.parallel, self.microbatches, self.schedule))
+        object.__setattr__(self, "parallel", _plan(self.parallel, self.microbatches, self.schedule,
+                                                   self.token_dispatcher))
         object.__setattr__(self, "expert_load", _expert_load(self.expert_load))
 
     def _check_given(self) -> None:
         """The settings of a plan given where they would do nothing are refused, naming them."""
         if self.parallel is None:
-            for name in ("microbatches", "schedule", "expert_load"):
+            for name in ("microbatches", "schedule", "expert_load", "token_dispatcher"):
                 if getattr(self, name) is not None:
                     flag = "--" + name.replace("_", "-")
                     raise UsageError(f"{flag} needs --parallel ({name} describes a parallel plan: give parallel= "
@@ -382,20 +392,24 @@ def _memory(value: Any, recompute: Any):
     return dataclasses.replace(settings, recompute=recompute)
 
 
-def _plan(value: Any, microbatches: Any, schedule: Any):
-    """``parallel`` as a :class:`~flopcount.parallel.plan.ParallelPlan` (None without it), its microbatches and
-    schedule set from ``microbatches`` and ``schedule`` where given."""
+def _plan(value: Any, microbatches: Any, schedule: Any, dispatcher: Any = None):
+    """``parallel`` as a :class:`~flopcount.parallel.plan.ParallelPlan` (None without it), its microbatches,
+    schedule and token dispatcher set from ``microbatches``, ``schedule`` and ``dispatcher`` where given."""
     from .parallel.plan import ParallelPlan, parse_parallel, parse_schedule
 
     if microbatches is not None and (isinstance(microbatches, bool) or not isinstance(microbatches, int)):
         raise UsageError(f"count: microbatches must be a positive int, got {described(microbatches)}")
     if schedule is not None and not isinstance(schedule, str):
         raise UsageError(f"count: schedule must be text such as '1f1b' or 'interleaved:2', got {described(schedule)}")
+    if dispatcher is not None and (not isinstance(dispatcher, str) or dispatcher not in DISPATCHERS):
+        raise UsageError(f"count: token_dispatcher must be one of {', '.join(map(repr, DISPATCHERS))} "
+                         f"(--token-dispatcher), got {described(dispatcher)}")
     if value is None:
         return None
     if isinstance(value, str):
-        return parse_parallel(value, 1 if microbatches is None else microbatches,
+        plan = parse_parallel(value, 1 if microbatches is None else microbatches,
                               "1f1b" if schedule is None else schedule)
+        return dataclasses.replace(plan, token_dispatcher=dispatcher) if dispatcher is not None else plan
     if not isinstance(value, ParallelPlan):
         raise UsageError(f"count: parallel must be a plan such as 'tp=2,pp=4,dp=8' or a flopcount.ParallelPlan, "
                          f"got {described(value)}")
@@ -404,6 +418,8 @@ def _plan(value: Any, microbatches: Any, schedule: Any):
         changes["microbatches"] = microbatches
     if schedule is not None:
         changes["schedule"], changes["virtual_stages"] = parse_schedule(schedule)
+    if dispatcher is not None:
+        changes["token_dispatcher"] = dispatcher
     return dataclasses.replace(value, **changes) if changes else value
 
 

@@ -117,7 +117,7 @@ def without_plan(options: Any):
     if options.parallel is None and options.recompute is None:
         return options
     return dataclasses.replace(options, parallel=None, microbatches=None, schedule=None, expert_load=None,
-                               recompute=None)
+                               token_dispatcher=None, recompute=None)
 
 
 def check_generation_plan(options: Any, encoder_decoder: bool = False) -> None:
@@ -146,6 +146,9 @@ def _with_plan(report, options):
     if load is not None and parallel.expert_load is None:
         raise UsageError(f"--expert-load {load.source}: the model has no routed experts (no mixture-of-experts "
                          "layer), so a load would change nothing; leave it out")
+    if plan.token_dispatcher is not None and parallel.expert_load is None:
+        raise UsageError(f"--token-dispatcher {plan.token_dispatcher}: the model has no routed experts (no "
+                         "mixture-of-experts layer), so no tokens are dispatched; leave it out")
     memory = report.memory
     if memory is not None and not plan.is_single:
         from .memory.ranks import per_rank

@@ -98,7 +98,7 @@ def options_of(caller: str, count_kwargs: Mapping[str, Any],
     ...
     TypeError: from_keras: got an unexpected keyword argument 'colour'; it passes these to flopcount.count: \
 input_shapes, batch, convention, strict, input_values, loop_trips, mode, optimizer, trainable_inputs, trainable, \
-frozen, attention, memory, free_ops, recompute, parallel, microbatches, schedule, expert_load
+frozen, attention, memory, free_ops, recompute, parallel, microbatches, schedule, expert_load, token_dispatcher
     """
     import dataclasses
 

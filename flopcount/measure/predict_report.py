@@ -150,6 +150,8 @@ def _one_rank(report: Any) -> Work:
 
 def _messages(r: Any, led: Any) -> tuple[Message, ...]:
     """The rank's collectives as messages (the predictor's rules)."""
+    from flopcount.parallel.experts import dispatcher
+
     plan, d = led.plan, led.dims
     m, train = plan.microbatches, led.mode == "train"
     out = []
@@ -184,8 +186,8 @@ def _messages(r: Any, led: Any) -> tuple[Message, ...]:
             out.append(Message(c.kind, c.group, c.bytes / calls, calls, n, "step"))
         elif c.group in ("dp", "dp_cp", "edp"):
             out.append(Message(c.kind, c.group, c.bytes, 1, n, "step"))
-        elif c.group == "tp_ep" and plan.ep == 1:  # the all-gather dispatcher's routing map and probabilities
-            out.extend(_routing_messages(c, led, n, v))
+        elif c.group == "tp_ep" and dispatcher(plan) == "allgather":  # the all-gather dispatcher's calls
+            out.extend(_gathered_messages(c, led, n, v))
         elif c.group in ("ep", "tp_ep", "etp"):
             out.extend(_expert_messages(c, r, led, n, v))
         else:  # cp's K/V and tp_cp's router counts
@@ -222,22 +224,29 @@ def _expert_messages(c: Any, r: Any, led: Any, n: int, v: int) -> list[Message]:
     return [Message(c.kind, c.group, per, k, n, phase) for phase, k in calls.items() if k > 0]
 
 
-def _routing_messages(c: Any, led: Any, n: int, v: int) -> list[Message]:
-    """The calls of the all-gather dispatcher's routing (the rules of :mod:`flopcount.parallel.experts`): an
-    ``all_gather`` of the routing map and probabilities before each MoE layer's dispatch, a call of
-    :func:`~flopcount.parallel.experts.routing_gathered` bytes, the first L·M (L the MoE layers of the rank's chunks)
-    in the forward, a recompute's rerun past them in the backward; a ``reduce_scatter`` of the probabilities'
-    gradient a layer and microbatch in the backward."""
-    from flopcount.parallel.experts import routing_gathered
+def _gathered_messages(c: Any, led: Any, n: int, v: int) -> list[Message]:
+    """The calls of the all-gather dispatcher over ``tp_ep`` (the rules of :mod:`flopcount.parallel.experts`, each
+    call's bytes :func:`~flopcount.parallel.experts.allgather_calls`'): before each MoE layer's dispatch an
+    ``all_gather`` of the routing map, one of the probabilities and, under ep > 1, one of the hidden states; under
+    ep > 1 a ``reduce_scatter`` of the outputs in each combine; the first L·M of each (L the MoE layers of the
+    rank's chunks) in the forward, a recompute's rerun past them in the backward; in the backward a layer and
+    microbatch the gradients' calls, reversed (a ``reduce_scatter`` of the probabilities' and the hidden states', an
+    ``all_gather`` of the outputs')."""
+    from flopcount.parallel.experts import allgather_calls
 
     plan, d = led.plan, led.dims
-    gathered, scattered = routing_gathered(plan, d["batch"] * (d["seq"] // plan.cp), d["experts"], d["prob_bytes"])
-    if c.kind == "reduce_scatter":
-        return [Message(c.kind, c.group, scattered, c.bytes / scattered, n, "backward")]
+    calls = allgather_calls(plan, d["batch"] * (d["seq"] // plan.cp), d["experts"], d["hidden"],
+                            d["activation_bytes"], d["prob_bytes"])
     layers = plan.microbatches * max(d["moe_layers"] // (plan.pp * v), 1) * v
-    calls = c.bytes / gathered
-    return [Message(c.kind, c.group, gathered, k, n, phase)
-            for k, phase in ((min(layers, calls), "forward"), (calls - min(layers, calls), "backward")) if k > 0]
+    back = layers if led.mode == "train" else 0
+    passes, grads = (calls.dispatch, calls.combine_grad) if c.kind == "all_gather" else \
+        (calls.combine, calls.dispatch_grad)
+    runs = (c.bytes - back * sum(grads)) / sum(passes) if passes else 0  # the forward's and the reruns'
+    out = []
+    for size in passes:
+        out += [Message(c.kind, c.group, size, k, n, phase)
+                for k, phase in ((min(layers, runs), "forward"), (runs - min(layers, runs), "backward")) if k > 0]
+    return out + [Message(c.kind, c.group, size, back, n, "backward") for size in grads if back]
 
 
 def _context_messages(c: Any, r: Any, led: Any, n: int, v: int) -> list[Message]:

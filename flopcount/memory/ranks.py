@@ -71,8 +71,11 @@ dataflow) are 1/T besides, as TP splits the experts' weights; the pairs' token v
 are whole on every TP rank. ``alltoall_bytes``: the buffers one MoE layer hands to its ``all_to_all`` (the T·k token
 vectors of the T tokens the rank routes, its s/T under ``sp``, dispatched with their probabilities, its experts'
 E·T·k·f_r pairs received and their outputs combined, h·e + p bytes each: the FLOPs ledger's payload with the
-probabilities received, :mod:`flopcount.parallel.experts`), the largest layer's, held through the walk and so in the
-peak. One entry per (stage, TP rank, EP rank), its data- and context-parallel replicas (same figures: zigzag makes
+probabilities received, :mod:`flopcount.parallel.experts`); under ``--token-dispatcher allgather`` the tensors its
+all-gather dispatcher gathers over ``tp_ep`` and the outputs it reduce-scatters there, E·b·s·(R·(1 + p) + h·e +
+h·p) (the routing map, probabilities and hidden states of its EP group's tokens, and their outputs), in place of
+``all_to_all`` buffers; none under ep = 1 (:func:`~flopcount.parallel.experts.dispatch_buffers`). The largest layer's,
+held through the walk and so in the peak. One entry per (stage, TP rank, EP rank), its data- and context-parallel replicas (same figures: zigzag makes
 every CP rank's share equal) in ``replicas``.
 
 **KV cache** (``--generate P:N``, ``kv_cache_bytes``: the cache after the last step, beside the peak of the
@@ -98,7 +101,7 @@ from typing import Any, Mapping, NamedTuple
 
 from ..context import TensorInfo
 from ..errors import UsageError
-from ..parallel.experts import all_to_all_bytes, routing_ranks
+from ..parallel.experts import dispatch_buffers
 from ..parallel.layout import ROLE_RULES, SEQUENCE_ROLES, fsdp_shard, in_flight, layout_of, rank_id
 from ..parallel.plan import ParallelPlan
 from ..reporting.report import tensor_bytes
@@ -147,7 +150,7 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
     (:func:`flopcount.parallel.experts.load_expert_load`), balanced if None."""
     w, d, moe_layers = _prepared(report, plan, expert_load)
     top_k = report.moe.top_k if moe_layers else 0
-    ranks = _walked_ranks(w, d.batch * top_k * (d.hidden * d.act_bytes + d.prob_bytes))  # vectors and probabilities
+    ranks = _walked_ranks(w, (d, report.moe.experts if moe_layers else 0, top_k))
     cache = _kv_share(report, plan, w.layout, w.kv)
     if cache is not None:
         ranks = [dataclasses.replace(r, kv_cache_bytes=cache[r.coords["pp"]]) for r in ranks]
@@ -273,10 +276,10 @@ class _PlanWalk:
         return 1, div
 
 
-def _walked_ranks(w: _PlanWalk, vec: int) -> list[PlanRankMemory]:
-    """Every (stage, TP rank, EP rank)'s figures, in that order; ``vec``: the bytes of the rank's token vectors and
-    their probabilities one MoE layer dispatches to its all_to_all, per token of a sequence (times the layer's own:
-    an encoder's and a decoder's differ)."""
+def _walked_ranks(w: _PlanWalk, moe: tuple) -> list[PlanRankMemory]:
+    """Every (stage, TP rank, EP rank)'s figures, in that order; ``moe``: the dims, routed experts and experts per
+    token that size a MoE layer's dispatch buffers (:func:`~flopcount.parallel.experts.dispatch_buffers`, of the
+    layer's own tokens: an encoder's and a decoder's differ)."""
     plan, g, fractions = w.plan, w.g, w.fractions
     v = plan.virtual_stages if plan.schedule == "interleaved" and plan.pp > 1 else 1
     ranks = []
@@ -295,8 +298,7 @@ def _walked_ranks(w: _PlanWalk, vec: int) -> list[PlanRankMemory]:
         layers = {w.layer_of[k] for k in keep} & set(fractions) if fractions else set()
         for e in range(plan.ep):
             share = {layer: fractions[layer][e] for layer in layers}
-            alltoall = max((all_to_all_bytes(vec * (w.layout.seqs[layer] // plan.cp // routing_ranks(plan)), plan.ep,
-                                             [part])
+            alltoall = max((dispatch_buffers(plan, *moe, w.layout.seqs[layer] // plan.cp, part)
                             for layer, part in share.items()), default=0)
             # the TP ranks of a stage are symmetric (the plan refuses degrees that do not divide), and EP ranks of
             # the same load walk the same graph: one walk per (stage, load), placed on each of them

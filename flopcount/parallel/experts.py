@@ -40,19 +40,21 @@ of the pairs its experts ran, E·T·k·f_r of them (f_r its experts' fraction of
 each; in the backward the same two again, reversed, and the gradient of the E·T·k·f_r probabilities it received
 back to the ranks that routed them (:func:`exchange_bytes`, once for the vectors and once for the probabilities).
 
-**Which dispatcher.** Under ep > 1 the ledger runs Megatron-Core's all-to-all token dispatcher
-(``MoEAlltoAllTokenDispatcher``, ``--moe-token-dispatcher-type alltoall``) as above: the routing map stays on the rank
-that routed (only its counts travel, below); the tokens and their probabilities go by ``all_to_all`` over the EP
-group, the probabilities to be applied by the experts' rank (as Megatron-Core has applied them in the experts'
-activation since its r0.13 release). Megatron-Core's all-gather dispatcher (``MoEAllGatherTokenDispatcher``, its
-default) runs under ep > 1 too, differently: it all-gathers the routing map, the probabilities and the hidden states
-of the T·E ranks of ``tp_ep`` and reduce-scatters the outputs over them, with no ``all_to_all``; the ledger does not
-model that choice under ep > 1 (under ep = 1 it runs the all-gather dispatcher, below).
+**Which dispatcher** (``--token-dispatcher``, Megatron-Core's ``--moe-token-dispatcher-type``; :func:`dispatcher`).
+The ledgers run Megatron-Core's all-to-all token dispatcher (``MoEAlltoAllTokenDispatcher``, ``alltoall``) or its
+all-gather dispatcher (``MoEAllGatherTokenDispatcher``, ``allgather``, Megatron-Core's own default). A plan that names
+none runs ``allgather`` under ep = 1 and ``alltoall`` under ep > 1. The FLOPs per rank are the same under both (each
+rank's experts run the pairs of its EP group's tokens routed to them, split over TP); what travels differs. Under
+``alltoall`` (the rules above and below) the routing map stays on the rank that routed (only its counts travel,
+below); the tokens and their probabilities go by ``all_to_all`` over the EP group (none under ep = 1, whose group is
+the rank alone), the probabilities to be applied by the experts' rank (as Megatron-Core has applied them in the
+experts' activation since its r0.13 release). Under ``allgather``, see the all-gather dispatcher below: no
+``all_to_all`` and no counts gathered.
 
 **Tensor and expert parallelism** (T > 1, E > 1). With ``sp``, which Megatron-Core requires here (its
 ``TransformerConfig`` refuses expert and tensor parallelism without sequence parallelism), the ledger runs the
 dispatcher as Megatron-Core does: the router on the rank's s/T tokens; each TP rank dispatches the pairs of its own
-b·s_C/T tokens (the T of the rules above) over its EP group; the pairs it receives, n = E·T·k·f_r, and their
+b·s_C/T tokens (the T of the rules above) over its EP group (``alltoall``); the pairs it receives, n = E·T·k·f_r, and their
 probabilities are all-gathered over the expert-tensor-parallel group (``etp``: the T ranks of its TP group, expert TP
 being TP), the received counts as split sizes (``gather_from_sequence_parallel_region``; their gradients
 reduce-scattered in the backward); the experts run split over TP on the T·n pairs gathered (1/T of their work: the
@@ -70,15 +72,19 @@ generation, which takes no ``sp``, runs this rule.
 
 **Recompute.** A rerun of an MoE layer's forward in the backward (``full``, ``non-reentrant``) runs its collectives
 again where it passes them: the dispatch (its ``all_to_all`` of the rank's T·k vectors and probabilities, and the
-counts) when it runs one of the layer's expert nodes, whose first ops read the dispatched tokens; the combine (the
-``all_to_all`` of the E·T·k·f_r outputs) when it runs a node of the layer after the experts' last product, which reads
-the combined outputs; the router when it runs the router's nodes. ``full`` reruns the whole layer: all three.
+counts; the all-gather dispatcher's gathers) when it runs one of the layer's expert nodes, whose first ops read the
+dispatched tokens; the combine (the ``all_to_all`` of the E·T·k·f_r outputs; the all-gather dispatcher's reduce-scatter)
+when it runs a node of the layer after the experts' last product, which reads the combined outputs (the all-gather
+dispatcher's, whose unpermuting precedes its reduce-scatter, when it runs a node of the layer after the MoE block:
+:func:`block_ends`; so not under ``non-reentrant``, whose rerun stops before the residual add, which keeps
+nothing); the router when it
+runs the router's nodes. ``full`` reruns the whole layer: all three.
 
 **The router's statistics** (Megatron-Core's ``TopKRouter`` and ``MoEAlltoAllTokenDispatcher``), R token counts
 per MoE layer, int64 (8 bytes each, the sum of a boolean routing map):
 
-* under ep, before each dispatch the rank gathers every rank's counts of the tensor- and expert-parallel group
-  (T·E ranks, group ``tp_ep``) to size its all_to_all: an ``all_gather`` of T·E·R·8 bytes per MoE layer and
+* under the all-to-all dispatcher with T·E > 1, before each dispatch the rank gathers every rank's counts of the
+  tensor- and expert-parallel group (T·E ranks, group ``tp_ep``) to size its all_to_all (:func:`counts_gathered`): an ``all_gather`` of T·E·R·8 bytes per MoE layer and
   forward pass, once more when the rerun dispatches again;
 * in training with an auxiliary load-balancing loss (``aux_loss``, with ``--moe-aux-loss-coeff`` above 0, as the
   published MoE recipes set it), when the sequence is split over TP and CP ranks (T·C > 1), the counts are summed
@@ -87,16 +93,30 @@ per MoE layer, int64 (8 bytes each, the sum of a boolean routing map):
   under ``full`` (a reentrant checkpoint, whose first forward runs without grad) only in the rerun, so once; under
   ``non-reentrant`` (whose first forward and rerun both record) twice when the rerun reaches the router.
 
-**The all-gather dispatcher's routing** (Megatron-Core's ``MoEAllGatherTokenDispatcher``, its default): under TP
-with ``sp`` and without expert parallelism (T > 1, E = 1) the router runs on the rank's s/T tokens, and before the
-dispatch its routing map (a boolean a (token, expert), no gradient) and its probabilities (p bytes each, below)
-are all-gathered over the group ``tp_ep`` (T·E ranks: the TP group here), so that every rank sees the routes of
-the whole sequence: an ``all_gather`` of b·s_C·R·(1 + p) bytes per MoE layer and forward pass (s_C the CP rank's
-tokens of a sequence), once more when a recompute's rerun dispatches again; in the backward the probabilities'
-gradient is reduce-scattered back to the rank's tokens, b·s_C·R·p bytes per MoE layer and
-microbatch (:func:`routing_gathered`). Under ``ep`` > 1 the ledger runs the all-to-all dispatcher above instead,
-whose routing map stays on the rank and whose probabilities travel with the dispatched tokens: no routing gather is
-listed; without ``sp`` every TP rank routes the whole sequence itself: none either.
+**The all-gather dispatcher** (``MoEAllGatherTokenDispatcher``; :func:`allgather_calls`). Before each dispatch the
+rank's routing map (a boolean a (token, expert), 1 byte, no gradient) and its probabilities (p bytes each, below) are
+all-gathered over the group ``tp_ep`` (T·E ranks), so that every rank sees the routes of the E sequences of its EP
+group (s_C the CP rank's tokens of a sequence): ``all_gather`` calls of E·b·s_C·R and E·b·s_C·R·p bytes per MoE
+layer and forward pass, once more when a recompute's rerun dispatches again; in the backward the probabilities'
+gradient is reduce-scattered back to the rank's tokens, E·b·s_C·R·p. Under ep = 1 the hidden states are the layer's
+TP block (gathered over ``tp`` before the MoE block and its output reduce-scattered there, as a dense MLP's under sp:
+:mod:`flopcount.parallel.layout`); under ep > 1 they are gathered over ``tp_ep`` too (``use_global_buffer``: a third
+``all_gather`` call, E·b·s_C·h·e; its gradient reduce-scattered in the backward), each rank runs its experts on the
+pairs of the gathered tokens routed to them (1/T of each expert's work: the FLOPs of the all-to-all dispatcher), and
+the outputs, in the probabilities' dtype to which Megatron-Core casts them, are reduce-scattered over ``tp_ep``
+(E·b·s_C·h·p, once more when a rerun combines again; their gradient all-gathered in the backward): the MoE block of
+routed experts alone is then no TP block. Under T > 1 this needs ``sp``, as Megatron-Core trains MoE under TP only
+with it (its ``MoELayer`` refuses training otherwise): without ``sp`` every TP rank holds the whole sequence and the
+gather over ``tp_ep`` would hand each expert T copies of every token; the ledger refuses that plan (generation, which
+takes no ``sp``, runs ``alltoall`` there). Without ``sp`` under ep = 1 every TP rank routes the whole sequence itself:
+nothing is gathered. No router counts are gathered (the all-gather dispatcher reads its local routing map); the
+auxiliary loss's ``all_reduce`` over ``tp_cp`` is the router's and stays.
+
+**The all-to-all dispatcher under ep = 1** (``--token-dispatcher alltoall`` with ep = 1): no ``all_to_all`` (an EP group
+of one rank, which Megatron-Core's ``all_to_all`` passes through); under T > 1 the counts are gathered over ``tp_ep``
+(T ranks) before each dispatch as above, and with ``sp`` the pairs of the rank's s/T tokens are gathered over ``etp``
+and their outputs reduce-scattered there as under ep > 1 (n = T·k·f_r with f_r = 1): the MoE block of routed experts
+alone is no TP block.
 
 **The probabilities' dtype** p follows the model: the element of the routing weights its router hands on, read off
 the graph as the first floating-point tensor an expert node reads that descends, in its layer, from the router's
@@ -116,8 +136,9 @@ from typing import Any, NamedTuple
 
 from ..errors import UsageError
 
-__all__ = ["COUNT_BYTES", "ExpertLoad", "PROB_BYTES", "Rerun", "all_to_all_bytes", "cp_split", "exchange_bytes",
-           "ep_coords", "ep_divide", "ep_members", "expert_tp_gathered", "is_expert", "load_expert_load", "moe_blocks",
+__all__ = ["COUNT_BYTES", "AllGatherCalls", "ExpertLoad", "PROB_BYTES", "Rerun", "all_to_all_bytes",
+           "allgather_calls", "cp_split", "dispatch_buffers", "dispatcher", "exchange_bytes", "ep_coords", "ep_divide",
+           "ep_members", "expert_tp_gathered", "block_ends", "is_expert", "load_expert_load", "moe_blocks", "no_tp_block",
            "prob_bytes", "routing_gathered", "routing_ranks", "zigzag_pairs"]
 
 _EXPERTS = re.compile(r"(.*\.(?:mlp|block_sparse_moe|feed_forward|ffn))\.experts(?:\.|$)")
@@ -161,12 +182,40 @@ def routing_ranks(plan: Any) -> int:
     return plan.tp if plan.sp else 1
 
 
+def dispatcher(plan: Any) -> str:
+    """The token dispatcher the ledgers run under ``plan`` (see the module's rules): its ``token_dispatcher``, or
+    ``allgather`` under ep = 1 and ``alltoall`` under ep > 1; :class:`UsageError` for ``allgather`` under tp and ep
+    without sp.
+
+    >>> from flopcount.parallel.plan import ParallelPlan
+    >>> dispatcher(ParallelPlan(dp=2, ep=2)), dispatcher(ParallelPlan(tp=2)), dispatcher(
+    ...     ParallelPlan(dp=2, ep=2, token_dispatcher="allgather"))
+    ('alltoall', 'allgather', 'allgather')
+    """
+    found = plan.token_dispatcher or ("alltoall" if plan.ep > 1 else "allgather")
+    if found == "allgather" and plan.ep > 1 and plan.tp > 1 and not plan.sp:
+        raise UsageError(f"--token-dispatcher allgather under tp={plan.tp} and ep={plan.ep} without sp is not "
+                         "modelled: every TP rank would gather the tokens of the whole sequence over tp_ep, T copies "
+                         "of each (Megatron-Core trains MoE under tp only with sp); give sp, or --token-dispatcher "
+                         "alltoall")
+    return found
+
+
+def no_tp_block(plan: Any) -> bool:
+    """Whether an MoE block of routed experts alone is no TP block under ``plan`` (see the module's rules): its tokens
+    gathered and its outputs reduce-scattered by the dispatcher over ``etp`` (``alltoall`` under tp with sp) or over
+    ``tp_ep`` (``allgather`` under ep > 1), not over ``tp``."""
+    if dispatcher(plan) == "alltoall":
+        return plan.tp > 1 and plan.sp
+    return plan.ep > 1
+
+
 def expert_tp_gathered(plan: Any, vec: int, share: tuple[int, int]) -> int:
     """Bytes one rank's expert-tensor-parallel group (group ``etp``, its T TP ranks) gathers of one MoE layer's
     pairs under the all-to-all dispatcher with ``sp`` (see the module's rules): each of its T ranks receives the
     pairs of its experts, E·vec·f_r (``vec`` the bytes of the pairs it dispatched, ``share`` = f_r as (numerator,
     denominator)), and the group gathers the T ranks' together; 0 where nothing is gathered (T = 1, no ``sp``,
-    E = 1).
+    the all-gather dispatcher).
 
     >>> from flopcount.parallel.plan import ParallelPlan
     >>> expert_tp_gathered(ParallelPlan(tp=2, dp=2, ep=2, sp=True), 100, (3, 4))  # T · (E·100·3/4)
@@ -174,7 +223,7 @@ def expert_tp_gathered(plan: Any, vec: int, share: tuple[int, int]) -> int:
     >>> expert_tp_gathered(ParallelPlan(tp=2, dp=2, ep=2), 100, (3, 4))
     0
     """
-    if plan.tp == 1 or not plan.sp or plan.ep == 1:
+    if plan.tp == 1 or not plan.sp or dispatcher(plan) != "alltoall":
         return 0
     num, den = share
     return plan.tp * (plan.ep * vec * num // den)
@@ -198,13 +247,15 @@ COUNT_BYTES = 8
 def counts_gathered(plan: Any, experts: int) -> int:
     """Bytes of the router's counts one rank all-gathers before one MoE layer's dispatch, in each forward pass that
     dispatches (training, its rerun, generation's prefill and decode steps alike): the R counts of each of the T·E
-    ranks of group ``tp_ep``, int64; 0 without expert parallelism (no dispatch).
+    ranks of group ``tp_ep``, int64, under the all-to-all dispatcher; 0 where it has one rank (T·E = 1) and under
+    the all-gather dispatcher.
 
     >>> from flopcount.parallel.plan import ParallelPlan
     >>> counts_gathered(ParallelPlan(tp=2, dp=2, ep=2), 8), counts_gathered(ParallelPlan(tp=2), 8)  # 2·2·8·8
     (256, 0)
     """
-    return plan.tp * plan.ep * experts * COUNT_BYTES if plan.ep > 1 else 0
+    many = plan.tp * plan.ep > 1 and dispatcher(plan) == "alltoall"
+    return plan.tp * plan.ep * experts * COUNT_BYTES if many else 0
 
 
 #: Bytes of one routing probability where the graph shows none (no expert reads a weight of the router's): fp32.
@@ -238,11 +289,43 @@ def prob_bytes(g: Any, layer: Sequence[int | None], roles: Sequence[str], expert
     return PROB_BYTES
 
 
+class AllGatherCalls(NamedTuple):
+    """The bytes of each call one MoE layer makes over ``tp_ep`` under the all-gather dispatcher (see the module's
+    rules): a dispatch's ``all_gather`` calls (the routing map, the probabilities, under ep > 1 the hidden states), a
+    combine's ``reduce_scatter`` (under ep > 1 the outputs), and in the backward the dispatch's ``reduce_scatter``
+    calls (the probabilities' gradient, under ep > 1 the hidden states') and the combine's ``all_gather``."""
+
+    dispatch: tuple[int, ...] = ()
+    combine: tuple[int, ...] = ()
+    dispatch_grad: tuple[int, ...] = ()
+    combine_grad: tuple[int, ...] = ()
+
+
+def allgather_calls(plan: Any, tokens: int, experts: int, hidden: int, act: int, prob: int = PROB_BYTES
+                    ) -> AllGatherCalls:
+    """One MoE layer's calls over ``tp_ep`` under the all-gather dispatcher (see the module's rules): ``tokens`` the
+    CP rank's tokens of the batch (b·s_C, the TP group's together), ``experts`` R, ``hidden`` h, ``act`` e (the
+    bytes of an activation element), ``prob`` p (:func:`prob_bytes`); none where nothing is gathered (the
+    all-to-all dispatcher, T·E = 1, T > 1 without ``sp`` under ep = 1).
+
+    >>> from flopcount.parallel.plan import ParallelPlan
+    >>> allgather_calls(ParallelPlan(tp=2, sp=True), 16, 4, 32, 2)
+    AllGatherCalls(dispatch=(64, 256), combine=(), dispatch_grad=(256,), combine_grad=())
+    >>> allgather_calls(ParallelPlan(dp=2, ep=2, token_dispatcher="allgather"), 16, 4, 32, 2, 4)  # E·b·s_C = 32
+    AllGatherCalls(dispatch=(128, 512, 2048), combine=(4096,), dispatch_grad=(512, 2048), combine_grad=(4096,))
+    """
+    if dispatcher(plan) != "allgather" or plan.tp * plan.ep == 1 or plan.tp > 1 and not plan.sp:
+        return AllGatherCalls()
+    n = plan.ep * tokens  # the tokens of the E sequences of the EP group, each TP rank's s/T of them gathered
+    if plan.ep == 1:  # the hidden states are the layer's TP block
+        return AllGatherCalls((n * experts, n * experts * prob), (), (n * experts * prob,), ())
+    vectors, out = n * hidden * act, n * hidden * prob  # the outputs in the probabilities' dtype
+    return AllGatherCalls((n * experts, n * experts * prob, vectors), (out,), (n * experts * prob, vectors), (out,))
+
+
 def routing_gathered(plan: Any, tokens: int, experts: int, prob: int = PROB_BYTES) -> tuple[int, int]:
-    """(all-gathered, reduce-scattered) bytes of one MoE layer's routing under the all-gather dispatcher (see the
-    module's rules), per forward pass and per backward: ``tokens`` the CP rank's tokens of the batch (b·s_C, the
-    TP group's together), ``experts`` R, ``prob`` the bytes of one probability (:func:`prob_bytes`); (0, 0) where
-    that dispatcher gathers no routing (T = 1, no ``sp``, E > 1).
+    """(all-gathered, reduce-scattered) bytes of one MoE layer's routing map and probabilities under the all-gather
+    dispatcher (:func:`allgather_calls`), per forward pass and per backward; (0, 0) where it gathers none.
 
     >>> from flopcount.parallel.plan import ParallelPlan
     >>> routing_gathered(ParallelPlan(tp=2, sp=True), 16, 4), routing_gathered(ParallelPlan(tp=2, sp=True), 16, 4, 2)
@@ -250,9 +333,34 @@ def routing_gathered(plan: Any, tokens: int, experts: int, prob: int = PROB_BYTE
     >>> routing_gathered(ParallelPlan(tp=2), 16, 4)
     (0, 0)
     """
-    if plan.tp == 1 or not plan.sp or plan.ep > 1:
-        return 0, 0
-    return tokens * experts * (1 + prob), tokens * experts * prob
+    calls = allgather_calls(plan, tokens, experts, 0, 0, prob)
+    return sum(calls.dispatch[:2]), sum(calls.dispatch_grad[:1])
+
+
+def dispatch_buffers(plan: Any, d: Any, experts: int, top_k: int, tokens: int, share: tuple[int, int]) -> int:
+    """Bytes of the buffers one rank's dispatcher holds for one MoE layer (see the module's rules), ``d`` the
+    :class:`~flopcount.parallel.layout.Dims` (batch b, hidden h, act_bytes e, prob_bytes p), ``experts`` R,
+    ``top_k`` k, ``tokens`` the CP rank's tokens of a sequence, ``share`` f_r: under the all-to-all dispatcher (ep
+    > 1) those it hands to ``all_to_all``, its own pairs' vectors and probabilities (b·k·(h·e + p) per token it
+    dispatches) and E·f_r times as many received (:func:`all_to_all_bytes`); under the all-gather dispatcher (ep >
+    1) the tensors it gathers over ``tp_ep`` and the outputs it reduce-scatters there, E·b·s_C·(R·(1 + p) + h·e +
+    h·p) (:func:`allgather_calls`); 0 under ep = 1.
+
+    >>> from types import SimpleNamespace
+    >>> from flopcount.parallel.plan import ParallelPlan
+    >>> d = SimpleNamespace(batch=2, hidden=8, act_bytes=2, prob_bytes=4)
+    >>> dispatch_buffers(ParallelPlan(dp=2, ep=2), d, 4, 2, 16, (1, 2))  # 2·(2·16·2·(16 + 4))
+    2560
+    >>> dispatch_buffers(ParallelPlan(dp=2, ep=2, token_dispatcher="allgather"), d, 4, 2, 16, (1, 2))  # 64·(20+16+32)
+    4352
+    """
+    if plan.ep == 1:
+        return 0
+    if dispatcher(plan) == "allgather":
+        calls = allgather_calls(plan, d.batch * tokens, experts, d.hidden, d.act_bytes, d.prob_bytes)
+        return sum(calls.dispatch) + sum(calls.combine)
+    vec = d.batch * top_k * (d.hidden * d.act_bytes + d.prob_bytes)  # a token's pairs' vectors and probabilities
+    return all_to_all_bytes(vec * (tokens // routing_ranks(plan)), plan.ep, [share])
 
 
 class Rerun(NamedTuple):
@@ -291,6 +399,17 @@ def moe_blocks(scopes: Sequence[Sequence[str]]) -> set[str]:
     if isinstance(scopes, tuple):  # not changed once made
         _last_blocks[:] = [scopes, frozenset(found)]
     return found
+
+
+def block_ends(scopes: Sequence[Sequence[str]], layer: Sequence[int | None]) -> dict[int, int]:
+    """Per layer (``layer``: each node's), the last node inside its routed MoE block (:func:`moe_blocks`): the
+    all-gather dispatcher's combine reduce-scatters the block's output, after it (see the module's rules)."""
+    blocks, out = moe_blocks(scopes), {}
+    for k, sc in enumerate(scopes):
+        if layer[k] is not None and any(s[:i] in blocks for s in sc for i in [len(s)] + [
+                j for j, ch in enumerate(s) if ch == "."]):
+            out[layer[k]] = k
+    return out
 
 
 def is_expert(scope: Sequence[str]) -> bool:

@@ -83,7 +83,13 @@ microbatches, n = N − 1 the decode steps:
   router's statistics as in training (:mod:`flopcount.parallel.experts`): an ``all_gather`` (group ``tp_ep``) of
   the R int64 token counts per expert of each of the T·E ranks in each phase that runs a MoE layer of the stage,
   M·(1 + n)·Lₛ·T·E·R·8 for a decoder (the routing runs in every forward); the auxiliary loss's ``all_reduce`` over ``tp_cp`` is training's only
-  (Megatron computes it only in training with autograd recording), none here;
+  (Megatron computes it only in training with autograd recording), none here. That is the all-to-all dispatcher,
+  the default under ep > 1; with ``--token-dispatcher alltoall`` under ep = 1, no ``all_to_all`` and the counts of
+  the T ranks gathered where T > 1. Under ``--token-dispatcher allgather`` and ep > 1 (T = 1: without ``sp``, which
+  generation does not take, the all-gather dispatcher under tp and ep is refused), per MoE layer and phase the
+  routing map, probabilities and hidden states of the E ranks' tokens all-gathered over ``tp_ep`` and the outputs
+  reduce-scattered there (:func:`~flopcount.parallel.experts.allgather_calls`, forward only), no ``all_to_all``
+  and no counts;
 * DP: nothing (replicas); with ``fsdp``, the ``all_gather`` of the rank's parameters G before each forward
   (each phase of each microbatch): M·(1 + n)·G over dp (dp_cp under cp), a routed expert's over its expert
   data-parallel group (``edp``, dp·C/E ranks; none when that is 1). ``zero1``/``zero2`` shard optimizer
@@ -333,19 +339,13 @@ def _communication(plan: ParallelPlan, d: Any, report: Any, s: int, gen: Any,
         kv = 2 * b * gen.prompt_tokens * max(d.kv_heads // t, 1) * d.head_dim * e * per_stage
         part = n * per_stage * c_ * b * (d.heads // t) * (d.head_dim + 1) * e
         out.append(Collective("all_gather", "cp", m * (kv + part)))
-    if plan.ep > 1 and moe:  # dispatch and combine, forward only, in each phase that runs the layer
-        k = report.moe.top_k
-        vec = k * d.hidden * e  # one token's k hidden vectors
-        sent = passes = 0
-        for layer, share in moe:
-            pre, step = _routed_tokens(gen, layer, within, b, c_)
-            sent += (px.all_to_all_bytes(pre * vec, plan.ep, [share]) + n * px.all_to_all_bytes(step * vec, plan.ep,
-                                                                                              [share])
-                     + (pre + n * step) * k * d.prob_bytes)  # its pairs' probabilities, with each dispatch
-            passes += (pre > 0) + n * (step > 0)
-        out.append(Collective("all_to_all", "ep", m * sent))
-        # the router's counts gathered before each dispatch; no auxiliary loss (training only)
-        out.append(Collective("all_gather", "tp_ep", m * passes * px.counts_gathered(plan, report.moe.experts)))
+    if moe and px.dispatcher(plan) == "alltoall":  # dispatch and combine, forward only, in each phase that runs it
+        out.extend(_alltoall(plan, d, report, gen, moe, within))
+    gathered = [(px.allgather_calls(plan, tokens, report.moe.experts, d.hidden, e, d.prob_bytes), passes)
+                for layer, _ in moe for tokens, passes in zip(_routed_tokens(gen, layer, within, b, c_), (1, n))]
+    if any(calls.dispatch for calls, _ in gathered):  # the all-gather dispatcher's, forward only
+        out.append(Collective("all_gather", "tp_ep", m * sum(k * sum(c.dispatch) for c, k in gathered)))
+        out.append(Collective("reduce_scatter", "tp_ep", m * sum(k * sum(c.combine) for c, k in gathered)))
     if plan.fsdp:  # a routed expert's parameters gathered over its expert data-parallel group, as in training
         held = param_groups(report, layout_of(report, plan))[s]
         dense = (held["dense"] + held["padding"]) * d.param_bytes  # each parameter padded, as FSDP2 gathers it
@@ -356,6 +356,24 @@ def _communication(plan: ParallelPlan, d: Any, report: Any, s: int, gen: Any,
         if plan.dp * c_ // plan.ep > 1:
             out.append(Collective("all_gather", "edp", m * (1 + n) * experts))
     return tuple(x for x in out if x.bytes)
+
+
+def _alltoall(plan: ParallelPlan, d: Any, report: Any, gen: Any, moe: Sequence[tuple[int, tuple[int, int]]],
+              within: tuple[int, int] | None) -> list:
+    """The all-to-all dispatcher's collectives over the whole generation (the module's rules): its ``all_to_all``
+    (under ep > 1) and the router's counts gathered before each dispatch (no auxiliary loss: training only)."""
+    k, n, e = report.moe.top_k, gen.steps, d.act_bytes
+    vec = k * d.hidden * e  # one token's k hidden vectors
+    sent = passes = 0
+    for layer, share in moe:
+        pre, step = _routed_tokens(gen, layer, within, gen.batch, plan.cp)
+        sent += (px.all_to_all_bytes(pre * vec, plan.ep, [share]) + n * px.all_to_all_bytes(step * vec, plan.ep,
+                                                                                          [share])
+                 + (pre + n * step) * k * d.prob_bytes)  # its pairs' probabilities, with each dispatch
+        passes += (pre > 0) + n * (step > 0)
+    m = plan.microbatches
+    return [Collective("all_to_all", "ep", m * sent if plan.ep > 1 else 0),
+            Collective("all_gather", "tp_ep", m * passes * px.counts_gathered(plan, report.moe.experts))]
 
 
 def _routed_tokens(gen: Any, layer: int, within: tuple[int, int] | None, b: int, c_: int) -> tuple[int, int]:

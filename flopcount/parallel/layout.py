@@ -91,8 +91,9 @@ A parameter follows its role, except a row-parallel projection's bias: whole on 
 row-parallel Gemm's bias add.
 
 **Blocks.** Each layer's blocks that end in a TP reduction: its attentions (two in a decoder layer: self- and
-cross-attention) and its MLP (not an MoE block of routed experts alone under tp, sp and ep, whose pairs the all-to-all
-dispatcher gathers over expert-TP: :mod:`flopcount.parallel.experts`), or a mixer and its attention and MLP where it
+cross-attention) and its MLP (not an MoE block of routed experts alone whose dispatcher gathers its tokens itself: the
+all-to-all dispatcher's pairs over expert-TP under tp and sp, the all-gather dispatcher's over ``tp_ep`` under ep:
+:mod:`flopcount.parallel.experts`), or a mixer and its attention and MLP where it
 has them; each block reduces its layer's stream (its row-parallel projections' tokens), and the layer's
 column-parallel inputs are those blocks' and its cross-attention's K/V input (:meth:`Layout.stage_tp`; the
 collectives: :mod:`flopcount.parallel.ranks`).
@@ -616,12 +617,13 @@ def _laid(report: Any, plan: ParallelPlan, st: _Structure, within: tuple[int, in
 def _blocks(st: _Structure, plan: ParallelPlan) -> dict[str, tuple]:
     """:class:`Layout`'s ``blocks`` (see the module's rules: attention and MLP, 2, one more a further attention; with
     a mixer, it and its attention and MLP where it has them) and ``dispatched``, the layers whose MoE block (routed
-    experts alone: no dense MLP or shared expert) the all-to-all dispatcher runs, less one block, under tp, sp, ep."""
+    experts alone: no dense MLP or shared expert) the dispatcher gathers and reduce-scatters itself, less one block
+    (:func:`flopcount.parallel.experts.no_tp_block`)."""
     out, dispatched = [], []
     for n in range(st.dims.layers):
         f = st.found.get(n, Found())
         routed = any(st.expert[k] for k in st.members.get(n, ()))
-        alone = routed and not f.ffn and plan.tp > 1 and plan.sp and plan.ep > 1
+        alone = routed and not f.ffn and plan.tp > 1 and px.no_tp_block(plan)
         mlp = bool(f.ffn) or routed
         out.append(1 + bool(f.heads) + mlp - alone if f.mixer else 2 - alone + max(f.attentions - 1, 0))
         dispatched.append(alone)

@@ -22,7 +22,7 @@ from typing import Any
 from ..errors import UsageError
 
 __all__ = [
-    "DEGREES", "DEVICES", "FLAGS", "IMPLEMENTATIONS", "RECOMPUTE_POLICIES", "SCHEDULES", "SHARDING", "SP_STYLES",
+    "DEGREES", "DEVICES", "DISPATCHERS", "FLAGS", "IMPLEMENTATIONS", "RECOMPUTE_POLICIES", "SCHEDULES", "SHARDING", "SP_STYLES",
     "ParallelPlan", "Recompute", "parse_parallel",
     "MAX_RANKS", "MAX_SCHEDULE_STEPS", "check_recompute_ops", "parse_recompute", "parse_schedule",
 ]
@@ -39,6 +39,11 @@ FLAGS = ("sp", "fsdp", "zero1", "zero2")
 #: ``ColwiseParallel``); ``megatron`` keeps only the rank's tokens (A/T) and all-gathers them again in the backward,
 #: as Megatron-LM's ``ColumnParallelLinear`` under ``sequence_parallel`` does.
 SP_STYLES = ("torch", "megatron")
+#: Megatron-Core's token dispatchers of a mixture-of-experts layer the ledgers model (``--token-dispatcher``, its
+#: ``--moe-token-dispatcher-type``): ``alltoall`` (``MoEAlltoAllTokenDispatcher``) and ``allgather``
+#: (``MoEAllGatherTokenDispatcher``); a plan that names none runs ``allgather`` under ep = 1 and ``alltoall`` under
+#: ep > 1 (:func:`flopcount.parallel.experts.dispatcher`).
+DISPATCHERS = ("alltoall", "allgather")
 #: The sharding switches, one at most per plan, and the ZeRO stage each is.
 SHARDING = {"zero1": 1, "zero2": 2, "fsdp": 3}
 #: Pipeline schedules; ``interleaved`` takes ``:v`` virtual stages per rank (default 2).
@@ -68,7 +73,8 @@ class ParallelPlan:
     ``virtual_stages`` (interleaved only) matter with ``pp`` > 1; ``microbatches`` M is per optimizer step and,
     under pipelining, at least ``pp``; at most one of ``fsdp``, ``zero1`` and ``zero2`` (:attr:`zero_stage`);
     ``sp_style`` (one of :data:`SP_STYLES`) is how sp keeps a column-parallel product's gathered input, other than
-    ``torch`` only with ``sp``."""
+    ``torch`` only with ``sp``; ``token_dispatcher`` (one of :data:`DISPATCHERS`, or None: allgather under ep = 1,
+    alltoall under ep > 1) is how a mixture-of-experts layer sends its tokens to its experts."""
 
     tp: int = 1
     pp: int = 1
@@ -83,6 +89,7 @@ class ParallelPlan:
     schedule: str = "1f1b"
     virtual_stages: int = 1
     sp_style: str = "torch"
+    token_dispatcher: str | None = None
 
     def __post_init__(self) -> None:
         for name in (*DEGREES, "microbatches", "virtual_stages"):
@@ -112,6 +119,9 @@ class ParallelPlan:
         if self.sp_style != "torch" and not self.sp:
             raise UsageError(f"parallel plan: sp_style={self.sp_style!r} is how sp keeps its gathered inputs; give "
                              "sp=True with it")
+        if self.token_dispatcher is not None and self.token_dispatcher not in DISPATCHERS:
+            raise UsageError(f"parallel plan: unknown token_dispatcher {self.token_dispatcher!r}; choose one of: "
+                             f"{', '.join(DISPATCHERS)}")
         if self.sp and self.tp == 1:
             raise UsageError("parallel plan: sp (sequence parallelism) splits over the tensor-parallel group; "
                              "give tp=T with T > 1")
@@ -195,7 +205,8 @@ class ParallelPlan:
         parts = [f"{d}={getattr(self, d)}" for d in DEGREES] + [
             f"sp={self.sp_style}" if f == "sp" and self.sp_style != "torch" else f for f in FLAGS if getattr(self, f)]
         schedule = self.schedule + (f":{self.virtual_stages}" if self.schedule == "interleaved" else "")
-        return ",".join(parts) + f" microbatches={self.microbatches} schedule={schedule}"
+        dispatcher = f" token_dispatcher={self.token_dispatcher}" if self.token_dispatcher else ""
+        return ",".join(parts) + f" microbatches={self.microbatches} schedule={schedule}{dispatcher}"
 
 
 def parse_parallel(text: str, microbatches: int = 1, schedule: str = "1f1b") -> ParallelPlan:

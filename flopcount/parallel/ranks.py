@@ -69,6 +69,9 @@ activation element) per microbatch and Lₛ the stage's layers:
 * TP with sp on an MoE under ep: each MoE layer's pairs received all-gathered over expert-TP (group ``etp``, T
   ranks) with their probabilities and their outputs reduce-scattered there, and no TP block for an MoE of routed
   experts alone, as Megatron-Core's all-to-all dispatcher runs them (:mod:`flopcount.parallel.experts`);
+  under ``--token-dispatcher allgather``, the routing map, probabilities and hidden states all-gathered over
+  ``tp_ep`` (T·E ranks) and the outputs reduce-scattered there instead, again no TP block, as its all-gather
+  dispatcher runs them (:func:`~flopcount.parallel.experts.allgather_calls`);
 * TP under recompute: the forward's collectives that the rerun passes run again. ``full`` runs each layer's
   whole forward again: 2·Lₛ·A more ``all_reduce`` (with sp, 2·Lₛ·A more ``all_gather`` and ``reduce_scatter``).
   ``non-reentrant`` stops before the layer's last product (its down projection), so its reduction does not run
@@ -403,8 +406,9 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
     acc, experts, moe_layers = _summed(shares, layout, p, t)
     load.check_layers(len(moe_layers))
     fractions = {layer: load.fractions(j, report.moe.experts, e_) for j, layer in enumerate(moe_layers)}
-    reruns = _moe_reruns(_recomputed(recompute, report.nodes, layout), layout, report.nodes) \
-        if train and recompute.policy in _RERUN_TP else {}  # a layer's forward again, its collectives with it
+    reruns = _moe_reruns(_recomputed(recompute, report.nodes, layout), layout, report.nodes,
+                         px.block_ends(() if report.modules.missing else report.modules.nodes, layout.layer)
+                         if px.dispatcher(plan) == "allgather" else None) if train and recompute.policy in _RERUN_TP else {}  # its collectives with it
     whole = _whole(report.nodes, train)
     comm = _communication(layout, report, per_stage, train, has_loss,
                           _RERUN_TP.get(recompute.policy) if train else None)
@@ -500,9 +504,11 @@ def _whole(nodes: Sequence[Any], train: bool) -> int:
     return found[train]
 
 
-def _moe_reruns(redo: set[int], layout: Layout, nodes: Sequence[Any]) -> dict[int, px.Rerun]:
+def _moe_reruns(redo: set[int], layout: Layout, nodes: Sequence[Any], ends: Mapping[int, int] | None = None
+                ) -> dict[int, px.Rerun]:
     """Per MoE layer, what the recompute's rerun (the nodes ``redo``) runs again of its dispatch, combine and router
-    (:mod:`flopcount.parallel.experts`' rules)."""
+    (:mod:`flopcount.parallel.experts`' rules); ``ends``: under the all-gather dispatcher, each layer's last node of
+    its MoE block, after which its combine runs."""
     out: dict[int, px.Rerun] = {}
     if not redo:
         return out
@@ -512,7 +518,8 @@ def _moe_reruns(redo: set[int], layout: Layout, nodes: Sequence[Any]) -> dict[in
             last[layer] = k
     for layer, end in last.items():
         ks = [k for k in redo if layout.layer[k] == layer]
-        out[layer] = px.Rerun(any(layout.expert[k] for k in ks), any(k > end for k in ks),
+        after = end if ends is None else ends.get(layer, end)
+        out[layer] = px.Rerun(any(layout.expert[k] for k in ks), any(k > after for k in ks),
                               any(layout.roles[k] == "router" and k < end for k in ks))
     return out
 
@@ -531,38 +538,53 @@ def _cp_ep_communication(plan: ParallelPlan, d: Dims, report: Any, kv_tokens: in
         if train:
             out.append(Collective("reduce_scatter", "cp", m * kv))
     counts = report.moe.experts * px.COUNT_BYTES if moe else 0  # R int64 token counts
-    if plan.ep > 1 and moe:
-        back = 1 if train else 0  # the backward's combine and dispatch
-        pair = d.batch * report.moe.top_k  # b·k pairs of one token in a sequence
-        own = [seq // plan.cp // px.routing_ranks(plan) for _, _, seq in moe]  # the tokens the rank dispatches
-        sent = sum(px.exchange_bytes(pair * d.hidden * d.act_bytes * n, plan.ep, share, 1 + back + again.dispatch,
-                                     1 + back + again.combine)
-                   + px.exchange_bytes(pair * d.prob_bytes * n, plan.ep, share, 1 + again.dispatch, back)
-                   for (share, again, _), n in zip(moe, own))  # the vectors; their probabilities, with them
-        out.append(Collective("all_to_all", "ep", m * sent))
-        out.append(Collective("all_gather", "tp_ep", m * px.counts_gathered(plan, report.moe.experts) * sum(
-            1 + again.dispatch for _, again, _ in moe)))
-        # the pairs received gathered over expert-TP with their probabilities (reduce-scattered back in the
-        # backward) and the outputs reduce-scattered in the probabilities' dtype (gathered back)
-        ins = [(px.expert_tp_gathered(plan, pair * (d.hidden * d.act_bytes + d.prob_bytes) * n, share),
-                px.expert_tp_gathered(plan, pair * d.hidden * d.prob_bytes * n, share), again)
-               for (share, again, _), n in zip(moe, own)]
-        if any(g for g, _, _ in ins):
-            out.append(Collective("all_gather", "etp", m * sum((1 + again.dispatch) * g + back * o
-                                                               for g, o, again in ins)))
-            out.append(Collective("reduce_scatter", "etp", m * sum((1 + again.combine) * o + back * g
-                                                                   for g, o, again in ins)))
-    routing = [(px.routing_gathered(plan, d.batch * (seq // plan.cp), report.moe.experts, d.prob_bytes), again)
-               for _, again, seq in moe]  # each MoE layer's own tokens (an encoder's and a decoder's differ)
-    if any(g for (g, _), _ in routing):  # the all-gather dispatcher's routing map and probabilities, over TP
-        out.append(Collective("all_gather", "tp_ep", m * sum(g * (1 + again.dispatch) for (g, _), again in routing)))
-        if train:
-            out.append(Collective("reduce_scatter", "tp_ep", m * sum(r for (_, r), _ in routing)))
+    if moe and px.dispatcher(plan) == "alltoall":
+        out.extend(_alltoall_communication(plan, d, report, train, moe))
+    gathered = [(px.allgather_calls(plan, d.batch * (seq // plan.cp), report.moe.experts, d.hidden, d.act_bytes,
+                                    d.prob_bytes), again) for _, again, seq in moe]  # each layer's own tokens
+    if any(calls.dispatch for calls, _ in gathered):  # the all-gather dispatcher's, over tp_ep
+        back = 1 if train else 0
+        out.append(Collective("all_gather", "tp_ep", m * sum(
+            (1 + again.dispatch) * sum(calls.dispatch) + back * sum(calls.combine_grad) for calls, again in gathered)))
+        scattered = sum((1 + again.combine) * sum(calls.combine) + back * sum(calls.dispatch_grad)
+                        for calls, again in gathered)
+        if scattered:  # none in inference under ep = 1, whose outputs are the layer's TP block's
+            out.append(Collective("reduce_scatter", "tp_ep", m * scattered))
     if train and plan.tp * plan.cp > 1 and moe:  # the auxiliary loss's counts over the split sequence
         twice = recompute.policy == "non-reentrant"  # recorded in the forward and in the rerun (full: the rerun)
         out.append(Collective("all_reduce", "tp_cp", m * counts * sum(
             1 + (twice and again.router) for _, again, _ in moe)))
     return tuple(out)
+
+
+def _alltoall_communication(plan: ParallelPlan, d: Dims, report: Any, train: bool,
+                            moe: Sequence[tuple[tuple[int, int], px.Rerun, int]]) -> list[Collective]:
+    """One rank's collectives of the all-to-all dispatcher per optimizer step (:mod:`flopcount.parallel.experts`):
+    its ``all_to_all`` over ``ep`` (under ep > 1), the router's counts over ``tp_ep``, the pairs over ``etp``."""
+    m, out = plan.microbatches, []
+    back = 1 if train else 0  # the backward's combine and dispatch
+    pair = d.batch * report.moe.top_k  # b·k pairs of one token in a sequence
+    own = [seq // plan.cp // px.routing_ranks(plan) for _, _, seq in moe]  # the tokens the rank dispatches
+    if plan.ep > 1:
+        sent = sum(px.exchange_bytes(pair * d.hidden * d.act_bytes * n, plan.ep, share, 1 + back + again.dispatch,
+                                     1 + back + again.combine)
+                   + px.exchange_bytes(pair * d.prob_bytes * n, plan.ep, share, 1 + again.dispatch, back)
+                   for (share, again, _), n in zip(moe, own))  # the vectors; their probabilities, with them
+        out.append(Collective("all_to_all", "ep", m * sent))
+    if px.counts_gathered(plan, report.moe.experts):
+        out.append(Collective("all_gather", "tp_ep", m * px.counts_gathered(plan, report.moe.experts) * sum(
+            1 + again.dispatch for _, again, _ in moe)))
+    # the pairs received gathered over expert-TP with their probabilities (reduce-scattered back in the
+    # backward) and the outputs reduce-scattered in the probabilities' dtype (gathered back)
+    ins = [(px.expert_tp_gathered(plan, pair * (d.hidden * d.act_bytes + d.prob_bytes) * n, share),
+            px.expert_tp_gathered(plan, pair * d.hidden * d.prob_bytes * n, share), again)
+           for (share, again, _), n in zip(moe, own)]
+    if any(g for g, _, _ in ins):
+        out.append(Collective("all_gather", "etp", m * sum((1 + again.dispatch) * g + back * o
+                                                           for g, o, again in ins)))
+        out.append(Collective("reduce_scatter", "etp", m * sum((1 + again.combine) * o + back * g
+                                                               for g, o, again in ins)))
+    return out
 
 
 def schedule_bubble(plan: ParallelPlan, shares: Sequence[NodeShare], train: bool) -> float:

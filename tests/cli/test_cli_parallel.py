@@ -86,6 +86,10 @@ def test_operator_list_recompute_with_memory_per_rank(capsys, llama):
     pytest.param(["--parallel", "dp=2", "--expert-load", "missing-load.json"], "--expert-load missing-load.json: "
                  "cannot read it as JSON", id="expert-load-file"),
     pytest.param(["--expert-load", "load.json"], "--expert-load needs --parallel", id="expert-load-alone"),
+    pytest.param(["--token-dispatcher", "allgather"], "--token-dispatcher needs --parallel",
+                 id="token-dispatcher-alone"),
+    pytest.param(["--parallel", "tp=2", "--token-dispatcher", "alltoall"], "--token-dispatcher alltoall: the model "
+                 "has no routed experts", id="token-dispatcher-dense"),
     pytest.param(["--parallel", "pp=2", "--microbatches", "3", "--schedule", "interleaved"],
                  "--microbatches 3: the interleaved schedule runs microbatches in groups of pp=2", id="interleaved"),
     pytest.param(["--parallel", "tp=2", "--recompute", "full"], "give --mode train", id="recompute-inference"),

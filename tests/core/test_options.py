@@ -54,6 +54,12 @@ def marked_model(with_marker: bool = True):
     pytest.param({"schedule": "gpipe"}, "--schedule needs --parallel", id="schedule-without-plan"),
     pytest.param({"expert_load": "load.json"}, "--expert-load needs --parallel", id="expert-load-without-plan"),
     pytest.param({"parallel": "ep=2,dp=2", "expert_load": 3}, "expert_load must be the path", id="expert-load-int"),
+    pytest.param({"token_dispatcher": "allgather"}, "--token-dispatcher needs --parallel",
+                 id="token-dispatcher-without-plan"),
+    pytest.param({"parallel": "ep=2,dp=2", "token_dispatcher": "all-gather"}, "count: token_dispatcher must be one "
+                 "of 'alltoall', 'allgather'", id="token-dispatcher-unknown"),
+    pytest.param({"parallel": "ep=2,dp=2", "token_dispatcher": True}, "token_dispatcher must be one of",
+                 id="token-dispatcher-bool"),
     pytest.param({"recompute": "full", "mode": "train"}, "--recompute needs --memory", id="recompute-alone"),
     pytest.param({"recompute": 5, "memory": True}, "recompute must be 'none'", id="recompute-int"),
     pytest.param({"recompute": "full", "memory": True}, "give --mode train", id="recompute-inference"),

@@ -179,3 +179,33 @@ def test_cli_json_with_expert_load(capsys, tmp_path):
     r0, r1 = par["ranks"]
     assert r1["hardware_flops"] - r0["hardware_flops"] == 2 * (own_p + own_d) * (6 - 2) // 8
     assert main([*argv[:-4], "--parallel", "ep=3,dp=3", "--format", "json"]) == 2
+
+
+@pytest.mark.parametrize("text,m", [pytest.param("ep=2,dp=2", 2, id="ep2-dp2"),
+                                    pytest.param("ep=2,cp=2", 1, id="ep2-cp2")])
+def test_the_all_gather_dispatcher_gathers_over_tp_ep(report, text, m):
+    """``--token-dispatcher allgather`` (T = 1): per MoE layer and phase, forward only, the routing map (a byte an
+    entry), the probabilities (float32) and the hidden states of the E ranks' tokens all-gathered over ``tp_ep`` and
+    the outputs reduce-scattered there in the probabilities' dtype; no ``all_to_all``, no counts; the same FLOPs."""
+    import dataclasses
+
+    plan = parse_parallel(text, microbatches=m)
+    led = generation_ledger(report, dataclasses.replace(plan, token_dispatcher="allgather"))
+    base = generation_ledger(report, plan)
+    tokens = B * (P // plan.cp) + STEPS * B  # a rank's tokens over the prefill and the steps
+    gathered = plan.ep * tokens * L  # every EP rank's, per MoE layer
+    for r, b in zip(led.ranks, base.ranks):
+        assert r.phases == b.phases and r.hardware_flops == b.hardware_flops
+        moe = {(c.kind, c.group): c.bytes for c in r.communication if c.group in ("ep", "tp_ep")}
+        assert moe == {("all_gather", "tp_ep"): m * gathered * (R + R * 4 + H * E),
+                       ("reduce_scatter", "tp_ep"): m * gathered * H * 4}
+
+
+def test_the_all_gather_dispatcher_under_tp_and_ep_is_refused(report):
+    import dataclasses
+
+    plan = dataclasses.replace(parse_parallel("tp=2,ep=2,dp=2"), token_dispatcher="allgather")
+    with pytest.raises(UsageError, match="--token-dispatcher allgather under tp=2 and ep=2 without sp is not "
+                                         "modelled") as caught:
+        generation_ledger(report, plan)
+    assert "\n" not in str(caught.value)

@@ -262,3 +262,78 @@ def test_expert_gradients_on_the_expert_data_parallel_group(moe):
     root = 4 * (2 * 4 * 13 * H + H)
     assert fsdp[("all_gather", "dp")] == 2 * 4 * (dense + padding) - root
     assert fsdp[("all_gather", "edp")] == 2 * fsdp[("reduce_scatter", "edp")]
+
+
+def _with(text: str, dispatcher: str | None, m: int = 1):
+    import dataclasses
+
+    return dataclasses.replace(plan(text, m), token_dispatcher=dispatcher)
+
+
+def _moved(rank) -> dict[str, int]:
+    return {f"{c.kind}({c.group})": c.bytes for c in rank.communication}
+
+
+def test_naming_the_default_dispatcher_changes_nothing(moe):
+    """allgather under ep = 1 and alltoall under ep > 1 are what a plan without ``token_dispatcher`` runs."""
+    for text, default in (("tp=2,sp,dp=2", "allgather"), ("tp=2,sp,dp=2,ep=2", "alltoall"), ("dp=2,ep=2", "alltoall")):
+        assert ledger(moe, _with(text, default)).ranks == ledger(moe, plan(text)).ranks
+
+
+def test_the_all_gather_dispatcher_under_ep(moe):
+    """``dp=2,ep=2`` under ``allgather``, training: per MoE layer the routing map (a byte an entry), the fp32
+    probabilities and the hidden states of the 2 EP ranks' B·S tokens all-gathered over ``tp_ep``, the outputs
+    reduce-scattered there in fp32, and in the backward the probabilities' and hidden states' gradients
+    reduce-scattered and the outputs' gathered; no ``all_to_all``, no counts; the FLOPs of the all-to-all
+    dispatcher's ranks."""
+    m, n = 2, 2 * T  # the tokens of the EP group's 2 ranks
+    led, base = ledger(moe, _with("dp=2,ep=2", "allgather", m)), ledger(moe, plan("dp=2,ep=2", m))
+    for r, b in zip(led.ranks, base.ranks):
+        assert r.hardware_flops == b.hardware_flops and r.model_flops == b.model_flops
+        moved = _moved(r)
+        assert {k: v for k, v in moved.items() if k.endswith(("(tp_ep)", "(ep)"))} == {
+            "all_gather(tp_ep)": m * L * (n * E + n * E * 4 + n * H * 4 + n * H * 4),
+            "reduce_scatter(tp_ep)": m * L * (n * H * 4 + n * E * 4 + n * H * 4)}
+        assert moved["all_reduce(dp)"] == _moved(b)["all_reduce(dp)"]
+
+
+def test_the_all_to_all_dispatcher_without_ep(moe):
+    """``tp=2,sp`` under ``alltoall``: no ``all_to_all`` (an EP group of one rank), the counts of the 2 TP ranks
+    gathered over ``tp_ep`` before each dispatch (int64), the pairs of the rank's S/T tokens (B·S/T·K of them, K
+    per token) gathered over ``etp`` with their fp32 probabilities and their outputs reduce-scattered there (and
+    back in the backward); no routing map gathered; the FLOPs and the shared expert's TP block unchanged."""
+    led, base = ledger(moe, _with("tp=2,sp", "alltoall")), ledger(moe, plan("tp=2,sp"))
+    g = 2 * (T // 2) * K  # the pairs the 2 TP ranks gather
+    for r, b in zip(led.ranks, base.ranks):
+        assert r.hardware_flops == b.hardware_flops
+        moved, was = _moved(r), _moved(b)
+        assert {k: v for k, v in moved.items() if k.split("(")[1] in ("tp_ep)", "etp)", "ep)")} == {
+            "all_gather(tp_ep)": L * 2 * E * 8,
+            "all_gather(etp)": L * (g * (H * 4 + 4) + g * H * 4),
+            "reduce_scatter(etp)": L * (g * H * 4 + g * (H * 4 + 4))}
+        assert "all_gather(tp_ep)" in was and "all_gather(etp)" not in was  # the routing map's, by default
+        assert {k: v for k, v in moved.items() if k.endswith("(tp)")} == {
+            k: v for k, v in was.items() if k.endswith("(tp)")}  # the shared expert keeps the MoE block's TP block
+
+
+def test_the_all_gather_dispatcher_under_tp_and_ep_needs_sp(moe):
+    with pytest.raises(UsageError, match="--token-dispatcher allgather under tp=2 and ep=2 without sp is not "
+                                         "modelled") as caught:
+        ledger(moe, _with("tp=2,dp=2,ep=2", "allgather"))
+    assert "\n" not in str(caught.value)
+
+
+def test_the_command_line_names_the_dispatcher(moe, tmp_path, capsys):
+    """``--token-dispatcher allgather`` gives the ledger of the plan that names it, and its JSON plan says so."""
+    from flopcount.cli import main
+
+    transformers.Qwen2MoeConfig(
+        hidden_size=H, intermediate_size=40, moe_intermediate_size=I_MOE, shared_expert_intermediate_size=SHARED,
+        num_hidden_layers=L, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, vocab_size=V,
+        num_experts=E, num_experts_per_tok=K, decoder_sparse_step=1).save_pretrained(tmp_path)
+    assert main(["--hf", str(tmp_path), "--input-shape", f"input_ids={B}x{S}", "--mode", "train", "--parallel",
+                 "dp=2,ep=2", "--token-dispatcher", "allgather", "--format", "json"]) == 0
+    par = json.loads(capsys.readouterr().out)["parallel"]
+    assert par["plan"]["token_dispatcher"] == "allgather"
+    assert par["ranks"] == ledger(moe, _with("dp=2,ep=2", "allgather")).as_dict()["ranks"]
+    assert not any(c["kind"] == "all_to_all" for r in par["ranks"] for c in r["communication"])

@@ -15,7 +15,12 @@ experts 1-3 in turn (8, 3, 3, 2 pairs), so EP rank 0 (experts 0, 1) receives 11 
 hands to each collective by group (``tp``, ``etp``, ``ep``, ``tp_ep``, ``tp_cp``) and the calls by phase the
 step-time predictor prices equal the ledger's, and the memory ledger's ``all_to_all`` buffers are those the rank
 hands that collective; run again with each layer under a non-reentrant checkpoint, its bytes equal the ledger's under
-``--recompute non-reentrant``."""
+``--recompute non-reentrant``. Run again with the MoE block as Megatron-Core's all-gather token dispatcher runs it
+under TP with sp and EP (``MoEAllGatherTokenDispatcher``, ``--token-dispatcher allgather``): the routing map (a byte
+an entry, no grad), the probabilities and the hidden states of the rank's S/T tokens all-gathered over ``tp_ep`` (the
+4 ranks; the gradients of the last two reduce-scattered), each rank's experts split over TP on the pairs of the
+gathered tokens routed to them, the outputs reduce-scattered over ``tp_ep`` (the gradient all-gathered): no
+``all_to_all``, no counts gathered, nothing over ``etp``; the same FLOPs."""
 
 from __future__ import annotations
 
@@ -56,9 +61,10 @@ def load() -> list[int]:
     return [sum(e in chosen for chosen in route()) for e in range(E)]
 
 
-def mixtral(tp: int, dp: int, recs: dict, rerun: bool = False):
+def mixtral(tp: int, dp: int, recs: dict, rerun: bool = False, allgather: bool = False):
     """The model on TP rank ``tp`` and EP rank ``dp`` under ``sp=megatron``; ``recs``: the recorders by group;
-    ``rerun``: each layer under a non-reentrant checkpoint (``--recompute non-reentrant``)."""
+    ``rerun``: each layer under a non-reentrant checkpoint (``--recompute non-reentrant``); ``allgather``: the MoE
+    block under the all-gather dispatcher."""
     nn, dist = torch.nn, torch.distributed
     torch.manual_seed(0)
     rec, ep, etp = recs["tp"], recs["ep"], recs["etp"]
@@ -79,6 +85,21 @@ def mixtral(tp: int, dp: int, recs: dict, rerun: bool = False):
         dist.all_gather_into_tensor(out, counts)
         return out.view(EP, TP, E)[:, tp]  # what each rank of the EP group sends to each expert
 
+    def all_gathered(flat, probs, gate_up, down):  # the all-gather dispatcher over the 4 ranks of tp_ep
+        group = recs["tp_ep"]
+        with torch.no_grad():
+            routes = local.to(torch.uint8)  # the boolean routing map, a byte an entry
+            whole = routes.new_empty(TP * EP * OWN, E)
+            group.note("all_gather", whole)
+            dist.all_gather_into_tensor(whole, routes)
+        p, x = group.gather(probs[None])[0], group.gather(flat[None])[0]  # every rank's tokens, in rank order
+        out = torch.zeros(len(x), H)
+        for j, e in enumerate(mine):
+            rows = whole[:, e].nonzero()[:, 0]  # the gathered tokens routed to expert e
+            g, u = (x[rows] @ gate_up[j].T).chunk(2, -1)
+            out = out.index_add(0, rows, (nn.functional.silu(g) * u * p[rows, e][:, None]) @ down[j].T)
+        return group.scatter(out[None])[0]  # summed over TP and EP, each rank keeping its own tokens
+
     class Moe(nn.Module):
         def __init__(self):
             super().__init__()
@@ -92,6 +113,8 @@ def mixtral(tp: int, dp: int, recs: dict, rerun: bool = False):
             probs = torch.softmax(self.gate(flat), -1)  # the router on the rank's tokens
             counts = local.sum(0)  # int64
             recs["tp_cp"].all_reduce(counts)  # the auxiliary loss's counts over the split sequence
+            if allgather:
+                return all_gathered(flat, probs, self.gate_up, self.down).view(B, S // TP, H)
             every = counts_gathered(counts)
             sent = [int(counts[r * PER:(r + 1) * PER].sum()) for r in range(EP)]
             got = [int(every[r, mine].sum()) for r in range(EP)]
@@ -142,14 +165,14 @@ def mixtral(tp: int, dp: int, recs: dict, rerun: bool = False):
     return Model()
 
 
-def _step(tp: int, dp: int, groups: dict, rerun: bool) -> dict:
+def _step(tp: int, dp: int, groups: dict, rerun: bool, allgather: bool = False) -> dict:
     """One training step of the model on this rank: its FLOPs, the bytes it hands each collective by group and its
     calls by phase."""
     from torch.utils.flop_counter import FlopCounterMode
 
     moved: Counter = Counter()
     recs = {name: Recorder(group, name, moved) for name, group in groups.items()}
-    model = mixtral(tp, dp, recs, rerun)
+    model = mixtral(tp, dp, recs, rerun, allgather)
     torch.manual_seed(1 + dp)  # each data-parallel rank its own batch
     ids = torch.randint(0, V, (B, S))
     with FlopCounterMode(display=False) as counter:
@@ -165,7 +188,7 @@ def _step(tp: int, dp: int, groups: dict, rerun: bool) -> dict:
             "calls": {name: phased(r.calls, forward[name], backward[name]) for name, r in recs.items()}}
 
 
-def _worker(rank: int, world: int, init: str, out: str) -> None:
+def _worker(rank: int, world: int, init: str, out: str, allgather: bool = False) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)  # a forked child must not wait on the parent's intra-op pool
@@ -174,7 +197,7 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
     tp_groups = [dist.new_group([d * TP + i for i in range(TP)]) for d in range(DP)]  # every rank makes every group
     ep_groups = [dist.new_group([d * TP + i for d in range(DP)]) for i in range(TP)]
     groups = {"tp": tp_groups[dp], "etp": tp_groups[dp], "tp_cp": tp_groups[dp], "ep": ep_groups[tp], "tp_ep": None}
-    seen = {policy: _step(tp, dp, groups, policy != "none") for policy in ("none", "non-reentrant")}
+    seen = {policy: _step(tp, dp, groups, policy != "none", allgather) for policy in ("none", "non-reentrant")}
     with open(f"{out}.{rank}", "w") as f:
         json.dump(seen, f)
     dist.destroy_process_group()
@@ -189,13 +212,17 @@ def report():
                              memory=MemorySettings(device="cpu"))
 
 
-def _predicted(report, led, rank: int) -> Counter:
-    """The step-time predictor's calls of ``rank`` outside ``tp``, (kind, group, phase) → count."""
+def _predicted(report, led, rank: int, sized: bool = False) -> Counter:
+    """The step-time predictor's calls of ``rank`` outside ``tp``, (kind, group, phase) → count (``sized``: and
+    each call's bytes)."""
     from flopcount.measure.predict_report import report_work
 
     work = report_work(dataclasses.replace(report, parallel=led))
-    return Counter({(m.kind, m.group, m.phase): m.count for m in work.ranks[rank].messages
-                    if m.group in GROUPS and m.group != "tp"})
+    found: Counter = Counter()
+    for m in work.ranks[rank].messages:
+        if m.group in GROUPS and m.group != "tp":
+            found[(m.kind, m.group, m.phase) + ((m.bytes,) if sized else ())] += m.count
+    return found
 
 
 def test_tp_sp_ep_moe_on_gloo_equals_the_ledger(report, tmp_path):
@@ -209,6 +236,8 @@ def test_tp_sp_ep_moe_on_gloo_equals_the_ledger(report, tmp_path):
     led = ledger(report, p, expert_load=expert_load)
     again = ledger(report, p, parse_recompute("non-reentrant"), expert_load)
     flops = ledger(products_only(report), p, expert_load=expert_load)
+    again = ledger(report, p, parse_recompute("non-reentrant"), expert_load)
+    flops_again = ledger(products_only(report), p, parse_recompute("non-reentrant"), expert_load)
     flops_again = ledger(products_only(report), p, parse_recompute("non-reentrant"), expert_load)
     mem = {x: r for r in per_rank(report, p, expert_load).ranks for x in r.replicas}
     a = B * S * H * 4  # one activation, fp32
@@ -251,3 +280,50 @@ def test_tp_sp_ep_moe_on_gloo_equals_the_ledger(report, tmp_path):
                     if name != "tp":
                         calls[(kind, name, phase)] += 1
         assert _predicted(report, led, rank) == calls
+
+
+def test_tp_sp_ep_moe_on_gloo_under_the_all_gather_dispatcher_equals_the_ledger(report, tmp_path):
+    """``--token-dispatcher allgather``: each rank's FLOPs (the same as under the all-to-all dispatcher), its bytes
+    by group (per MoE layer, of the 4 ranks' 4·S/T = 2·S tokens a rank's group gathers: the routing map, the
+    probabilities and the hidden states gathered and the outputs reduce-scattered, and in the backward the
+    probabilities' and hidden states' gradients reduce-scattered and the outputs' gathered), the predictor's calls
+    by phase and size, and the memory ledger's buffers (what it gathers and reduce-scatters). Under a non-reentrant
+    checkpoint per layer the rerun gathers again with its dispatch but stops before the combine's reduce-scatter
+    (the outputs are unpermuted before it; nothing after it keeps a tensor)."""
+    import flopcount
+
+    seen = gloo_ranks(_worker, tmp_path, True, world=TP * DP)
+    expert_load = ExpertLoad([load()])
+    p = dataclasses.replace(parse_parallel(PLAN), token_dispatcher="allgather")
+    assert flopcount.CountOptions(parallel=PLAN, token_dispatcher="allgather").parallel == p
+    led = ledger(report, p, expert_load=expert_load)
+    flops = ledger(products_only(report), p, expert_load=expert_load)
+    again = ledger(report, p, parse_recompute("non-reentrant"), expert_load)
+    flops_again = ledger(products_only(report), p, parse_recompute("non-reentrant"), expert_load)
+    mem = {x: r for r in per_rank(report, p, expert_load).ranks for x in r.replicas}
+    a = B * S * H * 4  # one activation, fp32
+    n = TP * EP * OWN  # the tokens gathered: every rank's of the tp_ep group
+    for rank, both in enumerate(seen):
+        r, rerun = both["none"], both["non-reentrant"]
+        assert r["flops"] == flops.ranks[rank].hardware_flops
+        assert rerun["flops"] == flops_again.ranks[rank].hardware_flops
+        listed = {k: b for g in GROUPS for k, b in ledger_bytes(led.ranks[rank], g).items()}
+        plain = {
+            "all_gather(tp)": 3 * L * a + 3 * a, "reduce_scatter(tp)": 2 * L * a + 2 * a,
+            "all_reduce(tp)": (2 * L + 1) * H * 4 + L * E * H * 4,
+            "all_gather(tp_ep)": L * (n * E + n * E * 4 + n * H * 4 + n * H * 4),
+            "reduce_scatter(tp_ep)": L * (n * H * 4 + n * E * 4 + n * H * 4), "all_reduce(tp_cp)": L * E * 8}
+        assert r["bytes"] == listed == plain
+        rerun_listed = {k: b for g in GROUPS for k, b in ledger_bytes(again.ranks[rank], g).items()}
+        assert rerun["bytes"] == rerun_listed == {k: b + L * {  # attention's again, the dispatch's gathers again
+            "all_gather(tp)": a, "reduce_scatter(tp)": a, "all_gather(tp_ep)": n * (E + E * 4 + H * 4),
+            "all_reduce(tp_cp)": E * 8}.get(k, 0) for k, b in plain.items()}
+        assert mem[rank].alltoall_bytes == n * (E + E * 4 + H * 4 + H * 4)
+        assert predicted_calls(report, PLAN, rank) == recorded({"calls": r["calls"]["tp"]})
+        calls = Counter()
+        for name, phases in r["calls"].items():
+            for phase, made in phases.items():
+                for kind, size in made:
+                    if name != "tp":
+                        calls[(kind, name, phase, size)] += 1
+        assert _predicted(report, led, rank, sized=True) == calls
