@@ -196,8 +196,8 @@ def dispatcher(plan: Any) -> str:
     if found == "allgather" and plan.ep > 1 and plan.tp > 1 and not plan.sp:
         raise UsageError(f"--token-dispatcher allgather under tp={plan.tp} and ep={plan.ep} without sp is not "
                          "modelled: every TP rank would gather the tokens of the whole sequence over tp_ep, T copies "
-                         "of each (Megatron-Core trains MoE under tp only with sp); give sp, or --token-dispatcher "
-                         "alltoall")
+                         "of each (Megatron-Core trains MoE under tp only with sp); give sp (training: generation "
+                         "takes none), or --token-dispatcher alltoall")
     return found
 
 
