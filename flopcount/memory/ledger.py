@@ -136,8 +136,9 @@ class OnRank:
     what) for the next walk of a graph of the same nodes, gradients, saved-for-backward records, recompute units and
     stored tensors, sized otherwise (None: found anew); ``sizes``, a dict the caller keeps per graph (the same
     :class:`Graph`, its tensors sized alike) and gradients' shards, in which the walk leaves the tensors' bytes and
-    its replays from no bytes alive (:class:`.tape.Replayed`, with the unsized names they read) for the next walk
-    of them, whose start alone differs (None: walked anew); ``forward``, such a dict for the forward alone, kept
+    its replays from no bytes alive (:class:`.tape.Replayed`, with the unsized names they read) and the bytes of
+    the parameters, buffers, inputs and gradients with the trained tensors for the next walk of them, whose start
+    alone differs (None: walked anew); ``forward``, such a dict for the forward alone, kept
     per graph whose forward reads the same sizes (None: ``sizes``)."""
 
     held: int = 0

@@ -2,7 +2,9 @@
 (the last :data:`KEPT_MEMOS` graphs walked), and the keys of its shares: a stored tensor's share reads the plan's
 tp, ep and FSDP shards (:func:`stored_of`), that of a tensor a stage makes or receives tp, sp, cp, ep and the EP
 rank's load (:func:`sizes_key`), a stored tensor's ZeRO share besides the D·C ranks (:func:`zero_memo`). ``w`` is
-a rank's walk (:mod:`.ranks`' plan walk: its ``plan``, graph ``g``, ``kv`` and ``fractions``)."""
+a rank's walk (:mod:`.ranks`' plan walk: its ``plan``, graph ``g``, ``kv`` and ``fractions``). The memos of graphs
+that differ in their recompute units alone, holding the same node list, tensors, saved records and gradients'
+flags (a plan search's counts of the policies), share what reads none of the units (:data:`SHARED`)."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ class GraphMemo:
     each stage's walk structure (:class:`~flopcount.memory.ledger.OnRank`'s ``structure``), each node's
     parameters and trained tensors (``held``) and each stage's (``stage_reads``), each stage's nodes by the
     layout's chunks (``keeps``) and each stage's graph at a rank's shares (``graphs``), each
-    stage's tensors' bytes at a rank's shares (``nbytes``), found the first time asked."""
+    stage's tensors at a rank's shares with their bytes (``tensors``), found the first time asked."""
 
     graph: Graph
     reader: dict[str, int] | None = None

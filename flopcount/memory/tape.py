@@ -5,7 +5,9 @@ The backward walk (:func:`flopcount.memory.ledger.ledger`) decides from the grap
 gradients and statistics are alive at each node; only their bytes differ between ranks of the same stage. Recorded
 once on a :class:`Tape`, it is replayed on each rank's sizes (:meth:`Tape.replay`): between two marks only the
 sum of what was added and freed matters, since the peak is read at the marks alone, so the replay gives the same
-live bytes at every mark, the same peak and the same place, as the walk.
+live bytes at every mark, the same peak and the same place, as the walk. The running sums are numpy's 64-bit
+integers where none can reach 2**62 (every size at least 0, the largest times the terms at most below it: the same
+integers as Python's), Python's integers otherwise.
 """
 
 from __future__ import annotations
