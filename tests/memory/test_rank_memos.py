@@ -104,9 +104,6 @@ def test_the_policies_share_what_reads_no_recompute_unit(policies, monkeypatch):
     for (fast, states), (slow, want) in zip(warm, alone):
         assert [r.as_dict() for r in fast] == [r.as_dict() for r in slow]
         assert states == want
-    # full recompute's peaks differ from none's: what reads the units is each graph's own
-    peaks = [tuple(r.peak_bytes for r in ranks) for ranks, _ in warm]
-    assert sum(peaks[i] != peaks[i + 1] for i in range(0, len(warm), 3)) > len(plans) // 2
 
 
 def test_stage_states_are_the_counts_whatever_was_asked_of_its_graph(trained):
