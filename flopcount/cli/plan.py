@@ -84,12 +84,27 @@ def reports(args: argparse.Namespace):
             # then shared) let every ledger's memo of a list serve each policy's plans
             same = next((r for (z, _), r in counted.items() if z == size and r.nodes == nodes
                          and r.modules == modules), None)
+            memory = report.memory
             if same is not None:
                 nodes, modules = same.nodes, same.modules
-            counted[(size, recompute)] = dataclasses.replace(report, nodes=nodes, modules=modules)
+                memory = _shared_graph(memory, same.memory)
+            counted[(size, recompute)] = dataclasses.replace(report, nodes=nodes, modules=modules, memory=memory)
         return counted[(size, recompute)]
 
     return report_of
+
+
+def _shared_graph(memory, other):
+    """``memory`` whose graph holds ``other``'s node list, tensors, saved records and gradients' flags where they
+    are equal (the recompute policies' counts differ in their recompute units): the per-rank walks' memos of what
+    reads them alone then serve every policy's plans (:func:`flopcount.memory.rank_memo.memo_of`)."""
+    import dataclasses
+
+    g, h = (None, None) if memory is None or other is None else (memory.graph, other.graph)
+    fields = ("nodes", "tensors", "saved", "grads")
+    if g is None or h is None or any(getattr(g, f) != getattr(h, f) for f in fields):
+        return memory
+    return dataclasses.replace(memory, graph=dataclasses.replace(g, **{f: getattr(h, f) for f in fields}))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -58,8 +58,15 @@ What is shared between plans, exactly:
   its place in the answer's order, ties to the first) drops the plan over memory without its walks; it can be
   neither a plan that fits nor a smaller ``smallest`` (the first plan of the least peak is kept, as without the
   floor);
-* the recompute policies' counts share their node lists (``flopcount plan``'s counts do), so the plans of the
-  same node shares are walked policy after policy, reading the same layouts; the groups of such plans are shared
+* the recompute policies' counts share their node lists, and their memory graphs one node list, tensors, saved
+  records and gradients' flags (``flopcount plan``'s counts do: :func:`flopcount.cli.plan.reports`), so the plans
+  of the same node shares are walked policy after policy, reading the same layouts, and the walks' memos of the
+  policies' graphs share what reads none of their recompute units (:data:`flopcount.memory.rank_memo.SHARED`):
+  each stage's nodes, its tensors at a rank's shares with their bytes and its gathered K and V (kept up to 16
+  times the graph's tensors: a node shares' stages at every cp and FSDP shards, policy after policy), the stored
+  tensors' and the ZeRO shares, the statistics at a share and the stages' states of the floors (by the count's
+  optimizer, its step and master weights too); a stage's graph, its walk structure and its replays read the units
+  and are each policy's own; the groups of such plans are shared
   out to worker processes (``jobs``), each keeping its memos from group to group, and the answer is the same
   whatever their number; Python's cyclic collector is paused through each group (its full collections rescanned
   the counts' and the memos' objects), and what lived before the search and what each group leaves (the memos) is

@@ -136,8 +136,9 @@ class OnRank:
     what) for the next walk of a graph of the same nodes, gradients, saved-for-backward records, recompute units and
     stored tensors, sized otherwise (None: found anew); ``sizes``, a dict the caller keeps per graph (the same
     :class:`Graph`, its tensors sized alike) and gradients' shards, in which the walk leaves the tensors' bytes and
-    its replays from no bytes alive (:class:`.tape.Replayed`, with the unsized names they read) for the next walk
-    of them, whose start alone differs (None: walked anew); ``forward``, such a dict for the forward alone, kept
+    its replays from no bytes alive (:class:`.tape.Replayed`, with the unsized names they read) and the bytes of
+    the parameters, buffers, inputs and gradients with the trained tensors for the next walk of them, whose start
+    alone differs (None: walked anew); ``forward``, such a dict for the forward alone, kept
     per graph whose forward reads the same sizes (None: ``sizes``)."""
 
     held: int = 0
@@ -367,10 +368,6 @@ def ledger(g: Graph, mode: str, optimizer: str | None, settings: MemorySettings,
     memo = on_rank.sizes if on_rank is not None else None
     st = _Storages(g, unsized, structure, memo)
     size = st.nbytes
-    params = sum(size(n) for n in g.params)
-    # in the graph's order (its weights in the module's parameter order: the optimizer's), then any it lacks
-    trained = [t or TensorInfo(n) for n, t in g.tensors.items() if n in g.trainable] + \
-        [TensorInfo(n) for n in sorted(g.trainable - g.tensors.keys())]
     training = mode == "train"
     on_rank = on_rank or OnRank()
     held, accumulated, shards = on_rank.held, on_rank.accumulated, on_rank.shards
@@ -378,11 +375,11 @@ def ledger(g: Graph, mode: str, optimizer: str | None, settings: MemorySettings,
     def grad_size(name: str) -> int:
         return (tensor_bytes(shards.grads[name]) or 0) if name in shards.grads else size(name)
 
-    grads = sum(grad_size(t.name) for t in trained) if training else 0
+    # they read the sizes and the gradients' shards alone: found once per such memo (see OnRank)
+    params, buffers, inputs, trained, grads = _replayed(memo, ("held", training), st,
+                                                        lambda: _held(g, size, grad_size, training))
     stepped = [shards.optimizer.get(t.name, t) for t in trained] if shards.optimizer else trained
     states, temps = optimizer_bytes(optimizer, stepped, settings, shards.counters) if training else (0, 0)
-    buffers = sum(size(n) for n in g.buffers)
-    inputs = sum(size(n) for n in g.inputs)
     w = Walk(live=params + buffers + inputs + states + held + (grads if accumulated else 0))
     whole = settings.recompute.policy == "full"
     found = structure if structure is not None else {}  # what the walk finds of the structure, kept there
@@ -416,6 +413,16 @@ def ledger(g: Graph, mode: str, optimizer: str | None, settings: MemorySettings,
                   str(settings.recompute) if training else "none", settings.master_weights, (rank,),
                   MappingProxyType(dict(missing) if training else {}), tuple(sorted(unsized)),
                   MappingProxyType(kept_by), g, settings)
+
+
+def _held(g: Graph, size: Callable[[str], int], grad_size: Callable[[str], int], training: bool) -> tuple:
+    """(parameters', buffers' and inputs' bytes, the trained tensors, their gradients' bytes in training) of
+    ``g`` at these sizes: the trained tensors in the graph's order (its weights in the module's parameter order:
+    the optimizer's), then any it lacks."""
+    trained = [t or TensorInfo(n) for n, t in g.tensors.items() if n in g.trainable] + \
+        [TensorInfo(n) for n in sorted(g.trainable - g.tensors.keys())]
+    return (sum(size(n) for n in g.params), sum(size(n) for n in g.buffers), sum(size(n) for n in g.inputs), trained,
+            sum(grad_size(t.name) for t in trained) if training else 0)
 
 
 @dataclass

@@ -2,7 +2,9 @@
 (the last :data:`KEPT_MEMOS` graphs walked), and the keys of its shares: a stored tensor's share reads the plan's
 tp, ep and FSDP shards (:func:`stored_of`), that of a tensor a stage makes or receives tp, sp, cp, ep and the EP
 rank's load (:func:`sizes_key`), a stored tensor's ZeRO share besides the D·C ranks (:func:`zero_memo`). ``w`` is
-a rank's walk (:mod:`.ranks`' plan walk: its ``plan``, graph ``g``, ``kv`` and ``fractions``)."""
+a rank's walk (:mod:`.ranks`' plan walk: its ``plan``, graph ``g``, ``kv`` and ``fractions``). The memos of graphs
+that differ in their recompute units alone, holding the same node list, tensors, saved records and gradients'
+flags (a plan search's counts of the policies), share what reads none of the units (:data:`SHARED`)."""
 
 from __future__ import annotations
 
@@ -13,8 +15,8 @@ from ..context import TensorInfo
 from .ledger import Graph
 from .rank_graph import GatheredKV
 
-__all__ = ["GraphMemo", "KEPT_MEMOS", "KEPT_SIZES", "Shares", "memo_of", "sizes_key", "sizes_of", "stored_bytes_of",
-           "stored_of", "zero_memo"]
+__all__ = ["GraphMemo", "KEPT_MEMOS", "KEPT_SIZES", "SHARED", "Shares", "memo_of", "sizes_key", "sizes_of",
+           "stored_bytes_of", "stored_of", "zero_memo"]
 
 
 @dataclass
@@ -25,7 +27,7 @@ class GraphMemo:
     each stage's walk structure (:class:`~flopcount.memory.ledger.OnRank`'s ``structure``), each node's
     parameters and trained tensors (``held``) and each stage's (``stage_reads``), each stage's nodes by the
     layout's chunks (``keeps``) and each stage's graph at a rank's shares (``graphs``), each
-    stage's tensors' bytes at a rank's shares (``nbytes``), found the first time asked."""
+    stage's tensors at a rank's shares with their bytes (``tensors``), found the first time asked."""
 
     graph: Graph
     reader: dict[str, int] | None = None
@@ -46,6 +48,15 @@ class GraphMemo:
     zero: dict[tuple, dict] = field(default_factory=dict)  # ZeRO's shares of stored tensors (:func:`zero_memo`)
     parts: dict[tuple, Any] = field(default_factory=dict)  # a stage's graph's parts whatever the shares
     states: dict[tuple, list] = field(default_factory=dict)  # :func:`~flopcount.memory.ranks.stage_states`' answers by what they read
+    # a stage's tensors at a rank's shares, their bytes and its most gathered K and V (by the stage graph's key)
+    tensors: dict[tuple, tuple] = field(default_factory=dict)
+
+
+#: The fields of a :class:`GraphMemo` that read the graph's nodes, tensors, saved records, gradients' flags and
+#: stored tensors, not its recompute units: the memos of graphs that differ in their units alone share them
+#: (:func:`memo_of`); ``parts``, ``walks``, ``graphs`` and ``forwards`` read the units and are each graph's own.
+SHARED = ("reader", "gathered", "stages", "names", "sizes", "sp_whole", "stored", "stored_bytes", "held",
+          "stage_reads", "keeps", "zero", "states", "tensors")
 
 
 #: The :class:`GraphMemo` of the last four graphs walked (a plan search walks the plans of each node shares under
@@ -57,12 +68,27 @@ KEPT_SIZES = 16
 
 
 def memo_of(g: Graph) -> GraphMemo:
-    """``g``'s :class:`GraphMemo` (by identity)."""
+    """``g``'s :class:`GraphMemo` (by identity). A new one shares the :data:`SHARED` fields of a kept memo whose
+    graph has the same node list, tensors, saved records and gradients' flags (the same objects: a plan search's
+    counts of the recompute policies hold them once, ``flopcount.cli.plan.reports``) and equal other fields, its
+    recompute units aside."""
     for m in _memos:
         if m.graph is g:
             return m
-    _memos[:] = [*_memos[1 - KEPT_MEMOS:], GraphMemo(g)]
-    return _memos[-1]
+    memo = GraphMemo(g)
+    same = next((m for m in reversed(_memos) if _same_but_units(m.graph, g)), None)
+    for name in SHARED if same is not None else ():
+        setattr(memo, name, getattr(same, name))
+    _memos[:] = [*_memos[1 - KEPT_MEMOS:], memo]
+    return memo
+
+
+def _same_but_units(a: Graph, b: Graph) -> bool:
+    """Whether graphs ``a`` and ``b`` are the same but for their recompute units: the node list, tensors, saved
+    records and gradients' flags the same objects, the other fields equal."""
+    return a.nodes is b.nodes and a.tensors is b.tensors and a.saved is b.saved and a.grads is b.grads and all(
+        getattr(a, f) == getattr(b, f) for f in ("params", "trainable", "buffers", "stored", "inputs", "outputs",
+                                                 "gathers", "views", "copies"))
 
 
 class Shares(NamedTuple):

@@ -329,9 +329,11 @@ def stage_states(report: Any, plan: ParallelPlan, expert_load: Any = None) -> li
         memo.held = [(k, frozenset(names)) for k, n in enumerate(g.nodes) if (names := {
             x.name for x in n.inputs if x is not None and (x.name in g.params or x.name in g.trainable)})]
     # what they read of the plan: the stages' nodes (pp, the chunks), the stored shares (tp, ep, the FSDP shards),
-    # the D·C ranks ZeRO shards over and whether gradients accumulate; the graph's mode and optimizer its own
+    # the D·C ranks ZeRO shards over and whether gradients accumulate; and the count's mode, optimizer and step (the
+    # memos of graphs that differ in their recompute units alone share these answers: memo_of)
     key = (plan.pp, w.layout.chunks, plan.tp, plan.ep, plan.fsdp, plan.dp * plan.cp, plan.zero_stage,
-           plan.microbatches > 1)
+           plan.microbatches > 1, mem.mode, mem.optimizer, w.settings.master_weights,
+           w.settings.resolved_implementation)
     if key in memo.states:
         return list(memo.states[key])
     training, out, stored = mem.mode == "train", [], stored_of(w)
@@ -598,13 +600,22 @@ def _stage_graph(w: _PlanWalk, s: int, e: int, stage: _Stage) -> _StageGraph:
     if found is not None:
         return found
     keep = stage.keep
-    unread = _unread(g, w.reader, plan) if s == 0 else {}  # on the first stage
-    parts = memo.parts.get((keep, s == 0))
+    parts, shared = memo.parts.get((keep, s == 0)), memo.tensors.get(key)
+    unread = _unread(g, w.reader, plan) if s == 0 and (parts is None or shared is None) else {}  # the first stage's
     if parts is None:
         parts = memo.parts[(keep, s == 0)] = _SubParts.of(g, stage, unread)
     nodes = parts.nodes
     sizes = sizes_of(memo, sizes_key(w, e))  # statistics (position → saved), made, received (name → share)
-    tensors, nbytes = _stage_tensors(w, e, stage, nodes, sizes, unread)
+    if shared is None:  # the tensors read no recompute units: shared by the policies' graphs (memo_of)
+        tensors, nbytes = _stage_tensors(w, e, stage, nodes, sizes, unread)
+        kv_per_layer = {layer: sum(tensor_bytes(tensors[name]) or 0 for name in names if name in tensors)
+                        for layer, names in w.gathered.kept.items()}
+        # kept up to 16 times the graph's tensors (a plan search's node shares walk each stage at each cp and
+        # FSDP shards, policy after policy: about 14 times at most on 64 devices)
+        while memo.tensors and sum(len(t[0]) for t in memo.tensors.values()) >= 16 * len(g.tensors):
+            del memo.tensors[next(iter(memo.tensors))]
+        shared = memo.tensors[key] = (tensors, nbytes, max(kv_per_layer.values(), default=0))
+    tensors, nbytes, cp_kv = shared
     if keep not in sizes.stages:  # the stage's statistics at these shares: node index → saved record, → bytes
         saved, extra = sizes.stages[keep] = {}, {}
         for k, n in zip(keep, nodes):
@@ -617,8 +628,6 @@ def _stage_graph(w: _PlanWalk, s: int, e: int, stage: _Stage) -> _StageGraph:
     saved, extra = sizes.stages[keep]
     sub = Graph(nodes, parts.grads, saved, tensors, parts.params, parts.trainable, parts.buffers, g.stored,
                 stage.received, stage.sent, parts.units, g.gathers, g.views, g.copies)
-    kv_per_layer = {layer: sum(tensor_bytes(tensors[name]) or 0 for name in names if name in tensors)
-                    for layer, names in w.gathered.kept.items()}
     if len(memo.graphs) >= 4 * KEPT_SIZES:
         del memo.graphs[next(iter(memo.graphs))]
     # the forward walks the storages the stage makes: sized alike whatever the stored tensors' shares, unless a
@@ -628,7 +637,7 @@ def _stage_graph(w: _PlanWalk, s: int, e: int, stage: _Stage) -> _StageGraph:
         if key[:3] not in memo.forwards and len(memo.forwards) >= 4 * KEPT_SIZES:
             del memo.forwards[next(iter(memo.forwards))]
         forward = memo.forwards.setdefault(key[:3], {})
-    found = memo.graphs[key] = _StageGraph(sub, tensors, max(kv_per_layer.values(), default=0), forward,
+    found = memo.graphs[key] = _StageGraph(sub, tensors, cp_kv, forward,
                                            {"bytes": nbytes, "extra": extra})
     return found
 

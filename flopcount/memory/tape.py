@@ -5,7 +5,9 @@ The backward walk (:func:`flopcount.memory.ledger.ledger`) decides from the grap
 gradients and statistics are alive at each node; only their bytes differ between ranks of the same stage. Recorded
 once on a :class:`Tape`, it is replayed on each rank's sizes (:meth:`Tape.replay`): between two marks only the
 sum of what was added and freed matters, since the peak is read at the marks alone, so the replay gives the same
-live bytes at every mark, the same peak and the same place, as the walk.
+live bytes at every mark, the same peak and the same place, as the walk. The running sums are numpy's 64-bit
+integers where none can reach 2**62 (every size at least 0, the largest times the terms at most below it: the same
+integers as Python's), Python's integers otherwise.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from itertools import accumulate
 from typing import Callable, Mapping, NamedTuple
 
 __all__ = ["Replayed", "Tape", "Walk"]
+
+#: Running sums below this bound are exact in 64-bit integers, with room to spare (:meth:`Tape._summed`).
+_EXACT_INT64 = 1 << 62
 
 
 @dataclass
@@ -119,6 +124,9 @@ class Tape:
                 values = [nbytes(name) if b is None else b for name, b in zip(flat.keys[0], values)]
         values += map(grad_size, flat.keys[1])
         values += map(extra.__getitem__, flat.keys[2])
+        if values and self.nodes and min(values) >= 0 and \
+                max(values) * max(len(flat.plus), len(flat.minus)) < _EXACT_INT64:
+            return self._summed(flat, values)
         added = list(accumulate(map(values.__getitem__, flat.plus), initial=0))
         freed = list(accumulate(map(values.__getitem__, flat.minus), initial=0))
         marked = [added[a] - freed[b] for a, b in zip(flat.plus_ends[:len(self.nodes)],
@@ -126,6 +134,21 @@ class Tape:
         top = max(marked, default=None)
         node = self.nodes[marked.index(top)] if marked else ""
         return Replayed(top, self.phase, node, added[-1] - freed[-1])
+
+    def _summed(self, flat: "_Flat", values: list[int]) -> "Replayed":
+        """:meth:`replayed`'s running sums in 64-bit integers (numpy), where no sum can reach 2**62 (every value
+        at least 0 and the largest times the terms below it): the same integers, the first mark of the most."""
+        import numpy as np
+
+        plus, minus, plus_ends, minus_ends = flat.arrays
+        v = np.array(values, dtype=np.int64)
+        added = np.zeros(len(plus) + 1, dtype=np.int64)
+        freed = np.zeros(len(minus) + 1, dtype=np.int64)
+        np.cumsum(v[plus], out=added[1:])
+        np.cumsum(v[minus], out=freed[1:])
+        marked = added[plus_ends] - freed[minus_ends]
+        at = int(marked.argmax())  # the first of the most
+        return Replayed(int(marked[at]), self.phase, self.nodes[at], int(added[-1]) - int(freed[-1]))
 
     def replay_stepwise(self, w: Walk, nbytes: Callable[[str], int], grad_size: Callable[[str], int],
                         extra: Mapping[int, int]) -> None:
@@ -159,7 +182,11 @@ class Tape:
             minus += map(at, m)
             plus_ends.append(len(plus))
             minus_ends.append(len(minus))
-        self._flat = _Flat(keys, plus, minus, plus_ends, minus_ends)
+        import numpy as np
+
+        arrays = tuple(np.array(x, dtype=np.intp) for x in (plus, minus, plus_ends[:len(self.nodes)],
+                                                            minus_ends[:len(self.nodes)]))
+        self._flat = _Flat(keys, plus, minus, plus_ends, minus_ends, arrays)
         return self._flat
 
 
@@ -174,3 +201,4 @@ class _Flat:
     minus: list[int]
     plus_ends: list[int]
     minus_ends: list[int]
+    arrays: tuple  # plus, minus and the marks' ends as numpy indexes (Tape._summed's)

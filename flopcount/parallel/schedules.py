@@ -125,7 +125,7 @@ def simulated_schedule(schedule: str, stages: int, microbatches: int, forward: S
     if found is None:
         if len(_simulated_last) >= 16:
             _simulated_last.clear()
-        makespan, busy = _timed(*_steps(schedule, stages, microbatches, virtual, any(backward)), key[3], key[4])
+        makespan, busy = _timed(_steps(schedule, stages, microbatches, virtual, any(backward)), key[3], key[4])
         found = _simulated_last[key] = Schedule(makespan, busy, key[:3] + (key[3], key[4], virtual))
     return found
 
@@ -136,9 +136,10 @@ _steps_kept: dict[tuple, tuple] = {}
 _KEPT_ACTIONS = 1 << 21
 
 
-def _steps(schedule: str, stages: int, microbatches: int, virtual: int, train: bool) -> tuple[int, tuple]:
+def _steps(schedule: str, stages: int, microbatches: int, virtual: int, train: bool) -> tuple[int, tuple, tuple]:
     """(J, each pipeline rank's order (:func:`_orders`', written here as numbers) of actions (virtual stage · J +
-    microbatch) · 2 + (1 for a backward)), J more than the largest microbatch ordered (M + P: an interleaved
+    microbatch) · 2 + (1 for a backward), and per rank what each of its actions needs and its length's place in
+    :func:`_timed`'s lengths (:func:`_needs`)), J more than the largest microbatch ordered (M + P: an interleaved
     order of M not a multiple of P names microbatches past M − 1). Checked against :func:`_orders` in the tests."""
     key = (schedule, stages, microbatches, virtual, train)
     found = _steps_kept.get(key)
@@ -166,46 +167,59 @@ def _steps(schedule: str, stages: int, microbatches: int, virtual: int, train: b
         out.append(order)
     if sum(len(x) for found in _steps_kept.values() for x in found[1]) > _KEPT_ACTIONS:
         _steps_kept.clear()
-    found = _steps_kept[key] = (stride, tuple(out))
+    found = _steps_kept[key] = (stride, tuple(out), _needs(stride, out, stages * virtual))
     return found
 
 
-def _timed(stride: int, steps: tuple[list[int], ...], forward: Sequence[float], backward: Sequence[float]
+def _needs(stride: int, steps: list[list[int]], chunks: int) -> tuple[tuple[list[int], list[int]], ...]:
+    """Per pipeline rank, for each action of its order (:func:`_steps`), the action it needs (-1: none) and its
+    length's place (virtual stage · 2 + 1 for a backward): an action needs the forward of the virtual stage before
+    (its number − 2J), a backward that of the stage after (+ 2J), or on the last of the ``chunks`` virtual stages
+    its own forward (− 1)."""
+    last, twice = chunks - 1, 2 * stride
+    out = []
+    for order in steps:
+        needs, places = [], []
+        for action in order:
+            vs = (action >> 1) // stride
+            if action & 1:
+                needs.append(action + twice if vs < last else action - 1)
+            else:
+                needs.append(action - twice if vs else -1)
+            places.append(2 * vs + (action & 1))
+        out.append((needs, places))
+    return tuple(out)
+
+
+def _timed(steps: tuple[int, tuple, tuple], forward: Sequence[float], backward: Sequence[float]
            ) -> tuple[float, tuple[float, ...]]:
     """(makespan, busy per pipeline rank) of :func:`_steps`' orders at these lengths: each rank runs as far as what
-    it needs is done, in turn. An action needs the forward of the virtual stage before (its number − 2J), a
-    backward that of the stage after (+ 2J), or on the last virtual stage its own forward (− 1). Each action's
-    start and end are :func:`_run_schedule`'s, the same sums of the same terms (an action's times depend only on
-    those of its rank's previous action and of the action it needs, not on the turn it is run in), and each
-    rank's busy time the same sum in the same order."""
+    it needs is done (:func:`_needs`), in turn. Each action's start and end are :func:`_run_schedule`'s, the same
+    sums of the same terms (an action's times depend only on those of its rank's previous action and of the action
+    it needs, not on the turn it is run in), and each rank's busy time the same sum in the same order."""
+    stride, orders, needs = steps
     lengths = [0.0] * (2 * len(forward))
     lengths[0::2], lengths[1::2] = map(float, forward), map(float, backward)
-    last, twice = len(forward) - 1, 2 * stride
     done: list[float | None] = [None] * (len(lengths) * stride)
-    stages = len(steps)
+    stages = len(orders)
     free, busy, nxt = [0.0] * stages, [0.0] * stages, [0] * stages
-    left = sum(len(s) for s in steps)
+    left = sum(len(s) for s in orders)
     while left:
         moved = 0
         for s in range(stages):
-            order, i, t, b = steps[s], nxt[s], free[s], busy[s]
+            order, (need_of, place), i, t, b = orders[s], needs[s], nxt[s], free[s], busy[s]
             n = len(order)
             while i < n:
-                action = order[i]
-                vs = (action >> 1) // stride
-                if action & 1:
-                    need = action + twice if vs < last else action - 1
-                else:
-                    need = action - twice if vs else -1
+                need = need_of[i]
                 if need >= 0:
                     d = done[need]
                     if d is None:
                         break
                     if d > t:
                         t = d
-                length = lengths[2 * vs + (action & 1)]
+                length = lengths[place[i]]
                 t += length
-                done[action] = t
+                done[order[i]] = t
                 b += length
                 i += 1
             moved += i - nxt[s]

@@ -47,13 +47,79 @@ def test_plans_walked_in_turn_are_each_walked_alone(trained, monkeypatch):
     monkeypatch.setattr(Tape, "replayed", stepwise_replayed)
     _unkept(monkeypatch)
     for plan, fast, faster in zip(plans, warm, again):
-        mem = dataclasses.replace(trained.memory, graph=dataclasses.replace(trained.memory.graph))
-        alone = per_rank(dataclasses.replace(trained, memory=mem), plan).ranks
+        alone = per_rank(_fresh(trained), plan).ranks
         assert [r.as_dict() for r in fast] == [r.as_dict() for r in alone], plan
         assert [r.as_dict() for r in faster] == [r.as_dict() for r in alone], plan
     # the plans differ: the memos are not read across what changes a rank's figures
     peaks = {plan: tuple(r.peak_bytes for r in ranks) for plan, ranks in zip(plans, warm)}
     assert len(set(peaks.values())) > len(plans) // 2
+
+
+def _fresh(report, **memory):
+    """``report`` with a copy of its memory graph whose node list, tensors, saved records and gradients' flags are
+    new objects (no memo of the count's graph, nor one shared with it, is read: memo_of), ``memory``'s fields
+    replaced."""
+    g = report.memory.graph
+    graph = dataclasses.replace(g, nodes=list(g.nodes), tensors=dict(g.tensors), saved=dict(g.saved),
+                                grads=dict(g.grads))
+    return dataclasses.replace(report, memory=dataclasses.replace(report.memory, graph=graph, **memory))
+
+
+@pytest.fixture(scope="module")
+def policies():
+    """A small Llama counted under each recompute policy, the graphs holding the first's node list, tensors, saved
+    records and gradients' flags (as ``flopcount plan``'s counts hold them)."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    import flopcount
+    from flopcount.cli.plan import _shared_graph
+    from flopcount.memory.ledger import MemorySettings
+
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=64)
+    counts = [flopcount.from_hf(config, (2, 8), cache_dir=False, mode="train", optimizer="adamw",
+                                memory=MemorySettings(device="cpu", recompute=policy))
+              for policy in ("none", "full", "selective")]
+    return [counts[0]] + [dataclasses.replace(c, memory=_shared_graph(c.memory, counts[0].memory)) for c in counts[1:]]
+
+
+def test_the_policies_share_what_reads_no_recompute_unit(policies, monkeypatch):
+    """The memos of the policies' graphs share what reads no recompute unit (the stages' tensors at a rank's shares,
+    the stored shares, the stage states); the plans walked policy after policy, the memos warm, are each the plan
+    walked alone on a fresh copy of its count (replayed stretch by stretch, nothing kept read)."""
+    from flopcount.memory.rank_memo import memo_of
+    from flopcount.memory.ranks import per_rank, stage_states
+    from flopcount.memory.tape import Tape
+    from flopcount.parallel.plan import parse_parallel
+
+    graphs = [c.memory.graph for c in policies]
+    assert graphs[1].nodes is graphs[0].nodes and graphs[1].units != graphs[0].units
+    plans = [parse_parallel(text, microbatches=m, schedule=schedule) for text, m, schedule in PLANS]
+    warm = [(per_rank(c, plan).ranks, stage_states(c, plan)) for plan in plans for c in policies]
+    assert memo_of(graphs[2]).tensors is memo_of(graphs[0]).tensors and memo_of(graphs[0]).tensors
+    assert memo_of(graphs[2]).walks is not memo_of(graphs[0]).walks
+    monkeypatch.setattr(Tape, "replayed", stepwise_replayed)
+    _unkept(monkeypatch)
+    alone = [(per_rank(_fresh(c), plan).ranks, stage_states(_fresh(c), plan)) for plan in plans for c in policies]
+    for (fast, states), (slow, want) in zip(warm, alone):
+        assert [r.as_dict() for r in fast] == [r.as_dict() for r in slow]
+        assert states == want
+
+
+def test_stage_states_are_the_counts_whatever_was_asked_of_its_graph(trained):
+    """The stage states of one graph counted with other optimizers and master weights (the same graph, so its
+    memos): each that of a fresh copy of that count."""
+    from flopcount.memory.ranks import stage_states
+    from flopcount.parallel.plan import parse_parallel
+
+    plan = parse_parallel("pp=2,dp=2,zero1", microbatches=2)
+    settings = trained.memory.settings
+    asked = [{}, {"optimizer": "sgd"}, {"optimizer": "momentum"},
+             {"settings": dataclasses.replace(settings, master_weights=True)},
+             {"settings": dataclasses.replace(settings, implementation="foreach")}]
+    for memory in asked * 2:
+        count = dataclasses.replace(trained, memory=dataclasses.replace(trained.memory, **memory))
+        assert stage_states(count, plan) == stage_states(_fresh(trained, **memory), plan), memory
 
 
 class _Unkept(dict):

@@ -47,6 +47,20 @@ def test_running_sums_are_the_stepwise_replay(seed):
     assert fast == slow
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_sums_past_64_bits_are_the_stepwise_replay(seed):
+    """Sizes whose running sums reach 2**63, where 64-bit integers would wrap, and sizes below: the replay from
+    no bytes alive is the stepwise one, to the byte."""
+    rng = random.Random(seed)
+    tape = _record(rng)
+    for big in (2**62, 2**70, 2**20):
+        sizes = {f"t{i}": rng.choice((0, 7, big + i, big // 3)) for i in range(12)}
+        grads = {f"w{i}": rng.choice((0, big)) for i in range(5)}
+        extra = {k: rng.randrange(50) for k in range(6)}
+        assert tape.replayed(sizes.__getitem__, grads.__getitem__, extra) == \
+            stepwise_replayed(tape, sizes.__getitem__, grads.__getitem__, extra)
+
+
 def stepwise_replayed(tape: Tape, nbytes, grad_size, extra, known=None) -> Replayed:
     """:meth:`Tape.replayed` from :meth:`Tape.replay_stepwise`: the walk from no bytes alive, stretch by stretch,
     its peak below any mark's at first (None where no mark raised it); every size asked of ``nbytes`` (``known``

@@ -58,6 +58,6 @@ def test_numbered_orders_are_the_orders(schedule, p, v, m, train, seed):
     """The orders :func:`_timed` runs, as numbers, are :func:`_orders`' (kind, virtual stage, microbatch)."""
     from flopcount.parallel.schedules import _orders, _steps
 
-    stride, steps = _steps(schedule, p, m, v, train)
+    stride, steps, _ = _steps(schedule, p, m, v, train)
     decoded = [[("B" if a & 1 else "F", (a >> 1) // stride, (a >> 1) % stride) for a in order] for order in steps]
     assert decoded == _orders(schedule, p, m, v, train)

@@ -210,9 +210,9 @@ def test_each_peak_and_floor_is_the_walks(llama):
 
 def _alone_figures(report, c, profile):
     """A plan's figures from the per-rank ledgers run on their own, on a copy of the count whose node and scope
-    lists and graph are new objects (nothing found for the count's before, layouts, shares, walks, is read): (largest
-    peak, model FLOPs, busiest rank's hardware FLOPs, step seconds, tokens per second, MFU); the refusal's message
-    where the ledgers refuse it."""
+    lists and graph (its nodes, tensors ...) are new objects (nothing found for the count's before, layouts, shares,
+    walks, is read): (largest peak, model FLOPs, busiest rank's hardware FLOPs, step seconds, tokens per second,
+    MFU); the refusal's message where the ledgers refuse it."""
     import dataclasses
 
     from flopcount.errors import FlopcountError
@@ -222,8 +222,11 @@ def _alone_figures(report, c, profile):
     from flopcount.parallel.ranks import ledger
 
     modules = dataclasses.replace(report.modules, nodes=tuple(list(report.modules.nodes)))
+    g = report.memory.graph  # its node list, tensors, saved records and gradients' flags new (no memo shared)
+    graph = dataclasses.replace(g, nodes=list(g.nodes), tensors=dict(g.tensors), saved=dict(g.saved),
+                                grads=dict(g.grads))
     fresh = dataclasses.replace(report, nodes=tuple(list(report.nodes)), modules=modules, memory=dataclasses.replace(
-        report.memory, graph=dataclasses.replace(report.memory.graph)))
+        report.memory, graph=graph))
     try:
         peak = max(r.peak_bytes for r in per_rank(fresh, c.plan).ranks)
         led = ledger(fresh, c.plan, parse_recompute(c.recompute))
