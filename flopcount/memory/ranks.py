@@ -637,8 +637,7 @@ def _stage_graph(w: _PlanWalk, s: int, e: int, stage: _Stage) -> _StageGraph:
         if key[:3] not in memo.forwards and len(memo.forwards) >= 4 * KEPT_SIZES:
             del memo.forwards[next(iter(memo.forwards))]
         forward = memo.forwards.setdefault(key[:3], {})
-    found = memo.graphs[key] = _StageGraph(sub, tensors, cp_kv, forward,
-                                           {"bytes": nbytes, "extra": extra})
+    found = memo.graphs[key] = _StageGraph(sub, tensors, cp_kv, forward, {"bytes": nbytes, "extra": extra})
     return found
 
 
