@@ -211,8 +211,6 @@ def test_tp_sp_ep_moe_on_gloo_equals_the_ledger(report, tmp_path):
     led = ledger(report, p, expert_load=expert_load)
     again = ledger(report, p, parse_recompute("non-reentrant"), expert_load)
     flops = ledger(products_only(report), p, expert_load=expert_load)
-    again = ledger(report, p, parse_recompute("non-reentrant"), expert_load)
-    flops_again = ledger(products_only(report), p, parse_recompute("non-reentrant"), expert_load)
     flops_again = ledger(products_only(report), p, parse_recompute("non-reentrant"), expert_load)
     mem = {x: r for r in per_rank(report, p, expert_load).ranks for x in r.replicas}
     a = B * S * H * 4  # one activation, fp32
