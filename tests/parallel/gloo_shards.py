@@ -1,6 +1,7 @@
 """What the gloo tests of tests/parallel share: the collectives a hand-sharded model calls, each recording the bytes
 it hands to torch.distributed by kind, the pieces the hand-sharded models repeat (an RMSNorm, a vocab-parallel
-embedding's lookup), and the GPT-2-like model written with Megatron-style local shards.
+embedding's lookup, the TP and EP groups of rank = tp + T·dp), the GPT-2-like model and the Mixtral-like model's
+attention and LM head written with Megatron-style local shards.
 
 Bytes are the payload handed to the collective, as the ledger counts them: the full tensor of an all_reduce, the
 gathered output of an all_gather, the input of a reduce_scatter, the tensor sent of a send."""
@@ -14,6 +15,7 @@ from flopcount.parallel.plan import parse_parallel
 from flopcount.parallel.ranks import ledger
 
 H, L, HEADS, V, P = 32, 2, 4, 64, 16
+KV = 2  # the K/V heads of the Llama-like models
 D = H // HEADS
 B, S = 2, 8
 M = B * S  # tokens of a microbatch
@@ -265,6 +267,71 @@ def gpt2_like(t: int = 1, rank: int = 0, rec: Recorder | None = None, sp: bool =
             return self.head(x)
 
     return Model()
+
+
+def megatron_moe_model(t: int, rank: int, rec: Recorder, column, moe, rerun: bool = False):
+    """The Mixtral-like model (RMSNorms, Q/K/V/O without biases, KV K/V heads, an untied LM head, L layers) on TP
+    rank ``rank`` of ``t`` under ``sp=megatron``, written with Megatron-style local shards: the vocab-parallel
+    embedding's lookup reduce-scattered to the rank's tokens; per layer Q, K, V and the LM head column-parallel
+    through ``column`` (test_parallel_gloo_sp's ``megatron_column(rec)``), O row-parallel, its output
+    reduce-scattered by ``rec``; ``moe(split)``: each layer's MoE block on the rank's tokens (B, S/T, H), made after
+    its attention's weights with ``split(w, axis)`` (``w``'s TP shard along ``axis``, a parameter); ``rerun``: each
+    layer under a non-reentrant checkpoint (``--recompute non-reentrant``). The weights are drawn from torch's
+    generator, seeded 0, in the same order whatever ``t``; the loss is the sum of the rank's V/T logits."""
+    import torch
+
+    nn = torch.nn
+    torch.manual_seed(0)
+    Norm = rms_norm(H)
+
+    def split(w, axis):
+        return nn.Parameter(w.chunk(t, axis)[rank].contiguous())
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.input_norm, self.post_norm = Norm(), Norm()
+            self.q, self.k, self.v = split(torch.randn(H, H) * 0.1, 0), *(split(torch.randn(KV * D, H) * 0.1, 0)
+                                                                           for _ in range(2))
+            self.o = split(torch.randn(H, H) * 0.1, 1)
+            self.mlp = moe(split)
+
+        def forward(self, x):
+            q, k, v = column(self.input_norm(x), self.q, self.k, self.v)
+            q = q.view(B, S, HEADS // t, D).transpose(1, 2)
+            k, v = (w.view(B, S, KV // t, D).transpose(1, 2).repeat_interleave(HEADS // KV, 1) for w in (k, v))
+            causal = torch.full((S, S), float("-inf")).triu(1)
+            a = torch.softmax(q @ k.transpose(-1, -2) * D ** -0.5 + causal, -1) @ v
+            x = x + rec.scatter(a.transpose(1, 2).reshape(B, S, H // t) @ self.o.T)
+            return x + self.mlp(self.post_norm(x))
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tokens = split(torch.randn(V, H), 0)  # vocab-parallel
+            self.layers = nn.ModuleList(Layer() for _ in range(L))
+            self.norm, self.head = Norm(), split(torch.randn(V, H) * 0.1, 0)
+
+        def forward(self, ids):
+            x = vocab_lookup(ids, self.tokens, rank, t, rec.scatter)
+            for layer in self.layers:
+                x = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False) if rerun else layer(x)
+            logits, = column(self.norm(x), self.head)  # this rank's V/t logits of every token
+            return logits.sum()
+
+    return Model()
+
+
+def tp_ep_groups(t: int, d: int):
+    """This rank's (TP group, EP group) at rank = tp + t·dp over ``t``·``d`` ranks, EP rank = dp: the TP groups
+    {dp·t … dp·t + t - 1}, the EP groups joining the ranks of one TP rank. Every rank makes every group, as
+    torch.distributed requires."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    tp_groups = [dist.new_group([dp * t + i for i in range(t)]) for dp in range(d)]
+    ep_groups = [dist.new_group([dp * t + i for dp in range(d)]) for i in range(t)]
+    return tp_groups[rank // t], ep_groups[rank % t]
 
 
 def count_fsdp_collectives(moved: Counter, group: str = "dp") -> None:

@@ -1,26 +1,27 @@
 """Tensor, sequence and expert parallelism of an MoE on 4 real gloo ranks: a tiny Mixtral (4 routed experts, 2 per
-token, no shared expert) at ``tp=2,sp=megatron,dp=2,ep=2`` (rank = tp + 2·dp; EP rank = dp: the EP groups {0, 2}
-and {1, 3} join the ranks of one TP rank; the TP groups {0, 1} and {2, 3}), written with Megatron-style local
-shards. Attention and the LM head as in test_parallel_gloo_sp_moe. The MoE block as Megatron-Core's router and
-all-to-all token dispatcher run it under TP with sp (``MoEAlltoAllTokenDispatcher``): the router on the rank's S/T
-tokens; the counts of its pairs per expert (int64) gathered over the tensor- and expert-parallel group (the 4 ranks)
-and, for the auxiliary loss, summed over the TP group; its own pairs and their probabilities sent by
-``all_to_all_single`` within its EP group; the pairs received and their probabilities all-gathered over the
-expert-tensor-parallel group (its TP group: ``gather_from_sequence_parallel_region``, the gradient reduce-scattered);
-each expert split over TP (gate and up column-parallel, down row-parallel) on all the gathered pairs, the
-probabilities applied there; the outputs reduce-scattered over that group (the gradient all-gathered) and sent back.
-The routing is fixed and uneven, the same on every rank: each of a rank's 8 tokens goes to expert 0 and to one of
-experts 1-3 in turn (8, 3, 3, 2 pairs), so EP rank 0 (experts 0, 1) receives 11 pairs from each EP rank and EP rank
-1 (experts 2, 3) 5, given to the ledger as ``--expert-load``. Each rank's ``FlopCounterMode`` total, the bytes it
-hands to each collective by group (``tp``, ``etp``, ``ep``, ``tp_ep``, ``tp_cp``) and the calls by phase the
-step-time predictor prices equal the ledger's, and the memory ledger's ``all_to_all`` buffers are those the rank
-hands that collective; run again with each layer under a non-reentrant checkpoint, its bytes equal the ledger's under
-``--recompute non-reentrant``. Run again with the MoE block as Megatron-Core's all-gather token dispatcher runs it
-under TP with sp and EP (``MoEAllGatherTokenDispatcher``, ``--token-dispatcher allgather``): the routing map (a byte
-an entry, no grad), the probabilities and the hidden states of the rank's S/T tokens all-gathered over ``tp_ep`` (the
-4 ranks; the gradients of the last two reduce-scattered), each rank's experts split over TP on the pairs of the
-gathered tokens routed to them, the outputs reduce-scattered over ``tp_ep`` (the gradient all-gathered): no
-``all_to_all``, no counts gathered, nothing over ``etp``; the same FLOPs."""
+token, no shared expert) at ``tp=2,sp=megatron,dp=2,ep=2`` (rank = tp + 2·dp; EP rank = dp: the EP groups {0, 2} and
+{1, 3} join the ranks of one TP rank; the TP groups {0, 1} and {2, 3}), written with Megatron-style local shards.
+Attention and the LM head as in test_parallel_gloo_sp_moe (gloo_shards' ``megatron_moe_model``). The MoE block as
+Megatron-Core's router and all-to-all token dispatcher run it under TP with sp (``MoEAlltoAllTokenDispatcher``): the
+router on the rank's S/T tokens; the counts of its pairs per expert (int64) gathered over the tensor- and
+expert-parallel group (the 4 ranks) and, for the auxiliary loss, summed over the TP group; its own pairs and their
+probabilities sent by ``all_to_all_single`` within its EP group; the pairs received and their probabilities
+all-gathered over the expert-tensor-parallel group (its TP group: ``gather_from_sequence_parallel_region``, the
+gradient reduce-scattered); each expert split over TP (gate and up column-parallel, down row-parallel) on all the
+gathered pairs, the probabilities applied there; the outputs reduce-scattered over that group (the gradient
+all-gathered) and sent back. The routing is fixed and uneven, the same on every rank: each of a rank's 8 tokens goes
+to expert 0 and to one of experts 1-3 in turn (8, 3, 3, 2 pairs), so EP rank 0 (experts 0, 1) receives 11 pairs from
+each EP rank and EP rank 1 (experts 2, 3) 5, given to the ledger as ``--expert-load``. Each rank's
+``FlopCounterMode`` total, the bytes it hands to each collective by group (``tp``, ``etp``, ``ep``, ``tp_ep``,
+``tp_cp``) and the calls by phase the step-time predictor prices equal the ledger's, and the memory ledger's
+``all_to_all`` buffers are those the rank hands that collective; run again with each layer under a non-reentrant
+checkpoint, its bytes equal the ledger's under ``--recompute non-reentrant``. Run again with the MoE block as
+Megatron-Core's all-gather token dispatcher runs it under TP with sp and EP (``MoEAllGatherTokenDispatcher``,
+``--token-dispatcher allgather``): the routing map (a byte an entry, no grad), the probabilities and the hidden
+states of the rank's S/T tokens all-gathered over ``tp_ep`` (the 4 ranks; the gradients of the last two
+reduce-scattered), each rank's experts split over TP on the pairs of the gathered tokens routed to them, the outputs
+reduce-scattered over ``tp_ep`` (the gradient all-gathered): no ``all_to_all``, no counts gathered, nothing over
+``etp``; the same FLOPs."""
 
 from __future__ import annotations
 
@@ -29,7 +30,22 @@ import json
 from collections import Counter
 
 import pytest
-from gloo_shards import Recorder, ledger_bytes, phased, predicted_calls, recorded, rms_norm, vocab_lookup
+from gloo_shards import (
+    HEADS,
+    KV,
+    B,
+    H,
+    L,
+    Recorder,
+    S,
+    V,
+    ledger_bytes,
+    megatron_moe_model,
+    phased,
+    predicted_calls,
+    recorded,
+    tp_ep_groups,
+)
 from helpers import gloo_ranks, mixtral_config, products_only
 from test_parallel_gloo_sp import megatron_column
 
@@ -41,9 +57,7 @@ from flopcount.parallel.ranks import ledger
 pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
-H, L, HEADS, KV, V, E, K, I = 32, 2, 4, 2, 64, 4, 2, 24
-D = H // HEADS
-B, S = 2, 8
+E, K, I = 4, 2, 24
 TP = DP = EP = 2
 PER = E // EP  # experts an EP rank holds
 OWN = B * S // TP  # the tokens a rank routes
@@ -66,18 +80,12 @@ def mixtral(tp: int, dp: int, recs: dict, rerun: bool = False, allgather: bool =
     ``rerun``: each layer under a non-reentrant checkpoint (``--recompute non-reentrant``); ``allgather``: the MoE
     block under the all-gather dispatcher."""
     nn, dist = torch.nn, torch.distributed
-    torch.manual_seed(0)
     rec, ep, etp = recs["tp"], recs["ep"], recs["etp"]
-    column = megatron_column(rec)
     mine = list(range(dp * PER, (dp + 1) * PER))
     pairs = sorted((x, tok) for tok, chosen in enumerate(route()) for x in chosen)  # by expert
     tokens, experts = torch.tensor([tok for _, tok in pairs]), torch.tensor([x for x, _ in pairs])
     local = torch.zeros(OWN, E, dtype=torch.bool)
     local[tokens, experts] = True
-    Norm = rms_norm(H)
-
-    def split(w, axis):
-        return nn.Parameter(w.chunk(TP, axis)[tp].contiguous())
 
     def counts_gathered(counts):  # every rank's counts per expert, over the 4 ranks of tp_ep (rank = tp + 2·dp)
         out = counts.new_empty(TP * EP * E)
@@ -101,7 +109,7 @@ def mixtral(tp: int, dp: int, recs: dict, rerun: bool = False, allgather: bool =
         return group.scatter(out[None])[0]  # summed over TP and EP, each rank keeping its own tokens
 
     class Moe(nn.Module):
-        def __init__(self):
+        def __init__(self, split):
             super().__init__()
             self.gate = nn.Linear(H, E, bias=False)  # whole on every rank
             gate, up, down = torch.randn(E, I, H) * 0.1, torch.randn(E, I, H) * 0.1, torch.randn(E, H, I) * 0.1
@@ -130,39 +138,7 @@ def mixtral(tp: int, dp: int, recs: dict, rerun: bool = False, allgather: bool =
             done = ep.exchange(etp.scatter(out[None])[0], got, sent)  # summed over TP, back to the senders
             return torch.zeros(OWN, H).index_add(0, tokens, done).view(B, S // TP, H)
 
-    class Layer(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.input_norm, self.post_norm = Norm(), Norm()
-            self.q, self.k, self.v = split(torch.randn(H, H) * 0.1, 0), *(split(torch.randn(KV * D, H) * 0.1, 0)
-                                                                           for _ in range(2))
-            self.o = split(torch.randn(H, H) * 0.1, 1)
-            self.mlp = Moe()
-
-        def forward(self, x):
-            q, k, v = column(self.input_norm(x), self.q, self.k, self.v)
-            q = q.view(B, S, HEADS // TP, D).transpose(1, 2)
-            k, v = (z.view(B, S, KV // TP, D).transpose(1, 2).repeat_interleave(HEADS // KV, 1) for z in (k, v))
-            causal = torch.full((S, S), float("-inf")).triu(1)
-            a = torch.softmax(q @ k.transpose(-1, -2) * D ** -0.5 + causal, -1) @ v
-            x = x + rec.scatter(a.transpose(1, 2).reshape(B, S, H // TP) @ self.o.T)
-            return x + self.mlp(self.post_norm(x))
-
-    class Model(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.tokens = split(torch.randn(V, H), 0)  # vocab-parallel
-            self.layers = nn.ModuleList(Layer() for _ in range(L))
-            self.norm, self.head = Norm(), split(torch.randn(V, H) * 0.1, 0)
-
-        def forward(self, ids):
-            x = vocab_lookup(ids, self.tokens, tp, TP, rec.scatter)
-            for layer in self.layers:
-                x = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False) if rerun else layer(x)
-            logits, = column(self.norm(x), self.head)  # this rank's V/t logits of every token
-            return logits.sum()
-
-    return Model()
+    return megatron_moe_model(TP, tp, rec, megatron_column(rec), Moe, rerun)
 
 
 def _step(tp: int, dp: int, groups: dict, rerun: bool, allgather: bool = False) -> dict:
@@ -194,9 +170,8 @@ def _worker(rank: int, world: int, init: str, out: str, allgather: bool = False)
     torch.set_num_threads(1)  # a forked child must not wait on the parent's intra-op pool
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     tp, dp = rank % TP, rank // TP
-    tp_groups = [dist.new_group([d * TP + i for i in range(TP)]) for d in range(DP)]  # every rank makes every group
-    ep_groups = [dist.new_group([d * TP + i for d in range(DP)]) for i in range(TP)]
-    groups = {"tp": tp_groups[dp], "etp": tp_groups[dp], "tp_cp": tp_groups[dp], "ep": ep_groups[tp], "tp_ep": None}
+    tp_group, ep_group = tp_ep_groups(TP, DP)
+    groups = {"tp": tp_group, "etp": tp_group, "tp_cp": tp_group, "ep": ep_group, "tp_ep": None}
     seen = {policy: _step(tp, dp, groups, policy != "none", allgather) for policy in ("none", "non-reentrant")}
     with open(f"{out}.{rank}", "w") as f:
         json.dump(seen, f)
@@ -236,8 +211,6 @@ def test_tp_sp_ep_moe_on_gloo_equals_the_ledger(report, tmp_path):
     led = ledger(report, p, expert_load=expert_load)
     again = ledger(report, p, parse_recompute("non-reentrant"), expert_load)
     flops = ledger(products_only(report), p, expert_load=expert_load)
-    again = ledger(report, p, parse_recompute("non-reentrant"), expert_load)
-    flops_again = ledger(products_only(report), p, parse_recompute("non-reentrant"), expert_load)
     flops_again = ledger(products_only(report), p, parse_recompute("non-reentrant"), expert_load)
     mem = {x: r for r in per_rank(report, p, expert_load).ranks for x in r.replicas}
     a = B * S * H * 4  # one activation, fp32

@@ -1,16 +1,16 @@
-"""Megatron's sequence parallelism on an MoE, against 2 real TP ranks on gloo: a tiny Mixtral (4 routed experts, 2
-per token, no shared expert) at ``tp=2,sp=megatron``, written with Megatron-style local shards. Attention and the
-LM head as in test_parallel_gloo_sp (the column-parallel inputs all-gathered, only the rank's tokens kept and
-gathered again in the backward; the row-parallel outputs reduce-scattered). The MoE block as Megatron-Core's router
-and all-gather token dispatcher run it under TP with sp (``MoEAllGatherTokenDispatcher``, group ``tp_ep`` = TP here):
-the router on the rank's S/T tokens; its routing map (no grad) and probabilities all-gathered over the group, then
-the hidden states (``gather_from_sequence_parallel_region``: all-gather in the forward, reduce-scatter of the
-gradient), the experts split over TP (expert tensor parallelism = T) keeping their own inputs, so nothing is
-gathered again in the backward; the outputs reduce-scattered back to the rank's tokens (the gradient all-gathered).
-The router's weight, like the norms', carries ``sequence_parallel``: its partial gradient is all-reduced over TP
-once a step. Each rank's ``FlopCounterMode`` total and the bytes it hands to each collective are compared with the
-ledger's; the routing map and the probabilities go to a recorder of their own (``route``), compared with the ledger's
-group ``tp_ep``."""
+"""Megatron's sequence parallelism on an MoE, against 2 real TP ranks on gloo: a tiny Mixtral (4 routed experts, 2 per
+token, no shared expert) at ``tp=2,sp=megatron``, written with Megatron-style local shards (gloo_shards'
+``megatron_moe_model``). Attention and the LM head as in test_parallel_gloo_sp (the column-parallel inputs
+all-gathered, only the rank's tokens kept and gathered again in the backward; the row-parallel outputs
+reduce-scattered). The MoE block as Megatron-Core's router and all-gather token dispatcher run it under TP with sp
+(``MoEAllGatherTokenDispatcher``, group ``tp_ep`` = TP here): the router on the rank's S/T tokens; its routing map
+(no grad) and probabilities all-gathered over the group, then the hidden states
+(``gather_from_sequence_parallel_region``: all-gather in the forward, reduce-scatter of the gradient), the experts
+split over TP (expert tensor parallelism = T) keeping their own inputs, so nothing is gathered again in the backward;
+the outputs reduce-scattered back to the rank's tokens (the gradient all-gathered). The router's weight, like the
+norms', carries ``sequence_parallel``: its partial gradient is all-reduced over TP once a step. Each rank's
+``FlopCounterMode`` total and the bytes it hands to each collective are compared with the ledger's; the routing map
+and the probabilities go to a recorder of their own (``route``), compared with the ledger's group ``tp_ep``."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import json
 from collections import Counter
 
 import pytest
-from gloo_shards import Recorder, ledger_bytes, rms_norm, vocab_lookup
+from gloo_shards import HEADS, KV, B, H, L, Recorder, S, V, ledger_bytes, megatron_moe_model
 from helpers import gloo_ranks, mixtral_config
 from test_parallel_gloo_sp import megatron_column
 
@@ -29,9 +29,7 @@ from flopcount.parallel.ranks import ledger, node_shares
 pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
-H, L, HEADS, KV, V, E, K, I = 32, 2, 4, 2, 64, 4, 2, 24
-D = H // HEADS
-B, S = 2, 8
+E, K, I = 4, 2, 24
 TOKENS = B * S
 
 
@@ -45,20 +43,14 @@ def mixtral(t: int, rank: int, rec: Recorder, routed: Recorder, e: int = E):
     """The model of ``e`` experts on TP rank ``rank`` of ``t`` under ``sp=megatron``: ``rec`` the hidden states'
     collectives, ``routed`` the routing map's and probabilities'."""
     nn = torch.nn
-    torch.manual_seed(0)
-    column = megatron_column(rec)
     pairs = sorted((x, tok) for tok, chosen in enumerate(route(e)) for x in chosen)  # by expert
     tokens, experts = torch.tensor([tok for _, tok in pairs]), torch.tensor([x for x, _ in pairs])
     routing = torch.zeros(B, S, e, dtype=torch.uint8)  # the boolean routing map, one byte an entry
     routing.view(TOKENS, e)[tokens, experts] = 1
     mine = routing.chunk(t, 1)[rank].contiguous()  # the rank's tokens' rows
-    Norm = rms_norm(H)
-
-    def split(w, axis):
-        return nn.Parameter(w.chunk(t, axis)[rank].contiguous())
 
     class Moe(nn.Module):
-        def __init__(self):
+        def __init__(self, split):
             super().__init__()
             self.gate = nn.Linear(H, e, bias=False)  # whole on every rank
             gate, up, down = torch.randn(e, I, H) * 0.1, torch.randn(e, I, H) * 0.1, torch.randn(e, H, I) * 0.1
@@ -89,39 +81,7 @@ def mixtral(t: int, rank: int, rec: Recorder, routed: Recorder, e: int = E):
         dist.all_gather_into_tensor(whole, x)
         return whole.transpose(0, 1)
 
-    class Layer(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.input_norm, self.post_norm = Norm(), Norm()
-            self.q, self.k, self.v = split(torch.randn(H, H) * 0.1, 0), *(split(torch.randn(KV * D, H) * 0.1, 0)
-                                                                           for _ in range(2))
-            self.o = split(torch.randn(H, H) * 0.1, 1)
-            self.mlp = Moe()
-
-        def forward(self, x):
-            q, k, v = column(self.input_norm(x), self.q, self.k, self.v)
-            q = q.view(B, S, HEADS // t, D).transpose(1, 2)
-            k, v = (w.view(B, S, KV // t, D).transpose(1, 2).repeat_interleave(HEADS // KV, 1) for w in (k, v))
-            causal = torch.full((S, S), float("-inf")).triu(1)
-            a = torch.softmax(q @ k.transpose(-1, -2) * D ** -0.5 + causal, -1) @ v
-            x = x + rec.scatter(a.transpose(1, 2).reshape(B, S, H // t) @ self.o.T)
-            return x + self.mlp(self.post_norm(x))
-
-    class Model(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.tokens = split(torch.randn(V, H), 0)  # vocab-parallel
-            self.layers = nn.ModuleList(Layer() for _ in range(L))
-            self.norm, self.head = Norm(), split(torch.randn(V, H) * 0.1, 0)
-
-        def forward(self, ids):
-            x = vocab_lookup(ids, self.tokens, rank, t, rec.scatter)
-            for layer in self.layers:
-                x = layer(x)
-            logits, = column(self.norm(x), self.head)  # this rank's V/t logits of every token
-            return logits.sum()
-
-    return Model()
+    return megatron_moe_model(t, rank, rec, megatron_column(rec), Moe)
 
 
 def _worker(rank: int, world: int, init: str, out: str, e: int = E) -> None:

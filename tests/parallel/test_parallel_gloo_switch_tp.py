@@ -23,7 +23,7 @@ import json
 from collections import Counter
 
 import pytest
-from gloo_shards import Recorder, ledger_bytes
+from gloo_shards import Recorder, ledger_bytes, tp_ep_groups
 from helpers import gloo_ranks
 from test_parallel_gloo_switch import (
     EP,
@@ -58,11 +58,10 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
     torch.set_num_threads(1)  # a forked child must not wait on the parent's intra-op pool
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     tp, dp = rank % TP, rank // TP
-    tp_groups = [dist.new_group([d * TP + i for i in range(TP)]) for d in range(DP)]  # every rank makes every group
-    ep_groups = [dist.new_group([d * TP + i for d in range(DP)]) for i in range(TP)]
+    tp_group, ep_group = tp_ep_groups(TP, DP)
     moved: Counter = Counter()
-    rec, counts_rec = Recorder(ep_groups[tp], "ep", moved), Recorder(None, "tp_ep", moved)
-    tp_rec, aux = Recorder(tp_groups[dp], "tp", moved), Recorder(tp_groups[dp], "tp_cp", moved)
+    rec, counts_rec = Recorder(ep_group, "ep", moved), Recorder(None, "tp_ep", moved)
+    tp_rec, aux = Recorder(tp_group, "tp", moved), Recorder(tp_group, "tp_cp", moved)
     torch.manual_seed(0)
     model = transformers.SwitchTransformersModel(config()).train()
     counts: list = []
