@@ -244,7 +244,7 @@ def _predicted(report: Any, c: Choice, profile: Any) -> tuple[tuple[int, int], t
 
     from .predict import predict_point, work_of
 
-    led = ledger(report, c.plan, parse_recompute(c.recompute), replicas=c.plan.ep > 1)
+    led = ledger(report, c.plan, parse_recompute(c.recompute), replicas=c.plan.ep > 1, schedule=False)
     times = 1 if c.plan.ep > 1 else c.plan.dp
     flops = (times * sum(r.model_flops for r in led.ranks), max(r.hardware_flops for r in led.ranks))
     return flops, predict_point(work_of(dataclasses.replace(report, parallel=led)), profile)
