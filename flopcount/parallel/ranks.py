@@ -102,7 +102,8 @@ one forward and one backward in turn, then the remaining backwards; interleaved 
 simulated rank by rank (:mod:`.schedules`), each action waiting for its rank and for the action it needs on the neighbouring
 (virtual) stage, each lasting its chunk's FLOPs per microbatch (equal throughput on every rank).
 ``bubble_fraction`` = 1 − busy time / (P × makespan); with equal stages it is (P−1)/(M+P−1) for GPipe and 1F1B,
-and (P−1)/(v·M+P−1) interleaved.
+and (P−1)/(v·M+P−1) interleaved. A ledger made with ``schedule=False`` (a plan search's) simulates none: its
+``schedule`` and ``bubble_fraction`` are None.
 
 **Optimizer step** (with ``--optimizer``): each rank's ``optimizer_flops`` once per step, for the parameter elements
 it updates, and ``optimizer_redundant_flops``, those another rank updates too (TP-replicated norms, K/V copies, DP
