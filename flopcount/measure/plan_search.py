@@ -42,7 +42,8 @@ What is shared between plans, exactly:
   and first stage (the layers' nodes alike: :func:`flopcount.parallel.ranks.node_shares`), a node's work once per
   its facts and share, a chunk's works one tuple per content (the TP ranks of an even split, the stages of equal
   layers, the plans of the same node shares: other dp, sharding, M or schedule's name), timed once, its nodes'
-  seconds summed in their order (:mod:`flopcount.measure.predict_report`); a rank's optimizer elements and a
+  seconds summed in their order (:mod:`flopcount.measure.predict_report`), under cp a node's work at 1/C of the
+  sequence once per work and C (a chunk's layers hold the same works); a rank's optimizer elements and a
   stage's parameter groups summed once per kind of module (:func:`flopcount.parallel.optimizer.module_kinds`;
   integers: in any order) and a rank's optimizer tensors once per stage and optimizer FLOPs. A plan's FLOPs ledger
   is made without its pipeline schedule simulated in FLOPs, which the search does not read (the point simulates its
