@@ -42,10 +42,18 @@ What is shared between plans, exactly:
   and first stage (the layers' nodes alike: :func:`flopcount.parallel.ranks.node_shares`), a node's work once per
   its facts and share, a chunk's works one tuple per content (the TP ranks of an even split, the stages of equal
   layers, the plans of the same node shares: other dp, sharding, M or schedule's name), timed once, its nodes'
-  seconds summed in their order (:mod:`flopcount.measure.predict_report`); a rank's optimizer elements and a
+  seconds summed in their order (:mod:`flopcount.measure.predict_report`), under cp a node's work at 1/C of the
+  sequence once per work and C (a chunk's layers hold the same works); a rank's optimizer elements and a
   stage's parameter groups summed once per kind of module (:func:`flopcount.parallel.optimizer.module_kinds`;
-  integers: in any order) and a rank's optimizer tensors once per stage and optimizer FLOPs; the pipeline's chunk
-  lengths in FLOPs once per node shares. The figures are those of the plan predicted alone, to the bit;
+  integers: in any order) and a rank's optimizer tensors once per stage and optimizer FLOPs. A plan's FLOPs ledger
+  is made without its pipeline schedule simulated in FLOPs, which the search does not read (the point simulates its
+  own, of the predicted seconds): :func:`flopcount.parallel.ranks.ledger`'s ``schedule=False``, whose record says so
+  by None; the nodes inside a routed MoE block (the ledger's reruns under the all-gather dispatcher read them) are
+  found once per count's scopes (:func:`flopcount.parallel.experts.block_ends`). The figures are those of the plan
+  predicted alone, to the bit;
+* the memory walks and the floors check a plan as its FLOPs ledger checks it, and read the dims, without building
+  the ledger's node shares (:func:`flopcount.parallel.ranks.plan_dims`): the shares are built for the plans
+  predicted, once per node shares and recompute policy, not for the floors of each policy;
 * a ``zero1`` plan, and a ``zero2`` plan of M > 1, walks as its plan without ZeRO does but from a start larger by
   the difference of its optimizer states and gradients (:func:`flopcount.memory.ranks.stage_states`), with zero2's
   bucket held: its peak is that walk's so moved, where that walk's peak is not at the optimizer step (whose
@@ -244,7 +252,7 @@ def _predicted(report: Any, c: Choice, profile: Any) -> tuple[tuple[int, int], t
 
     from .predict import predict_point, work_of
 
-    led = ledger(report, c.plan, parse_recompute(c.recompute), replicas=c.plan.ep > 1)
+    led = ledger(report, c.plan, parse_recompute(c.recompute), replicas=c.plan.ep > 1, schedule=False)
     times = 1 if c.plan.ep > 1 else c.plan.dp
     flops = (times * sum(r.model_flops for r in led.ranks), max(r.hardware_flops for r in led.ranks))
     return flops, predict_point(work_of(dataclasses.replace(report, parallel=led)), profile)

@@ -192,7 +192,8 @@ def _messages(r: Any, led: Any) -> tuple[Message, ...]:
             out.extend(_expert_messages(c, r, led, n, v))
         else:  # cp's K/V and tp_cp's router counts
             out.extend(_context_messages(c, r, led, n, v))
-    return tuple(replace(x, stride=plan.group_stride(x.group)) for x in out)
+    strides = {g: plan.group_stride(g) for g in {x.group for x in out}}
+    return tuple(Message(x.kind, x.group, x.bytes, x.count, x.ranks, x.phase, strides[x.group]) for x in out)
 
 
 def _expert_messages(c: Any, r: Any, led: Any, n: int, v: int) -> list[Message]:
@@ -524,15 +525,18 @@ def _scaled(w: NodeWork, f: float, split: int = 1) -> NodeWork:
                    matrices=max(1.0, w.matrices / split), whole_bytes=whole)
 
 
-#: Chunks split over the sequence (:func:`_split_context`), by the identity of the place's chunk (held) and C.
+#: Chunks split over the sequence (:func:`_split_context`), by the identity of the place's chunk (held) and C; and
+#: their works, by the identity of the work (held) and C (a chunk's layers hold the same works).
 _context_chunks: dict[tuple[int, int], tuple] = {}
+_context_works: dict[tuple[int, int], tuple] = {}
 
 
 def _split_context(chunks: Mapping[int, tuple], cp: int) -> Mapping[int, tuple]:
     """A rank's chunks under context parallelism of ``cp`` ranks: each node's FLOPs (forward, backward, a
     recompute's) 1/C (the ledger's split, :func:`flopcount.parallel.experts.cp_split`, here unrounded), its bytes
     1/C but for its ``whole_bytes`` (parameters, the gathered K and V an attention reads), its matrices as many
-    (each 1/C of the rows). The same tuple for the same chunk, which the predictor times once."""
+    (each 1/C of the rows). The same tuple for the same chunk, which the predictor times once, and the same work
+    for the same work."""
     if cp == 1:
         return chunks
     out = {}
@@ -541,11 +545,21 @@ def _split_context(chunks: Mapping[int, tuple], cp: int) -> Mapping[int, tuple]:
         if hit is None or hit[0] is not works:
             if len(_context_chunks) > 4096:
                 _context_chunks.clear()
-            hit = _context_chunks[(id(works), cp)] = (works, tuple(replace(
-                w, flops=w.flops / cp, bytes=(w.bytes - w.whole_bytes) / cp + w.whole_bytes,
-                backward_flops=w.backward_flops / cp, recompute_flops=w.recompute_flops / cp) for w in works))
+            hit = _context_chunks[(id(works), cp)] = (works, tuple(_split_work(w, cp) for w in works))
         out[c] = hit[1]
     return out
+
+
+def _split_work(w: Any, cp: int) -> Any:
+    """A node's work at 1/C of the sequence (:func:`_split_context`), once per work and C."""
+    hit = _context_works.get((id(w), cp))
+    if hit is None or hit[0] is not w:
+        if len(_context_works) > 1 << 16:
+            _context_works.clear()
+        hit = _context_works[(id(w), cp)] = (w, replace(
+            w, flops=w.flops / cp, bytes=(w.bytes - w.whole_bytes) / cp + w.whole_bytes,
+            backward_flops=w.backward_flops / cp, recompute_flops=w.recompute_flops / cp))
+    return hit[1]
 
 
 def _ledger_work(report: Any) -> Work:

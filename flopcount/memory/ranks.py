@@ -166,7 +166,7 @@ def _prepared(report: Any, plan: ParallelPlan, expert_load: Any) -> tuple["_Plan
     """:func:`per_rank`'s checks in its order, and (its walks' shared part, the dims, the MoE layers); memoized."""
     if _last_prepared and _last_prepared[0][0] is report and _last_prepared[0][1:] == (plan, expert_load):
         return _last_prepared[1]
-    from ..parallel.ranks import plan_shares
+    from ..parallel.ranks import plan_dims
 
     mem = report.memory
     if mem is None or mem.graph is None or mem.settings is None:
@@ -175,9 +175,9 @@ def _prepared(report: Any, plan: ParallelPlan, expert_load: Any) -> tuple["_Plan
     g = mem.graph
     if len(g.nodes) != len(report.nodes):
         raise UsageError("--parallel with --memory: the ledger's graph is not the report's")
-    # the FLOPs ledger's shares, once: they check what the degrees divide (the plan record refuses a schedule the
+    # the FLOPs ledger's checks of what the degrees divide, and its dims (the plan record refuses a schedule the
     # ledgers do not simulate)
-    d = plan_shares(report, plan, settings.recompute)[0]
+    d = plan_dims(report, plan, settings.recompute)
     layout = layout_of(report, plan)
     kv = min(plan.tp, d.kv_heads or plan.tp)
     moe_layers, fractions = _expert_fractions(report, g, layout, expert_load)

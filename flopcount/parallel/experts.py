@@ -401,13 +401,26 @@ def moe_blocks(scopes: Sequence[Sequence[str]]) -> set[str]:
     return found
 
 
+#: The last scopes :func:`block_ends` read (a tuple, by identity) and the nodes inside a routed MoE block, in order.
+_last_inside: list = []
+
+
 def block_ends(scopes: Sequence[Sequence[str]], layer: Sequence[int | None]) -> dict[int, int]:
     """Per layer (``layer``: each node's), the last node inside its routed MoE block (:func:`moe_blocks`): the
-    all-gather dispatcher's combine reduce-scatters the block's output, after it (see the module's rules)."""
-    blocks, out = moe_blocks(scopes), {}
-    for k, sc in enumerate(scopes):
-        if layer[k] is not None and any(s[:i] in blocks for s in sc for i in [len(s)] + [
-                j for j, ch in enumerate(s) if ch == "."]):
+    all-gather dispatcher's combine reduce-scatters the block's output, after it (see the module's rules). The
+    nodes inside a block read the scopes alone: found once per scopes (a tuple, by identity; a plan search asks
+    once a plan, of other layouts)."""
+    if _last_inside and _last_inside[0] is scopes:
+        inside = _last_inside[1]
+    else:
+        blocks = moe_blocks(scopes)
+        inside = tuple(k for k, sc in enumerate(scopes) if blocks and any(
+            s[:i] in blocks for s in sc for i in [len(s)] + [j for j, ch in enumerate(s) if ch == "."]))
+        if isinstance(scopes, tuple):  # not changed once made
+            _last_inside[:] = [scopes, inside]
+    out = {}
+    for k in inside:
+        if layer[k] is not None:
             out[layer[k]] = k
     return out
 

@@ -102,7 +102,8 @@ one forward and one backward in turn, then the remaining backwards; interleaved 
 simulated rank by rank (:mod:`.schedules`), each action waiting for its rank and for the action it needs on the neighbouring
 (virtual) stage, each lasting its chunk's FLOPs per microbatch (equal throughput on every rank).
 ``bubble_fraction`` = 1 − busy time / (P × makespan); with equal stages it is (P−1)/(M+P−1) for GPipe and 1F1B,
-and (P−1)/(v·M+P−1) interleaved.
+and (P−1)/(v·M+P−1) interleaved. A ledger made with ``schedule=False`` (a plan search's) simulates none: its
+``schedule`` and ``bubble_fraction`` are None.
 
 **Optimizer step** (with ``--optimizer``): each rank's ``optimizer_flops`` once per step, for the parameter elements
 it updates, and ``optimizer_redundant_flops``, those another rank updates too (TP-replicated norms, K/V copies, DP
@@ -124,10 +125,10 @@ from ..errors import UsageError
 from ..reporting.tiled import check_listable
 from .layout import Dims, Layout, chunks_of, layout_of, rank_id, split
 from .plan import ParallelPlan, Recompute, check_recompute_ops
-from .schedules import Schedule, simulated_schedule
+from .schedules import Schedule, pipeline_schedule, schedule_bubble
 
 __all__ = ["Collective", "NodeShare", "ParallelLedger", "RankFlops", "ledger", "node_shares", "plan_shares",
-           "param_groups", "pipeline_schedule", "rank_params", "schedule_bubble"]
+           "param_groups", "pipeline_schedule", "plan_dims", "rank_params", "schedule_bubble"]
 
 
 
@@ -182,7 +183,7 @@ class ParallelLedger:
     whole_flops: int
     dims: Mapping[str, int]
     ranks: tuple[RankFlops, ...]
-    bubble_fraction: float
+    bubble_fraction: float | None  # None: not simulated (ledger's schedule=False)
     slowest_rank: int
     imbalance: float
     kv_rule: str
@@ -338,22 +339,35 @@ def _checked_layout(report: Any, plan: ParallelPlan, within: tuple[int, int] | N
     return layout
 
 
-def _shares_of(report: Any, plan: ParallelPlan, recompute: Recompute, within: tuple[int, int] | None = None):
+def plan_dims(report: Any, plan: ParallelPlan, recompute: Recompute | None, within: tuple[int, int] | None = None
+              ) -> Dims:
+    """:func:`plan_shares`' dims, its checks passed, without the shares (the memory ledger's walks read no more)."""
+    return _checked(report, plan, recompute or Recompute(), within).dims
+
+
+def _checked(report: Any, plan: ParallelPlan, recompute: Recompute, within: tuple[int, int] | None) -> Layout:
+    """The layout of ``report`` under ``plan``, the plan and ``recompute`` checked as :func:`plan_shares` checks."""
     where = report.model.path or report.model.graph_name or "the model"
     if recompute.policy != "none" and report.mode != "train":
         raise UsageError(f"--recompute {recompute}: recompute changes training only; give --mode train")
-    nodes = report.nodes
     layout = _checked_layout(report, plan, within)
-    d = layout.dims
-    t = plan.tp
     train = report.mode == "train"
-    per_stage = d.layers // plan.pp if d.layers else 0
     if train and recompute is not None:
-        check_recompute_ops(recompute, {n.op_type for n in nodes})
+        check_recompute_ops(recompute, {n.op_type for n in report.nodes})
     if train and recompute.policy in ("full", "non-reentrant", "selective") and not layout.attention:
         raise UsageError(f"--recompute {recompute}: {where} has no repeated attention layers to checkpoint (full, "
                          "non-reentrant) or attention cores to run again (selective); give --recompute none or "
                          "operator types")
+    return layout
+
+
+def _shares_of(report: Any, plan: ParallelPlan, recompute: Recompute, within: tuple[int, int] | None = None):
+    nodes = report.nodes
+    layout = _checked(report, plan, recompute, within)
+    d = layout.dims
+    t = plan.tp
+    train = report.mode == "train"
+    per_stage = d.layers // plan.pp if d.layers else 0
     redo = _recomputed(recompute, nodes, layout) if train else set()
     shares: list[NodeShare] = []
     per_tp: dict[tuple, list[tuple[int, int, int, int]]] = {}  # a node's TP ranks' shares, by what they read
@@ -390,15 +404,16 @@ def _tp_share(asked: tuple, layout: Layout, i: int) -> tuple[int, int, int, int]
     return own[0], own[1], run[0], run[1]
 
 
-
 def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
-           expert_load: px.ExpertLoad | None = None, replicas: bool = True) -> ParallelLedger:
+           expert_load: px.ExpertLoad | None = None, replicas: bool = True, schedule: bool = True
+           ) -> ParallelLedger:
     """The per-rank ledger of ``report`` (a counted :class:`~flopcount.reporting.report.Report` of one microbatch) under
     ``plan``; :class:`~flopcount.errors.UsageError` (exit 2) when a degree does not divide what it splits, a part
     of the plan is not modelled yet, or the model's scopes are not those of a decoder. ``expert_load``: the
     routing histogram of a MoE model (:func:`flopcount.parallel.experts.load_expert_load`), balanced if None.
     ``replicas=False``: without expert parallelism, the ranks of data-parallel rank 0 only (the others run the
-    same FLOPs and collectives; a plan search reads one of them)."""
+    same FLOPs and collectives; a plan search reads one of them). ``schedule=False``: the pipeline's schedule not
+    simulated, its record's ``schedule`` and ``bubble_fraction`` None (a plan search predicts its own)."""
     d, shares, has_loss, per_stage, train, recompute = plan_shares(report, plan, recompute)
     t, p, m, c_, e_ = plan.tp, plan.pp, plan.microbatches, plan.cp, plan.ep
     load = expert_load or px.ExpertLoad(None)
@@ -420,6 +435,7 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
     rows = layout.stage_params(report.modules.params) if note is None else {}
     ranks = []
     for s in range(p):
+        kv_tokens = layout.kv_tokens(s)
         for dp in range(plan.dp if replicas or e_ > 1 else 1):
             for cp in range(c_):
                 group, ep = px.ep_coords(dp, cp, plan)
@@ -433,7 +449,7 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
                         again += px.ep_divide([px.cp_split(ex_again, c_, q) for q in members], share)[ep]
                     coords = {"tp": i, "pp": s, "cp": cp, "ep": ep, "dp": dp}
                     rank = rank_id(plan, i, cp, dp, s)
-                    extra = _cp_ep_communication(plan, d, report, layout.kv_tokens(s), train, recompute,
+                    extra = _cp_ep_communication(plan, d, report, kv_tokens, train, recompute,
                                                  [(fractions[layer][ep], reruns.get(layer, px.Rerun()),
                                                    layout.seqs[layer]) for layer in experts[(s, i)]])
                     opt = None if note else po.optimizer_elements(rows, layout, po.RankCoords(s, i, dp, cp, group, ep))
@@ -444,8 +460,8 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
                                            comm[s] + extra, *((per_element * opt[0], per_element * opt[1]) if opt
                                                               else (None, None))))
     ranks.sort(key=lambda r: r.rank)
-    schedule = pipeline_schedule(plan, shares, train)
-    bubble = schedule.bubble_fraction if schedule is not None else 0.0
+    simulated = pipeline_schedule(plan, shares, train) if schedule else None
+    bubble = None if not schedule else simulated.bubble_fraction if simulated is not None else 0.0
     slowest = max(ranks, key=lambda r: (r.hardware_flops, -r.rank))
     mean = sum(r.hardware_flops for r in ranks) / len(ranks)
     return ParallelLedger(plan, recompute, report.mode, whole, {
@@ -458,7 +474,7 @@ def ledger(report: Any, plan: ParallelPlan, recompute: Recompute | None = None,
         layout.kv_rule, expert_load=load.source if moe_layers else None,
         expert_shares={k: tuple(v) for k, v in fractions.items()} if load.per_layer is not None and e_ > 1 else None,
         optimizer=None if note else report.optimizer[0],
-        whole_optimizer_flops=None if note else report.optimizer[1].flops, optimizer_note=note, schedule=schedule)
+        whole_optimizer_flops=None if note else report.optimizer[1].flops, optimizer_note=note, schedule=simulated)
 
 
 #: The last shares summed (by identity) and their sums: a plan search asks again for the shares of plans that differ
@@ -585,36 +601,6 @@ def _alltoall_communication(plan: ParallelPlan, d: Dims, report: Any, train: boo
         out.append(Collective("reduce_scatter", "etp", m * sum((1 + again.combine) * o + back * g
                                                                for g, o, again in ins)))
     return out
-
-
-def schedule_bubble(plan: ParallelPlan, shares: Sequence[NodeShare], train: bool) -> float:
-    """The bubble of the plan's schedule (:func:`pipeline_schedule`); 0 without a pipeline."""
-    schedule = pipeline_schedule(plan, shares, train)
-    return 0.0 if schedule is None else schedule.bubble_fraction
-
-
-def pipeline_schedule(plan: ParallelPlan, shares: Sequence[NodeShare], train: bool) -> Schedule | None:
-    """The plan's schedule simulated (:func:`simulate_schedule`), each chunk's actions as long as its TP rank 0's
-    FLOPs per microbatch; None without a pipeline (pp = 1)."""
-    if plan.pp == 1:
-        return None
-    v = chunks_of(plan)
-    asked = (plan.pp * v, train)
-    if _last_lengths and _last_lengths[0] is shares and _last_lengths[1] == asked:
-        tf, tb = _last_lengths[2]
-    else:
-        tf, tb = [0.0] * (plan.pp * v), [0.0] * (plan.pp * v)
-        for x in shares:
-            if x.tp == 0:
-                tf[x.chunk] += x.forward
-                tb[x.chunk] += x.backward + x.recompute if train else 0
-        _last_lengths[:] = [shares, asked, (tf, tb)]
-    return simulated_schedule(plan.schedule, plan.pp, plan.microbatches, tf, tb, v)
-
-
-#: The last shares (by identity) whose chunks' lengths :func:`pipeline_schedule` summed, and those lengths: the plans
-#: of the same shares (another sharding, M or schedule's name) have the same.
-_last_lengths: list[Any] = []
 
 
 #: Per layer, the forward's TP reductions and gathers a recompute policy does not run again, of one per block:

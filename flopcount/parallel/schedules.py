@@ -11,9 +11,9 @@ from functools import cached_property
 from typing import Any, NamedTuple
 
 from ..errors import UsageError
-from .layout import warmup
+from .layout import chunks_of, warmup
 
-__all__ = ["Action", "Schedule", "simulate_schedule", "simulated_schedule"]
+__all__ = ["Action", "Schedule", "pipeline_schedule", "schedule_bubble", "simulate_schedule", "simulated_schedule"]
 
 
 class Action(NamedTuple):
@@ -128,6 +128,37 @@ def simulated_schedule(schedule: str, stages: int, microbatches: int, forward: S
         makespan, busy = _timed(_steps(schedule, stages, microbatches, virtual, any(backward)), key[3], key[4])
         found = _simulated_last[key] = Schedule(makespan, busy, key[:3] + (key[3], key[4], virtual))
     return found
+
+
+def schedule_bubble(plan: Any, shares: Sequence[Any], train: bool) -> float:
+    """The bubble of the plan's schedule (:func:`pipeline_schedule`); 0 without a pipeline."""
+    schedule = pipeline_schedule(plan, shares, train)
+    return 0.0 if schedule is None else schedule.bubble_fraction
+
+
+def pipeline_schedule(plan: Any, shares: Sequence[Any], train: bool) -> Schedule | None:
+    """The plan's schedule simulated (:func:`simulate_schedule`), each chunk's actions as long as its TP rank 0's
+    FLOPs per microbatch (``shares``: the per-rank ledger's, :func:`flopcount.parallel.ranks.node_shares`); None
+    without a pipeline (pp = 1)."""
+    if plan.pp == 1:
+        return None
+    v = chunks_of(plan)
+    asked = (plan.pp * v, train)
+    if _last_lengths and _last_lengths[0] is shares and _last_lengths[1] == asked:
+        tf, tb = _last_lengths[2]
+    else:
+        tf, tb = [0.0] * (plan.pp * v), [0.0] * (plan.pp * v)
+        for x in shares:
+            if x.tp == 0:
+                tf[x.chunk] += x.forward
+                tb[x.chunk] += x.backward + x.recompute if train else 0
+        _last_lengths[:] = [shares, asked, (tf, tb)]
+    return simulated_schedule(plan.schedule, plan.pp, plan.microbatches, tf, tb, v)
+
+
+#: The last shares (by identity) whose chunks' lengths :func:`pipeline_schedule` summed, and those lengths: the plans
+#: of the same shares (another sharding, M or schedule's name) have the same.
+_last_lengths: list[Any] = []
 
 
 #: The orders encoded (:func:`_steps`), by the schedule's shape (plans of the same shape and other lengths), kept up to

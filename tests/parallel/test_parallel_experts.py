@@ -337,3 +337,21 @@ def test_the_command_line_names_the_dispatcher(moe, tmp_path, capsys):
     assert par["plan"]["token_dispatcher"] == "allgather"
     assert par["ranks"] == ledger(moe, _with("dp=2,ep=2", "allgather")).as_dict()["ranks"]
     assert not any(c["kind"] == "all_to_all" for r in par["ranks"] for c in r["communication"])
+
+
+def test_block_ends_are_each_scopes_own_whatever_was_asked_before():
+    """Per layer, the last node inside a routed MoE block (a block's own scope, or one below it; not a sibling of
+    the same prefix), written out here, asked in turn of two models' scopes and other layer lists: each its own
+    (the nodes inside a block are kept per scopes)."""
+    from flopcount.parallel.experts import block_ends
+
+    moe = (("model.embed_tokens",), ("model.layers.0.mlp.gate",), ("model.layers.0.mlp.experts.0.w1",),
+           ("model.layers.0.mlp.experts.1.w1",), ("model.layers.0.mlp",), ("model.layers.0.mlp_norm",),
+           ("model.layers.1.mlp.experts.0.w1",), ("model.layers.1.post",), ("lm_head",))
+    dense = (("model.embed_tokens",), ("model.layers.0.mlp.up",), ("model.layers.0.mlp",), ("lm_head",))
+    per_layer = [None, 0, 0, 0, 0, 0, 1, 1, None]
+    moved = [None, 0, 0, 0, 1, 1, 1, 1, None]  # node 4 counted in layer 1
+    asked = [(moe, per_layer, {0: 4, 1: 6}), (moe, moved, {0: 3, 1: 6}), (dense, [None, 0, 0, None], {}),
+             (moe, per_layer, {0: 4, 1: 6}), (list(moe), moved, {0: 3, 1: 6}), (dense, [None, 0, 0, None], {})]
+    for scopes, layer, want in asked * 2:
+        assert block_ends(scopes, layer) == want

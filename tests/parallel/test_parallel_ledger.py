@@ -5,12 +5,14 @@ errors that name the degree."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from helpers import gloo_ranks, tiny_llama
 
 from flopcount.errors import UsageError
 from flopcount.parallel.plan import parse_parallel, parse_recompute
-from flopcount.parallel.ranks import ledger, node_shares
+from flopcount.parallel.ranks import ledger, node_shares, plan_dims, plan_shares
 from flopcount.parallel.schedules import simulate_schedule
 
 transformers = pytest.importorskip("transformers")
@@ -505,3 +507,39 @@ def test_sp_megatron_gathers_each_column_input_again_per_stage():
         assert two == {**one, ("all_gather", "tp"): one[("all_gather", "tp")] + 2 * inputs * A}
         assert leds[1].ranks[rank].hardware_flops == leds[0].ranks[rank].hardware_flops
         assert mems[0][rank].activations_bytes - mems[1][rank].activations_bytes == inputs * (A - A // 2)
+
+
+@pytest.mark.parametrize("text,m,schedule", [("pp=2", 4, "gpipe"), ("pp=2,dp=2", 3, "1f1b"),
+                                             ("pp=2", 4, "interleaved:2"), ("tp=2,dp=2", 2, "1f1b")])
+def test_a_ledger_without_its_schedule_says_so(report, text, m, schedule):
+    """``schedule=False``: no bubble nor schedule in the record (None, not a figure), every other figure the ledger's
+    with its schedule simulated."""
+    full = ledger(report, plan(text, m, schedule))
+    lean = ledger(report, plan(text, m, schedule), schedule=False)
+    assert lean.schedule is None and lean.bubble_fraction is None
+    assert (full.schedule is None) == (text.startswith("tp")) and full.bubble_fraction is not None
+    assert lean == dataclasses.replace(full, schedule=None, bubble_fraction=None)
+    assert lean.as_dict()["bubble_fraction"] is None and lean.as_dict()["schedule"] is None
+
+
+@pytest.mark.parametrize("recompute", ["none", "full", "selective"])
+@pytest.mark.parametrize("text,schedule", [("tp=3", "1f1b"), ("tp=8", "1f1b"), ("pp=3", "1f1b"), ("cp=3", "1f1b"),
+                                           ("ep=2,dp=2", "1f1b"), ("pp=2", "interleaved:4"), ("tp=2,pp=2,sp", "1f1b"),
+                                           ("pp=2", "interleaved:2"), ("cp=2,dp=2", "gpipe")])
+def test_the_dims_are_checked_as_the_shares_are(report, text, schedule, recompute):
+    """:func:`plan_dims` (the memory walks' checks, no shares built) refuses a plan with the shares' own message and
+    gives their dims otherwise, asked first or after the shares of another plan."""
+    asked = plan(text, 4, schedule)
+    again = parse_recompute(recompute)
+    try:
+        want = plan_shares(report, asked, again)[0]
+    except UsageError as e:
+        for before in (None, plan("pp=2", 2)):
+            if before is not None:
+                plan_shares(report, before, again)
+            with pytest.raises(UsageError) as found:
+                plan_dims(report, asked, again)
+            assert str(found.value) == str(e)
+        return
+    plan_shares(report, plan("pp=2", 2), again)
+    assert plan_dims(report, asked, again) == want

@@ -157,3 +157,20 @@ def test_the_shared_work_of_experts_is_each_plans_alone():
     plans = [("dp=2,ep=2", 2, "1f1b", "none"), ("dp=2,ep=2,zero1", 2, "1f1b", "none"),
              ("tp=2,dp=2,ep=2", 2, "1f1b", "full"), ("pp=2,dp=2,ep=2", 2, "gpipe", "none")]
     _check(report, plans, device_profile("H100", 8))
+
+
+def test_a_work_split_over_the_sequence_is_its_own_whatever_was_split_before():
+    """A node's work under cp ranks (its FLOPs 1/C, its bytes 1/C but the whole ones), written out here, asked for
+    chunks holding the same works (a chunk's layers) at other C and after other works: each its own figures."""
+    from flopcount.measure.predict import NodeWork
+    from flopcount.measure.predict_report import _split_context
+
+    a = NodeWork("gemm", 120.0, 60.0, 240.0, 120.0, 1.0, 2.0, 12.0)
+    b = NodeWork("attention", 48.0, 36.0, 96.0, 0.0, 4.0, 2.0, 24.0)
+    chunks = [{0: (a, b, a), 1: (b, a)}, {0: (b, b), 1: (a,)}]
+    for cp in (2, 4, 2, 3, 1) * 2:
+        for asked in chunks:
+            for c, works in _split_context(asked, cp).items():
+                assert works == tuple(NodeWork(w.kind, w.flops / cp, (w.bytes - w.whole_bytes) / cp + w.whole_bytes,
+                                               w.backward_flops / cp, w.recompute_flops / cp, w.matrices,
+                                               w.backward_kernels, w.whole_bytes) for w in asked[c]), (cp, c)
