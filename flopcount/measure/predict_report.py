@@ -12,7 +12,7 @@ from flopcount.errors import UsageError
 from .predict import (BUCKET_BYTES, FIRST_BUCKET_BYTES, GEMM_FAMILIES, OPTIMIZER_TRAFFIC, REDUCTION_FAMILIES,
                       Message, NodeWork, RankWork, Work, backward_kernels)
 
-__all__ = ["report_work"]
+__all__ = ["node_works", "report_work"]
 
 _INTEGER_TYPES = (2, 3, 4, 5, 6, 7, 12, 13)  # ONNX uint8, int8, uint16, int16, int32, int64, uint32, uint64
 
@@ -34,10 +34,15 @@ def _kind(node: Any, params: frozenset[str]) -> str:
 
 
 def _matrices(node: Any) -> float:
-    """The batch of matrices a product multiplies (the output's dims before the last two), 1 when not known."""
+    """The batch of matrices a product multiplies (the output's dims before the last two), 1 when not known; 1 for
+    a product whose second operand is a matrix (a weight [k, n]): the framework folds the first's batch into its
+    rows, one [b·m, k] × [k, n] product (torch's ``linear`` and ``matmul`` of a 3-D input and a 2-D weight)."""
     out = node.outputs[0] if node.outputs else None
     shape = getattr(out, "shape", None)
     if node.family not in GEMM_FAMILIES or not shape or len(shape) < 3 or not all(isinstance(d, int) for d in shape):
+        return 1.0
+    second = node.inputs[1] if len(node.inputs) > 1 else None
+    if node.family != "attention" and second is not None and second.shape is not None and len(second.shape) == 2:
         return 1.0
     n = 1
     for d in shape[:-2]:
@@ -118,14 +123,22 @@ def _gathered(report: Any) -> _Gathered:
     return found
 
 
-def _one_rank(report: Any) -> Work:
+def node_works(report: Any) -> tuple[tuple[Any, NodeWork], ...]:
+    """Each node of ``report`` with work on one rank (FLOPs, or backward FLOPs in training) beside its
+    :class:`~flopcount.measure.predict.NodeWork`, in the report's order: what a one-rank prediction times."""
     train = report.mode == "train"
-    nodes = []
     gathered = _gathered(report)
+    out = []
     for n in report.nodes:
         bwd = n.backward.flops if train else 0
         if n.cost.flops or bwd:
-            nodes.append(_node_work(_node_facts(n, report.modules.parameters, gathered), n.cost.flops, bwd, 0))
+            out.append((n, _node_work(_node_facts(n, report.modules.parameters, gathered), n.cost.flops, bwd, 0)))
+    return tuple(out)
+
+
+def _one_rank(report: Any) -> Work:
+    train = report.mode == "train"
+    nodes = [w for _, w in node_works(report)]
     opt = 0.0
     notes = []
     if train and report.optimizer is not None and report.optimizer[0] in OPTIMIZER_TRAFFIC:

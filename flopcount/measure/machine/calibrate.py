@@ -27,9 +27,12 @@ others work beside it (on a CPU the ranks share the cores). In each process:
   full attention's products (forward 4·B·S²·D, backward twice that: the count's ``--attention full``), at the
   effective size ∛(S²·D) of one product;
 * **optimizers**: each optimizer's step (torch's own, its implementation as torch picks it on this device) over
-  64 one-element tensors (seconds per tensor) and over one tensor of each of 2^12, 2^16, 2^18 and 2^20 elements
-  (seconds per element at that size, less the per-tensor cost: a step's temporaries of a large tensor are fresh
-  memory, whose first touch costs far more per element than a small one's);
+  64 one-element tensors (seconds per tensor) and, for each of 2^12, 2^16, 2^18 and 2^20 elements, over as many
+  tensors of that size as hold 2^22 elements in all (``Sizes.optimizer_held``; seconds per element at that size,
+  less the per-tensor cost of each tensor): a step reads every parameter, its gradient and its states once, more
+  than the cache holds, so each tensor's elements come from memory, where one tensor stepped again and again
+  finds them in cache (on a Sapphire Rapids core, AdamW's 2^20 elements timed alone cost 3 ns an element, 5.5 as
+  a 4-million-element model's set);
 * **collectives** (rank 0 records the slowest rank of each repeat): ``all_reduce``, ``all_gather``,
   ``reduce_scatter``, ``all_to_all`` of each message size over all ``ranks`` processes, each repeat after a barrier;
   ``send_recv`` one way, half of a round trip between ranks 0 and 1. Their fit is
@@ -98,6 +101,9 @@ class Sizes:
     gemm_budget_s: float = 0.6
     attention: tuple[tuple[int, int], ...] = ((64, 32), (128, 32), (256, 64), (512, 64))  # (sequence, head size)
     optimizer_elements: tuple[int, ...] = (2**12, 2**16, 2**18, 2**20)
+    # each size's tensors hold this many elements in all (at least one tensor): 16 MiB of float32 parameters, 64 MiB
+    # with adam's gradients and two states, more than the cache, as a model's whole state is
+    optimizer_held: int = 2**22
     in_step_repeats: int = 40  # at most; at least in_step_least once a size has taken in_step_budget_s
     in_step_least: int = 12
     in_step_budget_s: float = 0.3
@@ -109,7 +115,8 @@ DEFAULT_SIZES = Sizes()
 #: A calibration of seconds, for tests.
 QUICK_SIZES = Sizes(gemm=(32, 64), elementwise=(4096, 65536), messages=(4096, 16384, 131072, 524288), repeats=3,
                     gemm_budget_s=0.1, attention=((32, 16), (64, 16)), optimizer_elements=(2**10, 2**14),
-                    in_step_repeats=10, in_step_least=10, in_step_budget_s=0.1, group_budget_s=0.1)
+                    in_step_repeats=10, in_step_least=10, in_step_budget_s=0.1, group_budget_s=0.1,
+                    optimizer_held=2**15)
 
 
 def message_sizes(messages: tuple[int, ...], ranks: int) -> tuple[int, ...]:
@@ -177,7 +184,7 @@ def _compute(sizes: Sizes) -> dict:
         out["dropout"].append([x.numel(), *_stats([x.numel() / t for t in ts], True)])
     out["overhead"] = _overhead(sizes.repeats)
     out["attention"], out["attention_backward"] = _attention(sizes)
-    out["optimizers"] = _optimizers(sizes.repeats, sizes.optimizer_elements)
+    out["optimizers"] = _optimizers(sizes.repeats, sizes.optimizer_elements, sizes.optimizer_held)
     return out
 
 
@@ -251,10 +258,13 @@ def _attention(sizes: Sizes, heads: int = 16) -> tuple[list, list]:
     return fwd, bwd
 
 
-def _optimizers(repeats: int, elements: tuple[int, ...], tensors: int = 64) -> dict:
+def _optimizers(repeats: int, elements: tuple[int, ...], held: int, tensors: int = 64) -> dict:
     """Each optimizer's step: seconds per parameter tensor (over ``tensors`` one-element tensors) and per element
-    at each size of ``elements`` (over one tensor of that size, less the per-tensor median), as [size, median,
-    best, slowest]; and whether torch picked its multi-tensor (foreach) implementation."""
+    at each size n of ``elements`` (over k = max(1, ``held`` // n) tensors of that size, less k times the
+    per-tensor median, over their k·n elements: a step reads every parameter, gradient and state of the model
+    once, more than the cache holds, as ``held`` elements of them are; one tensor stepped again and again finds them
+    in cache), as [size, median, best, slowest]; and whether torch picked its multi-tensor (foreach)
+    implementation."""
     import torch
     from torch.optim.optimizer import _default_to_fused_or_foreach
 
@@ -278,7 +288,8 @@ def _optimizers(repeats: int, elements: tuple[int, ...], tensors: int = 64) -> d
     for name in OPTIMIZERS_TIMED:
         per_tensor = [t / tensors for t in steps(name, (1,) * tensors)]
         mid = statistics.median(per_tensor)
-        per_element = [[n, *_stats([max(t - mid, 1e-12) / n for t in steps(name, (n,))], False)] for n in elements]
+        per_element = [[n, *_stats([max(t - mid * k, 1e-12) / (n * k) for t in steps(name, (n,) * k)], False)]
+                       for n, k in ((n, max(1, held // n)) for n in elements)]
         foreach = bool(_default_to_fused_or_foreach([torch.zeros(1, requires_grad=True)], differentiable=False,
                                                     use_fused=False)[1])
         out[name] = {"per_tensor_s": [1, *_stats(per_tensor, False)], "per_element_s": per_element,

@@ -95,3 +95,39 @@ def _seconds(fn) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
+
+
+def test_optimizer_elements_timed_over_a_set_larger_than_one_tensor(monkeypatch):
+    """Each per-element size n is stepped over max(1, held // n) tensors of n elements (a model's whole state, out of
+    cache), and its seconds per element are the step's less that many per-tensor costs, over their elements: with
+    the clock stepping 1 s per tensor and 1 ms per element, a point of n elements is 1 ms less the one-element
+    tensors' millisecond (within the per-tensor cost) spread over its n."""
+    torch = pytest.importorskip("torch")
+    from flopcount.measure.machine import calibrate as cb
+
+    held, elements = 2**12, (2**8, 2**10, 2**13)
+    seen: list[list[int]] = []
+    clock = [0.0]
+
+    def counted(base):
+        class Counted(base):
+            def __init__(self, params, **kw):
+                params = list(params)
+                seen.append([p.numel() for p in params])
+                super().__init__(params, **kw)
+
+            def step(self, closure=None):
+                clock[0] += sum(1.0 + 1e-3 * p.numel() for g in self.param_groups for p in g["params"])
+
+        return Counted
+
+    for name in ("SGD", "Adam", "AdamW"):
+        monkeypatch.setattr(torch.optim, name, counted(getattr(torch.optim, name)))
+    monkeypatch.setattr(cb.time, "perf_counter", lambda: clock[0])
+    out = cb._optimizers(3, elements, held)
+    per_optimizer = [[1] * 64] + [[n] * max(1, held // n) for n in elements]
+    assert seen == per_optimizer * len(cal.OPTIMIZERS_TIMED)  # 16, 4 and 1 tensors of the three sizes
+    for o in out.values():
+        assert o["per_tensor_s"][1:] == pytest.approx([1.0 + 1e-3] * 3)  # a one-element tensor's second and 1 ms
+        # k tensors: k·(1 s + n ms) less k·(1 s + 1 ms), over k·n elements
+        assert o["per_element_s"] == [pytest.approx([n, *[1e-3 * (n - 1) / n] * 3]) for n in elements]

@@ -121,3 +121,30 @@ def test_a_datasheet_profile_measures_no_overhead_so_it_is_null():
     assert "framework overhead not known (datasheet profile)" in "\n".join(p.lines())
     # the same graph on a calibrated profile has its overhead: the null is the datasheet's, not the graph's
     assert predict(_mlp(), profile()).ranks[0]["overhead_seconds"] > 0
+
+
+def test_a_weight_product_runs_as_one_product_of_its_rows():
+    """A 3-D input times a 2-D weight is one product whose rows are the input's batch and tokens: torch's linear
+    runs it as one aten mm of [b·s, k] × [k, n] (recorded under a dispatch mode), and the node's effective size is
+    that product's ∛(b·s·k·n), not a batch of b products'."""
+    torch = pytest.importorskip("torch")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import flopcount
+
+    b, s, k, n = 4, 16, 32, 24
+    m = model([helper.make_node("MatMul", ["x", "w"], ["y"])], {"x": (b, s, k)}, ["y"], [weight("w", (k, n))])
+    w = work_of(flopcount.count(m)).ranks[0].chunks[0][0]
+    shapes = []
+
+    class Products(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.bmm):
+                shapes.append((*args[0].shape, args[1].shape[-1]))
+            return func(*args, **(kwargs or {}))
+
+    with Products():
+        torch.nn.functional.linear(torch.randn(b, s, k), torch.randn(n, k))
+    assert shapes == [(b * s, k, n)]
+    assert w.kind == "gemm" and w.matrices == 1
+    assert (w.flops / 2 / w.matrices) ** (1 / 3) == pytest.approx(math.prod(shapes[0]) ** (1 / 3))
