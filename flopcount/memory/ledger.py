@@ -419,7 +419,7 @@ def _held(g: Graph, size: Callable[[str], int], grad_size: Callable[[str], int],
     """(parameters', buffers' and inputs' bytes, the trained tensors, their gradients' bytes in training) of
     ``g`` at these sizes: the trained tensors in the graph's order (its weights in the module's parameter order:
     the optimizer's), then any it lacks."""
-    trained = [t or TensorInfo(n) for n, t in g.tensors.items() if n in g.trainable] + \
+    trained = [g.tensors[n] or TensorInfo(n) for n in filter(g.trainable.__contains__, g.tensors)] + \
         [TensorInfo(n) for n in sorted(g.trainable - g.tensors.keys())]
     return (sum(size(n) for n in g.params), sum(size(n) for n in g.buffers), sum(size(n) for n in g.inputs), trained,
             sum(grad_size(t.name) for t in trained) if training else 0)

@@ -534,8 +534,9 @@ def _stage_tensors(w: _PlanWalk, e: int, stage: _Stage, nodes: list, sizes: Shar
                                   [(n.inputs[0].name, n.outputs[0].name, n.outputs[0].elem_type) for n in nodes
                                    if n.op_type in _SAME_SIZE and n.inputs and n.inputs[0] is not None and n.outputs
                                    and n.outputs[0] is not None])
-        memo.names[stage.keep] += tuple(map(frozenset, memo.names[stage.keep][1:4]))
-    names, stored_names, made_names, received, views, *kinds = memo.names[stage.keep]
+        at = {n: i for i, n in enumerate(n for kind in memo.names[stage.keep][1:4] for n in kind)}  # by kind
+        memo.names[stage.keep] += ([at[n] for n in names], *map(frozenset, memo.names[stage.keep][1:4]))
+    names, stored_names, made_names, received, views, at, *kinds = memo.names[stage.keep]
     stored, stored_bytes = stored_of(w), stored_bytes_of(w)
     # each share found once per its key: a name of each kind looked at only while one is missing (a name's bytes
     # are found with its share, so the bytes hold every stored share found here)
@@ -557,10 +558,9 @@ def _stage_tensors(w: _PlanWalk, e: int, stage: _Stage, nodes: list, sizes: Shar
         if name not in sizes.received:
             sizes.received[name], sizes.received_bytes[name] = _sized(
                 g.tensors.get(name) or TensorInfo(name), plan.cp * w.layout.message_divisors().get(name, 1))
-    share = dict(zip(stored_names, map(stored.__getitem__, stored_names)))
-    share.update(zip(made_names, map(sizes.made.__getitem__, made_names)))
-    share.update(zip(received, map(sizes.received.__getitem__, received)))
-    tensors.update(zip(names, map(share.__getitem__, names)))
+    share = [*map(stored.__getitem__, stored_names), *map(sizes.made.__getitem__, made_names),
+             *map(sizes.received.__getitem__, received)]
+    tensors.update(zip(names, map(share.__getitem__, at)))
     nbytes = dict(zip(stored_names, map(stored_bytes.__getitem__, stored_names)))
     nbytes.update(zip(made_names, map(sizes.made_bytes.__getitem__, made_names)))
     nbytes.update(zip(received, map(sizes.received_bytes.__getitem__, received)))
