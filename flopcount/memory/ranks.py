@@ -96,6 +96,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 from fractions import Fraction
+from itertools import compress
 from types import MappingProxyType
 from typing import Any, Mapping, NamedTuple
 
@@ -192,7 +193,7 @@ def _expert_fractions(report: Any, g: Graph, layout: Any, expert_load: Any) -> t
     from ..parallel import experts as px
 
     plan = layout.plan
-    moe_layers = sorted({layout.layer[k] for k in range(len(g.nodes)) if layout.expert[k]} - {None})
+    moe_layers = sorted(set(compress(layout.layer, layout.expert)) - {None})  # a node per entry, as g's
     load = expert_load or px.ExpertLoad(None)
     load.check_layers(len(moe_layers))
     for j in range(len(moe_layers) if plan.ep == 1 else 0):  # refused as the FLOPs ledger refuses it
@@ -681,9 +682,8 @@ class _SubParts(NamedTuple):
         nodes = [g.nodes[k] for k in stage.keep]
         indexes = {n.index for n in nodes}
         read = stage.read
-        return cls(nodes, {k: f for k, f in g.grads.items() if k in indexes}, {k: u for k, u in g.units.items()
-                                                                              if k in indexes},
-                   g.params & (read | unread.keys()), g.trainable & read, g.buffers & read,
+        return cls(nodes, {k: f for k, f in g.grads.items() if k in indexes}, {k: u for k, u in g.units.items() if
+                   k in indexes}, g.params & (read | unread.keys()), g.trainable & read, g.buffers & read,
                    _views_of_stored_free(g, nodes, unread))
 
 
