@@ -230,8 +230,8 @@ class _PlanWalk:
            kv: int) -> "_PlanWalk":
         plan, mem = layout.plan, report.memory
         g, expert, layer_of = mem.graph, layout.expert, layout.layer
-        scopes = list(report.modules.nodes) if not report.modules.missing else [()] * len(g.nodes)
-        inner = expert_inner(g, scopes, expert, layer_of) if plan.tp > 1 and any(expert) else frozenset()
+        inner = expert_inner(g, list(report.modules.nodes) if not report.modules.missing else [()] * len(g.nodes),
+                             expert, layer_of) if plan.tp > 1 and any(expert) else frozenset()  # scopes if read
         memo = memo_of(g)
         if memo.reader is None:
             memo.reader = {}
