@@ -18,9 +18,13 @@ What is shared between plans, exactly:
 * a layout's chunks, modules' shares and FSDP padding (plans of the same tp, ep, pp, chunks and FSDP D·C, each
   checked itself: :func:`flopcount.parallel.layout.layout_of`; the gathered inputs under sp once per count), a
   tensor's share on a rank (plans of the same tp, sp, cp, ep, FSDP shards and EP load) and a stage's walk structure
-  (its nodes': :class:`flopcount.memory.ledger.OnRank`), in :mod:`flopcount.memory.ranks`, where a share's shape
-  and bytes are found once per shape, element type, divisor and multiplier, and a node's statistics at a share once
-  per saved record, multiplier and divisor, whatever the tensor's name or layer (a stack's layers hold a few);
+  (its nodes', with the trained tensors its optimizer steps in the graph's order:
+  :class:`flopcount.memory.ledger.OnRank`), in :mod:`flopcount.memory.ranks`, where a stage's tensors are placed in
+  the walk's order by their place among its stored, made and received ones and its nodes that keep statistics are
+  listed (both once per stage's nodes), a stored share's bytes are found once per its key (the walks' FSDP and ZeRO-2
+  units read them too), a share's shape and bytes once per shape, element type, divisor and multiplier, and a node's
+  statistics at a share once per saved record, multiplier and divisor, whatever the tensor's name or layer (a
+  stack's layers hold a few);
 * a stage's memory walk reads the plan's tp, sp, cp, ep, pp and interleaving (which nodes a rank runs, at what
   shares), the sharding and the D·C ranks it shards over, whether more than one microbatch accumulates gradients,
   the recompute policy and the microbatch size; not dp without sharding, the schedule's name (1f1b and gpipe run
@@ -53,7 +57,9 @@ What is shared between plans, exactly:
   predicted alone, to the bit;
 * the memory walks and the floors check a plan as its FLOPs ledger checks it, and read the dims, without building
   the ledger's node shares (:func:`flopcount.parallel.ranks.plan_dims`): the shares are built for the plans
-  predicted, once per node shares and recompute policy, not for the floors of each policy;
+  predicted, once per node shares and recompute policy, not for the floors of each policy; the operator types an
+  ``ops`` recompute policy is checked against are found once per count's node list, a plan's MoE layers from the
+  layout's experts' flags without a loop over the nodes;
 * a ``zero1`` plan, and a ``zero2`` plan of M > 1, walks as its plan without ZeRO does but from a start larger by
   the difference of its optimizer states and gradients (:func:`flopcount.memory.ranks.stage_states`), with zero2's
   bucket held: its peak is that walk's so moved, where that walk's peak is not at the optimizer step (whose

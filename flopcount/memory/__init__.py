@@ -10,6 +10,7 @@ the contract.
   weights they are in the program that trains: no activations, each parameter's gradient its own
 * :mod:`.layers` the memory ledger of L identical layers, walked on the 2-layer graph with its second layer copied
 * :mod:`.ranks` the memory ledger per rank under a parallel plan (``--memory --parallel``)
+* :mod:`.kv_ranks` the KV cache a rank of each stage holds under a plan (``--generate`` with ``--parallel``)
 * :mod:`.rank_memo` what the per-rank walks of one graph keep for the next plan, and the keys of a rank's shares
 * :mod:`.rank_graph` what a rank's walk finds once in a graph: the experts' nodes that carry their inner dimension
   (split over TP), the K and V gathered whole under cp, the storage a view shares

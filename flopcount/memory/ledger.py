@@ -133,8 +133,9 @@ class OnRank:
     exist from the start (a microbatch after the first of a step); ``shards``, the rank's shares of the gradients
     and optimizer states where they are smaller than the parameters' (ZeRO's stages 1 and 2); ``structure``, a dict
     the caller keeps per graph structure, in which the walk leaves what it finds of it (the storage roots, who keeps
-    what) for the next walk of a graph of the same nodes, gradients, saved-for-backward records, recompute units and
-    stored tensors, sized otherwise (None: found anew); ``sizes``, a dict the caller keeps per graph (the same
+    what, the trained tensors in the tensors' order) for the next walk of a graph of the same nodes, gradients,
+    saved-for-backward records, recompute units, stored and trained tensors and tensors' names in the same order,
+    sized otherwise (None: found anew); ``sizes``, a dict the caller keeps per graph (the same
     :class:`Graph`, its tensors sized alike) and gradients' shards, in which the walk leaves the tensors' bytes and
     its replays from no bytes alive (:class:`.tape.Replayed`, with the unsized names they read) and the bytes of
     the parameters, buffers, inputs and gradients with the trained tensors for the next walk of them, whose start
@@ -375,14 +376,15 @@ def ledger(g: Graph, mode: str, optimizer: str | None, settings: MemorySettings,
     def grad_size(name: str) -> int:
         return (tensor_bytes(shards.grads[name]) or 0) if name in shards.grads else size(name)
 
+    found = structure if structure is not None else {}  # what the walk finds of the structure, kept there
+    names = found.get("trained") or found.setdefault("trained", _trained_names(g))
     # they read the sizes and the gradients' shards alone: found once per such memo (see OnRank)
     params, buffers, inputs, trained, grads = _replayed(memo, ("held", training), st,
-                                                        lambda: _held(g, size, grad_size, training))
+                                                        lambda: _held(g, size, grad_size, training, names))
     stepped = [shards.optimizer.get(t.name, t) for t in trained] if shards.optimizer else trained
     states, temps = optimizer_bytes(optimizer, stepped, settings, shards.counters) if training else (0, 0)
     w = Walk(live=params + buffers + inputs + states + held + (grads if accumulated else 0))
     whole = settings.recompute.policy == "full"
-    found = structure if structure is not None else {}  # what the walk finds of the structure, kept there
     holds = found.get(("holds", whole, training)) or \
         found.setdefault(("holds", whole, training), _holds(g, st, whole) if training else _Holds())
     steps = found.get(("forward", whole, training)) or \
@@ -415,12 +417,17 @@ def ledger(g: Graph, mode: str, optimizer: str | None, settings: MemorySettings,
                   MappingProxyType(kept_by), g, settings)
 
 
-def _held(g: Graph, size: Callable[[str], int], grad_size: Callable[[str], int], training: bool) -> tuple:
+def _trained_names(g: Graph) -> list[str]:
+    """``g``'s trained tensors in its tensors' order (its weights in the module's parameter order: the
+    optimizer's), then any it lacks, sorted."""
+    return [n for n in g.tensors if n in g.trainable] + sorted(g.trainable - g.tensors.keys())
+
+
+def _held(g: Graph, size: Callable[[str], int], grad_size: Callable[[str], int], training: bool,
+          names: list[str]) -> tuple:
     """(parameters', buffers' and inputs' bytes, the trained tensors, their gradients' bytes in training) of
-    ``g`` at these sizes: the trained tensors in the graph's order (its weights in the module's parameter order:
-    the optimizer's), then any it lacks."""
-    trained = [t or TensorInfo(n) for n, t in g.tensors.items() if n in g.trainable] + \
-        [TensorInfo(n) for n in sorted(g.trainable - g.tensors.keys())]
+    ``g`` at these sizes: the trained tensors (``names``: :func:`_trained_names`) as ``g`` holds them."""
+    trained = [g.tensors.get(n) or TensorInfo(n) for n in names]
     return (sum(size(n) for n in g.params), sum(size(n) for n in g.buffers), sum(size(n) for n in g.inputs), trained,
             sum(grad_size(t.name) for t in trained) if training else 0)
 

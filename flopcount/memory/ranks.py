@@ -96,6 +96,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 from fractions import Fraction
+from itertools import compress
 from types import MappingProxyType
 from typing import Any, Mapping, NamedTuple
 
@@ -105,6 +106,7 @@ from ..parallel.experts import dispatch_buffers
 from ..parallel.layout import ROLE_RULES, SEQUENCE_ROLES, fsdp_shard, in_flight, layout_of, rank_id
 from ..parallel.plan import ParallelPlan
 from ..reporting.report import tensor_bytes
+from .kv_ranks import kv_share
 from .ledger import (Graph, Memory, MemorySettings, OnRank, RankMemory, Shards, ledger, optimizer_bytes,
                      without_cyclic_gc)
 from .rank_graph import GatheredKV, expert_inner, gathered_kv, storage_root
@@ -151,7 +153,7 @@ def per_rank(report: Any, plan: ParallelPlan, expert_load: Any = None) -> Memory
     w, d, moe_layers = _prepared(report, plan, expert_load)
     top_k = report.moe.top_k if moe_layers else 0
     ranks = _walked_ranks(w, (d, report.moe.experts if moe_layers else 0, top_k))
-    cache = _kv_share(report, plan, w.layout, w.kv)
+    cache = kv_share(report, plan, w.layout, w.kv)
     if cache is not None:
         ranks = [dataclasses.replace(r, kv_cache_bytes=cache[r.coords["pp"]]) for r in ranks]
     return dataclasses.replace(w.mem, ranks=tuple(ranks), settings=dataclasses.replace(w.settings, plan=plan),
@@ -192,7 +194,7 @@ def _expert_fractions(report: Any, g: Graph, layout: Any, expert_load: Any) -> t
     from ..parallel import experts as px
 
     plan = layout.plan
-    moe_layers = sorted({layout.layer[k] for k in range(len(g.nodes)) if layout.expert[k]} - {None})
+    moe_layers = sorted(set(compress(layout.layer, layout.expert)) - {None})  # a node per entry, as g's
     load = expert_load or px.ExpertLoad(None)
     load.check_layers(len(moe_layers))
     for j in range(len(moe_layers) if plan.ep == 1 else 0):  # refused as the FLOPs ledger refuses it
@@ -229,8 +231,8 @@ class _PlanWalk:
            kv: int) -> "_PlanWalk":
         plan, mem = layout.plan, report.memory
         g, expert, layer_of = mem.graph, layout.expert, layout.layer
-        scopes = list(report.modules.nodes) if not report.modules.missing else [()] * len(g.nodes)
-        inner = expert_inner(g, scopes, expert, layer_of) if plan.tp > 1 and any(expert) else frozenset()
+        inner = expert_inner(g, list(report.modules.nodes) if not report.modules.missing else [()] * len(g.nodes),
+                             expert, layer_of) if plan.tp > 1 and any(expert) else frozenset()  # scopes if read
         memo = memo_of(g)
         if memo.reader is None:
             memo.reader = {}
@@ -366,36 +368,6 @@ def _stage_reads(w: "_PlanWalk", memo: GraphMemo) -> list[tuple[set[str], list[s
         found = memo.stage_reads[key] = [(names, sorted(g.trainable & names), frozenset(g.params & names))
                                          for names in read]
     return found
-
-
-def _kv_share(report: Any, plan: ParallelPlan, layout: Any, kv: int) -> list[int] | None:
-    """The KV cache one rank of each stage holds after the last decode step, its M microbatches' (see the module's
-    docstring); None without ``--generate``. ``kv``: min(T, K/V heads)."""
-    whole = report.memory.ranks[0].kv_cache_bytes
-    generation = getattr(report, "generation", None)
-    if whole is None or generation is None:
-        return None
-    windowed = len(generation.pieces) > 1
-    if windowed and (plan.pp > 1 or plan.cp > 1):
-        raise UsageError(f"--parallel pp={plan.pp},cp={plan.cp} with --generate: a sliding window crops the KV cache "
-                         "of some layers, so the cache per stage or per sequence share is not modelled; give pp=1 "
-                         "and cp=1")
-    positions = generation.prompt_tokens + generation.new_tokens - 1
-    if positions % plan.cp:
-        raise UsageError(f"--parallel cp={plan.cp} with --generate {generation.prompt_tokens}:"
-                         f"{generation.new_tokens}: cp must divide the P + N - 1 = {positions} positions of the KV "
-                         "cache (an equal share on each CP rank); give N so that it does")
-    first = layout.stacks[-1][1] if generation.encoder_decoder else 0  # an encoder-decoder's decoder layers cache
-    layers = layout.dims.layers - first
-    out = []
-    for s in range(plan.pp):
-        share, rest = divmod(whole * sum(n >= first for n in layout.stage_layers(s)), layers * kv * plan.cp)
-        if rest:
-            raise UsageError(f"--parallel tp={plan.tp},pp={plan.pp},cp={plan.cp} with --generate: the KV cache's "
-                             f"{whole} bytes do not divide into equal shares of {layers} layers, {kv} K/V head groups "
-                             f"and {plan.cp} sequence shares; this cache's layout is not modelled per rank")
-        out.append(share * plan.microbatches)
-    return out
 
 
 def _unread(g: Graph, reader: Mapping[str, int], plan: ParallelPlan) -> dict[str, TensorInfo]:
@@ -534,8 +506,9 @@ def _stage_tensors(w: _PlanWalk, e: int, stage: _Stage, nodes: list, sizes: Shar
                                   [(n.inputs[0].name, n.outputs[0].name, n.outputs[0].elem_type) for n in nodes
                                    if n.op_type in _SAME_SIZE and n.inputs and n.inputs[0] is not None and n.outputs
                                    and n.outputs[0] is not None])
-        memo.names[stage.keep] += tuple(map(frozenset, memo.names[stage.keep][1:4]))
-    names, stored_names, made_names, received, views, *kinds = memo.names[stage.keep]
+        at = {n: i for i, n in enumerate(n for kind in memo.names[stage.keep][1:4] for n in kind)}  # by kind
+        memo.names[stage.keep] += ([at[n] for n in names], *map(frozenset, memo.names[stage.keep][1:4]))
+    names, stored_names, made_names, received, views, at, *kinds = memo.names[stage.keep]
     stored, stored_bytes = stored_of(w), stored_bytes_of(w)
     # each share found once per its key: a name of each kind looked at only while one is missing (a name's bytes
     # are found with its share, so the bytes hold every stored share found here)
@@ -557,10 +530,9 @@ def _stage_tensors(w: _PlanWalk, e: int, stage: _Stage, nodes: list, sizes: Shar
         if name not in sizes.received:
             sizes.received[name], sizes.received_bytes[name] = _sized(
                 g.tensors.get(name) or TensorInfo(name), plan.cp * w.layout.message_divisors().get(name, 1))
-    share = dict(zip(stored_names, map(stored.__getitem__, stored_names)))
-    share.update(zip(made_names, map(sizes.made.__getitem__, made_names)))
-    share.update(zip(received, map(sizes.received.__getitem__, received)))
-    tensors.update(zip(names, map(share.__getitem__, names)))
+    share = [*map(stored.__getitem__, stored_names), *map(sizes.made.__getitem__, made_names),
+             *map(sizes.received.__getitem__, received)]
+    tensors.update(zip(names, map(share.__getitem__, at)))
     nbytes = dict(zip(stored_names, map(stored_bytes.__getitem__, stored_names)))
     nbytes.update(zip(made_names, map(sizes.made_bytes.__getitem__, made_names)))
     nbytes.update(zip(received, map(sizes.received_bytes.__getitem__, received)))
@@ -618,13 +590,12 @@ def _stage_graph(w: _PlanWalk, s: int, e: int, stage: _Stage) -> _StageGraph:
     tensors, nbytes, cp_kv = shared
     if keep not in sizes.stages:  # the stage's statistics at these shares: node index → saved record, → bytes
         saved, extra = sizes.stages[keep] = {}, {}
-        for k, n in zip(keep, nodes):
-            if n.index in g.saved:
-                found_saved = sizes.saved.get(k)
-                if found_saved is None:
-                    found_saved, sizes.saved_bytes[k] = _scaled(g.saved[n.index], *w.scale(k, e))
-                    sizes.saved[k] = found_saved
-                saved[n.index], extra[n.index] = found_saved, sizes.saved_bytes[k]
+        for k, n in parts.saved_at:
+            found_saved = sizes.saved.get(k)
+            if found_saved is None:
+                found_saved, sizes.saved_bytes[k] = _scaled(g.saved[n.index], *w.scale(k, e))
+                sizes.saved[k] = found_saved
+            saved[n.index], extra[n.index] = found_saved, sizes.saved_bytes[k]
     saved, extra = sizes.stages[keep]
     sub = Graph(nodes, parts.grads, saved, tensors, parts.params, parts.trainable, parts.buffers, g.stored,
                 stage.received, stage.sent, parts.units, g.gathers, g.views, g.copies)
@@ -666,7 +637,7 @@ class _SubParts(NamedTuple):
     """What a stage's graph (:func:`_stage_graph`) reads of the graph whatever the rank's shares, found once per
     stage's nodes and whether it is the first (its unread parameters): its nodes, their gradients' flags and
     recompute units, the parameters, trained tensors and buffers it reads (and the first stage's unread
-    parameters), and :func:`_views_of_stored_free`."""
+    parameters), :func:`_views_of_stored_free` and its nodes that keep statistics (graph position, node)."""
 
     nodes: list
     grads: dict[int, tuple[bool, ...]]
@@ -675,16 +646,17 @@ class _SubParts(NamedTuple):
     trainable: frozenset[str]
     buffers: frozenset[str]
     views_of_stored_free: bool
+    saved_at: tuple[tuple[int, Any], ...]
 
     @classmethod
     def of(cls, g: Graph, stage: _Stage, unread: Mapping[str, TensorInfo]) -> "_SubParts":
         nodes = [g.nodes[k] for k in stage.keep]
         indexes = {n.index for n in nodes}
         read = stage.read
-        return cls(nodes, {k: f for k, f in g.grads.items() if k in indexes}, {k: u for k, u in g.units.items()
-                                                                              if k in indexes},
-                   g.params & (read | unread.keys()), g.trainable & read, g.buffers & read,
-                   _views_of_stored_free(g, nodes, unread))
+        return cls(nodes, {k: f for k, f in g.grads.items() if k in indexes}, {k: u for k, u in g.units.items() if
+                   k in indexes}, g.params & (read | unread.keys()), g.trainable & read, g.buffers & read,
+                   _views_of_stored_free(g, nodes, unread),
+                   tuple((k, n) for k, n in zip(stage.keep, nodes) if n.index in g.saved))
 
 
 def _views_of_stored_free(g: Graph, nodes: list, unread: Mapping[str, TensorInfo]) -> bool:
@@ -767,7 +739,7 @@ def _kept_whole(w: _PlanWalk) -> frozenset[str]:
 def _units(w: _PlanWalk, params) -> tuple[int, int]:
     """(the largest layer's parameters gathered whole, the root's: those outside the layers) of a rank whose walk
     reads ``params``; under ``zero2`` each weight outside the layers is a unit of its own."""
-    layout, reader, plan, stored = w.layout, w.reader, w.plan, stored_of(w)
+    layout, reader, plan, stored, known = w.layout, w.reader, w.plan, stored_of(w), stored_bytes_of(w)
     per_layer: dict[Any, int] = {}
     for name in params:
         layer = layout.layer[reader[name]] if name in reader else None
@@ -777,11 +749,13 @@ def _units(w: _PlanWalk, params) -> tuple[int, int]:
         # tensor), which makes the figures a stated lower bound; it adds nothing here
         # gathered whole, under fsdp as FSDP2's all-gather output holds it: n shards of dim 0 padded
         n = (w.shard_div(reader[name]) if name in reader else plan.dp * plan.cp) if plan.fsdp else 1
-        if name in reader:  # a parameter read: its stored share on the rank (:meth:`_PlanWalk.stored_share`)
-            share = stored.get(name) or stored.setdefault(name, w.stored_share(name))
+        if name in reader:  # a parameter read: its stored share on the rank (:meth:`_PlanWalk.stored_share`), its
+            share = stored.get(name) or stored.setdefault(name, w.stored_share(name))  # bytes found once
+            nbytes = known[name] if name in known else known.setdefault(name, tensor_bytes(share))
         else:
-            share = _fsdp_share(w.g.tensors.get(name) or TensorInfo(name), _tp_div(layout, w.g, reader, name), n)
-        whole = n * (tensor_bytes(share) or 0)
+            nbytes = tensor_bytes(_fsdp_share(w.g.tensors.get(name) or TensorInfo(name),
+                                              _tp_div(layout, w.g, reader, name), n))
+        whole = n * (nbytes or 0)
         per_layer[layer] = per_layer.get(layer, 0) + whole
     root = per_layer.pop(None, 0)
     return max(per_layer.values(), default=0), root

@@ -345,6 +345,17 @@ def plan_dims(report: Any, plan: ParallelPlan, recompute: Recompute | None, with
     return _checked(report, plan, recompute or Recompute(), within).dims
 
 
+#: The last node list :func:`_op_types` read (a tuple, by identity) and its operator types: a search checks each plan
+_OP_TYPES: list = []
+
+
+def _op_types(nodes: Sequence[Any]) -> frozenset[str]:
+    """The operator types of ``nodes``, found once per node list."""
+    if not _OP_TYPES or _OP_TYPES[0] is not nodes:
+        _OP_TYPES[:] = [nodes, frozenset(n.op_type for n in nodes)]
+    return _OP_TYPES[1]
+
+
 def _checked(report: Any, plan: ParallelPlan, recompute: Recompute, within: tuple[int, int] | None) -> Layout:
     """The layout of ``report`` under ``plan``, the plan and ``recompute`` checked as :func:`plan_shares` checks."""
     where = report.model.path or report.model.graph_name or "the model"
@@ -353,7 +364,7 @@ def _checked(report: Any, plan: ParallelPlan, recompute: Recompute, within: tupl
     layout = _checked_layout(report, plan, within)
     train = report.mode == "train"
     if train and recompute is not None:
-        check_recompute_ops(recompute, {n.op_type for n in report.nodes})
+        check_recompute_ops(recompute, _op_types(report.nodes))
     if train and recompute.policy in ("full", "non-reentrant", "selective") and not layout.attention:
         raise UsageError(f"--recompute {recompute}: {where} has no repeated attention layers to checkpoint (full, "
                          "non-reentrant) or attention cores to run again (selective); give --recompute none or "

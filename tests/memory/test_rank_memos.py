@@ -166,3 +166,24 @@ def test_statistics_scaled_are_their_own_whatever_was_scaled_before():
         scaled, nbytes = _scaled(Saved(inputs=(0,), extra=record.extra), mul, div)
         assert scaled == Saved(inputs=(0,), extra=(("mask", extra[0]), ("stats", extra[1]))) and nbytes == sum(extra)
     assert _scaled(Saved(inputs=(1,), extra=record.extra), 1, 2)[0].inputs == (1,)
+
+
+def test_each_stage_walk_keeps_its_own_trained_tensors_in_the_graphs_order(trained):
+    """A stage's walk structure keeps the trained tensors its optimizer steps (:func:`flopcount.memory.ledger.ledger`
+    reads them from there on the next walk of the stage): the stage's own, in the count's tensors' order."""
+    from flopcount.memory.rank_memo import memo_of
+    from flopcount.memory.ranks import per_rank
+    from flopcount.parallel.plan import parse_parallel
+
+    fresh = _fresh(trained)
+    g = fresh.memory.graph
+    for text in ("pp=2,dp=2", "pp=2,dp=2,zero1"):  # the second walks from the first's structures
+        per_rank(fresh, parse_parallel(text, microbatches=2))
+    walks = memo_of(g).walks
+    assert len(walks) == 2  # one structure per stage
+    expected = []
+    for (keep, _), structure in walks.items():
+        read = {x.name for k in keep for x in g.nodes[k].inputs if x is not None}
+        expected.append([n for n in g.tensors if n in g.trainable and n in read])
+        assert structure["trained"] == expected[-1]
+    assert expected[0] and expected[1] and not set(expected[0]) & set(expected[1])

@@ -82,3 +82,17 @@ def test_a_policy_record_is_checked():
         Recompute("some")
     with pytest.raises(UsageError, match="operator types with the 'ops' policy"):
         Recompute("full", frozenset({"Gelu"}))
+
+
+def test_a_node_lists_operator_types_are_its_own_whatever_was_asked_before():
+    """The operator types the plan checks read (an ``ops`` recompute policy's) are found once per node list: a
+    second list's are its own, and a list asked again is answered as before."""
+    from types import SimpleNamespace
+
+    from flopcount.parallel.ranks import _op_types
+
+    first = tuple(SimpleNamespace(op_type=t) for t in ("MatMul", "Softmax", "MatMul"))
+    second = tuple(SimpleNamespace(op_type=t) for t in ("Gemm", "Relu"))
+    assert _op_types(first) == {"MatMul", "Softmax"}
+    assert _op_types(second) == {"Gemm", "Relu"}
+    assert _op_types(first) == {"MatMul", "Softmax"}
