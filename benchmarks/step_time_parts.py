@@ -9,7 +9,8 @@ one-rank prediction's nodes) from a profile calibrated beforehand, grouped alike
   softmax (the nodes of kind attention and the Softmax nodes);
 * ``dropout``, ``embedding`` (the token embedding's gather and its gradient's scatter), ``loss`` (log-softmax and
   the negative log-likelihood);
-* ``elementwise``: every other operator that moves bytes (norms, activations, residual adds, rotary, copies);
+* ``elementwise``: every other operator that moves bytes (norms, activations, residual adds, rotary, copies,
+  the gradient sums of tensors read by several nodes);
 * ``optimizer``: AdamW's step, its CPU seconds timed apart, against the prediction's optimizer seconds;
 * ``framework``: the step's CPU seconds outside every aten operator that does work (Python, autograd's engine,
   views and other metadata-only calls), against the predicted framework overhead (per node and per backward
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import os
 import statistics
@@ -97,12 +99,15 @@ def predicted(model: str, profile_path: str, folder: str) -> dict:
     report = count_source(build_parser().parse_args(cmd[3:]))
     profile = load_profile(profile_path)
     secs, nodes = collections.Counter(), collections.Counter()
-    for node, w in node_works(report):
+    def work_s(w) -> float:
         f, b, _ = node_seconds(w, profile, "best")
-        ov = sum(node_overhead(w, profile, "best"))
-        kind = node_kind(node, w)
-        secs[kind] += f + b - ov
-        secs["framework"] += ov
+        return f + b - sum(node_overhead(w, profile, "best"))
+
+    for node, w in node_works(report):
+        kind, bare = node_kind(node, w), dataclasses.replace(w, sums=0.0)
+        secs[kind] += work_s(bare)
+        secs["elementwise"] += work_s(w) - work_s(bare)  # its outputs' gradient sums: aten add calls
+        secs["framework"] += sum(node_overhead(w, profile, "best"))
         nodes[kind] += 1
     row = predict_work(work_of(report), profile).ranks[0]
     secs["optimizer"] += row["optimizer_seconds"]

@@ -16,9 +16,13 @@ The rules (docs/predict.md states them for users):
   of torch's dropout) where calibrated, or its bytes if slower; its backward (a multiply by the mask) by its bytes.
   An elementwise node or reduction whose bytes (forward, or the backward's twice those) are at least
   :func:`~.machine.calibration.fresh_from` of the profile writes its output into new memory: its bytes run at the
-  profile's ``elementwise_fresh`` rate where that is slower.
+  profile's ``elementwise_fresh`` rate where that is slower. A node without FLOPs that copies (not a view: a
+  concatenation, a cast) moves twice its outputs' bytes; a slice's backward writes its input's gradient whole; a
+  tensor read by k > 1 nodes that need its gradient has k - 1 gradient sums of three times its bytes in the
+  backward; all at the elementwise rate (:func:`flopcount.measure.predict_report.node_works`, one rank).
   ``overhead`` (added, not a floor) is the profile's framework seconds per operator: the forward's once for a node
-  with work, the backward's per backward kernel (:func:`backward_kernels`), the forward's again when recomputed.
+  with work, the backward's per backward kernel (:func:`backward_kernels`, a slice's backward and each gradient
+  sum), the forward's again when recomputed.
 * **A rank's share** of a node under a plan is the ledger's (:func:`flopcount.parallel.ranks.node_shares`): its
   FLOPs, its bytes scaled by the same fraction, its effective size from its own FLOPs.
 * **Collectives**: each of the ledger's collectives per step is sent as messages of a known size:
@@ -106,7 +110,10 @@ class NodeWork:
     probs·V), conv, dropout (a training Dropout), elementwise or reduction; ``matrices`` the product's batch of
     matrices (1 for a plain product); ``backward_kernels`` the kernels its backward runs
     (:func:`backward_kernels`); ``whole_bytes`` the part of ``bytes`` a split of the sequence over context-parallel
-    ranks leaves whole on each (its parameters, and the K and V an attention reads: they are gathered)."""
+    ranks leaves whole on each (its parameters, and the K and V an attention reads: they are gathered);
+    ``moved_bytes`` the bytes a backward without FLOPs moves (a slice's gradient written whole: zeros, then the
+    slice's part); ``sums`` the gradient additions of its outputs in the backward (one fewer than the nodes that
+    read an output needing a gradient), each of ``sum_bytes`` (two reads and a write of the output)."""
 
     kind: str
     flops: float
@@ -116,6 +123,9 @@ class NodeWork:
     matrices: float = 1.0
     backward_kernels: float = 1.0
     whole_bytes: float = 0.0
+    moved_bytes: float = 0.0
+    sums: float = 0.0
+    sum_bytes: float = 0.0
 
 
 def backward_kernels(forward_macs: float, backward_macs: float, backward_flops: float) -> float:
@@ -243,6 +253,14 @@ def node_seconds(w: NodeWork, profile: MachineProfile, which: str = "median") ->
                        f"-{profile.compute[kind][-1].size:.4g})")
         return r
 
+    def moved(nbytes: float, mem: str = "elementwise", new: bool = True) -> float:
+        if nbytes <= 0:
+            return 0.0
+        t = nbytes / rate(mem, nbytes)
+        if new and fresh is not None and nbytes >= fresh:
+            t = max(t, nbytes / rate("elementwise_fresh", nbytes))  # its output is new memory
+        return t
+
     def one(flops: float, nbytes: float, backward: bool = False) -> float:
         if flops <= 0 and nbytes <= 0:
             return 0.0
@@ -255,17 +273,14 @@ def node_seconds(w: NodeWork, profile: MachineProfile, which: str = "median") ->
             size = nbytes if kind == "conv" else (flops / 2 / products / w.matrices) ** (1 / 3)
             t = flops / rate(kind, size)
         mem = "reduction" if w.kind == "reduction" and "reduction" in profile.compute else "elementwise"
-        if nbytes > 0:
-            t = max(t, nbytes / rate(mem, nbytes))
-        if nbytes > 0 and w.kind in ("elementwise", "reduction") and fresh is not None and nbytes >= fresh:
-            t = max(t, nbytes / rate("elementwise_fresh", nbytes))  # its output is new memory
-        return t
+        return max(t, moved(nbytes, mem, w.kind in ("elementwise", "reduction")))
 
     fresh = fresh_from(profile)
 
     fwd = one(w.flops, w.bytes)
     ov_f, ov_b = node_overhead(w, profile, which)
     bwd_s = one(w.backward_flops, 2 * w.bytes, True) if w.backward_flops else 0.0
+    bwd_s += moved(w.moved_bytes) + w.sums * moved(w.sum_bytes)  # data movement without FLOPs, gradient sums
     if w.recompute_flops and w.flops:
         bwd_s += fwd * w.recompute_flops / w.flops
     return fwd + ov_f, bwd_s + ov_b, out
@@ -281,10 +296,12 @@ def _product_kind(kind: str, backward: bool, profile: MachineProfile) -> str:
 
 def node_overhead(w: NodeWork, profile: MachineProfile, which: str = "median") -> tuple[float, float]:
     """(forward, backward with recompute) framework seconds of a node: the profile's forward overhead once for a
-    node with work, its backward overhead per backward kernel, and the forward's again when it is recomputed."""
+    node with work, its backward overhead per backward kernel (a backward without FLOPs that moves bytes has its
+    kernels too) and per gradient sum, and the forward's again when it is recomputed."""
     ov = profile.overhead
     fwd = getattr(ov["forward"], which) if w.flops or w.bytes else 0.0
-    bwd = getattr(ov["backward"], which) * w.backward_kernels if w.backward_flops else 0.0
+    bwd = getattr(ov["backward"], which) * (w.backward_kernels if w.backward_flops or w.moved_bytes else 0.0)
+    bwd += getattr(ov["backward"], which) * w.sums
     return fwd, bwd + (fwd if w.recompute_flops and w.flops else 0.0)
 
 

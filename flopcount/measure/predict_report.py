@@ -124,16 +124,94 @@ def _gathered(report: Any) -> _Gathered:
 
 
 def node_works(report: Any) -> tuple[tuple[Any, NodeWork], ...]:
-    """Each node of ``report`` with work on one rank (FLOPs, or backward FLOPs in training) beside its
-    :class:`~flopcount.measure.predict.NodeWork`, in the report's order: what a one-rank prediction times."""
+    """Each node of ``report`` with work on one rank beside its :class:`~flopcount.measure.predict.NodeWork`, in the
+    report's order: what a one-rank prediction times. Work: FLOPs, or backward FLOPs in training; data a node
+    without FLOPs moves (:func:`_moved`); in training, the gradient sums of its outputs (:func:`_gradient_sums`)."""
     train = report.mode == "train"
     gathered = _gathered(report)
+    need, sums = _gradient_sums(report) if train else (frozenset(), lambda _p: None)
     out = []
     for n in report.nodes:
         bwd = n.backward.flops if train else 0
         if n.cost.flops or bwd:
-            out.append((n, _node_work(_node_facts(n, report.modules.parameters, gathered), n.cost.flops, bwd, 0)))
+            w = _node_work(_node_facts(n, report.modules.parameters, gathered), n.cost.flops, bwd, 0)
+        else:
+            w = _moved(n, need, gathered)
+        if (summed := sums(n.index)) is not None:
+            count, each = summed
+            w = replace(w or NodeWork("elementwise", 0.0, 0.0), sums=float(count), sum_bytes=each)
+        if w is not None:
+            out.append((n, w))
     return tuple(out)
+
+
+def _moved(node: Any, need: frozenset[str], gathered: _Gathered) -> NodeWork | None:
+    """The work of a node without FLOPs, None where it has none: a view (:data:`~flopcount.memory.ledger.VIEWS`:
+    reshapes, transposes, slices, expands), a read of a shape and a gather of experts' weights (``gathered``,
+    :func:`_node_facts`) move nothing forward; any other node of the standard domain with an input (a concatenation, a copy, a cast, a
+    gather of rows) writes its outputs and reads as many bytes (twice its outputs' bytes, timed as an elementwise
+    node's: a gather reads the rows it writes, not its whole table). In training (``need``: the tensors that need a gradient), a slice of a tensor that
+    needs one writes that tensor's gradient whole: zeros over its bytes, then the slice's gradient read and
+    written in (the input's bytes and twice the output's); the other views' and a concatenation's gradients are
+    views of their output's gradient."""
+    from flopcount.memory.ledger import VIEWS
+    from flopcount.reporting.report import node_bytes, tensor_bytes
+
+    if node.domain not in ("", "ai.onnx") or node.op_type in ("Shape", "Size") or not node.inputs \
+            or node.inputs[0] is None or not node.outputs or node.outputs[0] is None \
+            or node.outputs[0].name in gathered.tensors:
+        return None
+    if node.op_type not in VIEWS:
+        b = node_bytes(node)
+        return NodeWork("elementwise", 0.0, 2.0 * b.written) if b is not None and b.written else None
+    if node.op_type == "Slice" and node.inputs[0].name in need:
+        whole, part = tensor_bytes(node.inputs[0]), tensor_bytes(node.outputs[0])
+        if whole and part is not None:
+            return NodeWork("elementwise", 0.0, 0.0, backward_kernels=1, moved_bytes=float(whole + 2 * part))
+    return None
+
+
+def _gradient_sums(report: Any) -> tuple[frozenset[str], Callable[[int], tuple[int, float] | None]]:
+    """(the tensors that need a gradient: the model's parameters and every floating-point output of a node that
+    reads one; a node's position → (gradient additions, bytes of each) or None): a tensor that needs a gradient read by
+    k > 1 nodes whose outputs need one (an input read twice by a node counts twice) has its k gradients added in
+    the backward, k - 1 additions of two reads and a write of its bytes, counted at its producer (at its first
+    reader where no node makes it: a parameter). A repeated stack's copies of a layer
+    (:class:`~flopcount.reporting.tiled.Tiled`, its tensors under their original's names) have their original's."""
+    from flopcount.reporting.report import tensor_bytes
+    from flopcount.reporting.tiled import Tiled
+
+    nodes = report.nodes
+    tiled = isinstance(nodes, Tiled) and nodes.copies and nodes.block
+    need = set(report.modules.parameters)
+    readers: dict[str, list[int]] = {}
+    made: dict[str, int] = {}
+    infos: dict[str, Any] = {}
+    for n in (*nodes.head, *nodes.tail) if tiled else nodes:
+        ins = [t for t in n.inputs if t is not None and t.is_float and t.name in need]
+        outs = [t.name for t in n.outputs if t is not None and t.is_float]
+        if ins and outs:
+            need.update(outs)
+            for t in ins:
+                readers.setdefault(t.name, []).append(n.index)
+                infos[t.name] = t
+        made.update((t.name, n.index) for t in n.outputs if t is not None)
+    sums: dict[int, tuple[int, float]] = {}
+    for name, read in readers.items():
+        size = tensor_bytes(infos[name]) if len(read) > 1 else None
+        if size:
+            at, extra = made.get(name, read[0]), len(read) - 1
+            count, each = sums.get(at, (0, 0.0))
+            sums[at] = (count + extra, (each * count + 3.0 * size * extra) / (count + extra))
+    if not tiled:
+        return frozenset(need), sums.get
+    h, b, block, tail = len(nodes.head), len(nodes.block), nodes.block, nodes.tail
+    end = h + b * nodes.copies
+
+    def at(p: int) -> tuple[int, float] | None:  # a copy's position has its block node's, the tail's its own
+        return sums.get(p if p < h else block[(p - h) % b].index if p < end else tail[p - end].index)
+
+    return frozenset(need), at
 
 
 def _one_rank(report: Any) -> Work:

@@ -1,0 +1,110 @@
+"""Work without FLOPs priced against closed forms of the bytes a small hand-written graph moves: a concatenation
+writes its output and reads as many bytes, a slice is a view whose backward writes its input's gradient whole
+(zeros, then the slice's part), reshapes and transposes move nothing, and a tensor read by k nodes that need its
+gradient has k - 1 gradient additions of its bytes (two reads and a write) in the backward."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+from helpers import const, model, weight
+from onnx import helper
+
+from flopcount.measure.machine.calibration import Collective, MachineProfile, Point, Segment
+from flopcount.measure.predict import node_seconds, predict_work, work_of
+from flopcount.measure.predict_report import node_works
+
+OV_F, OV_B = 3e-6, 5e-6  # per operator, forward and backward
+W = 20e9  # elementwise bytes/s
+R = 50e9  # GEMM FLOP/s
+F32 = 4
+
+
+def _profile() -> MachineProfile:
+    seg = Segment(0, math.inf, {"median": 0.0, "best": 0.0}, {"median": 1e9, "best": 1e9})
+    flat = lambda v: (Point(1, v, v, v),)  # noqa: E731
+    return MachineProfile(True, "cpu", 1, {"gemm": flat(R), "elementwise": flat(W)},
+                          {"forward": Point(1, OV_F, OV_F, OV_F), "backward": Point(1, OV_B, OV_B, OV_B)},
+                          {"all_reduce": Collective(0, (), (seg,))}, R)
+
+
+def _graph(mode: str):
+    """x[4, 8] (data) · W[8, 16] → h[4, 16]; h's halves a = h[:, :8], b = h[:, 8:] (two Slices) concatenated
+    swapped → c[4, 16]; z = c · h (Mul); its transpose and a reshape of it the outputs. h is read by the two
+    slices and the Mul: three readers that need its gradient."""
+    import flopcount
+
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]),
+             helper.make_node("Slice", ["h", "s0", "s8", "ax"], ["a"]),
+             helper.make_node("Slice", ["h", "s8", "s16", "ax"], ["b"]),
+             helper.make_node("Concat", ["b", "a"], ["c"], axis=1),
+             helper.make_node("Mul", ["c", "h"], ["z"]),
+             helper.make_node("Transpose", ["z"], ["t"], perm=[1, 0]),
+             helper.make_node("Reshape", ["t", "flat"], ["r"])]
+    inits = [weight("W", (8, 16)), const("s0", [0]), const("s8", [8]), const("s16", [16]), const("ax", [1]),
+             const("flat", [64])]
+    m = model(nodes, {"x": (4, 8)}, ["r"], inits)
+    return flopcount.count(m, mode=mode, optimizer="adamw" if mode == "train" else None)
+
+
+H = 4 * 16 * F32  # bytes of h, c and z
+HALF = 4 * 8 * F32  # bytes of a slice
+
+
+def test_the_moved_bytes_of_each_node_in_training():
+    works = {n.op_type + (n.outputs[0].name if n.op_type == "Slice" else ""): w
+             for n, w in node_works(_graph("train"))}
+    assert set(works) == {"MatMul", "Slicea", "Sliceb", "Concat", "Mul"}  # no transpose or reshape
+    assert works["Concat"].bytes == 2 * H and not works["Concat"].moved_bytes  # its gradients: views of dc
+    for s in ("Slicea", "Sliceb"):  # a view forward; backward zeros of h, then the half read and written
+        assert works[s].bytes == 0 and works[s].moved_bytes == H + 2 * HALF
+    assert works["MatMul"].sums == 2 and works["MatMul"].sum_bytes == 3 * H  # h's three readers
+    assert works["Mul"].sums == 0  # z read once
+
+
+def test_the_moved_seconds_of_a_training_step():
+    p = _profile()
+    works = dict((n.op_type + n.outputs[0].name, w) for n, w in node_works(_graph("train")))
+    f, b, _ = node_seconds(works["Concatc"], p)
+    assert math.isclose(f, 2 * H / W + OV_F) and b == 0
+    f, b, _ = node_seconds(works["Slicea"], p)
+    assert f == 0 and math.isclose(b, (H + 2 * HALF) / W + OV_B)
+    f0, b0, _ = node_seconds(replace(works["MatMulh"], sums=0.0), p)
+    f, b, _ = node_seconds(works["MatMulh"], p)
+    assert f == f0 and math.isclose(b - b0, 2 * (3 * H / W + OV_B))
+
+
+def test_inference_has_no_gradient_work():
+    works = {n.op_type: w for n, w in node_works(_graph("inference"))}
+    assert set(works) == {"MatMul", "Concat", "Mul"}  # slices are views, no backward
+    assert works["Concat"].bytes == 2 * H and works["MatMul"].sums == 0
+
+
+def test_the_step_holds_the_moved_work():
+    """The one-rank step less the same step without the work of nodes without FLOPs and the gradient sums."""
+    p = _profile()
+    work = work_of(_graph("train"))
+    rank = work.ranks[0]
+    bare = tuple(replace(w, sums=0.0) for w in rank.chunks[0] if w.flops or w.backward_flops)
+    without = replace(work, ranks=(replace(rank, chunks={0: bare}),))
+    moved = 2 * H / W + OV_F + 2 * ((H + 2 * HALF) / W + OV_B) + 2 * (3 * H / W + OV_B)
+    step = predict_work(work, p).ranks[0]["step_seconds"]
+    assert math.isclose(step - predict_work(without, p).ranks[0]["step_seconds"], moved)
+
+
+@pytest.mark.slow
+def test_each_layer_of_a_repeated_stack_has_the_same_sums_and_moved_bytes():
+    """A Llama of 2, 3 and 4 layers (3 and 4 copies of the exported second layer, their tensors under its names):
+    each layer added adds the same gradient sums and the same bytes moved without FLOPs."""
+    pytest.importorskip("transformers")
+    from helpers import tiny_llama
+
+    found = []
+    for layers in (2, 3, 4):
+        works = [w for _, w in node_works(tiny_llama(64, layers, 4, 2, 128, 256, (2, 16), optimizer="adamw"))]
+        found.append((sum(w.sums for w in works), sum(w.sums * w.sum_bytes for w in works),
+                      sum(w.moved_bytes for w in works), sum(w.bytes for w in works if not w.flops)))
+    step = [b - a for a, b in zip(found[1], found[2])]
+    assert all(s > 0 for s in step) and step == [b - a for a, b in zip(found[0], found[1])]
