@@ -190,6 +190,14 @@ def make_folder(root, classes=("cat", "dog", "fox"), per_class=6, size=(20, 24))
     return root
 
 
+def fresh_nodes(nodes):
+    """A new node list of ``nodes`` (nothing memoized for the old one is read): a repeated stack's kept a Tiled, as
+    its copies' tensors carry their original's names."""
+    from flopcount.reporting.tiled import Tiled
+
+    return nodes.listed() if isinstance(nodes, Tiled) else tuple(list(nodes))
+
+
 def llama_config(folder, hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab: int) -> str:
     """A folder holding the ``config.json`` of a Hugging Face Llama of these sizes (for ``--hf FOLDER``), its path."""
     import transformers

@@ -66,6 +66,7 @@ def reports(args: argparse.Namespace):
     from types import MappingProxyType
 
     from flopcount.measure.plan_search import check_report
+    from flopcount.reporting.tiled import Tiled
 
     from .arguments import count_source
 
@@ -79,7 +80,8 @@ def reports(args: argparse.Namespace):
             check_report(report)
             modules = dataclasses.replace(report.modules, nodes=tuple(report.modules.nodes),
                                           params=MappingProxyType(dict(report.modules.params)))
-            nodes = tuple(report.nodes)
+            # a repeated stack's nodes made once and kept a Tiled: its copies' tensors carry their original's names
+            nodes = report.nodes.listed() if isinstance(report.nodes, Tiled) else tuple(report.nodes)
             # the policies' counts differ in their memory ledgers alone: the same node and scope lists (compared,
             # then shared) let every ledger's memo of a list serve each policy's plans
             same = next((r for (z, _), r in counted.items() if z == size and r.nodes == nodes

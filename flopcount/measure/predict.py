@@ -19,7 +19,8 @@ The rules (docs/predict.md states them for users):
   profile's ``elementwise_fresh`` rate where that is slower. A node without FLOPs that copies (not a view: a
   concatenation, a cast) moves twice its outputs' bytes; a slice's backward writes its input's gradient whole; a
   tensor read by k > 1 nodes that need its gradient has k - 1 gradient sums of three times its bytes in the
-  backward; all at the elementwise rate (:func:`flopcount.measure.predict_report.node_works`, one rank).
+  backward; all at the elementwise rate (:func:`flopcount.measure.predict_report.extra_works`; on a plan's rank at
+  the rank's share of the node's outputs, :meth:`flopcount.parallel.layout.Layout.activation_divisor`).
   ``overhead`` (added, not a floor) is the profile's framework seconds per operator: the forward's once for a node
   with work, the backward's per backward kernel (:func:`backward_kernels`, a slice's backward and each gradient
   sum), the forward's again when recomputed.

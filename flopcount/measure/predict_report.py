@@ -126,23 +126,67 @@ def _gathered(report: Any) -> _Gathered:
 def node_works(report: Any) -> tuple[tuple[Any, NodeWork], ...]:
     """Each node of ``report`` with work on one rank beside its :class:`~flopcount.measure.predict.NodeWork`, in the
     report's order: what a one-rank prediction times. Work: FLOPs, or backward FLOPs in training; data a node
-    without FLOPs moves (:func:`_moved`); in training, the gradient sums of its outputs (:func:`_gradient_sums`)."""
+    without FLOPs moves and the gradient sums of its outputs (:func:`extra_works`)."""
     train = report.mode == "train"
     gathered = _gathered(report)
-    need, sums = _gradient_sums(report) if train else (frozenset(), lambda _p: None)
+    extra, original = extra_works(report)
     out = []
     for n in report.nodes:
         bwd = n.backward.flops if train else 0
+        more = extra.get(original(n.index))
         if n.cost.flops or bwd:
             w = _node_work(_node_facts(n, report.modules.parameters, gathered), n.cost.flops, bwd, 0)
+            w = replace(w, sums=more.sums, sum_bytes=more.sum_bytes) if more is not None else w
         else:
-            w = _moved(n, need, gathered)
-        if (summed := sums(n.index)) is not None:
-            count, each = summed
-            w = replace(w or NodeWork("elementwise", 0.0, 0.0), sums=float(count), sum_bytes=each)
+            w = more
         if w is not None:
             out.append((n, w))
     return tuple(out)
+
+
+#: The last report's nodes (by identity, with their parameters and mode) and their :func:`extra_works`.
+_last_extra: list[tuple] = []
+
+
+def extra_works(report: Any) -> tuple[Mapping[int, NodeWork], Callable[[int], int]]:
+    """(each node's work beyond its FLOPs, by its index in the exported graph; a node's position → that index): the
+    data a node without FLOPs moves (:func:`_moved`) and, in training, the gradient sums of its outputs
+    (:func:`_gradient_sums`), one work without FLOPs; a copy of a repeated stack's layer
+    (:class:`~flopcount.reporting.tiled.Tiled`) has its original's. Found once per node list."""
+    key = (report.nodes, report.modules.parameters, report.mode)
+    if _last_extra and all(a is b for a, b in zip(_last_extra[0][0], key)):
+        return _last_extra[0][1]
+    train = report.mode == "train"
+    gathered = _gathered(report)
+    need, sums = _gradient_sums(report) if train else (frozenset(), {})
+    nodes, original = report.nodes, _original_index(report.nodes)
+    extra = {}
+    for n in (*nodes.head, *nodes.tail) if _tiled(nodes) else nodes:
+        w = None if n.cost.flops or (train and n.backward.flops) else _moved(n, need, gathered)
+        if n.index in sums:
+            count, each = sums[n.index]
+            w = replace(w or NodeWork("elementwise", 0.0, 0.0), sums=float(count), sum_bytes=each)
+        if w is not None:
+            extra[n.index] = w
+    _last_extra[:] = [(key, (extra, original))]
+    return extra, original
+
+
+def _tiled(nodes: Any) -> bool:
+    from flopcount.reporting.tiled import Tiled
+
+    return bool(isinstance(nodes, Tiled) and nodes.copies and nodes.block)
+
+
+def _original_index(nodes: Any) -> Callable[[int], int]:
+    """A node's position in ``nodes`` → its index in the exported graph: a copy of a repeated stack's layer
+    (:class:`~flopcount.reporting.tiled.Tiled`, its tensors under its original's names) its block node's, the
+    tail's its own."""
+    if not _tiled(nodes):
+        return lambda p: p
+    h, b, block, tail = len(nodes.head), len(nodes.block), nodes.block, nodes.tail
+    end = h + b * nodes.copies
+    return lambda p: p if p < h else block[(p - h) % b].index if p < end else tail[p - end].index
 
 
 def _moved(node: Any, need: frozenset[str], gathered: _Gathered) -> NodeWork | None:
@@ -171,23 +215,20 @@ def _moved(node: Any, need: frozenset[str], gathered: _Gathered) -> NodeWork | N
     return None
 
 
-def _gradient_sums(report: Any) -> tuple[frozenset[str], Callable[[int], tuple[int, float] | None]]:
+def _gradient_sums(report: Any) -> tuple[frozenset[str], dict[int, tuple[int, float]]]:
     """(the tensors that need a gradient: the model's parameters and every floating-point output of a node that
-    reads one; a node's position → (gradient additions, bytes of each) or None): a tensor that needs a gradient read by
-    k > 1 nodes whose outputs need one (an input read twice by a node counts twice) has its k gradients added in
-    the backward, k - 1 additions of two reads and a write of its bytes, counted at its producer (at its first
-    reader where no node makes it: a parameter). A repeated stack's copies of a layer
-    (:class:`~flopcount.reporting.tiled.Tiled`, its tensors under their original's names) have their original's."""
+    reads one; a node's index in the exported graph → (gradient additions, bytes of each)): a tensor that needs a
+    gradient read by k > 1 nodes whose outputs need one (an input read twice by a node counts twice) has its k
+    gradients added in the backward, k - 1 additions of two reads and a write of its bytes, counted at its producer
+    (at its first reader where no node makes it: a parameter)."""
     from flopcount.reporting.report import tensor_bytes
-    from flopcount.reporting.tiled import Tiled
 
     nodes = report.nodes
-    tiled = isinstance(nodes, Tiled) and nodes.copies and nodes.block
     need = set(report.modules.parameters)
     readers: dict[str, list[int]] = {}
     made: dict[str, int] = {}
     infos: dict[str, Any] = {}
-    for n in (*nodes.head, *nodes.tail) if tiled else nodes:
+    for n in (*nodes.head, *nodes.tail) if _tiled(nodes) else nodes:
         ins = [t for t in n.inputs if t is not None and t.is_float and t.name in need]
         outs = [t.name for t in n.outputs if t is not None and t.is_float]
         if ins and outs:
@@ -203,15 +244,7 @@ def _gradient_sums(report: Any) -> tuple[frozenset[str], Callable[[int], tuple[i
             at, extra = made.get(name, read[0]), len(read) - 1
             count, each = sums.get(at, (0, 0.0))
             sums[at] = (count + extra, (each * count + 3.0 * size * extra) / (count + extra))
-    if not tiled:
-        return frozenset(need), sums.get
-    h, b, block, tail = len(nodes.head), len(nodes.block), nodes.block, nodes.tail
-    end = h + b * nodes.copies
-
-    def at(p: int) -> tuple[int, float] | None:  # a copy's position has its block node's, the tail's its own
-        return sums.get(p if p < h else block[(p - h) % b].index if p < end else tail[p - end].index)
-
-    return frozenset(need), at
+    return frozenset(need), sums
 
 
 def _one_rank(report: Any) -> Work:
@@ -533,6 +566,50 @@ def _places(nodes: Any, shares: Any, params: frozenset[str], gathered: Any,
     return by_place
 
 
+#: The last places (by identity, with their layout) and those places with each node's work beyond its FLOPs.
+_last_extra_places: list[tuple] = []
+
+
+def _with_extra(by_place: Mapping[tuple[int, int], Mapping[int, tuple]], report: Any, layout: Any
+                ) -> Mapping[tuple[int, int], Mapping[int, tuple]]:
+    """Each place's chunks (:func:`_places`) with the work beyond FLOPs of the nodes each chunk runs
+    (:func:`extra_works`: data moved without FLOPs, gradient sums) after its shares, on every TP rank of the stage
+    at the rank's share of the node's outputs (:meth:`~flopcount.parallel.layout.Layout.activation_divisor`: 1/T
+    for a node split over TP, whole for one replicated, 1/T under sp for a node on the sequence); a routed
+    expert's at its balanced load. The same tuple for the ranks whose chunk is the same."""
+    if _last_extra_places and _last_extra_places[0][0] is by_place and _last_extra_places[0][1] is layout:
+        return _last_extra_places[1]
+    extra, original = extra_works(report)
+    added: dict[int, list[NodeWork]] = {}
+    divided: dict[tuple[int, int], NodeWork] = {}
+    for p in (range(len(report.nodes)) if extra else ()):
+        w = extra.get(original(p))
+        if w is None:
+            continue
+        div = layout.activation_divisor(p)
+        share = divided.get((original(p), div))
+        if share is None:
+            share = divided[(original(p), div)] = _divided(w, div)
+        for c in layout.chunks[p]:
+            added.setdefault(c, []).append(share)
+    made: dict[tuple[int, int], tuple] = {}
+    out: dict[tuple[int, int], dict[int, tuple]] = {}
+    for place, chunks in by_place.items():
+        for c, works in chunks.items():
+            key = (id(works), c)
+            if key not in made:
+                made[key] = (*works, *added.get(c, ()))
+            out.setdefault(place, {})[c] = made[key]
+    _last_extra_places[:] = [(by_place, layout), out]
+    return out
+
+
+def _divided(w: NodeWork, div: int) -> NodeWork:
+    """``w`` on one of ``div`` ranks that split its tensors."""
+    return w if div == 1 else replace(w, bytes=w.bytes / div, moved_bytes=w.moved_bytes / div,
+                                      sum_bytes=w.sum_bytes / div)
+
+
 #: The last shares (by identity) and, per (stage, TP rank) and chunk, the places of its experts' works in the
 #: chunk's tuple (:func:`_places`' order: the shares' own) with their layer.
 _last_experts: list[tuple] = []
@@ -613,7 +690,8 @@ def _scaled(w: NodeWork, f: float, split: int = 1) -> NodeWork:
     whole = w.whole_bytes / split
     return replace(w, flops=w.flops * f, bytes=(w.bytes - w.whole_bytes) * f + whole,
                    backward_flops=w.backward_flops * f, recompute_flops=w.recompute_flops * f,
-                   matrices=max(1.0, w.matrices / split), whole_bytes=whole)
+                   matrices=max(1.0, w.matrices / split), whole_bytes=whole, moved_bytes=w.moved_bytes * f,
+                   sum_bytes=w.sum_bytes * f)
 
 
 #: Chunks split over the sequence (:func:`_split_context`), by the identity of the place's chunk (held) and C; and
@@ -649,7 +727,8 @@ def _split_work(w: Any, cp: int) -> Any:
             _context_works.clear()
         hit = _context_works[(id(w), cp)] = (w, replace(
             w, flops=w.flops / cp, bytes=(w.bytes - w.whole_bytes) / cp + w.whole_bytes,
-            backward_flops=w.backward_flops / cp, recompute_flops=w.recompute_flops / cp))
+            backward_flops=w.backward_flops / cp, recompute_flops=w.recompute_flops / cp,
+            moved_bytes=w.moved_bytes / cp, sum_bytes=w.sum_bytes / cp))
     return hit[1]
 
 
@@ -661,6 +740,7 @@ def _ledger_work(report: Any) -> Work:
     plan = led.plan
     shares = node_shares(report, plan, led.recompute)
     by_place = _places(report.nodes, shares, report.modules.parameters, _gathered(report), report.model.inputs)
+    by_place = _with_extra(by_place, report, layout_of(report, plan))
     loaded = _loaded(report, shares, led)
     stepped = any(r.optimizer_flops is not None for r in led.ranks)  # each rank's optimizer step reads these
     stages = layout_of(report, plan).stage_params(report.modules.params) if stepped else {}

@@ -103,7 +103,7 @@ from typing import Any, Mapping, NamedTuple
 from ..context import TensorInfo
 from ..errors import UsageError
 from ..parallel.experts import dispatch_buffers
-from ..parallel.layout import ROLE_RULES, SEQUENCE_ROLES, fsdp_shard, in_flight, layout_of, rank_id
+from ..parallel.layout import fsdp_shard, in_flight, layout_of, rank_id
 from ..parallel.plan import ParallelPlan
 from ..reporting.report import tensor_bytes
 from .kv_ranks import kv_share
@@ -248,14 +248,7 @@ class _PlanWalk:
                    kv)
 
     def act_div(self, k: int) -> int:
-        plan, role = self.plan, self.roles[k]
-        if k in self.inner:
-            return plan.tp
-        if role in SEQUENCE_ROLES:
-            return plan.tp if plan.sp else 1
-        if role in ("kv", "kv_heads"):
-            return self.kv
-        return plan.tp if ROLE_RULES[role] == "split" else 1
+        return self.plan.tp if k in self.inner else self.layout.activation_divisor(k)
 
     def shard_div(self, k: int) -> int:
         """The ranks a weight whose first reader is node k is sharded over by ZeRO or FSDP: the D·C data- and

@@ -112,6 +112,7 @@ interleaved 1F1B min((P − p − 1)·2 + (v − 1)·P, M·v) chunk-forwards (Me
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -158,10 +159,7 @@ def fsdp_shard(shape: tuple | None, tp: int, n: int) -> int | None:
     """
     if shape is None or any(not isinstance(d, int) for d in shape):
         return None
-    whole = 1
-    for d in shape:
-        whole *= d
-    local = -(-whole // tp)
+    local = -(-math.prod(shape) // tp)
     if n == 1:
         return local
     rows = shape[0] if shape else 0
@@ -364,11 +362,9 @@ class Layout:
     @property
     def kv_rule(self) -> str:
         """How the K/V heads are laid out over TP, in words."""
-        if not self.dims.heads:
-            return "no attention heads to split"
-        if self.kv_group > 1:
+        if self.kv_group > 1 and self.dims.heads:
             return f"each TP rank holds one of the {self.dims.kv_heads} K/V heads, copied on {self.kv_group} ranks"
-        return "K/V heads split over TP"
+        return "K/V heads split over TP" if self.dims.heads else "no attention heads to split"
 
     def rule(self, k: int) -> str:
         """Node ``k``'s rule in the FLOPs ledger."""
@@ -383,6 +379,12 @@ class Layout:
         if role in ("kv", "kv_heads"):
             return min(t, self.dims.kv_heads or t)
         return t if role in PARAM_SPLIT else 1
+
+    def activation_divisor(self, k: int) -> int:
+        """The TP ranks node ``k``'s outputs are split over (see :mod:`flopcount.memory.ranks`' activations)."""
+        role, t = self.roles[k], self.plan.tp
+        return (t if self.plan.sp else 1) if role in SEQUENCE_ROLES else self.divisor(role) \
+            if role in ("kv", "kv_heads") else t if ROLE_RULES[role] == "split" else 1
 
     def param_divisor(self, k: int, j: int) -> int:
         """:meth:`divisor` of the stored tensor node ``k`` reads as its input ``j``: its role's, but whole for a
@@ -435,8 +437,7 @@ class Layout:
         return out
 
     def layered(self, module: str) -> bool:
-        """Whether ``module`` lies in one of the repeated layers (else it is the root's, under fsdp; all of a model
-        without such layers, a CNN, is)."""
+        """Whether ``module`` lies in one of the repeated layers (else the root's under fsdp, as all of a CNN is)."""
         return bool(self.dims.layers) and stack_layer(module, self.stacks) is not None
 
     def _module_stage(self, module: str) -> int:

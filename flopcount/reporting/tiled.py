@@ -28,18 +28,30 @@ class Tiled(Sequence):
     ``make(block[i], i, t)``; every item read at position ``p`` is passed through ``place(item, p)`` (which may
     return it unchanged)."""
 
-    __slots__ = ("head", "block", "copies", "tail", "_make", "_place")
+    __slots__ = ("head", "block", "copies", "tail", "_make", "_place", "_items")
 
     def __init__(self, head: Sequence, block: Sequence, copies: int, tail: Sequence,
                  make: Callable[[Any, int, int], Any], place: Callable[[Any, int], Any] | None = None):
         self.head, self.block, self.copies, self.tail = tuple(head), tuple(block), int(copies), tuple(tail)
         self._make = make
         self._place = place or (lambda item, _p: item)
+        self._items: tuple | None = None
+
+    def listed(self) -> "Tiled":
+        """The same sequence with every item made once, now (refused as :func:`check_listable` refuses): reading it again makes
+        no copy, as a tuple of its items would not, while it stays a :class:`Tiled` (what a reader of its
+        structure, the head, block and tail, reads)."""
+        check_listable(self, "plan", "nodes")
+        out = Tiled(self.head, self.block, self.copies, self.tail, self._make, self._place)
+        out._items = tuple(self)
+        return out
 
     def __len__(self) -> int:
         return len(self.head) + len(self.block) * self.copies + len(self.tail)
 
     def __getitem__(self, i):
+        if self._items is not None:
+            return self._items[i]
         if isinstance(i, slice):
             return tuple(self[j] for j in range(*i.indices(len(self))))
         n = len(self)
@@ -60,6 +72,9 @@ class Tiled(Sequence):
         return self._place(item, i)
 
     def __iter__(self) -> Iterator:
+        if self._items is not None:
+            yield from self._items
+            return
         p = 0
         for item in self.head:
             yield self._place(item, p)

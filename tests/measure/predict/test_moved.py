@@ -108,3 +108,63 @@ def test_each_layer_of_a_repeated_stack_has_the_same_sums_and_moved_bytes():
                       sum(w.moved_bytes for w in works), sum(w.bytes for w in works if not w.flops)))
     step = [b - a for a, b in zip(found[1], found[2])]
     assert all(s > 0 for s in step) and step == [b - a for a, b in zip(found[0], found[1])]
+
+
+def _extra(works) -> tuple[float, float, float]:
+    """(bytes copied forward by nodes without FLOPs, bytes moved in their backward, bytes of the gradient sums) of
+    ``works``."""
+    works = list(works)
+    return (sum(w.bytes for w in works if not w.flops and not w.backward_flops),
+            sum(w.moved_bytes for w in works), sum(w.sums * w.sum_bytes for w in works))
+
+
+def _planned(report, text: str, microbatches: int = 2):
+    import dataclasses
+
+    from flopcount.parallel.plan import parse_parallel
+    from flopcount.plans import parallel_ledger
+
+    return work_of(dataclasses.replace(report, parallel=parallel_ledger(report, parse_parallel(text, microbatches, "1f1b"))))
+
+
+@pytest.fixture(scope="module")
+def llama4():
+    pytest.importorskip("transformers")
+    from helpers import tiny_llama
+
+    return tiny_llama(64, 4, 4, 2, 128, 256, (2, 16), optimizer="adamw")
+
+
+def test_a_plan_of_one_rank_is_the_one_rank_prediction(llama4):
+    """dp=1 through the per-rank ledger predicts the step of the count on one rank: the same works without FLOPs."""
+    alone = predict_work(work_of(llama4), _profile()).ranks[0]["step_seconds"]
+    planned = _planned(llama4, "dp=1", 1)
+    assert predict_work(planned, _profile()).ranks[0]["step_seconds"] == pytest.approx(alone, rel=1e-12)
+
+
+def test_the_stages_hold_the_work_without_flops_once(llama4):
+    """Over pp=2 each stage holds its nodes' work without FLOPs: the two stages' backward moves and gradient sums
+    are the one rank's; their forward copies at least the one rank's (the rotary tables are made again on each
+    stage)."""
+    one = _extra(w for _, w in node_works(llama4))
+    stages = _planned(llama4, "pp=2").ranks
+    assert {r.stage for r in stages} == {0, 1}
+    each = [_extra(w for ws in r.chunks.values() for w in ws) for r in stages]
+    assert all(e[0] > 0 and e[1] > 0 and e[2] > 0 for e in each)
+    assert [a + b for a, b in zip(*each)][1:] == pytest.approx(list(one)[1:], rel=1e-12)
+    assert one[0] <= each[0][0] + each[1][0] < 2 * one[0]
+
+
+def test_tensor_parallel_ranks_share_the_work_without_flops(llama4):
+    """Over tp=2 a node split over TP moves half its bytes on each rank and a replicated one all of them: each rank
+    less than one rank's, the two together at least one rank's; with sp the sequence's nodes split too (less)."""
+    one = _extra(w for _, w in node_works(llama4))
+    for text in ("tp=2", "tp=2,sp"):
+        ranks = _planned(llama4, text).ranks
+        each = [_extra(w for ws in r.chunks.values() for w in ws) for r in ranks]
+        assert len(each) == 2 and each[0] == each[1]
+        assert all(0 < e < o for e, o in zip(each[0], one)) and all(2 * e >= o for e, o in zip(each[0], one))
+        if text == "tp=2":
+            plain = each[0]
+    # under sp the norms' and residuals' backward moves and sums split too
+    assert each[0][0] <= plain[0] and each[0][1] < plain[1] and each[0][2] < plain[2]

@@ -11,7 +11,7 @@ import pytest
 from flopcount.cli import main
 from flopcount.measure.plan_space import FEWER, SpaceSettings, choices
 
-from helpers import llama_config
+from helpers import fresh_nodes, llama_config
 
 _GiB = 2**30
 
@@ -225,7 +225,7 @@ def _alone_figures(report, c, profile):
     g = report.memory.graph  # its node list, tensors, saved records and gradients' flags new (no memo shared)
     graph = dataclasses.replace(g, nodes=list(g.nodes), tensors=dict(g.tensors), saved=dict(g.saved),
                                 grads=dict(g.grads))
-    fresh = dataclasses.replace(report, nodes=tuple(list(report.nodes)), modules=modules, memory=dataclasses.replace(
+    fresh = dataclasses.replace(report, nodes=fresh_nodes(report.nodes), modules=modules, memory=dataclasses.replace(
         report.memory, graph=graph))
     try:
         peak = max(r.peak_bytes for r in per_rank(fresh, c.plan).ranks)

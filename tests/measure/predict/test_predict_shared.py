@@ -12,7 +12,7 @@ import dataclasses
 
 import pytest
 
-from helpers import tiny_llama
+from helpers import fresh_nodes, tiny_llama
 
 # (plan, microbatches, schedule, recompute): the plans of the same shares one after another, as a search asks them
 # (other sharding, M and schedule on the same shares), then other shares
@@ -27,7 +27,7 @@ def _alone(report):
     """A copy of ``report`` whose node and scope lists and parameter tables are new objects."""
     modules = dataclasses.replace(report.modules, nodes=tuple(list(report.modules.nodes)),
                                   params=dict(report.modules.params), parameters=frozenset(report.modules.parameters))
-    return dataclasses.replace(report, nodes=tuple(list(report.nodes)), modules=modules)
+    return dataclasses.replace(report, nodes=fresh_nodes(report.nodes), modules=modules)
 
 
 def _predicted(report, text, m, schedule, recompute, profile):
