@@ -26,6 +26,30 @@ CASES = [
 
 
 @pytest.mark.parametrize("head, block, copies, tail", CASES)
+def test_a_listed_copy_reads_the_same_and_makes_no_copy_again(head, block, copies, tail):
+    made = []
+
+    def counted(item: str, j: int, t: int) -> str:
+        made.append(item)
+        return make(item, j, t)
+
+    full = written_out(head, block, copies, tail)
+    listed = Tiled(head, block, copies, tail, counted).listed()
+    assert len(made) == len(block) * copies  # each copy made once, now
+    assert isinstance(listed, Tiled) and (listed.head, listed.block, listed.copies) == (head, block, copies)
+    assert list(listed) == full and [listed[i] for i in range(-len(full), len(full))] == full + full
+    assert listed[1:-1] == tuple(full[1:-1]) and len(listed) == len(full)
+    assert len(made) == len(block) * copies  # read again: nothing made
+    with pytest.raises(IndexError):
+        listed[len(full)]
+
+
+def test_a_stack_too_long_to_list_is_not_listed():
+    with pytest.raises(UsageError, match="above the limit"):
+        Tiled(("a",), ("x",), MAX_LISTED_NODES, (), make).listed()
+
+
+@pytest.mark.parametrize("head, block, copies, tail", CASES)
 def test_reads_as_the_list_written_out(head, block, copies, tail):
     tiled, full = Tiled(head, block, copies, tail, make), written_out(head, block, copies, tail)
     assert len(tiled) == len(full) == len(head) + len(block) * copies + len(tail)
