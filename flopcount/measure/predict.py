@@ -19,7 +19,8 @@ The rules (docs/predict.md states them for users):
   profile's ``elementwise_fresh`` rate where that is slower. A node without FLOPs that copies (not a view: a
   concatenation, a cast) moves twice its outputs' bytes; a slice's backward writes its input's gradient whole; a
   tensor read by k > 1 nodes that need its gradient has k - 1 gradient sums of three times its bytes in the
-  backward; all at the elementwise rate (:func:`flopcount.measure.predict_report.extra_works`; on a plan's rank at
+  backward (:func:`flopcount.measure.predict_report.extra_works`): the copies at the profile's ``copy`` rate (a
+  strided copy; the elementwise rate where it has none), the sums at the elementwise rate (on a plan's rank at
   the rank's share of the node's outputs, :meth:`flopcount.parallel.layout.Layout.activation_divisor`).
   ``overhead`` (added, not a floor) is the profile's framework seconds per operator: the forward's once for a node
   with work, the backward's per backward kernel (:func:`backward_kernels`, a slice's backward and each gradient
@@ -258,7 +259,7 @@ def node_seconds(w: NodeWork, profile: MachineProfile, which: str = "median") ->
         if nbytes <= 0:
             return 0.0
         t = nbytes / rate(mem, nbytes)
-        if new and fresh is not None and nbytes >= fresh:
+        if new and mem != "copy" and fresh is not None and nbytes >= fresh:
             t = max(t, nbytes / rate("elementwise_fresh", nbytes))  # its output is new memory
         return t
 
@@ -274,14 +275,17 @@ def node_seconds(w: NodeWork, profile: MachineProfile, which: str = "median") ->
             size = nbytes if kind == "conv" else (flops / 2 / products / w.matrices) ** (1 / 3)
             t = flops / rate(kind, size)
         mem = "reduction" if w.kind == "reduction" and "reduction" in profile.compute else "elementwise"
+        if flops <= 0 and w.kind == "elementwise":
+            mem = copy  # a node without FLOPs that copies
         return max(t, moved(nbytes, mem, w.kind in ("elementwise", "reduction")))
 
     fresh = fresh_from(profile)
+    copy = "copy" if "copy" in profile.compute else "elementwise"
 
     fwd = one(w.flops, w.bytes)
     ov_f, ov_b = node_overhead(w, profile, which)
     bwd_s = one(w.backward_flops, 2 * w.bytes, True) if w.backward_flops else 0.0
-    bwd_s += moved(w.moved_bytes) + w.sums * moved(w.sum_bytes)  # data movement without FLOPs, gradient sums
+    bwd_s += moved(w.moved_bytes, copy) + w.sums * moved(w.sum_bytes)  # data movement without FLOPs, gradient sums
     if w.recompute_flops and w.flops:
         bwd_s += fwd * w.recompute_flops / w.flops
     return fwd + ov_f, bwd_s + ov_b, out
@@ -585,6 +589,11 @@ def _missing_calibrations(work: Work, profile: MachineProfile) -> list[str]:
         out.append("the profile has no timing of elementwise work into fresh memory (taken before calibrate "
                    "measured it): every elementwise operator and reduction at the rate into a reused buffer, which "
                    "leaves out the first touch of a large new output's pages; calibrate again to include it")
+    if "copy" not in profile.compute and any(w.moved_bytes or not w.flops and not w.backward_flops and w.bytes
+                                              for r in work.ranks for nodes in r.chunks.values() for w in nodes):
+        out.append("the profile has no timing of a copy (taken before calibrate measured it): data moved by nodes "
+                   "without FLOPs (concatenations, casts, slices' backward) at the elementwise rate, faster than "
+                   "torch's strided copies; calibrate again to include it")
     if "attention" not in profile.compute and any(w.kind == "attention" for r in work.ranks
                                                    for nodes in r.chunks.values() for w in nodes):
         out.append("the profile has no timing of fused attention (taken before calibrate measured it): attention "

@@ -17,6 +17,10 @@ others work beside it (on a CPU the ranks share the cores). In each process:
   takes beyond what the process holds is new pages from the system (torch's CPU allocator keeps no cache, the C
   library maps a large block afresh and gives a freed heap top back), whose first touch costs more than moving
   the bytes; a reused buffer (``elementwise``) never pays it;
+* **copy** (``copy``): ``torch.cat`` of two float32 halves [r, 32] into [r, 64] (a rotary embedding's join), its
+  output new each call, at the elementwise sizes: bytes per second of twice the output's bytes (read and written):
+  what a node without FLOPs that copies (a concatenation, a cast, a slice's backward) runs at, a strided copy
+  slower than ``a + b`` moves its bytes;
 * **dropout**: torch's dropout (``F.dropout``, p = 0.1, training) of a float32 tensor of each elementwise size / 4
   elements, as elements per second (the count's FLOPs of a training Dropout: one per element): on a CPU it draws
   its random mask far slower than an elementwise operator moves its bytes;
@@ -176,6 +180,12 @@ def _compute(sizes: Sizes) -> dict:
         x = torch.ones(max(1, nbytes // 4))
         ts = repeat_times(lambda: torch.sum(x), "cpu", sizes.repeats, start, float("inf"))
         out["reduction"].append([4 * x.numel(), *_stats([4 * x.numel() / t for t in ts], True)])
+    out["copy"] = []
+    for nbytes in sizes.elementwise:  # two halves of rows of 64 elements joined: a rotary embedding's cat
+        rows = max(1, nbytes // 16 // 32)
+        a, b = torch.ones(rows, 32), torch.ones(rows, 32)
+        ts = repeat_times(lambda: torch.cat((a, b), dim=-1), "cpu", sizes.repeats, start, float("inf"))
+        out["copy"].append([16 * 32 * rows, *_stats([16 * 32 * rows / t for t in ts], True)])
     out["dropout"] = []
     for nbytes in sizes.elementwise:
         x = torch.randn(max(1, nbytes // 4))
@@ -532,7 +542,7 @@ def calibrate(ranks: int = 1, sizes: Sizes = DEFAULT_SIZES, timeout_s: float = 1
         raw = _spawned(ranks, sizes, timeout_s, threads)
     compute = {k: tuple(Point(*map(float, row)) for row in raw[k])
                for k in ("gemm", "gemm_in_cache", "elementwise", "reduction", "attention", "attention_backward",
-                         "dropout", "elementwise_fresh")}
+                         "dropout", "elementwise_fresh", "copy")}
     optimizers = {k: OptimizerCost(Point(*map(float, o["per_tensor_s"])),
                                    tuple(Point(*map(float, row)) for row in o["per_element_s"]), o["foreach"])
                   for k, o in raw["optimizers"].items()}

@@ -10,6 +10,8 @@ A profile holds:
 * ``compute.elementwise_fresh`` (absent in a profile taken before it was measured): ``a + b`` into a new output
   each call, bytes per second at the elementwise sizes; from :func:`fresh_from` on, an operator's output is fresh
   memory that costs more than the reused buffer ``elementwise`` times;
+* ``compute.copy`` (absent in a profile taken before it was measured): a strided copy's bytes per second
+  (``torch.cat``) at the elementwise sizes: data moved by nodes without FLOPs; without it, the elementwise rate;
 * ``overhead``: the framework's seconds per operator in the forward and in the backward (a tiny op timed);
 * ``optimizers`` (null in a profile taken before it was measured): per optimizer (``sgd``, ``momentum``, ``adam``,
   ``adamw``) the seconds its step costs per parameter tensor (``per_tensor_s``: a step over one-element tensors, a

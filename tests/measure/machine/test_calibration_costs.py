@@ -86,6 +86,12 @@ def test_quick_calibration_times_attention_and_optimizers():
     # elementwise work into fresh memory, timed at the elementwise sizes, as rates
     assert [pt.size for pt in p.compute["elementwise_fresh"]] == [pt.size for pt in p.compute["elementwise"]]
     assert all(0 < pt.slowest <= pt.median <= pt.best for pt in p.compute["elementwise_fresh"])
+    # a copy (torch.cat of two halves of rows of 64): twice its output's bytes over the seconds of the same call
+    rows = QUICK_SIZES.elementwise[-1] // 16 // 32
+    assert [pt.size for pt in p.compute["copy"]] == [b // 16 // 32 * 16 * 32 for b in QUICK_SIZES.elementwise]
+    a, b = torch.ones(rows, 32), torch.ones(rows, 32)
+    fastest = min(_seconds(lambda: torch.cat((a, b), dim=-1)) for _ in range(7))
+    assert 2 * (rows * 64 * 4) / fastest / 3 <= p.compute["copy"][-1].best <= 3 * 2 * (rows * 64 * 4) / fastest
     assert cal.profile_from_dict(json.loads(json.dumps(p.as_dict()))) == p
 
 

@@ -76,6 +76,24 @@ def test_the_moved_seconds_of_a_training_step():
     assert f == f0 and math.isclose(b - b0, 2 * (3 * H / W + OV_B))
 
 
+def test_copies_run_at_the_profiles_copy_rate():
+    """A profile with a copy rate C (a strided copy) times the concatenation and the slices' backward at it; the
+    gradient sums, additions, stay at the elementwise rate; a profile without it says so."""
+    c = 7e9
+    p = replace(_profile(), compute={**_profile().compute, "copy": (Point(1, c, c, c),)})
+    works = dict((n.op_type + n.outputs[0].name, w) for n, w in node_works(_graph("train")))
+    f, b, _ = node_seconds(works["Concatc"], p)
+    assert math.isclose(f, 2 * H / c + OV_F) and b == 0
+    f, b, _ = node_seconds(works["Slicea"], p)
+    assert f == 0 and math.isclose(b, (H + 2 * HALF) / c + OV_B)
+    f0, b0, _ = node_seconds(replace(works["MatMulh"], sums=0.0), p)
+    f, b, _ = node_seconds(works["MatMulh"], p)
+    assert math.isclose(b - b0, 2 * (3 * H / W + OV_B))
+    work = work_of(_graph("train"))
+    assert not any("no timing of a copy" in n for n in predict_work(work, p).notes)
+    assert any("no timing of a copy" in n for n in predict_work(work, _profile()).notes)
+
+
 def test_inference_has_no_gradient_work():
     works = {n.op_type: w for n, w in node_works(_graph("inference"))}
     assert set(works) == {"MatMul", "Concat", "Mul"}  # slices are views, no backward
