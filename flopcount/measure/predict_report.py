@@ -566,8 +566,10 @@ def _places(nodes: Any, shares: Any, params: frozenset[str], gathered: Any,
     return by_place
 
 
-#: The last places (by identity, with their layout) and those places with each node's work beyond its FLOPs.
-_last_extra_places: list[tuple] = []
+#: Each chunk's added works (:func:`_added`) by the node list (held), the mode, tp, sp, pp and chunks: all the
+#: layout's parts they read; and each chunk's tuple with them, by the identity of the place's tuple (held) and the added tuple.
+_added_by_plan: dict[tuple, tuple[Any, Mapping[int, tuple[NodeWork, ...]]]] = {}
+_extended: dict[tuple[int, int], tuple] = {}
 
 
 def _with_extra(by_place: Mapping[tuple[int, int], Mapping[int, tuple]], report: Any, layout: Any
@@ -576,9 +578,36 @@ def _with_extra(by_place: Mapping[tuple[int, int], Mapping[int, tuple]], report:
     (:func:`extra_works`: data moved without FLOPs, gradient sums) after its shares, on every TP rank of the stage
     at the rank's share of the node's outputs (:meth:`~flopcount.parallel.layout.Layout.activation_divisor`: 1/T
     for a node split over TP, whole for one replicated, 1/T under sp for a node on the sequence); a routed
-    expert's at its balanced load. The same tuple for the ranks whose chunk is the same."""
-    if _last_extra_places and _last_extra_places[0][0] is by_place and _last_extra_places[0][1] is layout:
-        return _last_extra_places[1]
+    expert's at its balanced load. The same tuple for the same chunk and plan's shares, which the predictor times
+    once (the plans of a search that differ in dp, cp, M or the sharding alone)."""
+    from flopcount.parallel.layout import chunks_of
+
+    plan = layout.plan
+    key = (id(report.nodes), report.mode, plan.tp, plan.sp, plan.pp, chunks_of(plan))
+    hit = _added_by_plan.get(key)
+    if hit is None or hit[0] is not report.nodes:
+        if len(_added_by_plan) > 256:
+            _added_by_plan.clear()
+        hit = _added_by_plan[key] = (report.nodes, _added(report, layout))
+    added = hit[1]
+    if not added:
+        return by_place
+    out: dict[tuple[int, int], dict[int, tuple]] = {}
+    for place, chunks in by_place.items():
+        mine = out[place] = {}
+        for c, works in chunks.items():
+            more = added.get(c, ())
+            found = _extended.get((id(works), id(more)))
+            if found is None or found[0] is not works or found[1] is not more:
+                if len(_extended) > 4096:
+                    _extended.clear()
+                found = _extended[(id(works), id(more))] = (works, more, (*works, *more))
+            mine[c] = found[2]
+    return out
+
+
+def _added(report: Any, layout: Any) -> Mapping[int, tuple[NodeWork, ...]]:
+    """Each chunk's works beyond FLOPs (:func:`_with_extra`), in the nodes' order."""
     extra, original = extra_works(report)
     added: dict[int, list[NodeWork]] = {}
     divided: dict[tuple[int, int], NodeWork] = {}
@@ -592,16 +621,7 @@ def _with_extra(by_place: Mapping[tuple[int, int], Mapping[int, tuple]], report:
             share = divided[(original(p), div)] = _divided(w, div)
         for c in layout.chunks[p]:
             added.setdefault(c, []).append(share)
-    made: dict[tuple[int, int], tuple] = {}
-    out: dict[tuple[int, int], dict[int, tuple]] = {}
-    for place, chunks in by_place.items():
-        for c, works in chunks.items():
-            key = (id(works), c)
-            if key not in made:
-                made[key] = (*works, *added.get(c, ()))
-            out.setdefault(place, {})[c] = made[key]
-    _last_extra_places[:] = [(by_place, layout), out]
-    return out
+    return {c: tuple(ws) for c, ws in added.items()}
 
 
 def _divided(w: NodeWork, div: int) -> NodeWork:
