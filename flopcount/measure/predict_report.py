@@ -191,8 +191,9 @@ def _original_index(nodes: Any) -> Callable[[int], int]:
 
 def _moved(node: Any, need: frozenset[str], gathered: _Gathered) -> NodeWork | None:
     """The work of a node without FLOPs, None where it has none: a view (:data:`~flopcount.memory.ledger.VIEWS`:
-    reshapes, transposes, slices, expands), a read of a shape and a gather of experts' weights (``gathered``,
-    :func:`_node_facts`) move nothing forward; any other node of the standard domain with an input (a concatenation, a copy, a cast, a
+    reshapes, transposes, slices, expands), a read of a shape, a node without a floating-point output (the
+    exporter's shape and index arithmetic, which the framework does in Python, a mask's comparisons) and a gather of
+    experts' weights (``gathered``, :func:`_node_facts`) move nothing forward; any other node of the standard domain with an input (a concatenation, a copy, a cast, a
     gather of rows) writes its outputs and reads as many bytes (twice its outputs' bytes, timed as an elementwise
     node's: a gather reads the rows it writes, not its whole table). In training (``need``: the tensors that need a gradient), a slice of a tensor that
     needs one writes that tensor's gradient whole: zeros over its bytes, then the slice's gradient read and
@@ -203,7 +204,7 @@ def _moved(node: Any, need: frozenset[str], gathered: _Gathered) -> NodeWork | N
 
     if node.domain not in ("", "ai.onnx") or node.op_type in ("Shape", "Size") or not node.inputs \
             or node.inputs[0] is None or not node.outputs or node.outputs[0] is None \
-            or node.outputs[0].name in gathered.tensors:
+            or node.outputs[0].name in gathered.tensors or not any(t is not None and t.is_float for t in node.outputs):
         return None
     if node.op_type not in VIEWS:
         b = node_bytes(node)

@@ -94,6 +94,20 @@ def test_copies_run_at_the_profiles_copy_rate():
     assert any("no timing of a copy" in n for n in predict_work(work, _profile()).notes)
 
 
+def test_shape_arithmetic_moves_nothing():
+    """A concatenation of int64 shape pieces (the exporter's arithmetic for a Reshape's target) is no copy of the
+    model's data: no work; the float concatenation beside it is."""
+    import flopcount
+
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]),
+             helper.make_node("Concat", ["d0", "d1"], ["shape"], axis=0),
+             helper.make_node("Reshape", ["h", "shape"], ["r"]),
+             helper.make_node("Concat", ["r", "r"], ["c"], axis=1)]
+    m = model(nodes, {"x": (4, 8)}, ["c"], [weight("W", (8, 16)), const("d0", [8]), const("d1", [8])])
+    works = {n.outputs[0].name: w for n, w in node_works(flopcount.count(m, mode="inference"))}
+    assert set(works) == {"h", "c"} and works["c"].bytes == 2 * 2 * H
+
+
 def test_inference_has_no_gradient_work():
     works = {n.op_type: w for n, w in node_works(_graph("inference"))}
     assert set(works) == {"MatMul", "Concat", "Mul"}  # slices are views, no backward
