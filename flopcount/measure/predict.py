@@ -14,6 +14,9 @@ The rules (docs/predict.md states them for users):
   matrices, or a fused attention operator) run at the profile's fused attention rates where calibrated. A
   training Dropout's forward runs its FLOPs (one per element) at the profile's dropout rate (elements per second
   of torch's dropout) where calibrated, or its bytes if slower; its backward (a multiply by the mask) by its bytes.
+  A softmax, log-softmax or softmax cross-entropy loss runs its FLOPs (forward, backward) at the profile's
+  ``softmax`` (``softmax_backward``) rate where calibrated (torch's softmax over rows of 512, as FLOP/s of the
+  count's FLOPs of that Softmax), or its bytes if slower.
   An elementwise node or reduction whose bytes (forward, or the backward's twice those) are at least
   :func:`~.machine.calibration.fresh_from` of the profile writes its output into new memory: its bytes run at the
   profile's ``elementwise_fresh`` rate where that is slower. A node without FLOPs that copies (not a view: a
@@ -269,6 +272,9 @@ def node_seconds(w: NodeWork, profile: MachineProfile, which: str = "median") ->
         t = 0.0
         if flops > 0 and w.kind == "dropout" and not backward and "dropout" in profile.compute:
             t = flops / rate("dropout", flops)  # its FLOPs: one per element (the mask drawn, the scale)
+        if flops > 0 and w.kind == "softmax" and "softmax" in profile.compute:
+            kind = "softmax_backward" if backward and "softmax_backward" in profile.compute else "softmax"
+            t = flops / rate(kind, flops)
         if flops > 0 and w.kind in ("gemm", "conv", "attention"):
             kind = _product_kind(w.kind, backward, profile)
             products = max(1.0, w.backward_kernels) if backward else 1.0  # each of the forward's MACs
@@ -277,7 +283,7 @@ def node_seconds(w: NodeWork, profile: MachineProfile, which: str = "median") ->
         mem = "reduction" if w.kind == "reduction" and "reduction" in profile.compute else "elementwise"
         if flops <= 0 and w.kind == "elementwise":
             mem = copy  # a node without FLOPs that copies
-        return max(t, moved(nbytes, mem, w.kind in ("elementwise", "reduction")))
+        return max(t, moved(nbytes, mem, w.kind in ("elementwise", "reduction", "softmax")))
 
     fresh = fresh_from(profile)
     copy = "copy" if "copy" in profile.compute else "elementwise"
@@ -589,6 +595,11 @@ def _missing_calibrations(work: Work, profile: MachineProfile) -> list[str]:
         out.append("the profile has no timing of elementwise work into fresh memory (taken before calibrate "
                    "measured it): every elementwise operator and reduction at the rate into a reused buffer, which "
                    "leaves out the first touch of a large new output's pages; calibrate again to include it")
+    if "softmax" not in profile.compute and any(w.kind == "softmax" for r in work.ranks
+                                                 for nodes in r.chunks.values() for w in nodes):
+        out.append("the profile has no timing of a softmax (taken before calibrate measured it): softmaxes and "
+                   "the loss's log-softmax at the elementwise rate of their bytes, faster than torch runs their "
+                   "exponentials and passes over each row; calibrate again to include it")
     if "copy" not in profile.compute and any(w.moved_bytes or not w.flops and not w.backward_flops and w.bytes
                                               for r in work.ranks for nodes in r.chunks.values() for w in nodes):
         out.append("the profile has no timing of a copy (taken before calibrate measured it): data moved by nodes "

@@ -21,6 +21,10 @@ others work beside it (on a CPU the ranks share the cores). In each process:
   output new each call, at the elementwise sizes: bytes per second of twice the output's bytes (read and written):
   what a node without FLOPs that copies (a concatenation, a cast, a slice's backward) runs at, a strided copy
   slower than ``a + b`` moves its bytes;
+* **softmax** (``softmax``, ``softmax_backward``): ``torch.softmax`` over rows of 512 float32 at the elementwise
+  sizes (a new output each call) and its backward (``_softmax_backward_data``), as FLOP/s of the count's FLOPs of
+  an ONNX Softmax of that shape (forward, and backward with its input needing a gradient): its exponentials and
+  its passes over each row run far slower than a pass of ``a + b``;
 * **dropout**: torch's dropout (``F.dropout``, p = 0.1, training) of a float32 tensor of each elementwise size / 4
   elements, as elements per second (the count's FLOPs of a training Dropout: one per element): on a CPU it draws
   its random mask far slower than an elementwise operator moves its bytes;
@@ -186,6 +190,7 @@ def _compute(sizes: Sizes) -> dict:
         a, b = torch.ones(rows, 32), torch.ones(rows, 32)
         ts = repeat_times(lambda: torch.cat((a, b), dim=-1), "cpu", sizes.repeats, start, float("inf"))
         out["copy"].append([16 * 32 * rows, *_stats([16 * 32 * rows / t for t in ts], True)])
+    out["softmax"], out["softmax_backward"] = _softmax(sizes, start)
     out["dropout"] = []
     for nbytes in sizes.elementwise:
         x = torch.randn(max(1, nbytes // 4))
@@ -196,6 +201,46 @@ def _compute(sizes: Sizes) -> dict:
     out["attention"], out["attention_backward"] = _attention(sizes)
     out["optimizers"] = _optimizers(sizes.repeats, sizes.optimizer_elements, sizes.optimizer_held)
     return out
+
+
+def _softmax(sizes: Sizes, start: float) -> tuple[list, list]:
+    """[FLOPs, median, best, slowest] FLOP/s of torch's softmax over rows of 512 float32 (``torch.softmax``, a new
+    output each call) and of its backward (``_softmax_backward_data``), at the elementwise sizes (the input's
+    bytes), each of the FLOPs the count gives an ONNX Softmax of that shape whose input needs a gradient."""
+    import torch
+
+    from .ceilings import repeat_times
+
+    fwd, bwd = [], []
+    for nbytes in sizes.elementwise:
+        rows = max(1, nbytes // 4 // 512)
+        flops, back = _softmax_flops(rows, 512)
+        x, g = torch.randn(rows, 512), torch.randn(rows, 512)
+        y = torch.softmax(x, -1)
+        ts = repeat_times(lambda: torch.softmax(x, -1), "cpu", sizes.repeats, start, float("inf"))
+        fwd.append([flops, *_stats([flops / t for t in ts], True)])
+        ts = repeat_times(lambda: torch.ops.aten._softmax_backward_data(g, y, -1, torch.float32), "cpu",
+                          sizes.repeats, start, float("inf"))
+        bwd.append([back, *_stats([back / t for t in ts], True)])
+    return fwd, bwd
+
+
+def _softmax_flops(rows: int, n: int) -> tuple[int, int]:
+    """(forward, backward) FLOPs the count gives a Softmax over the last axis of [rows, n] whose input needs a
+    gradient (the input a product of a weight)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from flopcount import count
+
+    info = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "w"], ["h"]), helper.make_node("Softmax", ["h"], ["y"], axis=-1)], "softmax",
+        [info("x", TensorProto.FLOAT, [rows, n])], [info("y", TensorProto.FLOAT, [rows, n])],
+        [numpy_helper.from_array(np.ones((n,), np.float32), "w")])
+    report = count(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), mode="train")
+    node = next(n for n in report.nodes if n.op_type == "Softmax")
+    return node.cost.flops, node.backward.flops
 
 
 def _fresh_rates(a, b, repeats: int, held_bytes: int = 64 * 2**20, most: int = 512) -> list[float]:
@@ -542,7 +587,7 @@ def calibrate(ranks: int = 1, sizes: Sizes = DEFAULT_SIZES, timeout_s: float = 1
         raw = _spawned(ranks, sizes, timeout_s, threads)
     compute = {k: tuple(Point(*map(float, row)) for row in raw[k])
                for k in ("gemm", "gemm_in_cache", "elementwise", "reduction", "attention", "attention_backward",
-                         "dropout", "elementwise_fresh", "copy")}
+                         "dropout", "elementwise_fresh", "copy", "softmax", "softmax_backward")}
     optimizers = {k: OptimizerCost(Point(*map(float, o["per_tensor_s"])),
                                    tuple(Point(*map(float, row)) for row in o["per_element_s"]), o["foreach"])
                   for k, o in raw["optimizers"].items()}

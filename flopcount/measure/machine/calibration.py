@@ -12,6 +12,8 @@ A profile holds:
   memory that costs more than the reused buffer ``elementwise`` times;
 * ``compute.copy`` (absent in a profile taken before it was measured): a strided copy's bytes per second
   (``torch.cat``) at the elementwise sizes: data moved by nodes without FLOPs; without it, the elementwise rate;
+* ``compute.softmax``, ``compute.softmax_backward`` (absent in a profile taken before they were measured): FLOP/s
+  of torch's softmax and its backward at the elementwise sizes, the count's FLOPs of the Softmax timed;
 * ``overhead``: the framework's seconds per operator in the forward and in the backward (a tiny op timed);
 * ``optimizers`` (null in a profile taken before it was measured): per optimizer (``sgd``, ``momentum``, ``adam``,
   ``adamw``) the seconds its step costs per parameter tensor (``per_tensor_s``: a step over one-element tensors, a

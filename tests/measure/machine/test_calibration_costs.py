@@ -92,6 +92,15 @@ def test_quick_calibration_times_attention_and_optimizers():
     a, b = torch.ones(rows, 32), torch.ones(rows, 32)
     fastest = min(_seconds(lambda: torch.cat((a, b), dim=-1)) for _ in range(7))
     assert 2 * (rows * 64 * 4) / fastest / 3 <= p.compute["copy"][-1].best <= 3 * 2 * (rows * 64 * 4) / fastest
+    # torch's softmax over rows of 512 and its backward, as FLOP/s of R·(5n − 2) and R·(4n − 1) FLOPs
+    rows = [max(1, b // 4 // 512) for b in QUICK_SIZES.elementwise]
+    assert [pt.size for pt in p.compute["softmax"]] == [r * (5 * 512 - 2) for r in rows]
+    assert [pt.size for pt in p.compute["softmax_backward"]] == [r * (4 * 512 - 1) for r in rows]
+    x = torch.randn(rows[-1], 512)
+    fastest = min(_seconds(lambda: torch.softmax(x, -1)) for _ in range(7))
+    flops = rows[-1] * (5 * 512 - 2)
+    assert flops / fastest / 3 <= p.compute["softmax"][-1].best <= 3 * flops / fastest
+    assert all(0 < pt.slowest <= pt.median <= pt.best for pt in p.compute["softmax_backward"])
     assert cal.profile_from_dict(json.loads(json.dumps(p.as_dict()))) == p
 
 
