@@ -92,3 +92,12 @@ def test_no_module_over_800_lines():
     assert not over, f"over {MAX_FILE_LINES} lines: {over} (split the module by its jobs)"
     stale = [k for k in ALLOWED_FILES if files.get(k, 0) <= MAX_FILE_LINES]
     assert not stale, f"within the limit now: remove {stale} from ALLOWED_FILES"
+
+
+def test_test_files_have_unique_names():
+    """pytest imports each test file by its base name (no package ``__init__`` under tests/): two files of the same
+    name in different rooms stop the whole run at collection."""
+    import collections
+
+    names = collections.Counter(p.name for p in pathlib.Path(__file__).parents[1].rglob("test_*.py"))
+    assert not [n for n, k in names.items() if k > 1], "test files sharing a name (rename one)"
