@@ -194,14 +194,14 @@ def _original_index(nodes: Any) -> Callable[[int], int]:
 
 def _moved(node: Any, need: frozenset[str], gathered: _Gathered) -> NodeWork | None:
     """The work of a node without FLOPs, None where it has none: a view (:data:`~flopcount.memory.ledger.VIEWS`:
-    reshapes, transposes, slices, expands), a read of a shape, a node without a floating-point output (the
-    exporter's shape and index arithmetic, which the framework does in Python, a mask's comparisons) and a gather of
-    experts' weights (``gathered``, :func:`_node_facts`) move nothing forward; any other node of the standard domain with an input (a concatenation, a copy, a cast, a
-    gather of rows) writes its outputs and reads as many bytes (twice its outputs' bytes, timed as an elementwise
-    node's: a gather reads the rows it writes, not its whole table). In training (``need``: the tensors that need a gradient), a slice of a tensor that
-    needs one writes that tensor's gradient whole: zeros over its bytes, then the slice's gradient read and
-    written in (the input's bytes and twice the output's); the other views' and a concatenation's gradients are
-    views of their output's gradient."""
+    reshapes, transposes, slices, expands), a read of a shape, a node without a floating-point output (shape and
+    index arithmetic, done in Python by the framework; a mask's comparisons) and a gather of experts' weights
+    (``gathered``, :func:`_node_facts`) move nothing forward; any other node of the standard domain with an input (a
+    concatenation, a copy, a cast, a gather of rows) writes its outputs and reads as many bytes (twice its outputs'
+    bytes, timed as an elementwise node's: a gather reads the rows it writes, not its whole table). In training
+    (``need``: the tensors that need a gradient), a slice of a tensor that needs one writes that tensor's gradient
+    whole: zeros over its bytes, then the slice's gradient read and written in (the input's bytes and twice the
+    output's); the other views' and a concatenation's gradients are views of their output's gradient."""
     from flopcount.memory.ledger import VIEWS
     from flopcount.reporting.report import node_bytes, tensor_bytes
 
@@ -570,8 +570,8 @@ def _places(nodes: Any, shares: Any, params: frozenset[str], gathered: Any,
     return by_place
 
 
-#: Each chunk's added works (:func:`_added`) by the node list (held), the mode, tp, sp, pp and chunks: all the
-#: layout's parts they read; and each chunk's tuple with them, by the identity of the place's tuple (held) and the added tuple.
+#: Each chunk's added works (:func:`_added`) by the node list (held), mode, tp, sp, pp and chunks (the layout's parts
+#: they read); each chunk's tuple with them by the identities of the place's tuple (held) and the added one.
 _added_by_plan: dict[tuple, tuple[Any, Mapping[int, tuple[NodeWork, ...]]]] = {}
 _extended: dict[tuple[int, int], tuple] = {}
 

@@ -38,9 +38,9 @@ class Tiled(Sequence):
         self._items: tuple | None = None
 
     def listed(self) -> "Tiled":
-        """The same sequence with every item made once, now (refused as :func:`check_listable` refuses): reading it again makes
-        no copy, as a tuple of its items would not, while it stays a :class:`Tiled` (what a reader of its
-        structure, the head, block and tail, reads)."""
+        """The same sequence with every item made once, now (refused as :func:`check_listable` refuses): reading it
+        again makes no copy, as a tuple of its items would not, while it stays a :class:`Tiled` (what a reader of
+        its structure, the head, block and tail, reads)."""
         check_listable(self, "plan", "nodes")
         out = Tiled(self.head, self.block, self.copies, self.tail, self._make, self._place)
         out._items = tuple(self)

@@ -64,23 +64,13 @@ def test_the_moved_bytes_of_each_node_in_training():
     assert works["Mul"].sums == 0  # z read once
 
 
-def test_the_moved_seconds_of_a_training_step():
-    p = _profile()
-    works = dict((n.op_type + n.outputs[0].name, w) for n, w in node_works(_graph("train")))
-    f, b, _ = node_seconds(works["Concatc"], p)
-    assert math.isclose(f, 2 * H / W + OV_F) and b == 0
-    f, b, _ = node_seconds(works["Slicea"], p)
-    assert f == 0 and math.isclose(b, (H + 2 * HALF) / W + OV_B)
-    f0, b0, _ = node_seconds(replace(works["MatMulh"], sums=0.0), p)
-    f, b, _ = node_seconds(works["MatMulh"], p)
-    assert f == f0 and math.isclose(b - b0, 2 * (3 * H / W + OV_B))
-
-
-def test_copies_run_at_the_profiles_copy_rate():
-    """A profile with a copy rate C (a strided copy) times the concatenation and the slices' backward at it; the
-    gradient sums, additions, stay at the elementwise rate; a profile without it says so."""
-    c = 7e9
-    p = replace(_profile(), compute={**_profile().compute, "copy": (Point(1, c, c, c),)})
+@pytest.mark.parametrize("copy", [None, 7e9], ids=["elementwise-rate", "copy-rate"])
+def test_the_moved_seconds_of_a_training_step(copy):
+    """The concatenation and the slices' backward at the profile's copy rate C (a strided copy), at the elementwise
+    rate where it has none; the gradient sums, additions, at the elementwise rate either way."""
+    p = _profile() if copy is None else replace(_profile(), compute={**_profile().compute,
+                                                                      "copy": (Point(1, copy, copy, copy),)})
+    c = copy or W
     works = dict((n.op_type + n.outputs[0].name, w) for n, w in node_works(_graph("train")))
     f, b, _ = node_seconds(works["Concatc"], p)
     assert math.isclose(f, 2 * H / c + OV_F) and b == 0
@@ -88,7 +78,12 @@ def test_copies_run_at_the_profiles_copy_rate():
     assert f == 0 and math.isclose(b, (H + 2 * HALF) / c + OV_B)
     f0, b0, _ = node_seconds(replace(works["MatMulh"], sums=0.0), p)
     f, b, _ = node_seconds(works["MatMulh"], p)
-    assert math.isclose(b - b0, 2 * (3 * H / W + OV_B))
+    assert f == f0 and math.isclose(b - b0, 2 * (3 * H / W + OV_B))
+
+
+def test_a_profile_without_a_copy_rate_says_so():
+    c = 7e9
+    p = replace(_profile(), compute={**_profile().compute, "copy": (Point(1, c, c, c),)})
     work = work_of(_graph("train"))
     assert not any("no timing of a copy" in n for n in predict_work(work, p).notes)
     assert any("no timing of a copy" in n for n in predict_work(work, _profile()).notes)
@@ -156,7 +151,8 @@ def _planned(report, text: str, microbatches: int = 2):
     from flopcount.parallel.plan import parse_parallel
     from flopcount.plans import parallel_ledger
 
-    return work_of(dataclasses.replace(report, parallel=parallel_ledger(report, parse_parallel(text, microbatches, "1f1b"))))
+    plan = parse_parallel(text, microbatches, "1f1b")
+    return work_of(dataclasses.replace(report, parallel=parallel_ledger(report, plan)))
 
 
 @pytest.fixture(scope="module")
