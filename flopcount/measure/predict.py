@@ -18,8 +18,8 @@ The rules (docs/predict.md states them for users):
   ``softmax`` (``softmax_backward``) rate where calibrated (torch's softmax over rows of 512, as FLOP/s of the
   count's FLOPs of that Softmax), or its bytes if slower.
   An elementwise node or reduction whose bytes (forward, or the backward's twice those) are at least
-  :func:`~.machine.calibration.fresh_from` of the profile writes its output into new memory: its bytes run at the
-  profile's ``elementwise_fresh`` rate where that is slower. A node without FLOPs that copies (not a view: a
+  :func:`~.machine.calibration.fresh_from` of the profile runs as a step runs it (inputs out of cache, a new
+  output): its bytes run at the profile's ``elementwise_fresh`` rate where that is slower. A node without FLOPs that copies (not a view: a
   concatenation, a cast) moves twice its outputs' bytes; a slice's backward writes its input's gradient whole; a
   tensor read by k > 1 nodes that need its gradient has k - 1 gradient sums of three times its bytes in the
   backward (:func:`flopcount.measure.predict_report.extra_works`): the copies at the profile's ``copy`` rate (a
@@ -593,8 +593,9 @@ def _missing_calibrations(work: Work, profile: MachineProfile) -> list[str]:
     if profile.calibrated and "elementwise_fresh" not in profile.compute and any(
             w.kind in ("elementwise", "reduction") for r in work.ranks for nodes in r.chunks.values() for w in nodes):
         out.append("the profile has no timing of elementwise work into fresh memory (taken before calibrate "
-                   "measured it): every elementwise operator and reduction at the rate into a reused buffer, which "
-                   "leaves out the first touch of a large new output's pages; calibrate again to include it")
+                   "measured it): every elementwise operator and reduction at the rate into a reused buffer on "
+                   "inputs in cache, where a step's read theirs from memory and write new outputs; calibrate again "
+                   "to include it")
     if "softmax" not in profile.compute and any(w.kind == "softmax" for r in work.ranks
                                                  for nodes in r.chunks.values() for w in nodes):
         out.append("the profile has no timing of a softmax (taken before calibrate measured it): softmaxes and "

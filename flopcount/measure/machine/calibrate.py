@@ -11,20 +11,20 @@ others work beside it (on a CPU the ranks share the cores). In each process:
   find their weights (``gemm``, the rate products are predicted at);
 * **elementwise** (``a + b`` into ``c``: 12 bytes an element) and **reduction** (``sum(a)``: 4 bytes an element)
   at each size, as bytes per second, timed by :func:`~.ceilings.repeat_times`;
-* **elementwise into fresh memory** (``elementwise_fresh``): ``a + b`` at the same sizes and bytes, its output a
-  new tensor each call, every output kept until the repeat ends (up to 64 MiB or 512 outputs: a forward keeps its
-  activations for the backward), then all freed; a repeat's rate is its bytes over its seconds. Memory a step
-  takes beyond what the process holds is new pages from the system (torch's CPU allocator keeps no cache, the C
-  library maps a large block afresh and gives a freed heap top back), whose first touch costs more than moving
-  the bytes; a reused buffer (``elementwise``) never pays it;
-* **copy** (``copy``): ``torch.cat`` of two float32 halves [r, 32] into [r, 64] (a rotary embedding's join), its
-  output new each call, at the elementwise sizes: bytes per second of twice the output's bytes (read and written):
-  what a node without FLOPs that copies (a concatenation, a cast, a slice's backward) runs at, a strided copy
-  slower than ``a + b`` moves its bytes;
+* **elementwise in a step** (``elementwise_fresh``): ``a + b`` at the same sizes and bytes as a step runs it
+  (:func:`_in_step_rates`): over a pool of inputs holding 64 MiB, each call reading the next two (a step's operator
+  reads tensors made long before, out of the cores' caches), its output a new tensor kept until the repeat ends (a
+  forward keeps its activations for the backward), then freed; a repeat's rate is its bytes over its seconds. The
+  same call on the same inputs into a reused buffer (``elementwise``) finds them in cache, several times faster at
+  the sizes of a step's activations;
+* **copy** (``copy``): ``torch.cat`` of two float32 halves [r, 32] into [r, 64] (a rotary embedding's join) at the
+  elementwise sizes, as a step runs it (as above): bytes per second of twice the output's bytes (read and
+  written): what a node without FLOPs that copies (a concatenation, a cast, a slice's backward) runs at, a strided
+  copy slower than ``a + b`` moves its bytes;
 * **softmax** (``softmax``, ``softmax_backward``): ``torch.softmax`` over rows of 512 float32 at the elementwise
-  sizes (a new output each call) and its backward (``_softmax_backward_data``), as FLOP/s of the count's FLOPs of
-  an ONNX Softmax of that shape (forward, and backward with its input needing a gradient): its exponentials and
-  its passes over each row run far slower than a pass of ``a + b``;
+  sizes and its backward (``_softmax_backward_data``), each as a step runs it (as above), as FLOP/s of the count's
+  FLOPs of an ONNX Softmax of that shape (forward, and backward with its input needing a gradient): its
+  exponentials and its passes over each row run far slower than a pass of ``a + b``;
 * **dropout**: torch's dropout (``F.dropout``, p = 0.1, training) of a float32 tensor of each elementwise size / 4
   elements, as elements per second (the count's FLOPs of a training Dropout: one per element): on a CPU it draws
   its random mask far slower than an elementwise operator moves its bytes;
@@ -180,17 +180,18 @@ def _compute(sizes: Sizes) -> dict:
         a, b, c = torch.ones(k), torch.ones(k), torch.empty(k)
         ts = repeat_times(lambda: torch.add(a, b, out=c), "cpu", sizes.repeats, start, float("inf"))
         out["elementwise"].append([12 * k, *_stats([12 * k / t for t in ts], True)])
-        out.setdefault("elementwise_fresh", []).append([12 * k, *_stats(_fresh_rates(a, b, sizes.repeats), True)])
+        fresh = _in_step_rates(torch.add, _pool(lambda: torch.ones(k), 4 * k), 12 * k, sizes.repeats)
+        out.setdefault("elementwise_fresh", []).append([12 * k, *_stats(fresh, True)])
         x = torch.ones(max(1, nbytes // 4))
         ts = repeat_times(lambda: torch.sum(x), "cpu", sizes.repeats, start, float("inf"))
         out["reduction"].append([4 * x.numel(), *_stats([4 * x.numel() / t for t in ts], True)])
     out["copy"] = []
     for nbytes in sizes.elementwise:  # two halves of rows of 64 elements joined: a rotary embedding's cat
         rows = max(1, nbytes // 16 // 32)
-        a, b = torch.ones(rows, 32), torch.ones(rows, 32)
-        ts = repeat_times(lambda: torch.cat((a, b), dim=-1), "cpu", sizes.repeats, start, float("inf"))
-        out["copy"].append([16 * 32 * rows, *_stats([16 * 32 * rows / t for t in ts], True)])
-    out["softmax"], out["softmax_backward"] = _softmax(sizes, start)
+        rates = _in_step_rates(lambda a, b: torch.cat((a, b), dim=-1), _pool(lambda: torch.ones(rows, 32), 128 * rows),
+                               16 * 32 * rows, sizes.repeats)
+        out["copy"].append([16 * 32 * rows, *_stats(rates, True)])
+    out["softmax"], out["softmax_backward"] = _softmax(sizes)
     out["dropout"] = []
     for nbytes in sizes.elementwise:
         x = torch.randn(max(1, nbytes // 4))
@@ -203,25 +204,23 @@ def _compute(sizes: Sizes) -> dict:
     return out
 
 
-def _softmax(sizes: Sizes, start: float) -> tuple[list, list]:
-    """[FLOPs, median, best, slowest] FLOP/s of torch's softmax over rows of 512 float32 (``torch.softmax``, a new
-    output each call) and of its backward (``_softmax_backward_data``), at the elementwise sizes (the input's
-    bytes), each of the FLOPs the count gives an ONNX Softmax of that shape whose input needs a gradient."""
+def _softmax(sizes: Sizes) -> tuple[list, list]:
+    """[FLOPs, median, best, slowest] FLOP/s of torch's softmax over rows of 512 float32 (``torch.softmax``) and of
+    its backward (``_softmax_backward_data``), at the elementwise sizes (the input's bytes), each over a pool of
+    inputs with its outputs kept, as a step runs them (:func:`_in_step_rates`), each of the FLOPs the count gives
+    an ONNX Softmax of that shape whose input needs a gradient."""
     import torch
-
-    from .ceilings import repeat_times
 
     fwd, bwd = [], []
     for nbytes in sizes.elementwise:
         rows = max(1, nbytes // 4 // 512)
         flops, back = _softmax_flops(rows, 512)
-        x, g = torch.randn(rows, 512), torch.randn(rows, 512)
-        y = torch.softmax(x, -1)
-        ts = repeat_times(lambda: torch.softmax(x, -1), "cpu", sizes.repeats, start, float("inf"))
-        fwd.append([flops, *_stats([flops / t for t in ts], True)])
-        ts = repeat_times(lambda: torch.ops.aten._softmax_backward_data(g, y, -1, torch.float32), "cpu",
-                          sizes.repeats, start, float("inf"))
-        bwd.append([back, *_stats([back / t for t in ts], True)])
+        pool = _pool(lambda: torch.softmax(torch.randn(rows, 512), -1), 2048 * rows)
+        fwd.append([flops, *_stats(_in_step_rates(lambda x, _: torch.softmax(x, -1), pool, flops, sizes.repeats),
+                                   True)])
+        rates = _in_step_rates(lambda g, y: torch.ops.aten._softmax_backward_data(g, y, -1, torch.float32), pool,
+                               back, sizes.repeats)
+        bwd.append([back, *_stats(rates, True)])
     return fwd, bwd
 
 
@@ -243,21 +242,33 @@ def _softmax_flops(rows: int, n: int) -> tuple[int, int]:
     return node.cost.flops, node.backward.flops
 
 
-def _fresh_rates(a, b, repeats: int, held_bytes: int = 64 * 2**20, most: int = 512) -> list[float]:
-    """Bytes per second of ``a + b`` into a new output each call, the outputs kept (up to ``held_bytes`` of them,
-    at most ``most``) until the repeat ends, as a forward keeps its activations: one rate per repeat."""
+def _pool(make, nbytes: int, held_bytes: int = 64 * 2**20, most: int = 512) -> list:
+    """Tensors from ``make()`` of ``nbytes`` each, as many as hold ``held_bytes`` (at least 2, at most ``most``): an
+    operator run over each in turn reads its inputs from memory, as a step's operators read tensors made long
+    before."""
+    return [make() for _ in range(max(2, min(most, held_bytes // max(1, nbytes))))]
+
+
+def _in_step_rates(op, pool: list, moved: float, repeats: int) -> list[float]:
+    """Rates (``moved`` per call, over its seconds) of ``op(pool[i], pool[i + 1])`` run over every tensor of
+    ``pool`` in turn, one rate per repeat after a warm-up repeat: each output kept until its repeat ends (a forward
+    keeps its activations for the backward), then freed, with a small tensor made after them kept until the end
+    (a step's long-lived tensors, made after its first activations, keep the memory the process holds, so that a
+    step in its steady state writes memory used before, not pages new from the system: a real step's minor page
+    faults are near none after its first steps)."""
     import torch
 
-    calls = max(1, min(most, held_bytes // (4 * a.numel())))
-    rates = []
-    for _ in range(repeats):
+    above, rates = [], []
+    for r in range(repeats + 1):
         kept = []
         t0 = time.perf_counter()
-        for _ in range(calls):
-            kept.append(torch.add(a, b))
+        for i in range(len(pool)):
+            kept.append(op(pool[i], pool[(i + 1) % len(pool)]))
         t = time.perf_counter() - t0
+        above.append(torch.empty(16))
         del kept
-        rates.append(12 * a.numel() * calls / t)
+        if r:
+            rates.append(moved * len(pool) / t)
     return rates
 
 

@@ -7,9 +7,10 @@ A profile holds:
 
 * ``compute``: per operator kind (``gemm``, ``conv``: FLOP/s at sizes; ``elementwise``, ``reduction``: bytes per
   second at sizes) a list of :class:`Point`, each with the median, best and slowest repeat;
-* ``compute.elementwise_fresh`` (absent in a profile taken before it was measured): ``a + b`` into a new output
-  each call, bytes per second at the elementwise sizes; from :func:`fresh_from` on, an operator's output is fresh
-  memory that costs more than the reused buffer ``elementwise`` times;
+* ``compute.elementwise_fresh`` (absent in a profile taken before it was measured): ``a + b`` as a step runs it
+  (its inputs among 64 MiB of tensors, out of cache; a new output each call, kept), bytes per second at the
+  elementwise sizes; from :func:`fresh_from` on, an operator in a step runs slower than the same call into a reused
+  buffer on inputs in cache (``elementwise``);
 * ``compute.copy`` (absent in a profile taken before it was measured): a strided copy's bytes per second
   (``torch.cat``) at the elementwise sizes: data moved by nodes without FLOPs; without it, the elementwise rate;
 * ``compute.softmax``, ``compute.softmax_backward`` (absent in a profile taken before they were measured): FLOP/s

@@ -91,23 +91,38 @@ def test_quick_calibration_times_attention_and_optimizers():
     torch.set_num_threads(1)
     try:
         # a copy (torch.cat of two halves of rows of 64): twice its output's bytes over the seconds of the same call
+        # as a step runs it (its inputs among 64 MiB of tensors, its outputs kept)
         rows = QUICK_SIZES.elementwise[-1] // 16 // 32
         assert [pt.size for pt in p.compute["copy"]] == [b // 16 // 32 * 16 * 32 for b in QUICK_SIZES.elementwise]
-        a, b = torch.ones(rows, 32), torch.ones(rows, 32)
-        fastest = min(_seconds(lambda: torch.cat((a, b), dim=-1)) for _ in range(7))
+        halves = [torch.ones(rows, 32) for _ in range(64 * 2**20 // (128 * rows))]
+        fastest = _in_a_step(lambda i: torch.cat((halves[i], halves[i - 1]), dim=-1), len(halves))
         assert 2 * (rows * 64 * 4) / fastest / 3 <= p.compute["copy"][-1].best <= 3 * 2 * (rows * 64 * 4) / fastest
         # torch's softmax over rows of 512 and its backward, as FLOP/s of R·(5n − 2) and R·(4n − 1) FLOPs
         rows = [max(1, b // 4 // 512) for b in QUICK_SIZES.elementwise]
         assert [pt.size for pt in p.compute["softmax"]] == [r * (5 * 512 - 2) for r in rows]
         assert [pt.size for pt in p.compute["softmax_backward"]] == [r * (4 * 512 - 1) for r in rows]
-        x = torch.randn(rows[-1], 512)
-        fastest = min(_seconds(lambda: torch.softmax(x, -1)) for _ in range(7))
+        xs = [torch.randn(rows[-1], 512) for _ in range(64 * 2**20 // (2048 * rows[-1]))]
+        fastest = _in_a_step(lambda i: torch.softmax(xs[i], -1), len(xs))
         flops = rows[-1] * (5 * 512 - 2)
         assert flops / fastest / 3 <= p.compute["softmax"][-1].best <= 3 * flops / fastest
     finally:
         torch.set_num_threads(threads)
     assert all(0 < pt.slowest <= pt.median <= pt.best for pt in p.compute["softmax_backward"])
     assert cal.profile_from_dict(json.loads(json.dumps(p.as_dict()))) == p
+
+
+def _in_a_step(call, n: int) -> float:
+    """The best over 7 repeats of the mean seconds of ``call(i)`` for i over n inputs, every output kept until the
+    repeat ends (from a warm-up repeat on)."""
+    import time
+
+    best = math.inf
+    for _ in range(8):
+        t0 = time.perf_counter()
+        kept = [call(i) for i in range(n)]
+        best = min(best, (time.perf_counter() - t0) / n)
+        del kept
+    return best
 
 
 def _seconds(fn) -> float:

@@ -63,32 +63,41 @@ def test_fresh_from_is_the_smallest_size_from_which_fresh_is_slower(fresh, expec
     assert cal.fresh_from(p) == expected
 
 
-def test_the_fresh_rate_is_the_bytes_of_the_outputs_kept_over_their_seconds(monkeypatch):
-    """``_fresh_rates`` of n elements: each repeat makes min(most, held_bytes / 4n) new outputs of a + b (12 bytes
-    an element moved each) and keeps them; on a clock that advances 1 ms a reading, its rate is those bytes / 1 ms.
-    The outputs are a + b."""
+def test_the_in_step_rate_is_the_bytes_of_the_outputs_kept_over_their_seconds(monkeypatch):
+    """``_in_step_rates`` over a pool of k tensors: each repeat (after one warm-up repeat) calls the operator once on
+    each tensor and the next one, k calls, and keeps their outputs; on a clock that advances 1 ms a reading, its rate
+    is k·moved / 1 ms. ``_pool`` holds held_bytes of tensors: at least 2, at most ``most``."""
     torch = pytest.importorskip("torch")
     from flopcount.measure.machine import calibrate as cb
 
+    n = 1000
+    pool = cb._pool(lambda: torch.ones(n), 4 * n, held_bytes=40 * 4 * n)
+    assert len(pool) == 40
+    assert len(cb._pool(lambda: torch.ones(n), 4 * n, held_bytes=10**9, most=7)) == 7
+    assert len(cb._pool(lambda: torch.ones(n), 4 * n, held_bytes=1)) == 2
+    pool[1] = torch.full((n,), 2.0)
     clock = iter(range(10**6))
     monkeypatch.setattr(cb.time, "perf_counter", lambda: next(clock) * 1e-3)
-    n = 1000
-    a, b = torch.ones(n), torch.full((n,), 2.0)
     made = []
-    real_add = torch.add
-    monkeypatch.setattr(torch, "add", lambda x, y: made.append(real_add(x, y)) or made[-1])
-    assert cb._fresh_rates(a, b, 3, held_bytes=40 * 4 * n) == pytest.approx([12 * n * 40 / 1e-3] * 3)
-    assert cb._fresh_rates(a, b, 2, held_bytes=10**9, most=7) == pytest.approx([12 * n * 7 / 1e-3] * 2)
-    assert len(made) == 3 * 40 + 2 * 7 and all(bool((t == 3).all()) for t in made)
+
+    def add(x, y):
+        made.append(x + y)
+        return made[-1]
+
+    assert cb._in_step_rates(add, pool, 12 * n, 3) == pytest.approx([12 * n * 40 / 1e-3] * 3)
+    assert len(made) == 4 * 40  # the warm-up repeat's calls too
+    assert [float(t[0]) for t in made[:3]] == [3.0, 3.0, 2.0]  # pool[0] + pool[1], pool[1] + pool[2], ...
+    assert float(made[39][0]) == 2.0  # the last with the first
 
 
-def test_new_outputs_are_never_faster_than_a_reused_one():
-    """Measured: writing into new memory costs at least what writing into a reused buffer does, so every repeat of
-    the fresh rate is below twice the best of 50 rates the test times for ``torch.add(a, b, out=c)`` at the same size."""
+def test_outputs_in_a_step_are_never_faster_than_into_a_reused_buffer():
+    """Measured: an operator reading its inputs among 64 MiB of tensors and writing outputs it keeps costs at least
+    what one writing into a reused buffer from the same inputs does, so every repeat of the in-step rate is below
+    twice the best of 50 rates the test times for ``torch.add(a, b, out=c)`` at the same size."""
     torch = pytest.importorskip("torch")
     import time
 
-    from flopcount.measure.machine.calibrate import _fresh_rates
+    from flopcount.measure.machine.calibrate import _in_step_rates, _pool
 
     n = 2**18
     a, b, c = torch.ones(n), torch.ones(n), torch.empty(n)
@@ -100,7 +109,7 @@ def test_new_outputs_are_never_faster_than_a_reused_one():
             t0 = time.perf_counter()
             torch.add(a, b, out=c)
             reused.append(12 * n / (time.perf_counter() - t0))
-        rates = _fresh_rates(a, b, 5, held_bytes=64 * 4 * n)
+        rates = _in_step_rates(torch.add, _pool(lambda: torch.ones(n), 4 * n), 12 * n, 5)
     finally:
         torch.set_num_threads(threads)
     assert len(rates) == 5 and all(0 < r < 2 * max(reused) for r in rates), (rates, max(reused))
