@@ -163,8 +163,9 @@ def tail_stats(seconds: list[float]) -> tuple[float, float]:
     return statistics.fmean(ordered), ordered[-(-9 * len(ordered) // 10) - 1]
 
 
-def _compute(sizes: Sizes) -> dict:
-    """This process's GEMM, elementwise and reduction points and its per-operator overhead."""
+def _compute(sizes: Sizes, clock=None) -> dict:
+    """This process's GEMM, elementwise and reduction points and its per-operator overhead; the work timed as a
+    step runs it (:func:`_in_step_rates`, whose repeats are long) on ``clock`` (by default the wall clock)."""
     import torch
 
     from .ceilings import measure_gemm, repeat_times
@@ -180,7 +181,7 @@ def _compute(sizes: Sizes) -> dict:
         a, b, c = torch.ones(k), torch.ones(k), torch.empty(k)
         ts = repeat_times(lambda: torch.add(a, b, out=c), "cpu", sizes.repeats, start, float("inf"))
         out["elementwise"].append([12 * k, *_stats([12 * k / t for t in ts], True)])
-        fresh = _in_step_rates(torch.add, _pool(lambda: torch.ones(k), 4 * k), 12 * k, sizes.repeats)
+        fresh = _in_step_rates(torch.add, _pool(lambda: torch.ones(k), 4 * k), 12 * k, sizes.repeats, clock)
         out.setdefault("elementwise_fresh", []).append([12 * k, *_stats(fresh, True)])
         x = torch.ones(max(1, nbytes // 4))
         ts = repeat_times(lambda: torch.sum(x), "cpu", sizes.repeats, start, float("inf"))
@@ -189,9 +190,9 @@ def _compute(sizes: Sizes) -> dict:
     for nbytes in sizes.elementwise:  # two halves of rows of 64 elements joined: a rotary embedding's cat
         rows = max(1, nbytes // 16 // 32)
         rates = _in_step_rates(lambda a, b: torch.cat((a, b), dim=-1), _pool(lambda: torch.ones(rows, 32), 128 * rows),
-                               16 * 32 * rows, sizes.repeats)
+                               16 * 32 * rows, sizes.repeats, clock)
         out["copy"].append([16 * 32 * rows, *_stats(rates, True)])
-    out["softmax"], out["softmax_backward"] = _softmax(sizes)
+    out["softmax"], out["softmax_backward"] = _softmax(sizes, clock)
     out["dropout"] = []
     for nbytes in sizes.elementwise:
         x = torch.randn(max(1, nbytes // 4))
@@ -204,7 +205,7 @@ def _compute(sizes: Sizes) -> dict:
     return out
 
 
-def _softmax(sizes: Sizes) -> tuple[list, list]:
+def _softmax(sizes: Sizes, clock=None) -> tuple[list, list]:
     """[FLOPs, median, best, slowest] FLOP/s of torch's softmax over rows of 512 float32 (``torch.softmax``) and of
     its backward (``_softmax_backward_data``), at the elementwise sizes (the input's bytes), each over a pool of
     inputs with its outputs kept, as a step runs them (:func:`_in_step_rates`), each of the FLOPs the count gives
@@ -216,10 +217,10 @@ def _softmax(sizes: Sizes) -> tuple[list, list]:
         rows = max(1, nbytes // 4 // 512)
         flops, back = _softmax_flops(rows, 512)
         pool = _pool(lambda: torch.softmax(torch.randn(rows, 512), -1), 2048 * rows)
-        fwd.append([flops, *_stats(_in_step_rates(lambda x, _: torch.softmax(x, -1), pool, flops, sizes.repeats),
-                                   True)])
+        rates = _in_step_rates(lambda x, _: torch.softmax(x, -1), pool, flops, sizes.repeats, clock)
+        fwd.append([flops, *_stats(rates, True)])
         rates = _in_step_rates(lambda g, y: torch.ops.aten._softmax_backward_data(g, y, -1, torch.float32), pool,
-                               back, sizes.repeats)
+                               back, sizes.repeats, clock)
         bwd.append([back, *_stats(rates, True)])
     return fwd, bwd
 
@@ -249,8 +250,9 @@ def _pool(make, nbytes: int, held_bytes: int = 64 * 2**20, most: int = 512) -> l
     return [make() for _ in range(max(2, min(most, held_bytes // max(1, nbytes))))]
 
 
-def _in_step_rates(op, pool: list, moved: float, repeats: int) -> list[float]:
-    """Rates (``moved`` per call, over its seconds) of ``op(pool[i], pool[i + 1])`` run over every tensor of
+def _in_step_rates(op, pool: list, moved: float, repeats: int, clock=None) -> list[float]:
+    """Rates (``moved`` per call, over its seconds on ``clock``: by default the wall clock) of
+    ``op(pool[i], pool[i + 1])`` run over every tensor of
     ``pool`` in turn, one rate per repeat after a warm-up repeat: each output kept until its repeat ends (a forward
     keeps its activations for the backward), then freed, with a small tensor made after them kept until the end
     (a step's long-lived tensors, made after its first activations, keep the memory the process holds, so that a
@@ -258,13 +260,14 @@ def _in_step_rates(op, pool: list, moved: float, repeats: int) -> list[float]:
     faults are near none after its first steps)."""
     import torch
 
+    clock = clock or time.perf_counter
     above, rates = [], []
     for r in range(repeats + 1):
         kept = []
-        t0 = time.perf_counter()
+        t0 = clock()
         for i in range(len(pool)):
             kept.append(op(pool[i], pool[(i + 1) % len(pool)]))
-        t = time.perf_counter() - t0
+        t = clock() - t0
         above.append(torch.empty(16))
         del kept
         if r:
@@ -497,13 +500,15 @@ def measure_rank(rank: int, n: int, port: int, sizes: Sizes, out_dir: str, threa
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=n,
                                 timeout=datetime.timedelta(seconds=60))
         dist.barrier()
-    result = _compute(sizes)
+    from .devices import cpu_cores
+
+    # the ranks' threads with the machine's other load outnumber the cores: the work timed in long repeats by this
+    # process's CPU seconds (its wall clock would hold the other ranks' turns on the cores)
+    cpu_only = n * threads + others > cpu_cores()
+    result = _compute(sizes, time.process_time if cpu_only else None)
     result["threads"] = torch.get_num_threads()
     if n > 1:
         result["collectives"] = _collectives(rank, n, sizes)
-        from .devices import cpu_cores
-
-        cpu_only = n * threads + others > cpu_cores()
         in_step = _InStep(_compute_burst(), cpu_only, sizes.in_step_least, sizes.in_step_budget_s)
         result["collectives_in_step"] = _collectives(rank, n, sizes, in_step)
         result["collectives_in_step_clock"] = "cpu" if cpu_only else "wall_or_cpu"
