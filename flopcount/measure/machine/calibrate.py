@@ -14,10 +14,9 @@ others work beside it (on a CPU the ranks share the cores). In each process:
 * **elementwise in a step** (``elementwise_fresh``): ``a + b`` at the same sizes and bytes as a step runs it
   (:func:`_in_step_rates`): over a pool of inputs holding 64 MiB, each call reading the next two (a step's operator
   reads tensors made long before, out of the cores' caches), its output a new tensor kept until the repeat ends (a
-  forward keeps its activations for the backward), then freed; a repeat's rate is its bytes over its seconds (the
-  process's CPU seconds where the ranks' threads with the machine's load outnumber the cores: the wall clock of a
-  repeat that long holds the other ranks' turns on the cores). The same call on the same inputs into a reused
-  buffer (``elementwise``) finds them in cache, several times faster at the sizes of a step's activations;
+  forward keeps its activations for the backward), then freed; a repeat's rate is its bytes over its seconds. The
+  same call on the same inputs into a reused buffer (``elementwise``) finds them in cache, several times faster at
+  the sizes of a step's activations;
 * **copy** (``copy``): ``torch.cat`` of two float32 halves [r, 32] into [r, 64] (a rotary embedding's join) at the
   elementwise sizes, as a step runs it (as above): bytes per second of twice the output's bytes (read and
   written): what a node without FLOPs that copies (a concatenation, a cast, a slice's backward) runs at, a strided
@@ -244,25 +243,7 @@ def _softmax_flops(rows: int, n: int) -> tuple[int, int]:
     return node.cost.flops, node.backward.flops
 
 
-def steady_heap() -> None:
-    """Put the C library's allocator of this (calibrating) process in the state a training process's reaches after
-    its first steps: blocks up to 32 MiB from its heap (glibc raises its threshold for new mappings to the largest
-    mapped block a process frees, at most 32 MiB on a 64-bit machine) and up to twice that kept at the heap's top
-    when freed (its trim threshold follows at twice the other), so that the work timed as a step runs it writes
-    memory used before, not pages new from the system, as a training step in its steady state does (its minor page
-    faults near none after its first steps, where each new page costs about a microsecond). A C library other than
-    glibc is left as it is."""
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 32 * 2**20)  # M_MMAP_THRESHOLD
-        libc.mallopt(-1, 64 * 2**20)  # M_TRIM_THRESHOLD
-    except (OSError, AttributeError):
-        pass
-
-
-def _pool(make, nbytes: int, held_bytes: int = 32 * 2**20, most: int = 512) -> list:
+def _pool(make, nbytes: int, held_bytes: int = 64 * 2**20, most: int = 512) -> list:
     """Tensors from ``make()`` of ``nbytes`` each, as many as hold ``held_bytes`` (at least 2, at most ``most``): an
     operator run over each in turn reads its inputs from memory, as a step's operators read tensors made long
     before."""
@@ -513,7 +494,6 @@ def measure_rank(rank: int, n: int, port: int, sizes: Sizes, out_dir: str, threa
 
     warnings.simplefilter("ignore", FutureWarning)  # torch's renaming of the *_into_tensor collectives
     torch.set_num_threads(threads)
-    steady_heap()
     if n > 1:
         import torch.distributed as dist
 

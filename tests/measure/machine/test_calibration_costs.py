@@ -91,17 +91,17 @@ def test_quick_calibration_times_attention_and_optimizers():
     torch.set_num_threads(1)
     try:
         # a copy (torch.cat of two halves of rows of 64): twice its output's bytes over the seconds of the same call
-        # as a step runs it (its inputs among 32 MiB of tensors, its outputs kept)
+        # as a step runs it (its inputs among 64 MiB of tensors, its outputs kept)
         rows = QUICK_SIZES.elementwise[-1] // 16 // 32
         assert [pt.size for pt in p.compute["copy"]] == [b // 16 // 32 * 16 * 32 for b in QUICK_SIZES.elementwise]
-        halves = [torch.ones(rows, 32) for _ in range(min(512, 32 * 2**20 // (128 * rows)))]
+        halves = [torch.ones(rows, 32) for _ in range(64 * 2**20 // (128 * rows))]
         fastest = _in_a_step(lambda i: torch.cat((halves[i], halves[i - 1]), dim=-1), len(halves))
         assert 2 * (rows * 64 * 4) / fastest / 3 <= p.compute["copy"][-1].best <= 3 * 2 * (rows * 64 * 4) / fastest
         # torch's softmax over rows of 512 and its backward, as FLOP/s of R·(5n − 2) and R·(4n − 1) FLOPs
         rows = [max(1, b // 4 // 512) for b in QUICK_SIZES.elementwise]
         assert [pt.size for pt in p.compute["softmax"]] == [r * (5 * 512 - 2) for r in rows]
         assert [pt.size for pt in p.compute["softmax_backward"]] == [r * (4 * 512 - 1) for r in rows]
-        xs = [torch.randn(rows[-1], 512) for _ in range(min(512, 32 * 2**20 // (2048 * rows[-1])))]
+        xs = [torch.randn(rows[-1], 512) for _ in range(64 * 2**20 // (2048 * rows[-1]))]
         fastest = _in_a_step(lambda i: torch.softmax(xs[i], -1), len(xs))
         flops = rows[-1] * (5 * 512 - 2)
         assert flops / fastest / 3 <= p.compute["softmax"][-1].best <= 3 * flops / fastest

@@ -113,34 +113,3 @@ def test_outputs_in_a_step_are_never_faster_than_into_a_reused_buffer():
     finally:
         torch.set_num_threads(threads)
     assert len(rates) == 5 and all(0 < r < 2 * max(reused) for r in rates), (rates, max(reused))
-
-
-_STEADY = """
-import resource
-import torch
-from flopcount.measure.machine import calibrate as cb
-torch.set_num_threads(1)
-cb.steady_heap()
-pool = cb._pool(lambda: torch.ones(2**18), 2**20)  # 1 MiB tensors, 32 of them
-faults = []
-for _ in range(4):  # each pass keeps 32 MiB of outputs, then frees them
-    f = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    cb._in_step_rates(torch.add, pool, 12 * 2**18, 1)
-    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f)
-print(*faults)
-"""
-
-
-def test_a_steady_heap_takes_no_new_pages_once_warm():
-    """Measured in a fresh process (the minor page faults of the kernel's own count): after ``steady_heap``, work
-    timed as a step runs it (32 MiB of 1 MiB outputs kept, then freed, a pass) takes its 8,192 pages new in its
-    first pass and writes memory used before from then on, fewer than 1% of them new a pass. Linux only."""
-    pytest.importorskip("torch")
-    import subprocess
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        pytest.skip("page faults counted on Linux")
-    done = subprocess.run([sys.executable, "-c", _STEADY], capture_output=True, text=True, check=True)
-    first, *later = (int(v) for v in done.stdout.split())
-    assert first >= 8192 * 0.9 and all(n < 82 for n in later), (first, later)
