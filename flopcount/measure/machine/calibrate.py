@@ -14,9 +14,10 @@ others work beside it (on a CPU the ranks share the cores). In each process:
 * **elementwise in a step** (``elementwise_fresh``): ``a + b`` at the same sizes and bytes as a step runs it
   (:func:`_in_step_rates`): over a pool of inputs holding 64 MiB, each call reading the next two (a step's operator
   reads tensors made long before, out of the cores' caches), its output a new tensor kept until the repeat ends (a
-  forward keeps its activations for the backward), then freed; a repeat's rate is its bytes over its seconds. The
-  same call on the same inputs into a reused buffer (``elementwise``) finds them in cache, several times faster at
-  the sizes of a step's activations;
+  forward keeps its activations for the backward), then freed; a repeat's rate is its bytes over its seconds (the
+  process's CPU seconds where the ranks' threads with the machine's load outnumber the cores: the wall clock of a
+  repeat that long holds the other ranks' turns on the cores). The same call on the same inputs into a reused
+  buffer (``elementwise``) finds them in cache, several times faster at the sizes of a step's activations;
 * **copy** (``copy``): ``torch.cat`` of two float32 halves [r, 32] into [r, 64] (a rotary embedding's join) at the
   elementwise sizes, as a step runs it (as above): bytes per second of twice the output's bytes (read and
   written): what a node without FLOPs that copies (a concatenation, a cast, a slice's backward) runs at, a strided
@@ -251,13 +252,13 @@ def _pool(make, nbytes: int, held_bytes: int = 64 * 2**20, most: int = 512) -> l
 
 
 def _in_step_rates(op, pool: list, moved: float, repeats: int, clock=None) -> list[float]:
-    """Rates (``moved`` per call, over its seconds on ``clock``: by default the wall clock) of
-    ``op(pool[i], pool[i + 1])`` run over every tensor of
-    ``pool`` in turn, one rate per repeat after a warm-up repeat: each output kept until its repeat ends (a forward
-    keeps its activations for the backward), then freed, with a small tensor made after them kept until the end
-    (a step's long-lived tensors, made after its first activations, keep the memory the process holds, so that a
-    step in its steady state writes memory used before, not pages new from the system: a real step's minor page
-    faults are near none after its first steps)."""
+    """Rates (``moved`` per call, over its seconds on ``clock``: by default the wall clock) of ``op(pool[i],
+    pool[i + 1])`` run over every tensor of ``pool`` in turn, one rate per repeat after a warm-up repeat: each output
+    kept until its repeat ends (a forward keeps its activations for the backward), then freed, with a small tensor
+    made after them kept until the end (a step's long-lived tensors, made after its first activations, keep the
+    memory the process holds). Whether a repeat's outputs take pages new from the system (about a microsecond each
+    on a virtual machine) follows the C library's thresholds, which the process's history has raised or not, as a
+    training process's has."""
     import torch
 
     clock = clock or time.perf_counter
