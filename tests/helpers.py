@@ -195,7 +195,7 @@ def fresh_nodes(nodes):
     its copies' tensors carry their original's names."""
     from flopcount.reporting.tiled import Tiled
 
-    return nodes.listed() if isinstance(nodes, Tiled) else tuple(list(nodes))
+    return nodes.listed("plan") if isinstance(nodes, Tiled) else tuple(list(nodes))
 
 
 def llama_config(folder, hidden: int, layers: int, heads: int, kv_heads: int, ffn: int, vocab: int) -> str:

@@ -81,7 +81,7 @@ def reports(args: argparse.Namespace):
             modules = dataclasses.replace(report.modules, nodes=tuple(report.modules.nodes),
                                           params=MappingProxyType(dict(report.modules.params)))
             # a repeated stack's nodes made once and kept a Tiled: its copies' tensors carry their original's names
-            nodes = report.nodes.listed() if isinstance(report.nodes, Tiled) else tuple(report.nodes)
+            nodes = report.nodes.listed("plan") if isinstance(report.nodes, Tiled) else tuple(report.nodes)
             # the policies' counts differ in their memory ledgers alone: the same node and scope lists (compared,
             # then shared) let every ledger's memo of a list serve each policy's plans
             same = next((r for (z, _), r in counted.items() if z == size and r.nodes == nodes

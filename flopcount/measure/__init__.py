@@ -12,6 +12,8 @@ run one way (``harness`` → ``machine``; ``profile`` → ``machine``; ``ncu`` s
   (``--predict``; it reads :mod:`.machine`'s profile and the core's per-rank ledger); :mod:`.plan_search` every plan
   of N devices ranked by it (``flopcount plan``)
 * :mod:`.plan_space` the plans of N devices enumerated (arithmetic on the degrees), for :mod:`.plan_search`
+* :mod:`.predict_messages` the collectives a plan's rank runs in a step, as the predictor's messages, for
+  :mod:`.predict_report`
 
 Which room to open for a figure of a bench report (``flopcount bench``, ``Meter.to_json``):
 

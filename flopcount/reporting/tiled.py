@@ -37,11 +37,11 @@ class Tiled(Sequence):
         self._place = place or (lambda item, _p: item)
         self._items: tuple | None = None
 
-    def listed(self) -> "Tiled":
-        """The same sequence with every item made once, now (refused as :func:`check_listable` refuses): reading it
-        again makes no copy, as a tuple of its items would not, while it stays a :class:`Tiled` (what a reader of
-        its structure, the head, block and tail, reads)."""
-        check_listable(self, "plan", "nodes")
+    def listed(self, flag: str) -> "Tiled":
+        """The same sequence with every item made once, now (refused as :func:`check_listable` refuses, naming
+        ``flag``, what asked for it): reading it again makes no copy, as a tuple of its items would not, while it
+        stays a :class:`Tiled` (what a reader of its structure, the head, block and tail, reads)."""
+        check_listable(self, flag, "nodes")
         out = Tiled(self.head, self.block, self.copies, self.tail, self._make, self._place)
         out._items = tuple(self)
         return out
@@ -86,6 +86,17 @@ class Tiled(Sequence):
         for item in self.tail:
             yield self._place(item, p)
             p += 1
+
+    def block_position(self, p: int) -> int | None:
+        """The position in ``block`` of the item that position ``p`` (0 … len − 1) is a copy of; None for a position
+        of the head or the tail.
+
+        >>> t = Tiled(("h",), ("x", "y"), 3, ("t",), lambda item, j, c: f"{item}{c}")
+        >>> [t.block_position(p) for p in range(len(t))]
+        [None, 0, 1, 0, 1, 0, 1, None]
+        """
+        h, b = len(self.head), len(self.block)
+        return (p - h) % b if b and h <= p < h + b * self.copies else None
 
     def copy(self, t: int) -> tuple:
         """Copy ``t`` (1 … ``copies``) of the block, unplaced."""

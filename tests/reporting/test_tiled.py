@@ -34,7 +34,7 @@ def test_a_listed_copy_reads_the_same_and_makes_no_copy_again(head, block, copie
         return make(item, j, t)
 
     full = written_out(head, block, copies, tail)
-    listed = Tiled(head, block, copies, tail, counted).listed()
+    listed = Tiled(head, block, copies, tail, counted).listed("plan")
     assert len(made) == len(block) * copies  # each copy made once, now
     assert isinstance(listed, Tiled) and (listed.head, listed.block, listed.copies) == (head, block, copies)
     assert list(listed) == full and [listed[i] for i in range(-len(full), len(full))] == full + full
@@ -45,8 +45,8 @@ def test_a_listed_copy_reads_the_same_and_makes_no_copy_again(head, block, copie
 
 
 def test_a_stack_too_long_to_list_is_not_listed():
-    with pytest.raises(UsageError, match="above the limit"):
-        Tiled(("a",), ("x",), MAX_LISTED_NODES, (), make).listed()
+    with pytest.raises(UsageError, match="^--per-node: .* above the limit"):
+        Tiled(("a",), ("x",), MAX_LISTED_NODES, (), make).listed("--per-node")
 
 
 @pytest.mark.parametrize("head, block, copies, tail", CASES)

@@ -95,10 +95,10 @@ def test_quick_calibration_times_attention_and_optimizers():
         rows = QUICK_SIZES.elementwise[-1] // 16 // 32
         assert [pt.size for pt in p.compute["copy"]] == [b // 16 // 32 * 16 * 32 for b in QUICK_SIZES.elementwise]
         halves = [torch.ones(rows, 32) for _ in range(64 * 2**20 // (128 * rows))]
-        # (at most 6 times slower: the calibrating process's outputs may take pages new from the system where the
-        # test's reuse them, as the C library's thresholds stand in each process, 2 to 2.5 times slower measured)
+        # (within 6 times: either process's outputs may take pages new from the system where the other's reuse them,
+        # as the C library's thresholds stand in each, 2 to 3.5 times slower measured)
         fastest = _in_a_step(lambda i: torch.cat((halves[i], halves[i - 1]), dim=-1), len(halves))
-        assert 2 * (rows * 64 * 4) / fastest / 6 <= p.compute["copy"][-1].best <= 3 * 2 * (rows * 64 * 4) / fastest
+        assert 2 * (rows * 64 * 4) / fastest / 6 <= p.compute["copy"][-1].best <= 6 * 2 * (rows * 64 * 4) / fastest
         # torch's softmax over rows of 512 and its backward, as FLOP/s of R·(5n − 2) and R·(4n − 1) FLOPs
         rows = [max(1, b // 4 // 512) for b in QUICK_SIZES.elementwise]
         assert [pt.size for pt in p.compute["softmax"]] == [r * (5 * 512 - 2) for r in rows]
@@ -106,7 +106,7 @@ def test_quick_calibration_times_attention_and_optimizers():
         xs = [torch.randn(rows[-1], 512) for _ in range(64 * 2**20 // (2048 * rows[-1]))]
         fastest = _in_a_step(lambda i: torch.softmax(xs[i], -1), len(xs))
         flops = rows[-1] * (5 * 512 - 2)
-        assert flops / fastest / 6 <= p.compute["softmax"][-1].best <= 3 * flops / fastest
+        assert flops / fastest / 6 <= p.compute["softmax"][-1].best <= 6 * flops / fastest
     finally:
         torch.set_num_threads(threads)
     assert all(0 < pt.slowest <= pt.median <= pt.best for pt in p.compute["softmax_backward"])
