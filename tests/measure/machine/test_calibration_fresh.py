@@ -113,3 +113,44 @@ def test_outputs_in_a_step_are_never_faster_than_into_a_reused_buffer():
     finally:
         torch.set_num_threads(threads)
     assert len(rates) == 5 and all(0 < r < 2 * max(reused) for r in rates), (rates, max(reused))
+
+
+@pytest.mark.parametrize("ranks, threads, others, cpu_clock", [
+    (1, 1, 0.0, False),  # one thread of 4 cores, nothing else: the wall clock
+    (2, 2, 0.0, False),  # as many threads as cores
+    (2, 2, 0.5, True),  # the machine's other load makes them more than the cores
+    (4, 1, 0.0, False),
+    (5, 1, 0.0, True),
+], ids=["alone", "as-many-as-cores", "with-load", "four-of-four", "five-of-four"])
+def test_work_timed_as_a_step_runs_it_is_timed_by_cpu_seconds_where_the_ranks_outnumber_the_cores(
+        monkeypatch, tmp_path, ranks, threads, others, cpu_clock):
+    """``measure_rank`` hands ``_compute`` the process's CPU clock where ranks × threads + the machine's other load
+    exceed the cores (4 here), the wall clock (None) otherwise: the rule the collectives in a step follow. A
+    one-process group stands for the ranks (it joins no gloo group): the other ranks' threads are handed in with
+    the machine's other load, which the rule adds alike."""
+    torch = pytest.importorskip("torch")
+    import time
+
+    from flopcount.measure.machine import calibrate as cb
+    from flopcount.measure.machine import devices
+
+    seen = []
+    monkeypatch.setattr(devices, "cpu_cores", lambda: 4)
+    monkeypatch.setattr(cb, "_compute", lambda sizes, clock=None: seen.append(clock) or {})
+    threads_before = torch.get_num_threads()
+    try:
+        cb.measure_rank(0, 1, 0, cb.QUICK_SIZES, str(tmp_path), threads, others + (ranks - 1) * threads)
+    finally:
+        torch.set_num_threads(threads_before)
+    assert seen == [time.process_time if cpu_clock else None]
+
+
+def test_the_in_step_rates_read_the_clock_they_are_given():
+    """``_in_step_rates`` times its repeats on the clock handed to it: a clock that advances 2 s a reading gives each
+    repeat's k calls 2 s."""
+    pytest.importorskip("torch")
+    from flopcount.measure.machine import calibrate as cb
+
+    clock = iter(range(0, 10**6, 2))
+    rates = cb._in_step_rates(lambda a, b: a, [1, 2, 3], 10.0, 2, clock=lambda: next(clock))
+    assert rates == pytest.approx([3 * 10.0 / 2] * 2)
