@@ -19,8 +19,8 @@ The rules (docs/predict.md states them for users):
   count's FLOPs of that Softmax), or its bytes if slower.
   An elementwise node or reduction whose bytes (forward, or the backward's twice those) are at least
   :func:`~.machine.calibration.fresh_from` of the profile runs as a step runs it (inputs out of cache, a new
-  output): its bytes run at the profile's ``elementwise_fresh`` rate where that is slower. A node without FLOPs that copies (not a view: a
-  concatenation, a cast) moves twice its outputs' bytes; a slice's backward writes its input's gradient whole; a
+  output): its bytes run at the profile's ``elementwise_fresh`` rate where that is slower. A node without FLOPs
+  that copies (not a view: a concatenation, a cast) moves twice its outputs' bytes; a slice's backward writes its input's gradient whole; a
   tensor read by k > 1 nodes that need its gradient has k - 1 gradient sums of three times its bytes in the
   backward (:func:`flopcount.measure.predict_report.extra_works`): the copies at the profile's ``copy`` rate (a
   strided copy; the elementwise rate where it has none), the sums at the elementwise rate (on a plan's rank at

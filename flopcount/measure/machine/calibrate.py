@@ -256,19 +256,23 @@ def _in_step_rates(op, pool: list, moved: float, repeats: int, clock=None) -> li
     pool[i + 1])`` run over every tensor of ``pool`` in turn, one rate per repeat after a warm-up repeat: each output
     kept until its repeat ends (a forward keeps its activations for the backward), then freed, with a small tensor
     made after them kept until the end (a step's long-lived tensors, made after its first activations, keep the
-    memory the process holds). Whether a repeat's outputs take pages new from the system (about a microsecond each
-    on a virtual machine) follows the C library's thresholds, which the process's history has raised or not, as a
-    training process's has."""
+    memory the process holds); a repeat another clock saw take no time (one too coarse: some systems tick at
+    15.6 ms) is timed by the wall clock. Whether a repeat's outputs take pages new from the system (about a
+    microsecond each on a virtual machine) follows the C library's thresholds, which the process's history has
+    raised or not, as a training process's has."""
     import torch
 
-    clock = clock or time.perf_counter
+    wall = time.perf_counter
+    clock = clock or wall
     above, rates = [], []
     for r in range(repeats + 1):
         kept = []
-        t0 = clock()
+        t0, w0 = clock(), (wall() if clock is not wall else 0.0)
         for i in range(len(pool)):
             kept.append(op(pool[i], pool[(i + 1) % len(pool)]))
         t = clock() - t0
+        if t <= 0 and clock is not wall:
+            t = wall() - w0
         above.append(torch.empty(16))
         del kept
         if r:

@@ -154,3 +154,15 @@ def test_the_in_step_rates_read_the_clock_they_are_given():
     clock = iter(range(0, 10**6, 2))
     rates = cb._in_step_rates(lambda a, b: a, [1, 2, 3], 10.0, 2, clock=lambda: next(clock))
     assert rates == pytest.approx([3 * 10.0 / 2] * 2)
+
+
+def test_a_repeat_another_clock_cannot_see_is_timed_by_the_wall_clock():
+    """A CPU clock too coarse to see a repeat (it stands still) gives no rate of 1/0: the repeat's wall-clock
+    seconds are used, so every rate is positive and finite."""
+    pytest.importorskip("torch")
+    import math
+
+    from flopcount.measure.machine import calibrate as cb
+
+    rates = cb._in_step_rates(lambda a, b: a, [1, 2, 3], 10.0, 2, clock=lambda: 5.0)
+    assert len(rates) == 2 and all(0 < r < math.inf for r in rates)
