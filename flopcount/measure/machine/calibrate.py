@@ -46,19 +46,24 @@ others work beside it (on a CPU the ranks share the cores). In each process:
   ``reduce_scatter``, ``all_to_all`` of each message size over all ``ranks`` processes, each repeat after a barrier;
   ``send_recv`` one way, half of a round trip between ranks 0 and 1. Their fit is
   :func:`~.calibration.fit_segments`;
-* **collectives in a step** (``collectives_in_step``): the same calls and sizes, each repeat after a barrier and
-  a burst of compute as a step runs between its collectives (a 16 MiB buffer written, which evicts the caches
-  the call's buffers and gloo's state were in, then four 256×256 products, during which gloo's threads go idle),
-  timed as the larger of its wall-clock seconds and the CPU seconds of the whole process over it (every thread:
-  gloo reduces and moves the bytes on threads of its own); by the CPU seconds alone where the ranks' threads, with
-  the machine's other load when the calibration began (its 1-minute load average), outnumber the cores (the wall
-  clock then holds the other ranks' and processes' turns on the cores; the profile's
-  ``machine.collectives_in_step_clock`` says which: ``cpu`` or ``wall_or_cpu``). In a tight loop the same
-  call finds its buffers in cache and gloo's threads awake. A call's cost there is heavy-tailed (most calls near
-  the median, a few costing ten times more: gloo's event-loop thread burning the CPU while a peer is late), so
-  each size is timed ``in_step_repeats`` (40) times, or at least ``in_step_least`` (12) once the size has taken
-  ``in_step_budget_s`` (0.3 s: the ranks agree at each repeat's barrier), and its point records the mean and the
-  90th percentile of the calls beside the median, best and slowest (:func:`tail_stats`);
+* **collectives in a step** (``collectives_in_step``): the same calls and sizes, made as a step makes them: one
+  after another with no barrier between, each after a burst of compute as a step runs between its collectives (a
+  layer's piece of work: five 512×256 by 256×256 products, each followed by three elementwise operators into new
+  tensors, which evict the caches the call's buffers and gloo's state were in, and during which gloo's threads go
+  idle). A rank that leaves one call late arrives late at the next, where its peer waits: a barrier before each
+  call would hide that wait, which a step pays. Each call is timed as the larger of its wall-clock seconds and the
+  CPU seconds of the whole process over it (every thread: gloo reduces and moves the bytes on threads of its own);
+  by the CPU seconds alone where the ranks' threads, with the machine's other load when the calibration began (the
+  cores busy then, from /proc/stat over 0.25 s, else the 1-minute load average; in whole cores, less than half a
+  core counted as none), outnumber the cores (the wall clock then holds the other ranks' and processes' turns on the
+  cores; the profile's ``machine.collectives_in_step_clock`` says which: ``cpu`` or ``wall_or_cpu``). In a tight
+  loop the same call finds its buffers in cache and gloo's threads awake. A call's cost there is heavy-tailed (most
+  calls near the median, a few costing ten times more: gloo's event-loop thread burning the CPU while a peer is
+  late), so each size is timed ``in_step_repeats`` (40) times, or at least ``in_step_least`` (12) once the size has
+  taken ``in_step_budget_s`` (0.3 s: the ranks agree whether to stop at the start of each chain of 6 calls), and
+  its point records the mean and the 90th percentile of the calls beside the median, best and slowest
+  (:func:`tail_stats`), each the slowest rank's own figure over its calls (a step lasts its own calls, not the
+  slowest rank's of each call);
 * **collectives in a step over smaller groups** (``collectives_in_step_groups``, with ``ranks`` ≥ 4): for each
   group size g from 2 to below ``ranks`` that divides it (:func:`group_sizes`: the tensor- or data-parallel groups
   a plan on these ranks can make), the ranks split into groups of g (0 to g-1, g to 2g-1, ...; each made by
@@ -77,6 +82,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import socket
 import statistics
@@ -392,23 +398,24 @@ def _overhead(repeats: int, chain: int = 200) -> dict:
 
 @dataclass(frozen=True)
 class _InStep:
-    """How a collective in a step is timed: after ``burst`` (a function), by the CPU seconds alone with
-    ``cpu_only``, and its repeats stopped, all ranks agreeing, once at least ``least`` are done and a rank has spent
-    ``budget_s`` on them."""
+    """How a collective in a step is timed: each call after ``burst`` (a function), by the CPU seconds alone with
+    ``cpu_only``, the calls one after another as a step makes them, the ranks agreeing every ``chain`` calls
+    whether to stop: once at least ``least`` are done and a rank has spent ``budget_s`` on them."""
 
     burst: object
     cpu_only: bool
     least: int
     budget_s: float
+    chain: int = 6
 
 
 def _time_collective(kind: str, nbytes: int, rank: int, n: int, repeats: int,
                      in_step: _InStep | None = None, group=None) -> list[float]:
     """Seconds of each repeat of one collective on this rank (send_recv: one way, half a round trip); with
-    ``in_step``, each repeat after its burst and timed as the larger of the wall-clock seconds and the process's
-    CPU seconds (every thread) over the call, the CPU seconds alone with its ``cpu_only``: a collective in a step
-    (see the module), at most ``repeats`` and, past its budget, at least its ``least``; over ``group`` (of ``n``
-    ranks; None: all of them), all the ranks agreeing when to stop."""
+    ``in_step``, each repeat after its burst, with no barrier between the calls of a chain, and timed as the larger
+    of the wall-clock seconds and the process's CPU seconds (every thread) over the call, the CPU seconds alone
+    with its ``cpu_only``: a collective in a step (see the module), at most ``repeats`` and, past its budget, at
+    least its ``least``; over ``group`` (of ``n`` ranks; None: all of them), all the ranks agreeing when to stop."""
     import torch
     import torch.distributed as dist
 
@@ -436,12 +443,13 @@ def _time_collective(kind: str, nbytes: int, rank: int, n: int, repeats: int,
     for j in range(repeats + 2):  # two warm-up calls
         if in_step is None:
             dist.barrier()
-        else:  # a barrier that also agrees to stop: past the budget on any rank, with enough repeats
-            stop = torch.tensor([float(len(times) >= in_step.least
-                                       and time.perf_counter() - start > in_step.budget_s)])
-            dist.all_reduce(stop, op=dist.ReduceOp.MAX)
-            if stop.item():
-                break
+        else:
+            if j % in_step.chain == 0:  # a chain's start: agree to stop, past the budget on any rank with enough
+                stop = torch.tensor([float(len(times) >= in_step.least
+                                           and time.perf_counter() - start > in_step.budget_s)])
+                dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+                if stop.item():
+                    break
             in_step.burst()
         c0, t0 = time.process_time(), time.perf_counter()
         op()
@@ -454,16 +462,16 @@ def _time_collective(kind: str, nbytes: int, rank: int, n: int, repeats: int,
 
 
 def _compute_burst():
-    """What a collective in a step follows: a 16 MiB buffer written (the caches evicted), then four 256×256
-    products (see the module)."""
+    """What a collective in a step follows: a layer's piece of work, five times a 512×256 by 256×256 product and
+    three elementwise operators on its output, each into a new tensor (see the module)."""
     import torch
 
-    flush, a, b = torch.zeros(4 * 2**20), torch.randn(256, 256), torch.randn(256, 256)
+    a, b = torch.randn(512, 256), torch.randn(256, 256) / 16
 
     def burst():
-        flush.add_(1.0)
-        for _ in range(4):
-            torch.mm(a, b)
+        x = a
+        for _ in range(5):
+            x = (torch.nn.functional.silu(torch.mm(x, b)) + x) * 0.5
     return burst
 
 
@@ -471,7 +479,9 @@ def _collectives(rank: int, n: int, sizes: Sizes, in_step: _InStep | None = None
                  kinds: tuple[str, ...] = COLLECTIVES) -> dict:
     """[bytes, median, best, slowest] seconds of each of ``kinds`` at each message size, the slowest rank of each
     repeat; with ``in_step`` as a step runs them (up to ``sizes.in_step_repeats`` repeats, and the mean and p90
-    after the slowest), else in a tight loop; over ``group`` (this rank's group of ``n``; None: all the ranks)."""
+    after the slowest), each the largest of the ranks' own (a rank waiting for a late peer in one call finds the
+    peer waiting in another: its step is its own calls'), else in a tight loop; over ``group`` (this rank's group of
+    ``n``; None: all the ranks)."""
     import torch
     import torch.distributed as dist
 
@@ -480,10 +490,15 @@ def _collectives(rank: int, n: int, sizes: Sizes, in_step: _InStep | None = None
         rows = []
         for nbytes in message_sizes(sizes.messages, n):
             repeats = sizes.repeats if in_step is None else sizes.in_step_repeats
-            t = torch.tensor(_time_collective(kind, nbytes, rank, n, repeats, in_step, group), dtype=torch.float64)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank of each repeat
-            rows.append([nbytes, *_stats(t.tolist(), False),
-                         *(tail_stats(t.tolist()) if in_step is not None else ())])
+            seconds = _time_collective(kind, nbytes, rank, n, repeats, in_step, group)
+            if in_step is None:
+                t = torch.tensor(seconds, dtype=torch.float64)
+                dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank of each repeat
+                rows.append([nbytes, *_stats(t.tolist(), False)])
+            else:
+                t = torch.tensor([*_stats(seconds, False), *tail_stats(seconds)], dtype=torch.float64)
+                dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank's figures
+                rows.append([nbytes, *t.tolist()])
         out[kind] = rows
     return out
 
@@ -507,9 +522,10 @@ def measure_rank(rank: int, n: int, port: int, sizes: Sizes, out_dir: str, threa
         dist.barrier()
     from .devices import cpu_cores
 
-    # the ranks' threads with the machine's other load outnumber the cores: the work timed in long repeats by this
-    # process's CPU seconds (its wall clock would hold the other ranks' turns on the cores)
-    cpu_only = n * threads + others > cpu_cores()
+    # the ranks' threads with the machine's other load (in whole cores: less than half a core busy is none)
+    # outnumber the cores: the work timed in long repeats by this process's CPU seconds (its wall clock would hold
+    # the other ranks' turns on the cores)
+    cpu_only = n * threads + math.floor(others + 0.5) > cpu_cores()
     result = _compute(sizes, time.process_time if cpu_only else None)
     result["threads"] = torch.get_num_threads()
     if n > 1:
@@ -554,9 +570,11 @@ def _spawned(ranks: int, sizes: Sizes, timeout_s: float, threads: int) -> dict:
     import torch.multiprocessing as mp
 
     from .ceilings import load_per_core
-    from .devices import cpu_cores
+    from .devices import busy_cores, cpu_cores
 
-    others = (load_per_core() or 0.0) * cpu_cores()  # the machine's load before the calibration's processes
+    others = busy_cores()  # the cores busy before the calibration's processes: the load now
+    if others is None:  # not readable here: the 1-minute load average
+        others = (load_per_core() or 0.0) * cpu_cores()
     with tempfile.TemporaryDirectory(prefix="flopcount-calibrate-") as out_dir:
         ctx = mp.start_processes(measure_rank, args=(ranks, _free_port(), sizes, out_dir, threads, others),
                                  nprocs=ranks, join=False, start_method="spawn")

@@ -357,6 +357,41 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
+def _core_times(cores: set[int]) -> dict[int, tuple[int, int]] | None:
+    """(idle, total) clock ticks of each of ``cores`` since boot, from /proc/stat (Linux), or None."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    out = {}
+    for line in lines:
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cores:
+            ticks = [int(v) for v in fields[:8]]  # user nice system idle iowait irq softirq steal
+            out[int(name[3:])] = (ticks[3] + ticks[4], sum(ticks))
+    return out or None
+
+
+def busy_cores(seconds: float = 0.25) -> float | None:
+    """How many of the cores this process may run on were busy over the next ``seconds`` (each core's busy
+    fraction, summed; the waiting on I/O counted idle), from /proc/stat; None where it cannot be read. Unlike
+    the load average, which still holds the processes of the minute before, this is the load now."""
+    import time
+
+    cores = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    before = _core_times(cores)
+    if before is None:
+        return None
+    time.sleep(seconds)
+    after = _core_times(cores) or {}
+    busy = 0.0
+    for core, (idle, total) in after.items():
+        if core in before and total > before[core][1]:
+            busy += 1.0 - (idle - before[core][0]) / (total - before[core][1])
+    return busy
+
+
 def cpu_device(peaks: Mapping[str, Peak] | None = None) -> Device:
     """Describe this CPU, with ``peaks`` per dtype as given. A CPU's peak is a measurement, never a datasheet
     figure, and describing a device never starts one: :func:`flopcount.measure.machine.ceilings.measured_cpu_device`

@@ -118,16 +118,19 @@ def test_outputs_in_a_step_are_never_faster_than_into_a_reused_buffer():
 @pytest.mark.parametrize("ranks, threads, others, cpu_clock", [
     (1, 1, 0.0, False),  # one thread of 4 cores, nothing else: the wall clock
     (2, 2, 0.0, False),  # as many threads as cores
-    (2, 2, 0.5, True),  # the machine's other load makes them more than the cores
+    (2, 2, 0.5, True),  # the machine's other load (half a core: a whole one) makes them more than the cores
+    (2, 2, 0.4, False),  # less than half a core busy: none
+    (2, 1, 2.0, False),  # two busy cores beside two threads: as many as the cores
     (4, 1, 0.0, False),
     (5, 1, 0.0, True),
-], ids=["alone", "as-many-as-cores", "with-load", "four-of-four", "five-of-four"])
+], ids=["alone", "as-many-as-cores", "with-load", "under-half-a-core", "two-busy-cores", "four-of-four",
+        "five-of-four"])
 def test_work_timed_as_a_step_runs_it_is_timed_by_cpu_seconds_where_the_ranks_outnumber_the_cores(
         monkeypatch, tmp_path, ranks, threads, others, cpu_clock):
     """``measure_rank`` hands ``_compute`` the process's CPU clock where ranks × threads + the machine's other load
-    exceed the cores (4 here), the wall clock (None) otherwise: the rule the collectives in a step follow. A
-    one-process group stands for the ranks (it joins no gloo group): the other ranks' threads are handed in with
-    the machine's other load, which the rule adds alike."""
+    (in whole cores, half a core or more counting as one) exceed the cores (4 here), the wall clock (None)
+    otherwise: the rule the collectives in a step follow. A one-process group stands for the ranks (it joins no
+    gloo group): the other ranks' threads are handed in with the machine's other load, which the rule adds alike."""
     torch = pytest.importorskip("torch")
     import time
 

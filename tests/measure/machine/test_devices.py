@@ -210,3 +210,28 @@ def test_cuda_device_description():
         pytest.skip("no CUDA device")
     dev = devices.cuda_device()
     assert dev.kind == "cuda" and dev.details["sm_count"] == torch.cuda.get_device_properties(0).multi_processor_count
+
+
+def test_busy_cores_sums_each_cores_busy_fraction_over_the_interval(monkeypatch):
+    """Two readings of /proc/stat's (idle, total) ticks: core 0 idle 50 of 100 ticks, core 1 idle 10 of 100:
+    0.5 + 0.9 = 1.4 cores busy; a core outside this process's affinity is not read."""
+    readings = iter([{0: (100, 200), 1: (50, 100)}, {0: (150, 300), 1: (60, 200)}])
+    seen = []
+    monkeypatch.setattr(devices, "_core_times", lambda cores: seen.append(cores) or next(readings))
+    monkeypatch.setattr(devices.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert devices.busy_cores(0.0) == pytest.approx(1.4)
+    assert seen == [{0, 1}, {0, 1}]
+
+
+def test_busy_cores_is_none_where_proc_stat_cannot_be_read(monkeypatch):
+    monkeypatch.setattr(devices, "_core_times", lambda cores: None)
+    assert devices.busy_cores(0.0) is None
+
+
+def test_busy_cores_on_this_machine_lies_between_none_and_all(monkeypatch):
+    import os
+
+    if not os.path.exists("/proc/stat"):
+        pytest.skip("no /proc/stat here")
+    busy = devices.busy_cores(0.05)
+    assert busy is not None and 0.0 <= busy <= devices.cpu_cores() + 1e-9
