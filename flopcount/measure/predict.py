@@ -14,9 +14,11 @@ The rules (docs/predict.md states them for users):
   matrices, or a fused attention operator) run at the profile's fused attention rates where calibrated. A
   training Dropout's forward runs its FLOPs (one per element) at the profile's dropout rate (elements per second
   of torch's dropout) where calibrated, or its bytes if slower; its backward (a multiply by the mask) by its bytes.
-  A softmax, log-softmax or softmax cross-entropy loss runs its FLOPs (forward, backward) at the profile's
-  ``softmax`` (``softmax_backward``) rate where calibrated (torch's softmax over rows of 512, as FLOP/s of the
-  count's FLOPs of that Softmax), or its bytes if slower.
+  A softmax or log-softmax runs its FLOPs (forward, backward) at the profile's ``softmax`` (``softmax_backward``)
+  rate where calibrated (torch's softmax over rows of 512, as FLOP/s of the count's FLOPs of that Softmax), or its
+  bytes if slower; a softmax cross-entropy loss at the profile's ``cross_entropy`` (``cross_entropy_backward``)
+  rate (torch's cross-entropy over rows of 512 and its backward, as FLOP/s of the count's FLOPs of that loss),
+  at the softmax's where the profile has no such timing.
   An elementwise node or reduction whose bytes (forward, or the backward's twice those) are at least
   :func:`~.machine.calibration.fresh_from` of the profile runs as a step runs it (inputs out of cache, a new
   output): its bytes run at the profile's ``elementwise_fresh`` rate where that is slower. A node without FLOPs
@@ -112,7 +114,8 @@ _PARTS = ("compute_seconds", "collective_seconds", "send_seconds")
 @dataclass(frozen=True)
 class NodeWork:
     """One node's work on one rank per microbatch: ``kind`` gemm, attention (a product of two activations: Q·Kᵀ,
-    probs·V), conv, dropout (a training Dropout), elementwise or reduction; ``matrices`` the product's batch of
+    probs·V), conv, dropout (a training Dropout), softmax (a softmax or log-softmax), cross_entropy (a softmax
+    cross-entropy loss), elementwise or reduction; ``matrices`` the product's batch of
     matrices (1 for a plain product); ``backward_kernels`` the kernels its backward runs
     (:func:`backward_kernels`); ``whole_bytes`` the part of ``bytes`` a split of the sequence over context-parallel
     ranks leaves whole on each (its parameters, and the K and V an attention reads: they are gathered);
@@ -272,7 +275,10 @@ def node_seconds(w: NodeWork, profile: MachineProfile, which: str = "median") ->
         t = 0.0
         if flops > 0 and w.kind == "dropout" and not backward and "dropout" in profile.compute:
             t = flops / rate("dropout", flops)  # its FLOPs: one per element (the mask drawn, the scale)
-        if flops > 0 and w.kind == "softmax" and "softmax" in profile.compute:
+        if flops > 0 and w.kind == "cross_entropy" and "cross_entropy" in profile.compute:
+            kind = "cross_entropy_backward" if backward else "cross_entropy"
+            t = flops / rate(kind, flops)
+        elif flops > 0 and w.kind in ("softmax", "cross_entropy") and "softmax" in profile.compute:
             kind = "softmax_backward" if backward and "softmax_backward" in profile.compute else "softmax"
             t = flops / rate(kind, flops)
         if flops > 0 and w.kind in ("gemm", "conv", "attention"):
@@ -283,7 +289,7 @@ def node_seconds(w: NodeWork, profile: MachineProfile, which: str = "median") ->
         mem = "reduction" if w.kind == "reduction" and "reduction" in profile.compute else "elementwise"
         if flops <= 0 and w.kind == "elementwise":
             mem = copy  # a node without FLOPs that copies
-        return max(t, moved(nbytes, mem, w.kind in ("elementwise", "reduction", "softmax")))
+        return max(t, moved(nbytes, mem, w.kind in ("elementwise", "reduction", "softmax", "cross_entropy")))
 
     fresh = fresh_from(profile)
     copy = "copy" if "copy" in profile.compute else "elementwise"
@@ -596,11 +602,16 @@ def _missing_calibrations(work: Work, profile: MachineProfile) -> list[str]:
                    "measured it): every elementwise operator and reduction at the rate into a reused buffer on "
                    "inputs in cache, where a step's read theirs from memory and write new outputs; calibrate again "
                    "to include it")
-    if "softmax" not in profile.compute and any(w.kind == "softmax" for r in work.ranks
+    if "softmax" not in profile.compute and any(w.kind in ("softmax", "cross_entropy") for r in work.ranks
                                                  for nodes in r.chunks.values() for w in nodes):
         out.append("the profile has no timing of a softmax (taken before calibrate measured it): softmaxes and "
                    "the loss's log-softmax at the elementwise rate of their bytes, faster than torch runs their "
                    "exponentials and passes over each row; calibrate again to include it")
+    elif "cross_entropy" not in profile.compute and any(w.kind == "cross_entropy" for r in work.ranks
+                                                         for nodes in r.chunks.values() for w in nodes):
+        out.append("the profile has no timing of a cross-entropy loss (taken before calibrate measured it): the "
+                   "loss at the softmax's rate, faster than torch runs its log-softmax and its backward (a "
+                   "gradient of zeros, then the log-softmax's backward); calibrate again to include it")
     if "copy" not in profile.compute and any(w.moved_bytes or not w.flops and not w.backward_flops and w.bytes
                                               for r in work.ranks for nodes in r.chunks.values() for w in nodes):
         out.append("the profile has no timing of a copy (taken before calibrate measured it): data moved by nodes "

@@ -21,8 +21,9 @@ _INTEGER_TYPES = (2, 3, 4, 5, 6, 7, 12, 13)  # ONNX uint8, int8, uint16, int16, 
 def _kind(node: Any, params: frozenset[str]) -> str:
     """A product of two activations over a batch of matrices (both inputs of rank 3 or more, neither a parameter
     in ``params``: an eager attention's Q·Kᵀ and probs·V) and a fused attention operator are ``attention``; a
-    Dropout is ``dropout`` (its forward at the dropout rate, its FLOPs counted only in training); a softmax, a
-    log-softmax and a softmax cross-entropy loss (a log-softmax of its scores) are ``softmax``."""
+    Dropout is ``dropout`` (its forward at the dropout rate, its FLOPs counted only in training); a softmax and a
+    log-softmax are ``softmax``; a softmax cross-entropy loss (a log-softmax of its scores, then the picked ones) is
+    ``cross_entropy``."""
     if node.family == "attention" or node.family in GEMM_FAMILIES and len(node.inputs) == 2 and all(
             t is not None and t.name not in params and len(t.shape or ()) >= 3 for t in node.inputs):
         return "attention"
@@ -33,7 +34,7 @@ def _kind(node: Any, params: frozenset[str]) -> str:
     if node.op_type == "Dropout" and not node.domain:
         return "dropout"
     if node.op_type in ("Softmax", "LogSoftmax", "SoftmaxCrossEntropyLoss") and node.domain in ("", "ai.onnx"):
-        return "softmax"
+        return "cross_entropy" if node.op_type == "SoftmaxCrossEntropyLoss" else "softmax"
     return "reduction" if node.family in REDUCTION_FAMILIES else "elementwise"
 
 

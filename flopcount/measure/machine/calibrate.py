@@ -41,7 +41,16 @@ others work beside it (on a CPU the ranks share the cores). In each process:
   less the per-tensor cost of each tensor): a step reads every parameter, its gradient and its states once, more
   than the cache holds, so each tensor's elements come from memory, where one tensor stepped again and again
   finds them in cache (on a Sapphire Rapids core, AdamW's 2^20 elements timed alone cost 3 ns an element, 5.5 as
-  a 4-million-element model's set);
+  a 4-million-element model's set). Before each step a buffer as large as the last-level cache is written
+  (:func:`optimizer_flush_bytes`: shared out among the ranks; the machine's ``optimizer_flush_bytes`` records a
+  rank's): between two optimizer steps a training step's forward and backward move more bytes than that cache
+  holds, where steps one after another would find a 64 MiB state in a large one (on a 480 MiB Xeon 6 cache,
+  AdamW over a 4.2-million-element Llama's tensors took 12.5 ms a step one after another, 16.4 ms with 640 MiB
+  written between, 16.2 to 16.6 ms in its training loop);
+* **cross-entropy**: torch's cross-entropy loss (``torch.nn.functional.cross_entropy``, class targets, the mean)
+  over rows of 512 scores at the elementwise sizes, and its backward (``nll_loss_backward``, a gradient of zeros
+  with a value a row, then ``_log_softmax_backward_data``, which takes an exponential an element where a
+  softmax's backward takes none), each as a step runs it, as FLOP/s of the count's SoftmaxCrossEntropyLoss;
 * **collectives** (rank 0 records the slowest rank of each repeat): ``all_reduce``, ``all_gather``,
   ``reduce_scatter``, ``all_to_all`` of each message size over all ``ranks`` processes, each repeat after a barrier;
   ``send_recv`` one way, half of a round trip between ranks 0 and 1. Their fit is
@@ -94,8 +103,8 @@ from flopcount.errors import MeasurementError, UsageError
 
 from .calibration import COLLECTIVES, OPTIMIZERS_TIMED, Collective, MachineProfile, OptimizerCost, Point, fit_segments
 
-__all__ = ["DEFAULT_SIZES", "QUICK_SIZES", "Sizes", "calibrate", "group_sizes", "measure_rank", "message_sizes",
-           "tail_stats"]
+__all__ = ["DEFAULT_SIZES", "QUICK_SIZES", "Sizes", "UNKNOWN_CACHE_FLUSH", "calibrate", "group_sizes", "measure_rank",
+           "message_sizes", "optimizer_flush_bytes", "tail_stats"]
 
 
 @dataclass(frozen=True)
@@ -119,6 +128,9 @@ class Sizes:
     # each size's tensors hold this many elements in all (at least one tensor): 16 MiB of float32 parameters, 64 MiB
     # with adam's gradients and two states, more than the cache, as a model's whole state is
     optimizer_held: int = 2**22
+    # the bytes written before each optimizer step, shared out among the ranks (None: the last-level cache's, or
+    # UNKNOWN_CACHE_FLUSH where the system does not say it)
+    optimizer_flush: int | None = None
     in_step_repeats: int = 40  # at most; at least in_step_least once a size has taken in_step_budget_s
     in_step_least: int = 12
     in_step_budget_s: float = 0.3
@@ -131,7 +143,7 @@ DEFAULT_SIZES = Sizes()
 QUICK_SIZES = Sizes(gemm=(32, 64), elementwise=(4096, 65536), messages=(4096, 16384, 131072, 524288), repeats=3,
                     gemm_budget_s=0.1, attention=((32, 16), (64, 16)), optimizer_elements=(2**10, 2**14),
                     in_step_repeats=10, in_step_least=10, in_step_budget_s=0.1, group_budget_s=0.1,
-                    optimizer_held=2**15)
+                    optimizer_held=2**15, optimizer_flush=2**20)
 
 
 def message_sizes(messages: tuple[int, ...], ranks: int) -> tuple[int, ...]:
@@ -170,9 +182,31 @@ def tail_stats(seconds: list[float]) -> tuple[float, float]:
     return statistics.fmean(ordered), ordered[-(-9 * len(ordered) // 10) - 1]
 
 
-def _compute(sizes: Sizes, clock=None) -> dict:
+#: The bytes written before each optimizer step where the last-level cache's size is not known: more than the
+#: last-level cache a core reaches on today's server CPUs (up to 480 MiB on one Xeon 6 socket, 96 MiB a chiplet on
+#: AMD's EPYC with 3D V-Cache).
+UNKNOWN_CACHE_FLUSH = 512 * 2**20
+
+
+def optimizer_flush_bytes(sizes: Sizes, ranks: int) -> int:
+    """The bytes each of ``ranks`` calibrating processes writes before an optimizer step: ``sizes.optimizer_flush``,
+    else the last-level cache's size (:func:`~.devices.last_level_cache_bytes`), else :data:`UNKNOWN_CACHE_FLUSH`,
+    shared out among the ranks (they share the cache and write at the same time).
+
+    >>> optimizer_flush_bytes(Sizes(optimizer_flush=2**20), 4)
+    262144
+    """
+    from .devices import last_level_cache_bytes
+
+    whole = sizes.optimizer_flush if sizes.optimizer_flush is not None else (
+        last_level_cache_bytes() or UNKNOWN_CACHE_FLUSH)
+    return whole // max(1, ranks)
+
+
+def _compute(sizes: Sizes, clock=None, flush_bytes: int = 0) -> dict:
     """This process's GEMM, elementwise and reduction points and its per-operator overhead; the work timed as a
-    step runs it (:func:`_in_step_rates`, whose repeats are long) on ``clock`` (by default the wall clock)."""
+    step runs it (:func:`_in_step_rates`, whose repeats are long) on ``clock`` (by default the wall clock); a
+    buffer of ``flush_bytes`` written before each optimizer step (:func:`_optimizers`)."""
     import torch
 
     from .ceilings import measure_gemm, repeat_times
@@ -200,6 +234,7 @@ def _compute(sizes: Sizes, clock=None) -> dict:
                                16 * 32 * rows, sizes.repeats, clock)
         out["copy"].append([16 * 32 * rows, *_stats(rates, True)])
     out["softmax"], out["softmax_backward"] = _softmax(sizes, clock)
+    out["cross_entropy"], out["cross_entropy_backward"] = _cross_entropy(sizes, clock)
     out["dropout"] = []
     for nbytes in sizes.elementwise:
         x = torch.randn(max(1, nbytes // 4))
@@ -208,7 +243,7 @@ def _compute(sizes: Sizes, clock=None) -> dict:
         out["dropout"].append([x.numel(), *_stats([x.numel() / t for t in ts], True)])
     out["overhead"] = _overhead(sizes.repeats)
     out["attention"], out["attention_backward"] = _attention(sizes)
-    out["optimizers"] = _optimizers(sizes.repeats, sizes.optimizer_elements, sizes.optimizer_held)
+    out["optimizers"] = _optimizers(sizes.repeats, sizes.optimizer_elements, sizes.optimizer_held, flush_bytes)
     return out
 
 
@@ -232,22 +267,55 @@ def _softmax(sizes: Sizes, clock=None) -> tuple[list, list]:
     return fwd, bwd
 
 
-def _softmax_flops(rows: int, n: int) -> tuple[int, int]:
+def _softmax_flops(rows: int, n: int, loss: bool = False) -> tuple[int, int]:
     """(forward, backward) FLOPs the count gives a Softmax over the last axis of [rows, n] whose input needs a
-    gradient (the input a product of a weight)."""
+    gradient (the input a product of a weight); with ``loss``, a SoftmaxCrossEntropyLoss of those scores against a
+    class per row (the mean over the rows)."""
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
     from flopcount import count
 
     info = helper.make_tensor_value_info
+    op = "SoftmaxCrossEntropyLoss" if loss else "Softmax"
+    last = (helper.make_node(op, ["h", "labels"], ["y"], reduction="mean") if loss
+            else helper.make_node(op, ["h"], ["y"], axis=-1))
+    inputs = [info("x", TensorProto.FLOAT, [rows, n])] + ([info("labels", TensorProto.INT64, [rows])] if loss else [])
     graph = helper.make_graph(
-        [helper.make_node("Mul", ["x", "w"], ["h"]), helper.make_node("Softmax", ["h"], ["y"], axis=-1)], "softmax",
-        [info("x", TensorProto.FLOAT, [rows, n])], [info("y", TensorProto.FLOAT, [rows, n])],
+        [helper.make_node("Mul", ["x", "w"], ["h"]), last], op, inputs,
+        [info("y", TensorProto.FLOAT, [] if loss else [rows, n])],
         [numpy_helper.from_array(np.ones((n,), np.float32), "w")])
     report = count(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), mode="train")
-    node = next(n for n in report.nodes if n.op_type == "Softmax")
+    node = next(nd for nd in report.nodes if nd.op_type == op)
     return node.cost.flops, node.backward.flops
+
+
+def _cross_entropy(sizes: Sizes, clock=None) -> tuple[list, list]:
+    """[FLOPs, median, best, slowest] FLOP/s of torch's cross-entropy loss over rows of 512 float32 scores, a class
+    per row (``torch.nn.functional.cross_entropy``: a log-softmax, then the picked scores' mean) and of its backward
+    (``nll_loss_backward``, a gradient of zeros with one value a row, then ``_log_softmax_backward_data``), at the
+    elementwise sizes (the scores' bytes), each over a pool of inputs with its outputs kept, as a step runs them
+    (:func:`_in_step_rates`), each of the FLOPs the count gives an ONNX SoftmaxCrossEntropyLoss of that shape."""
+    import torch
+
+    fwd, bwd = [], []
+    aten = torch.ops.aten
+    for nbytes in sizes.elementwise:
+        rows = max(1, nbytes // 4 // 512)
+        flops, back = _softmax_flops(rows, 512, loss=True)
+        target = torch.randint(0, 512, (rows,))
+        pool = _pool(lambda: torch.log_softmax(torch.randn(rows, 512), -1), 2048 * rows)
+        rates = _in_step_rates(lambda x, _: torch.nn.functional.cross_entropy(x, target), pool, flops,
+                               sizes.repeats, clock)
+        fwd.append([flops, *_stats(rates, True)])
+        one, total = torch.ones(()), torch.tensor(float(rows))
+
+        def backward(lsm, _):
+            grad = aten.nll_loss_backward(one, lsm, target, None, 1, -100, total)  # reduction 1: the mean
+            return aten._log_softmax_backward_data(grad, lsm, -1, torch.float32)
+        rates = _in_step_rates(backward, pool, back, sizes.repeats, clock)
+        bwd.append([back, *_stats(rates, True)])
+    return fwd, bwd
 
 
 def _pool(make, nbytes: int, held_bytes: int = 64 * 2**20, most: int = 512) -> list:
@@ -338,13 +406,15 @@ def _attention(sizes: Sizes, heads: int = 16) -> tuple[list, list]:
     return fwd, bwd
 
 
-def _optimizers(repeats: int, elements: tuple[int, ...], held: int, tensors: int = 64) -> dict:
+def _optimizers(repeats: int, elements: tuple[int, ...], held: int, flush_bytes: int = 0, tensors: int = 64) -> dict:
     """Each optimizer's step: seconds per parameter tensor (over ``tensors`` one-element tensors) and per element
     at each size n of ``elements`` (over k = max(1, ``held`` // n) tensors of that size, less k times the
     per-tensor median, over their k·n elements: a step reads every parameter, gradient and state of the model
     once, more than the cache holds, as ``held`` elements of them are; one tensor stepped again and again finds them
     in cache), as [size, median, best, slowest]; and whether torch picked its multi-tensor (foreach)
-    implementation."""
+    implementation. Before each step a buffer of ``flush_bytes`` is written: a training step's forward and
+    backward move more bytes than the last-level cache holds between two optimizer steps, so a step finds the
+    parameters, gradients and states in memory, where steps one after another would find them in that cache."""
     import torch
     from torch.optim.optimizer import _default_to_fused_or_foreach
 
@@ -358,12 +428,15 @@ def _optimizers(repeats: int, elements: tuple[int, ...], held: int, tensors: int
             p.grad = torch.randn_like(p)
         opt, ts = make[name](ps), []
         for j in range(repeats + 2):  # two warm-up steps (the states are made at the first)
+            if flush is not None:
+                flush.add_(1.0)
             t0 = time.perf_counter()
             opt.step()
             if j >= 2:
                 ts.append(time.perf_counter() - t0)
         return ts
 
+    flush = torch.zeros(flush_bytes // 4) if flush_bytes >= 4 else None
     out = {}
     for name in OPTIMIZERS_TIMED:
         per_tensor = [t / tensors for t in steps(name, (1,) * tensors)]
@@ -526,8 +599,10 @@ def measure_rank(rank: int, n: int, port: int, sizes: Sizes, out_dir: str, threa
     # outnumber the cores: the work timed in long repeats by this process's CPU seconds (its wall clock would hold
     # the other ranks' turns on the cores)
     cpu_only = n * threads + math.floor(others + 0.5) > cpu_cores()
-    result = _compute(sizes, time.process_time if cpu_only else None)
+    flush = optimizer_flush_bytes(sizes, n)
+    result = _compute(sizes, time.process_time if cpu_only else None, flush)
     result["threads"] = torch.get_num_threads()
+    result["optimizer_flush_bytes"] = flush
     if n > 1:
         result["collectives"] = _collectives(rank, n, sizes)
         in_step = _InStep(_compute_burst(), cpu_only, sizes.in_step_least, sizes.in_step_budget_s)
@@ -626,7 +701,8 @@ def calibrate(ranks: int = 1, sizes: Sizes = DEFAULT_SIZES, timeout_s: float = 1
         raw = _spawned(ranks, sizes, timeout_s, threads)
     compute = {k: tuple(Point(*map(float, row)) for row in raw[k])
                for k in ("gemm", "gemm_in_cache", "elementwise", "reduction", "attention", "attention_backward",
-                         "dropout", "elementwise_fresh", "copy", "softmax", "softmax_backward")}
+                         "dropout", "elementwise_fresh", "copy", "softmax", "softmax_backward", "cross_entropy",
+                         "cross_entropy_backward")}
     optimizers = {k: OptimizerCost(Point(*map(float, o["per_tensor_s"])),
                                    tuple(Point(*map(float, row)) for row in o["per_element_s"]), o["foreach"])
                   for k, o in raw["optimizers"].items()}
@@ -637,7 +713,8 @@ def calibrate(ranks: int = 1, sizes: Sizes = DEFAULT_SIZES, timeout_s: float = 1
               for g, kinds in raw.get("collectives_in_step_groups", {}).items()}
     peak = max(p.best for p in compute["gemm_in_cache"])
     machine = {"cpu": cpu_name(), "cores": cpu_cores(), "threads_per_rank": raw["threads"],
-               **{k: raw[k] for k in ("collectives_in_step_clock", "collectives_in_step_groups_s") if k in raw}}
+               **{k: raw[k] for k in ("collectives_in_step_clock", "collectives_in_step_groups_s",
+                                      "optimizer_flush_bytes") if k in raw}}
     return MachineProfile(True, "cpu", ranks, compute, overhead, collectives, peak, "fp32",
                           datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                           torch.__version__, machine,

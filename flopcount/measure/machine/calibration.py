@@ -15,6 +15,10 @@ A profile holds:
   (``torch.cat``) at the elementwise sizes: data moved by nodes without FLOPs; without it, the elementwise rate;
 * ``compute.softmax``, ``compute.softmax_backward`` (absent in a profile taken before they were measured): FLOP/s
   of torch's softmax and its backward at the elementwise sizes, the count's FLOPs of the Softmax timed;
+* ``compute.cross_entropy``, ``compute.cross_entropy_backward`` (absent in a profile taken before they were
+  measured): FLOP/s of torch's cross-entropy loss (its log-softmax and the picked scores) and its backward (a
+  gradient of zeros with a value a row, then the log-softmax's backward) at the elementwise sizes, the count's
+  FLOPs of the SoftmaxCrossEntropyLoss timed;
 * ``overhead``: the framework's seconds per operator in the forward and in the backward (a tiny op timed);
 * ``optimizers`` (null in a profile taken before it was measured): per optimizer (``sgd``, ``momentum``, ``adam``,
   ``adamw``) the seconds its step costs per parameter tensor (``per_tensor_s``: a step over one-element tensors, a
@@ -26,7 +30,8 @@ A profile holds:
   per size range (:class:`Segment`), where the bus bytes are the payload times nccl-tests' bus-bandwidth factor
   (:data:`BUS_FACTORS`);
 * ``collectives_in_step`` (null in a profile taken before it was measured, and in a datasheet profile): the same
-  collectives timed as a step runs them, each call after a burst of compute that evicts the caches (the larger of
+  collectives timed as a step runs them, one call after another, each after a burst of compute that evicts the
+  caches, each figure the slowest rank's own over its calls (the larger of
   its wall-clock seconds and the CPU seconds of every thread of the process, the CPU seconds alone where the
   ranks' threads outnumber the cores), as points and their fit: what a prediction prices a step's collectives at
   where present. Each of its points also has the ``mean`` and the 90th percentile (``p90``) of its calls (absent in

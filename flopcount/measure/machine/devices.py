@@ -357,6 +357,26 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
+def last_level_cache_bytes() -> int | None:
+    """The size of the largest cache this process's first core reaches (its last level), from Linux's
+    /sys/devices/system/cpu/cpu*/cache; None where the system does not say it."""
+    import glob
+
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+    best = None
+    for d in glob.glob(f"/sys/devices/system/cpu/cpu{cores[0] if cores else 0}/cache/index*"):
+        try:
+            with open(os.path.join(d, "size"), encoding="ascii") as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        m = re.fullmatch(r"(\d+)([KMG]?)", text)
+        if m:
+            size = int(m.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[m.group(2)]
+            best = size if best is None else max(best, size)
+    return best
+
+
 def _core_times(cores: set[int]) -> dict[int, tuple[int, int]] | None:
     """(idle, total) clock ticks of each of ``cores`` since boot, from /proc/stat (Linux), or None."""
     try:

@@ -107,9 +107,19 @@ def test_quick_calibration_times_attention_and_optimizers():
         fastest = _in_a_step(lambda i: torch.softmax(xs[i], -1), len(xs))
         flops = rows[-1] * (5 * 512 - 2)
         assert flops / fastest / 6 <= p.compute["softmax"][-1].best <= 6 * flops / fastest
+        # torch's cross-entropy over the same rows, a class a row, as FLOP/s of the count's SoftmaxCrossEntropyLoss:
+        # R·(5n − 1) for the log-softmax, R negations, R − 1 additions and a division for the mean; backward
+        # R·(2n + 1) + 1
+        assert [pt.size for pt in p.compute["cross_entropy"]] == [r * (5 * 512 + 1) for r in rows]
+        assert [pt.size for pt in p.compute["cross_entropy_backward"]] == [r * (2 * 512 + 1) + 1 for r in rows]
+        target = torch.randint(0, 512, (rows[-1],))
+        fastest = _in_a_step(lambda i: torch.nn.functional.cross_entropy(xs[i], target), len(xs))
+        flops = rows[-1] * (5 * 512 + 1)
+        assert flops / fastest / 6 <= p.compute["cross_entropy"][-1].best <= 6 * flops / fastest
     finally:
         torch.set_num_threads(threads)
     assert all(0 < pt.slowest <= pt.median <= pt.best for pt in p.compute["softmax_backward"])
+    assert all(0 < pt.slowest <= pt.median <= pt.best for pt in p.compute["cross_entropy_backward"])
     assert cal.profile_from_dict(json.loads(json.dumps(p.as_dict()))) == p
 
 
@@ -169,3 +179,45 @@ def test_optimizer_elements_timed_over_a_set_larger_than_one_tensor(monkeypatch)
         assert o["per_tensor_s"][1:] == pytest.approx([1.0 + 1e-3] * 3)  # a one-element tensor's second and 1 ms
         # k tensors: k·(1 s + n ms) less k·(1 s + 1 ms), over k·n elements
         assert o["per_element_s"] == [pytest.approx([n, *[1e-3 * (n - 1) / n] * 3]) for n in elements]
+
+
+def test_a_buffer_is_written_before_each_optimizer_step_outside_its_timing(monkeypatch):
+    """With a flush of 4 KiB, a buffer of 1024 float32 is made once and 1 added to it before every step: 2 warm-up
+    and 3 timed steps of the one-element tensors and of each of 2 sizes, for each optimizer timed, so each element
+    ends at 4 · 3 · 5 = 60. The clock reads the steps alone: the per-tensor second of a one-element tensor is
+    unchanged by the flush."""
+    torch = pytest.importorskip("torch")
+    from flopcount.measure.machine import calibrate as cb
+
+    made, clock = [], [0.0]
+    zeros = torch.zeros
+
+    def recorded(*shape, **kw):
+        t = zeros(*shape, **kw)
+        made.append(t)
+        return t
+
+    class Counted(torch.optim.SGD):
+        def step(self, closure=None):
+            clock[0] += sum(1.0 for g in self.param_groups for _ in g["params"])
+
+    for name in ("SGD", "Adam", "AdamW"):
+        monkeypatch.setattr(torch.optim, name, lambda ps, **kw: Counted(ps, lr=1e-3))
+    monkeypatch.setattr(torch, "zeros", recorded)
+    monkeypatch.setattr(cb.time, "perf_counter", lambda: clock[0])
+    out = cb._optimizers(3, (2**4, 2**6), 2**6, flush_bytes=4096)
+    flushes = [t for t in made if t.numel() == 1024]
+    assert len(flushes) == 1 and bool((flushes[0] == 4 * 3 * 5).all())
+    assert all(o["per_tensor_s"][1:] == pytest.approx([1.0] * 3) for o in out.values())
+
+
+def test_the_flush_is_the_last_level_cache_shared_out_among_the_ranks(monkeypatch):
+    from flopcount.measure.machine import calibrate as cb
+    from flopcount.measure.machine import devices
+
+    monkeypatch.setattr(devices, "last_level_cache_bytes", lambda: 480 * 2**20)
+    assert cb.optimizer_flush_bytes(cb.DEFAULT_SIZES, 1) == 480 * 2**20
+    assert cb.optimizer_flush_bytes(cb.DEFAULT_SIZES, 4) == 120 * 2**20
+    monkeypatch.setattr(devices, "last_level_cache_bytes", lambda: None)  # not said: more than today's caches
+    assert cb.optimizer_flush_bytes(cb.DEFAULT_SIZES, 2) == cb.UNKNOWN_CACHE_FLUSH // 2 == 256 * 2**20
+    assert cb.optimizer_flush_bytes(cb.QUICK_SIZES, 1) == cb.QUICK_SIZES.optimizer_flush

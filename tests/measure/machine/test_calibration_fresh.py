@@ -139,7 +139,7 @@ def test_work_timed_as_a_step_runs_it_is_timed_by_cpu_seconds_where_the_ranks_ou
 
     seen = []
     monkeypatch.setattr(devices, "cpu_cores", lambda: 4)
-    monkeypatch.setattr(cb, "_compute", lambda sizes, clock=None: seen.append(clock) or {})
+    monkeypatch.setattr(cb, "_compute", lambda sizes, clock=None, flush_bytes=0: seen.append(clock) or {})
     threads_before = torch.get_num_threads()
     try:
         cb.measure_rank(0, 1, 0, cb.QUICK_SIZES, str(tmp_path), threads, others + (ranks - 1) * threads)

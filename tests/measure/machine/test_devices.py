@@ -235,3 +235,19 @@ def test_busy_cores_on_this_machine_lies_between_none_and_all(monkeypatch):
         pytest.skip("no /proc/stat here")
     busy = devices.busy_cores(0.05)
     assert busy is not None and 0.0 <= busy <= devices.cpu_cores() + 1e-9
+
+
+def test_last_level_cache_is_the_largest_cache_the_first_core_reaches(monkeypatch, tmp_path):
+    """Linux's cache folders of the core: 48K (L1), 2048K (L2) and 491520K (L3) give 480 MiB; none give None."""
+    import glob
+
+    folders = []
+    for i, size in enumerate(("48K", "64K", "2048K", "491520K")):
+        d = tmp_path / f"index{i}"
+        d.mkdir()
+        (d / "size").write_text(size + "\n")
+        folders.append(str(d))
+    monkeypatch.setattr(glob, "glob", lambda pattern: folders if pattern.endswith("/cache/index*") else [])
+    assert devices.last_level_cache_bytes() == 480 * 2**20
+    monkeypatch.setattr(glob, "glob", lambda pattern: [])
+    assert devices.last_level_cache_bytes() is None

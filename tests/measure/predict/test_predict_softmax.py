@@ -56,3 +56,42 @@ def test_without_the_rates_a_softmax_is_its_bytes_and_said():
     notes = predict_work(work_of(_report()), _profile(False)).notes
     assert any("no timing of a softmax" in n for n in notes)
     assert not any("no timing of a softmax" in n for n in predict_work(work_of(_report()), _profile()).notes)
+
+
+CE, CEB = 1.5e9, 0.8e9  # cross-entropy FLOP/s, forward and backward
+
+
+def _loss_report():
+    """A mean SoftmaxCrossEntropyLoss of R rows of N scores against a class per row."""
+    import flopcount
+    from onnx import TensorProto
+
+    info = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "w"], ["h"]),
+         helper.make_node("SoftmaxCrossEntropyLoss", ["h", "labels"], ["y"], reduction="mean")], "loss",
+        [info("x", TensorProto.FLOAT, [R, N]), info("labels", TensorProto.INT64, [R])],
+        [info("y", TensorProto.FLOAT, [])], [weight("w", (N,))])
+    return flopcount.count(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), mode="train")
+
+
+def test_a_cross_entropy_loss_runs_its_flops_at_the_cross_entropy_rates():
+    """The loss's FLOPs, T·(5C − 1) for the log-softmax, then T negations, T − 1 additions and a division for the
+    mean: R·(5N + 1) forward; R·(2N + 1) + 1 backward (exps, the multiply by the gradient and the label's
+    subtraction per row, one division), over the calibrated cross-entropy rates."""
+    work = next(w for n, w in node_works(_loss_report()) if n.op_type == "SoftmaxCrossEntropyLoss")
+    assert work.kind == "cross_entropy"
+    timed = _profile()
+    timed = replace(timed, compute={**timed.compute, "cross_entropy": (Point(1, CE, CE, CE),),
+                                    "cross_entropy_backward": (Point(1, CEB, CEB, CEB),)})
+    f, b, _ = node_seconds(work, timed)
+    assert math.isclose(f, R * (5 * N + 1) / CE + OV_F) and math.isclose(b, (R * (2 * N + 1) + 1) / CEB + OV_B)
+    assert not any("cross-entropy" in n for n in predict_work(work_of(_loss_report()), timed).notes)
+
+
+def test_a_profile_without_cross_entropy_rates_prices_the_loss_as_a_softmax_and_says_so():
+    work = next(w for n, w in node_works(_loss_report()) if n.op_type == "SoftmaxCrossEntropyLoss")
+    f, b, _ = node_seconds(work, _profile())
+    assert math.isclose(f, R * (5 * N + 1) / S + OV_F) and math.isclose(b, (R * (2 * N + 1) + 1) / SB + OV_B)
+    notes = predict_work(work_of(_loss_report()), _profile()).notes
+    assert any("no timing of a cross-entropy loss" in n for n in notes)
