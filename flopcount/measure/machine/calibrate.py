@@ -101,7 +101,8 @@ from dataclasses import dataclass
 
 from flopcount.errors import MeasurementError, UsageError
 
-from .calibration import COLLECTIVES, OPTIMIZERS_TIMED, Collective, MachineProfile, OptimizerCost, Point, fit_segments
+from .calibration import (CALIBRATION_METHOD, COLLECTIVES, OPTIMIZERS_TIMED, Collective, MachineProfile,
+                          OptimizerCost, Point, fit_segments)
 
 __all__ = ["DEFAULT_SIZES", "QUICK_SIZES", "Sizes", "UNKNOWN_CACHE_FLUSH", "calibrate", "group_sizes", "measure_rank",
            "message_sizes", "optimizer_flush_bytes", "tail_stats"]
@@ -713,6 +714,7 @@ def calibrate(ranks: int = 1, sizes: Sizes = DEFAULT_SIZES, timeout_s: float = 1
               for g, kinds in raw.get("collectives_in_step_groups", {}).items()}
     peak = max(p.best for p in compute["gemm_in_cache"])
     machine = {"cpu": cpu_name(), "cores": cpu_cores(), "threads_per_rank": raw["threads"],
+               "method": CALIBRATION_METHOD,
                **{k: raw[k] for k in ("collectives_in_step_clock", "collectives_in_step_groups_s",
                                       "optimizer_flush_bytes") if k in raw}}
     return MachineProfile(True, "cpu", ranks, compute, overhead, collectives, peak, "fp32",

@@ -62,7 +62,7 @@ from typing import Any
 
 from flopcount.errors import MeasurementError, UsageError
 
-__all__ = ["BUS_FACTORS", "COLLECTIVES", "DEVICE_BANDWIDTHS", "FORMAT", "FORMAT_VERSION", "LATENCY_UNKNOWN",
+__all__ = ["BUS_FACTORS", "CALIBRATION_METHOD", "COLLECTIVES", "DEVICE_BANDWIDTHS", "FORMAT", "FORMAT_VERSION", "LATENCY_UNKNOWN",
            "MachineProfile", "Network", "OPTIMIZERS_TIMED", "OptimizerCost", "Point", "Segment", "TAIL",
            "above_ceiling", "bus_factor", "collective_seconds", "device_profile", "fresh_from",
            "differences", "fit_segments", "group_timing", "latency_known", "load_profile", "profile_from_dict",
@@ -70,6 +70,13 @@ __all__ = ["BUS_FACTORS", "COLLECTIVES", "DEVICE_BANDWIDTHS", "FORMAT", "FORMAT_
 
 FORMAT = "flopcount-machine-profile"
 FORMAT_VERSION = 1
+#: How ``flopcount calibrate`` times the machine, recorded in a calibrated profile's ``machine.method``: raised when a
+#: figure under an unchanged key comes to be timed another way, so that a prediction from an older profile can say
+#: so (the profile still reads: its figures are measurements, of something else). Absent (1): taken before
+#: 2026-12-01, its collectives in a step each after a barrier (a late peer's wait not seen) and its optimizer steps
+#: one after another (the state in the last-level cache). 2: the collectives in a step one after another, the
+#: optimizer steps each after the last-level cache is written.
+CALIBRATION_METHOD = 2
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 #: The optimizers whose step a calibration times (the names ``--optimizer`` takes).
 OPTIMIZERS_TIMED = ("sgd", "momentum", "adam", "adamw")

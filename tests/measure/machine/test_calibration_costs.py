@@ -66,6 +66,9 @@ def test_quick_calibration_times_attention_and_optimizers():
     from flopcount.measure.machine.calibrate import QUICK_SIZES, calibrate
 
     p = calibrate(1, QUICK_SIZES, threads=1)
+    # how it was timed, and the bytes written before each optimizer step (the quick sizes' own, one rank)
+    assert p.machine["method"] == cal.CALIBRATION_METHOD
+    assert p.machine["optimizer_flush_bytes"] == QUICK_SIZES.optimizer_flush
     sizes = [(s * s * d) ** (1 / 3) for s, d in QUICK_SIZES.attention]
     for kind in ("attention", "attention_backward"):
         assert [pt.size for pt in p.compute[kind]] == pytest.approx(sizes)
