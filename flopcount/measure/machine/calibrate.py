@@ -57,22 +57,23 @@ others work beside it (on a CPU the ranks share the cores). In each process:
   :func:`~.calibration.fit_segments`;
 * **collectives in a step** (``collectives_in_step``): the same calls and sizes, made as a step makes them: one
   after another with no barrier between, each after a burst of compute as a step runs between its collectives (a
-  layer's piece of work: five 512×256 by 256×256 products, each followed by three elementwise operators into new
-  tensors, which evict the caches the call's buffers and gloo's state were in, and during which gloo's threads go
-  idle). A rank that leaves one call late arrives late at the next, where its peer waits: a barrier before each
-  call would hide that wait, which a step pays. Each call is timed as the larger of its wall-clock seconds and the
-  CPU seconds of the whole process over it (every thread: gloo reduces and moves the bytes on threads of its own);
-  by the CPU seconds alone where the ranks' threads, with the machine's other load when the calibration began (the
-  cores busy then, from /proc/stat over 0.25 s, else the 1-minute load average; in whole cores, less than half a
-  core counted as none), outnumber the cores (the wall clock then holds the other ranks' and processes' turns on the
-  cores; the profile's ``machine.collectives_in_step_clock`` says which: ``cpu`` or ``wall_or_cpu``). In a tight
-  loop the same call finds its buffers in cache and gloo's threads awake. A call's cost there is heavy-tailed (most
-  calls near the median, a few costing ten times more: gloo's event-loop thread burning the CPU while a peer is
-  late), so each size is timed ``in_step_repeats`` (40) times, or at least ``in_step_least`` (12) once the size has
-  taken ``in_step_budget_s`` (0.3 s: the ranks agree whether to stop at the start of each chain of 6 calls), and
-  its point records the mean and the 90th percentile of the calls beside the median, best and slowest
-  (:func:`tail_stats`), each the slowest rank's own figure over its calls (a step lasts its own calls, not the
-  slowest rank's of each call);
+  16 MiB buffer written, which evicts the caches the call's buffers and gloo's state were in, then a layer's piece of
+  work: five 512×256 by 256×256 products, each followed by three elementwise operators into new tensors, during
+  which gloo's threads go idle). A rank that leaves one call late arrives late at the next, where its peer waits: a
+  barrier before each call would hide that wait, which a step pays. Each call is timed as the larger of its
+  wall-clock seconds and the CPU seconds of the whole process over it (every thread: gloo reduces and moves the
+  bytes on threads of its own); by the CPU seconds alone where the ranks' threads, with the machine's other load
+  when the calibration began (the cores busy then, from /proc/stat over 0.25 s, else the 1-minute load average; in
+  whole cores, less than half a core counted as none), outnumber the cores (the wall clock then holds the other
+  ranks' and processes' turns on the cores; the profile's ``machine.collectives_in_step_clock`` says which: ``cpu``
+  or ``wall_or_cpu``). In a tight loop the same call finds its buffers in cache and gloo's threads awake. A call's
+  cost there is heavy-tailed (most calls near the median, a few costing ten times more: gloo's event-loop thread
+  burning the CPU while a peer is late), so each size is timed ``in_step_repeats`` (40) times, or at least
+  ``in_step_least`` (12) once the size has taken ``in_step_budget_s`` (0.3 s: the ranks agree whether to stop at the
+  start of each chain of 6 calls), and its point records the mean and the 90th percentile of the calls beside the
+  median, best and slowest (:func:`tail_stats`): by the wall clock each the slowest rank's own figure over its calls
+  (a step lasts its own calls), by the CPU seconds alone each of the slowest rank of each call (see
+  :func:`_collectives`);
 * **collectives in a step over smaller groups** (``collectives_in_step_groups``, with ``ranks`` ≥ 4): for each
   group size g from 2 to below ``ranks`` that divides it (:func:`group_sizes`: the tensor- or data-parallel groups
   a plan on these ranks can make), the ranks split into groups of g (0 to g-1, g to 2g-1, ...; each made by
@@ -536,13 +537,15 @@ def _time_collective(kind: str, nbytes: int, rank: int, n: int, repeats: int,
 
 
 def _compute_burst():
-    """What a collective in a step follows: a layer's piece of work, five times a 512×256 by 256×256 product and
-    three elementwise operators on its output, each into a new tensor (see the module)."""
+    """What a collective in a step follows: a 16 MiB buffer written (the caches evicted), then a layer's piece of
+    work, five times a 512×256 by 256×256 product and three elementwise operators on its output, each into a new
+    tensor (see the module)."""
     import torch
 
-    a, b = torch.randn(512, 256), torch.randn(256, 256) / 16
+    flush, a, b = torch.zeros(4 * 2**20), torch.randn(512, 256), torch.randn(256, 256) / 16
 
     def burst():
+        flush.add_(1.0)
         x = a
         for _ in range(5):
             x = (torch.nn.functional.silu(torch.mm(x, b)) + x) * 0.5
@@ -553,9 +556,11 @@ def _collectives(rank: int, n: int, sizes: Sizes, in_step: _InStep | None = None
                  kinds: tuple[str, ...] = COLLECTIVES) -> dict:
     """[bytes, median, best, slowest] seconds of each of ``kinds`` at each message size, the slowest rank of each
     repeat; with ``in_step`` as a step runs them (up to ``sizes.in_step_repeats`` repeats, and the mean and p90
-    after the slowest), each the largest of the ranks' own (a rank waiting for a late peer in one call finds the
-    peer waiting in another: its step is its own calls'), else in a tight loop; over ``group`` (this rank's group of
-    ``n``; None: all the ranks)."""
+    after the slowest), else in a tight loop; over ``group`` (this rank's group of ``n``; None: all the ranks).
+    Timed in a step by the wall clock, each figure is the largest of the ranks' own over their calls: a rank's
+    call holds its wait for a late peer, and a rank waiting in one call finds the peer waiting in another, so a
+    step lasts its own calls. By the CPU seconds alone (``cpu_only``) a call does not hold that wait: the slowest
+    rank of each call stands for it (the ranks leave each call together)."""
     import torch
     import torch.distributed as dist
 
@@ -565,10 +570,11 @@ def _collectives(rank: int, n: int, sizes: Sizes, in_step: _InStep | None = None
         for nbytes in message_sizes(sizes.messages, n):
             repeats = sizes.repeats if in_step is None else sizes.in_step_repeats
             seconds = _time_collective(kind, nbytes, rank, n, repeats, in_step, group)
-            if in_step is None:
+            if in_step is None or in_step.cpu_only:
                 t = torch.tensor(seconds, dtype=torch.float64)
                 dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank of each repeat
-                rows.append([nbytes, *_stats(t.tolist(), False)])
+                rows.append([nbytes, *_stats(t.tolist(), False),
+                             *(tail_stats(t.tolist()) if in_step is not None else ())])
             else:
                 t = torch.tensor([*_stats(seconds, False), *tail_stats(seconds)], dtype=torch.float64)
                 dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank's figures

@@ -1,7 +1,8 @@
 """Collectives timed in a step are timed as a step makes them: one call after another with compute between and no
-barrier, the ranks agreeing whether to stop only at each chain's start; each point's figures are the slowest
-rank's own (its median, best, slowest, mean and p90 over its calls), not figures of each call's slowest rank. The
-distributed calls are stood in for here, so the order and the arithmetic are seen exactly."""
+barrier, the ranks agreeing whether to stop only at each chain's start. By the wall clock each point's figures are
+the slowest rank's own (its median, best, slowest, mean and p90 over its calls); by the CPU seconds alone, the
+figures of each call's slowest rank. The distributed calls are stood in for here, so the order and the arithmetic
+are seen exactly."""
 
 from __future__ import annotations
 
@@ -70,3 +71,20 @@ def test_a_point_in_a_step_is_the_slowest_ranks_own_figures(monkeypatch):
     in_step = cb._InStep(lambda: None, False, least=1, budget_s=0.0)
     rows = cb._collectives(0, 2, sizes, in_step, kinds=("all_reduce",))
     assert rows == {"all_reduce": [[4096, 2.0, 2.0, 11.0, 3.0, 11.0]]}
+
+
+def test_timed_by_cpu_seconds_a_point_is_the_slowest_rank_of_each_call(monkeypatch):
+    """By the CPU seconds alone a call does not hold a rank's wait for a late peer: the same two ranks' calls (1, 1,
+    1, 1 and 11 s; 2 s each) give the slowest rank of each call, 2, 2, 2, 2 and 11: median 2, best 2, slowest 11,
+    mean 19 / 5 = 3.8, p90 11."""
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    from flopcount.measure.machine import calibrate as cb
+
+    peer = torch.tensor([2.0] * 5, dtype=torch.float64)
+    monkeypatch.setattr(dist, "all_reduce", lambda t, op=None, group=None: t.copy_(torch.maximum(t, peer)))
+    monkeypatch.setattr(cb, "_time_collective", lambda *a, **k: [1.0, 1.0, 1.0, 1.0, 11.0])
+    in_step = cb._InStep(lambda: None, True, least=1, budget_s=0.0)
+    rows = cb._collectives(0, 2, cb.Sizes(messages=(4096,)), in_step, kinds=("all_reduce",))
+    assert rows == {"all_reduce": [[4096, 2.0, 2.0, 11.0, pytest.approx(3.8), 11.0]]}
