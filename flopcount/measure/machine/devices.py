@@ -377,26 +377,29 @@ def last_level_cache_bytes() -> int | None:
     return best
 
 
-def _core_times(cores: set[int]) -> dict[int, tuple[int, int]] | None:
-    """(idle, total) clock ticks of each of ``cores`` since boot, from /proc/stat (Linux), or None."""
+def _core_times(cores: set[int], path: str = "/proc/stat") -> dict[int, tuple[int, int]] | None:
+    """(idle, total) clock ticks of each of ``cores`` since boot, from /proc/stat (Linux), or None where it cannot be
+    read or lists none of them (a line it cannot read is passed over)."""
     try:
-        with open("/proc/stat", encoding="ascii") as f:
+        with open(path, encoding="ascii") as f:
             lines = f.read().splitlines()
-    except OSError:
+    except (OSError, UnicodeDecodeError):
         return None
     out = {}
     for line in lines:
-        name, *fields = line.split()
-        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cores:
-            ticks = [int(v) for v in fields[:8]]  # user nice system idle iowait irq softirq steal
-            out[int(name[3:])] = (ticks[3] + ticks[4], sum(ticks))
+        name, *fields = line.split() or [""]
+        if not (name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cores and len(fields) >= 5
+                and all(v.isdigit() for v in fields[:8])):
+            continue
+        ticks = [int(v) for v in fields[:8]]  # user nice system idle iowait irq softirq steal
+        out[int(name[3:])] = (ticks[3] + ticks[4], sum(ticks))
     return out or None
 
 
 def busy_cores(seconds: float = 0.25) -> float | None:
     """How many of the cores this process may run on were busy over the next ``seconds`` (each core's busy
-    fraction, summed; the waiting on I/O counted idle), from /proc/stat; None where it cannot be read. Unlike
-    the load average, which still holds the processes of the minute before, this is the load now."""
+    fraction, summed; the waiting on I/O counted idle), from /proc/stat; None where it cannot be read (either
+    reading). Unlike the load average, which still holds the processes of the minute before, this is the load now."""
     import time
 
     cores = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
@@ -404,11 +407,14 @@ def busy_cores(seconds: float = 0.25) -> float | None:
     if before is None:
         return None
     time.sleep(seconds)
-    after = _core_times(cores) or {}
+    after = _core_times(cores)
+    if after is None:
+        return None
     busy = 0.0
     for core, (idle, total) in after.items():
         if core in before and total > before[core][1]:
-            busy += 1.0 - (idle - before[core][0]) / (total - before[core][1])
+            fraction = 1.0 - (idle - before[core][0]) / (total - before[core][1])
+            busy += min(1.0, max(0.0, fraction))
     return busy
 
 

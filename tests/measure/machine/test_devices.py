@@ -251,3 +251,21 @@ def test_last_level_cache_is_the_largest_cache_the_first_core_reaches(monkeypatc
     assert devices.last_level_cache_bytes() == 480 * 2**20
     monkeypatch.setattr(glob, "glob", lambda pattern: [])
     assert devices.last_level_cache_bytes() is None
+
+
+def test_core_times_pass_over_lines_they_cannot_read(tmp_path):
+    """A blank line, a short line and a non-number are passed over; cpu0's idle is idle + iowait (40 + 2), its total
+    the eight fields' sum (10 + 0 + 5 + 40 + 2 + 1 + 1 + 1 = 60); a core outside the set is not read."""
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  1 2 3 4 5 6 7 8\n\ncpu0 10 0 5 40 2 1 1 1 0 0\ncpu1 1 2\ncpu2 x 1 1 1 1 1 1 1\n"
+                    "cpu3 1 1 1 1 1 1 1 1\nintr 5\n")
+    assert devices._core_times({0, 1, 2}, str(stat)) == {0: (42, 60)}
+    assert devices._core_times({5}, str(stat)) is None
+    assert devices._core_times({0}, str(tmp_path / "absent")) is None
+
+
+def test_busy_cores_is_none_where_the_second_reading_fails(monkeypatch):
+    readings = iter([{0: (100, 200)}, None])
+    monkeypatch.setattr(devices, "_core_times", lambda cores: next(readings))
+    monkeypatch.setattr(devices.os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert devices.busy_cores(0.0) is None
