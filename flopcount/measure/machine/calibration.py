@@ -31,12 +31,12 @@ A profile holds:
   (:data:`BUS_FACTORS`);
 * ``collectives_in_step`` (null in a profile taken before it was measured, and in a datasheet profile): the same
   collectives timed as a step runs them, one call after another, each after a burst of compute that evicts the
-  caches, each figure the slowest rank's own over its calls (the larger of
-  its wall-clock seconds and the CPU seconds of every thread of the process, the CPU seconds alone where the
-  ranks' threads outnumber the cores), as points and their fit: what a prediction prices a step's collectives at
-  where present. Each of its points also has the ``mean`` and the 90th percentile (``p90``) of its calls (absent in
-  a profile taken before calibrate recorded them), fitted as the median is: a call's cost there is heavy-tailed,
-  and a step's total sees the mean (:func:`tail_fits`);
+  caches (by the wall clock each figure the slowest rank's own over its calls, by the CPU seconds alone that of the
+  slowest rank of each call; the larger of its wall-clock seconds and the CPU seconds of every thread of the
+  process, the CPU seconds alone where the ranks' threads outnumber the cores), as points and their fit: what a
+  prediction prices a step's collectives at where present. Each of its points also has the ``mean`` and the 90th
+  percentile (``p90``) of its calls (absent in a profile taken before calibrate recorded them), fitted as the median
+  is: a call's cost there is heavy-tailed, and a step's total sees the mean (:func:`tail_fits`);
 * ``collectives_in_step_groups`` (null in a profile of fewer than 4 ranks, in one taken before it was measured,
   and in a datasheet profile): per group size g (a JSON key, the integer as text) smaller than the profile's
   ranks that divides them (``2`` of a 4-rank profile), the ``all_reduce``, ``all_gather`` and ``reduce_scatter``
