@@ -90,8 +90,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .machine.calibration import (CALIBRATION_METHOD, MachineProfile, collective_seconds, fresh_from, group_timing,
-                                  latency_known, rate_at, tail_fits)
+from .machine.calibration import (CALIBRATION_METHOD, METHOD_CHANGES, MachineProfile, collective_seconds, fresh_from,
+                                  group_timing, latency_known, rate_at, tail_fits)
 
 __all__ = ["BUCKET_BYTES", "BUSY_LOAD", "FIRST_BUCKET_BYTES", "GEMM_FAMILIES", "Message", "NodeWork",
            "OPTIMIZER_TRAFFIC", "Prediction", "REDUCTION_FAMILIES", "RankWork", "Timeline", "Work", "busy_seconds",
@@ -577,10 +577,9 @@ def _missing_calibrations(work: Work, profile: MachineProfile) -> list[str]:
     out = []
     method = profile.machine.get("method", 1)  # a profile that describes no machine says nothing of its method
     if profile.machine and isinstance(method, int) and method < CALIBRATION_METHOD:
+        changes = "; ".join(METHOD_CHANGES[m] for m in range(max(method, 1) + 1, CALIBRATION_METHOD + 1))
         out.append(f"the profile was taken by an earlier flopcount calibrate (method {method}, this one "
-                   f"{CALIBRATION_METHOD}): its collectives in a step and its optimizer steps were timed otherwise "
-                   "(each collective after a barrier, which hides a late peer's wait; the optimizer's state left "
-                   "in the cache); calibrate again")
+                   f"{CALIBRATION_METHOD}): {changes}; calibrate again")
     names = sorted({r.optimizer for r in work.ranks if r.optimizer and r.optimizer_tensors})
     if names and not all(n in (profile.optimizers or {}) for n in names):
         out.append(f"the profile has no timing of the {', '.join(names)} step (taken before calibrate measured "

@@ -120,9 +120,10 @@ class Sizes:
     gemm: tuple[int, ...] = (16, 64, 128, 256, 512, 768)
     elementwise: tuple[int, ...] = (1024, 16 * 1024, 256 * 1024, 4 * 2**20, 32 * 2**20)
     # from 64 bytes (an MoE router's counts per expert, gathered before each dispatch) to 32 MiB (DDP's 25 MiB
-    # buckets inside the calibrated sizes)
-    messages: tuple[int, ...] = (64, 1024, 4 * 1024, 16 * 1024, 64 * 1024, 256 * 1024, 1 * 2**20, 4 * 2**20,
-                                 16 * 2**20, 32 * 2**20)
+    # buckets inside the calibrated sizes), every factor of 2 from 64 KiB to 2 MiB (a layer's activations, where the
+    # calls of a step wait on each other most)
+    messages: tuple[int, ...] = (64, 1024, 4 * 1024, 16 * 1024, 64 * 1024, 128 * 1024, 256 * 1024, 512 * 1024,
+                                 1 * 2**20, 2 * 2**20, 4 * 2**20, 16 * 2**20, 32 * 2**20)
     repeats: int = 7
     gemm_budget_s: float = 0.6
     attention: tuple[tuple[int, int], ...] = ((64, 32), (128, 32), (256, 64), (512, 64))  # (sequence, head size)

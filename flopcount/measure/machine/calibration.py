@@ -53,6 +53,7 @@ taken on another machine, torch or rank count gives one warning line naming the 
 
 from __future__ import annotations
 
+import bisect
 import functools
 import json
 import math
@@ -63,7 +64,7 @@ from typing import Any
 from flopcount.errors import MeasurementError, UsageError
 
 __all__ = ["BUS_FACTORS", "CALIBRATION_METHOD", "COLLECTIVES", "DEVICE_BANDWIDTHS", "FORMAT", "FORMAT_VERSION",
-           "LATENCY_UNKNOWN", "MachineProfile", "Network", "OPTIMIZERS_TIMED", "OptimizerCost", "Point", "Segment",
+           "LATENCY_UNKNOWN", "METHOD_CHANGES", "MachineProfile", "Network", "OPTIMIZERS_TIMED", "OptimizerCost", "Point", "Segment",
            "TAIL", "above_ceiling", "bus_factor", "collective_seconds", "device_profile", "fresh_from", "differences",
            "fit_segments", "group_timing", "latency_known", "load_profile", "profile_from_dict", "rate_at", "tail_fits",
            "this_machine"]
@@ -73,10 +74,15 @@ FORMAT_VERSION = 1
 #: How ``flopcount calibrate`` times the machine, recorded in a calibrated profile's ``machine.method``: raised when a
 #: figure under an unchanged key comes to be timed another way, so that a prediction from an older profile can say
 #: so (the profile still reads: its figures are measurements, of something else). Absent (1): taken before
-#: 2026-12-01, its collectives in a step each after a barrier (a late peer's wait not seen) and its optimizer steps
-#: one after another (the state in the last-level cache). 2: the collectives in a step one after another, the
-#: optimizer steps each after the last-level cache is written.
-CALIBRATION_METHOD = 2
+#: 2026-12-01. What each method changed from the one before: :data:`METHOD_CHANGES`.
+CALIBRATION_METHOD = 3
+#: Each method → what a profile of the method before it timed otherwise (a prediction's note names them).
+METHOD_CHANGES = {
+    2: "each collective in a step was timed after a barrier, which hides a late peer's wait, and the optimizer "
+       "steps one after another, their state left in the cache",
+    3: "its collectives were timed without 128 KiB, 512 KiB and 2 MiB messages and fitted in two size ranges "
+       "(up to 64 KiB, and above), not three (up to 64 KiB, up to 1 MiB, and above)",
+}
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 #: The optimizers whose step a calibration times (the names ``--optimizer`` takes).
 OPTIMIZERS_TIMED = ("sgd", "momentum", "adam", "adamw")
@@ -88,8 +94,10 @@ BUS_FACTORS = {"all_reduce": "2(n-1)/n", "all_gather": "(n-1)/n", "reduce_scatte
 #: The statistics of a point's calls beyond its median, best and slowest, where timed (``collectives_in_step``):
 #: their mean and 90th percentile.
 TAIL = ("mean", "p90")
-#: Bytes at which the collectives' fit changes range: latency-bound messages below, bandwidth-bound above.
-SPLIT_BYTES = 64 * 1024
+#: Bytes at which the collectives' fit changes range (a payload equal to one falls below it): latency-bound messages
+#: up to 64 KiB, then the sizes a layer's activations and a small bucket have (up to 1 MiB: the calls wait on each
+#: other most there, their latency and bandwidth both part of the time), then bandwidth-bound ones.
+SPLIT_BYTES = (64 * 1024, 2**20)
 
 
 def bus_factor(kind: str, n: int) -> float:
@@ -323,14 +331,12 @@ def _fit_line(xs: Sequence[float], ts: Sequence[float]) -> tuple[float, float]:
 
 
 def fit_segments(kind: str, n: int, points: Sequence[Point]) -> tuple[Segment, ...]:
-    """The fit of a collective's timed points (payload bytes → seconds) over ``n`` ranks: one segment for the
-    payloads up to :data:`SPLIT_BYTES` and one above (each needs two points; a range with fewer joins the other),
-    each a least-squares line (in relative error) latency + bus bytes / bus bandwidth for the median, best and
-    slowest times, and for the mean and p90 where every point has them."""
+    """The fit of a collective's timed points (payload bytes → seconds) over ``n`` ranks: one segment for each size
+    range that :data:`SPLIT_BYTES` bounds (each needs two points; a range with fewer joins the one below it, the
+    lowest the one above), each a least-squares line (in relative error) latency + bus bytes / bus bandwidth for the
+    median, best and slowest times, and for the mean and p90 where every point has them."""
     pts = sorted(points, key=lambda p: p.size)
-    small = [p for p in pts if p.size <= SPLIT_BYTES]
-    large = [p for p in pts if p.size > SPLIT_BYTES]
-    ranges = [r for r in (small, large) if len(r) >= 2] if len(small) >= 2 and len(large) >= 2 else [pts]
+    ranges = _size_ranges(pts)
     f = bus_factor(kind, n)
     whiches = ("median", "best", "slowest") + (TAIL if pts and all(p.mean is not None and p.p90 is not None
                                                                     for p in pts) else ())
@@ -342,6 +348,25 @@ def fit_segments(kind: str, n: int, points: Sequence[Point]) -> tuple[Segment, .
         low = r[0].size if k == 0 else ranges[k - 1][-1].size
         out.append(Segment(low, r[-1].size, lat, bw))
     return tuple(out)
+
+
+def _size_ranges(pts: Sequence[Point]) -> list[list[Point]]:
+    """``pts`` (sorted by size) split at :data:`SPLIT_BYTES`, a range of fewer than two points joined to the one
+    below it (the lowest to the one above).
+
+    >>> [[p.size for p in r] for r in _size_ranges([Point(b, 1, 1, 1) for b in (64, 1024, 2**17, 2**19, 2**22)])]
+    [[64, 1024], [131072, 524288, 4194304]]
+    """
+    ranges: list[list[Point]] = [[] for _ in range(len(SPLIT_BYTES) + 1)]
+    for p in pts:
+        ranges[bisect.bisect_left(SPLIT_BYTES, p.size)].append(p)
+    ranges = [r for r in ranges if r]
+    while len(ranges) > 1 and any(len(r) < 2 for r in ranges):
+        k = next(k for k, r in enumerate(ranges) if len(r) < 2)
+        into = k - 1 if k > 0 else 1
+        ranges[min(k, into)] = ranges[min(k, into)] + ranges[max(k, into)]
+        del ranges[max(k, into)]
+    return ranges
 
 
 # Published bandwidths of the devices a profile can be made for without measuring (per GPU): HBM from the product

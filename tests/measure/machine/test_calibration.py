@@ -39,6 +39,26 @@ def test_fit_recovers_latency_and_bus_bandwidth(kind, n):
     assert cal.collective_seconds(coll, kind, b, 1) == (0.0, False)  # one rank sends nothing
 
 
+def test_the_fit_has_a_range_up_to_64_kib_one_up_to_1_mib_and_one_above():
+    """Three lines, one a range: each range's fit is its own line, and a message is timed by the range it falls in
+    (a payload on a bound falls below it); a range with one point joins the one below."""
+    lines = ((20e-6, 0.2e9, (64, 4096, 65536)), (900e-6, 0.6e9, (131072, 524288, 1 << 20)),
+             (300e-6, 2e9, (2 << 20, 8 << 20, 32 << 20)))
+    pts = [p for a, bw, sizes in lines for p in _line(a, bw, "all_reduce", 2, sizes)]
+    segs = cal.fit_segments("all_reduce", 2, pts)
+    assert [(s.low, s.high) for s in segs] == [(64, 65536), (65536, 1 << 20), (1 << 20, 32 << 20)]
+    for s, (a, bw, _) in zip(segs, lines):
+        assert s.latency_s["median"] == pytest.approx(a, rel=1e-6)
+        assert s.bus_bytes_per_s["median"] == pytest.approx(bw, rel=1e-6)
+    coll = cal.Collective(2, tuple(pts), segs)
+    # over 2 ranks the bus factor is 2·1/2 = 1
+    assert cal.collective_seconds(coll, "all_reduce", 1 << 20, 2)[0] == pytest.approx(900e-6 + (1 << 20) / 0.6e9)
+    assert cal.collective_seconds(coll, "all_reduce", 3 << 19, 2)[0] == pytest.approx(300e-6 + (3 << 19) / 2e9)
+    one_above = pts[:6] + pts[6:7]  # 2 MiB alone above 1 MiB: fitted with the range below
+    assert [(s.low, s.high) for s in cal.fit_segments("all_reduce", 2, one_above)] == [(64, 65536),
+                                                                                      (65536, 2 << 20)]
+
+
 def test_all_reduce_over_n_ranks_closed_form():
     lat, bw, n, b = 1e-4, 2e9, 8, 3 << 20
     seg = cal.Segment(0, math.inf, {"median": lat}, {"median": bw})
@@ -197,17 +217,19 @@ def test_the_fit_weighs_each_message_by_its_relative_error():
     least squares of t against x with weights 1/t (its residuals divided by t: the relative error), so that the
     small messages of a range are not sacrificed to its largest."""
     np = pytest.importorskip("numpy")
-    sizes = [131072, 262144, 1 << 20, 4 << 20, 16 << 20]
-    ts = [100e-6 + b / 1e9 for b in sizes]
+    sizes = [2 << 20, 4 << 20, 8 << 20, 16 << 20, 64 << 20]
+    ts = [1e-3 + b / 1e9 for b in sizes]
     ts[-1] *= 0.8
     pts = [Point(b, t, t, t) for b, t in zip(sizes, ts)]
-    tiny = [Point(b, 1e-4, 1e-4, 1e-4) for b in (1024, 4096)]  # the range up to 64 KiB, fitted apart
-    _, seg = cal.fit_segments("send_recv", 2, [*tiny, *pts])
+    # the ranges up to 64 KiB and up to 1 MiB, fitted apart
+    tiny = [Point(b, 1e-4, 1e-4, 1e-4) for b in (1024, 4096, 128 << 10, 512 << 10)]
+    *_, seg = cal.fit_segments("send_recv", 2, [*tiny, *pts])
+    assert seg.low == 512 << 10 and seg.high == 64 << 20
     slope, intercept = np.polyfit(sizes, ts, 1, w=[1 / t for t in ts])
     assert seg.latency_s["best"] == pytest.approx(intercept, rel=1e-6)
     assert seg.bus_bytes_per_s["best"] == pytest.approx(1 / slope, rel=1e-6)
     fitted = [cal.collective_seconds(cal.Collective(2, tuple(pts), (seg,)), "send_recv", b, 2, "best")[0]
               for b in sizes]
-    assert abs(fitted[1] / ts[1] - 1) < 0.1  # 256 KiB within 10%: an unweighted line misses it by far more
+    assert abs(fitted[1] / ts[1] - 1) < 0.1  # 4 MiB within 10%: an unweighted line misses it by far more
     unweighted = np.polyfit(sizes, ts, 1)
     assert abs(np.polyval(unweighted, sizes[1]) / ts[1] - 1) > abs(fitted[1] / ts[1] - 1)

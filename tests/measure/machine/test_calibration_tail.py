@@ -25,7 +25,7 @@ def test_mean_and_90th_percentile_of_heavy_tailed_calls():
     assert tail_stats([7.0, 2.0, 10.0, 1.0, 9.0, 4.0, 3.0, 8.0, 6.0, 5.0]) == (pytest.approx(5.5), 9.0)
 
 
-def _points(sizes=(1024, 8192, 65536, 1 << 20, 1 << 22)) -> list[cal.Point]:
+def _points(sizes=(1024, 8192, 65536, 1 << 19, 1 << 20, 1 << 22, 1 << 24)) -> list[cal.Point]:
     # over 2 ranks (bus factor 2·1/2 = 1): median 0.2 ms + B / 2 GB/s, mean 1 ms + B / 1 GB/s, p90 4 ms + B / 0.5 GB/s
     return [cal.Point(b, 2e-4 + b / 2e9, 1e-4 + b / 4e9, 9e-3 + b / 1e8, 1e-3 + b / 1e9, 4e-3 + b / 5e8)
             for b in sizes]
@@ -33,7 +33,7 @@ def _points(sizes=(1024, 8192, 65536, 1 << 20, 1 << 22)) -> list[cal.Point]:
 
 def test_the_mean_and_p90_are_fitted_as_the_median_is():
     segs = cal.fit_segments("all_reduce", 2, _points())
-    assert len(segs) == 2  # up to 64 KiB, and above
+    assert len(segs) == 3  # up to 64 KiB, up to 1 MiB, and above
     for s in segs:
         assert s.latency_s["mean"] == pytest.approx(1e-3, rel=1e-6)
         assert s.bus_bytes_per_s["mean"] == pytest.approx(1e9, rel=1e-6)

@@ -1,6 +1,6 @@
 """A calibrated profile records how calibrate timed it (``machine.method``): a prediction from one taken by an
-earlier calibrate, whose figures under the same keys were timed otherwise, says so in one note; one of this
-calibrate's says nothing of it."""
+earlier calibrate, whose figures under the same keys were timed otherwise, says so in one note, naming what each
+later method changed; one of this calibrate's says nothing of it."""
 
 from __future__ import annotations
 
@@ -38,6 +38,15 @@ def test_a_profile_of_an_earlier_calibrate_is_said_so_once():
     old = _said(_profile({"cores": 2}))  # no method: taken before calibrate recorded one
     assert len(old) == 1 and f"method 1, this one {CALIBRATION_METHOD}" in old[0] and "calibrate again" in old[0]
     assert len(_said(_profile({"cores": 2, "method": CALIBRATION_METHOD - 1}))) == 1
+
+
+def test_the_note_names_what_each_later_method_changed_and_no_earlier_one():
+    """A method-1 profile's note names the barrier (method 2) and the size ranges (method 3); a method-2 one's only
+    the size ranges."""
+    one = _said(_profile({"cores": 2}))[0]
+    two = _said(_profile({"cores": 2, "method": 2}))[0]
+    assert "barrier" in one and "three (up to 64 KiB, up to 1 MiB, and above)" in one
+    assert "barrier" not in two and "512 KiB" in two and "method 2, this one 3" in two
 
 
 def test_a_profile_of_this_calibrate_or_a_datasheet_says_nothing_of_it():
