@@ -1,6 +1,6 @@
 """Predicted beside measured step time: real training runs on this CPU over gloo (1, 2 or 4 processes on this
-host) against ``flopcount --predict``, from profiles calibrated beforehand in separate processes and never fitted
-to these runs.
+host) against ``flopcount --predict``, from profiles calibrated beforehand in separate processes (each rank count's
+just before its runs, which go together) and never fitted to these runs.
 
 Each run trains a small decoder built here from a configuration (``LlamaForCausalLM``, and ``GPT2LMHeadModel`` on
 one rank; random weights, nothing downloaded) with AdamW, one thread per process (the profiles are calibrated with
@@ -457,16 +457,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profiles", help="a folder of profile-W.json already calibrated (default: calibrate now)")
     ap.add_argument("-o", "--output", help="write the results as JSON")
     args = ap.parse_args(argv)
-    runs = [r for r in RUNS if not args.runs or r.name in args.runs.split(",")]
+    # the runs of each rank count together, their profile calibrated just before them (in its own process): this
+    # shared machine's speed drifts by up to a fifth over hours, and by several percent over minutes
+    runs = sorted((r for r in RUNS if not args.runs or r.name in args.runs.split(",")), key=lambda r: r.world)
     folder = tempfile.mkdtemp(prefix="flopcount-step-time-")
     for name, cfg in MODELS.items():
         with open(os.path.join(folder, f"{name}.json"), "w", encoding="utf-8") as f:
             json.dump(cfg, f)
     profiles = {}
-    for w in sorted({r.world for r in runs}):  # each in its own process, before any run
-        profiles[w] = os.path.join(args.profiles, f"profile-{w}.json") if args.profiles else calibrate(w, folder)
     rows = []
     for run in runs:
+        if run.world not in profiles:
+            profiles[run.world] = (os.path.join(args.profiles, f"profile-{run.world}.json") if args.profiles
+                                   else calibrate(run.world, folder))
         load0 = os.getloadavg()[0]
         got = measure(run, args.warmup, args.repeats)
         load1 = os.getloadavg()[0]
