@@ -64,8 +64,8 @@ from typing import Any
 from flopcount.errors import MeasurementError, UsageError
 
 __all__ = ["BUS_FACTORS", "CALIBRATION_METHOD", "COLLECTIVES", "DEVICE_BANDWIDTHS", "FORMAT", "FORMAT_VERSION",
-           "LATENCY_UNKNOWN", "METHOD_CHANGES", "MachineProfile", "Network", "OPTIMIZERS_TIMED", "OptimizerCost", "Point", "Segment",
-           "TAIL", "above_ceiling", "bus_factor", "collective_seconds", "device_profile", "fresh_from", "differences",
+           "LATENCY_UNKNOWN", "METHOD_CHANGES", "MachineProfile", "Network", "OPTIMIZERS_TIMED", "OptimizerCost",
+           "Point", "Segment", "TAIL", "above_ceiling", "bus_factor", "collective_seconds", "device_profile", "fresh_from", "differences",
            "fit_segments", "group_timing", "latency_known", "load_profile", "profile_from_dict", "rate_at", "tail_fits",
            "this_machine"]
 
