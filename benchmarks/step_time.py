@@ -16,6 +16,11 @@ spread (slowest/fastest) of the repeats are printed beside the prediction's erro
 
     PYTHONPATH=$PWD python3 benchmarks/step_time.py            # every run (several minutes)
     PYTHONPATH=$PWD python3 benchmarks/step_time.py --runs 1rank-llama-b4,dp2-m1 --repeats 3
+    PYTHONPATH=$PWD python3 benchmarks/step_time.py --passes 2   # every run twice, minutes apart (twice as long)
+
+With ``--passes N`` every run is timed N times, one pass over all the runs after another, each pass calibrating its
+own profiles: each run's figures are the medians over the passes, printed beside the spread between the passes'
+medians (the machine's drift over minutes, which the repeats of one pass, consecutive steps, do not show).
 
 The CPU's cores are shared with whatever else runs: the 1-minute load average is printed beside each run.
 """
@@ -449,14 +454,64 @@ def _end(v) -> str:
     """An end of the predicted interval (None: not known, the prediction's interval_note says why)."""
     return "?" if v is None else f"{v:.3f}"
 
+def _timed(run: Run, args, folder: str, profile: str) -> dict:
+    """One pass of ``run``: measured, then predicted from ``profile``."""
+    load0 = os.getloadavg()[0]
+    got = measure(run, args.warmup, args.repeats)
+    load1 = os.getloadavg()[0]
+    pred = predict(run, folder, profile, got.get("expert_load"))  # the run's routing under ep
+    times = got["wall"]
+    med = statistics.median(times)
+    cpu = max(statistics.median(c) for c in got["cpu"])
+    busy = max(r["compute_seconds"] + r["optimizer_seconds"] + sum(
+        v["exposed"] + v["overlapped"] for v in r["communication_seconds"].values()) for r in pred["ranks"])
+    return {"run": run.name, "measured_s": med, "fastest_s": min(times), "slowest_s": max(times),
+            "predicted_s": pred["step_seconds"], "interval": pred["interval"], "error": pred["step_seconds"] / med - 1,
+            "cpu_s": cpu, "predicted_busy_s": busy, "cpu_error": busy / cpu - 1,
+            "predicted_overhead_s": max(r.get("overhead_seconds", 0.0) for r in pred["ranks"]),
+            "load": [load0, load1]}
+
+
+def _over_passes(rows: list[dict]) -> dict:
+    """One run's passes as one row: the medians of its measured and predicted figures over the passes (the errors
+    theirs), the fastest and slowest step of any pass, the widest interval, the spread between the passes' medians
+    (``between_passes``: the slowest over the fastest, less 1), and each pass's row."""
+    med = {k: statistics.median(r[k] for r in rows) for k in ("measured_s", "predicted_s", "cpu_s", "predicted_busy_s",
+                                                              "predicted_overhead_s")}
+    lows, highs = [r["interval"][0] for r in rows], [r["interval"][1] for r in rows]
+    return {"run": rows[0]["run"], **med, "fastest_s": min(r["fastest_s"] for r in rows),
+            "slowest_s": max(r["slowest_s"] for r in rows),
+            "interval": [None if None in lows else min(lows), None if None in highs else max(highs)],
+            "error": med["predicted_s"] / med["measured_s"] - 1,
+            "cpu_error": med["predicted_busy_s"] / med["cpu_s"] - 1,
+            "load": [min(r["load"][0] for r in rows), max(r["load"][1] for r in rows)],
+            "between_passes": max(r["measured_s"] for r in rows) / min(r["measured_s"] for r in rows) - 1,
+            "passes": rows}
+
+
+def _print_row(row: dict, prefix: str) -> None:
+    between = (f", between passes {row['between_passes']:4.0%}" if "between_passes" in row else "")
+    print(f"{prefix}{row['run']:26s} wall {row['measured_s']:7.4f} s (spread "
+          f"{row['slowest_s'] / row['fastest_s'] - 1:4.0%}{between}, load {row['load'][0]:.1f}-{row['load'][1]:.1f}) "
+          f"predicted {row['predicted_s']:7.4f} s [{_end(row['interval'][0])}, {_end(row['interval'][1])}] error "
+          f"{row['error']:+6.1%} | busy CPU {row['cpu_s']:7.4f} s predicted {row['predicted_busy_s']:7.4f} s error "
+          f"{row['cpu_error']:+6.1%} (framework overhead {row['predicted_overhead_s']:.4f} s of it)", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", help="comma-separated run names (default: all): " + ", ".join(r.name for r in RUNS))
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--profiles", help="a folder of profile-W.json already calibrated (default: calibrate now)")
+    ap.add_argument("--passes", type=int, default=1,
+                    help="time every run this many times, one pass of all the runs after another, each pass with its "
+                         "own profiles; each run's figures are then the medians over the passes, beside the spread "
+                         "between them")
     ap.add_argument("-o", "--output", help="write the results as JSON")
     args = ap.parse_args(argv)
+    if args.passes < 1:
+        ap.error(f"--passes {args.passes}: give 1 or more")
     # the runs of each rank count together, their profile calibrated just before them (in its own process): this
     # shared machine's speed drifts by up to a fifth over hours, and by several percent over minutes
     runs = sorted((r for r in RUNS if not args.runs or r.name in args.runs.split(",")), key=lambda r: r.world)
@@ -464,32 +519,22 @@ def main(argv: list[str] | None = None) -> int:
     for name, cfg in MODELS.items():
         with open(os.path.join(folder, f"{name}.json"), "w", encoding="utf-8") as f:
             json.dump(cfg, f)
-    profiles = {}
-    rows = []
-    for run in runs:
-        if run.world not in profiles:
-            profiles[run.world] = (os.path.join(args.profiles, f"profile-{run.world}.json") if args.profiles
-                                   else calibrate(run.world, folder))
-        load0 = os.getloadavg()[0]
-        got = measure(run, args.warmup, args.repeats)
-        load1 = os.getloadavg()[0]
-        pred = predict(run, folder, profiles[run.world], got.get("expert_load"))  # the run's routing under ep
-        times = got["wall"]
-        med = statistics.median(times)
-        cpu = max(statistics.median(c) for c in got["cpu"])
-        busy = max(r["compute_seconds"] + r["optimizer_seconds"] + sum(
-            v["exposed"] + v["overlapped"] for v in r["communication_seconds"].values()) for r in pred["ranks"])
-        err, cpu_err = pred["step_seconds"] / med - 1, busy / cpu - 1
-        rows.append({"run": run.name, "measured_s": med, "fastest_s": min(times), "slowest_s": max(times),
-                     "predicted_s": pred["step_seconds"], "interval": pred["interval"], "error": err,
-                     "cpu_s": cpu, "predicted_busy_s": busy, "cpu_error": cpu_err,
-                     "predicted_overhead_s": max(r.get("overhead_seconds", 0.0) for r in pred["ranks"]),
-                     "load": [load0, load1]})
-        print(f"{run.name:26s} wall {med:7.4f} s (spread {max(times) / min(times) - 1:4.0%}, load "
-              f"{load0:.1f}-{load1:.1f}) predicted {pred['step_seconds']:7.4f} s "
-              f"[{_end(pred['interval'][0])}, {_end(pred['interval'][1])}] error {err:+6.1%} | busy CPU {cpu:7.4f} s "
-              f"predicted {busy:7.4f} s error {cpu_err:+6.1%} (framework overhead "
-              f"{rows[-1]['predicted_overhead_s']:.4f} s of it)", flush=True)
+    passes = []
+    for k in range(args.passes):
+        profiles, rows = {}, []
+        for run in runs:
+            if run.world not in profiles:
+                profiles[run.world] = (os.path.join(args.profiles, f"profile-{run.world}.json") if args.profiles
+                                       else calibrate(run.world, folder))
+            rows.append(_timed(run, args, folder, profiles[run.world]))
+            _print_row(rows[-1], f"pass {k + 1}/{args.passes} " if args.passes > 1 else "")
+        passes.append(rows)
+    rows = passes[0] if args.passes == 1 else [_over_passes(list(rs)) for rs in zip(*passes)]
+    if args.passes > 1:
+        print(f"over the {args.passes} passes (medians; between passes: the slowest pass's median over the "
+              "fastest's, less 1):")
+        for row in rows:
+            _print_row(row, "")
     for key, what in (("error", "wall clock"), ("cpu_error", "busy CPU time")):
         errs = [abs(r[key]) for r in rows]
         measured = [r["measured_s" if key == "error" else "cpu_s"] for r in rows]
@@ -503,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
             json.dump({"runs": rows, "mean_abs_error": statistics.mean(errs), "worst": max(errs), "tau": tau,
-                       "plan_picks": plan_picks(runs, rows)}, f, indent=1)
+                       "plan_picks": plan_picks(runs, rows), "passes": args.passes}, f, indent=1)
     return 0
 
 
