@@ -454,8 +454,12 @@ def _end(v) -> str:
     """An end of the predicted interval (None: not known, the prediction's interval_note says why)."""
     return "?" if v is None else f"{v:.3f}"
 
+
 def _timed(run: Run, args, folder: str, profile: str) -> dict:
-    """One pass of ``run``: measured, then predicted from ``profile``."""
+    """One pass of ``run``: measured, then predicted from ``profile`` (the busiest rank's busy seconds as the
+    prediction counts them: :func:`flopcount.measure.predict.busy_seconds`)."""
+    from flopcount.measure.predict import busy_seconds
+
     load0 = os.getloadavg()[0]
     got = measure(run, args.warmup, args.repeats)
     load1 = os.getloadavg()[0]
@@ -463,8 +467,7 @@ def _timed(run: Run, args, folder: str, profile: str) -> dict:
     times = got["wall"]
     med = statistics.median(times)
     cpu = max(statistics.median(c) for c in got["cpu"])
-    busy = max(r["compute_seconds"] + r["optimizer_seconds"] + sum(
-        v["exposed"] + v["overlapped"] for v in r["communication_seconds"].values()) for r in pred["ranks"])
+    busy = max(busy_seconds(r) for r in pred["ranks"])
     return {"run": run.name, "measured_s": med, "fastest_s": min(times), "slowest_s": max(times),
             "predicted_s": pred["step_seconds"], "interval": pred["interval"], "error": pred["step_seconds"] / med - 1,
             "cpu_s": cpu, "predicted_busy_s": busy, "cpu_error": busy / cpu - 1,

@@ -52,3 +52,10 @@ def test_the_note_names_what_each_later_method_changed_and_no_earlier_one():
 def test_a_profile_of_this_calibrate_or_a_datasheet_says_nothing_of_it():
     assert _said(_profile({"cores": 2, "method": CALIBRATION_METHOD})) == []
     assert _said(dataclasses.replace(_profile({}), calibrated=False)) == []
+
+
+def test_every_method_after_the_first_says_what_it_changed():
+    from flopcount.measure.machine.calibration import METHOD_CHANGES
+
+    assert sorted(METHOD_CHANGES) == list(range(2, CALIBRATION_METHOD + 1))
+    assert all(text.strip() for text in METHOD_CHANGES.values())
