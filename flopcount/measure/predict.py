@@ -54,7 +54,9 @@ The rules (docs/predict.md states them for users):
   pace), the buckets reduce one after another, and what runs past the backward's end is exposed. Other
   data-parallel collectives (fsdp, zero1, zero2) are counted exposed (an upper bound; fsdp's as FSDP2's calls, a
   layer's gather each way and the root's once, a reduce-scatter a layer and the root's, every microbatch, each of
-  the average size), and so are the gradient
+  the average size, each with FSDP2's own work around it besides the collective, :func:`framework_seconds` of its
+  payload: the gathered output copied out into each parameter's new memory, the gradients copied into the
+  reduce-scatter's input), and so are the gradient
   sums of weights held in copies (the K/V projections' copies when tp exceeds the K/V heads, a tied embedding's two
   copies under pp), once a step.
 * **The step**: the pipeline schedule's simulation (:func:`flopcount.parallel.schedules.simulate_schedule`) with each
@@ -163,6 +165,7 @@ class Message:
     ranks: int
     phase: str
     stride: int = 1  # the rank ids' distance between the group's neighbouring members (ParallelPlan.group_stride)
+    framework_bytes: float = 0.0  # payload bytes a call's framework copies besides the collective (FSDP2's)
 
 
 @dataclass(frozen=True)
@@ -391,15 +394,31 @@ def tail_seconds(r: RankWork, profile: MachineProfile) -> float:
 
 def _message_seconds(m: Message, profile: MachineProfile, which: str, out: list[str]) -> float:
     kind, c, in_step = _timed(m, profile, out)
-    if in_step and tail_fits(c):
-        which = "mean"  # what a step's total of many calls sees (the module)
+    called = "mean" if in_step and tail_fits(c) else which  # what a step's total of many calls sees (the module)
     cap = profile.network.bus_cap(m.ranks, m.stride) if profile.network is not None else None
-    t, outside = collective_seconds(c, kind, m.bytes, m.ranks, which, cap)
+    t, outside = collective_seconds(c, kind, m.bytes, m.ranks, called, cap)
     if outside:
         out.append(f"{m.kind} of {m.bytes:.4g} bytes (calibrated {c.segments[0].low:.4g}-{c.segments[-1].high:.4g})")
     if c.ranks and c.ranks != m.ranks and m.ranks > 1:
         out.append(f"{m.kind} over {m.ranks} ranks (calibrated over {c.ranks})")
-    return t * m.count
+    return (t + framework_seconds(m.framework_bytes, profile, which, out)) * m.count
+
+
+def framework_seconds(payload: float, profile: MachineProfile, which: str = "median",
+                      out: list[str] | None = None) -> float:
+    """Seconds FSDP2 spends around one of its collectives of ``payload`` bytes besides the collective (the module's
+    rules): at the profile's ``fsdp_copy`` rate (bytes of the payload per second, its ``unshard()`` timed beside a
+    plain gather) where calibrated, else the payload read and written once at the ``copy`` rate (the elementwise
+    rate where the profile has none)."""
+    if payload <= 0:
+        return 0.0
+    kind, moved = ("fsdp_copy", payload) if "fsdp_copy" in profile.compute else \
+        ("copy" if "copy" in profile.compute else "elementwise", 2 * payload)
+    rate, outside = rate_at(profile.compute[kind], moved, which)
+    if outside and out is not None:
+        pts = profile.compute[kind]
+        out.append(f"{kind} at size {moved:.4g} (calibrated {pts[0].size:.4g}-{pts[-1].size:.4g})")
+    return moved / rate
 
 
 #: Chunks already timed, by the identity of their node tuple (held, so that the identity is not reused), the
@@ -622,6 +641,11 @@ def _missing_calibrations(work: Work, profile: MachineProfile) -> list[str]:
         out.append("the profile has no timing of a copy (taken before calibrate measured it): data moved by nodes "
                    "without FLOPs (concatenations, casts, slices' backward) at the elementwise rate, faster than "
                    "torch's strided copies; calibrate again to include it")
+    if "fsdp_copy" not in profile.compute and any(m.framework_bytes for r in work.ranks for m in r.messages):
+        out.append("the profile has no timing of FSDP2's own work around its gathers (taken before calibrate "
+                   "measured it, or with --ranks 1): each FSDP2 gather and reduce-scatter adds its payload read and "
+                   "written once at the copy rate, which leaves out the rest of what FSDP2 does around a call; "
+                   "calibrate again with --ranks N to include it")
     if "attention" not in profile.compute and any(w.kind == "attention" for r in work.ranks
                                                    for nodes in r.chunks.values() for w in nodes):
         out.append("the profile has no timing of fused attention (taken before calibrate measured it): attention "

@@ -4,6 +4,8 @@ with how many times a step it runs and over how many ranks (the rules are in ``d
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any
 
 from .predict import BUCKET_BYTES, FIRST_BUCKET_BYTES, Message
@@ -46,7 +48,7 @@ def rank_messages(r: Any, led: Any) -> tuple[Message, ...]:
             # root's once, every microbatch; each layer's gradients and the root's reduce-scattered every microbatch
             layers = max(d.get("layers", 0) // (plan.pp * v), 1) * v  # the rank's layers (its chunks')
             calls = m * (2 * layers + 1 if c.kind == "all_gather" and train else layers + 1)
-            out.append(Message(c.kind, c.group, c.bytes / calls, calls, n, "step"))
+            out.append(Message(c.kind, c.group, c.bytes / calls, calls, n, "step", framework_bytes=c.bytes / calls))
         elif c.group in ("dp", "dp_cp", "edp"):
             out.append(Message(c.kind, c.group, c.bytes, 1, n, "step"))
         elif c.group == "tp_ep" and dispatcher(plan) == "allgather":  # the all-gather dispatcher's calls
@@ -56,7 +58,7 @@ def rank_messages(r: Any, led: Any) -> tuple[Message, ...]:
         else:  # cp's K/V and tp_cp's router counts
             out.extend(_context_messages(c, r, led, n, v))
     strides = {g: plan.group_stride(g) for g in {x.group for x in out}}
-    return tuple(Message(x.kind, x.group, x.bytes, x.count, x.ranks, x.phase, strides[x.group]) for x in out)
+    return tuple(dataclasses.replace(x, stride=strides[x.group]) for x in out)
 
 
 def _expert_messages(c: Any, r: Any, led: Any, n: int, v: int) -> list[Message]:

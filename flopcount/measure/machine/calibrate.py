@@ -83,6 +83,13 @@ others work beside it (on a CPU the ranks share the cores). In each process:
   stopped once at least ``in_step_least`` repeats are done and it has taken ``group_budget_s`` (0.15 s), the
   slowest rank of all the groups recorded. A 2-rank group's call on a machine of fewer cores than ranks costs
   far less than a call over all the processes, which is what a plan's smaller groups pay.
+* **FSDP2's own work around its gather** (``compute.fsdp_copy``, with ``ranks`` > 1 and torch's ``fully_shard``):
+  a module of four square float32 weights of ``Sizes.fsdp`` bytes in all, sharded over every rank by torch's
+  ``fully_shard``, its ``unshard()`` timed (each after a burst of compute as above and a barrier, the module resharded
+  after it) beside a plain ``all_gather_into_tensor`` of the same bytes: the difference, repeat by repeat, is what
+  FSDP2 does besides the collective (the shard copied into the gather's input, the gathered output copied out into
+  each parameter's new memory, its own framework), recorded as bytes of the gathered payload per second (the slowest
+  rank's). A prediction adds it to each of FSDP2's gathers and reduce-scatters (:mod:`flopcount.measure.predict`).
 
 The whole calibration is bounded: the processes are killed and a MeasurementError (exit 12) raised once
 ``timeout_s`` is spent.
@@ -139,6 +146,8 @@ class Sizes:
     in_step_budget_s: float = 0.3
     group_kinds: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter")
     group_budget_s: float = 0.15
+    # FSDP2's parameter bytes gathered a call (a layer's, from a small model's to a large one's on this machine)
+    fsdp: tuple[int, ...] = (256 * 1024, 2**20, 4 * 2**20, 16 * 2**20)
 
 
 DEFAULT_SIZES = Sizes()
@@ -146,7 +155,7 @@ DEFAULT_SIZES = Sizes()
 QUICK_SIZES = Sizes(gemm=(32, 64), elementwise=(4096, 65536), messages=(4096, 16384, 131072, 524288), repeats=3,
                     gemm_budget_s=0.1, attention=((32, 16), (64, 16)), optimizer_elements=(2**10, 2**14),
                     in_step_repeats=10, in_step_least=10, in_step_budget_s=0.1, group_budget_s=0.1,
-                    optimizer_held=2**15, optimizer_flush=2**20)
+                    optimizer_held=2**15, optimizer_flush=2**20, fsdp=(65536, 262144))
 
 
 def message_sizes(messages: tuple[int, ...], ranks: int) -> tuple[int, ...]:
@@ -619,11 +628,59 @@ def measure_rank(rank: int, n: int, port: int, sizes: Sizes, out_dir: str, threa
         start = time.perf_counter()
         result["collectives_in_step_groups"] = _in_groups(rank, n, sizes, in_step)
         result["collectives_in_step_groups_s"] = round(time.perf_counter() - start, 2)
+        copies = _fsdp_copies(rank, n, sizes, in_step.burst)
+        if copies:
+            result["fsdp_copy"] = copies
         dist.barrier()
         dist.destroy_process_group()
     if rank == 0:
         with open(os.path.join(out_dir, "result.json"), "w", encoding="utf-8") as f:
             json.dump(result, f)
+
+
+def _fsdp_copies(rank: int, n: int, sizes: Sizes, burst, repeats: int = 12) -> list | None:
+    """[payload bytes, median, best, slowest] bytes per second of FSDP2's own work around a gather of each of
+    ``sizes.fsdp`` parameter bytes over all ``n`` ranks (see the module): each repeat, after ``burst`` and a
+    barrier, the module's ``unshard()``, then after another burst and barrier a plain ``all_gather_into_tensor`` of
+    the same bytes; the rate of a repeat is the payload over the difference (a repeat whose gather took no longer
+    than the plain call is left out), the slowest rank's figures kept. None where torch has no ``fully_shard``."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:
+        return None
+    mesh = DeviceMesh("cpu", list(range(n)))
+    rows = []
+    for nbytes in sizes.fsdp:
+        side = max(n, round(math.sqrt(nbytes / 16) / n) * n)  # four side × side float32 weights, rows split evenly
+        module = torch.nn.Sequential(*(torch.nn.Linear(side, side, bias=False) for _ in range(4)))
+        fully_shard(module, mesh=mesh)
+        payload = 16 * side * side
+        full, part = torch.empty(payload // 4), torch.empty(payload // 4 // n)
+        extra = []
+        for j in range(repeats + 2):  # two warm-up repeats
+            burst()
+            dist.barrier()
+            t0 = time.perf_counter()
+            module.unshard()
+            gather = time.perf_counter() - t0
+            module.reshard()
+            burst()
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_gather_into_tensor(full, part)
+            plain = time.perf_counter() - t0
+            if j >= 2 and gather > plain:
+                extra.append(gather - plain)
+        rates = [payload / t for t in extra] or [0.0]
+        t = torch.tensor(_stats(rates, True), dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)  # the slowest rank's figures
+        if t.min().item() > 0:
+            rows.append([payload, *t.tolist()])
+    return rows or None
 
 
 def _in_groups(rank: int, n: int, sizes: Sizes, in_step: _InStep) -> dict:
@@ -711,6 +768,8 @@ def calibrate(ranks: int = 1, sizes: Sizes = DEFAULT_SIZES, timeout_s: float = 1
                for k in ("gemm", "gemm_in_cache", "elementwise", "reduction", "attention", "attention_backward",
                          "dropout", "elementwise_fresh", "copy", "softmax", "softmax_backward", "cross_entropy",
                          "cross_entropy_backward")}
+    if raw.get("fsdp_copy"):
+        compute["fsdp_copy"] = tuple(Point(*map(float, row)) for row in raw["fsdp_copy"])
     optimizers = {k: OptimizerCost(Point(*map(float, o["per_tensor_s"])),
                                    tuple(Point(*map(float, row)) for row in o["per_element_s"]), o["foreach"])
                   for k, o in raw["optimizers"].items()}

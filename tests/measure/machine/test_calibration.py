@@ -209,6 +209,10 @@ def test_quick_calibration_of_two_gloo_processes():
     assert all(pt.slowest <= pt.median <= pt.best for pt in p.compute["gemm"])  # rates
     assert [pt.size for pt in p.compute["gemm_in_cache"]] == list(QUICK_SIZES.gemm)
     assert p.peak_flops_per_s == max(pt.best for pt in p.compute["gemm_in_cache"])  # the peak: operands in cache
+    # FSDP2's own work around a gather of four square weights of 64 KiB (64²·4 float32) and 256 KiB (128²·4): the
+    # payload of each, a rate of it per second
+    assert [pt.size for pt in p.compute["fsdp_copy"]] == [4 * 64 * 64 * 4, 4 * 128 * 128 * 4]
+    assert all(0 < pt.slowest <= pt.median <= pt.best for pt in p.compute["fsdp_copy"])
     assert cal.profile_from_dict(json.loads(json.dumps(p.as_dict()))) == p
 
 

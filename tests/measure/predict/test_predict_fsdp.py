@@ -1,6 +1,7 @@
 """FSDP2's collectives as the predictor sends them: every microbatch, one all_gather per layer before its forward
 and again before its backward and the root's once, one reduce_scatter per layer and the root's; the calls carry
-the ledger's bytes between them, and each is priced with its latency."""
+the ledger's bytes between them, and each is priced with its latency, and with FSDP2's own work around it (the
+profile's ``fsdp_copy`` rate of the payload, else the payload read and written at the ``copy`` rate)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,15 @@ import pytest
 from helpers import collectives_profile
 
 LAT, BW = 40e-6, 2e9
+FSDP_RATE, COPY_RATE = 3e8, 5e8  # bytes of payload a second of FSDP2's own work; bytes moved a second of a copy
 
 
-def _profile():
-    return collectives_profile(("all_gather", "reduce_scatter", "all_reduce"), LAT, BW)
+def _profile(**compute):
+    from flopcount.measure.machine.calibration import Point
+
+    p = collectives_profile(("all_gather", "reduce_scatter", "all_reduce"), LAT, BW)
+    extra = {k: (Point(1, r, r, r),) for k, r in compute.items()}
+    return dataclasses.replace(p, compute={**p.compute, **extra})
 
 
 def test_fsdp_is_a_call_per_layer_and_the_roots():
@@ -45,8 +51,19 @@ def _check(counted, layers: int, m: int) -> None:
         (msg,) = [x for x in rank.messages if x.kind == kind]
         assert (msg.count, msg.ranks, msg.phase) == (n, 2, "step")
         assert msg.bytes * msg.count == pytest.approx(led[kind])
-    # exposed once a step: each call its latency and its bus bytes, (n − 1)/n of the payload over 2 ranks
-    pred = predict(report, _profile())
-    comm = pred.ranks[0]["communication_seconds"]
+    # exposed once a step: each call its latency and its bus bytes, (n − 1)/n of the payload over 2 ranks, and
+    # FSDP2's own work on each call's payload: at the fsdp_copy rate where timed, else read and written at the copy
+    # rate, and the prediction says that it was not timed
+    timed = predict(report, _profile(fsdp_copy=FSDP_RATE, copy=COPY_RATE))
+    untimed = predict(report, _profile(copy=COPY_RATE))
     for kind, n in calls.items():
-        assert comm[kind]["exposed"] == pytest.approx(n * LAT + 0.5 * led[kind] / BW)
+        collective = n * LAT + 0.5 * led[kind] / BW
+        assert timed.ranks[0]["communication_seconds"][kind]["exposed"] == pytest.approx(
+            collective + led[kind] / FSDP_RATE)
+        assert untimed.ranks[0]["communication_seconds"][kind]["exposed"] == pytest.approx(
+            collective + 2 * led[kind] / COPY_RATE)
+    assert not any("FSDP2's own work" in n for n in timed.notes)
+    assert any("FSDP2's own work" in n for n in untimed.notes)
+    # DDP's all_reduce copies nothing besides its collective
+    ddp = dataclasses.replace(counted, parallel=parallel_ledger(counted, parse_parallel("dp=2", m, "1f1b")))
+    assert all(x.framework_bytes == 0 for x in work_of(ddp).ranks[0].messages)
