@@ -67,3 +67,13 @@ def _check(counted, layers: int, m: int) -> None:
     # DDP's all_reduce copies nothing besides its collective
     ddp = dataclasses.replace(counted, parallel=parallel_ledger(counted, parse_parallel("dp=2", m, "1f1b")))
     assert all(x.framework_bytes == 0 for x in work_of(ddp).ranks[0].messages)
+
+
+def test_a_datasheet_profile_prices_fsdp2s_own_work_as_its_payload_read_and_written_at_memory_bandwidth():
+    """No datasheet times FSDP2's copies: an H100's (HBM3, 3.35 TB/s on its datasheet) moves a call's payload once
+    in and once out at that bandwidth."""
+    from flopcount.measure.machine.calibration import device_profile
+    from flopcount.measure.predict import framework_seconds
+
+    assert framework_seconds(1e9, device_profile("H100")) == pytest.approx(2e9 / 3.35e12)
+    assert framework_seconds(0.0, device_profile("H100")) == 0.0
